@@ -1,0 +1,169 @@
+"""The socket-facing half of a connection: the only code that reads and writes sockets.
+
+A :class:`Channel` is an asyncio protocol (it runs on uvloop when installed) that feeds what it
+reads into a sans-IO connection (:mod:`.connection`) and hands the events to its subclass.
+Writes are coalesced per loop iteration: a burst of answers costs one ``send`` syscall, which
+is where pipelined throughput comes from. When the peer stops reading, we stop reading too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+import struct
+from dataclasses import dataclass
+from typing import Any
+
+from .frames import RemoteProtocolError
+
+__all__ = ["PeerCredentials", "Channel", "peer_credentials", "parse_address", "install_uvloop"]
+
+log = logging.getLogger(__name__)
+
+_UCRED = struct.Struct("3i")
+
+
+@dataclass(frozen=True, slots=True)
+class PeerCredentials:
+    """SO_PEERCRED of a Unix socket peer."""
+
+    pid: int
+    uid: int
+    gid: int
+
+
+def peer_credentials(sock: Any) -> PeerCredentials | None:
+    """The connected peer's pid/uid/gid, or None when the socket has none (not AF_UNIX)."""
+    try:
+        raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size)
+    except (OSError, AttributeError):
+        return None
+    return PeerCredentials(*_UCRED.unpack(raw))
+
+
+def parse_address(address: str) -> str:
+    """Turn ``unix:///path`` (or a bare absolute path) into a filesystem path.
+
+    Raises ValueError for any other form: podshim speaks only path-based Unix sockets
+    (abstract sockets are reachable from host-network containers, CVE-2020-15257).
+    """
+    if address.startswith("unix://"):
+        path = address[len("unix://"):]
+    elif address.startswith("ttrpc+unix://"):
+        path = address[len("ttrpc+unix://"):]
+    else:
+        path = address
+    if not path.startswith("/"):
+        raise ValueError(f"address {address!r} is not unix:///absolute/path")
+    return path
+
+
+def install_uvloop() -> bool:
+    """Make uvloop the event loop policy when it is installed; return whether it is."""
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - uvloop is a dependency, but stay usable without it
+        return False
+    asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+    return True
+
+
+class Channel(asyncio.Protocol):
+    """Base protocol: buffered writes, read-side flow control, connection bookkeeping."""
+
+    conn: Any  # a ServerConnection or ClientConnection
+
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
+        self.loop = asyncio.get_running_loop()
+        self._out: list[bytes] = []
+        self._flush_scheduled = False
+        self._writable = asyncio.Event()
+        self._writable.set()
+        self.closed = asyncio.Event()
+
+    # -- asyncio.Protocol -------------------------------------------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            events = self.conn.receive_data(data)
+        except RemoteProtocolError as exc:
+            log.warning("closing connection: %s", exc)
+            self.abort()
+            return
+        self.handle_events(events)
+
+    def eof_received(self) -> bool:
+        try:
+            events = self.conn.receive_data(b"")
+        except RemoteProtocolError as exc:
+            log.info("closing connection: %s", exc)
+            self.abort()
+            return False
+        self.handle_events(events)
+        return True  # keep our side open: in-flight answers still go out
+
+    #: Stop reading while the peer is not reading our answers. Only the server does: a
+    #: client that stopped reading because its own requests are still queued would deadlock
+    #: against a server that stopped reading because its answers are.
+    pause_reading_when_blocked = False
+
+    def pause_writing(self) -> None:
+        self._writable.clear()
+        if self.pause_reading_when_blocked and self.transport is not None:
+            self.transport.pause_reading()
+
+    def resume_writing(self) -> None:
+        self._writable.set()
+        if self.pause_reading_when_blocked and self.transport is not None and not self.transport.is_closing():
+            self.transport.resume_reading()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._out.clear()
+        self._writable.set()
+        self.closed.set()
+        self.on_lost(exc)
+
+    # -- for subclasses ---------------------------------------------------------------------
+    def handle_events(self, events: list[Any]) -> None:
+        raise NotImplementedError
+
+    def on_lost(self, exc: Exception | None) -> None:
+        """Called once when the connection is gone."""
+
+    def write(self, data: bytes) -> None:
+        """Queue bytes; they leave in one syscall at the end of this loop iteration."""
+        if self.closed.is_set():
+            return
+        self._out.append(data)
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            self.loop.call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        if not self._out or self.transport is None or self.transport.is_closing():
+            self._out.clear()
+            return
+        data = self._out[0] if len(self._out) == 1 else b"".join(self._out)
+        self._out.clear()
+        self.transport.write(data)
+
+    async def drain(self) -> None:
+        """Wait until the peer reads again (for streams that could outpace it)."""
+        await self._writable.wait()
+
+    def close(self) -> None:
+        """Send what is queued, then close."""
+        if self.transport is not None and not self.transport.is_closing():
+            self._flush()
+            self.transport.close()
+
+    def abort(self) -> None:
+        """Close at once, dropping what is queued."""
+        self._out.clear()
+        if self.transport is not None:
+            self.transport.abort()

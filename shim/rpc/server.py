@@ -1,0 +1,259 @@
+"""The RPC server: routes requests to handlers, enforces deadlines, answers every stream once.
+
+Handlers are ``async def handler(ctx, payload) -> result`` (unary) or
+``async def handler(ctx, payload, stream) -> None`` (server stream: ``await stream.send(obj)``).
+They raise :class:`~shim.rpc.status.RpcError` subclasses; anything else becomes a status in
+:func:`~shim.rpc.status.status_from_exception` (the one place that does that).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+from dataclasses import dataclass, field
+from typing import Any, Awaitable, Callable
+
+from .channel import Channel, PeerCredentials, peer_credentials
+from .connection import CallRejected, CallStarted, PeerClosed, ServerConnection, StreamInput
+from .frames import MAX_DATA_BYTES, LocalProtocolError
+from .messages import Request, Response
+from .status import Code, status_from_exception
+
+__all__ = ["CallContext", "ServerStream", "Server", "UnaryHandler", "StreamHandler"]
+
+log = logging.getLogger(__name__)
+
+UnaryHandler = Callable[["CallContext", dict], Awaitable[Any]]
+StreamHandler = Callable[["CallContext", dict, "ServerStream"], Awaitable[Any]]
+
+#: Connections one server holds at once; more are closed on accept (bounded memory).
+MAX_CONNECTIONS = 1024
+
+
+@dataclass(frozen=True, slots=True)
+class CallContext:
+    """What a handler knows about its call."""
+
+    request: Request
+    peer: PeerCredentials | None
+    #: absolute ``loop.time()`` at which the call's deadline passes, or None
+    deadline: float | None = None
+
+    @property
+    def namespace(self) -> str | None:
+        return self.request.namespace
+
+
+@dataclass(slots=True)
+class _Method:
+    handler: Callable[..., Awaitable[Any]]
+    streaming: bool
+
+
+class ServerStream:
+    """The server's end of a server stream: send data frames until the handler returns."""
+
+    __slots__ = ("_channel", "stream_id")
+
+    def __init__(self, channel: "_ServerChannel", stream_id: int):
+        self._channel = channel
+        self.stream_id = stream_id
+
+    async def send(self, payload: Any) -> None:
+        """Send one message on the stream; waits while the client is not reading.
+
+        Raises :class:`asyncio.CancelledError` via the handler's cancellation when the
+        connection closes, and LocalProtocolError if ``payload`` is too large.
+        """
+        ch = self._channel
+        if self.stream_id not in ch.conn.active:
+            raise asyncio.CancelledError()
+        ch.write(ch.conn.data(self.stream_id, payload))
+        await ch.drain()
+
+
+class _ServerChannel(Channel):
+    pause_reading_when_blocked = True
+
+    def __init__(self, server: "Server"):
+        super().__init__()
+        self.server = server
+        self.conn = ServerConnection(max_data_bytes=server.max_data_bytes)
+        self.peer: PeerCredentials | None = None
+        self.tasks: dict[int, asyncio.Task] = {}
+        self.timers: dict[int, asyncio.TimerHandle] = {}
+        self.client_streaming: set[int] = set()
+        self.eof = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        self.peer = peer_credentials(transport.get_extra_info("socket"))
+        refusal = self.server.refusal(self.peer)
+        if refusal is not None:
+            log.warning("refusing connection: %s", refusal)
+            self.abort()
+            return
+        if len(self.server.channels) >= MAX_CONNECTIONS:
+            log.warning("refusing connection: %d connections already open", MAX_CONNECTIONS)
+            self.abort()
+            return
+        self.server.channels.add(self)
+
+    def handle_events(self, events: list[Any]) -> None:
+        for ev in events:
+            kind = type(ev)
+            if kind is CallStarted:
+                self._start(ev)
+            elif kind is CallRejected:
+                self.write(self.conn.reject(ev.stream_id, ev.code, ev.message))
+            elif kind is StreamInput:
+                if ev.stream_id not in self.client_streaming:
+                    self._finish(ev.stream_id, Response(
+                        Code.INVALID_ARGUMENT, f"data frames are not allowed on unary stream {ev.stream_id}"))
+                    task = self.tasks.get(ev.stream_id)
+                    if task is not None:
+                        task.cancel()
+            elif kind is PeerClosed:
+                self.eof = True
+                self._close_if_idle()
+
+    def _start(self, ev: CallStarted) -> None:
+        req = ev.request
+        sid = ev.stream_id
+        method = self.server.lookup(req.service, req.method)
+        if method is None:
+            self.write(self.conn.reject(sid, Code.UNIMPLEMENTED, f"unknown method {req.full_method}"))
+            return
+        deadline = None
+        if req.timeout_nano:
+            deadline = self.loop.time() + req.timeout_nano / 1e9
+        ctx = CallContext(req, self.peer, deadline)
+        if method.streaming:
+            coro = method.handler(ctx, req.payload, ServerStream(self, sid))
+        else:
+            coro = method.handler(ctx, req.payload)
+        task = self.loop.create_task(coro)
+        self.tasks[sid] = task
+        task.add_done_callback(lambda t, sid=sid, req=req: self._on_done(sid, req, t))
+        if deadline is not None:
+            self.timers[sid] = self.loop.call_at(deadline, self._on_deadline, sid)
+
+    def _on_deadline(self, sid: int) -> None:
+        self.timers.pop(sid, None)
+        # Answer now, even if the handler swallows its cancellation: the client's deadline
+        # must not depend on the handler's good behaviour.
+        self._finish(sid, Response(Code.DEADLINE_EXCEEDED, "deadline exceeded"))
+        task = self.tasks.get(sid)
+        if task is not None:
+            task.cancel()
+
+    def _on_done(self, sid: int, req: Request, task: asyncio.Task) -> None:
+        self.tasks.pop(sid, None)
+        timer = self.timers.pop(sid, None)
+        if timer is not None:
+            timer.cancel()
+        if sid in self.conn.active:
+            if task.cancelled():
+                response = Response(Code.CANCELLED, "the call was cancelled")
+            elif (exc := task.exception()) is not None:
+                code, message, details = status_from_exception(exc, where=req.full_method)
+                response = Response(code, message, details)
+            else:
+                response = Response(Code.OK, "", [], task.result())
+            self._finish(sid, response)
+        elif not task.cancelled() and task.exception() is not None:
+            exc = task.exception()
+            if not isinstance(exc, asyncio.CancelledError):
+                status_from_exception(exc, where=f"{req.full_method} (after its deadline)")
+        self._close_if_idle()
+
+    def _finish(self, sid: int, response: Response) -> None:
+        if sid not in self.conn.active:
+            return
+        try:
+            data = self.conn.response(sid, response)
+        except (TypeError, ValueError, OverflowError, LocalProtocolError) as exc:
+            code, message, _ = status_from_exception(
+                TypeError(f"result cannot be encoded: {exc}"), where="response")
+            data = self.conn.reject(sid, Code.INTERNAL, message)
+        self.write(data)
+
+    def _close_if_idle(self) -> None:
+        if self.eof and not self.tasks:
+            self.close()
+
+    def on_lost(self, exc: Exception | None) -> None:
+        self.server.channels.discard(self)
+        for timer in self.timers.values():
+            timer.cancel()
+        self.timers.clear()
+        self.conn.active.clear()
+        # A dropped connection cancels its handlers (protocol.md, "Cancellation").
+        for task in list(self.tasks.values()):
+            task.cancel()
+
+
+class Server:
+    """Serves registered services on listening Unix sockets.
+
+    By default only peers with the server's effective uid, or root, are served
+    (SO_PEERCRED); pass ``allowed_uids`` to change that.
+    """
+
+    def __init__(self, *, allowed_uids: set[int] | None = None, max_data_bytes: int = MAX_DATA_BYTES):
+        self._methods: dict[tuple[str, str], _Method] = {}
+        euid = os.geteuid()
+        self.allowed_uids = allowed_uids if allowed_uids is not None else {euid, 0}
+        self.max_data_bytes = max_data_bytes
+        self.channels: set[_ServerChannel] = set()
+        self._servers: list[asyncio.AbstractServer] = []
+
+    def register(self, service: str, unary: dict[str, UnaryHandler] | None = None,
+                 streams: dict[str, StreamHandler] | None = None) -> None:
+        """Add a service's methods. Raises ValueError on a duplicate method."""
+        for name, handler in (unary or {}).items():
+            self._add(service, name, _Method(handler, False))
+        for name, handler in (streams or {}).items():
+            self._add(service, name, _Method(handler, True))
+
+    def _add(self, service: str, name: str, method: _Method) -> None:
+        if (service, name) in self._methods:
+            raise ValueError(f"/{service}/{name} is already registered")
+        self._methods[(service, name)] = method
+
+    def lookup(self, service: str, method: str) -> _Method | None:
+        return self._methods.get((service, method))
+
+    def refusal(self, peer: PeerCredentials | None) -> str | None:
+        """Why a peer is refused, or None when it may call."""
+        if peer is None:
+            return "peer credentials unavailable"
+        if peer.uid not in self.allowed_uids:
+            return f"peer pid {peer.pid} has uid {peer.uid}; only uids {sorted(self.allowed_uids)} are served"
+        return None
+
+    async def start(self, sock: socket.socket) -> None:
+        """Serve on an already bound and listening socket; returns once accepting."""
+        loop = asyncio.get_running_loop()
+        sock.setblocking(False)
+        srv = await loop.create_unix_server(lambda: _ServerChannel(self), sock=sock, start_serving=True)
+        self._servers.append(srv)
+
+    async def aclose(self, timeout: float = 2.0) -> None:
+        """Stop accepting, give in-flight answers ``timeout`` seconds to leave, then close."""
+        for srv in self._servers:
+            srv.close()
+        self._servers.clear()
+        channels = list(self.channels)
+        for ch in channels:
+            for task in list(ch.tasks.values()):
+                task.cancel()
+        for ch in channels:
+            ch.close()
+        if channels:
+            await asyncio.wait([asyncio.ensure_future(ch.closed.wait()) for ch in channels], timeout=timeout)
+        for ch in channels:
+            if not ch.closed.is_set():
+                ch.abort()

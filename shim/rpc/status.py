@@ -1,0 +1,151 @@
+"""Status codes and the typed errors that carry them.
+
+Codes are gRPC's, with gRPC's numbers (protocol.md, "Status codes"). A handler raises
+``NotFound(f"sandbox {sandbox_id!r}")``; the server turns it into a response status in one
+place (:func:`status_from_exception`); the client turns the status back into the same class
+(:func:`error_from_status`), so a caller writes ``except NotFound``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import logging
+from typing import Any
+
+__all__ = [
+    "Code",
+    "RpcError",
+    "Cancelled",
+    "Unknown",
+    "InvalidArgument",
+    "DeadlineExceeded",
+    "NotFound",
+    "AlreadyExists",
+    "PermissionDenied",
+    "ResourceExhausted",
+    "FailedPrecondition",
+    "Aborted",
+    "OutOfRange",
+    "Unimplemented",
+    "Internal",
+    "Unavailable",
+    "DataLoss",
+    "Unauthenticated",
+    "error_from_status",
+    "status_from_exception",
+]
+
+log = logging.getLogger(__name__)
+
+
+class Code(enum.IntEnum):
+    """gRPC status codes, with their wire numbers."""
+
+    OK = 0
+    CANCELLED = 1
+    UNKNOWN = 2
+    INVALID_ARGUMENT = 3
+    DEADLINE_EXCEEDED = 4
+    NOT_FOUND = 5
+    ALREADY_EXISTS = 6
+    PERMISSION_DENIED = 7
+    RESOURCE_EXHAUSTED = 8
+    FAILED_PRECONDITION = 9
+    ABORTED = 10
+    OUT_OF_RANGE = 11
+    UNIMPLEMENTED = 12
+    INTERNAL = 13
+    UNAVAILABLE = 14
+    DATA_LOSS = 15
+    UNAUTHENTICATED = 16
+
+
+class RpcError(Exception):
+    """An error with a status code and a sentence for a person.
+
+    ``details`` is a list of msgpack-serialisable values sent as the status details.
+    """
+
+    code: Code = Code.UNKNOWN
+
+    def __init__(self, message: str = "", *, details: list[Any] | None = None, code: Code | None = None):
+        super().__init__(message)
+        if code is not None:
+            self.code = Code(code)
+        self.message = message
+        self.details = list(details or [])
+
+    def __str__(self) -> str:
+        return f"{self.code.name}: {self.message}" if self.message else self.code.name
+
+    def __reduce__(self):  # keep the code when pickled (multiprocessing, tests)
+        return (_rebuild, (int(self.code), self.message, self.details))
+
+
+def _rebuild(code: int, message: str, details: list[Any]) -> RpcError:
+    return error_from_status(code, message, details)
+
+
+def _subclass(name: str, code: Code) -> type[RpcError]:
+    cls = type(name, (RpcError,), {"code": code, "__doc__": f"Status {code.name} ({int(code)})."})
+    cls.__module__ = __name__
+    return cls
+
+
+Cancelled = _subclass("Cancelled", Code.CANCELLED)
+Unknown = _subclass("Unknown", Code.UNKNOWN)
+InvalidArgument = _subclass("InvalidArgument", Code.INVALID_ARGUMENT)
+DeadlineExceeded = _subclass("DeadlineExceeded", Code.DEADLINE_EXCEEDED)
+NotFound = _subclass("NotFound", Code.NOT_FOUND)
+AlreadyExists = _subclass("AlreadyExists", Code.ALREADY_EXISTS)
+PermissionDenied = _subclass("PermissionDenied", Code.PERMISSION_DENIED)
+ResourceExhausted = _subclass("ResourceExhausted", Code.RESOURCE_EXHAUSTED)
+FailedPrecondition = _subclass("FailedPrecondition", Code.FAILED_PRECONDITION)
+Aborted = _subclass("Aborted", Code.ABORTED)
+OutOfRange = _subclass("OutOfRange", Code.OUT_OF_RANGE)
+Unimplemented = _subclass("Unimplemented", Code.UNIMPLEMENTED)
+Internal = _subclass("Internal", Code.INTERNAL)
+Unavailable = _subclass("Unavailable", Code.UNAVAILABLE)
+DataLoss = _subclass("DataLoss", Code.DATA_LOSS)
+Unauthenticated = _subclass("Unauthenticated", Code.UNAUTHENTICATED)
+
+_BY_CODE: dict[int, type[RpcError]] = {
+    cls.code: cls
+    for cls in (
+        Cancelled, Unknown, InvalidArgument, DeadlineExceeded, NotFound, AlreadyExists,
+        PermissionDenied, ResourceExhausted, FailedPrecondition, Aborted, OutOfRange,
+        Unimplemented, Internal, Unavailable, DataLoss, Unauthenticated,
+    )
+}
+
+
+def error_from_status(code: int, message: str = "", details: list[Any] | None = None) -> RpcError:
+    """Build the typed error for a non-OK status received from a peer.
+
+    A code outside 1..16 becomes :class:`Unknown` with the number kept in the message.
+    """
+    cls = _BY_CODE.get(code)
+    if cls is None:
+        return Unknown(f"unknown status code {code}: {message}", details=details)
+    return cls(message, details=details)
+
+
+def status_from_exception(exc: BaseException, *, where: str = "") -> tuple[Code, str, list[Any]]:
+    """The one place an exception becomes a status ``(code, message, details)``.
+
+    RpcError keeps its code; cancellation maps to CANCELLED; an OSError or anything else is a
+    bug or an environment failure: it is logged with its traceback and answered as INTERNAL /
+    UNKNOWN with a sentence, never a traceback on the wire.
+    """
+    if isinstance(exc, RpcError):
+        return exc.code, exc.message, exc.details
+    if isinstance(exc, (asyncio.CancelledError,)):
+        return Code.CANCELLED, "the call was cancelled", []
+    if isinstance(exc, (TimeoutError,)):
+        return Code.DEADLINE_EXCEEDED, "deadline exceeded", []
+    if isinstance(exc, OSError):
+        log.error("%s failed with an OS error", where or "call", exc_info=exc)
+        return Code.INTERNAL, f"{where + ': ' if where else ''}{exc.strerror or exc}", []
+    log.error("%s raised an unexpected exception", where or "call", exc_info=exc)
+    return Code.UNKNOWN, f"{where + ': ' if where else ''}unexpected {type(exc).__name__}: {exc}", []
