@@ -103,7 +103,9 @@ class SandboxCgroup:
 
     ``paths`` maps a hierarchy key ("memory", "name=systemd", "unified") to its directory;
     ``skipped`` maps a hierarchy that could not be used to the reason; ``owned_parents`` the
-    parent directories :meth:`create` had to make, which :meth:`remove` removes if empty.
+    parent directories that are podshim's, which :meth:`remove` removes when they are empty:
+    the default parent ("podshim" below the shim's own cgroup, shared by every sandbox), or
+    those of a caller-given parent that :meth:`create` had to make itself.
     """
 
     name: str
@@ -122,6 +124,7 @@ class SandboxCgroup:
         directory exists in some hierarchy) or Internal; on error nothing made is left behind.
         """
         _validate(name, parent)
+        default_parent = parent is None
         parent = DEFAULT_PARENT if parent is None else parent
         cgroup = cls(name, {})
         try:
@@ -141,7 +144,10 @@ class SandboxCgroup:
                         continue
                     raise Internal(f"cannot create cgroup {target}: {exc.strerror} ({exc.filename})") from exc
                 cgroup.paths[hierarchy.key] = target
-                cgroup.owned_parents[hierarchy.key] = made[:-1]
+                # The default parent is pruned by whichever sandbox leaves it empty, so it does not
+                # outlive its sandboxes when two shims raced to create it. A caller's parent
+                # (e.g. /kubepods) is someone else's: only what we had to make is ours.
+                cgroup.owned_parents[hierarchy.key] = [os.path.dirname(target)] if default_parent else made[:-1]
         except BaseException:
             cgroup.remove()
             raise

@@ -22,6 +22,7 @@ catches or blocks SIGTERM.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import errno
 import fcntl
 import gc
@@ -166,9 +167,10 @@ async def launch(spec: PauseSpec, reaper: Reaper) -> PauseProcess:
     """
     if not reaper.installed:
         raise FailedPrecondition("the reaper must be installed before the pause is launched")
+    plan = _plan(spec)
     netns_fd = open_netns(spec.netns_path) if spec.netns_path is not None else None
     try:
-        plan = _plan(spec, netns_fd)
+        plan = dataclasses.replace(plan, netns_fd=netns_fd)
         read_fd, write_fd = os.pipe2(os.O_CLOEXEC)
     except BaseException:
         if netns_fd is not None:
@@ -181,40 +183,24 @@ async def launch(spec: PauseSpec, reaper: Reaper) -> PauseProcess:
             low_fd, write_fd = write_fd, fcntl.fcntl(write_fd, fcntl.F_DUPFD_CLOEXEC, 3)
             os.close(low_fd)
         pid_a = _fork(_child_a, plan, write_fd)
+    except OSError as exc:
+        os.close(read_fd)
+        raise Internal(f"pause launch failed at fork: {exc.strerror}") from exc
     finally:
         os.close(write_fd)
         if netns_fd is not None:
             os.close(netns_fd)
 
     a_exit = reaper.watch(pid_a)
-    report = _Report()
-    b_exit: asyncio.Future[ExitInfo] | None = None
+    reader = _ReportReader(read_fd)
     try:
-        try:
-            await _read_report(read_fd, report)
-        finally:
-            os.close(read_fd)
-        if report.error is not None:
-            raise _launch_error(*report.error)
-        for err, step in report.warnings:
-            log.warning("pause %s: %s failed (%s); continuing without it", report.pid, step, os.strerror(err))
-        if report.pid != pid_a:  # A forked the pause (a new pid namespace) and must exit 0
-            a_info = await asyncio.wait_for(asyncio.shield(a_exit), REPORT_TIMEOUT)
-            if report.pid is None or a_info.exit_status != 0:
-                raise Internal(f"the pause launcher exited with status {a_info.exit_status} without starting the pause")
-        b_exit = reaper.watch(report.pid)
-        if plan.binary == BUILTIN:
-            if not report.ready:
-                raise Internal("the builtin pause closed its report pipe without becoming ready")
-        else:
-            await _wait_ready(report.pid, b_exit)
-        start_time = linux.proc_start_time(report.pid)
-        if start_time is None or b_exit.done():
-            raise Internal("the pause exited right after it started")
-        return PauseProcess(report.pid, start_time, time.time_ns(), plan.binary, b_exit)
+        pause = await _start(plan, reaper, pid_a, a_exit, reader)
     except BaseException:
-        await _abandon(reaper, pid_a, a_exit, report.pid)
+        # Shielded: a second cancellation must not leave a half-started pause behind.
+        await asyncio.shield(_abandon(reaper, pid_a, a_exit, reader))
         raise
+    reader.close()
+    return pause
 
 
 def kill_pause(pid: int, start_time: int, sig: int) -> bool:
@@ -242,7 +228,7 @@ def kill_pause(pid: int, start_time: int, sig: int) -> bool:
 # -- the parent's side -----------------------------------------------------------------------
 
 
-def _plan(spec: PauseSpec, netns_fd: int | None) -> _Plan:
+def _plan(spec: PauseSpec) -> _Plan:
     if spec.pid_mode not in (POD, NODE):
         raise InvalidArgument(f"pid_mode {spec.pid_mode!r} is not supported (POD or NODE)")
     if spec.ipc_mode not in (POD, NODE):
@@ -267,7 +253,7 @@ def _plan(spec: PauseSpec, netns_fd: int | None) -> _Plan:
     return _Plan(
         procs_files=spec.cgroup.procs_files() if spec.cgroup is not None else [],
         netns_path=spec.netns_path,
-        netns_fd=netns_fd,
+        netns_fd=None,  # opened last, once the spec is known to be valid
         unshare_flags=flags,
         hostname=hostname,
         sysctls=[(k, "/proc/sys/" + k.replace(".", "/"), v.encode()) for k, v in spec.sysctls.items()],
@@ -331,38 +317,77 @@ class _Report:
                     self.error = failure
 
 
-async def _read_report(read_fd: int, report: _Report) -> None:
-    """Read the report pipe until EOF (bounded by REPORT_TIMEOUT) into ``report``."""
-    loop = asyncio.get_running_loop()
-    eof: asyncio.Future[None] = loop.create_future()
-    data = bytearray()
+class _ReportReader:
+    """Reads the report pipe without blocking the loop; keeps what it read across calls."""
 
-    def on_readable() -> None:
+    def __init__(self, read_fd: int) -> None:
+        os.set_blocking(read_fd, False)
+        self._fd = read_fd
+        self._data = bytearray()
+        self.eof = False
+        self.report = _Report()
+
+    async def read_until_eof(self, timeout: float) -> None:
+        """Read until both children closed their end (bounded by ``timeout``); parse into ``report``.
+
+        Raises Internal on timeout or a read error.
+        """
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[None] = loop.create_future()
+
+        def on_readable() -> None:
+            try:
+                chunk = os.read(self._fd, _MAX_REPORT_BYTES)
+            except BlockingIOError:
+                return
+            except OSError as exc:
+                if not done.done():
+                    done.set_exception(Internal(f"reading the pause launcher's report failed: {exc.strerror}"))
+                return
+            self._data.extend(chunk)
+            if not chunk:
+                self.eof = True
+            if (self.eof or len(self._data) > _MAX_REPORT_BYTES) and not done.done():
+                done.set_result(None)
+
+        loop.add_reader(self._fd, on_readable)
         try:
-            chunk = os.read(read_fd, _MAX_REPORT_BYTES)
-        except BlockingIOError:
-            return
-        except OSError as exc:
-            chunk, error = b"", exc
-        else:
-            error = None
-        data.extend(chunk)
-        if eof.done():
-            return
-        if error is not None:
-            eof.set_exception(Internal(f"reading the pause launcher's report failed: {error.strerror}"))
-        elif not chunk or len(data) > _MAX_REPORT_BYTES:
-            eof.set_result(None)
+            await asyncio.wait_for(done, timeout)
+        except TimeoutError:
+            raise Internal(f"the pause launcher did not finish within {timeout} s") from None
+        finally:
+            loop.remove_reader(self._fd)
+            self.report = _Report()
+            self.report.parse(bytes(self._data))
 
-    os.set_blocking(read_fd, False)
-    loop.add_reader(read_fd, on_readable)
-    try:
-        await asyncio.wait_for(eof, REPORT_TIMEOUT)
-    except TimeoutError:
-        raise Internal(f"the pause launcher did not finish within {REPORT_TIMEOUT} s") from None
-    finally:
-        loop.remove_reader(read_fd)
-        report.parse(bytes(data))
+    def close(self) -> None:
+        os.close(self._fd)
+
+
+async def _start(
+    plan: _Plan, reaper: Reaper, pid_a: int, a_exit: asyncio.Future[ExitInfo], reader: _ReportReader
+) -> PauseProcess:
+    """The parent's side of a launch, from the fork until the pause is ready."""
+    await reader.read_until_eof(REPORT_TIMEOUT)
+    report = reader.report
+    if report.error is not None:
+        raise _launch_error(*report.error)
+    for err, step in report.warnings:
+        log.warning("pause %s: %s failed (%s); continuing without it", report.pid, step, os.strerror(err))
+    if report.pid != pid_a:  # A forked the pause (a new pid namespace) and must exit 0
+        a_info = await asyncio.wait_for(asyncio.shield(a_exit), REPORT_TIMEOUT)
+        if report.pid is None or a_info.exit_status != 0:
+            raise Internal(f"the pause launcher exited with status {a_info.exit_status} without starting the pause")
+    b_exit = reaper.watch(report.pid)
+    if plan.binary == BUILTIN:
+        if not report.ready:
+            raise Internal("the builtin pause closed its report pipe without becoming ready")
+    else:
+        await _wait_ready(report.pid, b_exit)
+    start_time = linux.proc_start_time(report.pid)
+    if start_time is None or b_exit.done():
+        raise Internal("the pause exited right after it started")
+    return PauseProcess(report.pid, start_time, time.time_ns(), plan.binary, b_exit)
 
 
 async def _wait_ready(pid: int, exit_future: asyncio.Future[ExitInfo]) -> None:
@@ -371,19 +396,21 @@ async def _wait_ready(pid: int, exit_future: asyncio.Future[ExitInfo]) -> None:
     # installs handlers (SigCgt). Either way SIGTERM is no longer dropped. The mask B set
     # before exec was empty, so a set bit is the new program's doing.
     deadline = time.monotonic() + READY_TIMEOUT
-    while not exit_future.done():
+    while True:
         try:
             with open(f"/proc/{pid}/status") as f:
-                status = f.read()
+                fields = dict(line.split(":", 1) for line in f if line.startswith(("State", "SigBlk", "SigCgt")))
         except FileNotFoundError:
-            status = ""
-        masks = dict(line.split(":\t", 1) for line in status.splitlines() if line.startswith(("SigBlk", "SigCgt")))
-        if any(int(mask, 16) & _SIGTERM_BIT for mask in masks.values()):
+            fields = {}
+        if exit_future.done() or fields.get("State", " Z").split()[0] in ("Z", "X"):
+            # The pause has exited (a zombie until the reaper runs): report its status.
+            info = await asyncio.wait_for(asyncio.shield(exit_future), CLEANUP_TIMEOUT)
+            raise Internal(f"the pause exited during start with status {info.exit_status}")
+        if (int(fields["SigBlk"], 16) | int(fields["SigCgt"], 16)) & _SIGTERM_BIT:
             return
         if time.monotonic() >= deadline:
             raise Internal(f"the pause did not set up its SIGTERM handling within {READY_TIMEOUT} s")
         await asyncio.sleep(READY_POLL_INTERVAL)
-    raise Internal(f"the pause exited during start with status {exit_future.result().exit_status}")
 
 
 def _launch_error(err: int, step: str) -> RpcError:
@@ -393,19 +420,31 @@ def _launch_error(err: int, step: str) -> RpcError:
     return Internal(f"pause launch failed at {step}: {reason} (errno {err})")
 
 
-async def _abandon(reaper: Reaper, pid_a: int, a_exit: asyncio.Future[ExitInfo], pid_b: int | None) -> None:
-    """Kill and reap what a failed launch made."""
-    waits = [a_exit]
-    if pid_b is not None:
-        b_exit = reaper.watch(pid_b)
-        waits.append(b_exit)
-        # Until the reaper has reaped B, its pid cannot have been reused: killing it is safe.
-        # Reaping happens only in a loop callback, never between watch() and kill().
-        if not b_exit.done():
-            _kill_quietly(pid_b)
-    if not a_exit.done():
-        _kill_quietly(pid_a)
-    await asyncio.wait(waits, timeout=CLEANUP_TIMEOUT)
+async def _abandon(reaper: Reaper, pid_a: int, a_exit: asyncio.Future[ExitInfo], reader: _ReportReader) -> None:
+    """Kill and reap what a failed or cancelled launch made, then close the report pipe."""
+    try:
+        # Learn B's pid before killing anything: A killed between its fork and its report
+        # would leave B running where nobody knows it. A reports within microseconds of the
+        # fork and B closes the pipe when it execs, so this wait is short.
+        if not reader.eof:
+            try:
+                await reader.read_until_eof(CLEANUP_TIMEOUT)
+            except Internal:
+                pass
+        waits = [a_exit]
+        pid_b = reader.report.pid
+        if pid_b is not None and pid_b != pid_a:
+            b_exit = reaper.watch(pid_b)
+            waits.append(b_exit)
+            # Until the reaper has reaped B its pid cannot have been reused, so killing it is
+            # safe; reaping happens only in a loop callback, never between watch() and kill().
+            if not b_exit.done():
+                _kill_quietly(pid_b)
+        if not a_exit.done():
+            _kill_quietly(pid_a)
+        await asyncio.wait(waits, timeout=CLEANUP_TIMEOUT)
+    finally:
+        reader.close()
 
 
 def _kill_quietly(pid: int) -> None:

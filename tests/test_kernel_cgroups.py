@@ -9,7 +9,7 @@ import signal
 
 import pytest
 
-from shim import linux
+from shim import cgroups, linux
 from shim.cgroups import V2, SandboxCgroup, discover_hierarchies
 from shim.rpc.status import AlreadyExists, FailedPrecondition, InvalidArgument
 
@@ -92,8 +92,33 @@ def test_default_parent_is_podshim(make_cgroup):
     cgroup = SandboxCgroup.create(name)
     try:
         assert all(path.endswith(f"/podshim/{name}") for path in cgroup.paths.values())
+        assert all(dirs == [os.path.dirname(path)] for path, dirs in zip(cgroup.paths.values(),
+                                                                          cgroup.owned_parents.values()))
     finally:
         cgroup.remove()
+
+
+def test_default_parent_is_pruned_by_the_last_sandbox_even_if_it_did_not_make_it(monkeypatch):
+    # A unique default parent, so no other sandbox on this machine can be using it.
+    monkeypatch.setattr(cgroups, "DEFAULT_PARENT", _unique("parent"))
+    first = SandboxCgroup.create(_unique("sb"))
+    try:
+        second = SandboxCgroup.create(_unique("sb"))
+    except BaseException:
+        first.remove()
+        raise
+    first.remove()
+    assert all(os.path.isdir(os.path.dirname(path)) for path in second.paths.values())
+    second.remove()
+    assert not any(os.path.exists(os.path.dirname(path)) for path in second.paths.values())
+
+
+def test_a_given_parent_that_existed_is_kept(make_cgroup):
+    first = make_cgroup()
+    parent = os.path.basename(os.path.dirname(first.paths["pids"]))
+    second = make_cgroup(parent=parent)  # found the parent: not its own
+    second.remove()
+    assert all(os.path.isdir(path) for path in first.paths.values())
 
 
 def test_absolute_parent_is_relative_to_the_hierarchy_root(make_cgroup):

@@ -188,8 +188,9 @@ class ServerConnection(_Side):
 
     def response(self, stream_id: int, response: Response) -> bytes:
         """Bytes that answer ``stream_id`` and end it. Ending a stream twice sends nothing."""
-        if stream_id in self.active:
-            self.active.discard(stream_id)
+        if stream_id not in self.active:
+            return b""
+        self.active.discard(stream_id)
         data = encode_response(response)
         if len(data) > self.max_data_bytes:
             data = encode_response(Response(Code.RESOURCE_EXHAUSTED,

@@ -127,6 +127,8 @@ def _check_metadata(md: Any) -> dict[str, list[str]]:
         raise InvalidArgument(f"metadata has {len(md)} keys; at most {MAX_METADATA_ENTRIES} are allowed")
     out: dict[str, list[str]] = {}
     for key, values in md.items():
+        if not isinstance(key, str):  # msgpack map keys may also be binary
+            raise InvalidArgument(f"metadata key {key!r} must be a string")
         if isinstance(values, str):
             values = [values]
         if not isinstance(values, list) or not all(isinstance(v, str) for v in values):

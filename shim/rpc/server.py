@@ -12,7 +12,7 @@ import asyncio
 import logging
 import os
 import socket
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Awaitable, Callable
 
 from .channel import Channel, PeerCredentials, peer_credentials
@@ -32,18 +32,26 @@ StreamHandler = Callable[["CallContext", dict, "ServerStream"], Awaitable[Any]]
 MAX_CONNECTIONS = 1024
 
 
-@dataclass(frozen=True, slots=True)
 class CallContext:
-    """What a handler knows about its call."""
+    """What a handler knows about its call: the request, the peer, the deadline."""
 
-    request: Request
-    peer: PeerCredentials | None
-    #: absolute ``loop.time()`` at which the call's deadline passes, or None
-    deadline: float | None = None
+    __slots__ = ("request", "peer", "deadline", "_after")
+
+    def __init__(self, request: Request, peer: PeerCredentials | None, deadline: float | None = None):
+        self.request = request
+        self.peer = peer
+        #: absolute ``loop.time()`` at which the call's deadline passes, or None
+        self.deadline = deadline
+        self._after: list[Callable[[], None]] = []
 
     @property
     def namespace(self) -> str | None:
         return self.request.namespace
+
+    def after_response(self, callback: Callable[[], None]) -> None:
+        """Run ``callback()`` once this call's response has been handed to the socket
+        (e.g. to exit the process only after ShutdownSandbox has answered)."""
+        self._after.append(callback)
 
 
 @dataclass(slots=True)
@@ -136,7 +144,7 @@ class _ServerChannel(Channel):
             coro = method.handler(ctx, req.payload)
         task = self.loop.create_task(coro)
         self.tasks[sid] = task
-        task.add_done_callback(lambda t, sid=sid, req=req: self._on_done(sid, req, t))
+        task.add_done_callback(lambda t, sid=sid, ctx=ctx: self._on_done(sid, ctx, t))
         if deadline is not None:
             self.timers[sid] = self.loop.call_at(deadline, self._on_deadline, sid)
 
@@ -149,7 +157,8 @@ class _ServerChannel(Channel):
         if task is not None:
             task.cancel()
 
-    def _on_done(self, sid: int, req: Request, task: asyncio.Task) -> None:
+    def _on_done(self, sid: int, ctx: CallContext, task: asyncio.Task) -> None:
+        req = ctx.request
         self.tasks.pop(sid, None)
         timer = self.timers.pop(sid, None)
         if timer is not None:
@@ -167,6 +176,9 @@ class _ServerChannel(Channel):
             exc = task.exception()
             if not isinstance(exc, asyncio.CancelledError):
                 status_from_exception(exc, where=f"{req.full_method} (after its deadline)")
+        for callback in ctx._after:
+            # Queued after the flush that write() scheduled, so it runs once the bytes left.
+            self.loop.call_soon(callback)
         self._close_if_idle()
 
     def _finish(self, sid: int, response: Response) -> None:

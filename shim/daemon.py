@@ -1,0 +1,108 @@
+"""The shim's serve loop: signals, the server, readiness, and an orderly shutdown.
+
+``serve_forever`` is the one path every shim takes, whether ``podshim start`` forked it,
+``podshim serve`` runs it in the foreground for systemd, or a template forked it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import socket
+import sys
+import time
+
+from .events import EventBus
+from .notify import Notifier
+from .reaper import Reaper
+from .rpc.channel import install_uvloop
+from .rpc.server import Server
+from .sandbox import Sandbox, ShimConfig, State
+from .service import SandboxService, register
+
+__all__ = ["SHUTDOWN_TIMEOUT", "serve_forever", "setup_logging"]
+
+log = logging.getLogger("shim")
+
+#: How long in-flight answers get to leave once the shim decided to exit (containerd: 3 s).
+SHUTDOWN_TIMEOUT = 3.0
+
+
+def setup_logging(debug: bool = False) -> None:
+    """Log lines with a UTC timestamp to stderr (the bundle's log file for a detached shim)."""
+    handler = logging.StreamHandler(sys.stderr)
+    formatter = logging.Formatter("%(asctime)s.%(msecs)03dZ %(levelname)s %(name)s[%(process)d]: %(message)s",
+                                  "%Y-%m-%dT%H:%M:%S")
+    formatter.converter = time.gmtime
+    handler.setFormatter(formatter)
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(logging.DEBUG if debug else logging.INFO)
+
+
+def serve_forever(config: ShimConfig, listener: socket.socket, *, owns_socket: bool = True,
+                  ready_fd: int | None = None) -> int:
+    """Serve the sandbox on ``listener`` until ShutdownSandbox, SIGTERM or SIGINT. Returns 0.
+
+    ``ready_fd``, when given, receives one byte once the server accepts, then is closed.
+    ``owns_socket``: unlink the socket path on exit (not when systemd owns the socket).
+    """
+    install_uvloop()
+    return asyncio.run(_serve(config, listener, owns_socket, ready_fd))
+
+
+async def _serve(config: ShimConfig, listener: socket.socket, owns_socket: bool, ready_fd: int | None) -> int:
+    loop = asyncio.get_running_loop()
+    reaper = Reaper()
+    reaper.install(loop)
+    notifier = Notifier.from_env()
+    events = EventBus(config.namespace, config.sandbox_id)
+    sandbox = Sandbox(config, reaper, events)
+    done = asyncio.Event()
+    why: list[str] = []
+
+    def finish(reason: str) -> None:
+        if not why:
+            why.append(reason)
+        done.set()
+
+    sandbox.on_state_change = lambda st: notifier.send(f"STATUS=sandbox {config.sandbox_id} {st.value}")
+    server = Server()
+    register(server, SandboxService(sandbox, events, on_shutdown=lambda: finish("ShutdownSandbox")))
+    await server.start(listener)
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, finish, signal.Signals(sig).name)
+    # A detached shim has no terminal, but a hangup must never end it (the caller's session).
+    loop.add_signal_handler(signal.SIGHUP, lambda: log.info("SIGHUP ignored"))
+    log.info("serving sandbox %s/%s on %s", config.namespace, config.sandbox_id, config.socket_path)
+    if ready_fd is not None:
+        try:
+            os.write(ready_fd, b"R")
+        finally:
+            os.close(ready_fd)
+    notifier.send("READY=1", f"STATUS=serving {config.sandbox_id}", f"MAINPID={os.getpid()}")
+
+    await done.wait()
+    log.info("shutting down (%s)", why[0])
+    notifier.send("STOPPING=1", f"STATUS=stopping ({why[0]})")
+    # The shutdown callbacks, in order, under one named timeout each.
+    try:
+        await asyncio.wait_for(server.aclose(SHUTDOWN_TIMEOUT), SHUTDOWN_TIMEOUT + 1)
+    except asyncio.TimeoutError:
+        log.error("server did not close within %.0fs", SHUTDOWN_TIMEOUT)
+    if owns_socket:
+        try:
+            os.unlink(config.socket_path)
+        except FileNotFoundError:
+            pass
+    listener.close()
+    if sandbox.state is not State.SHUTDOWN:
+        # SIGTERM/SIGINT: leave the pause running so a restarted controller can still
+        # reconnect or `podshim delete`; just record that the shim is gone.
+        log.info("leaving sandbox %s in state %s for `podshim delete`", config.sandbox_id, sandbox.state.value)
+        sandbox.persist()
+    reaper.uninstall()
+    notifier.close()
+    return 0

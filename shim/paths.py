@@ -1,0 +1,119 @@
+"""Names and places: identifier rules, the socket address, and the files a shim keeps.
+
+Everything here is checked before anything touches the filesystem: a namespace or sandbox id
+that is not a containerd identifier is refused, so no id can name a path outside the roots.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import tempfile
+from typing import Any
+
+from .rpc.status import InvalidArgument
+
+__all__ = [
+    "MAX_IDENTIFIER_CHARS",
+    "DEFAULT_RUNTIME_ROOT",
+    "SUN_PATH_MAX",
+    "validate_identifier",
+    "socket_dir",
+    "socket_path",
+    "socket_address",
+    "write_json_atomic",
+    "read_json",
+    "BOOTSTRAP_FILE",
+    "STATE_FILE",
+    "LOG_FILE",
+    "PROTOCOL",
+    "BOOTSTRAP_VERSION",
+]
+
+MAX_IDENTIFIER_CHARS = 76
+_IDENTIFIER = re.compile(r"[A-Za-z0-9]+(?:[._-][A-Za-z0-9]+)*")
+DEFAULT_RUNTIME_ROOT = "/run/podshim"
+#: sizeof(sockaddr_un.sun_path) on Linux, including the terminating NUL.
+SUN_PATH_MAX = 108
+_HASH_HEX_CHARS = 32  # 128 bits: collisions are not a concern, and long runtime roots still fit
+
+BOOTSTRAP_FILE = "bootstrap.json"
+STATE_FILE = "state.json"
+LOG_FILE = "log"
+PROTOCOL = "ttrpc+msgpack"
+#: bootstrap.json "version": 3 is containerd's number for a shim that serves the Sandbox API.
+BOOTSTRAP_VERSION = 3
+
+
+def validate_identifier(kind: str, value: Any) -> str:
+    """Return ``value`` if it is a valid identifier, else raise InvalidArgument.
+
+    Rules (containerd's): letters and digits, joined by single ``.``, ``_`` or ``-``;
+    1 to 76 characters.
+    """
+    if not isinstance(value, str) or not value:
+        raise InvalidArgument(f"{kind} must be a non-empty string")
+    if len(value) > MAX_IDENTIFIER_CHARS:
+        raise InvalidArgument(f"{kind} {value[:20]!r}... is {len(value)} characters; at most {MAX_IDENTIFIER_CHARS} are allowed")
+    if not _IDENTIFIER.fullmatch(value):
+        raise InvalidArgument(
+            f"{kind} {value!r} is not valid: use letters and digits joined by single '.', '_' or '-'")
+    return value
+
+
+def socket_dir(runtime_root: str = DEFAULT_RUNTIME_ROOT) -> str:
+    """The directory holding shim sockets under ``runtime_root`` (mode 0700)."""
+    if not os.path.isabs(runtime_root):
+        raise InvalidArgument(f"runtime root {runtime_root!r} must be an absolute path")
+    return os.path.join(os.path.normpath(runtime_root), "s")
+
+
+def socket_path(namespace: str, sandbox_id: str, runtime_root: str = DEFAULT_RUNTIME_ROOT) -> str:
+    """The socket path for one sandbox: a hash of namespace and id, so it is always short.
+
+    Raises InvalidArgument for a bad identifier or a runtime root too long for sun_path.
+    """
+    validate_identifier("namespace", namespace)
+    validate_identifier("sandbox id", sandbox_id)
+    digest = hashlib.sha256(f"{namespace}/{sandbox_id}".encode()).hexdigest()[:_HASH_HEX_CHARS]
+    path = os.path.join(socket_dir(runtime_root), digest)
+    if len(path.encode()) + 1 > SUN_PATH_MAX:
+        limit = SUN_PATH_MAX - 1 - _HASH_HEX_CHARS - len("/s/")
+        raise InvalidArgument(f"runtime root {runtime_root!r} is too long for a Unix socket path (at most {limit} bytes)")
+    return path
+
+
+def socket_address(path: str) -> str:
+    return "unix://" + path
+
+
+def write_json_atomic(path: str, doc: Any, mode: int = 0o600) -> None:
+    """Write JSON so a reader sees the old file or the new one, never half (rename + fsync)."""
+    directory = os.path.dirname(path) or "."
+    fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", dir=directory)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(doc, f, sort_keys=True)
+            f.write("\n")
+            f.flush()
+            os.fchmod(f.fileno(), mode)
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+
+
+def read_json(path: str) -> Any:
+    """Read a JSON file; ValueError (with the path) if it is not valid JSON."""
+    with open(path) as f:
+        text = f.read()
+    try:
+        return json.loads(text)
+    except ValueError as exc:
+        raise ValueError(f"{path} is not valid JSON: {exc}") from None
