@@ -111,7 +111,7 @@ def delete_sandbox(bundle: str, namespace: str, sandbox_id: str, runtime_root: s
     if record:
         record.update(state="deleted", exit=exit_info)
         try:
-            write_json_atomic(state_path, record)
+            write_json_atomic(state_path, record, durable=False)
         except OSError as exc:
             log.warning("cannot update %s: %s", state_path, exc)
     return result

@@ -204,7 +204,7 @@ def _start(args: argparse.Namespace) -> int:
               + (f"; its log says:\n{tail}" if tail else ""), file=sys.stderr)
         return 1
     result = _bootstrap(address, pid)
-    write_json_atomic(os.path.join(args.bundle, BOOTSTRAP_FILE), result, mode=0o644)
+    write_json_atomic(os.path.join(args.bundle, BOOTSTRAP_FILE), result, mode=0o644, durable=False)
     print(json.dumps(result))
     return 0
 
@@ -257,7 +257,7 @@ def _serve(args: argparse.Namespace) -> int:
             raise UsageError(f"a live shim already serves {args.namespace}/{args.sandbox_id} on {config.socket_path}")
         owns = True
     write_json_atomic(os.path.join(args.bundle, BOOTSTRAP_FILE),
-                      _bootstrap(socket_address(config.socket_path), os.getpid()), mode=0o644)
+                      _bootstrap(socket_address(config.socket_path), os.getpid()), mode=0o644, durable=False)
     return serve_forever(config, sock, owns_socket=owns)
 
 

@@ -72,6 +72,9 @@ async def _serve(config: ShimConfig, listener: socket.socket, owns_socket: bool,
     server = Server()
     register(server, SandboxService(sandbox, events, on_shutdown=lambda: finish("ShutdownSandbox")))
     await server.start(listener)
+    # Record the shim at once: a controller killed before CreateSandbox still finds, through
+    # state.json, a shim that `podshim delete` can end.
+    sandbox.persist()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, finish, signal.Signals(sig).name)
     # A detached shim has no terminal, but a hangup must never end it (the caller's session).

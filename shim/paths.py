@@ -9,10 +9,10 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import re
 import tempfile
 from typing import Any
 
+from .rpc.identifiers import MAX_IDENTIFIER_CHARS, validate_identifier
 from .rpc.status import InvalidArgument
 
 __all__ = [
@@ -32,8 +32,6 @@ __all__ = [
     "BOOTSTRAP_VERSION",
 ]
 
-MAX_IDENTIFIER_CHARS = 76
-_IDENTIFIER = re.compile(r"[A-Za-z0-9]+(?:[._-][A-Za-z0-9]+)*")
 DEFAULT_RUNTIME_ROOT = "/run/podshim"
 #: sizeof(sockaddr_un.sun_path) on Linux, including the terminating NUL.
 SUN_PATH_MAX = 108
@@ -45,22 +43,6 @@ LOG_FILE = "log"
 PROTOCOL = "ttrpc+msgpack"
 #: bootstrap.json "version": 3 is containerd's number for a shim that serves the Sandbox API.
 BOOTSTRAP_VERSION = 3
-
-
-def validate_identifier(kind: str, value: Any) -> str:
-    """Return ``value`` if it is a valid identifier, else raise InvalidArgument.
-
-    Rules (containerd's): letters and digits, joined by single ``.``, ``_`` or ``-``;
-    1 to 76 characters.
-    """
-    if not isinstance(value, str) or not value:
-        raise InvalidArgument(f"{kind} must be a non-empty string")
-    if len(value) > MAX_IDENTIFIER_CHARS:
-        raise InvalidArgument(f"{kind} {value[:20]!r}... is {len(value)} characters; at most {MAX_IDENTIFIER_CHARS} are allowed")
-    if not _IDENTIFIER.fullmatch(value):
-        raise InvalidArgument(
-            f"{kind} {value!r} is not valid: use letters and digits joined by single '.', '_' or '-'")
-    return value
 
 
 def socket_dir(runtime_root: str = DEFAULT_RUNTIME_ROOT) -> str:
@@ -89,8 +71,12 @@ def socket_address(path: str) -> str:
     return "unix://" + path
 
 
-def write_json_atomic(path: str, doc: Any, mode: int = 0o600) -> None:
-    """Write JSON so a reader sees the old file or the new one, never half (rename + fsync)."""
+def write_json_atomic(path: str, doc: Any, mode: int = 0o600, *, durable: bool = True) -> None:
+    """Write JSON so a reader sees the old file or the new one, never half (write + rename).
+
+    ``durable`` also fsyncs, so the new file survives a power cut; runtime state that a reboot
+    makes meaningless anyway (state.json, bootstrap.json) skips it.
+    """
     directory = os.path.dirname(path) or "."
     fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", dir=directory)
     try:
@@ -99,7 +85,8 @@ def write_json_atomic(path: str, doc: Any, mode: int = 0o600) -> None:
             f.write("\n")
             f.flush()
             os.fchmod(f.fileno(), mode)
-            os.fsync(f.fileno())
+            if durable:
+                os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         try:

@@ -1,18 +1,20 @@
 """Launching the pause task: the process that holds the sandbox's namespaces open.
 
-The least work that gives the pause its namespaces, with no subprocess and no helper binary:
+The least work that gives the pause its namespaces, with no subprocess and no helper binary::
 
-    shim ── fork ──> A: join cgroup → setns(netns) → unshare(ipc, uts, mnt[, pid]) → / rslave
-                        → sethostname → sysctls → tmpfs /dev/shm → fork ──> B → report B's pid → exit 0
-                                                                        B: PID 1 of the new pid ns:
-                                                                           mount /proc → oom_score_adj
-                                                                           → fds, stdio, signals → exec pause -P
+    shim --fork--> A: join cgroup, setns(netns), unshare(ipc, uts, mnt[, pid]), / rslave,
+                      sethostname, sysctls, tmpfs on /dev/shm, then
+                      --fork--> B (PID 1 of the new pid ns): mount /proc, oom_score_adj,
+                                fds, stdio, signals, exec catatonit -P
+                      A reports B's pid and exits 0
 
 A is needed because unshare(CLONE_NEWPID) only moves the caller's *children* into the new pid
-namespace (with pid_mode NODE there is no new pid namespace and A becomes the pause itself). When A exits, B is re-parented to the shim, a child subreaper, and the shim's
-:class:`~shim.reaper.Reaper` reaps it. Both children report over one close-on-exec pipe:
-``P<pid>`` (A: B's pid), ``R`` (B, builtin pause: ready), ``E<errno> <step>`` (either: the step
-that failed), ``W<errno> <step>`` (a best-effort step that failed: lowering oom_score_adj). EOF means A has exited and B has exec'd or is ready.
+namespace (with pid_mode NODE there is none, and A becomes the pause itself). When A exits, B
+is re-parented to the shim, a child subreaper, and the shim's :class:`~shim.reaper.Reaper`
+reaps it. Both children report on one close-on-exec pipe: ``P<pid>`` (B's pid), ``R`` (the
+builtin pause is ready), ``E<errno> <step>`` (the step that failed), ``W<errno> <step>`` (a
+best-effort step that failed: lowering oom_score_adj). EOF means A has exited and B has exec'd
+or is ready.
 
 A pause that has not yet set up its signal handling loses a SIGTERM (PID 1 of a pid namespace
 drops every signal it has no handler for), so :func:`launch` returns only once the pause
@@ -137,13 +139,16 @@ def validate_sysctls(sysctls: Mapping[str, str], *, host_network: bool, host_ipc
     """
     for key, value in sysctls.items():
         if not isinstance(key, str) or not _SYSCTL_KEY.fullmatch(key):
-            raise InvalidArgument(f"sysctl name {key!r} is malformed (expected dotted words, e.g. net.ipv4.ip_forward)")
+            raise InvalidArgument(
+                f"sysctl name {key!r} is malformed (expected dotted words, e.g. net.ipv4.ip_forward)"
+            )
         if not isinstance(value, str) or "\0" in value:
             raise InvalidArgument(f"sysctl {key} has a value that is not a string without NUL: {value!r}")
         if key.startswith("net."):
             if host_network:
                 raise InvalidArgument(
-                    f"sysctl {key} cannot be set on a sandbox with host network: it would change the host's network settings"
+                    f"sysctl {key} cannot be set on a sandbox with host network: "
+                    "it would change the host's network settings"
                 )
         elif key == "kernel.sem" or key.startswith(_IPC_SYSCTL_PREFIXES):
             if host_ipc:
@@ -488,7 +493,8 @@ def _child_a(plan: _Plan, write_fd: int) -> NoReturn:
             linux.write_file(path, value)
         if plan.shm_options is not None:
             step = "mounting a tmpfs on /dev/shm"
-            linux.mount("shm", "/dev/shm", "tmpfs", linux.MS_NOSUID | linux.MS_NODEV | linux.MS_NOEXEC, plan.shm_options)
+            flags = linux.MS_NOSUID | linux.MS_NODEV | linux.MS_NOEXEC
+            linux.mount("shm", "/dev/shm", "tmpfs", flags, plan.shm_options)
         if not plan.mount_proc:
             # No new pid namespace: A can become the pause itself; a second fork buys nothing.
             os.write(write_fd, b"P%d\n" % os.getpid())

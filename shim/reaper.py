@@ -87,7 +87,7 @@ class Reaper:
     def install(self, loop: asyncio.AbstractEventLoop | None = None) -> None:
         """Become a child subreaper and reap on every SIGCHLD delivered to ``loop`` (asyncio or uvloop).
 
-        ``loop`` defaults to the running loop. Reaps once at once, for children that exited
+        ``loop`` defaults to the running loop. Reaps once right away, for children that exited
         before. Raises FailedPrecondition if a Reaper is already installed in this process.
         """
         global _installed
@@ -97,18 +97,26 @@ class Reaper:
         self._was_subreaper = linux.get_child_subreaper()
         linux.set_child_subreaper(True)
         try:
-            loop.add_signal_handler(signal.SIGCHLD, self.reap)
-        except RuntimeError:
-            # uvloop refuses SIGCHLD ("used by the event loop to track subprocesses"). A plain
-            # Python handler still works there: uvloop always installs a signal wakeup fd and
-            # runs Python-level handlers when it wakes. reap() is deferred to a loop callback,
-            # never run inside the handler, which may interrupt any bytecode of the loop.
-            self._previous_handler = signal.signal(
-                signal.SIGCHLD, lambda signum, frame: loop.call_soon_threadsafe(self.reap)
-            )
+            try:
+                loop.add_signal_handler(signal.SIGCHLD, self.reap)
+            except RuntimeError:
+                # uvloop refuses SIGCHLD ("used by the event loop to track subprocesses"). A
+                # plain Python handler works there: uvloop always installs a signal wakeup fd
+                # and runs Python-level handlers when it wakes.
+                self._previous_handler = signal.signal(signal.SIGCHLD, self._on_sigchld)
+        except BaseException:
+            linux.set_child_subreaper(self._was_subreaper)
+            raise
         self._loop = loop
         _installed = self
         self.reap()
+
+    def _on_sigchld(self, signum: int, frame: FrameType | None) -> None:
+        # A Python signal handler may run between any two bytecodes of the loop's thread:
+        # defer the reaping to a loop callback rather than touch the watchers from here.
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            loop.call_soon_threadsafe(self.reap)
 
     def uninstall(self) -> None:
         """Stop reaping and restore the subreaper flag. Idempotent.

@@ -178,7 +178,7 @@ class Sandbox:
 
     def persist(self) -> None:
         try:
-            write_json_atomic(os.path.join(self.config.bundle, STATE_FILE), self.record())
+            write_json_atomic(os.path.join(self.config.bundle, STATE_FILE), self.record(), durable=False)
         except OSError as exc:  # the bundle went away under us: keep serving, say so
             log.error("cannot write %s: %s", STATE_FILE, exc)
 

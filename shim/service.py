@@ -9,7 +9,7 @@ import os
 from typing import Any, Callable
 
 from .events import EventBus
-from .paths import validate_identifier
+from .rpc.identifiers import validate_identifier
 from .rpc.api import EVENTS_SERVICE, SANDBOX_SERVICE
 from .rpc.messages import optional, require
 from .rpc.server import CallContext, Server, ServerStream

@@ -27,14 +27,6 @@ BINARIES = [pytest.param(CATATONIT, id="catatonit"), pytest.param(BUILTIN, id="b
 
 
 @pytest.fixture
-async def reaper():
-    reaper = Reaper()
-    reaper.install()
-    yield reaper
-    reaper.uninstall()
-
-
-@pytest.fixture
 def make_netns():
     """Create netns files; each is unmounted and deleted afterwards."""
     paths = []

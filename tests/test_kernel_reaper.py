@@ -18,14 +18,6 @@ WAIT = 5.0  # seconds; a bound for the test, not a readiness sleep
 
 
 @pytest.fixture
-async def reaper():
-    reaper = Reaper()
-    reaper.install()
-    yield reaper
-    reaper.uninstall()
-
-
-@pytest.fixture
 async def spawn(reaper):
     """Start a child with posix_spawn; every child (or adopted orphan) still unreaped at the end
     is killed and reaped."""
