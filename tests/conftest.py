@@ -1,6 +1,15 @@
-"""Shared test fixtures. Keep this small: prefer fixtures local to a test file."""
+"""Suite-wide guard: whatever the tests make, the suite leaves nothing behind.
+
+A session fixture records podshim's footprint on the machine before the first test and fails
+the run if, after the last test, there are more podshim processes, pause processes, netns
+files or netns mounts than before. Individual tests clean up after themselves; this catches
+the one that forgot.
+"""
 
 from __future__ import annotations
+
+import os
+import time
 
 import pytest
 
@@ -14,3 +23,55 @@ async def reaper():
     reaper.install()
     yield reaper
     reaper.uninstall()
+
+
+def _podshim_processes() -> set[int]:
+    """Live (non-zombie) shim and pause processes on the machine."""
+    found = set()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                argv = f.read().split(b"\0")
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        if stat[stat.rfind(b")") + 2:stat.rfind(b")") + 3] in (b"Z", b"X"):
+            continue
+        joined = b" ".join(argv)
+        if (b"podshim" in joined and b"pytest" not in joined) or b"-m shim" in joined or argv[0].endswith(b"catatonit"):
+            found.add(int(entry))
+    return found
+
+
+def _netns_files() -> set[str]:
+    try:
+        return {n for n in os.listdir("/var/run/netns") if n.startswith("podshim")}
+    except FileNotFoundError:
+        return set()
+
+
+def _netns_mounts() -> set[str]:
+    with open("/proc/self/mountinfo") as f:
+        return {line.split()[4] for line in f if "/netns/podshim" in line.split()[4]}
+
+
+def footprint() -> dict[str, set]:
+    return {"processes": _podshim_processes(), "netns files": _netns_files(), "netns mounts": _netns_mounts()}
+
+
+@pytest.fixture(scope="session", autouse=True)
+def nothing_left_behind():
+    before = footprint()
+    yield
+    # Processes reparented to a PID 1 that reaps slowly may take a moment to disappear.
+    deadline = time.monotonic() + 5
+    while True:
+        after = footprint()
+        leaked = {k: sorted(after[k] - before[k]) for k in after if after[k] - before[k]}
+        if not leaked or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    assert not leaked, f"the test suite left these behind: {leaked}"
