@@ -22,7 +22,7 @@ from typing import Any
 from shim import linux
 from shim.rpc.status import AlreadyExists, FailedPrecondition, Internal, InvalidArgument, NotFound
 
-__all__ = ["DEFAULT_PARENT", "REMOVE_TIMEOUT", "SandboxCgroup", "discover_hierarchies"]
+__all__ = ["DEFAULT_PARENT", "REMOVE_TIMEOUT", "V2", "Hierarchy", "SandboxCgroup", "discover_hierarchies"]
 
 DEFAULT_PARENT = "podshim"
 REMOVE_TIMEOUT = 1.0  # seconds rmdir retries EBUSY while killed tasks leave the group
@@ -94,7 +94,9 @@ def _validate(name: str, parent: str | None) -> None:
     if parent is not None and parent != "/":
         parts = parent.strip("/").split("/")
         if "\0" in parent or any(part in ("", ".", "..") for part in parts):
-            raise InvalidArgument(f"cgroup parent {parent!r} must be a path without empty, '.' or '..' parts or NUL")
+            raise InvalidArgument(
+                f"cgroup parent {parent!r} must be a path without empty, '.' or '..' parts or NUL"
+            )
 
 
 @dataclass
@@ -198,11 +200,14 @@ class SandboxCgroup:
                 raise Internal(f"cannot move process {pid} into {procs}: {exc.strerror}") from exc
 
     def pids(self) -> set[int]:
-        """Every process in the sandbox cgroup or below it, in any hierarchy."""
+        """Every process in the sandbox cgroup or below it, in any hierarchy. Raises Internal."""
         found: set[int] = set()
         for path in self.paths.values():
             for directory in _subtree(path):
-                found.update(_read_pids(directory))
+                try:
+                    found.update(_read_pids(directory))
+                except OSError as exc:
+                    raise Internal(f"cannot list the processes of cgroup {directory}: {exc.strerror}") from exc
         return found
 
     def metrics(self) -> dict[str, Any]:
@@ -256,7 +261,8 @@ class SandboxCgroup:
 
         SIGKILL uses v2 cgroup.kill when the kernel has it (atomic: no fork escapes); otherwise
         each pid listed in cgroup.procs of every hierarchy is signalled, repeated until none is
-        new, so a forking process cannot outrun it. Raises Internal when cgroup.kill fails.
+        new, so a forking process cannot outrun it. Raises Internal when the group cannot be
+        read or killed.
         """
         v2 = self.paths.get(V2)
         if sig == signal.SIGKILL and v2 is not None and os.path.exists(os.path.join(v2, "cgroup.kill")):
@@ -282,7 +288,7 @@ class SandboxCgroup:
             signalled |= fresh
 
     def remove(self, timeout: float = REMOVE_TIMEOUT) -> None:
-        """Remove the sandbox directories (deepest first), then the parents create() made if empty.
+        """Remove the sandbox directories (deepest first), then :attr:`owned_parents` that are empty.
 
         Idempotent: missing directories are fine. rmdir fails with EBUSY while killed tasks
         are still leaving the group, so that is retried for up to ``timeout`` seconds (this

@@ -265,21 +265,20 @@ def test_read_only_hierarchy_is_skipped_and_recorded():
     pid = os.fork()
     if pid == 0:
         try:
-            os.close(read_fd)
             linux.unshare(linux.CLONE_NEWNS)
             linux.mount(None, "/", None, linux.MS_PRIVATE | linux.MS_REC)
             pids_mount = next(h.mountpoint for h in discover_hierarchies() if h.key == "pids")
             linux.mount(None, pids_mount, None, linux.MS_REMOUNT | linux.MS_BIND | linux.MS_RDONLY)
-            cgroup = SandboxCgroup.create(_unique("sb"), _unique("parent"))
-            cgroup.remove()
-            os.write(write_fd, json.dumps([sorted(cgroup.paths), cgroup.skipped]).encode())
+            os.write(write_fd, json.dumps(SandboxCgroup.create(_unique("sb"), _unique("parent")).to_dict()).encode())
         finally:
             os._exit(0)
     os.close(write_fd)
     try:
-        paths, skipped = json.loads(os.read(read_fd, 65536) or b"[[], {}]")
+        record = json.loads(os.read(read_fd, 65536))
     finally:
         os.close(read_fd)
         os.waitpid(pid, 0)
-    assert "pids" not in paths and "Read-only" in skipped["pids"]
-    assert "memory" in paths
+    cgroup = SandboxCgroup.from_dict(record)
+    cgroup.remove()  # here the hierarchy is writable: the test process cleans up
+    assert "pids" not in cgroup.paths and "Read-only" in cgroup.skipped["pids"]
+    assert "memory" in cgroup.paths
