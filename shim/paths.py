@@ -23,6 +23,7 @@ __all__ = [
     "socket_dir",
     "socket_path",
     "socket_address",
+    "control_socket_path",
     "write_json_atomic",
     "read_json",
     "BOOTSTRAP_FILE",
@@ -65,6 +66,11 @@ def socket_path(namespace: str, sandbox_id: str, runtime_root: str = DEFAULT_RUN
         limit = SUN_PATH_MAX - 1 - _HASH_HEX_CHARS - len("/s/")
         raise InvalidArgument(f"runtime root {runtime_root!r} is too long for a Unix socket path (at most {limit} bytes)")
     return path
+
+
+def control_socket_path(runtime_root: str = DEFAULT_RUNTIME_ROOT) -> str:
+    """Where the shim template of ``runtime_root`` listens (``ROOT/template.sock``)."""
+    return os.path.join(os.path.normpath(runtime_root), "template.sock")
 
 
 def socket_address(path: str) -> str:

@@ -2,13 +2,32 @@
 
 Layers, bottom up: ``frames`` (sans-IO codec), ``messages`` (Request/Response maps),
 ``status`` (codes and typed errors), ``connection`` (stream bookkeeping, sans-IO),
-``channel`` (the only code that touches sockets), ``server`` and ``client``.
-Depends on nothing but the standard library, msgpack and anyio.
+``channel`` (the only code that touches sockets), ``server`` and ``client`` (asyncio), and
+``blocking`` (one call, no event loop). Depends on nothing but the standard library, msgpack
+and anyio.
+
+``Client``, ``Server`` and friends are loaded on first use, so a process that only needs the
+status codes (the ``podshim`` CLI) does not pay for importing asyncio.
 """
 
-from .client import Client, connect
-from .server import CallContext, Server, ServerStream
 from .status import *  # noqa: F401,F403  (the typed errors are part of this package's API)
 from .status import __all__ as _status_all
 
-__all__ = ["Client", "connect", "Server", "ServerStream", "CallContext", *_status_all]
+_LAZY = {
+    "Client": ".client",
+    "connect": ".client",
+    "Server": ".server",
+    "ServerStream": ".server",
+    "CallContext": ".server",
+}
+
+__all__ = [*_LAZY, *_status_all]
+
+
+def __getattr__(name: str):
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'shim.rpc' has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(module, __name__), name)

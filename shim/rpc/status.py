@@ -8,7 +8,6 @@ place (:func:`status_from_exception`); the client turns the status back into the
 
 from __future__ import annotations
 
-import asyncio
 import enum
 import logging
 from typing import Any
@@ -140,7 +139,7 @@ def status_from_exception(exc: BaseException, *, where: str = "") -> tuple[Code,
     """
     if isinstance(exc, RpcError):
         return exc.code, exc.message, exc.details
-    if isinstance(exc, (asyncio.CancelledError,)):
+    if not isinstance(exc, Exception):  # asyncio.CancelledError and other BaseExceptions
         return Code.CANCELLED, "the call was cancelled", []
     if isinstance(exc, (TimeoutError,)):
         return Code.DEADLINE_EXCEEDED, "deadline exceeded", []

@@ -1,0 +1,114 @@
+"""A blocking, single-call client and server loop over the same sans-IO codec.
+
+For places that run no event loop: ``podshim start`` asking a template for a shim, and the
+template itself, which must fork without a running event loop in the way. Same frames, same
+messages, same status rules as the asyncio server and client.
+"""
+
+from __future__ import annotations
+
+import socket
+from typing import Any, Callable
+
+from .channel import parse_address, peer_credentials
+from .connection import CallRejected, CallStarted, ClientConnection, PeerClosed, ResponseReceived, ServerConnection
+from .frames import LocalProtocolError, RemoteProtocolError
+from .messages import Request, Response
+from .status import Code, InvalidArgument, RpcError, Unavailable, error_from_status, status_from_exception
+
+__all__ = ["call", "serve_connection"]
+
+_READ_BYTES = 65536
+
+
+def call(address: str, service: str, method: str, payload: dict[str, Any] | None = None, *,
+         timeout: float = 5.0) -> Any:
+    """Connect, make one unary call, close. Returns the payload or raises the typed error.
+
+    A missing or refusing socket raises Unavailable at once.
+    """
+    try:
+        path = parse_address(address)
+    except ValueError as exc:
+        raise InvalidArgument(str(exc)) from None
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+    sock.settimeout(timeout)
+    try:
+        try:
+            sock.connect(path)
+        except OSError as exc:
+            raise Unavailable(f"cannot connect to {address}: {exc.strerror or exc}") from None
+        conn = ClientConnection()
+        sid, frame = conn.request(Request(service, method, payload or {}, int(timeout * 1e9)))
+        try:
+            sock.sendall(frame)
+            while True:
+                data = sock.recv(_READ_BYTES)
+                for ev in conn.receive_data(data):
+                    if isinstance(ev, ResponseReceived) and ev.stream_id == sid:
+                        resp = ev.response
+                        if resp.code != Code.OK:
+                            raise error_from_status(resp.code, resp.message, resp.details)
+                        return resp.payload
+                    if isinstance(ev, PeerClosed):
+                        raise Unavailable(f"{address} closed the connection without answering")
+        except socket.timeout:
+            raise Unavailable(f"no answer from {address} within {timeout}s") from None
+        except (OSError, RemoteProtocolError) as exc:
+            raise Unavailable(f"connection to {address} failed: {exc}") from None
+    finally:
+        sock.close()
+
+
+Handler = Callable[[Request], Any]
+
+
+def serve_connection(sock: socket.socket, lookup: Callable[[str, str], Handler | None], *,
+                     allowed_uids: set[int], timeout: float = 5.0) -> None:
+    """Serve one accepted connection until the peer closes it; calls run one at a time.
+
+    Peers whose uid is not allowed are closed at once. ``lookup(service, method)`` returns a
+    handler taking the Request and returning the payload, or None (UNIMPLEMENTED).
+    """
+    peer = peer_credentials(sock)
+    if peer is None or peer.uid not in allowed_uids:
+        sock.close()
+        return
+    sock.settimeout(timeout)
+    conn = ServerConnection()
+    try:
+        while True:
+            try:
+                data = sock.recv(_READ_BYTES)
+                events = conn.receive_data(data)
+            except (OSError, RemoteProtocolError):
+                return
+            out = []
+            for ev in events:
+                if isinstance(ev, PeerClosed):
+                    if out:
+                        sock.sendall(b"".join(out))
+                    return
+                if isinstance(ev, CallRejected):
+                    out.append(conn.reject(ev.stream_id, ev.code, ev.message))
+                elif isinstance(ev, CallStarted):
+                    handler = lookup(ev.request.service, ev.request.method)
+                    if handler is None:
+                        out.append(conn.reject(ev.stream_id, Code.UNIMPLEMENTED,
+                                               f"unknown method {ev.request.full_method}"))
+                        continue
+                    try:
+                        response = Response(payload=handler(ev.request))
+                    except Exception as exc:  # noqa: BLE001 - the one mapping to a status
+                        code, message, details = status_from_exception(exc, where=ev.request.full_method)
+                        response = Response(code, message, details)
+                    try:
+                        out.append(conn.response(ev.stream_id, response))
+                    except (TypeError, ValueError, LocalProtocolError) as exc:
+                        out.append(conn.reject(ev.stream_id, Code.INTERNAL, f"result cannot be encoded: {exc}"))
+            if out:
+                sock.sendall(b"".join(out))
+    except OSError:
+        return
+    finally:
+        sock.close()
