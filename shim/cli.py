@@ -11,6 +11,7 @@ of the shim's log. Nothing heavy is imported until an action needs it, so ``star
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import errno
 import json
 import os
@@ -41,10 +42,10 @@ def _parser() -> argparse.ArgumentParser:
                         help=f"root of runtime files; sockets live in ROOT/s (default {DEFAULT_RUNTIME_ROOT})")
         sp.add_argument("--debug", action="store_true", help="log at debug level")
 
-    def common(sp: argparse.ArgumentParser) -> None:
-        sp.add_argument("--namespace", required=True, help="namespace of the sandbox (an identifier)")
-        sp.add_argument("--id", required=True, dest="sandbox_id", help="sandbox id (an identifier)")
-        sp.add_argument("--bundle", required=True, help="the sandbox's bundle directory (absolute)")
+    def common(sp: argparse.ArgumentParser, required: bool = True) -> None:
+        sp.add_argument("--namespace", required=required, help="namespace of the sandbox (an identifier)")
+        sp.add_argument("--id", required=required, dest="sandbox_id", help="sandbox id (an identifier)")
+        sp.add_argument("--bundle", required=required, help="the sandbox's bundle directory (absolute)")
         root(sp)
 
     def daemon_flags(sp: argparse.ArgumentParser) -> None:
@@ -55,9 +56,18 @@ def _parser() -> argparse.ArgumentParser:
                        ("serve", "run the shim in the foreground (systemd; honours LISTEN_FDS, NOTIFY_SOCKET)"),
                        ("delete", "clean up after a dead shim and print its exit as JSON")):
         sp = sub.add_parser(name, help=text, description=text)
-        common(sp)
+        common(sp, required=name != "serve")
         if name != "delete":
             daemon_flags(sp)
+        if name == "serve":
+            sp.add_argument("--instance", metavar="NAMESPACE:ID",
+                            help="name the sandbox as a systemd instance does (instead of --namespace/--id); "
+                                 "the bundle defaults to STATE_ROOT/NAMESPACE/ID")
+            sp.add_argument("--state-root", default=os.environ.get("PODSHIM_STATE_ROOT", "/var/lib/podshim"),
+                            help="where bundles live when --bundle is not given (default /var/lib/podshim)")
+            sp.add_argument("--shutdown-on-term", action="store_true",
+                            help="on SIGTERM/SIGINT shut the sandbox down (stop the pause, remove its netns and "
+                                 "cgroup) instead of leaving it for `podshim delete`; for systemd units")
         if name == "start":
             sp.add_argument("--no-template", action="store_true",
                             help="do not ask a running template; always fork this process")
@@ -87,6 +97,18 @@ def _validate(args: argparse.Namespace) -> None:
     args.runtime_root = os.path.normpath(args.runtime_root)
     if args.action == "template":
         return
+    if getattr(args, "instance", None):
+        if args.namespace or args.sandbox_id:
+            raise UsageError("give either --instance or --namespace and --id, not both")
+        args.namespace, sep, args.sandbox_id = args.instance.partition(":")
+        if not sep:
+            raise UsageError(f"--instance {args.instance!r} must be NAMESPACE:SANDBOX_ID")
+    if args.namespace is None or args.sandbox_id is None:
+        raise UsageError("--namespace and --id (or --instance) are required")
+    if args.bundle is None:
+        if not os.path.isabs(args.state_root):
+            raise UsageError(f"--state-root {args.state_root!r} must be an absolute path")
+        args.bundle = os.path.join(args.state_root, args.namespace, args.sandbox_id)
     try:
         validate_identifier("namespace", args.namespace)
         validate_identifier("sandbox id", args.sandbox_id)
@@ -142,6 +164,10 @@ def _serve(args: argparse.Namespace) -> int:
     if fds:
         sock = socket.socket(fileno=fds[0])
         owns = False
+        # systemd chose the path (podshim@.socket): report where we really listen.
+        bound = sock.getsockname()
+        if isinstance(bound, str) and bound.startswith("/"):
+            config = dataclasses.replace(config, socket_path=bound)
     else:
         sock = bind_listener(config.socket_path)
         if sock is None:
@@ -149,7 +175,7 @@ def _serve(args: argparse.Namespace) -> int:
         owns = True
     write_json_atomic(os.path.join(args.bundle, BOOTSTRAP_FILE),
                       bootstrap(socket_address(config.socket_path), os.getpid()), mode=0o644, durable=False)
-    return serve_forever(config, sock, owns_socket=owns)
+    return serve_forever(config, sock, owns_socket=owns, shutdown_on_signal=args.shutdown_on_term)
 
 
 def _delete(args: argparse.Namespace) -> int:

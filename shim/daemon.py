@@ -43,17 +43,21 @@ def setup_logging(debug: bool = False) -> None:
 
 
 def serve_forever(config: ShimConfig, listener: socket.socket, *, owns_socket: bool = True,
-                  ready_fd: int | None = None) -> int:
+                  ready_fd: int | None = None, shutdown_on_signal: bool = False) -> int:
     """Serve the sandbox on ``listener`` until ShutdownSandbox, SIGTERM or SIGINT. Returns 0.
 
     ``ready_fd``, when given, receives one byte once the server accepts, then is closed.
     ``owns_socket``: unlink the socket path on exit (not when systemd owns the socket).
+    ``shutdown_on_signal``: SIGTERM/SIGINT shut the sandbox down as ShutdownSandbox would
+    (systemd units); otherwise the pause is left running for a controller to reconnect or
+    ``podshim delete``.
     """
     install_uvloop()
-    return asyncio.run(_serve(config, listener, owns_socket, ready_fd))
+    return asyncio.run(_serve(config, listener, owns_socket, ready_fd, shutdown_on_signal))
 
 
-async def _serve(config: ShimConfig, listener: socket.socket, owns_socket: bool, ready_fd: int | None) -> int:
+async def _serve(config: ShimConfig, listener: socket.socket, owns_socket: bool, ready_fd: int | None,
+                 shutdown_on_signal: bool) -> int:
     loop = asyncio.get_running_loop()
     reaper = Reaper()
     reaper.install(loop)
@@ -90,6 +94,11 @@ async def _serve(config: ShimConfig, listener: socket.socket, owns_socket: bool,
     await done.wait()
     log.info("shutting down (%s)", why[0])
     notifier.send("STOPPING=1", f"STATUS=stopping ({why[0]})")
+    if shutdown_on_signal and sandbox.state is not State.SHUTDOWN:
+        try:
+            await asyncio.wait_for(sandbox.shutdown(config.sandbox_id), SHUTDOWN_TIMEOUT * 4)
+        except Exception:
+            log.exception("shutting the sandbox down on %s failed", why[0])
     # The shutdown callbacks, in order, under one named timeout each.
     try:
         await asyncio.wait_for(server.aclose(SHUTDOWN_TIMEOUT), SHUTDOWN_TIMEOUT + 1)
