@@ -1,0 +1,445 @@
+"""crictl's JSON configs (``pod-config.json``, ``container-config.json``) as frozen dataclasses.
+
+Field names are CRI's as crictl spells them in JSON (snake_case: ``log_directory``,
+``port_mappings``, ``namespace_options``). A JSON ``null`` counts as absent, as Go's decoder
+treats it; unknown keys are ignored, because real crictl files carry many fields this runtime
+does not use. Every error is :class:`~shim.rpc.status.InvalidArgument` naming the JSON path of
+the bad field, e.g. ``metadata.name must be a string, got int``.
+
+Parsing is pure (no I/O) except :meth:`PodSandboxConfig.load` / :meth:`ContainerConfig.load`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Any, Callable, TypeVar
+
+from shim.rpc.status import InvalidArgument
+
+__all__ = [
+    "NAMESPACE_MODES",
+    "PROTOCOLS",
+    "SANDBOX_OOM_SCORE_ADJ",
+    "MAX_ATTEMPT",
+    "PodSandboxMetadata",
+    "DnsConfig",
+    "PortMapping",
+    "NamespaceOptions",
+    "PodSandboxConfig",
+    "ContainerMetadata",
+    "ContainerConfig",
+    "load_json_object",
+]
+
+#: CRI's NamespaceMode enum: the number crictl may write, and its name.
+NAMESPACE_MODES = {0: "POD", 1: "CONTAINER", 2: "NODE", 3: "TARGET"}
+#: CRI's Protocol enum for port mappings.
+PROTOCOLS = {0: "TCP", 1: "UDP", 2: "SCTP"}
+#: The pause's OOM score adjustment: containerd's defaultSandboxOOMAdj ("kubernetes#47938"), so the
+#: OOM killer takes a container before the process that holds the pod's namespaces.
+SANDBOX_OOM_SCORE_ADJ = -998
+#: ``attempt`` is a uint32 in CRI.
+MAX_ATTEMPT = 2**32 - 1
+_MAX_PORT = 65535
+
+_T = TypeVar("_T")
+_TYPE_NAMES = {str: "a string", int: "an integer", bool: "a boolean", dict: "an object", list: "an array"}
+
+
+_JSON_TYPE_NAMES = {bool: "bool", int: "int", float: "float", str: "str", dict: "object", list: "array",
+                   type(None): "null"}
+
+
+def _type_name(value: Any) -> str:
+    return _JSON_TYPE_NAMES.get(type(value), type(value).__name__)
+
+
+class _Fields:
+    """One JSON object being read; every error names the field by its JSON path."""
+
+    def __init__(self, doc: Any, path: str = ""):
+        if not isinstance(doc, dict):
+            raise InvalidArgument(f"{path or 'the document'} must be {_TYPE_NAMES[dict]}, got {_type_name(doc)}")
+        self.doc = doc
+        self.path = path
+
+    def name(self, key: str) -> str:
+        return f"{self.path}.{key}" if self.path else key
+
+    def _get(self, key: str, kind: type, required: bool) -> Any:
+        value = self.doc.get(key)
+        if value is None:
+            if required:
+                raise InvalidArgument(f"{self.name(key)} is required")
+            return None
+        # bool is an int in Python but not in JSON: `"attempt": true` is an error.
+        if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
+            raise InvalidArgument(f"{self.name(key)} must be {_TYPE_NAMES[kind]}, got {_type_name(value)}")
+        return value
+
+    def string(self, key: str, *, required: bool = False) -> str:
+        value = self._get(key, str, required)
+        if required and value == "":
+            raise InvalidArgument(f"{self.name(key)} must not be empty")
+        return value or ""
+
+    def integer(self, key: str, *, minimum: int, maximum: int, default: int = 0) -> int:
+        value = self._get(key, int, False)
+        if value is None:
+            return default
+        if not minimum <= value <= maximum:
+            raise InvalidArgument(f"{self.name(key)} is {value}; allowed: {minimum}..{maximum}")
+        return value
+
+    def boolean(self, key: str) -> bool:
+        return bool(self._get(key, bool, False))
+
+    def obj(self, key: str, *, required: bool = False) -> "_Fields":
+        value = self._get(key, dict, required)
+        return _Fields(value if value is not None else {}, self.name(key))
+
+    def str_map(self, key: str) -> dict[str, str]:
+        value = self._get(key, dict, False) or {}
+        for k, v in value.items():
+            if not isinstance(v, str):
+                raise InvalidArgument(f"{self.name(key)}.{k} must be a string, got {_type_name(v)}")
+        return dict(value)
+
+    def items(self, key: str, read: Callable[[Any, str], _T]) -> tuple[_T, ...]:
+        value = self._get(key, list, False) or []
+        return tuple(read(item, f"{self.name(key)}[{i}]") for i, item in enumerate(value))
+
+    def str_list(self, key: str) -> tuple[str, ...]:
+        return self.items(key, _string_item)
+
+    def mode(self, key: str, allowed: tuple[str, ...], default: str, table: dict[int, str] = NAMESPACE_MODES) -> str:
+        """A CRI enum given as its number or its name (any case); returned as the name."""
+        value = self.doc.get(key)
+        if value is None:
+            return default
+        if isinstance(value, int) and not isinstance(value, bool):
+            name = table.get(value)
+        elif isinstance(value, str):
+            name = value.upper()
+        else:
+            name = None
+        if name not in allowed:
+            numbers = {n: v for v, n in table.items()}
+            choices = ", ".join(f"{n} ({numbers[n]})" for n in allowed)
+            raise InvalidArgument(f"{self.name(key)} is {value!r}; allowed: {choices}")
+        return name
+
+
+def _string_item(value: Any, path: str) -> str:
+    if not isinstance(value, str):
+        raise InvalidArgument(f"{path} must be a string, got {_type_name(value)}")
+    return value
+
+
+def _drop_empty(doc: dict[str, Any]) -> dict[str, Any]:
+    """Leave out unset fields, as crictl's files do (Go's ``omitempty``)."""
+    return {k: v for k, v in doc.items() if v not in (None, "", {}, [], ())}
+
+
+def load_json_object(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """Read a JSON file that must hold one object.
+
+    Raises InvalidArgument naming the file when it cannot be read, is not valid JSON or is not
+    an object (a config file is the caller's argument, so a bad one is their error).
+    """
+    path = os.fspath(path)
+    try:
+        with open(path, encoding="utf-8") as f:
+            doc = json.load(f)
+    except OSError as exc:
+        raise InvalidArgument(f"cannot read {path}: {exc.strerror or exc}") from None
+    except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError
+        raise InvalidArgument(f"{path} is not valid JSON: {exc}") from None
+    if not isinstance(doc, dict):
+        raise InvalidArgument(f"{path} must hold a JSON object, not {_type_name(doc)}")
+    return doc
+
+
+@dataclass(frozen=True)
+class PodSandboxMetadata:
+    """Who a pod is. ``key`` is the name a pod reserves: two pods with the same one conflict."""
+
+    name: str
+    namespace: str
+    uid: str
+    attempt: int = 0
+
+    @classmethod
+    def from_json(cls, doc: Any, path: str = "metadata") -> "PodSandboxMetadata":
+        """Parse ``metadata``; InvalidArgument naming the bad field."""
+        f = _Fields(doc, path)
+        return cls(name=f.string("name", required=True), namespace=f.string("namespace", required=True),
+                   uid=f.string("uid", required=True), attempt=f.integer("attempt", minimum=0, maximum=MAX_ATTEMPT))
+
+    @property
+    def key(self) -> str:
+        """containerd's sandbox name, ``name_namespace_uid_attempt`` (makeSandboxName)."""
+        return f"{self.name}_{self.namespace}_{self.uid}_{self.attempt}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "namespace": self.namespace, "uid": self.uid, "attempt": self.attempt}
+
+
+@dataclass(frozen=True)
+class DnsConfig:
+    """``dns_config``: what the pod's resolv.conf says."""
+
+    servers: tuple[str, ...] = ()
+    searches: tuple[str, ...] = ()
+    options: tuple[str, ...] = ()
+
+    @classmethod
+    def from_json(cls, doc: Any, path: str = "dns_config") -> "DnsConfig":
+        f = _Fields(doc, path)
+        return cls(servers=f.str_list("servers"), searches=f.str_list("searches"), options=f.str_list("options"))
+
+    def to_json(self) -> dict[str, Any]:
+        return _drop_empty({"servers": list(self.servers), "searches": list(self.searches),
+                            "options": list(self.options)})
+
+
+@dataclass(frozen=True)
+class PortMapping:
+    """One entry of ``port_mappings`` (recorded; this runtime ships no portmap plugin)."""
+
+    container_port: int
+    protocol: str = "TCP"
+    host_port: int = 0
+    host_ip: str = ""
+
+    @classmethod
+    def from_json(cls, doc: Any, path: str) -> "PortMapping":
+        f = _Fields(doc, path)
+        container_port = f.integer("container_port", minimum=0, maximum=_MAX_PORT)
+        if container_port == 0:
+            raise InvalidArgument(f"{f.name('container_port')} is required (1..{_MAX_PORT})")
+        return cls(container_port=container_port, protocol=f.mode("protocol", ("TCP", "UDP", "SCTP"), "TCP", PROTOCOLS),
+                   host_port=f.integer("host_port", minimum=0, maximum=_MAX_PORT), host_ip=f.string("host_ip"))
+
+    def to_json(self) -> dict[str, Any]:
+        return _drop_empty({"protocol": self.protocol, "container_port": self.container_port,
+                            "host_port": self.host_port, "host_ip": self.host_ip})
+
+
+@dataclass(frozen=True)
+class NamespaceOptions:
+    """``linux.security_context.namespace_options`` of a pod, as mode names.
+
+    network and ipc: POD or NODE. pid: POD (containers share the pod's PID namespace),
+    CONTAINER (each container has its own) or NODE. CRI's zero value is POD for all three.
+    """
+
+    network: str = "POD"
+    pid: str = "POD"
+    ipc: str = "POD"
+
+    @classmethod
+    def from_json(cls, doc: Any, path: str) -> "NamespaceOptions":
+        f = _Fields(doc, path)
+        return cls(network=f.mode("network", ("POD", "NODE"), "POD"),
+                   pid=f.mode("pid", ("POD", "CONTAINER", "NODE"), "POD"),
+                   ipc=f.mode("ipc", ("POD", "NODE"), "POD"))
+
+    def to_json(self) -> dict[str, Any]:
+        return {"network": self.network, "pid": self.pid, "ipc": self.ipc}
+
+
+@dataclass(frozen=True)
+class PodSandboxConfig:
+    """A CRI PodSandboxConfig as crictl's ``pod-config.json`` writes it."""
+
+    metadata: PodSandboxMetadata
+    hostname: str = ""
+    log_directory: str = ""
+    dns_config: DnsConfig = field(default_factory=DnsConfig)
+    port_mappings: tuple[PortMapping, ...] = ()
+    labels: dict[str, str] = field(default_factory=dict)
+    annotations: dict[str, str] = field(default_factory=dict)
+    cgroup_parent: str = ""
+    sysctls: dict[str, str] = field(default_factory=dict)
+    namespace_options: NamespaceOptions = field(default_factory=NamespaceOptions)
+
+    @property
+    def host_network(self) -> bool:
+        """True when the pod uses the node's network namespace (no CNI)."""
+        return self.namespace_options.network == "NODE"
+
+    @classmethod
+    def from_json(cls, doc: Any) -> "PodSandboxConfig":
+        """Parse a pod config document; InvalidArgument naming the JSON path of a bad field."""
+        f = _Fields(doc)
+        log_directory = f.string("log_directory")
+        # Container log paths are joined under it by the daemon: a relative one would depend on
+        # the daemon's working directory.
+        if log_directory and not os.path.isabs(log_directory):
+            raise InvalidArgument(f"log_directory {log_directory!r} must be an absolute path")
+        linux = f.obj("linux")
+        security = linux.obj("security_context")
+        return cls(
+            metadata=PodSandboxMetadata.from_json(f.obj("metadata", required=True).doc),
+            hostname=f.string("hostname"),
+            log_directory=log_directory,
+            dns_config=DnsConfig.from_json(f.obj("dns_config").doc),
+            port_mappings=f.items("port_mappings", PortMapping.from_json),
+            labels=f.str_map("labels"),
+            annotations=f.str_map("annotations"),
+            cgroup_parent=linux.string("cgroup_parent"),
+            sysctls=linux.str_map("sysctls"),
+            namespace_options=NamespaceOptions.from_json(security.obj("namespace_options").doc,
+                                                         security.name("namespace_options")),
+        )
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> "PodSandboxConfig":
+        """Read and parse a ``pod-config.json``; InvalidArgument for a bad file or field."""
+        return cls.from_json(load_json_object(path))
+
+    def to_json(self) -> dict[str, Any]:
+        """This config in crictl's spelling; ``from_json(to_json())`` gives an equal config."""
+        linux = _drop_empty({
+            "cgroup_parent": self.cgroup_parent,
+            "sysctls": self.sysctls,
+            "security_context": {"namespace_options": self.namespace_options.to_json()},
+        })
+        return _drop_empty({
+            "metadata": self.metadata.to_json(),
+            "hostname": self.hostname,
+            "log_directory": self.log_directory,
+            "dns_config": self.dns_config.to_json(),
+            "port_mappings": [p.to_json() for p in self.port_mappings],
+            "labels": dict(self.labels),
+            "annotations": dict(self.annotations),
+            "linux": linux,
+        })
+
+    def to_shim_options(self) -> dict[str, Any]:
+        """The ``options`` map of the shim's CreateSandbox (protocol.md, "Sandbox options").
+
+        The shim checks the values again (hostname length, which sysctls are namespaced);
+        this adds the sandbox OOM score adjustment containerd gives the pause.
+        """
+        options: dict[str, Any] = {
+            "labels": dict(self.labels),
+            "annotations": dict(self.annotations),
+            "linux": {
+                "sysctls": dict(self.sysctls),
+                "security_context": {"namespace_options": self.namespace_options.to_json()},
+                "oom_score_adj": SANDBOX_OOM_SCORE_ADJ,
+            },
+        }
+        if self.hostname:
+            options["hostname"] = self.hostname
+        if self.cgroup_parent:
+            options["linux"]["cgroup_parent"] = self.cgroup_parent
+        return options
+
+
+@dataclass(frozen=True)
+class ContainerMetadata:
+    """Who a container is within its pod; (name, attempt) is unique in a pod."""
+
+    name: str
+    attempt: int = 0
+
+    @classmethod
+    def from_json(cls, doc: Any, path: str = "metadata") -> "ContainerMetadata":
+        """Parse a container's ``metadata``; InvalidArgument naming the bad field."""
+        f = _Fields(doc, path)
+        return cls(name=f.string("name", required=True), attempt=f.integer("attempt", minimum=0, maximum=MAX_ATTEMPT))
+
+    @property
+    def key(self) -> str:
+        """``name_attempt``: the name a container reserves within its pod."""
+        return f"{self.name}_{self.attempt}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "attempt": self.attempt}
+
+
+def _env_item(value: Any, path: str) -> tuple[str, str]:
+    f = _Fields(value, path)
+    key = f.string("key", required=True)
+    if "=" in key or "\0" in key:
+        raise InvalidArgument(f"{f.name('key')} {key!r} must not contain '=' or NUL")
+    return key, f.string("value")
+
+
+@dataclass(frozen=True)
+class ContainerConfig:
+    """A CRI ContainerConfig as crictl's ``container-config.json`` writes it.
+
+    There are no images here, so ``image`` is only recorded and ``command`` + ``args`` is the
+    whole argv; it must not be empty. ``pid_mode`` is POD (share the pod's PID namespace) or
+    CONTAINER (the default: kubelet sets CONTAINER for every pod that does not ask to share).
+    """
+
+    metadata: ContainerMetadata
+    image: str = ""
+    command: tuple[str, ...] = ()
+    args: tuple[str, ...] = ()
+    working_dir: str = ""
+    envs: tuple[tuple[str, str], ...] = ()
+    labels: dict[str, str] = field(default_factory=dict)
+    annotations: dict[str, str] = field(default_factory=dict)
+    log_path: str = ""
+    pid_mode: str = "CONTAINER"
+
+    @property
+    def argv(self) -> tuple[str, ...]:
+        """What runs: command followed by args."""
+        return self.command + self.args
+
+    @classmethod
+    def from_json(cls, doc: Any) -> "ContainerConfig":
+        """Parse a container config document; InvalidArgument naming the JSON path of a bad field."""
+        f = _Fields(doc)
+        command, args = f.str_list("command"), f.str_list("args")
+        if not command and not args:
+            raise InvalidArgument("command and args are both empty: there is no image entrypoint to fall back on")
+        log_path = f.string("log_path")
+        # CRI: relative to the pod's log_directory; '..' would let a container write anywhere.
+        if log_path and (os.path.isabs(log_path) or ".." in log_path.split("/")):
+            raise InvalidArgument(f"log_path {log_path!r} must be relative to the pod's log_directory, without '..'")
+        working_dir = f.string("working_dir")
+        if working_dir and not os.path.isabs(working_dir):
+            raise InvalidArgument(f"working_dir {working_dir!r} must be an absolute path")
+        namespace_options = f.obj("linux").obj("security_context").obj("namespace_options")
+        return cls(
+            metadata=ContainerMetadata.from_json(f.obj("metadata", required=True).doc),
+            image=f.obj("image").string("image"),
+            command=command,
+            args=args,
+            working_dir=working_dir,
+            envs=f.items("envs", _env_item),
+            labels=f.str_map("labels"),
+            annotations=f.str_map("annotations"),
+            log_path=log_path,
+            pid_mode=namespace_options.mode("pid", ("POD", "CONTAINER"), "CONTAINER"),
+        )
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> "ContainerConfig":
+        """Read and parse a ``container-config.json``; InvalidArgument for a bad file or field."""
+        return cls.from_json(load_json_object(path))
+
+    def to_json(self) -> dict[str, Any]:
+        """This config in crictl's spelling; ``from_json(to_json())`` gives an equal config."""
+        return _drop_empty({
+            "metadata": self.metadata.to_json(),
+            "image": _drop_empty({"image": self.image}),
+            "command": list(self.command),
+            "args": list(self.args),
+            "working_dir": self.working_dir,
+            "envs": [{"key": k, "value": v} for k, v in self.envs],
+            "labels": dict(self.labels),
+            "annotations": dict(self.annotations),
+            "log_path": self.log_path,
+            "linux": {"security_context": {"namespace_options": {"pid": self.pid_mode}}},
+        })
