@@ -1,0 +1,189 @@
+"""Bundle directories under the state root: ``<state_root>/<namespace>/<sandbox_id>/``.
+
+A bundle is made 0700 (parents 0711) and removed atomically: renamed to a hidden
+``<namespace>/.<sandbox_id>.<random>`` first, so a crash half-way through the removal leaves a
+name the next scan recognises as garbage, never a half-deleted bundle that looks like a sandbox.
+
+While one process creates, loads or removes a sandbox it holds an exclusive ``flock`` on the
+bundle directory (:class:`BundleLock`), so a second controller over the same state root
+(``podshimctl`` while a daemon runs) skips a sandbox that is half-made instead of "cleaning it
+up". The kernel drops the lock when its holder dies, so a killed controller never leaves one.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import logging
+import os
+import secrets
+import shutil
+from typing import Iterator
+
+from shim.rpc.identifiers import validate_identifier
+from shim.rpc.status import AlreadyExists, Internal, InvalidArgument, NotFound
+
+from .results import BOOTSTRAP_FILE, Bootstrap
+
+__all__ = ["bundle_path", "make_bundle", "remove_bundle", "read_bootstrap", "scan", "BundleLock"]
+
+log = logging.getLogger(__name__)
+
+_BUNDLE_MODE = 0o700
+_PARENT_MODE = 0o711  # others may traverse (to reach a socket or rootfs below), never list
+
+
+def bundle_path(state_root: str, namespace: str, sandbox_id: str) -> str:
+    """``<state_root>/<namespace>/<sandbox_id>``; raises InvalidArgument for a bad identifier."""
+    validate_identifier("namespace", namespace)
+    validate_identifier("sandbox id", sandbox_id)
+    return os.path.join(state_root, namespace, sandbox_id)
+
+
+def _ensure_dir(path: str, mode: int) -> None:
+    if os.path.isdir(path):
+        return  # an existing directory keeps the mode its owner gave it
+    os.makedirs(path, mode, exist_ok=True)
+    os.chmod(path, mode)  # makedirs' mode is filtered by the umask
+
+
+def make_bundle(state_root: str, namespace: str, sandbox_id: str) -> str:
+    """Create an empty bundle (parents as needed) and return its path.
+
+    Raises AlreadyExists when the directory exists (another controller's sandbox, or one this
+    controller has not loaded), InvalidArgument for a bad identifier.
+    """
+    path = bundle_path(state_root, namespace, sandbox_id)
+    _ensure_dir(state_root, _PARENT_MODE)
+    _ensure_dir(os.path.dirname(path), _PARENT_MODE)
+    try:
+        os.mkdir(path, _BUNDLE_MODE)
+    except FileExistsError:
+        raise AlreadyExists(f"sandbox {sandbox_id} already exists in namespace {namespace} "
+                            f"(its bundle {path} is there)") from None
+    os.chmod(path, _BUNDLE_MODE)
+    return path
+
+
+def remove_bundle(path: str) -> None:
+    """Remove a bundle atomically: rename it to a hidden name, then delete the tree.
+
+    Missing is fine (removal is idempotent). OSErrors other than that propagate.
+    """
+    parent, name = os.path.split(path)
+    hidden = os.path.join(parent, f".{name}.{secrets.token_hex(4)}")
+    try:
+        os.rename(path, hidden)
+    except FileNotFoundError:
+        return
+    shutil.rmtree(hidden, ignore_errors=True)
+
+
+def read_bootstrap(bundle: str) -> Bootstrap:
+    """The bundle's bootstrap.json; NotFound when absent, Internal when it is not valid."""
+    path = os.path.join(bundle, BOOTSTRAP_FILE)
+    try:
+        with open(path, "rb") as f:
+            text = f.read()
+    except FileNotFoundError:
+        raise NotFound(f"{path} does not exist (the shim never started)") from None
+    except OSError as exc:
+        raise Internal(f"cannot read {path}: {exc.strerror or exc}") from None
+    return Bootstrap.from_json(text, source=path)
+
+
+def _entries(directory: str) -> Iterator[os.DirEntry]:
+    try:
+        with os.scandir(directory) as it:
+            yield from it
+    except FileNotFoundError:
+        return
+
+
+def scan(state_root: str, namespace: str | None = None) -> list[tuple[str, str, str]]:
+    """The bundles under ``state_root`` (or of one namespace): ``(namespace, sandbox_id, path)``.
+
+    Hidden entries in a namespace are leftovers of an atomic removal a crash interrupted: they
+    are deleted. Names that are not identifiers are skipped with a warning (nobody we know made
+    them, so we do not delete them either).
+    """
+    if namespace is not None:
+        validate_identifier("namespace", namespace)
+        spaces = [namespace] if os.path.isdir(os.path.join(state_root, namespace)) else []
+    else:
+        spaces = []
+        for entry in _entries(state_root):
+            if entry.name.startswith(".") or not entry.is_dir(follow_symlinks=False):
+                continue
+            if not _is_identifier(entry.name):
+                log.warning("skipping %s: not a valid namespace name", entry.path)
+                continue
+            spaces.append(entry.name)
+    found = []
+    for ns in sorted(spaces):
+        for entry in _entries(os.path.join(state_root, ns)):
+            if entry.name.startswith("."):
+                log.info("removing %s, left by an interrupted bundle removal", entry.path)
+                if entry.is_dir(follow_symlinks=False):
+                    shutil.rmtree(entry.path, ignore_errors=True)
+                else:
+                    _unlink_quietly(entry.path)
+                continue
+            if not entry.is_dir(follow_symlinks=False) or not _is_identifier(entry.name):
+                log.warning("skipping %s: not a sandbox bundle (bad name or not a directory)", entry.path)
+                continue
+            found.append((ns, entry.name, entry.path))
+    return sorted(found)
+
+
+def _is_identifier(name: str) -> bool:
+    try:
+        validate_identifier("name", name)
+    except InvalidArgument:
+        return False
+    return True
+
+
+def _unlink_quietly(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+class BundleLock:
+    """An exclusive flock on a bundle directory, held while this process changes the sandbox."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self._fd: int | None = None
+
+    def try_acquire(self) -> bool:
+        """Take the lock without blocking. False when another process holds it or the bundle
+        has gone (removed by another process in between)."""
+        try:
+            fd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return False
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            # The path may have been renamed away (removed) between open and flock.
+            if os.fstat(fd).st_ino != os.stat(self.path).st_ino:
+                raise FileNotFoundError(errno.ENOENT, "bundle replaced", self.path)
+        except OSError as exc:
+            os.close(fd)
+            if exc.errno in (errno.EWOULDBLOCK, errno.ENOENT):
+                return False
+            raise
+        self._fd = fd
+        return True
+
+    def release(self) -> None:
+        """Drop the lock (idempotent)."""
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+    @property
+    def held(self) -> bool:
+        return self._fd is not None

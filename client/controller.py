@@ -1,0 +1,627 @@
+"""The Controller: containerd's sandbox.Controller for podshim shims.
+
+It spawns one shim per sandbox, keeps a connection to each in an :class:`~client.nsmap.NSMap`,
+and reconnects to all of them after a restart. The state it needs survives in bundle
+directories, ``<state_root>/<namespace>/<sandbox_id>/`` (the shim's bootstrap.json and
+state.json); nothing else is persisted.
+
+    async with Controller(state_root, runtime_root) as c:     # loads every bundle
+        await c.create("default", "sb1", options={"hostname": "web"})
+        instance = await c.start("default", "sb1")
+        ...
+        await c.shutdown("default", "sb1")
+
+Errors are the typed exceptions of :mod:`shim.rpc.status` (NotFound, AlreadyExists,
+InvalidArgument, Unavailable, ...). Operations that change one sandbox are serialised; different
+sandboxes are fully concurrent. Closing the controller closes connections and never stops a shim.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import time
+from typing import Any, Mapping, Sequence
+
+import anyio
+
+from shim.rpc.api import SANDBOX_SERVICE
+from shim.rpc.client import Client
+from shim.rpc.identifiers import validate_identifier
+from shim.rpc.status import (
+    FailedPrecondition,
+    Internal,
+    InvalidArgument,
+    NotFound,
+    RpcError,
+    Unavailable,
+)
+
+from .bundles import bundle_path, make_bundle, read_bootstrap, remove_bundle, scan
+from .handle import Phase, ShimHandle
+from .nsmap import NSMap
+from .results import UNKNOWN_EXIT_STATUS, ControllerInstance, ControllerStatus, ExitStatus, Platform
+from .spawners import DEFAULT_RUNTIME_ROOT, ExecSpawner, Spawner
+
+__all__ = [
+    "Controller",
+    "DEFAULT_STATE_ROOT",
+    "LOAD_TIMEOUT",
+    "CONNECT_TIMEOUT",
+    "CREATE_TIMEOUT",
+    "START_TIMEOUT",
+    "CALL_TIMEOUT",
+    "SHUTDOWN_TIMEOUT",
+    "DISCARD_TIMEOUT",
+    "DEFAULT_STOP_GRACE",
+    "STOP_MARGIN",
+]
+
+log = logging.getLogger(__name__)
+
+DEFAULT_STATE_ROOT = "/var/lib/podshim"
+#: Reconnecting to one shim after a restart: connect + SandboxStatus (containerd: 5 s).
+LOAD_TIMEOUT = 5.0
+#: Connecting to a shim that just printed its address (the socket accepts already).
+CONNECT_TIMEOUT = 5.0
+#: CreateSandbox (options are checked, a netns is made).
+CREATE_TIMEOUT = 10.0
+#: StartSandbox (the pause is launched).
+START_TIMEOUT = 10.0
+#: Status, Platform, Metrics: calls that only read.
+CALL_TIMEOUT = 5.0
+#: ShutdownSandbox, then again for the shim to close the connection (containerd: 3 s).
+SHUTDOWN_TIMEOUT = 5.0
+#: Best-effort ShutdownSandbox when undoing a create that failed; `podshim delete` follows anyway.
+DISCARD_TIMEOUT = 3.0
+#: StopSandbox's grace period when none is given: the shim's default (protocol.md 7.1).
+DEFAULT_STOP_GRACE = 10.0
+#: StopSandbox's deadline beyond its grace period: the shim's SIGKILL wait (10 s) and slack.
+STOP_MARGIN = 15.0
+
+
+class Controller:
+    """Spawns, tracks and reconnects podshim shims.
+
+    ``state_root`` holds the bundles; ``runtime_root`` the shim sockets (``<root>/s``).
+    ``spawner`` is ``"exec"`` (run the podshim binary, :class:`ExecSpawner`), ``"systemd"``
+    (one ``podshim@`` unit per shim, :class:`~client.systemd.SystemdSpawner`) or a :class:`Spawner`.
+
+    Use ``async with Controller(...) as c`` (loads every bundle), or ``await c.load(...)`` and
+    ``await c.aclose()`` from the same task: the controller owns a task group (it cleans up
+    after shims that die) that lives from the first load to aclose.
+    """
+
+    def __init__(self, state_root: str = DEFAULT_STATE_ROOT, runtime_root: str = DEFAULT_RUNTIME_ROOT,
+                 spawner: str | Spawner = "exec"):
+        for name, path in (("state root", state_root), ("runtime root", runtime_root)):
+            if not os.path.isabs(path):
+                raise InvalidArgument(f"{name} {path!r} must be an absolute path")
+        self.state_root = os.path.normpath(state_root)
+        self.runtime_root = os.path.normpath(runtime_root)
+        if spawner == "exec":
+            spawner = ExecSpawner(runtime_root=self.runtime_root)
+        elif spawner == "systemd":
+            from .systemd import SystemdSpawner  # it imports this module
+
+            spawner = SystemdSpawner(self.state_root, self.runtime_root)
+        elif not isinstance(spawner, Spawner):
+            raise InvalidArgument(f"spawner must be 'exec', 'systemd' or a Spawner, not {spawner!r}")
+        self.spawner: Spawner = spawner
+        self.sandboxes: NSMap[ShimHandle] = NSMap()
+        self._tg: anyio.abc.TaskGroup | None = None
+        self._deaths: Any = None  # the send side of the dead-shim queue, once open
+        self._closed = False
+
+    # -- opening, loading, closing --------------------------------------------------------
+    async def __aenter__(self) -> "Controller":
+        try:
+            await self.load()
+        except BaseException:
+            await self.aclose()
+            raise
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def _open(self) -> None:
+        if self._closed:
+            raise Unavailable("the controller is closed")
+        if self._tg is not None:
+            return
+        self._deaths, deaths = anyio.create_memory_object_stream[ShimHandle](math.inf)
+        tg = anyio.create_task_group()
+        await tg.__aenter__()
+        self._tg = tg
+        tg.start_soon(self._bury_the_dead, deaths)
+
+    async def load(self, namespace: str | None = None, sandbox_id: str | None = None) -> None:
+        """Open the controller (first call) and reconnect to the shims of the state root: every
+        bundle, one namespace's, or one sandbox's (``podshimctl`` loads only what it needs).
+
+        Bundles already known are skipped, so calling it again is cheap. Shims are reconnected
+        concurrently, each within LOAD_TIMEOUT: a live shim whose sandbox exists is back in the
+        map; a live shim that never got CreateSandbox (we crashed in between) is shut down and
+        forgotten; a shim that cannot be reached is cleaned up with ``podshim delete`` and kept
+        as a tombstone (state "stopped" with the exit status delete found, 255 if unknown) until
+        :meth:`shutdown`. A bundle another process is changing right now is skipped.
+
+        Raises InvalidArgument for bad identifiers (``sandbox_id`` needs ``namespace``),
+        Internal when the state root cannot be read.
+        """
+        await self._open()
+        if sandbox_id is not None:
+            if namespace is None:
+                raise InvalidArgument("load: a sandbox id needs its namespace")
+            path = bundle_path(self.state_root, namespace, sandbox_id)
+            found = [(namespace, sandbox_id, path)] if os.path.isdir(path) else []
+        else:
+            try:
+                found = scan(self.state_root, namespace)
+            except OSError as exc:
+                raise Internal(f"cannot read state root {self.state_root}: {exc.strerror or exc}") from None
+        started = time.monotonic()
+        async with anyio.create_task_group() as tg:
+            for ns, sid, path in found:
+                if self.sandboxes.find(ns, sid) is not None:
+                    continue
+                handle = ShimHandle(ns, sid, path)
+                self.sandboxes.add(ns, sid, handle)
+                tg.start_soon(self._load_one, handle)
+        if found:
+            log.info("loaded %d bundle(s) from %s in %.3fs", len(found), self.state_root, time.monotonic() - started)
+
+    async def aclose(self) -> None:
+        """Close every connection; shims keep running (a new controller reconnects to them).
+        Waits for dead-shim cleanups already under way. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        handles = self.sandboxes.list()
+        for handle in handles:
+            handle.closing = True  # before any await: these closes are not deaths
+        async with anyio.create_task_group() as tg:
+            for handle in handles:
+                if handle.client is not None:
+                    tg.start_soon(handle.client.aclose)
+        if self._tg is not None:
+            self._deaths.close()
+            tg, self._tg = self._tg, None
+            await tg.__aexit__(None, None, None)
+
+    # -- the Controller API ---------------------------------------------------------------
+    async def create(self, namespace: str, sandbox_id: str, *, options: Mapping[str, Any] | None = None,
+                     netns_path: str | None = None, rootfs: Sequence[Any] | None = None,
+                     annotations: Mapping[str, str] | None = None) -> None:
+        """Make the bundle, spawn a shim and send it CreateSandbox.
+
+        ``options`` is a PodSandboxConfig map (protocol.md 7.4); ``netns_path`` an existing
+        network namespace to join (else the shim makes one); ``rootfs`` mounts (the native
+        shim accepts none). On any failure, and on cancellation, everything made so far is
+        undone: the shim is shut down and deleted, the bundle removed, the id freed.
+
+        Raises AlreadyExists (also when two tasks race for one id), InvalidArgument, the
+        spawner's errors (Unavailable, DeadlineExceeded, Internal) and the shim's.
+        """
+        path = bundle_path(self.state_root, namespace, sandbox_id)
+        payload = _create_payload(sandbox_id, path, options, netns_path, rootfs, annotations)
+        self._check_open()
+        handle = ShimHandle(namespace, sandbox_id, path)
+        self.sandboxes.add(namespace, sandbox_id, handle)  # the reservation: AlreadyExists on a race
+        try:
+            try:
+                make_bundle(self.state_root, namespace, sandbox_id)
+            except OSError as exc:
+                raise Internal(f"cannot make bundle {path}: {exc.strerror or exc}") from None
+        except BaseException:
+            self._forget(handle)
+            raise
+        with handle.hold_bundle() as held:
+            try:
+                if not held:
+                    raise Unavailable(f"bundle {path} was removed by another process while being made")
+                boot = await self.spawner.spawn(namespace, sandbox_id, path)
+                handle.address, handle.version = boot.address, boot.version
+                client = await Client.connect(boot.address, namespace=namespace, timeout=CONNECT_TIMEOUT)
+                self._attach(handle, client)
+                await client.call(SANDBOX_SERVICE, "CreateSandbox", payload, timeout=CREATE_TIMEOUT)
+                handle.state = "created"
+                handle.created_at = time.time_ns()
+                self._go_live(handle)
+            except BaseException as exc:
+                log.warning("create %s/%s failed (%s); undoing it", namespace, sandbox_id, _describe(exc))
+                await self._discard(handle)
+                raise
+
+    async def start(self, namespace: str, sandbox_id: str) -> ControllerInstance:
+        """StartSandbox: launch the pause. Raises NotFound, FailedPrecondition (already
+        running, stopped, or the shim died), Unavailable (the shim went away meanwhile)."""
+        handle = await self._handle(namespace, sandbox_id)
+        async with handle.lock:
+            live = self._require_live(handle, "start")
+            reply = await live.call(SANDBOX_SERVICE, "StartSandbox", {"sandbox_id": sandbox_id},
+                                    timeout=START_TIMEOUT)
+            handle.pid, handle.created_at, handle.state = reply.get("pid", 0), reply.get("created_at", 0), "running"
+            return ControllerInstance(sandbox_id, handle.pid, handle.created_at, handle.address, handle.version, {})
+
+    async def platform(self, namespace: str, sandbox_id: str) -> Platform:
+        """The sandbox's OCI platform. Raises NotFound, FailedPrecondition when its shim died."""
+        handle, reply = await self._read(namespace, sandbox_id, "Platform", {}, CALL_TIMEOUT)
+        if reply is None:
+            raise FailedPrecondition(f"sandbox {sandbox_id} has exited; its platform is not known any more")
+        p = reply.get("platform") or {}
+        return Platform(p.get("os", ""), p.get("architecture", ""), p.get("variant", ""))
+
+    async def stop(self, namespace: str, sandbox_id: str, timeout: float | None = None) -> None:
+        """StopSandbox: SIGTERM, then SIGKILL after ``timeout`` seconds (None: the shim's
+        default of 10 s; 0: at once); returns once the pause exited.
+
+        Stopping an unknown sandbox, a stopped one or one whose shim is dead succeeds, as in
+        containerd (containerd#9611). Raises InvalidArgument for a negative timeout.
+        """
+        validate_identifier("namespace", namespace)
+        validate_identifier("sandbox id", sandbox_id)
+        payload: dict[str, Any] = {"sandbox_id": sandbox_id}
+        grace = DEFAULT_STOP_GRACE
+        if timeout is not None:
+            if timeout < 0 or math.isnan(timeout):
+                raise InvalidArgument(f"stop timeout must be zero or more seconds, not {timeout}")
+            payload["timeout_secs"] = grace = math.ceil(timeout)
+        self._check_open()
+        handle = self.sandboxes.find(namespace, sandbox_id)
+        if handle is None:
+            return
+        await handle.settled.wait()
+        async with handle.lock:
+            if handle.phase is not Phase.LIVE:
+                return
+            try:
+                await handle.client.call(SANDBOX_SERVICE, "StopSandbox", payload, timeout=grace + STOP_MARGIN)
+            except (Unavailable, NotFound):
+                if not handle.client.closed:
+                    raise  # the shim answered: a real failure (e.g. the pause outlived SIGKILL)
+                log.info("stop %s/%s: its shim is gone; nothing to stop", namespace, sandbox_id)
+
+    async def wait(self, namespace: str, sandbox_id: str) -> ExitStatus:
+        """Block until the sandbox's pause exits; its exit status. When the shim dies, the
+        status ``podshim delete`` found (255 if unknown). Raises NotFound, Unavailable when the
+        controller closes or the sandbox is shut down meanwhile."""
+        handle, reply = await self._read(namespace, sandbox_id, "WaitSandbox", {}, None)
+        if reply is None:
+            assert handle.exit is not None
+            return handle.exit
+        return ExitStatus(reply.get("exit_status", 0), reply.get("exited_at", 0))
+
+    async def status(self, namespace: str, sandbox_id: str, verbose: bool = False) -> ControllerStatus:
+        """SandboxStatus, plus the shim's address and version. ``verbose`` fills ``info``
+        (bundle, socket, shim pid, netns path, cgroups, namespaces). A sandbox whose shim died
+        is "stopped" with the exit status of its cleanup. Raises NotFound."""
+        handle, reply = await self._read(namespace, sandbox_id, "SandboxStatus", {"verbose": bool(verbose)},
+                                         CALL_TIMEOUT)
+        if reply is None:
+            return handle.cached_status()
+        handle.remember(reply)
+        return _status(handle, reply)
+
+    async def shutdown(self, namespace: str, sandbox_id: str) -> None:
+        """ShutdownSandbox: stop the pause, remove everything, let the shim exit; then forget
+        the sandbox. When the shim does not go away cleanly (it is dead, hung, or does not
+        answer), ``podshim delete`` finishes the job. A tombstone is simply forgotten.
+
+        Runs to the end even if cancelled (bounded by the named timeouts). Raises NotFound for
+        an unknown sandbox (so a second shutdown of the same id is NotFound), Unavailable when
+        another process is changing the sandbox.
+        """
+        handle = await self._handle(namespace, sandbox_id)
+        async with handle.lock:
+            if handle.phase is Phase.GONE:
+                raise NotFound(f"sandbox {sandbox_id} not found in namespace {namespace}")
+            with handle.hold_bundle() as held, anyio.CancelScope(shield=True):
+                if not held and os.path.isdir(handle.bundle):
+                    raise Unavailable(f"sandbox {sandbox_id} is being changed by another process; try again")
+                if handle.phase is Phase.LIVE:
+                    handle.closing = True
+                    if not await self._shutdown_shim(handle, SHUTDOWN_TIMEOUT):
+                        await self._bury(handle)
+                else:
+                    await handle.dead.wait()  # a cleanup under way ends first (set already when DEAD)
+                await self._release(handle)
+
+    async def metrics(self, namespace: str, sandbox_id: str) -> dict[str, Any]:
+        """SandboxMetrics: ``{timestamp, sandbox_id, data: {cpu_usage_ns, memory_usage_bytes,
+        memory_limit_bytes, pids_current, unavailable}}``. Raises NotFound, FailedPrecondition
+        when the shim died."""
+        handle, reply = await self._read(namespace, sandbox_id, "SandboxMetrics", {}, CALL_TIMEOUT)
+        if reply is None:
+            raise FailedPrecondition(f"sandbox {sandbox_id} has exited; it has no metrics")
+        return dict(reply.get("metrics") or {})
+
+    async def list(self, namespace: str | None = None) -> list[ControllerStatus]:
+        """The status of every sandbox (of one namespace, or all), sorted by namespace and id.
+
+        Live shims are asked concurrently, each within CALL_TIMEOUT; one that does not answer
+        is listed with what was last known. Sandboxes still being created are not listed.
+        """
+        if namespace is not None:
+            validate_identifier("namespace", namespace)
+        self._check_open()
+        handles = [h for h in self.sandboxes.list(namespace) if h.phase is not Phase.PENDING]
+        results: list[ControllerStatus | None] = [None] * len(handles)
+
+        async def one(i: int, handle: ShimHandle) -> None:
+            try:
+                _, reply = await self._read(handle.namespace, handle.sandbox_id, "SandboxStatus", {}, CALL_TIMEOUT)
+            except NotFound:
+                return  # shut down meanwhile
+            except RpcError as exc:
+                log.info("list: %s/%s did not answer (%s)", handle.namespace, handle.sandbox_id, exc)
+                reply = None
+            if reply is not None:
+                handle.remember(reply)
+            results[i] = handle.cached_status() if reply is None else _status(handle, reply)
+
+        async with anyio.create_task_group() as tg:
+            for i, handle in enumerate(handles):
+                tg.start_soon(one, i, handle)
+        return [r for r in results if r is not None]
+
+    def client_for(self, namespace: str, sandbox_id: str) -> Client:
+        """The connection to the sandbox's shim (for its Task service). Do not close it.
+
+        Raises NotFound, Unavailable while the sandbox is being created or when its shim is gone.
+        """
+        validate_identifier("namespace", namespace)
+        validate_identifier("sandbox id", sandbox_id)
+        handle = self.sandboxes.get(namespace, sandbox_id)
+        if handle.phase is Phase.PENDING:
+            raise Unavailable(f"sandbox {sandbox_id} is still being created")
+        if handle.phase is not Phase.LIVE or handle.client is None or handle.client.closed:
+            raise Unavailable(f"the shim of sandbox {sandbox_id} is gone")
+        return handle.client
+
+    # -- internals ------------------------------------------------------------------------
+    def _check_open(self) -> None:
+        if self._closed:
+            raise Unavailable("the controller is closed")
+        if self._tg is None:
+            raise FailedPrecondition("the controller is not open: use `async with Controller(...)` or load()")
+
+    async def _handle(self, namespace: str, sandbox_id: str) -> ShimHandle:
+        validate_identifier("namespace", namespace)
+        validate_identifier("sandbox id", sandbox_id)
+        self._check_open()
+        handle = self.sandboxes.get(namespace, sandbox_id)
+        await handle.settled.wait()
+        if handle.phase is Phase.GONE:
+            raise NotFound(f"sandbox {sandbox_id} not found in namespace {namespace}")
+        return handle
+
+    def _require_live(self, handle: ShimHandle, what: str) -> Client:
+        if handle.phase is Phase.GONE:
+            raise NotFound(f"sandbox {handle.sandbox_id} not found in namespace {handle.namespace}")
+        if handle.phase is not Phase.LIVE or handle.client is None:
+            raise FailedPrecondition(f"cannot {what} sandbox {handle.sandbox_id}: it has exited and its shim is "
+                                     "gone; shut it down")
+        return handle.client
+
+    async def _read(self, namespace: str, sandbox_id: str, method: str, extra: dict[str, Any],
+                    timeout: float | None) -> tuple[ShimHandle, dict[str, Any] | None]:
+        """Call a method that only reads; ``(handle, reply)``, with reply None when the shim
+        turned out to be dead (the handle is then a tombstone)."""
+        handle = await self._handle(namespace, sandbox_id)
+        if handle.phase is Phase.LIVE:
+            client = handle.client
+            try:
+                return handle, await client.call(SANDBOX_SERVICE, method, {"sandbox_id": sandbox_id, **extra},
+                                                 timeout=timeout)
+            except Unavailable:
+                if not client.closed:
+                    raise  # the shim itself answered UNAVAILABLE
+                if not handle.closing:
+                    await self._bury(handle)  # we did not close it: the shim died
+                elif handle.phase not in (Phase.DYING, Phase.DEAD):
+                    raise  # we closed it (shutdown, controller closing)
+        await handle.dead.wait()
+        if handle.exit is None:  # shut down meanwhile, not dead
+            raise NotFound(f"sandbox {sandbox_id} not found in namespace {namespace}")
+        return handle, None
+
+    def _attach(self, handle: ShimHandle, client: Client) -> None:
+        handle.client = client
+        client.on_close(lambda: self._on_closed(handle, client))
+
+    def _go_live(self, handle: ShimHandle) -> None:
+        handle.settle(Phase.LIVE)
+        # The connection may have dropped while the handle was PENDING, when a close is not
+        # reported: report it now or nobody would clean up.
+        if handle.client is not None and handle.client.closed:
+            self._on_closed(handle, handle.client)
+
+    def _on_closed(self, handle: ShimHandle, client: Client) -> None:
+        """A connection closed (on the loop, from the rpc client). If we did not close it, the
+        shim died: queue its cleanup. Calls in flight already failed with Unavailable."""
+        if handle.closing or handle.client is not client or handle.phase is not Phase.LIVE:
+            return
+        try:
+            self._deaths.send_nowait(handle)
+        except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+            pass  # the controller is closing
+
+    async def _bury_the_dead(self, deaths: Any) -> None:
+        async with deaths:
+            async for handle in deaths:
+                assert self._tg is not None
+                self._tg.start_soon(self._bury, handle)
+
+    async def _bury(self, handle: ShimHandle) -> None:
+        """The dead-shim cleanup, once per handle: ``podshim delete`` (kills what is left,
+        removes netns, cgroup and socket), remove the bundle, keep a tombstone with the exit
+        status. Concurrent callers wait for the first. Never raises."""
+        if handle.phase in (Phase.DYING, Phase.DEAD):
+            await handle.dead.wait()
+            return
+        if handle.phase not in (Phase.LIVE, Phase.PENDING):
+            return
+        handle.phase = Phase.DYING
+        exit_status = None
+        with handle.hold_bundle() as held, anyio.CancelScope(shield=True):
+            try:
+                if handle.client is not None:
+                    await handle.client.aclose()  # it is DYING now: this close is not reported again
+                if held:
+                    log.warning("the shim of sandbox %s/%s is gone; cleaning up after it",
+                                handle.namespace, handle.sandbox_id)
+                    exit_status = await self.spawner.delete(handle.namespace, handle.sandbox_id, handle.bundle)
+                    _remove_quietly(handle.bundle)
+                else:
+                    log.warning("the shim of sandbox %s/%s is gone; another process is cleaning up after it",
+                                handle.namespace, handle.sandbox_id)
+            except Exception:
+                log.exception("cleanup after the shim of %s/%s failed", handle.namespace, handle.sandbox_id)
+            finally:
+                handle.exit = exit_status or ExitStatus(UNKNOWN_EXIT_STATUS, time.time_ns())
+                handle.state = "stopped"
+                handle.settle(Phase.DEAD)
+                handle.dead.set()
+
+    async def _shutdown_shim(self, handle: ShimHandle, timeout: float) -> bool:
+        """ShutdownSandbox and wait for the shim to close the connection; True when it went
+        away cleanly. The connection is closed either way."""
+        client = handle.client
+        assert client is not None
+        clean = False
+        try:
+            await client.call(SANDBOX_SERVICE, "ShutdownSandbox", {"sandbox_id": handle.sandbox_id}, timeout=timeout)
+        except RpcError as exc:
+            # Unavailable/NotFound: already dead; DeadlineExceeded: hung. delete will see to it.
+            log.info("ShutdownSandbox %s/%s: %s", handle.namespace, handle.sandbox_id, exc)
+        else:
+            with anyio.move_on_after(timeout):
+                await client.wait_closed()
+            clean = client.closed
+        await client.aclose()
+        return clean
+
+    async def _discard(self, handle: ShimHandle) -> None:
+        """Undo a sandbox that never came to be (a failed create, or a shim found alive on load
+        that never got CreateSandbox): shut the shim down, `podshim delete`, remove the bundle,
+        forget the id. Shielded from cancellation; never raises."""
+        with anyio.CancelScope(shield=True):
+            try:
+                handle.closing = True
+                if handle.client is not None:
+                    await self._shutdown_shim(handle, DISCARD_TIMEOUT)
+                await self.spawner.delete(handle.namespace, handle.sandbox_id, handle.bundle)
+                await self._release(handle)
+            except Exception:
+                log.exception("undoing sandbox %s/%s failed", handle.namespace, handle.sandbox_id)
+                self._forget(handle)
+
+    async def _release(self, handle: ShimHandle) -> None:
+        """The end of every sandbox: the spawner's release, the bundle, the map entry."""
+        try:
+            await self.spawner.release(handle.namespace, handle.sandbox_id)
+        finally:
+            _remove_quietly(handle.bundle)
+            self._forget(handle)
+
+    def _forget(self, handle: ShimHandle) -> None:
+        handle.settle(Phase.GONE)
+        handle.dead.set()  # nobody may wait forever on a sandbox that is gone
+        self.sandboxes.delete(handle.namespace, handle.sandbox_id, handle)
+
+    async def _load_one(self, handle: ShimHandle) -> None:
+        with handle.hold_bundle() as held:
+            if not held:
+                log.warning("skipping %s: another process is changing it", handle.bundle)
+                self._forget(handle)
+                return
+            try:
+                await self._reconnect(handle)
+            except Exception:
+                log.exception("loading %s failed", handle.bundle)
+            finally:
+                if not handle.settled.is_set():  # failed or cancelled half-way: nobody may wait on it
+                    self._forget(handle)
+
+    async def _reconnect(self, handle: ShimHandle) -> None:
+        ns, sid = handle.namespace, handle.sandbox_id
+        try:
+            with anyio.fail_after(LOAD_TIMEOUT):
+                boot = read_bootstrap(handle.bundle)
+                handle.address, handle.version = boot.address, boot.version
+                client = await Client.connect(boot.address, namespace=ns, timeout=LOAD_TIMEOUT)
+                self._attach(handle, client)
+                try:
+                    reply = await client.call(SANDBOX_SERVICE, "SandboxStatus", {"sandbox_id": sid},
+                                              timeout=LOAD_TIMEOUT)
+                except NotFound:
+                    reply = None
+        except (RpcError, TimeoutError, OSError) as exc:
+            why = "it did not answer within %.0fs" % LOAD_TIMEOUT if isinstance(exc, TimeoutError) else _describe(exc)
+            log.warning("sandbox %s/%s: cannot reach its shim (%s)", ns, sid, why)
+            await self._bury(handle)
+            return
+        if reply is None:
+            # Spawned but never created: the controller died between the two (containerd#6860).
+            log.warning("sandbox %s/%s: its shim never got CreateSandbox; shutting it down", ns, sid)
+            await self._discard(handle)
+            return
+        handle.remember(reply)
+        self._go_live(handle)
+
+
+def _create_payload(sandbox_id: str, bundle: str, options: Any, netns_path: Any, rootfs: Any,
+                    annotations: Any) -> dict[str, Any]:
+    """CreateSandbox's payload, checked before anything is spawned: a bad argument costs no shim."""
+    payload: dict[str, Any] = {"sandbox_id": sandbox_id, "bundle_path": bundle}
+    if options is not None:
+        if not isinstance(options, Mapping):
+            raise InvalidArgument(f"options must be a map (a PodSandboxConfig), not {type(options).__name__}")
+        payload["options"] = dict(options)
+    if netns_path is not None:
+        if not isinstance(netns_path, str) or not os.path.isabs(netns_path):
+            raise InvalidArgument(f"netns_path {netns_path!r} must be an absolute path")
+        payload["netns_path"] = netns_path
+    if rootfs is not None:
+        if isinstance(rootfs, (str, bytes)) or not isinstance(rootfs, Sequence):
+            raise InvalidArgument("rootfs must be a list of mounts")
+        payload["rootfs"] = list(rootfs)
+    if annotations is not None:
+        if not isinstance(annotations, Mapping) or not all(
+                isinstance(k, str) and isinstance(v, str) for k, v in annotations.items()):
+            raise InvalidArgument("annotations must map strings to strings")
+        payload["annotations"] = dict(annotations)
+    return payload
+
+
+def _status(handle: ShimHandle, reply: dict[str, Any]) -> ControllerStatus:
+    return ControllerStatus(
+        sandbox_id=handle.sandbox_id,
+        pid=reply.get("pid") or 0,
+        state=reply.get("state") or "unknown",
+        info=dict(reply.get("info") or {}),
+        created_at=reply.get("created_at") or 0,
+        exited_at=reply.get("exited_at") or 0,
+        exit_status=reply.get("exit_status") or 0,
+        address=handle.address,
+        version=handle.version,
+        namespace=handle.namespace,
+    )
+
+
+def _remove_quietly(path: str) -> None:
+    try:
+        remove_bundle(path)
+    except OSError as exc:
+        log.error("cannot remove bundle %s: %s", path, exc)
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, RpcError):
+        return str(exc)
+    if isinstance(exc, TimeoutError):
+        return "timed out"
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__

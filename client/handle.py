@@ -1,0 +1,102 @@
+"""ShimHandle: what the Controller knows about one sandbox and the connection to its shim.
+
+A handle goes through these phases; only the Controller moves it along:
+
+    PENDING --create/load ok--> LIVE --shim died--> DYING --cleanup done--> DEAD (tombstone)
+       |                          |                                           |
+       +--create failed / never created: GONE <--------- shutdown -----------+
+
+PENDING: being created or loaded, not usable yet (readers wait for ``settled``).
+LIVE: connected to a shim that holds the sandbox.
+DYING/DEAD: the shim went away; ``podshim delete`` ran (once) and ``exit`` says how it ended.
+GONE: forgotten; no longer in the NSMap.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+from typing import Iterator
+
+import anyio
+
+from shim.rpc.client import Client
+
+from .bundles import BundleLock
+from .results import ControllerStatus, ExitStatus
+
+__all__ = ["Phase", "ShimHandle"]
+
+
+class Phase(enum.Enum):
+    PENDING = "pending"
+    LIVE = "live"
+    DYING = "dying"
+    DEAD = "dead"
+    GONE = "gone"
+
+
+class ShimHandle:
+    """One sandbox of the Controller. ``lock`` serialises the operations that change the
+    sandbox (create, start, stop, shutdown); reads do not take it, so a long stop never
+    delays a status and a wait never blocks a stop."""
+
+    def __init__(self, namespace: str, sandbox_id: str, bundle: str):
+        self.namespace = namespace
+        self.sandbox_id = sandbox_id
+        self.bundle = bundle
+        self.phase = Phase.PENDING
+        self.lock = anyio.Lock()
+        self.settled = anyio.Event()  # PENDING is over
+        self.dead = anyio.Event()     # DEAD: ``exit`` is final
+        self.client: Client | None = None
+        self.address = ""
+        self.version = 0
+        #: We close the connection ourselves (shutdown, controller close): not a death.
+        self.closing = False
+        # Last known facts, for a tombstone and for list() when a shim does not answer in time.
+        self.pid = 0
+        self.state = "unknown"
+        self.created_at = 0
+        self.exit: ExitStatus | None = None
+        self._bundle_lock = BundleLock(bundle)
+        self._bundle_holds = 0
+
+    @contextlib.contextmanager
+    def hold_bundle(self) -> Iterator[bool]:
+        """Hold the bundle's flock for a block; yields False when another process holds it (or
+        the bundle is gone). Re-entrant within this process: a flock taken through a second
+        descriptor would conflict with our own, and a shutdown and a dead-shim cleanup of the
+        same handle may overlap (the handle's phase decides which of them acts)."""
+        if self._bundle_holds == 0 and not self._bundle_lock.try_acquire():
+            yield False
+            return
+        self._bundle_holds += 1
+        try:
+            yield True
+        finally:
+            self._bundle_holds -= 1
+            if self._bundle_holds == 0:
+                self._bundle_lock.release()
+
+    def settle(self, phase: Phase) -> None:
+        """Leave PENDING for ``phase``."""
+        self.phase = phase
+        self.settled.set()
+
+    def remember(self, status: dict) -> None:
+        """Keep what a SandboxStatus answer said."""
+        self.pid = status.get("pid") or 0
+        self.state = status.get("state") or self.state
+        self.created_at = status.get("created_at") or self.created_at
+
+    def cached_status(self) -> ControllerStatus:
+        """The status from what is known without asking the shim (a tombstone's, after death)."""
+        exit_status = self.exit.exit_status if self.exit else 0
+        exited_at = self.exit.exited_at if self.exit else 0
+        state = "stopped" if self.phase in (Phase.DYING, Phase.DEAD) else self.state
+        return ControllerStatus(self.sandbox_id, self.pid, state, {}, self.created_at, exited_at, exit_status,
+                                self.address, self.version, self.namespace)
+
+    def __repr__(self) -> str:
+        return f"<ShimHandle {self.namespace}/{self.sandbox_id} {self.phase.value} pid={self.pid}>"

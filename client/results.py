@@ -1,0 +1,126 @@
+"""What the Controller returns: frozen dataclasses shaped like containerd's sandbox.Controller.
+
+Timestamps are int nanoseconds since the Unix epoch (0 = unset), as on the wire.
+:class:`Bootstrap` also parses what ``podshim start`` prints (protocol.md, "Bootstrap").
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from shim.rpc.status import Internal, Unimplemented
+
+__all__ = [
+    "BOOTSTRAP_FILE",
+    "BOOTSTRAP_VERSION",
+    "PROTOCOL",
+    "UNKNOWN_EXIT_STATUS",
+    "Bootstrap",
+    "ExitStatus",
+    "ControllerInstance",
+    "ControllerStatus",
+    "Platform",
+]
+
+# The client may import only shim.rpc, so these protocol.md constants are stated again here;
+# tests/test_controller.py checks them against the shim's.
+#: The file ``podshim start`` writes into the bundle.
+BOOTSTRAP_FILE = "bootstrap.json"
+#: bootstrap "version": containerd's number for a shim that serves the Sandbox API.
+BOOTSTRAP_VERSION = 3
+#: bootstrap "protocol".
+PROTOCOL = "ttrpc+msgpack"
+#: Exit status when nothing tells how a sandbox ended (containerd's unknownExitCode).
+UNKNOWN_EXIT_STATUS = 255
+
+
+@dataclass(frozen=True, slots=True)
+class Bootstrap:
+    """How to reach a shim: what ``podshim start`` printed and wrote to bootstrap.json."""
+
+    version: int
+    address: str
+    protocol: str
+    pid: int
+
+    @classmethod
+    def from_json(cls, text: str | bytes, *, source: str = "bootstrap JSON") -> "Bootstrap":
+        """Parse and check a bootstrap document.
+
+        Raises Internal when ``text`` is not a bootstrap document (``source`` names where it
+        came from, for the message) and Unimplemented for a version or protocol we do not speak.
+        """
+        try:
+            doc = json.loads(text)
+        except ValueError as exc:
+            shown = text[:200] if isinstance(text, str) else text[:200].decode(errors="replace")
+            raise Internal(f"{source} is not valid JSON ({exc}): {shown!r}") from None
+        return cls.from_dict(doc, source=source)
+
+    @classmethod
+    def from_dict(cls, doc: Any, *, source: str = "bootstrap JSON") -> "Bootstrap":
+        """Check a decoded bootstrap document; raises like :meth:`from_json`."""
+        if not isinstance(doc, dict):
+            raise Internal(f"{source} is not a JSON object: {doc!r:.200}")
+        version, address, protocol, pid = (doc.get(k) for k in ("version", "address", "protocol", "pid"))
+        if not isinstance(version, int) or isinstance(version, bool):
+            raise Internal(f"{source} has no integer 'version': {doc!r:.200}")
+        if version != BOOTSTRAP_VERSION:
+            raise Unimplemented(f"{source}: shim bootstrap version {version} is not supported "
+                                f"(this controller speaks version {BOOTSTRAP_VERSION})")
+        if protocol != PROTOCOL:
+            raise Unimplemented(f"{source}: shim protocol {protocol!r} is not supported (expected {PROTOCOL!r})")
+        if not isinstance(address, str) or not address.startswith("unix:///"):
+            raise Internal(f"{source} has no 'address' of the form unix:///path: {address!r}")
+        # pid 0 is legal: `podshim start` prints it when it found a live shim it did not start.
+        if not isinstance(pid, int) or isinstance(pid, bool) or pid < 0:
+            raise Internal(f"{source} has no valid 'pid': {pid!r}")
+        return cls(version, address, protocol, pid)
+
+
+@dataclass(frozen=True, slots=True)
+class ExitStatus:
+    """How a sandbox ended: ``exit_status`` (128 + signal when killed) and when."""
+
+    exit_status: int
+    exited_at: int
+
+
+@dataclass(frozen=True, slots=True)
+class Platform:
+    """The OCI platform of a sandbox (GOARCH names)."""
+
+    os: str
+    architecture: str
+    variant: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class ControllerInstance:
+    """What :meth:`Controller.start` returns: the running sandbox and how to reach its shim."""
+
+    sandbox_id: str
+    pid: int
+    created_at: int
+    address: str
+    version: int
+    labels: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class ControllerStatus:
+    """A sandbox's status. ``state`` is the shim's (created, running, stopped); a sandbox whose
+    shim died is "stopped" with the exit status its cleanup found."""
+
+    sandbox_id: str
+    pid: int
+    state: str
+    info: dict[str, str]
+    created_at: int
+    exited_at: int
+    exit_status: int
+    address: str
+    version: int
+    namespace: str = ""
