@@ -10,6 +10,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from shim.rpc.api import BOOTSTRAP_FILE, BOOTSTRAP_VERSION, PROTOCOL, UNKNOWN_EXIT_STATUS
 from shim.rpc.status import Internal, Unimplemented
 
 __all__ = [
@@ -24,16 +25,6 @@ __all__ = [
     "Platform",
 ]
 
-# The client may import only shim.rpc, so these protocol.md constants are stated again here;
-# tests/test_controller.py checks them against the shim's.
-#: The file ``podshim start`` writes into the bundle.
-BOOTSTRAP_FILE = "bootstrap.json"
-#: bootstrap "version": containerd's number for a shim that serves the Sandbox API.
-BOOTSTRAP_VERSION = 3
-#: bootstrap "protocol".
-PROTOCOL = "ttrpc+msgpack"
-#: Exit status when nothing tells how a sandbox ended (containerd's unknownExitCode).
-UNKNOWN_EXIT_STATUS = 255
 
 
 @dataclass(frozen=True, slots=True)

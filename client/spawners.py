@@ -27,6 +27,7 @@ from typing import Mapping, Sequence
 
 import anyio
 
+from shim.rpc.api import DEFAULT_RUNTIME_ROOT
 from shim.rpc.status import DeadlineExceeded, Internal, RpcError, Unavailable
 
 from .results import UNKNOWN_EXIT_STATUS, Bootstrap, ExitStatus
@@ -47,8 +48,6 @@ SPAWN_TIMEOUT = 10.0
 #: How long ``podshim delete`` may take: it may wait up to 5 s for each of the shim and the
 #: pause to die after SIGKILL (containerd's shim cleanup timeout is 5 s for one process).
 DELETE_TIMEOUT = 10.0
-#: Where shims keep their sockets (``<root>/s``) unless told otherwise.
-DEFAULT_RUNTIME_ROOT = "/run/podshim"
 #: How much of a helper's stderr goes into an error message.
 _STDERR_CHARS = 2000
 

@@ -12,10 +12,12 @@ systemd-nspawn) is skipped and recorded in :attr:`SandboxCgroup.skipped`; metric
 
 from __future__ import annotations
 
+import asyncio
 import errno
 import os
 import signal
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -126,8 +128,9 @@ class SandboxCgroup:
         directory exists in some hierarchy) or Internal; on error nothing made is left behind.
         """
         _validate(name, parent)
-        default_parent = parent is None
         parent = DEFAULT_PARENT if parent is None else parent
+        # "podshim" and anything below it (the shim's default, podshim/<namespace>) is ours.
+        default_parent = parent == DEFAULT_PARENT or parent.startswith(DEFAULT_PARENT + "/")
         cgroup = cls(name, {})
         try:
             for hierarchy in discover_hierarchies():
@@ -149,7 +152,8 @@ class SandboxCgroup:
                 # The default parent is pruned by whichever sandbox leaves it empty, so it does not
                 # outlive its sandboxes when two shims raced to create it. A caller's parent
                 # (e.g. /kubepods) is someone else's: only what we had to make is ours.
-                cgroup.owned_parents[hierarchy.key] = [os.path.dirname(target)] if default_parent else made[:-1]
+                cgroup.owned_parents[hierarchy.key] = (_parent_dirs(hierarchy, base, parent) if default_parent
+                                                       else made[:-1])
         except BaseException:
             cgroup.remove()
             raise
@@ -287,17 +291,55 @@ class SandboxCgroup:
                     pass
             signalled |= fresh
 
+    def child(self, name: str) -> SandboxCgroup:
+        """Make ``<this cgroup>/<name>`` in every hierarchy this cgroup has (a task's cgroup).
+
+        The child owns no parents: this cgroup removes itself. cpuset directories get
+        cpuset.cpus/mems copied from this one. Raises InvalidArgument (bad name, or a name taken
+        by a control file such as ``tasks``), AlreadyExists or Internal; on error nothing made
+        is left behind.
+        """
+        _validate(name, None)
+        child = SandboxCgroup(name, {}, dict(self.skipped))
+        try:
+            for key, path in self.paths.items():
+                target = os.path.join(path, name)
+                try:
+                    _make_dirs(target, copy_cpuset="cpuset" in key.split(","))
+                except FileExistsError:
+                    if not os.path.isdir(target):
+                        raise InvalidArgument(f"cgroup name {name!r} is taken by a control file of {path}") from None
+                    raise AlreadyExists(f"cgroup {target} already exists") from None
+                except OSError as exc:
+                    raise Internal(f"cannot create cgroup {target}: {exc.strerror} ({exc.filename})") from exc
+                child.paths[key] = target
+        except BaseException:
+            child.remove()
+            raise
+        return child
+
     def remove(self, timeout: float = REMOVE_TIMEOUT) -> None:
         """Remove the sandbox directories (deepest first), then :attr:`owned_parents` that are empty.
 
         Idempotent: missing directories are fine. rmdir fails with EBUSY while killed tasks
         are still leaving the group, so that is retried for up to ``timeout`` seconds (this
-        blocks). Raises FailedPrecondition when processes remain, Internal for other errors.
+        blocks; from the event loop use :meth:`aremove`). Raises FailedPrecondition when
+        processes remain, Internal for other errors.
         """
+        for delay in self._removal(timeout):
+            time.sleep(delay)
+
+    async def aremove(self, timeout: float = REMOVE_TIMEOUT) -> None:
+        """:meth:`remove` for the event loop: it waits out EBUSY without blocking the loop."""
+        for delay in self._removal(timeout):
+            await asyncio.sleep(delay)
+
+    def _removal(self, timeout: float) -> Iterator[float]:
+        """The removal, pausing by yielding how long to wait before the next rmdir attempt."""
         deadline = time.monotonic() + timeout
         for path in self.paths.values():
             for directory in _subtree(path)[::-1]:
-                _rmdir(directory, deadline)
+                yield from _rmdir(directory, deadline)
         for dirs in self.owned_parents.values():
             for directory in reversed(dirs):
                 try:
@@ -307,6 +349,14 @@ class SandboxCgroup:
                     if exc.errno not in (errno.ENOENT, errno.ENOTEMPTY, errno.EBUSY):
                         raise Internal(f"cannot remove cgroup {directory}: {exc.strerror}") from exc
                     break
+
+
+def _parent_dirs(hierarchy: Hierarchy, base: str, parent: str) -> list[str]:
+    """The directories of ``<base>/<parent>`` and each of its ancestors below ``base``, outermost
+    first (podshim, podshim/<namespace>)."""
+    parts = parent.strip("/").split("/")
+    found = (hierarchy.directory(os.path.join(base, *parts[:i])) for i in range(1, len(parts) + 1))
+    return [d for d in found if d is not None]
 
 
 def _make_dirs_retrying(target: str, *, copy_cpuset: bool) -> list[str]:
@@ -361,7 +411,8 @@ def _subtree(path: str) -> list[str]:
     return [root for root, _, _ in os.walk(path)]
 
 
-def _rmdir(directory: str, deadline: float) -> None:
+def _rmdir(directory: str, deadline: float) -> Iterator[float]:
+    """rmdir ``directory``, yielding how long to wait before each retry while it is EBUSY."""
     delay = 0.001
     while True:
         try:
@@ -374,7 +425,7 @@ def _rmdir(directory: str, deadline: float) -> None:
                 raise Internal(f"cannot remove cgroup {directory}: {exc.strerror}") from exc
             if time.monotonic() >= deadline:
                 raise FailedPrecondition(f"cgroup {directory} still has processes; kill them first") from None
-        time.sleep(delay)
+        yield delay
         delay = min(delay * 2, 0.05)
 
 

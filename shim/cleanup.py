@@ -14,14 +14,13 @@ from typing import Any
 
 from . import cgroups, netns
 from .linux import proc_start_time
+from .rpc.api import UNKNOWN_EXIT_STATUS
 from .paths import STATE_FILE, read_json, socket_path, write_json_atomic
 
 __all__ = ["UNKNOWN_EXIT_STATUS", "delete_sandbox", "process_alive", "wait_gone"]
 
 log = logging.getLogger(__name__)
 
-#: Exit status reported when nothing tells how the sandbox ended (containerd's unknownExitCode).
-UNKNOWN_EXIT_STATUS = 255
 #: What a pause killed by delete reports: 128 + SIGKILL, as containerd's runc shim does.
 KILLED_EXIT_STATUS = 128 + signal.SIGKILL
 #: Bound on waiting for a killed process to disappear.
@@ -67,12 +66,29 @@ def _kill(pid: int | None, start_time: int | None, what: str) -> bool:
     return True
 
 
+def _delete_tasks(tasks: dict[str, Any]) -> None:
+    """Kill each task recorded in state.json and remove its cgroup, before the sandbox's own.
+
+    A task's own process is matched by pid and start time; whatever else is in its cgroup
+    (its children, or a process whose launch the crash interrupted) is killed through the
+    cgroup. Each record is updated in place.
+    """
+    for task_id, task in tasks.items():
+        if _kill(task.get("pid"), task.get("start_time"), f"task {task_id}"):
+            task.update(status="stopped", exit={"exit_status": KILLED_EXIT_STATUS, "exited_at": time.time_ns()})
+        if cgroup_record := task.get("cgroup"):
+            cg = cgroups.SandboxCgroup.from_dict(cgroup_record)
+            cg.kill_all()
+            cg.remove()
+            task["cgroup"] = None
+
+
 def delete_sandbox(bundle: str, namespace: str, sandbox_id: str, runtime_root: str) -> dict[str, Any]:
     """Kill what is left of the sandbox and remove what it made; return
     ``{"exit_status", "exited_at", "pid"}``.
 
-    Order matters: the shim first (so it cannot restart anything), then the pause, then the
-    cgroup (now empty), the netns, and the socket.
+    Order matters: the shim first (so it cannot restart anything), then the tasks and their
+    cgroups, then the pause, then the sandbox cgroup (now empty), the netns, and the socket.
     """
     state_path = os.path.join(bundle, STATE_FILE)
     try:
@@ -89,6 +105,7 @@ def delete_sandbox(bundle: str, namespace: str, sandbox_id: str, runtime_root: s
                          f"not {namespace}/{sandbox_id}")
 
     _kill(record.get("shim_pid"), record.get("shim_start_time"), "shim")
+    _delete_tasks(record.get("tasks") or {})
     pause = record.get("pause") or {}
     pid = pause.get("pid") or 0
     exit_info = record.get("exit")

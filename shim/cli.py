@@ -56,15 +56,16 @@ def _parser() -> argparse.ArgumentParser:
                        ("serve", "run the shim in the foreground (systemd; honours LISTEN_FDS, NOTIFY_SOCKET)"),
                        ("delete", "clean up after a dead shim and print its exit as JSON")):
         sp = sub.add_parser(name, help=text, description=text)
-        common(sp, required=name != "serve")
+        common(sp, required=name == "start")
         if name != "delete":
             daemon_flags(sp)
-        if name == "serve":
+        if name != "start":  # the systemd unit's ExecStart= (serve) and ExecStopPost= (delete)
             sp.add_argument("--instance", metavar="NAMESPACE:ID",
                             help="name the sandbox as a systemd instance does (instead of --namespace/--id); "
                                  "the bundle defaults to STATE_ROOT/NAMESPACE/ID")
             sp.add_argument("--state-root", default=os.environ.get("PODSHIM_STATE_ROOT", "/var/lib/podshim"),
                             help="where bundles live when --bundle is not given (default /var/lib/podshim)")
+        if name == "serve":
             sp.add_argument("--shutdown-on-term", action="store_true",
                             help="on SIGTERM/SIGINT shut the sandbox down (stop the pause, remove its netns and "
                                  "cgroup) instead of leaving it for `podshim delete`; for systemd units")
@@ -103,6 +104,10 @@ def _validate(args: argparse.Namespace) -> None:
         args.namespace, sep, args.sandbox_id = args.instance.partition(":")
         if not sep:
             raise UsageError(f"--instance {args.instance!r} must be NAMESPACE:SANDBOX_ID")
+        if "/" in args.instance:
+            # %I unescapes the unit's instance, and unescaping turns '-' into '/'.
+            raise UsageError(f"--instance {args.instance!r}: systemd turned a '-' of the unit name into '/'; "
+                             "write '-' as \\x2d (systemd-escape --template podshim@.service NAMESPACE:ID)")
     if args.namespace is None or args.sandbox_id is None:
         raise UsageError("--namespace and --id (or --instance) are required")
     if args.bundle is None:

@@ -12,6 +12,7 @@ import os
 import tempfile
 from typing import Any
 
+from .rpc.api import BOOTSTRAP_FILE, BOOTSTRAP_VERSION, DEFAULT_RUNTIME_ROOT, PROTOCOL
 from .rpc.identifiers import MAX_IDENTIFIER_CHARS, validate_identifier
 from .rpc.status import InvalidArgument
 
@@ -33,17 +34,12 @@ __all__ = [
     "BOOTSTRAP_VERSION",
 ]
 
-DEFAULT_RUNTIME_ROOT = "/run/podshim"
 #: sizeof(sockaddr_un.sun_path) on Linux, including the terminating NUL.
 SUN_PATH_MAX = 108
 _HASH_HEX_CHARS = 32  # 128 bits: collisions are not a concern, and long runtime roots still fit
 
-BOOTSTRAP_FILE = "bootstrap.json"
 STATE_FILE = "state.json"
 LOG_FILE = "log"
-PROTOCOL = "ttrpc+msgpack"
-#: bootstrap.json "version": 3 is containerd's number for a shim that serves the Sandbox API.
-BOOTSTRAP_VERSION = 3
 
 
 def socket_dir(runtime_root: str = DEFAULT_RUNTIME_ROOT) -> str:

@@ -16,7 +16,7 @@ import platform
 import signal
 import time
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Protocol
 
 from . import cgroups, netns, pause
 from .events import TOPIC_CREATE, TOPIC_EXIT, TOPIC_START, TOPIC_STATE, EventBus
@@ -26,7 +26,7 @@ from .paths import STATE_FILE, write_json_atomic
 from .reaper import ExitInfo, Reaper
 from .rpc.status import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound, RpcError, Unavailable
 
-__all__ = ["State", "TRANSITIONS", "ShimConfig", "Sandbox", "StartResult", "ExitResult", "host_platform",
+__all__ = ["State", "TRANSITIONS", "ShimConfig", "Sandbox", "StartResult", "ExitResult", "Tasks", "host_platform",
            "DEFAULT_STOP_TIMEOUT"]
 
 log = logging.getLogger(__name__)
@@ -105,6 +105,20 @@ class ExitResult:
     pid: int = 0
 
 
+class Tasks(Protocol):
+    """The processes that live in the sandbox beside the pause (:class:`shim.tasks.TaskSet`).
+
+    The sandbox records them in state.json, stops them before its pause, and removes their
+    cgroups before its own.
+    """
+
+    def record(self) -> dict[str, Any]: ...
+
+    async def stop_all(self) -> None: ...
+
+    async def release(self) -> None: ...
+
+
 def host_platform() -> dict[str, str]:
     """This host's OCI platform: os, architecture (GOARCH names) and variant."""
     machine = platform.machine().lower()
@@ -134,6 +148,7 @@ class Sandbox:
         self._exited = asyncio.Event()
         self._lock = asyncio.Lock()
         self.on_state_change: Callable[[State], None] | None = None
+        self.tasks: Tasks | None = None
 
     # -- the table ------------------------------------------------------------------------
     def _check(self, op: str, sandbox_id: str) -> State:
@@ -174,6 +189,7 @@ class Sandbox:
             "pause": {"pid": p.pid, "start_time": p.start_time, "binary": p.binary} if p is not None else None,
             "created_at": self.created_at,
             "exit": {"exit_status": self.exit.exit_status, "exited_at": self.exit.exited_at} if self.exit else None,
+            "tasks": self.tasks.record() if self.tasks is not None else {},
         }
 
     def persist(self) -> None:
@@ -222,7 +238,10 @@ class Sandbox:
             # The cgroup's directories exist before they are recorded: a shim killed in the
             # microseconds between the two leaves an empty cgroup (the paths depend on the
             # shim's own cgroup, so they cannot be recorded ahead).
-            cg = cgroups.SandboxCgroup.create(self.config.sandbox_id, opts.cgroup_parent)
+            # Without a parent of the caller's, sandboxes of different namespaces may share an
+            # id: the default parent names the namespace (podshim/<namespace>/<id>).
+            parent = opts.cgroup_parent or f"{cgroups.DEFAULT_PARENT}/{self.config.namespace}"
+            cg = cgroups.SandboxCgroup.create(self.config.sandbox_id, parent)
             self.cgroup = cg
             self.persist()
             spec = pause.PauseSpec(
@@ -264,10 +283,12 @@ class Sandbox:
                                          "exited_at": info.exited_at_ns})
 
     async def stop(self, sandbox_id: str, timeout: float | None = None) -> None:
-        """StopSandbox: SIGTERM, then SIGKILL after ``timeout`` seconds (None: the default,
-        0: at once). Stopping a stopped or never-started sandbox succeeds."""
+        """StopSandbox: SIGKILL every task and wait for their exits; then the pause gets SIGTERM,
+        and SIGKILL after ``timeout`` seconds (None: the default, 0: at once). Stopping a
+        stopped or never-started sandbox succeeds."""
         async with self._lock:
             nxt = self._check("stop", sandbox_id)
+            await self._stop_tasks()
             await self._stop_locked(DEFAULT_STOP_TIMEOUT if timeout is None else timeout)
             self._enter(nxt)
 
@@ -365,18 +386,28 @@ class Sandbox:
         return host_platform()
 
     async def shutdown(self, sandbox_id: str) -> None:
-        """ShutdownSandbox: stop the pause if needed, remove the netns and cgroup we made."""
+        """ShutdownSandbox: kill the tasks, stop the pause if needed, remove the netns and cgroups we made."""
         async with self._lock:
             nxt = self._check("shutdown", sandbox_id)
+            await self._stop_tasks()
             if self.state is S.RUNNING:
                 await self._stop_locked(0)
-            self.release()
+            await self.release()
             self._enter(nxt)
 
-    def release(self) -> None:
-        """Remove what this sandbox made (idempotent; also used on daemon exit paths)."""
+    async def _stop_tasks(self) -> None:
+        # Tasks first: they are killed and their exits seen before the pause goes, even those
+        # the kernel would kill with it (POD pid mode), so each task reports its own exit.
+        if self.tasks is not None:
+            await self.tasks.stop_all()
+
+    async def release(self) -> None:
+        """Remove what this sandbox made (idempotent): the tasks' cgroups, then its own, then the
+        netns. The cgroup removal waits without blocking the loop."""
+        if self.tasks is not None:
+            await self.tasks.release()
         if self.cgroup is not None:
-            self.cgroup.remove()
+            await self.cgroup.aremove()
         if self.netns_path and self.netns_owned:
             netns.remove_netns(self.netns_path)
 
@@ -388,6 +419,12 @@ def _check_netns_file(path: str) -> None:
     except OSError as exc:
         raise InvalidArgument(f"netns_path {path!r}: {exc.strerror}") from None
     # Every nsfs inode lives on the same device, so comparing with our own netns tells
-    # whether the path is a namespace (a bind mount of one) and not a plain file.
+    # whether the path is a namespace (a bind mount of one) and not a plain file. Checked
+    # before opening it: opening a FIFO would block the shim.
     if st.st_dev != os.stat("/proc/self/ns/net").st_dev:
         raise InvalidArgument(f"netns_path {path!r} is not a network namespace")
+    # An ipc, uts, ... namespace is on nsfs too; only its type tells it from a netns.
+    try:
+        os.close(netns.open_netns(path))
+    except NotFound as exc:
+        raise InvalidArgument(f"netns_path: {exc.message}") from None

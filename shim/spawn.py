@@ -16,13 +16,16 @@ import socket
 import time
 from typing import Any
 
-from .paths import BOOTSTRAP_FILE, BOOTSTRAP_VERSION, LOG_FILE, PROTOCOL, read_json, socket_address, write_json_atomic
+from .linux import proc_start_time
+from .paths import (BOOTSTRAP_FILE, BOOTSTRAP_VERSION, LOG_FILE, PROTOCOL, STATE_FILE, read_json, socket_address,
+                    write_json_atomic)
 from .rpc.status import Unavailable
 
 __all__ = ["START_TIMEOUT", "CAN_CONNECT_TIMEOUT", "bind_listener", "bootstrap", "spawn_shim", "ensure_dir"]
 
-#: How long a spawner waits for the forked shim to accept.
-START_TIMEOUT = 10.0
+#: How long a spawner waits for the forked shim to accept; below the Controller's SPAWN_TIMEOUT
+#: (10 s), so `podshim start` always ends its own child and reports before it is killed.
+START_TIMEOUT = 8.0
 #: A socket that accepts a connection within this is a live shim (containerd: 100 ms).
 CAN_CONNECT_TIMEOUT = 0.1
 
@@ -108,6 +111,8 @@ def spawn_shim(config: Any, *, debug: bool = False, double_fork: bool = False,
     pid = os.fork()
     if pid == 0:
         _become_shim(config, sock, ready_r, ready_w, debug, double_fork)
+    if not double_fork:
+        _record_shim(config, pid)
     os.close(ready_w)
     sock.close()
     try:
@@ -125,6 +130,16 @@ def spawn_shim(config: Any, *, debug: bool = False, double_fork: bool = False,
     result = bootstrap(address, shim_pid)
     write_json_atomic(os.path.join(config.bundle, BOOTSTRAP_FILE), result, mode=0o644, durable=False)
     return result
+
+
+def _record_shim(config: Any, pid: int) -> None:
+    """Write the shim's first state.json at once, from the process that forked it: whoever dies
+    from now on, `podshim delete` can find the shim and end it. Nothing can have called the
+    shim yet (its address is not out), so this never hides a newer record of the shim's own.
+    """
+    record = {"namespace": config.namespace, "sandbox_id": config.sandbox_id, "state": "new", "shim_pid": pid,
+              "shim_start_time": proc_start_time(pid), "socket_path": config.socket_path}
+    write_json_atomic(os.path.join(config.bundle, STATE_FILE), record, durable=False)
 
 
 def _abandon(shim_pid: int, child_pid: int | None, socket_path: str) -> None:
@@ -171,6 +186,7 @@ def _become_shim(config: Any, sock: socket.socket, ready_r: int, ready_w: int, d
         if double_fork:
             pid = os.fork()
             if pid:
+                _record_shim(config, pid)
                 os.write(ready_w, b"P%d\n" % pid)
                 os._exit(0)
         _detach(config.bundle, keep=(sock.fileno(), ready_w))

@@ -9,9 +9,16 @@ the one that forgot.
 from __future__ import annotations
 
 import os
+import secrets
 import time
 
 import pytest
+
+#: Every process this session starts inherits this marker, so the guard below counts only
+#: processes of this run, not those of another run sharing the machine. (The pause drops its
+#: environment at exec; a leaked pause still shows up through the netns it pins.)
+SESSION_MARKER = f"PODSHIM_TEST_SESSION={secrets.token_hex(8)}"
+os.environ["PODSHIM_TEST_SESSION"] = SESSION_MARKER.split("=", 1)[1]
 
 from shim.reaper import Reaper
 
@@ -26,7 +33,7 @@ async def reaper():
 
 
 def _podshim_processes() -> set[int]:
-    """Live (non-zombie) shim and pause processes on the machine."""
+    """Live (non-zombie) shim and pause processes started by this test session."""
     found = set()
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -41,7 +48,13 @@ def _podshim_processes() -> set[int]:
         if stat[stat.rfind(b")") + 2:stat.rfind(b")") + 3] in (b"Z", b"X"):
             continue
         joined = b" ".join(argv)
-        if (b"podshim" in joined and b"pytest" not in joined) or b"-m shim" in joined or argv[0].endswith(b"catatonit"):
+        if (b"podshim" in joined and b"pytest" not in joined) or b"-m shim" in joined:
+            try:
+                with open(f"/proc/{entry}/environ", "rb") as f:
+                    if SESSION_MARKER.encode() not in f.read().split(b"\0"):
+                        continue
+            except OSError:
+                continue
             found.add(int(entry))
     return found
 

@@ -2,8 +2,20 @@
 
 from __future__ import annotations
 
-__all__ = ["SANDBOX_SERVICE", "EVENTS_SERVICE", "TASK_SERVICE", "TEMPLATE_SERVICE", "TEMPLATE_METHODS", "SANDBOX_METHODS", "EVENTS_METHODS",
-           "TASK_METHODS"]
+__all__ = ["SANDBOX_SERVICE", "EVENTS_SERVICE", "TASK_SERVICE", "TEMPLATE_SERVICE", "TEMPLATE_METHODS",
+           "SANDBOX_METHODS", "EVENTS_METHODS", "TASK_METHODS", "BOOTSTRAP_FILE", "BOOTSTRAP_VERSION", "PROTOCOL",
+           "DEFAULT_RUNTIME_ROOT", "UNKNOWN_EXIT_STATUS"]
+
+#: The file in a bundle that holds the bootstrap result (protocol.md, "Bootstrap").
+BOOTSTRAP_FILE = "bootstrap.json"
+#: bootstrap.json "version": 3 is containerd's number for a shim that serves the Sandbox API.
+BOOTSTRAP_VERSION = 3
+#: bootstrap.json "protocol".
+PROTOCOL = "ttrpc+msgpack"
+#: Where shims keep their sockets (``<root>/s``) and a template its control socket.
+DEFAULT_RUNTIME_ROOT = "/run/podshim"
+#: The exit status of a sandbox whose end nobody saw (containerd's unknownExitCode).
+UNKNOWN_EXIT_STATUS = 255
 
 SANDBOX_SERVICE = "podshim.sandbox.v1.Sandbox"
 EVENTS_SERVICE = "podshim.events.v1.Events"
@@ -15,5 +27,5 @@ SANDBOX_METHODS = (
     "SandboxStatus", "PingSandbox", "ShutdownSandbox", "SandboxMetrics",
 )
 EVENTS_METHODS = ("Subscribe",)
-TASK_METHODS = ("Create", "Start", "Kill", "Wait", "Delete", "State")
+TASK_METHODS = ("Create", "Start", "Kill", "Wait", "Delete", "State", "List")
 TEMPLATE_METHODS = ("Spawn", "Ping")
