@@ -27,7 +27,8 @@ from typing import Mapping, Sequence
 
 import anyio
 
-from shim.rpc.api import DEFAULT_RUNTIME_ROOT
+from shim.rpc.api import DEFAULT_RUNTIME_ROOT, TEMPLATE_SERVICE, TEMPLATE_SOCKET
+from shim.rpc.client import Client
 from shim.rpc.status import DeadlineExceeded, Internal, RpcError, Unavailable
 
 from .results import UNKNOWN_EXIT_STATUS, Bootstrap, ExitStatus
@@ -86,13 +87,15 @@ class ExecSpawner(Spawner):
 
     ``command`` is the podshim command as a list (or one path); default :func:`default_command`.
     ``runtime_root`` is passed as ``--runtime-root`` (shim sockets live in ``ROOT/s``).
+    ``use_template``: ask the shim template of ``runtime_root`` first (``podshim template``),
+    which forks a preloaded shim in milliseconds; without one, helpers are run.
     ``max_helpers`` bounds how many helpers run at once: a helper is a Python start-up, and
     fifty of them at once on two cores would each take longer than SPAWN_TIMEOUT; queued ones
     start their clock only when they run.
     """
 
     def __init__(self, command: Sequence[str] | str | None = None, runtime_root: str = DEFAULT_RUNTIME_ROOT, *,
-                 env: Mapping[str, str] | None = None, max_helpers: int | None = None):
+                 env: Mapping[str, str] | None = None, max_helpers: int | None = None, use_template: bool = True):
         if command is None:
             command = default_command()
         elif isinstance(command, str):
@@ -104,6 +107,7 @@ class ExecSpawner(Spawner):
         self.command = list(command)
         self.runtime_root = os.path.normpath(runtime_root)
         self.env = dict(env) if env is not None else None
+        self.use_template = use_template
         self._helpers = anyio.CapacityLimiter(max_helpers or max(4, 2 * (os.cpu_count() or 1)))
 
     def _argv(self, action: str, namespace: str, sandbox_id: str, bundle: str) -> list[str]:
@@ -131,12 +135,17 @@ class ExecSpawner(Spawner):
                 raise Internal(f"cannot run {argv[0]!r} for podshim {action}: {exc.strerror or exc}") from None
 
     async def spawn(self, namespace: str, sandbox_id: str, bundle: str) -> Bootstrap:
-        """Run ``podshim start``; parse and check the bootstrap JSON it prints.
+        """Ask the runtime root's shim template for the shim when one answers (no process start
+        at all); else run ``podshim start`` and parse the bootstrap JSON it prints.
 
         Raises DeadlineExceeded after SPAWN_TIMEOUT, Unavailable when the shim did not come up
         (exit 1), Internal for any other failure or output that is not bootstrap JSON; the
         message carries what the shim said on stderr.
         """
+        if self.use_template:
+            forked = await self._spawn_from_template(namespace, sandbox_id, bundle)
+            if forked is not None:
+                return forked
         done = await self._run("start", namespace, sandbox_id, bundle, SPAWN_TIMEOUT)
         if done.returncode != 0:
             said = _said(done.stderr)
@@ -146,6 +155,26 @@ class ExecSpawner(Spawner):
         lines = done.stdout.decode(errors="replace").strip().splitlines()
         return Bootstrap.from_json(lines[-1] if lines else "",
                                    source=f"the output of podshim start for {namespace}/{sandbox_id}")
+
+    async def _spawn_from_template(self, namespace: str, sandbox_id: str, bundle: str) -> Bootstrap | None:
+        """The template's Spawn, or None when no template answers (then we exec)."""
+        path = os.path.join(self.runtime_root, TEMPLATE_SOCKET)
+        if not os.path.exists(path):
+            return None
+        payload = {"namespace": namespace, "sandbox_id": sandbox_id, "bundle": bundle,
+                   "runtime_root": self.runtime_root}
+        try:
+            # Shielded like a helper process: a Spawn cut short could leave a shim unrecorded.
+            with anyio.CancelScope(shield=True), anyio.fail_after(SPAWN_TIMEOUT):
+                async with await Client.connect("unix://" + path, timeout=1.0) as template:
+                    doc = await template.call(TEMPLATE_SERVICE, "Spawn", payload, timeout=SPAWN_TIMEOUT)
+        except Unavailable as exc:
+            log.info("no shim template answers on %s (%s); starting podshim instead", path, exc.message)
+            return None
+        except TimeoutError:
+            raise DeadlineExceeded(f"the shim template did not spawn {namespace}/{sandbox_id} "
+                                   f"within {SPAWN_TIMEOUT:.0f}s") from None
+        return Bootstrap.from_dict(doc, source=f"the shim template's answer for {namespace}/{sandbox_id}")
 
     async def delete(self, namespace: str, sandbox_id: str, bundle: str) -> ExitStatus:
         """Run ``podshim delete``; its exit status, or 255 and now when it fails (logged)."""

@@ -12,7 +12,7 @@ import os
 import tempfile
 from typing import Any
 
-from .rpc.api import BOOTSTRAP_FILE, BOOTSTRAP_VERSION, DEFAULT_RUNTIME_ROOT, PROTOCOL
+from .rpc.api import BOOTSTRAP_FILE, BOOTSTRAP_VERSION, DEFAULT_RUNTIME_ROOT, PROTOCOL, TEMPLATE_SOCKET
 from .rpc.identifiers import MAX_IDENTIFIER_CHARS, validate_identifier
 from .rpc.status import InvalidArgument
 
@@ -66,7 +66,7 @@ def socket_path(namespace: str, sandbox_id: str, runtime_root: str = DEFAULT_RUN
 
 def control_socket_path(runtime_root: str = DEFAULT_RUNTIME_ROOT) -> str:
     """Where the shim template of ``runtime_root`` listens (``ROOT/template.sock``)."""
-    return os.path.join(os.path.normpath(runtime_root), "template.sock")
+    return os.path.join(os.path.normpath(runtime_root), TEMPLATE_SOCKET)
 
 
 def socket_address(path: str) -> str:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 __all__ = ["SANDBOX_SERVICE", "EVENTS_SERVICE", "TASK_SERVICE", "TEMPLATE_SERVICE", "TEMPLATE_METHODS",
            "SANDBOX_METHODS", "EVENTS_METHODS", "TASK_METHODS", "BOOTSTRAP_FILE", "BOOTSTRAP_VERSION", "PROTOCOL",
-           "DEFAULT_RUNTIME_ROOT", "UNKNOWN_EXIT_STATUS"]
+           "DEFAULT_RUNTIME_ROOT", "UNKNOWN_EXIT_STATUS", "TEMPLATE_SOCKET"]
 
 #: The file in a bundle that holds the bootstrap result (protocol.md, "Bootstrap").
 BOOTSTRAP_FILE = "bootstrap.json"
@@ -14,6 +14,8 @@ BOOTSTRAP_VERSION = 3
 PROTOCOL = "ttrpc+msgpack"
 #: Where shims keep their sockets (``<root>/s``) and a template its control socket.
 DEFAULT_RUNTIME_ROOT = "/run/podshim"
+#: The control socket of a shim template, in the runtime root.
+TEMPLATE_SOCKET = "template.sock"
 #: The exit status of a sandbox whose end nobody saw (containerd's unknownExitCode).
 UNKNOWN_EXIT_STATUS = 255
 
