@@ -1,0 +1,158 @@
+"""Helpers shared by the benchmarks: percentiles, a process's memory, pidfd waits, and the floor.
+
+The floor is the kernel's own cost of a pod sandbox without any runtime: ``unshare(1)`` makes the
+namespaces and runs catatonit as their PID 1, we wait until catatonit handles SIGTERM, send it,
+and wait for the exit.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+import subprocess
+import time
+from dataclasses import dataclass
+
+__all__ = [
+    "FLOOR_ARGV",
+    "Memory",
+    "children_of",
+    "floor_cycle",
+    "handles_signal",
+    "memory",
+    "parent_of",
+    "percentile",
+    "signal_pid",
+    "wait_pidfd",
+]
+
+FLOOR_ARGV = ("unshare", "--fork", "--pid", "--net", "--ipc", "--uts", "--mount", "--mount-proc", "catatonit", "-P")
+#: How often the floor polls /proc for catatonit's readiness (the shim's own readiness poll).
+READY_POLL = 0.0005
+
+
+def percentile(values: list[float], q: float) -> float:
+    """The ``q``-th percentile (0-100) of ``values``, nearest rank."""
+    ordered = sorted(values)
+    rank = max(1, -(-len(ordered) * q // 100))  # ceil(n * q / 100), at least 1
+    return ordered[min(len(ordered), int(rank)) - 1]
+
+
+@dataclass(frozen=True)
+class Memory:
+    """A process's resident memory in KiB and its thread count."""
+
+    rss: int
+    pss: int
+    threads: int
+
+
+def memory(pid: int) -> Memory:
+    """RSS and PSS from /proc/PID/smaps_rollup, threads from /proc/PID/status."""
+    fields: dict[str, int] = {}
+    with open(f"/proc/{pid}/smaps_rollup") as f:
+        for line in f:
+            key, _, rest = line.partition(":")
+            if key in ("Rss", "Pss"):
+                fields[key] = int(rest.split()[0])
+    threads = int(_status(pid).get("Threads", "0"))
+    return Memory(fields["Rss"], fields["Pss"], threads)
+
+
+def _status(pid: int) -> dict[str, str]:
+    with open(f"/proc/{pid}/status") as f:
+        return {key: value.strip() for key, _, value in (line.partition(":") for line in f)}
+
+
+def parent_of(pid: int) -> int:
+    """The parent pid of ``pid`` (0 when it is gone)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return 0
+    return int(stat[stat.rfind(b")") + 2:].split()[1])
+
+
+def children_of(pid: int) -> list[int]:
+    """The children of ``pid``, from every thread's /proc/PID/task/TID/children."""
+    found: list[int] = []
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return found
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/children") as f:
+                found.extend(int(c) for c in f.read().split())
+        except OSError:
+            continue
+    return found
+
+
+def handles_signal(pid: int, sig: int, name: str | None = None) -> bool:
+    """True once ``pid`` (running ``name``, when given) blocks or catches ``sig``.
+
+    catatonit blocks every signal and reads them from a signalfd; until it does, a signal to
+    PID 1 of a pid namespace with no handler is dropped.
+    """
+    try:
+        status = _status(pid)
+    except OSError:
+        return False
+    if name is not None and status.get("Name") != name:
+        return False  # not exec'd yet: the mask may still be unshare's
+    bit = 1 << (sig - 1)
+    return bool((int(status["SigBlk"], 16) | int(status["SigCgt"], 16)) & bit)
+
+
+def wait_pidfd(fd: int, timeout: float) -> bool:
+    """Wait until the process behind pidfd ``fd`` has exited; False after ``timeout`` seconds."""
+    return bool(select.select([fd], [], [], timeout)[0])
+
+
+def signal_pid(pid: int, sig: int, still_ours=None) -> bool:
+    """Send ``sig`` to ``pid`` through a pidfd, after ``still_ours(pid)`` (if given) confirmed,
+    on that pidfd, that the pid still names the process we mean. False when it is gone."""
+    try:
+        fd = os.pidfd_open(pid)
+    except OSError:
+        return False
+    try:
+        if still_ours is not None and not still_ours(pid):
+            return False
+        signal.pidfd_send_signal(fd, sig)
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+
+
+def floor_cycle(argv: tuple[str, ...] = FLOOR_ARGV, timeout: float = 10.0) -> tuple[float, float]:
+    """One floor sandbox: (start until catatonit handles SIGTERM, SIGTERM until unshare exited),
+    in seconds. Anything left is killed before returning."""
+    name = os.path.basename(argv[-2])
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    pause = 0
+    try:
+        deadline = time.monotonic() + timeout
+        while not (pause and handles_signal(pause, signal.SIGTERM, name)):
+            if time.monotonic() > deadline or proc.poll() is not None:
+                raise RuntimeError(f"{name} did not become ready under unshare")
+            if not pause:
+                kids = children_of(proc.pid)
+                pause = kids[0] if kids else 0
+            time.sleep(READY_POLL)
+        t1 = time.perf_counter()
+        signal_pid(pause, signal.SIGTERM, lambda p: parent_of(p) == proc.pid)
+        proc.wait(timeout)
+        return t1 - t0, time.perf_counter() - t1
+    finally:
+        if proc.poll() is None:
+            if pause:
+                signal_pid(pause, signal.SIGKILL, lambda p: parent_of(p) == proc.pid)
+            proc.kill()
+            proc.wait()
