@@ -575,7 +575,8 @@ class Podshim(Contender):
     def __init__(self, key: str, label: str, controller: Any, template: subprocess.Popen | None):
         super().__init__()
         self.key, self.label, self.c, self.template = key, label, controller, template
-        self.how = ("Controller: create (`podshim start`" + (" → template fork" if template else "")
+        self.how = ("Controller: create (" + ("the template's Spawn over its control socket" if template
+                                             else "`podshim start`")
                     + ", CreateSandbox, new netns) + start → stop (TERM) → shutdown (shim gone)")
         self.netns_seen: set[str] = set()
         self.pause_binary = ""
