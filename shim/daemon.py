@@ -21,6 +21,8 @@ from .rpc.channel import install_uvloop
 from .rpc.server import Server
 from .sandbox import Sandbox, ShimConfig, State
 from .service import SandboxService, register
+from .task_service import TaskService, register_tasks
+from .tasks import TaskSet
 
 __all__ = ["SHUTDOWN_TIMEOUT", "serve_forever", "setup_logging"]
 
@@ -75,6 +77,7 @@ async def _serve(config: ShimConfig, listener: socket.socket, owns_socket: bool,
     sandbox.on_state_change = lambda st: notifier.send(f"STATUS=sandbox {config.sandbox_id} {st.value}")
     server = Server()
     register(server, SandboxService(sandbox, events, on_shutdown=lambda: finish("ShutdownSandbox")))
+    register_tasks(server, TaskService(TaskSet(sandbox)))
     await server.start(listener)
     # Record the shim at once: a controller killed before CreateSandbox still finds, through
     # state.json, a shim that `podshim delete` can end.

@@ -1,4 +1,4 @@
-"""Network namespaces: create, describe and remove the sandbox's netns.
+"""Network namespaces: create, describe and remove the sandbox's netns; open any namespace file.
 
 A netns is kept alive by a bind mount of an nsfs file on an empty file, as iproute2 does
 (``/var/run/netns/<name>``), so iproute2 and CNI plugins see ours. Creating one runs in the
@@ -24,7 +24,8 @@ from typing import Any
 from shim import linux
 from shim.rpc.status import AlreadyExists, Internal, InvalidArgument, NotFound
 
-__all__ = ["create_netns", "default_netns_dir", "describe_netns", "new_netns_path", "open_netns", "remove_netns"]
+__all__ = ["create_netns", "default_netns_dir", "describe_netns", "new_netns_path", "open_namespace", "open_netns",
+           "remove_netns"]
 
 _NETNS_DIR = "/var/run/netns"
 _THREAD_NETNS = "/proc/thread-self/ns/net"
@@ -166,25 +167,45 @@ def _describe_in_thread(path: str) -> list[dict[str, Any]] | BaseException:
         return exc
 
 
-def open_netns(path: str) -> int:
-    """An O_CLOEXEC fd on the network namespace mounted at ``path``, for setns. The caller closes it.
+_NS_KINDS = {
+    linux.CLONE_NEWNS: "mount",
+    linux.CLONE_NEWUTS: "uts",
+    linux.CLONE_NEWIPC: "ipc",
+    linux.CLONE_NEWPID: "pid",
+    linux.CLONE_NEWNET: "network",
+    linux.CLONE_NEWCGROUP: "cgroup",
+}
 
-    Raises NotFound when ``path`` is missing or is not a mounted network namespace.
+
+def open_namespace(path: str, nstype: int) -> int:
+    """An O_CLOEXEC fd on the namespace at ``path`` (``/proc/PID/ns/ipc``, a netns file), for setns.
+
+    The kernel says what the file is (NS_GET_NSTYPE): it must be a namespace of ``nstype``
+    (``CLONE_NEW*``). The caller closes the fd. Raises NotFound when ``path`` is missing or is
+    not a namespace of that type, InvalidArgument for a type this function does not know.
     """
+    kind = _NS_KINDS.get(nstype)
+    if kind is None:
+        raise InvalidArgument(f"cannot open {path}: namespace type {nstype:#x} is not supported")
     try:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    except FileNotFoundError:
-        raise NotFound(f"network namespace {path} does not exist") from None
+    except (FileNotFoundError, ProcessLookupError):
+        raise NotFound(f"{kind} namespace {path} does not exist") from None
     try:
-        if linux.ns_type(fd) != linux.CLONE_NEWNET:
-            raise NotFound(f"{path} is not a network namespace")
+        if linux.ns_type(fd) != nstype:
+            raise NotFound(f"{path} is not a {kind} namespace")
     except OSError:
         os.close(fd)
-        raise NotFound(f"{path} is not a mounted network namespace") from None
+        raise NotFound(f"{path} is not a mounted {kind} namespace") from None
     except BaseException:
         os.close(fd)
         raise
     return fd
+
+
+def open_netns(path: str) -> int:
+    """:func:`open_namespace` for a network namespace. Raises NotFound."""
+    return open_namespace(path, linux.CLONE_NEWNET)
 
 
 def _ensure_shared_dir(directory: str) -> None:

@@ -16,7 +16,17 @@ from .rpc.server import CallContext, Server, ServerStream
 from .rpc.status import InvalidArgument, NotFound
 from .sandbox import Sandbox
 
-__all__ = ["SandboxService", "register"]
+__all__ = ["SandboxService", "register", "request_sandbox_id"]
+
+
+def request_sandbox_id(ctx: CallContext, payload: dict[str, Any], sandbox: Sandbox) -> str:
+    """The call's ``sandbox_id``, checked as an identifier; NotFound when the call is for another
+    namespace than the shim's (another id is refused by the sandbox itself)."""
+    sandbox_id = validate_identifier("sandbox_id", require(payload, "sandbox_id", str))
+    ns = ctx.namespace
+    if ns is not None and ns != sandbox.config.namespace:
+        raise NotFound(f"sandbox {sandbox_id} not found in namespace {ns!r}")
+    return sandbox_id
 
 
 class SandboxService:
@@ -28,11 +38,7 @@ class SandboxService:
         self.on_shutdown = on_shutdown
 
     def _sandbox_id(self, ctx: CallContext, payload: dict[str, Any]) -> str:
-        sandbox_id = validate_identifier("sandbox_id", require(payload, "sandbox_id", str))
-        ns = ctx.namespace
-        if ns is not None and ns != self.sandbox.config.namespace:
-            raise NotFound(f"sandbox {sandbox_id} not found in namespace {ns!r}")
-        return sandbox_id
+        return request_sandbox_id(ctx, payload, self.sandbox)
 
     async def create(self, ctx: CallContext, p: dict[str, Any]) -> dict[str, Any]:
         sid = self._sandbox_id(ctx, p)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import os
 import secrets
@@ -256,6 +258,59 @@ def test_remove_with_a_live_member_is_refused(make_cgroup, sleeper):
     cgroup.join(sleeper())
     with pytest.raises(FailedPrecondition, match="still has processes"):
         cgroup.remove(timeout=0.05)
+
+
+def test_child_is_made_in_every_hierarchy_of_its_parent(make_cgroup):
+    parent = make_cgroup()
+    child = parent.child("task")
+    assert child.paths == {key: os.path.join(path, "task") for key, path in parent.paths.items()}
+    assert all(os.path.isdir(path) for path in child.paths.values())
+    assert child.owned_parents == {}
+
+
+def test_child_joins_and_goes_with_its_parent(make_cgroup, sleeper):
+    parent = make_cgroup()
+    child = parent.child("task")
+    pid = sleeper()
+    child.join(pid)
+    assert parent.pids() == child.pids() == {pid}
+    parent.kill_all()
+    parent.remove()
+    assert not any(os.path.exists(path) for path in child.paths.values())
+
+
+def test_child_named_like_a_control_file_is_refused(make_cgroup):
+    parent = make_cgroup()
+    with pytest.raises(InvalidArgument, match="control file"):
+        parent.child("cgroup.procs")
+    assert not any(os.path.isdir(os.path.join(path, "cgroup.procs")) for path in parent.paths.values())
+
+
+def test_existing_child_is_refused(make_cgroup):
+    parent = make_cgroup()
+    parent.child("task")
+    with pytest.raises(AlreadyExists):
+        parent.child("task")
+
+
+async def test_aremove_waits_for_members_without_blocking_the_loop(make_cgroup, sleeper):
+    cgroup = make_cgroup()
+    cgroup.join(sleeper())
+    ticks = 0
+
+    async def ticker():
+        nonlocal ticks
+        while True:
+            ticks += 1
+            await asyncio.sleep(0)
+
+    running = asyncio.create_task(ticker())
+    with pytest.raises(FailedPrecondition, match="still has processes"):
+        await cgroup.aremove(timeout=0.05)
+    running.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await running
+    assert ticks > 10  # the loop kept running while aremove waited
 
 
 def test_read_only_hierarchy_is_skipped_and_recorded():

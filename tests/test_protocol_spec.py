@@ -48,10 +48,21 @@ def test_limits_stated_in_the_spec_match_the_code():
 
 
 def test_every_method_is_specified():
-    for service, methods in ((api.SANDBOX_SERVICE, api.SANDBOX_METHODS), (api.EVENTS_SERVICE, api.EVENTS_METHODS)):
+    for service, methods in ((api.SANDBOX_SERVICE, api.SANDBOX_METHODS), (api.EVENTS_SERVICE, api.EVENTS_METHODS),
+                             (api.TASK_SERVICE, api.TASK_METHODS)):
         assert f"`{service}`" in SPEC
         for method in methods:
             assert f"| `{method}` |" in SPEC, method
+
+
+def test_task_constants_match_the_spec():
+    from shim.crilog import LOG_DIR_MODE, MAX_LINE_BYTES
+    from shim.process import DEFAULT_PATH
+
+    text = " ".join(SPEC.split())
+    assert f"longer than {MAX_LINE_BYTES} bytes is cut into records of {MAX_LINE_BYTES} bytes" in text
+    assert f"`PATH` defaults to `{DEFAULT_PATH}`" in text
+    assert f"makes the directories of `log_path` (mode `{LOG_DIR_MODE:04o}`)" in text
 
 
 VECTORS = dict(re.findall(r"^vector ([a-z-]+): ([0-9a-f]+)$", SPEC, re.M))

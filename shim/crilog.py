@@ -1,0 +1,215 @@
+"""A task's stdout and stderr, appended to its log file in the CRI log format.
+
+Each record is one line, as kubelet reads it and containerd's CRI plugin writes it::
+
+    2016-10-06T00:17:09.669794202Z stdout F a line the task wrote
+    2016-10-06T00:17:09.669794202Z stderr P the first 16 KiB of a longer line...
+
+The timestamp is Go's RFC3339Nano in UTC (trailing zeros of the fraction dropped); the tag is
+``F`` for a full line and ``P`` for a partial one: a line longer than :data:`MAX_LINE_BYTES`
+is cut into pieces of that size, all ``P`` but the last, and what a stream ends with without a
+newline is ``P`` too. A trailing ``\\r\\n`` is a newline.
+
+:class:`LineSplitter` is the format without I/O (bytes in, records out); :class:`CriLog`
+reads the two pipes on the event loop, never blocking it, and appends to the file.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+
+__all__ = ["MAX_LINE_BYTES", "STDOUT", "STDERR", "CriLog", "LineSplitter", "format_records", "rfc3339_nano"]
+
+log = logging.getLogger(__name__)
+
+#: Longest message of one record (containerd's max_container_log_line_size default).
+MAX_LINE_BYTES = 16 * 1024
+STDOUT = "stdout"
+STDERR = "stderr"
+FULL = b"F"
+PARTIAL = b"P"
+LOG_FILE_MODE = 0o640
+LOG_DIR_MODE = 0o755  # directories made for a log file
+_READ_BYTES = 64 * 1024
+
+Record = tuple[bytes, bytes]  # (tag, message)
+
+
+def rfc3339_nano(ns: int) -> str:
+    """``ns`` since the epoch as Go's ``time.RFC3339Nano`` in UTC: ``2006-01-02T15:04:05.999999999Z``."""
+    seconds, fraction = divmod(ns, 1_000_000_000)
+    text = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(seconds))
+    if fraction:
+        text += "." + f"{fraction:09d}".rstrip("0")
+    return text + "Z"
+
+
+def format_records(stream: str, records: list[Record], timestamp_ns: int) -> bytes:
+    """The log lines of ``records`` read from ``stream`` at ``timestamp_ns``."""
+    prefix = f"{rfc3339_nano(timestamp_ns)} {stream} ".encode()
+    return b"".join(b"%s%s %s\n" % (prefix, tag, message) for tag, message in records)
+
+
+class LineSplitter:
+    """Cuts a byte stream into CRI records: ``feed(data)`` returns the records it completes,
+    ``end()`` the rest at end of stream. Holds at most ``max_line_bytes`` between calls."""
+
+    def __init__(self, max_line_bytes: int = MAX_LINE_BYTES):
+        self.max_line_bytes = max_line_bytes
+        self._pending = bytearray()
+
+    def feed(self, data: bytes) -> list[Record]:
+        buf = self._pending
+        buf += data
+        records: list[Record] = []
+        start = 0
+        while (newline := buf.find(b"\n", start)) != -1:
+            end = newline - 1 if newline > start and buf[newline - 1] == 0x0D else newline  # \r\n
+            start = self._cut(buf, start, end, records)
+            records.append((FULL, bytes(buf[start:end])))
+            start = newline + 1
+        # A line longer than the limit is written as it comes, not held until its newline.
+        start = self._cut(buf, start, len(buf), records)
+        del buf[:start]
+        return records
+
+    def end(self) -> list[Record]:
+        records = [(PARTIAL, bytes(self._pending))] if self._pending else []
+        self._pending.clear()
+        return records
+
+    def _cut(self, buf: bytearray, start: int, end: int, records: list[Record]) -> int:
+        # Only a rest *longer* than the limit is cut, so a line of exactly the limit stays F.
+        while end - start > self.max_line_bytes:
+            records.append((PARTIAL, bytes(buf[start:start + self.max_line_bytes])))
+            start += self.max_line_bytes
+        return start
+
+
+class CriLog:
+    """The pipes of one task's stdout and stderr and the log file they are written to.
+
+    Made before the launch: :attr:`stdout_fd` and :attr:`stderr_fd` are the write ends for the
+    child. :meth:`start` (after the launch) closes them here and reads the pipes on the loop;
+    :meth:`drain` returns once both reached EOF; :meth:`close` releases everything and is the
+    cleanup path on any failure. Raises OSError from the constructor when the file cannot be
+    opened (it is created, mode 0640, in a directory that must exist).
+    """
+
+    def __init__(self, path: str):
+        self.path = path
+        self._fds: list[int] = []
+        self._readers: list[_PipeReader] = []
+        try:
+            self._log_fd = self._own(os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC,
+                                             LOG_FILE_MODE))
+            pipes = [os.pipe2(os.O_CLOEXEC) for _ in (STDOUT, STDERR)]
+            for read_fd, write_fd in pipes:
+                self._own(read_fd)
+                self._own(write_fd)
+        except BaseException:
+            self.close()
+            raise
+        (self._stdout_r, self.stdout_fd), (self._stderr_r, self.stderr_fd) = pipes
+        self.failed_writes = 0
+
+    def _own(self, fd: int) -> int:
+        self._fds.append(fd)
+        return fd
+
+    def _release(self, fd: int) -> None:
+        if fd in self._fds:
+            self._fds.remove(fd)
+            os.close(fd)
+
+    def start(self) -> None:
+        """Close the child's ends here and start reading both pipes on the running loop."""
+        loop = asyncio.get_running_loop()
+        self._release(self.stdout_fd)
+        self._release(self.stderr_fd)
+        self._readers = [_PipeReader(self, loop, self._stdout_r, STDOUT), _PipeReader(self, loop, self._stderr_r, STDERR)]
+
+    async def drain(self, timeout: float) -> None:
+        """Wait until both pipes reach EOF (every writer closed them), then close everything.
+
+        After ``timeout`` seconds (a process that kept a copy of the pipe, outside the task's
+        cgroup), what the pipes hold now is written and they are closed anyway.
+        """
+        pending = [reader.eof for reader in self._readers if not reader.eof.done()]
+        if pending:
+            done, _ = await asyncio.wait(pending, timeout=timeout)
+            if len(done) < len(pending):
+                log.warning("log pipes of %s still open %.1fs after the task exited; closing them", self.path, timeout)
+        self.close()
+
+    def close(self) -> None:
+        """Write what the pipes hold, then close the pipes and the file. Idempotent."""
+        for reader in self._readers:
+            reader.stop()
+        for fd in list(self._fds):
+            self._release(fd)
+
+    def write(self, data: bytes) -> None:
+        """Append ``data``; a failed write (disk full) is counted and logged, and reading goes on
+        so the task never blocks on a full pipe."""
+        view = memoryview(data)
+        while view:
+            try:
+                view = view[os.write(self._log_fd, view):]
+            except OSError as exc:
+                self.failed_writes += 1
+                if self.failed_writes == 1:
+                    log.error("cannot write to log file %s: %s", self.path, exc.strerror)
+                return
+
+
+class _PipeReader:
+    """One pipe read with ``loop.add_reader``; its records go to the CriLog's file."""
+
+    def __init__(self, owner: CriLog, loop: asyncio.AbstractEventLoop, fd: int, stream: str):
+        self._owner = owner
+        self._loop = loop
+        self._fd = fd
+        self._stream = stream
+        self._splitter = LineSplitter()
+        self.eof: asyncio.Future[None] = loop.create_future()
+        os.set_blocking(fd, False)
+        loop.add_reader(fd, self._on_readable)
+
+    def _on_readable(self) -> None:
+        self._read(once=True)
+
+    def _read(self, once: bool) -> None:
+        while not self.eof.done():
+            try:
+                data = os.read(self._fd, _READ_BYTES)
+            except BlockingIOError:
+                return
+            except OSError as exc:
+                log.error("reading the %s of %s failed: %s", self._stream, self._owner.path, exc.strerror)
+                data = b""
+            if not data:
+                self._finish()
+                return
+            self._emit(self._splitter.feed(data))
+            if once:
+                return
+
+    def _emit(self, records: list[Record]) -> None:
+        if records:
+            self._owner.write(format_records(self._stream, records, time.time_ns()))
+
+    def _finish(self) -> None:
+        self._loop.remove_reader(self._fd)
+        self._emit(self._splitter.end())
+        self.eof.set_result(None)
+
+    def stop(self) -> None:
+        """Read what the pipe holds now, then stop reading (the CriLog closes the fd)."""
+        if not self.eof.done():
+            self._read(once=False)
+        if not self.eof.done():
+            self._finish()
