@@ -63,6 +63,11 @@ def test_request_starts_a_call():
     assert pair.call(request) == [CallStarted(1, request, False)]
 
 
+def test_request_flagged_remote_open_starts_a_client_stream():
+    [started] = Pair().server.receive_data(request_frame(request_doc(), flags=Flags.REMOTE_OPEN))
+    assert (type(started), started.client_streaming) == (CallStarted, True)
+
+
 def test_client_stream_ids_are_odd_and_increasing():
     pair = Pair()
     assert [ev.stream_id for _ in range(3) for ev in pair.call()] == [1, 3, 5]
@@ -149,8 +154,7 @@ def test_malformed_request_fails_its_stream_with_invalid_argument(data, fragment
 def test_malformed_request_leaves_the_connection_usable():
     pair = Pair()
     pair.reject(encode_frame(1, MessageType.REQUEST, 0, b"\xc1"))
-    pair.client.next_stream_id = 3
-    assert [type(ev) for ev in pair.call()] == [CallStarted]
+    assert [type(ev) for ev in pair.server.receive_data(request_frame(request_doc(), stream_id=3))] == [CallStarted]
 
 
 def test_even_stream_id_is_invalid():
@@ -216,8 +220,7 @@ def test_oversized_request_fails_only_its_stream():
     oversized = HEADER.pack(MAX_DATA_BYTES + 1, 1, MessageType.REQUEST, 0) + bytes(MAX_DATA_BYTES + 1)
     [rejected] = pair.server.receive_data(oversized)
     assert (rejected.stream_id, rejected.code) == (1, Code.RESOURCE_EXHAUSTED)
-    pair.client.next_stream_id = 3
-    assert [type(ev) for ev in pair.call()] == [CallStarted]
+    assert [type(ev) for ev in pair.server.receive_data(request_frame(request_doc(), stream_id=3))] == [CallStarted]
 
 
 def test_too_many_concurrent_streams_is_resource_exhausted():

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import select
 import socket
 import struct
 from dataclasses import dataclass
@@ -22,6 +23,12 @@ __all__ = ["PeerCredentials", "Channel", "peer_credentials", "parse_address", "i
 log = logging.getLogger(__name__)
 
 _UCRED = struct.Struct("3i")
+
+#: A burst of writes leaves in chunks of this many frames rather than all at the end of the loop
+#: iteration, so the peer starts on the first calls while we produce the rest. With one chunk per
+#: iteration the two processes took turns instead of overlapping (bench/rpc_bench.py, 1,000 calls
+#: in flight, quiet 2-CPU VM: about 35,000 calls/s with one chunk, 54,000-63,000 with 64 frames).
+FLUSH_FRAMES = 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,7 +111,22 @@ class Channel(asyncio.Protocol):
             self.abort()
             return False
         self.handle_events(events)
-        return True  # keep our side open: in-flight answers still go out
+        if self._peer_hung_up():
+            # The peer closed the connection, not just its write side: nobody will read an
+            # answer, and closing cancels the calls still open (protocol.md, "Cancellation").
+            self.abort()
+            return False
+        return True  # a half-close: keep our side open, in-flight answers still go out
+
+    def _peer_hung_up(self) -> bool:
+        # read() returns EOF both after the peer's shutdown(SHUT_WR) and after its close();
+        # only a close() sets POLLHUP on our end of an AF_UNIX stream socket.
+        sock = self.transport.get_extra_info("socket") if self.transport is not None else None
+        if sock is None:
+            return False
+        poller = select.poll()
+        poller.register(sock.fileno(), select.POLLIN)
+        return any(revents & select.POLLHUP for _, revents in poller.poll(0))
 
     #: Stop reading while the peer is not reading our answers. Only the server does: a
     #: client that stopped reading because its own requests are still queued would deadlock
@@ -135,16 +157,23 @@ class Channel(asyncio.Protocol):
         """Called once when the connection is gone."""
 
     def write(self, data: bytes) -> None:
-        """Queue bytes; they leave in one syscall at the end of this loop iteration."""
+        """Queue bytes; they leave at the end of this loop iteration, in one syscall per
+        :data:`FLUSH_FRAMES` frames."""
         if self.closed.is_set():
             return
-        self._out.append(data)
-        if not self._flush_scheduled:
+        out = self._out
+        out.append(data)
+        if len(out) >= FLUSH_FRAMES:
+            self._send_queued()
+        elif not self._flush_scheduled:
             self._flush_scheduled = True
             self.loop.call_soon(self._flush)
 
     def _flush(self) -> None:
         self._flush_scheduled = False
+        self._send_queued()
+
+    def _send_queued(self) -> None:
         if not self._out or self.transport is None or self.transport.is_closing():
             self._out.clear()
             return

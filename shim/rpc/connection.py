@@ -46,6 +46,11 @@ __all__ = [
     "ClientConnection",
 ]
 
+# Flag tests on the hot path use plain ints: ``int & IntFlag`` builds a new IntFlag (about 1 µs).
+_REMOTE_CLOSED = Flags.REMOTE_CLOSED.value
+_REMOTE_OPEN = Flags.REMOTE_OPEN.value
+_NO_DATA = Flags.NO_DATA.value
+
 MAX_STREAM_ID = (1 << 32) - 1
 #: Streams one connection may have open at once on the server; more are refused with
 #: RESOURCE_EXHAUSTED so a single peer cannot make the server hold unbounded work.
@@ -176,14 +181,14 @@ class ServerConnection(_Side):
                 events.append(CallRejected(sid, exc.code, exc.message))
                 return
             self.active.add(sid)
-            events.append(CallStarted(sid, request, bool(frame.flags & Flags.REMOTE_OPEN)))
+            events.append(CallStarted(sid, request, bool(frame.flags & _REMOTE_OPEN)))
         elif frame.type == MessageType.DATA:
             if sid not in self.active:
                 if sid % 2 == 1 and sid <= self.last_stream_id:
                     return  # a late frame for a stream we already answered: drop it
                 events.append(CallRejected(sid, Code.INVALID_ARGUMENT, f"stream id {sid} is not active"))
                 return
-            events.append(StreamInput(sid, frame.data, bool(frame.flags & Flags.REMOTE_CLOSED)))
+            events.append(StreamInput(sid, frame.data, bool(frame.flags & _REMOTE_CLOSED)))
         # Responses from a client and unknown types are ignored (protocol.md, "Message types").
 
     def response(self, stream_id: int, response: Response) -> bytes:
@@ -229,7 +234,7 @@ class ClientConnection(_Side):
         sid = self.next_stream_id
         if sid > MAX_STREAM_ID:
             raise LocalProtocolError("stream ids exhausted on this connection")
-        frame = encode_frame(sid, MessageType.REQUEST, Flags.REMOTE_CLOSED if streaming else 0,
+        frame = encode_frame(sid, MessageType.REQUEST, _REMOTE_CLOSED if streaming else 0,
                              encode_request(request), max_data_bytes=self.max_data_bytes)
         self.next_stream_id = sid + 2
         return sid, frame
@@ -251,8 +256,8 @@ class ClientConnection(_Side):
                     response = Response(Code.INTERNAL, f"malformed response from server: {exc.message}")
                 events.append(ResponseReceived(ev.stream_id, response))
             elif ev.type == MessageType.DATA:
-                closed = bool(ev.flags & Flags.REMOTE_CLOSED)
-                if ev.flags & Flags.NO_DATA or not ev.data:
+                closed = bool(ev.flags & _REMOTE_CLOSED)
+                if ev.flags & _NO_DATA or not ev.data:
                     payload = None
                 else:
                     try:
