@@ -18,6 +18,8 @@ import pytest
 from client.pod import open_pod_service
 from shim.paths import control_socket_path
 
+from podtools import alive
+
 CYCLES = int(os.environ.get("PODSHIM_CHURN_CYCLES", "1000"))
 IN_FLIGHT = 20
 EXAMPLES = os.path.join(os.path.dirname(__file__), "..", "examples")
@@ -27,12 +29,6 @@ def open_fds() -> int:
     return len(os.listdir("/proc/self/fd"))
 
 
-def alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-    except OSError:
-        return False
 
 
 def mounts_with(text: str) -> list[str]:

@@ -20,7 +20,8 @@ import pytest
 from client.failpoints import ENV, POD_FAILPOINTS
 from client.pod import open_pod_service
 
-EXAMPLES = os.path.join(os.path.dirname(__file__), "..", "examples")
+from podtools import alive, pod_config, wait_gone
+
 
 SCRIPT = """
 import anyio, json, sys
@@ -38,13 +39,6 @@ anyio.run(main, *sys.argv[1:])
 """
 
 
-def pod_config() -> dict:
-    with open(os.path.join(EXAMPLES, "pod-config.json")) as f:
-        cfg = json.load(f)
-    cfg["metadata"]["name"] = f"crash-{secrets.token_hex(4)}"
-    cfg["metadata"]["uid"] = secrets.token_hex(8)
-    cfg["linux"]["cgroup_parent"] = ""
-    return cfg
 
 
 def recorded_netns(root: str) -> set[str]:
@@ -62,19 +56,8 @@ def recorded_netns(root: str) -> set[str]:
     return found
 
 
-def alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-    except OSError:
-        return False
 
 
-def wait_gone(pids: list[int], timeout: float = 5.0) -> list[int]:
-    deadline = time.monotonic() + timeout
-    while (left := [p for p in pids if alive(p)]) and time.monotonic() < deadline:
-        time.sleep(0.02)
-    return left
 
 
 @pytest.fixture
@@ -117,7 +100,7 @@ async def assert_whole_or_gone(roots) -> None:
             await pods.remove_pod_sandbox(record.pod_id)
         assert pods.store.list() == []
         assert await pods.controller.list(None) == []
-    assert wait_gone(leftovers) == []
+    assert wait_gone(*leftovers) == []
     assert [path for path in netns if os.path.exists(path)] == [], "a network namespace was left behind"
     assert not os.listdir(os.path.join(root, "sandboxes", "k8s.io")) if os.path.isdir(
         os.path.join(root, "sandboxes", "k8s.io")) else True
