@@ -361,6 +361,9 @@ class _ReportReader:
         os.close(self._fd)
 
 
+_WARNED: set[tuple[str, int]] = set()
+
+
 async def _start(plan: _Plan, reaper: Reaper, pid_a: int, a_exit: asyncio.Future[ExitInfo], reader: _ReportReader,
                  ready: Callable[[int, asyncio.Future[ExitInfo]], Awaitable[None]] | None) -> Process:
     """The parent's side of a launch, from the fork until the process is ready."""
@@ -369,7 +372,11 @@ async def _start(plan: _Plan, reaper: Reaper, pid_a: int, a_exit: asyncio.Future
     if report.error is not None:
         raise _launch_error(plan.name, *report.error)
     for err, step in report.warnings:
-        log.warning("%s %s: %s failed (%s); continuing without it", plan.name, report.pid, step, os.strerror(err))
+        # Said once per kind of failure: on a host without CAP_SYS_RESOURCE every launch
+        # fails to lower oom_score_adj, and a warning per sandbox would drown the log.
+        level = logging.DEBUG if (step, err) in _WARNED else logging.WARNING
+        _WARNED.add((step, err))
+        log.log(level, "%s %s: %s failed (%s); continuing without it", plan.name, report.pid, step, os.strerror(err))
     if report.pid != pid_a:  # A forked the process (into a pid namespace) and must exit 0
         a_info = await asyncio.wait_for(asyncio.shield(a_exit), REPORT_TIMEOUT)
         if report.pid is None or a_info.exit_status != 0:
