@@ -390,10 +390,18 @@ def _make_dirs(target: str, *, copy_cpuset: bool) -> list[str]:
                     raise
                 continue  # a sibling sandbox made the same parent just now: not ours
             made.append(directory)
-            if copy_cpuset:
+        if copy_cpuset:
+            # Fill every level, not only those we made: a sibling sandbox may have made a shared
+            # parent a moment ago and not filled it yet, and a task cannot join a cpuset cgroup
+            # whose cpus or mems are empty (ENOSPC). The writes are idempotent.
+            unfilled = [target]
+            while not _read_bytes(os.path.join(os.path.dirname(unfilled[-1]), "cpuset.cpus")):
+                unfilled.append(os.path.dirname(unfilled[-1]))
+            for directory in reversed(unfilled):
                 for knob in ("cpuset.cpus", "cpuset.mems"):
-                    value = _read_bytes(os.path.join(os.path.dirname(directory), knob))
-                    linux.write_file(os.path.join(directory, knob), value)
+                    path = os.path.join(directory, knob)
+                    if not _read_bytes(path).strip():
+                        linux.write_file(path, _read_bytes(os.path.join(os.path.dirname(directory), knob)))
     except BaseException:
         for directory in reversed(made):
             try:

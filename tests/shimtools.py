@@ -206,14 +206,27 @@ def leftovers(footprints: list[Footprint], wait: float = REAP_WAIT) -> list[str]
     return [f"process {pid}" for pid in live] + [item for fp in footprints for item in fp.remains()]
 
 
+class _Session:
+    """Shared by every instance of host_untouched: each module importing it gets its own."""
+
+    modules = 0  # instances set up and not yet ended
+    children_before: set[int] = set()
+
+
 @pytest.fixture(scope="session", autouse=True)
 def host_untouched():
     """Fail the session if a process, netns, mount, cgroup or socket a shim made is still there,
     or this process has children it did not have before."""
-    children = child_pids()
+    # The first instance records the host; the last to end (session fixtures end in reverse
+    # order) checks it, so a leak is reported once.
+    if not _Session.modules:
+        _Session.children_before = child_pids()
+    _Session.modules += 1
     yield
-    found = leftovers(FOOTPRINTS) + [f"child process {pid}" for pid in child_pids() - children]
-    assert not found, f"the shim tests left behind: {found}"
+    _Session.modules -= 1
+    if not _Session.modules:
+        found = leftovers(FOOTPRINTS) + [f"child process {pid}" for pid in child_pids() - _Session.children_before]
+        assert not found, f"the shim tests left behind: {found}"
 
 
 class Shim:

@@ -63,6 +63,11 @@ async def test_start_prints_bootstrap_json_and_writes_the_same_to_the_bundle(shi
 
 async def test_start_returns_only_once_the_socket_accepts(shims):
     shim = await shims.start(connect=False)
+    # The socket is bound before the fork, so a connect alone proves little; but the shim logs
+    # "serving" and writes state.json once its server runs, before it tells `start` to return.
+    with open(os.path.join(shim.bundle, LOG_FILE)) as f:
+        assert f"serving sandbox {shim.namespace}/{shim.sandbox_id}" in f.read()
+    assert shim.record()["shim_pid"] == shim.pid
     # No retry: the first connect and the first call must succeed.
     async with await Client.connect(shim.address, namespace=shim.namespace) as client:
         assert await shim.call("PingSandbox", client=client) == {}
@@ -173,7 +178,7 @@ async def test_delete_after_kill_9_kills_the_pause_and_removes_everything(killed
 
 
 async def test_delete_twice_is_safe(killed_shim):
-    shim, pause, _ = killed_shim
+    shim, _, _ = killed_shim
     first = await asyncio.to_thread(shim.delete)
     second = await asyncio.to_thread(shim.delete)
     assert first.returncode == second.returncode == 0, second.stderr

@@ -10,7 +10,7 @@ import signal
 
 import pytest
 
-from shim.rpc import (AlreadyExists, DeadlineExceeded, FailedPrecondition, InvalidArgument, NotFound)
+from shim.rpc import AlreadyExists, DeadlineExceeded, FailedPrecondition, InvalidArgument, NotFound
 from shim.rpc.api import SANDBOX_METHODS, SANDBOX_SERVICE
 from shimtools import host_untouched, shim, shims  # noqa: F401  (fixtures)
 from shimtools import EventStream, ProcessRef, adopting_orphans
