@@ -30,6 +30,7 @@ from typing import Any, AsyncIterator, Mapping
 
 import anyio
 
+from shim.options import RUNTIME_HANDLERS  # "native" (the default, also for ""), "runc", "crun"
 from shim.rpc.api import TASK_SERVICE
 from shim.rpc.status import (DeadlineExceeded, FailedPrecondition, InvalidArgument, NotFound, RpcError,
                              Unavailable)
@@ -46,8 +47,6 @@ log = logging.getLogger(__name__)
 
 #: The Controller namespace pods live in (containerd's CRI uses k8s.io).
 DEFAULT_NAMESPACE = "k8s.io"
-#: Runtime handlers this build knows; "" means the default.
-RUNTIME_HANDLERS = ("native",)
 #: Seconds the pause gets between SIGTERM and SIGKILL when a pod stops.
 SANDBOX_STOP_TIMEOUT = 2.0
 #: Default grace for StopContainer when the caller gives none.
@@ -168,7 +167,8 @@ class PodService:
 
     async def _bring_up(self, record: PodRecord, cfg: PodSandboxConfig) -> None:
         ns, pod_id = self.namespace, record.pod_id
-        await self.controller.create(ns, pod_id, options=cfg.to_shim_options(),
+        await self.controller.create(ns, pod_id, options={**cfg.to_shim_options(),
+                                                          "runtime_handler": record.runtime_handler},
                                      annotations=dict(cfg.annotations))
         failpoint("run:after-create")
         instance = await self.controller.start(ns, pod_id)

@@ -1,7 +1,7 @@
 """crictl's verbs for podshimctl: runp, stopp, rmp, inspectp, pods, create, start, stop, rm,
 inspect, ps, logs. Configs are crictl's JSON files; ids may be given by unique prefix.
 
-    podshimctl runp [--runtime native] pod-config.json        # prints the pod id
+    podshimctl runp [--runtime native|runc|crun] pod-config.json   # prints the pod id
     podshimctl create POD_ID container-config.json pod-config.json   # prints the container id
     podshimctl start CONTAINER_ID; podshimctl logs CONTAINER_ID
     podshimctl pods [--state ready|notready] [--label k=v] [-q]; podshimctl ps [-a] [--pod ID]
@@ -79,7 +79,8 @@ async def _runp(args: argparse.Namespace, pods: PodService) -> None:
 
 _verb("runp", "run a pod sandbox from a crictl pod config (prints its id)", _runp,
       lambda p: (p.add_argument("config", metavar="POD_CONFIG.json", help="crictl PodSandboxConfig (- for stdin)"),
-                 p.add_argument("--runtime", "-r", default=None, help="runtime handler (default native)")))
+                 p.add_argument("--runtime", "-r", default=None,
+                                help="runtime handler: native (default), runc or crun")))
 
 
 async def _each_pod(args: argparse.Namespace, pods: PodService, action: Callable, verb: str) -> None:

@@ -12,10 +12,11 @@ import signal
 import time
 from typing import Any
 
-from . import cgroups, netns
+from . import cgroups, netns, oci
 from .linux import proc_start_time
 from .rpc.api import UNKNOWN_EXIT_STATUS
 from .paths import STATE_FILE, read_json, socket_path, write_json_atomic
+from .rpc.status import RpcError
 
 __all__ = ["UNKNOWN_EXIT_STATUS", "delete_sandbox", "process_alive", "wait_gone"]
 
@@ -88,7 +89,8 @@ def delete_sandbox(bundle: str, namespace: str, sandbox_id: str, runtime_root: s
     ``{"exit_status", "exited_at", "pid"}``.
 
     Order matters: the shim first (so it cannot restart anything), then the tasks and their
-    cgroups, then the pause, then the sandbox cgroup (now empty), the netns, and the socket.
+    cgroups, then the pause, then the runtime's containers (runc/crun handlers: ``delete
+    --force``), then the sandbox cgroup (now empty), the netns, and the socket.
     """
     state_path = os.path.join(bundle, STATE_FILE)
     try:
@@ -111,6 +113,14 @@ def delete_sandbox(bundle: str, namespace: str, sandbox_id: str, runtime_root: s
     exit_info = record.get("exit")
     if _kill(pid, pause.get("start_time"), "pause"):
         exit_info = {"exit_status": KILLED_EXIT_STATUS, "exited_at": time.time_ns()}
+    if oci_record := record.get("oci"):
+        # The containers of a runc/crun sandbox, now stopped (or never started): their runtime
+        # state goes too, and a container whose create the crash interrupted is killed here.
+        try:
+            left = oci.delete_recorded(oci_record)
+            oci_record["containers"] = [c for c in oci_record.get("containers") or [] if c.get("id") in left]
+        except (RpcError, KeyError, TypeError, AttributeError) as exc:
+            log.error("cannot delete the OCI containers in %s: %s", state_path, exc)
     if cgroups_record := record.get("cgroup"):
         cg = cgroups.SandboxCgroup.from_dict(cgroups_record)
         cg.kill_all()

@@ -12,9 +12,12 @@ from typing import Any
 from .rpc.messages import optional
 from .rpc.status import InvalidArgument
 
-__all__ = ["NAMESPACE_MODES", "namespace_mode", "SandboxOptions"]
+__all__ = ["NAMESPACE_MODES", "NATIVE", "RUNTIME_HANDLERS", "namespace_mode", "SandboxOptions"]
 
 NAMESPACE_MODES = {0: "POD", 1: "CONTAINER", 2: "NODE", 3: "TARGET"}
+NATIVE = "native"  # the shim's own launcher (shim.process)
+#: Who runs the pause and the tasks: the shim itself, or an OCI runtime's CLI (shim.oci).
+RUNTIME_HANDLERS = (NATIVE, "runc", "crun")
 _HOSTNAME_MAX = 64
 
 
@@ -57,6 +60,7 @@ class SandboxOptions:
     ipc_mode: str = "POD"
     oom_score_adj: int = -998
     pause_binary: str | None = None
+    runtime_handler: str = NATIVE
 
     @property
     def host_network(self) -> bool:
@@ -84,6 +88,12 @@ class SandboxOptions:
         pause_binary = optional(options, "pause_binary", str)
         if pause_binary is not None and pause_binary != "builtin" and not pause_binary.startswith("/"):
             raise InvalidArgument("pause_binary must be an absolute path or 'builtin'")
+        handler = optional(options, "runtime_handler", str) or NATIVE
+        if handler not in RUNTIME_HANDLERS:
+            raise InvalidArgument(f"runtime_handler {handler!r} is not known (known: {', '.join(RUNTIME_HANDLERS)})")
+        if pause_binary is not None and handler != NATIVE:
+            raise InvalidArgument(f"pause_binary is for the native runtime handler; {handler} runs catatonit "
+                                  "from the shared pause rootfs")
         return cls(
             hostname=hostname,
             labels=_str_map(options.get("labels"), "labels"),
@@ -96,4 +106,5 @@ class SandboxOptions:
             ipc_mode=namespace_mode(ns_opts.get("ipc"), "namespace_options.ipc"),
             oom_score_adj=oom,
             pause_binary=pause_binary,
+            runtime_handler=handler,
         )

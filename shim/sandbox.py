@@ -18,10 +18,10 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Protocol
 
-from . import cgroups, netns, pause
+from . import cgroups, netns, oci, pause
 from .events import TOPIC_CREATE, TOPIC_EXIT, TOPIC_START, TOPIC_STATE, EventBus
 from .linux import ns_inode, proc_start_time
-from .options import SandboxOptions
+from .options import NATIVE, SandboxOptions
 from .paths import STATE_FILE, write_json_atomic
 from .reaper import ExitInfo, Reaper
 from .rpc.status import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound, RpcError, Unavailable
@@ -149,6 +149,7 @@ class Sandbox:
         self._lock = asyncio.Lock()
         self.on_state_change: Callable[[State], None] | None = None
         self.tasks: Tasks | None = None
+        self.oci: oci.OciBackend | None = None  # runtime handler runc or crun
 
     # -- the table ------------------------------------------------------------------------
     def _check(self, op: str, sandbox_id: str) -> State:
@@ -190,6 +191,8 @@ class Sandbox:
             "created_at": self.created_at,
             "exit": {"exit_status": self.exit.exit_status, "exited_at": self.exit.exited_at} if self.exit else None,
             "tasks": self.tasks.record() if self.tasks is not None else {},
+            "runtime_handler": self.options.runtime_handler,
+            "oci": self.oci.record() if self.oci is not None else None,
         }
 
     def persist(self) -> None:
@@ -208,6 +211,12 @@ class Sandbox:
             if annotations:
                 opts = SandboxOptions(**{**opts.__dict__, "annotations": {**opts.annotations, **annotations}})
             pause.validate_sysctls(opts.sysctls, host_network=opts.host_network, host_ipc=opts.ipc_mode == "NODE")
+            if opts.runtime_handler != NATIVE:
+                # Before anything is made: a missing runtime or pause fails Create, not Start.
+                self.oci = oci.OciBackend.open(opts.runtime_handler, namespace=self.config.namespace,
+                                               sandbox_id=self.config.sandbox_id, bundle=self.config.bundle,
+                                               runtime_root=self.config.runtime_root, reaper=self.reaper,
+                                               persist=self.persist)
             if netns_path:
                 if opts.host_network:
                     raise InvalidArgument("netns_path was given but the sandbox uses the host network (network mode NODE)")
@@ -255,7 +264,10 @@ class Sandbox:
                 oom_score_adj=opts.oom_score_adj,
             )
             try:
-                proc = await pause.launch(spec, self.reaper)
+                if self.oci is not None:
+                    proc = await self.oci.start_pause(spec)
+                else:
+                    proc = await pause.launch(spec, self.reaper)
             except BaseException:
                 cg.remove()
                 self.cgroup = None
@@ -352,7 +364,10 @@ class Sandbox:
             "network_mode": self.options.network_mode,
             "pid_mode": self.options.pid_mode,
             "ipc_mode": self.options.ipc_mode,
+            "runtime_handler": self.options.runtime_handler,
         }
+        if self.oci is not None:
+            info.update(self.oci.info())
         if self.cgroup is not None:
             for hierarchy, path in sorted(self.cgroup.paths.items()):
                 info[f"cgroup.{hierarchy}"] = path
@@ -403,13 +418,18 @@ class Sandbox:
 
     async def release(self) -> None:
         """Remove what this sandbox made (idempotent): the tasks' cgroups, then its own, then the
-        netns. The cgroup removal waits without blocking the loop."""
-        if self.tasks is not None:
-            await self.tasks.release()
-        if self.cgroup is not None:
-            await self.cgroup.aremove()
-        if self.netns_path and self.netns_owned:
-            netns.remove_netns(self.netns_path)
+        netns, and with an OCI runtime its containers (``delete --force``, even when a removal
+        before failed). The cgroup removal waits without blocking the loop."""
+        try:
+            if self.tasks is not None:
+                await self.tasks.release()
+            if self.cgroup is not None:
+                await self.cgroup.aremove()
+            if self.netns_path and self.netns_owned:
+                netns.remove_netns(self.netns_path)
+        finally:
+            if self.oci is not None:
+                await self.oci.release()
 
 
 def _check_netns_file(path: str) -> None:

@@ -231,8 +231,14 @@ class TaskSet:
                 except OSError as exc:
                     raise FailedPrecondition(f"cannot open log file {task.log_path}: {exc.strerror}") from None
                 try:
-                    task.process = await process.launch(_process_spec(task, pause.pid, crilog),
-                                                        self.sandbox.reaper)
+                    if self.sandbox.oci is not None:  # runtime handler runc or crun: the runtime runs it
+                        task.process = await self.sandbox.oci.start_task(
+                            task_id, args=task.args, env=task.env, cwd=task.cwd, pid_mode=task.pid_mode,
+                            pause_pid=pause.pid, own_ipc=self.sandbox.options.ipc_mode == "POD",
+                            cgroup=task.cgroup, stdout=crilog.stdout_fd, stderr=crilog.stderr_fd)
+                    else:
+                        task.process = await process.launch(_process_spec(task, pause.pid, crilog),
+                                                            self.sandbox.reaper)
                 except BaseException:
                     crilog.close()
                     raise
@@ -307,6 +313,8 @@ class TaskSet:
         task = self.get(sandbox_id, task_id)
         async with task.lock:
             nxt = task.check("delete")
+            if self.sandbox.oci is not None:
+                await self.sandbox.oci.delete_task(task_id)
             if task.cgroup is not None:
                 await task.cgroup.aremove()
                 task.cgroup = None

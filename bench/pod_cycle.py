@@ -1,0 +1,112 @@
+"""A pod's whole life per runtime handler: runp → stopp → rmp, native against runc and crun.
+
+    python3 bench/pod_cycle.py [--cycles 30] [--handlers native,runc,crun]
+
+Each cycle is what ``podshimctl runp``, ``stopp`` and ``rmp`` do, called in this process on one
+pod service (so Python's start-up is not in the figures): RunPodSandbox (a shim, a netns with
+loopback only — the CNI config directory is empty —, the pause started by the handler),
+StopPodSandbox, RemovePodSandbox (until the shim has exited and the netns, cgroups and, for
+runc/crun, the runtime's container are gone). The handlers take turns cycle by cycle, so a
+noisy moment hits them all; one unmeasured cycle each first (it builds the pause rootfs).
+Prints a markdown table of p50 and p99 (nearest rank) per phase, in ms. A handler whose binary
+is not installed is left out, with the reason. Run as root; everything is removed at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import secrets
+import shutil
+import sys
+import tempfile
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+
+from bench.common import percentile  # noqa: E402
+from client.pod import open_pod_service  # noqa: E402
+from shim import process  # noqa: E402
+from shim.options import NATIVE, RUNTIME_HANDLERS  # noqa: E402
+
+PHASES = ("runp", "stopp", "rmp")
+
+
+def pod_config() -> dict:
+    with open(os.path.join(REPO, "examples", "pod-config.json")) as f:
+        cfg = json.load(f)
+    cfg["metadata"]["name"] = f"bench-{secrets.token_hex(4)}"
+    cfg["metadata"]["uid"] = secrets.token_hex(8)
+    return cfg
+
+
+async def cycle(pods, handler: str) -> dict[str, float]:
+    """One pod up and down; seconds per phase."""
+    t0 = time.perf_counter()
+    pod_id = await pods.run_pod_sandbox(pod_config(), runtime_handler=handler)
+    t1 = time.perf_counter()
+    await pods.stop_pod_sandbox(pod_id)
+    t2 = time.perf_counter()
+    await pods.remove_pod_sandbox(pod_id)
+    t3 = time.perf_counter()
+    return {"runp": t1 - t0, "stopp": t2 - t1, "rmp": t3 - t2}
+
+
+async def bench(cycles: int, handlers: list[str]) -> dict[str, list[dict[str, float]]]:
+    base = tempfile.mkdtemp(prefix="pod-bench-")
+    runtime_root = f"/tmp/pod-bench-{secrets.token_hex(3)}"  # short: shim sockets must fit sun_path
+    results: dict[str, list[dict[str, float]]] = {h: [] for h in handlers}
+    try:
+        async with open_pod_service(os.path.join(base, "root"), runtime_root,
+                                    cni_conf_dir=os.path.join(base, "no-cni")) as pods:
+            try:
+                for handler in handlers:
+                    await cycle(pods, handler)  # warm-up
+                for _ in range(cycles):
+                    for handler in handlers:
+                        results[handler].append(await cycle(pods, handler))
+            finally:
+                for pod in pods.store.list():
+                    await pods.remove_pod_sandbox(pod.pod_id)
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+        shutil.rmtree(runtime_root, ignore_errors=True)
+    return results
+
+
+def print_table(results: dict[str, list[dict[str, float]]]) -> None:
+    handlers = list(results)
+    n = len(results[handlers[0]])
+    print(f"\n### Pod cycle per runtime handler: {n} cycles each, loopback only (ms)\n")
+    print("| phase | " + " | ".join(f"{h} p50 | {h} p99" for h in handlers) + " |")
+    print("|---|" + "---|---|" * len(handlers))
+
+    def cells(seconds: list[float]) -> str:
+        return f"{percentile(seconds, 50) * 1000:.1f} | {percentile(seconds, 99) * 1000:.1f}"
+
+    for phase in PHASES:
+        print(f"| {phase} | " + " | ".join(cells([c[phase] for c in results[h]]) for h in handlers) + " |")
+    print("| **cycle** | " + " | ".join(cells([sum(c.values()) for c in results[h]]) for h in handlers) + " |")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cycles", type=int, default=30, help="measured cycles per handler (default 30)")
+    parser.add_argument("--handlers", default=",".join(RUNTIME_HANDLERS),
+                        help=f"comma-separated runtime handlers (default {','.join(RUNTIME_HANDLERS)})")
+    args = parser.parse_args()
+    handlers = []
+    search = os.pathsep.join([os.environ.get("PATH", ""), process.DEFAULT_PATH])
+    for handler in args.handlers.split(","):
+        if handler != NATIVE and shutil.which(handler, path=search) is None:
+            print(f"{handler}: left out, no {handler} binary is installed", file=sys.stderr)
+            continue
+        handlers.append(handler)
+    print_table(asyncio.run(bench(args.cycles, handlers)))
+
+
+if __name__ == "__main__":
+    main()
