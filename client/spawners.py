@@ -27,7 +27,7 @@ from typing import Mapping, Sequence
 
 import anyio
 
-from shim.rpc.api import DEFAULT_RUNTIME_ROOT, TEMPLATE_SERVICE, TEMPLATE_SOCKET
+from shim.rpc.api import DEFAULT_RUNTIME_ROOT, TEMPLATE_SERVICE, TEMPLATE_SOCKET, TEMPLATE_SOCKET_ENV
 from shim.rpc.client import Client
 from shim.rpc.status import DeadlineExceeded, Internal, RpcError, Unavailable
 
@@ -158,7 +158,7 @@ class ExecSpawner(Spawner):
 
     async def _spawn_from_template(self, namespace: str, sandbox_id: str, bundle: str) -> Bootstrap | None:
         """The template's Spawn, or None when no template answers (then we exec)."""
-        path = os.path.join(self.runtime_root, TEMPLATE_SOCKET)
+        path = os.environ.get(TEMPLATE_SOCKET_ENV) or os.path.join(self.runtime_root, TEMPLATE_SOCKET)
         if not os.path.exists(path):
             return None
         payload = {"namespace": namespace, "sandbox_id": sandbox_id, "bundle": bundle,

@@ -20,7 +20,7 @@ import socket
 import sys
 import time
 
-from .paths import (BOOTSTRAP_FILE, DEFAULT_RUNTIME_ROOT, control_socket_path, socket_address, socket_path,
+from .paths import (BOOTSTRAP_FILE, DEFAULT_RUNTIME_ROOT, template_socket_for, socket_address, socket_path,
                     validate_identifier, write_json_atomic)
 from .rpc.api import TEMPLATE_SERVICE
 from .rpc.status import RpcError, Unavailable
@@ -135,7 +135,7 @@ def _start(args: argparse.Namespace) -> int:
 
 def _start_from_template(args: argparse.Namespace) -> dict | None:
     """Ask a running template for the shim; None when no template answers (then we exec)."""
-    path = control_socket_path(args.runtime_root)
+    path = template_socket_for(args.runtime_root)
     if not os.path.exists(path) or args.no_template:
         return None
     from .rpc import blocking

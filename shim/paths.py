@@ -12,7 +12,7 @@ import os
 import tempfile
 from typing import Any
 
-from .rpc.api import BOOTSTRAP_FILE, BOOTSTRAP_VERSION, DEFAULT_RUNTIME_ROOT, PROTOCOL, TEMPLATE_SOCKET
+from .rpc.api import BOOTSTRAP_FILE, BOOTSTRAP_VERSION, DEFAULT_RUNTIME_ROOT, PROTOCOL, TEMPLATE_SOCKET, TEMPLATE_SOCKET_ENV
 from .rpc.identifiers import MAX_IDENTIFIER_CHARS, validate_identifier
 from .rpc.status import InvalidArgument
 
@@ -25,6 +25,7 @@ __all__ = [
     "socket_path",
     "socket_address",
     "control_socket_path",
+    "template_socket_for",
     "write_json_atomic",
     "read_json",
     "BOOTSTRAP_FILE",
@@ -67,6 +68,12 @@ def socket_path(namespace: str, sandbox_id: str, runtime_root: str = DEFAULT_RUN
 def control_socket_path(runtime_root: str = DEFAULT_RUNTIME_ROOT) -> str:
     """Where the shim template of ``runtime_root`` listens (``ROOT/template.sock``)."""
     return os.path.join(os.path.normpath(runtime_root), TEMPLATE_SOCKET)
+
+
+def template_socket_for(runtime_root: str) -> str:
+    """The template a spawner of ``runtime_root`` asks: $PODSHIM_TEMPLATE_SOCKET when set, else
+    the runtime root's own."""
+    return os.environ.get(TEMPLATE_SOCKET_ENV) or control_socket_path(runtime_root)
 
 
 def socket_address(path: str) -> str:

@@ -88,3 +88,66 @@ def nothing_left_behind():
             break
         time.sleep(0.1)
     assert not leaked, f"the test suite left these behind: {leaked}"
+
+
+# -- both ways: exec spawning and template spawning -----------------------------------------------
+class _SessionTemplate:
+    """One `podshim template` for the whole session, started on first use, stopped by pid."""
+
+    def __init__(self) -> None:
+        self.proc = None
+        self.root = f"/tmp/podshim-session-tpl-{secrets.token_hex(4)}"
+
+    def socket(self) -> str:
+        import subprocess
+        import sys
+
+        from shim.paths import control_socket_path
+        from shim.rpc import blocking
+        from shim.rpc.api import TEMPLATE_SERVICE
+
+        path = control_socket_path(self.root)
+        if self.proc is None:
+            self.proc = subprocess.Popen([sys.executable, "-m", "shim", "template", "--runtime-root", self.root],
+                                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            deadline = time.monotonic() + 20
+            while True:  # a template offers no readiness signal to a plain child: ask it
+                try:
+                    blocking.call("unix://" + path, TEMPLATE_SERVICE, "Ping", timeout=1)
+                    break
+                except Exception:
+                    if self.proc.poll() is not None or time.monotonic() > deadline:
+                        raise RuntimeError("the session's shim template did not start")
+                    time.sleep(0.02)
+        return path
+
+    def stop(self) -> None:
+        import shutil
+
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(10)
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def session_template():
+    template = _SessionTemplate()
+    yield template
+    template.stop()
+
+
+@pytest.fixture(params=["exec", "template"])
+def spawn_mode(request, session_template, monkeypatch):
+    """Run a test once with shims exec'd (`podshim start`) and once forked by a template.
+
+    Modules opt in with ``pytestmark = pytest.mark.usefixtures("spawn_mode")``; subprocesses
+    (controllers, `podshim start`) inherit the choice through $PODSHIM_TEMPLATE_SOCKET.
+    """
+    from shim.rpc.api import TEMPLATE_SOCKET_ENV
+
+    if request.param == "template":
+        monkeypatch.setenv(TEMPLATE_SOCKET_ENV, session_template.socket())
+    else:
+        monkeypatch.delenv(TEMPLATE_SOCKET_ENV, raising=False)
+    return request.param

@@ -19,6 +19,9 @@ from shim.rpc.status import AlreadyExists, FailedPrecondition, InvalidArgument, 
 
 from podtools import alive, container_config, pod_config, wait_gone
 
+# Every test here runs twice: shims exec'd by `podshim start`, and shims forked by a template.
+pytestmark = pytest.mark.usefixtures("spawn_mode")
+
 
 
 

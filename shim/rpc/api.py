@@ -4,7 +4,7 @@ from __future__ import annotations
 
 __all__ = ["SANDBOX_SERVICE", "EVENTS_SERVICE", "TASK_SERVICE", "TEMPLATE_SERVICE", "TEMPLATE_METHODS",
            "SANDBOX_METHODS", "EVENTS_METHODS", "TASK_METHODS", "BOOTSTRAP_FILE", "BOOTSTRAP_VERSION", "PROTOCOL",
-           "DEFAULT_RUNTIME_ROOT", "UNKNOWN_EXIT_STATUS", "TEMPLATE_SOCKET"]
+           "DEFAULT_RUNTIME_ROOT", "UNKNOWN_EXIT_STATUS", "TEMPLATE_SOCKET", "TEMPLATE_SOCKET_ENV"]
 
 #: The file in a bundle that holds the bootstrap result (protocol.md, "Bootstrap").
 BOOTSTRAP_FILE = "bootstrap.json"
@@ -16,6 +16,9 @@ PROTOCOL = "ttrpc+msgpack"
 DEFAULT_RUNTIME_ROOT = "/run/podshim"
 #: The control socket of a shim template, in the runtime root.
 TEMPLATE_SOCKET = "template.sock"
+#: An environment variable naming another template control socket (one template may serve
+#: several runtime roots: the runtime root travels in each Spawn request).
+TEMPLATE_SOCKET_ENV = "PODSHIM_TEMPLATE_SOCKET"
 #: The exit status of a sandbox whose end nobody saw (containerd's unknownExitCode).
 UNKNOWN_EXIT_STATUS = 255
 
