@@ -378,4 +378,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # Run as `python -m client.cli`, this file is __main__ while the pod verbs register with
+    # the importable client.cli: use that one's main, which knows every command.
+    from client.cli import main as _main
+
+    sys.exit(_main())
