@@ -395,7 +395,8 @@ def _make_dirs(target: str, *, copy_cpuset: bool) -> list[str]:
             # parent a moment ago and not filled it yet, and a task cannot join a cpuset cgroup
             # whose cpus or mems are empty (ENOSPC). The writes are idempotent.
             unfilled = [target]
-            while not _read_bytes(os.path.join(os.path.dirname(unfilled[-1]), "cpuset.cpus")):
+            while not all(_read_bytes(os.path.join(os.path.dirname(unfilled[-1]), knob))
+                          for knob in ("cpuset.cpus", "cpuset.mems")):
                 unfilled.append(os.path.dirname(unfilled[-1]))
             for directory in reversed(unfilled):
                 for knob in ("cpuset.cpus", "cpuset.mems"):

@@ -92,10 +92,15 @@ def nothing_left_behind():
 
 # -- both ways: exec spawning and template spawning -----------------------------------------------
 class _SessionTemplate:
-    """One `podshim template` for the whole session, started on first use, stopped by pid."""
+    """One `podshim template` for the whole session, started on first use, stopped by pid.
+
+    It is started with `setsid --fork`, so it is not a descendant of the test process: tests
+    that make this process a child subreaper, or count its children, must never adopt the
+    template or the shims it forks.
+    """
 
     def __init__(self) -> None:
-        self.proc = None
+        self.pid: int | None = None
         self.root = f"/tmp/podshim-session-tpl-{secrets.token_hex(4)}"
 
     def socket(self) -> str:
@@ -107,26 +112,35 @@ class _SessionTemplate:
         from shim.rpc.api import TEMPLATE_SERVICE
 
         path = control_socket_path(self.root)
-        if self.proc is None:
-            self.proc = subprocess.Popen([sys.executable, "-m", "shim", "template", "--runtime-root", self.root],
-                                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        if self.pid is None:
+            subprocess.run(["setsid", "--fork", sys.executable, "-m", "shim", "template", "--runtime-root", self.root],
+                           stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True)
             deadline = time.monotonic() + 20
             while True:  # a template offers no readiness signal to a plain child: ask it
                 try:
-                    blocking.call("unix://" + path, TEMPLATE_SERVICE, "Ping", timeout=1)
+                    self.pid = blocking.call("unix://" + path, TEMPLATE_SERVICE, "Ping", timeout=1)["pid"]
                     break
                 except Exception:
-                    if self.proc.poll() is not None or time.monotonic() > deadline:
+                    if time.monotonic() > deadline:
                         raise RuntimeError("the session's shim template did not start")
                     time.sleep(0.02)
         return path
 
     def stop(self) -> None:
         import shutil
+        import signal
 
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            self.proc.wait(10)
+        if self.pid is not None:
+            try:
+                pidfd = os.pidfd_open(self.pid)
+            except ProcessLookupError:
+                pidfd = None
+            if pidfd is not None:
+                signal.pidfd_send_signal(pidfd, signal.SIGTERM)
+                deadline = time.monotonic() + 10
+                while os.path.exists(f"/proc/{self.pid}") and time.monotonic() < deadline:
+                    time.sleep(0.02)
+                os.close(pidfd)
         shutil.rmtree(self.root, ignore_errors=True)
 
 
