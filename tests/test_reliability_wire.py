@@ -181,12 +181,8 @@ def test_shim_answers_100000_malformed_frames_and_keeps_serving(live_shim):
     assert growth < 16 * 1024, f"the shim's RSS grew by {growth} KiB"
 
 
-def test_shim_refuses_a_client_with_another_uid(live_shim):
-    sandbox_id, boot = live_shim
-    path = boot["address"][len("unix://"):]
-    assert os.stat(path).st_mode & 0o777 == 0o600
-    assert os.stat(os.path.dirname(path)).st_mode & 0o777 == 0o700
-    # Another user cannot even reach the socket: the 0700 directory stops connect().
+def as_nobody(action) -> bytes:
+    """Run ``action()`` in a forked child that became uid/gid 65534; return the bytes it returned."""
     r, w = os.pipe()
     pid = os.fork()
     if pid == 0:
@@ -194,19 +190,31 @@ def test_shim_refuses_a_client_with_another_uid(live_shim):
             os.close(r)
             os.setgid(65534)
             os.setuid(65534)
-            s = socket.socket(socket.AF_UNIX)
-            try:
-                s.connect(path)
-                outcome = b"connected"
-            except PermissionError:
-                outcome = b"denied"
-            os.write(w, outcome)
+            os.write(w, action())
         finally:
             os._exit(0)
     os.close(w)
     os.waitpid(pid, 0)
-    assert os.read(r, 32) == b"denied"
-    os.close(r)
+    try:
+        return os.read(r, 64)
+    finally:
+        os.close(r)
+
+
+def test_shim_refuses_a_client_with_another_uid(live_shim):
+    sandbox_id, boot = live_shim
+    path = boot["address"][len("unix://"):]
+    assert os.stat(path).st_mode & 0o777 == 0o600
+    assert os.stat(os.path.dirname(path)).st_mode & 0o777 == 0o700
+
+    def connect() -> bytes:  # another user cannot even reach the socket: the 0700 dir stops it
+        try:
+            socket.socket(socket.AF_UNIX).connect(path)
+            return b"connected"
+        except PermissionError:
+            return b"denied"
+
+    assert as_nobody(connect) == b"denied"
 
 
 def test_shim_closes_a_peer_whose_uid_is_not_allowed(live_shim):
@@ -219,31 +227,21 @@ def test_shim_closes_a_peer_whose_uid_is_not_allowed(live_shim):
     link = os.path.join(link_dir, "s")
     os.link(path, link)  # a second name for the same socket inode, in a directory nobody can enter
     os.chmod(link, 0o777)  # the inode's mode: nobody may connect; only SO_PEERCRED can refuse now
+
+    def ping() -> bytes:
+        s = socket.socket(socket.AF_UNIX)
+        s.settimeout(5)
+        s.connect(link)
+        _, frame = ClientConnection().request(Request(SANDBOX_SERVICE, "PingSandbox", {"sandbox_id": sandbox_id}))
+        try:
+            s.sendall(frame)
+            data = s.recv(100)
+        except OSError:
+            data = b""
+        return b"closed" if data == b"" else b"answered"
+
     try:
-        r, w = os.pipe()
-        pid = os.fork()
-        if pid == 0:
-            try:
-                os.close(r)
-                os.setgid(65534)
-                os.setuid(65534)
-                s = socket.socket(socket.AF_UNIX)
-                s.settimeout(5)
-                s.connect(link)
-                cc = ClientConnection()
-                _, frame = cc.request(Request(SANDBOX_SERVICE, "PingSandbox", {"sandbox_id": sandbox_id}))
-                try:
-                    s.sendall(frame)
-                    data = s.recv(100)
-                except OSError:
-                    data = b""
-                os.write(w, b"closed" if data == b"" else b"answered")
-            finally:
-                os._exit(0)
-        os.close(w)
-        os.waitpid(pid, 0)
-        assert os.read(r, 32) == b"closed"
-        os.close(r)
+        assert as_nobody(ping) == b"closed"
     finally:
         os.chmod(path, 0o600)
         os.unlink(link)
