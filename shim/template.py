@@ -49,38 +49,10 @@ def _preload() -> None:
     from .rpc.channel import install_uvloop
 
     install_uvloop()
-    _warm_up()
-
-
-def _warm_up() -> None:
-    """Serve one call on a throwaway loop, so everything a shim first does at run time (lazy
-    imports, caches, interned strings, the loop's own setup) is done here once and shared by
-    every shim forked afterwards instead of being copied into each of them."""
-    import asyncio
-    import socket
-    import tempfile
-
-    from .rpc.client import Client
-    from .rpc.server import Server
-
-    async def once(path: str) -> None:
-        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        listener.bind(path)
-        listener.listen(1)
-        server = Server()
-
-        async def ping(ctx, payload):
-            return {"pong": True}
-
-        server.register("podshim.template.v1.WarmUp", {"Ping": ping})
-        await server.start(listener)
-        async with await Client.connect("unix://" + path) as client:
-            await client.call("podshim.template.v1.WarmUp", "Ping", {"x": 1}, timeout=5)
-        await server.aclose()
-        listener.close()
-
-    with tempfile.TemporaryDirectory(prefix="podshim-warm-") as directory:
-        asyncio.run(once(directory + "/s"))
+    try:
+        import uvloop  # noqa: F401
+    except ImportError:  # pragma: no cover
+        pass
 
 
 class _Template:
