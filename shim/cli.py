@@ -12,13 +12,10 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import errno
 import json
 import os
-import select
 import socket
 import sys
-import time
 
 from .paths import (BOOTSTRAP_FILE, DEFAULT_RUNTIME_ROOT, template_socket_for, socket_address, socket_path,
                     validate_identifier, write_json_atomic)

@@ -14,7 +14,7 @@ from .channel import parse_address, peer_credentials
 from .connection import CallRejected, CallStarted, ClientConnection, PeerClosed, ResponseReceived, ServerConnection
 from .frames import LocalProtocolError, RemoteProtocolError
 from .messages import Request, Response
-from .status import Code, InvalidArgument, RpcError, Unavailable, error_from_status, status_from_exception
+from .status import Code, InvalidArgument, Unavailable, error_from_status, status_from_exception
 
 __all__ = ["call", "serve_connection"]
 

@@ -18,7 +18,7 @@ from typing import Any, AsyncIterator, Callable
 
 from .channel import Channel, parse_address
 from .connection import ClientConnection, DataReceived, PeerClosed, ResponseReceived
-from .frames import MAX_DATA_BYTES, LocalProtocolError
+from .frames import LocalProtocolError
 from .messages import NAMESPACE_KEY, Request, Response
 from .status import Code, DeadlineExceeded, InvalidArgument, ResourceExhausted, Unavailable, error_from_status
 
