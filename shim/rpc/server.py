@@ -172,10 +172,9 @@ class _ServerChannel(Channel):
             else:
                 response = Response(Code.OK, "", [], task.result())
             self._finish(sid, response)
-        elif not task.cancelled() and task.exception() is not None:
-            exc = task.exception()
-            if not isinstance(exc, asyncio.CancelledError):
-                status_from_exception(exc, where=f"{req.full_method} (after its deadline)")
+        elif not task.cancelled() and (exc := task.exception()) is not None:
+            # Answered already (its deadline passed); the one mapping still logs what went wrong.
+            status_from_exception(exc, where=f"{req.full_method} (after its deadline)")
         for callback in ctx._after:
             # Queued after the flush that write() scheduled, so it runs once the bytes left.
             self.loop.call_soon(callback)
