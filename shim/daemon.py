@@ -15,6 +15,7 @@ import sys
 import time
 
 from .events import EventBus
+from .linux import set_process_name
 from .notify import Notifier
 from .reaper import Reaper
 from .rpc.channel import install_uvloop
@@ -54,6 +55,9 @@ def serve_forever(config: ShimConfig, listener: socket.socket, *, owns_socket: b
     (systemd units); otherwise the pause is left running for a controller to reconnect or
     ``podshim delete``.
     """
+    # A shim forked from the template would otherwise show up as "python3 ... template" in
+    # ps; `pgrep -x podshim-shim` finds every shim, however it was started.
+    set_process_name("podshim-shim")
     install_uvloop()
     return asyncio.run(_serve(config, listener, owns_socket, ready_fd, shutdown_on_signal))
 

@@ -54,6 +54,9 @@ UMOUNT_NOFOLLOW = 8
 
 # <linux/prctl.h>
 _PR_SET_CHILD_SUBREAPER = 36
+_PR_SET_NAME = 15
+#: The kernel keeps 15 bytes of a task's name (TASK_COMM_LEN - 1).
+COMM_MAX_BYTES = 15
 _PR_GET_CHILD_SUBREAPER = 37
 
 # <linux/nsfs.h>: _IO(0xb7, 0x3)
@@ -123,6 +126,13 @@ def sethostname(name: str) -> None:
 def set_child_subreaper(enabled: bool = True) -> None:
     """PR_SET_CHILD_SUBREAPER: orphaned descendants are re-parented to this process, not PID 1."""
     _check(_libc.prctl(_PR_SET_CHILD_SUBREAPER, int(enabled), 0, 0, 0))
+
+
+def set_process_name(name: str) -> None:
+    """PR_SET_NAME: the name ps, top and pgrep show for this process (/proc/self/comm),
+    cut to 15 bytes by the kernel."""
+    buf = ctypes.create_string_buffer(name.encode()[:COMM_MAX_BYTES])
+    _check(_libc.prctl(_PR_SET_NAME, ctypes.addressof(buf), 0, 0, 0))
 
 
 def get_child_subreaper() -> bool:

@@ -22,6 +22,7 @@ import signal
 import socket
 from typing import Any
 
+from .linux import set_process_name
 from .paths import control_socket_path, socket_path
 from .rpc.api import TEMPLATE_SERVICE
 from .rpc.blocking import serve_connection
@@ -99,6 +100,7 @@ def run_template(runtime_root: str, *, pause_binary: str | None = None, ready_fd
     Raises OSError when another live template already owns the control socket.
     """
     _preload()
+    set_process_name("podshim-tmpl")
     path = control_socket_path(runtime_root)
     ensure_dir(os.path.dirname(path), 0o700)
     listener = bind_listener(path)

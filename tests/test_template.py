@@ -192,3 +192,13 @@ def test_template_restarts_on_the_same_control_socket(roots, template):
     template.start()
     result = start_shim(roots, "g1")
     assert _alive(result["pid"])
+
+
+def test_shims_are_named_podshim_shim_however_they_started(roots, template):
+    forked = start_shim(roots, "h1")
+    execd = start_shim(roots, "h2", "--no-template")
+    for result in (forked, execd):
+        with open(f"/proc/{result['pid']}/comm") as f:
+            assert f.read().strip() == "podshim-shim"
+    with open(f"/proc/{template.proc.pid}/comm") as f:
+        assert f.read().strip() == "podshim-tmpl"
