@@ -33,12 +33,12 @@ import dataclasses
 import json
 import logging
 import os
-import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
+from shim.rpc.files import fsync_dir, write_atomic
 from shim.rpc.identifiers import validate_identifier
 from shim.rpc.status import AlreadyExists, InvalidArgument, NotFound
 
@@ -195,34 +195,9 @@ class PodRecord(_ConfigLabels):
         return cls(**values)
 
 
-def _fsync_dir(path: str) -> None:
-    # The rename (or unlink) is only durable once the directory entry is on disk.
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def _write_atomic(path: str, data: bytes) -> None:
-    # Not shim.paths.write_json_atomic: the client imports nothing of the shim but shim.rpc,
-    # and a pod record must also survive a power cut, which needs the directory fsync too.
-    directory = os.path.dirname(path)
-    # The tmp name starts with '.', so a scan never takes it for a record.
-    fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", dir=directory)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
-    _fsync_dir(directory)
+    """A pod record must survive a power cut: file and directory are fsynced."""
+    write_atomic(path, data)
 
 
 def _resolve_prefix(kind: str, prefix: str, ids: Iterator[str]) -> str:
@@ -288,7 +263,7 @@ class PodStore:
             if record.state == "CREATING":
                 self._incomplete.add(record.pod_id)
             self._index(record)
-        _fsync_dir(self._dir)
+        fsync_dir(self._dir)
 
     # -- internal index upkeep (callers hold the lock) ------------------------------------
 
@@ -411,7 +386,7 @@ class PodStore:
             except FileNotFoundError:
                 pass
             else:
-                _fsync_dir(self._dir)
+                fsync_dir(self._dir)
             self._unindex(pod_id)
             self._incomplete.discard(pod_id)
 

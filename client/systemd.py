@@ -30,6 +30,7 @@ from typing import Mapping, Sequence
 
 import anyio
 
+from shim.rpc.files import write_atomic
 from shim.rpc.identifiers import validate_identifier
 from shim.rpc.status import DeadlineExceeded, Internal, InvalidArgument, NotFound, RpcError, Unavailable
 
@@ -37,7 +38,6 @@ from .bundles import read_bootstrap
 from .controller import DEFAULT_STATE_ROOT
 from .results import BOOTSTRAP_FILE, BOOTSTRAP_VERSION, PROTOCOL, Bootstrap, ExitStatus
 from .spawners import DEFAULT_RUNTIME_ROOT, SPAWN_TIMEOUT, ExecSpawner, Spawner, _said
-from .store import _write_atomic
 
 __all__ = [
     "ENV_FILE",
@@ -149,7 +149,7 @@ class SystemdSpawner(Spawner):
             # Written before the socket exists, so whoever finds the bundle can reconnect; the
             # shim rewrites it (with its pid) when the first connection starts it.
             boot = Bootstrap(BOOTSTRAP_VERSION, "unix://" + path, PROTOCOL, 0)
-            _write_atomic(os.path.join(bundle, BOOTSTRAP_FILE), _bootstrap_json(boot))
+            write_atomic(os.path.join(bundle, BOOTSTRAP_FILE), _bootstrap_json(boot))
             await self._start(socket, SPAWN_TIMEOUT)
             return boot
         await self._start(service, SPAWN_TIMEOUT)
@@ -232,7 +232,7 @@ class SystemdSpawner(Spawner):
         except OSError as exc:
             raise Internal(f"cannot read {self.env_file}: {exc.strerror or exc}") from None
         try:
-            _write_atomic(self.env_file, self._env_text.encode())
+            write_atomic(self.env_file, self._env_text.encode())
         except OSError as exc:
             raise Internal(f"cannot write {self.env_file}: {exc.strerror or exc}") from None
 

@@ -9,10 +9,10 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
 from typing import Any
 
 from .rpc.api import BOOTSTRAP_FILE, BOOTSTRAP_VERSION, DEFAULT_RUNTIME_ROOT, PROTOCOL, TEMPLATE_SOCKET, TEMPLATE_SOCKET_ENV
+from .rpc.files import write_atomic
 from .rpc.identifiers import MAX_IDENTIFIER_CHARS, validate_identifier
 from .rpc.status import InvalidArgument
 
@@ -86,23 +86,7 @@ def write_json_atomic(path: str, doc: Any, mode: int = 0o600, *, durable: bool =
     ``durable`` also fsyncs, so the new file survives a power cut; runtime state that a reboot
     makes meaningless anyway (state.json, bootstrap.json) skips it.
     """
-    directory = os.path.dirname(path) or "."
-    fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", dir=directory)
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(doc, f, sort_keys=True)
-            f.write("\n")
-            f.flush()
-            os.fchmod(f.fileno(), mode)
-            if durable:
-                os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
+    write_atomic(path, (json.dumps(doc, sort_keys=True) + "\n").encode(), mode=mode, durable=durable)
 
 
 def read_json(path: str) -> Any:
