@@ -95,6 +95,8 @@ def spawn_shim(config: Any, *, debug: bool = False, double_fork: bool = False,
     If a live shim already serves the socket, its bootstrap is returned instead. Raises
     Unavailable (with the tail of the shim's log) when the shim does not come up within
     :data:`START_TIMEOUT`. ``close_fds``: descriptors of the caller the shim must not keep.
+    With ``double_fork`` the intermediate child outlives this call by a cgroup grace period
+    (see :func:`shim.cgroups.start_attach_grace_period`): the caller reaps it (SIGCHLD).
     """
     ensure_dir(config.bundle, 0o700)
     address = socket_address(config.socket_path)
@@ -116,8 +118,10 @@ def spawn_shim(config: Any, *, debug: bool = False, double_fork: bool = False,
     os.close(ready_w)
     sock.close()
     try:
-        if double_fork:
-            os.waitpid(pid, 0)  # the intermediate child exits at once
+        if not double_fork:
+            _start_attach_grace_period()  # while the shim boots
+        # With a double fork the intermediate child does that, then exits: the caller reaps it
+        # (the template, on SIGCHLD), since waiting here would wait out the grace period.
         shim_pid, ready = _wait_ready(ready_r, START_TIMEOUT)
     finally:
         os.close(ready_r)
@@ -177,6 +181,16 @@ def _wait_ready(fd: int, timeout: float) -> tuple[int | None, bool]:
     return pid, b"R" in data
 
 
+def _start_attach_grace_period() -> None:
+    """See :func:`shim.cgroups.start_attach_grace_period`: a failure only costs speed."""
+    try:
+        from .cgroups import start_attach_grace_period
+
+        start_attach_grace_period()
+    except Exception:
+        pass
+
+
 def _become_shim(config: Any, sock: socket.socket, ready_r: int, ready_w: int, debug: bool,
                  double_fork: bool) -> None:
     """In the forked child: (fork again,) detach, and serve. Never returns."""
@@ -188,6 +202,9 @@ def _become_shim(config: Any, sock: socket.socket, ready_r: int, ready_w: int, d
             if pid:
                 _record_shim(config, pid)
                 os.write(ready_w, b"P%d\n" % pid)
+                os.close(ready_w)
+                sock.close()
+                _start_attach_grace_period()
                 os._exit(0)
         _detach(config.bundle, keep=(sock.fileno(), ready_w))
         # A fresh process in all but name: default signal dispositions, a new random state

@@ -118,6 +118,16 @@ def run_template(runtime_root: str, *, pause_binary: str | None = None, ready_fd
         stopping = True
         listener.close()  # wakes accept()
 
+    def reap(signum: int, frame: Any) -> None:
+        # The intermediate children of spawn_shim's double fork exit on their own, a grace
+        # period after the shim they forked is up; nothing waits for them but this.
+        try:
+            while os.waitpid(-1, os.WNOHANG)[0]:
+                pass
+        except ChildProcessError:
+            pass
+
+    signal.signal(signal.SIGCHLD, reap)
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)

@@ -337,3 +337,12 @@ def test_read_only_hierarchy_is_skipped_and_recorded():
     cgroup.remove()  # here the hierarchy is writable: the test process cleans up
     assert "pids" not in cgroup.paths and "Read-only" in cgroup.skipped["pids"]
     assert "memory" in cgroup.paths
+
+
+def test_starting_the_attach_grace_period_moves_nothing():
+    # A no-op self-migration: the caller stays in every cgroup it was in.
+    with open("/proc/self/cgroup") as f:
+        before = f.read()
+    assert cgroups.start_attach_grace_period() is True
+    with open("/proc/self/cgroup") as f:
+        assert f.read() == before

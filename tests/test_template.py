@@ -202,3 +202,19 @@ def test_shims_are_named_podshim_shim_however_they_started(roots, template):
             assert f.read().strip() == "podshim-shim"
     with open(f"/proc/{template.proc.pid}/comm") as f:
         assert f.read().strip() == "podshim-tmpl"
+
+
+def test_template_reaps_the_intermediate_children_of_its_double_forks(roots, template):
+    for n in range(3):
+        start_shim(roots, f"r{n}")
+    # Each intermediate child exits a cgroup grace period after its shim is up; the template
+    # reaps it on SIGCHLD, so no zombie child of the template stays behind.
+    deadline = time.monotonic() + 5
+    while True:
+        with open(f"/proc/{template.proc.pid}/task/{template.proc.pid}/children") as f:
+            children = f.read().split()
+        if not children or time.monotonic() > deadline:
+            break
+        time.sleep(0.02)
+    assert children == []
+    assert _alive(template.proc.pid)
