@@ -46,24 +46,24 @@ def setup_logging(debug: bool = False) -> None:
 
 
 def serve_forever(config: ShimConfig, listener: socket.socket, *, owns_socket: bool = True,
-                  ready_fd: int | None = None, shutdown_on_signal: bool = False) -> int:
+                  ready_fd: int | None = None, shutdown_on_signal: bool = False, recorded: bool = False) -> int:
     """Serve the sandbox on ``listener`` until ShutdownSandbox, SIGTERM or SIGINT. Returns 0.
 
     ``ready_fd``, when given, receives one byte once the server accepts, then is closed.
     ``owns_socket``: unlink the socket path on exit (not when systemd owns the socket).
     ``shutdown_on_signal``: SIGTERM/SIGINT shut the sandbox down as ShutdownSandbox would
     (systemd units); otherwise the pause is left running for a controller to reconnect or
-    ``podshim delete``.
+    ``podshim delete``. ``recorded``: the spawner already wrote this shim's first state.json.
     """
     # A shim forked from the template would otherwise show up as "python3 ... template" in
     # ps; `pgrep -x podshim-shim` finds every shim, however it was started.
     set_process_name("podshim-shim")
     install_uvloop()
-    return asyncio.run(_serve(config, listener, owns_socket, ready_fd, shutdown_on_signal))
+    return asyncio.run(_serve(config, listener, owns_socket, ready_fd, shutdown_on_signal, recorded))
 
 
 async def _serve(config: ShimConfig, listener: socket.socket, owns_socket: bool, ready_fd: int | None,
-                 shutdown_on_signal: bool) -> int:
+                 shutdown_on_signal: bool, recorded: bool) -> int:
     loop = asyncio.get_running_loop()
     reaper = Reaper()
     reaper.install(loop)
@@ -83,9 +83,10 @@ async def _serve(config: ShimConfig, listener: socket.socket, owns_socket: bool,
     register(server, SandboxService(sandbox, events, on_shutdown=lambda: finish("ShutdownSandbox")))
     register_tasks(server, TaskService(TaskSet(sandbox)))
     await server.start(listener)
-    # Record the shim at once: a controller killed before CreateSandbox still finds, through
-    # state.json, a shim that `podshim delete` can end.
-    sandbox.persist()
+    # Record the shim at once (unless its spawner did): a controller killed before
+    # CreateSandbox still finds, through state.json, a shim that `podshim delete` can end.
+    if not recorded:
+        sandbox.persist()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, finish, signal.Signals(sig).name)
     # A detached shim has no terminal, but a hangup must never end it (the caller's session).

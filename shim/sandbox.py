@@ -142,6 +142,7 @@ class Sandbox:
         self.netns_path: str | None = None
         self.netns_owned = False
         self.cgroup: cgroups.SandboxCgroup | None = None
+        self._start_time: int | None = None  # the shim's own, for state.json
         self.pause: pause.PauseProcess | None = None
         self.created_at = 0
         self.exit: ExitResult | None = None
@@ -182,7 +183,7 @@ class Sandbox:
             "sandbox_id": self.config.sandbox_id,
             "state": self.state.value,
             "shim_pid": os.getpid(),
-            "shim_start_time": proc_start_time(os.getpid()),
+            "shim_start_time": self._shim_start_time(),
             "socket_path": self.config.socket_path,
             "netns_path": self.netns_path,
             "netns_owned": self.netns_owned,
@@ -194,6 +195,12 @@ class Sandbox:
             "runtime_handler": self.options.runtime_handler,
             "oci": self.oci.record() if self.oci is not None else None,
         }
+
+    def _shim_start_time(self) -> int | None:
+        # Read once: the record is written several times per sandbox.
+        if self._start_time is None:
+            self._start_time = proc_start_time(os.getpid())
+        return self._start_time
 
     def persist(self) -> None:
         try:

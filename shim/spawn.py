@@ -216,7 +216,7 @@ def _become_shim(config: Any, sock: socket.socket, ready_r: int, ready_w: int, d
 
         setup_logging(debug)
         os.set_inheritable(ready_w, False)
-        code = serve_forever(config, sock, ready_fd=ready_w)
+        code = serve_forever(config, sock, ready_fd=ready_w, recorded=True)
     except BaseException:
         import traceback
 
