@@ -46,7 +46,8 @@ def setup_logging(debug: bool = False) -> None:
 
 
 def serve_forever(config: ShimConfig, listener: socket.socket, *, owns_socket: bool = True,
-                  ready_fd: int | None = None, shutdown_on_signal: bool = False, recorded: bool = False) -> int:
+                  ready_fd: int | None = None, shutdown_on_signal: bool = False, recorded: bool = False,
+                  loop: asyncio.AbstractEventLoop | None = None) -> int:
     """Serve the sandbox on ``listener`` until ShutdownSandbox, SIGTERM or SIGINT. Returns 0.
 
     ``ready_fd``, when given, receives one byte once the server accepts, then is closed.
@@ -54,12 +55,14 @@ def serve_forever(config: ShimConfig, listener: socket.socket, *, owns_socket: b
     ``shutdown_on_signal``: SIGTERM/SIGINT shut the sandbox down as ShutdownSandbox would
     (systemd units); otherwise the pause is left running for a controller to reconnect or
     ``podshim delete``. ``recorded``: the spawner already wrote this shim's first state.json.
+    ``loop``: an event loop made ahead (a spare shim's), run and closed here.
     """
     # A shim forked from the template would otherwise show up as "python3 ... template" in
     # ps; `pgrep -x podshim-shim` finds every shim, however it was started.
     set_process_name("podshim-shim")
     install_uvloop()
-    return asyncio.run(_serve(config, listener, owns_socket, ready_fd, shutdown_on_signal, recorded))
+    with asyncio.Runner(loop_factory=None if loop is None else (lambda: loop)) as runner:
+        return runner.run(_serve(config, listener, owns_socket, ready_fd, shutdown_on_signal, recorded))
 
 
 async def _serve(config: ShimConfig, listener: socket.socket, owns_socket: bool, ready_fd: int | None,

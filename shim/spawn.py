@@ -3,25 +3,34 @@
 Two callers share this one path: ``podshim start`` (a short-lived process: one fork, and the
 shim is re-parented when ``start`` exits) and the template (long-lived: a double fork, so the
 template is never the shim's parent and may die or restart under it).
+
+The template also keeps a *spare* (:func:`fork_spare`): a shim double-forked ahead of time that
+waits, detached, for its sandbox. A Spawn hands it the config and the bound socket and is
+answered once it serves, without a fork on the way; the template forks the next spare after
+answering. The spare's intermediate child stays behind it until then, to start the cgroup
+grace period the moment the spare is taken.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import errno
+import json
 import os
 import random
 import select
 import signal
 import socket
 import time
-from typing import Any
+from typing import Any, NoReturn
 
 from .linux import proc_start_time
 from .paths import (BOOTSTRAP_FILE, BOOTSTRAP_VERSION, LOG_FILE, PROTOCOL, STATE_FILE, read_json, socket_address,
                     write_json_atomic)
 from .rpc.status import Unavailable
 
-__all__ = ["START_TIMEOUT", "CAN_CONNECT_TIMEOUT", "bind_listener", "bootstrap", "spawn_shim", "ensure_dir"]
+__all__ = ["START_TIMEOUT", "CAN_CONNECT_TIMEOUT", "Spare", "bind_listener", "bootstrap", "ensure_dir", "fork_spare",
+           "spawn_shim"]
 
 #: How long a spawner waits for the forked shim to accept; below the Controller's SPAWN_TIMEOUT
 #: (10 s), so `podshim start` always ends its own child and reports before it is killed.
@@ -88,8 +97,146 @@ def _log_tail(bundle: str, lines: int = 10) -> str:
         return ""
 
 
+@dataclasses.dataclass
+class Spare:
+    """A shim forked ahead of time, waiting for its sandbox (see :func:`fork_spare`).
+
+    ``channel``: the template's end of the spare's socket pair (the assignment goes out, "R"
+    comes back). ``go_fd``: the pipe its intermediate child waits on. Closing both without
+    :meth:`take` retires the spare: both processes exit.
+    """
+
+    pid: int
+    channel: socket.socket
+    go_fd: int
+
+    def take(self) -> None:
+        """Tell the intermediate child the spare is being used: it starts the cgroup grace
+        period (:func:`shim.cgroups.start_attach_grace_period`) and exits."""
+        try:
+            os.write(self.go_fd, b"G")
+        except OSError:  # it is gone already: only the head start is lost
+            pass
+        os.close(self.go_fd)
+        self.go_fd = -1
+
+    def close(self) -> None:
+        self.channel.close()
+        if self.go_fd >= 0:
+            os.close(self.go_fd)
+            self.go_fd = -1
+
+
+def fork_spare() -> Spare:
+    """Double-fork a spare shim; return once it exists. The caller reaps the intermediate
+    child (SIGCHLD), which exits when the spare is taken or retired. Raises OSError."""
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    go_r, go_w = os.pipe2(os.O_CLOEXEC)
+    try:
+        pid = os.fork()
+        if pid == 0:
+            _spare_intermediate(theirs, go_r)
+    except BaseException:
+        ours.close()
+        os.close(go_w)
+        raise
+    finally:
+        theirs.close()
+        os.close(go_r)
+    spare = Spare(0, ours, go_w)
+    try:
+        ours.settimeout(START_TIMEOUT)
+        message = ours.recv(64)
+        ours.settimeout(None)
+        if not (message.startswith(b"P") and message[1:].isdigit()):
+            raise OSError(errno.ECHILD, "the spare shim's intermediate child exited without forking it")
+        spare.pid = int(message[1:])
+    except BaseException:
+        spare.close()  # the intermediate child (and the spare, if any) exit on EOF
+        raise
+    return spare
+
+
+def _spare_intermediate(channel: socket.socket, go_r: int) -> NoReturn:
+    """In the spare's intermediate child: fork the spare, report its pid, then wait for the
+    template to take it (start the cgroup grace period) or to go away (just exit)."""
+    code = 1
+    try:
+        # Not the template's listener, its callers' connections or its end of the pair: EOF
+        # and ECONNREFUSED must reach whoever waits on those when the template dies.
+        _close_all_but((channel.fileno(), go_r))
+        pid = os.fork()
+        if pid == 0:
+            os.close(go_r)
+            _spare_wait(channel)
+        channel.send(b"P%d" % pid)
+        channel.close()
+        if os.read(go_r, 1) == b"G":
+            _start_attach_grace_period()
+        code = 0
+    except BaseException:
+        pass
+    finally:
+        os._exit(code)
+
+
+def _spare_wait(channel: socket.socket) -> NoReturn:
+    """The spare: detached, it waits for its assignment, then serves like any forked shim."""
+    code = 1
+    try:
+        os.setsid()
+        _close_all_but((channel.fileno(),))
+        _stdio_to(os.devnull)
+        _fresh_signals()
+        import asyncio
+
+        from .daemon import serve_forever, setup_logging
+        from .linux import set_process_name
+        from .rpc.channel import install_uvloop
+
+        set_process_name("podshim-spare")
+        # What does not depend on the sandbox is done before it is known.
+        setup_logging()
+        install_uvloop()
+        loop = asyncio.new_event_loop()
+        message, fds, _, _ = socket.recv_fds(channel, 65536, 1)
+        if not message:  # the template retired us, or died
+            for fd in fds:
+                os.close(fd)
+            code = 0
+            return  # to os._exit
+        if len(fds) != 1:
+            raise RuntimeError("the spare's assignment came without the shim's socket")
+        assignment = json.loads(message)
+        from .sandbox import ShimConfig
+
+        config = ShimConfig(**assignment["config"])
+        listener = socket.socket(fileno=fds[0])
+        _stdio_to(os.path.join(config.bundle, LOG_FILE))
+        random.seed()
+        if assignment.get("debug"):
+            setup_logging(True)
+        code = serve_forever(config, listener, ready_fd=channel.detach(), recorded=True, loop=loop)
+    except BaseException:
+        import traceback
+
+        traceback.print_exc()
+    finally:
+        os._exit(code)
+
+
+def _assign(spare: Spare, config: Any, sock: socket.socket, debug: bool) -> bool:
+    """Hand ``config`` and the bound ``sock`` to ``spare``; False if the spare is gone."""
+    assignment = json.dumps({"config": dataclasses.asdict(config), "debug": debug}).encode()
+    try:
+        socket.send_fds(spare.channel, [assignment], [sock.fileno()])
+    except OSError:
+        return False
+    return True
+
+
 def spawn_shim(config: Any, *, debug: bool = False, double_fork: bool = False,
-               close_fds: tuple[int, ...] = ()) -> dict[str, Any]:
+               close_fds: tuple[int, ...] = (), spare: Spare | None = None) -> dict[str, Any]:
     """Start a detached shim for ``config`` (a ShimConfig) and return its bootstrap result.
 
     If a live shim already serves the socket, its bootstrap is returned instead. Raises
@@ -97,6 +244,8 @@ def spawn_shim(config: Any, *, debug: bool = False, double_fork: bool = False,
     :data:`START_TIMEOUT`. ``close_fds``: descriptors of the caller the shim must not keep.
     With ``double_fork`` the intermediate child outlives this call by a cgroup grace period
     (see :func:`shim.cgroups.start_attach_grace_period`): the caller reaps it (SIGCHLD).
+    ``spare``: a :class:`Spare` to use instead of forking (taken and closed here unless a live
+    shim already serves the socket; a dead spare falls back to forking).
     """
     ensure_dir(config.bundle, 0o700)
     address = socket_address(config.socket_path)
@@ -109,6 +258,27 @@ def spawn_shim(config: Any, *, debug: bool = False, double_fork: bool = False,
         if not isinstance(result, dict) or result.get("address") != address:
             result = bootstrap(address, 0)
         return result
+    if spare is not None:
+        spare.take()
+        try:
+            if _assign(spare, config, sock, debug):
+                sock.close()
+                # While the spare sets up: its record, before anyone can call it (nobody has its
+                # address yet), and its bootstrap, taken back if it does not come up.
+                _record_shim(config, spare.pid)
+                result = bootstrap(address, spare.pid)
+                boot_path = os.path.join(config.bundle, BOOTSTRAP_FILE)
+                write_json_atomic(boot_path, result, mode=0o644, durable=False)
+                _, ready = _wait_ready(spare.channel.fileno(), START_TIMEOUT)
+                if ready:
+                    return result
+                try:
+                    os.unlink(boot_path)
+                except FileNotFoundError:
+                    pass
+                _started(config, address, spare.pid, None, ready)  # raises Unavailable
+        finally:
+            spare.close()
     ready_r, ready_w = os.pipe2(os.O_CLOEXEC)
     pid = os.fork()
     if pid == 0:
@@ -125,9 +295,13 @@ def spawn_shim(config: Any, *, debug: bool = False, double_fork: bool = False,
         shim_pid, ready = _wait_ready(ready_r, START_TIMEOUT)
     finally:
         os.close(ready_r)
-    shim_pid = shim_pid or pid
+    return _started(config, address, shim_pid or pid, pid if not double_fork else None, ready)
+
+
+def _started(config: Any, address: str, shim_pid: int, child_pid: int | None, ready: bool) -> dict[str, Any]:
+    """The bootstrap of a shim that said it serves; or, if it did not, end it and say why."""
     if not ready:
-        _abandon(shim_pid, pid if not double_fork else None, config.socket_path)
+        _abandon(shim_pid, child_pid, config.socket_path)
         tail = _log_tail(config.bundle)
         raise Unavailable(f"the shim did not come up within {START_TIMEOUT:.0f}s"
                           + (f"; its log says:\n{tail}" if tail else ""))
@@ -202,15 +376,13 @@ def _become_shim(config: Any, sock: socket.socket, ready_r: int, ready_w: int, d
             if pid:
                 _record_shim(config, pid)
                 os.write(ready_w, b"P%d\n" % pid)
-                os.close(ready_w)
-                sock.close()
+                _close_all_but(())
                 _start_attach_grace_period()
                 os._exit(0)
-        _detach(config.bundle, keep=(sock.fileno(), ready_w))
-        # A fresh process in all but name: default signal dispositions, a new random state
-        # (the template's would otherwise be shared by every shim it forks).
-        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD):
-            signal.signal(sig, signal.SIG_DFL)
+        os.setsid()
+        _close_all_but((sock.fileno(), ready_w))
+        _stdio_to(os.path.join(config.bundle, LOG_FILE))
+        _fresh_signals()
         random.seed()
         from .daemon import serve_forever, setup_logging
 
@@ -225,19 +397,28 @@ def _become_shim(config: Any, sock: socket.socket, ready_r: int, ready_w: int, d
         os._exit(code)
 
 
-def _detach(bundle: str, keep: tuple[int, ...]) -> None:
-    """Leave the caller's session and process group; stdio to /dev/null and the bundle's log;
-    close every other descriptor the caller may have leaked to us."""
-    os.setsid()
+def _fresh_signals() -> None:
+    """A fresh process in all but name: default signal dispositions (the random state is
+    reseeded too, or every shim of a template would share the template's)."""
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD):
+        signal.signal(sig, signal.SIG_DFL)
+
+
+def _close_all_but(keep: tuple[int, ...]) -> None:
+    """Close every descriptor above stdio (0-2) that the caller may have leaked to us but ``keep``."""
     low = 3
-    for fd in sorted(keep):
+    for fd in sorted(fd for fd in set(keep) if fd >= 3):
         os.closerange(low, fd)
         low = fd + 1
     os.closerange(low, 65536)
-    devnull = os.open(os.devnull, os.O_RDONLY)
+
+
+def _stdio_to(log_path: str) -> None:
+    """stdin from /dev/null; stdout and stderr appended to ``log_path`` (the bundle's log)."""
+    devnull = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
     os.dup2(devnull, 0)
     os.close(devnull)
-    log_fd = os.open(os.path.join(bundle, LOG_FILE), os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
+    log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
     os.dup2(log_fd, 1)
     os.dup2(log_fd, 2)
     os.close(log_fd)

@@ -3,13 +3,15 @@
 A shim started by exec pays about 100 ms and 20 MiB to import asyncio, uvloop and msgpack
 before it serves anything. The template imports everything a shim needs, freezes its heap
 (``gc.freeze()``, so the children's collector never touches — and so never copies — those
-pages), and waits on a control socket. Asked to spawn, it forks; the child forks again (so the
-template is never the shim's parent and may die or restart freely), detaches, and takes the same
-serve path as ``podshim serve``. The result is the same bootstrap ``podshim start`` prints.
+pages), and waits on a control socket. It keeps one *spare* shim forked ahead (a double fork,
+so the template is never the shim's parent and may die or restart freely), detached and waiting;
+asked to spawn, it hands the spare its sandbox and bound socket, answers once the shim serves,
+then forks the next spare. Without a live spare it forks on the spot. Either way the shim takes
+the same serve path as ``podshim serve`` and the result is the bootstrap ``podshim start`` prints.
 
 The control socket speaks the podshim protocol: service ``podshim.template.v1.Template``,
 methods ``Spawn {namespace, sandbox_id, bundle, runtime_root, pause_binary?, debug?}`` → the
-bootstrap map, and ``Ping``. It is served without an event loop, one call at a time: forking
+bootstrap map, and ``Ping`` → ``{pid, spawned, runtime_root, spare_pid}``. It is served without an event loop, one call at a time: forking
 from inside a running event loop would hand the child a loop it must not touch.
 """
 
@@ -29,7 +31,7 @@ from .rpc.blocking import serve_connection
 from .rpc.identifiers import validate_identifier
 from .rpc.messages import Request, optional, require
 from .rpc.status import InvalidArgument
-from .spawn import bind_listener, ensure_dir, spawn_shim
+from .spawn import Spare, bind_listener, ensure_dir, fork_spare, spawn_shim
 
 __all__ = ["run_template"]
 
@@ -62,6 +64,20 @@ class _Template:
         self.pause_binary = pause_binary
         self.listener = listener
         self.spawned = 0
+        self.spare: Spare | None = None
+
+    def replenish(self) -> None:
+        """Fork the next spare shim if there is none (after answering: nobody waits for it)."""
+        if self.spare is None:
+            try:
+                self.spare = fork_spare()
+            except OSError as exc:  # the next Spawn forks then
+                log.warning("cannot fork a spare shim: %s", exc)
+
+    def retire(self) -> None:
+        if self.spare is not None:
+            self.spare.close()
+            self.spare = None
 
     def lookup(self, service: str, method: str):
         if service != TEMPLATE_SERVICE:
@@ -69,7 +85,8 @@ class _Template:
         return {"Spawn": self.spawn, "Ping": self.ping}.get(method)
 
     def ping(self, request: Request) -> dict[str, Any]:
-        return {"pid": os.getpid(), "spawned": self.spawned, "runtime_root": self.runtime_root}
+        return {"pid": os.getpid(), "spawned": self.spawned, "runtime_root": self.runtime_root,
+                "spare_pid": self.spare.pid if self.spare is not None else 0}
 
     def spawn(self, request: Request) -> dict[str, Any]:
         from .sandbox import ShimConfig
@@ -89,7 +106,12 @@ class _Template:
             runtime_root=runtime_root,
             pause_binary=optional(p, "pause_binary", str, self.pause_binary),
         )
-        result = spawn_shim(config, debug=optional(p, "debug", bool, False), double_fork=True)
+        spare, self.spare = self.spare, None
+        try:
+            result = spawn_shim(config, debug=optional(p, "debug", bool, False), double_fork=True, spare=spare)
+        finally:
+            if spare is not None and spare.go_fd >= 0:  # not taken: a live shim already served the socket
+                self.spare = spare
         self.spawned += 1
         return result
 
@@ -111,6 +133,7 @@ def run_template(runtime_root: str, *, pause_binary: str | None = None, ready_fd
     gc.collect()
     gc.freeze()
     template = _Template(runtime_root, pause_binary, listener)
+    template.replenish()
     stopping = False
 
     def stop(signum: int, frame: Any) -> None:
@@ -144,8 +167,11 @@ def run_template(runtime_root: str, *, pause_binary: str | None = None, ready_fd
                 if stopping:
                     break
                 raise
-            serve_connection(conn, template.lookup, allowed_uids=allowed, timeout=CONTROL_IO_TIMEOUT)
+            serve_connection(conn, template.lookup, allowed_uids=allowed, timeout=CONTROL_IO_TIMEOUT,
+                             after_send=template.replenish)
+            template.replenish()
     finally:
+        template.retire()
         listener.close()
         try:
             os.unlink(path)

@@ -204,17 +204,64 @@ def test_shims_are_named_podshim_shim_however_they_started(roots, template):
         assert f.read().strip() == "podshim-tmpl"
 
 
+def _children(pid: int) -> list[int]:
+    with open(f"/proc/{pid}/task/{pid}/children") as f:
+        return [int(c) for c in f.read().split()]
+
+
+def _state(pid: int) -> str:
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0]
+
+
 def test_template_reaps_the_intermediate_children_of_its_double_forks(roots, template):
     for n in range(3):
         start_shim(roots, f"r{n}")
-    # Each intermediate child exits a cgroup grace period after its shim is up; the template
-    # reaps it on SIGCHLD, so no zombie child of the template stays behind.
+    # Each intermediate child exits a cgroup grace period after its shim is taken; the
+    # template reaps it on SIGCHLD. What stays is the next spare's, alive and waiting.
     deadline = time.monotonic() + 5
     while True:
-        with open(f"/proc/{template.proc.pid}/task/{template.proc.pid}/children") as f:
-            children = f.read().split()
-        if not children or time.monotonic() > deadline:
+        children = _children(template.proc.pid)
+        if len(children) <= 1 or time.monotonic() > deadline:
             break
         time.sleep(0.02)
-    assert children == []
+    assert len(children) <= 1
+    assert all(_state(c) != "Z" for c in children)
     assert _alive(template.proc.pid)
+
+
+def _ping(template) -> dict:
+    return blocking.call("unix://" + control_socket_path(template.runtime_root), TEMPLATE_SERVICE, "Ping")
+
+
+def _comm(pid: int) -> str:
+    with open(f"/proc/{pid}/comm") as f:
+        return f.read().strip()
+
+
+def test_template_hands_its_spare_to_the_next_spawn_and_forks_another(roots, template):
+    spare = _ping(template)["spare_pid"]
+    assert spare > 0 and _comm(spare) == "podshim-spare"
+    result = start_shim(roots, "s1")
+    assert result["pid"] == spare
+    assert _comm(spare) == "podshim-shim"
+    deadline = time.monotonic() + 5
+    while (nxt := _ping(template)["spare_pid"]) in (0, spare) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert nxt not in (0, spare) and _comm(nxt) == "podshim-spare"
+
+
+def test_a_dead_spare_is_replaced_by_a_fork(roots, template):
+    spare = _ping(template)["spare_pid"]
+    os.kill(spare, signal.SIGKILL)
+    assert _wait_gone(spare)
+    result = start_shim(roots, "d1")
+    assert result["pid"] != spare and _alive(result["pid"])
+    with open(os.path.join(roots[1], "d1", "state.json")) as f:
+        assert json.load(f)["shim_pid"] == result["pid"]
+
+
+def test_the_spare_goes_with_the_template(roots, template):
+    spare = _ping(template)["spare_pid"]
+    template.stop()
+    assert _wait_gone(spare)

@@ -64,11 +64,14 @@ Handler = Callable[[Request], Any]
 
 
 def serve_connection(sock: socket.socket, lookup: Callable[[str, str], Handler | None], *,
-                     allowed_uids: set[int], timeout: float = 5.0) -> None:
+                     allowed_uids: set[int], timeout: float = 5.0,
+                     after_send: Callable[[], None] | None = None) -> None:
     """Serve one accepted connection until the peer closes it; calls run one at a time.
 
     Peers whose uid is not allowed are closed at once. ``lookup(service, method)`` returns a
     handler taking the Request and returning the payload, or None (UNIMPLEMENTED).
+    ``after_send`` runs after each batch of answers has been sent: work the caller should
+    not wait for.
     """
     peer = peer_credentials(sock)
     if peer is None or peer.uid not in allowed_uids:
@@ -108,6 +111,8 @@ def serve_connection(sock: socket.socket, lookup: Callable[[str, str], Handler |
                         out.append(conn.reject(ev.stream_id, Code.INTERNAL, f"result cannot be encoded: {exc}"))
             if out:
                 sock.sendall(b"".join(out))
+                if after_send is not None:
+                    after_send()
     except OSError:
         return
     finally:
