@@ -364,6 +364,14 @@ class SandboxCgroup:
         """The removal, pausing by yielding how long to wait before the next rmdir attempt."""
         deadline = time.monotonic() + timeout
         for path in self.paths.values():
+            try:
+                os.rmdir(path)  # the usual case: empty, no child cgroups left
+                continue
+            except FileNotFoundError:
+                continue
+            except OSError as exc:
+                if exc.errno not in (errno.EBUSY, errno.ENOTEMPTY):
+                    raise Internal(f"cannot remove cgroup {path}: {exc.strerror}") from exc
             for directory in _subtree(path)[::-1]:
                 yield from _rmdir(directory, deadline)
         for dirs in self.owned_parents.values():
