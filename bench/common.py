@@ -24,6 +24,7 @@ __all__ = [
     "parent_of",
     "percentile",
     "signal_pid",
+    "template_memory",
     "wait_pidfd",
 ]
 
@@ -58,6 +59,31 @@ def memory(pid: int) -> Memory:
                 fields[key] = int(rest.split()[0])
     threads = int(_status(pid).get("Threads", "0"))
     return Memory(fields["Rss"], fields["Pss"], threads)
+
+
+def template_memory(pid: int, runtime_root: str) -> Memory:
+    """The fixed cost of a shim template: the template, its spare shim and the spare's
+    intermediate child (its only children), summed."""
+    from shim.paths import control_socket_path
+    from shim.rpc import blocking
+    from shim.rpc.api import TEMPLATE_SERVICE
+
+    pids = {pid, *children_of(pid)}
+    try:
+        spare = blocking.call("unix://" + control_socket_path(runtime_root), TEMPLATE_SERVICE, "Ping",
+                              timeout=2).get("spare_pid")
+    except Exception:  # an older template, or it is busy: count what we see
+        spare = 0
+    if spare:
+        pids.add(spare)
+    total = Memory(0, 0, 0)
+    for p in pids:
+        try:
+            m = memory(p)
+        except OSError:
+            continue
+        total = Memory(total.rss + m.rss, total.pss + m.pss, total.threads + m.threads)
+    return total
 
 
 def _status(pid: int) -> dict[str, str]:

@@ -66,7 +66,7 @@ from typing import Any, Callable
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, REPO)
 
-from bench.common import (Memory, children_of, floor_cycle, handles_signal, memory, parent_of,  # noqa: E402
+from bench.common import (Memory, children_of, floor_cycle, handles_signal, memory, parent_of, template_memory,  # noqa: E402
                           percentile, signal_pid, wait_pidfd)
 
 NAMESPACE = "podshim-bench"
@@ -623,7 +623,8 @@ class Podshim(Contender):
                 instance = await self.c.start(NAMESPACE, sid)
                 pids.append((instance.pid, self._state(sid)["shim_pid"]))
             await asyncio.sleep(SETTLE)
-            fixed = {f"the template of “{self.label}”": memory(self.template.pid)} if self.template else {}
+            fixed = ({f"the template of “{self.label}” (with its spare shim)":
+                      template_memory(self.template.pid, self.c.runtime_root)} if self.template else {})
             return Idle(shims=[memory(shim) for _, shim in pids], pauses=[memory(pause) for pause, _ in pids],
                         fixed=fixed)
         finally:
