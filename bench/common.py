@@ -12,12 +12,14 @@ import select
 import signal
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 __all__ = [
     "FLOOR_ARGV",
     "Memory",
     "children_of",
+    "floor_cgroup_cycle",
     "floor_cycle",
     "handles_signal",
     "memory",
@@ -156,12 +158,15 @@ def signal_pid(pid: int, sig: int, still_ours=None) -> bool:
         os.close(fd)
 
 
-def floor_cycle(argv: tuple[str, ...] = FLOOR_ARGV, timeout: float = 10.0) -> tuple[float, float]:
+def floor_cycle(argv: tuple[str, ...] = FLOOR_ARGV, timeout: float = 10.0,
+                preexec: Callable[[], None] | None = None) -> tuple[float, float]:
     """One floor sandbox: (start until catatonit handles SIGTERM, SIGTERM until unshare exited),
-    in seconds. Anything left is killed before returning."""
+    in seconds. ``preexec`` runs in the child before it execs unshare. Anything left is killed
+    before returning."""
     name = os.path.basename(argv[-2])
     t0 = time.perf_counter()
-    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            preexec_fn=preexec)
     pause = 0
     try:
         deadline = time.monotonic() + timeout
@@ -182,3 +187,33 @@ def floor_cycle(argv: tuple[str, ...] = FLOOR_ARGV, timeout: float = 10.0) -> tu
                 signal_pid(pause, signal.SIGKILL, lambda p: parent_of(p) == proc.pid)
             proc.kill()
             proc.wait()
+
+
+def floor_cgroup_cycle(parent: str, timeout: float = 10.0) -> tuple[float, float, float]:
+    """The floor plus what every runtime adds for a sandbox's cgroup: a directory in every
+    hierarchy (below ``parent``, relative to our own cgroup), the process moved into it before
+    it execs (unshare, and so catatonit after it), and the rmdir at the end. (start, stop,
+    remove) in seconds; the cgroup is removed whatever happens."""
+    import secrets
+
+    from shim.cgroups import SandboxCgroup
+
+    t0 = time.perf_counter()
+    cgroup = SandboxCgroup.create(f"floor-{secrets.token_hex(4)}", parent)
+    try:
+        procs = cgroup.procs_files()
+
+        def join() -> None:
+            for path in procs:
+                fd = os.open(path, os.O_WRONLY)
+                try:
+                    os.write(fd, b"0")
+                finally:
+                    os.close(fd)
+
+        made = time.perf_counter() - t0
+        start, stop = floor_cycle(timeout=timeout, preexec=join)
+    finally:
+        t1 = time.perf_counter()
+        cgroup.remove()
+    return made + start, stop, time.perf_counter() - t1

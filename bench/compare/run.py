@@ -29,7 +29,9 @@ round, so the machine's noise hits all of them alike. Contenders:
 - podshim, template, ``python -S``: the same with the template and the ``podshim start`` helper
   started without site-packages' start-up hooks (.pth files): podshim's cost without this
   interpreter's hooks (skip with ``--no-bare``);
-- floor: ``unshare --fork --pid --net --ipc --uts --mount --mount-proc catatonit -P`` → TERM → wait.
+- floor: ``unshare --fork --pid --net --ipc --uts --mount --mount-proc catatonit -P`` → TERM → wait;
+- floor + a sandbox cgroup: the same, moved before its exec into a new cgroup in every hierarchy,
+  which is removed after the exit (what runc and podshim do for every sandbox, without either).
 
 Idle memory: K sandboxes of each kind at a time (one kind at a time), RSS and PSS of every shim
 and every pause from /proc/PID/smaps_rollup.
@@ -66,7 +68,8 @@ from typing import Any, Callable
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, REPO)
 
-from bench.common import (Memory, children_of, floor_cycle, handles_signal, memory, parent_of, template_memory,  # noqa: E402
+from bench.common import (Memory, children_of, floor_cgroup_cycle, floor_cycle, handles_signal, memory,  # noqa: E402
+                          parent_of, template_memory,
                           percentile, signal_pid, wait_pidfd)
 
 NAMESPACE = "podshim-bench"
@@ -641,6 +644,20 @@ class Floor(Contender):
         return Sample(start, stop, 0.0)
 
 
+class FloorCgroup(Contender):
+    key, label = "floor-cgroup", "floor + a sandbox cgroup"
+    how = ("the floor, with a new cgroup in every hierarchy (mkdir), unshare moved into it before its exec, "
+           "and the rmdir after the exit: the kernel's cost of the cgroup every runtime makes for a sandbox")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.parent = f"podshim-bench-floor-{secrets.token_hex(3)}"
+
+    async def cycle(self) -> Sample:
+        start, stop, remove = floor_cgroup_cycle(self.parent)
+        return Sample(start, stop, remove)
+
+
 def start_template(runtime_root: str, logfile: str, janitor: Janitor, python: PythonCommand) -> subprocess.Popen:
     from shim.paths import control_socket_path, socket_address
     from shim.rpc import blocking
@@ -833,11 +850,18 @@ def _memory_section(idle: dict[int, dict[str, Idle]], labels: dict[str, str]) ->
 def _targets_section(contenders: list[Contender], base_med: float | None, idle: dict[int, dict[str, Idle]],
                      labels: dict[str, str]) -> list[str]:
     out = ["#### Targets", ""]
+    floors = {c.key: _median(c) for c in contenders if isinstance(c, (Floor, FloorCgroup)) and c.samples}
     for c in contenders:
         if isinstance(c, Podshim) and c.samples and base_med:
             speedup = base_med / _median(c)
             out.append(f"- {c.label}: cycle {speedup:.2f}x as fast as containerd+runc's (target ≥ 5x): "
                        f"**{'met' if speedup >= 5 else 'not met'}**.")
+            if floors.get("floor"):
+                times = _median(c) / floors["floor"]
+                out.append(f"- {c.label}: cycle {times:.2f}x the unshare floor (target ≤ 3x): "
+                           f"**{'met' if times <= 3 else 'not met'}**"
+                           + (f"; {_median(c) / floors['floor-cgroup']:.2f}x the floor with a sandbox cgroup."
+                              if floors.get("floor-cgroup") else "."))
     for count, kinds in idle.items():
         base_pss = mean_memory(kinds["runc"].shims)[1] if "runc" in kinds else None
         for key, result in kinds.items():
@@ -927,7 +951,7 @@ async def amain(args: argparse.Namespace, janitor: Janitor, workdir: str, info: 
                 Controller(state_root, runtime_root, spawner=timed_spawner(runtime_root, commands[python])))
             contenders.append(Podshim(key, label, controller, template))
             timings["setup"] += time.perf_counter() - t_kind
-        contenders.append(Floor())
+        contenders += [Floor(), FloorCgroup()]
         if crun:
             contenders.insert(1, Containerd(cd, "crun", "containerd + crun", crun, os.path.join(workdir, "crun-root"),
                                             False))
