@@ -67,7 +67,7 @@ async def bench(tasks: int) -> None:
         await client.aclose()
         shutil.rmtree(base, ignore_errors=True)
 
-    print(f"| pid mode | Start median (min–max), ms | Create→Delete median, ms | n |")
+    print("| pid mode | Start median (min–max), ms | Create→Delete median, ms | n |")
     print("|---|---|---|---|")
     for pid_mode, start_ms, cycle_ms in rows:
         print(f"| {pid_mode} | {statistics.median(start_ms):.1f} ({min(start_ms):.1f}–{max(start_ms):.1f}) "
