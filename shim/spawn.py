@@ -288,10 +288,10 @@ def spawn_shim(config: Any, *, debug: bool = False, double_fork: bool = False,
     os.close(ready_w)
     sock.close()
     try:
-        if not double_fork:
-            _start_attach_grace_period()  # while the shim boots
-        # With a double fork the intermediate child does that, then exits: the caller reaps it
-        # (the template, on SIGCHLD), since waiting here would wait out the grace period.
+        # With a double fork (the template) the intermediate child starts the cgroup grace period
+        # and exits: the caller reaps it (SIGCHLD), since waiting here would wait that out. A
+        # single fork (`podshim start`) does not: the shim it forks spends longer importing than
+        # the grace period's head start lasts.
         shim_pid, ready = _wait_ready(ready_r, START_TIMEOUT)
     finally:
         os.close(ready_r)
