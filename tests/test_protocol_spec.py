@@ -49,7 +49,7 @@ def test_limits_stated_in_the_spec_match_the_code():
 
 def test_every_method_is_specified():
     for service, methods in ((api.SANDBOX_SERVICE, api.SANDBOX_METHODS), (api.EVENTS_SERVICE, api.EVENTS_METHODS),
-                             (api.TASK_SERVICE, api.TASK_METHODS)):
+                             (api.TASK_SERVICE, api.TASK_METHODS), (api.TEMPLATE_SERVICE, api.TEMPLATE_METHODS)):
         assert f"`{service}`" in SPEC
         for method in methods:
             assert f"| `{method}` |" in SPEC, method

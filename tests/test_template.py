@@ -240,7 +240,9 @@ def _comm(pid: int) -> str:
 
 
 def test_template_hands_its_spare_to_the_next_spawn_and_forks_another(roots, template):
-    spare = _ping(template)["spare_pid"]
+    ping = _ping(template)
+    assert set(ping) == {"pid", "spawned", "runtime_root", "spare_pid"}  # protocol.md 7.5
+    spare = ping["spare_pid"]
     assert spare > 0 and _comm(spare) == "podshim-spare"
     result = start_shim(roots, "s1")
     assert result["pid"] == spare
