@@ -211,6 +211,7 @@ def _spare_wait(channel: socket.socket) -> NoReturn:
         from .sandbox import ShimConfig
 
         config = ShimConfig(**assignment["config"])
+        os.set_inheritable(fds[0], False)  # received without close-on-exec
         listener = socket.socket(fileno=fds[0])
         _stdio_to(os.path.join(config.bundle, LOG_FILE))
         random.seed()
