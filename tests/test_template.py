@@ -267,3 +267,67 @@ def test_the_spare_goes_with_the_template(roots, template):
     spare = _ping(template)["spare_pid"]
     template.stop()
     assert _wait_gone(spare)
+
+
+_SERVE_AFTER_PRELOAD = """
+import json, sys
+from shim import template
+template._preload()
+from shim.daemon import serve_forever
+from shim.sandbox import ShimConfig
+from shim.spawn import bind_listener
+namespace, sandbox_id, bundle, socket_path, runtime_root = sys.argv[1:6]
+before = set(sys.modules)
+serve_forever(ShimConfig(namespace, sandbox_id, bundle, socket_path, runtime_root), bind_listener(socket_path))
+print(json.dumps(sorted(set(sys.modules) - before)))
+"""
+
+
+async def test_a_shim_forked_from_the_template_imports_nothing_in_a_sandbox_life(roots):
+    # What the template preloads is all a shim needs: serving a sandbox's whole life (with a
+    # task) after the preload imports no module (an import there would cost every sandbox).
+    from shim.paths import socket_path
+    from shim.rpc.api import TASK_SERVICE
+
+    runtime_root, tmp_path, started = roots
+    sid = f"imp-{secrets.token_hex(4)}"
+    bundle = str(tmp_path / sid)
+    os.makedirs(bundle, mode=0o700)
+    started.append((sid, bundle))
+    path = socket_path("tpl", sid, runtime_root)
+    proc = subprocess.Popen([sys.executable, "-c", _SERVE_AFTER_PRELOAD, "tpl", sid, bundle, path, runtime_root],
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 15
+        while True:
+            try:
+                client = await Client.connect("unix://" + path, namespace="tpl")
+                break
+            except Exception:
+                assert proc.poll() is None and time.monotonic() < deadline, "the shim did not come up"
+                time.sleep(0.02)
+        try:
+            call = client.call
+            await call(SANDBOX_SERVICE, "CreateSandbox", {"sandbox_id": sid})
+            await call(SANDBOX_SERVICE, "StartSandbox", {"sandbox_id": sid})
+            await call(SANDBOX_SERVICE, "SandboxStatus", {"sandbox_id": sid, "verbose": True})
+            await call(SANDBOX_SERVICE, "SandboxMetrics", {"sandbox_id": sid})
+            await call(SANDBOX_SERVICE, "Platform", {"sandbox_id": sid})
+            task = {"sandbox_id": sid, "task_id": "app"}
+            await call(TASK_SERVICE, "Create", {**task, "args": ["sleep", "30"],
+                                                "log_path": str(tmp_path / "app.log")})
+            await call(TASK_SERVICE, "Start", task)
+            await call(TASK_SERVICE, "Kill", {**task, "signal": signal.SIGKILL})
+            await call(TASK_SERVICE, "Wait", task)
+            await call(TASK_SERVICE, "Delete", task)
+            await call(SANDBOX_SERVICE, "StopSandbox", {"sandbox_id": sid})
+            await call(SANDBOX_SERVICE, "WaitSandbox", {"sandbox_id": sid})
+            await call(SANDBOX_SERVICE, "ShutdownSandbox", {"sandbox_id": sid})
+        finally:
+            await client.aclose()
+        out, _ = proc.communicate(timeout=15)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert json.loads(out) == []
