@@ -217,7 +217,7 @@ def _spare_wait(channel: socket.socket) -> NoReturn:
         random.seed()
         if assignment.get("debug"):
             setup_logging(True)
-        code = serve_forever(config, listener, ready_fd=channel.detach(), recorded=True, loop=loop)
+        code = serve_forever(config, listener, ready_fd=channel.detach(), loop=loop)
     except BaseException:
         import traceback
 
@@ -264,9 +264,9 @@ def spawn_shim(config: Any, *, debug: bool = False, double_fork: bool = False,
         try:
             if _assign(spare, config, sock, debug):
                 sock.close()
-                # While the spare sets up: its record, before anyone can call it (nobody has its
-                # address yet), and its bootstrap, taken back if it does not come up.
-                _record_shim(config, spare.pid)
+                # The shim writes its own first state.json (a template that dies from here on
+                # leaves a shim `podshim delete` can find); meanwhile its bootstrap, taken back
+                # if it does not come up.
                 result = bootstrap(address, spare.pid)
                 boot_path = os.path.join(config.bundle, BOOTSTRAP_FILE)
                 write_json_atomic(boot_path, result, mode=0o644, durable=False)

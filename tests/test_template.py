@@ -247,6 +247,8 @@ def test_template_hands_its_spare_to_the_next_spawn_and_forks_another(roots, tem
     result = start_shim(roots, "s1")
     assert result["pid"] == spare
     assert _comm(spare) == "podshim-shim"
+    with open(os.path.join(roots[1], "s1", "state.json")) as f:  # `podshim delete` can find it
+        assert json.load(f)["shim_pid"] == spare
     deadline = time.monotonic() + 5
     while (nxt := _ping(template)["spare_pid"]) in (0, spare) and time.monotonic() < deadline:
         time.sleep(0.01)
