@@ -11,8 +11,9 @@ the same serve path as ``podshim serve`` and the result is the bootstrap ``podsh
 
 The control socket speaks the podshim protocol: service ``podshim.template.v1.Template``,
 methods ``Spawn {namespace, sandbox_id, bundle, runtime_root, pause_binary?, debug?}`` → the
-bootstrap map, and ``Ping`` → ``{pid, spawned, runtime_root, spare_pid}``. It is served without an event loop, one call at a time: forking
-from inside a running event loop would hand the child a loop it must not touch.
+bootstrap map, and ``Ping`` → ``{pid, spawned, runtime_root, spare_pid}`` (protocol.md 7.5). It
+is served without an event loop, one call at a time: forking from inside a running event loop
+would hand the child a loop it must not touch.
 """
 
 from __future__ import annotations
