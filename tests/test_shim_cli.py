@@ -20,6 +20,9 @@ from shim.rpc import Client
 from shimtools import host_untouched, shim, shims  # noqa: F401  (fixtures)
 from shimtools import PODSHIM, WAIT, ProcessRef, new_id, run_podshim
 
+# Each test runs twice: shims exec'd by `podshim start`, and forked by the session's template.
+pytestmark = pytest.mark.usefixtures("spawn_mode")
+
 TIMESTAMP = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z ")
 
 
@@ -27,17 +30,23 @@ def _stat_field(pid: int, number: int) -> int:
     return int(linux.proc_stat(pid)[number - 1])
 
 
-def _processes_naming(text: str) -> set[int]:
-    """Live processes whose command line contains ``text``."""
+def _shims_of(bundle: str) -> set[int]:
+    """Live processes writing to ``bundle``'s log on stdout: its shims, however they were
+    started (a shim forked by the template has the template's command line)."""
+    log_path = os.path.join(bundle, LOG_FILE)
     found = set()
     for entry in os.listdir("/proc"):
         try:
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
-                if text.encode() in f.read():
-                    found.add(int(entry))
+            if os.readlink(f"/proc/{entry}/fd/1") == log_path and _state(int(entry)) not in ("Z", "X"):
+                found.add(int(entry))
         except (OSError, ValueError):
             pass
     return found
+
+
+def _state(pid: int) -> str:
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0]
 
 
 def _listening_inodes(path: str) -> set[str]:
@@ -58,7 +67,7 @@ async def test_start_prints_bootstrap_json_and_writes_the_same_to_the_bundle(shi
         "pid": shim.pid,
     }
     assert read_json(os.path.join(shim.bundle, BOOTSTRAP_FILE)) == shim.bootstrap
-    assert _processes_naming(shim.bundle) == {shim.pid}
+    assert _shims_of(shim.bundle) == {shim.pid}
 
 
 async def test_start_returns_only_once_the_socket_accepts(shims):
@@ -90,7 +99,7 @@ async def test_start_twice_returns_the_same_address_and_starts_no_second_shim(sh
                                     shim.runtime_root)
     assert again.returncode == 0, again.stderr
     assert json.loads(again.stdout) == shim.bootstrap
-    assert _processes_naming(shim.bundle) == {shim.pid}
+    assert _shims_of(shim.bundle) == {shim.pid}
 
 
 async def test_shim_survives_the_death_of_its_callers_process_group(shims):

@@ -10,6 +10,9 @@ import pytest
 from shimtools import host_untouched, shims  # noqa: F401  (fixtures)
 from shimtools import Footprint, ProcessRef, ShimLauncher, child_pids, leftovers
 
+# Each test runs twice: shims exec'd by `podshim start`, and forked by the session's template.
+pytestmark = pytest.mark.usefixtures("spawn_mode")
+
 CYCLES = 100
 CONCURRENCY = 4
 

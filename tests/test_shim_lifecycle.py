@@ -16,6 +16,9 @@ from shim.rpc.api import SANDBOX_METHODS
 from shimtools import host_untouched, shim, shims  # noqa: F401  (fixtures)
 from shimtools import WAIT, EventStream, ProcessRef, mounts_naming, ns_inode
 
+# Each test runs twice: shims exec'd by `podshim start`, and forked by the session's template.
+pytestmark = pytest.mark.usefixtures("spawn_mode")
+
 
 NAMESPACES = ("net", "pid", "ipc", "uts", "mnt")
 

@@ -20,6 +20,9 @@ from shim.rpc.api import TASK_SERVICE
 from shimtools import host_untouched, shims  # noqa: F401  (fixtures)
 from shimtools import WAIT, EventStream, ProcessRef, Shim, ShimLauncher, ns_inode
 
+# Each test runs twice: shims exec'd by `podshim start`, and forked by the session's template.
+pytestmark = pytest.mark.usefixtures("spawn_mode")
+
 HOSTNAME = "pod-host"
 LOG_LINE = re.compile(rb"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d{1,9})?Z) (stdout|stderr) ([FP]) (.*)")
 #: (pid, start time) of every task process started in this module, and every task cgroup.
