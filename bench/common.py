@@ -201,18 +201,8 @@ def floor_cgroup_cycle(parent: str, timeout: float = 10.0) -> tuple[float, float
     t0 = time.perf_counter()
     cgroup = SandboxCgroup.create(f"floor-{secrets.token_hex(4)}", parent)
     try:
-        procs = cgroup.procs_files()
-
-        def join() -> None:
-            for path in procs:
-                fd = os.open(path, os.O_WRONLY)
-                try:
-                    os.write(fd, b"0")
-                finally:
-                    os.close(fd)
-
         made = time.perf_counter() - t0
-        start, stop = floor_cycle(timeout=timeout, preexec=join)
+        start, stop = floor_cycle(timeout=timeout, preexec=lambda: cgroup.join(0))  # 0: the child itself
     finally:
         t1 = time.perf_counter()
         cgroup.remove()

@@ -110,6 +110,10 @@ class Spare:
     channel: socket.socket
     go_fd: int
 
+    @property
+    def taken(self) -> bool:
+        return self.go_fd < 0
+
     def take(self) -> None:
         """Tell the intermediate child the spare is being used: it starts the cgroup grace
         period (:func:`shim.cgroups.start_attach_grace_period`) and exits."""
