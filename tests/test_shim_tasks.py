@@ -249,9 +249,11 @@ async def test_kill_all_signals_every_process_of_the_task(pod, tmp_path):
     ready = FifoReader(str(tmp_path / "ready"))
     # The shell survives SIGUSR1 (it traps it); its two sleeps die of it only if they get it too.
     # The trap is set after the forks: a child forked with it would hold the shell's handler
-    # until it resets it, and a SIGUSR1 in between would be lost.
-    await pod.run("app", "sh", "-c", f"sleep 30 & sleep 30 & trap 'echo trapped' USR1; echo > {ready.path}; wait; wait",
-                  pid_mode="POD")
+    # until it resets it, and a SIGUSR1 in between would be lost. The shell waits until its own
+    # SIGUSR1 came: the sleeps may get theirs first, and a shell that saw them die and exited
+    # before its own arrived would never print.
+    await pod.run("app", "sh", "-c", f"sleep 30 & sleep 30 & trap 'got=1; echo trapped' USR1; echo > {ready.path}; "
+                  "until [ -n \"$got\" ]; do wait; done; wait", pid_mode="POD")
     await ready.wait()  # both sleeps are forked
     await pod.call("Kill", task_id="app", signal=10, all=True)
     assert (await pod.wait("app"))["exit_status"] == 0
