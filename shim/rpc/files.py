@@ -76,9 +76,9 @@ def _exchange(tmp: str, path: str) -> bool:
     the caller renames instead.
     """
     global _renameat2
-    if _renameat2 is None:
-        import ctypes
+    import ctypes  # here, not at the top: a client importing shim.rpc never pays for it
 
+    if _renameat2 is None:
         try:
             fn = ctypes.CDLL(None, use_errno=True).renameat2
             fn.argtypes = (ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint)
@@ -87,8 +87,6 @@ def _exchange(tmp: str, path: str) -> bool:
             _renameat2 = False
     if _renameat2 is False:
         return False
-    import ctypes
-
     if _renameat2(_AT_FDCWD, os.fsencode(tmp), _AT_FDCWD, os.fsencode(path), _RENAME_EXCHANGE) == 0:
         return True
     err = ctypes.get_errno()
