@@ -2,10 +2,12 @@
 # podshim's main job: a real pod sandbox lifecycle with crictl's verbs, on built-in defaults
 # (state in /var/lib/podshim, sockets in /run/podshim). The pod gets its own network namespace
 # with loopback only: no CNI config is used, so nothing touches this machine's network.
-# Run as root after `.ci/install`. It leaves nothing behind, and says so.
+# Run as root after `.ci/install` (it links podshimctl and podshim into /usr/local/bin). It leaves
+# nothing behind, and says so.
 set -eu
 cd "$(dirname "$0")"
-ctl() { PODSHIM_CNI_CONF_DIR="$nocni" python3 -m client "$@"; }
+command -v podshimctl >/dev/null || { echo "quickstart: no podshimctl on PATH: run .ci/install first" >&2; exit 1; }
+ctl() { PODSHIM_CNI_CONF_DIR="$nocni" podshimctl "$@"; }
 nocni=$(mktemp -d /tmp/podshim-quickstart-nocni.XXXXXX)
 pod=""
 cleanup() {

@@ -124,8 +124,9 @@ def test_a_given_parent_that_existed_is_kept(make_cgroup):
 
 
 def test_absolute_parent_is_relative_to_the_hierarchy_root(make_cgroup):
-    # Under our own memory cgroup, so the test stays inside this session's memory accounting.
-    parent = f"{_own_cgroups()['memory']}/{_unique('parent')}"
+    # Under our own memory cgroup, so the test stays inside this session's memory accounting
+    # (joined, not concatenated: that cgroup may be the root, "/").
+    parent = os.path.join(_own_cgroups()["memory"], _unique("parent"))
     cgroup = make_cgroup("sb", parent)
     for hierarchy in discover_hierarchies():
         if hierarchy.key in cgroup.paths:

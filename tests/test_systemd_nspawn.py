@@ -10,12 +10,16 @@ its pids and systemctl are the container's own, and nothing needs translating.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shlex
+import shutil
 import stat
+import tempfile
 import textwrap
 import time
+from collections.abc import Iterator
 
 import pytest
 
@@ -32,15 +36,41 @@ CALL_TIMEOUT = 10.0
 
 @pytest.fixture(scope="module")
 def machine():
-    """A booted container with the units installed and PATH set to find the venv's podshim."""
+    """A booted container with the units installed and the venv's podshim commands linked in its
+    /usr/local/bin, where .ci/install links them on a host (the units run /usr/local/bin/podshim);
+    PATH set to find the venv's commands first."""
     reason = nspawn_unavailable()
     if reason is not None:
         pytest.skip(reason)
-    with project_venv(REPO) as venv, Machine.booted(binds_ro=[venv]) as m:
+    with project_venv(REPO) as venv, command_links(venv) as links, \
+            Machine.booted(binds_ro=[venv, f"{links}:/usr/local/bin"]) as m:
         m.venv = venv
         m.install_units(os.path.join(REPO, "systemd"))
         m.write_file("/run/podshim/systemd.env", f'PATH="{venv}/bin:{CONTAINER_PATH}"\n')
         yield m
+
+
+@contextlib.contextmanager
+def command_links(venv: str) -> Iterator[str]:
+    """A directory of links to the venv's podshim* commands, as .ci/install makes in /usr/local/bin."""
+    links = tempfile.mkdtemp(prefix="psh-bin-")
+    try:
+        os.chmod(links, 0o755)
+        for name in os.listdir(os.path.join(venv, "bin")):
+            if name.startswith("podshim"):
+                os.symlink(os.path.join(venv, "bin", name), os.path.join(links, name))
+        yield links
+    finally:
+        shutil.rmtree(links, ignore_errors=True)
+
+
+def wait_for_state(machine: Machine, unit: str, state: str, timeout: float = CALL_TIMEOUT) -> None:
+    """Poll until ``unit``'s ActiveState is ``state``: a unit stopped through another's PartOf=
+    may get there after the ``systemctl stop`` of that other unit returned."""
+    deadline = time.monotonic() + timeout
+    while (current := unit_state(machine, unit)) != state:
+        assert time.monotonic() < deadline, f"{unit} is still {current}, not {state}, after {timeout} s"
+        time.sleep(0.05)
 
 
 class Sandbox:
@@ -124,8 +154,9 @@ async def test_the_socket_starts_the_shim_on_the_first_connection(machine):
         pause, info = await sb.run(client)
         assert sb.netns_visible(info["netns_path"])
         machine.systemctl("stop", sb.service)
-    # PartOf=: the socket went with its service, so no connection can start a second shim.
-    assert sb.show("ActiveState", unit=sb.socket)["ActiveState"] == "inactive"
+    # PartOf=: the socket goes with its service, so no connection can start a second shim. Its
+    # stop job may finish after `systemctl stop` of the service returned: wait for it.
+    wait_for_state(machine, sb.socket, "inactive")
     assert not os.path.lexists(machine.host_path(path))
     sb.assert_gone(pause, info)
 

@@ -65,8 +65,10 @@ def test_the_service_is_notify_never_restarted_and_shuts_the_sandbox_down_on_sto
     d = _directives("podshim@.service")
     assert d["Type"] == ["notify"] and d["NotifyAccess"] == ["main"]
     assert d["KillMode"] == ["mixed"] and d["Restart"] == ["no"] and d["Delegate"] == ["yes"]
-    assert d["ExecStart"] == ["/usr/bin/env podshim serve --instance %I --shutdown-on-term"]
-    assert d["ExecStopPost"] == ["-/usr/bin/env podshim delete --instance %I"]
+    # The command .ci/install links (systemd-analyze verify needs it to exist).
+    assert d["ExecStart"] == ["/usr/local/bin/podshim serve --instance %I --shutdown-on-term"]
+    assert d["ExecStopPost"] == ["-/usr/local/bin/podshim delete --instance %I"]
+    assert _directives("podshim-template.service")["ExecStart"] == ["/usr/local/bin/podshim template"]
     # Starts stay rate-limited: a socket cannot restart a shim that keeps failing forever.
     assert "StartLimitIntervalSec" not in d and "StartLimitBurst" not in d
 
