@@ -196,7 +196,7 @@ def floor_cgroup_cycle(parent: str, timeout: float = 10.0) -> tuple[float, float
     remove) in seconds; the cgroup is removed whatever happens."""
     import secrets
 
-    from shim.cgroups import SandboxCgroup
+    from shim.kernel.cgroups import SandboxCgroup
 
     t0 = time.perf_counter()
     cgroup = SandboxCgroup.create(f"floor-{secrets.token_hex(4)}", parent)

@@ -31,9 +31,9 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
 from bench.common import percentile  # noqa: E402
-from client.pod import open_pod_service  # noqa: E402
-from shim import process  # noqa: E402
-from shim.options import NATIVE, RUNTIME_HANDLERS  # noqa: E402
+from client.cri.pod import open_pod_service  # noqa: E402
+from shim.runtime import process  # noqa: E402
+from shim.sandbox.options import NATIVE, RUNTIME_HANDLERS  # noqa: E402
 
 PHASES = ("runp", "stopp", "rmp")
 

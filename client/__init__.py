@@ -8,10 +8,10 @@ Importing this package never imports pyroute2: the node agent that embeds it sta
 - The results (``client.results``): frozen dataclasses.
 """
 
-from .controller import Controller
-from .nsmap import NSMap
-from .results import Bootstrap, ControllerInstance, ControllerStatus, ExitStatus, Platform
-from .spawners import ExecSpawner, Spawner
+from client.controller import Controller
+from client.nsmap import NSMap
+from client.results import Bootstrap, ControllerInstance, ControllerStatus, ExitStatus, Platform
+from client.spawners import ExecSpawner, Spawner
 
 __all__ = ["Controller", "NSMap", "Spawner", "ExecSpawner", "Bootstrap", "ControllerInstance", "ControllerStatus",
            "ExitStatus", "Platform"]

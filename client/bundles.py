@@ -23,7 +23,7 @@ from typing import Iterator
 from shim.rpc.identifiers import validate_identifier
 from shim.rpc.status import AlreadyExists, Internal, InvalidArgument, NotFound
 
-from .results import BOOTSTRAP_FILE, Bootstrap
+from client.results import BOOTSTRAP_FILE, Bootstrap
 
 __all__ = ["bundle_path", "make_bundle", "remove_bundle", "read_bootstrap", "scan", "BundleLock"]
 

@@ -38,11 +38,11 @@ from shim.rpc.status import (
     Unavailable,
 )
 
-from .bundles import bundle_path, make_bundle, read_bootstrap, remove_bundle, scan
-from .handle import Phase, ShimHandle
-from .nsmap import NSMap
-from .results import UNKNOWN_EXIT_STATUS, ControllerInstance, ControllerStatus, ExitStatus, Platform
-from .spawners import DEFAULT_RUNTIME_ROOT, ExecSpawner, Spawner
+from client.bundles import bundle_path, make_bundle, read_bootstrap, remove_bundle, scan
+from client.handle import Phase, ShimHandle
+from client.nsmap import NSMap
+from client.results import UNKNOWN_EXIT_STATUS, ControllerInstance, ControllerStatus, ExitStatus, Platform
+from client.spawners import DEFAULT_RUNTIME_ROOT, ExecSpawner, Spawner
 
 __all__ = [
     "Controller",
@@ -103,7 +103,7 @@ class Controller:
         if spawner == "exec":
             spawner = ExecSpawner(runtime_root=self.runtime_root)
         elif spawner == "systemd":
-            from .systemd import SystemdSpawner  # it imports this module
+            from client.systemd import SystemdSpawner  # it imports this module
 
             spawner = SystemdSpawner(self.state_root, self.runtime_root)
         elif not isinstance(spawner, Spawner):

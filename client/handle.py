@@ -22,8 +22,8 @@ import anyio
 
 from shim.rpc.client import Client
 
-from .bundles import BundleLock
-from .results import ControllerStatus, ExitStatus
+from client.bundles import BundleLock
+from client.results import ControllerStatus, ExitStatus
 
 __all__ = ["Phase", "ShimHandle"]
 

@@ -31,7 +31,7 @@ from shim.rpc.api import DEFAULT_RUNTIME_ROOT, TEMPLATE_SERVICE, TEMPLATE_SOCKET
 from shim.rpc.client import Client
 from shim.rpc.status import DeadlineExceeded, Internal, RpcError, Unavailable
 
-from .results import UNKNOWN_EXIT_STATUS, Bootstrap, ExitStatus
+from client.results import UNKNOWN_EXIT_STATUS, Bootstrap, ExitStatus
 
 __all__ = [
     "SPAWN_TIMEOUT",

@@ -34,10 +34,10 @@ from shim.rpc.files import write_atomic
 from shim.rpc.identifiers import validate_identifier
 from shim.rpc.status import DeadlineExceeded, Internal, InvalidArgument, NotFound, RpcError, Unavailable
 
-from .bundles import read_bootstrap
-from .controller import DEFAULT_STATE_ROOT
-from .results import BOOTSTRAP_FILE, BOOTSTRAP_VERSION, PROTOCOL, Bootstrap, ExitStatus
-from .spawners import DEFAULT_RUNTIME_ROOT, SPAWN_TIMEOUT, ExecSpawner, Spawner, _said
+from client.bundles import read_bootstrap
+from client.controller import DEFAULT_STATE_ROOT
+from client.results import BOOTSTRAP_FILE, BOOTSTRAP_VERSION, PROTOCOL, Bootstrap, ExitStatus
+from client.spawners import DEFAULT_RUNTIME_ROOT, SPAWN_TIMEOUT, ExecSpawner, Spawner, _said
 
 __all__ = [
     "ENV_FILE",

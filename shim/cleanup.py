@@ -12,11 +12,12 @@ import signal
 import time
 from typing import Any
 
-from . import cgroups, netns, oci
-from .linux import proc_start_time
-from .rpc.api import UNKNOWN_EXIT_STATUS
-from .paths import STATE_FILE, read_json, socket_path, write_json_atomic
-from .rpc.status import RpcError
+from shim.kernel import cgroups, netns
+from shim.runtime import oci
+from shim.kernel.linux import proc_start_time
+from shim.rpc.api import UNKNOWN_EXIT_STATUS
+from shim.paths import STATE_FILE, read_json, socket_path, write_json_atomic
+from shim.rpc.status import RpcError
 
 __all__ = ["UNKNOWN_EXIT_STATUS", "delete_sandbox", "process_alive", "wait_gone"]
 

@@ -17,11 +17,11 @@ import os
 import socket
 import sys
 
-from .paths import (BOOTSTRAP_FILE, DEFAULT_RUNTIME_ROOT, template_socket_for, socket_address, socket_path,
+from shim.paths import (BOOTSTRAP_FILE, DEFAULT_RUNTIME_ROOT, template_socket_for, socket_address, socket_path,
                     validate_identifier, write_json_atomic)
-from .rpc.api import TEMPLATE_SERVICE
-from .rpc.status import RpcError, Unavailable
-from .spawn import bind_listener, bootstrap, ensure_dir, spawn_shim
+from shim.rpc.api import TEMPLATE_SERVICE
+from shim.rpc.status import RpcError, Unavailable
+from shim.launch.spawn import bind_listener, bootstrap, ensure_dir, spawn_shim
 
 __all__ = ["main"]
 
@@ -77,7 +77,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _config(args: argparse.Namespace):
-    from .sandbox import ShimConfig  # the daemon's modules load only for actions that run one
+    from shim.sandbox.sandbox import ShimConfig  # the daemon's modules load only for actions that run one
 
     return ShimConfig(
         namespace=args.namespace,
@@ -135,7 +135,7 @@ def _start_from_template(args: argparse.Namespace) -> dict | None:
     path = template_socket_for(args.runtime_root)
     if not os.path.exists(path) or args.no_template:
         return None
-    from .rpc import blocking
+    from shim.rpc import blocking
 
     payload = {"namespace": args.namespace, "sandbox_id": args.sandbox_id, "bundle": args.bundle,
                "runtime_root": args.runtime_root, "debug": args.debug}
@@ -148,16 +148,16 @@ def _start_from_template(args: argparse.Namespace) -> dict | None:
 
 
 def _template(args: argparse.Namespace) -> int:
-    from .daemon import setup_logging
-    from .template import run_template
+    from shim.daemon import setup_logging
+    from shim.launch.template import run_template
 
     setup_logging(args.debug)
     return run_template(args.runtime_root, pause_binary=args.pause_binary)
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from .daemon import serve_forever, setup_logging
-    from .notify import listen_fds
+    from shim.daemon import serve_forever, setup_logging
+    from shim.launch.notify import listen_fds
 
     setup_logging(args.debug)
     ensure_dir(args.bundle, 0o700)
@@ -181,7 +181,7 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _delete(args: argparse.Namespace) -> int:
-    from .cleanup import delete_sandbox
+    from shim.cleanup import delete_sandbox
 
     if not os.path.isdir(args.bundle):
         raise UsageError(f"bundle {args.bundle!r} does not exist")

@@ -14,16 +14,16 @@ import socket
 import sys
 import time
 
-from .events import EventBus
-from .linux import set_process_name
-from .notify import Notifier
-from .reaper import Reaper
-from .rpc.channel import install_uvloop
-from .rpc.server import Server
-from .sandbox import Sandbox, ShimConfig, State
-from .service import SandboxService, register
-from .task_service import TaskService, register_tasks
-from .tasks import TaskSet
+from shim.sandbox.events import EventBus
+from shim.kernel.linux import set_process_name
+from shim.launch.notify import Notifier
+from shim.kernel.reaper import Reaper
+from shim.rpc.channel import install_uvloop
+from shim.rpc.server import Server
+from shim.sandbox.sandbox import Sandbox, ShimConfig, State
+from shim.sandbox.service import SandboxService, register
+from shim.sandbox.task_service import TaskService, register_tasks
+from shim.sandbox.tasks import TaskSet
 
 __all__ = ["SHUTDOWN_TIMEOUT", "serve_forever", "setup_logging"]
 

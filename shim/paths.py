@@ -11,10 +11,10 @@ import json
 import os
 from typing import Any
 
-from .rpc.api import BOOTSTRAP_FILE, BOOTSTRAP_VERSION, DEFAULT_RUNTIME_ROOT, PROTOCOL, TEMPLATE_SOCKET, TEMPLATE_SOCKET_ENV
-from .rpc.files import write_atomic
-from .rpc.identifiers import MAX_IDENTIFIER_CHARS, validate_identifier
-from .rpc.status import InvalidArgument
+from shim.rpc.api import BOOTSTRAP_FILE, BOOTSTRAP_VERSION, DEFAULT_RUNTIME_ROOT, PROTOCOL, TEMPLATE_SOCKET, TEMPLATE_SOCKET_ENV
+from shim.rpc.files import write_atomic
+from shim.rpc.identifiers import MAX_IDENTIFIER_CHARS, validate_identifier
+from shim.rpc.status import InvalidArgument
 
 __all__ = [
     "MAX_IDENTIFIER_CHARS",

@@ -5,7 +5,13 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import subprocess
 import time
+from contextlib import asynccontextmanager
+
+import pytest
+
+from client.cri.pod import open_pod_service
 
 EXAMPLES = os.path.join(os.path.dirname(__file__), "..", "examples")
 
@@ -44,3 +50,32 @@ def wait_gone(*pids: int, timeout: float = 5.0) -> list[int]:
     while (left := [p for p in pids if alive(p)]) and time.monotonic() < deadline:
         time.sleep(0.02)
     return left
+
+
+def ns_inode(pid: int, kind: str) -> int:
+    return os.stat(f"/proc/{pid}/ns/{kind}").st_ino
+
+
+
+
+
+
+@pytest.fixture
+def roots(tmp_path):
+    runtime_root = f"/tmp/podshim-pods-{secrets.token_hex(4)}"
+    yield str(tmp_path / "root"), runtime_root
+    subprocess.run(["rm", "-rf", runtime_root])
+
+
+@asynccontextmanager
+async def pod_service(roots, **kwargs):
+    root, runtime_root = roots
+    async with open_pod_service(root, runtime_root, cni_conf_dir=os.path.join(root, "no-cni"), **kwargs) as pods:
+        try:
+            yield pods
+        finally:
+            for pod in pods.store.list():
+                try:
+                    await pods.remove_pod_sandbox(pod.pod_id)
+                except Exception as exc:  # keep cleaning the rest; the leak guard reports leftovers
+                    print(f"cleanup of pod {pod.pod_id} failed: {exc}")

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from shim import linux
+from shim.kernel import linux
 from shim.cleanup import process_alive
 from shim.paths import STATE_FILE, read_json
 from shim.rpc import Client, RpcError

@@ -10,8 +10,8 @@ and anyio.
 status codes (the ``podshim`` CLI) does not pay for importing asyncio.
 """
 
-from .status import *  # noqa: F401,F403  (the typed errors are part of this package's API)
-from .status import __all__ as _status_all
+from shim.rpc.status import *  # noqa: F401,F403  (the typed errors are part of this package's API)
+from shim.rpc.status import __all__ as _status_all
 
 _LAZY = {
     "Client": ".client",

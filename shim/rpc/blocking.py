@@ -10,11 +10,11 @@ from __future__ import annotations
 import socket
 from typing import Any, Callable
 
-from .channel import parse_address, peer_credentials
-from .connection import CallRejected, CallStarted, ClientConnection, PeerClosed, ResponseReceived, ServerConnection
-from .frames import LocalProtocolError, RemoteProtocolError
-from .messages import Request, Response
-from .status import Code, InvalidArgument, Unavailable, error_from_status, status_from_exception
+from shim.rpc.channel import parse_address, peer_credentials
+from shim.rpc.connection import CallRejected, CallStarted, ClientConnection, PeerClosed, ResponseReceived, ServerConnection
+from shim.rpc.frames import LocalProtocolError, RemoteProtocolError
+from shim.rpc.messages import Request, Response
+from shim.rpc.status import Code, InvalidArgument, Unavailable, error_from_status, status_from_exception
 
 __all__ = ["call", "serve_connection"]
 

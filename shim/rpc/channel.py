@@ -16,7 +16,7 @@ import struct
 from dataclasses import dataclass
 from typing import Any
 
-from .frames import RemoteProtocolError
+from shim.rpc.frames import RemoteProtocolError
 
 __all__ = ["PeerCredentials", "Channel", "peer_credentials", "parse_address", "install_uvloop"]
 

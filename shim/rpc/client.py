@@ -16,11 +16,11 @@ import asyncio
 import socket
 from typing import Any, AsyncIterator, Callable
 
-from .channel import Channel, parse_address
-from .connection import ClientConnection, DataReceived, PeerClosed, ResponseReceived
-from .frames import LocalProtocolError
-from .messages import NAMESPACE_KEY, Request, Response
-from .status import Code, DeadlineExceeded, InvalidArgument, ResourceExhausted, Unavailable, error_from_status
+from shim.rpc.channel import Channel, parse_address
+from shim.rpc.connection import ClientConnection, DataReceived, PeerClosed, ResponseReceived
+from shim.rpc.frames import LocalProtocolError
+from shim.rpc.messages import NAMESPACE_KEY, Request, Response
+from shim.rpc.status import Code, DeadlineExceeded, InvalidArgument, ResourceExhausted, Unavailable, error_from_status
 
 __all__ = ["Client", "connect"]
 

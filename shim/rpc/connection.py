@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .frames import (
+from shim.rpc.frames import (
     CLOSED,
     MAX_DATA_BYTES,
     NEED_DATA,
@@ -21,7 +21,7 @@ from .frames import (
     OversizedFrame,
     encode_frame,
 )
-from .messages import (
+from shim.rpc.messages import (
     Request,
     Response,
     decode_request,
@@ -31,7 +31,7 @@ from .messages import (
     pack,
     unpack,
 )
-from .status import Code, RpcError
+from shim.rpc.status import Code, RpcError
 
 __all__ = [
     "MAX_STREAM_ID",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from .status import InvalidArgument
+from shim.rpc.status import InvalidArgument
 
 __all__ = ["MAX_IDENTIFIER_CHARS", "validate_identifier"]
 

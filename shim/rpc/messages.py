@@ -12,7 +12,7 @@ from typing import Any
 
 import msgpack
 
-from .status import Code, InvalidArgument
+from shim.rpc.status import Code, InvalidArgument
 
 __all__ = [
     "NAMESPACE_KEY",

@@ -15,11 +15,11 @@ import socket
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable
 
-from .channel import Channel, PeerCredentials, peer_credentials
-from .connection import CallRejected, CallStarted, PeerClosed, ServerConnection, StreamInput
-from .frames import MAX_DATA_BYTES, LocalProtocolError
-from .messages import Request, Response
-from .status import Code, status_from_exception
+from shim.rpc.channel import Channel, PeerCredentials, peer_credentials
+from shim.rpc.connection import CallRejected, CallStarted, PeerClosed, ServerConnection, StreamInput
+from shim.rpc.frames import MAX_DATA_BYTES, LocalProtocolError
+from shim.rpc.messages import Request, Response
+from shim.rpc.status import Code, status_from_exception
 
 __all__ = ["CallContext", "ServerStream", "Server", "UnaryHandler", "StreamHandler"]
 

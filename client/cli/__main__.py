@@ -1,0 +1,7 @@
+"""``python -m client.cli`` is ``podshimctl``."""
+
+import sys
+
+from client.cli.main import main
+
+sys.exit(main())

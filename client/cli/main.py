@@ -1,0 +1,378 @@
+"""``podshimctl``: talk to a shim directly, or drive sandboxes through the Controller.
+
+    podshimctl --address unix:///run/podshim/s/ab12... call podshim.sandbox.v1.Sandbox PingSandbox '{"sandbox_id":"sb1"}'
+    podshimctl --address unix:///run/podshim/s/ab12... events
+    podshimctl [--root DIR] [--runtime-root DIR] [--spawner exec|systemd] [--namespace NS] sandbox create|start|stop|wait|status|
+               shutdown|metrics|platform|list ... [--json]
+
+Exit status: 0 on success, 1 when the operation failed (stderr says ``STATUS_NAME: message``),
+2 for a usage error. Never a traceback for bad input. A sandbox command loads only the bundle
+it needs, so it costs one reconnect however many sandboxes the node runs.
+
+Top-level commands are registered with :func:`command`; a module named in
+:data:`COMMAND_MODULES` is imported before parsing, so another module (the pod verbs) can add
+its own commands without this file knowing them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import importlib
+import json
+import logging
+import os
+import sys
+from typing import Any, Awaitable, Callable, TextIO
+
+import anyio
+
+from shim.rpc.api import EVENTS_SERVICE
+from shim.rpc.client import Client
+from shim.rpc.status import RpcError
+
+from client.controller import DEFAULT_STATE_ROOT, Controller
+from client.spawners import DEFAULT_RUNTIME_ROOT
+
+__all__ = ["main", "command", "COMMAND_MODULES", "CliError", "emit", "open_controller"]
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+DEFAULT_NAMESPACE = "default"
+
+Setup = Callable[[argparse.ArgumentParser], None]
+_COMMANDS: dict[str, tuple[str, Setup]] = {}
+#: Modules imported by :func:`main` that register more commands with :func:`command`.
+COMMAND_MODULES: list[str] = ["client.cli.pods"]
+
+
+class CliError(Exception):
+    """Bad input that argparse cannot see (a file that is not JSON...): exit 1 with the message."""
+
+
+def command(name: str, help: str) -> Callable[[Setup], Setup]:
+    """Register a top-level command. ``setup(parser)`` adds its arguments (or sub-commands) and
+    sets ``run=async fn(args) -> int`` on every leaf with ``parser.set_defaults``."""
+    def register(setup: Setup) -> Setup:
+        _COMMANDS[name] = (help, setup)
+        return setup
+    return register
+
+
+# -- output -------------------------------------------------------------------------------
+def _timestamp(ns: int) -> str:
+    if not ns:
+        return "-"
+    when = datetime.datetime.fromtimestamp(ns / 1e9, tz=datetime.timezone.utc)
+    return when.strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
+
+
+def _plain(obj: Any) -> Any:
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return dataclasses.asdict(obj)
+    if isinstance(obj, list):
+        return [_plain(o) for o in obj]
+    return obj
+
+
+def _json_default(obj: Any) -> Any:
+    if isinstance(obj, (bytes, bytearray)):
+        return obj.hex()
+    raise TypeError(f"cannot show a {type(obj).__name__} as JSON")
+
+
+def _dumps(obj: Any) -> str:
+    return json.dumps(_plain(obj), default=_json_default, sort_keys=True)
+
+
+def _human(key: str, value: Any) -> str:
+    if key.endswith("_at") and isinstance(value, int):
+        return _timestamp(value)
+    if isinstance(value, (list, tuple)):
+        value = ", ".join(map(str, value))
+    if value is None or value == "":
+        return "-"
+    return str(value)
+
+
+def _heading(key: str) -> str:
+    return key.upper().replace("_", " ")
+
+
+def _print_fields(obj: Any, out: TextIO) -> None:
+    fields = _plain(obj)
+    flat = {k: v for k, v in fields.items() if not isinstance(v, dict)}
+    width = max((len(k) for k in fields), default=0)
+    for key, value in flat.items():
+        print(f"{_heading(key):<{width}}  {_human(key, value)}", file=out)
+    for key, value in fields.items():
+        if isinstance(value, dict) and value:
+            print(f"{_heading(key)}:", file=out)
+            inner = max(len(k) for k in value)
+            for k in sorted(value):
+                print(f"  {k:<{inner}}  {_human(k, value[k])}", file=out)
+
+
+def _print_table(rows: list[dict[str, Any]], columns: list[str], out: TextIO) -> None:
+    cells = [[_human(c, row.get(c)) for c in columns] for row in rows]
+    heads = [_heading(c) for c in columns]
+    widths = [max(len(h), *(len(r[i]) for r in cells)) if cells else len(h) for i, h in enumerate(heads)]
+    for line in [heads, *cells]:
+        print("  ".join(v.ljust(w) for v, w in zip(line, widths)).rstrip(), file=out)
+
+
+def emit(args: argparse.Namespace, obj: Any, human: Callable[[TextIO], None] | None = None) -> None:
+    """Print ``obj`` as one JSON document with ``--json``; else ``human(stdout)``, or its fields."""
+    if args.json:
+        print(_dumps(obj))
+    elif human is not None:
+        human(sys.stdout)
+    else:
+        _print_fields(obj, sys.stdout)
+
+
+def _read_json(text: str, what: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError as exc:
+        raise CliError(f"{what} is not valid JSON: {exc}") from None
+
+
+def _read_json_file(path: str, what: str) -> Any:
+    try:
+        if path == "-":
+            return _read_json(sys.stdin.read(), what)
+        with open(path) as f:
+            return _read_json(f.read(), f"{what} {path}")
+    except OSError as exc:
+        raise CliError(f"cannot read {what} {path}: {exc.strerror or exc}") from None
+
+
+# -- raw access to a shim -------------------------------------------------------------------
+def _add_json_flag(p: argparse.ArgumentParser) -> None:
+    # SUPPRESS: the flag may come before the command or after it without one hiding the other.
+    p.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="print JSON for scripts")
+
+
+@command("call", help="make one call to a shim and print the response payload as JSON (needs --address)")
+def _setup_call(p: argparse.ArgumentParser) -> None:
+    p.add_argument("service", help="e.g. podshim.sandbox.v1.Sandbox")
+    p.add_argument("method", help="e.g. SandboxStatus")
+    p.add_argument("payload", nargs="?", default="{}", help="the request payload as a JSON object (- for stdin)")
+    p.add_argument("--timeout", type=float, default=None, metavar="S", help="deadline in seconds (default: none)")
+    p.set_defaults(run=_run_call, needs_address=True)
+
+
+async def _run_call(args: argparse.Namespace) -> int:
+    text = sys.stdin.read() if args.payload == "-" else args.payload
+    payload = _read_json(text, "the payload")
+    if not isinstance(payload, dict):
+        raise CliError("the payload must be a JSON object")
+    async with await Client.connect(args.address, namespace=args.namespace) as client:
+        reply = await client.call(args.service, args.method, payload, timeout=args.timeout)
+    print(_dumps(reply if reply is not None else {}))
+    return EXIT_OK
+
+
+@command("events", help="print a shim's events as JSON lines until interrupted (needs --address)")
+def _setup_events(p: argparse.ArgumentParser) -> None:
+    p.set_defaults(run=_run_events, needs_address=True, quiet_interrupt=True)
+
+
+async def _run_events(args: argparse.Namespace) -> int:
+    async with await Client.connect(args.address, namespace=args.namespace) as client:
+        async for event in client.stream(EVENTS_SERVICE, "Subscribe", {}):
+            print(_dumps(event), flush=True)
+    return EXIT_OK
+
+
+# -- sandboxes through the Controller ---------------------------------------------------------
+async def open_controller(args: argparse.Namespace, sandbox_id: str | None = None, *,
+                          all_namespaces: bool = False) -> Controller:
+    """A Controller over ``--root``/``--runtime-root`` that loaded only what the command needs:
+    one sandbox, the namespace, or (``all_namespaces``) everything. The caller must aclose it."""
+    controller = Controller(args.root, args.runtime_root, spawner=args.spawner)
+    try:
+        await controller.load(None if all_namespaces else args.namespace, sandbox_id)
+    except BaseException:
+        await controller.aclose()
+        raise
+    return controller
+
+
+def _sandbox_verb(fn: Callable[[Controller, argparse.Namespace], Awaitable[int]]) -> Callable:
+    async def run(args: argparse.Namespace) -> int:
+        controller = await open_controller(args, args.sandbox_id)
+        try:
+            if args.verb != "create":
+                # A one-shot controller loaded only this bundle: say plainly when it is not there.
+                controller.sandboxes.get(args.namespace, args.sandbox_id)
+            return await fn(controller, args)
+        finally:
+            await controller.aclose()
+    return run
+
+
+async def _create(c: Controller, args: argparse.Namespace) -> int:
+    options = _read_json_file(args.options, "--options") if args.options else None
+    if options is not None and not isinstance(options, dict):
+        raise CliError("--options must hold a JSON object (a PodSandboxConfig)")
+    annotations = {}
+    for item in args.annotation:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise CliError(f"--annotation {item!r} is not KEY=VALUE")
+        annotations[key] = value
+    await c.create(args.namespace, args.sandbox_id, options=options, netns_path=args.netns,
+                   annotations=annotations or None)
+    emit(args, {"namespace": args.namespace, "sandbox_id": args.sandbox_id},
+         lambda out: print(f"created sandbox {args.sandbox_id} in namespace {args.namespace}", file=out))
+    return EXIT_OK
+
+
+async def _start(c: Controller, args: argparse.Namespace) -> int:
+    emit(args, await c.start(args.namespace, args.sandbox_id))
+    return EXIT_OK
+
+
+async def _stop(c: Controller, args: argparse.Namespace) -> int:
+    await c.stop(args.namespace, args.sandbox_id, timeout=args.timeout)
+    emit(args, {"namespace": args.namespace, "sandbox_id": args.sandbox_id},
+         lambda out: print(f"stopped sandbox {args.sandbox_id}", file=out))
+    return EXIT_OK
+
+
+async def _wait(c: Controller, args: argparse.Namespace) -> int:
+    result = await c.wait(args.namespace, args.sandbox_id)
+    emit(args, result, lambda out: print(f"sandbox {args.sandbox_id} exited with status {result.exit_status} "
+                                         f"at {_timestamp(result.exited_at)}", file=out))
+    return EXIT_OK
+
+
+async def _status(c: Controller, args: argparse.Namespace) -> int:
+    emit(args, await c.status(args.namespace, args.sandbox_id, verbose=args.verbose))
+    return EXIT_OK
+
+
+async def _shutdown(c: Controller, args: argparse.Namespace) -> int:
+    await c.shutdown(args.namespace, args.sandbox_id)
+    emit(args, {"namespace": args.namespace, "sandbox_id": args.sandbox_id},
+         lambda out: print(f"shut down sandbox {args.sandbox_id}", file=out))
+    return EXIT_OK
+
+
+async def _metrics(c: Controller, args: argparse.Namespace) -> int:
+    metrics = await c.metrics(args.namespace, args.sandbox_id)
+    emit(args, metrics, lambda out: _print_fields({"sandbox_id": metrics.get("sandbox_id"),
+                                                   "read_at": metrics.get("timestamp"),
+                                                   **(metrics.get("data") or {})}, out))
+    return EXIT_OK
+
+
+async def _platform(c: Controller, args: argparse.Namespace) -> int:
+    emit(args, await c.platform(args.namespace, args.sandbox_id))
+    return EXIT_OK
+
+
+async def _list(args: argparse.Namespace) -> int:
+    controller = await open_controller(args, all_namespaces=args.all_namespaces)
+    try:
+        found = await controller.list(None if args.all_namespaces else args.namespace)
+    finally:
+        await controller.aclose()
+    columns = ["sandbox_id", "state", "pid", "created_at", "exit_status"]
+    if args.all_namespaces:
+        columns.insert(0, "namespace")
+    emit(args, found, lambda out: _print_table([dataclasses.asdict(s) for s in found], columns, out))
+    return EXIT_OK
+
+
+@command("sandbox", help="create, inspect and remove sandboxes through the Controller")
+def _setup_sandbox(p: argparse.ArgumentParser) -> None:
+    verbs = p.add_subparsers(dest="verb", metavar="VERB", required=True)
+
+    def verb(name: str, help: str, fn: Callable | None = None) -> argparse.ArgumentParser:
+        sp = verbs.add_parser(name, help=help, description=help)
+        if fn is not None:
+            sp.add_argument("sandbox_id", metavar="ID", help="sandbox id")
+            sp.set_defaults(run=_sandbox_verb(fn))
+        _add_json_flag(sp)
+        return sp
+
+    sp = verb("create", "create a sandbox: spawn its shim and send CreateSandbox", _create)
+    sp.add_argument("--options", metavar="FILE", help="PodSandboxConfig as JSON (crictl's spelling; - for stdin)")
+    sp.add_argument("--netns", metavar="PATH", help="join this network namespace instead of making one")
+    sp.add_argument("--annotation", metavar="KEY=VALUE", action="append", default=[], help="add an annotation")
+    verb("start", "start the sandbox's pause", _start)
+    sp = verb("stop", "stop the pause: SIGTERM, then SIGKILL after the timeout", _stop)
+    sp.add_argument("--timeout", type=float, default=None, metavar="S", help="seconds before SIGKILL (default 10)")
+    verb("wait", "wait for the sandbox to exit and print its exit status", _wait)
+    sp = verb("status", "print the sandbox's status", _status)
+    sp.add_argument("--verbose", "-v", action="store_true", help="add the shim's details (netns, cgroups, ...)")
+    verb("shutdown", "shut the sandbox down and remove everything it made", _shutdown)
+    verb("metrics", "print the sandbox's cgroup metrics", _metrics)
+    verb("platform", "print the sandbox's platform", _platform)
+    sp = verb("list", "list sandboxes")
+    sp.add_argument("--all-namespaces", "-A", action="store_true", help="list every namespace")
+    sp.set_defaults(run=_list)
+
+
+# -- the program ----------------------------------------------------------------------------
+def build_parser() -> argparse.ArgumentParser:
+    """The full parser, with every registered command."""
+    for module in COMMAND_MODULES:
+        importlib.import_module(module)
+    p = argparse.ArgumentParser(prog="podshimctl", description="Talk to podshim shims and manage sandboxes.")
+    env = os.environ.get
+    p.add_argument("--address", default=env("PODSHIM_ADDRESS"), help="shim address unix:///path (call, events)")
+    p.add_argument("--root", default=env("PODSHIM_ROOT", DEFAULT_STATE_ROOT),
+                   help=f"state root holding the bundles (default {DEFAULT_STATE_ROOT})")
+    p.add_argument("--runtime-root", default=env("PODSHIM_RUNTIME_ROOT", DEFAULT_RUNTIME_ROOT),
+                   help=f"runtime root; shim sockets live in ROOT/s (default {DEFAULT_RUNTIME_ROOT})")
+    p.add_argument("--spawner", choices=("exec", "systemd"), default=env("PODSHIM_SPAWNER", "exec"),
+                   help="how sandbox commands start and end shims: exec the podshim binary, or one "
+                        "podshim@NS:ID systemd unit each; give every command of a sandbox the same (default exec)")
+    p.add_argument("--namespace", "-n", default=env("PODSHIM_NAMESPACE"),
+                   help=f"namespace (default {DEFAULT_NAMESPACE!r})")
+    p.add_argument("--json", action="store_true", help="print JSON for scripts")
+    p.add_argument("--debug", action="store_true", help="log what the controller does")
+    commands = p.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name, (help, setup) in _COMMANDS.items():
+        sp = commands.add_parser(name, help=help, description=help)
+        if name != "sandbox":
+            _add_json_flag(sp)
+        setup(sp)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run podshimctl; return the exit status (0 ok, 1 failed, 2 usage)."""
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # --help (0) or a usage error (2): argparse printed why
+        return exc.code if isinstance(exc.code, int) else EXIT_USAGE
+    if getattr(args, "needs_address", False) and not args.address:
+        parser.print_usage(sys.stderr)
+        print(f"podshimctl {args.command}: --address is required", file=sys.stderr)
+        return EXIT_USAGE
+    if args.namespace is None and not getattr(args, "needs_address", False):
+        args.namespace = DEFAULT_NAMESPACE  # raw calls send no namespace unless asked
+    logging.basicConfig(level=logging.DEBUG if args.debug else logging.WARNING,
+                        format="podshimctl: %(levelname)s: %(message)s", stream=sys.stderr)
+    try:
+        return anyio.run(args.run, args, backend_options={"use_uvloop": True})
+    except RpcError as exc:
+        print(f"{exc.code.name}: {exc.message}", file=sys.stderr)
+    except CliError as exc:
+        print(f"podshimctl: {exc}", file=sys.stderr)
+    except KeyboardInterrupt:
+        return EXIT_OK if getattr(args, "quiet_interrupt", False) else 130
+    except BrokenPipeError:
+        # The reader went away (| head): not an error; keep Python from complaining at exit.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_OK
+    except OSError as exc:
+        print(f"podshimctl: {exc.strerror or exc}", file=sys.stderr)
+    return EXIT_FAILED
+

@@ -1,0 +1,558 @@
+"""Pods with CRI semantics, on top of the Controller: RunPodSandbox and friends, and containers.
+
+The flow follows containerd's CRI plugin (internal/cri/server/sandbox_*.go):
+
+- **run**: record the pod (state CREATING — the record *is* the name reservation), create and
+  start its sandbox through the Controller (the shim makes the pod's network namespace), set up
+  the network with CNI, then mark it READY with its IP. Any failure rolls back every step; a
+  crash leaves a CREATING record that the next start rolls back (containerd#10848 is the
+  counter-example: a crash between two writes made every later start fail).
+- **stop**: stop every container (best effort), tear the network down (CNI DEL, idempotent),
+  stop the sandbox: NOTREADY. Idempotent; works when the shim is already dead.
+- **remove**: force-stop if READY, remove the containers, make sure DEL ran, shut the shim down
+  (it removes the netns and cgroup), delete the record. Idempotent: NOT_FOUND only for an id
+  never seen.
+
+Containers are tasks of the pod's shim (``podshim.task.v1.Task``): processes that join the
+pause's net, ipc and uts namespaces (and its pid namespace when the pid mode is POD).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import secrets
+import shutil
+import time
+from contextlib import asynccontextmanager
+from typing import Any, AsyncIterator, Mapping
+
+import anyio
+
+from shim.sandbox.options import RUNTIME_HANDLERS  # "native" (the default, also for ""), "runc", "crun"
+from shim.rpc.api import TASK_SERVICE
+from shim.rpc.status import (DeadlineExceeded, FailedPrecondition, InvalidArgument, NotFound, RpcError,
+                             Unavailable)
+
+from client.cri.cni import DEFAULT_BIN_DIRS, DEFAULT_CONF_DIR, CniRunner, primary_ip
+from client.controller import Controller
+from client.cri.configs import ContainerConfig, PodSandboxConfig
+from client.cri.failpoints import failpoint
+from client.cri.store import ContainerRecord, PodRecord, PodStore
+
+__all__ = ["DEFAULT_NAMESPACE", "RUNTIME_HANDLERS", "PodService", "open_pod_service"]
+
+log = logging.getLogger(__name__)
+
+#: The Controller namespace pods live in (containerd's CRI uses k8s.io).
+DEFAULT_NAMESPACE = "k8s.io"
+#: Seconds the pause gets between SIGTERM and SIGKILL when a pod stops.
+SANDBOX_STOP_TIMEOUT = 2.0
+#: Default grace for StopContainer when the caller gives none.
+CONTAINER_STOP_TIMEOUT = 10.0
+#: Bound on one call to a shim from the pod layer (not for waits, which have their own).
+CALL_TIMEOUT = 30.0
+#: Exit code reported for a container whose shim is gone (containerd's unknownExitCode).
+UNKNOWN_EXIT_CODE = 255
+#: How many removed pod ids are remembered, so a second RemovePodSandbox is not NOT_FOUND.
+REMOVED_MEMORY = 4096
+
+_POD_STATE = {"READY": "SANDBOX_READY", "NOTREADY": "SANDBOX_NOTREADY", "CREATING": "SANDBOX_NOTREADY"}
+_TASK_STATE = {"created": "CREATED", "running": "RUNNING", "stopped": "EXITED"}
+
+
+def _new_id() -> str:
+    """A 64-hex-digit id, like CRI's."""
+    return secrets.token_hex(32)
+
+
+class _Removed:
+    """Ids of removed pods, persisted, so that removing twice is not an error."""
+
+    def __init__(self, path: str):
+        self.path = path
+        try:
+            with open(path) as f:
+                ids = json.load(f)
+            self.ids = [i for i in ids if isinstance(i, str)] if isinstance(ids, list) else []
+        except (OSError, ValueError):
+            self.ids = []
+        self._set = set(self.ids)
+
+    def __contains__(self, pod_id: str) -> bool:
+        return pod_id in self._set
+
+    def add(self, pod_id: str) -> None:
+        if pod_id in self._set:
+            return
+        self.ids = (self.ids + [pod_id])[-REMOVED_MEMORY:]
+        self._set = set(self.ids)
+        tmp = f"{self.path}.{os.getpid()}.tmp"
+        with open(tmp, "w") as f:
+            json.dump(self.ids, f)
+        os.replace(tmp, self.path)
+
+
+class PodService:
+    """CRI's RuntimeService for pods and containers, over a Controller and a PodStore.
+
+    Build it with :func:`open_pod_service` (which also opens the Controller and recovers the
+    store); every method raises the typed errors of :mod:`shim.rpc.status`.
+    """
+
+    def __init__(self, controller: Controller, store: PodStore, *, cni: CniRunner | None,
+                 namespace: str = DEFAULT_NAMESPACE, log_root: str):
+        self.controller = controller
+        self.store = store
+        self.cni = cni
+        self.namespace = namespace
+        self.log_root = log_root
+        self._removed = _Removed(os.path.join(os.path.dirname(log_root), "removed-pods.json"))
+        self._locks: dict[str, anyio.Lock] = {}
+
+    def _lock(self, pod_id: str) -> anyio.Lock:
+        lock = self._locks.get(pod_id)
+        if lock is None:
+            lock = self._locks[pod_id] = anyio.Lock()
+        return lock
+
+    # -- recovery ------------------------------------------------------------------------
+    async def recover(self) -> None:
+        """Roll back pods a crash left half-made; reconcile READY pods with their shims."""
+        for record in self.store.list_incomplete():
+            log.warning("pod %s was being created when the last process died; rolling it back", record.pod_id)
+            await self._rollback(record)
+        for record in self.store.list():
+            if record.state == "READY" and not await self._sandbox_running(record):
+                self.store.update(record.pod_id, state="NOTREADY", stopped_at=time.time_ns())
+
+    async def _sandbox_running(self, record: PodRecord) -> bool:
+        try:
+            status = await self.controller.status(self.namespace, record.pod_id)
+        except RpcError:
+            return False
+        return status.state == "running"
+
+    # -- pods -----------------------------------------------------------------------------
+    async def run_pod_sandbox(self, config: PodSandboxConfig | Mapping[str, Any],
+                              runtime_handler: str | None = None) -> str:
+        """RunPodSandbox: make, start and network a pod; return its id.
+
+        Raises InvalidArgument (bad config, unknown runtime handler), AlreadyExists (a pod with
+        the same name, namespace, uid and attempt), or the error of the step that failed, after
+        rolling back everything done before it.
+        """
+        cfg = config if isinstance(config, PodSandboxConfig) else PodSandboxConfig.from_json(config)
+        handler = runtime_handler or "native"
+        if handler not in RUNTIME_HANDLERS:
+            raise InvalidArgument(f"runtime handler {handler!r} is not configured (known: {', '.join(RUNTIME_HANDLERS)})")
+        pod_id = _new_id()
+        key = cfg.metadata.key
+        self.store.reserve_name(key, pod_id)
+        try:
+            record = self.store.put(PodRecord(pod_id, cfg.to_json(), handler, "CREATING",
+                                              sandbox_namespace=self.namespace))
+        finally:
+            self.store.release_name(key, pod_id)  # from here on the record holds the name
+        failpoint("run:after-record")
+        async with self._lock(pod_id):
+            try:
+                await self._bring_up(record, cfg)
+            except BaseException:
+                with anyio.CancelScope(shield=True):
+                    await self._rollback(self.store.get(pod_id))
+                raise
+        return pod_id
+
+    async def _bring_up(self, record: PodRecord, cfg: PodSandboxConfig) -> None:
+        ns, pod_id = self.namespace, record.pod_id
+        await self.controller.create(ns, pod_id, options={**cfg.to_shim_options(),
+                                                          "runtime_handler": record.runtime_handler},
+                                     annotations=dict(cfg.annotations))
+        failpoint("run:after-create")
+        instance = await self.controller.start(ns, pod_id)
+        netns = ""
+        if not cfg.host_network:
+            status = await self.controller.status(ns, pod_id, verbose=True)
+            netns = status.info.get("netns_path", "")
+        self.store.update(pod_id, pid=instance.pid, netns_path=netns)
+        failpoint("run:after-start")
+        ip, extra, raw = "", (), None
+        if not cfg.host_network and self.cni is not None:
+            result = await self.cni.add(pod_id, netns)
+            ip, extra = primary_ip(result)
+            raw = result.raw
+        self.store.update(pod_id, cni_result=raw)
+        failpoint("run:after-network")
+        self.store.update(pod_id, state="READY", ip=ip, additional_ips=tuple(extra))
+        failpoint("run:after-ready")
+
+    async def _rollback(self, record: PodRecord) -> None:
+        """Undo whatever of a pod exists; every step tolerates what is already gone."""
+        await self._teardown_network(record, strict=False)
+        await self._shutdown_sandbox(record.pod_id)
+        self.store.delete(record.pod_id)
+
+    async def _teardown_network(self, record: PodRecord, *, strict: bool) -> None:
+        if self.cni is None or PodSandboxConfig.from_json(record.config).host_network:
+            return
+        netns = record.netns_path if record.netns_path and os.path.exists(record.netns_path) else record.netns_path
+        try:
+            await self.cni.delete(record.pod_id, netns, prev_result=record.cni_result)
+        except RpcError as exc:
+            if strict:
+                raise
+            log.warning("pod %s: CNI DEL failed during rollback: %s", record.pod_id, exc)
+
+    async def _shutdown_sandbox(self, pod_id: str) -> None:
+        try:
+            await self.controller.shutdown(self.namespace, pod_id)
+        except NotFound:
+            pass
+
+    def _pod(self, pod_id: str) -> PodRecord:
+        if not isinstance(pod_id, str) or not pod_id:
+            raise InvalidArgument("a pod id (or a unique prefix of one) is required")
+        return self.store.get_by_prefix(pod_id)
+
+    async def stop_pod_sandbox(self, pod_id: str) -> None:
+        """StopPodSandbox: containers stopped, network torn down, sandbox stopped: NOTREADY.
+
+        Idempotent; a pod whose shim is already dead stops too. Raises NotFound for an
+        unknown id, FailedPrecondition for a pod still being created.
+        """
+        record = self._pod(pod_id)
+        async with self._lock(record.pod_id):
+            await self._stop(self.store.get(record.pod_id))
+
+    async def _stop(self, record: PodRecord) -> None:
+        if record.state == "CREATING":
+            raise FailedPrecondition(f"pod {record.pod_id} is still being created")
+        for container in record.containers.values():
+            try:
+                await self._stop_container(container, 0)
+            except RpcError as exc:  # best effort, as containerd: the sandbox stop kills them anyway
+                log.warning("pod %s: stopping container %s failed: %s", record.pod_id, container.container_id, exc)
+        failpoint("stop:after-containers")
+        await self._teardown_network(record, strict=True)
+        failpoint("stop:after-network")
+        try:
+            await self.controller.stop(self.namespace, record.pod_id, timeout=SANDBOX_STOP_TIMEOUT)
+        except NotFound:
+            pass
+        failpoint("stop:after-sandbox")
+        if record.state != "NOTREADY":
+            self.store.update(record.pod_id, state="NOTREADY", stopped_at=time.time_ns())
+
+    async def remove_pod_sandbox(self, pod_id: str) -> None:
+        """RemovePodSandbox: force-stop if needed, remove containers, netns, shim and record.
+
+        Idempotent: removing a removed pod succeeds; NotFound only for an id never seen.
+        """
+        try:
+            record = self._pod(pod_id)
+        except NotFound:
+            if pod_id in self._removed:
+                return
+            raise
+        async with self._lock(record.pod_id):
+            record = self.store.get(record.pod_id)
+            if record.state != "NOTREADY":
+                await self._stop(record)
+                record = self.store.get(record.pod_id)
+            failpoint("remove:after-stop")
+            for container in list(record.containers.values()):
+                await self._delete_task(container)
+                self.store.delete_container(container.container_id)
+            failpoint("remove:after-containers")
+            # Stop ran DEL already; run it again in case that stop was interrupted: DEL is idempotent.
+            await self._teardown_network(record, strict=True)
+            await self._shutdown_sandbox(record.pod_id)
+            failpoint("remove:after-shutdown")
+            default_logs = os.path.join(self.log_root, record.pod_id)
+            shutil.rmtree(default_logs, ignore_errors=True)
+            self._removed.add(record.pod_id)
+            self.store.delete(record.pod_id)
+            failpoint("remove:after-record")
+        self._locks.pop(record.pod_id, None)
+
+    async def pod_sandbox_status(self, pod_id: str, verbose: bool = False) -> dict[str, Any]:
+        """PodSandboxStatus, CRI-shaped; ``verbose`` adds ``info`` (pid, netns, shim address, CNI)."""
+        record = await self._refreshed(self._pod(pod_id))
+        cfg = PodSandboxConfig.from_json(record.config)
+        status = {
+            "id": record.pod_id,
+            "metadata": cfg.metadata.to_json(),
+            "state": _POD_STATE[record.state],
+            "created_at": record.created_at,
+            "network": {"ip": record.ip, "additional_ips": [{"ip": ip} for ip in record.additional_ips]},
+            "linux": {"namespaces": {"options": {
+                "network": cfg.namespace_options.network,
+                "pid": cfg.namespace_options.pid,
+                "ipc": cfg.namespace_options.ipc,
+            }}},
+            "labels": record.labels,
+            "annotations": record.annotations,
+            "runtime_handler": record.runtime_handler,
+        }
+        if verbose:
+            status["info"] = await self._verbose_info(record, cfg)
+        return status
+
+    async def _verbose_info(self, record: PodRecord, cfg: PodSandboxConfig) -> dict[str, Any]:
+        info: dict[str, Any] = {"pid": record.pid or 0, "netns_path": record.netns_path,
+                                "sandbox_namespace": record.sandbox_namespace}
+        try:
+            st = await self.controller.status(self.namespace, record.pod_id, verbose=True)
+            info.update(shim_address=st.address, sandbox_state=st.state, shim=dict(st.info))
+        except RpcError as exc:
+            info.update(shim_address="", sandbox_state="unknown", shim_error=str(exc))
+        if cfg.host_network:
+            info["network"] = "host network: no CNI"
+        elif self.cni is None or self.cni.config() is None:
+            info["network"] = "no CNI config: the pod has a network namespace with loopback only"
+        else:
+            info["network"] = f"CNI network {self.cni.config().name!r}"
+            info["cni_result"] = record.cni_result
+            if record.state == "READY":
+                try:
+                    await self.cni.check(record.pod_id, record.netns_path, prev_result=record.cni_result)
+                    info["cni_check"] = "ok"
+                except RpcError as exc:
+                    info["cni_check"] = str(exc)
+        return info
+
+    async def _refreshed(self, record: PodRecord) -> PodRecord:
+        """The record, marked NOTREADY if its pause is no longer running."""
+        if record.state == "READY" and not await self._sandbox_running(record):
+            record = self.store.update(record.pod_id, state="NOTREADY", stopped_at=time.time_ns())
+        return record
+
+    async def list_pod_sandbox(self, filter: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
+        """ListPodSandbox: pods, newest first, filtered by ``id`` (prefix), ``state``
+        (SANDBOX_READY / SANDBOX_NOTREADY) and ``label_selector`` (all must match)."""
+        f = dict(filter or {})
+        out = []
+        for record in self.store.list():
+            if record.state == "CREATING":
+                continue
+            if f.get("id") and not record.pod_id.startswith(f["id"]):
+                continue
+            record = await self._refreshed(record)
+            if f.get("state") and _POD_STATE[record.state] != f["state"]:
+                continue
+            if not _labels_match(record.labels, f.get("label_selector")):
+                continue
+            cfg = PodSandboxConfig.from_json(record.config)
+            out.append({"id": record.pod_id, "metadata": dict(record.config.get("metadata") or {}),
+                        "state": _POD_STATE[record.state], "created_at": record.created_at,
+                        "labels": record.labels, "annotations": record.annotations,
+                        "runtime_handler": record.runtime_handler, "ip": record.ip,
+                        "host_network": cfg.host_network})
+        out.sort(key=lambda p: p["created_at"], reverse=True)
+        return out
+
+    # -- containers -------------------------------------------------------------------------
+    def _shim(self, pod_id: str):
+        return self.controller.client_for(self.namespace, pod_id)
+
+    async def _task(self, pod_id: str, method: str, payload: dict[str, Any], timeout: float | None = CALL_TIMEOUT) -> Any:
+        return await self._shim(pod_id).call(TASK_SERVICE, method, {"sandbox_id": pod_id, **payload}, timeout=timeout)
+
+    def _log_path(self, pod: PodRecord, cfg: ContainerConfig) -> str:
+        base = PodSandboxConfig.from_json(pod.config).log_directory or os.path.join(self.log_root, pod.pod_id)
+        relative = cfg.log_path or f"{cfg.metadata.name}_{cfg.metadata.attempt}.log"
+        path = os.path.normpath(os.path.join(base, relative))
+        if os.path.commonpath([path, os.path.normpath(base)]) != os.path.normpath(base):
+            raise InvalidArgument(f"log_path {relative!r} escapes the pod's log directory")
+        return path
+
+    async def create_container(self, pod_id: str, config: ContainerConfig | Mapping[str, Any],
+                               sandbox_config: Any = None) -> str:
+        """CreateContainer in a READY pod; returns the container id.
+
+        Raises NotFound (pod), FailedPrecondition (pod not READY), InvalidArgument (config),
+        AlreadyExists (same name and attempt in the pod).
+        """
+        cfg = config if isinstance(config, ContainerConfig) else ContainerConfig.from_json(config)
+        pod = self._pod(pod_id)
+        async with self._lock(pod.pod_id):
+            pod = await self._refreshed(self.store.get(pod.pod_id))
+            if pod.state != "READY":
+                raise FailedPrecondition(f"pod {pod.pod_id} is not ready ({_POD_STATE[pod.state]})")
+            container_id = _new_id()
+            log_path = self._log_path(pod, cfg)
+            self.store.put_container(ContainerRecord(container_id, pod.pod_id, cfg.to_json(), log_path=log_path))
+            try:
+                await self._task(pod.pod_id, "Create", {
+                    "task_id": container_id, "args": list(cfg.argv),
+                    "env": [f"{k}={v}" for k, v in cfg.envs], "cwd": cfg.working_dir or None,
+                    "log_path": log_path, "pid_mode": cfg.pid_mode, "labels": dict(cfg.labels)})
+            except BaseException:
+                self.store.delete_container(container_id)
+                raise
+        return container_id
+
+    def _container(self, container_id: str) -> ContainerRecord:
+        if not isinstance(container_id, str) or not container_id:
+            raise InvalidArgument("a container id (or a unique prefix of one) is required")
+        return self.store.find_container(container_id)
+
+    async def start_container(self, container_id: str) -> None:
+        """StartContainer; FailedPrecondition unless it is CREATED."""
+        c = self._container(container_id)
+        async with self._lock(c.pod_id):
+            c = self.store.get_container(c.container_id)
+            if c.state != "CREATED":
+                raise FailedPrecondition(f"container {c.container_id} is {c.state}, not CREATED")
+            started = await self._task(c.pod_id, "Start", {"task_id": c.container_id})
+            self.store.update_container(c.container_id, state="RUNNING", pid=started["pid"],
+                                        started_at=started["started_at"])
+
+    async def stop_container(self, container_id: str, timeout: float | None = None) -> None:
+        """StopContainer: SIGTERM, SIGKILL after ``timeout`` seconds (0: at once). Idempotent."""
+        c = self._container(container_id)
+        async with self._lock(c.pod_id):
+            await self._stop_container(self.store.get_container(c.container_id),
+                                       CONTAINER_STOP_TIMEOUT if timeout is None else timeout)
+
+    async def _stop_container(self, c: ContainerRecord, timeout: float) -> None:
+        c = await self._refresh_container(c)
+        if c.state != "RUNNING":
+            if c.state == "CREATED":  # never started: it simply will not run
+                self.store.update_container(c.container_id, state="EXITED", finished_at=time.time_ns(),
+                                            exit_code=0, reason="NeverStarted")
+            return
+        try:
+            if timeout > 0:
+                await self._task(c.pod_id, "Kill", {"task_id": c.container_id, "signal": 15})
+                try:
+                    done = await self._task(c.pod_id, "Wait", {"task_id": c.container_id}, timeout=timeout)
+                    self._exited(c, done)
+                    return
+                except DeadlineExceeded:
+                    pass
+            await self._task(c.pod_id, "Kill", {"task_id": c.container_id, "signal": 9, "all": True})
+            self._exited(c, await self._task(c.pod_id, "Wait", {"task_id": c.container_id}))
+        except (Unavailable, NotFound):
+            self._shim_gone(c)
+
+    def _exited(self, c: ContainerRecord, done: Mapping[str, Any]) -> None:
+        code = done["exit_status"]
+        self.store.update_container(c.container_id, state="EXITED", exit_code=code, finished_at=done["exited_at"],
+                                    reason="Completed" if code == 0 else "Error")
+
+    def _shim_gone(self, c: ContainerRecord) -> ContainerRecord:
+        return self.store.update_container(c.container_id, state="EXITED", exit_code=UNKNOWN_EXIT_CODE,
+                                           finished_at=c.finished_at or time.time_ns(), reason="Unknown",
+                                           message="the pod's shim is gone")
+
+    async def _refresh_container(self, c: ContainerRecord) -> ContainerRecord:
+        """Bring the record up to date with the shim (a container may have exited on its own)."""
+        if c.state == "EXITED":
+            return c
+        try:
+            st = await self._task(c.pod_id, "State", {"task_id": c.container_id})
+        except (Unavailable, NotFound):
+            return self._shim_gone(c)
+        state = _TASK_STATE.get(st.get("status"), c.state)
+        if state == c.state:
+            return c
+        if state == "EXITED":
+            code = st.get("exit_status", UNKNOWN_EXIT_CODE)
+            return self.store.update_container(c.container_id, state="EXITED", exit_code=code,
+                                               finished_at=st.get("exited_at") or time.time_ns(),
+                                               reason="Completed" if code == 0 else "Error")
+        return self.store.update_container(c.container_id, state=state, pid=st.get("pid"),
+                                           started_at=st.get("started_at") or c.started_at)
+
+    async def _delete_task(self, c: ContainerRecord) -> None:
+        try:
+            await self._task(c.pod_id, "Delete", {"task_id": c.container_id})
+        except (Unavailable, NotFound):
+            pass  # the shim or the task is gone already
+
+    async def remove_container(self, container_id: str) -> None:
+        """RemoveContainer: force-stops a running container, then forgets it."""
+        c = self._container(container_id)
+        async with self._lock(c.pod_id):
+            c = self.store.get_container(c.container_id)
+            await self._stop_container(c, 0)
+            await self._delete_task(c)
+            self.store.delete_container(c.container_id)
+
+    async def container_status(self, container_id: str, verbose: bool = False) -> dict[str, Any]:
+        """ContainerStatus, CRI-shaped."""
+        c = await self._refresh_container(self._container(container_id))
+        cfg = ContainerConfig.from_json(c.config)
+        status = {
+            "id": c.container_id,
+            "pod_sandbox_id": c.pod_id,
+            "metadata": dict(c.config.get("metadata") or {}),
+            "state": f"CONTAINER_{c.state}",
+            "created_at": c.created_at,
+            "started_at": c.started_at,
+            "finished_at": c.finished_at,
+            "exit_code": c.exit_code if c.exit_code is not None else 0,
+            "image": {"image": cfg.image} if cfg.image else {},
+            "reason": c.reason,
+            "message": c.message,
+            "labels": c.labels,
+            "annotations": c.annotations,
+            "log_path": c.log_path,
+        }
+        if verbose:
+            status["info"] = {"pid": c.pid or 0, "args": list(cfg.argv), "pid_mode": cfg.pid_mode}
+        return status
+
+    async def list_containers(self, filter: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
+        """ListContainers, filtered by ``id`` (prefix), ``pod_sandbox_id`` (prefix), ``state``
+        (CONTAINER_CREATED / RUNNING / EXITED) and ``label_selector``."""
+        f = dict(filter or {})
+        out = []
+        for c in self.store.list_containers():
+            if f.get("id") and not c.container_id.startswith(f["id"]):
+                continue
+            if f.get("pod_sandbox_id") and not c.pod_id.startswith(f["pod_sandbox_id"]):
+                continue
+            c = await self._refresh_container(c)
+            if f.get("state") and f"CONTAINER_{c.state}" != f["state"]:
+                continue
+            if not _labels_match(c.labels, f.get("label_selector")):
+                continue
+            out.append({"id": c.container_id, "pod_sandbox_id": c.pod_id,
+                        "metadata": dict(c.config.get("metadata") or {}), "state": f"CONTAINER_{c.state}",
+                        "created_at": c.created_at, "labels": c.labels, "annotations": c.annotations,
+                        "exit_code": c.exit_code})
+        out.sort(key=lambda c: c["created_at"], reverse=True)
+        return out
+
+    def container_log_path(self, container_id: str) -> str:
+        """Where a container's CRI-format log is."""
+        return self._container(container_id).log_path
+
+
+def _labels_match(labels: Mapping[str, str], selector: Mapping[str, str] | None) -> bool:
+    return all(labels.get(k) == v for k, v in (selector or {}).items())
+
+
+@asynccontextmanager
+async def open_pod_service(root: str = "/var/lib/podshim", runtime_root: str = "/run/podshim", *,
+                           cni_conf_dir: str = DEFAULT_CONF_DIR, cni_bin_dirs: tuple[str, ...] = DEFAULT_BIN_DIRS,
+                           cni_plugin_netns: str | None = None, namespace: str = DEFAULT_NAMESPACE,
+                           spawner: Any = "exec") -> AsyncIterator[PodService]:
+    """Open the pod service over ``root``: the Controller's bundles in ``root/sandboxes``, pod
+    records in ``root/pods``, default container logs in ``root/logs``. Reconnects to live shims
+    and recovers the store before yielding; closes connections (never the shims) on exit.
+    """
+    if not os.path.isabs(root):
+        raise InvalidArgument(f"root {root!r} must be an absolute path")
+    os.makedirs(root, mode=0o711, exist_ok=True)
+    store = PodStore(root)
+    cni = CniRunner(cni_conf_dir, cni_bin_dirs, plugin_netns=cni_plugin_netns)
+    async with Controller(state_root=os.path.join(root, "sandboxes"), runtime_root=runtime_root,
+                          spawner=spawner) as controller:
+        service = PodService(controller, store, cni=cni, namespace=namespace, log_root=os.path.join(root, "logs"))
+        await service.recover()
+        yield service

@@ -1,0 +1,509 @@
+"""The sandbox's cgroup: one directory in every writable hierarchy, v1 and v2.
+
+Hierarchies are discovered from /proc/self/cgroup and /proc/self/mountinfo, never hard-coded:
+on a hybrid machine every mounted v1 controller (cpu, cpuacct, cpuset, memory, pids, blkio,
+devices, freezer, name=systemd, ...) gets a directory, and so does the v2 hierarchy, which may
+have no controllers and then only tracks membership (cpu.stat, cgroup.kill, cgroup.procs).
+
+A hierarchy that refuses the mkdir with EROFS/EACCES/EPERM (v1 is mounted read-only inside
+systemd-nspawn) is skipped and recorded in :attr:`SandboxCgroup.skipped`; metrics degrade to
+"unavailable" rather than fail.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import os
+import signal
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from shim.kernel import linux
+from shim.rpc.status import AlreadyExists, FailedPrecondition, Internal, InvalidArgument, NotFound
+
+__all__ = ["DEFAULT_PARENT", "REMOVE_TIMEOUT", "V2", "Hierarchy", "SandboxCgroup", "discover_hierarchies",
+           "start_attach_grace_period"]
+
+DEFAULT_PARENT = "podshim"
+REMOVE_TIMEOUT = 1.0  # seconds rmdir retries EBUSY while killed tasks leave the group
+V2 = "unified"  # the key of the cgroup v2 hierarchy in SandboxCgroup.paths
+
+_MKDIR_ATTEMPTS = 3
+_SKIPPABLE = (errno.EROFS, errno.EACCES, errno.EPERM)
+# v1 reports "no limit" as PAGE_COUNTER_MAX pages in bytes (9223372036854771712 with 4 KiB pages).
+_UNLIMITED_BYTES = 1 << 62
+
+
+@dataclass(frozen=True)
+class Hierarchy:
+    """One mounted cgroup hierarchy as this process sees it."""
+
+    key: str  # v1: the controller list from /proc/self/cgroup ("cpu", "name=systemd"); v2: "unified"
+    controllers: frozenset[str]
+    mountpoint: str
+    mount_root: str  # the hierarchy path mounted at mountpoint (not "/" inside a cgroup namespace)
+    own_path: str  # this process's cgroup in the hierarchy
+
+    def directory(self, cgroup_path: str) -> str | None:
+        """The directory of hierarchy path ``cgroup_path``, or None if it is outside the mount."""
+        rel = os.path.relpath(cgroup_path, self.mount_root)
+        if rel == ".":
+            return self.mountpoint
+        if rel.startswith(".."):
+            return None
+        return os.path.join(self.mountpoint, rel)
+
+
+def discover_hierarchies() -> list[Hierarchy]:
+    """Every cgroup hierarchy this process belongs to and can see mounted, v1 and v2."""
+    mounts = []
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            fields = line.split()
+            sep = fields.index("-")
+            fstype = fields[sep + 1]
+            if fstype in ("cgroup", "cgroup2"):
+                opts = frozenset(fields[sep + 3].split(","))
+                mounts.append((fstype, _unescape(fields[3]), _unescape(fields[4]), opts))
+    found = []
+    with open("/proc/self/cgroup") as f:
+        for line in f:
+            hierarchy_id, names, own_path = line.rstrip("\n").split(":", 2)
+            controllers = frozenset(names.split(",")) if names else frozenset()
+            for fstype, root, mountpoint, opts in mounts:
+                # The first mount of a hierarchy wins; later ones are bind mounts of the same.
+                if hierarchy_id == "0" and fstype == "cgroup2":
+                    found.append(Hierarchy(V2, controllers, mountpoint, root, own_path))
+                    break
+                if hierarchy_id != "0" and fstype == "cgroup" and controllers <= opts:
+                    found.append(Hierarchy(names, controllers, mountpoint, root, own_path))
+                    break
+    return found
+
+
+def start_attach_grace_period() -> bool:
+    """Make the kernel start now the RCU grace period that the sandbox's pause will wait for.
+
+    A write to cgroup.procs takes the kernel's global cgroup_threadgroup_rwsem for writing,
+    and a writer first waits for an RCU grace period (6-14 ms on this project's 2-CPU VMs)
+    unless another writer ended less than about one grace period before. That wait was most of
+    StartSandbox. A spawner calls this in a throwaway process while the new shim boots: the
+    process moves itself into the cgroup it is already in (a no-op migration), so the grace
+    period runs during spawn and CreateSandbox, and the pause's own cgroup join at
+    StartSandbox finds the semaphore warm. Blocks for the grace period; returns whether a write
+    was made (False: no writable hierarchy, which only costs the optimisation).
+    """
+    for hierarchy in discover_hierarchies():
+        directory = hierarchy.directory(hierarchy.own_path)
+        if directory is None:
+            continue
+        try:
+            # "0" is the writer itself, whatever pid namespace it is in.
+            linux.write_file(os.path.join(directory, "cgroup.procs"), b"0")
+            return True
+        except OSError:
+            continue
+    return False
+
+
+def _unescape(text: str) -> str:
+    # mountinfo escapes space, tab, newline and backslash as \ooo.
+    if "\\" not in text:
+        return text
+    return text.encode().decode("unicode_escape").encode("latin-1").decode()
+
+
+def _validate(name: str, parent: str | None) -> None:
+    if not name or "/" in name or "\0" in name or name in (".", ".."):
+        raise InvalidArgument(f"cgroup name {name!r} must be one path component without '/', NUL or '..'")
+    if parent is not None and parent != "/":
+        parts = parent.strip("/").split("/")
+        if "\0" in parent or any(part in ("", ".", "..") for part in parts):
+            raise InvalidArgument(
+                f"cgroup parent {parent!r} must be a path without empty, '.' or '..' parts or NUL"
+            )
+
+
+@dataclass
+class SandboxCgroup:
+    """The sandbox's cgroup directories. Build with :meth:`create` or :meth:`from_dict`.
+
+    ``paths`` maps a hierarchy key ("memory", "name=systemd", "unified") to its directory;
+    ``skipped`` maps a hierarchy that could not be used to the reason; ``owned_parents`` the
+    parent directories that are podshim's, which :meth:`remove` removes when they are empty:
+    the default parent ("podshim" below the shim's own cgroup, shared by every sandbox), or
+    those of a caller-given parent that :meth:`create` had to make itself.
+    """
+
+    name: str
+    paths: dict[str, str]
+    skipped: dict[str, str] = field(default_factory=dict)
+    owned_parents: dict[str, list[str]] = field(default_factory=dict)
+
+    @classmethod
+    def create(cls, name: str, parent: str | None = None) -> SandboxCgroup:
+        """Make ``<parent>/<name>`` in every writable hierarchy.
+
+        An absolute ``parent`` ("/kubepods/x") is relative to each hierarchy's root; a relative
+        one, or None (meaning "podshim"), is relative to this process's own cgroup in that
+        hierarchy. cpuset directories get cpuset.cpus/mems copied from their parent, or no
+        task could join them. Raises InvalidArgument (bad name/parent), AlreadyExists (the
+        directory exists in some hierarchy) or Internal; on error nothing made is left behind.
+        """
+        _validate(name, parent)
+        parent = DEFAULT_PARENT if parent is None else parent
+        # "podshim" and anything below it (the shim's default, podshim/<namespace>) is ours.
+        default_parent = parent == DEFAULT_PARENT or parent.startswith(DEFAULT_PARENT + "/")
+        cgroup = cls(name, {})
+        try:
+            for hierarchy in discover_hierarchies():
+                base = "/" if parent.startswith("/") else hierarchy.own_path
+                target = hierarchy.directory(os.path.join(base, parent.lstrip("/"), name))
+                if target is None:
+                    cgroup.skipped[hierarchy.key] = "the cgroup is outside the mounted part of the hierarchy"
+                    continue
+                try:
+                    made = _make_dirs_retrying(target, copy_cpuset="cpuset" in hierarchy.controllers)
+                except FileExistsError:
+                    raise AlreadyExists(f"cgroup {target} already exists") from None
+                except OSError as exc:
+                    if exc.errno in _SKIPPABLE:
+                        cgroup.skipped[hierarchy.key] = f"{exc.strerror} ({exc.filename})"
+                        continue
+                    raise Internal(f"cannot create cgroup {target}: {exc.strerror} ({exc.filename})") from exc
+                cgroup.paths[hierarchy.key] = target
+                # The default parent is pruned by whichever sandbox leaves it empty, so it does not
+                # outlive its sandboxes when two shims raced to create it. A caller's parent
+                # (e.g. /kubepods) is someone else's: only what we had to make is ours.
+                cgroup.owned_parents[hierarchy.key] = (_parent_dirs(hierarchy, base, parent) if default_parent
+                                                       else made[:-1])
+        except BaseException:
+            cgroup.remove()
+            raise
+        return cgroup
+
+    def to_dict(self) -> dict[str, Any]:
+        """A msgpack/JSON-friendly record; :meth:`from_dict` rebuilds the object."""
+        return {
+            "name": self.name,
+            "paths": dict(self.paths),
+            "skipped": dict(self.skipped),
+            "owned_parents": {key: list(dirs) for key, dirs in self.owned_parents.items()},
+        }
+
+    @classmethod
+    def from_dict(cls, record: dict[str, Any]) -> SandboxCgroup:
+        """Rebuild from :meth:`to_dict`'s record. Raises InvalidArgument for a malformed record."""
+        try:
+            cgroup = cls(
+                str(record["name"]),
+                {str(k): str(v) for k, v in record["paths"].items()},
+                {str(k): str(v) for k, v in record.get("skipped", {}).items()},
+                {str(k): [str(d) for d in v] for k, v in record.get("owned_parents", {}).items()},
+            )
+        except (KeyError, TypeError, AttributeError) as exc:
+            raise InvalidArgument(f"malformed cgroup record: {exc!r}") from None
+        _validate(cgroup.name, None)
+        if not all(os.path.isabs(path) for path in cgroup.paths.values()):
+            raise InvalidArgument("malformed cgroup record: paths must be absolute")
+        return cgroup
+
+    def procs_files(self) -> list[str]:
+        """The cgroup.procs file of every hierarchy's directory."""
+        return [os.path.join(path, "cgroup.procs") for path in self.paths.values()]
+
+    def join(self, pid: int) -> None:
+        """Move process ``pid`` (0: the caller) into the sandbox cgroup in every hierarchy.
+
+        Raises NotFound when the process does not exist, Internal for other errors.
+        """
+        data = str(pid).encode()
+        for procs in self.procs_files():
+            try:
+                linux.write_file(procs, data)
+            except ProcessLookupError:
+                raise NotFound(f"process {pid} does not exist") from None
+            except OSError as exc:
+                raise Internal(f"cannot move process {pid} into {procs}: {exc.strerror}") from exc
+
+    def pids(self) -> set[int]:
+        """Every process in the sandbox cgroup or below it, in any hierarchy. Raises Internal."""
+        found: set[int] = set()
+        for path in self.paths.values():
+            for directory in _subtree(path):
+                try:
+                    found.update(_read_pids(directory))
+                except OSError as exc:
+                    raise Internal(f"cannot list the processes of cgroup {directory}: {exc.strerror}") from exc
+        return found
+
+    def metrics(self) -> dict[str, Any]:
+        """Usage figures; never raises.
+
+        Keys: ``cpu_usage_ns`` (cpuacct.usage, else v2 cpu.stat usage_usec × 1000),
+        ``memory_usage_bytes`` (memory.usage_in_bytes, else memory.current),
+        ``memory_limit_bytes`` (None also when unlimited), ``pids_current`` (v1 pids.current
+        counts tasks; the v2 fallback counts processes in cgroup.procs), and ``unavailable``:
+        the names of the figures that could not be read (their value is None).
+        """
+        v1 = {c: path for key, path in self.paths.items() if key != V2 for c in key.split(",")}
+        v2 = self.paths.get(V2)
+
+        cpu = _read_int(v1["cpuacct"], "cpuacct.usage") if "cpuacct" in v1 else None
+        if cpu is None and v2 is not None:
+            usec = _read_keyed(v2, "cpu.stat", "usage_usec")
+            cpu = usec * 1000 if usec is not None else None
+
+        memory = _read_int(v1["memory"], "memory.usage_in_bytes") if "memory" in v1 else None
+        if memory is None and v2 is not None:
+            memory = _read_int(v2, "memory.current")
+
+        raw = _read_text(v1["memory"], "memory.limit_in_bytes") if "memory" in v1 else None
+        if raw is None and v2 is not None:
+            raw = _read_text(v2, "memory.max")
+        limit_known = raw == "max" or (raw or "").isdigit()
+        limit = int(raw) if limit_known and raw != "max" and int(raw) < _UNLIMITED_BYTES else None
+
+        pids = _read_int(v1["pids"], "pids.current") if "pids" in v1 else None
+        if pids is None and v2 is not None and os.path.isdir(v2):
+            try:
+                pids = sum(len(_read_pids(d)) for d in _subtree(v2))
+            except (OSError, ValueError):
+                pids = None
+
+        metrics: dict[str, Any] = {
+            "cpu_usage_ns": cpu,
+            "memory_usage_bytes": memory,
+            "memory_limit_bytes": limit,
+            "pids_current": pids,
+        }
+        metrics["unavailable"] = [
+            name for name, value in metrics.items()
+            if value is None and (name != "memory_limit_bytes" or not limit_known)
+        ]
+        return metrics
+
+    def kill_all(self, sig: int = signal.SIGKILL) -> None:
+        """Send ``sig`` to every process in the sandbox cgroup and below.
+
+        SIGKILL uses v2 cgroup.kill when the kernel has it (atomic: no fork escapes); otherwise
+        each pid listed in cgroup.procs of every hierarchy is signalled, repeated until none is
+        new, so a forking process cannot outrun it. Raises Internal when the group cannot be
+        read or killed.
+        """
+        v2 = self.paths.get(V2)
+        if sig == signal.SIGKILL and v2 is not None and os.path.exists(os.path.join(v2, "cgroup.kill")):
+            try:
+                linux.write_file(os.path.join(v2, "cgroup.kill"), b"1")
+                return
+            except FileNotFoundError:
+                return  # already removed: nothing left to kill
+            except OSError as exc:
+                raise Internal(f"cannot kill cgroup {v2}: {exc.strerror}") from exc
+        signalled: set[int] = set()
+        while True:
+            # A pid listed in cgroup.procs is a member now; the window in which it could exit,
+            # be reaped and be reused before kill() is a few microseconds.
+            fresh = self.pids() - signalled
+            if not fresh:
+                return
+            for pid in fresh:
+                try:
+                    os.kill(pid, sig)
+                except ProcessLookupError:
+                    pass
+            signalled |= fresh
+
+    def child(self, name: str) -> SandboxCgroup:
+        """Make ``<this cgroup>/<name>`` in every hierarchy this cgroup has (a task's cgroup).
+
+        The child owns no parents: this cgroup removes itself. cpuset directories get
+        cpuset.cpus/mems copied from this one. Raises InvalidArgument (bad name, or a name taken
+        by a control file such as ``tasks``), AlreadyExists or Internal; on error nothing made
+        is left behind.
+        """
+        _validate(name, None)
+        child = SandboxCgroup(name, {}, dict(self.skipped))
+        try:
+            for key, path in self.paths.items():
+                target = os.path.join(path, name)
+                try:
+                    _make_dirs(target, copy_cpuset="cpuset" in key.split(","))
+                except FileExistsError:
+                    if not os.path.isdir(target):
+                        raise InvalidArgument(f"cgroup name {name!r} is taken by a control file of {path}") from None
+                    raise AlreadyExists(f"cgroup {target} already exists") from None
+                except OSError as exc:
+                    raise Internal(f"cannot create cgroup {target}: {exc.strerror} ({exc.filename})") from exc
+                child.paths[key] = target
+        except BaseException:
+            child.remove()
+            raise
+        return child
+
+    def remove(self, timeout: float = REMOVE_TIMEOUT) -> None:
+        """Remove the sandbox directories (deepest first), then :attr:`owned_parents` that are empty.
+
+        Idempotent: missing directories are fine. rmdir fails with EBUSY while killed tasks
+        are still leaving the group, so that is retried for up to ``timeout`` seconds (this
+        blocks; from the event loop use :meth:`aremove`). Raises FailedPrecondition when
+        processes remain, Internal for other errors.
+        """
+        for delay in self._removal(timeout):
+            time.sleep(delay)
+
+    async def aremove(self, timeout: float = REMOVE_TIMEOUT) -> None:
+        """:meth:`remove` for the event loop: it waits out EBUSY without blocking the loop."""
+        for delay in self._removal(timeout):
+            await asyncio.sleep(delay)
+
+    def _removal(self, timeout: float) -> Iterator[float]:
+        """The removal, pausing by yielding how long to wait before the next rmdir attempt."""
+        deadline = time.monotonic() + timeout
+        for path in self.paths.values():
+            try:
+                os.rmdir(path)  # the usual case: empty, no child cgroups left
+                continue
+            except FileNotFoundError:
+                continue
+            except OSError as exc:
+                if exc.errno not in (errno.EBUSY, errno.ENOTEMPTY):
+                    raise Internal(f"cannot remove cgroup {path}: {exc.strerror}") from exc
+            for directory in _subtree(path)[::-1]:
+                yield from _rmdir(directory, deadline)
+        for dirs in self.owned_parents.values():
+            for directory in reversed(dirs):
+                try:
+                    os.rmdir(directory)
+                except OSError as exc:
+                    # Another sandbox may live there, or be creating its directory right now.
+                    if exc.errno not in (errno.ENOENT, errno.ENOTEMPTY, errno.EBUSY):
+                        raise Internal(f"cannot remove cgroup {directory}: {exc.strerror}") from exc
+                    break
+
+
+def _parent_dirs(hierarchy: Hierarchy, base: str, parent: str) -> list[str]:
+    """The directories of ``<base>/<parent>`` and each of its ancestors below ``base``, outermost
+    first (podshim, podshim/<namespace>)."""
+    parts = parent.strip("/").split("/")
+    found = (hierarchy.directory(os.path.join(base, *parts[:i])) for i in range(1, len(parts) + 1))
+    return [d for d in found if d is not None]
+
+
+def _make_dirs_retrying(target: str, *, copy_cpuset: bool) -> list[str]:
+    # ENOENT: another sandbox's remove() took an empty parent away between our isdir() and
+    # mkdir(); build the path again.
+    for _ in range(_MKDIR_ATTEMPTS - 1):
+        try:
+            return _make_dirs(target, copy_cpuset=copy_cpuset)
+        except FileNotFoundError:
+            continue
+    return _make_dirs(target, copy_cpuset=copy_cpuset)
+
+
+def _make_dirs(target: str, *, copy_cpuset: bool) -> list[str]:
+    """mkdir ``target`` and any missing parents; return what was made, outermost first.
+
+    Raises FileExistsError when ``target`` exists.
+    """
+    missing = [target]
+    probe = os.path.dirname(target)
+    while not os.path.isdir(probe):
+        missing.append(probe)
+        probe = os.path.dirname(probe)
+    made: list[str] = []
+    try:
+        for directory in reversed(missing):
+            try:
+                os.mkdir(directory, 0o755)
+            except FileExistsError:
+                if directory == target:
+                    raise
+                continue  # a sibling sandbox made the same parent just now: not ours
+            made.append(directory)
+        if copy_cpuset:
+            # Fill every level, not only those we made: a sibling sandbox may have made a shared
+            # parent a moment ago and not filled it yet, and a task cannot join a cpuset cgroup
+            # whose cpus or mems are empty (ENOSPC). The writes are idempotent.
+            unfilled = [target]
+            while not all(_read_bytes(os.path.join(os.path.dirname(unfilled[-1]), knob))
+                          for knob in ("cpuset.cpus", "cpuset.mems")):
+                unfilled.append(os.path.dirname(unfilled[-1]))
+            for directory in reversed(unfilled):
+                for knob in ("cpuset.cpus", "cpuset.mems"):
+                    path = os.path.join(directory, knob)
+                    if not _read_bytes(path).strip():
+                        linux.write_file(path, _read_bytes(os.path.join(os.path.dirname(directory), knob)))
+    except BaseException:
+        for directory in reversed(made):
+            try:
+                os.rmdir(directory)
+            except OSError:
+                pass
+        raise
+    return made
+
+
+def _subtree(path: str) -> list[str]:
+    """``path`` and every cgroup below it, parents before children; [] if missing."""
+    if not os.path.isdir(path):
+        return []
+    return [root for root, _, _ in os.walk(path)]
+
+
+def _rmdir(directory: str, deadline: float) -> Iterator[float]:
+    """rmdir ``directory``, yielding how long to wait before each retry while it is EBUSY."""
+    delay = 0.001
+    while True:
+        try:
+            os.rmdir(directory)
+            return
+        except FileNotFoundError:
+            return
+        except OSError as exc:
+            if exc.errno != errno.EBUSY:
+                raise Internal(f"cannot remove cgroup {directory}: {exc.strerror}") from exc
+            if time.monotonic() >= deadline:
+                raise FailedPrecondition(f"cgroup {directory} still has processes; kill them first") from None
+        yield delay
+        delay = min(delay * 2, 0.05)
+
+
+def _read_bytes(path: str) -> bytes:
+    with open(path, "rb") as f:
+        return f.read().strip()
+
+
+def _read_pids(directory: str) -> list[int]:
+    try:
+        return [int(line) for line in _read_bytes(os.path.join(directory, "cgroup.procs")).split()]
+    except FileNotFoundError:
+        return []  # removed while we walked
+
+
+def _read_text(directory: str, name: str) -> str | None:
+    try:
+        return _read_bytes(os.path.join(directory, name)).decode()
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+def _read_int(directory: str, name: str) -> int | None:
+    text = _read_text(directory, name)
+    try:
+        return int(text) if text is not None else None
+    except ValueError:
+        return None
+
+
+def _read_keyed(directory: str, name: str, key: str) -> int | None:
+    """The value of ``key`` in a flat-keyed file such as cpu.stat."""
+    text = _read_text(directory, name)
+    for line in (text or "").splitlines():
+        parts = line.split()
+        if len(parts) == 2 and parts[0] == key and parts[1].isdigit():
+            return int(parts[1])
+    return None

@@ -1,0 +1,218 @@
+"""Thin ctypes wrappers for the Linux system calls CPython 3.11 does not expose.
+
+Python 3.11 has no ``os.unshare``/``os.setns``/``mount``; these call libc directly. Every
+wrapper raises :class:`OSError` with the C ``errno`` (and the path, where there is one) on
+failure, like the ``os`` module does, so callers can branch on ``exc.errno``.
+
+Nothing here knows about sandboxes: it is the vocabulary :mod:`shim.kernel.netns`, :mod:`shim.runtime.pause`,
+:mod:`shim.kernel.reaper` and :mod:`shim.kernel.cgroups` are written in.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import fcntl
+import os
+
+__all__ = [
+    "CLONE_NEWCGROUP", "CLONE_NEWIPC", "CLONE_NEWNET", "CLONE_NEWNS", "CLONE_NEWPID",
+    "CLONE_NEWTIME", "CLONE_NEWUSER", "CLONE_NEWUTS",
+    "MS_BIND", "MS_NODEV", "MS_NOEXEC", "MS_NOSUID", "MS_PRIVATE", "MS_RDONLY", "MS_REC",
+    "MS_REMOUNT", "MS_SHARED", "MS_SLAVE",
+    "MNT_DETACH", "MNT_FORCE", "UMOUNT_NOFOLLOW",
+    "STAT_PPID", "STAT_STARTTIME", "STAT_STATE",
+    "block_all_signals", "get_child_subreaper", "mount", "ns_inode", "ns_type", "proc_start_time",
+    "proc_stat", "set_child_subreaper", "set_signal_mask", "sethostname", "setns", "umount2", "unshare",
+    "write_file",
+]
+
+# <linux/sched.h>
+CLONE_NEWTIME = 0x00000080
+CLONE_NEWNS = 0x00020000
+CLONE_NEWCGROUP = 0x02000000
+CLONE_NEWUTS = 0x04000000
+CLONE_NEWIPC = 0x08000000
+CLONE_NEWUSER = 0x10000000
+CLONE_NEWPID = 0x20000000
+CLONE_NEWNET = 0x40000000
+
+# <linux/mount.h>
+MS_RDONLY = 1
+MS_NOSUID = 2
+MS_NODEV = 4
+MS_NOEXEC = 8
+MS_REMOUNT = 32
+MS_BIND = 4096
+MS_REC = 16384
+MS_PRIVATE = 1 << 18
+MS_SLAVE = 1 << 19
+MS_SHARED = 1 << 20
+
+MNT_FORCE = 1
+MNT_DETACH = 2
+UMOUNT_NOFOLLOW = 8
+
+# <linux/prctl.h>
+_PR_SET_CHILD_SUBREAPER = 36
+_PR_SET_NAME = 15
+#: The kernel keeps 15 bytes of a task's name (TASK_COMM_LEN - 1).
+COMM_MAX_BYTES = 15
+_PR_GET_CHILD_SUBREAPER = 37
+
+# <linux/nsfs.h>: _IO(0xb7, 0x3)
+_NS_GET_NSTYPE = 0xB703
+
+# Field numbers of /proc/PID/stat (proc(5)).
+STAT_STATE = 3
+STAT_PPID = 4
+STAT_STARTTIME = 22
+
+# pthread_sigmask(3) "how"; glibc's sigset_t is 1024 bits.
+_SIG_BLOCK = 0
+_SIG_SETMASK = 2
+_SigSet = ctypes.c_ulong * (1024 // (8 * ctypes.sizeof(ctypes.c_ulong)))
+_FULL_SIGSET = _SigSet(*[ctypes.c_ulong(-1).value] * len(_SigSet()))
+
+_libc = ctypes.CDLL(None, use_errno=True)
+
+_libc.unshare.argtypes = [ctypes.c_int]
+_libc.setns.argtypes = [ctypes.c_int, ctypes.c_int]
+_libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
+_libc.umount2.argtypes = [ctypes.c_char_p, ctypes.c_int]
+_libc.sethostname.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
+_libc.pthread_sigmask.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p]
+_libc.prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
+
+
+def _check(result: int, *filenames: str | None) -> None:
+    if result == -1:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err), *filenames)
+
+
+def _encode(value: str | bytes | None) -> bytes | None:
+    return os.fsencode(value) if value is not None else None
+
+
+def unshare(flags: int) -> None:
+    """Move the calling thread into new namespaces (``CLONE_NEW*`` flags). Raises OSError."""
+    _check(_libc.unshare(flags))
+
+
+def setns(fd: int, nstype: int = 0) -> None:
+    """Move the calling thread into the namespace open on ``fd``; ``nstype`` 0 accepts any type.
+
+    Raises OSError (EINVAL when ``fd`` is not a namespace of ``nstype``).
+    """
+    _check(_libc.setns(fd, nstype))
+
+
+def mount(source: str | None, target: str, fstype: str | None, flags: int = 0, data: str | None = None) -> None:
+    """mount(2). Raises OSError naming ``target``."""
+    _check(_libc.mount(_encode(source), _encode(target), _encode(fstype), flags, _encode(data)), target)
+
+
+def umount2(target: str, flags: int = 0) -> None:
+    """umount2(2). Raises OSError naming ``target`` (EINVAL when it is not a mount point)."""
+    _check(_libc.umount2(_encode(target), flags), target)
+
+
+def sethostname(name: str) -> None:
+    """Set the hostname of the calling thread's UTS namespace. Raises OSError."""
+    raw = name.encode()
+    _check(_libc.sethostname(raw, len(raw)))
+
+
+def set_child_subreaper(enabled: bool = True) -> None:
+    """PR_SET_CHILD_SUBREAPER: orphaned descendants are re-parented to this process, not PID 1."""
+    _check(_libc.prctl(_PR_SET_CHILD_SUBREAPER, int(enabled), 0, 0, 0))
+
+
+def set_process_name(name: str) -> None:
+    """PR_SET_NAME: the name ps, top and pgrep show for this process (/proc/self/comm),
+    cut to 15 bytes by the kernel."""
+    buf = ctypes.create_string_buffer(name.encode()[:COMM_MAX_BYTES])
+    _check(_libc.prctl(_PR_SET_NAME, ctypes.addressof(buf), 0, 0, 0))
+
+
+def get_child_subreaper() -> bool:
+    """Whether this process is a child subreaper (PR_GET_CHILD_SUBREAPER)."""
+    value = ctypes.c_int(0)
+    _check(_libc.prctl(_PR_GET_CHILD_SUBREAPER, ctypes.addressof(value), 0, 0, 0))
+    return bool(value.value)
+
+
+def proc_stat(pid: int) -> list[str] | None:
+    """The fields of /proc/PID/stat, numbered as in proc(5) from 1 (so field n is ``[n - 1]``).
+
+    None when the process is gone. The command name (field 2) may contain spaces and
+    parentheses, so it is cut out at the *last* ")" rather than split on blanks.
+    """
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            line = f.read().decode("utf-8", "surrogateescape")
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    head, _, tail = line.rpartition(")")
+    pid_field, _, comm = head.partition(" (")
+    return [pid_field, comm, *tail.split()]
+
+
+def proc_start_time(pid: int) -> int | None:
+    """Start time of ``pid`` in clock ticks since boot (field 22 of /proc/PID/stat), or None if gone.
+
+    Together with the pid it names one process for its whole life, across pid reuse.
+    """
+    stat = proc_stat(pid)
+    return int(stat[STAT_STARTTIME - 1]) if stat is not None else None
+
+
+def block_all_signals() -> bytes:
+    """Block every signal in the calling thread; return the previous mask for :func:`set_signal_mask`.
+
+    Like ``signal.pthread_sigmask`` but ~100 times cheaper (3 µs against 0.3 ms for a block and
+    a restore, measured): the mask stays raw bytes instead of becoming ~60 ``Signals`` objects.
+    That matters on the fork path of every pause launch.
+    """
+    old = _SigSet()
+    _check_pthread(_libc.pthread_sigmask(_SIG_BLOCK, _FULL_SIGSET, old))
+    return bytes(old)
+
+
+def set_signal_mask(mask: bytes = b"") -> None:
+    """Set the calling thread's signal mask to ``mask`` from :func:`block_all_signals` (empty: none)."""
+    new = _SigSet.from_buffer_copy(mask.ljust(ctypes.sizeof(_SigSet), b"\0"))
+    _check_pthread(_libc.pthread_sigmask(_SIG_SETMASK, new, None))
+
+
+def _check_pthread(result: int) -> None:
+    if result != 0:  # pthread functions return the error number instead of setting errno
+        raise OSError(result, os.strerror(result))
+
+
+def write_file(path: str, data: bytes) -> None:
+    """Write ``data`` to a kernel file (/proc/sys, cgroupfs) in one write(2), as the kernel expects.
+
+    No buffering, no truncation, no newline. Raises OSError.
+    """
+    fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+    try:
+        os.write(fd, data)
+    finally:
+        os.close(fd)
+
+
+def ns_inode(path: str) -> int:
+    """Inode of the namespace at ``path`` (``/proc/PID/ns/net``, a bind-mounted netns file, ...).
+
+    Two paths name the same namespace exactly when their inodes (on nsfs) are equal. Raises OSError.
+    """
+    return os.stat(path).st_ino
+
+
+def ns_type(fd: int) -> int:
+    """The ``CLONE_NEW*`` type of the namespace open on ``fd`` (NS_GET_NSTYPE, Linux 4.11).
+
+    Raises OSError (ENOTTY when ``fd`` is not a namespace, e.g. an unmounted netns file).
+    """
+    return fcntl.ioctl(fd, _NS_GET_NSTYPE)

@@ -1,0 +1,269 @@
+"""Network namespaces: create, describe and remove the sandbox's netns; open any namespace file.
+
+A netns is kept alive by a bind mount of an nsfs file on an empty file, as iproute2 does
+(``/var/run/netns/<name>``), so iproute2 and CNI plugins see ours. Creating one runs in the
+*calling thread* only: unshare(CLONE_NEWNET) switches the netns of one thread, not the process,
+and the thread is always switched back before returning.
+
+pyroute2 is imported lazily and only by :func:`describe_netns`: its import costs about 200 ms
+and 24 MiB, which must stay off the sandbox start path.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import secrets
+import socket
+import stat
+import struct
+import threading
+from typing import Any
+
+from shim.kernel import linux
+from shim.rpc.status import AlreadyExists, Internal, InvalidArgument, NotFound
+
+__all__ = ["create_netns", "default_netns_dir", "describe_netns", "new_netns_path", "open_namespace", "open_netns",
+           "remove_netns"]
+
+_NETNS_DIR = "/var/run/netns"
+_THREAD_NETNS = "/proc/thread-self/ns/net"
+
+# <linux/sockios.h>, <net/if.h>; struct ifreq is a 16-byte name then a 24-byte union whose
+# first member for these two calls is `short ifr_flags`.
+_SIOCGIFFLAGS = 0x8913
+_SIOCSIFFLAGS = 0x8914
+_IFF_UP = 0x1
+_IFREQ = struct.Struct("16sh22x")
+
+
+def default_netns_dir() -> str:
+    """Where netns files live, shared with iproute2: /var/run/netns."""
+    return _NETNS_DIR
+
+
+def new_netns_path(prefix: str = "podshim") -> str:
+    """A fresh path ``/var/run/netns/<prefix>-<16 random hex digits>`` (not created).
+
+    Raises InvalidArgument when ``prefix`` is empty or contains "/" or NUL.
+    """
+    if not prefix or "/" in prefix or "\0" in prefix:
+        raise InvalidArgument(f"netns name prefix {prefix!r} must be a non-empty name without '/'")
+    return f"{_NETNS_DIR}/{prefix}-{secrets.token_hex(8)}"
+
+
+def create_netns(path: str) -> str:
+    """Create a new network namespace, pinned by a bind mount on ``path``, with ``lo`` up.
+
+    ``path``'s directory is created if missing. The default directory is first made a shared
+    mount (see :func:`_ensure_shared_dir`). Returns ``path``. On any failure nothing is left
+    behind. Raises InvalidArgument (relative path), AlreadyExists (``path`` exists) or Internal.
+    """
+    if not os.path.isabs(path):
+        raise InvalidArgument(f"netns path {path!r} must be absolute")
+    directory = os.path.dirname(path)
+    try:
+        os.makedirs(directory, mode=0o755, exist_ok=True)
+        if directory == _NETNS_DIR:
+            _ensure_shared_dir(directory)
+        os.close(os.open(path, os.O_RDONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o444))
+    except FileExistsError:
+        raise AlreadyExists(f"netns file {path} already exists") from None
+    except OSError as exc:
+        raise Internal(f"cannot create netns file {path}: {exc.strerror}") from exc
+    mounted = False
+    try:
+        saved = os.open(_THREAD_NETNS, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            linux.unshare(linux.CLONE_NEWNET)
+            try:
+                linux.mount(_THREAD_NETNS, path, None, linux.MS_BIND)
+                mounted = True
+                _set_loopback_up()
+            finally:
+                _return_to(saved)
+        finally:
+            os.close(saved)
+    except BaseException as exc:
+        if mounted:
+            _umount_quietly(path)
+        _unlink_quietly(path)
+        if isinstance(exc, OSError):
+            raise Internal(f"cannot create netns {path}: {exc.strerror}") from exc
+        raise
+    return path
+
+
+def remove_netns(path: str) -> None:
+    """Unmount and delete a netns file made by :func:`create_netns`. Idempotent.
+
+    A missing file or a file that is no longer mounted is fine. Raises InvalidArgument when
+    ``path`` is something other than a netns file (a non-empty or non-regular file is never
+    deleted), Internal for other errors.
+    """
+    # MNT_DETACH: a process that still has the file open (ip netns exec, a CNI plugin) must
+    # not make removal fail; the namespace dies when its last user goes.
+    _umount_quietly(path)
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if not stat.S_ISREG(st.st_mode) or st.st_size != 0:
+        raise InvalidArgument(f"{path} is not a netns file; not removing it")
+    _unlink_quietly(path)
+
+
+def describe_netns(path: str) -> list[dict[str, Any]]:
+    """The interfaces of the netns at ``path``: ``[{"name", "index", "state", "addresses": [...]}]``.
+
+    ``state`` is the operstate ("UP", "DOWN", "UNKNOWN"); addresses are "addr/prefixlen" strings.
+    For diagnostics: it imports pyroute2 and blocks; from async code call it through
+    ``asyncio.to_thread``. Raises NotFound when ``path`` is not a mounted netns.
+    """
+    # A dedicated thread: the netns switch stays off the caller's thread, and pyroute2's
+    # synchronous API runs its own event loop, which it cannot do on a thread that runs one.
+    result: list[list[dict[str, Any]] | BaseException] = []
+    worker = threading.Thread(target=lambda: result.append(_describe_in_thread(path)), name="describe-netns")
+    worker.start()
+    worker.join()
+    if isinstance(result[0], BaseException):
+        raise result[0]
+    return result[0]
+
+
+def _describe_in_thread(path: str) -> list[dict[str, Any]] | BaseException:
+    try:
+        from pyroute2 import IPRoute
+
+        target = open_netns(path)
+        try:
+            saved = os.open(_THREAD_NETNS, os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                linux.setns(target, linux.CLONE_NEWNET)
+                try:
+                    # The netlink socket belongs to the netns it was created in.
+                    ipr = IPRoute()
+                finally:
+                    _return_to(saved)
+            finally:
+                os.close(saved)
+        finally:
+            os.close(target)
+        with ipr:
+            addresses: dict[int, list[str]] = {}
+            for msg in ipr.get_addr():
+                addresses.setdefault(msg["index"], []).append(f"{msg.get_attr('IFA_ADDRESS')}/{msg['prefixlen']}")
+            return [
+                {
+                    "name": link.get_attr("IFLA_IFNAME"),
+                    "index": link["index"],
+                    "state": link.get_attr("IFLA_OPERSTATE"),
+                    "addresses": addresses.get(link["index"], []),
+                }
+                for link in ipr.get_links()
+            ]
+    except BaseException as exc:  # handed to the caller's thread
+        return exc
+
+
+_NS_KINDS = {
+    linux.CLONE_NEWNS: "mount",
+    linux.CLONE_NEWUTS: "uts",
+    linux.CLONE_NEWIPC: "ipc",
+    linux.CLONE_NEWPID: "pid",
+    linux.CLONE_NEWNET: "network",
+    linux.CLONE_NEWCGROUP: "cgroup",
+}
+
+
+def open_namespace(path: str, nstype: int) -> int:
+    """An O_CLOEXEC fd on the namespace at ``path`` (``/proc/PID/ns/ipc``, a netns file), for setns.
+
+    The kernel says what the file is (NS_GET_NSTYPE): it must be a namespace of ``nstype``
+    (``CLONE_NEW*``). The caller closes the fd. Raises NotFound when ``path`` is missing or is
+    not a namespace of that type, InvalidArgument for a type this function does not know.
+    """
+    kind = _NS_KINDS.get(nstype)
+    if kind is None:
+        raise InvalidArgument(f"cannot open {path}: namespace type {nstype:#x} is not supported")
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except (FileNotFoundError, ProcessLookupError):
+        raise NotFound(f"{kind} namespace {path} does not exist") from None
+    try:
+        if linux.ns_type(fd) != nstype:
+            raise NotFound(f"{path} is not a {kind} namespace")
+    except OSError:
+        os.close(fd)
+        raise NotFound(f"{path} is not a mounted {kind} namespace") from None
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def open_netns(path: str) -> int:
+    """:func:`open_namespace` for a network namespace. Raises NotFound."""
+    return open_namespace(path, linux.CLONE_NEWNET)
+
+
+def _ensure_shared_dir(directory: str) -> None:
+    """Make ``directory`` a shared mount point, as ``ip netns add`` does.
+
+    The netns bind mounts below it must be shared so that each pause's mount namespace (a
+    recursive slave copy, see shim.runtime.pause) receives their umounts. Were they private, every
+    pause started after netns X would keep X's nsfs mount, and with it X, alive forever.
+    """
+    try:
+        linux.mount(None, directory, None, linux.MS_SHARED | linux.MS_REC)
+        return
+    except OSError as exc:
+        if exc.errno != errno.EINVAL:  # EINVAL: not a mount point yet
+            raise
+    # Serialise with other shims doing the same, so the directory is bind-mounted once. The
+    # lock is on the directory's inode, which the bind mount of itself does not change.
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        try:
+            linux.mount(None, directory, None, linux.MS_SHARED | linux.MS_REC)
+        except OSError as exc:
+            if exc.errno != errno.EINVAL:
+                raise
+            linux.mount(directory, directory, None, linux.MS_BIND | linux.MS_REC)
+            linux.mount(None, directory, None, linux.MS_SHARED | linux.MS_REC)
+    finally:
+        os.close(fd)
+
+
+def _set_loopback_up() -> None:
+    # The socket is created after unshare, so its ioctls act on the new netns.
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as sock:
+        _, flags = _IFREQ.unpack(fcntl.ioctl(sock, _SIOCGIFFLAGS, _IFREQ.pack(b"lo", 0)))
+        fcntl.ioctl(sock, _SIOCSIFFLAGS, _IFREQ.pack(b"lo", flags | _IFF_UP))
+
+
+def _return_to(saved_fd: int) -> None:
+    try:
+        linux.setns(saved_fd, linux.CLONE_NEWNET)
+    except OSError as exc:
+        # The thread would keep running in the wrong netns; nothing sensible can continue.
+        raise Internal(f"cannot return the thread to its network namespace: {exc.strerror}") from exc
+
+
+def _umount_quietly(path: str) -> None:
+    try:
+        linux.umount2(path, linux.MNT_DETACH)
+    except OSError as exc:
+        if exc.errno not in (errno.EINVAL, errno.ENOENT):  # not mounted, or gone
+            raise Internal(f"cannot unmount netns {path}: {exc.strerror}") from exc
+
+
+def _unlink_quietly(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        raise Internal(f"cannot delete netns file {path}: {exc.strerror}") from exc

@@ -1,0 +1,429 @@
+"""Making a detached shim: bind its socket, fork it into its own session, wait until it serves.
+
+Two callers share this one path: ``podshim start`` (a short-lived process: one fork, and the
+shim is re-parented when ``start`` exits) and the template (long-lived: a double fork, so the
+template is never the shim's parent and may die or restart under it).
+
+The template also keeps a *spare* (:func:`fork_spare`): a shim double-forked ahead of time that
+waits, detached, for its sandbox. A Spawn hands it the config and the bound socket and is
+answered once it serves, without a fork on the way; the template forks the next spare after
+answering. The spare's intermediate child stays behind it until then, to start the cgroup
+grace period the moment the spare is taken.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import errno
+import json
+import os
+import random
+import select
+import signal
+import socket
+import time
+from typing import Any, NoReturn
+
+from shim.kernel.linux import proc_start_time
+from shim.paths import (BOOTSTRAP_FILE, BOOTSTRAP_VERSION, LOG_FILE, PROTOCOL, STATE_FILE, read_json, socket_address,
+                    write_json_atomic)
+from shim.rpc.status import Unavailable
+
+__all__ = ["START_TIMEOUT", "CAN_CONNECT_TIMEOUT", "Spare", "bind_listener", "bootstrap", "ensure_dir", "fork_spare",
+           "spawn_shim"]
+
+#: How long a spawner waits for the forked shim to accept; below the Controller's SPAWN_TIMEOUT
+#: (10 s), so `podshim start` always ends its own child and reports before it is killed.
+START_TIMEOUT = 8.0
+#: A socket that accepts a connection within this is a live shim (containerd: 100 ms).
+CAN_CONNECT_TIMEOUT = 0.1
+
+
+def ensure_dir(path: str, mode: int) -> None:
+    """Create ``path`` (and parents) and make sure it has exactly ``mode``."""
+    os.makedirs(path, mode=mode, exist_ok=True)
+    if os.stat(path).st_mode & 0o777 != mode:
+        os.chmod(path, mode)
+
+
+def _can_connect(path: str) -> bool:
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+    s.settimeout(CAN_CONNECT_TIMEOUT)
+    try:
+        s.connect(path)
+        return True
+    except OSError:
+        return False
+    finally:
+        s.close()
+
+
+def bind_listener(path: str) -> socket.socket | None:
+    """Bind and listen on ``path`` (0600, in a 0700 dir). Returns None if a live shim owns it;
+    a stale socket file left by a dead shim is replaced."""
+    ensure_dir(os.path.dirname(path), 0o700)
+    for attempt in (1, 2):
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+        old_umask = os.umask(0o177)  # the socket is born 0600: no window where others can connect
+        try:
+            sock.bind(path)
+        except OSError as exc:
+            sock.close()
+            if exc.errno != errno.EADDRINUSE or attempt == 2:
+                raise
+            if _can_connect(path):
+                return None
+            os.unlink(path)  # stale: nobody accepts on it
+            continue
+        finally:
+            os.umask(old_umask)
+        sock.listen(256)
+        return sock
+    raise AssertionError("unreachable")
+
+
+def bootstrap(address: str, pid: int) -> dict[str, Any]:
+    """The bootstrap result printed by ``podshim start`` and kept in bootstrap.json."""
+    return {"version": BOOTSTRAP_VERSION, "address": address, "protocol": PROTOCOL, "pid": pid}
+
+
+def _log_tail(bundle: str, lines: int = 10) -> str:
+    try:
+        with open(os.path.join(bundle, LOG_FILE), "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - 4096))
+            return "\n".join(f.read().decode(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""
+
+
+@dataclasses.dataclass
+class Spare:
+    """A shim forked ahead of time, waiting for its sandbox (see :func:`fork_spare`).
+
+    ``channel``: the template's end of the spare's socket pair (the assignment goes out, "R"
+    comes back). ``go_fd``: the pipe its intermediate child waits on. Closing both without
+    :meth:`take` retires the spare: both processes exit.
+    """
+
+    pid: int
+    channel: socket.socket
+    go_fd: int
+
+    @property
+    def taken(self) -> bool:
+        return self.go_fd < 0
+
+    def take(self) -> None:
+        """Tell the intermediate child the spare is being used: it starts the cgroup grace
+        period (:func:`shim.kernel.cgroups.start_attach_grace_period`) and exits."""
+        try:
+            os.write(self.go_fd, b"G")
+        except OSError:  # it is gone already: only the head start is lost
+            pass
+        os.close(self.go_fd)
+        self.go_fd = -1
+
+    def close(self) -> None:
+        self.channel.close()
+        if self.go_fd >= 0:
+            os.close(self.go_fd)
+            self.go_fd = -1
+
+
+def fork_spare() -> Spare:
+    """Double-fork a spare shim; return once it exists. The caller reaps the intermediate
+    child (SIGCHLD), which exits when the spare is taken or retired. Raises OSError."""
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    go_r, go_w = os.pipe2(os.O_CLOEXEC)
+    try:
+        pid = os.fork()
+        if pid == 0:
+            _spare_intermediate(theirs, go_r)
+    except BaseException:
+        ours.close()
+        os.close(go_w)
+        raise
+    finally:
+        theirs.close()
+        os.close(go_r)
+    spare = Spare(0, ours, go_w)
+    try:
+        ours.settimeout(START_TIMEOUT)
+        message = ours.recv(64)
+        ours.settimeout(None)
+        if not (message.startswith(b"P") and message[1:].isdigit()):
+            raise OSError(errno.ECHILD, "the spare shim's intermediate child exited without forking it")
+        spare.pid = int(message[1:])
+    except BaseException:
+        spare.close()  # the intermediate child (and the spare, if any) exit on EOF
+        raise
+    return spare
+
+
+def _spare_intermediate(channel: socket.socket, go_r: int) -> NoReturn:
+    """In the spare's intermediate child: fork the spare, report its pid, then wait for the
+    template to take it (start the cgroup grace period) or to go away (just exit)."""
+    code = 1
+    try:
+        # Not the template's listener, its callers' connections or its end of the pair: EOF
+        # and ECONNREFUSED must reach whoever waits on those when the template dies.
+        _close_all_but((channel.fileno(), go_r))
+        pid = os.fork()
+        if pid == 0:
+            os.close(go_r)
+            _spare_wait(channel)
+        channel.send(b"P%d" % pid)
+        channel.close()
+        if os.read(go_r, 1) == b"G":
+            _start_attach_grace_period()
+        code = 0
+    except BaseException:
+        pass
+    finally:
+        os._exit(code)
+
+
+def _spare_wait(channel: socket.socket) -> NoReturn:
+    """The spare: detached, it waits for its assignment, then serves like any forked shim."""
+    code = 1
+    try:
+        os.setsid()
+        _close_all_but((channel.fileno(),))
+        _stdio_to(os.devnull)
+        _fresh_signals()
+        import asyncio
+
+        from shim.daemon import serve_forever, setup_logging
+        from shim.kernel.linux import set_process_name
+        from shim.rpc.channel import install_uvloop
+
+        set_process_name("podshim-spare")
+        # What does not depend on the sandbox is done before it is known.
+        setup_logging()
+        install_uvloop()
+        loop = asyncio.new_event_loop()
+        message, fds, _, _ = socket.recv_fds(channel, 65536, 1)
+        if not message:  # the template retired us, or died
+            for fd in fds:
+                os.close(fd)
+            code = 0
+            return  # to os._exit
+        if len(fds) != 1:
+            raise RuntimeError("the spare's assignment came without the shim's socket")
+        assignment = json.loads(message)
+        from shim.sandbox.sandbox import ShimConfig
+
+        config = ShimConfig(**assignment["config"])
+        os.set_inheritable(fds[0], False)  # received without close-on-exec
+        listener = socket.socket(fileno=fds[0])
+        _stdio_to(os.path.join(config.bundle, LOG_FILE))
+        random.seed()
+        if assignment.get("debug"):
+            setup_logging(True)
+        code = serve_forever(config, listener, ready_fd=channel.detach(), loop=loop)
+    except BaseException:
+        import traceback
+
+        traceback.print_exc()
+    finally:
+        os._exit(code)
+
+
+def _assign(spare: Spare, config: Any, sock: socket.socket, debug: bool) -> bool:
+    """Hand ``config`` and the bound ``sock`` to ``spare``; False if the spare is gone."""
+    assignment = json.dumps({"config": dataclasses.asdict(config), "debug": debug}).encode()
+    try:
+        socket.send_fds(spare.channel, [assignment], [sock.fileno()])
+    except OSError:
+        return False
+    return True
+
+
+def spawn_shim(config: Any, *, debug: bool = False, double_fork: bool = False,
+               close_fds: tuple[int, ...] = (), spare: Spare | None = None) -> dict[str, Any]:
+    """Start a detached shim for ``config`` (a ShimConfig) and return its bootstrap result.
+
+    If a live shim already serves the socket, its bootstrap is returned instead. Raises
+    Unavailable (with the tail of the shim's log) when the shim does not come up within
+    :data:`START_TIMEOUT`. ``close_fds``: descriptors of the caller the shim must not keep.
+    With ``double_fork`` the intermediate child outlives this call by a cgroup grace period
+    (see :func:`shim.kernel.cgroups.start_attach_grace_period`): the caller reaps it (SIGCHLD).
+    ``spare``: a :class:`Spare` to use instead of forking (taken and closed here unless a live
+    shim already serves the socket; a dead spare falls back to forking).
+    """
+    ensure_dir(config.bundle, 0o700)
+    address = socket_address(config.socket_path)
+    sock = bind_listener(config.socket_path)
+    if sock is None:
+        try:
+            result = read_json(os.path.join(config.bundle, BOOTSTRAP_FILE))
+        except (OSError, ValueError):
+            result = None
+        if not isinstance(result, dict) or result.get("address") != address:
+            result = bootstrap(address, 0)
+        return result
+    if spare is not None:
+        spare.take()
+        try:
+            if _assign(spare, config, sock, debug):
+                sock.close()
+                # The shim writes its own first state.json (a template that dies from here on
+                # leaves a shim `podshim delete` can find); meanwhile its bootstrap, taken back
+                # if it does not come up.
+                result = bootstrap(address, spare.pid)
+                boot_path = os.path.join(config.bundle, BOOTSTRAP_FILE)
+                write_json_atomic(boot_path, result, mode=0o644, durable=False)
+                _, ready = _wait_ready(spare.channel.fileno(), START_TIMEOUT)
+                if ready:
+                    return result
+                try:
+                    os.unlink(boot_path)
+                except FileNotFoundError:
+                    pass
+                _started(config, address, spare.pid, None, ready)  # raises Unavailable
+        finally:
+            spare.close()
+    ready_r, ready_w = os.pipe2(os.O_CLOEXEC)
+    pid = os.fork()
+    if pid == 0:
+        _become_shim(config, sock, ready_r, ready_w, debug, double_fork)
+    if not double_fork:
+        _record_shim(config, pid)
+    os.close(ready_w)
+    sock.close()
+    try:
+        # With a double fork (the template) the intermediate child starts the cgroup grace period
+        # and exits: the caller reaps it (SIGCHLD), since waiting here would wait that out. A
+        # single fork (`podshim start`) does not: the shim it forks spends longer importing than
+        # the grace period's head start lasts.
+        shim_pid, ready = _wait_ready(ready_r, START_TIMEOUT)
+    finally:
+        os.close(ready_r)
+    return _started(config, address, shim_pid or pid, pid if not double_fork else None, ready)
+
+
+def _started(config: Any, address: str, shim_pid: int, child_pid: int | None, ready: bool) -> dict[str, Any]:
+    """The bootstrap of a shim that said it serves; or, if it did not, end it and say why."""
+    if not ready:
+        _abandon(shim_pid, child_pid, config.socket_path)
+        tail = _log_tail(config.bundle)
+        raise Unavailable(f"the shim did not come up within {START_TIMEOUT:.0f}s"
+                          + (f"; its log says:\n{tail}" if tail else ""))
+    result = bootstrap(address, shim_pid)
+    write_json_atomic(os.path.join(config.bundle, BOOTSTRAP_FILE), result, mode=0o644, durable=False)
+    return result
+
+
+def _record_shim(config: Any, pid: int) -> None:
+    """Write the shim's first state.json at once, from the process that forked it: whoever dies
+    from now on, `podshim delete` can find the shim and end it. Nothing can have called the
+    shim yet (its address is not out), so this never hides a newer record of the shim's own.
+    """
+    record = {"namespace": config.namespace, "sandbox_id": config.sandbox_id, "state": "new", "shim_pid": pid,
+              "shim_start_time": proc_start_time(pid), "socket_path": config.socket_path}
+    write_json_atomic(os.path.join(config.bundle, STATE_FILE), record, durable=False)
+
+
+def _abandon(shim_pid: int, child_pid: int | None, socket_path: str) -> None:
+    try:
+        os.kill(shim_pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    if child_pid is not None:
+        os.waitpid(child_pid, 0)
+    try:
+        os.unlink(socket_path)
+    except FileNotFoundError:
+        pass
+
+
+def _wait_ready(fd: int, timeout: float) -> tuple[int | None, bool]:
+    """Read ``P<pid>\\n`` (double fork) and ``R`` (serving) from the ready pipe."""
+    deadline = time.monotonic() + timeout
+    data = b""
+    while b"R" not in data:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            break
+        r, _, _ = select.select([fd], [], [], left)
+        if not r:
+            break
+        chunk = os.read(fd, 64)
+        if not chunk:
+            break
+        data += chunk
+    pid = None
+    for line in data.split(b"\n"):
+        if line.startswith(b"P") and line[1:].isdigit():
+            pid = int(line[1:])
+    return pid, b"R" in data
+
+
+def _start_attach_grace_period() -> None:
+    """See :func:`shim.kernel.cgroups.start_attach_grace_period`: a failure only costs speed."""
+    try:
+        from shim.kernel.cgroups import start_attach_grace_period
+
+        start_attach_grace_period()
+    except Exception:
+        pass
+
+
+def _become_shim(config: Any, sock: socket.socket, ready_r: int, ready_w: int, debug: bool,
+                 double_fork: bool) -> None:
+    """In the forked child: (fork again,) detach, and serve. Never returns."""
+    code = 1
+    try:
+        os.close(ready_r)
+        if double_fork:
+            pid = os.fork()
+            if pid:
+                _record_shim(config, pid)
+                os.write(ready_w, b"P%d\n" % pid)
+                _close_all_but(())
+                _start_attach_grace_period()
+                os._exit(0)
+        os.setsid()
+        _close_all_but((sock.fileno(), ready_w))
+        _stdio_to(os.path.join(config.bundle, LOG_FILE))
+        _fresh_signals()
+        random.seed()
+        from shim.daemon import serve_forever, setup_logging
+
+        setup_logging(debug)
+        os.set_inheritable(ready_w, False)
+        code = serve_forever(config, sock, ready_fd=ready_w, recorded=True)
+    except BaseException:
+        import traceback
+
+        traceback.print_exc()
+    finally:
+        os._exit(code)
+
+
+def _fresh_signals() -> None:
+    """A fresh process in all but name: default signal dispositions (the random state is
+    reseeded too, or every shim of a template would share the template's)."""
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD):
+        signal.signal(sig, signal.SIG_DFL)
+
+
+def _close_all_but(keep: tuple[int, ...]) -> None:
+    """Close every descriptor above stdio (0-2) that the caller may have leaked to us but ``keep``."""
+    low = 3
+    for fd in sorted(fd for fd in set(keep) if fd >= 3):
+        os.closerange(low, fd)
+        low = fd + 1
+    os.closerange(low, 65536)
+
+
+def _stdio_to(log_path: str) -> None:
+    """stdin from /dev/null; stdout and stderr appended to ``log_path`` (the bundle's log)."""
+    devnull = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+    os.dup2(devnull, 0)
+    os.close(devnull)
+    log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
+    os.dup2(log_fd, 1)
+    os.dup2(log_fd, 2)
+    os.close(log_fd)

@@ -1,0 +1,243 @@
+"""Launching the pause task: the process that holds the sandbox's namespaces open.
+
+The pause is PID 1 of new pid, ipc, uts and mount namespaces (the host's pid, ipc or uts
+namespace in NODE modes), joined to the sandbox's network namespace, in the sandbox cgroup
+before it execs, with the sysctls applied and a tmpfs on /dev/shm. :mod:`shim.runtime.process` does the
+forking (the one way the shim launches anything); this module says what the pause needs and
+when it is ready.
+
+A pause that has not yet set up its signal handling loses a SIGTERM (PID 1 of a pid namespace
+drops every signal it has no handler for), so :func:`launch` returns only once the pause
+catches or blocks SIGTERM.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import signal
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import NoReturn
+
+from shim.kernel import linux
+from shim.runtime import process
+from shim.kernel.cgroups import SandboxCgroup
+from shim.kernel.reaper import ExitInfo, Reaper
+from shim.rpc.status import FailedPrecondition, Internal, InvalidArgument
+
+__all__ = [
+    "BUILTIN",
+    "CATATONIT",
+    "NODE",
+    "POD",
+    "PauseProcess",
+    "PauseSpec",
+    "kill_pause",
+    "launch",
+    "validate_sysctls",
+    "wait_ready",
+]
+
+POD = "POD"
+NODE = "NODE"
+CATATONIT = "/usr/bin/catatonit"
+BUILTIN = "builtin"
+DEFAULT_OOM_SCORE_ADJ = -998  # what CRI gives sandboxes
+DEFAULT_SHM_SIZE_BYTES = 64 << 20
+
+READY_TIMEOUT = 2.0  # seconds for an exec'd pause to set up its SIGTERM handling
+READY_POLL_INTERVAL = 0.0005
+CLEANUP_TIMEOUT = process.CLEANUP_TIMEOUT
+
+_SIGTERM_BIT = 1 << (signal.SIGTERM - 1)
+_BUILTIN_SIGNALS = {signal.SIGTERM, signal.SIGINT, signal.SIGCHLD}
+_SYSCTL_KEY = re.compile(r"[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)+")
+_IPC_SYSCTL_PREFIXES = ("kernel.shm", "kernel.msg", "fs.mqueue.")
+
+
+@dataclass(frozen=True)
+class PauseSpec:
+    """What the pause's namespaces look like. Defaults match containerd's sandbox defaults.
+
+    ``netns_path`` None means host network, and then the host UTS namespace is kept too (as
+    containerd does), so ``hostname`` is ignored. ``pause_binary``: None picks catatonit when
+    installed, else the builtin Python pause; "builtin" forces it; a path names a binary that
+    accepts catatonit's ``-P`` (pause mode). ``shm_size_bytes`` sizes the tmpfs on /dev/shm
+    that a pod IPC namespace gets.
+    """
+
+    netns_path: str | None = None
+    pid_mode: str = POD
+    ipc_mode: str = POD
+    hostname: str | None = None
+    sysctls: Mapping[str, str] = field(default_factory=dict)
+    cgroup: SandboxCgroup | None = None
+    pause_binary: str | None = None
+    oom_score_adj: int | None = DEFAULT_OOM_SCORE_ADJ
+    shm_size_bytes: int = DEFAULT_SHM_SIZE_BYTES
+
+
+@dataclass(frozen=True)
+class PauseProcess:
+    """A running pause. ``(pid, start_time)`` names it across pid reuse (see :func:`kill_pause`).
+
+    ``start_time`` is field 22 of /proc/PID/stat; ``created_at_ns`` the wall clock when it was
+    ready; ``binary`` the program exec'd, or "builtin"; ``exit`` resolves when it is reaped.
+    """
+
+    pid: int
+    start_time: int
+    created_at_ns: int
+    binary: str
+    exit: asyncio.Future[ExitInfo] = field(compare=False, repr=False)
+
+
+def validate_sysctls(sysctls: Mapping[str, str], *, host_network: bool, host_ipc: bool) -> None:
+    """Accept only sysctls that are namespaced for this sandbox.
+
+    ``net.*`` needs a pod network; ``kernel.shm*``, ``kernel.msg*``, ``kernel.sem`` and
+    ``fs.mqueue.*`` need a pod IPC namespace. Anything else would be written to the host's own
+    settings. Raises InvalidArgument with the reason.
+    """
+    for key, value in sysctls.items():
+        if not isinstance(key, str) or not _SYSCTL_KEY.fullmatch(key):
+            raise InvalidArgument(
+                f"sysctl name {key!r} is malformed (expected dotted words, e.g. net.ipv4.ip_forward)"
+            )
+        if not isinstance(value, str) or "\0" in value:
+            raise InvalidArgument(f"sysctl {key} has a value that is not a string without NUL: {value!r}")
+        if key.startswith("net."):
+            if host_network:
+                raise InvalidArgument(
+                    f"sysctl {key} cannot be set on a sandbox with host network: "
+                    "it would change the host's network settings"
+                )
+        elif key == "kernel.sem" or key.startswith(_IPC_SYSCTL_PREFIXES):
+            if host_ipc:
+                raise InvalidArgument(
+                    f"sysctl {key} cannot be set on a sandbox with host IPC: it would change the host's IPC limits"
+                )
+        else:
+            raise InvalidArgument(
+                f"sysctl {key} is not namespaced: applying it would change the host "
+                "(allowed: net.*, kernel.shm*, kernel.msg*, kernel.sem, fs.mqueue.*)"
+            )
+
+
+async def launch(spec: PauseSpec, reaper: Reaper) -> PauseProcess:
+    """Start the pause described by ``spec`` and return once it is ready for signals.
+
+    ``reaper`` must be installed (it reaps the pause and makes the shim a subreaper). On any
+    failure nothing is left behind: children are killed and reaped, and the error says which
+    step failed and why. Raises InvalidArgument (bad spec, unknown sysctl), NotFound (netns
+    missing), FailedPrecondition (reaper not installed, pause binary missing) or Internal.
+    """
+    binary, proc_spec = _process_spec(spec)
+
+    async def ready(pid: int, exit_future: asyncio.Future[ExitInfo]) -> None:
+        if binary != BUILTIN:
+            await wait_ready(pid, exit_future)
+
+    proc = await process.launch(proc_spec, reaper, ready)
+    if proc.exit.done():  # nothing to clean up: it is gone and reaped
+        raise Internal("the pause exited right after it started")
+    return PauseProcess(proc.pid, proc.start_time, proc.started_at_ns, binary, proc.exit)
+
+
+#: Send a signal to the pause ``(pid, start_time)``, safe across pid reuse (see
+#: :func:`shim.process.signal_process`). Returns whether the signal was sent.
+kill_pause = process.signal_process
+
+
+def _process_spec(spec: PauseSpec) -> tuple[str, process.ProcessSpec]:
+    if spec.pid_mode not in (POD, NODE):
+        raise InvalidArgument(f"pid_mode {spec.pid_mode!r} is not supported (POD or NODE)")
+    if spec.ipc_mode not in (POD, NODE):
+        raise InvalidArgument(f"ipc_mode {spec.ipc_mode!r} is not supported (POD or NODE)")
+    host_network = spec.netns_path is None
+    validate_sysctls(spec.sysctls, host_network=host_network, host_ipc=spec.ipc_mode == NODE)
+    if spec.shm_size_bytes <= 0:
+        raise InvalidArgument(f"shm_size_bytes must be positive, not {spec.shm_size_bytes}")
+    flags = linux.CLONE_NEWNS
+    if not host_network:
+        flags |= linux.CLONE_NEWUTS
+    if spec.ipc_mode == POD:
+        flags |= linux.CLONE_NEWIPC
+    if spec.pid_mode == POD:
+        flags |= linux.CLONE_NEWPID
+    binary = _resolve_binary(spec.pause_binary)
+    return binary, process.ProcessSpec(
+        name="pause",
+        argv=(binary, "-P"),
+        builtin=_builtin_pause if binary == BUILTIN else None,
+        join=((spec.netns_path, linux.CLONE_NEWNET),) if spec.netns_path is not None else (),
+        unshare_flags=flags,
+        procs_files=tuple(spec.cgroup.procs_files()) if spec.cgroup is not None else (),
+        hostname=None if host_network else spec.hostname,
+        sysctls=spec.sysctls,
+        shm_options=f"mode=1777,size={spec.shm_size_bytes}" if spec.ipc_mode == POD else None,
+        oom_score_adj=spec.oom_score_adj,
+    )
+
+
+def _resolve_binary(pause_binary: str | None) -> str:
+    if pause_binary is None:
+        return CATATONIT if os.access(CATATONIT, os.X_OK) else BUILTIN
+    if pause_binary == BUILTIN:
+        return BUILTIN
+    if not os.path.isabs(pause_binary):
+        raise InvalidArgument(f"pause binary {pause_binary!r} must be an absolute path or 'builtin'")
+    if not os.access(pause_binary, os.X_OK):
+        raise FailedPrecondition(f"pause binary {pause_binary} does not exist or is not executable")
+    return pause_binary
+
+
+async def wait_ready(pid: int, exit_future: asyncio.Future[ExitInfo], name: str | None = None) -> None:
+    """Poll /proc/PID/status until the exec'd pause catches or blocks SIGTERM.
+
+    ``name``, when given, is the pause's command name: until the process has it, it has not
+    exec'd the pause yet (an OCI runtime's init catches SIGTERM itself, and dies of it).
+    Raises Internal when the pause exits first or is not ready within READY_TIMEOUT.
+    """
+    # catatonit blocks every signal and reads them from a signalfd (SigBlk); a classic pause
+    # installs handlers (SigCgt). Either way SIGTERM is no longer dropped. The mask B set
+    # before exec was empty, so a set bit is the new program's doing.
+    deadline = time.monotonic() + READY_TIMEOUT
+    while True:
+        try:
+            with open(f"/proc/{pid}/status") as f:
+                fields = dict(line.split(":", 1) for line in f
+                              if line.startswith(("Name", "State", "SigBlk", "SigCgt")))
+        except FileNotFoundError:
+            fields = {}
+        if exit_future.done() or fields.get("State", " Z").split()[0] in ("Z", "X"):
+            # The pause has exited (a zombie until the reaper runs): report its status.
+            info = await asyncio.wait_for(asyncio.shield(exit_future), CLEANUP_TIMEOUT)
+            raise Internal(f"the pause exited during start with status {info.exit_status}")
+        exec_done = name is None or fields.get("Name", "").strip() == name
+        if exec_done and (int(fields["SigBlk"], 16) | int(fields["SigCgt"], 16)) & _SIGTERM_BIT:
+            return
+        if time.monotonic() >= deadline:
+            raise Internal(f"the pause did not set up its SIGTERM handling within {READY_TIMEOUT} s")
+        await asyncio.sleep(READY_POLL_INTERVAL)
+
+
+def _builtin_pause(write_fd: int) -> NoReturn:
+    """A pause without exec: wait for signals, reap orphans, exit 0 on SIGTERM or SIGINT."""
+    # Every signal is still blocked from the fork, and blocked signals are never dropped,
+    # even for PID 1 of a pid namespace: it is ready now. Signals it does not wait for stay
+    # pending, so none of the shim's Python handlers can ever run in this copy.
+    os.write(write_fd, b"R\n")
+    os.close(write_fd)
+    while True:
+        info = signal.sigwaitinfo(_BUILTIN_SIGNALS)
+        if info.si_signo != signal.SIGCHLD:
+            os._exit(0)
+        try:
+            while os.waitpid(-1, os.WNOHANG)[0] != 0:
+                pass
+        except ChildProcessError:
+            pass

@@ -1,0 +1,574 @@
+"""Launching a process into namespaces: the one way the shim starts the pause and every task.
+
+The least work that gives a process its namespaces, with no subprocess and no helper binary::
+
+    shim --fork--> A: join cgroups, setns(each namespace file), unshare(flags),
+                      / rslave (with a new mount ns), sethostname, sysctls, tmpfs on /dev/shm, then
+                      --fork--> B (in the new or joined pid ns): mount /proc (with a new pid ns),
+                                oom_score_adj, session, stdio, fds, cwd, signals, exec or builtin
+                      A reports B's pid and exits 0
+
+A is needed because unshare(CLONE_NEWPID) and setns() of a pid namespace only move the
+caller's *children* into it; without a pid namespace to enter, A becomes the process itself.
+When A exits, B is re-parented to the shim, a child subreaper, and the shim's
+:class:`~shim.kernel.reaper.Reaper` reaps it. Both children report on one close-on-exec pipe:
+``P<pid>`` (B's pid), ``R`` (a builtin is ready), ``E<errno> <step>`` (the step that failed),
+``X<errno> <step>`` (chdir or exec failed: the process's own arguments are wrong), ``W<errno>
+<step>`` (a best-effort step that failed: lowering oom_score_adj). EOF means A has exited and B
+has exec'd or is ready.
+
+What the process is for (the pause's readiness, a task's logs) stays with the caller:
+:func:`launch` takes an optional ``ready`` coroutine run before it returns, inside the same
+cleanup, so a failed or cancelled launch never leaves a process behind.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import errno
+import fcntl
+import gc
+import logging
+import os
+import signal
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import NoReturn
+
+from shim.kernel import linux
+from shim.kernel.netns import open_namespace
+from shim.kernel.reaper import ExitInfo, Reaper
+from shim.rpc.status import FailedPrecondition, Internal, InvalidArgument, RpcError
+
+__all__ = [
+    "DEFAULT_PATH",
+    "ExecFailed",
+    "Process",
+    "ProcessSpec",
+    "launch",
+    "signal_process",
+]
+
+log = logging.getLogger(__name__)
+
+#: PATH when a process's environment sets none (containerd's and runc's default).
+DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+REPORT_TIMEOUT = 2.0  # seconds for A and B to report (their EOF) after the fork
+CLEANUP_TIMEOUT = 1.0  # seconds to wait for killed children after a failed launch
+_MAX_REPORT_BYTES = 4096  # no more than PIPE_BUF, so each child's single write is atomic
+
+# setns order: the mount namespace last, since joining it changes the root and cwd of A.
+_JOIN_ORDER = (linux.CLONE_NEWCGROUP, linux.CLONE_NEWIPC, linux.CLONE_NEWUTS, linux.CLONE_NEWNET,
+               linux.CLONE_NEWPID, linux.CLONE_NEWNS)
+
+
+class ExecFailed(Internal):
+    """The process could not be started as asked: its cwd or its program (``step``) failed with ``errno``.
+
+    An Internal error for a process the shim chose (the pause); a caller that took the program
+    from its client (a task) turns it into FailedPrecondition.
+    """
+
+    def __init__(self, message: str, *, err: int, step: str):
+        super().__init__(message)
+        self.errno = err
+        self.step = step
+
+
+@dataclass(frozen=True)
+class ProcessSpec:
+    """Where a process runs and what it runs. Validated by :func:`launch` before anything is made.
+
+    ``name`` names it in errors ("pause", "task web"). ``join`` lists namespace files and their
+    ``CLONE_NEW*`` types to setns into (in a fixed order: the mount namespace last); ``unshare_flags`` the namespaces made new (a new pid
+    namespace needs a new mount namespace too: it gets its own /proc). A new mount namespace is
+    made a recursive slave of the one it copies. ``procs_files`` are the cgroup.procs files the
+    process is written to first, so every page it touches is charged there. ``sysctls`` are
+    written after the namespaces are entered; ``shm_options``, when set, mounts a tmpfs with
+    these options on /dev/shm. ``binds`` are ``(source, target)`` bind mounts (not recursive) made
+    in the new mount namespace right after it is made a slave, so only this process and what it
+    starts see them (needs ``CLONE_NEWNS`` in ``unshare_flags``). ``stdout``/``stderr`` are fds (None: /dev/null; stdin is always
+    /dev/null). ``argv[0]`` is searched in the PATH of ``env`` unless it contains a "/".
+    ``builtin``, when set, runs in B instead of exec with the report fd (it writes ``R\\n`` once
+    ready and never returns).
+    """
+
+    name: str
+    argv: tuple[str, ...] = ()
+    env: Mapping[str, str] = field(default_factory=dict)
+    cwd: str = "/"
+    builtin: Callable[[int], NoReturn] | None = None
+    join: tuple[tuple[str, int], ...] = ()
+    unshare_flags: int = 0
+    procs_files: tuple[str, ...] = ()
+    hostname: str | None = None
+    sysctls: Mapping[str, str] = field(default_factory=dict)
+    shm_options: str | None = None
+    oom_score_adj: int | None = None
+    binds: tuple[tuple[str, str], ...] = ()
+    stdout: int | None = None
+    stderr: int | None = None
+
+
+@dataclass(frozen=True)
+class Process:
+    """A launched process. ``(pid, start_time)`` names it across pid reuse (see :func:`signal_process`).
+
+    ``start_time`` is field 22 of /proc/PID/stat (0 when it had exited and been reaped before
+    :func:`launch` returned); ``started_at_ns`` the wall clock when it was ready; ``exit``
+    resolves when it is reaped.
+    """
+
+    pid: int
+    start_time: int
+    started_at_ns: int
+    exit: asyncio.Future[ExitInfo] = field(compare=False, repr=False)
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """Everything the children need, computed (and validated) by the parent before the fork."""
+
+    name: str
+    procs_files: tuple[str, ...]
+    join: list[tuple[int, int, str]]  # fd, CLONE_NEW* type, path
+    unshare_flags: int
+    second_fork: bool
+    hostname: str | None
+    sysctls: list[tuple[str, str, bytes]]  # key, /proc/sys path, value
+    shm_options: str | None
+    oom_score_adj: bytes | None
+    binds: tuple[tuple[str, str], ...]
+    argv: tuple[str, ...]
+    env: dict[str, str]
+    cwd: str
+    builtin: Callable[[int], NoReturn] | None
+    stdio: tuple[int | None, int | None]
+    max_fd: int
+
+
+async def launch(spec: ProcessSpec, reaper: Reaper,
+                 ready: Callable[[int, asyncio.Future[ExitInfo]], Awaitable[None]] | None = None) -> Process:
+    """Start the process described by ``spec``; return once it has exec'd (and ``ready`` returned).
+
+    ``ready(pid, exit_future)``, when given, runs before this returns; what it raises fails the
+    launch. ``reaper`` must be installed (it reaps the process and makes the shim a subreaper).
+    On any failure or cancellation nothing is left behind: children are killed and reaped, and
+    the error says which step failed and why. Raises InvalidArgument (bad spec, unknown sysctl),
+    NotFound (a namespace file is missing or of another type), FailedPrecondition (reaper not
+    installed), ExecFailed (chdir or exec) or Internal.
+    """
+    if not reaper.installed:
+        raise FailedPrecondition(f"the reaper must be installed before the {spec.name} is launched")
+    plan = _plan(spec)
+    fds: list[int] = []  # what the parent opens for the children: closed once they have copies
+    read_fd = None
+    try:
+        join = []
+        for path, nstype in sorted(spec.join, key=lambda item: _JOIN_ORDER.index(item[1])):
+            fds.append(open_namespace(path, nstype))
+            join.append((fds[-1], nstype, path))
+        read_fd, write_fd = os.pipe2(os.O_CLOEXEC)
+        fds.append(write_fd)
+        # B closes every fd above 2 but the report pipe after dup2-ing its stdio onto 0-2, so
+        # none of them may be one of 0-2 (possible if the shim runs with stdio closed).
+        write_fd = _above_stdio(write_fd, fds)
+        stdio = tuple(None if fd is None else _above_stdio(fd, fds) for fd in (spec.stdout, spec.stderr))
+        plan = dataclasses.replace(plan, join=join, stdio=stdio)
+        try:
+            pid_a = _fork(_child_a, plan, write_fd)
+        except OSError as exc:
+            raise Internal(f"{spec.name} launch failed at fork: {exc.strerror}") from exc
+    except BaseException:
+        if read_fd is not None:
+            os.close(read_fd)
+        raise
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+    a_exit = reaper.watch(pid_a)
+    reader = _ReportReader(read_fd, spec.name)
+    try:
+        process = await _start(plan, reaper, pid_a, a_exit, reader, ready)
+    except BaseException:
+        # Shielded: a second cancellation must not leave a half-started process behind.
+        await asyncio.shield(_abandon(reaper, pid_a, a_exit, reader))
+        raise
+    reader.close()
+    return process
+
+
+def signal_process(pid: int, start_time: int, sig: int) -> bool:
+    """Send ``sig`` to the process ``(pid, start_time)`` if it is still that process and alive.
+
+    Safe across pid reuse: the process is pinned with a pidfd before its start time is
+    compared, so the signal cannot reach a newcomer. Returns whether the signal was sent.
+    """
+    try:
+        pidfd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return False
+    try:
+        stat = linux.proc_stat(pid)
+        if stat is None or int(stat[linux.STAT_STARTTIME - 1]) != start_time or stat[linux.STAT_STATE - 1] == "Z":
+            return False
+        signal.pidfd_send_signal(pidfd, sig)
+        return True
+    except ProcessLookupError:
+        return False
+    finally:
+        os.close(pidfd)
+
+
+# -- the parent's side -----------------------------------------------------------------------
+
+
+def _plan(spec: ProcessSpec) -> _Plan:
+    """Check ``spec`` (InvalidArgument) and compute what the children need, but the fds."""
+    if spec.builtin is None and (not spec.argv or not all(isinstance(a, str) and "\0" not in a for a in spec.argv)):
+        raise InvalidArgument(f"the {spec.name}'s argv must be non-empty strings without NUL")
+    if any("\0" in k or "\0" in v or "=" in k or not k for k, v in spec.env.items()):
+        raise InvalidArgument(f"the {spec.name}'s environment has a name that is empty or holds '=' or NUL")
+    if spec.unshare_flags & linux.CLONE_NEWPID and not spec.unshare_flags & linux.CLONE_NEWNS:
+        raise InvalidArgument("a new pid namespace needs a new mount namespace for its /proc")
+    if spec.binds and not spec.unshare_flags & linux.CLONE_NEWNS:
+        raise InvalidArgument(f"the {spec.name}'s bind mounts need a new mount namespace")
+    for path, nstype in spec.join:
+        if nstype not in _JOIN_ORDER:
+            raise InvalidArgument(f"cannot join {path}: namespace type {nstype:#x} is not supported")
+    hostname = spec.hostname
+    if hostname is not None and (not hostname or len(hostname.encode()) > 64 or "\0" in hostname):
+        raise InvalidArgument(f"hostname {hostname!r} must be 1 to 64 bytes without NUL")
+    if spec.oom_score_adj is not None and not -1000 <= spec.oom_score_adj <= 1000:
+        raise InvalidArgument(f"oom_score_adj {spec.oom_score_adj} is outside -1000..1000")
+    return _Plan(
+        name=spec.name,
+        procs_files=spec.procs_files,
+        join=[],  # opened last, once the spec is known to be valid
+        unshare_flags=spec.unshare_flags,
+        second_fork=bool(spec.unshare_flags & linux.CLONE_NEWPID)
+        or any(nstype == linux.CLONE_NEWPID for _, nstype in spec.join),
+        hostname=spec.hostname,
+        sysctls=[(k, "/proc/sys/" + k.replace(".", "/"), v.encode()) for k, v in spec.sysctls.items()],
+        shm_options=spec.shm_options,
+        oom_score_adj=str(spec.oom_score_adj).encode() if spec.oom_score_adj is not None else None,
+        binds=spec.binds,
+        argv=spec.argv,
+        env=dict(spec.env),
+        cwd=spec.cwd,
+        builtin=spec.builtin,
+        stdio=(None, None),
+        max_fd=os.sysconf("SC_OPEN_MAX"),
+    )
+
+
+def _above_stdio(fd: int, fds: list[int]) -> int:
+    if fd >= 3:
+        return fd
+    high = fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 3)
+    fds.append(high)
+    return high
+
+
+def _fork(child, plan: _Plan, write_fd: int) -> int:
+    """fork(); the child runs ``child(plan, write_fd)``, which never returns."""
+    # Every signal is blocked across the fork, and stays blocked in the children until exec:
+    # a signal handled in a child would have the interpreter write to the wakeup fd it shares
+    # with our event loop, and our loop would act on a SIGTERM or SIGCHLD that was never ours.
+    old_mask = linux.block_all_signals()
+    try:
+        pid = os.fork()
+        if pid == 0:
+            child(plan, write_fd)
+    finally:
+        linux.set_signal_mask(old_mask)
+    return pid
+
+
+class _Report:
+    """What the children wrote on the report pipe."""
+
+    def __init__(self) -> None:
+        self.pid: int | None = None
+        self.ready = False
+        self.error: tuple[bytes, int, str] | None = None  # kind (E or X), errno, step
+        self.warnings: list[tuple[int, str]] = []
+
+    def parse(self, data: bytes) -> None:
+        for record in data.split(b"\n"):
+            kind, body = record[:1], record[1:].decode("utf-8", "replace")
+            if kind == b"P" and body.isdigit():
+                self.pid = int(body)
+            elif kind == b"R":
+                self.ready = True
+            elif kind in (b"E", b"X", b"W"):
+                number, _, step = body.partition(" ")
+                err = int(number) if number.isdigit() else 0
+                if kind == b"W":
+                    self.warnings.append((err, step))
+                elif self.error is None:
+                    self.error = (kind, err, step)
+
+
+class _ReportReader:
+    """Reads the report pipe without blocking the loop; keeps what it read across calls."""
+
+    def __init__(self, read_fd: int, name: str) -> None:
+        os.set_blocking(read_fd, False)
+        self._fd = read_fd
+        self._name = name
+        self._data = bytearray()
+        self.eof = False
+        self.report = _Report()
+
+    async def read_until_eof(self, timeout: float) -> None:
+        """Read until both children closed their end (bounded by ``timeout``); parse into ``report``.
+
+        Raises Internal on timeout or a read error.
+        """
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[None] = loop.create_future()
+
+        def on_readable() -> None:
+            try:
+                chunk = os.read(self._fd, _MAX_REPORT_BYTES)
+            except BlockingIOError:
+                return
+            except OSError as exc:
+                if not done.done():
+                    done.set_exception(Internal(f"reading the {self._name} launcher's report failed: {exc.strerror}"))
+                return
+            self._data.extend(chunk)
+            if not chunk:
+                self.eof = True
+            if (self.eof or len(self._data) > _MAX_REPORT_BYTES) and not done.done():
+                done.set_result(None)
+
+        loop.add_reader(self._fd, on_readable)
+        try:
+            await asyncio.wait_for(done, timeout)
+        except TimeoutError:
+            raise Internal(f"the {self._name} launcher did not finish within {timeout} s") from None
+        finally:
+            loop.remove_reader(self._fd)
+            self.report = _Report()
+            self.report.parse(bytes(self._data))
+
+    def close(self) -> None:
+        os.close(self._fd)
+
+
+_WARNED: set[tuple[str, int]] = set()
+
+
+async def _start(plan: _Plan, reaper: Reaper, pid_a: int, a_exit: asyncio.Future[ExitInfo], reader: _ReportReader,
+                 ready: Callable[[int, asyncio.Future[ExitInfo]], Awaitable[None]] | None) -> Process:
+    """The parent's side of a launch, from the fork until the process is ready."""
+    await reader.read_until_eof(REPORT_TIMEOUT)
+    report = reader.report
+    if report.error is not None:
+        raise _launch_error(plan.name, *report.error)
+    for err, step in report.warnings:
+        # Said once per kind of failure: on a host without CAP_SYS_RESOURCE every launch
+        # fails to lower oom_score_adj, and a warning per sandbox would drown the log.
+        level = logging.DEBUG if (step, err) in _WARNED else logging.WARNING
+        _WARNED.add((step, err))
+        log.log(level, "%s %s: %s failed (%s); continuing without it", plan.name, report.pid, step, os.strerror(err))
+    if report.pid != pid_a:  # A forked the process (into a pid namespace) and must exit 0
+        a_info = await asyncio.wait_for(asyncio.shield(a_exit), REPORT_TIMEOUT)
+        if report.pid is None or a_info.exit_status != 0:
+            raise Internal(f"the {plan.name} launcher exited with status {a_info.exit_status} "
+                           f"without starting the {plan.name}")
+    pid = report.pid
+    exit_future = reaper.watch(pid)
+    if plan.builtin is not None and not report.ready:
+        raise Internal(f"the builtin {plan.name} closed its report pipe without becoming ready")
+    if ready is not None:
+        await ready(pid, exit_future)
+    # Until the reaper has reaped it the pid cannot be reused, and reaping runs only in a loop
+    # callback, never between this check and the read: a start time read here is the process's.
+    start_time = 0 if exit_future.done() else linux.proc_start_time(pid) or 0
+    return Process(pid, start_time, time.time_ns(), exit_future)
+
+
+def _launch_error(name: str, kind: bytes, err: int, step: str) -> RpcError:
+    reason = os.strerror(err) if err else "failed"
+    if err == errno.ENOENT and step.startswith("writing sysctl "):
+        return InvalidArgument(f"{name} launch failed at {step}: no such sysctl in this kernel or namespace")
+    message = f"{name} launch failed at {step}: {reason} (errno {err})"
+    if kind == b"X":
+        return ExecFailed(message, err=err, step=step)
+    return Internal(message)
+
+
+async def _abandon(reaper: Reaper, pid_a: int, a_exit: asyncio.Future[ExitInfo], reader: _ReportReader) -> None:
+    """Kill and reap what a failed or cancelled launch made, then close the report pipe."""
+    try:
+        # Learn B's pid before killing anything: A killed between its fork and its report
+        # would leave B running where nobody knows it. A reports within microseconds of the
+        # fork and B closes the pipe when it execs, so this wait is short.
+        if not reader.eof:
+            try:
+                await reader.read_until_eof(CLEANUP_TIMEOUT)
+            except Internal:
+                pass
+        waits = [a_exit]
+        pid_b = reader.report.pid
+        if pid_b is not None and pid_b != pid_a:
+            b_exit = reaper.watch(pid_b)
+            waits.append(b_exit)
+            # Until the reaper has reaped B its pid cannot have been reused, so killing it is
+            # safe; reaping happens only in a loop callback, never between watch() and kill().
+            if not b_exit.done():
+                _kill_quietly(pid_b)
+        if not a_exit.done():
+            _kill_quietly(pid_a)
+        await asyncio.wait(waits, timeout=CLEANUP_TIMEOUT)
+    finally:
+        reader.close()
+
+
+def _kill_quietly(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+# -- the children's side ---------------------------------------------------------------------
+# They run in a copy of the shim right after fork: they must never return into the caller's
+# event loop (every path ends in os._exit or exec), must not take locks another thread may have
+# held at fork time (no logging, no imports), and report failures as "E<errno> <step>".
+
+
+def _child_a(plan: _Plan, write_fd: int) -> NoReturn:
+    step = f"starting the {plan.name} launcher"
+    try:
+        signal.set_wakeup_fd(-1)
+        gc.disable()
+        # The cgroup comes first so that every page the process touches is charged there:
+        # v1 memory charges do not move with a task that changes cgroup later.
+        own_pid = str(os.getpid()).encode()
+        for procs in plan.procs_files:
+            step = f"joining cgroup {procs}"
+            linux.write_file(procs, own_pid)
+        for fd, nstype, path in plan.join:
+            step = f"setns({path})"
+            linux.setns(fd, nstype)
+        if plan.unshare_flags:
+            step = f"unshare({_flag_names(plan.unshare_flags)})"
+            linux.unshare(plan.unshare_flags)
+        if plan.unshare_flags & linux.CLONE_NEWNS:
+            # Slave, not private: umounts from the host must still reach this copy of the mount
+            # table, or the process would pin every netns bind mount that existed when it started.
+            step = "making / a recursive slave mount"
+            linux.mount(None, "/", None, linux.MS_SLAVE | linux.MS_REC)
+        for source, target in plan.binds:
+            step = f"bind-mounting {source} on {target}"
+            linux.mount(source, target, None, linux.MS_BIND)
+        if plan.hostname is not None:
+            step = f"sethostname({plan.hostname})"
+            linux.sethostname(plan.hostname)
+        for key, path, value in plan.sysctls:
+            step = f"writing sysctl {key}"
+            linux.write_file(path, value)
+        if plan.shm_options is not None:
+            step = "mounting a tmpfs on /dev/shm"
+            flags = linux.MS_NOSUID | linux.MS_NODEV | linux.MS_NOEXEC
+            linux.mount("shm", "/dev/shm", "tmpfs", flags, plan.shm_options)
+        if not plan.second_fork:
+            # No pid namespace to enter: A can become the process itself.
+            os.write(write_fd, b"P%d\n" % os.getpid())
+            _child_b(plan, write_fd)
+        step = f"forking the {plan.name}"
+        pid_b = os.fork()
+        if pid_b == 0:
+            _child_b(plan, write_fd)
+        os.write(write_fd, b"P%d\n" % pid_b)
+        os._exit(0)
+    except BaseException as exc:
+        _report_failure(write_fd, step, exc)
+    finally:
+        os._exit(1)
+
+
+def _child_b(plan: _Plan, write_fd: int) -> NoReturn:
+    step = f"starting the {plan.name}"
+    kind = b"E"
+    try:
+        if plan.unshare_flags & linux.CLONE_NEWPID:
+            # A /proc that shows this pid namespace, so /proc/self is the process itself.
+            step = "mounting proc on /proc"
+            linux.mount("proc", "/proc", "proc", linux.MS_NOSUID | linux.MS_NODEV | linux.MS_NOEXEC)
+        if plan.oom_score_adj is not None:
+            step = "writing /proc/self/oom_score_adj"
+            try:
+                linux.write_file("/proc/self/oom_score_adj", plan.oom_score_adj)
+            except PermissionError as exc:
+                # Lowering it below the shim's own needs CAP_SYS_RESOURCE, which some machines
+                # (and rootless setups) drop. The process still works; the parent warns.
+                _report_failure(write_fd, step, exc, kind=b"W")
+        step = f"detaching the {plan.name} from the shim's session, fds and signals"
+        os.setsid()
+        null_fd = os.open("/dev/null", os.O_RDWR)
+        stdout, stderr = plan.stdio
+        os.dup2(null_fd, 0)
+        os.dup2(null_fd if stdout is None else stdout, 1)
+        os.dup2(null_fd if stderr is None else stderr, 2)
+        os.closerange(3, write_fd)
+        os.closerange(write_fd + 1, plan.max_fd)
+        kind = b"X"
+        step = f"chdir {plan.cwd}"
+        os.chdir(plan.cwd)
+        kind = b"E"
+        if plan.builtin is not None:
+            plan.builtin(write_fd)
+        # exec resets caught signals but keeps ignored ones (Python ignores SIGPIPE and SIGXFSZ,
+        # and anything ignored when the shim started). The kernel's SigIgn has them all.
+        for sig in _ignored_signals():
+            signal.signal(sig, signal.SIG_DFL)
+        linux.set_signal_mask(b"")
+        kind = b"X"
+        step = f"exec {plan.argv[0]}"
+        os.execvpe(plan.argv[0], list(plan.argv), plan.env)
+    except BaseException as exc:
+        _report_failure(write_fd, step, exc, kind)
+    finally:
+        os._exit(127)
+
+
+def _ignored_signals() -> list[int]:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("SigIgn:"):
+                mask = int(line.split()[1], 16)
+                return [sig for sig in range(1, mask.bit_length() + 1) if mask >> (sig - 1) & 1]
+    return []
+
+
+def _report_failure(write_fd: int, step: str, exc: BaseException, kind: bytes = b"E") -> None:
+    err = exc.errno if isinstance(exc, OSError) and exc.errno else 0
+    if not isinstance(exc, OSError):
+        step = f"{step}: {type(exc).__name__}: {exc}"
+    record = b"%s%d %s\n" % (kind, err, step.encode("utf-8", "replace").replace(b"\n", b" ")[:_MAX_REPORT_BYTES - 64])
+    try:
+        os.write(write_fd, record)
+    except OSError:
+        pass
+
+
+_FLAG_NAMES = (
+    (linux.CLONE_NEWNS, "CLONE_NEWNS"),
+    (linux.CLONE_NEWUTS, "CLONE_NEWUTS"),
+    (linux.CLONE_NEWIPC, "CLONE_NEWIPC"),
+    (linux.CLONE_NEWPID, "CLONE_NEWPID"),
+    (linux.CLONE_NEWNET, "CLONE_NEWNET"),
+    (linux.CLONE_NEWCGROUP, "CLONE_NEWCGROUP"),
+)
+
+
+def _flag_names(flags: int) -> str:
+    return "|".join(name for bit, name in _FLAG_NAMES if flags & bit)

@@ -1,0 +1,110 @@
+"""CreateSandbox's ``options``: a PodSandboxConfig-shaped map, parsed and checked once.
+
+Field names follow CRI's PodSandboxConfig as crictl's JSON spells them (protocol.md,
+"Sandbox options"). Namespace modes may be CRI's numbers (POD=0, CONTAINER=1, NODE=2) or names.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from shim.rpc.messages import optional
+from shim.rpc.status import InvalidArgument
+
+__all__ = ["NAMESPACE_MODES", "NATIVE", "RUNTIME_HANDLERS", "namespace_mode", "SandboxOptions"]
+
+NAMESPACE_MODES = {0: "POD", 1: "CONTAINER", 2: "NODE", 3: "TARGET"}
+NATIVE = "native"  # the shim's own launcher (shim.process)
+#: Who runs the pause and the tasks: the shim itself, or an OCI runtime's CLI (shim.oci).
+RUNTIME_HANDLERS = (NATIVE, "runc", "crun")
+_HOSTNAME_MAX = 64
+
+
+def namespace_mode(value: Any, what: str, allowed: tuple[str, ...] = ("POD", "NODE")) -> str:
+    """Normalise a CRI namespace mode (number or name) to its name; InvalidArgument if not allowed."""
+    if value is None:
+        return "POD"
+    if isinstance(value, bool):
+        raise InvalidArgument(f"{what} must be a namespace mode, got a boolean")
+    if isinstance(value, int):
+        name = NAMESPACE_MODES.get(value)
+    elif isinstance(value, str):
+        name = value.upper()
+    else:
+        name = None
+    if name not in allowed:
+        raise InvalidArgument(f"{what} is {value!r}; allowed: {', '.join(allowed)}")
+    return name
+
+
+def _str_map(value: Any, what: str) -> dict[str, str]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
+        raise InvalidArgument(f"{what} must be a map of strings to strings")
+    return dict(value)
+
+
+@dataclass(frozen=True)
+class SandboxOptions:
+    """What the shim needs from a PodSandboxConfig."""
+
+    hostname: str | None = None
+    labels: dict[str, str] = field(default_factory=dict)
+    annotations: dict[str, str] = field(default_factory=dict)
+    cgroup_parent: str | None = None
+    sysctls: dict[str, str] = field(default_factory=dict)
+    network_mode: str = "POD"
+    pid_mode: str = "POD"
+    ipc_mode: str = "POD"
+    oom_score_adj: int = -998
+    pause_binary: str | None = None
+    runtime_handler: str = NATIVE
+
+    @property
+    def host_network(self) -> bool:
+        return self.network_mode == "NODE"
+
+    @classmethod
+    def from_payload(cls, options: Any) -> "SandboxOptions":
+        """Parse the ``options`` map of CreateSandbox; raises InvalidArgument naming the bad field."""
+        if options is None:
+            return cls()
+        if not isinstance(options, dict):
+            raise InvalidArgument("field 'options' must be a map (a PodSandboxConfig)")
+        hostname = optional(options, "hostname", str)
+        if hostname is not None and (len(hostname) > _HOSTNAME_MAX or "\x00" in hostname or "/" in hostname):
+            raise InvalidArgument(f"hostname {hostname[:70]!r} is not a valid host name (at most {_HOSTNAME_MAX} characters)")
+        linux = optional(options, "linux", dict, {})
+        cgroup_parent = optional(linux, "cgroup_parent", str) or None
+        if cgroup_parent is not None and (".." in cgroup_parent.split("/") or "\x00" in cgroup_parent):
+            raise InvalidArgument(f"linux.cgroup_parent {cgroup_parent!r} must not contain '..'")
+        security = optional(linux, "security_context", dict, {})
+        ns_opts = optional(security, "namespace_options", dict, {})
+        oom = optional(linux, "oom_score_adj", int, -998)
+        if not -1000 <= oom <= 1000:
+            raise InvalidArgument(f"linux.oom_score_adj {oom} is outside -1000..1000")
+        pause_binary = optional(options, "pause_binary", str)
+        if pause_binary is not None and pause_binary != "builtin" and not pause_binary.startswith("/"):
+            raise InvalidArgument("pause_binary must be an absolute path or 'builtin'")
+        handler = optional(options, "runtime_handler", str) or NATIVE
+        if handler not in RUNTIME_HANDLERS:
+            raise InvalidArgument(f"runtime_handler {handler!r} is not known (known: {', '.join(RUNTIME_HANDLERS)})")
+        if pause_binary is not None and handler != NATIVE:
+            raise InvalidArgument(f"pause_binary is for the native runtime handler; {handler} runs catatonit "
+                                  "from the shared pause rootfs")
+        return cls(
+            hostname=hostname,
+            labels=_str_map(options.get("labels"), "labels"),
+            annotations=_str_map(options.get("annotations"), "annotations"),
+            cgroup_parent=cgroup_parent,
+            sysctls=_str_map(linux.get("sysctls"), "linux.sysctls"),
+            network_mode=namespace_mode(ns_opts.get("network"), "namespace_options.network"),
+            pid_mode=namespace_mode(ns_opts.get("pid"), "namespace_options.pid", ("POD", "CONTAINER", "NODE"))
+            .replace("CONTAINER", "POD"),
+            ipc_mode=namespace_mode(ns_opts.get("ipc"), "namespace_options.ipc"),
+            oom_score_adj=oom,
+            pause_binary=pause_binary,
+            runtime_handler=handler,
+        )

@@ -1,0 +1,458 @@
+"""One sandbox's state machine: what may happen in which state, and the resources it owns.
+
+The rules are the table below; a call in a state the table does not allow gets the error the
+table names, with a sentence. Every resource the sandbox makes (netns, cgroup, pause task) is
+recorded in ``<bundle>/state.json`` *before* it is made, so ``podshim delete`` can remove it
+after a crash at any point.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import logging
+import os
+import platform
+import signal
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Protocol
+
+from shim.kernel import cgroups, netns
+from shim.runtime import oci, pause
+from shim.sandbox.events import TOPIC_CREATE, TOPIC_EXIT, TOPIC_START, TOPIC_STATE, EventBus
+from shim.kernel.linux import ns_inode, proc_start_time
+from shim.sandbox.options import NATIVE, SandboxOptions
+from shim.paths import STATE_FILE, write_json_atomic
+from shim.kernel.reaper import ExitInfo, Reaper
+from shim.rpc.status import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound, RpcError, Unavailable
+
+__all__ = ["State", "TRANSITIONS", "ShimConfig", "Sandbox", "StartResult", "ExitResult", "Tasks", "host_platform",
+           "DEFAULT_STOP_TIMEOUT"]
+
+log = logging.getLogger(__name__)
+
+#: StopSandbox without a timeout gives the pause this long to exit on SIGTERM.
+DEFAULT_STOP_TIMEOUT = 10.0
+#: After SIGKILL a process that still has not exited is stuck in the kernel; we stop waiting.
+KILL_WAIT = 10.0
+
+
+class State(str, enum.Enum):
+    NEW = "new"            # the shim runs; no sandbox was created yet
+    CREATED = "created"    # CreateSandbox done: options checked, netns ready
+    RUNNING = "running"    # the pause task lives
+    STOPPED = "stopped"    # the pause task exited (or was never started and Stop was called)
+    SHUTDOWN = "shutdown"  # ShutdownSandbox removed everything; the shim is exiting
+
+
+S = State
+#: (operation, state) -> state after it succeeds. A pair that is not here is refused with the
+#: error in REFUSALS (or NotFound/FailedPrecondition by the state alone).
+TRANSITIONS: dict[tuple[str, State], State] = {
+    ("create", S.NEW): S.CREATED,
+    ("start", S.CREATED): S.RUNNING,
+    ("stop", S.CREATED): S.STOPPED,
+    ("stop", S.RUNNING): S.STOPPED,
+    ("stop", S.STOPPED): S.STOPPED,
+    ("exit", S.RUNNING): S.STOPPED,
+    ("shutdown", S.NEW): S.SHUTDOWN,
+    ("shutdown", S.CREATED): S.SHUTDOWN,
+    ("shutdown", S.RUNNING): S.SHUTDOWN,
+    ("shutdown", S.STOPPED): S.SHUTDOWN,
+    # read-only operations: allowed, state unchanged
+    **{(op, st): st for op in ("wait", "status", "metrics", "platform")
+       for st in (S.CREATED, S.RUNNING, S.STOPPED)},
+}
+REFUSALS: dict[tuple[str, State], tuple[type[RpcError], str]] = {
+    **{("create", st): (AlreadyExists, "sandbox {id} already exists (it is {state})")
+       for st in (S.CREATED, S.RUNNING, S.STOPPED)},
+    ("start", S.RUNNING): (FailedPrecondition, "sandbox {id} is already running"),
+    ("start", S.STOPPED): (FailedPrecondition, "sandbox {id} has stopped; a stopped sandbox cannot be started again"),
+}
+
+
+def _refuse(op: str, state: State, sandbox_id: str) -> RpcError:
+    if state is S.NEW:
+        return NotFound(f"sandbox {sandbox_id} has not been created in this shim")
+    if state is S.SHUTDOWN:
+        return Unavailable(f"sandbox {sandbox_id} was shut down; the shim is exiting")
+    cls, template = REFUSALS.get((op, state), (FailedPrecondition, "cannot {op} sandbox {id} while it is {state}"))
+    return cls(template.format(id=sandbox_id, state=state.value, op=op))
+
+
+@dataclass(frozen=True)
+class ShimConfig:
+    """How this shim was started (the CLI flags of ``podshim start|serve``)."""
+
+    namespace: str
+    sandbox_id: str
+    bundle: str
+    socket_path: str
+    runtime_root: str
+    pause_binary: str | None = None
+
+
+@dataclass(frozen=True)
+class StartResult:
+    pid: int
+    created_at: int  # ns since the epoch
+
+
+@dataclass(frozen=True)
+class ExitResult:
+    exit_status: int
+    exited_at: int  # ns since the epoch
+    pid: int = 0
+
+
+class Tasks(Protocol):
+    """The processes that live in the sandbox beside the pause (:class:`shim.sandbox.tasks.TaskSet`).
+
+    The sandbox records them in state.json, stops them before its pause, and removes their
+    cgroups before its own.
+    """
+
+    def record(self) -> dict[str, Any]: ...
+
+    async def stop_all(self) -> None: ...
+
+    async def release(self) -> None: ...
+
+
+def host_platform() -> dict[str, str]:
+    """This host's OCI platform: os, architecture (GOARCH names) and variant."""
+    machine = platform.machine().lower()
+    arch, variant = {
+        "x86_64": ("amd64", ""), "amd64": ("amd64", ""), "aarch64": ("arm64", "v8"), "arm64": ("arm64", "v8"),
+        "armv7l": ("arm", "v7"), "armv6l": ("arm", "v6"), "i686": ("386", ""), "i386": ("386", ""),
+        "ppc64le": ("ppc64le", ""), "s390x": ("s390x", ""), "riscv64": ("riscv64", ""),
+    }.get(machine, (machine, ""))
+    return {"os": "linux", "architecture": arch, "variant": variant}
+
+
+class Sandbox:
+    """The sandbox a shim owns. All public coroutines raise typed RpcErrors."""
+
+    def __init__(self, config: ShimConfig, reaper: Reaper, events: EventBus):
+        self.config = config
+        self.reaper = reaper
+        self.events = events
+        self.state = S.NEW
+        self.options = SandboxOptions()
+        self.netns_path: str | None = None
+        self.netns_owned = False
+        self.cgroup: cgroups.SandboxCgroup | None = None
+        self._start_time: int | None = None  # the shim's own, for state.json
+        self.pause: pause.PauseProcess | None = None
+        self.created_at = 0
+        self.exit: ExitResult | None = None
+        self._exited = asyncio.Event()
+        self._lock = asyncio.Lock()
+        self.on_state_change: Callable[[State], None] | None = None
+        self.tasks: Tasks | None = None
+        self.oci: oci.OciBackend | None = None  # runtime handler runc or crun
+
+    # -- the table ------------------------------------------------------------------------
+    def _check(self, op: str, sandbox_id: str) -> State:
+        self.check_id(sandbox_id)
+        nxt = TRANSITIONS.get((op, self.state))
+        if nxt is None:
+            raise _refuse(op, self.state, self.config.sandbox_id)
+        return nxt
+
+    def _enter(self, state: State) -> None:
+        if state is not self.state:
+            log.info("sandbox %s: %s -> %s", self.config.sandbox_id, self.state.value, state.value)
+            self.state = state
+            self.persist()
+            self.events.publish(TOPIC_STATE, {"state": state.value})
+            if self.on_state_change is not None:
+                self.on_state_change(state)
+
+    def check_id(self, sandbox_id: str) -> None:
+        """NotFound unless ``sandbox_id`` is the one this shim serves."""
+        if sandbox_id != self.config.sandbox_id:
+            raise NotFound(f"sandbox {sandbox_id} is not served by this shim (it serves {self.config.sandbox_id})")
+
+    # -- persistence ----------------------------------------------------------------------
+    def record(self) -> dict[str, Any]:
+        """What ``podshim delete`` needs to clean up after this shim (see state.json)."""
+        p = self.pause
+        return {
+            "namespace": self.config.namespace,
+            "sandbox_id": self.config.sandbox_id,
+            "state": self.state.value,
+            "shim_pid": os.getpid(),
+            "shim_start_time": self._shim_start_time(),
+            "socket_path": self.config.socket_path,
+            "netns_path": self.netns_path,
+            "netns_owned": self.netns_owned,
+            "cgroup": self.cgroup.to_dict() if self.cgroup is not None else None,
+            "pause": {"pid": p.pid, "start_time": p.start_time, "binary": p.binary} if p is not None else None,
+            "created_at": self.created_at,
+            "exit": {"exit_status": self.exit.exit_status, "exited_at": self.exit.exited_at} if self.exit else None,
+            "tasks": self.tasks.record() if self.tasks is not None else {},
+            "runtime_handler": self.options.runtime_handler,
+            "oci": self.oci.record() if self.oci is not None else None,
+        }
+
+    def _shim_start_time(self) -> int | None:
+        # Read once: the record is written several times per sandbox.
+        if self._start_time is None:
+            self._start_time = proc_start_time(os.getpid())
+        return self._start_time
+
+    def persist(self) -> None:
+        try:
+            write_json_atomic(os.path.join(self.config.bundle, STATE_FILE), self.record(), durable=False)
+        except OSError as exc:  # the bundle went away under us: keep serving, say so
+            log.error("cannot write %s: %s", STATE_FILE, exc)
+
+    # -- operations -----------------------------------------------------------------------
+    async def create(self, sandbox_id: str, *, options: Any = None, netns_path: str | None = None,
+                     annotations: dict[str, str] | None = None) -> None:
+        """CreateSandbox: check options and prepare the network namespace."""
+        async with self._lock:
+            nxt = self._check("create", sandbox_id)
+            opts = SandboxOptions.from_payload(options)
+            if annotations:
+                opts = SandboxOptions(**{**opts.__dict__, "annotations": {**opts.annotations, **annotations}})
+            pause.validate_sysctls(opts.sysctls, host_network=opts.host_network, host_ipc=opts.ipc_mode == "NODE")
+            if opts.runtime_handler != NATIVE:
+                # Before anything is made: a missing runtime or pause fails Create, not Start.
+                self.oci = oci.OciBackend.open(opts.runtime_handler, namespace=self.config.namespace,
+                                               sandbox_id=self.config.sandbox_id, bundle=self.config.bundle,
+                                               runtime_root=self.config.runtime_root, reaper=self.reaper,
+                                               persist=self.persist)
+            if netns_path:
+                if opts.host_network:
+                    raise InvalidArgument("netns_path was given but the sandbox uses the host network (network mode NODE)")
+                _check_netns_file(netns_path)
+                self.netns_path, self.netns_owned = netns_path, False
+            elif not opts.host_network:
+                # Record the path before the netns exists: a crash in between leaves a record
+                # that `podshim delete` acts on, never an untracked mount.
+                self.netns_path, self.netns_owned = netns.new_netns_path(), True
+                self.options = opts
+                self.persist()
+                try:
+                    netns.create_netns(self.netns_path)
+                except BaseException:
+                    self.netns_path, self.netns_owned = None, False
+                    self.persist()
+                    raise
+            self.options = opts
+            self.created_at = time.time_ns()
+            self._enter(nxt)
+            self.events.publish(TOPIC_CREATE, {"netns_path": self.netns_path or ""})
+
+    async def start(self, sandbox_id: str) -> StartResult:
+        """StartSandbox: launch the pause task in its namespaces and cgroup."""
+        async with self._lock:
+            nxt = self._check("start", sandbox_id)
+            opts = self.options
+            # The cgroup's directories exist before they are recorded: a shim killed in the
+            # microseconds between the two leaves an empty cgroup (the paths depend on the
+            # shim's own cgroup, so they cannot be recorded ahead).
+            # Without a parent of the caller's, sandboxes of different namespaces may share an
+            # id: the default parent names the namespace (podshim/<namespace>/<id>).
+            parent = opts.cgroup_parent or f"{cgroups.DEFAULT_PARENT}/{self.config.namespace}"
+            cg = cgroups.SandboxCgroup.create(self.config.sandbox_id, parent)
+            self.cgroup = cg
+            self.persist()
+            spec = pause.PauseSpec(
+                netns_path=self.netns_path,
+                pid_mode=opts.pid_mode,
+                ipc_mode=opts.ipc_mode,
+                hostname=opts.hostname,
+                sysctls=opts.sysctls,
+                cgroup=cg,
+                pause_binary=opts.pause_binary or self.config.pause_binary,
+                oom_score_adj=opts.oom_score_adj,
+            )
+            try:
+                if self.oci is not None:
+                    proc = await self.oci.start_pause(spec)
+                else:
+                    proc = await pause.launch(spec, self.reaper)
+            except BaseException:
+                cg.remove()
+                self.cgroup = None
+                self.persist()
+                raise
+            self.pause = proc
+            self.created_at = proc.created_at_ns
+            proc.exit.add_done_callback(self._on_exit)
+            self._enter(nxt)
+            self.events.publish(TOPIC_START, {"pid": proc.pid})
+            return StartResult(proc.pid, proc.created_at_ns)
+
+    def _on_exit(self, fut: asyncio.Future) -> None:
+        if fut.cancelled():
+            return
+        info: ExitInfo = fut.result()
+        self.exit = ExitResult(info.exit_status, info.exited_at_ns, info.pid)
+        log.info("pause %d exited with status %d", info.pid, info.exit_status)
+        self._exited.set()
+        if self.state is S.RUNNING:
+            self._enter(TRANSITIONS[("exit", S.RUNNING)])
+        else:
+            self.persist()
+        self.events.publish(TOPIC_EXIT, {"pid": info.pid, "exit_status": info.exit_status,
+                                         "exited_at": info.exited_at_ns})
+
+    async def stop(self, sandbox_id: str, timeout: float | None = None) -> None:
+        """StopSandbox: SIGKILL every task and wait for their exits; then the pause gets SIGTERM,
+        and SIGKILL after ``timeout`` seconds (None: the default, 0: at once). Stopping a
+        stopped or never-started sandbox succeeds."""
+        async with self._lock:
+            nxt = self._check("stop", sandbox_id)
+            await self._stop_tasks()
+            await self._stop_locked(DEFAULT_STOP_TIMEOUT if timeout is None else timeout)
+            self._enter(nxt)
+
+    async def _stop_locked(self, timeout: float) -> None:
+        if self.state is S.CREATED and self.exit is None:
+            self.exit = ExitResult(0, time.time_ns(), 0)
+            self._exited.set()
+            return
+        proc = self.pause
+        if proc is None or self._exited.is_set():
+            return
+        if timeout > 0:
+            pause.kill_pause(proc.pid, proc.start_time, signal.SIGTERM)
+            try:
+                await asyncio.wait_for(self._exited.wait(), timeout)
+                return
+            except asyncio.TimeoutError:
+                log.warning("pause %d did not exit %.1fs after SIGTERM; sending SIGKILL", proc.pid, timeout)
+        pause.kill_pause(proc.pid, proc.start_time, signal.SIGKILL)
+        if self.cgroup is not None:
+            # Host pid mode: the pause's children are not killed with it.
+            self.cgroup.kill_all()
+        try:
+            await asyncio.wait_for(self._exited.wait(), KILL_WAIT)
+        except asyncio.TimeoutError:
+            raise Unavailable(f"pause {proc.pid} did not exit {KILL_WAIT:.0f}s after SIGKILL") from None
+
+    async def wait(self, sandbox_id: str) -> ExitResult:
+        """WaitSandbox: block until the pause task exits (at once if it has)."""
+        self._check("wait", sandbox_id)
+        await self._exited.wait()
+        assert self.exit is not None
+        return self.exit
+
+    def status(self, sandbox_id: str, verbose: bool = False) -> dict[str, Any]:
+        """SandboxStatus as a payload map."""
+        self._check("status", sandbox_id)
+        p = self.pause
+        out: dict[str, Any] = {
+            "sandbox_id": self.config.sandbox_id,
+            "pid": p.pid if p is not None else 0,
+            "state": self.state.value,
+            "created_at": self.created_at,
+            "exited_at": self.exit.exited_at if self.exit else 0,
+            "exit_status": self.exit.exit_status if self.exit else 0,
+            "info": {},
+        }
+        if verbose:
+            out["info"] = self._verbose_info()
+        return out
+
+    def _verbose_info(self) -> dict[str, str]:
+        info = {
+            "namespace": self.config.namespace,
+            "bundle": self.config.bundle,
+            "socket": self.config.socket_path,
+            "shim_pid": str(os.getpid()),
+            "netns_path": self.netns_path or "",
+            "netns_owned": str(self.netns_owned).lower(),
+            "pause_binary": self.pause.binary if self.pause else "",
+            "network_mode": self.options.network_mode,
+            "pid_mode": self.options.pid_mode,
+            "ipc_mode": self.options.ipc_mode,
+            "runtime_handler": self.options.runtime_handler,
+        }
+        if self.oci is not None:
+            info.update(self.oci.info())
+        if self.cgroup is not None:
+            for hierarchy, path in sorted(self.cgroup.paths.items()):
+                info[f"cgroup.{hierarchy}"] = path
+        if self.netns_path:
+            try:
+                info["netns_inode"] = str(ns_inode(self.netns_path))
+            except OSError:
+                info["netns_inode"] = ""
+        if self.pause is not None and self.state is S.RUNNING:
+            for ns in ("net", "pid", "ipc", "uts", "mnt", "cgroup", "user"):
+                path = f"/proc/{self.pause.pid}/ns/{ns}"
+                try:
+                    info[f"ns.{ns}.inode"] = str(ns_inode(path))
+                    info[f"ns.{ns}.path"] = path
+                except OSError:
+                    pass
+        return info
+
+    def metrics(self, sandbox_id: str) -> dict[str, Any]:
+        """SandboxMetrics: cgroup cpu/memory/pids; unreadable values are listed as unavailable."""
+        self._check("metrics", sandbox_id)
+        if self.cgroup is None:
+            data = {"cpu_usage_ns": None, "memory_usage_bytes": None, "memory_limit_bytes": None,
+                    "pids_current": None, "unavailable": ["cgroup (the sandbox was never started)"]}
+        else:
+            data = self.cgroup.metrics()
+        return {"timestamp": time.time_ns(), "sandbox_id": self.config.sandbox_id, "data": data}
+
+    def platform(self, sandbox_id: str) -> dict[str, str]:
+        self._check("platform", sandbox_id)
+        return host_platform()
+
+    async def shutdown(self, sandbox_id: str) -> None:
+        """ShutdownSandbox: kill the tasks, stop the pause if needed, remove the netns and cgroups we made."""
+        async with self._lock:
+            nxt = self._check("shutdown", sandbox_id)
+            await self._stop_tasks()
+            if self.state is S.RUNNING:
+                await self._stop_locked(0)
+            await self.release()
+            self._enter(nxt)
+
+    async def _stop_tasks(self) -> None:
+        # Tasks first: they are killed and their exits seen before the pause goes, even those
+        # the kernel would kill with it (POD pid mode), so each task reports its own exit.
+        if self.tasks is not None:
+            await self.tasks.stop_all()
+
+    async def release(self) -> None:
+        """Remove what this sandbox made (idempotent): the tasks' cgroups, then its own, then the
+        netns, and with an OCI runtime its containers (``delete --force``, even when a removal
+        before failed). The cgroup removal waits without blocking the loop."""
+        try:
+            if self.tasks is not None:
+                await self.tasks.release()
+            if self.cgroup is not None:
+                await self.cgroup.aremove()
+            if self.netns_path and self.netns_owned:
+                netns.remove_netns(self.netns_path)
+        finally:
+            if self.oci is not None:
+                await self.oci.release()
+
+
+def _check_netns_file(path: str) -> None:
+    """InvalidArgument unless ``path`` is a network namespace file (nsfs)."""
+    try:
+        st = os.stat(path)
+    except OSError as exc:
+        raise InvalidArgument(f"netns_path {path!r}: {exc.strerror}") from None
+    # Every nsfs inode lives on the same device, so comparing with our own netns tells
+    # whether the path is a namespace (a bind mount of one) and not a plain file. Checked
+    # before opening it: opening a FIFO would block the shim.
+    if st.st_dev != os.stat("/proc/self/ns/net").st_dev:
+        raise InvalidArgument(f"netns_path {path!r} is not a network namespace")
+    # An ipc, uts, ... namespace is on nsfs too; only its type tells it from a netns.
+    try:
+        os.close(netns.open_netns(path))
+    except NotFound as exc:
+        raise InvalidArgument(f"netns_path: {exc.message}") from None

@@ -1,0 +1,79 @@
+"""The RPC handlers of ``podshim.task.v1.Task``. They translate: payload fields in, TaskSet calls,
+payload out. The rules live in :mod:`shim.sandbox.tasks`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from shim.sandbox.options import namespace_mode
+from shim.rpc.api import TASK_SERVICE
+from shim.rpc.messages import optional, require
+from shim.rpc.server import CallContext, Server
+from shim.rpc.status import InvalidArgument
+from shim.sandbox.service import request_sandbox_id
+from shim.sandbox.tasks import CONTAINER, TaskSet
+
+__all__ = ["TaskService", "register_tasks"]
+
+
+class TaskService:
+    """Handlers of ``podshim.task.v1.Task``."""
+
+    def __init__(self, tasks: TaskSet):
+        self.tasks = tasks
+
+    def _ids(self, ctx: CallContext, p: dict[str, Any]) -> tuple[str, str]:
+        return request_sandbox_id(ctx, p, self.tasks.sandbox), require(p, "task_id", str)
+
+    async def create(self, ctx: CallContext, p: dict[str, Any]) -> dict[str, Any]:
+        sid, tid = self._ids(ctx, p)
+        labels = optional(p, "labels", dict, {})
+        if not all(isinstance(k, str) and isinstance(v, str) for k, v in labels.items()):
+            raise InvalidArgument("field 'labels' must map strings to strings")
+        pid_mode = optional(p, "pid_mode", (str, int))
+        await self.tasks.create(
+            sid, tid,
+            args=require(p, "args", list),
+            env=optional(p, "env", list, []),
+            cwd=optional(p, "cwd", str),
+            log_path=require(p, "log_path", str),
+            pid_mode=CONTAINER if pid_mode is None else namespace_mode(pid_mode, "pid_mode", ("POD", "CONTAINER")),
+            labels=labels,
+        )
+        return {}
+
+    async def start(self, ctx: CallContext, p: dict[str, Any]) -> dict[str, Any]:
+        task = await self.tasks.start(*self._ids(ctx, p))
+        return {"pid": task.pid, "started_at": task.started_at}
+
+    async def kill(self, ctx: CallContext, p: dict[str, Any]) -> dict[str, Any]:
+        self.tasks.kill(*self._ids(ctx, p), optional(p, "signal", int, 15), optional(p, "all", bool, False))
+        return {}
+
+    async def wait(self, ctx: CallContext, p: dict[str, Any]) -> dict[str, Any]:
+        result = await self.tasks.wait(*self._ids(ctx, p))
+        return {"exit_status": result.exit_status, "exited_at": result.exited_at}
+
+    async def delete(self, ctx: CallContext, p: dict[str, Any]) -> dict[str, Any]:
+        result = await self.tasks.delete(*self._ids(ctx, p))
+        return {"exit_status": result.exit_status, "exited_at": result.exited_at, "pid": result.pid}
+
+    async def state(self, ctx: CallContext, p: dict[str, Any]) -> dict[str, Any]:
+        return self.tasks.get(*self._ids(ctx, p)).state()
+
+    async def list(self, ctx: CallContext, p: dict[str, Any]) -> dict[str, Any]:
+        return {"tasks": [task.state() for task in self.tasks.list(request_sandbox_id(ctx, p, self.tasks.sandbox))]}
+
+
+def register_tasks(server: Server, service: TaskService) -> None:
+    """Add the Task service to ``server``."""
+    server.register(TASK_SERVICE, {
+        "Create": service.create,
+        "Start": service.start,
+        "Kill": service.kill,
+        "Wait": service.wait,
+        "Delete": service.delete,
+        "State": service.state,
+        "List": service.list,
+    })

@@ -1,0 +1,407 @@
+"""The sandbox's tasks (containers): what may happen to a task in which state, and what it owns.
+
+The rules are the table below; a call in a state the table does not allow gets the error the
+table names, with a sentence. A task owns its process (launched by :mod:`shim.runtime.process` into the
+pause's namespaces), its cgroup ``<sandbox cgroup>/<task id>`` and its log (:mod:`shim.runtime.crilog`).
+The cgroup is recorded in ``<bundle>/state.json`` before the process is launched into it, and
+the process's (pid, start time) as soon as it runs, so ``podshim delete`` can end it after a
+crash.
+
+A task's life: Create records it; Start launches it; the reaper reports its exit; its log
+pipes are drained; then it is stopped, Wait answers and ``/tasks/exit`` is published; Delete
+removes its cgroup and forgets it. Stopping or shutting down the sandbox kills every task and
+waits for their exits first (:meth:`TaskSet.stop_all`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import logging
+import os
+import signal
+import time
+from typing import Any
+
+from shim.runtime import process
+from shim.kernel.cgroups import SandboxCgroup
+from shim.runtime.crilog import LOG_DIR_MODE, CriLog
+from shim.sandbox.events import TOPIC_TASK_EXIT
+from shim.kernel.linux import CLONE_NEWIPC, CLONE_NEWNET, CLONE_NEWNS, CLONE_NEWPID, CLONE_NEWUTS
+from shim.runtime.pause import PauseProcess
+from shim.kernel.reaper import ExitInfo
+from shim.rpc.identifiers import validate_identifier
+from shim.rpc.status import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound, RpcError, Unavailable
+from shim.sandbox.sandbox import KILL_WAIT, ExitResult, Sandbox, State
+
+__all__ = ["POD", "CONTAINER", "LOG_DRAIN_TIMEOUT", "Status", "TRANSITIONS", "Task", "TaskSet"]
+
+log = logging.getLogger(__name__)
+
+POD = "POD"  # the task shares the pause's pid and mount namespaces
+CONTAINER = "CONTAINER"  # the task is PID 1 of a pid namespace of its own (CRI's default)
+#: After a task's process exited, how long its log pipes may stay open (held by a process
+#: that left the task's cgroup) before the shim stops reading them.
+LOG_DRAIN_TIMEOUT = 2.0
+_NAMESPACES = (("ipc", CLONE_NEWIPC), ("uts", CLONE_NEWUTS), ("net", CLONE_NEWNET), ("mnt", CLONE_NEWNS))
+_MAX_SIGNAL = signal.SIGRTMAX
+
+
+class Status(str, enum.Enum):
+    CREATED = "created"    # Create recorded it; no process yet
+    RUNNING = "running"    # its process runs, or has exited and its log is being drained
+    STOPPED = "stopped"    # its process exited; exit status known, log complete
+    DELETED = "deleted"    # Delete removed it (it is no longer in the table)
+
+
+T = Status
+#: (operation, status) -> status after it succeeds. A pair that is not here is refused with the
+#: error in REFUSALS (FailedPrecondition otherwise).
+TRANSITIONS: dict[tuple[str, Status], Status] = {
+    ("start", T.CREATED): T.RUNNING,
+    ("exit", T.RUNNING): T.STOPPED,
+    ("kill", T.RUNNING): T.RUNNING,
+    ("kill", T.STOPPED): T.STOPPED,  # killing an exited task does nothing
+    ("delete", T.CREATED): T.DELETED,
+    ("delete", T.STOPPED): T.DELETED,
+    # read-only operations: allowed, status unchanged
+    **{(op, st): st for op in ("wait", "state") for st in (T.CREATED, T.RUNNING, T.STOPPED)},
+}
+REFUSALS: dict[tuple[str, Status], str] = {
+    ("start", T.RUNNING): "task {id} is already running",
+    ("start", T.STOPPED): "task {id} has exited; a stopped task cannot be started again",
+    ("kill", T.CREATED): "task {id} has not been started",
+    ("delete", T.RUNNING): "task {id} is running; kill it and wait for its exit before deleting it",
+}
+
+
+class Task:
+    """One task: what Create asked for, and what Start made. Changed only through :class:`TaskSet`."""
+
+    def __init__(self, task_id: str, *, args: list[str], env: dict[str, str], cwd: str, log_path: str,
+                 pid_mode: str, labels: dict[str, str]):
+        self.task_id = task_id
+        self.args = args
+        self.env = env
+        self.cwd = cwd
+        self.log_path = log_path
+        self.pid_mode = pid_mode
+        self.labels = labels
+        self.status = T.CREATED
+        self.created_at = time.time_ns()
+        self.started_at = 0
+        self.process: process.Process | None = None
+        self.cgroup: SandboxCgroup | None = None
+        self.exit: ExitResult | None = None
+        self.exited = asyncio.Event()
+        # Start and Delete of one task take turns; so does stop_all with an in-flight Start.
+        self.lock = asyncio.Lock()
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid if self.process is not None else 0
+
+    def check(self, op: str) -> Status:
+        """The status after ``op``; FailedPrecondition with the table's sentence if not allowed."""
+        nxt = TRANSITIONS.get((op, self.status))
+        if nxt is None:
+            template = REFUSALS.get((op, self.status), "cannot {op} task {id} while it is {status}")
+            raise FailedPrecondition(template.format(id=self.task_id, op=op, status=self.status.value))
+        return nxt
+
+    def state(self) -> dict[str, Any]:
+        """The State payload."""
+        return {
+            "task_id": self.task_id,
+            "pid": self.pid,
+            "status": self.status.value,
+            "exit_status": self.exit.exit_status if self.exit else 0,
+            "exited_at": self.exit.exited_at if self.exit else 0,
+            "started_at": self.started_at,
+            "created_at": self.created_at,
+            "log_path": self.log_path,
+            "pid_mode": self.pid_mode,
+            "args": list(self.args),
+            "labels": dict(self.labels),
+        }
+
+    def record(self) -> dict[str, Any]:
+        """What ``podshim delete`` needs to end this task (state.json)."""
+        p = self.process
+        return {
+            "status": self.status.value,
+            "pid": p.pid if p is not None else 0,
+            "start_time": p.start_time if p is not None else None,
+            "cgroup": self.cgroup.to_dict() if self.cgroup is not None else None,
+            "pid_mode": self.pid_mode,
+            "log_path": self.log_path,
+            "exit": {"exit_status": self.exit.exit_status, "exited_at": self.exit.exited_at} if self.exit else None,
+        }
+
+
+class TaskSet:
+    """The tasks of one sandbox. Attaches itself to ``sandbox`` (``sandbox.tasks``), which then
+    records the tasks in state.json and stops them before its pause. Public coroutines raise
+    typed RpcErrors."""
+
+    def __init__(self, sandbox: Sandbox):
+        self.sandbox = sandbox
+        self._tasks: dict[str, Task] = {}
+        self._closed = False  # the sandbox is stopping: no task may start any more
+        self._exits: set[asyncio.Task] = set()
+        sandbox.tasks = self
+
+    # -- lookups --------------------------------------------------------------------------
+    def get(self, sandbox_id: str, task_id: str) -> Task:
+        """The task ``task_id``; NotFound for another sandbox or an unknown task."""
+        self.sandbox.check_id(sandbox_id)
+        validate_identifier("task_id", task_id)
+        task = self._tasks.get(task_id)
+        if task is None:
+            raise NotFound(f"task {task_id} not found in sandbox {self.sandbox.config.sandbox_id}")
+        return task
+
+    def list(self, sandbox_id: str) -> list[Task]:
+        self.sandbox.check_id(sandbox_id)
+        return list(self._tasks.values())
+
+    def _running_pause(self) -> PauseProcess:
+        sb = self.sandbox
+        if self._closed or sb.state is not State.RUNNING or sb.pause is None or sb.pause.exit.done():
+            state = "stopping" if self._closed and sb.state is State.RUNNING else sb.state.value
+            raise FailedPrecondition(f"sandbox {sb.config.sandbox_id} is not running (it is {state})")
+        return sb.pause
+
+    def _persist(self) -> None:
+        self.sandbox.persist()
+
+    # -- operations -----------------------------------------------------------------------
+    async def create(self, sandbox_id: str, task_id: str, *, args: list[str], env: list[str] | None = None,
+                     cwd: str | None = None, log_path: str, pid_mode: str = CONTAINER,
+                     labels: dict[str, str] | None = None) -> Task:
+        """Create: check the request and record the task; its log's directories are made (0755).
+
+        Raises InvalidArgument, AlreadyExists, FailedPrecondition (the sandbox is not running).
+        """
+        self.sandbox.check_id(sandbox_id)
+        validate_identifier("task_id", task_id)
+        if not args or not all(isinstance(a, str) and "\0" not in a for a in args) or not args[0]:
+            raise InvalidArgument("field 'args' must be a non-empty array of strings without NUL")
+        environment = _environment(env or [])
+        cwd = cwd or "/"
+        if not os.path.isabs(cwd):
+            raise InvalidArgument(f"cwd {cwd!r} must be an absolute path")
+        if not os.path.isabs(log_path) or "\0" in log_path:
+            raise InvalidArgument(f"log_path {log_path!r} must be an absolute path")
+        if pid_mode not in (POD, CONTAINER):
+            raise InvalidArgument(f"pid_mode {pid_mode!r} is not supported (POD or CONTAINER)")
+        self._running_pause()
+        if task_id in self._tasks:
+            raise AlreadyExists(f"task {task_id} already exists (it is {self._tasks[task_id].status.value})")
+        try:
+            os.makedirs(os.path.dirname(log_path), mode=LOG_DIR_MODE, exist_ok=True)
+        except OSError as exc:
+            raise FailedPrecondition(f"cannot make the directory of log_path {log_path}: {exc.strerror}") from None
+        task = Task(task_id, args=list(args), env=environment, cwd=cwd, log_path=log_path, pid_mode=pid_mode,
+                    labels=dict(labels or {}))
+        self._tasks[task_id] = task
+        self._persist()
+        log.info("task %s created: %s (pid mode %s)", task_id, args, pid_mode)
+        return task
+
+    async def start(self, sandbox_id: str, task_id: str) -> Task:
+        """Start: launch the task's process in the pause's namespaces and its own cgroup.
+
+        Returns once it has exec'd. Nothing is left behind when it fails: an exec failure is
+        FailedPrecondition naming the program and the reason ("exec /no/such: No such file
+        or directory"); FailedPrecondition also when the sandbox is not running.
+        """
+        task = self.get(sandbox_id, task_id)
+        async with task.lock:
+            nxt = task.check("start")
+            pause = self._running_pause()
+            assert self.sandbox.cgroup is not None  # a running sandbox has one
+            # The directories exist before they are recorded (their paths are only known
+            # then); state.json has them before any process is in them.
+            task.cgroup = self.sandbox.cgroup.child(task_id)
+            self._persist()
+            try:
+                try:
+                    crilog = CriLog(task.log_path)
+                except OSError as exc:
+                    raise FailedPrecondition(f"cannot open log file {task.log_path}: {exc.strerror}") from None
+                try:
+                    if self.sandbox.oci is not None:  # runtime handler runc or crun: the runtime runs it
+                        task.process = await self.sandbox.oci.start_task(
+                            task_id, args=task.args, env=task.env, cwd=task.cwd, pid_mode=task.pid_mode,
+                            pause_pid=pause.pid, own_ipc=self.sandbox.options.ipc_mode == "POD",
+                            cgroup=task.cgroup, stdout=crilog.stdout_fd, stderr=crilog.stderr_fd)
+                    else:
+                        task.process = await process.launch(_process_spec(task, pause.pid, crilog),
+                                                            self.sandbox.reaper)
+                except BaseException:
+                    crilog.close()
+                    raise
+            except BaseException as exc:
+                cgroup, task.cgroup = task.cgroup, None
+                # Shielded: a cancelled Start must still remove the (empty) cgroup.
+                await asyncio.shield(cgroup.aremove())
+                self._persist()
+                error = _start_error(exc, pause.pid)
+                if error is exc:
+                    raise
+                raise error from None
+            crilog.start()
+            task.started_at = task.process.started_at_ns
+            task.status = nxt
+            self._persist()
+            exiting = asyncio.ensure_future(self._on_exit(task, task.process.exit, crilog))
+            self._exits.add(exiting)
+            exiting.add_done_callback(self._exits.discard)
+            log.info("task %s started: pid %d", task_id, task.pid)
+            return task
+
+    async def _on_exit(self, task: Task, exit_future: asyncio.Future[ExitInfo], crilog: CriLog) -> None:
+        """The exit of a task's process: end what it left, drain its log, then report it stopped."""
+        try:
+            info = await exit_future
+            if task.pid_mode == POD and task.cgroup is not None:
+                # Without a pid namespace of its own, the task's children outlive it; containerd
+                # kills them too (runc's kill-all on exit of a shared-pid-ns container).
+                try:
+                    task.cgroup.kill_all(signal.SIGKILL)
+                except RpcError as exc:
+                    log.error("task %s: cannot kill what its process left: %s", task.task_id, exc.message)
+            await crilog.drain(LOG_DRAIN_TIMEOUT)
+        finally:
+            crilog.close()
+        task.exit = ExitResult(info.exit_status, info.exited_at_ns, info.pid)
+        task.status = task.check("exit")
+        task.exited.set()
+        self._persist()
+        log.info("task %s (pid %d) exited with status %d", task.task_id, info.pid, info.exit_status)
+        self.sandbox.events.publish(TOPIC_TASK_EXIT, {"task_id": task.task_id, "pid": info.pid,
+                                                      "exit_status": info.exit_status,
+                                                      "exited_at": info.exited_at_ns})
+
+    def kill(self, sandbox_id: str, task_id: str, sig: int = signal.SIGTERM, all_processes: bool = False) -> None:
+        """Kill: send ``sig`` to the task's process, or with ``all_processes`` to every process in
+        its cgroup. Nothing happens once it has exited. Raises InvalidArgument (bad signal),
+        NotFound, FailedPrecondition (not started)."""
+        task = self.get(sandbox_id, task_id)
+        if not 1 <= sig <= _MAX_SIGNAL:
+            raise InvalidArgument(f"signal {sig} is not a signal number (1 to {int(_MAX_SIGNAL)})")
+        task.check("kill")
+        p = task.process
+        if p is None or task.status is T.STOPPED or p.exit.done():
+            return
+        if all_processes and task.cgroup is not None:
+            task.cgroup.kill_all(sig)
+        else:
+            process.signal_process(p.pid, p.start_time, sig)
+
+    async def wait(self, sandbox_id: str, task_id: str) -> ExitResult:
+        """Wait: block until the task has exited and its log is complete (at once if it has)."""
+        task = self.get(sandbox_id, task_id)
+        await task.exited.wait()
+        assert task.exit is not None
+        return task.exit
+
+    async def delete(self, sandbox_id: str, task_id: str) -> ExitResult:
+        """Delete a created or stopped task: remove its cgroup and forget it. FailedPrecondition
+        while it runs."""
+        task = self.get(sandbox_id, task_id)
+        async with task.lock:
+            nxt = task.check("delete")
+            if self.sandbox.oci is not None:
+                await self.sandbox.oci.delete_task(task_id)
+            if task.cgroup is not None:
+                await task.cgroup.aremove()
+                task.cgroup = None
+            del self._tasks[task_id]
+            task.status = nxt
+            self._persist()
+        if task.exit is None:  # never started: wake its waiters
+            task.exit = ExitResult(0, time.time_ns(), 0)
+            task.exited.set()
+        log.info("task %s deleted", task_id)
+        return task.exit
+
+    # -- what the sandbox asks (shim.sandbox.Tasks) ------------------------------------------
+    def record(self) -> dict[str, Any]:
+        return {task_id: task.record() for task_id, task in self._tasks.items()}
+
+    async def stop_all(self) -> None:
+        """SIGKILL every task's cgroup and wait for their exits; from now on no task starts.
+
+        Raises Unavailable when a task has not exited :data:`~shim.sandbox.sandbox.KILL_WAIT` seconds
+        after SIGKILL.
+        """
+        self._closed = True
+        running = []
+        for task in list(self._tasks.values()):
+            async with task.lock:  # an in-flight Start finishes first, then is killed here
+                if task.status is T.RUNNING:
+                    running.append(task)
+                    if task.cgroup is not None:
+                        task.cgroup.kill_all(signal.SIGKILL)
+        if not running:
+            return
+        waits = [asyncio.ensure_future(task.exited.wait()) for task in running]
+        _, pending = await asyncio.wait(waits, timeout=KILL_WAIT)
+        for waiter in pending:
+            waiter.cancel()
+        if pending:
+            late = [task.task_id for task in running if not task.exited.is_set()]
+            raise Unavailable(f"tasks {', '.join(late)} did not exit {KILL_WAIT:.0f}s after SIGKILL")
+
+    async def release(self) -> None:
+        """Remove every task's cgroup (the tasks have been stopped)."""
+        for task in self._tasks.values():
+            if task.cgroup is not None:
+                await task.cgroup.aremove()
+                task.cgroup = None
+        self._persist()
+
+
+def _environment(env: list[str]) -> dict[str, str]:
+    environment: dict[str, str] = {}
+    for item in env:
+        if not isinstance(item, str):
+            raise InvalidArgument("field 'env' must be an array of strings")
+        name, sep, value = item.partition("=")
+        if not sep or not name or "\0" in item:
+            raise InvalidArgument(f"env entry {item!r} is not NAME=VALUE")
+        environment[name] = value
+    environment.setdefault("PATH", process.DEFAULT_PATH)
+    return environment
+
+
+def _process_spec(task: Task, pause_pid: int, crilog: CriLog) -> process.ProcessSpec:
+    """The task's process: in the pause's ipc, uts, net and mount namespaces, and in its pid
+    namespace (POD) or PID 1 of a new one with a mount namespace copied from the pause's (CONTAINER)."""
+    ns_dir = f"/proc/{pause_pid}/ns"
+    join = tuple((f"{ns_dir}/{name}", nstype) for name, nstype in _NAMESPACES)
+    if task.pid_mode == POD:
+        join += ((f"{ns_dir}/pid", CLONE_NEWPID),)
+    assert task.cgroup is not None
+    return process.ProcessSpec(
+        name=f"task {task.task_id}",
+        argv=tuple(task.args),
+        env=task.env,
+        cwd=task.cwd,
+        join=join,
+        unshare_flags=0 if task.pid_mode == POD else CLONE_NEWPID | CLONE_NEWNS,
+        procs_files=tuple(task.cgroup.procs_files()),
+        stdout=crilog.stdout_fd,
+        stderr=crilog.stderr_fd,
+    )
+
+
+def _start_error(exc: BaseException, pause_pid: int) -> BaseException:
+    """What a failed launch tells the client: the program's fault, the sandbox's, or ours."""
+    if isinstance(exc, process.ExecFailed):
+        return FailedPrecondition(f"{exc.step}: {os.strerror(exc.errno)}")
+    if isinstance(exc, NotFound) and f"/proc/{pause_pid}/" in exc.message:
+        return FailedPrecondition(f"the sandbox's pause exited while the task started ({exc.message})")
+    return exc

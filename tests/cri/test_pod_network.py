@@ -1,0 +1,105 @@
+"""Pod networking through the real bridge + host-local + loopback plugins.
+
+The plugins run inside a throwaway "outer" network namespace this test makes (the runner's
+``plugin_netns``), so the bridge, its veths and ip_forward live there and never on the
+machine's own network. Only addresses inside those namespaces are contacted.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import subprocess
+
+import pytest
+
+from client.cri.pod import open_pod_service
+
+from podtools import pod_config
+
+PLUGINS = "/usr/lib/cni"
+
+pytestmark = pytest.mark.skipif(not os.path.exists(f"{PLUGINS}/bridge"),
+                                reason="containernetworking-plugins is not installed (.ci/install installs it)")
+
+
+def ip(*args: str) -> str:
+    return subprocess.run(["ip", *args], check=True, capture_output=True, text=True).stdout
+
+
+@pytest.fixture
+def network(tmp_path):
+    """A CNI config (bridge + host-local with a private dataDir) and the outer netns it runs in."""
+    outer = f"podshim-t-{secrets.token_hex(4)}"
+    data_dir = tmp_path / "ipam"
+    conf_dir = tmp_path / "net.d"
+    conf_dir.mkdir()
+    bridge = f"psbr{secrets.token_hex(2)}"
+    (conf_dir / "10-test.conflist").write_text(json.dumps({
+        "cniVersion": "1.0.0", "name": "podshim-test",
+        "plugins": [{"type": "bridge", "bridge": bridge, "isGateway": True, "ipMasq": False,
+                     "ipam": {"type": "host-local", "ranges": [[{"subnet": "10.213.0.0/24"}]],
+                              "dataDir": str(data_dir)}}]}))
+    ip("netns", "add", outer)
+    try:
+        ip("-n", outer, "link", "set", "lo", "up")
+        yield {"conf_dir": str(conf_dir), "outer": outer, "outer_path": f"/var/run/netns/{outer}",
+               "data_dir": data_dir, "bridge": bridge}
+    finally:
+        subprocess.run(["ip", "netns", "del", outer], capture_output=True)
+
+
+@pytest.fixture
+def roots(tmp_path):
+    runtime_root = f"/tmp/podshim-net-{secrets.token_hex(4)}"
+    yield str(tmp_path / "root"), runtime_root
+    shutil.rmtree(runtime_root, ignore_errors=True)
+
+
+async def test_two_pods_get_distinct_ips_reach_each_other_and_leave_nothing(roots, network):
+    root, runtime_root = roots
+    async with open_pod_service(root, runtime_root, cni_conf_dir=network["conf_dir"], cni_bin_dirs=(PLUGINS,),
+                                cni_plugin_netns=network["outer_path"]) as pods:
+        a = await pods.run_pod_sandbox(pod_config())
+        b = await pods.run_pod_sandbox(pod_config())
+        try:
+            sa = await pods.pod_sandbox_status(a, verbose=True)
+            sb = await pods.pod_sandbox_status(b, verbose=True)
+            ip_a, ip_b = sa["network"]["ip"], sb["network"]["ip"]
+            assert ip_a and ip_b and ip_a != ip_b
+            assert ip_a.startswith("10.213.0.") and ip_b.startswith("10.213.0.")
+            assert sa["info"]["cni_check"] == "ok"
+            # Traffic only between the two pods' own namespaces.
+            ping = subprocess.run(["nsenter", f"--net={sa['info']['netns_path']}", "ping", "-c", "1", "-W", "2", ip_b],
+                                  capture_output=True, text=True)
+            assert ping.returncode == 0, ping.stdout + ping.stderr
+            veths = [line for line in ip("-n", network["outer"], "-o", "link").splitlines() if "veth" in line]
+            assert len(veths) == 2
+            leases = {p.name for p in (network["data_dir"] / "podshim-test").iterdir()}
+            assert {ip_a, ip_b} <= leases
+            netns_paths = [sa["info"]["netns_path"], sb["info"]["netns_path"]]
+        finally:
+            await pods.stop_pod_sandbox(a)
+            await pods.remove_pod_sandbox(a)
+            await pods.stop_pod_sandbox(b)
+            await pods.remove_pod_sandbox(b)
+    assert [line for line in ip("-n", network["outer"], "-o", "link").splitlines() if "veth" in line] == []
+    leases = {p.name for p in (network["data_dir"] / "podshim-test").iterdir()}
+    assert not leases & {ip_a, ip_b}, f"IPAM still holds {leases}"
+    assert [p for p in netns_paths if os.path.exists(p)] == []
+
+
+async def test_a_failed_add_rolls_the_pod_back(roots, network, tmp_path):
+    root, runtime_root = roots
+    broken = tmp_path / "broken.d"
+    broken.mkdir()
+    (broken / "10-bad.conflist").write_text(json.dumps({
+        "cniVersion": "1.0.0", "name": "bad", "plugins": [{"type": "no-such-plugin"}]}))
+    async with open_pod_service(root, runtime_root, cni_conf_dir=str(broken), cni_bin_dirs=(PLUGINS,),
+                                cni_plugin_netns=network["outer_path"]) as pods:
+        with pytest.raises(Exception, match="no-such-plugin"):
+            await pods.run_pod_sandbox(pod_config())
+        assert pods.store.list() == []
+        assert await pods.controller.list(None) == []

@@ -1,0 +1,238 @@
+"""Pods with CRI semantics, step by step like containerd's RunPodSandbox / Stop / Remove flows."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from shim.rpc.status import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
+
+from podtools import alive, container_config, ns_inode, pod_config, pod_service, roots, wait_gone  # noqa: F401  (roots: a fixture)
+
+# Every test here runs twice: shims exec'd by `podshim start`, and shims forked by a template.
+pytestmark = pytest.mark.usefixtures("spawn_mode")
+
+
+async def test_run_gives_a_ready_pod_whose_pause_is_in_its_namespaces(roots):
+    async with pod_service(roots) as pods:
+        pod_id = await pods.run_pod_sandbox(pod_config())
+        assert len(pod_id) == 64
+        status = await pods.pod_sandbox_status(pod_id, verbose=True)
+        assert status["state"] == "SANDBOX_READY"
+        pid = status["info"]["pid"]
+        netns = status["info"]["netns_path"]
+        assert ns_inode(pid, "net") == os.stat(netns).st_ino != ns_inode(os.getpid(), "net")
+        assert status["info"]["shim_address"].startswith("unix://")
+        assert "loopback only" in status["info"]["network"]
+
+
+async def test_container_shares_net_ipc_uts_with_the_pause(roots):
+    async with pod_service(roots) as pods:
+        pod_id = await pods.run_pod_sandbox(pod_config())
+        cid = await pods.create_container(pod_id, container_config(["sleep", "30"]))
+        await pods.start_container(cid)
+        info = (await pods.container_status(cid, verbose=True))["info"]
+        pause = (await pods.pod_sandbox_status(pod_id, verbose=True))["info"]["pid"]
+        for kind in ("net", "ipc", "uts"):
+            assert ns_inode(info["pid"], kind) == ns_inode(pause, kind), kind
+        assert ns_inode(info["pid"], "pid") != ns_inode(pause, "pid")  # CONTAINER pid mode
+
+
+async def test_container_in_pod_pid_mode_shares_the_pause_pid_namespace(roots):
+    async with pod_service(roots) as pods:
+        pod_id = await pods.run_pod_sandbox(pod_config())
+        cid = await pods.create_container(pod_id, container_config(["sleep", "30"], pid=0))
+        await pods.start_container(cid)
+        info = (await pods.container_status(cid, verbose=True))["info"]
+        pause = (await pods.pod_sandbox_status(pod_id, verbose=True))["info"]["pid"]
+        assert ns_inode(info["pid"], "pid") == ns_inode(pause, "pid")
+
+
+async def test_container_that_exits_on_its_own_shows_exited_with_its_code(roots):
+    async with pod_service(roots) as pods:
+        pod_id = await pods.run_pod_sandbox(pod_config())
+        cid = await pods.create_container(pod_id, container_config(["sh", "-c", "echo hi; exit 3"]))
+        await pods.start_container(cid)
+        deadline = time.monotonic() + 10
+        while (status := await pods.container_status(cid))["state"] != "CONTAINER_EXITED":
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        assert status["exit_code"] == 3 and status["finished_at"] >= status["started_at"] > 0
+        with open(pods.container_log_path(cid)) as f:
+            assert f.read().split(" ", 3)[1:] == ["stdout", "F", "hi\n"]
+
+
+async def test_stop_container_sends_term_then_kill(roots):
+    async with pod_service(roots) as pods:
+        pod_id = await pods.run_pod_sandbox(pod_config())
+        stubborn = await pods.create_container(pod_id, container_config(["sh", "-c", "trap '' TERM; sleep 30"]))
+        await pods.start_container(stubborn)
+        began = time.monotonic()
+        await pods.stop_container(stubborn, timeout=1)
+        assert time.monotonic() - began >= 1
+        assert (await pods.container_status(stubborn))["exit_code"] == 137
+
+
+async def test_stop_makes_the_pod_notready_and_stops_its_containers(roots):
+    async with pod_service(roots) as pods:
+        pod_id = await pods.run_pod_sandbox(pod_config())
+        cid = await pods.create_container(pod_id, container_config(["sleep", "30"]))
+        await pods.start_container(cid)
+        pause = (await pods.pod_sandbox_status(pod_id, verbose=True))["info"]["pid"]
+        await pods.stop_pod_sandbox(pod_id)
+        assert (await pods.pod_sandbox_status(pod_id))["state"] == "SANDBOX_NOTREADY"
+        assert (await pods.container_status(cid))["state"] == "CONTAINER_EXITED"
+        assert not wait_gone(pause)
+        await pods.stop_pod_sandbox(pod_id)  # twice is fine
+
+
+async def test_remove_leaves_nothing_behind(roots):
+    async with pod_service(roots) as pods:
+        pod_id = await pods.run_pod_sandbox(pod_config())
+        cid = await pods.create_container(pod_id, container_config(["sleep", "30"]))
+        await pods.start_container(cid)
+        info = (await pods.pod_sandbox_status(pod_id, verbose=True))["info"]
+        cgroups = [v for k, v in info["shim"].items() if k.startswith("cgroup.")]
+        shim_pid = int(info["shim"]["shim_pid"])
+        await pods.remove_pod_sandbox(pod_id)
+        assert not os.path.exists(info["netns_path"])
+        assert not wait_gone(shim_pid, info["pid"])
+        assert cgroups and not any(os.path.exists(c) for c in cgroups)
+        assert await pods.list_pod_sandbox() == []
+        assert await pods.list_containers() == []
+        with pytest.raises(NotFound):
+            await pods.pod_sandbox_status(pod_id)
+        await pods.remove_pod_sandbox(pod_id)  # removing twice is fine
+        with pytest.raises(NotFound):
+            await pods.remove_pod_sandbox("0" * 64)  # an id never seen is not
+
+
+async def test_remove_while_ready_forces_a_stop(roots):
+    async with pod_service(roots) as pods:
+        pod_id = await pods.run_pod_sandbox(pod_config())
+        pause = (await pods.pod_sandbox_status(pod_id, verbose=True))["info"]["pid"]
+        await pods.remove_pod_sandbox(pod_id)
+        assert not wait_gone(pause)
+
+
+async def test_a_second_pod_with_the_same_metadata_is_refused(roots):
+    async with pod_service(roots) as pods:
+        cfg = pod_config()
+        await pods.run_pod_sandbox(cfg)
+        with pytest.raises(AlreadyExists):
+            await pods.run_pod_sandbox(copy.deepcopy(cfg))
+        cfg["metadata"]["attempt"] += 1
+        await pods.run_pod_sandbox(cfg)  # the next attempt is another name
+
+
+async def test_the_name_is_free_again_after_remove(roots):
+    async with pod_service(roots) as pods:
+        cfg = pod_config()
+        pod_id = await pods.run_pod_sandbox(cfg)
+        await pods.remove_pod_sandbox(pod_id)
+        await pods.run_pod_sandbox(cfg)
+
+
+async def test_bad_configs_and_handlers_are_refused_with_a_sentence(roots):
+    async with pod_service(roots) as pods:
+        with pytest.raises(InvalidArgument, match="metadata"):
+            await pods.run_pod_sandbox({"metadata": {"name": 3}})
+        with pytest.raises(InvalidArgument, match="runtime handler"):
+            await pods.run_pod_sandbox(pod_config(), runtime_handler="kata")
+        with pytest.raises(InvalidArgument, match="not namespaced"):
+            cfg = pod_config()
+            cfg["linux"]["sysctls"] = {"kernel.pid_max": "4096"}
+            await pods.run_pod_sandbox(cfg)
+        assert pods.store.list() == []  # nothing half-made
+
+
+async def test_host_network_pod_uses_the_host_netns(roots):
+    async with pod_service(roots) as pods:
+        cfg = pod_config(network=2)
+        cfg["linux"]["sysctls"] = {}  # net.* sysctls would change the host's settings: refused
+        pod_id = await pods.run_pod_sandbox(cfg)
+        status = await pods.pod_sandbox_status(pod_id, verbose=True)
+        assert ns_inode(status["info"]["pid"], "net") == ns_inode(os.getpid(), "net")
+        assert status["linux"]["namespaces"]["options"]["network"] == "NODE"
+        assert status["info"]["netns_path"] == ""
+
+
+async def test_creating_a_container_needs_a_ready_pod(roots):
+    async with pod_service(roots) as pods:
+        pod_id = await pods.run_pod_sandbox(pod_config())
+        await pods.stop_pod_sandbox(pod_id)
+        with pytest.raises(FailedPrecondition):
+            await pods.create_container(pod_id, container_config(["true"]))
+
+
+async def test_ids_may_be_given_by_unique_prefix(roots):
+    async with pod_service(roots) as pods:
+        pod_id = await pods.run_pod_sandbox(pod_config())
+        assert (await pods.pod_sandbox_status(pod_id[:8]))["id"] == pod_id
+
+
+async def test_list_filters_by_state_and_label(roots):
+    async with pod_service(roots) as pods:
+        a = await pods.run_pod_sandbox(pod_config())
+        b_cfg = pod_config()
+        b_cfg["labels"] = {"tier": "b"}
+        b = await pods.run_pod_sandbox(b_cfg)
+        await pods.stop_pod_sandbox(a)
+        assert [p["id"] for p in await pods.list_pod_sandbox({"state": "SANDBOX_READY"})] == [b]
+        assert [p["id"] for p in await pods.list_pod_sandbox({"label_selector": {"tier": "b"}})] == [b]
+        assert {p["id"] for p in await pods.list_pod_sandbox()} == {a, b}
+
+
+async def test_a_pod_whose_shim_is_killed_shows_notready_and_can_be_removed(roots):
+    async with pod_service(roots) as pods:
+        pod_id = await pods.run_pod_sandbox(pod_config())
+        info = (await pods.pod_sandbox_status(pod_id, verbose=True))["info"]
+        os.kill(int(info["shim"]["shim_pid"]), signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while (await pods.pod_sandbox_status(pod_id))["state"] != "SANDBOX_NOTREADY":
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        await pods.stop_pod_sandbox(pod_id)
+        await pods.remove_pod_sandbox(pod_id)
+        assert not wait_gone(info["pid"])
+        assert not os.path.exists(info["netns_path"])
+
+
+RESTART_SCRIPT = """
+import anyio, json, sys
+from client.cri.pod import open_pod_service
+async def main(root, runtime_root, cfg_json, ccfg_json):
+    async with open_pod_service(root, runtime_root, cni_conf_dir=root + "/no-cni") as pods:
+        pod_id = await pods.run_pod_sandbox(json.loads(cfg_json))
+        cid = await pods.create_container(pod_id, json.loads(ccfg_json))
+        await pods.start_container(cid)
+        print(json.dumps([pod_id, cid]), flush=True)
+        await anyio.sleep(3600)  # killed -9 by the test
+anyio.run(main, *sys.argv[1:])
+"""
+
+
+async def test_pods_and_containers_survive_a_controller_restart(roots):
+    root, runtime_root = roots
+    proc = subprocess.Popen([sys.executable, "-c", RESTART_SCRIPT, root, runtime_root, json.dumps(pod_config()),
+                             json.dumps(container_config(["sleep", "60"]))], stdout=subprocess.PIPE, text=True)
+    try:
+        pod_id, cid = json.loads(proc.stdout.readline())
+    finally:
+        proc.kill()
+        proc.wait()
+        proc.stdout.close()
+    async with pod_service(roots) as pods:
+        status = await pods.pod_sandbox_status(pod_id, verbose=True)
+        assert status["state"] == "SANDBOX_READY"
+        container = await pods.container_status(cid, verbose=True)
+        assert container["state"] == "CONTAINER_RUNNING" and alive(container["info"]["pid"])
+        await pods.stop_container(cid, timeout=0)
+        assert (await pods.container_status(cid))["exit_code"] == 137

@@ -1,0 +1,110 @@
+"""protocol.md is normative: its constants, code table, methods and test vectors match the code."""
+
+import pathlib
+import re
+
+import pytest
+
+from shim.rpc import api, frames
+from shim.rpc.connection import MAX_ACTIVE_STREAMS
+from shim.rpc.frames import FrameDecoder, encode_frame
+from shim.rpc.messages import (MAX_METADATA_ENTRIES, MAX_METADATA_VALUES, NAMESPACE_KEY, decode_request,
+                               decode_response, unpack)
+from shim.rpc.status import Code
+
+SPEC = (pathlib.Path(__file__).parent.parent.parent / "protocol.md").read_text()
+
+
+def spec_constant(name: str) -> int:
+    m = re.search(rf"^\| `{name}` \| (\d+) \|", SPEC, re.M)
+    assert m, f"protocol.md does not state {name}"
+    return int(m.group(1))
+
+
+def test_framing_constants_match_the_spec():
+    assert spec_constant("HEADER_BYTES") == frames.HEADER_BYTES == 10
+    assert spec_constant("MAX_DATA_BYTES") == frames.MAX_DATA_BYTES
+    assert spec_constant("MAX_LENGTH_FIELD") == frames.MAX_LENGTH_FIELD
+
+
+def test_message_types_and_flags_match_the_spec():
+    for value, name in re.findall(r"^\| `0x0(\d)` \| (request|response|data) \|", SPEC, re.M):
+        assert frames.MessageType[name.upper()] == int(value)
+    for value, name in re.findall(r"^\| `0x0(\d)` \| (remote-closed|remote-open|no-data) \|", SPEC, re.M):
+        assert frames.Flags[name.upper().replace("-", "_")] == int(value)
+
+
+def test_status_code_table_matches_the_enum():
+    pairs = re.findall(r"(?<=\| )(\d+) \| ([A-Z_]+)(?= \|)", SPEC)
+    assert len({int(n) for n, _ in pairs}) == 17
+    for number, name in pairs:
+        assert Code[name] == int(number)
+
+
+def test_limits_stated_in_the_spec_match_the_code():
+    assert f"at most {MAX_METADATA_ENTRIES} keys and {MAX_METADATA_VALUES} values per key" in SPEC
+    assert f"more than {MAX_ACTIVE_STREAMS} streams open at once" in SPEC
+    assert f"`{NAMESPACE_KEY}`" in SPEC
+
+
+def test_every_method_is_specified():
+    for service, methods in ((api.SANDBOX_SERVICE, api.SANDBOX_METHODS), (api.EVENTS_SERVICE, api.EVENTS_METHODS),
+                             (api.TASK_SERVICE, api.TASK_METHODS), (api.TEMPLATE_SERVICE, api.TEMPLATE_METHODS)):
+        assert f"`{service}`" in SPEC
+        for method in methods:
+            assert f"| `{method}` |" in SPEC, method
+
+
+def test_task_constants_match_the_spec():
+    from shim.runtime.crilog import LOG_DIR_MODE, MAX_LINE_BYTES
+    from shim.runtime.process import DEFAULT_PATH
+
+    text = " ".join(SPEC.split())
+    assert f"longer than {MAX_LINE_BYTES} bytes is cut into records of {MAX_LINE_BYTES} bytes" in text
+    assert f"`PATH` defaults to `{DEFAULT_PATH}`" in text
+    assert f"makes the directories of `log_path` (mode `{LOG_DIR_MODE:04o}`)" in text
+
+
+VECTORS = dict(re.findall(r"^vector ([a-z-]+): ([0-9a-f]+)$", SPEC, re.M))
+
+
+def decode_one(raw: bytes) -> frames.Frame:
+    d = FrameDecoder()
+    d.feed(raw)
+    frame = d.next_event()
+    assert d.next_event() is frames.NEED_DATA
+    assert isinstance(frame, frames.Frame)
+    return frame
+
+
+def test_spec_has_the_vectors():
+    assert set(VECTORS) == {"ping-request", "ok-response", "not-found-response", "event-data"}
+
+
+def test_ping_request_vector():
+    raw = bytes.fromhex(VECTORS["ping-request"])
+    frame = decode_one(raw)
+    assert (frame.stream_id, frame.type, frame.flags) == (1, 1, 0)
+    req = decode_request(frame.data)
+    assert (req.service, req.method, req.payload, req.timeout_nano) == (api.SANDBOX_SERVICE, "PingSandbox",
+                                                                         {"sandbox_id": "sb1"}, 0)
+    assert req.namespace == "default"
+    from shim.rpc.messages import Request, encode_request
+    assert encode_frame(1, 1, 0, encode_request(req)) == raw
+
+
+@pytest.mark.parametrize("name,stream_id,code", [("ok-response", 1, 0), ("not-found-response", 3, 5)])
+def test_response_vectors(name, stream_id, code):
+    from shim.rpc.messages import encode_response
+    raw = bytes.fromhex(VECTORS[name])
+    frame = decode_one(raw)
+    assert (frame.stream_id, frame.type) == (stream_id, 2)
+    resp = decode_response(frame.data)
+    assert resp.code == code
+    assert encode_frame(stream_id, 2, 0, encode_response(resp)) == raw
+
+
+def test_event_data_vector():
+    frame = decode_one(bytes.fromhex(VECTORS["event-data"]))
+    assert (frame.stream_id, frame.type) == (5, 3)
+    assert unpack(frame.data) == {"topic": "/sandbox/exit"}

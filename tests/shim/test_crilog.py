@@ -1,0 +1,75 @@
+"""The CRI log format without I/O: line splitting, tags and timestamps, as containerd writes them."""
+
+from __future__ import annotations
+
+import pytest
+
+from shim.runtime.crilog import FULL, MAX_LINE_BYTES, PARTIAL, LineSplitter, format_records, rfc3339_nano
+
+
+def split(*chunks: bytes, limit: int = MAX_LINE_BYTES) -> list[tuple[bytes, bytes]]:
+    splitter = LineSplitter(limit)
+    records = [record for chunk in chunks for record in splitter.feed(chunk)]
+    return records + splitter.end()
+
+
+def test_each_line_is_a_full_record():
+    assert split(b"one\ntwo\n") == [(FULL, b"one"), (FULL, b"two")]
+
+
+def test_a_line_may_arrive_in_pieces():
+    assert split(b"o", b"n", b"e\nt", b"wo\n") == [(FULL, b"one"), (FULL, b"two")]
+
+
+def test_an_empty_line_is_an_empty_full_record():
+    assert split(b"\n\n") == [(FULL, b""), (FULL, b"")]
+
+
+def test_crlf_is_a_newline():
+    assert split(b"dos\r\n", b"cr\rinside\n") == [(FULL, b"dos"), (FULL, b"cr\rinside")]
+
+
+def test_the_end_of_a_stream_without_newline_is_partial():
+    assert split(b"done\nno newline") == [(FULL, b"done"), (PARTIAL, b"no newline")]
+
+
+def test_nothing_at_all_gives_no_record():
+    assert split(b"") == []
+
+
+@pytest.mark.parametrize("length,expected", [
+    (16, [(FULL, 16)]),                                  # exactly the limit: one full record
+    (17, [(PARTIAL, 16), (FULL, 1)]),
+    (32, [(PARTIAL, 16), (FULL, 16)]),
+    (40, [(PARTIAL, 16), (PARTIAL, 16), (FULL, 8)]),
+])
+def test_a_long_line_is_cut_into_partial_records_and_a_full_last_piece(length, expected):
+    records = split(b"x" * length + b"\n", limit=16)
+    assert [(tag, len(message)) for tag, message in records] == expected
+    assert b"".join(message for _, message in records) == b"x" * length
+
+
+def test_a_long_line_is_written_before_its_newline_arrives():
+    splitter = LineSplitter(16)
+    assert splitter.feed(b"y" * 40) == [(PARTIAL, b"y" * 16), (PARTIAL, b"y" * 16)]
+    assert splitter.feed(b"\n") == [(FULL, b"y" * 8)]
+
+
+def test_the_default_limit_is_16_kib():
+    assert MAX_LINE_BYTES == 16384
+
+
+@pytest.mark.parametrize("ns,text", [
+    (1_475_712_829_669_794_202, "2016-10-06T00:13:49.669794202Z"),
+    (1_475_712_829_669_000_000, "2016-10-06T00:13:49.669Z"),  # trailing zeros dropped, as Go does
+    (1_475_712_829_000_000_000, "2016-10-06T00:13:49Z"),      # no fraction at all
+    (1_475_712_829_000_000_001, "2016-10-06T00:13:49.000000001Z"),
+])
+def test_timestamps_are_go_rfc3339nano_in_utc(ns, text):
+    assert rfc3339_nano(ns) == text
+
+
+def test_records_are_formatted_as_cri_log_lines():
+    line = format_records("stderr", [(FULL, b"a b"), (PARTIAL, b"")], 1_475_712_829_669_794_202)
+    assert line == (b"2016-10-06T00:13:49.669794202Z stderr F a b\n"
+                    b"2016-10-06T00:13:49.669794202Z stderr P \n")

@@ -1,0 +1,349 @@
+"""shim.kernel.cgroups on the real kernel, under this process's own cgroups, with unique names."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import secrets
+import signal
+
+import pytest
+
+from shim.kernel import cgroups, linux
+from shim.kernel.cgroups import V2, SandboxCgroup, discover_hierarchies
+from shim.rpc.status import AlreadyExists, FailedPrecondition, InvalidArgument
+
+
+def _unique(kind: str) -> str:
+    return f"podshim-test-{kind}-{os.getpid()}-{secrets.token_hex(4)}"
+
+
+@pytest.fixture
+def make_cgroup():
+    """Create sandbox cgroups; each is emptied and removed afterwards, with the test's parents."""
+    made: list[SandboxCgroup] = []
+
+    def make(name: str | None = None, parent: str | None = None) -> SandboxCgroup:
+        cgroup = SandboxCgroup.create(name or _unique("sb"), _unique("parent") if parent is None else parent)
+        made.append(cgroup)
+        return cgroup
+
+    yield make
+    for cgroup in made:
+        cgroup.kill_all()
+        cgroup.remove()
+    # remove() keeps parents it did not make itself (another sandbox's); these are the test's.
+    for parent in {os.path.dirname(path) for cgroup in made for path in cgroup.paths.values()}:
+        if "podshim-test-parent-" in parent:
+            try:
+                os.rmdir(parent)
+            except FileNotFoundError:
+                pass
+
+
+@pytest.fixture
+def sleeper():
+    """Start ``sleep 60`` children; each is killed and reaped afterwards (no reaper here)."""
+    pids = []
+
+    def start() -> int:
+        pid = os.posix_spawn("/bin/sleep", ["/bin/sleep", "60"], {})
+        pids.append(pid)
+        return pid
+
+    yield start
+    for pid in pids:
+        try:
+            if os.waitpid(pid, os.WNOHANG) == (0, 0):  # unreaped: the pid is still our child's
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+        except ChildProcessError:
+            pass  # the test reaped it
+
+
+def _own_cgroups() -> dict[str, str]:
+    with open("/proc/self/cgroup") as f:
+        return {names or V2: path for _, names, path in (line.rstrip("\n").split(":", 2) for line in f)}
+
+
+def _wait_status(pid: int) -> int:
+    return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+
+
+def test_a_directory_in_every_writable_hierarchy(make_cgroup):
+    cgroup = make_cgroup()
+    assert set(cgroup.paths) | set(cgroup.skipped) == {h.key for h in discover_hierarchies()}
+    assert all(os.path.isdir(path) for path in cgroup.paths.values())
+    assert V2 in cgroup.paths
+
+
+def test_relative_parent_nests_under_own_cgroup(make_cgroup):
+    parent = _unique("parent")
+    cgroup = make_cgroup("sb", parent)
+    own = _own_cgroups()
+    for hierarchy in discover_hierarchies():
+        if hierarchy.key in cgroup.paths:
+            expected = os.path.join(hierarchy.mountpoint, own[hierarchy.key].lstrip("/"), parent, "sb")
+            assert cgroup.paths[hierarchy.key] == os.path.normpath(expected)
+
+
+def test_default_parent_is_podshim(make_cgroup):
+    name = _unique("sb")
+    cgroup = SandboxCgroup.create(name)
+    try:
+        assert all(path.endswith(f"/podshim/{name}") for path in cgroup.paths.values())
+        assert all(dirs == [os.path.dirname(path)] for path, dirs in zip(cgroup.paths.values(),
+                                                                          cgroup.owned_parents.values()))
+    finally:
+        cgroup.remove()
+
+
+def test_default_parent_is_pruned_by_the_last_sandbox_even_if_it_did_not_make_it(monkeypatch):
+    # A unique default parent, so no other sandbox on this machine can be using it.
+    monkeypatch.setattr(cgroups, "DEFAULT_PARENT", _unique("parent"))
+    first = SandboxCgroup.create(_unique("sb"))
+    try:
+        second = SandboxCgroup.create(_unique("sb"))
+    except BaseException:
+        first.remove()
+        raise
+    first.remove()
+    assert all(os.path.isdir(os.path.dirname(path)) for path in second.paths.values())
+    second.remove()
+    assert not any(os.path.exists(os.path.dirname(path)) for path in second.paths.values())
+
+
+def test_a_given_parent_that_existed_is_kept(make_cgroup):
+    first = make_cgroup()
+    parent = os.path.basename(os.path.dirname(first.paths["pids"]))
+    second = make_cgroup(parent=parent)  # found the parent: not its own
+    second.remove()
+    assert all(os.path.isdir(path) for path in first.paths.values())
+
+
+def test_absolute_parent_is_relative_to_the_hierarchy_root(make_cgroup):
+    # Under our own memory cgroup, so the test stays inside this session's memory accounting
+    # (joined, not concatenated: that cgroup may be the root, "/").
+    parent = os.path.join(_own_cgroups()["memory"], _unique("parent"))
+    cgroup = make_cgroup("sb", parent)
+    for hierarchy in discover_hierarchies():
+        if hierarchy.key in cgroup.paths:
+            assert cgroup.paths[hierarchy.key] == f"{hierarchy.mountpoint}{parent}/sb"
+
+
+def test_cpuset_gets_cpus_and_mems_of_its_parent(make_cgroup):
+    cgroup = make_cgroup()
+    cpuset = cgroup.paths["cpuset"]
+    for knob in ("cpuset.cpus", "cpuset.mems"):
+        with open(os.path.join(cpuset, knob)) as mine, open(os.path.join(os.path.dirname(cpuset), knob)) as parent:
+            assert mine.read() == parent.read() != "\n"
+
+
+@pytest.mark.parametrize("name", ["", ".", "..", "a/b", "a\0b"])
+def test_bad_name_is_refused(name):
+    with pytest.raises(InvalidArgument):
+        SandboxCgroup.create(name, _unique("parent"))
+
+
+@pytest.mark.parametrize("parent", ["../x", "a/../b", "a//b", "./a", "a\0b", "/.."])
+def test_bad_parent_is_refused(parent):
+    with pytest.raises(InvalidArgument):
+        SandboxCgroup.create(_unique("sb"), parent)
+
+
+def test_existing_cgroup_is_refused_and_left_intact(make_cgroup):
+    cgroup = make_cgroup()
+    parent = os.path.basename(os.path.dirname(cgroup.paths["pids"]))
+    with pytest.raises(AlreadyExists):
+        SandboxCgroup.create(cgroup.name, parent)
+    assert all(os.path.isdir(path) for path in cgroup.paths.values())
+
+
+def test_to_dict_round_trips_through_json(make_cgroup):
+    cgroup = make_cgroup()
+    assert SandboxCgroup.from_dict(json.loads(json.dumps(cgroup.to_dict()))) == cgroup
+
+
+@pytest.mark.parametrize("record", [{}, {"name": "x", "paths": ["/a"]}, {"name": "x", "paths": {"cpu": "rel"}}])
+def test_malformed_record_is_refused(record):
+    with pytest.raises(InvalidArgument):
+        SandboxCgroup.from_dict(record)
+
+
+def test_join_moves_a_process_into_every_hierarchy(make_cgroup, sleeper):
+    cgroup = make_cgroup()
+    pid = sleeper()
+    cgroup.join(pid)
+    for procs in cgroup.procs_files():
+        with open(procs) as f:
+            assert str(pid) in f.read().split()
+    assert cgroup.pids() == {pid}
+
+
+def test_metrics_report_the_members_usage(make_cgroup, sleeper):
+    cgroup = make_cgroup()
+    cgroup.join(sleeper())
+    metrics = cgroup.metrics()
+    for name in ("cpu_usage_ns", "memory_usage_bytes", "pids_current"):
+        assert isinstance(metrics[name], int) or name in metrics["unavailable"]
+    if "pids_current" not in metrics["unavailable"]:
+        assert metrics["pids_current"] == 1
+
+
+def test_memory_limit_is_none_when_unlimited(make_cgroup):
+    metrics = make_cgroup().metrics()
+    assert metrics["memory_limit_bytes"] is None
+
+
+def test_metrics_never_raise():
+    gone = SandboxCgroup.from_dict({"name": "gone", "paths": {"memory": "/nonexistent/a", V2: "/nonexistent/b",
+                                                              "cpuacct": "/nonexistent/c", "pids": "/nonexistent/d"}})
+    metrics = gone.metrics()
+    assert metrics["unavailable"] == ["cpu_usage_ns", "memory_usage_bytes", "memory_limit_bytes", "pids_current"]
+    assert [metrics[k] for k in metrics["unavailable"]] == [None] * 4
+
+
+def test_kill_all_sigkills_every_member(make_cgroup, sleeper):
+    cgroup = make_cgroup()
+    pids = [sleeper(), sleeper()]
+    for pid in pids:
+        cgroup.join(pid)
+    cgroup.kill_all()
+    assert [_wait_status(pid) for pid in pids] == [-signal.SIGKILL] * 2
+
+
+def test_kill_all_sends_other_signals_to_each_member(make_cgroup, sleeper):
+    cgroup = make_cgroup()
+    pid = sleeper()
+    cgroup.join(pid)
+    cgroup.kill_all(signal.SIGTERM)
+    assert _wait_status(pid) == -signal.SIGTERM
+
+
+def test_remove_is_idempotent(make_cgroup):
+    cgroup = make_cgroup()
+    cgroup.remove()
+    cgroup.remove()
+    assert not any(os.path.exists(path) for path in cgroup.paths.values())
+    assert not any(os.path.exists(d) for dirs in cgroup.owned_parents.values() for d in dirs)
+
+
+def test_remove_keeps_a_parent_another_sandbox_uses(make_cgroup):
+    first = make_cgroup()
+    parent = os.path.basename(os.path.dirname(first.paths["pids"]))
+    second = make_cgroup(parent=parent)
+    first.remove()
+    assert all(os.path.isdir(path) for path in second.paths.values())
+
+
+def test_remove_removes_child_cgroups_first(make_cgroup):
+    cgroup = make_cgroup()
+    for path in cgroup.paths.values():
+        os.mkdir(os.path.join(path, "container"))
+    cgroup.remove()
+    assert not any(os.path.exists(path) for path in cgroup.paths.values())
+
+
+def test_remove_right_after_kill_all_succeeds(make_cgroup, sleeper):
+    cgroup = make_cgroup()
+    cgroup.join(sleeper())
+    cgroup.kill_all()
+    cgroup.remove()  # retries EBUSY while the killed task leaves
+    assert not any(os.path.exists(path) for path in cgroup.paths.values())
+
+
+def test_remove_with_a_live_member_is_refused(make_cgroup, sleeper):
+    cgroup = make_cgroup()
+    cgroup.join(sleeper())
+    with pytest.raises(FailedPrecondition, match="still has processes"):
+        cgroup.remove(timeout=0.05)
+
+
+def test_child_is_made_in_every_hierarchy_of_its_parent(make_cgroup):
+    parent = make_cgroup()
+    child = parent.child("task")
+    assert child.paths == {key: os.path.join(path, "task") for key, path in parent.paths.items()}
+    assert all(os.path.isdir(path) for path in child.paths.values())
+    assert child.owned_parents == {}
+
+
+def test_child_joins_and_goes_with_its_parent(make_cgroup, sleeper):
+    parent = make_cgroup()
+    child = parent.child("task")
+    pid = sleeper()
+    child.join(pid)
+    assert parent.pids() == child.pids() == {pid}
+    parent.kill_all()
+    parent.remove()
+    assert not any(os.path.exists(path) for path in child.paths.values())
+
+
+def test_child_named_like_a_control_file_is_refused(make_cgroup):
+    parent = make_cgroup()
+    with pytest.raises(InvalidArgument, match="control file"):
+        parent.child("cgroup.procs")
+    assert not any(os.path.isdir(os.path.join(path, "cgroup.procs")) for path in parent.paths.values())
+
+
+def test_existing_child_is_refused(make_cgroup):
+    parent = make_cgroup()
+    parent.child("task")
+    with pytest.raises(AlreadyExists):
+        parent.child("task")
+
+
+async def test_aremove_waits_for_members_without_blocking_the_loop(make_cgroup, sleeper):
+    cgroup = make_cgroup()
+    cgroup.join(sleeper())
+    ticks = 0
+
+    async def ticker():
+        nonlocal ticks
+        while True:
+            ticks += 1
+            await asyncio.sleep(0)
+
+    running = asyncio.create_task(ticker())
+    with pytest.raises(FailedPrecondition, match="still has processes"):
+        await cgroup.aremove(timeout=0.05)
+    running.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await running
+    assert ticks > 10  # the loop kept running while aremove waited
+
+
+def test_read_only_hierarchy_is_skipped_and_recorded():
+    # Read-only like v1 inside systemd-nspawn: a read-only bind remount in a private mount
+    # namespace of a forked child, so the machine's own cgroup mounts are untouched.
+    read_fd, write_fd = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            linux.unshare(linux.CLONE_NEWNS)
+            linux.mount(None, "/", None, linux.MS_PRIVATE | linux.MS_REC)
+            pids_mount = next(h.mountpoint for h in discover_hierarchies() if h.key == "pids")
+            linux.mount(None, pids_mount, None, linux.MS_REMOUNT | linux.MS_BIND | linux.MS_RDONLY)
+            os.write(write_fd, json.dumps(SandboxCgroup.create(_unique("sb"), _unique("parent")).to_dict()).encode())
+        finally:
+            os._exit(0)
+    os.close(write_fd)
+    try:
+        record = json.loads(os.read(read_fd, 65536))
+    finally:
+        os.close(read_fd)
+        os.waitpid(pid, 0)
+    cgroup = SandboxCgroup.from_dict(record)
+    cgroup.remove()  # here the hierarchy is writable: the test process cleans up
+    assert "pids" not in cgroup.paths and "Read-only" in cgroup.skipped["pids"]
+    assert "memory" in cgroup.paths
+
+
+def test_starting_the_attach_grace_period_moves_nothing():
+    # A no-op self-migration: the caller stays in every cgroup it was in.
+    with open("/proc/self/cgroup") as f:
+        before = f.read()
+    assert cgroups.start_attach_grace_period() is True
+    with open("/proc/self/cgroup") as f:
+        assert f.read() == before

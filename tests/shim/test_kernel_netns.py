@@ -1,0 +1,167 @@
+"""shim.kernel.netns on the real kernel: only namespaces these tests create are touched."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from shim.kernel import linux, netns
+from shim.rpc.status import AlreadyExists, Internal, InvalidArgument, NotFound
+
+
+@pytest.fixture
+def netns_path():
+    """A fresh path under /var/run/netns; whatever is made there is removed afterwards."""
+    path = netns.new_netns_path(f"podshim-test-{os.getpid()}")
+    yield path
+    netns.remove_netns(path)
+
+
+def _mount_points(mountinfo: str = "/proc/self/mountinfo") -> set[str]:
+    with open(mountinfo) as f:
+        return {line.split()[4] for line in f}
+
+
+def test_new_netns_path_is_unique_and_under_the_default_dir():
+    first, second = netns.new_netns_path("p"), netns.new_netns_path("p")
+    assert first != second
+    assert os.path.dirname(first) == netns.default_netns_dir() == "/var/run/netns"
+    assert len(os.path.basename(first)) == len("p-") + 16
+
+
+@pytest.mark.parametrize("prefix", ["", "a/b", "a\0b"])
+def test_bad_name_prefix_is_refused(prefix):
+    with pytest.raises(InvalidArgument):
+        netns.new_netns_path(prefix)
+
+
+def test_create_pins_a_new_netns_on_the_path(netns_path):
+    assert netns.create_netns(netns_path) == netns_path
+    assert linux.ns_inode(netns_path) != linux.ns_inode("/proc/self/ns/net")
+    assert os.path.realpath(netns_path) in _mount_points()
+
+
+def test_calling_thread_returns_to_its_own_netns(netns_path):
+    before = linux.ns_inode("/proc/thread-self/ns/net")
+    netns.create_netns(netns_path)
+    assert linux.ns_inode("/proc/thread-self/ns/net") == before
+
+
+def test_loopback_is_up_in_the_new_netns(netns_path):
+    netns.create_netns(netns_path)
+    out = subprocess.run(
+        ["nsenter", f"--net={netns_path}", "ip", "-o", "link", "show", "lo"],
+        check=True, capture_output=True, text=True,
+    ).stdout
+    assert ",UP," in out
+
+
+def test_netns_dir_is_a_shared_mount(netns_path):
+    netns.create_netns(netns_path)
+    with open("/proc/self/mountinfo") as f:
+        lines = [line.split() for line in f if line.split()[4] == os.path.realpath(netns.default_netns_dir())]
+    assert lines and any(field.startswith("shared:") for field in lines[-1][6:])
+
+
+def test_existing_path_is_refused_and_left_intact(netns_path):
+    netns.create_netns(netns_path)
+    inode = linux.ns_inode(netns_path)
+    with pytest.raises(AlreadyExists):
+        netns.create_netns(netns_path)
+    assert linux.ns_inode(netns_path) == inode
+
+
+def test_relative_path_is_refused():
+    with pytest.raises(InvalidArgument):
+        netns.create_netns("podshim-relative")
+
+
+def test_failure_after_mount_leaves_no_file_and_no_mount(netns_path, monkeypatch):
+    def fail() -> None:
+        raise OSError(1, "Operation not permitted")
+
+    before = linux.ns_inode("/proc/thread-self/ns/net")
+    monkeypatch.setattr(netns, "_set_loopback_up", fail)
+    with pytest.raises(Internal, match="Operation not permitted"):
+        netns.create_netns(netns_path)
+    assert not os.path.exists(netns_path)
+    assert os.path.realpath(netns_path) not in _mount_points()
+    assert linux.ns_inode("/proc/thread-self/ns/net") == before
+
+
+def test_netns_removed_leaves_no_mount(netns_path):
+    netns.create_netns(netns_path)
+    netns.remove_netns(netns_path)
+    assert not os.path.exists(netns_path)
+    assert os.path.realpath(netns_path) not in _mount_points()
+
+
+def test_remove_is_idempotent(netns_path):
+    netns.create_netns(netns_path)
+    netns.remove_netns(netns_path)
+    netns.remove_netns(netns_path)
+    netns.remove_netns(netns.new_netns_path("podshim-never-made"))
+
+
+def test_remove_refuses_a_file_that_is_not_a_netns(tmp_path):
+    other = tmp_path / "data"
+    other.write_text("keep me")
+    with pytest.raises(InvalidArgument):
+        netns.remove_netns(str(other))
+    assert other.read_text() == "keep me"
+
+
+def test_open_netns_gives_a_setns_able_fd(netns_path):
+    netns.create_netns(netns_path)
+    fd = netns.open_netns(netns_path)
+    try:
+        assert linux.ns_type(fd) == linux.CLONE_NEWNET
+        assert os.fstat(fd).st_ino == linux.ns_inode(netns_path)
+    finally:
+        os.close(fd)
+
+
+def test_open_netns_of_a_missing_or_unmounted_file_is_not_found(netns_path, tmp_path):
+    with pytest.raises(NotFound):
+        netns.open_netns(netns_path)
+    plain = tmp_path / "empty"
+    plain.touch()
+    with pytest.raises(NotFound):
+        netns.open_netns(str(plain))
+
+
+def test_describe_lists_loopback_with_its_addresses(netns_path):
+    netns.create_netns(netns_path)
+    (lo,) = netns.describe_netns(netns_path)
+    assert lo["name"] == "lo"
+    assert lo["state"] == "UNKNOWN"  # loopback's operstate when up
+    assert "127.0.0.1/8" in lo["addresses"]
+
+
+def test_describe_of_a_missing_netns_is_not_found(netns_path):
+    with pytest.raises(NotFound):
+        netns.describe_netns(netns_path)
+
+
+def test_create_does_not_import_pyroute2():
+    script = textwrap.dedent(
+        """
+        import os, sys
+        from shim.kernel import netns
+        path = netns.new_netns_path(f"podshim-test-{os.getpid()}")
+        try:
+            netns.create_netns(path)
+        finally:
+            netns.remove_netns(path)
+        print(any(name.startswith("pyroute2") for name in sys.modules))
+        """
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script], check=True, capture_output=True, text=True,
+        cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+    ).stdout
+    assert out.strip() == "False"

@@ -1,0 +1,407 @@
+"""OCI runtime backends: config.json as containerd's sandbox spec, and pods run by runc and crun.
+
+The spec tests are pure. The pod tests run for real, once per runtime handler; a runtime is
+skipped only when its binary is not installed (.ci/install installs both).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from shim.runtime import oci, pause, process
+from shim.kernel.reaper import Reaper
+from shim.rpc.status import AlreadyExists, DeadlineExceeded, FailedPrecondition, Internal, InvalidArgument, NotFound
+from podtools import alive, container_config, pod_config, wait_gone
+from podtools import ns_inode, pod_service
+
+HANDLERS = ["native", "runc", "crun"]
+SETTLE = 10.0  # a bound for waiting on the machine, never a readiness sleep
+NETNS = "/var/run/netns/podshim-test"
+
+
+def runtime_binary(handler: str) -> str | None:
+    return shutil.which(handler, path=os.pathsep.join([os.environ.get("PATH", ""), process.DEFAULT_PATH]))
+
+
+def installed(handler: str) -> str:
+    """``handler``, or a skip saying that its binary is not installed (the only reason to skip)."""
+    if handler != "native" and runtime_binary(handler) is None:
+        pytest.skip(f"{handler} is not installed (no {handler} binary in PATH or {process.DEFAULT_PATH})")
+    return handler
+
+
+@pytest.fixture(params=HANDLERS)
+def handler(request) -> str:
+    """Each runtime handler."""
+    return installed(request.param)
+
+
+@pytest.fixture(params=["runc", "crun"])
+def oci_handler(request) -> str:
+    """Each OCI runtime handler."""
+    return installed(request.param)
+
+
+def by_type(namespaces: list[dict]) -> dict[str, str | None]:
+    return {ns["type"]: ns.get("path") for ns in namespaces}
+
+
+def mount_at(spec: dict, destination: str) -> dict | None:
+    return next((m for m in spec["mounts"] if m["destination"] == destination), None)
+
+
+# -- the pause container's spec ----------------------------------------------------------------------
+
+
+def test_sandbox_spec_runs_catatonit_pause_mode_on_a_read_only_root():
+    spec = oci.sandbox_spec(sandbox_id="sb", rootfs="/run/podshim/pause-rootfs", netns_path=NETNS)
+    assert spec["root"] == {"path": "/run/podshim/pause-rootfs", "readonly": True}
+    proc = spec["process"]
+    assert proc["args"] == ["/pause", "-P"] and proc["cwd"] == "/" and proc["terminal"] is False
+    assert proc["user"] == {"uid": 0, "gid": 0} and proc["noNewPrivileges"] is True
+    assert proc["env"] == [f"PATH={process.DEFAULT_PATH}"]
+    assert proc["oomScoreAdj"] == -998
+
+
+def test_pod_modes_give_new_pid_ipc_uts_mount_namespaces_and_join_the_netns():
+    spec = oci.sandbox_spec(sandbox_id="sb", rootfs="/r", netns_path=NETNS, hostname="web")
+    assert by_type(spec["linux"]["namespaces"]) == {"pid": None, "ipc": None, "uts": None, "mount": None,
+                                                    "network": NETNS}
+    assert spec["hostname"] == "web"
+
+
+def test_host_network_drops_the_network_and_uts_namespaces_and_the_hostname():
+    spec = oci.sandbox_spec(sandbox_id="sb", rootfs="/r", netns_path=None, hostname="web")
+    assert set(by_type(spec["linux"]["namespaces"])) == {"pid", "ipc", "mount"}
+    assert "hostname" not in spec
+
+
+@pytest.mark.parametrize("pid_mode, ipc_mode, dropped", [("NODE", "POD", "pid"), ("POD", "NODE", "ipc")])
+def test_node_pid_or_ipc_mode_drops_that_namespace(pid_mode, ipc_mode, dropped):
+    spec = oci.sandbox_spec(sandbox_id="sb", rootfs="/r", netns_path=NETNS, pid_mode=pid_mode, ipc_mode=ipc_mode)
+    kinds = set(by_type(spec["linux"]["namespaces"]))
+    assert dropped not in kinds and kinds == {"pid", "ipc", "uts", "mount", "network"} - {dropped}
+
+
+def test_dev_shm_is_a_64_mib_tmpfs_only_with_an_own_ipc_namespace():
+    own = mount_at(oci.sandbox_spec(sandbox_id="sb", rootfs="/r", netns_path=NETNS), "/dev/shm")
+    assert own["type"] == "tmpfs"
+    assert {"mode=1777", f"size={64 << 20}", "nosuid", "nodev", "noexec"} <= set(own["options"])
+    host = mount_at(oci.sandbox_spec(sandbox_id="sb", rootfs="/r", netns_path=NETNS, ipc_mode="NODE"), "/dev/shm")
+    assert host["type"] == "bind" and host["source"] == "/dev/shm"  # the host's, as containerd does
+
+
+def test_standard_mounts_and_runcs_masked_and_read_only_paths():
+    spec = oci.sandbox_spec(sandbox_id="sb", rootfs="/r", netns_path=NETNS)
+    assert mount_at(spec, "/proc")["type"] == "proc"
+    assert mount_at(spec, "/dev")["type"] == "tmpfs"
+    assert mount_at(spec, "/dev/pts")["type"] == "devpts"
+    assert mount_at(spec, "/sys")["type"] == "sysfs" and "ro" in mount_at(spec, "/sys")["options"]
+    assert "/proc/kcore" in spec["linux"]["maskedPaths"] and "/sys/firmware" in spec["linux"]["maskedPaths"]
+    assert spec["linux"]["readonlyPaths"] == ["/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger"]
+
+
+def test_sysctls_and_cgroups_path_are_passed():
+    spec = oci.sandbox_spec(sandbox_id="sb", rootfs="/r", netns_path=NETNS, cgroups_path="podshim/sb",
+                            sysctls={"net.ipv4.ip_unprivileged_port_start": "0", "kernel.shmmax": "65536"})
+    assert spec["linux"]["sysctl"] == {"net.ipv4.ip_unprivileged_port_start": "0", "kernel.shmmax": "65536"}
+    assert spec["linux"]["cgroupsPath"] == "podshim/sb"
+
+
+@pytest.mark.parametrize("sysctls, kwargs", [
+    ({"kernel.pid_max": "4096"}, {"netns_path": NETNS}),            # not namespaced
+    ({"net.ipv4.ip_forward": "1"}, {"netns_path": None}),           # host network
+    ({"kernel.shmmax": "65536"}, {"netns_path": NETNS, "ipc_mode": "NODE"}),  # host IPC
+])
+def test_sysctls_that_would_change_the_host_are_refused(sysctls, kwargs):
+    with pytest.raises(InvalidArgument, match="sysctl"):
+        oci.sandbox_spec(sandbox_id="sb", rootfs="/r", sysctls=sysctls, **kwargs)
+
+
+def test_oom_score_adj_none_leaves_it_to_the_runtime():
+    spec = oci.sandbox_spec(sandbox_id="sb", rootfs="/r", netns_path=NETNS, oom_score_adj=None)
+    assert "oomScoreAdj" not in spec["process"]
+
+
+def test_lowering_oom_score_adj_is_permitted_only_with_cap_sys_resource(tmp_path):
+    status = tmp_path / "status"
+    status.write_text("Name:\tx\nCapEff:\t000001fffeffffff\n")  # this machine: every capability but 24
+    assert not oci.oom_score_adj_permitted(-998, str(status))
+    status.write_text("Name:\tx\nCapEff:\t000001ffffffffff\n")
+    assert oci.oom_score_adj_permitted(-998, str(status))
+    with open("/proc/self/oom_score_adj") as f:
+        own = int(f.read())
+    assert oci.oom_score_adj_permitted(own, "/nonexistent")  # not lowering needs nothing
+
+
+def test_task_spec_joins_the_pause_namespaces_by_path():
+    spec = oci.task_spec(sandbox_id="sb", args=["sh", "-c", "true"], env={"PATH": "/bin"}, cwd="/", rootfs="/b/rootfs",
+                         pause_pid=42, pid_mode="CONTAINER", own_ipc=True, cgroups_path="podshim/sb/t")
+    assert by_type(spec["linux"]["namespaces"]) == {"mount": None, "network": "/proc/42/ns/net",
+                                                    "ipc": "/proc/42/ns/ipc", "uts": "/proc/42/ns/uts", "pid": None}
+    assert spec["root"] == {"path": "/b/rootfs", "readonly": True} and "hostname" not in spec
+    assert spec["process"]["args"] == ["sh", "-c", "true"] and spec["process"]["env"] == ["PATH=/bin"]
+    pod = oci.task_spec(sandbox_id="sb", args=["true"], env={}, cwd="/", rootfs="/b/rootfs", pause_pid=42,
+                        pid_mode="POD", own_ipc=True)
+    assert by_type(pod["linux"]["namespaces"])["pid"] == "/proc/42/ns/pid"
+
+
+# -- the pause rootfs ----------------------------------------------------------------------------------
+
+
+def test_pause_rootfs_is_built_once_with_the_static_catatonit(tmp_path):
+    if not os.access(pause.CATATONIT, os.X_OK):
+        pytest.skip("catatonit is not installed")
+    root = str(tmp_path / "run")
+    rootfs = oci.ensure_pause_rootfs(root)
+    assert rootfs == os.path.join(root, oci.PAUSE_ROOTFS_DIR)
+    assert sorted(os.listdir(rootfs)) == ["dev", "pause", "proc", "sys"]
+    with open(os.path.join(rootfs, "pause"), "rb") as a, open(pause.CATATONIT, "rb") as b:
+        assert a.read() == b.read()
+    inode = os.stat(rootfs).st_ino
+    assert oci.ensure_pause_rootfs(root) == rootfs and os.stat(rootfs).st_ino == inode
+    assert os.listdir(root) == [oci.PAUSE_ROOTFS_DIR]  # no temporary directory left
+
+
+def test_pause_rootfs_refuses_a_missing_or_dynamically_linked_pause(tmp_path):
+    with pytest.raises(FailedPrecondition, match="catatonit"):
+        oci.ensure_pause_rootfs(str(tmp_path / "a"), source=str(tmp_path / "no-such"))
+    with pytest.raises(FailedPrecondition, match="dynamically linked"):
+        oci.ensure_pause_rootfs(str(tmp_path / "b"), source=os.path.realpath(shutil.which("sh")))
+    assert not os.path.exists(tmp_path / "b" / oci.PAUSE_ROOTFS_DIR)
+
+
+# -- a runtime on its own -------------------------------------------------------------------------------
+
+
+async def test_runtime_create_start_state_kill_delete(oci_handler, reaper: Reaper, tmp_path):
+    handler = oci_handler
+    runtime_root = f"/tmp/podshim-oci-{secrets.token_hex(4)}"
+    runtime = oci.OciRuntime.find(handler, os.path.join(runtime_root, handler), reaper=reaper)
+    bundle = str(tmp_path / "bundle")
+    os.makedirs(bundle)
+    container = oci.Container(f"t-{secrets.token_hex(4)}", bundle)
+    spec = oci.sandbox_spec(sandbox_id=container.container_id, rootfs=oci.ensure_pause_rootfs(runtime_root),
+                            netns_path=None, oom_score_adj=None)
+    with open(os.path.join(bundle, "config.json"), "w") as f:
+        json.dump(spec, f)
+    try:
+        pid = await runtime.create(container)
+        exit_future = reaper.watch(pid)
+        assert (await runtime.state(container))["status"] == "created"
+        await runtime.start(container)
+        await pause.wait_ready(pid, exit_future, oci.PAUSE_NAME)
+        assert (await runtime.state(container))["status"] == "running"
+        await runtime.kill(container, signal.SIGKILL)
+        assert (await asyncio.wait_for(exit_future, SETTLE)).exit_status == 128 + signal.SIGKILL
+        assert (await runtime.state(container))["status"] == "stopped"
+        await runtime.delete(container)
+        with pytest.raises(NotFound, match=f"{handler} state {container.container_id} failed: .*"):
+            await runtime.state(container)
+        await runtime.delete(container, force=True)  # a container the runtime does not know: fine
+    finally:
+        runtime.delete_now(container)
+        shutil.rmtree(runtime_root, ignore_errors=True)
+
+
+def fake_runtime(tmp_path, body: str) -> oci.OciRuntime:
+    """A "runc" that is a shell script: ``$log`` is the --log file it was given."""
+    script = tmp_path / "runc"
+    script.write_text('#!/bin/sh\nwhile [ $# -gt 0 ]; do [ "$1" = --log ] && log=$2; shift; done\n' + body + "\n")
+    script.chmod(0o755)
+    return oci.OciRuntime("runc", str(script), str(tmp_path / "state"))
+
+
+@pytest.mark.parametrize("verb, logged, error", [
+    ("start", 'container \\"x\\" does not exist', NotFound),
+    ("start", "container with id exists: x already exists", AlreadyExists),
+    ("start", "unable to apply cgroup configuration: write failed", Internal),
+    ("create", "runc create failed: unable to start container process: exec: /no/such: no such file or directory",
+     FailedPrecondition),  # the program's fault...
+    ("create", "executable file /no/such not found in PATH: No such file or directory", FailedPrecondition),
+    ("create", "nsexec[7]: failed to update /proc/self/oom_score_adj: Permission denied", Internal),  # ...or not
+])
+async def test_a_failed_call_is_a_typed_status_with_the_runtimes_words(verb, logged, error, reaper: Reaper,
+                                                                        tmp_path):
+    runtime = fake_runtime(tmp_path, f"echo '{{\"level\":\"error\",\"msg\":\"{logged}\"}}' >> \"$log\"; exit 1")
+    runtime.reaper = reaper
+    with pytest.raises(error, match=rf"runc {verb} x failed: .*{re.escape(logged.split()[-1])}"):
+        await getattr(runtime, verb)(oci.Container("x", str(tmp_path)))
+
+
+async def test_a_call_past_its_timeout_is_killed_and_deadline_exceeded(reaper: Reaper, tmp_path, monkeypatch):
+    runtime = fake_runtime(tmp_path, "echo $$ > \"$log.pid\"; exec sleep 30")
+    runtime.reaper = reaper
+    monkeypatch.setattr(oci, "START_TIMEOUT", 0.3)
+    began = time.monotonic()
+    with pytest.raises(DeadlineExceeded, match="runc start x did not finish within 0.3 s"):
+        await runtime.start(oci.Container("x", str(tmp_path)))
+    assert time.monotonic() - began < 5
+    with open(tmp_path / "log.json.pid") as f:
+        assert not alive(int(f.read()))
+
+
+# -- pods, for real, per handler -----------------------------------------------------------------------------
+
+
+def runtime_containers(handler: str, runtime_root: str) -> list[str]:
+    """Container ids in the runtime's state directory for the pod namespace (`<runtime> list -q`)."""
+    root = os.path.join(runtime_root, handler, "k8s.io")
+    if handler == "native" or not os.path.isdir(root):
+        return []
+    out = subprocess.run([runtime_binary(handler), "--root", root, "list", "-q"], capture_output=True, text=True,
+                         timeout=30, check=True).stdout
+    return out.split()
+
+
+@pytest.fixture
+def roots(tmp_path):
+    runtime_root = f"/tmp/podshim-oci-{secrets.token_hex(4)}"
+    yield str(tmp_path / "root"), runtime_root
+    # Whatever a failed test left in the runtime's state goes, then the roots (no mounts live there).
+    for handler in ("runc", "crun"):
+        if runtime_binary(handler):
+            for container_id in runtime_containers(handler, runtime_root):
+                subprocess.run([runtime_binary(handler), "--root", os.path.join(runtime_root, handler, "k8s.io"),
+                                "delete", "--force", container_id], capture_output=True, timeout=30)
+    shutil.rmtree(runtime_root, ignore_errors=True)
+
+
+def nspid(pid: int) -> list[int]:
+    with open(f"/proc/{pid}/status") as f:
+        return [int(n) for line in f if line.startswith("NSpid:") for n in line.split()[1:]]
+
+
+async def wait_exited(pods, container_id: str) -> dict:
+    deadline = time.monotonic() + SETTLE
+    while (status := await pods.container_status(container_id))["state"] != "CONTAINER_EXITED":
+        assert time.monotonic() < deadline, status
+        await asyncio.sleep(0.02)
+    return status
+
+
+async def test_pod_lifecycle_through_the_runtime_leaves_nothing(handler, roots):
+    _, runtime_root = roots
+    async with pod_service(roots) as pods:
+        pod_id = await pods.run_pod_sandbox(pod_config(), runtime_handler=handler)
+        status = await pods.pod_sandbox_status(pod_id, verbose=True)
+        assert status["state"] == "SANDBOX_READY" and status["runtime_handler"] == handler
+        info = status["info"]
+        shim_info = info["shim"]
+        assert shim_info["runtime_handler"] == handler
+        pause_pid = info["pid"]
+        assert nspid(pause_pid)[-1] == 1  # PID 1 of its own pid namespace
+        assert ns_inode(pause_pid, "net") == os.stat(info["netns_path"]).st_ino
+        cgroup_dirs = [v for k, v in shim_info.items() if k.startswith("cgroup.")]
+        for directory in cgroup_dirs:  # the directories metrics, kill and cleanup use hold the pause
+            with open(os.path.join(directory, "cgroup.procs")) as f:
+                assert str(pause_pid) in f.read().split(), directory
+        if handler != "native":
+            assert runtime_containers(handler, runtime_root) == [pod_id]
+            assert shim_info["oci.runtime"] == handler and shim_info["pause_binary"].endswith("/pause")
+
+        # The container prints what it shares; it has exited by the time the test reads it.
+        cid = await pods.create_container(pod_id, container_config(
+            ["sh", "-c", "hostname; readlink /proc/self/ns/net /proc/self/ns/ipc /proc/self/ns/uts /proc/self/ns/pid;"
+             " exit 3"]))
+        await pods.start_container(cid)
+        exited = await wait_exited(pods, cid)
+        assert exited["exit_code"] == 3
+        with open(pods.container_log_path(cid)) as f:
+            records = [line.rstrip("\n").split(" ", 3) for line in f]
+        assert all(r[0].endswith("Z") and r[1] == "stdout" and r[2] == "F" for r in records), records
+        lines = [r[3] for r in records]
+        assert lines[0] == "podshim-demo"  # the pod's hostname: the pause's UTS namespace
+        for line, kind in zip(lines[1:4], ("net", "ipc", "uts")):
+            assert line == f"{kind}:[{ns_inode(pause_pid, kind)}]", (kind, lines)
+        assert lines[4] != f"pid:[{ns_inode(pause_pid, 'pid')}]"  # CONTAINER pid mode: a pid ns of its own
+
+        shim_pid = int(shim_info["shim_pid"])
+        await pods.stop_pod_sandbox(pod_id)
+        assert (await pods.pod_sandbox_status(pod_id))["state"] == "SANDBOX_NOTREADY"
+        assert not wait_gone(pause_pid, timeout=SETTLE)
+        await pods.remove_pod_sandbox(pod_id)
+        assert not wait_gone(shim_pid, timeout=SETTLE)
+        assert not os.path.exists(info["netns_path"])
+        assert cgroup_dirs and not [d for d in cgroup_dirs if os.path.exists(d)]
+        assert runtime_containers(handler, runtime_root) == []
+        state_dir = os.path.join(runtime_root, handler, "k8s.io")
+        assert not os.path.isdir(state_dir) or os.listdir(state_dir) == []
+
+
+async def test_a_container_in_pod_pid_mode_shares_the_pause_pid_namespace(handler, roots):
+    async with pod_service(roots) as pods:
+        pod_id = await pods.run_pod_sandbox(pod_config(), runtime_handler=handler)
+        pause_pid = (await pods.pod_sandbox_status(pod_id, verbose=True))["info"]["pid"]
+        cid = await pods.create_container(pod_id, container_config(["sleep", "30"], pid=0))
+        await pods.start_container(cid)
+        pid = (await pods.container_status(cid, verbose=True))["info"]["pid"]
+        assert ns_inode(pid, "pid") == ns_inode(pause_pid, "pid")
+        await pods.stop_container(cid, timeout=0)
+        assert (await pods.container_status(cid))["exit_code"] == 128 + signal.SIGKILL
+
+
+async def test_a_host_network_pod_keeps_the_host_network_and_uts_namespaces(handler, roots):
+    async with pod_service(roots) as pods:
+        cfg = pod_config(network=2)
+        cfg["linux"]["sysctls"] = {}
+        pod_id = await pods.run_pod_sandbox(cfg, runtime_handler=handler)
+        pause_pid = (await pods.pod_sandbox_status(pod_id, verbose=True))["info"]["pid"]
+        for kind in ("net", "uts"):
+            assert ns_inode(pause_pid, kind) == ns_inode(os.getpid(), kind), kind
+        assert ns_inode(pause_pid, "ipc") != ns_inode(os.getpid(), "ipc")
+
+
+async def test_a_program_that_cannot_run_fails_start_with_the_runtimes_words(oci_handler, roots):
+    handler, runtime_root = oci_handler, roots[1]
+    async with pod_service(roots) as pods:
+        pod_id = await pods.run_pod_sandbox(pod_config(), runtime_handler=handler)
+        cid = await pods.create_container(pod_id, container_config(["/no/such/program"]))
+        with pytest.raises(FailedPrecondition, match=f"{handler} create .*/no/such/program"):
+            await pods.start_container(cid)
+        assert runtime_containers(handler, runtime_root) == [pod_id]  # the task's container is gone
+
+
+async def test_podshim_delete_after_the_shim_was_killed_deletes_the_runtime_containers(oci_handler, roots):
+    handler, runtime_root = oci_handler, roots[1]
+    async with pod_service(roots) as pods:
+        pod_id = await pods.run_pod_sandbox(pod_config(), runtime_handler=oci_handler)
+        cid = await pods.create_container(pod_id, container_config(["sleep", "60"]))
+        await pods.start_container(cid)
+        task_pid = (await pods.container_status(cid, verbose=True))["info"]["pid"]
+        info = (await pods.pod_sandbox_status(pod_id, verbose=True))["info"]
+        shim_info = info["shim"]
+        cgroup_dirs = [v for k, v in shim_info.items() if k.startswith("cgroup.")]
+        assert sorted(runtime_containers(handler, runtime_root)) == [pod_id, f"{pod_id}+{cid}"]
+        os.kill(int(shim_info["shim_pid"]), signal.SIGKILL)
+        assert not wait_gone(int(shim_info["shim_pid"]), timeout=SETTLE)
+        assert alive(info["pid"]) and alive(task_pid)  # the pause and the task outlive their shim
+
+        done = subprocess.run([sys.executable, "-m", "shim", "delete", "--namespace", "k8s.io", "--id", pod_id,
+                               "--bundle", shim_info["bundle"], "--runtime-root", runtime_root],
+                              capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        assert json.loads(done.stdout)["exit_status"] == 128 + signal.SIGKILL
+        assert runtime_containers(handler, runtime_root) == []
+        assert not wait_gone(info["pid"], task_pid, timeout=SETTLE)
+        assert not os.path.exists(info["netns_path"])
+        assert not [d for d in cgroup_dirs if os.path.exists(d)]
+        await pods.remove_pod_sandbox(pod_id)  # the pod layer still forgets it cleanly
+
+
+async def test_an_unknown_runtime_handler_is_refused(roots):
+    async with pod_service(roots) as pods:
+        with pytest.raises(InvalidArgument, match="runtime handler"):
+            await pods.run_pod_sandbox(pod_config(), runtime_handler="kata")
+        assert pods.store.list() == []

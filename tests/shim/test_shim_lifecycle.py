@@ -1,0 +1,286 @@
+"""A sandbox's life through a real shim: every method in every state, the kernel objects it makes
+(checked by inode and path), stopping, waiting, events and shutdown."""
+
+from __future__ import annotations
+
+import os
+import platform
+import subprocess
+import time
+
+import pytest
+
+from shim.kernel import netns
+from shim.rpc import NotFound
+from shim.rpc.api import SANDBOX_METHODS
+from shimtools import host_untouched, shim, shims  # noqa: F401  (fixtures)
+from shimtools import WAIT, EventStream, ProcessRef, mounts_naming, ns_inode
+
+# Each test runs twice: shims exec'd by `podshim start`, and forked by the session's template.
+pytestmark = pytest.mark.usefixtures("spawn_mode")
+
+
+NAMESPACES = ("net", "pid", "ipc", "uts", "mnt")
+
+
+def _node_mode(kind: str) -> dict:
+    """CreateSandbox options that put the sandbox in the host's namespace of ``kind``."""
+    return {"linux": {"security_context": {"namespace_options": {kind: 2}}}}
+
+
+def _nsenter(pid: int, flag: str, *argv: str) -> str:
+    return subprocess.run(["nsenter", "-t", str(pid), flag, *argv], capture_output=True, text=True,
+                          check=True, timeout=WAIT).stdout.strip()
+
+
+def _nspid(pid: int) -> list[int]:
+    with open(f"/proc/{pid}/status") as f:
+        return [int(n) for line in f if line.startswith("NSpid:") for n in line.split()[1:]]
+
+
+@pytest.fixture
+def given_netns():
+    """A network namespace the test makes itself (as a CNI-managing caller would); removed after."""
+    path = netns.create_netns(netns.new_netns_path("podshim-it"))
+    yield path
+    netns.remove_netns(path)
+
+
+# -- every method in every state ---------------------------------------------------------------
+
+
+async def test_ping_answers_before_create(shim):
+    assert await shim.call("PingSandbox") == {}
+
+
+@pytest.mark.parametrize("method", sorted(set(SANDBOX_METHODS) - {"PingSandbox", "CreateSandbox", "ShutdownSandbox"}))
+async def test_method_before_create_is_not_found(shim, method):
+    with pytest.raises(NotFound):
+        await shim.call(method)
+    assert await shim.call("PingSandbox") == {}
+
+
+async def test_status_of_a_created_sandbox(shim):
+    await shim.call("CreateSandbox")
+    status = await shim.call("SandboxStatus")
+    assert status["sandbox_id"] == shim.sandbox_id
+    assert (status["state"], status["pid"], status["exited_at"], status["exit_status"]) == ("created", 0, 0, 0)
+    assert status["created_at"] > 0
+
+
+async def test_start_returns_the_pause_pid_and_creation_time(shim):
+    await shim.call("CreateSandbox")
+    before = time.time_ns()
+    started = await shim.call("StartSandbox")
+    assert before <= started["created_at"] <= time.time_ns()
+    status = await shim.call("SandboxStatus")
+    assert (status["state"], status["pid"], status["created_at"]) == ("running", started["pid"], started["created_at"])
+    with open(f"/proc/{started['pid']}/stat") as f:
+        assert f.read().split()[3] == str(shim.pid)  # the shim, a subreaper, is its parent
+
+
+async def test_status_of_a_stopped_sandbox(shim):
+    await shim.run_sandbox()
+    await shim.call("StopSandbox", timeout_secs=0)
+    status = await shim.call("SandboxStatus")
+    assert (status["state"], status["exit_status"]) == ("stopped", 137)
+    assert status["exited_at"] >= status["created_at"] > 0
+
+
+async def test_verbose_status_names_the_sandbox_resources(shim):
+    pid = await shim.run_sandbox()
+    info = await shim.info()
+    assert info["bundle"] == shim.bundle and info["socket"] == shim.socket_path
+    assert info["shim_pid"] == str(shim.pid) and info["pause_binary"] == "/usr/bin/catatonit"
+    assert info["netns_path"].startswith("/var/run/netns/podshim-")
+    assert any(key.startswith("cgroup.") for key in info)
+    for ns in NAMESPACES:
+        assert info[f"ns.{ns}.path"] == f"/proc/{pid}/ns/{ns}"
+        assert info[f"ns.{ns}.inode"] == str(ns_inode(pid, ns))
+
+
+async def test_pause_runs_in_every_cgroup_the_status_names(shim):
+    pid = await shim.run_sandbox()
+    cgroups = [path for key, path in (await shim.info()).items() if key.startswith("cgroup.")]
+    for path in cgroups:
+        with open(os.path.join(path, "cgroup.procs")) as f:
+            assert str(pid) in f.read().split(), path
+
+
+async def test_metrics_of_a_running_sandbox(shim):
+    await shim.run_sandbox()
+    metrics = (await shim.call("SandboxMetrics"))["metrics"]
+    assert metrics["sandbox_id"] == shim.sandbox_id and metrics["timestamp"] > 0
+    data = metrics["data"]
+    assert data["pids_current"] == 1
+    assert data["cpu_usage_ns"] >= 0 and data["memory_usage_bytes"] >= 0
+    assert all(data[name] is None for name in data["unavailable"])
+
+
+async def test_metrics_before_start_say_what_is_unavailable(shim):
+    await shim.call("CreateSandbox")
+    data = (await shim.call("SandboxMetrics"))["metrics"]["data"]
+    assert data["unavailable"] and data["pids_current"] is None
+
+
+async def test_platform_names_this_host(shim):
+    await shim.call("CreateSandbox")
+    reply = (await shim.call("Platform"))["platform"]
+    arch = {"x86_64": "amd64", "aarch64": "arm64"}.get(platform.machine(), platform.machine())
+    assert reply["os"] == "linux" and reply["architecture"] == arch
+
+
+# -- the pause's namespaces -------------------------------------------------------------------
+
+
+async def test_pause_joins_the_sandbox_netns(shim):
+    pid = await shim.run_sandbox()
+    path = (await shim.info())["netns_path"]
+    assert ns_inode(pid, "net") == os.stat(path).st_ino != ns_inode("self", "net")
+
+
+@pytest.mark.parametrize("ns", ["pid", "ipc", "uts", "mnt"])
+async def test_pause_has_its_own_namespace(shim, ns):
+    pid = await shim.run_sandbox()
+    assert ns_inode(pid, ns) != ns_inode("self", ns)
+
+
+async def test_pause_is_pid_1_of_its_pid_namespace(shim):
+    pid = await shim.run_sandbox()
+    assert _nspid(pid) == [pid, 1]
+
+
+async def test_hostname_is_set_in_the_sandbox_uts_namespace(shim):
+    pid = await shim.run_sandbox(options={"hostname": "pod-a"})
+    assert _nsenter(pid, "-u", "hostname") == "pod-a"
+    assert platform.node() != "pod-a"
+
+
+async def test_sysctl_is_applied_in_the_sandbox_netns(shim):
+    key = "/proc/sys/net/ipv4/ip_unprivileged_port_start"
+    pid = await shim.run_sandbox(options={"linux": {"sysctls": {"net.ipv4.ip_unprivileged_port_start": "80"}}})
+    assert _nsenter(pid, "-n", "cat", key) == "80"
+    with open(key) as f:
+        assert f.read().strip() != "80"
+
+
+async def test_host_network_mode_uses_the_host_netns_and_makes_none(shim):
+    pid = await shim.run_sandbox(options=_node_mode("network"))
+    assert ns_inode(pid, "net") == ns_inode("self", "net")
+    assert (await shim.info())["netns_path"] == ""
+    assert shim.record()["netns_path"] is None
+
+
+async def test_node_pid_mode_uses_the_host_pid_namespace(shim):
+    pid = await shim.run_sandbox(options=_node_mode("pid"))
+    assert ns_inode(pid, "pid") == ns_inode("self", "pid")
+    assert _nspid(pid) == [pid]
+
+
+async def test_given_netns_path_is_used_and_kept_at_shutdown(shim, given_netns):
+    inode = os.stat(given_netns).st_ino
+    pid = await shim.run_sandbox(netns_path=given_netns)
+    assert ns_inode(pid, "net") == inode
+    await shim.call("ShutdownSandbox")
+    await shim.process.exited()
+    assert os.stat(given_netns).st_ino == inode
+    assert mounts_naming(os.path.basename(given_netns))
+
+
+# -- stop and wait ----------------------------------------------------------------------------
+
+
+async def test_stop_with_a_timeout_sends_sigterm_and_catatonit_exits_0(shim):
+    await shim.run_sandbox()
+    await shim.call("StopSandbox", timeout_secs=30, timeout=10)
+    assert (await shim.call("WaitSandbox"))["exit_status"] == 0
+
+
+async def test_stop_with_timeout_0_kills_at_once(shim):
+    await shim.run_sandbox()
+    await shim.call("StopSandbox", timeout_secs=0)
+    assert (await shim.call("WaitSandbox"))["exit_status"] == 137
+
+
+async def test_stop_of_a_never_started_sandbox_succeeds(shim):
+    await shim.call("CreateSandbox")
+    assert await shim.call("StopSandbox") == {}
+    assert (await shim.call("SandboxStatus"))["state"] == "stopped"
+    assert (await shim.call("WaitSandbox"))["exit_status"] == 0
+
+
+async def test_stop_twice_succeeds(shim):
+    pause = ProcessRef(await shim.run_sandbox())
+    try:
+        await shim.call("StopSandbox", timeout_secs=0)
+        assert await shim.call("StopSandbox", timeout_secs=0) == {}
+        assert pause.has_exited()
+    finally:
+        pause.close()
+
+
+async def test_wait_returns_at_once_after_exit(shim):
+    await shim.run_sandbox()
+    await shim.call("StopSandbox", timeout_secs=0)
+    first = await shim.call("WaitSandbox")
+    assert await shim.call("WaitSandbox", timeout=1) == first
+
+
+async def test_builtin_pause_runs_and_exits_0_on_sigterm(shim):
+    pid = await shim.run_sandbox(options={"pause_binary": "builtin"})
+    assert (await shim.info())["pause_binary"] == "builtin"
+    assert _nspid(pid) == [pid, 1]
+    await shim.call("StopSandbox", timeout_secs=30, timeout=10)
+    assert (await shim.call("WaitSandbox"))["exit_status"] == 0
+
+
+# -- events -----------------------------------------------------------------------------------
+
+
+async def test_every_step_publishes_its_event(shim):
+    events = await EventStream.open(shim, await shim.connect())
+    try:
+        await shim.call("CreateSandbox")
+        created = await events.next("/sandbox/create")
+        assert created["event"]["netns_path"].startswith("/var/run/netns/podshim-")
+        assert (created["namespace"], created["sandbox_id"]) == (shim.namespace, shim.sandbox_id)
+        assert (await events.next("/sandbox/state"))["event"] == {"state": "created"}
+        pid = (await shim.call("StartSandbox"))["pid"]
+        assert (await events.next("/sandbox/start"))["event"] == {"pid": pid}
+        assert (await events.next("/sandbox/state"))["event"] == {"state": "running"}
+        await shim.call("StopSandbox", timeout_secs=0)
+        assert (await events.next("/sandbox/exit"))["event"]["exit_status"] == 137
+        assert (await events.next("/sandbox/state"))["event"] == {"state": "stopped"}
+    finally:
+        await events.aclose()
+
+
+# -- shutdown ---------------------------------------------------------------------------------
+
+
+async def test_shutdown_removes_what_the_sandbox_made_and_the_shim_exits(shim):
+    pause = ProcessRef(await shim.run_sandbox())
+    made = await shim.footprint()
+    try:
+        assert await shim.call("ShutdownSandbox") == {}
+        await shim.process.exited()
+        assert pause.has_exited()
+    finally:
+        pause.close()
+    assert made.netns_path and made.cgroup_dirs
+    assert made.remains() == []
+
+
+async def test_shutdown_before_create_ends_the_shim(shim):
+    assert await shim.call("ShutdownSandbox") == {}
+    await shim.process.exited()
+    assert not os.path.lexists(shim.socket_path)
+
+
+async def test_shutdown_of_a_created_sandbox_removes_its_netns(shim):
+    await shim.call("CreateSandbox")
+    path = (await shim.info())["netns_path"]
+    assert os.path.exists(path)
+    await shim.call("ShutdownSandbox")
+    await shim.process.exited()
+    assert not os.path.lexists(path) and not mounts_naming(os.path.basename(path))

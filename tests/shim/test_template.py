@@ -1,0 +1,335 @@
+"""The shim template: shims forked from a preloaded process behave exactly like exec'd ones."""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from shim.paths import control_socket_path
+from shim.rpc import Client, blocking
+from shim.rpc.api import SANDBOX_SERVICE, TEMPLATE_SERVICE
+from shim.rpc.status import InvalidArgument
+
+PODSHIM = [sys.executable, "-m", "shim"]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except OSError:
+        return False
+
+
+def _wait_gone(pid: int, timeout: float = 5.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while _alive(pid):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+class Template:
+    """A `podshim template` process for one runtime root, stopped (by pid) at teardown."""
+
+    def __init__(self, runtime_root: str):
+        self.runtime_root = runtime_root
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen([*PODSHIM, "template", "--runtime-root", self.runtime_root],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        path = control_socket_path(self.runtime_root)
+        deadline = time.monotonic() + 15
+        while True:  # the template offers no readiness pipe to a plain subprocess: ask it
+            try:
+                blocking.call("unix://" + path, TEMPLATE_SERVICE, "Ping", timeout=1)
+                return
+            except Exception:
+                if self.proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"template did not start: {self.proc.stderr.read().decode()}")
+                time.sleep(0.02)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            self.proc.wait(10)
+        if self.proc is not None:
+            self.proc.stderr.close()
+
+
+@pytest.fixture
+def roots(tmp_path):
+    runtime_root = f"/tmp/podshim-tpl-{secrets.token_hex(4)}"
+    started: list[tuple[str, str]] = []  # (sandbox id, bundle)
+    yield runtime_root, tmp_path, started
+    for sandbox_id, bundle in started:
+        subprocess.run([*PODSHIM, "delete", "--namespace", "tpl", "--id", sandbox_id, "--bundle", bundle,
+                        "--runtime-root", runtime_root], capture_output=True, timeout=30)
+    subprocess.run(["rm", "-rf", runtime_root])
+
+
+@pytest.fixture
+def template(roots):
+    t = Template(roots[0])
+    t.start()
+    yield t
+    t.stop()
+
+
+def start_shim(roots, sandbox_id: str, *extra: str) -> dict:
+    runtime_root, tmp_path, started = roots
+    bundle = str(tmp_path / sandbox_id)
+    started.append((sandbox_id, bundle))
+    out = subprocess.run([*PODSHIM, "start", "--namespace", "tpl", "--id", sandbox_id, "--bundle", bundle,
+                          "--runtime-root", runtime_root, *extra], capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+def test_template_spawned_shim_has_the_same_bootstrap_as_exec(roots, template):
+    via_template = start_shim(roots, "a1")
+    via_exec = start_shim(roots, "a2", "--no-template")
+    assert set(via_template) == set(via_exec) == {"version", "address", "protocol", "pid"}
+    assert via_template["version"] == via_exec["version"]
+    assert via_template["protocol"] == via_exec["protocol"]
+    with open(os.path.join(roots[1], "a1", "bootstrap.json")) as f:
+        assert json.load(f) == via_template
+
+
+def test_template_is_not_the_parent_of_its_shims(roots, template):
+    result = start_shim(roots, "b1")
+    with open(f"/proc/{result['pid']}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    ppid, pgrp, session = int(fields[1]), int(fields[2]), int(fields[3])
+    assert ppid != template.proc.pid
+    assert session == result["pid"] == pgrp  # its own session and process group
+
+
+async def test_shim_survives_the_template_and_serves_a_sandbox(roots, template):
+    result = start_shim(roots, "c1")
+    template.stop()
+    assert _alive(result["pid"])
+    client = await Client.connect(result["address"], namespace="tpl")
+    try:
+        await client.call(SANDBOX_SERVICE, "CreateSandbox", {"sandbox_id": "c1"})
+        started = await client.call(SANDBOX_SERVICE, "StartSandbox", {"sandbox_id": "c1"})
+        assert started["pid"] > 0
+        await client.call(SANDBOX_SERVICE, "ShutdownSandbox", {"sandbox_id": "c1"})
+        await client.wait_closed()
+    finally:
+        await client.aclose()
+    assert _wait_gone(result["pid"])
+
+
+def test_template_forked_shim_keeps_only_its_own_fds(roots, template):
+    result = start_shim(roots, "d1")
+    fds = os.listdir(f"/proc/{result['pid']}/fd")
+    targets = sorted(os.readlink(f"/proc/{result['pid']}/fd/{fd}") for fd in fds)
+    # stdio, the listener, the event loop's own descriptors: never the template's control socket
+    control_inode = os.stat(control_socket_path(roots[0])).st_ino
+    assert not any(str(control_inode) in t for t in targets)
+    assert len(fds) < 16, targets
+
+
+def test_shims_forked_from_one_template_have_different_random_state(roots, template):
+    a = start_shim(roots, "e1")
+    b = start_shim(roots, "e2")
+    # Each shim makes a netns with a random name: the names must differ, and they come from the
+    # random state each child reseeded after the fork.
+    names = []
+    import asyncio
+
+    async def create(address, sid):
+        client = await Client.connect(address, namespace="tpl")
+        try:
+            await client.call(SANDBOX_SERVICE, "CreateSandbox", {"sandbox_id": sid})
+            status = await client.call(SANDBOX_SERVICE, "SandboxStatus", {"sandbox_id": sid, "verbose": True})
+            names.append(status["info"]["netns_path"])
+            await client.call(SANDBOX_SERVICE, "ShutdownSandbox", {"sandbox_id": sid})
+        finally:
+            await client.aclose()
+
+    async def both():
+        await create(a["address"], "e1")
+        await create(b["address"], "e2")
+
+    asyncio.run(both())
+    assert len(set(names)) == 2
+
+
+def test_start_falls_back_to_exec_when_no_template_answers(roots):
+    runtime_root = roots[0]
+    os.makedirs(runtime_root, mode=0o700, exist_ok=True)
+    # A stale control socket file (a template that died) must not stall start.
+    import socket as socketlib
+    s = socketlib.socket(socketlib.AF_UNIX)
+    s.bind(control_socket_path(runtime_root))
+    s.close()
+    began = time.monotonic()
+    result = start_shim(roots, "f1")
+    assert time.monotonic() - began < 10
+    assert _alive(result["pid"])
+
+
+def test_template_refuses_a_bad_identifier(roots, template):
+    with pytest.raises(InvalidArgument):
+        blocking.call("unix://" + control_socket_path(roots[0]), TEMPLATE_SERVICE, "Spawn",
+                      {"namespace": "tpl", "sandbox_id": "../etc", "bundle": str(roots[1] / "x")})
+    assert not os.path.exists(roots[1] / "x")
+
+
+def test_template_restarts_on_the_same_control_socket(roots, template):
+    template.stop()
+    template.start()
+    result = start_shim(roots, "g1")
+    assert _alive(result["pid"])
+
+
+def test_shims_are_named_podshim_shim_however_they_started(roots, template):
+    forked = start_shim(roots, "h1")
+    execd = start_shim(roots, "h2", "--no-template")
+    for result in (forked, execd):
+        with open(f"/proc/{result['pid']}/comm") as f:
+            assert f.read().strip() == "podshim-shim"
+    with open(f"/proc/{template.proc.pid}/comm") as f:
+        assert f.read().strip() == "podshim-tmpl"
+
+
+def _children(pid: int) -> list[int]:
+    with open(f"/proc/{pid}/task/{pid}/children") as f:
+        return [int(c) for c in f.read().split()]
+
+
+def _state(pid: int) -> str:
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0]
+
+
+def test_template_reaps_the_intermediate_children_of_its_double_forks(roots, template):
+    for n in range(3):
+        start_shim(roots, f"r{n}")
+    # Each intermediate child exits a cgroup grace period after its shim is taken; the
+    # template reaps it on SIGCHLD. What stays is the next spare's, alive and waiting.
+    deadline = time.monotonic() + 5
+    while True:
+        children = _children(template.proc.pid)
+        if len(children) <= 1 or time.monotonic() > deadline:
+            break
+        time.sleep(0.02)
+    assert len(children) <= 1
+    assert all(_state(c) != "Z" for c in children)
+    assert _alive(template.proc.pid)
+
+
+def _ping(template) -> dict:
+    return blocking.call("unix://" + control_socket_path(template.runtime_root), TEMPLATE_SERVICE, "Ping")
+
+
+def _comm(pid: int) -> str:
+    with open(f"/proc/{pid}/comm") as f:
+        return f.read().strip()
+
+
+def test_template_hands_its_spare_to_the_next_spawn_and_forks_another(roots, template):
+    ping = _ping(template)
+    assert set(ping) == {"pid", "spawned", "runtime_root", "spare_pid"}  # protocol.md 7.5
+    spare = ping["spare_pid"]
+    assert spare > 0 and _comm(spare) == "podshim-spare"
+    result = start_shim(roots, "s1")
+    assert result["pid"] == spare
+    assert _comm(spare) == "podshim-shim"
+    with open(os.path.join(roots[1], "s1", "state.json")) as f:  # `podshim delete` can find it
+        assert json.load(f)["shim_pid"] == spare
+    deadline = time.monotonic() + 5
+    while (nxt := _ping(template)["spare_pid"]) in (0, spare) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert nxt not in (0, spare) and _comm(nxt) == "podshim-spare"
+
+
+def test_a_dead_spare_is_replaced_by_a_fork(roots, template):
+    spare = _ping(template)["spare_pid"]
+    os.kill(spare, signal.SIGKILL)
+    assert _wait_gone(spare)
+    result = start_shim(roots, "d1")
+    assert result["pid"] != spare and _alive(result["pid"])
+    with open(os.path.join(roots[1], "d1", "state.json")) as f:
+        assert json.load(f)["shim_pid"] == result["pid"]
+
+
+def test_the_spare_goes_with_the_template(roots, template):
+    spare = _ping(template)["spare_pid"]
+    template.stop()
+    assert _wait_gone(spare)
+
+
+_SERVE_AFTER_PRELOAD = """
+import json, sys
+from shim.launch import template
+template._preload()
+from shim.daemon import serve_forever
+from shim.sandbox.sandbox import ShimConfig
+from shim.launch.spawn import bind_listener
+namespace, sandbox_id, bundle, socket_path, runtime_root = sys.argv[1:6]
+before = set(sys.modules)
+serve_forever(ShimConfig(namespace, sandbox_id, bundle, socket_path, runtime_root), bind_listener(socket_path))
+print(json.dumps(sorted(set(sys.modules) - before)))
+"""
+
+
+async def test_a_shim_forked_from_the_template_imports_nothing_in_a_sandbox_life(roots):
+    # What the template preloads is all a shim needs: serving a sandbox's whole life (with a
+    # task) after the preload imports no module (an import there would cost every sandbox).
+    from shim.paths import socket_path
+    from shim.rpc.api import TASK_SERVICE
+
+    runtime_root, tmp_path, started = roots
+    sid = f"imp-{secrets.token_hex(4)}"
+    bundle = str(tmp_path / sid)
+    os.makedirs(bundle, mode=0o700)
+    started.append((sid, bundle))
+    path = socket_path("tpl", sid, runtime_root)
+    proc = subprocess.Popen([sys.executable, "-c", _SERVE_AFTER_PRELOAD, "tpl", sid, bundle, path, runtime_root],
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 15
+        while True:
+            try:
+                client = await Client.connect("unix://" + path, namespace="tpl")
+                break
+            except Exception:
+                assert proc.poll() is None and time.monotonic() < deadline, "the shim did not come up"
+                time.sleep(0.02)
+        try:
+            call = client.call
+            await call(SANDBOX_SERVICE, "CreateSandbox", {"sandbox_id": sid})
+            await call(SANDBOX_SERVICE, "StartSandbox", {"sandbox_id": sid})
+            await call(SANDBOX_SERVICE, "SandboxStatus", {"sandbox_id": sid, "verbose": True})
+            await call(SANDBOX_SERVICE, "SandboxMetrics", {"sandbox_id": sid})
+            await call(SANDBOX_SERVICE, "Platform", {"sandbox_id": sid})
+            task = {"sandbox_id": sid, "task_id": "app"}
+            await call(TASK_SERVICE, "Create", {**task, "args": ["sleep", "30"],
+                                                "log_path": str(tmp_path / "app.log")})
+            await call(TASK_SERVICE, "Start", task)
+            await call(TASK_SERVICE, "Kill", {**task, "signal": signal.SIGKILL})
+            await call(TASK_SERVICE, "Wait", task)
+            await call(TASK_SERVICE, "Delete", task)
+            await call(SANDBOX_SERVICE, "StopSandbox", {"sandbox_id": sid})
+            await call(SANDBOX_SERVICE, "WaitSandbox", {"sandbox_id": sid})
+            await call(SANDBOX_SERVICE, "ShutdownSandbox", {"sandbox_id": sid})
+        finally:
+            await client.aclose()
+        out, _ = proc.communicate(timeout=15)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert json.loads(out) == []

@@ -1,0 +1,293 @@
+"""The units under a real systemd, booted in systemd-nspawn from the host's own OS (tests/nspawn.py).
+
+The project is pip-installed into a venv of /usr/bin/python3 that is bound read-only into the
+container; the units are copied into its /run/systemd/system. The tests drive systemd with
+``nsenter ... systemctl`` and reach the shims from here through the container's root
+(``/proc/LEADER/root/run/...``). The Controller with the SystemdSpawner runs *inside* the
+container (the venv's python through nsenter), as it would on a node: there its paths,
+its pids and systemctl are the container's own, and nothing needs translating.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shlex
+import shutil
+import stat
+import tempfile
+import textwrap
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from client.systemd import unit_names
+from nspawn import CONTAINER_PATH, Machine, nspawn_unavailable, project_venv
+from shim.paths import BOOTSTRAP_FILE, STATE_FILE, read_json
+from shim.rpc import Client
+from shim.rpc.api import SANDBOX_SERVICE
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+STATE_ROOT = "/var/lib/podshim"
+CALL_TIMEOUT = 10.0
+
+
+@pytest.fixture(scope="module")
+def machine():
+    """A booted container with the units installed and the venv's podshim commands linked in its
+    /usr/local/bin, where .ci/install links them on a host (the units run /usr/local/bin/podshim);
+    PATH set to find the venv's commands first."""
+    reason = nspawn_unavailable()
+    if reason is not None:
+        pytest.skip(reason)
+    with project_venv(REPO) as venv, command_links(venv) as links, \
+            Machine.booted(binds_ro=[venv, f"{links}:/usr/local/bin"]) as m:
+        m.venv = venv
+        m.install_units(os.path.join(REPO, "systemd"))
+        m.write_file("/run/podshim/systemd.env", f'PATH="{venv}/bin:{CONTAINER_PATH}"\n')
+        yield m
+
+
+@contextlib.contextmanager
+def command_links(venv: str) -> Iterator[str]:
+    """A directory of links to the venv's podshim* commands, as .ci/install makes in /usr/local/bin."""
+    links = tempfile.mkdtemp(prefix="psh-bin-")
+    try:
+        os.chmod(links, 0o755)
+        for name in os.listdir(os.path.join(venv, "bin")):
+            if name.startswith("podshim"):
+                os.symlink(os.path.join(venv, "bin", name), os.path.join(links, name))
+        yield links
+    finally:
+        shutil.rmtree(links, ignore_errors=True)
+
+
+def wait_for_state(machine: Machine, unit: str, state: str, timeout: float = CALL_TIMEOUT) -> None:
+    """Poll until ``unit``'s ActiveState is ``state``: a unit stopped through another's PartOf=
+    may get there after the ``systemctl stop`` of that other unit returned."""
+    deadline = time.monotonic() + timeout
+    while (current := unit_state(machine, unit)) != state:
+        assert time.monotonic() < deadline, f"{unit} is still {current}, not {state}, after {timeout} s"
+        time.sleep(0.05)
+
+
+class Sandbox:
+    """One sandbox as the tests see it: its units, its files in the container, a client."""
+
+    def __init__(self, machine: Machine, namespace: str, sandbox_id: str):
+        self.m = machine
+        self.namespace, self.sandbox_id = namespace, sandbox_id
+        self.service, self.socket = f"podshim@{namespace}:{sandbox_id}.service", f"podshim@{namespace}:{sandbox_id}.socket"
+        self.bundle = f"{STATE_ROOT}/{namespace}/{sandbox_id}"
+
+    def bootstrap(self) -> dict:
+        return read_json(self.m.host_path(f"{self.bundle}/{BOOTSTRAP_FILE}"))
+
+    def state(self) -> dict:
+        return read_json(self.m.host_path(f"{self.bundle}/{STATE_FILE}"))
+
+    def show(self, *properties: str, unit: str | None = None) -> dict[str, str]:
+        return self.m.show(unit or self.service, *properties)
+
+    async def connect(self, address: str | None = None) -> Client:
+        """A client on the shim's socket, reached through the container's root."""
+        path = (address or self.bootstrap()["address"]).removeprefix("unix://")
+        return await Client.connect("unix://" + self.m.host_path(path), namespace=self.namespace)
+
+    async def call(self, client: Client, method: str, **fields):
+        return await client.call(SANDBOX_SERVICE, method, {"sandbox_id": self.sandbox_id, **fields},
+                                 timeout=CALL_TIMEOUT)
+
+    async def run(self, client: Client) -> tuple[int, dict[str, str]]:
+        """CreateSandbox, StartSandbox; the pause's pid (in the container) and the verbose info."""
+        await self.call(client, "CreateSandbox")
+        pid = (await self.call(client, "StartSandbox"))["pid"]
+        return pid, (await self.call(client, "SandboxStatus", verbose=True))["info"]
+
+    def netns_visible(self, netns_path: str) -> bool:
+        """The netns pin is a mount in the container's own mount namespace (where CNI plugins
+        and ``ip netns`` look), not only in the shim's."""
+        name = os.path.basename(netns_path)
+        return f"/run/netns/{name} " in self.m.mounts() and name in self.m.run("ip", "netns", "list").stdout
+
+    def assert_gone(self, pause_pid: int, info: dict[str, str]) -> None:
+        assert not self.m.pid_alive(pause_pid)
+        assert not os.path.lexists(self.m.host_path(info["netns_path"]))
+        assert os.path.basename(info["netns_path"]) not in self.m.mounts()
+        assert not any(os.path.isdir(self.m.host_path(info[k])) for k in info if k.startswith("cgroup."))
+
+
+async def test_a_sandbox_unit_is_active_once_its_shim_serves_and_stopping_it_shuts_the_sandbox_down(machine):
+    sb = Sandbox(machine, "ns1", "sb1")
+    machine.systemctl("start", sb.service)  # returns at READY=1 (Type=notify)
+    show = sb.show("ActiveState", "SubState", "MainPID", "StatusText")
+    assert (show["ActiveState"], show["SubState"], show["StatusText"]) == ("active", "running", "serving sb1")
+    assert sb.bootstrap()["pid"] == int(show["MainPID"])
+    async with await sb.connect() as client:
+        pause, info = await sb.run(client)
+        assert sb.show("StatusText")["StatusText"] == "sandbox sb1 running"
+        assert sb.netns_visible(info["netns_path"])
+        # The pause lives in the unit's cgroup (Delegate=yes), below the shim.
+        assert "/system-podshim.slice/podshim@ns1:sb1.service/" in info["cgroup.unified"]
+        machine.systemctl("stop", sb.service)  # SIGTERM: the shim ends the sandbox itself
+    show = sb.show("ActiveState", "Result", "ExecMainStatus")
+    assert (show["ActiveState"], show["Result"], show["ExecMainStatus"]) == ("inactive", "success", "0")
+    sb.assert_gone(pause, info)
+    assert sb.state()["state"] == "deleted"  # ExecStopPost's `podshim delete` found nothing left
+
+
+async def test_the_socket_starts_the_shim_on_the_first_connection(machine):
+    sb = Sandbox(machine, "ns1", "sb2")
+    machine.systemctl("start", sb.socket)
+    path = "/run/podshim/u/ns1:sb2.sock"
+    assert stat.S_IMODE(os.stat(machine.host_path(path)).st_mode) == 0o600
+    assert stat.S_IMODE(os.stat(machine.host_path(os.path.dirname(path))).st_mode) == 0o700
+    assert sb.show("ActiveState")["ActiveState"] == "inactive"
+    async with await sb.connect("unix://" + path) as client:
+        assert await sb.call(client, "PingSandbox") == {}
+        show = sb.show("ActiveState", "MainPID", "TriggeredBy")
+        assert show["ActiveState"] == "active" and show["TriggeredBy"] == sb.socket
+        assert sb.bootstrap() == {"version": 3, "address": "unix://" + path, "protocol": "ttrpc+msgpack",
+                                  "pid": int(show["MainPID"])}
+        pause, info = await sb.run(client)
+        assert sb.netns_visible(info["netns_path"])
+        machine.systemctl("stop", sb.service)
+    # PartOf=: the socket goes with its service, so no connection can start a second shim. Its
+    # stop job may finish after `systemctl stop` of the service returned: wait for it.
+    wait_for_state(machine, sb.socket, "inactive")
+    assert not os.path.lexists(machine.host_path(path))
+    sb.assert_gone(pause, info)
+
+
+async def test_a_shim_that_is_killed_leaves_nothing_behind(machine):
+    sb = Sandbox(machine, "ns1", "sb3")
+    machine.systemctl("start", sb.service)
+    async with await sb.connect() as client:
+        pause, info = await sb.run(client)
+        machine.systemctl("kill", "--kill-whom=main", "--signal=SIGKILL", sb.service)
+        # A stop waits for the unit's stop sequence, ExecStopPost included, to finish.
+        machine.systemctl("stop", sb.service)
+    show = sb.show("ActiveState", "Result")
+    assert (show["ActiveState"], show["Result"]) == ("failed", "signal")
+    sb.assert_gone(pause, info)
+    assert sb.state()["state"] == "deleted"
+    machine.systemctl("reset-failed", sb.service)
+
+
+# -- the Controller with the SystemdSpawner, inside the container -------------------------------
+
+PRELUDE = """
+import json, logging, subprocess, sys
+import anyio
+from client.controller import Controller
+from client.systemd import SystemdSpawner, unit_names
+logging.basicConfig(level=logging.WARNING)
+def out(doc):
+    print(json.dumps(doc, default=lambda o: o.__dict__ if hasattr(o, "__dict__") else repr(o)))
+"""
+
+
+def in_container(machine: Machine, script: str, *args: str):
+    """Run ``script`` with the venv's python in the container; the JSON of its last output line."""
+    done = machine.run(f"{machine.venv}/bin/python", "-c", PRELUDE + textwrap.dedent(script), *args, timeout=120)
+    return json.loads(done.stdout.splitlines()[-1])
+
+
+def unit_state(machine: Machine, unit: str) -> str:
+    return machine.show(unit, "ActiveState")["ActiveState"]
+
+
+async def test_the_controller_spawns_through_systemd_and_reconnects_after_a_restart(machine):
+    short, long_ns, long_id = "sb-a", "n" * 20, "l" * 70  # 20 + 70 characters: too long for the socket path
+    created = in_container(machine, """
+        async def main():
+            async with Controller(spawner="systemd") as c:
+                out_ = {}
+                for ns, sid in (("ns4", sys.argv[1]), (sys.argv[2], sys.argv[3])):
+                    await c.create(ns, sid, options={"hostname": "h"})
+                    out_[sid] = (await c.start(ns, sid)).pid
+                out(out_)
+            # Leaving the block closes connections only: the shims keep running.
+        anyio.run(main)
+    """, short, long_ns, long_id)
+    (short_service, short_socket), (long_service, long_socket) = unit_names("ns4", short), unit_names(long_ns, long_id)
+    assert short_service == "podshim@ns4:sb\\x2da.service"
+    # The short name was socket-activated (the Controller's connection started it); the long one
+    # was started as a service with its hashed socket.
+    assert [unit_state(machine, u) for u in (short_service, short_socket, long_service, long_socket)] == \
+        ["active", "active", "active", "inactive"]
+    # systemctl show quotes a unit name with a backslash, as a shell word.
+    assert shlex.split(machine.show(short_service, "TriggeredBy")["TriggeredBy"]) == [short_socket]
+    assert read_json(machine.host_path(f"{STATE_ROOT}/{long_ns}/{long_id}/{BOOTSTRAP_FILE}"))["address"].startswith(
+        "unix:///run/podshim/s/")
+    assert all(machine.pid_alive(pid) for pid in created.values())
+
+    # A new controller finds both through their bundles, as after a restart.
+    listed = in_container(machine, """
+        async def main():
+            async with Controller(spawner="systemd") as c:
+                out({s.sandbox_id: [s.state, s.pid] for s in await c.list()})
+        anyio.run(main)
+    """)
+    assert listed == {short: ["running", created[short]], long_id: ["running", created[long_id]]}
+
+    # The shim dies: the controller reports the sandbox stopped and cleans up through systemd.
+    ended = in_container(machine, """
+        async def main():
+            async with Controller(spawner="systemd") as c:
+                subprocess.run(["systemctl", "kill", "--kill-whom=main", "--signal=SIGKILL", sys.argv[1]], check=True)
+                gone = await c.wait("ns4", sys.argv[2])
+                status = await c.status("ns4", sys.argv[2])
+                for s in await c.list():
+                    await c.shutdown(s.namespace, s.sandbox_id)
+                out({"exit": [gone.exit_status, status.state], "left": [s.sandbox_id for s in await c.list()]})
+        anyio.run(main)
+    """, short_service, short)
+    assert ended["exit"][1] == "stopped" and ended["exit"][0] in (137, 255) and ended["left"] == []
+    for unit in (short_service, short_socket, long_service, long_socket):
+        assert unit_state(machine, unit) == "inactive", unit
+    assert not any(machine.pid_alive(pid) for pid in created.values())
+    assert machine.run("ip", "netns", "list").stdout == ""
+    assert not os.path.exists(machine.host_path(f"{STATE_ROOT}/ns4/{short}"))
+    assert not os.path.exists(machine.host_path(f"{STATE_ROOT}/{long_ns}/{long_id}"))
+
+
+def test_podshimctl_runs_a_sandbox_as_a_unit_with_spawner_systemd(machine):
+    def ctl(*args: str) -> str:
+        return machine.run(f"{machine.venv}/bin/podshimctl", "--spawner", "systemd", "--json", "sandbox", *args).stdout
+
+    service, socket = unit_names("default", "sb-cli")
+    ctl("create", "sb-cli")
+    pid = json.loads(ctl("start", "sb-cli"))["pid"]
+    assert [unit_state(machine, u) for u in (service, socket)] == ["active", "active"]
+    assert json.loads(ctl("status", "sb-cli"))["state"] == "running" and machine.pid_alive(pid)
+    ctl("shutdown", "sb-cli")
+    assert [unit_state(machine, u) for u in (service, socket)] == ["inactive", "inactive"]
+    assert not machine.pid_alive(pid)
+
+
+async def test_shims_forked_by_the_template_unit_pin_their_netns_where_the_host_sees_it(machine):
+    sb = Sandbox(machine, "ns5", "sb5")
+    machine.systemctl("start", "podshim-template.service")
+    try:
+        # Type=simple: systemd cannot say when the control socket accepts; its file appears
+        # just before it does, and `podshim start` would fork the shim itself without it.
+        control = machine.host_path("/run/podshim/template.sock")
+        deadline = time.monotonic() + CALL_TIMEOUT
+        while not os.path.exists(control):
+            assert time.monotonic() < deadline, "the template did not make its control socket"
+            time.sleep(0.02)
+        machine.run("mkdir", "-p", sb.bundle)
+        boot = json.loads(machine.run(f"{machine.venv}/bin/podshim", "start", "--namespace", sb.namespace, "--id",
+                                      sb.sandbox_id, "--bundle", sb.bundle).stdout)
+        with open(machine.host_path(f"/proc/{boot['pid']}/cgroup")) as f:
+            assert "/podshim-template.service" in f.read()  # forked by the template, not by start
+        async with await sb.connect(boot["address"]) as client:
+            pause, info = await sb.run(client)
+            assert sb.netns_visible(info["netns_path"])
+            await sb.call(client, "ShutdownSandbox")
+        sb.assert_gone(pause, info)
+    finally:
+        machine.systemctl("stop", "podshim-template.service")
