@@ -36,8 +36,8 @@ from shim.rpc.api import EVENTS_SERVICE, SANDBOX_SERVICE
 
 __all__ = [
     "WAIT", "PODSHIM", "FOOTPRINTS", "Footprint", "ProcessRef", "Shim", "ShimLauncher", "EventStream",
-    "adopting_orphans", "child_pids", "fd_readable", "host_untouched", "leftovers", "mounts_naming", "new_id",
-    "ns_inode", "run_podshim", "shim", "shims",
+    "adopting_orphans", "child_pids", "fd_readable", "host_netns_bound_at", "host_untouched", "leftovers",
+    "mounts_naming", "new_id", "ns_inode", "run_podshim", "shim", "shims",
 ]
 
 #: A bound on any one wait in these tests; never a sleep.
@@ -93,6 +93,23 @@ def run_podshim(action: str, namespace: str, sandbox_id: str, bundle: str, runti
     argv = [*PODSHIM, action, "--namespace", namespace, "--id", sandbox_id, "--bundle", bundle,
             "--runtime-root", runtime_root, *extra]
     return subprocess.run(argv, capture_output=True, text=True, timeout=30, env=env)
+
+
+@contextlib.contextmanager
+def host_netns_bound_at(directory: str) -> Iterator[str]:
+    """A file in ``directory`` with this process's own network namespace (the host's, which the
+    shims share) bind-mounted on it, as ``ip netns`` pins one; unmounted and removed afterwards."""
+    path = os.path.join(directory, "host-netns")
+    with open(path, "x"):
+        pass
+    try:
+        linux.mount("/proc/self/ns/net", path, None, linux.MS_BIND)
+        try:
+            yield path
+        finally:
+            linux.umount2(path, linux.MNT_DETACH)
+    finally:
+        os.unlink(path)
 
 
 @contextlib.contextmanager

@@ -24,8 +24,8 @@ from typing import Any
 from shim.kernel import linux
 from shim.rpc.status import AlreadyExists, Internal, InvalidArgument, NotFound
 
-__all__ = ["create_netns", "default_netns_dir", "describe_netns", "new_netns_path", "open_namespace", "open_netns",
-           "remove_netns"]
+__all__ = ["create_netns", "default_netns_dir", "describe_netns", "is_host_netns", "new_netns_path", "open_namespace",
+           "open_netns", "remove_netns"]
 
 _NETNS_DIR = "/var/run/netns"
 _THREAD_NETNS = "/proc/thread-self/ns/net"
@@ -36,6 +36,10 @@ _SIOCGIFFLAGS = 0x8913
 _SIOCSIFFLAGS = 0x8914
 _IFF_UP = 0x1
 _IFREQ = struct.Struct("16sh22x")
+
+# The network namespace this process started in: for a shim, the host's (a shim forked by the
+# template has the template's). Read at import, before any thread of ours switches netns.
+_HOST_NETNS = os.stat("/proc/self/ns/net")
 
 
 def default_netns_dir() -> str:
@@ -206,6 +210,13 @@ def open_namespace(path: str, nstype: int) -> int:
 def open_netns(path: str) -> int:
     """:func:`open_namespace` for a network namespace. Raises NotFound."""
     return open_namespace(path, linux.CLONE_NEWNET)
+
+
+def is_host_netns(fd: int) -> bool:
+    """Whether the namespace open on ``fd`` is the network namespace this process started in
+    (the host's), whatever path it was opened by: a bind mount of it is the host too."""
+    st = os.fstat(fd)
+    return (st.st_dev, st.st_ino) == (_HOST_NETNS.st_dev, _HOST_NETNS.st_ino)
 
 
 def _ensure_shared_dir(directory: str) -> None:

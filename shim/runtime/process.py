@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from typing import NoReturn
 
 from shim.kernel import linux
-from shim.kernel.netns import open_namespace
+from shim.kernel.netns import is_host_netns, open_namespace
 from shim.kernel.reaper import ExitInfo, Reaper
 from shim.rpc.status import FailedPrecondition, Internal, InvalidArgument, RpcError
 
@@ -170,6 +170,7 @@ async def launch(spec: ProcessSpec, reaper: Reaper,
         for path, nstype in sorted(spec.join, key=lambda item: _JOIN_ORDER.index(item[1])):
             fds.append(open_namespace(path, nstype))
             join.append((fds[-1], nstype, path))
+        _check_net_sysctls(plan, join)
         read_fd, write_fd = os.pipe2(os.O_CLOEXEC)
         fds.append(write_fd)
         # B closes every fd above 2 but the report pipe after dup2-ing its stdio onto 0-2, so
@@ -263,6 +264,20 @@ def _plan(spec: ProcessSpec) -> _Plan:
         stdio=(None, None),
         max_fd=os.sysconf("SC_OPEN_MAX"),
     )
+
+
+def _check_net_sysctls(plan: _Plan, join: list[tuple[int, int, str]]) -> None:
+    """InvalidArgument when net.* sysctls would be written in the host's network namespace.
+
+    Checked here, on the namespace actually opened, because a caller's check by path or by
+    network mode cannot see a bind mount of the host's netns swapped in since.
+    """
+    if plan.unshare_flags & linux.CLONE_NEWNET or not any(key.startswith("net.") for key, _, _ in plan.sysctls):
+        return
+    net = [(fd, path) for fd, nstype, path in join if nstype == linux.CLONE_NEWNET]
+    if not net or is_host_netns(net[-1][0]):
+        where = f"{net[-1][1]}, which is" if net else "what would be"
+        raise InvalidArgument(f"the {plan.name}'s net.* sysctls are refused: {where} the host's network namespace")
 
 
 def _above_stdio(fd: int, fds: list[int]) -> int:

@@ -441,7 +441,7 @@ class Sandbox:
 
 
 def _check_netns_file(path: str) -> None:
-    """InvalidArgument unless ``path`` is a network namespace file (nsfs)."""
+    """InvalidArgument unless ``path`` is a network namespace file (nsfs) other than the host's."""
     try:
         st = os.stat(path)
     except OSError as exc:
@@ -453,6 +453,13 @@ def _check_netns_file(path: str) -> None:
         raise InvalidArgument(f"netns_path {path!r} is not a network namespace")
     # An ipc, uts, ... namespace is on nsfs too; only its type tells it from a netns.
     try:
-        os.close(netns.open_netns(path))
+        fd = netns.open_netns(path)
     except NotFound as exc:
         raise InvalidArgument(f"netns_path: {exc.message}") from None
+    try:
+        # By inode, not by mode: the pod's net.* sysctls and CNI would change the host.
+        if netns.is_host_netns(fd):
+            raise InvalidArgument(f"netns_path {path!r} is the host's network namespace (the shim's own): a sandbox "
+                                  "there would change the host's network settings; use network mode NODE instead")
+    finally:
+        os.close(fd)

@@ -21,6 +21,7 @@ from shim.kernel.cgroups import SandboxCgroup
 from shim.runtime.pause import BUILTIN, CATATONIT, NODE, PauseSpec, kill_pause, launch, validate_sysctls
 from shim.kernel.reaper import Reaper
 from shim.rpc.status import FailedPrecondition, Internal, InvalidArgument, NotFound
+from shimtools import host_netns_bound_at
 
 WAIT = 5.0  # seconds; a bound for the test, not a readiness sleep
 needs_catatonit = pytest.mark.skipif(not os.access(CATATONIT, os.X_OK), reason="apt-get install catatonit")
@@ -225,6 +226,18 @@ def test_ipc_sysctl_with_host_ipc_is_refused():
 def test_malformed_sysctl_name_is_refused(key):
     with pytest.raises(InvalidArgument, match="malformed"):
         validate_sysctls({key: "1"}, host_network=False, host_ipc=False)
+
+
+async def test_net_sysctl_is_never_written_into_the_host_netns_joined_by_another_path(start, tmp_path):
+    # The launcher writes the sysctls, so it checks by inode where they would land, whatever
+    # the caller checked before. The value is the host's own, so a launcher that wrote it
+    # anyway would change nothing.
+    with open("/proc/sys/net/ipv4/ip_forward") as f:
+        host_value = f.read().strip()
+    with host_netns_bound_at(str(tmp_path)) as path:
+        with pytest.raises(InvalidArgument, match="host's network namespace"):
+            await start(netns_path=path, sysctls={"net.ipv4.ip_forward": host_value})
+    assert _children() == set()
 
 
 async def test_unknown_sysctl_fails_with_its_name_and_leaves_nothing(reaper, make_netns):

@@ -13,7 +13,7 @@ import pytest
 from shim.rpc import AlreadyExists, DeadlineExceeded, FailedPrecondition, InvalidArgument, NotFound
 from shim.rpc.api import SANDBOX_METHODS, SANDBOX_SERVICE
 from shimtools import host_untouched, shim, shims  # noqa: F401  (fixtures)
-from shimtools import EventStream, ProcessRef, adopting_orphans
+from shimtools import EventStream, ProcessRef, adopting_orphans, host_netns_bound_at
 
 # Each test runs twice: shims exec'd by `podshim start`, and forked by the session's template.
 pytestmark = pytest.mark.usefixtures("spawn_mode")
@@ -136,6 +136,21 @@ async def test_netns_path_that_is_not_a_network_namespace_is_refused(shim, targe
         await shim.call("CreateSandbox", netns_path=path)
     with pytest.raises(NotFound):
         await shim.call("SandboxStatus")
+
+
+async def test_the_host_netns_under_another_path_is_refused_before_any_sysctl_is_written(shim, tmp_path):
+    # The value the host already has: even a shim that let this through would change nothing.
+    knob = "/proc/sys/net/ipv4/ip_forward"
+    with open(knob) as f:
+        host_value = f.read().strip()
+    with host_netns_bound_at(str(tmp_path)) as path:
+        with pytest.raises(InvalidArgument, match=f"{path}.*host's network namespace"):
+            await shim.call("CreateSandbox", netns_path=path,
+                            options={"linux": {"sysctls": {"net.ipv4.ip_forward": host_value}}})
+        with pytest.raises(NotFound):  # nothing was created
+            await shim.call("SandboxStatus")
+    with open(knob) as f:
+        assert f.read().strip() == host_value
 
 
 # -- the pause dies ---------------------------------------------------------------------------
