@@ -39,46 +39,28 @@ from shim.rpc.status import (
 )
 
 from client.bundles import bundle_path, make_bundle, read_bootstrap, remove_bundle, scan
+from client.defaults import (
+    CALL_TIMEOUT,
+    CONNECT_TIMEOUT,
+    CREATE_TIMEOUT,
+    DEFAULT_RUNTIME_ROOT,
+    DEFAULT_STATE_ROOT,
+    DEFAULT_STOP_GRACE,
+    DISCARD_TIMEOUT,
+    LOAD_TIMEOUT,
+    SHUTDOWN_TIMEOUT,
+    START_TIMEOUT,
+    STOP_MARGIN,
+)
 from client.handle import Phase, ShimHandle
 from client.nsmap import NSMap
 from client.results import UNKNOWN_EXIT_STATUS, ControllerInstance, ControllerStatus, ExitStatus, Platform
-from client.spawners import DEFAULT_RUNTIME_ROOT, ExecSpawner, Spawner
+from client.spawners import ExecSpawner, Spawner
+from client.systemd import SystemdSpawner
 
-__all__ = [
-    "Controller",
-    "DEFAULT_STATE_ROOT",
-    "LOAD_TIMEOUT",
-    "CONNECT_TIMEOUT",
-    "CREATE_TIMEOUT",
-    "START_TIMEOUT",
-    "CALL_TIMEOUT",
-    "SHUTDOWN_TIMEOUT",
-    "DISCARD_TIMEOUT",
-    "DEFAULT_STOP_GRACE",
-    "STOP_MARGIN",
-]
+__all__ = ["Controller", "DEFAULT_STATE_ROOT"]
 
 log = logging.getLogger(__name__)
-
-DEFAULT_STATE_ROOT = "/var/lib/podshim"
-#: Reconnecting to one shim after a restart: connect + SandboxStatus (containerd: 5 s).
-LOAD_TIMEOUT = 5.0
-#: Connecting to a shim that just printed its address (the socket accepts already).
-CONNECT_TIMEOUT = 5.0
-#: CreateSandbox (options are checked, a netns is made).
-CREATE_TIMEOUT = 10.0
-#: StartSandbox (the pause is launched).
-START_TIMEOUT = 10.0
-#: Status, Platform, Metrics: calls that only read.
-CALL_TIMEOUT = 5.0
-#: ShutdownSandbox, then again for the shim to close the connection (containerd: 3 s).
-SHUTDOWN_TIMEOUT = 5.0
-#: Best-effort ShutdownSandbox when undoing a create that failed; `podshim delete` follows anyway.
-DISCARD_TIMEOUT = 3.0
-#: StopSandbox's grace period when none is given: the shim's default (protocol.md 7.1).
-DEFAULT_STOP_GRACE = 10.0
-#: StopSandbox's deadline beyond its grace period: the shim's SIGKILL wait (10 s) and slack.
-STOP_MARGIN = 15.0
 
 
 class Controller:
@@ -103,8 +85,6 @@ class Controller:
         if spawner == "exec":
             spawner = ExecSpawner(runtime_root=self.runtime_root)
         elif spawner == "systemd":
-            from client.systemd import SystemdSpawner  # it imports this module
-
             spawner = SystemdSpawner(self.state_root, self.runtime_root)
         elif not isinstance(spawner, Spawner):
             raise InvalidArgument(f"spawner must be 'exec', 'systemd' or a Spawner, not {spawner!r}")

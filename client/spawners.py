@@ -27,16 +27,14 @@ from typing import Mapping, Sequence
 
 import anyio
 
-from shim.rpc.api import DEFAULT_RUNTIME_ROOT, TEMPLATE_SERVICE, TEMPLATE_SOCKET, TEMPLATE_SOCKET_ENV
+from shim.rpc.api import TEMPLATE_SERVICE, TEMPLATE_SOCKET, TEMPLATE_SOCKET_ENV
 from shim.rpc.client import Client
 from shim.rpc.status import DeadlineExceeded, Internal, RpcError, Unavailable
 
+from client.defaults import DEFAULT_RUNTIME_ROOT, DELETE_TIMEOUT, SPAWN_TIMEOUT, TEMPLATE_CONNECT_TIMEOUT
 from client.results import UNKNOWN_EXIT_STATUS, Bootstrap, ExitStatus
 
 __all__ = [
-    "SPAWN_TIMEOUT",
-    "DELETE_TIMEOUT",
-    "DEFAULT_RUNTIME_ROOT",
     "Spawner",
     "ExecSpawner",
     "default_command",
@@ -44,11 +42,6 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-#: How long ``podshim start`` may take, from when it runs (containerd bounds start by its ctx).
-SPAWN_TIMEOUT = 10.0
-#: How long ``podshim delete`` may take: it may wait up to 5 s for each of the shim and the
-#: pause to die after SIGKILL (containerd's shim cleanup timeout is 5 s for one process).
-DELETE_TIMEOUT = 10.0
 #: How much of a helper's stderr goes into an error message.
 _STDERR_CHARS = 2000
 
@@ -166,7 +159,7 @@ class ExecSpawner(Spawner):
         try:
             # Shielded like a helper process: a Spawn cut short could leave a shim unrecorded.
             with anyio.CancelScope(shield=True), anyio.fail_after(SPAWN_TIMEOUT):
-                async with await Client.connect("unix://" + path, timeout=1.0) as template:
+                async with await Client.connect("unix://" + path, timeout=TEMPLATE_CONNECT_TIMEOUT) as template:
                     doc = await template.call(TEMPLATE_SERVICE, "Spawn", payload, timeout=SPAWN_TIMEOUT)
         except Unavailable as exc:
             log.info("no shim template answers on %s (%s); starting podshim instead", path, exc.message)

@@ -14,9 +14,13 @@ the journal, and a ``systemctl stop`` shuts the sandbox down. The units are in `
   here too for the exit status, and ``reset-failed`` both units.
 - ``release``: the sandbox was shut down: stop both units and reset them.
 
-The shims' environment (state root, runtime root, PATH) is written to ``env_file``, which the
-service reads at every start: one environment per systemd instance, so every SystemdSpawner of a
-machine must agree on it (the last one to spawn wins).
+The shims' environment (state root, runtime root, PATH) is written to ``env_file``
+(``RUNTIME_ROOT/systemd.env``), which the service reads at every start: one environment per
+runtime root, so every SystemdSpawner of a runtime root must agree on it (the last one to spawn
+wins). The units in ``systemd/`` read ``/run/podshim/systemd.env`` and listen in
+``/run/podshim/u``: they serve the default runtime root. A SystemdSpawner of another runtime root
+writes its own ``ROOT/systemd.env`` (never the default root's) and starts services without their
+socket unless told otherwise; units for it must name ``ROOT/systemd.env`` and ``ROOT/u``.
 """
 
 from __future__ import annotations
@@ -35,29 +39,26 @@ from shim.rpc.identifiers import validate_identifier
 from shim.rpc.status import DeadlineExceeded, Internal, InvalidArgument, NotFound, RpcError, Unavailable
 
 from client.bundles import read_bootstrap
-from client.controller import DEFAULT_STATE_ROOT
+from client.defaults import DEFAULT_RUNTIME_ROOT, DEFAULT_STATE_ROOT, SPAWN_TIMEOUT, UNIT_STOP_TIMEOUT
 from client.results import BOOTSTRAP_FILE, BOOTSTRAP_VERSION, PROTOCOL, Bootstrap, ExitStatus
-from client.spawners import DEFAULT_RUNTIME_ROOT, SPAWN_TIMEOUT, ExecSpawner, Spawner, _said
+from client.spawners import ExecSpawner, Spawner, _said
 
 __all__ = [
-    "ENV_FILE",
-    "SOCKET_DIR",
-    "STOP_TIMEOUT",
+    "ENV_FILE_NAME",
+    "SOCKET_DIR_NAME",
     "SystemdSpawner",
     "activation_socket_path",
+    "env_file_path",
     "instance_name",
     "unit_names",
 ]
 
 log = logging.getLogger(__name__)
 
-#: The file podshim@.service reads with EnvironmentFile=.
-ENV_FILE = "/run/podshim/systemd.env"
-#: podshim@.socket's ListenStream= directory: ``SOCKET_DIR/NAMESPACE:SANDBOX_ID.sock``.
-SOCKET_DIR = "/run/podshim/u"
-#: One ``systemctl stop`` (or kill, reset-failed): the unit's TimeoutStopSec= for the shim's own
-#: shutdown, then its ExecStopPost= ``podshim delete``, and slack.
-STOP_TIMEOUT = 45.0
+#: The file podshim@.service reads with EnvironmentFile=, in the runtime root.
+ENV_FILE_NAME = "systemd.env"
+#: podshim@.socket's ListenStream= directory in the runtime root: ``ROOT/u/NAMESPACE:SANDBOX_ID.sock``.
+SOCKET_DIR_NAME = "u"
 #: systemd's UNIT_NAME_MAX (a name is at most this minus one bytes).
 _UNIT_NAME_MAX = 256
 #: sizeof(sockaddr_un.sun_path), NUL included.
@@ -87,10 +88,16 @@ def unit_names(namespace: str, sandbox_id: str) -> tuple[str, str]:
     return service, socket
 
 
-def activation_socket_path(namespace: str, sandbox_id: str) -> str | None:
-    """Where podshim@.socket listens for the sandbox, or None when that path is too long for a
-    Unix socket (then the service is started alone and binds its short hashed path)."""
-    path = os.path.join(SOCKET_DIR, f"{namespace}:{sandbox_id}.sock")
+def env_file_path(runtime_root: str = DEFAULT_RUNTIME_ROOT) -> str:
+    """The environment file of the units serving ``runtime_root``: ``ROOT/systemd.env``."""
+    return os.path.join(os.path.normpath(runtime_root), ENV_FILE_NAME)
+
+
+def activation_socket_path(namespace: str, sandbox_id: str, runtime_root: str = DEFAULT_RUNTIME_ROOT) -> str | None:
+    """Where podshim@.socket listens for the sandbox (``ROOT/u/NAMESPACE:SANDBOX_ID.sock``), or
+    None when that path is too long for a Unix socket (then the service is started alone and
+    binds its short hashed path)."""
+    path = os.path.join(os.path.normpath(runtime_root), SOCKET_DIR_NAME, f"{namespace}:{sandbox_id}.sock")
     return path if len(path.encode()) < _SUN_PATH_MAX else None
 
 
@@ -103,23 +110,32 @@ class SystemdSpawner(Spawner):
     ``["nsenter", "-t", PID, "-a", "systemctl"]``. ``env`` adds to (or overrides) the shims'
     environment: PODSHIM_STATE_ROOT, PODSHIM_RUNTIME_ROOT and, when a podshim is installed
     beside this interpreter, a PATH that finds it first (the shims then run this client's
-    version). ``socket_activation=False`` always starts the service itself.
+    version). ``env_file`` is where that environment is written (default
+    :func:`env_file_path` of the runtime root). ``socket_activation``: start the sandbox's socket
+    unit, listening in ``RUNTIME_ROOT/u``; the default is on for the default runtime root, where
+    the units of ``systemd/`` listen, and off for any other (the service is started alone).
     ``podshim`` is the command that runs ``podshim delete`` (default: as ExecSpawner finds it).
     """
 
     def __init__(self, state_root: str = DEFAULT_STATE_ROOT, runtime_root: str = DEFAULT_RUNTIME_ROOT, *,
                  systemctl: Sequence[str] = ("systemctl",), env: Mapping[str, str] | None = None,
-                 env_file: str = ENV_FILE, socket_activation: bool = True,
+                 env_file: str | None = None, socket_activation: bool | None = None,
                  podshim: Sequence[str] | str | None = None):
-        for name, path in (("state root", state_root), ("runtime root", runtime_root), ("env file", env_file)):
+        for name, path in (("state root", state_root), ("runtime root", runtime_root)):
             if not os.path.isabs(path):
                 raise ValueError(f"{name} {path!r} must be an absolute path")
+        if env_file is None:
+            env_file = env_file_path(runtime_root)
+        elif not os.path.isabs(env_file):
+            raise ValueError(f"env file {env_file!r} must be an absolute path")
         if not systemctl:
             raise ValueError("systemctl must not be empty")
         self.state_root = os.path.normpath(state_root)
         self.runtime_root = os.path.normpath(runtime_root)
         self.systemctl = list(systemctl)
         self.env_file = env_file
+        if socket_activation is None:
+            socket_activation = self.runtime_root == os.path.normpath(DEFAULT_RUNTIME_ROOT)
         self.socket_activation = socket_activation
         self.env = {"PODSHIM_STATE_ROOT": self.state_root, "PODSHIM_RUNTIME_ROOT": self.runtime_root}
         if os.access(os.path.join(os.path.dirname(sys.executable), "podshim"), os.X_OK):
@@ -144,7 +160,7 @@ class SystemdSpawner(Spawner):
             raise InvalidArgument(f"bundle {bundle!r} is not {expected!r}, where podshim@.service looks for it "
                                   f"(the spawner's state root is {self.state_root})")
         self._write_env_file()
-        path = activation_socket_path(namespace, sandbox_id) if self.socket_activation else None
+        path = activation_socket_path(namespace, sandbox_id, self.runtime_root) if self.socket_activation else None
         if path is not None:
             # Written before the socket exists, so whoever finds the bundle can reconnect; the
             # shim rewrites it (with its pid) when the first connection starts it.
@@ -163,7 +179,7 @@ class SystemdSpawner(Spawner):
         """Kill what is left of the sandbox's shim and stop its units, run ``podshim delete``,
         and reset the units. Never raises: a step that fails is logged and the rest still run."""
         try:
-            units = _units(namespace, sandbox_id)
+            units = self._units(namespace, sandbox_id)
         except InvalidArgument as exc:
             log.warning("delete %s/%s: %s", namespace, sandbox_id, exc)
             return await self._cleanup.delete(namespace, sandbox_id, bundle)
@@ -182,16 +198,25 @@ class SystemdSpawner(Spawner):
     async def release(self, namespace: str, sandbox_id: str) -> None:
         """Stop both units of a sandbox that was shut down, and forget a failed state.
 
-        Raises Unavailable when systemctl cannot stop them, DeadlineExceeded after STOP_TIMEOUT.
+        Raises Unavailable when systemctl cannot stop them, DeadlineExceeded after UNIT_STOP_TIMEOUT.
         """
-        units = _units(namespace, sandbox_id)
-        done = await self._systemctl("stop", *units, timeout=STOP_TIMEOUT)
+        units = self._units(namespace, sandbox_id)
+        done = await self._systemctl("stop", *units, timeout=UNIT_STOP_TIMEOUT)
         if done.returncode != 0:
             raise Unavailable(f"systemctl stop {' '.join(units)} failed with exit status {done.returncode}: "
                               f"{_said(done.stderr)}")
         await self._quietly("reset-failed", *units)
 
     # -- internals --------------------------------------------------------------------------
+    def _units(self, namespace: str, sandbox_id: str) -> list[str]:
+        """The service, and the socket when this spawner starts sockets and its path fits (systemd
+        does not load a socket unit whose path is too long, and systemctl fails on a unit that
+        is not loaded)."""
+        service, socket = unit_names(namespace, sandbox_id)
+        if self.socket_activation and activation_socket_path(namespace, sandbox_id, self.runtime_root):
+            return [service, socket]
+        return [service]
+
     async def _systemctl(self, *args: str, timeout: float) -> subprocess.CompletedProcess:
         argv = [*self.systemctl, "--no-ask-password", *args]
         try:
@@ -215,7 +240,7 @@ class SystemdSpawner(Spawner):
     async def _quietly(self, *args: str) -> None:
         """A systemctl call whose failure is only logged (units that are not loaded, not running)."""
         try:
-            done = await self._systemctl(*args, timeout=STOP_TIMEOUT)
+            done = await self._systemctl(*args, timeout=UNIT_STOP_TIMEOUT)
         except RpcError as exc:
             log.warning("systemctl %s: %s", " ".join(args), exc)
             return
@@ -235,13 +260,6 @@ class SystemdSpawner(Spawner):
             write_atomic(self.env_file, self._env_text.encode())
         except OSError as exc:
             raise Internal(f"cannot write {self.env_file}: {exc.strerror or exc}") from None
-
-
-def _units(namespace: str, sandbox_id: str) -> list[str]:
-    """The service, and the socket unless its path is too long (systemd does not load such a
-    socket unit, and systemctl fails on a unit that is not loaded)."""
-    service, socket = unit_names(namespace, sandbox_id)
-    return [service, socket] if activation_socket_path(namespace, sandbox_id) else [service]
 
 
 def _env_file_text(env: Mapping[str, str]) -> str:

@@ -32,8 +32,8 @@ from shim.rpc.api import EVENTS_SERVICE
 from shim.rpc.client import Client
 from shim.rpc.status import RpcError
 
-from client.controller import DEFAULT_STATE_ROOT, Controller
-from client.spawners import DEFAULT_RUNTIME_ROOT
+from client.controller import Controller
+from client.defaults import DEFAULT_RUNTIME_ROOT, DEFAULT_STATE_ROOT
 
 __all__ = ["main", "command", "COMMAND_MODULES", "CliError", "emit", "open_controller"]
 

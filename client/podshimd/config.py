@@ -25,10 +25,9 @@ import tomllib
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from client.controller import DEFAULT_STATE_ROOT
 from client.cri.cni import DEFAULT_BIN_DIRS as DEFAULT_CNI_BIN_DIRS
 from client.cri.cni import DEFAULT_CONF_DIR as DEFAULT_CNI_CONF_DIR
-from shim.rpc.api import DEFAULT_RUNTIME_ROOT
+from client.defaults import DEFAULT_RUNTIME_ROOT, DEFAULT_STATE_ROOT
 from shim.runtime.pause import CATATONIT
 from shim.sandbox.options import NATIVE, RUNTIME_HANDLERS
 

@@ -16,7 +16,7 @@ import time
 import anyio
 import pytest
 
-from client import results, spawners
+from client import results
 from client.controller import Controller
 from client.handle import Phase
 from client.results import ExitStatus
@@ -55,20 +55,21 @@ def kernel_objects(info: dict[str, str]) -> list[str]:
 
 # -- what the client shares with the shim and protocol.md ----------------------------------------
 def test_constants_match_the_shim_and_protocol_md():
-    from client import controller as module
-    from shim import cleanup, paths
+    from client import defaults
+    from shim import cleanup, cli, paths
     from shim.sandbox import sandbox
 
     assert results.BOOTSTRAP_FILE == paths.BOOTSTRAP_FILE
     assert results.BOOTSTRAP_VERSION == paths.BOOTSTRAP_VERSION == 3
     assert results.PROTOCOL == paths.PROTOCOL
     assert results.UNKNOWN_EXIT_STATUS == cleanup.UNKNOWN_EXIT_STATUS
-    assert spawners.DEFAULT_RUNTIME_ROOT == paths.DEFAULT_RUNTIME_ROOT
-    assert module.DEFAULT_STOP_GRACE == sandbox.DEFAULT_STOP_TIMEOUT
+    assert defaults.DEFAULT_RUNTIME_ROOT == paths.DEFAULT_RUNTIME_ROOT
+    assert cli._parser().parse_args(["delete", "--instance", "ns:sb"]).state_root == defaults.DEFAULT_STATE_ROOT
+    assert defaults.DEFAULT_STOP_GRACE == sandbox.DEFAULT_STOP_TIMEOUT
     with open(os.path.join(ROOT, "protocol.md")) as f:
         spec = f.read()
     assert f'"version": {results.BOOTSTRAP_VERSION}' in spec and f'"protocol": "{results.PROTOCOL}"' in spec
-    assert f"nil: {module.DEFAULT_STOP_GRACE:.0f} s" in spec
+    assert f"nil: {defaults.DEFAULT_STOP_GRACE:.0f} s" in spec
 
 
 def test_importing_the_client_never_imports_pyroute2_or_the_shims_daemon():

@@ -8,8 +8,8 @@ import os
 
 import pytest
 
-from client.controller import DEFAULT_STATE_ROOT
 from client.cri.cni import DEFAULT_BIN_DIRS, DEFAULT_CONF_DIR
+from client.defaults import DEFAULT_STATE_ROOT
 from client.podshimd import config
 from client.podshimd.config import COMMAND_LINE, Config, ConfigError
 from shim.rpc.api import DEFAULT_RUNTIME_ROOT

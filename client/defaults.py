@@ -1,0 +1,67 @@
+"""The Controller's defaults in one place: where it keeps things and how long it waits.
+
+Every timeout of the Controller and its spawners is named here, in seconds; the code that waits
+imports the name, so a figure is changed in one place and a reader finds what bounds each step.
+Figures containerd also has are noted with its value.
+"""
+
+from __future__ import annotations
+
+from shim.rpc.api import DEFAULT_RUNTIME_ROOT
+
+__all__ = [
+    "DEFAULT_STATE_ROOT",
+    "DEFAULT_RUNTIME_ROOT",
+    "LOAD_TIMEOUT",
+    "CONNECT_TIMEOUT",
+    "CREATE_TIMEOUT",
+    "START_TIMEOUT",
+    "CALL_TIMEOUT",
+    "SHUTDOWN_TIMEOUT",
+    "DISCARD_TIMEOUT",
+    "DEFAULT_STOP_GRACE",
+    "STOP_MARGIN",
+    "SPAWN_TIMEOUT",
+    "TEMPLATE_CONNECT_TIMEOUT",
+    "DELETE_TIMEOUT",
+    "UNIT_STOP_TIMEOUT",
+]
+
+#: Where bundles live: ``<state root>/<namespace>/<sandbox id>/``.
+DEFAULT_STATE_ROOT = "/var/lib/podshim"
+
+# -- the Controller -----------------------------------------------------------------------------
+#: Reconnecting to one shim after a restart: connect + SandboxStatus (containerd: 5 s).
+LOAD_TIMEOUT = 5.0
+#: Connecting to a shim: one that just printed its address (the socket accepts already), or
+#: one that did not answer before and is tried again.
+CONNECT_TIMEOUT = 5.0
+#: CreateSandbox (options are checked, a netns is made).
+CREATE_TIMEOUT = 10.0
+#: StartSandbox (the pause is launched).
+START_TIMEOUT = 10.0
+#: Status, Platform, Metrics: calls that only read.
+CALL_TIMEOUT = 5.0
+#: ShutdownSandbox, then again for the shim to close the connection (containerd: 3 s).
+SHUTDOWN_TIMEOUT = 5.0
+#: Best-effort ShutdownSandbox when undoing a create that failed; `podshim delete` follows anyway.
+DISCARD_TIMEOUT = 3.0
+#: StopSandbox's grace period when none is given: the shim's default (protocol.md 7.1).
+DEFAULT_STOP_GRACE = 10.0
+#: StopSandbox's deadline beyond its grace period: the shim's SIGKILL wait (10 s) and slack.
+STOP_MARGIN = 15.0
+
+# -- the spawners -------------------------------------------------------------------------------
+#: How long ``podshim start`` (or the template's Spawn) may take, from when it runs (containerd
+#: bounds start by its ctx). Above the shim's own start timeout (shim.launch.spawn, 8 s), so
+#: `podshim start` always ends its own child and reports before it is killed.
+SPAWN_TIMEOUT = 10.0
+#: Connecting to a shim template's control socket; a template that does not accept by then is
+#: passed over and ``podshim start`` runs instead.
+TEMPLATE_CONNECT_TIMEOUT = 1.0
+#: How long ``podshim delete`` may take: it may wait up to 5 s for each of the shim and the
+#: pause to die after SIGKILL (containerd's shim cleanup timeout is 5 s for one process).
+DELETE_TIMEOUT = 10.0
+#: One ``systemctl stop`` (or kill, reset-failed) of a shim's units: the unit's TimeoutStopSec=
+#: (20 s) for the shim's own shutdown, then its ExecStopPost= ``podshim delete``, and slack.
+UNIT_STOP_TIMEOUT = 45.0
