@@ -1,0 +1,57 @@
+"""``python3 -m client.podshimd``: run podshimd, the CRI v1 runtime, in the foreground.
+
+    python3 -m client.podshimd [--config FILE] [--listen unix:///PATH] [--state-root DIR]
+                               [--runtime-root DIR] [--cni-conf-dir DIR] [--cni-bin-dir DIRS]
+                               [--log-level LEVEL]
+
+A bad config or flag value is one sentence on stderr and exit status 1 (a usage error: 2); a
+clean stop on SIGTERM or SIGINT is 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+
+from shim.daemon import setup_logging
+from shim.launch.notify import Notifier
+from shim.rpc.channel import install_uvloop
+
+from . import config as configuration
+from .server import DaemonError, serve
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="podshimd", description="podshim's CRI v1 runtime (gRPC on a Unix socket)")
+    configuration.add_arguments(parser)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)  # usage errors: argparse prints them and exits 2
+    try:
+        config = configuration.from_arguments(args)
+    except configuration.ConfigError as exc:
+        print(f"podshimd: {exc}", file=sys.stderr)
+        return 1
+    setup_logging(debug=config.log_level == "debug")
+    logging.getLogger().setLevel(config.log_level.upper())
+    install_uvloop()
+    notifier = Notifier.from_env()
+    try:
+        asyncio.run(serve(config, notifier=notifier))
+    except DaemonError as exc:
+        print(f"podshimd: {exc}", file=sys.stderr)
+        return 1
+    except OSError as exc:
+        print(f"podshimd: {exc.strerror or exc}{f' ({exc.filename})' if exc.filename else ''}", file=sys.stderr)
+        return 1
+    finally:
+        notifier.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

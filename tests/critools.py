@@ -1,0 +1,174 @@
+"""The real CRI clients, crictl and critest (kubernetes-sigs/cri-tools v1.26.0), built once and cached,
+and podshimd run as a subprocess for them to talk to.
+
+``cri_tools_bin()`` returns the directory holding both binaries, building them first with
+``../shared/cri-tools/build`` when they are missing (offline, about 4 minutes cold; the script is
+idempotent). The session fixtures ``crictl`` and ``critest`` give the binaries' paths; a test
+module imports the ones it uses (``from critools import crictl``). Tests never skip for want of
+them: CI builds them on its first run.
+
+``running_podshimd(directory)`` runs ``python3 -m client.podshimd`` with its roots, socket and
+config under ``directory``, returns once it sent READY=1 on its NOTIFY_SOCKET, and stops it by
+pid with SIGTERM afterwards.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CRI_TOOLS_VERSION = "1.26.0"
+BUILD_SCRIPT = os.path.normpath(os.path.join(REPO, "..", "shared", "cri-tools", "build"))
+BIN_DIR = f"/var/cache/cri-tools-{CRI_TOOLS_VERSION}/bin"
+#: A cold build is about 4 minutes on 2 cores, more on a loaded machine.
+BUILD_TIMEOUT = 30 * 60.0
+
+
+def _built() -> bool:
+    return all(os.access(os.path.join(BIN_DIR, name), os.X_OK) for name in ("crictl", "critest"))
+
+
+def cri_tools_bin() -> str:
+    """The directory of crictl and critest, built first if missing. Raises RuntimeError with the
+    build's output when the build fails."""
+    if _built():
+        return BIN_DIR
+    # Test runs sharing the machine build one at a time: the lock is on the build script itself,
+    # so nothing is left behind.
+    fd = os.open(BUILD_SCRIPT, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        if not _built():
+            result = subprocess.run([BUILD_SCRIPT, os.path.dirname(BIN_DIR)], stdin=subprocess.DEVNULL,
+                                    capture_output=True, text=True, timeout=BUILD_TIMEOUT)
+            if result.returncode != 0 or not _built():
+                raise RuntimeError(f"{BUILD_SCRIPT} failed with status {result.returncode}:\n"
+                                   f"{result.stdout[-4000:]}{result.stderr[-4000:]}")
+    finally:
+        os.close(fd)
+    return BIN_DIR
+
+
+@pytest.fixture(scope="session")
+def crictl() -> str:
+    """The path of the real crictl 1.26."""
+    return os.path.join(cri_tools_bin(), "crictl")
+
+
+@pytest.fixture(scope="session")
+def critest() -> str:
+    """The path of the real critest 1.26 (the CRI conformance suite)."""
+    return os.path.join(cri_tools_bin(), "critest")
+
+
+# -- podshimd as a subprocess ------------------------------------------------------------------------
+
+#: How long podshimd may take to serve (imports and grpc start-up: well under a second when idle).
+START_TIMEOUT = 30.0
+#: How long it may take to stop after SIGTERM (its own grace for calls in flight is 5 s).
+STOP_TIMEOUT = 15.0
+
+
+class Podshimd:
+    """A running podshimd: its process, its directories, and crictl pointed at its socket."""
+
+    def __init__(self, directory: str, process: subprocess.Popen):
+        self.directory = directory
+        self.process = process
+        self.runtime_root = os.path.join(directory, "run")
+        self.state_root = os.path.join(directory, "state")
+        self.cni_conf_dir = os.path.join(directory, "net.d")
+        self.config_path = os.path.join(directory, "config.toml")
+        self.socket_path = os.path.join(self.runtime_root, "podshimd.sock")
+        self.log_path = os.path.join(directory, "podshimd.log")
+
+    @property
+    def endpoint(self) -> str:
+        return "unix://" + self.socket_path
+
+    def crictl(self, crictl: str, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+        """Run ``crictl ARGS`` against this daemon (runtime and image endpoint both)."""
+        result = subprocess.run([crictl, "--runtime-endpoint", self.endpoint, "--image-endpoint", self.endpoint,
+                                 "--timeout", "10s", *args], stdin=subprocess.DEVNULL, capture_output=True,
+                                text=True, timeout=60)
+        if check and result.returncode != 0:
+            raise AssertionError(f"crictl {' '.join(args)} exited {result.returncode}: {result.stderr}")
+        return result
+
+    def log(self) -> str:
+        with open(self.log_path) as f:
+            return f.read()
+
+    def stop(self) -> int:
+        """SIGTERM by pid and wait; the exit status (SIGKILL and an AssertionError if it hangs)."""
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+        try:
+            return self.process.wait(timeout=STOP_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+            raise AssertionError(f"podshimd ignored SIGTERM for {STOP_TIMEOUT} s:\n{self.log()}") from None
+
+
+def podshimd_argv(directory: str, *extra: str) -> list[str]:
+    """The command line of a podshimd with everything under ``directory``."""
+    return [sys.executable, "-m", "client.podshimd", "--config", os.path.join(directory, "config.toml"),
+            "--listen", "unix://" + os.path.join(directory, "run", "podshimd.sock"),
+            "--runtime-root", os.path.join(directory, "run"), "--state-root", os.path.join(directory, "state"),
+            "--cni-conf-dir", os.path.join(directory, "net.d"), *extra]
+
+
+@contextmanager
+def running_podshimd(directory: str, *extra: str, config: str = "") -> Iterator[Podshimd]:
+    """Run podshimd under ``directory`` (its config.toml holds ``config``) until the block ends."""
+    with open(os.path.join(directory, "config.toml"), "w") as f:
+        f.write(config)
+    notify_path = os.path.join(directory, "notify")
+    notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)  # systemd's, played by us
+    notify.bind(notify_path)
+    try:
+        with open(os.path.join(directory, "podshimd.log"), "wb") as log:
+            process = subprocess.Popen(podshimd_argv(directory, *extra), cwd=REPO, stdin=subprocess.DEVNULL,
+                                       stdout=log, stderr=subprocess.STDOUT,
+                                       env={**os.environ, "NOTIFY_SOCKET": notify_path})
+        daemon = Podshimd(directory, process)
+        try:
+            _wait_ready(daemon, notify)
+            yield daemon
+        finally:
+            daemon.stop()
+    finally:
+        notify.close()
+        os.unlink(notify_path)
+
+
+def _wait_ready(daemon: Podshimd, notify: socket.socket) -> None:
+    # Wait for READY=1 or the process's exit, whichever comes first: a pidfd is readable at exit.
+    pidfd = os.pidfd_open(daemon.process.pid)
+    try:
+        deadline = time.monotonic() + START_TIMEOUT
+        while (left := deadline - time.monotonic()) > 0:
+            readable, _, _ = select.select([notify, pidfd], [], [], left)
+            if notify in readable:
+                lines = notify.recv(4096).decode().splitlines()
+                if "READY=1" in lines:
+                    return
+            elif pidfd in readable:
+                daemon.process.wait()
+                raise AssertionError(f"podshimd exited with {daemon.process.returncode} before it was ready:\n"
+                                     f"{daemon.log()}")
+        raise AssertionError(f"podshimd sent no READY=1 within {START_TIMEOUT} s:\n{daemon.log()}")
+    finally:
+        os.close(pidfd)
