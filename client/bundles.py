@@ -1,6 +1,6 @@
 """Bundle directories under the state root: ``<state_root>/<namespace>/<sandbox_id>/``.
 
-A bundle is made 0700 (parents 0711) and removed atomically: renamed to a hidden
+A bundle is made 0700 (parents 0711), never through a symbolic link, and removed atomically: renamed to a hidden
 ``<namespace>/.<sandbox_id>.<random>`` first, so a crash half-way through the removal leaves a
 name the next scan recognises as garbage, never a half-deleted bundle that looks like a sandbox.
 
@@ -18,8 +18,10 @@ import logging
 import os
 import secrets
 import shutil
+import stat
 from typing import Iterator
 
+from shim.rpc.files import ensure_private_dir
 from shim.rpc.identifiers import validate_identifier
 from shim.rpc.status import AlreadyExists, Internal, InvalidArgument, NotFound
 
@@ -40,28 +42,24 @@ def bundle_path(state_root: str, namespace: str, sandbox_id: str) -> str:
     return os.path.join(state_root, namespace, sandbox_id)
 
 
-def _ensure_dir(path: str, mode: int) -> None:
-    if os.path.isdir(path):
-        return  # an existing directory keeps the mode its owner gave it
-    os.makedirs(path, mode, exist_ok=True)
-    os.chmod(path, mode)  # makedirs' mode is filtered by the umask
-
-
 def make_bundle(state_root: str, namespace: str, sandbox_id: str) -> str:
     """Create an empty bundle (parents as needed) and return its path.
 
     Raises AlreadyExists when the directory exists (another controller's sandbox, or one this
-    controller has not loaded), InvalidArgument for a bad identifier.
+    controller has not loaded), InvalidArgument for a bad identifier, OSError when the state
+    root or the namespace directory is a symbolic link (bundles would land outside the root,
+    where no scan finds them) or cannot be made.
     """
     path = bundle_path(state_root, namespace, sandbox_id)
-    _ensure_dir(state_root, _PARENT_MODE)
-    _ensure_dir(os.path.dirname(path), _PARENT_MODE)
+    # Existing parents keep the mode their owner gave them.
+    ensure_private_dir(state_root, _PARENT_MODE, keep_mode=True)
+    ensure_private_dir(os.path.dirname(path), _PARENT_MODE, keep_mode=True)
     try:
         os.mkdir(path, _BUNDLE_MODE)
     except FileExistsError:
         raise AlreadyExists(f"sandbox {sandbox_id} already exists in namespace {namespace} "
                             f"(its bundle {path} is there)") from None
-    os.chmod(path, _BUNDLE_MODE)
+    ensure_private_dir(path, _BUNDLE_MODE)
     return path
 
 
@@ -109,11 +107,11 @@ def scan(state_root: str, namespace: str | None = None) -> list[tuple[str, str, 
     """
     if namespace is not None:
         validate_identifier("namespace", namespace)
-        spaces = [namespace] if os.path.isdir(os.path.join(state_root, namespace)) else []
+        spaces = [namespace] if _is_namespace_dir(os.path.join(state_root, namespace)) else []
     else:
         spaces = []
         for entry in _entries(state_root):
-            if entry.name.startswith(".") or not entry.is_dir(follow_symlinks=False):
+            if entry.name.startswith(".") or not _is_namespace_dir(entry.path):
                 continue
             if not _is_identifier(entry.name):
                 log.warning("skipping %s: not a valid namespace name", entry.path)
@@ -134,6 +132,18 @@ def scan(state_root: str, namespace: str | None = None) -> list[tuple[str, str, 
                 continue
             found.append((ns, entry.name, entry.path))
     return sorted(found)
+
+
+def _is_namespace_dir(path: str) -> bool:
+    """A real directory; a symbolic link is skipped with a warning, never followed."""
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return False
+    if stat.S_ISLNK(mode):
+        log.warning("skipping %s: a symbolic link, not a namespace directory (podshim does not follow links "
+                    "in its state root)", path)
+    return stat.S_ISDIR(mode)
 
 
 def _is_identifier(name: str) -> bool:

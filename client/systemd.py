@@ -34,7 +34,7 @@ from typing import Mapping, Sequence
 
 import anyio
 
-from shim.rpc.files import write_atomic
+from shim.rpc.files import ensure_private_dir, write_atomic
 from shim.rpc.identifiers import validate_identifier
 from shim.rpc.status import DeadlineExceeded, Internal, InvalidArgument, NotFound, RpcError, Unavailable
 
@@ -253,10 +253,11 @@ class SystemdSpawner(Spawner):
                 if f.read() == self._env_text:
                     return
         except FileNotFoundError:
-            os.makedirs(os.path.dirname(self.env_file), 0o711, exist_ok=True)
+            pass
         except OSError as exc:
             raise Internal(f"cannot read {self.env_file}: {exc.strerror or exc}") from None
         try:
+            ensure_private_dir(os.path.dirname(self.env_file), 0o711, keep_mode=True)
             write_atomic(self.env_file, self._env_text.encode())
         except OSError as exc:
             raise Internal(f"cannot write {self.env_file}: {exc.strerror or exc}") from None

@@ -20,8 +20,9 @@ import sys
 from shim.paths import (BOOTSTRAP_FILE, DEFAULT_RUNTIME_ROOT, template_socket_for, socket_address, socket_path,
                     validate_identifier, write_json_atomic)
 from shim.rpc.api import TEMPLATE_SERVICE
+from shim.rpc.files import ensure_private_dir
 from shim.rpc.status import RpcError, Unavailable
-from shim.launch.spawn import bind_listener, bootstrap, ensure_dir, spawn_shim
+from shim.launch.spawn import bind_listener, bootstrap, spawn_shim
 
 __all__ = ["main"]
 
@@ -160,7 +161,7 @@ def _serve(args: argparse.Namespace) -> int:
     from shim.launch.notify import listen_fds
 
     setup_logging(args.debug)
-    ensure_dir(args.bundle, 0o700)
+    ensure_private_dir(args.bundle, 0o700)
     config = _config(args)
     fds = listen_fds()
     if fds:
@@ -201,7 +202,13 @@ def main(argv: list[str] | None = None) -> int:
     except RpcError as exc:
         print(f"podshim {args.action}: {exc.code.name}: {exc.message}", file=sys.stderr)
         return 1
-    except (OSError, ValueError) as exc:
+    except OSError as exc:  # a sentence, not "[Errno N] ...: 'path'"
+        said = exc.strerror or str(exc)
+        if exc.filename and exc.strerror and exc.filename not in said:
+            said = f"{exc.filename}: {said}"
+        print(f"podshim {args.action}: {said}", file=sys.stderr)
+        return 1
+    except ValueError as exc:
         print(f"podshim {args.action}: {exc}", file=sys.stderr)
         return 1
 

@@ -32,6 +32,7 @@ import anyio
 
 from shim.sandbox.options import RUNTIME_HANDLERS  # "native" (the default, also for ""), "runc", "crun"
 from shim.rpc.api import TASK_SERVICE
+from shim.rpc.files import ensure_private_dir
 from shim.rpc.status import (DeadlineExceeded, FailedPrecondition, InvalidArgument, NotFound, RpcError,
                              Unavailable)
 
@@ -548,7 +549,10 @@ async def open_pod_service(root: str = "/var/lib/podshim", runtime_root: str = "
     """
     if not os.path.isabs(root):
         raise InvalidArgument(f"root {root!r} must be an absolute path")
-    os.makedirs(root, mode=0o711, exist_ok=True)
+    ensure_private_dir(root, 0o711, keep_mode=True)
+    # Made here, not as a parent of the first log directory the shim makes: a link planted
+    # there would take every pod's default logs elsewhere.
+    ensure_private_dir(os.path.join(root, "logs"), 0o755, keep_mode=True)
     store = PodStore(root)
     cni = CniRunner(cni_conf_dir, cni_bin_dirs, plugin_netns=cni_plugin_netns)
     async with Controller(state_root=os.path.join(root, "sandboxes"), runtime_root=runtime_root,

@@ -38,7 +38,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
-from shim.rpc.files import fsync_dir, write_atomic
+from shim.rpc.files import ensure_private_dir, fsync_dir, write_atomic
 from shim.rpc.identifiers import validate_identifier
 from shim.rpc.status import AlreadyExists, InvalidArgument, NotFound
 
@@ -226,7 +226,7 @@ class PodStore:
     def __init__(self, root: str | os.PathLike[str]):
         self.root = os.path.abspath(os.fspath(root))
         self._dir = os.path.join(self.root, _PODS_DIR)
-        os.makedirs(self._dir, mode=0o700, exist_ok=True)
+        ensure_private_dir(self._dir, 0o700)
         self._lock = threading.RLock()
         self._pods: dict[str, PodRecord] = {}
         self._names: dict[str, str] = {}          # metadata key → pod id, from complete records

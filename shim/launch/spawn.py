@@ -27,9 +27,10 @@ from typing import Any, NoReturn
 from shim.kernel.linux import proc_start_time
 from shim.paths import (BOOTSTRAP_FILE, BOOTSTRAP_VERSION, LOG_FILE, PROTOCOL, STATE_FILE, read_json, socket_address,
                     write_json_atomic)
+from shim.rpc.files import ensure_private_dir
 from shim.rpc.status import Unavailable
 
-__all__ = ["START_TIMEOUT", "CAN_CONNECT_TIMEOUT", "Spare", "bind_listener", "bootstrap", "ensure_dir", "fork_spare",
+__all__ = ["START_TIMEOUT", "CAN_CONNECT_TIMEOUT", "Spare", "bind_listener", "bootstrap", "fork_spare",
            "spawn_shim"]
 
 #: How long a spawner waits for the forked shim to accept; below the Controller's SPAWN_TIMEOUT
@@ -37,13 +38,6 @@ __all__ = ["START_TIMEOUT", "CAN_CONNECT_TIMEOUT", "Spare", "bind_listener", "bo
 START_TIMEOUT = 8.0
 #: A socket that accepts a connection within this is a live shim (containerd: 100 ms).
 CAN_CONNECT_TIMEOUT = 0.1
-
-
-def ensure_dir(path: str, mode: int) -> None:
-    """Create ``path`` (and parents) and make sure it has exactly ``mode``."""
-    os.makedirs(path, mode=mode, exist_ok=True)
-    if os.stat(path).st_mode & 0o777 != mode:
-        os.chmod(path, mode)
 
 
 def _can_connect(path: str) -> bool:
@@ -61,7 +55,7 @@ def _can_connect(path: str) -> bool:
 def bind_listener(path: str) -> socket.socket | None:
     """Bind and listen on ``path`` (0600, in a 0700 dir). Returns None if a live shim owns it;
     a stale socket file left by a dead shim is replaced."""
-    ensure_dir(os.path.dirname(path), 0o700)
+    ensure_private_dir(os.path.dirname(path), 0o700)
     for attempt in (1, 2):
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
         old_umask = os.umask(0o177)  # the socket is born 0600: no window where others can connect
@@ -252,7 +246,7 @@ def spawn_shim(config: Any, *, debug: bool = False, double_fork: bool = False,
     ``spare``: a :class:`Spare` to use instead of forking (taken and closed here unless a live
     shim already serves the socket; a dead spare falls back to forking).
     """
-    ensure_dir(config.bundle, 0o700)
+    ensure_private_dir(config.bundle, 0o700)
     address = socket_address(config.socket_path)
     sock = bind_listener(config.socket_path)
     if sock is None:

@@ -29,10 +29,11 @@ from shim.kernel.linux import set_process_name
 from shim.paths import control_socket_path, socket_path
 from shim.rpc.api import TEMPLATE_SERVICE
 from shim.rpc.blocking import serve_connection
+from shim.rpc.files import ensure_private_dir
 from shim.rpc.identifiers import validate_identifier
 from shim.rpc.messages import Request, optional, require
 from shim.rpc.status import InvalidArgument
-from shim.launch.spawn import Spare, bind_listener, ensure_dir, fork_spare, spawn_shim
+from shim.launch.spawn import Spare, bind_listener, fork_spare, spawn_shim
 
 __all__ = ["run_template"]
 
@@ -129,7 +130,7 @@ def run_template(runtime_root: str, *, pause_binary: str | None = None, ready_fd
     _preload()
     set_process_name("podshim-tmpl")
     path = control_socket_path(runtime_root)
-    ensure_dir(os.path.dirname(path), 0o700)
+    ensure_private_dir(os.path.dirname(path), 0o700)
     listener = bind_listener(path)
     if listener is None:
         raise OSError(f"a template already serves {path}")

@@ -1,22 +1,72 @@
-"""Writing a file so a reader sees the old one or the new one, never half.
+"""The directories podshim keeps its own files in, and writing a file so a reader sees the old
+one or the new one, never half.
 
 bootstrap.json is part of the protocol (protocol.md, "Bootstrap"): it is written atomically by
-whoever writes it, the shim or a client-side spawner, and pod records need the same. One
-implementation for all of them, here where both the shim and the client may import it.
+whoever writes it, the shim or a client-side spawner, and pod records need the same. The
+directories they live in (socket directory, bundles, records, logs) are made one way, never
+through a symbolic link. One implementation for all of them, here where both the shim and the
+client may import it.
 """
 
 from __future__ import annotations
 
 import errno
 import os
+import stat
 import tempfile
 from typing import Any
 
-__all__ = ["fsync_dir", "write_atomic"]
+__all__ = ["ensure_private_dir", "fsync_dir", "write_atomic"]
 
 _RENAME_EXCHANGE = 2  # renameat2(2) flag, <linux/fs.h>
 _AT_FDCWD = -100
 _renameat2: Any = None  # libc's renameat2, loaded on first use; False where libc has none
+
+
+def ensure_private_dir(path: str, mode: int, *, keep_mode: bool = False) -> None:
+    """Make ``path``, a directory podshim keeps its own files in, or check the one that is there.
+
+    Missing parents are made as ``os.makedirs`` makes them. ``path`` itself must be a directory,
+    never a symbolic link: a link there (planted to make us chmod its target, or put our files
+    outside our root) or any other file is refused with OSError (ELOOP, ENOTDIR), whose strerror
+    is a sentence naming the path. A directory made here gets exactly ``mode``. One that was
+    there must belong to this user (EPERM otherwise) and is set to ``mode``, unless
+    ``keep_mode``: a root an administrator may have made (a state root, a log directory) keeps
+    the mode and owner they gave it. The mode is set through an O_NOFOLLOW descriptor, so a
+    link swapped in meanwhile is not followed either.
+    """
+    made = False
+    try:
+        os.mkdir(path, mode)
+        made = True
+    except FileNotFoundError:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        try:
+            os.mkdir(path, mode)
+            made = True
+        except FileExistsError:
+            pass
+    except FileExistsError:
+        pass
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as exc:
+        if exc.errno not in (errno.ENOTDIR, errno.ELOOP):
+            raise
+        if os.path.islink(path):
+            raise OSError(errno.ELOOP, f"{path} is a symbolic link, which podshim does not follow where it keeps "
+                                       "its own files; remove it", path) from None
+        raise OSError(errno.ENOTDIR, f"{path} is not a directory", path) from None
+    try:
+        st = os.fstat(fd)
+        if not made and not keep_mode and st.st_uid != os.geteuid():
+            raise OSError(errno.EPERM, f"{path} belongs to uid {st.st_uid}, not to this user "
+                                       f"(uid {os.geteuid()}); podshim keeps its own files only in its own "
+                                       "directories", path)
+        if (made or not keep_mode) and stat.S_IMODE(st.st_mode) != mode:
+            os.fchmod(fd, mode)  # mkdir's mode was filtered by the umask
+    finally:
+        os.close(fd)
 
 
 def fsync_dir(path: str) -> None:

@@ -85,6 +85,7 @@ from shim.runtime import pause, process
 from shim.kernel.cgroups import SandboxCgroup
 from shim.paths import write_json_atomic
 from shim.kernel.reaper import ExitInfo, Reaper
+from shim.rpc.files import ensure_private_dir
 from shim.rpc.status import (AlreadyExists, DeadlineExceeded, FailedPrecondition, Internal, InvalidArgument, NotFound,
                          RpcError)
 
@@ -158,7 +159,7 @@ def ensure_pause_rootfs(runtime_root: str, source: str = pause.CATATONIT) -> str
     if os.access(os.path.join(target, "pause"), os.X_OK):
         return target
     _check_static_executable(source)
-    os.makedirs(runtime_root, mode=0o711, exist_ok=True)
+    ensure_private_dir(runtime_root, 0o711, keep_mode=True)
     tmp = tempfile.mkdtemp(prefix=f".{PAUSE_ROOTFS_DIR}-", dir=runtime_root)
     try:
         os.chmod(tmp, 0o755)
@@ -720,7 +721,7 @@ class OciBackend:
         is deleted; a program that cannot be run is FailedPrecondition."""
         container = self.task_container(task_id)
         rootfs = os.path.join(container.bundle, "rootfs")
-        os.makedirs(rootfs, mode=0o755, exist_ok=True)
+        ensure_private_dir(rootfs, 0o755)
         doc = task_spec(sandbox_id=self.sandbox_id, args=args, env=env, cwd=cwd, rootfs=rootfs, pause_pid=pause_pid,
                         pid_mode=pid_mode, own_ipc=own_ipc,
                         cgroups_path=self._cgroups_path(cgroup))
@@ -753,7 +754,7 @@ class OciBackend:
                       stdout: int | None = None, stderr: int | None = None,
                       binds: tuple[tuple[str, str], ...]) -> tuple[int, int, asyncio.Future[ExitInfo]]:
         """Write config.json, record the container, create it, place and watch its init, start it."""
-        os.makedirs(container.bundle, mode=0o700, exist_ok=True)
+        ensure_private_dir(container.bundle, 0o700)
         write_json_atomic(os.path.join(container.bundle, "config.json"), doc, durable=False)
         self.containers[container.container_id] = container
         self.persist()  # recorded before it exists: `podshim delete` deletes it after a crash

@@ -30,6 +30,7 @@ from shim.sandbox.events import TOPIC_TASK_EXIT
 from shim.kernel.linux import CLONE_NEWIPC, CLONE_NEWNET, CLONE_NEWNS, CLONE_NEWPID, CLONE_NEWUTS
 from shim.runtime.pause import PauseProcess
 from shim.kernel.reaper import ExitInfo
+from shim.rpc.files import ensure_private_dir
 from shim.rpc.identifiers import validate_identifier
 from shim.rpc.status import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound, RpcError, Unavailable
 from shim.sandbox.sandbox import KILL_WAIT, ExitResult, Sandbox, State
@@ -199,7 +200,7 @@ class TaskSet:
         if task_id in self._tasks:
             raise AlreadyExists(f"task {task_id} already exists (it is {self._tasks[task_id].status.value})")
         try:
-            os.makedirs(os.path.dirname(log_path), mode=LOG_DIR_MODE, exist_ok=True)
+            ensure_private_dir(os.path.dirname(log_path), LOG_DIR_MODE, keep_mode=True)
         except OSError as exc:
             raise FailedPrecondition(f"cannot make the directory of log_path {log_path}: {exc.strerror}") from None
         task = Task(task_id, args=list(args), env=environment, cwd=cwd, log_path=log_path, pid_mode=pid_mode,

@@ -1,13 +1,15 @@
-"""shim.rpc.files: a reader sees the old file or the new one, never half, and nothing is left."""
+"""shim.rpc.files: a reader sees the old file or the new one, never half, and nothing is left;
+podshim's own directories are made with their mode and never through a symbolic link."""
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 
 import pytest
 
-from shim.rpc.files import write_atomic
+from shim.rpc.files import ensure_private_dir, write_atomic
 
 
 @pytest.mark.parametrize("durable", [False, True])
@@ -53,3 +55,55 @@ def test_a_missing_directory_is_an_error_and_leaves_nothing(tmp_path):
     with pytest.raises(FileNotFoundError):
         write_atomic(str(tmp_path / "no" / "state.json"), b"x", durable=False)
     assert os.listdir(tmp_path) == []
+
+
+# -- ensure_private_dir ------------------------------------------------------------------------
+
+
+def test_a_private_dir_is_made_with_exactly_its_mode_whatever_the_umask(tmp_path):
+    path = tmp_path / "a" / "b"
+    old = os.umask(0o077)
+    try:
+        ensure_private_dir(str(path), 0o711)
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(os.lstat(path).st_mode) == 0o711
+
+
+def test_an_existing_private_dir_gets_its_mode_back_unless_it_keeps_its_own(tmp_path):
+    private, root = tmp_path / "s", tmp_path / "root"
+    for path in (private, root):
+        path.mkdir()
+        os.chmod(path, 0o777)
+    ensure_private_dir(str(private), 0o700)
+    ensure_private_dir(str(root), 0o711, keep_mode=True)
+    assert stat.S_IMODE(os.lstat(private).st_mode) == 0o700
+    assert stat.S_IMODE(os.lstat(root).st_mode) == 0o777
+
+
+@pytest.mark.parametrize("keep_mode", [False, True])
+def test_a_symlink_where_a_private_dir_goes_is_refused_and_its_target_left_alone(tmp_path, keep_mode):
+    target, link = tmp_path / "target", tmp_path / "s"
+    target.mkdir()
+    os.chmod(target, 0o755)
+    link.symlink_to(target)
+    with pytest.raises(OSError, match="symbolic link") as caught:
+        ensure_private_dir(str(link), 0o700, keep_mode=keep_mode)
+    assert caught.value.errno == errno.ELOOP and str(link) in caught.value.strerror
+    assert stat.S_IMODE(os.stat(target).st_mode) == 0o755
+
+
+def test_a_file_where_a_private_dir_goes_is_refused(tmp_path):
+    path = tmp_path / "s"
+    path.write_bytes(b"")
+    with pytest.raises(NotADirectoryError, match="not a directory"):
+        ensure_private_dir(str(path), 0o700)
+
+
+def test_a_private_dir_of_another_user_is_refused(tmp_path):
+    path = tmp_path / "s"
+    path.mkdir(mode=0o700)
+    os.chown(path, 65534, 65534)
+    with pytest.raises(PermissionError, match="belongs to uid 65534"):
+        ensure_private_dir(str(path), 0o700)
+    ensure_private_dir(str(path), 0o700, keep_mode=True)  # an administrator's root: theirs to own

@@ -143,6 +143,24 @@ async def test_shim_stdio_goes_to_the_bundle_log_with_timestamps(shim):
     assert any(f"serving sandbox {shim.namespace}/{shim.sandbox_id}" in line for line in lines)
 
 
+def test_start_refuses_a_symlink_planted_at_the_socket_directory_and_leaves_its_target_alone(shims, tmp_path):
+    bundle, root = shims.directories()
+    target = tmp_path / "elsewhere"
+    target.mkdir()
+    os.chmod(target, 0o755)
+    os.makedirs(root)
+    os.symlink(target, os.path.join(root, "s"))
+    sandbox_id = new_id()
+    result = run_podshim("start", "it", sandbox_id, bundle, root)
+    if result.returncode == 0:  # a shim that followed the link: ended with the test's others
+        shims.adopt("it", sandbox_id, bundle, root, json.loads(result.stdout))
+    assert result.returncode == 1
+    # Through a template the sentence comes back as the Spawn call's status.
+    assert re.fullmatch(rf"podshim start: (INTERNAL: \S+: )?{re.escape(root)}/s is a symbolic link.*\n",
+                        result.stderr), result.stderr
+    assert stat.S_IMODE(os.stat(target).st_mode) == 0o755 and os.listdir(target) == []
+
+
 @pytest.mark.parametrize("action", ["start", "serve", "delete"])
 @pytest.mark.parametrize("flag", ["namespace", "id"])
 @pytest.mark.parametrize("value", ["../x", "a..b", "a" * 77, ""],

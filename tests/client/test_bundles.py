@@ -1,0 +1,47 @@
+"""client.bundles: bundles are made under the state root, never through a symbolic link."""
+
+from __future__ import annotations
+
+import os
+import stat
+
+import pytest
+
+from client.bundles import make_bundle, scan
+
+
+@pytest.fixture
+def roots(tmp_path):
+    """(state root, a directory outside it), both empty."""
+    state_root, outside = tmp_path / "state", tmp_path / "outside"
+    state_root.mkdir()
+    outside.mkdir(mode=0o755)
+    os.chmod(outside, 0o755)
+    return str(state_root), str(outside)
+
+
+def test_a_bundle_is_0700_under_0711_parents(roots):
+    state_root, _ = roots
+    path = make_bundle(state_root, "k8s.io", "sb1")
+    assert path == os.path.join(state_root, "k8s.io", "sb1")
+    assert stat.S_IMODE(os.lstat(path).st_mode) == 0o700
+    assert stat.S_IMODE(os.lstat(os.path.dirname(path)).st_mode) == 0o711
+    assert scan(state_root) == [("k8s.io", "sb1", path)]
+
+
+def test_a_symlinked_namespace_directory_is_refused_and_nothing_is_made_outside_the_root(roots):
+    state_root, outside = roots
+    os.symlink(outside, os.path.join(state_root, "k8s.io"))
+    with pytest.raises(OSError, match="symbolic link") as caught:
+        make_bundle(state_root, "k8s.io", "sb1")
+    assert os.path.join(state_root, "k8s.io") in caught.value.strerror
+    assert os.listdir(outside) == [] and stat.S_IMODE(os.stat(outside).st_mode) == 0o755
+
+
+def test_a_bundle_behind_a_symlinked_namespace_directory_is_not_listed(roots, caplog):
+    state_root, outside = roots
+    os.mkdir(os.path.join(outside, "sb1"))
+    os.symlink(outside, os.path.join(state_root, "k8s.io"))
+    assert scan(state_root) == []
+    assert scan(state_root, "k8s.io") == []
+    assert "symbolic link" in caplog.text
