@@ -34,6 +34,7 @@ import shim
 from client.criapi import api_pb2, api_pb2_grpc
 from client.cri.cni import CniConfig
 from shim.launch.notify import Notifier
+from shim.rpc.files import ensure_private_dir
 from shim.rpc.status import RpcError, Unimplemented, status_from_exception
 
 from .config import Config
@@ -153,14 +154,13 @@ def _claim_directory(directory: str, runtime_root: str) -> int:
     """Make the socket's directory 0700 and lock it; return the locked descriptor.
 
     A directory that exists is made 0700 only when it is podshim's own (the runtime root or below
-    it); any other existing directory must already be 0700: podshimd never narrows /tmp or /run."""
+    it); any other existing directory must already be 0700: podshimd never narrows /tmp or /run.
+    A symbolic link there is refused, never followed."""
     try:
-        os.makedirs(directory, mode=0o700)
-    except FileExistsError:
-        pass
+        ensure_private_dir(directory, 0o700, keep_mode=True)  # never a link: its target would be narrowed
     except OSError as exc:
-        raise DaemonError(f"cannot create the socket directory {directory}: {exc.strerror}") from None
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        raise DaemonError(f"cannot use the socket directory {directory}: {exc.strerror}") from None
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     try:
         mode = stat.S_IMODE(os.fstat(fd).st_mode)
         if mode != 0o700:

@@ -159,6 +159,18 @@ def test_a_shared_directory_for_the_socket_is_refused(directory):
     assert stat.S_IMODE(os.stat(shared).st_mode) == 0o1777
 
 
+def test_a_symlink_planted_at_the_socket_directory_is_refused_and_its_target_left_alone(directory):
+    elsewhere = os.path.join(directory, "elsewhere")
+    os.makedirs(elsewhere)
+    os.chmod(elsewhere, 0o755)
+    os.symlink(elsewhere, os.path.join(directory, "run"))
+    result = run_podshimd(directory)
+    assert result.returncode == 1
+    assert_one_sentence(result.stderr, f"podshimd: cannot use the socket directory {directory}/run: "
+                                       f"{directory}/run is a symbolic link")
+    assert stat.S_IMODE(os.stat(elsewhere).st_mode) == 0o755 and os.listdir(elsewhere) == []
+
+
 # -- refusing to start -----------------------------------------------------------------------------
 
 def test_a_bad_config_file_exits_1_with_one_sentence(directory):
