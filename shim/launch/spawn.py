@@ -417,7 +417,9 @@ def _stdio_to(log_path: str) -> None:
     devnull = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
     os.dup2(devnull, 0)
     os.close(devnull)
-    log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
+    # Never through a link, as with the tasks' logs (shim.runtime.crilog).
+    log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NOCTTY,
+                     0o600)
     os.dup2(log_fd, 1)
     os.dup2(log_fd, 2)
     os.close(log_fd)

@@ -12,16 +12,23 @@ newline is ``P`` too. A trailing ``\\r\\n`` is a newline.
 
 :class:`LineSplitter` is the format without I/O (bytes in, records out); :class:`CriLog`
 reads the two pipes on the event loop, never blocking it, and appends to the file.
+
+The log file is only ever a regular file at its own path: a symbolic link there (which would
+send the container's output to any file on the host), a FIFO or a device is refused, where
+containerd follows and opens whatever is there.
 """
 
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 import os
+import stat
 import time
 
-__all__ = ["MAX_LINE_BYTES", "STDOUT", "STDERR", "CriLog", "LineSplitter", "format_records", "rfc3339_nano"]
+__all__ = ["MAX_LINE_BYTES", "STDOUT", "STDERR", "CriLog", "LineSplitter", "check_log_path", "format_records",
+           "rfc3339_nano"]
 
 log = logging.getLogger(__name__)
 
@@ -89,6 +96,43 @@ class LineSplitter:
         return start
 
 
+def check_log_path(path: str) -> None:
+    """OSError (its strerror a sentence) unless ``path`` is missing or a regular file: what
+    :class:`CriLog` will open, checked ahead so a bad path fails a task's Create, not its Start."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    _check_log_file(path, st.st_mode)
+
+
+def _check_log_file(path: str, mode: int) -> None:
+    if stat.S_ISLNK(mode):
+        raise OSError(errno.ELOOP, "it is a symbolic link, which podshim does not follow for a log file (it "
+                                   "would send the output elsewhere); remove it", path)
+    if not stat.S_ISREG(mode):
+        raise OSError(errno.EINVAL, "it is not a regular file", path)
+
+
+def _open_log_file(path: str) -> int:
+    # O_NOFOLLOW: never through a link. O_NONBLOCK and O_NOCTTY: a FIFO or a terminal swapped in
+    # can neither block the shim's loop nor become its terminal before it is refused.
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY
+    try:
+        fd = os.open(path, flags, LOG_FILE_MODE)
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENXIO):  # a link; a FIFO nobody reads
+            check_log_path(path)
+        raise
+    try:
+        _check_log_file(path, os.fstat(fd).st_mode)
+        os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
 class CriLog:
     """The pipes of one task's stdout and stderr and the log file they are written to.
 
@@ -96,7 +140,8 @@ class CriLog:
     child. :meth:`start` (after the launch) closes them here and reads the pipes on the loop;
     :meth:`drain` returns once both reached EOF; :meth:`close` releases everything and is the
     cleanup path on any failure. Raises OSError from the constructor when the file cannot be
-    opened (it is created, mode 0640, in a directory that must exist).
+    opened (it is created, mode 0640, in a directory that must exist) or is not a regular file
+    at its own path (see :func:`check_log_path`).
     """
 
     def __init__(self, path: str):
@@ -104,8 +149,7 @@ class CriLog:
         self._fds: list[int] = []
         self._readers: list[_PipeReader] = []
         try:
-            self._log_fd = self._own(os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC,
-                                             LOG_FILE_MODE))
+            self._log_fd = self._own(_open_log_file(path))
             pipes = [os.pipe2(os.O_CLOEXEC) for _ in (STDOUT, STDERR)]
             for read_fd, write_fd in pipes:
                 self._own(read_fd)

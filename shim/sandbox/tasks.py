@@ -25,7 +25,7 @@ from typing import Any
 
 from shim.runtime import process
 from shim.kernel.cgroups import SandboxCgroup
-from shim.runtime.crilog import LOG_DIR_MODE, CriLog
+from shim.runtime.crilog import LOG_DIR_MODE, CriLog, check_log_path
 from shim.sandbox.events import TOPIC_TASK_EXIT
 from shim.kernel.linux import CLONE_NEWIPC, CLONE_NEWNET, CLONE_NEWNS, CLONE_NEWPID, CLONE_NEWUTS
 from shim.runtime.pause import PauseProcess
@@ -203,6 +203,10 @@ class TaskSet:
             ensure_private_dir(os.path.dirname(log_path), LOG_DIR_MODE, keep_mode=True)
         except OSError as exc:
             raise FailedPrecondition(f"cannot make the directory of log_path {log_path}: {exc.strerror}") from None
+        try:
+            check_log_path(log_path)
+        except OSError as exc:
+            raise FailedPrecondition(f"cannot use log file {log_path}: {exc.strerror}") from None
         task = Task(task_id, args=list(args), env=environment, cwd=cwd, log_path=log_path, pid_mode=pid_mode,
                     labels=dict(labels or {}))
         self._tasks[task_id] = task

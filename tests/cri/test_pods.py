@@ -172,6 +172,21 @@ async def test_creating_a_container_needs_a_ready_pod(roots):
             await pods.create_container(pod_id, container_config(["true"]))
 
 
+async def test_a_container_whose_log_path_is_a_symlink_is_refused_at_create(roots, tmp_path):
+    victim, logs = tmp_path / "victim", tmp_path / "pod-logs"
+    victim.write_bytes(b"precious\n")
+    logs.mkdir()
+    (logs / "c_0.log").symlink_to(victim)  # where the container's log would go
+    cfg = pod_config()
+    cfg["log_directory"] = str(logs)
+    async with pod_service(roots) as pods:
+        pod_id = await pods.run_pod_sandbox(cfg)
+        with pytest.raises(FailedPrecondition, match=f"{logs}/c_0.log: it is a symbolic link"):
+            await pods.create_container(pod_id, container_config(["echo", "hello"]))
+        assert await pods.list_containers() == []
+    assert victim.read_bytes() == b"precious\n"
+
+
 async def test_ids_may_be_given_by_unique_prefix(roots):
     async with pod_service(roots) as pods:
         pod_id = await pods.run_pod_sandbox(pod_config())

@@ -1,10 +1,13 @@
-"""The CRI log format without I/O: line splitting, tags and timestamps, as containerd writes them."""
+"""The CRI log format without I/O: line splitting, tags and timestamps, as containerd writes them;
+and the log file, which is only ever a regular file at its own path."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
-from shim.runtime.crilog import FULL, MAX_LINE_BYTES, PARTIAL, LineSplitter, format_records, rfc3339_nano
+from shim.runtime.crilog import FULL, MAX_LINE_BYTES, PARTIAL, CriLog, LineSplitter, format_records, rfc3339_nano
 
 
 def split(*chunks: bytes, limit: int = MAX_LINE_BYTES) -> list[tuple[bytes, bytes]]:
@@ -73,3 +76,42 @@ def test_records_are_formatted_as_cri_log_lines():
     line = format_records("stderr", [(FULL, b"a b"), (PARTIAL, b"")], 1_475_712_829_669_794_202)
     assert line == (b"2016-10-06T00:13:49.669794202Z stderr F a b\n"
                     b"2016-10-06T00:13:49.669794202Z stderr P \n")
+
+
+# -- the log file ------------------------------------------------------------------------------
+
+
+def test_the_log_file_is_made_0640_and_appended_to(tmp_path):
+    path = tmp_path / "c.log"
+    path.write_bytes(b"earlier\n")
+    log = CriLog(str(path))
+    try:
+        log.write(b"later\n")
+    finally:
+        log.close()
+    assert path.read_bytes() == b"earlier\nlater\n"
+    fresh = CriLog(str(tmp_path / "new.log"))
+    fresh.close()
+    assert os.stat(tmp_path / "new.log").st_mode & 0o777 == 0o640
+
+
+@pytest.mark.parametrize("kind, says", [("symlink", "symbolic link"), ("fifo", "not a regular file")])
+def test_a_log_path_that_is_not_a_regular_file_is_refused_and_nothing_goes_through_it(tmp_path, kind, says):
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"precious\n")
+    path = tmp_path / "c.log"
+    reader = None
+    if kind == "symlink":
+        path.symlink_to(victim)
+    else:
+        os.mkfifo(path)
+        reader = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # someone reads: an open for writing would succeed
+    try:
+        with pytest.raises(OSError, match=says):
+            CriLog(str(path)).close()
+        if reader is not None:
+            assert os.read(reader, 100) == b""
+    finally:
+        if reader is not None:
+            os.close(reader)
+    assert victim.read_bytes() == b"precious\n"

@@ -351,6 +351,27 @@ async def test_malformed_create_is_invalid_argument(pod):
     assert (await pod.call("List"))["tasks"] == []
 
 
+async def test_a_log_path_that_is_a_symlink_fails_create_and_nothing_is_written_through_it(pod, tmp_path):
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"precious\n")
+    os.makedirs(os.path.dirname(pod.log_path("app")))
+    os.symlink(victim, pod.log_path("app"))
+    with pytest.raises(FailedPrecondition, match=f"{pod.log_path('app')}: it is a symbolic link"):
+        await pod.create("app", "echo", "hello")
+    assert (await pod.call("List"))["tasks"] == []
+    assert victim.read_bytes() == b"precious\n"
+
+
+async def test_a_symlink_planted_at_the_log_path_after_create_fails_start(pod, tmp_path):
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"precious\n")
+    await pod.create("app", "echo", "hello")
+    os.symlink(victim, pod.log_path("app"))
+    with pytest.raises(FailedPrecondition, match=f"{pod.log_path('app')}: it is a symbolic link"):
+        await pod.call("Start", task_id="app")
+    assert victim.read_bytes() == b"precious\n"
+
+
 async def test_create_needs_a_running_sandbox(shims, tmp_path):
     shim = await shims.start()
     await shim.call("CreateSandbox")
