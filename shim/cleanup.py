@@ -1,7 +1,9 @@
 """``podshim delete``: clean up after a shim that died, from what it recorded in state.json.
 
-Safe to repeat and safe at any point of a crash: every step checks before it acts, and
-processes are matched by pid *and* start time so a reused pid is never killed.
+Safe to repeat and safe at any point of a crash: every step checks before it acts. Processes
+are named by pid *and* start time and killed through a pidfd opened before the start time is
+compared (:func:`shim.rpc.processes.open_pidfd`), so a reused pid is never killed; a process
+recorded without a start time is never signalled.
 """
 
 from __future__ import annotations
@@ -14,12 +16,12 @@ from typing import Any
 
 from shim.kernel import cgroups, netns
 from shim.runtime import oci
-from shim.kernel.linux import proc_start_time
 from shim.rpc.api import UNKNOWN_EXIT_STATUS
 from shim.paths import STATE_FILE, read_json, socket_path, write_json_atomic
+from shim.rpc.processes import open_pidfd, wait_pidfd
 from shim.rpc.status import RpcError
 
-__all__ = ["UNKNOWN_EXIT_STATUS", "delete_sandbox", "process_alive", "wait_gone"]
+__all__ = ["UNKNOWN_EXIT_STATUS", "KILLED_EXIT_STATUS", "delete_sandbox"]
 
 log = logging.getLogger(__name__)
 
@@ -29,42 +31,25 @@ KILLED_EXIT_STATUS = 128 + signal.SIGKILL
 KILL_WAIT = 5.0
 
 
-def process_alive(pid: int | None, start_time: int | None) -> bool:
-    """True if ``pid`` runs (not a zombie) and, when given, started at ``start_time``."""
+def _kill(pid: int | None, start_time: int | None, what: str) -> bool:
+    """SIGKILL the process ``(pid, start_time)`` and wait for it to exit; whether it was alive."""
     if not pid:
         return False
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
-    except OSError:
+    if start_time is None:
+        log.warning("%s %d was recorded without its start time; not signalling a pid that may be another "
+                    "process's by now", what, pid)
         return False
-    state = stat[stat.rfind(b")") + 2:stat.rfind(b")") + 3]
-    if state in (b"Z", b"X"):
-        return False
-    return start_time is None or proc_start_time(pid) == start_time
-
-
-def wait_gone(pid: int, start_time: int | None, timeout: float = KILL_WAIT) -> bool:
-    """Wait until the process is gone or a zombie; False if it outlived ``timeout``."""
-    deadline = time.monotonic() + timeout
-    delay = 0.001
-    while process_alive(pid, start_time):
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(delay)
-        delay = min(delay * 2, 0.05)
-    return True
-
-
-def _kill(pid: int | None, start_time: int | None, what: str) -> bool:
-    if not process_alive(pid, start_time):
+    fd = open_pidfd(pid, start_time)
+    if fd is None:
         return False
     try:
-        os.kill(pid, signal.SIGKILL)  # type: ignore[arg-type]
+        signal.pidfd_send_signal(fd, signal.SIGKILL)
+        if not wait_pidfd(fd, KILL_WAIT):
+            log.error("%s %d did not exit within %.0fs of SIGKILL", what, pid, KILL_WAIT)
     except ProcessLookupError:
-        return False
-    if not wait_gone(pid, start_time):  # type: ignore[arg-type]
-        log.error("%s %d did not exit within %.0fs of SIGKILL", what, pid, KILL_WAIT)
+        return False  # it exited between the check and the signal
+    finally:
+        os.close(fd)
     return True
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import subprocess
 import time
 
 import pytest
@@ -30,6 +31,17 @@ async def reaper():
     reaper.install()
     yield reaper
     reaper.uninstall()
+
+
+@pytest.fixture
+def sleeper():
+    """A live process nobody else knows (``sleep 600``), killed and reaped after the test."""
+    proc = subprocess.Popen(["sleep", "600"])
+    try:
+        yield proc
+    finally:
+        proc.kill()
+        proc.wait()
 
 
 def _podshim_processes() -> set[int]:

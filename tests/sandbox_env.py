@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from shim import cleanup
+from shim.rpc import processes
 
 PODSHIM = [sys.executable, "-m", "shim"]
 PODSHIMCTL = [sys.executable, "-m", "client.cli"]
@@ -68,12 +68,12 @@ def _cmdline(pid: int) -> bytes:
 
 def alive(pid: int) -> bool:
     """True if ``pid`` exists and is not a zombie."""
-    return cleanup.process_alive(pid, None)
+    return processes.process_alive(pid, None)
 
 
 def wait_gone(pid: int, timeout: float = SETTLE) -> bool:
     """Wait until ``pid`` is gone (or a zombie); False if it outlived ``timeout``."""
-    return cleanup.wait_gone(pid, None, timeout)
+    return processes.wait_gone(pid, None, timeout)
 
 
 def shim_processes(runtime_root: str) -> list[int]:

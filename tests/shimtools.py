@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import pytest
 
 from shim.kernel import linux
-from shim.cleanup import process_alive
+from shim.rpc.processes import process_alive
 from shim.paths import STATE_FILE, read_json
 from shim.rpc import Client, RpcError
 from shim.rpc.api import EVENTS_SERVICE, SANDBOX_SERVICE

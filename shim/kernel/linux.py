@@ -14,6 +14,9 @@ import ctypes
 import fcntl
 import os
 
+# /proc/PID/stat reading lives with the code the client shares; the shim's callers know it here.
+from shim.rpc.processes import STAT_PPID, STAT_STARTTIME, STAT_STATE, proc_start_time, proc_stat
+
 __all__ = [
     "CLONE_NEWCGROUP", "CLONE_NEWIPC", "CLONE_NEWNET", "CLONE_NEWNS", "CLONE_NEWPID",
     "CLONE_NEWTIME", "CLONE_NEWUSER", "CLONE_NEWUTS",
@@ -61,11 +64,6 @@ _PR_GET_CHILD_SUBREAPER = 37
 
 # <linux/nsfs.h>: _IO(0xb7, 0x3)
 _NS_GET_NSTYPE = 0xB703
-
-# Field numbers of /proc/PID/stat (proc(5)).
-STAT_STATE = 3
-STAT_PPID = 4
-STAT_STARTTIME = 22
 
 # pthread_sigmask(3) "how"; glibc's sigset_t is 1024 bits.
 _SIG_BLOCK = 0
@@ -140,31 +138,6 @@ def get_child_subreaper() -> bool:
     value = ctypes.c_int(0)
     _check(_libc.prctl(_PR_GET_CHILD_SUBREAPER, ctypes.addressof(value), 0, 0, 0))
     return bool(value.value)
-
-
-def proc_stat(pid: int) -> list[str] | None:
-    """The fields of /proc/PID/stat, numbered as in proc(5) from 1 (so field n is ``[n - 1]``).
-
-    None when the process is gone. The command name (field 2) may contain spaces and
-    parentheses, so it is cut out at the *last* ")" rather than split on blanks.
-    """
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            line = f.read().decode("utf-8", "surrogateescape")
-    except (FileNotFoundError, ProcessLookupError):
-        return None
-    head, _, tail = line.rpartition(")")
-    pid_field, _, comm = head.partition(" (")
-    return [pid_field, comm, *tail.split()]
-
-
-def proc_start_time(pid: int) -> int | None:
-    """Start time of ``pid`` in clock ticks since boot (field 22 of /proc/PID/stat), or None if gone.
-
-    Together with the pid it names one process for its whole life, across pid reuse.
-    """
-    stat = proc_stat(pid)
-    return int(stat[STAT_STARTTIME - 1]) if stat is not None else None
 
 
 def block_all_signals() -> bytes:

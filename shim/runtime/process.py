@@ -40,6 +40,7 @@ from typing import NoReturn
 from shim.kernel import linux
 from shim.kernel.netns import is_host_netns, open_namespace
 from shim.kernel.reaper import ExitInfo, Reaper
+from shim.rpc.processes import signal_process
 from shim.rpc.status import FailedPrecondition, Internal, InvalidArgument, RpcError
 
 __all__ = [
@@ -200,28 +201,6 @@ async def launch(spec: ProcessSpec, reaper: Reaper,
         raise
     reader.close()
     return process
-
-
-def signal_process(pid: int, start_time: int, sig: int) -> bool:
-    """Send ``sig`` to the process ``(pid, start_time)`` if it is still that process and alive.
-
-    Safe across pid reuse: the process is pinned with a pidfd before its start time is
-    compared, so the signal cannot reach a newcomer. Returns whether the signal was sent.
-    """
-    try:
-        pidfd = os.pidfd_open(pid)
-    except ProcessLookupError:
-        return False
-    try:
-        stat = linux.proc_stat(pid)
-        if stat is None or int(stat[linux.STAT_STARTTIME - 1]) != start_time or stat[linux.STAT_STATE - 1] == "Z":
-            return False
-        signal.pidfd_send_signal(pidfd, sig)
-        return True
-    except ProcessLookupError:
-        return False
-    finally:
-        os.close(pidfd)
 
 
 # -- the parent's side -----------------------------------------------------------------------

@@ -14,7 +14,7 @@ import re
 import pytest
 
 from shim.kernel import linux, netns
-from shim.cleanup import process_alive
+from shim.rpc.processes import process_alive
 from shim.rpc import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
 from shim.rpc.api import TASK_SERVICE
 from shimtools import host_untouched, shims  # noqa: F401  (fixtures)

@@ -1,0 +1,93 @@
+"""``podshim delete`` kills only the processes a dead shim recorded: never a pid reused since.
+
+The pid-reuse test runs in a pid namespace of its own (``unshare --pid``), where the next pid is
+chosen through ``ns_last_pid``: the recorded process is replaced by a newcomer with its very
+pid right after delete looked at it, the window in which a kill by pid hits the newcomer.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from shim.cleanup import delete_sandbox
+from shim.rpc.processes import proc_start_time, process_alive
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+# Runs as pid 1 of a new pid namespace (with its own /proc). Prints {"newcomer_alive": bool}.
+REUSE = textwrap.dedent(r"""
+    import builtins, io, json, os, subprocess, sys
+    from shim.cleanup import delete_sandbox
+    from shim.rpc.processes import proc_start_time
+
+    bundle, runtime_root = sys.argv[1], sys.argv[2]
+    recorded = subprocess.Popen(["sleep", "600"])
+    start_time = proc_start_time(recorded.pid)
+    newcomer = []
+    real_open = builtins.open
+    seen = {}
+
+    def open_(path, *args, **kwargs):
+        # The first look at the recorded process's stat sees it alive; right after, it exits and
+        # a newcomer gets its pid. Later reads still see the old line, as a slow reader would.
+        if path == f"/proc/{recorded.pid}/stat":
+            if not seen:
+                with real_open(path, "rb") as f:
+                    seen["line"] = f.read()
+                recorded.kill()
+                recorded.wait()
+                with real_open("/proc/sys/kernel/ns_last_pid", "w") as f:
+                    f.write(str(recorded.pid - 1))
+                newcomer.append(subprocess.Popen(["sleep", "600"]))
+                assert newcomer[0].pid == recorded.pid, (newcomer[0].pid, recorded.pid)
+            return io.BytesIO(seen["line"])
+        return real_open(path, *args, **kwargs)
+
+    with real_open(os.path.join(bundle, "state.json"), "w") as f:
+        json.dump({"namespace": "ns", "sandbox_id": "sb", "pause": {"pid": recorded.pid, "start_time": start_time}}, f)
+    builtins.open = open_
+    try:
+        delete_sandbox(bundle, "ns", "sb", runtime_root)
+    finally:
+        builtins.open = real_open
+    alive = newcomer[0].poll() is None
+    newcomer[0].kill()
+    newcomer[0].wait()
+    print(json.dumps({"newcomer_alive": alive}))
+""")
+
+
+def test_delete_never_kills_a_pid_reused_after_it_looked_at_the_process(tmp_path):
+    bundle = tmp_path / "bundle"
+    bundle.mkdir()
+    done = subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", sys.executable, "-c", REUSE, str(bundle),
+                           str(tmp_path / "run")], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout.splitlines()[-1]) == {"newcomer_alive": True}
+
+
+@pytest.mark.parametrize("start_time", ["another", None], ids=["another-start-time", "no-start-time"])
+def test_delete_leaves_a_live_pid_whose_start_time_does_not_match_the_record(tmp_path, sleeper, start_time):
+    recorded = proc_start_time(sleeper.pid) + 1 if start_time == "another" else None
+    with open(tmp_path / "state.json", "w") as f:
+        json.dump({"namespace": "ns", "sandbox_id": "sb", "pause": {"pid": sleeper.pid, "start_time": recorded},
+                   "tasks": {"t1": {"pid": sleeper.pid, "start_time": recorded}}}, f)
+    result = delete_sandbox(str(tmp_path), "ns", "sb", str(tmp_path / "run"))
+    assert process_alive(sleeper.pid, None) and sleeper.poll() is None
+    assert result["exit_status"] != 128 + signal.SIGKILL
+
+
+def test_delete_kills_the_recorded_process_and_reports_it_killed(tmp_path, sleeper):
+    with open(tmp_path / "state.json", "w") as f:
+        json.dump({"namespace": "ns", "sandbox_id": "sb",
+                   "pause": {"pid": sleeper.pid, "start_time": proc_start_time(sleeper.pid)}}, f)
+    result = delete_sandbox(str(tmp_path), "ns", "sb", str(tmp_path / "run"))
+    assert sleeper.wait(timeout=5) == -signal.SIGKILL
+    assert result["exit_status"] == 128 + signal.SIGKILL and result["pid"] == sleeper.pid
