@@ -8,8 +8,10 @@ module imports the ones it uses (``from critools import crictl``). Tests never s
 them: CI builds them on its first run.
 
 ``running_podshimd(directory)`` runs ``python3 -m client.podshimd`` with its roots, socket and
-config under ``directory``, returns once it sent READY=1 on its NOTIFY_SOCKET, and stops it by
-pid with SIGTERM afterwards.
+config under ``directory`` (inside the network namespace ``netns`` when given, so that CNI plugins
+act there), returns once it sent READY=1 on its NOTIFY_SOCKET, and stops it by pid with SIGTERM
+afterwards. ``Podshimd.runtime()`` and ``.images()`` are gRPC stubs on its socket, for what crictl
+does not show (the status of a call, idempotence).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import pytest
 
@@ -92,6 +95,7 @@ class Podshimd:
         self.config_path = os.path.join(directory, "config.toml")
         self.socket_path = os.path.join(self.runtime_root, "podshimd.sock")
         self.log_path = os.path.join(directory, "podshimd.log")
+        self.channel: Any = None
 
     @property
     def endpoint(self) -> str:
@@ -106,12 +110,31 @@ class Podshimd:
             raise AssertionError(f"crictl {' '.join(args)} exited {result.returncode}: {result.stderr}")
         return result
 
+    def runtime(self) -> Any:
+        """A runtime.v1.RuntimeService stub on this daemon's socket (the channel closes with the daemon)."""
+        from client.criapi import api_pb2_grpc
+        return api_pb2_grpc.RuntimeServiceStub(self._channel())
+
+    def images(self) -> Any:
+        """A runtime.v1.ImageService stub on this daemon's socket."""
+        from client.criapi import api_pb2_grpc
+        return api_pb2_grpc.ImageServiceStub(self._channel())
+
+    def _channel(self) -> Any:
+        import grpc
+        if self.channel is None:
+            self.channel = grpc.insecure_channel(self.endpoint)
+        return self.channel
+
     def log(self) -> str:
         with open(self.log_path) as f:
             return f.read()
 
     def stop(self) -> int:
         """SIGTERM by pid and wait; the exit status (SIGKILL and an AssertionError if it hangs)."""
+        if self.channel is not None:
+            self.channel.close()
+            self.channel = None
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)
         try:
@@ -131,8 +154,10 @@ def podshimd_argv(directory: str, *extra: str) -> list[str]:
 
 
 @contextmanager
-def running_podshimd(directory: str, *extra: str, config: str = "") -> Iterator[Podshimd]:
-    """Run podshimd under ``directory`` (its config.toml holds ``config``) until the block ends."""
+def running_podshimd(directory: str, *extra: str, config: str = "", netns: str | None = None,
+                     env: dict[str, str] | None = None) -> Iterator[Podshimd]:
+    """Run podshimd under ``directory`` (its config.toml holds ``config``; in the network namespace
+    pinned at ``netns`` if given; with ``env`` added to its environment) until the block ends."""
     with open(os.path.join(directory, "config.toml"), "w") as f:
         f.write(config)
     notify_path = os.path.join(directory, "notify")
@@ -140,9 +165,12 @@ def running_podshimd(directory: str, *extra: str, config: str = "") -> Iterator[
     notify.bind(notify_path)
     try:
         with open(os.path.join(directory, "podshimd.log"), "wb") as log:
-            process = subprocess.Popen(podshimd_argv(directory, *extra), cwd=REPO, stdin=subprocess.DEVNULL,
+            argv = podshimd_argv(directory, *extra)
+            if netns is not None:
+                argv = ["nsenter", f"--net={netns}", "--", *argv]  # nsenter execs: the pid is podshimd's
+            process = subprocess.Popen(argv, cwd=REPO, stdin=subprocess.DEVNULL,
                                        stdout=log, stderr=subprocess.STDOUT,
-                                       env={**os.environ, "NOTIFY_SOCKET": notify_path})
+                                       env={**os.environ, **(env or {}), "NOTIFY_SOCKET": notify_path})
         daemon = Podshimd(directory, process)
         try:
             _wait_ready(daemon, notify)

@@ -377,7 +377,9 @@ class ContainerConfig:
 
     There are no images here, so ``image`` is only recorded and ``command`` + ``args`` is the
     whole argv; it must not be empty. ``pid_mode`` is POD (share the pod's PID namespace) or
-    CONTAINER (the default: kubelet sets CONTAINER for every pod that does not ask to share).
+    CONTAINER (a PID namespace of its own). Unset it is POD: CRI's NamespaceMode is a proto3
+    enum whose zero value is POD, and containerd reads an absent ``namespace_options`` so
+    (kubelet always sets it: CONTAINER unless the pod shares its process namespace).
     """
 
     metadata: ContainerMetadata
@@ -389,7 +391,7 @@ class ContainerConfig:
     labels: dict[str, str] = field(default_factory=dict)
     annotations: dict[str, str] = field(default_factory=dict)
     log_path: str = ""
-    pid_mode: str = "CONTAINER"
+    pid_mode: str = "POD"
 
     @property
     def argv(self) -> tuple[str, ...]:
@@ -421,7 +423,7 @@ class ContainerConfig:
             labels=f.str_map("labels"),
             annotations=f.str_map("annotations"),
             log_path=log_path,
-            pid_mode=namespace_options.mode("pid", ("POD", "CONTAINER"), "CONTAINER"),
+            pid_mode=namespace_options.mode("pid", ("POD", "CONTAINER"), "POD"),
         )
 
     @classmethod

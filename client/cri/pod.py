@@ -30,7 +30,7 @@ from typing import Any, AsyncIterator, Mapping
 
 import anyio
 
-from shim.sandbox.options import RUNTIME_HANDLERS  # "native" (the default, also for ""), "runc", "crun"
+from shim.sandbox.options import NATIVE, RUNTIME_HANDLERS  # "native" (the default, also for ""), "runc", "crun"
 from shim.rpc.api import TASK_SERVICE
 from shim.rpc.files import ensure_private_dir
 from shim.rpc.status import (DeadlineExceeded, FailedPrecondition, InvalidArgument, NotFound, RpcError,
@@ -54,6 +54,9 @@ SANDBOX_STOP_TIMEOUT = 2.0
 CONTAINER_STOP_TIMEOUT = 10.0
 #: Bound on one call to a shim from the pod layer (not for waits, which have their own).
 CALL_TIMEOUT = 30.0
+#: What a container runs on until podshim has images: the host's root filesystem. It is the
+#: ``image_ref`` of every container, and the ``image`` of one whose config names none.
+HOST_ROOTFS = "host-rootfs"
 #: Exit code reported for a container whose shim is gone (containerd's unknownExitCode).
 UNKNOWN_EXIT_CODE = 255
 #: How many removed pod ids are remembered, so a second RemovePodSandbox is not NOT_FOUND.
@@ -103,13 +106,24 @@ class PodService:
     """
 
     def __init__(self, controller: Controller, store: PodStore, *, cni: CniRunner | None,
-                 namespace: str = DEFAULT_NAMESPACE, log_root: str):
+                 namespace: str = DEFAULT_NAMESPACE, log_root: str,
+                 runtime_handlers: tuple[str, ...] = RUNTIME_HANDLERS, default_runtime_handler: str = NATIVE,
+                 cgroup_parent: str = "", pause_binary: str | None = None):
+        """``runtime_handlers`` are those RunPodSandbox accepts, ``default_runtime_handler`` the
+        one an empty handler means. ``cgroup_parent`` is the cgroup parent of a pod whose config
+        names none; ``pause_binary`` the pause of native pods (None: catatonit when installed,
+        else the built-in pause)."""
         self.controller = controller
         self.store = store
         self.cni = cni
         self.namespace = namespace
         self.log_root = log_root
+        self.runtime_handlers = tuple(runtime_handlers)
+        self.default_runtime_handler = default_runtime_handler
+        self.cgroup_parent = cgroup_parent
+        self.pause_binary = pause_binary
         self._removed = _Removed(os.path.join(os.path.dirname(log_root), "removed-pods.json"))
+        self._removed_containers = _Removed(os.path.join(os.path.dirname(log_root), "removed-containers.json"))
         self._locks: dict[str, anyio.Lock] = {}
 
     def _lock(self, pod_id: str) -> anyio.Lock:
@@ -145,9 +159,10 @@ class PodService:
         rolling back everything done before it.
         """
         cfg = config if isinstance(config, PodSandboxConfig) else PodSandboxConfig.from_json(config)
-        handler = runtime_handler or "native"
-        if handler not in RUNTIME_HANDLERS:
-            raise InvalidArgument(f"runtime handler {handler!r} is not configured (known: {', '.join(RUNTIME_HANDLERS)})")
+        handler = runtime_handler or self.default_runtime_handler
+        if handler not in self.runtime_handlers:
+            raise InvalidArgument(f"runtime handler {handler!r} is not configured "
+                                  f"(configured: {', '.join(self.runtime_handlers)})")
         pod_id = _new_id()
         key = cfg.metadata.key
         self.store.reserve_name(key, pod_id)
@@ -168,8 +183,7 @@ class PodService:
 
     async def _bring_up(self, record: PodRecord, cfg: PodSandboxConfig) -> None:
         ns, pod_id = self.namespace, record.pod_id
-        await self.controller.create(ns, pod_id, options={**cfg.to_shim_options(),
-                                                          "runtime_handler": record.runtime_handler},
+        await self.controller.create(ns, pod_id, options=self._shim_options(cfg, record.runtime_handler),
                                      annotations=dict(cfg.annotations))
         failpoint("run:after-create")
         instance = await self.controller.start(ns, pod_id)
@@ -188,6 +202,14 @@ class PodService:
         failpoint("run:after-network")
         self.store.update(pod_id, state="READY", ip=ip, additional_ips=tuple(extra))
         failpoint("run:after-ready")
+
+    def _shim_options(self, cfg: PodSandboxConfig, handler: str) -> dict[str, Any]:
+        options = {**cfg.to_shim_options(), "runtime_handler": handler}
+        if not cfg.cgroup_parent and self.cgroup_parent:
+            options["linux"] = {**options["linux"], "cgroup_parent": self.cgroup_parent}
+        if handler == NATIVE and self.pause_binary is not None:
+            options["pause_binary"] = self.pause_binary
+        return options
 
     async def _rollback(self, record: PodRecord) -> None:
         """Undo whatever of a pod exists; every step tolerates what is already gone."""
@@ -217,13 +239,25 @@ class PodService:
             raise InvalidArgument("a pod id (or a unique prefix of one) is required")
         return self.store.get_by_prefix(pod_id)
 
+    def _pod_or_removed(self, pod_id: str) -> PodRecord | None:
+        """The pod, or None when it was removed (NotFound only for an id never seen)."""
+        try:
+            return self._pod(pod_id)
+        except NotFound:
+            if pod_id in self._removed:
+                return None
+            raise
+
     async def stop_pod_sandbox(self, pod_id: str) -> None:
         """StopPodSandbox: containers stopped, network torn down, sandbox stopped: NOTREADY.
 
-        Idempotent; a pod whose shim is already dead stops too. Raises NotFound for an
-        unknown id, FailedPrecondition for a pod still being created.
+        Idempotent: stopping a stopped or removed pod succeeds, and a pod whose shim is already
+        dead stops too. Raises NotFound for an id never seen, FailedPrecondition for a pod still
+        being created.
         """
-        record = self._pod(pod_id)
+        record = self._pod_or_removed(pod_id)
+        if record is None:
+            return
         async with self._lock(record.pod_id):
             await self._stop(self.store.get(record.pod_id))
 
@@ -251,12 +285,9 @@ class PodService:
 
         Idempotent: removing a removed pod succeeds; NotFound only for an id never seen.
         """
-        try:
-            record = self._pod(pod_id)
-        except NotFound:
-            if pod_id in self._removed:
-                return
-            raise
+        record = self._pod_or_removed(pod_id)
+        if record is None:
+            return
         async with self._lock(record.pod_id):
             record = self.store.get(record.pod_id)
             if record.state != "NOTREADY":
@@ -265,6 +296,7 @@ class PodService:
             failpoint("remove:after-stop")
             for container in list(record.containers.values()):
                 await self._delete_task(container)
+                self._removed_containers.add(container.container_id)
                 self.store.delete_container(container.container_id)
             failpoint("remove:after-containers")
             # Stop ran DEL already; run it again in case that stop was interrupted: DEL is idempotent.
@@ -411,9 +443,21 @@ class PodService:
             self.store.update_container(c.container_id, state="RUNNING", pid=started["pid"],
                                         started_at=started["started_at"])
 
+    def _container_or_removed(self, container_id: str) -> ContainerRecord | None:
+        """The container, or None when it was removed (NotFound only for an id never seen)."""
+        try:
+            return self._container(container_id)
+        except NotFound:
+            if container_id in self._removed_containers:
+                return None
+            raise
+
     async def stop_container(self, container_id: str, timeout: float | None = None) -> None:
-        """StopContainer: SIGTERM, SIGKILL after ``timeout`` seconds (0: at once). Idempotent."""
-        c = self._container(container_id)
+        """StopContainer: SIGTERM, SIGKILL after ``timeout`` seconds (0: at once). Idempotent:
+        stopping an exited or removed container succeeds."""
+        c = self._container_or_removed(container_id)
+        if c is None:
+            return
         async with self._lock(c.pod_id):
             await self._stop_container(self.store.get_container(c.container_id),
                                        CONTAINER_STOP_TIMEOUT if timeout is None else timeout)
@@ -475,12 +519,19 @@ class PodService:
             pass  # the shim or the task is gone already
 
     async def remove_container(self, container_id: str) -> None:
-        """RemoveContainer: force-stops a running container, then forgets it."""
-        c = self._container(container_id)
+        """RemoveContainer: force-stops a running container, then forgets it. Idempotent:
+        removing a removed container succeeds; NotFound only for an id never seen."""
+        c = self._container_or_removed(container_id)
+        if c is None:
+            return
         async with self._lock(c.pod_id):
-            c = self.store.get_container(c.container_id)
+            try:
+                c = self.store.get_container(c.container_id)
+            except NotFound:
+                return  # removed while this call waited for the pod's lock
             await self._stop_container(c, 0)
             await self._delete_task(c)
+            self._removed_containers.add(c.container_id)
             self.store.delete_container(c.container_id)
 
     async def container_status(self, container_id: str, verbose: bool = False) -> dict[str, Any]:
@@ -496,7 +547,8 @@ class PodService:
             "started_at": c.started_at,
             "finished_at": c.finished_at,
             "exit_code": c.exit_code if c.exit_code is not None else 0,
-            "image": {"image": cfg.image} if cfg.image else {},
+            "image": {"image": cfg.image or HOST_ROOTFS},
+            "image_ref": HOST_ROOTFS,
             "reason": c.reason,
             "message": c.message,
             "labels": c.labels,
@@ -523,7 +575,9 @@ class PodService:
             if not _labels_match(c.labels, f.get("label_selector")):
                 continue
             out.append({"id": c.container_id, "pod_sandbox_id": c.pod_id,
-                        "metadata": dict(c.config.get("metadata") or {}), "state": f"CONTAINER_{c.state}",
+                        "metadata": dict(c.config.get("metadata") or {}), "image": {"image": (c.config.get("image") or {}).get("image") or HOST_ROOTFS},
+                        "image_ref": HOST_ROOTFS,
+                        "state": f"CONTAINER_{c.state}",
                         "created_at": c.created_at, "labels": c.labels, "annotations": c.annotations,
                         "exit_code": c.exit_code})
         out.sort(key=lambda c: c["created_at"], reverse=True)
@@ -542,10 +596,11 @@ def _labels_match(labels: Mapping[str, str], selector: Mapping[str, str] | None)
 async def open_pod_service(root: str = "/var/lib/podshim", runtime_root: str = "/run/podshim", *,
                            cni_conf_dir: str = DEFAULT_CONF_DIR, cni_bin_dirs: tuple[str, ...] = DEFAULT_BIN_DIRS,
                            cni_plugin_netns: str | None = None, namespace: str = DEFAULT_NAMESPACE,
-                           spawner: Any = "exec") -> AsyncIterator[PodService]:
+                           spawner: Any = "exec", **options: Any) -> AsyncIterator[PodService]:
     """Open the pod service over ``root``: the Controller's bundles in ``root/sandboxes``, pod
     records in ``root/pods``, default container logs in ``root/logs``. Reconnects to live shims
     and recovers the store before yielding; closes connections (never the shims) on exit.
+    ``options`` are :class:`PodService`'s (runtime handlers, cgroup parent, pause binary).
     """
     if not os.path.isabs(root):
         raise InvalidArgument(f"root {root!r} must be an absolute path")
@@ -557,6 +612,7 @@ async def open_pod_service(root: str = "/var/lib/podshim", runtime_root: str = "
     cni = CniRunner(cni_conf_dir, cni_bin_dirs, plugin_netns=cni_plugin_netns)
     async with Controller(state_root=os.path.join(root, "sandboxes"), runtime_root=runtime_root,
                           spawner=spawner) as controller:
-        service = PodService(controller, store, cni=cni, namespace=namespace, log_root=os.path.join(root, "logs"))
+        service = PodService(controller, store, cni=cni, namespace=namespace, log_root=os.path.join(root, "logs"),
+                             **options)
         await service.recover()
         yield service

@@ -10,6 +10,12 @@ clean stop on SIGTERM or SIGINT is 0.
 
 from __future__ import annotations
 
+import os
+
+# gRPC's fork handlers would log a line at every shim podshimd forks (its threads are busy);
+# podshimd never uses gRPC in a forked child, so it needs none. Read when grpc is imported.
+os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
+
 import argparse
 import asyncio
 import logging

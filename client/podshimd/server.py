@@ -1,139 +1,111 @@
 """podshimd's gRPC server: CRI v1 (``runtime.v1``) on a Unix socket, on grpc.aio.
 
-So far it answers RuntimeService.Version and Status; every other RuntimeService and ImageService
-method answers UNIMPLEMENTED with a sentence. Handlers translate only: proto in, the pod layer's
-types out and back, and errors become a gRPC status in one place, :func:`translated`, through
-:func:`shim.rpc.status.status_from_exception` (the same mapping the shim's wire uses).
+The wiring: each service is composed from *handler groups*, one module each (:data:`RUNTIME_GROUPS`,
+:data:`IMAGE_GROUPS`); :func:`compose` wraps every handler with :func:`.errors.translated` (the
+one place an exception becomes a gRPC status) and answers UNIMPLEMENTED with a sentence for every
+method no group defines. Handlers translate only; the semantics are the pod layer's
+(:class:`client.cri.pod.PodService`), which podshimd opens at start: it reconnects to every live
+shim and finishes or rolls back what a daemon that died left half-done, before the socket accepts.
 
 The socket is ``config.listen``'s path, 0600, in a 0700 directory. While it serves, podshimd holds
 an exclusive flock on that directory, so two daemons starting at once cannot both take the socket;
 a socket file that nobody answers on (a podshimd that was killed) is replaced, one that answers is
 another live daemon's and podshimd refuses to start. SIGTERM and SIGINT stop it: calls in flight
-get :data:`SHUTDOWN_GRACE` seconds, then the socket is removed.
+get :data:`SHUTDOWN_GRACE` seconds, pod changes in flight :data:`CHANGES_GRACE`, then the socket is
+removed. The shims and their pods keep running: a restarted podshimd finds them again.
 """
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
+import contextlib
 import errno
 import fcntl
-import functools
-import json
 import logging
 import os
 import signal
 import socket
 import stat
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import grpc
 
 import shim
+from client.cri.pod import open_pod_service
 from client.criapi import api_pb2, api_pb2_grpc
-from client.cri.cni import CniConfig
+from client.spawners import ExecSpawner
 from shim.launch.notify import Notifier
 from shim.rpc.files import ensure_private_dir
-from shim.rpc.status import RpcError, Unimplemented, status_from_exception
+from shim.rpc.status import RpcError, Unimplemented
 
 from .config import Config
+from .containers import Containers
+from .emptystore import EmptyImageStore
+from .errors import translated
+from .handlers import Changes, Handlers
+from .runtime_info import KUBELET_API_VERSION, RUNTIME_API_VERSION, RUNTIME_NAME, RuntimeInfo
+from .sandboxes import Sandboxes
+from .streaming import Streaming
 
-__all__ = ["RUNTIME_NAME", "RUNTIME_API_VERSION", "SHUTDOWN_GRACE", "DaemonError", "RuntimeService", "ImageService",
-           "serve"]
+__all__ = ["RUNTIME_NAME", "RUNTIME_API_VERSION", "KUBELET_API_VERSION", "SHUTDOWN_GRACE", "CHANGES_GRACE",
+           "RUNTIME_GROUPS", "IMAGE_GROUPS", "DaemonError", "compose", "serve"]
 
 log = logging.getLogger("podshimd")
 
-RUNTIME_NAME = "podshim"
-RUNTIME_API_VERSION = "v1"
-#: VersionResponse.version: "the version of the kubelet runtime API", which every runtime answers so.
-KUBELET_API_VERSION = "0.1.0"
 #: Seconds in-flight calls get to finish once podshimd is told to stop (containerd's shim: 3 s).
 SHUTDOWN_GRACE = 5.0
+#: Seconds pod changes still in flight after that get before they are cancelled (and roll back).
+CHANGES_GRACE = 20.0
 #: A socket that accepts within this is a live daemon's (containerd: 100 ms).
 CAN_CONNECT_TIMEOUT = 0.1
 
-_GRPC_CODES = {code.value[0]: code for code in grpc.StatusCode}
+# -- the services: add a handler group here --------------------------------------------------------
+#: The handler groups of runtime.v1.RuntimeService, each a :class:`.handlers.Handlers` subclass
+#: in a module of its own whose methods are named after the service's RPCs.
+RUNTIME_GROUPS: tuple[type[Handlers], ...] = (RuntimeInfo, Sandboxes, Containers, Streaming)
+#: The handler groups of runtime.v1.ImageService.
+IMAGE_GROUPS: tuple[type[Handlers], ...] = (EmptyImageStore,)
 
 
 class DaemonError(Exception):
     """podshimd cannot start; the message is one sentence for the person who started it."""
 
 
-# -- translation -------------------------------------------------------------------------------------
-
-def translated(handler: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
-    """Wrap a CRI handler: any exception it raises becomes the call's gRPC status (the one place)."""
-    @functools.wraps(handler)
-    async def handle(self: Any, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        try:
-            return await handler(self, request, context)
-        except Exception as exc:
-            code, message, _ = status_from_exception(exc, where=handler.__qualname__)
-        await context.abort(_GRPC_CODES[int(code)], message)
-    return handle
-
-
-def _unimplemented(service: str, method: str) -> Callable[..., Awaitable[Any]]:
+def _unimplemented(service: str, method: str) -> Callable[..., Any]:
     async def handle(self: Any, request: Any, context: grpc.aio.ServicerContext) -> Any:
         raise Unimplemented(f"podshimd does not implement {service}.{method} yet")
     handle.__name__ = handle.__qualname__ = method
-    return translated(handle)
+    return handle
 
 
-def _answer_the_rest_unimplemented(servicer: type) -> type:
-    """Give ``servicer`` an UNIMPLEMENTED handler for every method of its service it does not define
-    (the generated base class's would be synchronous, which grpc.aio does not run by default)."""
-    service = api_pb2.DESCRIPTOR.services_by_name[servicer.__name__]
-    for method in service.methods:
-        if method.name not in servicer.__dict__:
-            setattr(servicer, method.name, _unimplemented(service.full_name, method.name))
-    return servicer
+def compose(servicer: type, groups: Iterable[type[Handlers]]) -> type:
+    """The servicer class of ``servicer``'s service (a generated ``...Servicer``) made of the
+    handler ``groups``: every RPC a group defines, wrapped by :func:`translated`, and an
+    UNIMPLEMENTED answer for the rest (the generated base's own would be synchronous, which
+    grpc.aio does not run by default). Raises TypeError when two groups define the same RPC or a
+    group defines a method that is no RPC of the service (a misspelt handler would never run)."""
+    service = api_pb2.DESCRIPTOR.services_by_name[servicer.__name__.removesuffix("Servicer")]
+    rpcs = {method.name for method in service.methods}
+    handlers: dict[str, Callable[..., Any]] = {}
+    owner: dict[str, str] = {}
+    for group in groups:
+        for name, value in vars(group).items():
+            if not name[:1].isupper() or not callable(value):
+                continue
+            if name not in rpcs:
+                raise TypeError(f"{group.__qualname__}.{name} is not an RPC of {service.full_name}")
+            if name in handlers:
+                raise TypeError(f"{service.full_name}.{name} is defined by both {owner[name]} and {group.__qualname__}")
+            handlers[name], owner[name] = translated(value), group.__qualname__
+    for name in rpcs - handlers.keys():
+        handlers[name] = translated(_unimplemented(service.full_name, name))
+    return type(service.name, (*groups, servicer), {**handlers, "__doc__": f"{service.full_name}, composed "
+                                                    f"from {', '.join(g.__qualname__ for g in groups)}."})
 
 
-# -- the services ------------------------------------------------------------------------------------
-
-@_answer_the_rest_unimplemented
-class RuntimeService(api_pb2_grpc.RuntimeServiceServicer):
-    """runtime.v1.RuntimeService."""
-
-    def __init__(self, config: Config) -> None:
-        self.config = config
-
-    @translated
-    async def Version(self, request: api_pb2.VersionRequest, context: Any) -> api_pb2.VersionResponse:
-        return api_pb2.VersionResponse(version=KUBELET_API_VERSION, runtime_name=RUNTIME_NAME,
-                                       runtime_version=shim.__version__, runtime_api_version=RUNTIME_API_VERSION)
-
-    @translated
-    async def Status(self, request: api_pb2.StatusRequest, context: Any) -> api_pb2.StatusResponse:
-        conditions = [api_pb2.RuntimeCondition(type="RuntimeReady", status=True), self._network_condition()]
-        info = {}
-        if request.verbose:
-            info["config"] = _config_json(self.config)
-        return api_pb2.StatusResponse(status=api_pb2.RuntimeStatus(conditions=conditions), info=info)
-
-    def _network_condition(self) -> api_pb2.RuntimeCondition:
-        # As containerd: the network is ready once a CNI network configuration exists.
-        def not_ready(message: str) -> api_pb2.RuntimeCondition:
-            return api_pb2.RuntimeCondition(type="NetworkReady", status=False, reason="NetworkPluginNotReady",
-                                            message=message)
-        try:
-            network = CniConfig.load(self.config.cni_conf_dir)
-        except RpcError as exc:
-            return not_ready(f"the CNI network config is not valid: {exc.message}")
-        if network is None:
-            return not_ready(f"no CNI network config found in {self.config.cni_conf_dir}")
-        return api_pb2.RuntimeCondition(type="NetworkReady", status=True)
-
-
-@_answer_the_rest_unimplemented
-class ImageService(api_pb2_grpc.ImageServiceServicer):
-    """runtime.v1.ImageService."""
-
-
-def _config_json(config: Config) -> str:
-    return json.dumps(dataclasses.asdict(config), sort_keys=True)
+RuntimeService = compose(api_pb2_grpc.RuntimeServiceServicer, RUNTIME_GROUPS)
+ImageService = compose(api_pb2_grpc.ImageServiceServicer, IMAGE_GROUPS)
 
 
 # -- the socket --------------------------------------------------------------------------------------
@@ -198,9 +170,11 @@ def _remove_stale_socket(path: str, listen: str) -> None:
 async def serve(config: Config, *, notifier: Notifier | None = None) -> None:
     """Serve CRI on ``config.listen`` until SIGTERM or SIGINT, then remove the socket.
 
+    Before the socket accepts, the pod layer is opened over ``config.state_root``: it reconnects
+    to every live shim and rolls back or finishes what a daemon that died left half-done.
     ``notifier`` (systemd's NOTIFY_SOCKET) gets READY=1 once the socket accepts and STOPPING=1 when
-    the daemon stops. Raises :class:`DaemonError` when podshimd cannot
-    start (another daemon on the socket, a directory it may not use, a bind that fails).
+    the daemon stops. Raises :class:`DaemonError` when podshimd cannot start (another daemon on
+    the socket, a directory it may not use, a bind that fails, a pod store it cannot open).
     """
     path = config.socket_path
     server = None
@@ -210,29 +184,36 @@ async def serve(config: Config, *, notifier: Notifier | None = None) -> None:
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
     lock_fd = None
+    changes = Changes()
     try:
-        lock_fd = _claim_directory(os.path.dirname(path), config.runtime_root)
-        _remove_stale_socket(path, config.listen)
-        server = grpc.aio.server()
-        api_pb2_grpc.add_RuntimeServiceServicer_to_server(RuntimeService(config), server)
-        api_pb2_grpc.add_ImageServiceServicer_to_server(ImageService(), server)
-        old_umask = os.umask(0o177)  # the socket is born 0600: no moment where others may connect
-        try:
-            server.add_insecure_port(config.listen)
-        except RuntimeError as exc:
-            raise DaemonError(f"cannot listen on {config.listen}: {exc}") from None
-        finally:
-            os.umask(old_umask)
-        st = os.lstat(path)
-        bound = (st.st_dev, st.st_ino)
-        await server.start()
-        log.info("podshimd %s serving CRI %s on %s", shim.__version__, RUNTIME_API_VERSION, config.listen)
-        if notifier is not None:
-            notifier.send("READY=1", f"STATUS=serving CRI {RUNTIME_API_VERSION} on {config.listen}")
-        await stop.wait()
-        log.info("stopping: in-flight calls get %.0f s", SHUTDOWN_GRACE)
-        if notifier is not None:
-            notifier.send("STOPPING=1")
+        async with contextlib.AsyncExitStack() as stack:
+            lock_fd = _claim_directory(os.path.dirname(path), config.runtime_root)
+            _remove_stale_socket(path, config.listen)
+            pods = await _open_pods(stack, config)
+            server = grpc.aio.server()
+            api_pb2_grpc.add_RuntimeServiceServicer_to_server(RuntimeService(config, pods, changes), server)
+            api_pb2_grpc.add_ImageServiceServicer_to_server(ImageService(config, pods, changes), server)
+            old_umask = os.umask(0o177)  # the socket is born 0600: no moment where others may connect
+            try:
+                server.add_insecure_port(config.listen)
+            except RuntimeError as exc:
+                raise DaemonError(f"cannot listen on {config.listen}: {exc}") from None
+            finally:
+                os.umask(old_umask)
+            st = os.lstat(path)
+            bound = (st.st_dev, st.st_ino)
+            await server.start()
+            log.info("podshimd %s serving CRI %s on %s (%d pods)", shim.__version__, RUNTIME_API_VERSION,
+                     config.listen, len(pods.store.list()))
+            if notifier is not None:
+                notifier.send("READY=1", f"STATUS=serving CRI {RUNTIME_API_VERSION} on {config.listen}")
+            await stop.wait()
+            log.info("stopping: in-flight calls get %.0f s", SHUTDOWN_GRACE)
+            if notifier is not None:
+                notifier.send("STOPPING=1")
+            await server.stop(SHUTDOWN_GRACE)
+            server = None
+            await changes.drain(CHANGES_GRACE)
     finally:
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(signum)
@@ -243,6 +224,19 @@ async def serve(config: Config, *, notifier: Notifier | None = None) -> None:
         if lock_fd is not None:
             os.close(lock_fd)
     log.info("stopped")
+
+
+async def _open_pods(stack: contextlib.AsyncExitStack, config: Config):
+    """The pod layer over the config's roots, recovered; closed (never the shims) with ``stack``."""
+    spawner = ExecSpawner(runtime_root=config.runtime_root, use_template=config.template)
+    try:
+        return await stack.enter_async_context(open_pod_service(
+            config.state_root, config.runtime_root, cni_conf_dir=config.cni_conf_dir,
+            cni_bin_dirs=config.cni_bin_dirs, spawner=spawner, runtime_handlers=config.runtime_handlers,
+            default_runtime_handler=config.default_runtime_handler, cgroup_parent=config.cgroup_parent,
+            pause_binary=config.sandbox_binary))
+    except RpcError as exc:
+        raise DaemonError(f"cannot open the pods under {config.state_root}: {exc.message}") from None
 
 
 def _remove_own_socket(path: str, bound: tuple[int, int]) -> None:

@@ -174,10 +174,12 @@ def test_container_config_reads_every_field():
     assert config.pid_mode == "POD"
 
 
-def test_container_pid_mode_defaults_to_container():
+def test_container_pid_mode_unset_is_pod_as_the_proto3_zero_value():
     doc = {"metadata": {"name": "c"}, "command": ["true"]}
     config = ContainerConfig.from_json(doc)
-    assert config.pid_mode == "CONTAINER" and config.image == "" and config.metadata.attempt == 0
+    assert config.pid_mode == "POD" and config.image == "" and config.metadata.attempt == 0
+    empty = {**doc, "linux": {"security_context": {"namespace_options": {}}}}
+    assert ContainerConfig.from_json(empty).pid_mode == "POD"
 
 
 @pytest.mark.parametrize("path, value, message", [

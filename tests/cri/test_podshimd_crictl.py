@@ -1,4 +1,4 @@
-"""podshimd as the real crictl 1.26 sees it: version, info, UNIMPLEMENTED for the rest; its socket's
+"""podshimd as the real crictl 1.26 sees it: version, info, UNIMPLEMENTED for what it lacks; its socket's
 life (0600 in 0700, one daemon per socket, stale sockets replaced, removed at SIGTERM); its errors."""
 
 from __future__ import annotations
@@ -11,8 +11,10 @@ import stat
 import subprocess
 import tempfile
 
+import grpc
 import pytest
 
+from client.criapi import api_pb2
 from critools import crictl, podshimd_argv, running_podshimd  # noqa: F401  (crictl: a session fixture)
 
 BRIDGE_CONFLIST = {
@@ -95,14 +97,11 @@ def test_crictl_info_shows_the_config_in_effect(daemon, crictl):
     assert config["runtime_handlers"] == ["native", "runc", "crun"]
 
 
-def test_methods_not_implemented_yet_answer_unimplemented_with_a_sentence(daemon, crictl):
-    pods = daemon.crictl(crictl, "pods", check=False)
-    assert pods.returncode != 0
-    assert ("code = Unimplemented desc = podshimd does not implement runtime.v1.RuntimeService.ListPodSandbox yet"
-            in pods.stderr)
-    images = daemon.crictl(crictl, "images", check=False)
-    assert images.returncode != 0
-    assert "code = Unimplemented desc = podshimd does not implement runtime.v1.ImageService." in images.stderr
+def test_methods_not_implemented_yet_answer_unimplemented_with_a_sentence(daemon):
+    with pytest.raises(grpc.RpcError) as failed:
+        daemon.runtime().ReopenContainerLog(api_pb2.ReopenContainerLogRequest(container_id="x"))
+    assert failed.value.code() == grpc.StatusCode.UNIMPLEMENTED
+    assert failed.value.details() == "podshimd does not implement runtime.v1.RuntimeService.ReopenContainerLog yet"
 
 
 # -- the socket ------------------------------------------------------------------------------------

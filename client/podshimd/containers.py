@@ -1,0 +1,52 @@
+"""RuntimeService's container RPCs: CreateContainer, StartContainer, StopContainer,
+RemoveContainer, ListContainers, ContainerStatus. The semantics are the pod layer's,
+:class:`client.cri.pod.PodService`; containers run on the host's root filesystem until podshim
+has images."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from client.criapi import api_pb2
+
+from . import translate
+from .handlers import Handlers
+
+__all__ = ["Containers"]
+
+
+class Containers(Handlers):
+    """The container handlers."""
+
+    async def CreateContainer(self, request: api_pb2.CreateContainerRequest,
+                              context: Any) -> api_pb2.CreateContainerResponse:
+        config = translate.container_config(request)
+        container_id = await self.finish(self.pods.create_container(request.pod_sandbox_id, config))
+        return api_pb2.CreateContainerResponse(container_id=container_id)
+
+    async def StartContainer(self, request: api_pb2.StartContainerRequest,
+                             context: Any) -> api_pb2.StartContainerResponse:
+        await self.finish(self.pods.start_container(request.container_id))
+        return api_pb2.StartContainerResponse()
+
+    async def StopContainer(self, request: api_pb2.StopContainerRequest,
+                            context: Any) -> api_pb2.StopContainerResponse:
+        # CRI: the timeout is in seconds, and its zero value means "forcibly, at once".
+        await self.finish(self.pods.stop_container(request.container_id, timeout=float(request.timeout)))
+        return api_pb2.StopContainerResponse()
+
+    async def RemoveContainer(self, request: api_pb2.RemoveContainerRequest,
+                              context: Any) -> api_pb2.RemoveContainerResponse:
+        await self.finish(self.pods.remove_container(request.container_id))
+        return api_pb2.RemoveContainerResponse()
+
+    async def ContainerStatus(self, request: api_pb2.ContainerStatusRequest,
+                              context: Any) -> api_pb2.ContainerStatusResponse:
+        status = await self.pods.container_status(request.container_id, verbose=request.verbose)
+        return api_pb2.ContainerStatusResponse(status=translate.container_status(status),
+                                               info=translate.verbose_info(status.get("info")))
+
+    async def ListContainers(self, request: api_pb2.ListContainersRequest,
+                             context: Any) -> api_pb2.ListContainersResponse:
+        found = await self.pods.list_containers(translate.container_filter(request))
+        return api_pb2.ListContainersResponse(containers=[translate.container(c) for c in found])

@@ -1,0 +1,103 @@
+"""CRI protobuf messages to the pod layer's types and back; no semantics here.
+
+Configs go proto → dict (``json_format``, with the proto's own field names: crictl's JSON
+spelling) → the crictl-JSON parser of :mod:`client.cri.configs`, which validates every field and
+applies CRI's proto3 zero values (an unset NamespaceMode is POD), so a config means the same
+whether it came from podshimd, podshimctl or a test. Results go back from the pod layer's
+CRI-shaped dicts with ``json_format.ParseDict``, field by field as the proto names them.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Mapping
+
+from google.protobuf import json_format
+from google.protobuf.message import Message
+
+from client.cri.configs import ContainerConfig, PodSandboxConfig
+from client.criapi import api_pb2
+from shim.rpc.status import InvalidArgument
+
+__all__ = [
+    "pod_sandbox_config", "container_config", "pod_sandbox_filter", "container_filter",
+    "pod_sandbox_status", "pod_sandbox", "container_status", "container", "verbose_info",
+]
+
+# The fields of each message the pod layer's dicts fill (the rest stay at their zero values).
+_POD_SANDBOX_STATUS = ("id", "metadata", "state", "created_at", "network", "linux", "labels", "annotations",
+                       "runtime_handler")
+_POD_SANDBOX = ("id", "metadata", "state", "created_at", "labels", "annotations", "runtime_handler")
+_CONTAINER_STATUS = ("id", "metadata", "state", "created_at", "started_at", "finished_at", "exit_code", "image",
+                     "image_ref", "reason", "message", "labels", "annotations", "log_path")
+_CONTAINER = ("id", "pod_sandbox_id", "metadata", "image", "image_ref", "state", "created_at", "labels",
+              "annotations")
+
+
+def _as_dict(message: Message) -> dict[str, Any]:
+    return json_format.MessageToDict(message, preserving_proto_field_name=True)
+
+
+def _required(request: Message, field: str) -> Message:
+    if not request.HasField(field):
+        raise InvalidArgument(f"{field} is required")
+    return getattr(request, field)
+
+
+def pod_sandbox_config(request: api_pb2.RunPodSandboxRequest) -> PodSandboxConfig:
+    """The request's PodSandboxConfig; InvalidArgument naming the field that is wrong or missing."""
+    return PodSandboxConfig.from_json(_as_dict(_required(request, "config")))
+
+
+def container_config(request: api_pb2.CreateContainerRequest) -> ContainerConfig:
+    """The request's ContainerConfig; InvalidArgument naming the field that is wrong or missing."""
+    return ContainerConfig.from_json(_as_dict(_required(request, "config")))
+
+
+def pod_sandbox_filter(request: api_pb2.ListPodSandboxRequest) -> dict[str, Any]:
+    """The pod layer's filter of a ListPodSandbox request (unset fields match everything)."""
+    f = request.filter
+    return {"id": f.id or None,
+            "state": api_pb2.PodSandboxState.Name(f.state.state) if f.HasField("state") else None,
+            "label_selector": dict(f.label_selector)}
+
+
+def container_filter(request: api_pb2.ListContainersRequest) -> dict[str, Any]:
+    """The pod layer's filter of a ListContainers request (unset fields match everything)."""
+    f = request.filter
+    return {"id": f.id or None, "pod_sandbox_id": f.pod_sandbox_id or None,
+            "state": api_pb2.ContainerState.Name(f.state.state) if f.HasField("state") else None,
+            "label_selector": dict(f.label_selector)}
+
+
+def _message(cls: type[Message], doc: Mapping[str, Any], fields: tuple[str, ...]) -> Any:
+    return json_format.ParseDict({k: doc[k] for k in fields if doc.get(k) is not None}, cls())
+
+
+def pod_sandbox_status(doc: Mapping[str, Any]) -> api_pb2.PodSandboxStatus:
+    """A pod layer's pod status as CRI's PodSandboxStatus."""
+    return _message(api_pb2.PodSandboxStatus, doc, _POD_SANDBOX_STATUS)
+
+
+def pod_sandbox(doc: Mapping[str, Any]) -> api_pb2.PodSandbox:
+    """A pod layer's pod list entry as CRI's PodSandbox."""
+    return _message(api_pb2.PodSandbox, doc, _POD_SANDBOX)
+
+
+def container_status(doc: Mapping[str, Any]) -> api_pb2.ContainerStatus:
+    """A pod layer's container status as CRI's ContainerStatus (``image`` always set: clients
+    read ``status.image.image`` without a check)."""
+    return _message(api_pb2.ContainerStatus, {**doc, "image": doc.get("image") or {}}, _CONTAINER_STATUS)
+
+
+def container(doc: Mapping[str, Any]) -> api_pb2.Container:
+    """A pod layer's container list entry as CRI's Container (``image`` always set, as above)."""
+    return _message(api_pb2.Container, {**doc, "image": doc.get("image") or {}}, _CONTAINER)
+
+
+def verbose_info(info: Mapping[str, Any] | None) -> dict[str, str]:
+    """A verbose status's ``info`` map as containerd writes it: one key, ``info``, whose value is
+    the JSON of everything the runtime knows (crictl inspect/inspectp print it parsed)."""
+    if info is None:
+        return {}
+    return {"info": json.dumps(info, sort_keys=True, default=str)}
