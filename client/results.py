@@ -6,11 +6,11 @@ Timestamps are int nanoseconds since the Unix epoch (0 = unset), as on the wire.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from typing import Any
 
 from shim.rpc.api import BOOTSTRAP_FILE, BOOTSTRAP_VERSION, PROTOCOL, UNKNOWN_EXIT_STATUS
+from shim.rpc.files import decode_json
 from shim.rpc.status import Internal, Unimplemented
 
 __all__ = [
@@ -44,10 +44,10 @@ class Bootstrap:
         came from, for the message) and Unimplemented for a version or protocol we do not speak.
         """
         try:
-            doc = json.loads(text)
+            doc = decode_json(text, source)
         except ValueError as exc:
             shown = text[:200] if isinstance(text, str) else text[:200].decode(errors="replace")
-            raise Internal(f"{source} is not valid JSON ({exc}): {shown!r}") from None
+            raise Internal(f"{exc}: {shown!r}") from None
         return cls.from_dict(doc, source=source)
 
     @classmethod

@@ -16,7 +16,6 @@ A spawner has three coroutines, mirroring containerd's shim binary actions:
 from __future__ import annotations
 
 import abc
-import json
 import logging
 import os
 import shutil
@@ -29,6 +28,7 @@ import anyio
 
 from shim.rpc.api import TEMPLATE_SERVICE, TEMPLATE_SOCKET, TEMPLATE_SOCKET_ENV
 from shim.rpc.client import Client
+from shim.rpc.files import decode_json
 from shim.rpc.status import DeadlineExceeded, Internal, RpcError, Unavailable
 
 from client.defaults import DEFAULT_RUNTIME_ROOT, DELETE_TIMEOUT, SPAWN_TIMEOUT, TEMPLATE_CONNECT_TIMEOUT
@@ -175,7 +175,7 @@ class ExecSpawner(Spawner):
             done = await self._run("delete", namespace, sandbox_id, bundle, DELETE_TIMEOUT)
             if done.returncode != 0:
                 raise Internal(f"exit status {done.returncode}: {_said(done.stderr)}")
-            doc = json.loads(done.stdout)
+            doc = decode_json(done.stdout, "its output")
             status, exited_at = doc["exit_status"], doc["exited_at"]
             if not isinstance(status, int) or not isinstance(exited_at, int):
                 raise ValueError(f"unexpected output {doc!r:.200}")

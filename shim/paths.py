@@ -12,7 +12,7 @@ import os
 from typing import Any
 
 from shim.rpc.api import BOOTSTRAP_FILE, BOOTSTRAP_VERSION, DEFAULT_RUNTIME_ROOT, PROTOCOL, TEMPLATE_SOCKET, TEMPLATE_SOCKET_ENV
-from shim.rpc.files import write_atomic
+from shim.rpc.files import read_json, write_atomic
 from shim.rpc.identifiers import MAX_IDENTIFIER_CHARS, validate_identifier
 from shim.rpc.status import InvalidArgument
 
@@ -88,12 +88,3 @@ def write_json_atomic(path: str, doc: Any, mode: int = 0o600, *, durable: bool =
     """
     write_atomic(path, (json.dumps(doc, sort_keys=True) + "\n").encode(), mode=mode, durable=durable)
 
-
-def read_json(path: str) -> Any:
-    """Read a JSON file; ValueError (with the path) if it is not valid JSON."""
-    with open(path) as f:
-        text = f.read()
-    try:
-        return json.loads(text)
-    except ValueError as exc:
-        raise ValueError(f"{path} is not valid JSON: {exc}") from None

@@ -30,6 +30,7 @@ import anyio
 
 from shim.rpc.api import EVENTS_SERVICE
 from shim.rpc.client import Client
+from shim.rpc.files import decode_json
 from shim.rpc.status import RpcError
 
 from client.controller import Controller
@@ -131,18 +132,18 @@ def emit(args: argparse.Namespace, obj: Any, human: Callable[[TextIO], None] | N
         _print_fields(obj, sys.stdout)
 
 
-def _read_json(text: str, what: str) -> Any:
+def _read_json(data: str | bytes, what: str) -> Any:
     try:
-        return json.loads(text)
+        return decode_json(data, what)
     except ValueError as exc:
-        raise CliError(f"{what} is not valid JSON: {exc}") from None
+        raise CliError(str(exc)) from None
 
 
 def _read_json_file(path: str, what: str) -> Any:
     try:
         if path == "-":
-            return _read_json(sys.stdin.read(), what)
-        with open(path) as f:
+            return _read_json(sys.stdin.buffer.read(), what)
+        with open(path, "rb") as f:
             return _read_json(f.read(), f"{what} {path}")
     except OSError as exc:
         raise CliError(f"cannot read {what} {path}: {exc.strerror or exc}") from None

@@ -34,6 +34,7 @@ from typing import Any, Mapping, Sequence
 import anyio
 from anyio.abc import Process
 
+from shim.rpc.files import decode_json
 from shim.rpc.identifiers import validate_identifier
 from shim.rpc.status import (DeadlineExceeded, FailedPrecondition, Internal, InvalidArgument, NotFound, RpcError,
                              Unavailable)
@@ -429,7 +430,7 @@ class CniRunner:
         if not out:
             return None
         try:
-            doc = json.loads(out)
+            doc = decode_json(out, "its output")
             if not isinstance(doc, dict):
                 raise ValueError("not an object")
             if command == "ADD":
@@ -449,7 +450,7 @@ def _prev_for(config: CniConfig, raw: dict[str, Any] | None) -> dict[str, Any] |
 
 def _plugin_error(kind: str, command: str, returncode: int, out: str, err: str) -> RpcError:
     try:
-        doc = json.loads(out)
+        doc = decode_json(out, "its output")
         code, msg = doc["code"], doc.get("msg", "")
         if not isinstance(code, int) or not isinstance(msg, str):
             raise TypeError

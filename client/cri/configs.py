@@ -11,11 +11,11 @@ Parsing is pure (no I/O) except :meth:`PodSandboxConfig.load` / :meth:`Container
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass, field
 from typing import Any, Callable, TypeVar
 
+from shim.rpc.files import read_json
 from shim.rpc.status import InvalidArgument
 
 __all__ = [
@@ -146,17 +146,17 @@ def _drop_empty(doc: dict[str, Any]) -> dict[str, Any]:
 def load_json_object(path: str | os.PathLike[str]) -> dict[str, Any]:
     """Read a JSON file that must hold one object.
 
-    Raises InvalidArgument naming the file when it cannot be read, is not valid JSON or is not
-    an object (a config file is the caller's argument, so a bad one is their error).
+    Raises InvalidArgument naming the file when it cannot be read, is not valid JSON (not UTF-8,
+    nested too deeply: see :func:`shim.rpc.files.decode_json`) or is not an object (a config
+    file is the caller's argument, so a bad one is their error).
     """
     path = os.fspath(path)
     try:
-        with open(path, encoding="utf-8") as f:
-            doc = json.load(f)
+        doc = read_json(path)
     except OSError as exc:
         raise InvalidArgument(f"cannot read {path}: {exc.strerror or exc}") from None
-    except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError
-        raise InvalidArgument(f"{path} is not valid JSON: {exc}") from None
+    except ValueError as exc:
+        raise InvalidArgument(str(exc)) from None
     if not isinstance(doc, dict):
         raise InvalidArgument(f"{path} must hold a JSON object, not {_type_name(doc)}")
     return doc

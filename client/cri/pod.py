@@ -32,7 +32,7 @@ import anyio
 
 from shim.sandbox.options import NATIVE, RUNTIME_HANDLERS  # "native" (the default, also for ""), "runc", "crun"
 from shim.rpc.api import TASK_SERVICE
-from shim.rpc.files import ensure_private_dir
+from shim.rpc.files import ensure_private_dir, read_json
 from shim.rpc.status import (DeadlineExceeded, FailedPrecondition, InvalidArgument, NotFound, RpcError,
                              Unavailable)
 
@@ -77,8 +77,7 @@ class _Removed:
     def __init__(self, path: str):
         self.path = path
         try:
-            with open(path) as f:
-                ids = json.load(f)
+            ids = read_json(path)
             self.ids = [i for i in ids if isinstance(i, str)] if isinstance(ids, list) else []
         except (OSError, ValueError):
             self.ids = []

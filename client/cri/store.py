@@ -38,7 +38,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
-from shim.rpc.files import ensure_private_dir, fsync_dir, write_atomic
+from shim.rpc.files import ensure_private_dir, fsync_dir, read_json, write_atomic
 from shim.rpc.identifiers import validate_identifier
 from shim.rpc.status import AlreadyExists, InvalidArgument, NotFound
 
@@ -248,8 +248,7 @@ class PodStore:
             if not entry.endswith(_SUFFIX):
                 continue
             try:
-                with open(path, "rb") as f:
-                    record = PodRecord.from_json(json.load(f))
+                record = PodRecord.from_json(read_json(path))
                 record.check()
                 if entry != record.pod_id + _SUFFIX:
                     raise InvalidArgument(f"it holds pod {record.pod_id!r}")

@@ -131,6 +131,8 @@ def _parse(source: str, data: bytes) -> dict[str, Any]:
     except tomllib.TOMLDecodeError as exc:
         # The message ends "(at line L, column C)" (Python 3.11 has no lineno attribute).
         raise ConfigError(source, None, f"bad TOML syntax: {exc}") from None
+    except RecursionError:  # tomllib recurses once per nested array or inline table
+        raise ConfigError(source, None, "bad TOML syntax: it is nested too deeply") from None
     values = {}
     for key, value in table.items():
         if key not in _FIELDS:

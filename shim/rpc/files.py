@@ -1,22 +1,29 @@
-"""The directories podshim keeps its own files in, and writing a file so a reader sees the old
-one or the new one, never half.
+"""The directories podshim keeps its own files in, writing a file so a reader sees the old one
+or the new one, never half, and reading a JSON document.
 
 bootstrap.json is part of the protocol (protocol.md, "Bootstrap"): it is written atomically by
 whoever writes it, the shim or a client-side spawner, and pod records need the same. The
 directories they live in (socket directory, bundles, records, logs) are made one way, never
-through a symbolic link. One implementation for all of them, here where both the shim and the
-client may import it.
+through a symbolic link. Every JSON document podshim reads (configs, records, state, what a
+helper process prints) is decoded one way, so a bad one is one sentence, never a traceback.
+One implementation for all of them, here where both the shim and the client may import it.
 """
 
 from __future__ import annotations
 
 import errno
+import json
 import os
 import stat
 import tempfile
 from typing import Any
 
-__all__ = ["ensure_private_dir", "fsync_dir", "write_atomic"]
+__all__ = ["MAX_JSON_DEPTH", "decode_json", "ensure_private_dir", "fsync_dir", "read_json", "write_atomic"]
+
+#: How deeply a JSON document podshim reads may nest. Real ones (CRI and CNI configs, records)
+#: nest less than 10 deep; a deeper one would be refused later anyway, by the recursion limit
+#: of whatever walks or encodes it.
+MAX_JSON_DEPTH = 100
 
 _RENAME_EXCHANGE = 2  # renameat2(2) flag, <linux/fs.h>
 _AT_FDCWD = -100
@@ -67,6 +74,59 @@ def ensure_private_dir(path: str, mode: int, *, keep_mode: bool = False) -> None
             os.fchmod(fd, mode)  # mkdir's mode was filtered by the umask
     finally:
         os.close(fd)
+
+
+def decode_json(data: bytes | str, source: str) -> Any:
+    """Decode one JSON document (bytes are UTF-8, or UTF-16/32 as JSON allows).
+
+    Raises ValueError whose message is one sentence starting with ``source`` (a path, or what
+    printed it) and saying what is wrong: not UTF-8, not JSON (with the decoder's position),
+    nested more than :data:`MAX_JSON_DEPTH` deep, an integer too long to convert.
+    """
+    try:
+        doc = json.loads(data, parse_constant=_refuse_constant)
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{source} is not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset {exc.start})"
+                         ) from None
+    except RecursionError:
+        doc = _TOO_DEEP
+    except ValueError as exc:  # JSONDecodeError; int() past sys.get_int_max_str_digits()
+        raise ValueError(f"{source} is not valid JSON: {exc}") from None
+    if doc is _TOO_DEEP or _deeper_than(doc, MAX_JSON_DEPTH):
+        raise ValueError(f"{source} is not valid JSON: it is nested more than {MAX_JSON_DEPTH} deep")
+    return doc
+
+
+def read_json(path: str) -> Any:
+    """Read and decode the JSON file ``path``; ValueError naming it as :func:`decode_json` says,
+    OSError when it cannot be read."""
+    with open(path, "rb") as f:
+        data = f.read()
+    return decode_json(data, path)
+
+
+_TOO_DEEP = object()
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _deeper_than(doc: Any, limit: int) -> bool:
+    # Iterative: a walk that recursed would hit the interpreter's limit on what it checks.
+    stack = [(doc, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if isinstance(value, dict):
+            children: Any = value.values()
+        elif isinstance(value, list):
+            children = value
+        else:
+            continue
+        if depth > limit:
+            return True
+        stack.extend((child, depth + 1) for child in children)
+    return False
 
 
 def fsync_dir(path: str) -> None:

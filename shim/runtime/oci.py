@@ -66,7 +66,6 @@ from __future__ import annotations
 
 import asyncio
 import errno
-import json
 import logging
 import os
 import re
@@ -85,7 +84,7 @@ from shim.runtime import pause, process
 from shim.kernel.cgroups import SandboxCgroup
 from shim.paths import write_json_atomic
 from shim.kernel.reaper import ExitInfo, Reaper
-from shim.rpc.files import ensure_private_dir
+from shim.rpc.files import decode_json, ensure_private_dir
 from shim.rpc.status import (AlreadyExists, DeadlineExceeded, FailedPrecondition, Internal, InvalidArgument, NotFound,
                          RpcError)
 
@@ -486,7 +485,7 @@ class OciRuntime:
         """``state ID`` as a map (``status``: created, running, stopped, ...)."""
         output = await self._run(container, "state", container.container_id, timeout=STATE_TIMEOUT, capture=True)
         try:
-            doc = json.loads(output)
+            doc = decode_json(output, f"{self.name} state")
         except ValueError:
             doc = None
         if not isinstance(doc, dict):
@@ -609,7 +608,7 @@ def _logged_errors(path: str, offset: int) -> list[str]:
         if not line:
             continue
         try:
-            entry = json.loads(line)
+            entry = decode_json(line, path)
         except ValueError:
             entry = None
         if isinstance(entry, dict):

@@ -290,6 +290,13 @@ async def test_a_spawn_that_prints_garbage_is_internal(env):
         assert c.sandboxes.is_empty()
 
 
+async def test_a_spawn_that_prints_json_nested_too_deeply_is_internal(env):
+    async with controller(env, spawner=failing_spawner(env, "print('[' * 100000)")) as c:
+        with pytest.raises(Internal, match="is not valid JSON: it is nested more than"):
+            await c.create(NS, env.sid("deep"))
+        assert c.sandboxes.is_empty()
+
+
 async def test_a_cancelled_create_leaves_nothing(env, spawn_mode):
     sid = env.sid("cancelled")
     async with controller(env) as c:

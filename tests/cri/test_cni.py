@@ -201,13 +201,15 @@ def test_single_plugin_conf_is_wrapped_into_a_list(tmp_path):
 
 @pytest.mark.parametrize("text, message", [
     ("{broken", "is not valid JSON"),
+    ("[" * 100_000, "is not valid JSON: it is nested more than"),
+    (b'{"name": "\xff"}', "is not UTF-8 text"),
     ('{"cniVersion": "1.0.0", "plugins": [{"type": "bridge"}]}', "name must be a non-empty string"),
     ('{"cniVersion": "1.0.0", "name": "n", "plugins": []}', "plugins must be a non-empty array"),
     ('{"cniVersion": "1.0.0", "name": "n", "plugins": [{"type": "../bin/sh"}]}', "plugins[0].type must be a plugin name"),
     ('{"cniVersion": "one", "name": "n", "plugins": [{"type": "bridge"}]}', "is not a version"),
 ])
 def test_bad_config_is_invalid_argument_naming_the_file(tmp_path, text, message):
-    (tmp_path / "10-bad.conflist").write_text(text)
+    (tmp_path / "10-bad.conflist").write_bytes(text if isinstance(text, bytes) else text.encode())
     with pytest.raises(InvalidArgument) as info:
         CniConfig.load(str(tmp_path))
     assert "10-bad.conflist" in info.value.message and message in info.value.message

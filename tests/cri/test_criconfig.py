@@ -207,11 +207,19 @@ def test_container_needs_command_or_args():
     assert ContainerConfig.from_json({"metadata": {"name": "c"}, "args": ["sleep", "1"]}).argv == ("sleep", "1")
 
 
-def test_broken_json_file_is_invalid_argument_naming_it(tmp_path):
+@pytest.mark.parametrize("content, says", [
+    (b'{"metadata": ', "is not valid JSON: Expecting value"),
+    ('{"hostname": "caf\xe9"}'.encode("latin-1"), "is not UTF-8 text (byte 0xe9 at offset 17)"),
+    (b"[" * 100_000 + b"]" * 100_000, "is not valid JSON: it is nested more than 100 deep"),
+    (b'{"a": ' * 101 + b"1" + b"}" * 101, "is not valid JSON: it is nested more than 100 deep"),
+    (b'{"metadata": ' + b"1" * 5000 + b"}", "is not valid JSON: Exceeds the limit"),
+], ids=["truncated", "latin-1", "100000-deep", "101-deep", "5000-digit-int"])
+def test_a_bad_json_file_is_invalid_argument_in_one_sentence_naming_it(tmp_path, content, says):
     path = tmp_path / "pod-config.json"
-    path.write_text('{"metadata": ')
-    with pytest.raises(InvalidArgument, match=r"pod-config\.json is not valid JSON: "):
+    path.write_bytes(content)
+    with pytest.raises(InvalidArgument) as info:
         PodSandboxConfig.load(path)
+    assert info.value.message.startswith(f"{path} {says}") and "\n" not in info.value.message, info.value.message
 
 
 def test_missing_file_and_non_object_are_invalid_argument(tmp_path):

@@ -107,6 +107,17 @@ def test_unreadable_record_is_moved_aside_and_does_not_stop_the_store(store, cap
     assert "bbb2.json is not valid" in caplog.text
 
 
+@pytest.mark.parametrize("content", [b"[" * 100_000 + b"]" * 100_000, b'{"pod_id": "\xff"}'], ids=["deep", "latin-1"])
+def test_a_record_too_deep_or_not_utf8_is_moved_aside_too(store, caplog, content):
+    store.put(pod("aaa1", state="READY"))
+    with open(record_path(store, "bbb2"), "wb") as f:
+        f.write(content)
+    again = reopen(store)
+    assert [r.pod_id for r in again.list()] == ["aaa1"]
+    assert os.path.exists(record_path(store, "bbb2") + ".corrupt")
+    assert "bbb2.json is not valid" in caplog.text
+
+
 def test_get_unknown_pod_is_not_found(store):
     with pytest.raises(NotFound):
         store.get("nope")

@@ -124,10 +124,13 @@ def test_help_works_everywhere(env, capsys):
     (["sandbox", "create", "x", "--options", "/nonexistent.json"], 1, "cannot read --options /nonexistent.json"),
     (["sandbox", "create", "x", "--options", "@bad.json"], 1, "is not valid JSON"),
     (["sandbox", "create", "x", "--options", "@array.json"], 1, "must hold a JSON object"),
+    (["sandbox", "create", "x", "--options", "@latin1.json"], 1, "latin1.json is not UTF-8 text (byte 0xe9 at offset 10)"),
+    (["sandbox", "create", "x", "--options", "@deep.json"], 1, "deep.json is not valid JSON: it is nested more than"),
     (["sandbox", "create", "x", "--annotation", "novalue"], 1, "is not KEY=VALUE"),
     (["--address", "unix:///nonexistent/sock", "call", SANDBOX, "PingSandbox"], 1, "UNAVAILABLE: cannot connect"),
     (["--address", "unix:///nonexistent/sock", "call", SANDBOX, "PingSandbox", "{nope"], 1, "is not valid JSON"),
     (["--address", "unix:///nonexistent/sock", "call", SANDBOX, "PingSandbox", "[1]"], 1, "must be a JSON object"),
+    (["--address", "unix:///nonexistent/sock", "call", SANDBOX, "PingSandbox", "[" * 100_000], 1, "nested more than"),
     (["--address", "tcp://host:1", "call", SANDBOX, "PingSandbox"], 1, "INVALID_ARGUMENT: address"),
     (["call", SANDBOX, "PingSandbox"], 2, "--address is required"),
     (["sandbox", "stop", "x", "--timeout", "soon"], 2, "invalid float value"),
@@ -137,9 +140,12 @@ def test_help_works_everywhere(env, capsys):
 def test_bad_input_gets_a_sentence_and_an_exit_status_never_a_traceback(env, capsys, tmp_path, argv, code, said):
     (tmp_path / "bad.json").write_text("{not json")
     (tmp_path / "array.json").write_text("[1, 2]")
+    (tmp_path / "latin1.json").write_bytes('{"name": "\xe9t\xe9"}'.encode("latin-1"))
+    (tmp_path / "deep.json").write_text("[" * 100_000 + "]" * 100_000)
     argv = [str(tmp_path / a[1:]) if a.startswith("@") else a for a in argv]
     got, _, err = run_main(env, capsys, *argv)
     assert got == code and said in err and "Traceback" not in err, err
+    assert code == 2 or err.count("\n") == 1, err  # a failure is one sentence; a usage error adds the usage
     assert os.listdir(env.state_root) in ([], [NS])  # nothing was created
 
 

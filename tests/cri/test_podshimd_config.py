@@ -154,6 +154,11 @@ def test_a_file_that_is_not_utf8_is_refused_with_its_line(write):
     assert str(error) == f"{path}: the file is not UTF-8 (byte 0xff on line 2)"
 
 
+def test_toml_nested_100000_deep_is_refused_in_one_sentence(write):
+    path = write("a = " + "[" * 100_000 + "]" * 100_000 + "\n")
+    assert str(refused(path)) == f"{path}: bad TOML syntax: it is nested too deeply"
+
+
 def test_bad_toml_syntax_is_refused_with_its_line(write):
     path = write('log_level = "info"\n\nstate_root = /var/lib/podshim\n')
     error = refused(path)

@@ -9,7 +9,7 @@ import stat
 
 import pytest
 
-from shim.rpc.files import ensure_private_dir, write_atomic
+from shim.rpc.files import MAX_JSON_DEPTH, decode_json, ensure_private_dir, read_json, write_atomic
 
 
 @pytest.mark.parametrize("durable", [False, True])
@@ -107,3 +107,40 @@ def test_a_private_dir_of_another_user_is_refused(tmp_path):
     with pytest.raises(PermissionError, match="belongs to uid 65534"):
         ensure_private_dir(str(path), 0o700)
     ensure_private_dir(str(path), 0o700, keep_mode=True)  # an administrator's root: theirs to own
+
+
+# -- decode_json, read_json ----------------------------------------------------------------------
+
+
+def test_a_json_document_is_decoded_from_text_or_bytes(tmp_path):
+    assert decode_json('{"a": [1, {"b": null}]}', "x") == {"a": [1, {"b": None}]}
+    assert decode_json(b'{"a": "\xc3\xa9"}', "x") == {"a": "é"}
+    path = tmp_path / "doc.json"
+    path.write_bytes(b"[" * MAX_JSON_DEPTH + b"]" * MAX_JSON_DEPTH)  # exactly the limit
+    assert read_json(str(path)) == eval("[" * MAX_JSON_DEPTH + "]" * MAX_JSON_DEPTH)
+
+
+@pytest.mark.parametrize("data, says", [
+    (b"", "is not valid JSON: Expecting value: line 1 column 1 (char 0)"),
+    (b'{"a": 1,}', "is not valid JSON: Expecting property name"),
+    (b'{"a": "\xff"}', "is not UTF-8 text (byte 0xff at offset 7)"),
+    (b"[" * 100_000 + b"]" * 100_000, f"is not valid JSON: it is nested more than {MAX_JSON_DEPTH} deep"),
+    (b"[" * 100_000, f"is not valid JSON: it is nested more than {MAX_JSON_DEPTH} deep"),
+    (b"[" * (MAX_JSON_DEPTH + 1) + b"]" * (MAX_JSON_DEPTH + 1), "is not valid JSON: it is nested more than"),
+    (b"1" * 5000, "is not valid JSON: Exceeds the limit (4300 digits) for integer string conversion"),
+    (b"NaN", "is not valid JSON: NaN is not a JSON number"),
+], ids=["empty", "trailing-comma", "latin-1", "100000-deep", "100000-open", "over-the-limit", "5000-digits", "nan"])
+def test_bad_json_is_one_value_error_naming_its_source(data, says):
+    with pytest.raises(ValueError) as info:
+        decode_json(data, "/etc/x.json")
+    assert str(info.value).startswith(f"/etc/x.json {says}") and "\n" not in str(info.value), str(info.value)
+    assert type(info.value) is ValueError and info.value.__cause__ is None
+
+
+def test_read_json_names_the_file_and_lets_os_errors_through(tmp_path):
+    path = tmp_path / "state.json"
+    path.write_bytes(b"[" * 100_000)
+    with pytest.raises(ValueError, match=f"^{path} is not valid JSON: it is nested"):
+        read_json(str(path))
+    with pytest.raises(FileNotFoundError):
+        read_json(str(tmp_path / "absent.json"))

@@ -175,6 +175,18 @@ def test_bad_identifier_exits_2_with_a_sentence_and_creates_nothing(shims, actio
     assert not os.path.lexists(bundle) and not os.path.lexists(root)
 
 
+@pytest.mark.parametrize("content", [b"[" * 100_000 + b"]" * 100_000, b'{"netns_path": "\xff"}'],
+                         ids=["100000-deep", "latin-1"])
+def test_delete_with_a_state_json_that_is_not_json_says_so_and_carries_on(shims, content):
+    bundle, root = shims.directories()
+    os.makedirs(bundle)
+    with open(os.path.join(bundle, "state.json"), "wb") as f:
+        f.write(content)
+    result = run_podshim("delete", "it", new_id(), bundle, root)
+    assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr
+    assert "state.json is not" in result.stderr and json.loads(result.stdout)["exit_status"] == 255
+
+
 # -- delete -----------------------------------------------------------------------------------
 
 
