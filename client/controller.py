@@ -52,9 +52,16 @@ from client.defaults import (
     START_TIMEOUT,
     STOP_MARGIN,
 )
-from client.handle import Phase, ShimHandle
+from client.handle import ENDED, Phase, ShimHandle
 from client.nsmap import NSMap
-from client.results import UNKNOWN_EXIT_STATUS, ControllerInstance, ControllerStatus, ExitStatus, Platform
+from client.results import (
+    UNKNOWN_EXIT_STATUS,
+    ControllerInstance,
+    ControllerStatus,
+    ExitStatus,
+    Platform,
+    SandboxState,
+)
 from client.spawners import ExecSpawner, Spawner
 from client.systemd import SystemdSpawner
 
@@ -207,7 +214,7 @@ class Controller:
                 client = await Client.connect(boot.address, namespace=namespace, timeout=CONNECT_TIMEOUT)
                 self._attach(handle, client)
                 await client.call(SANDBOX_SERVICE, "CreateSandbox", payload, timeout=CREATE_TIMEOUT)
-                handle.state = "created"
+                handle.state = SandboxState.CREATED
                 handle.created_at = time.time_ns()
                 self._go_live(handle)
             except BaseException as exc:
@@ -223,7 +230,7 @@ class Controller:
             live = self._require_live(handle, "start")
             reply = await live.call(SANDBOX_SERVICE, "StartSandbox", {"sandbox_id": sandbox_id},
                                     timeout=START_TIMEOUT)
-            handle.pid, handle.created_at, handle.state = reply.get("pid", 0), reply.get("created_at", 0), "running"
+            handle.pid, handle.created_at, handle.state = reply.get("pid", 0), reply.get("created_at", 0), SandboxState.RUNNING
             return ControllerInstance(sandbox_id, handle.pid, handle.created_at, handle.address, handle.version, {})
 
     async def platform(self, namespace: str, sandbox_id: str) -> Platform:
@@ -401,7 +408,7 @@ class Controller:
                     raise  # the shim itself answered UNAVAILABLE
                 if not handle.closing:
                     await self._bury(handle)  # we did not close it: the shim died
-                elif handle.phase not in (Phase.DYING, Phase.DEAD):
+                elif handle.phase not in ENDED:
                     raise  # we closed it (shutdown, controller closing)
         await handle.dead.wait()
         if handle.exit is None:  # shut down meanwhile, not dead
@@ -413,7 +420,7 @@ class Controller:
         client.on_close(lambda: self._on_closed(handle, client))
 
     def _go_live(self, handle: ShimHandle) -> None:
-        handle.settle(Phase.LIVE)
+        handle.move(Phase.LIVE)
         # The connection may have dropped while the handle was PENDING, when a close is not
         # reported: report it now or nobody would clean up.
         if handle.client is not None and handle.client.closed:
@@ -439,12 +446,12 @@ class Controller:
         """The dead-shim cleanup, once per handle: ``podshim delete`` (kills what is left,
         removes netns, cgroup and socket), remove the bundle, keep a tombstone with the exit
         status. Concurrent callers wait for the first. Never raises."""
-        if handle.phase in (Phase.DYING, Phase.DEAD):
+        if handle.phase in ENDED:
             await handle.dead.wait()
             return
         if handle.phase not in (Phase.LIVE, Phase.PENDING):
             return
-        handle.phase = Phase.DYING
+        handle.move(Phase.DYING)
         exit_status = None
         with handle.hold_bundle() as held, anyio.CancelScope(shield=True):
             try:
@@ -462,8 +469,8 @@ class Controller:
                 log.exception("cleanup after the shim of %s/%s failed", handle.namespace, handle.sandbox_id)
             finally:
                 handle.exit = exit_status or ExitStatus(UNKNOWN_EXIT_STATUS, time.time_ns())
-                handle.state = "stopped"
-                handle.settle(Phase.DEAD)
+                handle.state = SandboxState.STOPPED
+                handle.move(Phase.DEAD)
                 handle.dead.set()
 
     async def _shutdown_shim(self, handle: ShimHandle, timeout: float) -> bool:
@@ -508,7 +515,8 @@ class Controller:
             self._forget(handle)
 
     def _forget(self, handle: ShimHandle) -> None:
-        handle.settle(Phase.GONE)
+        if handle.phase is not Phase.GONE:
+            handle.move(Phase.GONE)
         handle.dead.set()  # nobody may wait forever on a sandbox that is gone
         self.sandboxes.delete(handle.namespace, handle.sandbox_id, handle)
 
@@ -581,7 +589,7 @@ def _status(handle: ShimHandle, reply: dict[str, Any]) -> ControllerStatus:
     return ControllerStatus(
         sandbox_id=handle.sandbox_id,
         pid=reply.get("pid") or 0,
-        state=reply.get("state") or "unknown",
+        state=reply.get("state") or SandboxState.UNKNOWN,
         info=dict(reply.get("info") or {}),
         created_at=reply.get("created_at") or 0,
         exited_at=reply.get("exited_at") or 0,

@@ -1,9 +1,11 @@
 """ShimHandle: what the Controller knows about one sandbox and the connection to its shim.
 
-A handle goes through these phases; only the Controller moves it along:
+A handle goes through the phases of :data:`TRANSITIONS`; only the Controller moves it along,
+through :meth:`ShimHandle.move`, which refuses a move the table does not list:
 
     PENDING --create/load ok--> LIVE --shim died--> DYING --cleanup done--> DEAD (tombstone)
-       |                          |                                           |
+       |                          |                   ^                       |
+       +--load: shim gone---------|-------------------+                       |
        +--create failed / never created: GONE <--------- shutdown -----------+
 
 PENDING: being created or loaded, not usable yet (readers wait for ``settled``).
@@ -21,11 +23,12 @@ from typing import Iterator
 import anyio
 
 from shim.rpc.client import Client
+from shim.rpc.status import FailedPrecondition
 
 from client.bundles import BundleLock
-from client.results import ControllerStatus, ExitStatus
+from client.results import ControllerStatus, ExitStatus, SandboxState
 
-__all__ = ["Phase", "ShimHandle"]
+__all__ = ["Phase", "TRANSITIONS", "ShimHandle"]
 
 
 class Phase(enum.Enum):
@@ -34,6 +37,27 @@ class Phase(enum.Enum):
     DYING = "dying"
     DEAD = "dead"
     GONE = "gone"
+
+
+P = Phase
+#: phase -> the phases a handle may move to from it. Anything else is a FailedPrecondition.
+TRANSITIONS: dict[Phase, frozenset[Phase]] = {
+    P.PENDING: frozenset({P.LIVE, P.DYING, P.GONE}),  # created/loaded; found dead on load; undone
+    P.LIVE: frozenset({P.DYING, P.GONE}),             # its shim died; shut down
+    P.DYING: frozenset({P.DEAD}),                     # cleanup done (``exit`` is set)
+    P.DEAD: frozenset({P.GONE}),                      # the tombstone is shut down
+    P.GONE: frozenset(),                              # forgotten: nothing comes after
+}
+#: What a handle in each phase is, for the sentence of a refused move.
+_DESCRIPTIONS = {
+    P.PENDING: "is still being created or loaded",
+    P.LIVE: "is served by its shim",
+    P.DYING: "is being cleaned up after its shim died",
+    P.DEAD: "has exited and its shim is gone",
+    P.GONE: "was shut down and forgotten",
+}
+#: Phases whose shim went away: the sandbox reads as stopped, with the exit status of its cleanup.
+ENDED = frozenset({P.DYING, P.DEAD})
 
 
 class ShimHandle:
@@ -56,7 +80,7 @@ class ShimHandle:
         self.closing = False
         # Last known facts, for a tombstone and for list() when a shim does not answer in time.
         self.pid = 0
-        self.state = "unknown"
+        self.state: str = SandboxState.UNKNOWN
         self.created_at = 0
         self.exit: ExitStatus | None = None
         self._bundle_lock = BundleLock(bundle)
@@ -79,8 +103,12 @@ class ShimHandle:
             if self._bundle_holds == 0:
                 self._bundle_lock.release()
 
-    def settle(self, phase: Phase) -> None:
-        """Leave PENDING for ``phase``."""
+    def move(self, phase: Phase) -> None:
+        """Move to ``phase``; raises FailedPrecondition when :data:`TRANSITIONS` does not allow it
+        (the sandbox keeps its phase). Leaving PENDING wakes the readers waiting on ``settled``."""
+        if phase not in TRANSITIONS[self.phase]:
+            raise FailedPrecondition(f"sandbox {self.sandbox_id} in namespace {self.namespace} "
+                                     f"{_DESCRIPTIONS[self.phase]}; it cannot become {phase.value}")
         self.phase = phase
         self.settled.set()
 
@@ -94,7 +122,7 @@ class ShimHandle:
         """The status from what is known without asking the shim (a tombstone's, after death)."""
         exit_status = self.exit.exit_status if self.exit else 0
         exited_at = self.exit.exited_at if self.exit else 0
-        state = "stopped" if self.phase in (Phase.DYING, Phase.DEAD) else self.state
+        state = SandboxState.STOPPED if self.phase in ENDED else self.state
         return ControllerStatus(self.sandbox_id, self.pid, state, {}, self.created_at, exited_at, exit_status,
                                 self.address, self.version, self.namespace)
 

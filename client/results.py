@@ -6,6 +6,7 @@ Timestamps are int nanoseconds since the Unix epoch (0 = unset), as on the wire.
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,8 +24,19 @@ __all__ = [
     "ControllerInstance",
     "ControllerStatus",
     "Platform",
+    "SandboxState",
 ]
 
+
+class SandboxState(enum.StrEnum):
+    """The states a sandbox reports (the shim's, protocol.md 7.1); they compare equal to the
+    strings on the wire. A state this client does not know is kept as the shim's string."""
+
+    CREATED = "created"
+    RUNNING = "running"
+    STOPPED = "stopped"
+    #: Nothing was heard from the shim yet.
+    UNKNOWN = "unknown"
 
 
 @dataclass(frozen=True, slots=True)
