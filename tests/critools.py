@@ -110,6 +110,11 @@ class Podshimd:
             raise AssertionError(f"crictl {' '.join(args)} exited {result.returncode}: {result.stderr}")
         return result
 
+    def remove_every_pod(self, crictl: str) -> None:
+        """``crictl rmp -f`` every pod this daemon lists (a test's leftovers must be removable)."""
+        for pod_id in self.crictl(crictl, "pods", "-q").stdout.split():
+            self.crictl(crictl, "rmp", "-f", pod_id)
+
     def runtime(self) -> Any:
         """A runtime.v1.RuntimeService stub on this daemon's socket (the channel closes with the daemon)."""
         from client.criapi import api_pb2_grpc

@@ -46,8 +46,7 @@ def module_daemon(directory):
 def daemon(module_daemon, crictl):
     """The module's daemon; every pod a test leaves is removed after it (and must be removable)."""
     yield module_daemon
-    for pod_id in module_daemon.crictl(crictl, "pods", "-q").stdout.split():
-        module_daemon.crictl(crictl, "rmp", "-f", pod_id)
+    module_daemon.remove_every_pod(crictl)
 
 
 @pytest.fixture

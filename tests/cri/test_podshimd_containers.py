@@ -1,0 +1,262 @@
+"""Containers through podshimd as the real crictl 1.26 drives them (create, start, ps with
+filters, inspect, logs, stop with a timeout, rm), each checked on what crictl prints and on the
+kernel side (which of the pause's namespaces the container's process shares); CRI's proto3 zero
+values (no namespace_options: the pod's PID namespace); the CRI semantics a client relies on; and
+what podshimd does not do yet answering UNIMPLEMENTED with a sentence."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import tempfile
+
+import grpc
+import pytest
+from google.protobuf import json_format
+
+from client.criapi import api_pb2
+
+from critools import crictl, running_podshimd  # noqa: F401  (crictl: a session fixture)
+from podtools import alive, container_config, ns_inode, pod_config, wait_gone
+
+CONTAINER_ID = re.compile(r"^[0-9a-f]{64}$")
+
+
+@pytest.fixture(scope="module")
+def module_daemon():
+    directory = tempfile.mkdtemp(prefix="psd-ctrs-")
+    try:
+        with running_podshimd(directory) as daemon:
+            yield daemon
+    finally:
+        shutil.rmtree(directory)
+
+
+@pytest.fixture
+def daemon(module_daemon, crictl):
+    """The module's daemon; every pod a test leaves is removed after it."""
+    yield module_daemon
+    module_daemon.remove_every_pod(crictl)
+
+
+@pytest.fixture
+def pod(daemon, crictl, tmp_path):
+    """A ready pod: its id, and the path of its config (crictl create wants it)."""
+    path = tmp_path / "pod.json"
+    path.write_text(json.dumps(pod_config()))
+    return daemon.crictl(crictl, "runp", str(path)).stdout.strip(), str(path)
+
+
+def create(daemon, crictl, pod, tmp_path, config: dict, name: str = "ctr.json") -> str:
+    path = tmp_path / name
+    path.write_text(json.dumps(config))
+    container_id = daemon.crictl(crictl, "create", pod[0], str(path), pod[1]).stdout.strip()
+    assert CONTAINER_ID.match(container_id), container_id
+    return container_id
+
+
+def inspect(daemon, crictl, container_id: str) -> dict:
+    return json.loads(daemon.crictl(crictl, "inspect", container_id).stdout)
+
+
+def pause_pid(daemon, crictl, pod_id: str) -> int:
+    return json.loads(daemon.crictl(crictl, "inspectp", pod_id).stdout)["info"]["pid"]
+
+
+def table(output: str) -> list[list[str]]:
+    return [re.split(r"\s{2,}", line.strip()) for line in output.splitlines()[1:]]
+
+
+def wait_exited(daemon, crictl, container_id: str) -> dict:
+    """The container's status once it exited (it runs a command that ends by itself)."""
+    status = daemon.runtime().ContainerStatus(api_pb2.ContainerStatusRequest(container_id=container_id, verbose=True))
+    pid = json.loads(status.info["info"])["pid"]
+    assert not wait_gone(pid, timeout=30)
+    return inspect(daemon, crictl, container_id)
+
+
+# -- create, start, ps, inspect, logs ---------------------------------------------------------------
+
+def test_a_container_runs_in_the_pods_namespaces_and_logs_what_it_prints(daemon, crictl, pod, tmp_path):
+    config = container_config(["/bin/sh", "-c", "echo out; echo err >&2; hostname; exec sleep 60"], pid=1)
+    config["image"] = {"image": "docker.io/library/busybox:1.36"}
+    config["labels"] = {"role": "web"}
+    container_id = create(daemon, crictl, pod, tmp_path, config)
+    assert inspect(daemon, crictl, container_id)["status"]["state"] == "CONTAINER_CREATED"
+    assert daemon.crictl(crictl, "start", container_id).stdout.strip() == container_id
+    found = inspect(daemon, crictl, container_id)
+    status, info = found["status"], found["info"]
+    assert status["state"] == "CONTAINER_RUNNING" and status["metadata"] == {"name": "c", "attempt": 0}
+    assert status["image"]["image"] == "docker.io/library/busybox:1.36" and status["imageRef"] == "host-rootfs"
+    assert status["labels"] == {"role": "web"} and status["logPath"].endswith("/c_0.log")
+    pid, pause = info["pid"], pause_pid(daemon, crictl, pod[0])
+    with open(f"/proc/{pid}/cmdline", "rb") as f:
+        assert f.read().split(b"\0")[:2] == [b"sleep", b"60"]
+    for kind in ("net", "ipc", "uts"):
+        assert ns_inode(pid, kind) == ns_inode(pause, kind), kind
+    assert ns_inode(pid, "pid") not in (ns_inode(pause, "pid"), ns_inode(os.getpid(), "pid"))  # CONTAINER mode
+    rows = table(daemon.crictl(crictl, "ps").stdout)
+    assert rows == [[container_id[:13], "docker.io/library/busybox:1.36", rows[0][2], "Running", "c", "0",
+                     pod[0][:13], "unknown"]]
+    logs = daemon.crictl(crictl, "logs", container_id)
+    assert logs.stdout.splitlines()[0] == "out" and logs.stderr == "err\n"
+    with open(pod[1]) as f:
+        assert logs.stdout.splitlines()[1] == json.load(f)["hostname"]
+
+
+def test_a_container_without_namespace_options_shares_the_pods_pid_namespace(daemon, crictl, pod, tmp_path):
+    config = {"metadata": {"name": "plain"}, "image": {"image": "busybox"}, "command": ["sleep", "60"]}
+    container_id = create(daemon, crictl, pod, tmp_path, config)
+    daemon.crictl(crictl, "start", container_id)
+    pid = inspect(daemon, crictl, container_id)["info"]["pid"]
+    assert ns_inode(pid, "pid") == ns_inode(pause_pid(daemon, crictl, pod[0]), "pid")
+    assert inspect(daemon, crictl, container_id)["info"]["pid_mode"] == "POD"
+
+
+def test_ps_filters_by_state_pod_id_and_label(daemon, crictl, pod, tmp_path):
+    running = create(daemon, crictl, pod, tmp_path, {**container_config(["sleep", "60"], name="run"),
+                                                     "labels": {"tier": "a"}}, "run.json")
+    created = create(daemon, crictl, pod, tmp_path, {**container_config(["true"], name="new"),
+                                                     "labels": {"tier": "b"}}, "new.json")
+    daemon.crictl(crictl, "start", running)
+
+    def ids(*flags: str) -> list[str]:
+        return daemon.crictl(crictl, "ps", "-q", *flags).stdout.split()
+
+    assert ids() == [running]  # running ones unless -a
+    assert ids("-a") == [created, running]  # newest first
+    assert ids("-a", "--state", "created") == [created]
+    assert ids("-a", "--label", "tier=b") == [created]
+    assert ids("-a", "--pod", pod[0][:12]) == [created, running]
+    assert ids("-a", "--id", running[:12]) == [running]
+    assert ids("-a", "--pod", "0" * 12) == []
+
+
+# -- stop, rm --------------------------------------------------------------------------------------
+
+def test_stop_sends_sigterm_and_sigkill_after_the_timeout(daemon, crictl, pod, tmp_path):
+    stubborn = create(daemon, crictl, pod, tmp_path,
+                      container_config(["/bin/sh", "-c", "trap '' TERM; echo ready; while :; do sleep 1; done"],
+                                       name="stubborn"), "stubborn.json")
+    # In the pod's PID namespace (catatonit is its PID 1): a PID 1 of its own would ignore SIGTERM.
+    polite = create(daemon, crictl, pod, tmp_path, container_config(["sleep", "60"], name="polite", pid=0),
+                    "polite.json")
+    for container_id in (stubborn, polite):
+        daemon.crictl(crictl, "start", container_id)
+    assert daemon.crictl(crictl, "stop", "--timeout", "1", stubborn, polite).stdout.split() == [stubborn, polite]
+    killed, terminated = inspect(daemon, crictl, stubborn)["status"], inspect(daemon, crictl, polite)["status"]
+    assert (killed["state"], killed["exitCode"], killed["reason"]) == ("CONTAINER_EXITED", 137, "Error")
+    assert (terminated["state"], terminated["exitCode"]) == ("CONTAINER_EXITED", 143)
+    daemon.crictl(crictl, "stop", polite)  # stopping an exited container is fine
+
+
+def test_a_container_that_ends_by_itself_is_exited_with_its_status(daemon, crictl, pod, tmp_path):
+    container_id = create(daemon, crictl, pod, tmp_path, container_config(["/bin/sh", "-c", "exit 3"]))
+    daemon.crictl(crictl, "start", container_id)
+    status = wait_exited(daemon, crictl, container_id)["status"]
+    assert (status["state"], status["exitCode"], status["reason"]) == ("CONTAINER_EXITED", 3, "Error")
+    assert status["finishedAt"] >= status["startedAt"]
+
+
+def test_rm_removes_a_running_container_with_force_and_removing_twice_is_fine(daemon, crictl, pod, tmp_path):
+    container_id = create(daemon, crictl, pod, tmp_path, container_config(["sleep", "60"]))
+    daemon.crictl(crictl, "start", container_id)
+    pid = inspect(daemon, crictl, container_id)["info"]["pid"]
+    # -f: crictl stops it first (printing its id), then removes it (printing it again).
+    assert daemon.crictl(crictl, "rm", "-f", container_id).stdout.split() == [container_id, container_id]
+    assert not wait_gone(pid)
+    assert daemon.crictl(crictl, "ps", "-qa").stdout == ""
+    runtime = daemon.runtime()
+    runtime.RemoveContainer(api_pb2.RemoveContainerRequest(container_id=container_id))
+    runtime.StopContainer(api_pb2.StopContainerRequest(container_id=container_id))
+    with pytest.raises(grpc.RpcError) as gone:
+        runtime.ContainerStatus(api_pb2.ContainerStatusRequest(container_id=container_id))
+    assert gone.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+def test_rmp_stops_and_removes_the_pods_containers(daemon, crictl, pod, tmp_path):
+    container_id = create(daemon, crictl, pod, tmp_path, container_config(["sleep", "60"]))
+    daemon.crictl(crictl, "start", container_id)
+    pid = inspect(daemon, crictl, container_id)["info"]["pid"]
+    daemon.crictl(crictl, "stopp", pod[0])
+    assert not wait_gone(pid)
+    assert inspect(daemon, crictl, container_id)["status"]["state"] == "CONTAINER_EXITED"
+    daemon.crictl(crictl, "rmp", pod[0])
+    assert daemon.crictl(crictl, "ps", "-qa").stdout == ""
+
+
+# -- what a client gets wrong ----------------------------------------------------------------------
+
+def test_unknown_ids_are_not_found_with_a_sentence(daemon):
+    runtime = daemon.runtime()
+    unknown = "e" * 64
+    for call, request in ((runtime.StartContainer, api_pb2.StartContainerRequest(container_id=unknown)),
+                          (runtime.StopContainer, api_pb2.StopContainerRequest(container_id=unknown)),
+                          (runtime.RemoveContainer, api_pb2.RemoveContainerRequest(container_id=unknown)),
+                          (runtime.ContainerStatus, api_pb2.ContainerStatusRequest(container_id=unknown))):
+        with pytest.raises(grpc.RpcError) as failed:
+            call(request)
+        assert failed.value.code() == grpc.StatusCode.NOT_FOUND
+        assert failed.value.details() == f"no container has an id starting with {unknown!r}"
+
+
+def test_bad_container_requests_get_a_status_with_a_sentence(daemon, crictl, pod, tmp_path):
+    runtime = daemon.runtime()
+
+    def create_request(pod_id: str, config: dict | None) -> api_pb2.CreateContainerRequest:
+        request = api_pb2.CreateContainerRequest(pod_sandbox_id=pod_id)
+        if config is not None:
+            json_format.ParseDict(config, request.config)
+        return request
+
+    cases = [
+        (create_request(pod[0], None), grpc.StatusCode.INVALID_ARGUMENT, "config is required"),
+        (create_request(pod[0], {"metadata": {"name": "x"}}), grpc.StatusCode.INVALID_ARGUMENT,
+         "command and args are both empty: there is no image entrypoint to fall back on"),
+        (create_request(pod[0], {**container_config(["true"]), "linux": {"security_context": {
+            "namespace_options": {"pid": "NODE"}}}}), grpc.StatusCode.INVALID_ARGUMENT,
+         "linux.security_context.namespace_options.pid is 'NODE'; allowed: POD (0), CONTAINER (1)"),
+        (create_request("d" * 64, container_config(["true"])), grpc.StatusCode.NOT_FOUND,
+         f"no pod sandbox has an id starting with {'d' * 64!r}"),
+    ]
+    for request, code, details in cases:
+        with pytest.raises(grpc.RpcError) as failed:
+            runtime.CreateContainer(request)
+        assert (failed.value.code(), failed.value.details()) == (code, details)
+    container_id = create(daemon, crictl, pod, tmp_path, container_config(["sleep", "60"]))
+    with pytest.raises(grpc.RpcError) as twice:
+        runtime.CreateContainer(create_request(pod[0], container_config(["sleep", "60"])))
+    assert twice.value.code() == grpc.StatusCode.ALREADY_EXISTS
+    daemon.crictl(crictl, "start", container_id)
+    again = daemon.crictl(crictl, "start", container_id, check=False)
+    assert again.returncode != 0 and "code = FailedPrecondition desc = container " in again.stderr
+    daemon.crictl(crictl, "stopp", pod[0])
+    notready = daemon.crictl(crictl, "create", pod[0], str(tmp_path / "ctr.json"), pod[1], check=False)
+    assert notready.returncode != 0
+    assert f"code = FailedPrecondition desc = pod {pod[0]} is not ready (SANDBOX_NOTREADY)" in notready.stderr
+    assert daemon.crictl(crictl, "ps", "-qa").stdout.split() == [container_id]
+
+
+def test_streaming_calls_are_unimplemented_with_a_sentence(daemon, crictl, pod, tmp_path):
+    container_id = create(daemon, crictl, pod, tmp_path, container_config(["sleep", "60"]))
+    daemon.crictl(crictl, "start", container_id)
+    execed = daemon.crictl(crictl, "exec", container_id, "true", check=False)
+    assert execed.returncode != 0
+    assert ("code = Unimplemented desc = podshimd has no streaming server yet, so interactive exec is not "
+            "available: run a command to completion with ExecSync (crictl exec -s)") in execed.stderr
+    attached = daemon.crictl(crictl, "attach", container_id, check=False)
+    assert attached.returncode != 0 and "code = Unimplemented desc = podshimd has no streaming server" in attached.stderr
+
+
+def test_the_image_service_is_an_empty_store(daemon, crictl):
+    assert table(daemon.crictl(crictl, "images").stdout) == []
+    images = daemon.images()
+    status = images.ImageStatus(api_pb2.ImageStatusRequest(image=api_pb2.ImageSpec(image="busybox")))
+    assert not status.HasField("image")
+    images.RemoveImage(api_pb2.RemoveImageRequest(image=api_pb2.ImageSpec(image="busybox")))
+    pulled = daemon.crictl(crictl, "pull", "busybox", check=False)
+    assert pulled.returncode != 0
+    assert ("code = Unimplemented desc = podshimd cannot pull images yet, so not 'busybox': containers run on the "
+            "host's root filesystem and need no image") in pulled.stderr
