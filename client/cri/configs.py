@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, TypeVar
 
 from shim.rpc.files import read_json
+from shim.rpc.identifiers import validate_annotations, validate_hostname, validate_labels
 from shim.rpc.status import InvalidArgument
 
 __all__ = [
@@ -106,6 +107,18 @@ class _Fields:
             if not isinstance(v, str):
                 raise InvalidArgument(f"{self.name(key)}.{k} must be a string, got {_type_name(v)}")
         return dict(value)
+
+    def labels(self, key: str = "labels") -> dict[str, str]:
+        """A map of Kubernetes labels (qualified-name keys, values of at most 63 characters)."""
+        value = self.str_map(key)
+        validate_labels(value, self.name(key))
+        return value
+
+    def annotations(self, key: str = "annotations") -> dict[str, str]:
+        """A map of Kubernetes annotations (qualified-name keys, at most 256 KiB in all)."""
+        value = self.str_map(key)
+        validate_annotations(value, self.name(key))
+        return value
 
     def items(self, key: str, read: Callable[[Any, str], _T]) -> tuple[_T, ...]:
         value = self._get(key, list, False) or []
@@ -280,16 +293,19 @@ class PodSandboxConfig:
         # the daemon's working directory.
         if log_directory and not os.path.isabs(log_directory):
             raise InvalidArgument(f"log_directory {log_directory!r} must be an absolute path")
+        hostname = f.string("hostname")
+        if hostname:  # empty: unset, as CRI's zero value
+            validate_hostname(hostname)
         linux = f.obj("linux")
         security = linux.obj("security_context")
         return cls(
             metadata=PodSandboxMetadata.from_json(f.obj("metadata", required=True).doc),
-            hostname=f.string("hostname"),
+            hostname=hostname,
             log_directory=log_directory,
             dns_config=DnsConfig.from_json(f.obj("dns_config").doc),
             port_mappings=f.items("port_mappings", PortMapping.from_json),
-            labels=f.str_map("labels"),
-            annotations=f.str_map("annotations"),
+            labels=f.labels(),
+            annotations=f.annotations(),
             cgroup_parent=linux.string("cgroup_parent"),
             sysctls=linux.str_map("sysctls"),
             namespace_options=NamespaceOptions.from_json(security.obj("namespace_options").doc,
@@ -420,8 +436,8 @@ class ContainerConfig:
             args=args,
             working_dir=working_dir,
             envs=f.items("envs", _env_item),
-            labels=f.str_map("labels"),
-            annotations=f.str_map("annotations"),
+            labels=f.labels(),
+            annotations=f.annotations(),
             log_path=log_path,
             pid_mode=namespace_options.mode("pid", ("POD", "CONTAINER"), "POD"),
         )

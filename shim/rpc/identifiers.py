@@ -1,16 +1,37 @@
-"""Identifier rules for namespaces and sandbox ids (protocol.md, section 7): containerd's."""
+"""Name rules: containerd's for namespaces and sandbox ids (protocol.md, section 7), and the
+limits CRI and Kubernetes put on a pod's hostname, labels and annotations.
+
+The pod limits are checked wherever a PodSandboxConfig is validated (the shim's CreateSandbox
+options and the pod layer's configs), so podshimctl, the Controller and the CRI daemon all get
+them: what the Kubernetes API server would never have let through is refused here too.
+"""
 
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from typing import Any
 
 from shim.rpc.status import InvalidArgument
 
-__all__ = ["MAX_IDENTIFIER_CHARS", "validate_identifier"]
+__all__ = ["MAX_ANNOTATIONS_BYTES", "MAX_HOSTNAME_CHARS", "MAX_IDENTIFIER_CHARS", "MAX_LABEL_VALUE_CHARS",
+           "validate_annotations", "validate_hostname", "validate_identifier", "validate_labels"]
 
 MAX_IDENTIFIER_CHARS = 76
 _IDENTIFIER = re.compile(r"[A-Za-z0-9]+(?:[._-][A-Za-z0-9]+)*")
+
+#: The kernel's HOST_NAME_MAX; kubelet's limit too for a hostname that is the pod's FQDN.
+MAX_HOSTNAME_CHARS = 64
+#: apimachinery's LabelValueMaxLength (and the name part of a qualified name).
+MAX_LABEL_VALUE_CHARS = 63
+#: apimachinery's TotalAnnotationSizeLimitB: keys and values together, in bytes.
+MAX_ANNOTATIONS_BYTES = 256 * 1024
+_MAX_PREFIX_CHARS = 253  # a DNS-1123 subdomain
+# RFC 1123 (2.1) host names: labels of letters, digits and '-' (not first or last), 1-63 each.
+_HOSTNAME = re.compile(r"[A-Za-z0-9](?:[-A-Za-z0-9]{0,61}[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[-A-Za-z0-9]{0,61}[A-Za-z0-9])?)*")
+# apimachinery's qualifiedNameFmt (a label value may also be empty) and DNS-1123 subdomain.
+_NAME = re.compile(r"(?:[A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]")
+_SUBDOMAIN = re.compile(r"[a-z0-9](?:[-a-z0-9]*[a-z0-9])?(?:\.[a-z0-9](?:[-a-z0-9]*[a-z0-9])?)*")
 
 
 def validate_identifier(kind: str, value: Any) -> str:
@@ -27,3 +48,57 @@ def validate_identifier(kind: str, value: Any) -> str:
     if not _IDENTIFIER.fullmatch(value):
         raise InvalidArgument(f"{kind} {value!r} is not valid: use letters and digits joined by single '.', '_' or '-'")
     return value
+
+
+def validate_hostname(value: str, what: str = "hostname") -> str:
+    """Return ``value`` if it is an RFC 1123 host name of at most 64 characters, else raise
+    InvalidArgument: labels of letters, digits and '-' (not first or last), 1 to 63 each,
+    joined by single '.'."""
+    if len(value) > MAX_HOSTNAME_CHARS:
+        raise InvalidArgument(f"{what} {_shown(value)} is {len(value)} characters; at most {MAX_HOSTNAME_CHARS} "
+                              "are allowed (the kernel's HOST_NAME_MAX)")
+    if not _HOSTNAME.fullmatch(value):
+        raise InvalidArgument(f"{what} {_shown(value)} is not an RFC 1123 host name: use labels of letters, digits "
+                              "and '-' (not first or last), at most 63 characters each, joined by '.'")
+    return value
+
+
+def validate_labels(labels: Mapping[str, str], what: str = "labels") -> None:
+    """InvalidArgument unless every key is a Kubernetes qualified name and every value a label
+    value: at most 63 letters, digits, '-', '_' or '.', starting and ending with a letter or
+    digit, or empty."""
+    for key, value in labels.items():
+        _check_qualified_name(key, what)
+        if len(value) > MAX_LABEL_VALUE_CHARS:
+            raise InvalidArgument(f"{what}[{_shown(key)}] is {len(value)} characters; at most "
+                                  f"{MAX_LABEL_VALUE_CHARS} are allowed")
+        if value and not _NAME.fullmatch(value):
+            raise InvalidArgument(f"{what}[{_shown(key)}] {_shown(value)} is not a label value: use letters, "
+                                  "digits, '-', '_' and '.', starting and ending with a letter or digit")
+
+
+def validate_annotations(annotations: Mapping[str, str], what: str = "annotations") -> None:
+    """InvalidArgument unless every key is a Kubernetes qualified name and keys and values
+    together are at most 256 KiB (UTF-8), as the Kubernetes API server allows."""
+    total = 0
+    for key, value in annotations.items():
+        _check_qualified_name(key, what)
+        total += len(key.encode()) + len(value.encode())
+    if total > MAX_ANNOTATIONS_BYTES:
+        raise InvalidArgument(f"{what} are {total} bytes in all; at most {MAX_ANNOTATIONS_BYTES} (256 KiB, keys and "
+                              "values together) are allowed")
+
+
+def _check_qualified_name(key: str, what: str) -> None:
+    prefix, slash, name = key.rpartition("/")
+    # Lengths first: the patterns never see more than a few hundred characters.
+    if (len(name) > MAX_LABEL_VALUE_CHARS or len(prefix) > _MAX_PREFIX_CHARS or not _NAME.fullmatch(name)
+            or (slash and not _SUBDOMAIN.fullmatch(prefix))):
+        raise InvalidArgument(f"{what} key {_shown(key)} is not a qualified name: use an optional lower-case DNS "
+                              "subdomain and '/', then at most 63 letters, digits, '-', '_' or '.', starting and "
+                              "ending with a letter or digit")
+
+
+def _shown(value: str) -> str:
+    """``value`` quoted for a message, cut short when long."""
+    return repr(value) if len(value) <= 60 else repr(value[:57]) + "..."

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from shim.rpc.identifiers import validate_annotations, validate_hostname, validate_labels
 from shim.rpc.messages import optional
 from shim.rpc.status import InvalidArgument
 
@@ -18,7 +19,6 @@ NAMESPACE_MODES = {0: "POD", 1: "CONTAINER", 2: "NODE", 3: "TARGET"}
 NATIVE = "native"  # the shim's own launcher (shim.process)
 #: Who runs the pause and the tasks: the shim itself, or an OCI runtime's CLI (shim.oci).
 RUNTIME_HANDLERS = (NATIVE, "runc", "crun")
-_HOSTNAME_MAX = 64
 
 
 def namespace_mode(value: Any, what: str, allowed: tuple[str, ...] = ("POD", "NODE")) -> str:
@@ -67,15 +67,24 @@ class SandboxOptions:
         return self.network_mode == "NODE"
 
     @classmethod
-    def from_payload(cls, options: Any) -> "SandboxOptions":
-        """Parse the ``options`` map of CreateSandbox; raises InvalidArgument naming the bad field."""
+    def from_payload(cls, options: Any, annotations: dict[str, str] | None = None) -> "SandboxOptions":
+        """Parse the ``options`` map of CreateSandbox, with the request's own ``annotations``
+        merged over the map's; raises InvalidArgument naming the bad field.
+
+        The hostname, labels and annotations must be within what CRI and Kubernetes allow (see
+        :mod:`shim.rpc.identifiers`); an empty hostname is CRI's "unset".
+        """
         if options is None:
-            return cls()
+            options = {}
         if not isinstance(options, dict):
             raise InvalidArgument("field 'options' must be a map (a PodSandboxConfig)")
-        hostname = optional(options, "hostname", str)
-        if hostname is not None and (len(hostname) > _HOSTNAME_MAX or "\x00" in hostname or "/" in hostname):
-            raise InvalidArgument(f"hostname {hostname[:70]!r} is not a valid host name (at most {_HOSTNAME_MAX} characters)")
+        hostname = optional(options, "hostname", str) or None
+        if hostname is not None:
+            validate_hostname(hostname)
+        labels = _str_map(options.get("labels"), "labels")
+        validate_labels(labels)
+        merged = {**_str_map(options.get("annotations"), "annotations"), **(annotations or {})}
+        validate_annotations(merged)
         linux = optional(options, "linux", dict, {})
         cgroup_parent = optional(linux, "cgroup_parent", str) or None
         if cgroup_parent is not None and (".." in cgroup_parent.split("/") or "\x00" in cgroup_parent):
@@ -96,8 +105,8 @@ class SandboxOptions:
                                   "from the shared pause rootfs")
         return cls(
             hostname=hostname,
-            labels=_str_map(options.get("labels"), "labels"),
-            annotations=_str_map(options.get("annotations"), "annotations"),
+            labels=labels,
+            annotations=merged,
             cgroup_parent=cgroup_parent,
             sysctls=_str_map(linux.get("sysctls"), "linux.sysctls"),
             network_mode=namespace_mode(ns_opts.get("network"), "namespace_options.network"),

@@ -215,9 +215,7 @@ class Sandbox:
         """CreateSandbox: check options and prepare the network namespace."""
         async with self._lock:
             nxt = self._check("create", sandbox_id)
-            opts = SandboxOptions.from_payload(options)
-            if annotations:
-                opts = SandboxOptions(**{**opts.__dict__, "annotations": {**opts.annotations, **annotations}})
+            opts = SandboxOptions.from_payload(options, annotations)
             pause.validate_sysctls(opts.sysctls, host_network=opts.host_network, host_ipc=opts.ipc_mode == "NODE")
             if opts.runtime_handler != NATIVE:
                 # Before anything is made: a missing runtime or pause fails Create, not Start.

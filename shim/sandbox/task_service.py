@@ -8,6 +8,7 @@ from typing import Any
 
 from shim.sandbox.options import namespace_mode
 from shim.rpc.api import TASK_SERVICE
+from shim.rpc.identifiers import validate_labels
 from shim.rpc.messages import optional, require
 from shim.rpc.server import CallContext, Server
 from shim.rpc.status import InvalidArgument
@@ -31,6 +32,7 @@ class TaskService:
         labels = optional(p, "labels", dict, {})
         if not all(isinstance(k, str) and isinstance(v, str) for k, v in labels.items()):
             raise InvalidArgument("field 'labels' must map strings to strings")
+        validate_labels(labels)  # a container's labels, with a pod's limits
         pid_mode = optional(p, "pid_mode", (str, int))
         await self.tasks.create(
             sid, tid,

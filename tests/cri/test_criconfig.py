@@ -201,6 +201,43 @@ def test_bad_container_field_is_invalid_argument_naming_its_path(path, value, me
     assert message in refusal(ContainerConfig.from_json, with_field(CONTAINER, path, value))
 
 
+@pytest.mark.parametrize("field, value, says", [
+    ("hostname", "web\n", "hostname 'web\\n' is not an RFC 1123 host name"),
+    ("hostname", "a" * 64, "is not an RFC 1123 host name"),
+    ("hostname", "web-0." + "a" * 60, "is 66 characters"),
+    ("labels", {"app": "x" * (1 << 20)}, "labels['app'] is 1048576 characters; at most 63"),
+    ("labels", {"app": "-web"}, "labels['app'] '-web' is not a label value"),
+    ("labels", {"a/b/c": "x"}, "labels key 'a/b/c' is not a qualified name"),
+    ("labels", {"Example.com/app": "x"}, "labels key 'Example.com/app' is not a qualified name"),
+    ("labels", {"x" * 64: "x"}, "is not a qualified name"),
+    ("annotations", {"big": "x" * 2_000_000}, "annotations are 2000003 bytes in all; at most 262144"),
+    ("annotations", {"no spaces": "x"}, "annotations key 'no spaces' is not a qualified name"),
+], ids=["hostname-newline", "hostname-label-64", "hostname-66", "label-1-mib", "label-value", "label-key-two-slashes",
+        "label-key-prefix-case", "label-key-64", "annotations-2-mb", "annotation-key"])
+def test_pod_fields_beyond_the_limits_of_cri_and_kubernetes_are_refused(field, value, says):
+    doc = {"metadata": {"name": "p", "namespace": "n", "uid": "u"}, field: value}
+    with pytest.raises(InvalidArgument) as info:
+        PodSandboxConfig.from_json(doc)
+    assert says in info.value.message, info.value.message
+
+
+def test_container_labels_and_annotations_have_the_same_limits():
+    doc = {"metadata": {"name": "c"}, "command": ["true"]}
+    with pytest.raises(InvalidArgument, match=r"labels\['app'\] is 64 characters"):
+        ContainerConfig.from_json({**doc, "labels": {"app": "x" * 64}})
+    with pytest.raises(InvalidArgument, match="annotations are 300001 bytes"):
+        ContainerConfig.from_json({**doc, "annotations": {"a": "x" * 300_000}})
+
+
+def test_pod_fields_at_the_limits_are_accepted():
+    config = PodSandboxConfig.from_json({
+        "metadata": {"name": "p", "namespace": "n", "uid": "u"},
+        "hostname": "web-0.a-service.default.svc.cluster.local",
+        "labels": {"app.kubernetes.io/name": "w" * 63, "empty": "", "Tier_2": "a.b-c_d"},
+        "annotations": {"a": "x" * (256 * 1024 - 1)}})
+    assert config.labels["empty"] == "" and len(config.annotations["a"]) == 256 * 1024 - 1
+
+
 def test_container_needs_command_or_args():
     with pytest.raises(InvalidArgument, match="command and args are both empty"):
         ContainerConfig.from_json({"metadata": {"name": "c"}, "command": [], "args": []})

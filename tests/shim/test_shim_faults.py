@@ -125,6 +125,34 @@ async def test_sysctl_that_would_change_the_host_is_refused(shim, options):
         await shim.call("SandboxStatus")
 
 
+@pytest.mark.parametrize("fields, says", [
+    ({"options": {"hostname": "web\n"}}, "hostname 'web\\n' is not an RFC 1123 host name"),
+    ({"options": {"hostname": "a" * 64}}, "is not an RFC 1123 host name"),
+    ({"options": {"hostname": "-web"}}, "is not an RFC 1123 host name"),
+    ({"options": {"hostname": "web..example"}}, "is not an RFC 1123 host name"),
+    ({"options": {"labels": {"app": "x" * (1 << 20)}}}, "labels['app'] is 1048576 characters; at most 63"),
+    ({"options": {"labels": {"bad key": "x"}}}, "labels key 'bad key' is not a qualified name"),
+    ({"options": {"annotations": {"big": "x" * 2_000_000}}}, "annotations are 2000003 bytes in all; at most 262144"),
+    ({"annotations": {"big": "x" * 2_000_000}}, "annotations are 2000003 bytes in all; at most 262144"),
+    ({"options": {"annotations": {"a": "x" * 200_000}}, "annotations": {"b": "x" * 200_000}}, "at most 262144"),
+], ids=["hostname-newline", "hostname-label-64", "hostname-leading-dash", "hostname-empty-label", "label-1-mib",
+        "label-key", "annotations-2-mb", "annotations-field-2-mb", "annotations-merged"])
+async def test_options_beyond_the_limits_of_cri_and_kubernetes_are_refused(shim, fields, says):
+    with pytest.raises(InvalidArgument) as info:
+        await shim.call("CreateSandbox", **fields)
+    assert says in info.value.message
+    with pytest.raises(NotFound):  # nothing was created
+        await shim.call("SandboxStatus")
+
+
+async def test_options_at_the_limits_are_accepted(shim):
+    await shim.call("CreateSandbox", options={
+        "hostname": "web-0.a-service.default.svc.cluster.local",
+        "labels": {"app.kubernetes.io/name": "w" * 63, "empty": "", "Tier_2": "a.b-c_d"},
+        "annotations": {"a": "x" * (256 * 1024 - 1)}})
+    assert (await shim.call("SandboxStatus"))["state"] == "created"
+
+
 @pytest.mark.parametrize("target", ["regular-file", "ipc-namespace", "missing"])
 async def test_netns_path_that_is_not_a_network_namespace_is_refused(shim, target):
     path = {
