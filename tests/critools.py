@@ -19,10 +19,12 @@ from __future__ import annotations
 import fcntl
 import os
 import select
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -148,6 +150,25 @@ class Podshimd:
             self.process.kill()
             self.process.wait()
             raise AssertionError(f"podshimd ignored SIGTERM for {STOP_TIMEOUT} s:\n{self.log()}") from None
+
+
+@pytest.fixture(scope="module")
+def module_daemon() -> Iterator[Podshimd]:
+    """One podshimd for a test module, under a private directory (short: the socket path must fit
+    sun_path) that is removed afterwards."""
+    directory = tempfile.mkdtemp(prefix="psd-")
+    try:
+        with running_podshimd(directory) as daemon:
+            yield daemon
+    finally:
+        shutil.rmtree(directory)
+
+
+@pytest.fixture
+def daemon(module_daemon: Podshimd, crictl: str) -> Iterator[Podshimd]:
+    """The module's podshimd; every pod a test leaves is removed after it (and must be removable)."""
+    yield module_daemon
+    module_daemon.remove_every_pod(crictl)
 
 
 def podshimd_argv(directory: str, *extra: str) -> list[str]:

@@ -1,5 +1,6 @@
-"""crictl's verbs for podshimctl: runp, stopp, rmp, inspectp, pods, create, start, stop, rm,
-inspect, ps, logs. Configs are crictl's JSON files; ids may be given by unique prefix.
+"""crictl's verbs for podshimctl, as a client of podshimd: runp, stopp, rmp, inspectp, pods, create,
+start, stop, rm, inspect, ps, logs. Configs are crictl's JSON files; ids may be given by unique
+prefix.
 
     podshimctl runp [--runtime native|runc|crun] pod-config.json   # prints the pod id
     podshimctl create POD_ID container-config.json pod-config.json   # prints the container id
@@ -7,53 +8,134 @@ inspect, ps, logs. Configs are crictl's JSON files; ids may be given by unique p
     podshimctl pods [--state ready|notready] [--label k=v] [-q]; podshimctl ps [-a] [--pod ID]
     podshimctl stopp POD_ID; podshimctl rmp POD_ID
 
-Pods live under ``--root`` (records in ROOT/pods, sandbox bundles in ROOT/sandboxes, default
-container logs in ROOT/logs), in the Controller namespace ``k8s.io`` as containerd's CRI.
+podshimd is the one writer of the pod store: every verb is a CRI call to it, on ``--endpoint``
+(default $PODSHIM_ENDPOINT, else ``unix://RUNTIME_ROOT/podshimd.sock``, podshimd's default
+socket). With no daemon there, a verb says how to start one and exits 1. gRPC and the CRI code are
+imported only when a pod verb runs: the shim-level verbs never pay for them.
 """
 
 from __future__ import annotations
 
 import argparse
+import errno
+import json
 import os
 import re
+import socket
 import sys
-from contextlib import asynccontextmanager
-from typing import Any, AsyncIterator, Callable
+from typing import Any, Callable
 
 from client.cli.main import EXIT_OK, CliError, _print_fields, _print_table, _read_json_file, command, emit
-from client.cri.cni import DEFAULT_BIN_DIRS, DEFAULT_CONF_DIR
-from client.cri.pod import DEFAULT_NAMESPACE, PodService, open_pod_service
+from shim.rpc.status import RpcError, error_from_status
 
 __all__: list[str] = []
 
 _CRI_LINE = re.compile(r"^(\S+) (stdout|stderr) ([FP]) (.*)$", re.S)
+ENDPOINT_ENV = "PODSHIM_ENDPOINT"
+#: Deadline of one call to podshimd (a RunPodSandbox with CNI, a RemovePodSandbox of a busy pod).
+CALL_TIMEOUT = 60.0
+#: What a client needs to know when nothing answers on the endpoint.
+HOW_TO_START = ("start it with `systemctl start podshimd` (systemd/podshimd.service), or run `podshimd` "
+                "as root (it stays in the foreground)")
+_UNIX = "unix://"
 
 
-@asynccontextmanager
-async def _pods(args: argparse.Namespace) -> AsyncIterator[PodService]:
-    bin_dirs = tuple(args.cni_bin_dir.split(":")) if args.cni_bin_dir else DEFAULT_BIN_DIRS
-    async with open_pod_service(os.path.abspath(args.root), os.path.abspath(args.runtime_root),
-                                cni_conf_dir=args.cni_conf_dir, cni_bin_dirs=bin_dirs,
-                                namespace=DEFAULT_NAMESPACE, spawner=args.spawner) as pods:
-        yield pods
+class _Podshimd:
+    """podshimd's RuntimeService, one blocking call at a time, its errors as RpcErrors."""
+
+    def __init__(self, endpoint: str):
+        import grpc
+
+        from client.criapi import api_pb2, api_pb2_grpc
+
+        self.endpoint = endpoint
+        self.api = api_pb2
+        self._grpc = grpc
+        self._channel = grpc.insecure_channel(endpoint)
+        self._runtime = api_pb2_grpc.RuntimeServiceStub(self._channel)
+
+    def call(self, method: str, deadline: float = CALL_TIMEOUT, **fields: Any) -> Any:
+        """``method`` with a request of ``fields``, within ``deadline`` seconds; its reply."""
+        request = getattr(self.api, f"{method}Request")(**fields)
+        try:
+            return getattr(self._runtime, method)(request, timeout=deadline)
+        except self._grpc.RpcError as exc:
+            if exc.code() == self._grpc.StatusCode.UNAVAILABLE and not _answers(self.endpoint):
+                raise CliError(f"podshimd stopped answering on {self.endpoint}: {HOW_TO_START}") from None
+            raise error_from_status(exc.code().value[0], exc.details() or exc.code().name) from None
+
+    def close(self) -> None:
+        self._channel.close()
 
 
-def _verb(name: str, help: str, run: Callable[[argparse.Namespace, PodService], Any],
+def _answers(endpoint: str) -> bool:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC) as s:
+        s.settimeout(1.0)
+        try:
+            s.connect(endpoint[len(_UNIX):])
+        except OSError:
+            return False
+    return True
+
+
+def _endpoint(args: argparse.Namespace) -> str:
+    endpoint = args.endpoint or os.environ.get(ENDPOINT_ENV) or f"{_UNIX}{os.path.abspath(args.runtime_root)}/podshimd.sock"
+    if not endpoint.startswith(_UNIX) or not endpoint[len(_UNIX):].startswith("/"):
+        raise CliError(f"--endpoint must be unix:///ABSOLUTE/PATH, not {endpoint!r}")
+    path = endpoint[len(_UNIX):]
+    try:
+        os.stat(path)
+    except OSError as exc:
+        if exc.errno in (errno.ENOENT, errno.ENOTDIR):
+            raise CliError(f"podshimd is not running: nothing at {path}; {HOW_TO_START}") from None
+        raise CliError(f"cannot reach podshimd at {path}: {exc.strerror}") from None
+    if not _answers(endpoint):
+        raise CliError(f"podshimd is not running: nothing answers on {endpoint}; {HOW_TO_START}")
+    return endpoint
+
+
+def _verb(name: str, help: str, run: Callable[[argparse.Namespace, _Podshimd], Any],
           arguments: Callable[[argparse.ArgumentParser], None]) -> None:
     async def runner(args: argparse.Namespace) -> int:
-        async with _pods(args) as pods:
-            result = await run(args, pods)
+        daemon = _Podshimd(_endpoint(args))
+        try:
+            result = run(args, daemon)
+        finally:
+            daemon.close()
         return EXIT_OK if result is None else result
 
     @command(name, help=help)
     def setup(p: argparse.ArgumentParser) -> None:
-        env = os.environ.get
-        p.add_argument("--cni-conf-dir", default=env("PODSHIM_CNI_CONF_DIR", DEFAULT_CONF_DIR),
-                       help=f"CNI network configs (default {DEFAULT_CONF_DIR})")
-        p.add_argument("--cni-bin-dir", default=env("PODSHIM_CNI_BIN_DIR"),
-                       help=f"CNI plugin directories, ':'-separated (default {':'.join(DEFAULT_BIN_DIRS)})")
+        p.add_argument("--endpoint", default=None, metavar="unix:///PATH",
+                       help=f"podshimd's socket (default ${ENDPOINT_ENV}, else unix://RUNTIME_ROOT/podshimd.sock)")
         arguments(p)
         p.set_defaults(run=runner)
+
+
+# -- presentation ------------------------------------------------------------------------------------
+
+def _plain(message: Any) -> dict[str, Any]:
+    """A CRI message as a dict with its proto field names (the crictl JSON spelling), every field
+    shown, enums by name, int64 timestamps as numbers."""
+    from google.protobuf import json_format
+
+    doc = json_format.MessageToDict(message, preserving_proto_field_name=True,
+                                    always_print_fields_with_no_presence=True)
+    # Proto JSON writes an int64 as a string; the times are ns since the epoch.
+    for key in ("created_at", "started_at", "finished_at"):
+        if isinstance(doc.get(key), str):
+            doc[key] = int(doc[key])
+    return doc
+
+
+def _with_info(status: dict[str, Any], info: Any) -> dict[str, Any]:
+    """A status with its verbose ``info`` (podshimd sends it as JSON under the key ``info``)."""
+    if "info" in info:
+        try:
+            status["info"] = json.loads(info["info"])
+        except ValueError:
+            status["info"] = info["info"]
+    return status
 
 
 def _short(pod_or_container_id: str) -> str:
@@ -70,38 +152,58 @@ def _labels(pairs: list[str]) -> dict[str, str]:
     return out
 
 
+def _config(daemon: _Podshimd, path: str, what: str, kind: str) -> Any:
+    """A crictl JSON config file as the CRI message ``kind``; podshimd validates its fields."""
+    from google.protobuf import json_format
+
+    doc = _read_json_file(path, what)
+    if not isinstance(doc, dict):
+        raise CliError(f"{what} {path} must hold a JSON object")
+    try:
+        return json_format.ParseDict(doc, getattr(daemon.api, kind)(), ignore_unknown_fields=True)
+    except json_format.ParseError as exc:
+        raise CliError(f"{what} {path} is not a CRI {kind}: {exc}") from None
+
+
 # -- pods -----------------------------------------------------------------------------------
-async def _runp(args: argparse.Namespace, pods: PodService) -> None:
-    config = _read_json_file(args.config, "pod config")
-    pod_id = await pods.run_pod_sandbox(config, runtime_handler=args.runtime)
+def _runp(args: argparse.Namespace, daemon: _Podshimd) -> None:
+    config = _config(daemon, args.config, "pod config", "PodSandboxConfig")
+    pod_id = daemon.call("RunPodSandbox", config=config, runtime_handler=args.runtime or "").pod_sandbox_id
     emit(args, {"id": pod_id}, lambda out: print(pod_id, file=out))
 
 
 _verb("runp", "run a pod sandbox from a crictl pod config (prints its id)", _runp,
       lambda p: (p.add_argument("config", metavar="POD_CONFIG.json", help="crictl PodSandboxConfig (- for stdin)"),
                  p.add_argument("--runtime", "-r", default=None,
-                                help="runtime handler: native (default), runc or crun")))
+                                help="runtime handler: native (podshimd's default), runc or crun")))
 
 
-async def _each_pod(args: argparse.Namespace, pods: PodService, action: Callable, verb: str) -> None:
-    for pod_id in args.ids:
-        await action(pod_id)
+def _each(args: argparse.Namespace, action: Callable[[str], Any], said: Callable[[str], str]) -> None:
+    for one_id in args.ids:
+        action(one_id)
         if not args.json:
-            print(f"{verb} sandbox {pod_id}")
+            print(said(one_id))
 
 
 def _ids(p: argparse.ArgumentParser, what: str) -> None:
     p.add_argument("ids", metavar="ID", nargs="+", help=f"{what} id or unique prefix")
 
 
-_verb("stopp", "stop pod sandboxes: containers, network, pause", 
-      lambda a, pods: _each_pod(a, pods, pods.stop_pod_sandbox, "Stopped"), lambda p: _ids(p, "pod"))
+_verb("stopp", "stop pod sandboxes: containers, network, pause",
+      lambda a, d: _each(a, lambda i: d.call("StopPodSandbox", pod_sandbox_id=i), lambda i: f"Stopped sandbox {i}"),
+      lambda p: _ids(p, "pod"))
 _verb("rmp", "remove pod sandboxes (force-stops ready ones)",
-      lambda a, pods: _each_pod(a, pods, pods.remove_pod_sandbox, "Removed"), lambda p: _ids(p, "pod"))
+      lambda a, d: _each(a, lambda i: d.call("RemovePodSandbox", pod_sandbox_id=i), lambda i: f"Removed sandbox {i}"),
+      lambda p: _ids(p, "pod"))
 
 
-async def _inspectp(args: argparse.Namespace, pods: PodService) -> None:
-    status = await pods.pod_sandbox_status(args.id, verbose=True)
+def _pod_status(daemon: _Podshimd, pod_id: str, verbose: bool) -> dict[str, Any]:
+    reply = daemon.call("PodSandboxStatus", pod_sandbox_id=pod_id, verbose=verbose)
+    return _with_info(_plain(reply.status), reply.info)
+
+
+def _inspectp(args: argparse.Namespace, daemon: _Podshimd) -> None:
+    status = _pod_status(daemon, args.id, verbose=True)
     emit(args, status, lambda out: _print_fields(status, out))
 
 
@@ -111,18 +213,25 @@ _verb("inspectp", "show a pod sandbox's status (with pid, netns, shim address)",
 _POD_STATES = {"ready": "SANDBOX_READY", "notready": "SANDBOX_NOTREADY"}
 
 
-async def _pods_list(args: argparse.Namespace, pods: PodService) -> None:
-    found = await pods.list_pod_sandbox({"id": args.id, "state": _POD_STATES.get(args.state),
-                                         "label_selector": _labels(args.label)})
+def _pods_list(args: argparse.Namespace, daemon: _Podshimd) -> None:
+    state = daemon.api.PodSandboxStateValue(state=_POD_STATES[args.state]) if args.state else None
+    found = daemon.call("ListPodSandbox", filter=daemon.api.PodSandboxFilter(
+        id=args.id or "", state=state, label_selector=_labels(args.label))).items
     if args.quiet:
         for p in found:
-            print(p["id"])
+            print(p.id)
         return
+    pods = [_plain(p) for p in found]
+    for pod in pods:  # the IPs are in each pod's status, not in the list
+        try:
+            pod["ip"] = _pod_status(daemon, pod["id"], verbose=False)["network"]["ip"]
+        except RpcError:  # removed meanwhile: show it without
+            pod["ip"] = ""
     rows = [{"pod_id": _short(p["id"]), "created_at": p["created_at"], "state": p["state"].split("_", 1)[1],
              "name": p["metadata"].get("name"), "namespace": p["metadata"].get("namespace"),
              "attempt": p["metadata"].get("attempt", 0), "runtime": p["runtime_handler"], "ip": p["ip"]}
-            for p in found]
-    emit(args, found, lambda out: _print_table(
+            for p in pods]
+    emit(args, pods, lambda out: _print_table(
         rows, ["pod_id", "created_at", "state", "name", "namespace", "attempt", "runtime", "ip"], out))
 
 
@@ -134,10 +243,11 @@ _verb("pods", "list pod sandboxes", _pods_list,
 
 
 # -- containers ------------------------------------------------------------------------------
-async def _create(args: argparse.Namespace, pods: PodService) -> None:
-    container = _read_json_file(args.container_config, "container config")
-    sandbox = _read_json_file(args.pod_config, "pod config")
-    container_id = await pods.create_container(args.pod_id, container, sandbox)
+def _create(args: argparse.Namespace, daemon: _Podshimd) -> None:
+    config = _config(daemon, args.container_config, "container config", "ContainerConfig")
+    sandbox = _config(daemon, args.pod_config, "pod config", "PodSandboxConfig")
+    container_id = daemon.call("CreateContainer", pod_sandbox_id=args.pod_id, config=config,
+                               sandbox_config=sandbox).container_id
     emit(args, {"id": container_id}, lambda out: print(container_id, file=out))
 
 
@@ -146,27 +256,28 @@ _verb("create", "create a container in a pod (prints its id)", _create,
                  p.add_argument("container_config", metavar="CONTAINER_CONFIG.json"),
                  p.add_argument("pod_config", metavar="POD_CONFIG.json")))
 
+#: StopContainer's grace when none is given (crictl's is 0: at once; podshimctl's was 10 s).
+DEFAULT_STOP_TIMEOUT = 10
 
-async def _each_container(args: argparse.Namespace, action: Callable, verb: str) -> None:
-    for container_id in args.ids:
-        await action(container_id)
-        if not args.json:
-            print(container_id if verb == "" else f"{verb} {container_id}")
-
-
-_verb("start", "start containers", lambda a, pods: _each_container(a, pods.start_container, ""),
-      lambda p: _ids(p, "container"))
+_verb("start", "start containers",
+      lambda a, d: _each(a, lambda i: d.call("StartContainer", container_id=i), str), lambda p: _ids(p, "container"))
 _verb("stop", "stop containers: SIGTERM, SIGKILL after --timeout",
-      lambda a, pods: _each_container(a, lambda c: pods.stop_container(c, a.timeout), ""),
+      lambda a, d: _each(a, lambda i: d.call("StopContainer", CALL_TIMEOUT + a.timeout, container_id=i,
+                                             timeout=a.timeout), str),
       lambda p: (_ids(p, "container"),
-                 p.add_argument("--timeout", "-t", type=float, default=None, metavar="S",
-                                help="seconds before SIGKILL (default 10)")))
+                 p.add_argument("--timeout", "-t", type=int, default=DEFAULT_STOP_TIMEOUT, metavar="S",
+                                help=f"seconds before SIGKILL (default {DEFAULT_STOP_TIMEOUT}; 0: at once)")))
 _verb("rm", "remove containers (force-stops running ones)",
-      lambda a, pods: _each_container(a, pods.remove_container, ""), lambda p: _ids(p, "container"))
+      lambda a, d: _each(a, lambda i: d.call("RemoveContainer", container_id=i), str), lambda p: _ids(p, "container"))
 
 
-async def _inspect(args: argparse.Namespace, pods: PodService) -> None:
-    status = await pods.container_status(args.id, verbose=True)
+def _container_status(daemon: _Podshimd, container_id: str, verbose: bool) -> dict[str, Any]:
+    reply = daemon.call("ContainerStatus", container_id=container_id, verbose=verbose)
+    return _with_info(_plain(reply.status), reply.info)
+
+
+def _inspect(args: argparse.Namespace, daemon: _Podshimd) -> None:
+    status = _container_status(daemon, args.id, verbose=True)
     emit(args, status, lambda out: _print_fields(status, out))
 
 
@@ -175,18 +286,27 @@ _verb("inspect", "show a container's status", _inspect, lambda p: p.add_argument
 _CONTAINER_STATES = {"created": "CONTAINER_CREATED", "running": "CONTAINER_RUNNING", "exited": "CONTAINER_EXITED"}
 
 
-async def _ps(args: argparse.Namespace, pods: PodService) -> None:
+def _ps(args: argparse.Namespace, daemon: _Podshimd) -> None:
     state = _CONTAINER_STATES.get(args.state) if args.state else (None if args.all else "CONTAINER_RUNNING")
-    found = await pods.list_containers({"pod_sandbox_id": args.pod, "state": state,
-                                        "label_selector": _labels(args.label)})
+    found = daemon.call("ListContainers", filter=daemon.api.ContainerFilter(
+        pod_sandbox_id=args.pod or "", label_selector=_labels(args.label),
+        state=daemon.api.ContainerStateValue(state=state) if state else None)).containers
     if args.quiet:
         for c in found:
-            print(c["id"])
+            print(c.id)
         return
+    containers = [_plain(c) for c in found]
+    for c in containers:  # exit codes are in each container's status, not in the list
+        c["exit_code"] = None
+        if c["state"] == "CONTAINER_EXITED":
+            try:
+                c["exit_code"] = _container_status(daemon, c["id"], verbose=False)["exit_code"]
+            except RpcError:  # removed meanwhile: show it without
+                pass
     rows = [{"container": _short(c["id"]), "created_at": c["created_at"], "state": c["state"].split("_", 1)[1],
              "name": c["metadata"].get("name"), "attempt": c["metadata"].get("attempt", 0),
-             "pod_id": _short(c["pod_sandbox_id"]), "exit_code": c["exit_code"]} for c in found]
-    emit(args, found, lambda out: _print_table(
+             "pod_id": _short(c["pod_sandbox_id"]), "exit_code": c["exit_code"]} for c in containers]
+    emit(args, containers, lambda out: _print_table(
         rows, ["container", "created_at", "state", "name", "attempt", "pod_id", "exit_code"], out))
 
 
@@ -198,8 +318,8 @@ _verb("ps", "list containers (running ones unless -a)", _ps,
                  p.add_argument("--quiet", "-q", action="store_true", help="print ids only")))
 
 
-async def _logs(args: argparse.Namespace, pods: PodService) -> int:
-    path = pods.container_log_path(args.id)
+def _logs(args: argparse.Namespace, daemon: _Podshimd) -> int:
+    path = _container_status(daemon, args.id, verbose=False)["log_path"]
     try:
         with open(path, errors="replace") as f:
             for line in f:
@@ -213,6 +333,8 @@ async def _logs(args: argparse.Namespace, pods: PodService) -> int:
                 stream.write(f"{m.group(1)} {text}" if args.timestamps else text)
     except FileNotFoundError:
         raise CliError(f"container {args.id} has no log yet ({path})") from None
+    except OSError as exc:
+        raise CliError(f"cannot read the log of container {args.id} ({path}): {exc.strerror}") from None
     sys.stdout.flush()
     return EXIT_OK
 

@@ -9,8 +9,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
-import tempfile
 
 import grpc
 import pytest
@@ -18,27 +16,10 @@ from google.protobuf import json_format
 
 from client.criapi import api_pb2
 
-from critools import crictl, running_podshimd  # noqa: F401  (crictl: a session fixture)
-from podtools import alive, container_config, ns_inode, pod_config, wait_gone
+from critools import crictl, daemon, module_daemon  # noqa: F401  (fixtures)
+from podtools import container_config, ns_inode, pod_config, wait_gone
 
 CONTAINER_ID = re.compile(r"^[0-9a-f]{64}$")
-
-
-@pytest.fixture(scope="module")
-def module_daemon():
-    directory = tempfile.mkdtemp(prefix="psd-ctrs-")
-    try:
-        with running_podshimd(directory) as daemon:
-            yield daemon
-    finally:
-        shutil.rmtree(directory)
-
-
-@pytest.fixture
-def daemon(module_daemon, crictl):
-    """The module's daemon; every pod a test leaves is removed after it."""
-    yield module_daemon
-    module_daemon.remove_every_pod(crictl)
 
 
 @pytest.fixture

@@ -22,31 +22,10 @@ from google.protobuf import json_format
 from client.criapi import api_pb2
 from client.cri.failpoints import ENV as FAILPOINT_ENV
 
-from critools import crictl, running_podshimd  # noqa: F401  (crictl: a session fixture)
+from critools import crictl, daemon, module_daemon, running_podshimd  # noqa: F401  (fixtures)
 from podtools import alive, ns_inode, pod_config, wait_gone
 
 POD_ID = re.compile(r"^[0-9a-f]{64}$")
-
-
-@pytest.fixture(scope="module")
-def directory():
-    """A private directory for the module's daemon (short: the socket path must fit sun_path)."""
-    path = tempfile.mkdtemp(prefix="psd-pods-")
-    yield path
-    shutil.rmtree(path)
-
-
-@pytest.fixture(scope="module")
-def module_daemon(directory):
-    with running_podshimd(directory) as daemon:
-        yield daemon
-
-
-@pytest.fixture
-def daemon(module_daemon, crictl):
-    """The module's daemon; every pod a test leaves is removed after it (and must be removable)."""
-    yield module_daemon
-    module_daemon.remove_every_pod(crictl)
 
 
 @pytest.fixture
