@@ -19,13 +19,14 @@ import socket
 import stat
 import struct
 import threading
-from typing import Any
+from collections.abc import Callable, Iterable
+from typing import Any, TypeVar
 
 from shim.kernel import linux
 from shim.rpc.status import AlreadyExists, Internal, InvalidArgument, NotFound
 
-__all__ = ["create_netns", "default_netns_dir", "describe_netns", "is_host_netns", "new_netns_path", "open_namespace",
-           "open_netns", "remove_netns"]
+__all__ = ["check_net_sysctls", "create_netns", "default_netns_dir", "describe_netns", "is_host_netns", "new_netns_path",
+           "open_namespace", "open_netns", "remove_netns"]
 
 _NETNS_DIR = "/var/run/netns"
 _THREAD_NETNS = "/proc/thread-self/ns/net"
@@ -36,6 +37,7 @@ _SIOCGIFFLAGS = 0x8913
 _SIOCSIFFLAGS = 0x8914
 _IFF_UP = 0x1
 _IFREQ = struct.Struct("16sh22x")
+_T = TypeVar("_T")
 
 # The network namespace this process started in: for a shim, the host's (a shim forked by the
 # template has the template's). Read at import, before any thread of ours switches netns.
@@ -118,6 +120,60 @@ def remove_netns(path: str) -> None:
     _unlink_quietly(path)
 
 
+def check_net_sysctls(path: str, keys: Iterable[str]) -> None:
+    """InvalidArgument unless every ``net.*`` key among ``keys`` can be set in the netns at ``path``.
+
+    The kernel's own answer: /proc/sys/net shows each process the sysctls of its own network
+    namespace, so the calling thread looks from inside it. A key that is missing there (no
+    such key, a device the namespace does not have, or a setting the kernel keeps only for
+    the host's initial namespace) or read-only there (net.core.rmem_max and the like, which
+    newer kernels show read-only in every other namespace) would fail the pause's start with
+    "Permission denied" or "No such file"; it is refused now instead. Other keys are not
+    looked at. Raises NotFound when ``path`` is not a netns, Internal when the thread cannot
+    switch.
+    """
+    names = [key for key in keys if key.startswith("net.")]
+    if not names:
+        return
+    modes = _in_netns(path, lambda: {key: _sysctl_mode(key) for key in names})
+    for key, mode in modes.items():
+        if mode is None:
+            raise InvalidArgument(f"sysctl {key} does not exist in the sandbox's network namespace (no such key in "
+                                  "this kernel, a device the namespace does not have, or a setting only the host's "
+                                  "namespace has)")
+        if not mode & stat.S_IWUSR:
+            raise InvalidArgument(f"sysctl {key} is not per network namespace: the kernel lets only the host's "
+                                  "initial namespace set it")
+
+
+def _in_netns(path: str, fn: Callable[[], _T]) -> _T:
+    """``fn()`` run with the calling thread in the netns at ``path``; the thread is back in its
+    own before this returns. Raises NotFound (not a netns) or Internal (cannot switch)."""
+    target = open_netns(path)
+    try:
+        saved = os.open(_THREAD_NETNS, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            try:
+                linux.setns(target, linux.CLONE_NEWNET)
+            except OSError as exc:
+                raise Internal(f"cannot enter netns {path}: {exc.strerror}") from exc
+            try:
+                return fn()
+            finally:
+                _return_to(saved)
+        finally:
+            os.close(saved)
+    finally:
+        os.close(target)
+
+
+def _sysctl_mode(key: str) -> int | None:
+    try:
+        return os.stat("/proc/sys/" + key.replace(".", "/")).st_mode
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+
+
 def describe_netns(path: str) -> list[dict[str, Any]]:
     """The interfaces of the netns at ``path``: ``[{"name", "index", "state", "addresses": [...]}]``.
 
@@ -140,20 +196,7 @@ def _describe_in_thread(path: str) -> list[dict[str, Any]] | BaseException:
     try:
         from pyroute2 import IPRoute
 
-        target = open_netns(path)
-        try:
-            saved = os.open(_THREAD_NETNS, os.O_RDONLY | os.O_CLOEXEC)
-            try:
-                linux.setns(target, linux.CLONE_NEWNET)
-                try:
-                    # The netlink socket belongs to the netns it was created in.
-                    ipr = IPRoute()
-                finally:
-                    _return_to(saved)
-            finally:
-                os.close(saved)
-        finally:
-            os.close(target)
+        ipr = _in_netns(path, IPRoute)  # a netlink socket belongs to the netns it was created in
         with ipr:
             addresses: dict[int, list[str]] = {}
             for msg in ipr.get_addr():

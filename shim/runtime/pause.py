@@ -100,7 +100,9 @@ def validate_sysctls(sysctls: Mapping[str, str], *, host_network: bool, host_ipc
 
     ``net.*`` needs a pod network; ``kernel.shm*``, ``kernel.msg*``, ``kernel.sem`` and
     ``fs.mqueue.*`` need a pod IPC namespace. Anything else would be written to the host's own
-    settings. Raises InvalidArgument with the reason.
+    settings. Which ``net.*`` keys a netns can set is the kernel's to say, from inside it
+    (:func:`shim.kernel.netns.check_net_sysctls`, at CreateSandbox). Raises InvalidArgument
+    with the reason.
     """
     for key, value in sysctls.items():
         if not isinstance(key, str) or not _SYSCTL_KEY.fullmatch(key):

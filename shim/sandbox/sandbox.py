@@ -227,6 +227,7 @@ class Sandbox:
                 if opts.host_network:
                     raise InvalidArgument("netns_path was given but the sandbox uses the host network (network mode NODE)")
                 _check_netns_file(netns_path)
+                netns.check_net_sysctls(netns_path, opts.sysctls)
                 self.netns_path, self.netns_owned = netns_path, False
             elif not opts.host_network:
                 # Record the path before the netns exists: a crash in between leaves a record
@@ -234,9 +235,14 @@ class Sandbox:
                 self.netns_path, self.netns_owned = netns.new_netns_path(), True
                 self.options = opts
                 self.persist()
+                made = False
                 try:
                     netns.create_netns(self.netns_path)
+                    made = True
+                    netns.check_net_sysctls(self.netns_path, opts.sysctls)
                 except BaseException:
+                    if made:
+                        netns.remove_netns(self.netns_path)
                     self.netns_path, self.netns_owned = None, False
                     self.persist()
                     raise

@@ -165,3 +165,35 @@ def test_create_does_not_import_pyroute2():
         cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
     ).stdout
     assert out.strip() == "False"
+
+
+# -- which net.* sysctls a netns can set: the kernel says, from inside it ------------------------
+
+
+def test_per_netns_sysctls_pass_and_others_are_not_looked_at(netns_path):
+    netns.create_netns(netns_path)
+    before = linux.ns_inode("/proc/thread-self/ns/net")
+    netns.check_net_sysctls(netns_path, ["net.core.somaxconn", "net.ipv4.ip_forward", "net.ipv4.conf.lo.rp_filter",
+                                         "kernel.shmmax", "vm.anything"])
+    assert linux.ns_inode("/proc/thread-self/ns/net") == before  # the thread is back where it was
+
+
+@pytest.mark.parametrize("key, says", [
+    # Which of the two a kernel says depends on its version (6.x shows these read-only).
+    ("net.core.rmem_max", "(is not per network namespace|does not exist in the sandbox's network namespace)"),
+    ("net.core.netdev_max_backlog", "(is not per network namespace|does not exist in the sandbox's network namespace)"),
+    ("net.ipv4.conf.eth0.rp_filter", "does not exist in the sandbox's network namespace"),  # no eth0 there
+    ("net.ipv4.no_such_knob", "does not exist in the sandbox's network namespace"),
+])
+def test_net_sysctls_the_netns_cannot_set_are_refused(netns_path, key, says):
+    netns.create_netns(netns_path)
+    before = linux.ns_inode("/proc/thread-self/ns/net")
+    with pytest.raises(InvalidArgument, match=f"^INVALID_ARGUMENT: sysctl {key} {says}"):
+        netns.check_net_sysctls(netns_path, [key])
+    assert linux.ns_inode("/proc/thread-self/ns/net") == before
+
+
+def test_checking_sysctls_of_a_path_that_is_not_a_netns_is_not_found(tmp_path):
+    (tmp_path / "plain").write_bytes(b"")
+    with pytest.raises(NotFound):
+        netns.check_net_sysctls(str(tmp_path / "plain"), ["net.core.somaxconn"])

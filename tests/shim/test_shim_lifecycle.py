@@ -164,6 +164,17 @@ async def test_sysctl_is_applied_in_the_sandbox_netns(shim):
         assert f.read().strip() != "80"
 
 
+async def test_a_net_core_sysctl_that_is_per_netns_is_applied_there(shim):
+    key = "/proc/sys/net/core/somaxconn"
+    with open(key) as f:
+        host_value = f.read().strip()
+    pod_value = "1025" if host_value != "1025" else "1026"
+    pid = await shim.run_sandbox(options={"linux": {"sysctls": {"net.core.somaxconn": pod_value}}})
+    assert _nsenter(pid, "-n", "cat", key) == pod_value
+    with open(key) as f:
+        assert f.read().strip() == host_value
+
+
 async def test_host_network_mode_uses_the_host_netns_and_makes_none(shim):
     pid = await shim.run_sandbox(options=_node_mode("network"))
     assert ns_inode(pid, "net") == ns_inode("self", "net")
