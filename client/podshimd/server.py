@@ -10,7 +10,9 @@ shim and finishes or rolls back what a daemon that died left half-done, before t
 The socket is ``config.listen``'s path, 0600, in a 0700 directory. While it serves, podshimd holds
 an exclusive flock on that directory, so two daemons starting at once cannot both take the socket;
 a socket file that nobody answers on (a podshimd that was killed) is replaced, one that answers is
-another live daemon's and podshimd refuses to start. SIGTERM and SIGINT stop it: calls in flight
+another live daemon's and podshimd refuses to start. Started by ``systemd/podshimd.socket``, it
+serves on the socket systemd made (through :mod:`.relay`) and leaves it to systemd, so clients
+that connect while the daemon restarts wait instead of failing. SIGTERM and SIGINT stop it: calls in flight
 get :data:`SHUTDOWN_GRACE` seconds, pod changes in flight :data:`CHANGES_GRACE`, then the socket is
 removed. The shims and their pods keep running: a restarted podshimd finds them again.
 """
@@ -44,6 +46,7 @@ from .containers import Containers
 from .emptystore import EmptyImageStore
 from .errors import translated
 from .handlers import Changes, Handlers
+from .relay import ActivationError, inherited_listener, start_relay
 from .runtime_info import KUBELET_API_VERSION, RUNTIME_API_VERSION, RUNTIME_NAME, RuntimeInfo
 from .sandboxes import Sandboxes
 from .streaming import Streaming
@@ -57,6 +60,8 @@ log = logging.getLogger("podshimd")
 SHUTDOWN_GRACE = 5.0
 #: Seconds pod changes still in flight after that get before they are cancelled (and roll back).
 CHANGES_GRACE = 20.0
+#: Where gRPC listens when systemd owns the socket (podshimd.socket): beside it, relayed to.
+RELAYED_SOCKET = ".podshimd-grpc.sock"
 #: A socket that accepts within this is a live daemon's (containerd: 100 ms).
 CAN_CONNECT_TIMEOUT = 0.1
 
@@ -184,25 +189,42 @@ async def serve(config: Config, *, notifier: Notifier | None = None) -> None:
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
     lock_fd = None
+    grpc_path = path
     changes = Changes()
     try:
         async with contextlib.AsyncExitStack() as stack:
+            try:
+                inherited = inherited_listener(path)  # systemd's podshimd.socket, if it started us
+            except ActivationError as exc:
+                raise DaemonError(str(exc)) from None
+            if inherited is not None:
+                stack.callback(inherited.close)
             lock_fd = _claim_directory(os.path.dirname(path), config.runtime_root)
-            _remove_stale_socket(path, config.listen)
+            if inherited is None:
+                _remove_stale_socket(path, config.listen)
+            else:
+                # gRPC serves on a private socket beside systemd's; the relay joins the two. The
+                # directory lock is ours: whatever is at the private path is a dead daemon's.
+                grpc_path = os.path.join(os.path.dirname(path), RELAYED_SOCKET)
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(grpc_path)
             pods = await _open_pods(stack, config)
             server = grpc.aio.server()
             api_pb2_grpc.add_RuntimeServiceServicer_to_server(RuntimeService(config, pods, changes), server)
             api_pb2_grpc.add_ImageServiceServicer_to_server(ImageService(config, pods, changes), server)
             old_umask = os.umask(0o177)  # the socket is born 0600: no moment where others may connect
             try:
-                server.add_insecure_port(config.listen)
+                server.add_insecure_port("unix://" + grpc_path)
             except RuntimeError as exc:
-                raise DaemonError(f"cannot listen on {config.listen}: {exc}") from None
+                raise DaemonError(f"cannot listen on unix://{grpc_path}: {exc}") from None
             finally:
                 os.umask(old_umask)
-            st = os.lstat(path)
+            st = os.lstat(grpc_path)
             bound = (st.st_dev, st.st_ino)
             await server.start()
+            if inherited is not None:
+                relay = await start_relay(inherited, grpc_path)
+                stack.callback(relay.close)
             log.info("podshimd %s serving CRI %s on %s (%d pods)", shim.__version__, RUNTIME_API_VERSION,
                      config.listen, len(pods.store.list()))
             if notifier is not None:
@@ -220,7 +242,7 @@ async def serve(config: Config, *, notifier: Notifier | None = None) -> None:
         if server is not None:
             await server.stop(SHUTDOWN_GRACE)
         if bound is not None:
-            _remove_own_socket(path, bound)
+            _remove_own_socket(grpc_path, bound)
         if lock_fd is not None:
             os.close(lock_fd)
     log.info("stopped")

@@ -291,3 +291,66 @@ async def test_shims_forked_by_the_template_unit_pin_their_netns_where_the_host_
         sb.assert_gone(pause, info)
     finally:
         machine.systemctl("stop", "podshim-template.service")
+
+
+# -- podshimd, the CRI runtime, as a unit ------------------------------------------------------
+
+def podshimctl(machine: Machine, *args: str) -> str:
+    """podshimctl's pod verbs in the container: they talk to podshimd on its default socket."""
+    return machine.run(f"{machine.venv}/bin/podshimctl", *args, timeout=120).stdout
+
+
+def main_pid(machine: Machine, unit: str) -> int:
+    return int(machine.show(unit, "MainPID")["MainPID"])
+
+
+def wait_for_new_main_pid(machine: Machine, unit: str, old: int, timeout: float = 60.0) -> int:
+    """Poll until ``unit`` is active again under a main process other than ``old`` (Restart=)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        show = machine.show(unit, "ActiveState", "MainPID")
+        if show["ActiveState"] == "active" and int(show["MainPID"]) not in (0, old):
+            return int(show["MainPID"])
+        assert time.monotonic() < deadline, f"{unit} did not come back: {show}"
+        time.sleep(0.05)
+
+
+def test_podshimd_starts_on_its_socket_and_its_pods_outlive_restarts_and_kill_9(machine):
+    machine.write_file("/run/quick/pod.json", json.dumps({
+        "metadata": {"name": "web", "namespace": "default", "uid": "u-nspawn"}, "hostname": "web"}))
+    machine.write_file("/run/quick/ctr.json", json.dumps({
+        "metadata": {"name": "sleeper"}, "image": {"image": "busybox"}, "command": ["sleep", "300"]}))
+    machine.systemctl("start", "podshimd.socket")
+    try:
+        assert unit_state(machine, "podshimd.service") == "inactive"
+        # The first client starts the daemon through the socket and is answered once it serves.
+        assert podshimctl(machine, "pods", "-q") == ""
+        assert unit_state(machine, "podshimd.service") == "active"
+        pod = podshimctl(machine, "runp", "/run/quick/pod.json").strip()
+        ctr = podshimctl(machine, "create", pod, "/run/quick/ctr.json", "/run/quick/pod.json").strip()
+        podshimctl(machine, "start", ctr)
+        info = json.loads(podshimctl(machine, "inspectp", "--json", pod))["info"]
+        pause, shim = info["pid"], int(info["shim"]["shim_pid"])
+        task = json.loads(podshimctl(machine, "inspect", "--json", ctr))["info"]["pid"]
+        # The pod lives below the daemon's unit (Delegate=yes).
+        assert "/podshimd.service/" in info["shim"]["cgroup.unified"]
+
+        before = main_pid(machine, "podshimd.service")
+        machine.systemctl("restart", "podshimd.service")  # KillMode=process: the daemon only
+        after = main_pid(machine, "podshimd.service")
+        assert after != before and all(machine.pid_alive(p) for p in (pause, shim, task))
+        again = json.loads(podshimctl(machine, "inspectp", "--json", pod))
+        assert again["state"] == "SANDBOX_READY" and again["info"]["pid"] == pause
+
+        machine.systemctl("kill", "--kill-whom=main", "--signal=SIGKILL", "podshimd.service")
+        wait_for_new_main_pid(machine, "podshimd.service", after)  # Restart=always
+        assert all(machine.pid_alive(p) for p in (pause, shim, task))
+        assert podshimctl(machine, "ps", "-q").split() == [ctr]
+
+        podshimctl(machine, "rmp", pod)
+        assert not any(machine.pid_alive(p) for p in (pause, shim, task))
+        assert podshimctl(machine, "pods", "-q") == ""
+        assert machine.run("ip", "netns", "list").stdout == ""
+    finally:
+        machine.systemctl("stop", "podshimd.socket", "podshimd.service")
+    assert not os.path.lexists(machine.host_path("/run/podshim/podshimd.sock"))

@@ -37,8 +37,9 @@ def _unit_files() -> list[str]:
     return sorted(n for n in os.listdir(UNITS) if n.endswith((".service", ".socket")))
 
 
-def test_the_units_are_the_three_we_ship():
-    assert _unit_files() == ["podshim-template.service", "podshim@.service", "podshim@.socket"]
+def test_the_units_are_the_five_we_ship():
+    assert _unit_files() == ["podshim-template.service", "podshim@.service", "podshim@.socket", "podshimd.service",
+                             "podshimd.socket"]
 
 
 # A ':' in a name given to verify would be read as FILE:ALIAS, so the instances spell it \x3a.
@@ -89,6 +90,23 @@ def test_the_socket_is_0600_in_a_0700_directory_and_goes_with_its_service():
     assert d["ListenStream"] == ["/run/podshim/u/%I.sock"]
     assert (d["SocketMode"], d["DirectoryMode"], d["Accept"]) == (["0600"], ["0700"], ["no"])
     assert d["PartOf"] == ["podshim@%i.service"] and d["RemoveOnStop"] == ["yes"]
+
+
+def test_the_daemon_is_notify_restarted_always_and_a_restart_never_kills_the_pods():
+    d = _directives("podshimd.service")
+    assert d["Type"] == ["notify"] and d["NotifyAccess"] == ["main"]
+    assert d["KillMode"] == ["process"] and d["Restart"] == ["always"] and d["Delegate"] == ["yes"]
+    assert d["ExecStart"] == ["/usr/local/bin/podshimd"]
+    assert d["Requires"] == ["podshimd.socket"] and "podshimd.socket" in d["After"][0].split()
+
+
+def test_the_socket_is_the_default_listen_address_0600_in_0700_and_outlives_the_daemon():
+    from client.podshimd.config import DEFAULT_LISTEN
+    d = _directives("podshimd.socket")
+    assert ["unix://" + path for path in d["ListenStream"]] == [DEFAULT_LISTEN]
+    assert (d["SocketMode"], d["DirectoryMode"], d["Accept"], d["RemoveOnStop"]) == (["0600"], ["0700"], ["no"],
+                                                                                      ["yes"])
+    assert "PartOf" not in d  # a stopped daemon is started again by the next client
 
 
 # -- instance names --------------------------------------------------------------------------
