@@ -356,7 +356,25 @@ class SandboxCgroup:
             time.sleep(delay)
 
     async def aremove(self, timeout: float = REMOVE_TIMEOUT) -> None:
-        """:meth:`remove` for the event loop: it waits out EBUSY without blocking the loop."""
+        """:meth:`remove` for the event loop: it waits out EBUSY without blocking the loop.
+
+        It runs to its end even when the caller is cancelled (shielded, and bounded by
+        ``timeout``), and only then is the cancellation raised: a cancelled caller never leaves
+        behind a cgroup it was removing.
+        """
+        removal = asyncio.ensure_future(self._aremove(timeout))
+        cancelled: asyncio.CancelledError | None = None
+        while not removal.done():
+            try:
+                await asyncio.wait([removal])  # cancelling this wait leaves the removal running
+            except asyncio.CancelledError as exc:
+                cancelled = exc
+        if cancelled is not None:
+            removal.exception()  # retrieved: the cancellation is what the caller gets
+            raise cancelled
+        removal.result()
+
+    async def _aremove(self, timeout: float) -> None:
         for delay in self._removal(timeout):
             await asyncio.sleep(delay)
 

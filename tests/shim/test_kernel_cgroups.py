@@ -15,6 +15,8 @@ from shim.kernel import cgroups, linux
 from shim.kernel.cgroups import V2, SandboxCgroup, discover_hierarchies
 from shim.rpc.status import AlreadyExists, FailedPrecondition, InvalidArgument
 
+WAIT = 10.0  # seconds; a bound for the test, not a readiness sleep
+
 
 def _unique(kind: str) -> str:
     return f"podshim-test-{kind}-{os.getpid()}-{secrets.token_hex(4)}"
@@ -312,6 +314,23 @@ async def test_aremove_waits_for_members_without_blocking_the_loop(make_cgroup, 
     with contextlib.suppress(asyncio.CancelledError):
         await running
     assert ticks > 10  # the loop kept running while aremove waited
+
+
+async def test_a_cancelled_aremove_still_removes_the_cgroup_before_the_cancellation_is_raised(make_cgroup, sleeper):
+    cgroup = make_cgroup()
+    pid = sleeper()
+    cgroup.join(pid)
+    caller = asyncio.create_task(cgroup.aremove(timeout=WAIT))
+    for _ in range(3):  # the caller runs, its removal starts and finds the cgroup busy
+        await asyncio.sleep(0)
+    caller.cancel()
+    await asyncio.sleep(0)  # the cancellation reaches the caller...
+    assert not caller.done()  # ...which waits for its removal
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+    with pytest.raises(asyncio.CancelledError):
+        await caller
+    assert not [path for path in cgroup.paths.values() if os.path.exists(path)]
 
 
 def test_read_only_hierarchy_is_skipped_and_recorded():
