@@ -4,6 +4,7 @@ payload out. The rules live in :mod:`shim.sandbox.tasks`.
 
 from __future__ import annotations
 
+import signal
 from typing import Any
 
 from shim.sandbox.options import namespace_mode
@@ -50,7 +51,7 @@ class TaskService:
         return {"pid": task.pid, "started_at": task.started_at}
 
     async def kill(self, ctx: CallContext, p: dict[str, Any]) -> dict[str, Any]:
-        self.tasks.kill(*self._ids(ctx, p), optional(p, "signal", int, 15), optional(p, "all", bool, False))
+        self.tasks.kill(*self._ids(ctx, p), optional(p, "signal", int, signal.SIGTERM), optional(p, "all", bool, False))
         return {}
 
     async def wait(self, ctx: CallContext, p: dict[str, Any]) -> dict[str, Any]:
