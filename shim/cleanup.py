@@ -15,7 +15,7 @@ import time
 from typing import Any
 
 from shim.kernel import cgroups, netns
-from shim.runtime import oci
+from shim.runtime.oci.backend import delete_recorded
 from shim.rpc.api import UNKNOWN_EXIT_STATUS
 from shim.paths import STATE_FILE, read_json, socket_path, write_json_atomic
 from shim.rpc.processes import open_pidfd, wait_pidfd
@@ -103,9 +103,8 @@ def delete_sandbox(bundle: str, namespace: str, sandbox_id: str, runtime_root: s
         # The containers of a runc/crun sandbox, now stopped (or never started): their runtime
         # state goes too, and a container whose create the crash interrupted is killed here.
         try:
-            left = oci.delete_recorded(oci_record)
-            oci_record["containers"] = [c for c in oci_record.get("containers") or [] if c.get("id") in left]
-        except (RpcError, KeyError, TypeError, AttributeError) as exc:
+            record["oci"] = delete_recorded(oci_record)
+        except RpcError as exc:
             log.error("cannot delete the OCI containers in %s: %s", state_path, exc)
     if cgroups_record := record.get("cgroup"):
         cg = cgroups.SandboxCgroup.from_dict(cgroups_record)

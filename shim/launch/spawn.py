@@ -235,14 +235,14 @@ def _assign(spare: Spare, config: Any, sock: socket.socket, debug: bool) -> bool
 
 
 def spawn_shim(config: Any, *, debug: bool = False, double_fork: bool = False,
-               close_fds: tuple[int, ...] = (), spare: Spare | None = None) -> dict[str, Any]:
+               spare: Spare | None = None) -> dict[str, Any]:
     """Start a detached shim for ``config`` (a ShimConfig) and return its bootstrap result.
 
     If a live shim already serves the socket, its bootstrap is returned instead. Raises
     Unavailable (with the tail of the shim's log) when the shim does not come up within
-    :data:`START_TIMEOUT`. ``close_fds``: descriptors of the caller the shim must not keep.
-    With ``double_fork`` the intermediate child outlives this call by a cgroup grace period
-    (see :func:`shim.kernel.cgroups.start_attach_grace_period`): the caller reaps it (SIGCHLD).
+    :data:`START_TIMEOUT`. With ``double_fork`` the intermediate child outlives this call by a
+    cgroup grace period (see :func:`shim.kernel.cgroups.start_attach_grace_period`): the caller
+    reaps it (SIGCHLD).
     ``spare``: a :class:`Spare` to use instead of forking (taken and closed here unless a live
     shim already serves the socket; a dead spare falls back to forking).
     """

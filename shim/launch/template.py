@@ -53,7 +53,8 @@ def _preload() -> None:
     from shim import cleanup, daemon  # noqa: F401
     from shim.sandbox import events, sandbox, service  # noqa: F401
     from shim.launch import notify  # noqa: F401
-    from shim.runtime import pause  # noqa: F401
+    from shim.runtime import native, pause  # noqa: F401
+    from shim.runtime.oci import backend  # noqa: F401  (the runc and crun handlers)
     from shim.rpc import client, server  # noqa: F401
     from shim.rpc.channel import install_uvloop
 

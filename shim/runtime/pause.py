@@ -35,7 +35,6 @@ __all__ = [
     "POD",
     "PauseProcess",
     "PauseSpec",
-    "kill_pause",
     "launch",
     "validate_sysctls",
     "wait_ready",
@@ -49,8 +48,7 @@ DEFAULT_OOM_SCORE_ADJ = -998  # what CRI gives sandboxes
 DEFAULT_SHM_SIZE_BYTES = 64 << 20
 
 READY_TIMEOUT = 2.0  # seconds for an exec'd pause to set up its SIGTERM handling
-READY_POLL_INTERVAL = 0.0005
-CLEANUP_TIMEOUT = process.CLEANUP_TIMEOUT
+READY_POLL_SECONDS = 0.0005  # between two looks at its signal masks
 
 _SIGTERM_BIT = 1 << (signal.SIGTERM - 1)
 _BUILTIN_SIGNALS = {signal.SIGTERM, signal.SIGINT, signal.SIGCHLD}
@@ -82,7 +80,8 @@ class PauseSpec:
 
 @dataclass(frozen=True)
 class PauseProcess:
-    """A running pause. ``(pid, start_time)`` names it across pid reuse (see :func:`kill_pause`).
+    """A running pause. ``(pid, start_time)`` names it across pid reuse (see
+    :func:`shim.rpc.processes.signal_process`).
 
     ``start_time`` is field 22 of /proc/PID/stat; ``created_at_ns`` the wall clock when it was
     ready; ``binary`` the program exec'd, or "builtin"; ``exit`` resolves when it is reaped.
@@ -149,11 +148,6 @@ async def launch(spec: PauseSpec, reaper: Reaper) -> PauseProcess:
     return PauseProcess(proc.pid, proc.start_time, proc.started_at_ns, binary, proc.exit)
 
 
-#: Send a signal to the pause ``(pid, start_time)``, safe across pid reuse (see
-#: :func:`shim.process.signal_process`). Returns whether the signal was sent.
-kill_pause = process.signal_process
-
-
 def _process_spec(spec: PauseSpec) -> tuple[str, process.ProcessSpec]:
     if spec.pid_mode not in (POD, NODE):
         raise InvalidArgument(f"pid_mode {spec.pid_mode!r} is not supported (POD or NODE)")
@@ -217,14 +211,14 @@ async def wait_ready(pid: int, exit_future: asyncio.Future[ExitInfo], name: str 
             fields = {}
         if exit_future.done() or fields.get("State", " Z").split()[0] in ("Z", "X"):
             # The pause has exited (a zombie until the reaper runs): report its status.
-            info = await asyncio.wait_for(asyncio.shield(exit_future), CLEANUP_TIMEOUT)
+            info = await asyncio.wait_for(asyncio.shield(exit_future), process.CLEANUP_TIMEOUT)
             raise Internal(f"the pause exited during start with status {info.exit_status}")
         exec_done = name is None or fields.get("Name", "").strip() == name
         if exec_done and (int(fields["SigBlk"], 16) | int(fields["SigCgt"], 16)) & _SIGTERM_BIT:
             return
         if time.monotonic() >= deadline:
             raise Internal(f"the pause did not set up its SIGTERM handling within {READY_TIMEOUT} s")
-        await asyncio.sleep(READY_POLL_INTERVAL)
+        await asyncio.sleep(READY_POLL_SECONDS)
 
 
 def _builtin_pause(write_fd: int) -> NoReturn:

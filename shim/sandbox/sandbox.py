@@ -19,66 +19,89 @@ from dataclasses import dataclass
 from typing import Any, Callable, Protocol
 
 from shim.kernel import cgroups, netns
-from shim.runtime import oci, pause
-from shim.sandbox.events import TOPIC_CREATE, TOPIC_EXIT, TOPIC_START, TOPIC_STATE, EventBus
 from shim.kernel.linux import ns_inode, proc_start_time
-from shim.sandbox.options import NATIVE, SandboxOptions
-from shim.paths import STATE_FILE, write_json_atomic
 from shim.kernel.reaper import ExitInfo, Reaper
+from shim.runtime import pause
+from shim.runtime.base import Runtime
+from shim.runtime.native import NativeRuntime
+from shim.runtime.oci.backend import OciBackend
+from shim.paths import STATE_FILE, write_json_atomic
 from shim.rpc.status import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound, RpcError, Unavailable
+from shim.sandbox.events import TOPIC_CREATE, TOPIC_EXIT, TOPIC_START, TOPIC_STATE, EventBus
+from shim.sandbox.options import NATIVE, SandboxOptions
 
-__all__ = ["State", "TRANSITIONS", "ShimConfig", "Sandbox", "StartResult", "ExitResult", "Tasks", "host_platform",
-           "DEFAULT_STOP_TIMEOUT"]
+__all__ = ["State", "Operation", "TRANSITIONS", "REFUSALS", "transition", "ShimConfig", "Sandbox", "StartResult",
+           "ExitResult", "Tasks", "host_platform", "DEFAULT_STOP_TIMEOUT", "KILL_WAIT_TIMEOUT"]
 
 log = logging.getLogger(__name__)
 
-#: StopSandbox without a timeout gives the pause this long to exit on SIGTERM.
+#: StopSandbox without a timeout gives the pause this long (seconds) to exit on SIGTERM.
 DEFAULT_STOP_TIMEOUT = 10.0
-#: After SIGKILL a process that still has not exited is stuck in the kernel; we stop waiting.
-KILL_WAIT = 10.0
+#: After SIGKILL a process that still has not exited in this long (seconds) is stuck in the
+#: kernel; we stop waiting.
+KILL_WAIT_TIMEOUT = 10.0
 
 
 class State(str, enum.Enum):
-    NEW = "new"            # the shim runs; no sandbox was created yet
+    NEW = "new"          # the shim runs; no sandbox was created yet
     CREATED = "created"    # CreateSandbox done: options checked, netns ready
     RUNNING = "running"    # the pause task lives
     STOPPED = "stopped"    # the pause task exited (or was never started and Stop was called)
     SHUTDOWN = "shutdown"  # ShutdownSandbox removed everything; the shim is exiting
 
 
-S = State
-#: (operation, state) -> state after it succeeds. A pair that is not here is refused with the
-#: error in REFUSALS (or NotFound/FailedPrecondition by the state alone).
-TRANSITIONS: dict[tuple[str, State], State] = {
-    ("create", S.NEW): S.CREATED,
-    ("start", S.CREATED): S.RUNNING,
-    ("stop", S.CREATED): S.STOPPED,
-    ("stop", S.RUNNING): S.STOPPED,
-    ("stop", S.STOPPED): S.STOPPED,
-    ("exit", S.RUNNING): S.STOPPED,
-    ("shutdown", S.NEW): S.SHUTDOWN,
-    ("shutdown", S.CREATED): S.SHUTDOWN,
-    ("shutdown", S.RUNNING): S.SHUTDOWN,
-    ("shutdown", S.STOPPED): S.SHUTDOWN,
+class Operation(str, enum.Enum):
+    CREATE = "create"      # CreateSandbox
+    START = "start"        # StartSandbox
+    STOP = "stop"          # StopSandbox
+    EXIT = "exit"          # the pause exited (the reaper saw it)
+    SHUTDOWN = "shutdown"  # ShutdownSandbox
+    WAIT = "wait"          # WaitSandbox
+    STATUS = "status"      # SandboxStatus
+    METRICS = "metrics"    # SandboxMetrics
+    PLATFORM = "platform"  # Platform
+
+
+S, Op = State, Operation
+#: (operation, state) -> state after it succeeds. A pair that is not here is refused: NotFound
+#: before CreateSandbox, Unavailable after ShutdownSandbox, else the error in REFUSALS, else
+#: FailedPrecondition.
+TRANSITIONS: dict[tuple[Operation, State], State] = {
+    (Op.CREATE, S.NEW): S.CREATED,
+    (Op.START, S.CREATED): S.RUNNING,
+    (Op.STOP, S.CREATED): S.STOPPED,
+    (Op.STOP, S.RUNNING): S.STOPPED,
+    (Op.STOP, S.STOPPED): S.STOPPED,
+    (Op.EXIT, S.RUNNING): S.STOPPED,
+    (Op.SHUTDOWN, S.NEW): S.SHUTDOWN,
+    (Op.SHUTDOWN, S.CREATED): S.SHUTDOWN,
+    (Op.SHUTDOWN, S.RUNNING): S.SHUTDOWN,
+    (Op.SHUTDOWN, S.STOPPED): S.SHUTDOWN,
     # read-only operations: allowed, state unchanged
-    **{(op, st): st for op in ("wait", "status", "metrics", "platform")
+    **{(op, st): st for op in (Op.WAIT, Op.STATUS, Op.METRICS, Op.PLATFORM)
        for st in (S.CREATED, S.RUNNING, S.STOPPED)},
 }
-REFUSALS: dict[tuple[str, State], tuple[type[RpcError], str]] = {
-    **{("create", st): (AlreadyExists, "sandbox {id} already exists (it is {state})")
+#: The refusals that say more than "cannot {op} sandbox {id} while it is {state}".
+REFUSALS: dict[tuple[Operation, State], tuple[type[RpcError], str]] = {
+    **{(Op.CREATE, st): (AlreadyExists, "sandbox {id} already exists (it is {state})")
        for st in (S.CREATED, S.RUNNING, S.STOPPED)},
-    ("start", S.RUNNING): (FailedPrecondition, "sandbox {id} is already running"),
-    ("start", S.STOPPED): (FailedPrecondition, "sandbox {id} has stopped; a stopped sandbox cannot be started again"),
+    (Op.START, S.RUNNING): (FailedPrecondition, "sandbox {id} is already running"),
+    (Op.START, S.STOPPED): (FailedPrecondition, "sandbox {id} has stopped; a stopped sandbox cannot be started again"),
 }
 
 
-def _refuse(op: str, state: State, sandbox_id: str) -> RpcError:
+def transition(op: Operation, state: State, sandbox_id: str) -> State:
+    """The state after ``op`` in ``state``; the refusal (a typed RpcError with a sentence naming
+    ``sandbox_id``) when the table does not allow it. Pure: changes nothing."""
+    nxt = TRANSITIONS.get((op, state))
+    if nxt is not None:
+        return nxt
     if state is S.NEW:
-        return NotFound(f"sandbox {sandbox_id} has not been created in this shim")
+        raise NotFound(f"sandbox {sandbox_id} has not been created in this shim")
     if state is S.SHUTDOWN:
-        return Unavailable(f"sandbox {sandbox_id} was shut down; the shim is exiting")
+        raise Unavailable(f"sandbox {sandbox_id} was shut down; the shim is exiting")
     cls, template = REFUSALS.get((op, state), (FailedPrecondition, "cannot {op} sandbox {id} while it is {state}"))
-    return cls(template.format(id=sandbox_id, state=state.value, op=op))
+    raise cls(template.format(id=sandbox_id, state=state.value, op=op.value))
 
 
 @dataclass(frozen=True)
@@ -131,6 +154,16 @@ def host_platform() -> dict[str, str]:
     return {"os": "linux", "architecture": arch, "variant": variant}
 
 
+def _open_runtime(handler: str, config: ShimConfig, reaper: Reaper, persist: Callable[[], None]) -> Runtime:
+    """The runtime of ``handler`` (one of options.RUNTIME_HANDLERS). FailedPrecondition when it
+    cannot run here (runc, crun or the static catatonit missing): at CreateSandbox, before
+    anything is made, not at StartSandbox."""
+    if handler == NATIVE:
+        return NativeRuntime(reaper)
+    return OciBackend.open(handler, namespace=config.namespace, sandbox_id=config.sandbox_id, bundle=config.bundle,
+                           runtime_root=config.runtime_root, reaper=reaper, persist=persist)
+
+
 class Sandbox:
     """The sandbox a shim owns. All public coroutines raise typed RpcErrors."""
 
@@ -151,15 +184,12 @@ class Sandbox:
         self._lock = asyncio.Lock()
         self.on_state_change: Callable[[State], None] | None = None
         self.tasks: Tasks | None = None
-        self.oci: oci.OciBackend | None = None  # runtime handler runc or crun
+        self.runtime: Runtime | None = None  # chosen by CreateSandbox, from the runtime handler
 
     # -- the table ------------------------------------------------------------------------
-    def _check(self, op: str, sandbox_id: str) -> State:
+    def _check(self, op: Operation, sandbox_id: str) -> State:
         self.check_id(sandbox_id)
-        nxt = TRANSITIONS.get((op, self.state))
-        if nxt is None:
-            raise _refuse(op, self.state, self.config.sandbox_id)
-        return nxt
+        return transition(op, self.state, self.config.sandbox_id)
 
     def _enter(self, state: State) -> None:
         if state is not self.state:
@@ -194,7 +224,7 @@ class Sandbox:
             "exit": {"exit_status": self.exit.exit_status, "exited_at": self.exit.exited_at} if self.exit else None,
             "tasks": self.tasks.record() if self.tasks is not None else {},
             "runtime_handler": self.options.runtime_handler,
-            "oci": self.oci.record() if self.oci is not None else None,
+            "oci": self.runtime.record() if self.runtime is not None else None,
         }
 
     def _shim_start_time(self) -> int | None:
@@ -214,15 +244,10 @@ class Sandbox:
                      annotations: dict[str, str] | None = None) -> None:
         """CreateSandbox: check options and prepare the network namespace."""
         async with self._lock:
-            nxt = self._check("create", sandbox_id)
+            nxt = self._check(Op.CREATE, sandbox_id)
             opts = SandboxOptions.from_payload(options, annotations)
             pause.validate_sysctls(opts.sysctls, host_network=opts.host_network, host_ipc=opts.ipc_mode == "NODE")
-            if opts.runtime_handler != NATIVE:
-                # Before anything is made: a missing runtime or pause fails Create, not Start.
-                self.oci = oci.OciBackend.open(opts.runtime_handler, namespace=self.config.namespace,
-                                               sandbox_id=self.config.sandbox_id, bundle=self.config.bundle,
-                                               runtime_root=self.config.runtime_root, reaper=self.reaper,
-                                               persist=self.persist)
+            self.runtime = _open_runtime(opts.runtime_handler, self.config, self.reaper, self.persist)
             if netns_path:
                 if opts.host_network:
                     raise InvalidArgument("netns_path was given but the sandbox uses the host network (network mode NODE)")
@@ -254,7 +279,7 @@ class Sandbox:
     async def start(self, sandbox_id: str) -> StartResult:
         """StartSandbox: launch the pause task in its namespaces and cgroup."""
         async with self._lock:
-            nxt = self._check("start", sandbox_id)
+            nxt = self._check(Op.START, sandbox_id)
             opts = self.options
             # The cgroup's directories exist before they are recorded: a shim killed in the
             # microseconds between the two leaves an empty cgroup (the paths depend on the
@@ -275,15 +300,17 @@ class Sandbox:
                 pause_binary=opts.pause_binary or self.config.pause_binary,
                 oom_score_adj=opts.oom_score_adj,
             )
+            assert self.runtime is not None  # chosen by Create
             try:
-                if self.oci is not None:
-                    proc = await self.oci.start_pause(spec)
-                else:
-                    proc = await pause.launch(spec, self.reaper)
+                proc = await self.runtime.start_pause(spec)
             except BaseException:
-                cg.remove()
-                self.cgroup = None
-                self.persist()
+                try:
+                    await cg.aremove()
+                except RpcError as exc:  # stays recorded, for Shutdown or `podshim delete`
+                    log.error("sandbox %s: %s", self.config.sandbox_id, exc.message)
+                else:
+                    self.cgroup = None
+                    self.persist()
                 raise
             self.pause = proc
             self.created_at = proc.created_at_ns
@@ -300,7 +327,7 @@ class Sandbox:
         log.info("pause %d exited with status %d", info.pid, info.exit_status)
         self._exited.set()
         if self.state is S.RUNNING:
-            self._enter(TRANSITIONS[("exit", S.RUNNING)])
+            self._enter(transition(Op.EXIT, S.RUNNING, self.config.sandbox_id))
         else:
             self.persist()
         self.events.publish(TOPIC_EXIT, {"pid": info.pid, "exit_status": info.exit_status,
@@ -311,7 +338,7 @@ class Sandbox:
         and SIGKILL after ``timeout`` seconds (None: the default, 0: at once). Stopping a
         stopped or never-started sandbox succeeds."""
         async with self._lock:
-            nxt = self._check("stop", sandbox_id)
+            nxt = self._check(Op.STOP, sandbox_id)
             await self._stop_tasks()
             await self._stop_locked(DEFAULT_STOP_TIMEOUT if timeout is None else timeout)
             self._enter(nxt)
@@ -321,35 +348,35 @@ class Sandbox:
             self.exit = ExitResult(0, time.time_ns(), 0)
             self._exited.set()
             return
-        proc = self.pause
-        if proc is None or self._exited.is_set():
+        proc, runtime = self.pause, self.runtime
+        if proc is None or runtime is None or self._exited.is_set():
             return
         if timeout > 0:
-            pause.kill_pause(proc.pid, proc.start_time, signal.SIGTERM)
+            runtime.kill(proc.pid, proc.start_time, signal.SIGTERM)
             try:
                 await asyncio.wait_for(self._exited.wait(), timeout)
                 return
             except asyncio.TimeoutError:
                 log.warning("pause %d did not exit %.1fs after SIGTERM; sending SIGKILL", proc.pid, timeout)
-        pause.kill_pause(proc.pid, proc.start_time, signal.SIGKILL)
+        runtime.kill(proc.pid, proc.start_time, signal.SIGKILL)
         if self.cgroup is not None:
             # Host pid mode: the pause's children are not killed with it.
             self.cgroup.kill_all()
         try:
-            await asyncio.wait_for(self._exited.wait(), KILL_WAIT)
+            await asyncio.wait_for(self._exited.wait(), KILL_WAIT_TIMEOUT)
         except asyncio.TimeoutError:
-            raise Unavailable(f"pause {proc.pid} did not exit {KILL_WAIT:.0f}s after SIGKILL") from None
+            raise Unavailable(f"pause {proc.pid} did not exit {KILL_WAIT_TIMEOUT:.0f}s after SIGKILL") from None
 
     async def wait(self, sandbox_id: str) -> ExitResult:
         """WaitSandbox: block until the pause task exits (at once if it has)."""
-        self._check("wait", sandbox_id)
+        self._check(Op.WAIT, sandbox_id)
         await self._exited.wait()
         assert self.exit is not None
         return self.exit
 
     def status(self, sandbox_id: str, verbose: bool = False) -> dict[str, Any]:
         """SandboxStatus as a payload map."""
-        self._check("status", sandbox_id)
+        self._check(Op.STATUS, sandbox_id)
         p = self.pause
         out: dict[str, Any] = {
             "sandbox_id": self.config.sandbox_id,
@@ -378,8 +405,8 @@ class Sandbox:
             "ipc_mode": self.options.ipc_mode,
             "runtime_handler": self.options.runtime_handler,
         }
-        if self.oci is not None:
-            info.update(self.oci.info())
+        if self.runtime is not None:
+            info.update(self.runtime.info())
         if self.cgroup is not None:
             for hierarchy, path in sorted(self.cgroup.paths.items()):
                 info[f"cgroup.{hierarchy}"] = path
@@ -400,7 +427,7 @@ class Sandbox:
 
     def metrics(self, sandbox_id: str) -> dict[str, Any]:
         """SandboxMetrics: cgroup cpu/memory/pids; unreadable values are listed as unavailable."""
-        self._check("metrics", sandbox_id)
+        self._check(Op.METRICS, sandbox_id)
         if self.cgroup is None:
             data = {"cpu_usage_ns": None, "memory_usage_bytes": None, "memory_limit_bytes": None,
                     "pids_current": None, "unavailable": ["cgroup (the sandbox was never started)"]}
@@ -409,13 +436,13 @@ class Sandbox:
         return {"timestamp": time.time_ns(), "sandbox_id": self.config.sandbox_id, "data": data}
 
     def platform(self, sandbox_id: str) -> dict[str, str]:
-        self._check("platform", sandbox_id)
+        self._check(Op.PLATFORM, sandbox_id)
         return host_platform()
 
     async def shutdown(self, sandbox_id: str) -> None:
         """ShutdownSandbox: kill the tasks, stop the pause if needed, remove the netns and cgroups we made."""
         async with self._lock:
-            nxt = self._check("shutdown", sandbox_id)
+            nxt = self._check(Op.SHUTDOWN, sandbox_id)
             await self._stop_tasks()
             if self.state is S.RUNNING:
                 await self._stop_locked(0)
@@ -430,8 +457,8 @@ class Sandbox:
 
     async def release(self) -> None:
         """Remove what this sandbox made (idempotent): the tasks' cgroups, then its own, then the
-        netns, and with an OCI runtime its containers (``delete --force``, even when a removal
-        before failed). The cgroup removal waits without blocking the loop."""
+        netns, and then what its runtime made (an OCI runtime's containers, ``delete --force``,
+        even when a removal before failed)."""
         try:
             if self.tasks is not None:
                 await self.tasks.release()
@@ -440,8 +467,8 @@ class Sandbox:
             if self.netns_path and self.netns_owned:
                 netns.remove_netns(self.netns_path)
         finally:
-            if self.oci is not None:
-                await self.oci.release()
+            if self.runtime is not None:
+                await self.runtime.release()
 
 
 def _check_netns_file(path: str) -> None:

@@ -1,8 +1,9 @@
 """The sandbox's tasks (containers): what may happen to a task in which state, and what it owns.
 
 The rules are the table below; a call in a state the table does not allow gets the error the
-table names, with a sentence. A task owns its process (launched by :mod:`shim.runtime.process` into the
-pause's namespaces), its cgroup ``<sandbox cgroup>/<task id>`` and its log (:mod:`shim.runtime.crilog`).
+table names, with a sentence. A task owns its process (started by the sandbox's runtime,
+:class:`shim.runtime.base.Runtime`, in the pause's namespaces), its cgroup ``<sandbox cgroup>/<task id>``
+and its log (:mod:`shim.runtime.crilog`).
 The cgroup is recorded in ``<bundle>/state.json`` before the process is launched into it, and
 the process's (pid, start time) as soon as it runs, so ``podshim delete`` can end it after a
 crash.
@@ -23,28 +24,26 @@ import signal
 import time
 from typing import Any
 
-from shim.runtime import process
 from shim.kernel.cgroups import SandboxCgroup
-from shim.runtime.crilog import LOG_DIR_MODE, CriLog, check_log_path
-from shim.sandbox.events import TOPIC_TASK_EXIT
-from shim.kernel.linux import CLONE_NEWIPC, CLONE_NEWNET, CLONE_NEWNS, CLONE_NEWPID, CLONE_NEWUTS
-from shim.runtime.pause import PauseProcess
 from shim.kernel.reaper import ExitInfo
+from shim.runtime import process
+from shim.runtime.base import CONTAINER, POD, TaskSpec
+from shim.runtime.crilog import LOG_DIR_MODE, CriLog, check_log_path
+from shim.runtime.pause import PauseProcess
 from shim.rpc.files import ensure_private_dir
 from shim.rpc.identifiers import validate_identifier
 from shim.rpc.status import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound, RpcError, Unavailable
-from shim.sandbox.sandbox import KILL_WAIT, ExitResult, Sandbox, State
+from shim.sandbox.events import TOPIC_TASK_EXIT
+from shim.sandbox.sandbox import KILL_WAIT_TIMEOUT, ExitResult, Sandbox, State
 
-__all__ = ["POD", "CONTAINER", "LOG_DRAIN_TIMEOUT", "Status", "TRANSITIONS", "Task", "TaskSet"]
+__all__ = ["POD", "CONTAINER", "LOG_DRAIN_TIMEOUT", "Status", "TaskOperation", "TRANSITIONS", "REFUSALS",
+           "transition", "Task", "TaskSet"]
 
 log = logging.getLogger(__name__)
 
-POD = "POD"  # the task shares the pause's pid and mount namespaces
-CONTAINER = "CONTAINER"  # the task is PID 1 of a pid namespace of its own (CRI's default)
-#: After a task's process exited, how long its log pipes may stay open (held by a process
-#: that left the task's cgroup) before the shim stops reading them.
+#: After a task's process exited, how long (seconds) its log pipes may stay open (held by a
+#: process that left the task's cgroup) before the shim stops reading them.
 LOG_DRAIN_TIMEOUT = 2.0
-_NAMESPACES = (("ipc", CLONE_NEWIPC), ("uts", CLONE_NEWUTS), ("net", CLONE_NEWNET), ("mnt", CLONE_NEWNS))
 _MAX_SIGNAL = signal.SIGRTMAX
 
 
@@ -55,25 +54,44 @@ class Status(str, enum.Enum):
     DELETED = "deleted"    # Delete removed it (it is no longer in the table)
 
 
-T = Status
-#: (operation, status) -> status after it succeeds. A pair that is not here is refused with the
-#: error in REFUSALS (FailedPrecondition otherwise).
-TRANSITIONS: dict[tuple[str, Status], Status] = {
-    ("start", T.CREATED): T.RUNNING,
-    ("exit", T.RUNNING): T.STOPPED,
-    ("kill", T.RUNNING): T.RUNNING,
-    ("kill", T.STOPPED): T.STOPPED,  # killing an exited task does nothing
-    ("delete", T.CREATED): T.DELETED,
-    ("delete", T.STOPPED): T.DELETED,
+class TaskOperation(str, enum.Enum):
+    START = "start"    # Start
+    EXIT = "exit"      # its process exited and its log is drained
+    KILL = "kill"      # Kill
+    DELETE = "delete"  # Delete
+    WAIT = "wait"      # Wait
+    STATE = "state"    # State
+
+
+T, Op = Status, TaskOperation
+#: (operation, status) -> status after it succeeds. A pair that is not here is refused with
+#: FailedPrecondition and the sentence in REFUSALS, else "cannot {op} task {id} while it is {status}".
+TRANSITIONS: dict[tuple[TaskOperation, Status], Status] = {
+    (Op.START, T.CREATED): T.RUNNING,
+    (Op.EXIT, T.RUNNING): T.STOPPED,
+    (Op.KILL, T.RUNNING): T.RUNNING,
+    (Op.KILL, T.STOPPED): T.STOPPED,  # killing an exited task does nothing
+    (Op.DELETE, T.CREATED): T.DELETED,
+    (Op.DELETE, T.STOPPED): T.DELETED,
     # read-only operations: allowed, status unchanged
-    **{(op, st): st for op in ("wait", "state") for st in (T.CREATED, T.RUNNING, T.STOPPED)},
+    **{(op, st): st for op in (Op.WAIT, Op.STATE) for st in (T.CREATED, T.RUNNING, T.STOPPED)},
 }
-REFUSALS: dict[tuple[str, Status], str] = {
-    ("start", T.RUNNING): "task {id} is already running",
-    ("start", T.STOPPED): "task {id} has exited; a stopped task cannot be started again",
-    ("kill", T.CREATED): "task {id} has not been started",
-    ("delete", T.RUNNING): "task {id} is running; kill it and wait for its exit before deleting it",
+REFUSALS: dict[tuple[TaskOperation, Status], str] = {
+    (Op.START, T.RUNNING): "task {id} is already running",
+    (Op.START, T.STOPPED): "task {id} has exited; a stopped task cannot be started again",
+    (Op.KILL, T.CREATED): "task {id} has not been started",
+    (Op.DELETE, T.RUNNING): "task {id} is running; kill it and wait for its exit before deleting it",
 }
+
+
+def transition(op: TaskOperation, status: Status, task_id: str) -> Status:
+    """The status after ``op`` in ``status``; FailedPrecondition with the table's sentence
+    (naming ``task_id``) when it does not allow it. Pure: changes nothing."""
+    nxt = TRANSITIONS.get((op, status))
+    if nxt is None:
+        template = REFUSALS.get((op, status), "cannot {op} task {id} while it is {status}")
+        raise FailedPrecondition(template.format(id=task_id, op=op.value, status=status.value))
+    return nxt
 
 
 class Task:
@@ -102,13 +120,9 @@ class Task:
     def pid(self) -> int:
         return self.process.pid if self.process is not None else 0
 
-    def check(self, op: str) -> Status:
+    def check(self, op: TaskOperation) -> Status:
         """The status after ``op``; FailedPrecondition with the table's sentence if not allowed."""
-        nxt = TRANSITIONS.get((op, self.status))
-        if nxt is None:
-            template = REFUSALS.get((op, self.status), "cannot {op} task {id} while it is {status}")
-            raise FailedPrecondition(template.format(id=self.task_id, op=op, status=self.status.value))
-        return nxt
+        return transition(op, self.status, self.task_id)
 
     def state(self) -> dict[str, Any]:
         """The State payload."""
@@ -223,9 +237,10 @@ class TaskSet:
         """
         task = self.get(sandbox_id, task_id)
         async with task.lock:
-            nxt = task.check("start")
+            nxt = task.check(Op.START)
             pause = self._running_pause()
-            assert self.sandbox.cgroup is not None  # a running sandbox has one
+            runtime = self.sandbox.runtime
+            assert self.sandbox.cgroup is not None and runtime is not None  # a running sandbox has both
             # The directories exist before they are recorded (their paths are only known
             # then); state.json has them before any process is in them.
             task.cgroup = self.sandbox.cgroup.child(task_id)
@@ -236,26 +251,26 @@ class TaskSet:
                 except OSError as exc:
                     raise FailedPrecondition(f"cannot open log file {task.log_path}: {exc.strerror}") from None
                 try:
-                    if self.sandbox.oci is not None:  # runtime handler runc or crun: the runtime runs it
-                        task.process = await self.sandbox.oci.start_task(
-                            task_id, args=task.args, env=task.env, cwd=task.cwd, pid_mode=task.pid_mode,
-                            pause_pid=pause.pid, own_ipc=self.sandbox.options.ipc_mode == "POD",
-                            cgroup=task.cgroup, stdout=crilog.stdout_fd, stderr=crilog.stderr_fd)
-                    else:
-                        task.process = await process.launch(_process_spec(task, pause.pid, crilog),
-                                                            self.sandbox.reaper)
+                    task.process = await runtime.start_task(TaskSpec(
+                        task_id, args=tuple(task.args), env=task.env, cwd=task.cwd, pid_mode=task.pid_mode,
+                        pause_pid=pause.pid, own_ipc=self.sandbox.options.ipc_mode == POD, cgroup=task.cgroup,
+                        stdout=crilog.stdout_fd, stderr=crilog.stderr_fd))
                 except BaseException:
                     crilog.close()
                     raise
             except BaseException as exc:
-                cgroup, task.cgroup = task.cgroup, None
-                # Shielded: a cancelled Start must still remove the (empty) cgroup.
-                await asyncio.shield(cgroup.aremove())
-                self._persist()
-                error = _start_error(exc, pause.pid)
-                if error is exc:
-                    raise
-                raise error from None
+                # A cancelled Start, too, removes the (empty) cgroup before it forgets it.
+                try:
+                    await task.cgroup.aremove()
+                except RpcError as removal:  # stays recorded, for Delete, Shutdown or `podshim delete`
+                    log.error("task %s: %s", task_id, removal.message)
+                else:
+                    task.cgroup = None
+                    self._persist()
+                if isinstance(exc, NotFound) and f"/proc/{pause.pid}/" in exc.message:
+                    raise FailedPrecondition(f"the sandbox's pause exited while the task started ({exc.message})") \
+                        from None
+                raise
             crilog.start()
             task.started_at = task.process.started_at_ns
             task.status = nxt
@@ -281,7 +296,7 @@ class TaskSet:
         finally:
             crilog.close()
         task.exit = ExitResult(info.exit_status, info.exited_at_ns, info.pid)
-        task.status = task.check("exit")
+        task.status = task.check(Op.EXIT)
         task.exited.set()
         self._persist()
         log.info("task %s (pid %d) exited with status %d", task.task_id, info.pid, info.exit_status)
@@ -296,14 +311,14 @@ class TaskSet:
         task = self.get(sandbox_id, task_id)
         if not 1 <= sig <= _MAX_SIGNAL:
             raise InvalidArgument(f"signal {sig} is not a signal number (1 to {int(_MAX_SIGNAL)})")
-        task.check("kill")
+        task.check(Op.KILL)
         p = task.process
         if p is None or task.status is T.STOPPED or p.exit.done():
             return
         if all_processes and task.cgroup is not None:
             task.cgroup.kill_all(sig)
-        else:
-            process.signal_process(p.pid, p.start_time, sig)
+        elif self.sandbox.runtime is not None:  # it has one: the task was started
+            self.sandbox.runtime.kill(p.pid, p.start_time, sig)
 
     async def wait(self, sandbox_id: str, task_id: str) -> ExitResult:
         """Wait: block until the task has exited and its log is complete (at once if it has)."""
@@ -317,9 +332,9 @@ class TaskSet:
         while it runs."""
         task = self.get(sandbox_id, task_id)
         async with task.lock:
-            nxt = task.check("delete")
-            if self.sandbox.oci is not None:
-                await self.sandbox.oci.delete_task(task_id)
+            nxt = task.check(Op.DELETE)
+            if self.sandbox.runtime is not None:
+                await self.sandbox.runtime.delete_task(task_id)
             if task.cgroup is not None:
                 await task.cgroup.aremove()
                 task.cgroup = None
@@ -339,8 +354,8 @@ class TaskSet:
     async def stop_all(self) -> None:
         """SIGKILL every task's cgroup and wait for their exits; from now on no task starts.
 
-        Raises Unavailable when a task has not exited :data:`~shim.sandbox.sandbox.KILL_WAIT` seconds
-        after SIGKILL.
+        Raises Unavailable when a task has not exited :data:`~shim.sandbox.sandbox.KILL_WAIT_TIMEOUT`
+        seconds after SIGKILL.
         """
         self._closed = True
         running = []
@@ -353,12 +368,12 @@ class TaskSet:
         if not running:
             return
         waits = [asyncio.ensure_future(task.exited.wait()) for task in running]
-        _, pending = await asyncio.wait(waits, timeout=KILL_WAIT)
+        _, pending = await asyncio.wait(waits, timeout=KILL_WAIT_TIMEOUT)
         for waiter in pending:
             waiter.cancel()
         if pending:
             late = [task.task_id for task in running if not task.exited.is_set()]
-            raise Unavailable(f"tasks {', '.join(late)} did not exit {KILL_WAIT:.0f}s after SIGKILL")
+            raise Unavailable(f"tasks {', '.join(late)} did not exit {KILL_WAIT_TIMEOUT:.0f}s after SIGKILL")
 
     async def release(self) -> None:
         """Remove every task's cgroup (the tasks have been stopped)."""
@@ -380,33 +395,3 @@ def _environment(env: list[str]) -> dict[str, str]:
         environment[name] = value
     environment.setdefault("PATH", process.DEFAULT_PATH)
     return environment
-
-
-def _process_spec(task: Task, pause_pid: int, crilog: CriLog) -> process.ProcessSpec:
-    """The task's process: in the pause's ipc, uts, net and mount namespaces, and in its pid
-    namespace (POD) or PID 1 of a new one with a mount namespace copied from the pause's (CONTAINER)."""
-    ns_dir = f"/proc/{pause_pid}/ns"
-    join = tuple((f"{ns_dir}/{name}", nstype) for name, nstype in _NAMESPACES)
-    if task.pid_mode == POD:
-        join += ((f"{ns_dir}/pid", CLONE_NEWPID),)
-    assert task.cgroup is not None
-    return process.ProcessSpec(
-        name=f"task {task.task_id}",
-        argv=tuple(task.args),
-        env=task.env,
-        cwd=task.cwd,
-        join=join,
-        unshare_flags=0 if task.pid_mode == POD else CLONE_NEWPID | CLONE_NEWNS,
-        procs_files=tuple(task.cgroup.procs_files()),
-        stdout=crilog.stdout_fd,
-        stderr=crilog.stderr_fd,
-    )
-
-
-def _start_error(exc: BaseException, pause_pid: int) -> BaseException:
-    """What a failed launch tells the client: the program's fault, the sandbox's, or ours."""
-    if isinstance(exc, process.ExecFailed):
-        return FailedPrecondition(f"{exc.step}: {os.strerror(exc.errno)}")
-    if isinstance(exc, NotFound) and f"/proc/{pause_pid}/" in exc.message:
-        return FailedPrecondition(f"the sandbox's pause exited while the task started ({exc.message})")
-    return exc

@@ -18,7 +18,8 @@ import uvloop
 
 from shim.kernel import linux, netns
 from shim.kernel.cgroups import SandboxCgroup
-from shim.runtime.pause import BUILTIN, CATATONIT, NODE, PauseSpec, kill_pause, launch, validate_sysctls
+from shim.runtime.pause import BUILTIN, CATATONIT, NODE, PauseSpec, launch, validate_sysctls
+from shim.rpc.processes import signal_process
 from shim.kernel.reaper import Reaper
 from shim.rpc.status import FailedPrecondition, Internal, InvalidArgument, NotFound
 from shimtools import host_netns_bound_at
@@ -63,7 +64,7 @@ async def start(reaper):
 
     yield start_pause
     for pause in started:
-        kill_pause(pause.pid, pause.start_time, signal.SIGKILL)
+        signal_process(pause.pid, pause.start_time, signal.SIGKILL)
         await asyncio.wait_for(pause.exit, WAIT)
 
 
@@ -295,7 +296,7 @@ async def test_pause_is_in_its_own_session(start):
 @pytest.mark.parametrize("binary", BINARIES)
 async def test_pause_exits_0_on_sigterm(start, binary):
     pause = await start(pause_binary=binary)
-    assert kill_pause(pause.pid, pause.start_time, signal.SIGTERM)
+    assert signal_process(pause.pid, pause.start_time, signal.SIGTERM)
     assert (await asyncio.wait_for(pause.exit, WAIT)).exit_status == 0
 
 
@@ -303,29 +304,29 @@ async def test_pause_exits_0_on_sigterm(start, binary):
 async def test_sigterm_right_after_launch_is_never_lost(start, binary):
     for _ in range(5):
         pause = await start(pause_binary=binary)
-        kill_pause(pause.pid, pause.start_time, signal.SIGTERM)
+        signal_process(pause.pid, pause.start_time, signal.SIGTERM)
         assert (await asyncio.wait_for(pause.exit, WAIT)).exit_status == 0
 
 
 @pytest.mark.parametrize("binary", BINARIES)
 async def test_kill_9_reported_as_137(start, binary):
     pause = await start(pause_binary=binary)
-    assert kill_pause(pause.pid, pause.start_time, signal.SIGKILL)
+    assert signal_process(pause.pid, pause.start_time, signal.SIGKILL)
     assert (await asyncio.wait_for(pause.exit, WAIT)).exit_status == 137
 
 
-async def test_kill_pause_refuses_another_start_time(start):
+async def test_signalling_the_pause_refuses_another_start_time(start):
     pause = await start()
-    assert not kill_pause(pause.pid, pause.start_time + 1, signal.SIGKILL)
+    assert not signal_process(pause.pid, pause.start_time + 1, signal.SIGKILL)
     assert linux.proc_start_time(pause.pid) == pause.start_time
     assert not pause.exit.done()
 
 
-async def test_kill_pause_after_exit_returns_false(start):
+async def test_signalling_the_pause_after_exit_returns_false(start):
     pause = await start()
-    kill_pause(pause.pid, pause.start_time, signal.SIGKILL)
+    signal_process(pause.pid, pause.start_time, signal.SIGKILL)
     await asyncio.wait_for(pause.exit, WAIT)
-    assert not kill_pause(pause.pid, pause.start_time, signal.SIGKILL)
+    assert not signal_process(pause.pid, pause.start_time, signal.SIGKILL)
 
 
 # -- failures --------------------------------------------------------------------------------
@@ -366,7 +367,7 @@ async def test_cancelled_launch_leaves_nothing(reaper, yields):
     except asyncio.CancelledError:
         pass
     else:  # it finished first: this run tests nothing, but must not leak either
-        kill_pause(pause.pid, pause.start_time, signal.SIGKILL)
+        signal_process(pause.pid, pause.start_time, signal.SIGKILL)
         await asyncio.wait_for(pause.exit, WAIT)
     assert _children() == set()
 
@@ -414,7 +415,7 @@ def test_launch_on_uvloop():
         reaper.install()
         try:
             pause = await launch(PauseSpec(), reaper)
-            kill_pause(pause.pid, pause.start_time, signal.SIGTERM)
+            signal_process(pause.pid, pause.start_time, signal.SIGTERM)
             return (await asyncio.wait_for(pause.exit, WAIT)).exit_status
         finally:
             reaper.uninstall()

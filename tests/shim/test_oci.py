@@ -19,7 +19,8 @@ import time
 
 import pytest
 
-from shim.runtime import oci, pause, process
+from shim.runtime import pause, process
+from shim.runtime.oci import cli, host, rootfs as pause_rootfs, spec as specs
 from shim.kernel.reaper import Reaper
 from shim.rpc.status import AlreadyExists, DeadlineExceeded, FailedPrecondition, Internal, InvalidArgument, NotFound
 from podtools import alive, container_config, pod_config, wait_gone
@@ -65,7 +66,7 @@ def mount_at(spec: dict, destination: str) -> dict | None:
 
 
 def test_sandbox_spec_runs_catatonit_pause_mode_on_a_read_only_root():
-    spec = oci.sandbox_spec(sandbox_id="sb", rootfs="/run/podshim/pause-rootfs", netns_path=NETNS)
+    spec = specs.sandbox_spec(sandbox_id="sb", rootfs="/run/podshim/pause-rootfs", netns_path=NETNS)
     assert spec["root"] == {"path": "/run/podshim/pause-rootfs", "readonly": True}
     proc = spec["process"]
     assert proc["args"] == ["/pause", "-P"] and proc["cwd"] == "/" and proc["terminal"] is False
@@ -75,35 +76,35 @@ def test_sandbox_spec_runs_catatonit_pause_mode_on_a_read_only_root():
 
 
 def test_pod_modes_give_new_pid_ipc_uts_mount_namespaces_and_join_the_netns():
-    spec = oci.sandbox_spec(sandbox_id="sb", rootfs="/r", netns_path=NETNS, hostname="web")
+    spec = specs.sandbox_spec(sandbox_id="sb", rootfs="/r", netns_path=NETNS, hostname="web")
     assert by_type(spec["linux"]["namespaces"]) == {"pid": None, "ipc": None, "uts": None, "mount": None,
                                                     "network": NETNS}
     assert spec["hostname"] == "web"
 
 
 def test_host_network_drops_the_network_and_uts_namespaces_and_the_hostname():
-    spec = oci.sandbox_spec(sandbox_id="sb", rootfs="/r", netns_path=None, hostname="web")
+    spec = specs.sandbox_spec(sandbox_id="sb", rootfs="/r", netns_path=None, hostname="web")
     assert set(by_type(spec["linux"]["namespaces"])) == {"pid", "ipc", "mount"}
     assert "hostname" not in spec
 
 
 @pytest.mark.parametrize("pid_mode, ipc_mode, dropped", [("NODE", "POD", "pid"), ("POD", "NODE", "ipc")])
 def test_node_pid_or_ipc_mode_drops_that_namespace(pid_mode, ipc_mode, dropped):
-    spec = oci.sandbox_spec(sandbox_id="sb", rootfs="/r", netns_path=NETNS, pid_mode=pid_mode, ipc_mode=ipc_mode)
+    spec = specs.sandbox_spec(sandbox_id="sb", rootfs="/r", netns_path=NETNS, pid_mode=pid_mode, ipc_mode=ipc_mode)
     kinds = set(by_type(spec["linux"]["namespaces"]))
     assert dropped not in kinds and kinds == {"pid", "ipc", "uts", "mount", "network"} - {dropped}
 
 
 def test_dev_shm_is_a_64_mib_tmpfs_only_with_an_own_ipc_namespace():
-    own = mount_at(oci.sandbox_spec(sandbox_id="sb", rootfs="/r", netns_path=NETNS), "/dev/shm")
+    own = mount_at(specs.sandbox_spec(sandbox_id="sb", rootfs="/r", netns_path=NETNS), "/dev/shm")
     assert own["type"] == "tmpfs"
     assert {"mode=1777", f"size={64 << 20}", "nosuid", "nodev", "noexec"} <= set(own["options"])
-    host = mount_at(oci.sandbox_spec(sandbox_id="sb", rootfs="/r", netns_path=NETNS, ipc_mode="NODE"), "/dev/shm")
-    assert host["type"] == "bind" and host["source"] == "/dev/shm"  # the host's, as containerd does
+    hosts = mount_at(specs.sandbox_spec(sandbox_id="sb", rootfs="/r", netns_path=NETNS, ipc_mode="NODE"), "/dev/shm")
+    assert hosts["type"] == "bind" and hosts["source"] == "/dev/shm"  # the host's, as containerd does
 
 
 def test_standard_mounts_and_runcs_masked_and_read_only_paths():
-    spec = oci.sandbox_spec(sandbox_id="sb", rootfs="/r", netns_path=NETNS)
+    spec = specs.sandbox_spec(sandbox_id="sb", rootfs="/r", netns_path=NETNS)
     assert mount_at(spec, "/proc")["type"] == "proc"
     assert mount_at(spec, "/dev")["type"] == "tmpfs"
     assert mount_at(spec, "/dev/pts")["type"] == "devpts"
@@ -113,7 +114,7 @@ def test_standard_mounts_and_runcs_masked_and_read_only_paths():
 
 
 def test_sysctls_and_cgroups_path_are_passed():
-    spec = oci.sandbox_spec(sandbox_id="sb", rootfs="/r", netns_path=NETNS, cgroups_path="podshim/sb",
+    spec = specs.sandbox_spec(sandbox_id="sb", rootfs="/r", netns_path=NETNS, cgroups_path="podshim/sb",
                             sysctls={"net.ipv4.ip_unprivileged_port_start": "0", "kernel.shmmax": "65536"})
     assert spec["linux"]["sysctl"] == {"net.ipv4.ip_unprivileged_port_start": "0", "kernel.shmmax": "65536"}
     assert spec["linux"]["cgroupsPath"] == "podshim/sb"
@@ -126,33 +127,33 @@ def test_sysctls_and_cgroups_path_are_passed():
 ])
 def test_sysctls_that_would_change_the_host_are_refused(sysctls, kwargs):
     with pytest.raises(InvalidArgument, match="sysctl"):
-        oci.sandbox_spec(sandbox_id="sb", rootfs="/r", sysctls=sysctls, **kwargs)
+        specs.sandbox_spec(sandbox_id="sb", rootfs="/r", sysctls=sysctls, **kwargs)
 
 
 def test_oom_score_adj_none_leaves_it_to_the_runtime():
-    spec = oci.sandbox_spec(sandbox_id="sb", rootfs="/r", netns_path=NETNS, oom_score_adj=None)
+    spec = specs.sandbox_spec(sandbox_id="sb", rootfs="/r", netns_path=NETNS, oom_score_adj=None)
     assert "oomScoreAdj" not in spec["process"]
 
 
 def test_lowering_oom_score_adj_is_permitted_only_with_cap_sys_resource(tmp_path):
     status = tmp_path / "status"
     status.write_text("Name:\tx\nCapEff:\t000001fffeffffff\n")  # this machine: every capability but 24
-    assert not oci.oom_score_adj_permitted(-998, str(status))
+    assert not host.oom_score_adj_permitted(-998, str(status))
     status.write_text("Name:\tx\nCapEff:\t000001ffffffffff\n")
-    assert oci.oom_score_adj_permitted(-998, str(status))
+    assert host.oom_score_adj_permitted(-998, str(status))
     with open("/proc/self/oom_score_adj") as f:
         own = int(f.read())
-    assert oci.oom_score_adj_permitted(own, "/nonexistent")  # not lowering needs nothing
+    assert host.oom_score_adj_permitted(own, "/nonexistent")  # not lowering needs nothing
 
 
 def test_task_spec_joins_the_pause_namespaces_by_path():
-    spec = oci.task_spec(sandbox_id="sb", args=["sh", "-c", "true"], env={"PATH": "/bin"}, cwd="/", rootfs="/b/rootfs",
+    spec = specs.task_spec(sandbox_id="sb", args=["sh", "-c", "true"], env={"PATH": "/bin"}, cwd="/", rootfs="/b/rootfs",
                          pause_pid=42, pid_mode="CONTAINER", own_ipc=True, cgroups_path="podshim/sb/t")
     assert by_type(spec["linux"]["namespaces"]) == {"mount": None, "network": "/proc/42/ns/net",
                                                     "ipc": "/proc/42/ns/ipc", "uts": "/proc/42/ns/uts", "pid": None}
     assert spec["root"] == {"path": "/b/rootfs", "readonly": True} and "hostname" not in spec
     assert spec["process"]["args"] == ["sh", "-c", "true"] and spec["process"]["env"] == ["PATH=/bin"]
-    pod = oci.task_spec(sandbox_id="sb", args=["true"], env={}, cwd="/", rootfs="/b/rootfs", pause_pid=42,
+    pod = specs.task_spec(sandbox_id="sb", args=["true"], env={}, cwd="/", rootfs="/b/rootfs", pause_pid=42,
                         pid_mode="POD", own_ipc=True)
     assert by_type(pod["linux"]["namespaces"])["pid"] == "/proc/42/ns/pid"
 
@@ -164,22 +165,22 @@ def test_pause_rootfs_is_built_once_with_the_static_catatonit(tmp_path):
     if not os.access(pause.CATATONIT, os.X_OK):
         pytest.skip("catatonit is not installed")
     root = str(tmp_path / "run")
-    rootfs = oci.ensure_pause_rootfs(root)
-    assert rootfs == os.path.join(root, oci.PAUSE_ROOTFS_DIR)
+    rootfs = pause_rootfs.ensure_pause_rootfs(root)
+    assert rootfs == os.path.join(root, pause_rootfs.PAUSE_ROOTFS_DIR)
     assert sorted(os.listdir(rootfs)) == ["dev", "pause", "proc", "sys"]
     with open(os.path.join(rootfs, "pause"), "rb") as a, open(pause.CATATONIT, "rb") as b:
         assert a.read() == b.read()
     inode = os.stat(rootfs).st_ino
-    assert oci.ensure_pause_rootfs(root) == rootfs and os.stat(rootfs).st_ino == inode
-    assert os.listdir(root) == [oci.PAUSE_ROOTFS_DIR]  # no temporary directory left
+    assert pause_rootfs.ensure_pause_rootfs(root) == rootfs and os.stat(rootfs).st_ino == inode
+    assert os.listdir(root) == [pause_rootfs.PAUSE_ROOTFS_DIR]  # no temporary directory left
 
 
 def test_pause_rootfs_refuses_a_missing_or_dynamically_linked_pause(tmp_path):
     with pytest.raises(FailedPrecondition, match="catatonit"):
-        oci.ensure_pause_rootfs(str(tmp_path / "a"), source=str(tmp_path / "no-such"))
+        pause_rootfs.ensure_pause_rootfs(str(tmp_path / "a"), source=str(tmp_path / "no-such"))
     with pytest.raises(FailedPrecondition, match="dynamically linked"):
-        oci.ensure_pause_rootfs(str(tmp_path / "b"), source=os.path.realpath(shutil.which("sh")))
-    assert not os.path.exists(tmp_path / "b" / oci.PAUSE_ROOTFS_DIR)
+        pause_rootfs.ensure_pause_rootfs(str(tmp_path / "b"), source=os.path.realpath(shutil.which("sh")))
+    assert not os.path.exists(tmp_path / "b" / pause_rootfs.PAUSE_ROOTFS_DIR)
 
 
 # -- a runtime on its own -------------------------------------------------------------------------------
@@ -188,11 +189,11 @@ def test_pause_rootfs_refuses_a_missing_or_dynamically_linked_pause(tmp_path):
 async def test_runtime_create_start_state_kill_delete(oci_handler, reaper: Reaper, tmp_path):
     handler = oci_handler
     runtime_root = f"/tmp/podshim-oci-{secrets.token_hex(4)}"
-    runtime = oci.OciRuntime.find(handler, os.path.join(runtime_root, handler), reaper=reaper)
+    runtime = cli.OciCli.find(handler, os.path.join(runtime_root, handler), reaper=reaper)
     bundle = str(tmp_path / "bundle")
     os.makedirs(bundle)
-    container = oci.Container(f"t-{secrets.token_hex(4)}", bundle)
-    spec = oci.sandbox_spec(sandbox_id=container.container_id, rootfs=oci.ensure_pause_rootfs(runtime_root),
+    container = cli.Container(f"t-{secrets.token_hex(4)}", bundle)
+    spec = specs.sandbox_spec(sandbox_id=container.container_id, rootfs=pause_rootfs.ensure_pause_rootfs(runtime_root),
                             netns_path=None, oom_score_adj=None)
     with open(os.path.join(bundle, "config.json"), "w") as f:
         json.dump(spec, f)
@@ -201,7 +202,7 @@ async def test_runtime_create_start_state_kill_delete(oci_handler, reaper: Reape
         exit_future = reaper.watch(pid)
         assert (await runtime.state(container))["status"] == "created"
         await runtime.start(container)
-        await pause.wait_ready(pid, exit_future, oci.PAUSE_NAME)
+        await pause.wait_ready(pid, exit_future, specs.PAUSE_NAME)
         assert (await runtime.state(container))["status"] == "running"
         await runtime.kill(container, signal.SIGKILL)
         assert (await asyncio.wait_for(exit_future, SETTLE)).exit_status == 128 + signal.SIGKILL
@@ -215,12 +216,12 @@ async def test_runtime_create_start_state_kill_delete(oci_handler, reaper: Reape
         shutil.rmtree(runtime_root, ignore_errors=True)
 
 
-def fake_runtime(tmp_path, body: str) -> oci.OciRuntime:
+def fake_runtime(tmp_path, body: str) -> cli.OciCli:
     """A "runc" that is a shell script: ``$log`` is the --log file it was given."""
     script = tmp_path / "runc"
     script.write_text('#!/bin/sh\nwhile [ $# -gt 0 ]; do [ "$1" = --log ] && log=$2; shift; done\n' + body + "\n")
     script.chmod(0o755)
-    return oci.OciRuntime("runc", str(script), str(tmp_path / "state"))
+    return cli.OciCli("runc", str(script), str(tmp_path / "state"))
 
 
 @pytest.mark.parametrize("verb, logged, error", [
@@ -237,16 +238,16 @@ async def test_a_failed_call_is_a_typed_status_with_the_runtimes_words(verb, log
     runtime = fake_runtime(tmp_path, f"echo '{{\"level\":\"error\",\"msg\":\"{logged}\"}}' >> \"$log\"; exit 1")
     runtime.reaper = reaper
     with pytest.raises(error, match=rf"runc {verb} x failed: .*{re.escape(logged.split()[-1])}"):
-        await getattr(runtime, verb)(oci.Container("x", str(tmp_path)))
+        await getattr(runtime, verb)(cli.Container("x", str(tmp_path)))
 
 
 async def test_a_call_past_its_timeout_is_killed_and_deadline_exceeded(reaper: Reaper, tmp_path, monkeypatch):
     runtime = fake_runtime(tmp_path, "echo $$ > \"$log.pid\"; exec sleep 30")
     runtime.reaper = reaper
-    monkeypatch.setattr(oci, "START_TIMEOUT", 0.3)
+    monkeypatch.setattr(cli, "START_TIMEOUT", 0.3)
     began = time.monotonic()
     with pytest.raises(DeadlineExceeded, match="runc start x did not finish within 0.3 s"):
-        await runtime.start(oci.Container("x", str(tmp_path)))
+        await runtime.start(cli.Container("x", str(tmp_path)))
     assert time.monotonic() - began < 5
     with open(tmp_path / "log.json.pid") as f:
         assert not alive(int(f.read()))

@@ -1,0 +1,88 @@
+"""What a sandbox asks of whoever runs its processes: the :class:`Runtime` interface.
+
+A sandbox chooses its runtime once, at CreateSandbox, from its runtime handler: ``native``
+(:class:`shim.runtime.native.NativeRuntime`, the shim's own launcher) or ``runc``/``crun``
+(:class:`shim.runtime.oci.backend.OciBackend`). From then on the sandbox and its tasks only talk
+to this interface. The runtime starts processes and removes what *it* made (an OCI runtime's
+containers and bundles); the cgroups, the netns and the log files stay with the sandbox.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from shim.kernel.cgroups import SandboxCgroup
+from shim.runtime.pause import POD, PauseProcess, PauseSpec
+from shim.rpc.processes import signal_process
+from shim.runtime.process import Process
+
+__all__ = ["CONTAINER", "POD", "Runtime", "TaskSpec"]
+
+CONTAINER = "CONTAINER"  # a task is PID 1 of a pid namespace of its own (CRI's default); POD: the pause's
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """A task's process: ``args`` with ``env`` in ``cwd``, in the pause's ipc, uts and net
+    namespaces and, with ``pid_mode`` POD, its pid namespace (CONTAINER: a pid namespace of its
+    own). ``own_ipc``: the pod has an IPC namespace of its own (not the host's). It runs in
+    ``cgroup`` (made and recorded by the caller) with ``stdout``/``stderr`` as its own."""
+
+    task_id: str
+    args: tuple[str, ...]
+    env: Mapping[str, str]
+    cwd: str
+    pid_mode: str
+    pause_pid: int
+    own_ipc: bool
+    cgroup: SandboxCgroup
+    stdout: int
+    stderr: int
+
+
+class Runtime(abc.ABC):
+    """How a sandbox's pause and tasks are started, and what is undone at the end.
+
+    Every coroutine raises typed RpcErrors and leaves nothing of a failed or cancelled start
+    behind.
+    """
+
+    @abc.abstractmethod
+    async def start_pause(self, spec: PauseSpec) -> PauseProcess:
+        """Start the pause as ``spec`` says (in ``spec.cgroup``, which must be set); return once
+        it is ready for signals."""
+
+    @abc.abstractmethod
+    async def start_task(self, spec: TaskSpec) -> Process:
+        """Start a task's process; return once it runs its program. A program (or cwd) that
+        cannot be used is FailedPrecondition with the reason; a namespace file of a pause that
+        exited meanwhile is NotFound naming it."""
+
+    def kill(self, pid: int, start_time: int, sig: int) -> bool:
+        """Send ``sig`` to the process ``(pid, start_time)`` (the pause or a task's), if it is still
+        that process; returns whether it was sent.
+
+        The same for every runtime: an OCI runtime's init is the shim's child once the runtime
+        exited, so its pidfd is as good as ``runc kill`` and costs no process.
+        """
+        return signal_process(pid, start_time, sig)
+
+    @abc.abstractmethod
+    async def delete_task(self, task_id: str) -> None:
+        """Remove what the runtime keeps of a task that has exited or never started. Idempotent."""
+
+    @abc.abstractmethod
+    async def release(self) -> None:
+        """Remove what the runtime made for the sandbox, once its processes have exited. Idempotent."""
+
+    @abc.abstractmethod
+    def info(self) -> dict[str, str]:
+        """Lines for the sandbox's verbose status."""
+
+    @abc.abstractmethod
+    def record(self) -> Mapping[str, Any] | None:
+        """What ``podshim delete`` needs to undo the runtime's work after a crash (state.json's
+        ``oci``), or None when there is nothing."""

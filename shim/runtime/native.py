@@ -1,0 +1,68 @@
+"""The ``native`` runtime handler: the shim's own launcher (:mod:`shim.runtime.process`) forks the
+pause (:mod:`shim.runtime.pause`) and the tasks into their namespaces and cgroups, and execs."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from shim.kernel.linux import CLONE_NEWIPC, CLONE_NEWNET, CLONE_NEWNS, CLONE_NEWPID, CLONE_NEWUTS
+from shim.kernel.reaper import Reaper
+from shim.runtime import pause, process
+from shim.runtime.base import POD, Runtime, TaskSpec
+from shim.rpc.status import FailedPrecondition
+
+__all__ = ["NativeRuntime"]
+
+# The pause's namespaces a task joins (its pid namespace too in POD pid mode).
+_JOINED = (("ipc", CLONE_NEWIPC), ("uts", CLONE_NEWUTS), ("net", CLONE_NEWNET), ("mnt", CLONE_NEWNS))
+
+
+class NativeRuntime(Runtime):
+    """Processes forked by the shim; ``reaper`` (installed) reaps them. It makes nothing that
+    outlives its processes, so there is nothing to delete or release."""
+
+    def __init__(self, reaper: Reaper):
+        self.reaper = reaper
+
+    async def start_pause(self, spec: pause.PauseSpec) -> pause.PauseProcess:
+        return await pause.launch(spec, self.reaper)
+
+    async def start_task(self, spec: TaskSpec) -> process.Process:
+        try:
+            return await process.launch(_process_spec(spec), self.reaper)
+        except process.ExecFailed as exc:  # the task's own program or cwd: the client's to fix
+            raise FailedPrecondition(f"{exc.step}: {os.strerror(exc.errno)}") from None
+
+    async def delete_task(self, task_id: str) -> None:
+        pass
+
+    async def release(self) -> None:
+        pass
+
+    def info(self) -> dict[str, str]:
+        return {}
+
+    def record(self) -> Mapping[str, Any] | None:
+        return None
+
+
+def _process_spec(spec: TaskSpec) -> process.ProcessSpec:
+    """The task's process: in the pause's ipc, uts, net and mount namespaces, and in its pid
+    namespace (POD) or PID 1 of a new one with a mount namespace copied from the pause's (CONTAINER)."""
+    ns_dir = f"/proc/{spec.pause_pid}/ns"
+    join = tuple((f"{ns_dir}/{name}", nstype) for name, nstype in _JOINED)
+    if spec.pid_mode == POD:
+        join += ((f"{ns_dir}/pid", CLONE_NEWPID),)
+    return process.ProcessSpec(
+        name=f"task {spec.task_id}",
+        argv=spec.args,
+        env=spec.env,
+        cwd=spec.cwd,
+        join=join,
+        unshare_flags=0 if spec.pid_mode == POD else CLONE_NEWPID | CLONE_NEWNS,
+        procs_files=tuple(spec.cgroup.procs_files()),
+        stdout=spec.stdout,
+        stderr=spec.stderr,
+    )

@@ -1,0 +1,227 @@
+"""The ``runc`` and ``crun`` runtime handlers: a :class:`~shim.runtime.base.Runtime` over an OCI
+runtime's command line (see :mod:`shim.runtime.oci` for how and why)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from shim.kernel import linux
+from shim.kernel.cgroups import SandboxCgroup
+from shim.kernel.reaper import ExitInfo, Reaper
+from shim.paths import write_json_atomic
+from shim.runtime import pause, process
+from shim.runtime.base import Runtime, TaskSpec
+from shim.runtime.oci.cli import Container, OciCli
+from shim.runtime.oci.host import cgroups_path, oom_score_adj_permitted
+from shim.runtime.oci.rootfs import PAUSE_FILE, ensure_pause_rootfs
+from shim.runtime.oci.spec import PAUSE_NAME, sandbox_spec, task_spec
+from shim.rpc.files import ensure_private_dir
+from shim.rpc.status import Internal, InvalidArgument, RpcError
+
+__all__ = ["OCI_DIR", "OciBackend", "delete_recorded"]
+
+log = logging.getLogger(__name__)
+
+OCI_DIR = "oci"  # <shim bundle>/oci: the pause's bundle; <shim bundle>/oci/tasks/<task id>: a task's
+_BUNDLE_MODE = 0o700
+_TASK_ROOTFS_MODE = 0o755
+_TASK_BUNDLE_FILES = ("config.json", "log.json", "init.pid")
+
+
+class OciBackend(Runtime):
+    """The runtime and the containers of one sandbox with a runc/crun handler.
+
+    Bundles live in ``<shim bundle>/oci/`` (the pause) and ``<shim bundle>/oci/tasks/<task id>/``;
+    the pause's container id is the sandbox id, a task's ``<sandbox id>+<task id>`` (identifiers
+    have no ``+``). The runtime's state is in ``<runtime root>/<handler>/<namespace>`` (containerd's
+    layout). ``persist`` is called whenever the containers change: :meth:`record` goes to state.json.
+    """
+
+    def __init__(self, cli: OciCli, *, sandbox_id: str, bundle: str, runtime_root: str,
+                 persist: Callable[[], None]):
+        self.cli = cli
+        self.sandbox_id = sandbox_id
+        self.bundle = os.path.join(bundle, OCI_DIR)
+        self.runtime_root = runtime_root
+        self.persist = persist
+        self.containers: dict[str, Container] = {}
+        self.oom_score_adj_note = ""
+
+    @classmethod
+    def open(cls, handler: str, *, namespace: str, sandbox_id: str, bundle: str, runtime_root: str, reaper: Reaper,
+             persist: Callable[[], None]) -> OciBackend:
+        """The backend of ``handler``; FailedPrecondition now (at CreateSandbox, before anything is made)
+        when the runtime or catatonit is missing."""
+        cli = OciCli.find(handler, os.path.join(runtime_root, handler, namespace), reaper=reaper)
+        ensure_pause_rootfs(runtime_root)
+        return cls(cli, sandbox_id=sandbox_id, bundle=bundle, runtime_root=runtime_root, persist=persist)
+
+    @property
+    def pause_container(self) -> Container:
+        return Container(self.sandbox_id, self.bundle)
+
+    def task_container(self, task_id: str) -> Container:
+        return Container(f"{self.sandbox_id}+{task_id}", os.path.join(self.bundle, "tasks", task_id))
+
+    def record(self) -> dict[str, Any]:
+        """For state.json: the runtime and every container that may exist, tasks last."""
+        return {"runtime": self.cli.to_dict(),
+                "containers": [{"id": c.container_id, "bundle": c.bundle} for c in self.containers.values()]}
+
+    def info(self) -> dict[str, str]:
+        return {"oci.runtime": self.cli.name, "oci.binary": self.cli.binary, "oci.root": self.cli.root,
+                "oci.bundle": self.bundle, "oci.container_id": self.sandbox_id,
+                "oci.cgroup_manager": "disabled (the shim places the container)" if self.cli.cgroup_manager_disabled
+                else "cgroupfs", "oci.oom_score_adj": self.oom_score_adj_note}
+
+    async def start_pause(self, spec: pause.PauseSpec) -> pause.PauseProcess:
+        """Create and start the pause container as ``spec`` says (``pause_binary`` aside: it is the
+        rootfs's catatonit); return once it is ready for signals. On failure the container is deleted."""
+        if spec.cgroup is None:
+            raise InvalidArgument("an OCI pause needs the sandbox cgroup")
+        rootfs = ensure_pause_rootfs(self.runtime_root)
+        oom = spec.oom_score_adj
+        if oom is not None and not oom_score_adj_permitted(oom):
+            self.oom_score_adj_note = f"{oom} not set: lowering it needs CAP_SYS_RESOURCE, which the shim lacks"
+            log.warning("sandbox %s: oom_score_adj %s", self.sandbox_id, self.oom_score_adj_note)
+            oom = None
+        else:
+            self.oom_score_adj_note = str(oom) if oom is not None else "the runtime's default"
+        doc = sandbox_spec(sandbox_id=self.sandbox_id, rootfs=rootfs, netns_path=spec.netns_path,
+                           pid_mode=spec.pid_mode, ipc_mode=spec.ipc_mode, hostname=spec.hostname,
+                           sysctls=spec.sysctls, cgroups_path=self._cgroups_path(spec.cgroup), oom_score_adj=oom,
+                           shm_size_bytes=spec.shm_size_bytes)
+        container = self.pause_container
+        pid, start_time, exit_future = await self._launch(container, doc, spec.cgroup, binds=())
+        try:
+            await pause.wait_ready(pid, exit_future, PAUSE_NAME)
+        except BaseException:
+            await asyncio.shield(self._delete(container))
+            raise
+        return pause.PauseProcess(pid, start_time, time.time_ns(), os.path.join(rootfs, PAUSE_FILE), exit_future)
+
+    async def start_task(self, spec: TaskSpec) -> process.Process:
+        """Create and start a task's container in the pause's namespaces, with ``stdout``/``stderr``
+        (the CRI log pipes) as its own; return once the runtime started it. On failure the container
+        is deleted; a program that cannot be run is FailedPrecondition."""
+        container = self.task_container(spec.task_id)
+        rootfs = os.path.join(container.bundle, "rootfs")
+        ensure_private_dir(rootfs, _TASK_ROOTFS_MODE)
+        doc = task_spec(sandbox_id=self.sandbox_id, args=list(spec.args), env=spec.env, cwd=spec.cwd, rootfs=rootfs,
+                        pause_pid=spec.pause_pid, pid_mode=spec.pid_mode, own_ipc=spec.own_ipc,
+                        cgroups_path=self._cgroups_path(spec.cgroup))
+        pid, start_time, exit_future = await self._launch(container, doc, spec.cgroup, stdout=spec.stdout,
+                                                          stderr=spec.stderr, binds=(("/", rootfs),))
+        return process.Process(pid, start_time, time.time_ns(), exit_future)
+
+    async def delete_task(self, task_id: str) -> None:
+        """Delete a task's container (forced: a running one is killed) and its bundle. Idempotent."""
+        container = self.containers.get(self.task_container(task_id).container_id)
+        if container is not None:
+            await self._delete(container, raise_errors=True)
+
+    async def release(self) -> None:
+        """Delete every container (tasks first, then the pause). Each is tried; the first error is
+        raised at the end, and what could not be deleted stays recorded for ``podshim delete``."""
+        errors = []
+        for container in reversed(list(self.containers.values())):
+            try:
+                await self._delete(container, raise_errors=True)
+            except RpcError as exc:
+                errors.append(exc)
+        if errors:
+            raise errors[0]
+
+    def _cgroups_path(self, cgroup: SandboxCgroup) -> str | None:
+        return cgroups_path(cgroup) if self.cli.manages_cgroups else None
+
+    async def _launch(self, container: Container, doc: dict[str, Any], cgroup: SandboxCgroup, *,
+                      stdout: int | None = None, stderr: int | None = None,
+                      binds: tuple[tuple[str, str], ...]) -> tuple[int, int, asyncio.Future[ExitInfo]]:
+        """Write config.json, record the container, create it, place and watch its init, start it."""
+        ensure_private_dir(container.bundle, _BUNDLE_MODE)
+        write_json_atomic(os.path.join(container.bundle, "config.json"), doc, durable=False)
+        self.containers[container.container_id] = container
+        self.persist()  # recorded before it exists: `podshim delete` deletes it after a crash
+        try:
+            # Without a cgroup manager, the runtime itself runs in the cgroup, so its init is born there.
+            procs = () if self.cli.manages_cgroups else tuple(cgroup.procs_files())
+            pid = await self.cli.create(container, stdout=stdout, stderr=stderr, binds=binds, procs_files=procs)
+            assert self.cli.reaper is not None
+            exit_future = self.cli.reaper.watch(pid)
+            _check_our_child(pid, exit_future, f"{self.cli.name} container {container.container_id}")
+            # For runc a no-op (it joined these very directories); for crun the placement itself.
+            cgroup.join(pid)
+            # Not reaped yet (it waits for start, and only the reaper reaps it): the start time is its.
+            start_time = linux.proc_start_time(pid) or 0
+            await self.cli.start(container)
+        except BaseException:
+            await asyncio.shield(self._delete(container))
+            raise
+        return pid, start_time, exit_future
+
+    async def _delete(self, container: Container, *, raise_errors: bool = False) -> None:
+        try:
+            await self.cli.delete(container, force=True)
+        except RpcError as exc:
+            if raise_errors:
+                raise
+            log.error("cannot delete %s container %s: %s", self.cli.name, container.container_id, exc.message)
+            return
+        self.containers.pop(container.container_id, None)
+        self.persist()
+        if container.bundle != self.bundle:
+            _remove_task_bundle(container.bundle)
+
+
+def _check_our_child(pid: int, exit_future: asyncio.Future[ExitInfo], what: str) -> None:
+    """Internal unless ``pid`` is the shim's child, whose exit its Reaper will see."""
+    if exit_future.done():
+        raise Internal(f"the init of {what} (pid {pid}) exited before it was started")
+    stat = linux.proc_stat(pid)
+    parent = int(stat[linux.STAT_PPID - 1]) if stat is not None else 0
+    if parent != os.getpid():
+        raise Internal(f"the init of {what} (pid {pid}) is not a child of the shim (its parent is {parent}): "
+                       "its exit could not be seen")
+
+
+def _remove_task_bundle(bundle: str) -> None:
+    """Remove a task's bundle file by file, never recursively: its rootfs is only a mount point
+    here, and if something were mounted on it, rmdir fails instead of deleting the host's files."""
+    for name in _TASK_BUNDLE_FILES:
+        try:
+            os.unlink(os.path.join(bundle, name))
+        except FileNotFoundError:
+            pass
+    for directory in (os.path.join(bundle, "rootfs"), bundle):
+        try:
+            os.rmdir(directory)
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            log.warning("cannot remove %s: %s", directory, exc.strerror)
+
+
+def delete_recorded(record: Mapping[str, Any]) -> dict[str, Any]:
+    """``podshim delete``'s part: delete --force every container of an ``oci`` state.json record
+    (tasks first), blocking. Returns the record of what is left: the containers it could not
+    delete (after logging why). Raises InvalidArgument for a malformed record."""
+    cli = OciCli.from_dict(record.get("runtime") or {})
+    entries = record.get("containers") or []
+    if not isinstance(entries, list) or not all(isinstance(e, Mapping) and "id" in e and "bundle" in e
+                                                  for e in entries):
+        raise InvalidArgument(f"malformed OCI container list: {entries!r}")
+    left = []
+    for entry in reversed(entries):
+        container = Container(str(entry["id"]), str(entry["bundle"]))
+        try:
+            cli.delete_now(container)
+        except RpcError as exc:
+            log.error("cannot delete %s container %s: %s", cli.name, container.container_id, exc.message)
+            left.insert(0, dict(entry))
+    return {**record, "containers": left}

@@ -1,0 +1,65 @@
+"""Facts about this machine that decide how an OCI runtime is driven (see :mod:`shim.runtime.oci`)."""
+
+from __future__ import annotations
+
+import os
+
+from shim.kernel import cgroups
+from shim.kernel.cgroups import SandboxCgroup
+
+__all__ = ["CAP_SYS_RESOURCE", "HYBRID_CONTROLLERS_FILE", "cgroup_hybrid", "cgroups_path", "oom_score_adj_permitted"]
+
+CAP_SYS_RESOURCE = 24
+#: The cgroup v2 controller list crun reads to refuse a hybrid layout.
+HYBRID_CONTROLLERS_FILE = "/sys/fs/cgroup/unified/cgroup.controllers"
+
+
+def oom_score_adj_permitted(value: int, status_path: str = "/proc/self/status") -> bool:
+    """Whether a child of this process may set its oom_score_adj to ``value``.
+
+    Raising it is always allowed; lowering it below ours needs CAP_SYS_RESOURCE (bit 24 of CapEff).
+    """
+    try:
+        with open("/proc/self/oom_score_adj") as f:
+            if value >= int(f.read()):
+                return True
+        with open(status_path) as f:
+            for line in f:
+                if line.startswith("CapEff:"):
+                    return bool(int(line.split()[1], 16) >> CAP_SYS_RESOURCE & 1)
+    except (OSError, ValueError):
+        pass
+    return False
+
+
+def cgroup_hybrid() -> bool:
+    """True on a hybrid cgroup layout: v1 controllers mounted, and cgroup2 at /sys/fs/cgroup/unified."""
+    found = cgroups.discover_hierarchies()
+    v1_controllers = any(h.key != cgroups.V2 and any(not c.startswith("name=") for c in h.controllers)
+                         for h in found)
+    unified = any(h.key == cgroups.V2 and h.mountpoint == os.path.dirname(HYBRID_CONTROLLERS_FILE) for h in found)
+    return v1_controllers and unified
+
+
+def cgroups_path(cgroup: SandboxCgroup) -> str | None:
+    """The OCI ``cgroupsPath`` that names ``cgroup``'s directories for a runtime started by this process.
+
+    Relative (to the runtime's own cgroup, which is ours) when the directories are below our cgroup in
+    every hierarchy, else absolute when they are the same path from every hierarchy's root; None if
+    neither (the runtime then uses its default and the init is moved into ``cgroup`` after create).
+    """
+    relative, absolute = set(), set()
+    for hierarchy in cgroups.discover_hierarchies():
+        directory = cgroup.paths.get(hierarchy.key)
+        if directory is None:
+            continue
+        own, root = hierarchy.directory(hierarchy.own_path), hierarchy.directory("/")
+        if own is not None:
+            relative.add(os.path.relpath(directory, own))
+        if root is not None:
+            absolute.add("/" + os.path.relpath(directory, root))
+    if len(relative) == 1 and not (path := relative.pop()).startswith(".."):
+        return path
+    if len(absolute) == 1:
+        return absolute.pop()
+    return None

@@ -1,0 +1,148 @@
+"""config.json documents for the pause and for tasks, after containerd's sandbox and container specs.
+
+Pure functions: no I/O, nothing read from the machine (the caller passes what it learnt from
+:mod:`shim.runtime.oci.host`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from shim.runtime import pause, process
+from shim.rpc.status import InvalidArgument
+
+__all__ = ["DEFAULT_CAPABILITIES", "MASKED_PATHS", "OCI_VERSION", "PAUSE_ARGS", "PAUSE_NAME", "READONLY_PATHS",
+           "sandbox_spec", "task_spec"]
+
+OCI_VERSION = "1.0.2"
+PAUSE_ARGS = ("/pause", "-P")  # catatonit's pause mode, from the pause rootfs
+PAUSE_NAME = "pause"  # the pause's command name once exec'd (/proc/PID/status Name)
+#: containerd's default capabilities for a container (Docker's list).
+DEFAULT_CAPABILITIES = (
+    "CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FSETID", "CAP_FOWNER", "CAP_MKNOD", "CAP_NET_RAW", "CAP_SETGID",
+    "CAP_SETUID", "CAP_SETFCAP", "CAP_SETPCAP", "CAP_NET_BIND_SERVICE", "CAP_SYS_CHROOT", "CAP_KILL",
+    "CAP_AUDIT_WRITE",
+)
+#: runc's default masked and read-only paths (`runc spec`).
+MASKED_PATHS = (
+    "/proc/acpi", "/proc/asound", "/proc/kcore", "/proc/keys", "/proc/latency_stats", "/proc/timer_list",
+    "/proc/timer_stats", "/proc/sched_debug", "/sys/firmware", "/proc/scsi",
+)
+READONLY_PATHS = ("/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger")
+
+def _namespace(kind: str, path: str | None = None) -> dict[str, str]:
+    return {"type": kind, "path": path} if path else {"type": kind}
+
+
+def _mounts(*, own_ipc: bool, shm_size_bytes: int) -> list[dict[str, Any]]:
+    """proc, a /dev tmpfs with devpts, /dev/shm (a tmpfs of its own with an own IPC namespace, else
+    the host's bound in, as containerd does), mqueue with an own IPC namespace, sysfs read-only."""
+    mounts: list[dict[str, Any]] = [
+        {"destination": "/proc", "type": "proc", "source": "proc", "options": ["nosuid", "noexec", "nodev"]},
+        {"destination": "/dev", "type": "tmpfs", "source": "tmpfs",
+         "options": ["nosuid", "strictatime", "mode=755", "size=65536k"]},
+        {"destination": "/dev/pts", "type": "devpts", "source": "devpts",
+         "options": ["nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620", "gid=5"]},
+    ]
+    if own_ipc:
+        mounts.append({"destination": "/dev/shm", "type": "tmpfs", "source": "shm",
+                       "options": ["nosuid", "noexec", "nodev", "mode=1777", f"size={shm_size_bytes}"]})
+        mounts.append({"destination": "/dev/mqueue", "type": "mqueue", "source": "mqueue",
+                       "options": ["nosuid", "noexec", "nodev"]})
+    else:
+        mounts.append({"destination": "/dev/shm", "type": "bind", "source": "/dev/shm",
+                       "options": ["rbind", "nosuid", "nodev", "noexec"]})
+    mounts.append({"destination": "/sys", "type": "sysfs", "source": "sysfs",
+                   "options": ["nosuid", "noexec", "nodev", "ro"]})
+    return mounts
+
+
+def _document(container_type: str, sandbox_id: str, process_doc: dict[str, Any], rootfs: str,
+              mounts: list[dict[str, Any]], namespaces: list[dict[str, str]], cgroups_path: str | None,
+              sysctls: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """A config.json: a read-only root, runc's masked and read-only paths, CRI's annotations."""
+    linux_doc: dict[str, Any] = {"namespaces": namespaces, "maskedPaths": list(MASKED_PATHS),
+                                 "readonlyPaths": list(READONLY_PATHS)}
+    if sysctls:
+        linux_doc["sysctl"] = dict(sysctls)
+    if cgroups_path:
+        linux_doc["cgroupsPath"] = cgroups_path
+    return {
+        "ociVersion": OCI_VERSION,
+        "process": process_doc,
+        "root": {"path": rootfs, "readonly": True},
+        "mounts": mounts,
+        "annotations": {"io.kubernetes.cri.container-type": container_type,
+                        "io.kubernetes.cri.sandbox-id": sandbox_id},
+        "linux": linux_doc,
+    }
+
+
+def _process(args: list[str], env: list[str], cwd: str, *, no_new_privileges: bool,
+             oom_score_adj: int | None) -> dict[str, Any]:
+    caps = list(DEFAULT_CAPABILITIES)
+    doc: dict[str, Any] = {
+        "terminal": False,
+        "user": {"uid": 0, "gid": 0},
+        "args": list(args),
+        "env": list(env),
+        "cwd": cwd,
+        "capabilities": {"bounding": caps, "effective": caps, "permitted": caps},
+        "noNewPrivileges": no_new_privileges,
+    }
+    if oom_score_adj is not None:
+        doc["oomScoreAdj"] = oom_score_adj
+    return doc
+
+
+def sandbox_spec(*, sandbox_id: str, rootfs: str, netns_path: str | None, pid_mode: str = pause.POD,
+                 ipc_mode: str = pause.POD, hostname: str | None = None, sysctls: Mapping[str, str] | None = None,
+                 cgroups_path: str | None = None, oom_score_adj: int | None = pause.DEFAULT_OOM_SCORE_ADJ,
+                 shm_size_bytes: int = pause.DEFAULT_SHM_SIZE_BYTES) -> dict[str, Any]:
+    """The pause container's config.json, as containerd's sandbox container spec.
+
+    A read-only ``rootfs`` running ``/pause -P`` as root with no new privileges; new pid, ipc, uts
+    and mount namespaces, joined to the network namespace ``netns_path``. NODE modes drop the
+    namespace: host network (``netns_path`` None) drops network *and* uts (then ``hostname`` is
+    ignored), NODE pid and ipc drop theirs (and /dev/shm is the host's). ``oom_score_adj`` None
+    leaves the runtime's own. Raises InvalidArgument for an unknown mode or a sysctl that is not
+    namespaced for this sandbox.
+    """
+    for what, mode in (("pid_mode", pid_mode), ("ipc_mode", ipc_mode)):
+        if mode not in (pause.POD, pause.NODE):
+            raise InvalidArgument(f"{what} {mode!r} is not supported (POD or NODE)")
+    host_network = netns_path is None
+    sysctls = dict(sysctls or {})
+    pause.validate_sysctls(sysctls, host_network=host_network, host_ipc=ipc_mode == pause.NODE)
+    namespaces = [_namespace("mount")]
+    if pid_mode == pause.POD:
+        namespaces.append(_namespace("pid"))
+    if ipc_mode == pause.POD:
+        namespaces.append(_namespace("ipc"))
+    if not host_network:
+        namespaces += [_namespace("uts"), _namespace("network", netns_path)]
+    doc = _document("sandbox", sandbox_id,
+                    _process(list(PAUSE_ARGS), [f"PATH={process.DEFAULT_PATH}"], "/", no_new_privileges=True,
+                             oom_score_adj=oom_score_adj),
+                    rootfs, _mounts(own_ipc=ipc_mode == pause.POD, shm_size_bytes=shm_size_bytes), namespaces,
+                    cgroups_path, sysctls)
+    if hostname and not host_network:
+        doc["hostname"] = hostname
+    return doc
+
+
+def task_spec(*, sandbox_id: str, args: list[str], env: Mapping[str, str], cwd: str, rootfs: str, pause_pid: int,
+              pid_mode: str, own_ipc: bool, cgroups_path: str | None = None,
+              shm_size_bytes: int = pause.DEFAULT_SHM_SIZE_BYTES) -> dict[str, Any]:
+    """A task's config.json: ``args`` in the pause's network, ipc and uts namespaces (by path), its own
+    mount namespace on a read-only ``rootfs``, and the pause's pid namespace (``pid_mode`` POD) or a
+    new one (CONTAINER)."""
+    ns_dir = f"/proc/{pause_pid}/ns"
+    namespaces = [_namespace("mount"), _namespace("network", f"{ns_dir}/net"), _namespace("ipc", f"{ns_dir}/ipc"),
+                  _namespace("uts", f"{ns_dir}/uts"),
+                  _namespace("pid", f"{ns_dir}/pid" if pid_mode == pause.POD else None)]
+    return _document("container", sandbox_id,
+                     _process(args, [f"{k}={v}" for k, v in env.items()], cwd, no_new_privileges=False,
+                              oom_score_adj=None),
+                     rootfs, _mounts(own_ipc=own_ipc, shm_size_bytes=shm_size_bytes), namespaces, cgroups_path)
