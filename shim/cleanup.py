@@ -8,18 +8,21 @@ recorded without a start time is never signalled.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import signal
 import time
-from typing import Any
+from collections.abc import Mapping
 
 from shim.kernel import cgroups, netns
-from shim.runtime.oci.backend import delete_recorded
+from shim.paths import STATE_FILE, socket_path
 from shim.rpc.api import UNKNOWN_EXIT_STATUS
-from shim.paths import STATE_FILE, read_json, socket_path, write_json_atomic
 from shim.rpc.processes import open_pidfd, wait_pidfd
 from shim.rpc.status import RpcError
+from shim.runtime.oci.backend import delete_recorded
+from shim.sandbox.record import STATE_DELETED, STATE_VERSION, ExitRecord, MalformedRecord, TaskRecord, read_state, \
+    write_state
 
 __all__ = ["UNKNOWN_EXIT_STATUS", "KILLED_EXIT_STATUS", "delete_sandbox"]
 
@@ -27,11 +30,11 @@ log = logging.getLogger(__name__)
 
 #: What a pause killed by delete reports: 128 + SIGKILL, as containerd's runc shim does.
 KILLED_EXIT_STATUS = 128 + signal.SIGKILL
-#: Bound on waiting for a killed process to disappear.
-KILL_WAIT = 5.0
+#: How long (seconds) to wait for a killed process to disappear.
+KILL_WAIT_TIMEOUT = 5.0
 
 
-def _kill(pid: int | None, start_time: int | None, what: str) -> bool:
+def _kill(pid: int, start_time: int | None, what: str) -> bool:
     """SIGKILL the process ``(pid, start_time)`` and wait for it to exit; whether it was alive."""
     if not pid:
         return False
@@ -44,8 +47,8 @@ def _kill(pid: int | None, start_time: int | None, what: str) -> bool:
         return False
     try:
         signal.pidfd_send_signal(fd, signal.SIGKILL)
-        if not wait_pidfd(fd, KILL_WAIT):
-            log.error("%s %d did not exit within %.0fs of SIGKILL", what, pid, KILL_WAIT)
+        if not wait_pidfd(fd, KILL_WAIT_TIMEOUT):
+            log.error("%s %d did not exit within %.0fs of SIGKILL", what, pid, KILL_WAIT_TIMEOUT)
     except ProcessLookupError:
         return False  # it exited between the check and the signal
     finally:
@@ -53,77 +56,86 @@ def _kill(pid: int | None, start_time: int | None, what: str) -> bool:
     return True
 
 
-def _delete_tasks(tasks: dict[str, Any]) -> None:
-    """Kill each task recorded in state.json and remove its cgroup, before the sandbox's own.
+def _remove_cgroup(record: Mapping | None) -> None:
+    """Kill what is in the recorded cgroup and remove it (InvalidArgument for a malformed record)."""
+    if record:
+        cg = cgroups.SandboxCgroup.from_dict(dict(record))
+        cg.kill_all()
+        cg.remove()
 
-    A task's own process is matched by pid and start time; whatever else is in its cgroup
-    (its children, or a process whose launch the crash interrupted) is killed through the
-    cgroup. Each record is updated in place.
+
+def _delete_task(task_id: str, task: TaskRecord) -> TaskRecord:
+    """Kill a task recorded in state.json and remove its cgroup; return its record updated.
+
+    Its own process is matched by pid and start time; whatever else is in its cgroup (its
+    children, or a process whose launch the crash interrupted) is killed through the cgroup.
     """
-    for task_id, task in tasks.items():
-        if _kill(task.get("pid"), task.get("start_time"), f"task {task_id}"):
-            task.update(status="stopped", exit={"exit_status": KILLED_EXIT_STATUS, "exited_at": time.time_ns()})
-        if cgroup_record := task.get("cgroup"):
-            cg = cgroups.SandboxCgroup.from_dict(cgroup_record)
-            cg.kill_all()
-            cg.remove()
-            task["cgroup"] = None
+    if _kill(task.pid, task.start_time, f"task {task_id}"):
+        task = dataclasses.replace(task, status="stopped", exit=ExitRecord(KILLED_EXIT_STATUS, time.time_ns()))
+    _remove_cgroup(task.cgroup)
+    return dataclasses.replace(task, cgroup=None)
 
 
-def delete_sandbox(bundle: str, namespace: str, sandbox_id: str, runtime_root: str) -> dict[str, Any]:
+def delete_sandbox(bundle: str, namespace: str, sandbox_id: str, runtime_root: str) -> dict[str, int]:
     """Kill what is left of the sandbox and remove what it made; return
     ``{"exit_status", "exited_at", "pid"}``.
 
     Order matters: the shim first (so it cannot restart anything), then the tasks and their
     cgroups, then the pause, then the runtime's containers (runc/crun handlers: ``delete
-    --force``), then the sandbox cgroup (now empty), the netns, and the socket.
+    --force``), then the sandbox cgroup (now empty), the netns, and the socket. Raises
+    ValueError when the record belongs to another sandbox or has a field of the wrong type, and
+    InvalidArgument for a malformed cgroup record.
     """
     state_path = os.path.join(bundle, STATE_FILE)
     try:
-        record = read_json(state_path)
-        if not isinstance(record, dict):
-            raise ValueError(f"{state_path} does not hold a map")
-    except FileNotFoundError:
-        record = {}
+        record = read_state(bundle)
+    except MalformedRecord:
+        raise
     except (OSError, ValueError) as exc:
         log.warning("ignoring unreadable %s: %s", state_path, exc)
-        record = {}
-    if record.get("sandbox_id") not in (None, sandbox_id) or record.get("namespace") not in (None, namespace):
-        raise ValueError(f"{state_path} belongs to {record.get('namespace')}/{record.get('sandbox_id')}, "
+        record = None
+    if record is not None and (record.sandbox_id not in ("", sandbox_id) or record.namespace not in ("", namespace)):
+        raise ValueError(f"{state_path} belongs to {record.namespace}/{record.sandbox_id}, "
                          f"not {namespace}/{sandbox_id}")
+    if record is None:
+        sock = socket_path(namespace, sandbox_id, runtime_root)
+        _unlink(sock)
+        return {"exit_status": UNKNOWN_EXIT_STATUS, "exited_at": time.time_ns(), "pid": 0}
+    if record.version > STATE_VERSION:
+        log.warning("%s is of version %d, newer than this podshim's %d; acting on what it knows",
+                    state_path, record.version, STATE_VERSION)
 
-    _kill(record.get("shim_pid"), record.get("shim_start_time"), "shim")
-    _delete_tasks(record.get("tasks") or {})
-    pause = record.get("pause") or {}
-    pid = pause.get("pid") or 0
-    exit_info = record.get("exit")
-    if _kill(pid, pause.get("start_time"), "pause"):
-        exit_info = {"exit_status": KILLED_EXIT_STATUS, "exited_at": time.time_ns()}
-    if oci_record := record.get("oci"):
+    _kill(record.shim_pid, record.shim_start_time, "shim")
+    tasks = {task_id: _delete_task(task_id, task) for task_id, task in record.tasks.items()}
+    pid = record.pause.pid if record.pause is not None else 0
+    exit_info = record.exit
+    if record.pause is not None and _kill(pid, record.pause.start_time, "pause"):
+        exit_info = ExitRecord(KILLED_EXIT_STATUS, time.time_ns())
+    oci = record.oci
+    if oci:
         # The containers of a runc/crun sandbox, now stopped (or never started): their runtime
         # state goes too, and a container whose create the crash interrupted is killed here.
         try:
-            record["oci"] = delete_recorded(oci_record)
+            oci = delete_recorded(oci)
         except RpcError as exc:
-            log.error("cannot delete the OCI containers in %s: %s", state_path, exc)
-    if cgroups_record := record.get("cgroup"):
-        cg = cgroups.SandboxCgroup.from_dict(cgroups_record)
-        cg.kill_all()
-        cg.remove()
-    if record.get("netns_owned") and record.get("netns_path"):
-        netns.remove_netns(record["netns_path"])
-    sock = record.get("socket_path") or socket_path(namespace, sandbox_id, runtime_root)
+            log.error("cannot delete the OCI containers in %s: %s", state_path, exc.message)
+    _remove_cgroup(record.cgroup)
+    if record.netns_owned and record.netns_path:
+        netns.remove_netns(record.netns_path)
+    _unlink(record.socket_path or socket_path(namespace, sandbox_id, runtime_root))
+    if exit_info is None:
+        exit_info = ExitRecord(0 if not pid else UNKNOWN_EXIT_STATUS, time.time_ns())
     try:
-        os.unlink(sock)
+        # In this podshim's version: what a newer one recorded beyond it no longer exists.
+        write_state(bundle, dataclasses.replace(record, version=STATE_VERSION, state=STATE_DELETED, exit=exit_info,
+                                                tasks=tasks, oci=oci))
+    except OSError as exc:
+        log.warning("cannot update %s: %s", state_path, exc)
+    return {"exit_status": exit_info.exit_status, "exited_at": exit_info.exited_at, "pid": pid}
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
     except FileNotFoundError:
         pass
-    if not exit_info:
-        exit_info = {"exit_status": 0 if record and not pid else UNKNOWN_EXIT_STATUS, "exited_at": time.time_ns()}
-    result = {"exit_status": exit_info["exit_status"], "exited_at": exit_info["exited_at"], "pid": pid}
-    if record:
-        record.update(state="deleted", exit=exit_info)
-        try:
-            write_json_atomic(state_path, record, durable=False)
-        except OSError as exc:
-            log.warning("cannot update %s: %s", state_path, exc)
-    return result

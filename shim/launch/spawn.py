@@ -25,10 +25,11 @@ import time
 from typing import Any, NoReturn
 
 from shim.kernel.linux import proc_start_time
-from shim.paths import (BOOTSTRAP_FILE, BOOTSTRAP_VERSION, LOG_FILE, PROTOCOL, STATE_FILE, read_json, socket_address,
+from shim.paths import (BOOTSTRAP_FILE, BOOTSTRAP_VERSION, LOG_FILE, PROTOCOL, read_json, socket_address,
                     write_json_atomic)
 from shim.rpc.files import ensure_private_dir
 from shim.rpc.status import Unavailable
+from shim.sandbox.record import STATE_NEW, SandboxRecord, write_state
 
 __all__ = ["START_TIMEOUT", "CAN_CONNECT_TIMEOUT", "Spare", "bind_listener", "bootstrap", "fork_spare",
            "spawn_shim"]
@@ -314,9 +315,9 @@ def _record_shim(config: Any, pid: int) -> None:
     from now on, `podshim delete` can find the shim and end it. Nothing can have called the
     shim yet (its address is not out), so this never hides a newer record of the shim's own.
     """
-    record = {"namespace": config.namespace, "sandbox_id": config.sandbox_id, "state": "new", "shim_pid": pid,
-              "shim_start_time": proc_start_time(pid), "socket_path": config.socket_path}
-    write_json_atomic(os.path.join(config.bundle, STATE_FILE), record, durable=False)
+    write_state(config.bundle, SandboxRecord(namespace=config.namespace, sandbox_id=config.sandbox_id, state=STATE_NEW,
+                                             shim_pid=pid, shim_start_time=proc_start_time(pid),
+                                             socket_path=config.socket_path))
 
 
 def _abandon(shim_pid: int, child_pid: int | None, socket_path: str) -> None:

@@ -25,10 +25,10 @@ from shim.runtime import pause
 from shim.runtime.base import Runtime
 from shim.runtime.native import NativeRuntime
 from shim.runtime.oci.backend import OciBackend
-from shim.paths import STATE_FILE, write_json_atomic
 from shim.rpc.status import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound, RpcError, Unavailable
 from shim.sandbox.events import TOPIC_CREATE, TOPIC_EXIT, TOPIC_START, TOPIC_STATE, EventBus
 from shim.sandbox.options import NATIVE, SandboxOptions
+from shim.sandbox.record import STATE_NEW, ExitRecord, PauseRecord, SandboxRecord, TaskRecord, write_state
 
 __all__ = ["State", "Operation", "TRANSITIONS", "REFUSALS", "transition", "ShimConfig", "Sandbox", "StartResult",
            "ExitResult", "Tasks", "host_platform", "DEFAULT_STOP_TIMEOUT", "KILL_WAIT_TIMEOUT"]
@@ -43,7 +43,7 @@ KILL_WAIT_TIMEOUT = 10.0
 
 
 class State(str, enum.Enum):
-    NEW = "new"          # the shim runs; no sandbox was created yet
+    NEW = STATE_NEW        # the shim runs; no sandbox was created yet
     CREATED = "created"    # CreateSandbox done: options checked, netns ready
     RUNNING = "running"    # the pause task lives
     STOPPED = "stopped"    # the pause task exited (or was never started and Stop was called)
@@ -136,7 +136,7 @@ class Tasks(Protocol):
     cgroups before its own.
     """
 
-    def record(self) -> dict[str, Any]: ...
+    def record(self) -> dict[str, TaskRecord]: ...
 
     async def stop_all(self) -> None: ...
 
@@ -206,26 +206,26 @@ class Sandbox:
             raise NotFound(f"sandbox {sandbox_id} is not served by this shim (it serves {self.config.sandbox_id})")
 
     # -- persistence ----------------------------------------------------------------------
-    def record(self) -> dict[str, Any]:
-        """What ``podshim delete`` needs to clean up after this shim (see state.json)."""
+    def record(self) -> SandboxRecord:
+        """What ``podshim delete`` needs to clean up after this shim (state.json)."""
         p = self.pause
-        return {
-            "namespace": self.config.namespace,
-            "sandbox_id": self.config.sandbox_id,
-            "state": self.state.value,
-            "shim_pid": os.getpid(),
-            "shim_start_time": self._shim_start_time(),
-            "socket_path": self.config.socket_path,
-            "netns_path": self.netns_path,
-            "netns_owned": self.netns_owned,
-            "cgroup": self.cgroup.to_dict() if self.cgroup is not None else None,
-            "pause": {"pid": p.pid, "start_time": p.start_time, "binary": p.binary} if p is not None else None,
-            "created_at": self.created_at,
-            "exit": {"exit_status": self.exit.exit_status, "exited_at": self.exit.exited_at} if self.exit else None,
-            "tasks": self.tasks.record() if self.tasks is not None else {},
-            "runtime_handler": self.options.runtime_handler,
-            "oci": self.runtime.record() if self.runtime is not None else None,
-        }
+        return SandboxRecord(
+            namespace=self.config.namespace,
+            sandbox_id=self.config.sandbox_id,
+            state=self.state.value,
+            shim_pid=os.getpid(),
+            shim_start_time=self._shim_start_time(),
+            socket_path=self.config.socket_path,
+            netns_path=self.netns_path,
+            netns_owned=self.netns_owned,
+            cgroup=self.cgroup.to_dict() if self.cgroup is not None else None,
+            pause=PauseRecord(p.pid, p.start_time, p.binary) if p is not None else None,
+            created_at=self.created_at,
+            exit=ExitRecord(self.exit.exit_status, self.exit.exited_at) if self.exit is not None else None,
+            tasks=self.tasks.record() if self.tasks is not None else {},
+            runtime_handler=self.options.runtime_handler,
+            oci=self.runtime.record() if self.runtime is not None else None,
+        )
 
     def _shim_start_time(self) -> int | None:
         # Read once: the record is written several times per sandbox.
@@ -235,9 +235,9 @@ class Sandbox:
 
     def persist(self) -> None:
         try:
-            write_json_atomic(os.path.join(self.config.bundle, STATE_FILE), self.record(), durable=False)
+            write_state(self.config.bundle, self.record())
         except OSError as exc:  # the bundle went away under us: keep serving, say so
-            log.error("cannot write %s: %s", STATE_FILE, exc)
+            log.error("cannot write the state of sandbox %s: %s", self.config.sandbox_id, exc)
 
     # -- operations -----------------------------------------------------------------------
     async def create(self, sandbox_id: str, *, options: Any = None, netns_path: str | None = None,

@@ -34,6 +34,7 @@ from shim.rpc.files import ensure_private_dir
 from shim.rpc.identifiers import validate_identifier
 from shim.rpc.status import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound, RpcError, Unavailable
 from shim.sandbox.events import TOPIC_TASK_EXIT
+from shim.sandbox.record import ExitRecord, TaskRecord
 from shim.sandbox.sandbox import KILL_WAIT_TIMEOUT, ExitResult, Sandbox, State
 
 __all__ = ["POD", "CONTAINER", "LOG_DRAIN_TIMEOUT", "Status", "TaskOperation", "TRANSITIONS", "REFUSALS",
@@ -140,18 +141,18 @@ class Task:
             "labels": dict(self.labels),
         }
 
-    def record(self) -> dict[str, Any]:
+    def record(self) -> TaskRecord:
         """What ``podshim delete`` needs to end this task (state.json)."""
         p = self.process
-        return {
-            "status": self.status.value,
-            "pid": p.pid if p is not None else 0,
-            "start_time": p.start_time if p is not None else None,
-            "cgroup": self.cgroup.to_dict() if self.cgroup is not None else None,
-            "pid_mode": self.pid_mode,
-            "log_path": self.log_path,
-            "exit": {"exit_status": self.exit.exit_status, "exited_at": self.exit.exited_at} if self.exit else None,
-        }
+        return TaskRecord(
+            status=self.status.value,
+            pid=p.pid if p is not None else 0,
+            start_time=p.start_time if p is not None else None,
+            cgroup=self.cgroup.to_dict() if self.cgroup is not None else None,
+            pid_mode=self.pid_mode,
+            log_path=self.log_path,
+            exit=ExitRecord(self.exit.exit_status, self.exit.exited_at) if self.exit is not None else None,
+        )
 
 
 class TaskSet:
@@ -348,7 +349,7 @@ class TaskSet:
         return task.exit
 
     # -- what the sandbox asks (shim.sandbox.Tasks) ------------------------------------------
-    def record(self) -> dict[str, Any]:
+    def record(self) -> dict[str, TaskRecord]:
         return {task_id: task.record() for task_id, task in self._tasks.items()}
 
     async def stop_all(self) -> None:

@@ -1,0 +1,229 @@
+"""``<bundle>/state.json``: what a shim made, written before it is made, read by ``podshim delete``.
+
+One schema, :class:`SandboxRecord`, for every writer and reader: the process that forks a shim
+writes the first record (:func:`shim.launch.spawn.spawn_shim`; a spare shim writes its own), the
+shim's :class:`~shim.sandbox.sandbox.Sandbox` rewrites it on every change, and ``podshim delete``
+(:mod:`shim.cleanup`) reads it to undo what is left and writes it back as ``deleted``. The file
+is a JSON map with sorted keys; nested records that belong to another layer are kept as that
+layer writes them: ``cgroup`` (:meth:`shim.kernel.cgroups.SandboxCgroup.to_dict`) and ``oci``
+(:meth:`shim.runtime.oci.backend.OciBackend.record`).
+
+Versions (``version``; a reader takes any version, fields it does not know are ignored and
+fields it misses have their defaults):
+
+- none: records written before the schema had a version. The same keys as version 1, except
+  that ``tasks`` (before the Task service), ``runtime_handler`` and ``oci`` (before the OCI
+  runtime handlers) may be missing, and the first record written by a spawner has only
+  ``namespace``, ``sandbox_id``, ``state``, ``shim_pid``, ``shim_start_time`` and ``socket_path``.
+- 1: every key, always, and ``version``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from shim.paths import STATE_FILE, write_json_atomic
+from shim.rpc.files import read_json
+
+__all__ = ["STATE_DELETED", "STATE_NEW", "STATE_VERSION", "ExitRecord", "MalformedRecord", "PauseRecord",
+           "SandboxRecord", "TaskRecord", "read_state", "write_state"]
+
+STATE_VERSION = 1
+#: The state of a shim that serves no sandbox yet (:attr:`shim.sandbox.sandbox.State.NEW`).
+STATE_NEW = "new"
+#: The state ``podshim delete`` leaves: nothing of the sandbox is left.
+STATE_DELETED = "deleted"
+_UNVERSIONED = 0
+
+
+class MalformedRecord(ValueError):
+    """A state.json map with a field of the wrong type (the sentence names it)."""
+
+
+@dataclass(frozen=True)
+class ExitRecord:
+    exit_status: int
+    exited_at: int  # ns since the epoch
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"exit_status": self.exit_status, "exited_at": self.exited_at}
+
+    @classmethod
+    def from_dict(cls, doc: Any, where: str) -> ExitRecord | None:
+        if doc is None:
+            return None
+        doc = _map(doc, where)
+        return cls(_int(doc, "exit_status", where), _int(doc, "exited_at", where))
+
+
+@dataclass(frozen=True)
+class PauseRecord:
+    """The pause: ``(pid, start_time)`` names it across pid reuse; ``binary`` is what it runs."""
+
+    pid: int
+    start_time: int | None
+    binary: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"pid": self.pid, "start_time": self.start_time, "binary": self.binary}
+
+    @classmethod
+    def from_dict(cls, doc: Any, where: str) -> PauseRecord | None:
+        if doc is None:
+            return None
+        doc = _map(doc, where)
+        return cls(_int(doc, "pid", where), _optional(doc, "start_time", int, where),
+                   _optional(doc, "binary", str, where) or "")
+
+
+@dataclass(frozen=True)
+class TaskRecord:
+    """A task: its status, its process ``(pid, start_time)`` once started, its cgroup's record
+    (made before its process) and its exit once seen."""
+
+    status: str
+    pid: int = 0
+    start_time: int | None = None
+    cgroup: Mapping[str, Any] | None = None
+    pid_mode: str = ""
+    log_path: str = ""
+    exit: ExitRecord | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"status": self.status, "pid": self.pid, "start_time": self.start_time,
+                "cgroup": dict(self.cgroup) if self.cgroup is not None else None, "pid_mode": self.pid_mode,
+                "log_path": self.log_path, "exit": self.exit.to_dict() if self.exit is not None else None}
+
+    @classmethod
+    def from_dict(cls, doc: Any, where: str) -> TaskRecord:
+        doc = _map(doc, where)
+        return cls(
+            status=_optional(doc, "status", str, where) or "",
+            pid=_optional(doc, "pid", int, where) or 0,
+            start_time=_optional(doc, "start_time", int, where),
+            cgroup=_optional(doc, "cgroup", Mapping, where),
+            pid_mode=_optional(doc, "pid_mode", str, where) or "",
+            log_path=_optional(doc, "log_path", str, where) or "",
+            exit=ExitRecord.from_dict(doc.get("exit"), f"{where}.exit"),
+        )
+
+
+@dataclass(frozen=True)
+class SandboxRecord:
+    """One shim and what its sandbox made: the shim ``(shim_pid, shim_start_time)`` and its
+    socket, the netns (``netns_owned``: made by the shim, so removed by it), the cgroup, the
+    pause, the tasks by id, and the runtime handler with the OCI runtime's containers."""
+
+    namespace: str
+    sandbox_id: str
+    state: str
+    shim_pid: int
+    shim_start_time: int | None
+    socket_path: str | None
+    netns_path: str | None = None
+    netns_owned: bool = False
+    cgroup: Mapping[str, Any] | None = None
+    pause: PauseRecord | None = None
+    created_at: int = 0  # ns since the epoch
+    exit: ExitRecord | None = None
+    tasks: Mapping[str, TaskRecord] = field(default_factory=dict)
+    runtime_handler: str | None = None  # None: not chosen yet (before CreateSandbox)
+    oci: Mapping[str, Any] | None = None
+    version: int = STATE_VERSION
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON map of state.json."""
+        return {
+            "version": self.version,
+            "namespace": self.namespace,
+            "sandbox_id": self.sandbox_id,
+            "state": self.state,
+            "shim_pid": self.shim_pid,
+            "shim_start_time": self.shim_start_time,
+            "socket_path": self.socket_path,
+            "netns_path": self.netns_path,
+            "netns_owned": self.netns_owned,
+            "cgroup": dict(self.cgroup) if self.cgroup is not None else None,
+            "pause": self.pause.to_dict() if self.pause is not None else None,
+            "created_at": self.created_at,
+            "exit": self.exit.to_dict() if self.exit is not None else None,
+            "tasks": {task_id: task.to_dict() for task_id, task in self.tasks.items()},
+            "runtime_handler": self.runtime_handler,
+            "oci": dict(self.oci) if self.oci is not None else None,
+        }
+
+    @classmethod
+    def from_dict(cls, doc: Any) -> SandboxRecord:
+        """Read a state.json map of any version (see the module's docstring). Raises
+        MalformedRecord naming the field that has the wrong type."""
+        doc = _map(doc, "state.json")
+        tasks = _optional(doc, "tasks", Mapping, "state.json") or {}
+        return cls(
+            version=_optional(doc, "version", int, "state.json") or _UNVERSIONED,
+            namespace=_optional(doc, "namespace", str, "state.json") or "",
+            sandbox_id=_optional(doc, "sandbox_id", str, "state.json") or "",
+            state=_optional(doc, "state", str, "state.json") or "",
+            shim_pid=_optional(doc, "shim_pid", int, "state.json") or 0,
+            shim_start_time=_optional(doc, "shim_start_time", int, "state.json"),
+            socket_path=_optional(doc, "socket_path", str, "state.json"),
+            netns_path=_optional(doc, "netns_path", str, "state.json"),
+            netns_owned=bool(_optional(doc, "netns_owned", bool, "state.json")),
+            cgroup=_optional(doc, "cgroup", Mapping, "state.json"),
+            pause=PauseRecord.from_dict(doc.get("pause"), "state.json pause"),
+            created_at=_optional(doc, "created_at", int, "state.json") or 0,
+            exit=ExitRecord.from_dict(doc.get("exit"), "state.json exit"),
+            tasks={str(task_id): TaskRecord.from_dict(task, f"state.json task {task_id}")
+                   for task_id, task in tasks.items()},
+            runtime_handler=_optional(doc, "runtime_handler", str, "state.json"),
+            oci=_optional(doc, "oci", Mapping, "state.json"),
+        )
+
+
+def read_state(bundle: str) -> SandboxRecord | None:
+    """The record in ``bundle``, or None when there is none. Raises ValueError (naming the file)
+    when it is not a JSON map, MalformedRecord (naming the file and the field) when a field has
+    the wrong type, OSError when it cannot be read."""
+    path = os.path.join(bundle, STATE_FILE)
+    try:
+        doc = read_json(path)
+    except FileNotFoundError:
+        return None
+    if not isinstance(doc, Mapping):
+        raise ValueError(f"{path} does not hold a map")
+    try:
+        return SandboxRecord.from_dict(doc)
+    except MalformedRecord as exc:
+        raise MalformedRecord(f"{path}: {exc}") from None
+
+
+def write_state(bundle: str, record: SandboxRecord) -> None:
+    """Replace the record in ``bundle`` atomically (not fsync'd: a reboot ends every shim anyway).
+    Raises OSError."""
+    write_json_atomic(os.path.join(bundle, STATE_FILE), record.to_dict(), durable=False)
+
+
+def _map(doc: Any, where: str) -> Mapping[str, Any]:
+    if not isinstance(doc, Mapping):
+        raise MalformedRecord(f"{where} is not a map")
+    return doc
+
+
+def _optional(doc: Mapping[str, Any], key: str, kind: type, where: str) -> Any:
+    value = doc.get(key)
+    # JSON has no separate bool: a bool is never taken for an int.
+    if value is not None and (not isinstance(value, kind) or (kind is int and isinstance(value, bool))):
+        raise MalformedRecord(f"{where}: {key} is {value!r}, not {_KIND_NAMES.get(kind, kind.__name__)}")
+    return value
+
+
+def _int(doc: Mapping[str, Any], key: str, where: str) -> int:
+    value = _optional(doc, key, int, where)
+    if value is None:
+        raise MalformedRecord(f"{where}: {key} is missing")
+    return value
+
+
+_KIND_NAMES = {int: "an integer", str: "a string", bool: "true or false", Mapping: "a map"}
