@@ -19,11 +19,11 @@ pause's net, ipc and uts namespaces (and its pid namespace when the pid mode is 
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import secrets
 import shutil
+import signal
 import time
 from contextlib import asynccontextmanager
 from typing import Any, AsyncIterator, Mapping
@@ -32,15 +32,16 @@ import anyio
 
 from shim.sandbox.options import NATIVE, RUNTIME_HANDLERS  # "native" (the default, also for ""), "runc", "crun"
 from shim.rpc.api import TASK_SERVICE
-from shim.rpc.files import ensure_private_dir, read_json
-from shim.rpc.status import (DeadlineExceeded, FailedPrecondition, InvalidArgument, NotFound, RpcError,
+from shim.rpc.files import ensure_private_dir
+from shim.rpc.status import (Aborted, DeadlineExceeded, FailedPrecondition, InvalidArgument, NotFound, RpcError,
                              Unavailable)
 
+from client.bundles import bundle_path
 from client.cri.cni import DEFAULT_BIN_DIRS, DEFAULT_CONF_DIR, CniRunner, primary_ip
 from client.controller import Controller
 from client.cri.configs import ContainerConfig, PodSandboxConfig
 from client.cri.failpoints import failpoint
-from client.cri.store import ContainerRecord, PodRecord, PodStore
+from client.cri.store import ContainerRecord, ContainerState, PodRecord, PodState, PodStore
 
 __all__ = ["DEFAULT_NAMESPACE", "RUNTIME_HANDLERS", "PodService", "open_pod_service"]
 
@@ -59,11 +60,14 @@ CALL_TIMEOUT = 30.0
 HOST_ROOTFS = "host-rootfs"
 #: Exit code reported for a container whose shim is gone (containerd's unknownExitCode).
 UNKNOWN_EXIT_CODE = 255
-#: How many removed pod ids are remembered, so a second RemovePodSandbox is not NOT_FOUND.
-REMOVED_MEMORY = 4096
-
-_POD_STATE = {"READY": "SANDBOX_READY", "NOTREADY": "SANDBOX_NOTREADY", "CREATING": "SANDBOX_NOTREADY"}
-_TASK_STATE = {"created": "CREATED", "running": "RUNNING", "stopped": "EXITED"}
+#: CRI's PodSandboxState of each record state (CREATING is never listed; its status is not ready).
+_POD_STATE = {PodState.READY: "SANDBOX_READY", PodState.NOTREADY: "SANDBOX_NOTREADY",
+              PodState.CREATING: "SANDBOX_NOTREADY"}
+#: The record state of each task status the shim reports (shim.sandbox.tasks.Status values).
+_TASK_STATE = {"created": ContainerState.CREATED, "running": ContainerState.RUNNING,
+               "stopped": ContainerState.EXITED}
+#: The shim's sandbox state while the pause runs (shim.sandbox.sandbox.State.RUNNING).
+_SANDBOX_RUNNING = "running"
 
 
 def _new_id() -> str:
@@ -71,37 +75,13 @@ def _new_id() -> str:
     return secrets.token_hex(32)
 
 
-class _Removed:
-    """Ids of removed pods, persisted, so that removing twice is not an error."""
-
-    def __init__(self, path: str):
-        self.path = path
-        try:
-            ids = read_json(path)
-            self.ids = [i for i in ids if isinstance(i, str)] if isinstance(ids, list) else []
-        except (OSError, ValueError):
-            self.ids = []
-        self._set = set(self.ids)
-
-    def __contains__(self, pod_id: str) -> bool:
-        return pod_id in self._set
-
-    def add(self, pod_id: str) -> None:
-        if pod_id in self._set:
-            return
-        self.ids = (self.ids + [pod_id])[-REMOVED_MEMORY:]
-        self._set = set(self.ids)
-        tmp = f"{self.path}.{os.getpid()}.tmp"
-        with open(tmp, "w") as f:
-            json.dump(self.ids, f)
-        os.replace(tmp, self.path)
-
-
 class PodService:
     """CRI's RuntimeService for pods and containers, over a Controller and a PodStore.
 
     Build it with :func:`open_pod_service` (which also opens the Controller and recovers the
-    store); every method raises the typed errors of :mod:`shim.rpc.status`.
+    store); every method raises the typed errors of :mod:`shim.rpc.status`. Other processes
+    may work on the same root at the same time: an operation on a pod holds the pod's lock
+    (:meth:`PodStore.lock_pod`) in this process and across processes, reads take no lock.
     """
 
     def __init__(self, controller: Controller, store: PodStore, *, cni: CniRunner | None,
@@ -121,32 +101,70 @@ class PodService:
         self.default_runtime_handler = default_runtime_handler
         self.cgroup_parent = cgroup_parent
         self.pause_binary = pause_binary
-        self._removed = _Removed(os.path.join(os.path.dirname(log_root), "removed-pods.json"))
-        self._removed_containers = _Removed(os.path.join(os.path.dirname(log_root), "removed-containers.json"))
         self._locks: dict[str, anyio.Lock] = {}
 
-    def _lock(self, pod_id: str) -> anyio.Lock:
+    @asynccontextmanager
+    async def _hold(self, pod_id: str) -> AsyncIterator[None]:
+        """Work on one pod alone: this process's tasks queue on an anyio lock, other processes
+        on the pod's flock (taken after the anyio lock, so only one task here ever waits for it)."""
         lock = self._locks.get(pod_id)
         if lock is None:
             lock = self._locks[pod_id] = anyio.Lock()
-        return lock
+        try:
+            async with lock, self.store.lock_pod(pod_id):
+                yield
+        finally:
+            if not lock.locked() and lock.statistics().tasks_waiting == 0:
+                self._locks.pop(pod_id, None)  # nobody holds or waits for it: the next one makes a new one
 
     # -- recovery ------------------------------------------------------------------------
     async def recover(self) -> None:
-        """Roll back pods a crash left half-made; reconcile READY pods with their shims."""
-        for record in self.store.list_incomplete():
-            log.warning("pod %s was being created when the last process died; rolling it back", record.pod_id)
-            await self._rollback(record)
-        for record in self.store.list():
-            if record.state == "READY" and not await self._sandbox_running(record):
-                self.store.update(record.pod_id, state="NOTREADY", stopped_at=time.time_ns())
+        """Roll back pods a crash left half-made; reconcile READY pods with their shims.
 
-    async def _sandbox_running(self, record: PodRecord) -> bool:
+        A CREATING pod whose RunPodSandbox is still running, here or in another process, is
+        left alone (its lock is held); see :meth:`PodStore.claim_incomplete`.
+        """
+        for record in self.store.list():
+            if record.state is not PodState.CREATING:
+                continue
+            lock = self.store.claim_incomplete(record.pod_id)
+            if lock is None:
+                continue
+            try:
+                log.warning("pod %s was being created by a process that died; rolling it back", record.pod_id)
+                await self._rollback(self.store.get(record.pod_id))
+            except RpcError as exc:  # the record stays CREATING: the next recovery tries again
+                log.warning("pod %s: rolling it back failed: %s", record.pod_id, exc)
+            finally:
+                lock.release()
+        for record in self.store.list():
+            try:
+                await self._refreshed(record)
+            except NotFound:
+                pass  # another process removed it meanwhile
+
+    async def _load(self, pod_id: str) -> None:
+        """Make sure this process's Controller knows the pod's sandbox. Another process may
+        have made it after this one loaded the state root, or held its bundle (creating or
+        loading it) just then, and the Controller skips such a bundle. Raises Aborted when the
+        bundle is there but another process holds it right now: not knowing it is not its end.
+        """
+        await self.controller.load(self.namespace, pod_id)
+        if (self.controller.sandboxes.find(self.namespace, pod_id) is None
+                and os.path.isdir(bundle_path(self.controller.state_root, self.namespace, pod_id))):
+            raise Aborted(f"the sandbox of pod {pod_id} is being changed by another process; try again")
+
+    async def _sandbox_running(self, record: PodRecord) -> bool | None:
+        """True while the pod's pause runs, False once it is gone; None when this cannot be told
+        now (another process holds its sandbox)."""
         try:
+            await self._load(record.pod_id)
             status = await self.controller.status(self.namespace, record.pod_id)
+        except Aborted:
+            return None
         except RpcError:
             return False
-        return status.state == "running"
+        return status.state == _SANDBOX_RUNNING
 
     # -- pods -----------------------------------------------------------------------------
     async def run_pod_sandbox(self, config: PodSandboxConfig | Mapping[str, Any],
@@ -163,15 +181,12 @@ class PodService:
             raise InvalidArgument(f"runtime handler {handler!r} is not configured "
                                   f"(configured: {', '.join(self.runtime_handlers)})")
         pod_id = _new_id()
-        key = cfg.metadata.key
-        self.store.reserve_name(key, pod_id)
-        try:
-            record = self.store.put(PodRecord(pod_id, cfg.to_json(), handler, "CREATING",
-                                              sandbox_namespace=self.namespace))
-        finally:
-            self.store.release_name(key, pod_id)  # from here on the record holds the name
-        failpoint("run:after-record")
-        async with self._lock(pod_id):
+        # The pod's lock is held from before its CREATING record exists until it is READY or
+        # gone: a CREATING record whose lock is free is what a crash leaves, for recovery.
+        async with self._hold(pod_id):
+            record = self.store.create(PodRecord(pod_id, cfg.to_json(), handler, PodState.CREATING,
+                                                 sandbox_namespace=self.namespace))
+            failpoint("run:after-record")
             try:
                 await self._bring_up(record, cfg)
             except BaseException:
@@ -199,7 +214,7 @@ class PodService:
             raw = result.raw
         self.store.update(pod_id, cni_result=raw)
         failpoint("run:after-network")
-        self.store.update(pod_id, state="READY", ip=ip, additional_ips=tuple(extra))
+        self.store.update(pod_id, state=PodState.READY, ip=ip, additional_ips=tuple(extra))
         failpoint("run:after-ready")
 
     def _shim_options(self, cfg: PodSandboxConfig, handler: str) -> dict[str, Any]:
@@ -219,15 +234,15 @@ class PodService:
     async def _teardown_network(self, record: PodRecord, *, strict: bool) -> None:
         if self.cni is None or PodSandboxConfig.from_json(record.config).host_network:
             return
-        netns = record.netns_path if record.netns_path and os.path.exists(record.netns_path) else record.netns_path
-        try:
-            await self.cni.delete(record.pod_id, netns, prev_result=record.cni_result)
+        try:  # a netns that is gone is fine: CNI DEL is told so (CniRunner.delete)
+            await self.cni.delete(record.pod_id, record.netns_path, prev_result=record.cni_result)
         except RpcError as exc:
             if strict:
                 raise
             log.warning("pod %s: CNI DEL failed during rollback: %s", record.pod_id, exc)
 
     async def _shutdown_sandbox(self, pod_id: str) -> None:
+        await self._load(pod_id)  # NotFound must mean gone, not "made by another process"
         try:
             await self.controller.shutdown(self.namespace, pod_id)
         except NotFound:
@@ -243,7 +258,7 @@ class PodService:
         try:
             return self._pod(pod_id)
         except NotFound:
-            if pod_id in self._removed:
+            if self.store.was_removed(pod_id):
                 return None
             raise
 
@@ -257,11 +272,15 @@ class PodService:
         record = self._pod_or_removed(pod_id)
         if record is None:
             return
-        async with self._lock(record.pod_id):
-            await self._stop(self.store.get(record.pod_id))
+        async with self._hold(record.pod_id):
+            try:
+                record = self.store.get(record.pod_id)
+            except NotFound:
+                return  # another process removed it while this one waited for its lock
+            await self._stop(record)
 
     async def _stop(self, record: PodRecord) -> None:
-        if record.state == "CREATING":
+        if record.state is PodState.CREATING:  # only a crash leftover: its RunPodSandbox held the lock
             raise FailedPrecondition(f"pod {record.pod_id} is still being created")
         for container in record.containers.values():
             try:
@@ -271,13 +290,14 @@ class PodService:
         failpoint("stop:after-containers")
         await self._teardown_network(record, strict=True)
         failpoint("stop:after-network")
+        await self._load(record.pod_id)
         try:
             await self.controller.stop(self.namespace, record.pod_id, timeout=SANDBOX_STOP_TIMEOUT)
         except NotFound:
             pass
         failpoint("stop:after-sandbox")
-        if record.state != "NOTREADY":
-            self.store.update(record.pod_id, state="NOTREADY", stopped_at=time.time_ns())
+        if record.state is not PodState.NOTREADY:
+            self.store.update(record.pod_id, state=PodState.NOTREADY, stopped_at=time.time_ns())
 
     async def remove_pod_sandbox(self, pod_id: str) -> None:
         """RemovePodSandbox: force-stop if needed, remove containers, netns, shim and record.
@@ -287,16 +307,18 @@ class PodService:
         record = self._pod_or_removed(pod_id)
         if record is None:
             return
-        async with self._lock(record.pod_id):
-            record = self.store.get(record.pod_id)
-            if record.state != "NOTREADY":
+        async with self._hold(record.pod_id):
+            try:
+                record = self.store.get(record.pod_id)
+            except NotFound:
+                return  # another process removed it while this one waited for its lock
+            if record.state is not PodState.NOTREADY:
                 await self._stop(record)
                 record = self.store.get(record.pod_id)
             failpoint("remove:after-stop")
             for container in list(record.containers.values()):
                 await self._delete_task(container)
-                self._removed_containers.add(container.container_id)
-                self.store.delete_container(container.container_id)
+                self.store.delete_container(record.pod_id, container.container_id, remember=True)
             failpoint("remove:after-containers")
             # Stop ran DEL already; run it again in case that stop was interrupted: DEL is idempotent.
             await self._teardown_network(record, strict=True)
@@ -304,10 +326,8 @@ class PodService:
             failpoint("remove:after-shutdown")
             default_logs = os.path.join(self.log_root, record.pod_id)
             shutil.rmtree(default_logs, ignore_errors=True)
-            self._removed.add(record.pod_id)
-            self.store.delete(record.pod_id)
+            self.store.delete(record.pod_id, remember=True)
             failpoint("remove:after-record")
-        self._locks.pop(record.pod_id, None)
 
     async def pod_sandbox_status(self, pod_id: str, verbose: bool = False) -> dict[str, Any]:
         """PodSandboxStatus, CRI-shaped; ``verbose`` adds ``info`` (pid, netns, shim address, CNI)."""
@@ -336,6 +356,7 @@ class PodService:
         info: dict[str, Any] = {"pid": record.pid or 0, "netns_path": record.netns_path,
                                 "sandbox_namespace": record.sandbox_namespace}
         try:
+            await self._load(record.pod_id)
             st = await self.controller.status(self.namespace, record.pod_id, verbose=True)
             info.update(shim_address=st.address, sandbox_state=st.state, shim=dict(st.info))
         except RpcError as exc:
@@ -347,7 +368,7 @@ class PodService:
         else:
             info["network"] = f"CNI network {self.cni.config().name!r}"
             info["cni_result"] = record.cni_result
-            if record.state == "READY":
+            if record.state is PodState.READY:
                 try:
                     await self.cni.check(record.pod_id, record.netns_path, prev_result=record.cni_result)
                     info["cni_check"] = "ok"
@@ -356,9 +377,12 @@ class PodService:
         return info
 
     async def _refreshed(self, record: PodRecord) -> PodRecord:
-        """The record, marked NOTREADY if its pause is no longer running."""
-        if record.state == "READY" and not await self._sandbox_running(record):
-            record = self.store.update(record.pod_id, state="NOTREADY", stopped_at=time.time_ns())
+        """The record, marked NOTREADY if its pause is no longer running. Raises NotFound if
+        another process removed the pod meanwhile."""
+        if record.state is PodState.READY and await self._sandbox_running(record) is False:
+            # Another process may be stopping it right now: the store checks the move against
+            # the record as it is then, and READY → NOTREADY twice is no move the second time.
+            record = self.store.update(record.pod_id, state=PodState.NOTREADY, stopped_at=time.time_ns())
         return record
 
     async def list_pod_sandbox(self, filter: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
@@ -367,11 +391,14 @@ class PodService:
         f = dict(filter or {})
         out = []
         for record in self.store.list():
-            if record.state == "CREATING":
+            if record.state is PodState.CREATING:
                 continue
             if f.get("id") and not record.pod_id.startswith(f["id"]):
                 continue
-            record = await self._refreshed(record)
+            try:
+                record = await self._refreshed(record)
+            except NotFound:
+                continue  # removed by another process since the list was read
             if f.get("state") and _POD_STATE[record.state] != f["state"]:
                 continue
             if not _labels_match(record.labels, f.get("label_selector")):
@@ -386,11 +413,10 @@ class PodService:
         return out
 
     # -- containers -------------------------------------------------------------------------
-    def _shim(self, pod_id: str):
-        return self.controller.client_for(self.namespace, pod_id)
-
     async def _task(self, pod_id: str, method: str, payload: dict[str, Any], timeout: float | None = CALL_TIMEOUT) -> Any:
-        return await self._shim(pod_id).call(TASK_SERVICE, method, {"sandbox_id": pod_id, **payload}, timeout=timeout)
+        await self._load(pod_id)
+        shim = self.controller.client_for(self.namespace, pod_id)
+        return await shim.call(TASK_SERVICE, method, {"sandbox_id": pod_id, **payload}, timeout=timeout)
 
     def _log_path(self, pod: PodRecord, cfg: ContainerConfig) -> str:
         base = PodSandboxConfig.from_json(pod.config).log_directory or os.path.join(self.log_root, pod.pod_id)
@@ -401,28 +427,33 @@ class PodService:
         return path
 
     async def create_container(self, pod_id: str, config: ContainerConfig | Mapping[str, Any],
-                               sandbox_config: Any = None) -> str:
+                               sandbox_config: PodSandboxConfig | Mapping[str, Any] | None = None) -> str:
         """CreateContainer in a READY pod; returns the container id.
 
-        Raises NotFound (pod), FailedPrecondition (pod not READY), InvalidArgument (config),
-        AlreadyExists (same name and attempt in the pod).
+        ``sandbox_config`` is CRI's copy of the pod's config, sent along by kubelet: when given,
+        it must be the pod's (same metadata and log directory), since the pod's own config is
+        what the container is made from. Raises NotFound (pod), FailedPrecondition (pod not
+        READY), InvalidArgument (config, or a sandbox_config of another pod), AlreadyExists
+        (same name and attempt in the pod).
         """
         cfg = config if isinstance(config, ContainerConfig) else ContainerConfig.from_json(config)
         pod = self._pod(pod_id)
-        async with self._lock(pod.pod_id):
+        if sandbox_config is not None:
+            _check_sandbox_config(pod, sandbox_config)
+        async with self._hold(pod.pod_id):
             pod = await self._refreshed(self.store.get(pod.pod_id))
-            if pod.state != "READY":
+            if pod.state is not PodState.READY:
                 raise FailedPrecondition(f"pod {pod.pod_id} is not ready ({_POD_STATE[pod.state]})")
             container_id = _new_id()
             log_path = self._log_path(pod, cfg)
-            self.store.put_container(ContainerRecord(container_id, pod.pod_id, cfg.to_json(), log_path=log_path))
+            self.store.add_container(ContainerRecord(container_id, pod.pod_id, cfg.to_json(), log_path=log_path))
             try:
                 await self._task(pod.pod_id, "Create", {
                     "task_id": container_id, "args": list(cfg.argv),
                     "env": [f"{k}={v}" for k, v in cfg.envs], "cwd": cfg.working_dir or None,
                     "log_path": log_path, "pid_mode": cfg.pid_mode, "labels": dict(cfg.labels)})
             except BaseException:
-                self.store.delete_container(container_id)
+                self.store.delete_container(pod.pod_id, container_id)
                 raise
         return container_id
 
@@ -434,20 +465,20 @@ class PodService:
     async def start_container(self, container_id: str) -> None:
         """StartContainer; FailedPrecondition unless it is CREATED."""
         c = self._container(container_id)
-        async with self._lock(c.pod_id):
-            c = self.store.get_container(c.container_id)
-            if c.state != "CREATED":
+        async with self._hold(c.pod_id):
+            c = self.store.get_container(c.pod_id, c.container_id)
+            if c.state is not ContainerState.CREATED:
                 raise FailedPrecondition(f"container {c.container_id} is {c.state}, not CREATED")
             started = await self._task(c.pod_id, "Start", {"task_id": c.container_id})
-            self.store.update_container(c.container_id, state="RUNNING", pid=started["pid"],
-                                        started_at=started["started_at"])
+            self.store.update_container(c.pod_id, c.container_id, state=ContainerState.RUNNING,
+                                        pid=started["pid"], started_at=started["started_at"])
 
     def _container_or_removed(self, container_id: str) -> ContainerRecord | None:
         """The container, or None when it was removed (NotFound only for an id never seen)."""
         try:
             return self._container(container_id)
         except NotFound:
-            if container_id in self._removed_containers:
+            if self.store.container_was_removed(container_id):
                 return None
             raise
 
@@ -457,58 +488,61 @@ class PodService:
         c = self._container_or_removed(container_id)
         if c is None:
             return
-        async with self._lock(c.pod_id):
-            await self._stop_container(self.store.get_container(c.container_id),
-                                       CONTAINER_STOP_TIMEOUT if timeout is None else timeout)
+        async with self._hold(c.pod_id):
+            try:
+                c = self.store.get_container(c.pod_id, c.container_id)
+            except NotFound:
+                return  # removed while this call waited for the pod's lock
+            await self._stop_container(c, CONTAINER_STOP_TIMEOUT if timeout is None else timeout)
 
     async def _stop_container(self, c: ContainerRecord, timeout: float) -> None:
         c = await self._refresh_container(c)
-        if c.state != "RUNNING":
-            if c.state == "CREATED":  # never started: it simply will not run
-                self.store.update_container(c.container_id, state="EXITED", finished_at=time.time_ns(),
-                                            exit_code=0, reason="NeverStarted")
+        if c.state is not ContainerState.RUNNING:
+            if c.state is ContainerState.CREATED:  # never started: it simply will not run
+                self.store.update_container(c.pod_id, c.container_id, state=ContainerState.EXITED,
+                                            finished_at=time.time_ns(), exit_code=0, reason="NeverStarted")
             return
         try:
             if timeout > 0:
-                await self._task(c.pod_id, "Kill", {"task_id": c.container_id, "signal": 15})
+                await self._task(c.pod_id, "Kill", {"task_id": c.container_id, "signal": int(signal.SIGTERM)})
                 try:
                     done = await self._task(c.pod_id, "Wait", {"task_id": c.container_id}, timeout=timeout)
                     self._exited(c, done)
                     return
                 except DeadlineExceeded:
                     pass
-            await self._task(c.pod_id, "Kill", {"task_id": c.container_id, "signal": 9, "all": True})
+            await self._task(c.pod_id, "Kill", {"task_id": c.container_id, "signal": int(signal.SIGKILL), "all": True})
             self._exited(c, await self._task(c.pod_id, "Wait", {"task_id": c.container_id}))
         except (Unavailable, NotFound):
             self._shim_gone(c)
 
     def _exited(self, c: ContainerRecord, done: Mapping[str, Any]) -> None:
         code = done["exit_status"]
-        self.store.update_container(c.container_id, state="EXITED", exit_code=code, finished_at=done["exited_at"],
-                                    reason="Completed" if code == 0 else "Error")
+        self.store.update_container(c.pod_id, c.container_id, state=ContainerState.EXITED, exit_code=code,
+                                    finished_at=done["exited_at"], reason="Completed" if code == 0 else "Error")
 
     def _shim_gone(self, c: ContainerRecord) -> ContainerRecord:
-        return self.store.update_container(c.container_id, state="EXITED", exit_code=UNKNOWN_EXIT_CODE,
-                                           finished_at=c.finished_at or time.time_ns(), reason="Unknown",
-                                           message="the pod's shim is gone")
+        return self.store.update_container(c.pod_id, c.container_id, state=ContainerState.EXITED,
+                                           exit_code=UNKNOWN_EXIT_CODE, finished_at=c.finished_at or time.time_ns(),
+                                           reason="Unknown", message="the pod's shim is gone")
 
     async def _refresh_container(self, c: ContainerRecord) -> ContainerRecord:
         """Bring the record up to date with the shim (a container may have exited on its own)."""
-        if c.state == "EXITED":
+        if c.state is ContainerState.EXITED:
             return c
         try:
             st = await self._task(c.pod_id, "State", {"task_id": c.container_id})
         except (Unavailable, NotFound):
             return self._shim_gone(c)
         state = _TASK_STATE.get(st.get("status"), c.state)
-        if state == c.state:
+        if state is c.state:
             return c
-        if state == "EXITED":
+        if state is ContainerState.EXITED:
             code = st.get("exit_status", UNKNOWN_EXIT_CODE)
-            return self.store.update_container(c.container_id, state="EXITED", exit_code=code,
+            return self.store.update_container(c.pod_id, c.container_id, state=ContainerState.EXITED, exit_code=code,
                                                finished_at=st.get("exited_at") or time.time_ns(),
                                                reason="Completed" if code == 0 else "Error")
-        return self.store.update_container(c.container_id, state=state, pid=st.get("pid"),
+        return self.store.update_container(c.pod_id, c.container_id, state=state, pid=st.get("pid"),
                                            started_at=st.get("started_at") or c.started_at)
 
     async def _delete_task(self, c: ContainerRecord) -> None:
@@ -523,15 +557,14 @@ class PodService:
         c = self._container_or_removed(container_id)
         if c is None:
             return
-        async with self._lock(c.pod_id):
+        async with self._hold(c.pod_id):
             try:
-                c = self.store.get_container(c.container_id)
+                c = self.store.get_container(c.pod_id, c.container_id)
             except NotFound:
                 return  # removed while this call waited for the pod's lock
             await self._stop_container(c, 0)
             await self._delete_task(c)
-            self._removed_containers.add(c.container_id)
-            self.store.delete_container(c.container_id)
+            self.store.delete_container(c.pod_id, c.container_id, remember=True)
 
     async def container_status(self, container_id: str, verbose: bool = False) -> dict[str, Any]:
         """ContainerStatus, CRI-shaped."""
@@ -568,7 +601,12 @@ class PodService:
                 continue
             if f.get("pod_sandbox_id") and not c.pod_id.startswith(f["pod_sandbox_id"]):
                 continue
-            c = await self._refresh_container(c)
+            try:
+                c = await self._refresh_container(c)
+            except Aborted:
+                pass  # another process holds its pod's sandbox right now: listed as last recorded
+            except NotFound:
+                continue  # removed by another process since the list was read
             if f.get("state") and f"CONTAINER_{c.state}" != f["state"]:
                 continue
             if not _labels_match(c.labels, f.get("label_selector")):
@@ -585,6 +623,18 @@ class PodService:
     def container_log_path(self, container_id: str) -> str:
         """Where a container's CRI-format log is."""
         return self._container(container_id).log_path
+
+
+def _check_sandbox_config(pod: PodRecord, sandbox_config: PodSandboxConfig | Mapping[str, Any]) -> None:
+    """InvalidArgument unless ``sandbox_config`` is the config of ``pod`` (metadata, log directory)."""
+    given = sandbox_config if isinstance(sandbox_config, PodSandboxConfig) else PodSandboxConfig.from_json(sandbox_config)
+    own = PodSandboxConfig.from_json(pod.config)
+    if given.metadata.key != own.metadata.key:
+        raise InvalidArgument(f"sandbox_config is for pod {given.metadata.key!r}, but pod {pod.pod_id} "
+                              f"is {own.metadata.key!r}")
+    if given.log_directory != own.log_directory:
+        raise InvalidArgument(f"sandbox_config has log_directory {given.log_directory!r}, but pod {pod.pod_id} "
+                              f"was run with {own.log_directory!r}")
 
 
 def _labels_match(labels: Mapping[str, str], selector: Mapping[str, str] | None) -> bool:

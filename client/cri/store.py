@@ -1,71 +1,174 @@
-"""The persistent pod store: one JSON record per pod, written atomically, read back on restart.
+"""The persistent pod store: one JSON record per pod, shared by every process that opens its root.
 
-Layout: ``<root>/pods/<pod_id>.json`` holds a :class:`PodRecord` with its containers. A write
-is tmp file + fsync + rename + fsync of the directory, so after a crash (or power cut) each
-record is the old one or the new one, never half of either.
+Layout under ``<root>``::
+
+    pods/<pod_id>.json    a PodRecord with its containers (RECORD_VERSION), written atomically
+    pods/<pod_id>.lock    the pod's lock file, while an operation on the pod holds it
+    removed-pods.json     ids of removed pods and containers, so that removing (or stopping)
+    removed-containers.json   one twice is not NOT_FOUND
+
+A write is tmp file + fsync + rename + fsync of the directory (:func:`write_atomic`), so after a
+crash (or power cut) each record is the old one or the new one, never half of either.
+
+**The state machines.** A pod is CREATING until RunPodSandbox finished, then READY, then
+NOTREADY once stopped or its pause died; a container is CREATED, RUNNING, EXITED. The allowed
+moves are the tables :data:`POD_TRANSITIONS` and :data:`CONTAINER_TRANSITIONS`; the store
+refuses any other with FailedPrecondition. Staying in a state is not a move.
+
+**Many processes, one root.** podshimctl, podshimd and any Controller user may open the same
+root at the same time. Every read looks at the files (a parsed record is reused only while its
+file is provably the same one), so a change is seen by every process at once. Two kinds of
+flock keep them apart; the kernel drops both when a process dies, so kill -9 never
+leaves a lock held:
+
+- *The store lock*, an flock on the ``pods`` directory itself, is held for the few milliseconds of one change: read the record, check the
+  change, write it. Checks that span records (a pod's name is free, a container id is unused)
+  and the write they allow are one step across all processes. Reads take no lock: a record
+  file is always whole.
+- *A pod's lock* is held by the process working on the pod for the whole operation — from
+  before RunPodSandbox writes the CREATING record until the pod is READY or rolled back; a
+  stop, a removal, a container change — so two processes never work on one pod at once, while
+  reads (``pods``, ``inspectp``) of it go on. Take it with :meth:`PodStore.lock_pod`; a pod's
+  lock is taken before the store lock, never the other way round.
 
 **A record is the reservation.** containerd keeps the name index and the sandbox metadata in
 separate places; a crash between the two writes left restarts failing with "failed to get
 metadata for stored sandbox" (containerd#10848) or names reserved forever (#5410, #6095). Here
-the name index is not stored at all: it is rebuilt from the records at start-up, so there can
-never be a reservation without a record. :meth:`PodStore.reserve_name` only holds a name in
-memory for a pod service that needs it before it can write the record; a crash forgets it.
+there is no name index: :meth:`PodStore.create` checks the name against the records on disk
+under the store lock, so two processes creating the same pod at once get one record and one
+AlreadyExists, and there can never be a reservation without a record.
 
-**The CREATING rule.** The pod service writes the pod's record in state CREATING *before* it
-makes anything outside (netns, CNI, shim), so a crash leaves a record that says what to undo.
-A record found in CREATING when the store opens was being created by a process that is gone:
-it is *incomplete*. An incomplete record does not hold its name (a new RunPodSandbox for the
-same pod succeeds at once) and :meth:`PodStore.list_incomplete` hands it to the pod service,
-which rolls back what the record names and deletes it. CREATING records written by this
-process do hold their names: their RunPodSandbox is still running.
+**The CREATING rule.** The pod service writes the pod's record in state CREATING, holding the
+pod's lock, *before* it makes anything outside (netns, CNI, shim), so a crash leaves a record
+that says what to undo. A CREATING record whose lock is free belongs to a process that is gone:
+it is *incomplete*. It does not hold its name (a new RunPodSandbox for the same pod succeeds at
+once), and :meth:`PodStore.claim_incomplete` hands it, locked, to whoever rolls it back. A
+CREATING record whose lock is held is a RunPodSandbox still running, here or in another
+process: nobody else touches it.
 
-A record that cannot be parsed (a disk error, a hand edit) does not stop the store from
-opening: it is renamed to ``<file>.corrupt``, logged and skipped.
-
-Thread and task safety: every method is synchronous and holds one lock while it reads or
-changes the in-memory indexes and writes the file, so asyncio tasks (and threads) in one
-process see each change whole. One process owns a store root at a time.
+**Leftovers.** Opening a store removes tmp files of writes that died before their rename and
+moves records that cannot be parsed aside to ``<file>.corrupt`` (logged), but only when it gets
+the store lock at once: every write holds that lock, so then no other process is half-way
+through one. If it is busy, the next open cleans up.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import enum
+import fcntl
 import json
 import logging
 import os
 import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any, Iterator, Mapping
 
-from shim.rpc.files import ensure_private_dir, fsync_dir, read_json, write_atomic
+import anyio
+
+from shim.rpc.files import decode_json, ensure_private_dir, fsync_dir, read_json, write_atomic
 from shim.rpc.identifiers import validate_identifier
-from shim.rpc.status import AlreadyExists, InvalidArgument, NotFound
+from shim.rpc.status import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
 
 from client.cri.configs import ContainerMetadata, PodSandboxMetadata
 
 __all__ = [
+    "CONTAINER_TRANSITIONS",
+    "POD_TRANSITIONS",
     "RECORD_VERSION",
-    "POD_STATES",
-    "CONTAINER_STATES",
+    "REMOVED_MEMORY",
     "ContainerRecord",
+    "ContainerState",
+    "PodLock",
     "PodRecord",
+    "PodState",
     "PodStore",
+    "check_container_transition",
+    "check_pod_transition",
 ]
 
 log = logging.getLogger(__name__)
 
-#: ``version`` in every record file; a reader ignores fields it does not know.
+
+class PodState(enum.StrEnum):
+    """A pod record's state: CRI's PodSandboxState plus CREATING, which CRI never reports."""
+
+    CREATING = "CREATING"  # RunPodSandbox has not finished: the pod is not listed yet
+    READY = "READY"        # its pause runs and its network is up
+    NOTREADY = "NOTREADY"  # stopped, or its pause died; only removal is left
+
+
+class ContainerState(enum.StrEnum):
+    """A container record's state: CRI's ContainerState (CONTAINER_UNKNOWN is never stored)."""
+
+    CREATED = "CREATED"
+    RUNNING = "RUNNING"
+    EXITED = "EXITED"
+
+
+#: The state a pod or container record starts in.
+INITIAL_POD_STATE = PodState.CREATING
+INITIAL_CONTAINER_STATE = ContainerState.CREATED
+#: Where each state may go. A failed RunPodSandbox deletes its CREATING record instead.
+POD_TRANSITIONS: Mapping[PodState, frozenset[PodState]] = {
+    PodState.CREATING: frozenset({PodState.READY}),
+    PodState.READY: frozenset({PodState.NOTREADY}),
+    PodState.NOTREADY: frozenset(),
+}
+#: CREATED → EXITED is a container that never started (stopped first, or its shim died).
+CONTAINER_TRANSITIONS: Mapping[ContainerState, frozenset[ContainerState]] = {
+    ContainerState.CREATED: frozenset({ContainerState.RUNNING, ContainerState.EXITED}),
+    ContainerState.RUNNING: frozenset({ContainerState.EXITED}),
+    ContainerState.EXITED: frozenset(),
+}
+
+#: ``version`` in every record file. A reader ignores fields it does not know and leaves a
+#: record of a newer version alone (it is neither used nor moved aside).
 RECORD_VERSION = 1
-#: CRI's PodSandboxState plus CREATING, which CRI never reports (the pod is not listed yet).
-POD_STATES = ("CREATING", "READY", "NOTREADY")
-#: CRI's ContainerState values a record can hold.
-CONTAINER_STATES = ("CREATED", "RUNNING", "EXITED")
+#: How many removed pod (and container) ids are remembered, so that a second RemovePodSandbox
+#: (RemoveContainer, StopPodSandbox, StopContainer) is not NOT_FOUND.
+REMOVED_MEMORY = 4096
 _PODS_DIR = "pods"
-_SUFFIX = ".json"
+_RECORD_SUFFIX = ".json"
+_LOCK_SUFFIX = ".lock"
 _CORRUPT_SUFFIX = ".corrupt"
+_REMOVED_PODS = "removed-pods.json"
+_REMOVED_CONTAINERS = "removed-containers.json"
+#: How long a wait for another process's pod lock sleeps between tries, at first and at most.
+_LOCK_POLL_FIRST = 0.002
+_LOCK_POLL_MAX = 0.05
+#: How old a record file's timestamps must be before its parse is cached (see PodStore._parse):
+#: well above the kernel's timestamp tick (a jiffy, at most 10 ms).
+_CACHE_SETTLED_NS = 100_000_000
 #: How many candidates an "ambiguous prefix" error names.
 _MAX_CANDIDATES_SHOWN = 10
+
+
+def _check_transition(kind: str, name: str, table: Mapping[Any, frozenset[Any]], old: Any, new: Any) -> None:
+    if new == old or new in table[old]:
+        return
+    allowed = sorted(table[old])
+    then = f"it can only become {' or '.join(allowed)}" if allowed else "it can only be removed"
+    raise FailedPrecondition(f"{kind} {name} is {old} and cannot become {new}: {then}")
+
+
+def check_pod_transition(pod_id: str, old: PodState, new: PodState) -> None:
+    """FailedPrecondition unless a pod may go from ``old`` to ``new`` (:data:`POD_TRANSITIONS`)."""
+    _check_transition("pod", pod_id, POD_TRANSITIONS, PodState(old), PodState(new))
+
+
+def check_container_transition(container_id: str, old: ContainerState, new: ContainerState) -> None:
+    """FailedPrecondition unless a container may go from ``old`` to ``new`` (:data:`CONTAINER_TRANSITIONS`)."""
+    _check_transition("container", container_id, CONTAINER_TRANSITIONS, ContainerState(old), ContainerState(new))
+
+
+def _state(kind: str, enum_type: type[enum.StrEnum], value: Any) -> Any:
+    try:
+        return enum_type(value)
+    except ValueError:
+        raise InvalidArgument(f"{kind} state {value!r} is not one of {', '.join(enum_type)}") from None
 
 
 def _fields_of(cls: type, doc: dict[str, Any]) -> dict[str, Any]:
@@ -73,9 +176,15 @@ def _fields_of(cls: type, doc: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in doc.items() if k in names}
 
 
-def _check_state(kind: str, state: str, allowed: tuple[str, ...]) -> None:
-    if state not in allowed:
-        raise InvalidArgument(f"{kind} state {state!r} is not one of {', '.join(allowed)}")
+def _replaced(record: Any, kind: str, frozen: tuple[str, ...], changes: dict[str, Any]) -> Any:
+    """``record`` with ``changes``; InvalidArgument for a field that is unknown or fixed."""
+    fixed = sorted(set(changes) & set(frozen))
+    if fixed:
+        raise InvalidArgument(f"a {kind}'s {', '.join(fixed)} cannot change")
+    try:
+        return dataclasses.replace(record, **changes)
+    except TypeError as exc:
+        raise InvalidArgument(f"{kind} update: {exc}") from None
 
 
 class _ConfigLabels:
@@ -96,15 +205,16 @@ class _ConfigLabels:
 class ContainerRecord(_ConfigLabels):
     """A container of a pod, as the pod service needs it for status, list and recovery.
 
-    Times are ns since the epoch (0 = not yet). ``pid`` is the container's init process as seen
-    from the shim's PID namespace; ``exit_code`` is set once EXITED (128 + signal if killed).
-    ``config`` is the crictl ContainerConfig JSON as given.
+    Stored inside its pod's record (and versioned with it). Times are ns since the epoch (0 =
+    not yet). ``pid`` is the container's init process as seen from the shim's PID namespace;
+    ``exit_code`` is set once EXITED (128 + signal if killed). ``config`` is the crictl
+    ContainerConfig JSON as given. ``state`` may be given as its string; it is kept as the enum.
     """
 
     container_id: str
     pod_id: str
     config: dict[str, Any]
-    state: str = "CREATED"
+    state: ContainerState = INITIAL_CONTAINER_STATE
     created_at: int = field(default_factory=time.time_ns)
     started_at: int = 0
     finished_at: int = 0
@@ -114,15 +224,17 @@ class ContainerRecord(_ConfigLabels):
     message: str = ""
     log_path: str = ""
 
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "state", _state("container", ContainerState, self.state))
+
     @property
     def metadata(self) -> ContainerMetadata:
         return ContainerMetadata.from_json(self.config.get("metadata"))
 
     def check(self) -> None:
-        """InvalidArgument unless ids, state and metadata are valid."""
+        """InvalidArgument unless ids and metadata are valid."""
         validate_identifier("container id", self.container_id)
         validate_identifier("pod id", self.pod_id)
-        _check_state("container", self.state, CONTAINER_STATES)
         self.metadata  # noqa: B018  (parsing is the check)
 
     def to_json(self) -> dict[str, Any]:
@@ -138,8 +250,7 @@ class PodRecord(_ConfigLabels):
     """One pod sandbox and its containers, as stored.
 
     - ``config``: the crictl PodSandboxConfig JSON as given (the source of name, labels, ...).
-    - ``state``: CREATING until RunPodSandbox finished, then READY; NOTREADY once the pause exited
-      or StopPodSandbox ran. CRI reports CREATING as nothing (RunPodSandbox has not returned).
+    - ``state``: see :class:`PodState` and :data:`POD_TRANSITIONS`; may be given as its string.
     - ``sandbox_namespace``: the controller namespace the shim runs in; with ``pod_id`` it finds
       the shim again after a restart.
     - ``netns_path``, ``cni_result``: what recovery and StopPodSandbox need to tear the network
@@ -150,7 +261,7 @@ class PodRecord(_ConfigLabels):
     pod_id: str
     config: dict[str, Any]
     runtime_handler: str = ""
-    state: str = "CREATING"
+    state: PodState = INITIAL_POD_STATE
     created_at: int = field(default_factory=time.time_ns)
     sandbox_namespace: str = "default"
     netns_path: str = ""
@@ -161,15 +272,18 @@ class PodRecord(_ConfigLabels):
     stopped_at: int = 0
     containers: dict[str, ContainerRecord] = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "state", _state("pod", PodState, self.state))
+
     @property
     def metadata(self) -> PodSandboxMetadata:
         return PodSandboxMetadata.from_json(self.config.get("metadata"))
 
     def check(self) -> None:
-        """InvalidArgument unless ids, states, metadata and container ownership are valid."""
+        """InvalidArgument unless ids, metadata and container ownership are valid;
+        AlreadyExists if two containers share a (name, attempt)."""
         validate_identifier("pod id", self.pod_id)
         validate_identifier("sandbox namespace", self.sandbox_namespace)
-        _check_state("pod", self.state, POD_STATES)
         self.metadata  # noqa: B018  (parsing is the check)
         keys: dict[str, str] = {}
         for container_id, container in self.containers.items():
@@ -188,16 +302,112 @@ class PodRecord(_ConfigLabels):
 
     @classmethod
     def from_json(cls, doc: dict[str, Any]) -> "PodRecord":
-        """Build a record from its stored JSON; unknown fields are ignored."""
+        """Build a record from its stored JSON; unknown fields are ignored.
+
+        Raises InvalidArgument for a record this code cannot read (bad version or state),
+        :class:`NewerRecord` for one written by a newer podshim.
+        """
+        version = doc.get("version")
+        if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+            raise InvalidArgument(f"record version {version!r} is not a positive integer")
+        if version > RECORD_VERSION:
+            raise NewerRecord(f"record version {version} is newer than this podshim's ({RECORD_VERSION})")
         values = _fields_of(cls, doc)
         values["additional_ips"] = tuple(values.get("additional_ips") or ())
         values["containers"] = {cid: ContainerRecord.from_json(c) for cid, c in (values.get("containers") or {}).items()}
         return cls(**values)
 
 
-def _write_atomic(path: str, data: bytes) -> None:
-    """A pod record must survive a power cut: file and directory are fsynced."""
-    write_atomic(path, data)
+class NewerRecord(FailedPrecondition):
+    """A record written by a newer podshim: left as it is, neither used nor moved aside."""
+
+
+def _lock_file(path: str, *, blocking: bool) -> int | None:
+    """flock ``path`` (made if missing) and return its fd; None if busy and not ``blocking``.
+
+    A lock file is unlinked by its holder when it lets go (:func:`_unlock_file`), so the file
+    this opened may be gone by the time the lock is granted: then it was not the lock any more,
+    and this tries again with the file now at ``path``.
+    """
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
+        except BlockingIOError:
+            os.close(fd)
+            return None
+        except BaseException:
+            os.close(fd)
+            raise
+        try:
+            current = os.stat(path)
+        except FileNotFoundError:
+            current = None
+        held = os.fstat(fd)
+        if current is not None and (current.st_dev, current.st_ino) == (held.st_dev, held.st_ino):
+            return fd
+        os.close(fd)
+
+
+def _unlock_file(path: str, fd: int) -> None:
+    """Let go of a lock taken by :func:`_lock_file`: unlink its file while still holding it,
+    so nothing is left behind, then close (which drops the flock)."""
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+    finally:
+        os.close(fd)
+
+
+class PodLock:
+    """The flock of one pod (``pods/<pod_id>.lock``), held by the process working on the pod.
+
+    Made by :meth:`PodStore.lock_pod`. Each PodLock is its own open file, so two of them
+    exclude each other in one process as across processes. ``async with`` acquires and
+    releases it. It is released by :meth:`release` or by the kernel when the process dies — which is how :meth:`PodStore.claim_incomplete`
+    tells a crash leftover from a RunPodSandbox still running. Not reentrant.
+    """
+
+    def __init__(self, path: str):
+        self.path = path
+        self._fd: int | None = None
+
+    @property
+    def held(self) -> bool:
+        return self._fd is not None
+
+    def try_acquire(self) -> bool:
+        """Take the lock if it is free; False if another holder has it."""
+        if self._fd is not None:
+            raise RuntimeError(f"{self.path} is already held by this PodLock")
+        self._fd = _lock_file(self.path, blocking=False)
+        return self._fd is not None
+
+    async def acquire(self) -> None:
+        """Take the lock, waiting as long as its holder keeps it (cancel to give up).
+
+        flock offers nothing to wait on and a thread blocked in flock(2) cannot be cancelled,
+        so this tries again after a short sleep that grows to 50 ms. Contention is rare: one
+        process serialises its own operations on a pod before it asks for this lock.
+        """
+        delay = _LOCK_POLL_FIRST
+        while not self.try_acquire():
+            await anyio.sleep(delay)
+            delay = min(delay * 2, _LOCK_POLL_MAX)
+
+    def release(self) -> None:
+        """Let go of the lock (no-op if not held)."""
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            _unlock_file(self.path, fd)
+
+    async def __aenter__(self) -> "PodLock":
+        await self.acquire()
+        return self
+
+    async def __aexit__(self, *exc_info: Any) -> None:
+        self.release()
 
 
 def _resolve_prefix(kind: str, prefix: str, ids: Iterator[str]) -> str:
@@ -218,248 +428,374 @@ def _resolve_prefix(kind: str, prefix: str, ids: Iterator[str]) -> str:
 
 
 class PodStore:
-    """Pod records under ``root``, loaded at construction; see the module docstring for the rules.
+    """Pod records under ``root``; see the module docstring for the rules.
 
-    Raises OSError if ``root`` cannot be created or read.
+    Every method is synchronous and looks at the files, so a change made by another process is
+    seen at once. Changes hold a thread lock and the store lock, so asyncio tasks, threads and
+    processes each see every change whole. Raises OSError if ``root`` cannot be created or read.
     """
 
     def __init__(self, root: str | os.PathLike[str]):
         self.root = os.path.abspath(os.fspath(root))
         self._dir = os.path.join(self.root, _PODS_DIR)
         ensure_private_dir(self._dir, 0o700)
-        self._lock = threading.RLock()
-        self._pods: dict[str, PodRecord] = {}
-        self._names: dict[str, str] = {}          # metadata key → pod id, from complete records
-        self._pending: dict[str, str] = {}        # metadata key → pod id, reserve_name() not yet written
-        self._incomplete: set[str] = set()        # pod ids found CREATING at start-up
-        self._container_pods: dict[str, str] = {}  # container id → pod id
-        self._load()
+        self._mutex = threading.RLock()
+        self._store_fd: int | None = None
+        self._depth = 0
+        self._reported: set[str] = set()  # newer-version records already logged
+        # pod id → (file identity, record): parses of files that have not changed since (_parse)
+        self._cache: dict[str, tuple[tuple[int, ...], PodRecord]] = {}
+        self._clean_up()
 
-    # -- loading -------------------------------------------------------------------------
+    # -- files and locks -------------------------------------------------------------------
 
-    def _load(self) -> None:
-        for entry in sorted(os.listdir(self._dir)):
-            path = os.path.join(self._dir, entry)
-            if entry.startswith("."):
-                # A tmp file of a write that crashed before its rename: the record it would have
-                # replaced is intact, so the tmp file is garbage.
-                os.unlink(path)
-                continue
-            if not entry.endswith(_SUFFIX):
-                continue
+    def _record_path(self, pod_id: str) -> str:
+        return os.path.join(self._dir, pod_id + _RECORD_SUFFIX)
+
+    def _lock_path(self, pod_id: str) -> str:
+        return os.path.join(self._dir, pod_id + _LOCK_SUFFIX)
+
+    @contextmanager
+    def _exclusive(self, *, blocking: bool = True) -> Iterator[bool]:
+        """Hold the store lock (reentrant in this store); yields False if busy and not ``blocking``."""
+        with self._mutex:
+            if self._depth == 0:
+                fd = os.open(self._dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
+                except BlockingIOError:
+                    os.close(fd)
+                    yield False
+                    return
+                except BaseException:
+                    os.close(fd)
+                    raise
+                self._store_fd = fd
+            self._depth += 1
             try:
-                record = PodRecord.from_json(read_json(path))
-                record.check()
-                if entry != record.pod_id + _SUFFIX:
-                    raise InvalidArgument(f"it holds pod {record.pod_id!r}")
-                for container_id in record.containers:
-                    if container_id in self._container_pods:
-                        raise AlreadyExists(f"container {container_id} is also in pod {self._container_pods[container_id]}")
-            except (ValueError, TypeError, AttributeError, InvalidArgument, AlreadyExists) as exc:
-                log.error("pod record %s is not valid (%s); moved aside to %s%s", path, exc, path, _CORRUPT_SUFFIX)
+                yield True
+            finally:
+                self._depth -= 1
+                if self._depth == 0:
+                    fd, self._store_fd = self._store_fd, None
+                    os.close(fd)
+
+    def lock_pod(self, pod_id: str) -> PodLock:
+        """A new, not yet taken, lock for the pod ``pod_id`` (see :class:`PodLock`)."""
+        validate_identifier("pod id", pod_id)
+        return PodLock(self._lock_path(pod_id))
+
+    def _clean_up(self) -> None:
+        """Remove dead writers' tmp files, move unreadable records aside, drop lock files of
+        dead holders — only if no other process is writing (see "Leftovers" above)."""
+        with self._exclusive(blocking=False) as exclusive:
+            if not exclusive:
+                return
+            removed_tmp = tuple(f".{name}." for name in (_REMOVED_PODS, _REMOVED_CONTAINERS))  # write_atomic's
+            for directory, entries in ((self._dir, os.listdir(self._dir)),
+                                       (self.root, [e for e in os.listdir(self.root) if e.startswith(removed_tmp)])):
+                for entry in sorted(entries):
+                    path = os.path.join(directory, entry)
+                    if entry.startswith("."):
+                        # A tmp file of a write that died before its rename (every write holds
+                        # the store lock): the file it would have replaced is intact.
+                        os.unlink(path)
+                    elif entry.endswith(_LOCK_SUFFIX):
+                        fd = _lock_file(path, blocking=False)  # a live holder keeps its file
+                        if fd is not None:
+                            _unlock_file(path, fd)
+                    elif entry.endswith(_RECORD_SUFFIX):
+                        self._read(entry[:-len(_RECORD_SUFFIX)])  # sets it aside if it is not valid
+
+    # -- reading -----------------------------------------------------------------------------
+
+    def _parse(self, pod_id: str, path: str) -> PodRecord:
+        """Read and check a record file, or take it from the cache if that file is unchanged.
+
+        A file is known by (device, inode, size, mtime, ctime), read from the descriptor the
+        bytes come from. Every write makes a new file, but its inode may be one just freed and
+        a timestamp is only as fine as the kernel's coarse clock: a file replaced within one
+        tick could look unchanged. So a parse is cached only once the file's timestamps are
+        older than :data:`_CACHE_SETTLED_NS` ("racy git"): any file made later differs.
+        """
+        with open(path, "rb") as f:
+            st = os.fstat(f.fileno())
+            identity = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+            cached = self._cache.get(pod_id)
+            if cached is not None and cached[0] == identity:
+                return cached[1]
+            doc = decode_json(f.read(), path)
+        if not isinstance(doc, dict):
+            raise InvalidArgument("it is not a JSON object")
+        record = PodRecord.from_json(doc)
+        record.check()
+        if record.pod_id != pod_id:
+            raise InvalidArgument(f"it holds pod {record.pod_id!r}")
+        if time.time_ns() - max(st.st_mtime_ns, st.st_ctime_ns) > _CACHE_SETTLED_NS:
+            self._cache[pod_id] = (identity, record)
+        else:
+            self._cache.pop(pod_id, None)
+        return record
+
+    def _read(self, pod_id: str) -> PodRecord | None:
+        """The record of ``pod_id`` as on disk; None if there is none or it cannot be used
+        (logged; one that is not valid is set aside)."""
+        path = self._record_path(pod_id)
+        try:
+            return self._parse(pod_id, path)
+        except FileNotFoundError:
+            self._cache.pop(pod_id, None)
+            return None
+        except NewerRecord as exc:
+            if path not in self._reported:
+                self._reported.add(path)
+                log.error("pod record %s is left as it is and not used: %s", path, exc.message)
+            return None
+        except OSError as exc:  # EIO, EACCES...: the file may be fine; leave it
+            log.error("pod record %s cannot be read (%s); skipped", path, exc)
+            return None
+        except (ValueError, TypeError, AttributeError, InvalidArgument, AlreadyExists) as exc:
+            self._set_aside(path, exc)
+            return None
+
+    def _set_aside(self, path: str, reason: Exception) -> None:
+        """Move a record that is not valid to ``<path>.corrupt``. A whole file that does not
+        parse is corrupt (writes replace files whole), but the move waits for the store lock,
+        so that it cannot set aside a record another process is replacing right now."""
+        with self._exclusive(blocking=False) as exclusive:
+            if not exclusive:
+                log.error("pod record %s is not valid (%s); skipped", path, reason)
+                return
+            try:
                 os.replace(path, path + _CORRUPT_SUFFIX)
-                continue
-            if record.state == "CREATING":
-                self._incomplete.add(record.pod_id)
-            self._index(record)
-        fsync_dir(self._dir)
+            except FileNotFoundError:
+                return
+            fsync_dir(self._dir)
+        log.error("pod record %s is not valid (%s); moved aside to %s%s", path, reason, path, _CORRUPT_SUFFIX)
 
-    # -- internal index upkeep (callers hold the lock) ------------------------------------
+    def _ids(self) -> list[str]:
+        return [e[:-len(_RECORD_SUFFIX)] for e in os.listdir(self._dir)
+                if e.endswith(_RECORD_SUFFIX) and not e.startswith(".")]
 
-    def _index(self, record: PodRecord) -> None:
-        self._pods[record.pod_id] = record
-        if record.pod_id not in self._incomplete:
-            self._names[record.metadata.key] = record.pod_id
-        for container_id in record.containers:
-            self._container_pods[container_id] = record.pod_id
+    def _read_all(self) -> list[PodRecord]:
+        ids = self._ids()
+        for gone in set(self._cache) - set(ids):
+            self._cache.pop(gone, None)
+        return [r for r in map(self._read, ids) if r is not None]
 
-    def _unindex(self, pod_id: str) -> None:
-        record = self._pods.pop(pod_id, None)
+    def _current(self, pod_id: str) -> PodRecord:
+        record = self._read(pod_id)
         if record is None:
-            return
-        key = record.metadata.key
-        if self._names.get(key) == pod_id:
-            del self._names[key]
-        for container_id in record.containers:
-            if self._container_pods.get(container_id) == pod_id:
-                del self._container_pods[container_id]
+            raise NotFound(f"pod sandbox {pod_id!r}")
+        return record
 
-    def _name_holder(self, key: str) -> str | None:
-        return self._names.get(key) or self._pending.get(key)
+    # -- writing (callers hold the store lock) -------------------------------------------------
 
     def _write(self, record: PodRecord) -> PodRecord:
-        """Persist ``record`` and index what was written; returns the stored copy."""
+        """Persist ``record``; returns the stored copy."""
+        record.check()
         try:
             data = (json.dumps(record.to_json(), sort_keys=True, allow_nan=False) + "\n").encode()
         except (TypeError, ValueError) as exc:
             raise InvalidArgument(f"pod {record.pod_id}: the record is not JSON-serialisable: {exc}") from None
-        _write_atomic(os.path.join(self._dir, record.pod_id + _SUFFIX), data)
-        # Index a copy made from the bytes on disk: later changes to the caller's dicts cannot
-        # reach the store, and what is read now is exactly what a restart would read.
-        stored = PodRecord.from_json(json.loads(data))
-        self._unindex(record.pod_id)
-        self._index(stored)
-        return stored
+        write_atomic(self._record_path(record.pod_id), data)
+        # Return a copy made from the bytes on disk: later changes to the caller's dicts cannot
+        # reach the store, and what is returned is exactly what a reader will read.
+        return PodRecord.from_json(json.loads(data))
 
-    # -- names ---------------------------------------------------------------------------
+    # -- pods ----------------------------------------------------------------------------------
 
-    def reserve_name(self, metadata_key: str, pod_id: str) -> None:
-        """Hold a pod name (``name_namespace_uid_attempt``) for ``pod_id`` until its record is put.
+    def claim_incomplete(self, pod_id: str) -> PodLock | None:
+        """The held lock of a pod a crash left CREATING; None if the pod is not CREATING (or
+        gone) or its owner is alive (still creating it, or rolling it back).
 
-        Idempotent for the same pod. Raises AlreadyExists naming the pod that holds the name.
-        The hold is in memory only: writing the pod's record makes it durable, and
-        :meth:`release_name` gives it up if the record is never written.
+        The caller rolls back what the record names, :meth:`delete`\\ s it, and releases the lock.
         """
-        validate_identifier("pod id", pod_id)
-        with self._lock:
-            holder = self._name_holder(metadata_key)
-            if holder is not None and holder != pod_id:
-                raise AlreadyExists(f"pod name {metadata_key!r} is reserved for pod {holder}")
-            self._pending[metadata_key] = pod_id
+        lock = self.lock_pod(pod_id)
+        if not lock.try_acquire():
+            return None
+        record = self._read(pod_id)  # again: its owner may have finished before letting go
+        if record is None or record.state is not PodState.CREATING:
+            lock.release()
+            return None
+        return lock
 
-    def release_name(self, metadata_key: str, pod_id: str) -> None:
-        """Give up a hold taken by :meth:`reserve_name` (no-op if ``pod_id`` does not hold it)."""
-        with self._lock:
-            if self._pending.get(metadata_key) == pod_id:
-                del self._pending[metadata_key]
+    def _name_holder(self, key: str, pod_id: str) -> str | None:
+        for other in self._read_all():
+            if other.pod_id == pod_id or other.metadata.key != key:
+                continue
+            if other.state is PodState.CREATING:
+                lock = self.claim_incomplete(other.pod_id)
+                if lock is not None:
+                    lock.release()
+                    continue  # a crash leftover: it holds no name
+            return other.pod_id
+        return None
 
-    # -- pods ----------------------------------------------------------------------------
+    def create(self, record: PodRecord) -> PodRecord:
+        """Write a new pod's record (durably); returns the stored copy.
 
-    def put(self, record: PodRecord) -> PodRecord:
-        """Create or replace a pod's record (durably); returns the stored copy.
-
-        Raises InvalidArgument for a bad record, AlreadyExists when another pod holds its name
-        or one of its container ids belongs to another pod.
+        It must be CREATING, and its writer must hold the pod's lock (:meth:`lock_pod`) until
+        the pod is READY or its record deleted: a CREATING record whose lock is free is a crash
+        leftover. Raises InvalidArgument for a bad record, FailedPrecondition if it is not
+        CREATING or has containers, AlreadyExists if the id is taken or another pod (not a
+        crash leftover) has the same name, namespace, uid and attempt.
         """
         record.check()
+        if record.state is not INITIAL_POD_STATE or record.containers:
+            raise FailedPrecondition(f"pod {record.pod_id}: a new pod record is {INITIAL_POD_STATE} "
+                                     f"with no containers, not {record.state} with {len(record.containers)}")
         key = record.metadata.key
-        with self._lock:
-            holder = self._name_holder(key)
-            # An incomplete record never takes its name back: a new pod may hold it by now.
-            if holder is not None and holder != record.pod_id and record.pod_id not in self._incomplete:
+        with self._exclusive():
+            if os.path.exists(self._record_path(record.pod_id)):
+                raise AlreadyExists(f"pod {record.pod_id} already exists")
+            holder = self._name_holder(key, record.pod_id)
+            if holder is not None:
                 raise AlreadyExists(f"pod name {key!r} is reserved for pod {holder}")
-            old = self._pods.get(record.pod_id)
-            if old is not None and old.metadata.key != key:
-                raise InvalidArgument(f"pod {record.pod_id}: metadata cannot change ({old.metadata.key!r} → {key!r})")
-            for container_id in record.containers:
-                owner = self._container_pods.get(container_id)
-                if owner is not None and owner != record.pod_id:
-                    raise AlreadyExists(f"container {container_id} belongs to pod {owner}")
-            stored = self._write(record)
-            if self._pending.get(key) == record.pod_id:
-                del self._pending[key]  # the record is the reservation now
-            return stored
+            return self._write(record)
 
     def update(self, pod_id: str, /, **changes: Any) -> PodRecord:
-        """Replace some fields of a pod's record in one step (no lost update between tasks).
+        """Change some fields of a pod's record in one step (no lost update between tasks or
+        processes); returns the stored copy.
 
-        Raises NotFound, or what :meth:`put` raises.
+        Raises NotFound, FailedPrecondition for a state change :data:`POD_TRANSITIONS` does not
+        allow, InvalidArgument for an unknown field or one that cannot change (pod_id, config,
+        containers: use the container methods).
         """
-        if "pod_id" in changes or "containers" in changes:
-            raise InvalidArgument("update cannot change pod_id or containers; use the container methods")
-        with self._lock:
-            return self.put(dataclasses.replace(self.get(pod_id), **changes))
+        with self._exclusive():
+            old = self._current(pod_id)
+            new = _replaced(old, "pod", ("pod_id", "config", "containers"), changes)
+            check_pod_transition(pod_id, old.state, new.state)
+            return self._write(new)
 
     def get(self, pod_id: str) -> PodRecord:
         """The pod with exactly this id; NotFound otherwise."""
-        with self._lock:
-            record = self._pods.get(pod_id)
-        if record is None:
-            raise NotFound(f"pod sandbox {pod_id!r}")
-        return record
+        validate_identifier("pod id", pod_id)
+        return self._current(pod_id)
 
     def get_by_prefix(self, prefix: str) -> PodRecord:
         """The pod whose id is ``prefix`` or the only one starting with it (as crictl resolves ids).
 
         NotFound if none matches, InvalidArgument naming the candidates if several do.
         """
-        with self._lock:
-            return self._pods[_resolve_prefix("pod sandbox", prefix, iter(self._pods))]
+        return self._current(_resolve_prefix("pod sandbox", prefix, iter(self._ids())))
 
-    def delete(self, pod_id: str) -> None:
-        """Remove a pod's record, its containers and its name; no error if it is not there."""
+    def delete(self, pod_id: str, *, remember: bool = False) -> None:
+        """Remove a pod's record with its containers, freeing its name; no error if it is not
+        there. ``remember`` keeps its id among the last :data:`REMOVED_MEMORY` removed ones
+        (:meth:`was_removed`), written before the record goes so that a crash in between
+        cannot lose it."""
         validate_identifier("pod id", pod_id)
-        with self._lock:
+        with self._exclusive():
+            if remember:
+                self._remember(_REMOVED_PODS, pod_id)
             try:
-                os.unlink(os.path.join(self._dir, pod_id + _SUFFIX))
+                os.unlink(self._record_path(pod_id))
             except FileNotFoundError:
-                pass
-            else:
-                fsync_dir(self._dir)
-            self._unindex(pod_id)
-            self._incomplete.discard(pod_id)
+                return
+            fsync_dir(self._dir)
 
     def list(self) -> list[PodRecord]:
-        """Every pod, incomplete ones included, oldest first."""
-        with self._lock:
-            return sorted(self._pods.values(), key=lambda r: (r.created_at, r.pod_id))
+        """Every pod, CREATING ones included, oldest first."""
+        return sorted(self._read_all(), key=lambda r: (r.created_at, r.pod_id))
 
-    def list_incomplete(self) -> list[PodRecord]:
-        """Pods a crash left in CREATING: roll back what each names, then :meth:`delete` it.
+    # -- removed pods --------------------------------------------------------------------------
 
-        They hold no name, so a new pod with the same metadata need not wait for this.
-        """
-        with self._lock:
-            return sorted((self._pods[i] for i in self._incomplete), key=lambda r: (r.created_at, r.pod_id))
+    def _remembered(self, name: str) -> list[str]:
+        """The ids in ``<root>/<name>``, oldest first ([] if it cannot be read: logged)."""
+        try:
+            ids = read_json(os.path.join(self.root, name))
+        except FileNotFoundError:
+            return []
+        except (OSError, ValueError) as exc:
+            log.error("%s cannot be read (%s); the ids of removed objects in it are forgotten", name, exc)
+            return []
+        return [i for i in ids if isinstance(i, str)] if isinstance(ids, list) else []
 
-    def is_incomplete(self, pod_id: str) -> bool:
-        """True for a pod a crash left in CREATING (see :meth:`list_incomplete`)."""
-        with self._lock:
-            return pod_id in self._incomplete
+    def _remember(self, name: str, removed_id: str) -> None:
+        """Add ``removed_id`` to ``<root>/<name>`` (callers hold the store lock: no lost id)."""
+        ids = self._remembered(name)
+        if removed_id not in ids:
+            ids = (ids + [removed_id])[-REMOVED_MEMORY:]
+            write_atomic(os.path.join(self.root, name), json.dumps(ids).encode())
 
-    # -- containers ----------------------------------------------------------------------
+    def was_removed(self, pod_id: str) -> bool:
+        """True for a pod deleted with ``remember`` (among the last :data:`REMOVED_MEMORY`)."""
+        return pod_id in self._remembered(_REMOVED_PODS)
 
-    def put_container(self, container: ContainerRecord) -> ContainerRecord:
-        """Create or replace a container in its pod's record (durably); returns the stored copy.
+    def container_was_removed(self, container_id: str) -> bool:
+        """True for a container deleted with ``remember`` (among the last :data:`REMOVED_MEMORY`)."""
+        return container_id in self._remembered(_REMOVED_CONTAINERS)
 
-        Raises NotFound if the pod is not there, AlreadyExists if the id belongs to another pod
-        or another container of the pod has the same (name, attempt).
+    # -- containers ----------------------------------------------------------------------------
+
+    def _put_container(self, pod_id: str, container_id: str, container: ContainerRecord | None) -> PodRecord:
+        """Write the pod's record with ``container`` under ``container_id`` (None: without it)."""
+        pod = self._current(pod_id)
+        containers = {cid: c for cid, c in pod.containers.items() if cid != container_id}
+        if container is not None:
+            containers[container_id] = container
+        return self._write(dataclasses.replace(pod, containers=containers))
+
+    def add_container(self, container: ContainerRecord) -> ContainerRecord:
+        """Add a new container (CREATED) to its pod's record (durably); returns the stored copy.
+
+        Raises NotFound if the pod is not there, FailedPrecondition if the container is not
+        CREATED, AlreadyExists if the id is taken (in any pod) or another container of the pod
+        has the same (name, attempt), InvalidArgument for a bad record.
         """
         container.check()
-        with self._lock:
-            pod = self.get(container.pod_id)
-            containers = dict(pod.containers)
-            containers[container.container_id] = container
-            stored = self.put(dataclasses.replace(pod, containers=containers))
-            return stored.containers[container.container_id]
+        if container.state is not INITIAL_CONTAINER_STATE:
+            raise FailedPrecondition(f"container {container.container_id}: a new container is "
+                                     f"{INITIAL_CONTAINER_STATE}, not {container.state}")
+        cid = container.container_id
+        with self._exclusive():
+            for other in self._read_all():
+                if cid in other.containers:
+                    raise AlreadyExists(f"container {cid} belongs to pod {other.pod_id}")
+            return self._put_container(container.pod_id, cid, container).containers[cid]
 
-    def update_container(self, container_id: str, /, **changes: Any) -> ContainerRecord:
-        """Replace some fields of a container in one step; NotFound if it is not there."""
-        if "container_id" in changes or "pod_id" in changes:
-            raise InvalidArgument("update_container cannot change container_id or pod_id")
-        with self._lock:
-            return self.put_container(dataclasses.replace(self.get_container(container_id), **changes))
+    def update_container(self, pod_id: str, container_id: str, /, **changes: Any) -> ContainerRecord:
+        """Change some fields of a container in one step; returns the stored copy.
 
-    def get_container(self, container_id: str) -> ContainerRecord:
-        """The container with exactly this id, in whichever pod; NotFound otherwise."""
-        with self._lock:
-            pod_id = self._container_pods.get(container_id)
-            if pod_id is None:
-                raise NotFound(f"container {container_id!r}")
-            return self._pods[pod_id].containers[container_id]
+        Raises NotFound, FailedPrecondition for a state change :data:`CONTAINER_TRANSITIONS`
+        does not allow, InvalidArgument for an unknown field or one that cannot change
+        (container_id, pod_id, config).
+        """
+        with self._exclusive():
+            old = self.get_container(pod_id, container_id)
+            new = _replaced(old, "container", ("container_id", "pod_id", "config"), changes)
+            check_container_transition(container_id, old.state, new.state)
+            return self._put_container(pod_id, container_id, new).containers[container_id]
+
+    def get_container(self, pod_id: str, container_id: str) -> ContainerRecord:
+        """The container ``container_id`` of pod ``pod_id``; NotFound otherwise."""
+        container = self._current(pod_id).containers.get(container_id)
+        if container is None:
+            raise NotFound(f"container {container_id!r} in pod {pod_id}")
+        return container
 
     def find_container(self, container_id_or_prefix: str) -> ContainerRecord:
         """The container whose id is given or is the only one starting with it, across pods.
 
         NotFound if none matches, InvalidArgument naming the candidates if several do.
         """
-        with self._lock:
-            container_id = _resolve_prefix("container", container_id_or_prefix, iter(self._container_pods))
-            return self.get_container(container_id)
+        containers = {c.container_id: c for c in self.list_containers()}
+        return containers[_resolve_prefix("container", container_id_or_prefix, iter(containers))]
 
-    def delete_container(self, container_id: str) -> None:
-        """Remove a container from its pod's record; no error if it is not there."""
-        with self._lock:
-            pod_id = self._container_pods.get(container_id)
-            if pod_id is None:
-                return
-            pod = self._pods[pod_id]
-            containers = {cid: c for cid, c in pod.containers.items() if cid != container_id}
-            self.put(dataclasses.replace(pod, containers=containers))
+    def delete_container(self, pod_id: str, container_id: str, *, remember: bool = False) -> None:
+        """Remove a container from its pod's record; no error if it (or the pod) is not there.
+        ``remember`` keeps its id as :meth:`delete` does (:meth:`container_was_removed`)."""
+        with self._exclusive():
+            if remember:
+                self._remember(_REMOVED_CONTAINERS, container_id)
+            pod = self._read(pod_id)
+            if pod is not None and container_id in pod.containers:
+                self._put_container(pod_id, container_id, None)
 
     def list_containers(self, pod_id: str | None = None) -> list[ContainerRecord]:
-        """Every container (of one pod if ``pod_id`` is given; NotFound if that pod is not there)."""
-        with self._lock:
-            pods = [self.get(pod_id)] if pod_id is not None else list(self._pods.values())
-            found = [c for pod in pods for c in pod.containers.values()]
+        """Every container, oldest first (of one pod if ``pod_id`` is given; NotFound if that
+        pod is not there)."""
+        pods = [self.get(pod_id)] if pod_id is not None else self._read_all()
+        found = [c for pod in pods for c in pod.containers.values()]
         return sorted(found, key=lambda c: (c.created_at, c.container_id))

@@ -1,4 +1,5 @@
-"""client.cri.store: durable pod records, reservations derived from them, prefix lookup, concurrency."""
+"""client.cri.store: the state machines, durable pod records, names derived from them, prefix
+lookup, and many tasks, threads and processes over one root."""
 
 from __future__ import annotations
 
@@ -6,13 +7,19 @@ import asyncio
 import dataclasses
 import json
 import os
+import signal
+import subprocess
+import sys
 import threading
 
+import anyio
 import pytest
 
+from client.cri import store as store_module
 from client.cri.configs import PodSandboxConfig
-from client.cri.store import ContainerRecord, PodRecord, PodStore
-from shim.rpc.status import AlreadyExists, InvalidArgument, NotFound
+from client.cri.store import (CONTAINER_TRANSITIONS, POD_TRANSITIONS, ContainerRecord, ContainerState, PodRecord,
+                              PodState, PodStore, check_container_transition, check_pod_transition)
+from shim.rpc.status import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
 
 
 def pod_config(name: str = "web", attempt: int = 0) -> dict:
@@ -29,6 +36,20 @@ def container(container_id: str, pod_id: str, name: str = "app", attempt: int = 
     return ContainerRecord(container_id=container_id, pod_id=pod_id, config=config, **fields)
 
 
+def made(store: PodStore, pod_id: str, name: str = "web", state: PodState = PodState.READY, **fields) -> PodRecord:
+    """A pod as RunPodSandbox leaves it: created CREATING under its lock, then moved to ``state``."""
+    lock = store.lock_pod(pod_id)
+    assert lock.try_acquire()
+    try:
+        store.create(pod(pod_id, name, created_at=fields.pop("created_at", None) or pod(pod_id).created_at))
+        for step in {PodState.CREATING: [], PodState.READY: [PodState.READY],
+                     PodState.NOTREADY: [PodState.READY, PodState.NOTREADY]}[state]:
+            store.update(pod_id, state=step)
+        return store.update(pod_id, **fields) if fields else store.get(pod_id)
+    finally:
+        lock.release()
+
+
 def key_of(record: PodRecord) -> str:
     return PodSandboxConfig.from_json(record.config).metadata.key
 
@@ -39,66 +60,121 @@ def store(tmp_path):
 
 
 def reopen(store: PodStore) -> PodStore:
-    """What the next process sees after this one crashed: a new store over the same files."""
+    """What another process (or the next one, after a crash) sees: a new store over the same files."""
     return PodStore(store.root)
 
 
+def pods_dir(store: PodStore) -> str:
+    return os.path.join(store.root, "pods")
+
+
 def record_path(store: PodStore, pod_id: str) -> str:
-    return os.path.join(store.root, "pods", f"{pod_id}.json")
+    return os.path.join(pods_dir(store), f"{pod_id}.json")
 
 
-def test_put_writes_one_json_record_per_pod(store):
-    stored = store.put(pod("aaa1", state="READY", ip="10.88.0.2", additional_ips=("fd00::2",),
-                           cni_result={"cniVersion": "1.0.0", "ips": []}, netns_path="/run/netns/x"))
+def files_in(store: PodStore) -> list[str]:
+    return sorted(os.listdir(pods_dir(store)))
+
+
+# -- the state machines (pure) ----------------------------------------------------------------
+
+def test_pod_transitions_follow_the_table():
+    assert POD_TRANSITIONS[PodState.CREATING] == {PodState.READY}
+    assert POD_TRANSITIONS[PodState.READY] == {PodState.NOTREADY}
+    assert POD_TRANSITIONS[PodState.NOTREADY] == frozenset()
+    for old in PodState:
+        for new in PodState:
+            if new == old or new in POD_TRANSITIONS[old]:
+                check_pod_transition("p1", old, new)
+            else:
+                with pytest.raises(FailedPrecondition, match=f"pod p1 is {old} and cannot become {new}"):
+                    check_pod_transition("p1", old, new)
+
+
+def test_container_transitions_follow_the_table():
+    assert CONTAINER_TRANSITIONS[ContainerState.CREATED] == {ContainerState.RUNNING, ContainerState.EXITED}
+    for old in ContainerState:
+        for new in ContainerState:
+            if new == old or new in CONTAINER_TRANSITIONS[old]:
+                check_container_transition("c1", old, new)
+            else:
+                with pytest.raises(FailedPrecondition, match=f"container c1 is {old} and cannot become {new}"):
+                    check_container_transition("c1", old, new)
+
+
+def test_a_wrong_transition_says_where_the_state_can_go():
+    with pytest.raises(FailedPrecondition, match="is READY and cannot become CREATING: it can only become NOTREADY"):
+        check_pod_transition("p1", PodState.READY, PodState.CREATING)
+    with pytest.raises(FailedPrecondition, match="is NOTREADY and cannot become READY: it can only be removed"):
+        check_pod_transition("p1", PodState.NOTREADY, PodState.READY)
+
+
+def test_states_are_enums_given_as_strings_or_members():
+    assert pod("p1", state="READY").state is PodState.READY
+    assert container("c1", "p1", state=ContainerState.RUNNING).state is ContainerState.RUNNING
+    with pytest.raises(InvalidArgument, match="pod state 'RUNNING' is not one of CREATING, READY, NOTREADY"):
+        pod("p1", state="RUNNING")
+    with pytest.raises(InvalidArgument, match="container state 'READY' is not one of CREATED, RUNNING, EXITED"):
+        container("c1", "p1", state="READY")
+
+
+# -- records on disk --------------------------------------------------------------------------
+
+def test_create_writes_one_json_record_per_pod(store):
+    made(store, "aaa1", ip="10.88.0.2", additional_ips=("fd00::2",), cni_result={"cniVersion": "1.0.0", "ips": []},
+         netns_path="/run/netns/x")
     with open(record_path(store, "aaa1")) as f:
         doc = json.load(f)
     assert doc["version"] == 1 and doc["pod_id"] == "aaa1" and doc["state"] == "READY"
     assert doc["config"]["metadata"]["name"] == "web"
-    assert stored.additional_ips == ("fd00::2",)
-    assert oct(os.stat(os.path.dirname(record_path(store, "aaa1"))).st_mode & 0o777) == "0o700"
+    assert store.get("aaa1").additional_ips == ("fd00::2",)
+    assert oct(os.stat(pods_dir(store)).st_mode & 0o777) == "0o700"
+    assert files_in(store) == ["aaa1.json"]  # the lock file went with its lock
 
 
 def test_records_survive_a_restart_unchanged(store):
-    store.put(pod("aaa1", state="READY", ip="10.88.0.2", additional_ips=("fd00::2",), pid=42,
-                  cni_result={"ips": [{"address": "10.88.0.2/16"}]}, netns_path="/run/netns/p"))
-    store.put_container(container("c1", "aaa1", state="EXITED", pid=7, exit_code=137, started_at=5, finished_at=9,
-                                  reason="Error", log_path="/var/log/pods/web/app/0.log"))
-    assert reopen(store).get("aaa1") == store.get("aaa1")
+    made(store, "aaa1", ip="10.88.0.2", additional_ips=("fd00::2",), pid=42,
+         cni_result={"ips": [{"address": "10.88.0.2/16"}]}, netns_path="/run/netns/p")
+    store.add_container(container("c1", "aaa1", log_path="/var/log/pods/web/app/0.log"))
+    store.update_container("aaa1", "c1", state=ContainerState.EXITED, pid=7, exit_code=137, started_at=5,
+                           finished_at=9, reason="Error")
+    again = reopen(store).get("aaa1")
+    assert again == store.get("aaa1") and again.containers["c1"].state is ContainerState.EXITED
 
 
 def test_stored_copy_is_not_changed_by_the_callers_dicts(store):
     record = pod("aaa1")
-    store.put(record)
+    store.create(record)
     record.config["labels"]["app"] = "changed"
     assert store.get("aaa1").labels == {"app": "web"}
 
 
 def test_crash_between_tmp_write_and_rename_leaves_the_old_record(store, monkeypatch):
-    store.put(pod("aaa1", state="CREATING"))
+    made(store, "aaa1", state=PodState.CREATING)
 
     def crash(src, dst):
         raise OSError(5, "simulated crash before rename")
 
     monkeypatch.setattr(os, "replace", crash)
     with pytest.raises(OSError, match="simulated crash"):
-        store.put(pod("aaa1", state="READY"))
+        store.update("aaa1", state=PodState.READY)
     monkeypatch.undo()
-    assert os.listdir(os.path.dirname(record_path(store, "aaa1"))) == ["aaa1.json"]
-    assert reopen(store).get("aaa1").state == "CREATING"
+    assert files_in(store) == ["aaa1.json"]
+    assert reopen(store).get("aaa1").state is PodState.CREATING
 
 
 def test_leftover_tmp_file_from_a_killed_process_is_ignored_and_removed(store):
-    store.put(pod("aaa1", state="READY"))
-    leftover = os.path.join(os.path.dirname(record_path(store, "aaa1")), ".aaa1.json.k2j3x")
+    made(store, "aaa1")
+    leftover = os.path.join(pods_dir(store), ".aaa1.json.k2j3x")
     with open(leftover, "w") as f:
         f.write('{"pod_id": "aaa1", "sta')  # half a record: the process died mid-write
     again = reopen(store)
-    assert again.get("aaa1").state == "READY"
+    assert again.get("aaa1").state is PodState.READY
     assert not os.path.exists(leftover)
 
 
 def test_unreadable_record_is_moved_aside_and_does_not_stop_the_store(store, caplog):
-    store.put(pod("aaa1", state="READY"))
+    made(store, "aaa1")
     with open(record_path(store, "bbb2"), "w") as f:
         f.write("{not json")
     again = reopen(store)
@@ -109,7 +185,7 @@ def test_unreadable_record_is_moved_aside_and_does_not_stop_the_store(store, cap
 
 @pytest.mark.parametrize("content", [b"[" * 100_000 + b"]" * 100_000, b'{"pod_id": "\xff"}'], ids=["deep", "latin-1"])
 def test_a_record_too_deep_or_not_utf8_is_moved_aside_too(store, caplog, content):
-    store.put(pod("aaa1", state="READY"))
+    made(store, "aaa1")
     with open(record_path(store, "bbb2"), "wb") as f:
         f.write(content)
     again = reopen(store)
@@ -118,115 +194,151 @@ def test_a_record_too_deep_or_not_utf8_is_moved_aside_too(store, caplog, content
     assert "bbb2.json is not valid" in caplog.text
 
 
+def test_record_of_a_newer_version_is_left_alone_and_not_used(store, caplog):
+    made(store, "aaa1")
+    with open(record_path(store, "aaa1")) as f:
+        newer = {**json.load(f), "version": 2, "pod_id": "bbb2"}
+    with open(record_path(store, "bbb2"), "w") as f:
+        json.dump(newer, f)
+    again = reopen(store)
+    assert [r.pod_id for r in again.list()] == ["aaa1"]
+    assert os.path.exists(record_path(store, "bbb2")) and "newer than this podshim's (1)" in caplog.text
+
+
 def test_get_unknown_pod_is_not_found(store):
     with pytest.raises(NotFound):
         store.get("nope")
 
 
 def test_delete_is_idempotent_and_durable(store):
-    store.put(pod("aaa1"))
+    made(store, "aaa1")
     store.delete("aaa1")
     store.delete("aaa1")
-    assert not os.path.exists(record_path(store, "aaa1"))
+    assert files_in(store) == []
     with pytest.raises(NotFound):
         reopen(store).get("aaa1")
 
 
+def test_removed_pods_and_containers_are_remembered_across_processes(store):
+    made(store, "aaa1", name="a")
+    made(store, "bbb2", name="b")
+    store.add_container(container("c1", "aaa1"))
+    store.add_container(container("c2", "aaa1", name="other"))
+    store.delete_container("aaa1", "c1", remember=True)
+    store.delete_container("aaa1", "c2")  # one whose create failed: never handed out, not remembered
+    store.delete("aaa1", remember=True)
+    store.delete("bbb2")  # a rolled-back pod, likewise
+    again = reopen(store)
+    assert again.was_removed("aaa1") and not again.was_removed("bbb2") and not again.was_removed("ccc3")
+    assert again.container_was_removed("c1") and not again.container_was_removed("c2")
+
+
 def test_bad_records_are_refused(store):
     with pytest.raises(InvalidArgument, match="pod id"):
-        store.put(pod("../x"))
-    with pytest.raises(InvalidArgument, match="pod state 'RUNNING'"):
-        store.put(pod("aaa1", state="RUNNING"))
+        store.create(pod("../x"))
     with pytest.raises(InvalidArgument, match="metadata.uid is required"):
-        store.put(PodRecord(pod_id="aaa1", config={"metadata": {"name": "x", "namespace": "n"}}))
+        store.create(PodRecord(pod_id="aaa1", config={"metadata": {"name": "x", "namespace": "n"}}))
     with pytest.raises(InvalidArgument, match="not JSON-serialisable"):
-        store.put(PodRecord(pod_id="aaa1", config={**pod_config(), "x": object()}))
+        store.create(PodRecord(pod_id="aaa1", config={**pod_config(), "x": object()}))
+    with pytest.raises(FailedPrecondition, match="a new pod record is CREATING with no containers, not READY"):
+        store.create(pod("aaa1", state=PodState.READY))
     assert store.list() == []
 
 
+def test_update_checks_the_transition_against_the_stored_state(store):
+    made(store, "aaa1", state=PodState.NOTREADY)
+    with pytest.raises(FailedPrecondition, match="pod aaa1 is NOTREADY and cannot become READY"):
+        store.update("aaa1", state=PodState.READY)
+    assert store.update("aaa1", state="NOTREADY", stopped_at=7).stopped_at == 7  # no move: fine
+
+
+def test_update_replaces_fields_in_one_step(store):
+    made(store, "aaa1", state=PodState.CREATING)
+    updated = store.update("aaa1", state=PodState.READY, ip="10.88.0.9")
+    assert (updated.state, updated.ip) == (PodState.READY, "10.88.0.9") and reopen(store).get("aaa1") == updated
+    with pytest.raises(NotFound):
+        store.update("nope", state=PodState.READY)
+    with pytest.raises(InvalidArgument, match="pod_id cannot change"):
+        store.update("aaa1", pod_id="other")
+    with pytest.raises(InvalidArgument, match="config cannot change"):
+        store.update("aaa1", config=pod_config("other"))
+    with pytest.raises(InvalidArgument, match="colour"):
+        store.update("aaa1", colour="blue")
+
+
+# -- names ------------------------------------------------------------------------------------
+
 def test_second_pod_with_the_same_metadata_is_already_exists(store):
-    store.put(pod("aaa1", name="web"))
+    made(store, "aaa1", name="web")
     with pytest.raises(AlreadyExists, match="reserved for pod aaa1"):
-        store.put(pod("bbb2", name="web"))
-    store.put(pod("bbb2", name="web", attempt=1))  # another attempt is another name
-
-
-def test_reserve_name_holds_until_the_record_is_put(store):
-    key = key_of(pod("aaa1"))
-    store.reserve_name(key, "aaa1")
-    store.reserve_name(key, "aaa1")  # idempotent
-    with pytest.raises(AlreadyExists):
-        store.reserve_name(key, "bbb2")
-    with pytest.raises(AlreadyExists):
-        store.put(pod("bbb2"))
-    store.put(pod("aaa1"))
-    with pytest.raises(AlreadyExists):
-        store.reserve_name(key, "bbb2")
-
-
-def test_released_name_can_be_reserved_again(store):
-    key = key_of(pod("aaa1"))
-    store.reserve_name(key, "aaa1")
-    store.release_name(key, "bbb2")  # not the holder: no effect
-    with pytest.raises(AlreadyExists):
-        store.reserve_name(key, "bbb2")
-    store.release_name(key, "aaa1")
-    store.reserve_name(key, "bbb2")
-
-
-def test_a_reservation_without_a_record_does_not_survive_a_crash(store):
-    store.reserve_name(key_of(pod("aaa1")), "aaa1")
-    again = reopen(store)
-    again.put(pod("bbb2"))  # the name is free: only records hold names across restarts
+        store.create(pod("bbb2", name="web"))
+    store.create(pod("bbb2", name="web", attempt=1))  # another attempt is another name
+    with pytest.raises(AlreadyExists, match="pod bbb2 already exists"):
+        store.create(pod("bbb2", name="other"))
 
 
 def test_reservation_comes_back_with_the_record_after_a_restart(store):
-    store.put(pod("aaa1", state="READY"))
+    made(store, "aaa1")
     with pytest.raises(AlreadyExists):
-        reopen(store).put(pod("bbb2"))
+        reopen(store).create(pod("bbb2"))
 
 
 def test_deleting_the_record_frees_the_name(store):
-    store.put(pod("aaa1", state="NOTREADY"))
+    made(store, "aaa1", state=PodState.NOTREADY)
     store.delete("aaa1")
-    store.put(pod("bbb2"))
+    store.create(pod("bbb2"))
 
 
-def test_creating_record_of_this_process_holds_its_name(store):
-    store.put(pod("aaa1", state="CREATING"))
-    with pytest.raises(AlreadyExists):
-        store.put(pod("bbb2"))
-    assert store.list_incomplete() == []
+def test_creating_record_whose_lock_is_held_holds_its_name_and_is_not_incomplete(store):
+    lock = store.lock_pod("aaa1")
+    assert lock.try_acquire()
+    try:
+        store.create(pod("aaa1"))
+        other = reopen(store)
+        with pytest.raises(AlreadyExists, match="reserved for pod aaa1"):
+            other.create(pod("bbb2"))
+        assert other.claim_incomplete("aaa1") is None
+    finally:
+        lock.release()
 
 
-def test_creating_record_left_by_a_crash_is_incomplete_and_does_not_block_the_name(store):
-    store.put(pod("aaa1", state="CREATING", netns_path="/run/netns/left-behind"))
+def test_creating_record_whose_lock_is_free_is_incomplete_and_does_not_block_the_name(store):
+    made(store, "aaa1", state=PodState.CREATING, netns_path="/run/netns/left-behind")  # its writer "died"
     again = reopen(store)
-    assert [r.pod_id for r in again.list_incomplete()] == ["aaa1"]
-    assert again.is_incomplete("aaa1")
-    again.put(pod("bbb2", state="READY"))  # the new RunPodSandbox does not wait for the rollback
-    # The rollback may still update and then delete the incomplete record.
-    again.update("aaa1", netns_path="")
+    again.create(pod("bbb2"))  # the new RunPodSandbox does not wait for the rollback
+    lock = again.claim_incomplete("aaa1")
+    assert lock is not None and lock.held
+    assert again.claim_incomplete("aaa1") is None  # one claimant at a time
+    again.update("aaa1", netns_path="")  # the rollback may still update and then delete it
     again.delete("aaa1")
-    assert again.list_incomplete() == [] and [r.pod_id for r in again.list()] == ["bbb2"]
+    lock.release()
+    assert [r.pod_id for r in again.list()] == ["bbb2"] and files_in(again) == ["bbb2.json"]
 
+
+def test_a_ready_or_deleted_pod_is_never_incomplete(store):
+    made(store, "aaa1")
+    assert store.claim_incomplete("aaa1") is None and store.claim_incomplete("nope") is None
+    assert files_in(store) == ["aaa1.json"]
+
+
+# -- prefixes ---------------------------------------------------------------------------------
 
 def test_get_by_prefix_finds_a_unique_prefix(store):
-    store.put(pod("abc123", name="a"))
-    store.put(pod("abd456", name="b"))
+    made(store, "abc123", name="a")
+    made(store, "abd456", name="b")
     assert store.get_by_prefix("abc").pod_id == "abc123"
     assert store.get_by_prefix("abd456").pod_id == "abd456"
 
 
 def test_exact_id_wins_over_a_longer_id_it_prefixes(store):
-    store.put(pod("abc", name="a"))
-    store.put(pod("abcdef", name="b"))
+    made(store, "abc", name="a")
+    made(store, "abcdef", name="b")
     assert store.get_by_prefix("abc").pod_id == "abc"
 
 
 def test_ambiguous_prefix_is_invalid_argument_listing_candidates(store):
-    store.put(pod("abc123", name="a"))
-    store.put(pod("abd456", name="b"))
+    made(store, "abc123", name="a")
+    made(store, "abd456", name="b")
     with pytest.raises(InvalidArgument, match="ambiguous: it matches abc123, abd456"):
         store.get_by_prefix("ab")
 
@@ -238,62 +350,63 @@ def test_unknown_or_empty_prefix(store):
         store.get_by_prefix("")
 
 
-def test_update_replaces_fields_in_one_step(store):
-    store.put(pod("aaa1"))
-    updated = store.update("aaa1", state="READY", ip="10.88.0.9")
-    assert (updated.state, updated.ip) == ("READY", "10.88.0.9") and reopen(store).get("aaa1") == updated
-    with pytest.raises(NotFound):
-        store.update("nope", state="READY")
-    with pytest.raises(InvalidArgument):
-        store.update("aaa1", pod_id="other")
-
-
-def test_metadata_of_a_pod_cannot_change(store):
-    store.put(pod("aaa1", name="web"))
-    with pytest.raises(InvalidArgument, match="metadata cannot change"):
-        store.put(pod("aaa1", name="other"))
-
+# -- containers -------------------------------------------------------------------------------
 
 def test_containers_are_kept_in_their_pods_record(store):
-    store.put(pod("aaa1"))
-    store.put_container(container("c1", "aaa1"))
-    store.update_container("c1", state="RUNNING", pid=99, started_at=1)
+    made(store, "aaa1")
+    store.add_container(container("c1", "aaa1"))
+    store.update_container("aaa1", "c1", state=ContainerState.RUNNING, pid=99, started_at=1)
     again = reopen(store)
-    stored = again.get_container("c1")
-    assert (stored.state, stored.pid, stored.pod_id) == ("RUNNING", 99, "aaa1")
+    stored = again.get_container("aaa1", "c1")
+    assert (stored.state, stored.pid, stored.pod_id) == (ContainerState.RUNNING, 99, "aaa1")
     assert again.get("aaa1").containers == {"c1": stored}
+
+
+def test_container_transitions_are_checked(store):
+    made(store, "aaa1")
+    with pytest.raises(FailedPrecondition, match="a new container is CREATED, not RUNNING"):
+        store.add_container(container("c1", "aaa1", state=ContainerState.RUNNING))
+    store.add_container(container("c1", "aaa1"))
+    store.update_container("aaa1", "c1", state=ContainerState.EXITED, reason="NeverStarted")
+    with pytest.raises(FailedPrecondition, match="container c1 is EXITED and cannot become RUNNING"):
+        store.update_container("aaa1", "c1", state=ContainerState.RUNNING)
+    with pytest.raises(InvalidArgument, match="pod_id cannot change"):
+        store.update_container("aaa1", "c1", pod_id="bbb2")
 
 
 def test_container_in_unknown_pod_is_not_found(store):
     with pytest.raises(NotFound):
-        store.put_container(container("c1", "nope"))
+        store.add_container(container("c1", "nope"))
     with pytest.raises(NotFound):
-        store.get_container("c1")
+        store.get_container("nope", "c1")
+    made(store, "aaa1")
+    with pytest.raises(NotFound, match="container 'c1' in pod aaa1"):
+        store.update_container("aaa1", "c1", state=ContainerState.RUNNING)
 
 
 def test_container_name_is_unique_within_a_pod(store):
-    store.put(pod("aaa1", name="a"))
-    store.put(pod("bbb2", name="b"))
-    store.put_container(container("c1", "aaa1", name="app"))
+    made(store, "aaa1", name="a")
+    made(store, "bbb2", name="b")
+    store.add_container(container("c1", "aaa1", name="app"))
     with pytest.raises(AlreadyExists, match="named 'app_0'"):
-        store.put_container(container("c2", "aaa1", name="app"))
-    store.put_container(container("c3", "aaa1", name="app", attempt=1))
-    store.put_container(container("c4", "bbb2", name="app"))
+        store.add_container(container("c2", "aaa1", name="app"))
+    store.add_container(container("c3", "aaa1", name="app", attempt=1))
+    store.add_container(container("c4", "bbb2", name="app"))
 
 
 def test_container_id_is_unique_across_pods(store):
-    store.put(pod("aaa1", name="a"))
-    store.put(pod("bbb2", name="b"))
-    store.put_container(container("c1", "aaa1"))
+    made(store, "aaa1", name="a")
+    made(store, "bbb2", name="b")
+    store.add_container(container("c1", "aaa1"))
     with pytest.raises(AlreadyExists, match="belongs to pod aaa1"):
-        store.put_container(container("c1", "bbb2"))
+        store.add_container(container("c1", "bbb2"))
 
 
 def test_find_container_by_prefix_across_pods(store):
-    store.put(pod("aaa1", name="a"))
-    store.put(pod("bbb2", name="b"))
-    store.put_container(container("ff01", "aaa1"))
-    store.put_container(container("ff02", "bbb2"))
+    made(store, "aaa1", name="a")
+    made(store, "bbb2", name="b")
+    store.add_container(container("ff01", "aaa1"))
+    store.add_container(container("ff02", "bbb2"))
     assert store.find_container("ff02").pod_id == "bbb2"
     with pytest.raises(InvalidArgument, match="ff01, ff02"):
         store.find_container("ff")
@@ -302,39 +415,93 @@ def test_find_container_by_prefix_across_pods(store):
 
 
 def test_delete_container_is_idempotent(store):
-    store.put(pod("aaa1"))
-    store.put_container(container("c1", "aaa1"))
-    store.delete_container("c1")
-    store.delete_container("c1")
+    made(store, "aaa1")
+    store.add_container(container("c1", "aaa1"))
+    store.delete_container("aaa1", "c1")
+    store.delete_container("aaa1", "c1")
+    store.delete_container("nope", "c1")
     assert store.list_containers("aaa1") == [] and reopen(store).get("aaa1").containers == {}
 
 
 def test_deleting_a_pod_deletes_its_containers(store):
-    store.put(pod("aaa1"))
-    store.put_container(container("c1", "aaa1"))
+    made(store, "aaa1")
+    store.add_container(container("c1", "aaa1"))
     store.delete("aaa1")
     with pytest.raises(NotFound):
-        store.get_container("c1")
+        store.find_container("c1")
 
 
 def test_list_is_oldest_first_and_list_containers_filters_by_pod(store):
-    store.put(pod("bbb2", name="b", created_at=2))
-    store.put(pod("aaa1", name="a", created_at=1))
-    store.put_container(container("c2", "bbb2", created_at=3))
-    store.put_container(container("c1", "aaa1", created_at=4))
+    made(store, "bbb2", name="b", created_at=2)
+    made(store, "aaa1", name="a", created_at=1)
+    store.add_container(container("c2", "bbb2", created_at=3))
+    store.add_container(container("c1", "aaa1", created_at=4))
     assert [r.pod_id for r in store.list()] == ["aaa1", "bbb2"]
     assert [c.container_id for c in store.list_containers()] == ["c2", "c1"]
     assert [c.container_id for c in store.list_containers("aaa1")] == ["c1"]
 
 
+def test_records_are_frozen(store):
+    record = made(store, "aaa1")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        record.state = PodState.NOTREADY  # type: ignore[misc]
+
+
+# -- pod locks --------------------------------------------------------------------------------
+
+def test_a_pod_lock_excludes_another_in_the_same_process_and_leaves_no_file(store):
+    first, second = store.lock_pod("aaa1"), store.lock_pod("aaa1")
+    assert first.try_acquire() and not second.try_acquire()
+    assert files_in(store) == ["aaa1.lock"]
+    first.release()
+    first.release()  # no-op
+    assert files_in(store) == []
+    assert second.try_acquire()
+    second.release()
+
+
+async def test_acquire_waits_until_the_holder_lets_go(store):
+    holder, waiter = store.lock_pod("aaa1"), store.lock_pod("aaa1")
+    assert holder.try_acquire()
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(waiter.acquire)
+        await anyio.wait_all_tasks_blocked()
+        assert not waiter.held
+        holder.release()
+    assert waiter.held
+    waiter.release()
+    assert files_in(store) == []
+
+
+async def test_a_cancelled_acquire_holds_nothing(store):
+    holder, waiter = store.lock_pod("aaa1"), store.lock_pod("aaa1")
+    assert holder.try_acquire()
+    with anyio.move_on_after(0.05):
+        await waiter.acquire()
+    assert not waiter.held
+    holder.release()
+    assert files_in(store) == []
+
+
+def test_lock_file_of_a_killed_holder_is_removed_when_the_store_opens(store):
+    with child(store, "hold", "aaa1") as holder:
+        assert holder.stdout.readline() == "held\n"
+        holder.kill()
+    assert files_in(store) == ["aaa1.json", "aaa1.lock"]
+    reopen(store)
+    assert files_in(store) == ["aaa1.json"]  # the record stays, for the rollback
+
+
+# -- many tasks, threads and processes over one root -------------------------------------------
+
 async def test_concurrent_tasks_see_whole_updates(store):
-    store.put(pod("aaa1", name="shared"))
+    made(store, "aaa1", name="shared")
 
     async def writer(i: int) -> None:
         await asyncio.sleep(0)
-        store.put(pod(f"p{i}", name=f"n{i}", state="READY"))
+        made(store, f"p{i}", name=f"n{i}")
         await asyncio.sleep(0)
-        store.put_container(container(f"c{i}", "aaa1", name=f"app{i}"))
+        store.add_container(container(f"c{i}", "aaa1", name=f"app{i}"))
         await asyncio.sleep(0)
         store.update("aaa1", ip=f"10.0.0.{i}")
 
@@ -345,25 +512,11 @@ async def test_concurrent_tasks_see_whole_updates(store):
     assert again.get("aaa1") == store.get("aaa1")
 
 
-async def test_racing_pods_with_one_name_get_exactly_one_winner(store):
-    async def run_pod(i: int) -> str:
-        await asyncio.sleep(0)
-        store.reserve_name(key_of(pod("x")), f"p{i}")
-        await asyncio.sleep(0)  # the pod service awaits between reserving and writing
-        store.put(pod(f"p{i}", state="CREATING"))
-        return f"p{i}"
-
-    results = await asyncio.gather(*(run_pod(i) for i in range(10)), return_exceptions=True)
-    winners = [r for r in results if isinstance(r, str)]
-    assert len(winners) == 1 and all(isinstance(r, AlreadyExists) for r in results if r not in winners)
-    assert [r.pod_id for r in reopen(store).list()] == winners
-
-
 def test_concurrent_threads_do_not_lose_containers(store):
-    store.put(pod("aaa1"))
+    made(store, "aaa1")
 
     def add(i: int) -> None:
-        store.put_container(container(f"c{i}", "aaa1", name=f"app{i}"))
+        store.add_container(container(f"c{i}", "aaa1", name=f"app{i}"))
 
     threads = [threading.Thread(target=add, args=(i,)) for i in range(16)]
     for thread in threads:
@@ -373,7 +526,127 @@ def test_concurrent_threads_do_not_lose_containers(store):
     assert len(reopen(store).get("aaa1").containers) == 16
 
 
-def test_records_are_frozen(store):
-    record = store.put(pod("aaa1"))
-    with pytest.raises(dataclasses.FrozenInstanceError):
-        record.state = "READY"  # type: ignore[misc]
+#: A process working on the store at ``argv[1]``; what it does is ``argv[2]``:
+#:  create ID NAME  - wait for a line on stdin, then create the pod under its lock; print ok or exists
+#:  hold ID         - take the pod's lock, create it CREATING, print "held", wait until stdin closes
+#:  add ID FIRST N  - add N containers to pod ID, one change at a time
+#:  stall ID        - update pod ID, freezing (SIGSTOP) between writing the tmp file and its rename
+CHILD = r"""
+import os, signal, sys
+from client.cri.store import ContainerRecord, PodRecord, PodStore
+from shim.rpc.status import AlreadyExists
+root, action, pod_id, *rest = sys.argv[1:]
+store = PodStore(root)
+def config(name):
+    return {"metadata": {"name": name, "namespace": "default", "uid": "uid-" + name, "attempt": 0}}
+if action == "create":
+    lock = store.lock_pod(pod_id)
+    assert lock.try_acquire()
+    print("ready", flush=True)
+    sys.stdin.readline()
+    try:
+        store.create(PodRecord(pod_id, config(rest[0])))
+        print("ok", flush=True)
+    except AlreadyExists:
+        print("exists", flush=True)
+elif action == "hold":
+    lock = store.lock_pod(pod_id)
+    assert lock.try_acquire()
+    store.create(PodRecord(pod_id, config(pod_id)))
+    print("held", flush=True)
+    sys.stdin.read()
+elif action == "add":
+    first, n = int(rest[0]), int(rest[1])
+    for i in range(first, first + n):
+        store.add_container(ContainerRecord(f"c{i}", pod_id, {"metadata": {"name": f"app{i}"}}))
+elif action == "stall":
+    real = os.replace
+    def replace(src, dst):
+        os.kill(os.getpid(), signal.SIGSTOP)
+        return real(src, dst)
+    os.replace = replace
+    store.update(pod_id, ip="10.0.0.9")
+"""
+
+
+def child(store: PodStore, *argv: str) -> subprocess.Popen:
+    """One process of CHILD; use it in ``with`` (or communicate) so its pipes are closed."""
+    return subprocess.Popen([sys.executable, "-c", CHILD, store.root, *argv],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+
+
+def test_processes_creating_one_pod_name_at_once_get_one_record(store):
+    for round in range(6):
+        racers = [child(store, "create", f"r{round}p{i}", f"name{round}") for i in range(4)]
+        assert [p.stdout.readline() for p in racers] == ["ready\n"] * 4
+        for p in racers:  # all four are past their imports: let them go at once
+            p.stdin.write("go\n")
+            p.stdin.flush()
+        outcomes = sorted(p.communicate(timeout=30)[0] for p in racers)
+        assert outcomes == ["exists\n"] * 3 + ["ok\n"], f"round {round}"
+    assert len(store.list()) == 6
+
+
+def test_creating_record_of_a_live_process_is_left_alone_until_it_dies(store):
+    with child(store, "hold", "aaa1") as owner:
+        try:
+            assert owner.stdout.readline() == "held\n"
+            again = reopen(store)
+            assert again.get("aaa1").state is PodState.CREATING
+            assert again.claim_incomplete("aaa1") is None
+            with pytest.raises(AlreadyExists, match="reserved for pod aaa1"):
+                again.create(pod("bbb2", name="aaa1"))
+        finally:
+            owner.kill()  # kill -9: the kernel drops its lock
+    lock = store.claim_incomplete("aaa1")
+    assert lock is not None
+    store.delete("aaa1")
+    lock.release()
+    store.create(pod("bbb2", name="aaa1"))
+
+
+def test_containers_added_by_two_processes_are_all_kept(store):
+    made(store, "aaa1")
+    writers = [child(store, "add", "aaa1", str(first), "20") for first in (0, 100)]
+    for writer in writers:
+        writer.communicate(timeout=60)
+    assert [p.returncode for p in writers] == [0, 0]
+    assert len(store.get("aaa1").containers) == 40
+
+
+def test_a_change_by_another_process_is_seen_at_once(store):
+    reader = reopen(store)
+    made(store, "aaa1")
+    assert reader.get("aaa1").state is PodState.READY
+    store.update("aaa1", state=PodState.NOTREADY)
+    assert [r.state for r in reader.list()] == [PodState.NOTREADY]
+    store.delete("aaa1")
+    assert reader.list() == []
+
+
+def test_a_cached_record_is_read_again_once_its_file_changes(store, monkeypatch):
+    monkeypatch.setattr(store_module, "_CACHE_SETTLED_NS", -1)  # cache every parse at once
+    reader = reopen(store)
+    made(store, "aaa1")
+    assert reader.get("aaa1") is reader.get("aaa1")  # the second came from the cache
+    store.update("aaa1", ip="10.88.0.2")
+    assert reader.get("aaa1").ip == "10.88.0.2"
+    store.delete("aaa1")
+    assert reader.list() == [] and reader._cache == {}
+
+
+def test_opening_the_store_leaves_a_live_writers_tmp_file_alone(store):
+    made(store, "aaa1")
+    writer = child(store, "stall", "aaa1")
+    try:
+        _, status = os.waitpid(writer.pid, os.WUNTRACED)
+        assert os.WIFSTOPPED(status)
+        tmp_files = [e for e in files_in(store) if e.startswith(".aaa1.json.")]
+        assert len(tmp_files) == 1
+        again = reopen(store)  # the writer holds the store lock: nothing is cleaned up
+        assert files_in(store) == [*tmp_files, "aaa1.json"] and again.get("aaa1").ip == ""
+    finally:
+        os.kill(writer.pid, signal.SIGCONT)
+        writer.communicate(timeout=30)
+    assert writer.returncode == 0
+    assert again.get("aaa1").ip == "10.0.0.9" and files_in(store) == ["aaa1.json"]
