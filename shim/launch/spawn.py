@@ -18,6 +18,7 @@ import errno
 import json
 import os
 import random
+import re
 import select
 import signal
 import socket
@@ -39,6 +40,7 @@ __all__ = ["START_TIMEOUT", "CAN_CONNECT_TIMEOUT", "Spare", "bind_listener", "bo
 START_TIMEOUT = 8.0
 #: A socket that accepts a connection within this is a live shim (containerd: 100 ms).
 CAN_CONNECT_TIMEOUT = 0.1
+_PID_LINE = re.compile(rb"P(\d+)\n")
 
 
 def _can_connect(path: str) -> bool:
@@ -292,7 +294,7 @@ def spawn_shim(config: Any, *, debug: bool = False, double_fork: bool = False,
         # and exits: the caller reaps it (SIGCHLD), since waiting here would wait that out. A
         # single fork (`podshim start`) does not: the shim it forks spends longer importing than
         # the grace period's head start lasts.
-        shim_pid, ready = _wait_ready(ready_r, START_TIMEOUT)
+        shim_pid, ready = _wait_ready(ready_r, START_TIMEOUT, want_pid=double_fork)
     finally:
         os.close(ready_r)
     return _started(config, address, shim_pid or pid, pid if not double_fork else None, ready)
@@ -333,11 +335,16 @@ def _abandon(shim_pid: int, child_pid: int | None, socket_path: str) -> None:
         pass
 
 
-def _wait_ready(fd: int, timeout: float) -> tuple[int | None, bool]:
-    """Read ``P<pid>\\n`` (double fork) and ``R`` (serving) from the ready pipe."""
+def _wait_ready(fd: int, timeout: float, *, want_pid: bool = False) -> tuple[int | None, bool]:
+    """Read ``P<pid>\\n`` (double fork) and ``R`` (serving) from the ready pipe.
+
+    ``want_pid``: the shim's pid comes from the intermediate child of a double fork, which
+    writes it after recording the shim, so a shim that comes up fast says ``R`` first; reading
+    stops only once both are in (or at EOF: every writer is gone).
+    """
     deadline = time.monotonic() + timeout
     data = b""
-    while b"R" not in data:
+    while b"R" not in data or (want_pid and _pid_line(data) is None):
         left = deadline - time.monotonic()
         if left <= 0:
             break
@@ -348,11 +355,13 @@ def _wait_ready(fd: int, timeout: float) -> tuple[int | None, bool]:
         if not chunk:
             break
         data += chunk
-    pid = None
-    for line in data.split(b"\n"):
-        if line.startswith(b"P") and line[1:].isdigit():
-            pid = int(line[1:])
-    return pid, b"R" in data
+    return _pid_line(data), b"R" in data
+
+
+def _pid_line(data: bytes) -> int | None:
+    """The pid of the last whole ``P<pid>\\n`` in ``data`` (an ``R`` may come before it)."""
+    found = _PID_LINE.findall(data)
+    return int(found[-1]) if found else None
 
 
 def _start_attach_grace_period() -> None:

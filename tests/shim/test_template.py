@@ -8,6 +8,7 @@ import secrets
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -263,6 +264,23 @@ def test_a_dead_spare_is_replaced_by_a_fork(roots, template):
     assert result["pid"] != spare and _alive(result["pid"])
     with open(os.path.join(roots[1], "d1", "state.json")) as f:
         assert json.load(f)["shim_pid"] == result["pid"]
+
+
+def test_a_double_forked_shim_is_reported_by_its_own_pid_even_when_it_is_ready_first():
+    # The intermediate child of the double fork reports the shim's pid after recording it in
+    # state.json; a shim that comes up fast has said "R" by then.
+    from shim.launch.spawn import _wait_ready
+
+    read_fd, write_fd = os.pipe()
+    try:
+        os.write(write_fd, b"R")
+        reporter = threading.Thread(target=os.write, args=(write_fd, b"P4242\n"))
+        reporter.start()
+        assert _wait_ready(read_fd, 5.0, want_pid=True) == (4242, True)
+        reporter.join()
+    finally:
+        os.close(read_fd)
+        os.close(write_fd)
 
 
 def test_the_spare_goes_with_the_template(roots, template):
