@@ -50,6 +50,7 @@ __all__ = [
     "ProcessSpec",
     "launch",
     "signal_process",
+    "started_at_ns",
 ]
 
 log = logging.getLogger(__name__)
@@ -118,8 +119,8 @@ class Process:
     """A launched process. ``(pid, start_time)`` names it across pid reuse (see :func:`signal_process`).
 
     ``start_time`` is field 22 of /proc/PID/stat (0 when it had exited and been reaped before
-    :func:`launch` returned); ``started_at_ns`` the wall clock when it was ready; ``exit``
-    resolves when it is reaped.
+    :func:`launch` returned); ``started_at_ns`` the wall clock when it was ready (never after
+    its exit: :func:`started_at_ns`); ``exit`` resolves when it is reaped.
     """
 
     pid: int
@@ -385,7 +386,17 @@ async def _start(plan: _Plan, reaper: Reaper, pid_a: int, a_exit: asyncio.Future
     # Until the reaper has reaped it the pid cannot be reused, and reaping runs only in a loop
     # callback, never between this check and the read: a start time read here is the process's.
     start_time = 0 if exit_future.done() else linux.proc_start_time(pid) or 0
-    return Process(pid, start_time, time.time_ns(), exit_future)
+    return Process(pid, start_time, started_at_ns(exit_future), exit_future)
+
+
+def started_at_ns(exit_future: asyncio.Future[ExitInfo]) -> int:
+    """The wall clock time a process that is ready now started at: now, or its exit time when it
+    has already exited and been reaped (a process that exits at once may be reaped, and its
+    exit stamped, before its launcher looks at the clock: it never exits before it starts)."""
+    now = time.time_ns()
+    if exit_future.done() and not exit_future.cancelled():
+        return min(now, exit_future.result().exited_at_ns)
+    return now
 
 
 def _launch_error(name: str, kind: bytes, err: int, step: str) -> RpcError:

@@ -12,6 +12,7 @@ import secrets
 import signal
 import socket
 import subprocess
+import time
 
 import pytest
 import uvloop
@@ -20,7 +21,8 @@ from shim.kernel import linux, netns
 from shim.kernel.cgroups import SandboxCgroup
 from shim.runtime.pause import BUILTIN, CATATONIT, NODE, PauseSpec, launch, validate_sysctls
 from shim.rpc.processes import signal_process
-from shim.kernel.reaper import Reaper
+from shim.kernel.reaper import ExitInfo, Reaper
+from shim.runtime import process
 from shim.rpc.status import FailedPrecondition, Internal, InvalidArgument, NotFound
 from shimtools import host_netns_bound_at
 
@@ -422,3 +424,21 @@ def test_launch_on_uvloop():
 
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
         assert runner.run(scenario()) == 0
+
+
+async def test_a_process_that_has_already_been_reaped_started_no_later_than_it_exited():
+    # A process that exits at once may be reaped, its exit stamped, before its launcher reads
+    # the clock for its start.
+    loop = asyncio.get_running_loop()
+    reaped = loop.create_future()
+    reaped.set_result(ExitInfo(pid=42, exit_status=3, exited_at_ns=1000))
+    assert process.started_at_ns(reaped) == 1000
+    running = loop.create_future()
+    before = time.time_ns()
+    assert before <= process.started_at_ns(running) <= time.time_ns()
+
+
+async def test_a_process_that_exits_at_once_starts_no_later_than_it_exits(reaper):
+    launched = await process.launch(process.ProcessSpec(name="task t", argv=("true",)), reaper)
+    exited = await asyncio.wait_for(launched.exit, WAIT)
+    assert launched.started_at_ns <= exited.exited_at_ns

@@ -117,7 +117,7 @@ class OciBackend(Runtime):
                         cgroups_path=self._cgroups_path(spec.cgroup))
         pid, start_time, exit_future = await self._launch(container, doc, spec.cgroup, stdout=spec.stdout,
                                                           stderr=spec.stderr, binds=(("/", rootfs),))
-        return process.Process(pid, start_time, time.time_ns(), exit_future)
+        return process.Process(pid, start_time, process.started_at_ns(exit_future), exit_future)
 
     async def delete_task(self, task_id: str) -> None:
         """Delete a task's container (forced: a running one is killed) and its bundle. Idempotent."""
