@@ -16,8 +16,9 @@ from shim.rpc.status import InvalidArgument
 __all__ = ["NAMESPACE_MODES", "NATIVE", "RUNTIME_HANDLERS", "namespace_mode", "SandboxOptions"]
 
 NAMESPACE_MODES = {0: "POD", 1: "CONTAINER", 2: "NODE", 3: "TARGET"}
-NATIVE = "native"  # the shim's own launcher (shim.process)
-#: Who runs the pause and the tasks: the shim itself, or an OCI runtime's CLI (shim.oci).
+NATIVE = "native"  # the shim's own launcher (shim.runtime.native)
+#: Who runs the pause and the tasks: the shim itself, or an OCI runtime's CLI (shim.runtime.oci);
+#: the sandbox picks its shim.runtime.base.Runtime from this once, at CreateSandbox.
 RUNTIME_HANDLERS = (NATIVE, "runc", "crun")
 
 
