@@ -121,6 +121,16 @@ class Podshimd:
             raise AssertionError(f"crictl {' '.join(args)} exited {result.returncode}: {result.stderr}")
         return result
 
+    def sandbox_bundles(self) -> list[str]:
+        """The sandbox bundles under the daemon's state root (the pods' shims' directories)."""
+        path = os.path.join(self.state_root, "sandboxes", "k8s.io")
+        return sorted(os.listdir(path)) if os.path.isdir(path) else []
+
+    def pod_records(self) -> list[str]:
+        """The pod records under the daemon's state root."""
+        path = os.path.join(self.state_root, "pods")
+        return sorted(n for n in os.listdir(path) if n.endswith(".json")) if os.path.isdir(path) else []
+
     def remove_every_pod(self, crictl: str) -> None:
         """``crictl rmp -f`` every pod this daemon lists (a test's leftovers must be removable)."""
         for pod_id in self.crictl(crictl, "pods", "-q").stdout.split():

@@ -405,6 +405,8 @@ def _launch_error(name: str, kind: bytes, err: int, step: str) -> RpcError:
         return InvalidArgument(f"{name} launch failed at {step}: no such sysctl in this kernel or namespace")
     if err in (errno.EACCES, errno.EPERM) and step.startswith("writing sysctl "):
         return InvalidArgument(f"{name} launch failed at {step}: the kernel does not let this namespace set it")
+    if err in (errno.EINVAL, errno.ERANGE) and step.startswith("writing sysctl "):
+        return InvalidArgument(f"{name} launch failed at {step}: the kernel refuses the value ({reason})")
     message = f"{name} launch failed at {step}: {reason} (errno {err})"
     if kind == b"X":
         return ExecFailed(message, err=err, step=step)

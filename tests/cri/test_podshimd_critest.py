@@ -62,5 +62,5 @@ def test_critest_runtime_info_and_basic_pod_sandbox_specs_pass(critest, director
         assert re.search(r"SUCCESS! -- 5 Passed \| 0 Failed", report), report[-3000:]
         # critest removed what it made: no pod is left, in the daemon or on the machine.
         assert list(daemon.runtime().ListPodSandbox(api_pb2.ListPodSandboxRequest()).items) == []
-        assert os.listdir(os.path.join(daemon.state_root, "sandboxes", "k8s.io")) == []
+        assert daemon.sandbox_bundles() == []
     assert "Traceback" not in daemon.log()

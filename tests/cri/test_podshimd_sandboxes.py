@@ -153,8 +153,8 @@ def test_rmp_leaves_no_pod_pause_shim_or_netns(daemon, crictl, write):
     assert not wait_gone(shim_pid, pause)
     assert not os.path.exists(netns)
     assert daemon.crictl(crictl, "pods", "-q").stdout == ""
-    assert os.listdir(os.path.join(daemon.state_root, "pods")) == []
-    assert os.listdir(os.path.join(daemon.state_root, "sandboxes", "k8s.io")) == []
+    assert daemon.pod_records() == []
+    assert daemon.sandbox_bundles() == []
 
 
 def test_ids_may_be_given_by_unique_prefix(daemon, crictl, write):
@@ -193,6 +193,8 @@ def test_stop_and_remove_are_idempotent_and_not_found_is_for_ids_never_seen(daem
     (lambda c: c["linux"]["security_context"]["namespace_options"].update(ipc="CONTAINER"),
      grpc.StatusCode.INVALID_ARGUMENT, "linux.security_context.namespace_options.ipc is 'CONTAINER'; allowed: POD (0), NODE (2)"),
     (lambda c: c["linux"].update(sysctls={"kernel.no_such_sysctl": "1"}), None, "kernel.no_such_sysctl"),
+    (lambda c: c["linux"].update(sysctls={"net.ipv4.ip_forward": ":"}), grpc.StatusCode.INVALID_ARGUMENT,
+     "writing sysctl net.ipv4.ip_forward: the kernel refuses the value (Invalid argument)"),
 ])
 def test_a_bad_config_gets_a_status_with_a_sentence_and_leaves_nothing(daemon, change, code, details):
     config = pod_config()
@@ -202,8 +204,8 @@ def test_a_bad_config_gets_a_status_with_a_sentence_and_leaves_nothing(daemon, c
     failed = rpc_error(daemon.runtime().RunPodSandbox, request)
     assert failed.code() in ((code,) if code else (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.FAILED_PRECONDITION))
     assert details in failed.details() and "Traceback" not in failed.details()
-    assert os.listdir(os.path.join(daemon.state_root, "pods")) == []
-    assert os.listdir(os.path.join(daemon.state_root, "sandboxes", "k8s.io")) == []
+    assert daemon.pod_records() == []
+    assert daemon.sandbox_bundles() == []
 
 
 def test_a_request_without_a_config_or_with_an_unknown_handler_is_invalid(daemon):
@@ -277,7 +279,7 @@ def test_a_daemon_killed_in_the_middle_of_runp_rolls_the_pod_back_when_it_restar
             shim_socket = json.load(f)["address"].removeprefix("unix://")
         with running_podshimd(directory) as daemon:
             assert daemon.crictl(crictl, "pods", "-q").stdout == ""
-            assert os.listdir(sandboxes) == [] and os.listdir(os.path.join(daemon.state_root, "pods")) == []
+            assert os.listdir(sandboxes) == [] and daemon.pod_records() == []
             assert not os.path.exists(shim_socket)
     finally:
         shutil.rmtree(directory)
