@@ -19,15 +19,19 @@ import os
 import secrets
 import shutil
 import stat
+from dataclasses import dataclass
 from typing import Iterator
 
-from shim.rpc.files import ensure_private_dir
+from shim.rpc.api import STATE_FILE
+from shim.rpc.files import ensure_private_dir, read_json
 from shim.rpc.identifiers import validate_identifier
+from shim.rpc.processes import open_pidfd, process_alive
 from shim.rpc.status import AlreadyExists, Internal, InvalidArgument, NotFound
 
 from client.results import BOOTSTRAP_FILE, Bootstrap
 
-__all__ = ["bundle_path", "make_bundle", "remove_bundle", "read_bootstrap", "scan", "BundleLock"]
+__all__ = ["bundle_path", "make_bundle", "remove_bundle", "read_bootstrap", "read_shim_process", "scan",
+           "BundleLock", "ShimProcess"]
 
 log = logging.getLogger(__name__)
 
@@ -88,6 +92,63 @@ def read_bootstrap(bundle: str) -> Bootstrap:
     except OSError as exc:
         raise Internal(f"cannot read {path}: {exc.strerror or exc}") from None
     return Bootstrap.from_json(text, source=path)
+
+
+@dataclass(frozen=True, slots=True)
+class ShimProcess:
+    """The shim's process: its pid and, when recorded, its start time (which names it across
+    pid reuse). Whether the shim lives is decided here, never by whether it answers."""
+
+    pid: int
+    start_time: int | None
+
+    def alive(self) -> bool:
+        """Whether the shim's process runs (a stopped one does; a zombie does not)."""
+        return process_alive(self.pid, self.start_time)
+
+    def open_pidfd(self) -> int | None:
+        """A pidfd for the shim's process, or None when it is gone (the caller closes it)."""
+        return open_pidfd(self.pid, self.start_time)
+
+    def __str__(self) -> str:
+        return f"pid {self.pid}"
+
+
+def read_shim_process(bundle: str, boot: Bootstrap | None) -> ShimProcess | None:
+    """Which process the bundle's shim is: from its bootstrap, else from the shim's own
+    state.json (``shim_pid``, ``shim_start_time``); None when neither names one.
+
+    An older shim's bootstrap has no start time: state.json's is used when it names the same
+    pid, else the pid alone (a pid reused since then reads as alive: the side that loses nothing).
+    """
+    if boot is not None and boot.pid > 0 and boot.start_time is not None:
+        return ShimProcess(boot.pid, boot.start_time)
+    recorded = _recorded_shim(bundle)
+    if boot is not None and boot.pid > 0:
+        if recorded is not None and recorded.pid == boot.pid:
+            return recorded
+        return ShimProcess(boot.pid, None)
+    return recorded
+
+
+def _recorded_shim(bundle: str) -> ShimProcess | None:
+    path = os.path.join(bundle, STATE_FILE)
+    try:
+        record = read_json(path)
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        log.warning("cannot read the shim's pid from %s: %s", path, exc)
+        return None
+    pid = record.get("shim_pid") if isinstance(record, dict) else None
+    start_time = record.get("shim_start_time") if isinstance(record, dict) else None
+    if not _is_count(pid) or pid == 0:
+        return None
+    return ShimProcess(pid, start_time if _is_count(start_time) else None)
+
+
+def _is_count(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 def _entries(directory: str) -> Iterator[os.DirEntry]:

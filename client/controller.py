@@ -14,6 +14,12 @@ state.json); nothing else is persisted.
 Errors are the typed exceptions of :mod:`shim.rpc.status` (NotFound, AlreadyExists,
 InvalidArgument, Unavailable, ...). Operations that change one sandbox are serialised; different
 sandboxes are fully concurrent. Closing the controller closes connections and never stops a shim.
+
+A shim is dead only when its process is gone (its pid and start time, from bootstrap.json or
+state.json), never because it is slow or busy: one that runs but does not answer (stopped,
+overloaded, its connection limit reached) is *unreachable*. Calls on it fail with UNAVAILABLE or
+DEADLINE_EXCEEDED and a sentence, it is left alone, and the next call reconnects once it answers.
+Only a gone process leads to ``podshim delete`` (or an explicit :meth:`Controller.shutdown`).
 """
 
 from __future__ import annotations
@@ -29,7 +35,9 @@ import anyio
 from shim.rpc.api import SANDBOX_SERVICE
 from shim.rpc.client import Client
 from shim.rpc.identifiers import validate_identifier
+from shim.rpc.processes import pidfd_exited, process_exiting
 from shim.rpc.status import (
+    DeadlineExceeded,
     FailedPrecondition,
     Internal,
     InvalidArgument,
@@ -38,7 +46,15 @@ from shim.rpc.status import (
     Unavailable,
 )
 
-from client.bundles import bundle_path, make_bundle, read_bootstrap, remove_bundle, scan
+from client.bundles import (
+    ShimProcess,
+    bundle_path,
+    make_bundle,
+    read_bootstrap,
+    read_shim_process,
+    remove_bundle,
+    scan,
+)
 from client.defaults import (
     CALL_TIMEOUT,
     CONNECT_TIMEOUT,
@@ -47,6 +63,7 @@ from client.defaults import (
     DEFAULT_STATE_ROOT,
     DEFAULT_STOP_GRACE,
     DISCARD_TIMEOUT,
+    EXIT_GRACE,
     LOAD_TIMEOUT,
     SHUTDOWN_TIMEOUT,
     START_TIMEOUT,
@@ -78,8 +95,8 @@ class Controller:
     (one ``podshim@`` unit per shim, :class:`~client.systemd.SystemdSpawner`) or a :class:`Spawner`.
 
     Use ``async with Controller(...) as c`` (loads every bundle), or ``await c.load(...)`` and
-    ``await c.aclose()`` from the same task: the controller owns a task group (it cleans up
-    after shims that die) that lives from the first load to aclose.
+    ``await c.aclose()`` from the same task: the controller owns a task group (it judges lost
+    connections and cleans up after shims that die) that lives from the first load to aclose.
     """
 
     def __init__(self, state_root: str = DEFAULT_STATE_ROOT, runtime_root: str = DEFAULT_RUNTIME_ROOT,
@@ -98,7 +115,7 @@ class Controller:
         self.spawner: Spawner = spawner
         self.sandboxes: NSMap[ShimHandle] = NSMap()
         self._tg: anyio.abc.TaskGroup | None = None
-        self._deaths: Any = None  # the send side of the dead-shim queue, once open
+        self._losses: Any = None  # the send side of the lost-connection queue, once open
         self._closed = False
 
     # -- opening, loading, closing --------------------------------------------------------
@@ -118,22 +135,24 @@ class Controller:
             raise Unavailable("the controller is closed")
         if self._tg is not None:
             return
-        self._deaths, deaths = anyio.create_memory_object_stream[ShimHandle](math.inf)
+        self._losses, losses = anyio.create_memory_object_stream[tuple[ShimHandle, Client]](math.inf)
         tg = anyio.create_task_group()
         await tg.__aenter__()
         self._tg = tg
-        tg.start_soon(self._bury_the_dead, deaths)
+        tg.start_soon(self._judge_losses, losses)
 
     async def load(self, namespace: str | None = None, sandbox_id: str | None = None) -> None:
         """Open the controller (first call) and reconnect to the shims of the state root: every
         bundle, one namespace's, or one sandbox's (``podshimctl`` loads only what it needs).
 
         Bundles already known are skipped, so calling it again is cheap. Shims are reconnected
-        concurrently, each within LOAD_TIMEOUT: a live shim whose sandbox exists is back in the
-        map; a live shim that never got CreateSandbox (we crashed in between) is shut down and
-        forgotten; a shim that cannot be reached is cleaned up with ``podshim delete`` and kept
-        as a tombstone (state "stopped" with the exit status delete found, 255 if unknown) until
-        :meth:`shutdown`. A bundle another process is changing right now is skipped.
+        concurrently, each within LOAD_TIMEOUT: a shim whose sandbox exists is back in the map; a
+        shim that never got CreateSandbox (we crashed in between) is shut down and forgotten; a
+        shim whose process is gone (or whose bundle names none that answers) is cleaned up with
+        ``podshim delete`` and kept as a tombstone (state "stopped" with the exit status delete
+        found, 255 if unknown) until :meth:`shutdown`. A shim whose process runs but does not
+        answer in time is kept, unreachable, and left alone. A bundle another process is
+        changing right now is skipped.
 
         Raises InvalidArgument for bad identifiers (``sandbox_id`` needs ``namespace``),
         Internal when the state root cannot be read.
@@ -169,12 +188,13 @@ class Controller:
         handles = self.sandboxes.list()
         for handle in handles:
             handle.closing = True  # before any await: these closes are not deaths
+            handle.stop_watching()
         async with anyio.create_task_group() as tg:
             for handle in handles:
                 if handle.client is not None:
                     tg.start_soon(handle.client.aclose)
         if self._tg is not None:
-            self._deaths.close()
+            self._losses.close()
             tg, self._tg = self._tg, None
             await tg.__aexit__(None, None, None)
 
@@ -216,6 +236,10 @@ class Controller:
                 await client.call(SANDBOX_SERVICE, "CreateSandbox", payload, timeout=CREATE_TIMEOUT)
                 handle.state = SandboxState.CREATED
                 handle.created_at = time.time_ns()
+                handle.confirmed = True
+                # Read now, not from the spawn's answer alone: a socket-activated shim started
+                # only with our connection, and wrote its pid since.
+                handle.process = read_shim_process(path, _quietly(read_bootstrap, path) or boot)
                 self._go_live(handle)
             except BaseException as exc:
                 log.warning("create %s/%s failed (%s); undoing it", namespace, sandbox_id, _describe(exc))
@@ -227,9 +251,11 @@ class Controller:
         running, stopped, or the shim died), Unavailable (the shim went away meanwhile)."""
         handle = await self._handle(namespace, sandbox_id)
         async with handle.lock:
-            live = self._require_live(handle, "start")
-            reply = await live.call(SANDBOX_SERVICE, "StartSandbox", {"sandbox_id": sandbox_id},
-                                    timeout=START_TIMEOUT)
+            reply = await self._call(handle, "StartSandbox", {"sandbox_id": sandbox_id}, START_TIMEOUT,
+                                     idempotent=False)
+            if reply is None:
+                raise FailedPrecondition(f"cannot start sandbox {sandbox_id}: it has exited and its shim is gone; "
+                                         "shut it down")
             handle.pid, handle.created_at, handle.state = reply.get("pid", 0), reply.get("created_at", 0), SandboxState.RUNNING
             return ControllerInstance(sandbox_id, handle.pid, handle.created_at, handle.address, handle.version, {})
 
@@ -246,7 +272,8 @@ class Controller:
         default of 10 s; 0: at once); returns once the pause exited.
 
         Stopping an unknown sandbox, a stopped one or one whose shim is dead succeeds, as in
-        containerd (containerd#9611). Raises InvalidArgument for a negative timeout.
+        containerd (containerd#9611). Raises InvalidArgument for a negative timeout, Unavailable
+        or DeadlineExceeded when the shim runs but does not answer (nothing was stopped).
         """
         validate_identifier("namespace", namespace)
         validate_identifier("sandbox id", sandbox_id)
@@ -262,14 +289,14 @@ class Controller:
             return
         await handle.settled.wait()
         async with handle.lock:
-            if handle.phase is not Phase.LIVE:
+            if handle.phase not in (Phase.LIVE, Phase.UNREACHABLE):
                 return
             try:
-                await handle.client.call(SANDBOX_SERVICE, "StopSandbox", payload, timeout=grace + STOP_MARGIN)
-            except (Unavailable, NotFound):
-                if not handle.client.closed:
-                    raise  # the shim answered: a real failure (e.g. the pause outlived SIGKILL)
-                log.info("stop %s/%s: its shim is gone; nothing to stop", namespace, sandbox_id)
+                if await self._call(handle, "StopSandbox", payload, grace + STOP_MARGIN) is None:
+                    log.info("stop %s/%s: its shim is gone; nothing to stop", namespace, sandbox_id)
+            except NotFound:
+                if handle.phase is not Phase.GONE:
+                    raise  # the shim answered: it does not know the sandbox
 
     async def wait(self, namespace: str, sandbox_id: str) -> ExitStatus:
         """Block until the sandbox's pause exits; its exit status. When the shim dies, the
@@ -308,10 +335,21 @@ class Controller:
             with handle.hold_bundle() as held, anyio.CancelScope(shield=True):
                 if not held and os.path.isdir(handle.bundle):
                     raise Unavailable(f"sandbox {sandbox_id} is being changed by another process; try again")
+                if handle.phase is Phase.UNREACHABLE:
+                    try:
+                        await self._revive(handle, SHUTDOWN_TIMEOUT)
+                    except RpcError as exc:
+                        # Asked to go, and still not answering: `podshim delete` ends it.
+                        log.warning("shutdown %s/%s: %s; deleting it", namespace, sandbox_id, exc.message)
+                if handle.phase is Phase.GONE:
+                    return  # its shim never got CreateSandbox: reviving it shut it down
                 if handle.phase is Phase.LIVE:
                     handle.closing = True
                     if not await self._shutdown_shim(handle, SHUTDOWN_TIMEOUT):
                         await self._bury(handle)
+                elif handle.phase is Phase.UNREACHABLE:
+                    handle.closing = True
+                    await self._bury(handle)
                 else:
                     await handle.dead.wait()  # a cleanup under way ends first (set already when DEAD)
                 await self._release(handle)
@@ -357,13 +395,16 @@ class Controller:
     def client_for(self, namespace: str, sandbox_id: str) -> Client:
         """The connection to the sandbox's shim (for its Task service). Do not close it.
 
-        Raises NotFound, Unavailable while the sandbox is being created or when its shim is gone.
+        Raises NotFound, Unavailable while the sandbox is being created, when its shim is gone,
+        and when it runs but does not answer (any other Controller call tries it again).
         """
         validate_identifier("namespace", namespace)
         validate_identifier("sandbox id", sandbox_id)
         handle = self.sandboxes.get(namespace, sandbox_id)
         if handle.phase is Phase.PENDING:
             raise Unavailable(f"sandbox {sandbox_id} is still being created")
+        if handle.phase is Phase.UNREACHABLE:
+            raise Unavailable(_unreachable(handle))
         if handle.phase is not Phase.LIVE or handle.client is None or handle.client.closed:
             raise Unavailable(f"the shim of sandbox {sandbox_id} is gone")
         return handle.client
@@ -385,62 +426,195 @@ class Controller:
             raise NotFound(f"sandbox {sandbox_id} not found in namespace {namespace}")
         return handle
 
-    def _require_live(self, handle: ShimHandle, what: str) -> Client:
-        if handle.phase is Phase.GONE:
-            raise NotFound(f"sandbox {handle.sandbox_id} not found in namespace {handle.namespace}")
-        if handle.phase is not Phase.LIVE or handle.client is None:
-            raise FailedPrecondition(f"cannot {what} sandbox {handle.sandbox_id}: it has exited and its shim is "
-                                     "gone; shut it down")
-        return handle.client
-
     async def _read(self, namespace: str, sandbox_id: str, method: str, extra: dict[str, Any],
                     timeout: float | None) -> tuple[ShimHandle, dict[str, Any] | None]:
         """Call a method that only reads; ``(handle, reply)``, with reply None when the shim
         turned out to be dead (the handle is then a tombstone)."""
         handle = await self._handle(namespace, sandbox_id)
-        if handle.phase is Phase.LIVE:
-            client = handle.client
-            try:
-                return handle, await client.call(SANDBOX_SERVICE, method, {"sandbox_id": sandbox_id, **extra},
-                                                 timeout=timeout)
-            except Unavailable:
-                if not client.closed:
-                    raise  # the shim itself answered UNAVAILABLE
-                if not handle.closing:
-                    await self._bury(handle)  # we did not close it: the shim died
-                elif handle.phase not in ENDED:
-                    raise  # we closed it (shutdown, controller closing)
+        reply = await self._call(handle, method, {"sandbox_id": sandbox_id, **extra}, timeout)
+        if reply is not None:
+            return handle, reply
         await handle.dead.wait()
         if handle.exit is None:  # shut down meanwhile, not dead
             raise NotFound(f"sandbox {sandbox_id} not found in namespace {namespace}")
         return handle, None
+
+    async def _call(self, handle: ShimHandle, method: str, payload: dict[str, Any], timeout: float | None, *,
+                    idempotent: bool = True) -> dict[str, Any] | None:
+        """One call to the sandbox's shim, reconnecting first when it did not answer before.
+
+        When the connection is lost under the call while the shim's process lives (the shim
+        closed it as its idlest to make room, or drops it on its way out), an ``idempotent``
+        call is made once more on a new connection; another is not, since the shim may have
+        done it.
+
+        Returns None when the shim's process turned out to be gone (the handle is then DYING or
+        DEAD). Raises NotFound when the sandbox was shut down, Unavailable or DeadlineExceeded
+        (with a sentence) when the shim runs but does not answer; it is then left alone.
+        """
+        for attempt in (1, 2):
+            lost = handle.client
+            if handle.phase is Phase.LIVE and lost is not None and lost.closed and not handle.closing:
+                # Dropped while idle: judge it now rather than fail a call never sent.
+                await self._judge_loss(handle, lost)
+            if handle.phase is Phase.UNREACHABLE:
+                await self._revive(handle, timeout)
+            if handle.phase is Phase.GONE:
+                raise NotFound(f"sandbox {handle.sandbox_id} not found in namespace {handle.namespace}")
+            if handle.phase is not Phase.LIVE:
+                return None
+            client = handle.client
+            assert client is not None
+            try:
+                return await client.call(SANDBOX_SERVICE, method, payload, timeout=timeout)
+            except DeadlineExceeded as exc:
+                within = f" within {timeout:g}s" if timeout is not None else ""
+                raise DeadlineExceeded(f"the shim of sandbox {handle.sandbox_id} in namespace {handle.namespace} "
+                                       f"({handle.process or 'pid unknown'}) did not answer {method}{within} "
+                                       f"({exc.message}); it is left running") from None
+            except Unavailable:
+                if not client.closed:
+                    raise  # the shim itself answered UNAVAILABLE
+                if handle.closing:
+                    if handle.phase in ENDED:
+                        return None
+                    raise  # we closed it (shutdown, controller closing)
+                await self._judge_loss(handle, client)
+                if handle.phase is not Phase.UNREACHABLE:
+                    return None  # its process is gone
+                if not idempotent or attempt == 2:
+                    raise Unavailable(_unreachable(handle)) from None
+        raise AssertionError("unreachable")
 
     def _attach(self, handle: ShimHandle, client: Client) -> None:
         handle.client = client
         client.on_close(lambda: self._on_closed(handle, client))
 
     def _go_live(self, handle: ShimHandle) -> None:
+        handle.stop_watching()
+        handle.unreachable_reason = ""
         handle.move(Phase.LIVE)
-        # The connection may have dropped while the handle was PENDING, when a close is not
-        # reported: report it now or nobody would clean up.
+        # The connection may have dropped while the handle was not LIVE, when a close is not
+        # reported: report it now or nobody would judge it.
         if handle.client is not None and handle.client.closed:
             self._on_closed(handle, handle.client)
 
     def _on_closed(self, handle: ShimHandle, client: Client) -> None:
-        """A connection closed (on the loop, from the rpc client). If we did not close it, the
-        shim died: queue its cleanup. Calls in flight already failed with Unavailable."""
+        """A connection closed (on the loop, from the rpc client). If we did not close it, queue
+        the judgement of whether the shim died. Calls in flight already failed with Unavailable."""
         if handle.closing or handle.client is not client or handle.phase is not Phase.LIVE:
             return
         try:
-            self._deaths.send_nowait(handle)
+            self._losses.send_nowait((handle, client))
         except (anyio.ClosedResourceError, anyio.BrokenResourceError):
             pass  # the controller is closing
 
-    async def _bury_the_dead(self, deaths: Any) -> None:
-        async with deaths:
-            async for handle in deaths:
+    async def _judge_losses(self, losses: Any) -> None:
+        async with losses:
+            async for handle, client in losses:
                 assert self._tg is not None
-                self._tg.start_soon(self._bury, handle)
+                self._tg.start_soon(self._judge_loss, handle, client)
+
+    async def _judge_loss(self, handle: ShimHandle, client: Client) -> None:
+        """A LIVE shim's connection ``client`` was lost: bury the sandbox when the shim's process
+        is gone or exiting (a killed process closes its sockets a moment before it is a zombie:
+        wait for that, within EXIT_GRACE); otherwise it is UNREACHABLE and watched. Once per
+        connection; a caller that comes second waits for the first. Never raises."""
+        async with handle.reach_lock:
+            if handle.client is not client or handle.phase is not Phase.LIVE or handle.closing:
+                return  # judged already, or revived, or we closed it ourselves
+            process = handle.process
+            if process is None:
+                # Nothing names the shim's process: a lost connection is all we can go by.
+                await self._bury(handle)
+                return
+            pidfd = process.open_pidfd()
+            try:
+                gone = pidfd is None or await _exits_soon(process, pidfd)
+            except BaseException:
+                _close_quietly(pidfd)
+                raise
+            if gone or handle.phase is not Phase.LIVE or handle.closing:  # or shut down while we waited
+                _close_quietly(pidfd)
+                if gone:
+                    await self._bury(handle)
+                return
+            handle.client = None
+            self._unreachable(handle, "runs but its connection was lost", pidfd)
+        await client.aclose()
+
+    def _unreachable(self, handle: ShimHandle, reason: str, pidfd: int) -> None:
+        """Keep a shim whose process runs but does not answer: UNREACHABLE, with a task that
+        buries it once its process exits (it owns ``pidfd``)."""
+        log.warning("sandbox %s/%s: its shim (%s) %s; it is left running and tried again on the next call",
+                    handle.namespace, handle.sandbox_id, handle.process, reason)
+        handle.unreachable_reason = reason
+        handle.move(Phase.UNREACHABLE)
+        handle.stop_watching()
+        handle.watch_scope = scope = anyio.CancelScope()
+        assert self._tg is not None
+        self._tg.start_soon(self._watch, handle, pidfd, scope)
+
+    async def _watch(self, handle: ShimHandle, pidfd: int, scope: anyio.CancelScope) -> None:
+        """Wait for an UNREACHABLE shim's process to exit, then bury the sandbox; until
+        ``scope`` is cancelled (it answered again, was shut down, or the controller closes)."""
+        try:
+            with scope:
+                await anyio.wait_readable(pidfd)
+        finally:
+            os.close(pidfd)
+        if scope.cancel_called or handle.closing:
+            return
+        await self._bury(handle)
+
+    async def _revive(self, handle: ShimHandle, timeout: float | None) -> None:
+        """Try an UNREACHABLE shim again: connect and, if it never said it holds the sandbox,
+        ask. It is LIVE again when it answers; DYING when its process turned out to be gone;
+        GONE when it never got CreateSandbox (it is shut down). Raises Unavailable or
+        DeadlineExceeded with a sentence when it still does not answer (it stays UNREACHABLE)."""
+        async with handle.reach_lock:
+            if handle.phase is not Phase.UNREACHABLE:
+                return  # revived, buried or forgotten while we waited
+            budget = CONNECT_TIMEOUT if timeout is None else min(timeout, CONNECT_TIMEOUT)
+            client: Client | None = None
+            reply: dict[str, Any] | None = None
+            try:
+                with anyio.fail_after(budget):
+                    client = await Client.connect(handle.address, namespace=handle.namespace, timeout=budget)
+                    if not handle.confirmed:
+                        reply = await client.call(SANDBOX_SERVICE, "SandboxStatus",
+                                                  {"sandbox_id": handle.sandbox_id}, timeout=budget)
+            except (RpcError, TimeoutError) as exc:
+                if client is not None:
+                    await client.aclose()
+                if isinstance(exc, NotFound):
+                    with handle.hold_bundle() as held:
+                        if not held:
+                            raise Unavailable(f"sandbox {handle.sandbox_id} is being changed by another process; "
+                                              "try again") from None
+                        log.warning("sandbox %s/%s: its shim never got CreateSandbox; shutting it down",
+                                    handle.namespace, handle.sandbox_id)
+                        await self._discard(handle)
+                    return
+                if handle.process is not None:
+                    pidfd = handle.process.open_pidfd()
+                    try:
+                        gone = pidfd is None or await _exits_soon(handle.process, pidfd)
+                    finally:
+                        _close_quietly(pidfd)
+                    if gone:
+                        await self._bury(handle)
+                        return
+                timed_out = isinstance(exc, (TimeoutError, DeadlineExceeded))
+                why = f"did not answer within {budget:g}s" if timed_out else f"cannot be reached ({exc})"
+                handle.unreachable_reason = f"runs but {why}"
+                cls = DeadlineExceeded if timed_out else Unavailable
+                raise cls(_unreachable(handle)) from None
+            log.info("sandbox %s/%s: its shim answers again", handle.namespace, handle.sandbox_id)
+            self._attach(handle, client)
+            if reply is not None:
+                handle.remember(reply)
+            self._go_live(handle)
 
     async def _bury(self, handle: ShimHandle) -> None:
         """The dead-shim cleanup, once per handle: ``podshim delete`` (kills what is left,
@@ -449,9 +623,10 @@ class Controller:
         if handle.phase in ENDED:
             await handle.dead.wait()
             return
-        if handle.phase not in (Phase.LIVE, Phase.PENDING):
+        if handle.phase not in (Phase.LIVE, Phase.UNREACHABLE, Phase.PENDING):
             return
         handle.move(Phase.DYING)
+        handle.stop_watching()
         exit_status = None
         with handle.hold_bundle() as held, anyio.CancelScope(shield=True):
             try:
@@ -515,6 +690,7 @@ class Controller:
             self._forget(handle)
 
     def _forget(self, handle: ShimHandle) -> None:
+        handle.stop_watching()
         if handle.phase is not Phase.GONE:
             handle.move(Phase.GONE)
         handle.dead.set()  # nobody may wait forever on a sandbox that is gone
@@ -535,23 +711,45 @@ class Controller:
                     self._forget(handle)
 
     async def _reconnect(self, handle: ShimHandle) -> None:
+        """Load one bundle: reach its shim within LOAD_TIMEOUT and settle the handle (LIVE,
+        UNREACHABLE, a tombstone, or forgotten when the shim never got CreateSandbox)."""
         ns, sid = handle.namespace, handle.sandbox_id
         try:
-            with anyio.fail_after(LOAD_TIMEOUT):
-                boot = read_bootstrap(handle.bundle)
-                handle.address, handle.version = boot.address, boot.version
-                client = await Client.connect(boot.address, namespace=ns, timeout=LOAD_TIMEOUT)
-                self._attach(handle, client)
-                try:
-                    reply = await client.call(SANDBOX_SERVICE, "SandboxStatus", {"sandbox_id": sid},
-                                              timeout=LOAD_TIMEOUT)
-                except NotFound:
-                    reply = None
-        except (RpcError, TimeoutError, OSError) as exc:
-            why = "it did not answer within %.0fs" % LOAD_TIMEOUT if isinstance(exc, TimeoutError) else _describe(exc)
-            log.warning("sandbox %s/%s: cannot reach its shim (%s)", ns, sid, why)
+            boot = read_bootstrap(handle.bundle)
+        except RpcError as exc:
+            # No address: whatever runs could never be reached. state.json still names the
+            # shim's processes for `podshim delete`.
+            log.warning("sandbox %s/%s: cannot reach its shim (%s)", ns, sid, exc.message)
             await self._bury(handle)
             return
+        handle.address, handle.version = boot.address, boot.version
+        handle.process = read_shim_process(handle.bundle, boot)
+        pidfd = None
+        if handle.process is not None:
+            pidfd = handle.process.open_pidfd()
+            if pidfd is None:
+                log.warning("sandbox %s/%s: its shim (%s) is gone", ns, sid, handle.process)
+                await self._bury(handle)
+                return
+        try:
+            try:
+                reply = await self._first_status(handle)
+            except (RpcError, TimeoutError, OSError) as exc:
+                timed_out = isinstance(exc, (TimeoutError, DeadlineExceeded))
+                why = f"did not answer within {LOAD_TIMEOUT:g}s" if timed_out else _describe(exc)
+                client, handle.client = handle.client, None
+                if client is not None:
+                    await client.aclose()
+                if pidfd is None or await _exits_soon(handle.process, pidfd):
+                    log.warning("sandbox %s/%s: cannot reach its shim (%s)", ns, sid, why)
+                    await self._bury(handle)
+                else:
+                    self._unreachable(handle, f"runs but {why}" if timed_out else f"runs but cannot be reached ({why})",
+                                      pidfd)
+                    pidfd = None  # the watch owns it now
+                return
+        finally:
+            _close_quietly(pidfd)  # a LIVE shim's connection tells when it goes
         if reply is None:
             # Spawned but never created: the controller died between the two (containerd#6860).
             log.warning("sandbox %s/%s: its shim never got CreateSandbox; shutting it down", ns, sid)
@@ -559,6 +757,18 @@ class Controller:
             return
         handle.remember(reply)
         self._go_live(handle)
+
+    async def _first_status(self, handle: ShimHandle) -> dict[str, Any] | None:
+        """Connect to a loaded shim and ask for its sandbox within LOAD_TIMEOUT; None when it
+        never got CreateSandbox. Raises RpcError, TimeoutError, OSError."""
+        with anyio.fail_after(LOAD_TIMEOUT):
+            client = await Client.connect(handle.address, namespace=handle.namespace, timeout=LOAD_TIMEOUT)
+            self._attach(handle, client)
+            try:
+                return await client.call(SANDBOX_SERVICE, "SandboxStatus", {"sandbox_id": handle.sandbox_id},
+                                         timeout=LOAD_TIMEOUT)
+            except NotFound:
+                return None
 
 
 def _create_payload(sandbox_id: str, bundle: str, options: Any, netns_path: Any, rootfs: Any,
@@ -605,6 +815,39 @@ def _remove_quietly(path: str) -> None:
         remove_bundle(path)
     except OSError as exc:
         log.error("cannot remove bundle %s: %s", path, exc)
+
+
+def _unreachable(handle: ShimHandle) -> str:
+    """The sentence of a call on a shim that runs but does not answer."""
+    return (f"the shim of sandbox {handle.sandbox_id} in namespace {handle.namespace} "
+            f"({handle.process or 'pid unknown'}) {handle.unreachable_reason or 'does not answer'}; "
+            "it is left running and tried again on the next call")
+
+
+def _quietly(read: Any, *args: Any) -> Any:
+    """``read(*args)``, or None when it raises an RpcError."""
+    try:
+        return read(*args)
+    except RpcError:
+        return None
+
+
+async def _exits_soon(process: ShimProcess, pidfd: int) -> bool:
+    """Whether the process behind ``pidfd`` has exited, or is on its way out and exits within
+    EXIT_GRACE (a killed process closes its sockets a moment before it is a zombie)."""
+    if pidfd_exited(pidfd):
+        return True
+    if not process_exiting(process.pid):
+        return False
+    with anyio.move_on_after(EXIT_GRACE):
+        await anyio.wait_readable(pidfd)
+        return True
+    return False
+
+
+def _close_quietly(fd: int | None) -> None:
+    if fd is not None:
+        os.close(fd)
 
 
 def _describe(exc: BaseException) -> str:

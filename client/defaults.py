@@ -19,6 +19,7 @@ __all__ = [
     "CALL_TIMEOUT",
     "SHUTDOWN_TIMEOUT",
     "DISCARD_TIMEOUT",
+    "EXIT_GRACE",
     "DEFAULT_STOP_GRACE",
     "STOP_MARGIN",
     "SPAWN_TIMEOUT",
@@ -46,6 +47,10 @@ CALL_TIMEOUT = 5.0
 SHUTDOWN_TIMEOUT = 5.0
 #: Best-effort ShutdownSandbox when undoing a create that failed; `podshim delete` follows anyway.
 DISCARD_TIMEOUT = 3.0
+#: How long a shim that is exiting (the kernel marks it so before it closes its sockets) may take
+#: to become a zombie once its connection dropped; past that it counts as alive (unreachable),
+#: and is cleaned up when it does exit.
+EXIT_GRACE = 1.0
 #: StopSandbox's grace period when none is given: the shim's default (protocol.md 7.1).
 DEFAULT_STOP_GRACE = 10.0
 #: StopSandbox's deadline beyond its grace period: the shim's SIGKILL wait (10 s) and slack.

@@ -3,14 +3,22 @@
 A handle goes through the phases of :data:`TRANSITIONS`; only the Controller moves it along,
 through :meth:`ShimHandle.move`, which refuses a move the table does not list:
 
-    PENDING --create/load ok--> LIVE --shim died--> DYING --cleanup done--> DEAD (tombstone)
-       |                          |                   ^                       |
-       +--load: shim gone---------|-------------------+                       |
-       +--create failed / never created: GONE <--------- shutdown -----------+
+                       +--- answers again ---+
+                       v                     |
+    PENDING --ok--> LIVE --connection lost, shim alive--> UNREACHABLE
+       |              |                                       |
+       |              +--------- shim process gone ---------+ |
+       +--load: shim process gone--------------------------> DYING --cleanup done--> DEAD
+       |                                                                              |
+       +--create failed / never created / shut down--> GONE <-------- shutdown -------+
 
 PENDING: being created or loaded, not usable yet (readers wait for ``settled``).
 LIVE: connected to a shim that holds the sandbox.
-DYING/DEAD: the shim went away; ``podshim delete`` ran (once) and ``exit`` says how it ended.
+UNREACHABLE: the shim's process runs but does not answer (stopped, overloaded, its connections
+full, or our connection was dropped). Calls fail with UNAVAILABLE or DEADLINE_EXCEEDED and
+leave it alone; the next call tries to reconnect, and only its process ending makes it DYING.
+DYING/DEAD: the shim's process is gone; ``podshim delete`` ran (once) and ``exit`` says how it
+ended.
 GONE: forgotten; no longer in the NSMap.
 """
 
@@ -25,7 +33,7 @@ import anyio
 from shim.rpc.client import Client
 from shim.rpc.status import FailedPrecondition
 
-from client.bundles import BundleLock
+from client.bundles import BundleLock, ShimProcess
 from client.results import ControllerStatus, ExitStatus, SandboxState
 
 __all__ = ["Phase", "TRANSITIONS", "ShimHandle"]
@@ -34,6 +42,7 @@ __all__ = ["Phase", "TRANSITIONS", "ShimHandle"]
 class Phase(enum.Enum):
     PENDING = "pending"
     LIVE = "live"
+    UNREACHABLE = "unreachable"
     DYING = "dying"
     DEAD = "dead"
     GONE = "gone"
@@ -42,16 +51,21 @@ class Phase(enum.Enum):
 P = Phase
 #: phase -> the phases a handle may move to from it. Anything else is a FailedPrecondition.
 TRANSITIONS: dict[Phase, frozenset[Phase]] = {
-    P.PENDING: frozenset({P.LIVE, P.DYING, P.GONE}),  # created/loaded; found dead on load; undone
-    P.LIVE: frozenset({P.DYING, P.GONE}),             # its shim died; shut down
-    P.DYING: frozenset({P.DEAD}),                     # cleanup done (``exit`` is set)
-    P.DEAD: frozenset({P.GONE}),                      # the tombstone is shut down
-    P.GONE: frozenset(),                              # forgotten: nothing comes after
+    # created or loaded; loaded, alive, not answering; found gone on load; undone or skipped
+    P.PENDING: frozenset({P.LIVE, P.UNREACHABLE, P.DYING, P.GONE}),
+    # connection lost, shim alive; shim process gone; shut down
+    P.LIVE: frozenset({P.UNREACHABLE, P.DYING, P.GONE}),
+    # reconnected; shim process gone (or shut down and deleted); never created, or shut down
+    P.UNREACHABLE: frozenset({P.LIVE, P.DYING, P.GONE}),
+    P.DYING: frozenset({P.DEAD}),   # cleanup done (``exit`` is set)
+    P.DEAD: frozenset({P.GONE}),    # the tombstone is shut down
+    P.GONE: frozenset(),            # forgotten: nothing comes after
 }
 #: What a handle in each phase is, for the sentence of a refused move.
 _DESCRIPTIONS = {
     P.PENDING: "is still being created or loaded",
     P.LIVE: "is served by its shim",
+    P.UNREACHABLE: "has a shim that runs but does not answer",
     P.DYING: "is being cleaned up after its shim died",
     P.DEAD: "has exited and its shim is gone",
     P.GONE: "was shut down and forgotten",
@@ -76,6 +90,18 @@ class ShimHandle:
         self.client: Client | None = None
         self.address = ""
         self.version = 0
+        #: The shim's process: whether it runs decides whether the shim is dead. None when
+        #: nothing names it (a bundle without bootstrap pid or state.json).
+        self.process: ShimProcess | None = None
+        #: The shim said it holds the sandbox (CreateSandbox or a SandboxStatus answered).
+        self.confirmed = False
+        #: Why the shim is UNREACHABLE, for the errors of calls meanwhile.
+        self.unreachable_reason = ""
+        #: Serialises what decides between LIVE, UNREACHABLE and DYING: reconnecting, and
+        #: judging a lost connection.
+        self.reach_lock = anyio.Lock()
+        #: Cancels the task that waits for the process of an UNREACHABLE shim to exit.
+        self.watch_scope: anyio.CancelScope | None = None
         #: We close the connection ourselves (shutdown, controller close): not a death.
         self.closing = False
         # Last known facts, for a tombstone and for list() when a shim does not answer in time.
@@ -112,8 +138,15 @@ class ShimHandle:
         self.phase = phase
         self.settled.set()
 
+    def stop_watching(self) -> None:
+        """End the wait for the shim's process to exit, if one runs (idempotent)."""
+        if self.watch_scope is not None:
+            self.watch_scope.cancel()
+            self.watch_scope = None
+
     def remember(self, status: dict) -> None:
-        """Keep what a SandboxStatus answer said."""
+        """Keep what a SandboxStatus answer said (the shim holds the sandbox)."""
+        self.confirmed = True
         self.pid = status.get("pid") or 0
         self.state = status.get("state") or self.state
         self.created_at = status.get("created_at") or self.created_at
@@ -123,7 +156,8 @@ class ShimHandle:
         exit_status = self.exit.exit_status if self.exit else 0
         exited_at = self.exit.exited_at if self.exit else 0
         state = SandboxState.STOPPED if self.phase in ENDED else self.state
-        return ControllerStatus(self.sandbox_id, self.pid, state, {}, self.created_at, exited_at, exit_status,
+        info = {"unreachable": self.unreachable_reason} if self.phase is Phase.UNREACHABLE else {}
+        return ControllerStatus(self.sandbox_id, self.pid, state, info, self.created_at, exited_at, exit_status,
                                 self.address, self.version, self.namespace)
 
     def __repr__(self) -> str:

@@ -47,6 +47,9 @@ class Bootstrap:
     address: str
     protocol: str
     pid: int
+    #: The shim's start time (clock ticks since boot, /proc/PID/stat field 22); None when the
+    #: document has none (an older shim, or a pid not known yet).
+    start_time: int | None = None
 
     @classmethod
     def from_json(cls, text: str | bytes, *, source: str = "bootstrap JSON") -> "Bootstrap":
@@ -80,7 +83,12 @@ class Bootstrap:
         # pid 0 is legal: `podshim start` prints it when it found a live shim it did not start.
         if not isinstance(pid, int) or isinstance(pid, bool) or pid < 0:
             raise Internal(f"{source} has no valid 'pid': {pid!r}")
-        return cls(version, address, protocol, pid)
+        # Optional: a shim before it was added wrote none.
+        start_time = doc.get("start_time")
+        if start_time is not None and (not isinstance(start_time, int) or isinstance(start_time, bool)
+                                       or start_time < 0):
+            raise Internal(f"{source} has no valid 'start_time': {start_time!r}")
+        return cls(version, address, protocol, pid, start_time)
 
 
 @dataclass(frozen=True, slots=True)

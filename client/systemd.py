@@ -9,9 +9,9 @@ the journal, and a ``systemctl stop`` shuts the sandbox down. The units are in `
   at once). Otherwise start the *service* and return what the shim wrote to bootstrap.json.
   Either way the bundle's bootstrap.json names the address, so a restarted Controller
   reconnects exactly as with :class:`~client.spawners.ExecSpawner`.
-- ``delete``: the shim is dead or cannot be reached: stop the socket (no new shim), SIGKILL the
-  shim, stop the service (its ExecStopPost runs ``podshim delete``), run ``podshim delete``
-  here too for the exit status, and ``reset-failed`` both units.
+- ``delete``: the shim is dead (or was shut down and does not answer): stop the socket (no new
+  shim), SIGKILL the shim, stop the service (its ExecStopPost runs ``podshim delete``), run
+  ``podshim delete`` here too for the exit status, and ``reset-failed`` both units.
 - ``release``: the sandbox was shut down: stop both units and reset them.
 
 The shims' environment (state root, runtime root, PATH) is written to ``env_file``

@@ -11,7 +11,8 @@ import json
 import os
 from typing import Any
 
-from shim.rpc.api import BOOTSTRAP_FILE, BOOTSTRAP_VERSION, DEFAULT_RUNTIME_ROOT, PROTOCOL, TEMPLATE_SOCKET, TEMPLATE_SOCKET_ENV
+from shim.rpc.api import (BOOTSTRAP_FILE, BOOTSTRAP_VERSION, DEFAULT_RUNTIME_ROOT, PROTOCOL, STATE_FILE, TEMPLATE_SOCKET,
+                          TEMPLATE_SOCKET_ENV)
 from shim.rpc.files import read_json, write_atomic
 from shim.rpc.identifiers import MAX_IDENTIFIER_CHARS, validate_identifier
 from shim.rpc.status import InvalidArgument
@@ -39,7 +40,6 @@ __all__ = [
 SUN_PATH_MAX = 108
 _HASH_HEX_CHARS = 32  # 128 bits: collisions are not a concern, and long runtime roots still fit
 
-STATE_FILE = "state.json"
 LOG_FILE = "log"
 
 

@@ -80,8 +80,16 @@ def bind_listener(path: str) -> socket.socket | None:
 
 
 def bootstrap(address: str, pid: int) -> dict[str, Any]:
-    """The bootstrap result printed by ``podshim start`` and kept in bootstrap.json."""
-    return {"version": BOOTSTRAP_VERSION, "address": address, "protocol": PROTOCOL, "pid": pid}
+    """The bootstrap result printed by ``podshim start`` and kept in bootstrap.json.
+
+    With the shim's pid goes its start time (protocol.md 8): together they name the shim for its
+    whole life, so a controller tells a shim that is gone from one that is slow to answer.
+    """
+    doc: dict[str, Any] = {"version": BOOTSTRAP_VERSION, "address": address, "protocol": PROTOCOL, "pid": pid}
+    start_time = proc_start_time(pid) if pid > 0 else None
+    if start_time is not None:
+        doc["start_time"] = start_time
+    return doc
 
 
 def _log_tail(bundle: str, lines: int = 10) -> str:

@@ -4,10 +4,14 @@ from __future__ import annotations
 
 __all__ = ["SANDBOX_SERVICE", "EVENTS_SERVICE", "TASK_SERVICE", "TEMPLATE_SERVICE", "TEMPLATE_METHODS",
            "SANDBOX_METHODS", "EVENTS_METHODS", "TASK_METHODS", "BOOTSTRAP_FILE", "BOOTSTRAP_VERSION", "PROTOCOL",
+           "STATE_FILE",
            "DEFAULT_RUNTIME_ROOT", "UNKNOWN_EXIT_STATUS", "TEMPLATE_SOCKET", "TEMPLATE_SOCKET_ENV"]
 
 #: The file in a bundle that holds the bootstrap result (protocol.md, "Bootstrap").
 BOOTSTRAP_FILE = "bootstrap.json"
+#: The file in a bundle where the shim records what ``podshim delete`` needs, its own pid and
+#: start time (``shim_pid``, ``shim_start_time``) among them; a controller reads only those two.
+STATE_FILE = "state.json"
 #: bootstrap.json "version": 3 is containerd's number for a shim that serves the Sandbox API.
 BOOTSTRAP_VERSION = 3
 #: bootstrap.json "protocol".

@@ -22,6 +22,7 @@ __all__ = [
     "STAT_STATE",
     "open_pidfd",
     "pidfd_exited",
+    "process_exiting",
     "proc_start_time",
     "proc_stat",
     "process_alive",
@@ -33,7 +34,13 @@ __all__ = [
 # Field numbers of /proc/PID/stat (proc(5)).
 STAT_STATE = 3
 STAT_PPID = 4
+STAT_FLAGS = 9
 STAT_STARTTIME = 22
+STAT_SIGNAL = 31  # the task's pending signals (the low 31)
+
+#: The kernel's PF_EXITING task flag (<linux/sched.h>): set as a process starts to exit, before
+#: it closes its files, so a peer that sees the connection end can tell a dying process.
+_PF_EXITING = 0x00000004
 
 #: States of a process that has exited (zombie, dead): its pid is still taken, it runs no more.
 _EXITED_STATES = ("Z", "X")
@@ -83,6 +90,21 @@ def process_alive(pid: int | None, start_time: int | None) -> bool:
         return _is(proc_stat(pid), start_time)
     except OSError:
         return False
+
+
+def process_exiting(pid: int) -> bool:
+    """Whether ``pid`` is on its way out: gone, a zombie, exiting (PF_EXITING), or with a
+    SIGKILL pending (sent, not yet acted on). A process that closed a socket while it lives
+    is not; a killed one closes its sockets while it exits."""
+    try:
+        stat = proc_stat(pid)
+    except OSError:
+        return True
+    if stat is None or stat[STAT_STATE - 1] in _EXITED_STATES:
+        return True
+    if int(stat[STAT_FLAGS - 1]) & _PF_EXITING:
+        return True
+    return bool(int(stat[STAT_SIGNAL - 1]) & (1 << (signal.SIGKILL - 1)))
 
 
 def open_pidfd(pid: int | None, start_time: int | None) -> int | None:

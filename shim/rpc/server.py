@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import resource
 import socket
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable
@@ -28,8 +29,19 @@ log = logging.getLogger(__name__)
 UnaryHandler = Callable[["CallContext", dict], Awaitable[Any]]
 StreamHandler = Callable[["CallContext", dict, "ServerStream"], Awaitable[Any]]
 
-#: Connections one server holds at once; more are closed on accept (bounded memory).
+#: Connections one server holds at once (protocol.md 1, "Connection limit"). At the limit a new
+#: connection makes room by closing the one idle longest (no call in flight, nothing buffered):
+#: whoever connects (a controller that just started) gets in, and idle connections cost nothing
+#: but a reconnect. Only when every connection has a call in flight is the new one refused.
 MAX_CONNECTIONS = 1024
+#: A refused connection: the requests it sends first are answered RESOURCE_EXHAUSTED, then it is
+#: closed; one that sends nothing is closed after this many seconds.
+REFUSED_LINGER = 1.0
+#: Refused connections waiting to be answered at once; beyond this a refused one is closed
+#: without a byte (a flood must not hold descriptors).
+MAX_REFUSED = 64
+#: Descriptors a shim needs besides its connections (listener, pidfds, pipes, logs, netns...).
+FD_HEADROOM = 256
 
 
 class CallContext:
@@ -94,6 +106,11 @@ class _ServerChannel(Channel):
         self.timers: dict[int, asyncio.TimerHandle] = {}
         self.client_streaming: set[int] = set()
         self.eof = False
+        #: ``loop.time()`` of the last bytes read or call answered: who is idle longest.
+        self.last_active = self.loop.time()
+        #: Over the connection limit: answer RESOURCE_EXHAUSTED and close (see _refuse).
+        self.refused = False
+        self._linger: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
@@ -103,13 +120,40 @@ class _ServerChannel(Channel):
             log.warning("refusing connection: %s", refusal)
             self.abort()
             return
-        if len(self.server.channels) >= MAX_CONNECTIONS:
-            log.warning("refusing connection: %d connections already open", MAX_CONNECTIONS)
+        server = self.server
+        if len(server.channels) >= server.max_connections and not server.make_room():
+            self._refuse()
+            return
+        server.channels.add(self)
+
+    @property
+    def idle(self) -> bool:
+        """No call in flight and no request half-read: closing it loses nothing."""
+        return not self.tasks and not self.conn.active and not self.conn.decoder.buffered_bytes
+
+    def _refuse(self) -> None:
+        server = self.server
+        pid = self.peer.pid if self.peer is not None else "?"
+        if len(server.refused) >= MAX_REFUSED:
+            log.warning("refusing connection of pid %s without an answer: %d connections open, each with a call "
+                        "in flight, and %d refused ones still being answered", pid, len(server.channels),
+                        len(server.refused))
             self.abort()
             return
-        self.server.channels.add(self)
+        log.warning("refusing connection of pid %s: %d connections open, each with a call in flight",
+                    pid, len(server.channels))
+        self.refused = True
+        server.refused.add(self)
+        self._linger = self.loop.call_later(REFUSED_LINGER, self.abort)
+
+    def data_received(self, data: bytes) -> None:
+        self.last_active = self.loop.time()
+        super().data_received(data)
 
     def handle_events(self, events: list[Any]) -> None:
+        if self.refused:
+            self._answer_refused(events)
+            return
         for ev in events:
             kind = type(ev)
             if kind is CallStarted:
@@ -126,6 +170,20 @@ class _ServerChannel(Channel):
             elif kind is PeerClosed:
                 self.eof = True
                 self._close_if_idle()
+
+    def _answer_refused(self, events: list[Any]) -> None:
+        """Answer each request of a refused connection RESOURCE_EXHAUSTED, then close it."""
+        message = (f"the shim has {self.server.max_connections} connections open (its limit), each with a call "
+                   "in flight; try again later")
+        answered = False
+        for ev in events:
+            if type(ev) in (CallStarted, CallRejected):
+                self.write(self.conn.reject(ev.stream_id, Code.RESOURCE_EXHAUSTED, message))
+                answered = True
+            elif type(ev) is PeerClosed:
+                answered = True
+        if answered:
+            self.close()
 
     def _start(self, ev: CallStarted) -> None:
         req = ev.request
@@ -160,6 +218,7 @@ class _ServerChannel(Channel):
     def _on_done(self, sid: int, ctx: CallContext, task: asyncio.Task) -> None:
         req = ctx.request
         self.tasks.pop(sid, None)
+        self.last_active = self.loop.time()
         timer = self.timers.pop(sid, None)
         if timer is not None:
             timer.cancel()
@@ -197,6 +256,9 @@ class _ServerChannel(Channel):
 
     def on_lost(self, exc: Exception | None) -> None:
         self.server.channels.discard(self)
+        self.server.refused.discard(self)
+        if self._linger is not None:
+            self._linger.cancel()
         for timer in self.timers.values():
             timer.cancel()
         self.timers.clear()
@@ -210,15 +272,20 @@ class Server:
     """Serves registered services on listening Unix sockets.
 
     By default only peers with the server's effective uid, or root, are served
-    (SO_PEERCRED); pass ``allowed_uids`` to change that.
+    (SO_PEERCRED); pass ``allowed_uids`` to change that. At most ``max_connections`` are held
+    at once (:data:`MAX_CONNECTIONS`; what happens beyond is :meth:`make_room`'s and
+    protocol.md's "Connection limit").
     """
 
-    def __init__(self, *, allowed_uids: set[int] | None = None, max_data_bytes: int = MAX_DATA_BYTES):
+    def __init__(self, *, allowed_uids: set[int] | None = None, max_data_bytes: int = MAX_DATA_BYTES,
+                 max_connections: int = MAX_CONNECTIONS):
         self._methods: dict[tuple[str, str], _Method] = {}
         euid = os.geteuid()
         self.allowed_uids = allowed_uids if allowed_uids is not None else {euid, 0}
         self.max_data_bytes = max_data_bytes
+        self.max_connections = max_connections
         self.channels: set[_ServerChannel] = set()
+        self.refused: set[_ServerChannel] = set()
         self._servers: list[asyncio.AbstractServer] = []
 
     def register(self, service: str, unary: dict[str, UnaryHandler] | None = None,
@@ -245,8 +312,28 @@ class Server:
             return f"peer pid {peer.pid} has uid {peer.uid}; only uids {sorted(self.allowed_uids)} are served"
         return None
 
+    def make_room(self) -> bool:
+        """Close the connection idle longest to let a new one in; False when every connection
+        has a call in flight (the new one is then refused)."""
+        idle = [ch for ch in self.channels if ch.idle]
+        if not idle:
+            return False
+        victim = min(idle, key=lambda ch: ch.last_active)
+        log.info("%d connections open (the limit): closing the one idle longest (%.1fs, peer pid %s)",
+                 len(self.channels), victim.loop.time() - victim.last_active,
+                 victim.peer.pid if victim.peer is not None else "?")
+        self.channels.discard(victim)
+        victim.close()
+        return True
+
     async def start(self, sock: socket.socket) -> None:
-        """Serve on an already bound and listening socket; returns once accepting."""
+        """Serve on an already bound and listening socket; returns once accepting.
+
+        Raises the soft limit on open descriptors, when it is lower, to what
+        ``max_connections`` needs (up to the hard limit; below it, fewer connections fit and a
+        warning says how many).
+        """
+        _reserve_descriptors(self.max_connections + MAX_REFUSED + FD_HEADROOM)
         loop = asyncio.get_running_loop()
         sock.setblocking(False)
         srv = await loop.create_unix_server(lambda: _ServerChannel(self), sock=sock, start_serving=True)
@@ -263,8 +350,25 @@ class Server:
                 task.cancel()
         for ch in channels:
             ch.close()
+        for ch in list(self.refused):
+            ch.abort()
         if channels:
             await asyncio.wait([asyncio.ensure_future(ch.closed.wait()) for ch in channels], timeout=timeout)
         for ch in channels:
             if not ch.closed.is_set():
                 ch.abort()
+
+
+def _reserve_descriptors(needed: int) -> None:
+    """Raise RLIMIT_NOFILE's soft limit to ``needed`` (at most the hard limit) if it is lower."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and soft < needed:
+        target = needed if hard == resource.RLIM_INFINITY else min(needed, hard)
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+        except (ValueError, OSError) as exc:
+            log.warning("cannot raise the limit on open files from %d to %d: %s", soft, target, exc)
+            return
+        if target < needed:
+            log.warning("the hard limit on open files (%d) leaves room for fewer connections than %d",
+                        hard, needed - MAX_REFUSED - FD_HEADROOM)

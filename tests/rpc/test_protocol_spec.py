@@ -44,6 +44,11 @@ def test_status_code_table_matches_the_enum():
 def test_limits_stated_in_the_spec_match_the_code():
     assert f"at most {MAX_METADATA_ENTRIES} keys and {MAX_METADATA_VALUES} values per key" in SPEC
     assert f"more than {MAX_ACTIVE_STREAMS} streams open at once" in SPEC
+    from shim.rpc import server
+
+    assert f"at most **{server.MAX_CONNECTIONS} connections** at once" in SPEC
+    assert f"closed after {server.REFUSED_LINGER:g} s without a byte" in SPEC
+    assert f"beyond {server.MAX_REFUSED} waiting at once" in SPEC
     assert f"`{NAMESPACE_KEY}`" in SPEC
 
 

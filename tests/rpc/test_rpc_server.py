@@ -29,6 +29,7 @@ from shim.rpc import (
     Internal,
     NotFound,
     PermissionDenied,
+    ResourceExhausted,
     Server,
     Unavailable,
     Unimplemented,
@@ -116,9 +117,10 @@ class Echo:
 
 
 @contextlib.asynccontextmanager
-async def serving(service: Echo, directory: str) -> AsyncIterator[Server]:
-    """A Server for ``service`` accepting on ``directory``/rpc.sock; closed on exit."""
-    server = Server()
+async def serving(service: Echo, directory: str, **options) -> AsyncIterator[Server]:
+    """A Server for ``service`` (``options`` are Server's) accepting on ``directory``/rpc.sock;
+    closed on exit."""
+    server = Server(**options)
     service.register(server)
     path = os.path.join(directory, SOCKET_NAME)
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -432,3 +434,55 @@ async def test_peer_with_another_uid_is_refused_without_an_answer(server, socket
     _, status = await asyncio.to_thread(os.waitpid, pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
     assert f"refusing connection: peer pid {pid} has uid {NOBODY}" in caplog.text
+
+
+# -- the connection limit (protocol.md 1.1) -------------------------------------------------------
+async def test_at_the_connection_limit_the_connection_idle_longest_makes_room(service, socket_dir):
+    async with serving(service, socket_dir, max_connections=3):
+        held = [await Client.connect(address(socket_dir)) for _ in range(3)]
+        try:
+            for n, client in enumerate(held):  # answered in this order: held[0] is idle longest
+                assert await client.call(SERVICE, "Ping", {"n": n}) == {"n": n}
+            async with await Client.connect(address(socket_dir)) as newcomer:
+                assert await newcomer.call(SERVICE, "Ping", {"n": 3}) == {"n": 3}
+                await held[0].wait_closed()
+                assert not held[1].closed and not held[2].closed
+        finally:
+            for client in held:
+                await client.aclose()
+
+
+async def test_when_every_connection_has_a_call_in_flight_a_new_one_gets_resource_exhausted(service, socket_dir):
+    async with serving(service, socket_dir, max_connections=2):
+        held = [await Client.connect(address(socket_dir)) for _ in range(2)]
+        blocked = [asyncio.ensure_future(client.call(SERVICE, "Block", {})) for client in held]
+        try:
+            for client in held:  # answered after its Block was read: every connection is busy
+                await client.call(SERVICE, "Ping", {})
+            async with await Client.connect(address(socket_dir)) as refused:
+                with pytest.raises(ResourceExhausted) as caught:
+                    await refused.call(SERVICE, "Ping", {})
+                assert caught.value.message == ("the shim has 2 connections open (its limit), each with a call in "
+                                                "flight; try again later")
+                await refused.wait_closed()
+            assert await held[0].call(SERVICE, "Ping", {"still": "served"}) == {"still": "served"}
+        finally:
+            for task in blocked:
+                task.cancel()
+            for client in held:
+                await client.aclose()
+
+
+async def test_a_refused_connection_that_sends_nothing_is_closed(service, socket_dir, monkeypatch):
+    from shim.rpc import server as module
+
+    monkeypatch.setattr(module, "REFUSED_LINGER", 0.05)
+    async with serving(service, socket_dir, max_connections=1):
+        async with await Client.connect(address(socket_dir)) as busy:
+            blocked = asyncio.ensure_future(busy.call(SERVICE, "Block", {}))
+            try:
+                await busy.call(SERVICE, "Ping", {})
+                async with raw_connection(socket_dir) as (reader, _):
+                    assert await asyncio.wait_for(reader.read(), WAIT) == b""  # closed, not a byte sent
+            finally:
+                blocked.cancel()

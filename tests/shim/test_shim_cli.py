@@ -65,6 +65,7 @@ async def test_start_prints_bootstrap_json_and_writes_the_same_to_the_bundle(shi
         "address": "unix://" + socket_path(shim.namespace, shim.sandbox_id, shim.runtime_root),
         "protocol": "ttrpc+msgpack",
         "pid": shim.pid,
+        "start_time": linux.proc_start_time(shim.pid),  # with the pid, names the shim across pid reuse
     }
     assert read_json(os.path.join(shim.bundle, BOOTSTRAP_FILE)) == shim.bootstrap
     assert _shims_of(shim.bundle) == {shim.pid}
@@ -305,7 +306,8 @@ async def test_serve_uses_a_socket_passed_with_listen_fds(serve):
     # The socket is systemd's: the one listening on the path is the shim's inherited fd 3.
     assert _listening_inodes(shim.socket_path) == {os.readlink(f"/proc/{proc.pid}/fd/3")}
     assert read_json(os.path.join(shim.bundle, BOOTSTRAP_FILE)) == {
-        "version": 3, "address": shim.address, "protocol": "ttrpc+msgpack", "pid": proc.pid}
+        "version": 3, "address": shim.address, "protocol": "ttrpc+msgpack", "pid": proc.pid,
+        "start_time": linux.proc_start_time(proc.pid)}
 
 
 async def test_serve_reports_each_state_and_stopping_to_the_notify_socket(serve):
