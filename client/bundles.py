@@ -7,11 +7,14 @@ name the next scan recognises as garbage, never a half-deleted bundle that looks
 While one process creates, loads or removes a sandbox it holds an exclusive ``flock`` on the
 bundle directory (:class:`BundleLock`), so a second controller over the same state root
 (``podshimctl`` while a daemon runs) skips a sandbox that is half-made instead of "cleaning it
-up". The kernel drops the lock when its holder dies, so a killed controller never leaves one.
+up". A bundle is born locked: made under a hidden name, locked, then renamed into place without
+replacing anything, so no other process ever finds it under its name unlocked and empty. The
+kernel drops the lock when its holder dies, so a killed controller never leaves one.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import logging
@@ -23,10 +26,10 @@ from dataclasses import dataclass
 from typing import Iterator
 
 from shim.rpc.api import STATE_FILE
-from shim.rpc.files import ensure_private_dir, read_json
+from shim.rpc.files import ensure_private_dir, read_json, rename_noreplace
 from shim.rpc.identifiers import validate_identifier
 from shim.rpc.processes import open_pidfd, process_alive
-from shim.rpc.status import AlreadyExists, Internal, InvalidArgument, NotFound
+from shim.rpc.status import AlreadyExists, Internal, InvalidArgument, NotFound, Unavailable
 
 from client.results import BOOTSTRAP_FILE, Bootstrap
 
@@ -46,8 +49,14 @@ def bundle_path(state_root: str, namespace: str, sandbox_id: str) -> str:
     return os.path.join(state_root, namespace, sandbox_id)
 
 
-def make_bundle(state_root: str, namespace: str, sandbox_id: str) -> str:
-    """Create an empty bundle (parents as needed) and return its path.
+def make_bundle(state_root: str, namespace: str, sandbox_id: str, lock: "BundleLock | None" = None) -> str:
+    """Create an empty bundle (parents as needed) and return its path. With ``lock`` (a
+    BundleLock of that path), the bundle's flock is held by ``lock`` on return.
+
+    The bundle appears under its name already locked: another controller that finds it then
+    skips it as being changed, never takes it for the leftover of a dead create. Two creates of
+    one id race on the final rename, which replaces nothing: one wins, the other is
+    AlreadyExists.
 
     Raises AlreadyExists when the directory exists (another controller's sandbox, or one this
     controller has not loaded), InvalidArgument for a bad identifier, OSError when the state
@@ -55,15 +64,52 @@ def make_bundle(state_root: str, namespace: str, sandbox_id: str) -> str:
     where no scan finds them) or cannot be made.
     """
     path = bundle_path(state_root, namespace, sandbox_id)
+    parent = os.path.dirname(path)
     # Existing parents keep the mode their owner gave them.
     ensure_private_dir(state_root, _PARENT_MODE, keep_mode=True)
-    ensure_private_dir(os.path.dirname(path), _PARENT_MODE, keep_mode=True)
+    ensure_private_dir(parent, _PARENT_MODE, keep_mode=True)
+    exists = AlreadyExists(f"sandbox {sandbox_id} already exists in namespace {namespace} "
+                           f"(its bundle {path} is there)")
+    if os.path.lexists(path):
+        raise exists
+    # A hidden name: a scan leaves it alone while it is locked and removes it once it is not
+    # (we died before the rename).
+    made = os.path.join(parent, f".{sandbox_id}.{secrets.token_hex(4)}")
+    os.mkdir(made, _BUNDLE_MODE)
+    fd = None
     try:
-        os.mkdir(path, _BUNDLE_MODE)
-    except FileExistsError:
-        raise AlreadyExists(f"sandbox {sandbox_id} already exists in namespace {namespace} "
-                            f"(its bundle {path} is there)") from None
-    ensure_private_dir(path, _BUNDLE_MODE)
+        fd = os.open(made, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # ours alone: nobody knows the name
+        os.fchmod(fd, _BUNDLE_MODE)  # mkdir's mode went through the umask
+        try:
+            renamed = rename_noreplace(made, path)
+        except FileExistsError:
+            raise exists from None
+        if not renamed:
+            # No RENAME_NOREPLACE here (an old kernel or an odd filesystem): make it in place,
+            # with the short window before its lock that this otherwise closes.
+            os.rmdir(made)
+            os.close(fd)
+            fd = None
+            try:
+                os.mkdir(path, _BUNDLE_MODE)
+            except FileExistsError:
+                raise exists from None
+            ensure_private_dir(path, _BUNDLE_MODE)
+            if lock is not None and not lock.try_acquire():
+                raise Unavailable(f"bundle {path} was taken by another process while being made (this filesystem "
+                                  "cannot rename without replacing); try again")
+            return path
+    except BaseException:
+        if fd is not None:
+            os.close(fd)
+        with contextlib.suppress(FileNotFoundError):
+            os.rmdir(made)
+        raise
+    if lock is not None:
+        lock.adopt(fd)
+    else:
+        os.close(fd)
     return path
 
 
@@ -182,17 +228,30 @@ def scan(state_root: str, namespace: str | None = None) -> list[tuple[str, str, 
     for ns in sorted(spaces):
         for entry in _entries(os.path.join(state_root, ns)):
             if entry.name.startswith("."):
-                log.info("removing %s, left by an interrupted bundle removal", entry.path)
-                if entry.is_dir(follow_symlinks=False):
-                    shutil.rmtree(entry.path, ignore_errors=True)
-                else:
-                    _unlink_quietly(entry.path)
+                _remove_leftover(entry)
                 continue
             if not entry.is_dir(follow_symlinks=False) or not _is_identifier(entry.name):
                 log.warning("skipping %s: not a sandbox bundle (bad name or not a directory)", entry.path)
                 continue
             found.append((ns, entry.name, entry.path))
     return sorted(found)
+
+
+def _remove_leftover(entry: os.DirEntry) -> None:
+    """Remove a hidden entry of a namespace directory: a bundle whose removal or creation a crash
+    interrupted. One that is locked is being made or removed right now, and is left alone."""
+    if not entry.is_dir(follow_symlinks=False):
+        log.info("removing %s, left by an interrupted bundle removal", entry.path)
+        _unlink_quietly(entry.path)
+        return
+    lock = BundleLock(entry.path)
+    if not lock.try_acquire():
+        return
+    try:
+        log.info("removing %s, left by an interrupted bundle creation or removal", entry.path)
+        shutil.rmtree(entry.path, ignore_errors=True)
+    finally:
+        lock.release()
 
 
 def _is_namespace_dir(path: str) -> bool:
@@ -230,8 +289,11 @@ class BundleLock:
         self._fd: int | None = None
 
     def try_acquire(self) -> bool:
-        """Take the lock without blocking. False when another process holds it or the bundle
-        has gone (removed by another process in between)."""
+        """Take the lock without blocking (True at once if this lock holds it already). False
+        when another process holds it or the bundle has gone (removed by another process in
+        between)."""
+        if self._fd is not None:
+            return True
         try:
             fd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         except FileNotFoundError:
@@ -248,6 +310,12 @@ class BundleLock:
             raise
         self._fd = fd
         return True
+
+    def adopt(self, fd: int) -> None:
+        """Hold the lock through ``fd``, a descriptor of the bundle that has its flock already
+        (:func:`make_bundle`); released by :meth:`release`."""
+        self.release()
+        self._fd = fd
 
     def release(self) -> None:
         """Drop the lock (idempotent)."""

@@ -219,7 +219,7 @@ class Controller:
         self.sandboxes.add(namespace, sandbox_id, handle)  # the reservation: AlreadyExists on a race
         try:
             try:
-                make_bundle(self.state_root, namespace, sandbox_id)
+                make_bundle(self.state_root, namespace, sandbox_id, lock=handle.bundle_lock)
             except OSError as exc:
                 raise Internal(f"cannot make bundle {path}: {exc.strerror or exc}") from None
         except BaseException:

@@ -109,7 +109,8 @@ class ShimHandle:
         self.state: str = SandboxState.UNKNOWN
         self.created_at = 0
         self.exit: ExitStatus | None = None
-        self._bundle_lock = BundleLock(bundle)
+        #: The bundle's flock (make_bundle hands it the new bundle's, held).
+        self.bundle_lock = BundleLock(bundle)
         self._bundle_holds = 0
 
     @contextlib.contextmanager
@@ -118,7 +119,7 @@ class ShimHandle:
         the bundle is gone). Re-entrant within this process: a flock taken through a second
         descriptor would conflict with our own, and a shutdown and a dead-shim cleanup of the
         same handle may overlap (the handle's phase decides which of them acts)."""
-        if self._bundle_holds == 0 and not self._bundle_lock.try_acquire():
+        if self._bundle_holds == 0 and not self.bundle_lock.try_acquire():
             yield False
             return
         self._bundle_holds += 1
@@ -127,7 +128,7 @@ class ShimHandle:
         finally:
             self._bundle_holds -= 1
             if self._bundle_holds == 0:
-                self._bundle_lock.release()
+                self.bundle_lock.release()
 
     def move(self, phase: Phase) -> None:
         """Move to ``phase``; raises FailedPrecondition when :data:`TRANSITIONS` does not allow it

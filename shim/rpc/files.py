@@ -18,14 +18,16 @@ import stat
 import tempfile
 from typing import Any
 
-__all__ = ["MAX_JSON_DEPTH", "decode_json", "ensure_private_dir", "fsync_dir", "read_json", "write_atomic"]
+__all__ = ["MAX_JSON_DEPTH", "decode_json", "ensure_private_dir", "fsync_dir", "read_json", "rename_noreplace",
+           "write_atomic"]
 
 #: How deeply a JSON document podshim reads may nest. Real ones (CRI and CNI configs, records)
 #: nest less than 10 deep; a deeper one would be refused later anyway, by the recursion limit
 #: of whatever walks or encodes it.
 MAX_JSON_DEPTH = 100
 
-_RENAME_EXCHANGE = 2  # renameat2(2) flag, <linux/fs.h>
+_RENAME_NOREPLACE = 1  # renameat2(2) flags, <linux/fs.h>
+_RENAME_EXCHANGE = 2
 _AT_FDCWD = -100
 _renameat2: Any = None  # libc's renameat2, loaded on first use; False where libc has none
 
@@ -176,6 +178,17 @@ def write_atomic(path: str, data: bytes, *, mode: int = 0o600, durable: bool = T
         fsync_dir(directory)
 
 
+def rename_noreplace(src: str, dst: str) -> bool:
+    """Rename ``src`` to ``dst`` unless ``dst`` exists, atomically (renameat2 RENAME_NOREPLACE):
+    of two processes renaming onto one name, exactly one wins, and nothing is ever replaced (a
+    plain rename replaces an empty directory). Raises FileExistsError when ``dst`` exists, other
+    OSErrors as rename does; False when the filesystem or libc cannot do it (nothing renamed).
+    """
+    if _renameat2_or_none() is None:
+        return False
+    return _rename2(src, dst, _RENAME_NOREPLACE)
+
+
 def _exchange(tmp: str, path: str) -> bool:
     """Swap the names ``tmp`` and ``path`` atomically; False if that cannot be done here.
 
@@ -185,21 +198,37 @@ def _exchange(tmp: str, path: str) -> bool:
     False when ``path`` does not exist yet, or the filesystem or libc has no RENAME_EXCHANGE:
     the caller renames instead.
     """
-    global _renameat2
-    import ctypes  # here, not at the top: a client importing shim.rpc never pays for it
+    if _renameat2_or_none() is None:
+        return False
+    try:
+        return _rename2(tmp, path, _RENAME_EXCHANGE)
+    except FileNotFoundError:
+        return False
 
+
+def _renameat2_or_none() -> Any:
+    """libc's renameat2, loaded on first use; None where libc has none (older than 2.28)."""
+    global _renameat2
     if _renameat2 is None:
+        import ctypes  # here, not at the top: a client importing shim.rpc never pays for it
+
         try:
             fn = ctypes.CDLL(None, use_errno=True).renameat2
             fn.argtypes = (ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint)
             _renameat2 = fn
-        except AttributeError:  # libc older than 2.28
+        except AttributeError:
             _renameat2 = False
-    if _renameat2 is False:
-        return False
-    if _renameat2(_AT_FDCWD, os.fsencode(tmp), _AT_FDCWD, os.fsencode(path), _RENAME_EXCHANGE) == 0:
+    return _renameat2 or None
+
+
+def _rename2(src: str, dst: str, flags: int) -> bool:
+    """renameat2(src, dst, flags): True when done, False when this filesystem cannot do it;
+    raises OSError (FileExistsError, FileNotFoundError...) for anything else."""
+    import ctypes
+
+    if _renameat2(_AT_FDCWD, os.fsencode(src), _AT_FDCWD, os.fsencode(dst), flags) == 0:
         return True
     err = ctypes.get_errno()
-    if err in (errno.ENOENT, errno.EINVAL, errno.ENOSYS, errno.EXDEV, errno.EPERM, errno.ENOTSUP):
+    if err in (errno.EINVAL, errno.ENOSYS, errno.EXDEV, errno.EPERM, errno.ENOTSUP):
         return False
-    raise OSError(err, os.strerror(err), path)
+    raise OSError(err, os.strerror(err), dst)

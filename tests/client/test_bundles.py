@@ -45,3 +45,36 @@ def test_a_bundle_behind_a_symlinked_namespace_directory_is_not_listed(roots, ca
     assert scan(state_root) == []
     assert scan(state_root, "k8s.io") == []
     assert "symbolic link" in caplog.text
+
+
+def test_a_bundle_is_born_locked_and_a_second_of_the_same_id_already_exists(roots):
+    from client.bundles import BundleLock
+    from shim.rpc.status import AlreadyExists
+
+    state_root, _ = roots
+    path = os.path.join(state_root, "k8s.io", "sb1")
+    ours = BundleLock(path)
+    assert make_bundle(state_root, "k8s.io", "sb1", lock=ours) == path
+    try:
+        assert ours.held and not BundleLock(path).try_acquire()  # another process sees it being made
+        with pytest.raises(AlreadyExists):
+            make_bundle(state_root, "k8s.io", "sb1")
+    finally:
+        ours.release()
+    assert os.listdir(os.path.dirname(path)) == ["sb1"]  # no hidden name left behind
+
+
+def test_a_scan_removes_a_hidden_leftover_but_not_one_being_made(roots):
+    from client.bundles import BundleLock
+
+    state_root, _ = roots
+    namespace = os.path.join(state_root, "k8s.io")
+    os.makedirs(os.path.join(namespace, ".sb1.0a1b2c3d"))
+    os.makedirs(os.path.join(namespace, ".sb2.4e5f6071"))
+    busy = BundleLock(os.path.join(namespace, ".sb2.4e5f6071"))
+    assert busy.try_acquire()
+    try:
+        assert scan(state_root) == []
+        assert os.listdir(namespace) == [".sb2.4e5f6071"]
+    finally:
+        busy.release()

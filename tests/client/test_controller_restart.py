@@ -269,3 +269,48 @@ async def test_loading_one_sandbox_loads_only_that_one(env):
         await shutdown_all(c)
     finally:
         await c.aclose()
+
+
+# -- two Controllers over one state root ---------------------------------------------------------
+# Another Controller (podshimctl), in its own process: load the one sandbox and print its status
+# or the error, as `podshimctl sandbox status` would.
+OTHER = r"""
+import sys, anyio
+from client.controller import Controller
+from shim.rpc.status import RpcError
+
+async def main():
+    async with Controller(sys.argv[1], sys.argv[2]) as c:
+        await c.load(sys.argv[3], sys.argv[4])
+        try:
+            print((await c.status(sys.argv[3], sys.argv[4])).state)
+        except RpcError as exc:
+            print(exc.code.name)
+
+anyio.run(main)
+"""
+
+
+async def test_a_bundle_being_made_is_never_taken_for_a_dead_one_by_another_controller(env, monkeypatch):
+    """The moment a create's bundle appears, another Controller loading it must find it being
+    changed and leave it be; it used to find it empty and unlocked, 'clean it up' and remove it,
+    so the create failed with UNAVAILABLE (issue 13)."""
+    sid = env.sid("seen")
+    seen: list[str] = []
+
+    real_make_bundle = controller_module.make_bundle
+
+    def make_bundle(*args, **kwargs):
+        path = real_make_bundle(*args, **kwargs)
+        # The bundle is there under its name: another Controller looks at it right now.
+        done = subprocess.run([sys.executable, "-c", OTHER, env.state_root, env.runtime_root, NS, sid],
+                              capture_output=True, text=True, timeout=60, cwd=ROOT)
+        seen.append(done.stdout.strip() or done.stderr)
+        return path
+
+    monkeypatch.setattr(controller_module, "make_bundle", make_bundle)
+    async with controller(env) as c:
+        await c.create(NS, sid)  # neither UNAVAILABLE nor undone
+        assert seen == ["NOT_FOUND"]  # it skipped a bundle another process is making
+        assert (await c.status(NS, sid)).state == "created"
+        await c.shutdown(NS, sid)
