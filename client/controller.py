@@ -405,8 +405,11 @@ class Controller:
             raise Unavailable(f"sandbox {sandbox_id} is still being created")
         if handle.phase is Phase.UNREACHABLE:
             raise Unavailable(_unreachable(handle))
-        if handle.phase is not Phase.LIVE or handle.client is None or handle.client.closed:
+        if handle.phase is not Phase.LIVE or handle.client is None:
             raise Unavailable(f"the shim of sandbox {sandbox_id} is gone")
+        if handle.client.closed:
+            raise Unavailable(f"the connection to the shim of sandbox {sandbox_id} was lost; the next Controller call "
+                              "tells whether it runs and reconnects")
         return handle.client
 
     # -- internals ------------------------------------------------------------------------
@@ -480,9 +483,16 @@ class Controller:
                         return None
                     raise  # we closed it (shutdown, controller closing)
                 await self._judge_loss(handle, client)
-                if handle.phase is not Phase.UNREACHABLE:
+                if handle.phase in ENDED:
                     return None  # its process is gone
-                if not idempotent or attempt == 2:
+                if handle.phase is Phase.GONE:
+                    raise NotFound(f"sandbox {handle.sandbox_id} not found in namespace {handle.namespace}") from None
+                if not idempotent:
+                    raise Unavailable(f"the connection to the shim of sandbox {handle.sandbox_id} in namespace "
+                                      f"{handle.namespace} ({handle.process or 'pid unknown'}) was lost during "
+                                      f"{method}, which it may or may not have done; the shim runs and was left "
+                                      "alone") from None
+                if attempt == 2:
                     raise Unavailable(_unreachable(handle)) from None
         raise AssertionError("unreachable")
 
