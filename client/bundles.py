@@ -29,7 +29,7 @@ from shim.rpc.api import STATE_FILE
 from shim.rpc.files import ensure_private_dir, read_json, rename_noreplace
 from shim.rpc.identifiers import validate_identifier
 from shim.rpc.processes import open_pidfd, process_alive
-from shim.rpc.status import AlreadyExists, Internal, InvalidArgument, NotFound, Unavailable
+from shim.rpc.status import AlreadyExists, InvalidArgument, NotFound, Unavailable, error_from_oserror
 
 from client.results import BOOTSTRAP_FILE, Bootstrap
 
@@ -128,7 +128,8 @@ def remove_bundle(path: str) -> None:
 
 
 def read_bootstrap(bundle: str) -> Bootstrap:
-    """The bundle's bootstrap.json; NotFound when absent, Internal when it is not valid."""
+    """The bundle's bootstrap.json; NotFound when absent, Internal when it is not valid
+    (:class:`Bootstrap`), the OS error's status when it cannot be read."""
     path = os.path.join(bundle, BOOTSTRAP_FILE)
     try:
         with open(path, "rb") as f:
@@ -136,7 +137,7 @@ def read_bootstrap(bundle: str) -> Bootstrap:
     except FileNotFoundError:
         raise NotFound(f"{path} does not exist (the shim never started)") from None
     except OSError as exc:
-        raise Internal(f"cannot read {path}: {exc.strerror or exc}") from None
+        raise error_from_oserror(exc, f"cannot read {path}") from None
     return Bootstrap.from_json(text, source=path)
 
 

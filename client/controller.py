@@ -39,11 +39,11 @@ from shim.rpc.processes import pidfd_exited, process_exiting
 from shim.rpc.status import (
     DeadlineExceeded,
     FailedPrecondition,
-    Internal,
     InvalidArgument,
     NotFound,
     RpcError,
     Unavailable,
+    error_from_oserror,
 )
 
 from client.bundles import (
@@ -155,7 +155,7 @@ class Controller:
         changing right now is skipped.
 
         Raises InvalidArgument for bad identifiers (``sandbox_id`` needs ``namespace``),
-        Internal when the state root cannot be read.
+        the OS error's status when the state root cannot be read.
         """
         await self._open()
         if sandbox_id is not None:
@@ -167,7 +167,7 @@ class Controller:
             try:
                 found = scan(self.state_root, namespace)
             except OSError as exc:
-                raise Internal(f"cannot read state root {self.state_root}: {exc.strerror or exc}") from None
+                raise error_from_oserror(exc, f"cannot read state root {self.state_root}") from None
         started = time.monotonic()
         async with anyio.create_task_group() as tg:
             for ns, sid, path in found:
@@ -221,7 +221,7 @@ class Controller:
             try:
                 make_bundle(self.state_root, namespace, sandbox_id, lock=handle.bundle_lock)
             except OSError as exc:
-                raise Internal(f"cannot make bundle {path}: {exc.strerror or exc}") from None
+                raise error_from_oserror(exc, f"cannot make bundle {path}") from None
         except BaseException:
             self._forget(handle)
             raise

@@ -124,7 +124,7 @@ class ExecSpawner(Spawner):
             except TimeoutError:
                 raise DeadlineExceeded(f"podshim {action} for {namespace}/{sandbox_id} did not finish "
                                        f"within {timeout:.0f}s") from None
-            except OSError as exc:
+            except OSError as exc:  # not the errno's code: a NOT_FOUND would read as "no such sandbox"
                 raise Internal(f"cannot run {argv[0]!r} for podshim {action}: {exc.strerror or exc}") from None
 
     async def spawn(self, namespace: str, sandbox_id: str, bundle: str) -> Bootstrap:

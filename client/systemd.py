@@ -36,7 +36,15 @@ import anyio
 
 from shim.rpc.files import ensure_private_dir, write_atomic
 from shim.rpc.identifiers import validate_identifier
-from shim.rpc.status import DeadlineExceeded, Internal, InvalidArgument, NotFound, RpcError, Unavailable
+from shim.rpc.status import (
+    DeadlineExceeded,
+    Internal,
+    InvalidArgument,
+    NotFound,
+    RpcError,
+    Unavailable,
+    error_from_oserror,
+)
 
 from client.bundles import read_bootstrap
 from client.defaults import DEFAULT_RUNTIME_ROOT, DEFAULT_STATE_ROOT, SPAWN_TIMEOUT, UNIT_STOP_TIMEOUT
@@ -226,7 +234,7 @@ class SystemdSpawner(Spawner):
                 return await anyio.run_process(argv, stdin=subprocess.DEVNULL, check=False, start_new_session=True)
         except TimeoutError:
             raise DeadlineExceeded(f"{' '.join(argv)} did not finish within {timeout:.0f}s") from None
-        except OSError as exc:
+        except OSError as exc:  # not the errno's code: a NOT_FOUND here would read as "no such sandbox"
             raise Internal(f"cannot run {argv[0]!r}: {exc.strerror or exc}") from None
 
     async def _start(self, unit: str, timeout: float) -> None:
@@ -255,12 +263,12 @@ class SystemdSpawner(Spawner):
         except FileNotFoundError:
             pass
         except OSError as exc:
-            raise Internal(f"cannot read {self.env_file}: {exc.strerror or exc}") from None
+            raise error_from_oserror(exc, f"cannot read {self.env_file}") from None
         try:
             ensure_private_dir(os.path.dirname(self.env_file), 0o711, keep_mode=True)
             write_atomic(self.env_file, self._env_text.encode())
         except OSError as exc:
-            raise Internal(f"cannot write {self.env_file}: {exc.strerror or exc}") from None
+            raise error_from_oserror(exc, f"cannot write {self.env_file}") from None
 
 
 def _env_file_text(env: Mapping[str, str]) -> str:

@@ -491,7 +491,7 @@ async def _run(argv: list[str], env: dict[str, str], stdin: bytes, timeout: floa
         # leaves its children behind if only the shell is killed).
         process = await anyio.open_process(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                            stderr=subprocess.PIPE, env=env, start_new_session=True)
-    except OSError as exc:
+    except OSError as exc:  # not the errno's code: a NOT_FOUND here would read as "no such pod"
         raise Internal(f"{what}: cannot run {argv[0]!r}: {exc.strerror or exc}") from None
     try:
         with anyio.fail_after(timeout):

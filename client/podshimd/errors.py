@@ -3,8 +3,9 @@
 Every CRI handler is wrapped by :func:`translated` (``server.compose`` does it for every method of
 every handler group), so a handler simply raises: a :class:`shim.rpc.status.RpcError` keeps its
 code (the pod layer's and the shims' codes are gRPC's numbers) and its sentence; anything else
-goes through :func:`shim.rpc.status.status_from_exception`, which logs it with its traceback and
-answers INTERNAL or UNKNOWN with a sentence. No traceback ever reaches a client.
+goes through :func:`shim.rpc.dispatch.status_from_exception` (the shims' servers' own mapping),
+which logs it with its traceback and answers with a sentence: an OSError its errno's code, the
+rest UNKNOWN. No traceback ever reaches a client.
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ from typing import Any
 
 import grpc
 
-from shim.rpc.status import Code, status_from_exception
+from shim.rpc.dispatch import status_from_exception
+from shim.rpc.status import Code
 
 __all__ = ["GRPC_CODES", "grpc_code", "translated"]
 

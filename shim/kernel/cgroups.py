@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from shim.kernel import linux
-from shim.rpc.status import AlreadyExists, FailedPrecondition, Internal, InvalidArgument, NotFound
+from shim.rpc.status import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound, error_from_oserror
 
 __all__ = ["DEFAULT_PARENT", "REMOVE_TIMEOUT", "V2", "Hierarchy", "SandboxCgroup", "discover_hierarchies",
            "start_attach_grace_period"]
@@ -151,7 +151,7 @@ class SandboxCgroup:
         one, or None (meaning "podshim"), is relative to this process's own cgroup in that
         hierarchy. cpuset directories get cpuset.cpus/mems copied from their parent, or no
         task could join them. Raises InvalidArgument (bad name/parent), AlreadyExists (the
-        directory exists in some hierarchy) or Internal; on error nothing made is left behind.
+        directory exists in some hierarchy) or the OS error's status; on error nothing made is left behind.
         """
         _validate(name, parent)
         parent = DEFAULT_PARENT if parent is None else parent
@@ -173,7 +173,7 @@ class SandboxCgroup:
                     if exc.errno in _SKIPPABLE:
                         cgroup.skipped[hierarchy.key] = f"{exc.strerror} ({exc.filename})"
                         continue
-                    raise Internal(f"cannot create cgroup {target}: {exc.strerror} ({exc.filename})") from exc
+                    raise error_from_oserror(exc, f"cannot create cgroup {target} ({exc.filename})") from exc
                 cgroup.paths[hierarchy.key] = target
                 # The default parent is pruned by whichever sandbox leaves it empty, so it does not
                 # outlive its sandboxes when two shims raced to create it. A caller's parent
@@ -218,7 +218,7 @@ class SandboxCgroup:
     def join(self, pid: int) -> None:
         """Move process ``pid`` (0: the caller) into the sandbox cgroup in every hierarchy.
 
-        Raises NotFound when the process does not exist, Internal for other errors.
+        Raises NotFound when the process does not exist, the OS error's status for other errors.
         """
         data = str(pid).encode()
         for procs in self.procs_files():
@@ -227,17 +227,17 @@ class SandboxCgroup:
             except ProcessLookupError:
                 raise NotFound(f"process {pid} does not exist") from None
             except OSError as exc:
-                raise Internal(f"cannot move process {pid} into {procs}: {exc.strerror}") from exc
+                raise error_from_oserror(exc, f"cannot move process {pid} into {procs}") from exc
 
     def pids(self) -> set[int]:
-        """Every process in the sandbox cgroup or below it, in any hierarchy. Raises Internal."""
+        """Every process in the sandbox cgroup or below it, in any hierarchy. Raises the OS error's status."""
         found: set[int] = set()
         for path in self.paths.values():
             for directory in _subtree(path):
                 try:
                     found.update(_read_pids(directory))
                 except OSError as exc:
-                    raise Internal(f"cannot list the processes of cgroup {directory}: {exc.strerror}") from exc
+                    raise error_from_oserror(exc, f"cannot list the processes of cgroup {directory}") from exc
         return found
 
     def metrics(self) -> dict[str, Any]:
@@ -291,7 +291,7 @@ class SandboxCgroup:
 
         SIGKILL uses v2 cgroup.kill when the kernel has it (atomic: no fork escapes); otherwise
         each pid listed in cgroup.procs of every hierarchy is signalled, repeated until none is
-        new, so a forking process cannot outrun it. Raises Internal when the group cannot be
+        new, so a forking process cannot outrun it. Raises the OS error's status when the group cannot be
         read or killed.
         """
         v2 = self.paths.get(V2)
@@ -302,7 +302,7 @@ class SandboxCgroup:
             except FileNotFoundError:
                 return  # already removed: nothing left to kill
             except OSError as exc:
-                raise Internal(f"cannot kill cgroup {v2}: {exc.strerror}") from exc
+                raise error_from_oserror(exc, f"cannot kill cgroup {v2}") from exc
         signalled: set[int] = set()
         while True:
             # A pid listed in cgroup.procs is a member now; the window in which it could exit,
@@ -322,7 +322,7 @@ class SandboxCgroup:
 
         The child owns no parents: this cgroup removes itself. cpuset directories get
         cpuset.cpus/mems copied from this one. Raises InvalidArgument (bad name, or a name taken
-        by a control file such as ``tasks``), AlreadyExists or Internal; on error nothing made
+        by a control file such as ``tasks``), AlreadyExists or the OS error's status; on error nothing made
         is left behind.
         """
         _validate(name, None)
@@ -337,7 +337,7 @@ class SandboxCgroup:
                         raise InvalidArgument(f"cgroup name {name!r} is taken by a control file of {path}") from None
                     raise AlreadyExists(f"cgroup {target} already exists") from None
                 except OSError as exc:
-                    raise Internal(f"cannot create cgroup {target}: {exc.strerror} ({exc.filename})") from exc
+                    raise error_from_oserror(exc, f"cannot create cgroup {target} ({exc.filename})") from exc
                 child.paths[key] = target
         except BaseException:
             child.remove()
@@ -350,7 +350,7 @@ class SandboxCgroup:
         Idempotent: missing directories are fine. rmdir fails with EBUSY while killed tasks
         are still leaving the group, so that is retried for up to ``timeout`` seconds (this
         blocks; from the event loop use :meth:`aremove`). Raises FailedPrecondition when
-        processes remain, Internal for other errors.
+        processes remain, the OS error's status for other errors.
         """
         for delay in self._removal(timeout):
             time.sleep(delay)
@@ -389,7 +389,7 @@ class SandboxCgroup:
                 continue
             except OSError as exc:
                 if exc.errno not in (errno.EBUSY, errno.ENOTEMPTY):
-                    raise Internal(f"cannot remove cgroup {path}: {exc.strerror}") from exc
+                    raise error_from_oserror(exc, f"cannot remove cgroup {path}") from exc
             for directory in _subtree(path)[::-1]:
                 yield from _rmdir(directory, deadline)
         for dirs in self.owned_parents.values():
@@ -399,7 +399,7 @@ class SandboxCgroup:
                 except OSError as exc:
                     # Another sandbox may live there, or be creating its directory right now.
                     if exc.errno not in (errno.ENOENT, errno.ENOTEMPTY, errno.EBUSY):
-                        raise Internal(f"cannot remove cgroup {directory}: {exc.strerror}") from exc
+                        raise error_from_oserror(exc, f"cannot remove cgroup {directory}") from exc
                     break
 
 
@@ -483,7 +483,7 @@ def _rmdir(directory: str, deadline: float) -> Iterator[float]:
             return
         except OSError as exc:
             if exc.errno != errno.EBUSY:
-                raise Internal(f"cannot remove cgroup {directory}: {exc.strerror}") from exc
+                raise error_from_oserror(exc, f"cannot remove cgroup {directory}") from exc
             if time.monotonic() >= deadline:
                 raise FailedPrecondition(f"cgroup {directory} still has processes; kill them first") from None
         yield delay

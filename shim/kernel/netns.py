@@ -23,10 +23,10 @@ from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
 from shim.kernel import linux
-from shim.rpc.status import AlreadyExists, Internal, InvalidArgument, NotFound
+from shim.rpc.status import AlreadyExists, Internal, InvalidArgument, NotFound, error_from_oserror
 
-__all__ = ["check_net_sysctls", "create_netns", "default_netns_dir", "describe_netns", "is_host_netns", "new_netns_path",
-           "open_namespace", "open_netns", "remove_netns"]
+__all__ = ["NamespaceNotFound", "check_net_sysctls", "create_netns", "default_netns_dir", "describe_netns",
+           "is_host_netns", "new_netns_path", "open_namespace", "open_netns", "remove_netns"]
 
 _NETNS_DIR = "/var/run/netns"
 _THREAD_NETNS = "/proc/thread-self/ns/net"
@@ -42,6 +42,15 @@ _T = TypeVar("_T")
 # The network namespace this process started in: for a shim, the host's (a shim forked by the
 # template has the template's). Read at import, before any thread of ours switches netns.
 _HOST_NETNS = os.stat("/proc/self/ns/net")
+
+
+class NamespaceNotFound(NotFound):
+    """NotFound for a namespace file that does not exist (``/proc/PID/ns/ipc`` of a process that
+    exited, a netns file removed): ``path`` names it."""
+
+    def __init__(self, message: str, *, path: str):
+        super().__init__(message)
+        self.path = path
 
 
 def default_netns_dir() -> str:
@@ -64,7 +73,8 @@ def create_netns(path: str) -> str:
 
     ``path``'s directory is created if missing. The default directory is first made a shared
     mount (see :func:`_ensure_shared_dir`). Returns ``path``. On any failure nothing is left
-    behind. Raises InvalidArgument (relative path), AlreadyExists (``path`` exists) or Internal.
+    behind. Raises InvalidArgument (relative path), AlreadyExists (``path`` exists) or the OS
+    error's status (:func:`error_from_oserror`).
     """
     if not os.path.isabs(path):
         raise InvalidArgument(f"netns path {path!r} must be absolute")
@@ -77,7 +87,7 @@ def create_netns(path: str) -> str:
     except FileExistsError:
         raise AlreadyExists(f"netns file {path} already exists") from None
     except OSError as exc:
-        raise Internal(f"cannot create netns file {path}: {exc.strerror}") from exc
+        raise error_from_oserror(exc, f"cannot create netns file {path}") from exc
     mounted = False
     try:
         saved = os.open(_THREAD_NETNS, os.O_RDONLY | os.O_CLOEXEC)
@@ -96,7 +106,7 @@ def create_netns(path: str) -> str:
             _umount_quietly(path)
         _unlink_quietly(path)
         if isinstance(exc, OSError):
-            raise Internal(f"cannot create netns {path}: {exc.strerror}") from exc
+            raise error_from_oserror(exc, f"cannot create netns {path}") from exc
         raise
     return path
 
@@ -106,7 +116,7 @@ def remove_netns(path: str) -> None:
 
     A missing file or a file that is no longer mounted is fine. Raises InvalidArgument when
     ``path`` is something other than a netns file (a non-empty or non-regular file is never
-    deleted), Internal for other errors.
+    deleted), the OS error's status for other errors.
     """
     # MNT_DETACH: a process that still has the file open (ip netns exec, a CNI plugin) must
     # not make removal fail; the namespace dies when its last user goes.
@@ -129,8 +139,8 @@ def check_net_sysctls(path: str, keys: Iterable[str]) -> None:
     the host's initial namespace) or read-only there (net.core.rmem_max and the like, which
     newer kernels show read-only in every other namespace) would fail the pause's start with
     "Permission denied" or "No such file"; it is refused now instead. Other keys are not
-    looked at. Raises NotFound when ``path`` is not a netns, Internal when the thread cannot
-    switch.
+    looked at. Raises NotFound when ``path`` is not a netns, the OS error's status when the
+    thread cannot switch.
     """
     names = [key for key in keys if key.startswith("net.")]
     if not names:
@@ -148,7 +158,7 @@ def check_net_sysctls(path: str, keys: Iterable[str]) -> None:
 
 def _in_netns(path: str, fn: Callable[[], _T]) -> _T:
     """``fn()`` run with the calling thread in the netns at ``path``; the thread is back in its
-    own before this returns. Raises NotFound (not a netns) or Internal (cannot switch)."""
+    own before this returns. Raises NotFound (not a netns) or the OS error's status (cannot switch)."""
     target = open_netns(path)
     try:
         saved = os.open(_THREAD_NETNS, os.O_RDONLY | os.O_CLOEXEC)
@@ -156,7 +166,7 @@ def _in_netns(path: str, fn: Callable[[], _T]) -> _T:
             try:
                 linux.setns(target, linux.CLONE_NEWNET)
             except OSError as exc:
-                raise Internal(f"cannot enter netns {path}: {exc.strerror}") from exc
+                raise error_from_oserror(exc, f"cannot enter netns {path}") from exc
             try:
                 return fn()
             finally:
@@ -228,8 +238,8 @@ def open_namespace(path: str, nstype: int) -> int:
     """An O_CLOEXEC fd on the namespace at ``path`` (``/proc/PID/ns/ipc``, a netns file), for setns.
 
     The kernel says what the file is (NS_GET_NSTYPE): it must be a namespace of ``nstype``
-    (``CLONE_NEW*``). The caller closes the fd. Raises NotFound when ``path`` is missing or is
-    not a namespace of that type, InvalidArgument for a type this function does not know.
+    (``CLONE_NEW*``). The caller closes the fd. Raises NamespaceNotFound when ``path`` is
+    missing, NotFound when it is not a namespace of that type, InvalidArgument for a type this function does not know.
     """
     kind = _NS_KINDS.get(nstype)
     if kind is None:
@@ -237,7 +247,7 @@ def open_namespace(path: str, nstype: int) -> int:
     try:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     except (FileNotFoundError, ProcessLookupError):
-        raise NotFound(f"{kind} namespace {path} does not exist") from None
+        raise NamespaceNotFound(f"{kind} namespace {path} does not exist", path=path) from None
     try:
         if linux.ns_type(fd) != nstype:
             raise NotFound(f"{path} is not a {kind} namespace")
@@ -311,7 +321,7 @@ def _umount_quietly(path: str) -> None:
         linux.umount2(path, linux.MNT_DETACH)
     except OSError as exc:
         if exc.errno not in (errno.EINVAL, errno.ENOENT):  # not mounted, or gone
-            raise Internal(f"cannot unmount netns {path}: {exc.strerror}") from exc
+            raise error_from_oserror(exc, f"cannot unmount netns {path}") from exc
 
 
 def _unlink_quietly(path: str) -> None:
@@ -320,4 +330,4 @@ def _unlink_quietly(path: str) -> None:
     except FileNotFoundError:
         pass
     except OSError as exc:
-        raise Internal(f"cannot delete netns file {path}: {exc.strerror}") from exc
+        raise error_from_oserror(exc, f"cannot delete netns file {path}") from exc

@@ -23,7 +23,7 @@ import logging
 import os
 import signal
 import socket
-from typing import Any
+from typing import Any, Callable
 
 from shim.kernel.linux import set_process_name
 from shim.paths import control_socket_path, socket_path
@@ -86,10 +86,8 @@ class _Template:
             self.spare.close()
             self.spare = None
 
-    def lookup(self, service: str, method: str):
-        if service != TEMPLATE_SERVICE:
-            return None
-        return {"Spawn": self.spawn, "Ping": self.ping}.get(method)
+    def handlers(self) -> dict[tuple[str, str], Callable[[Request], dict[str, Any]]]:
+        return {(TEMPLATE_SERVICE, "Spawn"): self.spawn, (TEMPLATE_SERVICE, "Ping"): self.ping}
 
     def ping(self, request: Request) -> dict[str, Any]:
         return {"pid": os.getpid(), "spawned": self.spawned, "runtime_root": self.runtime_root,
@@ -166,6 +164,7 @@ def run_template(runtime_root: str, *, pause_binary: str | None = None, ready_fd
         os.write(ready_fd, b"R")
         os.close(ready_fd)
     allowed = {os.geteuid(), 0}
+    handlers = template.handlers()
     try:
         while not stopping:
             try:
@@ -174,7 +173,7 @@ def run_template(runtime_root: str, *, pause_binary: str | None = None, ready_fd
                 if stopping:
                     break
                 raise
-            serve_connection(conn, template.lookup, allowed_uids=allowed, timeout=CONTROL_IO_TIMEOUT,
+            serve_connection(conn, handlers, allowed_uids=allowed, timeout=CONTROL_IO_TIMEOUT,
                              after_send=template.replenish)
             template.replenish()
     finally:

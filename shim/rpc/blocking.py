@@ -12,9 +12,10 @@ from typing import Any, Callable
 
 from shim.rpc.channel import parse_address, peer_credentials
 from shim.rpc.connection import CallRejected, CallStarted, ClientConnection, PeerClosed, ResponseReceived, ServerConnection
-from shim.rpc.frames import LocalProtocolError, RemoteProtocolError
-from shim.rpc.messages import Request, Response
-from shim.rpc.status import Code, InvalidArgument, Unavailable, error_from_status, status_from_exception
+from shim.rpc.dispatch import Handlers, answer, dispatch
+from shim.rpc.frames import RemoteProtocolError
+from shim.rpc.messages import Request
+from shim.rpc.status import Code, InvalidArgument, Unavailable, error_from_status
 
 __all__ = ["call", "serve_connection"]
 
@@ -63,13 +64,13 @@ def call(address: str, service: str, method: str, payload: dict[str, Any] | None
 Handler = Callable[[Request], Any]
 
 
-def serve_connection(sock: socket.socket, lookup: Callable[[str, str], Handler | None], *,
+def serve_connection(sock: socket.socket, handlers: Handlers[Handler], *,
                      allowed_uids: set[int], timeout: float = 5.0,
                      after_send: Callable[[], None] | None = None) -> None:
     """Serve one accepted connection until the peer closes it; calls run one at a time.
 
-    Peers whose uid is not allowed are closed at once. ``lookup(service, method)`` returns a
-    handler taking the Request and returning the payload, or None (UNIMPLEMENTED).
+    Peers whose uid is not allowed are closed at once. ``handlers`` maps ``(service, method)``
+    to a handler taking the Request and returning the payload (:func:`shim.rpc.dispatch.dispatch`).
     ``after_send`` runs after each batch of answers has been sent: work the caller should
     not wait for.
     """
@@ -95,20 +96,8 @@ def serve_connection(sock: socket.socket, lookup: Callable[[str, str], Handler |
                 if isinstance(ev, CallRejected):
                     out.append(conn.reject(ev.stream_id, ev.code, ev.message))
                 elif isinstance(ev, CallStarted):
-                    handler = lookup(ev.request.service, ev.request.method)
-                    if handler is None:
-                        out.append(conn.reject(ev.stream_id, Code.UNIMPLEMENTED,
-                                               f"unknown method {ev.request.full_method}"))
-                        continue
-                    try:
-                        response = Response(payload=handler(ev.request))
-                    except Exception as exc:  # noqa: BLE001 - the one mapping to a status
-                        code, message, details = status_from_exception(exc, where=ev.request.full_method)
-                        response = Response(code, message, details)
-                    try:
-                        out.append(conn.response(ev.stream_id, response))
-                    except (TypeError, ValueError, LocalProtocolError) as exc:
-                        out.append(conn.reject(ev.stream_id, Code.INTERNAL, f"result cannot be encoded: {exc}"))
+                    response = dispatch(ev.request, handlers)
+                    out.append(answer(conn, ev.stream_id, response, where=ev.request.full_method))
             if out:
                 sock.sendall(b"".join(out))
                 if after_send is not None:

@@ -3,7 +3,7 @@
 Handlers are ``async def handler(ctx, payload) -> result`` (unary) or
 ``async def handler(ctx, payload, stream) -> None`` (server stream: ``await stream.send(obj)``).
 They raise :class:`~shim.rpc.status.RpcError` subclasses; anything else becomes a status in
-:func:`~shim.rpc.status.status_from_exception` (the one place that does that).
+:mod:`shim.rpc.dispatch` (the one place that does that, shared with the blocking server).
 """
 
 from __future__ import annotations
@@ -18,9 +18,10 @@ from typing import Any, Awaitable, Callable
 
 from shim.rpc.channel import Channel, PeerCredentials, peer_credentials
 from shim.rpc.connection import CallRejected, CallStarted, PeerClosed, ServerConnection, StreamInput
-from shim.rpc.frames import MAX_DATA_BYTES, LocalProtocolError
+from shim.rpc.dispatch import answer, failure, route
+from shim.rpc.frames import MAX_DATA_BYTES
 from shim.rpc.messages import Request, Response
-from shim.rpc.status import Code, status_from_exception
+from shim.rpc.status import Code
 
 __all__ = ["CallContext", "ServerStream", "Server", "UnaryHandler", "StreamHandler"]
 
@@ -188,9 +189,9 @@ class _ServerChannel(Channel):
     def _start(self, ev: CallStarted) -> None:
         req = ev.request
         sid = ev.stream_id
-        method = self.server.lookup(req.service, req.method)
-        if method is None:
-            self.write(self.conn.reject(sid, Code.UNIMPLEMENTED, f"unknown method {req.full_method}"))
+        method = route(req, self.server._methods)
+        if isinstance(method, Response):  # UNIMPLEMENTED
+            self._finish(sid, method, req.full_method)
             return
         deadline = None
         if req.timeout_nano:
@@ -226,29 +227,22 @@ class _ServerChannel(Channel):
             if task.cancelled():
                 response = Response(Code.CANCELLED, "the call was cancelled")
             elif (exc := task.exception()) is not None:
-                code, message, details = status_from_exception(exc, where=req.full_method)
-                response = Response(code, message, details)
+                response = failure(exc, where=req.full_method)
             else:
                 response = Response(Code.OK, "", [], task.result())
-            self._finish(sid, response)
+            self._finish(sid, response, req.full_method)
         elif not task.cancelled() and (exc := task.exception()) is not None:
             # Answered already (its deadline passed); the one mapping still logs what went wrong.
-            status_from_exception(exc, where=f"{req.full_method} (after its deadline)")
+            failure(exc, where=f"{req.full_method} (after its deadline)")
         for callback in ctx._after:
             # Queued after the flush that write() scheduled, so it runs once the bytes left.
             self.loop.call_soon(callback)
         self._close_if_idle()
 
-    def _finish(self, sid: int, response: Response) -> None:
+    def _finish(self, sid: int, response: Response, where: str = "") -> None:
         if sid not in self.conn.active:
             return
-        try:
-            data = self.conn.response(sid, response)
-        except (TypeError, ValueError, OverflowError, LocalProtocolError) as exc:
-            code, message, _ = status_from_exception(
-                TypeError(f"result cannot be encoded: {exc}"), where="response")
-            data = self.conn.reject(sid, Code.INTERNAL, message)
-        self.write(data)
+        self.write(answer(self.conn, sid, response, where=where))
 
     def _close_if_idle(self) -> None:
         if self.eof and not self.tasks:
@@ -300,9 +294,6 @@ class Server:
         if (service, name) in self._methods:
             raise ValueError(f"/{service}/{name} is already registered")
         self._methods[(service, name)] = method
-
-    def lookup(self, service: str, method: str) -> _Method | None:
-        return self._methods.get((service, method))
 
     def refusal(self, peer: PeerCredentials | None) -> str | None:
         """Why a peer is refused, or None when it may call."""

@@ -2,14 +2,16 @@
 
 Codes are gRPC's, with gRPC's numbers (protocol.md, "Status codes"). A handler raises
 ``NotFound(f"sandbox {sandbox_id!r}")``; the server turns it into a response status in one
-place (:func:`status_from_exception`); the client turns the status back into the same class
-(:func:`error_from_status`), so a caller writes ``except NotFound``.
+place (:func:`shim.rpc.dispatch.status_from_exception`); the client turns the status back into
+the same class (:func:`error_from_status`), so a caller writes ``except NotFound``. An OSError
+has the status of its errno (:data:`ERRNO_CODES`); code that can say more than the errno does
+raises :func:`error_from_oserror`'s error with its own sentence.
 """
 
 from __future__ import annotations
 
 import enum
-import logging
+import errno
 from typing import Any
 
 __all__ = [
@@ -31,11 +33,11 @@ __all__ = [
     "Unavailable",
     "DataLoss",
     "Unauthenticated",
+    "ERRNO_CODES",
+    "code_for_errno",
+    "error_from_oserror",
     "error_from_status",
-    "status_from_exception",
 ]
-
-log = logging.getLogger(__name__)
 
 
 class Code(enum.IntEnum):
@@ -130,21 +132,24 @@ def error_from_status(code: int, message: str = "", details: list[Any] | None = 
     return cls(message, details=details)
 
 
-def status_from_exception(exc: BaseException, *, where: str = "") -> tuple[Code, str, list[Any]]:
-    """The one place an exception becomes a status ``(code, message, details)``.
+#: The status of an OSError by its errno; any other errno is INTERNAL.
+ERRNO_CODES: dict[int, Code] = {
+    errno.ENOENT: Code.NOT_FOUND,
+    errno.EEXIST: Code.ALREADY_EXISTS,
+    errno.EPERM: Code.PERMISSION_DENIED,
+    errno.EACCES: Code.PERMISSION_DENIED,
+    errno.EBUSY: Code.FAILED_PRECONDITION,
+    errno.ENOSPC: Code.RESOURCE_EXHAUSTED,
+}
 
-    RpcError keeps its code; cancellation maps to CANCELLED; an OSError or anything else is a
-    bug or an environment failure: it is logged with its traceback and answered as INTERNAL /
-    UNKNOWN with a sentence, never a traceback on the wire.
-    """
-    if isinstance(exc, RpcError):
-        return exc.code, exc.message, exc.details
-    if not isinstance(exc, Exception):  # asyncio.CancelledError and other BaseExceptions
-        return Code.CANCELLED, "the call was cancelled", []
-    if isinstance(exc, (TimeoutError,)):
-        return Code.DEADLINE_EXCEEDED, "deadline exceeded", []
-    if isinstance(exc, OSError):
-        log.error("%s failed with an OS error", where or "call", exc_info=exc)
-        return Code.INTERNAL, f"{where + ': ' if where else ''}{exc.strerror or exc}", []
-    log.error("%s raised an unexpected exception", where or "call", exc_info=exc)
-    return Code.UNKNOWN, f"{where + ': ' if where else ''}unexpected {type(exc).__name__}: {exc}", []
+
+def code_for_errno(err: int | None) -> Code:
+    """The status code of an OS error number (:data:`ERRNO_CODES`); INTERNAL for the rest."""
+    return ERRNO_CODES.get(err, Code.INTERNAL) if err is not None else Code.INTERNAL
+
+
+def error_from_oserror(exc: OSError, what: str) -> RpcError:
+    """The typed error for ``exc`` with the sentence ``"{what}: {reason}"``: for code that knows
+    what it was doing when the OS refused (``raise error_from_oserror(exc, f"cannot create
+    cgroup {path}") from exc``). The class is the errno's (:func:`code_for_errno`)."""
+    return _BY_CODE[code_for_errno(exc.errno)](f"{what}: {exc.strerror or exc}")

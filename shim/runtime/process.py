@@ -41,7 +41,7 @@ from shim.kernel import linux
 from shim.kernel.netns import is_host_netns, open_namespace
 from shim.kernel.reaper import ExitInfo, Reaper
 from shim.rpc.processes import signal_process
-from shim.rpc.status import FailedPrecondition, Internal, InvalidArgument, RpcError
+from shim.rpc.status import FailedPrecondition, Internal, InvalidArgument, RpcError, error_from_oserror
 
 __all__ = [
     "DEFAULT_PATH",
@@ -183,7 +183,7 @@ async def launch(spec: ProcessSpec, reaper: Reaper,
         try:
             pid_a = _fork(_child_a, plan, write_fd)
         except OSError as exc:
-            raise Internal(f"{spec.name} launch failed at fork: {exc.strerror}") from exc
+            raise error_from_oserror(exc, f"{spec.name} launch failed at fork") from exc
     except BaseException:
         if read_fd is not None:
             os.close(read_fd)
@@ -334,7 +334,7 @@ class _ReportReader:
                 return
             except OSError as exc:
                 if not done.done():
-                    done.set_exception(Internal(f"reading the {self._name} launcher's report failed: {exc.strerror}"))
+                    done.set_exception(error_from_oserror(exc, f"reading the {self._name} launcher's report failed"))
                 return
             self._data.extend(chunk)
             if not chunk:

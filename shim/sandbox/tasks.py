@@ -25,6 +25,7 @@ import time
 from typing import Any
 
 from shim.kernel.cgroups import SandboxCgroup
+from shim.kernel.netns import NamespaceNotFound
 from shim.kernel.reaper import ExitInfo
 from shim.runtime import process
 from shim.runtime.base import CONTAINER, POD, TaskSpec
@@ -268,7 +269,7 @@ class TaskSet:
                 else:
                     task.cgroup = None
                     self._persist()
-                if isinstance(exc, NotFound) and f"/proc/{pause.pid}/" in exc.message:
+                if isinstance(exc, NamespaceNotFound) and os.path.dirname(exc.path) == f"/proc/{pause.pid}/ns":
                     raise FailedPrecondition(f"the sandbox's pause exited while the task started ({exc.message})") \
                         from None
                 raise

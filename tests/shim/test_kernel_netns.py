@@ -10,7 +10,7 @@ import textwrap
 import pytest
 
 from shim.kernel import linux, netns
-from shim.rpc.status import AlreadyExists, Internal, InvalidArgument, NotFound
+from shim.rpc.status import AlreadyExists, InvalidArgument, NotFound, PermissionDenied
 
 
 @pytest.fixture
@@ -86,7 +86,7 @@ def test_failure_after_mount_leaves_no_file_and_no_mount(netns_path, monkeypatch
 
     before = linux.ns_inode("/proc/thread-self/ns/net")
     monkeypatch.setattr(netns, "_set_loopback_up", fail)
-    with pytest.raises(Internal, match="Operation not permitted"):
+    with pytest.raises(PermissionDenied, match=f"cannot create netns {netns_path}: Operation not permitted"):
         netns.create_netns(netns_path)
     assert not os.path.exists(netns_path)
     assert os.path.realpath(netns_path) not in _mount_points()
@@ -126,8 +126,9 @@ def test_open_netns_gives_a_setns_able_fd(netns_path):
 
 
 def test_open_netns_of_a_missing_or_unmounted_file_is_not_found(netns_path, tmp_path):
-    with pytest.raises(NotFound):
+    with pytest.raises(netns.NamespaceNotFound) as missing:
         netns.open_netns(netns_path)
+    assert missing.value.path == netns_path and isinstance(missing.value, NotFound)
     plain = tmp_path / "empty"
     plain.touch()
     with pytest.raises(NotFound):
