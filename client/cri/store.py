@@ -245,6 +245,10 @@ class ContainerRecord(_ConfigLabels):
         return cls(**_fields_of(cls, doc))
 
 
+class NewerRecord(FailedPrecondition):
+    """A record written by a newer podshim: left as it is, neither used nor moved aside."""
+
+
 @dataclass(frozen=True)
 class PodRecord(_ConfigLabels):
     """One pod sandbox and its containers, as stored.
@@ -318,12 +322,8 @@ class PodRecord(_ConfigLabels):
         return cls(**values)
 
 
-class NewerRecord(FailedPrecondition):
-    """A record written by a newer podshim: left as it is, neither used nor moved aside."""
-
-
-def _lock_file(path: str, *, blocking: bool) -> int | None:
-    """flock ``path`` (made if missing) and return its fd; None if busy and not ``blocking``.
+def _lock_file(path: str) -> int | None:
+    """flock the file ``path`` (made if missing) and return its fd; None if another holds it.
 
     A lock file is unlinked by its holder when it lets go (:func:`_unlock_file`), so the file
     this opened may be gone by the time the lock is granted: then it was not the lock any more,
@@ -332,7 +332,7 @@ def _lock_file(path: str, *, blocking: bool) -> int | None:
     while True:
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(fd)
             return None
@@ -365,8 +365,9 @@ class PodLock:
 
     Made by :meth:`PodStore.lock_pod`. Each PodLock is its own open file, so two of them
     exclude each other in one process as across processes. ``async with`` acquires and
-    releases it. It is released by :meth:`release` or by the kernel when the process dies — which is how :meth:`PodStore.claim_incomplete`
-    tells a crash leftover from a RunPodSandbox still running. Not reentrant.
+    releases it. It is released by :meth:`release` or by the kernel when the process dies,
+    which is how :meth:`PodStore.claim_incomplete` tells a crash leftover from a
+    RunPodSandbox still running. Not reentrant.
     """
 
     def __init__(self, path: str):
@@ -381,7 +382,7 @@ class PodLock:
         """Take the lock if it is free; False if another holder has it."""
         if self._fd is not None:
             raise RuntimeError(f"{self.path} is already held by this PodLock")
-        self._fd = _lock_file(self.path, blocking=False)
+        self._fd = _lock_file(self.path)
         return self._fd is not None
 
     async def acquire(self) -> None:
@@ -501,7 +502,7 @@ class PodStore:
                         # the store lock): the file it would have replaced is intact.
                         os.unlink(path)
                     elif entry.endswith(_LOCK_SUFFIX):
-                        fd = _lock_file(path, blocking=False)  # a live holder keeps its file
+                        fd = _lock_file(path)  # a live holder keeps its file
                         if fd is not None:
                             _unlock_file(path, fd)
                     elif entry.endswith(_RECORD_SUFFIX):
