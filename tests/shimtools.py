@@ -37,7 +37,7 @@ from shim.rpc.api import EVENTS_SERVICE, SANDBOX_SERVICE
 __all__ = [
     "WAIT", "PODSHIM", "FOOTPRINTS", "Footprint", "ProcessRef", "Shim", "ShimLauncher", "EventStream",
     "adopting_orphans", "child_pids", "fd_readable", "host_netns_bound_at", "host_untouched", "leftovers",
-    "mounts_naming", "new_id", "ns_inode", "run_podshim", "shim", "shims",
+    "mounts_naming", "new_id", "ns_inode", "run_podshim", "shim", "shims", "wait_terminated",
 ]
 
 #: A bound on any one wait in these tests; never a sleep.
@@ -123,6 +123,24 @@ def adopting_orphans() -> Iterator[None]:
         yield
     finally:
         linux.set_child_subreaper(was)
+
+
+async def wait_terminated(pids, timeout: float = WAIT) -> list[int]:
+    """Wait (on pidfds) until each process has terminated (a zombie counts); return those still
+    running ``timeout`` seconds after the wait for each began."""
+    left = []
+    for pid in pids:
+        try:
+            ref = ProcessRef(pid)
+        except ProcessLookupError:
+            continue
+        try:
+            await ref.exited(timeout)
+        except TimeoutError:
+            left.append(pid)
+        finally:
+            ref.close()
+    return left
 
 
 class ProcessRef:

@@ -16,16 +16,20 @@ import asyncio
 import errno
 import os
 import signal
+import logging
+import re
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from shim.kernel import linux
 from shim.rpc.status import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound, error_from_oserror
 
-__all__ = ["DEFAULT_PARENT", "REMOVE_TIMEOUT", "V2", "Hierarchy", "SandboxCgroup", "discover_hierarchies",
-           "start_attach_grace_period"]
+__all__ = ["DEFAULT_PARENT", "METRIC_KEYS", "REMOVE_TIMEOUT", "UPDATE_KEYS", "V2", "Hierarchy", "SandboxCgroup",
+           "discover_hierarchies", "no_metrics", "start_attach_grace_period"]
+
+log = logging.getLogger(__name__)
 
 DEFAULT_PARENT = "podshim"
 REMOVE_TIMEOUT = 1.0  # seconds rmdir retries EBUSY while killed tasks leave the group
@@ -35,6 +39,18 @@ _MKDIR_ATTEMPTS = 3
 _SKIPPABLE = (errno.EROFS, errno.EACCES, errno.EPERM)
 # v1 reports "no limit" as PAGE_COUNTER_MAX pages in bytes (9223372036854771712 with 4 KiB pages).
 _UNLIMITED_BYTES = 1 << 62
+#: The figures SandboxCgroup.metrics reports (protocol.md 7.1, SandboxMetrics).
+METRIC_KEYS = ("cpu_usage_ns", "memory_usage_bytes", "memory_working_set_bytes", "memory_rss_bytes",
+               "memory_page_faults", "memory_major_page_faults", "memory_limit_bytes", "pids_current")
+#: The keys SandboxCgroup.update accepts (protocol.md 7.3, Update).
+UPDATE_KEYS = ("cpu_shares", "cpu_quota_us", "cpu_period_us", "memory_limit_bytes", "memory_swap_limit_bytes",
+               "cpuset_cpus", "cpuset_mems", "pids_limit", "hugepage_limits", "oom_score_adj", "unified")
+_CPU_LIST = re.compile(r"\d+(-\d+)?(,\d+(-\d+)?)*")
+_PAGE_SIZE = re.compile(r"\d+[KMGT]B")
+# memory.stat's names (hierarchical totals on v1) of the figures metrics() reports.
+_V1_MEMORY_STAT = {"inactive_file": "total_inactive_file", "rss": "total_rss", "pgfault": "total_pgfault",
+                   "pgmajfault": "total_pgmajfault"}
+_V2_MEMORY_STAT = {"inactive_file": "inactive_file", "rss": "anon", "pgfault": "pgfault", "pgmajfault": "pgmajfault"}
 
 
 @dataclass(frozen=True)
@@ -55,6 +71,11 @@ class Hierarchy:
         if rel.startswith(".."):
             return None
         return os.path.join(self.mountpoint, rel)
+
+
+def no_metrics(reason: str) -> dict[str, Any]:
+    """The metrics of what has no cgroup: every figure None, and ``reason`` as what is unavailable."""
+    return {**dict.fromkeys(METRIC_KEYS), "unavailable": [reason]}
 
 
 def discover_hierarchies() -> list[Hierarchy]:
@@ -241,15 +262,18 @@ class SandboxCgroup:
         return found
 
     def metrics(self) -> dict[str, Any]:
-        """Usage figures; never raises.
+        """Usage figures of this cgroup and everything below it; never raises.
 
-        Keys: ``cpu_usage_ns`` (cpuacct.usage, else v2 cpu.stat usage_usec × 1000),
-        ``memory_usage_bytes`` (memory.usage_in_bytes, else memory.current),
-        ``memory_limit_bytes`` (None also when unlimited), ``pids_current`` (v1 pids.current
-        counts tasks; the v2 fallback counts processes in cgroup.procs), and ``unavailable``:
-        the names of the figures that could not be read (their value is None).
+        Keys (protocol.md, SandboxMetrics): ``cpu_usage_ns`` (cpuacct.usage, else v2 cpu.stat
+        usage_usec × 1000), ``memory_usage_bytes`` (memory.usage_in_bytes, else memory.current),
+        ``memory_working_set_bytes`` (usage minus inactive file pages, as cadvisor and
+        containerd count it), ``memory_rss_bytes``, ``memory_page_faults``,
+        ``memory_major_page_faults`` (memory.stat), ``memory_limit_bytes`` (None also when
+        unlimited), ``pids_current`` (v1 pids.current counts tasks; the v2 fallback counts
+        processes in cgroup.procs), and ``unavailable``: the names of the figures that could not
+        be read (their value is None). Nothing is estimated.
         """
-        v1 = {c: path for key, path in self.paths.items() if key != V2 for c in key.split(",")}
+        v1 = self._v1_paths()
         v2 = self.paths.get(V2)
 
         cpu = _read_int(v1["cpuacct"], "cpuacct.usage") if "cpuacct" in v1 else None
@@ -258,8 +282,15 @@ class SandboxCgroup:
             cpu = usec * 1000 if usec is not None else None
 
         memory = _read_int(v1["memory"], "memory.usage_in_bytes") if "memory" in v1 else None
+        stat_names = _V1_MEMORY_STAT
+        stat = _read_flat_keyed(v1["memory"], "memory.stat") if "memory" in v1 and memory is not None else None
         if memory is None and v2 is not None:
             memory = _read_int(v2, "memory.current")
+            stat_names = _V2_MEMORY_STAT
+            stat = _read_flat_keyed(v2, "memory.stat") if memory is not None else None
+        stat = stat or {}
+        inactive_file = stat.get(stat_names["inactive_file"])
+        working_set = max(memory - inactive_file, 0) if memory is not None and inactive_file is not None else None
 
         raw = _read_text(v1["memory"], "memory.limit_in_bytes") if "memory" in v1 else None
         if raw is None and v2 is not None:
@@ -277,6 +308,10 @@ class SandboxCgroup:
         metrics: dict[str, Any] = {
             "cpu_usage_ns": cpu,
             "memory_usage_bytes": memory,
+            "memory_working_set_bytes": working_set,
+            "memory_rss_bytes": stat.get(stat_names["rss"]),
+            "memory_page_faults": stat.get(stat_names["pgfault"]),
+            "memory_major_page_faults": stat.get(stat_names["pgmajfault"]),
             "memory_limit_bytes": limit,
             "pids_current": pids,
         }
@@ -285,6 +320,161 @@ class SandboxCgroup:
             if value is None and (name != "memory_limit_bytes" or not limit_known)
         ]
         return metrics
+
+    def _v1_paths(self) -> dict[str, str]:
+        """controller -> directory, for every v1 hierarchy ("cpu,cpuacct" gives both)."""
+        return {c: path for key, path in self.paths.items() if key != V2 for c in key.split(",")}
+
+    def update(self, resources: Mapping[str, Any]) -> None:
+        """Apply ``resources`` (protocol.md 7.3, Update) to this cgroup; keys absent or None are
+        left as they are.
+
+        Every key is checked first (its type and range, and that its file exists here), so a
+        refusal writes nothing; if the kernel then refuses a write, the files written before it
+        get their old contents back. Raises InvalidArgument naming the key (unknown key, bad
+        value, a controller or file this host does not have, a write the kernel refuses),
+        NotFound when the cgroup is gone, Internal for other errors.
+        """
+        writes = self._planned_writes(resources)
+        done: list[tuple[str, str, bytes]] = []  # key, path, old contents
+        try:
+            for key, path, value in writes:
+                process_file = path.startswith("/proc/")
+                try:
+                    old = _read_bytes(path)
+                    linux.write_file(path, value)
+                except (ProcessLookupError, FileNotFoundError) as exc:
+                    if process_file:
+                        continue  # that process of the task exited meanwhile: nothing to adjust
+                    raise NotFound(f"cgroup file {path} is gone: the cgroup was removed") from exc
+                except OSError as exc:
+                    if exc.errno in (errno.EINVAL, errno.ERANGE, errno.EACCES, errno.EPERM, errno.EBUSY, errno.ENOSPC):
+                        why = exc.strerror
+                        if process_file and exc.errno in (errno.EACCES, errno.EPERM):
+                            why += " (lowering it below the shim's own needs CAP_SYS_RESOURCE)"
+                        raise InvalidArgument(f"resources.{key}: the kernel refused {value.decode()!r} for "
+                                              f"{path}: {why}") from None
+                    raise error_from_oserror(exc, f"cannot write {path}") from exc
+                done.append((key, path, old))
+        except BaseException:
+            for key, path, old in reversed(done):
+                try:
+                    linux.write_file(path, _restorable(path, old))
+                except OSError as exc:
+                    log.error("cannot put back %s after a failed update: %s", path, exc.strerror)
+            raise
+
+    def _planned_writes(self, resources: Mapping[str, Any]) -> list[tuple[str, str, bytes]]:
+        """(key, file, contents) for every write ``resources`` asks for, in the order the kernel
+        accepts them; InvalidArgument for the first key that cannot be applied."""
+        unknown = sorted(set(resources) - set(UPDATE_KEYS))
+        if unknown:
+            raise InvalidArgument(f"resources.{unknown[0]} is not a resource podshim can update "
+                                  f"(known: {', '.join(UPDATE_KEYS)})")
+        v1, v2 = self._v1_paths(), self.paths.get(V2)
+        writes: list[tuple[str, str, bytes]] = []
+
+        def file_of(key: str, controller: str, name: str) -> str:
+            directory = v1.get(controller)
+            if directory is None:
+                raise InvalidArgument(f"resources.{key} cannot be applied: this host has no {controller} cgroup "
+                                      f"hierarchy for the task")
+            path = os.path.join(directory, name)
+            if not os.path.exists(path):
+                raise InvalidArgument(f"resources.{key} cannot be applied: {path} does not exist on this host")
+            return path
+
+        def integer(key: str, low: int, high: int | None = None, unlimited: bool = False) -> int | None:
+            value = resources.get(key)
+            if value is None:
+                return None
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise InvalidArgument(f"resources.{key} must be an integer, not {type(value).__name__}")
+            if unlimited and value == -1:
+                return value
+            if value < low or (high is not None and value > high):
+                bounds = f"{low} to {high}" if high is not None else f"at least {low}"
+                raise InvalidArgument(f"resources.{key} {value} is out of range ({'-1 or ' if unlimited else ''}"
+                                      f"{bounds})")
+            return value
+
+        shares = integer("cpu_shares", 2, 262144)
+        if shares is not None:
+            writes.append(("cpu_shares", file_of("cpu_shares", "cpu", "cpu.shares"), b"%d" % shares))
+        period = integer("cpu_period_us", 1000, 1000000)
+        if period is not None:
+            writes.append(("cpu_period_us", file_of("cpu_period_us", "cpu", "cpu.cfs_period_us"), b"%d" % period))
+        quota = integer("cpu_quota_us", 1000, unlimited=True)
+        if quota is not None:
+            writes.append(("cpu_quota_us", file_of("cpu_quota_us", "cpu", "cpu.cfs_quota_us"), b"%d" % quota))
+
+        memory = integer("memory_limit_bytes", 1, unlimited=True)
+        swap = integer("memory_swap_limit_bytes", 1, unlimited=True)
+        if memory is not None and swap is not None and swap != -1 and (memory == -1 or swap < memory):
+            raise InvalidArgument(f"resources.memory_swap_limit_bytes {swap} is below memory_limit_bytes {memory}: "
+                                  "it counts memory and swap together")
+        memory_write = swap_write = None
+        if memory is not None:
+            memory_write = ("memory_limit_bytes", file_of("memory_limit_bytes", "memory", "memory.limit_in_bytes"),
+                            b"%d" % memory)
+        if swap is not None:
+            swap_write = ("memory_swap_limit_bytes",
+                          file_of("memory_swap_limit_bytes", "memory", "memory.memsw.limit_in_bytes"), b"%d" % swap)
+        # memory.memsw.limit_in_bytes may never be below memory.limit_in_bytes: raising the
+        # memory limit past the current memsw limit must come after the memsw write.
+        if memory_write is not None and swap_write is not None:
+            current_swap = _read_int(os.path.dirname(swap_write[1]), "memory.memsw.limit_in_bytes")
+            raising = memory == -1 or (current_swap is not None and memory > current_swap)
+            writes += [swap_write, memory_write] if raising else [memory_write, swap_write]
+        else:
+            writes += [w for w in (memory_write, swap_write) if w is not None]
+
+        for key, name in (("cpuset_cpus", "cpuset.cpus"), ("cpuset_mems", "cpuset.mems")):
+            value = resources.get(key)
+            if value is None:
+                continue
+            if not isinstance(value, str) or not _CPU_LIST.fullmatch(value):
+                raise InvalidArgument(f"resources.{key} must be a list such as '0-1,3', not {value!r}")
+            writes.append((key, file_of(key, "cpuset", name), value.encode()))
+
+        pids = integer("pids_limit", 1, unlimited=True)
+        if pids is not None:
+            writes.append(("pids_limit", file_of("pids_limit", "pids", "pids.max"),
+                           b"max" if pids == -1 else b"%d" % pids))
+
+        hugepages = resources.get("hugepage_limits")
+        if hugepages is not None:
+            if not isinstance(hugepages, Mapping):
+                raise InvalidArgument("resources.hugepage_limits must map page sizes to byte limits")
+            for size, limit in sorted(hugepages.items()):
+                key = f"hugepage_limits[{size}]"
+                if not isinstance(size, str) or not _PAGE_SIZE.fullmatch(size):
+                    raise InvalidArgument(f"resources.{key}: the page size must be written like 2MB or 1GB")
+                if not isinstance(limit, int) or isinstance(limit, bool) or limit < 0:
+                    raise InvalidArgument(f"resources.{key} must be a number of bytes, not {limit!r}")
+                writes.append((key, file_of(key, "hugetlb", f"hugetlb.{size}.limit_in_bytes"), b"%d" % limit))
+
+        adj = integer("oom_score_adj", -1000, 1000)
+        if adj is not None:
+            pids_now = sorted(self.pids())
+            writes += [("oom_score_adj", f"/proc/{pid}/oom_score_adj", b"%d" % adj) for pid in pids_now]
+
+        unified = resources.get("unified")
+        if unified is not None:
+            if not isinstance(unified, Mapping):
+                raise InvalidArgument("resources.unified must map cgroup v2 file names to values")
+            for name, value in sorted(unified.items()):
+                key = f"unified[{name}]"
+                if not isinstance(name, str) or not isinstance(value, str):
+                    raise InvalidArgument(f"resources.{key}: names and values must be strings")
+                if "/" in name or name.startswith("cgroup.") or name in ("", ".", ".."):
+                    raise InvalidArgument(f"resources.{key}: only a controller's file of the task's own cgroup "
+                                          "may be written")
+                if v2 is None or not os.path.isfile(os.path.join(v2, name)):
+                    raise InvalidArgument(f"resources.{key} cannot be applied: the task's cgroup v2 directory has "
+                                          f"no file {name} (no such controller enabled on this host)")
+                writes.append((key, os.path.join(v2, name), value.encode()))
+        return writes
 
     def kill_all(self, sig: int = signal.SIGKILL) -> None:
         """Send ``sig`` to every process in the sandbox cgroup and below.
@@ -515,6 +705,27 @@ def _read_int(directory: str, name: str) -> int | None:
         return int(text) if text is not None else None
     except ValueError:
         return None
+
+
+def _read_flat_keyed(directory: str, name: str) -> dict[str, int] | None:
+    """Every ``key value`` line of a flat-keyed file such as memory.stat; None if unreadable."""
+    text = _read_text(directory, name)
+    if text is None:
+        return None
+    values = {}
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) == 2 and parts[1].isdigit():
+            values[parts[0]] = int(parts[1])
+    return values
+
+
+def _restorable(path: str, old: bytes) -> bytes:
+    """What to write to put ``path`` back to ``old`` (as it was read)."""
+    if os.path.basename(path) in ("memory.limit_in_bytes", "memory.memsw.limit_in_bytes") and \
+            old.isdigit() and int(old) >= _UNLIMITED_BYTES:
+        return b"-1"  # the kernel's "unlimited" reads back as a number it refuses on write
+    return old
 
 
 def _read_keyed(directory: str, name: str, key: str) -> int | None:

@@ -15,7 +15,7 @@ import fcntl
 import os
 
 # /proc/PID/stat reading lives with the code the client shares; the shim's callers know it here.
-from shim.rpc.processes import STAT_PPID, STAT_STARTTIME, STAT_STATE, proc_start_time, proc_stat
+from shim.rpc.processes import STAT_PPID, STAT_SESSION, STAT_STARTTIME, STAT_STATE, proc_start_time, proc_stat
 
 __all__ = [
     "CLONE_NEWCGROUP", "CLONE_NEWIPC", "CLONE_NEWNET", "CLONE_NEWNS", "CLONE_NEWPID",
@@ -23,7 +23,7 @@ __all__ = [
     "MS_BIND", "MS_NODEV", "MS_NOEXEC", "MS_NOSUID", "MS_PRIVATE", "MS_RDONLY", "MS_REC",
     "MS_REMOUNT", "MS_SHARED", "MS_SLAVE",
     "MNT_DETACH", "MNT_FORCE", "UMOUNT_NOFOLLOW",
-    "STAT_PPID", "STAT_STARTTIME", "STAT_STATE",
+    "STAT_PPID", "STAT_SESSION", "STAT_STARTTIME", "STAT_STATE",
     "block_all_signals", "get_child_subreaper", "mount", "ns_inode", "ns_type", "proc_start_time",
     "proc_stat", "set_child_subreaper", "set_signal_mask", "sethostname", "setns", "umount2", "unshare",
     "write_file",

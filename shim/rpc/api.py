@@ -36,5 +36,5 @@ SANDBOX_METHODS = (
     "SandboxStatus", "PingSandbox", "ShutdownSandbox", "SandboxMetrics",
 )
 EVENTS_METHODS = ("Subscribe",)
-TASK_METHODS = ("Create", "Start", "Kill", "Wait", "Delete", "State", "List")
+TASK_METHODS = ("Create", "Start", "Kill", "Wait", "Delete", "State", "List", "Exec", "Stats", "Update", "ReopenLog")
 TEMPLATE_METHODS = ("Spawn", "Ping")

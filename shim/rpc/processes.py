@@ -18,6 +18,7 @@ import signal
 
 __all__ = [
     "STAT_PPID",
+    "STAT_SESSION",
     "STAT_STARTTIME",
     "STAT_STATE",
     "open_pidfd",
@@ -34,6 +35,7 @@ __all__ = [
 # Field numbers of /proc/PID/stat (proc(5)).
 STAT_STATE = 3
 STAT_PPID = 4
+STAT_SESSION = 6
 STAT_FLAGS = 9
 STAT_STARTTIME = 22
 STAT_SIGNAL = 31  # the task's pending signals (the low 31)

@@ -19,7 +19,7 @@ from shim.runtime.pause import POD, PauseProcess, PauseSpec
 from shim.rpc.processes import signal_process
 from shim.runtime.process import Process
 
-__all__ = ["CONTAINER", "POD", "Runtime", "TaskSpec"]
+__all__ = ["CONTAINER", "POD", "ExecSpec", "Runtime", "TaskSpec"]
 
 CONTAINER = "CONTAINER"  # a task is PID 1 of a pid namespace of its own (CRI's default); POD: the pause's
 
@@ -43,6 +43,24 @@ class TaskSpec:
     stderr: int
 
 
+@dataclass(frozen=True)
+class ExecSpec:
+    """A command run beside a running task (Exec): ``args`` with the task's ``env`` and ``cwd``, in
+    the namespaces of the task's process ``task_pid`` (net, ipc, uts, pid, mount) and in its
+    ``cgroup``, stdin /dev/null, ``stdout``/``stderr`` as its own. ``exec_id`` is unique among
+    the task's execs."""
+
+    task_id: str
+    exec_id: str
+    args: tuple[str, ...]
+    env: Mapping[str, str]
+    cwd: str
+    task_pid: int
+    cgroup: SandboxCgroup
+    stdout: int
+    stderr: int
+
+
 class Runtime(abc.ABC):
     """How a sandbox's pause and tasks are started, and what is undone at the end.
 
@@ -60,6 +78,12 @@ class Runtime(abc.ABC):
         """Start a task's process; return once it runs its program. A program (or cwd) that
         cannot be used is FailedPrecondition with the reason; a namespace file of a pause that
         exited meanwhile is NotFound naming it."""
+
+    @abc.abstractmethod
+    async def exec_process(self, spec: ExecSpec) -> Process:
+        """Start a command beside a running task; return once it runs (it may have exited already:
+        its ``exit`` says so). A program that cannot be run is FailedPrecondition with the reason;
+        a namespace file of a task that exited meanwhile is NotFound naming it."""
 
     def kill(self, pid: int, start_time: int, sig: int) -> bool:
         """Send ``sig`` to the process ``(pid, start_time)`` (the pause or a task's), if it is still

@@ -27,6 +27,8 @@ import os
 import stat
 import time
 
+from shim.runtime.pipes import PipeReader
+
 __all__ = ["MAX_LINE_BYTES", "STDOUT", "STDERR", "CriLog", "LineSplitter", "check_log_path", "format_records",
            "rfc3339_nano"]
 
@@ -40,7 +42,6 @@ FULL = b"F"
 PARTIAL = b"P"
 LOG_FILE_MODE = 0o640
 LOG_DIR_MODE = 0o755  # directories made for a log file
-_READ_BYTES = 64 * 1024
 
 Record = tuple[bytes, bytes]  # (tag, message)
 
@@ -138,16 +139,18 @@ class CriLog:
 
     Made before the launch: :attr:`stdout_fd` and :attr:`stderr_fd` are the write ends for the
     child. :meth:`start` (after the launch) closes them here and reads the pipes on the loop;
-    :meth:`drain` returns once both reached EOF; :meth:`close` releases everything and is the
-    cleanup path on any failure. Raises OSError from the constructor when the file cannot be
-    opened (it is created, mode 0640, in a directory that must exist) or is not a regular file
-    at its own path (see :func:`check_log_path`).
+    :meth:`reopen` switches to a new file at the same path (log rotation); :meth:`drain` returns
+    once both reached EOF; :meth:`close` releases everything and is the cleanup path on any
+    failure. Raises OSError from the constructor when the file cannot be opened (it is created,
+    mode 0640, in a directory that must exist) or is not a regular file at its own path (see
+    :func:`check_log_path`).
     """
 
     def __init__(self, path: str):
         self.path = path
         self._fds: list[int] = []
-        self._readers: list[_PipeReader] = []
+        self._readers: list[PipeReader] = []
+        self.closed = False
         try:
             self._log_fd = self._own(_open_log_file(path))
             pipes = [os.pipe2(os.O_CLOEXEC) for _ in (STDOUT, STDERR)]
@@ -174,7 +177,22 @@ class CriLog:
         loop = asyncio.get_running_loop()
         self._release(self.stdout_fd)
         self._release(self.stderr_fd)
-        self._readers = [_PipeReader(self, loop, self._stdout_r, STDOUT), _PipeReader(self, loop, self._stderr_r, STDERR)]
+        self._readers = [_reader(self, loop, self._stdout_r, STDOUT), _reader(self, loop, self._stderr_r, STDERR)]
+
+    def reopen(self) -> None:
+        """Open :attr:`path` again (created if it was moved or removed) and write there from now
+        on; what the pipes already hold goes to the previous file, which is then closed.
+
+        Raises OSError when the file cannot be opened (the previous one stays in use), ValueError
+        once the log is closed.
+        """
+        if self.closed:
+            raise ValueError(f"the log {self.path} is closed")
+        fd = _open_log_file(self.path)
+        for reader in self._readers:
+            reader.flush()  # written before the reopen: it belongs to the previous file
+        previous, self._log_fd = self._log_fd, self._own(fd)
+        self._release(previous)
 
     async def drain(self, timeout: float) -> None:
         """Wait until both pipes reach EOF (every writer closed them), then close everything.
@@ -191,6 +209,7 @@ class CriLog:
 
     def close(self) -> None:
         """Write what the pipes hold, then close the pipes and the file. Idempotent."""
+        self.closed = True
         for reader in self._readers:
             reader.stop()
         for fd in list(self._fds):
@@ -210,50 +229,13 @@ class CriLog:
                 return
 
 
-class _PipeReader:
-    """One pipe read with ``loop.add_reader``; its records go to the CriLog's file."""
+def _reader(owner: CriLog, loop: asyncio.AbstractEventLoop, fd: int, stream: str) -> PipeReader:
+    """A reader of one of the task's pipes whose records go to the CriLog's file."""
+    splitter = LineSplitter()
 
-    def __init__(self, owner: CriLog, loop: asyncio.AbstractEventLoop, fd: int, stream: str):
-        self._owner = owner
-        self._loop = loop
-        self._fd = fd
-        self._stream = stream
-        self._splitter = LineSplitter()
-        self.eof: asyncio.Future[None] = loop.create_future()
-        os.set_blocking(fd, False)
-        loop.add_reader(fd, self._on_readable)
-
-    def _on_readable(self) -> None:
-        self._read(once=True)
-
-    def _read(self, once: bool) -> None:
-        while not self.eof.done():
-            try:
-                data = os.read(self._fd, _READ_BYTES)
-            except BlockingIOError:
-                return
-            except OSError as exc:
-                log.error("reading the %s of %s failed: %s", self._stream, self._owner.path, exc.strerror)
-                data = b""
-            if not data:
-                self._finish()
-                return
-            self._emit(self._splitter.feed(data))
-            if once:
-                return
-
-    def _emit(self, records: list[Record]) -> None:
+    def emit(records: list[Record]) -> None:
         if records:
-            self._owner.write(format_records(self._stream, records, time.time_ns()))
+            owner.write(format_records(stream, records, time.time_ns()))
 
-    def _finish(self) -> None:
-        self._loop.remove_reader(self._fd)
-        self._emit(self._splitter.end())
-        self.eof.set_result(None)
-
-    def stop(self) -> None:
-        """Read what the pipe holds now, then stop reading (the CriLog closes the fd)."""
-        if not self.eof.done():
-            self._read(once=False)
-        if not self.eof.done():
-            self._finish()
+    return PipeReader(loop, fd, lambda data: emit(splitter.feed(data)), lambda: emit(splitter.end()),
+                      name=f"the {stream} of {owner.path}")

@@ -10,13 +10,15 @@ from typing import Any
 from shim.kernel.linux import CLONE_NEWIPC, CLONE_NEWNET, CLONE_NEWNS, CLONE_NEWPID, CLONE_NEWUTS
 from shim.kernel.reaper import Reaper
 from shim.runtime import pause, process
-from shim.runtime.base import POD, Runtime, TaskSpec
+from shim.runtime.base import POD, ExecSpec, Runtime, TaskSpec
 from shim.rpc.status import FailedPrecondition
 
 __all__ = ["NativeRuntime"]
 
 # The pause's namespaces a task joins (its pid namespace too in POD pid mode).
 _JOINED = (("ipc", CLONE_NEWIPC), ("uts", CLONE_NEWUTS), ("net", CLONE_NEWNET), ("mnt", CLONE_NEWNS))
+# The task's namespaces an exec joins: all of the above, and the task's pid namespace.
+_EXEC_JOINED = (*_JOINED, ("pid", CLONE_NEWPID))
 
 
 class NativeRuntime(Runtime):
@@ -30,9 +32,19 @@ class NativeRuntime(Runtime):
         return await pause.launch(spec, self.reaper)
 
     async def start_task(self, spec: TaskSpec) -> process.Process:
+        return await self._launch(_process_spec(spec))
+
+    async def exec_process(self, spec: ExecSpec) -> process.Process:
+        ns_dir = f"/proc/{spec.task_pid}/ns"
+        return await self._launch(process.ProcessSpec(
+            name=f"exec {spec.exec_id} in task {spec.task_id}", argv=spec.args, env=spec.env, cwd=spec.cwd,
+            join=tuple((f"{ns_dir}/{name}", nstype) for name, nstype in _EXEC_JOINED),
+            procs_files=tuple(spec.cgroup.procs_files()), stdout=spec.stdout, stderr=spec.stderr))
+
+    async def _launch(self, spec: process.ProcessSpec) -> process.Process:
         try:
-            return await process.launch(_process_spec(spec), self.reaper)
-        except process.ExecFailed as exc:  # the task's own program or cwd: the client's to fix
+            return await process.launch(spec, self.reaper)
+        except process.ExecFailed as exc:  # the client's own program or cwd: theirs to fix
             raise FailedPrecondition(f"{exc.step}: {os.strerror(exc.errno)}") from None
 
     async def delete_task(self, task_id: str) -> None:

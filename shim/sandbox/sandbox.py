@@ -429,8 +429,7 @@ class Sandbox:
         """SandboxMetrics: cgroup cpu/memory/pids; unreadable values are listed as unavailable."""
         self._check(Op.METRICS, sandbox_id)
         if self.cgroup is None:
-            data = {"cpu_usage_ns": None, "memory_usage_bytes": None, "memory_limit_bytes": None,
-                    "pids_current": None, "unavailable": ["cgroup (the sandbox was never started)"]}
+            data = cgroups.no_metrics("cgroup (the sandbox was never started)")
         else:
             data = self.cgroup.metrics()
         return {"timestamp": time.time_ns(), "sandbox_id": self.config.sandbox_id, "data": data}

@@ -62,6 +62,24 @@ class TaskService:
         result = await self.tasks.delete(*self._ids(ctx, p))
         return {"exit_status": result.exit_status, "exited_at": result.exited_at, "pid": result.pid}
 
+    async def exec(self, ctx: CallContext, p: dict[str, Any]) -> dict[str, Any]:
+        sid, tid = self._ids(ctx, p)
+        result = await self.tasks.exec(sid, tid, args=require(p, "args", list),
+                                       timeout_secs=optional(p, "timeout_secs", int))
+        return result.payload()
+
+    async def stats(self, ctx: CallContext, p: dict[str, Any]) -> dict[str, Any]:
+        return self.tasks.stats(*self._ids(ctx, p))
+
+    async def update(self, ctx: CallContext, p: dict[str, Any]) -> dict[str, Any]:
+        sid, tid = self._ids(ctx, p)
+        self.tasks.update(sid, tid, require(p, "resources", dict))
+        return {}
+
+    async def reopen_log(self, ctx: CallContext, p: dict[str, Any]) -> dict[str, Any]:
+        self.tasks.reopen_log(*self._ids(ctx, p))
+        return {}
+
     async def state(self, ctx: CallContext, p: dict[str, Any]) -> dict[str, Any]:
         return self.tasks.get(*self._ids(ctx, p)).state()
 
@@ -79,4 +97,8 @@ def register_tasks(server: Server, service: TaskService) -> None:
         "Delete": service.delete,
         "State": service.state,
         "List": service.list,
+        "Exec": service.exec,
+        "Stats": service.stats,
+        "Update": service.update,
+        "ReopenLog": service.reopen_log,
     })

@@ -11,7 +11,9 @@ crash.
 A task's life: Create records it; Start launches it; the reaper reports its exit; its log
 pipes are drained; then it is stopped, Wait answers and ``/tasks/exit`` is published; Delete
 removes its cgroup and forgets it. Stopping or shutting down the sandbox kills every task and
-waits for their exits first (:meth:`TaskSet.stop_all`).
+waits for their exits first (:meth:`TaskSet.stop_all`). While it runs, commands may be run beside
+it (Exec, :mod:`shim.runtime.execsync`), its cgroup read (Stats) and changed (Update), and its log
+file reopened (ReopenLog).
 """
 
 from __future__ import annotations
@@ -24,11 +26,11 @@ import signal
 import time
 from typing import Any
 
-from shim.kernel.cgroups import SandboxCgroup
+from shim.kernel.cgroups import SandboxCgroup, no_metrics
 from shim.kernel.netns import NamespaceNotFound
 from shim.kernel.reaper import ExitInfo
-from shim.runtime import process
-from shim.runtime.base import CONTAINER, POD, TaskSpec
+from shim.runtime import execsync, process
+from shim.runtime.base import CONTAINER, POD, ExecSpec, TaskSpec
 from shim.runtime.crilog import LOG_DIR_MODE, CriLog, check_log_path
 from shim.runtime.pause import PauseProcess
 from shim.rpc.files import ensure_private_dir
@@ -63,6 +65,10 @@ class TaskOperation(str, enum.Enum):
     DELETE = "delete"  # Delete
     WAIT = "wait"      # Wait
     STATE = "state"    # State
+    EXEC = "exec"      # Exec: a command beside the running task
+    STATS = "stats"    # Stats
+    UPDATE = "update"  # Update: its cgroup's resources
+    REOPEN_LOG = "reopen_log"  # ReopenLog
 
 
 T, Op = Status, TaskOperation
@@ -75,14 +81,19 @@ TRANSITIONS: dict[tuple[TaskOperation, Status], Status] = {
     (Op.KILL, T.STOPPED): T.STOPPED,  # killing an exited task does nothing
     (Op.DELETE, T.CREATED): T.DELETED,
     (Op.DELETE, T.STOPPED): T.DELETED,
+    # operations on what runs: status unchanged
+    **{(op, T.RUNNING): T.RUNNING for op in (Op.EXEC, Op.UPDATE, Op.REOPEN_LOG)},
     # read-only operations: allowed, status unchanged
-    **{(op, st): st for op in (Op.WAIT, Op.STATE) for st in (T.CREATED, T.RUNNING, T.STOPPED)},
+    **{(op, st): st for op in (Op.WAIT, Op.STATE, Op.STATS) for st in (T.CREATED, T.RUNNING, T.STOPPED)},
 }
 REFUSALS: dict[tuple[TaskOperation, Status], str] = {
     (Op.START, T.RUNNING): "task {id} is already running",
     (Op.START, T.STOPPED): "task {id} has exited; a stopped task cannot be started again",
     (Op.KILL, T.CREATED): "task {id} has not been started",
     (Op.DELETE, T.RUNNING): "task {id} is running; kill it and wait for its exit before deleting it",
+    **{(op, T.CREATED): "task {id} is not running: it has not been started"
+       for op in (Op.EXEC, Op.UPDATE, Op.REOPEN_LOG)},
+    **{(op, T.STOPPED): "task {id} is not running: it has exited" for op in (Op.EXEC, Op.UPDATE, Op.REOPEN_LOG)},
 }
 
 
@@ -113,6 +124,8 @@ class Task:
         self.started_at = 0
         self.process: process.Process | None = None
         self.cgroup: SandboxCgroup | None = None
+        self.crilog: CriLog | None = None  # while it runs: the writer of its log file
+        self.execs = 0  # Exec calls so far (each exec's id)
         self.exit: ExitResult | None = None
         self.exited = asyncio.Event()
         # Start and Delete of one task take turns; so does stop_all with an in-flight Start.
@@ -274,6 +287,7 @@ class TaskSet:
                         from None
                 raise
             crilog.start()
+            task.crilog = crilog
             task.started_at = task.process.started_at_ns
             task.status = nxt
             self._persist()
@@ -297,6 +311,7 @@ class TaskSet:
             await crilog.drain(LOG_DRAIN_TIMEOUT)
         finally:
             crilog.close()
+            task.crilog = None
         task.exit = ExitResult(info.exit_status, info.exited_at_ns, info.pid)
         task.status = task.check(Op.EXIT)
         task.exited.set()
@@ -321,6 +336,72 @@ class TaskSet:
             task.cgroup.kill_all(sig)
         elif self.sandbox.runtime is not None:  # it has one: the task was started
             self.sandbox.runtime.kill(p.pid, p.start_time, sig)
+
+    async def exec(self, sandbox_id: str, task_id: str, *, args: list[str],
+                   timeout_secs: int | None = None) -> execsync.ExecResult:
+        """Exec: run ``args`` beside the running task (its namespaces, cgroup, environment and
+        working directory) until it exits, at most ``timeout_secs`` (None or 0: no limit); see
+        :mod:`shim.runtime.execsync` for output, timeout and cancellation. Raises InvalidArgument,
+        NotFound, FailedPrecondition (not running; the program cannot be run)."""
+        task = self.get(sandbox_id, task_id)
+        if not args or not all(isinstance(a, str) and "\0" not in a for a in args) or not args[0]:
+            raise InvalidArgument("field 'args' must be a non-empty array of strings without NUL")
+        if timeout_secs is not None and timeout_secs < 0:
+            raise InvalidArgument(f"field 'timeout_secs' must not be negative, not {timeout_secs}")
+        task.check(Op.EXEC)
+        runtime, p, cgroup = self.sandbox.runtime, task.process, task.cgroup
+        assert runtime is not None and p is not None and cgroup is not None  # a running task has them
+        task.execs += 1
+        exec_id = str(task.execs)
+        name = f"exec {exec_id} ({args[0]}) in task {task_id}"
+
+        def start(output: execsync.ExecOutput) -> Any:
+            return runtime.exec_process(ExecSpec(task_id, exec_id, tuple(args), task.env, task.cwd, p.pid, cgroup,
+                                                 output.stdout_fd, output.stderr_fd))
+
+        try:
+            result = await execsync.run(start, cgroup, timeout=timeout_secs or None, name=name)
+        except NamespaceNotFound as exc:
+            if os.path.dirname(exc.path) == f"/proc/{p.pid}/ns":
+                raise FailedPrecondition(f"task {task_id} exited while the command started ({exc.message})") \
+                    from None
+            raise
+        log.info("%s exited with status %d%s", name, result.exit_status, " (timed out)" if result.timed_out else "")
+        return result
+
+    def stats(self, sandbox_id: str, task_id: str) -> dict[str, Any]:
+        """Stats: ``{timestamp, data}``, the usage of the task's cgroup (SandboxMetrics' keys); a
+        task never started has none and says so."""
+        task = self.get(sandbox_id, task_id)
+        task.check(Op.STATS)
+        data = task.cgroup.metrics() if task.cgroup is not None else no_metrics("cgroup (the task was never started)")
+        return {"timestamp": time.time_ns(), "data": data}
+
+    def update(self, sandbox_id: str, task_id: str, resources: dict[str, Any]) -> None:
+        """Update: apply ``resources`` to the running task's cgroup (see
+        :meth:`SandboxCgroup.update`). Raises InvalidArgument naming a key that cannot be applied
+        (nothing is changed then), NotFound, FailedPrecondition (not running)."""
+        task = self.get(sandbox_id, task_id)
+        task.check(Op.UPDATE)
+        assert task.cgroup is not None  # a running task has one
+        task.cgroup.update(resources)
+        log.info("task %s resources updated: %s", task_id, ", ".join(f"{k}={v}" for k, v in sorted(resources.items())))
+
+    def reopen_log(self, sandbox_id: str, task_id: str) -> None:
+        """ReopenLog: the task's log file opened again at its path (created if it was moved).
+        Raises NotFound, FailedPrecondition (not running; the file cannot be opened: the previous
+        one stays in use)."""
+        task = self.get(sandbox_id, task_id)
+        task.check(Op.REOPEN_LOG)
+        crilog = task.crilog
+        if crilog is None or crilog.closed:
+            raise FailedPrecondition(f"task {task_id} is not running: it has exited")
+        try:
+            crilog.reopen()
+        except OSError as exc:
+            raise FailedPrecondition(f"cannot reopen log file {task.log_path}: {exc.strerror}; the task keeps "
+                                     "writing to the file it had") from None
+        log.info("task %s reopened its log file %s", task_id, task.log_path)
 
     async def wait(self, sandbox_id: str, task_id: str) -> ExitResult:
         """Wait: block until the task has exited and its log is complete (at once if it has)."""

@@ -70,6 +70,23 @@ def test_task_constants_match_the_spec():
     assert f"makes the directories of `log_path` (mode `{LOG_DIR_MODE:04o}`)" in text
 
 
+def table_keys(section: str) -> set[str]:
+    """The backquoted keys in the first column of the tables of ``section``."""
+    return {key for row in re.findall(r"^\| `(\w+)`(?:, `(\w+)`)? \|", section, re.M) for key in row if key}
+
+
+def test_exec_limits_resources_and_metric_figures_match_the_spec():
+    from shim.kernel.cgroups import METRIC_KEYS, UPDATE_KEYS
+    from shim.runtime.execsync import EXEC_DRAIN_SECS, EXEC_OUTPUT_LIMIT_BYTES
+
+    text = " ".join(SPEC.split())
+    assert f"`EXEC_OUTPUT_LIMIT_BYTES` ({EXEC_OUTPUT_LIMIT_BYTES})" in text
+    assert f"`EXEC_DRAIN_SECS` ({EXEC_DRAIN_SECS:g})" in text
+    assert table_keys(SPEC[SPEC.index("**Update**"):SPEC.index("**ReopenLog**")]) == set(UPDATE_KEYS)
+    assert table_keys(SPEC[SPEC.index("**SandboxMetrics** `data`"):SPEC.index("**ShutdownSandbox**")]) == \
+        set(METRIC_KEYS)
+
+
 VECTORS = dict(re.findall(r"^vector ([a-z-]+): ([0-9a-f]+)$", SPEC, re.M))
 
 

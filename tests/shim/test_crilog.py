@@ -1,5 +1,5 @@
 """The CRI log format without I/O: line splitting, tags and timestamps, as containerd writes them;
-and the log file, which is only ever a regular file at its own path."""
+and the log file, which is only ever a regular file at its own path, and its reopening (log rotation)."""
 
 from __future__ import annotations
 
@@ -115,3 +115,54 @@ def test_a_log_path_that_is_not_a_regular_file_is_refused_and_nothing_goes_throu
         if reader is not None:
             os.close(reader)
     assert victim.read_bytes() == b"precious\n"
+
+
+# -- reopening the file --------------------------------------------------------------------------
+
+
+def messages(path: str) -> list[str]:
+    with open(path) as f:
+        return [line.split(" ", 3)[1] + " " + line.split(" ", 3)[3] for line in f.read().splitlines()]
+
+
+@pytest.fixture
+async def crilog(tmp_path):
+    """A started CriLog and a copy of each write end, as a task would hold them."""
+    log = CriLog(str(tmp_path / "c.log"))
+    ends = os.dup(log.stdout_fd), os.dup(log.stderr_fd)
+    log.start()
+    yield log, ends
+    log.close()
+    for fd in ends:
+        os.close(fd)
+
+
+async def test_reopen_after_a_move_writes_to_a_new_file_and_the_rest_to_the_moved_one(crilog, tmp_path):
+    log, (out, err) = crilog
+    os.write(out, b"before\n")
+    os.rename(log.path, tmp_path / "c.log.1")
+    log.reopen()
+    os.write(out, b"after\n")
+    os.write(err, b"oops\n")
+    log.close()
+    assert messages(str(tmp_path / "c.log.1")) == ["stdout before"]
+    assert messages(log.path) == ["stdout after", "stderr oops"]
+    assert oct(os.stat(log.path).st_mode & 0o777) == "0o640"
+
+
+async def test_a_reopen_that_fails_keeps_the_previous_file(crilog, tmp_path):
+    log, (out, _) = crilog
+    os.rename(log.path, tmp_path / "c.log.1")
+    os.mkdir(log.path)  # a directory where the file was: it cannot be opened for writing
+    with pytest.raises(IsADirectoryError):
+        log.reopen()
+    os.write(out, b"still here\n")
+    log.close()
+    assert messages(str(tmp_path / "c.log.1")) == ["stdout still here"]
+
+
+async def test_a_closed_log_is_not_reopened(crilog):
+    log, _ = crilog
+    log.close()
+    with pytest.raises(ValueError, match="is closed"):
+        log.reopen()

@@ -203,8 +203,148 @@ def test_metrics_never_raise():
     gone = SandboxCgroup.from_dict({"name": "gone", "paths": {"memory": "/nonexistent/a", V2: "/nonexistent/b",
                                                               "cpuacct": "/nonexistent/c", "pids": "/nonexistent/d"}})
     metrics = gone.metrics()
-    assert metrics["unavailable"] == ["cpu_usage_ns", "memory_usage_bytes", "memory_limit_bytes", "pids_current"]
-    assert [metrics[k] for k in metrics["unavailable"]] == [None] * 4
+    assert metrics["unavailable"] == ["cpu_usage_ns", "memory_usage_bytes", "memory_working_set_bytes",
+                                      "memory_rss_bytes", "memory_page_faults", "memory_major_page_faults",
+                                      "memory_limit_bytes", "pids_current"]
+    assert [metrics[k] for k in metrics["unavailable"]] == [None] * 8
+
+
+def _memory_file(cgroup: SandboxCgroup, name: str) -> str:
+    memory = next(path for key, path in cgroup.paths.items() if "memory" in key.split(","))
+    return os.path.join(memory, name)
+
+
+def test_working_set_is_usage_less_inactive_file_pages(make_cgroup, sleeper):
+    cgroup = make_cgroup()
+    cgroup.join(sleeper())
+    metrics = cgroup.metrics()
+    with open(_memory_file(cgroup, "memory.stat")) as f:
+        stat = dict(line.split() for line in f)
+    # Both read after metrics(): usage can only have grown by the sleeper's few pages since.
+    assert 0 <= metrics["memory_working_set_bytes"] <= metrics["memory_usage_bytes"]
+    assert metrics["memory_rss_bytes"] >= 0 and metrics["memory_page_faults"] <= int(stat["total_pgfault"])
+    assert metrics["memory_major_page_faults"] <= int(stat["total_pgmajfault"])
+    assert "memory_working_set_bytes" not in metrics["unavailable"]
+
+
+def test_memory_a_member_touches_is_in_the_usage_and_working_set(make_cgroup):
+    cgroup = make_cgroup()
+    before = cgroup.metrics()
+    ready_r, ready_w = os.pipe()
+    # The child joins first, then touches 32 MiB (v1 charges pages where they are touched), says
+    # so, and waits to be killed.
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.close(ready_r)
+            cgroup.join(0)
+            block = bytearray(32 << 20)
+            block[::4096] = b"x" * len(block[::4096])
+            os.write(ready_w, b"1")
+            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})
+            signal.sigwait({signal.SIGUSR1})
+        finally:
+            os._exit(0)
+    os.close(ready_w)
+    try:
+        assert os.read(ready_r, 1) == b"1"
+        metrics = cgroup.metrics()
+        assert metrics["memory_working_set_bytes"] - (before["memory_working_set_bytes"] or 0) >= 32 << 20
+        assert metrics["memory_rss_bytes"] >= 32 << 20
+    finally:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        os.close(ready_r)
+
+
+# -- update ----------------------------------------------------------------------------------
+
+
+def _read(path: str) -> str:
+    with open(path) as f:
+        return f.read().strip()
+
+
+def _v1_file(cgroup: SandboxCgroup, controller: str, name: str) -> str:
+    directory = next(path for key, path in cgroup.paths.items() if key != V2 and controller in key.split(","))
+    return os.path.join(directory, name)
+
+
+def test_update_writes_each_resource_to_its_cgroup_file(make_cgroup):
+    cgroup = make_cgroup().child("task")
+    cpus = _read(_v1_file(cgroup, "cpuset", "cpuset.cpus")).split(",")[0].split("-")[0]
+    cgroup.update({"cpu_shares": 512, "cpu_period_us": 50000, "cpu_quota_us": 25000,
+                   "memory_limit_bytes": 64 << 20, "memory_swap_limit_bytes": 128 << 20,
+                   "cpuset_cpus": cpus, "cpuset_mems": "0", "pids_limit": 42})
+    assert _read(_v1_file(cgroup, "cpu", "cpu.shares")) == "512"
+    assert _read(_v1_file(cgroup, "cpu", "cpu.cfs_period_us")) == "50000"
+    assert _read(_v1_file(cgroup, "cpu", "cpu.cfs_quota_us")) == "25000"
+    assert _read(_memory_file(cgroup, "memory.limit_in_bytes")) == str(64 << 20)
+    assert _read(_memory_file(cgroup, "memory.memsw.limit_in_bytes")) == str(128 << 20)
+    assert _read(_v1_file(cgroup, "cpuset", "cpuset.cpus")) == cpus
+    assert _read(_v1_file(cgroup, "pids", "pids.max")) == "42"
+
+
+def test_update_leaves_absent_and_none_keys_alone(make_cgroup):
+    cgroup = make_cgroup().child("task")
+    shares = _read(_v1_file(cgroup, "cpu", "cpu.shares"))
+    cgroup.update({"cpu_shares": None, "pids_limit": 7})
+    assert _read(_v1_file(cgroup, "cpu", "cpu.shares")) == shares
+    assert _read(_v1_file(cgroup, "pids", "pids.max")) == "7"
+
+
+def test_update_minus_one_means_no_limit(make_cgroup):
+    cgroup = make_cgroup().child("task")
+    cgroup.update({"memory_limit_bytes": 64 << 20, "pids_limit": 5, "cpu_quota_us": 20000})
+    cgroup.update({"memory_limit_bytes": -1, "pids_limit": -1, "cpu_quota_us": -1})
+    assert int(_read(_memory_file(cgroup, "memory.limit_in_bytes"))) >= 1 << 62
+    assert _read(_v1_file(cgroup, "pids", "pids.max")) == "max"
+    assert _read(_v1_file(cgroup, "cpu", "cpu.cfs_quota_us")) == "-1"
+
+
+def test_raising_memory_past_the_swap_limit_writes_swap_first(make_cgroup):
+    cgroup = make_cgroup().child("task")
+    cgroup.update({"memory_limit_bytes": 32 << 20, "memory_swap_limit_bytes": 32 << 20})
+    cgroup.update({"memory_limit_bytes": 256 << 20, "memory_swap_limit_bytes": 512 << 20})
+    assert _read(_memory_file(cgroup, "memory.limit_in_bytes")) == str(256 << 20)
+    assert _read(_memory_file(cgroup, "memory.memsw.limit_in_bytes")) == str(512 << 20)
+
+
+@pytest.mark.parametrize("resources,named", [
+    ({"cpu_shares": 1}, "resources.cpu_shares 1 is out of range"),
+    ({"cpu_period_us": 10}, "resources.cpu_period_us 10 is out of range"),
+    ({"memory_limit_bytes": "64M"}, "resources.memory_limit_bytes must be an integer"),
+    ({"memory_limit_bytes": 64 << 20, "memory_swap_limit_bytes": 32 << 20}, "resources.memory_swap_limit_bytes"),
+    ({"cpuset_cpus": "all"}, "resources.cpuset_cpus must be a list"),
+    ({"hugepage_limits": {"2MB": 0}}, r"resources.hugepage_limits\[2MB\] cannot be applied"),
+    ({"unified": {"memory.high": "1G"}}, r"resources.unified\[memory.high\] cannot be applied"),
+    ({"unified": {"cgroup.procs": "1"}}, r"resources.unified\[cgroup.procs\]: only a controller's file"),
+    ({"blkio_weight": 10}, "resources.blkio_weight is not a resource podshim can update"),
+])
+def test_a_resource_that_cannot_be_applied_is_refused_by_name_and_nothing_is_written(make_cgroup, resources, named):
+    cgroup = make_cgroup().child("task")
+    shares = _read(_v1_file(cgroup, "cpu", "cpu.shares"))
+    with pytest.raises(InvalidArgument, match=named):
+        cgroup.update({"cpu_shares": 300, **resources})
+    assert _read(_v1_file(cgroup, "cpu", "cpu.shares")) == shares
+
+
+def test_a_write_the_kernel_refuses_puts_back_what_was_written_before_it(make_cgroup):
+    cgroup = make_cgroup().child("task")
+    shares = _read(_v1_file(cgroup, "cpu", "cpu.shares"))
+    # CPU 4095 passes the check (a CPU list) but is not among the parent's CPUs.
+    with pytest.raises(InvalidArgument, match="resources.cpuset_cpus: the kernel refused '4095'"):
+        cgroup.update({"cpu_shares": 300, "cpuset_cpus": "4095"})
+    assert _read(_v1_file(cgroup, "cpu", "cpu.shares")) == shares
+
+
+def test_oom_score_adj_goes_to_every_member(make_cgroup, sleeper):
+    cgroup = make_cgroup().child("task")
+    pids = [sleeper(), sleeper()]
+    for pid in pids:
+        cgroup.join(pid)
+    cgroup.update({"oom_score_adj": 500})
+    assert [_read(f"/proc/{pid}/oom_score_adj") for pid in pids] == ["500", "500"]
 
 
 def test_kill_all_sigkills_every_member(make_cgroup, sleeper):

@@ -15,13 +15,13 @@ from shim.kernel.cgroups import SandboxCgroup
 from shim.kernel.reaper import ExitInfo, Reaper
 from shim.paths import write_json_atomic
 from shim.runtime import pause, process
-from shim.runtime.base import Runtime, TaskSpec
+from shim.runtime.base import ExecSpec, Runtime, TaskSpec
 from shim.runtime.oci.cli import Container, OciCli
 from shim.runtime.oci.host import cgroups_path, oom_score_adj_permitted
 from shim.runtime.oci.rootfs import PAUSE_FILE, ensure_pause_rootfs
 from shim.runtime.oci.spec import PAUSE_NAME, sandbox_spec, task_spec
-from shim.rpc.files import ensure_private_dir
-from shim.rpc.status import Internal, InvalidArgument, RpcError
+from shim.rpc.files import ensure_private_dir, read_json
+from shim.rpc.status import FailedPrecondition, Internal, InvalidArgument, RpcError
 
 __all__ = ["OCI_DIR", "OciBackend", "delete_recorded"]
 
@@ -119,6 +119,43 @@ class OciBackend(Runtime):
                                                           stderr=spec.stderr, binds=(("/", rootfs),))
         return process.Process(pid, start_time, process.started_at_ns(exit_future), exit_future)
 
+    async def exec_process(self, spec: ExecSpec) -> process.Process:
+        """``<runtime> exec --detach`` into the task's container: the task's OCI process settings
+        (user, capabilities, environment, working directory) with ``spec.args``, as containerd
+        builds an exec's process. The process is the shim's child once the runtime has exited, and
+        reaped like the task's. A program that cannot be run is FailedPrecondition, in the
+        runtime's words."""
+        container = self.containers.get(self.task_container(spec.task_id).container_id)
+        if container is None:
+            raise FailedPrecondition(f"task {spec.task_id} has no {self.cli.name} container")
+        try:
+            task_process = read_json(os.path.join(container.bundle, "config.json"))["process"]
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise Internal(f"cannot read the process of {self.cli.name} container {container.container_id}: "
+                           f"{exc}") from None
+        # Removed when the exec has started or failed, so the bundle is as the task left it.
+        files = os.path.join(container.bundle, f"exec-{spec.exec_id}")
+        write_json_atomic(files + ".json", {**task_process, "args": list(spec.args), "terminal": False},
+                          durable=False)
+        try:
+            # Without a cgroup manager, the runtime runs in the task's cgroup: the process is born there.
+            procs = () if self.cli.manages_cgroups else tuple(spec.cgroup.procs_files())
+            pid = await self.cli.exec(container, files + ".json", files + ".pid", stdout=spec.stdout,
+                                      stderr=spec.stderr, procs_files=procs)
+        finally:
+            for path in (files + ".json", files + ".pid"):
+                try:
+                    os.unlink(path)
+                except FileNotFoundError:
+                    pass
+        assert self.cli.reaper is not None
+        exit_future = self.cli.reaper.watch(pid)  # an exit already reaped is kept: never lost
+        if exit_future.done():
+            return process.Process(pid, 0, time.time_ns(), exit_future)
+        _check_parent(pid, f"exec {spec.exec_id} in task {spec.task_id}")
+        # Not reaped yet (only the reaper reaps it, in a loop callback): the start time is its.
+        return process.Process(pid, linux.proc_start_time(pid) or 0, time.time_ns(), exit_future)
+
     async def delete_task(self, task_id: str) -> None:
         """Delete a task's container (forced: a running one is killed) and its bundle. Idempotent."""
         container = self.containers.get(self.task_container(task_id).container_id)
@@ -180,13 +217,18 @@ class OciBackend(Runtime):
 
 
 def _check_our_child(pid: int, exit_future: asyncio.Future[ExitInfo], what: str) -> None:
-    """Internal unless ``pid`` is the shim's child, whose exit its Reaper will see."""
+    """Internal unless ``pid``, the init of container ``what``, is waiting to start as the shim's child."""
     if exit_future.done():
         raise Internal(f"the init of {what} (pid {pid}) exited before it was started")
+    _check_parent(pid, f"the init of {what}")
+
+
+def _check_parent(pid: int, what: str) -> None:
+    """Internal unless ``pid`` (``what``) is the shim's child, whose exit its Reaper will see."""
     stat = linux.proc_stat(pid)
     parent = int(stat[linux.STAT_PPID - 1]) if stat is not None else 0
     if parent != os.getpid():
-        raise Internal(f"the init of {what} (pid {pid}) is not a child of the shim (its parent is {parent}): "
+        raise Internal(f"{what} (pid {pid}) is not a child of the shim (its parent is {parent}): "
                        "its exit could not be seen")
 
 

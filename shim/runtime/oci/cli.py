@@ -27,7 +27,7 @@ from shim.rpc.files import decode_json
 from shim.rpc.status import (AlreadyExists, DeadlineExceeded, FailedPrecondition, Internal, InvalidArgument, NotFound,
                              RpcError)
 
-__all__ = ["CREATE_TIMEOUT", "DELETE_TIMEOUT", "KILL_TIMEOUT", "START_TIMEOUT", "STATE_TIMEOUT",
+__all__ = ["CREATE_TIMEOUT", "DELETE_TIMEOUT", "EXEC_TIMEOUT", "KILL_TIMEOUT", "START_TIMEOUT", "STATE_TIMEOUT",
            "Container", "OciCli"]
 
 #: Bounds on one runtime call, seconds. create includes the runtime forking its init into the
@@ -37,6 +37,8 @@ START_TIMEOUT = 5.0
 STATE_TIMEOUT = 5.0
 KILL_TIMEOUT = 5.0
 DELETE_TIMEOUT = 10.0
+#: exec --detach: the runtime joins the container and starts the process, then exits.
+EXEC_TIMEOUT = 10.0
 
 _MAX_ERROR_MESSAGES = 5
 _MAX_MESSAGE_CHARS = 500
@@ -145,6 +147,27 @@ class OciCli:
         except (OSError, ValueError) as exc:
             raise Internal(f"{self.name} create {container.container_id} succeeded but left no pid in "
                            f"{container.pid_file}: {exc}") from None
+
+    async def exec(self, container: Container, process_file: str, pid_file: str, *, stdout: int, stderr: int,
+                   procs_files: tuple[str, ...] = ()) -> int:
+        """``exec --detach --pid-file P --process F ID``: the process ``process_file`` describes, in
+        the container, with ``stdout``/``stderr`` as its own; returns its pid once the runtime has
+        exited (the process is then an orphan its nearest subreaper, the shim, adopts).
+        ``procs_files`` are joined before the runtime runs (without a cgroup manager, that is where
+        the process is born)."""
+        try:
+            os.unlink(pid_file)
+        except FileNotFoundError:
+            pass
+        await self._run(container, "exec", "--detach", "--pid-file", pid_file, "--process", process_file,
+                        container.container_id, timeout=EXEC_TIMEOUT, stdout=stdout, stderr=stderr,
+                        procs_files=procs_files)
+        try:
+            with open(pid_file) as f:
+                return int(f.read().strip())
+        except (OSError, ValueError) as exc:
+            raise Internal(f"{self.name} exec in {container.container_id} succeeded but left no pid in "
+                           f"{pid_file}: {exc}") from None
 
     async def start(self, container: Container) -> None:
         """``start ID``: the init execs the container's program."""
@@ -295,8 +318,8 @@ def _failure(what: str, verb: str, exit_status: int, messages: list[str]) -> Rpc
     lowered = text.lower()
     # runc: 'exec: "/x": stat /x: no such file or directory'; crun: "executable file `/x` not found"
     # (not runc's "nsexec[...]", which is its own setup failing).
-    if verb == "create" and _EXEC_FAILURE.search(lowered):
-        return FailedPrecondition(sentence)  # the container's program cannot be run
+    if verb in ("create", "exec") and _EXEC_FAILURE.search(lowered):
+        return FailedPrecondition(sentence)  # the container's (or the exec's) program cannot be run
     # runc: "container does not exist"; crun: "error opening file `<root>/<id>/status`: No such file..."
     if "does not exist" in lowered or "not found" in lowered or (verb != "create" and "no such file" in lowered):
         return NotFound(sentence)

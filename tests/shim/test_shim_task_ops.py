@@ -1,0 +1,199 @@
+"""Exec, Stats, Update and ReopenLog of a running task, through a real shim, with each runtime
+handler (native, runc, crun): checked on the kernel side (namespaces by inode, cgroup files, the
+processes left) and on the log files."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+
+import pytest
+
+from shim.rpc import FailedPrecondition, InvalidArgument
+from shim.rpc.api import TASK_SERVICE
+from shim.runtime.execsync import EXEC_OUTPUT_LIMIT_BYTES
+from shimtools import host_untouched, shims  # noqa: F401  (fixtures)
+from shimtools import WAIT, Shim, ShimLauncher, ns_inode, wait_terminated
+
+HANDLERS = ["native"] + [h for h in ("runc", "crun") if shutil.which(h, path="/usr/sbin:/usr/bin:/sbin:/bin")]
+#: Bound on waiting for killed processes to be gone (PID 1 reaps orphans slowly).
+GONE_WAIT = 10.0
+
+
+class Pod:
+    """A running sandbox of one runtime handler, and helpers to run tasks in it."""
+
+    def __init__(self, shim: Shim, cgroups: dict[str, str], log_dir: str):
+        self.shim = shim
+        self.cgroups = cgroups
+        self.log_dir = log_dir
+
+    async def call(self, method: str, timeout: float = WAIT, **fields):
+        return await self.shim.client.call(TASK_SERVICE, method, {"sandbox_id": self.shim.sandbox_id, **fields},
+                                           timeout=timeout)
+
+    def log_path(self, task_id: str) -> str:
+        return os.path.join(self.log_dir, f"{task_id}.log")
+
+    async def create(self, task_id: str, *args: str, **fields) -> None:
+        await self.call("Create", task_id=task_id, args=list(args), log_path=self.log_path(task_id), **fields)
+
+    async def run(self, task_id: str, *args: str, **fields) -> int:
+        await self.create(task_id, *args, **fields)
+        return (await self.call("Start", task_id=task_id))["pid"]
+
+    def cgroup_file(self, task_id: str, controller: str, name: str) -> str:
+        directory = next(path for key, path in self.cgroups.items() if controller in key.split(","))
+        return os.path.join(directory, task_id, name)
+
+    def task_pids(self, task_id: str) -> set[int]:
+        with open(self.cgroup_file(task_id, "pids", "cgroup.procs")) as f:
+            return {int(line) for line in f}
+
+
+@pytest.fixture(params=HANDLERS)
+async def pod(request, shims: ShimLauncher, tmp_path) -> Pod:
+    shim = await shims.start()
+    await shim.run_sandbox(options={"runtime_handler": request.param})
+    info = await shim.info()
+    cgroups = {key.removeprefix("cgroup."): path for key, path in info.items() if key.startswith("cgroup.")}
+    return Pod(shim, cgroups, str(tmp_path))
+
+
+def read(path: str) -> str:
+    with open(path) as f:
+        return f.read().strip()
+
+
+# -- Exec --------------------------------------------------------------------------------------------
+
+async def test_exec_returns_what_the_command_wrote_and_its_exit_status(pod):
+    await pod.run("app", "sleep", "600")
+    reply = await pod.call("Exec", task_id="app", args=["sh", "-c", "echo out; echo err >&2; exit 3"])
+    assert reply == {"exit_status": 3, "stdout": b"out\n", "stderr": b"err\n", "stdout_truncated": False,
+                     "stderr_truncated": False, "timed_out": False}
+
+
+async def test_exec_runs_in_the_tasks_namespaces_cgroup_environment_and_directory(pod):
+    pid = await pod.run("app", "sleep", "600", env=["GREETING=hello"], cwd="/tmp")
+    script = ("readlink /proc/self/ns/net /proc/self/ns/pid /proc/self/ns/mnt /proc/self/ns/uts; echo $GREETING; "
+              "pwd; cat /proc/self/cgroup")
+    lines = (await pod.call("Exec", task_id="app", args=["sh", "-c", script]))["stdout"].decode().splitlines()
+    assert lines[:4] == [f"{kind}:[{ns_inode(pid, kind)}]" for kind in ("net", "pid", "mnt", "uts")]
+    assert lines[4:6] == ["hello", "/tmp"]
+    with open(f"/proc/{pid}/cgroup") as f:
+        assert sorted(lines[6:]) == sorted(f.read().splitlines())
+
+
+async def test_exec_output_past_the_limit_is_cut_and_flagged(pod):
+    await pod.run("app", "sleep", "600")
+    reply = await pod.call("Exec", task_id="app", args=["head", "-c", str(EXEC_OUTPUT_LIMIT_BYTES + 1), "/dev/zero"])
+    assert (len(reply["stdout"]), reply["stdout_truncated"], reply["exit_status"]) == (EXEC_OUTPUT_LIMIT_BYTES, True, 0)
+
+
+async def test_exec_past_its_timeout_is_killed_with_what_it_started(pod):
+    pid = await pod.run("app", "sleep", "600")
+    reply = await pod.call("Exec", task_id="app", timeout=WAIT + 2, timeout_secs=1,
+                           args=["sh", "-c", "echo started; sleep 300 & sleep 300 & wait"])
+    assert (reply["timed_out"], reply["exit_status"], reply["stdout"]) == (True, 137, b"started\n")
+    assert not await wait_terminated(pod.task_pids("app") - {pid}, GONE_WAIT)
+    assert pod.task_pids("app") == {pid}
+
+
+async def test_exec_of_a_program_that_cannot_run_is_failed_precondition_and_leaves_no_process(pod):
+    pid = await pod.run("app", "sleep", "600")
+    with pytest.raises(FailedPrecondition, match="(?i)no such file"):
+        await pod.call("Exec", task_id="app", args=["/no/such"])
+    # crun runs in the task's cgroup (it has no cgroup manager here): its helper may still be exiting.
+    assert not await wait_terminated(pod.task_pids("app") - {pid}, GONE_WAIT)
+    assert pod.task_pids("app") == {pid}
+
+
+async def test_exec_needs_a_running_task(pod):
+    await pod.create("new", "true")
+    with pytest.raises(FailedPrecondition, match="task new is not running: it has not been started"):
+        await pod.call("Exec", task_id="new", args=["true"])
+    await pod.run("done", "true")
+    await pod.call("Wait", task_id="done")
+    with pytest.raises(FailedPrecondition, match="task done is not running: it has exited"):
+        await pod.call("Exec", task_id="done", args=["true"])
+
+
+async def test_exec_with_bad_arguments_is_invalid(pod):
+    await pod.run("app", "sleep", "600")
+    with pytest.raises(InvalidArgument, match="field 'args' must be a non-empty array"):
+        await pod.call("Exec", task_id="app", args=[])
+    with pytest.raises(InvalidArgument, match="'timeout_secs' must not be negative"):
+        await pod.call("Exec", task_id="app", args=["true"], timeout_secs=-1)
+
+
+# -- Stats ---------------------------------------------------------------------------------------------
+
+async def test_stats_are_the_task_cgroups_figures(pod):
+    await pod.run("app", "sleep", "600")
+    reply = await pod.call("Stats", task_id="app")
+    data = reply["data"]
+    assert reply["timestamp"] > 0 and data["unavailable"] == []
+    assert data["pids_current"] == 1
+    assert data["memory_usage_bytes"] >= data["memory_working_set_bytes"] >= 0
+    assert int(read(pod.cgroup_file("app", "cpuacct", "cpuacct.usage"))) >= data["cpu_usage_ns"] > 0
+
+
+async def test_stats_of_a_task_never_started_say_why_they_are_missing(pod):
+    await pod.create("new", "true")
+    data = (await pod.call("Stats", task_id="new"))["data"]
+    assert data["unavailable"] == ["cgroup (the task was never started)"]
+    assert data["memory_usage_bytes"] is None and data["cpu_usage_ns"] is None
+
+
+# -- Update --------------------------------------------------------------------------------------------
+
+async def test_update_writes_the_task_cgroup(pod):
+    await pod.run("app", "sleep", "600")
+    await pod.call("Update", task_id="app", resources={"cpu_shares": 512, "memory_limit_bytes": 96 << 20,
+                                                       "pids_limit": 20})
+    assert read(pod.cgroup_file("app", "cpu", "cpu.shares")) == "512"
+    assert read(pod.cgroup_file("app", "memory", "memory.limit_in_bytes")) == str(96 << 20)
+    assert read(pod.cgroup_file("app", "pids", "pids.max")) == "20"
+
+
+async def test_update_of_a_resource_the_host_cannot_apply_names_it_and_changes_nothing(pod):
+    await pod.run("app", "sleep", "600")
+    shares = read(pod.cgroup_file("app", "cpu", "cpu.shares"))
+    with pytest.raises(InvalidArgument, match=r"resources.unified\[memory.high\] cannot be applied"):
+        await pod.call("Update", task_id="app", resources={"cpu_shares": 300, "unified": {"memory.high": "1G"}})
+    assert read(pod.cgroup_file("app", "cpu", "cpu.shares")) == shares
+
+
+async def test_update_needs_a_running_task(pod):
+    await pod.create("new", "true")
+    with pytest.raises(FailedPrecondition, match="task new is not running"):
+        await pod.call("Update", task_id="new", resources={"cpu_shares": 512})
+
+
+# -- ReopenLog -----------------------------------------------------------------------------------------
+
+async def test_reopen_log_writes_to_a_new_file_after_the_old_one_was_moved(pod, tmp_path):
+    fifo = tmp_path / "go"
+    os.mkfifo(fifo)
+    await pod.run("app", "sh", "-c", f"echo before; read x < {fifo}; echo after")
+    # The open returns once the task opened the FIFO: by then "before" is in its pipe.
+    go = await asyncio.wait_for(asyncio.to_thread(open, fifo, "w"), WAIT)
+    with go:
+        os.rename(pod.log_path("app"), pod.log_path("app") + ".1")
+        await pod.call("ReopenLog", task_id="app")
+        go.write("x\n")
+    await pod.call("Wait", task_id="app")
+    assert [line.split(" ", 3)[3] for line in read(pod.log_path("app") + ".1").splitlines()] == ["before"]
+    assert [line.split(" ", 3)[3] for line in read(pod.log_path("app")).splitlines()] == ["after"]
+
+
+async def test_reopen_log_that_cannot_open_the_file_keeps_the_old_one(pod):
+    await pod.run("app", "sleep", "600")
+    os.rename(pod.log_path("app"), pod.log_path("app") + ".1")
+    os.mkdir(pod.log_path("app"))  # a directory where the file was
+    with pytest.raises(FailedPrecondition, match="cannot reopen log file .*; the task keeps writing to the file"):
+        await pod.call("ReopenLog", task_id="app")
+    reply = await pod.call("Exec", task_id="app", args=["true"])  # the task is unharmed
+    assert reply["exit_status"] == 0
