@@ -19,28 +19,36 @@ pause's net, ipc and uts namespaces (and its pid namespace when the pid mode is 
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import os
 import secrets
+import shlex
 import shutil
 import signal
 import time
 from contextlib import asynccontextmanager
-from typing import Any, AsyncIterator, Mapping
+from typing import Any, AsyncContextManager, AsyncIterator, Mapping
 
 import anyio
 
 from shim.sandbox.options import NATIVE, RUNTIME_HANDLERS  # "native" (the default, also for ""), "runc", "crun"
 from shim.rpc.api import TASK_SERVICE
-from shim.rpc.files import ensure_private_dir
+from shim.paths import write_json_atomic
+from shim.rpc.files import ensure_private_dir, read_json
 from shim.rpc.status import (Aborted, DeadlineExceeded, FailedPrecondition, InvalidArgument, NotFound, RpcError,
                              Unavailable)
 
 from client.bundles import bundle_path
+from client.cri import stats
 from client.cri.cni import DEFAULT_BIN_DIRS, DEFAULT_CONF_DIR, CniRunner, primary_ip
 from client.controller import Controller
 from client.cri.configs import ContainerConfig, PodSandboxConfig
+from client.cri.events import (CONTAINER_CREATED, CONTAINER_DELETED, CONTAINER_STARTED, EventFeed,
+                               EventStream)
 from client.cri.failpoints import failpoint
+from client.cri.logcontext import about
+from client.cri.resources import shim_resources
 from client.cri.store import ContainerRecord, ContainerState, PodRecord, PodState, PodStore
 
 __all__ = ["DEFAULT_NAMESPACE", "RUNTIME_HANDLERS", "PodService", "open_pod_service"]
@@ -102,6 +110,9 @@ class PodService:
         self.cgroup_parent = cgroup_parent
         self.pause_binary = pause_binary
         self._locks: dict[str, anyio.Lock] = {}
+        self._cpu_rates = stats.CpuRates()
+        self._events = EventFeed(self._shim_address, namespace)
+        self._runtime_config_path = os.path.join(os.path.dirname(log_root), "runtime-config.json")
 
     @asynccontextmanager
     async def _hold(self, pod_id: str) -> AsyncIterator[None]:
@@ -183,7 +194,7 @@ class PodService:
         pod_id = _new_id()
         # The pod's lock is held from before its CREATING record exists until it is READY or
         # gone: a CREATING record whose lock is free is what a crash leaves, for recovery.
-        async with self._hold(pod_id):
+        async with self._hold(pod_id), about(pod_id):
             record = self.store.create(PodRecord(pod_id, cfg.to_json(), handler, PodState.CREATING,
                                                  sandbox_namespace=self.namespace))
             failpoint("run:after-record")
@@ -193,6 +204,7 @@ class PodService:
                 with anyio.CancelScope(shield=True):
                     await self._rollback(self.store.get(pod_id))
                 raise
+        await self._pod_ready(pod_id)
         return pod_id
 
     async def _bring_up(self, record: PodRecord, cfg: PodSandboxConfig) -> None:
@@ -319,6 +331,7 @@ class PodService:
             for container in list(record.containers.values()):
                 await self._delete_task(container)
                 self.store.delete_container(record.pod_id, container.container_id, remember=True)
+                self._events.publish(CONTAINER_DELETED, container.container_id, record.pod_id)
             failpoint("remove:after-containers")
             # Stop ran DEL already; run it again in case that stop was interrupted: DEL is idempotent.
             await self._teardown_network(record, strict=True)
@@ -328,6 +341,7 @@ class PodService:
             shutil.rmtree(default_logs, ignore_errors=True)
             self.store.delete(record.pod_id, remember=True)
             failpoint("remove:after-record")
+            self._events.publish(CONTAINER_DELETED, record.pod_id, record.pod_id)
 
     async def pod_sandbox_status(self, pod_id: str, verbose: bool = False) -> dict[str, Any]:
         """PodSandboxStatus, CRI-shaped; ``verbose`` adds ``info`` (pid, netns, shim address, CNI)."""
@@ -418,6 +432,10 @@ class PodService:
         shim = self.controller.client_for(self.namespace, pod_id)
         return await shim.call(TASK_SERVICE, method, {"sandbox_id": pod_id, **payload}, timeout=timeout)
 
+    async def _shim_address(self, pod_id: str) -> str:
+        await self._load(pod_id)
+        return self.controller.client_for(self.namespace, pod_id).address
+
     def _log_path(self, pod: PodRecord, cfg: ContainerConfig) -> str:
         base = PodSandboxConfig.from_json(pod.config).log_directory or os.path.join(self.log_root, pod.pod_id)
         relative = cfg.log_path or f"{cfg.metadata.name}_{cfg.metadata.attempt}.log"
@@ -455,6 +473,7 @@ class PodService:
             except BaseException:
                 self.store.delete_container(pod.pod_id, container_id)
                 raise
+        self._events.publish(CONTAINER_CREATED, container_id, pod.pod_id)
         return container_id
 
     def _container(self, container_id: str) -> ContainerRecord:
@@ -472,6 +491,7 @@ class PodService:
             started = await self._task(c.pod_id, "Start", {"task_id": c.container_id})
             self.store.update_container(c.pod_id, c.container_id, state=ContainerState.RUNNING,
                                         pid=started["pid"], started_at=started["started_at"])
+        self._events.publish(CONTAINER_STARTED, c.container_id, c.pod_id)
 
     def _container_or_removed(self, container_id: str) -> ContainerRecord | None:
         """The container, or None when it was removed (NotFound only for an id never seen)."""
@@ -565,6 +585,8 @@ class PodService:
             await self._stop_container(c, 0)
             await self._delete_task(c)
             self.store.delete_container(c.pod_id, c.container_id, remember=True)
+        self._cpu_rates.forget(c.container_id)
+        self._events.publish(CONTAINER_DELETED, c.container_id, c.pod_id)
 
     async def container_status(self, container_id: str, verbose: bool = False) -> dict[str, Any]:
         """ContainerStatus, CRI-shaped."""
@@ -623,6 +645,171 @@ class PodService:
     def container_log_path(self, container_id: str) -> str:
         """Where a container's CRI-format log is."""
         return self._container(container_id).log_path
+
+    # -- running containers: exec, resources, logs ---------------------------------------------
+    async def _running(self, container_id: str) -> ContainerRecord:
+        """The container, brought up to date; FailedPrecondition unless it is RUNNING."""
+        c = await self._refresh_container(self._container(container_id))
+        if c.state is not ContainerState.RUNNING:
+            raise FailedPrecondition(f"container {c.container_id} is not running (it is CONTAINER_{c.state})")
+        return c
+
+    async def exec_sync(self, container_id: str, cmd: list[str], timeout: int = 0) -> dict[str, Any]:
+        """ExecSync: run ``cmd`` in a running container (its namespaces, cgroup, environment and
+        working directory) until it exits; ``{exit_code, stdout, stderr}`` (bytes, each at most the
+        shim's limit, 1 MiB: what is beyond is dropped, as containerd drops beyond its 16 MiB).
+
+        ``timeout`` is in seconds (0: none); when it passes the command and its session are killed
+        and DeadlineExceeded says so (containerd's answer, which kubelet reads as a probe that timed
+        out). Raises InvalidArgument (bad cmd or timeout), NotFound, FailedPrecondition (not
+        running; a program that cannot be run).
+        """
+        if not isinstance(cmd, (list, tuple)) or not cmd or not all(isinstance(a, str) for a in cmd):
+            raise InvalidArgument("cmd must be a non-empty array of strings")
+        if not isinstance(timeout, int) or isinstance(timeout, bool) or timeout < 0:
+            raise InvalidArgument(f"timeout must be a whole number of seconds, 0 or more, not {timeout!r}")
+        c = await self._running(container_id)
+        with about(c.pod_id, c.container_id):
+            reply = await self._task(c.pod_id, "Exec", {"task_id": c.container_id, "args": list(cmd),
+                                                        "timeout_secs": timeout or None},
+                                     timeout=timeout + CALL_TIMEOUT if timeout else None)
+            if reply.get("timed_out"):
+                raise DeadlineExceeded(f"command {shlex.join(cmd)!r} timed out after {timeout} s and was killed")
+            for stream in ("stdout", "stderr"):
+                if reply.get(f"{stream}_truncated"):
+                    log.info("exec %s: its %s was cut to the first %d bytes", shlex.join(cmd), stream,
+                             len(reply.get(stream) or b""))
+        return {"exit_code": reply["exit_status"], "stdout": bytes(reply.get("stdout") or b""),
+                "stderr": bytes(reply.get("stderr") or b"")}
+
+    async def update_container_resources(self, container_id: str, linux: Mapping[str, Any] | None) -> None:
+        """UpdateContainerResources: apply CRI's LinuxContainerResources ``linux`` (proto field
+        names; zero values mean "leave as it is") to a running container's cgroup. Raises
+        InvalidArgument naming a field that cannot be applied (nothing is changed then), NotFound,
+        FailedPrecondition (not running: a created container has no cgroup yet)."""
+        resources = shim_resources(linux)
+        c = await self._running(container_id)
+        if not resources:
+            return
+        with about(c.pod_id, c.container_id):
+            await self._task(c.pod_id, "Update", {"task_id": c.container_id, "resources": resources})
+            log.info("container resources updated: %s", ", ".join(f"{k}={v}" for k, v in sorted(resources.items())))
+
+    async def reopen_container_log(self, container_id: str) -> None:
+        """ReopenContainerLog: the container's log file is opened again (created if it was moved),
+        after a rotation. Raises NotFound, FailedPrecondition (not running; the file cannot be
+        opened: the previous one stays in use)."""
+        c = await self._running(container_id)
+        with about(c.pod_id, c.container_id):
+            await self._task(c.pod_id, "ReopenLog", {"task_id": c.container_id})
+
+    # -- stats ---------------------------------------------------------------------------------
+    async def container_stats(self, container_id: str) -> dict[str, Any]:
+        """ContainerStats, CRI-shaped: its cgroup's cpu and memory figures; a figure the host
+        cannot give (or a container that has none: never started, its shim gone) is left out."""
+        return await self._container_stats(await self._refresh_container(self._container(container_id)))
+
+    async def list_container_stats(self, filter: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
+        """ListContainerStats of the running containers, filtered as :meth:`list_containers`
+        (``id``, ``pod_sandbox_id``, ``label_selector``)."""
+        found = await self.list_containers({**(filter or {}), "state": "CONTAINER_RUNNING"})
+        out = []
+        for entry in found:
+            try:
+                out.append(await self._container_stats(self.store.get_container(entry["pod_sandbox_id"], entry["id"])))
+            except NotFound:
+                continue  # removed meanwhile
+        return out
+
+    async def _container_stats(self, c: ContainerRecord) -> dict[str, Any]:
+        doc: dict[str, Any] = {"attributes": stats.attributes(c.container_id, c.config.get("metadata") or {},
+                                                              c.labels, c.annotations)}
+        if c.state is ContainerState.CREATED:
+            return doc
+        try:
+            reply = await self._task(c.pod_id, "Stats", {"task_id": c.container_id})
+        except (Unavailable, NotFound):
+            return doc  # the shim or the task is gone: no figures
+        timestamp, data = reply.get("timestamp") or time.time_ns(), reply.get("data") or {}
+        cpu = stats.cpu_usage(c.container_id, timestamp, data, self._cpu_rates)
+        memory = stats.memory_usage(timestamp, data)
+        return {**doc, **({"cpu": cpu} if cpu else {}), **({"memory": memory} if memory else {})}
+
+    async def pod_stats(self, pod_id: str) -> dict[str, Any]:
+        """PodSandboxStats, CRI-shaped: the pod's cgroup (the pause and every container) and its
+        running containers' stats. FailedPrecondition unless the pod is ready."""
+        record = await self._refreshed(self._pod(pod_id))
+        if record.state is not PodState.READY:
+            raise FailedPrecondition(f"pod {record.pod_id} is not ready ({_POD_STATE[record.state]}): its sandbox "
+                                     "has no usage to report")
+        return await self._pod_stats(record)
+
+    async def list_pod_stats(self, filter: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
+        """ListPodSandboxStats of the ready pods, filtered by ``id`` (prefix) and ``label_selector``."""
+        f = dict(filter or {})
+        out = []
+        for entry in await self.list_pod_sandbox({"id": f.get("id"), "state": "SANDBOX_READY",
+                                                  "label_selector": f.get("label_selector")}):
+            try:
+                out.append(await self._pod_stats(self.store.get(entry["id"])))
+            except (NotFound, FailedPrecondition):
+                continue  # removed, or its shim died, meanwhile
+        return out
+
+    async def _pod_stats(self, record: PodRecord) -> dict[str, Any]:
+        metrics = await self.controller.metrics(self.namespace, record.pod_id)
+        timestamp, data = metrics.get("timestamp") or time.time_ns(), metrics.get("data") or {}
+        containers = [await self._container_stats(c) for c in record.containers.values() if c.state is ContainerState.RUNNING]
+        linux = {"cpu": stats.cpu_usage(record.pod_id, timestamp, data, self._cpu_rates),
+                 "memory": stats.memory_usage(timestamp, data),
+                 "process": stats.process_usage(timestamp, data),
+                 "containers": containers}
+        return {"attributes": stats.attributes(record.pod_id, record.config.get("metadata") or {}, record.labels,
+                                               record.annotations),
+                "linux": {k: v for k, v in linux.items() if v}}
+
+    # -- events --------------------------------------------------------------------------------
+    def events(self) -> AsyncContextManager[EventStream]:
+        """GetContainerEvents: ``async with pods.events() as events: async for event in events``.
+
+        Containers and pods created, started and removed here, and every container or pause that
+        exits (the shims' exit events), from now on (:mod:`client.cri.events`)."""
+        return self._events.subscribe([r.pod_id for r in self.store.list() if r.state is PodState.READY])
+
+    async def _pod_ready(self, pod_id: str) -> None:
+        self._events.publish(CONTAINER_CREATED, pod_id, pod_id)
+        self._events.publish(CONTAINER_STARTED, pod_id, pod_id)
+        await self._events.pod_started(pod_id)
+
+    # -- runtime config ------------------------------------------------------------------------
+    @property
+    def pod_cidr(self) -> str:
+        """The node's pod CIDR(s) as UpdateRuntimeConfig last set them ("" if never)."""
+        try:
+            doc = read_json(self._runtime_config_path)
+        except (OSError, ValueError):
+            return ""
+        return doc.get("pod_cidr", "") if isinstance(doc, dict) and isinstance(doc.get("pod_cidr"), str) else ""
+
+    def update_runtime_config(self, pod_cidr: str) -> None:
+        """UpdateRuntimeConfig: record the node's pod CIDR (one, or an IPv4 and an IPv6 one
+        separated by a comma) and say what it changes. The CNI plugins' own config (conf dir)
+        decides the pods' addresses: podshim writes no CNI config from it, as containerd without a
+        ``conf_template``. An empty CIDR changes nothing. Raises InvalidArgument for a bad CIDR."""
+        if not pod_cidr:
+            return
+        networks = []
+        for part in pod_cidr.split(","):
+            try:
+                networks.append(ipaddress.ip_network(part.strip(), strict=False))
+            except ValueError:
+                raise InvalidArgument(f"pod CIDR {part.strip()!r} is not a network such as 10.244.0.0/24") from None
+        text = ",".join(str(n) for n in networks)
+        if text == self.pod_cidr:
+            return
+        write_json_atomic(self._runtime_config_path, {"pod_cidr": text})
+        log.info("pod CIDR is now %s; the CNI config in %s still decides the pods' addresses (no config template)",
+                 text, self.cni.conf_dir if self.cni is not None else "(none)")
 
 
 def _check_sandbox_config(pod: PodRecord, sandbox_config: PodSandboxConfig | Mapping[str, Any]) -> None:

@@ -1,0 +1,226 @@
+"""The pod layer's operations on running pods: stats shaped as CRI's (figures left out, never
+invented), LinuxContainerResources as the shim's Update keys, the container event feed, log lines
+that name their pod; and exec, stats, update and log reopening through a real shim."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+
+import anyio
+import pytest
+
+from client.cri import stats
+from client.cri.events import CONTAINER_CREATED, CONTAINER_STOPPED, EVENT_QUEUE_LIMIT, EventFeed
+from client.cri.logcontext import IdsFilter, about, current
+from client.cri.resources import shim_resources
+from shim.rpc.status import DeadlineExceeded, FailedPrecondition, InvalidArgument, ResourceExhausted
+
+from podtools import container_config, pod_config, pod_service, roots  # noqa: F401  (roots: a fixture)
+
+
+# -- stats ---------------------------------------------------------------------------------------------
+
+FIGURES = {"cpu_usage_ns": 5_000_000, "memory_usage_bytes": 300, "memory_working_set_bytes": 200,
+           "memory_rss_bytes": 100, "memory_page_faults": 7, "memory_major_page_faults": 1,
+           "memory_limit_bytes": 1000, "pids_current": 2, "unavailable": []}
+
+
+def test_figures_become_cri_values_and_available_is_the_limit_less_the_working_set():
+    memory = stats.memory_usage(42, FIGURES)
+    assert memory == {"timestamp": 42, "working_set_bytes": {"value": 200}, "available_bytes": {"value": 800},
+                      "usage_bytes": {"value": 300}, "rss_bytes": {"value": 100}, "page_faults": {"value": 7},
+                      "major_page_faults": {"value": 1}}
+    assert stats.process_usage(42, FIGURES) == {"timestamp": 42, "process_count": {"value": 2}}
+
+
+def test_a_figure_the_shim_could_not_read_is_left_out_not_zero():
+    data = {**FIGURES, "memory_rss_bytes": None, "memory_limit_bytes": None, "pids_current": None,
+            "unavailable": ["memory_rss_bytes", "memory_limit_bytes", "pids_current"]}
+    memory = stats.memory_usage(42, data)
+    assert "rss_bytes" not in memory and "available_bytes" not in memory
+    assert stats.process_usage(42, data) is None
+    nothing = dict.fromkeys(FIGURES)
+    assert stats.memory_usage(42, nothing) is None and stats.cpu_usage("c", 42, nothing, stats.CpuRates()) is None
+
+
+def test_the_cpu_rate_needs_a_previous_sample_of_the_same_container():
+    rates = stats.CpuRates()
+    first = stats.cpu_usage("c", 1_000_000_000, {"cpu_usage_ns": 100}, rates)
+    assert first == {"timestamp": 1_000_000_000, "usage_core_nano_seconds": {"value": 100}}
+    second = stats.cpu_usage("c", 3_000_000_000, {"cpu_usage_ns": 1_000_000_100}, rates)
+    assert second["usage_nano_cores"] == {"value": 500_000_000}  # half a core over two seconds
+    assert "usage_nano_cores" not in stats.cpu_usage("other", 3_000_000_000, {"cpu_usage_ns": 5}, rates)
+    # A counter that went back (a new cgroup under the same id) gives no rate rather than a wrong one.
+    assert "usage_nano_cores" not in stats.cpu_usage("c", 4_000_000_000, {"cpu_usage_ns": 10}, rates)
+
+
+# -- resources -----------------------------------------------------------------------------------------
+
+def test_cri_resources_become_the_shims_keys_and_zero_values_mean_unset():
+    doc = {"cpu_period": "100000", "cpu_quota": 50000, "cpu_shares": 0, "memory_limit_in_bytes": "134217728",
+           "oom_score_adj": 0, "cpuset_cpus": "0", "cpuset_mems": "", "memory_swap_limit_in_bytes": 0,
+           "hugepage_limits": [{"page_size": "2MB", "limit": "2097152"}], "unified": {}}
+    assert shim_resources(doc) == {"cpu_period_us": 100000, "cpu_quota_us": 50000,
+                                   "memory_limit_bytes": 134217728, "cpuset_cpus": "0",
+                                   "hugepage_limits": {"2MB": 2097152}}
+    assert shim_resources(None) == {} and shim_resources({}) == {}
+
+
+@pytest.mark.parametrize("doc,message", [
+    ({"cpu_shares": "many"}, "linux.cpu_shares must be an integer, got 'many'"),
+    ({"cpuset_cpus": 3}, "linux.cpuset_cpus must be a string"),
+    ({"blkio_weight": 10}, "linux.blkio_weight is not a field of CRI's LinuxContainerResources"),
+    ({"hugepage_limits": [{"limit": 1}]}, r"linux.hugepage_limits\[0\] must be an object with a page_size"),
+])
+def test_a_field_that_is_not_crs_or_of_the_wrong_type_is_refused_by_name(doc, message):
+    with pytest.raises(InvalidArgument, match=message):
+        shim_resources(doc)
+
+
+# -- log lines -----------------------------------------------------------------------------------------
+
+def test_lines_logged_about_a_pod_carry_its_ids_even_from_tasks_started_inside():
+    records = []
+
+    class Keep(logging.Handler):
+        def emit(self, record):
+            records.append(record)
+
+    handler = Keep()
+    handler.addFilter(IdsFilter())
+    logger = logging.getLogger("test.logcontext")
+    logger.addHandler(handler)
+    logger.propagate = False
+    try:
+        async def main():
+            async with about("pod1"):
+                with about(container_id="ctr1"):
+                    async with anyio.create_task_group() as tg:
+                        tg.start_soon(lambda: _log(logger, "inside"))
+                logger.warning("pod only")
+            logger.warning("nothing")
+            assert current() == ("", "")
+
+        anyio.run(main)
+        logger.warning("named", extra={"pod_id": "pod2"})
+    finally:
+        logger.removeHandler(handler)
+    assert [(r.getMessage(), r.ids) for r in records] == [
+        ("inside", " pod_id=pod1 container_id=ctr1"), ("pod only", " pod_id=pod1"), ("nothing", ""),
+        ("named", " pod_id=pod2")]
+
+
+async def _log(logger: logging.Logger, message: str) -> None:
+    logger.warning(message)
+
+
+# -- the event feed ------------------------------------------------------------------------------------
+
+async def nowhere(pod_id: str) -> str:
+    return "unix:///nonexistent/shim.sock"
+
+
+async def test_every_subscriber_gets_every_event_published_after_it_subscribed():
+    feed = EventFeed(nowhere, "k8s.io")
+    feed.publish(CONTAINER_CREATED, "early", "pod")
+    async with feed.subscribe([]) as first, feed.subscribe([]) as second:
+        feed.publish(CONTAINER_CREATED, "c1", "pod")
+        feed.publish(CONTAINER_STOPPED, "pod", "pod", created_at=7)
+        for events in (first, second):
+            got = [await events.__anext__(), await events.__anext__()]
+            assert [(e.container_id, e.kind) for e in got] == [("c1", CONTAINER_CREATED), ("pod", CONTAINER_STOPPED)]
+            assert got[1].created_at == 7 and got[1].about_pod
+
+
+async def test_a_subscriber_that_falls_behind_is_dropped_with_resource_exhausted():
+    feed = EventFeed(nowhere, "k8s.io")
+    async with feed.subscribe([]) as events:
+        for i in range(EVENT_QUEUE_LIMIT + 1):
+            feed.publish(CONTAINER_CREATED, f"c{i}", "pod")
+        drained = 0
+        with pytest.raises(ResourceExhausted, match="fell 1024 events behind"):
+            async for _ in events:
+                drained += 1
+        assert drained == EVENT_QUEUE_LIMIT
+
+
+async def test_a_pod_whose_shim_cannot_be_reached_is_not_watched_and_nothing_fails():
+    feed = EventFeed(nowhere, "k8s.io")
+    async with feed.subscribe(["gone"]) as events:
+        await feed.pod_started("also-gone")
+        feed.publish(CONTAINER_CREATED, "c", "pod")
+        assert (await events.__anext__()).container_id == "c"
+
+
+# -- through a real shim -------------------------------------------------------------------------------
+
+async def run_container(pods, command: list[str]) -> tuple[str, str]:
+    pod_id = await pods.run_pod_sandbox(pod_config())
+    container_id = await pods.create_container(pod_id, container_config(command))
+    await pods.start_container(container_id)
+    return pod_id, container_id
+
+
+async def test_exec_sync_through_the_pod_layer(roots):
+    async with pod_service(roots) as pods:
+        _, container_id = await run_container(pods, ["sleep", "600"])
+        result = await pods.exec_sync(container_id, ["sh", "-c", "echo $PATH; pwd; echo oops >&2; exit 4"])
+        assert result == {"exit_code": 4, "stdout": b"/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin\n/\n",
+                          "stderr": b"oops\n"}
+        with pytest.raises(DeadlineExceeded, match="command 'sleep 30' timed out after 1 s and was killed"):
+            await pods.exec_sync(container_id, ["sleep", "30"], timeout=1)
+        with pytest.raises(InvalidArgument, match="cmd must be a non-empty array of strings"):
+            await pods.exec_sync(container_id, [])
+
+
+async def test_stats_update_and_reopen_through_the_pod_layer(roots, tmp_path):
+    async with pod_service(roots) as pods:
+        pod_id, container_id = await run_container(pods, ["sleep", "600"])
+        found = await pods.container_stats(container_id)
+        assert found["attributes"]["id"] == container_id and found["memory"]["usage_bytes"]["value"] > 0
+        assert found["cpu"]["usage_core_nano_seconds"]["value"] > 0
+        pod = await pods.pod_stats(pod_id)
+        assert [c["attributes"]["id"] for c in pod["linux"]["containers"]] == [container_id]
+        assert pod["linux"]["process"]["process_count"]["value"] >= 2
+        await pods.update_container_resources(container_id, {"cpu_shares": "512"})
+        pid = (await pods.container_status(container_id, verbose=True))["info"]["pid"]
+        with open(f"/proc/{pid}/cgroup") as f:
+            cpu = next(line.split(":", 2)[2].strip() for line in f if ":cpu," in line or ":cpu:" in line)
+        with open(os.path.join("/sys/fs/cgroup/cpu", cpu.lstrip("/"), "cpu.shares")) as f:
+            assert f.read().strip() == "512"
+        log_path = pods.container_log_path(container_id)
+        os.rename(log_path, log_path + ".1")
+        await pods.reopen_container_log(container_id)
+        assert os.path.isfile(log_path)
+        await pods.stop_container(container_id, timeout=0)
+        with pytest.raises(FailedPrecondition, match="is not running"):
+            await pods.reopen_container_log(container_id)
+        assert [s["attributes"]["id"] for s in await pods.list_container_stats()] == []
+
+
+async def test_events_through_the_pod_layer_see_a_container_exit(roots):
+    async with pod_service(roots) as pods:
+        pod_id = await pods.run_pod_sandbox(pod_config())
+        async with pods.events() as events:
+            container_id = await pods.create_container(pod_id, container_config(["sh", "-c", "exit 2"]))
+            await pods.start_container(container_id)
+            kinds = []
+            async for event in events:
+                kinds.append(event.kind)
+                if event.kind == CONTAINER_STOPPED:
+                    break
+        assert kinds == ["CONTAINER_CREATED_EVENT", "CONTAINER_STARTED_EVENT", "CONTAINER_STOPPED_EVENT"]
+
+
+async def test_update_runtime_config_keeps_the_pod_cidr_across_reopening(roots):
+    async with pod_service(roots) as pods:
+        assert pods.pod_cidr == ""
+        pods.update_runtime_config("10.244.1.0/24, fd00:10:244:1::/64")
+        with pytest.raises(InvalidArgument, match="'10.244.1.0/40' is not a network"):
+            pods.update_runtime_config("10.244.1.0/40")
+    async with pod_service(roots) as pods:
+        assert pods.pod_cidr == "10.244.1.0/24,fd00:10:244:1::/64"
+    with open(os.path.join(roots[0], "runtime-config.json")) as f:
+        assert json.load(f) == {"pod_cidr": "10.244.1.0/24,fd00:10:244:1::/64"}
