@@ -21,6 +21,7 @@ import asyncio
 import logging
 import sys
 
+from client.cri import logcontext
 from shim.daemon import setup_logging
 from shim.launch.notify import Notifier
 from shim.rpc.channel import install_uvloop
@@ -43,6 +44,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"podshimd: {exc}", file=sys.stderr)
         return 1
     setup_logging(debug=config.log_level == "debug")
+    logcontext.install()  # pod_id= and container_id= on every line about a pod
     logging.getLogger().setLevel(config.log_level.upper())
     install_uvloop()
     notifier = Notifier.from_env()

@@ -3,8 +3,9 @@
 Containers run on the host's root filesystem; ContainerConfig.image is only recorded. So, as CRI
 specifies for a store that holds nothing: ListImages lists nothing, ImageStatus of any image says
 it is not present (an empty response, no error), RemoveImage of any image succeeds (removing what
-is not there is no error), ImageFsInfo lists no filesystem (the store uses none); PullImage cannot succeed and answers UNIMPLEMENTED with a sentence
-(crictl create pulls only when asked to: --with-pull).
+is not there is no error); PullImage cannot succeed and answers UNIMPLEMENTED with a sentence
+(crictl create pulls only when asked to: --with-pull). ImageFsInfo measures the (empty) store's
+filesystem: :mod:`.images`.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ __all__ = ["EmptyImageStore"]
 
 
 class EmptyImageStore(Handlers):
-    """ListImages, ImageStatus, PullImage, RemoveImage, ImageFsInfo over a store that holds nothing."""
+    """ListImages, ImageStatus, PullImage, RemoveImage over a store that holds nothing."""
 
     async def ListImages(self, request: api_pb2.ListImagesRequest, context: Any) -> api_pb2.ListImagesResponse:
         return api_pb2.ListImagesResponse()
@@ -34,6 +35,3 @@ class EmptyImageStore(Handlers):
 
     async def RemoveImage(self, request: api_pb2.RemoveImageRequest, context: Any) -> api_pb2.RemoveImageResponse:
         return api_pb2.RemoveImageResponse()
-
-    async def ImageFsInfo(self, request: api_pb2.ImageFsInfoRequest, context: Any) -> api_pb2.ImageFsInfoResponse:
-        return api_pb2.ImageFsInfoResponse()

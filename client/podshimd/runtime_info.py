@@ -34,6 +34,7 @@ class RuntimeInfo(Handlers):
         info = {}
         if request.verbose:
             info["config"] = _config_json(self.config)
+            info["podCIDR"] = json.dumps(self.pods.pod_cidr)  # as UpdateRuntimeConfig set it
         return api_pb2.StatusResponse(status=api_pb2.RuntimeStatus(conditions=conditions), info=info)
 
     def _network_condition(self) -> api_pb2.RuntimeCondition:

@@ -41,15 +41,21 @@ from shim.launch.notify import Notifier
 from shim.rpc.files import ensure_private_dir
 from shim.rpc.status import RpcError, Unimplemented
 
+from . import metrics
 from .config import Config
 from .containers import Containers
 from .emptystore import EmptyImageStore
 from .errors import translated
+from .events import Events
+from .execsync import SyncExec
 from .handlers import Changes, Handlers
+from .images import ImageFilesystem
 from .relay import ActivationError, inherited_listener, start_relay
 from .runtime_info import KUBELET_API_VERSION, RUNTIME_API_VERSION, RUNTIME_NAME, RuntimeInfo
 from .sandboxes import Sandboxes
+from .stats import Stats
 from .streaming import Streaming
+from .upkeep import Upkeep
 
 __all__ = ["RUNTIME_NAME", "RUNTIME_API_VERSION", "KUBELET_API_VERSION", "SHUTDOWN_GRACE", "CHANGES_GRACE",
            "RUNTIME_GROUPS", "IMAGE_GROUPS", "DaemonError", "compose", "serve"]
@@ -68,9 +74,10 @@ CAN_CONNECT_TIMEOUT = 0.1
 # -- the services: add a handler group here --------------------------------------------------------
 #: The handler groups of runtime.v1.RuntimeService, each a :class:`.handlers.Handlers` subclass
 #: in a module of its own whose methods are named after the service's RPCs.
-RUNTIME_GROUPS: tuple[type[Handlers], ...] = (RuntimeInfo, Sandboxes, Containers, Streaming)
+RUNTIME_GROUPS: tuple[type[Handlers], ...] = (RuntimeInfo, Sandboxes, Containers, Streaming, SyncExec, Upkeep,
+                                               Stats, Events)
 #: The handler groups of runtime.v1.ImageService.
-IMAGE_GROUPS: tuple[type[Handlers], ...] = (EmptyImageStore,)
+IMAGE_GROUPS: tuple[type[Handlers], ...] = (EmptyImageStore, ImageFilesystem)
 
 
 class DaemonError(Exception):
@@ -102,9 +109,9 @@ def compose(servicer: type, groups: Iterable[type[Handlers]]) -> type:
                 raise TypeError(f"{group.__qualname__}.{name} is not an RPC of {service.full_name}")
             if name in handlers:
                 raise TypeError(f"{service.full_name}.{name} is defined by both {owner[name]} and {group.__qualname__}")
-            handlers[name], owner[name] = translated(value), group.__qualname__
+            handlers[name], owner[name] = metrics.observed(name, translated(value)), group.__qualname__
     for name in rpcs - handlers.keys():
-        handlers[name] = translated(_unimplemented(service.full_name, name))
+        handlers[name] = metrics.observed(name, translated(_unimplemented(service.full_name, name)))
     return type(service.name, (*groups, servicer), {**handlers, "__doc__": f"{service.full_name}, composed "
                                                     f"from {', '.join(g.__qualname__ for g in groups)}."})
 
@@ -209,6 +216,12 @@ async def serve(config: Config, *, notifier: Notifier | None = None) -> None:
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(grpc_path)
             pods = await _open_pods(stack, config)
+            if config.metrics_address:
+                try:
+                    stack.callback(metrics.start(config.metrics_address, pods).close)
+                except OSError as exc:
+                    raise DaemonError(f"cannot serve metrics on {config.metrics_address}: "
+                                      f"{exc.strerror or exc}") from None
             server = grpc.aio.server()
             api_pb2_grpc.add_RuntimeServiceServicer_to_server(RuntimeService(config, pods, changes), server)
             api_pb2_grpc.add_ImageServiceServicer_to_server(ImageService(config, pods, changes), server)

@@ -99,9 +99,9 @@ def test_crictl_info_shows_the_config_in_effect(daemon, crictl):
 
 def test_methods_not_implemented_yet_answer_unimplemented_with_a_sentence(daemon):
     with pytest.raises(grpc.RpcError) as failed:
-        daemon.runtime().ReopenContainerLog(api_pb2.ReopenContainerLogRequest(container_id="x"))
+        daemon.runtime().CheckpointContainer(api_pb2.CheckpointContainerRequest(container_id="x"))
     assert failed.value.code() == grpc.StatusCode.UNIMPLEMENTED
-    assert failed.value.details() == "podshimd does not implement runtime.v1.RuntimeService.ReopenContainerLog yet"
+    assert failed.value.details() == "podshimd does not implement runtime.v1.RuntimeService.CheckpointContainer yet"
 
 
 # -- the socket ------------------------------------------------------------------------------------

@@ -1,0 +1,68 @@
+"""ImageService's ImageFsInfo: the usage of the filesystem images are kept on.
+
+The image store is ``<state root>/images`` (made 0700 on first use); podshim keeps no image there
+yet, so its usage is that of an empty store, measured, not assumed. The figures are what kubelet's
+image garbage collection reads: ``used_bytes`` (the store's files' allocated blocks, each inode
+once) and ``inodes_used``; ``fs_id.mountpoint`` is the store's directory, from which kubelet finds
+the filesystem's device and capacity. The walk runs in a thread: a large store never stalls the
+daemon's loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import stat
+import time
+from typing import Any
+
+from client.criapi import api_pb2
+from shim.rpc.files import ensure_private_dir
+from shim.rpc.status import Internal
+
+from .handlers import Handlers
+
+__all__ = ["IMAGE_STORE_DIR", "ImageFilesystem", "usage"]
+
+#: The image store, below the state root.
+IMAGE_STORE_DIR = "images"
+
+
+def usage(root: str) -> tuple[int, int]:
+    """(bytes allocated, inodes) of ``root`` and everything below it, each inode counted once;
+    symbolic links are counted, never followed, and other filesystems mounted below are skipped."""
+    device = os.lstat(root).st_dev
+    seen: set[int] = set()
+    used = 0
+    pending = [root]
+    while pending:
+        path = pending.pop()
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            continue  # removed while we walked
+        if st.st_dev != device or st.st_ino in seen:
+            continue
+        seen.add(st.st_ino)
+        used += st.st_blocks * 512
+        if stat.S_ISDIR(st.st_mode):
+            try:
+                pending.extend(entry.path for entry in os.scandir(path))
+            except FileNotFoundError:
+                pass
+    return used, len(seen)
+
+
+class ImageFilesystem(Handlers):
+    """ImageFsInfo."""
+
+    async def ImageFsInfo(self, request: api_pb2.ImageFsInfoRequest, context: Any) -> api_pb2.ImageFsInfoResponse:
+        store = os.path.join(self.config.state_root, IMAGE_STORE_DIR)
+        try:
+            ensure_private_dir(store, 0o700, keep_mode=True)
+            used, inodes = await asyncio.to_thread(usage, store)
+        except OSError as exc:
+            raise Internal(f"cannot measure the image store {store}: {exc.strerror}") from None
+        return api_pb2.ImageFsInfoResponse(image_filesystems=[api_pb2.FilesystemUsage(
+            timestamp=time.time_ns(), fs_id=api_pb2.FilesystemIdentifier(mountpoint=store),
+            used_bytes=api_pb2.UInt64Value(value=used), inodes_used=api_pb2.UInt64Value(value=inodes))])

@@ -1,0 +1,51 @@
+"""RuntimeService's ContainerStats, ListContainerStats, PodSandboxStats and ListPodSandboxStats
+(``crictl stats``, ``crictl statsp``; kubelet's CRI stats provider). The figures are the shims'
+cgroup readings (protocol.md: SandboxMetrics, Task Stats), shaped by the pod layer
+(:mod:`client.cri.stats`); a figure the host cannot give is left unset, never zero."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from google.protobuf import json_format
+
+from client.criapi import api_pb2
+
+from .handlers import Handlers
+
+__all__ = ["Stats"]
+
+
+def _container_stats(doc: Mapping[str, Any]) -> api_pb2.ContainerStats:
+    return json_format.ParseDict(doc, api_pb2.ContainerStats(), ignore_unknown_fields=True)
+
+
+def _pod_stats(doc: Mapping[str, Any]) -> api_pb2.PodSandboxStats:
+    return json_format.ParseDict(doc, api_pb2.PodSandboxStats(), ignore_unknown_fields=True)
+
+
+class Stats(Handlers):
+    """The stats handlers."""
+
+    async def ContainerStats(self, request: api_pb2.ContainerStatsRequest,
+                             context: Any) -> api_pb2.ContainerStatsResponse:
+        return api_pb2.ContainerStatsResponse(stats=_container_stats(await self.pods.container_stats(
+            request.container_id)))
+
+    async def ListContainerStats(self, request: api_pb2.ListContainerStatsRequest,
+                                 context: Any) -> api_pb2.ListContainerStatsResponse:
+        f = request.filter
+        found = await self.pods.list_container_stats({"id": f.id or None, "pod_sandbox_id": f.pod_sandbox_id or None,
+                                                      "label_selector": dict(f.label_selector)})
+        return api_pb2.ListContainerStatsResponse(stats=[_container_stats(doc) for doc in found])
+
+    async def PodSandboxStats(self, request: api_pb2.PodSandboxStatsRequest,
+                              context: Any) -> api_pb2.PodSandboxStatsResponse:
+        return api_pb2.PodSandboxStatsResponse(stats=_pod_stats(await self.pods.pod_stats(request.pod_sandbox_id)))
+
+    async def ListPodSandboxStats(self, request: api_pb2.ListPodSandboxStatsRequest,
+                                  context: Any) -> api_pb2.ListPodSandboxStatsResponse:
+        f = request.filter
+        found = await self.pods.list_pod_stats({"id": f.id or None, "label_selector": dict(f.label_selector)})
+        return api_pb2.ListPodSandboxStatsResponse(stats=[_pod_stats(doc) for doc in found])

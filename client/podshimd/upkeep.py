@@ -1,0 +1,39 @@
+"""RuntimeService's UpdateContainerResources, ReopenContainerLog and UpdateRuntimeConfig: changes
+to what runs, not to its life. The semantics are the pod layer's (:class:`client.cri.pod.PodService`)
+and the shim's (protocol.md 7.3, Update and ReopenLog)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from google.protobuf import json_format
+
+from client.criapi import api_pb2
+from shim.rpc.status import InvalidArgument
+
+from .handlers import Handlers
+
+__all__ = ["Upkeep"]
+
+
+class Upkeep(Handlers):
+    """UpdateContainerResources, ReopenContainerLog, UpdateRuntimeConfig."""
+
+    async def UpdateContainerResources(self, request: api_pb2.UpdateContainerResourcesRequest,
+                                       context: Any) -> api_pb2.UpdateContainerResourcesResponse:
+        if request.HasField("windows"):
+            raise InvalidArgument("windows resources cannot be applied to a Linux container")
+        linux = json_format.MessageToDict(request.linux, preserving_proto_field_name=True) \
+            if request.HasField("linux") else None
+        await self.pods.update_container_resources(request.container_id, linux)
+        return api_pb2.UpdateContainerResourcesResponse()
+
+    async def ReopenContainerLog(self, request: api_pb2.ReopenContainerLogRequest,
+                                 context: Any) -> api_pb2.ReopenContainerLogResponse:
+        await self.pods.reopen_container_log(request.container_id)
+        return api_pb2.ReopenContainerLogResponse()
+
+    async def UpdateRuntimeConfig(self, request: api_pb2.UpdateRuntimeConfigRequest,
+                                  context: Any) -> api_pb2.UpdateRuntimeConfigResponse:
+        self.pods.update_runtime_config(request.runtime_config.network_config.pod_cidr)
+        return api_pb2.UpdateRuntimeConfigResponse()
