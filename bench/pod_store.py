@@ -2,9 +2,9 @@
 
     python3 bench/pod_store.py [--pods 0,100,1000] [--rounds 200]
 
-The store caches nothing (other processes may change the files at any time), so a name check
-(create), a container lookup by prefix and a listing read every record, while get, update and
-the container changes read one. Each round is one pod's store traffic as RunPodSandbox, a
+Other processes may change the files at any time, so a name check (create), a container lookup
+by prefix and a listing read every record file (decoding again only those whose bytes changed),
+while get, update and the container changes read one. Each round is one pod's store traffic as RunPodSandbox, a
 container's life and RemovePodSandbox make it, in a private temporary directory (fsync
 included: the directory is on the same filesystem as /tmp). Prints a markdown table of p50 and
 p99 (nearest rank) per operation, in ms.

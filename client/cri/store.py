@@ -16,8 +16,8 @@ moves are the tables :data:`POD_TRANSITIONS` and :data:`CONTAINER_TRANSITIONS`; 
 refuses any other with FailedPrecondition. Staying in a state is not a move.
 
 **Many processes, one root.** podshimctl, podshimd and any Controller user may open the same
-root at the same time. Every read looks at the files (a parsed record is reused only while its
-file is provably the same one), so a change is seen by every process at once. Two kinds of
+root at the same time. Every read reads the files (a record is decoded again only when its
+bytes changed), so a change is seen by every process at once. Two kinds of
 flock keep them apart; the kernel drops both when a process dies, so kill -9 never
 leaves a lock held:
 
@@ -139,9 +139,6 @@ _REMOVED_CONTAINERS = "removed-containers.json"
 #: How long a wait for another process's pod lock sleeps between tries, at first and at most.
 _LOCK_POLL_FIRST = 0.002
 _LOCK_POLL_MAX = 0.05
-#: How old a record file's timestamps must be before its parse is cached (see PodStore._parse):
-#: well above the kernel's timestamp tick (a jiffy, at most 10 ms).
-_CACHE_SETTLED_NS = 100_000_000
 #: How many candidates an "ambiguous prefix" error names.
 _MAX_CANDIDATES_SHOWN = 10
 
@@ -444,8 +441,8 @@ class PodStore:
         self._store_fd: int | None = None
         self._depth = 0
         self._reported: set[str] = set()  # newer-version records already logged
-        # pod id → (file identity, record): parses of files that have not changed since (_parse)
-        self._cache: dict[str, tuple[tuple[int, ...], PodRecord]] = {}
+        # pod id → (the record file's bytes, the record): the last parse of each (_parse)
+        self._cache: dict[str, tuple[bytes, PodRecord]] = {}
         self._clean_up()
 
     # -- files and locks -------------------------------------------------------------------
@@ -511,31 +508,21 @@ class PodStore:
     # -- reading -----------------------------------------------------------------------------
 
     def _parse(self, pod_id: str, path: str) -> PodRecord:
-        """Read and check a record file, or take it from the cache if that file is unchanged.
-
-        A file is known by (device, inode, size, mtime, ctime), read from the descriptor the
-        bytes come from. Every write makes a new file, but its inode may be one just freed and
-        a timestamp is only as fine as the kernel's coarse clock: a file replaced within one
-        tick could look unchanged. So a parse is cached only once the file's timestamps are
-        older than :data:`_CACHE_SETTLED_NS` ("racy git"): any file made later differs.
-        """
+        """Read and check a record file; the same bytes as last time give the same record
+        without decoding and checking them again (most of a read's cost)."""
         with open(path, "rb") as f:
-            st = os.fstat(f.fileno())
-            identity = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
-            cached = self._cache.get(pod_id)
-            if cached is not None and cached[0] == identity:
-                return cached[1]
-            doc = decode_json(f.read(), path)
+            data = f.read()
+        cached = self._cache.get(pod_id)
+        if cached is not None and cached[0] == data:
+            return cached[1]
+        doc = decode_json(data, path)
         if not isinstance(doc, dict):
             raise InvalidArgument("it is not a JSON object")
         record = PodRecord.from_json(doc)
         record.check()
         if record.pod_id != pod_id:
             raise InvalidArgument(f"it holds pod {record.pod_id!r}")
-        if time.time_ns() - max(st.st_mtime_ns, st.st_ctime_ns) > _CACHE_SETTLED_NS:
-            self._cache[pod_id] = (identity, record)
-        else:
-            self._cache.pop(pod_id, None)
+        self._cache[pod_id] = (data, record)
         return record
 
     def _read(self, pod_id: str) -> PodRecord | None:
