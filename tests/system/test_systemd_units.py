@@ -19,6 +19,7 @@ from client.systemd import SystemdSpawner, activation_socket_path, instance_name
 from shim.paths import BOOTSTRAP_FILE, STATE_FILE, read_json
 from shim.rpc import Client
 from shim.rpc.api import SANDBOX_SERVICE
+from shim.rpc.processes import proc_start_time
 from shim.rpc.status import InvalidArgument
 from shimtools import host_untouched, shims  # noqa: F401  (fixtures)
 from shimtools import PODSHIM, WAIT, ProcessRef, mounts_naming, new_id
@@ -289,7 +290,8 @@ async def test_the_shim_runs_on_the_first_connection_and_is_ready_only_once_it_s
         # server accepts: the bootstrap is written and our queued connection is answered.
         assert ready["READY"] == "1" and pid == int(ready["MAINPID"]) == shim.process.pid
         assert read_json(os.path.join(shim.bundle, BOOTSTRAP_FILE)) == {
-            "version": 3, "address": shim.address, "protocol": "ttrpc+msgpack", "pid": shim.process.pid}
+            "version": 3, "address": shim.address, "protocol": "ttrpc+msgpack", "pid": shim.process.pid,
+            "start_time": proc_start_time(shim.process.pid)}
         assert await shim.call(client, "PingSandbox") == {}
         # It serves systemd's socket and made none of its own.
         assert not os.path.exists(os.path.join(shim.runtime_root, "s"))
