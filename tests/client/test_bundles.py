@@ -78,3 +78,41 @@ def test_a_scan_removes_a_hidden_leftover_but_not_one_being_made(roots):
         assert os.listdir(namespace) == [".sb2.4e5f6071"]
     finally:
         busy.release()
+
+
+def _write_json(path, doc) -> None:
+    import json
+
+    with open(path, "w") as f:
+        json.dump(doc, f)
+
+
+def test_the_shims_process_comes_from_the_bootstrap_or_an_older_ones_state_json(tmp_path, sleeper):
+    from client.bundles import ShimProcess, read_bootstrap, read_shim_process
+    from shim.rpc.processes import proc_start_time
+
+    pid, start = sleeper.pid, proc_start_time(sleeper.pid)
+    boot = {"version": 3, "address": "unix:///run/x.sock", "protocol": "ttrpc+msgpack", "pid": pid}
+    _write_json(tmp_path / "bootstrap.json", {**boot, "start_time": start})
+    assert read_shim_process(str(tmp_path), read_bootstrap(str(tmp_path))) == ShimProcess(pid, start)
+    # An older shim wrote no start_time: state.json's, when it names the same pid...
+    _write_json(tmp_path / "bootstrap.json", boot)
+    _write_json(tmp_path / "state.json", {"shim_pid": pid, "shim_start_time": start})
+    old = read_bootstrap(str(tmp_path))
+    assert old.start_time is None and read_shim_process(str(tmp_path), old) == ShimProcess(pid, start)
+    assert read_shim_process(str(tmp_path), old).alive()
+    # ...else the pid alone; and with no pid in the bootstrap (a socket unit's), state.json's.
+    _write_json(tmp_path / "state.json", {"shim_pid": pid + 1, "shim_start_time": start})
+    assert read_shim_process(str(tmp_path), old) == ShimProcess(pid, None)
+    _write_json(tmp_path / "bootstrap.json", {**boot, "pid": 0})
+    assert read_shim_process(str(tmp_path), read_bootstrap(str(tmp_path))) == ShimProcess(pid + 1, start)
+    os.unlink(tmp_path / "state.json")
+    assert read_shim_process(str(tmp_path), read_bootstrap(str(tmp_path))) is None
+
+
+def test_a_process_with_another_start_time_is_not_the_shim(sleeper):
+    from client.bundles import ShimProcess
+    from shim.rpc.processes import proc_start_time
+
+    assert not ShimProcess(sleeper.pid, proc_start_time(sleeper.pid) + 1).alive()
+    assert ShimProcess(sleeper.pid, proc_start_time(sleeper.pid) + 1).open_pidfd() is None
