@@ -106,8 +106,9 @@ def _log_tail(bundle: str, lines: int = 10) -> str:
 class Spare:
     """A shim forked ahead of time, waiting for its sandbox (see :func:`fork_spare`).
 
-    ``channel``: the template's end of the spare's socket pair (the assignment goes out, "R"
-    comes back). ``go_fd``: the pipe its intermediate child waits on. Closing both without
+    ``channel``: the template's end of the spare's socket pair ("P<pid>" from the intermediate
+    child and "S" from the spare come in before it counts as a spare; then the assignment goes
+    out and "R" comes back). ``go_fd``: the pipe its intermediate child waits on. Closing both without
     :meth:`take` retires the spare: both processes exit.
     """
 
@@ -137,7 +138,8 @@ class Spare:
 
 
 def fork_spare() -> Spare:
-    """Double-fork a spare shim; return once it exists. The caller reaps the intermediate
+    """Double-fork a spare shim; return once it is ready: named ``podshim-spare``, set up and
+    waiting for its assignment (:func:`_wait_standing_by`). The caller reaps the intermediate
     child (SIGCHLD), which exits when the spare is taken or retired. Raises OSError."""
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     go_r, go_w = os.pipe2(os.O_CLOEXEC)
@@ -154,16 +156,40 @@ def fork_spare() -> Spare:
         os.close(go_r)
     spare = Spare(0, ours, go_w)
     try:
-        ours.settimeout(START_TIMEOUT)
-        message = ours.recv(64)
-        ours.settimeout(None)
-        if not (message.startswith(b"P") and message[1:].isdigit()):
-            raise OSError(errno.ECHILD, "the spare shim's intermediate child exited without forking it")
-        spare.pid = int(message[1:])
+        spare.pid = _wait_standing_by(ours, START_TIMEOUT)
     except BaseException:
         spare.close()  # the intermediate child (and the spare, if any) exit on EOF
         raise
     return spare
+
+
+def _wait_standing_by(channel: socket.socket, timeout: float) -> int:
+    """The spare's pid, once both messages are in: ``P<pid>`` from the intermediate child and
+    ``S`` from the spare itself (named, set up, waiting for its assignment), in either order.
+    Until then the spare is not reported (Ping's ``spare_pid`` is a spare that is ready).
+    Raises OSError if either process exits first or ``timeout`` passes."""
+    deadline = time.monotonic() + timeout
+    pid: int | None = None
+    standing_by = False
+    while pid is None or not standing_by:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise OSError(errno.ETIMEDOUT, f"the spare shim was not ready within {timeout:.0f}s")
+        channel.settimeout(left)
+        try:
+            message = channel.recv(64)
+        except TimeoutError:
+            continue  # the deadline check above raises
+        if message == b"S":
+            standing_by = True
+        elif message.startswith(b"P") and message[1:].isdigit():
+            pid = int(message[1:])
+        elif not message:  # both ends closed: one of them died before it was ready
+            raise OSError(errno.ECHILD, "the spare shim exited before it was ready")
+        else:
+            raise OSError(errno.EPROTO, f"the spare shim sent {message[:16]!r}")
+    channel.settimeout(None)
+    return pid
 
 
 def _spare_intermediate(channel: socket.socket, go_r: int) -> NoReturn:
@@ -208,6 +234,7 @@ def _spare_wait(channel: socket.socket) -> NoReturn:
         setup_logging()
         install_uvloop()
         loop = asyncio.new_event_loop()
+        channel.send(b"S")  # standing by: only now does the template report us as its spare
         message, fds, _, _ = socket.recv_fds(channel, 65536, 1)
         if not message:  # the template retired us, or died
             for fd in fds:
