@@ -12,6 +12,7 @@ Here, where both sides may import it (stdlib only): the shim signals its pauses 
 
 from __future__ import annotations
 
+import errno
 import os
 import select
 import signal
@@ -124,6 +125,11 @@ def open_pidfd(pid: int | None, start_time: int | None) -> int | None:
         fd = os.pidfd_open(pid)
     except ProcessLookupError:
         return None
+    except OSError as exc:
+        # The pid is now a thread of another process (pid reuse): ENOENT, EINVAL before Linux 6.9.
+        if exc.errno in (errno.ENOENT, errno.EINVAL):
+            return None
+        raise
     try:
         if _is(proc_stat(pid), start_time):
             return fd

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 
-from shim.rpc.processes import open_pidfd, pidfd_exited, proc_start_time, process_alive, signal_process, wait_pidfd
+from shim.rpc.processes import (open_pidfd, pidfd_exited, proc_start_time, process_alive, signal_process, wait_gone,
+                                wait_pidfd)
 
 
 def test_a_stopped_process_is_alive_and_a_zombie_is_not(sleeper):
@@ -36,3 +38,27 @@ def test_a_pidfd_tells_when_its_process_exits(sleeper):
         assert wait_pidfd(fd, 5.0) and pidfd_exited(fd)
     finally:
         os.close(fd)
+
+
+def test_a_pid_reused_as_a_thread_of_another_process_is_not_that_process(sleeper):
+    # Under churn a pid we saw may come back as a thread of someone else's process: pidfd_open
+    # refuses it (ENOENT; EINVAL before Linux 6.9), which means "gone", not an error.
+    start = proc_start_time(sleeper.pid)
+    thread_ids: list[int] = []
+    named, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        thread_ids.append(threading.get_native_id())
+        named.set()
+        release.wait()
+
+    thread = threading.Thread(target=hold)
+    thread.start()
+    try:
+        named.wait()
+        assert open_pidfd(thread_ids[0], start) is None
+        assert not signal_process(thread_ids[0], start, signal.SIGKILL)
+        assert wait_gone(thread_ids[0], start, 0)
+    finally:
+        release.set()
+        thread.join()

@@ -17,8 +17,7 @@ import pytest
 
 from client.cri.pod import open_pod_service
 from shim.paths import control_socket_path
-
-from podtools import alive
+from shim.rpc.processes import proc_start_time, signal_process, wait_gone
 
 CYCLES = int(os.environ.get("PODSHIM_CHURN_CYCLES", "1000"))
 IN_FLIGHT = 20
@@ -29,6 +28,24 @@ def open_fds() -> int:
     return len(os.listdir("/proc/self/fd"))
 
 
+def see(processes: set[tuple[int, int]], *pids: int) -> None:
+    """Note each of ``pids`` as ``(pid, start time)``, read while it runs: that names this one
+    process, so the check at the end never mistakes a newcomer that got its pid for a leftover."""
+    for pid in pids:
+        start_time = proc_start_time(pid)
+        if start_time is not None:  # gone already: nothing to look for later
+            processes.add((pid, start_time))
+
+
+def still_running(processes: set[tuple[int, int]], timeout: float) -> list[int]:
+    """The pids of ``processes`` still running after ``timeout`` seconds in all (each waited for
+    through a pidfd); those are then killed, so a failing run leaves nothing behind either."""
+    deadline = time.monotonic() + timeout
+    left = [(pid, start_time) for pid, start_time in sorted(processes)
+            if not wait_gone(pid, start_time, max(0.0, deadline - time.monotonic()))]
+    for pid, start_time in left:
+        signal_process(pid, start_time, signal.SIGKILL)
+    return [pid for pid, _ in left]
 
 
 def mounts_with(text: str) -> list[str]:
@@ -65,7 +82,7 @@ async def test_1000_pod_cycles_leave_nothing_behind(roots):
     container = {"metadata": {"name": "c"}, "command": ["sh", "-c", "echo churn"]}
     netns_made: set[str] = set()
     cgroups_made: set[str] = set()
-    pids_seen: set[int] = set()
+    processes_seen: set[tuple[int, int]] = set()  # (pid, start time): pid reuse is no leftover
     failures: list[str] = []
 
     async with open_pod_service(root, runtime_root, cni_conf_dir=root + "/no-cni") as pods:
@@ -76,7 +93,7 @@ async def test_1000_pod_cycles_leave_nothing_behind(roots):
             info = (await pods.pod_sandbox_status(pod_id, verbose=True))["info"]
             netns_made.add(info["netns_path"])
             cgroups_made.update(v for k, v in info["shim"].items() if k.startswith("cgroup."))
-            pids_seen.update([info["pid"], int(info["shim"]["shim_pid"])])
+            see(processes_seen, info["pid"], int(info["shim"]["shim_pid"]))  # while the pod runs
             cid = await pods.create_container(pod_id, container)
             await pods.start_container(cid)
             await pods.stop_pod_sandbox(pod_id)
@@ -105,10 +122,8 @@ async def test_1000_pod_cycles_leave_nothing_behind(roots):
         fds_after = open_fds()
 
     assert fds_after == fds_before, f"the controller holds {fds_after - fds_before} more fds"
-    deadline = time.monotonic() + 10
-    while live := [p for p in pids_seen if alive(p)]:
-        assert time.monotonic() < deadline, f"processes left: {live[:10]}"
-        time.sleep(0.1)
+    # Orphans reparented to a PID 1 that reaps slowly may take a moment: the wait is bounded.
+    assert (left := still_running(processes_seen, 10)) == [], f"processes left: {left[:10]}"
     assert [n for n in netns_made if os.path.exists(n)] == []
     assert [m for n in netns_made for m in mounts_with(os.path.basename(n))] == []
     assert [c for c in cgroups_made if os.path.exists(c)] == []
