@@ -79,7 +79,7 @@ from client.results import (
     Platform,
     SandboxState,
 )
-from client.spawners import ExecSpawner, Spawner
+from client.spawners import ExecSpawner, Spawner, template_wanted
 from client.systemd import SystemdSpawner
 
 __all__ = ["Controller", "DEFAULT_STATE_ROOT"]
@@ -91,8 +91,11 @@ class Controller:
     """Spawns, tracks and reconnects podshim shims.
 
     ``state_root`` holds the bundles; ``runtime_root`` the shim sockets (``<root>/s``).
-    ``spawner`` is ``"exec"`` (run the podshim binary, :class:`ExecSpawner`), ``"systemd"``
-    (one ``podshim@`` unit per shim, :class:`~client.systemd.SystemdSpawner`) or a :class:`Spawner`.
+    ``spawner`` is ``"exec"`` (detached shims, :class:`ExecSpawner`), ``"systemd"`` (one
+    ``podshim@`` unit per shim, :class:`~client.systemd.SystemdSpawner`) or a :class:`Spawner`.
+    ``template`` (exec only; default $PODSHIM_TEMPLATE, else True): fork shims from the runtime
+    root's shim template, started when none answers and left running for every later Controller
+    and podshimctl on that root (``podshim template``); False execs every shim (``podshim start``).
 
     Use ``async with Controller(...) as c`` (loads every bundle), or ``await c.load(...)`` and
     ``await c.aclose()`` from the same task: the controller owns a task group (it judges lost
@@ -100,14 +103,16 @@ class Controller:
     """
 
     def __init__(self, state_root: str = DEFAULT_STATE_ROOT, runtime_root: str = DEFAULT_RUNTIME_ROOT,
-                 spawner: str | Spawner = "exec"):
+                 spawner: str | Spawner = "exec", *, template: bool | None = None):
         for name, path in (("state root", state_root), ("runtime root", runtime_root)):
             if not os.path.isabs(path):
                 raise InvalidArgument(f"{name} {path!r} must be an absolute path")
         self.state_root = os.path.normpath(state_root)
         self.runtime_root = os.path.normpath(runtime_root)
+        if template and spawner != "exec":
+            raise InvalidArgument(f"template={template!r} applies to the exec spawner only, not to {spawner!r}")
         if spawner == "exec":
-            spawner = ExecSpawner(runtime_root=self.runtime_root)
+            spawner = ExecSpawner(runtime_root=self.runtime_root, use_template=template_wanted(template))
         elif spawner == "systemd":
             spawner = SystemdSpawner(self.state_root, self.runtime_root)
         elif not isinstance(spawner, Spawner):

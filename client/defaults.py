@@ -24,6 +24,7 @@ __all__ = [
     "STOP_MARGIN",
     "SPAWN_TIMEOUT",
     "TEMPLATE_CONNECT_TIMEOUT",
+    "TEMPLATE_START_TIMEOUT",
     "DELETE_TIMEOUT",
     "UNIT_STOP_TIMEOUT",
 ]
@@ -64,6 +65,10 @@ SPAWN_TIMEOUT = 10.0
 #: Connecting to a shim template's control socket; a template that does not accept by then is
 #: passed over and ``podshim start`` runs instead.
 TEMPLATE_CONNECT_TIMEOUT = 1.0
+#: Starting the runtime root's shim template when none answers (``podshim template --detach``):
+#: its wait for another caller that is starting one, then its own template's start (which it
+#: waits for up to shim.launch.spawn's START_TIMEOUT, 8 s).
+TEMPLATE_START_TIMEOUT = 10.0
 #: How long ``podshim delete`` may take: it may wait up to 5 s for each of the shim and the
 #: pause to die after SIGKILL (containerd's shim cleanup timeout is 5 s for one process).
 DELETE_TIMEOUT = 10.0

@@ -10,7 +10,8 @@ A spawner has three coroutines, mirroring containerd's shim binary actions:
 - ``release(namespace, sandbox_id)``: called once a sandbox was shut down (a systemd spawner
   stops its unit here; the exec spawner has nothing to do).
 
-:class:`ExecSpawner` runs the ``podshim`` binary as a helper process for each action.
+:class:`ExecSpawner` forks shims from the runtime root's shim template, starting the template
+when none answers, and runs the ``podshim`` binary as a helper process for everything else.
 """
 
 from __future__ import annotations
@@ -18,44 +19,60 @@ from __future__ import annotations
 import abc
 import logging
 import os
-import shutil
 import subprocess
-import sys
 import time
 from typing import Mapping, Sequence
 
 import anyio
 
-from shim.rpc.api import TEMPLATE_SERVICE, TEMPLATE_SOCKET, TEMPLATE_SOCKET_ENV
+from shim.rpc.api import TEMPLATE_ENV, TEMPLATE_SERVICE, TEMPLATE_SOCKET, TEMPLATE_SOCKET_ENV
 from shim.rpc.client import Client
 from shim.rpc.files import decode_json
-from shim.rpc.status import DeadlineExceeded, Internal, RpcError, Unavailable
+from shim.rpc.status import DeadlineExceeded, FailedPrecondition, Internal, InvalidArgument, RpcError, Unavailable
 
-from client.defaults import DEFAULT_RUNTIME_ROOT, DELETE_TIMEOUT, SPAWN_TIMEOUT, TEMPLATE_CONNECT_TIMEOUT
+from client.defaults import (DEFAULT_RUNTIME_ROOT, DELETE_TIMEOUT, SPAWN_TIMEOUT, TEMPLATE_CONNECT_TIMEOUT,
+                             TEMPLATE_START_TIMEOUT)
 from client.results import UNKNOWN_EXIT_STATUS, Bootstrap, ExitStatus
 
 __all__ = [
     "Spawner",
     "ExecSpawner",
     "default_command",
+    "template_wanted",
 ]
 
 log = logging.getLogger(__name__)
 
 #: How much of a helper's stderr goes into an error message.
 _STDERR_CHARS = 2000
+_YES, _NO = ("1", "yes", "true", "on"), ("0", "no", "false", "off")
 
 
 def default_command() -> list[str]:
-    """The ``podshim`` command: the one installed beside this interpreter (same version as this
-    client), else the first on $PATH, else ``python -m shim``."""
-    beside = os.path.join(os.path.dirname(sys.executable), "podshim")
-    if os.access(beside, os.X_OK):
-        return [beside]
-    found = shutil.which("podshim")
-    if found:
-        return [found]
-    return [sys.executable, "-m", "shim"]
+    """The ``podshim`` command: this interpreter running the ``shim`` package this process
+    imported (same code as this client), without site-packages' start-up hooks (see
+    :func:`shim.launch.install.podshim_argv`)."""
+    from shim.launch.install import podshim_argv
+
+    return podshim_argv()
+
+
+def template_wanted(value: bool | None = None) -> bool:
+    """Whether shims come from a template: ``value`` when given, else $PODSHIM_TEMPLATE (yes or
+    no), else yes. Raises InvalidArgument for a value of $PODSHIM_TEMPLATE it cannot read."""
+    if value is not None:
+        return bool(value)
+    text = os.environ.get(TEMPLATE_ENV, "").strip().lower()
+    if text in ("", *_YES):
+        return True
+    if text in _NO:
+        return False
+    raise InvalidArgument(f"${TEMPLATE_ENV} is {text!r}: write 1 (use a shim template, the default) or 0 "
+                          "(exec every shim)")
+
+
+class _NoTemplate(Exception):
+    """No template answers on the runtime root's control socket, or the one there is leaving."""
 
 
 class Spawner(abc.ABC):
@@ -76,19 +93,26 @@ class Spawner(abc.ABC):
 
 
 class ExecSpawner(Spawner):
-    """Runs ``podshim start|delete`` as helper processes.
+    """Forks shims from the runtime root's shim template; runs ``podshim start|delete`` as
+    helper processes for the rest.
 
     ``command`` is the podshim command as a list (or one path); default :func:`default_command`.
     ``runtime_root`` is passed as ``--runtime-root`` (shim sockets live in ``ROOT/s``).
-    ``use_template``: ask the shim template of ``runtime_root`` first (``podshim template``),
-    which forks a preloaded shim in milliseconds; without one, helpers are run.
+    ``use_template`` (default :func:`template_wanted`): ask the template on ``ROOT/template.sock``
+    (or on $PODSHIM_TEMPLATE_SOCKET) for each shim, which forks a preloaded shim in milliseconds.
+    When none answers on the runtime root's own socket, the spawner starts one
+    (``podshim template --detach``): detached, it outlives this spawner and serves every later
+    Controller and podshimctl on that runtime root, and one that runs code older than what is
+    installed is replaced. Only when a template cannot be started are shims exec'd
+    (``podshim start``; logged once). With ``use_template=False`` every shim is exec'd.
     ``max_helpers`` bounds how many helpers run at once: a helper is a Python start-up, and
     fifty of them at once on two cores would each take longer than SPAWN_TIMEOUT; queued ones
     start their clock only when they run.
     """
 
     def __init__(self, command: Sequence[str] | str | None = None, runtime_root: str = DEFAULT_RUNTIME_ROOT, *,
-                 env: Mapping[str, str] | None = None, max_helpers: int | None = None, use_template: bool = True):
+                 env: Mapping[str, str] | None = None, max_helpers: int | None = None,
+                 use_template: bool | None = None):
         if command is None:
             command = default_command()
         elif isinstance(command, str):
@@ -100,36 +124,37 @@ class ExecSpawner(Spawner):
         self.command = list(command)
         self.runtime_root = os.path.normpath(runtime_root)
         self.env = dict(env) if env is not None else None
-        self.use_template = use_template
+        self.use_template = template_wanted(use_template)
         self._helpers = anyio.CapacityLimiter(max_helpers or max(4, 2 * (os.cpu_count() or 1)))
+        self._starting = anyio.Lock()  # one template start at a time from this spawner
+        self._starts = 0  # templates this spawner started (or found) under that lock
+        self._cannot_start: str | None = None  # why starting a template failed, once it did
 
     def _argv(self, action: str, namespace: str, sandbox_id: str, bundle: str) -> list[str]:
         return [*self.command, action, "--namespace", namespace, "--id", sandbox_id, "--bundle", bundle,
                 "--runtime-root", self.runtime_root]
 
-    async def _run(self, action: str, namespace: str, sandbox_id: str, bundle: str,
-                   timeout: float) -> subprocess.CompletedProcess:
-        argv = self._argv(action, namespace, sandbox_id, bundle)
+    async def _run(self, argv: list[str], what: str, cwd: str, timeout: float, *,
+                   shield: bool = True) -> subprocess.CompletedProcess:
         async with self._helpers:
             try:
                 # Once started, a helper runs to its end or its own timeout, whoever cancels us:
                 # `podshim start` killed between its fork and the shim's first state.json would
                 # leave a shim that nothing records, so nothing could delete it. The caller's
                 # cancellation takes effect right after.
-                with anyio.CancelScope(shield=True), anyio.fail_after(timeout):
+                with anyio.CancelScope(shield=shield), anyio.fail_after(timeout):
                     # A new session, as containerd's Setpgid: a Ctrl-C meant for the controller's
                     # terminal must not kill a helper half-way through starting a shim.
-                    return await anyio.run_process(argv, stdin=subprocess.DEVNULL, check=False, cwd=bundle,
+                    return await anyio.run_process(argv, stdin=subprocess.DEVNULL, check=False, cwd=cwd,
                                                    env=self.env, start_new_session=True)
             except TimeoutError:
-                raise DeadlineExceeded(f"podshim {action} for {namespace}/{sandbox_id} did not finish "
-                                       f"within {timeout:.0f}s") from None
+                raise DeadlineExceeded(f"podshim {what} did not finish within {timeout:.0f}s") from None
             except OSError as exc:  # not the errno's code: a NOT_FOUND would read as "no such sandbox"
-                raise Internal(f"cannot run {argv[0]!r} for podshim {action}: {exc.strerror or exc}") from None
+                raise Internal(f"cannot run {argv[0]!r} for podshim {what}: {exc.strerror or exc}") from None
 
     async def spawn(self, namespace: str, sandbox_id: str, bundle: str) -> Bootstrap:
-        """Ask the runtime root's shim template for the shim when one answers (no process start
-        at all); else run ``podshim start`` and parse the bootstrap JSON it prints.
+        """Fork the shim from the template (starting one if none answers) unless the spawner
+        does not use one; else run ``podshim start`` and parse the bootstrap JSON it prints.
 
         Raises DeadlineExceeded after SPAWN_TIMEOUT, Unavailable when the shim did not come up
         (exit 1), Internal for any other failure or output that is not bootstrap JSON; the
@@ -139,7 +164,9 @@ class ExecSpawner(Spawner):
             forked = await self._spawn_from_template(namespace, sandbox_id, bundle)
             if forked is not None:
                 return forked
-        done = await self._run("start", namespace, sandbox_id, bundle, SPAWN_TIMEOUT)
+        # The template was asked already (or is not wanted): `start` must not ask it again.
+        argv = [*self._argv("start", namespace, sandbox_id, bundle), "--no-template"]
+        done = await self._run(argv, f"start for {namespace}/{sandbox_id}", bundle, SPAWN_TIMEOUT)
         if done.returncode != 0:
             said = _said(done.stderr)
             cls = Unavailable if done.returncode == 1 else Internal
@@ -149,30 +176,84 @@ class ExecSpawner(Spawner):
         return Bootstrap.from_json(lines[-1] if lines else "",
                                    source=f"the output of podshim start for {namespace}/{sandbox_id}")
 
+    def _template_socket(self) -> tuple[str, bool]:
+        """The template to ask, and whether it is the runtime root's own (which we may start)."""
+        own = os.path.join(self.runtime_root, TEMPLATE_SOCKET)
+        path = os.environ.get(TEMPLATE_SOCKET_ENV) or own
+        return path, os.path.normpath(path) == own
+
     async def _spawn_from_template(self, namespace: str, sandbox_id: str, bundle: str) -> Bootstrap | None:
-        """The template's Spawn, or None when no template answers (then we exec)."""
-        path = os.environ.get(TEMPLATE_SOCKET_ENV) or os.path.join(self.runtime_root, TEMPLATE_SOCKET)
-        if not os.path.exists(path):
-            return None
+        """The template's Spawn, starting the runtime root's template when none answers (or the
+        one there is leaving, its code out of date); None when no template can be had (then we
+        exec)."""
+        path, own = self._template_socket()
+        for _ in range(3):  # the template may be replaced under us once more: then we exec
+            try:
+                return await self._ask_template(path, namespace, sandbox_id, bundle)
+            except _NoTemplate as why:
+                if not own or self._cannot_start is not None:
+                    log.debug("no shim template for %s/%s (%s); exec'ing its shim", namespace, sandbox_id, why)
+                    return None
+                starts = self._starts
+                async with self._starting:
+                    if self._cannot_start is not None:
+                        return None
+                    if starts == self._starts:  # nobody started one while we waited for the lock
+                        if not await self._start_template(why):
+                            return None
+                        self._starts += 1
+        return None
+
+    async def _ask_template(self, path: str, namespace: str, sandbox_id: str, bundle: str) -> Bootstrap | None:
+        """One Spawn. Raises _NoTemplate when nothing accepts on ``path`` or the template there
+        says it is leaving; None when the template failed otherwise (then we exec)."""
         payload = {"namespace": namespace, "sandbox_id": sandbox_id, "bundle": bundle,
                    "runtime_root": self.runtime_root}
         try:
+            template = await Client.connect("unix://" + path, timeout=TEMPLATE_CONNECT_TIMEOUT)
+        except Unavailable as exc:
+            raise _NoTemplate(exc.message) from None
+        try:
             # Shielded like a helper process: a Spawn cut short could leave a shim unrecorded.
             with anyio.CancelScope(shield=True), anyio.fail_after(SPAWN_TIMEOUT):
-                async with await Client.connect("unix://" + path, timeout=TEMPLATE_CONNECT_TIMEOUT) as template:
+                async with template:
                     doc = await template.call(TEMPLATE_SERVICE, "Spawn", payload, timeout=SPAWN_TIMEOUT)
+        except FailedPrecondition as exc:  # its code is out of date: it removed its socket and exits
+            raise _NoTemplate(exc.message) from None
         except Unavailable as exc:
-            log.info("no shim template answers on %s (%s); starting podshim instead", path, exc.message)
+            log.info("the shim template on %s did not spawn %s/%s (%s); starting podshim instead",
+                     path, namespace, sandbox_id, exc.message)
             return None
         except TimeoutError:
             raise DeadlineExceeded(f"the shim template did not spawn {namespace}/{sandbox_id} "
                                    f"within {SPAWN_TIMEOUT:.0f}s") from None
         return Bootstrap.from_dict(doc, source=f"the shim template's answer for {namespace}/{sandbox_id}")
 
+    async def _start_template(self, why: _NoTemplate) -> bool:
+        """``podshim template --detach``: True once a template serves the runtime root (ours, or
+        one another process started meanwhile). False when none can be started: logged once,
+        and from then on this spawner execs its shims (it still uses a template that answers)."""
+        argv = [*self.command, "template", "--detach", "--runtime-root", self.runtime_root]
+        try:
+            done = await self._run(argv, "template --detach", "/", TEMPLATE_START_TIMEOUT, shield=False)
+            if done.returncode != 0:
+                said = _said(done.stderr)
+                raise Internal(f"exit status {done.returncode}" + (f": {said}" if said else ""))
+            started = decode_json(done.stdout, "the output of podshim template --detach")
+        except (RpcError, ValueError, IndexError) as exc:
+            self._cannot_start = str(exc)
+            log.warning("cannot start a shim template on %s (%s); its shims are exec'd instead (podshim start: a "
+                        "Python start-up each)", self.runtime_root, exc)
+            return False
+        if started.get("started"):
+            log.info("started the shim template of %s (pid %s; %s)", self.runtime_root, started.get("pid"), why)
+        return True
+
     async def delete(self, namespace: str, sandbox_id: str, bundle: str) -> ExitStatus:
         """Run ``podshim delete``; its exit status, or 255 and now when it fails (logged)."""
         try:
-            done = await self._run("delete", namespace, sandbox_id, bundle, DELETE_TIMEOUT)
+            done = await self._run(self._argv("delete", namespace, sandbox_id, bundle),
+                                   f"delete for {namespace}/{sandbox_id}", bundle, DELETE_TIMEOUT)
             if done.returncode != 0:
                 raise Internal(f"exit status {done.returncode}: {_said(done.stderr)}")
             doc = decode_json(done.stdout, "its output")

@@ -3,9 +3,11 @@
     podshim start  --namespace NS --id ID --bundle DIR [--runtime-root DIR]
     podshim serve  --namespace NS --id ID --bundle DIR [--runtime-root DIR]
     podshim delete --namespace NS --id ID --bundle DIR [--runtime-root DIR]
+    podshim template [--runtime-root DIR] [--detach]
 
 Bad arguments exit 2 with a sentence; a failure to start exits 1 with the reason and the tail
-of the shim's log. Nothing heavy is imported until an action needs it, so ``start`` stays fast.
+of the shim's log. Nothing is imported until an action needs it: ``start`` and ``serve`` load
+what a shim serves with and no more, ``delete`` what cleans up after one.
 """
 
 from __future__ import annotations
@@ -17,12 +19,12 @@ import os
 import socket
 import sys
 
-from shim.paths import (BOOTSTRAP_FILE, DEFAULT_RUNTIME_ROOT, template_socket_for, socket_address, socket_path,
-                    validate_identifier, write_json_atomic)
-from shim.rpc.api import TEMPLATE_SERVICE
+from shim.paths import (BOOTSTRAP_FILE, DEFAULT_RUNTIME_ROOT, control_socket_path, template_socket_for,
+                        socket_address, socket_path, validate_identifier, write_json_atomic)
+from shim.rpc.api import TEMPLATE_LOG, TEMPLATE_SERVICE, TEMPLATE_START_LOCK
 from shim.rpc.files import ensure_private_dir
-from shim.rpc.status import RpcError, Unavailable
-from shim.launch.spawn import bind_listener, bootstrap, spawn_shim
+from shim.rpc.status import FailedPrecondition, RpcError, Unavailable
+from shim.launch.spawn import START_TIMEOUT, bind_listener, bootstrap, spawn_shim
 
 __all__ = ["main"]
 
@@ -74,6 +76,9 @@ def _parser() -> argparse.ArgumentParser:
     sp = sub.add_parser("template", help=text, description=text)
     root(sp)
     daemon_flags(sp)
+    sp.add_argument("--detach", action="store_true",
+                    help="unless a template already answers on the runtime root, start one in the background "
+                         f"(its output in ROOT/{TEMPLATE_LOG}); return once it serves and print its pid as JSON")
     return p
 
 
@@ -131,10 +136,16 @@ def _start(args: argparse.Namespace) -> int:
     return 0
 
 
+#: How long `start` waits for a template's Spawn: the template's own wait for the shim
+#: (START_TIMEOUT) and a margin, below the Controller's SPAWN_TIMEOUT (10 s).
+TEMPLATE_SPAWN_TIMEOUT = START_TIMEOUT + 1.0
+
+
 def _start_from_template(args: argparse.Namespace) -> dict | None:
-    """Ask a running template for the shim; None when no template answers (then we exec)."""
+    """Ask a running template for the shim; None when no template answers, or it answers that
+    its code is out of date and it is leaving (then we fork the shim ourselves)."""
     path = template_socket_for(args.runtime_root)
-    if not os.path.exists(path) or args.no_template:
+    if args.no_template or not os.path.exists(path):
         return None
     from shim.rpc import blocking
 
@@ -143,17 +154,61 @@ def _start_from_template(args: argparse.Namespace) -> dict | None:
     if args.pause_binary:
         payload["pause_binary"] = args.pause_binary
     try:
-        return blocking.call(socket_address(path), TEMPLATE_SERVICE, "Spawn", payload, timeout=15.0)
-    except Unavailable:
+        return blocking.call(socket_address(path), TEMPLATE_SERVICE, "Spawn", payload, timeout=TEMPLATE_SPAWN_TIMEOUT)
+    except (Unavailable, FailedPrecondition):
         return None
 
 
 def _template(args: argparse.Namespace) -> int:
+    if args.detach:
+        return _detach_template(args)
     from shim.daemon import setup_logging
     from shim.launch.template import run_template
 
     setup_logging(args.debug)
     return run_template(args.runtime_root, pause_binary=args.pause_binary)
+
+
+def _detach_template(args: argparse.Namespace) -> int:
+    """``template --detach``: make sure a template serves the runtime root, starting one in the
+    background if none answers; print ``{"pid", "address", "started"}``.
+
+    Checking and starting happen under ``ROOT/template.start.lock``, so of several callers at
+    once (Controllers, podshimctl) exactly one starts a template and the others find it. The
+    template is forked into its own session with its output in ``ROOT/template.log``, and this
+    returns once it serves (it outlives us: it is never a caller's child for long).
+    """
+    import fcntl
+
+    from shim.rpc import blocking
+
+    root = args.runtime_root
+    ensure_private_dir(root, 0o700)
+    address = socket_address(control_socket_path(root))
+    lock_fd = os.open(os.path.join(root, TEMPLATE_START_LOCK), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    fcntl.flock(lock_fd, fcntl.LOCK_EX)  # the callers bound how long they wait for us
+    try:
+        ping = blocking.call(address, TEMPLATE_SERVICE, "Ping", timeout=2.0)
+    except Unavailable:
+        ping = None
+    if ping is not None:
+        print(json.dumps({"pid": ping["pid"], "address": address, "started": False}))
+        return 0
+    from shim.launch.spawn import detach_process
+
+    log_path = os.path.join(root, TEMPLATE_LOG)
+    pid = detach_process(lambda ready_fd: _run_detached_template(args, ready_fd), log_path,
+                         close_fds=(lock_fd,), timeout=START_TIMEOUT, what="the shim template")
+    print(json.dumps({"pid": pid, "address": address, "started": True}))
+    return 0
+
+
+def _run_detached_template(args: argparse.Namespace, ready_fd: int) -> int:
+    from shim.daemon import setup_logging
+    from shim.launch.template import run_template
+
+    setup_logging(args.debug)
+    return run_template(args.runtime_root, pause_binary=args.pause_binary, ready_fd=ready_fd)
 
 
 def _serve(args: argparse.Namespace) -> int:

@@ -168,12 +168,17 @@ def spawn_mode(request, session_template, monkeypatch):
     """Run a test once with shims exec'd (`podshim start`) and once forked by a template.
 
     Modules opt in with ``pytestmark = pytest.mark.usefixtures("spawn_mode")``; subprocesses
-    (controllers, `podshim start`) inherit the choice through $PODSHIM_TEMPLATE_SOCKET.
+    (controllers, podshimctl, `podshim start`) inherit the choice: "exec" sets $PODSHIM_TEMPLATE=0,
+    so no Controller starts or uses a template; "template" names the session's template in
+    $PODSHIM_TEMPLATE_SOCKET. (Tests that use neither get the default: the runtime root's own
+    template, started on first use; their fixtures stop it, see sandbox_env.stop_template.)
     """
-    from shim.rpc.api import TEMPLATE_SOCKET_ENV
+    from shim.rpc.api import TEMPLATE_ENV, TEMPLATE_SOCKET_ENV
 
     if request.param == "template":
         monkeypatch.setenv(TEMPLATE_SOCKET_ENV, session_template.socket())
+        monkeypatch.delenv(TEMPLATE_ENV, raising=False)
     else:
         monkeypatch.delenv(TEMPLATE_SOCKET_ENV, raising=False)
+        monkeypatch.setenv(TEMPLATE_ENV, "0")
     return request.param

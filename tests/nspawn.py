@@ -54,7 +54,7 @@ CONTAINER_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 _SYSTEM_PYTHON = "/usr/bin/python3"
 _SYSTEMD = "/lib/systemd/systemd"
 _NSPAWN_DIRS = ("/run/systemd/nspawn/propagate", "/run/systemd/nspawn", "/run/systemd/nspawn-root")
-_PROJECT_FILES = ("pyproject.toml", "README.md", "shim", "client")
+_PROJECT_FILES = ("pyproject.toml", "README.md", "bin", "shim", "client")
 
 
 def nspawn_unavailable() -> str | None:

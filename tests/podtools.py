@@ -12,6 +12,7 @@ from contextlib import asynccontextmanager
 import pytest
 
 from client.cri.pod import open_pod_service
+from sandbox_env import stop_template
 
 EXAMPLES = os.path.join(os.path.dirname(__file__), "..", "examples")
 
@@ -64,6 +65,7 @@ def ns_inode(pid: int, kind: str) -> int:
 def roots(tmp_path):
     runtime_root = f"/tmp/podshim-pods-{secrets.token_hex(4)}"
     yield str(tmp_path / "root"), runtime_root
+    stop_template(runtime_root)  # the one a Controller started there by default, if any
     subprocess.run(["rm", "-rf", runtime_root])
 
 

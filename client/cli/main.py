@@ -12,29 +12,29 @@ it needs, so it costs one reconnect however many sandboxes the node runs.
 Top-level commands are registered with :func:`command`; a module named in
 :data:`COMMAND_MODULES` is imported before parsing, so another module (the pod verbs) can add
 its own commands without this file knowing them.
+
+A command line tool answers at once: building the parser imports nothing but argparse, and each
+verb imports what it uses when it runs (the shim-level verbs the RPC client, the sandbox verbs
+the Controller, the pod verbs podshimd's gRPC client; none loads pyroute2). A module that
+registers commands keeps to the same rule. A verb with nothing to await sets ``run_sync``
+instead of ``run``: it runs without an event loop (no asyncio, no anyio to import).
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import datetime
-import importlib
-import json
-import logging
 import os
 import sys
-from typing import Any, Awaitable, Callable, TextIO
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, TextIO
 
-import anyio
+from shim.rpc.api import TEMPLATE_ENV
 
-from shim.rpc.api import EVENTS_SERVICE
-from shim.rpc.client import Client
 from shim.rpc.files import decode_json
-from shim.rpc.status import RpcError
 
-from client.controller import Controller
 from client.defaults import DEFAULT_RUNTIME_ROOT, DEFAULT_STATE_ROOT
+
+if TYPE_CHECKING:
+    from client.controller import Controller
 
 __all__ = ["main", "command", "COMMAND_MODULES", "CliError", "emit", "open_controller"]
 
@@ -64,12 +64,16 @@ def command(name: str, help: str) -> Callable[[Setup], Setup]:
 def _timestamp(ns: int) -> str:
     if not ns:
         return "-"
-    when = datetime.datetime.fromtimestamp(ns / 1e9, tz=datetime.timezone.utc)
-    return when.strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
+    import time
+
+    seconds, fraction = divmod(ns, 1_000_000_000)
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(seconds)) + f".{fraction // 1_000_000:03d}Z"
 
 
 def _plain(obj: Any) -> Any:
-    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+    if hasattr(obj, "__dataclass_fields__") and not isinstance(obj, type):
+        import dataclasses
+
         return dataclasses.asdict(obj)
     if isinstance(obj, list):
         return [_plain(o) for o in obj]
@@ -83,6 +87,8 @@ def _json_default(obj: Any) -> Any:
 
 
 def _dumps(obj: Any) -> str:
+    import json
+
     return json.dumps(_plain(obj), default=_json_default, sort_keys=True)
 
 
@@ -165,6 +171,8 @@ def _setup_call(p: argparse.ArgumentParser) -> None:
 
 
 async def _run_call(args: argparse.Namespace) -> int:
+    from shim.rpc.client import Client
+
     text = sys.stdin.read() if args.payload == "-" else args.payload
     payload = _read_json(text, "the payload")
     if not isinstance(payload, dict):
@@ -181,6 +189,9 @@ def _setup_events(p: argparse.ArgumentParser) -> None:
 
 
 async def _run_events(args: argparse.Namespace) -> int:
+    from shim.rpc.api import EVENTS_SERVICE
+    from shim.rpc.client import Client
+
     async with await Client.connect(args.address, namespace=args.namespace) as client:
         async for event in client.stream(EVENTS_SERVICE, "Subscribe", {}):
             print(_dumps(event), flush=True)
@@ -192,13 +203,20 @@ async def open_controller(args: argparse.Namespace, sandbox_id: str | None = Non
                           all_namespaces: bool = False) -> Controller:
     """A Controller over ``--root``/``--runtime-root`` that loaded only what the command needs:
     one sandbox, the namespace, or (``all_namespaces``) everything. The caller must aclose it."""
-    controller = Controller(args.root, args.runtime_root, spawner=args.spawner)
+    from client.controller import Controller
+
+    controller = Controller(args.root, args.runtime_root, spawner=args.spawner, **controller_options(args))
     try:
         await controller.load(None if all_namespaces else args.namespace, sandbox_id)
     except BaseException:
         await controller.aclose()
         raise
     return controller
+
+
+def controller_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The Controller's keyword arguments from the global flags (``--no-template``)."""
+    return {"template": False} if args.no_template and args.spawner == "exec" else {}
 
 
 def _sandbox_verb(fn: Callable[[Controller, argparse.Namespace], Awaitable[int]]) -> Callable:
@@ -284,7 +302,7 @@ async def _list(args: argparse.Namespace) -> int:
     columns = ["sandbox_id", "state", "pid", "created_at", "exit_status"]
     if args.all_namespaces:
         columns.insert(0, "namespace")
-    emit(args, found, lambda out: _print_table([dataclasses.asdict(s) for s in found], columns, out))
+    emit(args, found, lambda out: _print_table(_plain(found), columns, out))
     return EXIT_OK
 
 
@@ -321,6 +339,8 @@ def _setup_sandbox(p: argparse.ArgumentParser) -> None:
 # -- the program ----------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
     """The full parser, with every registered command."""
+    import importlib
+
     for module in COMMAND_MODULES:
         importlib.import_module(module)
     p = argparse.ArgumentParser(prog="podshimctl", description="Talk to podshim shims and manage sandboxes.")
@@ -333,6 +353,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--spawner", choices=("exec", "systemd"), default=env("PODSHIM_SPAWNER", "exec"),
                    help="how sandbox commands start and end shims: exec the podshim binary, or one "
                         "podshim@NS:ID systemd unit each; give every command of a sandbox the same (default exec)")
+    p.add_argument("--no-template", action="store_true",
+                   default=env(TEMPLATE_ENV, "").strip().lower() in ("0", "no", "false", "off"),
+                   help=f"exec every shim (podshim start) instead of forking it from the runtime root's shim "
+                        f"template, which is started when none runs (default: use it; ${TEMPLATE_ENV}=0 says no)")
     p.add_argument("--namespace", "-n", default=env("PODSHIM_NAMESPACE"),
                    help=f"namespace (default {DEFAULT_NAMESPACE!r})")
     p.add_argument("--json", action="store_true", help="print JSON for scripts")
@@ -359,6 +383,12 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USAGE
     if args.namespace is None and not getattr(args, "needs_address", False):
         args.namespace = DEFAULT_NAMESPACE  # raw calls send no namespace unless asked
+    import logging
+
+    import anyio
+
+    from shim.rpc.status import RpcError
+
     logging.basicConfig(level=logging.DEBUG if args.debug else logging.WARNING,
                         format="podshimctl: %(levelname)s: %(message)s", stream=sys.stderr)
     try:

@@ -832,11 +832,13 @@ def _labels_match(labels: Mapping[str, str], selector: Mapping[str, str] | None)
 async def open_pod_service(root: str = "/var/lib/podshim", runtime_root: str = "/run/podshim", *,
                            cni_conf_dir: str = DEFAULT_CONF_DIR, cni_bin_dirs: tuple[str, ...] = DEFAULT_BIN_DIRS,
                            cni_plugin_netns: str | None = None, namespace: str = DEFAULT_NAMESPACE,
-                           spawner: Any = "exec", **options: Any) -> AsyncIterator[PodService]:
+                           spawner: Any = "exec", template: bool | None = None,
+                           **options: Any) -> AsyncIterator[PodService]:
     """Open the pod service over ``root``: the Controller's bundles in ``root/sandboxes``, pod
     records in ``root/pods``, default container logs in ``root/logs``. Reconnects to live shims
     and recovers the store before yielding; closes connections (never the shims) on exit.
-    ``options`` are :class:`PodService`'s (runtime handlers, cgroup parent, pause binary).
+    ``spawner`` and ``template`` are the Controller's; ``options`` are :class:`PodService`'s
+    (runtime handlers, cgroup parent, pause binary).
     """
     if not os.path.isabs(root):
         raise InvalidArgument(f"root {root!r} must be an absolute path")
@@ -847,7 +849,7 @@ async def open_pod_service(root: str = "/var/lib/podshim", runtime_root: str = "
     store = PodStore(root)
     cni = CniRunner(cni_conf_dir, cni_bin_dirs, plugin_netns=cni_plugin_netns)
     async with Controller(state_root=os.path.join(root, "sandboxes"), runtime_root=runtime_root,
-                          spawner=spawner) as controller:
+                          spawner=spawner, template=template) as controller:
         service = PodService(controller, store, cni=cni, namespace=namespace, log_root=os.path.join(root, "logs"),
                              **options)
         await service.recover()

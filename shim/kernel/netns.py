@@ -14,7 +14,6 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
-import secrets
 import socket
 import stat
 import struct
@@ -65,7 +64,7 @@ def new_netns_path(prefix: str = "podshim") -> str:
     """
     if not prefix or "/" in prefix or "\0" in prefix:
         raise InvalidArgument(f"netns name prefix {prefix!r} must be a non-empty name without '/'")
-    return f"{_NETNS_DIR}/{prefix}-{secrets.token_hex(8)}"
+    return f"{_NETNS_DIR}/{prefix}-{os.urandom(8).hex()}"  # not secrets: it loads hashlib
 
 
 def create_netns(path: str) -> str:

@@ -17,13 +17,13 @@ import dataclasses
 import errno
 import json
 import os
-import random
 import re
 import select
 import signal
 import socket
+import sys
 import time
-from typing import Any, NoReturn
+from typing import Any, Callable, NoReturn
 
 from shim.kernel.linux import proc_start_time
 from shim.paths import (BOOTSTRAP_FILE, BOOTSTRAP_VERSION, LOG_FILE, PROTOCOL, read_json, socket_address,
@@ -32,8 +32,8 @@ from shim.rpc.files import ensure_private_dir
 from shim.rpc.status import Unavailable
 from shim.sandbox.record import STATE_NEW, SandboxRecord, write_state
 
-__all__ = ["START_TIMEOUT", "CAN_CONNECT_TIMEOUT", "Spare", "bind_listener", "bootstrap", "fork_spare",
-           "spawn_shim"]
+__all__ = ["START_TIMEOUT", "CAN_CONNECT_TIMEOUT", "Spare", "bind_listener", "bootstrap", "detach_process",
+           "fork_spare", "spawn_shim"]
 
 #: How long a spawner waits for the forked shim to accept; below the Controller's SPAWN_TIMEOUT
 #: (10 s), so `podshim start` always ends its own child and reports before it is killed.
@@ -92,9 +92,10 @@ def bootstrap(address: str, pid: int) -> dict[str, Any]:
     return doc
 
 
-def _log_tail(bundle: str, lines: int = 10) -> str:
+def _log_tail(path: str, lines: int = 10) -> str:
+    """The last ``lines`` of the log file ``path``; "" when it cannot be read."""
     try:
-        with open(os.path.join(bundle, LOG_FILE), "rb") as f:
+        with open(path, "rb") as f:
             f.seek(0, os.SEEK_END)
             f.seek(max(0, f.tell() - 4096))
             return "\n".join(f.read().decode(errors="replace").splitlines()[-lines:])
@@ -250,7 +251,7 @@ def _spare_wait(channel: socket.socket) -> NoReturn:
         os.set_inheritable(fds[0], False)  # received without close-on-exec
         listener = socket.socket(fileno=fds[0])
         _stdio_to(os.path.join(config.bundle, LOG_FILE))
-        random.seed()
+        _reseed()
         if assignment.get("debug"):
             setup_logging(True)
         code = serve_forever(config, listener, ready_fd=channel.detach(), loop=loop)
@@ -335,11 +336,54 @@ def spawn_shim(config: Any, *, debug: bool = False, double_fork: bool = False,
     return _started(config, address, shim_pid or pid, pid if not double_fork else None, ready)
 
 
+def detach_process(run: Callable[[int], int], log_path: str, *, close_fds: tuple[int, ...] = (),
+                   timeout: float = START_TIMEOUT, what: str = "the process") -> int:
+    """Fork ``run(ready_fd)`` into its own session, stdio to ``log_path``, every other descriptor
+    of ours (``close_fds`` included) closed; return its pid once it wrote "R" to ``ready_fd``.
+
+    The child is not waited for: it outlives the caller, as a shim outlives ``podshim start``.
+    Raises Unavailable (with the tail of its log) when it does not say it is ready within
+    ``timeout``; it is killed and reaped then.
+    """
+    ready_r, ready_w = os.pipe2(os.O_CLOEXEC)
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            for fd in (ready_r, *close_fds):
+                os.close(fd)
+            os.setsid()
+            _close_all_but((ready_w,))
+            _stdio_to(log_path)
+            _fresh_signals()
+            code = run(ready_w)
+        except BaseException:
+            import traceback
+
+            traceback.print_exc()
+        finally:
+            os._exit(code)
+    os.close(ready_w)
+    try:
+        _, ready = _wait_ready(ready_r, timeout)
+    finally:
+        os.close(ready_r)
+    if not ready:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        os.waitpid(pid, 0)
+        tail = _log_tail(log_path, 5)
+        raise Unavailable(f"{what} did not come up within {timeout:.0f}s" + (f"; its log says:\n{tail}" if tail else ""))
+    return pid
+
+
 def _started(config: Any, address: str, shim_pid: int, child_pid: int | None, ready: bool) -> dict[str, Any]:
     """The bootstrap of a shim that said it serves; or, if it did not, end it and say why."""
     if not ready:
         _abandon(shim_pid, child_pid, config.socket_path)
-        tail = _log_tail(config.bundle)
+        tail = _log_tail(os.path.join(config.bundle, LOG_FILE))
         raise Unavailable(f"the shim did not come up within {START_TIMEOUT:.0f}s"
                           + (f"; its log says:\n{tail}" if tail else ""))
     result = bootstrap(address, shim_pid)
@@ -427,7 +471,7 @@ def _become_shim(config: Any, sock: socket.socket, ready_r: int, ready_w: int, d
         _close_all_but((sock.fileno(), ready_w))
         _stdio_to(os.path.join(config.bundle, LOG_FILE))
         _fresh_signals()
-        random.seed()
+        _reseed()
         from shim.daemon import serve_forever, setup_logging
 
         setup_logging(debug)
@@ -446,6 +490,14 @@ def _fresh_signals() -> None:
     reseeded too, or every shim of a template would share the template's)."""
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD):
         signal.signal(sig, signal.SIG_DFL)
+
+
+def _reseed() -> None:
+    """Reseed ``random`` if it is loaded: a forked child must not share its parent's random
+    state (a module imported later seeds itself from os.urandom)."""
+    random = sys.modules.get("random")
+    if random is not None:
+        random.seed()
 
 
 def _close_all_but(keep: tuple[int, ...]) -> None:

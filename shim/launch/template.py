@@ -14,10 +14,21 @@ methods ``Spawn {namespace, sandbox_id, bundle, runtime_root, pause_binary?, deb
 bootstrap map, and ``Ping`` → ``{pid, spawned, runtime_root, spare_pid}`` (protocol.md 7.5). It
 is served without an event loop, one call at a time: forking from inside a running event loop
 would hand the child a loop it must not touch.
+
+One template per runtime root: a template holds an exclusive ``flock`` on ``ROOT/template.lock``
+for its whole life (the kernel drops it when the process ends), and a second one waits for it
+(``LOCK_TIMEOUT``: long enough for a template that is leaving, not for one that stays) before it
+refuses to start. A template also remembers the podshim code it loaded (:mod:`shim.launch.install`)
+and, before each Spawn, checks that the files on disk are still those: after an upgrade (or an
+edit of an editable install) it answers FAILED_PRECONDITION, removes its control socket and exits,
+so that no shim is forked from old code; the spawner then starts a new template. Shims it forked
+keep running: it is not their parent.
 """
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import gc
 import logging
 import os
@@ -26,21 +37,29 @@ import socket
 from typing import Any, Callable
 
 from shim.kernel.linux import set_process_name
+from shim.launch.install import code_files, fingerprint
 from shim.paths import control_socket_path, socket_path
-from shim.rpc.api import TEMPLATE_SERVICE
+from shim.rpc.api import TEMPLATE_LOCK, TEMPLATE_SERVICE
 from shim.rpc.blocking import serve_connection
 from shim.rpc.files import ensure_private_dir
 from shim.rpc.identifiers import validate_identifier
 from shim.rpc.messages import Request, optional, require
-from shim.rpc.status import InvalidArgument
+from shim.rpc.status import FailedPrecondition, InvalidArgument
 from shim.launch.spawn import Spare, bind_listener, fork_spare, spawn_shim
 
-__all__ = ["run_template"]
+__all__ = ["CONTROL_IO_TIMEOUT", "LOCK_TIMEOUT", "TemplateRunning", "run_template"]
 
 log = logging.getLogger(__name__)
 
 #: A control client that sends nothing for this long is dropped (calls are served in turn).
 CONTROL_IO_TIMEOUT = 5.0
+#: How long a new template waits for the runtime root's template lock: a template that is
+#: leaving (stale code, SIGTERM) lets go of it within milliseconds; one that stays never does.
+LOCK_TIMEOUT = 5.0
+
+
+class TemplateRunning(OSError):
+    """Another template holds the runtime root's template lock (it runs, or is starting)."""
 
 
 def _preload() -> None:
@@ -65,17 +84,81 @@ def _preload() -> None:
         pass
 
 
+def _lock(runtime_root: str, timeout: float) -> int:
+    """Take the runtime root's template lock (waiting up to ``timeout`` seconds for a template
+    that is leaving) and write our pid into it; the descriptor, kept for the template's life.
+    Raises TemplateRunning when another template keeps it."""
+    path = os.path.join(runtime_root, TEMPLATE_LOCK)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            _wait_for_lock(fd, timeout, path)
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, b"%d\n" % os.getpid(), 0)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _wait_for_lock(fd: int, timeout: float, path: str) -> None:
+    """A blocking flock that a timer interrupts (no polling): SIGALRM's handler raises out of it."""
+    def expired(signum: int, frame: Any) -> None:
+        raise TimeoutError
+
+    previous = signal.signal(signal.SIGALRM, expired)
+    signal.setitimer(signal.ITIMER_REAL, timeout)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+    except TimeoutError:
+        try:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+        except OSError:
+            holder = "?"
+        raise TemplateRunning(f"another template (pid {holder}) runs on {os.path.dirname(path)} "
+                              f"(it holds {path})") from None
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
 class _Template:
-    def __init__(self, runtime_root: str, pause_binary: str | None, listener: socket.socket):
+    def __init__(self, runtime_root: str, pause_binary: str | None, listener: socket.socket, path: str):
         self.runtime_root = runtime_root
         self.pause_binary = pause_binary
         self.listener = listener
+        self.path = path
+        self.inode = os.stat(path).st_ino  # the socket file is ours only while it has this inode
         self.spawned = 0
         self.spare: Spare | None = None
+        self.files = code_files()
+        self.code = fingerprint(self.files)
+        self.stale = False
+
+    def unlink(self) -> None:
+        """Remove our control socket's file, unless it is already another template's."""
+        try:
+            if os.stat(self.path).st_ino == self.inode:
+                os.unlink(self.path)
+        except FileNotFoundError:
+            pass
+
+    def check_code(self) -> None:
+        """Refuse to fork from code that is no longer what is installed (see the module docstring)."""
+        if self.stale or fingerprint(self.files) != self.code:
+            if not self.stale:
+                log.warning("the installed podshim changed since this template started; leaving")
+                self.stale = True
+                self.retire()
+                self.unlink()  # before answering: whoever asks next finds no template, not this one
+            raise FailedPrecondition(f"the installed podshim changed since this template (pid {os.getpid()}) "
+                                     "started: it exits; start a new one")
 
     def replenish(self) -> None:
         """Fork the next spare shim if there is none (after answering: nobody waits for it)."""
-        if self.spare is None:
+        if self.spare is None and not self.stale:
             try:
                 self.spare = fork_spare()
             except OSError as exc:  # the next Spawn forks then
@@ -96,6 +179,7 @@ class _Template:
     def spawn(self, request: Request) -> dict[str, Any]:
         from shim.sandbox.sandbox import ShimConfig
 
+        self.check_code()
         p = request.payload
         namespace = validate_identifier("namespace", require(p, "namespace", str))
         sandbox_id = validate_identifier("sandbox id", require(p, "sandbox_id", str))
@@ -121,23 +205,34 @@ class _Template:
         return result
 
 
-def run_template(runtime_root: str, *, pause_binary: str | None = None, ready_fd: int | None = None) -> int:
-    """Serve the control socket of ``runtime_root`` until SIGTERM/SIGINT. Returns 0.
+def run_template(runtime_root: str, *, pause_binary: str | None = None, ready_fd: int | None = None,
+                 lock_timeout: float = LOCK_TIMEOUT) -> int:
+    """Serve the control socket of ``runtime_root`` until SIGTERM/SIGINT, or until the installed
+    code changes under it. Returns 0.
 
-    Raises OSError when another live template already owns the control socket.
+    Raises TemplateRunning when another template keeps the runtime root's template lock for
+    ``lock_timeout`` seconds, OSError when the control socket cannot be bound.
     """
+    ensure_private_dir(runtime_root, 0o700)
+    lock_fd = _lock(runtime_root, lock_timeout)
+    try:
+        return _serve(runtime_root, pause_binary, ready_fd)
+    finally:
+        os.close(lock_fd)  # only now may the next template bind: ours is unlinked
+
+
+def _serve(runtime_root: str, pause_binary: str | None, ready_fd: int | None) -> int:
     _preload()
     set_process_name("podshim-tmpl")
     path = control_socket_path(runtime_root)
-    ensure_private_dir(os.path.dirname(path), 0o700)
     listener = bind_listener(path)
-    if listener is None:
-        raise OSError(f"a template already serves {path}")
+    if listener is None:  # not a template (we hold the lock): something else listens there
+        raise OSError(errno.EADDRINUSE, f"another process serves {path}")
     # Everything imported so far is shared with every shim forked from here: freezing it keeps
     # the children's garbage collector from writing to (and so copying) those pages.
     gc.collect()
     gc.freeze()
-    template = _Template(runtime_root, pause_binary, listener)
+    template = _Template(runtime_root, pause_binary, listener, path)
     template.replenish()
     stopping = False
 
@@ -166,7 +261,7 @@ def run_template(runtime_root: str, *, pause_binary: str | None = None, ready_fd
     allowed = {os.geteuid(), 0}
     handlers = template.handlers()
     try:
-        while not stopping:
+        while not stopping and not template.stale:
             try:
                 conn, _ = listener.accept()
             except OSError:
@@ -179,9 +274,6 @@ def run_template(runtime_root: str, *, pause_binary: str | None = None, ready_fd
     finally:
         template.retire()
         listener.close()
-        try:
-            os.unlink(path)
-        except FileNotFoundError:
-            pass
+        template.unlink()
     log.info("template stopped after spawning %d shims", template.spawned)
     return 0

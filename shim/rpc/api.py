@@ -4,8 +4,8 @@ from __future__ import annotations
 
 __all__ = ["SANDBOX_SERVICE", "EVENTS_SERVICE", "TASK_SERVICE", "TEMPLATE_SERVICE", "TEMPLATE_METHODS",
            "SANDBOX_METHODS", "EVENTS_METHODS", "TASK_METHODS", "BOOTSTRAP_FILE", "BOOTSTRAP_VERSION", "PROTOCOL",
-           "STATE_FILE",
-           "DEFAULT_RUNTIME_ROOT", "UNKNOWN_EXIT_STATUS", "TEMPLATE_SOCKET", "TEMPLATE_SOCKET_ENV"]
+           "STATE_FILE", "DEFAULT_RUNTIME_ROOT", "UNKNOWN_EXIT_STATUS", "TEMPLATE_SOCKET", "TEMPLATE_SOCKET_ENV",
+           "TEMPLATE_LOCK", "TEMPLATE_START_LOCK", "TEMPLATE_LOG", "TEMPLATE_ENV"]
 
 #: The file in a bundle that holds the bootstrap result (protocol.md, "Bootstrap").
 BOOTSTRAP_FILE = "bootstrap.json"
@@ -23,6 +23,15 @@ TEMPLATE_SOCKET = "template.sock"
 #: An environment variable naming another template control socket (one template may serve
 #: several runtime roots: the runtime root travels in each Spawn request).
 TEMPLATE_SOCKET_ENV = "PODSHIM_TEMPLATE_SOCKET"
+#: In the runtime root: held (flock) by the live template for its whole life: one per root.
+TEMPLATE_LOCK = "template.lock"
+#: In the runtime root: held while one process checks for a template and starts one.
+TEMPLATE_START_LOCK = "template.start.lock"
+#: In the runtime root: the stdout and stderr of a template started detached.
+TEMPLATE_LOG = "template.log"
+#: An environment variable: "0" (or no, false, off) makes Controllers and podshimctl exec every
+#: shim instead of starting and using the runtime root's template; "1" (yes, true, on) is the default.
+TEMPLATE_ENV = "PODSHIM_TEMPLATE"
 #: The exit status of a sandbox whose end nobody saw (containerd's unknownExitCode).
 UNKNOWN_EXIT_STATUS = 255
 

@@ -15,7 +15,6 @@ import errno
 import json
 import os
 import stat
-import tempfile
 from typing import Any
 
 __all__ = ["MAX_JSON_DEPTH", "decode_json", "ensure_private_dir", "fsync_dir", "read_json", "rename_noreplace",
@@ -149,7 +148,7 @@ def write_atomic(path: str, data: bytes, *, mode: int = 0o600, durable: bool = T
     existing file by exchanging the two names (see :func:`_exchange`).
     """
     directory = os.path.dirname(path) or "."
-    fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", dir=directory)
+    fd, tmp = _temporary(directory, "." + os.path.basename(path) + ".")
     try:
         try:
             view = memoryview(data)
@@ -187,6 +186,17 @@ def rename_noreplace(src: str, dst: str) -> bool:
     if _renameat2_or_none() is None:
         return False
     return _rename2(src, dst, _RENAME_NOREPLACE)
+
+
+def _temporary(directory: str, prefix: str) -> tuple[int, str]:
+    """A new file ``directory/prefix<random>`` (0600, close-on-exec): tempfile.mkstemp's
+    contract, without importing tempfile (and random, shutil...) into every shim."""
+    while True:
+        tmp = os.path.join(directory, prefix + os.urandom(6).hex())
+        try:
+            return os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600), tmp
+        except FileExistsError:  # 48 random bits taken already: draw again
+            continue
 
 
 def _exchange(tmp: str, path: str) -> bool:

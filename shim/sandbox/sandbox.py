@@ -12,7 +12,6 @@ import asyncio
 import enum
 import logging
 import os
-import platform
 import signal
 import time
 from dataclasses import dataclass
@@ -24,7 +23,6 @@ from shim.kernel.reaper import ExitInfo, Reaper
 from shim.runtime import pause
 from shim.runtime.base import Runtime
 from shim.runtime.native import NativeRuntime
-from shim.runtime.oci.backend import OciBackend
 from shim.rpc.status import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound, RpcError, Unavailable
 from shim.sandbox.events import TOPIC_CREATE, TOPIC_EXIT, TOPIC_START, TOPIC_STATE, EventBus
 from shim.sandbox.options import NATIVE, SandboxOptions
@@ -145,7 +143,7 @@ class Tasks(Protocol):
 
 def host_platform() -> dict[str, str]:
     """This host's OCI platform: os, architecture (GOARCH names) and variant."""
-    machine = platform.machine().lower()
+    machine = os.uname().machine.lower()
     arch, variant = {
         "x86_64": ("amd64", ""), "amd64": ("amd64", ""), "aarch64": ("arm64", "v8"), "arm64": ("arm64", "v8"),
         "armv7l": ("arm", "v7"), "armv6l": ("arm", "v6"), "i686": ("386", ""), "i386": ("386", ""),
@@ -160,6 +158,8 @@ def _open_runtime(handler: str, config: ShimConfig, reaper: Reaper, persist: Cal
     anything is made, not at StartSandbox."""
     if handler == NATIVE:
         return NativeRuntime(reaper)
+    from shim.runtime.oci.backend import OciBackend  # runc and crun only: a native shim never loads it
+
     return OciBackend.open(handler, namespace=config.namespace, sandbox_id=config.sandbox_id, bundle=config.bundle,
                            runtime_root=config.runtime_root, reaper=reaper, persist=persist)
 

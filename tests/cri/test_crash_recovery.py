@@ -21,6 +21,7 @@ from client.cri.failpoints import ENV, POD_FAILPOINTS
 from client.cri.pod import open_pod_service
 
 from podtools import alive, pod_config, wait_gone
+from sandbox_env import stop_template
 
 
 SCRIPT = """
@@ -64,6 +65,7 @@ def recorded_netns(root: str) -> set[str]:
 def roots(tmp_path):
     runtime_root = f"/tmp/podshim-crash-{secrets.token_hex(4)}"
     yield str(tmp_path / "root"), runtime_root
+    stop_template(runtime_root)  # the controllers' default template, if one started
     subprocess.run(["rm", "-rf", runtime_root])
 
 

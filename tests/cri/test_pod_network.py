@@ -18,6 +18,7 @@ import pytest
 from client.cri.pod import open_pod_service
 
 from podtools import pod_config
+from sandbox_env import stop_template
 
 PLUGINS = "/usr/lib/cni"
 
@@ -55,6 +56,7 @@ def network(tmp_path):
 def roots(tmp_path):
     runtime_root = f"/tmp/podshim-net-{secrets.token_hex(4)}"
     yield str(tmp_path / "root"), runtime_root
+    stop_template(runtime_root)  # the Controller's default template, if one started
     shutil.rmtree(runtime_root, ignore_errors=True)
 
 

@@ -25,6 +25,7 @@ from shim.kernel.reaper import Reaper
 from shim.rpc.status import AlreadyExists, DeadlineExceeded, FailedPrecondition, Internal, InvalidArgument, NotFound
 from podtools import alive, container_config, pod_config, wait_gone
 from podtools import ns_inode, pod_service
+from sandbox_env import stop_template
 
 HANDLERS = ["native", "runc", "crun"]
 SETTLE = 10.0  # a bound for waiting on the machine, never a readiness sleep
@@ -270,6 +271,7 @@ def runtime_containers(handler: str, runtime_root: str) -> list[str]:
 def roots(tmp_path):
     runtime_root = f"/tmp/podshim-oci-{secrets.token_hex(4)}"
     yield str(tmp_path / "root"), runtime_root
+    stop_template(runtime_root)  # the Controller's default template, if one started
     # Whatever a failed test left in the runtime's state goes, then the roots (no mounts live there).
     for handler in ("runc", "crun"):
         if runtime_binary(handler):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import shutil
 import signal
 import subprocess
 import sys
@@ -352,3 +353,66 @@ async def test_a_shim_forked_from_the_template_imports_nothing_in_a_sandbox_life
             proc.kill()
             proc.wait()
     assert json.loads(out) == []
+
+
+# -- one template per runtime root, and never one running code older than what is installed -------
+def _detach(runtime_root: str, *command: str) -> dict:
+    out = subprocess.run([*(command or PODSHIM), "template", "--detach", "--runtime-root", runtime_root],
+                         capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+def _stop(pid: int) -> None:
+    os.kill(pid, signal.SIGTERM)
+    assert _wait_gone(pid)
+
+
+def test_template_detach_starts_one_in_its_own_session_and_later_callers_find_it(roots):
+    first = _detach(roots[0])
+    try:
+        assert first["started"] and _comm(first["pid"]) == "podshim-tmpl"
+        with open(f"/proc/{first['pid']}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        assert int(fields[1]) != os.getpid() and int(fields[3]) == first["pid"]  # not ours; its own session
+        again = _detach(roots[0])
+        assert (again["pid"], again["started"]) == (first["pid"], False)
+        assert _ping(Template(roots[0]))["pid"] == first["pid"]
+    finally:
+        _stop(first["pid"])
+
+
+def test_a_second_template_on_a_runtime_root_refuses_to_start(roots, template):
+    from shim.launch.template import TemplateRunning, run_template
+
+    with pytest.raises(TemplateRunning, match=f"another template \\(pid {template.proc.pid}\\) runs on"):
+        run_template(roots[0], lock_timeout=0.2)
+    assert _ping(template)["pid"] == template.proc.pid
+
+
+def test_a_template_whose_code_changed_on_disk_forks_nothing_and_leaves(roots, tmp_path):
+    from shim.launch.install import BOOT, search_path
+    from shim.rpc.status import FailedPrecondition
+
+    install = tmp_path / "install"
+    shutil.copytree(os.path.join(search_path()[0], "shim"), install / "shim", ignore=shutil.ignore_patterns("__pycache__"))
+    command = [sys.executable, "-I", "-S", "-c", BOOT, ":".join([str(install), *search_path()[1:]])]
+    pid = _detach(roots[0], *command)["pid"]
+    try:
+        first = start_shim(roots, "u1")
+        assert first["pid"] != pid and _alive(first["pid"])
+
+        with open(install / "shim" / "rpc" / "frames.py", "a") as f:
+            f.write("\n# upgraded\n")
+        runtime_root, tmp, started = roots
+        started.append(("u2", str(tmp / "u2")))
+        with pytest.raises(FailedPrecondition, match="the installed podshim changed"):
+            blocking.call("unix://" + control_socket_path(runtime_root), TEMPLATE_SERVICE, "Spawn",
+                          {"namespace": "tpl", "sandbox_id": "u2", "bundle": str(tmp / "u2")})
+        assert _wait_gone(pid) and not os.path.exists(control_socket_path(runtime_root))
+        assert not os.path.exists(tmp / "u2")  # nothing was forked for it
+        assert _alive(first["pid"])  # its shims live on
+        assert start_shim(roots, "u2")["pid"] > 0  # `podshim start` execs meanwhile
+    finally:
+        if _alive(pid):
+            _stop(pid)

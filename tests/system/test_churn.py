@@ -7,17 +7,16 @@ from __future__ import annotations
 import json
 import os
 import secrets
-import signal
 import subprocess
-import sys
 import time
 
 import anyio
 import pytest
 
 from client.cri.pod import open_pod_service
-from shim.paths import control_socket_path
 from shim.rpc.processes import proc_start_time, signal_process, wait_gone
+
+from sandbox_env import stop_template
 
 CYCLES = int(os.environ.get("PODSHIM_CHURN_CYCLES", "1000"))
 IN_FLIGHT = 20
@@ -56,20 +55,12 @@ def mounts_with(text: str) -> list[str]:
 @pytest.fixture
 def roots(tmp_path):
     runtime_root = f"/tmp/podshim-churn-{secrets.token_hex(4)}"
-    os.makedirs(runtime_root, mode=0o700)
-    # A template makes each spawn a fork instead of a Python start-up: the churn tests the
-    # runtime, not the interpreter's start-up.
-    template = subprocess.Popen([sys.executable, "-m", "shim", "template", "--runtime-root", runtime_root],
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 20
-    while not os.path.exists(control_socket_path(runtime_root)):
-        assert template.poll() is None and time.monotonic() < deadline, "the template did not start"
-        time.sleep(0.02)
+    # The Controller starts the runtime root's template on its first spawn (the default): each
+    # spawn is a fork, not a Python start-up, and the churn tests the runtime, not the interpreter.
     try:
         yield str(tmp_path / "root"), runtime_root
     finally:
-        template.send_signal(signal.SIGTERM)
-        template.wait(10)
+        stop_template(runtime_root)
         subprocess.run(["rm", "-rf", runtime_root])
 
 

@@ -1,0 +1,186 @@
+"""The Controller's default shim template: started when none answers, shared, replaced when stale.
+
+What a new user gets from ``Controller(state_root=...)`` with nothing started by hand: the first
+spawn starts the runtime root's template (detached: it outlives the Controller), every later
+Controller on that root forks its shims from the same one, a template running code older than
+what is installed is replaced, and exec is only the fallback when no template can start.
+Every test runs in private roots (``env``), whose teardown stops the template a test started.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import shutil
+import sys
+
+import anyio
+import pytest
+
+from client.controller import Controller
+from client.spawners import ExecSpawner
+from sandbox_env import alive, env, shim_processes, template_pid, wait_gone  # noqa: F401  (env is a fixture)
+from shim.launch.install import BOOT, search_path
+from shim.paths import control_socket_path
+from shim.rpc import blocking
+from shim.rpc.api import TEMPLATE_ENV, TEMPLATE_LOCK, TEMPLATE_SERVICE, TEMPLATE_SOCKET_ENV
+from shim.rpc.status import InvalidArgument
+
+NS = "default"
+
+
+@pytest.fixture(autouse=True)
+def default_environment(monkeypatch):
+    """The defaults, whatever the environment of the test run says."""
+    monkeypatch.delenv(TEMPLATE_ENV, raising=False)
+    monkeypatch.delenv(TEMPLATE_SOCKET_ENV, raising=False)
+
+
+def ping(runtime_root: str) -> dict:
+    return blocking.call("unix://" + control_socket_path(runtime_root), TEMPLATE_SERVICE, "Ping")
+
+
+def forked_by_template(shim_pid: int) -> bool:
+    """A forked shim keeps the template's command line; an exec'd one has `podshim start`'s."""
+    with open(f"/proc/{shim_pid}/cmdline", "rb") as f:
+        argv = f.read().split(b"\0")
+    return b"template" in argv and b"start" not in argv
+
+
+def _comm(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/comm") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+def _parent(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[1])
+
+
+def templates_of(runtime_root: str) -> list[int]:
+    """Live template processes of ``runtime_root``: named podshim-tmpl, and not the spare's
+    intermediate child (a child of the template, with the same name)."""
+    return [p for p in shim_processes(runtime_root)
+            if _comm(p) == "podshim-tmpl" and _comm(_parent(p)) != "podshim-tmpl"]
+
+
+async def shim_pid(c: Controller, sandbox_id: str) -> int:
+    return int((await c.status(NS, sandbox_id, verbose=True)).info["shim_pid"])
+
+
+async def test_a_controller_starts_the_template_and_forks_its_shims_from_it(env):
+    sid = env.sid("first")
+    async with Controller(env.state_root, env.runtime_root) as c:
+        await c.create(NS, sid)
+        pid = await shim_pid(c, sid)
+        assert forked_by_template(pid)
+        template = ping(env.runtime_root)
+        assert template["spawned"] == 1 and templates_of(env.runtime_root) == [template["pid"]]
+        await c.shutdown(NS, sid)
+    assert alive(template["pid"])  # it outlives the Controller
+
+
+async def test_concurrent_controllers_start_one_template_and_all_use_it(env):
+    sids = [[env.sid(f"c{n}s{k}") for k in range(2)] for n in range(3)]
+    async with contextlib.AsyncExitStack() as stack:
+        controllers = [await stack.enter_async_context(Controller(env.state_root, env.runtime_root)) for _ in sids]
+        async with anyio.create_task_group() as tg:
+            for c, ids in zip(controllers, sids):
+                for sid in ids:
+                    tg.start_soon(c.create, NS, sid)
+        pids = [await shim_pid(c, sid) for c, ids in zip(controllers, sids) for sid in ids]
+        assert all(forked_by_template(p) for p in pids)
+        template = ping(env.runtime_root)
+        assert templates_of(env.runtime_root) == [template["pid"]] and template["spawned"] == len(pids)
+        for c, ids in zip(controllers, sids):
+            for sid in ids:
+                await c.shutdown(NS, sid)
+
+
+async def test_a_second_controller_reuses_the_template_the_first_started(env):
+    async with Controller(env.state_root, env.runtime_root) as c:
+        await c.create(NS, env.sid("one"))
+        first = ping(env.runtime_root)["pid"]
+    async with Controller(env.state_root, env.runtime_root) as c:
+        await c.create(NS, env.sid("two"))
+        assert forked_by_template(await shim_pid(c, env.sid("two")))
+        again = ping(env.runtime_root)
+        assert (again["pid"], again["spawned"]) == (first, 2)
+        await c.shutdown(NS, env.sid("one"))
+        await c.shutdown(NS, env.sid("two"))
+
+
+async def test_template_false_execs_every_shim_and_starts_no_template(env, session_template, monkeypatch):
+    # Even with a template named in the environment: the Controller does not ask it, and the
+    # `podshim start` it runs does not either (--no-template).
+    monkeypatch.setenv(TEMPLATE_SOCKET_ENV, session_template.socket())
+    spawned = ping(session_template.root)["spawned"]
+    sid = env.sid("exec")
+    async with Controller(env.state_root, env.runtime_root, template=False) as c:
+        await c.create(NS, sid)
+        assert not forked_by_template(await shim_pid(c, sid))
+        await c.shutdown(NS, sid)
+    assert ping(session_template.root)["spawned"] == spawned
+    assert not os.path.exists(control_socket_path(env.runtime_root)) and templates_of(env.runtime_root) == []
+
+
+async def test_podshim_template_0_in_the_environment_turns_the_template_off(env, monkeypatch):
+    monkeypatch.setenv(TEMPLATE_ENV, "0")
+    sid = env.sid("env0")
+    async with Controller(env.state_root, env.runtime_root) as c:
+        await c.create(NS, sid)
+        assert not forked_by_template(await shim_pid(c, sid))
+        await c.shutdown(NS, sid)
+    assert templates_of(env.runtime_root) == []
+
+
+def test_a_template_option_the_controller_cannot_honour_is_refused(env, monkeypatch):
+    with pytest.raises(InvalidArgument, match="exec spawner only"):
+        Controller(env.state_root, env.runtime_root, spawner="systemd", template=True)
+    monkeypatch.setenv(TEMPLATE_ENV, "maybe")
+    with pytest.raises(InvalidArgument, match="PODSHIM_TEMPLATE"):
+        Controller(env.state_root, env.runtime_root)
+
+
+async def test_when_no_template_can_start_shims_are_execd_and_the_log_says_so_once(env, caplog):
+    # A directory where the template's lock file belongs: no template can start on this root.
+    os.makedirs(os.path.join(env.runtime_root, TEMPLATE_LOCK))
+    sids = [env.sid(f"fb{n}") for n in range(2)]
+    with caplog.at_level(logging.WARNING, logger="client.spawners"):
+        async with Controller(env.state_root, env.runtime_root) as c:
+            for sid in sids:
+                await c.create(NS, sid)
+                assert not forked_by_template(await shim_pid(c, sid))
+            for sid in sids:
+                await c.shutdown(NS, sid)
+    said = [r.getMessage() for r in caplog.records if "cannot start a shim template" in r.getMessage()]
+    assert len(said) == 1 and env.runtime_root in said[0] and "exec'd" in said[0]
+
+
+async def test_a_template_running_code_older_than_what_is_installed_is_replaced(env, tmp_path):
+    # An installation of our own (a copy of the shim package) that can be "upgraded" under a
+    # running template by changing one of its files.
+    install = tmp_path / "install"
+    shutil.copytree(os.path.join(search_path()[0], "shim"), install / "shim",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    command = [sys.executable, "-I", "-S", "-c", BOOT, ":".join([str(install), *search_path()[1:]])]
+    spawner = ExecSpawner(command, runtime_root=env.runtime_root)
+    async with Controller(env.state_root, env.runtime_root, spawner=spawner) as c:
+        await c.create(NS, env.sid("old"))
+        old_shim, old_template = await shim_pid(c, env.sid("old")), ping(env.runtime_root)["pid"]
+
+        with open(install / "shim" / "launch" / "spawn.py", "a") as f:
+            f.write("\n# upgraded\n")
+        await c.create(NS, env.sid("new"))
+        new_shim, new_template = await shim_pid(c, env.sid("new")), ping(env.runtime_root)["pid"]
+
+        assert new_template != old_template and wait_gone(old_template)
+        assert templates_of(env.runtime_root) == [new_template] and forked_by_template(new_shim)
+        assert alive(old_shim)  # shims of the old template keep running: it was not their parent
+        await c.shutdown(NS, env.sid("old"))
+        await c.shutdown(NS, env.sid("new"))
+    assert template_pid(env.runtime_root) == new_template
