@@ -32,6 +32,8 @@ from typing import Any
 
 import pytest
 
+from sandbox_env import stop_template
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CRI_TOOLS_VERSION = "1.26.0"
 #: Where the cri-tools source and its build script live: beside the repository in the developers'
@@ -222,6 +224,7 @@ def running_podshimd(directory: str, *extra: str, config: str = "", netns: str |
             yield daemon
         finally:
             daemon.stop()
+            stop_template(daemon.runtime_root)  # the shim template its first pod started (config template)
     finally:
         notify.close()
         os.unlink(notify_path)
