@@ -28,6 +28,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from client.controller import Controller  # noqa: E402
 from client.handle import Phase  # noqa: E402
+from shim.launch.template import stop_template  # noqa: E402
 
 NS = "bench"
 
@@ -77,6 +78,7 @@ async def bench(args: argparse.Namespace) -> dict:
         loads = [await time_load(state_root, runtime_root, args.n) for _ in range(args.rounds)]
     finally:
         teardown = await shutdown_all(state_root, runtime_root)
+        stop_template(runtime_root)  # the one the first Controller started there (its default)
         print(f"shut them down in {teardown:.1f}s", file=sys.stderr)
         shutil.rmtree(state_root, ignore_errors=True)
         shutil.rmtree(runtime_root, ignore_errors=True)

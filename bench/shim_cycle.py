@@ -5,9 +5,9 @@
 Cycle: ``podshim start --no-template`` (plain exec spawning, a subprocess; until it printed the
 address and a client connected), CreateSandbox, StartSandbox (a new netns), StopSandbox
 (SIGTERM), ShutdownSandbox (until the shim process has exited); p50/p99 of each phase and of the
-whole, one cycle at a time. Two commands run it: "site", the ``podshim`` console script as the
-Controller execs it, and "bare", ``python -S -m shim``: the same code without the interpreter's
-site-packages start-up hooks (.pth files), which every Python process of this interpreter runs.
+whole, one cycle at a time. Two commands run it: "bare", the command line the Controller execs
+(``python -I -S`` with an explicit search path: no site-packages start-up hooks), and "site",
+``python -m shim`` with site, as a console script would start it (every .pth hook included).
 Idle memory: N shims of each command with running sandboxes, all alive at once; RSS and PSS from
 /proc/PID/smaps_rollup, per shim and per pause.
 Floor: ``unshare --fork --pid --net --ipc --uts --mount --mount-proc catatonit -P`` until
@@ -188,8 +188,8 @@ async def main() -> None:
                     next(numbers)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
-    print(f"site: {' '.join(commands['site'].argv)}; bare: {' '.join(commands['bare'].argv)} "
-          f"(PYTHONPATH: the repo and site-packages)")
+    print(f"site: {' '.join(commands['site'].argv)} (PYTHONPATH: the repo); bare: the Controller's command line, "
+          f"{' '.join(commands['bare'].argv[:4])} … (an explicit search path, no site)")
     print(f"Python {sys.version.split()[0]}; {os.cpu_count()} CPUs; kernel {os.uname().release}; "
           f"load average at the end {os.getloadavg()[0]:.1f}")
     print_cycle_table(cycles, floor)

@@ -3,7 +3,7 @@
     podshim start  --namespace NS --id ID --bundle DIR [--runtime-root DIR]
     podshim serve  --namespace NS --id ID --bundle DIR [--runtime-root DIR]
     podshim delete --namespace NS --id ID --bundle DIR [--runtime-root DIR]
-    podshim template [--runtime-root DIR] [--detach]
+    podshim template [--runtime-root DIR] [--detach | --stop]
 
 Bad arguments exit 2 with a sentence; a failure to start exits 1 with the reason and the tail
 of the shim's log. Nothing is imported until an action needs it: ``start`` and ``serve`` load
@@ -76,9 +76,13 @@ def _parser() -> argparse.ArgumentParser:
     sp = sub.add_parser("template", help=text, description=text)
     root(sp)
     daemon_flags(sp)
-    sp.add_argument("--detach", action="store_true",
-                    help="unless a template already answers on the runtime root, start one in the background "
-                         f"(its output in ROOT/{TEMPLATE_LOG}); return once it serves and print its pid as JSON")
+    how = sp.add_mutually_exclusive_group()
+    how.add_argument("--detach", action="store_true",
+                     help="unless a template already answers on the runtime root, start one in the background "
+                          f"(its output in ROOT/{TEMPLATE_LOG}); return once it serves and print its pid as JSON")
+    how.add_argument("--stop", action="store_true",
+                     help="stop the runtime root's template (the shims it forked keep running) and print its pid "
+                          "as JSON (0: none ran)")
     return p
 
 
@@ -162,6 +166,11 @@ def _start_from_template(args: argparse.Namespace) -> dict | None:
 def _template(args: argparse.Namespace) -> int:
     if args.detach:
         return _detach_template(args)
+    if args.stop:
+        from shim.launch.template import stop_template
+
+        print(json.dumps({"pid": stop_template(args.runtime_root)}))
+        return 0
     from shim.daemon import setup_logging
     from shim.launch.template import run_template
 

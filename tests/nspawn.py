@@ -39,7 +39,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 
-__all__ = ["BOOT_TIMEOUT", "CONTAINER_PATH", "Machine", "nspawn_unavailable", "project_venv"]
+__all__ = ["BOOT_TIMEOUT", "CONTAINER_PATH", "Machine", "command_links", "nspawn_unavailable", "project_venv"]
 
 #: From starting nspawn to READY=1 from the container's systemd (about 0.5 s when idle).
 BOOT_TIMEOUT = 30.0
@@ -103,6 +103,20 @@ def project_venv(project: str) -> Iterator[str]:
         yield venv
     finally:
         shutil.rmtree(base, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def command_links(venv: str) -> Iterator[str]:
+    """A directory of links to the venv's podshim* commands, as .ci/install makes in /usr/local/bin."""
+    links = tempfile.mkdtemp(prefix="psh-bin-")
+    try:
+        os.chmod(links, 0o755)
+        for name in os.listdir(os.path.join(venv, "bin")):
+            if name.startswith("podshim"):
+                os.symlink(os.path.join(venv, "bin", name), os.path.join(links, name))
+        yield links
+    finally:
+        shutil.rmtree(links, ignore_errors=True)
 
 
 def _run_checked(argv: list[str]) -> None:

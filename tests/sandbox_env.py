@@ -13,7 +13,6 @@ from __future__ import annotations
 import glob
 import os
 import secrets
-import select
 import shutil
 import signal
 import subprocess
@@ -24,6 +23,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
+from shim.launch.template import stop_template
 from shim.rpc import processes
 
 PODSHIM = [sys.executable, "-m", "shim"]
@@ -124,44 +124,6 @@ def leftovers(env: Env) -> dict[str, list]:
         "cgroups": tagged_cgroups(env.tag),
     }
     return {k: v for k, v in found.items() if v}
-
-
-def template_pid(runtime_root: str) -> int:
-    """The pid of the shim template of ``runtime_root`` (serving, or still starting and holding
-    its lock), or 0 when there is none."""
-    from shim.paths import control_socket_path
-    from shim.rpc import blocking
-    from shim.rpc.api import TEMPLATE_LOCK, TEMPLATE_SERVICE
-
-    try:
-        return blocking.call("unix://" + control_socket_path(runtime_root), TEMPLATE_SERVICE, "Ping", timeout=2)["pid"]
-    except Exception:
-        pass
-    try:
-        with open(os.path.join(runtime_root, TEMPLATE_LOCK)) as f:
-            pid = int(f.read().strip() or 0)
-    except (OSError, ValueError):
-        return 0
-    # The lock file keeps the pid of its last holder: only a live template of this root counts.
-    return pid if pid and alive(pid) and runtime_root.encode() in _cmdline(pid) else 0
-
-
-def stop_template(runtime_root: str, timeout: float = SETTLE) -> None:
-    """Stop the shim template a Controller started on ``runtime_root`` (SIGTERM by pidfd, then
-    wait for it to exit; its spare shim goes with it). Nothing to do when none runs."""
-    pid = template_pid(runtime_root)
-    if not pid:
-        return
-    try:
-        pidfd = os.pidfd_open(pid)
-    except ProcessLookupError:
-        return
-    try:
-        signal.pidfd_send_signal(pidfd, signal.SIGTERM)
-        if not select.select([pidfd], [], [], timeout)[0]:
-            signal.pidfd_send_signal(pidfd, signal.SIGKILL)
-    finally:
-        os.close(pidfd)
 
 
 def settle(check, timeout: float = SETTLE):

@@ -47,7 +47,8 @@ from shim.rpc.messages import Request, optional, require
 from shim.rpc.status import FailedPrecondition, InvalidArgument
 from shim.launch.spawn import Spare, bind_listener, fork_spare, spawn_shim
 
-__all__ = ["CONTROL_IO_TIMEOUT", "LOCK_TIMEOUT", "TemplateRunning", "run_template"]
+__all__ = ["CONTROL_IO_TIMEOUT", "LOCK_TIMEOUT", "STOP_TIMEOUT", "TemplateRunning", "run_template", "stop_template",
+           "template_pid"]
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +57,8 @@ CONTROL_IO_TIMEOUT = 5.0
 #: How long a new template waits for the runtime root's template lock: a template that is
 #: leaving (stale code, SIGTERM) lets go of it within milliseconds; one that stays never does.
 LOCK_TIMEOUT = 5.0
+#: How long stop_template waits for a template to exit after SIGTERM before it sends SIGKILL.
+STOP_TIMEOUT = 5.0
 
 
 class TemplateRunning(OSError):
@@ -113,15 +116,60 @@ def _wait_for_lock(fd: int, timeout: float, path: str) -> None:
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
     except TimeoutError:
-        try:
-            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
-        except OSError:
-            holder = "?"
+        holder = _lock_holder(path) or "?"
         raise TemplateRunning(f"another template (pid {holder}) runs on {os.path.dirname(path)} "
                               f"(it holds {path})") from None
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
+
+
+def _lock_holder(path: str) -> int:
+    """The pid holding a flock on ``path`` (from /proc/locks), or 0."""
+    try:
+        st = os.stat(path)
+        with open("/proc/locks") as f:
+            table = f.read()
+    except OSError:
+        return 0
+    where = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+    for line in table.splitlines():
+        fields = line.split()  # "1: FLOCK ADVISORY WRITE <pid> <maj:min:inode> <start> <end>"
+        if len(fields) >= 6 and fields[1] == "FLOCK" and fields[5] == where and fields[4].isdigit():
+            return int(fields[4])
+    return 0
+
+
+def template_pid(runtime_root: str) -> int:
+    """The pid of the template of ``runtime_root`` (serving, or starting: the holder of its
+    lock), or 0 when none runs there."""
+    return _lock_holder(os.path.join(runtime_root, TEMPLATE_LOCK))
+
+
+def stop_template(runtime_root: str, timeout: float = STOP_TIMEOUT) -> int:
+    """Stop the template of ``runtime_root``: SIGTERM through a pidfd, SIGKILL after ``timeout``
+    seconds; returns once it exited. Its spare goes with it; the shims it forked stay. Returns
+    its pid, or 0 when none ran. Raises OSError when it cannot be signalled (another user's)."""
+    import select
+
+    pid = template_pid(runtime_root)
+    if not pid:
+        return 0
+    try:
+        pidfd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return 0
+    try:
+        if template_pid(runtime_root) != pid:  # it ended before we held it: the pid may be reused
+            return 0
+        signal.pidfd_send_signal(pidfd, signal.SIGTERM)
+        if not select.select([pidfd], [], [], timeout)[0]:
+            log.warning("the template of %s (pid %d) ignored SIGTERM for %.0fs: SIGKILL", runtime_root, pid, timeout)
+            signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+            select.select([pidfd], [], [], timeout)
+    finally:
+        os.close(pidfd)
+    return pid
 
 
 class _Template:

@@ -20,8 +20,9 @@ import pytest
 
 from client.controller import Controller
 from client.spawners import ExecSpawner
-from sandbox_env import alive, env, shim_processes, template_pid, wait_gone  # noqa: F401  (env is a fixture)
+from sandbox_env import alive, env, shim_processes, wait_gone  # noqa: F401  (env is a fixture)
 from shim.launch.install import BOOT, search_path
+from shim.launch.template import template_pid
 from shim.paths import control_socket_path
 from shim.rpc import blocking
 from shim.rpc.api import TEMPLATE_ENV, TEMPLATE_LOCK, TEMPLATE_SERVICE, TEMPLATE_SOCKET_ENV

@@ -416,3 +416,18 @@ def test_a_template_whose_code_changed_on_disk_forks_nothing_and_leaves(roots, t
     finally:
         if _alive(pid):
             _stop(pid)
+
+
+def test_template_stop_ends_the_runtime_roots_template_and_leaves_its_shims(roots):
+    pid = _detach(roots[0])["pid"]
+    shim = start_shim(roots, "st1")
+
+    def stop() -> dict:
+        out = subprocess.run([*PODSHIM, "template", "--stop", "--runtime-root", roots[0]], capture_output=True,
+                             text=True, timeout=30)
+        assert out.returncode == 0, out.stderr
+        return json.loads(out.stdout)
+
+    assert stop() == {"pid": pid}
+    assert not _alive(pid) and _alive(shim["pid"])
+    assert stop() == {"pid": 0}  # none runs: nothing to do

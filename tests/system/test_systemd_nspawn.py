@@ -10,21 +10,17 @@ its pids and systemctl are the container's own, and nothing needs translating.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shlex
-import shutil
 import stat
-import tempfile
 import textwrap
 import time
-from collections.abc import Iterator
 
 import pytest
 
 from client.systemd import unit_names
-from nspawn import CONTAINER_PATH, Machine, nspawn_unavailable, project_venv
+from nspawn import CONTAINER_PATH, Machine, command_links, nspawn_unavailable, project_venv
 from shim.paths import BOOTSTRAP_FILE, STATE_FILE, read_json
 from shim.rpc import Client
 from shim.rpc.api import SANDBOX_SERVICE
@@ -48,20 +44,6 @@ def machine():
         m.install_units(os.path.join(REPO, "systemd"))
         m.write_file("/run/podshim/systemd.env", f'PATH="{venv}/bin:{CONTAINER_PATH}"\n')
         yield m
-
-
-@contextlib.contextmanager
-def command_links(venv: str) -> Iterator[str]:
-    """A directory of links to the venv's podshim* commands, as .ci/install makes in /usr/local/bin."""
-    links = tempfile.mkdtemp(prefix="psh-bin-")
-    try:
-        os.chmod(links, 0o755)
-        for name in os.listdir(os.path.join(venv, "bin")):
-            if name.startswith("podshim"):
-                os.symlink(os.path.join(venv, "bin", name), os.path.join(links, name))
-        yield links
-    finally:
-        shutil.rmtree(links, ignore_errors=True)
 
 
 def wait_for_state(machine: Machine, unit: str, state: str, timeout: float = CALL_TIMEOUT) -> None:

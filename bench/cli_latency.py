@@ -1,0 +1,290 @@
+"""How fast podshim's commands answer: ``podshim start`` (the exec path), podshimctl's read-only
+verbs, and (``--systemd``) a shim started by systemd until it is ready.
+
+    python bench/cli_latency.py [--rounds 20] [--pods 3] [--before DIR] [--systemd]
+
+As root, with the interpreter podshim is installed in. Every figure is the wall clock from the
+command's exec to its exit, as a shell would see it; rows are interleaved round robin (the order
+rotated every round), so the machine's other load weighs on all alike; medians and p90.
+
+- ``podshim start --no-template``: until it printed the address of a shim that serves (the shim
+  is stopped afterwards, untimed). Run three ways: the installed command (the ``podshim`` beside
+  this interpreter: the launcher that starts Python without site), the command line the Controller
+  runs (``python -I -S`` with an explicit path), and ``python -m shim`` (Python with site, as a
+  console script starts; with ``--before DIR``, the code of DIR that way: an older checkout).
+- podshimctl ``pods``, ``ps -a``, ``sandbox list`` over an empty root, and ``pods`` and ``inspectp``
+  with ``--pods`` live pods (made with runp before the rounds and removed after them, untimed).
+- Floors: ``python -I -S -c pass`` and ``python -c pass`` (site's start-up hooks included).
+- ``--systemd``: a systemd booted in systemd-nspawn (tests/nspawn.py) with the project installed in
+  a venv there and the units of systemd/: ``systemctl start podshim@NS:ID.service`` (Type=notify:
+  it returns once the shim sent READY=1), beside ``systemctl start`` of a Type=exec unit running
+  ``sleep`` (systemd's own cost of starting a unit). Each shim is stopped again, untimed.
+
+Prints markdown tables with the load average before and after.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+
+from bench.common import percentile, wait_pidfd  # noqa: E402
+from shim.launch.install import podshim_argv  # noqa: E402
+from shim.launch.template import stop_template  # noqa: E402
+
+TIMEOUT = 30.0
+NAMESPACE = "bench"
+
+
+def timed(argv: list[str], env: dict[str, str] | None = None, cwd: str = "/") -> tuple[float, str]:
+    """Seconds from exec to exit, and stdout; RuntimeError (with stderr) unless it exits 0."""
+    t0 = time.perf_counter()
+    done = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True, env=env, cwd=cwd,
+                          timeout=TIMEOUT)
+    took = time.perf_counter() - t0
+    if done.returncode != 0:
+        raise RuntimeError(f"{' '.join(argv)[:160]} exited {done.returncode}: {done.stderr.strip()[-800:]}")
+    return took, done.stdout
+
+
+class Row:
+    """One command measured once per round; ``after`` cleans up after each run (untimed)."""
+
+    def __init__(self, section: str, label: str, argv: list[str], env: dict[str, str] | None = None,
+                 after=None, fresh=None):
+        self.section, self.label, self.argv, self.env = section, label, argv, env
+        self.after = after  # called with the command's stdout
+        self.fresh = fresh  # called before each run: extra arguments for this run
+        self.samples: list[float] = []
+
+    def run(self) -> None:
+        extra = self.fresh() if self.fresh else []
+        took, out = timed([*self.argv, *extra], self.env)
+        self.samples.append(took)
+        if self.after:
+            self.after(out)
+
+
+def stop_shim(out: str) -> None:
+    """After `podshim start`: SIGTERM the shim it printed, wait for its exit (a shim with no
+    sandbox owns nothing else; it removes its socket)."""
+    pid = json.loads(out.strip().splitlines()[-1])["pid"]
+    fd = os.pidfd_open(pid)
+    try:
+        signal.pidfd_send_signal(fd, signal.SIGTERM)
+        if not wait_pidfd(fd, TIMEOUT):
+            signal.pidfd_send_signal(fd, signal.SIGKILL)
+            raise RuntimeError(f"shim {pid} outlived SIGTERM by {TIMEOUT} s")
+    finally:
+        os.close(fd)
+
+
+def start_rows(workdir: str, before: str | None) -> list[Row]:
+    runtime_root = os.path.join(workdir, "run")
+    counter = iter(range(1_000_000))
+
+    def fresh() -> list[str]:
+        n = next(counter)
+        bundle = os.path.join(workdir, "bundles", str(n))
+        return ["--namespace", NAMESPACE, "--id", f"b{n}", "--bundle", bundle, "--runtime-root", runtime_root,
+                "--no-template"]
+
+    site_env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [before or REPO,
+                                                                         os.environ.get("PYTHONPATH")]))}
+    installed = os.path.join(os.path.dirname(sys.executable), "podshim")
+    rows = [Row("start", f"`podshim start`, the installed command ({describe(installed)})", [installed, "start"],
+                after=stop_shim, fresh=fresh),
+            Row("start", "`podshim start` as the Controller runs it: `python -I -S -c …` with an explicit path",
+                [*podshim_argv(), "start"], after=stop_shim, fresh=fresh),
+            Row("start", "`python -m shim start` (site's start-up hooks, as a console script runs)"
+                + (f", code of {before}" if before else ""),
+                [sys.executable, "-m", "shim", "start"], env=site_env, after=stop_shim, fresh=fresh)]
+    return rows
+
+
+def describe(command: str) -> str:
+    try:
+        with open(command, "rb") as f:
+            first = f.readline()
+    except OSError:
+        return "missing"
+    return "the launcher, no site" if first.startswith(b"#!/bin/sh") else "a console script, with site"
+
+
+def ctl_rows(workdir: str, before: str | None, pods: int) -> tuple[list[Row], list[str]]:
+    """The podshimctl rows, and the ids of the pods made for them."""
+    empty, busy = os.path.join(workdir, "empty"), os.path.join(workdir, "busy")
+    installed = os.path.join(os.path.dirname(sys.executable), "podshimctl")
+    site_env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [before or REPO,
+                                                                         os.environ.get("PYTHONPATH")]))}
+
+    def roots(base: str) -> list[str]:
+        return ["--root", os.path.join(base, "root"), "--runtime-root", os.path.join(base, "run"),
+                "--cni-conf-dir", os.path.join(base, "no-cni")]
+
+    def ctl(base: str, verb: list[str]) -> list[str]:
+        # Global flags before the verb; the CNI flag belongs to the pod verbs.
+        flags = roots(base)
+        return [*flags[:4], *verb[:1], *(flags[4:] if verb[0] not in ("sandbox",) else []), *verb[1:]]
+
+    made = []
+    config = os.path.join(workdir, "pod.json")
+    with open(os.path.join(REPO, "examples", "pod-config.json")) as f:
+        cfg = json.load(f)
+    cfg["linux"]["cgroup_parent"] = ""
+    for n in range(pods):
+        cfg["metadata"]["name"], cfg["metadata"]["uid"] = f"bench-{n}", f"uid-{n}"
+        with open(config, "w") as f:
+            json.dump(cfg, f)
+        made.append(timed([installed, *ctl(busy, ["runp", config])])[1].strip())
+    rows = []
+    verbs = [("pods, no pods", empty, ["pods"]), ("ps -a, no pods", empty, ["ps", "-a"]),
+             ("sandbox list, no sandboxes", empty, ["sandbox", "list"])]
+    if made:
+        verbs += [(f"pods, {pods} pods", busy, ["pods"]), (f"inspectp, one of {pods} pods", busy, ["inspectp", made[0]])]
+    for label, base, verb in verbs:
+        rows.append(Row("ctl", f"`podshimctl {label}`: installed command ({describe(installed)})",
+                        [installed, *ctl(base, verb)]))
+        rows.append(Row("ctl", f"`podshimctl {label}`: `python -m client.cli` (site"
+                        + (f", code of {before})" if before else ")"),
+                        [sys.executable, "-m", "client.cli", *ctl(base, verb)], env=site_env))
+    return rows, made
+
+
+def floor_rows() -> list[Row]:
+    return [Row("floor", "`python -I -S -c pass`", [sys.executable, "-I", "-S", "-c", "pass"]),
+            Row("floor", "`python -c pass` (site's start-up hooks)", [sys.executable, "-c", "pass"])]
+
+
+def measure(rows: list[Row], rounds: int) -> None:
+    for row in rows:  # warm-up: bytecode caches, the page cache
+        row.run()
+        row.samples.clear()
+    for n in range(rounds):
+        shift = n % len(rows)
+        for row in rows[shift:] + rows[:shift]:
+            row.run()
+
+
+def table(rows: list[Row], title: str) -> list[str]:
+    out = [f"#### {title}", "", "| command | median ms | p90 ms | min ms |", "|---|---:|---:|---:|"]
+    for row in rows:
+        out.append(f"| {row.label} | {statistics.median(row.samples) * 1e3:.1f} | "
+                   f"{percentile(row.samples, 90) * 1e3:.1f} | {min(row.samples) * 1e3:.1f} |")
+    return out + [""]
+
+
+# -- systemd ---------------------------------------------------------------------------------------
+SYSTEMD_SCRIPT = """
+import json, statistics, subprocess, sys, time
+rounds = int(sys.argv[1])
+def systemctl(*args):
+    done = subprocess.run(["systemctl", "--no-ask-password", *args], capture_output=True, text=True)
+    if done.returncode:
+        raise SystemExit(f"systemctl {' '.join(args)}: {done.stderr}")
+samples = {"shim": [], "floor": []}
+for n in range(rounds + 1):
+    for kind in (("shim", "floor") if n % 2 else ("floor", "shim")):
+        unit = f"podshim@bench:s{n}.service" if kind == "shim" else "podshim-bench-floor.service"
+        t0 = time.perf_counter()
+        systemctl("start", unit)
+        took = time.perf_counter() - t0
+        systemctl("stop", unit)
+        if n:  # the first round warms caches up
+            samples[kind].append(took)
+print(json.dumps(samples))
+"""
+
+FLOOR_UNIT = """[Unit]
+Description=podshim bench: systemd's own cost of starting a unit
+[Service]
+Type=exec
+ExecStart=/bin/sleep 600
+"""
+
+
+def systemd_rows(rounds: int) -> tuple[list[Row], str]:
+    sys.path.insert(0, os.path.join(REPO, "tests"))
+    from nspawn import CONTAINER_PATH, Machine, command_links, nspawn_unavailable, project_venv
+
+    reason = nspawn_unavailable()
+    if reason is not None:
+        return [], f"systemd rows skipped: {reason}"
+    with project_venv(REPO) as venv, command_links(venv) as links, \
+            Machine.booted(binds_ro=[venv, f"{links}:/usr/local/bin"]) as m:
+        m.install_units(os.path.join(REPO, "systemd"))
+        m.write_file("/run/systemd/system/podshim-bench-floor.service", FLOOR_UNIT)
+        m.write_file("/run/podshim/systemd.env", f'PATH="{venv}/bin:{CONTAINER_PATH}"\n')
+        m.systemctl("daemon-reload")
+        out = m.run(f"{venv}/bin/python", "-I", "-c", textwrap.dedent(SYSTEMD_SCRIPT), str(rounds),
+                    timeout=60 + rounds * 10).stdout
+    samples = json.loads(out)
+    rows = [Row("systemd", "`systemctl start podshim@NS:ID.service` until READY=1 (the installed launcher)", []),
+            Row("systemd", "`systemctl start` of a Type=exec unit running sleep (systemd's own cost)", [])]
+    rows[0].samples, rows[1].samples = samples["shim"], samples["floor"]
+    return rows, "systemd 252 in systemd-nspawn (tests/nspawn.py), the project pip-installed in a venv of /usr/bin/python3"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--rounds", type=int, default=20, help="interleaved rounds (20)")
+    p.add_argument("--pods", type=int, default=3, help="live pods for the pods/inspectp rows (3; 0: none)")
+    p.add_argument("--before", metavar="DIR", help="a checkout whose code the `python -m` rows run (site)")
+    p.add_argument("--systemd", action="store_true", help="also time systemctl start in systemd-nspawn")
+    args = p.parse_args(argv)
+    if os.geteuid() != 0:
+        print("run as root: shims make namespaces and cgroups", file=sys.stderr)
+        return 2
+    workdir = tempfile.mkdtemp(prefix="podshim-cli-")
+    made: list[str] = []
+    load = [os.getloadavg()[0]]
+    try:
+        rows = start_rows(workdir, args.before)
+        ctl, made = ctl_rows(workdir, args.before, args.pods)
+        rows += ctl + floor_rows()
+        t0 = time.perf_counter()
+        measure(rows, args.rounds)
+        took = time.perf_counter() - t0
+        load.append(os.getloadavg()[0])
+        notes = []
+        if args.systemd:
+            load_systemd = os.getloadavg()[0]
+            extra, note = systemd_rows(args.rounds)
+            rows += extra
+            notes.append(note + f" (load average {load_systemd:.2f} before, {os.getloadavg()[0]:.2f} after)")
+    finally:
+        if made:
+            installed = os.path.join(os.path.dirname(sys.executable), "podshimctl")
+            base = os.path.join(workdir, "busy")
+            subprocess.run([installed, "--root", os.path.join(base, "root"), "--runtime-root",
+                            os.path.join(base, "run"), "rmp", *made], capture_output=True, timeout=120)
+        for base in ("busy", "empty", ""):
+            stop_template(os.path.join(workdir, base, "run") if base else os.path.join(workdir, "run"))
+        shutil.rmtree(workdir, ignore_errors=True)
+    out = [f"### podshim's commands ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())})", "",
+           f"{args.rounds} interleaved rounds ({took:.0f} s), {os.cpu_count()} CPUs, load average {load[0]:.2f} "
+           f"before, {load[1]:.2f} after; Python {sys.version.split()[0]} ({sys.executable}).", ""]
+    for section, title in (("start", "`podshim start` (exec path): until it printed a serving shim's address"),
+                           ("ctl", "podshimctl"), ("floor", "Python's own start"), ("systemd", "systemd")):
+        chosen = [r for r in rows if r.section == section]
+        if chosen:
+            out += table(chosen, title)
+    out += [f"Notes: {n}" for n in notes]
+    print("\n".join(out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
