@@ -95,13 +95,14 @@ CRUN_WRAPPER_C = r"""
 #include <stdio.h>
 #include <sys/mount.h>
 #include <unistd.h>
-/* crun in a private mount namespace where the cgroup2 mount of a hybrid host is not visible:
-   crun then drives the v1 hierarchies, as runc does. The umount is only tried once the copy
-   of the mount table is private, so it can never propagate to the host. */
+/* crun in a private mount namespace where the controller list of a hybrid host's cgroup2
+   hierarchy reads empty (/dev/null bound over it): crun then accepts the hybrid layout and
+   drives every hierarchy, v1 and the cgroup2 one, as runc does. The bind is only made once the
+   copy of the mount table is private, so it can never propagate to the host. */
 int main(int argc, char **argv) {
     (void)argc;
     if (unshare(CLONE_NEWNS) == 0 && mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) == 0)
-        umount2("/sys/fs/cgroup/unified", MNT_DETACH);
+        mount("/dev/null", "@CONTROLLERS@", NULL, MS_BIND, NULL);
     execv("@CRUN@", argv);
     perror("crun-hybrid: exec");
     return 127;
@@ -287,6 +288,10 @@ def build_pause_image(path: str, pause_binary: str = PAUSE_SOURCE) -> str:
     return _digest(manifest)
 
 
+#: The cgroup2 hierarchy's controller list on a hybrid host: crun refuses the layout unless it is empty.
+HYBRID_CONTROLLERS = f"{CGROUP_ROOT}/unified/cgroup.controllers"
+
+
 def hybrid_cgroups() -> bool:
     """v1 hierarchies under a tmpfs /sys/fs/cgroup plus a cgroup2 mount holding controllers."""
     with open("/proc/self/mounts") as f:
@@ -294,7 +299,7 @@ def hybrid_cgroups() -> bool:
     if types.get(CGROUP_ROOT) != "tmpfs" or types.get(f"{CGROUP_ROOT}/unified") != "cgroup2":
         return False
     try:
-        with open(f"{CGROUP_ROOT}/unified/cgroup.controllers") as f:
+        with open(HYBRID_CONTROLLERS) as f:
             return bool(f.read().split())
     except OSError:
         return False
@@ -303,9 +308,14 @@ def hybrid_cgroups() -> bool:
 def crun_binary(workdir: str) -> tuple[str | None, str]:
     """The runc binary to give containerd for crun, and a note on how crun is run.
 
-    crun 1.8 refuses hybrid cgroups ("cgroups in hybrid mode not supported"), even with
-    ``--cgroup-manager=disabled``. The way around that leaves the host alone: a wrapper that
-    runs crun in a private mount namespace without the cgroup2 mount.
+    crun 1.8 refuses hybrid cgroups ("cgroups in hybrid mode not supported") while the cgroup2
+    hierarchy has a controller (hugetlb here), even with ``--cgroup-manager=disabled``. The way
+    around that leaves the host alone: a wrapper that runs crun in a private mount namespace where
+    that hierarchy's ``cgroup.controllers`` reads empty, as the shim does for its own crun calls
+    (shim.runtime.oci). crun then makes the container's cgroup in every hierarchy, as runc does.
+    (Unmounting the cgroup2 hierarchy instead, as this bench once did, left crun writing its
+    "cgroup" for it into the tmpfs directory under the mount point, and failed on a machine where
+    that directory had no parent for it.)
     """
     crun = shutil.which("crun")
     if crun is None:
@@ -317,16 +327,18 @@ def crun_binary(workdir: str) -> tuple[str | None, str]:
     if cc:
         source = wrapper + ".c"
         with open(source, "w") as f:
-            f.write(CRUN_WRAPPER_C.replace("@CRUN@", crun))
+            f.write(CRUN_WRAPPER_C.replace("@CRUN@", crun).replace("@CONTROLLERS@", HYBRID_CONTROLLERS))
         run([cc, "-O2", "-o", wrapper, source])
         return wrapper, ("hybrid cgroups: crun run through a tiny C wrapper (one extra exec) in a private "
-                         "mount namespace without the cgroup2 mount, so it uses the v1 hierarchies as runc does")
+                         "mount namespace where the cgroup2 hierarchy's controller list reads empty, so it "
+                         "accepts the hybrid layout and makes its cgroups in every hierarchy, as runc does")
     with open(wrapper, "w") as f:
         f.write("#!/bin/sh\nexec unshare --mount --propagation private /bin/sh -c "
-                f"'umount -l {CGROUP_ROOT}/unified; exec {crun} \"$@\"' crun \"$@\"\n")
+                f"'mount --bind /dev/null {HYBRID_CONTROLLERS} && exec {crun} \"$@\"' crun \"$@\"\n")
     os.chmod(wrapper, 0o755)
-    return wrapper, ("hybrid cgroups: crun run through a shell wrapper (unshare + sh + umount: about three extra "
-                     "execs per crun call) in a private mount namespace without the cgroup2 mount")
+    return wrapper, ("hybrid cgroups: crun run through a shell wrapper (unshare + sh + mount: about three extra "
+                     "execs per crun call) in a private mount namespace where the cgroup2 hierarchy's controller "
+                     "list reads empty, so it makes its cgroups in every hierarchy, as runc does")
 
 
 # -- containerd --------------------------------------------------------------------------------------
