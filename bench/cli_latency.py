@@ -5,7 +5,9 @@ verbs, and (``--systemd``) a shim started by systemd until it is ready.
 
 As root, with the interpreter podshim is installed in. Every figure is the wall clock from the
 command's exec to its exit, as a shell would see it; rows are interleaved round robin (the order
-rotated every round), so the machine's other load weighs on all alike; medians and p90.
+rotated every round), so the machine's other load weighs on all alike; medians and p90. Beside
+it, the CPU time the command used (user + system, of the command and, for ``podshim start``, of
+the shim it forked until it served): what the command costs whatever else runs on the machine.
 
 - ``podshim start --no-template``: until it printed the address of a shim that serves (the shim
   is stopped afterwards, untimed). Run three ways: the installed command (the ``podshim`` beside
@@ -28,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shutil
 import signal
 import statistics
@@ -40,7 +43,7 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from bench.common import percentile, wait_pidfd  # noqa: E402
+from bench.common import compile_bytecode, percentile, wait_pidfd  # noqa: E402
 from shim.launch.install import podshim_argv  # noqa: E402
 from shim.launch.template import stop_template  # noqa: E402
 
@@ -48,15 +51,19 @@ TIMEOUT = 30.0
 NAMESPACE = "bench"
 
 
-def timed(argv: list[str], env: dict[str, str] | None = None, cwd: str = "/") -> tuple[float, str]:
-    """Seconds from exec to exit, and stdout; RuntimeError (with stderr) unless it exits 0."""
+def timed(argv: list[str], env: dict[str, str] | None = None, cwd: str = "/") -> tuple[float, float, str]:
+    """Seconds from exec to exit, CPU seconds it used, and stdout; RuntimeError (with stderr)
+    unless it exits 0."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
     done = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True, env=env, cwd=cwd,
                           timeout=TIMEOUT)
     took = time.perf_counter() - t0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if done.returncode != 0:
         raise RuntimeError(f"{' '.join(argv)[:160]} exited {done.returncode}: {done.stderr.strip()[-800:]}")
-    return took, done.stdout
+    cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
+    return took, cpu, done.stdout
 
 
 class Row:
@@ -65,23 +72,26 @@ class Row:
     def __init__(self, section: str, label: str, argv: list[str], env: dict[str, str] | None = None,
                  after=None, fresh=None):
         self.section, self.label, self.argv, self.env = section, label, argv, env
-        self.after = after  # called with the command's stdout
+        self.after = after  # called with the command's stdout; the CPU seconds it adds (a shim's)
         self.fresh = fresh  # called before each run: extra arguments for this run
         self.samples: list[float] = []
+        self.cpu: list[float] = []
 
     def run(self) -> None:
         extra = self.fresh() if self.fresh else []
-        took, out = timed([*self.argv, *extra], self.env)
+        took, cpu, out = timed([*self.argv, *extra], self.env)
         self.samples.append(took)
-        if self.after:
-            self.after(out)
+        self.cpu.append(cpu + (self.after(out) if self.after else 0.0))
 
 
-def stop_shim(out: str) -> None:
-    """After `podshim start`: SIGTERM the shim it printed, wait for its exit (a shim with no
-    sandbox owns nothing else; it removes its socket)."""
+def stop_shim(out: str) -> float:
+    """After `podshim start`: the CPU seconds the shim it printed used so far (it only waits from
+    when it serves), then SIGTERM it and wait for its exit (a shim with no sandbox owns nothing
+    else; it removes its socket)."""
     pid = json.loads(out.strip().splitlines()[-1])["pid"]
     fd = os.pidfd_open(pid)
+    with open(f"/proc/{pid}/schedstat") as f:
+        cpu = int(f.read().split()[0]) / 1e9  # ns on a CPU since it was forked
     try:
         signal.pidfd_send_signal(fd, signal.SIGTERM)
         if not wait_pidfd(fd, TIMEOUT):
@@ -89,6 +99,7 @@ def stop_shim(out: str) -> None:
             raise RuntimeError(f"shim {pid} outlived SIGTERM by {TIMEOUT} s")
     finally:
         os.close(fd)
+    return cpu
 
 
 def start_rows(workdir: str, before: str | None) -> list[Row]:
@@ -148,7 +159,7 @@ def ctl_rows(workdir: str, before: str | None, pods: int) -> tuple[list[Row], li
         cfg["metadata"]["name"], cfg["metadata"]["uid"] = f"bench-{n}", f"uid-{n}"
         with open(config, "w") as f:
             json.dump(cfg, f)
-        made.append(timed([installed, *ctl(busy, ["runp", config])])[1].strip())
+        made.append(timed([installed, *ctl(busy, ["runp", config])])[2].strip())
     rows = []
     verbs = [("pods, no pods", empty, ["pods"]), ("ps -a, no pods", empty, ["ps", "-a"]),
              ("sandbox list, no sandboxes", empty, ["sandbox", "list"])]
@@ -172,6 +183,7 @@ def measure(rows: list[Row], rounds: int) -> None:
     for row in rows:  # warm-up: bytecode caches, the page cache
         row.run()
         row.samples.clear()
+        row.cpu.clear()
     for n in range(rounds):
         shift = n % len(rows)
         for row in rows[shift:] + rows[:shift]:
@@ -179,10 +191,11 @@ def measure(rows: list[Row], rounds: int) -> None:
 
 
 def table(rows: list[Row], title: str) -> list[str]:
-    out = [f"#### {title}", "", "| command | median ms | p90 ms | min ms |", "|---|---:|---:|---:|"]
+    out = [f"#### {title}", "", "| command | median ms | p90 ms | min ms | CPU ms (median) |", "|---|---:|---:|---:|---:|"]
     for row in rows:
+        cpu = f"{statistics.median(row.cpu) * 1e3:.1f}" if row.cpu else "—"
         out.append(f"| {row.label} | {statistics.median(row.samples) * 1e3:.1f} | "
-                   f"{percentile(row.samples, 90) * 1e3:.1f} | {min(row.samples) * 1e3:.1f} |")
+                   f"{percentile(row.samples, 90) * 1e3:.1f} | {min(row.samples) * 1e3:.1f} | {cpu} |")
     return out + [""]
 
 
@@ -247,6 +260,8 @@ def main(argv: list[str] | None = None) -> int:
     if os.geteuid() != 0:
         print("run as root: shims make namespaces and cgroups", file=sys.stderr)
         return 2
+    for tree in filter(None, (REPO, args.before)):
+        compile_bytecode(tree)
     workdir = tempfile.mkdtemp(prefix="podshim-cli-")
     made: list[str] = []
     load = [os.getloadavg()[0]]

@@ -69,7 +69,8 @@ from typing import Any, Callable
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, REPO)
 
-from bench.common import (Memory, children_of, floor_cgroup_cycle, floor_cycle, handles_signal, memory,  # noqa: E402
+from bench.common import (Memory, children_of, compile_bytecode, floor_cgroup_cycle, floor_cycle,  # noqa: E402
+                          handles_signal, memory,
                           parent_of, template_memory,
                           percentile, signal_pid, wait_pidfd)
 from shim.launch.template import stop_template  # noqa: E402
@@ -1011,6 +1012,7 @@ def main(argv: list[str] | None = None) -> int:
     timings = {"setup": 0.0}
     try:
         packages = ensure_packages()
+        compile_bytecode(REPO)
         workdir = tempfile.mkdtemp(prefix="podshim-cmp-")
         janitor.add("remove the work directory", shutil.rmtree, workdir, True)
         janitor.add("unmount what is left under the work directory", unmount_under, workdir)
