@@ -14,8 +14,12 @@ the shim it forked until it served): what the command costs whatever else runs o
   this interpreter: the launcher that starts Python without site), the command line the Controller
   runs (``python -I -S`` with an explicit path), and ``python -m shim`` (Python with site, as a
   console script starts; with ``--before DIR``, the code of DIR that way: an older checkout).
-- podshimctl ``pods``, ``ps -a``, ``sandbox list`` over an empty root, and ``pods`` and ``inspectp``
-  with ``--pods`` live pods (made with runp before the rounds and removed after them, untimed).
+- podshimctl's pod verbs (a CRI client of podshimd): ``pods`` and ``ps -a`` against a podshimd with
+  no pods, ``pods`` and ``inspectp`` against one with ``--pods`` live pods (made with runp before the
+  rounds, removed after them); both daemons run for the whole bench (tests/critools.py starts
+  them, so this needs the test extras); the real ``crictl pods`` against the same daemons when
+  tests/critools.py has built cri-tools. ``sandbox list`` (the Controller, no daemon) over an empty
+  state root.
 - Floors: ``python -I -S -c pass`` and ``python -c pass`` (site's start-up hooks included).
 - ``--systemd``: a systemd booted in systemd-nspawn (tests/nspawn.py) with the project installed in
   a venv there and the units of systemd/: ``systemctl start podshim@NS:ID.service`` (Type=notify:
@@ -28,6 +32,7 @@ Prints markdown tables with the load average before and after.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import resource
@@ -134,44 +139,44 @@ def describe(command: str) -> str:
     return "the launcher, no site" if first.startswith(b"#!/bin/sh") else "a console script, with site"
 
 
-def ctl_rows(workdir: str, before: str | None, pods: int) -> tuple[list[Row], list[str]]:
-    """The podshimctl rows, and the ids of the pods made for them."""
-    empty, busy = os.path.join(workdir, "empty"), os.path.join(workdir, "busy")
+def ctl_rows(empty, busy, sandboxes: str, before: str | None, pods: int) -> list[Row]:
+    """The podshimctl rows: pod verbs against the podshimd daemons ``empty`` (no pods) and ``busy``
+    (``pods`` pods, made here), ``sandbox list`` over the empty state root ``sandboxes``; and the
+    real crictl beside them when tests/critools.py built it."""
+    from critools import BIN_DIR, _built
+
     installed = os.path.join(os.path.dirname(sys.executable), "podshimctl")
     site_env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [before or REPO,
                                                                          os.environ.get("PYTHONPATH")]))}
-
-    def roots(base: str) -> list[str]:
-        return ["--root", os.path.join(base, "root"), "--runtime-root", os.path.join(base, "run"),
-                "--cni-conf-dir", os.path.join(base, "no-cni")]
-
-    def ctl(base: str, verb: list[str]) -> list[str]:
-        # Global flags before the verb; the CNI flag belongs to the pod verbs.
-        flags = roots(base)
-        return [*flags[:4], *verb[:1], *(flags[4:] if verb[0] not in ("sandbox",) else []), *verb[1:]]
-
-    made = []
-    config = os.path.join(workdir, "pod.json")
+    config = os.path.join(busy.directory, "pod.json")
     with open(os.path.join(REPO, "examples", "pod-config.json")) as f:
         cfg = json.load(f)
     cfg["linux"]["cgroup_parent"] = ""
+    made = []
     for n in range(pods):
         cfg["metadata"]["name"], cfg["metadata"]["uid"] = f"bench-{n}", f"uid-{n}"
         with open(config, "w") as f:
             json.dump(cfg, f)
-        made.append(timed([installed, *ctl(busy, ["runp", config])])[2].strip())
-    rows = []
-    verbs = [("pods, no pods", empty, ["pods"]), ("ps -a, no pods", empty, ["ps", "-a"]),
-             ("sandbox list, no sandboxes", empty, ["sandbox", "list"])]
+        made.append(timed([installed, "--runtime-root", busy.runtime_root, "runp", config])[2].strip())
+    verbs = [("pods, no pods", ["--runtime-root", empty.runtime_root, "pods"]),
+             ("ps -a, no pods", ["--runtime-root", empty.runtime_root, "ps", "-a"]),
+             ("sandbox list, no sandboxes", ["--root", sandboxes, "--runtime-root", sandboxes, "sandbox", "list"])]
     if made:
-        verbs += [(f"pods, {pods} pods", busy, ["pods"]), (f"inspectp, one of {pods} pods", busy, ["inspectp", made[0]])]
-    for label, base, verb in verbs:
-        rows.append(Row("ctl", f"`podshimctl {label}`: installed command ({describe(installed)})",
-                        [installed, *ctl(base, verb)]))
+        verbs += [(f"pods, {pods} pods", ["--runtime-root", busy.runtime_root, "pods"]),
+                  (f"inspectp, one of {pods} pods", ["--runtime-root", busy.runtime_root, "inspectp", made[0]])]
+    rows = []
+    for label, argv in verbs:
+        rows.append(Row("ctl", f"`podshimctl {label}`: installed command ({describe(installed)})", [installed, *argv]))
         rows.append(Row("ctl", f"`podshimctl {label}`: `python -m client.cli` (site"
                         + (f", code of {before})" if before else ")"),
-                        [sys.executable, "-m", "client.cli", *ctl(base, verb)], env=site_env))
-    return rows, made
+                        [sys.executable, "-m", "client.cli", *argv], env=site_env))
+    if _built():
+        crictl = os.path.join(BIN_DIR, "crictl")
+        for label, daemon in [("no pods", empty)] + ([(f"{pods} pods", busy)] if made else []):
+            rows.append(Row("ctl", f"`crictl pods`, {label} (cri-tools 1.26, Go; same podshimd)",
+                            [crictl, "--runtime-endpoint", daemon.endpoint, "--image-endpoint", daemon.endpoint,
+                             "pods"]))
+    return rows
 
 
 def floor_rows() -> list[Row]:
@@ -250,6 +255,14 @@ def systemd_rows(rounds: int) -> tuple[list[Row], str]:
     return rows, "systemd 252 in systemd-nspawn (tests/nspawn.py), the project pip-installed in a venv of /usr/bin/python3"
 
 
+def remove_pods(daemon) -> None:
+    """``podshimctl rmp`` every pod of ``daemon`` (untimed cleanup)."""
+    installed = os.path.join(os.path.dirname(sys.executable), "podshimctl")
+    ids = timed([installed, "--runtime-root", daemon.runtime_root, "pods", "-q"])[2].split()
+    if ids:
+        timed([installed, "--runtime-root", daemon.runtime_root, "rmp", *ids])
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--rounds", type=int, default=20, help="interleaved rounds (20)")
@@ -263,30 +276,34 @@ def main(argv: list[str] | None = None) -> int:
     for tree in filter(None, (REPO, args.before)):
         compile_bytecode(tree)
     workdir = tempfile.mkdtemp(prefix="podshim-cli-")
-    made: list[str] = []
     load = [os.getloadavg()[0]]
+    notes = []
     try:
-        rows = start_rows(workdir, args.before)
-        ctl, made = ctl_rows(workdir, args.before, args.pods)
-        rows += ctl + floor_rows()
-        t0 = time.perf_counter()
-        measure(rows, args.rounds)
-        took = time.perf_counter() - t0
-        load.append(os.getloadavg()[0])
-        notes = []
+        with contextlib.ExitStack() as stack:
+            sys.path.insert(0, os.path.join(REPO, "tests"))
+            from critools import running_podshimd
+
+            daemons = []
+            for name in ("empty", "busy"):
+                os.makedirs(os.path.join(workdir, name))
+                daemons.append(stack.enter_context(running_podshimd(os.path.join(workdir, name))))
+            # Pods go before their daemon stops (the stack unwinds the other way).
+            stack.callback(remove_pods, daemons[1])
+            rows = start_rows(workdir, args.before)
+            rows += ctl_rows(*daemons, os.path.join(workdir, "sandboxes"), args.before, args.pods)
+            rows += floor_rows()
+            t0 = time.perf_counter()
+            measure(rows, args.rounds)
+            took = time.perf_counter() - t0
+            load.append(os.getloadavg()[0])
         if args.systemd:
             load_systemd = os.getloadavg()[0]
             extra, note = systemd_rows(args.rounds)
             rows += extra
             notes.append(note + f" (load average {load_systemd:.2f} before, {os.getloadavg()[0]:.2f} after)")
     finally:
-        if made:
-            installed = os.path.join(os.path.dirname(sys.executable), "podshimctl")
-            base = os.path.join(workdir, "busy")
-            subprocess.run([installed, "--root", os.path.join(base, "root"), "--runtime-root",
-                            os.path.join(base, "run"), "rmp", *made], capture_output=True, timeout=120)
-        for base in ("busy", "empty", ""):
-            stop_template(os.path.join(workdir, base, "run") if base else os.path.join(workdir, "run"))
+        for root in (os.path.join(workdir, "run"), os.path.join(workdir, "sandboxes")):
+            stop_template(root)
         shutil.rmtree(workdir, ignore_errors=True)
     out = [f"### podshim's commands ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())})", "",
            f"{args.rounds} interleaved rounds ({took:.0f} s), {os.cpu_count()} CPUs, load average {load[0]:.2f} "

@@ -1,7 +1,5 @@
 """``python -m shim`` is ``podshim``."""
 
-import sys
+from shim.cli import run
 
-from shim.cli import main
-
-sys.exit(main())
+run()

@@ -26,7 +26,7 @@ from shim.rpc.files import ensure_private_dir
 from shim.rpc.status import FailedPrecondition, RpcError, Unavailable
 from shim.launch.spawn import START_TIMEOUT, bind_listener, bootstrap, spawn_shim
 
-__all__ = ["main"]
+__all__ = ["main", "run"]
 
 
 class UsageError(Exception):
@@ -277,5 +277,12 @@ def main(argv: list[str] | None = None) -> int:
         return 1
 
 
+def run() -> None:
+    """The ``podshim`` program: :func:`main`, then exit at once (see shim.launch.install.exit_now)."""
+    from shim.launch.install import exit_now
+
+    exit_now(main())
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    run()

@@ -1,7 +1,5 @@
 """``python -m client.cli`` is ``podshimctl``."""
 
-import sys
+from client.cli.main import run
 
-from client.cli.main import main
-
-sys.exit(main())
+run()

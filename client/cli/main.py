@@ -36,7 +36,7 @@ from client.defaults import DEFAULT_RUNTIME_ROOT, DEFAULT_STATE_ROOT
 if TYPE_CHECKING:
     from client.controller import Controller
 
-__all__ = ["main", "command", "COMMAND_MODULES", "CliError", "emit", "open_controller"]
+__all__ = ["main", "run", "command", "COMMAND_MODULES", "CliError", "emit", "open_controller"]
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 DEFAULT_NAMESPACE = "default"
@@ -53,7 +53,8 @@ class CliError(Exception):
 
 def command(name: str, help: str) -> Callable[[Setup], Setup]:
     """Register a top-level command. ``setup(parser)`` adds its arguments (or sub-commands) and
-    sets ``run=async fn(args) -> int`` on every leaf with ``parser.set_defaults``."""
+    sets ``run=async fn(args) -> int`` on every leaf with ``parser.set_defaults`` (or
+    ``run_sync=fn(args) -> int`` for a verb with nothing to await: it runs without an event loop)."""
     def register(setup: Setup) -> Setup:
         _COMMANDS[name] = (help, setup)
         return setup
@@ -385,13 +386,15 @@ def main(argv: list[str] | None = None) -> int:
         args.namespace = DEFAULT_NAMESPACE  # raw calls send no namespace unless asked
     import logging
 
-    import anyio
-
     from shim.rpc.status import RpcError
 
     logging.basicConfig(level=logging.DEBUG if args.debug else logging.WARNING,
                         format="podshimctl: %(levelname)s: %(message)s", stream=sys.stderr)
     try:
+        if getattr(args, "run_sync", None) is not None:
+            return args.run_sync(args)
+        import anyio
+
         return anyio.run(args.run, args, backend_options={"use_uvloop": True})
     except RpcError as exc:
         print(f"{exc.code.name}: {exc.message}", file=sys.stderr)
@@ -407,3 +410,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"podshimctl: {exc.strerror or exc}", file=sys.stderr)
     return EXIT_FAILED
 
+
+def run() -> None:
+    """The ``podshimctl`` program: :func:`main`, then exit at once (see shim.launch.install.exit_now)."""
+    from shim.launch.install import exit_now
+
+    exit_now(main())

@@ -96,7 +96,7 @@ def _endpoint(args: argparse.Namespace) -> str:
 
 def _verb(name: str, help: str, run: Callable[[argparse.Namespace, _Podshimd], Any],
           arguments: Callable[[argparse.ArgumentParser], None]) -> None:
-    async def runner(args: argparse.Namespace) -> int:
+    def runner(args: argparse.Namespace) -> int:  # blocking gRPC calls: no event loop to load
         daemon = _Podshimd(_endpoint(args))
         try:
             result = run(args, daemon)
@@ -109,7 +109,7 @@ def _verb(name: str, help: str, run: Callable[[argparse.Namespace, _Podshimd], A
         p.add_argument("--endpoint", default=None, metavar="unix:///PATH",
                        help=f"podshimd's socket (default ${ENDPOINT_ENV}, else unix://RUNTIME_ROOT/podshimd.sock)")
         arguments(p)
-        p.set_defaults(run=runner)
+        p.set_defaults(run_sync=runner)
 
 
 # -- presentation ------------------------------------------------------------------------------------

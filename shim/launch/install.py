@@ -6,6 +6,9 @@
   30-40 ms per process on a node, a third of what a shim costs to start); ``-I`` also keeps the
   caller's environment (PYTHONPATH, the working directory) from changing which code runs. The
   installed commands (``bin/podshim``, ``bin/podshimctl``) start the same way from their venv.
+- :func:`exit_now`: how the commands end once their work is done, without the interpreter's
+  finalization (tens of milliseconds once asyncio is loaded, 80 with gRPC) that only delays the
+  caller waiting for the exit.
 - :func:`code_files` and :func:`fingerprint`: the files of the podshim code a long-lived process
   (the template) loaded, and what is on disk at those paths now, so the process can tell the
   installed package changed under it.
@@ -15,8 +18,9 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import NoReturn
 
-__all__ = ["BOOT", "CODE_PACKAGES", "code_files", "fingerprint", "podshim_argv", "search_path"]
+__all__ = ["BOOT", "CODE_PACKAGES", "code_files", "exit_now", "fingerprint", "podshim_argv", "search_path"]
 
 #: The top-level packages whose code a shim runs besides the standard library.
 CODE_PACKAGES = ("shim", "msgpack", "uvloop")
@@ -24,7 +28,7 @@ CODE_PACKAGES = ("shim", "msgpack", "uvloop")
 #: appended after the standard library so nothing installed can shadow it), the rest is podshim's.
 #: It names itself ``podshim`` in argv[0] so ``ps`` and the test suite's leak guard see what it is.
 BOOT = ("import sys; sys.argv[0] = 'podshim'; sys.path += sys.argv.pop(1).split(':'); "
-        "from shim.cli import main; sys.exit(main())")
+        "from shim.cli import run; run()")
 
 
 def search_path() -> list[str]:
@@ -55,6 +59,22 @@ def podshim_argv(python: str | None = None) -> list[str]:
     if any(":" in p for p in path):
         raise ValueError(f"cannot pass the search path {path!r} on a command line: a directory has a ':'")
     return [python or sys.executable, "-I", "-S", "-c", BOOT, ":".join(path)]
+
+
+def exit_now(code: int) -> NoReturn:
+    """End a command with exit status ``code`` at once: flush stdout and stderr, then _exit.
+
+    A command's work is done and its output written when its main() returns; what the
+    interpreter would still do (atexit hooks, tearing down every module and object, gRPC's
+    threads) changes nothing anyone sees and costs the caller, who waits for the exit, tens of
+    milliseconds. Only for the programs' entry points: code that calls main() keeps its process.
+    """
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed pipe (| head), a closed stream: nothing to keep
+            pass
+    os._exit(code)
 
 
 def code_files() -> list[str]:
