@@ -106,13 +106,14 @@ def nothing_left_behind():
 class _SessionTemplate:
     """One `podshim template` for the whole session, started on first use, stopped by pid.
 
-    It is started with `setsid --fork`, so it is not a descendant of the test process: tests
-    that make this process a child subreaper, or count its children, must never adopt the
-    template or the shims it forks.
+    It is started with `podshim template --detach`, in a session of its own and not a
+    descendant of the test process: tests that make this process a child subreaper, or count its
+    children, must never adopt the template or the shims it forks. A template leaves when the
+    code it loaded changes on disk (an edit during the run): the next test that wants it gets a
+    new one.
     """
 
     def __init__(self) -> None:
-        self.pid: int | None = None
         self.root = f"/tmp/podshim-session-tpl-{secrets.token_hex(4)}"
 
     def socket(self) -> str:
@@ -124,35 +125,19 @@ class _SessionTemplate:
         from shim.rpc.api import TEMPLATE_SERVICE
 
         path = control_socket_path(self.root)
-        if self.pid is None:
-            subprocess.run(["setsid", "--fork", sys.executable, "-m", "shim", "template", "--runtime-root", self.root],
-                           stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True)
-            deadline = time.monotonic() + 20
-            while True:  # a template offers no readiness signal to a plain child: ask it
-                try:
-                    self.pid = blocking.call("unix://" + path, TEMPLATE_SERVICE, "Ping", timeout=1)["pid"]
-                    break
-                except Exception:
-                    if time.monotonic() > deadline:
-                        raise RuntimeError("the session's shim template did not start")
-                    time.sleep(0.02)
+        try:
+            blocking.call("unix://" + path, TEMPLATE_SERVICE, "Ping", timeout=2)
+        except Exception:  # not started yet, or gone: --detach returns once one serves
+            subprocess.run([sys.executable, "-m", "shim", "template", "--detach", "--runtime-root", self.root],
+                           stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, check=True, timeout=60)
         return path
 
     def stop(self) -> None:
         import shutil
-        import signal
 
-        if self.pid is not None:
-            try:
-                pidfd = os.pidfd_open(self.pid)
-            except ProcessLookupError:
-                pidfd = None
-            if pidfd is not None:
-                signal.pidfd_send_signal(pidfd, signal.SIGTERM)
-                deadline = time.monotonic() + 10
-                while os.path.exists(f"/proc/{self.pid}") and time.monotonic() < deadline:
-                    time.sleep(0.02)
-                os.close(pidfd)
+        from shim.launch.template import stop_template
+
+        stop_template(self.root)
         shutil.rmtree(self.root, ignore_errors=True)
 
 

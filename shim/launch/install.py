@@ -24,6 +24,8 @@ __all__ = ["BOOT", "CODE_PACKAGES", "code_files", "exit_now", "fingerprint", "po
 
 #: The top-level packages whose code a shim runs besides the standard library.
 CODE_PACKAGES = ("shim", "msgpack", "uvloop")
+#: Where a shim may import from: those, and pyroute2 (loaded only to describe a netns on request).
+_PATH_PACKAGES = (*CODE_PACKAGES, "pyroute2")
 #: The program ``python -I -S -c`` runs: its first argument is the search path (``:``-separated,
 #: appended after the standard library so nothing installed can shadow it), the rest is podshim's.
 #: It names itself ``podshim`` in argv[0] so ``ps`` and the test suite's leak guard see what it is.
@@ -34,11 +36,11 @@ BOOT = ("import sys; sys.argv[0] = 'podshim'; sys.path += sys.argv.pop(1).split(
 def search_path() -> list[str]:
     """The directories this process imports podshim's code and libraries from: the one holding
     the ``shim`` package (site-packages, or the checkout of an editable install or a PYTHONPATH),
-    then those of msgpack and uvloop, without repeats."""
+    then those of msgpack, uvloop and pyroute2, without repeats."""
     import importlib.util
 
     found: list[str] = []
-    for name in CODE_PACKAGES:
+    for name in _PATH_PACKAGES:
         module = sys.modules.get(name)
         origin = getattr(module, "__file__", None)
         if origin is None:
