@@ -1,4 +1,4 @@
-"""Helpers shared by the pod-level tests: example configs with unique names, process checks."""
+"""Helpers shared by the pod-level tests: example configs with unique names, pod services."""
 
 from __future__ import annotations
 
@@ -6,7 +6,6 @@ import json
 import os
 import secrets
 import subprocess
-import time
 from contextlib import asynccontextmanager
 
 import pytest
@@ -33,24 +32,6 @@ def container_config(command: list[str], name: str = "c", pid: int = 1) -> dict:
     """A crictl ContainerConfig running ``command`` (pid 1 = CONTAINER mode, 0 = POD)."""
     return {"metadata": {"name": name}, "command": command,
             "linux": {"security_context": {"namespace_options": {"pid": pid}}}}
-
-
-def alive(pid: int) -> bool:
-    """True while ``pid`` runs (a zombie counts as gone)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-    except OSError:
-        return False
-
-
-def wait_gone(*pids: int, timeout: float = 5.0) -> list[int]:
-    """Wait until every pid is gone (PID 1 here reaps orphans slowly: the one bounded poll);
-    return those still alive after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while (left := [p for p in pids if alive(p)]) and time.monotonic() < deadline:
-        time.sleep(0.02)
-    return left
 
 
 def ns_inode(pid: int, kind: str) -> int:

@@ -24,7 +24,8 @@ from dataclasses import dataclass, field
 import pytest
 
 from shim.launch.template import stop_template
-from shim.rpc import processes
+
+from proctools import alive
 
 PODSHIM = [sys.executable, "-m", "shim"]
 PODSHIMCTL = [sys.executable, "-m", "client.cli"]
@@ -65,16 +66,6 @@ def _cmdline(pid: int) -> bytes:
             return f.read().replace(b"\0", b" ")
     except OSError:
         return b""
-
-
-def alive(pid: int) -> bool:
-    """True if ``pid`` exists and is not a zombie."""
-    return processes.process_alive(pid, None)
-
-
-def wait_gone(pid: int, timeout: float = SETTLE) -> bool:
-    """Wait until ``pid`` is gone (or a zombie); False if it outlived ``timeout``."""
-    return processes.wait_gone(pid, None, timeout)
 
 
 def shim_processes(runtime_root: str) -> list[int]:

@@ -22,7 +22,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 
@@ -34,17 +33,18 @@ from shim.paths import STATE_FILE, read_json
 from shim.rpc import Client, RpcError
 from shim.rpc.api import EVENTS_SERVICE, SANDBOX_SERVICE
 
+from proctools import fd_readable, pidfds, wait_pidfds
+
 __all__ = [
     "WAIT", "PODSHIM", "FOOTPRINTS", "Footprint", "ProcessRef", "Shim", "ShimLauncher", "EventStream",
-    "adopting_orphans", "child_pids", "fd_readable", "host_netns_bound_at", "host_untouched", "leftovers",
-    "mounts_naming", "new_id", "ns_inode", "run_podshim", "shim", "shims", "wait_terminated",
+    "adopting_orphans", "child_pids", "host_netns_bound_at", "host_untouched", "leftovers",
+    "mounts_naming", "new_id", "ns_inode", "run_podshim", "shim", "shims",
 ]
 
 #: A bound on any one wait in these tests; never a sleep.
 WAIT = 5.0
-#: PID 1 here reaps orphans only about once a second: how long a dead orphan may stay a zombie.
-REAP_WAIT = 5.0
-REAP_POLL = 0.05
+#: How long a torn-down sandbox's processes get to exit (waited for on their pidfds).
+EXIT_WAIT = 5.0
 PODSHIM = (sys.executable, "-m", "shim")
 
 #: Every sandbox any test made in this session, filled in as each shim is torn down.
@@ -71,20 +71,6 @@ def child_pids() -> set[int]:
     """Pids whose parent is this process, zombies included."""
     stats = (linux.proc_stat(int(entry)) for entry in os.listdir("/proc") if entry.isdigit())
     return {int(stat[0]) for stat in stats if stat is not None and stat[linux.STAT_PPID - 1] == str(os.getpid())}
-
-
-async def fd_readable(fd: int, timeout: float = WAIT) -> None:
-    """Return once ``fd`` is readable (a pidfd: once its process has terminated); TimeoutError
-    after ``timeout``."""
-    if select.select([fd], [], [], 0)[0]:
-        return
-    loop = asyncio.get_running_loop()
-    readable = loop.create_future()
-    loop.add_reader(fd, lambda: readable.done() or readable.set_result(None))
-    try:
-        await asyncio.wait_for(readable, timeout)
-    finally:
-        loop.remove_reader(fd)
 
 
 def run_podshim(action: str, namespace: str, sandbox_id: str, bundle: str, runtime_root: str,
@@ -123,24 +109,6 @@ def adopting_orphans() -> Iterator[None]:
         yield
     finally:
         linux.set_child_subreaper(was)
-
-
-async def wait_terminated(pids, timeout: float = WAIT) -> list[int]:
-    """Wait (on pidfds) until each process has terminated (a zombie counts); return those still
-    running ``timeout`` seconds after the wait for each began."""
-    left = []
-    for pid in pids:
-        try:
-            ref = ProcessRef(pid)
-        except ProcessLookupError:
-            continue
-        try:
-            await ref.exited(timeout)
-        except TimeoutError:
-            left.append(pid)
-        finally:
-            ref.close()
-    return left
 
 
 class ProcessRef:
@@ -212,11 +180,6 @@ class Footprint:
             socket_path=record.get("socket_path"),
         )
 
-    def live_processes(self) -> list[int]:
-        """The recorded processes that still exist (zombies included) as the same process."""
-        return [pid for pid, start in self.processes
-                if (now := linux.proc_start_time(pid)) is not None and start in (None, now)]
-
     def remains(self) -> list[str]:
         """What is still on the host, processes aside: the netns (file or mount), cgroup
         directories, the socket."""
@@ -229,15 +192,12 @@ class Footprint:
         return found
 
 
-def leftovers(footprints: list[Footprint], wait: float = REAP_WAIT) -> list[str]:
-    """What ``footprints`` left on the host. Dead processes get ``wait`` seconds to be reaped by
-    PID 1, which gives no event for it: this is the one bounded poll."""
-    deadline = time.monotonic() + wait
-    while True:
-        live = [pid for fp in footprints for pid in fp.live_processes()]
-        if not live or time.monotonic() >= deadline:
-            break
-        time.sleep(REAP_POLL)
+def leftovers(footprints: list[Footprint], wait: float = EXIT_WAIT) -> list[str]:
+    """What ``footprints`` left on the host: the recorded processes still running as themselves
+    after ``wait`` seconds (a zombie has exited: an unreaped child of ours is ``child_pids``'
+    business), and the rest of what they made."""
+    with pidfds(process for fp in footprints for process in fp.processes) as fds:
+        live = wait_pidfds(fds, wait)
     return [f"process {pid}" for pid in live] + [item for fp in footprints for item in fp.remains()]
 
 

@@ -21,7 +21,8 @@ from client.controller import Controller
 from client.handle import Phase
 from client.results import ExitStatus
 from client.spawners import ExecSpawner
-from sandbox_env import alive, env, wait_gone  # noqa: F401  (env is a fixture)
+from proctools import alive, wait_gone_async
+from sandbox_env import env  # noqa: F401  (env is a fixture)
 from shim.rpc.status import (
     AlreadyExists,
     FailedPrecondition,
@@ -115,7 +116,7 @@ async def test_full_lifecycle_create_start_stop_wait_shutdown(env):
         await c.shutdown(NS, sid)
         with pytest.raises(NotFound):
             await c.status(NS, sid)
-        assert wait_gone(shim_pid)
+        assert not await wait_gone_async(shim_pid)
         assert not os.path.exists(bundle)
         assert [p for p in made if os.path.exists(p)] == []
 
@@ -298,13 +299,20 @@ async def test_a_spawn_that_prints_json_nested_too_deeply_is_internal(env):
         assert c.sandboxes.is_empty()
 
 
-async def test_a_cancelled_create_leaves_nothing(env, spawn_mode):
+async def test_a_cancelled_create_leaves_nothing(env, monkeypatch):
     sid = env.sid("cancelled")
     async with controller(env) as c:
-        # Cancelled while `podshim start` runs, or while the template forks (a few ms in).
-        with anyio.move_on_after(0.05 if spawn_mode == "exec" else 0.003) as scope:
-            await c.create(NS, sid)
-        assert scope.cancelled_caught
+        spawning, spawn = anyio.Event(), c.spawner.spawn
+
+        async def noticed_spawn(*args):
+            spawning.set()
+            return await spawn(*args)
+
+        monkeypatch.setattr(c.spawner, "spawn", noticed_spawn)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(c.create, NS, sid)
+            await spawning.wait()
+            tg.cancel_scope.cancel()  # while `podshim start` runs, or while the template forks
         assert c.sandboxes.is_empty() and not os.path.exists(env.bundle(NS, sid))
 
 
@@ -409,6 +417,6 @@ async def test_shutdown_of_a_hung_shim_falls_back_to_podshim_delete(env, monkeyp
         monkeypatch.setattr(module, "SHUTDOWN_TIMEOUT", 0.3)
         os.kill(int(info["shim_pid"]), signal.SIGSTOP)  # alive, but answers nothing
         await c.shutdown(NS, sid)
-        assert wait_gone(int(info["shim_pid"])) and not alive(instance.pid)
+        assert not await wait_gone_async(int(info["shim_pid"])) and not alive(instance.pid)
         assert [p for p in kernel_objects(info) if os.path.exists(p)] == []
 

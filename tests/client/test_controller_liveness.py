@@ -19,7 +19,8 @@ import pytest
 import client.controller as controller_module
 from client.controller import Controller
 from client.handle import Phase
-from sandbox_env import alive, env, wait_gone  # noqa: F401  (env is a fixture)
+from proctools import alive, wait_gone, wait_gone_async
+from sandbox_env import env  # noqa: F401  (env is a fixture)
 from shim.rpc import blocking
 from shim.rpc.api import SANDBOX_SERVICE
 from shim.rpc.channel import parse_address
@@ -89,7 +90,7 @@ async def test_a_controller_that_starts_while_a_shim_is_stopped_leaves_it_runnin
         await c.shutdown(NS, sid)
     finally:
         await c.aclose()
-    assert wait_gone(shim_pid)
+    assert not await wait_gone_async(shim_pid)
 
 
 def test_podshimctl_status_of_a_stopped_shim_fails_and_destroys_nothing(env):
@@ -107,7 +108,7 @@ def test_podshimctl_status_of_a_stopped_shim_fails_and_destroys_nothing(env):
     assert done.returncode == 0, done.stderr
     assert '"state": "running"' in done.stdout and f'"pid": {pause_pid}' in done.stdout
     assert env.ctl("sandbox", "shutdown", sid).returncode == 0
-    assert wait_gone(shim_pid) and wait_gone(pause_pid)
+    assert not wait_gone(shim_pid, pause_pid)
 
 
 async def test_a_shim_killed_while_unreachable_is_cleaned_up_without_anyone_asking(env, short_timeouts):
@@ -133,7 +134,7 @@ async def test_shutdown_of_an_unreachable_shim_deletes_it(env, short_timeouts):
         async with Controller(env.state_root, env.runtime_root) as c:
             assert c.sandboxes.get(NS, sid).phase is Phase.UNREACHABLE
             await c.shutdown(NS, sid)  # asked for: `podshim delete` ends what does not answer
-            assert wait_gone(shim_pid) and not alive(pause_pid)
+            assert not await wait_gone_async(shim_pid) and not alive(pause_pid)
             assert c.sandboxes.is_empty() and not os.path.exists(env.bundle(NS, sid))
 
 

@@ -11,9 +11,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
-import select
 import shutil
-import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -24,6 +22,8 @@ import pytest
 from client.cri.cni import (CniConfig, CniInterface, CniIp, CniResult, CniRunner, PLUGIN_PATH, PLUGIN_TIMEOUT,
                         primary_ip)
 from shim.rpc.status import DeadlineExceeded, FailedPrecondition, Internal, InvalidArgument, Unavailable
+
+from proctools import wait_gone_async
 
 EXAMPLE = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "cni", "10-podshim-bridge.conflist")
 REAL_BIN = "/usr/lib/cni"
@@ -99,27 +99,6 @@ def fake(tmp_path) -> FakePlugins:
 def fake_runner(tmp_path, fake: FakePlugins, *types: str, timeout: float = 10.0, **extra) -> CniRunner:
     write_conf(tmp_path / "conf", conflist(*types, **extra))
     return CniRunner(str(tmp_path / "conf"), [str(fake.bin)], timeout=timeout)
-
-
-def wait_gone(pids: list[int]) -> list[int]:
-    """The pids still running after PROCESS_GONE_WAIT (waits on pidfds, not by polling).
-
-    Those are then killed, so a failing test leaves nothing behind either.
-    """
-    alive = []
-    for pid in pids:
-        try:
-            fd = os.pidfd_open(pid)
-        except ProcessLookupError:
-            continue
-        try:
-            ready, _, _ = select.select([fd], [], [], PROCESS_GONE_WAIT)
-            if not ready:
-                alive.append(pid)
-                signal.pidfd_send_signal(fd, signal.SIGKILL)
-        finally:
-            os.close(fd)
-    return alive
 
 
 def run(*argv: str, check: bool = True) -> subprocess.CompletedProcess:
@@ -337,7 +316,7 @@ async def test_timeout_is_deadline_exceeded_and_kills_the_plugin_and_its_childre
             await runner.add("pod1", "/run/netns/fake")
     finally:
         pids = [int(p) for p in (fake.log / "pids").read_text().split()]
-        assert wait_gone(pids) == []
+        assert await wait_gone_async(*pids, timeout=PROCESS_GONE_WAIT, kill=True) == []
 
 
 async def test_timeout_kills_what_the_plugin_left_holding_its_output(tmp_path, fake):
@@ -345,7 +324,7 @@ async def test_timeout_kills_what_the_plugin_left_holding_its_output(tmp_path, f
     fake.add("leaky", f"""[ "$CNI_COMMAND" = ADD ] || exit 0; sleep 60 & echo "$!" > "{fake.log}/pids"; exit 0""")
     with pytest.raises(DeadlineExceeded):
         await fake_runner(tmp_path, fake, "leaky", timeout=0.5).add("pod1", "/run/netns/fake")
-    assert wait_gone([int((fake.log / "pids").read_text())]) == []
+    assert await wait_gone_async(int((fake.log / "pids").read_text()), timeout=PROCESS_GONE_WAIT, kill=True) == []
 
 
 async def test_cancelled_add_kills_the_plugin_and_still_rolls_back(tmp_path, fake):
@@ -355,7 +334,7 @@ async def test_cancelled_add_kills_the_plugin_and_still_rolls_back(tmp_path, fak
         await runner.add("pod1", "/run/netns/fake")
     assert scope.cancelled_caught
     pids = [int(p) for p in (fake.log / "pids").read_text().split()]
-    assert wait_gone(pids) == []
+    assert await wait_gone_async(*pids, timeout=PROCESS_GONE_WAIT, kill=True) == []
     assert fake.calls()[-2:] == ["DEL sleepy eth0", "DEL loopback lo"]
 
 

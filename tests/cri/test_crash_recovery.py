@@ -7,6 +7,7 @@ never half. The same holds when the shim or the pause is killed instead.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import secrets
@@ -20,7 +21,8 @@ import pytest
 from client.cri.failpoints import ENV, POD_FAILPOINTS
 from client.cri.pod import open_pod_service
 
-from podtools import alive, pod_config, wait_gone
+from podtools import pod_config
+from proctools import alive, wait_gone_async
 from sandbox_env import stop_template
 
 
@@ -102,7 +104,7 @@ async def assert_whole_or_gone(roots) -> None:
             await pods.remove_pod_sandbox(record.pod_id)
         assert pods.store.list() == []
         assert await pods.controller.list(None) == []
-    assert wait_gone(*leftovers) == []
+    assert await wait_gone_async(*leftovers) == []
     assert [path for path in netns if os.path.exists(path)] == [], "a network namespace was left behind"
     assert not os.listdir(os.path.join(root, "sandboxes", "k8s.io")) if os.path.isdir(
         os.path.join(root, "sandboxes", "k8s.io")) else True
@@ -139,9 +141,11 @@ async def test_shim_or_pause_killed_under_a_ready_pod(roots, victim):
     pod_id = run_flow(roots, "run", None, pod_config())
     async with open_pod_service(root, runtime_root, cni_conf_dir=root + "/no-cni") as pods:
         info = (await pods.pod_sandbox_status(pod_id, verbose=True))["info"]
-        os.kill(int(info["shim"]["shim_pid"]) if victim == "shim" else info["pid"], signal.SIGKILL)
+        killed = int(info["shim"]["shim_pid"]) if victim == "shim" else info["pid"]
+        os.kill(killed, signal.SIGKILL)
+        assert not await wait_gone_async(killed)
         deadline = time.monotonic() + 10
         while (await pods.pod_sandbox_status(pod_id))["state"] != "SANDBOX_NOTREADY":
             assert time.monotonic() < deadline, "the pod never showed NOTREADY"
-            time.sleep(0.05)
+            await asyncio.sleep(0.02)  # the shim or the controller notices the death on its own
     await assert_whole_or_gone(roots)

@@ -20,7 +20,8 @@ import pytest
 
 from client.cri.failpoints import ACTION_ENV, ENV, POD_FAILPOINTS
 
-from podtools import container_config, pod_config, pod_service, roots, wait_gone  # noqa: F401  (roots: a fixture)
+from podtools import container_config, pod_config, pod_service, roots  # noqa: F401  (roots: a fixture)
+from proctools import wait_gone_async
 
 #: Rounds of two racing RunPodSandbox: before the store took locks, 4 rounds in 6 made two pods.
 RACE_ROUNDS = 8
@@ -130,4 +131,4 @@ async def test_a_pod_another_process_ran_after_this_one_opened_is_ready_and_remo
         cid = await pods.create_container(pod_id, container_config(["sleep", "30"]))
         await pods.start_container(cid)
         await pods.remove_pod_sandbox(pod_id)
-    assert wait_gone(pause, shim) == []
+    assert await wait_gone_async(pause, shim) == []

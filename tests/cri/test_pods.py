@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import json
 import os
@@ -14,7 +15,8 @@ import pytest
 
 from shim.rpc.status import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
 
-from podtools import alive, container_config, ns_inode, pod_config, pod_service, roots, wait_gone  # noqa: F401  (roots: a fixture)
+from podtools import container_config, ns_inode, pod_config, pod_service, roots  # noqa: F401  (roots: a fixture)
+from proctools import alive, wait_gone_async
 
 # Every test here runs twice: shims exec'd by `podshim start`, and shims forked by a template.
 pytestmark = pytest.mark.usefixtures("spawn_mode")
@@ -63,7 +65,7 @@ async def test_container_that_exits_on_its_own_shows_exited_with_its_code(roots)
         deadline = time.monotonic() + 10
         while (status := await pods.container_status(cid))["state"] != "CONTAINER_EXITED":
             assert time.monotonic() < deadline
-            time.sleep(0.02)
+            await asyncio.sleep(0.02)  # the shim records the exit it reaps; nothing here to wait on
         assert status["exit_code"] == 3 and status["finished_at"] >= status["started_at"] > 0
         with open(pods.container_log_path(cid)) as f:
             assert f.read().split(" ", 3)[1:] == ["stdout", "F", "hi\n"]
@@ -89,7 +91,7 @@ async def test_stop_makes_the_pod_notready_and_stops_its_containers(roots):
         await pods.stop_pod_sandbox(pod_id)
         assert (await pods.pod_sandbox_status(pod_id))["state"] == "SANDBOX_NOTREADY"
         assert (await pods.container_status(cid))["state"] == "CONTAINER_EXITED"
-        assert not wait_gone(pause)
+        assert not await wait_gone_async(pause)
         await pods.stop_pod_sandbox(pod_id)  # twice is fine
 
 
@@ -103,7 +105,7 @@ async def test_remove_leaves_nothing_behind(roots):
         shim_pid = int(info["shim"]["shim_pid"])
         await pods.remove_pod_sandbox(pod_id)
         assert not os.path.exists(info["netns_path"])
-        assert not wait_gone(shim_pid, info["pid"])
+        assert not await wait_gone_async(shim_pid, info["pid"])
         assert cgroups and not any(os.path.exists(c) for c in cgroups)
         assert await pods.list_pod_sandbox() == []
         assert await pods.list_containers() == []
@@ -119,7 +121,7 @@ async def test_remove_while_ready_forces_a_stop(roots):
         pod_id = await pods.run_pod_sandbox(pod_config())
         pause = (await pods.pod_sandbox_status(pod_id, verbose=True))["info"]["pid"]
         await pods.remove_pod_sandbox(pod_id)
-        assert not wait_gone(pause)
+        assert not await wait_gone_async(pause)
 
 
 async def test_a_second_pod_with_the_same_metadata_is_refused(roots):
@@ -210,13 +212,14 @@ async def test_a_pod_whose_shim_is_killed_shows_notready_and_can_be_removed(root
         pod_id = await pods.run_pod_sandbox(pod_config())
         info = (await pods.pod_sandbox_status(pod_id, verbose=True))["info"]
         os.kill(int(info["shim"]["shim_pid"]), signal.SIGKILL)
+        assert not await wait_gone_async(int(info["shim"]["shim_pid"]))
         deadline = time.monotonic() + 10
         while (await pods.pod_sandbox_status(pod_id))["state"] != "SANDBOX_NOTREADY":
             assert time.monotonic() < deadline
-            time.sleep(0.05)
+            await asyncio.sleep(0.02)  # the controller notices the death on its own
         await pods.stop_pod_sandbox(pod_id)
         await pods.remove_pod_sandbox(pod_id)
-        assert not wait_gone(info["pid"])
+        assert not await wait_gone_async(info["pid"])
         assert not os.path.exists(info["netns_path"])
 
 

@@ -11,7 +11,8 @@ import subprocess
 import pytest
 
 from client.cli import main as cli
-from sandbox_env import PODSHIMCTL, alive, env  # noqa: F401  (env is a fixture)
+from proctools import alive
+from sandbox_env import PODSHIMCTL, env  # noqa: F401  (env is a fixture)
 
 NS = "default"
 SANDBOX = "podshim.sandbox.v1.Sandbox"

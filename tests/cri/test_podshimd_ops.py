@@ -21,7 +21,8 @@ from client.criapi import api_pb2
 from client.podshimd.images import IMAGE_STORE_DIR
 
 from critools import crictl, daemon, running_podshimd  # noqa: F401  (fixtures)
-from podtools import container_config, ns_inode, pod_config, wait_gone
+from podtools import container_config, ns_inode, pod_config
+from proctools import wait_gone
 
 #: The daemon's metrics endpoint, on an ephemeral loopback port.
 METRICS_CONFIG = 'metrics_address = "127.0.0.1:0"\n'

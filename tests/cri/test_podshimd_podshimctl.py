@@ -13,7 +13,8 @@ import sys
 import pytest
 
 from critools import REPO, crictl, daemon, module_daemon  # noqa: F401  (fixtures)
-from podtools import container_config, pod_config, wait_gone
+from podtools import container_config, pod_config
+from proctools import wait_gone
 
 PODSHIMCTL = [sys.executable, "-m", "client.cli"]
 

@@ -23,7 +23,8 @@ from client.criapi import api_pb2
 from client.cri.failpoints import ENV as FAILPOINT_ENV
 
 from critools import crictl, daemon, module_daemon, running_podshimd  # noqa: F401  (fixtures)
-from podtools import alive, ns_inode, pod_config, wait_gone
+from podtools import ns_inode, pod_config
+from proctools import alive, wait_gone
 
 POD_ID = re.compile(r"^[0-9a-f]{64}$")
 

@@ -15,7 +15,6 @@ import os
 import random
 import socket
 import tempfile
-import time
 from typing import AsyncIterator
 
 import pytest
@@ -238,8 +237,10 @@ async def test_unknown_method_is_unimplemented(client, service_name, method):
 
 
 async def test_handler_sees_the_deadline_the_client_sent(client):
+    loop = asyncio.get_running_loop()
+    began = loop.time()
     remaining = await client.call(SERVICE, "Deadline", timeout=5.0)
-    assert 4.0 < remaining <= 5.0
+    assert 5.0 - (loop.time() - began) <= remaining <= 5.0  # what is left of it when the handler runs
 
 
 async def test_handler_sees_the_client_namespace(server, socket_dir):
@@ -283,19 +284,17 @@ def test_deadline_answers_deadline_exceeded_and_cancels_the_handler(run, service
 def test_deadline_is_answered_even_when_the_handler_swallows_cancellation(run, service, socket_dir):
     async def call_past_deadline():
         async with serving(service, socket_dir), await Client.connect(address(socket_dir)) as client:
-            started = time.monotonic()
             with pytest.raises(DeadlineExceeded) as raised:
                 await client.call(SERVICE, "Stubborn", timeout=0.05)
-            elapsed = time.monotonic() - started
+            # Answered while the handler still runs: it returns only once released.
             assert service.cancelled.is_set() and not service.finished.is_set()
             assert await client.call(SERVICE, "Ping", {"after": 1}) == {"after": 1}
             service.release.set()
             await asyncio.wait_for(service.finished.wait(), WAIT)
-            return raised.value, elapsed
+            return raised.value
 
-    error, elapsed = run(call_past_deadline())
+    error = run(call_past_deadline())
     assert error.message == "deadline exceeded"
-    assert elapsed < 1.0
 
 
 def test_cancelled_client_call_leaves_the_connection_usable(run, service, socket_dir):
@@ -344,15 +343,14 @@ def test_aclose_with_calls_in_flight_returns_promptly(run, service, socket_dir):
         async with serving(service, socket_dir) as server, await Client.connect(address(socket_dir)) as client:
             call = asyncio.create_task(client.call(SERVICE, "Block"))
             await service.started.wait()
-            started = time.monotonic()
-            await server.aclose()
-            elapsed = time.monotonic() - started
+            # Its handler cancelled, the connection closes at once: aclose never waits out its timeout.
+            async with asyncio.timeout(WAIT):
+                await server.aclose(timeout=3600)
             with pytest.raises(Unavailable):
                 await call
             await asyncio.wait_for(service.finished.wait(), WAIT)
-            return elapsed
 
-    assert run(close_server_mid_call()) < 0.5
+    run(close_server_mid_call())
 
 
 # -- streams ------------------------------------------------------------------------------------

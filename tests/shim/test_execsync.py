@@ -14,7 +14,7 @@ from shim.kernel.reaper import Reaper
 from shim.rpc.status import FailedPrecondition
 from shim.runtime import execsync, process
 from shim.runtime.execsync import EXEC_OUTPUT_LIMIT_BYTES, ExecOutput, ExecResult
-from shimtools import wait_terminated
+from proctools import wait_gone_async
 
 #: Bound on waiting for killed processes to be gone (an event wait, not a sleep).
 GONE_WAIT = 10.0
@@ -64,7 +64,7 @@ async def test_a_timeout_kills_the_command_and_what_it_started_in_its_session(re
     script = "echo started; sleep 100 & sleep 100 & wait"
     result = await execsync.run(starter(reaper, cgroup, "sh", "-c", script), cgroup, timeout=0.5, name="exec")
     assert (result.timed_out, result.exit_status, result.stdout) == (True, 137, b"started\n")
-    assert await wait_terminated(cgroup.pids(), GONE_WAIT) == []
+    assert await wait_gone_async(*cgroup.pids(), timeout=GONE_WAIT) == []
     assert cgroup.pids() == set()
 
 

@@ -14,6 +14,8 @@ from shim.kernel import linux
 from shim.kernel.reaper import ExitInfo, Reaper, exit_status_from_wait
 from shim.rpc.status import FailedPrecondition
 
+from proctools import wait_gone
+
 WAIT = 5.0  # seconds; a bound for the test, not a readiness sleep
 
 
@@ -35,11 +37,6 @@ async def spawn(reaper):
         if not exit_future.done():  # not reaped yet, so the pid is still our child's
             os.kill(pid, signal.SIGKILL)
         await asyncio.wait_for(exit_future, WAIT)
-
-
-def _wait_exited(pid: int) -> None:
-    """Block until child ``pid`` has exited, leaving it unreaped (a zombie) for the reaper."""
-    os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)
 
 
 async def test_exit_code_is_reported(reaper, spawn):
@@ -70,7 +67,7 @@ async def test_exit_time_is_wall_clock_of_reaping(reaper, spawn):
 
 async def test_instant_exit_is_not_lost(reaper, spawn):
     pid = spawn("/bin/true")
-    _wait_exited(pid)
+    assert not wait_gone(pid)  # blocking: the loop, and the reaper on it, must not run meanwhile
     assert [info.pid for info in reaper.reap()] == [pid]  # reaped before anyone watched
     exit_future = reaper.watch(pid)
     assert exit_future.done()
@@ -109,8 +106,7 @@ async def test_kept_exits_are_bounded():
     reaper.install()
     try:
         pids = [os.posix_spawn("/bin/true", ["/bin/true"], {}) for _ in range(3)]
-        for pid in pids:
-            _wait_exited(pid)
+        assert not wait_gone(*pids)  # exited, not reaped: the reaper runs only on the loop
         reaper.reap()
         oldest = reaper.watch(pids[0])
         assert not oldest.done()

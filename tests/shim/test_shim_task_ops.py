@@ -14,7 +14,8 @@ from shim.rpc import FailedPrecondition, InvalidArgument
 from shim.rpc.api import TASK_SERVICE
 from shim.runtime.execsync import EXEC_OUTPUT_LIMIT_BYTES
 from shimtools import host_untouched, shims  # noqa: F401  (fixtures)
-from shimtools import WAIT, Shim, ShimLauncher, ns_inode, wait_terminated
+from proctools import wait_gone_async
+from shimtools import WAIT, Shim, ShimLauncher, ns_inode
 
 HANDLERS = ["native"] + [h for h in ("runc", "crun") if shutil.which(h, path="/usr/sbin:/usr/bin:/sbin:/bin")]
 #: Bound on waiting for killed processes to be gone (PID 1 reaps orphans slowly).
@@ -97,7 +98,7 @@ async def test_exec_past_its_timeout_is_killed_with_what_it_started(pod):
     reply = await pod.call("Exec", task_id="app", timeout=WAIT + 2, timeout_secs=1,
                            args=["sh", "-c", "echo started; sleep 300 & sleep 300 & wait"])
     assert (reply["timed_out"], reply["exit_status"], reply["stdout"]) == (True, 137, b"started\n")
-    assert not await wait_terminated(pod.task_pids("app") - {pid}, GONE_WAIT)
+    assert not await wait_gone_async(*pod.task_pids("app") - {pid}, timeout=GONE_WAIT)
     assert pod.task_pids("app") == {pid}
 
 
@@ -106,7 +107,7 @@ async def test_exec_of_a_program_that_cannot_run_is_failed_precondition_and_leav
     with pytest.raises(FailedPrecondition, match="(?i)no such file"):
         await pod.call("Exec", task_id="app", args=["/no/such"])
     # crun runs in the task's cgroup (it has no cgroup manager here): its helper may still be exiting.
-    assert not await wait_terminated(pod.task_pids("app") - {pid}, GONE_WAIT)
+    assert not await wait_gone_async(*pod.task_pids("app") - {pid}, timeout=GONE_WAIT)
     assert pod.task_pids("app") == {pid}
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import secrets
@@ -19,24 +20,9 @@ from shim.rpc import Client, blocking
 from shim.rpc.api import SANDBOX_SERVICE, TEMPLATE_SERVICE
 from shim.rpc.status import InvalidArgument
 
+from proctools import alive, wait_gone, wait_gone_async
+
 PODSHIM = [sys.executable, "-m", "shim"]
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-    except OSError:
-        return False
-
-
-def _wait_gone(pid: int, timeout: float = 5.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while _alive(pid):
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.01)
-    return True
 
 
 class Template:
@@ -119,7 +105,7 @@ def test_template_is_not_the_parent_of_its_shims(roots, template):
 async def test_shim_survives_the_template_and_serves_a_sandbox(roots, template):
     result = start_shim(roots, "c1")
     template.stop()
-    assert _alive(result["pid"])
+    assert alive(result["pid"])
     client = await Client.connect(result["address"], namespace="tpl")
     try:
         await client.call(SANDBOX_SERVICE, "CreateSandbox", {"sandbox_id": "c1"})
@@ -129,7 +115,7 @@ async def test_shim_survives_the_template_and_serves_a_sandbox(roots, template):
         await client.wait_closed()
     finally:
         await client.aclose()
-    assert _wait_gone(result["pid"])
+    assert not await wait_gone_async(result["pid"])
 
 
 def test_template_forked_shim_keeps_only_its_own_fds(roots, template):
@@ -179,7 +165,7 @@ def test_start_falls_back_to_exec_when_no_template_answers(roots):
     began = time.monotonic()
     result = start_shim(roots, "f1")
     assert time.monotonic() - began < 10
-    assert _alive(result["pid"])
+    assert alive(result["pid"])
 
 
 def test_template_refuses_a_bad_identifier(roots, template):
@@ -193,7 +179,7 @@ def test_template_restarts_on_the_same_control_socket(roots, template):
     template.stop()
     template.start()
     result = start_shim(roots, "g1")
-    assert _alive(result["pid"])
+    assert alive(result["pid"])
 
 
 def test_shims_are_named_podshim_shim_however_they_started(roots, template):
@@ -229,7 +215,7 @@ def test_template_reaps_the_intermediate_children_of_its_double_forks(roots, tem
         time.sleep(0.02)
     assert len(children) <= 1
     assert all(_state(c) != "Z" for c in children)
-    assert _alive(template.proc.pid)
+    assert alive(template.proc.pid)
 
 
 def _ping(template) -> dict:
@@ -261,9 +247,9 @@ def test_template_hands_its_spare_to_the_next_spawn_and_forks_another(roots, tem
 def test_a_dead_spare_is_replaced_by_a_fork(roots, template):
     spare = _ping(template)["spare_pid"]
     os.kill(spare, signal.SIGKILL)
-    assert _wait_gone(spare)
+    assert not wait_gone(spare)
     result = start_shim(roots, "d1")
-    assert result["pid"] != spare and _alive(result["pid"])
+    assert result["pid"] != spare and alive(result["pid"])
     with open(os.path.join(roots[1], "d1", "state.json")) as f:
         assert json.load(f)["shim_pid"] == result["pid"]
 
@@ -288,7 +274,7 @@ def test_a_double_forked_shim_is_reported_by_its_own_pid_even_when_it_is_ready_f
 def test_the_spare_goes_with_the_template(roots, template):
     spare = _ping(template)["spare_pid"]
     template.stop()
-    assert _wait_gone(spare)
+    assert not wait_gone(spare)
 
 
 _SERVE_AFTER_PRELOAD = """
@@ -299,8 +285,10 @@ from shim.daemon import serve_forever
 from shim.sandbox.sandbox import ShimConfig
 from shim.launch.spawn import bind_listener
 namespace, sandbox_id, bundle, socket_path, runtime_root = sys.argv[1:6]
+listener = bind_listener(socket_path)
+print("listening", flush=True)  # connections wait in the backlog from now on
 before = set(sys.modules)
-serve_forever(ShimConfig(namespace, sandbox_id, bundle, socket_path, runtime_root), bind_listener(socket_path))
+serve_forever(ShimConfig(namespace, sandbox_id, bundle, socket_path, runtime_root), listener)
 print(json.dumps(sorted(set(sys.modules) - before)))
 """
 
@@ -320,14 +308,9 @@ async def test_a_shim_forked_from_the_template_imports_nothing_in_a_sandbox_life
     proc = subprocess.Popen([sys.executable, "-c", _SERVE_AFTER_PRELOAD, "tpl", sid, bundle, path, runtime_root],
                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
     try:
-        deadline = time.monotonic() + 15
-        while True:
-            try:
-                client = await Client.connect("unix://" + path, namespace="tpl")
-                break
-            except Exception:
-                assert proc.poll() is None and time.monotonic() < deadline, "the shim did not come up"
-                time.sleep(0.02)
+        said = await asyncio.wait_for(asyncio.to_thread(proc.stdout.readline), 15)
+        assert said == b"listening\n", "the shim did not come up"
+        client = await Client.connect("unix://" + path, namespace="tpl")
         try:
             call = client.call
             await call(SANDBOX_SERVICE, "CreateSandbox", {"sandbox_id": sid})
@@ -365,7 +348,7 @@ def _detach(runtime_root: str, *command: str) -> dict:
 
 def _stop(pid: int) -> None:
     os.kill(pid, signal.SIGTERM)
-    assert _wait_gone(pid)
+    assert not wait_gone(pid)
 
 
 def test_template_detach_starts_one_in_its_own_session_and_later_callers_find_it(roots):
@@ -400,7 +383,7 @@ def test_a_template_whose_code_changed_on_disk_forks_nothing_and_leaves(roots, t
     pid = _detach(roots[0], *command)["pid"]
     try:
         first = start_shim(roots, "u1")
-        assert first["pid"] != pid and _alive(first["pid"])
+        assert first["pid"] != pid and alive(first["pid"])
 
         with open(install / "shim" / "rpc" / "frames.py", "a") as f:
             f.write("\n# upgraded\n")
@@ -409,12 +392,12 @@ def test_a_template_whose_code_changed_on_disk_forks_nothing_and_leaves(roots, t
         with pytest.raises(FailedPrecondition, match="the installed podshim changed"):
             blocking.call("unix://" + control_socket_path(runtime_root), TEMPLATE_SERVICE, "Spawn",
                           {"namespace": "tpl", "sandbox_id": "u2", "bundle": str(tmp / "u2")})
-        assert _wait_gone(pid) and not os.path.exists(control_socket_path(runtime_root))
+        assert not wait_gone(pid) and not os.path.exists(control_socket_path(runtime_root))
         assert not os.path.exists(tmp / "u2")  # nothing was forked for it
-        assert _alive(first["pid"])  # its shims live on
+        assert alive(first["pid"])  # its shims live on
         assert start_shim(roots, "u2")["pid"] > 0  # `podshim start` execs meanwhile
     finally:
-        if _alive(pid):
+        if alive(pid):
             _stop(pid)
 
 
@@ -429,5 +412,5 @@ def test_template_stop_ends_the_runtime_roots_template_and_leaves_its_shims(root
         return json.loads(out.stdout)
 
     assert stop() == {"pid": pid}
-    assert not _alive(pid) and _alive(shim["pid"])
+    assert not alive(pid) and alive(shim["pid"])
     assert stop() == {"pid": 0}  # none runs: nothing to do

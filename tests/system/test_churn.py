@@ -14,8 +14,9 @@ import anyio
 import pytest
 
 from client.cri.pod import open_pod_service
-from shim.rpc.processes import proc_start_time, signal_process, wait_gone
+from shim.rpc.processes import proc_start_time
 
+from proctools import pidfds, wait_pidfds_async
 from sandbox_env import stop_template
 
 CYCLES = int(os.environ.get("PODSHIM_CHURN_CYCLES", "1000"))
@@ -34,17 +35,6 @@ def see(processes: set[tuple[int, int]], *pids: int) -> None:
         start_time = proc_start_time(pid)
         if start_time is not None:  # gone already: nothing to look for later
             processes.add((pid, start_time))
-
-
-def still_running(processes: set[tuple[int, int]], timeout: float) -> list[int]:
-    """The pids of ``processes`` still running after ``timeout`` seconds in all (each waited for
-    through a pidfd); those are then killed, so a failing run leaves nothing behind either."""
-    deadline = time.monotonic() + timeout
-    left = [(pid, start_time) for pid, start_time in sorted(processes)
-            if not wait_gone(pid, start_time, max(0.0, deadline - time.monotonic()))]
-    for pid, start_time in left:
-        signal_process(pid, start_time, signal.SIGKILL)
-    return [pid for pid, _ in left]
 
 
 def mounts_with(text: str) -> list[str]:
@@ -113,8 +103,10 @@ async def test_1000_pod_cycles_leave_nothing_behind(roots):
         fds_after = open_fds()
 
     assert fds_after == fds_before, f"the controller holds {fds_after - fds_before} more fds"
-    # Orphans reparented to a PID 1 that reaps slowly may take a moment: the wait is bounded.
-    assert (left := still_running(processes_seen, 10)) == [], f"processes left: {left[:10]}"
+    # Each waited for through a pidfd of that very process (pid, start time); any still running is killed.
+    with pidfds(processes_seen) as fds:
+        left = await wait_pidfds_async(fds, 10, kill=True)
+    assert left == [], f"processes left: {left[:10]}"
     assert [n for n in netns_made if os.path.exists(n)] == []
     assert [m for n in netns_made for m in mounts_with(os.path.basename(n))] == []
     assert [c for c in cgroups_made if os.path.exists(c)] == []

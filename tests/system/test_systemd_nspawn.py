@@ -10,6 +10,7 @@ its pids and systemctl are the container's own, and nothing needs translating.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import shlex
@@ -262,7 +263,7 @@ async def test_shims_forked_by_the_template_unit_pin_their_netns_where_the_host_
         deadline = time.monotonic() + CALL_TIMEOUT
         while not os.path.exists(control):
             assert time.monotonic() < deadline, "the template did not make its control socket"
-            time.sleep(0.02)
+            await asyncio.sleep(0.02)
         machine.run("mkdir", "-p", sb.bundle)
         boot = json.loads(machine.run(f"{machine.venv}/bin/podshim", "start", "--namespace", sb.namespace, "--id",
                                       sb.sandbox_id, "--bundle", sb.bundle).stdout)

@@ -1,0 +1,111 @@
+"""Waiting for processes the tests did not necessarily start: through pidfds, never by polling /proc.
+
+A pidfd polls readable once its process has exited, whoever its parent is, so a zombie that
+PID 1 has not reaped yet counts as gone (as everywhere in these tests). :func:`alive` is only
+for looking; the waits are the kernel's event, bounded by a timeout for the test's sake.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import select
+import signal
+import time
+from collections.abc import Iterable, Iterator, Mapping
+
+from shim.rpc.processes import open_pidfd, process_alive
+
+__all__ = ["WAIT", "alive", "fd_readable", "pidfds", "wait_gone", "wait_gone_async", "wait_pidfds",
+           "wait_pidfds_async"]
+
+#: A bound on any one wait in these tests; never a sleep.
+WAIT = 10.0
+
+
+def alive(pid: int) -> bool:
+    """True while ``pid`` runs (a zombie counts as gone)."""
+    return process_alive(pid, None)
+
+
+@contextlib.contextmanager
+def pidfds(processes: Iterable[tuple[int, int | None]]) -> Iterator[dict[int, int]]:
+    """``{pidfd: pid}`` for each ``(pid, start_time)`` still running as that process (any
+    process with the pid when ``start_time`` is None); the pidfds are closed on exit."""
+    fds: dict[int, int] = {}
+    try:
+        for pid, start_time in processes:
+            fd = open_pidfd(pid, start_time)
+            if fd is not None:
+                fds[fd] = pid
+        yield fds
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
+def wait_pidfds(fds: Mapping[int, int], timeout: float = WAIT, *, kill: bool = False) -> list[int]:
+    """Wait until every process of ``{pidfd: pid}`` has exited; the pids still running after
+    ``timeout`` seconds. With ``kill``, those are then SIGKILLed, so a failing test leaves
+    nothing behind either."""
+    deadline = time.monotonic() + timeout
+    poller = select.poll()
+    for fd in fds:
+        poller.register(fd, select.POLLIN)
+    left = dict(fds)
+    while left and (remaining := deadline - time.monotonic()) > 0:
+        for fd, _ in poller.poll(remaining * 1000):
+            poller.unregister(fd)
+            del left[fd]
+    return _killed_if(left, kill)
+
+
+def wait_gone(*pids: int, timeout: float = WAIT, kill: bool = False) -> list[int]:
+    """Wait until every one of ``pids`` has exited; those still running after ``timeout``
+    seconds (empty when all are gone), SIGKILLed if ``kill``. Blocks: in an async test, use
+    :func:`wait_gone_async`."""
+    with pidfds((pid, None) for pid in pids) as fds:
+        return wait_pidfds(fds, timeout, kill=kill)
+
+
+async def fd_readable(fd: int, timeout: float = WAIT) -> None:
+    """Return once ``fd`` is readable (a pidfd: once its process has exited), without blocking
+    the event loop; TimeoutError after ``timeout``."""
+    if select.select([fd], [], [], 0)[0]:
+        return
+    loop = asyncio.get_running_loop()
+    readable = loop.create_future()
+    loop.add_reader(fd, lambda: readable.done() or readable.set_result(None))
+    try:
+        await asyncio.wait_for(readable, timeout)
+    finally:
+        loop.remove_reader(fd)
+
+
+async def wait_pidfds_async(fds: Mapping[int, int], timeout: float = WAIT, *, kill: bool = False) -> list[int]:
+    """:func:`wait_pidfds` for async tests: the event loop runs meanwhile."""
+
+    async def exited(fd: int) -> bool:
+        try:
+            await fd_readable(fd, timeout)
+            return True
+        except TimeoutError:
+            return False
+
+    done = await asyncio.gather(*(exited(fd) for fd in fds))
+    return _killed_if({fd: pid for (fd, pid), gone in zip(fds.items(), done) if not gone}, kill)
+
+
+async def wait_gone_async(*pids: int, timeout: float = WAIT, kill: bool = False) -> list[int]:
+    """:func:`wait_gone` for async tests: the event loop runs meanwhile."""
+    with pidfds((pid, None) for pid in pids) as fds:
+        return await wait_pidfds_async(fds, timeout, kill=kill)
+
+
+def _killed_if(left: Mapping[int, int], kill: bool) -> list[int]:
+    if kill:
+        for fd in left:
+            with contextlib.suppress(ProcessLookupError):
+                signal.pidfd_send_signal(fd, signal.SIGKILL)
+    return sorted(left.values())
