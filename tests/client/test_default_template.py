@@ -20,7 +20,8 @@ import pytest
 
 from client.controller import Controller
 from client.spawners import ExecSpawner
-from sandbox_env import alive, env, shim_processes, wait_gone  # noqa: F401  (env is a fixture)
+from proctools import alive, wait_gone_async
+from sandbox_env import env, shim_processes  # noqa: F401  (env is a fixture)
 from shim.launch.install import BOOT, search_path
 from shim.launch.template import template_pid
 from shim.paths import control_socket_path
@@ -179,7 +180,7 @@ async def test_a_template_running_code_older_than_what_is_installed_is_replaced(
         await c.create(NS, env.sid("new"))
         new_shim, new_template = await shim_pid(c, env.sid("new")), ping(env.runtime_root)["pid"]
 
-        assert new_template != old_template and wait_gone(old_template)
+        assert new_template != old_template and not await wait_gone_async(old_template)
         assert templates_of(env.runtime_root) == [new_template] and forked_by_template(new_shim)
         assert alive(old_shim)  # shims of the old template keep running: it was not their parent
         await c.shutdown(NS, env.sid("old"))
