@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import enum
-from typing import Iterator
+from typing import Any, Iterator
 
 import anyio
 
@@ -145,7 +145,7 @@ class ShimHandle:
             self.watch_scope.cancel()
             self.watch_scope = None
 
-    def remember(self, status: dict) -> None:
+    def remember(self, status: dict[str, Any]) -> None:
         """Keep what a SandboxStatus answer said (the shim holds the sandbox)."""
         self.confirmed = True
         self.pid = status.get("pid") or 0

@@ -21,7 +21,7 @@ import pytest
 SESSION_MARKER = f"PODSHIM_TEST_SESSION={secrets.token_hex(8)}"
 os.environ["PODSHIM_TEST_SESSION"] = SESSION_MARKER.split("=", 1)[1]
 
-from shim.kernel.reaper import Reaper
+from shim.kernel.reaper import Reaper  # noqa: E402  (imported once the marker is in the environment)
 
 
 @pytest.fixture

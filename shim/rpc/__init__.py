@@ -21,10 +21,10 @@ _LAZY = {
     "CallContext": ".server",
 }
 
-__all__ = [*_LAZY, *_status_all]
+__all__ = list(_LAZY) + list(_status_all)
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> object:
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'shim.rpc' has no attribute {name!r}")

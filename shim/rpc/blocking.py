@@ -87,7 +87,7 @@ def serve_connection(sock: socket.socket, handlers: Handlers[Handler], *,
                 events = conn.receive_data(data)
             except (OSError, RemoteProtocolError):
                 return
-            out = []
+            out: list[bytes] = []
             for ev in events:
                 if isinstance(ev, PeerClosed):
                     if out:

@@ -28,11 +28,13 @@ _END = object()
 
 
 class _ClientChannel(Channel):
+    conn: ClientConnection
+
     def __init__(self) -> None:
         super().__init__()
         self.conn = ClientConnection()
-        self.pending: dict[int, asyncio.Future] = {}
-        self.streams: dict[int, asyncio.Queue] = {}
+        self.pending: dict[int, asyncio.Future[Response]] = {}
+        self.streams: dict[int, asyncio.Queue[Any]] = {}
         self.lost_reason = "connection closed"
         self.close_callbacks: list[Callable[[], None]] = []
 
@@ -171,7 +173,7 @@ class Client:
         """
         req = self._request(service, method, payload, timeout, metadata)
         ch = self._ch
-        q: asyncio.Queue = asyncio.Queue()
+        q: asyncio.Queue[Any] = asyncio.Queue()
         sid = self._send(req, True)
         ch.streams[sid] = q
         try:
@@ -202,7 +204,7 @@ class Client:
         await self.aclose()
 
 
-def _expire(ch: _ClientChannel, sid: int, fut: asyncio.Future) -> None:
+def _expire(ch: _ClientChannel, sid: int, fut: asyncio.Future[Response]) -> None:
     ch.pending.pop(sid, None)
     if not fut.done():
         fut.set_exception(DeadlineExceeded("deadline exceeded (no answer from the server in time)"))

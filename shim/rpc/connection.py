@@ -6,13 +6,13 @@ stream (answered with a status on that stream) and which close the connection.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 from shim.rpc.frames import (
     CLOSED,
     MAX_DATA_BYTES,
-    NEED_DATA,
     Flags,
     Frame,
     FrameDecoder,
@@ -109,14 +109,16 @@ class _Side:
         self.max_data_bytes = max_data_bytes
         self.decoder = FrameDecoder(max_data_bytes=max_data_bytes)
 
-    def _frames(self, data: bytes):
+    def _frames(self, data: bytes) -> Iterator[Frame | OversizedFrame | None]:
+        """The frames complete with ``data``, then None if the peer closed its side."""
         self.decoder.feed(data)
         while True:
             ev = self.decoder.next_event()  # may raise RemoteProtocolError: the caller closes
-            if ev is NEED_DATA:
-                return
-            yield ev
-            if ev is CLOSED:
+            if type(ev) is Frame or type(ev) is OversizedFrame:
+                yield ev
+            else:  # NEED_DATA or CLOSED
+                if ev is CLOSED:
+                    yield None
                 return
 
 
@@ -139,7 +141,7 @@ class ServerConnection(_Side):
         """
         events: list[Any] = []
         for ev in self._frames(data):
-            if ev is CLOSED:
+            if ev is None:
                 events.append(PeerClosed())
             elif type(ev) is Frame:
                 self._on_frame(ev, events)
@@ -243,7 +245,7 @@ class ClientConnection(_Side):
         """Feed bytes read from the server; return ResponseReceived / DataReceived / PeerClosed."""
         events: list[Any] = []
         for ev in self._frames(data):
-            if ev is CLOSED:
+            if ev is None:
                 events.append(PeerClosed())
             elif type(ev) is OversizedFrame:
                 if ev.type == MessageType.RESPONSE:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import enum
 import struct
+from typing import final
 from dataclasses import dataclass
 
 __all__ = [
@@ -72,6 +73,7 @@ class RemoteProtocolError(ProtocolError):
     """The peer broke the protocol in a way the connection cannot recover from."""
 
 
+@final  # so that `type(ev) is Frame` tells the kinds of event apart (hot path: no isinstance)
 @dataclass(frozen=True, slots=True)
 class Frame:
     """One complete frame."""
@@ -82,6 +84,7 @@ class Frame:
     data: bytes
 
 
+@final
 @dataclass(frozen=True, slots=True)
 class OversizedFrame:
     """A frame whose data exceeded :data:`MAX_DATA_BYTES`; its data is skipped, never buffered."""

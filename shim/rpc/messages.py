@@ -40,7 +40,8 @@ _packer = msgpack.Packer(use_bin_type=True)
 
 def pack(obj: Any) -> bytes:
     """Encode one msgpack document (str as str, bytes as bin)."""
-    return _packer.pack(obj)
+    data: bytes = _packer.pack(obj)
+    return data
 
 
 def unpack(data: bytes) -> Any:

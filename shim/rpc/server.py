@@ -9,12 +9,13 @@ They raise :class:`~shim.rpc.status.RpcError` subclasses; anything else becomes 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import resource
 import socket
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable
+from typing import Any, Callable, Coroutine
 
 from shim.rpc.channel import Channel, PeerCredentials, peer_credentials
 from shim.rpc.connection import CallRejected, CallStarted, PeerClosed, ServerConnection, StreamInput
@@ -27,8 +28,8 @@ __all__ = ["CallContext", "ServerStream", "Server", "UnaryHandler", "StreamHandl
 
 log = logging.getLogger(__name__)
 
-UnaryHandler = Callable[["CallContext", dict], Awaitable[Any]]
-StreamHandler = Callable[["CallContext", dict, "ServerStream"], Awaitable[Any]]
+UnaryHandler = Callable[["CallContext", dict[str, Any]], Coroutine[Any, Any, Any]]
+StreamHandler = Callable[["CallContext", dict[str, Any], "ServerStream"], Coroutine[Any, Any, Any]]
 
 #: Connections one server holds at once (protocol.md 1, "Connection limit"). At the limit a new
 #: connection makes room by closing the one idle longest (no call in flight, nothing buffered):
@@ -69,7 +70,7 @@ class CallContext:
 
 @dataclass(slots=True)
 class _Method:
-    handler: Callable[..., Awaitable[Any]]
+    handler: Callable[..., Coroutine[Any, Any, Any]]
     streaming: bool
 
 
@@ -97,13 +98,14 @@ class ServerStream:
 
 class _ServerChannel(Channel):
     pause_reading_when_blocked = True
+    conn: ServerConnection
 
     def __init__(self, server: "Server"):
         super().__init__()
         self.server = server
         self.conn = ServerConnection(max_data_bytes=server.max_data_bytes)
         self.peer: PeerCredentials | None = None
-        self.tasks: dict[int, asyncio.Task] = {}
+        self.tasks: dict[int, asyncio.Task[Any]] = {}
         self.timers: dict[int, asyncio.TimerHandle] = {}
         self.client_streaming: set[int] = set()
         self.eof = False
@@ -203,7 +205,7 @@ class _ServerChannel(Channel):
             coro = method.handler(ctx, req.payload)
         task = self.loop.create_task(coro)
         self.tasks[sid] = task
-        task.add_done_callback(lambda t, sid=sid, ctx=ctx: self._on_done(sid, ctx, t))
+        task.add_done_callback(functools.partial(self._on_done, sid, ctx))
         if deadline is not None:
             self.timers[sid] = self.loop.call_at(deadline, self._on_deadline, sid)
 
@@ -216,7 +218,7 @@ class _ServerChannel(Channel):
         if task is not None:
             task.cancel()
 
-    def _on_done(self, sid: int, ctx: CallContext, task: asyncio.Task) -> None:
+    def _on_done(self, sid: int, ctx: CallContext, task: asyncio.Task[Any]) -> None:
         req = ctx.request
         self.tasks.pop(sid, None)
         self.last_active = self.loop.time()
@@ -287,8 +289,8 @@ class Server:
         """Add a service's methods. Raises ValueError on a duplicate method."""
         for name, handler in (unary or {}).items():
             self._add(service, name, _Method(handler, False))
-        for name, handler in (streams or {}).items():
-            self._add(service, name, _Method(handler, True))
+        for name, stream_handler in (streams or {}).items():
+            self._add(service, name, _Method(stream_handler, True))
 
     def _add(self, service: str, name: str, method: _Method) -> None:
         if (service, name) in self._methods:

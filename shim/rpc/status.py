@@ -80,7 +80,7 @@ class RpcError(Exception):
     def __str__(self) -> str:
         return f"{self.code.name}: {self.message}" if self.message else self.code.name
 
-    def __reduce__(self):  # keep the code when pickled (multiprocessing, tests)
+    def __reduce__(self) -> tuple[Any, ...]:  # keep the code when pickled (multiprocessing, tests)
         return (_rebuild, (int(self.code), self.message, self.details))
 
 

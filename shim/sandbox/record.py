@@ -220,7 +220,7 @@ def _optional(doc: Mapping[str, Any], key: str, kind: type, where: str) -> Any:
 
 
 def _int(doc: Mapping[str, Any], key: str, where: str) -> int:
-    value = _optional(doc, key, int, where)
+    value: int | None = _optional(doc, key, int, where)
     if value is None:
         raise MalformedRecord(f"{where}: {key} is missing")
     return value

@@ -319,7 +319,7 @@ class Sandbox:
             self.events.publish(TOPIC_START, {"pid": proc.pid})
             return StartResult(proc.pid, proc.created_at_ns)
 
-    def _on_exit(self, fut: asyncio.Future) -> None:
+    def _on_exit(self, fut: asyncio.Future[ExitInfo]) -> None:
         if fut.cancelled():
             return
         info: ExitInfo = fut.result()

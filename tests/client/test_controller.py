@@ -22,7 +22,6 @@ from client.handle import Phase
 from client.results import ExitStatus
 from client.spawners import ExecSpawner
 from proctools import alive, wait_gone_async
-from sandbox_env import env  # noqa: F401  (env is a fixture)
 from shim.rpc.status import (
     AlreadyExists,
     FailedPrecondition,

@@ -20,7 +20,6 @@ import client.controller as controller_module
 from client.controller import Controller
 from client.handle import Phase
 from proctools import alive, wait_gone, wait_gone_async
-from sandbox_env import env  # noqa: F401  (env is a fixture)
 from shim.rpc import blocking
 from shim.rpc.api import SANDBOX_SERVICE
 from shim.rpc.channel import parse_address

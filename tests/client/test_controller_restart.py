@@ -23,7 +23,6 @@ from client.controller import Controller
 from client.results import UNKNOWN_EXIT_STATUS
 from client.spawners import ExecSpawner
 from proctools import alive, wait_gone_async
-from sandbox_env import env  # noqa: F401  (env is a fixture)
 from shim.rpc.status import NotFound
 
 NS = "default"

@@ -21,7 +21,7 @@ import pytest
 from client.controller import Controller
 from client.spawners import ExecSpawner
 from proctools import alive, wait_gone_async
-from sandbox_env import env, shim_processes  # noqa: F401  (env is a fixture)
+from sandbox_env import shim_processes
 from shim.launch.install import BOOT, search_path
 from shim.launch.template import template_pid
 from shim.paths import control_socket_path

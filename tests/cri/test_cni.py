@@ -379,7 +379,7 @@ async def test_bad_arguments_are_refused_before_any_plugin_runs(tmp_path, fake, 
 
 @needs_real_plugins
 async def test_two_pods_get_distinct_ips_and_reach_each_other(network):
-    (pod1, path1), (pod2, path2) = network.pod(), network.pod()
+    (pod1, path1), (_, path2) = network.pod(), network.pod()
     ip1, _ = primary_ip(await network.runner.add("pod1", path1))
     ip2, _ = primary_ip(await network.runner.add("pod2", path2))
     assert ip1 != ip2 and ip1.startswith("10.88.") and ip2.startswith("10.88.")

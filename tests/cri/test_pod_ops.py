@@ -17,7 +17,7 @@ from client.cri.logcontext import IdsFilter, about, current
 from client.cri.resources import shim_resources
 from shim.rpc.status import DeadlineExceeded, FailedPrecondition, InvalidArgument, ResourceExhausted
 
-from podtools import container_config, pod_config, pod_service, roots  # noqa: F401  (roots: a fixture)
+from podtools import container_config, pod_config, pod_service
 
 
 # -- stats ---------------------------------------------------------------------------------------------

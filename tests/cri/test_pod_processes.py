@@ -20,7 +20,7 @@ import pytest
 
 from client.cri.failpoints import ACTION_ENV, ENV, POD_FAILPOINTS
 
-from podtools import container_config, pod_config, pod_service, roots  # noqa: F401  (roots: a fixture)
+from podtools import container_config, pod_config, pod_service
 from proctools import wait_gone_async
 
 #: Rounds of two racing RunPodSandbox: before the store took locks, 4 rounds in 6 made two pods.

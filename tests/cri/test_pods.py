@@ -15,7 +15,7 @@ import pytest
 
 from shim.rpc.status import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
 
-from podtools import container_config, ns_inode, pod_config, pod_service, roots  # noqa: F401  (roots: a fixture)
+from podtools import container_config, ns_inode, pod_config, pod_service
 from proctools import alive, wait_gone_async
 
 # Every test here runs twice: shims exec'd by `podshim start`, and shims forked by a template.

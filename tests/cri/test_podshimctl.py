@@ -12,7 +12,7 @@ import pytest
 
 from client.cli import main as cli
 from proctools import alive
-from sandbox_env import PODSHIMCTL, env  # noqa: F401  (env is a fixture)
+from sandbox_env import PODSHIMCTL
 
 NS = "default"
 SANDBOX = "podshim.sandbox.v1.Sandbox"

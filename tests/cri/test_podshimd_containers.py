@@ -16,7 +16,6 @@ from google.protobuf import json_format
 
 from client.criapi import api_pb2
 
-from critools import crictl, daemon, module_daemon  # noqa: F401  (fixtures)
 from podtools import container_config, ns_inode, pod_config
 from proctools import wait_gone
 

@@ -15,7 +15,7 @@ import grpc
 import pytest
 
 from client.criapi import api_pb2
-from critools import crictl, podshimd_argv, running_podshimd  # noqa: F401  (crictl: a session fixture)
+from critools import podshimd_argv, running_podshimd
 
 BRIDGE_CONFLIST = {
     "cniVersion": "1.0.0", "name": "podshim-test",

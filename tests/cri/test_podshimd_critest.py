@@ -18,7 +18,7 @@ import tempfile
 import pytest
 
 from client.criapi import api_pb2
-from critools import critest, running_podshimd  # noqa: F401  (critest: a session fixture)
+from critools import running_podshimd
 
 FOCUS = "Runtime info|PodSandbox runtime should support basic"
 #: critest 1.26's specs: 85, of which 5 are Windows or benchmark specs it always skips.

@@ -20,7 +20,7 @@ import pytest
 from client.criapi import api_pb2
 from client.podshimd.images import IMAGE_STORE_DIR
 
-from critools import crictl, daemon, running_podshimd  # noqa: F401  (fixtures)
+from critools import running_podshimd
 from podtools import container_config, ns_inode, pod_config
 from proctools import wait_gone
 

@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from critools import REPO, crictl, daemon, module_daemon  # noqa: F401  (fixtures)
+from critools import REPO
 from podtools import container_config, pod_config
 from proctools import wait_gone
 

@@ -11,7 +11,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from client.criapi import api_pb2
-from critools import crictl, daemon, module_daemon  # noqa: F401  (fixtures)
 
 #: What a refused config may be answered with: the client's mistake, or a conflict.
 CLIENT_ERRORS = {grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.FAILED_PRECONDITION,

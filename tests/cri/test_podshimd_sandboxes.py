@@ -22,7 +22,7 @@ from google.protobuf import json_format
 from client.criapi import api_pb2
 from client.cri.failpoints import ENV as FAILPOINT_ENV
 
-from critools import crictl, daemon, module_daemon, running_podshimd  # noqa: F401  (fixtures)
+from critools import running_podshimd
 from podtools import ns_inode, pod_config
 from proctools import alive, wait_gone
 

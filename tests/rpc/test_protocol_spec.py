@@ -111,7 +111,7 @@ def test_ping_request_vector():
     assert (req.service, req.method, req.payload, req.timeout_nano) == (api.SANDBOX_SERVICE, "PingSandbox",
                                                                          {"sandbox_id": "sb1"}, 0)
     assert req.namespace == "default"
-    from shim.rpc.messages import Request, encode_request
+    from shim.rpc.messages import encode_request
     assert encode_frame(1, 1, 0, encode_request(req)) == raw
 
 

@@ -17,7 +17,7 @@ import pytest
 from shim.kernel import linux
 from shim.paths import BOOTSTRAP_FILE, LOG_FILE, SUN_PATH_MAX, read_json, socket_path
 from shim.rpc import Client
-from shimtools import host_untouched, shim, shims  # noqa: F401  (fixtures)
+from shimtools import host_untouched  # noqa: F401  (autouse: what this module's shims made is checked at the end)
 from shimtools import PODSHIM, WAIT, ProcessRef, new_id, run_podshim
 
 # Each test runs twice: shims exec'd by `podshim start`, and forked by the session's template.

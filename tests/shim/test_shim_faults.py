@@ -13,7 +13,7 @@ import pytest
 
 from shim.rpc import AlreadyExists, DeadlineExceeded, FailedPrecondition, InvalidArgument, NotFound
 from shim.rpc.api import SANDBOX_METHODS, SANDBOX_SERVICE
-from shimtools import host_untouched, shim, shims  # noqa: F401  (fixtures)
+from shimtools import host_untouched  # noqa: F401  (autouse: what this module's shims made is checked at the end)
 from shimtools import EventStream, ProcessRef, adopting_orphans, host_netns_bound_at
 
 # Each test runs twice: shims exec'd by `podshim start`, and forked by the session's template.

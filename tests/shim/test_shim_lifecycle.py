@@ -13,7 +13,7 @@ import pytest
 from shim.kernel import netns
 from shim.rpc import NotFound
 from shim.rpc.api import SANDBOX_METHODS
-from shimtools import host_untouched, shim, shims  # noqa: F401  (fixtures)
+from shimtools import host_untouched  # noqa: F401  (autouse: what this module's shims made is checked at the end)
 from shimtools import WAIT, EventStream, ProcessRef, mounts_naming, ns_inode
 
 # Each test runs twice: shims exec'd by `podshim start`, and forked by the session's template.

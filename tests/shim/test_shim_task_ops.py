@@ -13,7 +13,7 @@ import pytest
 from shim.rpc import FailedPrecondition, InvalidArgument
 from shim.rpc.api import TASK_SERVICE
 from shim.runtime.execsync import EXEC_OUTPUT_LIMIT_BYTES
-from shimtools import host_untouched, shims  # noqa: F401  (fixtures)
+from shimtools import host_untouched  # noqa: F401  (autouse: what this module's shims made is checked at the end)
 from proctools import wait_gone_async
 from shimtools import WAIT, Shim, ShimLauncher, ns_inode
 

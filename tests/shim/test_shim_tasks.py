@@ -17,7 +17,7 @@ from shim.kernel import linux, netns
 from shim.rpc.processes import process_alive
 from shim.rpc import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
 from shim.rpc.api import TASK_SERVICE
-from shimtools import host_untouched, shims  # noqa: F401  (fixtures)
+from shimtools import host_untouched  # noqa: F401  (autouse: what this module's shims made is checked at the end)
 from shimtools import WAIT, EventStream, ProcessRef, Shim, ShimLauncher, ns_inode
 
 # Each test runs twice: shims exec'd by `podshim start`, and forked by the session's template.

@@ -12,7 +12,7 @@ import tempfile
 
 import pytest
 
-from critools import crictl, podshimd_argv  # noqa: F401  (crictl: a session fixture)
+from critools import podshimd_argv
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

@@ -21,7 +21,7 @@ from shim.rpc import Client
 from shim.rpc.api import SANDBOX_SERVICE
 from shim.rpc.processes import proc_start_time
 from shim.rpc.status import InvalidArgument
-from shimtools import host_untouched, shims  # noqa: F401  (fixtures)
+from shimtools import host_untouched  # noqa: F401  (autouse: what this module's shims made is checked at the end)
 from shimtools import PODSHIM, WAIT, ProcessRef, mounts_naming, new_id
 from rpctools import call_as_nobody
 

@@ -1,0 +1,12 @@
+"""The pod and podshimd tests' fixtures: crictl, critest and a podshimd (tests/critools.py), a pod
+service's roots (tests/podtools.py), private Controller roots (tests/sandbox_env.py)."""
+
+from __future__ import annotations
+
+from critools import crictl, critest, daemon, module_daemon
+from podtools import roots
+from sandbox_env import env
+
+# Fixtures are found by name in a conftest module; importing them here, not in each test module,
+# keeps a test's parameters from shadowing imported names.
+__all__ = ["crictl", "critest", "daemon", "env", "module_daemon", "roots"]
