@@ -9,7 +9,7 @@
 # `.ci/install` (it links podshimd, podshimctl and podshim into /usr/local/bin).
 set -eu
 cd "$(dirname "$0")"
-for tool in podshimd podshimctl ip nsenter python3; do
+for tool in podshimd podshimctl podshim ip nsenter python3; do
     command -v "$tool" >/dev/null || { echo "quickstart: no $tool on PATH: run .ci/install first" >&2; exit 1; }
 done
 [ "$(id -u)" = 0 ] || { echo "quickstart: run me as root (a runtime makes namespaces and cgroups)" >&2; exit 1; }
@@ -20,6 +20,7 @@ daemon="" pod=""
 cleanup() {
     if [ -n "$pod" ]; then podshimctl rmp "$pod" >/dev/null 2>&1 || true; fi
     if [ -n "$daemon" ]; then kill "$daemon" 2>/dev/null || true; wait "$daemon" 2>/dev/null || true; fi
+    podshim template --stop --runtime-root "$work/run" >/dev/null 2>&1 || true
     ip netns del "$outer" 2>/dev/null || true
     rm -rf "$work"
 }
@@ -89,10 +90,11 @@ podshimctl stopp "$pod"
 podshimctl rmp "$pod"
 pod=""
 
-echo "== stop podshimd"
+echo "== stop podshimd, and the shim template it forked the pod's shim from"
 kill "$daemon"
 wait "$daemon" || { echo "quickstart: podshimd did not stop cleanly:" >&2; cat "$work/podshimd.log" >&2; exit 1; }
 daemon=""
+podshim template --stop --runtime-root "$work/run" | python3 -c 'import json,sys; print("template", json.load(sys.stdin)["pid"], "stopped")'
 
 echo "== nothing left behind:"
 left=0
@@ -103,5 +105,6 @@ left=0
 [ -n "$(find "$work/state/pods" -name '*.json' 2>/dev/null)" ] && { echo "pod records are left"; left=1; }
 [ -n "$(ls -A "$work/state/sandboxes/k8s.io" 2>/dev/null)" ] && { echo "sandbox bundles are left"; left=1; }
 [ -n "$(ls -A "$work/run/s" 2>/dev/null)" ] && { echo "shim sockets are left"; left=1; }
+[ -e "$work/run/template.sock" ] && { echo "the shim template's socket is left"; left=1; }
 [ "$left" = 0 ] && echo "no pod, no pause, no shim, no netns, no socket, no record."
 exit "$left"

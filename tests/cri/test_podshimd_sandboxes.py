@@ -21,6 +21,7 @@ from google.protobuf import json_format
 
 from client.criapi import api_pb2
 from client.cri.failpoints import ENV as FAILPOINT_ENV
+from shim.launch.template import template_pid
 
 from critools import running_podshimd
 from podtools import ns_inode, pod_config
@@ -132,6 +133,31 @@ def test_an_unset_network_mode_is_pod_and_node_shares_the_daemons_network(daemon
     found = inspectp(daemon, crictl, host)
     assert found["status"]["linux"]["namespaces"]["options"]["network"] == "NODE"
     assert ns_inode(found["info"]["pid"], "net") == ns_inode(daemon.process.pid, "net")
+
+
+def shim_argv(shim_pid: int) -> list[bytes]:
+    with open(f"/proc/{shim_pid}/cmdline", "rb") as f:
+        return f.read().split(b"\0")
+
+
+def test_shims_are_forked_from_the_runtime_roots_template_by_default(daemon, crictl, write):
+    pod_id, _ = runp(daemon, crictl, write)
+    argv = shim_argv(int(inspectp(daemon, crictl, pod_id)["info"]["shim"]["shim_pid"]))
+    assert b"template" in argv and b"start" not in argv  # a forked shim keeps the template's command line
+    assert template_pid(daemon.runtime_root) != 0
+
+
+def test_with_template_false_every_shim_is_execd(crictl, write):
+    directory = tempfile.mkdtemp(prefix="psd-exec-")
+    try:
+        with running_podshimd(directory, config="template = false\n") as daemon:
+            pod_id, _ = runp(daemon, crictl, write)
+            argv = shim_argv(int(inspectp(daemon, crictl, pod_id)["info"]["shim"]["shim_pid"]))
+            assert b"start" in argv and b"template" not in argv
+            assert template_pid(daemon.runtime_root) == 0
+            daemon.remove_every_pod(crictl)
+    finally:
+        shutil.rmtree(directory)
 
 
 # -- stopp, rmp ------------------------------------------------------------------------------------

@@ -13,6 +13,7 @@ import tempfile
 import pytest
 
 from critools import podshimd_argv
+from shim.launch.template import stop_template
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -57,6 +58,7 @@ def test_socket_activated_it_serves_on_systemds_socket_and_leaves_it_to_systemd(
     finally:
         daemon.terminate()
         out, _ = daemon.communicate(timeout=30)
+        stop_template(os.path.join(directory, "run"))  # the shim template its pod started (config template)
     assert daemon.returncode == 0 and "Traceback" not in out, out
     assert not os.path.exists(relayed)  # its own socket is removed; systemd's is systemd's to remove
     assert stat.S_ISSOCK(os.lstat(path).st_mode)
