@@ -88,28 +88,102 @@ def _rebuild(code: int, message: str, details: list[Any]) -> RpcError:
     return error_from_status(code, message, details)
 
 
-def _subclass(name: str, code: Code) -> type[RpcError]:
-    cls = type(name, (RpcError,), {"code": code, "__doc__": f"Status {code.name} ({int(code)})."})
-    cls.__module__ = __name__
-    return cls
+# One class per code, written out (not made by a factory) so that type checkers know them.
+class Cancelled(RpcError):
+    """Status CANCELLED (1)."""
+
+    code = Code.CANCELLED
 
 
-Cancelled = _subclass("Cancelled", Code.CANCELLED)
-Unknown = _subclass("Unknown", Code.UNKNOWN)
-InvalidArgument = _subclass("InvalidArgument", Code.INVALID_ARGUMENT)
-DeadlineExceeded = _subclass("DeadlineExceeded", Code.DEADLINE_EXCEEDED)
-NotFound = _subclass("NotFound", Code.NOT_FOUND)
-AlreadyExists = _subclass("AlreadyExists", Code.ALREADY_EXISTS)
-PermissionDenied = _subclass("PermissionDenied", Code.PERMISSION_DENIED)
-ResourceExhausted = _subclass("ResourceExhausted", Code.RESOURCE_EXHAUSTED)
-FailedPrecondition = _subclass("FailedPrecondition", Code.FAILED_PRECONDITION)
-Aborted = _subclass("Aborted", Code.ABORTED)
-OutOfRange = _subclass("OutOfRange", Code.OUT_OF_RANGE)
-Unimplemented = _subclass("Unimplemented", Code.UNIMPLEMENTED)
-Internal = _subclass("Internal", Code.INTERNAL)
-Unavailable = _subclass("Unavailable", Code.UNAVAILABLE)
-DataLoss = _subclass("DataLoss", Code.DATA_LOSS)
-Unauthenticated = _subclass("Unauthenticated", Code.UNAUTHENTICATED)
+class Unknown(RpcError):
+    """Status UNKNOWN (2)."""
+
+    code = Code.UNKNOWN
+
+
+class InvalidArgument(RpcError):
+    """Status INVALID_ARGUMENT (3)."""
+
+    code = Code.INVALID_ARGUMENT
+
+
+class DeadlineExceeded(RpcError):
+    """Status DEADLINE_EXCEEDED (4)."""
+
+    code = Code.DEADLINE_EXCEEDED
+
+
+class NotFound(RpcError):
+    """Status NOT_FOUND (5)."""
+
+    code = Code.NOT_FOUND
+
+
+class AlreadyExists(RpcError):
+    """Status ALREADY_EXISTS (6)."""
+
+    code = Code.ALREADY_EXISTS
+
+
+class PermissionDenied(RpcError):
+    """Status PERMISSION_DENIED (7)."""
+
+    code = Code.PERMISSION_DENIED
+
+
+class ResourceExhausted(RpcError):
+    """Status RESOURCE_EXHAUSTED (8)."""
+
+    code = Code.RESOURCE_EXHAUSTED
+
+
+class FailedPrecondition(RpcError):
+    """Status FAILED_PRECONDITION (9)."""
+
+    code = Code.FAILED_PRECONDITION
+
+
+class Aborted(RpcError):
+    """Status ABORTED (10)."""
+
+    code = Code.ABORTED
+
+
+class OutOfRange(RpcError):
+    """Status OUT_OF_RANGE (11)."""
+
+    code = Code.OUT_OF_RANGE
+
+
+class Unimplemented(RpcError):
+    """Status UNIMPLEMENTED (12)."""
+
+    code = Code.UNIMPLEMENTED
+
+
+class Internal(RpcError):
+    """Status INTERNAL (13)."""
+
+    code = Code.INTERNAL
+
+
+class Unavailable(RpcError):
+    """Status UNAVAILABLE (14)."""
+
+    code = Code.UNAVAILABLE
+
+
+class DataLoss(RpcError):
+    """Status DATA_LOSS (15)."""
+
+    code = Code.DATA_LOSS
+
+
+class Unauthenticated(RpcError):
+    """Status UNAUTHENTICATED (16)."""
+
+    code = Code.UNAUTHENTICATED
+
 
 _BY_CODE: dict[int, type[RpcError]] = {
     cls.code: cls
