@@ -216,6 +216,10 @@ async def serve(config: Config, *, notifier: Notifier | None = None) -> None:
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(grpc_path)
             pods = await _open_pods(stack, config)
+            if config.streaming_address != Config.streaming_address:
+                # Said, not silently ignored: the key exists for the streaming server to come.
+                log.warning("streaming_address = %r: podshimd has no streaming server yet; Exec, Attach and "
+                            "PortForward answer UNIMPLEMENTED", config.streaming_address)
             if config.metrics_address:
                 try:
                     stack.callback(metrics.start(config.metrics_address, pods).close)
