@@ -1,5 +1,9 @@
 """``python -m shim`` is ``podshim``."""
 
-from shim.cli import run
+import gc
+
+gc.disable()  # off while it starts: see shim.launch.install.long_running
+
+from shim.cli import run  # noqa: E402
 
 run()

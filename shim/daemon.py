@@ -16,6 +16,7 @@ import time
 
 from shim.sandbox.events import EventBus
 from shim.kernel.linux import set_process_name
+from shim.launch.install import long_running
 from shim.launch.notify import Notifier
 from shim.kernel.reaper import Reaper
 from shim.rpc.channel import install_uvloop
@@ -23,7 +24,6 @@ from shim.rpc.server import Server
 from shim.sandbox.sandbox import Sandbox, ShimConfig, State
 from shim.sandbox.service import SandboxService, register
 from shim.sandbox.task_service import TaskService, register_tasks
-from shim.sandbox.tasks import TaskSet
 
 __all__ = ["SHUTDOWN_TIMEOUT", "serve_forever", "setup_logging"]
 
@@ -60,6 +60,7 @@ def serve_forever(config: ShimConfig, listener: socket.socket, *, owns_socket: b
     # A shim forked from the template would otherwise show up as "python3 ... template" in
     # ps; `pgrep -x podshim-shim` finds every shim, however it was started.
     set_process_name("podshim-shim")
+    long_running()  # a shim exec'd by `podshim start` or systemd started with the collector off
     install_uvloop()
     with asyncio.Runner(loop_factory=None if loop is None else (lambda: loop)) as runner:
         return runner.run(_serve(config, listener, owns_socket, ready_fd, shutdown_on_signal, recorded))
@@ -84,7 +85,7 @@ async def _serve(config: ShimConfig, listener: socket.socket, owns_socket: bool,
     sandbox.on_state_change = lambda st: notifier.send(f"STATUS=sandbox {config.sandbox_id} {st.value}")
     server = Server()
     register(server, SandboxService(sandbox, events, on_shutdown=lambda: finish("ShutdownSandbox")))
-    register_tasks(server, TaskService(TaskSet(sandbox)))
+    register_tasks(server, TaskService(sandbox))
     await server.start(listener)
     # Record the shim at once (unless its spawner did): a controller killed before
     # CreateSandbox still finds, through state.json, a shim that `podshim delete` can end.

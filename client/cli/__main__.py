@@ -1,5 +1,9 @@
 """``python -m client.cli`` is ``podshimctl``."""
 
-from client.cli.main import run
+import gc
+
+gc.disable()  # off while it starts: see shim.launch.install.long_running
+
+from client.cli.main import run  # noqa: E402
 
 run()

@@ -190,8 +190,11 @@ def _setup_events(p: argparse.ArgumentParser) -> None:
 
 
 async def _run_events(args: argparse.Namespace) -> int:
+    from shim.launch.install import long_running
     from shim.rpc.api import EVENTS_SERVICE
     from shim.rpc.client import Client
+
+    long_running()  # it prints events until interrupted
 
     async with await Client.connect(args.address, namespace=args.namespace) as client:
         async for event in client.stream(EVENTS_SERVICE, "Subscribe", {}):
@@ -263,6 +266,9 @@ async def _stop(c: Controller, args: argparse.Namespace) -> int:
 
 
 async def _wait(c: Controller, args: argparse.Namespace) -> int:
+    from shim.launch.install import long_running
+
+    long_running()  # it waits as long as the sandbox runs
     result = await c.wait(args.namespace, args.sandbox_id)
     emit(args, result, lambda out: print(f"sandbox {args.sandbox_id} exited with status {result.exit_status} "
                                          f"at {_timestamp(result.exited_at)}", file=out))

@@ -37,7 +37,7 @@ import socket
 from typing import Any, Callable
 
 from shim.kernel.linux import set_process_name
-from shim.launch.install import code_files, fingerprint
+from shim.launch.install import code_files, fingerprint, long_running
 from shim.paths import control_socket_path, socket_path
 from shim.rpc.api import TEMPLATE_LOCK, TEMPLATE_SERVICE
 from shim.rpc.blocking import serve_connection
@@ -73,7 +73,7 @@ def _preload() -> None:
 
     from shim.kernel import cgroups, linux, netns, reaper  # noqa: F401
     from shim import cleanup, daemon  # noqa: F401
-    from shim.sandbox import events, sandbox, service  # noqa: F401
+    from shim.sandbox import events, sandbox, service, tasks  # noqa: F401  (tasks: with a shim's first Task call)
     from shim.launch import notify  # noqa: F401
     from shim.runtime import native, pause  # noqa: F401
     from shim.runtime.oci import backend  # noqa: F401  (the runc and crun handlers)
@@ -280,6 +280,7 @@ def _serve(runtime_root: str, pause_binary: str | None, ready_fd: int | None) ->
     # the children's garbage collector from writing to (and so copying) those pages.
     gc.collect()
     gc.freeze()
+    long_running()  # started with the collector off (shim.launch.install)
     template = _Template(runtime_root, pause_binary, listener, path)
     template.replenish()
     stopping = False

@@ -5,7 +5,7 @@ payload out. The rules live in :mod:`shim.sandbox.tasks`.
 from __future__ import annotations
 
 import signal
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from shim.sandbox.options import namespace_mode
 from shim.rpc.api import TASK_SERVICE
@@ -13,20 +13,38 @@ from shim.rpc.identifiers import validate_labels
 from shim.rpc.messages import optional, require
 from shim.rpc.server import CallContext, Server
 from shim.rpc.status import InvalidArgument
+from shim.runtime.base import CONTAINER
 from shim.sandbox.service import request_sandbox_id
-from shim.sandbox.tasks import CONTAINER, TaskSet
+
+if TYPE_CHECKING:
+    from shim.sandbox.sandbox import Sandbox
+    from shim.sandbox.tasks import TaskSet
 
 __all__ = ["TaskService", "register_tasks"]
 
 
 class TaskService:
-    """Handlers of ``podshim.task.v1.Task``."""
+    """Handlers of ``podshim.task.v1.Task``.
 
-    def __init__(self, tasks: TaskSet):
-        self.tasks = tasks
+    The sandbox's :class:`~shim.sandbox.tasks.TaskSet`, and with it the code that runs tasks
+    (launcher, CRI logs, exec), is made by the first Task call: a shim exec'd for a sandbox spends
+    no start-up on what only some of its calls need (a template's shims have it preloaded).
+    """
+
+    def __init__(self, sandbox: Sandbox):
+        self.sandbox = sandbox
+        self._tasks: TaskSet | None = None
+
+    @property
+    def tasks(self) -> TaskSet:
+        if self._tasks is None:
+            from shim.sandbox.tasks import TaskSet
+
+            self._tasks = TaskSet(self.sandbox)
+        return self._tasks
 
     def _ids(self, ctx: CallContext, p: dict[str, Any]) -> tuple[str, str]:
-        return request_sandbox_id(ctx, p, self.tasks.sandbox), require(p, "task_id", str)
+        return request_sandbox_id(ctx, p, self.sandbox), require(p, "task_id", str)
 
     async def create(self, ctx: CallContext, p: dict[str, Any]) -> dict[str, Any]:
         sid, tid = self._ids(ctx, p)
@@ -84,7 +102,7 @@ class TaskService:
         return self.tasks.get(*self._ids(ctx, p)).state()
 
     async def list(self, ctx: CallContext, p: dict[str, Any]) -> dict[str, Any]:
-        return {"tasks": [task.state() for task in self.tasks.list(request_sandbox_id(ctx, p, self.tasks.sandbox))]}
+        return {"tasks": [task.state() for task in self.tasks.list(request_sandbox_id(ctx, p, self.sandbox))]}
 
 
 def register_tasks(server: Server, service: TaskService) -> None:
