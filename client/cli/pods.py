@@ -1,11 +1,13 @@
 """crictl's verbs for podshimctl, as a client of podshimd: runp, stopp, rmp, inspectp, pods, create,
-start, stop, rm, inspect, ps, logs. Configs are crictl's JSON files; ids may be given by unique
-prefix.
+start, stop, rm, inspect, ps, logs, exec, stats, statsp. Configs are crictl's JSON files; ids may
+be given by unique prefix.
 
     podshimctl runp [--runtime native|runc|crun] pod-config.json   # prints the pod id
     podshimctl create POD_ID container-config.json pod-config.json   # prints the container id
     podshimctl start CONTAINER_ID; podshimctl logs CONTAINER_ID
     podshimctl pods [--state ready|notready] [--label k=v] [-q]; podshimctl ps [-a] [--pod ID]
+    podshimctl exec [--timeout S] CONTAINER_ID CMD [ARG...]          # exits with the command's status
+    podshimctl stats [--pod ID] [-s S]; podshimctl statsp [-s S]
     podshimctl stopp POD_ID; podshimctl rmp POD_ID
 
 podshimd is the one writer of the pod store: every verb is a CRI call to it, on ``--endpoint``
@@ -23,6 +25,7 @@ import os
 import re
 import socket
 import sys
+import time
 from typing import Any, Callable
 
 from client.cli.main import EXIT_OK, CliError, _print_fields, _print_table, _read_json_file, command, emit
@@ -342,3 +345,114 @@ def _logs(args: argparse.Namespace, daemon: _Podshimd) -> int:
 _verb("logs", "print a container's log", _logs,
       lambda p: (p.add_argument("id", metavar="CONTAINER_ID"),
                  p.add_argument("--timestamps", "-t", action="store_true", help="show each line's timestamp")))
+
+
+# -- running containers: exec, stats -------------------------------------------------------------
+def _exec(args: argparse.Namespace, daemon: _Podshimd) -> int:
+    # No deadline of our own without a timeout: the command runs as long as it runs.
+    deadline = CALL_TIMEOUT + args.timeout if args.timeout else None
+    reply = daemon.call("ExecSync", deadline, container_id=args.id, cmd=args.cmd, timeout=args.timeout)
+    if args.json:
+        emit(args, {"exit_code": reply.exit_code, "stdout": reply.stdout.decode(errors="replace"),
+                    "stderr": reply.stderr.decode(errors="replace")})
+    else:
+        sys.stdout.buffer.write(reply.stdout)
+        sys.stdout.flush()
+        sys.stderr.buffer.write(reply.stderr)
+        sys.stderr.flush()
+    return reply.exit_code & 0xFF
+
+
+def _exec_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--timeout", type=int, default=0, metavar="S",
+                   help="seconds before the command (and what it started) is killed (default 0: none)")
+    p.add_argument("id", metavar="CONTAINER_ID")
+    p.add_argument("cmd", metavar="CMD", nargs=argparse.REMAINDER, help="the command and its arguments")
+
+
+def _checked_exec(args: argparse.Namespace, daemon: _Podshimd) -> int:
+    if not args.cmd:
+        raise CliError("exec needs a command to run: podshimctl exec CONTAINER_ID CMD [ARG...]")
+    if args.timeout < 0:
+        raise CliError(f"--timeout must be 0 or more seconds, not {args.timeout}")
+    return _exec(args, daemon)
+
+
+_verb("exec", "run a command in a running container to its end (ExecSync); exit with its status",
+      _checked_exec, _exec_arguments)
+
+
+def _size(n: int | None) -> str:
+    """Bytes in binary units, as ``12.3MiB``; "-" for a figure the host could not give."""
+    if n is None:
+        return "-"
+    value, unit = float(n), "B"
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if value < 1024 or unit == "TiB":
+            break
+        value /= 1024
+    return f"{value:.0f}{unit}" if unit == "B" else f"{value:.1f}{unit}"
+
+
+def _figure(message: Any, field: str) -> int | None:
+    return getattr(message, field).value if message.HasField(field) else None
+
+
+def _cpu_percent(now: Any, before: Any | None) -> str:
+    """CPU use between two samples, in % of one CPU (as crictl and top show it)."""
+    if before is None or not now.HasField("usage_core_nano_seconds") or not before.HasField("usage_core_nano_seconds"):
+        return "-"
+    elapsed = now.timestamp - before.timestamp
+    if elapsed <= 0:
+        return "-"
+    used = now.usage_core_nano_seconds.value - before.usage_core_nano_seconds.value
+    return f"{max(used, 0) / elapsed * 100:.2f}"
+
+
+def _sampled(args: argparse.Namespace, list_stats: Callable[[], list[Any]]) -> tuple[list[Any], dict[str, Any]]:
+    """Two samples ``args.seconds`` apart (CPU use needs two): the second, and the first by id."""
+    if args.seconds <= 0:
+        return list_stats(), {}
+    first = {s.attributes.id: s for s in list_stats()}
+    time.sleep(args.seconds)
+    return list_stats(), first
+
+
+def _stats(args: argparse.Namespace, daemon: _Podshimd) -> None:
+    request = daemon.api.ContainerStatsFilter(id=args.id or "", pod_sandbox_id=args.pod or "",
+                                              label_selector=_labels(args.label))
+    now, before = _sampled(args, lambda: list(daemon.call("ListContainerStats", filter=request).stats))
+    rows = [{"container": _short(s.attributes.id), "name": s.attributes.metadata.name,
+             "cpu_%": _cpu_percent(s.cpu, before[s.attributes.id].cpu if s.attributes.id in before else None),
+             "memory": _size(_figure(s.memory, "working_set_bytes")), "usage": _size(_figure(s.memory, "usage_bytes"))}
+            for s in now]
+    emit(args, [_plain(s) for s in now], lambda out: _print_table(
+        rows, ["container", "name", "cpu_%", "memory", "usage"], out))
+
+
+def _statsp(args: argparse.Namespace, daemon: _Podshimd) -> None:
+    request = daemon.api.PodSandboxStatsFilter(id=args.id or "", label_selector=_labels(args.label))
+    now, before = _sampled(args, lambda: list(daemon.call("ListPodSandboxStats", filter=request).stats))
+    rows = [{"pod_id": _short(s.attributes.id), "name": s.attributes.metadata.name,
+             "cpu_%": _cpu_percent(s.linux.cpu, before[s.attributes.id].linux.cpu if s.attributes.id in before
+                                   else None),
+             "memory": _size(_figure(s.linux.memory, "working_set_bytes")),
+             "processes": _figure(s.linux.process, "process_count"), "containers": len(s.linux.containers)}
+            for s in now]
+    emit(args, [_plain(s) for s in now], lambda out: _print_table(
+        rows, ["pod_id", "name", "cpu_%", "memory", "processes", "containers"], out))
+
+
+def _stats_arguments(p: argparse.ArgumentParser, pods: bool) -> None:
+    p.add_argument("--id", default=None, help=f"only {'pods' if pods else 'containers'} whose id starts with this")
+    if not pods:
+        p.add_argument("--pod", "-p", default=None, help="only containers of this pod (id prefix)")
+    p.add_argument("--label", action="append", default=[], metavar="KEY=VALUE", help="label selector")
+    p.add_argument("--seconds", "-s", type=float, default=1.0, metavar="S",
+                   help="seconds between the two samples CPU use is measured over (default 1; 0: no CPU figure)")
+
+
+_verb("stats", "show running containers' CPU and memory use (from their cgroups)", _stats,
+      lambda p: _stats_arguments(p, pods=False))
+_verb("statsp", "show ready pods' CPU, memory and process counts (from their cgroups)", _statsp,
+      lambda p: _stats_arguments(p, pods=True))

@@ -11,6 +11,8 @@ import os
 import re
 import select
 import shutil
+import subprocess
+import sys
 import tempfile
 import urllib.request
 
@@ -20,7 +22,7 @@ import pytest
 from client.criapi import api_pb2
 from client.podshimd.images import IMAGE_STORE_DIR
 
-from critools import running_podshimd
+from critools import REPO, running_podshimd
 from podtools import container_config, ns_inode, pod_config
 from proctools import wait_gone
 
@@ -372,3 +374,33 @@ def test_the_metrics_endpoint_counts_pods_containers_and_calls(daemon, crictl, p
     after = scrape(daemon)
     assert after['podshimd_cri_requests_total{code="NOT_FOUND",method="ContainerStatus"}'] == before + 1
     assert after['podshimd_containers{state="CONTAINER_EXITED"}'] == 1
+
+
+# -- podshimctl's exec, stats, statsp -----------------------------------------------------------------
+
+def ctl(daemon, *argv: str) -> subprocess.CompletedProcess:
+    """podshimctl with the daemon's runtime root (its default endpoint is the daemon's socket)."""
+    result = subprocess.run([sys.executable, "-m", "client.cli", "--runtime-root", daemon.runtime_root, *argv],
+                            cwd=REPO, stdin=subprocess.DEVNULL, capture_output=True, timeout=120)
+    assert b"Traceback" not in result.stderr, result.stderr
+    return result
+
+
+def test_podshimctl_exec_passes_both_streams_and_exits_with_the_commands_status(daemon, crictl, pod, tmp_path):
+    container_id = run(daemon, crictl, pod, tmp_path, ["sleep", "600"])
+    done = ctl(daemon, "exec", container_id[:12], "sh", "-c", "echo out; echo err >&2; exit 3")
+    assert (done.returncode, done.stdout, done.stderr) == (3, b"out\n", b"err\n")
+    timed_out = ctl(daemon, "exec", "--timeout", "1", container_id, "sleep", "60")
+    assert timed_out.returncode == 1
+    assert timed_out.stderr == b"DEADLINE_EXCEEDED: command 'sleep 60' timed out after 1 s and was killed\n"
+
+
+def test_podshimctl_stats_and_statsp_show_the_allocated_memory(daemon, crictl, pod, tmp_path):
+    container_id = allocating(daemon, crictl, pod, tmp_path)
+    rows = [line.split() for line in ctl(daemon, "stats", "-s", "0.5").stdout.decode().splitlines()]
+    assert rows[0] == ["CONTAINER", "NAME", "CPU", "%", "MEMORY", "USAGE"]
+    assert rows[1][:2] == [container_id[:13], "alloc"] and float(rows[1][2]) >= 0
+    assert rows[1][3].endswith("MiB") and float(rows[1][3][:-3]) >= ALLOCATED >> 20
+    pods = [line.split() for line in ctl(daemon, "statsp", "-s", "0").stdout.decode().splitlines()]
+    assert pods[1][0] == pod[0][:13] and pods[1][2] == "-"  # one sample: no CPU rate
+    assert float(pods[1][3][:-3]) >= ALLOCATED >> 20 and pods[1][5] == "1"
