@@ -70,7 +70,8 @@ TASK_ALLOWED = [
     (TOp.KILL, T.STOPPED, T.STOPPED),  # killing an exited task does nothing
     (TOp.DELETE, T.CREATED, T.DELETED),
     (TOp.DELETE, T.STOPPED, T.DELETED),
-    *((op, status, status) for op in (TOp.WAIT, TOp.STATE) for status in (T.CREATED, T.RUNNING, T.STOPPED)),
+    *((op, T.RUNNING, T.RUNNING) for op in (TOp.EXEC, TOp.UPDATE, TOp.REOPEN_LOG)),
+    *((op, status, status) for op in (TOp.WAIT, TOp.STATE, TOp.STATS) for status in (T.CREATED, T.RUNNING, T.STOPPED)),
 ]
 TASK_REFUSED = [
     (TOp.START, T.RUNNING, "task app is already running"),
@@ -79,6 +80,9 @@ TASK_REFUSED = [
     (TOp.DELETE, T.RUNNING, "task app is running; kill it and wait for its exit before deleting it"),
     (TOp.EXIT, T.CREATED, "cannot exit task app while it is created"),
     (TOp.EXIT, T.STOPPED, "cannot exit task app while it is stopped"),
+    *((op, T.CREATED, "task app is not running: it has not been started")
+      for op in (TOp.EXEC, TOp.UPDATE, TOp.REOPEN_LOG)),
+    *((op, T.STOPPED, "task app is not running: it has exited") for op in (TOp.EXEC, TOp.UPDATE, TOp.REOPEN_LOG)),
     *((op, T.DELETED, f"cannot {op.value} task app while it is deleted") for op in TOp),
 ]
 
