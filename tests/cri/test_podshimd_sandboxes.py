@@ -20,6 +20,7 @@ import pytest
 from google.protobuf import json_format
 
 from client.criapi import api_pb2
+from client.cri.failpoints import ACTION_ENV as FAILPOINT_ACTION_ENV
 from client.cri.failpoints import ENV as FAILPOINT_ENV
 from shim.launch.template import template_pid
 
@@ -256,20 +257,32 @@ def test_the_same_pod_name_twice_is_already_exists(daemon, crictl, write):
     assert len(daemon.crictl(crictl, "pods", "-q").stdout.split()) == 1
 
 
-def test_a_client_that_goes_away_mid_runp_leaves_a_whole_pod(daemon):
-    config = pod_config()
-    request = api_pb2.RunPodSandboxRequest()
-    json_format.ParseDict({"config": config}, request)
-    failed = rpc_error(daemon.runtime().RunPodSandbox, request, timeout=0.001)
-    assert failed.code() == grpc.StatusCode.DEADLINE_EXCEEDED
-    # The change runs to its end in the daemon: the pod turns up, ready (a bounded wait for it).
-    deadline = time.monotonic() + 30
-    while True:
-        pods = daemon.runtime().ListPodSandbox(api_pb2.ListPodSandboxRequest()).items
-        if pods or time.monotonic() > deadline:
-            break
-        time.sleep(0.05)
-    assert [(p.metadata.name, p.state) for p in pods] == [(config["metadata"]["name"], api_pb2.SANDBOX_READY)]
+def test_a_client_that_goes_away_mid_runp_leaves_a_whole_pod(crictl):
+    # The daemon freezes itself (SIGSTOP) at a step of RunPodSandbox: the call is surely in the
+    # middle of its change when the client goes away (its deadline passes), with no timing.
+    directory = tempfile.mkdtemp(prefix="psd-away-")
+    try:
+        with running_podshimd(directory, env={FAILPOINT_ENV: "run:after-create", FAILPOINT_ACTION_ENV: "stop"}) as daemon:
+            config = pod_config()
+            request = api_pb2.RunPodSandboxRequest()
+            json_format.ParseDict({"config": config}, request)
+            call = daemon.runtime().RunPodSandbox.future(request, timeout=60)
+            _, status = os.waitpid(daemon.process.pid, os.WUNTRACED)
+            assert os.WIFSTOPPED(status)
+            call.cancel()  # the client goes away while the daemon is inside the change
+            assert call.cancelled()
+            os.kill(daemon.process.pid, signal.SIGCONT)
+            # The change runs to its end in the daemon: the pod turns up, ready (a bound, not a sleep).
+            deadline = time.monotonic() + 30
+            while True:
+                pods = daemon.runtime().ListPodSandbox(api_pb2.ListPodSandboxRequest()).items
+                if [p.state for p in pods] == [api_pb2.SANDBOX_READY] or time.monotonic() > deadline:
+                    break
+                time.sleep(0.05)
+            assert [(p.metadata.name, p.state) for p in pods] == [(config["metadata"]["name"], api_pb2.SANDBOX_READY)]
+            daemon.crictl(crictl, "rmp", "-f", pods[0].id)
+    finally:
+        shutil.rmtree(directory)
 
 
 # -- the daemon dies -------------------------------------------------------------------------------
