@@ -9,7 +9,9 @@ real bridge + host-local + loopback plugins, run inside a throwaway outer networ
 this script makes and removes, never on the machine's own network),
 StopPodSandbox, RemovePodSandbox (until the shim has exited and the netns, cgroups and, for
 runc/crun, the runtime's container are gone). The handlers take turns cycle by cycle, so a
-noisy moment hits them all; one unmeasured cycle each first (it builds the pause rootfs).
+noisy moment hits them all; one unmeasured cycle each first (it builds the pause rootfs, and
+the first one starts the runtime root's shim template, which forks every shim after it: the pod
+service's default).
 Prints a markdown table of p50 and p99 (nearest rank) per phase, in ms. A handler whose binary
 is not installed is left out, with the reason. Run as root; everything is removed at the end.
 """
@@ -32,6 +34,7 @@ sys.path.insert(0, REPO)
 
 from bench.common import percentile  # noqa: E402
 from client.cri.pod import open_pod_service  # noqa: E402
+from shim.launch.template import stop_template  # noqa: E402
 from shim.runtime import process  # noqa: E402
 from shim.sandbox.options import NATIVE, RUNTIME_HANDLERS  # noqa: E402
 
@@ -98,6 +101,7 @@ async def bench(cycles: int, handlers: list[str], network: str) -> dict[str, lis
     finally:
         if outer is not None:
             subprocess.run(["ip", "netns", "del", os.path.basename(outer)], capture_output=True)
+        stop_template(runtime_root)  # the one the pod service's Controller started there (its default)
         shutil.rmtree(base, ignore_errors=True)
         shutil.rmtree(runtime_root, ignore_errors=True)
     return results
