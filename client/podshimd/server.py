@@ -26,7 +26,6 @@ import fcntl
 import logging
 import os
 import signal
-import socket
 import stat
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -38,6 +37,7 @@ from client.cri.pod import open_pod_service
 from client.criapi import api_pb2, api_pb2_grpc
 from client.spawners import ExecSpawner
 from shim.launch.notify import Notifier
+from shim.rpc.blocking import can_connect
 from shim.rpc.files import ensure_private_dir
 from shim.rpc.status import RpcError, Unimplemented
 
@@ -68,8 +68,6 @@ SHUTDOWN_GRACE = 5.0
 CHANGES_GRACE = 20.0
 #: Where gRPC listens when systemd owns the socket (podshimd.socket): beside it, relayed to.
 RELAYED_SOCKET = ".podshimd-grpc.sock"
-#: A socket that accepts within this is a live daemon's (containerd: 100 ms).
-CAN_CONNECT_TIMEOUT = 0.1
 
 # -- the services: add a handler group here --------------------------------------------------------
 #: The handler groups of runtime.v1.RuntimeService, each a :class:`.handlers.Handlers` subclass
@@ -122,17 +120,6 @@ ImageService = compose(api_pb2_grpc.ImageServiceServicer, IMAGE_GROUPS)
 
 # -- the socket --------------------------------------------------------------------------------------
 
-def _can_connect(path: str) -> bool:
-    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
-    s.settimeout(CAN_CONNECT_TIMEOUT)
-    try:
-        s.connect(path)
-        return True
-    except OSError:
-        return False
-    finally:
-        s.close()
-
 
 def _claim_directory(directory: str, runtime_root: str) -> int:
     """Make the socket's directory 0700 and lock it; return the locked descriptor.
@@ -171,7 +158,7 @@ def _remove_stale_socket(path: str, listen: str) -> None:
         return
     if not stat.S_ISSOCK(st.st_mode):
         raise DaemonError(f"{path} exists and is not a socket")
-    if _can_connect(path):
+    if can_connect(path):
         raise DaemonError(f"another daemon already answers on {listen}")
     log.info("removing the stale socket %s", path)
     os.unlink(path)

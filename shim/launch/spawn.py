@@ -32,27 +32,14 @@ from shim.rpc.files import ensure_private_dir
 from shim.rpc.status import Unavailable
 from shim.sandbox.record import STATE_NEW, SandboxRecord, write_state
 
-__all__ = ["START_TIMEOUT", "CAN_CONNECT_TIMEOUT", "Spare", "bind_listener", "bootstrap", "detach_process",
+__all__ = ["START_TIMEOUT", "Spare", "bind_listener", "bootstrap", "detach_process",
            "fork_spare", "spawn_shim"]
 
 #: How long a spawner waits for the forked shim to accept; below the Controller's SPAWN_TIMEOUT
 #: (10 s), so `podshim start` always ends its own child and reports before it is killed.
 START_TIMEOUT = 8.0
-#: A socket that accepts a connection within this is a live shim (containerd: 100 ms).
-CAN_CONNECT_TIMEOUT = 0.1
 _PID_LINE = re.compile(rb"P(\d+)\n")
 
-
-def _can_connect(path: str) -> bool:
-    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
-    s.settimeout(CAN_CONNECT_TIMEOUT)
-    try:
-        s.connect(path)
-        return True
-    except OSError:
-        return False
-    finally:
-        s.close()
 
 
 def bind_listener(path: str) -> socket.socket | None:
@@ -68,7 +55,9 @@ def bind_listener(path: str) -> socket.socket | None:
             sock.close()
             if exc.errno != errno.EADDRINUSE or attempt == 2:
                 raise
-            if _can_connect(path):
+            from shim.rpc.blocking import can_connect  # only when the path is taken: keeps start-up lean
+
+            if can_connect(path):
                 return None
             os.unlink(path)  # stale: nobody accepts on it
             continue

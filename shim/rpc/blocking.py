@@ -17,7 +17,25 @@ from shim.rpc.frames import RemoteProtocolError
 from shim.rpc.messages import Request
 from shim.rpc.status import Code, InvalidArgument, Unavailable, error_from_status
 
-__all__ = ["call", "serve_connection"]
+__all__ = ["call", "serve_connection", "CAN_CONNECT_TIMEOUT", "can_connect"]
+
+
+#: A socket that accepts a connection within this is served by a live process (containerd: 100 ms).
+CAN_CONNECT_TIMEOUT = 0.1
+
+
+def can_connect(path: str, timeout: float = CAN_CONNECT_TIMEOUT) -> bool:
+    """Whether a Unix socket at ``path`` accepts a connection within ``timeout`` seconds (a live
+    server holds it); never raises."""
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+    s.settimeout(timeout)
+    try:
+        s.connect(path)
+        return True
+    except OSError:
+        return False
+    finally:
+        s.close()
 
 _READ_BYTES = 65536
 
