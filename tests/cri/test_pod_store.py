@@ -548,6 +548,7 @@ if action == "create":
         print("ok", flush=True)
     except AlreadyExists:
         print("exists", flush=True)
+    sys.stdin.read()  # keep the pod's lock (alive, as RunPodSandbox is) until the round is over
 elif action == "hold":
     lock = store.lock_pod(pod_id)
     assert lock.try_acquire()
@@ -581,7 +582,12 @@ def test_processes_creating_one_pod_name_at_once_get_one_record(store):
         for p in racers:  # all four are past their imports: let them go at once
             p.stdin.write("go\n")
             p.stdin.flush()
-        outcomes = sorted(p.communicate(timeout=30)[0] for p in racers)
+        # Every outcome is read while all four are alive: a CREATING record whose creator
+        # has exited is a crash leftover that holds no name, so a racer that ran after the
+        # winner had exited would rightly take the name.
+        outcomes = sorted(p.stdout.readline() for p in racers)
+        for p in racers:
+            p.communicate(timeout=30)
         assert outcomes == ["exists\n"] * 3 + ["ok\n"], f"round {round}"
     assert len(store.list()) == 6
 
