@@ -1,0 +1,340 @@
+"""podshimd beside containerd 1.6's CRI plugin, through the real crictl, in one interleaved run.
+
+    python bench/cri_cycle.py [--cycles 30] [--pods 100]
+
+As root. Sets up, and removes at the end (also on failure or a signal):
+
+- one throwaway network namespace (``ip netns add``); both daemons run in it (``nsenter --net``), so
+  CNI only ever touches that namespace;
+- podshimd (``python -m client.podshimd``) with its state root, runtime root, socket and config
+  under a temporary directory, started as tests/critools.py's ``running_podshimd`` does;
+- a private containerd (bench/compare/run.py's ``PrivateContainerd``: own root, state and socket)
+  with its CRI plugin on, sandbox_image = the pause image built and imported here with ``ctr``;
+- each daemon its own copy of examples/cni/10-podshim-bridge.conflist (own bridge, subnet, dataDir).
+
+Figures: (1) ``crictl runp → stopp → rmp``, interleaved; (2) ListPodSandbox with --pods pods
+present, by direct gRPC calls (client.criapi stubs) and by ``crictl pods -q``; (3) podshimd killed
+with SIGKILL with --pods live pods and restarted: time until every pod answers PodSandboxStatus.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import secrets
+import select
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+
+from bench.common import percentile  # noqa: E402
+from bench.compare.run import (IMAGE, Janitor, PrivateContainerd, build_pause_image, log, run,  # noqa: E402
+                               stop_process, sweep, unmount_under)
+from shim.launch.template import stop_template  # noqa: E402
+
+CRICTL = "/var/cache/cri-tools-1.26.0/bin/crictl"
+CNI_BIN = "/usr/lib/cni"
+START_TIMEOUT = 60.0
+
+
+class CriContainerd(PrivateContainerd):
+    """The private containerd of bench/compare with its CRI plugin on."""
+
+    def config(self) -> str:
+        lines = [line for line in super().config().splitlines() if not line.startswith("disabled_plugins")]
+        return "\n".join(lines[:5] + ["disabled_plugins = []"] + lines[5:] + [
+            '[plugins."io.containerd.grpc.v1.cri"]',
+            f'  sandbox_image = "{IMAGE}"',
+            '  enable_cdi = false',
+            # runc cannot lower oom_score_adj here (no CAP_SYS_RESOURCE where this runs: "failed to update
+            # /proc/self/oom_score_adj: Permission denied"); clamp it to containerd's own, as rootless setups do.
+            '  restrict_oom_score_adj = true',
+            '[plugins."io.containerd.grpc.v1.cri".cni]',
+            f'  bin_dir = "{CNI_BIN}"',
+            f'  conf_dir = "{self.dir}/net.d"',
+            "",
+        ])
+
+
+def cni_conf(directory: str, bridge: str, subnet: str) -> None:
+    with open(os.path.join(REPO, "examples", "cni", "10-podshim-bridge.conflist")) as f:
+        conf = json.load(f)
+    conf["name"] = bridge
+    plugin = conf["plugins"][0]
+    plugin["bridge"] = bridge
+    plugin["ipam"]["ranges"] = [[{"subnet": subnet}]]
+    plugin["ipam"]["dataDir"] = os.path.join(directory, "cni-leases")
+    os.makedirs(os.path.join(directory, "net.d"), exist_ok=True)
+    with open(os.path.join(directory, "net.d", "10-bridge.conflist"), "w") as f:
+        json.dump(conf, f)
+
+
+class Runtime:
+    def __init__(self, key: str, endpoint: str):
+        self.key = key
+        self.endpoint = endpoint
+        self.channel: Any = None
+        self.cycles: list[float] = []
+
+    def crictl(self, *args: str) -> str:
+        return run([CRICTL, "--runtime-endpoint", self.endpoint, "--image-endpoint", self.endpoint,
+                    "--timeout", "30s", *args], timeout=60).stdout
+
+    def stub(self) -> Any:
+        import grpc
+
+        from client.criapi import api_pb2_grpc
+        if self.channel is None:
+            self.channel = grpc.insecure_channel(self.endpoint)
+        return api_pb2_grpc.RuntimeServiceStub(self.channel)
+
+    def close(self) -> None:
+        if self.channel is not None:
+            self.channel.close()
+            self.channel = None
+
+
+def pod_config(name: str) -> Any:
+    from client.criapi import api_pb2
+    return api_pb2.PodSandboxConfig(metadata=api_pb2.PodSandboxMetadata(
+        name=name, uid=secrets.token_hex(8), namespace="bench", attempt=0))
+
+
+def write_pod_json(directory: str, name: str) -> str:
+    path = os.path.join(directory, f"{name}.json")
+    with open(path, "w") as f:
+        json.dump({"metadata": {"name": name, "uid": secrets.token_hex(8), "namespace": "bench", "attempt": 0}}, f)
+    return path
+
+
+def cycle(rt: Runtime, directory: str) -> float:
+    path = write_pod_json(directory, f"cyc-{secrets.token_hex(4)}")
+    t0 = time.perf_counter()
+    pod = rt.crictl("runp", path).strip()
+    rt.crictl("stopp", pod)
+    rt.crictl("rmp", pod)
+    took = time.perf_counter() - t0
+    os.unlink(path)
+    return took
+
+
+# -- podshimd ---------------------------------------------------------------------------------------
+
+class PodshimdProc:
+    def __init__(self, directory: str, netns: str):
+        self.dir = directory
+        self.netns = netns
+        self.sock = os.path.join(directory, "run", "podshimd.sock")
+        self.proc: subprocess.Popen | None = None
+        with open(os.path.join(directory, "config.toml"), "w") as f:
+            f.write(f'cni_bin_dirs = ["{CNI_BIN}"]\n')
+
+    def argv(self) -> list[str]:
+        d = self.dir
+        return ["nsenter", f"--net={self.netns}", "--", sys.executable, "-m", "client.podshimd",
+                "--config", os.path.join(d, "config.toml"), "--listen", "unix://" + self.sock,
+                "--runtime-root", os.path.join(d, "run"), "--state-root", os.path.join(d, "state"),
+                "--cni-conf-dir", os.path.join(d, "net.d")]
+
+    def start(self) -> None:
+        notify_path = os.path.join(self.dir, "notify")
+        if os.path.exists(notify_path):
+            os.unlink(notify_path)
+        notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
+        notify.bind(notify_path)
+        try:
+            with open(os.path.join(self.dir, "podshimd.log"), "ab") as logf:
+                self.proc = subprocess.Popen(self.argv(), cwd=REPO, stdin=subprocess.DEVNULL, stdout=logf,
+                                             stderr=subprocess.STDOUT, env={**os.environ, "NOTIFY_SOCKET": notify_path})
+            deadline = time.monotonic() + START_TIMEOUT
+            while time.monotonic() < deadline:
+                ready, _, _ = select.select([notify], [], [], 0.2)
+                if ready and "READY=1" in notify.recv(4096).decode().splitlines():
+                    return
+                if self.proc.poll() is not None:
+                    raise RuntimeError(f"podshimd exited with {self.proc.returncode}: {self.log_tail()}")
+            raise RuntimeError(f"podshimd sent no READY=1 in {START_TIMEOUT:.0f} s: {self.log_tail()}")
+        finally:
+            notify.close()
+            os.unlink(notify_path)
+
+    def log_tail(self) -> str:
+        with open(os.path.join(self.dir, "podshimd.log"), errors="replace") as f:
+            return f.read()[-1500:]
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            stop_process(self.proc, "podshimd", grace=15.0)
+
+
+# -- the run ----------------------------------------------------------------------------------------
+
+def ms(seconds: float) -> str:
+    return f"{seconds * 1000:.1f}"
+
+
+def fill(rt: Runtime, count: int) -> list[str]:
+    stub = rt.stub()
+    from client.criapi import api_pb2
+    return [stub.RunPodSandbox(api_pb2.RunPodSandboxRequest(config=pod_config(f"fill-{i}")), timeout=60).pod_sandbox_id
+            for i in range(count)]
+
+
+def drain(rt: Runtime) -> None:
+    from client.criapi import api_pb2
+    stub = rt.stub()
+    for pod in stub.ListPodSandbox(api_pb2.ListPodSandboxRequest(), timeout=60).items:
+        stub.StopPodSandbox(api_pb2.StopPodSandboxRequest(pod_sandbox_id=pod.id), timeout=60)
+        stub.RemovePodSandbox(api_pb2.RemovePodSandboxRequest(pod_sandbox_id=pod.id), timeout=60)
+
+
+def list_p50(runtimes: list[Runtime], calls: int, crictl_calls: int) -> dict[str, tuple[float, float, int]]:
+    from client.criapi import api_pb2
+    grpc_t: dict[str, list[float]] = {rt.key: [] for rt in runtimes}
+    cli_t: dict[str, list[float]] = {rt.key: [] for rt in runtimes}
+    count: dict[str, int] = {}
+    for i in range(calls):
+        for rt in (runtimes if i % 2 == 0 else runtimes[::-1]):
+            t0 = time.perf_counter()
+            items = rt.stub().ListPodSandbox(api_pb2.ListPodSandboxRequest(), timeout=60).items
+            grpc_t[rt.key].append(time.perf_counter() - t0)
+            count[rt.key] = len(items)
+    for i in range(crictl_calls):
+        for rt in (runtimes if i % 2 == 0 else runtimes[::-1]):
+            t0 = time.perf_counter()
+            rt.crictl("pods", "-q")
+            cli_t[rt.key].append(time.perf_counter() - t0)
+    return {k: (statistics.median(grpc_t[k]), statistics.median(cli_t[k]), count[k]) for k in grpc_t}
+
+
+def restart(psd: PodshimdProc, rt: Runtime, pods: list[str]) -> tuple[float, float]:
+    """SIGKILL podshimd, start it again; (seconds to READY=1, seconds until every pod answered)."""
+    from client.criapi import api_pb2
+    rt.close()
+    t0 = time.perf_counter()
+    assert psd.proc is not None
+    psd.proc.kill()
+    psd.proc.wait()
+    psd.start()
+    ready = time.perf_counter() - t0
+    stub = rt.stub()
+    for pod in pods:
+        status = stub.PodSandboxStatus(api_pb2.PodSandboxStatusRequest(pod_sandbox_id=pod), timeout=60)
+        if status.status.state != api_pb2.SANDBOX_READY:
+            raise RuntimeError(f"pod {pod} is {status.status.state} after the restart")
+    return ready, time.perf_counter() - t0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--cycles", type=int, default=30, help="interleaved runp/stopp/rmp cycles of each runtime (30)")
+    p.add_argument("--pods", type=int, default=100, help="pods present for ListPodSandbox and the restart (100)")
+    p.add_argument("--no-containerd", action="store_true", help="measure podshimd alone")
+    args = p.parse_args(argv)
+    if args.cycles < 1 or args.pods < 1:
+        p.error("--cycles and --pods must be positive")
+    if os.geteuid() != 0:
+        print("run as root: it makes a network namespace and starts two CRI runtimes", file=sys.stderr)
+        return 2
+    janitor = Janitor()
+    janitor.install()
+    notes: list[str] = []
+    try:
+        workdir = tempfile.mkdtemp(prefix="crib-")
+        janitor.add("remove the work directory", shutil.rmtree, workdir, True)
+        janitor.add("unmount what is left under the work directory", unmount_under, workdir)
+        janitor.add("kill leftover processes", lambda: [log(f"killed leftover {k}") for k in sweep(workdir)])
+        ns_name = f"crib-{secrets.token_hex(3)}"
+        run(["ip", "netns", "add", ns_name])
+        janitor.add("delete the network namespace", run, ["ip", "netns", "delete", ns_name])
+        netns = f"/run/netns/{ns_name}"
+        run(["ip", "-n", ns_name, "link", "set", "lo", "up"])
+
+        psd_dir = os.path.join(workdir, "psd")
+        os.makedirs(psd_dir)
+        cni_conf(psd_dir, "crib-ps0", "10.231.0.0/16")
+        psd = PodshimdProc(psd_dir, netns)
+        janitor.add("stop the shim template", stop_template, os.path.join(psd_dir, "run"))
+        janitor.add("stop podshimd", psd.stop)
+        psd.start()
+        runtimes = [Runtime("podshimd", "unix://" + psd.sock)]
+        janitor.add("remove podshimd's pods", drain, runtimes[0])
+
+        if not args.no_containerd:
+            cd_dir = os.path.join(workdir, "cd")
+            os.makedirs(cd_dir)
+            cni_conf(cd_dir, "crib-cd0", "10.232.0.0/16")
+            cd = CriContainerd(cd_dir, janitor)
+            if os.environ.get("CRIB_KEEP_LOG"):
+                janitor.add("keep containerd's log", lambda d, o: run(["sh", "-c", f"cat {d}/containerd.log {d}/state/io.containerd.runtime.v2.task/k8s.io/*/log.json > {o}"], check=False), cd_dir,
+                            os.environ["CRIB_KEEP_LOG"])
+            real_popen = subprocess.Popen
+
+            def in_netns(argv: list[str], *a: Any, **kw: Any) -> subprocess.Popen:
+                return real_popen(["nsenter", f"--net={netns}", "--", *argv], *a, **kw)
+            subprocess.Popen = in_netns  # type: ignore[misc]  # PrivateContainerd.start's one Popen
+            try:
+                version = cd.start()
+            finally:
+                subprocess.Popen = real_popen  # type: ignore[misc]
+            image = os.path.join(workdir, "pause.tar")
+            build_pause_image(image)
+            run(["ctr", "-a", cd.sock, "-n", "k8s.io", "image", "import", "--index-name", IMAGE, image], timeout=120)
+            cd_rt = Runtime("containerd", "unix://" + cd.sock)
+            runtimes.append(cd_rt)
+            janitor.add("remove containerd's pods", drain, cd_rt)
+            notes.append(f"containerd {version} (Debian), CRI plugin, runc {run(['runc', '--version']).stdout.split()[2]}")
+
+        scratch = os.path.join(workdir, "pods")
+        os.makedirs(scratch)
+        for rt in runtimes:  # warm-up: podshimd's first pod starts its shim template
+            cycle(rt, scratch)
+        load_before = os.getloadavg()
+        for i in range(args.cycles):
+            for rt in (runtimes if i % 2 == 0 else runtimes[::-1]):
+                rt.cycles.append(cycle(rt, scratch))
+            log(f"cycle {i + 1}/{args.cycles}: " + ", ".join(f"{rt.key} {ms(rt.cycles[-1])} ms" for rt in runtimes))
+        for rt in runtimes:
+            log(f"starting {args.pods} pods on {rt.key}")
+            rt.pods = fill(rt, args.pods)  # type: ignore[attr-defined]
+        lists = list_p50(runtimes, 50, 10)
+        ready, answered = restart(psd, runtimes[0], runtimes[0].pods)  # type: ignore[attr-defined]
+        load_after = os.getloadavg()
+    finally:
+        janitor.run()
+
+    date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    out = [f"CRI bench, {date}, {os.cpu_count()} CPUs, load average {load_before[0]:.2f} before / "
+           f"{load_after[0]:.2f} after; `python3 bench/cri_cycle.py --cycles {args.cycles} --pods {args.pods}`", ""]
+    out += ["| figure | " + " | ".join(rt.key for rt in runtimes) + (" | containerd ÷ podshimd |" if len(runtimes) > 1 else ""),
+            "|---" * (len(runtimes) + 1 + (len(runtimes) > 1)) + "|"]
+
+    def row(name: str, values: list[float]) -> str:
+        ratio = f" {values[1] / values[0]:.2g}x |" if len(values) > 1 else ""
+        return f"| {name} | " + " | ".join(f"{ms(v)} ms" for v in values) + " |" + ratio
+    out.append(row(f"crictl runp→stopp→rmp, median of {args.cycles}", [statistics.median(rt.cycles) for rt in runtimes]))
+    out.append(row(f"crictl runp→stopp→rmp, p90 of {args.cycles}", [percentile(rt.cycles, 90) for rt in runtimes]))
+    out.append(row(f"ListPodSandbox, {args.pods} pods, gRPC from Python, p50 of 50",
+                   [lists[rt.key][0] for rt in runtimes]))
+    out.append(row(f"`crictl pods -q`, {args.pods} pods, p50 of 10", [lists[rt.key][1] for rt in runtimes]))
+    out.append(f"| podshimd kill -9 + restart, {args.pods} live pods: to READY=1 / every pod READY in "
+               f"PodSandboxStatus | {ms(ready)} / {ms(answered)} ms |" + (" — | — |" if len(runtimes) > 1 else ""))
+    out += ["", *notes]
+    if janitor.failures:
+        out.append("Cleanup problems: " + "; ".join(janitor.failures))
+    print("\n".join(out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
