@@ -38,8 +38,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
 from bench.common import percentile  # noqa: E402
-from bench.compare.run import (IMAGE, Janitor, PrivateContainerd, build_pause_image, log, run,  # noqa: E402
-                               stop_process, sweep, unmount_under)
+from bench.compare.run import (IMAGE, Janitor, PrivateContainerd, build_pause_image, log, remove_if_ours,  # noqa: E402
+                               run, stop_process, sweep, unmount_under)
 from shim.launch.template import stop_template  # noqa: E402
 
 CRICTL = "/var/cache/cri-tools-1.26.0/bin/crictl"
@@ -274,6 +274,11 @@ def main(argv: list[str] | None = None) -> int:
             cd_dir = os.path.join(workdir, "cd")
             os.makedirs(cd_dir)
             cni_conf(cd_dir, "crib-cd0", "10.232.0.0/16")
+            # The CRI plugin's runc root is /run/containerd/runc/k8s.io whatever the state directory is:
+            # removed (rmdir) after containerd stopped, if this run made it.
+            runc_dirs = ["/run/containerd/runc/k8s.io", "/run/containerd/runc", "/run/containerd"]
+            janitor.add("remove the CRI plugin's runc root", remove_if_ours, runc_dirs,
+                        {d for d in runc_dirs if os.path.exists(d)})
             cd = CriContainerd(cd_dir, janitor)
             if os.environ.get("CRIB_KEEP_LOG"):
                 janitor.add("keep containerd's log", lambda d, o: run(["sh", "-c", f"cat {d}/containerd.log {d}/state/io.containerd.runtime.v2.task/k8s.io/*/log.json > {o}"], check=False), cd_dir,
