@@ -4,16 +4,24 @@ Safe to repeat and safe at any point of a crash: every step checks before it act
 are named by pid *and* start time and killed through a pidfd opened before the start time is
 compared (:func:`shim.rpc.processes.open_pidfd`), so a reused pid is never killed; a process
 recorded without a start time is never signalled.
+
+Two deletes of one sandbox at once (the Controller's dead-shim cleanup and an operator's, or a
+retry) take turns on ``BUNDLE/delete.lock``: the second reads what the first recorded. Without
+it, the second found the pause already killed by the first (a zombie: "gone") before the first
+had written its exit, and reported 255 (unknown) for a pause that was killed.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import errno
+import fcntl
 import logging
 import os
 import signal
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 
 from shim.kernel import cgroups, netns
 from shim.paths import STATE_FILE, socket_path
@@ -32,6 +40,10 @@ log = logging.getLogger(__name__)
 KILLED_EXIT_STATUS = 128 + signal.SIGKILL
 #: How long (seconds) to wait for a killed process to disappear.
 KILL_WAIT_TIMEOUT = 5.0
+#: In the bundle: flock'd (exclusive) for the whole of a delete, so deletes of a sandbox take turns.
+#: Left in the bundle (whoever removes the bundle removes it); not the bundle directory's own flock,
+#: which the Controller holds while its ``podshim delete`` child runs.
+DELETE_LOCK_FILE = "delete.lock"
 
 
 def _kill(pid: int, start_time: int | None, what: str) -> bool:
@@ -76,6 +88,25 @@ def _delete_task(task_id: str, task: TaskRecord) -> TaskRecord:
     return dataclasses.replace(task, cgroup=None)
 
 
+@contextlib.contextmanager
+def _delete_turn(bundle: str) -> Iterator[None]:
+    """Hold ``BUNDLE/delete.lock`` for a block, waiting for a delete of the same bundle that holds
+    it (it ends: every step of a delete is bounded). A bundle that is gone has nothing to take
+    turns on: the block runs unlocked (and finds no state.json)."""
+    try:
+        fd = os.open(os.path.join(bundle, DELETE_LOCK_FILE), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    except OSError as exc:
+        if exc.errno not in (errno.ENOENT, errno.ENOTDIR):
+            raise
+        yield
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
 def delete_sandbox(bundle: str, namespace: str, sandbox_id: str, runtime_root: str) -> dict[str, int]:
     """Kill what is left of the sandbox and remove what it made; return
     ``{"exit_status", "exited_at", "pid"}``.
@@ -85,7 +116,17 @@ def delete_sandbox(bundle: str, namespace: str, sandbox_id: str, runtime_root: s
     --force``), then the sandbox cgroup (now empty), the netns, and the socket. Raises
     ValueError when the record belongs to another sandbox or has a field of the wrong type, and
     InvalidArgument for a malformed cgroup record.
+
+    Deletes of one bundle take turns (:func:`_delete_turn`): a second one finds the first's
+    record (state "deleted", its exit) and reports the same exit. 255 (unknown) is reported only
+    when nothing recorded the pause's exit: no readable state.json, or a recorded pause that had
+    exited before any delete killed it.
     """
+    with _delete_turn(bundle):
+        return _delete_sandbox(bundle, namespace, sandbox_id, runtime_root)
+
+
+def _delete_sandbox(bundle: str, namespace: str, sandbox_id: str, runtime_root: str) -> dict[str, int]:
     state_path = os.path.join(bundle, STATE_FILE)
     try:
         record = read_state(bundle)

@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 
 import pytest
 
@@ -91,3 +92,41 @@ def test_delete_kills_the_recorded_process_and_reports_it_killed(tmp_path, sleep
     result = delete_sandbox(str(tmp_path), "ns", "sb", str(tmp_path / "run"))
     assert sleeper.wait(timeout=5) == -signal.SIGKILL
     assert result["exit_status"] == 128 + signal.SIGKILL and result["pid"] == sleeper.pid
+
+
+def test_a_second_delete_at_once_reports_the_pause_the_first_killed(tmp_path, sleeper, monkeypatch):
+    """Two deletes of one sandbox at once (the Controller's dead-shim cleanup and an operator's):
+    the second takes its turn after the first and reports the first's 128 + SIGKILL, not 255
+    for a pause it found already dead."""
+    import shim.cleanup
+    with open(tmp_path / "state.json", "w") as f:
+        json.dump({"namespace": "ns", "sandbox_id": "sb",
+                   "pause": {"pid": sleeper.pid, "start_time": proc_start_time(sleeper.pid)}}, f)
+    first_killed, first_goes_on = threading.Event(), threading.Event()
+    real_write_state = shim.cleanup.write_state
+
+    def write_state(bundle, record):
+        if threading.current_thread() is first:  # the first delete has killed the pause, not yet recorded it
+            first_killed.set()
+            first_goes_on.wait()
+        real_write_state(bundle, record)
+
+    monkeypatch.setattr(shim.cleanup, "write_state", write_state)
+    results = {}
+
+    def delete(name):
+        results[name] = delete_sandbox(str(tmp_path), "ns", "sb", str(tmp_path / "run"))
+
+    first = threading.Thread(target=delete, args=("first",))
+    second = threading.Thread(target=delete, args=("second",))
+    first.start()
+    try:
+        first_killed.wait()
+        second.start()
+        second.join(timeout=1)  # unlocked, the second is done by now; taking turns, it waits for the first
+    finally:
+        first_goes_on.set()
+        first.join()
+        second.join()
+    assert sleeper.wait(timeout=5) == -signal.SIGKILL
+    assert results["first"]["exit_status"] == results["second"]["exit_status"] == 128 + signal.SIGKILL
