@@ -403,16 +403,25 @@ class PodService:
         """ListPodSandbox: pods, newest first, filtered by ``id`` (prefix), ``state``
         (SANDBOX_READY / SANDBOX_NOTREADY) and ``label_selector`` (all must match)."""
         f = dict(filter or {})
-        out = []
-        for record in self.store.list():
-            if record.state is PodState.CREATING:
-                continue
-            if f.get("id") and not record.pod_id.startswith(f["id"]):
-                continue
+        candidates = [r for r in self.store.list()
+                      if r.state is not PodState.CREATING and not (f.get("id") and not r.pod_id.startswith(f["id"]))]
+        # Each ready pod's pause is asked after at once, not one after another: a listing costs
+        # about one status call, not one per pod.
+        refreshed: list[PodRecord | None] = [None] * len(candidates)
+
+        async def refresh(i: int, record: PodRecord) -> None:
             try:
-                record = await self._refreshed(record)
+                refreshed[i] = await self._refreshed(record)
             except NotFound:
-                continue  # removed by another process since the list was read
+                pass  # removed by another process since the list was read
+
+        async with anyio.create_task_group() as tg:
+            for i, record in enumerate(candidates):
+                tg.start_soon(refresh, i, record)
+        out = []
+        for record in refreshed:
+            if record is None:
+                continue
             if f.get("state") and _POD_STATE[record.state] != f["state"]:
                 continue
             if not _labels_match(record.labels, f.get("label_selector")):
