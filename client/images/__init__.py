@@ -1,0 +1,8 @@
+"""Images: references, the content store, pulls, and the snapshotter that unpacks layers.
+
+- ``client.images.unpack``: applying one layer tar to an empty directory in overlayfs's format.
+- ``client.images.snapshots``: committed layer chains and active overlay snapshots (containerd's
+  overlayfs snapshotter).
+
+Nothing is imported here: each module is loaded by the code that uses it.
+"""
