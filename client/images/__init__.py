@@ -1,5 +1,7 @@
 """Images: references, the content store, pulls, and the snapshotter that unpacks layers.
 
+- ``client.images.reference``: image references, parsed and normalised as containerd does.
+- ``client.images.content``: the content store, verified blobs by digest.
 - ``client.images.unpack``: applying one layer tar to an empty directory in overlayfs's format.
 - ``client.images.snapshots``: committed layer chains and active overlay snapshots (containerd's
   overlayfs snapshotter).

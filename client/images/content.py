@@ -1,0 +1,153 @@
+"""The content store: blobs (manifests, configs, layers) by digest, as containerd keeps them.
+
+A blob is the file ``<root>/blobs/sha256/<hex>`` (``<root>`` is ``<state root>/images/content``).
+Only a verified blob is ever there: a blob comes in from a file or from bytes, its size and sha256
+are checked through the very descriptor that is then renamed into place (same filesystem, so the
+rename is atomic), and a file that does not match is refused with a :class:`BlobError` naming the
+digest. Files being written live under ``<root>/ingest/``, which :meth:`ContentStore.open` empties
+(what a killed daemon was writing is never taken for a blob). Blobs are 0600 in 0700 directories.
+Synchronous: callers on an event loop run the verifying calls in a thread.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import os
+import shutil
+import stat
+import tempfile
+
+from shim.rpc.files import ensure_private_dir, fsync_dir, write_atomic
+
+from .reference import ReferenceError, check_digest
+
+__all__ = ["BLOBS_DIR", "INGEST_DIR", "BlobError", "ContentStore", "sha256_digest"]
+
+BLOBS_DIR = os.path.join("blobs", "sha256")
+INGEST_DIR = "ingest"
+_CHUNK_BYTES = 1 << 20
+
+
+class BlobError(ValueError):
+    """A blob whose content is not what its digest or size says, or no blob at all; the message
+    names the digest."""
+
+
+def sha256_digest(data: bytes) -> str:
+    """``sha256:<hex>`` of ``data``."""
+    return "sha256:" + hashlib.sha256(data).hexdigest()
+
+
+def _checked(digest: str) -> str:
+    try:
+        return check_digest(digest, "blob digest")
+    except ReferenceError as exc:
+        raise BlobError(str(exc)) from None
+
+
+class ContentStore:
+    """Blobs by digest under ``root``."""
+
+    def __init__(self, root: str) -> None:
+        self.root = root
+        self.blobs = os.path.join(root, BLOBS_DIR)
+        self.ingest = os.path.join(root, INGEST_DIR)
+
+    def open(self) -> ContentStore:
+        """Make the directories (0700) and remove whatever an earlier process left in ingest/;
+        returns self. Raises OSError."""
+        for path in (self.root, os.path.dirname(self.blobs), self.blobs):
+            ensure_private_dir(path, 0o700)
+        shutil.rmtree(self.ingest, ignore_errors=True)
+        ensure_private_dir(self.ingest, 0o700)
+        return self
+
+    def path(self, digest: str) -> str:
+        """Where the blob ``digest`` is (whether or not it is there). BlobError for a bad digest."""
+        return os.path.join(self.blobs, _checked(digest).partition(":")[2])
+
+    def has(self, digest: str) -> bool:
+        """Whether the blob ``digest`` is in the store."""
+        try:
+            return stat.S_ISREG(os.lstat(self.path(digest)).st_mode)
+        except FileNotFoundError:
+            return False
+
+    def read(self, digest: str) -> bytes:
+        """The blob's bytes (for manifests and configs, which are small). BlobError when absent."""
+        try:
+            with open(self.path(digest), "rb") as f:
+                return f.read()
+        except FileNotFoundError:
+            raise BlobError(f"blob {digest} is not in the content store") from None
+
+    def digests(self) -> set[str]:
+        """Every blob's digest."""
+        try:
+            names = os.listdir(self.blobs)
+        except FileNotFoundError:
+            return set()
+        return {"sha256:" + name for name in names if len(name) == 64 and not name.startswith(".")}
+
+    def temporary_dir(self, prefix: str) -> str:
+        """A new private directory under ingest/ (same filesystem as the blobs, so files made
+        there can be added with a rename); the caller removes it."""
+        return tempfile.mkdtemp(prefix=prefix, dir=self.ingest)
+
+    def add_bytes(self, data: bytes, digest: str) -> str:
+        """Store ``data`` as the blob ``digest``; its path. BlobError if ``data`` has another digest."""
+        actual = sha256_digest(data)
+        if actual != _checked(digest):
+            raise BlobError(f"blob {digest} has the wrong content: its sha256 is {actual}")
+        path = self.path(digest)
+        if self.has(digest):
+            return path
+        write_atomic(path, data)  # a temporary '.name' beside it, fsynced, renamed
+        return path
+
+    def add_file(self, source: str, digest: str, size: int | None = None) -> str:
+        """Move the file ``source`` (on the store's filesystem: under :meth:`temporary_dir`) in
+        as the blob ``digest`` once its size (when given) and sha256 match; its path. Raises
+        BlobError naming the blob when they do not (``source`` is then left to its owner)."""
+        path = self.path(digest)
+        fd = os.open(source, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise BlobError(f"blob {digest} is not a regular file")
+            if size is not None and st.st_size != size:
+                raise BlobError(f"blob {digest} is {st.st_size} bytes, but its descriptor says {size}: "
+                                "it is truncated or corrupt")
+            hasher = hashlib.sha256()
+            while chunk := os.read(fd, _CHUNK_BYTES):
+                hasher.update(chunk)
+            actual = "sha256:" + hasher.hexdigest()
+            if actual != digest:
+                raise BlobError(f"blob {digest} has the wrong content: its sha256 is {actual}")
+            os.fchmod(fd, 0o600)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        if self.has(digest):
+            return path  # the same bytes are there already
+        try:
+            os.rename(source, path)
+        except OSError as exc:
+            if exc.errno != errno.EXDEV:
+                raise
+            raise OSError(errno.EXDEV, f"{source} is not on the content store's filesystem", source) from None
+        return path
+
+    def sync(self) -> None:
+        """Make the renames into blobs/ durable (one directory fsync for many blobs)."""
+        fsync_dir(self.blobs)
+
+    def remove(self, digest: str) -> bool:
+        """Remove the blob ``digest``; whether it was there."""
+        try:
+            os.unlink(self.path(digest))
+            return True
+        except FileNotFoundError:
+            return False
+
