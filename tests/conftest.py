@@ -23,6 +23,13 @@ os.environ["PODSHIM_TEST_SESSION"] = SESSION_MARKER.split("=", 1)[1]
 
 from shim.kernel.reaper import Reaper  # noqa: E402  (imported once the marker is in the environment)
 
+# The local registry and the test images, one of each per session, started on first use (see
+# tests/registry.py and tests/imagebuild.py). Fixtures are found by name in a conftest module.
+from imagebuild import test_images  # noqa: E402
+from registry import auth_registry, registry  # noqa: E402
+
+__all__ = ["auth_registry", "registry", "test_images"]
+
 
 @pytest.fixture
 async def reaper():
