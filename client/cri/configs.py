@@ -11,6 +11,7 @@ Parsing is pure (no I/O) except :meth:`PodSandboxConfig.load` / :meth:`Container
 
 from __future__ import annotations
 
+import ipaddress
 import os
 from dataclasses import dataclass, field
 from typing import Any, Callable, TypeVar
@@ -31,6 +32,8 @@ __all__ = [
     "PodSandboxConfig",
     "ContainerMetadata",
     "ContainerConfig",
+    "Mount",
+    "PROPAGATIONS",
     "load_json_object",
 ]
 
@@ -38,6 +41,8 @@ __all__ = [
 NAMESPACE_MODES = {0: "POD", 1: "CONTAINER", 2: "NODE", 3: "TARGET"}
 #: CRI's Protocol enum for port mappings.
 PROTOCOLS = {0: "TCP", 1: "UDP", 2: "SCTP"}
+#: CRI's MountPropagation enum.
+PROPAGATIONS = {0: "PROPAGATION_PRIVATE", 1: "PROPAGATION_HOST_TO_CONTAINER", 2: "PROPAGATION_BIDIRECTIONAL"}
 #: The pause's OOM score adjustment: containerd's defaultSandboxOOMAdj ("kubernetes#47938"), so the
 #: OOM killer takes a container before the process that holds the pod's namespaces.
 SANDBOX_OOM_SCORE_ADJ = -998
@@ -211,7 +216,18 @@ class DnsConfig:
     @classmethod
     def from_json(cls, doc: Any, path: str = "dns_config") -> "DnsConfig":
         f = _Fields(doc, path)
-        return cls(servers=f.str_list("servers"), searches=f.str_list("searches"), options=f.str_list("options"))
+        servers, searches, options = f.str_list("servers"), f.str_list("searches"), f.str_list("options")
+        for i, server in enumerate(servers):
+            try:
+                ipaddress.ip_address(server)
+            except ValueError:
+                raise InvalidArgument(f"{f.name('servers')}[{i}] {server!r} is not an IP address") from None
+        # Each is one word of a resolv.conf line: a space or newline would write other lines.
+        for key, words in (("searches", searches), ("options", options)):
+            for i, word in enumerate(words):
+                if not word or any(c.isspace() or not c.isprintable() for c in word):
+                    raise InvalidArgument(f"{f.name(key)}[{i}] {word!r} must be one word, without spaces")
+        return cls(servers=servers, searches=searches, options=options)
 
     def to_json(self) -> dict[str, Any]:
         return _drop_empty({"servers": list(self.servers), "searches": list(self.searches),
@@ -388,11 +404,45 @@ def _env_item(value: Any, path: str) -> tuple[str, str]:
 
 
 @dataclass(frozen=True)
+class Mount:
+    """One entry of a container's ``mounts``: the node's ``host_path`` bound at ``container_path``.
+
+    ``propagation`` is the name of CRI's MountPropagation. ``selinux_relabel`` is refused: this
+    runtime has no SELinux support, and a relabel asked for must not be silently skipped (kubelet
+    asks only on nodes where SELinux is enabled)."""
+
+    container_path: str
+    host_path: str
+    readonly: bool = False
+    propagation: str = "PROPAGATION_PRIVATE"
+
+    @classmethod
+    def from_json(cls, doc: Any, path: str) -> "Mount":
+        f = _Fields(doc, path)
+        container_path, host_path = f.string("container_path", required=True), f.string("host_path", required=True)
+        for key, value in (("container_path", container_path), ("host_path", host_path)):
+            if not os.path.isabs(value) or "\0" in value:
+                raise InvalidArgument(f"{f.name(key)} {value!r} must be an absolute path")
+        if f.boolean("selinux_relabel"):
+            raise InvalidArgument(f"{f.name('selinux_relabel')} is set, but this runtime has no SELinux support: "
+                                  "nothing can be relabelled")
+        return cls(container_path=os.path.normpath(container_path), host_path=host_path,
+                   readonly=f.boolean("readonly"),
+                   propagation=f.mode("propagation", tuple(PROPAGATIONS.values()), "PROPAGATION_PRIVATE",
+                                      PROPAGATIONS))
+
+    def to_json(self) -> dict[str, Any]:
+        return _drop_empty({"container_path": self.container_path, "host_path": self.host_path,
+                            "readonly": self.readonly or None, "propagation": self.propagation})
+
+
+@dataclass(frozen=True)
 class ContainerConfig:
     """A CRI ContainerConfig as crictl's ``container-config.json`` writes it.
 
-    There are no images here, so ``image`` is only recorded and ``command`` + ``args`` is the
-    whole argv; it must not be empty. ``pid_mode`` is POD (share the pod's PID namespace) or
+    ``image`` is the image the container runs on (empty: the node's root filesystem, read-only);
+    ``command`` and ``args`` override its entrypoint and command as kubelet specifies
+    (:mod:`client.cri.process`). ``pid_mode`` is POD (share the pod's PID namespace) or
     CONTAINER (a PID namespace of its own). Unset it is POD: CRI's NamespaceMode is a proto3
     enum whose zero value is POD, and containerd reads an absent ``namespace_options`` so
     (kubelet always sets it: CONTAINER unless the pod shares its process namespace).
@@ -408,6 +458,8 @@ class ContainerConfig:
     annotations: dict[str, str] = field(default_factory=dict)
     log_path: str = ""
     pid_mode: str = "POD"
+    mounts: tuple[Mount, ...] = ()
+    readonly_rootfs: bool = False
 
     @property
     def argv(self) -> tuple[str, ...]:
@@ -419,8 +471,6 @@ class ContainerConfig:
         """Parse a container config document; InvalidArgument naming the JSON path of a bad field."""
         f = _Fields(doc)
         command, args = f.str_list("command"), f.str_list("args")
-        if not command and not args:
-            raise InvalidArgument("command and args are both empty: there is no image entrypoint to fall back on")
         log_path = f.string("log_path")
         # CRI: relative to the pod's log_directory; '..' would let a container write anywhere.
         if log_path and (os.path.isabs(log_path) or ".." in log_path.split("/")):
@@ -428,7 +478,15 @@ class ContainerConfig:
         working_dir = f.string("working_dir")
         if working_dir and not os.path.isabs(working_dir):
             raise InvalidArgument(f"working_dir {working_dir!r} must be an absolute path")
-        namespace_options = f.obj("linux").obj("security_context").obj("namespace_options")
+        security = f.obj("linux").obj("security_context")
+        namespace_options = security.obj("namespace_options")
+        mounts = f.items("mounts", Mount.from_json)
+        seen: dict[str, int] = {}
+        for i, mount in enumerate(mounts):
+            if mount.container_path in seen:
+                raise InvalidArgument(f"mounts[{i}] and mounts[{seen[mount.container_path]}] are both mounted at "
+                                      f"{mount.container_path}")
+            seen[mount.container_path] = i
         return cls(
             metadata=ContainerMetadata.from_json(f.obj("metadata", required=True).doc),
             image=f.obj("image").string("image"),
@@ -440,6 +498,8 @@ class ContainerConfig:
             annotations=f.annotations(),
             log_path=log_path,
             pid_mode=namespace_options.mode("pid", ("POD", "CONTAINER"), "POD"),
+            mounts=mounts,
+            readonly_rootfs=security.boolean("readonly_rootfs"),
         )
 
     @classmethod
@@ -459,5 +519,7 @@ class ContainerConfig:
             "labels": dict(self.labels),
             "annotations": dict(self.annotations),
             "log_path": self.log_path,
-            "linux": {"security_context": {"namespace_options": {"pid": self.pid_mode}}},
+            "mounts": [m.to_json() for m in self.mounts],
+            "linux": {"security_context": _drop_empty({"namespace_options": {"pid": self.pid_mode},
+                                                       "readonly_rootfs": self.readonly_rootfs or None})},
         })

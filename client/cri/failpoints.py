@@ -23,13 +23,15 @@ ACTION_ENV = "PODSHIM_FAILPOINT_ACTION"
 #: What a process does at its failpoint: die (the default) or freeze until SIGCONT.
 ACTIONS = {"kill": signal.SIGKILL, "stop": signal.SIGSTOP}
 
-#: Every step boundary of RunPodSandbox, StopPodSandbox and RemovePodSandbox.
+#: Every step boundary of RunPodSandbox, StopPodSandbox and RemovePodSandbox, and CreateContainer's
+#: between its root filesystem and its task.
 POD_FAILPOINTS = (
     "run:after-record",
     "run:after-create",
     "run:after-start",
     "run:after-network",
     "run:after-ready",
+    "create:after-rootfs",
     "stop:after-containers",
     "stop:after-network",
     "stop:after-sandbox",

@@ -14,7 +14,10 @@ The flow follows containerd's CRI plugin (internal/cri/server/sandbox_*.go):
   never seen.
 
 Containers are tasks of the pod's shim (``podshim.task.v1.Task``): processes that join the
-pause's net, ipc and uts namespaces (and its pid namespace when the pid mode is POD).
+pause's net, ipc and uts namespaces (and its pid namespace when the pid mode is POD), on a
+writable snapshot of their image (:mod:`.rootfs`), with the process their image's config and
+CRI config make (:mod:`.process`), the pod's hosts, resolv.conf and hostname files
+(:mod:`.podfiles`) and their CRI mounts (:mod:`.mounts`).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import secrets
 import shlex
 import shutil
 import signal
+import socket
 import time
 from contextlib import asynccontextmanager
 from typing import Any, AsyncContextManager, AsyncIterator, Mapping
@@ -36,8 +40,8 @@ from shim.sandbox.options import NATIVE, RUNTIME_HANDLERS  # "native" (the defau
 from shim.rpc.api import TASK_SERVICE
 from shim.paths import write_json_atomic
 from shim.rpc.files import ensure_private_dir, read_json
-from shim.rpc.status import (Aborted, DeadlineExceeded, FailedPrecondition, InvalidArgument, NotFound, RpcError,
-                             Unavailable)
+from shim.rpc.status import (Aborted, DeadlineExceeded, FailedPrecondition, Internal, InvalidArgument, NotFound,
+                             RpcError, Unavailable)
 
 from client.bundles import bundle_path
 from client.cri import stats
@@ -48,6 +52,10 @@ from client.cri.events import (CONTAINER_CREATED, CONTAINER_DELETED, CONTAINER_S
                                EventStream)
 from client.cri.failpoints import failpoint
 from client.cri.logcontext import about
+from client.cri.mounts import container_mounts
+from client.cri.podfiles import PodFiles, remove_pod_files, write_pod_files
+from client.cri.process import container_process
+from client.cri.rootfs import ContainerImage, ImageLookup, NoImages, Snapshotter, call
 from client.cri.resources import shim_resources
 from client.cri.store import ContainerRecord, ContainerState, PodRecord, PodState, PodStore
 
@@ -63,9 +71,11 @@ SANDBOX_STOP_TIMEOUT = 2.0
 CONTAINER_STOP_TIMEOUT = 10.0
 #: Bound on one call to a shim from the pod layer (not for waits, which have their own).
 CALL_TIMEOUT = 30.0
-#: What a container runs on until podshim has images: the host's root filesystem. It is the
-#: ``image_ref`` of every container, and the ``image`` of one whose config names none.
+#: What a container whose config names no image runs on: the node's root filesystem, read-only.
+#: It is the ``image`` and ``image_ref`` such a container reports.
 HOST_ROOTFS = "host-rootfs"
+#: Below the store's root: one directory per pod with its hosts, resolv.conf and hostname files.
+POD_FILES_DIR = "pod-files"
 #: Exit code reported for a container whose shim is gone (containerd's unknownExitCode).
 UNKNOWN_EXIT_CODE = 255
 #: CRI's PodSandboxState of each record state (CREATING is never listed; its status is not ready).
@@ -95,11 +105,14 @@ class PodService:
     def __init__(self, controller: Controller, store: PodStore, *, cni: CniRunner | None,
                  namespace: str = DEFAULT_NAMESPACE, log_root: str,
                  runtime_handlers: tuple[str, ...] = RUNTIME_HANDLERS, default_runtime_handler: str = NATIVE,
-                 cgroup_parent: str = "", pause_binary: str | None = None):
+                 cgroup_parent: str = "", pause_binary: str | None = None,
+                 images: ImageLookup | None = None, snapshots: Snapshotter | None = None):
         """``runtime_handlers`` are those RunPodSandbox accepts, ``default_runtime_handler`` the
         one an empty handler means. ``cgroup_parent`` is the cgroup parent of a pod whose config
         names none; ``pause_binary`` the pause of native pods (None: catatonit when installed,
-        else the built-in pause)."""
+        else the built-in pause). ``images`` finds the image a container names and
+        ``snapshots`` makes its root filesystem (:mod:`.rootfs`); without them a container
+        that names an image is refused (one that names none runs on the node's root filesystem)."""
         self.controller = controller
         self.store = store
         self.cni = cni
@@ -109,6 +122,8 @@ class PodService:
         self.default_runtime_handler = default_runtime_handler
         self.cgroup_parent = cgroup_parent
         self.pause_binary = pause_binary
+        self.images: ImageLookup = images if images is not None else NoImages()
+        self.snapshots = snapshots
         self._locks: dict[str, anyio.Lock] = {}
         self._cpu_rates = stats.CpuRates()
         self._events = EventFeed(self._shim_address, namespace)
@@ -226,6 +241,10 @@ class PodService:
             raw = result.raw
         self.store.update(pod_id, cni_result=raw)
         failpoint("run:after-network")
+        try:
+            write_pod_files(self._pod_files_dir(pod_id), cfg, (ip, *extra) if ip else extra)
+        except OSError as exc:
+            raise Internal(f"cannot write the pod's hosts, resolv.conf and hostname files: {exc}") from None
         self.store.update(pod_id, state=PodState.READY, ip=ip, additional_ips=tuple(extra))
         failpoint("run:after-ready")
 
@@ -237,10 +256,15 @@ class PodService:
             options["pause_binary"] = self.pause_binary
         return options
 
+    def _pod_files_dir(self, pod_id: str) -> str:
+        """The pod's own directory of files (hosts, resolv.conf, hostname: :mod:`.podfiles`)."""
+        return os.path.join(self.store.root, POD_FILES_DIR, pod_id)
+
     async def _rollback(self, record: PodRecord) -> None:
         """Undo whatever of a pod exists; every step tolerates what is already gone."""
         await self._teardown_network(record, strict=False)
         await self._shutdown_sandbox(record.pod_id)
+        remove_pod_files(self._pod_files_dir(record.pod_id))
         self.store.delete(record.pod_id)
 
     async def _teardown_network(self, record: PodRecord, *, strict: bool) -> None:
@@ -330,6 +354,7 @@ class PodService:
             failpoint("remove:after-stop")
             for container in list(record.containers.values()):
                 await self._delete_task(container)
+                await self._remove_rootfs(record.pod_id, container.container_id)
                 self.store.delete_container(record.pod_id, container.container_id, remember=True)
                 self._events.publish(CONTAINER_DELETED, container.container_id, record.pod_id)
             failpoint("remove:after-containers")
@@ -339,6 +364,7 @@ class PodService:
             failpoint("remove:after-shutdown")
             default_logs = os.path.join(self.log_root, record.pod_id)
             shutil.rmtree(default_logs, ignore_errors=True)
+            remove_pod_files(self._pod_files_dir(record.pod_id))
             self.store.delete(record.pod_id, remember=True)
             failpoint("remove:after-record")
             self._events.publish(CONTAINER_DELETED, record.pod_id, record.pod_id)
@@ -471,19 +497,71 @@ class PodService:
             pod = await self._refreshed(self.store.get(pod.pod_id))
             if pod.state is not PodState.READY:
                 raise FailedPrecondition(f"pod {pod.pod_id} is not ready ({_POD_STATE[pod.state]})")
+            pod_cfg = PodSandboxConfig.from_json(pod.config)
             container_id = _new_id()
             log_path = self._log_path(pod, cfg)
-            self.store.add_container(ContainerRecord(container_id, pod.pod_id, cfg.to_json(), log_path=log_path))
+            image = await self._container_image(cfg)
+            process = container_process(cfg, image.config if image else None,
+                                        hostname=pod_cfg.hostname or socket.gethostname())
+            mounts = container_mounts(cfg.mounts, self._pod_files(pod.pod_id), readonly_rootfs=cfg.readonly_rootfs)
+            # The record comes first: whatever is made for the container from here on (its
+            # snapshot, its task) is found through it, by a rollback or after a crash.
+            self.store.add_container(ContainerRecord(
+                container_id, pod.pod_id, cfg.to_json(), log_path=log_path,
+                image_id=image.image_id if image else "", image_ref=image.image_ref if image else ""))
             try:
+                rootfs = await self._prepare_rootfs(container_id, image)
+                failpoint("create:after-rootfs")
                 await self._task(pod.pod_id, "Create", {
-                    "task_id": container_id, "args": list(cfg.argv),
-                    "env": [f"{k}={v}" for k, v in cfg.envs], "cwd": cfg.working_dir or None,
-                    "log_path": log_path, "pid_mode": cfg.pid_mode, "labels": dict(cfg.labels)})
+                    "task_id": container_id, "args": list(process.args), "env": list(process.env),
+                    "cwd": process.cwd, "log_path": log_path, "pid_mode": cfg.pid_mode, "labels": dict(cfg.labels),
+                    "rootfs": rootfs, "readonly_rootfs": cfg.readonly_rootfs, "mounts": mounts})
             except BaseException:
-                self.store.delete_container(pod.pod_id, container_id)
+                with anyio.CancelScope(shield=True):
+                    await self._remove_rootfs(pod.pod_id, container_id)
+                    self.store.delete_container(pod.pod_id, container_id)
                 raise
         self._events.publish(CONTAINER_CREATED, container_id, pod.pod_id)
         return container_id
+
+    async def _container_image(self, cfg: ContainerConfig) -> ContainerImage | None:
+        """The image the container names (None: it names none and runs on the node's root
+        filesystem, read-only). NotFound when the store does not have it."""
+        if not cfg.image:
+            return None
+        return await call(self.images.container_image(cfg.image))
+
+    def _pod_files(self, pod_id: str) -> dict[str, str]:
+        """Container path → node path of the pod's hosts, resolv.conf and hostname; {} for a pod
+        made before podshim wrote them."""
+        files = PodFiles(self._pod_files_dir(pod_id))
+        return {path: source for path, source in files.mounts().items() if os.path.exists(source)}
+
+    async def _prepare_rootfs(self, container_id: str, image: ContainerImage | None) -> list[dict[str, Any]]:
+        """The container's root filesystem mounts: a writable snapshot of its image, keyed by the
+        container's id; [] without an image (the shim binds the node's / read-only)."""
+        if image is None:
+            return []
+        if self.snapshots is None:
+            raise FailedPrecondition(f"image {image.name!r} is there but this runtime has no snapshotter to make "
+                                     "a container's root filesystem from it")
+        return list(await call(self.snapshots.prepare(container_id, image.chain_id)))
+
+    async def _remove_rootfs(self, pod_id: str, container_id: str) -> None:
+        """Remove a container's snapshot (none, or gone already: no error). A failure is logged,
+        not raised: the snapshot's key is the container id, and the next recovery removes
+        snapshots of containers that are no more."""
+        if self.snapshots is None:
+            return
+        try:
+            await call(self.snapshots.remove(container_id))
+        except Exception as exc:  # noqa: BLE001 (logged; recovery sweeps it)
+            log.warning("pod %s: removing the root filesystem of container %s failed: %s", pod_id, container_id, exc)
+
+    def image_in_use(self, image_id: str) -> list[str]:
+        """The ids of the containers (in any state) made from image ``image_id``: RemoveImage
+        refuses an image while this is not empty."""
+        return [c.container_id for c in self.store.list_containers() if c.image_id == image_id]
 
     def _container(self, container_id: str) -> ContainerRecord:
         if not isinstance(container_id, str) or not container_id:
@@ -593,6 +671,7 @@ class PodService:
                 return  # removed while this call waited for the pod's lock
             await self._stop_container(c, 0)
             await self._delete_task(c)
+            await self._remove_rootfs(c.pod_id, c.container_id)
             self.store.delete_container(c.pod_id, c.container_id, remember=True)
         self._cpu_rates.forget(c.container_id)
         self._events.publish(CONTAINER_DELETED, c.container_id, c.pod_id)
@@ -611,7 +690,7 @@ class PodService:
             "finished_at": c.finished_at,
             "exit_code": c.exit_code if c.exit_code is not None else 0,
             "image": {"image": cfg.image or HOST_ROOTFS},
-            "image_ref": HOST_ROOTFS,
+            "image_ref": c.image_ref or HOST_ROOTFS,
             "reason": c.reason,
             "message": c.message,
             "labels": c.labels,
@@ -619,7 +698,8 @@ class PodService:
             "log_path": c.log_path,
         }
         if verbose:
-            status["info"] = {"pid": c.pid or 0, "args": list(cfg.argv), "pid_mode": cfg.pid_mode}
+            status["info"] = {"pid": c.pid or 0, "args": list(cfg.argv), "pid_mode": cfg.pid_mode,
+                              "image_id": c.image_id, "snapshot_key": c.container_id if c.image_id else ""}
         return status
 
     async def list_containers(self, filter: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
@@ -644,7 +724,7 @@ class PodService:
                 continue
             out.append({"id": c.container_id, "pod_sandbox_id": c.pod_id,
                         "metadata": dict(c.config.get("metadata") or {}), "image": {"image": (c.config.get("image") or {}).get("image") or HOST_ROOTFS},
-                        "image_ref": HOST_ROOTFS,
+                        "image_ref": c.image_id or HOST_ROOTFS,
                         "state": f"CONTAINER_{c.state}",
                         "created_at": c.created_at, "labels": c.labels, "annotations": c.annotations,
                         "exit_code": c.exit_code})

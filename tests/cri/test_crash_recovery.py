@@ -106,6 +106,8 @@ async def assert_whole_or_gone(roots) -> None:
         assert await pods.controller.list(None) == []
     assert await wait_gone_async(*leftovers) == []
     assert [path for path in netns if os.path.exists(path)] == [], "a network namespace was left behind"
+    pod_files = os.path.join(root, "pod-files")
+    assert not os.path.isdir(pod_files) or os.listdir(pod_files) == [], "a pod's hosts/resolv.conf were left behind"
     assert not os.listdir(os.path.join(root, "sandboxes", "k8s.io")) if os.path.isdir(
         os.path.join(root, "sandboxes", "k8s.io")) else True
 

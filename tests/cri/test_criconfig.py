@@ -238,10 +238,20 @@ def test_pod_fields_at_the_limits_are_accepted():
     assert config.labels["empty"] == "" and len(config.annotations["a"]) == 256 * 1024 - 1
 
 
-def test_container_needs_command_or_args():
-    with pytest.raises(InvalidArgument, match="command and args are both empty"):
-        ContainerConfig.from_json({"metadata": {"name": "c"}, "command": [], "args": []})
+def test_container_may_leave_command_and_args_to_its_image():
+    # The image's Entrypoint and Cmd fill them in (client.cri.process); nothing at all to run is
+    # refused there, where the image is known.
+    assert ContainerConfig.from_json({"metadata": {"name": "c"}, "command": [], "args": []}).argv == ()
     assert ContainerConfig.from_json({"metadata": {"name": "c"}, "args": ["sleep", "1"]}).argv == ("sleep", "1")
+
+
+def test_container_mounts_and_read_only_rootfs_round_trip():
+    doc = {"metadata": {"name": "c"}, "mounts": [{"container_path": "/data", "host_path": "/srv/data", "readonly": True,
+                                                  "propagation": "PROPAGATION_HOST_TO_CONTAINER"}],
+           "linux": {"security_context": {"readonly_rootfs": True}}}
+    config = ContainerConfig.from_json(doc)
+    assert config.readonly_rootfs and config.mounts[0].propagation == "PROPAGATION_HOST_TO_CONTAINER"
+    assert ContainerConfig.from_json(config.to_json()) == config
 
 
 @pytest.mark.parametrize("content, says", [

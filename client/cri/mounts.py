@@ -1,0 +1,152 @@
+"""A container's CRI ``mounts`` (and the pod's files) as the shim's Task.Create ``mounts``.
+
+As containerd's CRI plugin (``WithMounts``, ``containerMounts``):
+
+- a host path that does not exist is made as a directory (0755, parents too); a symbolic link is
+  resolved on the node, so the container gets what it points to;
+- every mount is a recursive bind (``rbind``) with its propagation: PROPAGATION_PRIVATE is
+  ``rprivate``, HOST_TO_CONTAINER ``rslave``, BIDIRECTIONAL ``rshared``; ``ro`` when read-only;
+- ``rslave`` needs the host path to be on a shared or slave mount and ``rshared`` on a shared one
+  (else nothing would propagate): checked in /proc/self/mountinfo, refused with a sentence naming
+  the mount point otherwise (containerd's ``ensureSharedOrSlave``/``ensureShared``);
+- the pod's /etc/hosts, /etc/resolv.conf and /etc/hostname come first, each unless the CRI config
+  mounts something at that path (kubelet mounts its own /etc/hosts); they are read-only when the
+  container's root filesystem is.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from shim.rpc.status import FailedPrecondition, InvalidArgument
+
+from client.cri.configs import Mount
+
+__all__ = ["MOUNTINFO", "PROPAGATION_OPTIONS", "MountInfo", "container_mounts", "host_mount", "parse_mountinfo",
+           "wire_mount"]
+
+MOUNTINFO = "/proc/self/mountinfo"
+#: The bind propagation of each CRI MountPropagation.
+PROPAGATION_OPTIONS = {"PROPAGATION_PRIVATE": "rprivate", "PROPAGATION_HOST_TO_CONTAINER": "rslave",
+                       "PROPAGATION_BIDIRECTIONAL": "rshared"}
+#: Mode of a host directory made for a mount whose host path was missing (containerd's).
+_MADE_DIR_MODE = 0o755
+_ESCAPE = re.compile(r"\\([0-7]{3})")
+
+
+@dataclass(frozen=True)
+class MountInfo:
+    """One line of mountinfo: the mount point and its optional fields (``shared:N``, ``master:N``)."""
+
+    mount_point: str
+    optional: tuple[str, ...]
+
+    @property
+    def shared(self) -> bool:
+        return any(o.startswith("shared:") for o in self.optional)
+
+    @property
+    def slave(self) -> bool:
+        return any(o.startswith("master:") for o in self.optional)
+
+
+def _unescape(field: str) -> str:
+    # mountinfo writes space, tab, newline and backslash as \ooo octal escapes.
+    return _ESCAPE.sub(lambda m: chr(int(m.group(1), 8)), field)
+
+
+def parse_mountinfo(text: str) -> list[MountInfo]:
+    """The mounts of a mountinfo text, in its order (later mounts are on top of earlier ones)."""
+    mounts = []
+    for line in text.splitlines():
+        fields = line.split(" ")
+        if len(fields) < 7 or "-" not in fields[6:]:
+            continue
+        end = fields.index("-", 6)
+        mounts.append(MountInfo(_unescape(fields[4]), tuple(fields[6:end])))
+    return mounts
+
+
+def host_mount(path: str, mounts: Iterable[MountInfo]) -> MountInfo:
+    """The mount ``path`` (absolute, symbolic links resolved) is on: the last one listed whose
+    mount point is ``path`` or one of its parents."""
+    found = None
+    for mount in mounts:
+        point = mount.mount_point
+        if path == point or point == "/" or path.startswith(point.rstrip("/") + "/"):
+            if found is None or len(point) >= len(found.mount_point):
+                found = mount
+    if found is None:  # every mountinfo lists "/"; a namespace without one is no place to run
+        raise FailedPrecondition(f"no mount holds {path} in {MOUNTINFO}")
+    return found
+
+
+def _check_propagation(mount: Mount, source: str, mountinfo: list[MountInfo]) -> None:
+    if mount.propagation == "PROPAGATION_PRIVATE":
+        return
+    on = host_mount(source, mountinfo)
+    if mount.propagation == "PROPAGATION_BIDIRECTIONAL" and not on.shared:
+        raise FailedPrecondition(f"mount {mount.container_path}: path {mount.host_path!r} is mounted on "
+                                 f"{on.mount_point!r} but it is not a shared mount (BIDIRECTIONAL propagation "
+                                 f"needs one: mount --make-shared {on.mount_point})")
+    if mount.propagation == "PROPAGATION_HOST_TO_CONTAINER" and not (on.shared or on.slave):
+        raise FailedPrecondition(f"mount {mount.container_path}: path {mount.host_path!r} is mounted on "
+                                 f"{on.mount_point!r} but it is not a shared or slave mount (HOST_TO_CONTAINER "
+                                 f"propagation needs one: mount --make-rshared or --make-rslave {on.mount_point})")
+
+
+def _host_source(mount: Mount) -> str:
+    """The host path, made as a directory when missing, with its symbolic links resolved."""
+    try:
+        os.lstat(mount.host_path)
+    except FileNotFoundError:
+        try:
+            os.makedirs(mount.host_path, _MADE_DIR_MODE, exist_ok=True)
+        except OSError as exc:
+            raise FailedPrecondition(f"mount {mount.container_path}: cannot make the missing host path "
+                                     f"{mount.host_path}: {exc.strerror}") from None
+    except OSError as exc:
+        raise FailedPrecondition(f"mount {mount.container_path}: cannot use host path {mount.host_path}: "
+                                 f"{exc.strerror}") from None
+    source = os.path.realpath(mount.host_path)
+    if not os.path.exists(source):
+        raise FailedPrecondition(f"mount {mount.container_path}: host path {mount.host_path} is a symbolic link to "
+                                 f"{source}, which does not exist")
+    return source
+
+
+def wire_mount(destination: str, source: str, *, readonly: bool, propagation: str = "rprivate") -> dict[str, Any]:
+    """One Task.Create mount: a recursive bind of ``source`` at ``destination``."""
+    return {"destination": destination, "source": source, "type": "bind",
+            "options": ["rbind", propagation, *(["ro"] if readonly else [])]}
+
+
+def container_mounts(mounts: Iterable[Mount], pod_files: Mapping[str, str], *, readonly_rootfs: bool,
+                     mountinfo: str | None = None) -> list[dict[str, Any]]:
+    """Task.Create ``mounts`` for a container: ``pod_files`` (container path → node path) not
+    overridden by a CRI mount, then the CRI ``mounts`` in their order. ``mountinfo`` is the text of
+    /proc/self/mountinfo (read when needed and not given). Makes missing host paths; raises
+    FailedPrecondition for a host path that cannot be used or has the wrong propagation."""
+    mounts = list(mounts)
+    wanted = {m.container_path for m in mounts}
+    out = [wire_mount(path, source, readonly=readonly_rootfs)
+           for path, source in pod_files.items() if path not in wanted]
+    table: list[MountInfo] | None = None
+    for mount in mounts:
+        source = _host_source(mount)
+        if mount.propagation != "PROPAGATION_PRIVATE" and table is None:
+            if mountinfo is None:
+                with open(MOUNTINFO) as f:
+                    mountinfo = f.read()
+            table = parse_mountinfo(mountinfo)
+        if table is not None:
+            _check_propagation(mount, source, table)
+        if mount.propagation not in PROPAGATION_OPTIONS:
+            raise InvalidArgument(f"mount {mount.container_path}: unknown propagation {mount.propagation!r}")
+        out.append(wire_mount(mount.container_path, source, readonly=mount.readonly,
+                              propagation=PROPAGATION_OPTIONS[mount.propagation]))
+    return out

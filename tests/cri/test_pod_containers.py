@@ -1,0 +1,191 @@
+"""Containers made from images in the pod layer: the image a config names is looked up (missing:
+NOT_FOUND, pull it first), its config makes the process, its snapshot (keyed by the container id)
+is the root filesystem and goes with the container on every path; the pod's hosts, resolv.conf and
+hostname are written at RunPodSandbox and removed with the pod.
+
+The image store and snapshotter here are small stand-ins that record what they are asked (the
+real ones are client/images'); the snapshots they make are empty, so the containers run on the
+node's root filesystem, where /bin/sh is."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+
+import pytest
+
+from shim.rpc.status import FailedPrecondition, InvalidArgument, NotFound
+
+from client.cri.rootfs import ContainerImage, image_not_found
+
+from podtools import container_config, pod_config, pod_service
+
+IMAGE = ContainerImage(image_id="sha256:" + "a" * 64, name="registry.test/app:1", image_ref="registry.test/app@sha256:"
+                       + "b" * 64, chain_id="sha256:" + "c" * 64,
+                       config={"Entrypoint": ["/bin/sh", "-c"], "Cmd": ["echo \"$GREETING from $PWD\""],
+                               "Env": ["GREETING=image", "KEPT=yes"], "WorkingDir": "/tmp"})
+
+
+class Images:
+    def __init__(self, *images: ContainerImage):
+        self.images = {i.name: i for i in images}
+
+    def container_image(self, reference: str) -> ContainerImage:
+        try:
+            return self.images[reference]
+        except KeyError:
+            raise image_not_found(reference) from None
+
+
+class Snapshots:
+    """Records prepare/remove; ``fail`` makes prepare raise."""
+
+    def __init__(self, fail: Exception | None = None):
+        self.live: dict[str, str] = {}
+        self.fail = fail
+
+    async def prepare(self, key: str, chain_id: str) -> list:
+        if self.fail is not None:
+            raise self.fail
+        assert key not in self.live, f"snapshot {key} prepared twice"
+        self.live[key] = chain_id
+        return []
+
+    def remove(self, key: str) -> None:
+        self.live.pop(key, None)
+
+    def read_file(self, chain_id: str, path: str) -> bytes:
+        raise FileNotFoundError(path)
+
+
+def image_container(name: str = "app", **fields) -> dict:
+    return {"metadata": {"name": name}, "image": {"image": IMAGE.name}, **fields}
+
+
+async def wait_exited(pods, container_id: str) -> dict:
+    deadline = time.monotonic() + 10
+    while (status := await pods.container_status(container_id))["state"] != "CONTAINER_EXITED":
+        assert time.monotonic() < deadline
+        await asyncio.sleep(0.02)  # the shim records the exit it reaps; nothing here to wait on
+    return status
+
+
+def log_lines(pods, container_id: str) -> list[str]:
+    with open(pods.container_log_path(container_id)) as f:
+        return [line.split(" ", 3)[3].rstrip("\n") for line in f]
+
+
+async def test_pod_files_are_written_at_run_and_removed_with_the_pod(roots):
+    cfg = pod_config()
+    cfg["hostname"] = "web-0"
+    cfg["dns_config"] = {"servers": ["10.96.0.10"], "searches": ["svc.cluster.local"], "options": ["ndots:5"]}
+    async with pod_service(roots) as pods:
+        pod_id = await pods.run_pod_sandbox(cfg)
+        directory = os.path.join(roots[0], "pod-files", pod_id)
+        with open(os.path.join(directory, "resolv.conf")) as f:
+            assert f.read() == "search svc.cluster.local\nnameserver 10.96.0.10\noptions ndots:5\n"
+        with open(os.path.join(directory, "hostname")) as f:
+            assert f.read() == "web-0\n"
+        with open(os.path.join(directory, "hosts")) as f:
+            assert f.read().splitlines()[1] == "127.0.0.1\tlocalhost"
+        await pods.remove_pod_sandbox(pod_id)
+        assert not os.path.exists(directory)
+
+
+async def test_a_container_runs_its_images_entrypoint_and_cmd_with_its_env_and_working_dir(roots):
+    snapshots = Snapshots()
+    async with pod_service(roots, images=Images(IMAGE), snapshots=snapshots) as pods:
+        pod_id = await pods.run_pod_sandbox(pod_config())
+        cid = await pods.create_container(pod_id, image_container())
+        await pods.start_container(cid)
+        assert (await wait_exited(pods, cid))["exit_code"] == 0
+        assert log_lines(pods, cid) == ["image from /tmp"]
+
+
+async def test_cri_command_env_and_working_dir_override_the_image(roots):
+    async with pod_service(roots, images=Images(IMAGE), snapshots=Snapshots()) as pods:
+        pod_id = await pods.run_pod_sandbox(pod_config())
+        cid = await pods.create_container(pod_id, image_container(
+            command=["/bin/sh", "-c", "echo $GREETING $KEPT $PWD"], working_dir="/",
+            envs=[{"key": "GREETING", "value": "cri"}]))
+        await pods.start_container(cid)
+        await wait_exited(pods, cid)
+        assert log_lines(pods, cid) == ["cri yes /"]
+
+
+async def test_the_snapshot_is_keyed_by_the_container_and_removed_with_it(roots):
+    snapshots = Snapshots()
+    async with pod_service(roots, images=Images(IMAGE), snapshots=snapshots) as pods:
+        pod_id = await pods.run_pod_sandbox(pod_config())
+        cid = await pods.create_container(pod_id, image_container())
+        assert snapshots.live == {cid: IMAGE.chain_id}
+        status = await pods.container_status(cid, verbose=True)
+        assert status["image"] == {"image": IMAGE.name} and status["image_ref"] == IMAGE.image_ref
+        assert status["info"]["image_id"] == IMAGE.image_id and status["info"]["snapshot_key"] == cid
+        assert [(c["image"], c["image_ref"]) for c in await pods.list_containers()] == [
+            ({"image": IMAGE.name}, IMAGE.image_id)]
+        assert pods.image_in_use(IMAGE.image_id) == [cid]
+        await pods.remove_container(cid)
+        assert snapshots.live == {}
+        assert pods.image_in_use(IMAGE.image_id) == []
+
+
+async def test_removing_the_pod_removes_its_containers_snapshots(roots):
+    snapshots = Snapshots()
+    async with pod_service(roots, images=Images(IMAGE), snapshots=snapshots) as pods:
+        pod_id = await pods.run_pod_sandbox(pod_config())
+        running = await pods.create_container(pod_id, image_container("a", command=["sleep", "60"]))
+        await pods.start_container(running)
+        await pods.create_container(pod_id, image_container("b"))
+        assert len(snapshots.live) == 2
+        await pods.remove_pod_sandbox(pod_id)
+        assert snapshots.live == {}
+
+
+async def test_a_create_the_shim_refuses_removes_the_snapshot_and_the_record(roots, tmp_path):
+    snapshots = Snapshots()
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    (logs / "app_0.log").symlink_to(tmp_path / "elsewhere")  # the shim refuses a log path that is a link
+    cfg = pod_config()
+    cfg["log_directory"] = str(logs)
+    async with pod_service(roots, images=Images(IMAGE), snapshots=snapshots) as pods:
+        pod_id = await pods.run_pod_sandbox(cfg)
+        with pytest.raises(FailedPrecondition, match="symbolic link"):
+            await pods.create_container(pod_id, image_container())
+        assert snapshots.live == {} and await pods.list_containers() == []
+
+
+async def test_a_snapshot_that_cannot_be_made_leaves_no_container(roots):
+    async with pod_service(roots, images=Images(IMAGE), snapshots=Snapshots(fail=OSError(28, "No space left"))) as pods:
+        pod_id = await pods.run_pod_sandbox(pod_config())
+        with pytest.raises(OSError):
+            await pods.create_container(pod_id, image_container())
+        assert await pods.list_containers() == []
+
+
+async def test_an_image_not_in_the_store_is_not_found_and_leaves_nothing(roots):
+    snapshots = Snapshots()
+    async with pod_service(roots, images=Images(IMAGE), snapshots=snapshots) as pods:
+        pod_id = await pods.run_pod_sandbox(pod_config())
+        with pytest.raises(NotFound, match="image 'registry.test/other:1' not found: pull it first"):
+            await pods.create_container(pod_id, {"metadata": {"name": "x"}, "image": {"image": "registry.test/other:1"}})
+        assert snapshots.live == {} and await pods.list_containers() == []
+
+
+async def test_without_an_image_store_a_named_image_is_not_found(roots):
+    async with pod_service(roots) as pods:
+        pod_id = await pods.run_pod_sandbox(pod_config())
+        with pytest.raises(NotFound, match="not found: pull it first"):
+            await pods.create_container(pod_id, {**container_config(["true"]), "image": {"image": "busybox"}})
+
+
+async def test_an_image_with_nothing_to_run_and_no_command_is_invalid(roots):
+    empty = ContainerImage(image_id="sha256:" + "d" * 64, name="registry.test/empty:1", image_ref="x", chain_id="c")
+    snapshots = Snapshots()
+    async with pod_service(roots, images=Images(empty), snapshots=snapshots) as pods:
+        pod_id = await pods.run_pod_sandbox(pod_config())
+        with pytest.raises(InvalidArgument, match="no command specified: .*registry.test/empty:1' has no Entrypoint"):
+            await pods.create_container(pod_id, {"metadata": {"name": "x"}, "image": {"image": empty.name}})
+        assert snapshots.live == {} and await pods.list_containers() == []
