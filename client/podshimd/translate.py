@@ -29,7 +29,7 @@ _POD_SANDBOX_STATUS = ("id", "metadata", "state", "created_at", "network", "linu
                        "runtime_handler")
 _POD_SANDBOX = ("id", "metadata", "state", "created_at", "labels", "annotations", "runtime_handler")
 _CONTAINER_STATUS = ("id", "metadata", "state", "created_at", "started_at", "finished_at", "exit_code", "image",
-                     "image_ref", "reason", "message", "labels", "annotations", "log_path")
+                     "image_ref", "reason", "message", "labels", "annotations", "log_path", "mounts")
 _CONTAINER = ("id", "pod_sandbox_id", "metadata", "image", "image_ref", "state", "created_at", "labels",
               "annotations")
 

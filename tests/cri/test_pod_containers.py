@@ -189,3 +189,13 @@ async def test_an_image_with_nothing_to_run_and_no_command_is_invalid(roots):
         with pytest.raises(InvalidArgument, match="no command specified: .*registry.test/empty:1' has no Entrypoint"):
             await pods.create_container(pod_id, {"metadata": {"name": "x"}, "image": {"image": empty.name}})
         assert snapshots.live == {} and await pods.list_containers() == []
+
+
+async def test_container_status_shows_its_cri_mounts_not_the_pod_files(roots, tmp_path):
+    async with pod_service(roots) as pods:
+        pod_id = await pods.run_pod_sandbox(pod_config())
+        cid = await pods.create_container(pod_id, {**container_config(["true"]), "mounts": [
+            {"container_path": "/data", "host_path": str(tmp_path), "readonly": True}]})
+        assert (await pods.container_status(cid))["mounts"] == [
+            {"container_path": "/data", "host_path": str(tmp_path), "readonly": True,
+             "propagation": "PROPAGATION_PRIVATE"}]
