@@ -7,6 +7,9 @@ idempotent). The session fixtures ``crictl`` and ``critest`` give the binaries' 
 module imports the ones it uses (``from critools import crictl``). Tests never skip for want of
 them: CI builds them on its first run.
 
+``run_critest(critest, endpoint, images)`` runs critest against a CRI endpoint with the images of
+tests/imagebuild.py's ``critest_images`` and returns its parsed summary (``CritestResult``).
+
 ``running_podshimd(directory)`` runs ``python3 -m client.podshimd`` with its roots, socket and
 config under ``directory`` (inside the network namespace ``netns`` when given, so that CNI plugins
 act there), returns once it sent READY=1 on its NOTIFY_SOCKET, and stops it by pid with SIGTERM
@@ -18,6 +21,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import re
 import select
 import shutil
 import signal
@@ -26,8 +30,9 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -248,3 +253,64 @@ def _wait_ready(daemon: Podshimd, notify: socket.socket) -> None:
         raise AssertionError(f"podshimd sent no READY=1 within {START_TIMEOUT} s:\n{daemon.log()}")
     finally:
         os.close(pidfd)
+
+
+# -- critest runs ------------------------------------------------------------------------------------
+
+#: Seconds a whole critest run may take (its 80 specs run one after another; several have minute-long waits).
+CRITEST_TIMEOUT = 3600.0
+
+
+@dataclass(frozen=True)
+class CritestResult:
+    """What a critest run reported: ginkgo's summary and the names of the specs that failed."""
+
+    returncode: int
+    output: str
+    ran: int = 0
+    total: int = 0
+    passed: int = 0
+    failed: int = 0
+    pending: int = 0
+    skipped: int = 0
+    failures: tuple[str, ...] = ()
+
+    def summary(self) -> str:
+        return (f"ran {self.ran} of {self.total}: {self.passed} passed, {self.failed} failed, "
+                f"{self.skipped} skipped, {self.pending} pending")
+
+
+def parse_critest(returncode: int, output: str) -> CritestResult:
+    """Read ginkgo v2's summary ("Ran 80 of 85 Specs", "FAIL! -- 70 Passed | 10 Failed | 0 Pending |
+    5 Skipped") and its "[FAIL] ..." lines (with --ginkgo.no-color) from critest's output."""
+    fields: dict[str, Any] = {}
+    ran = re.search(r"^Ran (\d+) of (\d+) Specs", output, re.M)
+    if ran:
+        fields["ran"], fields["total"] = int(ran.group(1)), int(ran.group(2))
+    counts = re.search(r"(\d+) Passed \| (\d+) Failed \| (\d+) Pending \| (\d+) Skipped", output)
+    if counts:
+        fields.update(zip(("passed", "failed", "pending", "skipped"), map(int, counts.groups())))
+    summary_at = output.rfind("Summarizing ")
+    if summary_at >= 0:
+        fields["failures"] = tuple(dict.fromkeys(
+            m.group(1).strip() for m in re.finditer(r"^\s*\[(?:FAIL|PANICKED|TIMEDOUT)\] (.*)$",
+                                                    output[summary_at:], re.M)))
+    return CritestResult(returncode, output, **fields)
+
+
+def run_critest(critest: str, endpoint: str, images: Any = None, *, focus: str | None = None,
+                skip: str | None = None, extra: Sequence[str] = (), cwd: str | None = None,
+                timeout: float = CRITEST_TIMEOUT) -> CritestResult:
+    """Run critest against the CRI ``endpoint`` (runtime and image service), with the images of
+    ``images`` (an imagebuild.CritestImages: its --test-images-file; the runtime must mirror the
+    registries of ``images.mirrors``), only the specs matching ``focus`` and not ``skip`` (regular
+    expressions), in ``cwd``; its summary parsed (no exception when specs fail)."""
+    argv = [critest, "--runtime-endpoint", endpoint, "--image-endpoint", endpoint, "--ginkgo.no-color",
+            *(images.args if images is not None else ())]
+    if focus:
+        argv += ["--ginkgo.focus", focus]
+    if skip:
+        argv += ["--ginkgo.skip", skip]
+    done = subprocess.run([*argv, *extra], cwd=cwd, stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                          timeout=timeout)
+    return parse_critest(done.returncode, done.stdout + done.stderr)

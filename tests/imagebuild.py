@@ -144,9 +144,48 @@ def busybox_layer(extra: Layer = ()) -> list[Entry]:
     out += [Entry("tmp", "dir", mode=0o1777), Entry("root", "dir", mode=0o700)]
     out.append(Entry("bin/busybox", data=binary, mode=0o755))
     out += [Entry(a, "symlink", target="/bin/busybox") for a in applets if a != "bin/busybox"]
-    out += [Entry("etc/passwd", data=b"root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/home:/bin/false\n"),
-            Entry("etc/group", data=b"root:x:0:\nnogroup:x:65534:\n")]
+    out += [Entry("etc/passwd", data=BUSYBOX_PASSWD.encode()), Entry("etc/group", data=BUSYBOX_GROUP.encode())]
     return out + entries(extra)
+
+
+#: /etc/passwd and /etc/group as the Docker Hub busybox image has them (critest's specs run as
+#: "nobody" and read "www-data").
+BUSYBOX_PASSWD = """\
+root:x:0:0:root:/root:/bin/sh
+daemon:x:1:1:daemon:/usr/sbin:/bin/false
+bin:x:2:2:bin:/bin:/bin/false
+sys:x:3:3:sys:/dev:/bin/false
+sync:x:4:100:sync:/bin:/bin/sync
+mail:x:8:8:mail:/var/spool/mail:/bin/false
+www-data:x:33:33:www-data:/var/www:/bin/false
+operator:x:37:37:Operator:/var:/bin/false
+nobody:x:65534:65534:nobody:/home:/bin/false
+"""
+BUSYBOX_GROUP = """\
+root:x:0:
+daemon:x:1:
+bin:x:2:
+sys:x:3:
+adm:x:4:
+tty:x:5:
+disk:x:6:
+lp:x:7:
+mail:x:8:
+kmem:x:9:
+wheel:x:10:root
+cdrom:x:11:
+dialout:x:18:
+floppy:x:19:
+video:x:28:
+audio:x:29:
+tape:x:32:
+www-data:x:33:
+operator:x:37:
+utmp:x:43:
+users:x:100:
+staff:x:50:
+nogroup:x:65534:
+"""
 
 
 # -- image configs -----------------------------------------------------------------------------------
@@ -210,6 +249,8 @@ class Image:
     digest: str    #: the manifest's (or the index's) digest, as the registry serves it
     config: ImageConfig = field(default_factory=ImageConfig)
     platforms: Mapping[str, str] = field(default_factory=dict)  #: "os/arch" -> manifest digest (an index)
+    source: str = ""     #: the tag in the builder's OCI layout it was pushed from
+    format: str = "oci"  #: "oci" or "v2s2", as pushed
 
     @property
     def ref(self) -> str:
@@ -333,6 +374,7 @@ class TestImages:
         self.registry = registry
         self.builder = ImageBuilder(directory)
         self._cache: dict[tuple[str, str], tuple[str, Image]] = {}  # (name, tag) -> (arguments, image)
+        self.critest: CritestImages | None = None  # critest_images(self), once built
         config = self.builder.assemble("busybox", BUSYBOX_LAYERS, BUSYBOX_CONFIG)
         self.busybox = self._push("busybox", "test/busybox", "1.0", config)
         self._push("busybox", "test/busybox", "latest", config)
@@ -343,12 +385,13 @@ class TestImages:
         index = self._push("multiarch", "test/multiarch", "1.0", config, all_images=True)
         self.multiarch = replace(index, platforms=self._platforms(index))
 
-    def _push(self, tag: str, repo: str, dest_tag: str, config: ImageConfig, **kwargs: object) -> Image:
-        digest = self.builder.push(tag, self.registry, repo, dest_tag, **kwargs)  # type: ignore[arg-type]
-        return Image(self.registry, repo, dest_tag, digest, config)
+    def _push(self, tag: str, repo: str, dest_tag: str, config: ImageConfig, *, format: str = "oci",
+              all_images: bool = False) -> Image:
+        digest = self.builder.push(tag, self.registry, repo, dest_tag, format=format, all_images=all_images)
+        return Image(self.registry, repo, dest_tag, digest, config, source=tag, format=format)
 
     def _platforms(self, index: Image) -> dict[str, str]:
-        status, _, body = self.registry.get(f"/v2/{index.repo}/manifests/{index.digest}", {
+        status, _, body = index.registry.get(f"/v2/{index.repo}/manifests/{index.digest}", {
             "Accept": "application/vnd.oci.image.index.v1+json"})
         if status != 200:
             raise RuntimeError(f"the registry has no index {index.by_digest} ({status})")
@@ -356,17 +399,38 @@ class TestImages:
                 for m in json.loads(body)["manifests"]}
 
     def build(self, name: str, layers: Sequence[Layer] = (), config: ImageConfig = ImageConfig(), *,
-              base: str | None = "busybox", tag: str = "1.0", format: str = "oci") -> Image:
-        """Build and push ``test/NAME:TAG``: ``base`` ("busybox", None for no layers at all, or the
-        name of an image built before) plus ``layers``, with ``config`` over the base's. Cached:
-        the same arguments give the same Image (a name rebuilt with other arguments is pushed again)."""
-        key = repr((layers, config, base, format))
+              base: str | None = "busybox", tag: str = "1.0", format: str = "oci", repo: str | None = None,
+              platforms: Sequence[str] = ()) -> Image:
+        """Build and push ``test/NAME:TAG`` (or ``REPO:TAG``): ``base`` ("busybox", None for no layers
+        at all, or the name of an image built before) plus ``layers``, with ``config`` over the
+        base's. With ``platforms`` (say "linux/amd64", "linux/arm64") it is pushed as an OCI image
+        index of that image for its own platform and, for each other one, the same layers under a
+        config naming that platform (never run here). Cached: the same arguments give the same
+        Image (a name rebuilt with other arguments is pushed again)."""
+        key = repr((layers, config, base, format, repo, tuple(platforms)))
         cached = self._cache.get((name, tag))
         if cached is not None and cached[0] == key:
             return cached[1]
         local = f"custom-{name}-{tag}"
         whole = self.builder.assemble(local, layers, config, base=self._local_tag(base))
-        image = self._push(local, f"test/{name}", tag, whole, format=format)
+        repo = repo or f"test/{name}"
+        if platforms:
+            members = {}
+            for platform in platforms:
+                os_, arch = platform.split("/")
+                if (os_, arch) == (whole.os, whole.architecture):
+                    members[platform] = local
+                else:
+                    other = f"{local}-{os_}-{arch}"
+                    _run(["umoci", "tag", "--image", f"{self.builder.layout}:{local}", other])
+                    _run(["umoci", "config", "--image", f"{self.builder.layout}:{other}", "--no-history",
+                          "--os", os_, "--architecture", arch])
+                    members[platform] = other
+            self.builder.add_index(f"{local}-index", members)
+            index = self._push(f"{local}-index", repo, tag, whole, format=format, all_images=True)
+            image = replace(index, platforms=self._platforms(index))
+        else:
+            image = self._push(local, repo, tag, whole, format=format)
         self._cache[(name, tag)] = (key, image)
         return image
 
@@ -378,17 +442,12 @@ class TestImages:
                 return f"custom-{name}-{tag}"
         raise ValueError(f"no image {base!r} was built in this session")
 
-    def push(self, image: Image, registry: Registry) -> Image:
-        """``image`` copied to another registry (same repo and tag)."""
-        local = "busybox" if image.repo in ("test/busybox", "test/busybox-v2s2") else None
-        if image.repo == "test/multiarch":
-            local = "multiarch"
-        elif local is None:
-            local = f"custom-{image.repo.removeprefix('test/')}-{image.tag}"
-        format = "v2s2" if image.repo == "test/busybox-v2s2" else "oci"
-        digest = self.builder.push(local, registry, image.repo, image.tag, format=format,
+    def push(self, image: Image, registry: Registry, repo: str | None = None, tag: str | None = None) -> Image:
+        """``image`` copied to another registry (or as another ``repo:tag`` in it; by default the same)."""
+        repo, tag = repo or image.repo, tag or image.tag
+        digest = self.builder.push(image.source, registry, repo, tag, format=image.format,
                                    all_images=bool(image.platforms))
-        return replace(image, registry=registry, digest=digest)
+        return replace(image, registry=registry, repo=repo, tag=tag, digest=digest)
 
 
 @pytest.fixture(scope="session")
@@ -399,3 +458,218 @@ def test_images(registry: Registry) -> Iterator[TestImages]:
         yield TestImages(registry, directory)
     finally:
         shutil.rmtree(directory, ignore_errors=True)
+
+
+# -- critest's images --------------------------------------------------------------------------------
+#
+# critest 1.26 (cri-tools v1.26.0, pkg/validate/*.go and pkg/framework/util.go) pulls these images by
+# these names; the layers and configs below give each what its specs check (images/*/Dockerfile and
+# images/build in the cri-tools source say how upstream made them).
+#
+# How critest is pointed at them: the runtime under test mirrors the hosts critest names
+# (docker.io, gcr.io, k8s.gcr.io) to the local registry over plain HTTP (CritestImages.mirrors),
+# and critest's --test-images-file names the default and web-server images in the local registry.
+# Not --registry-prefix: for a fully qualified name critest then pulls PREFIX/PATH with the tag and
+# digest dropped (reference.Path) and still asks ImageStatus under the gcr.io name, so every Image
+# Manager spec fails on any runtime that way.
+
+STAGING = "gcr.io/k8s-staging-cri-tools"
+#: Upstream builds these as manifest lists: so do we (linux/amd64 + a fake linux/arm64).
+INDEX_PLATFORMS = ("linux/amd64", "linux/arm64")
+
+#: A busybox httpd in the foreground that a SIGTERM ends at once, also as its PID namespace's init
+#: (where a signal without a handler does nothing): "serve-http PORT DIR".
+SERVE_HTTP = b"""#!/bin/sh
+trap 'kill $pid 2>/dev/null; exit 0' TERM INT QUIT
+httpd -f -p "$1" -h "$2" &
+pid=$!
+wait $pid
+"""
+
+#: Stands in for nginx in critest's PID-namespace specs: this process's comm is "nginx" (the
+#: script's name; `pidof nginx` finds it), its command line says "master process" (what the specs
+#: grep /proc/1/cmdline for), it writes its pid to /var/run/nginx.pid, and it serves port 80.
+FAKE_NGINX = b"""#!/bin/sh
+echo $$ > /var/run/nginx.pid
+trap 'kill $pid 2>/dev/null; exit 0' TERM INT QUIT
+httpd -f -p 80 -h /usr/share/nginx/html &
+pid=$!
+wait $pid
+"""
+
+#: Kubernetes' e2e "nonewprivs" image prints its effective uid from a setuid-root binary: with
+#: no_new_privs the setuid bit is ignored ("Effective uid: 1000"), without it the uid is 0. busybox
+#: drops a setuid bit itself, so this is a libc-free C program built with gcc.
+NNP_C = r"""
+static long sys3(long n, long a, long b, long c) {
+    long r;
+    __asm__ volatile ("syscall" : "=a"(r) : "a"(n), "D"(a), "S"(b), "d"(c) : "rcx", "r11", "memory");
+    return r;
+}
+void _start(void) {
+    char out[32] = "Effective uid: ";
+    char digits[12];
+    unsigned long uid = (unsigned long)sys3(107, 0, 0, 0);  /* geteuid */
+    int n = 0, len = 15;
+    do { digits[n++] = (char)('0' + uid % 10); uid /= 10; } while (uid);
+    while (n) out[len++] = digits[--n];
+    out[len++] = '\n';
+    sys3(1, 1, (long)out, len);  /* write(1, out, len) */
+    sys3(60, 0, 0, 0);           /* exit(0) */
+    for (;;) {}
+}
+"""
+
+
+def nnp_binary(directory: str) -> bytes:
+    """The nonewprivs program, compiled (static, no libc, x86-64) in ``directory``."""
+    source, binary = os.path.join(directory, "nnp.c"), os.path.join(directory, "nnp")
+    with open(source, "w") as f:
+        f.write(NNP_C)
+    try:
+        _run(["gcc", "-static", "-nostdlib", "-Os", "-fno-stack-protector", "-fno-builtin",
+              "-fno-asynchronous-unwind-tables", "-Wl,--build-id=none", "-s", "-o", binary, source])
+    except FileNotFoundError:
+        raise RuntimeError("gcc is not installed: it builds the nonewprivs test image (.ci/install --test)") from None
+    with open(binary, "rb") as f:
+        data = f.read()
+    os.unlink(source)
+    os.unlink(binary)
+    return data
+
+
+def web_root(directory: str, page: str) -> dict[str, Union[bytes, str, Entry]]:
+    return {f"{directory}/index.html": page, "usr/local/bin/serve-http": Entry("", data=SERVE_HTTP, mode=0o755)}
+
+
+@dataclass(frozen=True)
+class CritestImages:
+    """Every image critest 1.26 pulls, in one local registry, and how to point critest and a runtime at them."""
+
+    registry: Registry
+    images_file: str                 #: critest's --test-images-file (YAML)
+    default_image: str               #: defaultTestContainerImage: busybox, in the local registry
+    web_server_image: str            #: webServerTestImage: busybox httpd on port 80
+    pulls: tuple[str, ...]           #: every reference critest's specs pull, as critest names them
+    unavailable: Mapping[str, str]   #: references no local registry can serve, and why
+    mirrors: Mapping[str, str]       #: registry host -> endpoint the runtime must use for it
+
+    @property
+    def args(self) -> list[str]:
+        """critest's arguments for these images."""
+        return ["--test-images-file", self.images_file]
+
+    def local(self, reference: str) -> str:
+        """Where ``reference`` (as critest names it) is in the local registry."""
+        host, _, rest = reference.partition("/")
+        if "." not in host and ":" not in host and host != "localhost":
+            host, rest = "docker.io", reference
+        if host == "docker.io" and "/" not in rest.split(":")[0].split("@")[0]:
+            rest = f"library/{rest}"
+        return reference if host == self.registry.host else f"{self.registry.host}/{rest}"
+
+    def containerd_registry_config(self) -> str:
+        """containerd 1.6's CRI config for these mirrors (TOML)."""
+        return "".join(f'[plugins."io.containerd.grpc.v1.cri".registry.mirrors."{host}"]\n'
+                       f'  endpoint = ["{endpoint}"]\n' for host, endpoint in self.mirrors.items())
+
+
+def critest_images(images: TestImages) -> CritestImages:
+    """Build and push every image critest 1.26 pulls to ``images``' registry (once per TestImages),
+    and write critest's test-images YAML beside its layout."""
+    if images.critest is not None:
+        return images.critest
+    registry = images.registry
+    endpoint = f"http://{registry.host}"
+    critest = CritestImages(
+        registry=registry, images_file=os.path.join(images.builder.directory, "critest-images.yaml"),
+        default_image=registry.ref("library/busybox:1.28"), web_server_image=registry.ref("library/nginx:latest"),
+        pulls=(), unavailable={}, mirrors={"docker.io": endpoint, "gcr.io": endpoint, "k8s.gcr.io": endpoint,
+                                           registry.host: endpoint})
+    staging = STAGING.partition("/")[2]  # "k8s-staging-cri-tools", the path under the mirrored gcr.io
+    pulls: list[str] = []  # as critest names them
+
+    def add(reference: str, image: Image) -> None:
+        assert critest.local(reference) == image.ref, (reference, image.ref)  # the mirror leads to it
+        pulls.append(reference)
+
+    # The default container image (busybox:1.28 upstream): sh and the applets the specs exec (echo,
+    # sleep, top, ls, id, ipcs, ping, pgrep, pidof, hostname, netstat, brctl, mount, touch, cat,
+    # grep, chmod), /etc/passwd with nobody (RunAsUserName) — the session's busybox image, as Docker
+    # schema 2 like Docker Hub's.
+    default = images.push(images.busybox_v2s2, registry, "library/busybox", "1.28")
+    add(default.ref, default)
+    # The web server (nginx upstream): GET / on port 80 answers 200 (port-mapping specs).
+    web = images.build("critest-web", [web_root("usr/share/nginx/html", "<h1>podshim critest web server</h1>\n")],
+                       ImageConfig(cmd=("/usr/local/bin/serve-http", "80", "/usr/share/nginx/html"),
+                                   exposed_ports=("80/tcp",)),
+                       repo="library/nginx", tag="latest", format="v2s2")
+    add(web.ref, web)
+    # "httpd" (Multiple Containers): serves port 80 and has echo.
+    httpd = images.build("critest-httpd", [web_root("usr/local/apache2/htdocs", "<html><body><h1>It works!</h1></body></html>\n")],
+                         ImageConfig(cmd=("/usr/local/bin/serve-http", "80", "/usr/local/apache2/htdocs"),
+                                     exposed_ports=("80/tcp",)),
+                         repo="library/httpd", tag="latest", format="v2s2")
+    add("docker.io/library/httpd:latest", httpd)
+    # "nginx:1.18" (Security Context: HostPID, PodPID, ContainerPID).
+    nginx = images.build("critest-nginx", [{**web_root("usr/share/nginx/html", "<h1>nginx</h1>\n"),
+                                            "usr/sbin/nginx": Entry("", data=FAKE_NGINX, mode=0o755),
+                                            "var/run": Entry("", "dir")}],
+                         ImageConfig(cmd=("/usr/sbin/nginx", "nginx: master process nginx -g daemon off;"),
+                                     exposed_ports=("80/tcp",), stop_signal="SIGQUIT"),
+                         repo="library/nginx", tag="1.18", format="v2s2")
+    add("docker.io/library/nginx:1.18", nginx)
+    # k8s.gcr.io/e2e-test-images/nonewprivs:1.3 (Security Context: NoNewPrivs): a setuid-root program.
+    nnp = images.build("critest-nonewprivs",
+                       [{"usr/local/bin/nnp": Entry("", data=nnp_binary(images.builder.directory), mode=0o4755)}],
+                       ImageConfig(entrypoint=("/usr/local/bin/nnp",)),
+                       repo="e2e-test-images/nonewprivs", tag="1.3", format="v2s2")
+    add("k8s.gcr.io/e2e-test-images/nonewprivs:1.3", nnp)
+    # gcr.io/k8s-staging-cri-tools/*: manifest lists, as upstream's images/build makes them.
+    hostnet = images.build("critest-hostnet-nginx", [web_root("usr/share/nginx/html", "<h1>hostnet</h1>\n")],
+                           ImageConfig(cmd=("/usr/local/bin/serve-http", "12003", "/usr/share/nginx/html"),
+                                       exposed_ports=("12003/tcp",)),
+                           repo=f"{staging}/hostnet-nginx-amd64", tag="latest", platforms=INDEX_PLATFORMS)
+    add(f"{STAGING}/hostnet-nginx-amd64:latest", hostnet)
+    for name, user in (("test-image-user-uid", "1002"), ("test-image-user-username", "www-data"),
+                       ("test-image-user-uid-group", "1003:1004"), ("test-image-user-username-group", "www-data:1004")):
+        add(f"{STAGING}/{name}:latest", images.build(f"critest-{name}", [], ImageConfig(user=user),
+                                                     repo=f"{staging}/{name}", tag="latest",
+                                                     platforms=INDEX_PLATFORMS))
+    # default-user (1000) in group-defined-in-image (50000), USER 1000: `adduser -u 1000 -D
+    # default-user; addgroup -g 50000 group-defined-in-image; addgroup default-user group-...`.
+    predefined = images.build("critest-predefined-group", [{
+        "etc/passwd": BUSYBOX_PASSWD + "default-user:x:1000:1000:Linux User,,,:/home/default-user:/bin/sh\n",
+        "etc/group": BUSYBOX_GROUP + "default-user:x:1000:\ngroup-defined-in-image:x:50000:default-user\n",
+        "home/default-user": Entry("", "dir", uid=1000, gid=1000)}],
+        ImageConfig(user="1000"), repo=f"{staging}/test-image-predefined-group", tag="latest",
+        platforms=INDEX_PLATFORMS)
+    add(f"{STAGING}/test-image-predefined-group:latest", predefined)
+    # image-test: busybox plus an empty file named for the image ("ADD ${TEST} ${TEST}").
+    for name in ("test-image-1", "test-image-2", "test-image-3", "test-image-latest"):
+        add(f"{STAGING}/{name}:latest", images.build(f"critest-{name}", [{name: ""}], repo=f"{staging}/{name}",
+                                                     tag="latest", platforms=INDEX_PLATFORMS))
+    # test-image-tags:1/2/3 are one image (file "same-image"); test-image-tag:test and :all are two.
+    same = images.build("critest-test-image-tags", [{"same-image": ""}], repo=f"{staging}/test-image-tags",
+                        tag="1", platforms=INDEX_PLATFORMS)
+    add(f"{STAGING}/test-image-tags:1", same)
+    for tag in ("2", "3"):
+        add(f"{STAGING}/test-image-tags:{tag}", images.push(same, registry, tag=tag))
+    for tag in ("test", "all"):
+        add(f"{STAGING}/test-image-tag:{tag}", images.build(f"critest-test-image-tag-{tag}", [{tag: ""}],
+                                                            repo=f"{staging}/test-image-tag", tag=tag,
+                                                            platforms=INDEX_PLATFORMS))
+    digest_ref = (f"{STAGING}/test-image-digest@sha256:"
+                  "9700f9a2f5bf2c45f2f605a0bd3bce7cf37420ec9d3ed50ac2758413308766bf")
+    with open(critest.images_file, "w") as f:
+        f.write(f'defaultTestContainerImage: "{default.ref}"\nwebServerTestImage: "{web.ref}"\n')
+    images.critest = replace(critest, pulls=tuple(pulls), unavailable={
+        digest_ref: "upstream's digest: a manifest with it needs upstream's exact config and layer blobs, which "
+                    "cannot be built offline (the \"public image with digest\" spec fails on every runtime here)"})
+    return images.critest
+
+
+@pytest.fixture(scope="session")
+def critest_image_set(test_images: TestImages) -> CritestImages:
+    """Every image critest pulls, in the session's registry (built on first use)."""
+    return critest_images(test_images)
