@@ -425,6 +425,16 @@ class PodService:
             record = self.store.update(record.pod_id, state=PodState.NOTREADY, stopped_at=time.time_ns())
         return record
 
+    async def pod_network(self, pod_id: str) -> tuple[str, str]:
+        """Where a READY pod's network is, for PortForward: its full id and the path of its network
+        namespace, "" for a host-network pod (the host's). Raises NotFound, FailedPrecondition (not ready)."""
+        record = await self._refreshed(self._pod(pod_id))
+        if record.state is not PodState.READY:
+            raise FailedPrecondition(f"pod {record.pod_id} is not ready (it is {record.state}): its network is gone")
+        if PodSandboxConfig.from_json(record.config).host_network:
+            return record.pod_id, ""
+        return record.pod_id, record.netns_path
+
     async def list_pod_sandbox(self, filter: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
         """ListPodSandbox: pods, newest first, filtered by ``id`` (prefix), ``state``
         (SANDBOX_READY / SANDBOX_NOTREADY) and ``label_selector`` (all must match)."""

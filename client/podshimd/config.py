@@ -60,7 +60,7 @@ class Config:
     template: bool = True  # spawn shims from the preloaded template
     log_level: str = "info"
     metrics_address: str = ""  # HOST:PORT; "" = no metrics endpoint
-    streaming_address: str = "127.0.0.1:0"  # HOST:PORT of the exec/attach/port-forward server
+    streaming_address: str = "127.0.0.1:0"  # HOST:PORT of the exec/attach/port-forward server (0: any free port)
 
     @property
     def socket_path(self) -> str:

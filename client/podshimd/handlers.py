@@ -16,6 +16,7 @@ from collections.abc import Awaitable
 from typing import Any, TypeVar
 
 from client.cri.pod import PodService
+from client.streaming.server import StreamingServer
 
 from .config import Config
 
@@ -69,13 +70,15 @@ class Changes:
 
 
 class Handlers:
-    """What a handler group has: the daemon's :attr:`config`, the pod layer (:attr:`pods`) and
-    :meth:`finish` for a call that changes pods."""
+    """What a handler group has: the daemon's :attr:`config`, the pod layer (:attr:`pods`),
+    :meth:`finish` for a call that changes pods, and the :attr:`streaming` server."""
 
-    def __init__(self, config: Config, pods: PodService, changes: Changes) -> None:
+    def __init__(self, config: Config, pods: PodService, changes: Changes,
+                 streaming: StreamingServer | None = None) -> None:
         self.config = config
         self.pods = pods
         self._changes = changes
+        self.streaming = streaming  # the server of Exec, Attach and PortForward URLs (RuntimeService only)
 
     async def finish(self, change: Awaitable[_T]) -> _T:
         """Run a change to the pods to its end even if the client goes away (see :class:`Changes`)."""

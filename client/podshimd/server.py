@@ -36,6 +36,7 @@ import shim
 from client.cri.pod import open_pod_service
 from client.criapi import api_pb2, api_pb2_grpc
 from client.spawners import ExecSpawner
+from client.streaming.server import Backend, StreamingServer
 from shim.launch.notify import Notifier
 from shim.rpc.blocking import can_connect
 from shim.rpc.files import ensure_private_dir
@@ -203,10 +204,7 @@ async def serve(config: Config, *, notifier: Notifier | None = None) -> None:
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(grpc_path)
             pods = await _open_pods(stack, config)
-            if config.streaming_address != Config.streaming_address:
-                # Said, not silently ignored: the key exists for the streaming server to come.
-                log.warning("streaming_address = %r: podshimd has no streaming server yet; Exec, Attach and "
-                            "PortForward answer UNIMPLEMENTED", config.streaming_address)
+            streaming = await _start_streaming(stack, config, pods)
             if config.metrics_address:
                 try:
                     stack.callback(metrics.start(config.metrics_address, pods).close)
@@ -214,7 +212,8 @@ async def serve(config: Config, *, notifier: Notifier | None = None) -> None:
                     raise DaemonError(f"cannot serve metrics on {config.metrics_address}: "
                                       f"{exc.strerror or exc}") from None
             server = grpc.aio.server()
-            api_pb2_grpc.add_RuntimeServiceServicer_to_server(RuntimeService(config, pods, changes), server)
+            api_pb2_grpc.add_RuntimeServiceServicer_to_server(RuntimeService(config, pods, changes, streaming),
+                                                              server)
             api_pb2_grpc.add_ImageServiceServicer_to_server(ImageService(config, pods, changes), server)
             old_umask = os.umask(0o177)  # the socket is born 0600: no moment where others may connect
             try:
@@ -263,6 +262,22 @@ async def _open_pods(stack: contextlib.AsyncExitStack, config: Config):
             pause_binary=config.sandbox_binary))
     except RpcError as exc:
         raise DaemonError(f"cannot open the pods under {config.state_root}: {exc.message}") from None
+
+
+async def _start_streaming(stack: contextlib.AsyncExitStack, config: Config, pods) -> StreamingServer:
+    """The Exec/Attach/PortForward server on ``config.streaming_address``, closed with ``stack``."""
+    async def pod_network(pod_id: str) -> str:
+        return (await pods.pod_network(pod_id))[1]
+
+    streaming = StreamingServer(config.streaming_address, Backend(pod_network=pod_network))
+    try:
+        await streaming.start()
+    except OSError as exc:
+        reason = os.strerror(exc.errno) if exc.errno else str(exc)
+        raise DaemonError(f"cannot serve streaming on {config.streaming_address}: {reason}") from None
+    stack.push_async_callback(streaming.aclose)
+    log.info("streaming (exec, attach, port-forward) on %s", streaming.base_url)
+    return streaming
 
 
 def _remove_own_socket(path: str, bound: tuple[int, int]) -> None:

@@ -1,25 +1,29 @@
-"""RuntimeService's streaming RPCs, Exec, Attach and PortForward: not served yet.
-
-Each answers UNIMPLEMENTED with a sentence until podshimd has a streaming server (they return the
-URL of one, which the client then speaks SPDY or WebSocket to). ExecSync, which needs none, is
-``crictl exec -s``.
-"""
+"""RuntimeService's streaming RPCs, Exec, Attach and PortForward: each answers the URL of podshimd's
+streaming server (:mod:`client.streaming`) with a one-time token, which the client then upgrades to
+SPDY/3.1 and speaks Kubernetes' protocol on. The pod layer checks the pod or container first, so a
+bad id is NOT_FOUND here, not an HTTP error later."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from shim.rpc.status import Unimplemented
+from client.criapi import api_pb2
+from client.streaming.server import PortForwardRequest, StreamingServer
+from shim.rpc.status import InvalidArgument, Unimplemented
 
 from .handlers import Handlers
 
 __all__ = ["Streaming"]
 
-_WHY = "podshimd has no streaming server yet"
+_WHY = "podshimd's streaming server does not serve it yet"
 
 
 class Streaming(Handlers):
-    """Exec, Attach, PortForward: UNIMPLEMENTED, saying what works instead."""
+    """Exec, Attach, PortForward."""
+
+    def _server(self) -> StreamingServer:
+        assert self.streaming is not None, "podshimd's RuntimeService is made with its streaming server"
+        return self.streaming
 
     async def Exec(self, request: Any, context: Any) -> Any:
         raise Unimplemented(f"{_WHY}, so interactive exec is not available: run a command to completion "
@@ -29,5 +33,10 @@ class Streaming(Handlers):
         raise Unimplemented(f"{_WHY}, so attach is not available: read the container's output with "
                             "crictl logs")
 
-    async def PortForward(self, request: Any, context: Any) -> Any:
-        raise Unimplemented(f"{_WHY}, so port forwarding is not available")
+    async def PortForward(self, request: api_pb2.PortForwardRequest, context: Any) -> api_pb2.PortForwardResponse:
+        # The ports asked for are checked here; the client names the port again on each connection.
+        for port in request.port:
+            if not 1 <= port <= 65535:
+                raise InvalidArgument(f"port {port} is not a number from 1 to 65535")
+        pod_id, _ = await self.pods.pod_network(request.pod_sandbox_id)
+        return api_pb2.PortForwardResponse(url=self._server().url(PortForwardRequest(pod_id)))

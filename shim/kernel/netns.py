@@ -25,7 +25,7 @@ from shim.kernel import linux
 from shim.rpc.status import AlreadyExists, Internal, InvalidArgument, NotFound, error_from_oserror
 
 __all__ = ["NamespaceNotFound", "check_net_sysctls", "create_netns", "default_netns_dir", "describe_netns",
-           "is_host_netns", "new_netns_path", "open_namespace", "open_netns", "remove_netns"]
+           "is_host_netns", "new_netns_path", "open_namespace", "open_netns", "remove_netns", "socket_in_netns"]
 
 _NETNS_DIR = "/var/run/netns"
 _THREAD_NETNS = "/proc/thread-self/ns/net"
@@ -174,6 +174,13 @@ def _in_netns(path: str, fn: Callable[[], _T]) -> _T:
             os.close(saved)
     finally:
         os.close(target)
+
+
+def socket_in_netns(path: str, family: int = socket.AF_INET, kind: int = socket.SOCK_STREAM) -> socket.socket:
+    """A new socket (close-on-exec) in the netns at ``path``, made by the calling thread from inside
+    it: a socket keeps the netns it was created in, so it can be connected from anywhere afterwards.
+    Blocks briefly (setns): call it from a worker thread. Raises NotFound, or the OS error's status."""
+    return _in_netns(path, lambda: socket.socket(family, kind | socket.SOCK_CLOEXEC))
 
 
 def _sysctl_mode(key: str) -> int | None:

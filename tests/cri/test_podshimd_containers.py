@@ -9,15 +9,12 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
-import tempfile
 
 import grpc
 import pytest
 from google.protobuf import json_format
 
 from client.criapi import api_pb2
-from critools import running_podshimd
 
 from podtools import container_config, ns_inode, pod_config
 from proctools import wait_gone
@@ -229,10 +226,11 @@ def test_streaming_calls_are_unimplemented_with_a_sentence(daemon, crictl, pod, 
     daemon.crictl(crictl, "start", container_id)
     execed = daemon.crictl(crictl, "exec", container_id, "true", check=False)
     assert execed.returncode != 0
-    assert ("code = Unimplemented desc = podshimd has no streaming server yet, so interactive exec is not "
-            "available: run a command to completion with ExecSync (crictl exec -s)") in execed.stderr
+    assert ("code = Unimplemented desc = podshimd's streaming server does not serve it yet, so interactive exec is "
+            "not available: run a command to completion with ExecSync (crictl exec -s)") in execed.stderr
     attached = daemon.crictl(crictl, "attach", container_id, check=False)
-    assert attached.returncode != 0 and "code = Unimplemented desc = podshimd has no streaming server" in attached.stderr
+    assert attached.returncode != 0 and "code = Unimplemented desc = podshimd's streaming server does not serve it" \
+        in attached.stderr
 
 
 def test_the_image_service_is_an_empty_store(daemon, crictl):
@@ -245,13 +243,3 @@ def test_the_image_service_is_an_empty_store(daemon, crictl):
     assert pulled.returncode != 0
     assert ("code = Unimplemented desc = podshimd cannot pull images yet, so not 'busybox': containers run on the "
             "host's root filesystem and need no image") in pulled.stderr
-
-
-def test_a_streaming_address_in_the_config_is_said_to_have_no_server_yet():
-    directory = tempfile.mkdtemp(prefix="psd-str-")
-    try:
-        with running_podshimd(directory, config='streaming_address = "127.0.0.1:10010"\n') as daemon:
-            assert ("streaming_address = '127.0.0.1:10010': podshimd has no streaming server yet; Exec, Attach and "
-                    "PortForward answer UNIMPLEMENTED") in daemon.log()
-    finally:
-        shutil.rmtree(directory)
