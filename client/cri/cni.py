@@ -146,14 +146,22 @@ class CniConfig:
                 return cls.from_json(load_json_object(path), source=path)
         return None
 
-    def plugin_input(self, index: int, prev_result: dict[str, Any] | None) -> bytes:
-        """What plugin ``index`` reads on stdin: its map with name, cniVersion and prevResult."""
+    def plugin_input(self, index: int, prev_result: dict[str, Any] | None,
+                     runtime_config: Mapping[str, Any] | None = None) -> bytes:
+        """What plugin ``index`` reads on stdin: its map with name, cniVersion and prevResult, and
+        ``runtimeConfig`` with the entries of ``runtime_config`` whose capability the plugin
+        declares (``"capabilities": {"portMappings": true}``), as libcni's injectRuntimeConfig."""
         doc = dict(self.plugins[index])
         doc["name"] = self.name
         doc["cniVersion"] = self.cni_version
         doc.pop("prevResult", None)
         if prev_result is not None:
             doc["prevResult"] = prev_result
+        capabilities = doc.get("capabilities")
+        if isinstance(capabilities, dict) and runtime_config:
+            wanted = {k: v for k, v in runtime_config.items() if capabilities.get(k) is True}
+            if wanted:
+                doc["runtimeConfig"] = {**(doc.get("runtimeConfig") or {}), **wanted}
         return json.dumps(doc).encode()
 
 
@@ -301,7 +309,8 @@ class CniRunner:
         return CniConfig.load(self.conf_dir)
 
     async def add(self, container_id: str, netns_path: str, ifname: str = "eth0", *,
-                  args: Mapping[str, str] | None = None) -> CniResult:
+                  args: Mapping[str, str] | None = None,
+                  runtime_config: Mapping[str, Any] | None = None) -> CniResult:
         """Bring up ``lo`` in the pod's netns, then ADD the network to it as ``ifname``.
 
         Returns the chain's result (empty when there is no configuration: loopback only). On any
@@ -310,7 +319,8 @@ class CniRunner:
         printed as Internal (NotFound for CNI code 3, Unavailable for 11) with ``details[0]`` =
         ``{plugin, command, code, msg, details}``; FailedPrecondition for a missing plugin;
         DeadlineExceeded when a plugin overran ``timeout``; InvalidArgument for bad arguments
-        or configuration.
+        or configuration. ``runtime_config`` (e.g. ``portMappings``) goes to the plugins that
+        declare its capabilities (:meth:`CniConfig.plugin_input`); give DEL the same.
         """
         _check_call(container_id, ifname, netns_path)
         config = self.config()
@@ -323,7 +333,8 @@ class CniRunner:
                 return CniResult()
             for index in range(len(config.plugins)):
                 started.append((config, index, ifname))
-                prev = await self._exec(config, index, "ADD", container_id, netns_path, ifname, prev, args)
+                prev = await self._exec(config, index, "ADD", container_id, netns_path, ifname, prev, args,
+                                        runtime_config)
                 if prev is None:
                     raise Internal(f"CNI plugin {config.plugins[index]['type']!r} ADD printed no result")
             return CniResult.from_json(prev)
@@ -333,14 +344,15 @@ class CniRunner:
                 for config_i, index, name in reversed(started):
                     try:
                         await self._exec(config_i, index, "DEL", container_id, netns_path, name,
-                                         _prev_for(config_i, prev), args)
+                                         _prev_for(config_i, prev), args, runtime_config)
                     except (RpcError, OSError) as exc:
                         log.warning("undoing a failed CNI ADD for %s: %s", container_id, exc)
             raise
 
     async def delete(self, container_id: str, netns_path: str, ifname: str = "eth0",
                      prev_result: CniResult | dict[str, Any] | None = None, *,
-                     args: Mapping[str, str] | None = None) -> None:
+                     args: Mapping[str, str] | None = None,
+                     runtime_config: Mapping[str, Any] | None = None) -> None:
         """DEL the network (plugins in reverse order), then loopback. Idempotent.
 
         A netns that is gone is fine: its path is passed anyway and the plugins treat it as
@@ -360,7 +372,7 @@ class CniRunner:
         for config_i, index, name in steps:
             try:
                 await self._exec(config_i, index, "DEL", container_id, netns_path, name,
-                                 _prev_for(config_i, raw), args)
+                                 _prev_for(config_i, raw), args, runtime_config)
             except (RpcError, OSError) as exc:
                 if first_error is None:
                     first_error = exc
@@ -371,7 +383,8 @@ class CniRunner:
 
     async def check(self, container_id: str, netns_path: str, ifname: str = "eth0",
                     prev_result: CniResult | dict[str, Any] | None = None, *,
-                    args: Mapping[str, str] | None = None) -> None:
+                    args: Mapping[str, str] | None = None,
+                    runtime_config: Mapping[str, Any] | None = None) -> None:
         """CHECK that the network is as ADD left it (loopback, then each plugin in order).
 
         ``prev_result`` is the ADD result. Does nothing when there is no configuration or it
@@ -389,7 +402,7 @@ class CniRunner:
         if raw is None:
             raise FailedPrecondition(f"CNI CHECK for {container_id} needs the ADD result")
         for index in range(len(config.plugins)):
-            await self._exec(config, index, "CHECK", container_id, netns_path, ifname, raw, args)
+            await self._exec(config, index, "CHECK", container_id, netns_path, ifname, raw, args, runtime_config)
 
     def _find_plugin(self, kind: str) -> str:
         for directory in self.bin_dirs:
@@ -400,7 +413,8 @@ class CniRunner:
 
     async def _exec(self, config: CniConfig, index: int, command: str, container_id: str, netns_path: str,
                     ifname: str, prev_result: dict[str, Any] | None,
-                    args: Mapping[str, str] | None) -> dict[str, Any] | None:
+                    args: Mapping[str, str] | None,
+                    runtime_config: Mapping[str, Any] | None = None) -> dict[str, Any] | None:
         """Run one plugin once; its stdout as JSON, or None if it printed nothing.
 
         A plugin that exits non-zero raises the error it printed (``{code, msg, details}``) as
@@ -423,7 +437,8 @@ class CniRunner:
         if cni_args:
             env["CNI_ARGS"] = cni_args
         what = f"CNI plugin {kind!r} {command} for {container_id}"
-        returncode, stdout, stderr = await _run(argv, env, config.plugin_input(index, prev_result), self.timeout, what)
+        returncode, stdout, stderr = await _run(argv, env, config.plugin_input(index, prev_result, runtime_config),
+                                              self.timeout, what)
         out = stdout.decode(errors="replace").strip()
         if returncode != 0:
             raise _plugin_error(kind, command, returncode, out, stderr.decode(errors="replace").strip())

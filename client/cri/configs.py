@@ -236,7 +236,8 @@ class DnsConfig:
 
 @dataclass(frozen=True)
 class PortMapping:
-    """One entry of ``port_mappings`` (recorded; this runtime ships no portmap plugin)."""
+    """One entry of ``port_mappings``; those with a host port go to CNI plugins that declare the
+    ``portMappings`` capability (portmap), as containerd passes them."""
 
     container_port: int
     protocol: str = "TCP"
@@ -350,6 +351,14 @@ class PodSandboxConfig:
             "annotations": dict(self.annotations),
             "linux": linux,
         })
+
+    def cni_runtime_config(self) -> dict[str, Any]:
+        """CNI's ``runtimeConfig`` for this pod: ``portMappings`` of the mappings with a host port
+        (containerd's toCNIPortMappings; one without is only informational), for plugins that
+        declare the capability (portmap)."""
+        mappings = [{"hostPort": p.host_port, "containerPort": p.container_port, "protocol": p.protocol.lower(),
+                     "hostIP": p.host_ip} for p in self.port_mappings if p.host_port > 0]
+        return {"portMappings": mappings} if mappings else {}
 
     def to_shim_options(self) -> dict[str, Any]:
         """The ``options`` map of the shim's CreateSandbox (protocol.md, "Sandbox options").

@@ -236,7 +236,7 @@ class PodService:
         failpoint("run:after-start")
         ip, extra, raw = "", (), None
         if not cfg.host_network and self.cni is not None:
-            result = await self.cni.add(pod_id, netns)
+            result = await self.cni.add(pod_id, netns, runtime_config=cfg.cni_runtime_config())
             ip, extra = primary_ip(result)
             raw = result.raw
         self.store.update(pod_id, cni_result=raw)
@@ -268,10 +268,12 @@ class PodService:
         self.store.delete(record.pod_id)
 
     async def _teardown_network(self, record: PodRecord, *, strict: bool) -> None:
-        if self.cni is None or PodSandboxConfig.from_json(record.config).host_network:
+        cfg = PodSandboxConfig.from_json(record.config)
+        if self.cni is None or cfg.host_network:
             return
         try:  # a netns that is gone is fine: CNI DEL is told so (CniRunner.delete)
-            await self.cni.delete(record.pod_id, record.netns_path, prev_result=record.cni_result)
+            await self.cni.delete(record.pod_id, record.netns_path, prev_result=record.cni_result,
+                                  runtime_config=cfg.cni_runtime_config())
         except RpcError as exc:
             if strict:
                 raise
@@ -410,7 +412,8 @@ class PodService:
             info["cni_result"] = record.cni_result
             if record.state is PodState.READY:
                 try:
-                    await self.cni.check(record.pod_id, record.netns_path, prev_result=record.cni_result)
+                    await self.cni.check(record.pod_id, record.netns_path, prev_result=record.cni_result,
+                                         runtime_config=cfg.cni_runtime_config())
                     info["cni_check"] = "ok"
                 except RpcError as exc:
                     info["cni_check"] = str(exc)

@@ -254,6 +254,31 @@ async def test_plugins_get_a_clean_env_and_their_config_chained(tmp_path, fake):
     assert fake.calls() == ["ADD loopback lo", "ADD first eth0", "ADD second eth0"]
 
 
+async def test_port_mappings_go_only_to_plugins_that_declare_the_capability(tmp_path, fake):
+    fake.add("first")
+    fake.add("portmap")
+    write_conf(tmp_path / "conf", {"cniVersion": "1.0.0", "name": "testnet", "plugins": [
+        {"type": "first"}, {"type": "portmap", "capabilities": {"portMappings": True}}]})
+    runner = CniRunner(str(tmp_path / "conf"), (str(fake.bin),))
+    mappings = {"portMappings": [{"hostPort": 8080, "containerPort": 80, "protocol": "tcp", "hostIP": ""}]}
+    added = await runner.add("pod1", "/run/netns/fake", runtime_config=mappings)
+    assert fake.stdin("ADD", "portmap")["runtimeConfig"] == mappings
+    assert "runtimeConfig" not in fake.stdin("ADD", "first")
+    await runner.delete("pod1", "/run/netns/fake", "eth0", added, runtime_config=mappings)
+    assert fake.stdin("DEL", "portmap")["runtimeConfig"] == mappings
+
+
+def test_a_pods_port_mappings_with_a_host_port_are_cnis_port_mappings():
+    from client.cri.configs import PodSandboxConfig
+    cfg = PodSandboxConfig.from_json({"metadata": {"name": "p", "namespace": "n", "uid": "u"}, "port_mappings": [
+        {"container_port": 80, "host_port": 8080}, {"container_port": 53, "protocol": "UDP", "host_port": 53,
+                                                    "host_ip": "127.0.0.1"}, {"container_port": 9090}]})
+    assert cfg.cni_runtime_config() == {"portMappings": [
+        {"hostPort": 8080, "containerPort": 80, "protocol": "tcp", "hostIP": ""},
+        {"hostPort": 53, "containerPort": 53, "protocol": "udp", "hostIP": "127.0.0.1"}]}
+    assert PodSandboxConfig.from_json({"metadata": {"name": "p", "namespace": "n", "uid": "u"}}).cni_runtime_config() == {}
+
+
 async def test_delete_runs_plugins_in_reverse_with_the_add_result(tmp_path, fake):
     fake.add("first")
     fake.add("second")
