@@ -16,7 +16,7 @@ import subprocess
 import tarfile
 from dataclasses import dataclass
 
-__all__ = ["Layer", "member", "make_layer", "tree", "mount_overlay", "umount"]
+__all__ = ["Layer", "member", "make_layer", "tree", "mount_overlay", "mounted", "umount"]
 
 MTIME = 1_700_000_000
 
@@ -97,11 +97,20 @@ def tree(root: str) -> dict[str, tuple]:
 def mount_overlay(target: str, mounts: list) -> None:
     """Mount what the snapshotter's prepare returned on ``target`` (mount(8), as the shim would)."""
     for m in mounts:
-        subprocess.run(["mount", "-t", m.type, "-o", ",".join(m.options), m.source, target],
-                       check=True, capture_output=True)
+        kind = [] if m.type == "bind" else ["-t", m.type]  # mount(8) takes a bind as an option
+        subprocess.run(["mount", *kind, "-o", ",".join(m.options), m.source, target], check=True,
+                       capture_output=True)
 
 
 def umount(target: str) -> None:
-    """Unmount ``target`` if something is mounted there."""
-    if os.path.ismount(target):
+    """Unmount whatever is mounted on ``target``."""
+    while mounted(target):
         subprocess.run(["umount", target], check=True, capture_output=True)
+
+
+def mounted(target: str) -> bool:
+    """Whether something is mounted on ``target`` (a bind mount from the same file system too,
+    which os.path.ismount cannot tell)."""
+    real = os.path.realpath(target)
+    with open("/proc/self/mountinfo") as f:
+        return any(line.split()[4] == real for line in f)

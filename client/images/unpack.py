@@ -504,7 +504,8 @@ class _Writer:
         if kind != "d":
             raise BadLayer(f"layer {self.blob}: {child!r} is inside {at!r}, which is not a directory")
         for at in reversed(missing):
-            os.mkdir(self._path(at), 0o755)
+            os.mkdir(self._path(at))
+            os.chmod(self._path(at), 0o755)  # exactly, whatever the umask
             self.kinds[at] = "d"
             self.inodes += 1
 

@@ -1,0 +1,324 @@
+"""The snapshotter: committed layer chains, active overlay snapshots, read_file, gc
+(client/images/snapshots.py). The overlay tests mount for real and unmount in a finaliser."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import stat
+import subprocess
+import sys
+import threading
+
+import pytest
+from layertools import make_layer, member, mount_overlay, mounted, tree, umount
+
+from client.images import snapshots as snapshots_module
+from client.images.snapshots import Mount, Snapshotter, chain_ids
+from client.images.unpack import DigestMismatch
+from shim.rpc.status import AlreadyExists, FailedPrecondition, NotFound
+
+PASSWD1 = b"root:x:0:0:root:/root:/bin/sh\n"
+PASSWD2 = b"root:x:0:0:root:/root:/bin/ash\nuser:x:1000:1000::/home/user:/bin/sh\n"
+GROUP1 = b"root:x:0:\n"
+GROUP3 = b"root:x:0:\nusers:x:100:\n"
+
+
+@pytest.fixture
+def snapshotter(tmp_path):
+    return Snapshotter(str(tmp_path / "images" / "snapshots"))
+
+
+@pytest.fixture
+def mountpoints(tmp_path):
+    """Directories to mount on; whatever is mounted on them is unmounted after the test,
+    however it ends."""
+    made = []
+
+    def make(name="rootfs"):
+        path = tmp_path / name
+        path.mkdir()
+        made.append(str(path))
+        return str(path)
+
+    yield make
+    for path in made:
+        umount(path)
+
+
+@pytest.fixture
+def counted(monkeypatch):
+    """Counts apply_layer calls by diff_id."""
+    calls: dict[str, int] = {}
+    real = snapshots_module.apply_layer
+
+    def apply_layer(dest, blob, media_type=None, *, diff_id=None):
+        calls[diff_id] = calls.get(diff_id, 0) + 1
+        return real(dest, blob, media_type, diff_id=diff_id)
+
+    monkeypatch.setattr(snapshots_module, "apply_layer", apply_layer)
+    return calls
+
+
+def three_layers(tmp_path, compression="gzip"):
+    """A base, a layer with a whiteout, an opaque dir and hard links, and a top layer."""
+    l1 = make_layer(str(tmp_path / "l1"), [
+        member("etc", "dir"), member("etc/passwd", data=PASSWD1), member("etc/group", data=GROUP1),
+        member("etc/motd", data=b"hi"), member("etc/abs", "symlink", link="/etc/passwd"),
+        member("etc/escape", "symlink", link="../../../../../etc/group"),
+        member("var", "dir"), member("var/cache", "dir"), member("var/cache/a", data=b"a"),
+        member("var/cache/b", data=b"b"), member("opt", "dir"), member("opt/keep", data=b"k"),
+        member("usr", "dir"), member("usr/lib", "dir"), member("usr/lib/libc.so", data=b"libc", mode=0o755),
+        member("lib", "symlink", link="usr/lib"), member("srv", "dir"), member("srv/dir", "dir"),
+        member("srv/dir/x", data=b"x"),
+    ], compression)
+    l2 = make_layer(str(tmp_path / "l2"), [
+        member("etc", "dir"), member("etc/.wh.motd"), member("etc/passwd", data=PASSWD2),
+        member("var", "dir"), member("var/cache", "dir"), member("var/cache/.wh..wh..opq"),
+        member("var/cache/c", data=b"c"), member("opt", "dir"), member("opt/new", data=b"n"),
+        member("bin", "dir"), member("bin/sh", data=b"busybox", mode=0o755), member("sbin", "dir"),
+        member("sbin/init", "hardlink", link="bin/sh", mode=0o755),
+    ], compression)
+    l3 = make_layer(str(tmp_path / "l3"), [
+        member("etc/group", data=GROUP3), member("opt/.wh.keep"), member("var/cache/d", data=b"d"),
+        member("srv/dir", data=b"a file now"),
+    ], compression)
+    return [(layer.diff_id, layer.path, layer.media_type) for layer in (l1, l2, l3)]
+
+
+MERGED = {
+    "etc/passwd": PASSWD2, "etc/group": GROUP3, "var/cache/c": b"c", "var/cache/d": b"d", "opt/new": b"n",
+    "usr/lib/libc.so": b"libc", "bin/sh": b"busybox", "sbin/init": b"busybox", "srv/dir": b"a file now",
+}
+MERGED_PATHS = set(MERGED) | {"etc", "etc/abs", "etc/escape", "var", "var/cache", "opt", "usr", "usr/lib", "lib",
+                              "bin", "sbin", "srv"}
+
+
+def test_chain_ids_are_containerds():
+    a, b, c = ("sha256:" + hashlib.sha256(x).hexdigest() for x in (b"a", b"b", b"c"))
+    ab = "sha256:" + hashlib.sha256(f"{a} {b}".encode()).hexdigest()
+    assert chain_ids([a, b, c]) == [a, ab, "sha256:" + hashlib.sha256(f"{ab} {c}".encode()).hexdigest()]
+    assert chain_ids([]) == []
+
+
+def test_unpack_commits_each_layer_on_its_parent(tmp_path, snapshotter):
+    layers = three_layers(tmp_path)
+    chain = chain_ids(d for d, _, _ in layers)
+    assert snapshotter.unpack(layers) == chain[2]
+    records = [snapshotter.stat(c) for c in chain]
+    assert [r.parent for r in records] == [None, chain[0], chain[1]]
+    assert [r.diff_id for r in records] == [d for d, _, _ in layers]
+    assert all(r.kind == "committed" for r in records)
+
+
+def test_images_sharing_layers_share_their_snapshots(tmp_path, snapshotter, counted):
+    layers = three_layers(tmp_path)
+    other = make_layer(str(tmp_path / "other"), [member("other", data=b"o")])
+    snapshotter.unpack(layers[:2])
+    top = snapshotter.unpack([*layers[:2], (other.diff_id, other.path, other.media_type)])
+    snapshotter.unpack(layers)
+    assert counted == {layers[0][0]: 1, layers[1][0]: 1, other.diff_id: 1, layers[2][0]: 1}
+    assert snapshotter.stat(top).parent == chain_ids(d for d, _, _ in layers)[1]
+    assert len(snapshotter.snapshots()) == 4
+
+
+def test_a_three_layer_chain_mounts_as_one_overlay_showing_the_merged_view(tmp_path, snapshotter, mountpoints):
+    layers = three_layers(tmp_path)
+    top = snapshotter.unpack(layers)
+    mounts = snapshotter.prepare("container-1", top)
+    [overlay] = mounts
+    lowers = [os.path.join(snapshotter.root, "snapshots", str(snapshotter.stat(c).snapshot_id), "fs")
+              for c in chain_ids(d for d, _, _ in layers)]
+    assert overlay.type == "overlay" and overlay.source == "overlay"
+    assert overlay.options[0] == "lowerdir=" + ":".join(reversed(lowers))
+    rootfs = mountpoints()
+    mount_overlay(rootfs, mounts)
+    merged = tree(rootfs)
+    assert set(merged) == MERGED_PATHS
+    for path, data in MERGED.items():
+        with open(os.path.join(rootfs, path), "rb") as f:
+            assert f.read() == data, path
+    assert merged["bin/sh"][:2] == (stat.S_IFREG, 0o755) and merged["usr/lib/libc.so"][1] == 0o755
+    assert os.lstat(os.path.join(rootfs, "bin/sh")).st_ino == os.lstat(os.path.join(rootfs, "sbin/init")).st_ino
+    assert os.readlink(os.path.join(rootfs, "lib")) == "usr/lib"
+    # The container writes to its own upper dir, never to the layers.
+    with open(os.path.join(rootfs, "etc/hostname"), "w") as f:
+        f.write("pod")
+    upper = overlay.options[1].removeprefix("upperdir=")
+    assert os.listdir(os.path.join(upper, "etc")) == ["hostname"]
+    assert not any(os.path.exists(os.path.join(lower, "etc/hostname")) for lower in lowers)
+
+
+def test_read_file_resolves_a_path_as_the_overlay_shows_it(tmp_path, snapshotter, mountpoints):
+    top = snapshotter.unpack(three_layers(tmp_path))
+    rootfs = mountpoints()
+    mount_overlay(rootfs, snapshotter.prepare("c", top))
+    for path in MERGED:
+        with open(os.path.join(rootfs, path), "rb") as f:
+            assert snapshotter.read_file(top, "/" + path) == f.read(), path
+    assert snapshotter.read_file(top, "/etc/motd") is None  # whited out
+    assert snapshotter.read_file(top, "/opt/keep") is None  # whited out
+    assert snapshotter.read_file(top, "/var/cache/a") is None  # below an opaque directory
+    assert snapshotter.read_file(top, "/srv/dir/x") is None  # its directory became a file
+    assert snapshotter.read_file(top, "/lib/libc.so") == b"libc"  # through a relative link
+    assert snapshotter.read_file(top, "/etc/abs") == PASSWD2  # an absolute link, inside the image
+    assert snapshotter.read_file(top, "etc/escape") == GROUP3  # '..' stops at the image's root
+    assert snapshotter.read_file(top, "/etc/passwd/x") is None
+    assert snapshotter.read_file(top, "/nonexistent/passwd") is None
+    with pytest.raises(FailedPrecondition, match="is a directory"):
+        snapshotter.read_file(top, "/etc")
+    with pytest.raises(NotFound):
+        snapshotter.read_file("sha256:" + "1" * 64, "/etc/passwd")
+
+
+def test_read_file_stops_at_a_symlink_loop(tmp_path, snapshotter):
+    layer = make_layer(str(tmp_path / "l"), [member("a", "symlink", link="b"), member("b", "symlink", link="a")])
+    top = snapshotter.unpack([(layer.diff_id, layer.path, layer.media_type)])
+    with pytest.raises(FailedPrecondition, match="too many levels of symbolic links"):
+        snapshotter.read_file(top, "/a")
+
+
+def test_a_one_layer_image_is_still_an_overlay(tmp_path, snapshotter, mountpoints):
+    layer = make_layer(str(tmp_path / "l"), [member("hello", data=b"world")])
+    top = snapshotter.unpack([(layer.diff_id, layer.path, layer.media_type)])
+    mounts = snapshotter.prepare("c", top)
+    assert [m.type for m in mounts] == ["overlay"]
+    rootfs = mountpoints()
+    mount_overlay(rootfs, mounts)
+    assert os.listdir(rootfs) == ["hello"]
+
+
+def test_the_empty_image_is_a_bind_mount_of_an_empty_directory(snapshotter, mountpoints):
+    assert snapshotter.unpack([]) == ""
+    mounts = snapshotter.prepare("c", "")
+    assert mounts == [Mount("bind", mounts[0].source, ("rw", "rbind"))]
+    rootfs = mountpoints()
+    mount_overlay(rootfs, mounts)
+    assert mounted(rootfs) and os.listdir(rootfs) == []
+
+
+def test_prepare_refuses_a_taken_key_and_an_unknown_chain(tmp_path, snapshotter):
+    snapshotter.prepare("c", "")
+    with pytest.raises(AlreadyExists):
+        snapshotter.prepare("c", "")
+    with pytest.raises(NotFound, match="does not exist"):
+        snapshotter.prepare("d", "sha256:" + "2" * 64)
+    assert [s.name for s in snapshotter.snapshots()] == ["c"]
+
+
+def test_remove_deletes_the_upper_dir_and_refuses_while_mounted(tmp_path, snapshotter, mountpoints):
+    layer = make_layer(str(tmp_path / "l"), [member("f", data=b"x")])
+    top = snapshotter.unpack([(layer.diff_id, layer.path, layer.media_type)])
+    mounts = snapshotter.prepare("c", top)
+    upper = mounts[0].options[1].removeprefix("upperdir=")
+    rootfs = mountpoints()
+    mount_overlay(rootfs, mounts)
+    with pytest.raises(FailedPrecondition, match="still mounted"):
+        snapshotter.remove("c")
+    umount(rootfs)
+    assert snapshotter.remove("c") is True
+    assert not os.path.exists(os.path.dirname(upper))
+    assert snapshotter.remove("c") is False
+    assert snapshotter.has(top)
+
+
+def test_concurrent_unpacks_of_one_chain_unpack_each_layer_once(tmp_path, snapshotter, counted):
+    layers = three_layers(tmp_path)
+    barrier = threading.Barrier(6)
+    results, errors = [], []
+
+    def pull():
+        try:
+            barrier.wait()
+            results.append(snapshotter.unpack(layers))
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=pull) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert set(results) == {chain_ids(d for d, _, _ in layers)[2]} and len(results) == 6
+    assert counted == {d: 1 for d, _, _ in layers}
+    assert len(os.listdir(os.path.join(snapshotter.root, "snapshots"))) == 3
+
+
+def test_a_failed_layer_leaves_nothing_and_the_layers_below_stay_committed(tmp_path, snapshotter):
+    layers = three_layers(tmp_path)
+    bad = (layers[1][0], layers[2][1], layers[2][2])  # layer 3's blob under layer 2's diff_id
+    with pytest.raises(DigestMismatch):
+        snapshotter.unpack([layers[0], bad, layers[2]])
+    chain = chain_ids(d for d, _, _ in layers)
+    assert snapshotter.has(chain[0]) and not snapshotter.has(chain[1]) and not snapshotter.has(chain[2])
+    assert os.listdir(os.path.join(snapshotter.root, "snapshots")) == [str(snapshotter.stat(chain[0]).snapshot_id)]
+    assert snapshotter.unpack(layers) == chain[2]
+
+
+KILLED_UNPACK = """
+import os, sys
+from client.images import snapshots
+def stuck(dest, *args, **kwargs):
+    with open(os.path.join(dest, "half"), "w") as f:
+        f.write("half a layer")
+    print("unpacking", flush=True)
+    sys.stdin.read()  # until killed
+snapshots.apply_layer = stuck
+snapshots.Snapshotter(sys.argv[1]).unpack([(sys.argv[2], sys.argv[3], None)])
+"""
+
+
+def test_what_a_killed_unpack_left_is_removed_at_start(tmp_path, snapshotter):
+    layer = make_layer(str(tmp_path / "l"), [member("f", data=b"x")])
+    proc = subprocess.Popen([sys.executable, "-c", KILLED_UNPACK, snapshotter.root, layer.diff_id, layer.path],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline() == "unpacking\n"
+        dirs = os.path.join(snapshotter.root, "snapshots")
+        [tmp] = os.listdir(dirs)
+        assert tmp.startswith("tmp-")
+        # While it runs, a new snapshotter leaves its work alone (its chain lock is held).
+        Snapshotter(snapshotter.root)
+        assert os.listdir(dirs) == [tmp]
+    finally:
+        proc.kill()
+        proc.wait()
+        proc.stdin.close()
+        proc.stdout.close()
+    os.mkdir(os.path.join(dirs, "17"))  # a snapshot made but never recorded
+    os.mkdir(os.path.join(dirs, "trash-0123"))
+    fresh = Snapshotter(snapshotter.root)
+    assert os.listdir(dirs) == []
+    assert not fresh.has(layer.diff_id)
+    assert fresh.unpack([(layer.diff_id, layer.path, layer.media_type)]) == layer.diff_id
+
+
+def test_gc_removes_what_no_image_or_container_uses(tmp_path, snapshotter):
+    layers = three_layers(tmp_path)
+    chain = chain_ids(d for d, _, _ in layers)
+    other = make_layer(str(tmp_path / "other"), [member("other", data=b"o" * 100)])
+    lone = make_layer(str(tmp_path / "lone"), [member("lone", data=b"l" * 10)])
+    image_a = snapshotter.unpack(layers)
+    image_b = snapshotter.unpack([layers[0], (other.diff_id, other.path, other.media_type)])
+    image_c = snapshotter.unpack([(lone.diff_id, lone.path, lone.media_type)])
+    snapshotter.prepare("container-of-c", image_c)
+    freed = snapshotter.gc([chain[1]])  # image A's first two layers are an image too
+    assert set(freed.removed) == {image_a, image_b}
+    assert freed.bytes == len(GROUP3) + len(b"d") + len(b"a file now") + 100
+    assert {s.name for s in snapshotter.snapshots()} == {chain[0], chain[1], image_c, "container-of-c"}
+    assert len(os.listdir(os.path.join(snapshotter.root, "snapshots"))) == 4
+    snapshotter.remove("container-of-c")
+    assert set(snapshotter.gc([]).removed) == {image_c, chain[1], chain[0]}
+    assert snapshotter.snapshots() == []
+    assert os.listdir(os.path.join(snapshotter.root, "snapshots")) == []
+
+
+def test_usage_counts_layers_and_upper_dirs(tmp_path, snapshotter):
+    layer = make_layer(str(tmp_path / "l"), [member("d", "dir"), member("d/f", data=b"x" * 1000)])
+    top = snapshotter.unpack([(layer.diff_id, layer.path, layer.media_type)])
+    assert (snapshotter.usage().bytes, snapshotter.usage().inodes) == (1000, 2)
+    upper = snapshotter.prepare("c", top)[0].options[1].removeprefix("upperdir=")
+    with open(os.path.join(upper, "new"), "wb") as f:
+        f.write(b"y" * 500)
+    assert (snapshotter.usage().bytes, snapshotter.usage().inodes) == (1500, 3)
