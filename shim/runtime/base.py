@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from shim.kernel.cgroups import SandboxCgroup
+from shim.runtime.confine import Confinement
 from shim.runtime.pause import POD, PauseProcess, PauseSpec
 from shim.rpc.processes import signal_process
 from shim.runtime.process import Process
@@ -29,7 +30,8 @@ class TaskSpec:
     """A task's process: ``args`` with ``env`` in ``cwd``, in the pause's ipc, uts and net
     namespaces and, with ``pid_mode`` POD, its pid namespace (CONTAINER: a pid namespace of its
     own). ``own_ipc``: the pod has an IPC namespace of its own (not the host's). It runs in
-    ``cgroup`` (made and recorded by the caller) with ``stdout``/``stderr`` as its own."""
+    ``cgroup`` (made and recorded by the caller) with ``stdout``/``stderr`` as its own, confined
+    to ``confinement`` (user, capabilities, no_new_privs, seccomp; protocol.md 7.3)."""
 
     task_id: str
     args: tuple[str, ...]
@@ -41,14 +43,16 @@ class TaskSpec:
     cgroup: SandboxCgroup
     stdout: int
     stderr: int
+    confinement: Confinement = Confinement()
 
 
 @dataclass(frozen=True)
 class ExecSpec:
     """A command run beside a running task (Exec): ``args`` with the task's ``env`` and ``cwd``, in
     the namespaces of the task's process ``task_pid`` (net, ipc, uts, pid, mount) and in its
-    ``cgroup``, stdin /dev/null, ``stdout``/``stderr`` as its own. ``exec_id`` is unique among
-    the task's execs."""
+    ``cgroup``, stdin /dev/null, ``stdout``/``stderr`` as its own, confined as the task is
+    (``confinement``, as runc's exec applies the container's process settings). ``exec_id`` is
+    unique among the task's execs."""
 
     task_id: str
     exec_id: str
@@ -59,6 +63,7 @@ class ExecSpec:
     cgroup: SandboxCgroup
     stdout: int
     stderr: int
+    confinement: Confinement = Confinement()
 
 
 class Runtime(abc.ABC):

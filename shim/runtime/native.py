@@ -39,7 +39,8 @@ class NativeRuntime(Runtime):
         return await self._launch(process.ProcessSpec(
             name=f"exec {spec.exec_id} in task {spec.task_id}", argv=spec.args, env=spec.env, cwd=spec.cwd,
             join=tuple((f"{ns_dir}/{name}", nstype) for name, nstype in _EXEC_JOINED),
-            procs_files=tuple(spec.cgroup.procs_files()), stdout=spec.stdout, stderr=spec.stderr))
+            procs_files=tuple(spec.cgroup.procs_files()), stdout=spec.stdout, stderr=spec.stderr,
+            confinement=spec.confinement))
 
     async def _launch(self, spec: process.ProcessSpec) -> process.Process:
         try:
@@ -77,4 +78,5 @@ def _process_spec(spec: TaskSpec) -> process.ProcessSpec:
         procs_files=tuple(spec.cgroup.procs_files()),
         stdout=spec.stdout,
         stderr=spec.stderr,
+        confinement=spec.confinement,
     )

@@ -40,6 +40,7 @@ from typing import NoReturn
 from shim.kernel import linux
 from shim.kernel.netns import is_host_netns, open_namespace
 from shim.kernel.reaper import ExitInfo, Reaper
+from shim.runtime import confine
 from shim.rpc.processes import signal_process
 from shim.rpc.status import FailedPrecondition, Internal, InvalidArgument, RpcError, error_from_oserror
 
@@ -94,7 +95,9 @@ class ProcessSpec:
     starts see them (needs ``CLONE_NEWNS`` in ``unshare_flags``). ``stdout``/``stderr`` are fds (None: /dev/null; stdin is always
     /dev/null). ``argv[0]`` is searched in the PATH of ``env`` unless it contains a "/".
     ``builtin``, when set, runs in B instead of exec with the report fd (it writes ``R\\n`` once
-    ready and never returns).
+    ready and never returns). ``confinement`` (a task's user, capabilities, no_new_privs and
+    seccomp filter, :mod:`shim.runtime.confine`) is applied last, right before exec; None leaves
+    the process as privileged as the shim.
     """
 
     name: str
@@ -112,6 +115,7 @@ class ProcessSpec:
     binds: tuple[tuple[str, str], ...] = ()
     stdout: int | None = None
     stderr: int | None = None
+    confinement: confine.Confinement | None = None
 
 
 @dataclass(frozen=True)
@@ -149,6 +153,7 @@ class _Plan:
     builtin: Callable[[int], NoReturn] | None
     stdio: tuple[int | None, int | None]
     max_fd: int
+    confine: tuple[tuple[str, Callable[[], None]], ...]  # (step, call): the last calls before exec
 
 
 async def launch(spec: ProcessSpec, reaper: Reaper,
@@ -243,6 +248,7 @@ def _plan(spec: ProcessSpec) -> _Plan:
         builtin=spec.builtin,
         stdio=(None, None),
         max_fd=os.sysconf("SC_OPEN_MAX"),
+        confine=confine.steps(spec.confinement),
     )
 
 
@@ -540,6 +546,8 @@ def _child_b(plan: _Plan, write_fd: int) -> NoReturn:
         for sig in _ignored_signals():
             signal.signal(sig, signal.SIG_DFL)
         linux.set_signal_mask(b"")
+        for step, call in plan.confine:
+            call()
         kind = b"X"
         step = f"exec {plan.argv[0]}"
         os.execvpe(plan.argv[0], list(plan.argv), plan.env)

@@ -13,6 +13,7 @@ from shim.rpc.identifiers import validate_labels
 from shim.rpc.messages import optional, require
 from shim.rpc.server import CallContext, Server
 from shim.rpc.status import InvalidArgument
+from shim.runtime import confine
 from shim.runtime.base import CONTAINER
 from shim.sandbox.service import request_sandbox_id
 
@@ -61,6 +62,7 @@ class TaskService:
             log_path=require(p, "log_path", str),
             pid_mode=CONTAINER if pid_mode is None else namespace_mode(pid_mode, "pid_mode", ("POD", "CONTAINER")),
             labels=labels,
+            confinement=confine.from_request(p),
         )
         return {}
 

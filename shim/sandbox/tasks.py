@@ -31,6 +31,7 @@ from shim.kernel.netns import NamespaceNotFound
 from shim.kernel.reaper import ExitInfo
 from shim.runtime import execsync, process
 from shim.runtime.base import CONTAINER, POD, ExecSpec, TaskSpec
+from shim.runtime.confine import Confinement
 from shim.runtime.crilog import LOG_DIR_MODE, CriLog, check_log_path
 from shim.runtime.pause import PauseProcess
 from shim.rpc.files import ensure_private_dir
@@ -111,7 +112,7 @@ class Task:
     """One task: what Create asked for, and what Start made. Changed only through :class:`TaskSet`."""
 
     def __init__(self, task_id: str, *, args: list[str], env: dict[str, str], cwd: str, log_path: str,
-                 pid_mode: str, labels: dict[str, str]):
+                 pid_mode: str, labels: dict[str, str], confinement: Confinement | None = None):
         self.task_id = task_id
         self.args = args
         self.env = env
@@ -119,6 +120,7 @@ class Task:
         self.log_path = log_path
         self.pid_mode = pid_mode
         self.labels = labels
+        self.confinement = confinement or Confinement()
         self.status = T.CREATED
         self.created_at = time.time_ns()
         self.started_at = 0
@@ -208,7 +210,7 @@ class TaskSet:
     # -- operations -----------------------------------------------------------------------
     async def create(self, sandbox_id: str, task_id: str, *, args: list[str], env: list[str] | None = None,
                      cwd: str | None = None, log_path: str, pid_mode: str = CONTAINER,
-                     labels: dict[str, str] | None = None) -> Task:
+                     labels: dict[str, str] | None = None, confinement: Confinement | None = None) -> Task:
         """Create: check the request and record the task; its log's directories are made (0755).
 
         Raises InvalidArgument, AlreadyExists, FailedPrecondition (the sandbox is not running).
@@ -237,7 +239,7 @@ class TaskSet:
         except OSError as exc:
             raise FailedPrecondition(f"cannot use log file {log_path}: {exc.strerror}") from None
         task = Task(task_id, args=list(args), env=environment, cwd=cwd, log_path=log_path, pid_mode=pid_mode,
-                    labels=dict(labels or {}))
+                    labels=dict(labels or {}), confinement=confinement)
         self._tasks[task_id] = task
         self._persist()
         log.info("task %s created: %s (pid mode %s)", task_id, args, pid_mode)
@@ -269,7 +271,7 @@ class TaskSet:
                     task.process = await runtime.start_task(TaskSpec(
                         task_id, args=tuple(task.args), env=task.env, cwd=task.cwd, pid_mode=task.pid_mode,
                         pause_pid=pause.pid, own_ipc=self.sandbox.options.ipc_mode == POD, cgroup=task.cgroup,
-                        stdout=crilog.stdout_fd, stderr=crilog.stderr_fd))
+                        stdout=crilog.stdout_fd, stderr=crilog.stderr_fd, confinement=task.confinement))
                 except BaseException:
                     crilog.close()
                     raise
@@ -357,7 +359,7 @@ class TaskSet:
 
         def start(output: execsync.ExecOutput) -> Any:
             return runtime.exec_process(ExecSpec(task_id, exec_id, tuple(args), task.env, task.cwd, p.pid, cgroup,
-                                                 output.stdout_fd, output.stderr_fd))
+                                                 output.stdout_fd, output.stderr_fd, task.confinement))
 
         try:
             result = await execsync.run(start, cgroup, timeout=timeout_secs or None, name=name)

@@ -114,7 +114,7 @@ class OciBackend(Runtime):
         ensure_private_dir(rootfs, _TASK_ROOTFS_MODE)
         doc = task_spec(sandbox_id=self.sandbox_id, args=list(spec.args), env=spec.env, cwd=spec.cwd, rootfs=rootfs,
                         pause_pid=spec.pause_pid, pid_mode=spec.pid_mode, own_ipc=spec.own_ipc,
-                        cgroups_path=self._cgroups_path(spec.cgroup))
+                        cgroups_path=self._cgroups_path(spec.cgroup), confinement=spec.confinement)
         pid, start_time, exit_future = await self._launch(container, doc, spec.cgroup, stdout=spec.stdout,
                                                           stderr=spec.stderr, binds=(("/", rootfs),))
         return process.Process(pid, start_time, process.started_at_ns(exit_future), exit_future)

@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from shim.runtime import pause, process
+from shim.runtime.confine import DEFAULT_CAPABILITIES, Confinement
 from shim.rpc.status import InvalidArgument
 
 __all__ = ["DEFAULT_CAPABILITIES", "MASKED_PATHS", "OCI_VERSION", "PAUSE_ARGS", "PAUSE_NAME", "READONLY_PATHS",
@@ -18,12 +19,6 @@ __all__ = ["DEFAULT_CAPABILITIES", "MASKED_PATHS", "OCI_VERSION", "PAUSE_ARGS", 
 OCI_VERSION = "1.0.2"
 PAUSE_ARGS = ("/pause", "-P")  # catatonit's pause mode, from the pause rootfs
 PAUSE_NAME = "pause"  # the pause's command name once exec'd (/proc/PID/status Name)
-#: containerd's default capabilities for a container (Docker's list).
-DEFAULT_CAPABILITIES = (
-    "CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FSETID", "CAP_FOWNER", "CAP_MKNOD", "CAP_NET_RAW", "CAP_SETGID",
-    "CAP_SETUID", "CAP_SETFCAP", "CAP_SETPCAP", "CAP_NET_BIND_SERVICE", "CAP_SYS_CHROOT", "CAP_KILL",
-    "CAP_AUDIT_WRITE",
-)
 #: runc's default masked and read-only paths (`runc spec`).
 MASKED_PATHS = (
     "/proc/acpi", "/proc/asound", "/proc/kcore", "/proc/keys", "/proc/latency_stats", "/proc/timer_list",
@@ -60,10 +55,13 @@ def _mounts(*, own_ipc: bool, shm_size_bytes: int) -> list[dict[str, Any]]:
 
 def _document(container_type: str, sandbox_id: str, process_doc: dict[str, Any], rootfs: str,
               mounts: list[dict[str, Any]], namespaces: list[dict[str, str]], cgroups_path: str | None,
-              sysctls: Mapping[str, str] | None = None) -> dict[str, Any]:
+              sysctls: Mapping[str, str] | None = None,
+              seccomp: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """A config.json: a read-only root, runc's masked and read-only paths, CRI's annotations."""
     linux_doc: dict[str, Any] = {"namespaces": namespaces, "maskedPaths": list(MASKED_PATHS),
                                  "readonlyPaths": list(READONLY_PATHS)}
+    if seccomp is not None:
+        linux_doc["seccomp"] = dict(seccomp)
     if sysctls:
         linux_doc["sysctl"] = dict(sysctls)
     if cgroups_path:
@@ -79,17 +77,22 @@ def _document(container_type: str, sandbox_id: str, process_doc: dict[str, Any],
     }
 
 
-def _process(args: list[str], env: list[str], cwd: str, *, no_new_privileges: bool,
+def _process(args: list[str], env: list[str], cwd: str, *, confinement: Confinement,
              oom_score_adj: int | None) -> dict[str, Any]:
-    caps = list(DEFAULT_CAPABILITIES)
+    """process: the confinement's user, capabilities (bounding, effective, permitted; no
+    inheritable or ambient, as containerd) and noNewPrivileges."""
+    caps = list(confinement.capabilities)
+    user: dict[str, Any] = {"uid": confinement.uid, "gid": confinement.gid}
+    if confinement.additional_gids:
+        user["additionalGids"] = list(confinement.additional_gids)
     doc: dict[str, Any] = {
         "terminal": False,
-        "user": {"uid": 0, "gid": 0},
+        "user": user,
         "args": list(args),
         "env": list(env),
         "cwd": cwd,
-        "capabilities": {"bounding": caps, "effective": caps, "permitted": caps},
-        "noNewPrivileges": no_new_privileges,
+        "capabilities": {"bounding": caps, "effective": list(caps), "permitted": list(caps)},
+        "noNewPrivileges": confinement.no_new_privileges,
     }
     if oom_score_adj is not None:
         doc["oomScoreAdj"] = oom_score_adj
@@ -123,8 +126,8 @@ def sandbox_spec(*, sandbox_id: str, rootfs: str, netns_path: str | None, pid_mo
     if not host_network:
         namespaces += [_namespace("uts"), _namespace("network", netns_path)]
     doc = _document("sandbox", sandbox_id,
-                    _process(list(PAUSE_ARGS), [f"PATH={process.DEFAULT_PATH}"], "/", no_new_privileges=True,
-                             oom_score_adj=oom_score_adj),
+                    _process(list(PAUSE_ARGS), [f"PATH={process.DEFAULT_PATH}"], "/",
+                             confinement=Confinement(no_new_privileges=True), oom_score_adj=oom_score_adj),
                     rootfs, _mounts(own_ipc=ipc_mode == pause.POD, shm_size_bytes=shm_size_bytes), namespaces,
                     cgroups_path, sysctls)
     if hostname and not host_network:
@@ -134,15 +137,18 @@ def sandbox_spec(*, sandbox_id: str, rootfs: str, netns_path: str | None, pid_mo
 
 def task_spec(*, sandbox_id: str, args: list[str], env: Mapping[str, str], cwd: str, rootfs: str, pause_pid: int,
               pid_mode: str, own_ipc: bool, cgroups_path: str | None = None,
-              shm_size_bytes: int = pause.DEFAULT_SHM_SIZE_BYTES) -> dict[str, Any]:
+              shm_size_bytes: int = pause.DEFAULT_SHM_SIZE_BYTES,
+              confinement: Confinement = Confinement()) -> dict[str, Any]:
     """A task's config.json: ``args`` in the pause's network, ipc and uts namespaces (by path), its own
     mount namespace on a read-only ``rootfs``, and the pause's pid namespace (``pid_mode`` POD) or a
-    new one (CONTAINER)."""
+    new one (CONTAINER); its process confined as ``confinement`` says (user, capabilities,
+    noNewPrivileges, ``linux.seccomp`` as given)."""
     ns_dir = f"/proc/{pause_pid}/ns"
     namespaces = [_namespace("mount"), _namespace("network", f"{ns_dir}/net"), _namespace("ipc", f"{ns_dir}/ipc"),
                   _namespace("uts", f"{ns_dir}/uts"),
                   _namespace("pid", f"{ns_dir}/pid" if pid_mode == pause.POD else None)]
     return _document("container", sandbox_id,
-                     _process(args, [f"{k}={v}" for k, v in env.items()], cwd, no_new_privileges=False,
+                     _process(args, [f"{k}={v}" for k, v in env.items()], cwd, confinement=confinement,
                               oom_score_adj=None),
-                     rootfs, _mounts(own_ipc=own_ipc, shm_size_bytes=shm_size_bytes), namespaces, cgroups_path)
+                     rootfs, _mounts(own_ipc=own_ipc, shm_size_bytes=shm_size_bytes), namespaces, cgroups_path,
+                     seccomp=confinement.seccomp)

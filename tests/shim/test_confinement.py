@@ -1,0 +1,215 @@
+"""Task.Create's process confinement (protocol.md 7.3: ``user``, ``capabilities``,
+``no_new_privileges``, ``seccomp``), applied by every runtime handler and checked in the
+kernel's own words: /proc/PID/status, and what a probe in the task may or may not do."""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+
+import pytest
+
+from shim.kernel import capabilities as caps
+from shim.kernel import seccomp
+from shim.rpc import InvalidArgument
+from shim.rpc.api import TASK_SERVICE
+from shim.runtime import confine
+from shimtools import host_untouched  # noqa: F401  (autouse: what this module's shims made is checked at the end)
+from shimtools import WAIT, Shim, ShimLauncher
+
+BUSYBOX = "/bin/busybox"
+DEFAULT_MASK = caps.mask(confine.DEFAULT_CAPABILITIES)
+
+
+def handler_installed(name: str) -> str:
+    if name != "native" and shutil.which(name, path=os.environ.get("PATH", "") + ":/usr/sbin:/usr/bin") is None:
+        pytest.skip(f"{name} is not installed")
+    return name
+
+
+@pytest.fixture(params=["native", "runc", "crun"])
+def handler(request) -> str:
+    return handler_installed(request.param)
+
+
+@pytest.fixture(params=["runc", "crun"])
+def oci_handler(request) -> str:
+    return handler_installed(request.param)
+
+
+class Pod:
+    """A running sandbox and its tasks' log files."""
+
+    def __init__(self, shim: Shim, log_dir: str):
+        self.shim = shim
+        self.log_dir = log_dir
+
+    async def call(self, method: str, **fields):
+        return await self.shim.client.call(TASK_SERVICE, method, {"sandbox_id": self.shim.sandbox_id, **fields},
+                                           timeout=WAIT)
+
+    async def create(self, task_id: str, *args: str, **fields) -> None:
+        await self.call("Create", task_id=task_id, args=list(args), log_path=self.log_path(task_id), **fields)
+
+    async def start(self, task_id: str, *args: str, **fields) -> int:
+        await self.create(task_id, *args, **fields)
+        return (await self.call("Start", task_id=task_id))["pid"]
+
+    async def output(self, task_id: str, script: str, **fields) -> list[str]:
+        """Run ``busybox sh -c script`` to its end; its stdout and stderr lines."""
+        await self.start(task_id, BUSYBOX, "sh", "-c", script, **fields)
+        await self.call("Wait", task_id=task_id)
+        with open(self.log_path(task_id)) as f:
+            return [line.rstrip("\n").split(" ", 3)[3] for line in f]
+
+    def log_path(self, task_id: str) -> str:
+        return os.path.join(self.log_dir, f"{task_id}.log")
+
+
+@pytest.fixture
+async def pod(shims: ShimLauncher, handler: str, tmp_path) -> Pod:
+    shim = await shims.start()
+    await shim.run_sandbox(options={"runtime_handler": handler})
+    return Pod(shim, str(tmp_path))
+
+
+@pytest.fixture
+async def oci_pod(shims: ShimLauncher, oci_handler: str, tmp_path) -> Pod:
+    shim = await shims.start()
+    await shim.run_sandbox(options={"runtime_handler": oci_handler})
+    return Pod(shim, str(tmp_path))
+
+
+async def status(pod: Pod, **fields) -> dict[str, str]:
+    """/proc/PID/status of a task that prints its own (``busybox cat`` is the task's process:
+    read after its exit, so an OCI runtime's init that has not exec'd yet is never read)."""
+    lines = await pod.output("status", "exec cat /proc/self/status", **fields)
+    return dict(line.split(":\t", 1) for line in lines if ":\t" in line)
+
+
+def cap_field(fields: dict[str, str], name: str) -> int:
+    return int(fields[name], 16)
+
+
+# -- /proc/PID/status for each setting --------------------------------------------------------
+
+
+async def test_a_task_without_the_fields_gets_the_default_capabilities_as_root(pod):
+    fields = await status(pod)
+    for name in ("CapEff", "CapPrm", "CapBnd"):
+        assert cap_field(fields, name) == DEFAULT_MASK, (name, caps.names(cap_field(fields, name)))
+    assert cap_field(fields, "CapInh") == 0 and cap_field(fields, "CapAmb") == 0
+    assert fields["Uid"].split() == ["0"] * 4 and fields["Gid"].split() == ["0"] * 4
+    assert fields["NoNewPrivs"] == "0" and fields["Seccomp"] == "0"
+
+
+async def test_capabilities_set_bounding_effective_and_permitted(pod):
+    wanted = ["CAP_NET_ADMIN", "CAP_SYS_ADMIN", "CAP_KILL"]
+    fields = await status(pod, capabilities=wanted)
+    for name in ("CapEff", "CapPrm", "CapBnd"):
+        assert cap_field(fields, name) == caps.mask(wanted), name
+
+
+async def test_an_empty_capability_list_leaves_none(pod):
+    fields = await status(pod, capabilities=[])
+    assert [cap_field(fields, n) for n in ("CapEff", "CapPrm", "CapBnd", "CapInh", "CapAmb")] == [0] * 5
+
+
+async def test_user_sets_uids_gids_and_groups_and_a_non_root_user_keeps_only_the_bounding_set(pod):
+    user = {"uid": 1000, "gid": 2000, "additional_gids": [3000, 3001]}
+    fields = await status(pod, user=user)
+    assert fields["Uid"].split() == ["1000"] * 4
+    assert fields["Gid"].split() == ["2000"] * 4
+    assert fields["Groups"].split() == ["3000", "3001"]
+    # As with containerd: no ambient capabilities, so a non-root process execs with none.
+    assert cap_field(fields, "CapEff") == 0 and cap_field(fields, "CapPrm") == 0
+    assert cap_field(fields, "CapBnd") == DEFAULT_MASK
+
+
+async def test_no_new_privileges_is_set(pod):
+    fields = await status(pod, no_new_privileges=True)
+    assert fields["NoNewPrivs"] == "1"
+
+
+@pytest.mark.parametrize("no_new_privileges", [True, False])
+async def test_a_seccomp_profile_filters_the_task(pod, no_new_privileges):
+    profile = {"defaultAction": "SCMP_ACT_ALLOW", "architectures": ["SCMP_ARCH_X86_64", "SCMP_ARCH_X86"],
+               "syscalls": [{"names": ["mkdir", "mkdirat"], "action": "SCMP_ACT_ERRNO"}]}
+    fields = await status(pod, seccomp=profile, no_new_privileges=no_new_privileges, user={"uid": 1000, "gid": 1000})
+    assert fields["Seccomp"] == "2" and fields["NoNewPrivs"] == str(int(no_new_privileges))
+    lines = await pod.output("probe", "mkdir /dev/shm/probe; echo rc=$?", seccomp=profile,
+                             no_new_privileges=no_new_privileges)
+    assert "rc=1" in lines and any("Operation not permitted" in line for line in lines), lines
+    lines = await pod.output("control", "mkdir /dev/shm/control && echo rc=$?")
+    assert lines == ["rc=0"]
+
+
+async def test_a_seccomp_rule_with_errno_ret_and_argument_comparisons(pod):
+    # kill(pid, 0) is denied with ENOSYS; kill(pid, SIGCONT) is not.
+    profile = {"defaultAction": "SCMP_ACT_ALLOW",
+               "syscalls": [{"names": ["kill"], "action": "SCMP_ACT_ERRNO", "errnoRet": errno.ENOSYS,
+                             "args": [{"index": 1, "value": 0, "op": "SCMP_CMP_EQ"}]}]}
+    lines = await pod.output("probe", "kill -0 $$; echo zero=$?; kill -CONT $$; echo cont=$?",
+                             seccomp=profile, no_new_privileges=True)
+    assert "zero=1" in lines and "cont=0" in lines, lines
+    assert any("Function not implemented" in line for line in lines), lines
+
+
+# -- what an unprivileged task cannot do ------------------------------------------------------
+
+
+async def test_a_task_with_the_default_capabilities_cannot_mount_or_unload_modules(pod):
+    lines = await pod.output("probe", "mount -t tmpfs none /dev/shm; echo mount=$?; "
+                                      "rmmod podshim_no_such_module; echo rmmod=$?; grep CapBnd /proc/self/status")
+    assert "mount=1" in lines and "rmmod=1" in lines, lines
+    assert any(line.startswith("mount: permission denied") for line in lines), lines
+    # (this kernel may have no module support at all: rmmod then fails with ENOSYS, not EPERM)
+    bounding = int(next(line for line in lines if line.startswith("CapBnd:")).split()[1], 16)
+    assert not bounding & caps.mask(["CAP_SYS_MODULE", "CAP_SYS_ADMIN"])
+
+
+async def test_an_oci_task_cannot_write_proc_sys(oci_pod):
+    with open("/proc/sys/vm/overcommit_ratio") as f:
+        value = f.read().strip()
+    lines = await oci_pod.output("probe", f"echo {value} > /proc/sys/vm/overcommit_ratio; echo rc=$?")
+    assert lines[-1] != "rc=0", lines
+
+
+# -- Create refuses what cannot be applied ----------------------------------------------------
+
+
+@pytest.mark.parametrize(("fields", "words"), [
+    ({"capabilities": ["CAP_NO_SUCH"]}, "CAP_NO_SUCH"),
+    ({"capabilities": "CAP_KILL"}, "'capabilities'"),
+    ({"user": {"uid": -1}}, "'user.uid'"),
+    ({"user": {"uid": 0, "name": "root"}}, "'user.name'"),
+    ({"user": {"additional_gids": ["wheel"]}}, "'user.additional_gids'"),
+    ({"no_new_privileges": 1}, "'no_new_privileges'"),
+    ({"seccomp": {"defaultAction": "SCMP_ACT_PANIC"}}, "defaultAction"),
+    ({"seccomp": {"defaultAction": "SCMP_ACT_ALLOW", "syscalls": [{"names": ["mkdir"], "action": "SCMP_ACT_NOTIFY"}]}},
+     "SCMP_ACT_NOTIFY"),
+    ({"seccomp": {"defaultAction": "SCMP_ACT_ALLOW",
+                  "syscalls": [{"names": ["mkdir"], "action": "SCMP_ACT_ERRNO",
+                                "args": [{"index": 6, "value": 1, "op": "SCMP_CMP_EQ"}]}]}}, r"args\[0\]\.index"),
+    ({"seccomp": {"defaultAction": "SCMP_ACT_ALLOW", "architectures": ["SCMP_ARCH_VAX"]}}, "SCMP_ARCH_VAX"),
+])
+async def test_create_refuses_a_field_it_cannot_apply_naming_it(pod, fields, words):
+    with pytest.raises(InvalidArgument, match=words):
+        await pod.create("app", BUSYBOX, "true", **fields)
+
+
+def test_a_capability_the_shim_does_not_hold_is_refused():
+    missing = caps.mask(list(caps.CAPABILITIES)) & ~caps.current("CapPrm") & ((1 << (caps.last_cap() + 1)) - 1)
+    if not missing:
+        pytest.skip("this machine's bounding set has every capability")
+    name = caps.names(missing)[0]
+    with pytest.raises(InvalidArgument, match=name):
+        confine.from_request({"capabilities": [name]})
+
+
+def test_unknown_syscall_names_are_skipped_as_runc_does():
+    profile = {"defaultAction": "SCMP_ACT_ERRNO",
+               "syscalls": [{"names": ["read", "podshim_no_such_syscall"], "action": "SCMP_ACT_ALLOW"}]}
+    seccomp.validate(profile)
+    assert len(seccomp.compile_profile(profile)) % 8 == 0
