@@ -55,7 +55,7 @@ from client.cri.logcontext import about
 from client.cri.mounts import container_mounts
 from client.cri.podfiles import PodFiles, remove_pod_files, write_pod_files
 from client.cri.process import container_process
-from client.cri.rootfs import ContainerImage, ImageLookup, NoImages, Snapshotter, call
+from client.cri.rootfs import ContainerImage, ImageLookup, NoImages, Snapshotter, call, mount_dicts
 from client.cri.resources import shim_resources
 from client.cri.store import ContainerRecord, ContainerState, PodRecord, PodState, PodStore
 
@@ -542,7 +542,7 @@ class PodService:
         filesystem, read-only). NotFound when the store does not have it."""
         if not cfg.image:
             return None
-        return await call(self.images.container_image(cfg.image))
+        return await call(self.images.container_image, cfg.image)
 
     def _pod_files(self, pod_id: str) -> dict[str, str]:
         """Container path → node path of the pod's hosts, resolv.conf and hostname; {} for a pod
@@ -558,7 +558,7 @@ class PodService:
         if self.snapshots is None:
             raise FailedPrecondition(f"image {image.name!r} is there but this runtime has no snapshotter to make "
                                      "a container's root filesystem from it")
-        return list(await call(self.snapshots.prepare(container_id, image.chain_id)))
+        return mount_dicts(await call(self.snapshots.prepare, container_id, image.chain_id))
 
     async def _remove_rootfs(self, pod_id: str, container_id: str) -> None:
         """Remove a container's snapshot (none, or gone already: no error). A failure is logged,
@@ -567,7 +567,7 @@ class PodService:
         if self.snapshots is None:
             return
         try:
-            await call(self.snapshots.remove(container_id))
+            await call(self.snapshots.remove, container_id)
         except Exception as exc:  # noqa: BLE001 (logged; recovery sweeps it)
             log.warning("pod %s: removing the root filesystem of container %s failed: %s", pod_id, container_id, exc)
 

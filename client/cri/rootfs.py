@@ -8,13 +8,16 @@ what they have; :class:`NoImages` is the answer of a pod service without an imag
 from __future__ import annotations
 
 import inspect
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from shim.rpc.status import NotFound
+import anyio
 
-__all__ = ["ContainerImage", "ImageLookup", "NoImages", "Snapshotter", "call", "image_not_found"]
+from shim.rpc.status import FailedPrecondition, NotFound
+
+__all__ = ["ContainerImage", "ImageLookup", "NoImages", "Snapshotter", "StoreImages", "call", "image_not_found",
+           "mount_dicts"]
 
 
 @dataclass(frozen=True)
@@ -35,19 +38,23 @@ class ContainerImage:
 class ImageLookup(Protocol):
     def container_image(self, reference: str) -> Any:
         """The :class:`ContainerImage` of ``reference`` (an id, a tag, a digest reference, or a
-        unique id prefix), or an awaitable of it; NotFound when the store has no such image."""
+        unique id prefix); NotFound when the store has no such image. May be a coroutine
+        function; a plain one runs in a worker thread (:func:`call`)."""
 
 
 class Snapshotter(Protocol):
+    """client/images' snapshotter as the pod layer uses it (plain methods run in a worker thread,
+    coroutine functions are awaited: :func:`call`)."""
+
     def prepare(self, key: str, chain_id: str) -> Any:
         """A writable snapshot ``key`` on the layers ``chain_id``: its mounts (containerd's
-        mount.Mount as ``{type, source, options}``), or an awaitable of them."""
+        mount.Mount: objects with ``to_dict()`` or dicts ``{type, source, options}``)."""
 
     def remove(self, key: str) -> Any:
         """Remove snapshot ``key``; no error when it is gone."""
 
     def read_file(self, chain_id: str, path: str) -> Any:
-        """The bytes of ``path`` in the layers ``chain_id`` (FileNotFoundError when missing)."""
+        """The bytes of ``path`` in the layers ``chain_id`` (None when it is not there)."""
 
 
 class NoImages:
@@ -57,11 +64,40 @@ class NoImages:
         raise image_not_found(reference)
 
 
-async def call(result: Any) -> Any:
-    """``result``, awaited when it is awaitable: the interfaces above may be sync or async."""
-    if inspect.isawaitable(result):
-        return await result
-    return result
+async def call(method: Callable[..., Any], *args: Any) -> Any:
+    """``method(*args)``: awaited when it is a coroutine function, else run in a worker thread (the
+    snapshotter's methods do file system work that must not stall the event loop)."""
+    if inspect.iscoroutinefunction(method):
+        return await method(*args)
+    result = await anyio.to_thread.run_sync(method, *args)
+    return await result if inspect.isawaitable(result) else result
+
+
+def mount_dicts(mounts: Iterable[Any]) -> list[dict[str, Any]]:
+    """Snapshot mounts as Task.Create ``rootfs`` entries (``{type, source, options}``)."""
+    return [m.to_dict() if hasattr(m, "to_dict") else dict(m) for m in mounts]
+
+
+class StoreImages:
+    """The :class:`ImageLookup` of an image store whose ``resolve(reference)`` gives its record
+    (``image_id``, ``repo_tags``, ``repo_digests``, ``config``: the whole OCI image config,
+    ``layers``, ``chain_id``) or None (client/images' ImageStore)."""
+
+    def __init__(self, resolve: Callable[[str], Any]):
+        self._resolve = resolve
+
+    def container_image(self, reference: str) -> ContainerImage:
+        record = self._resolve(reference)
+        if record is None:
+            raise image_not_found(reference)
+        if record.layers and not record.chain_id:
+            raise FailedPrecondition(f"image {reference!r} is in the store but its layers are not unpacked: "
+                                     "pull it again")
+        config = record.config.get("config") if isinstance(record.config, Mapping) else None
+        return ContainerImage(image_id=record.image_id,
+                              name=record.repo_tags[0] if record.repo_tags else reference,
+                              image_ref=record.repo_digests[0] if record.repo_digests else record.image_id,
+                              chain_id=record.chain_id, config=config if isinstance(config, Mapping) else {})
 
 
 def image_not_found(reference: str) -> NotFound:

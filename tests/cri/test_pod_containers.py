@@ -17,7 +17,7 @@ import pytest
 
 from shim.rpc.status import FailedPrecondition, InvalidArgument, NotFound
 
-from client.cri.rootfs import ContainerImage, image_not_found
+from client.cri.rootfs import ContainerImage, StoreImages, image_not_found
 
 from podtools import container_config, pod_config, pod_service
 
@@ -199,3 +199,31 @@ async def test_container_status_shows_its_cri_mounts_not_the_pod_files(roots, tm
         assert (await pods.container_status(cid))["mounts"] == [
             {"container_path": "/data", "host_path": str(tmp_path), "readonly": True,
              "propagation": "PROPAGATION_PRIVATE"}]
+
+
+class Record:
+    """An image store record as client/images keeps it (the fields StoreImages reads)."""
+
+    def __init__(self, **fields):
+        self.__dict__.update({"repo_tags": (), "repo_digests": (), "layers": (), "chain_id": "", "config": {},
+                              **fields})
+
+
+def test_store_images_makes_a_container_image_from_a_store_record():
+    record = Record(image_id="sha256:" + "a" * 64, repo_tags=("r/app:1", "r/app:latest"),
+                    repo_digests=("r/app@sha256:" + "b" * 64,), layers=("l1",), chain_id="sha256:" + "c" * 64,
+                    config={"architecture": "amd64", "config": {"Cmd": ["sh"]}})
+    lookup = StoreImages({"app": record}.get)
+    assert lookup.container_image("app") == ContainerImage(
+        image_id=record.image_id, name="r/app:1", image_ref="r/app@sha256:" + "b" * 64, chain_id=record.chain_id,
+        config={"Cmd": ["sh"]})
+    untagged = Record(image_id="sha256:" + "d" * 64)  # no tags, digests, layers or config
+    assert StoreImages({"x": untagged}.get).container_image("x") == ContainerImage(
+        image_id=untagged.image_id, name="x", image_ref=untagged.image_id, chain_id="", config={})
+
+
+def test_store_images_refuses_a_missing_or_unpacked_image_with_a_sentence():
+    with pytest.raises(NotFound, match="image 'nope' not found: pull it first"):
+        StoreImages({}.get).container_image("nope")
+    with pytest.raises(FailedPrecondition, match="its layers are not unpacked"):
+        StoreImages({"x": Record(image_id="i", layers=("l1",))}.get).container_image("x")
