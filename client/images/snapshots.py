@@ -202,8 +202,8 @@ class Snapshotter:
         return chain[-1]
 
     def has(self, chain_id: str) -> bool:
-        """Whether the committed snapshot ``chain_id`` exists."""
-        return self._record(_COMMITTED, chain_id) is not None
+        """Whether the committed snapshot ``chain_id`` exists ("", the empty image, always does)."""
+        return not chain_id or self._record(_COMMITTED, chain_id) is not None
 
     def stat(self, name: str) -> Snapshot:
         """The record of the committed snapshot ``name`` (a chain id) or else of the active

@@ -189,7 +189,7 @@ def test_a_one_layer_image_is_still_an_overlay(tmp_path, snapshotter, mountpoint
 
 
 def test_the_empty_image_is_a_bind_mount_of_an_empty_directory(snapshotter, mountpoints):
-    assert snapshotter.unpack([]) == ""
+    assert snapshotter.unpack([]) == "" and snapshotter.has("")
     mounts = snapshotter.prepare("c", "")
     assert mounts == [Mount("bind", mounts[0].source, ("rw", "rbind"))]
     rootfs = mountpoints()
