@@ -25,6 +25,7 @@ from __future__ import annotations
 import ipaddress
 import logging
 import os
+import re
 import secrets
 import shlex
 import shutil
@@ -86,6 +87,10 @@ _TASK_STATE = {"created": ContainerState.CREATED, "running": ContainerState.RUNN
                "stopped": ContainerState.EXITED}
 #: The shim's sandbox state while the pause runs (shim.sandbox.sandbox.State.RUNNING).
 _SANDBOX_RUNNING = "running"
+
+
+#: A pod's or container's id (:func:`_new_id`); a snapshot key of this form is a container's.
+_ID = re.compile(r"[0-9a-f]{64}")
 
 
 def _new_id() -> str:
@@ -168,6 +173,26 @@ class PodService:
                 await self._refreshed(record)
             except NotFound:
                 pass  # another process removed it meanwhile
+        await self._sweep_snapshots()
+
+    async def _sweep_snapshots(self) -> None:
+        """Remove container snapshots that no container record names: what a process that died
+        between removing a container's record and its snapshot left (a record is written before
+        its snapshot is made and deleted after it is removed, so the snapshots are listed first:
+        one listed there whose record is not read after it is a leftover, never a create in
+        flight)."""
+        if self.snapshots is None or not hasattr(self.snapshots, "snapshots"):
+            return
+        try:
+            snapshots = await call(self.snapshots.snapshots)
+        except Exception as exc:  # noqa: BLE001 (recovery goes on; the next start tries again)
+            log.warning("cannot list the container snapshots: %s", exc)
+            return
+        known = {c.container_id for c in self.store.list_containers()}
+        for snapshot in snapshots:
+            if snapshot.kind == "active" and _ID.fullmatch(snapshot.name) and snapshot.name not in known:
+                log.warning("removing the snapshot of container %s, which no pod has any more", snapshot.name)
+                await self._remove_rootfs("-", snapshot.name)
 
     async def _load(self, pod_id: str) -> None:
         """Make sure this process's Controller knows the pod's sandbox. Another process may

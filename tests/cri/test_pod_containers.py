@@ -17,6 +17,7 @@ import pytest
 
 from shim.rpc.status import FailedPrecondition, InvalidArgument, NotFound
 
+from client.cri.pod import open_pod_service
 from client.cri.rootfs import ContainerImage, StoreImages, image_not_found
 
 from podtools import container_config, pod_config, pod_service
@@ -227,3 +228,24 @@ def test_store_images_refuses_a_missing_or_unpacked_image_with_a_sentence():
         StoreImages({}.get).container_image("nope")
     with pytest.raises(FailedPrecondition, match="its layers are not unpacked"):
         StoreImages({"x": Record(image_id="i", layers=("l1",))}.get).container_image("x")
+
+
+async def test_recovery_removes_container_snapshots_no_record_names_and_keeps_the_rest(roots, tmp_path):
+    from client.images.snapshots import Snapshotter
+    snapshotter = Snapshotter(str(tmp_path / "snapshots"))
+    empty = ContainerImage(image_id="sha256:" + "e" * 64, name="registry.test/empty:1", image_ref="x", chain_id="",
+                           config={"Cmd": ["true"]})
+    root, runtime_root = roots
+    async with open_pod_service(root, runtime_root, cni_conf_dir=os.path.join(root, "no-cni"), images=Images(empty),
+                                snapshots=snapshotter) as pods:  # closed without removing its pods
+        pod_id = await pods.run_pod_sandbox(pod_config())
+        kept = await pods.create_container(pod_id, {"metadata": {"name": "kept"}, "image": {"image": empty.name}})
+    orphan = "f" * 64  # a container whose record went, but a crash kept its snapshot
+    snapshotter.prepare(orphan, "")
+    snapshotter.prepare("not-a-container", "")  # someone else's: left alone
+    async with pod_service(roots, images=Images(empty), snapshots=snapshotter) as pods:
+        assert sorted(s.name for s in snapshotter.snapshots() if s.kind == "active") == sorted(
+            [kept, "not-a-container"])
+        await pods.remove_container(kept)
+    assert [s.name for s in snapshotter.snapshots() if s.kind == "active"] == ["not-a-container"]
+    snapshotter.remove("not-a-container")
