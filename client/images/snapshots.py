@@ -69,6 +69,7 @@ READ_FILE_MAX_BYTES = 16 << 20
 MAX_MOUNT_OPTIONS_BYTES = 4095
 
 _DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
+_OVERLAY_INDEX_PARAMETER = "/sys/module/overlay/parameters/index"
 _COMMITTED, _ACTIVE = "committed", "active"
 
 
@@ -303,7 +304,8 @@ class Snapshotter:
     def prepare(self, key: str, chain_id: str) -> list[Mount]:
         """Make the active snapshot ``key`` over the committed ``chain_id`` (a container's root
         file system) and return the mounts that show it: one overlay (``lowerdir`` top layer
-        first, its own ``upperdir`` and ``workdir``), or for the empty image ("" or None) a bind
+        first, its own ``upperdir`` and ``workdir``, and ``index=off`` as containerd adds it where the
+        kernel has that option), or for the empty image ("" or None) a bind
         mount of its empty upper directory.
 
         Raises InvalidArgument for an empty key, AlreadyExists when ``key`` exists, NotFound when
@@ -366,6 +368,10 @@ class Snapshotter:
             return [Mount("bind", upper, ("rw", "rbind"))]
         options = (f"lowerdir={':'.join(self._fs(p) for p in parents)}", f"upperdir={upper}",
                    f"workdir={os.path.join(os.path.dirname(upper), 'work')}")
+        if os.path.exists(_OVERLAY_INDEX_PARAMETER):
+            # As containerd: layers are shared by many overlays, and the inodes index (when a
+            # kernel turns it on by default) ties an upper dir to the lowers of its first mount.
+            options += ("index=off",)
         if len(",".join(options)) > MAX_MOUNT_OPTIONS_BYTES:
             raise FailedPrecondition(f"the image has {len(parents)} layers, more than one overlay mount's options "
                                      f"can name under {self.root}")

@@ -138,6 +138,11 @@ def test_a_three_layer_chain_mounts_as_one_overlay_showing_the_merged_view(tmp_p
     for path, data in MERGED.items():
         with open(os.path.join(rootfs, path), "rb") as f:
             assert f.read() == data, path
+    # Each path shows exactly what its top-most layer holds: type, mode, owner, mtime, content, xattrs.
+    layer_trees = [tree(lower) for lower in reversed(lowers)]
+    for path, seen in merged.items():
+        top_most = next(t[path] for t in layer_trees if path in t)
+        assert seen == top_most[:7] + (tuple(x for x in top_most[7] if not x[0].startswith("trusted.overlay.")),), path
     assert merged["bin/sh"][:2] == (stat.S_IFREG, 0o755) and merged["usr/lib/libc.so"][1] == 0o755
     assert os.lstat(os.path.join(rootfs, "bin/sh")).st_ino == os.lstat(os.path.join(rootfs, "sbin/init")).st_ino
     assert os.readlink(os.path.join(rootfs, "lib")) == "usr/lib"
