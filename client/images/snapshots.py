@@ -304,9 +304,9 @@ class Snapshotter:
     def prepare(self, key: str, chain_id: str) -> list[Mount]:
         """Make the active snapshot ``key`` over the committed ``chain_id`` (a container's root
         file system) and return the mounts that show it: one overlay (``lowerdir`` top layer
-        first, its own ``upperdir`` and ``workdir``, and ``index=off`` as containerd adds it where the
-        kernel has that option), or for the empty image ("" or None) a bind
-        mount of its empty upper directory.
+        first, its own ``upperdir`` and ``workdir``, and ``index=off`` as containerd adds it where
+        the kernel has that option), or for the empty image ("" or None) a bind mount of its empty
+        upper directory.
 
         Raises InvalidArgument for an empty key, AlreadyExists when ``key`` exists, NotFound when
         ``chain_id`` is not committed, FailedPrecondition when the image has more layers than one
@@ -366,7 +366,7 @@ class Snapshotter:
         upper = self._fs(doc)
         if not parents:
             return [Mount("bind", upper, ("rw", "rbind"))]
-        options = (f"lowerdir={':'.join(self._fs(p) for p in parents)}", f"upperdir={upper}",
+        options: tuple[str, ...] = (f"lowerdir={':'.join(self._fs(p) for p in parents)}", f"upperdir={upper}",
                    f"workdir={os.path.join(os.path.dirname(upper), 'work')}")
         if os.path.exists(_OVERLAY_INDEX_PARAMETER):
             # As containerd: layers are shared by many overlays, and the inodes index (when a
