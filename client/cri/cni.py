@@ -26,20 +26,19 @@ import logging
 import os
 import re
 import shutil
-import signal
-import subprocess
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 import anyio
-from anyio.abc import Process
 
 from shim.rpc.files import decode_json
 from shim.rpc.identifiers import validate_identifier
-from shim.rpc.status import (DeadlineExceeded, FailedPrecondition, Internal, InvalidArgument, NotFound, RpcError,
+from shim.rpc.status import (FailedPrecondition, Internal, InvalidArgument, NotFound, RpcError,
                              Unavailable)
 
 from client.cri.configs import load_json_object
+from client.processes import KILL_WAIT
+from client.processes import run as _run
 
 __all__ = [
     "DEFAULT_CONF_DIR",
@@ -66,8 +65,6 @@ DEFAULT_CONF_DIR = "/etc/cni/net.d"
 DEFAULT_BIN_DIRS = ("/usr/lib/cni", "/opt/cni/bin")
 #: How long one plugin invocation may take before it is killed.
 PLUGIN_TIMEOUT = 30.0
-#: How long to wait for a killed plugin to be reaped, and for the DELs that undo a failed ADD.
-KILL_WAIT = 5.0
 #: The only PATH a plugin sees (bridge runs iptables, for example).
 PLUGIN_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 LOOPBACK_IFNAME = "lo"
@@ -477,55 +474,3 @@ def _plugin_error(kind: str, command: str, returncode: int, out: str, err: str) 
     cls = _CNI_CODE_ERRORS.get(code, Internal)
     return cls(f"CNI plugin {kind!r} {command} failed with code {code}: {msg}" + (f" ({details})" if details else ""),
                details=[{"plugin": kind, "command": command, "code": code, "msg": msg, "details": details}])
-
-
-def _kill_group(process: Process) -> None:
-    # The plugin's pid is its group id. The group may outlive the plugin (a child still holding
-    # stdout is why we timed out), and a pid is not reused while a group of that id has members;
-    # only a group that is already empty could be a new process's, which a sequential pid
-    # allocator makes a matter of wrapping pid_max within these few milliseconds.
-    try:
-        os.killpg(process.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-
-
-async def _run(argv: list[str], env: dict[str, str], stdin: bytes, timeout: float,
-               what: str) -> tuple[int, bytes, bytes]:
-    """Run ``argv`` with ``stdin``; (exit status, stdout, stderr). Kills its process group on
-    timeout (DeadlineExceeded) or cancellation."""
-    out, err = bytearray(), bytearray()
-    finished = False
-
-    async def drain(stream: Any, buffer: bytearray) -> None:
-        async for chunk in stream:
-            buffer += chunk
-
-    try:
-        # A session of its own: on timeout the whole group goes (a plugin that is a shell script
-        # leaves its children behind if only the shell is killed).
-        process = await anyio.open_process(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                           stderr=subprocess.PIPE, env=env, start_new_session=True)
-    except OSError as exc:  # not the errno's code: a NOT_FOUND here would read as "no such pod"
-        raise Internal(f"{what}: cannot run {argv[0]!r}: {exc.strerror or exc}") from None
-    try:
-        with anyio.fail_after(timeout):
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(drain, process.stdout, out)
-                tg.start_soon(drain, process.stderr, err)
-                try:
-                    await process.stdin.send(stdin)
-                except (anyio.BrokenResourceError, anyio.ClosedResourceError):
-                    pass  # it exited without reading its config; its exit status tells why
-                await process.stdin.aclose()
-            returncode = await process.wait()
-            finished = True
-    except TimeoutError:
-        raise DeadlineExceeded(f"{what} did not finish within {timeout:g} s; it was killed") from None
-    finally:
-        if not finished:  # timed out, cancelled or failed: nothing of it may stay behind
-            _kill_group(process)
-        with anyio.CancelScope(shield=True), anyio.move_on_after(KILL_WAIT):
-            await process.aclose()
-    return returncode, bytes(out), bytes(err)
-

@@ -1,13 +1,19 @@
 """podshimd's configuration: ``/etc/podshim/config.toml``, its defaults, its validation, its flags.
 
 Every key, its type and its default is a field of :class:`Config`; the file holds any subset of them
-at top level (TOML, UTF-8)::
+at top level (TOML, UTF-8), except ``registries``, a table per registry host::
 
     state_root = "/var/lib/podshim"
     listen = "unix:///run/podshim/podshimd.sock"
     cni_bin_dirs = ["/usr/lib/cni", "/opt/cni/bin"]
     runtime_handlers = ["native", "runc"]
     template = true
+    image_pull_timeout = 900            # seconds a whole PullImage may take
+
+    [registries."docker.io"]            # per registry host (host or host:port)
+    mirrors = ["mirror.example:5000"]   # tried first, in order
+    [registries."mirror.example:5000"]
+    insecure = true                     # plain HTTP (a mirror's own entry says so for it)
 
 No file at the default path means the defaults; a path given with ``--config`` must exist. Flags
 override the file. Anything wrong is refused with a :class:`ConfigError` that names the file (or the
@@ -28,6 +34,8 @@ from typing import Any, Mapping
 from client.cri.cni import DEFAULT_BIN_DIRS as DEFAULT_CNI_BIN_DIRS
 from client.cri.cni import DEFAULT_CONF_DIR as DEFAULT_CNI_CONF_DIR
 from client.defaults import DEFAULT_RUNTIME_ROOT, DEFAULT_STATE_ROOT
+from client.images.pull import PULL_TIMEOUT, RegistryHost
+from client.images.reference import ReferenceError, parse
 from shim.runtime.pause import CATATONIT
 from shim.sandbox.options import NATIVE, RUNTIME_HANDLERS
 
@@ -61,6 +69,8 @@ class Config:
     log_level: str = "info"
     metrics_address: str = ""  # HOST:PORT; "" = no metrics endpoint
     streaming_address: str = "127.0.0.1:0"  # HOST:PORT of the exec/attach/port-forward server (0: any free port)
+    image_pull_timeout: float = PULL_TIMEOUT  # seconds a whole PullImage may take
+    registries: tuple[RegistryHost, ...] = ()  # [registries."HOST"]: mirrors, insecure (plain HTTP)
 
     @property
     def socket_path(self) -> str:
@@ -164,6 +174,12 @@ def _check(source: str, name: str, key: str, value: Any) -> Any:
         return ConfigError(source, name, reason)
 
     kind = _FIELDS[key].type
+    if key == "registries":
+        return _check_registries(refuse, value)
+    if kind == "float":
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
+            raise refuse(f"must be a number of seconds greater than 0, not {value!r}")
+        return float(value)
     if kind == "bool":
         if not isinstance(value, bool):
             raise refuse(f"must be a boolean (true or false), not {_type_name(value)}")
@@ -204,6 +220,45 @@ def _check(source: str, name: str, key: str, value: Any) -> Any:
     elif key == "streaming_address":
         _check_address(refuse, value)
     return value
+
+
+_REGISTRY_KEYS = ("mirrors", "insecure")
+
+
+def _check_registry_host(refuse, what: str, host: Any) -> str:
+    if not isinstance(host, str):
+        raise refuse(f"{what} must be a string, not {_type_name(host)}")
+    try:
+        ref = parse(f"{host}/x")
+    except ReferenceError:
+        ref = None
+    if ref is None or ref.domain != host or "/" in host:
+        raise refuse(f"{what} {host!r} is not a registry host (HOST or HOST:PORT, such as docker.io or "
+                     "127.0.0.1:5000)")
+    return host
+
+
+def _check_registries(refuse, value: Any) -> tuple[RegistryHost, ...]:
+    if not isinstance(value, dict):
+        raise refuse(f"must be a table of registry hosts ([registries.\"HOST\"]), not {_type_name(value)}")
+    hosts = []
+    for host, settings in sorted(value.items()):
+        _check_registry_host(refuse, "the key", host)
+        if not isinstance(settings, dict):
+            raise refuse(f"{host!r} must be a table (mirrors, insecure), not {_type_name(settings)}")
+        unknown = sorted(set(settings) - set(_REGISTRY_KEYS))
+        if unknown:
+            raise refuse(f"{host!r} has the unknown key {unknown[0]!r} (known: {', '.join(_REGISTRY_KEYS)})")
+        mirrors = settings.get("mirrors", [])
+        if not isinstance(mirrors, list):
+            raise refuse(f"{host!r}: mirrors must be an array of registry hosts, not {_type_name(mirrors)}")
+        for mirror in mirrors:
+            _check_registry_host(refuse, f"{host!r}: the mirror", mirror)
+        insecure = settings.get("insecure", False)
+        if not isinstance(insecure, bool):
+            raise refuse(f"{host!r}: insecure must be a boolean (true or false), not {_type_name(insecure)}")
+        hosts.append(RegistryHost(host, tuple(mirrors), insecure))
+    return tuple(hosts)
 
 
 def _check_absolute(refuse, path: str) -> None:

@@ -16,6 +16,7 @@ from collections.abc import Awaitable
 from typing import Any, TypeVar
 
 from client.cri.pod import PodService
+from client.images.service import Images
 from client.streaming.server import StreamingServer
 
 from .config import Config
@@ -71,12 +72,14 @@ class Changes:
 
 class Handlers:
     """What a handler group has: the daemon's :attr:`config`, the pod layer (:attr:`pods`),
-    :meth:`finish` for a call that changes pods, and the :attr:`streaming` server."""
+    :meth:`finish` for a call that changes pods, the :attr:`streaming` server and the node's
+    :attr:`images`."""
 
     def __init__(self, config: Config, pods: PodService, changes: Changes,
-                 streaming: StreamingServer | None = None) -> None:
+                 streaming: StreamingServer | None = None, images: Images | None = None) -> None:
         self.config = config
         self.pods = pods
+        self.images = images
         self._changes = changes
         self.streaming = streaming  # the server of Exec, Attach and PortForward URLs (RuntimeService only)
 

@@ -1,7 +1,7 @@
 """ImageService's ImageFsInfo: the usage of the filesystem images are kept on.
 
-The image store is ``<state root>/images`` (made 0700 on first use); podshim keeps no image there
-yet, so its usage is that of an empty store, measured, not assumed. The figures are what kubelet's
+The image store is ``<state root>/images`` (:mod:`client.images.service`: blobs, records,
+snapshots); its usage is measured, not assumed. The figures are what kubelet's
 image garbage collection reads: ``used_bytes`` (the store's files' allocated blocks, each inode
 once) and ``inodes_used``; ``fs_id.mountpoint`` is the store's directory, from which kubelet finds
 the filesystem's device and capacity. The walk runs in a thread: a large store never stalls the
@@ -17,6 +17,7 @@ import time
 from typing import Any
 
 from client.criapi import api_pb2
+from client.images.service import IMAGES_DIR
 from shim.rpc.files import ensure_private_dir
 from shim.rpc.status import Internal
 
@@ -25,7 +26,7 @@ from .handlers import Handlers
 __all__ = ["IMAGE_STORE_DIR", "ImageFilesystem", "usage"]
 
 #: The image store, below the state root.
-IMAGE_STORE_DIR = "images"
+IMAGE_STORE_DIR = IMAGES_DIR
 
 
 def usage(root: str) -> tuple[int, int]:

@@ -34,7 +34,9 @@ import grpc
 
 import shim
 from client.cri.pod import open_pod_service
+from client.cri.rootfs import StoreImages
 from client.criapi import api_pb2, api_pb2_grpc
+from client.images.service import Images
 from client.spawners import ExecSpawner
 from client.streaming.server import Backend, StreamingServer
 from shim.launch.notify import Notifier
@@ -45,12 +47,12 @@ from shim.rpc.status import RpcError, Unimplemented
 from . import metrics
 from .config import Config
 from .containers import Containers
-from .emptystore import EmptyImageStore
 from .errors import translated
 from .events import Events
 from .execsync import SyncExec
 from .handlers import Changes, Handlers
 from .images import ImageFilesystem
+from .imagestore import ImageStore
 from .relay import ActivationError, inherited_listener, start_relay
 from .runtime_info import KUBELET_API_VERSION, RUNTIME_API_VERSION, RUNTIME_NAME, RuntimeInfo
 from .sandboxes import Sandboxes
@@ -76,7 +78,7 @@ RELAYED_SOCKET = ".podshimd-grpc.sock"
 RUNTIME_GROUPS: tuple[type[Handlers], ...] = (RuntimeInfo, Sandboxes, Containers, Streaming, SyncExec, Upkeep,
                                                Stats, Events)
 #: The handler groups of runtime.v1.ImageService.
-IMAGE_GROUPS: tuple[type[Handlers], ...] = (EmptyImageStore, ImageFilesystem)
+IMAGE_GROUPS: tuple[type[Handlers], ...] = (ImageStore, ImageFilesystem)
 
 
 class DaemonError(Exception):
@@ -203,7 +205,9 @@ async def serve(config: Config, *, notifier: Notifier | None = None) -> None:
                 grpc_path = os.path.join(os.path.dirname(path), RELAYED_SOCKET)
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(grpc_path)
-            pods = await _open_pods(stack, config)
+            images = await _open_images(stack, config)
+            pods = await _open_pods(stack, config, images)
+            images.in_use = lambda image_id: bool(pods.image_in_use(image_id))
             streaming = await _start_streaming(stack, config, pods)
             if config.metrics_address:
                 try:
@@ -212,9 +216,9 @@ async def serve(config: Config, *, notifier: Notifier | None = None) -> None:
                     raise DaemonError(f"cannot serve metrics on {config.metrics_address}: "
                                       f"{exc.strerror or exc}") from None
             server = grpc.aio.server()
-            api_pb2_grpc.add_RuntimeServiceServicer_to_server(RuntimeService(config, pods, changes, streaming),
-                                                              server)
-            api_pb2_grpc.add_ImageServiceServicer_to_server(ImageService(config, pods, changes), server)
+            api_pb2_grpc.add_RuntimeServiceServicer_to_server(
+                RuntimeService(config, pods, changes, streaming, images), server)
+            api_pb2_grpc.add_ImageServiceServicer_to_server(ImageService(config, pods, changes, images=images), server)
             old_umask = os.umask(0o177)  # the socket is born 0600: no moment where others may connect
             try:
                 server.add_insecure_port("unix://" + grpc_path)
@@ -251,15 +255,16 @@ async def serve(config: Config, *, notifier: Notifier | None = None) -> None:
     log.info("stopped")
 
 
-async def _open_pods(stack: contextlib.AsyncExitStack, config: Config):
-    """The pod layer over the config's roots, recovered; closed (never the shims) with ``stack``."""
+async def _open_pods(stack: contextlib.AsyncExitStack, config: Config, images: Images):
+    """The pod layer over the config's roots (its containers' images from ``images``), recovered;
+    closed (never the shims) with ``stack``."""
     spawner = ExecSpawner(runtime_root=config.runtime_root, use_template=config.template)
     try:
         return await stack.enter_async_context(open_pod_service(
             config.state_root, config.runtime_root, cni_conf_dir=config.cni_conf_dir,
             cni_bin_dirs=config.cni_bin_dirs, spawner=spawner, runtime_handlers=config.runtime_handlers,
             default_runtime_handler=config.default_runtime_handler, cgroup_parent=config.cgroup_parent,
-            pause_binary=config.sandbox_binary))
+            pause_binary=config.sandbox_binary, images=StoreImages(images.store.resolve)))
     except RpcError as exc:
         raise DaemonError(f"cannot open the pods under {config.state_root}: {exc.message}") from None
 
@@ -278,6 +283,19 @@ async def _start_streaming(stack: contextlib.AsyncExitStack, config: Config, pod
     stack.push_async_callback(streaming.aclose)
     log.info("streaming (exec, attach, port-forward) on %s", streaming.base_url)
     return streaming
+
+
+async def _open_images(stack: contextlib.AsyncExitStack, config: Config) -> Images:
+    """The node's images under the config's state root (what a killed pull left is removed);
+    the pulls in flight are cancelled with ``stack``."""
+    images = Images(config.state_root, hosts=config.registries, pull_timeout=config.image_pull_timeout)
+    try:
+        await asyncio.to_thread(images.open)
+    except (OSError, RpcError) as exc:
+        reason = exc.message if isinstance(exc, RpcError) else exc.strerror or str(exc)
+        raise DaemonError(f"cannot open the image store under {config.state_root}: {reason}") from None
+    stack.push_async_callback(images.aclose)
+    return images
 
 
 def _remove_own_socket(path: str, bound: tuple[int, int]) -> None:

@@ -233,13 +233,3 @@ def test_streaming_calls_are_unimplemented_with_a_sentence(daemon, crictl, pod, 
         in attached.stderr
 
 
-def test_the_image_service_is_an_empty_store(daemon, crictl):
-    assert table(daemon.crictl(crictl, "images").stdout) == []
-    images = daemon.images()
-    status = images.ImageStatus(api_pb2.ImageStatusRequest(image=api_pb2.ImageSpec(image="busybox")))
-    assert not status.HasField("image")
-    images.RemoveImage(api_pb2.RemoveImageRequest(image=api_pb2.ImageSpec(image="busybox")))
-    pulled = daemon.crictl(crictl, "pull", "busybox", check=False)
-    assert pulled.returncode != 0
-    assert ("code = Unimplemented desc = podshimd cannot pull images yet, so not 'busybox': containers run on the "
-            "host's root filesystem and need no image") in pulled.stderr

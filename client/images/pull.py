@@ -1,0 +1,471 @@
+"""Pulling an image from a registry into the content store, with skopeo.
+
+Why skopeo (Debian's ``skopeo``, containers/image underneath, the library CRI-O pulls with): it is
+maintained, speaks the OCI distribution API as real registries do (bearer-token and basic auth,
+identity tokens, mirrors and plain-HTTP registries from a registries.conf, Docker schema 2 and OCI
+manifests, manifest lists and OCI indexes, gzip and zstd layers), and verifies every blob's digest
+as it downloads. What it cannot do for us, podshim does: it keeps the registry's own manifest bytes
+(so repo digests are the registry's), checks every blob again as it moves it into the content
+store, and never lets a failed or interrupted pull leave anything that looks complete.
+
+A pull of ``ref`` (:meth:`Puller.pull`), all in a private temporary directory under the content
+store's ingest/ (same filesystem: blobs move in with a rename):
+
+1. ``skopeo inspect --raw docker://REF``: the manifest or index the reference names now. Its sha256
+   is the repo digest; an index or manifest list is resolved to this host's platform here.
+2. ``skopeo copy docker://NAME@DIGEST dir:WORK``: that one platform's manifest, config and layers,
+   as the registry stores them (compressed), pinned to the digest step 1 saw.
+3. Every blob is verified (size and sha256) and moved into the content store; the manifests too.
+
+Blobs that are already in the store are not downloaded again: when step 1's manifest and all its
+blobs are there, step 2 is skipped. Credentials (CRI's AuthConfig) go to skopeo in an auth file
+(containers-auth.json(5), 0600 in the 0700 work directory), never on its command line, except a
+registry token, which skopeo 1.9 takes only as ``--src-registry-token``. skopeo sees only the
+registries.conf, policy and auth file made for this pull (its environment is clean: no
+``~/.docker/config.json`` or system registries.conf is read). A pull that overruns its timeout is
+killed with its process group (DeadlineExceeded); skopeo dies with podshimd (PR_SET_PDEATHSIG).
+skopeo's errors become one sentence and a status (:func:`skopeo_error`): 404 NOT_FOUND, 401
+UNAUTHENTICATED, a blob whose digest does not match DATA_LOSS naming the blob, an unreachable
+registry UNAVAILABLE.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import json
+import os
+import re
+import shutil
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from client.processes import run as run_helper
+from shim.rpc.files import decode_json, ensure_private_dir
+from shim.rpc.status import (DataLoss, DeadlineExceeded, InvalidArgument, NotFound, PermissionDenied, RpcError, Unauthenticated,
+                             Unavailable, Unknown)
+
+from .content import BlobError, ContentStore, sha256_digest
+from .reference import DEFAULT_DOMAIN, Reference, ReferenceError, check_digest
+
+__all__ = ["PULL_TIMEOUT", "SKOPEO", "MEDIA_TYPES", "AuthConfig", "RegistryHost", "Descriptor", "Manifest", "Pulled",
+           "Puller", "registries_conf", "auth_file", "skopeo_error", "select_platform", "parse_manifest",
+           "registry_host"]
+
+#: Seconds a whole pull (both skopeo runs) may take by default; config.toml's image_pull_timeout.
+PULL_TIMEOUT = 900.0
+SKOPEO = "skopeo"
+_SETPRIV = "/usr/bin/setpriv"  # util-linux: --pdeathsig, so skopeo dies with the daemon
+_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+MANIFEST_V2 = "application/vnd.docker.distribution.manifest.v2+json"
+MANIFEST_LIST_V2 = "application/vnd.docker.distribution.manifest.list.v2+json"
+OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
+OCI_INDEX = "application/vnd.oci.image.index.v1+json"
+#: The manifest types a pull accepts (schema 1 is long deprecated and refused with a sentence).
+MEDIA_TYPES = (MANIFEST_V2, OCI_MANIFEST, MANIFEST_LIST_V2, OCI_INDEX)
+_INDEXES = (MANIFEST_LIST_V2, OCI_INDEX)
+_DOCKER_HUB_ALIASES = ("index.docker.io", "registry-1.docker.io", "docker.io")
+
+
+# -- what a pull is given ------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class AuthConfig:
+    """CRI's AuthConfig: credentials for one pull. ``auth`` is base64 ``user:password``;
+    ``server_address`` (when set) is the registry they are for."""
+
+    username: str = ""
+    password: str = ""
+    auth: str = ""
+    server_address: str = ""
+    identity_token: str = ""
+    registry_token: str = ""
+
+    def __bool__(self) -> bool:
+        return any((self.username, self.password, self.auth, self.identity_token, self.registry_token))
+
+    def __repr__(self) -> str:  # never a secret in a log line or a traceback
+        return f"AuthConfig(username={self.username!r}, server_address={self.server_address!r}, ...)"
+
+
+@dataclass(frozen=True)
+class RegistryHost:
+    """config.toml's settings for one registry host (``host`` or ``host:port``): the ``mirrors``
+    tried before it, in order, and whether it speaks plain HTTP (``insecure``)."""
+
+    host: str
+    mirrors: tuple[str, ...] = ()
+    insecure: bool = False
+
+
+# -- what a pull gives -----------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Descriptor:
+    """An OCI descriptor: a blob's media type, digest and size."""
+
+    media_type: str
+    digest: str
+    size: int
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """One platform's image manifest: its config and its layers, lowest first."""
+
+    media_type: str
+    config: Descriptor
+    layers: tuple[Descriptor, ...]
+
+
+@dataclass(frozen=True)
+class Pulled:
+    """An image now in the content store: ``repo_digest`` is the digest of what the reference
+    named (an index when it was one), ``manifest_digest`` that of this platform's manifest;
+    ``blobs`` every blob of it the store holds (manifests, config, layers)."""
+
+    reference: Reference
+    repo_digest: str
+    manifest_digest: str
+    manifest: Manifest
+    config: dict[str, Any] = field(repr=False)
+    blobs: tuple[str, ...] = ()
+
+
+# -- sans-IO: what skopeo is given and what its answers mean --------------------------------------
+
+def registry_host(server_address: str) -> str:
+    """The registry host of a CRI ``server_address`` (``https://index.docker.io/v1/`` is Docker
+    Hub: ``docker.io``)."""
+    host = re.sub(r"^[a-z]+://", "", server_address.strip()).split("/", 1)[0]
+    return DEFAULT_DOMAIN if host in _DOCKER_HUB_ALIASES else host
+
+
+def registries_conf(hosts: Iterable[RegistryHost]) -> str:
+    """A registries.conf (containers-registries.conf(5), version 2) of ``hosts``: nothing is
+    searched for short names (references are normalised first), each host with its mirrors and
+    its insecure flag; a mirror is insecure when its own host entry says so."""
+    hosts = list(hosts)
+    insecure = {h.host for h in hosts if h.insecure}
+    lines = ["unqualified-search-registries = []", ""]
+    for entry in hosts:
+        lines += ["[[registry]]", f"prefix = {json.dumps(entry.host)}", f"location = {json.dumps(entry.host)}",
+                  f"insecure = {'true' if entry.insecure else 'false'}", ""]
+        for mirror in entry.mirrors:
+            lines += ["[[registry.mirror]]", f"location = {json.dumps(mirror)}",
+                      f"insecure = {'true' if mirror in insecure else 'false'}", ""]
+    return "\n".join(lines)
+
+
+def auth_file(ref: Reference, auth: AuthConfig | None, hosts: Iterable[RegistryHost] = ()) -> dict[str, Any]:
+    """The containers-auth.json document for pulling ``ref`` with ``auth``: an entry for the
+    reference's registry and its mirrors (credentials whose ``server_address`` names another
+    registry are not sent). Raises InvalidArgument for an ``auth`` that is not base64 ``user:password``."""
+    auths: dict[str, Any] = {}
+    if not auth:
+        return {"auths": auths}
+    if auth.server_address and registry_host(auth.server_address) != ref.domain:
+        return {"auths": auths}
+    username, password = auth.username, auth.password
+    if auth.auth:
+        try:
+            decoded = base64.b64decode(auth.auth, validate=True).decode()
+        except (binascii.Error, UnicodeDecodeError):
+            raise InvalidArgument("the AuthConfig's auth is not base64 'username:password'") from None
+        username, sep, password = decoded.partition(":")
+        if not sep:
+            raise InvalidArgument("the AuthConfig's auth is not base64 'username:password' (no ':')")
+    entry: dict[str, str] = {}
+    if auth.identity_token:
+        # containers/image reads an identity token only beside an "auth" it can split at ':'.
+        entry = {"auth": base64.b64encode(f"{username or '<token>'}:".encode()).decode(),
+                 "identitytoken": auth.identity_token}
+    elif username or password:
+        entry = {"auth": base64.b64encode(f"{username}:{password}".encode()).decode()}
+    if entry:
+        mirrors = next((h.mirrors for h in hosts if h.host == ref.domain), ())
+        for host in (ref.domain, *mirrors):
+            auths[host] = entry
+    return {"auths": auths}
+
+
+_MESSAGE = re.compile(r'msg="((?:[^"\\]|\\.)*)"')
+_DIGEST_MISMATCH = re.compile(r"[Dd]igest did not match, expected (sha256:[0-9a-f]{64}), got (sha256:[0-9a-f]{64})")
+_BLOB = re.compile(r"blob (sha256:[0-9a-f]{64})")
+
+
+def _skopeo_message(stderr: str) -> str:
+    """The message of skopeo's fatal log line (unquoted), else its last line."""
+    found = _MESSAGE.findall(stderr)
+    if found:
+        message = found[-1].encode().decode("unicode_escape", errors="replace")
+    else:
+        lines = [line for line in stderr.strip().splitlines() if line.strip()]
+        message = lines[-1] if lines else "no error message"
+    return message.removeprefix("Error parsing image name ").strip()
+
+
+def skopeo_error(stderr: str, ref: Reference, *, credentials: bool = False) -> RpcError:
+    """The error, one sentence with a status, that skopeo's ``stderr`` reports for pulling ``ref``
+    (``credentials``: whether any were given)."""
+    message = _skopeo_message(stderr)
+    lower = message.lower()
+    host = ref.domain
+    mismatch = _DIGEST_MISMATCH.search(message)
+    if mismatch:
+        return DataLoss(f"image {ref}: blob {mismatch[1]} is corrupt or truncated: the registry sent content whose "
+                        f"digest is {mismatch[2]}")
+    if "size mismatch" in lower or "unexpected eof" in lower:
+        blob = _BLOB.search(message)
+        what = f"blob {blob[1]}" if blob else "a blob"
+        return DataLoss(f"image {ref}: {what} is truncated: {message}")
+    if "unauthorized" in lower or "authentication required" in lower or "401" in message:
+        if credentials:
+            return Unauthenticated(f"unauthorized: {host} refused the credentials given for {ref}")
+        return Unauthenticated(f"unauthorized: {host} wants credentials to pull {ref}; give credentials (CRI "
+                               "AuthConfig: username and password, an identity token or a registry token)")
+    if "denied" in lower or "403" in message:
+        return PermissionDenied(f"access denied: {host} does not let these credentials pull {ref}, or the "
+                                "repository does not exist")
+    if "manifest unknown" in lower or "name unknown" in lower or "not found" in lower or "404" in message:
+        blob = _BLOB.search(message)
+        if blob and "manifest" not in lower:
+            return NotFound(f"image {ref}: blob {blob[1]} not found in {host}: the registry lost it")
+        return NotFound(f"image {ref} not found: {host} has no such repository, tag or digest")
+    if "server gave http response to https client" in lower:
+        return Unavailable(f"cannot pull {ref}: {host} speaks plain HTTP; mark it insecure in config.toml "
+                           f"([registries.\"{host}\"] insecure = true) if that is intended")
+    if "x509" in lower or "tls" in lower or "certificate" in lower:
+        return Unavailable(f"cannot pull {ref}: the TLS connection to {host} failed: {message}")
+    if "connection refused" in lower or "no such host" in lower or "dial tcp" in lower or "timeout" in lower:
+        return Unavailable(f"cannot pull {ref}: {host} cannot be reached: {message}")
+    return Unknown(f"pulling {ref} failed: {message}")
+
+
+def select_platform(index: Mapping[str, Any], platform: Mapping[str, str], what: str) -> Descriptor:
+    """The descriptor of ``platform``'s (os, architecture, variant) manifest in an index or
+    manifest list, as containerd's platform matcher picks (a variant must match when both
+    name one). Raises NotFound naming the platforms there are."""
+    found = []
+    manifests = index.get("manifests")
+    if not isinstance(manifests, list):
+        raise DataLoss(f"{what}: the index has no list of manifests")
+    for entry in manifests:
+        p = entry.get("platform") if isinstance(entry, dict) else None
+        if not isinstance(p, dict):
+            continue
+        found.append(f"{p.get('os')}/{p.get('architecture')}" + (f"/{p['variant']}" if p.get("variant") else ""))
+        if p.get("os") != platform["os"] or p.get("architecture") != platform["architecture"]:
+            continue
+        if p.get("variant") and platform.get("variant") and p["variant"] != platform["variant"]:
+            continue
+        return _descriptor(entry, what)
+    wanted = f"{platform['os']}/{platform['architecture']}"
+    raise NotFound(f"{what} has no image for {wanted} (it has: {', '.join(found) or 'none'})")
+
+
+def _descriptor(entry: Any, what: str) -> Descriptor:
+    if not isinstance(entry, dict):
+        raise DataLoss(f"{what}: a descriptor is not an object")
+    media_type, digest, size = entry.get("mediaType", ""), entry.get("digest"), entry.get("size")
+    if not isinstance(digest, str) or not isinstance(size, int) or isinstance(size, bool) or size < 0:
+        raise DataLoss(f"{what}: a descriptor has no valid digest and size")
+    try:
+        check_digest(digest)
+    except ReferenceError as exc:
+        raise DataLoss(f"{what}: {exc}") from None
+    return Descriptor(str(media_type), digest, size)
+
+
+def parse_manifest(data: bytes, what: str) -> tuple[str, dict[str, Any]]:
+    """(media type, document) of a manifest or index. Raises DataLoss for one that is not JSON,
+    InvalidArgument for a type a pull does not take (Docker schema 1)."""
+    try:
+        doc = decode_json(data, what)
+    except ValueError as exc:
+        raise DataLoss(str(exc)) from None
+    if not isinstance(doc, dict):
+        raise DataLoss(f"{what} is not a JSON object")
+    media_type = doc.get("mediaType")
+    if not media_type:  # OCI leaves it out; which one it is shows in its fields
+        media_type = OCI_INDEX if "manifests" in doc else OCI_MANIFEST if "config" in doc else ""
+    if doc.get("schemaVersion") == 1:
+        raise InvalidArgument(f"{what} is a Docker schema 1 manifest, which podshim does not pull (it is "
+                              "deprecated; push the image again with a current tool)")
+    if media_type not in MEDIA_TYPES:
+        raise InvalidArgument(f"{what} has the media type {media_type!r}, not an image manifest or index")
+    return media_type, doc
+
+
+def image_manifest(data: bytes, what: str) -> Manifest:
+    """The :class:`Manifest` of one platform's manifest bytes. Raises DataLoss/InvalidArgument."""
+    media_type, doc = parse_manifest(data, what)
+    if media_type in _INDEXES:
+        raise DataLoss(f"{what} is an index where an image manifest was expected")
+    layers = doc.get("layers")
+    if not isinstance(layers, list):
+        raise DataLoss(f"{what} has no list of layers")
+    return Manifest(media_type, _descriptor(doc.get("config"), what), tuple(_descriptor(d, what) for d in layers))
+
+
+# -- the pull ------------------------------------------------------------------------------------
+
+def _policy() -> bytes:
+    # containerd verifies no signatures either; the host's policy.json is not ours to follow.
+    return json.dumps({"default": [{"type": "insecureAcceptAnything"}]}).encode()
+
+
+@dataclass(frozen=True)
+class _Session:
+    """One pull's skopeo command line start, environment and auth file."""
+
+    ref: Reference
+    auth: AuthConfig | None
+    argv: list[str]
+    env: dict[str, str]
+    authfile: str
+
+    def auth_args(self, prefix: str) -> list[str]:
+        """skopeo's auth options (``--src-`` for copy, none for inspect)."""
+        args = [f"--{prefix.lstrip('-')}authfile", self.authfile]
+        if self.auth and self.auth.registry_token:
+            # skopeo 1.9 takes a registry token on its command line only (containers-auth.json has no place for it)
+            args += [f"--{prefix.lstrip('-')}registry-token", self.auth.registry_token]
+        return args
+
+    async def run(self, args: list[str], deadline: float) -> bytes:
+        """skopeo ``args``' stdout; its failure as :func:`skopeo_error`'s error."""
+        remaining = max(0.0, deadline - asyncio.get_running_loop().time())
+        returncode, out, err = await run_helper(self.argv + args, self.env, b"", remaining, f"pulling image {self.ref}")
+        if returncode != 0:
+            raise skopeo_error(err.decode(errors="replace"), self.ref, credentials=bool(self.auth))
+        return out
+
+
+class Puller:
+    """Pulls images into ``content`` (see the module's docstring)."""
+
+    def __init__(self, content: ContentStore, *, hosts: Iterable[RegistryHost] = (), timeout: float = PULL_TIMEOUT,
+                 platform: Mapping[str, str] | None = None, skopeo: str = SKOPEO) -> None:
+        self.content = content
+        self.hosts = tuple(hosts)
+        self.timeout = timeout
+        if platform is None:
+            from shim.sandbox.sandbox import host_platform
+            platform = host_platform()
+        self.platform = dict(platform)
+        self.skopeo = skopeo
+        self._pdeathsig = os.access(_SETPRIV, os.X_OK)
+
+    async def pull(self, ref: Reference, auth: AuthConfig | None = None) -> Pulled:
+        """Pull ``ref`` into the content store. Raises RpcError with a sentence (NotFound,
+        Unauthenticated, DataLoss, Unavailable, DeadlineExceeded...); on any failure or
+        cancellation nothing of this pull is left but blobs already verified."""
+        work = self.content.temporary_dir("pull-")
+        try:
+            deadline = asyncio.get_running_loop().time() + self.timeout
+            session = self._prepare(work, ref, auth)
+            raw = await session.run(["inspect", "--raw", "--retry-times", "0", *session.auth_args(""),
+                                     f"docker://{ref}"], deadline)
+            repo_digest = sha256_digest(raw)
+            if ref.digest is not None and repo_digest != ref.digest:
+                raise DataLoss(f"image {ref}: the registry sent a manifest whose digest is {repo_digest}")
+            media_type, doc = parse_manifest(raw, f"the manifest of {ref}")
+            manifests = {repo_digest: raw}
+            manifest_digest = repo_digest
+            if media_type in _INDEXES:
+                manifest_digest = select_platform(doc, self.platform, f"image {ref}").digest
+            manifest = self._complete(manifest_digest)
+            if manifest is None:
+                image_dir = os.path.join(work, "image")
+                await session.run(["copy", "--quiet", "--retry-times", "0", *session.auth_args("--src-"),
+                                   f"docker://{ref.name}@{manifest_digest}", f"dir:{image_dir}"], deadline)
+                manifest = await asyncio.to_thread(self._store, ref, image_dir, manifest_digest, manifests)
+            else:
+                await asyncio.to_thread(self._store_manifests, manifests)
+            config = self._config(ref, manifest)
+            blobs = tuple(dict.fromkeys([repo_digest, manifest_digest, manifest.config.digest,
+                                         *(layer.digest for layer in manifest.layers)]))
+            return Pulled(ref, repo_digest, manifest_digest, manifest, config, blobs)
+        except DeadlineExceeded:
+            raise DeadlineExceeded(f"pulling image {ref} did not finish within {self.timeout:g} s "
+                                   "(image_pull_timeout); it was killed, and nothing of it was kept") from None
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+
+    def _prepare(self, work: str, ref: Reference, auth: AuthConfig | None) -> _Session:
+        """Write this pull's registries.conf, policy and auth file (0600 in a 0700 directory)."""
+        files = os.path.join(work, "config")
+        ensure_private_dir(files, 0o700)
+        paths = {}
+        for name, data in (("registries.conf", registries_conf(self.hosts).encode()), ("policy.json", _policy()),
+                           ("auth.json", json.dumps(auth_file(ref, auth, self.hosts)).encode())):
+            paths[name] = os.path.join(files, name)
+            fd = os.open(paths[name], os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+        tmp = os.path.join(work, "tmp")
+        ensure_private_dir(tmp, 0o700)
+        argv = [_SETPRIV, "--pdeathsig", "KILL", "--"] if self._pdeathsig else []
+        argv += [self.skopeo, "--registries-conf", paths["registries.conf"], "--policy", paths["policy.json"],
+                 "--tmpdir", tmp, "--override-os", self.platform["os"], "--override-arch", self.platform["architecture"]]
+        if self.platform.get("variant"):
+            argv += ["--override-variant", self.platform["variant"]]
+        # Nothing of the daemon's environment: no ~/.docker/config.json, no system registries.conf.
+        env = {"PATH": _PATH, "HOME": work, "XDG_CONFIG_HOME": files, "XDG_RUNTIME_DIR": files, "TMPDIR": tmp,
+               "LANG": "C.UTF-8"}
+        return _Session(ref, auth, argv, env, paths["auth.json"])
+
+    def _complete(self, manifest_digest: str) -> Manifest | None:
+        """The manifest ``manifest_digest`` if it and all its blobs are in the store already."""
+        if not self.content.has(manifest_digest):
+            return None
+        try:
+            manifest = image_manifest(self.content.read(manifest_digest), f"manifest {manifest_digest}")
+        except (RpcError, BlobError):
+            return None
+        blobs = [manifest.config, *manifest.layers]
+        return manifest if all(self.content.has(blob.digest) for blob in blobs) else None
+
+    def _store_manifests(self, manifests: Mapping[str, bytes]) -> None:
+        for digest, data in manifests.items():
+            self.content.add_bytes(data, digest)
+
+    def _store(self, ref: Reference, image_dir: str, manifest_digest: str, manifests: dict[str, bytes]) -> Manifest:
+        """Verify what skopeo wrote to ``image_dir`` and move it into the content store."""
+        try:
+            with open(os.path.join(image_dir, "manifest.json"), "rb") as f:
+                data = f.read()
+        except FileNotFoundError:
+            raise DataLoss(f"image {ref}: skopeo wrote no manifest") from None
+        if sha256_digest(data) != manifest_digest:
+            raise DataLoss(f"image {ref}: manifest {manifest_digest} has the wrong content: its sha256 is "
+                           f"{sha256_digest(data)}")
+        manifest = image_manifest(data, f"manifest {manifest_digest} of {ref}")
+        for blob in (manifest.config, *manifest.layers):
+            try:
+                self.content.add_file(os.path.join(image_dir, blob.digest.partition(":")[2]), blob.digest, blob.size)
+            except FileNotFoundError:
+                raise DataLoss(f"image {ref}: blob {blob.digest} was not downloaded") from None
+            except BlobError as exc:
+                raise DataLoss(f"image {ref}: {exc}") from None
+        self._store_manifests({**manifests, manifest_digest: data})
+        self.content.sync()
+        return manifest
+
+    def _config(self, ref: Reference, manifest: Manifest) -> dict[str, Any]:
+        what = f"the config {manifest.config.digest} of {ref}"
+        try:
+            config = decode_json(self.content.read(manifest.config.digest), what)
+        except (ValueError, BlobError) as exc:
+            raise DataLoss(str(exc)) from None
+        if not isinstance(config, dict):
+            raise DataLoss(f"{what} is not a JSON object")
+        diff_ids = (config.get("rootfs") or {}).get("diff_ids")
+        if not isinstance(diff_ids, list) or len(diff_ids) != len(manifest.layers):
+            raise DataLoss(f"{what} lists {len(diff_ids) if isinstance(diff_ids, list) else 'no'} diff_ids for "
+                           f"{len(manifest.layers)} layers")
+        return config

@@ -1,0 +1,175 @@
+"""The node's images: pull, list, status, remove, garbage collection; what CRI's ImageService
+means, for podshimd (and anything else) to translate.
+
+:class:`Images` owns ``<state root>/images``: the content store (``content/``), the image records
+(``images.json``) and the :class:`~.pull.Puller`. Its rules:
+
+- Concurrent pulls of one reference with the same credentials share one pull (one task per
+  reference in this process); the callers all get its result or its error. A caller that goes
+  away does not stop a pull others may wait for; :meth:`Images.aclose` cancels what is in flight.
+- An image is recorded only once all its blobs are verified in the content store, so a failed,
+  cancelled or killed pull leaves no record, and its temporary files go with it (or at the next
+  start, when the content store empties ingest/).
+- RemoveImage forgets the image with all its tags and digests (as containerd's CRI does) and
+  garbage-collects the blobs no image references; an image a container uses is refused with
+  FAILED_PRECONDITION: :attr:`Images.in_use` is the hook (``image_id -> bool``) the container
+  layer sets. Blobs are collected only while no pull is in flight (a pull's blobs are in the store
+  before its record is); a collection asked for meanwhile runs when the last pull ends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from shim.rpc.status import FailedPrecondition, InvalidArgument
+
+from .content import ContentStore
+from .pull import PULL_TIMEOUT, SKOPEO, AuthConfig, Pulled, Puller, RegistryHost
+from .reference import ReferenceError, parse
+from .store import ImageRecord, ImageStore, Layer
+
+__all__ = ["IMAGES_DIR", "Images", "image_user"]
+
+log = logging.getLogger(__name__)
+
+#: The image store, below the state root.
+IMAGES_DIR = "images"
+CONTENT_DIR = "content"
+
+
+def image_user(config: dict[str, Any]) -> tuple[int | None, str]:
+    """(uid, username) of an image config's User, as containerd's CRI reports them: a numeric
+    user (``1000`` or ``1000:100``) is a uid, anything else a name; none when unset."""
+    user = str((config.get("config") or {}).get("User") or "").split(":")[0]
+    if not user:
+        return None, ""
+    try:
+        return int(user), ""
+    except ValueError:
+        return None, user
+
+
+class Images:
+    """The images under ``<state_root>/images`` (see the module's docstring)."""
+
+    def __init__(self, state_root: str, *, hosts: Iterable[RegistryHost] = (), pull_timeout: float = PULL_TIMEOUT,
+                 platform: dict[str, str] | None = None, skopeo: str = SKOPEO) -> None:
+        self.root = os.path.join(state_root, IMAGES_DIR)
+        self.content = ContentStore(os.path.join(self.root, CONTENT_DIR))
+        self.store = ImageStore(self.root)
+        self.puller = Puller(self.content, hosts=hosts, timeout=pull_timeout, platform=platform, skopeo=skopeo)
+        #: Whether a container uses the image (by id); the container layer sets it.
+        self.in_use: Callable[[str], bool] = lambda image_id: False
+        self._pulls: dict[tuple[str, AuthConfig | None], asyncio.Task[ImageRecord]] = {}
+        self._gc_pending = False
+
+    def open(self) -> Images:
+        """Make the directories, remove what a killed pull left, read the records and collect the
+        blobs no record references; returns self. Raises OSError, DataLoss (unreadable records)."""
+        os.makedirs(os.path.dirname(self.root), exist_ok=True)
+        self.store.load()
+        self.content.open()
+        self.collect_garbage()
+        return self
+
+    async def aclose(self) -> None:
+        """Cancel the pulls in flight and wait for them to clean up."""
+        tasks = list(self._pulls.values())
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.wait(tasks)
+
+    # -- reading -------------------------------------------------------------------------------
+
+    def list(self, name: str = "") -> list[ImageRecord]:
+        """Every image, or the one ``name`` names (id, id prefix, tag or digest reference)."""
+        if name:
+            found = self.store.resolve(name)
+            return [found] if found is not None else []
+        return sorted(self.store.list(), key=lambda r: (r.repo_tags, r.image_id))
+
+    def status(self, name: str) -> ImageRecord | None:
+        """The image ``name`` names, or None when the node has none such."""
+        return self.store.resolve(name)
+
+    # -- pulling -------------------------------------------------------------------------------
+
+    async def pull(self, name: str, auth: AuthConfig | None = None) -> ImageRecord:
+        """Pull the image ``name`` (a reference, normalised as containerd does) and record it;
+        its record. Raises InvalidArgument for a bad reference and the pull's errors (RpcError
+        with a sentence: NotFound, Unauthenticated, DataLoss, Unavailable, DeadlineExceeded...)."""
+        try:
+            ref = parse(name)
+        except ReferenceError as exc:
+            raise InvalidArgument(str(exc)) from None
+        key = (str(ref), auth or None)
+        task = self._pulls.get(key)
+        if task is None:
+            task = asyncio.ensure_future(self._pull(ref, auth))
+            self._pulls[key] = task
+            task.add_done_callback(lambda done: self._pull_done(key, done))
+        return await asyncio.shield(task)
+
+    def _pull_done(self, key: tuple[str, AuthConfig | None], task: asyncio.Task[ImageRecord]) -> None:
+        if self._pulls.get(key) is task:
+            del self._pulls[key]
+        if not task.cancelled() and task.exception() is not None:
+            log.debug("pull of %s failed: %s", key[0], task.exception())  # retrieved: no warning at exit
+        if self._gc_pending and not self._pulls:
+            self.collect_garbage()
+
+    async def _pull(self, ref: Any, auth: AuthConfig | None) -> ImageRecord:
+        pulled = await self.puller.pull(ref, auth)
+        record = self._record(pulled)
+        log.info("pulled %s: image %s (%d layers, %d bytes)", ref, record.short_id, len(record.layers), record.size)
+        return self.store.add(record)
+
+    def _record(self, pulled: Pulled) -> ImageRecord:
+        manifest = pulled.manifest
+        diff_ids = pulled.config["rootfs"]["diff_ids"]
+        layers = tuple(Layer(d.digest, d.size, d.media_type, str(diff_id)) for d, diff_id in zip(manifest.layers,
+                                                                                                   diff_ids))
+        manifests = tuple(dict.fromkeys([pulled.repo_digest, pulled.manifest_digest]))
+        size = (os.path.getsize(self.content.path(pulled.manifest_digest)) + manifest.config.size
+                + sum(layer.size for layer in layers))
+        ref = pulled.reference
+        return ImageRecord(image_id=manifest.config.digest,
+                           repo_tags=(str(ref),) if ref.tag is not None else (),
+                           repo_digests=(str(ref.with_digest(pulled.repo_digest)),),
+                           manifest_digest=pulled.manifest_digest, manifests=manifests, config=pulled.config,
+                           layers=layers, size=size)
+
+    # -- removing ------------------------------------------------------------------------------
+
+    def remove(self, name: str) -> ImageRecord | None:
+        """Forget the image ``name`` names, all its tags and digests, and collect its blobs; the
+        record removed, None when there was none (not an error: removal is idempotent). Raises
+        FailedPrecondition while a container uses it."""
+        record = self.store.resolve(name)
+        if record is None:
+            return None
+        if self.in_use(record.image_id):
+            raise FailedPrecondition(f"image {name!r} ({record.short_id}) is in use by a container; remove the "
+                                     "container first")
+        self.store.remove(record.image_id)
+        log.info("removed image %s (%s)", record.short_id, ", ".join(record.repo_tags) or "untagged")
+        self.collect_garbage()
+        return record
+
+    def collect_garbage(self) -> int:
+        """Remove the blobs no image references (later, when pulls are in flight); how many."""
+        if self._pulls:
+            self._gc_pending = True
+            return 0
+        self._gc_pending = False
+        unreferenced = self.content.digests() - self.store.referenced_blobs()
+        for digest in unreferenced:
+            self.content.remove(digest)
+        if unreferenced:
+            log.info("collected %d unreferenced blobs", len(unreferenced))
+        return len(unreferenced)

@@ -1,0 +1,62 @@
+"""ImageService's ListImages, ImageStatus, PullImage and RemoveImage over the node's images
+(:class:`client.images.service.Images`): translation only.
+
+PullImage answers with the image's id (its config digest) as ``image_ref``; ImageStatus of an image
+the node lacks is an empty response (CRI's "not present"), its verbose ``info`` is containerd's
+shape: ``{"info": "{\"chainID\": ..., \"imageSpec\": <the image config>}"}``; RemoveImage of an
+image that is not there succeeds, of one a container uses is FAILED_PRECONDITION. ListImages with a
+filter lists the image it names, if any.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from client.criapi import api_pb2
+from client.images.pull import AuthConfig
+from client.images.service import image_user
+from client.images.store import ImageRecord
+
+from .handlers import Handlers
+
+__all__ = ["ImageStore", "image"]
+
+
+def image(record: ImageRecord) -> api_pb2.Image:
+    """The CRI Image of a record."""
+    uid, username = image_user(record.config)
+    return api_pb2.Image(id=record.image_id, repo_tags=record.repo_tags, repo_digests=record.repo_digests,
+                         size=record.size, uid=api_pb2.Int64Value(value=uid) if uid is not None else None,
+                         username=username, spec=api_pb2.ImageSpec(image=record.image_id))
+
+
+def _auth(auth: api_pb2.AuthConfig) -> AuthConfig | None:
+    return AuthConfig(username=auth.username, password=auth.password, auth=auth.auth,
+                      server_address=auth.server_address, identity_token=auth.identity_token,
+                      registry_token=auth.registry_token) or None
+
+
+class ImageStore(Handlers):
+    """ListImages, ImageStatus, PullImage, RemoveImage."""
+
+    async def ListImages(self, request: api_pb2.ListImagesRequest, context: Any) -> api_pb2.ListImagesResponse:
+        name = request.filter.image.image if request.HasField("filter") else ""
+        return api_pb2.ListImagesResponse(images=[image(r) for r in self.images.list(name)])
+
+    async def ImageStatus(self, request: api_pb2.ImageStatusRequest, context: Any) -> api_pb2.ImageStatusResponse:
+        record = self.images.status(request.image.image)
+        if record is None:
+            return api_pb2.ImageStatusResponse()  # image unset: "not present"
+        info = {}
+        if request.verbose:
+            info["info"] = json.dumps({"chainID": record.chain_id, "imageSpec": record.config})
+        return api_pb2.ImageStatusResponse(image=image(record), info=info)
+
+    async def PullImage(self, request: api_pb2.PullImageRequest, context: Any) -> api_pb2.PullImageResponse:
+        record = await self.images.pull(request.image.image, _auth(request.auth))
+        return api_pb2.PullImageResponse(image_ref=record.image_id)
+
+    async def RemoveImage(self, request: api_pb2.RemoveImageRequest, context: Any) -> api_pb2.RemoveImageResponse:
+        self.images.remove(request.image.image)
+        return api_pb2.RemoveImageResponse()

@@ -1,0 +1,382 @@
+"""Pulls from a real registry (Debian's docker-registry on 127.0.0.1, tests/registry.py) into the
+image store, and what a pull that fails or is interrupted leaves: nothing that looks complete."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import json
+import os
+import shutil
+import socket
+import stat
+import threading
+from collections.abc import Iterator
+
+import pytest
+
+from client.images.pull import AuthConfig, RegistryHost
+from client.images.service import Images
+from registry import AUTH, Registry
+from shim.rpc.status import (DataLoss, DeadlineExceeded, FailedPrecondition, InvalidArgument, NotFound,
+                             Unauthenticated)
+
+SKOPEO = shutil.which("skopeo")
+
+
+def images_for(tmp_path, *registries: Registry, **kwargs) -> Images:
+    hosts = [RegistryHost(r.host, insecure=True) for r in registries]
+    return Images(str(tmp_path / "state"), hosts=hosts, **kwargs).open()
+
+
+def leftovers(images: Images) -> list[str]:
+    """What a pull left in the store's scratch space."""
+    return os.listdir(images.content.ingest)
+
+
+def assert_complete(images: Images, record) -> None:
+    """Every blob the record names is in the content store, verified."""
+    for digest in record.blobs:
+        assert images.content.has(digest), digest
+
+
+# -- pulls that work --------------------------------------------------------------------------------
+
+async def test_an_oci_image_is_pulled_with_its_registry_digest_and_config(tmp_path, test_images):
+    images = images_for(tmp_path, test_images.registry)
+    busybox = test_images.busybox
+    record = await images.pull(busybox.ref)
+    assert record.repo_tags == (busybox.ref,)
+    assert record.repo_digests == (busybox.by_digest,)
+    assert record.manifest_digest == busybox.digest
+    assert record.config["config"]["Cmd"] == ["sh"]
+    assert record.image_id.startswith("sha256:") and images.content.has(record.image_id)
+    assert len(record.layers) == 3 and all(layer.diff_id.startswith("sha256:") for layer in record.layers)
+    assert record.size == sum(os.path.getsize(images.content.path(d)) for d in record.blobs)
+    assert_complete(images, record)
+    assert leftovers(images) == []
+    blob = images.content.path(record.image_id)
+    assert stat.S_IMODE(os.stat(blob).st_mode) == 0o600
+    assert blob.startswith(str(tmp_path / "state" / "images" / "content" / "blobs" / "sha256") + "/")
+
+
+async def test_a_docker_schema2_image_is_pulled_as_it_is_served(tmp_path, test_images):
+    images = images_for(tmp_path, test_images.registry)
+    record = await images.pull(test_images.busybox_v2s2.ref)
+    assert record.repo_digests == (test_images.busybox_v2s2.by_digest,)
+    manifest = json.loads(images.content.read(record.manifest_digest))
+    assert manifest["mediaType"] == "application/vnd.docker.distribution.manifest.v2+json"
+    assert_complete(images, record)
+
+
+async def test_an_index_is_resolved_to_linux_amd64_and_keeps_the_index_digest(tmp_path, test_images):
+    images = images_for(tmp_path, test_images.registry)
+    multiarch = test_images.multiarch
+    record = await images.pull(multiarch.ref)
+    assert record.repo_digests == (multiarch.by_digest,)  # what the tag named: the index
+    assert record.manifest_digest == multiarch.platforms["linux/amd64"]
+    assert record.config["architecture"] == "amd64"
+    assert images.content.has(multiarch.digest)
+    assert not images.content.has(multiarch.platforms["linux/arm64"])  # only this platform is pulled
+    assert_complete(images, record)
+
+
+async def test_an_index_without_this_platform_is_not_found(tmp_path, test_images):
+    images = images_for(tmp_path, test_images.registry, platform={"os": "linux", "architecture": "s390x"})
+    with pytest.raises(NotFound, match=r"has no image for linux/s390x \(it has: linux/amd64, linux/arm64\)"):
+        await images.pull(test_images.multiarch.ref)
+    assert images.list() == [] and leftovers(images) == []
+
+
+async def test_a_pull_by_digest_records_no_tag(tmp_path, test_images):
+    images = images_for(tmp_path, test_images.registry)
+    record = await images.pull(test_images.busybox.by_digest)
+    assert record.repo_tags == ()
+    assert record.repo_digests == (test_images.busybox.by_digest,)
+
+
+async def test_a_reference_with_tag_and_digest_pulls_the_digest(tmp_path, test_images):
+    images = images_for(tmp_path, test_images.registry)
+    busybox = test_images.busybox
+    record = await images.pull(f"{busybox.registry.host}/{busybox.repo}:no-such-tag@{busybox.digest}")
+    assert record.repo_digests == (busybox.by_digest,) and record.repo_tags == ()
+
+
+async def test_an_image_is_found_by_id_prefix_tag_and_digest(tmp_path, test_images):
+    images = images_for(tmp_path, test_images.registry)
+    busybox = test_images.busybox
+    record = await images.pull(busybox.ref)
+    hex_id = record.image_id.partition(":")[2]
+    for name in (record.image_id, hex_id, hex_id[:12], busybox.ref, busybox.by_digest):
+        assert images.status(name) == record, name
+    assert images.list(busybox.ref) == [record]
+    assert images.status(f"{busybox.registry.host}/{busybox.repo}:2.0") is None
+
+
+async def test_a_second_pull_of_a_stored_image_downloads_nothing(tmp_path, test_images, monkeypatch):
+    images = images_for(tmp_path, test_images.registry)
+    first = await images.pull(test_images.busybox.ref)
+    runs = record_skopeo_runs(tmp_path, images)
+    again = await images.pull(test_images.busybox.ref)
+    assert again == first
+    assert [argv[1] for argv in runs()] == ["inspect"]  # the manifest is asked for; no copy
+
+
+async def test_records_survive_a_restart(tmp_path, test_images):
+    images = images_for(tmp_path, test_images.registry)
+    record = await images.pull(test_images.busybox.ref)
+    reopened = images_for(tmp_path, test_images.registry)
+    assert reopened.list() == [record]
+    assert_complete(reopened, record)
+
+
+# -- credentials ------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def auth_image(test_images, auth_registry):
+    return test_images.push(test_images.busybox, auth_registry)
+
+
+async def test_basic_auth_with_the_right_credentials_pulls(tmp_path, auth_image):
+    images = images_for(tmp_path, auth_image.registry)
+    record = await images.pull(auth_image.ref, AuthConfig(username=AUTH[0], password=AUTH[1]))
+    assert record.repo_digests == (auth_image.by_digest,)
+
+
+async def test_basic_auth_from_the_auth_field_pulls(tmp_path, auth_image):
+    images = images_for(tmp_path, auth_image.registry)
+    auth = base64.b64encode(f"{AUTH[0]}:{AUTH[1]}".encode()).decode()
+    record = await images.pull(auth_image.ref, AuthConfig(auth=auth, server_address=f"http://{auth_image.registry.host}/"))
+    assert record.repo_tags == (auth_image.ref,)
+
+
+async def test_no_credentials_is_unauthorized_with_a_sentence(tmp_path, auth_image):
+    images = images_for(tmp_path, auth_image.registry)
+    with pytest.raises(Unauthenticated, match="wants credentials to pull .* give credentials"):
+        await images.pull(auth_image.ref)
+    assert images.list() == [] and leftovers(images) == []
+
+
+async def test_wrong_credentials_are_unauthorized_with_a_sentence(tmp_path, auth_image):
+    images = images_for(tmp_path, auth_image.registry)
+    with pytest.raises(Unauthenticated, match="refused the credentials given"):
+        await images.pull(auth_image.ref, AuthConfig(username=AUTH[0], password="wrong"))
+    assert images.list() == [] and leftovers(images) == []
+
+
+async def test_credentials_for_another_registry_are_not_sent(tmp_path, auth_image):
+    images = images_for(tmp_path, auth_image.registry)
+    with pytest.raises(Unauthenticated):
+        await images.pull(auth_image.ref, AuthConfig(username=AUTH[0], password=AUTH[1],
+                                                     server_address="other.example:5000"))
+
+
+async def test_a_bad_auth_field_is_invalid(tmp_path, auth_image):
+    images = images_for(tmp_path, auth_image.registry)
+    with pytest.raises(InvalidArgument, match="not base64 'username:password'"):
+        await images.pull(auth_image.ref, AuthConfig(auth="%%%"))
+
+
+async def test_credentials_are_never_on_skopeos_command_line(tmp_path, auth_image):
+    images = images_for(tmp_path, auth_image.registry)
+    runs = record_skopeo_runs(tmp_path, images)
+    await images.pull(auth_image.ref, AuthConfig(username=AUTH[0], password=AUTH[1]))
+    assert runs() and not any(AUTH[1] in arg for argv in runs() for arg in argv)
+
+
+# -- pulls that fail: a sentence, nothing half-stored, and the next pull works ------------------------
+
+async def test_an_image_the_registry_lacks_is_not_found(tmp_path, test_images):
+    images = images_for(tmp_path, test_images.registry)
+    with pytest.raises(NotFound, match=r"image .*/test/nothere:1\.0 not found: .* has no such repository"):
+        await images.pull(test_images.registry.ref("test/nothere:1.0"))
+    assert images.list() == [] and leftovers(images) == []
+
+
+async def test_a_bad_reference_is_invalid(tmp_path):
+    images = Images(str(tmp_path / "state")).open()
+    with pytest.raises(InvalidArgument, match="must be lowercase"):
+        await images.pull("Busybox")
+
+
+@contextlib.contextmanager
+def damaged_blob(test_images, damage) -> Iterator[str]:
+    """One of a fresh image's layers damaged in the registry's storage by ``damage(data) -> bytes``."""
+    image = test_images.build("damaged", [{"damaged": os.urandom(64).hex()}])
+    status, _, body = image.registry.get(f"/v2/{image.repo}/manifests/{image.digest}",
+                                         {"Accept": "application/vnd.oci.image.manifest.v1+json"})
+    layer = json.loads(body)["layers"][-1]["digest"]
+    path = image.registry.blob_path(layer)
+    with open(path, "rb") as f:
+        data = f.read()
+    with open(path, "wb") as f:
+        f.write(damage(data))
+    try:
+        yield image, layer
+    finally:
+        with open(path, "wb") as f:
+            f.write(data)
+
+
+@pytest.mark.parametrize("damage", [
+    pytest.param(lambda data: data[:-1] + bytes([data[-1] ^ 0xFF]), id="corrupt"),
+    pytest.param(lambda data: data[: len(data) // 2], id="truncated"),
+])
+async def test_a_damaged_blob_is_refused_naming_it_and_the_next_pull_works(tmp_path, test_images, damage):
+    images = images_for(tmp_path, test_images.registry)
+    with damaged_blob(test_images, damage) as (image, layer):
+        with pytest.raises(DataLoss, match=f"blob {layer} is corrupt or truncated"):
+            await images.pull(image.ref)
+        assert images.list() == [] and leftovers(images) == []
+        assert not images.content.has(layer)
+    record = await images.pull(image.ref)
+    assert_complete(images, record)
+
+
+async def test_a_blob_the_registry_lost_is_not_found_naming_it(tmp_path, test_images):
+    images = images_for(tmp_path, test_images.registry)
+    with damaged_blob(test_images, lambda data: data) as (image, layer):
+        os.rename(image.registry.blob_path(layer), image.registry.blob_path(layer) + ".away")
+        try:
+            with pytest.raises(NotFound, match=f"blob {layer} not found"):
+                await images.pull(image.ref)
+        finally:
+            os.rename(image.registry.blob_path(layer) + ".away", image.registry.blob_path(layer))
+    assert images.list() == [] and leftovers(images) == []
+
+
+class Hanging:
+    """A TCP server on 127.0.0.1 that accepts connections and never answers."""
+
+    def __init__(self, host: str) -> None:
+        self.host = host
+        self.connected = threading.Event()  # set at the first connection
+
+
+@pytest.fixture
+def hanging_registry() -> Iterator[Hanging]:
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(16)
+    hanging = Hanging(f"127.0.0.1:{server.getsockname()[1]}")
+    accepted: list[socket.socket] = []
+    stop = threading.Event()
+
+    def accept() -> None:
+        while not stop.is_set():
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                return
+            accepted.append(conn)
+            hanging.connected.set()
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    try:
+        yield hanging
+    finally:
+        stop.set()
+        server.shutdown(socket.SHUT_RDWR)
+        server.close()
+        thread.join()
+        for conn in accepted:
+            conn.close()
+
+
+async def test_a_registry_that_hangs_is_a_timeout_with_a_sentence(tmp_path, hanging_registry):
+    host = hanging_registry.host
+    images = Images(str(tmp_path / "state"), hosts=[RegistryHost(host, insecure=True)], pull_timeout=1.0).open()
+    said = rf"pulling image {host}/x:1 did not finish within 1 s \(image_pull_timeout\); it was killed"
+    with pytest.raises(DeadlineExceeded, match=said):
+        await images.pull(f"{host}/x:1")
+    assert images.list() == [] and leftovers(images) == []
+
+
+async def test_a_cancelled_pull_leaves_nothing_and_no_skopeo(tmp_path, hanging_registry):
+    host = hanging_registry.host
+    images = Images(str(tmp_path / "state"), hosts=[RegistryHost(host, insecure=True)]).open()
+    runs = record_skopeo_runs(tmp_path, images)
+    pull = asyncio.ensure_future(images.pull(f"{host}/x:1"))
+    assert await asyncio.to_thread(hanging_registry.connected.wait, 60)  # skopeo is talking to the registry
+    assert leftovers(images) != []  # the pull's work directory
+    await images.aclose()
+    with pytest.raises(asyncio.CancelledError):
+        await pull
+    assert images.list() == [] and leftovers(images) == []
+    for pid in skopeo_pids(runs):
+        assert not os.path.exists(f"/proc/{pid}"), "skopeo outlived its pull"
+
+
+async def test_concurrent_pulls_of_one_image_share_one_download(tmp_path, test_images):
+    images = images_for(tmp_path, test_images.registry)
+    runs = record_skopeo_runs(tmp_path, images)
+    records = await asyncio.gather(*(images.pull(test_images.busybox.ref) for _ in range(5)))
+    assert all(record == records[0] for record in records)
+    assert [argv[1] for argv in runs()] == ["inspect", "copy"]  # one pull: one inspect, one copy
+
+
+# -- removal and garbage collection -------------------------------------------------------------------
+
+async def test_remove_forgets_the_image_and_collects_its_blobs(tmp_path, test_images):
+    images = images_for(tmp_path, test_images.registry)
+    busybox = await images.pull(test_images.busybox.ref)
+    other = await images.pull(test_images.build("other", [{"other": "x"}]).ref)
+    shared = busybox.blobs & other.blobs
+    assert shared  # the busybox layers
+    assert images.remove(test_images.busybox.ref) == busybox
+    assert images.list() == [other]
+    assert images.content.digests() == other.blobs
+    assert all(images.content.has(d) for d in shared)
+    assert images.remove(test_images.busybox.ref) is None  # gone already: no error
+
+
+async def test_an_image_in_use_is_not_removed(tmp_path, test_images):
+    images = images_for(tmp_path, test_images.registry)
+    record = await images.pull(test_images.busybox.ref)
+    images.in_use = lambda image_id: image_id == record.image_id
+    with pytest.raises(FailedPrecondition, match="is in use by a container; remove the container first"):
+        images.remove(test_images.busybox.ref)
+    assert images.list() == [record]
+    assert_complete(images, record)
+
+
+async def test_a_tag_moves_to_the_image_pulled_last(tmp_path, test_images):
+    images = images_for(tmp_path, test_images.registry)
+    first = await images.pull(test_images.build("moving", [{"v": "1"}], tag="1.0").ref)
+    second_image = test_images.build("moving", [{"v": "2"}], tag="1.0")
+    second = await images.pull(second_image.ref)
+    assert second.image_id != first.image_id
+    assert images.status(second_image.ref) == second
+    assert images.store.get(first.image_id).repo_tags == ()  # still there by its digest, untagged
+
+
+# -- helpers --------------------------------------------------------------------------------------------
+
+def record_skopeo_runs(tmp_path, images: Images):
+    """Make ``images`` run skopeo through a wrapper that logs each command line; a function
+    returning the logged command lines (after skopeo's global options)."""
+    log = tmp_path / "skopeo-runs"
+    wrapper = tmp_path / "skopeo-wrapper"
+    wrapper.write_text(f"#!/bin/sh\necho \"$$ $*\" >> {log}\nexec {SKOPEO} \"$@\"\n")
+    wrapper.chmod(0o755)
+    images.puller.skopeo = str(wrapper)
+
+    def runs() -> list[list[str]]:
+        if not log.exists():
+            return []
+        lines = [line.split() for line in log.read_text().splitlines()]
+        # pid, then skopeo's global options (each with a value), then the command
+        out = []
+        for words in lines:
+            rest = words[1:]
+            while rest and rest[0].startswith("--"):
+                rest = rest[2:]
+            out.append([words[0], *rest])
+        return out
+    return runs
+
+
+def skopeo_pids(runs) -> list[int]:
+    return [int(argv[0]) for argv in runs()]

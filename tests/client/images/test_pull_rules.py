@@ -1,0 +1,122 @@
+"""The sans-IO parts of a pull: what skopeo is given (registries.conf, the auth file) and what its
+errors mean; the image records' file."""
+
+from __future__ import annotations
+
+import base64
+import json
+import tomllib
+
+import pytest
+
+from client.images.pull import AuthConfig, RegistryHost, auth_file, registries_conf, select_platform, skopeo_error
+from client.images.reference import parse
+from client.images.store import ImageStore
+from shim.rpc.status import Code, DataLoss, NotFound
+
+REF = parse("127.0.0.1:5000/test/busybox:1.0")
+A = "sha256:" + "a" * 64
+B = "sha256:" + "b" * 64
+
+
+def fatal(message: str) -> str:
+    return f'time="2026-12-01T07:35:42Z" level=fatal msg="{message}"\n'
+
+
+@pytest.mark.parametrize("stderr, code, says", [
+    (fatal('Error parsing image name \\"docker://x\\": reading manifest 1.0 in 127.0.0.1:5000/test/busybox: '
+           'manifest unknown: manifest unknown'), Code.NOT_FOUND,
+     "image 127.0.0.1:5000/test/busybox:1.0 not found: 127.0.0.1:5000 has no such repository, tag or digest"),
+    (fatal("reading manifest 1.0 in 127.0.0.1:5000/test/busybox: unauthorized: authentication required"),
+     Code.UNAUTHENTICATED, "unauthorized: 127.0.0.1:5000 wants credentials to pull"),
+    (fatal(f"writing blob: happened during read: Digest did not match, expected {A}, got {B}"), Code.DATA_LOSS,
+     f"image 127.0.0.1:5000/test/busybox:1.0: blob {A} is corrupt or truncated: the registry sent content whose "
+     f"digest is {B}"),
+    (fatal(f"reading blob {A}: Error fetching blob: invalid status code from registry 404 (Not Found)"),
+     Code.NOT_FOUND, f"blob {A} not found in 127.0.0.1:5000"),
+    (fatal('pinging container registry 127.0.0.1:5000: Get \\"https://127.0.0.1:5000/v2/\\": dial tcp '
+           '127.0.0.1:5000: connect: connection refused'), Code.UNAVAILABLE, "127.0.0.1:5000 cannot be reached"),
+    (fatal('pinging container registry 127.0.0.1:5000: Get \\"https://127.0.0.1:5000/v2/\\": http: server gave '
+           'HTTP response to HTTPS client'), Code.UNAVAILABLE, 'insecure = true'),
+    (fatal("requested access to the resource is denied"), Code.PERMISSION_DENIED, "access denied"),
+    ("panic: something odd\n", Code.UNKNOWN, "pulling 127.0.0.1:5000/test/busybox:1.0 failed: panic: something odd"),
+    ("", Code.UNKNOWN, "failed: no error message"),
+])
+def test_skopeos_errors_become_a_status_and_a_sentence(stderr, code, says):
+    error = skopeo_error(stderr, REF)
+    assert error.code == code
+    assert says in error.message
+    assert "Traceback" not in error.message and "level=fatal" not in error.message
+
+
+def test_wrong_credentials_are_said_to_be_wrong():
+    error = skopeo_error(fatal("unauthorized: authentication required"), REF, credentials=True)
+    assert error.code == Code.UNAUTHENTICATED and "refused the credentials given" in error.message
+
+
+def test_registries_conf_has_each_host_its_mirrors_and_plain_http():
+    text = registries_conf([RegistryHost("docker.io", mirrors=("127.0.0.1:5000", "mirror.example")),
+                            RegistryHost("127.0.0.1:5000", insecure=True)])
+    conf = tomllib.loads(text)
+    assert conf["unqualified-search-registries"] == []
+    docker, local = conf["registry"]
+    assert docker == {"prefix": "docker.io", "location": "docker.io", "insecure": False,
+                      "mirror": [{"location": "127.0.0.1:5000", "insecure": True},
+                                 {"location": "mirror.example", "insecure": False}]}
+    assert local == {"prefix": "127.0.0.1:5000", "location": "127.0.0.1:5000", "insecure": True}
+
+
+def _decoded(doc, host):
+    return base64.b64decode(doc["auths"][host]["auth"]).decode()
+
+
+def test_the_auth_file_holds_username_and_password_for_the_registry_and_its_mirrors():
+    doc = auth_file(REF, AuthConfig(username="u", password="p:w"), [RegistryHost(REF.domain, mirrors=("m.io",))])
+    assert set(doc["auths"]) == {"127.0.0.1:5000", "m.io"}
+    assert _decoded(doc, "127.0.0.1:5000") == "u:p:w"
+
+
+def test_the_auth_file_takes_the_auth_field_and_an_identity_token():
+    doc = auth_file(REF, AuthConfig(auth=base64.b64encode(b"u:p").decode()))
+    assert _decoded(doc, REF.domain) == "u:p"
+    doc = auth_file(REF, AuthConfig(identity_token="refresh-me"))
+    assert doc["auths"][REF.domain]["identitytoken"] == "refresh-me"
+    assert _decoded(doc, REF.domain) == "<token>:"  # containers/image reads the token only beside an auth
+
+
+def test_docker_hubs_server_addresses_are_docker_io():
+    ref = parse("busybox")
+    for address in ("https://index.docker.io/v1/", "docker.io", "registry-1.docker.io"):
+        assert set(auth_file(ref, AuthConfig(username="u", password="p", server_address=address))["auths"]) == \
+            {"docker.io"}
+    assert auth_file(ref, AuthConfig(username="u", password="p", server_address="quay.io")) == {"auths": {}}
+
+
+def test_no_credentials_is_an_empty_auth_file():
+    assert auth_file(REF, None) == {"auths": {}} == auth_file(REF, AuthConfig())
+
+
+def test_an_auth_config_never_shows_its_secrets():
+    auth = AuthConfig(username="u", password="hunter2", registry_token="tok", identity_token="id")
+    assert "hunter2" not in repr(auth) and "tok" not in repr(auth) and "'id'" not in repr(auth)
+
+
+def test_a_platform_is_picked_from_an_index_with_its_variant():
+    index = {"manifests": [
+        {"mediaType": "m", "digest": A, "size": 1, "platform": {"os": "linux", "architecture": "arm", "variant": "v6"}},
+        {"mediaType": "m", "digest": B, "size": 2, "platform": {"os": "linux", "architecture": "arm", "variant": "v7"}},
+    ]}
+    assert select_platform(index, {"os": "linux", "architecture": "arm", "variant": "v7"}, "x").digest == B
+    with pytest.raises(NotFound, match="has no image for linux/amd64"):
+        select_platform(index, {"os": "linux", "architecture": "amd64"}, "x")
+    with pytest.raises(DataLoss):
+        select_platform({"manifests": "no"}, {"os": "linux", "architecture": "amd64"}, "x")
+
+
+def test_image_records_of_another_version_are_refused_with_a_sentence(tmp_path):
+    (tmp_path / "images.json").write_text(json.dumps({"version": 99, "images": []}))
+    with pytest.raises(DataLoss, match="have version 99; this podshim reads version 1"):
+        ImageStore(str(tmp_path)).load()
+    (tmp_path / "images.json").write_text(json.dumps({"version": 1, "images": [{"image_id": "x"}]}))
+    with pytest.raises(DataLoss, match="are malformed"):
+        ImageStore(str(tmp_path)).load()

@@ -1,0 +1,135 @@
+"""podshimd's ImageService as the real crictl 1.26 drives it against a real local registry
+(tests/registry.py): pull (plain and with basic auth), images, inspecti (verbose: the image config),
+rmi with garbage collection of the blobs, imagefsinfo; and the errors a client sees."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+
+import grpc
+import pytest
+
+from client.criapi import api_pb2
+from critools import Podshimd, running_podshimd
+from registry import AUTH
+
+
+@pytest.fixture(scope="module")
+def image_daemon(test_images, auth_registry) -> Iterator[Podshimd]:
+    """A podshimd whose config marks the test registries as plain HTTP."""
+    config = "".join(f'[registries."{r.host}"]\ninsecure = true\n' for r in (test_images.registry, auth_registry))
+    directory = tempfile.mkdtemp(prefix="psd-img-")
+    try:
+        with running_podshimd(directory, config=config) as daemon:
+            yield daemon
+    finally:
+        shutil.rmtree(directory)
+
+
+@pytest.fixture
+def daemon(image_daemon, crictl) -> Iterator[Podshimd]:
+    """The module's daemon; every image a test pulled is removed after it."""
+    yield image_daemon
+    for image in json.loads(image_daemon.crictl(crictl, "images", "-o", "json").stdout)["images"]:
+        image_daemon.crictl(crictl, "rmi", image["id"])
+
+
+def blobs(daemon: Podshimd) -> set[str]:
+    path = os.path.join(daemon.state_root, "images", "content", "blobs", "sha256")
+    return {"sha256:" + name for name in os.listdir(path)} if os.path.isdir(path) else set()
+
+
+def listed(daemon: Podshimd, crictl: str) -> list[dict]:
+    return json.loads(daemon.crictl(crictl, "images", "-o", "json").stdout)["images"]
+
+
+def test_crictl_pull_images_inspecti_rmi(daemon, crictl, test_images):
+    busybox = test_images.busybox
+    pulled = daemon.crictl(crictl, "pull", busybox.ref)
+    assert pulled.stdout.startswith("Image is up to date for sha256:")
+    image_id = pulled.stdout.split()[-1]
+    [image] = listed(daemon, crictl)
+    assert image["id"] == image_id
+    assert image["repoTags"] == [busybox.ref] and image["repoDigests"] == [busybox.by_digest]
+    assert int(image["size"]) > 0
+    inspected = json.loads(daemon.crictl(crictl, "inspecti", busybox.ref).stdout)
+    assert inspected["status"]["id"] == image_id
+    assert inspected["info"]["imageSpec"]["config"]["Cmd"] == ["sh"]
+    assert inspected["info"]["imageSpec"]["rootfs"]["diff_ids"]
+    assert image_id in blobs(daemon)
+    removed = daemon.crictl(crictl, "rmi", busybox.ref)
+    assert f"Deleted: {busybox.ref}" in removed.stdout
+    assert listed(daemon, crictl) == []
+    assert blobs(daemon) == set()  # garbage-collected
+
+
+def test_pullimage_answers_the_image_id_and_removal_is_idempotent(daemon, test_images):
+    images = daemon.images()
+    spec = api_pb2.ImageSpec(image=test_images.busybox_v2s2.ref)
+    ref = images.PullImage(api_pb2.PullImageRequest(image=spec)).image_ref
+    status = images.ImageStatus(api_pb2.ImageStatusRequest(image=spec, verbose=False))
+    assert status.image.id == ref and ref.startswith("sha256:") and not status.info
+    assert images.ImageStatus(api_pb2.ImageStatusRequest(image=api_pb2.ImageSpec(image=ref[7:19]))).image.id == ref
+    images.RemoveImage(api_pb2.RemoveImageRequest(image=spec))
+    images.RemoveImage(api_pb2.RemoveImageRequest(image=spec))  # not there any more: no error
+    assert not images.ImageStatus(api_pb2.ImageStatusRequest(image=spec)).HasField("image")
+
+
+def test_list_images_with_a_filter_lists_the_image_it_names(daemon, crictl, test_images):
+    other = test_images.build("listed", [{"listed": "1"}])
+    daemon.crictl(crictl, "pull", test_images.busybox.ref)
+    daemon.crictl(crictl, "pull", other.ref)
+    images = daemon.images()
+    every = images.ListImages(api_pb2.ListImagesRequest()).images
+    assert len(every) == 2
+    only = images.ListImages(api_pb2.ListImagesRequest(filter=api_pb2.ImageFilter(
+        image=api_pb2.ImageSpec(image=other.ref)))).images
+    assert [i.repo_tags for i in only] == [[other.ref]]
+
+
+def test_one_image_pulled_by_two_names_is_one_image_with_both(daemon, crictl, test_images):
+    daemon.crictl(crictl, "pull", test_images.busybox.ref)
+    daemon.crictl(crictl, "pull", test_images.multiarch.ref)  # its linux/amd64 image is busybox
+    [image] = listed(daemon, crictl)
+    assert image["repoTags"] == [test_images.busybox.ref, test_images.multiarch.ref]
+    assert image["repoDigests"] == [test_images.busybox.by_digest, test_images.multiarch.by_digest]
+
+
+def test_crictl_pull_with_credentials(daemon, crictl, test_images, auth_registry):
+    image = test_images.push(test_images.busybox, auth_registry)
+    refused = daemon.crictl(crictl, "pull", image.ref, check=False)
+    assert refused.returncode != 0
+    assert (f"code = Unauthenticated desc = unauthorized: {auth_registry.host} wants credentials to pull "
+            f"{image.ref}; give credentials") in refused.stderr
+    wrong = daemon.crictl(crictl, "pull", "--creds", f"{AUTH[0]}:nope", image.ref, check=False)
+    assert "refused the credentials given" in wrong.stderr
+    daemon.crictl(crictl, "pull", "--creds", f"{AUTH[0]}:{AUTH[1]}", image.ref)
+    assert [i["repoTags"] for i in listed(daemon, crictl)] == [[image.ref]]
+
+
+def test_a_pull_of_an_image_the_registry_lacks_is_not_found(daemon, crictl, test_images):
+    ref = test_images.registry.ref("test/nothere:1.0")
+    failed = daemon.crictl(crictl, "pull", ref, check=False)
+    assert failed.returncode != 0
+    assert f"code = NotFound desc = image {ref} not found" in failed.stderr
+    assert listed(daemon, crictl) == [] and blobs(daemon) == set()
+
+
+def test_a_bad_reference_is_invalid_argument(daemon):
+    with pytest.raises(grpc.RpcError) as failed:
+        daemon.images().PullImage(api_pb2.PullImageRequest(image=api_pb2.ImageSpec(image="Bad/Name")))
+    assert failed.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "must be lowercase" in failed.value.details()
+
+
+def test_imagefsinfo_counts_what_a_pull_stored(daemon, crictl, test_images):
+    def used() -> int:
+        info = json.loads(daemon.crictl(crictl, "imagefsinfo").stdout)["status"]
+        return int(info["usedBytes"]["value"])
+    before = used()
+    daemon.crictl(crictl, "pull", test_images.busybox.ref)
+    assert used() > before + 1_000_000  # busybox is about a megabyte compressed
