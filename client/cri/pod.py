@@ -811,6 +811,31 @@ class PodService:
         return {"exit_code": reply["exit_status"], "stdout": bytes(reply.get("stdout") or b""),
                 "stderr": bytes(reply.get("stderr") or b"")}
 
+    async def exec_target(self, container_id: str) -> str:
+        """The full id of a RUNNING container, for Exec and Attach. Raises NotFound, FailedPrecondition."""
+        return (await self._running(container_id)).container_id
+
+    async def exec_start(self, container_id: str, cmd: list[str], stdio: Mapping[str, str]) -> tuple[str, str, str]:
+        """Start ``cmd`` in a running container with ``stdio`` (ExecStart's ``stdin``, ``stdout``,
+        ``stderr`` FIFO paths or ``terminal``, protocol.md 7.3) and return at once: ``(pod_id,
+        container_id, exec_id)`` for :meth:`exec_wait` and :meth:`exec_kill`. Raises InvalidArgument,
+        NotFound, FailedPrecondition (not running; a program that cannot be run)."""
+        if not isinstance(cmd, (list, tuple)) or not cmd or not all(isinstance(a, str) for a in cmd):
+            raise InvalidArgument("cmd must be a non-empty array of strings")
+        c = await self._running(container_id)
+        with about(c.pod_id, c.container_id):
+            reply = await self._task(c.pod_id, "ExecStart", {"task_id": c.container_id, "args": list(cmd), **stdio})
+        return c.pod_id, c.container_id, reply["exec_id"]
+
+    async def exec_wait(self, pod_id: str, container_id: str, exec_id: str) -> int:
+        """The exit status of an exec :meth:`exec_start` started, once it exited."""
+        reply = await self._task(pod_id, "ExecWait", {"task_id": container_id, "exec_id": exec_id}, timeout=None)
+        return int(reply["exit_status"])
+
+    async def exec_kill(self, pod_id: str, container_id: str, exec_id: str) -> None:
+        """Kill an exec :meth:`exec_start` started, and what it started in its session."""
+        await self._task(pod_id, "ExecKill", {"task_id": container_id, "exec_id": exec_id})
+
     async def update_container_resources(self, container_id: str, linux: Mapping[str, Any] | None) -> None:
         """UpdateContainerResources: apply CRI's LinuxContainerResources ``linux`` (proto field
         names; zero values mean "leave as it is") to a running container's cgroup. Raises

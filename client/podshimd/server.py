@@ -38,6 +38,7 @@ from client.cri.rootfs import StoreImages
 from client.criapi import api_pb2, api_pb2_grpc
 from client.images.service import Images
 from client.spawners import ExecSpawner
+from client.streaming.remotecommand import ExecBackend
 from client.streaming.server import Backend, StreamingServer
 from shim.launch.notify import Notifier
 from shim.rpc.blocking import can_connect
@@ -274,7 +275,18 @@ async def _start_streaming(stack: contextlib.AsyncExitStack, config: Config, pod
     async def pod_network(pod_id: str) -> str:
         return (await pods.pod_network(pod_id))[1]
 
-    streaming = StreamingServer(config.streaming_address, Backend(pod_network=pod_network))
+    async def exec_start(container_id: str, cmd: list[str], stdio: dict[str, str]) -> tuple[str, str, str]:
+        return await pods.exec_start(container_id, cmd, stdio)
+
+    async def exec_wait(handle: tuple[str, str, str]) -> int:
+        return await pods.exec_wait(*handle)
+
+    async def exec_kill(handle: tuple[str, str, str]) -> None:
+        await pods.exec_kill(*handle)
+
+    # The exec FIFOs live in a 0700 directory of the runtime root (the shim opens them by path).
+    execs = ExecBackend(exec_start, exec_wait, exec_kill, os.path.join(config.runtime_root, "exec"))
+    streaming = StreamingServer(config.streaming_address, Backend(pod_network=pod_network, execs=execs))
     try:
         await streaming.start()
     except OSError as exc:

@@ -8,14 +8,14 @@ from __future__ import annotations
 from typing import Any
 
 from client.criapi import api_pb2
-from client.streaming.server import PortForwardRequest, StreamingServer
+from client.streaming.server import ExecRequest, PortForwardRequest, StreamingServer
 from shim.rpc.status import InvalidArgument, Unimplemented
 
 from .handlers import Handlers
 
 __all__ = ["Streaming"]
 
-_WHY = "podshimd's streaming server does not serve it yet"
+_WHY = "podshimd's streaming server does not serve attach yet"
 
 
 class Streaming(Handlers):
@@ -25,13 +25,21 @@ class Streaming(Handlers):
         assert self.streaming is not None, "podshimd's RuntimeService is made with its streaming server"
         return self.streaming
 
-    async def Exec(self, request: Any, context: Any) -> Any:
-        raise Unimplemented(f"{_WHY}, so interactive exec is not available: run a command to completion "
-                            "with ExecSync (crictl exec -s)")
+    async def Exec(self, request: api_pb2.ExecRequest, context: Any) -> api_pb2.ExecResponse:
+        cmd = tuple(request.cmd)
+        if not cmd or not cmd[0]:
+            raise InvalidArgument("cmd must name a program to run")
+        if not (request.stdin or request.stdout or request.stderr):
+            raise InvalidArgument("one of stdin, stdout and stderr must be requested")
+        if request.tty and request.stderr:
+            raise InvalidArgument("tty and stderr cannot both be true: a terminal carries stderr with stdout")
+        container_id = await self.pods.exec_target(request.container_id)
+        return api_pb2.ExecResponse(url=self._server().url(ExecRequest(
+            container_id, cmd, request.tty, request.stdin, request.stdout, request.stderr)))
 
     async def Attach(self, request: Any, context: Any) -> Any:
-        raise Unimplemented(f"{_WHY}, so attach is not available: read the container's output with "
-                            "crictl logs")
+        raise Unimplemented(f"{_WHY}: read the container's output with crictl logs, or run a command in it "
+                            "with crictl exec")
 
     async def PortForward(self, request: api_pb2.PortForwardRequest, context: Any) -> api_pb2.PortForwardResponse:
         # The ports asked for are checked here; the client names the port again on each connection.

@@ -18,12 +18,14 @@ from typing import Any
 
 from shim.rpc.frames import NEED_DATA
 
-from . import portforward
+from . import portforward, remotecommand
+from .remotecommand import ExecBackend, ExecRequest
 from .session import Session
 from .tokens import TokenError, Tokens
 from .upgrade import HttpError, Request, RequestReader, error_response, negotiate, switching_protocols
 
-__all__ = ["HEAD_TIMEOUT", "CLOSE_TIMEOUT", "PortForwardRequest", "Backend", "StreamingServer", "split_address"]
+__all__ = ["HEAD_TIMEOUT", "CLOSE_TIMEOUT", "PortForwardRequest", "ExecRequest", "Backend", "StreamingServer",
+           "split_address"]
 
 log = logging.getLogger("podshimd.streaming")
 
@@ -38,15 +40,17 @@ class PortForwardRequest:
     pod_sandbox_id: str
 
 
-KINDS: dict[type, str] = {PortForwardRequest: "portforward"}
-PROTOCOLS = {"portforward": (portforward.PROTOCOL,)}
+KINDS: dict[type, str] = {PortForwardRequest: "portforward", ExecRequest: "exec"}
+PROTOCOLS = {"portforward": (portforward.PROTOCOL,), "exec": remotecommand.PROTOCOLS}
 
 
 @dataclass(frozen=True, slots=True)
 class Backend:
-    """What sessions need from the pod layer: ``pod_network(pod_id)`` -> netns path ("" = host)."""
+    """What sessions need from the pod layer: ``pod_network(pod_id)`` -> netns path ("" = host);
+    ``execs``, how commands are started, waited for and killed."""
 
     pod_network: Callable[[str], Awaitable[str]]
+    execs: ExecBackend | None = None
 
 
 def split_address(address: str) -> tuple[str, int]:
@@ -164,7 +168,7 @@ class StreamingServer:
             return
         writer.write(switching_protocols(protocol))
         tasks = SessionTasks()
-        handler = self._handler(stored, tasks)
+        handler = self._handler(stored, protocol, tasks)
         session = Session(reader, writer, handler.stream_opened)
         try:
             await session.run(head.trailing)
@@ -189,7 +193,10 @@ class StreamingServer:
             raise HttpError(400, f"this URL's token is for /{KINDS[type(stored)]}/, not /{kind}/")
         return kind, stored, protocol
 
-    def _handler(self, stored: Any, tasks: SessionTasks) -> Any:
+    def _handler(self, stored: Any, protocol: str, tasks: SessionTasks) -> Any:
+        if isinstance(stored, ExecRequest):
+            assert self.backend.execs is not None
+            return remotecommand.RemoteCommandSession(stored, protocol, self.backend.execs, tasks.spawn)
         if isinstance(stored, PortForwardRequest):
             pod_id = stored.pod_sandbox_id
             return portforward.PortForwardSession(pod_id, lambda: self.backend.pod_network(pod_id), tasks.spawn)

@@ -45,5 +45,6 @@ SANDBOX_METHODS = (
     "SandboxStatus", "PingSandbox", "ShutdownSandbox", "SandboxMetrics",
 )
 EVENTS_METHODS = ("Subscribe",)
-TASK_METHODS = ("Create", "Start", "Kill", "Wait", "Delete", "State", "List", "Exec", "Stats", "Update", "ReopenLog")
+TASK_METHODS = ("Create", "Start", "Kill", "Wait", "Delete", "State", "List", "Exec", "ExecStart", "ExecWait", "ExecKill",
+                "Stats", "Update", "ReopenLog")
 TEMPLATE_METHODS = ("Spawn", "Ping")

@@ -50,9 +50,10 @@ class TaskSpec:
 class ExecSpec:
     """A command run beside a running task (Exec): ``args`` with the task's ``env`` and ``cwd``, in
     the namespaces of the task's process ``task_pid`` (net, ipc, uts, pid, mount) and in its
-    ``cgroup``, stdin /dev/null, ``stdout``/``stderr`` as its own, confined as the task is
+    ``cgroup``, ``stdin`` (None: /dev/null), ``stdout``/``stderr`` as its own, confined as the task is
     (``confinement``, as runc's exec applies the container's process settings). ``exec_id`` is
-    unique among the task's execs."""
+    unique among the task's execs. With ``terminal``, ``stdin`` (also its stdout and stderr) is a
+    terminal that becomes the command's controlling terminal."""
 
     task_id: str
     exec_id: str
@@ -61,9 +62,11 @@ class ExecSpec:
     cwd: str
     task_pid: int
     cgroup: SandboxCgroup
-    stdout: int
-    stderr: int
+    stdout: int | None
+    stderr: int | None
     confinement: Confinement = Confinement()
+    stdin: int | None = None
+    terminal: bool = False
 
 
 class Runtime(abc.ABC):

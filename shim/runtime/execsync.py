@@ -30,7 +30,8 @@ from shim.rpc.status import RpcError, Unavailable
 from shim.runtime import process
 from shim.runtime.pipes import PipeReader
 
-__all__ = ["EXEC_DRAIN_SECS", "EXEC_KILL_WAIT", "EXEC_OUTPUT_LIMIT_BYTES", "ExecOutput", "ExecResult", "run"]
+__all__ = ["EXEC_DRAIN_SECS", "EXEC_KILL_WAIT", "EXEC_OUTPUT_LIMIT_BYTES", "ExecOutput", "ExecResult", "run",
+           "kill_session", "session_of"]
 
 #: The most of each of stdout and stderr an Exec answers with: both fit one frame (4 MiB) with
 #: room to spare. containerd keeps 16 MiB per stream, kubelet's gRPC message limit.
@@ -131,7 +132,7 @@ async def run(start: Callable[[ExecOutput], Awaitable[process.Process]], cgroup:
         leader = await start(output)
         # The command's session: its own (it leads one, as the launcher and runc make it), or
         # the one of the runtime that started it (crun exec calls no setsid).
-        session = _session(leader.pid) or leader.pid
+        session = session_of(leader.pid) or leader.pid
         output.start()
         timed_out = False
         try:
@@ -170,7 +171,7 @@ def kill_session(leader: process.Process, session: int, cgroup: SandboxCgroup) -
             members = cgroup.pids()
         except RpcError:
             members = set()
-        fresh = {pid for pid in members if _session(pid) == session} - signalled
+        fresh = {pid for pid in members if session_of(pid) == session} - signalled
         if not fresh:
             break
         for pid in fresh:
@@ -181,6 +182,7 @@ def kill_session(leader: process.Process, session: int, cgroup: SandboxCgroup) -
         signalled |= fresh
 
 
-def _session(pid: int) -> int | None:
+def session_of(pid: int) -> int | None:
+    """The session id of process ``pid``, or None when it is gone."""
     stat = linux.proc_stat(pid)
     return int(stat[linux.STAT_SESSION - 1]) if stat is not None else None

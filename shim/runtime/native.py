@@ -39,8 +39,8 @@ class NativeRuntime(Runtime):
         return await self._launch(process.ProcessSpec(
             name=f"exec {spec.exec_id} in task {spec.task_id}", argv=spec.args, env=spec.env, cwd=spec.cwd,
             join=tuple((f"{ns_dir}/{name}", nstype) for name, nstype in _EXEC_JOINED),
-            procs_files=tuple(spec.cgroup.procs_files()), stdout=spec.stdout, stderr=spec.stderr,
-            confinement=spec.confinement))
+            procs_files=tuple(spec.cgroup.procs_files()), stdout=spec.stdout, stderr=spec.stderr, stdin=spec.stdin,
+            controlling_terminal=spec.terminal, confinement=spec.confinement))
 
     async def _launch(self, spec: process.ProcessSpec) -> process.Process:
         try:

@@ -32,6 +32,7 @@ import gc
 import logging
 import os
 import signal
+import termios
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
@@ -92,8 +93,9 @@ class ProcessSpec:
     written after the namespaces are entered; ``shm_options``, when set, mounts a tmpfs with
     these options on /dev/shm. ``binds`` are ``(source, target)`` bind mounts (not recursive) made
     in the new mount namespace right after it is made a slave, so only this process and what it
-    starts see them (needs ``CLONE_NEWNS`` in ``unshare_flags``). ``stdout``/``stderr`` are fds (None: /dev/null; stdin is always
-    /dev/null). ``argv[0]`` is searched in the PATH of ``env`` unless it contains a "/".
+    starts see them (needs ``CLONE_NEWNS`` in ``unshare_flags``). ``stdin``/``stdout``/``stderr`` are fds (None:
+    /dev/null); with ``controlling_terminal`` the process's stdin (a terminal) becomes the controlling
+    terminal of the session it leads. ``argv[0]`` is searched in the PATH of ``env`` unless it contains a "/".
     ``builtin``, when set, runs in B instead of exec with the report fd (it writes ``R\\n`` once
     ready and never returns). ``confinement`` (a task's user, capabilities, no_new_privs and
     seccomp filter, :mod:`shim.runtime.confine`) is applied last, right before exec; None leaves
@@ -116,6 +118,8 @@ class ProcessSpec:
     stdout: int | None = None
     stderr: int | None = None
     confinement: confine.Confinement | None = None
+    stdin: int | None = None
+    controlling_terminal: bool = False
 
 
 @dataclass(frozen=True)
@@ -151,7 +155,8 @@ class _Plan:
     env: dict[str, str]
     cwd: str
     builtin: Callable[[int], NoReturn] | None
-    stdio: tuple[int | None, int | None]
+    stdio: tuple[int | None, int | None, int | None]  # stdin, stdout, stderr
+    controlling_terminal: bool
     max_fd: int
     confine: tuple[tuple[str, Callable[[], None]], ...]  # (step, call): the last calls before exec
 
@@ -183,7 +188,7 @@ async def launch(spec: ProcessSpec, reaper: Reaper,
         # B closes every fd above 2 but the report pipe after dup2-ing its stdio onto 0-2, so
         # none of them may be one of 0-2 (possible if the shim runs with stdio closed).
         write_fd = _above_stdio(write_fd, fds)
-        stdio = tuple(None if fd is None else _above_stdio(fd, fds) for fd in (spec.stdout, spec.stderr))
+        stdio = tuple(None if fd is None else _above_stdio(fd, fds) for fd in (spec.stdin, spec.stdout, spec.stderr))
         plan = dataclasses.replace(plan, join=join, stdio=stdio)
         try:
             pid_a = _fork(_child_a, plan, write_fd)
@@ -246,7 +251,8 @@ def _plan(spec: ProcessSpec) -> _Plan:
         env=dict(spec.env),
         cwd=spec.cwd,
         builtin=spec.builtin,
-        stdio=(None, None),
+        stdio=(None, None, None),
+        controlling_terminal=spec.controlling_terminal,
         max_fd=os.sysconf("SC_OPEN_MAX"),
         confine=confine.steps(spec.confinement),
     )
@@ -529,10 +535,11 @@ def _child_b(plan: _Plan, write_fd: int) -> NoReturn:
         step = f"detaching the {plan.name} from the shim's session, fds and signals"
         os.setsid()
         null_fd = os.open("/dev/null", os.O_RDWR)
-        stdout, stderr = plan.stdio
-        os.dup2(null_fd, 0)
-        os.dup2(null_fd if stdout is None else stdout, 1)
-        os.dup2(null_fd if stderr is None else stderr, 2)
+        for target, fd in enumerate(plan.stdio):
+            os.dup2(null_fd if fd is None else fd, target)
+        if plan.controlling_terminal:
+            step = "making stdin the controlling terminal"
+            fcntl.ioctl(0, termios.TIOCSCTTY, 0)
         os.closerange(3, write_fd)
         os.closerange(write_fd + 1, plan.max_fd)
         kind = b"X"

@@ -88,6 +88,21 @@ class TaskService:
                                        timeout_secs=optional(p, "timeout_secs", int))
         return result.payload()
 
+    async def exec_start(self, ctx: CallContext, p: dict[str, Any]) -> dict[str, Any]:
+        sid, tid = self._ids(ctx, p)
+        return await self.tasks.exec_start(sid, tid, args=require(p, "args", list), stdin=optional(p, "stdin", str),
+                                           stdout=optional(p, "stdout", str), stderr=optional(p, "stderr", str),
+                                           terminal=optional(p, "terminal", str))
+
+    async def exec_wait(self, ctx: CallContext, p: dict[str, Any]) -> dict[str, Any]:
+        sid, tid = self._ids(ctx, p)
+        return await self.tasks.exec_wait(sid, tid, require(p, "exec_id", str))
+
+    async def exec_kill(self, ctx: CallContext, p: dict[str, Any]) -> dict[str, Any]:
+        sid, tid = self._ids(ctx, p)
+        self.tasks.exec_kill(sid, tid, require(p, "exec_id", str))
+        return {}
+
     async def stats(self, ctx: CallContext, p: dict[str, Any]) -> dict[str, Any]:
         return self.tasks.stats(*self._ids(ctx, p))
 
@@ -118,6 +133,9 @@ def register_tasks(server: Server, service: TaskService) -> None:
         "State": service.state,
         "List": service.list,
         "Exec": service.exec,
+        "ExecStart": service.exec_start,
+        "ExecWait": service.exec_wait,
+        "ExecKill": service.exec_kill,
         "Stats": service.stats,
         "Update": service.update,
         "ReopenLog": service.reopen_log,

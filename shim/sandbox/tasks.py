@@ -29,7 +29,7 @@ from typing import Any
 from shim.kernel.cgroups import SandboxCgroup, no_metrics
 from shim.kernel.netns import NamespaceNotFound
 from shim.kernel.reaper import ExitInfo
-from shim.runtime import execsync, process
+from shim.runtime import execstream, execsync, process
 from shim.runtime.base import CONTAINER, POD, ExecSpec, TaskSpec
 from shim.runtime.confine import Confinement
 from shim.runtime.crilog import LOG_DIR_MODE, CriLog, check_log_path
@@ -127,7 +127,8 @@ class Task:
         self.process: process.Process | None = None
         self.cgroup: SandboxCgroup | None = None
         self.crilog: CriLog | None = None  # while it runs: the writer of its log file
-        self.execs = 0  # Exec calls so far (each exec's id)
+        self.execs = 0  # Exec and ExecStart calls so far (each exec's id)
+        self.streamed: dict[str, tuple[process.Process, int]] = {}  # ExecStart's execs: exec id -> (leader, session)
         self.exit: ExitResult | None = None
         self.exited = asyncio.Event()
         # Start and Delete of one task take turns; so does stop_all with an in-flight Start.
@@ -370,6 +371,59 @@ class TaskSet:
             raise
         log.info("%s exited with status %d%s", name, result.exit_status, " (timed out)" if result.timed_out else "")
         return result
+
+    async def exec_start(self, sandbox_id: str, task_id: str, *, args: list[str], stdin: str | None = None,
+                         stdout: str | None = None, stderr: str | None = None,
+                         terminal: str | None = None) -> dict[str, Any]:
+        """ExecStart: start ``args`` beside the running task, as :meth:`exec` does, with the client's
+        FIFOs or terminal as its stdio; ``{exec_id, pid}`` once it runs. Raises InvalidArgument,
+        NotFound, FailedPrecondition (not running; the program cannot be run)."""
+        task = self.get(sandbox_id, task_id)
+        if not args or not all(isinstance(a, str) and "\0" not in a for a in args) or not args[0]:
+            raise InvalidArgument("field 'args' must be a non-empty array of strings without NUL")
+        task.check(Op.EXEC)
+        runtime, p, cgroup = self.sandbox.runtime, task.process, task.cgroup
+        assert runtime is not None and p is not None and cgroup is not None  # a running task has them
+        stdio = execstream.open_stdio(stdin, stdout, stderr, terminal)
+        try:
+            task.execs += 1
+            exec_id = str(task.execs)
+            try:
+                leader = await runtime.exec_process(ExecSpec(
+                    task_id, exec_id, tuple(args), task.env, task.cwd, p.pid, cgroup, stdio.stdout, stdio.stderr,
+                    task.confinement, stdin=stdio.stdin, terminal=stdio.terminal))
+            except NamespaceNotFound as exc:
+                if os.path.dirname(exc.path) == f"/proc/{p.pid}/ns":
+                    raise FailedPrecondition(f"task {task_id} exited while the command started ({exc.message})") \
+                        from None
+                raise
+        finally:
+            stdio.close()  # the command has its own copies
+        task.streamed[exec_id] = (leader, execsync.session_of(leader.pid) or leader.pid)
+        log.info("exec %s (%s) in task %s started with pid %d%s", exec_id, args[0], task_id, leader.pid,
+                 " on a terminal" if stdio.terminal else "")
+        return {"exec_id": exec_id, "pid": leader.pid}
+
+    def _streamed(self, sandbox_id: str, task_id: str, exec_id: str) -> tuple[Task, process.Process, int]:
+        task = self.get(sandbox_id, task_id)
+        found = task.streamed.get(exec_id) if isinstance(exec_id, str) else None
+        if found is None:
+            raise NotFound(f"exec {exec_id!r} of task {task_id} not found (never started, or already waited for)")
+        return task, found[0], found[1]
+
+    async def exec_wait(self, sandbox_id: str, task_id: str, exec_id: str) -> dict[str, Any]:
+        """ExecWait: ``{exit_status, exited_at}`` once ExecStart's command exited; the exec is then
+        forgotten. Raises NotFound."""
+        task, leader, _ = self._streamed(sandbox_id, task_id, exec_id)
+        info = await asyncio.shield(leader.exit)
+        task.streamed.pop(exec_id, None)
+        return {"exit_status": info.exit_status, "exited_at": info.exited_at_ns}
+
+    def exec_kill(self, sandbox_id: str, task_id: str, exec_id: str) -> None:
+        """ExecKill: SIGKILL ExecStart's command and what it started in its session. Raises NotFound."""
+        task, leader, session = self._streamed(sandbox_id, task_id, exec_id)
+        if not leader.exit.done() and task.cgroup is not None:
+            execsync.kill_session(leader, session, task.cgroup)
 
     def stats(self, sandbox_id: str, task_id: str) -> dict[str, Any]:
         """Stats: ``{timestamp, data}``, the usage of the task's cgroup (SandboxMetrics' keys); a

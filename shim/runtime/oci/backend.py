@@ -125,6 +125,9 @@ class OciBackend(Runtime):
         builds an exec's process. The process is the shim's child once the runtime has exited, and
         reaped like the task's. A program that cannot be run is FailedPrecondition, in the
         runtime's words."""
+        if spec.terminal:
+            raise FailedPrecondition(f"an exec with a terminal is not supported with {self.cli.name} (its console "
+                                     "socket is not implemented): use the native runtime handler, or no tty")
         container = self.containers.get(self.task_container(spec.task_id).container_id)
         if container is None:
             raise FailedPrecondition(f"task {spec.task_id} has no {self.cli.name} container")
@@ -141,7 +144,7 @@ class OciBackend(Runtime):
             # Without a cgroup manager, the runtime runs in the task's cgroup: the process is born there.
             procs = () if self.cli.manages_cgroups else tuple(spec.cgroup.procs_files())
             pid = await self.cli.exec(container, files + ".json", files + ".pid", stdout=spec.stdout,
-                                      stderr=spec.stderr, procs_files=procs)
+                                      stderr=spec.stderr, stdin=spec.stdin, procs_files=procs)
         finally:
             for path in (files + ".json", files + ".pid"):
                 try:

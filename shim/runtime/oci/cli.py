@@ -148,10 +148,10 @@ class OciCli:
             raise Internal(f"{self.name} create {container.container_id} succeeded but left no pid in "
                            f"{container.pid_file}: {exc}") from None
 
-    async def exec(self, container: Container, process_file: str, pid_file: str, *, stdout: int, stderr: int,
-                   procs_files: tuple[str, ...] = ()) -> int:
+    async def exec(self, container: Container, process_file: str, pid_file: str, *, stdout: int | None,
+                   stderr: int | None, stdin: int | None = None, procs_files: tuple[str, ...] = ()) -> int:
         """``exec --detach --pid-file P --process F ID``: the process ``process_file`` describes, in
-        the container, with ``stdout``/``stderr`` as its own; returns its pid once the runtime has
+        the container, with ``stdin``/``stdout``/``stderr`` as its own; returns its pid once the runtime has
         exited (the process is then an orphan its nearest subreaper, the shim, adopts).
         ``procs_files`` are joined before the runtime runs (without a cgroup manager, that is where
         the process is born)."""
@@ -161,7 +161,7 @@ class OciCli:
             pass
         await self._run(container, "exec", "--detach", "--pid-file", pid_file, "--process", process_file,
                         container.container_id, timeout=EXEC_TIMEOUT, stdout=stdout, stderr=stderr,
-                        procs_files=procs_files)
+                        stdin=stdin, procs_files=procs_files)
         try:
             with open(pid_file) as f:
                 return int(f.read().strip())
@@ -217,7 +217,7 @@ class OciCli:
 
     async def _run(self, container: Container, verb: str, *args: str, timeout: float, stdout: int | None = None,
                    stderr: int | None = None, capture: bool = False, binds: tuple[tuple[str, str], ...] = (),
-                   procs_files: tuple[str, ...] = ()) -> bytes:
+                   procs_files: tuple[str, ...] = (), stdin: int | None = None) -> bytes:
         """One call: launch, wait for the exit within ``timeout``, return stdout when ``capture``."""
         if self.reaper is None:
             raise FailedPrecondition(f"{self.name} {verb}: no reaper to wait for the runtime")
@@ -232,7 +232,7 @@ class OciCli:
             spec = process.ProcessSpec(
                 name=f"{self.name} {verb}", argv=tuple(self.argv(container, verb, *args)),
                 env={"PATH": process.DEFAULT_PATH}, unshare_flags=linux.CLONE_NEWNS if binds else 0, binds=binds,
-                procs_files=procs_files, stdout=stdout, stderr=stderr)
+                procs_files=procs_files, stdout=stdout, stderr=stderr, stdin=stdin)
             try:
                 proc = await process.launch(spec, self.reaper)
             except process.ExecFailed as exc:

@@ -1,0 +1,81 @@
+"""ExecStart's stdio: the files the client names, opened by the shim for the command (protocol.md 7.3).
+
+The client (podshimd) makes FIFOs, or a pseudo-terminal, and holds their other ends, so the command's
+bytes go straight between it and the client: the shim only opens the paths and hands the fds to the
+launcher. Every open is non-blocking and refuses symbolic links; a FIFO is then made blocking again,
+as a program expects its stdio to be.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import stat
+from dataclasses import dataclass, field
+
+from shim.rpc.status import InvalidArgument
+
+__all__ = ["ExecStdio", "open_stdio"]
+
+
+@dataclass
+class ExecStdio:
+    """The command's stdin, stdout and stderr fds (None: /dev/null) and whether they are one terminal.
+    :meth:`close` is the one cleanup path (once the command has its copies)."""
+
+    stdin: int | None = None
+    stdout: int | None = None
+    stderr: int | None = None
+    terminal: bool = False
+    _fds: list[int] = field(default_factory=list)
+
+    def close(self) -> None:
+        for fd in self._fds:
+            os.close(fd)
+        self._fds.clear()
+
+
+def _open(path: str, field_name: str, flags: int, *, want_fifo: bool) -> int:
+    if not isinstance(path, str) or not path.startswith("/") or "\0" in path:
+        raise InvalidArgument(f"field {field_name!r} must be an absolute path, not {path!r}")
+    try:
+        fd = os.open(path, flags | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NOCTTY)
+    except OSError as exc:
+        # ENXIO: a FIFO opened for writing that nobody reads (the client must hold its end first).
+        raise InvalidArgument(f"field {field_name!r}: cannot open {path}: {exc.strerror}") from None
+    try:
+        mode = os.fstat(fd).st_mode
+        if want_fifo and not stat.S_ISFIFO(mode):
+            raise InvalidArgument(f"field {field_name!r}: {path} is not a FIFO")
+        if not want_fifo and not os.isatty(fd):
+            raise InvalidArgument(f"field {field_name!r}: {path} is not a terminal")
+        fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_NONBLOCK)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def open_stdio(stdin: str | None, stdout: str | None, stderr: str | None, terminal: str | None) -> ExecStdio:
+    """Open ExecStart's ``stdin``/``stdout``/``stderr`` FIFOs or its ``terminal``. Raises InvalidArgument
+    (a path that is not absolute, not a FIFO or terminal, or cannot be opened; a terminal with FIFOs)."""
+    stdio = ExecStdio()
+    try:
+        if terminal is not None:
+            if stdin is not None or stdout is not None or stderr is not None:
+                raise InvalidArgument("field 'terminal' is the command's stdin, stdout and stderr: give it alone")
+            fd = _open(terminal, "terminal", os.O_RDWR, want_fifo=False)
+            stdio._fds.append(fd)
+            stdio.stdin = stdio.stdout = stdio.stderr = fd
+            stdio.terminal = True
+            return stdio
+        for name, path, flags in (("stdin", stdin, os.O_RDONLY), ("stdout", stdout, os.O_WRONLY),
+                                  ("stderr", stderr, os.O_WRONLY)):
+            if path is not None:
+                fd = _open(path, name, flags, want_fifo=True)
+                stdio._fds.append(fd)
+                setattr(stdio, name, fd)
+    except BaseException:
+        stdio.close()
+        raise
+    return stdio

@@ -1,0 +1,128 @@
+"""Exec through podshimd's streaming server, driven by the real crictl 1.26: `crictl exec` (output and exit
+code), `crictl exec -i` with stdin piped, `crictl exec -it` on a terminal (script(1)) with a resize; the
+command killed when the client goes away."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import signal
+import subprocess
+
+import grpc
+import pytest
+
+from client.criapi import api_pb2
+from podtools import container_config, pod_config
+from proctools import wait_gone
+
+MB = 1 << 20
+
+
+@pytest.fixture
+def container(daemon, crictl, tmp_path) -> str:
+    """A running container (sleep) in a ready pod."""
+    pod_path = tmp_path / "pod.json"
+    pod_path.write_text(json.dumps(pod_config()))
+    pod_id = daemon.crictl(crictl, "runp", str(pod_path)).stdout.strip()
+    ctr_path = tmp_path / "ctr.json"
+    ctr_path.write_text(json.dumps(container_config(["sleep", "600"])))
+    container_id = daemon.crictl(crictl, "create", pod_id, str(ctr_path), str(pod_path)).stdout.strip()
+    daemon.crictl(crictl, "start", container_id)
+    return container_id
+
+
+def crictl_exec(daemon, crictl, *args: str, stdin: bytes | None = None, timeout: float = 60) -> subprocess.CompletedProcess:
+    return subprocess.run([crictl, "--runtime-endpoint", daemon.endpoint, "exec", *args],
+                          input=stdin, stdin=None if stdin is not None else subprocess.DEVNULL,
+                          capture_output=True, timeout=timeout)
+
+
+def test_exec_streams_stdout_and_stderr_and_succeeds(daemon, crictl, container):
+    done = crictl_exec(daemon, crictl, container, "sh", "-c", "echo out; echo err >&2")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == b"out\n" and done.stderr == b"err\n"
+
+
+def test_exec_reports_the_commands_exit_code(daemon, crictl, container):
+    done = crictl_exec(daemon, crictl, container, "sh", "-c", "exit 7")
+    # crictl 1.26 turns any failure into its own exit status 1, quoting the error.
+    assert done.returncode == 1 and b"command terminated with exit code 7" in done.stderr, done.stderr
+
+
+def test_exec_runs_in_the_containers_namespaces(daemon, crictl, container):
+    info = json.loads(daemon.crictl(crictl, "inspect", container).stdout)["info"]
+    done = crictl_exec(daemon, crictl, container, "readlink", "/proc/self/ns/pid", "/proc/self/ns/net")
+    with open(f"/proc/{info['pid']}/ns/pid", "rb"):
+        pass
+    assert done.stdout.decode().split() == [os.readlink(f"/proc/{info['pid']}/ns/pid"),
+                                            os.readlink(f"/proc/{info['pid']}/ns/net")]
+
+
+def test_exec_i_carries_piped_stdin_to_the_end(daemon, crictl, container):
+    payload = os.urandom(3 * MB)
+    done = crictl_exec(daemon, crictl, "-i", container, "sha256sum", stdin=payload)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split()[0].decode() == hashlib.sha256(payload).hexdigest()
+
+
+def test_exec_of_a_program_that_does_not_exist_is_a_clear_error(daemon, crictl, container):
+    done = crictl_exec(daemon, crictl, container, "/no/such/program")
+    assert done.returncode != 0
+    assert b"exec /no/such/program: No such file or directory" in done.stderr
+
+
+def test_exec_it_runs_on_a_terminal_and_follows_its_size(daemon, crictl, container):
+    # script(1) gives crictl a terminal of 40 rows by 100 columns; the command sees the same.
+    command = f"{crictl} --runtime-endpoint {daemon.endpoint} exec -it {container} sh -c 'tty; stty size'"
+    done = subprocess.run(["script", "-qec", f"stty rows 40 cols 100; {command}", "/dev/null"],
+                          stdin=subprocess.DEVNULL, capture_output=True, timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = done.stdout.decode().replace("\r", "").split("\n")
+    assert re.search(r"/dev/pts/\d+$", lines[0]), lines
+    assert "40 100" in lines
+
+
+def test_the_command_is_killed_when_the_client_goes_away(daemon, crictl, container):
+    proc = subprocess.Popen([crictl, "--runtime-endpoint", daemon.endpoint, "exec", container, "sh", "-c",
+                             "echo $$; exec sleep 600"], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE)
+    try:
+        inner = int(proc.stdout.readline())  # pid in the container's pid namespace
+        found = [pid for pid in _container_pids(daemon, crictl, container) if _ns_pid(pid) == inner]
+        assert len(found) == 1
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        proc.stdout.close()
+    assert not wait_gone(found[0], timeout=30)
+
+
+def _container_pids(daemon, crictl, container_id: str) -> list[int]:
+    info = json.loads(daemon.crictl(crictl, "inspect", container_id).stdout)["info"]
+    with open(f"/proc/{info['pid']}/cgroup") as f:
+        path = next(line.split(":", 2)[2].strip() for line in f if line.split(":")[1] in ("", "pids"))
+    for root in ("/sys/fs/cgroup/pids", "/sys/fs/cgroup"):
+        procs = f"{root}{path}/cgroup.procs"
+        if os.path.exists(procs):
+            with open(procs) as f:
+                return [int(line) for line in f]
+    raise AssertionError(f"no cgroup.procs for {path}")
+
+
+def _ns_pid(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        return int(next(line for line in f if line.startswith("NSpid:")).split()[-1])
+
+
+def test_exec_in_a_container_that_does_not_run_is_refused(daemon):
+    with pytest.raises(grpc.RpcError) as failed:
+        daemon.runtime().Exec(api_pb2.ExecRequest(container_id="f" * 64, cmd=["true"], stdout=True))
+    assert failed.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+def test_exec_with_tty_and_stderr_is_invalid(daemon, container):
+    with pytest.raises(grpc.RpcError) as failed:
+        daemon.runtime().Exec(api_pb2.ExecRequest(container_id=container, cmd=["true"], tty=True, stderr=True))
+    assert failed.value.code() == grpc.StatusCode.INVALID_ARGUMENT

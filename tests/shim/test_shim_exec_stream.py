@@ -1,0 +1,157 @@
+"""ExecStart, ExecWait and ExecKill through a real shim (protocol.md 7.3): a command whose stdio are the
+client's FIFOs or terminal, waited for and killed by its exec id."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import stat
+import termios
+
+import pytest
+
+from shim.rpc import FailedPrecondition, InvalidArgument, NotFound
+from shim.rpc.api import TASK_SERVICE
+from shimtools import host_untouched  # noqa: F401  (autouse: what this module's shims made is checked at the end)
+from proctools import wait_gone_async
+from shimtools import WAIT, ShimLauncher
+
+HANDLERS = ["native"] + [h for h in ("runc", "crun") if shutil.which(h, path="/usr/sbin:/usr/bin:/sbin:/bin")]
+
+
+class Pod:
+    def __init__(self, shim, log_dir: str):
+        self.shim = shim
+        self.log_dir = log_dir
+
+    async def call(self, method: str, timeout: float = WAIT, **fields):
+        return await self.shim.client.call(TASK_SERVICE, method, {"sandbox_id": self.shim.sandbox_id, **fields},
+                                           timeout=timeout)
+
+    async def run(self, task_id: str, *args: str) -> int:
+        await self.call("Create", task_id=task_id, args=list(args), log_path=os.path.join(self.log_dir, task_id))
+        return (await self.call("Start", task_id=task_id))["pid"]
+
+
+@pytest.fixture(params=HANDLERS)
+async def pod(request, shims: ShimLauncher, tmp_path) -> Pod:
+    shim = await shims.start()
+    await shim.run_sandbox(options={"runtime_handler": request.param})
+    pod = Pod(shim, str(tmp_path))
+    await pod.run("app", "sleep", "600")
+    return pod
+
+
+class Fifos:
+    """The client's side: stdin held for writing, stdout and stderr for reading (protocol.md's order)."""
+
+    def __init__(self, directory: str):
+        self.paths = {name: os.path.join(directory, name) for name in ("stdin", "stdout", "stderr")}
+        for path in self.paths.values():
+            os.mkfifo(path, 0o600)
+        holder = os.open(self.paths["stdin"], os.O_RDONLY | os.O_NONBLOCK)
+        self.stdin = os.open(self.paths["stdin"], os.O_WRONLY)
+        os.close(holder)
+        self.stdout = os.open(self.paths["stdout"], os.O_RDONLY | os.O_NONBLOCK)
+        self.stderr = os.open(self.paths["stderr"], os.O_RDONLY | os.O_NONBLOCK)
+
+    def close(self) -> None:
+        for fd in (self.stdin, self.stdout, self.stderr):
+            if fd >= 0:
+                os.close(fd)
+
+
+def read_to_end(fd: int) -> bytes:
+    os.set_blocking(fd, True)
+    data = b""
+    while chunk := os.read(fd, 65536):
+        data += chunk
+    return data
+
+
+async def test_exec_start_streams_stdin_to_stdout_and_stderr_and_wait_answers_its_exit(pod, tmp_path):
+    fifos = Fifos(str(tmp_path))
+    try:
+        started = await pod.call("ExecStart", task_id="app", args=["sh", "-c", "tr a-z A-Z; echo done >&2; exit 4"],
+                                 **fifos.paths)
+        assert set(started) == {"exec_id", "pid"}
+        os.write(fifos.stdin, b"hello\n")
+        os.close(fifos.stdin)
+        fifos.stdin = -1
+        out, err = await asyncio.gather(asyncio.to_thread(read_to_end, fifos.stdout),
+                                        asyncio.to_thread(read_to_end, fifos.stderr))
+        assert (out, err) == (b"HELLO\n", b"done\n")
+        assert (await pod.call("ExecWait", task_id="app", exec_id=started["exec_id"]))["exit_status"] == 4
+        with pytest.raises(NotFound):
+            await pod.call("ExecWait", task_id="app", exec_id=started["exec_id"])  # forgotten once waited for
+    finally:
+        fifos.close()
+
+
+async def test_exec_kill_ends_the_command_and_what_it_started(pod, tmp_path):
+    fifos = Fifos(str(tmp_path))
+    try:
+        started = await pod.call("ExecStart", task_id="app", args=["sh", "-c", "sleep 300 & echo $!; wait"],
+                                 stdout=fifos.paths["stdout"])
+        os.set_blocking(fifos.stdout, True)
+        child = int(os.read(fifos.stdout, 100).split()[0])
+        await pod.call("ExecKill", task_id="app", exec_id=started["exec_id"])
+        assert (await pod.call("ExecWait", task_id="app", exec_id=started["exec_id"]))["exit_status"] == 137
+        # the pid printed is in the task's pid namespace: its processes are gone from the host's view too
+        assert not await wait_gone_async(started["pid"], timeout=WAIT)
+        assert child > 0
+    finally:
+        fifos.close()
+
+
+async def test_exec_start_refuses_what_is_not_a_fifo_or_a_terminal(pod, tmp_path):
+    regular = tmp_path / "file"
+    regular.write_text("")
+    with pytest.raises(InvalidArgument, match="is not a FIFO"):
+        await pod.call("ExecStart", task_id="app", args=["true"], stdout=str(regular))
+    with pytest.raises(InvalidArgument, match="is not a terminal"):
+        await pod.call("ExecStart", task_id="app", args=["true"], terminal=str(regular))
+    with pytest.raises(InvalidArgument, match="give it alone"):
+        await pod.call("ExecStart", task_id="app", args=["true"], terminal="/dev/ptmx", stdout=str(regular))
+    fifo = tmp_path / "nobody-reads"
+    os.mkfifo(fifo)
+    with pytest.raises(InvalidArgument, match="cannot open"):  # ENXIO: the client holds no reader
+        await pod.call("ExecStart", task_id="app", args=["true"], stdout=str(fifo))
+    assert stat.S_ISFIFO(os.stat(fifo).st_mode)
+
+
+async def test_exec_start_on_a_terminal_makes_it_the_controlling_terminal(pod, request):
+    master, slave = os.openpty()
+    try:
+        fields = {"terminal": os.ttyname(slave)}
+        if request.node.callspec.params["pod"] != "native":
+            with pytest.raises(FailedPrecondition, match="terminal is not supported"):
+                await pod.call("ExecStart", task_id="app", args=["true"], **fields)
+            return
+        started = await pod.call("ExecStart", task_id="app", args=["sh", "-c", "tty; stty size"], **fields)
+        os.close(slave)
+        slave = -1
+        assert (await pod.call("ExecWait", task_id="app", exec_id=started["exec_id"]))["exit_status"] == 0
+        output = b""
+        while True:
+            try:
+                chunk = os.read(master, 4096)
+            except OSError:  # EIO: every slave fd is closed
+                break
+            if not chunk:
+                break
+            output += chunk
+        lines = output.decode().replace("\r", "").split("\n")
+        assert lines[0] == fields["terminal"] and lines[1] == "%d %d" % termios.tcgetwinsize(master)
+    finally:
+        os.close(master)
+        if slave >= 0:
+            os.close(slave)
+
+
+async def test_exec_ids_unknown_to_wait_and_kill_are_not_found(pod):
+    with pytest.raises(NotFound):
+        await pod.call("ExecWait", task_id="app", exec_id="99")
+    with pytest.raises(NotFound):
+        await pod.call("ExecKill", task_id="app", exec_id="99")
