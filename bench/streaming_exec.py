@@ -1,0 +1,102 @@
+"""crictl exec round trips through podshimd: ExecSync (``exec -s``) beside the streaming Exec, and 100
+streaming execs at once (every one must succeed; podshimd's open fds and tasks before and after).
+
+    python bench/streaming_exec.py [--runs 30] [--concurrent 100]
+
+As root. Runs its own podshimd (as tests/critools.py's ``running_podshimd``: everything under a
+temporary directory, removed at the end) with one pod (loopback-only netns, no CNI config) and one
+container (``sleep``) on the host's root filesystem. containerd is not run here (its CRI exec needs
+an image with a shell imported into it): the figure stands alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path[:0] = [REPO, os.path.join(REPO, "tests")]
+
+from bench.common import percentile  # noqa: E402
+from critools import cri_tools_bin, running_podshimd  # noqa: E402
+from podtools import container_config, pod_config  # noqa: E402
+
+
+def timed(argv: list[str]) -> float:
+    start = time.perf_counter()
+    subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, check=True,
+                   timeout=60)
+    return time.perf_counter() - start
+
+
+def open_fds(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=30)
+    parser.add_argument("--concurrent", type=int, default=100)
+    args = parser.parse_args(argv)
+    crictl = os.path.join(cri_tools_bin(), "crictl")
+    directory = tempfile.mkdtemp(prefix="psd-bench-")
+    try:
+        with running_podshimd(directory) as daemon:
+            base = [crictl, "--runtime-endpoint", daemon.endpoint, "--timeout", "30s"]
+            pod_path, ctr_path = os.path.join(directory, "pod.json"), os.path.join(directory, "ctr.json")
+            with open(pod_path, "w") as f:
+                json.dump(pod_config(), f)
+            with open(ctr_path, "w") as f:
+                json.dump(container_config(["sleep", "3600"]), f)
+            pod_id = subprocess.run(base + ["runp", pod_path], capture_output=True, text=True, check=True).stdout.strip()
+            try:
+                cid = subprocess.run(base + ["create", pod_id, ctr_path, pod_path], capture_output=True, text=True,
+                                     check=True).stdout.strip()
+                subprocess.run(base + ["start", cid], capture_output=True, check=True)
+                for _ in range(3):  # warm both paths (imports, the shim's first Task call)
+                    timed(base + ["exec", "-s", cid, "true"])
+                    timed(base + ["exec", cid, "true"])
+                figures = {"exec -s true (ExecSync)": [], "exec true (streaming)": []}
+                for _ in range(args.runs):  # interleaved, so both see the same machine
+                    figures["exec -s true (ExecSync)"].append(timed(base + ["exec", "-s", cid, "true"]))
+                    figures["exec true (streaming)"].append(timed(base + ["exec", cid, "true"]))
+                for name, values in figures.items():
+                    print(f"crictl {name:28s} median {percentile(values, 50) * 1000:6.1f} ms   "
+                          f"p90 {percentile(values, 90) * 1000:6.1f} ms   ({len(values)} runs)")
+                pid = daemon.process.pid
+                fds_before = open_fds(pid)
+                failures: list[str] = []
+
+                def one() -> None:
+                    done = subprocess.run(base + ["exec", cid, "sh", "-c", "echo hi"], stdin=subprocess.DEVNULL,
+                                          capture_output=True, timeout=120)
+                    if done.returncode != 0 or done.stdout != b"hi\n":
+                        failures.append(done.stderr.decode()[-200:])
+
+                threads = [threading.Thread(target=one) for _ in range(args.concurrent)]
+                start = time.perf_counter()
+                for t in threads:
+                    t.start()
+                for t in threads:
+                    t.join()
+                elapsed = time.perf_counter() - start
+                print(f"{args.concurrent} streaming execs at once: {args.concurrent - len(failures)} succeeded in "
+                      f"{elapsed:.1f} s; podshimd fds {fds_before} before, {open_fds(pid)} after")
+                for failure in failures[:3]:
+                    print("  failed:", failure)
+            finally:
+                subprocess.run(base + ["rmp", "-f", pod_id], capture_output=True)
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
