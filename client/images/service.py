@@ -7,14 +7,18 @@ means, for podshimd (and anything else) to translate.
 - Concurrent pulls of one reference with the same credentials share one pull (one task per
   reference in this process); the callers all get its result or its error. A caller that goes
   away does not stop a pull others may wait for; :meth:`Images.aclose` cancels what is in flight.
-- An image is recorded only once all its blobs are verified in the content store, so a failed,
-  cancelled or killed pull leaves no record, and its temporary files go with it (or at the next
-  start, when the content store empties ingest/).
+- An image is recorded only once all its blobs are verified in the content store and its layers
+  are unpacked into committed snapshots (:mod:`.snapshots`, one per layer chain, shared between
+  images; the record keeps the top chain id), so a failed, cancelled or killed pull leaves no
+  record, and its temporary files go with it (or at the next start, when the content store
+  empties ingest/ and the snapshotter its half-unpacked layers).
 - RemoveImage forgets the image with all its tags and digests (as containerd's CRI does) and
-  garbage-collects the blobs no image references; an image a container uses is refused with
+  garbage-collects the blobs and layer snapshots no image (nor, for snapshots, a container)
+  references, in a worker thread; an image a container uses is refused with
   FAILED_PRECONDITION: :attr:`Images.in_use` is the hook (``image_id -> bool``) the container
-  layer sets. Blobs are collected only while no pull is in flight (a pull's blobs are in the store
-  before its record is); a collection asked for meanwhile runs when the last pull ends.
+  layer sets. Garbage is collected only while no pull is in flight (a pull's blobs and snapshots
+  exist before its record does); a collection asked for meanwhile runs when the last pull ends,
+  and a pull that starts while one runs waits for it.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import asyncio
 import logging
 import os
 from collections.abc import Callable, Iterable
+from dataclasses import replace
 from typing import Any
 
 from shim.rpc.status import FailedPrecondition, InvalidArgument
@@ -30,6 +35,7 @@ from shim.rpc.status import FailedPrecondition, InvalidArgument
 from .content import ContentStore
 from .pull import PULL_TIMEOUT, SKOPEO, AuthConfig, Pulled, Puller, RegistryHost
 from .reference import ReferenceError, parse
+from .snapshots import Snapshotter
 from .store import ImageRecord, ImageStore, Layer
 
 __all__ = ["IMAGES_DIR", "Images", "image_user"]
@@ -39,6 +45,7 @@ log = logging.getLogger(__name__)
 #: The image store, below the state root.
 IMAGES_DIR = "images"
 CONTENT_DIR = "content"
+SNAPSHOTS_DIR = "snapshots"
 
 
 def image_user(config: dict[str, Any]) -> tuple[int | None, str]:
@@ -64,8 +71,10 @@ class Images:
         self.puller = Puller(self.content, hosts=hosts, timeout=pull_timeout, platform=platform, skopeo=skopeo)
         #: Whether a container uses the image (by id); the container layer sets it.
         self.in_use: Callable[[str], bool] = lambda image_id: False
+        self.snapshots: Snapshotter | None = None  # made by open(): it cleans up as it starts
         self._pulls: dict[tuple[str, AuthConfig | None], asyncio.Task[ImageRecord]] = {}
         self._gc_pending = False
+        self._collecting: asyncio.Future[Any] | None = None
 
     def open(self) -> Images:
         """Make the directories, remove what a killed pull left, read the records and collect the
@@ -73,6 +82,7 @@ class Images:
         os.makedirs(os.path.dirname(self.root), exist_ok=True)
         self.store.load()
         self.content.open()
+        self.snapshots = Snapshotter(os.path.join(self.root, SNAPSHOTS_DIR))
         self.collect_garbage()
         return self
 
@@ -121,11 +131,16 @@ class Images:
         if not task.cancelled() and task.exception() is not None:
             log.debug("pull of %s failed: %s", key[0], task.exception())  # retrieved: no warning at exit
         if self._gc_pending and not self._pulls:
-            self.collect_garbage()
+            self._start_collecting()
 
     async def _pull(self, ref: Any, auth: AuthConfig | None) -> ImageRecord:
+        while self._collecting is not None:  # a collection must not take what this pull finds stored
+            await asyncio.shield(self._collecting)
         pulled = await self.puller.pull(ref, auth)
         record = self._record(pulled)
+        if self.snapshots is not None and record.layers:
+            layers = [(layer.diff_id, self.content.path(layer.digest), layer.media_type) for layer in record.layers]
+            record = replace(record, chain_id=await asyncio.to_thread(self.snapshots.unpack, layers))
         log.info("pulled %s: image %s (%d layers, %d bytes)", ref, record.short_id, len(record.layers), record.size)
         return self.store.add(record)
 
@@ -146,7 +161,7 @@ class Images:
 
     # -- removing ------------------------------------------------------------------------------
 
-    def remove(self, name: str) -> ImageRecord | None:
+    async def remove(self, name: str) -> ImageRecord | None:
         """Forget the image ``name`` names, all its tags and digests, and collect its blobs; the
         record removed, None when there was none (not an error: removal is idempotent). Raises
         FailedPrecondition while a container uses it."""
@@ -158,18 +173,36 @@ class Images:
                                      "container first")
         self.store.remove(record.image_id)
         log.info("removed image %s (%s)", record.short_id, ", ".join(record.repo_tags) or "untagged")
-        self.collect_garbage()
+        if self._pulls:
+            self._gc_pending = True  # collected when the last pull ends
+        else:
+            await asyncio.shield(self._start_collecting())
         return record
 
+    def _start_collecting(self) -> asyncio.Future[Any]:
+        """Collect garbage in a worker thread; pulls that start meanwhile wait for it."""
+        if self._collecting is None:
+            self._gc_pending = False
+            self._collecting = asyncio.ensure_future(asyncio.to_thread(self.collect_garbage))
+            self._collecting.add_done_callback(self._collected)
+        return self._collecting
+
+    def _collected(self, future: asyncio.Future[Any]) -> None:
+        self._collecting = None
+        if not future.cancelled() and future.exception() is not None:
+            log.warning("collecting unreferenced blobs and snapshots failed: %s", future.exception())
+
     def collect_garbage(self) -> int:
-        """Remove the blobs no image references (later, when pulls are in flight); how many."""
-        if self._pulls:
-            self._gc_pending = True
-            return 0
-        self._gc_pending = False
+        """Remove the blobs and layer snapshots no image references (blocking: file system
+        work); how many blobs. Callers make sure no pull is in flight meanwhile."""
         unreferenced = self.content.digests() - self.store.referenced_blobs()
         for digest in unreferenced:
             self.content.remove(digest)
         if unreferenced:
             log.info("collected %d unreferenced blobs", len(unreferenced))
+        if self.snapshots is not None:
+            removed = self.snapshots.gc({r.chain_id for r in self.store.list() if r.chain_id})
+            if removed.removed:
+                log.info("collected %d unreferenced layer snapshots (%d bytes)", len(removed.removed),
+                         removed.bytes)
         return len(unreferenced)

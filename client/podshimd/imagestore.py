@@ -58,5 +58,5 @@ class ImageStore(Handlers):
         return api_pb2.PullImageResponse(image_ref=record.image_id)
 
     async def RemoveImage(self, request: api_pb2.RemoveImageRequest, context: Any) -> api_pb2.RemoveImageResponse:
-        self.images.remove(request.image.image)
+        await self.images.remove(request.image.image)
         return api_pb2.RemoveImageResponse()

@@ -265,7 +265,8 @@ async def _open_pods(stack: contextlib.AsyncExitStack, config: Config, images: I
             config.state_root, config.runtime_root, cni_conf_dir=config.cni_conf_dir,
             cni_bin_dirs=config.cni_bin_dirs, spawner=spawner, runtime_handlers=config.runtime_handlers,
             default_runtime_handler=config.default_runtime_handler, cgroup_parent=config.cgroup_parent,
-            pause_binary=config.sandbox_binary, images=StoreImages(images.store.resolve)))
+            pause_binary=config.sandbox_binary, images=StoreImages(images.store.resolve),
+            snapshots=images.snapshots))
     except RpcError as exc:
         raise DaemonError(f"cannot open the pods under {config.state_root}: {exc.message}") from None
 

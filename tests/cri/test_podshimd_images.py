@@ -15,6 +15,7 @@ import pytest
 
 from client.criapi import api_pb2
 from critools import Podshimd, running_podshimd
+from podtools import container_config, pod_config
 from registry import AUTH
 
 
@@ -133,3 +134,26 @@ def test_imagefsinfo_counts_what_a_pull_stored(daemon, crictl, test_images):
     before = used()
     daemon.crictl(crictl, "pull", test_images.busybox.ref)
     assert used() > before + 1_000_000  # busybox is about a megabyte compressed
+
+
+def test_an_image_a_container_uses_is_not_removed_until_the_container_is(daemon, crictl, test_images, tmp_path):
+    busybox = test_images.busybox
+    daemon.crictl(crictl, "pull", busybox.ref)
+    pod_path = tmp_path / "pod.json"
+    pod_path.write_text(json.dumps(pod_config()))
+    pod_id = daemon.crictl(crictl, "runp", str(pod_path)).stdout.strip()
+    try:
+        config = {**container_config(["sleep", "60"]), "image": {"image": busybox.ref}}
+        (tmp_path / "ctr.json").write_text(json.dumps(config))
+        container_id = daemon.crictl(crictl, "create", pod_id, str(tmp_path / "ctr.json"), str(pod_path)).stdout.strip()
+        assert json.loads(daemon.crictl(crictl, "inspect", container_id).stdout)["status"]["imageRef"] == \
+            busybox.by_digest
+        refused = daemon.crictl(crictl, "rmi", busybox.ref, check=False)
+        assert refused.returncode != 0
+        assert "code = FailedPrecondition desc = image" in refused.stderr and "is in use by a container" in refused.stderr
+        assert listed(daemon, crictl) != []
+        daemon.crictl(crictl, "rm", "-f", container_id)
+    finally:
+        daemon.crictl(crictl, "rmp", "-f", pod_id)
+    daemon.crictl(crictl, "rmi", busybox.ref)
+    assert listed(daemon, crictl) == [] and blobs(daemon) == set()

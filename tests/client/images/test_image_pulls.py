@@ -18,6 +18,8 @@ import pytest
 
 from client.images.pull import AuthConfig, RegistryHost
 from client.images.service import Images
+from client.images.snapshots import chain_ids
+from imagebuild import BUSYBOX_ROOTFS_CHECKS
 from registry import AUTH, Registry
 from shim.rpc.status import (DataLoss, DeadlineExceeded, FailedPrecondition, InvalidArgument, NotFound,
                              Unauthenticated)
@@ -59,6 +61,15 @@ async def test_an_oci_image_is_pulled_with_its_registry_digest_and_config(tmp_pa
     blob = images.content.path(record.image_id)
     assert stat.S_IMODE(os.stat(blob).st_mode) == 0o600
     assert blob.startswith(str(tmp_path / "state" / "images" / "content" / "blobs" / "sha256") + "/")
+
+
+async def test_a_pull_unpacks_the_layers_into_a_snapshot(tmp_path, test_images):
+    images = images_for(tmp_path, test_images.registry)
+    record = await images.pull(test_images.busybox.ref)
+    assert record.chain_id == chain_ids(layer.diff_id for layer in record.layers)[-1]
+    assert images.snapshots.has(record.chain_id)
+    for path, content in BUSYBOX_ROOTFS_CHECKS.items():  # whiteouts and opaque directories applied
+        assert images.snapshots.read_file(record.chain_id, path) == content, path
 
 
 async def test_a_docker_schema2_image_is_pulled_as_it_is_served(tmp_path, test_images):
@@ -325,11 +336,22 @@ async def test_remove_forgets_the_image_and_collects_its_blobs(tmp_path, test_im
     other = await images.pull(test_images.build("other", [{"other": "x"}]).ref)
     shared = busybox.blobs & other.blobs
     assert shared  # the busybox layers
-    assert images.remove(test_images.busybox.ref) == busybox
+    assert await images.remove(test_images.busybox.ref) == busybox
     assert images.list() == [other]
     assert images.content.digests() == other.blobs
     assert all(images.content.has(d) for d in shared)
-    assert images.remove(test_images.busybox.ref) is None  # gone already: no error
+    # other is busybox plus a layer: busybox's layers stay, as the snapshots below other's
+    assert {s.name for s in images.snapshots.snapshots()} == set(chain_ids(layer.diff_id for layer in other.layers))
+    assert images.snapshots.has(busybox.chain_id)
+
+
+async def test_remove_collects_the_snapshots_no_image_uses(tmp_path, test_images):
+    images = images_for(tmp_path, test_images.registry)
+    alone = await images.pull(test_images.build("alone", [{"a": "1"}, {"b": "2"}], base=None).ref)
+    assert len(images.snapshots.snapshots()) == 2
+    await images.remove(alone.image_id)
+    assert images.snapshots.snapshots() == [] and images.content.digests() == set()
+    assert await images.remove(test_images.busybox.ref) is None  # gone already: no error
 
 
 async def test_an_image_in_use_is_not_removed(tmp_path, test_images):
@@ -337,7 +359,7 @@ async def test_an_image_in_use_is_not_removed(tmp_path, test_images):
     record = await images.pull(test_images.busybox.ref)
     images.in_use = lambda image_id: image_id == record.image_id
     with pytest.raises(FailedPrecondition, match="is in use by a container; remove the container first"):
-        images.remove(test_images.busybox.ref)
+        await images.remove(test_images.busybox.ref)
     assert images.list() == [record]
     assert_complete(images, record)
 
