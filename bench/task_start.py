@@ -1,11 +1,14 @@
 """How long a task takes to start in a running sandbox, per pid mode, through a real shim.
 
-    python3 bench/task_start.py [--tasks 20]
+    python3 bench/task_start.py [--tasks 20] [--rootfs overlay]
 
 One shim (``podshim start``) with a running sandbox; then, one task at a time: Create, Start
 (the figure: until Start answered, i.e. the program has exec'd in its namespaces and cgroup),
 Kill 9, Wait, Delete. Prints a markdown table of Start's median, min and max, and of the whole
 cycle. Run as root; the sandbox is shut down at the end (``podshim delete`` if that fails).
+``--rootfs overlay`` gives every task a rootfs (an overlay of a busybox tree with an upper
+directory of its own, as a snapshotter would), mounted at Create; the default is none (the host's
+``/``, read-only).
 """
 
 from __future__ import annotations
@@ -28,8 +31,25 @@ NAMESPACE = "bench"
 TIMEOUT = 10.0
 
 
-async def bench(tasks: int) -> None:
+def busybox_tree(path: str) -> str:
+    for directory in ("bin", "etc", "tmp"):
+        os.makedirs(f"{path}/{directory}")
+    shutil.copy("/bin/busybox", f"{path}/bin/busybox")
+    os.symlink("busybox", f"{path}/bin/sleep")
+    return path
+
+
+def overlay(base: str, lower: str, task_id: str) -> list[dict]:
+    upper, work = f"{base}/snapshots/{task_id}/upper", f"{base}/snapshots/{task_id}/work"
+    os.makedirs(upper)
+    os.makedirs(work)
+    return [{"type": "overlay", "source": "overlay",
+             "options": [f"lowerdir={lower}", f"upperdir={upper}", f"workdir={work}"]}]
+
+
+async def bench(tasks: int, rootfs: str) -> None:
     base = tempfile.mkdtemp(prefix="task-bench-")
+    lower = busybox_tree(f"{base}/lower") if rootfs == "overlay" else ""
     sandbox_id = f"task-bench-{os.getpid()}"
     argv = [sys.executable, "-m", "shim", "--namespace", NAMESPACE, "--id", sandbox_id,
             "--bundle", f"{base}/bundle", "--runtime-root", f"{base}/run"]
@@ -47,9 +67,10 @@ async def bench(tasks: int) -> None:
             start_ms, cycle_ms = [], []
             for n in range(tasks):
                 task_id = f"{pid_mode.lower()}-{n}"
+                fields = {"rootfs": overlay(base, lower, task_id), "env": ["PATH=/bin"]} if lower else {}
                 t0 = time.perf_counter()
                 await call(TASK_SERVICE, "Create", task_id=task_id, args=["sleep", "60"], pid_mode=pid_mode,
-                           log_path=f"{base}/logs/{task_id}.log")
+                           log_path=f"{base}/logs/{task_id}.log", **fields)
                 t1 = time.perf_counter()
                 await call(TASK_SERVICE, "Start", task_id=task_id)
                 t2 = time.perf_counter()
@@ -77,7 +98,10 @@ async def bench(tasks: int) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tasks", type=int, default=20, help="tasks per pid mode (default 20)")
-    asyncio.run(bench(parser.parse_args().tasks))
+    parser.add_argument("--rootfs", choices=("host", "overlay"), default="host",
+                        help="each task's root: none given (the host's /, read-only) or an overlay (default host)")
+    args = parser.parse_args()
+    asyncio.run(bench(args.tasks, args.rootfs))
 
 
 if __name__ == "__main__":

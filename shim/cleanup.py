@@ -28,6 +28,7 @@ from shim.paths import STATE_FILE, socket_path
 from shim.rpc.api import UNKNOWN_EXIT_STATUS
 from shim.rpc.processes import open_pidfd, wait_pidfd
 from shim.rpc.status import RpcError
+from shim.runtime import mounts
 from shim.runtime.oci.backend import delete_recorded
 from shim.sandbox.record import STATE_DELETED, STATE_VERSION, ExitRecord, MalformedRecord, TaskRecord, read_state, \
     write_state
@@ -76,16 +77,29 @@ def _remove_cgroup(record: Mapping | None) -> None:
         cg.remove()
 
 
-def _delete_task(task_id: str, task: TaskRecord) -> TaskRecord:
-    """Kill a task recorded in state.json and remove its cgroup; return its record updated.
+def _delete_task(bundle: str, task_id: str, task: TaskRecord) -> TaskRecord:
+    """Kill a task recorded in state.json, remove its cgroup and unmount its rootfs; return its
+    record updated.
 
     Its own process is matched by pid and start time; whatever else is in its cgroup (its
     children, or a process whose launch the crash interrupted) is killed through the cgroup.
+    A rootfs is unmounted only where the shim mounts one (``<bundle>/tasks/<task id>/rootfs``):
+    a record naming another path is refused, never acted on.
     """
     if _kill(task.pid, task.start_time, f"task {task_id}"):
         task = dataclasses.replace(task, status="stopped", exit=ExitRecord(KILLED_EXIT_STATUS, time.time_ns()))
     _remove_cgroup(task.cgroup)
-    return dataclasses.replace(task, cgroup=None)
+    rootfs = task.rootfs
+    if rootfs:
+        if os.path.normpath(rootfs) != os.path.normpath(mounts.rootfs_path(os.path.abspath(bundle), task_id)):
+            log.error("task %s: not unmounting %s, which is not its rootfs in %s", task_id, rootfs, bundle)
+        else:
+            try:
+                mounts.unmount_rootfs(rootfs)
+                rootfs = ""
+            except RpcError as exc:
+                log.error("task %s: %s", task_id, exc.message)
+    return dataclasses.replace(task, cgroup=None, rootfs=rootfs)
 
 
 @contextlib.contextmanager
@@ -111,8 +125,8 @@ def delete_sandbox(bundle: str, namespace: str, sandbox_id: str, runtime_root: s
     """Kill what is left of the sandbox and remove what it made; return
     ``{"exit_status", "exited_at", "pid"}``.
 
-    Order matters: the shim first (so it cannot restart anything), then the tasks and their
-    cgroups, then the pause, then the runtime's containers (runc/crun handlers: ``delete
+    Order matters: the shim first (so it cannot restart anything), then the tasks, their
+    cgroups and rootfs mounts, then the pause, then the runtime's containers (runc/crun handlers: ``delete
     --force``), then the sandbox cgroup (now empty), the netns, and the socket. Raises
     ValueError when the record belongs to another sandbox or has a field of the wrong type, and
     InvalidArgument for a malformed cgroup record.
@@ -147,7 +161,7 @@ def _delete_sandbox(bundle: str, namespace: str, sandbox_id: str, runtime_root: 
                     state_path, record.version, STATE_VERSION)
 
     _kill(record.shim_pid, record.shim_start_time, "shim")
-    tasks = {task_id: _delete_task(task_id, task) for task_id, task in record.tasks.items()}
+    tasks = {task_id: _delete_task(bundle, task_id, task) for task_id, task in record.tasks.items()}
     pid = record.pause.pid if record.pause is not None else 0
     exit_info = record.exit
     if record.pause is not None and _kill(pid, record.pause.start_time, "pause"):

@@ -26,7 +26,7 @@ __all__ = [
     "STAT_PPID", "STAT_SESSION", "STAT_STARTTIME", "STAT_STATE",
     "block_all_signals", "get_child_subreaper", "mount", "ns_inode", "ns_type", "proc_start_time",
     "proc_stat", "set_child_subreaper", "set_signal_mask", "sethostname", "setns", "umount2", "unshare",
-    "write_file",
+    "write_file", "open_tree", "move_mount", "pivot_root",
 ]
 
 # <linux/sched.h>
@@ -113,6 +113,39 @@ def mount(source: str | None, target: str, fstype: str | None, flags: int = 0, d
 def umount2(target: str, flags: int = 0) -> None:
     """umount2(2). Raises OSError naming ``target`` (EINVAL when it is not a mount point)."""
     _check(_libc.umount2(_encode(target), flags), target)
+
+
+# The new mount API (Linux 5.2) and pivot_root, which glibc does not wrap: x86_64 syscall numbers.
+_SYS_PIVOT_ROOT = 155
+_SYS_OPEN_TREE = 428
+_SYS_MOVE_MOUNT = 429
+OPEN_TREE_CLONE = 1
+OPEN_TREE_CLOEXEC = os.O_CLOEXEC
+AT_RECURSIVE = 0x8000
+_AT_FDCWD = -100
+_MOVE_MOUNT_F_EMPTY_PATH = 0x4
+_libc.syscall.restype = ctypes.c_long
+
+
+def open_tree(path: str, recursive: bool) -> int:
+    """A detached copy of the mount at ``path`` (with the mounts below it when ``recursive``), as
+    an fd to :func:`move_mount` elsewhere, in this or another mount namespace. Closing the fd
+    unmounts the copy if it was never attached. Raises OSError naming ``path``."""
+    flags = OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | (AT_RECURSIVE if recursive else 0)
+    fd: int = _libc.syscall(_SYS_OPEN_TREE, _AT_FDCWD, _encode(path), ctypes.c_uint(flags))
+    _check(fd, path)
+    return fd
+
+
+def move_mount(fd: int, target: str) -> None:
+    """Attach the detached mount ``fd`` (from :func:`open_tree`) on ``target``. Raises OSError naming it."""
+    _check(_libc.syscall(_SYS_MOVE_MOUNT, ctypes.c_int(fd), b"", _AT_FDCWD, _encode(target),
+                         ctypes.c_uint(_MOVE_MOUNT_F_EMPTY_PATH)), target)
+
+
+def pivot_root(new_root: str, put_old: str) -> None:
+    """pivot_root(2). Raises OSError naming ``new_root``."""
+    _check(_libc.syscall(_SYS_PIVOT_ROOT, _encode(new_root), _encode(put_old)), new_root)
 
 
 def sethostname(name: str) -> None:

@@ -16,6 +16,7 @@ from typing import Any
 
 from shim.kernel.cgroups import SandboxCgroup
 from shim.runtime.confine import Confinement
+from shim.runtime.mounts import TaskFilesystem
 from shim.runtime.pause import POD, PauseProcess, PauseSpec
 from shim.rpc.processes import signal_process
 from shim.runtime.process import Process
@@ -31,7 +32,10 @@ class TaskSpec:
     namespaces and, with ``pid_mode`` POD, its pid namespace (CONTAINER: a pid namespace of its
     own). ``own_ipc``: the pod has an IPC namespace of its own (not the host's). It runs in
     ``cgroup`` (made and recorded by the caller) with ``stdout``/``stderr`` as its own, confined
-    to ``confinement`` (user, capabilities, no_new_privs, seccomp; protocol.md 7.3)."""
+    to ``confinement`` (user, capabilities, no_new_privs, seccomp; protocol.md 7.3).
+    ``filesystem`` is its root and mounts (:mod:`shim.runtime.mounts`); ``rootfs`` the directory
+    ``<bundle>/tasks/<task_id>/rootfs`` where the caller mounted its ``filesystem.rootfs`` (an
+    empty attach point when the root is the host's ``/``)."""
 
     task_id: str
     args: tuple[str, ...]
@@ -44,6 +48,8 @@ class TaskSpec:
     stdout: int
     stderr: int
     confinement: Confinement = Confinement()
+    rootfs: str = ""
+    filesystem: TaskFilesystem = TaskFilesystem()
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ from typing import Any
 
 from shim.kernel.linux import CLONE_NEWIPC, CLONE_NEWNET, CLONE_NEWNS, CLONE_NEWPID, CLONE_NEWUTS
 from shim.kernel.reaper import Reaper
-from shim.runtime import pause, process
+from shim.runtime import mounts, pause, process
 from shim.runtime.base import POD, ExecSpec, Runtime, TaskSpec
 from shim.rpc.status import FailedPrecondition
 
@@ -32,7 +32,13 @@ class NativeRuntime(Runtime):
         return await pause.launch(spec, self.reaper)
 
     async def start_task(self, spec: TaskSpec) -> process.Process:
-        return await self._launch(_process_spec(spec))
+        # The trees of its root and mounts are taken here, in the shim's mount namespace (see
+        # shim.runtime.mounts); the child attaches its copies, and ours are closed after the fork.
+        root = mounts.open_trees(spec.filesystem, spec.rootfs, own_ipc=spec.own_ipc)
+        try:
+            return await self._launch(_process_spec(spec, root))
+        finally:
+            root.close()
 
     async def exec_process(self, spec: ExecSpec) -> process.Process:
         ns_dir = f"/proc/{spec.task_pid}/ns"
@@ -61,9 +67,10 @@ class NativeRuntime(Runtime):
         return None
 
 
-def _process_spec(spec: TaskSpec) -> process.ProcessSpec:
-    """The task's process: in the pause's ipc, uts, net and mount namespaces, and in its pid
-    namespace (POD) or PID 1 of a new one with a mount namespace copied from the pause's (CONTAINER)."""
+def _process_spec(spec: TaskSpec, root: mounts.RootSetup) -> process.ProcessSpec:
+    """The task's process: in the pause's ipc, uts and net namespaces, in a mount namespace of its
+    own copied from the pause's (a recursive slave, so the pod's /dev/shm is there to bind) with
+    ``root`` as its root, and in the pause's pid namespace (POD) or PID 1 of a new one (CONTAINER)."""
     ns_dir = f"/proc/{spec.pause_pid}/ns"
     join = tuple((f"{ns_dir}/{name}", nstype) for name, nstype in _JOINED)
     if spec.pid_mode == POD:
@@ -74,7 +81,8 @@ def _process_spec(spec: TaskSpec) -> process.ProcessSpec:
         env=spec.env,
         cwd=spec.cwd,
         join=join,
-        unshare_flags=0 if spec.pid_mode == POD else CLONE_NEWPID | CLONE_NEWNS,
+        unshare_flags=CLONE_NEWNS if spec.pid_mode == POD else CLONE_NEWPID | CLONE_NEWNS,
+        root=root,
         procs_files=tuple(spec.cgroup.procs_files()),
         stdout=spec.stdout,
         stderr=spec.stderr,

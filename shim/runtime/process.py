@@ -41,7 +41,7 @@ from typing import NoReturn
 from shim.kernel import linux
 from shim.kernel.netns import is_host_netns, open_namespace
 from shim.kernel.reaper import ExitInfo, Reaper
-from shim.runtime import confine
+from shim.runtime import confine, mounts
 from shim.rpc.processes import signal_process
 from shim.rpc.status import FailedPrecondition, Internal, InvalidArgument, RpcError, error_from_oserror
 
@@ -93,9 +93,12 @@ class ProcessSpec:
     written after the namespaces are entered; ``shm_options``, when set, mounts a tmpfs with
     these options on /dev/shm. ``binds`` are ``(source, target)`` bind mounts (not recursive) made
     in the new mount namespace right after it is made a slave, so only this process and what it
-    starts see them (needs ``CLONE_NEWNS`` in ``unshare_flags``). ``stdin``/``stdout``/``stderr`` are fds (None:
-    /dev/null); with ``controlling_terminal`` the process's stdin (a terminal) becomes the controlling
-    terminal of the session it leads. ``argv[0]`` is searched in the PATH of ``env`` unless it contains a "/".
+    starts see them (needs ``CLONE_NEWNS`` in ``unshare_flags``). ``root``, when set, is the task's
+    own root (:mod:`shim.runtime.mounts`: its /proc, /dev, /sys and mounts, then pivot_root), built
+    by B in its pid namespace (needs ``CLONE_NEWNS``); the caller closes it after the launch.
+    ``stdin``/``stdout``/``stderr`` are fds (None: /dev/null); with ``controlling_terminal`` the
+    process's stdin (a terminal) becomes the controlling terminal of the session it leads.
+    ``argv[0]`` is searched in the PATH of ``env`` unless it contains a "/".
     ``builtin``, when set, runs in B instead of exec with the report fd (it writes ``R\\n`` once
     ready and never returns). ``confinement`` (a task's user, capabilities, no_new_privs and
     seccomp filter, :mod:`shim.runtime.confine`) is applied last, right before exec; None leaves
@@ -115,6 +118,7 @@ class ProcessSpec:
     shm_options: str | None = None
     oom_score_adj: int | None = None
     binds: tuple[tuple[str, str], ...] = ()
+    root: mounts.RootSetup | None = None
     stdout: int | None = None
     stderr: int | None = None
     confinement: confine.Confinement | None = None
@@ -151,6 +155,7 @@ class _Plan:
     shm_options: str | None
     oom_score_adj: bytes | None
     binds: tuple[tuple[str, str], ...]
+    root: mounts.RootSetup | None
     argv: tuple[str, ...]
     env: dict[str, str]
     cwd: str
@@ -225,8 +230,8 @@ def _plan(spec: ProcessSpec) -> _Plan:
         raise InvalidArgument(f"the {spec.name}'s environment has a name that is empty or holds '=' or NUL")
     if spec.unshare_flags & linux.CLONE_NEWPID and not spec.unshare_flags & linux.CLONE_NEWNS:
         raise InvalidArgument("a new pid namespace needs a new mount namespace for its /proc")
-    if spec.binds and not spec.unshare_flags & linux.CLONE_NEWNS:
-        raise InvalidArgument(f"the {spec.name}'s bind mounts need a new mount namespace")
+    if (spec.binds or spec.root) and not spec.unshare_flags & linux.CLONE_NEWNS:
+        raise InvalidArgument(f"the {spec.name}'s bind mounts and root need a new mount namespace")
     for path, nstype in spec.join:
         if nstype not in _JOIN_ORDER:
             raise InvalidArgument(f"cannot join {path}: namespace type {nstype:#x} is not supported")
@@ -247,6 +252,7 @@ def _plan(spec: ProcessSpec) -> _Plan:
         shm_options=spec.shm_options,
         oom_score_adj=str(spec.oom_score_adj).encode() if spec.oom_score_adj is not None else None,
         binds=spec.binds,
+        root=spec.root,
         argv=spec.argv,
         env=dict(spec.env),
         cwd=spec.cwd,
@@ -520,7 +526,16 @@ def _child_b(plan: _Plan, write_fd: int) -> NoReturn:
     step = f"starting the {plan.name}"
     kind = b"E"
     try:
-        if plan.unshare_flags & linux.CLONE_NEWPID:
+        if plan.root is not None:
+            # Its root, with a /proc of its pid namespace, /dev, /sys and its mounts; pivot_root.
+            steps = [step]
+            try:
+                mounts.enter_root(plan.root, steps)
+            finally:
+                step = steps[0]
+            # The process side (plan.confine: user, capabilities, no_new_privs, seccomp) comes
+            # after this, last before exec: inside this root, with the mounts already made.
+        elif plan.unshare_flags & linux.CLONE_NEWPID:
             # A /proc that shows this pid namespace, so /proc/self is the process itself.
             step = "mounting proc on /proc"
             linux.mount("proc", "/proc", "proc", linux.MS_NOSUID | linux.MS_NODEV | linux.MS_NOEXEC)

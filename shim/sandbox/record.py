@@ -15,7 +15,8 @@ fields it misses have their defaults):
   that ``tasks`` (before the Task service), ``runtime_handler`` and ``oci`` (before the OCI
   runtime handlers) may be missing, and the first record written by a spawner has only
   ``namespace``, ``sandbox_id``, ``state``, ``shim_pid``, ``shim_start_time`` and ``socket_path``.
-- 1: every key, always, and ``version``.
+- 1: every key, always, and ``version``; a task's ``rootfs`` (where the shim mounts its root) is
+  missing in records written before tasks had one.
 """
 
 from __future__ import annotations
@@ -82,7 +83,8 @@ class PauseRecord:
 @dataclass(frozen=True)
 class TaskRecord:
     """A task: its status, its process ``(pid, start_time)`` once started, its cgroup's record
-    (made before its process) and its exit once seen."""
+    (made before its process), its exit once seen, and ``rootfs``: the directory where the shim
+    mounts its root (recorded before anything is mounted there; "" for none)."""
 
     status: str
     pid: int = 0
@@ -91,11 +93,13 @@ class TaskRecord:
     pid_mode: str = ""
     log_path: str = ""
     exit: ExitRecord | None = None
+    rootfs: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         return {"status": self.status, "pid": self.pid, "start_time": self.start_time,
                 "cgroup": dict(self.cgroup) if self.cgroup is not None else None, "pid_mode": self.pid_mode,
-                "log_path": self.log_path, "exit": self.exit.to_dict() if self.exit is not None else None}
+                "log_path": self.log_path, "exit": self.exit.to_dict() if self.exit is not None else None,
+                "rootfs": self.rootfs}
 
     @classmethod
     def from_dict(cls, doc: Any, where: str) -> TaskRecord:
@@ -108,6 +112,7 @@ class TaskRecord:
             pid_mode=_optional(doc, "pid_mode", str, where) or "",
             log_path=_optional(doc, "log_path", str, where) or "",
             exit=ExitRecord.from_dict(doc.get("exit"), f"{where}.exit"),
+            rootfs=_optional(doc, "rootfs", str, where) or "",
         )
 
 

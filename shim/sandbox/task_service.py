@@ -15,6 +15,7 @@ from shim.rpc.server import CallContext, Server
 from shim.rpc.status import InvalidArgument
 from shim.runtime import confine
 from shim.runtime.base import CONTAINER
+from shim.runtime.mounts import parse_filesystem
 from shim.sandbox.service import request_sandbox_id
 
 if TYPE_CHECKING:
@@ -63,6 +64,7 @@ class TaskService:
             pid_mode=CONTAINER if pid_mode is None else namespace_mode(pid_mode, "pid_mode", ("POD", "CONTAINER")),
             labels=labels,
             confinement=confine.from_request(p),
+            filesystem=parse_filesystem(p),
         )
         return {}
 

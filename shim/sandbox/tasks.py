@@ -29,10 +29,11 @@ from typing import Any
 from shim.kernel.cgroups import SandboxCgroup, no_metrics
 from shim.kernel.netns import NamespaceNotFound
 from shim.kernel.reaper import ExitInfo
-from shim.runtime import execstream, execsync, process
+from shim.runtime import execstream, execsync, mounts, process
 from shim.runtime.base import CONTAINER, POD, ExecSpec, TaskSpec
 from shim.runtime.confine import Confinement
 from shim.runtime.crilog import LOG_DIR_MODE, CriLog, check_log_path
+from shim.runtime.mounts import TaskFilesystem
 from shim.runtime.pause import PauseProcess
 from shim.rpc.files import ensure_private_dir
 from shim.rpc.identifiers import validate_identifier
@@ -112,8 +113,11 @@ class Task:
     """One task: what Create asked for, and what Start made. Changed only through :class:`TaskSet`."""
 
     def __init__(self, task_id: str, *, args: list[str], env: dict[str, str], cwd: str, log_path: str,
-                 pid_mode: str, labels: dict[str, str], confinement: Confinement | None = None):
+                 pid_mode: str, labels: dict[str, str], confinement: Confinement | None = None,
+                 filesystem: TaskFilesystem = TaskFilesystem(), rootfs: str = ""):
         self.task_id = task_id
+        self.filesystem = filesystem
+        self.rootfs = rootfs  # <bundle>/tasks/<task id>/rootfs: its root's mount point; "" once removed
         self.args = args
         self.env = env
         self.cwd = cwd
@@ -169,6 +173,7 @@ class Task:
             pid_mode=self.pid_mode,
             log_path=self.log_path,
             exit=ExitRecord(self.exit.exit_status, self.exit.exited_at) if self.exit is not None else None,
+            rootfs=self.rootfs,
         )
 
 
@@ -211,10 +216,14 @@ class TaskSet:
     # -- operations -----------------------------------------------------------------------
     async def create(self, sandbox_id: str, task_id: str, *, args: list[str], env: list[str] | None = None,
                      cwd: str | None = None, log_path: str, pid_mode: str = CONTAINER,
-                     labels: dict[str, str] | None = None, confinement: Confinement | None = None) -> Task:
-        """Create: check the request and record the task; its log's directories are made (0755).
+                     labels: dict[str, str] | None = None, confinement: Confinement | None = None,
+                     filesystem: TaskFilesystem = TaskFilesystem()) -> Task:
+        """Create: check the request and record the task; its log's directories are made (0755)
+        and its ``filesystem.rootfs`` mounted on ``<bundle>/tasks/<task_id>/rootfs`` (recorded
+        first; unmounted again when the mount fails).
 
-        Raises InvalidArgument, AlreadyExists, FailedPrecondition (the sandbox is not running).
+        Raises InvalidArgument, AlreadyExists, FailedPrecondition (the sandbox is not running; a
+        rootfs that cannot be mounted).
         """
         self.sandbox.check_id(sandbox_id)
         validate_identifier("task_id", task_id)
@@ -240,9 +249,18 @@ class TaskSet:
         except OSError as exc:
             raise FailedPrecondition(f"cannot use log file {log_path}: {exc.strerror}") from None
         task = Task(task_id, args=list(args), env=environment, cwd=cwd, log_path=log_path, pid_mode=pid_mode,
-                    labels=dict(labels or {}), confinement=confinement)
+                    labels=dict(labels or {}), confinement=confinement, filesystem=filesystem,
+                    rootfs=mounts.rootfs_path(self.sandbox.config.bundle, task_id))
         self._tasks[task_id] = task
         self._persist()
+        if filesystem.rootfs:
+            try:
+                mounts.mount_rootfs(filesystem.rootfs, task.rootfs)
+            except BaseException:
+                del self._tasks[task_id]
+                self._remove_rootfs(task)
+                self._persist()
+                raise
         log.info("task %s created: %s (pid mode %s)", task_id, args, pid_mode)
         return task
 
@@ -269,10 +287,12 @@ class TaskSet:
                 except OSError as exc:
                     raise FailedPrecondition(f"cannot open log file {task.log_path}: {exc.strerror}") from None
                 try:
+                    mounts.check_destinations(task.filesystem, "/")
                     task.process = await runtime.start_task(TaskSpec(
                         task_id, args=tuple(task.args), env=task.env, cwd=task.cwd, pid_mode=task.pid_mode,
                         pause_pid=pause.pid, own_ipc=self.sandbox.options.ipc_mode == POD, cgroup=task.cgroup,
-                        stdout=crilog.stdout_fd, stderr=crilog.stderr_fd, confinement=task.confinement))
+                        stdout=crilog.stdout_fd, stderr=crilog.stderr_fd, confinement=task.confinement,
+                        rootfs=task.rootfs, filesystem=task.filesystem))
                 except BaseException:
                     crilog.close()
                     raise
@@ -477,6 +497,7 @@ class TaskSet:
             if task.cgroup is not None:
                 await task.cgroup.aremove()
                 task.cgroup = None
+            self._remove_rootfs(task)
             del self._tasks[task_id]
             task.status = nxt
             self._persist()
@@ -520,7 +541,16 @@ class TaskSet:
             if task.cgroup is not None:
                 await task.cgroup.aremove()
                 task.cgroup = None
+            self._remove_rootfs(task)
         self._persist()
+
+    @staticmethod
+    def _remove_rootfs(task: Task) -> None:
+        """Unmount the task's root and remove its directories; forgotten once gone (Internal,
+        and it stays recorded for ``podshim delete``, when it cannot be)."""
+        if task.rootfs:
+            mounts.unmount_rootfs(task.rootfs)
+            task.rootfs = ""
 
 
 def _environment(env: list[str]) -> dict[str, str]:

@@ -139,10 +139,11 @@ async def test_pod_pid_mode_shares_the_pause_pid_namespace_where_the_pause_is_pi
     assert pod.stdout("app") == [pause_cmdline]  # NUL-separated, no newline: one P record
 
 
-async def test_pod_pid_mode_task_is_in_the_pause_pid_and_mount_namespaces(pod):
+async def test_pod_pid_mode_task_is_in_the_pause_pid_namespace_with_a_mount_namespace_and_the_pods_shm(pod):
     pid = await pod.run("app", "sleep", "30", pid_mode="POD")
     assert ns_inode(pid, "pid") == ns_inode(pod.pause_pid, "pid")
-    assert ns_inode(pid, "mnt") == ns_inode(pod.pause_pid, "mnt")
+    assert ns_inode(pid, "mnt") not in (ns_inode(pod.pause_pid, "mnt"), ns_inode("self", "mnt"))
+    assert os.stat(f"/proc/{pid}/root/dev/shm").st_dev == os.stat(f"/proc/{pod.pause_pid}/root/dev/shm").st_dev
 
 
 async def test_container_pid_mode_task_is_pid_1_of_its_own_pid_namespace(pod):
@@ -154,16 +155,15 @@ async def test_container_pid_mode_task_is_pid_1_of_its_own_pid_namespace(pod):
     assert ns_inode(pid, "mnt") not in (ns_inode(pod.pause_pid, "mnt"), ns_inode("self", "mnt"))
 
 
-async def test_removing_a_netns_propagates_into_a_container_task(pod):
+async def test_a_task_holds_none_of_the_hosts_netns_mounts_so_it_pins_none(pod):
     other = netns.create_netns(netns.new_netns_path("podshim-it"))
     try:
         pid = await pod.run("app", "sleep", "30")
         with open(f"/proc/{pid}/mountinfo") as f:
-            assert any(line.split()[4] == os.path.realpath(other) for line in f)
+            assert not any("nsfs" in line.split() for line in f)
     finally:
         netns.remove_netns(other)
-    with open(f"/proc/{pid}/mountinfo") as f:
-        assert not any(line.split()[4] == os.path.realpath(other) for line in f)  # the task does not pin it
+    assert not os.path.exists(other)
 
 
 async def test_container_pid_mode_task_has_a_proc_of_its_own(pod):

@@ -65,7 +65,8 @@ def test_the_file_is_a_sorted_json_map_with_every_key_and_the_version(tmp_path):
     assert set(BEFORE_OCI) | {"runtime_handler", "oci", "version"} == set(doc)
     assert text == json.dumps(doc, sort_keys=True) + "\n"
     assert doc["tasks"]["app"] == {"status": "stopped", "pid": 4444, "start_time": 1250, "cgroup": None,
-                                   "pid_mode": "POD", "log_path": "/l", "exit": {"exit_status": 0, "exited_at": 7}}
+                                   "pid_mode": "POD", "log_path": "/l", "exit": {"exit_status": 0, "exited_at": 7},
+                                   "rootfs": ""}
 
 
 def test_no_bundle_record_is_none(tmp_path):

@@ -110,13 +110,21 @@ class OciBackend(Runtime):
         (the CRI log pipes) as its own; return once the runtime started it. On failure the container
         is deleted; a program that cannot be run is FailedPrecondition."""
         container = self.task_container(spec.task_id)
-        rootfs = os.path.join(container.bundle, "rootfs")
-        ensure_private_dir(rootfs, _TASK_ROOTFS_MODE)
+        fs = spec.filesystem
+        if fs.host_root:
+            # The host's / read-only, bound for the create only (see shim.runtime.oci: runc refuses "/").
+            rootfs = os.path.join(container.bundle, "rootfs")
+            ensure_private_dir(rootfs, _TASK_ROOTFS_MODE)
+            binds: tuple[tuple[str, str], ...] = (("/", rootfs),)
+        else:
+            rootfs, binds = spec.rootfs, ()  # mounted there by the shim at Create
         doc = task_spec(sandbox_id=self.sandbox_id, args=list(spec.args), env=spec.env, cwd=spec.cwd, rootfs=rootfs,
                         pause_pid=spec.pause_pid, pid_mode=spec.pid_mode, own_ipc=spec.own_ipc,
-                        cgroups_path=self._cgroups_path(spec.cgroup), confinement=spec.confinement)
+                        cgroups_path=self._cgroups_path(spec.cgroup), confinement=spec.confinement,
+                        readonly=fs.host_root or fs.readonly_rootfs, mounts=fs.mounts, masked_paths=fs.masked_paths,
+                        readonly_paths=fs.readonly_paths, privileged=fs.privileged)
         pid, start_time, exit_future = await self._launch(container, doc, spec.cgroup, stdout=spec.stdout,
-                                                          stderr=spec.stderr, binds=(("/", rootfs),))
+                                                          stderr=spec.stderr, binds=binds)
         return process.Process(pid, start_time, process.started_at_ns(exit_future), exit_future)
 
     async def exec_process(self, spec: ExecSpec) -> process.Process:

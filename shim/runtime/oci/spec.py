@@ -11,6 +11,7 @@ from typing import Any
 
 from shim.runtime import pause, process
 from shim.runtime.confine import DEFAULT_CAPABILITIES, Confinement
+from shim.runtime.mounts import MASKED_PATHS, READONLY_PATHS, BindMount
 from shim.rpc.status import InvalidArgument
 
 __all__ = ["DEFAULT_CAPABILITIES", "MASKED_PATHS", "OCI_VERSION", "PAUSE_ARGS", "PAUSE_NAME", "READONLY_PATHS",
@@ -19,24 +20,22 @@ __all__ = ["DEFAULT_CAPABILITIES", "MASKED_PATHS", "OCI_VERSION", "PAUSE_ARGS", 
 OCI_VERSION = "1.0.2"
 PAUSE_ARGS = ("/pause", "-P")  # catatonit's pause mode, from the pause rootfs
 PAUSE_NAME = "pause"  # the pause's command name once exec'd (/proc/PID/status Name)
-#: runc's default masked and read-only paths (`runc spec`).
-MASKED_PATHS = (
-    "/proc/acpi", "/proc/asound", "/proc/kcore", "/proc/keys", "/proc/latency_stats", "/proc/timer_list",
-    "/proc/timer_stats", "/proc/sched_debug", "/sys/firmware", "/proc/scsi",
-)
-READONLY_PATHS = ("/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger")
+# MASKED_PATHS and READONLY_PATHS (runc's defaults) live with the native handler's mounts.
 
 def _namespace(kind: str, path: str | None = None) -> dict[str, str]:
     return {"type": kind, "path": path} if path else {"type": kind}
 
 
-def _mounts(*, own_ipc: bool, shm_size_bytes: int) -> list[dict[str, Any]]:
-    """proc, a /dev tmpfs with devpts, /dev/shm (a tmpfs of its own with an own IPC namespace, else
-    the host's bound in, as containerd does), mqueue with an own IPC namespace, sysfs read-only."""
+def _mounts(*, own_ipc: bool, shm_size_bytes: int, privileged: bool = False) -> list[dict[str, Any]]:
+    """proc, a /dev tmpfs with devpts (``privileged``: the host's /dev bound), /dev/shm (a tmpfs of
+    its own with an own IPC namespace, else the host's bound in, as containerd does), mqueue with an
+    own IPC namespace, sysfs read-only (``privileged``: read-write)."""
+    dev = ({"destination": "/dev", "type": "bind", "source": "/dev", "options": ["bind", "nosuid"]} if privileged
+           else {"destination": "/dev", "type": "tmpfs", "source": "tmpfs",
+                 "options": ["nosuid", "strictatime", "mode=755", "size=65536k"]})
     mounts: list[dict[str, Any]] = [
         {"destination": "/proc", "type": "proc", "source": "proc", "options": ["nosuid", "noexec", "nodev"]},
-        {"destination": "/dev", "type": "tmpfs", "source": "tmpfs",
-         "options": ["nosuid", "strictatime", "mode=755", "size=65536k"]},
+        dev,
         {"destination": "/dev/pts", "type": "devpts", "source": "devpts",
          "options": ["nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620", "gid=5"]},
     ]
@@ -49,17 +48,20 @@ def _mounts(*, own_ipc: bool, shm_size_bytes: int) -> list[dict[str, Any]]:
         mounts.append({"destination": "/dev/shm", "type": "bind", "source": "/dev/shm",
                        "options": ["rbind", "nosuid", "nodev", "noexec"]})
     mounts.append({"destination": "/sys", "type": "sysfs", "source": "sysfs",
-                   "options": ["nosuid", "noexec", "nodev", "ro"]})
+                   "options": ["nosuid", "noexec", "nodev", "rw" if privileged else "ro"]})
     return mounts
 
 
 def _document(container_type: str, sandbox_id: str, process_doc: dict[str, Any], rootfs: str,
               mounts: list[dict[str, Any]], namespaces: list[dict[str, str]], cgroups_path: str | None,
               sysctls: Mapping[str, str] | None = None,
-              seccomp: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """A config.json: a read-only root, runc's masked and read-only paths, CRI's annotations."""
-    linux_doc: dict[str, Any] = {"namespaces": namespaces, "maskedPaths": list(MASKED_PATHS),
-                                 "readonlyPaths": list(READONLY_PATHS)}
+              seccomp: Mapping[str, Any] | None = None, *, readonly: bool = True,
+              masked_paths: tuple[str, ...] = MASKED_PATHS,
+              readonly_paths: tuple[str, ...] = READONLY_PATHS) -> dict[str, Any]:
+    """A config.json: a root (read-only unless told), masked and read-only paths (runc's unless
+    told), CRI's annotations."""
+    linux_doc: dict[str, Any] = {"namespaces": namespaces, "maskedPaths": list(masked_paths),
+                                 "readonlyPaths": list(readonly_paths)}
     if seccomp is not None:
         linux_doc["seccomp"] = dict(seccomp)
     if sysctls:
@@ -69,7 +71,7 @@ def _document(container_type: str, sandbox_id: str, process_doc: dict[str, Any],
     return {
         "ociVersion": OCI_VERSION,
         "process": process_doc,
-        "root": {"path": rootfs, "readonly": True},
+        "root": {"path": rootfs, "readonly": readonly},
         "mounts": mounts,
         "annotations": {"io.kubernetes.cri.container-type": container_type,
                         "io.kubernetes.cri.sandbox-id": sandbox_id},
@@ -138,17 +140,28 @@ def sandbox_spec(*, sandbox_id: str, rootfs: str, netns_path: str | None, pid_mo
 def task_spec(*, sandbox_id: str, args: list[str], env: Mapping[str, str], cwd: str, rootfs: str, pause_pid: int,
               pid_mode: str, own_ipc: bool, cgroups_path: str | None = None,
               shm_size_bytes: int = pause.DEFAULT_SHM_SIZE_BYTES,
-              confinement: Confinement = Confinement()) -> dict[str, Any]:
+              confinement: Confinement = Confinement(), readonly: bool = True,
+              mounts: tuple[BindMount, ...] = (), masked_paths: tuple[str, ...] = MASKED_PATHS,
+              readonly_paths: tuple[str, ...] = READONLY_PATHS, privileged: bool = False) -> dict[str, Any]:
     """A task's config.json: ``args`` in the pause's network, ipc and uts namespaces (by path), its own
-    mount namespace on a read-only ``rootfs``, and the pause's pid namespace (``pid_mode`` POD) or a
-    new one (CONTAINER); its process confined as ``confinement`` says (user, capabilities,
-    noNewPrivileges, ``linux.seccomp`` as given)."""
+    mount namespace on ``rootfs`` (read-only with ``readonly``) with the standard mounts and then
+    ``mounts``, and the pause's pid namespace (``pid_mode`` POD) or a new one (CONTAINER); its
+    process confined as ``confinement`` says (user, capabilities, noNewPrivileges, ``linux.seccomp``
+    as given). ``privileged``: no masked or read-only paths, /sys read-write, the host's /dev (which
+    devices it may open stays bounded by the pod's device cgroup rules, with runc: the pause's
+    cgroup, the task cgroups' parent, allows runc's defaults only, and a child cannot allow more)."""
     ns_dir = f"/proc/{pause_pid}/ns"
     namespaces = [_namespace("mount"), _namespace("network", f"{ns_dir}/net"), _namespace("ipc", f"{ns_dir}/ipc"),
                   _namespace("uts", f"{ns_dir}/uts"),
                   _namespace("pid", f"{ns_dir}/pid" if pid_mode == pause.POD else None)]
-    return _document("container", sandbox_id,
-                     _process(args, [f"{k}={v}" for k, v in env.items()], cwd, confinement=confinement,
-                              oom_score_adj=None),
-                     rootfs, _mounts(own_ipc=own_ipc, shm_size_bytes=shm_size_bytes), namespaces, cgroups_path,
-                     seccomp=confinement.seccomp)
+    doc = _document("container", sandbox_id,
+                    _process(args, [f"{k}={v}" for k, v in env.items()], cwd, confinement=confinement,
+                             oom_score_adj=None),
+                    rootfs, _mounts(own_ipc=own_ipc, shm_size_bytes=shm_size_bytes, privileged=privileged)
+                    + [mount.to_oci() for mount in mounts], namespaces, cgroups_path, seccomp=confinement.seccomp,
+                    readonly=readonly, masked_paths=() if privileged else masked_paths,
+                    readonly_paths=() if privileged else readonly_paths)
+    # runc's own default, said for crun too (whose default is private): a bind's rslave or
+    # rshared propagation needs a root that receives mounts.
+    doc["linux"]["rootfsPropagation"] = "rslave"
+    return doc

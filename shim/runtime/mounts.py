@@ -1,0 +1,505 @@
+"""A task's filesystem: the mount fields of Task.Create (protocol.md 7.3), the rootfs the shim
+mounts for a task on the host, and the native launcher's mounts in the task's mount namespace.
+
+Three parts, one per place they run:
+
+- **The wire** (:func:`parse_filesystem`): ``rootfs``, ``readonly_rootfs``, ``mounts``,
+  ``masked_paths``, ``readonly_paths`` and ``privileged``, checked once in Task.Create into a
+  :class:`TaskFilesystem` that every runtime handler applies (native here, runc/crun through
+  :func:`shim.runtime.oci.spec.task_spec`).
+- **The host** (:func:`mount_rootfs`, :func:`unmount_rootfs`): the ``rootfs`` mounts (containerd's
+  mount.Mount: an overlay from a snapshotter, or a bind) on ``<bundle>/tasks/<task id>/rootfs``,
+  made at Create and undone at Delete, after a failed Create and by ``podshim delete``.
+- **The native child** (:func:`open_trees` in the shim before the fork, :func:`enter_root` in the
+  task's process before exec). The shim's mount namespace is not the task's (the task's is a
+  copy of the pause's, made when the pod started, and this host's ``/`` does not propagate), so
+  the root and every bind source are taken with ``open_tree(OPEN_TREE_CLONE)`` in the shim's
+  namespace: detached copies, attached with ``move_mount`` in the task's namespace. A copy of a
+  shared mount is in its peer group, so ``rslave``/``rshared`` work as for a bind made on the host.
+
+Why the host's ``/`` (no rootfs) is bound without the mounts below it: a recursive copy would take
+every netns bind mount of the host along and keep those namespaces alive as long as the task; the
+OCI handlers bind it the same way (:mod:`shim.runtime.oci`), so every handler shows the same tree.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from shim.kernel import linux
+from shim.rpc.status import FailedPrecondition, Internal, InvalidArgument
+
+__all__ = ["MASKED_PATHS", "READONLY_PATHS", "ROOTFS_DIR", "TASKS_DIR", "BindMount", "RootSetup", "RootfsMount",
+           "TaskFilesystem", "check_destinations", "enter_root", "is_mount_point", "mount_rootfs", "open_trees",
+           "parse_filesystem", "unmount_rootfs"]
+
+#: runc's default masked and read-only paths (`runc spec`).
+MASKED_PATHS = (
+    "/proc/acpi", "/proc/asound", "/proc/kcore", "/proc/keys", "/proc/latency_stats", "/proc/timer_list",
+    "/proc/timer_stats", "/proc/sched_debug", "/sys/firmware", "/proc/scsi",
+)
+READONLY_PATHS = ("/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger")
+
+TASKS_DIR = "tasks"  # <bundle>/tasks/<task id>/rootfs: where the shim mounts a task's rootfs
+ROOTFS_DIR = "rootfs"
+
+#: mount(8) options of the ``rootfs`` mounts that are flags; the others go to the filesystem as data.
+_ROOTFS_FLAGS = {
+    "ro": (linux.MS_RDONLY, True), "rw": (linux.MS_RDONLY, False), "nosuid": (linux.MS_NOSUID, True),
+    "suid": (linux.MS_NOSUID, False), "nodev": (linux.MS_NODEV, True), "dev": (linux.MS_NODEV, False),
+    "noexec": (linux.MS_NOEXEC, True), "exec": (linux.MS_NOEXEC, False), "bind": (linux.MS_BIND, True),
+    "rbind": (linux.MS_BIND | linux.MS_REC, True),
+}
+_MS_PROPAGATION = {"rprivate": linux.MS_PRIVATE | linux.MS_REC, "private": linux.MS_PRIVATE,
+                   "rslave": linux.MS_SLAVE | linux.MS_REC, "slave": linux.MS_SLAVE,
+                   "rshared": linux.MS_SHARED | linux.MS_REC, "shared": linux.MS_SHARED}
+#: The options of a ``mounts`` entry (a bind): read-only or not, recursive or not, propagation, flags.
+_BIND_OPTIONS = frozenset({"ro", "rw", "bind", "rbind", "nosuid", "nodev", "noexec", *_MS_PROPAGATION})
+_BIND_FLAGS = {"ro": linux.MS_RDONLY, "nosuid": linux.MS_NOSUID, "nodev": linux.MS_NODEV, "noexec": linux.MS_NOEXEC}
+_MAX_SYMLINKS = 40
+_MS_STRICTATIME = 1 << 24
+_DEV_TMPFS = "mode=755,size=65536k"
+_DEVPTS = "newinstance,ptmxmode=0666,mode=0620,gid=5"
+#: The nodes of a task's /dev: name, major, minor (all character devices, mode 0666; runc's list).
+DEV_NODES = (("null", 1, 3), ("zero", 1, 5), ("full", 1, 7), ("random", 1, 8), ("urandom", 1, 9), ("tty", 5, 0))
+#: The links of a task's /dev (runc's and crun's).
+DEV_LINKS = (("ptmx", "pts/ptmx"), ("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"),
+             ("stdout", "/proc/self/fd/1"), ("stderr", "/proc/self/fd/2"), ("core", "/proc/kcore"))
+
+
+@dataclass(frozen=True)
+class RootfsMount:
+    """One ``rootfs`` entry: containerd's mount.Mount (``overlay`` with lowerdir/upperdir/workdir, ``bind``, ...)."""
+
+    type: str
+    source: str
+    options: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"type": self.type, "source": self.source, "options": list(self.options)}
+
+
+@dataclass(frozen=True)
+class BindMount:
+    """One ``mounts`` entry: ``source`` (a host path) bound on ``destination`` in the task's root."""
+
+    destination: str
+    source: str
+    options: tuple[str, ...] = ()
+
+    @property
+    def recursive(self) -> bool:
+        return "rbind" in self.options
+
+    @property
+    def propagation(self) -> str:
+        """The last propagation option given; ``rprivate`` by default."""
+        return next((o for o in reversed(self.options) if o in _MS_PROPAGATION), "rprivate")
+
+    def to_oci(self) -> dict[str, Any]:
+        """The OCI mount: the options as given, with the bind kind and propagation made explicit."""
+        options = list(self.options)
+        if "bind" not in options and "rbind" not in options:
+            options.insert(0, "rbind" if self.recursive else "bind")
+        if not any(o in _MS_PROPAGATION for o in options):
+            options.append(self.propagation)
+        return {"destination": self.destination, "type": "bind", "source": self.source, "options": options}
+
+
+@dataclass(frozen=True)
+class TaskFilesystem:
+    """The mount fields of Task.Create, checked (:func:`parse_filesystem`); the defaults are a
+    Create that gives none: the host's ``/`` read-only, runc's masked and read-only paths."""
+
+    rootfs: tuple[RootfsMount, ...] = ()
+    readonly_rootfs: bool = False
+    mounts: tuple[BindMount, ...] = ()
+    masked_paths: tuple[str, ...] = MASKED_PATHS
+    readonly_paths: tuple[str, ...] = READONLY_PATHS
+    privileged: bool = False
+
+    @property
+    def host_root(self) -> bool:
+        """No rootfs was given: the task's root is the host's ``/``, read-only."""
+        return not self.rootfs
+
+    @property
+    def effective_masked_paths(self) -> tuple[str, ...]:
+        return () if self.privileged else self.masked_paths
+
+    @property
+    def effective_readonly_paths(self) -> tuple[str, ...]:
+        return () if self.privileged else self.readonly_paths
+
+
+# -- the wire --------------------------------------------------------------------------------
+
+def parse_filesystem(payload: Mapping[str, Any]) -> TaskFilesystem:
+    """The mount fields of a Task.Create payload; InvalidArgument with a sentence naming the field."""
+    rootfs = tuple(_rootfs_mount(entry, f"rootfs[{i}]") for i, entry in enumerate(_array(payload, "rootfs")))
+    mounts = tuple(_bind_mount(entry, f"mounts[{i}]") for i, entry in enumerate(_array(payload, "mounts")))
+    return TaskFilesystem(
+        rootfs=rootfs,
+        readonly_rootfs=_bool(payload, "readonly_rootfs"),
+        mounts=mounts,
+        masked_paths=_paths(payload, "masked_paths", MASKED_PATHS),
+        readonly_paths=_paths(payload, "readonly_paths", READONLY_PATHS),
+        privileged=_bool(payload, "privileged"),
+    )
+
+
+def _array(payload: Mapping[str, Any], name: str) -> list[Any]:
+    value = payload.get(name)
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise InvalidArgument(f"field {name!r} must be an array")
+    return value
+
+
+def _bool(payload: Mapping[str, Any], name: str) -> bool:
+    value = payload.get(name)
+    if value is not None and not isinstance(value, bool):
+        raise InvalidArgument(f"field {name!r} must be true or false")
+    return bool(value)
+
+
+def _string(entry: Mapping[str, Any], key: str, where: str, *, required: bool = True) -> str:
+    value = entry.get(key)
+    if value is None and not required:
+        return ""
+    if not isinstance(value, str) or not value or "\0" in value:
+        raise InvalidArgument(f"field '{where}.{key}' must be a non-empty string without NUL")
+    return value
+
+
+def _options(entry: Mapping[str, Any], where: str) -> tuple[str, ...]:
+    options = entry.get("options")
+    if options is None:
+        return ()
+    if not isinstance(options, list) or not all(isinstance(o, str) and o and "\0" not in o and "," not in o
+                                                for o in options):
+        raise InvalidArgument(f"field '{where}.options' must be an array of non-empty strings without ',' or NUL")
+    return tuple(options)
+
+
+def _absolute(path: str, where: str) -> str:
+    if not os.path.isabs(path) or ".." in path.split("/"):
+        raise InvalidArgument(f"field {where!r} must be an absolute path without '..', not {path!r}")
+    return os.path.normpath(path)
+
+
+def _rootfs_mount(entry: Any, where: str) -> RootfsMount:
+    if not isinstance(entry, Mapping):
+        raise InvalidArgument(f"field {where!r} must be a map {{type, source, options}}")
+    mount = RootfsMount(_string(entry, "type", where), _string(entry, "source", where), _options(entry, where))
+    if mount.type == "bind" and not os.path.isabs(mount.source):
+        raise InvalidArgument(f"field '{where}.source' of a bind must be an absolute path, not {mount.source!r}")
+    return mount
+
+
+def _bind_mount(entry: Any, where: str) -> BindMount:
+    if not isinstance(entry, Mapping):
+        raise InvalidArgument(f"field {where!r} must be a map {{destination, source, type, options}}")
+    kind = entry.get("type", "bind")
+    if kind != "bind":
+        raise InvalidArgument(f"field '{where}.type' {kind!r} is not supported: a task's mounts are binds")
+    options = _options(entry, where)
+    unknown = [o for o in options if o not in _BIND_OPTIONS]
+    if unknown:
+        raise InvalidArgument(f"field '{where}.options' has {unknown[0]!r}, not a bind option "
+                              f"({', '.join(sorted(_BIND_OPTIONS))})")
+    destination = _absolute(_string(entry, "destination", where), f"{where}.destination")
+    if destination == "/":
+        raise InvalidArgument(f"field '{where}.destination' must not be '/': the root is 'rootfs'")
+    return BindMount(destination, _absolute(_string(entry, "source", where), f"{where}.source"), options)
+
+
+def _paths(payload: Mapping[str, Any], name: str, default: tuple[str, ...]) -> tuple[str, ...]:
+    if payload.get(name) is None:
+        return default
+    values = payload[name]
+    if not isinstance(values, list) or not all(isinstance(v, str) and "\0" not in v for v in values):
+        raise InvalidArgument(f"field {name!r} must be an array of absolute paths")
+    return tuple(_absolute(v, f"{name}[{i}]") for i, v in enumerate(values))
+
+
+# -- the host: a task's rootfs ---------------------------------------------------------------
+
+def rootfs_path(bundle: str, task_id: str) -> str:
+    """Where the shim mounts a task's rootfs."""
+    return os.path.join(bundle, TASKS_DIR, task_id, ROOTFS_DIR)
+
+
+def mount_rootfs(mounts: tuple[RootfsMount, ...], target: str) -> None:
+    """Mount ``mounts`` on ``target`` (made, 0755), one on another in order, as containerd's
+    mount.All. On failure what was mounted is unmounted and the error is FailedPrecondition
+    naming the entry and the kernel's reason."""
+    os.makedirs(target, 0o755, exist_ok=True)
+    for i, entry in enumerate(mounts):
+        flags, data = 0, []
+        for option in entry.options:
+            if option in _ROOTFS_FLAGS:
+                bit, on = _ROOTFS_FLAGS[option]
+                flags = flags | bit if on else flags & ~bit
+            elif option in _MS_PROPAGATION:
+                continue  # a rootfs is private to the task: the kernel's default here
+            else:
+                data.append(option)
+        kind = None if flags & linux.MS_BIND else entry.type
+        try:
+            linux.mount(entry.source, target, kind, flags & ~linux.MS_RDONLY if flags & linux.MS_BIND else flags,
+                        ",".join(data) or None)
+            if flags & linux.MS_BIND and flags & linux.MS_RDONLY:  # a bind is made read-only by a remount
+                linux.mount(None, target, None, linux.MS_REMOUNT | linux.MS_BIND | linux.MS_RDONLY)
+        except OSError as exc:
+            unmount_rootfs(target, remove=False)
+            raise FailedPrecondition(f"cannot mount rootfs[{i}] ({entry.type} {entry.source}) on {target}: "
+                                     f"{exc.strerror}") from None
+
+
+def is_mount_point(path: str) -> bool:
+    """Whether something is mounted on ``path``: its mount id differs from its parent's (a bind
+    from the same filesystem has the same device, so ``os.path.ismount`` cannot tell)."""
+    try:
+        return _mount_id(path) != _mount_id(os.path.dirname(path.rstrip("/")) or "/")
+    except OSError:
+        return False
+
+
+def _mount_id(path: str) -> int:
+    fd = os.open(path, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        with open(f"/proc/self/fdinfo/{fd}", "rb") as f:
+            for line in f:
+                if line.startswith(b"mnt_id:"):
+                    return int(line.split()[1])
+    finally:
+        os.close(fd)
+    raise OSError(errno.ENOTSUP, "no mnt_id in fdinfo", path)
+
+
+def unmount_rootfs(target: str, *, remove: bool = True) -> None:
+    """Unmount everything mounted on ``target`` and, with ``remove``, remove it and its task
+    directory (empty ones only: never a recursive delete, so a mount left there fails it instead
+    of deleting the files under it). Idempotent. Raises Internal when a mount cannot be removed."""
+    while is_mount_point(target):
+        try:
+            # Detached: the task's copy of the mount may still be going away with its last process.
+            linux.umount2(target, linux.MNT_DETACH | linux.UMOUNT_NOFOLLOW)
+        except OSError as exc:
+            raise Internal(f"cannot unmount the rootfs {target}: {exc.strerror}") from None
+    if remove:
+        for directory in (target, os.path.dirname(target)):
+            try:
+                os.rmdir(directory)
+            except FileNotFoundError:
+                pass
+            except OSError as exc:
+                if exc.errno != errno.ENOTEMPTY:
+                    raise Internal(f"cannot remove {directory}: {exc.strerror}") from None
+
+
+def check_destinations(fs: TaskFilesystem, root: str) -> None:
+    """FailedPrecondition when the root is the host's (read-only) and a mount's destination is
+    missing there: it would have to be made in the host's filesystem. Under /dev (the task's own
+    tmpfs) a destination is always made."""
+    if not fs.host_root:
+        return
+    for i, mount in enumerate(fs.mounts):
+        if mount.destination.startswith("/dev/"):
+            continue
+        if not os.path.lexists(_resolve(root, mount.destination)):
+            raise FailedPrecondition(f"mounts[{i}].destination {mount.destination} does not exist in the host's "
+                                     "read-only root (give the task a rootfs to have it made)")
+
+
+def _resolve(root: str, path: str) -> str:
+    """``path`` inside ``root`` with its symlinks resolved as if ``root`` were ``/`` (never out of it)."""
+    parts = [p for p in path.split("/") if p]
+    resolved: list[str] = []
+    links = 0
+    while parts:
+        part = parts.pop(0)
+        if part == ".":
+            continue
+        if part == "..":
+            if resolved:
+                resolved.pop()
+            continue
+        candidate = os.path.join(root, *resolved, part)
+        try:
+            is_link = stat.S_ISLNK(os.lstat(candidate).st_mode)
+        except OSError:
+            is_link = False
+        if not is_link:
+            resolved.append(part)
+            continue
+        links += 1
+        if links > _MAX_SYMLINKS:
+            raise FailedPrecondition(f"too many symbolic links resolving {path} in the task's root")
+        target = os.readlink(candidate)
+        if target.startswith("/"):
+            resolved = []
+        parts = [p for p in target.split("/") if p] + parts
+    return os.path.join(root, *resolved)
+
+
+# -- the native child ------------------------------------------------------------------------
+
+@dataclass
+class RootSetup:
+    """What the native launcher's child needs to build a task's root, all computed and opened in
+    the shim before the fork: ``mount_point`` (``<bundle>/tasks/<id>/rootfs``, where the root is
+    attached in the task's namespace), the detached trees (:func:`open_trees`), and the paths,
+    inside the root, of every mount. :meth:`close` closes the trees' fds (the shim's; the child's
+    copies go with it)."""
+
+    mount_point: str
+    root_fd: int
+    host_root: bool
+    readonly: bool
+    privileged: bool
+    own_ipc: bool
+    binds: list[tuple[int, str, bool, int, int]] = field(default_factory=list)  # fd, target, is dir, prop, flags
+    masked_paths: tuple[str, ...] = ()
+    readonly_paths: tuple[str, ...] = ()
+
+    def close(self) -> None:
+        for fd in [self.root_fd, *(bind[0] for bind in self.binds)]:
+            if fd >= 0:
+                os.close(fd)
+        self.root_fd = -1
+        self.binds = []
+
+
+def open_trees(fs: TaskFilesystem, mount_point: str, *, own_ipc: bool) -> RootSetup:
+    """Open, in the shim's mount namespace, the detached trees a task's root is built from: its
+    rootfs (mounted on ``mount_point``) or the host's ``/``, and every bind source. The caller
+    closes the result. FailedPrecondition names a source that cannot be taken."""
+    os.makedirs(mount_point, 0o755, exist_ok=True)  # the attach point, also when the root is the host's
+    root = "/" if fs.host_root else mount_point
+    setup = RootSetup(mount_point, -1, fs.host_root, fs.readonly_rootfs or fs.host_root, fs.privileged, own_ipc,
+                      masked_paths=fs.effective_masked_paths, readonly_paths=fs.effective_readonly_paths)
+    try:
+        setup.root_fd = _open_tree(root, recursive=not fs.host_root, what="the task's root")
+        for i, mount in enumerate(fs.mounts):
+            fd = _open_tree(mount.source, recursive=mount.recursive, what=f"mounts[{i}].source")
+            flags = 0
+            for option in mount.options:
+                flags |= _BIND_FLAGS.get(option, 0)
+            target = mount_point + _resolve(root, mount.destination)[len(root.rstrip("/")):]
+            setup.binds.append((fd, target, os.path.isdir(mount.source), _MS_PROPAGATION[mount.propagation], flags))
+    except BaseException:
+        setup.close()
+        raise
+    return setup
+
+
+def _open_tree(path: str, *, recursive: bool, what: str) -> int:
+    try:
+        return linux.open_tree(path, recursive)
+    except OSError as exc:
+        raise FailedPrecondition(f"cannot take {what} {path}: {exc.strerror}") from None
+
+
+# The child's side runs between fork and exec: syscalls in a fixed order, no imports, no logging.
+# ``step`` names what failed in the launcher's report (a list so the caller sees the last one).
+
+def _mkdir(path: str) -> None:
+    try:
+        os.mkdir(path, 0o755)
+    except FileExistsError:
+        pass
+
+
+def _make_target(path: str, is_dir: bool) -> None:
+    if is_dir:
+        os.makedirs(path, 0o755, exist_ok=True)
+    elif not os.path.lexists(path):
+        os.makedirs(os.path.dirname(path), 0o755, exist_ok=True)
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644))
+
+
+def enter_root(setup: RootSetup, step: list[str]) -> None:
+    """In the task's new mount namespace (a recursive slave), in its pid namespace: build its root
+    on ``setup.mount_point`` and pivot into it. Order: the root (read-only at once when it is the
+    host's, so nothing is ever made there), /proc, /dev, /dev/pts, /dev/shm (the pod's), /dev/mqueue
+    (own IPC), /sys, the binds, the read-only remount of the root, pivot_root, the masked and the
+    read-only paths. Raises OSError; ``step[0]`` says which step."""
+    root = setup.mount_point
+    nosuid_nodev_noexec = linux.MS_NOSUID | linux.MS_NODEV | linux.MS_NOEXEC
+    step[0] = f"attaching the task's root on {root}"
+    linux.move_mount(setup.root_fd, root)
+    if setup.host_root:
+        linux.mount(None, root, None, linux.MS_REMOUNT | linux.MS_BIND | linux.MS_RDONLY)
+    linux.mount(None, root, None, linux.MS_PRIVATE | linux.MS_REC)
+    step[0] = "mounting proc on /proc"
+    _mkdir(root + "/proc")
+    linux.mount("proc", root + "/proc", "proc", nosuid_nodev_noexec)
+    dev = root + "/dev"
+    _mkdir(dev)
+    if setup.privileged:
+        step[0] = "binding the host's /dev on /dev"
+        linux.mount("/dev", dev, None, linux.MS_BIND)
+    else:
+        step[0] = "mounting a tmpfs on /dev"
+        linux.mount("tmpfs", dev, "tmpfs", linux.MS_NOSUID | _MS_STRICTATIME, _DEV_TMPFS)
+        for name, major, minor in DEV_NODES:
+            step[0] = f"making /dev/{name}"
+            os.mknod(f"{dev}/{name}", stat.S_IFCHR | 0o666, os.makedev(major, minor))
+            os.chmod(f"{dev}/{name}", 0o666)  # past the umask
+        for name, target in DEV_LINKS:
+            os.symlink(target, f"{dev}/{name}")
+    step[0] = "mounting devpts on /dev/pts"
+    _mkdir(dev + "/pts")
+    linux.mount("devpts", dev + "/pts", "devpts", linux.MS_NOSUID | linux.MS_NOEXEC, _DEVPTS)
+    step[0] = "binding the pod's /dev/shm"
+    _mkdir(dev + "/shm")
+    linux.mount("/dev/shm", dev + "/shm", None, linux.MS_BIND | linux.MS_REC)
+    if setup.own_ipc:
+        step[0] = "mounting mqueue on /dev/mqueue"
+        _mkdir(dev + "/mqueue")
+        linux.mount("mqueue", dev + "/mqueue", "mqueue", nosuid_nodev_noexec)
+    step[0] = "mounting sysfs on /sys"
+    _mkdir(root + "/sys")
+    linux.mount("sysfs", root + "/sys", "sysfs", nosuid_nodev_noexec | (0 if setup.privileged else linux.MS_RDONLY))
+    for fd, target, is_dir, propagation, flags in setup.binds:
+        step[0] = f"binding a mount on {target[len(root):]}"
+        _make_target(target, is_dir)
+        linux.move_mount(fd, target)
+        linux.mount(None, target, None, propagation)
+        if flags:
+            linux.mount(None, target, None, linux.MS_REMOUNT | linux.MS_BIND | flags)
+    if setup.readonly and not setup.host_root:
+        step[0] = "making the root read-only"
+        linux.mount(None, root, None, linux.MS_REMOUNT | linux.MS_BIND | linux.MS_RDONLY)
+    # pivot_root(".", "."): the old root ends up stacked under the new one and is detached at
+    # once, so no path of the host's filesystem stays reachable from the task.
+    step[0] = f"pivot_root into {root}"
+    os.chdir(root)
+    linux.pivot_root(".", ".")
+    linux.umount2(".", linux.MNT_DETACH)
+    os.chdir("/")
+    for path in setup.masked_paths:
+        step[0] = f"masking {path}"
+        try:
+            is_dir = stat.S_ISDIR(os.stat(path).st_mode)
+        except FileNotFoundError:
+            continue
+        if is_dir:
+            linux.mount("tmpfs", path, "tmpfs", linux.MS_RDONLY)
+        else:
+            linux.mount("/dev/null", path, None, linux.MS_BIND)
+    for path in setup.readonly_paths:
+        step[0] = f"making {path} read-only"
+        try:
+            linux.mount(path, path, None, linux.MS_BIND | linux.MS_REC)
+        except FileNotFoundError:
+            continue
+        linux.mount(None, path, None, linux.MS_REMOUNT | linux.MS_BIND | linux.MS_RDONLY | nosuid_nodev_noexec)
