@@ -134,6 +134,15 @@ async def test_a_second_pull_of_a_stored_image_downloads_nothing(tmp_path, test_
     assert [argv[1] for argv in runs()] == ["inspect"]  # the manifest is asked for; no copy
 
 
+async def test_a_registry_is_pulled_from_through_its_mirror(tmp_path, test_images):
+    mirror = test_images.registry.host
+    images = Images(str(tmp_path / "state"), hosts=[RegistryHost("registry.invalid", mirrors=(mirror,)),
+                                                    RegistryHost(mirror, insecure=True)]).open()
+    record = await images.pull("registry.invalid/test/busybox:1.0")  # .invalid never resolves: only the mirror can
+    assert record.repo_tags == ("registry.invalid/test/busybox:1.0",)
+    assert record.repo_digests == (f"registry.invalid/test/busybox@{test_images.busybox.digest}",)
+
+
 async def test_records_survive_a_restart(tmp_path, test_images):
     images = images_for(tmp_path, test_images.registry)
     record = await images.pull(test_images.busybox.ref)
