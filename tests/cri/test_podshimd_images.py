@@ -17,7 +17,7 @@ import pytest
 
 from client.criapi import api_pb2
 from critools import Podshimd, run_critest, running_podshimd
-from imagebuild import critest_images
+from imagebuild import BUSYBOX_ROOTFS_CHECKS, critest_images
 from podtools import container_config, pod_config
 from proctools import wait_gone
 from registry import AUTH
@@ -140,7 +140,8 @@ def test_imagefsinfo_counts_what_a_pull_stored(daemon, crictl, test_images):
     assert used() > before + 1_000_000  # busybox is about a megabyte compressed
 
 
-def test_an_image_a_container_uses_is_not_removed_until_the_container_is(daemon, crictl, test_images, tmp_path):
+def test_a_container_runs_on_its_pulled_image_which_is_not_removed_until_the_container_is(daemon, crictl,
+                                                                                           test_images, tmp_path):
     busybox = test_images.busybox
     daemon.crictl(crictl, "pull", busybox.ref)
     pod_path = tmp_path / "pod.json"
@@ -152,6 +153,9 @@ def test_an_image_a_container_uses_is_not_removed_until_the_container_is(daemon,
         container_id = daemon.crictl(crictl, "create", pod_id, str(tmp_path / "ctr.json"), str(pod_path)).stdout.strip()
         assert json.loads(daemon.crictl(crictl, "inspect", container_id).stdout)["status"]["imageRef"] == \
             busybox.by_digest
+        daemon.crictl(crictl, "start", container_id)
+        shown = daemon.crictl(crictl, "exec", "-s", container_id, "cat", "/podshim-test/kept").stdout
+        assert shown.strip() == BUSYBOX_ROOTFS_CHECKS["podshim-test/kept"].decode().strip()  # the layers, merged
         refused = daemon.crictl(crictl, "rmi", busybox.ref, check=False)
         assert refused.returncode != 0
         assert "code = FailedPrecondition desc = image" in refused.stderr and "is in use by a container" in refused.stderr
