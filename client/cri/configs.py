@@ -416,14 +416,14 @@ def _env_item(value: Any, path: str) -> tuple[str, str]:
 class Mount:
     """One entry of a container's ``mounts``: the node's ``host_path`` bound at ``container_path``.
 
-    ``propagation`` is the name of CRI's MountPropagation. ``selinux_relabel`` is refused: this
-    runtime has no SELinux support, and a relabel asked for must not be silently skipped (kubelet
-    asks only on nodes where SELinux is enabled)."""
+    ``propagation`` is the name of CRI's MountPropagation. ``selinux_relabel`` is kept as given;
+    :func:`client.cri.mounts.container_mounts` decides what it means on this node."""
 
     container_path: str
     host_path: str
     readonly: bool = False
     propagation: str = "PROPAGATION_PRIVATE"
+    selinux_relabel: bool = False
 
     @classmethod
     def from_json(cls, doc: Any, path: str) -> "Mount":
@@ -432,17 +432,15 @@ class Mount:
         for key, value in (("container_path", container_path), ("host_path", host_path)):
             if not os.path.isabs(value) or "\0" in value:
                 raise InvalidArgument(f"{f.name(key)} {value!r} must be an absolute path")
-        if f.boolean("selinux_relabel"):
-            raise InvalidArgument(f"{f.name('selinux_relabel')} is set, but this runtime has no SELinux support: "
-                                  "nothing can be relabelled")
         return cls(container_path=os.path.normpath(container_path), host_path=host_path,
-                   readonly=f.boolean("readonly"),
+                   readonly=f.boolean("readonly"), selinux_relabel=f.boolean("selinux_relabel"),
                    propagation=f.mode("propagation", tuple(PROPAGATIONS.values()), "PROPAGATION_PRIVATE",
                                       PROPAGATIONS))
 
     def to_json(self) -> dict[str, Any]:
         return _drop_empty({"container_path": self.container_path, "host_path": self.host_path,
-                            "readonly": self.readonly or None, "propagation": self.propagation})
+                            "readonly": self.readonly or None, "selinux_relabel": self.selinux_relabel or None,
+                            "propagation": self.propagation})
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,10 @@ As containerd's CRI plugin (``WithMounts``, ``containerMounts``):
   resolved on the node, so the container gets what it points to;
 - every mount is a recursive bind (``rbind``) with its propagation: PROPAGATION_PRIVATE is
   ``rprivate``, HOST_TO_CONTAINER ``rslave``, BIDIRECTIONAL ``rshared``; ``ro`` when read-only;
+- ``selinux_relabel``: podshim cannot relabel, so on a node where SELinux is enabled it is refused
+  (a container that would be denied its volume); where it is not, no label is enforced and there
+  is nothing to relabel, as containerd's ``label.Relabel`` does nothing there (critest's volume
+  specs ask for it on every node);
 - ``rslave`` needs the host path to be on a shared or slave mount and ``rshared`` on a shared one
   (else nothing would propagate): checked in /proc/self/mountinfo, refused with a sentence naming
   the mount point otherwise (containerd's ``ensureSharedOrSlave``/``ensureShared``);
@@ -30,6 +34,8 @@ __all__ = ["MOUNTINFO", "PROPAGATION_OPTIONS", "MountInfo", "container_mounts", 
            "wire_mount"]
 
 MOUNTINFO = "/proc/self/mountinfo"
+#: Present where SELinux is enabled (selinuxfs mounted), as libselinux's is_selinux_enabled looks.
+SELINUX_ENFORCE = "/sys/fs/selinux/enforce"
 #: The bind propagation of each CRI MountPropagation.
 PROPAGATION_OPTIONS = {"PROPAGATION_PRIVATE": "rprivate", "PROPAGATION_HOST_TO_CONTAINER": "rslave",
                        "PROPAGATION_BIDIRECTIONAL": "rshared"}
@@ -132,6 +138,10 @@ def container_mounts(mounts: Iterable[Mount], pod_files: Mapping[str, str], *, r
     /proc/self/mountinfo (read when needed and not given). Makes missing host paths; raises
     FailedPrecondition for a host path that cannot be used or has the wrong propagation."""
     mounts = list(mounts)
+    relabelled = [m.container_path for m in mounts if m.selinux_relabel]
+    if relabelled and os.path.exists(SELINUX_ENFORCE):
+        raise FailedPrecondition(f"mount {relabelled[0]}: selinux_relabel is set and SELinux is enabled on this node, "
+                                 "but podshim cannot relabel files: the container would be denied its volume")
     wanted = {m.container_path for m in mounts}
     out = [wire_mount(path, source, readonly=readonly_rootfs)
            for path, source in pod_files.items() if path not in wanted]

@@ -735,7 +735,7 @@ class PodService:
             "annotations": c.annotations,
             "log_path": c.log_path,
             "mounts": [{"container_path": m.container_path, "host_path": m.host_path, "readonly": m.readonly,
-                        "propagation": m.propagation} for m in cfg.mounts],
+                        "selinux_relabel": m.selinux_relabel, "propagation": m.propagation} for m in cfg.mounts],
         }
         if verbose:
             status["info"] = {"pid": c.pid or 0, "args": list(cfg.argv), "pid_mode": cfg.pid_mode,

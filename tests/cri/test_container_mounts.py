@@ -97,7 +97,6 @@ def test_host_mount_is_the_deepest_mount_point_holding_the_path():
 
 
 @pytest.mark.parametrize("mount, message", [
-    ({"container_path": "/d", "host_path": "/tmp", "selinux_relabel": True}, "no SELinux support"),
     ({"container_path": "d", "host_path": "/tmp"}, "mounts\\[0\\].container_path 'd' must be an absolute path"),
     ({"container_path": "/d", "host_path": "tmp"}, "mounts\\[0\\].host_path 'tmp' must be an absolute path"),
     ({"container_path": "/d"}, "mounts\\[0\\].host_path is required"),
@@ -106,6 +105,17 @@ def test_host_mount_is_the_deepest_mount_point_holding_the_path():
 def test_bad_mounts_are_refused_with_a_sentence(mount, message):
     with pytest.raises(InvalidArgument, match=message):
         mounts_of(mount)
+
+
+def test_selinux_relabel_is_nothing_to_do_without_selinux_and_refused_with_it(tmp_path, monkeypatch):
+    relabelled = mounts_of({"container_path": "/d", "host_path": str(tmp_path), "selinux_relabel": True})
+    assert relabelled[0].selinux_relabel
+    monkeypatch.setattr("client.cri.mounts.SELINUX_ENFORCE", str(tmp_path / "no-selinuxfs"))
+    assert container_mounts(relabelled, {}, readonly_rootfs=False)[0]["source"] == str(tmp_path)
+    (tmp_path / "enforce").write_text("1")
+    monkeypatch.setattr("client.cri.mounts.SELINUX_ENFORCE", str(tmp_path / "enforce"))
+    with pytest.raises(FailedPrecondition, match="SELinux is enabled on this node, but podshim cannot relabel"):
+        container_mounts(relabelled, {}, readonly_rootfs=False)
 
 
 def test_two_mounts_at_one_path_are_refused():
