@@ -93,7 +93,10 @@ class ProcessSpec:
     written after the namespaces are entered; ``shm_options``, when set, mounts a tmpfs with
     these options on /dev/shm. ``binds`` are ``(source, target)`` bind mounts (not recursive) made
     in the new mount namespace right after it is made a slave, so only this process and what it
-    starts see them (needs ``CLONE_NEWNS`` in ``unshare_flags``). ``root``, when set, is the task's
+    starts see them (needs ``CLONE_NEWNS`` in ``unshare_flags``). ``binds_from`` are ``(mount
+    namespace file, source, target)``: a recursive copy of ``source`` as that namespace sees it
+    (another process's, such as the pause's /dev/shm), bound on ``target`` with the binds (needs
+    ``CLONE_NEWNS``). ``root``, when set, is the task's
     own root (:mod:`shim.runtime.mounts`: its /proc, /dev, /sys and mounts, then pivot_root), built
     by B in its pid namespace (needs ``CLONE_NEWNS``); the caller closes it after the launch.
     ``stdin``/``stdout``/``stderr`` are fds (None: /dev/null); with ``controlling_terminal`` the
@@ -118,6 +121,7 @@ class ProcessSpec:
     shm_options: str | None = None
     oom_score_adj: int | None = None
     binds: tuple[tuple[str, str], ...] = ()
+    binds_from: tuple[tuple[str, str, str], ...] = ()
     root: mounts.RootSetup | None = None
     stdout: int | None = None
     stderr: int | None = None
@@ -155,6 +159,8 @@ class _Plan:
     shm_options: str | None
     oom_score_adj: bytes | None
     binds: tuple[tuple[str, str], ...]
+    binds_from: list[tuple[int, str, str]]  # mount ns fd (opened by the parent), source, target
+    own_mnt_fd: int  # the shim's mount namespace, to come back to after taking binds_from
     root: mounts.RootSetup | None
     argv: tuple[str, ...]
     env: dict[str, str]
@@ -188,13 +194,21 @@ async def launch(spec: ProcessSpec, reaper: Reaper,
             fds.append(open_namespace(path, nstype))
             join.append((fds[-1], nstype, path))
         _check_net_sysctls(plan, join)
+        binds_from = []
+        for path, source, target in spec.binds_from:
+            fds.append(open_namespace(path, linux.CLONE_NEWNS))
+            binds_from.append((fds[-1], source, target))
+        own_mnt_fd = -1
+        if binds_from:
+            fds.append(os.open("/proc/self/ns/mnt", os.O_RDONLY | os.O_CLOEXEC))
+            own_mnt_fd = fds[-1]
         read_fd, write_fd = os.pipe2(os.O_CLOEXEC)
         fds.append(write_fd)
         # B closes every fd above 2 but the report pipe after dup2-ing its stdio onto 0-2, so
         # none of them may be one of 0-2 (possible if the shim runs with stdio closed).
         write_fd = _above_stdio(write_fd, fds)
         stdio = tuple(None if fd is None else _above_stdio(fd, fds) for fd in (spec.stdin, spec.stdout, spec.stderr))
-        plan = dataclasses.replace(plan, join=join, stdio=stdio)
+        plan = dataclasses.replace(plan, join=join, stdio=stdio, binds_from=binds_from, own_mnt_fd=own_mnt_fd)
         try:
             pid_a = _fork(_child_a, plan, write_fd)
         except OSError as exc:
@@ -230,7 +244,7 @@ def _plan(spec: ProcessSpec) -> _Plan:
         raise InvalidArgument(f"the {spec.name}'s environment has a name that is empty or holds '=' or NUL")
     if spec.unshare_flags & linux.CLONE_NEWPID and not spec.unshare_flags & linux.CLONE_NEWNS:
         raise InvalidArgument("a new pid namespace needs a new mount namespace for its /proc")
-    if (spec.binds or spec.root) and not spec.unshare_flags & linux.CLONE_NEWNS:
+    if (spec.binds or spec.binds_from or spec.root) and not spec.unshare_flags & linux.CLONE_NEWNS:
         raise InvalidArgument(f"the {spec.name}'s bind mounts and root need a new mount namespace")
     for path, nstype in spec.join:
         if nstype not in _JOIN_ORDER:
@@ -252,6 +266,8 @@ def _plan(spec: ProcessSpec) -> _Plan:
         shm_options=spec.shm_options,
         oom_score_adj=str(spec.oom_score_adj).encode() if spec.oom_score_adj is not None else None,
         binds=spec.binds,
+        binds_from=[],  # opened last, as join
+        own_mnt_fd=-1,
         root=spec.root,
         argv=spec.argv,
         env=dict(spec.env),
@@ -482,6 +498,13 @@ def _child_a(plan: _Plan, write_fd: int) -> NoReturn:
         for procs in plan.procs_files:
             step = f"joining cgroup {procs}"
             linux.write_file(procs, own_pid)
+        trees = []
+        for fd, source, target in plan.binds_from:
+            # Taken before any setns: a detached copy can be attached in the new namespace below.
+            step = f"taking {source} from another mount namespace"
+            linux.setns(fd, linux.CLONE_NEWNS)
+            trees.append((linux.open_tree(source, True), target))
+            linux.setns(plan.own_mnt_fd, linux.CLONE_NEWNS)
         for fd, nstype, path in plan.join:
             step = f"setns({path})"
             linux.setns(fd, nstype)
@@ -496,6 +519,9 @@ def _child_a(plan: _Plan, write_fd: int) -> NoReturn:
         for source, target in plan.binds:
             step = f"bind-mounting {source} on {target}"
             linux.mount(source, target, None, linux.MS_BIND)
+        for tree, target in trees:
+            step = f"bind-mounting a copy on {target}"
+            linux.move_mount(tree, target)
         if plan.hostname is not None:
             step = f"sethostname({plan.hostname})"
             linux.sethostname(plan.hostname)

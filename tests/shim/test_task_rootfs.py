@@ -193,6 +193,14 @@ async def test_dev_has_exactly_the_standard_nodes(pod, tmp_path):
                           "/dev/urandom 1:9 666", "/dev/tty 5:0 666", "pts/ptmx", "/proc/self/fd"]
 
 
+async def test_dev_shm_is_the_pods_shared_by_its_tasks(pod, tmp_path):
+    tree = a_tree(tmp_path / "tree")
+    await pod.run("writer", "sleep", "600", rootfs=bound(tree), env=["PATH=/bin"])
+    await pod.run("reader", "sleep", "600", rootfs=bound(tree), env=["PATH=/bin"], pid_mode="POD")
+    assert (await pod.sh("writer", "echo shared > /dev/shm/note"))[0] == 0
+    assert await pod.sh("reader", "cat /dev/shm/note") == (0, "shared\n")
+
+
 async def test_sys_is_read_only_and_masked_paths_unreadable_and_proc_sys_read_only(pod):
     await pod.run("app", "sleep", "600")
     status, out = await pod.sh("app", "cat /proc/self/mountinfo; wc -c < /proc/timer_list; ls /sys/firmware | wc -l")

@@ -31,6 +31,7 @@ OCI_DIR = "oci"  # <shim bundle>/oci: the pause's bundle; <shim bundle>/oci/task
 _BUNDLE_MODE = 0o700
 _TASK_ROOTFS_MODE = 0o755
 _TASK_BUNDLE_FILES = ("config.json", "log.json", "init.pid")
+_TASK_SHM_DIR = "shm"  # <task bundle>/shm: where the pod's /dev/shm is bound for the create
 
 
 class OciBackend(Runtime):
@@ -111,6 +112,9 @@ class OciBackend(Runtime):
         is deleted; a program that cannot be run is FailedPrecondition."""
         container = self.task_container(spec.task_id)
         fs = spec.filesystem
+        # The pod's /dev/shm: the pause's, taken from its mount namespace for the create only.
+        shm = os.path.join(container.bundle, _TASK_SHM_DIR)
+        ensure_private_dir(shm, _TASK_ROOTFS_MODE)
         if fs.host_root:
             # The host's / read-only, bound for the create only (see shim.runtime.oci: runc refuses "/").
             rootfs = os.path.join(container.bundle, "rootfs")
@@ -122,9 +126,10 @@ class OciBackend(Runtime):
                         pause_pid=spec.pause_pid, pid_mode=spec.pid_mode, own_ipc=spec.own_ipc,
                         cgroups_path=self._cgroups_path(spec.cgroup), confinement=spec.confinement,
                         readonly=fs.host_root or fs.readonly_rootfs, mounts=fs.mounts, masked_paths=fs.masked_paths,
-                        readonly_paths=fs.readonly_paths, privileged=fs.privileged)
-        pid, start_time, exit_future = await self._launch(container, doc, spec.cgroup, stdout=spec.stdout,
-                                                          stderr=spec.stderr, binds=binds)
+                        readonly_paths=fs.readonly_paths, privileged=fs.privileged, shm_source=shm)
+        pid, start_time, exit_future = await self._launch(
+            container, doc, spec.cgroup, stdout=spec.stdout, stderr=spec.stderr, binds=binds,
+            binds_from=((f"/proc/{spec.pause_pid}/ns/mnt", "/dev/shm", shm),))
         return process.Process(pid, start_time, process.started_at_ns(exit_future), exit_future)
 
     async def exec_process(self, spec: ExecSpec) -> process.Process:
@@ -190,7 +195,8 @@ class OciBackend(Runtime):
 
     async def _launch(self, container: Container, doc: dict[str, Any], cgroup: SandboxCgroup, *,
                       stdout: int | None = None, stderr: int | None = None,
-                      binds: tuple[tuple[str, str], ...]) -> tuple[int, int, asyncio.Future[ExitInfo]]:
+                      binds: tuple[tuple[str, str], ...],
+                      binds_from: tuple[tuple[str, str, str], ...] = ()) -> tuple[int, int, asyncio.Future[ExitInfo]]:
         """Write config.json, record the container, create it, place and watch its init, start it."""
         ensure_private_dir(container.bundle, _BUNDLE_MODE)
         write_json_atomic(os.path.join(container.bundle, "config.json"), doc, durable=False)
@@ -199,7 +205,8 @@ class OciBackend(Runtime):
         try:
             # Without a cgroup manager, the runtime itself runs in the cgroup, so its init is born there.
             procs = () if self.cli.manages_cgroups else tuple(cgroup.procs_files())
-            pid = await self.cli.create(container, stdout=stdout, stderr=stderr, binds=binds, procs_files=procs)
+            pid = await self.cli.create(container, stdout=stdout, stderr=stderr, binds=binds, binds_from=binds_from,
+                                        procs_files=procs)
             assert self.cli.reaper is not None
             exit_future = self.cli.reaper.watch(pid)
             _check_our_child(pid, exit_future, f"{self.cli.name} container {container.container_id}")
@@ -251,7 +258,7 @@ def _remove_task_bundle(bundle: str) -> None:
             os.unlink(os.path.join(bundle, name))
         except FileNotFoundError:
             pass
-    for directory in (os.path.join(bundle, "rootfs"), bundle):
+    for directory in (os.path.join(bundle, "rootfs"), os.path.join(bundle, _TASK_SHM_DIR), bundle):
         try:
             os.rmdir(directory)
         except FileNotFoundError:

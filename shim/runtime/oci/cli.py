@@ -125,11 +125,13 @@ class OciCli:
         return [self.binary, *options, verb, *args]
 
     async def create(self, container: Container, *, stdout: int | None = None, stderr: int | None = None,
-                     binds: tuple[tuple[str, str], ...] = (), procs_files: tuple[str, ...] = ()) -> int:
+                     binds: tuple[tuple[str, str], ...] = (), binds_from: tuple[tuple[str, str, str], ...] = (),
+                     procs_files: tuple[str, ...] = ()) -> int:
         """``create --bundle B --pid-file P ID``; returns the init's pid (the container waits for start).
 
         ``stdout``/``stderr`` become the container's (None: /dev/null): never a pipe the caller reads
-        to its end, the container keeps it. ``binds`` are made for this call in a mount namespace of
+        to its end, the container keeps it. ``binds`` and ``binds_from`` (see
+        :class:`~shim.runtime.process.ProcessSpec`) are made for this call in a mount namespace of
         its own (the container's is copied from it); ``procs_files`` are joined before exec.
         """
         if self.cgroup_manager_disabled and os.path.exists(HYBRID_CONTROLLERS_FILE):
@@ -140,7 +142,7 @@ class OciCli:
             pass
         await self._run(container, "create", "--bundle", container.bundle, "--pid-file", container.pid_file,
                         container.container_id, timeout=CREATE_TIMEOUT, stdout=stdout, stderr=stderr, binds=binds,
-                        procs_files=procs_files)
+                        binds_from=binds_from, procs_files=procs_files)
         try:
             with open(container.pid_file) as f:
                 return int(f.read().strip())
@@ -217,7 +219,8 @@ class OciCli:
 
     async def _run(self, container: Container, verb: str, *args: str, timeout: float, stdout: int | None = None,
                    stderr: int | None = None, capture: bool = False, binds: tuple[tuple[str, str], ...] = (),
-                   procs_files: tuple[str, ...] = (), stdin: int | None = None) -> bytes:
+                   binds_from: tuple[tuple[str, str, str], ...] = (), procs_files: tuple[str, ...] = (),
+                   stdin: int | None = None) -> bytes:
         """One call: launch, wait for the exit within ``timeout``, return stdout when ``capture``."""
         if self.reaper is None:
             raise FailedPrecondition(f"{self.name} {verb}: no reaper to wait for the runtime")
@@ -231,7 +234,7 @@ class OciCli:
         try:
             spec = process.ProcessSpec(
                 name=f"{self.name} {verb}", argv=tuple(self.argv(container, verb, *args)),
-                env={"PATH": process.DEFAULT_PATH}, unshare_flags=linux.CLONE_NEWNS if binds else 0, binds=binds,
+                env={"PATH": process.DEFAULT_PATH}, unshare_flags=linux.CLONE_NEWNS if binds or binds_from else 0, binds=binds, binds_from=binds_from,
                 procs_files=procs_files, stdout=stdout, stderr=stderr, stdin=stdin)
             try:
                 proc = await process.launch(spec, self.reaper)

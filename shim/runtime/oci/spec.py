@@ -26,10 +26,12 @@ def _namespace(kind: str, path: str | None = None) -> dict[str, str]:
     return {"type": kind, "path": path} if path else {"type": kind}
 
 
-def _mounts(*, own_ipc: bool, shm_size_bytes: int, privileged: bool = False) -> list[dict[str, Any]]:
-    """proc, a /dev tmpfs with devpts (``privileged``: the host's /dev bound), /dev/shm (a tmpfs of
-    its own with an own IPC namespace, else the host's bound in, as containerd does), mqueue with an
-    own IPC namespace, sysfs read-only (``privileged``: read-write)."""
+def _mounts(*, own_ipc: bool, shm_size_bytes: int, privileged: bool = False,
+            shm_source: str | None = None) -> list[dict[str, Any]]:
+    """proc, a /dev tmpfs with devpts (``privileged``: the host's /dev bound), /dev/shm (``shm_source``
+    bound when given; else a tmpfs of its own with an own IPC namespace, the host's bound in
+    otherwise, as containerd does), mqueue with an own IPC namespace, sysfs read-only
+    (``privileged``: read-write)."""
     dev = ({"destination": "/dev", "type": "bind", "source": "/dev", "options": ["bind", "nosuid"]} if privileged
            else {"destination": "/dev", "type": "tmpfs", "source": "tmpfs",
                  "options": ["nosuid", "strictatime", "mode=755", "size=65536k"]})
@@ -39,14 +41,18 @@ def _mounts(*, own_ipc: bool, shm_size_bytes: int, privileged: bool = False) -> 
         {"destination": "/dev/pts", "type": "devpts", "source": "devpts",
          "options": ["nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620", "gid=5"]},
     ]
-    if own_ipc:
+    if shm_source is not None:
+        mounts.append({"destination": "/dev/shm", "type": "bind", "source": shm_source,
+                       "options": ["rbind", "nosuid", "nodev", "noexec"]})
+    elif own_ipc:
         mounts.append({"destination": "/dev/shm", "type": "tmpfs", "source": "shm",
                        "options": ["nosuid", "noexec", "nodev", "mode=1777", f"size={shm_size_bytes}"]})
-        mounts.append({"destination": "/dev/mqueue", "type": "mqueue", "source": "mqueue",
-                       "options": ["nosuid", "noexec", "nodev"]})
     else:
         mounts.append({"destination": "/dev/shm", "type": "bind", "source": "/dev/shm",
                        "options": ["rbind", "nosuid", "nodev", "noexec"]})
+    if own_ipc:
+        mounts.append({"destination": "/dev/mqueue", "type": "mqueue", "source": "mqueue",
+                       "options": ["nosuid", "noexec", "nodev"]})
     mounts.append({"destination": "/sys", "type": "sysfs", "source": "sysfs",
                    "options": ["nosuid", "noexec", "nodev", "rw" if privileged else "ro"]})
     return mounts
@@ -142,14 +148,16 @@ def task_spec(*, sandbox_id: str, args: list[str], env: Mapping[str, str], cwd: 
               shm_size_bytes: int = pause.DEFAULT_SHM_SIZE_BYTES,
               confinement: Confinement = Confinement(), readonly: bool = True,
               mounts: tuple[BindMount, ...] = (), masked_paths: tuple[str, ...] = MASKED_PATHS,
-              readonly_paths: tuple[str, ...] = READONLY_PATHS, privileged: bool = False) -> dict[str, Any]:
+              readonly_paths: tuple[str, ...] = READONLY_PATHS, privileged: bool = False,
+              shm_source: str | None = None) -> dict[str, Any]:
     """A task's config.json: ``args`` in the pause's network, ipc and uts namespaces (by path), its own
     mount namespace on ``rootfs`` (read-only with ``readonly``) with the standard mounts and then
     ``mounts``, and the pause's pid namespace (``pid_mode`` POD) or a new one (CONTAINER); its
     process confined as ``confinement`` says (user, capabilities, noNewPrivileges, ``linux.seccomp``
     as given). ``privileged``: no masked or read-only paths, /sys read-write, the host's /dev (which
     devices it may open stays bounded by the pod's device cgroup rules, with runc: the pause's
-    cgroup, the task cgroups' parent, allows runc's defaults only, and a child cannot allow more)."""
+    cgroup, the task cgroups' parent, allows runc's defaults only, and a child cannot allow more).
+    ``shm_source``: the pod's /dev/shm, bound on the task's."""
     ns_dir = f"/proc/{pause_pid}/ns"
     namespaces = [_namespace("mount"), _namespace("network", f"{ns_dir}/net"), _namespace("ipc", f"{ns_dir}/ipc"),
                   _namespace("uts", f"{ns_dir}/uts"),
@@ -157,7 +165,8 @@ def task_spec(*, sandbox_id: str, args: list[str], env: Mapping[str, str], cwd: 
     doc = _document("container", sandbox_id,
                     _process(args, [f"{k}={v}" for k, v in env.items()], cwd, confinement=confinement,
                              oom_score_adj=None),
-                    rootfs, _mounts(own_ipc=own_ipc, shm_size_bytes=shm_size_bytes, privileged=privileged)
+                    rootfs, _mounts(own_ipc=own_ipc, shm_size_bytes=shm_size_bytes, privileged=privileged,
+                                    shm_source=shm_source)
                     + [mount.to_oci() for mount in mounts], namespaces, cgroups_path, seccomp=confinement.seccomp,
                     readonly=readonly, masked_paths=() if privileged else masked_paths,
                     readonly_paths=() if privileged else readonly_paths)
