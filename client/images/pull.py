@@ -13,12 +13,14 @@ store's ingest/ (same filesystem: blobs move in with a rename):
 
 1. ``skopeo inspect --raw docker://REF``: the manifest or index the reference names now. Its sha256
    is the repo digest; an index or manifest list is resolved to this host's platform here.
-2. ``skopeo copy docker://NAME@DIGEST dir:WORK``: that one platform's manifest, config and layers,
-   as the registry stores them (compressed), pinned to the digest step 1 saw.
+2. ``skopeo copy docker://REF dir:WORK``, run at the same time as step 1 for an image the node does
+   not have: that one platform's manifest, config and layers, as the registry stores them
+   (compressed). It is used only if its manifest is the one step 1 resolved; otherwise (the tag
+   moved between the two) it is copied again as ``NAME@DIGEST``, pinned to what step 1 saw.
 3. Every blob is verified (size and sha256) and moved into the content store; the manifests too.
 
-Blobs that are already in the store are not downloaded again: when step 1's manifest and all its
-blobs are there, step 2 is skipped. Credentials (CRI's AuthConfig) go to skopeo in an auth file
+Blobs that are already in the store are not downloaded again: for a reference the node has an
+image of, step 1 runs first, and step 2 is skipped when its manifest and all its blobs are there. Credentials (CRI's AuthConfig) go to skopeo in an auth file
 (containers-auth.json(5), 0600 in the 0700 work directory), never on its command line, except a
 registry token, which skopeo 1.9 takes only as ``--src-registry-token``. skopeo sees only the
 registries.conf, policy and auth file made for this pull (its environment is clean: no
@@ -313,6 +315,15 @@ def image_manifest(data: bytes, what: str) -> Manifest:
 
 # -- the pull ------------------------------------------------------------------------------------
 
+def _copied(image_dir: str) -> str | None:
+    """The digest of the manifest skopeo copied into ``image_dir``, if any."""
+    try:
+        with open(os.path.join(image_dir, "manifest.json"), "rb") as f:
+            return sha256_digest(f.read())
+    except FileNotFoundError:
+        return None
+
+
 def _policy() -> bytes:
     # containerd verifies no signatures either; the host's policy.json is not ours to follow.
     return json.dumps({"default": [{"type": "insecureAcceptAnything"}]}).encode()
@@ -360,14 +371,30 @@ class Puller:
         self.skopeo = skopeo
         self._pdeathsig = os.access(_SETPRIV, os.X_OK)
 
-    async def pull(self, ref: Reference, auth: AuthConfig | None = None) -> Pulled:
+    async def pull(self, ref: Reference, auth: AuthConfig | None = None, *, stored: bool = False) -> Pulled:
         """Pull ``ref`` into the content store. Raises RpcError with a sentence (NotFound,
         Unauthenticated, DataLoss, Unavailable, DeadlineExceeded...); on any failure or
-        cancellation nothing of this pull is left but blobs already verified."""
+        cancellation nothing of this pull is left but blobs already verified.
+
+        ``stored``: the node has an image by this reference already, so the manifest is read
+        first and nothing is downloaded when its blobs are all stored. Otherwise the image is
+        copied by the reference while the manifest is read (one skopeo start and round trip less
+        on the way), and the copy is used only if it is the manifest read; else it is copied
+        again by that digest (the tag moved meanwhile, or skopeo chose another platform).
+        """
         work = self.content.temporary_dir("pull-")
+        early: asyncio.Task[bytes] | None = None
         try:
             deadline = asyncio.get_running_loop().time() + self.timeout
             session = self._prepare(work, ref, auth)
+            image_dir = os.path.join(work, "image")
+
+            def copy(source: str) -> list[str]:
+                return ["copy", "--quiet", "--retry-times", "0", *session.auth_args("--src-"), f"docker://{source}",
+                        f"dir:{image_dir}"]
+
+            if not stored:
+                early = asyncio.ensure_future(session.run(copy(str(ref)), deadline))
             raw = await session.run(["inspect", "--raw", "--retry-times", "0", *session.auth_args(""),
                                      f"docker://{ref}"], deadline)
             repo_digest = sha256_digest(raw)
@@ -378,11 +405,13 @@ class Puller:
             manifest_digest = repo_digest
             if media_type in _INDEXES:
                 manifest_digest = select_platform(doc, self.platform, f"image {ref}").digest
-            manifest = self._complete(manifest_digest)
+            manifest = None if early is not None else self._complete(manifest_digest)
             if manifest is None:
-                image_dir = os.path.join(work, "image")
-                await session.run(["copy", "--quiet", "--retry-times", "0", *session.auth_args("--src-"),
-                                   f"docker://{ref.name}@{manifest_digest}", f"dir:{image_dir}"], deadline)
+                if early is not None:
+                    await early
+                if early is None or _copied(image_dir) != manifest_digest:
+                    shutil.rmtree(image_dir, ignore_errors=True)
+                    await session.run(copy(f"{ref.name}@{manifest_digest}"), deadline)
                 manifest = await asyncio.to_thread(self._store, ref, image_dir, manifest_digest, manifests)
             else:
                 await asyncio.to_thread(self._store_manifests, manifests)
@@ -394,6 +423,12 @@ class Puller:
             raise DeadlineExceeded(f"pulling image {ref} did not finish within {self.timeout:g} s "
                                    "(image_pull_timeout); it was killed, and nothing of it was kept") from None
         finally:
+            if early is not None:
+                if not early.done():
+                    early.cancel()  # its skopeo is killed with its group (client.processes.run)
+                await asyncio.wait([early])
+                if not early.cancelled():
+                    early.exception()  # retrieved: the inspect's error, or the result, is what counts
             shutil.rmtree(work, ignore_errors=True)
 
     def _prepare(self, work: str, ref: Reference, auth: AuthConfig | None) -> _Session:

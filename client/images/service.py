@@ -136,7 +136,7 @@ class Images:
     async def _pull(self, ref: Any, auth: AuthConfig | None) -> ImageRecord:
         while self._collecting is not None:  # a collection must not take what this pull finds stored
             await asyncio.shield(self._collecting)
-        pulled = await self.puller.pull(ref, auth)
+        pulled = await self.puller.pull(ref, auth, stored=self.store.resolve(str(ref)) is not None)
         record = self._record(pulled)
         if self.snapshots is not None and record.layers:
             layers = [(layer.diff_id, self.content.path(layer.digest), layer.media_type) for layer in record.layers]

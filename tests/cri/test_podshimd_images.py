@@ -215,11 +215,12 @@ def test_a_pull_cut_short_by_kill_9_of_the_daemon_leaves_nothing_after_restart(c
                 registry.settimeout(60)
                 connection, _ = registry.accept()  # skopeo is asking the registry
                 connection.close()
-                [skopeo] = children(daemon.process.pid)
+                skopeos = children(daemon.process.pid)  # the pull's inspect and copy
+                assert skopeos
                 assert os.listdir(ingest) != []
                 daemon.process.kill()
                 daemon.process.wait()
-                assert not wait_gone(skopeo, timeout=30), "skopeo outlived the daemon"
+                assert not wait_gone(*skopeos, timeout=30), "skopeo outlived the daemon"
             finally:
                 client.kill()
                 client.wait()
