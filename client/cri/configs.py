@@ -16,6 +16,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Callable, TypeVar
 
+from client.cri.security import ContainerSecurity
 from shim.rpc.files import read_json
 from shim.rpc.identifiers import validate_annotations, validate_hostname, validate_labels
 from shim.rpc.status import InvalidArgument
@@ -295,6 +296,8 @@ class PodSandboxConfig:
     cgroup_parent: str = ""
     sysctls: dict[str, str] = field(default_factory=dict)
     namespace_options: NamespaceOptions = field(default_factory=NamespaceOptions)
+    #: The pod's LinuxSandboxSecurityContext (privileged, the pause's user and seccomp profile, ...).
+    security: ContainerSecurity = field(default_factory=ContainerSecurity)
 
     @property
     def host_network(self) -> bool:
@@ -327,6 +330,7 @@ class PodSandboxConfig:
             sysctls=linux.str_map("sysctls"),
             namespace_options=NamespaceOptions.from_json(security.obj("namespace_options").doc,
                                                          security.name("namespace_options")),
+            security=ContainerSecurity.from_doc(security.doc, security.path),
         )
 
     @classmethod
@@ -339,7 +343,7 @@ class PodSandboxConfig:
         linux = _drop_empty({
             "cgroup_parent": self.cgroup_parent,
             "sysctls": self.sysctls,
-            "security_context": {"namespace_options": self.namespace_options.to_json()},
+            "security_context": {"namespace_options": self.namespace_options.to_json(), **self.security.to_json()},
         })
         return _drop_empty({
             "metadata": self.metadata.to_json(),
@@ -467,6 +471,7 @@ class ContainerConfig:
     pid_mode: str = "POD"
     mounts: tuple[Mount, ...] = ()
     readonly_rootfs: bool = False
+    security: ContainerSecurity = field(default_factory=ContainerSecurity)
 
     @property
     def argv(self) -> tuple[str, ...]:
@@ -507,6 +512,7 @@ class ContainerConfig:
             pid_mode=namespace_options.mode("pid", ("POD", "CONTAINER"), "POD"),
             mounts=mounts,
             readonly_rootfs=security.boolean("readonly_rootfs"),
+            security=ContainerSecurity.from_doc(security.doc, security.path),
         )
 
     @classmethod
@@ -528,5 +534,6 @@ class ContainerConfig:
             "log_path": self.log_path,
             "mounts": [m.to_json() for m in self.mounts],
             "linux": {"security_context": _drop_empty({"namespace_options": {"pid": self.pid_mode},
-                                                       "readonly_rootfs": self.readonly_rootfs or None})},
+                                                       "readonly_rootfs": self.readonly_rootfs or None,
+                                                       **self.security.to_json()})},
         })

@@ -57,6 +57,7 @@ from client.cri.mounts import container_mounts
 from client.cri.podfiles import PodFiles, remove_pod_files, write_pod_files
 from client.cri.process import container_process
 from client.cri.rootfs import ContainerImage, ImageLookup, NoImages, Snapshotter, call, mount_dicts
+from client.cri import security
 from client.cri.resources import shim_resources
 from client.cri.store import ContainerRecord, ContainerState, PodRecord, PodState, PodStore
 
@@ -227,6 +228,7 @@ class PodService:
         rolling back everything done before it.
         """
         cfg = config if isinstance(config, PodSandboxConfig) else PodSandboxConfig.from_json(config)
+        security.refuse_lsm(cfg.security)  # no AppArmor or SELinux here: refused, never ignored
         handler = runtime_handler or self.default_runtime_handler
         if handler not in self.runtime_handlers:
             raise InvalidArgument(f"runtime handler {handler!r} is not configured "
@@ -542,6 +544,8 @@ class PodService:
             process = container_process(cfg, image.config if image else None,
                                         hostname=pod_cfg.hostname or socket.gethostname())
             mounts = container_mounts(cfg.mounts, self._pod_files(pod.pod_id), readonly_rootfs=cfg.readonly_rootfs)
+            confinement = security.task_fields(cfg.security, pod_privileged=pod_cfg.security.privileged,
+                                               read_file=await self._user_files(image), image_user=process.image_user)
             # The record comes first: whatever is made for the container from here on (its
             # snapshot, its task) is found through it, by a rollback or after a crash.
             self.store.add_container(ContainerRecord(
@@ -553,7 +557,7 @@ class PodService:
                 await self._task(pod.pod_id, "Create", {
                     "task_id": container_id, "args": list(process.args), "env": list(process.env),
                     "cwd": process.cwd, "log_path": log_path, "pid_mode": cfg.pid_mode, "labels": dict(cfg.labels),
-                    "rootfs": rootfs, "readonly_rootfs": cfg.readonly_rootfs, "mounts": mounts})
+                    "rootfs": rootfs, "readonly_rootfs": cfg.readonly_rootfs, "mounts": mounts, **confinement})
             except BaseException:
                 with anyio.CancelScope(shield=True):
                     await self._remove_rootfs(pod.pod_id, container_id)
@@ -568,6 +572,19 @@ class PodService:
         if not cfg.image:
             return None
         return await call(self.images.container_image, cfg.image)
+
+    async def _user_files(self, image: ContainerImage | None) -> security.ReadFile:
+        """``read_file`` for the container's /etc/passwd and /etc/group: its image's (read from
+        the snapshotter), or the node's for a container on the node's root filesystem."""
+        if image is None or self.snapshots is None:
+            return security.host_read_file
+        files: dict[str, bytes] = {}
+        for path in security.USER_FILES:
+            try:
+                files[path] = await call(self.snapshots.read_file(image.chain_id, path))
+            except FileNotFoundError:
+                pass
+        return files.get
 
     def _pod_files(self, pod_id: str) -> dict[str, str]:
         """Container path → node path of the pod's hosts, resolv.conf and hostname; {} for a pod
