@@ -578,12 +578,12 @@ class PodService:
         the snapshotter), or the node's for a container on the node's root filesystem."""
         if image is None or self.snapshots is None:
             return security.host_read_file
-        files: dict[str, bytes] = {}
+        files: dict[str, bytes | None] = {}
         for path in security.USER_FILES:
             try:
-                files[path] = await call(self.snapshots.read_file(image.chain_id, path))
+                files[path] = await call(self.snapshots.read_file, image.chain_id, path)
             except FileNotFoundError:
-                pass
+                files[path] = None
         return files.get
 
     def _pod_files(self, pod_id: str) -> dict[str, str]:

@@ -272,3 +272,42 @@ async def test_a_pod_asking_for_selinux_or_apparmor_is_refused(roots):
         with pytest.raises(InvalidArgument, match="no SELinux"):
             await pods.run_pod_sandbox(cfg)
         assert await pods.list_pod_sandbox() == []
+
+
+class ImageSnapshots:
+    """A stand-in snapshotter whose image has its own /etc/passwd and /etc/group."""
+
+    files = {"/etc/passwd": b"root:x:0:0::/:/bin/sh\nweb:x:4321:4322::/:/bin/sh\n",
+             "/etc/group": b"web:x:4322:\nlog:x:4400:web\n"}
+
+    async def prepare(self, key: str, chain_id: str) -> list:
+        return []  # no layers: the container runs on the node's root
+
+    def remove(self, key: str) -> None:
+        pass
+
+    def read_file(self, chain_id: str, path: str) -> bytes | None:
+        return self.files.get(path)
+
+
+async def test_run_as_username_and_the_images_user_are_resolved_in_the_images_files(roots):
+    from client.cri.rootfs import ContainerImage
+
+    image = ContainerImage(image_id="sha256:" + "b" * 64, name="registry.test/web:1", image_ref="registry.test/web:1",
+                           chain_id="sha256:" + "c" * 64, config={"User": "web"})
+
+    class Images:
+        def container_image(self, reference: str) -> ContainerImage:
+            return image
+
+    async with pod_service(roots, images=Images(), snapshots=ImageSnapshots()) as pods:
+        pod_id = await pods.run_pod_sandbox(pod_config())
+        for context in ({"run_as_username": "web"}, {}):  # CRI's name, then the image's User
+            cfg = container_config([BUSYBOX, "sh", "-c", "id -u; id -G"], name=f"c{os.urandom(3).hex()}")
+            cfg["image"] = {"image": image.name}
+            cfg["linux"]["security_context"].update(context)
+            cid = await pods.create_container(pod_id, cfg)
+            await pods.start_container(cid)
+            await pods._task(pod_id, "Wait", {"task_id": cid}, timeout=30)
+            with open(pods.container_log_path(cid)) as f:
+                assert [line.rstrip("\n").split(" ", 3)[3] for line in f] == ["4321", "4322 4400"], context
