@@ -280,6 +280,12 @@ async def test_delete_unmounts_the_rootfs_and_removes_its_directory(pod, tmp_pat
     assert pod.mounted() == [] and not os.path.exists(os.path.dirname(pod.rootfs("app")))
 
 
+async def test_shutdown_unmounts_the_rootfs_of_tasks_not_deleted(pod, tmp_path):
+    await pod.run("app", "sleep", "600", rootfs=overlay(tmp_path, a_tree(tmp_path / "tree")), env=["PATH=/bin"])
+    await pod.shim.call("ShutdownSandbox")
+    assert pod.mounted() == [] and not os.path.exists(os.path.dirname(pod.rootfs("app")))
+
+
 async def test_a_rootfs_that_cannot_be_mounted_fails_create_and_leaves_nothing(pod, tmp_path):
     rootfs = [{"type": "overlay", "source": "overlay", "options": [f"lowerdir={tmp_path}/no-such"]}]
     with pytest.raises(FailedPrecondition, match=r"cannot mount rootfs\[0\] \(overlay overlay\)"):
