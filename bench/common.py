@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import select
+import shutil
 import signal
 import subprocess
 import time
@@ -17,6 +18,7 @@ from dataclasses import dataclass
 
 __all__ = [
     "FLOOR_ARGV",
+    "busybox_tree",
     "compile_bytecode",
     "Memory",
     "children_of",
@@ -219,3 +221,13 @@ def floor_cgroup_cycle(parent: str, timeout: float = 10.0) -> tuple[float, float
         t1 = time.perf_counter()
         cgroup.remove()
     return made + start, stop, time.perf_counter() - t1
+
+
+def busybox_tree(path: str, *tools: str) -> str:
+    """A small root at ``path``: /bin/busybox (static) with ``tools`` linked to it, empty /etc and /tmp."""
+    for directory in ("bin", "etc", "tmp"):
+        os.makedirs(f"{path}/{directory}")
+    shutil.copy("/bin/busybox", f"{path}/bin/busybox")
+    for tool in tools:
+        os.symlink("busybox", f"{path}/bin/{tool}")
+    return path

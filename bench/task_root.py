@@ -22,17 +22,10 @@ import statistics
 import tempfile
 import time
 
+from bench.common import busybox_tree
 from shim.kernel import linux
 from shim.kernel.reaper import Reaper
 from shim.runtime import mounts, process
-
-
-def busybox_tree(path: str) -> str:
-    for directory in ("bin", "etc", "tmp"):
-        os.makedirs(f"{path}/{directory}")
-    shutil.copy("/bin/busybox", f"{path}/bin/busybox")
-    os.symlink("busybox", f"{path}/bin/true")
-    return path
 
 
 async def launch_once(reaper: Reaper, fs: mounts.TaskFilesystem | None, mount_point: str) -> float:
@@ -56,7 +49,7 @@ async def bench(launches: int) -> None:
     reaper.install()
     overlay_root = f"{base}/overlay/rootfs"
     try:
-        lower = busybox_tree(f"{base}/lower")
+        lower = busybox_tree(f"{base}/lower", "true")
         for name in ("upper", "work"):
             os.makedirs(f"{base}/{name}")
         mounts.mount_rootfs((mounts.RootfsMount("overlay", "overlay", (

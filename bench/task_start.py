@@ -24,19 +24,12 @@ import sys
 import tempfile
 import time
 
+from bench.common import busybox_tree
 from shim.rpc import Client
 from shim.rpc.api import SANDBOX_SERVICE, TASK_SERVICE
 
 NAMESPACE = "bench"
 TIMEOUT = 10.0
-
-
-def busybox_tree(path: str) -> str:
-    for directory in ("bin", "etc", "tmp"):
-        os.makedirs(f"{path}/{directory}")
-    shutil.copy("/bin/busybox", f"{path}/bin/busybox")
-    os.symlink("busybox", f"{path}/bin/sleep")
-    return path
 
 
 def overlay(base: str, lower: str, task_id: str) -> list[dict]:
@@ -49,7 +42,7 @@ def overlay(base: str, lower: str, task_id: str) -> list[dict]:
 
 async def bench(tasks: int, rootfs: str) -> None:
     base = tempfile.mkdtemp(prefix="task-bench-")
-    lower = busybox_tree(f"{base}/lower") if rootfs == "overlay" else ""
+    lower = busybox_tree(f"{base}/lower", "sleep") if rootfs == "overlay" else ""
     sandbox_id = f"task-bench-{os.getpid()}"
     argv = [sys.executable, "-m", "shim", "--namespace", NAMESPACE, "--id", sandbox_id,
             "--bundle", f"{base}/bundle", "--runtime-root", f"{base}/run"]
