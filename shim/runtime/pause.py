@@ -54,6 +54,8 @@ _SIGTERM_BIT = 1 << (signal.SIGTERM - 1)
 _BUILTIN_SIGNALS = {signal.SIGTERM, signal.SIGINT, signal.SIGCHLD}
 _SYSCTL_KEY = re.compile(r"[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)+")
 _IPC_SYSCTL_PREFIXES = ("kernel.shm", "kernel.msg", "fs.mqueue.")
+# UTS sysctls (kernel.hostname is the sandbox's hostname option, as runc refuses it too).
+_UTS_SYSCTLS = ("kernel.domainname",)
 
 
 @dataclass(frozen=True)
@@ -98,7 +100,8 @@ def validate_sysctls(sysctls: Mapping[str, str], *, host_network: bool, host_ipc
     """Accept only sysctls that are namespaced for this sandbox.
 
     ``net.*`` needs a pod network; ``kernel.shm*``, ``kernel.msg*``, ``kernel.sem`` and
-    ``fs.mqueue.*`` need a pod IPC namespace. Anything else would be written to the host's own
+    ``fs.mqueue.*`` need a pod IPC namespace, ``kernel.domainname`` a pod UTS namespace (not
+    host network). Anything else would be written to the host's own
     settings. Which ``net.*`` keys a netns can set is the kernel's to say, from inside it
     (:func:`shim.kernel.netns.check_net_sysctls`, at CreateSandbox). Raises InvalidArgument
     with the reason.
@@ -116,6 +119,11 @@ def validate_sysctls(sysctls: Mapping[str, str], *, host_network: bool, host_ipc
                     f"sysctl {key} cannot be set on a sandbox with host network: "
                     "it would change the host's network settings"
                 )
+        elif key in _UTS_SYSCTLS:
+            if host_network:  # no UTS namespace of its own either (section 7.4)
+                raise InvalidArgument(
+                    f"sysctl {key} cannot be set on a sandbox with host network: it would change the host's {key}"
+                )
         elif key == "kernel.sem" or key.startswith(_IPC_SYSCTL_PREFIXES):
             if host_ipc:
                 raise InvalidArgument(
@@ -124,7 +132,7 @@ def validate_sysctls(sysctls: Mapping[str, str], *, host_network: bool, host_ipc
         else:
             raise InvalidArgument(
                 f"sysctl {key} is not namespaced: applying it would change the host "
-                "(allowed: net.*, kernel.shm*, kernel.msg*, kernel.sem, fs.mqueue.*)"
+                "(allowed: net.*, kernel.shm*, kernel.msg*, kernel.sem, fs.mqueue.*, kernel.domainname)"
             )
 
 
