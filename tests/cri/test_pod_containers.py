@@ -10,13 +10,18 @@ node's root filesystem, where /bin/sh is."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
+import signal
+import subprocess
+import sys
 import time
 
 import pytest
 
 from shim.rpc.status import FailedPrecondition, InvalidArgument, NotFound
 
+from client.cri.failpoints import ENV
 from client.cri.pod import open_pod_service
 from client.cri.rootfs import ContainerImage, StoreImages, image_not_found
 
@@ -249,3 +254,39 @@ async def test_recovery_removes_container_snapshots_no_record_names_and_keeps_th
         await pods.remove_container(kept)
     assert [s.name for s in snapshotter.snapshots() if s.kind == "active"] == ["not-a-container"]
     snapshotter.remove("not-a-container")
+
+
+CRASH_SCRIPT = """
+import anyio, json, sys
+from client.cri.failpoints import ENV
+from client.cri.pod import open_pod_service
+from client.cri.rootfs import ContainerImage
+from client.images.snapshots import Snapshotter
+class Images:
+    def container_image(self, reference):
+        return ContainerImage(image_id="sha256:" + "e" * 64, name=reference, image_ref="x", chain_id="",
+                              config={"Cmd": ["true"]})
+async def main(root, runtime_root, snapshots, cfg_json):
+    async with open_pod_service(root, runtime_root, cni_conf_dir=root + "/no-cni", images=Images(),
+                                snapshots=Snapshotter(snapshots)) as pods:
+        pod_id = await pods.run_pod_sandbox(json.loads(cfg_json))
+        print(json.dumps(pod_id), flush=True)
+        await pods.create_container(pod_id, {"metadata": {"name": "c"}, "image": {"image": "registry.test/e:1"}})
+anyio.run(main, *sys.argv[1:])
+"""
+
+
+async def test_a_crash_between_snapshot_and_task_leaves_a_container_whose_removal_removes_the_snapshot(roots, tmp_path):
+    from client.images.snapshots import Snapshotter
+    snapshots = str(tmp_path / "snapshots")
+    done = subprocess.run([sys.executable, "-c", CRASH_SCRIPT, *roots, snapshots, json.dumps(pod_config())],
+                          capture_output=True, text=True, timeout=60, env={**os.environ, ENV: "create:after-rootfs"})
+    assert done.returncode == -signal.SIGKILL, done.stderr
+    pod_id = json.loads(done.stdout)
+    snapshotter = Snapshotter(snapshots)
+    async with pod_service(roots, images=Images(), snapshots=snapshotter) as pods:
+        (container,) = await pods.list_containers()
+        assert container["state"] == "CONTAINER_EXITED"  # its task was never made
+        assert [s.name for s in snapshotter.snapshots() if s.kind == "active"] == [container["id"]]
+        await pods.remove_pod_sandbox(pod_id)
+        assert [s.name for s in snapshotter.snapshots() if s.kind == "active"] == []
