@@ -472,6 +472,9 @@ class ContainerConfig:
     mounts: tuple[Mount, ...] = ()
     readonly_rootfs: bool = False
     security: ContainerSecurity = field(default_factory=ContainerSecurity)
+    stdin: bool = False  # its stdin stays open through the shim, for attach
+    stdin_once: bool = False  # ... until the first attach that wrote to it detaches
+    tty: bool = False
 
     @property
     def argv(self) -> tuple[str, ...]:
@@ -513,6 +516,9 @@ class ContainerConfig:
             mounts=mounts,
             readonly_rootfs=security.boolean("readonly_rootfs"),
             security=ContainerSecurity.from_doc(security.doc, security.path),
+            stdin=f.boolean("stdin"),
+            stdin_once=f.boolean("stdin_once"),
+            tty=f.boolean("tty"),
         )
 
     @classmethod
@@ -533,6 +539,9 @@ class ContainerConfig:
             "annotations": dict(self.annotations),
             "log_path": self.log_path,
             "mounts": [m.to_json() for m in self.mounts],
+            "stdin": self.stdin or None,
+            "stdin_once": self.stdin_once or None,
+            "tty": self.tty or None,
             "linux": {"security_context": _drop_empty({"namespace_options": {"pid": self.pid_mode},
                                                        "readonly_rootfs": self.readonly_rootfs or None,
                                                        **self.security.to_json()})},

@@ -557,7 +557,8 @@ class PodService:
                 await self._task(pod.pod_id, "Create", {
                     "task_id": container_id, "args": list(process.args), "env": list(process.env),
                     "cwd": process.cwd, "log_path": log_path, "pid_mode": cfg.pid_mode, "labels": dict(cfg.labels),
-                    "rootfs": rootfs, "readonly_rootfs": cfg.readonly_rootfs, "mounts": mounts, **confinement})
+                    "rootfs": rootfs, "readonly_rootfs": cfg.readonly_rootfs, "mounts": mounts, "stdin": cfg.stdin,
+                    **confinement})
             except BaseException:
                 with anyio.CancelScope(shield=True):
                     await self._remove_rootfs(pod.pod_id, container_id)
@@ -852,6 +853,26 @@ class PodService:
     async def exec_kill(self, pod_id: str, container_id: str, exec_id: str) -> None:
         """Kill an exec :meth:`exec_start` started, and what it started in its session."""
         await self._task(pod_id, "ExecKill", {"task_id": container_id, "exec_id": exec_id})
+
+    async def attach_target(self, container_id: str) -> dict[str, Any]:
+        """What Attach needs of a RUNNING container: ``{pod_id, container_id, log_path, stdin, stdin_once,
+        tty}``, ``stdin`` the path of the FIFO its shim keeps open ("" if it has none, or it was
+        closed). Raises NotFound, FailedPrecondition."""
+        c = await self._running(container_id)
+        cfg = ContainerConfig.from_json(c.config)
+        stdin = ""
+        if cfg.stdin:
+            stdin = (await self._task(c.pod_id, "State", {"task_id": c.container_id})).get("stdin") or ""
+        return {"pod_id": c.pod_id, "container_id": c.container_id, "log_path": c.log_path, "stdin": stdin,
+                "stdin_once": cfg.stdin_once, "tty": cfg.tty}
+
+    async def close_stdin(self, pod_id: str, container_id: str) -> None:
+        """Close a container's stdin for good (stdin_once): it reads end-of-file once writers are gone."""
+        await self._task(pod_id, "CloseStdin", {"task_id": container_id})
+
+    async def wait_task(self, pod_id: str, container_id: str) -> int:
+        """The exit status of a container's process, once it exited."""
+        return int((await self._task(pod_id, "Wait", {"task_id": container_id}, timeout=None))["exit_status"])
 
     async def update_container_resources(self, container_id: str, linux: Mapping[str, Any] | None) -> None:
         """UpdateContainerResources: apply CRI's LinuxContainerResources ``linux`` (proto field

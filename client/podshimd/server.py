@@ -38,6 +38,7 @@ from client.cri.rootfs import StoreImages
 from client.criapi import api_pb2, api_pb2_grpc
 from client.images.service import Images
 from client.spawners import ExecSpawner
+from client.streaming.attach import AttachBackend
 from client.streaming.remotecommand import ExecBackend
 from client.streaming.server import Backend, StreamingServer
 from shim.launch.notify import Notifier
@@ -287,7 +288,8 @@ async def _start_streaming(stack: contextlib.AsyncExitStack, config: Config, pod
 
     # The exec FIFOs live in a 0700 directory of the runtime root (the shim opens them by path).
     execs = ExecBackend(exec_start, exec_wait, exec_kill, os.path.join(config.runtime_root, "exec"))
-    streaming = StreamingServer(config.streaming_address, Backend(pod_network=pod_network, execs=execs))
+    attach = AttachBackend(pods.attach_target, pods.close_stdin, pods.wait_task)
+    streaming = StreamingServer(config.streaming_address, Backend(pod_network=pod_network, execs=execs, attach=attach))
     try:
         await streaming.start()
     except OSError as exc:

@@ -8,14 +8,12 @@ from __future__ import annotations
 from typing import Any
 
 from client.criapi import api_pb2
-from client.streaming.server import ExecRequest, PortForwardRequest, StreamingServer
-from shim.rpc.status import InvalidArgument, Unimplemented
+from client.streaming.server import AttachRequest, ExecRequest, PortForwardRequest, StreamingServer
+from shim.rpc.status import FailedPrecondition, InvalidArgument
 
 from .handlers import Handlers
 
 __all__ = ["Streaming"]
-
-_WHY = "podshimd's streaming server does not serve attach yet"
 
 
 class Streaming(Handlers):
@@ -37,9 +35,17 @@ class Streaming(Handlers):
         return api_pb2.ExecResponse(url=self._server().url(ExecRequest(
             container_id, cmd, request.tty, request.stdin, request.stdout, request.stderr)))
 
-    async def Attach(self, request: Any, context: Any) -> Any:
-        raise Unimplemented(f"{_WHY}: read the container's output with crictl logs, or run a command in it "
-                            "with crictl exec")
+    async def Attach(self, request: api_pb2.AttachRequest, context: Any) -> api_pb2.AttachResponse:
+        if not (request.stdin or request.stdout or request.stderr):
+            raise InvalidArgument("one of stdin, stdout and stderr must be requested")
+        if request.tty and request.stderr:
+            raise InvalidArgument("tty and stderr cannot both be true: a terminal carries stderr with stdout")
+        target = await self.pods.attach_target(request.container_id)
+        if request.stdin and not target["stdin"]:
+            raise FailedPrecondition(f"container {target['container_id']} has no stdin to attach to: it was created "
+                                     "without stdin, or its stdin was closed (stdin_once)")
+        return api_pb2.AttachResponse(url=self._server().url(AttachRequest(
+            target["container_id"], request.tty, request.stdin, request.stdout, request.stderr)))
 
     async def PortForward(self, request: api_pb2.PortForwardRequest, context: Any) -> api_pb2.PortForwardResponse:
         # The ports asked for are checked here; the client names the port again on each connection.

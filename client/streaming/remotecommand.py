@@ -1,4 +1,5 @@
-"""``channel.k8s.io`` (v1-v4): Exec over SPDY streams, as Kubernetes' remotecommand client speaks it.
+"""``channel.k8s.io`` (v1-v4): Exec (and Attach, :mod:`.attach`) over SPDY streams, as Kubernetes'
+remotecommand client speaks it.
 
 The client opens one stream per channel, each named by its ``streamType`` header: ``error`` always,
 ``stdin``, ``stdout`` and ``stderr`` as the request asked (no ``stderr`` with a tty: the terminal
@@ -24,6 +25,7 @@ from typing import Any
 from shim.rpc.status import RpcError
 
 from . import execio
+from .attach import AttachBackend, AttachRequest, run_attach
 from .session import Stream, StreamClosed
 
 __all__ = ["PROTOCOLS", "STREAMS_TIMEOUT", "OUTPUT_DRAIN", "ExecRequest", "ExecBackend", "RemoteCommandSession",
@@ -83,7 +85,7 @@ class ExecBackend:
 class RemoteCommandSession:
     """The streams of one exec: gathers them, runs the command, copies, reports the end."""
 
-    def __init__(self, request: ExecRequest, protocol: str, backend: ExecBackend,
+    def __init__(self, request: ExecRequest | AttachRequest, protocol: str, backend: ExecBackend | AttachBackend,
                  spawn: Callable[[Coroutine[Any, Any, Any]], None]) -> None:
         self.request = request
         self.protocol = protocol
@@ -130,16 +132,23 @@ class RemoteCommandSession:
             self._timer = None
 
     async def _run(self) -> None:
-        streams, request = self._streams, self.request
-        error = streams["error"]
-        error.discard()
-        io = execio.ExecIO(self.backend.directory, stdin=request.stdin, stdout=request.stdout,
+        self._streams["error"].discard()
+        if isinstance(self.request, AttachRequest):
+            assert isinstance(self.backend, AttachBackend)
+            await run_attach(self.request, self._streams, self.backend, self._finish)
+        else:
+            await self._run_exec()
+
+    async def _run_exec(self) -> None:
+        streams, request, backend = self._streams, self.request, self.backend
+        assert isinstance(request, ExecRequest) and isinstance(backend, ExecBackend)
+        io = execio.ExecIO(backend.directory, stdin=request.stdin, stdout=request.stdout,
                            stderr=request.stderr and not request.tty, tty=request.tty)
         handle = None
         exited = False
         try:
             try:
-                handle = await self.backend.start(request.container_id, list(request.cmd), io.paths)
+                handle = await backend.start(request.container_id, list(request.cmd), io.paths)
             except RpcError as exc:
                 await self._finish(None, exc.message)
                 return
@@ -155,7 +164,7 @@ class RemoteCommandSession:
             if "resize" in streams:
                 helpers.append(asyncio.ensure_future(_resizes(streams["resize"], io)))
             try:
-                exit_status = await self.backend.wait(handle)
+                exit_status = await backend.wait(handle)
                 exited = True
                 if copies:
                     await asyncio.wait(copies, timeout=OUTPUT_DRAIN)
@@ -168,7 +177,7 @@ class RemoteCommandSession:
             if handle is not None and not exited:
                 # The client went away (or the session ended): the command goes too.
                 try:
-                    await asyncio.shield(self.backend.kill(handle))
+                    await asyncio.shield(backend.kill(handle))
                 except RpcError as exc:
                     log.info("exec: cannot kill the command of a client that went away: %s", exc.message)
             io.close()

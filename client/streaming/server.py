@@ -19,13 +19,14 @@ from typing import Any
 from shim.rpc.frames import NEED_DATA
 
 from . import portforward, remotecommand
+from .attach import AttachBackend, AttachRequest
 from .remotecommand import ExecBackend, ExecRequest
 from .session import Session
 from .tokens import TokenError, Tokens
 from .upgrade import HttpError, Request, RequestReader, error_response, negotiate, switching_protocols
 
-__all__ = ["HEAD_TIMEOUT", "CLOSE_TIMEOUT", "PortForwardRequest", "ExecRequest", "Backend", "StreamingServer",
-           "split_address"]
+__all__ = ["HEAD_TIMEOUT", "CLOSE_TIMEOUT", "PortForwardRequest", "ExecRequest", "AttachRequest", "Backend",
+           "StreamingServer", "split_address"]
 
 log = logging.getLogger("podshimd.streaming")
 
@@ -40,8 +41,9 @@ class PortForwardRequest:
     pod_sandbox_id: str
 
 
-KINDS: dict[type, str] = {PortForwardRequest: "portforward", ExecRequest: "exec"}
-PROTOCOLS = {"portforward": (portforward.PROTOCOL,), "exec": remotecommand.PROTOCOLS}
+KINDS: dict[type, str] = {PortForwardRequest: "portforward", ExecRequest: "exec", AttachRequest: "attach"}
+PROTOCOLS = {"portforward": (portforward.PROTOCOL,), "exec": remotecommand.PROTOCOLS,
+             "attach": remotecommand.PROTOCOLS}
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +53,7 @@ class Backend:
 
     pod_network: Callable[[str], Awaitable[str]]
     execs: ExecBackend | None = None
+    attach: AttachBackend | None = None
 
 
 def split_address(address: str) -> tuple[str, int]:
@@ -194,6 +197,9 @@ class StreamingServer:
         return kind, stored, protocol
 
     def _handler(self, stored: Any, protocol: str, tasks: SessionTasks) -> Any:
+        if isinstance(stored, AttachRequest):
+            assert self.backend.attach is not None
+            return remotecommand.RemoteCommandSession(stored, protocol, self.backend.attach, tasks.spawn)
         if isinstance(stored, ExecRequest):
             assert self.backend.execs is not None
             return remotecommand.RemoteCommandSession(stored, protocol, self.backend.execs, tasks.spawn)

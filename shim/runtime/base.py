@@ -50,6 +50,7 @@ class TaskSpec:
     confinement: Confinement = Confinement()
     rootfs: str = ""
     filesystem: TaskFilesystem = TaskFilesystem()
+    stdin: int | None = None  # None: /dev/null
 
 
 @dataclass(frozen=True)

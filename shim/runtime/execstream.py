@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from shim.rpc.status import InvalidArgument
 
-__all__ = ["ExecStdio", "open_stdio"]
+__all__ = ["ExecStdio", "TaskStdin", "open_stdio"]
 
 
 @dataclass
@@ -79,3 +79,47 @@ def open_stdio(stdin: str | None, stdout: str | None, stderr: str | None, termin
         stdio.close()
         raise
     return stdio
+
+
+class TaskStdin:
+    """A task's stdin, kept open through the shim (Create's ``stdin``, protocol.md 7.3): a FIFO at
+    ``path`` (0600) whose read end the task gets and whose write end the shim holds until
+    :meth:`close` (CloseStdin), so a client that stops writing does not end the task's input.
+    :meth:`remove` is the one cleanup path (the task stopped, or did not start). Raises OSError."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.read_fd: int | None = None
+        self.write_fd: int | None = None
+        try:
+            os.unlink(path)  # a FIFO a shim that died left behind
+        except FileNotFoundError:
+            pass
+        os.mkfifo(path, 0o600)
+        try:
+            self.read_fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOFOLLOW)
+            self.write_fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOFOLLOW)
+            os.set_blocking(self.read_fd, True)  # the task's: a program expects a blocking stdin
+        except BaseException:
+            self.remove()
+            raise
+
+    def started(self) -> None:
+        """The task has its read end."""
+        if self.read_fd is not None:
+            os.close(self.read_fd)
+            self.read_fd = None
+
+    def close(self) -> None:
+        """Drop the shim's write end: the task reads end-of-file once clients' ends are closed too."""
+        if self.write_fd is not None:
+            os.close(self.write_fd)
+            self.write_fd = None
+
+    def remove(self) -> None:
+        self.started()
+        self.close()
+        try:
+            os.unlink(self.path)
+        except FileNotFoundError:
+            pass

@@ -85,6 +85,7 @@ def _process_spec(spec: TaskSpec, root: mounts.RootSetup) -> process.ProcessSpec
         root=root,
         procs_files=tuple(spec.cgroup.procs_files()),
         stdout=spec.stdout,
+        stdin=spec.stdin,
         stderr=spec.stderr,
         confinement=spec.confinement,
     )

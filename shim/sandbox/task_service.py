@@ -65,6 +65,7 @@ class TaskService:
             labels=labels,
             confinement=confine.from_request(p),
             filesystem=parse_filesystem(p),
+            stdin=optional(p, "stdin", bool, False),
         )
         return {}
 
@@ -105,6 +106,10 @@ class TaskService:
         self.tasks.exec_kill(sid, tid, require(p, "exec_id", str))
         return {}
 
+    async def close_stdin(self, ctx: CallContext, p: dict[str, Any]) -> dict[str, Any]:
+        self.tasks.close_stdin(*self._ids(ctx, p))
+        return {}
+
     async def stats(self, ctx: CallContext, p: dict[str, Any]) -> dict[str, Any]:
         return self.tasks.stats(*self._ids(ctx, p))
 
@@ -138,6 +143,7 @@ def register_tasks(server: Server, service: TaskService) -> None:
         "ExecStart": service.exec_start,
         "ExecWait": service.exec_wait,
         "ExecKill": service.exec_kill,
+        "CloseStdin": service.close_stdin,
         "Stats": service.stats,
         "Update": service.update,
         "ReopenLog": service.reopen_log,

@@ -114,7 +114,7 @@ class Task:
 
     def __init__(self, task_id: str, *, args: list[str], env: dict[str, str], cwd: str, log_path: str,
                  pid_mode: str, labels: dict[str, str], confinement: Confinement | None = None,
-                 filesystem: TaskFilesystem = TaskFilesystem(), rootfs: str = ""):
+                 filesystem: TaskFilesystem = TaskFilesystem(), rootfs: str = "", stdin: bool = False):
         self.task_id = task_id
         self.filesystem = filesystem
         self.rootfs = rootfs  # <bundle>/tasks/<task id>/rootfs: its root's mount point; "" once removed
@@ -132,11 +132,19 @@ class Task:
         self.cgroup: SandboxCgroup | None = None
         self.crilog: CriLog | None = None  # while it runs: the writer of its log file
         self.execs = 0  # Exec and ExecStart calls so far (each exec's id)
+        self.stdin = stdin  # Create's stdin: a FIFO kept open through the shim while it runs
+        self.stdin_fifo: execstream.TaskStdin | None = None
         self.streamed: dict[str, tuple[process.Process, int]] = {}  # ExecStart's execs: exec id -> (leader, session)
         self.exit: ExitResult | None = None
         self.exited = asyncio.Event()
         # Start and Delete of one task take turns; so does stop_all with an in-flight Start.
         self.lock = asyncio.Lock()
+
+    @property
+    def stdin_path(self) -> str:
+        """The task's stdin FIFO while the shim keeps it open, else ""."""
+        fifo = self.stdin_fifo
+        return fifo.path if fifo is not None and fifo.write_fd is not None else ""
 
     @property
     def pid(self) -> int:
@@ -160,6 +168,7 @@ class Task:
             "pid_mode": self.pid_mode,
             "args": list(self.args),
             "labels": dict(self.labels),
+            "stdin": self.stdin_path,
         }
 
     def record(self) -> TaskRecord:
@@ -217,7 +226,7 @@ class TaskSet:
     async def create(self, sandbox_id: str, task_id: str, *, args: list[str], env: list[str] | None = None,
                      cwd: str | None = None, log_path: str, pid_mode: str = CONTAINER,
                      labels: dict[str, str] | None = None, confinement: Confinement | None = None,
-                     filesystem: TaskFilesystem = TaskFilesystem()) -> Task:
+                     filesystem: TaskFilesystem = TaskFilesystem(), stdin: bool = False) -> Task:
         """Create: check the request and record the task; its log's directories are made (0755)
         and its ``filesystem.rootfs`` mounted on ``<bundle>/tasks/<task_id>/rootfs`` (recorded
         first; unmounted again when the mount fails).
@@ -250,7 +259,7 @@ class TaskSet:
             raise FailedPrecondition(f"cannot use log file {log_path}: {exc.strerror}") from None
         task = Task(task_id, args=list(args), env=environment, cwd=cwd, log_path=log_path, pid_mode=pid_mode,
                     labels=dict(labels or {}), confinement=confinement, filesystem=filesystem,
-                    rootfs=mounts.rootfs_path(self.sandbox.config.bundle, task_id))
+                    rootfs=mounts.rootfs_path(self.sandbox.config.bundle, task_id), stdin=stdin)
         self._tasks[task_id] = task
         self._persist()
         if filesystem.rootfs:
@@ -286,15 +295,24 @@ class TaskSet:
                     crilog = CriLog(task.log_path)
                 except OSError as exc:
                     raise FailedPrecondition(f"cannot open log file {task.log_path}: {exc.strerror}") from None
+                stdin = None
                 try:
                     mounts.check_destinations(task.filesystem, "/")
+                    if task.stdin:
+                        try:
+                            stdin = execstream.TaskStdin(os.path.join(self.sandbox.config.bundle, f"{task_id}.stdin"))
+                        except OSError as exc:
+                            raise FailedPrecondition(f"cannot make the task's stdin FIFO: {exc.strerror}") from None
                     task.process = await runtime.start_task(TaskSpec(
                         task_id, args=tuple(task.args), env=task.env, cwd=task.cwd, pid_mode=task.pid_mode,
                         pause_pid=pause.pid, own_ipc=self.sandbox.options.ipc_mode == POD, cgroup=task.cgroup,
                         stdout=crilog.stdout_fd, stderr=crilog.stderr_fd, confinement=task.confinement,
-                        rootfs=task.rootfs, filesystem=task.filesystem))
+                        rootfs=task.rootfs, filesystem=task.filesystem,
+                        stdin=stdin.read_fd if stdin is not None else None))
                 except BaseException:
                     crilog.close()
+                    if stdin is not None:
+                        stdin.remove()
                     raise
             except BaseException as exc:
                 # A cancelled Start, too, removes the (empty) cgroup before it forgets it.
@@ -311,6 +329,9 @@ class TaskSet:
                 raise
             crilog.start()
             task.crilog = crilog
+            if stdin is not None:
+                stdin.started()
+                task.stdin_fifo = stdin
             task.started_at = task.process.started_at_ns
             task.status = nxt
             self._persist()
@@ -335,6 +356,9 @@ class TaskSet:
         finally:
             crilog.close()
             task.crilog = None
+            if task.stdin_fifo is not None:
+                task.stdin_fifo.remove()
+                task.stdin_fifo = None
         task.exit = ExitResult(info.exit_status, info.exited_at_ns, info.pid)
         task.status = task.check(Op.EXIT)
         task.exited.set()
@@ -444,6 +468,14 @@ class TaskSet:
         task, leader, session = self._streamed(sandbox_id, task_id, exec_id)
         if not leader.exit.done() and task.cgroup is not None:
             execsync.kill_session(leader, session, task.cgroup)
+
+    def close_stdin(self, sandbox_id: str, task_id: str) -> None:
+        """CloseStdin: drop the shim's write end of the task's stdin FIFO (idempotent). Raises NotFound,
+        FailedPrecondition (not running)."""
+        task = self.get(sandbox_id, task_id)
+        task.check(Op.EXEC)
+        if task.stdin_fifo is not None:
+            task.stdin_fifo.close()
 
     def stats(self, sandbox_id: str, task_id: str) -> dict[str, Any]:
         """Stats: ``{timestamp, data}``, the usage of the task's cgroup (SandboxMetrics' keys); a

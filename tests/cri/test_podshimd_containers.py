@@ -221,12 +221,3 @@ def test_bad_container_requests_get_a_status_with_a_sentence(daemon, crictl, pod
     assert daemon.crictl(crictl, "ps", "-qa").stdout.split() == [container_id]
 
 
-def test_attach_is_unimplemented_with_a_sentence(daemon, crictl, pod, tmp_path):
-    container_id = create(daemon, crictl, pod, tmp_path, container_config(["sleep", "60"]))
-    daemon.crictl(crictl, "start", container_id)
-    attached = daemon.crictl(crictl, "attach", container_id, check=False)
-    assert attached.returncode != 0
-    assert ("code = Unimplemented desc = podshimd's streaming server does not serve attach yet: read the "
-            "container's output with crictl logs") in attached.stderr
-
-

@@ -128,7 +128,7 @@ class OciBackend(Runtime):
                         readonly=fs.host_root or fs.readonly_rootfs, mounts=fs.mounts, masked_paths=fs.masked_paths,
                         readonly_paths=fs.readonly_paths, privileged=fs.privileged, shm_source=shm)
         pid, start_time, exit_future = await self._launch(
-            container, doc, spec.cgroup, stdout=spec.stdout, stderr=spec.stderr, binds=binds,
+            container, doc, spec.cgroup, stdout=spec.stdout, stderr=spec.stderr, stdin=spec.stdin, binds=binds,
             binds_from=((f"/proc/{spec.pause_pid}/ns/mnt", "/dev/shm", shm),))
         return process.Process(pid, start_time, process.started_at_ns(exit_future), exit_future)
 
@@ -194,7 +194,7 @@ class OciBackend(Runtime):
         return cgroups_path(cgroup) if self.cli.manages_cgroups else None
 
     async def _launch(self, container: Container, doc: dict[str, Any], cgroup: SandboxCgroup, *,
-                      stdout: int | None = None, stderr: int | None = None,
+                      stdout: int | None = None, stderr: int | None = None, stdin: int | None = None,
                       binds: tuple[tuple[str, str], ...],
                       binds_from: tuple[tuple[str, str, str], ...] = ()) -> tuple[int, int, asyncio.Future[ExitInfo]]:
         """Write config.json, record the container, create it, place and watch its init, start it."""
@@ -205,7 +205,8 @@ class OciBackend(Runtime):
         try:
             # Without a cgroup manager, the runtime itself runs in the cgroup, so its init is born there.
             procs = () if self.cli.manages_cgroups else tuple(cgroup.procs_files())
-            pid = await self.cli.create(container, stdout=stdout, stderr=stderr, binds=binds, binds_from=binds_from,
+            pid = await self.cli.create(container, stdout=stdout, stderr=stderr, stdin=stdin, binds=binds,
+                                        binds_from=binds_from,
                                         procs_files=procs)
             assert self.cli.reaper is not None
             exit_future = self.cli.reaper.watch(pid)

@@ -125,6 +125,7 @@ class OciCli:
         return [self.binary, *options, verb, *args]
 
     async def create(self, container: Container, *, stdout: int | None = None, stderr: int | None = None,
+                     stdin: int | None = None,
                      binds: tuple[tuple[str, str], ...] = (), binds_from: tuple[tuple[str, str, str], ...] = (),
                      procs_files: tuple[str, ...] = ()) -> int:
         """``create --bundle B --pid-file P ID``; returns the init's pid (the container waits for start).
@@ -142,7 +143,7 @@ class OciCli:
             pass
         await self._run(container, "create", "--bundle", container.bundle, "--pid-file", container.pid_file,
                         container.container_id, timeout=CREATE_TIMEOUT, stdout=stdout, stderr=stderr, binds=binds,
-                        binds_from=binds_from, procs_files=procs_files)
+                        binds_from=binds_from, procs_files=procs_files, stdin=stdin)
         try:
             with open(container.pid_file) as f:
                 return int(f.read().strip())
