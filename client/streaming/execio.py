@@ -26,6 +26,9 @@ from shim.rpc.files import ensure_private_dir
 __all__ = ["ExecIO", "read", "write"]
 
 READ_BYTES = 64 * 1024
+# <asm-generic/ioctls.h>: unlockpt() and ptsname()'s ioctls (the termios module has neither).
+_TIOCSPTLCK = 0x40045431
+_TIOCGPTN = 0x80045430
 
 
 class ExecIO:
@@ -33,19 +36,17 @@ class ExecIO:
     once ExecStart answered (the command has its ends: podshimd drops the slave and the files) and
     :meth:`close` in every case (the one cleanup path)."""
 
-    def __init__(self, directory: str, *, stdin: bool, stdout: bool, stderr: bool, tty: bool) -> None:
+    def __init__(self, directory: str, *, stdin: bool, stdout: bool, stderr: bool, tty: bool, root: str = "") -> None:
         self.stdin: int | None = None  # podshimd writes the command's input here
         self.stdout: int | None = None  # and reads its output here (the terminal's master with a tty)
         self.stderr: int | None = None
         self.master: int | None = None
-        self._slave: int | None = None
         self._dir: str | None = None
         self.paths: dict[str, str] = {}
         try:
             if tty:
-                self.master, self._slave = os.openpty()
+                self.master, self.paths["terminal"] = _terminal(root)
                 os.set_blocking(self.master, False)
-                self.paths["terminal"] = os.ttyname(self._slave)
                 self.stdin = self.stdout = self.master if (stdin or stdout) else None
                 return
             ensure_private_dir(directory, 0o700)
@@ -70,10 +71,7 @@ class ExecIO:
             raise
 
     def started(self) -> None:
-        """The command has its ends: drop the slave and the FIFOs' names."""
-        if self._slave is not None:
-            os.close(self._slave)
-            self._slave = None
+        """The command has its ends: drop the FIFOs' names."""
         if self._dir is not None:
             shutil.rmtree(self._dir, ignore_errors=True)
             self._dir = None
@@ -95,6 +93,20 @@ class ExecIO:
             assert fd is not None
             os.close(fd)
         self.stdin = self.stdout = self.stderr = self.master = None
+
+
+def _terminal(root: str) -> tuple[int, str]:
+    """A new pseudo-terminal's master and its slave's path, made in the devpts instance of the
+    container whose root is ``root`` (``/proc/PID/root``: its /dev/ptmx leads to its own /dev/pts, so the
+    command sees its terminal there), or in podshimd's own when ``root`` is "". Raises OSError."""
+    master = os.open(os.path.join(root or "/", "dev/ptmx"), os.O_RDWR | os.O_NOCTTY | os.O_CLOEXEC)
+    try:
+        fcntl.ioctl(master, _TIOCSPTLCK, struct.pack("i", 0))  # unlockpt
+        number = struct.unpack("i", fcntl.ioctl(master, _TIOCGPTN, struct.pack("i", 0)))[0]
+    except BaseException:
+        os.close(master)
+        raise
+    return master, os.path.join(root or "/", f"dev/pts/{number}")
 
 
 async def _wait(fd: int, writable: bool) -> None:

@@ -78,8 +78,9 @@ class ExecBackend:
     """What an exec needs from the pod layer (podshimd gives :class:`client.cri.pod.PodService`'s)."""
 
     def __init__(self, start: Callable[[str, list[str], dict[str, str]], Awaitable[Any]],
-                 wait: Callable[[Any], Awaitable[int]], kill: Callable[[Any], Awaitable[None]], directory: str) -> None:
-        self.start, self.wait, self.kill, self.directory = start, wait, kill, directory
+                 wait: Callable[[Any], Awaitable[int]], kill: Callable[[Any], Awaitable[None]], directory: str,
+                 root: Callable[[str], Awaitable[str]] | None = None) -> None:
+        self.start, self.wait, self.kill, self.directory, self.root = start, wait, kill, directory, root
 
 
 class RemoteCommandSession:
@@ -133,17 +134,34 @@ class RemoteCommandSession:
 
     async def _run(self) -> None:
         self._streams["error"].discard()
-        if isinstance(self.request, AttachRequest):
-            assert isinstance(self.backend, AttachBackend)
-            await run_attach(self.request, self._streams, self.backend, self._finish)
-        else:
-            await self._run_exec()
+        try:
+            if isinstance(self.request, AttachRequest):
+                assert isinstance(self.backend, AttachBackend)
+                await run_attach(self.request, self._streams, self.backend, self._finish)
+            else:
+                await self._run_exec()
+        except Exception as exc:
+            # A bug of ours: logged with its traceback, and the client told rather than left waiting.
+            log.exception("streaming session failed")
+            await self._finish(None, f"internal error in podshimd's streaming server: {exc}")
 
     async def _run_exec(self) -> None:
         streams, request, backend = self._streams, self.request, self.backend
         assert isinstance(request, ExecRequest) and isinstance(backend, ExecBackend)
-        io = execio.ExecIO(backend.directory, stdin=request.stdin, stdout=request.stdout,
-                           stderr=request.stderr and not request.tty, tty=request.tty)
+        root = ""
+        if request.tty and backend.root is not None:
+            try:
+                root = await backend.root(request.container_id)
+            except RpcError as exc:
+                await self._finish(None, exc.message)
+                return
+        try:
+            io = execio.ExecIO(backend.directory, stdin=request.stdin, stdout=request.stdout,
+                               stderr=request.stderr and not request.tty, tty=request.tty, root=root)
+        except OSError as exc:
+            await self._finish(None, f"cannot make the command's {'terminal' if request.tty else 'pipes'}: "
+                                     f"{exc.strerror}")
+            return
         handle = None
         exited = False
         try:

@@ -158,3 +158,25 @@ async def test_exec_ids_unknown_to_wait_and_kill_are_not_found(pod):
         await pod.call("ExecWait", task_id="app", exec_id="99")
     with pytest.raises(NotFound):
         await pod.call("ExecKill", task_id="app", exec_id="99")
+
+
+async def test_a_task_created_with_stdin_reads_the_fifo_its_shim_keeps_open_until_close_stdin(pod):
+    await pod.call("Create", task_id="reader", args=["sh", "-c", "cat; echo eof"],
+                   log_path=os.path.join(pod.log_dir, "reader"), stdin=True)
+    await pod.call("Start", task_id="reader")
+    fifo = (await pod.call("State", task_id="reader"))["stdin"]
+    assert stat.S_ISFIFO(os.stat(fifo).st_mode) and stat.S_IMODE(os.stat(fifo).st_mode) == 0o600
+    for word in (b"one\n", b"two\n"):  # two writers one after the other: the task sees no end between them
+        fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+        os.write(fd, word)
+        os.close(fd)
+    await pod.call("CloseStdin", task_id="reader")
+    assert (await pod.call("State", task_id="reader"))["stdin"] == ""
+    assert (await pod.call("Wait", task_id="reader"))["exit_status"] == 0
+    with open(os.path.join(pod.log_dir, "reader")) as f:
+        assert [line.split(" ", 3)[3] for line in f.read().splitlines()] == ["one", "two", "eof"]
+    assert not os.path.exists(fifo)  # removed when the task stopped
+
+
+async def test_a_task_without_stdin_has_none(pod):
+    assert (await pod.call("State", task_id="app"))["stdin"] == ""
