@@ -78,6 +78,9 @@ _ZERO_BLOCK = bytes(_BLOCK)
 _DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 _XATTR_PREFIX = "SCHILY.xattr."
 _F_SETPIPE_SZ = 1031
+#: Errors making an entry that come from what the layer says (a name too long, a device number
+#: or a link count the file system refuses), not from the machine.
+_LAYER_ERRNOS = frozenset({errno.ENAMETOOLONG, errno.EINVAL, errno.EMLINK, errno.ERANGE, errno.EEXIST})
 
 
 class BadLayer(InvalidArgument):
@@ -472,19 +475,25 @@ class _Writer:
     def run(self) -> None:
         for entry in self._entries():
             rel = self._clean(entry.name)
-            parent, _, base = rel.rpartition("/")
-            if base.startswith(WHITEOUT_PREFIX):
-                self._ensure_dir(parent, rel)
-                if base == WHITEOUT_OPAQUE:
-                    os.setxattr(self._path(parent), OPAQUE_XATTR, b"y", follow_symlinks=False)
-                elif not base.startswith(WHITEOUT_META_PREFIX):
-                    self._whiteout(entry, parent, base[len(WHITEOUT_PREFIX):])
-                continue
-            self._ensure_dir(parent, rel)
-            self._make(entry, rel)
+            try:
+                self._apply(entry, rel)
+            except OSError as exc:
+                if exc.errno not in _LAYER_ERRNOS:
+                    raise  # the machine's failure (ENOSPC, EIO...), not the layer's
+                raise BadLayer(f"layer {self.blob}: cannot make {rel!r}: {exc.strerror}") from None
         # Last, so that nothing made inside a directory afterwards changes its mtime.
         for path, atime_ns, mtime_ns in self.dir_times:
             os.utime(path, ns=(atime_ns, mtime_ns), follow_symlinks=False)
+
+    def _apply(self, entry: _Entry, rel: str) -> None:
+        parent, _, base = rel.rpartition("/")
+        self._ensure_dir(parent, rel)
+        if not base.startswith(WHITEOUT_PREFIX):
+            self._make(entry, rel)
+        elif base == WHITEOUT_OPAQUE:
+            os.setxattr(self._path(parent), OPAQUE_XATTR, b"y", follow_symlinks=False)
+        elif not base.startswith(WHITEOUT_META_PREFIX):
+            self._whiteout(entry, parent, base[len(WHITEOUT_PREFIX):])
 
     def _path(self, rel: str) -> str:
         return self.dest + "/" + rel if rel else self.dest

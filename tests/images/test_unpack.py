@@ -163,3 +163,8 @@ def test_a_directory_that_is_not_empty_is_refused(tmp_path, dest):
     layer = make_layer(str(tmp_path / "l"), [member("f")])
     with pytest.raises(InvalidArgument, match="not empty"):
         apply_layer(dest, layer.path)
+
+
+def test_a_name_the_file_system_refuses_is_a_bad_layer_not_a_traceback(tmp_path, dest):
+    with pytest.raises(BadLayer, match="cannot make 'x{300}': File name too long"):
+        unpack(tmp_path, dest, [member("x" * 300, data=b"long")])
