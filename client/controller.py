@@ -71,6 +71,7 @@ from client.defaults import (
 )
 from client.handle import ENDED, Phase, ShimHandle
 from client.nsmap import NSMap
+from client.phases import phase
 from client.results import (
     UNKNOWN_EXIT_STATUS,
     ControllerInstance,
@@ -234,11 +235,14 @@ class Controller:
             try:
                 if not held:
                     raise Unavailable(f"bundle {path} was removed by another process while being made")
-                boot = await self.spawner.spawn(namespace, sandbox_id, path)
+                with phase("spawn"):
+                    boot = await self.spawner.spawn(namespace, sandbox_id, path)
                 handle.address, handle.version = boot.address, boot.version
-                client = await Client.connect(boot.address, namespace=namespace, timeout=CONNECT_TIMEOUT)
+                with phase("connect"):
+                    client = await Client.connect(boot.address, namespace=namespace, timeout=CONNECT_TIMEOUT)
                 self._attach(handle, client)
-                await client.call(SANDBOX_SERVICE, "CreateSandbox", payload, timeout=CREATE_TIMEOUT)
+                with phase("CreateSandbox"):
+                    await client.call(SANDBOX_SERVICE, "CreateSandbox", payload, timeout=CREATE_TIMEOUT)
                 handle.state = SandboxState.CREATED
                 handle.created_at = time.time_ns()
                 handle.confirmed = True
@@ -670,12 +674,14 @@ class Controller:
         assert client is not None
         clean = False
         try:
-            await client.call(SANDBOX_SERVICE, "ShutdownSandbox", {"sandbox_id": handle.sandbox_id}, timeout=timeout)
+            with phase("ShutdownSandbox call"):
+                await client.call(SANDBOX_SERVICE, "ShutdownSandbox", {"sandbox_id": handle.sandbox_id},
+                                  timeout=timeout)
         except RpcError as exc:
             # Unavailable/NotFound: already dead; DeadlineExceeded: hung. delete will see to it.
             log.info("ShutdownSandbox %s/%s: %s", handle.namespace, handle.sandbox_id, exc)
         else:
-            with anyio.move_on_after(timeout):
+            with anyio.move_on_after(timeout), phase("shim exit"):
                 await client.wait_closed()
             clean = client.closed
         await client.aclose()
@@ -699,9 +705,11 @@ class Controller:
     async def _release(self, handle: ShimHandle) -> None:
         """The end of every sandbox: the spawner's release, the bundle, the map entry."""
         try:
-            await self.spawner.release(handle.namespace, handle.sandbox_id)
+            with phase("release"):
+                await self.spawner.release(handle.namespace, handle.sandbox_id)
         finally:
-            _remove_quietly(handle.bundle)
+            with phase("bundle removal"):
+                _remove_quietly(handle.bundle)
             self._forget(handle)
 
     def _forget(self, handle: ShimHandle) -> None:

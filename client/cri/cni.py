@@ -39,6 +39,7 @@ from shim.rpc.status import (FailedPrecondition, Internal, InvalidArgument, NotF
 from client.cri.configs import load_json_object
 from client.processes import KILL_WAIT
 from client.processes import run as _run
+from client.phases import phase
 
 __all__ = [
     "DEFAULT_CONF_DIR",
@@ -434,8 +435,9 @@ class CniRunner:
         if cni_args:
             env["CNI_ARGS"] = cni_args
         what = f"CNI plugin {kind!r} {command} for {container_id}"
-        returncode, stdout, stderr = await _run(argv, env, config.plugin_input(index, prev_result, runtime_config),
-                                              self.timeout, what)
+        with phase(f"{kind} {command}"):
+            returncode, stdout, stderr = await _run(argv, env, config.plugin_input(index, prev_result, runtime_config),
+                                                  self.timeout, what)
         out = stdout.decode(errors="replace").strip()
         if returncode != 0:
             raise _plugin_error(kind, command, returncode, out, stderr.decode(errors="replace").strip())

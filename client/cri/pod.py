@@ -33,7 +33,7 @@ import signal
 import socket
 import time
 from contextlib import asynccontextmanager
-from typing import Any, AsyncContextManager, AsyncIterator, Mapping
+from typing import Any, AsyncContextManager, AsyncIterator, Awaitable, Callable, Mapping
 
 import anyio
 
@@ -60,6 +60,7 @@ from client.cri.rootfs import ContainerImage, ImageLookup, NoImages, Snapshotter
 from client.cri import security
 from client.cri.resources import shim_resources
 from client.cri.store import ContainerRecord, ContainerState, PodRecord, PodState, PodStore
+from client.phases import phase
 
 __all__ = ["DEFAULT_NAMESPACE", "RUNTIME_HANDLERS", "PodService", "open_pod_service"]
 
@@ -237,8 +238,9 @@ class PodService:
         # The pod's lock is held from before its CREATING record exists until it is READY or
         # gone: a CREATING record whose lock is free is what a crash leaves, for recovery.
         async with self._hold(pod_id), about(pod_id):
-            record = self.store.create(PodRecord(pod_id, cfg.to_json(), handler, PodState.CREATING,
-                                                 sandbox_namespace=self.namespace))
+            with phase("store create"):
+                record = self.store.create(PodRecord(pod_id, cfg.to_json(), handler, PodState.CREATING,
+                                                     sandbox_namespace=self.namespace))
             failpoint("run:after-record")
             try:
                 await self._bring_up(record, cfg)
@@ -246,7 +248,8 @@ class PodService:
                 with anyio.CancelScope(shield=True):
                     await self._rollback(self.store.get(pod_id))
                 raise
-        await self._pod_ready(pod_id)
+        with phase("events"):
+            await self._pod_ready(pod_id)
         return pod_id
 
     async def _bring_up(self, record: PodRecord, cfg: PodSandboxConfig) -> None:
@@ -254,25 +257,44 @@ class PodService:
         await self.controller.create(ns, pod_id, options=self._shim_options(cfg, record.runtime_handler),
                                      annotations=dict(cfg.annotations))
         failpoint("run:after-create")
-        instance = await self.controller.start(ns, pod_id)
         netns = ""
-        if not cfg.host_network:
-            status = await self.controller.status(ns, pod_id, verbose=True)
+        if not cfg.host_network:  # CreateSandbox made it (the pause joins it when it starts)
+            with phase("SandboxStatus"):
+                status = await self.controller.status(ns, pod_id, verbose=True)
             netns = status.info.get("netns_path", "")
-        self.store.update(pod_id, pid=instance.pid, netns_path=netns)
-        failpoint("run:after-start")
-        ip, extra, raw = "", (), None
-        if not cfg.host_network and self.cni is not None:
-            result = await self.cni.add(pod_id, netns, runtime_config=cfg.cni_runtime_config())
-            ip, extra = primary_ip(result)
-            raw = result.raw
-        self.store.update(pod_id, cni_result=raw)
+            # Recorded before any plugin runs: a crash from here on leaves a record whose
+            # rollback DELs the network in the right namespace.
+            with phase("store update"):
+                self.store.update(pod_id, netns_path=netns)
+        # The pause starts while the plugins set the network up, as the network needs only the
+        # namespace (containerd sets it up before it starts the sandbox at all). Either failing
+        # cancels the other; the caller's rollback undoes both (CniRunner.add undoes its own part).
+        started: list[Any] = []
+        network: list[Any] = []
+
+        async def start() -> None:
+            with phase("StartSandbox"):
+                started.append(await self.controller.start(ns, pod_id))
+            failpoint("run:after-start")
+
+        async def add_network() -> None:
+            if not cfg.host_network and self.cni is not None:
+                with phase("cni add"):
+                    network.append(await self.cni.add(pod_id, netns, runtime_config=cfg.cni_runtime_config()))
+
+        await _together(start, add_network)
         failpoint("run:after-network")
+        ip, extra, raw = "", (), None
+        if network:
+            ip, extra = primary_ip(network[0])
+            raw = network[0].raw
         try:
             write_pod_files(self._pod_files_dir(pod_id), cfg, (ip, *extra) if ip else extra)
         except OSError as exc:
             raise Internal(f"cannot write the pod's hosts, resolv.conf and hostname files: {exc}") from None
-        self.store.update(pod_id, state=PodState.READY, ip=ip, additional_ips=tuple(extra))
+        with phase("store update"):
+            self.store.update(pod_id, state=PodState.READY, pid=started[0].pid, cni_result=raw, ip=ip,
+                              additional_ips=tuple(extra))
         failpoint("run:after-ready")
 
     def _shim_options(self, cfg: PodSandboxConfig, handler: str) -> dict[str, Any]:
@@ -353,16 +375,21 @@ class PodService:
             except RpcError as exc:  # best effort, as containerd: the sandbox stop kills them anyway
                 log.warning("pod %s: stopping container %s failed: %s", record.pod_id, container.container_id, exc)
         failpoint("stop:after-containers")
-        await self._teardown_network(record, strict=True)
+        if not record.network_down:
+            with phase("cni del"):
+                await self._teardown_network(record, strict=True)
         failpoint("stop:after-network")
         await self._load(record.pod_id)
         try:
-            await self.controller.stop(self.namespace, record.pod_id, timeout=SANDBOX_STOP_TIMEOUT)
+            with phase("StopSandbox"):
+                await self.controller.stop(self.namespace, record.pod_id, timeout=SANDBOX_STOP_TIMEOUT)
         except NotFound:
             pass
         failpoint("stop:after-sandbox")
-        if record.state is not PodState.NOTREADY:
-            self.store.update(record.pod_id, state=PodState.NOTREADY, stopped_at=time.time_ns())
+        if record.state is not PodState.NOTREADY or not record.network_down:
+            with phase("store update"):
+                self.store.update(record.pod_id, state=PodState.NOTREADY, network_down=True,
+                                  stopped_at=record.stopped_at or time.time_ns())
 
     async def remove_pod_sandbox(self, pod_id: str) -> None:
         """RemovePodSandbox: force-stop if needed, remove containers, netns, shim and record.
@@ -387,14 +414,18 @@ class PodService:
                 self.store.delete_container(record.pod_id, container.container_id, remember=True)
                 self._events.publish(CONTAINER_DELETED, container.container_id, record.pod_id)
             failpoint("remove:after-containers")
-            # Stop ran DEL already; run it again in case that stop was interrupted: DEL is idempotent.
-            await self._teardown_network(record, strict=True)
-            await self._shutdown_sandbox(record.pod_id)
+            # A stop that was cut short may not have finished DEL: run it again (DEL is idempotent).
+            if not record.network_down:
+                with phase("cni del"):
+                    await self._teardown_network(record, strict=True)
+            with phase("ShutdownSandbox"):
+                await self._shutdown_sandbox(record.pod_id)
             failpoint("remove:after-shutdown")
             default_logs = os.path.join(self.log_root, record.pod_id)
             shutil.rmtree(default_logs, ignore_errors=True)
             remove_pod_files(self._pod_files_dir(record.pod_id))
-            self.store.delete(record.pod_id, remember=True)
+            with phase("store delete"):
+                self.store.delete(record.pod_id, remember=True)
             failpoint("remove:after-record")
             self._events.publish(CONTAINER_DELETED, record.pod_id, record.pod_id)
 
@@ -1022,6 +1053,26 @@ def _check_sandbox_config(pod: PodRecord, sandbox_config: PodSandboxConfig | Map
     if given.log_directory != own.log_directory:
         raise InvalidArgument(f"sandbox_config has log_directory {given.log_directory!r}, but pod {pod.pod_id} "
                               f"was run with {own.log_directory!r}")
+
+
+async def _together(*steps: Callable[[], Awaitable[None]]) -> None:
+    """Run ``steps`` at the same time. The first that fails cancels the others, and its error is
+    raised as it is (not in an ExceptionGroup: callers and the status translation see the typed
+    error a step raised)."""
+    errors: list[Exception] = []
+
+    async def run(step: Callable[[], Awaitable[None]], scope: anyio.CancelScope) -> None:
+        try:
+            await step()
+        except Exception as exc:
+            errors.append(exc)
+            scope.cancel()
+
+    async with anyio.create_task_group() as tg:
+        for step in steps:
+            tg.start_soon(run, step, tg.cancel_scope)
+    if errors:
+        raise errors[0]
 
 
 def _labels_match(labels: Mapping[str, str], selector: Mapping[str, str] | None) -> bool:

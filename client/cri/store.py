@@ -263,6 +263,8 @@ class PodRecord(_ConfigLabels):
     - ``netns_path``, ``cni_result``: what recovery and StopPodSandbox need to tear the network
       down (CNI DEL wants the ADD result as prevResult). ``ip``/``additional_ips`` are CRI's.
     - ``pid``: the pause's pid, for status; ``stopped_at``: when it became NOTREADY.
+    - ``network_down``: a StopPodSandbox finished tearing the network down (CNI DEL ran to its
+      end), so RemovePodSandbox need not run DEL again; False when a stop was cut short.
     """
 
     pod_id: str
@@ -277,6 +279,7 @@ class PodRecord(_ConfigLabels):
     cni_result: dict[str, Any] | None = None
     pid: int | None = None
     stopped_at: int = 0
+    network_down: bool = False
     containers: dict[str, ContainerRecord] = field(default_factory=dict)
 
     def __post_init__(self) -> None:

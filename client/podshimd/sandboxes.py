@@ -8,6 +8,7 @@ import time
 from typing import Any
 
 from client.criapi import api_pb2
+from client.phases import traced
 
 from . import translate
 from .handlers import Handlers
@@ -19,18 +20,21 @@ class Sandboxes(Handlers):
     """The pod sandbox handlers."""
 
     async def RunPodSandbox(self, request: api_pb2.RunPodSandboxRequest, context: Any) -> api_pb2.RunPodSandboxResponse:
-        config = translate.pod_sandbox_config(request)
-        pod_id = await self.finish(self.pods.run_pod_sandbox(config, runtime_handler=request.runtime_handler))
+        with traced("RunPodSandbox"):
+            config = translate.pod_sandbox_config(request)
+            pod_id = await self.finish(self.pods.run_pod_sandbox(config, runtime_handler=request.runtime_handler))
         return api_pb2.RunPodSandboxResponse(pod_sandbox_id=pod_id)
 
     async def StopPodSandbox(self, request: api_pb2.StopPodSandboxRequest,
                              context: Any) -> api_pb2.StopPodSandboxResponse:
-        await self.finish(self.pods.stop_pod_sandbox(request.pod_sandbox_id))
+        with traced("StopPodSandbox"):
+            await self.finish(self.pods.stop_pod_sandbox(request.pod_sandbox_id))
         return api_pb2.StopPodSandboxResponse()
 
     async def RemovePodSandbox(self, request: api_pb2.RemovePodSandboxRequest,
                                context: Any) -> api_pb2.RemovePodSandboxResponse:
-        await self.finish(self.pods.remove_pod_sandbox(request.pod_sandbox_id))
+        with traced("RemovePodSandbox"):
+            await self.finish(self.pods.remove_pod_sandbox(request.pod_sandbox_id))
         return api_pb2.RemovePodSandboxResponse()
 
     async def PodSandboxStatus(self, request: api_pb2.PodSandboxStatusRequest,
@@ -42,5 +46,6 @@ class Sandboxes(Handlers):
 
     async def ListPodSandbox(self, request: api_pb2.ListPodSandboxRequest,
                              context: Any) -> api_pb2.ListPodSandboxResponse:
-        found = await self.pods.list_pod_sandbox(translate.pod_sandbox_filter(request))
+        with traced("ListPodSandbox"):
+            found = await self.pods.list_pod_sandbox(translate.pod_sandbox_filter(request))
         return api_pb2.ListPodSandboxResponse(items=[translate.pod_sandbox(pod) for pod in found])

@@ -15,6 +15,8 @@ import pytest
 
 from shim.rpc.status import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
 
+from client.cri.pod import open_pod_service
+
 from podtools import container_config, ns_inode, pod_config, pod_service
 from proctools import alive, wait_gone_async
 
@@ -122,6 +124,36 @@ async def test_remove_while_ready_forces_a_stop(roots):
         pause = (await pods.pod_sandbox_status(pod_id, verbose=True))["info"]["pid"]
         await pods.remove_pod_sandbox(pod_id)
         assert not await wait_gone_async(pause)
+
+
+#: A CNI plugin that only says what it was asked to do (one line per call in the file CALLS).
+RECORDING_PLUGIN = """#!/bin/sh
+cat > /dev/null
+echo "$CNI_COMMAND $(basename "$0")" >> "{calls}"
+[ "$CNI_COMMAND" = ADD ] && printf '{{"cniVersion": "1.0.0", "ips": [{{"address": "10.1.0.5/24"}}]}}'
+exit 0
+"""
+
+
+async def test_remove_after_a_finished_stop_runs_no_second_cni_del(roots, tmp_path):
+    root, runtime_root = roots
+    bin_dir, conf_dir, calls = tmp_path / "cni-bin", tmp_path / "net.d", tmp_path / "calls"
+    bin_dir.mkdir()
+    conf_dir.mkdir()
+    for plugin in ("loopback", "recorder"):
+        (bin_dir / plugin).write_text(RECORDING_PLUGIN.format(calls=calls))
+        (bin_dir / plugin).chmod(0o755)
+    (conf_dir / "10-fake.conflist").write_text(json.dumps(
+        {"cniVersion": "1.0.0", "name": "fake", "plugins": [{"type": "recorder"}]}))
+    async with open_pod_service(root, runtime_root, cni_conf_dir=str(conf_dir), cni_bin_dirs=(str(bin_dir),)) as pods:
+        pod_id = await pods.run_pod_sandbox(pod_config())
+        try:
+            assert (await pods.pod_sandbox_status(pod_id))["network"]["ip"] == "10.1.0.5"
+            await pods.stop_pod_sandbox(pod_id)
+            await pods.stop_pod_sandbox(pod_id)  # nothing left to tear down the second time either
+        finally:
+            await pods.remove_pod_sandbox(pod_id)
+    assert [c for c in calls.read_text().splitlines() if c.startswith("DEL")] == ["DEL recorder", "DEL loopback"]
 
 
 async def test_a_second_pod_with_the_same_metadata_is_refused(roots):
