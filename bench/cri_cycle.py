@@ -12,7 +12,9 @@ As root. Sets up, and removes at the end (also on failure or a signal):
   with its CRI plugin on, sandbox_image = the pause image built and imported here with ``ctr``;
 - each daemon its own copy of examples/cni/10-podshim-bridge.conflist (own bridge, subnet, dataDir).
 
-Figures: (1) ``crictl runp → stopp → rmp``, interleaved; (2) ListPodSandbox with --pods pods
+Figures: (1) ``crictl runp → stopp → rmp``, interleaved, and three ``crictl version`` calls (what three crictl
+processes cost with no pod work: the floor of a cycle through crictl); with --trace, podshimd's own
+time per operation and phase (PODSHIM_TRACE, :mod:`client.phases`); (2) ListPodSandbox with --pods pods
 present, by direct gRPC calls (client.criapi stubs) and by ``crictl pods -q``; (3) podshimd killed
 with SIGKILL with --pods live pods and restarted: time until every pod answers PodSandboxStatus.
 """
@@ -23,6 +25,7 @@ import argparse
 import datetime
 import json
 import os
+import re
 import secrets
 import select
 import shutil
@@ -85,6 +88,7 @@ class Runtime:
         self.endpoint = endpoint
         self.channel: Any = None
         self.cycles: list[float] = []
+        self.floors: list[float] = []
 
     def crictl(self, *args: str) -> str:
         return run([CRICTL, "--runtime-endpoint", self.endpoint, "--image-endpoint", self.endpoint,
@@ -117,6 +121,15 @@ def write_pod_json(directory: str, name: str) -> str:
     return path
 
 
+def floor(rt: Runtime) -> float:
+    """Three crictl calls that make nothing (``crictl version``): what a cycle's three crictl
+    processes cost by themselves (exec, Go start-up, gRPC connection) before any pod work."""
+    t0 = time.perf_counter()
+    for _ in range(3):
+        rt.crictl("version")
+    return time.perf_counter() - t0
+
+
 def cycle(rt: Runtime, directory: str) -> float:
     path = write_pod_json(directory, f"cyc-{secrets.token_hex(4)}")
     t0 = time.perf_counter()
@@ -131,9 +144,10 @@ def cycle(rt: Runtime, directory: str) -> float:
 # -- podshimd ---------------------------------------------------------------------------------------
 
 class PodshimdProc:
-    def __init__(self, directory: str, netns: str):
+    def __init__(self, directory: str, netns: str, trace: bool = False):
         self.dir = directory
         self.netns = netns
+        self.trace = trace
         self.sock = os.path.join(directory, "run", "podshimd.sock")
         self.proc: subprocess.Popen | None = None
         with open(os.path.join(directory, "config.toml"), "w") as f:
@@ -155,7 +169,9 @@ class PodshimdProc:
         try:
             with open(os.path.join(self.dir, "podshimd.log"), "ab") as logf:
                 self.proc = subprocess.Popen(self.argv(), cwd=REPO, stdin=subprocess.DEVNULL, stdout=logf,
-                                             stderr=subprocess.STDOUT, env={**os.environ, "NOTIFY_SOCKET": notify_path})
+                                             stderr=subprocess.STDOUT,
+                                             env={**os.environ, "NOTIFY_SOCKET": notify_path,
+                                                  **({"PODSHIM_TRACE": "1"} if self.trace else {})})
             deadline = time.monotonic() + START_TIMEOUT
             while time.monotonic() < deadline:
                 ready, _, _ = select.select([notify], [], [], 0.2)
@@ -175,6 +191,32 @@ class PodshimdProc:
     def stop(self) -> None:
         if self.proc is not None:
             stop_process(self.proc, "podshimd", grace=15.0)
+
+    def log_size(self) -> int:
+        return os.path.getsize(os.path.join(self.dir, "podshimd.log"))
+
+    def phases(self, start: int, end: int) -> dict[str, dict[str, float]]:
+        """Median ms of each operation and of each of its phases (client.phases lines, PODSHIM_TRACE)
+        in the log between byte offsets ``start`` and ``end``; a phase met twice in one operation
+        counts their sum."""
+        with open(os.path.join(self.dir, "podshimd.log"), "rb") as f:
+            f.seek(start)
+            text = f.read(end - start).decode(errors="replace")
+        samples: dict[str, dict[str, list[float]]] = {}
+        for line in text.splitlines():
+            match = re.search(r"client\.phases\[\d+\][^:]*: (\w+) ([\d.]+) ms: (.*)$", line)
+            if match is None:
+                continue
+            op, total, rest = match.group(1), float(match.group(2)), match.group(3)
+            one: dict[str, float] = {}
+            for part in rest.split(", "):
+                name, _, value = part.rpartition(" ")
+                one[name] = one.get(name, 0.0) + float(value)
+            got = samples.setdefault(op, {})
+            got.setdefault("total", []).append(total)
+            for name, value in one.items():
+                got.setdefault(name, []).append(value)
+        return {op: {name: statistics.median(values) for name, values in got.items()} for op, got in samples.items()}
 
 
 # -- the run ----------------------------------------------------------------------------------------
@@ -240,6 +282,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cycles", type=int, default=30, help="interleaved runp/stopp/rmp cycles of each runtime (30)")
     p.add_argument("--pods", type=int, default=100, help="pods present for ListPodSandbox and the restart (100)")
     p.add_argument("--no-containerd", action="store_true", help="measure podshimd alone")
+    p.add_argument("--trace", action="store_true",
+                   help="run podshimd with PODSHIM_TRACE=1 and print the median of each phase of its cycles")
     args = p.parse_args(argv)
     if args.cycles < 1 or args.pods < 1:
         p.error("--cycles and --pods must be positive")
@@ -263,7 +307,7 @@ def main(argv: list[str] | None = None) -> int:
         psd_dir = os.path.join(workdir, "psd")
         os.makedirs(psd_dir)
         cni_conf(psd_dir, "crib-ps0", "10.231.0.0/16")
-        psd = PodshimdProc(psd_dir, netns)
+        psd = PodshimdProc(psd_dir, netns, trace=args.trace)
         janitor.add("stop the shim template", stop_template, os.path.join(psd_dir, "run"))
         janitor.add("stop podshimd", psd.stop)
         psd.start()
@@ -305,10 +349,14 @@ def main(argv: list[str] | None = None) -> int:
         for rt in runtimes:  # warm-up: podshimd's first pod starts its shim template
             cycle(rt, scratch)
         load_before = os.getloadavg()
+        log_start = psd.log_size()
         for i in range(args.cycles):
             for rt in (runtimes if i % 2 == 0 else runtimes[::-1]):
                 rt.cycles.append(cycle(rt, scratch))
+            for rt in (runtimes[::-1] if i % 2 == 0 else runtimes):
+                rt.floors.append(floor(rt))
             log(f"cycle {i + 1}/{args.cycles}: " + ", ".join(f"{rt.key} {ms(rt.cycles[-1])} ms" for rt in runtimes))
+        phases = psd.phases(log_start, psd.log_size())
         for rt in runtimes:
             log(f"starting {args.pods} pods on {rt.key}")
             rt.pods = fill(rt, args.pods)  # type: ignore[attr-defined]
@@ -329,11 +377,19 @@ def main(argv: list[str] | None = None) -> int:
         return f"| {name} | " + " | ".join(f"{ms(v)} ms" for v in values) + " |" + ratio
     out.append(row(f"crictl runp→stopp→rmp, median of {args.cycles}", [statistics.median(rt.cycles) for rt in runtimes]))
     out.append(row(f"crictl runp→stopp→rmp, p90 of {args.cycles}", [percentile(rt.cycles, 90) for rt in runtimes]))
+    out.append(row(f"floor: 3 × `crictl version`, median of {args.cycles}", [statistics.median(rt.floors) for rt in runtimes]))
+    out.append(row("cycle minus floor (medians)", [statistics.median(rt.cycles) - statistics.median(rt.floors)
+                                                   for rt in runtimes]))
     out.append(row(f"ListPodSandbox, {args.pods} pods, gRPC from Python, p50 of 50",
                    [lists[rt.key][0] for rt in runtimes]))
     out.append(row(f"`crictl pods -q`, {args.pods} pods, p50 of 10", [lists[rt.key][1] for rt in runtimes]))
     out.append(f"| podshimd kill -9 + restart, {args.pods} live pods: to READY=1 / every pod READY in "
                f"PodSandboxStatus | {ms(ready)} / {ms(answered)} ms |" + (" — | — |" if len(runtimes) > 1 else ""))
+    if phases:
+        out += ["", "podshimd's side of a cycle (PODSHIM_TRACE), medians in ms:", ""]
+        for op, got in phases.items():
+            out.append(f"- {op} {got['total']:.1f}: " + ", ".join(f"{name} {value:.1f}" for name, value in got.items()
+                                                                 if name != "total"))
     out += ["", *notes]
     if janitor.failures:
         out.append("Cleanup problems: " + "; ".join(janitor.failures))

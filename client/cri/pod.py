@@ -36,10 +36,13 @@ from contextlib import asynccontextmanager
 from typing import Any, AsyncContextManager, AsyncIterator, Awaitable, Callable, Mapping
 
 import anyio
+import anyio.abc
+import anyio.lowlevel
 
 from shim.sandbox.options import NATIVE, RUNTIME_HANDLERS  # "native" (the default, also for ""), "runc", "crun"
-from shim.rpc.api import TASK_SERVICE
+from shim.rpc.api import EVENTS_SERVICE, TASK_SERVICE
 from shim.paths import write_json_atomic
+from shim.sandbox.events import TOPIC_EXIT, TOPIC_TASK_EXIT
 from shim.rpc.files import ensure_private_dir, read_json
 from shim.rpc.status import (Aborted, DeadlineExceeded, FailedPrecondition, Internal, InvalidArgument, NotFound,
                              RpcError, Unavailable)
@@ -132,6 +135,12 @@ class PodService:
         self.images: ImageLookup = images if images is not None else NoImages()
         self.snapshots = snapshots
         self._locks: dict[str, anyio.Lock] = {}
+        # Pods whose shim's events this process follows (_follow), and those among them whose
+        # record is known to be current: their state is read from the record, not the shim.
+        self._followers: anyio.abc.TaskGroup | None = None
+        self._following: set[str] = set()
+        self._current: set[str] = set()
+        self._stopping: set[str] = set()  # pods this process is stopping right now
         self._cpu_rates = stats.CpuRates()
         self._events = EventFeed(self._shim_address, namespace)
         self._runtime_config_path = os.path.join(os.path.dirname(log_root), "runtime-config.json")
@@ -170,11 +179,13 @@ class PodService:
                 log.warning("pod %s: rolling it back failed: %s", record.pod_id, exc)
             finally:
                 lock.release()
-        for record in self.store.list():
-            try:
-                await self._refreshed(record)
-            except NotFound:
-                pass  # another process removed it meanwhile
+        # Every pod is reconciled with its shim (a pause or container may have exited while no
+        # process followed it) before this returns, all at once; from then on the shims' events
+        # keep the records current.
+        async with anyio.create_task_group() as tg:
+            for record in self.store.list():
+                if record.state is not PodState.CREATING:
+                    tg.start_soon(self._start_following, record.pod_id)
         await self._sweep_snapshots()
 
     async def _sweep_snapshots(self) -> None:
@@ -195,6 +206,135 @@ class PodService:
             if snapshot.kind == "active" and _ID.fullmatch(snapshot.name) and snapshot.name not in known:
                 log.warning("removing the snapshot of container %s, which no pod has any more", snapshot.name)
                 await self._remove_rootfs("-", snapshot.name)
+
+    # -- following the shims: state kept current by their exit events -----------------------
+    def keep_current(self, task_group: anyio.abc.TaskGroup) -> None:
+        """Follow each pod's shim events in ``task_group`` (which must outlive every call):
+        pods and containers that exit are marked NOTREADY and EXITED as it happens, so status
+        and listings read the records instead of asking every shim. Without it (or for a pod
+        not followed yet) they ask the shim, as before."""
+        self._followers = task_group
+
+    async def _start_following(self, pod_id: str) -> None:
+        """Follow the pod's shim (once per process); returns when its record was reconciled."""
+        if self._followers is None or pod_id in self._following:
+            return
+        self._following.add(pod_id)
+        await self._followers.start(self._follow, pod_id)
+
+    def _follow_soon(self, pod_id: str) -> None:
+        if self._followers is not None and pod_id not in self._following:
+            self._following.add(pod_id)
+            self._followers.start_soon(self._follow, pod_id)
+
+    async def _follow(self, pod_id: str, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Apply the shim's exit events to the pod's record while the shim lives. Never raises.
+
+        Each round subscribes, then reconciles the record with the shim (what exited before the
+        subscription is seen there, what exits after it comes as an event). A lost connection
+        is judged by the Controller: a live shim is followed again on its new connection, a
+        dead one leaves its pod NOTREADY and its containers EXITED. When this cannot tell (the
+        stream failed on a live connection, another process holds the sandbox), it stops and
+        the pod's readers ask the shim again."""
+        started = False
+        try:
+            while True:
+                try:
+                    await self._load(pod_id)
+                    client = self.controller.client_for(self.namespace, pod_id)
+                except RpcError:
+                    client = None
+                if client is None:  # its connection was lost: the Controller reconnects, or buries it
+                    if not await self._reconcile(pod_id):
+                        return
+                    continue
+                lost = False
+
+                async def apply_events(client: Any = client) -> None:
+                    nonlocal lost
+                    try:
+                        async for event in client.stream(EVENTS_SERVICE, "Subscribe", {}):
+                            await self._apply(pod_id, event)
+                    except RpcError as exc:
+                        log.info("pod %s: its shim's event stream ended: %s", pod_id, exc.message,
+                                 extra={"pod_id": pod_id})
+                    finally:
+                        self._current.discard(pod_id)
+                    lost = client.closed
+
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(apply_events)
+                    # The stream task runs first and sends Subscribe before it waits; the status
+                    # call below goes out after it on the same connection, and the shim handles
+                    # requests in order, so no exit falls between the two.
+                    await anyio.lowlevel.checkpoint()
+                    live = await self._reconcile(pod_id)
+                    if live:
+                        self._current.add(pod_id)
+                    else:
+                        tg.cancel_scope.cancel()
+                    if not started:
+                        started = True
+                        task_status.started()
+                if not live or not lost:
+                    return
+        except Exception:
+            log.exception("pod %s: following its shim failed", pod_id, extra={"pod_id": pod_id})
+        finally:
+            self._current.discard(pod_id)
+            self._following.discard(pod_id)
+            if not started:
+                task_status.started()
+
+    async def _reconcile(self, pod_id: str) -> bool:
+        """Bring the pod's record and its containers' up to date by asking the shim; True while
+        its shim lives (its events can be followed)."""
+        try:
+            record = self.store.get(pod_id)
+        except NotFound:
+            return False
+        running = await self._sandbox_running(record)
+        if running is None:
+            return False  # another process holds the sandbox right now
+        if not running and record.state is PodState.READY:
+            self._mark_notready(pod_id)
+        for container in record.containers.values():
+            try:
+                await self._ask_container(container)
+            except (Aborted, NotFound):
+                pass
+        try:
+            self.controller.client_for(self.namespace, pod_id)
+        except RpcError:
+            return False
+        return True
+
+    def _mark_notready(self, pod_id: str) -> PodRecord | None:
+        # Another process (or task) may be stopping it right now: the store checks the move
+        # against the record as it is then, and READY → NOTREADY twice is no move the second time.
+        try:
+            return self.store.update(pod_id, state=PodState.NOTREADY, stopped_at=time.time_ns())
+        except NotFound:
+            return None
+
+    async def _apply(self, pod_id: str, event: Any) -> None:
+        """One shim event: a pause that exited makes the pod NOTREADY, a task that exited its
+        container EXITED (under the pod's lock: a StartContainer in flight writes RUNNING first)."""
+        if not isinstance(event, dict) or not isinstance(event.get("event"), dict):
+            return
+        body = event["event"]
+        if event.get("topic") == TOPIC_EXIT:
+            if pod_id not in self._stopping:
+                self._mark_notready(pod_id)
+        elif event.get("topic") == TOPIC_TASK_EXIT and isinstance(body.get("task_id"), str):
+            async with self._hold(pod_id):
+                try:
+                    c = self.store.get_container(pod_id, body["task_id"])
+                except NotFound:
+                    return  # removed meanwhile, or not one of ours
+                if c.state is not ContainerState.EXITED:
+                    self._exited(c, {"exit_status": body.get("exit_status", UNKNOWN_EXIT_CODE),
+                                     "exited_at": body.get("exited_at") or time.time_ns()})
 
     async def _load(self, pod_id: str) -> None:
         """Make sure this process's Controller knows the pod's sandbox. Another process may
@@ -250,6 +390,7 @@ class PodService:
                 raise
         with phase("events"):
             await self._pod_ready(pod_id)
+            await self._start_following(pod_id)
         return pod_id
 
     async def _bring_up(self, record: PodRecord, cfg: PodSandboxConfig) -> None:
@@ -369,6 +510,19 @@ class PodService:
     async def _stop(self, record: PodRecord) -> None:
         if record.state is PodState.CREATING:  # only a crash leftover: its RunPodSandbox held the lock
             raise FailedPrecondition(f"pod {record.pod_id} is still being created")
+        # The pause's exit event is this stop's doing, and the stop writes NOTREADY itself: the
+        # follower leaves it alone meanwhile. A stop that fails leaves the record to be asked
+        # about again (not current) in case the pause exited all the same.
+        self._stopping.add(record.pod_id)
+        try:
+            await self._stop_pod(record)
+        except BaseException:
+            self._current.discard(record.pod_id)
+            raise
+        finally:
+            self._stopping.discard(record.pod_id)
+
+    async def _stop_pod(self, record: PodRecord) -> None:
         for container in record.containers.values():
             try:
                 await self._stop_container(container, 0)
@@ -409,6 +563,12 @@ class PodService:
                 record = self.store.get(record.pod_id)
             failpoint("remove:after-stop")
             for container in list(record.containers.values()):
+                # A pod that went NOTREADY on its own (its pause died) was not stopped: a
+                # container of it may still run, and a running task cannot be deleted.
+                try:
+                    await self._stop_container(container, 0)
+                except RpcError as exc:
+                    log.warning("pod %s: stopping container %s failed: %s", record.pod_id, container.container_id, exc)
                 await self._delete_task(container)
                 await self._remove_rootfs(record.pod_id, container.container_id)
                 self.store.delete_container(record.pod_id, container.container_id, remember=True)
@@ -480,10 +640,11 @@ class PodService:
     async def _refreshed(self, record: PodRecord) -> PodRecord:
         """The record, marked NOTREADY if its pause is no longer running. Raises NotFound if
         another process removed the pod meanwhile."""
-        if record.state is PodState.READY and await self._sandbox_running(record) is False:
-            # Another process may be stopping it right now: the store checks the move against
-            # the record as it is then, and READY → NOTREADY twice is no move the second time.
-            record = self.store.update(record.pod_id, state=PodState.NOTREADY, stopped_at=time.time_ns())
+        if record.state is not PodState.READY or record.pod_id in self._current:
+            return record  # kept current by its shim's events (_follow)
+        self._follow_soon(record.pod_id)
+        if await self._sandbox_running(record) is False:
+            return self._mark_notready(record.pod_id) or self.store.get(record.pod_id)
         return record
 
     async def pod_network(self, pod_id: str) -> tuple[str, str]:
@@ -502,19 +663,21 @@ class PodService:
         f = dict(filter or {})
         candidates = [r for r in self.store.list()
                       if r.state is not PodState.CREATING and not (f.get("id") and not r.pod_id.startswith(f["id"]))]
-        # Each ready pod's pause is asked after at once, not one after another: a listing costs
-        # about one status call, not one per pod.
-        refreshed: list[PodRecord | None] = [None] * len(candidates)
+        # A followed pod's record is current (its shim's events keep it so); the pause of any
+        # other ready pod is asked after, all at once.
+        refreshed: list[PodRecord | None] = list(candidates)
 
         async def refresh(i: int, record: PodRecord) -> None:
             try:
                 refreshed[i] = await self._refreshed(record)
             except NotFound:
-                pass  # removed by another process since the list was read
+                refreshed[i] = None  # removed by another process since the list was read
 
-        async with anyio.create_task_group() as tg:
-            for i, record in enumerate(candidates):
-                tg.start_soon(refresh, i, record)
+        stale = [(i, r) for i, r in enumerate(candidates) if r.state is PodState.READY and r.pod_id not in self._current]
+        if stale:
+            async with anyio.create_task_group() as tg:
+                for i, record in stale:
+                    tg.start_soon(refresh, i, record)
         out = []
         for record in refreshed:
             if record is None:
@@ -722,6 +885,11 @@ class PodService:
 
     async def _refresh_container(self, c: ContainerRecord) -> ContainerRecord:
         """Bring the record up to date with the shim (a container may have exited on its own)."""
+        if c.state is ContainerState.EXITED or c.pod_id in self._current:
+            return c  # an exit of a followed pod's container is in its record already (_follow)
+        return await self._ask_container(c)
+
+    async def _ask_container(self, c: ContainerRecord) -> ContainerRecord:
         if c.state is ContainerState.EXITED:
             return c
         try:
@@ -1103,5 +1271,10 @@ async def open_pod_service(root: str = "/var/lib/podshim", runtime_root: str = "
                           spawner=spawner, template=template) as controller:
         service = PodService(controller, store, cni=cni, namespace=namespace, log_root=os.path.join(root, "logs"),
                              **options)
-        await service.recover()
-        yield service
+        async with anyio.create_task_group() as followers:
+            service.keep_current(followers)
+            try:
+                await service.recover()
+                yield service
+            finally:
+                followers.cancel_scope.cancel()

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 
+import anyio
 import pytest
 
 from shim.rpc.status import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
@@ -71,6 +72,43 @@ async def test_container_that_exits_on_its_own_shows_exited_with_its_code(roots)
         assert status["exit_code"] == 3 and status["finished_at"] >= status["started_at"] > 0
         with open(pods.container_log_path(cid)) as f:
             assert f.read().split(" ", 3)[1:] == ["stdout", "F", "hi\n"]
+
+
+async def test_status_and_listings_answer_from_the_records_while_a_shim_is_frozen(roots):
+    # The shims' exit events keep the records current: nothing asks a shim per request, so a
+    # shim that does not answer holds up no status and no listing.
+    async with pod_service(roots) as pods:
+        pod_id = await pods.run_pod_sandbox(pod_config())
+        cid = await pods.create_container(pod_id, container_config(["sleep", "30"]))
+        await pods.start_container(cid)
+        shim_pid = int((await pods.pod_sandbox_status(pod_id, verbose=True))["info"]["shim"]["shim_pid"])
+        os.kill(shim_pid, signal.SIGSTOP)
+        try:
+            with anyio.fail_after(10):  # asking the frozen shim would wait out its 30 s call timeout
+                assert [(p["id"], p["state"]) for p in await pods.list_pod_sandbox()] == [(pod_id, "SANDBOX_READY")]
+                assert (await pods.pod_sandbox_status(pod_id))["state"] == "SANDBOX_READY"
+                assert [(c["id"], c["state"]) for c in await pods.list_containers()] == [(cid, "CONTAINER_RUNNING")]
+                assert (await pods.container_status(cid))["state"] == "CONTAINER_RUNNING"
+        finally:
+            os.kill(shim_pid, signal.SIGCONT)
+
+
+async def test_a_pod_whose_pause_exits_on_its_own_shows_notready_and_can_be_removed(roots):
+    async with pod_service(roots) as pods:
+        pod_id = await pods.run_pod_sandbox(pod_config())
+        cid = await pods.create_container(pod_id, container_config(["sleep", "30"]))  # its own pid namespace
+        await pods.start_container(cid)
+        pause = (await pods.pod_sandbox_status(pod_id, verbose=True))["info"]["pid"]
+        sleeper = (await pods.container_status(cid, verbose=True))["info"]["pid"]
+        os.kill(pause, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while [p["state"] for p in await pods.list_pod_sandbox()] != ["SANDBOX_NOTREADY"]:
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.02)  # the shim's exit event reaches the record on its own
+        assert (await pods.pod_sandbox_status(pod_id))["state"] == "SANDBOX_NOTREADY"
+        await pods.remove_pod_sandbox(pod_id)  # its container still ran: it is stopped first
+        assert await pods.list_pod_sandbox() == [] and await pods.list_containers() == []
+        assert not await wait_gone_async(pause, sleeper)
 
 
 async def test_stop_container_sends_term_then_kill(roots):
