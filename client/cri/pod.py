@@ -90,6 +90,8 @@ _POD_STATE = {PodState.READY: "SANDBOX_READY", PodState.NOTREADY: "SANDBOX_NOTRE
 #: The record state of each task status the shim reports (shim.sandbox.tasks.Status values).
 _TASK_STATE = {"created": ContainerState.CREATED, "running": ContainerState.RUNNING,
                "stopped": ContainerState.EXITED}
+#: How many parsed pod configs a PodService keeps (listings parse each pod's once).
+_CONFIGS_KEPT = 4096
 #: The shim's sandbox state while the pause runs (shim.sandbox.sandbox.State.RUNNING).
 _SANDBOX_RUNNING = "running"
 
@@ -141,6 +143,7 @@ class PodService:
         self._following: set[str] = set()
         self._current: set[str] = set()
         self._stopping: set[str] = set()  # pods this process is stopping right now
+        self._configs: dict[str, tuple[PodRecord, PodSandboxConfig]] = {}  # _config_of
         self._cpu_rates = stats.CpuRates()
         self._events = EventFeed(self._shim_address, namespace)
         self._runtime_config_path = os.path.join(os.path.dirname(log_root), "runtime-config.json")
@@ -657,6 +660,18 @@ class PodService:
             return record.pod_id, ""
         return record.pod_id, record.netns_path
 
+    def _config_of(self, record: PodRecord) -> PodSandboxConfig:
+        """The record's config, parsed once per stored record (the store hands out the same
+        record object until its file changes); only the last :data:`_CONFIGS_KEPT` are kept."""
+        cached = self._configs.get(record.pod_id)
+        if cached is not None and cached[0] is record:
+            return cached[1]
+        cfg = PodSandboxConfig.from_json(record.config)
+        if len(self._configs) >= _CONFIGS_KEPT:
+            self._configs.pop(next(iter(self._configs)))
+        self._configs[record.pod_id] = (record, cfg)
+        return cfg
+
     async def list_pod_sandbox(self, filter: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
         """ListPodSandbox: pods, newest first, filtered by ``id`` (prefix), ``state``
         (SANDBOX_READY / SANDBOX_NOTREADY) and ``label_selector`` (all must match)."""
@@ -686,7 +701,7 @@ class PodService:
                 continue
             if not _labels_match(record.labels, f.get("label_selector")):
                 continue
-            cfg = PodSandboxConfig.from_json(record.config)
+            cfg = self._config_of(record)
             out.append({"id": record.pod_id, "metadata": dict(record.config.get("metadata") or {}),
                         "state": _POD_STATE[record.state], "created_at": record.created_at,
                         "labels": record.labels, "annotations": record.annotations,

@@ -141,6 +141,12 @@ _LOCK_POLL_FIRST = 0.002
 _LOCK_POLL_MAX = 0.05
 #: How many candidates an "ambiguous prefix" error names.
 _MAX_CANDIDATES_SHOWN = 10
+#: A listing is read again only when the pods directory changed (every write renames a file into
+#: it, every lock file is made and removed there), told by its change times; but a file system
+#: stamps those from a clock that ticks every few ms, so a change in the tick of a read could keep
+#: the times the read saw (git's "racy" index entries). A listing is kept only when the times it
+#: saw were this much older than the read.
+_RACY_NS = 100_000_000
 
 
 def _check_transition(kind: str, name: str, table: Mapping[Any, frozenset[Any]], old: Any, new: Any) -> None:
@@ -452,6 +458,8 @@ class PodStore:
         self._reported: set[str] = set()  # newer-version records already logged
         # pod id → (the record file's bytes, the record): the last parse of each (_parse)
         self._cache: dict[str, tuple[bytes, PodRecord]] = {}
+        # The last listing and the directory's (inode, mtime, ctime) it was read at (_read_all).
+        self._listing: tuple[tuple[int, int, int], list[PodRecord]] | None = None
         self._clean_up()
 
     # -- files and locks -------------------------------------------------------------------
@@ -575,10 +583,21 @@ class PodStore:
                 if e.endswith(_RECORD_SUFFIX) and not e.startswith(".")]
 
     def _read_all(self) -> list[PodRecord]:
+        """Every valid record; the last listing again while the directory is unchanged
+        (:data:`_RACY_NS`), so listing many pods costs one stat, not a read of each file."""
+        started = time.time_ns()
+        st = os.stat(self._dir)  # before reading: a change made while reading shows next time
+        seen = (st.st_ino, st.st_mtime_ns, st.st_ctime_ns)
+        listing = self._listing
+        if listing is not None and listing[0] == seen:
+            return list(listing[1])
         ids = self._ids()
         for gone in set(self._cache) - set(ids):
             self._cache.pop(gone, None)
-        return [r for r in map(self._read, ids) if r is not None]
+        records = [r for r in map(self._read, ids) if r is not None]
+        settled = st.st_mtime_ns < started - _RACY_NS
+        self._listing = (seen, records) if settled else None
+        return list(records)
 
     def _current(self, pod_id: str) -> PodRecord:
         record = self._read(pod_id)

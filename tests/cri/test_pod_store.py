@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 
 import anyio
 import pytest
@@ -170,6 +171,23 @@ def test_leftover_tmp_file_from_a_killed_process_is_ignored_and_removed(store):
     again = reopen(store)
     assert again.get("aaa1").state is PodState.READY
     assert not os.path.exists(leftover)
+
+
+def test_a_listing_reads_no_file_while_the_directory_is_unchanged_and_every_change_once_it_is(store, monkeypatch):
+    made(store, "aaa1")
+    before = time.time_ns() - 1_000_000_000  # the directory last changed a second ago
+    os.utime(pods_dir(store), ns=(before, before))
+    assert [r.pod_id for r in store.list()] == ["aaa1"]
+    parsed: list[str] = []
+    real_parse = store._parse
+    monkeypatch.setattr(store, "_parse", lambda pod_id, path: parsed.append(pod_id) or real_parse(pod_id, path))
+    assert [r.pod_id for r in store.list()] == ["aaa1"] and parsed == []
+    other = reopen(store)  # another process's store
+    made(other, "bbb2", name="db")
+    other.update("aaa1", state=PodState.NOTREADY)
+    assert [(r.pod_id, r.state) for r in store.list()] == [("aaa1", PodState.NOTREADY), ("bbb2", PodState.READY)]
+    other.delete("bbb2")
+    assert [r.pod_id for r in store.list()] == ["aaa1"]
 
 
 def test_unreadable_record_is_moved_aside_and_does_not_stop_the_store(store, caplog):
