@@ -36,6 +36,7 @@ from shim.rpc.identifiers import validate_identifier
 from shim.rpc.status import (FailedPrecondition, Internal, InvalidArgument, NotFound, RpcError,
                              Unavailable)
 
+from client.concurrency import together
 from client.cri.configs import load_json_object
 from client.processes import KILL_WAIT
 from client.processes import run as _run
@@ -309,7 +310,7 @@ class CniRunner:
     async def add(self, container_id: str, netns_path: str, ifname: str = "eth0", *,
                   args: Mapping[str, str] | None = None,
                   runtime_config: Mapping[str, Any] | None = None) -> CniResult:
-        """Bring up ``lo`` in the pod's netns, then ADD the network to it as ``ifname``.
+        """Bring up ``lo`` in the pod's netns and ADD the network to it as ``ifname`` (the two at once).
 
         Returns the chain's result (empty when there is no configuration: loopback only). On any
         failure, including cancellation, DEL runs for every plugin that was started, in reverse,
@@ -322,19 +323,30 @@ class CniRunner:
         """
         _check_call(container_id, ifname, netns_path)
         config = self.config()
-        started: list[tuple[CniConfig, int, str]] = []  # what DEL must undo, in ADD order
+        started: list[tuple[CniConfig, int, str]] = []  # what DEL must undo, in the order it started
         prev: dict[str, Any] | None = None
-        try:
+
+        async def loopback() -> None:
             started.append((_LOOPBACK, 0, LOOPBACK_IFNAME))
             await self._exec(_LOOPBACK, 0, "ADD", container_id, netns_path, LOOPBACK_IFNAME, None, args)
-            if config is None:
-                return CniResult()
+
+        async def chain() -> None:
+            nonlocal prev
+            assert config is not None
             for index in range(len(config.plugins)):
                 started.append((config, index, ifname))
                 prev = await self._exec(config, index, "ADD", container_id, netns_path, ifname, prev, args,
                                         runtime_config)
                 if prev is None:
                     raise Internal(f"CNI plugin {config.plugins[index]['type']!r} ADD printed no result")
+
+        try:
+            if config is None:
+                await loopback()
+                return CniResult()
+            # lo and the chain's interface are separate networks of the pod: loopback runs beside
+            # the chain, which runs in order (each plugin gets the previous one's result).
+            await together(loopback, chain)
             return CniResult.from_json(prev)
         except BaseException:
             # Shielded and bounded: the undo must run even when the caller was cancelled.
@@ -351,12 +363,12 @@ class CniRunner:
                      prev_result: CniResult | dict[str, Any] | None = None, *,
                      args: Mapping[str, str] | None = None,
                      runtime_config: Mapping[str, Any] | None = None) -> None:
-        """DEL the network (plugins in reverse order), then loopback. Idempotent.
+        """DEL the network (plugins in reverse order) and, beside it, loopback. Idempotent.
 
         A netns that is gone is fine: its path is passed anyway and the plugins treat it as
         already torn down (IPAM still frees the address). A path that is left but no longer a
         namespace (unmounted) is passed as empty, which the spec allows for DEL. Every plugin
-        is called even if one fails; then the first error is raised.
+        is called even if one fails; then the first error is raised (the chain's before loopback's).
         """
         _check_call(container_id, ifname, None)
         if _is_netns(netns_path) is False:
@@ -364,20 +376,26 @@ class CniRunner:
             netns_path = ""
         raw = prev_result.raw if isinstance(prev_result, CniResult) else prev_result
         config = self.config()
-        steps = [] if config is None else [(config, i, ifname) for i in reversed(range(len(config.plugins)))]
-        steps.append((_LOOPBACK, 0, LOOPBACK_IFNAME))
-        first_error: BaseException | None = None
-        for config_i, index, name in steps:
-            try:
-                await self._exec(config_i, index, "DEL", container_id, netns_path, name,
-                                 _prev_for(config_i, raw), args, runtime_config)
-            except (RpcError, OSError) as exc:
-                if first_error is None:
-                    first_error = exc
-                else:
-                    log.warning("CNI DEL for %s: %s", container_id, exc)
-        if first_error is not None:
-            raise first_error
+        chain = [] if config is None else [(config, i, ifname) for i in reversed(range(len(config.plugins)))]
+        errors: dict[str, list[BaseException]] = {"chain": [], "loopback": []}
+
+        async def run(steps: list[tuple[CniConfig, int, str]], failed: list[BaseException]) -> None:
+            for config_i, index, name in steps:
+                try:
+                    await self._exec(config_i, index, "DEL", container_id, netns_path, name,
+                                     _prev_for(config_i, raw), args, runtime_config)
+                except (RpcError, OSError) as exc:
+                    failed.append(exc)
+
+        # Loopback runs beside the chain (separate networks); neither stops the other.
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(run, chain, errors["chain"])
+            tg.start_soon(run, [(_LOOPBACK, 0, LOOPBACK_IFNAME)], errors["loopback"])
+        failures = errors["chain"] + errors["loopback"]
+        for exc in failures[1:]:
+            log.warning("CNI DEL for %s: %s", container_id, exc)
+        if failures:
+            raise failures[0]
 
     async def check(self, container_id: str, netns_path: str, ifname: str = "eth0",
                     prev_result: CniResult | dict[str, Any] | None = None, *,

@@ -33,7 +33,7 @@ import signal
 import socket
 import time
 from contextlib import asynccontextmanager
-from typing import Any, AsyncContextManager, AsyncIterator, Awaitable, Callable, Mapping
+from typing import Any, AsyncContextManager, AsyncIterator, Mapping
 
 import anyio
 import anyio.abc
@@ -50,6 +50,7 @@ from shim.rpc.status import (Aborted, DeadlineExceeded, FailedPrecondition, Inte
 from client.bundles import bundle_path
 from client.cri import stats
 from client.cri.cni import DEFAULT_BIN_DIRS, DEFAULT_CONF_DIR, CniRunner, primary_ip
+from client.concurrency import together
 from client.controller import Controller
 from client.cri.configs import ContainerConfig, PodSandboxConfig
 from client.cri.events import (CONTAINER_CREATED, CONTAINER_DELETED, CONTAINER_STARTED, EventFeed,
@@ -426,7 +427,7 @@ class PodService:
                 with phase("cni add"):
                     network.append(await self.cni.add(pod_id, netns, runtime_config=cfg.cni_runtime_config()))
 
-        await _together(start, add_network)
+        await together(start, add_network)
         failpoint("run:after-network")
         ip, extra, raw = "", (), None
         if network:
@@ -1238,26 +1239,6 @@ def _check_sandbox_config(pod: PodRecord, sandbox_config: PodSandboxConfig | Map
                               f"was run with {own.log_directory!r}")
 
 
-async def _together(*steps: Callable[[], Awaitable[None]]) -> None:
-    """Run ``steps`` at the same time. The first that fails cancels the others, and its error is
-    raised as it is (not in an ExceptionGroup: callers and the status translation see the typed
-    error a step raised)."""
-    errors: list[Exception] = []
-
-    async def run(step: Callable[[], Awaitable[None]], scope: anyio.CancelScope) -> None:
-        try:
-            await step()
-        except Exception as exc:
-            errors.append(exc)
-            scope.cancel()
-
-    async with anyio.create_task_group() as tg:
-        for step in steps:
-            tg.start_soon(run, step, tg.cancel_scope)
-    if errors:
-        raise errors[0]
-
-
 def _labels_match(labels: Mapping[str, str], selector: Mapping[str, str] | None) -> bool:
     return all(labels.get(k) == v for k, v in (selector or {}).items())
 
@@ -1286,10 +1267,14 @@ async def open_pod_service(root: str = "/var/lib/podshim", runtime_root: str = "
                           spawner=spawner, template=template) as controller:
         service = PodService(controller, store, cni=cni, namespace=namespace, log_root=os.path.join(root, "logs"),
                              **options)
-        async with anyio.create_task_group() as followers:
+        # Entered by hand, not with async with: an error of the caller's block must come out as
+        # it is, not wrapped in the task group's ExceptionGroup.
+        followers = anyio.create_task_group()
+        await followers.__aenter__()
+        try:
             service.keep_current(followers)
-            try:
-                await service.recover()
-                yield service
-            finally:
-                followers.cancel_scope.cancel()
+            await service.recover()
+            yield service
+        finally:
+            followers.cancel_scope.cancel()
+            await followers.__aexit__(None, None, None)
