@@ -23,9 +23,11 @@ Numbers, not chain ids, name the directories so that an overlay's lowerdir optio
 A snapshot exists when its record does. The record is written after its directory is complete
 and renamed into place, and removed before its directory is, so a half-unpacked or half-removed
 snapshot never looks committed; :class:`Snapshotter` removes such leftovers when it starts.
-Unpacking a chain holds the lock of every chain id in it, in order from the base (so two images
-sharing a base take their locks in the same order): concurrent unpacks of one chain, in threads
-or processes, unpack each layer once, and gc cannot take a layer an unpack is building on.
+Unpacking a chain locks each chain id in it, in order from the base (so two images sharing a base
+take their locks in the same order): exclusively the layers it unpacks, so that concurrent unpacks
+of one chain, in threads or processes, unpack each layer once; shared the committed ones it builds
+on, so that images sharing a base unpack side by side and gc (which needs a chain's lock
+exclusively) cannot take a layer an unpack or a prepare is building on.
 
 Every method blocks (file system work): async callers run them in a worker thread.
 """
@@ -175,9 +177,7 @@ class Snapshotter:
         if self._record(_COMMITTED, chain[-1]) is not None:
             return chain[-1]
         with ExitStack() as held:
-            for chain_id in chain:
-                held.enter_context(self._chain_lock(chain_id))
-            missing = [i for i, chain_id in enumerate(chain) if self._record(_COMMITTED, chain_id) is None]
+            missing = [i for i, chain_id in enumerate(chain) if not self._hold(held, chain_id)]
             if not missing:  # another caller unpacked them while we waited for the locks
                 return chain[-1]
             built: dict[int, tuple[str, LayerStats]] = {}
@@ -316,7 +316,7 @@ class Snapshotter:
             raise InvalidArgument("a snapshot key must be a non-empty string")
         with ExitStack() as held:
             if chain_id:
-                held.enter_context(self._chain_lock(chain_id))  # gc keeps it while we build on it
+                held.enter_context(self._chain_lock(chain_id, shared=True))  # gc keeps it meanwhile
             held.enter_context(self._global_lock())
             if self._record(_ACTIVE, key) is not None:
                 raise AlreadyExists(f"snapshot {key!r} exists already")
@@ -559,27 +559,44 @@ class Snapshotter:
         with _flock(os.path.join(self.root, "lock")):
             yield
 
+    def _hold(self, held: ExitStack, chain_id: str) -> bool:
+        """Lock ``chain_id`` until ``held`` closes: shared if it is committed (it is built on:
+        gc keeps it), exclusive if not (this caller unpacks it; others wait). True when committed."""
+        while True:
+            with ExitStack() as shared:
+                shared.enter_context(self._chain_lock(chain_id, shared=True))
+                if self._record(_COMMITTED, chain_id) is not None:
+                    held.enter_context(shared.pop_all())
+                    return True
+            held_now = ExitStack()
+            held_now.enter_context(self._chain_lock(chain_id))
+            if self._record(_COMMITTED, chain_id) is None:
+                held.enter_context(held_now)
+                return False
+            held_now.close()  # committed by another while we waited: go back to a shared lock
+
     @contextmanager
-    def _chain_lock(self, chain_id: str, *, blocking: bool = True, unlink: bool = False) -> Iterator[bool]:
+    def _chain_lock(self, chain_id: str, *, shared: bool = False, blocking: bool = True,
+                    unlink: bool = False) -> Iterator[bool]:
         hexdigest = chain_id.partition(":")[2]
         if not re.fullmatch(r"[0-9a-f]{64}", hexdigest):
             yield True  # a leftover with a name no unpack makes: nobody can hold its lock
             return
-        with _flock(os.path.join(self._locks, hexdigest), blocking=blocking, unlink=unlink) as locked:
+        with _flock(os.path.join(self._locks, hexdigest), shared=shared, blocking=blocking, unlink=unlink) as locked:
             yield locked
 
 
 @contextmanager
-def _flock(path: str, *, blocking: bool = True, unlink: bool = False) -> Iterator[bool]:
-    """Hold an exclusive flock on ``path`` (made if missing); yields False when ``blocking`` is
-    off and another holds it. flock locks belong to an open file, so this excludes threads of
+def _flock(path: str, *, shared: bool = False, blocking: bool = True, unlink: bool = False) -> Iterator[bool]:
+    """Hold an exclusive (or ``shared``) flock on ``path`` (made if missing); yields False when
+    ``blocking`` is off and another holds it. flock locks belong to an open file, so this excludes threads of
     one process as it excludes processes. ``unlink`` removes the file while still held: a
     waiter that opened it before then finds, once it gets the lock, that the path names
     another file now, and locks again."""
     while True:
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
+            fcntl.flock(fd, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | (0 if blocking else fcntl.LOCK_NB))
         except BlockingIOError:
             os.close(fd)
             yield False

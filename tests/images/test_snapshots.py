@@ -250,6 +250,51 @@ def test_concurrent_unpacks_of_one_chain_unpack_each_layer_once(tmp_path, snapsh
     assert len(os.listdir(os.path.join(snapshotter.root, "snapshots"))) == 3
 
 
+def test_images_on_a_shared_committed_base_unpack_side_by_side(tmp_path, snapshotter, monkeypatch):
+    base = make_layer(str(tmp_path / "base"), [member("etc", "dir")])
+    tops = [make_layer(str(tmp_path / f"top{n}"), [member(f"f{n}", data=b"x")]) for n in range(2)]
+    snapshotter.unpack([(base.diff_id, base.path, base.media_type)])
+    both_inside = threading.Barrier(2, timeout=60)  # broken if one unpack waited for the other
+    real = snapshots_module.apply_layer
+
+    def apply_layer(dest, blob, media_type=None, *, diff_id=None):
+        both_inside.wait()
+        return real(dest, blob, media_type, diff_id=diff_id)
+
+    monkeypatch.setattr(snapshots_module, "apply_layer", apply_layer)
+    errors = []
+
+    def pull(top):
+        try:
+            snapshotter.unpack([(base.diff_id, base.path, base.media_type), (top.diff_id, top.path, top.media_type)])
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=pull, args=(top,)) for top in tops]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+
+
+def test_gc_during_an_unpack_keeps_the_layer_it_builds_on(tmp_path, snapshotter, monkeypatch):
+    layers = three_layers(tmp_path)
+    chain = chain_ids(d for d, _, _ in layers)
+    snapshotter.unpack(layers[:1])
+    real = snapshots_module.apply_layer
+    freed = []
+
+    def apply_layer(dest, blob, media_type=None, *, diff_id=None):
+        freed.append(snapshotter.gc([]))  # nothing recorded uses the base yet
+        return real(dest, blob, media_type, diff_id=diff_id)
+
+    monkeypatch.setattr(snapshots_module, "apply_layer", apply_layer)
+    assert snapshotter.unpack(layers[:2]) == chain[1]
+    assert [f.removed for f in freed] == [()]
+    assert snapshotter.stat(chain[1]).parent == chain[0] and snapshotter.has(chain[0])
+
+
 def test_a_failed_layer_leaves_nothing_and_the_layers_below_stay_committed(tmp_path, snapshotter):
     layers = three_layers(tmp_path)
     bad = (layers[1][0], layers[2][1], layers[2][2])  # layer 3's blob under layer 2's diff_id
