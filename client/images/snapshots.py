@@ -170,36 +170,46 @@ class Snapshotter:
         it; Unimplemented for zstd without the zstd program; OSError for the machine's failures.
         Nothing of a failed layer is left; layers below it that were complete stay committed.
         """
+        with ExitStack() as held:
+            return self._unpack(layers, held)
+
+    @contextmanager
+    def unpacked(self, layers: Sequence[tuple[str, str, str | None]]) -> Iterator[str]:
+        """As :meth:`unpack`, and the chain stays locked until the block ends: gc keeps it
+        meanwhile, so a pull records its image's chain id before a concurrent gc could take the
+        layers for unused. (The layers this call unpacked stay locked exclusively: other unpacks
+        and prepares of them wait for the block, which should be short.) Raises what unpack raises."""
+        with ExitStack() as held:
+            yield self._unpack(layers, held)
+
+    def _unpack(self, layers: Sequence[tuple[str, str, str | None]], held: ExitStack) -> str:
         layers = list(layers)
         chain = chain_ids(diff_id for diff_id, _, _ in layers)
         if not chain:
             return ""
-        if self._record(_COMMITTED, chain[-1]) is not None:
+        missing = [i for i, chain_id in enumerate(chain) if not self._hold(held, chain_id)]
+        if not missing:  # another caller unpacked them while we waited for the locks
             return chain[-1]
-        with ExitStack() as held:
-            missing = [i for i, chain_id in enumerate(chain) if not self._hold(held, chain_id)]
-            if not missing:  # another caller unpacked them while we waited for the locks
-                return chain[-1]
-            built: dict[int, tuple[str, LayerStats]] = {}
-            try:
-                with ThreadPoolExecutor(min(len(missing), UNPACK_WORKERS), thread_name_prefix="unpack") as pool:
-                    futures = {i: pool.submit(self._unpack_layer, chain[i], *layers[i]) for i in missing}
-                    failed: tuple[int, BaseException] | None = None
-                    for i, future in futures.items():
-                        try:
-                            built[i] = future.result()
-                        except BaseException as exc:
-                            failed = failed or (i, exc)  # the lowest layer's: the one to fix first
-                # The complete layers below a failed one are committed: a retry starts above them.
-                for i in missing:
-                    if failed is not None and i >= failed[0]:
-                        raise failed[1]
-                    tmp, stats = built[i]
-                    self._commit(tmp, chain[i], chain[i - 1] if i else None, layers[i][0], stats)
-                    del built[i]
-            finally:
-                for tmp, _ in built.values():
-                    self._discard(tmp)
+        built: dict[int, tuple[str, LayerStats]] = {}
+        try:
+            with ThreadPoolExecutor(min(len(missing), UNPACK_WORKERS), thread_name_prefix="unpack") as pool:
+                futures = {i: pool.submit(self._unpack_layer, chain[i], *layers[i]) for i in missing}
+                failed: tuple[int, BaseException] | None = None
+                for i, future in futures.items():
+                    try:
+                        built[i] = future.result()
+                    except BaseException as exc:
+                        failed = failed or (i, exc)  # the lowest layer's: the one to fix first
+            # The complete layers below a failed one are committed: a retry starts above them.
+            for i in missing:
+                if failed is not None and i >= failed[0]:
+                    raise failed[1]
+                tmp, stats = built[i]
+                self._commit(tmp, chain[i], chain[i - 1] if i else None, layers[i][0], stats)
+                del built[i]
+        finally:
+            for tmp, _ in built.values():
+                self._discard(tmp)
         return chain[-1]
 
     def has(self, chain_id: str) -> bool:

@@ -295,6 +295,13 @@ def test_gc_during_an_unpack_keeps_the_layer_it_builds_on(tmp_path, snapshotter,
     assert snapshotter.stat(chain[1]).parent == chain[0] and snapshotter.has(chain[0])
 
 
+def test_gc_keeps_a_chain_while_its_puller_records_it(tmp_path, snapshotter):
+    layers = three_layers(tmp_path)
+    with snapshotter.unpacked(layers) as top:
+        assert snapshotter.gc([]).removed == ()  # the pull has not recorded its image yet
+    assert top in snapshotter.gc([]).removed
+
+
 def test_a_failed_layer_leaves_nothing_and_the_layers_below_stay_committed(tmp_path, snapshotter):
     layers = three_layers(tmp_path)
     bad = (layers[1][0], layers[2][1], layers[2][2])  # layer 3's blob under layer 2's diff_id
