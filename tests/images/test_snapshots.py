@@ -379,3 +379,18 @@ def test_usage_counts_layers_and_upper_dirs(tmp_path, snapshotter):
     with open(os.path.join(upper, "new"), "wb") as f:
         f.write(b"y" * 500)
     assert (snapshotter.usage().bytes, snapshotter.usage().inodes) == (1500, 3)
+
+
+def test_an_image_with_more_layers_than_one_overlay_can_name_is_refused_with_a_sentence(tmp_path, snapshotter):
+    per_lowerdir = len(os.path.join(snapshotter.root, "snapshots", "99", "fs")) + 1
+    count = snapshots_module.MAX_MOUNT_OPTIONS_BYTES // per_lowerdir + 2
+    layers = []
+    for n in range(count):
+        layer = make_layer(str(tmp_path / f"l{n}"), [member(f"f{n}", data=b"x")])
+        layers.append((layer.diff_id, layer.path, layer.media_type))
+    top = snapshotter.unpack(layers)
+    with pytest.raises(FailedPrecondition, match=f"the image has {count} layers, more than one overlay"):
+        snapshotter.prepare("c", top)
+    assert [s.kind for s in snapshotter.snapshots()] == ["committed"] * count
+    # The refused prepare left nothing: its key is free, for an image of fewer layers.
+    assert snapshotter.prepare("c", chain_ids(d for d, _, _ in layers)[5])[0].type == "overlay"
