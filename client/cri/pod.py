@@ -1089,6 +1089,11 @@ class PodService:
         return {"pod_id": c.pod_id, "container_id": c.container_id, "log_path": c.log_path, "stdin": stdin,
                 "stdin_once": cfg.stdin_once, "tty": cfg.tty}
 
+    async def attach_output(self, pod_id: str, container_id: str, fifos: Mapping[str, str]) -> None:
+        """Have a container's shim copy its stdout and stderr from now on to ``fifos`` (AttachOutput's
+        ``stdout``/``stderr`` FIFO paths, held open for reading by the caller)."""
+        await self._task(pod_id, "AttachOutput", {"task_id": container_id, **fifos})
+
     async def close_stdin(self, pod_id: str, container_id: str) -> None:
         """Close a container's stdin for good (stdin_once): it reads end-of-file once writers are gone."""
         await self._task(pod_id, "CloseStdin", {"task_id": container_id})

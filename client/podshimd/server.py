@@ -289,7 +289,8 @@ async def _start_streaming(stack: contextlib.AsyncExitStack, config: Config, pod
     # The exec FIFOs live in a 0700 directory of the runtime root (the shim opens them by path).
     execs = ExecBackend(exec_start, exec_wait, exec_kill, os.path.join(config.runtime_root, "exec"),
                         pods.container_root)
-    attach = AttachBackend(pods.attach_target, pods.close_stdin, pods.wait_task)
+    attach = AttachBackend(pods.attach_target, pods.attach_output, pods.close_stdin, pods.wait_task,
+                           os.path.join(config.runtime_root, "exec"))
     streaming = StreamingServer(config.streaming_address, Backend(pod_network=pod_network, execs=execs, attach=attach))
     try:
         await streaming.start()

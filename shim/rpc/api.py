@@ -46,5 +46,5 @@ SANDBOX_METHODS = (
 )
 EVENTS_METHODS = ("Subscribe",)
 TASK_METHODS = ("Create", "Start", "Kill", "Wait", "Delete", "State", "List", "Exec", "ExecStart", "ExecWait", "ExecKill",
-                "CloseStdin", "Stats", "Update", "ReopenLog")
+                "CloseStdin", "AttachOutput", "Stats", "Update", "ReopenLog")
 TEMPLATE_METHODS = ("Spawn", "Ping")

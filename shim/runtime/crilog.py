@@ -149,6 +149,7 @@ class CriLog:
     def __init__(self, path: str):
         self.path = path
         self._fds: list[int] = []
+        self.taps: dict[str, list[int]] = {STDOUT: [], STDERR: []}  # attachers' copies (add_tap)
         self._readers: list[PipeReader] = []
         self.closed = False
         try:
@@ -208,12 +209,36 @@ class CriLog:
         self.close()
 
     def close(self) -> None:
-        """Write what the pipes hold, then close the pipes and the file. Idempotent."""
+        """Write what the pipes hold, then close the pipes and the file (and the taps: their readers
+        see the end). Idempotent."""
         self.closed = True
         for reader in self._readers:
             reader.stop()
         for fd in list(self._fds):
             self._release(fd)
+        for taps in self.taps.values():
+            for fd in taps:
+                os.close(fd)
+            taps.clear()
+
+    def add_tap(self, stream: str, fd: int) -> None:
+        """Copy what the task writes on ``stream`` (stdout or stderr) to ``fd`` too (an attacher's FIFO,
+        non-blocking) from now on, until the task's output ends; this CriLog owns ``fd`` then. A tap
+        whose reader does not keep up (its FIFO is full) or went away is closed: it is never blocked
+        on, and never silently given part of the output."""
+        self.taps[stream].append(fd)
+
+    def _tap(self, stream: str, data: bytes) -> None:
+        taps = self.taps[stream]
+        for fd in list(taps):
+            try:
+                written = os.write(fd, data)
+            except OSError:  # EAGAIN: full; EPIPE: the attacher went away
+                written = -1
+            if written != len(data):
+                log.info("an attacher of %s's %s fell behind or went away; its copy ends", self.path, stream)
+                taps.remove(fd)
+                os.close(fd)
 
     def write(self, data: bytes) -> None:
         """Append ``data``; a failed write (disk full) is counted and logged, and reading goes on
@@ -237,5 +262,8 @@ def _reader(owner: CriLog, loop: asyncio.AbstractEventLoop, fd: int, stream: str
         if records:
             owner.write(format_records(stream, records, time.time_ns()))
 
-    return PipeReader(loop, fd, lambda data: emit(splitter.feed(data)), lambda: emit(splitter.end()),
-                      name=f"the {stream} of {owner.path}")
+    def feed(data: bytes) -> None:
+        owner._tap(stream, data)
+        emit(splitter.feed(data))
+
+    return PipeReader(loop, fd, feed, lambda: emit(splitter.end()), name=f"the {stream} of {owner.path}")

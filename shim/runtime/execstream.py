@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from shim.rpc.status import InvalidArgument
 
-__all__ = ["ExecStdio", "TaskStdin", "open_stdio"]
+__all__ = ["ExecStdio", "TaskStdin", "open_stdio", "open_tap"]
 
 
 @dataclass
@@ -35,7 +35,24 @@ class ExecStdio:
         self._fds.clear()
 
 
-def _open(path: str, field_name: str, flags: int, *, want_fifo: bool) -> int:
+#: The pipe buffer asked for an attacher's FIFO (F_SETPIPE_SZ; the kernel's default is 64 KiB): room
+#: for bursts while podshimd forwards them.
+TAP_PIPE_BYTES = 1 << 20
+_F_SETPIPE_SZ = 1031
+
+
+def open_tap(path: str, field_name: str) -> int:
+    """An attacher's FIFO opened for writing, non-blocking (the shim never waits on it), with a large
+    pipe buffer when the kernel allows. Raises InvalidArgument."""
+    fd = _open(path, field_name, os.O_WRONLY, want_fifo=True, blocking=False)
+    try:
+        fcntl.fcntl(fd, _F_SETPIPE_SZ, TAP_PIPE_BYTES)
+    except OSError:  # above /proc/sys/fs/pipe-max-size for an unprivileged shim: the default will do
+        pass
+    return fd
+
+
+def _open(path: str, field_name: str, flags: int, *, want_fifo: bool, blocking: bool = True) -> int:
     if not isinstance(path, str) or not path.startswith("/") or "\0" in path:
         raise InvalidArgument(f"field {field_name!r} must be an absolute path, not {path!r}")
     try:
@@ -49,7 +66,8 @@ def _open(path: str, field_name: str, flags: int, *, want_fifo: bool) -> int:
             raise InvalidArgument(f"field {field_name!r}: {path} is not a FIFO")
         if not want_fifo and not os.isatty(fd):
             raise InvalidArgument(f"field {field_name!r}: {path} is not a terminal")
-        fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_NONBLOCK)
+        if blocking:
+            fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_NONBLOCK)
     except BaseException:
         os.close(fd)
         raise

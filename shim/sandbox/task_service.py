@@ -106,6 +106,11 @@ class TaskService:
         self.tasks.exec_kill(sid, tid, require(p, "exec_id", str))
         return {}
 
+    async def attach_output(self, ctx: CallContext, p: dict[str, Any]) -> dict[str, Any]:
+        sid, tid = self._ids(ctx, p)
+        self.tasks.attach_output(sid, tid, stdout=optional(p, "stdout", str), stderr=optional(p, "stderr", str))
+        return {}
+
     async def close_stdin(self, ctx: CallContext, p: dict[str, Any]) -> dict[str, Any]:
         self.tasks.close_stdin(*self._ids(ctx, p))
         return {}
@@ -144,6 +149,7 @@ def register_tasks(server: Server, service: TaskService) -> None:
         "ExecWait": service.exec_wait,
         "ExecKill": service.exec_kill,
         "CloseStdin": service.close_stdin,
+        "AttachOutput": service.attach_output,
         "Stats": service.stats,
         "Update": service.update,
         "ReopenLog": service.reopen_log,

@@ -469,6 +469,28 @@ class TaskSet:
         if not leader.exit.done() and task.cgroup is not None:
             execsync.kill_session(leader, session, task.cgroup)
 
+    def attach_output(self, sandbox_id: str, task_id: str, *, stdout: str | None = None,
+                      stderr: str | None = None) -> None:
+        """AttachOutput: copy the running task's stdout and stderr, from now on, to the client's FIFOs as
+        well as to its log. Raises InvalidArgument (a path that is no FIFO, or nobody reads), NotFound,
+        FailedPrecondition (not running)."""
+        task = self.get(sandbox_id, task_id)
+        task.check(Op.EXEC)
+        crilog = task.crilog
+        if crilog is None or crilog.closed:
+            raise FailedPrecondition(f"task {task_id}'s output has ended")
+        fds = []
+        try:
+            for stream, path in (("stdout", stdout), ("stderr", stderr)):
+                if path is not None:
+                    fds.append((stream, execstream.open_tap(path, stream)))
+        except BaseException:
+            for _, fd in fds:
+                os.close(fd)
+            raise
+        for stream, fd in fds:
+            crilog.add_tap(stream, fd)
+
     def close_stdin(self, sandbox_id: str, task_id: str) -> None:
         """CloseStdin: drop the shim's write end of the task's stdin FIFO (idempotent). Raises NotFound,
         FailedPrecondition (not running)."""

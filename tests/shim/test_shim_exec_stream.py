@@ -180,3 +180,26 @@ async def test_a_task_created_with_stdin_reads_the_fifo_its_shim_keeps_open_unti
 
 async def test_a_task_without_stdin_has_none(pod):
     assert (await pod.call("State", task_id="app"))["stdin"] == ""
+
+
+async def test_attach_output_copies_what_the_task_writes_and_ends_with_it(pod, tmp_path):
+    await pod.call("Create", task_id="talker", args=["sh", "-c", "read x; echo out $x; echo err >&2"],
+                   log_path=os.path.join(pod.log_dir, "talker"), stdin=True)
+    await pod.call("Start", task_id="talker")
+    taps = {name: str(tmp_path / name) for name in ("stdout", "stderr")}
+    fds = {}
+    for name, path in taps.items():
+        os.mkfifo(path, 0o600)
+        fds[name] = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        await pod.call("AttachOutput", task_id="talker", **taps)
+        fifo = (await pod.call("State", task_id="talker"))["stdin"]
+        fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+        os.write(fd, b"go\n")
+        os.close(fd)
+        out, err = await asyncio.gather(asyncio.to_thread(read_to_end, fds["stdout"]),
+                                        asyncio.to_thread(read_to_end, fds["stderr"]))
+        assert (out, err) == (b"out go\n", b"err\n")  # then end-of-file: the task stopped
+    finally:
+        for fd in fds.values():
+            os.close(fd)
