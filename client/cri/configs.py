@@ -453,8 +453,9 @@ class ContainerConfig:
 
     ``image`` is the image the container runs on (empty: the node's root filesystem, read-only);
     ``command`` and ``args`` override its entrypoint and command as kubelet specifies
-    (:mod:`client.cri.process`). ``pid_mode`` is POD (share the pod's PID namespace) or
-    CONTAINER (a PID namespace of its own). Unset it is POD: CRI's NamespaceMode is a proto3
+    (:mod:`client.cri.process`). ``pid_mode`` is POD (share the pod's PID namespace),
+    CONTAINER (a PID namespace of its own), NODE (the host's) or TARGET (the one of container
+    ``target_id``, of the same pod). Unset it is POD: CRI's NamespaceMode is a proto3
     enum whose zero value is POD, and containerd reads an absent ``namespace_options`` so
     (kubelet always sets it: CONTAINER unless the pod shares its process namespace).
     """
@@ -469,6 +470,7 @@ class ContainerConfig:
     annotations: dict[str, str] = field(default_factory=dict)
     log_path: str = ""
     pid_mode: str = "POD"
+    target_id: str = ""  # pid_mode TARGET: the container whose pid namespace this one joins
     mounts: tuple[Mount, ...] = ()
     readonly_rootfs: bool = False
     security: ContainerSecurity = field(default_factory=ContainerSecurity)
@@ -495,6 +497,11 @@ class ContainerConfig:
             raise InvalidArgument(f"working_dir {working_dir!r} must be an absolute path")
         security = f.obj("linux").obj("security_context")
         namespace_options = security.obj("namespace_options")
+        pid_mode = namespace_options.mode("pid", ("POD", "CONTAINER", "NODE", "TARGET"), "POD")
+        target_id = namespace_options.string("target_id")
+        if (pid_mode == "TARGET") != bool(target_id):
+            raise InvalidArgument(f"{namespace_options.name('target_id')} is required with pid mode TARGET, "
+                                  "and only with it")
         mounts = f.items("mounts", Mount.from_json)
         seen: dict[str, int] = {}
         for i, mount in enumerate(mounts):
@@ -512,7 +519,8 @@ class ContainerConfig:
             labels=f.labels(),
             annotations=f.annotations(),
             log_path=log_path,
-            pid_mode=namespace_options.mode("pid", ("POD", "CONTAINER"), "POD"),
+            pid_mode=pid_mode,
+            target_id=target_id,
             mounts=mounts,
             readonly_rootfs=security.boolean("readonly_rootfs"),
             security=ContainerSecurity.from_doc(security.doc, security.path),
@@ -542,7 +550,8 @@ class ContainerConfig:
             "stdin": self.stdin or None,
             "stdin_once": self.stdin_once or None,
             "tty": self.tty or None,
-            "linux": {"security_context": _drop_empty({"namespace_options": {"pid": self.pid_mode},
+            "linux": {"security_context": _drop_empty({"namespace_options": _drop_empty({"pid": self.pid_mode,
+                                                                                      "target_id": self.target_id}),
                                                        "readonly_rootfs": self.readonly_rootfs or None,
                                                        **self.security.to_json()})},
         })

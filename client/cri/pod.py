@@ -767,6 +767,7 @@ class PodService:
                 await self._task(pod.pod_id, "Create", {
                     "task_id": container_id, "args": list(process.args), "env": list(process.env),
                     "cwd": process.cwd, "log_path": log_path, "pid_mode": cfg.pid_mode, "labels": dict(cfg.labels),
+                    "pid_target": self._pid_target(pod.pod_id, cfg),
                     "rootfs": rootfs, "readonly_rootfs": cfg.readonly_rootfs, "mounts": mounts, "stdin": cfg.stdin,
                     **confinement})
             except BaseException:
@@ -783,6 +784,20 @@ class PodService:
         if not cfg.image:
             return None
         return await call(self.images.container_image, cfg.image)
+
+    def _pid_target(self, pod_id: str, cfg: ContainerConfig) -> str | None:
+        """The task whose pid namespace a TARGET container joins: its target, a container of the
+        same pod (InvalidArgument otherwise, as containerd's validateTargetContainer)."""
+        if cfg.pid_mode != "TARGET":
+            return None
+        try:
+            target = self.store.find_container(cfg.target_id)
+        except NotFound:
+            target = None
+        if target is None or target.pod_id != pod_id:
+            raise InvalidArgument(f"target container {cfg.target_id!r} of pid mode TARGET is not a container "
+                                  f"of pod {pod_id}")
+        return target.container_id
 
     async def _user_files(self, image: ContainerImage | None) -> security.ReadFile:
         """``read_file`` for the container's /etc/passwd and /etc/group: its image's (read from

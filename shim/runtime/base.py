@@ -21,9 +21,13 @@ from shim.runtime.pause import POD, PauseProcess, PauseSpec
 from shim.rpc.processes import signal_process
 from shim.runtime.process import Process
 
-__all__ = ["CONTAINER", "POD", "ExecSpec", "Runtime", "TaskSpec"]
+__all__ = ["CONTAINER", "NODE", "POD", "PID_MODES", "TARGET", "ExecSpec", "Runtime", "TaskSpec"]
 
 CONTAINER = "CONTAINER"  # a task is PID 1 of a pid namespace of its own (CRI's default); POD: the pause's
+NODE = "NODE"  # the host's pid namespace (the shim's)
+TARGET = "TARGET"  # the pid namespace of another task of the sandbox (TaskSpec.target_pid's)
+#: Task pid modes, CRI's NamespaceMode names.
+PID_MODES = (POD, CONTAINER, NODE, TARGET)
 
 
 @dataclass(frozen=True)
@@ -47,6 +51,7 @@ class TaskSpec:
     cgroup: SandboxCgroup
     stdout: int
     stderr: int
+    target_pid: int = 0  # pid_mode TARGET: the process whose pid namespace the task joins
     confinement: Confinement = Confinement()
     rootfs: str = ""
     filesystem: TaskFilesystem = TaskFilesystem()

@@ -10,7 +10,7 @@ from typing import Any
 from shim.kernel.linux import CLONE_NEWIPC, CLONE_NEWNET, CLONE_NEWNS, CLONE_NEWPID, CLONE_NEWUTS
 from shim.kernel.reaper import Reaper
 from shim.runtime import mounts, pause, process
-from shim.runtime.base import POD, ExecSpec, Runtime, TaskSpec
+from shim.runtime.base import CONTAINER, POD, TARGET, ExecSpec, Runtime, TaskSpec
 from shim.rpc.status import FailedPrecondition
 
 __all__ = ["NativeRuntime"]
@@ -70,18 +70,21 @@ class NativeRuntime(Runtime):
 def _process_spec(spec: TaskSpec, root: mounts.RootSetup) -> process.ProcessSpec:
     """The task's process: in the pause's ipc, uts and net namespaces, in a mount namespace of its
     own copied from the pause's (a recursive slave, so the pod's /dev/shm is there to bind) with
-    ``root`` as its root, and in the pause's pid namespace (POD) or PID 1 of a new one (CONTAINER)."""
+    ``root`` as its root, and in the pause's pid namespace (POD), another task's (TARGET), the
+    shim's (NODE: the host's), or PID 1 of a new one (CONTAINER)."""
     ns_dir = f"/proc/{spec.pause_pid}/ns"
     join = tuple((f"{ns_dir}/{name}", nstype) for name, nstype in _JOINED)
     if spec.pid_mode == POD:
         join += ((f"{ns_dir}/pid", CLONE_NEWPID),)
+    elif spec.pid_mode == TARGET:
+        join += ((f"/proc/{spec.target_pid}/ns/pid", CLONE_NEWPID),)
     return process.ProcessSpec(
         name=f"task {spec.task_id}",
         argv=spec.args,
         env=spec.env,
         cwd=spec.cwd,
         join=join,
-        unshare_flags=CLONE_NEWNS if spec.pid_mode == POD else CLONE_NEWPID | CLONE_NEWNS,
+        unshare_flags=CLONE_NEWPID | CLONE_NEWNS if spec.pid_mode == CONTAINER else CLONE_NEWNS,
         root=root,
         procs_files=tuple(spec.cgroup.procs_files()),
         stdout=spec.stdout,

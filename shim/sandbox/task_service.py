@@ -14,7 +14,7 @@ from shim.rpc.messages import optional, require
 from shim.rpc.server import CallContext, Server
 from shim.rpc.status import InvalidArgument
 from shim.runtime import confine
-from shim.runtime.base import CONTAINER
+from shim.runtime.base import CONTAINER, PID_MODES
 from shim.runtime.mounts import parse_filesystem
 from shim.sandbox.service import request_sandbox_id
 
@@ -61,7 +61,8 @@ class TaskService:
             env=optional(p, "env", list, []),
             cwd=optional(p, "cwd", str),
             log_path=require(p, "log_path", str),
-            pid_mode=CONTAINER if pid_mode is None else namespace_mode(pid_mode, "pid_mode", ("POD", "CONTAINER")),
+            pid_mode=CONTAINER if pid_mode is None else namespace_mode(pid_mode, "pid_mode", PID_MODES),
+            pid_target=optional(p, "pid_target", str),
             labels=labels,
             confinement=confine.from_request(p),
             filesystem=parse_filesystem(p),

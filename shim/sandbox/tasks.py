@@ -30,7 +30,7 @@ from shim.kernel.cgroups import SandboxCgroup, no_metrics
 from shim.kernel.netns import NamespaceNotFound
 from shim.kernel.reaper import ExitInfo
 from shim.runtime import execstream, execsync, mounts, process
-from shim.runtime.base import CONTAINER, POD, ExecSpec, TaskSpec
+from shim.runtime.base import CONTAINER, PID_MODES, POD, TARGET, ExecSpec, TaskSpec
 from shim.runtime.confine import Confinement
 from shim.runtime.crilog import LOG_DIR_MODE, CriLog, check_log_path
 from shim.runtime.mounts import TaskFilesystem
@@ -114,8 +114,10 @@ class Task:
 
     def __init__(self, task_id: str, *, args: list[str], env: dict[str, str], cwd: str, log_path: str,
                  pid_mode: str, labels: dict[str, str], confinement: Confinement | None = None,
-                 filesystem: TaskFilesystem = TaskFilesystem(), rootfs: str = "", stdin: bool = False):
+                 filesystem: TaskFilesystem = TaskFilesystem(), rootfs: str = "", stdin: bool = False,
+                 pid_target: str | None = None):
         self.task_id = task_id
+        self.pid_target = pid_target  # pid_mode TARGET: the task whose pid namespace it joins
         self.filesystem = filesystem
         self.rootfs = rootfs  # <bundle>/tasks/<task id>/rootfs: its root's mount point; "" once removed
         self.args = args
@@ -226,7 +228,8 @@ class TaskSet:
     async def create(self, sandbox_id: str, task_id: str, *, args: list[str], env: list[str] | None = None,
                      cwd: str | None = None, log_path: str, pid_mode: str = CONTAINER,
                      labels: dict[str, str] | None = None, confinement: Confinement | None = None,
-                     filesystem: TaskFilesystem = TaskFilesystem(), stdin: bool = False) -> Task:
+                     filesystem: TaskFilesystem = TaskFilesystem(), stdin: bool = False,
+                     pid_target: str | None = None) -> Task:
         """Create: check the request and record the task; its log's directories are made (0755)
         and its ``filesystem.rootfs`` mounted on ``<bundle>/tasks/<task_id>/rootfs`` (recorded
         first; unmounted again when the mount fails).
@@ -244,9 +247,14 @@ class TaskSet:
             raise InvalidArgument(f"cwd {cwd!r} must be an absolute path")
         if not os.path.isabs(log_path) or "\0" in log_path:
             raise InvalidArgument(f"log_path {log_path!r} must be an absolute path")
-        if pid_mode not in (POD, CONTAINER):
-            raise InvalidArgument(f"pid_mode {pid_mode!r} is not supported (POD or CONTAINER)")
+        if pid_mode not in PID_MODES:
+            raise InvalidArgument(f"pid_mode {pid_mode!r} is not supported ({', '.join(PID_MODES)})")
+        if (pid_mode == TARGET) != (pid_target is not None):
+            raise InvalidArgument("field 'pid_target' (a task of this sandbox) goes with pid_mode TARGET, and only "
+                                  "with it")
         self._running_pause()
+        if pid_mode == TARGET and (pid_target not in self._tasks or pid_target == task_id):
+            raise NotFound(f"pid_target {pid_target} is not a task of sandbox {self.sandbox.config.sandbox_id}")
         if task_id in self._tasks:
             raise AlreadyExists(f"task {task_id} already exists (it is {self._tasks[task_id].status.value})")
         try:
@@ -259,7 +267,8 @@ class TaskSet:
             raise FailedPrecondition(f"cannot use log file {log_path}: {exc.strerror}") from None
         task = Task(task_id, args=list(args), env=environment, cwd=cwd, log_path=log_path, pid_mode=pid_mode,
                     labels=dict(labels or {}), confinement=confinement, filesystem=filesystem,
-                    rootfs=mounts.rootfs_path(self.sandbox.config.bundle, task_id), stdin=stdin)
+                    rootfs=mounts.rootfs_path(self.sandbox.config.bundle, task_id), stdin=stdin,
+                    pid_target=pid_target)
         self._tasks[task_id] = task
         self._persist()
         if filesystem.rootfs:
@@ -286,6 +295,7 @@ class TaskSet:
             pause = self._running_pause()
             runtime = self.sandbox.runtime
             assert self.sandbox.cgroup is not None and runtime is not None  # a running sandbox has both
+            target_pid = self._target_pid(task) if task.pid_mode == TARGET else 0
             # The directories exist before they are recorded (their paths are only known
             # then); state.json has them before any process is in them.
             task.cgroup = self.sandbox.cgroup.child(task_id)
@@ -307,6 +317,7 @@ class TaskSet:
                         task_id, args=tuple(task.args), env=task.env, cwd=task.cwd, pid_mode=task.pid_mode,
                         pause_pid=pause.pid, own_ipc=self.sandbox.options.ipc_mode == POD, cgroup=task.cgroup,
                         stdout=crilog.stdout_fd, stderr=crilog.stderr_fd, confinement=task.confinement,
+                        target_pid=target_pid,
                         rootfs=task.rootfs, filesystem=task.filesystem,
                         stdin=stdin.read_fd if stdin is not None else None))
                 except BaseException:
@@ -341,11 +352,21 @@ class TaskSet:
             log.info("task %s started: pid %d", task_id, task.pid)
             return task
 
+    def _target_pid(self, task: Task) -> int:
+        """The pid of the running task whose pid namespace ``task`` (pid_mode TARGET) joins;
+        FailedPrecondition when that task is not running (gone, not started or exited)."""
+        target = self._tasks.get(task.pid_target or "")
+        if target is None or target.status is not T.RUNNING or target.process is None or target.process.exit.done():
+            state = "gone" if target is None else target.status.value
+            raise FailedPrecondition(f"task {task.task_id} joins the pid namespace of task {task.pid_target}, "
+                                     f"which is not running (it is {state})")
+        return target.process.pid
+
     async def _on_exit(self, task: Task, exit_future: asyncio.Future[ExitInfo], crilog: CriLog) -> None:
         """The exit of a task's process: end what it left, drain its log, then report it stopped."""
         try:
             info = await exit_future
-            if task.pid_mode == POD and task.cgroup is not None:
+            if task.pid_mode != CONTAINER and task.cgroup is not None:
                 # Without a pid namespace of its own, the task's children outlive it; containerd
                 # kills them too (runc's kill-all on exit of a shared-pid-ns container).
                 try:

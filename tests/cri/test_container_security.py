@@ -311,3 +311,40 @@ async def test_run_as_username_and_the_images_user_are_resolved_in_the_images_fi
             await pods._task(pod_id, "Wait", {"task_id": cid}, timeout=30)
             with open(pods.container_log_path(cid)) as f:
                 assert [line.rstrip("\n").split(" ", 3)[3] for line in f] == ["4321", "4322 4400"], context
+
+
+# -- namespace options ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("options", "mode", "target"), [
+    ({}, "POD", ""), ({"pid": 1}, "CONTAINER", ""), ({"pid": 2}, "NODE", ""),
+    ({"pid": 3, "target_id": "abc"}, "TARGET", "abc"), ({"pid": "TARGET", "target_id": "abc"}, "TARGET", "abc"),
+])
+def test_container_pid_modes_as_cri(options, mode, target):
+    doc = {"metadata": {"name": "c"}, "command": ["true"], "linux": {"security_context": {"namespace_options": options}}}
+    cfg = ContainerConfig.from_json(doc)
+    assert (cfg.pid_mode, cfg.target_id) == (mode, target)
+    assert ContainerConfig.from_json(cfg.to_json()) == cfg
+
+
+@pytest.mark.parametrize("options", [{"pid": 3}, {"pid": 1, "target_id": "abc"}])
+def test_a_target_id_goes_with_pid_mode_target_only(options):
+    doc = {"metadata": {"name": "c"}, "command": ["true"], "linux": {"security_context": {"namespace_options": options}}}
+    with pytest.raises(InvalidArgument, match="target_id"):
+        ContainerConfig.from_json(doc)
+
+
+async def test_a_target_container_joins_the_pid_namespace_of_its_target(roots):
+    async with pod_service(roots) as pods:
+        pod_id = await pods.run_pod_sandbox(pod_config())
+        target = await pods.create_container(pod_id, container_config([BUSYBOX, "sleep", "30"], name="app", pid=1))
+        await pods.start_container(target)
+        cfg = container_config([BUSYBOX, "sleep", "30"], name="debug", pid=3)
+        cfg["linux"]["security_context"]["namespace_options"]["target_id"] = target
+        debug = await pods.create_container(pod_id, cfg)
+        await pods.start_container(debug)
+        pids = [(await pods.container_status(c, verbose=True))["info"]["pid"] for c in (target, debug)]
+        assert os.stat(f"/proc/{pids[0]}/ns/pid").st_ino == os.stat(f"/proc/{pids[1]}/ns/pid").st_ino
+        other_pod = await pods.run_pod_sandbox(pod_config())
+        with pytest.raises(InvalidArgument, match="not a container of pod"):
+            await pods.create_container(other_pod, cfg)

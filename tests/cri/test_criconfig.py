@@ -194,8 +194,8 @@ def test_container_pid_mode_unset_is_pod_as_the_proto3_zero_value():
     ("log_path", "/var/log/x", "log_path '/var/log/x' must be relative"),
     ("log_path", "../x.log", "without '..'"),
     ("working_dir", "tmp", "working_dir 'tmp' must be an absolute path"),
-    ("linux.security_context.namespace_options.pid", 2,
-     "linux.security_context.namespace_options.pid is 2; allowed: POD (0), CONTAINER (1)"),
+    ("linux.security_context.namespace_options.pid", 5,
+     "linux.security_context.namespace_options.pid is 5; allowed: POD (0), CONTAINER (1), NODE (2), TARGET (3)"),
 ])
 def test_bad_container_field_is_invalid_argument_naming_its_path(path, value, message):
     assert message in refusal(ContainerConfig.from_json, with_field(CONTAINER, path, value))

@@ -12,7 +12,7 @@ import pytest
 
 from shim.kernel import capabilities as caps
 from shim.kernel import seccomp
-from shim.rpc import InvalidArgument
+from shim.rpc import FailedPrecondition, InvalidArgument, NotFound
 from shim.rpc.api import TASK_SERVICE
 from shim.runtime import confine
 from shimtools import host_untouched  # noqa: F401  (autouse: what this module's shims made is checked at the end)
@@ -234,3 +234,36 @@ def test_a_uts_sysctl_with_host_network_is_refused():
     from shim.runtime import pause
     with pytest.raises(InvalidArgument, match="host network"):
         pause.validate_sysctls({"kernel.domainname": "x"}, host_network=True, host_ipc=False)
+
+
+# -- pid namespace modes: NODE and TARGET ------------------------------------------------------
+
+
+def pid_ns(pid: int | str) -> int:
+    return os.stat(f"/proc/{pid}/ns/pid").st_ino
+
+
+async def test_node_pid_mode_stays_in_the_hosts_pid_namespace(pod):
+    pid = await pod.start("app", BUSYBOX, "sleep", "30", pid_mode="NODE")
+    assert pid_ns(pid) == pid_ns("self")
+
+
+async def test_target_pid_mode_joins_the_pid_namespace_of_another_task(pod):
+    target = await pod.start("target", BUSYBOX, "sleep", "30", pid_mode="CONTAINER")
+    lines = await pod.output("debug", "tr '\\0' ' ' < /proc/1/cmdline; echo", pid_mode="TARGET", pid_target="target")
+    assert lines == ["/bin/busybox sleep 30 "]  # the target is PID 1 of the namespace it joined
+    joined = await pod.start("joined", BUSYBOX, "sleep", "30", pid_mode=3, pid_target="target")
+    assert pid_ns(joined) == pid_ns(target) != pid_ns("self")
+
+
+async def test_target_pid_mode_needs_a_running_task_of_the_sandbox(pod):
+    with pytest.raises(InvalidArgument, match="pid_target"):
+        await pod.create("a", BUSYBOX, "true", pid_mode="TARGET")
+    with pytest.raises(InvalidArgument, match="pid_target"):
+        await pod.create("b", BUSYBOX, "true", pid_mode="POD", pid_target="x")
+    with pytest.raises(NotFound, match="pid_target"):
+        await pod.create("c", BUSYBOX, "true", pid_mode="TARGET", pid_target="nobody")
+    await pod.create("idle", BUSYBOX, "true")
+    await pod.create("d", BUSYBOX, "true", pid_mode="TARGET", pid_target="idle")
+    with pytest.raises(FailedPrecondition, match="not running"):
+        await pod.call("Start", task_id="d")

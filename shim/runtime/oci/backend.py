@@ -126,7 +126,8 @@ class OciBackend(Runtime):
                         pause_pid=spec.pause_pid, pid_mode=spec.pid_mode, own_ipc=spec.own_ipc,
                         cgroups_path=self._cgroups_path(spec.cgroup), confinement=spec.confinement,
                         readonly=fs.host_root or fs.readonly_rootfs, mounts=fs.mounts, masked_paths=fs.masked_paths,
-                        readonly_paths=fs.readonly_paths, privileged=fs.privileged, shm_source=shm)
+                        readonly_paths=fs.readonly_paths, privileged=fs.privileged, shm_source=shm,
+                        target_pid=spec.target_pid)
         pid, start_time, exit_future = await self._launch(
             container, doc, spec.cgroup, stdout=spec.stdout, stderr=spec.stderr, stdin=spec.stdin, binds=binds,
             binds_from=((f"/proc/{spec.pause_pid}/ns/mnt", "/dev/shm", shm),))

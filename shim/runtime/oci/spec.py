@@ -149,10 +149,11 @@ def task_spec(*, sandbox_id: str, args: list[str], env: Mapping[str, str], cwd: 
               confinement: Confinement = Confinement(), readonly: bool = True,
               mounts: tuple[BindMount, ...] = (), masked_paths: tuple[str, ...] = MASKED_PATHS,
               readonly_paths: tuple[str, ...] = READONLY_PATHS, privileged: bool = False,
-              shm_source: str | None = None) -> dict[str, Any]:
+              shm_source: str | None = None, target_pid: int = 0) -> dict[str, Any]:
     """A task's config.json: ``args`` in the pause's network, ipc and uts namespaces (by path), its own
     mount namespace on ``rootfs`` (read-only with ``readonly``) with the standard mounts and then
-    ``mounts``, and the pause's pid namespace (``pid_mode`` POD) or a new one (CONTAINER); its
+    ``mounts``, and the pause's pid namespace (``pid_mode`` POD), the one of ``target_pid``
+    (TARGET), the runtime's own (NODE: no pid namespace entry) or a new one (CONTAINER); its
     process confined as ``confinement`` says (user, capabilities, noNewPrivileges, ``linux.seccomp``
     as given). ``privileged``: no masked or read-only paths, /sys read-write, the host's /dev (which
     devices it may open stays bounded by the pod's device cgroup rules, with runc: the pause's
@@ -160,8 +161,10 @@ def task_spec(*, sandbox_id: str, args: list[str], env: Mapping[str, str], cwd: 
     ``shm_source``: the pod's /dev/shm, bound on the task's."""
     ns_dir = f"/proc/{pause_pid}/ns"
     namespaces = [_namespace("mount"), _namespace("network", f"{ns_dir}/net"), _namespace("ipc", f"{ns_dir}/ipc"),
-                  _namespace("uts", f"{ns_dir}/uts"),
-                  _namespace("pid", f"{ns_dir}/pid" if pid_mode == pause.POD else None)]
+                  _namespace("uts", f"{ns_dir}/uts")]
+    if pid_mode != pause.NODE:
+        pid_paths = {pause.POD: f"{ns_dir}/pid", "TARGET": f"/proc/{target_pid}/ns/pid"}
+        namespaces.append(_namespace("pid", pid_paths.get(pid_mode)))
     doc = _document("container", sandbox_id,
                     _process(args, [f"{k}={v}" for k, v in env.items()], cwd, confinement=confinement,
                              oom_score_adj=None),
