@@ -10,6 +10,7 @@ node's root filesystem, where /bin/sh is."""
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import os
 import signal
@@ -288,5 +289,71 @@ async def test_a_crash_between_snapshot_and_task_leaves_a_container_whose_remova
         (container,) = await pods.list_containers()
         assert container["state"] == "CONTAINER_EXITED"  # its task was never made
         assert [s.name for s in snapshotter.snapshots() if s.kind == "active"] == [container["id"]]
+        await pods.remove_pod_sandbox(pod_id)
+        assert [s.name for s in snapshotter.snapshots() if s.kind == "active"] == []
+
+
+async def test_every_container_sees_the_pods_hosts_resolv_conf_and_hostname(roots):
+    cfg = pod_config()
+    cfg["hostname"] = "web-0"
+    cfg["dns_config"] = {"servers": ["10.96.0.10"], "searches": ["svc.cluster.local"]}
+    async with pod_service(roots) as pods:
+        pod_id = await pods.run_pod_sandbox(cfg)
+        cid = await pods.create_container(pod_id, container_config(
+            ["/bin/sh", "-c", "cat /etc/resolv.conf /etc/hostname; grep web-0 /etc/hosts || echo no-ip-line; "
+                              "head -2 /etc/hosts"]))
+        await pods.start_container(cid)
+        await wait_exited(pods, cid)
+        assert log_lines(pods, cid) == ["search svc.cluster.local", "nameserver 10.96.0.10", "web-0", "no-ip-line",
+                                        "# podshim-managed hosts file.", "127.0.0.1\tlocalhost"]
+
+
+async def test_a_cri_mount_replaces_the_pods_etc_hosts_and_host_paths_are_bound(roots, tmp_path):
+    own_hosts = tmp_path / "hosts"
+    own_hosts.write_text("10.0.0.1 kubelets-own\n")
+    volume = tmp_path / "volume"
+    volume.mkdir()
+    (volume / "file").write_text("from the host\n")
+    async with pod_service(roots) as pods:
+        pod_id = await pods.run_pod_sandbox(pod_config())
+        cid = await pods.create_container(pod_id, {**container_config(
+            ["/bin/sh", "-c", "cat /etc/hosts /srv/file; echo x > /srv/file || echo read-only"]), "mounts": [
+                {"container_path": "/etc/hosts", "host_path": str(own_hosts)},
+                {"container_path": "/srv", "host_path": str(volume), "readonly": True}]})
+        await pods.start_container(cid)
+        await wait_exited(pods, cid)
+        lines = log_lines(pods, cid)
+        assert lines[:2] == ["10.0.0.1 kubelets-own", "from the host"] and "read-only" in lines
+        assert (volume / "file").read_text() == "from the host\n"
+
+
+@pytest.fixture
+def busybox_chain(tmp_path):
+    """A real snapshotter holding one busybox layer with /image-file: (snapshotter, chain id)."""
+    from client.images.snapshots import Snapshotter
+    from imagebuild import busybox_layer, layer_tar
+    tar = layer_tar(busybox_layer({"image-file": "from the image\n"}))
+    path = tmp_path / "layer.tar"
+    path.write_bytes(tar)
+    snapshotter = Snapshotter(str(tmp_path / "snapshots"))
+    chain = snapshotter.unpack([("sha256:" + hashlib.sha256(tar).hexdigest(), str(path),
+                                 "application/vnd.oci.image.layer.v1.tar")])
+    return snapshotter, chain
+
+
+async def test_a_container_runs_on_its_images_layers_with_a_writable_layer_of_its_own(roots, busybox_chain):
+    snapshotter, chain = busybox_chain
+    image = ContainerImage(image_id="sha256:" + "b" * 64, name="registry.test/busybox:1", image_ref="x",
+                           chain_id=chain, config={"Entrypoint": ["sh"], "Cmd": ["-c", "exit 3"], "Env": ["PATH=/bin"]})
+    script = "cat /image-file; ls /new-file 2>/dev/null || echo no-new-file; echo written > /new-file"
+    async with pod_service(roots, images=Images(image), snapshots=snapshotter) as pods:
+        pod_id = await pods.run_pod_sandbox(pod_config())
+        first, second = [await pods.create_container(pod_id, {"metadata": {"name": name}, "image": {"image": image.name},
+                                                              "args": ["-c", script]}) for name in ("a", "b")]
+        for cid in (first, second):
+            await pods.start_container(cid)
+            assert (await wait_exited(pods, cid))["exit_code"] == 0
+            assert log_lines(pods, cid) == ["from the image", "no-new-file"]  # each its own upper layer
+        assert {s.name for s in snapshotter.snapshots() if s.kind == "active"} == {first, second}
         await pods.remove_pod_sandbox(pod_id)
         assert [s.name for s in snapshotter.snapshots() if s.kind == "active"] == []
