@@ -22,6 +22,7 @@ from __future__ import annotations
 import fcntl
 import os
 import re
+import secrets
 import select
 import shutil
 import signal
@@ -176,6 +177,19 @@ class Podshimd:
             self.process.kill()
             self.process.wait()
             raise AssertionError(f"podshimd ignored SIGTERM for {STOP_TIMEOUT} s:\n{self.log()}") from None
+
+
+@pytest.fixture
+def outer_netns() -> Iterator[str]:
+    """A network namespace of the test's own (loopback up) for a podshimd whose CNI plugins must act
+    there, never on the machine's network; its path. Removed after the test."""
+    name = f"podshim-crit-{secrets.token_hex(4)}"
+    subprocess.run(["ip", "netns", "add", name], check=True)
+    try:
+        subprocess.run(["ip", "-n", name, "link", "set", "lo", "up"], check=True)
+        yield f"/var/run/netns/{name}"
+    finally:
+        subprocess.run(["ip", "netns", "del", name], capture_output=True)
 
 
 @pytest.fixture(scope="module")

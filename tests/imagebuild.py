@@ -568,6 +568,16 @@ class CritestImages:
             rest = f"library/{rest}"
         return reference if host == self.registry.host else f"{self.registry.host}/{rest}"
 
+    def podshim_registry_config(self) -> str:
+        """podshimd's config.toml registries for these mirrors (each mirrored host, then plain HTTP)."""
+        config, insecure = "", set()
+        for host, endpoint in self.mirrors.items():
+            local = endpoint.removeprefix("http://")
+            insecure.add(local)
+            if host != local:
+                config += f'[registries."{host}"]\nmirrors = ["{local}"]\n'
+        return config + "".join(f'[registries."{h}"]\ninsecure = true\n' for h in sorted(insecure))
+
     def containerd_registry_config(self) -> str:
         """containerd 1.6's CRI config for these mirrors (TOML)."""
         return "".join(f'[plugins."io.containerd.grpc.v1.cri".registry.mirrors."{host}"]\n'

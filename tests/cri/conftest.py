@@ -3,11 +3,11 @@ service's roots (tests/podtools.py), private Controller roots (tests/sandbox_env
 
 from __future__ import annotations
 
-from critools import crictl, critest, daemon, module_daemon
+from critools import crictl, critest, daemon, module_daemon, outer_netns
 from imagebuild import critest_image_set
 from podtools import roots
 from sandbox_env import env
 
 # Fixtures are found by name in a conftest module; importing them here, not in each test module,
 # keeps a test's parameters from shadowing imported names.
-__all__ = ["crictl", "critest", "critest_image_set", "daemon", "env", "module_daemon", "roots"]
+__all__ = ["crictl", "critest", "critest_image_set", "daemon", "env", "module_daemon", "outer_netns", "roots"]

@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import secrets
 import shutil
 import subprocess
 import tempfile
@@ -53,17 +52,6 @@ IMAGES_SKIPPED = {
 IMAGES_SKIP = "|".join(IMAGES_SKIPPED)
 #: Seconds the focused run with images may take (it has minute-long waits in a few specs).
 IMAGES_CRITEST_TIMEOUT = 1800
-
-
-@pytest.fixture
-def outer_netns():
-    name = f"podshim-crit-{secrets.token_hex(4)}"
-    subprocess.run(["ip", "netns", "add", name], check=True)
-    try:
-        subprocess.run(["ip", "-n", name, "link", "set", "lo", "up"], check=True)
-        yield f"/var/run/netns/{name}"
-    finally:
-        subprocess.run(["ip", "netns", "del", name], capture_output=True)
 
 
 @pytest.fixture

@@ -167,22 +167,11 @@ def test_a_container_runs_on_its_pulled_image_which_is_not_removed_until_the_con
     assert listed(daemon, crictl) == [] and blobs(daemon) == set()
 
 
-def podshim_mirrors(mirrors) -> str:
-    """config.toml's registries for critest's mirrors (registry host -> http://HOST:PORT)."""
-    config, insecure = "", set()
-    for host, endpoint in mirrors.items():
-        local = endpoint.removeprefix("http://")
-        insecure.add(local)
-        if host != local:
-            config += f'[registries."{host}"]\nmirrors = ["{local}"]\n'
-    return config + "".join(f'[registries."{h}"]\ninsecure = true\n' for h in sorted(insecure))
-
-
 def test_critest_image_manager_specs_pass_but_the_one_needing_upstreams_digest(critest, test_images, tmp_path):
     images = critest_images(test_images)
     directory = tempfile.mkdtemp(prefix="psd-cit-")
     try:
-        with running_podshimd(directory, config=podshim_mirrors(images.mirrors)) as daemon:
+        with running_podshimd(directory, config=images.podshim_registry_config()) as daemon:
             result = run_critest(critest, daemon.endpoint, images, focus="Image Manager", cwd=str(tmp_path))
     finally:
         shutil.rmtree(directory)
