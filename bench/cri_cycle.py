@@ -69,6 +69,14 @@ class CriContainerd(PrivateContainerd):
         ])
 
 
+def remove_runc_root_later(janitor: Janitor) -> None:
+    """The CRI plugin's runc root is /run/containerd/runc/k8s.io whatever the state directory is:
+    ``janitor`` removes it (rmdir) after containerd stopped, if this run made it."""
+    runc_dirs = ["/run/containerd/runc/k8s.io", "/run/containerd/runc", "/run/containerd"]
+    janitor.add("remove the CRI plugin's runc root", remove_if_ours, runc_dirs,
+                {d for d in runc_dirs if os.path.exists(d)})
+
+
 def cni_conf(directory: str, bridge: str, subnet: str) -> None:
     with open(os.path.join(REPO, "examples", "cni", "10-podshim-bridge.conflist")) as f:
         conf = json.load(f)
@@ -318,11 +326,7 @@ def main(argv: list[str] | None = None) -> int:
             cd_dir = os.path.join(workdir, "cd")
             os.makedirs(cd_dir)
             cni_conf(cd_dir, "crib-cd0", "10.232.0.0/16")
-            # The CRI plugin's runc root is /run/containerd/runc/k8s.io whatever the state directory is:
-            # removed (rmdir) after containerd stopped, if this run made it.
-            runc_dirs = ["/run/containerd/runc/k8s.io", "/run/containerd/runc", "/run/containerd"]
-            janitor.add("remove the CRI plugin's runc root", remove_if_ours, runc_dirs,
-                        {d for d in runc_dirs if os.path.exists(d)})
+            remove_runc_root_later(janitor)
             cd = CriContainerd(cd_dir, janitor)
             if os.environ.get("CRIB_KEEP_LOG"):
                 janitor.add("keep containerd's log", lambda d, o: run(["sh", "-c", f"cat {d}/containerd.log {d}/state/io.containerd.runtime.v2.task/k8s.io/*/log.json > {o}"], check=False), cd_dir,

@@ -143,9 +143,40 @@ def busybox_layer(extra: Layer = ()) -> list[Entry]:
                                       "run", "var", "var/www", "usr/local/bin")]
     out += [Entry("tmp", "dir", mode=0o1777), Entry("root", "dir", mode=0o700)]
     out.append(Entry("bin/busybox", data=binary, mode=0o755))
-    out += [Entry(a, "symlink", target="/bin/busybox") for a in applets if a != "bin/busybox"]
+    # Hard links, as Docker Hub's busybox has them: masking one applet's path (critest's MaskedPaths
+    # masks /bin/ls) then masks that path only, not the binary every symlink leads to.
+    out += [Entry(a, "link", target="bin/busybox") for a in applets if a != "bin/busybox"]
+    names = {a.rsplit("/", 1)[-1] for a in applets}
+    out += [Entry(f"usr/bin/{name}", data=script, mode=0o755) for name, script in STAND_INS.items() if name not in names]
     out += [Entry("etc/passwd", data=BUSYBOX_PASSWD.encode()), Entry("etc/group", data=BUSYBOX_GROUP.encode())]
     return out + entries(extra)
+
+
+#: Applets critest's specs exec that Debian's busybox-static leaves out, as shell scripts.
+STAND_INS = {
+    # `ipcs -m`: the System V shared memory segments of this IPC namespace (HostIpc specs look for
+    # the id of a segment made on the host).
+    "ipcs": b"""#!/bin/sh
+echo "------ Shared Memory Segments --------"
+echo "key        shmid      owner      perms      bytes      nattch"
+while read -r key shmid perms size cpid lpid nattch uid rest; do
+    [ "$key" = key ] || echo "$key $shmid $uid $perms $size $nattch"
+done < /proc/sysvipc/shm
+""",
+    # `pgrep PATTERN`: the pids of the processes whose name matches (status 1 when none does).
+    "pgrep": b"""#!/bin/sh
+[ $# -eq 1 ] || { echo "usage: pgrep PATTERN" >&2; exit 2; }
+status=1
+for d in /proc/[0-9]*; do
+    read -r name 2>/dev/null < "$d/comm" || continue
+    if [ "${d#/proc/}" != $$ ] && echo "$name" | grep -q -e "$1"; then
+        echo "${d#/proc/}"
+        status=0
+    fi
+done
+exit $status
+""",
+}
 
 
 #: /etc/passwd and /etc/group as the Docker Hub busybox image has them (critest's specs run as
@@ -365,6 +396,16 @@ BUSYBOX_LAYERS: list[Layer] = [
 ]
 
 
+def _arguments_key(layers: Sequence[Layer], rest: object) -> str:
+    """A digest of build arguments: entries by their data's digest (a bench layer holds megabytes)."""
+    digest = hashlib.sha256(repr(rest).encode())
+    for layer in layers:
+        for entry in entries(layer):
+            digest.update(repr(replace(entry, data=hashlib.sha256(entry.data).digest())).encode())
+        digest.update(b"\0layer\0")
+    return digest.hexdigest()
+
+
 class TestImages:
     """The session's images in one registry (see the module's docstring)."""
 
@@ -407,7 +448,7 @@ class TestImages:
         index of that image for its own platform and, for each other one, the same layers under a
         config naming that platform (never run here). Cached: the same arguments give the same
         Image (a name rebuilt with other arguments is pushed again)."""
-        key = repr((layers, config, base, format, repo, tuple(platforms)))
+        key = _arguments_key(layers, (config, base, format, repo, tuple(platforms)))
         cached = self._cache.get((name, tag))
         if cached is not None and cached[0] == key:
             return cached[1]
@@ -484,6 +525,13 @@ trap 'kill $pid 2>/dev/null; exit 0' TERM INT QUIT
 httpd -f -p "$1" -h "$2" &
 pid=$!
 wait $pid
+"""
+
+#: Docker Hub's httpd image runs httpd-foreground; Apache logs "Command line: 'httpd -D FOREGROUND'",
+#: which the Multiple Containers log spec looks for in the container's log.
+HTTPD_FOREGROUND = b"""#!/bin/sh
+echo "AH00094: Command line: 'httpd -D FOREGROUND' (busybox httpd, /usr/local/apache2/htdocs, port 80)" >&2
+exec /usr/local/bin/serve-http 80 /usr/local/apache2/htdocs
 """
 
 #: Stands in for nginx in critest's PID-namespace specs: this process's comm is "nginx" (the
@@ -615,10 +663,11 @@ def critest_images(images: TestImages) -> CritestImages:
                                    exposed_ports=("80/tcp",)),
                        repo="library/nginx", tag="latest", format="v2s2")
     add(web.ref, web)
-    # "httpd" (Multiple Containers): serves port 80 and has echo.
-    httpd = images.build("critest-httpd", [web_root("usr/local/apache2/htdocs", "<html><body><h1>It works!</h1></body></html>\n")],
-                         ImageConfig(cmd=("/usr/local/bin/serve-http", "80", "/usr/local/apache2/htdocs"),
-                                     exposed_ports=("80/tcp",)),
+    # "httpd" (Multiple Containers): serves port 80, has echo, and logs Apache's command line.
+    httpd = images.build("critest-httpd", [{
+        **web_root("usr/local/apache2/htdocs", "<html><body><h1>It works!</h1></body></html>\n"),
+        "usr/local/bin/httpd-foreground": Entry("", data=HTTPD_FOREGROUND, mode=0o755)}],
+                         ImageConfig(cmd=("httpd-foreground",), exposed_ports=("80/tcp",)),
                          repo="library/httpd", tag="latest", format="v2s2")
     add("docker.io/library/httpd:latest", httpd)
     # "nginx:1.18" (Security Context: HostPID, PodPID, ContainerPID).

@@ -114,10 +114,31 @@ def test_the_fake_nginx_names_itself_nginx_says_master_process_and_serves_port_8
     config = skopeo_inspect(critest_image_set.local("docker.io/library/nginx:1.18"), "--config")["config"]
     assert config["Cmd"][0] == "/usr/sbin/nginx"  # a script: its process's comm is "nginx" (pidof nginx)
     assert "master process" in " ".join(config["Cmd"])
-    for reference, port in (("docker.io/library/httpd:latest", "80"), (critest_image_set.web_server_image, "80"),
+    config = skopeo_inspect(critest_image_set.local("docker.io/library/httpd:latest"), "--config")["config"]
+    assert config["Cmd"] == ["httpd-foreground"]  # which logs Apache's "httpd -D FOREGROUND" line
+    for reference, port in ((critest_image_set.web_server_image, "80"),
                             ("gcr.io/k8s-staging-cri-tools/hostnet-nginx-amd64:latest", "12003")):
         config = skopeo_inspect(critest_image_set.local(reference), "--config")["config"]
         assert config["Cmd"][:2] == ["/usr/local/bin/serve-http", port], reference
+
+
+#: Every program critest's specs exec in the default image (pkg/validate/*.go).
+SPEC_TOOLS = ("sh", "echo", "sleep", "top", "ls", "id", "ipcs", "ping", "pgrep", "pidof", "hostname", "netstat",
+              "brctl", "mount", "touch", "cat", "grep", "chmod", "mkdir")
+
+
+def test_the_default_image_has_every_tool_the_specs_exec_and_pgrep_finds_processes(critest_image_set, rootfs_of):
+    rootfs = rootfs_of(critest_image_set.default_image)
+    found = subprocess.run(["chroot", rootfs, "sh", "-c", 'for t in "$@"; do command -v "$t" || echo "no $t"; done',
+                            "sh", *SPEC_TOOLS], capture_output=True, text=True, timeout=30)
+    assert "no " not in found.stdout, found.stdout
+    # Applets are hard links to one busybox, as in Docker Hub's image: masking /bin/ls masks ls only.
+    assert os.stat(os.path.join(rootfs, "bin/ls")).st_ino == os.stat(os.path.join(rootfs, "bin/busybox")).st_ino
+    os.mknod(os.path.join(rootfs, "dev/null"), 0o666 | stat.S_IFCHR, os.makedev(1, 3))  # a runtime's /dev has it
+    pgrep = subprocess.run(["unshare", "--mount", "--pid", "--fork", "--mount-proc=" + os.path.join(rootfs, "proc"),
+                            "chroot", rootfs, "sh", "-c", "sleep 30 & pgrep sleep; pgrep nosuchprocess; echo $?; "
+                            "kill %1"], capture_output=True, text=True, timeout=30)
+    assert pgrep.stdout.splitlines()[1:] == ["1"] and pgrep.stdout.splitlines()[0].isdigit(), pgrep.stdout + pgrep.stderr
 
 
 def test_the_web_server_answers_get_and_stops_at_sigterm(critest_image_set, rootfs_of):

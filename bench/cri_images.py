@@ -1,0 +1,108 @@
+"""What the image benches share: a throwaway network namespace the whole bench runs in, the tests'
+local registry and images there, and containerd 1.6's CRI plugin pulling from it.
+
+``run_inside_netns(main)``: as root, makes a network namespace (``ip netns add``), runs this same
+script again inside it (``nsenter --net``, plus ``unshare --ipc`` so that critest's host-IPC specs
+make their shared memory in a namespace that goes away) and deletes the namespace afterwards, also
+when the inner run fails or is interrupted. The registry on 127.0.0.1, the CRI daemons, their CNI
+bridge and portmap rules, crictl and critest all live in that namespace: nothing touches the
+machine's network.
+
+``ImageContainerd``: bench/cri_cycle.py's private containerd with the CRI plugin on, its
+sandbox_image the pause image built and imported here, a bridge + portmap CNI config, and registry
+mirrors (docker.io, gcr.io, k8s.gcr.io and the local registry itself → the local registry over
+plain HTTP).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import subprocess
+import sys
+from collections.abc import Mapping
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+sys.path.insert(1, os.path.join(REPO, "tests"))  # the tests' registry and image builders
+
+from bench.compare.run import IMAGE, Janitor, build_pause_image, log, run  # noqa: E402
+from bench.cri_cycle import CNI_BIN, CriContainerd, remove_runc_root_later  # noqa: E402
+
+INSIDE_FLAG = "--inside-netns"
+
+
+def run_inside_netns(argv: list[str], prefix: str) -> int:
+    """Run ``sys.argv[0] ARGV --inside-netns`` in a new network namespace (and IPC namespace) and
+    remove the namespace afterwards; the inner run's exit status."""
+    if os.geteuid() != 0:
+        print("run as root: it makes a network namespace and starts CRI runtimes in it", file=sys.stderr)
+        return 2
+    janitor = Janitor()
+    janitor.install()
+    name = f"{prefix}-{secrets.token_hex(3)}"
+    try:
+        run(["ip", "netns", "add", name])
+        janitor.add("delete the network namespace", run, ["ip", "netns", "delete", name])
+        run(["ip", "-n", name, "link", "set", "lo", "up"])
+        inner = subprocess.Popen(["nsenter", f"--net=/run/netns/{name}", "--", "unshare", "--ipc", "--",
+                                  sys.executable, os.path.abspath(sys.argv[0]), *argv, INSIDE_FLAG])
+        janitor.add("stop the inner run", lambda: inner.poll() is None and (inner.terminate(), inner.wait()))
+        return inner.wait()
+    finally:
+        janitor.run()
+
+
+def cni_conflist(directory: str, bridge: str, subnet: str) -> None:
+    """A bridge + portmap network (critest's host-port specs) under ``directory``/net.d, its IPAM
+    leases under ``directory``/cni-leases."""
+    os.makedirs(os.path.join(directory, "net.d"), exist_ok=True)
+    with open(os.path.join(directory, "net.d", "10-bench.conflist"), "w") as f:
+        json.dump({"cniVersion": "1.0.0", "name": bridge, "plugins": [
+            {"type": "bridge", "bridge": bridge, "isGateway": True, "ipMasq": False,
+             "ipam": {"type": "host-local", "ranges": [[{"subnet": subnet}]], "routes": [{"dst": "0.0.0.0/0"}],
+                      "dataDir": os.path.join(directory, "cni-leases")}},
+            {"type": "portmap", "capabilities": {"portMappings": True}}]}, f)
+
+
+class ImageContainerd(CriContainerd):
+    """containerd 1.6 with its CRI plugin, pulling through ``mirrors`` (host -> endpoint)."""
+
+    def __init__(self, directory: str, janitor: Janitor, mirrors: Mapping[str, str]):
+        super().__init__(directory, janitor)
+        self.mirrors = dict(mirrors)
+
+    def config(self) -> str:
+        return super().config() + "".join(
+            f'[plugins."io.containerd.grpc.v1.cri".registry.mirrors."{host}"]\n  endpoint = ["{endpoint}"]\n'
+            for host, endpoint in self.mirrors.items())
+
+
+def start_containerd(workdir: str, janitor: Janitor, mirrors: Mapping[str, str]) -> tuple[ImageContainerd, str]:
+    """Start an ImageContainerd under ``workdir``/cd with the pause image imported; (it, its version).
+    Everything it makes is undone by ``janitor``."""
+    directory = os.path.join(workdir, "cd")
+    os.makedirs(directory)
+    cni_conflist(directory, "bench-cd0", "10.233.0.0/16")
+    remove_runc_root_later(janitor)
+    containerd = ImageContainerd(directory, janitor, mirrors)
+    version = containerd.start()
+    image = os.path.join(workdir, "pause.tar")
+    build_pause_image(image)
+    run(["ctr", "-a", containerd.sock, "-n", "k8s.io", "image", "import", "--index-name", IMAGE, image], timeout=120)
+    return containerd, version
+
+
+def remove_cri_pods_and_images(crictl: str, endpoint: str, keep_images: tuple[str, ...] = (IMAGE,)) -> None:
+    """``crictl rmp -fa`` and ``crictl rmi`` of every image but ``keep_images``: a runtime left as found."""
+    base = [crictl, "--runtime-endpoint", endpoint, "--image-endpoint", endpoint, "--timeout", "60s"]
+    run([*base, "rmp", "-fa"], check=False, timeout=300)
+    listed = json.loads(run([*base, "images", "-o", "json"], timeout=60).stdout or "{}")
+    for image in listed.get("images", []):
+        if not set(image.get("repoTags") or ()) & set(keep_images):
+            run([*base, "rmi", image["id"]], check=False, timeout=120)
+
+
+__all__ = ["CNI_BIN", "INSIDE_FLAG", "IMAGE", "ImageContainerd", "Janitor", "cni_conflist", "log",
+           "remove_cri_pods_and_images", "run", "run_inside_netns", "start_containerd"]

@@ -1,0 +1,201 @@
+"""Image pull + unpack from one local registry: podshimd beside containerd 1.6 (``ctr image pull``
+and crictl pull against its CRI plugin), interleaved, medians.
+
+    python bench/image_pull.py [--runs 7] [--big-mb 100] [--big-layers 20] [--podshimd-config TEXT]
+
+As root. Everything runs in a throwaway network namespace (bench/cri_images.py): the tests' local
+registry (docker-registry on 127.0.0.1, plain HTTP), a private containerd with its CRI plugin, and
+podshimd. Two images, built here (tests/imagebuild.py) and pushed once:
+
+- small: the tests' busybox image (three layers, about 1 MB gzipped);
+- big: busybox plus --big-layers layers of random bytes (incompressible: gzip keeps them at their
+  size), --big-mb MB in all.
+
+A run pulls each image once with each contender, the contenders' order rotated every run; after
+every pull the image is removed again (``ctr image rm --sync``, ``crictl rmi``: containerd then
+collects its content and snapshots at once), so every pull downloads, verifies and unpacks
+everything. Timed: the pull command from exec to exit (crictl pull returns once the image is
+unpacked: containerd's CRI pulls with unpack). podshimd's row reads "TODO" while its PullImage
+answers UNIMPLEMENTED.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import random
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+
+from bench.cri_images import INSIDE_FLAG, Janitor, cni_conflist, log, run, run_inside_netns, start_containerd  # noqa: E402
+
+PULL_TIMEOUT = 600.0
+
+
+def big_layers(total_mb: int, count: int, seed: int = 1) -> list[dict[str, bytes]]:
+    """``count`` layers of random bytes, ``total_mb`` MB in all: each a few files of one layer's share."""
+    rng = random.Random(seed)
+    per_layer = total_mb * 1024 * 1024 // count
+    layers = []
+    for number in range(count):
+        files = {f"bench/layer-{number:02d}/part-{part}": rng.randbytes(per_layer // 4) for part in range(4)}
+        layers.append(files)
+    return layers
+
+
+class Contender:
+    def __init__(self, key: str, crictl: str, endpoint: str = "", containerd_sock: str = ""):
+        self.key = key
+        self.crictl_path = crictl
+        self.endpoint = endpoint
+        self.containerd_sock = containerd_sock
+        self.times: dict[str, list[float]] = {}
+        self.todo = ""
+
+    def pull(self, ref: str) -> float:
+        argv = self.pull_argv(ref)
+        t0 = time.perf_counter()
+        done = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=PULL_TIMEOUT)
+        took = time.perf_counter() - t0
+        if done.returncode != 0:
+            raise RuntimeError(f"{self.key}: {' '.join(argv[-3:])} exited {done.returncode}: {done.stderr.strip()[-800:]}")
+        return took
+
+    def pull_argv(self, ref: str) -> list[str]:
+        if self.containerd_sock:
+            return ["ctr", "-a", self.containerd_sock, "-n", "bench-pull", "image", "pull", "--plain-http", ref]
+        return [self.crictl_path, "--image-endpoint", self.endpoint, "--timeout", f"{PULL_TIMEOUT:.0f}s", "pull", ref]
+
+    def remove(self, ref: str) -> None:
+        if self.containerd_sock:
+            run(["ctr", "-a", self.containerd_sock, "-n", "bench-pull", "image", "rm", "--sync", ref], timeout=120)
+        else:
+            run([self.crictl_path, "--image-endpoint", self.endpoint, "--timeout", "120s", "rmi", ref], timeout=180)
+
+
+def podshimd_pulls(crictl: str, endpoint: str, ref: str) -> str:
+    """"" if podshimd pulls ``ref``, else why not (its PullImage answering UNIMPLEMENTED, say)."""
+    done = subprocess.run([crictl, "--image-endpoint", endpoint, "--timeout", "120s", "pull", ref],
+                          stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=180)
+    if done.returncode == 0:
+        run([crictl, "--image-endpoint", endpoint, "--timeout", "120s", "rmi", ref], timeout=180)
+        return ""
+    return done.stderr.strip().splitlines()[-1] if done.stderr.strip() else f"exit status {done.returncode}"
+
+
+def inside(args: argparse.Namespace) -> int:
+    from critools import cri_tools_bin, running_podshimd
+    from imagebuild import TestImages
+    from registry import running_registry
+
+    crictl = os.path.join(cri_tools_bin(), "crictl")
+    janitor = Janitor()
+    janitor.install()
+    notes: list[str] = []
+    try:
+        workdir = tempfile.mkdtemp(prefix="imgpull-")
+        janitor.add("remove the work directory", shutil.rmtree, workdir, True)
+        with running_registry() as registry:
+            images = TestImages(registry, os.path.join(workdir, "images"))
+            log(f"building the big image ({args.big_mb} MB in {args.big_layers} random layers)")
+            big = images.build("bench-big", big_layers(args.big_mb, args.big_layers), tag="1.0")
+            refs = {"small": images.busybox.ref, "big": big.ref}
+            sizes = {name: sum(int(layer["size"]) for layer in _manifest(registry, ref)["layers"])
+                     for name, ref in refs.items()}
+            endpoint = f"http://{registry.host}"
+            containerd, version = start_containerd(workdir, janitor, {registry.host: endpoint})
+            notes.append(f"containerd {version} (Debian), overlayfs snapshotter; crictl 1.26")
+            contenders = [Contender("containerd: ctr image pull --plain-http", crictl,
+                                    containerd_sock=containerd.sock),
+                          Contender("containerd: crictl pull (CRI)", crictl, endpoint="unix://" + containerd.sock)]
+            directory = tempfile.mkdtemp(prefix="psd-", dir="/tmp")  # short: the socket path must fit
+            janitor.add("remove podshimd's directory", shutil.rmtree, directory, True)
+            cni_conflist(directory, "bench-ps0", "10.234.0.0/16")
+            with running_podshimd(directory, config=args.podshimd_config) as daemon:
+                podshimd = Contender("podshimd: crictl pull (CRI)", crictl, endpoint=daemon.endpoint)
+                podshimd.todo = podshimd_pulls(crictl, daemon.endpoint, refs["small"])
+                if not podshimd.todo:
+                    contenders.insert(0, podshimd)
+                for contender in contenders:  # warm-up: page caches, the daemons' first pull
+                    for ref in refs.values():
+                        contender.pull(ref)
+                        contender.remove(ref)
+                load_before = os.getloadavg()
+                for i in range(args.runs):
+                    order = contenders[i % len(contenders):] + contenders[:i % len(contenders)]
+                    for name, ref in refs.items():
+                        for contender in order:
+                            contender.times.setdefault(name, []).append(contender.pull(ref))
+                            contender.remove(ref)
+                    log(f"run {i + 1}/{args.runs}: " + "; ".join(
+                        f"{c.key} " + ", ".join(f"{n} {c.times[n][-1] * 1000:.0f} ms" for n in refs)
+                        for c in contenders))
+                load_after = os.getloadavg()
+            containerd.stop()
+    finally:
+        janitor.run()
+
+    date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    out = [f"Image pull + unpack, {date}, {os.cpu_count()} CPUs, load average {load_before[0]:.2f} before / "
+           f"{load_after[0]:.2f} after; `python3 bench/image_pull.py --runs {args.runs} --big-mb {args.big_mb} "
+           f"--big-layers {args.big_layers}`", "",
+           f"| contender | small ({sizes['small'] / 1e6:.1f} MB, 3 layers) median | p90 | "
+           f"big ({sizes['big'] / 1e6:.0f} MB, {args.big_layers + 3} layers) median | p90 |",
+           "|---|---|---|---|---|"]
+    if podshimd.todo:
+        out.append("| podshimd: crictl pull (CRI) | TODO | | TODO | |")
+        notes.append(f"podshimd: not measured, its PullImage said: {podshimd.todo}")
+    for contender in contenders:
+        cells = []
+        for name in ("small", "big"):
+            times = sorted(contender.times[name])
+            cells += [f"{statistics.median(times) * 1000:.0f} ms", f"{_p90(times) * 1000:.0f} ms"]
+        out.append(f"| {contender.key} | " + " | ".join(cells) + " |")
+    out += ["", f"Medians of {args.runs} interleaved runs; every pull downloads, verifies and unpacks the "
+            "whole image (removed after each pull)."] + notes
+    if janitor.failures:
+        out.append("Cleanup problems: " + "; ".join(janitor.failures))
+    print("\n".join(out))
+    return 0
+
+
+def _p90(sorted_times: list[float]) -> float:
+    return sorted_times[min(len(sorted_times) - 1, round(0.9 * (len(sorted_times) - 1)))]
+
+
+def _manifest(registry, ref: str) -> dict:  # type: ignore[no-untyped-def]
+    import json
+    repo, tag = ref.split("/", 1)[1].rsplit(":", 1)
+    status, _, body = registry.get(f"/v2/{repo}/manifests/{tag}", {
+        "Accept": "application/vnd.oci.image.manifest.v1+json"})
+    if status != 200:
+        raise RuntimeError(f"the registry has no manifest for {ref} ({status})")
+    return json.loads(body)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--runs", type=int, default=7, help="interleaved runs (7)")
+    p.add_argument("--big-mb", type=int, default=100, help="size of the big image's random layers in MB (100)")
+    p.add_argument("--big-layers", type=int, default=20, help="how many random layers (20)")
+    p.add_argument("--podshimd-config", default="", help="podshimd's config.toml text (e.g. its registry settings)")
+    p.add_argument(INSIDE_FLAG, action="store_true", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.runs < 1 or args.big_mb < 1 or args.big_layers < 1:
+        p.error("--runs, --big-mb and --big-layers must be positive")
+    if not args.inside_netns:
+        return run_inside_netns([a for a in argv if a != INSIDE_FLAG], "imgpull")
+    return inside(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
