@@ -90,12 +90,14 @@ def layer_tar(layer: Layer) -> bytes:
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as tar:
         written: set[str] = set()
+        modes: dict[str, int] = {}
 
         def add(info: tarfile.TarInfo, data: bytes | None = None) -> None:
             info.mtime = MTIME
             info.uname = info.gname = ""
             tar.addfile(info, io.BytesIO(data) if data is not None else None)
             written.add(info.name)
+            modes[info.name] = info.mode
 
         def parents(path: str) -> None:
             parts = path.split("/")[:-1]
@@ -123,7 +125,10 @@ def layer_tar(layer: Layer) -> bytes:
             elif entry.kind == "symlink":
                 info.type, info.linkname, info.mode = tarfile.SYMTYPE, entry.target, 0o777
             elif entry.kind == "link":
-                info.type, info.linkname, info.mode = tarfile.LNKTYPE, entry.target.strip("/"), 0o644
+                # A hard link's header carries its target's mode, as Docker writes it: containerd
+                # applies the header's mode to the (shared) inode.
+                info.type, info.linkname = tarfile.LNKTYPE, entry.target.strip("/")
+                info.mode = modes.get(info.linkname, 0o644) if entry.mode is None else entry.mode
             elif entry.kind in ("file", "whiteout", "opaque"):
                 data = entry.data if entry.kind == "file" else b""
                 info.size, info.mode = len(data), 0o644 if entry.mode is None else entry.mode

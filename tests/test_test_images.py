@@ -4,15 +4,17 @@ code CRI-O pulls with) and unpacks with umoci as the images' docstrings say."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import shutil
 import subprocess
+import tarfile
 import tempfile
 
 import pytest
 
-from imagebuild import BUSYBOX_ROOTFS_CHECKS, Entry, ImageConfig
+from imagebuild import BUSYBOX_ROOTFS_CHECKS, Entry, ImageConfig, layer_tar
 from registry import running_registry
 
 OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
@@ -151,3 +153,12 @@ def test_a_custom_image_on_no_base_and_as_docker_schema_2(test_images):
     assert raw["mediaType"] == DOCKER_MANIFEST
     assert len(raw["layers"]) == 1
     assert inspect(image.ref, "--config")["config"]["Cmd"] == ["/hello"]
+
+
+def test_a_hard_link_header_carries_its_targets_mode():
+    # containerd applies a hard link's header mode to the shared inode: a 0644 link to busybox
+    # would leave every applet unexecutable.
+    archive = layer_tar([Entry("bin/busybox", data=b"\x7fELF", mode=0o755), Entry("bin/sh", "link", target="bin/busybox")])
+    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+        link = tar.getmember("bin/sh")
+    assert (link.type, link.linkname, link.mode) == (tarfile.LNKTYPE, "bin/busybox", 0o755)
