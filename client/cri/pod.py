@@ -373,7 +373,7 @@ class PodService:
         rolling back everything done before it.
         """
         cfg = config if isinstance(config, PodSandboxConfig) else PodSandboxConfig.from_json(config)
-        security.refuse_lsm(cfg.security)  # no AppArmor or SELinux here: refused, never ignored
+        security.pause_fields(cfg.security)  # refuses what cannot be honoured (AppArmor, ...) up front
         handler = runtime_handler or self.default_runtime_handler
         if handler not in self.runtime_handlers:
             raise InvalidArgument(f"runtime handler {handler!r} is not configured "
@@ -444,6 +444,7 @@ class PodService:
 
     def _shim_options(self, cfg: PodSandboxConfig, handler: str) -> dict[str, Any]:
         options = {**cfg.to_shim_options(), "runtime_handler": handler}
+        options["linux"] = {**options["linux"], "pause_process": security.pause_fields(cfg.security)}
         if not cfg.cgroup_parent and self.cgroup_parent:
             options["linux"] = {**options["linux"], "cgroup_parent": self.cgroup_parent}
         if handler == NATIVE and self.pause_binary is not None:

@@ -43,7 +43,7 @@ from shim.runtime.confine import DEFAULT_CAPABILITIES
 from shim.rpc.status import InvalidArgument
 
 __all__ = ["PROFILE_TYPES", "USER_FILES", "ContainerSecurity", "SecurityProfile", "held_capabilities",
-           "host_read_file", "load_localhost_profile", "refuse_lsm", "resolve_user", "task_fields"]
+           "host_read_file", "load_localhost_profile", "pause_fields", "refuse_lsm", "resolve_user", "task_fields"]
 
 #: CRI's SecurityProfile.ProfileType enum.
 PROFILE_TYPES = {0: "RuntimeDefault", 1: "Unconfined", 2: "Localhost"}
@@ -413,11 +413,40 @@ def task_fields(sec: ContainerSecurity, *, pod_privileged: bool, read_file: Read
         fields["masked_paths"] = list(sec.masked_paths)
     if sec.readonly_paths:
         fields["readonly_paths"] = list(sec.readonly_paths)
+    fields.update(_seccomp_field(sec, caps, path, read_profile))
+    return fields
+
+
+def _seccomp_field(sec: ContainerSecurity, caps: list[str], path: str,
+                   read_profile: Callable[[str], bytes]) -> dict[str, Any]:
     profile = _seccomp_profile(sec, path)
     if profile is not None and profile.profile_type == "RuntimeDefault":
-        fields["seccomp"] = default_profile(caps)
-    elif profile is not None and profile.profile_type == "Localhost":
-        fields["seccomp"] = load_localhost_profile(profile.localhost_ref, f"{path}.seccomp", read_profile)
+        return {"seccomp": default_profile(caps)}
+    if profile is not None and profile.profile_type == "Localhost":
+        return {"seccomp": load_localhost_profile(profile.localhost_ref, f"{path}.seccomp", read_profile)}
+    return {}
+
+
+def pause_fields(sec: ContainerSecurity, *, all_caps: tuple[str, ...] | None = None,
+                 read_profile: Callable[[str], bytes] = _read_node_file,
+                 path: str = "linux.security_context") -> dict[str, Any]:
+    """The pause's confinement (CreateSandbox's ``linux.pause_process``) for a pod whose
+    LinuxSandboxSecurityContext is ``sec``, as containerd's sandbox container spec: run_as_user
+    and run_as_group (a group needs a user) with supplemental_groups, no_new_privs always, the
+    default capabilities (a privileged pod: every held one and no filter), the pod's seccomp
+    profile. The pause image has no /etc/passwd: a uid's group is 0 unless run_as_group says."""
+    refuse_lsm(sec, path)
+    if sec.run_as_group is not None and sec.run_as_user is None:
+        raise InvalidArgument(f"{path}.run_as_group is set without run_as_user: a group needs a user")
+    caps = list(held_capabilities() if all_caps is None else all_caps) if sec.privileged else \
+        list(DEFAULT_CAPABILITIES)
+    userstr = "0" if sec.run_as_user is None else str(sec.run_as_user)
+    if sec.run_as_group is not None:
+        userstr += f":{sec.run_as_group}"
+    fields: dict[str, Any] = {"user": resolve_user(userstr, sec.supplemental_groups, lambda _: None),
+                              "capabilities": caps, "no_new_privileges": True}
+    if not sec.privileged:
+        fields.update(_seccomp_field(sec, caps, path, read_profile))
     return fields
 
 

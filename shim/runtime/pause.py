@@ -24,6 +24,7 @@ from typing import NoReturn
 
 from shim.kernel import linux
 from shim.runtime import process
+from shim.runtime.confine import Confinement
 from shim.kernel.cgroups import SandboxCgroup
 from shim.kernel.reaper import ExitInfo, Reaper
 from shim.rpc.status import FailedPrecondition, Internal, InvalidArgument
@@ -66,7 +67,9 @@ class PauseSpec:
     containerd does), so ``hostname`` is ignored. ``pause_binary``: None picks catatonit when
     installed, else the builtin Python pause; "builtin" forces it; a path names a binary that
     accepts catatonit's ``-P`` (pause mode). ``shm_size_bytes`` sizes the tmpfs on /dev/shm
-    that a pod IPC namespace gets.
+    that a pod IPC namespace gets. ``confinement``: the pause's user, capabilities, no_new_privs
+    and seccomp filter (None: as privileged as the shim with the native handler; containerd's
+    default capabilities and no_new_privs with runc and crun).
     """
 
     netns_path: str | None = None
@@ -78,6 +81,7 @@ class PauseSpec:
     pause_binary: str | None = None
     oom_score_adj: int | None = DEFAULT_OOM_SCORE_ADJ
     shm_size_bytes: int = DEFAULT_SHM_SIZE_BYTES
+    confinement: Confinement | None = None
 
 
 @dataclass(frozen=True)
@@ -184,6 +188,7 @@ def _process_spec(spec: PauseSpec) -> tuple[str, process.ProcessSpec]:
         sysctls=spec.sysctls,
         shm_options=f"mode=1777,size={spec.shm_size_bytes}" if spec.ipc_mode == POD else None,
         oom_score_adj=spec.oom_score_adj,
+        confinement=spec.confinement,
     )
 
 

@@ -588,6 +588,8 @@ def _child_b(plan: _Plan, write_fd: int) -> NoReturn:
         os.chdir(plan.cwd)
         kind = b"E"
         if plan.builtin is not None:
+            for step, call in plan.confine:  # a builtin is confined as a program would be at exec
+                call()
             plan.builtin(write_fd)
         # exec resets caught signals but keeps ignored ones (Python ignores SIGPIPE and SIGXFSZ,
         # and anything ignored when the shim started). The kernel's SigIgn has them all.

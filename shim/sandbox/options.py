@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from shim.runtime import confine
+from shim.runtime.confine import Confinement
 from shim.rpc.identifiers import validate_annotations, validate_hostname, validate_labels
 from shim.rpc.messages import optional
 from shim.rpc.status import InvalidArgument
@@ -62,6 +64,7 @@ class SandboxOptions:
     oom_score_adj: int = -998
     pause_binary: str | None = None
     runtime_handler: str = NATIVE
+    pause_confinement: Confinement | None = None  # linux.pause_process: the pause's user, capabilities, ...
 
     @property
     def host_network(self) -> bool:
@@ -98,6 +101,11 @@ class SandboxOptions:
         pause_binary = optional(options, "pause_binary", str)
         if pause_binary is not None and pause_binary != "builtin" and not pause_binary.startswith("/"):
             raise InvalidArgument("pause_binary must be an absolute path or 'builtin'")
+        pause_process = optional(linux, "pause_process", dict)
+        try:
+            pause_confinement = None if pause_process is None else confine.from_request(pause_process)
+        except InvalidArgument as exc:
+            raise InvalidArgument(f"linux.pause_process: {exc.message}") from None
         handler = optional(options, "runtime_handler", str) or NATIVE
         if handler not in RUNTIME_HANDLERS:
             raise InvalidArgument(f"runtime_handler {handler!r} is not known (known: {', '.join(RUNTIME_HANDLERS)})")
@@ -117,4 +125,5 @@ class SandboxOptions:
             oom_score_adj=oom,
             pause_binary=pause_binary,
             runtime_handler=handler,
+            pause_confinement=pause_confinement,
         )

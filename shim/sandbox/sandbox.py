@@ -299,6 +299,7 @@ class Sandbox:
                 cgroup=cg,
                 pause_binary=opts.pause_binary or self.config.pause_binary,
                 oom_score_adj=opts.oom_score_adj,
+                confinement=opts.pause_confinement,
             )
             assert self.runtime is not None  # chosen by Create
             try:

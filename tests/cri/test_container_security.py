@@ -321,7 +321,8 @@ async def test_run_as_username_and_the_images_user_are_resolved_in_the_images_fi
     ({"pid": 3, "target_id": "abc"}, "TARGET", "abc"), ({"pid": "TARGET", "target_id": "abc"}, "TARGET", "abc"),
 ])
 def test_container_pid_modes_as_cri(options, mode, target):
-    doc = {"metadata": {"name": "c"}, "command": ["true"], "linux": {"security_context": {"namespace_options": options}}}
+    doc = container_config(["true"])
+    doc["linux"]["security_context"]["namespace_options"] = options
     cfg = ContainerConfig.from_json(doc)
     assert (cfg.pid_mode, cfg.target_id) == (mode, target)
     assert ContainerConfig.from_json(cfg.to_json()) == cfg
@@ -329,7 +330,8 @@ def test_container_pid_modes_as_cri(options, mode, target):
 
 @pytest.mark.parametrize("options", [{"pid": 3}, {"pid": 1, "target_id": "abc"}])
 def test_a_target_id_goes_with_pid_mode_target_only(options):
-    doc = {"metadata": {"name": "c"}, "command": ["true"], "linux": {"security_context": {"namespace_options": options}}}
+    doc = container_config(["true"])
+    doc["linux"]["security_context"]["namespace_options"] = options
     with pytest.raises(InvalidArgument, match="target_id"):
         ContainerConfig.from_json(doc)
 
@@ -348,3 +350,40 @@ async def test_a_target_container_joins_the_pid_namespace_of_its_target(roots):
         other_pod = await pods.run_pod_sandbox(pod_config())
         with pytest.raises(InvalidArgument, match="not a container of pod"):
             await pods.create_container(other_pod, cfg)
+
+
+# -- the pause ------------------------------------------------------------------------------------
+
+
+def test_the_pauses_confinement_as_containerds_sandbox_spec():
+    sec = PodSandboxConfig.from_json(pod_config()).security
+    assert security.pause_fields(sec, all_caps=ALL) == {
+        "user": {"uid": 0, "gid": 0, "additional_gids": [0]}, "capabilities": list(DEFAULT_CAPABILITIES),
+        "no_new_privileges": True}
+    sec = security.ContainerSecurity.from_doc({"run_as_user": {"value": 65535}, "supplemental_groups": [5],
+                                               "seccomp": {"profile_type": "RuntimeDefault"}})
+    fields = security.pause_fields(sec, all_caps=ALL)
+    assert fields["user"] == {"uid": 65535, "gid": 0, "additional_gids": [0, 5]}
+    assert fields["seccomp"] == default_profile(DEFAULT_CAPABILITIES)
+    privileged = security.pause_fields(security.ContainerSecurity.from_doc({"privileged": True, "seccomp": {}}),
+                                       all_caps=ALL)
+    assert privileged["capabilities"] == list(ALL) and "seccomp" not in privileged
+    with pytest.raises(InvalidArgument, match="run_as_group"):
+        security.pause_fields(security.ContainerSecurity.from_doc({"run_as_group": {"value": 1}}))
+
+
+async def test_the_pause_runs_as_the_pods_security_context_says(handler, roots):
+    cfg = pod_config()
+    cfg["linux"]["security_context"].update({"run_as_user": {"value": 65535}, "run_as_group": {"value": 65534},
+                                            "seccomp": {"profile_type": "RuntimeDefault"}})
+    async with pod_service(roots) as pods:
+        pod_id = await pods.run_pod_sandbox(cfg, runtime_handler=handler)
+        pid = (await pods.pod_sandbox_status(pod_id, verbose=True))["info"]["pid"]
+        with open(f"/proc/{pid}/status") as f:
+            status = dict(line.rstrip("\n").split(":\t", 1) for line in f if ":\t" in line)
+        assert status["Uid"].split() == ["65535"] * 4 and status["Gid"].split() == ["65534"] * 4
+        assert status["Seccomp"] == "2" and status["NoNewPrivs"] == "1"
+        assert int(status["CapBnd"], 16) == caps.mask(DEFAULT_CAPABILITIES)
+        # Its containers are still what their own contexts say.
+        lines = await run_to_exit(pods, pod_id, [BUSYBOX, "sh", "-c", "id -u; grep Seccomp: /proc/self/status"], {})
+        assert lines == ["0", "Seccomp:\t0"]

@@ -96,7 +96,7 @@ class OciBackend(Runtime):
         doc = sandbox_spec(sandbox_id=self.sandbox_id, rootfs=rootfs, netns_path=spec.netns_path,
                            pid_mode=spec.pid_mode, ipc_mode=spec.ipc_mode, hostname=spec.hostname,
                            sysctls=spec.sysctls, cgroups_path=self._cgroups_path(spec.cgroup), oom_score_adj=oom,
-                           shm_size_bytes=spec.shm_size_bytes)
+                           shm_size_bytes=spec.shm_size_bytes, confinement=spec.confinement)
         container = self.pause_container
         pid, start_time, exit_future = await self._launch(container, doc, spec.cgroup, binds=())
         try:

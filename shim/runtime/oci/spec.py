@@ -110,10 +110,12 @@ def _process(args: list[str], env: list[str], cwd: str, *, confinement: Confinem
 def sandbox_spec(*, sandbox_id: str, rootfs: str, netns_path: str | None, pid_mode: str = pause.POD,
                  ipc_mode: str = pause.POD, hostname: str | None = None, sysctls: Mapping[str, str] | None = None,
                  cgroups_path: str | None = None, oom_score_adj: int | None = pause.DEFAULT_OOM_SCORE_ADJ,
-                 shm_size_bytes: int = pause.DEFAULT_SHM_SIZE_BYTES) -> dict[str, Any]:
+                 shm_size_bytes: int = pause.DEFAULT_SHM_SIZE_BYTES,
+                 confinement: Confinement | None = None) -> dict[str, Any]:
     """The pause container's config.json, as containerd's sandbox container spec.
 
-    A read-only ``rootfs`` running ``/pause -P`` as root with no new privileges; new pid, ipc, uts
+    A read-only ``rootfs`` running ``/pause -P`` confined as ``confinement`` says (None: as root
+    with the default capabilities and no new privileges); new pid, ipc, uts
     and mount namespaces, joined to the network namespace ``netns_path``. NODE modes drop the
     namespace: host network (``netns_path`` None) drops network *and* uts (then ``hostname`` is
     ignored), NODE pid and ipc drop theirs (and /dev/shm is the host's). ``oom_score_adj`` None
@@ -133,11 +135,12 @@ def sandbox_spec(*, sandbox_id: str, rootfs: str, netns_path: str | None, pid_mo
         namespaces.append(_namespace("ipc"))
     if not host_network:
         namespaces += [_namespace("uts"), _namespace("network", netns_path)]
+    confinement = confinement or Confinement(no_new_privileges=True)  # containerd's sandbox default
     doc = _document("sandbox", sandbox_id,
                     _process(list(PAUSE_ARGS), [f"PATH={process.DEFAULT_PATH}"], "/",
-                             confinement=Confinement(no_new_privileges=True), oom_score_adj=oom_score_adj),
+                             confinement=confinement, oom_score_adj=oom_score_adj),
                     rootfs, _mounts(own_ipc=ipc_mode == pause.POD, shm_size_bytes=shm_size_bytes), namespaces,
-                    cgroups_path, sysctls)
+                    cgroups_path, sysctls, seccomp=confinement.seccomp)
     if hostname and not host_network:
         doc["hostname"] = hostname
     return doc
