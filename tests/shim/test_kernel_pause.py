@@ -70,7 +70,7 @@ async def start(reaper):
         await asyncio.wait_for(pause.exit, WAIT)
 
 
-def _children() -> set[int]:
+def _all_children() -> set[int]:
     """Pids whose parent is this process (zombies included)."""
     me = str(os.getpid())
     found = set()
@@ -80,6 +80,23 @@ def _children() -> set[int]:
             if stat is not None and stat[linux.STAT_PPID - 1] == me:
                 found.add(int(entry))
     return found
+
+
+_others: set[int] = set()
+
+
+@pytest.fixture(autouse=True)
+def _children_of_others():
+    """The children this process had before the test: a session fixture's (the local registry
+    tests/registry.py runs for the whole session, say), not the test's."""
+    _others.clear()
+    _others.update(_all_children())
+    yield
+
+
+def _children() -> set[int]:
+    """Pids whose parent is this process (zombies included), but those of others."""
+    return _all_children() - _others
 
 
 def _status(pid: int, field: str) -> list[str]:
