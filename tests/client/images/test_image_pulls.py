@@ -11,6 +11,7 @@ import os
 import shutil
 import socket
 import stat
+import subprocess
 import threading
 from collections.abc import Iterator
 
@@ -69,6 +70,22 @@ async def test_a_pull_unpacks_the_layers_into_a_snapshot(tmp_path, test_images):
     assert record.chain_id == chain_ids(layer.diff_id for layer in record.layers)[-1]
     assert images.snapshots.has(record.chain_id)
     for path, content in BUSYBOX_ROOTFS_CHECKS.items():  # whiteouts and opaque directories applied
+        assert images.snapshots.read_file(record.chain_id, path) == content, path
+
+
+async def test_an_image_of_zstd_layers_is_pulled_and_unpacked(tmp_path, test_images):
+    busybox = test_images.busybox
+    zstd_ref = busybox.registry.ref("test/busybox-zstd:1.0")
+    # Recompressed on the way through a layout: a copy between registries would reuse the gzip blobs.
+    layout = f"oci:{tmp_path / 'zstd'}:x"
+    for argv in (["--src-tls-verify=false", "--dest-compress", "--dest-compress-format", "zstd",
+                  f"docker://{busybox.ref}", layout],
+                 ["--dest-tls-verify=false", layout, f"docker://{zstd_ref}"]):
+        subprocess.run(["skopeo", "copy", "--quiet", *argv], check=True, capture_output=True, timeout=120)
+    images = images_for(tmp_path, test_images.registry)
+    record = await images.pull(zstd_ref)
+    assert {layer.media_type for layer in record.layers} == {"application/vnd.oci.image.layer.v1.tar+zstd"}
+    for path, content in BUSYBOX_ROOTFS_CHECKS.items():
         assert images.snapshots.read_file(record.chain_id, path) == content, path
 
 
