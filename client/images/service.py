@@ -87,10 +87,13 @@ class Images:
         return self
 
     async def aclose(self) -> None:
-        """Cancel the pulls in flight and wait for them to clean up."""
+        """Cancel the pulls in flight and wait for them to clean up, and for a garbage
+        collection under way to end."""
         tasks = list(self._pulls.values())
         for task in tasks:
             task.cancel()
+        if self._collecting is not None:
+            tasks.append(self._collecting)  # a collection in a thread cannot be cancelled: it ends
         if tasks:
             await asyncio.wait(tasks)
 
@@ -135,7 +138,7 @@ class Images:
 
     async def _pull(self, ref: Any, auth: AuthConfig | None) -> ImageRecord:
         while self._collecting is not None:  # a collection must not take what this pull finds stored
-            await asyncio.shield(self._collecting)
+            await asyncio.wait([self._collecting])  # its failure is logged, not this pull's
         pulled = await self.puller.pull(ref, auth, stored=self.store.resolve(str(ref)) is not None)
         record = self._record(pulled)
         if self.snapshots is not None and record.layers:
@@ -176,7 +179,7 @@ class Images:
         if self._pulls:
             self._gc_pending = True  # collected when the last pull ends
         else:
-            await asyncio.shield(self._start_collecting())
+            await asyncio.wait([self._start_collecting()])  # a failure is logged: the image is removed
         return record
 
     def _start_collecting(self) -> asyncio.Future[Any]:

@@ -380,6 +380,21 @@ async def test_remove_collects_the_snapshots_no_image_uses(tmp_path, test_images
     assert await images.remove(test_images.busybox.ref) is None  # gone already: no error
 
 
+async def test_a_failed_collection_is_logged_and_the_image_removed_all_the_same(tmp_path, test_images, monkeypatch,
+                                                                                 caplog):
+    images = images_for(tmp_path, test_images.registry)
+    record = await images.pull(test_images.busybox.ref)
+
+    def broken_gc(keep):
+        raise OSError(5, "Input/output error")
+    monkeypatch.setattr(images.snapshots, "gc", broken_gc)
+    assert await images.remove(test_images.busybox.ref) == record
+    assert images.list() == []
+    assert "collecting unreferenced blobs and snapshots failed: [Errno 5] Input/output error" in caplog.text
+    monkeypatch.undo()
+    assert await images.pull(test_images.busybox.ref) == record  # and the next pull works
+
+
 async def test_an_image_in_use_is_not_removed(tmp_path, test_images):
     images = images_for(tmp_path, test_images.registry)
     record = await images.pull(test_images.busybox.ref)
