@@ -24,8 +24,10 @@ image of, step 1 runs first, and step 2 is skipped when its manifest and all its
 (containers-auth.json(5), 0600 in the 0700 work directory), never on its command line, except a
 registry token, which skopeo 1.9 takes only as ``--src-registry-token``. skopeo sees only the
 registries.conf, policy and auth file made for this pull (its environment is clean: no
-``~/.docker/config.json`` or system registries.conf is read). A pull that overruns its timeout is
-killed with its process group (DeadlineExceeded); skopeo dies with podshimd (PR_SET_PDEATHSIG).
+``~/.docker/config.json`` or system registries.conf is read). A pull that overruns its timeout, or
+downloads nothing for its progress timeout (a registry that stopped answering: containerd 1.7's
+image_pull_progress_timeout), is killed with its process group (DeadlineExceeded); skopeo dies
+with podshimd (PR_SET_PDEATHSIG).
 skopeo's errors become one sentence and a status (:func:`skopeo_error`): 404 NOT_FOUND, 401
 UNAUTHENTICATED, a blob whose digest does not match DATA_LOSS naming the blob, an unreachable
 registry UNAVAILABLE.
@@ -52,12 +54,15 @@ from shim.rpc.status import (DataLoss, DeadlineExceeded, InvalidArgument, NotFou
 from .content import BlobError, ContentStore, sha256_digest
 from .reference import DEFAULT_DOMAIN, Reference, ReferenceError, check_digest
 
-__all__ = ["PULL_TIMEOUT", "SKOPEO", "MEDIA_TYPES", "AuthConfig", "RegistryHost", "Descriptor", "Manifest", "Pulled",
+__all__ = ["PULL_TIMEOUT", "PULL_PROGRESS_TIMEOUT", "SKOPEO", "MEDIA_TYPES", "AuthConfig", "RegistryHost", "Descriptor", "Manifest", "Pulled",
            "Puller", "registries_conf", "auth_file", "skopeo_error", "select_platform", "parse_manifest",
            "registry_host"]
 
 #: Seconds a whole pull (both skopeo runs) may take by default; config.toml's image_pull_timeout.
-PULL_TIMEOUT = 900.0
+PULL_TIMEOUT = 3600.0
+#: Seconds a pull may go without a byte downloaded before it is given up (containerd 1.7's
+#: image_pull_progress_timeout, 5 min); config.toml's image_pull_progress_timeout.
+PULL_PROGRESS_TIMEOUT = 300.0
 SKOPEO = "skopeo"
 _SETPRIV = "/usr/bin/setpriv"  # util-linux: --pdeathsig, so skopeo dies with the daemon
 _PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -315,6 +320,18 @@ def image_manifest(data: bytes, what: str) -> Manifest:
 
 # -- the pull ------------------------------------------------------------------------------------
 
+def _bytes_under(path: str) -> int:
+    """The apparent size of the files under ``path``."""
+    total = 0
+    for directory, _, names in os.walk(path):
+        for name in names:
+            try:
+                total += os.lstat(os.path.join(directory, name)).st_size
+            except FileNotFoundError:
+                pass  # renamed or removed meanwhile
+    return total
+
+
 def _copied(image_dir: str) -> str | None:
     """The digest of the manifest skopeo copied into ``image_dir``, if any."""
     try:
@@ -360,10 +377,12 @@ class Puller:
     """Pulls images into ``content`` (see the module's docstring)."""
 
     def __init__(self, content: ContentStore, *, hosts: Iterable[RegistryHost] = (), timeout: float = PULL_TIMEOUT,
-                 platform: Mapping[str, str] | None = None, skopeo: str = SKOPEO) -> None:
+                 progress_timeout: float = PULL_PROGRESS_TIMEOUT, platform: Mapping[str, str] | None = None,
+                 skopeo: str = SKOPEO) -> None:
         self.content = content
         self.hosts = tuple(hosts)
         self.timeout = timeout
+        self.progress_timeout = progress_timeout
         if platform is None:
             from shim.sandbox.sandbox import host_platform
             platform = host_platform()
@@ -383,6 +402,37 @@ class Puller:
         again by that digest (the tag moved meanwhile, or skopeo chose another platform).
         """
         work = self.content.temporary_dir("pull-")
+        loop = asyncio.get_running_loop()
+        try:
+            async with asyncio.timeout(loop.time() + self.progress_timeout) as stalled:
+                watcher = asyncio.ensure_future(self._watch(work, stalled))
+                try:
+                    return await self._pull(work, ref, auth, stored)
+                finally:
+                    watcher.cancel()
+                    await asyncio.wait([watcher])
+        except TimeoutError:
+            raise DeadlineExceeded(f"pulling image {ref} made no progress for {self.progress_timeout:g} s "
+                                   "(image_pull_progress_timeout); it was killed, and nothing of it was kept") from None
+        except DeadlineExceeded:
+            raise DeadlineExceeded(f"pulling image {ref} did not finish within {self.timeout:g} s "
+                                   "(image_pull_timeout); it was killed, and nothing of it was kept") from None
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+
+    async def _watch(self, work: str, stalled: asyncio.Timeout) -> None:
+        """Push ``stalled``'s deadline on while the bytes under ``work`` change (skopeo writes
+        what it downloads there)."""
+        loop = asyncio.get_running_loop()
+        last = -1
+        while True:
+            await asyncio.sleep(min(self.progress_timeout / 4, 5.0))
+            size = await asyncio.to_thread(_bytes_under, work)
+            if size != last:
+                last = size
+                stalled.reschedule(loop.time() + self.progress_timeout)
+
+    async def _pull(self, work: str, ref: Reference, auth: AuthConfig | None, stored: bool) -> Pulled:
         early: asyncio.Task[bytes] | None = None
         try:
             deadline = asyncio.get_running_loop().time() + self.timeout
@@ -419,9 +469,6 @@ class Puller:
             blobs = tuple(dict.fromkeys([repo_digest, manifest_digest, manifest.config.digest,
                                          *(layer.digest for layer in manifest.layers)]))
             return Pulled(ref, repo_digest, manifest_digest, manifest, config, blobs)
-        except DeadlineExceeded:
-            raise DeadlineExceeded(f"pulling image {ref} did not finish within {self.timeout:g} s "
-                                   "(image_pull_timeout); it was killed, and nothing of it was kept") from None
         finally:
             if early is not None:
                 if not early.done():
@@ -429,7 +476,6 @@ class Puller:
                 await asyncio.wait([early])
                 if not early.cancelled():
                     early.exception()  # retrieved: the inspect's error, or the result, is what counts
-            shutil.rmtree(work, ignore_errors=True)
 
     def _prepare(self, work: str, ref: Reference, auth: AuthConfig | None) -> _Session:
         """Write this pull's registries.conf, policy and auth file (0600 in a 0700 directory)."""

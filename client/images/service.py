@@ -33,7 +33,7 @@ from typing import Any
 from shim.rpc.status import FailedPrecondition, InvalidArgument
 
 from .content import ContentStore
-from .pull import PULL_TIMEOUT, SKOPEO, AuthConfig, Pulled, Puller, RegistryHost
+from .pull import PULL_PROGRESS_TIMEOUT, PULL_TIMEOUT, SKOPEO, AuthConfig, Pulled, Puller, RegistryHost
 from .reference import ReferenceError, parse
 from .snapshots import Snapshotter
 from .store import ImageRecord, ImageStore, Layer
@@ -64,11 +64,13 @@ class Images:
     """The images under ``<state_root>/images`` (see the module's docstring)."""
 
     def __init__(self, state_root: str, *, hosts: Iterable[RegistryHost] = (), pull_timeout: float = PULL_TIMEOUT,
-                 platform: dict[str, str] | None = None, skopeo: str = SKOPEO) -> None:
+                 progress_timeout: float = PULL_PROGRESS_TIMEOUT, platform: dict[str, str] | None = None,
+                 skopeo: str = SKOPEO) -> None:
         self.root = os.path.join(state_root, IMAGES_DIR)
         self.content = ContentStore(os.path.join(self.root, CONTENT_DIR))
         self.store = ImageStore(self.root)
-        self.puller = Puller(self.content, hosts=hosts, timeout=pull_timeout, platform=platform, skopeo=skopeo)
+        self.puller = Puller(self.content, hosts=hosts, timeout=pull_timeout, progress_timeout=progress_timeout,
+                             platform=platform, skopeo=skopeo)
         #: Whether a container uses the image (by id); the container layer sets it.
         self.in_use: Callable[[str], bool] = lambda image_id: False
         self.snapshots: Snapshotter | None = None  # made by open(): it cleans up as it starts

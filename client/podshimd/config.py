@@ -8,7 +8,8 @@ at top level (TOML, UTF-8), except ``registries``, a table per registry host::
     cni_bin_dirs = ["/usr/lib/cni", "/opt/cni/bin"]
     runtime_handlers = ["native", "runc"]
     template = true
-    image_pull_timeout = 900            # seconds a whole PullImage may take
+    image_pull_timeout = 3600           # seconds a whole PullImage may take
+    image_pull_progress_timeout = 300   # seconds it may go without a byte downloaded
 
     [registries."docker.io"]            # per registry host (host or host:port)
     mirrors = ["mirror.example:5000"]   # tried first, in order
@@ -34,7 +35,7 @@ from typing import Any, Mapping
 from client.cri.cni import DEFAULT_BIN_DIRS as DEFAULT_CNI_BIN_DIRS
 from client.cri.cni import DEFAULT_CONF_DIR as DEFAULT_CNI_CONF_DIR
 from client.defaults import DEFAULT_RUNTIME_ROOT, DEFAULT_STATE_ROOT
-from client.images.pull import PULL_TIMEOUT, RegistryHost
+from client.images.pull import PULL_PROGRESS_TIMEOUT, PULL_TIMEOUT, RegistryHost
 from client.images.reference import ReferenceError, parse
 from shim.runtime.pause import CATATONIT
 from shim.sandbox.options import NATIVE, RUNTIME_HANDLERS
@@ -70,6 +71,7 @@ class Config:
     metrics_address: str = ""  # HOST:PORT; "" = no metrics endpoint
     streaming_address: str = "127.0.0.1:0"  # HOST:PORT of the exec/attach/port-forward server (0: any free port)
     image_pull_timeout: float = PULL_TIMEOUT  # seconds a whole PullImage may take
+    image_pull_progress_timeout: float = PULL_PROGRESS_TIMEOUT  # seconds a PullImage may download nothing
     registries: tuple[RegistryHost, ...] = ()  # [registries."HOST"]: mirrors, insecure (plain HTTP)
 
     @property

@@ -305,7 +305,8 @@ async def _start_streaming(stack: contextlib.AsyncExitStack, config: Config, pod
 async def _open_images(stack: contextlib.AsyncExitStack, config: Config) -> Images:
     """The node's images under the config's state root (what a killed pull left is removed);
     the pulls in flight are cancelled with ``stack``."""
-    images = Images(config.state_root, hosts=config.registries, pull_timeout=config.image_pull_timeout)
+    images = Images(config.state_root, hosts=config.registries, pull_timeout=config.image_pull_timeout,
+                    progress_timeout=config.image_pull_progress_timeout)
     try:
         await asyncio.to_thread(images.open)
     except (OSError, RpcError) as exc:

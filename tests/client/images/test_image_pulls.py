@@ -331,6 +331,15 @@ async def test_a_registry_that_hangs_is_a_timeout_with_a_sentence(tmp_path, hang
     assert images.list() == [] and leftovers(images) == []
 
 
+async def test_a_registry_that_stops_answering_is_given_up_after_the_progress_timeout(tmp_path, hanging_registry):
+    host = hanging_registry.host
+    images = Images(str(tmp_path / "state"), hosts=[RegistryHost(host, insecure=True)], progress_timeout=1.0).open()
+    said = rf"pulling image {host}/x:1 made no progress for 1 s \(image_pull_progress_timeout\); it was killed"
+    with pytest.raises(DeadlineExceeded, match=said):
+        await images.pull(f"{host}/x:1")
+    assert images.list() == [] and leftovers(images) == []
+
+
 async def test_a_cancelled_pull_leaves_nothing_and_no_skopeo(tmp_path, hanging_registry):
     host = hanging_registry.host
     images = Images(str(tmp_path / "state"), hosts=[RegistryHost(host, insecure=True)]).open()
