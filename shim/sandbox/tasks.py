@@ -275,9 +275,13 @@ class TaskSet:
             try:
                 mounts.mount_rootfs(filesystem.rootfs, task.rootfs)
             except BaseException:
-                del self._tasks[task_id]
-                self._remove_rootfs(task)
-                self._persist()
+                try:
+                    self._remove_rootfs(task)
+                except RpcError as exc:  # kept (and recorded) for Delete or `podshim delete` to retry
+                    log.error("task %s: %s", task_id, exc.message)
+                else:
+                    del self._tasks[task_id]
+                    self._persist()
                 raise
         log.info("task %s created: %s (pid mode %s)", task_id, args, pid_mode)
         return task
@@ -611,13 +615,21 @@ class TaskSet:
             raise Unavailable(f"tasks {', '.join(late)} did not exit {KILL_WAIT_TIMEOUT:.0f}s after SIGKILL")
 
     async def release(self) -> None:
-        """Remove every task's cgroup (the tasks have been stopped)."""
+        """Remove every task's cgroup and unmount its rootfs (the tasks have been stopped). Each
+        task is tried; the first rootfs that could not be unmounted is raised at the end (it stays
+        recorded for ``podshim delete``)."""
+        errors: list[RpcError] = []
         for task in self._tasks.values():
             if task.cgroup is not None:
                 await task.cgroup.aremove()
                 task.cgroup = None
-            self._remove_rootfs(task)
+            try:
+                self._remove_rootfs(task)
+            except RpcError as exc:  # stays recorded for `podshim delete`; the other tasks go on
+                errors.append(exc)
         self._persist()
+        if errors:
+            raise errors[0]
 
     @staticmethod
     def _remove_rootfs(task: Task) -> None:
