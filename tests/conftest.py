@@ -27,6 +27,7 @@ from shim.kernel.reaper import Reaper  # noqa: E402  (imported once the marker i
 # tests/registry.py and tests/imagebuild.py). Fixtures are found by name in a conftest module.
 from imagebuild import test_images  # noqa: E402
 from registry import auth_registry, registry  # noqa: E402
+from proctools import unheld_netns  # noqa: E402
 
 __all__ = ["auth_registry", "registry", "test_images"]
 
@@ -78,20 +79,17 @@ def _podshim_processes() -> set[int]:
     return found
 
 
-def _netns_files() -> set[str]:
-    try:
-        return {n for n in os.listdir("/var/run/netns") if n.startswith("podshim")}
-    except FileNotFoundError:
-        return set()
-
-
-def _netns_mounts() -> set[str]:
+def _netns_mounts(files: set[str]) -> set[str]:
+    """The mounts of ``files`` (netns files) that are still mounted."""
     with open("/proc/self/mountinfo") as f:
-        return {line.split()[4] for line in f if "/netns/podshim" in line.split()[4]}
+        mounted = {line.split()[4] for line in f}
+    return {p for p in (f"/run/netns/{n}" for n in files) if p in mounted}
 
 
 def footprint() -> dict[str, set]:
-    return {"processes": _podshim_processes(), "netns files": _netns_files(), "netns mounts": _netns_mounts()}
+    # Not the namespaces of another test run's pods (a run beside this one).
+    files = unheld_netns()
+    return {"processes": _podshim_processes(), "netns files": files, "netns mounts": _netns_mounts(files)}
 
 
 @pytest.fixture(scope="session", autouse=True)

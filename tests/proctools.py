@@ -17,7 +17,7 @@ from collections.abc import Iterable, Iterator, Mapping
 
 from shim.rpc.processes import open_pidfd, process_alive
 
-__all__ = ["WAIT", "alive", "fd_readable", "pidfds", "wait_gone", "wait_gone_async", "wait_pidfds",
+__all__ = ["WAIT", "alive", "fd_readable", "unheld_netns", "pidfds", "wait_gone", "wait_gone_async", "wait_pidfds",
            "wait_pidfds_async"]
 
 #: A bound on any one wait in these tests; never a sleep.
@@ -109,3 +109,64 @@ def _killed_if(left: Mapping[int, int], kill: bool) -> list[int]:
             with contextlib.suppress(ProcessLookupError):
                 signal.pidfd_send_signal(fd, signal.SIGKILL)
     return sorted(left.values())
+
+
+def _session_of(pid: str) -> bytes | None:
+    """The PODSHIM_TEST_SESSION marker in the environment of ``pid``, or None."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            for item in f.read().split(b"\0"):
+                if item.startswith(b"PODSHIM_TEST_SESSION="):
+                    return item
+    except OSError:
+        pass
+    return None
+
+
+def _parent_of(pid: str) -> str | None:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+        return stat[stat.rfind(b")") + 2:].split()[1].decode()
+    except (OSError, IndexError):
+        return None
+
+
+def unheld_netns(prefix: str = "podshim", exclude: str | None = None) -> set[str]:
+    """Names of the netns files in /var/run/netns starting with ``prefix`` (not with ``exclude``),
+    but for those a process of another test run is in.
+
+    A process belongs to another run when it, or its parent (a pause's is its shim; a pause drops
+    its environment), carries another run's PODSHIM_TEST_SESSION marker (tests/conftest.py). So a
+    leak check that compares these before and after sees what this run left behind, including a
+    namespace pinned by a leaked pause, and not the pods of a run beside it.
+    """
+    try:
+        names = [n for n in os.listdir("/var/run/netns")
+                 if n.startswith(prefix) and not (exclude and n.startswith(exclude))]
+    except FileNotFoundError:
+        return set()
+    if not names:
+        return set()
+    ours = f"PODSHIM_TEST_SESSION={os.environ.get('PODSHIM_TEST_SESSION', '')}".encode()
+    others: set[int] = set()  # netns inodes that processes of other runs are in
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            inode = os.stat(f"/proc/{entry}/ns/net").st_ino
+        except OSError:
+            continue
+        parent = _parent_of(entry)
+        markers = {_session_of(entry), _session_of(parent) if parent else None} - {None}
+        if markers and ours not in markers:
+            others.add(inode)
+    found = set()
+    for name in names:
+        try:
+            inode = os.stat(f"/var/run/netns/{name}").st_ino
+        except OSError:
+            continue
+        if inode not in others:
+            found.add(name)
+    return found

@@ -25,7 +25,7 @@ import pytest
 
 from shim.launch.template import stop_template
 
-from proctools import alive
+from proctools import alive, unheld_netns
 
 PODSHIM = [sys.executable, "-m", "shim"]
 PODSHIMCTL = [sys.executable, "-m", "client.cli"]
@@ -95,10 +95,8 @@ def tagged_processes(tag: str) -> list[int]:
 
 
 def netns_files() -> set[str]:
-    try:
-        return {n for n in os.listdir("/var/run/netns") if n.startswith("podshim-") and not n.startswith("podshim-test")}
-    except FileNotFoundError:
-        return set()
+    """The sandbox netns files nobody is in (see :func:`tests.proctools.unheld_netns`)."""
+    return unheld_netns("podshim-", exclude="podshim-test")
 
 
 def bundles(state_root: str) -> list[str]:
