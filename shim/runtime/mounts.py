@@ -34,9 +34,9 @@ from typing import Any
 from shim.kernel import linux
 from shim.rpc.status import FailedPrecondition, Internal, InvalidArgument
 
-__all__ = ["MASKED_PATHS", "READONLY_PATHS", "ROOTFS_DIR", "TASKS_DIR", "BindMount", "RootSetup", "RootfsMount",
-           "TaskFilesystem", "check_destinations", "enter_root", "is_mount_point", "mount_rootfs", "open_trees",
-           "parse_filesystem", "unmount_rootfs"]
+__all__ = ["MASKED_PATHS", "READONLY_PATHS", "ROOTFS_DIR", "TASKS_DIR", "BindMount", "HostDevice", "RootSetup",
+           "RootfsMount", "TaskFilesystem", "check_destinations", "enter_root", "host_devices", "is_mount_point",
+           "mount_rootfs", "open_trees", "parse_filesystem", "unmount_rootfs"]
 
 #: runc's default masked and read-only paths (`runc spec`).
 MASKED_PATHS = (
@@ -67,6 +67,10 @@ _DEV_TMPFS = "mode=755,size=65536k"
 _DEVPTS = "newinstance,ptmxmode=0666,mode=0620,gid=5"
 #: The nodes of a task's /dev: name, major, minor (all character devices, mode 0666; runc's list).
 DEV_NODES = (("null", 1, 3), ("zero", 1, 5), ("full", 1, 7), ("random", 1, 8), ("urandom", 1, 9), ("tty", 5, 0))
+#: What a privileged task does not get from the host's /dev (containerd's HostDevices skips them):
+#: its own devpts, shm and mqueue, the fd link, the host's console, and ptmx (a link to pts/ptmx).
+_HOST_DEVICES_SKIPPED = frozenset({"pts", "shm", "mqueue", "fd", ".lxc", ".lxd-mounts", ".udev", "console", "ptmx"})
+_STANDARD_NODES = frozenset(name for name, _, _ in DEV_NODES)
 #: The links of a task's /dev (runc's and crun's).
 DEV_LINKS = (("ptmx", "pts/ptmx"), ("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"),
              ("stdout", "/proc/self/fd/1"), ("stderr", "/proc/self/fd/2"), ("core", "/proc/kcore"))
@@ -109,6 +113,43 @@ class BindMount:
         if not any(o in _MS_PROPAGATION for o in options):
             options.append(self.propagation)
         return {"destination": self.destination, "type": "bind", "source": self.source, "options": options}
+
+
+@dataclass(frozen=True)
+class HostDevice:
+    """A device node of the host's /dev: ``path`` (absolute), ``kind`` ``c`` or ``b``, its numbers,
+    permission bits and owner."""
+
+    path: str
+    kind: str
+    major: int
+    minor: int
+    mode: int
+    uid: int
+    gid: int
+
+    def to_oci(self) -> dict[str, Any]:
+        return {"path": self.path, "type": self.kind, "major": self.major, "minor": self.minor,
+                "fileMode": self.mode, "uid": self.uid, "gid": self.gid}
+
+
+def host_devices(directory: str = "/dev") -> tuple[HostDevice, ...]:
+    """Every character and block device under the host's /dev, as containerd's HostDevices lists
+    them for a privileged container (what :data:`_HOST_DEVICES_SKIPPED` names aside)."""
+    found = []
+    for entry in os.scandir(directory):
+        if entry.name in _HOST_DEVICES_SKIPPED or directory == "/dev" and entry.name in _STANDARD_NODES:
+            continue  # the standard nodes are made anyway (and runc's device rules allow only its own)
+        try:
+            st = entry.stat(follow_symlinks=False)
+        except OSError:
+            continue  # gone meanwhile
+        if stat.S_ISDIR(st.st_mode):
+            found.extend(host_devices(entry.path))
+        elif stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode):
+            found.append(HostDevice(entry.path, "c" if stat.S_ISCHR(st.st_mode) else "b", os.major(st.st_rdev),
+                                    os.minor(st.st_rdev), stat.S_IMODE(st.st_mode), st.st_uid, st.st_gid))
+    return tuple(sorted(found, key=lambda device: device.path))
 
 
 @dataclass(frozen=True)
@@ -369,6 +410,7 @@ class RootSetup:
     binds: list[tuple[int, str, bool, int, int]] = field(default_factory=list)  # fd, target, is dir, prop, flags
     masked_paths: tuple[str, ...] = ()
     readonly_paths: tuple[str, ...] = ()
+    devices: tuple[HostDevice, ...] = ()  # privileged: the host's, made in the task's /dev
 
     def close(self) -> None:
         for fd in [self.root_fd, *(bind[0] for bind in self.binds)]:
@@ -385,7 +427,8 @@ def open_trees(fs: TaskFilesystem, mount_point: str, *, own_ipc: bool) -> RootSe
     os.makedirs(mount_point, 0o755, exist_ok=True)  # the attach point, also when the root is the host's
     root = "/" if fs.host_root else mount_point
     setup = RootSetup(mount_point, -1, fs.host_root, fs.readonly_rootfs or fs.host_root, fs.privileged, own_ipc,
-                      masked_paths=fs.effective_masked_paths, readonly_paths=fs.effective_readonly_paths)
+                      masked_paths=fs.effective_masked_paths, readonly_paths=fs.effective_readonly_paths,
+                      devices=host_devices() if fs.privileged else ())
     try:
         setup.root_fd = _open_tree(root, recursive=not fs.host_root, what="the task's root")
         for i, mount in enumerate(fs.mounts):
@@ -444,18 +487,27 @@ def enter_root(setup: RootSetup, step: list[str]) -> None:
     linux.mount("proc", root + "/proc", "proc", nosuid_nodev_noexec)
     dev = root + "/dev"
     _mkdir(dev)
-    if setup.privileged:
-        step[0] = "binding the host's /dev on /dev"
-        linux.mount("/dev", dev, None, linux.MS_BIND)
-    else:
-        step[0] = "mounting a tmpfs on /dev"
-        linux.mount("tmpfs", dev, "tmpfs", linux.MS_NOSUID | _MS_STRICTATIME, _DEV_TMPFS)
+    step[0] = "mounting a tmpfs on /dev"
+    linux.mount("tmpfs", dev, "tmpfs", linux.MS_NOSUID | _MS_STRICTATIME, _DEV_TMPFS)
+    umask = os.umask(0)  # the nodes' modes as given
+    try:
         for name, major, minor in DEV_NODES:
             step[0] = f"making /dev/{name}"
             os.mknod(f"{dev}/{name}", stat.S_IFCHR | 0o666, os.makedev(major, minor))
-            os.chmod(f"{dev}/{name}", 0o666)  # past the umask
-        for name, target in DEV_LINKS:
-            os.symlink(target, f"{dev}/{name}")
+        for device in setup.devices:
+            step[0] = f"making {device.path}"
+            target = root + device.path
+            os.makedirs(os.path.dirname(target), 0o755, exist_ok=True)
+            try:
+                os.mknod(target, (stat.S_IFCHR if device.kind == "c" else stat.S_IFBLK) | device.mode,
+                         os.makedev(device.major, device.minor))
+            except FileExistsError:
+                continue  # one of the standard nodes
+            os.chown(target, device.uid, device.gid)
+    finally:
+        os.umask(umask)
+    for name, target in DEV_LINKS:
+        os.symlink(target, f"{dev}/{name}")
     step[0] = "mounting devpts on /dev/pts"
     _mkdir(dev + "/pts")
     linux.mount("devpts", dev + "/pts", "devpts", linux.MS_NOSUID | linux.MS_NOEXEC, _DEVPTS)

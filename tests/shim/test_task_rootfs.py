@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import os
 import shutil
+import stat
 
 import pytest
 
@@ -223,13 +224,21 @@ async def test_masked_and_readonly_paths_given_replace_the_defaults(pod, tmp_pat
 
 
 async def test_privileged_has_no_masked_paths_a_writable_sys_and_the_hosts_devices(pod):
-    host_device = next(name for name in sorted(os.listdir("/dev")) if name not in DEV_ENTRIES
-                       and os.path.exists(f"/dev/{name}") and not os.path.isdir(f"/dev/{name}"))
+    devices = {f"{name} {st.st_rdev}" for name, st in ((name, os.lstat(f"/dev/{name}")) for name in os.listdir("/dev"))
+               if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode)} - {f"{n} {os.lstat('/dev/' + n).st_rdev}"
+                                                                          for n in ("console", "ptmx")}
+    dev_before = os.listdir("/dev")
     await pod.run("app", "sleep", "600", privileged=True)
-    status, out = await pod.sh("app", f"cat /proc/self/mountinfo; ls /dev/{host_device}")
+    status, out = await pod.sh("app", "cat /proc/self/mountinfo; cd /dev; for d in *; do "
+                                      "[ ! -L $d ] && [ -c $d -o -b $d ] && echo DEV $d $(stat -c '%t %T' $d); done")
     assert status == 0, out
     assert "rw" in mount_options(out, "/sys")
-    assert not any(line.split()[4] in ("/proc/timer_list", "/proc/sys") for line in out.splitlines()[:-1])
+    assert not any(line.split()[4] in ("/proc/timer_list", "/proc/sys") for line in out.splitlines()
+                   if not line.startswith("DEV "))
+    inside = {f"{name} {os.makedev(int(major, 16), int(minor, 16))}"
+              for _, name, major, minor in (line.split() for line in out.splitlines() if line.startswith("DEV "))}
+    assert inside == devices
+    assert os.listdir("/dev") == dev_before  # nothing made in the host's /dev
 
 
 # -- mounts ---------------------------------------------------------------------------------

@@ -19,6 +19,7 @@ from shim.runtime.base import ExecSpec, Runtime, TaskSpec
 from shim.runtime.oci.cli import Container, OciCli
 from shim.runtime.oci.host import cgroups_path, oom_score_adj_permitted
 from shim.runtime.oci.rootfs import PAUSE_FILE, ensure_pause_rootfs
+from shim.runtime.mounts import host_devices
 from shim.runtime.oci.spec import PAUSE_NAME, sandbox_spec, task_spec
 from shim.rpc.files import ensure_private_dir, read_json
 from shim.rpc.status import FailedPrecondition, Internal, InvalidArgument, RpcError
@@ -127,6 +128,7 @@ class OciBackend(Runtime):
                         cgroups_path=self._cgroups_path(spec.cgroup), confinement=spec.confinement,
                         readonly=fs.host_root or fs.readonly_rootfs, mounts=fs.mounts, masked_paths=fs.masked_paths,
                         readonly_paths=fs.readonly_paths, privileged=fs.privileged, shm_source=shm,
+                        devices=host_devices() if fs.privileged else (),
                         target_pid=spec.target_pid)
         pid, start_time, exit_future = await self._launch(
             container, doc, spec.cgroup, stdout=spec.stdout, stderr=spec.stderr, stdin=spec.stdin, binds=binds,

@@ -11,7 +11,7 @@ from typing import Any
 
 from shim.runtime import pause, process
 from shim.runtime.confine import DEFAULT_CAPABILITIES, Confinement
-from shim.runtime.mounts import MASKED_PATHS, READONLY_PATHS, BindMount
+from shim.runtime.mounts import MASKED_PATHS, READONLY_PATHS, BindMount, HostDevice
 from shim.rpc.status import InvalidArgument
 
 __all__ = ["DEFAULT_CAPABILITIES", "MASKED_PATHS", "OCI_VERSION", "PAUSE_ARGS", "PAUSE_NAME", "READONLY_PATHS",
@@ -28,16 +28,14 @@ def _namespace(kind: str, path: str | None = None) -> dict[str, str]:
 
 def _mounts(*, own_ipc: bool, shm_size_bytes: int, privileged: bool = False,
             shm_source: str | None = None) -> list[dict[str, Any]]:
-    """proc, a /dev tmpfs with devpts (``privileged``: the host's /dev bound), /dev/shm (``shm_source``
+    """proc, a /dev tmpfs with devpts, /dev/shm (``shm_source``
     bound when given; else a tmpfs of its own with an own IPC namespace, the host's bound in
     otherwise, as containerd does), mqueue with an own IPC namespace, sysfs read-only
     (``privileged``: read-write)."""
-    dev = ({"destination": "/dev", "type": "bind", "source": "/dev", "options": ["bind", "nosuid"]} if privileged
-           else {"destination": "/dev", "type": "tmpfs", "source": "tmpfs",
-                 "options": ["nosuid", "strictatime", "mode=755", "size=65536k"]})
     mounts: list[dict[str, Any]] = [
         {"destination": "/proc", "type": "proc", "source": "proc", "options": ["nosuid", "noexec", "nodev"]},
-        dev,
+        {"destination": "/dev", "type": "tmpfs", "source": "tmpfs",
+         "options": ["nosuid", "strictatime", "mode=755", "size=65536k"]},
         {"destination": "/dev/pts", "type": "devpts", "source": "devpts",
          "options": ["nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620", "gid=5"]},
     ]
@@ -152,15 +150,17 @@ def task_spec(*, sandbox_id: str, args: list[str], env: Mapping[str, str], cwd: 
               confinement: Confinement = Confinement(), readonly: bool = True,
               mounts: tuple[BindMount, ...] = (), masked_paths: tuple[str, ...] = MASKED_PATHS,
               readonly_paths: tuple[str, ...] = READONLY_PATHS, privileged: bool = False,
-              shm_source: str | None = None, target_pid: int = 0) -> dict[str, Any]:
+              shm_source: str | None = None, target_pid: int = 0,
+              devices: tuple[HostDevice, ...] = ()) -> dict[str, Any]:
     """A task's config.json: ``args`` in the pause's network, ipc and uts namespaces (by path), its own
     mount namespace on ``rootfs`` (read-only with ``readonly``) with the standard mounts and then
     ``mounts``, and the pause's pid namespace (``pid_mode`` POD), the one of ``target_pid``
     (TARGET), the runtime's own (NODE: no pid namespace entry) or a new one (CONTAINER); its
     process confined as ``confinement`` says (user, capabilities, noNewPrivileges, ``linux.seccomp``
-    as given). ``privileged``: no masked or read-only paths, /sys read-write, the host's /dev (which
-    devices it may open stays bounded by the pod's device cgroup rules, with runc: the pause's
-    cgroup, the task cgroups' parent, allows runc's defaults only, and a child cannot allow more).
+    as given). ``privileged``: no masked or read-only paths, /sys read-write; ``devices`` (for a
+    privileged task, the host's) are made in its /dev (which of them it may open stays bounded by
+    the pod's device cgroup rules: with runc the pause's cgroup, the task cgroups' parent, allows
+    runc's defaults only, and a child cannot allow more).
     ``shm_source``: the pod's /dev/shm, bound on the task's."""
     ns_dir = f"/proc/{pause_pid}/ns"
     namespaces = [_namespace("mount"), _namespace("network", f"{ns_dir}/net"), _namespace("ipc", f"{ns_dir}/ipc"),
@@ -179,4 +179,6 @@ def task_spec(*, sandbox_id: str, args: list[str], env: Mapping[str, str], cwd: 
     # runc's own default, said for crun too (whose default is private): a bind's rslave or
     # rshared propagation needs a root that receives mounts.
     doc["linux"]["rootfsPropagation"] = "rslave"
+    if devices:
+        doc["linux"]["devices"] = [device.to_oci() for device in devices]
     return doc
