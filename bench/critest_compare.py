@@ -1,18 +1,17 @@
-"""critest 1.26's whole suite against containerd 1.6's CRI plugin (and podshimd, with --podshimd),
-with the same local registry and images: the anchor figure for the images issue's closing note.
+"""critest 1.26's whole suite against containerd 1.6's CRI plugin and against podshimd, with the
+same local registry and images: the figures for the images issue's closing note.
 
-    python bench/critest_compare.py [--podshimd] [--focus REGEX] [--skip REGEX] [--output DIR]
+    python bench/critest_compare.py [--no-podshimd] [--focus REGEX] [--skip REGEX] [--output DIR]
 
 As root. Everything runs in a throwaway network namespace (bench/cri_images.py): the tests' local
 registry (docker-registry on 127.0.0.1) with every image critest pulls (tests/imagebuild.py's
-critest_images: built offline from busybox-static), containerd with its CRI plugin mirroring
-docker.io, gcr.io and k8s.gcr.io to that registry, and critest itself (its host-port and host-network
+critest_images: built offline from busybox-static), containerd with its CRI plugin and podshimd, each
+mirroring docker.io, gcr.io and k8s.gcr.io to that registry (one after the other), and critest itself (its host-port and host-network
 specs reach the pods from there). critest gets ``--test-images-file`` for the default and web-server
 images. Prints passed / failed / skipped per runtime and the names of the failed specs; with
 --output, critest's whole output per runtime is written there.
 
-podshimd must be given the same mirrors: its config.toml gets the text of --podshimd-config (TODO
-when podshimd's registry settings land: write them here from CritestImages.mirrors).
+podshimd's config.toml is CritestImages.podshim_registry_config() plus the text of --podshimd-config.
 """
 
 from __future__ import annotations
@@ -57,12 +56,13 @@ def inside(args: argparse.Namespace) -> int:
                                                           "unix://" + containerd.sock, images, focus=args.focus,
                                                           skip=args.skip, cwd=cwd)))
             containerd.stop()
-            if args.podshimd:
+            if not args.no_podshimd:
                 directory = tempfile.mkdtemp(prefix="psd-", dir="/tmp")  # short: the socket path must fit
                 janitor.add("remove podshimd's directory", shutil.rmtree, directory, True)
                 from bench.cri_images import cni_conflist
                 cni_conflist(directory, "bench-ps0", "10.234.0.0/16")
-                with running_podshimd(directory, config=args.podshimd_config) as daemon:
+                config = images.podshim_registry_config() + args.podshimd_config
+                with running_podshimd(directory, config=config) as daemon:
                     log("critest against podshimd ...")
                     results.append(("podshimd", run_critest(os.path.join(bin_dir, "critest"), daemon.endpoint,
                                                             images, focus=args.focus, skip=args.skip,
@@ -72,7 +72,7 @@ def inside(args: argparse.Namespace) -> int:
 
     date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     out = [f"critest 1.26, {date}, {os.cpu_count()} CPUs; `python3 bench/critest_compare.py"
-           + (" --podshimd" if args.podshimd else "") + (f" --focus '{args.focus}'" if args.focus else "")
+           + (" --no-podshimd" if args.no_podshimd else "") + (f" --focus '{args.focus}'" if args.focus else "")
            + (f" --skip '{args.skip}'" if args.skip else "") + "`", "",
            "| runtime | ran | passed | failed | skipped | pending |", "|---|---|---|---|---|---|"]
     for name, result in results:
@@ -98,8 +98,8 @@ def inside(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--podshimd", action="store_true", help="also run the suite against podshimd")
-    p.add_argument("--podshimd-config", default="", help="podshimd's config.toml text (its registry mirrors)")
+    p.add_argument("--no-podshimd", action="store_true", help="run the suite against containerd only")
+    p.add_argument("--podshimd-config", default="", help="more of podshimd's config.toml")
     p.add_argument("--focus", help="only the specs matching this regular expression")
     p.add_argument("--skip", help="not the specs matching this regular expression")
     p.add_argument("--output", help="write each runtime's critest output to this directory")
