@@ -48,7 +48,7 @@ def inside(args: argparse.Namespace) -> int:
             images = critest_images(TestImages(registry, os.path.join(workdir, "images")))
             log(f"registry {registry.host}: {len(images.pulls)} critest images pushed")
             containerd, version = start_containerd(workdir, janitor, images.mirrors)
-            notes.append(f"containerd {version} (Debian), CRI plugin, runc; critest {os.path.basename(bin_dir)}")
+            notes.append(f"containerd {version} (Debian), CRI plugin, runc; critest 1.26.0 from {bin_dir}")
             cwd = os.path.join(workdir, "critest-cd")
             os.makedirs(cwd)
             log("critest against containerd's CRI ...")
