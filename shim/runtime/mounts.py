@@ -62,6 +62,8 @@ _MS_PROPAGATION = {"rprivate": linux.MS_PRIVATE | linux.MS_REC, "private": linux
 _BIND_OPTIONS = frozenset({"ro", "rw", "bind", "rbind", "nosuid", "nodev", "noexec", *_MS_PROPAGATION})
 _BIND_FLAGS = {"ro": linux.MS_RDONLY, "nosuid": linux.MS_NOSUID, "nodev": linux.MS_NODEV, "noexec": linux.MS_NOEXEC}
 _MAX_SYMLINKS = 40
+#: mount(2) copies one page of options: longer ones (an overlay of many layers) go through fsconfig.
+_MAX_MOUNT_DATA_BYTES = 4095
 _MS_STRICTATIME = 1 << 24
 _DEV_TMPFS = "mode=755,size=65536k"
 _DEVPTS = "newinstance,ptmxmode=0666,mode=0620,gid=5"
@@ -294,6 +296,9 @@ def mount_rootfs(mounts: tuple[RootfsMount, ...], target: str) -> None:
                 data.append(option)
         kind = None if flags & linux.MS_BIND else entry.type
         try:
+            if kind is not None and len(",".join(data).encode()) > _MAX_MOUNT_DATA_BYTES:
+                linux.mount_fs(kind, entry.source, _fs_params(data), target, flags)
+                continue
             linux.mount(entry.source, target, kind, flags & ~linux.MS_RDONLY if flags & linux.MS_BIND else flags,
                         ",".join(data) or None)
             if flags & linux.MS_BIND and flags & linux.MS_RDONLY:  # a bind is made read-only by a remount
@@ -302,6 +307,18 @@ def mount_rootfs(mounts: tuple[RootfsMount, ...], target: str) -> None:
             unmount_rootfs(target, remove=False)
             raise FailedPrecondition(f"cannot mount rootfs[{i}] ({entry.type} {entry.source}) on {target}: "
                                      f"{exc.strerror}") from None
+
+
+def _fs_params(data: list[str]) -> list[tuple[str, str | None]]:
+    """Mount options as fsconfig keys; an overlay's ``lowerdir=a:b:c`` as one ``lowerdir+`` each."""
+    params: list[tuple[str, str | None]] = []
+    for option in data:
+        key, sep, value = option.partition("=")
+        if key == "lowerdir" and sep:
+            params.extend(("lowerdir+", layer) for layer in value.split(":"))
+        else:
+            params.append((key, value if sep else None))
+    return params
 
 
 def is_mount_point(path: str) -> bool:

@@ -149,6 +149,23 @@ async def test_an_overlay_rootfs_is_the_tree_with_the_tasks_writes_in_its_upper_
     await pod.end("app")
 
 
+async def test_an_overlay_of_more_layers_than_mount_options_can_hold_has_every_layer(pod, tmp_path):
+    layers = [a_tree(tmp_path / "tree")]
+    for n in range(60):  # each above the one before; the options come to about 6 KiB
+        layer = tmp_path / "layers" / f"{n:02d}-{'x' * 60}"
+        layer.mkdir(parents=True)
+        (layer / f"layer-{n:02d}").write_text("")
+        layers.insert(0, str(layer))
+    (tmp_path / "upper").mkdir()
+    (tmp_path / "work").mkdir()
+    options = [f"lowerdir={':'.join(layers)}", f"upperdir={tmp_path / 'upper'}", f"workdir={tmp_path / 'work'}"]
+    assert len(",".join(options)) > 4096
+    await pod.run("app", "sleep", "600", env=["PATH=/bin"],
+                  rootfs=[{"type": "overlay", "source": "overlay", "options": options}])
+    status, out = await pod.sh("app", "ls / | grep -c '^layer-'; cat /etc/marker")
+    assert (status, out) == (0, "60\nthe task's own tree\n")
+
+
 async def test_a_readonly_rootfs_cannot_be_written(pod, tmp_path):
     tree = a_tree(tmp_path / "tree")
     await pod.run("app", "sleep", "600", rootfs=overlay(tmp_path, tree), readonly_rootfs=True, env=["PATH=/bin"])
