@@ -130,3 +130,16 @@ def test_event_data_vector():
     frame = decode_one(bytes.fromhex(VECTORS["event-data"]))
     assert (frame.stream_id, frame.type) == (5, 3)
     assert unpack(frame.data) == {"topic": "/sandbox/exit"}
+
+
+def test_confinement_defaults_and_seccomp_vocabulary_match_the_spec():
+    from shim.kernel import seccomp
+    from shim.runtime.confine import DEFAULT_CAPABILITIES
+
+    row = next(line for line in SPEC.splitlines() if line.startswith("| `capabilities` | array of `CAP_*` names"))
+    assert f"`{' '.join(DEFAULT_CAPABILITIES)}`" in row
+    for name in (*seccomp.ACTIONS, *seccomp.FLAGS):
+        short = name.removeprefix("SECCOMP_FILTER_FLAG")
+        assert f"`{name}`" in SPEC or f"`{short}`" in SPEC, name
+    for op in seccomp.OPERATORS:
+        assert f"`{op}`" in SPEC or f"`{op.removeprefix('SCMP_CMP')}`" in SPEC, op

@@ -267,3 +267,13 @@ async def test_target_pid_mode_needs_a_running_task_of_the_sandbox(pod):
     await pod.create("d", BUSYBOX, "true", pid_mode="TARGET", pid_target="idle")
     with pytest.raises(FailedPrecondition, match="not running"):
         await pod.call("Start", task_id="d")
+
+
+async def test_an_exec_is_confined_as_its_task(pod):
+    profile = {"defaultAction": "SCMP_ACT_ALLOW", "syscalls": [{"names": ["mkdir", "mkdirat"], "action": "SCMP_ACT_ERRNO"}]}
+    await pod.start("app", BUSYBOX, "sleep", "30", user={"uid": 1000, "gid": 1000}, capabilities=["CAP_KILL"],
+                    no_new_privileges=True, seccomp=profile)
+    result = await pod.call("Exec", task_id="app", args=[BUSYBOX, "cat", "/proc/self/status"])
+    fields = dict(line.split(":\t", 1) for line in result["stdout"].decode().splitlines() if ":\t" in line)
+    assert fields["Uid"].split() == ["1000"] * 4 and fields["Seccomp"] == "2" and fields["NoNewPrivs"] == "1"
+    assert cap_field(fields, "CapBnd") == caps.mask(["CAP_KILL"])
