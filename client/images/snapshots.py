@@ -67,8 +67,9 @@ UNPACK_WORKERS = 3
 MAX_SYMLINKS = 40
 #: The most :meth:`Snapshotter.read_file` reads: it is for configuration files (/etc/passwd).
 READ_FILE_MAX_BYTES = 16 << 20
-#: What the kernel accepts as one mount's options (a page, with its terminating NUL).
-MAX_MOUNT_OPTIONS_BYTES = 4095
+#: The most lower layers one overlay stacks (the kernel's OVL_MAX_STACK). Options longer than a
+#: page are no limit: the shim mounts those through fsconfig, a ``lowerdir+`` per layer.
+MAX_LAYERS = 500
 
 _DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 _OVERLAY_INDEX_PARAMETER = "/sys/module/overlay/parameters/index"
@@ -320,7 +321,7 @@ class Snapshotter:
 
         Raises InvalidArgument for an empty key, AlreadyExists when ``key`` exists, NotFound when
         ``chain_id`` is not committed, FailedPrecondition when the image has more layers than one
-        overlay's options can name.
+        overlay can stack (:data:`MAX_LAYERS`).
         """
         if not isinstance(key, str) or not key:
             raise InvalidArgument("a snapshot key must be a non-empty string")
@@ -382,9 +383,9 @@ class Snapshotter:
             # As containerd: layers are shared by many overlays, and the inodes index (when a
             # kernel turns it on by default) ties an upper dir to the lowers of its first mount.
             options += ("index=off",)
-        if len(",".join(options)) > MAX_MOUNT_OPTIONS_BYTES:
-            raise FailedPrecondition(f"the image has {len(parents)} layers, more than one overlay mount's options "
-                                     f"can name under {self.root}")
+        if len(parents) > MAX_LAYERS:
+            raise FailedPrecondition(f"the image has {len(parents)} layers, more than the {MAX_LAYERS} one overlay "
+                                     "can stack")
         return [Mount("overlay", "overlay", options)]
 
     # -- gc and usage --------------------------------------------------------------------------

@@ -381,16 +381,30 @@ def test_usage_counts_layers_and_upper_dirs(tmp_path, snapshotter):
     assert (snapshotter.usage().bytes, snapshotter.usage().inodes) == (1500, 3)
 
 
-def test_an_image_with_more_layers_than_one_overlay_can_name_is_refused_with_a_sentence(tmp_path, snapshotter):
+def test_an_image_whose_overlay_options_pass_a_page_is_prepared(tmp_path, snapshotter):
+    # The shim mounts those through fsconfig (a lowerdir+ per layer): no page limit here.
     per_lowerdir = len(os.path.join(snapshotter.root, "snapshots", "99", "fs")) + 1
-    count = snapshots_module.MAX_MOUNT_OPTIONS_BYTES // per_lowerdir + 2
+    count = 4096 // per_lowerdir + 2
+    top = snapshotter.unpack(tiny_layers(tmp_path, count))
+    [overlay] = snapshotter.prepare("c", top)
+    assert len(",".join(overlay.options)) > 4096 and overlay.options[0].count(":") == count - 1
+
+
+def test_an_image_with_more_layers_than_an_overlay_stacks_is_refused_with_a_sentence(tmp_path, snapshotter,
+                                                                                       monkeypatch):
+    monkeypatch.setattr(snapshots_module, "MAX_LAYERS", 3)
+    layers = tiny_layers(tmp_path, 4)
+    top = snapshotter.unpack(layers)
+    with pytest.raises(FailedPrecondition, match="the image has 4 layers, more than the 3 one overlay can stack"):
+        snapshotter.prepare("c", top)
+    # The refused prepare left nothing: its key is free, for an image of fewer layers.
+    assert snapshotter.prepare("c", chain_ids(d for d, _, _ in layers)[2])[0].type == "overlay"
+    assert [s.kind for s in snapshotter.snapshots()].count("active") == 1
+
+
+def tiny_layers(tmp_path, count):
     layers = []
     for n in range(count):
         layer = make_layer(str(tmp_path / f"l{n}"), [member(f"f{n}", data=b"x")])
         layers.append((layer.diff_id, layer.path, layer.media_type))
-    top = snapshotter.unpack(layers)
-    with pytest.raises(FailedPrecondition, match=f"the image has {count} layers, more than one overlay"):
-        snapshotter.prepare("c", top)
-    assert [s.kind for s in snapshotter.snapshots()] == ["committed"] * count
-    # The refused prepare left nothing: its key is free, for an image of fewer layers.
-    assert snapshotter.prepare("c", chain_ids(d for d, _, _ in layers)[5])[0].type == "overlay"
+    return layers
