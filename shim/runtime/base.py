@@ -114,6 +114,10 @@ class Runtime(abc.ABC):
         """
         return signal_process(pid, start_time, sig)
 
+    def check_confinement(self, confinement: Confinement) -> None:
+        """InvalidArgument naming the field when this runtime cannot apply ``confinement``
+        (checked at Task.Create). The native launcher applies every valid one."""
+
     @abc.abstractmethod
     async def delete_task(self, task_id: str) -> None:
         """Remove what the runtime keeps of a task that has exited or never started. Idempotent."""

@@ -255,6 +255,8 @@ class TaskSet:
         self._running_pause()
         if pid_mode == TARGET and (pid_target not in self._tasks or pid_target == task_id):
             raise NotFound(f"pid_target {pid_target} is not a task of sandbox {self.sandbox.config.sandbox_id}")
+        if confinement is not None and self.sandbox.runtime is not None:
+            self.sandbox.runtime.check_confinement(confinement)
         if task_id in self._tasks:
             raise AlreadyExists(f"task {task_id} already exists (it is {self._tasks[task_id].status.value})")
         try:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import errno
 import os
 import shutil
+import subprocess
 
 import pytest
 
@@ -277,3 +278,16 @@ async def test_an_exec_is_confined_as_its_task(pod):
     fields = dict(line.split(":\t", 1) for line in result["stdout"].decode().splitlines() if ":\t" in line)
     assert fields["Uid"].split() == ["1000"] * 4 and fields["Seccomp"] == "2" and fields["NoNewPrivs"] == "1"
     assert cap_field(fields, "CapBnd") == caps.mask(["CAP_KILL"])
+
+
+async def test_a_profile_with_filter_flags_is_loaded_with_them_or_refused_by_a_runtime_without_them(pod, handler):
+    profile = {"defaultAction": "SCMP_ACT_ALLOW", "flags": ["SECCOMP_FILTER_FLAG_LOG", "SECCOMP_FILTER_FLAG_SPEC_ALLOW"],
+               "syscalls": [{"names": ["mkdir", "mkdirat"], "action": "SCMP_ACT_ERRNO"}]}
+    if handler == "runc" and subprocess.run(["runc", "--version"], capture_output=True, text=True).stdout.startswith(
+            "runc version 1.1."):
+        with pytest.raises(InvalidArgument, match="runc does not support the filter flag"):  # it says so itself
+            await pod.create("probe", BUSYBOX, "true", seccomp=profile)
+        return
+    lines = await pod.output("probe", "mkdir /dev/shm/d; echo rc=$?; grep Seccomp: /proc/self/status",
+                             seccomp=profile, no_new_privileges=True)
+    assert "rc=1" in lines and "Seccomp:\t2" in lines, lines

@@ -16,6 +16,7 @@ from shim.kernel.reaper import ExitInfo, Reaper
 from shim.paths import write_json_atomic
 from shim.runtime import pause, process
 from shim.runtime.base import ExecSpec, Runtime, TaskSpec
+from shim.runtime.confine import Confinement
 from shim.runtime.oci.cli import Container, OciCli
 from shim.runtime.oci.host import cgroups_path, oom_score_adj_permitted
 from shim.runtime.oci.rootfs import PAUSE_FILE, ensure_pause_rootfs
@@ -134,6 +135,13 @@ class OciBackend(Runtime):
             container, doc, spec.cgroup, stdout=spec.stdout, stderr=spec.stderr, stdin=spec.stdin, binds=binds,
             binds_from=((f"/proc/{spec.pause_pid}/ns/mnt", "/dev/shm", shm),))
         return process.Process(pid, start_time, process.started_at_ns(exit_future), exit_future)
+
+    def check_confinement(self, confinement: Confinement) -> None:
+        flags = (confinement.seccomp or {}).get("flags") or []
+        unsupported = [flag for flag in flags if flag not in self.cli.seccomp_flags()]
+        if unsupported:
+            raise InvalidArgument(f"field 'seccomp': {self.cli.name} does not support the filter flag "
+                                  f"{unsupported[0]} (this handler cannot apply it)")
 
     async def exec_process(self, spec: ExecSpec) -> process.Process:
         """``<runtime> exec --detach`` into the task's container: the task's OCI process settings

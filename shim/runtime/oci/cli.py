@@ -9,6 +9,7 @@ sentence is the runtime's own.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import re
 import shutil
@@ -19,7 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from shim.kernel import linux
+from shim.kernel import linux, seccomp
 from shim.kernel.reaper import ExitInfo, Reaper
 from shim.runtime import process
 from shim.runtime.oci.host import HYBRID_CONTROLLERS_FILE, cgroup_hybrid
@@ -64,6 +65,9 @@ class Container:
         return os.path.join(self.bundle, "init.pid")
 
 
+#: ``OciCli.seccomp_flags`` by runtime binary.
+_SECCOMP_FLAGS: dict[str, frozenset[str]] = {}
+
 class OciCli:
     """An OCI runtime's command line (``runc`` or ``crun``) over one state directory ``root``.
 
@@ -94,6 +98,26 @@ class OciCli:
         if binary is None:
             raise FailedPrecondition(f"runtime handler {name}: no {name} binary in {search} (install {name})")
         return cls(name, binary, root, reaper=reaper, cgroup_manager_disabled=name == "crun" and cgroup_hybrid())
+
+    def seccomp_flags(self) -> frozenset[str]:
+        """The seccomp filter flags this runtime applies: ``<runtime> features``'
+        linux.seccomp.supportedFlags (runc 1.2+); runc 1.1 lists none and refuses every flag
+        ("seccomp flags are not yet supported by runc"); crun, which has no ``features``, takes them.
+        Asked once per binary and shim (a few ms, only for a profile that has flags)."""
+        flags = _SECCOMP_FLAGS.get(self.binary)
+        if flags is None:
+            try:
+                done = subprocess.run([self.binary, "features"], capture_output=True, text=True, timeout=10)
+                features = json.loads(done.stdout) if done.returncode == 0 else None
+            except (OSError, ValueError, subprocess.TimeoutExpired):
+                features = None
+            if not isinstance(features, dict):
+                flags = frozenset(seccomp.FLAGS)
+            else:
+                listed = ((features.get("linux") or {}).get("seccomp") or {}).get("supportedFlags") or []
+                flags = frozenset(flag for flag in listed if isinstance(flag, str))
+            _SECCOMP_FLAGS[self.binary] = flags
+        return flags
 
     @property
     def manages_cgroups(self) -> bool:
