@@ -248,6 +248,11 @@ class Sandbox:
             opts = SandboxOptions.from_payload(options, annotations)
             pause.validate_sysctls(opts.sysctls, host_network=opts.host_network, host_ipc=opts.ipc_mode == "NODE")
             self.runtime = _open_runtime(opts.runtime_handler, self.config, self.reaper, self.persist)
+            if opts.pause_confinement is not None:
+                try:
+                    self.runtime.check_confinement(opts.pause_confinement)
+                except InvalidArgument as exc:
+                    raise InvalidArgument(f"linux.pause_process: {exc.message}") from None
             if netns_path:
                 if opts.host_network:
                     raise InvalidArgument("netns_path was given but the sandbox uses the host network (network mode NODE)")

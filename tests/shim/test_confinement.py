@@ -291,3 +291,15 @@ async def test_a_profile_with_filter_flags_is_loaded_with_them_or_refused_by_a_r
     lines = await pod.output("probe", "mkdir /dev/shm/d; echo rc=$?; grep Seccomp: /proc/self/status",
                              seccomp=profile, no_new_privileges=True)
     assert "rc=1" in lines and "Seccomp:\t2" in lines, lines
+
+
+async def test_a_pause_confinement_the_runtime_cannot_apply_is_refused_at_create_sandbox(shims: ShimLauncher):
+    if subprocess.run(["runc", "--version"], capture_output=True, text=True).stdout[:16] != "runc version 1.1":
+        pytest.skip("this runc may apply seccomp filter flags")
+    shim = await shims.start()
+    profile = {"defaultAction": "SCMP_ACT_ALLOW", "flags": ["SECCOMP_FILTER_FLAG_LOG"]}
+    with pytest.raises(InvalidArgument, match="linux.pause_process: field 'seccomp'"):
+        await shim.call("CreateSandbox", options={"runtime_handler": "runc",
+                                                  "linux": {"pause_process": {"seccomp": profile}}})
+    with pytest.raises(InvalidArgument, match="linux.pause_process: field 'capabilities'"):
+        await shim.call("CreateSandbox", options={"linux": {"pause_process": {"capabilities": ["CAP_NOPE"]}}})
