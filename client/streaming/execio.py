@@ -111,9 +111,14 @@ def _terminal(root: str) -> tuple[int, str]:
 
 async def _wait(fd: int, writable: bool) -> None:
     loop = asyncio.get_running_loop()
-    ready = loop.create_future()
+    ready: asyncio.Future[None] = loop.create_future()
+
+    def wake() -> None:
+        if not ready.done():
+            ready.set_result(None)
+
     add, remove = (loop.add_writer, loop.remove_writer) if writable else (loop.add_reader, loop.remove_reader)
-    add(fd, lambda: ready.done() or ready.set_result(None))
+    add(fd, wake)
     try:
         await ready
     finally:

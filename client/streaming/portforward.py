@@ -185,7 +185,7 @@ async def _copy_both_ways(data: Stream, reader: asyncio.StreamReader, writer: as
         for task in tasks:
             task.cancel()
         await asyncio.wait(tasks)
-    failures = [t.exception() for t in tasks if not t.cancelled() and t.exception() is not None]
+    failures = [error for t in tasks if not t.cancelled() and (error := t.exception()) is not None]
     if not failures:
         return ""
     data.reset()

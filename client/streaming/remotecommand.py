@@ -41,6 +41,9 @@ STREAMS_TIMEOUT = 30.0
 OUTPUT_DRAIN = 2.0
 #: The most resize messages buffered without a newline.
 MAX_RESIZE_BYTES = 4096
+#: Seconds the command's start waits for the client's first terminal size (the Go client sends it
+#: as soon as its streams exist), so that the command starts at its size rather than 0x0 or 80x24.
+FIRST_SIZE_WAIT = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,6 +165,14 @@ class RemoteCommandSession:
             await self._finish(None, f"cannot make the command's {'terminal' if request.tty else 'pipes'}: "
                                      f"{exc.strerror}")
             return
+        sizes = _Sizes(streams["resize"]) if "resize" in streams else None
+        if sizes is not None:
+            try:
+                first = await asyncio.wait_for(sizes.next(), FIRST_SIZE_WAIT)
+            except asyncio.TimeoutError:
+                first = None
+            if first is not None:
+                _resize(io, *first)
         handle = None
         exited = False
         try:
@@ -179,8 +190,8 @@ class RemoteCommandSession:
             helpers = []
             if "stdin" in streams:
                 helpers.append(asyncio.ensure_future(_copy_in(streams["stdin"], io)))
-            if "resize" in streams:
-                helpers.append(asyncio.ensure_future(_resizes(streams["resize"], io)))
+            if sizes is not None:
+                helpers.append(asyncio.ensure_future(_resizes(sizes, io)))
             try:
                 exit_status = await backend.wait(handle)
                 exited = True
@@ -238,22 +249,46 @@ async def _copy_in(stream: Stream, io: execio.ExecIO) -> None:
     io.close_stdin()
 
 
-async def _resizes(stream: Stream, io: execio.ExecIO) -> None:
-    decoder = json.JSONDecoder()
-    pending = ""
-    while data := await stream.read():
-        pending += data.decode(errors="replace")
-        while pending.strip():
-            try:
-                size, end = decoder.raw_decode(pending.lstrip())
-            except ValueError:
-                if len(pending) > MAX_RESIZE_BYTES:
-                    log.info("exec: dropping a resize message that is not JSON")
-                    pending = ""
-                break
-            pending = pending.lstrip()[end:]
-            try:
-                io.resize(int(size["Width"]), int(size["Height"]))
-            except (KeyError, TypeError, ValueError, OverflowError, OSError, struct.error):
-                log.info("exec: ignoring a bad resize message %r", size)
+class _Sizes:
+    """The terminal sizes a resize stream carries: JSON ``{"Width": W, "Height": H}`` values one after
+    another (Go's json.Encoder puts a newline after each)."""
 
+    def __init__(self, stream: Stream) -> None:
+        self._stream = stream
+        self._pending = ""
+        self._decoder = json.JSONDecoder()
+
+    async def next(self) -> tuple[int, int] | None:
+        """The next size; None once the stream ended. A value that is not a size is skipped (logged)."""
+        while True:
+            text = self._pending.lstrip()
+            if text:
+                try:
+                    value, end = self._decoder.raw_decode(text)
+                except ValueError:
+                    if len(text) > MAX_RESIZE_BYTES:
+                        log.info("exec: dropping a resize message that is not JSON")
+                        self._pending = ""
+                else:
+                    self._pending = text[end:]
+                    try:
+                        return int(value["Width"]), int(value["Height"])
+                    except (KeyError, TypeError, ValueError, OverflowError):
+                        log.info("exec: ignoring a bad resize message %r", value)
+                        continue
+            data = await self._stream.read()
+            if not data:
+                return None
+            self._pending += data.decode(errors="replace")
+
+
+def _resize(io: execio.ExecIO, width: int, height: int) -> None:
+    try:
+        io.resize(width, height)
+    except (OSError, struct.error):  # out of range for the kernel's winsize
+        log.info("exec: ignoring a terminal size of %d x %d", width, height)
+
+
+async def _resizes(sizes: _Sizes, io: execio.ExecIO) -> None:
+    while (size := await sizes.next()) is not None:
+        _resize(io, *size)
