@@ -129,3 +129,19 @@ def test_exec_with_tty_and_stderr_is_invalid(daemon, container):
     with pytest.raises(grpc.RpcError) as failed:
         daemon.runtime().Exec(api_pb2.ExecRequest(container_id=container, cmd=["true"], tty=True, stderr=True))
     assert failed.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+def test_a_container_that_stops_mid_exec_ends_the_exec_with_its_killed_status(daemon, crictl, container):
+    proc = subprocess.Popen([crictl, "--runtime-endpoint", daemon.endpoint, "exec", container, "sh", "-c",
+                             "echo started; exec sleep 600"], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+    try:
+        assert proc.stdout.readline() == b"started\n"
+        daemon.crictl(crictl, "stop", "-t", "0", container)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    # The container's pid namespace went with it: the exec was killed (SIGKILL: 128 + 9).
+    assert proc.returncode == 1 and b"command terminated with exit code 137" in err, err
