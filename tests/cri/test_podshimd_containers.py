@@ -198,8 +198,8 @@ def test_bad_container_requests_get_a_status_with_a_sentence(daemon, crictl, pod
         (create_request(pod[0], {**container_config(["true"]), "image": {"image": "busybox"}}),
          grpc.StatusCode.NOT_FOUND, "image 'busybox' not found: pull it first"),
         (create_request(pod[0], {**container_config(["true"]), "linux": {"security_context": {
-            "namespace_options": {"pid": "NODE"}}}}), grpc.StatusCode.INVALID_ARGUMENT,
-         "linux.security_context.namespace_options.pid is 'NODE'; allowed: POD (0), CONTAINER (1)"),
+            "namespace_options": {"pid": 7}}}}), grpc.StatusCode.INVALID_ARGUMENT,
+         "linux.security_context.namespace_options.pid is 7; allowed: POD (0), CONTAINER (1), NODE (2), TARGET (3)"),
         (create_request("d" * 64, container_config(["true"])), grpc.StatusCode.NOT_FOUND,
          f"no pod sandbox has an id starting with {'d' * 64!r}"),
     ]
