@@ -125,6 +125,17 @@ def settle(check, timeout: float = SETTLE):
         time.sleep(0.02)
 
 
+def settle_persistent(check, timeout: float = SETTLE) -> set:
+    """What every ``check()`` (a set) held, polled until that is empty or ``timeout`` passes: what
+    was there all along. A netns that comes and goes meanwhile is another test run's pod."""
+    deadline = time.monotonic() + timeout
+    held = set(check())
+    while held and time.monotonic() < deadline:
+        time.sleep(0.02)
+        held &= set(check())
+    return held
+
+
 def clean(env: Env) -> None:
     """Remove whatever a test left: `podshim delete` every bundle, then SIGKILL by pid."""
     for path in bundles(env.state_root):
@@ -155,7 +166,7 @@ def env():
         stop_template(runtime_root)  # the Controller's default template of this root, if one started
         left = settle(lambda: leftovers(e))
         clean(e)
-        new_netns = settle(lambda: netns_files() - e.netns_before)
+        new_netns = settle_persistent(lambda: netns_files() - e.netns_before)
         shutil.rmtree(state_root, ignore_errors=True)
         shutil.rmtree(runtime_root, ignore_errors=True)
         assert not left, f"the test left these behind: {left}"

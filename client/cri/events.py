@@ -25,6 +25,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from typing import Any
 
 import anyio
 import anyio.abc
@@ -104,9 +105,13 @@ class EventFeed:
     """The pod layer's event fan-out. ``await shim_address(pod_id)`` is the address of a pod's
     shim (raising RpcError when it has none); ``namespace`` the shims' namespace."""
 
-    def __init__(self, shim_address: Callable[[str], Awaitable[str]], namespace: str):
+    def __init__(self, shim_address: Callable[[str], Awaitable[str]], namespace: str,
+                 apply: Callable[[str, Any], Awaitable[None]] | None = None):
         self._shim_address = shim_address
         self._namespace = namespace
+        # The pod layer's own handling of a shim event (the record updated), awaited before the
+        # event goes out: a subscriber that reads the pod's status on a STOPPED event sees the exit.
+        self._apply = apply
         self._subscribers: set[_Subscriber] = set()
 
     def publish(self, kind: str, container_id: str, pod_id: str, created_at: int | None = None) -> None:
@@ -154,6 +159,8 @@ class EventFeed:
                 async for event in client.stream(EVENTS_SERVICE, "Subscribe", {}):
                     stopped = _stopped(event, pod_id)
                     if stopped is not None:
+                        if self._apply is not None:
+                            await self._apply(pod_id, event)
                         subscriber.offer(stopped)
             except RpcError as exc:  # the shim went away, or dropped us for falling behind
                 log.info("pod %s: its shim's event stream ended: %s", pod_id, exc.message, extra={"pod_id": pod_id})

@@ -57,7 +57,7 @@ from client.cri.events import (CONTAINER_CREATED, CONTAINER_DELETED, CONTAINER_S
                                EventStream)
 from client.cri.failpoints import failpoint
 from client.cri.logcontext import about
-from client.cri.mounts import container_mounts
+from client.cri.mounts import container_mounts, on_root_mount
 from client.cri.podfiles import PodFiles, remove_pod_files, write_pod_files
 from client.cri.process import container_process
 from client.cri.rootfs import ContainerImage, ImageLookup, NoImages, Snapshotter, call, mount_dicts
@@ -146,7 +146,7 @@ class PodService:
         self._stopping: set[str] = set()  # pods this process is stopping right now
         self._configs: dict[str, tuple[PodRecord, PodSandboxConfig]] = {}  # _config_of
         self._cpu_rates = stats.CpuRates()
-        self._events = EventFeed(self._shim_address, namespace)
+        self._events = EventFeed(self._shim_address, namespace, apply=self._apply)
         self._runtime_config_path = os.path.join(os.path.dirname(log_root), "runtime-config.json")
 
     @asynccontextmanager
@@ -754,7 +754,10 @@ class PodService:
             image = await self._container_image(cfg)
             process = container_process(cfg, image.config if image else None,
                                         hostname=pod_cfg.hostname or socket.gethostname())
-            mounts = container_mounts(cfg.mounts, self._pod_files(pod.pod_id), readonly_rootfs=cfg.readonly_rootfs)
+            pod_files = self._pod_files(pod.pod_id)
+            if image is None:  # the host's / (read-only, without the mounts below it): a pod file goes
+                pod_files = on_root_mount(pod_files)  # where that view has a file to bind it on
+            mounts = container_mounts(cfg.mounts, pod_files, readonly_rootfs=cfg.readonly_rootfs)
             confinement = security.task_fields(cfg.security, pod_privileged=pod_cfg.security.privileged,
                                                read_file=await self._user_files(image), image_user=process.image_user)
             # The record comes first: whatever is made for the container from here on (its

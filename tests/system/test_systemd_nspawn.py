@@ -304,7 +304,9 @@ def test_podshimd_starts_on_its_socket_and_its_pods_outlive_restarts_and_kill_9(
     machine.write_file("/run/quick/pod.json", json.dumps({
         "metadata": {"name": "web", "namespace": "default", "uid": "u-nspawn"}, "hostname": "web"}))
     machine.write_file("/run/quick/ctr.json", json.dumps({
-        "metadata": {"name": "sleeper"}, "image": {"image": "busybox"}, "command": ["sleep", "300"]}))
+        "metadata": {"name": "sleeper"}, "command": ["sleep", "300"],
+        # No image: the machine's / read-only, without the mounts below it (its /usr is the host's).
+        "mounts": [{"container_path": "/usr", "host_path": "/usr", "readonly": True}]}))
     machine.systemctl("start", "podshimd.socket")
     try:
         assert unit_state(machine, "podshimd.service") == "inactive"
