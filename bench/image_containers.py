@@ -1,0 +1,163 @@
+"""Containers from a pulled image, through crictl: podshimd beside containerd 1.6's CRI plugin,
+interleaved, medians. What a container costs once its image is on the node:
+
+- ``crictl create`` (the image's snapshot, the task) and ``crictl start``, each timed, with each
+  runtime's default confinement (capabilities, masked paths, seccomp RuntimeDefault);
+- ``crictl exec -s CID true`` (ExecSync) and ``crictl exec CID true`` (the streaming server);
+- stop + remove: ``crictl stop -t 0`` then ``crictl rm``.
+
+    python bench/image_containers.py [--runs 15]
+
+As root. Everything runs in a throwaway network namespace (bench/cri_images.py): the tests' local
+registry with their busybox image, a private containerd with its CRI plugin, and podshimd; one pod
+in each (bridge CNI), the image pulled once into each before the runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+
+from bench.cri_images import INSIDE_FLAG, Janitor, cni_conflist, log, run, run_inside_netns, start_containerd  # noqa: E402
+
+STEPS = ("create", "start", "exec -s true", "exec true", "stop + rm")
+
+
+class Runtime:
+    """One CRI endpoint with a pod, timed through crictl."""
+
+    def __init__(self, key: str, crictl: str, endpoint: str, workdir: str):
+        self.key = key
+        self.base = [crictl, "--runtime-endpoint", endpoint, "--image-endpoint", endpoint, "--timeout", "60s"]
+        self.workdir = workdir
+        self.times: dict[str, list[float]] = {step: [] for step in STEPS}
+        self.pod = ""
+        self.pod_path = os.path.join(workdir, "pod.json")
+
+    def crictl(self, *argv: str) -> str:
+        return run([*self.base, *argv], timeout=120).stdout.strip()
+
+    def timed(self, step: str, *commands: list[str]) -> str:
+        start = time.perf_counter()
+        out = ""
+        for argv in commands:
+            out = self.crictl(*argv)
+        self.times[step].append(time.perf_counter() - start)
+        return out
+
+    def setup(self, ref: str) -> None:
+        os.makedirs(os.path.join(self.workdir, "logs"), exist_ok=True)
+        with open(self.pod_path, "w") as f:
+            json.dump({"metadata": {"name": f"bench-{self.key.split(':')[0]}", "namespace": "default",
+                                    "uid": f"u-{os.urandom(4).hex()}"},
+                       "log_directory": os.path.join(self.workdir, "logs"), "linux": {}}, f)
+        self.crictl("pull", ref)
+        self.pod = self.crictl("runp", self.pod_path)
+
+    def one(self, ref: str, i: int) -> None:
+        ctr_path = os.path.join(self.workdir, f"ctr-{i}.json")
+        with open(ctr_path, "w") as f:
+            json.dump({"metadata": {"name": f"c{i}"}, "image": {"image": ref}, "command": ["sleep", "3600"],
+                       "log_path": f"c{i}.log"}, f)
+        cid = self.timed("create", ["create", self.pod, ctr_path, self.pod_path])
+        self.timed("start", ["start", cid])
+        self.timed("exec -s true", ["exec", "-s", cid, "true"])
+        self.timed("exec true", ["exec", cid, "true"])
+        self.timed("stop + rm", ["stop", "-t", "0", cid], ["rm", cid])
+
+    def teardown(self) -> None:
+        if self.pod:
+            run([*self.base, "rmp", "-f", self.pod], check=False, timeout=120)
+
+
+def inside(args: argparse.Namespace) -> int:
+    from critools import cri_tools_bin, running_podshimd
+    from imagebuild import TestImages
+    from registry import running_registry
+
+    crictl = os.path.join(cri_tools_bin(), "crictl")
+    janitor = Janitor()
+    janitor.install()
+    notes: list[str] = []
+    runtimes: list[Runtime] = []
+    try:
+        workdir = tempfile.mkdtemp(prefix="imgctr-")
+        janitor.add("remove the work directory", shutil.rmtree, workdir, True)
+        with running_registry() as registry:
+            ref = TestImages(registry, os.path.join(workdir, "images")).busybox.ref
+            containerd, version = start_containerd(workdir, janitor, {registry.host: f"http://{registry.host}"})
+            notes.append(f"containerd {version} (Debian) with runc; podshimd with its default (native) handler; "
+                         "crictl 1.26")
+            directory = tempfile.mkdtemp(prefix="psd-", dir="/tmp")  # short: the socket path must fit
+            janitor.add("remove podshimd's directory", shutil.rmtree, directory, True)
+            cni_conflist(directory, "bench-ps0", "10.234.0.0/16")
+            with running_podshimd(directory, config=f'[registries."{registry.host}"]\ninsecure = true\n') as daemon:
+                for key, endpoint in (("podshimd", daemon.endpoint), ("containerd", "unix://" + containerd.sock)):
+                    runtime = Runtime(key, crictl, endpoint, os.path.join(workdir, key))
+                    runtimes.append(runtime)
+                    runtime.setup(ref)
+                for runtime in runtimes:  # warm-up
+                    runtime.one(ref, 0)
+                    runtime.times = {step: [] for step in STEPS}
+                load_before = os.getloadavg()
+                for i in range(1, args.runs + 1):
+                    order = runtimes if i % 2 else runtimes[::-1]
+                    for runtime in order:
+                        runtime.one(ref, i)
+                    log(f"run {i}/{args.runs}: " + "; ".join(
+                        f"{r.key} " + ", ".join(f"{s} {r.times[s][-1] * 1000:.0f}" for s in STEPS) for r in runtimes))
+                load_after = os.getloadavg()
+                for runtime in runtimes:
+                    runtime.teardown()
+            containerd.stop()
+    finally:
+        for runtime in runtimes:
+            try:
+                runtime.teardown()
+            except (OSError, subprocess.SubprocessError):
+                pass
+        janitor.run()
+
+    date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    out = [f"Containers from a pulled image through crictl, {date}, {os.cpu_count()} CPUs, load average "
+           f"{load_before[0]:.2f} before / {load_after[0]:.2f} after; `python3 bench/image_containers.py "
+           f"--runs {args.runs}`", "", "| step | " + " | ".join(f"{r.key} median" for r in runtimes) + " | ratio |",
+           "|---|" + "---|" * (len(runtimes) + 1)]
+    for step in STEPS:
+        medians = [statistics.median(r.times[step]) * 1000 for r in runtimes]
+        out.append(f"| {step} | " + " | ".join(f"{m:.1f} ms" for m in medians) +
+                   f" | {medians[1] / medians[0]:.2f}x |")
+    out += ["", f"Medians of {args.runs} interleaved runs (ratio: containerd / podshimd); each step is its "
+            "crictl commands from exec to exit."] + notes
+    if janitor.failures:
+        out.append("Cleanup problems: " + "; ".join(janitor.failures))
+    print("\n".join(out))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--runs", type=int, default=15, help="interleaved runs (15)")
+    p.add_argument(INSIDE_FLAG, action="store_true", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.runs < 1:
+        p.error("--runs must be positive")
+    if not args.inside_netns:
+        return run_inside_netns([a for a in argv if a != INSIDE_FLAG], "imgctr")
+    return inside(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
