@@ -13,12 +13,10 @@ rule of its own, ORed), and ``errnoRet`` defaults to EPERM.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import errno
 import functools
 import json
 import os
-import platform
 from collections.abc import Mapping
 from typing import Any
 
@@ -97,8 +95,8 @@ def validate(profile: Any) -> None:
         for i, value in enumerate(values):
             if value not in allowed:
                 raise ProfileError(f"{key}[{i}] {value!r} is not supported ({', '.join(allowed)})")
-    if profile.get("flags") and _SYS_SECCOMP.get(platform.machine()) is None:
-        raise ProfileError(f"flags are not supported on {platform.machine()}")
+    if profile.get("flags") and _SYS_SECCOMP.get(os.uname().machine) is None:
+        raise ProfileError(f"flags are not supported on {os.uname().machine}")
     syscalls = profile.get("syscalls") or []
     if not isinstance(syscalls, list):
         raise ProfileError("syscalls must be an array")
@@ -147,6 +145,8 @@ def _library() -> ctypes.CDLL:
     try:
         lib = ctypes.CDLL(name, use_errno=True)
     except OSError:
+        import ctypes.util  # only here: it imports shutil and tempfile, and the shim starts without them
+
         found = ctypes.util.find_library("seccomp")
         if found is None:
             raise ProfileError("seccomp filters need libseccomp.so.2 (Debian: libseccomp2), which is not "
@@ -267,7 +267,7 @@ class Program:
         self.flags = 0
         for flag in flags:
             self.flags |= FLAGS[flag]
-        self._sys_seccomp = _SYS_SECCOMP.get(platform.machine(), -1)  # validate() refused flags without it
+        self._sys_seccomp = _SYS_SECCOMP.get(os.uname().machine, -1)  # validate() refused flags without it
         self.instructions = len(bpf) // _SOCK_FILTER_BYTES
 
 
