@@ -145,9 +145,9 @@ def _library() -> ctypes.CDLL:
     try:
         lib = ctypes.CDLL(name, use_errno=True)
     except OSError:
-        import ctypes.util  # only here: it imports shutil and tempfile, and the shim starts without them
+        from ctypes.util import find_library  # only here: it imports shutil and tempfile, the shim need not
 
-        found = ctypes.util.find_library("seccomp")
+        found = find_library("seccomp")
         if found is None:
             raise ProfileError("seccomp filters need libseccomp.so.2 (Debian: libseccomp2), which is not "
                                "installed") from None
