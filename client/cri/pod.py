@@ -737,10 +737,13 @@ class PodService:
         ``sandbox_config`` is CRI's copy of the pod's config, sent along by kubelet: when given,
         it must be the pod's (same metadata and log directory), since the pod's own config is
         what the container is made from. Raises NotFound (pod), FailedPrecondition (pod not
-        READY), InvalidArgument (config, or a sandbox_config of another pod), AlreadyExists
+        READY), InvalidArgument (config, a tty container, or a sandbox_config of another pod), AlreadyExists
         (same name and attempt in the pod).
         """
         cfg = config if isinstance(config, ContainerConfig) else ContainerConfig.from_json(config)
+        if cfg.tty:  # refused rather than run on plain pipes, which attach -t would not make a terminal
+            raise InvalidArgument("tty containers are not supported yet: the container's stdio would be pipes, "
+                                  "not a terminal; create it without tty (exec -t gives a terminal in it)")
         pod = self._pod(pod_id)
         if sandbox_config is not None:
             _check_sandbox_config(pod, sandbox_config)

@@ -198,6 +198,14 @@ async def test_an_image_with_nothing_to_run_and_no_command_is_invalid(roots):
         assert snapshots.live == {} and await pods.list_containers() == []
 
 
+async def test_a_tty_container_is_refused_not_run_on_pipes(roots):
+    async with pod_service(roots) as pods:
+        pod_id = await pods.run_pod_sandbox(pod_config())
+        with pytest.raises(InvalidArgument, match="tty containers are not supported yet: .* not a terminal"):
+            await pods.create_container(pod_id, {**container_config(["sh"]), "stdin": True, "tty": True})
+        assert await pods.list_containers() == []
+
+
 async def test_container_status_shows_its_cri_mounts_not_the_pod_files(roots, tmp_path):
     async with pod_service(roots) as pods:
         pod_id = await pods.run_pod_sandbox(pod_config())

@@ -87,3 +87,14 @@ def test_attach_with_stdin_to_a_container_without_stdin_is_refused(daemon, crict
         daemon.runtime().Attach(api_pb2.AttachRequest(container_id=container_id, stdin=True, stdout=True))
     assert failed.value.code() == grpc.StatusCode.FAILED_PRECONDITION
     assert "has no stdin to attach to" in failed.value.details()
+
+
+def test_a_tty_container_is_refused_at_create_with_a_sentence(daemon, crictl, tmp_path):
+    pod_path, ctr_path = tmp_path / "pod.json", tmp_path / "ctr.json"
+    pod_path.write_text(json.dumps(pod_config()))
+    ctr_path.write_text(json.dumps({**container_config(["sh"]), "stdin": True, "tty": True}))
+    pod_id = daemon.crictl(crictl, "runp", str(pod_path)).stdout.strip()
+    created = daemon.crictl(crictl, "create", pod_id, str(ctr_path), str(pod_path), check=False)
+    assert created.returncode != 0
+    assert "InvalidArgument" in created.stderr and "tty containers are not supported yet" in created.stderr
+    assert daemon.crictl(crictl, "ps", "-a", "-q").stdout.strip() == ""
