@@ -1,5 +1,6 @@
 """crictl's verbs for podshimctl, as a client of podshimd: runp, stopp, rmp, inspectp, pods, create,
-start, stop, rm, inspect, ps, logs, exec, stats, statsp. Configs are crictl's JSON files; ids may
+start, stop, rm, inspect, ps, logs, exec, stats, statsp, and the image verbs pull, images, inspecti,
+rmi, imagefsinfo. Configs are crictl's JSON files; ids may
 be given by unique prefix.
 
     podshimctl runp [--runtime native|runc|crun] pod-config.json   # prints the pod id
@@ -9,6 +10,8 @@ be given by unique prefix.
     podshimctl exec [--timeout S] CONTAINER_ID CMD [ARG...]          # exits with the command's status
     podshimctl stats [--pod ID] [-s S]; podshimctl statsp [-s S]
     podshimctl stopp POD_ID; podshimctl rmp POD_ID
+    podshimctl pull [--creds USER[:PASS] | --auth BASE64 | --username U [--password P]] IMAGE
+    podshimctl images [-q] [IMAGE]; podshimctl inspecti IMAGE; podshimctl rmi IMAGE...; podshimctl imagefsinfo
 
 podshimd is the one writer of the pod store: every verb is a CRI call to it, on ``--endpoint``
 (default $PODSHIM_ENDPOINT, else ``unix://RUNTIME_ROOT/podshimd.sock``, podshimd's default
@@ -29,7 +32,7 @@ import time
 from typing import Any, Callable
 
 from client.cli.main import EXIT_OK, CliError, _print_fields, _print_table, _read_json_file, command, emit
-from shim.rpc.status import RpcError, error_from_status
+from shim.rpc.status import NotFound, RpcError, error_from_status
 
 __all__: list[str] = []
 
@@ -44,7 +47,7 @@ _UNIX = "unix://"
 
 
 class _Podshimd:
-    """podshimd's RuntimeService, one blocking call at a time, its errors as RpcErrors."""
+    """podshimd's RuntimeService and ImageService, one blocking call at a time, its errors as RpcErrors."""
 
     def __init__(self, endpoint: str):
         import grpc
@@ -56,12 +59,14 @@ class _Podshimd:
         self._grpc = grpc
         self._channel = grpc.insecure_channel(endpoint)
         self._runtime = api_pb2_grpc.RuntimeServiceStub(self._channel)
+        self._images = api_pb2_grpc.ImageServiceStub(self._channel)
 
     def call(self, method: str, deadline: float = CALL_TIMEOUT, **fields: Any) -> Any:
         """``method`` with a request of ``fields``, within ``deadline`` seconds; its reply."""
         request = getattr(self.api, f"{method}Request")(**fields)
         try:
-            return getattr(self._runtime, method)(request, timeout=deadline)
+            stub = self._runtime if hasattr(self._runtime, method) else self._images
+            return getattr(stub, method)(request, timeout=deadline)
         except self._grpc.RpcError as exc:
             if exc.code() == self._grpc.StatusCode.UNAVAILABLE and not _answers(self.endpoint):
                 raise CliError(f"podshimd stopped answering on {self.endpoint}: {HOW_TO_START}") from None
@@ -249,6 +254,10 @@ _verb("pods", "list pod sandboxes", _pods_list,
 def _create(args: argparse.Namespace, daemon: _Podshimd) -> None:
     config = _config(daemon, args.container_config, "container config", "ContainerConfig")
     sandbox = _config(daemon, args.pod_config, "pod config", "PodSandboxConfig")
+    if args.with_pull:
+        if not config.image.image:
+            raise CliError(f"--with-pull: container config {args.container_config} names no image")
+        _pull_image(daemon, config.image.image, _auth(args), sandbox)
     container_id = daemon.call("CreateContainer", pod_sandbox_id=args.pod_id, config=config,
                                sandbox_config=sandbox).container_id
     emit(args, {"id": container_id}, lambda out: print(container_id, file=out))
@@ -257,7 +266,12 @@ def _create(args: argparse.Namespace, daemon: _Podshimd) -> None:
 _verb("create", "create a container in a pod (prints its id)", _create,
       lambda p: (p.add_argument("pod_id", metavar="POD_ID"),
                  p.add_argument("container_config", metavar="CONTAINER_CONFIG.json"),
-                 p.add_argument("pod_config", metavar="POD_CONFIG.json")))
+                 p.add_argument("pod_config", metavar="POD_CONFIG.json"),
+                 p.add_argument("--with-pull", action="store_true",
+                                help="pull the container config's image first (crictl's --with-pull)"),
+                 p.add_argument("--no-pull", action="store_false", dest="with_pull", default=False,
+                                help="do not pull the image (the default)"),
+                 _auth_arguments(p)))
 
 #: StopContainer's grace when none is given (crictl's is 0: at once; podshimctl's was 10 s).
 DEFAULT_STOP_TIMEOUT = 10
@@ -456,3 +470,123 @@ _verb("stats", "show running containers' CPU and memory use (from their cgroups)
       lambda p: _stats_arguments(p, pods=False))
 _verb("statsp", "show ready pods' CPU, memory and process counts (from their cgroups)", _statsp,
       lambda p: _stats_arguments(p, pods=True))
+
+
+# -- images ----------------------------------------------------------------------------------------
+def _auth_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--creds", default=None, metavar="USERNAME[:PASSWORD]", help="credentials for the registry")
+    p.add_argument("--auth", default=None, metavar="AUTH_STRING",
+                   help="base64 of USERNAME[:PASSWORD] for the registry")
+    p.add_argument("--username", "-u", default=None, metavar="USERNAME",
+                   help="user for the registry; the password is --password, else asked for")
+    p.add_argument("--password", default=None, metavar="PASSWORD", help="password of --username")
+
+
+def _auth(args: argparse.Namespace) -> dict[str, str] | None:
+    """The AuthConfig fields the flags give (crictl's getAuth), or None for an anonymous pull."""
+    if args.password is not None and args.username is None:
+        raise CliError("--password needs --username")
+    if sum(x is not None for x in (args.creds, args.auth, args.username)) > 1:
+        raise CliError("give one of --creds, --auth and --username")
+    if args.username is not None:
+        if not args.username:
+            raise CliError("--username can't be empty")
+        password = args.password
+        if password is None:
+            import getpass
+
+            try:
+                password = getpass.getpass("Enter Password:")
+            except EOFError:
+                raise CliError("--username: no password given (use --password or type it)") from None
+        return {"username": args.username, "password": password}
+    if args.creds is not None:
+        username, _, password = args.creds.partition(":")
+        if not username:
+            raise CliError("--creds must be USERNAME[:PASSWORD] with a username")
+        return {"username": username, "password": password}
+    if args.auth is not None:
+        if not args.auth:
+            raise CliError("--auth can't be empty")
+        return {"auth": args.auth}
+    return None
+
+
+def _pull_image(daemon: _Podshimd, name: str, auth: dict[str, str] | None, sandbox: Any = None) -> str:
+    return daemon.call("PullImage", image=daemon.api.ImageSpec(image=name),
+                       auth=daemon.api.AuthConfig(**auth) if auth else None, sandbox_config=sandbox).image_ref
+
+
+def _pull(args: argparse.Namespace, daemon: _Podshimd) -> None:
+    ref = _pull_image(daemon, args.image, _auth(args))
+    emit(args, {"image_ref": ref}, lambda out: print(f"Image is up to date for {ref}", file=out))
+
+
+_verb("pull", "pull an image from a registry", _pull,
+      lambda p: (p.add_argument("image", metavar="NAME[:TAG|@DIGEST]"), _auth_arguments(p)))
+
+
+def _image_rows(image: dict[str, Any]) -> list[dict[str, Any]]:
+    """crictl's IMAGE TAG IMAGE ID SIZE rows of an image: one per tag."""
+    digests = image.get("repo_digests") or []
+    name = digests[0].split("@", 1)[0] if digests else "<none>"
+    image_id = image["id"].removeprefix("sha256:")[:13]
+    size = _size(int(image.get("size") or 0))
+    tags = [t.rpartition(":") for t in image.get("repo_tags") or []] or [(name, ":", "<none>")]
+    return [{"image": repo, "tag": tag, "image_id": image_id, "size": size} for repo, _, tag in tags]
+
+
+def _images(args: argparse.Namespace, daemon: _Podshimd) -> None:
+    found = daemon.call("ListImages", filter=daemon.api.ImageFilter(
+        image=daemon.api.ImageSpec(image=args.image or ""))).images
+    if args.quiet:
+        for i in found:
+            print(i.id)
+        return
+    images = sorted((_plain(i) for i in found), key=lambda i: (i.get("repo_tags") or [""])[0])
+    emit(args, images, lambda out: _print_table(
+        [row for i in images for row in _image_rows(i)], ["image", "tag", "image_id", "size"], out))
+
+
+_verb("images", "list images", _images,
+      lambda p: (p.add_argument("image", metavar="REPOSITORY[:TAG]", nargs="?", default=None,
+                                help="only this image"),
+                 p.add_argument("--quiet", "-q", action="store_true", help="print ids only")))
+
+
+def _inspecti(args: argparse.Namespace, daemon: _Podshimd) -> None:
+    statuses = []
+    for name in args.images:
+        reply = daemon.call("ImageStatus", image=daemon.api.ImageSpec(image=name), verbose=True)
+        if not reply.HasField("image"):
+            raise NotFound(f"no such image {name!r} present")
+        statuses.append(_with_info({"status": _plain(reply.image)}, reply.info))
+    for status in statuses:  # JSON whatever --json says: crictl's default output
+        print(json.dumps(status, indent=2, sort_keys=True))
+
+
+_verb("inspecti", "show images' status with their config, as JSON", _inspecti,
+      lambda p: p.add_argument("images", metavar="IMAGE", nargs="+", help="image name or id"))
+
+
+def _rmi(args: argparse.Namespace, daemon: _Podshimd) -> None:
+    for name in args.images:
+        reply = daemon.call("ImageStatus", image=daemon.api.ImageSpec(image=name))
+        if not reply.HasField("image"):
+            raise NotFound(f"no such image {name!r} present")
+        daemon.call("RemoveImage", image=daemon.api.ImageSpec(image=reply.image.id))
+        if not args.json:
+            print(f"Deleted: {name}")
+
+
+_verb("rmi", "remove images", _rmi,
+      lambda p: p.add_argument("images", metavar="IMAGE", nargs="+", help="image name or id"))
+
+
+def _imagefsinfo(args: argparse.Namespace, daemon: _Podshimd) -> None:
+    reply = daemon.call("ImageFsInfo")
+    filesystems = [_plain(f) for f in reply.image_filesystems]
+    print(json.dumps({"status": filesystems[0] if len(filesystems) == 1 else filesystems}, indent=2, sort_keys=True))
+
+
+_verb("imagefsinfo", "show the usage of the filesystem images are kept on, as JSON", _imagefsinfo, lambda p: None)
