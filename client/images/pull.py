@@ -215,6 +215,12 @@ def _skopeo_message(stderr: str) -> str:
     return message.removeprefix("Error parsing image name ").strip()
 
 
+def _status(message: str, code: int) -> bool:
+    """Whether ``message`` names the HTTP status ``code`` as a number of its own, not as digits of
+    a digest or a port ("sha256:…401…" is no 401)."""
+    return re.search(rf"(?<![0-9A-Za-z:.]){code}(?![0-9A-Za-z])", message) is not None
+
+
 def skopeo_error(stderr: str, ref: Reference, *, credentials: bool = False) -> RpcError:
     """The error, one sentence with a status, that skopeo's ``stderr`` reports for pulling ``ref``
     (``credentials``: whether any were given)."""
@@ -229,15 +235,15 @@ def skopeo_error(stderr: str, ref: Reference, *, credentials: bool = False) -> R
         blob = _BLOB.search(message)
         what = f"blob {blob[1]}" if blob else "a blob"
         return DataLoss(f"image {ref}: {what} is truncated: {message}")
-    if "unauthorized" in lower or "authentication required" in lower or "401" in message:
+    if "unauthorized" in lower or "authentication required" in lower or _status(message, 401):
         if credentials:
             return Unauthenticated(f"unauthorized: {host} refused the credentials given for {ref}")
         return Unauthenticated(f"unauthorized: {host} wants credentials to pull {ref}; give credentials (CRI "
                                "AuthConfig: username and password, an identity token or a registry token)")
-    if "denied" in lower or "403" in message:
+    if "denied" in lower or _status(message, 403):
         return PermissionDenied(f"access denied: {host} does not let these credentials pull {ref}, or the "
                                 "repository does not exist")
-    if "manifest unknown" in lower or "name unknown" in lower or "not found" in lower or "404" in message:
+    if "manifest unknown" in lower or "name unknown" in lower or "not found" in lower or _status(message, 404):
         blob = _BLOB.search(message)
         if blob and "manifest" not in lower:
             return NotFound(f"image {ref}: blob {blob[1]} not found in {host}: the registry lost it")
