@@ -7,13 +7,15 @@ and wait for the exit.
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import select
 import shutil
 import signal
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 
 __all__ = [
@@ -231,3 +233,53 @@ def busybox_tree(path: str, *tools: str) -> str:
     for tool in tools:
         os.symlink("busybox", f"{path}/bin/{tool}")
     return path
+
+
+@contextlib.asynccontextmanager
+async def running_sandbox(base: str, sandbox_id: str, *, namespace: str = "bench", timeout: float = 10.0,
+                          options: dict | None = None) -> AsyncIterator[Callable[..., Awaitable[dict]]]:
+    """A sandbox of its own (``podshim start`` with its bundle and runtime root under ``base``,
+    created with ``options`` and started); yields ``call(service, method, **fields)``, a call to
+    it. At the end it is shut down (or, if that fails, ``podshim delete``d) and ``base`` removed."""
+    import sys
+
+    from shim.rpc import Client
+    from shim.rpc.api import SANDBOX_SERVICE
+
+    argv = [sys.executable, "-m", "shim", "--namespace", namespace, "--id", sandbox_id,
+            "--bundle", f"{base}/bundle", "--runtime-root", f"{base}/run"]
+    try:
+        started = subprocess.run(argv[:3] + ["start"] + argv[3:], capture_output=True, text=True, check=True)
+        client = await Client.connect(json.loads(started.stdout)["address"], namespace=namespace)
+
+        async def call(service: str, method: str, **fields):
+            return await client.call(service, method, {"sandbox_id": sandbox_id, **fields}, timeout=timeout)
+
+        try:
+            await call(SANDBOX_SERVICE, "CreateSandbox", **({"options": options} if options else {}))
+            await call(SANDBOX_SERVICE, "StartSandbox")
+            yield call
+        finally:
+            try:
+                await call(SANDBOX_SERVICE, "ShutdownSandbox")
+            except Exception:
+                subprocess.run(argv[:3] + ["delete"] + argv[3:], capture_output=True)
+            await client.aclose()
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+async def task_cycle(call: Callable[..., Awaitable[dict]], task_id: str, **fields) -> tuple[float, float]:
+    """Create, Start, Kill (SIGKILL), Wait and Delete the task ``task_id`` (Create's ``fields``
+    besides the id); (Create's, Start's) seconds."""
+    from shim.rpc.api import TASK_SERVICE
+
+    t0 = time.perf_counter()
+    await call(TASK_SERVICE, "Create", task_id=task_id, **fields)
+    t1 = time.perf_counter()
+    await call(TASK_SERVICE, "Start", task_id=task_id)
+    t2 = time.perf_counter()
+    await call(TASK_SERVICE, "Kill", task_id=task_id, signal=9)
+    await call(TASK_SERVICE, "Wait", task_id=task_id)
+    await call(TASK_SERVICE, "Delete", task_id=task_id)
+    return t1 - t0, t2 - t1

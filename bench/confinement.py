@@ -25,18 +25,14 @@ import argparse
 import asyncio
 import json
 import os
-import shutil
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 
+from bench.common import running_sandbox, task_cycle
 from client.cri.seccomp_default import default_profile
 from client.cri.security import held_capabilities
 from shim.kernel import seccomp
-from shim.rpc import Client
-from shim.rpc.api import SANDBOX_SERVICE, TASK_SERVICE
 from shim.runtime.confine import DEFAULT_CAPABILITIES
 
 NAMESPACE = "bench"
@@ -61,43 +57,19 @@ def p90(values: list[float]) -> float:
 
 async def bench_handler(handler: str, tasks: int) -> list[tuple[str, list[float], list[float]]]:
     base = tempfile.mkdtemp(prefix="confine-bench-")
-    sandbox_id = f"confine-bench-{handler}-{os.getpid()}"
-    argv = [sys.executable, "-m", "shim", "--namespace", NAMESPACE, "--id", sandbox_id,
-            "--bundle", f"{base}/bundle", "--runtime-root", f"{base}/run"]
-    started = subprocess.run(argv[:3] + ["start"] + argv[3:], capture_output=True, text=True, check=True)
-    client = await Client.connect(json.loads(started.stdout)["address"], namespace=NAMESPACE)
-
-    async def call(service: str, method: str, **fields):
-        return await client.call(service, method, {"sandbox_id": sandbox_id, **fields}, timeout=TIMEOUT)
-
     cases = variants()
     create_ms: dict[str, list[float]] = {name: [] for name in cases}
     start_ms: dict[str, list[float]] = {name: [] for name in cases}
-    try:
-        await call(SANDBOX_SERVICE, "CreateSandbox", options={"runtime_handler": handler})
-        await call(SANDBOX_SERVICE, "StartSandbox")
+    async with running_sandbox(base, f"confine-bench-{handler}-{os.getpid()}", namespace=NAMESPACE, timeout=TIMEOUT,
+                               options={"runtime_handler": handler}) as call:
         for n in range(tasks + 1):  # the first round warms up (imports, the BPF cache), unrecorded
             for i, (name, fields) in enumerate(cases.items()):
                 task_id = f"t{n}-{i}"
-                t0 = time.perf_counter()
-                await call(TASK_SERVICE, "Create", task_id=task_id, args=[BUSYBOX, "sleep", "60"],
-                           log_path=f"{base}/logs/{task_id}.log", **fields)
-                t1 = time.perf_counter()
-                await call(TASK_SERVICE, "Start", task_id=task_id)
-                t2 = time.perf_counter()
-                await call(TASK_SERVICE, "Kill", task_id=task_id, signal=9)
-                await call(TASK_SERVICE, "Wait", task_id=task_id)
-                await call(TASK_SERVICE, "Delete", task_id=task_id)
+                create, start = await task_cycle(call, task_id, args=[BUSYBOX, "sleep", "60"],
+                                                 log_path=f"{base}/logs/{task_id}.log", **fields)
                 if n:
-                    create_ms[name].append((t1 - t0) * 1000)
-                    start_ms[name].append((t2 - t1) * 1000)
-    finally:
-        try:
-            await call(SANDBOX_SERVICE, "ShutdownSandbox")
-        except Exception:
-            subprocess.run(argv[:3] + ["delete"] + argv[3:], capture_output=True)
-        await client.aclose()
-        shutil.rmtree(base, ignore_errors=True)
+                    create_ms[name].append(create * 1000)
+                    start_ms[name].append(start * 1000)
     return [(name, create_ms[name], start_ms[name]) for name in cases]
 
 

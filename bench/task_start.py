@@ -15,18 +15,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
-import shutil
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 
-from bench.common import busybox_tree
-from shim.rpc import Client
-from shim.rpc.api import SANDBOX_SERVICE, TASK_SERVICE
+from bench.common import busybox_tree, running_sandbox, task_cycle
 
 NAMESPACE = "bench"
 TIMEOUT = 10.0
@@ -43,43 +37,19 @@ def overlay(base: str, lower: str, task_id: str) -> list[dict]:
 async def bench(tasks: int, rootfs: str) -> None:
     base = tempfile.mkdtemp(prefix="task-bench-")
     lower = busybox_tree(f"{base}/lower", "sleep") if rootfs == "overlay" else ""
-    sandbox_id = f"task-bench-{os.getpid()}"
-    argv = [sys.executable, "-m", "shim", "--namespace", NAMESPACE, "--id", sandbox_id,
-            "--bundle", f"{base}/bundle", "--runtime-root", f"{base}/run"]
-    started = subprocess.run(argv[:3] + ["start"] + argv[3:], capture_output=True, text=True, check=True)
-    client = await Client.connect(json.loads(started.stdout)["address"], namespace=NAMESPACE)
-
-    async def call(service: str, method: str, **fields):
-        return await client.call(service, method, {"sandbox_id": sandbox_id, **fields}, timeout=TIMEOUT)
-
     rows = []
-    try:
-        await call(SANDBOX_SERVICE, "CreateSandbox")
-        await call(SANDBOX_SERVICE, "StartSandbox")
+    async with running_sandbox(base, f"task-bench-{os.getpid()}", namespace=NAMESPACE, timeout=TIMEOUT) as call:
         for pid_mode in ("POD", "CONTAINER"):
             start_ms, cycle_ms = [], []
             for n in range(tasks):
                 task_id = f"{pid_mode.lower()}-{n}"
                 fields = {"rootfs": overlay(base, lower, task_id), "env": ["PATH=/bin"]} if lower else {}
                 t0 = time.perf_counter()
-                await call(TASK_SERVICE, "Create", task_id=task_id, args=["sleep", "60"], pid_mode=pid_mode,
-                           log_path=f"{base}/logs/{task_id}.log", **fields)
-                t1 = time.perf_counter()
-                await call(TASK_SERVICE, "Start", task_id=task_id)
-                t2 = time.perf_counter()
-                await call(TASK_SERVICE, "Kill", task_id=task_id, signal=9)
-                await call(TASK_SERVICE, "Wait", task_id=task_id)
-                await call(TASK_SERVICE, "Delete", task_id=task_id)
-                start_ms.append((t2 - t1) * 1000)
+                _, start = await task_cycle(call, task_id, args=["sleep", "60"], pid_mode=pid_mode,
+                                            log_path=f"{base}/logs/{task_id}.log", **fields)
+                start_ms.append(start * 1000)
                 cycle_ms.append((time.perf_counter() - t0) * 1000)
             rows.append((pid_mode, start_ms, cycle_ms))
-    finally:
-        try:
-            await call(SANDBOX_SERVICE, "ShutdownSandbox")
-        except Exception:
-            subprocess.run(argv[:3] + ["delete"] + argv[3:], capture_output=True)
-        await client.aclose()
-        shutil.rmtree(base, ignore_errors=True)
 
     print("| pid mode | Start median (min–max), ms | Create→Delete median, ms | n |")
     print("|---|---|---|---|")
