@@ -15,7 +15,6 @@ kernel drops the lock when its holder dies, so a killed controller never leaves 
 from __future__ import annotations
 
 import contextlib
-import errno
 import fcntl
 import logging
 import os
@@ -26,7 +25,7 @@ from dataclasses import dataclass
 from typing import Iterator
 
 from shim.rpc.api import STATE_FILE
-from shim.rpc.files import ensure_private_dir, read_json, rename_noreplace
+from shim.rpc.files import ensure_private_dir, flock_open, read_json, rename_noreplace
 from shim.rpc.identifiers import validate_identifier
 from shim.rpc.processes import open_pidfd, process_alive
 from shim.rpc.status import AlreadyExists, InvalidArgument, NotFound, Unavailable, error_from_oserror
@@ -287,43 +286,36 @@ class BundleLock:
 
     def __init__(self, path: str):
         self.path = path
-        self._fd: int | None = None
+        self._held: contextlib.ExitStack | None = None
 
     def try_acquire(self) -> bool:
         """Take the lock without blocking (True at once if this lock holds it already). False
         when another process holds it or the bundle has gone (removed by another process in
         between)."""
-        if self._fd is not None:
+        if self._held is not None:
             return True
-        try:
-            fd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        except FileNotFoundError:
-            return False
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            # The path may have been renamed away (removed) between open and flock.
-            if os.fstat(fd).st_ino != os.stat(self.path).st_ino:
-                raise FileNotFoundError(errno.ENOENT, "bundle replaced", self.path)
-        except OSError as exc:
-            os.close(fd)
-            if exc.errno in (errno.EWOULDBLOCK, errno.ENOENT):
+        with contextlib.ExitStack() as held:
+            try:
+                if held.enter_context(flock_open(self.path, blocking=False, create=False)) is None:
+                    return False
+            except FileNotFoundError:
                 return False
-            raise
-        self._fd = fd
+            self._held = held.pop_all()
         return True
 
     def adopt(self, fd: int) -> None:
         """Hold the lock through ``fd``, a descriptor of the bundle that has its flock already
         (:func:`make_bundle`); released by :meth:`release`."""
         self.release()
-        self._fd = fd
+        self._held = contextlib.ExitStack()
+        self._held.callback(os.close, fd)
 
     def release(self) -> None:
         """Drop the lock (idempotent)."""
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
+        held, self._held = self._held, None
+        if held is not None:
+            held.close()
 
     @property
     def held(self) -> bool:
-        return self._fd is not None
+        return self._held is not None

@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import errno
-import fcntl
 import logging
 import os
 import signal
@@ -26,6 +24,7 @@ from collections.abc import Iterator, Mapping
 from shim.kernel import cgroups, netns
 from shim.paths import STATE_FILE, socket_path
 from shim.rpc.api import UNKNOWN_EXIT_STATUS
+from shim.rpc.files import flock_open
 from shim.rpc.processes import open_pidfd, wait_pidfd
 from shim.rpc.status import RpcError
 from shim.runtime import mounts
@@ -107,18 +106,12 @@ def _delete_turn(bundle: str) -> Iterator[None]:
     """Hold ``BUNDLE/delete.lock`` for a block, waiting for a delete of the same bundle that holds
     it (it ends: every step of a delete is bounded). A bundle that is gone has nothing to take
     turns on: the block runs unlocked (and finds no state.json)."""
-    try:
-        fd = os.open(os.path.join(bundle, DELETE_LOCK_FILE), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-    except OSError as exc:
-        if exc.errno not in (errno.ENOENT, errno.ENOTDIR):
-            raise
+    with contextlib.ExitStack() as turn:
+        try:
+            turn.enter_context(flock_open(os.path.join(bundle, DELETE_LOCK_FILE)))
+        except (FileNotFoundError, NotADirectoryError):
+            pass
         yield
-        return
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)
 
 
 def delete_sandbox(bundle: str, namespace: str, sandbox_id: str, runtime_root: str) -> dict[str, int]:

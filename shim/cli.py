@@ -22,7 +22,7 @@ import sys
 from shim.paths import (BOOTSTRAP_FILE, DEFAULT_RUNTIME_ROOT, control_socket_path, template_socket_for,
                         socket_address, socket_path, validate_identifier, write_json_atomic)
 from shim.rpc.api import TEMPLATE_LOG, TEMPLATE_SERVICE, TEMPLATE_START_LOCK
-from shim.rpc.files import ensure_private_dir
+from shim.rpc.files import ensure_private_dir, flock_open
 from shim.rpc.status import FailedPrecondition, RpcError, Unavailable
 from shim.launch.spawn import START_TIMEOUT, bind_listener, bootstrap, spawn_shim
 
@@ -187,27 +187,25 @@ def _detach_template(args: argparse.Namespace) -> int:
     template is forked into its own session with its output in ``ROOT/template.log``, and this
     returns once it serves (it outlives us: it is never a caller's child for long).
     """
-    import fcntl
-
     from shim.rpc import blocking
 
     root = args.runtime_root
     ensure_private_dir(root, 0o700)
     address = socket_address(control_socket_path(root))
-    lock_fd = os.open(os.path.join(root, TEMPLATE_START_LOCK), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-    fcntl.flock(lock_fd, fcntl.LOCK_EX)  # the callers bound how long they wait for us
-    try:
-        ping = blocking.call(address, TEMPLATE_SERVICE, "Ping", timeout=2.0)
-    except Unavailable:
-        ping = None
-    if ping is not None:
-        print(json.dumps({"pid": ping["pid"], "address": address, "started": False}))
-        return 0
-    from shim.launch.spawn import detach_process
+    # Blocking: the callers bound how long they wait for us.
+    with flock_open(os.path.join(root, TEMPLATE_START_LOCK)) as lock_fd:
+        try:
+            ping = blocking.call(address, TEMPLATE_SERVICE, "Ping", timeout=2.0)
+        except Unavailable:
+            ping = None
+        if ping is not None:
+            print(json.dumps({"pid": ping["pid"], "address": address, "started": False}))
+            return 0
+        from shim.launch.spawn import detach_process
 
-    log_path = os.path.join(root, TEMPLATE_LOG)
-    pid = detach_process(lambda ready_fd: _run_detached_template(args, ready_fd), log_path,
-                         close_fds=(lock_fd,), timeout=START_TIMEOUT, what="the shim template")
+        log_path = os.path.join(root, TEMPLATE_LOG)
+        pid = detach_process(lambda ready_fd: _run_detached_template(args, ready_fd), log_path,
+                             close_fds=(lock_fd,), timeout=START_TIMEOUT, what="the shim template")
     print(json.dumps({"pid": pid, "address": address, "started": True}))
     return 0
 

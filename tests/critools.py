@@ -19,7 +19,6 @@ does not show (the status of a call, idempotence).
 
 from __future__ import annotations
 
-import fcntl
 import os
 import re
 import secrets
@@ -39,6 +38,8 @@ from typing import Any
 import pytest
 
 from sandbox_env import stop_template
+
+from shim.rpc.files import flock_open
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CRI_TOOLS_VERSION = "1.26.0"
@@ -68,17 +69,13 @@ def cri_tools_bin() -> str:
         raise RuntimeError(f"crictl and critest are not in {BIN_DIR} and no cri-tools build script was found "
                            f"(looked at {', '.join(BUILD_SCRIPT_CANDIDATES)}; set $PODSHIM_CRI_TOOLS to its directory)")
     build_script = found[0]
-    fd = os.open(build_script, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+    with flock_open(os.path.realpath(build_script), create=False):
         if not _built():
             result = subprocess.run([build_script, os.path.dirname(BIN_DIR)], stdin=subprocess.DEVNULL,
                                     capture_output=True, text=True, timeout=BUILD_TIMEOUT)
             if result.returncode != 0 or not _built():
                 raise RuntimeError(f"{build_script} failed with status {result.returncode}:\n"
                                    f"{result.stdout[-4000:]}{result.stderr[-4000:]}")
-    finally:
-        os.close(fd)
     return BIN_DIR
 
 

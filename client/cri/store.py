@@ -56,19 +56,18 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-import fcntl
 import json
 import logging
 import os
 import threading
 import time
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Mapping
 
 import anyio
 
-from shim.rpc.files import decode_json, ensure_private_dir, fsync_dir, read_json, write_atomic
+from shim.rpc.files import decode_json, ensure_private_dir, flock_open, fsync_dir, read_json, write_atomic
 from shim.rpc.identifiers import validate_identifier
 from shim.rpc.status import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
 
@@ -334,44 +333,6 @@ class PodRecord(_ConfigLabels):
         return cls(**values)
 
 
-def _lock_file(path: str) -> int | None:
-    """flock the file ``path`` (made if missing) and return its fd; None if another holds it.
-
-    A lock file is unlinked by its holder when it lets go (:func:`_unlock_file`), so the file
-    this opened may be gone by the time the lock is granted: then it was not the lock any more,
-    and this tries again with the file now at ``path``.
-    """
-    while True:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            return None
-        except BaseException:
-            os.close(fd)
-            raise
-        try:
-            current = os.stat(path)
-        except FileNotFoundError:
-            current = None
-        held = os.fstat(fd)
-        if current is not None and (current.st_dev, current.st_ino) == (held.st_dev, held.st_ino):
-            return fd
-        os.close(fd)
-
-
-def _unlock_file(path: str, fd: int) -> None:
-    """Let go of a lock taken by :func:`_lock_file`: unlink its file while still holding it,
-    so nothing is left behind, then close (which drops the flock)."""
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass
-    finally:
-        os.close(fd)
-
-
 class PodLock:
     """The flock of one pod (``pods/<pod_id>.lock``), held by the process working on the pod.
 
@@ -384,18 +345,22 @@ class PodLock:
 
     def __init__(self, path: str):
         self.path = path
-        self._fd: int | None = None
+        self._held: ExitStack | None = None
 
     @property
     def held(self) -> bool:
-        return self._fd is not None
+        return self._held is not None
 
     def try_acquire(self) -> bool:
         """Take the lock if it is free; False if another holder has it."""
-        if self._fd is not None:
+        if self._held is not None:
             raise RuntimeError(f"{self.path} is already held by this PodLock")
-        self._fd = _lock_file(self.path)
-        return self._fd is not None
+        with ExitStack() as held:
+            # Its holder unlinks the lock file as it lets go, so nothing is left behind.
+            if held.enter_context(flock_open(self.path, blocking=False, unlink=True)) is None:
+                return False
+            self._held = held.pop_all()
+        return True
 
     async def acquire(self) -> None:
         """Take the lock, waiting as long as its holder keeps it (cancel to give up).
@@ -411,9 +376,9 @@ class PodLock:
 
     def release(self) -> None:
         """Let go of the lock (no-op if not held)."""
-        fd, self._fd = self._fd, None
-        if fd is not None:
-            _unlock_file(self.path, fd)
+        held, self._held = self._held, None
+        if held is not None:
+            held.close()
 
     async def __aenter__(self) -> "PodLock":
         await self.acquire()
@@ -453,8 +418,7 @@ class PodStore:
         self._dir = os.path.join(self.root, _PODS_DIR)
         ensure_private_dir(self._dir, 0o700)
         self._mutex = threading.RLock()
-        self._store_fd: int | None = None
-        self._depth = 0
+        self._depth = 0  # how many blocks of this store hold its lock (_exclusive)
         self._reported: set[str] = set()  # newer-version records already logged
         # pod id → (the record file's bytes, the record): the last parse of each (_parse)
         self._cache: dict[str, tuple[bytes, PodRecord]] = {}
@@ -473,27 +437,15 @@ class PodStore:
     @contextmanager
     def _exclusive(self, *, blocking: bool = True) -> Iterator[bool]:
         """Hold the store lock (reentrant in this store); yields False if busy and not ``blocking``."""
-        with self._mutex:
-            if self._depth == 0:
-                fd = os.open(self._dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
-                except BlockingIOError:
-                    os.close(fd)
-                    yield False
-                    return
-                except BaseException:
-                    os.close(fd)
-                    raise
-                self._store_fd = fd
+        with self._mutex, ExitStack() as held:
+            if self._depth == 0 and held.enter_context(flock_open(self._dir, blocking=blocking, create=False)) is None:
+                yield False
+                return
             self._depth += 1
             try:
                 yield True
             finally:
                 self._depth -= 1
-                if self._depth == 0:
-                    fd, self._store_fd = self._store_fd, None
-                    os.close(fd)
 
     def lock_pod(self, pod_id: str) -> PodLock:
         """A new, not yet taken, lock for the pod ``pod_id`` (see :class:`PodLock`)."""
@@ -516,9 +468,8 @@ class PodStore:
                         # the store lock): the file it would have replaced is intact.
                         os.unlink(path)
                     elif entry.endswith(_LOCK_SUFFIX):
-                        fd = _lock_file(path)  # a live holder keeps its file
-                        if fd is not None:
-                            _unlock_file(path, fd)
+                        with flock_open(path, blocking=False, unlink=True):  # a live holder keeps its file
+                            pass
                     elif entry.endswith(_RECORD_SUFFIX):
                         self._read(entry[:-len(_RECORD_SUFFIX)])  # sets it aside if it is not valid
 

@@ -35,7 +35,6 @@ Every method blocks (file system work): async callers run them in a worker threa
 from __future__ import annotations
 
 import errno
-import fcntl
 import hashlib
 import os
 import re
@@ -50,7 +49,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from shim.paths import write_json_atomic
-from shim.rpc.files import ensure_private_dir, fsync_dir, read_json, rename_noreplace
+from shim.rpc.files import ensure_private_dir, flock_open, fsync_dir, read_json, rename_noreplace
 from shim.rpc.status import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
 
 from .unpack import LayerStats, apply_layer
@@ -567,7 +566,7 @@ class Snapshotter:
 
     @contextmanager
     def _global_lock(self) -> Iterator[None]:
-        with _flock(os.path.join(self.root, "lock")):
+        with flock_open(os.path.join(self.root, "lock")):
             yield
 
     def _hold(self, held: ExitStack, chain_id: str) -> bool:
@@ -593,40 +592,8 @@ class Snapshotter:
         if not re.fullmatch(r"[0-9a-f]{64}", hexdigest):
             yield True  # a leftover with a name no unpack makes: nobody can hold its lock
             return
-        with _flock(os.path.join(self._locks, hexdigest), shared=shared, blocking=blocking, unlink=unlink) as locked:
-            yield locked
-
-
-@contextmanager
-def _flock(path: str, *, shared: bool = False, blocking: bool = True, unlink: bool = False) -> Iterator[bool]:
-    """Hold an exclusive (or ``shared``) flock on ``path`` (made if missing); yields False when
-    ``blocking`` is off and another holds it. flock locks belong to an open file, so this excludes threads of
-    one process as it excludes processes. ``unlink`` removes the file while still held: a
-    waiter that opened it before then finds, once it gets the lock, that the path names
-    another file now, and locks again."""
-    while True:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
-        try:
-            fcntl.flock(fd, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | (0 if blocking else fcntl.LOCK_NB))
-        except BlockingIOError:
-            os.close(fd)
-            yield False
-            return
-        except BaseException:
-            os.close(fd)
-            raise
-        try:
-            if os.stat(path).st_ino == os.fstat(fd).st_ino:
-                break
-        except FileNotFoundError:
-            pass
-        os.close(fd)
-    try:
-        yield True
-        if unlink:
-            os.unlink(path)
-    finally:
-        os.close(fd)
+        with flock_open(os.path.join(self._locks, hexdigest), shared=shared, blocking=blocking, unlink=unlink) as fd:
+            yield fd is not None
 
 
 def _record(kind: str, name: str, snapshot_id: int, parent: str | None, diff_id: str | None, size: int,

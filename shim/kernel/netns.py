@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
 from shim.kernel import linux
+from shim.rpc.files import flock_open
 from shim.rpc.status import AlreadyExists, Internal, InvalidArgument, NotFound, error_from_oserror
 
 __all__ = ["NamespaceNotFound", "check_net_sysctls", "create_netns", "default_netns_dir", "describe_netns",
@@ -293,9 +294,7 @@ def _ensure_shared_dir(directory: str) -> None:
             raise
     # Serialise with other shims doing the same, so the directory is bind-mounted once. The
     # lock is on the directory's inode, which the bind mount of itself does not change.
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+    with flock_open(directory, create=False):
         try:
             linux.mount(None, directory, None, linux.MS_SHARED | linux.MS_REC)
         except OSError as exc:
@@ -303,8 +302,6 @@ def _ensure_shared_dir(directory: str) -> None:
                 raise
             linux.mount(directory, directory, None, linux.MS_BIND | linux.MS_REC)
             linux.mount(None, directory, None, linux.MS_SHARED | linux.MS_REC)
-    finally:
-        os.close(fd)
 
 
 def _set_loopback_up() -> None:

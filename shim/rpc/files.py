@@ -1,5 +1,5 @@
 """The directories podshim keeps its own files in, writing a file so a reader sees the old one
-or the new one, never half, and reading a JSON document.
+or the new one, never half, reading a JSON document, and locking a file or directory.
 
 bootstrap.json is part of the protocol (protocol.md, "Bootstrap"): it is written atomically by
 whoever writes it, the shim or a client-side spawner, and pod records need the same. The
@@ -12,13 +12,16 @@ One implementation for all of them, here where both the shim and the client may 
 from __future__ import annotations
 
 import errno
+import fcntl
 import json
 import os
 import stat
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
-__all__ = ["MAX_JSON_DEPTH", "decode_json", "ensure_private_dir", "fsync_dir", "read_json", "rename_noreplace",
-           "write_atomic"]
+__all__ = ["MAX_JSON_DEPTH", "decode_json", "ensure_private_dir", "flock_open", "fsync_dir", "read_json",
+           "rename_noreplace", "write_atomic"]
 
 #: How deeply a JSON document podshim reads may nest. Real ones (CRI and CNI configs, records)
 #: nest less than 10 deep; a deeper one would be refused later anyway, by the recursion limit
@@ -73,6 +76,59 @@ def ensure_private_dir(path: str, mode: int, *, keep_mode: bool = False) -> None
                                        "directories", path)
         if (made or not keep_mode) and stat.S_IMODE(st.st_mode) != mode:
             os.fchmod(fd, mode)  # mkdir's mode was filtered by the umask
+    finally:
+        os.close(fd)
+
+
+@contextmanager
+def flock_open(path: str, *, shared: bool = False, blocking: bool = True, create: bool = True,
+               unlink: bool = False) -> Iterator[int | None]:
+    """Hold an exclusive (or ``shared``) flock on the file or directory ``path`` for a block.
+
+    Yields the locked descriptor (read-only, close-on-exec), or None when ``blocking`` is off
+    and another holds the lock; closing it at the block's end drops the lock. A missing file is
+    made (0600) unless ``create`` is off (then FileNotFoundError); a symbolic link at ``path``
+    is never followed (OSError ELOOP). flock locks belong to an open file, so this excludes
+    threads of one process as it excludes processes, and the kernel drops a dead holder's lock.
+
+    ``unlink`` removes the file at the end of a block that held the lock (and raised nothing),
+    while still holding it, so lock files are not left behind. A waiter that opened the old
+    file then finds, once it gets the lock, that ``path`` names another file (or none) and locks
+    again: whoever holds the lock always holds the file at ``path``.
+    """
+    mode = (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | (0 if blocking else fcntl.LOCK_NB)
+    flags = os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW
+    while True:
+        try:
+            fd = os.open(path, flags)
+        except FileNotFoundError:
+            if not create:
+                raise
+            fd = os.open(path, flags | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, mode)
+        except BlockingIOError:
+            os.close(fd)
+            yield None
+            return
+        except BaseException:
+            os.close(fd)
+            raise
+        held = os.fstat(fd)
+        try:
+            current = os.stat(path, follow_symlinks=False)
+        except FileNotFoundError:
+            current = None
+        if current is not None and (current.st_dev, current.st_ino) == (held.st_dev, held.st_ino):
+            break
+        os.close(fd)  # unlinked (or replaced) by its holder while we waited: lock the file there now
+    try:
+        yield fd
+        if unlink:
+            try:
+                os.unlink(path)
+            except FileNotFoundError:  # its directory was removed meanwhile
+                pass
     finally:
         os.close(fd)
 

@@ -1,15 +1,17 @@
 """shim.rpc.files: a reader sees the old file or the new one, never half, and nothing is left;
-podshim's own directories are made with their mode and never through a symbolic link."""
+podshim's own directories are made with their mode and never through a symbolic link; a lock
+(flock_open) excludes others, shares with shared holders, and leaves no file when asked not to."""
 
 from __future__ import annotations
 
 import errno
 import os
 import stat
+import threading
 
 import pytest
 
-from shim.rpc.files import MAX_JSON_DEPTH, decode_json, ensure_private_dir, read_json, write_atomic
+from shim.rpc.files import MAX_JSON_DEPTH, decode_json, ensure_private_dir, flock_open, read_json, write_atomic
 
 
 @pytest.mark.parametrize("durable", [False, True])
@@ -144,3 +146,87 @@ def test_read_json_names_the_file_and_lets_os_errors_through(tmp_path):
         read_json(str(path))
     with pytest.raises(FileNotFoundError):
         read_json(str(tmp_path / "absent.json"))
+
+
+def test_a_held_lock_excludes_another_holder_until_its_block_ends(tmp_path):
+    path = str(tmp_path / "lock")
+    with flock_open(path) as fd:
+        assert fd is not None and stat.S_IMODE(os.fstat(fd).st_mode) == 0o600
+        with flock_open(path, blocking=False) as other:
+            assert other is None
+        with flock_open(path, shared=True, blocking=False) as other:
+            assert other is None
+    with flock_open(path, blocking=False) as fd:
+        assert fd is not None
+    assert os.listdir(tmp_path) == ["lock"]
+
+
+def test_shared_holders_share_and_exclude_an_exclusive_one(tmp_path):
+    path = str(tmp_path / "lock")
+    with flock_open(path, shared=True) as first, flock_open(path, shared=True, blocking=False) as second:
+        assert first is not None and second is not None
+        with flock_open(path, blocking=False) as exclusive:
+            assert exclusive is None
+
+
+def test_a_directory_is_locked_as_itself(tmp_path):
+    with flock_open(str(tmp_path)) as fd:
+        assert fd is not None and os.fstat(fd).st_ino == tmp_path.stat().st_ino
+        with flock_open(str(tmp_path), blocking=False) as other:
+            assert other is None
+
+
+def test_a_missing_file_is_not_made_when_create_is_off(tmp_path):
+    with pytest.raises(FileNotFoundError):
+        with flock_open(str(tmp_path / "lock"), create=False):
+            pass
+    assert os.listdir(tmp_path) == []
+
+
+def test_a_symbolic_link_is_not_followed(tmp_path):
+    (tmp_path / "target").write_bytes(b"")
+    os.symlink("target", tmp_path / "lock")
+    with pytest.raises(OSError) as caught:
+        with flock_open(str(tmp_path / "lock")):
+            pass
+    assert caught.value.errno == errno.ELOOP
+
+
+def test_an_unlinking_holder_leaves_no_file_and_a_waiter_locks_the_new_one(tmp_path):
+    path = str(tmp_path / "lock")
+    waiter_holds = []
+    with flock_open(path, unlink=True) as fd:
+        assert fd is not None
+        opened = threading.Event()
+
+        def wait() -> None:
+            with flock_open(path) as waiter_fd:
+                waiter_holds.append(os.fstat(waiter_fd).st_ino == os.stat(path).st_ino)
+        waiter = threading.Thread(target=wait)
+        # The waiter opens the old file before the holder unlinks it: it must not keep a lock on
+        # a file that no longer has the name.
+        real_open = os.open
+
+        def open_then_signal(*args, **kwargs):
+            result = real_open(*args, **kwargs)
+            opened.set()
+            return result
+        os.open = open_then_signal
+        try:
+            waiter.start()
+            opened.wait()
+        finally:
+            os.open = real_open
+    waiter.join()
+    assert waiter_holds == [True]  # it held the file that has the name, made anew after the unlink
+
+
+def test_an_unlinking_holder_that_did_not_get_the_lock_removes_nothing(tmp_path):
+    path = str(tmp_path / "lock")
+    with flock_open(path):
+        with flock_open(path, blocking=False, unlink=True) as other:
+            assert other is None
+        assert os.path.exists(path)
+    with flock_open(path, unlink=True):
+        pass
+    assert os.listdir(tmp_path) == []
