@@ -1,12 +1,12 @@
 """What the image benches share: a throwaway network namespace the whole bench runs in, the tests'
 local registry and images there, and containerd 1.6's CRI plugin pulling from it.
 
-``run_inside_netns(main)``: as root, makes a network namespace (``ip netns add``), runs this same
-script again inside it (``nsenter --net``, plus ``unshare --ipc`` so that critest's host-IPC specs
+``netns_main(parser, prefix, inside)``: each of these benches' main. It parses the command line,
+then as root makes a network namespace (``ip netns add``), runs this same script again inside it (``nsenter --net``, plus ``unshare --ipc`` so that critest's host-IPC specs
 make their shared memory in a namespace that goes away) and deletes the namespace afterwards, also
 when the inner run fails or is interrupted. The registry on 127.0.0.1, the CRI daemons, their CNI
 bridge and portmap rules, crictl and critest all live in that namespace: nothing touches the
-machine's network.
+machine's network. The inner run calls ``inside(args)``.
 
 ``ImageContainerd``: bench/cri_cycle.py's private containerd with the CRI plugin on, its
 sandbox_image the pause image built and imported here, a bridge + portmap CNI config, and registry
@@ -16,12 +16,13 @@ plain HTTP).
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import secrets
 import subprocess
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
@@ -31,6 +32,28 @@ from bench.compare.run import IMAGE, Janitor, build_pause_image, log, run  # noq
 from bench.cri_cycle import CNI_BIN, CriContainerd, remove_runc_root_later  # noqa: E402
 
 INSIDE_FLAG = "--inside-netns"
+
+
+def netns_main(parser: argparse.ArgumentParser, prefix: str, inside: Callable[[argparse.Namespace], int],
+               argv: list[str] | None = None,
+               check: Callable[[argparse.Namespace], None] | None = None) -> int:
+    """A netns bench's main: parse ``argv`` (sys.argv[1:] by default) with ``parser``, then
+    ``check(args)`` (which calls ``parser.error`` on bad values, before anything is made); then
+    run this script again in a new network namespace named ``prefix-XXXXXX``
+    (:func:`run_inside_netns`), where it calls ``inside(args)``. Its exit status."""
+    argv = sys.argv[1:] if argv is None else argv
+    parser.add_argument(INSIDE_FLAG, action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if check is not None:
+        check(args)
+    if not args.inside_netns:
+        return run_inside_netns([a for a in argv if a != INSIDE_FLAG], prefix)
+    return inside(args)
+
+
+def bench_parser(doc: str) -> argparse.ArgumentParser:
+    """An argument parser described by the first paragraph of a bench's docstring."""
+    return argparse.ArgumentParser(description=doc.split("\n\n")[0])
 
 
 def run_inside_netns(argv: list[str], prefix: str) -> int:
@@ -104,5 +127,5 @@ def remove_cri_pods_and_images(crictl: str, endpoint: str, keep_images: tuple[st
             run([*base, "rmi", image["id"]], check=False, timeout=120)
 
 
-__all__ = ["CNI_BIN", "INSIDE_FLAG", "IMAGE", "ImageContainerd", "Janitor", "cni_conflist", "log",
-           "remove_cri_pods_and_images", "run", "run_inside_netns", "start_containerd"]
+__all__ = ["CNI_BIN", "INSIDE_FLAG", "IMAGE", "ImageContainerd", "Janitor", "bench_parser", "cni_conflist", "log",
+           "netns_main", "remove_cri_pods_and_images", "run", "run_inside_netns", "start_containerd"]

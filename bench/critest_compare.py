@@ -26,7 +26,7 @@ import tempfile
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from bench.cri_images import INSIDE_FLAG, Janitor, log, run_inside_netns, start_containerd  # noqa: E402
+from bench.cri_images import Janitor, bench_parser, log, netns_main, start_containerd  # noqa: E402
 
 CRITOOLS_BIN = "/var/cache/cri-tools-1.26.0/bin"
 
@@ -96,20 +96,17 @@ def inside(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = bench_parser(__doc__)
     p.add_argument("--no-podshimd", action="store_true", help="run the suite against containerd only")
     p.add_argument("--podshimd-config", default="", help="more of podshimd's config.toml")
     p.add_argument("--focus", help="only the specs matching this regular expression")
     p.add_argument("--skip", help="not the specs matching this regular expression")
     p.add_argument("--output", help="write each runtime's critest output to this directory")
-    p.add_argument(INSIDE_FLAG, action="store_true", help=argparse.SUPPRESS)
-    args = p.parse_args(argv)
-    if args.output:
-        args.output = os.path.abspath(args.output)
-    if not args.inside_netns:
-        return run_inside_netns([a for a in argv if a != INSIDE_FLAG], "critcmp")
-    return inside(args)
+
+    def check(args: argparse.Namespace) -> None:
+        if args.output:
+            args.output = os.path.abspath(args.output)
+    return netns_main(p, "critcmp", inside, argv, check)
 
 
 if __name__ == "__main__":

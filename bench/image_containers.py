@@ -29,7 +29,7 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from bench.cri_images import INSIDE_FLAG, Janitor, cni_conflist, log, run, run_inside_netns, start_containerd  # noqa: E402
+from bench.cri_images import Janitor, bench_parser, cni_conflist, log, netns_main, run, start_containerd  # noqa: E402
 
 STEPS = ("create", "start", "exec -s true", "exec true", "stop + rm")
 
@@ -147,16 +147,13 @@ def inside(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = bench_parser(__doc__)
     p.add_argument("--runs", type=int, default=15, help="interleaved runs (15)")
-    p.add_argument(INSIDE_FLAG, action="store_true", help=argparse.SUPPRESS)
-    args = p.parse_args(argv)
-    if args.runs < 1:
-        p.error("--runs must be positive")
-    if not args.inside_netns:
-        return run_inside_netns([a for a in argv if a != INSIDE_FLAG], "imgctr")
-    return inside(args)
+
+    def check(args: argparse.Namespace) -> None:
+        if args.runs < 1:
+            p.error("--runs must be positive")
+    return netns_main(p, "imgctr", inside, argv, check)
 
 
 if __name__ == "__main__":

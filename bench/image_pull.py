@@ -37,7 +37,7 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from bench.cri_images import INSIDE_FLAG, Janitor, cni_conflist, log, run, run_inside_netns, start_containerd  # noqa: E402
+from bench.cri_images import Janitor, bench_parser, cni_conflist, log, netns_main, run, start_containerd  # noqa: E402
 
 PULL_TIMEOUT = 600.0
 
@@ -193,19 +193,16 @@ def _manifest(registry, ref: str) -> dict:  # type: ignore[no-untyped-def]
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = bench_parser(__doc__)
     p.add_argument("--runs", type=int, default=7, help="interleaved runs (7)")
     p.add_argument("--big-mb", type=int, default=100, help="size of the big image's random layers in MB (100)")
     p.add_argument("--big-layers", type=int, default=20, help="how many random layers (20)")
     p.add_argument("--podshimd-config", default="", help="more of podshimd's config.toml")
-    p.add_argument(INSIDE_FLAG, action="store_true", help=argparse.SUPPRESS)
-    args = p.parse_args(argv)
-    if args.runs < 1 or args.big_mb < 1 or args.big_layers < 1:
-        p.error("--runs, --big-mb and --big-layers must be positive")
-    if not args.inside_netns:
-        return run_inside_netns([a for a in argv if a != INSIDE_FLAG], "imgpull")
-    return inside(args)
+
+    def check(args: argparse.Namespace) -> None:
+        if args.runs < 1 or args.big_mb < 1 or args.big_layers < 1:
+            p.error("--runs, --big-mb and --big-layers must be positive")
+    return netns_main(p, "imgpull", inside, argv, check)
 
 
 if __name__ == "__main__":
