@@ -8,7 +8,9 @@ when it is ready.
 
 A pause that has not yet set up its signal handling loses a SIGTERM (PID 1 of a pid namespace
 drops every signal it has no handler for), so :func:`launch` returns only once the pause
-catches or blocks SIGTERM.
+catches or blocks SIGTERM. catatonit is exec'd with every signal blocked, which it keeps (it
+sets its own mask, all blocked, and reads them from a signalfd): it is ready once exec'd. Any
+other pause binary is watched until it catches or blocks SIGTERM itself.
 """
 
 from __future__ import annotations
@@ -50,6 +52,9 @@ DEFAULT_SHM_SIZE_BYTES = 64 << 20
 
 READY_TIMEOUT = 2.0  # seconds for an exec'd pause to set up its SIGTERM handling
 READY_POLL_SECONDS = 0.0005  # between two looks at its signal masks
+#: Pause programs that block every signal first thing and read them from a signalfd, by file
+#: name: exec'd with every signal blocked, they are ready at exec (no polling of their masks).
+SIGNALFD_PAUSES = frozenset({"catatonit"})
 
 _SIGTERM_BIT = 1 << (signal.SIGTERM - 1)
 _BUILTIN_SIGNALS = {signal.SIGTERM, signal.SIGINT, signal.SIGCHLD}
@@ -150,11 +155,8 @@ async def launch(spec: PauseSpec, reaper: Reaper) -> PauseProcess:
     """
     binary, proc_spec = _process_spec(spec)
 
-    async def ready(pid: int, exit_future: asyncio.Future[ExitInfo]) -> None:
-        if binary != BUILTIN:
-            await wait_ready(pid, exit_future)
-
-    proc = await process.launch(proc_spec, reaper, ready)
+    watch = binary != BUILTIN and not proc_spec.exec_signals_blocked
+    proc = await process.launch(proc_spec, reaper, wait_ready if watch else None)
     if proc.exit.done():  # nothing to clean up: it is gone and reaped
         raise Internal("the pause exited right after it started")
     return PauseProcess(proc.pid, proc.start_time, proc.started_at_ns, binary, proc.exit)
@@ -189,6 +191,7 @@ def _process_spec(spec: PauseSpec) -> tuple[str, process.ProcessSpec]:
         shm_options=f"mode=1777,size={spec.shm_size_bytes}" if spec.ipc_mode == POD else None,
         oom_score_adj=spec.oom_score_adj,
         confinement=spec.confinement,
+        exec_signals_blocked=os.path.basename(binary) in SIGNALFD_PAUSES,
     )
 
 

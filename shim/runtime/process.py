@@ -103,9 +103,13 @@ class ProcessSpec:
     process's stdin (a terminal) becomes the controlling terminal of the session it leads.
     ``argv[0]`` is searched in the PATH of ``env`` unless it contains a "/".
     ``builtin``, when set, runs in B instead of exec with the report fd (it writes ``R\\n`` once
-    ready and never returns). ``confinement`` (a task's user, capabilities, no_new_privs and
-    seccomp filter, :mod:`shim.runtime.confine`) is applied last, right before exec; None leaves
-    the process as privileged as the shim.
+    ready and never returns). ``exec_signals_blocked`` execs the program with every signal still
+    blocked, as B has had them since the fork, instead of none: for a program that sets its own
+    mask first thing and reads its signals from a signalfd (catatonit), which then cannot lose a
+    signal sent from its exec on (a blocked signal stays pending, even for PID 1 of a pid
+    namespace), so it is ready when its exec is done. ``confinement`` (a task's user,
+    capabilities, no_new_privs and seccomp filter, :mod:`shim.runtime.confine`) is applied last,
+    right before exec; None leaves the process as privileged as the shim.
     """
 
     name: str
@@ -128,6 +132,7 @@ class ProcessSpec:
     confinement: confine.Confinement | None = None
     stdin: int | None = None
     controlling_terminal: bool = False
+    exec_signals_blocked: bool = False
 
 
 @dataclass(frozen=True)
@@ -168,6 +173,7 @@ class _Plan:
     builtin: Callable[[int], NoReturn] | None
     stdio: tuple[int | None, int | None, int | None]  # stdin, stdout, stderr
     controlling_terminal: bool
+    exec_signals_blocked: bool
     max_fd: int
     confine: tuple[tuple[str, Callable[[], None]], ...]  # (step, call): the last calls before exec
 
@@ -275,6 +281,7 @@ def _plan(spec: ProcessSpec) -> _Plan:
         builtin=spec.builtin,
         stdio=(None, None, None),
         controlling_terminal=spec.controlling_terminal,
+        exec_signals_blocked=spec.exec_signals_blocked,
         max_fd=os.sysconf("SC_OPEN_MAX"),
         confine=confine.steps(spec.confinement),
     )
@@ -595,7 +602,8 @@ def _child_b(plan: _Plan, write_fd: int) -> NoReturn:
         # and anything ignored when the shim started). The kernel's SigIgn has them all.
         for sig in _ignored_signals():
             signal.signal(sig, signal.SIG_DFL)
-        linux.set_signal_mask(b"")
+        if not plan.exec_signals_blocked:
+            linux.set_signal_mask(b"")
         for step, call in plan.confine:
             call()
         kind = b"X"

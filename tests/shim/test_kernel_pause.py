@@ -327,6 +327,32 @@ async def test_sigterm_right_after_launch_is_never_lost(start, binary):
         assert (await asyncio.wait_for(pause.exit, WAIT)).exit_status == 0
 
 
+@needs_catatonit
+async def test_catatonit_is_ready_at_exec_with_every_signal_blocked(start, monkeypatch):
+    # Its masks are never polled: it is exec'd with every signal blocked, so a SIGTERM sent
+    # before it set up its signalfd waits, pending, and ends it.
+    async def no_polling(*args):
+        raise AssertionError("catatonit's signal masks were polled")
+
+    monkeypatch.setattr("shim.runtime.pause.wait_ready", no_polling)
+    for _ in range(5):
+        pause = await start(pause_binary=CATATONIT)
+        signal_process(pause.pid, pause.start_time, signal.SIGTERM)
+        assert (await asyncio.wait_for(pause.exit, WAIT)).exit_status == 0
+
+
+async def test_a_pause_of_another_name_is_ready_once_it_blocks_sigterm_itself(start, tmp_path):
+    # Not known to block its signals itself: exec'd with none blocked, and watched.
+    script = tmp_path / "pause.sh"
+    script.write_text("#!/bin/sh\ntrap 'exit 0' TERM\nwhile :; do sleep 0.05; done\n")
+    script.chmod(0o755)
+    pause = await start(pause_binary=str(script))
+    assert int(_status(pause.pid, "SigCgt")[0], 16) & 1 << (signal.SIGTERM - 1)
+    assert int(_status(pause.pid, "SigBlk")[0], 16) & 1 << (signal.SIGTERM - 1) == 0
+    signal_process(pause.pid, pause.start_time, signal.SIGTERM)
+    assert (await asyncio.wait_for(pause.exit, WAIT)).exit_status == 0
+
+
 @pytest.mark.parametrize("binary", BINARIES)
 async def test_kill_9_reported_as_137(start, binary):
     pause = await start(pause_binary=binary)
