@@ -1,4 +1,6 @@
-"""Helpers shared by the benchmarks: percentiles, a process's memory, pidfd waits, and the floor.
+"""Helpers shared by the benchmarks: percentiles, a process's memory, pidfd waits, the floor, and
+leaving a CRI runtime as found (its pods removed before it stops, no network namespace of theirs
+left behind).
 
 The floor is the kernel's own cost of a pod sandbox without any runtime: ``unshare(1)`` makes the
 namespaces and runs catatonit as their PID 1, we wait until catatonit handles SIGTERM, send it,
@@ -15,11 +17,12 @@ import shutil
 import signal
 import subprocess
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 __all__ = [
     "FLOOR_ARGV",
+    "bench_podshimd",
     "busybox_tree",
     "compile_bytecode",
     "Memory",
@@ -30,6 +33,9 @@ __all__ = [
     "memory",
     "parent_of",
     "percentile",
+    "podshimd_netns",
+    "remove_cri_pods",
+    "remove_netns",
     "signal_pid",
     "template_memory",
     "wait_pidfd",
@@ -49,6 +55,70 @@ def compile_bytecode(repo: str) -> None:
 
     subprocess.run([sys.executable, "-m", "compileall", "-q", *(os.path.join(repo, p) for p in ("shim", "client"))],
                    check=True, stdout=subprocess.DEVNULL)
+
+
+def remove_cri_pods(crictl: str, endpoint: str) -> list[str]:
+    """Stop and remove every pod of the CRI runtime at ``endpoint`` (``crictl rmp -fa``), as a bench
+    does before it stops the runtime: a runtime stopped with pods left them (their netns, shims,
+    CNI leases) behind. Returns the problems, as sentences: pods still listed afterwards."""
+    base = [crictl, "--runtime-endpoint", endpoint, "--timeout", "60s"]
+    done = subprocess.run([*base, "rmp", "-fa"], stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                          timeout=600)
+    listed = subprocess.run([*base, "pods", "-q"], stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                            timeout=120)
+    if done.returncode == 0 and listed.returncode == 0 and not listed.stdout.split():
+        return []
+    return [f"{endpoint}: crictl rmp -fa exited {done.returncode} ({done.stderr.strip()[-300:]}); pods left: "
+            f"{' '.join(listed.stdout.split()) or '(crictl pods failed: ' + listed.stderr.strip()[-200:] + ')'}"]
+
+
+def remove_netns(paths: Iterable[str]) -> list[str]:
+    """Unmount and remove those of ``paths`` (network namespace files a runtime recorded as its
+    own) that are still there; the ones removed. Never touches a path it was not given."""
+    removed = []
+    for path in sorted(set(paths)):
+        if os.path.lexists(path):
+            subprocess.run(["umount", "-l", path], stdin=subprocess.DEVNULL, capture_output=True, timeout=60)
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
+            removed.append(path)
+    return removed
+
+
+def podshimd_netns(state_root: str) -> set[str]:
+    """The network namespaces podshimd's pod records (``STATE_ROOT/pods/*.json``) name."""
+    directory = os.path.join(state_root, "pods")
+    found = set()
+    for entry in os.listdir(directory) if os.path.isdir(directory) else ():
+        if entry.endswith(".json") and not entry.startswith("."):
+            try:
+                with open(os.path.join(directory, entry)) as f:
+                    path = json.load(f).get("netns_path")
+            except (OSError, ValueError):
+                continue
+            if path:
+                found.add(path)
+    return found
+
+
+@contextlib.contextmanager
+def bench_podshimd(directory: str, crictl: str, problems: list[str], **kwargs: object) -> Iterator[object]:
+    """tests/critools.running_podshimd (``kwargs`` are its), which the bench must have on its path,
+    with every pod removed (:func:`remove_cri_pods`) before podshimd stops; then the network
+    namespaces its pod records named that are still there are removed. What went wrong is added to
+    ``problems``, as sentences."""
+    from critools import running_podshimd
+
+    netns: set[str] = set()
+    with running_podshimd(directory, **kwargs) as daemon:  # type: ignore[arg-type]
+        try:
+            yield daemon
+        finally:
+            netns = podshimd_netns(daemon.state_root)
+            problems += remove_cri_pods(crictl, daemon.endpoint)
+    problems += [f"podshimd left the netns {path} of a removed pod (removed now)" for path in remove_netns(netns)]
 
 
 def percentile(values: list[float], q: float) -> float:

@@ -40,9 +40,9 @@ from typing import Any
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from bench.common import percentile  # noqa: E402
-from bench.compare.run import (IMAGE, Janitor, PrivateContainerd, build_pause_image, log, remove_if_ours,  # noqa: E402
-                               run, stop_process, sweep, unmount_under)
+from bench.common import percentile, podshimd_netns, remove_cri_pods, remove_netns  # noqa: E402
+from bench.compare.run import (CGROUP_ROOT, IMAGE, Janitor, PrivateContainerd, build_pause_image, log,  # noqa: E402
+                               remove_if_ours, run, stop_process, sweep, unmount_under)
 from shim.launch.template import stop_template  # noqa: E402
 
 CRICTL = "/var/cache/cri-tools-1.26.0/bin/crictl"
@@ -51,7 +51,52 @@ START_TIMEOUT = 60.0
 
 
 class CriContainerd(PrivateContainerd):
-    """The private containerd of bench/compare with its CRI plugin on."""
+    """The private containerd of bench/compare with its CRI plugin on.
+
+    Its pods' network namespaces are mounted under its own state directory
+    (``netns_mounts_under_state_dir``), not among everyone's in /run/netns: what it made is known by
+    where it is. :meth:`stop` removes every pod first (a containerd stopped with pods leaves their
+    ``cni-*`` namespaces behind), then removes and reports any namespace still there.
+    """
+
+    @property
+    def netns_dir(self) -> str:
+        return os.path.join(self.dir, "state", "io.containerd.grpc.v1.cri", "netns")
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.janitor.failures.extend(remove_cri_pods(CRICTL, "unix://" + self.sock))
+        super().stop()
+        left = [os.path.join(self.netns_dir, name) for name in sorted(os.listdir(self.netns_dir))] \
+            if os.path.isdir(self.netns_dir) else []
+        for path in remove_netns(left):
+            self.problem(f"containerd left the netns {path} behind (removed now)")
+        self._remove_leftover_containers()
+
+    def problem(self, sentence: str) -> None:
+        self.janitor.failures.append(sentence)
+        log(sentence)
+
+    def _remove_leftover_containers(self) -> None:
+        """What containers (pauses included) that were not removed before containerd stopped left:
+        their mounts below our directory, their cgroups and runc's state, by the ids of the task
+        bundles it recorded (its processes are gone: PrivateContainerd.stop killed them)."""
+        tasks = os.path.join(self.dir, "state", "io.containerd.runtime.v2.task", "k8s.io")
+        ids = sorted(os.listdir(tasks)) if os.path.isdir(tasks) else []
+        if not ids:
+            return
+        self.problem(f"containerd stopped with {len(ids)} containers not removed; removing what they left")
+        unmount_under(self.dir)
+        hierarchies = [CGROUP_ROOT] + [os.path.join(CGROUP_ROOT, h) for h in os.listdir(CGROUP_ROOT)]
+        for cid in ids:
+            for path in (os.path.join(h, "k8s.io", cid) for h in hierarchies):
+                if os.path.isdir(path):
+                    try:
+                        os.rmdir(path)
+                    except OSError as exc:
+                        self.problem(f"left the cgroup {path}: {exc.strerror}")
+            shutil.rmtree(os.path.join("/run/containerd/runc/k8s.io", cid), ignore_errors=True)
+            shutil.rmtree(os.path.join(tasks, cid), ignore_errors=True)  # done: a second stop finds nothing
 
     def config(self) -> str:
         lines = [line for line in super().config().splitlines() if not line.startswith("disabled_plugins")]
@@ -62,6 +107,7 @@ class CriContainerd(PrivateContainerd):
             # runc cannot lower oom_score_adj here (no CAP_SYS_RESOURCE where this runs: "failed to update
             # /proc/self/oom_score_adj: Permission denied"); clamp it to containerd's own, as rootless setups do.
             '  restrict_oom_score_adj = true',
+            '  netns_mounts_under_state_dir = true',
             '[plugins."io.containerd.grpc.v1.cri".cni]',
             f'  bin_dir = "{CNI_BIN}"',
             f'  conf_dir = "{self.dir}/net.d"',
@@ -316,11 +362,18 @@ def main(argv: list[str] | None = None) -> int:
         os.makedirs(psd_dir)
         cni_conf(psd_dir, "crib-ps0", "10.231.0.0/16")
         psd = PodshimdProc(psd_dir, netns, trace=args.trace)
+        psd_netns: set[str] = set()  # what its pod records name, read before the pods are removed
+        janitor.add("remove the netns podshimd's pods left", lambda: janitor.failures.extend(
+            f"podshimd left the netns {path} of a removed pod (removed now)" for path in remove_netns(psd_netns)))
         janitor.add("stop the shim template", stop_template, os.path.join(psd_dir, "run"))
         janitor.add("stop podshimd", psd.stop)
         psd.start()
         runtimes = [Runtime("podshimd", "unix://" + psd.sock)]
-        janitor.add("remove podshimd's pods", drain, runtimes[0])
+
+        def drain_podshimd() -> None:
+            psd_netns.update(podshimd_netns(os.path.join(psd_dir, "state")))
+            drain(runtimes[0])
+        janitor.add("remove podshimd's pods", drain_podshimd)
 
         if not args.no_containerd:
             cd_dir = os.path.join(workdir, "cd")
@@ -345,7 +398,6 @@ def main(argv: list[str] | None = None) -> int:
             run(["ctr", "-a", cd.sock, "-n", "k8s.io", "image", "import", "--index-name", IMAGE, image], timeout=120)
             cd_rt = Runtime("containerd", "unix://" + cd.sock)
             runtimes.append(cd_rt)
-            janitor.add("remove containerd's pods", drain, cd_rt)
             notes.append(f"containerd {version} (Debian), CRI plugin, runc {run(['runc', '--version']).stdout.split()[2]}")
 
         scratch = os.path.join(workdir, "pods")

@@ -117,15 +117,5 @@ def start_containerd(workdir: str, janitor: Janitor, mirrors: Mapping[str, str])
     return containerd, version
 
 
-def remove_cri_pods_and_images(crictl: str, endpoint: str, keep_images: tuple[str, ...] = (IMAGE,)) -> None:
-    """``crictl rmp -fa`` and ``crictl rmi`` of every image but ``keep_images``: a runtime left as found."""
-    base = [crictl, "--runtime-endpoint", endpoint, "--image-endpoint", endpoint, "--timeout", "60s"]
-    run([*base, "rmp", "-fa"], check=False, timeout=300)
-    listed = json.loads(run([*base, "images", "-o", "json"], timeout=60).stdout or "{}")
-    for image in listed.get("images", []):
-        if not set(image.get("repoTags") or ()) & set(keep_images):
-            run([*base, "rmi", image["id"]], check=False, timeout=120)
-
-
 __all__ = ["CNI_BIN", "INSIDE_FLAG", "IMAGE", "ImageContainerd", "Janitor", "bench_parser", "cni_conflist", "log",
-           "netns_main", "remove_cri_pods_and_images", "run", "run_inside_netns", "start_containerd"]
+           "netns_main", "run", "run_inside_netns", "start_containerd"]

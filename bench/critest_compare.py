@@ -26,13 +26,14 @@ import tempfile
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
+from bench.common import bench_podshimd  # noqa: E402
 from bench.cri_images import Janitor, bench_parser, log, netns_main, start_containerd  # noqa: E402
 
 CRITOOLS_BIN = "/var/cache/cri-tools-1.26.0/bin"
 
 
 def inside(args: argparse.Namespace) -> int:
-    from critools import CritestResult, cri_tools_bin, run_critest, running_podshimd
+    from critools import CritestResult, cri_tools_bin, run_critest
     from imagebuild import TestImages, critest_images
     from registry import running_registry
 
@@ -62,7 +63,8 @@ def inside(args: argparse.Namespace) -> int:
                 from bench.cri_images import cni_conflist
                 cni_conflist(directory, "bench-ps0", "10.234.0.0/16")
                 config = images.podshim_registry_config() + args.podshimd_config
-                with running_podshimd(directory, config=config) as daemon:
+                with bench_podshimd(directory, os.path.join(bin_dir, "crictl"), janitor.failures,
+                                    config=config) as daemon:
                     log("critest against podshimd ...")
                     results.append(("podshimd", run_critest(os.path.join(bin_dir, "critest"), daemon.endpoint,
                                                             images, focus=args.focus, skip=args.skip,

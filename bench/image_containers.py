@@ -21,7 +21,6 @@ import json
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -29,6 +28,7 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
+from bench.common import bench_podshimd  # noqa: E402
 from bench.cri_images import Janitor, bench_parser, cni_conflist, log, netns_main, run, start_containerd  # noqa: E402
 
 STEPS = ("create", "start", "exec -s true", "exec true", "stop + rm")
@@ -76,13 +76,9 @@ class Runtime:
         self.timed("exec true", ["exec", cid, "true"])
         self.timed("stop + rm", ["stop", "-t", "0", cid], ["rm", cid])
 
-    def teardown(self) -> None:
-        if self.pod:
-            run([*self.base, "rmp", "-f", self.pod], check=False, timeout=120)
-
 
 def inside(args: argparse.Namespace) -> int:
-    from critools import cri_tools_bin, running_podshimd
+    from critools import cri_tools_bin
     from imagebuild import TestImages
     from registry import running_registry
 
@@ -102,7 +98,8 @@ def inside(args: argparse.Namespace) -> int:
             directory = tempfile.mkdtemp(prefix="psd-", dir="/tmp")  # short: the socket path must fit
             janitor.add("remove podshimd's directory", shutil.rmtree, directory, True)
             cni_conflist(directory, "bench-ps0", "10.234.0.0/16")
-            with running_podshimd(directory, config=f'[registries."{registry.host}"]\ninsecure = true\n') as daemon:
+            with bench_podshimd(directory, crictl, janitor.failures,
+                                config=f'[registries."{registry.host}"]\ninsecure = true\n') as daemon:
                 for key, endpoint in (("podshimd", daemon.endpoint), ("containerd", "unix://" + containerd.sock)):
                     runtime = Runtime(key, crictl, endpoint, os.path.join(workdir, key))
                     runtimes.append(runtime)
@@ -118,15 +115,8 @@ def inside(args: argparse.Namespace) -> int:
                     log(f"run {i}/{args.runs}: " + "; ".join(
                         f"{r.key} " + ", ".join(f"{s} {r.times[s][-1] * 1000:.0f}" for s in STEPS) for r in runtimes))
                 load_after = os.getloadavg()
-                for runtime in runtimes:
-                    runtime.teardown()
-            containerd.stop()
+            containerd.stop()  # its pods first (CriContainerd.stop), as bench_podshimd removed podshimd's
     finally:
-        for runtime in runtimes:
-            try:
-                runtime.teardown()
-            except (OSError, subprocess.SubprocessError):
-                pass
         janitor.run()
 
     date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")

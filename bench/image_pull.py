@@ -37,6 +37,7 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
+from bench.common import bench_podshimd  # noqa: E402
 from bench.cri_images import Janitor, bench_parser, cni_conflist, log, netns_main, run, start_containerd  # noqa: E402
 
 PULL_TIMEOUT = 600.0
@@ -101,7 +102,7 @@ def podshimd_pulls(crictl: str, endpoint: str, ref: str) -> str:
 
 
 def inside(args: argparse.Namespace) -> int:
-    from critools import cri_tools_bin, running_podshimd
+    from critools import cri_tools_bin
     from imagebuild import TestImages
     from registry import running_registry
 
@@ -129,7 +130,7 @@ def inside(args: argparse.Namespace) -> int:
             janitor.add("remove podshimd's directory", shutil.rmtree, directory, True)
             cni_conflist(directory, "bench-ps0", "10.234.0.0/16")
             config = f'[registries."{registry.host}"]\ninsecure = true\n' + args.podshimd_config
-            with running_podshimd(directory, config=config) as daemon:
+            with bench_podshimd(directory, crictl, janitor.failures, config=config) as daemon:
                 podshimd = Contender("podshimd: crictl pull (CRI)", crictl, endpoint=daemon.endpoint)
                 podshimd.blobs_dir = os.path.join(daemon.state_root, "images", "content", "blobs", "sha256")
                 podshimd.todo = podshimd_pulls(crictl, daemon.endpoint, refs["small"])

@@ -24,8 +24,8 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[:0] = [REPO, os.path.join(REPO, "tests")]
 
-from bench.common import percentile  # noqa: E402
-from critools import cri_tools_bin, running_podshimd  # noqa: E402
+from bench.common import bench_podshimd, percentile  # noqa: E402
+from critools import cri_tools_bin  # noqa: E402
 from podtools import container_config, pod_config  # noqa: E402
 
 
@@ -47,8 +47,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     crictl = os.path.join(cri_tools_bin(), "crictl")
     directory = tempfile.mkdtemp(prefix="psd-bench-")
+    problems: list[str] = []
     try:
-        with running_podshimd(directory) as daemon:
+        with bench_podshimd(directory, crictl, problems) as daemon:
             base = [crictl, "--runtime-endpoint", daemon.endpoint, "--timeout", "30s"]
             pod_path, ctr_path = os.path.join(directory, "pod.json"), os.path.join(directory, "ctr.json")
             with open(pod_path, "w") as f:
@@ -95,6 +96,8 @@ def main(argv: list[str] | None = None) -> int:
                 subprocess.run(base + ["rmp", "-f", pod_id], capture_output=True)
     finally:
         shutil.rmtree(directory, ignore_errors=True)
+        for problem in problems:
+            print("cleanup problem:", problem)
     return 0
 
 
