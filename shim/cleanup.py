@@ -167,6 +167,7 @@ def _delete_sandbox(bundle: str, namespace: str, sandbox_id: str, runtime_root: 
             oci = delete_recorded(oci)
         except RpcError as exc:
             log.error("cannot delete the OCI containers in %s: %s", state_path, exc.message)
+    rootfs = _unmount_sandbox_rootfs(bundle, record.rootfs)
     _remove_cgroup(record.cgroup)
     if record.netns_owned and record.netns_path:
         netns.remove_netns(record.netns_path)
@@ -176,10 +177,28 @@ def _delete_sandbox(bundle: str, namespace: str, sandbox_id: str, runtime_root: 
     try:
         # In this podshim's version: what a newer one recorded beyond it no longer exists.
         write_state(bundle, dataclasses.replace(record, version=STATE_VERSION, state=STATE_DELETED, exit=exit_info,
-                                                tasks=tasks, oci=oci))
+                                                tasks=tasks, oci=oci, rootfs=rootfs))
     except OSError as exc:
         log.warning("cannot update %s: %s", state_path, exc)
     return {"exit_status": exit_info.exit_status, "exited_at": exit_info.exited_at, "pid": pid}
+
+
+def _unmount_sandbox_rootfs(bundle: str, rootfs: str) -> str:
+    """Unmount the pause's rootfs (a sandbox image's) once the pause is gone; what is left of it
+    ("" once unmounted). Only where the shim mounts one (``<bundle>/rootfs``)."""
+    if not rootfs:
+        return ""
+    if os.path.normpath(rootfs) != os.path.normpath(mounts.sandbox_rootfs_path(os.path.abspath(bundle))):
+        log.error("not unmounting %s, which is not the pause's rootfs in %s", rootfs, bundle)
+        return rootfs
+    try:
+        mounts.unmount_rootfs(rootfs, remove=False)
+        with contextlib.suppress(FileNotFoundError):
+            os.rmdir(rootfs)
+    except (RpcError, OSError) as exc:
+        log.error("cannot remove the pause's rootfs %s: %s", rootfs, getattr(exc, "message", exc))
+        return rootfs
+    return ""
 
 
 def _unlink(path: str) -> None:

@@ -574,21 +574,76 @@ void _start(void) {
 """
 
 
-def nnp_binary(directory: str) -> bytes:
-    """The nonewprivs program, compiled (static, no libc, x86-64) in ``directory``."""
-    source, binary = os.path.join(directory, "nnp.c"), os.path.join(directory, "nnp")
+def compiled(directory: str, name: str, source_text: str, flags: Sequence[str], what: str) -> bytes:
+    """The program ``source_text`` (C) compiled by gcc with ``flags`` in ``directory``, as bytes."""
+    source, binary = os.path.join(directory, f"{name}.c"), os.path.join(directory, name)
     with open(source, "w") as f:
-        f.write(NNP_C)
+        f.write(source_text)
     try:
-        _run(["gcc", "-static", "-nostdlib", "-Os", "-fno-stack-protector", "-fno-builtin",
-              "-fno-asynchronous-unwind-tables", "-Wl,--build-id=none", "-s", "-o", binary, source])
+        _run(["gcc", *flags, "-o", binary, source])
     except FileNotFoundError:
-        raise RuntimeError("gcc is not installed: it builds the nonewprivs test image (.ci/install --test)") from None
+        raise RuntimeError(f"gcc is not installed: it builds {what} (.ci/install --test)") from None
     with open(binary, "rb") as f:
         data = f.read()
     os.unlink(source)
     os.unlink(binary)
     return data
+
+
+def nnp_binary(directory: str) -> bytes:
+    """The nonewprivs program, compiled (static, no libc, x86-64) in ``directory``."""
+    return compiled(directory, "nnp", NNP_C, ["-static", "-nostdlib", "-Os", "-fno-stack-protector", "-fno-builtin",
+                                              "-fno-asynchronous-unwind-tables", "-Wl,--build-id=none", "-s"],
+                    "the nonewprivs test image")
+
+
+#: A pause that is not catatonit (nothing may assume catatonit): it blocks in pause(), reaps its
+#: children on SIGCHLD and exits 0 on SIGTERM or SIGINT. Built static with libc (libc6-dev's libc.a).
+TINY_PAUSE_C = r"""
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+static void on_term(int sig) { (void)sig; _exit(0); }
+static void on_chld(int sig) { (void)sig; while (waitpid(-1, 0, WNOHANG) > 0) {} }
+int main(void) {
+    struct sigaction sa = {0};
+    sa.sa_handler = on_term;
+    sigaction(SIGTERM, &sa, 0);
+    sigaction(SIGINT, &sa, 0);
+    sa.sa_handler = on_chld;
+    sa.sa_flags = SA_NOCLDSTOP | SA_RESTART;
+    sigaction(SIGCHLD, &sa, 0);
+    for (;;) pause();
+}
+"""
+CATATONIT = "/usr/bin/catatonit"
+
+
+def tiny_pause_binary(directory: str) -> bytes:
+    """The tiny C pause (TINY_PAUSE_C), compiled static (with libc.a) in ``directory``."""
+    return compiled(directory, "tiny-pause", TINY_PAUSE_C, ["-static", "-Os", "-s"], "the tiny pause test image")
+
+
+def catatonit_pause_image(images: TestImages) -> Image:
+    """``test/pause-catatonit:1.0``: the static /usr/bin/catatonit as /catatonit, Entrypoint
+    ["/catatonit", "-P"], nothing else in it (as registry.k8s.io/pause is a lone binary)."""
+    with open(CATATONIT, "rb") as f:
+        data = f.read()
+    return images.build("pause-catatonit", [{"catatonit": Entry("", data=data, mode=0o755)}],
+                        ImageConfig(entrypoint=("/catatonit", "-P"), env=(DEFAULT_PATH,)), base=None)
+
+
+def tiny_pause_image(images: TestImages) -> Image:
+    """``test/pause-tiny:1.0``: the tiny C pause as /bin/tiny-pause, Entrypoint ["tiny-pause"]
+    (found in PATH), Cmd ["--pod"] (ignored by it, and shows that Cmd is appended), WorkingDir /bin."""
+    directory = tempfile.mkdtemp(prefix="tiny-pause-")
+    try:
+        data = tiny_pause_binary(directory)
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+    return images.build("pause-tiny", [{"bin/tiny-pause": Entry("", data=data, mode=0o755)}],
+                        ImageConfig(entrypoint=("tiny-pause",), cmd=("--pod",), env=(DEFAULT_PATH, "PAUSE=tiny"),
+                                    working_dir="/bin"), base=None)
 
 
 def web_root(directory: str, page: str) -> dict[str, Union[bytes, str, Entry]]:

@@ -36,7 +36,9 @@ from shim.rpc.status import FailedPrecondition, Internal, InvalidArgument
 
 __all__ = ["MASKED_PATHS", "READONLY_PATHS", "ROOTFS_DIR", "TASKS_DIR", "BindMount", "HostDevice", "RootSetup",
            "RootfsMount", "TaskFilesystem", "check_destinations", "enter_root", "host_devices", "is_mount_point",
-           "mount_rootfs", "open_trees", "parse_filesystem", "unmount_rootfs"]
+           "mount_rootfs", "open_trees", "parse_filesystem", "parse_rootfs", "resolve_in_root", "rootfs_path",
+           "sandbox_rootfs_path",
+           "unmount_rootfs"]
 
 #: runc's default masked and read-only paths (`runc spec`).
 MASKED_PATHS = (
@@ -182,9 +184,14 @@ class TaskFilesystem:
 
 # -- the wire --------------------------------------------------------------------------------
 
+def parse_rootfs(payload: Mapping[str, Any]) -> tuple[RootfsMount, ...]:
+    """The ``rootfs`` mounts of a Task.Create or CreateSandbox payload; InvalidArgument naming the entry."""
+    return tuple(_rootfs_mount(entry, f"rootfs[{i}]") for i, entry in enumerate(_array(payload, "rootfs")))
+
+
 def parse_filesystem(payload: Mapping[str, Any]) -> TaskFilesystem:
     """The mount fields of a Task.Create payload; InvalidArgument with a sentence naming the field."""
-    rootfs = tuple(_rootfs_mount(entry, f"rootfs[{i}]") for i, entry in enumerate(_array(payload, "rootfs")))
+    rootfs = parse_rootfs(payload)
     mounts = tuple(_bind_mount(entry, f"mounts[{i}]") for i, entry in enumerate(_array(payload, "mounts")))
     return TaskFilesystem(
         rootfs=rootfs,
@@ -273,6 +280,11 @@ def _paths(payload: Mapping[str, Any], name: str, default: tuple[str, ...]) -> t
 
 
 # -- the host: a task's rootfs ---------------------------------------------------------------
+
+def sandbox_rootfs_path(bundle: str) -> str:
+    """Where the shim mounts the pause's rootfs (a sandbox image's)."""
+    return os.path.join(bundle, ROOTFS_DIR)
+
 
 def rootfs_path(bundle: str, task_id: str) -> str:
     """Where the shim mounts a task's rootfs."""
@@ -372,12 +384,12 @@ def check_destinations(fs: TaskFilesystem, root: str) -> None:
     for i, mount in enumerate(fs.mounts):
         if mount.destination.startswith("/dev/"):
             continue
-        if not os.path.lexists(_resolve(root, mount.destination)):
+        if not os.path.lexists(resolve_in_root(root, mount.destination)):
             raise FailedPrecondition(f"mounts[{i}].destination {mount.destination} does not exist in the host's "
                                      "read-only root (give the task a rootfs to have it made)")
 
 
-def _resolve(root: str, path: str) -> str:
+def resolve_in_root(root: str, path: str) -> str:
     """``path`` inside ``root`` with its symlinks resolved as if ``root`` were ``/`` (never out of it)."""
     parts = [p for p in path.split("/") if p]
     resolved: list[str] = []
@@ -453,7 +465,7 @@ def open_trees(fs: TaskFilesystem, mount_point: str, *, own_ipc: bool) -> RootSe
             flags = 0
             for option in mount.options:
                 flags |= _BIND_FLAGS.get(option, 0)
-            target = mount_point + _resolve(root, mount.destination)[len(root.rstrip("/")):]
+            target = mount_point + resolve_in_root(root, mount.destination)[len(root.rstrip("/")):]
             setup.binds.append((fd, target, os.path.isdir(mount.source), _MS_PROPAGATION[mount.propagation], flags))
     except BaseException:
         setup.close()

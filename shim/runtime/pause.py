@@ -10,7 +10,10 @@ A pause that has not yet set up its signal handling loses a SIGTERM (PID 1 of a 
 drops every signal it has no handler for), so :func:`launch` returns only once the pause
 catches or blocks SIGTERM. catatonit is exec'd with every signal blocked, which it keeps (it
 sets its own mask, all blocked, and reads them from a signalfd): it is ready once exec'd. Any
-other pause binary is watched until it catches or blocks SIGTERM itself.
+other pause binary is watched until it catches or blocks SIGTERM itself, but a sandbox image's
+(``PauseSpec.rootfs``), which may be any program: it is ready once it has exec'd and then handles
+SIGTERM, or :data:`IMAGE_SIGTERM_GRACE` after its exec, whichever comes first (one that never
+handles SIGTERM is ended by StopSandbox's SIGKILL).
 """
 
 from __future__ import annotations
@@ -19,17 +22,18 @@ import asyncio
 import os
 import re
 import signal
+import stat
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import NoReturn
 
 from shim.kernel import linux
-from shim.runtime import process
+from shim.runtime import mounts, process
 from shim.runtime.confine import Confinement
 from shim.kernel.cgroups import SandboxCgroup
 from shim.kernel.reaper import ExitInfo, Reaper
-from shim.rpc.status import FailedPrecondition, Internal, InvalidArgument
+from shim.rpc.status import FailedPrecondition, Internal, InvalidArgument, RpcError
 
 __all__ = [
     "BUILTIN",
@@ -39,6 +43,7 @@ __all__ = [
     "PauseProcess",
     "PauseSpec",
     "launch",
+    "program_identity",
     "validate_sysctls",
     "wait_ready",
 ]
@@ -55,6 +60,7 @@ READY_POLL_SECONDS = 0.0005  # between two looks at its signal masks
 #: Pause programs that block every signal first thing and read them from a signalfd, by file
 #: name: exec'd with every signal blocked, they are ready at exec (no polling of their masks).
 SIGNALFD_PAUSES = frozenset({"catatonit"})
+IMAGE_SIGTERM_GRACE = 1.0  # seconds an image's pause, once exec'd, may take to handle SIGTERM
 
 _SIGTERM_BIT = 1 << (signal.SIGTERM - 1)
 _BUILTIN_SIGNALS = {signal.SIGTERM, signal.SIGINT, signal.SIGCHLD}
@@ -87,6 +93,18 @@ class PauseSpec:
     oom_score_adj: int | None = DEFAULT_OOM_SCORE_ADJ
     shm_size_bytes: int = DEFAULT_SHM_SIZE_BYTES
     confinement: Confinement | None = None
+    rootfs: str | None = None  # a sandbox image's root (mounted): the pause is ``args`` run from it
+    args: tuple[str, ...] = ()
+    env: tuple[str, ...] = ()  # NAME=VALUE
+    cwd: str = "/"
+
+    @property
+    def env_map(self) -> dict[str, str]:
+        """``env`` as a map (the last of a name wins, as in a process's environment), with the
+        standard PATH when it names none."""
+        env = dict(entry.split("=", 1) for entry in self.env)
+        env.setdefault("PATH", process.DEFAULT_PATH)
+        return env
 
 
 @dataclass(frozen=True)
@@ -156,7 +174,19 @@ async def launch(spec: PauseSpec, reaper: Reaper) -> PauseProcess:
     binary, proc_spec = _process_spec(spec)
 
     watch = binary != BUILTIN and not proc_spec.exec_signals_blocked
-    proc = await process.launch(proc_spec, reaper, wait_ready if watch else None)
+
+    async def ready(pid: int, exit_future: asyncio.Future[ExitInfo]) -> None:
+        # The launch returns once the program has exec'd (its report pipe is close-on-exec).
+        await wait_ready(pid, exit_future, sigterm_grace=IMAGE_SIGTERM_GRACE if spec.rootfs else None)
+
+    try:
+        proc = await process.launch(proc_spec, reaper, ready if watch else None)
+    except process.ExecFailed as exc:
+        if spec.rootfs is None:
+            raise
+        # The image's own program or working directory: the image is at fault, not the shim.
+        raise FailedPrecondition(f"the sandbox image's pause cannot start: {exc.step}: "
+                                 f"{os.strerror(exc.errno)}") from None
     if proc.exit.done():  # nothing to clean up: it is gone and reaped
         raise Internal("the pause exited right after it started")
     return PauseProcess(proc.pid, proc.start_time, proc.started_at_ns, binary, proc.exit)
@@ -178,10 +208,21 @@ def _process_spec(spec: PauseSpec) -> tuple[str, process.ProcessSpec]:
         flags |= linux.CLONE_NEWIPC
     if spec.pid_mode == POD:
         flags |= linux.CLONE_NEWPID
-    binary = _resolve_binary(spec.pause_binary)
+    if spec.rootfs is not None:
+        if spec.pause_binary is not None:
+            raise InvalidArgument("a pause binary and a sandbox image's rootfs are both set")
+        if not spec.args:
+            raise InvalidArgument("a sandbox image's pause needs its args (the image's Entrypoint and Cmd)")
+        binary, argv = spec.args[0], spec.args
+    else:
+        binary = _resolve_binary(spec.pause_binary)
+        argv = (binary, "-P")
     return binary, process.ProcessSpec(
         name="pause",
-        argv=(binary, "-P"),
+        argv=argv,
+        env=spec.env_map if spec.rootfs is not None else {},
+        cwd=spec.cwd if spec.rootfs is not None else "/",
+        chroot=spec.rootfs,
         builtin=_builtin_pause if binary == BUILTIN else None,
         join=((spec.netns_path, linux.CLONE_NEWNET),) if spec.netns_path is not None else (),
         unshare_flags=flags,
@@ -207,17 +248,23 @@ def _resolve_binary(pause_binary: str | None) -> str:
     return pause_binary
 
 
-async def wait_ready(pid: int, exit_future: asyncio.Future[ExitInfo], name: str | None = None) -> None:
+async def wait_ready(pid: int, exit_future: asyncio.Future[ExitInfo], name: str | None = None, *,
+                     exe: tuple[int, int] | None = None, sigterm_grace: float | None = None) -> None:
     """Poll /proc/PID/status until the exec'd pause catches or blocks SIGTERM.
 
-    ``name``, when given, is the pause's command name: until the process has it, it has not
-    exec'd the pause yet (an OCI runtime's init catches SIGTERM itself, and dies of it).
-    Raises Internal when the pause exits first or is not ready within READY_TIMEOUT.
+    ``name`` (the pause's command name) or ``exe`` (the ``(st_dev, st_ino)`` of its program), when
+    given, tells when the process has exec'd the pause: either matching is enough (an OCI
+    runtime's init catches SIGTERM itself, and dies of it). ``sigterm_grace``, when given, makes
+    SIGTERM handling optional: the pause is ready that many seconds after its exec was seen
+    even if it never handles SIGTERM (a sandbox image's pause may be any program).
+    Raises Internal when the pause exits first or has not exec'd (or, without a grace, is not
+    ready) within READY_TIMEOUT.
     """
     # catatonit blocks every signal and reads them from a signalfd (SigBlk); a classic pause
     # installs handlers (SigCgt). Either way SIGTERM is no longer dropped. The mask B set
     # before exec was empty, so a set bit is the new program's doing.
     deadline = time.monotonic() + READY_TIMEOUT
+    grace_end: float | None = None
     while True:
         try:
             with open(f"/proc/{pid}/status") as f:
@@ -229,12 +276,49 @@ async def wait_ready(pid: int, exit_future: asyncio.Future[ExitInfo], name: str 
             # The pause has exited (a zombie until the reaper runs): report its status.
             info = await asyncio.wait_for(asyncio.shield(exit_future), process.CLEANUP_TIMEOUT)
             raise Internal(f"the pause exited during start with status {info.exit_status}")
-        exec_done = name is None or fields.get("Name", "").strip() == name
+        exec_done = ((name is None and exe is None) or (name is not None and fields.get("Name", "").strip() == name)
+                     or (exe is not None and _exe_identity(pid) == exe))
         if exec_done and (int(fields["SigBlk"], 16) | int(fields["SigCgt"], 16)) & _SIGTERM_BIT:
             return
-        if time.monotonic() >= deadline:
+        now = time.monotonic()
+        if exec_done and sigterm_grace is not None:
+            if grace_end is None:
+                grace_end = now + sigterm_grace
+            elif now >= grace_end:
+                return
+        elif now >= deadline:
+            if not exec_done:
+                raise Internal(f"the pause did not exec its program within {READY_TIMEOUT} s")
             raise Internal(f"the pause did not set up its SIGTERM handling within {READY_TIMEOUT} s")
         await asyncio.sleep(READY_POLL_SECONDS)
+
+
+def _exe_identity(pid: int) -> tuple[int, int] | None:
+    try:
+        st = os.stat(f"/proc/{pid}/exe")
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
+def program_identity(rootfs: str, args: tuple[str, ...], env: Mapping[str, str]) -> tuple[int, int] | None:
+    """The ``(st_dev, st_ino)`` of the program ``args[0]`` names inside ``rootfs`` (searched in
+    ``env``'s PATH unless it holds a "/", symbolic links resolved inside the root), or None when
+    it is not found there (it may still be found by the runtime: then the pause's command name
+    tells its exec)."""
+    program = args[0]
+    candidates = [program] if "/" in program else [
+        os.path.join(directory or "/", program) for directory in env.get("PATH", process.DEFAULT_PATH).split(":")]
+    for candidate in candidates:
+        if not candidate.startswith("/"):
+            continue
+        try:
+            st = os.stat(mounts.resolve_in_root(rootfs, candidate))
+        except (OSError, RpcError):  # RpcError: a loop of symbolic links
+            continue
+        if stat.S_ISREG(st.st_mode):
+            return st.st_dev, st.st_ino
+    return None
 
 
 def _builtin_pause(write_fd: int) -> NoReturn:

@@ -101,7 +101,10 @@ class ProcessSpec:
     by B in its pid namespace (needs ``CLONE_NEWNS``); the caller closes it after the launch.
     ``stdin``/``stdout``/``stderr`` are fds (None: /dev/null); with ``controlling_terminal`` the
     process's stdin (a terminal) becomes the controlling terminal of the session it leads.
-    ``argv[0]`` is searched in the PATH of ``env`` unless it contains a "/".
+    ``chroot``, when set, is a directory the process changes its root to right before its cwd (the
+    native pause of a sandbox image: unlike ``root``, its mount namespace stays the one it was
+    given, which tasks copy). ``argv[0]`` is searched in the PATH of ``env`` unless it contains a "/"
+    (inside ``chroot`` when set).
     ``builtin``, when set, runs in B instead of exec with the report fd (it writes ``R\\n`` once
     ready and never returns). ``exec_signals_blocked`` execs the program with every signal still
     blocked, as B has had them since the fork, instead of none: for a program that sets its own
@@ -133,6 +136,7 @@ class ProcessSpec:
     stdin: int | None = None
     controlling_terminal: bool = False
     exec_signals_blocked: bool = False
+    chroot: str | None = None
 
 
 @dataclass(frozen=True)
@@ -176,6 +180,7 @@ class _Plan:
     exec_signals_blocked: bool
     max_fd: int
     confine: tuple[tuple[str, Callable[[], None]], ...]  # (step, call): the last calls before exec
+    chroot: str | None = None
 
 
 async def launch(spec: ProcessSpec, reaper: Reaper,
@@ -284,6 +289,7 @@ def _plan(spec: ProcessSpec) -> _Plan:
         exec_signals_blocked=spec.exec_signals_blocked,
         max_fd=os.sysconf("SC_OPEN_MAX"),
         confine=confine.steps(spec.confinement),
+        chroot=spec.chroot,
     )
 
 
@@ -590,6 +596,10 @@ def _child_b(plan: _Plan, write_fd: int) -> NoReturn:
             fcntl.ioctl(0, termios.TIOCSCTTY, 0)
         os.closerange(3, write_fd)
         os.closerange(write_fd + 1, plan.max_fd)
+        ignored = _ignored_signals()  # read from /proc, which a chroot leaves behind
+        if plan.chroot is not None:
+            step = f"chroot {plan.chroot}"
+            os.chroot(plan.chroot)
         kind = b"X"
         step = f"chdir {plan.cwd}"
         os.chdir(plan.cwd)
@@ -600,7 +610,7 @@ def _child_b(plan: _Plan, write_fd: int) -> NoReturn:
             plan.builtin(write_fd)
         # exec resets caught signals but keeps ignored ones (Python ignores SIGPIPE and SIGXFSZ,
         # and anything ignored when the shim started). The kernel's SigIgn has them all.
-        for sig in _ignored_signals():
+        for sig in ignored:
             signal.signal(sig, signal.SIG_DFL)
         if not plan.exec_signals_blocked:
             linux.set_signal_mask(b"")

@@ -15,7 +15,7 @@ from shim.rpc.identifiers import validate_annotations, validate_hostname, valida
 from shim.rpc.messages import optional
 from shim.rpc.status import InvalidArgument
 
-__all__ = ["NAMESPACE_MODES", "NATIVE", "RUNTIME_HANDLERS", "namespace_mode", "SandboxOptions"]
+__all__ = ["NAMESPACE_MODES", "NATIVE", "RUNTIME_HANDLERS", "namespace_mode", "PauseImage", "SandboxOptions"]
 
 NAMESPACE_MODES = {0: "POD", 1: "CONTAINER", 2: "NODE", 3: "TARGET"}
 NATIVE = "native"  # the shim's own launcher (shim.runtime.native)
@@ -50,6 +50,43 @@ def _str_map(value: Any, what: str) -> dict[str, str]:
 
 
 @dataclass(frozen=True)
+class PauseImage:
+    """``pause_image``: the pause as a sandbox image's config makes it (protocol.md 7.4), run from
+    CreateSandbox's ``rootfs``. ``env`` holds ``NAME=VALUE`` strings; ``image`` names the image."""
+
+    args: tuple[str, ...]
+    env: tuple[str, ...] = ()
+    cwd: str = "/"
+    image: str = ""
+
+    @classmethod
+    def from_payload(cls, value: Any) -> "PauseImage":
+        """Parse ``pause_image``; InvalidArgument naming the bad key."""
+        if not isinstance(value, dict):
+            raise InvalidArgument("pause_image must be a map (args, env, cwd, image)")
+        unknown = sorted(set(value) - {"args", "env", "cwd", "image"})
+        if unknown:
+            raise InvalidArgument(f"pause_image has the unknown key {unknown[0]!r} (known: args, env, cwd, image)")
+        args = value.get("args")
+        if not isinstance(args, list) or not args or not all(isinstance(a, str) and "\0" not in a for a in args):
+            raise InvalidArgument("pause_image.args must be a non-empty array of strings without NUL "
+                                  "(the image's Entrypoint and Cmd)")
+        if not args[0]:
+            raise InvalidArgument("pause_image.args[0] (the program) must not be empty")
+        env = value.get("env") or []
+        if not isinstance(env, list) or not all(isinstance(e, str) and e.partition("=")[0] and "=" in e
+                                                and "\0" not in e for e in env):
+            raise InvalidArgument("pause_image.env must be an array of NAME=VALUE strings")
+        cwd = value.get("cwd") or "/"
+        if not isinstance(cwd, str) or not cwd.startswith("/") or "\0" in cwd:
+            raise InvalidArgument(f"pause_image.cwd must be an absolute path, not {cwd!r}")
+        image = value.get("image") or ""
+        if not isinstance(image, str):
+            raise InvalidArgument("pause_image.image must be a string (the image's name)")
+        return cls(tuple(args), tuple(env), cwd, image)
+
+
+@dataclass(frozen=True)
 class SandboxOptions:
     """What the shim needs from a PodSandboxConfig."""
 
@@ -65,6 +102,7 @@ class SandboxOptions:
     pause_binary: str | None = None
     runtime_handler: str = NATIVE
     pause_confinement: Confinement | None = None  # linux.pause_process: the pause's user, capabilities, ...
+    pause_image: PauseImage | None = None  # the pause from CreateSandbox's rootfs (a sandbox image)
 
     @property
     def host_network(self) -> bool:
@@ -112,6 +150,10 @@ class SandboxOptions:
         if pause_binary is not None and handler != NATIVE:
             raise InvalidArgument(f"pause_binary is for the native runtime handler; {handler} runs catatonit "
                                   "from the shared pause rootfs")
+        pause_image = optional(options, "pause_image", dict)
+        image = None if pause_image is None else PauseImage.from_payload(pause_image)
+        if image is not None and pause_binary is not None:
+            raise InvalidArgument("pause_binary and pause_image are both set: the pause is one or the other")
         return cls(
             hostname=hostname,
             labels=labels,
@@ -126,4 +168,5 @@ class SandboxOptions:
             pause_binary=pause_binary,
             runtime_handler=handler,
             pause_confinement=pause_confinement,
+            pause_image=image,
         )

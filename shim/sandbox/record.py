@@ -16,7 +16,8 @@ fields it misses have their defaults):
   runtime handlers) may be missing, and the first record written by a spawner has only
   ``namespace``, ``sandbox_id``, ``state``, ``shim_pid``, ``shim_start_time`` and ``socket_path``.
 - 1: every key, always, and ``version``; a task's ``rootfs`` (where the shim mounts its root) is
-  missing in records written before tasks had one.
+  missing in records written before tasks had one, the sandbox's ``rootfs`` (where the shim mounts
+  the pause's root, a sandbox image's) in records written before sandboxes had one.
 """
 
 from __future__ import annotations
@@ -137,6 +138,7 @@ class SandboxRecord:
     tasks: Mapping[str, TaskRecord] = field(default_factory=dict)
     runtime_handler: str | None = None  # None: not chosen yet (before CreateSandbox)
     oci: Mapping[str, Any] | None = None
+    rootfs: str = ""  # <bundle>/rootfs while the pause's root (a sandbox image's) may be mounted there
     version: int = STATE_VERSION
 
     def to_dict(self) -> dict[str, Any]:
@@ -158,6 +160,7 @@ class SandboxRecord:
             "tasks": {task_id: task.to_dict() for task_id, task in self.tasks.items()},
             "runtime_handler": self.runtime_handler,
             "oci": dict(self.oci) if self.oci is not None else None,
+            "rootfs": self.rootfs,
         }
 
     @classmethod
@@ -184,6 +187,7 @@ class SandboxRecord:
                    for task_id, task in tasks.items()},
             runtime_handler=_optional(doc, "runtime_handler", str, "state.json"),
             oci=_optional(doc, "oci", Mapping, "state.json"),
+            rootfs=_optional(doc, "rootfs", str, "state.json") or "",
         )
 
 

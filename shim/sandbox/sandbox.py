@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import json
 import logging
 import os
 import signal
@@ -17,10 +18,10 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Protocol
 
-from shim.kernel import cgroups, netns
+from shim.kernel import cgroups, linux, netns
 from shim.kernel.linux import ns_inode, proc_start_time
 from shim.kernel.reaper import ExitInfo, Reaper
-from shim.runtime import pause
+from shim.runtime import mounts, pause
 from shim.runtime.base import Runtime
 from shim.runtime.native import NativeRuntime
 from shim.rpc.status import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound, RpcError, Unavailable
@@ -152,16 +153,18 @@ def host_platform() -> dict[str, str]:
     return {"os": "linux", "architecture": arch, "variant": variant}
 
 
-def _open_runtime(handler: str, config: ShimConfig, reaper: Reaper, persist: Callable[[], None]) -> Runtime:
+def _open_runtime(handler: str, config: ShimConfig, reaper: Reaper, persist: Callable[[], None], *,
+                  image_pause: bool = False) -> Runtime:
     """The runtime of ``handler`` (one of options.RUNTIME_HANDLERS). FailedPrecondition when it
-    cannot run here (runc, crun or the static catatonit missing): at CreateSandbox, before
-    anything is made, not at StartSandbox."""
+    cannot run here (runc, crun or, unless the pause is a sandbox image's, the static catatonit
+    missing): at CreateSandbox, before anything is made, not at StartSandbox."""
     if handler == NATIVE:
         return NativeRuntime(reaper)
     from shim.runtime.oci.backend import OciBackend  # runc and crun only: a native shim never loads it
 
     return OciBackend.open(handler, namespace=config.namespace, sandbox_id=config.sandbox_id, bundle=config.bundle,
-                           runtime_root=config.runtime_root, reaper=reaper, persist=persist)
+                           runtime_root=config.runtime_root, reaper=reaper, persist=persist,
+                           image_pause=image_pause)
 
 
 class Sandbox:
@@ -185,6 +188,7 @@ class Sandbox:
         self.on_state_change: Callable[[State], None] | None = None
         self.tasks: Tasks | None = None
         self.runtime: Runtime | None = None  # chosen by CreateSandbox, from the runtime handler
+        self.rootfs = ""  # <bundle>/rootfs while a sandbox image's root may be mounted there
 
     # -- the table ------------------------------------------------------------------------
     def _check(self, op: Operation, sandbox_id: str) -> State:
@@ -225,6 +229,7 @@ class Sandbox:
             tasks=self.tasks.record() if self.tasks is not None else {},
             runtime_handler=self.options.runtime_handler,
             oci=self.runtime.record() if self.runtime is not None else None,
+            rootfs=self.rootfs,
         )
 
     def _shim_start_time(self) -> int | None:
@@ -241,13 +246,19 @@ class Sandbox:
 
     # -- operations -----------------------------------------------------------------------
     async def create(self, sandbox_id: str, *, options: Any = None, netns_path: str | None = None,
-                     annotations: dict[str, str] | None = None) -> None:
-        """CreateSandbox: check options and prepare the network namespace."""
+                     annotations: dict[str, str] | None = None,
+                     rootfs: tuple[mounts.RootfsMount, ...] = ()) -> None:
+        """CreateSandbox: check options, prepare the network namespace and mount the pause's
+        ``rootfs`` (a sandbox image's, with ``options.pause_image``)."""
         async with self._lock:
             nxt = self._check(Op.CREATE, sandbox_id)
             opts = SandboxOptions.from_payload(options, annotations)
+            if bool(rootfs) != (opts.pause_image is not None):
+                raise InvalidArgument("rootfs and options.pause_image go together: the pause of a sandbox image "
+                                      "needs both, the built-in pause neither")
             pause.validate_sysctls(opts.sysctls, host_network=opts.host_network, host_ipc=opts.ipc_mode == "NODE")
-            self.runtime = _open_runtime(opts.runtime_handler, self.config, self.reaper, self.persist)
+            self.runtime = _open_runtime(opts.runtime_handler, self.config, self.reaper, self.persist,
+                                         image_pause=opts.pause_image is not None)
             if opts.pause_confinement is not None:
                 try:
                     self.runtime.check_confinement(opts.pause_confinement)
@@ -276,16 +287,57 @@ class Sandbox:
                     self.netns_path, self.netns_owned = None, False
                     self.persist()
                     raise
+            if rootfs:
+                self.options = opts
+                try:
+                    self._mount_rootfs(rootfs, read_only=opts.runtime_handler == NATIVE)
+                except BaseException:
+                    if self.netns_path and self.netns_owned:
+                        netns.remove_netns(self.netns_path)
+                        self.netns_path, self.netns_owned = None, False
+                        self.persist()
+                    raise
             self.options = opts
             self.created_at = time.time_ns()
             self._enter(nxt)
             self.events.publish(TOPIC_CREATE, {"netns_path": self.netns_path or ""})
+
+    def _mount_rootfs(self, rootfs: tuple[mounts.RootfsMount, ...], *, read_only: bool) -> None:
+        """Mount the pause's root on <bundle>/rootfs, recorded first (a crash in between leaves a
+        record that ``podshim delete`` acts on); ``read_only`` remounts it so (the native pause's:
+        an OCI runtime makes its mount points there first and its own bind read-only)."""
+        self.rootfs = mounts.sandbox_rootfs_path(self.config.bundle)
+        self.persist()
+        try:
+            mounts.mount_rootfs(rootfs, self.rootfs)
+            if read_only:
+                try:
+                    linux.mount(None, self.rootfs, None, linux.MS_REMOUNT | linux.MS_BIND | linux.MS_RDONLY)
+                except OSError as exc:
+                    raise FailedPrecondition(f"cannot make the pause's rootfs {self.rootfs} read-only: "
+                                             f"{exc.strerror}") from None
+        except BaseException:
+            self._unmount_rootfs()
+            raise
+
+    def _unmount_rootfs(self) -> None:
+        """Unmount and remove <bundle>/rootfs (idempotent); Internal when it stays mounted."""
+        if not self.rootfs:
+            return
+        mounts.unmount_rootfs(self.rootfs, remove=False)
+        try:
+            os.rmdir(self.rootfs)
+        except FileNotFoundError:
+            pass
+        self.rootfs = ""
+        self.persist()
 
     async def start(self, sandbox_id: str) -> StartResult:
         """StartSandbox: launch the pause task in its namespaces and cgroup."""
         async with self._lock:
             nxt = self._check(Op.START, sandbox_id)
             opts = self.options
+            image = opts.pause_image
             # The cgroup's directories exist before they are recorded: a shim killed in the
             # microseconds between the two leaves an empty cgroup (the paths depend on the
             # shim's own cgroup, so they cannot be recorded ahead).
@@ -302,9 +354,13 @@ class Sandbox:
                 hostname=opts.hostname,
                 sysctls=opts.sysctls,
                 cgroup=cg,
-                pause_binary=opts.pause_binary or self.config.pause_binary,
+                pause_binary=None if image is not None else opts.pause_binary or self.config.pause_binary,
                 oom_score_adj=opts.oom_score_adj,
                 confinement=opts.pause_confinement,
+                rootfs=self.rootfs if image is not None else None,
+                args=image.args if image is not None else (),
+                env=image.env if image is not None else (),
+                cwd=image.cwd if image is not None else "/",
             )
             assert self.runtime is not None  # chosen by Create
             try:
@@ -406,6 +462,9 @@ class Sandbox:
             "netns_path": self.netns_path or "",
             "netns_owned": str(self.netns_owned).lower(),
             "pause_binary": self.pause.binary if self.pause else "",
+            "pause_rootfs": self.rootfs,
+            "pause_args": json.dumps(list(self.options.pause_image.args) if self.options.pause_image else []),
+            "pause_image": self.options.pause_image.image if self.options.pause_image else "",
             "network_mode": self.options.network_mode,
             "pid_mode": self.options.pid_mode,
             "ipc_mode": self.options.ipc_mode,
@@ -472,8 +531,12 @@ class Sandbox:
             if self.netns_path and self.netns_owned:
                 netns.remove_netns(self.netns_path)
         finally:
-            if self.runtime is not None:
-                await self.runtime.release()
+            try:
+                if self.runtime is not None:
+                    await self.runtime.release()
+            finally:
+                # Once the pause and its container are gone: nothing runs from it any more.
+                self._unmount_rootfs()
 
 
 def _check_netns_file(path: str) -> None:

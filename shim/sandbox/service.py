@@ -14,6 +14,7 @@ from shim.rpc.api import EVENTS_SERVICE, SANDBOX_SERVICE
 from shim.rpc.messages import optional, require
 from shim.rpc.server import CallContext, Server, ServerStream
 from shim.rpc.status import InvalidArgument, NotFound
+from shim.runtime.mounts import parse_rootfs
 from shim.sandbox.sandbox import Sandbox
 
 __all__ = ["SandboxService", "register", "request_sandbox_id"]
@@ -45,14 +46,13 @@ class SandboxService:
         bundle = optional(p, "bundle_path", str)
         if bundle and os.path.realpath(bundle) != os.path.realpath(self.sandbox.config.bundle):
             raise InvalidArgument(f"bundle_path {bundle!r} is not this shim's bundle {self.sandbox.config.bundle!r}")
-        rootfs = optional(p, "rootfs", list, [])
-        if rootfs:
-            raise InvalidArgument("rootfs mounts are not supported by the native sandbox backend")
+        rootfs = parse_rootfs(p)
         annotations = optional(p, "annotations", dict, {})
         if not all(isinstance(k, str) and isinstance(v, str) for k, v in annotations.items()):
             raise InvalidArgument("field 'annotations' must map strings to strings")
         await self.sandbox.create(sid, options=optional(p, "options", dict),
-                                  netns_path=optional(p, "netns_path", str) or None, annotations=annotations)
+                                  netns_path=optional(p, "netns_path", str) or None, annotations=annotations,
+                                  rootfs=rootfs)
         return {}
 
     async def start(self, ctx: CallContext, p: dict[str, Any]) -> dict[str, Any]:

@@ -62,7 +62,7 @@ def test_the_file_is_a_sorted_json_map_with_every_key_and_the_version(tmp_path):
         text = f.read()
     doc = json.loads(text)
     assert doc["version"] == STATE_VERSION == 1
-    assert set(BEFORE_OCI) | {"runtime_handler", "oci", "version"} == set(doc)
+    assert set(BEFORE_OCI) | {"runtime_handler", "oci", "rootfs", "version"} == set(doc)
     assert text == json.dumps(doc, sort_keys=True) + "\n"
     assert doc["tasks"]["app"] == {"status": "stopped", "pid": 4444, "start_time": 1250, "cgroup": None,
                                    "pid_mode": "POD", "log_path": "/l", "exit": {"exit_status": 0, "exited_at": 7},

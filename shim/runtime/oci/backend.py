@@ -21,7 +21,7 @@ from shim.runtime.oci.cli import Container, OciCli
 from shim.runtime.oci.host import cgroups_path, oom_score_adj_permitted
 from shim.runtime.oci.rootfs import PAUSE_FILE, ensure_pause_rootfs
 from shim.runtime.mounts import host_devices
-from shim.runtime.oci.spec import PAUSE_NAME, sandbox_spec, task_spec
+from shim.runtime.oci.spec import PAUSE_ARGS, PAUSE_NAME, sandbox_spec, task_spec
 from shim.rpc.files import ensure_private_dir, read_json
 from shim.rpc.status import FailedPrecondition, Internal, InvalidArgument, RpcError
 
@@ -33,6 +33,7 @@ OCI_DIR = "oci"  # <shim bundle>/oci: the pause's bundle; <shim bundle>/oci/task
 _BUNDLE_MODE = 0o700
 _TASK_ROOTFS_MODE = 0o755
 _TASK_BUNDLE_FILES = ("config.json", "log.json", "init.pid")
+_COMM_BYTES = 15  # a command name (/proc/PID/status Name) is the program's file name, cut to this
 _TASK_SHM_DIR = "shm"  # <task bundle>/shm: where the pod's /dev/shm is bound for the create
 
 
@@ -57,11 +58,12 @@ class OciBackend(Runtime):
 
     @classmethod
     def open(cls, handler: str, *, namespace: str, sandbox_id: str, bundle: str, runtime_root: str, reaper: Reaper,
-             persist: Callable[[], None]) -> OciBackend:
+             persist: Callable[[], None], image_pause: bool = False) -> OciBackend:
         """The backend of ``handler``; FailedPrecondition now (at CreateSandbox, before anything is made)
-        when the runtime or catatonit is missing."""
+        when the runtime or (unless the pause is a sandbox image's, ``image_pause``) catatonit is missing."""
         cli = OciCli.find(handler, os.path.join(runtime_root, handler, namespace), reaper=reaper)
-        ensure_pause_rootfs(runtime_root)
+        if not image_pause:
+            ensure_pause_rootfs(runtime_root)
         return cls(cli, sandbox_id=sandbox_id, bundle=bundle, runtime_root=runtime_root, persist=persist)
 
     @property
@@ -84,10 +86,18 @@ class OciBackend(Runtime):
 
     async def start_pause(self, spec: pause.PauseSpec) -> pause.PauseProcess:
         """Create and start the pause container as ``spec`` says (``pause_binary`` aside: it is the
-        rootfs's catatonit); return once it is ready for signals. On failure the container is deleted."""
+        shared rootfs's catatonit, or a sandbox image's ``spec.args`` on ``spec.rootfs``); return once
+        it is ready for signals. On failure the container is deleted."""
         if spec.cgroup is None:
             raise InvalidArgument("an OCI pause needs the sandbox cgroup")
-        rootfs = ensure_pause_rootfs(self.runtime_root)
+        if spec.rootfs is not None:
+            rootfs, args, env = spec.rootfs, spec.args, spec.env
+            # Its exec is seen by the program's inode, else by its command name (a script's is).
+            name = os.path.basename(args[0])[:_COMM_BYTES]
+            exe = pause.program_identity(rootfs, args, spec.env_map)
+        else:
+            rootfs, args, env = ensure_pause_rootfs(self.runtime_root), PAUSE_ARGS, ()
+            name, exe = PAUSE_NAME, None
         oom = spec.oom_score_adj
         if oom is not None and not oom_score_adj_permitted(oom):
             self.oom_score_adj_note = f"{oom} not set: lowering it needs CAP_SYS_RESOURCE, which the shim lacks"
@@ -98,15 +108,18 @@ class OciBackend(Runtime):
         doc = sandbox_spec(sandbox_id=self.sandbox_id, rootfs=rootfs, netns_path=spec.netns_path,
                            pid_mode=spec.pid_mode, ipc_mode=spec.ipc_mode, hostname=spec.hostname,
                            sysctls=spec.sysctls, cgroups_path=self._cgroups_path(spec.cgroup), oom_score_adj=oom,
-                           shm_size_bytes=spec.shm_size_bytes, confinement=spec.confinement)
+                           shm_size_bytes=spec.shm_size_bytes, confinement=spec.confinement, args=args,
+                           env=env, cwd=spec.cwd if spec.rootfs is not None else "/")
         container = self.pause_container
         pid, start_time, exit_future = await self._launch(container, doc, spec.cgroup, binds=())
         try:
-            await pause.wait_ready(pid, exit_future, PAUSE_NAME)
+            await pause.wait_ready(pid, exit_future, name, exe=exe,
+                                   sigterm_grace=pause.IMAGE_SIGTERM_GRACE if spec.rootfs is not None else None)
         except BaseException:
             await asyncio.shield(self._delete(container))
             raise
-        return pause.PauseProcess(pid, start_time, time.time_ns(), os.path.join(rootfs, PAUSE_FILE), exit_future)
+        binary = args[0] if spec.rootfs is not None else os.path.join(rootfs, PAUSE_FILE)
+        return pause.PauseProcess(pid, start_time, time.time_ns(), binary, exit_future)
 
     async def start_task(self, spec: TaskSpec) -> process.Process:
         """Create and start a task's container in the pause's namespaces, with ``stdout``/``stderr``

@@ -105,14 +105,22 @@ def _process(args: list[str], env: list[str], cwd: str, *, confinement: Confinem
     return doc
 
 
+def _with_path(env: tuple[str, ...]) -> list[str]:
+    if any(entry.startswith("PATH=") for entry in env):
+        return list(env)
+    return [f"PATH={process.DEFAULT_PATH}", *env]
+
+
 def sandbox_spec(*, sandbox_id: str, rootfs: str, netns_path: str | None, pid_mode: str = pause.POD,
                  ipc_mode: str = pause.POD, hostname: str | None = None, sysctls: Mapping[str, str] | None = None,
                  cgroups_path: str | None = None, oom_score_adj: int | None = pause.DEFAULT_OOM_SCORE_ADJ,
                  shm_size_bytes: int = pause.DEFAULT_SHM_SIZE_BYTES,
-                 confinement: Confinement | None = None) -> dict[str, Any]:
+                 confinement: Confinement | None = None, args: tuple[str, ...] = PAUSE_ARGS,
+                 env: tuple[str, ...] = (), cwd: str = "/") -> dict[str, Any]:
     """The pause container's config.json, as containerd's sandbox container spec.
 
-    A read-only ``rootfs`` running ``/pause -P`` confined as ``confinement`` says (None: as root
+    A read-only ``rootfs`` running ``args`` (default ``/pause -P``) with ``env`` (NAME=VALUE; PATH
+    the standard one unless it names one) in ``cwd``, confined as ``confinement`` says (None: as root
     with the default capabilities and no new privileges); new pid, ipc, uts
     and mount namespaces, joined to the network namespace ``netns_path``. NODE modes drop the
     namespace: host network (``netns_path`` None) drops network *and* uts (then ``hostname`` is
@@ -135,7 +143,7 @@ def sandbox_spec(*, sandbox_id: str, rootfs: str, netns_path: str | None, pid_mo
         namespaces += [_namespace("uts"), _namespace("network", netns_path)]
     confinement = confinement or Confinement(no_new_privileges=True)  # containerd's sandbox default
     doc = _document("sandbox", sandbox_id,
-                    _process(list(PAUSE_ARGS), [f"PATH={process.DEFAULT_PATH}"], "/",
+                    _process(list(args), _with_path(env), cwd,
                              confinement=confinement, oom_score_adj=oom_score_adj),
                     rootfs, _mounts(own_ipc=ipc_mode == pause.POD, shm_size_bytes=shm_size_bytes), namespaces,
                     cgroups_path, sysctls, seccomp=confinement.seccomp)
