@@ -368,7 +368,9 @@ class PodSandboxConfig:
         """The ``options`` map of the shim's CreateSandbox (protocol.md, "Sandbox options").
 
         The shim checks the values again (hostname length, which sysctls are namespaced);
-        this adds the sandbox OOM score adjustment containerd gives the pause.
+        this adds the sandbox OOM score adjustment containerd gives the pause. A privileged pod
+        says so (``linux.security_context.privileged``): its privileged containers may then open
+        every device.
         """
         options: dict[str, Any] = {
             "labels": dict(self.labels),
@@ -379,6 +381,8 @@ class PodSandboxConfig:
                 "oom_score_adj": SANDBOX_OOM_SCORE_ADJ,
             },
         }
+        if self.security.privileged:  # its device cgroup allows every device (protocol.md 7.4)
+            options["linux"]["security_context"]["privileged"] = True
         if self.hostname:
             options["hostname"] = self.hostname
         if self.cgroup_parent:

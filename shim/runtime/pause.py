@@ -80,7 +80,9 @@ class PauseSpec:
     accepts catatonit's ``-P`` (pause mode). ``shm_size_bytes`` sizes the tmpfs on /dev/shm
     that a pod IPC namespace gets. ``confinement``: the pause's user, capabilities, no_new_privs
     and seccomp filter (None: as privileged as the shim with the native handler; containerd's
-    default capabilities and no_new_privs with runc and crun).
+    default capabilities and no_new_privs with runc and crun). ``privileged``: a privileged pod,
+    whose device cgroup (the pause's, with an OCI runtime that sets device rules) allows every
+    device, so that its privileged tasks can open the host's devices they are given.
     """
 
     netns_path: str | None = None
@@ -93,6 +95,7 @@ class PauseSpec:
     oom_score_adj: int | None = DEFAULT_OOM_SCORE_ADJ
     shm_size_bytes: int = DEFAULT_SHM_SIZE_BYTES
     confinement: Confinement | None = None
+    privileged: bool = False
     rootfs: str | None = None  # a sandbox image's root (mounted): the pause is ``args`` run from it
     args: tuple[str, ...] = ()
     env: tuple[str, ...] = ()  # NAME=VALUE

@@ -103,6 +103,7 @@ class SandboxOptions:
     runtime_handler: str = NATIVE
     pause_confinement: Confinement | None = None  # linux.pause_process: the pause's user, capabilities, ...
     pause_image: PauseImage | None = None  # the pause from CreateSandbox's rootfs (a sandbox image)
+    privileged: bool = False  # linux.security_context.privileged: the pod's device cgroup allows every device
 
     @property
     def host_network(self) -> bool:
@@ -133,6 +134,7 @@ class SandboxOptions:
             raise InvalidArgument(f"linux.cgroup_parent {cgroup_parent!r} must not contain '..'")
         security = optional(linux, "security_context", dict, {})
         ns_opts = optional(security, "namespace_options", dict, {})
+        privileged = optional(security, "privileged", bool, False)
         oom = optional(linux, "oom_score_adj", int, -998)
         if not -1000 <= oom <= 1000:
             raise InvalidArgument(f"linux.oom_score_adj {oom} is outside -1000..1000")
@@ -169,4 +171,5 @@ class SandboxOptions:
             runtime_handler=handler,
             pause_confinement=pause_confinement,
             pause_image=image,
+            privileged=privileged,
         )

@@ -361,6 +361,7 @@ class Sandbox:
                 args=image.args if image is not None else (),
                 env=image.env if image is not None else (),
                 cwd=image.cwd if image is not None else "/",
+                privileged=opts.privileged,
             )
             assert self.runtime is not None  # chosen by Create
             try:

@@ -265,6 +265,26 @@ async def test_a_privileged_container_needs_a_privileged_pod(roots):
         assert await pods.list_containers() == []
 
 
+async def test_a_privileged_container_of_a_privileged_pod_opens_the_hosts_devices(handler, roots):
+    extra = [path for path in ("/dev/loop-control", "/dev/kmsg") if os.path.exists(path)]  # not in runc's defaults
+    if not extra:
+        pytest.skip("the host has neither /dev/loop-control nor /dev/kmsg")
+    async with pod_service(roots) as pods:
+        cfg = pod_config()
+        cfg["linux"]["security_context"]["privileged"] = True
+        pod_id = await pods.run_pod_sandbox(cfg, runtime_handler=handler)
+        lines = await run_to_exit(pods, pod_id, [BUSYBOX, "sh", "-c", "for d in " + " ".join(extra) + "; do "
+                                                 "(: < $d) && echo opened $d; done 2>&1"], {"privileged": True})
+        assert lines == [f"opened {path}" for path in extra]
+
+
+def test_a_privileged_pod_says_so_to_the_shim():
+    cfg = pod_config()
+    assert "privileged" not in PodSandboxConfig.from_json(cfg).to_shim_options()["linux"]["security_context"]
+    cfg["linux"]["security_context"]["privileged"] = True
+    assert PodSandboxConfig.from_json(cfg).to_shim_options()["linux"]["security_context"]["privileged"] is True
+
+
 async def test_a_pod_asking_for_selinux_or_apparmor_is_refused(roots):
     async with pod_service(roots) as pods:
         cfg = pod_config()

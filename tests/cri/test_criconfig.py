@@ -152,6 +152,13 @@ def test_shim_options_carry_what_protocol_md_lists():
     }
 
 
+def test_the_shim_reads_whether_the_pod_is_privileged():
+    assert SandboxOptions.from_payload({}).privileged is False
+    assert SandboxOptions.from_payload({"linux": {"security_context": {"privileged": True}}}).privileged is True
+    with pytest.raises(InvalidArgument, match="privileged"):
+        SandboxOptions.from_payload({"linux": {"security_context": {"privileged": "yes"}}})
+
+
 def test_shim_accepts_the_options():
     parsed = SandboxOptions.from_payload(PodSandboxConfig.load(EXAMPLES / "pod-config.json").to_shim_options())
     assert parsed.hostname == "podshim-demo" and parsed.oom_score_adj == SANDBOX_OOM_SCORE_ADJ

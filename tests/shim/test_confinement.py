@@ -303,3 +303,38 @@ async def test_a_pause_confinement_the_runtime_cannot_apply_is_refused_at_create
                                                   "linux": {"pause_process": {"seccomp": profile}}})
     with pytest.raises(InvalidArgument, match="linux.pause_process: field 'capabilities'"):
         await shim.call("CreateSandbox", options={"linux": {"pause_process": {"capabilities": ["CAP_NOPE"]}}})
+
+
+# -- a privileged pod's devices ------------------------------------------------------------------
+
+#: Host devices outside every runtime's default device rules (runc's: null, zero, full, tty,
+#: random, urandom, console, ptmx, pts, fuse, net/tun), which a privileged task must be able to open.
+EXTRA_DEVICES = [path for path in ("/dev/loop-control", "/dev/kmsg") if os.path.exists(path)]
+
+
+async def test_a_privileged_task_of_a_privileged_pod_opens_the_hosts_devices(shims: ShimLauncher, handler, tmp_path):
+    if not EXTRA_DEVICES:
+        pytest.skip("the host has neither /dev/loop-control nor /dev/kmsg")
+    shim = await shims.start()
+    every_capability = caps.names(caps.current())
+    await shim.run_sandbox(options={"runtime_handler": handler, "linux": {
+        "security_context": {"privileged": True}, "pause_process": {"capabilities": every_capability}}})
+    pod = Pod(shim, str(tmp_path))
+    lines = await pod.output("probe", "for d in " + " ".join(EXTRA_DEVICES) + "; do "
+                             "(: < $d) && echo opened $d; done 2>&1", privileged=True, capabilities=every_capability)
+    assert lines == [f"opened {path}" for path in EXTRA_DEVICES]
+
+
+async def test_a_task_that_is_not_privileged_keeps_the_default_device_rules_in_a_privileged_pod(
+        shims: ShimLauncher, handler, tmp_path):
+    if handler != "runc":
+        pytest.skip(f"{handler} sets no device rules of its own")
+    shim = await shims.start()
+    await shim.run_sandbox(options={"runtime_handler": handler, "linux": {"security_context": {"privileged": True}}})
+    pod = Pod(shim, str(tmp_path))
+    nodes = tmp_path / "nodes"
+    nodes.mkdir()
+    lines = await pod.output("probe", "mknod /mnt/loop-control c 10 237 && (: < /mnt/loop-control) 2>&1; echo rc=$?",
+                             capabilities=list(confine.DEFAULT_CAPABILITIES),
+                             mounts=[{"destination": "/mnt", "source": str(nodes)}])
+    assert lines[-1] == "rc=1" and "Operation not permitted" in lines[0], lines

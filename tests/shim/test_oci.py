@@ -77,6 +77,20 @@ def test_sandbox_spec_runs_catatonit_pause_mode_on_a_read_only_root():
     assert proc["oomScoreAdj"] == -998
 
 
+def test_a_privileged_pods_pause_allows_every_device_and_no_other_pause_sets_device_rules():
+    assert "resources" not in specs.sandbox_spec(sandbox_id="sb", rootfs="/r", netns_path=NETNS)["linux"]
+    spec = specs.sandbox_spec(sandbox_id="sb", rootfs="/r", netns_path=NETNS, privileged=True)
+    assert spec["linux"]["resources"] == {"devices": [{"allow": True, "access": "rwm"}]}
+
+
+def test_only_a_task_given_all_devices_allows_every_device():
+    fields = dict(sandbox_id="sb", args=["true"], env={}, cwd="/", rootfs="/b/rootfs", pause_pid=42, pid_mode="POD",
+                  own_ipc=True, privileged=True)
+    assert "resources" not in specs.task_spec(**fields)["linux"]
+    assert specs.task_spec(**fields, all_devices=True)["linux"]["resources"] == {
+        "devices": [{"allow": True, "access": "rwm"}]}
+
+
 def test_pod_modes_give_new_pid_ipc_uts_mount_namespaces_and_join_the_netns():
     spec = specs.sandbox_spec(sandbox_id="sb", rootfs="/r", netns_path=NETNS, hostname="web")
     assert by_type(spec["linux"]["namespaces"]) == {"pid": None, "ipc": None, "uts": None, "mount": None,

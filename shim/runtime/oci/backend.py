@@ -55,6 +55,7 @@ class OciBackend(Runtime):
         self.persist = persist
         self.containers: dict[str, Container] = {}
         self.oom_score_adj_note = ""
+        self.privileged_pod = False  # its pause's cgroup allows every device: so may its privileged tasks'
 
     @classmethod
     def open(cls, handler: str, *, namespace: str, sandbox_id: str, bundle: str, runtime_root: str, reaper: Reaper,
@@ -109,7 +110,8 @@ class OciBackend(Runtime):
                            pid_mode=spec.pid_mode, ipc_mode=spec.ipc_mode, hostname=spec.hostname,
                            sysctls=spec.sysctls, cgroups_path=self._cgroups_path(spec.cgroup), oom_score_adj=oom,
                            shm_size_bytes=spec.shm_size_bytes, confinement=spec.confinement, args=args,
-                           env=env, cwd=spec.cwd if spec.rootfs is not None else "/")
+                           env=env, cwd=spec.cwd if spec.rootfs is not None else "/", privileged=spec.privileged)
+        self.privileged_pod = spec.privileged
         container = self.pause_container
         pid, start_time, exit_future = await self._launch(container, doc, spec.cgroup, binds=())
         try:
@@ -143,7 +145,7 @@ class OciBackend(Runtime):
                         readonly=fs.host_root or fs.readonly_rootfs, mounts=fs.mounts, masked_paths=fs.masked_paths,
                         readonly_paths=fs.readonly_paths, privileged=fs.privileged, shm_source=shm,
                         devices=host_devices() if fs.privileged else (),
-                        target_pid=spec.target_pid)
+                        all_devices=fs.privileged and self.privileged_pod, target_pid=spec.target_pid)
         pid, start_time, exit_future = await self._launch(
             container, doc, spec.cgroup, stdout=spec.stdout, stderr=spec.stderr, stdin=spec.stdin, binds=binds,
             binds_from=((f"/proc/{spec.pause_pid}/ns/mnt", "/dev/shm", shm),))

@@ -20,6 +20,9 @@ __all__ = ["DEFAULT_CAPABILITIES", "MASKED_PATHS", "OCI_VERSION", "PAUSE_ARGS", 
 OCI_VERSION = "1.0.2"
 PAUSE_ARGS = ("/pause", "-P")  # catatonit's pause mode, from the pause rootfs
 PAUSE_NAME = "pause"  # the pause's command name once exec'd (/proc/PID/status Name)
+#: ``linux.resources.devices`` that allows every device: containerd's WithAllDevicesAllowed,
+#: for a privileged container (and here a privileged pod's pause, see :func:`sandbox_spec`).
+ALL_DEVICES_ALLOWED = ({"allow": True, "access": "rwm"},)
 # MASKED_PATHS and READONLY_PATHS (runc's defaults) live with the native handler's mounts.
 
 def _namespace(kind: str, path: str | None = None) -> dict[str, str]:
@@ -116,7 +119,7 @@ def sandbox_spec(*, sandbox_id: str, rootfs: str, netns_path: str | None, pid_mo
                  cgroups_path: str | None = None, oom_score_adj: int | None = pause.DEFAULT_OOM_SCORE_ADJ,
                  shm_size_bytes: int = pause.DEFAULT_SHM_SIZE_BYTES,
                  confinement: Confinement | None = None, args: tuple[str, ...] = PAUSE_ARGS,
-                 env: tuple[str, ...] = (), cwd: str = "/") -> dict[str, Any]:
+                 env: tuple[str, ...] = (), cwd: str = "/", privileged: bool = False) -> dict[str, Any]:
     """The pause container's config.json, as containerd's sandbox container spec.
 
     A read-only ``rootfs`` running ``args`` (default ``/pause -P``) with ``env`` (NAME=VALUE; PATH
@@ -125,8 +128,13 @@ def sandbox_spec(*, sandbox_id: str, rootfs: str, netns_path: str | None, pid_mo
     and mount namespaces, joined to the network namespace ``netns_path``. NODE modes drop the
     namespace: host network (``netns_path`` None) drops network *and* uts (then ``hostname`` is
     ignored), NODE pid and ipc drop theirs (and /dev/shm is the host's). ``oom_score_adj`` None
-    leaves the runtime's own. Raises InvalidArgument for an unknown mode or a sysctl that is not
-    namespaced for this sandbox.
+    leaves the runtime's own. ``privileged`` (a privileged pod): its cgroup allows every device.
+    The pause's cgroup is its tasks' cgroups' parent, and a child cannot allow a device its parent
+    does not: under containerd the pod's cgroup (the kubelet's) allows them all and each container,
+    the pause included, has its own rules; here the pause's rules are the pod's, so a privileged
+    task could not open the host devices it is given. Its tasks that are not privileged still get
+    the runtime's default rules in their own cgroups. Raises InvalidArgument for an unknown mode
+    or a sysctl that is not namespaced for this sandbox.
     """
     for what, mode in (("pid_mode", pid_mode), ("ipc_mode", ipc_mode)):
         if mode not in (pause.POD, pause.NODE):
@@ -149,6 +157,8 @@ def sandbox_spec(*, sandbox_id: str, rootfs: str, netns_path: str | None, pid_mo
                     cgroups_path, sysctls, seccomp=confinement.seccomp)
     if hostname and not host_network:
         doc["hostname"] = hostname
+    if privileged:
+        doc["linux"]["resources"] = {"devices": [dict(rule) for rule in ALL_DEVICES_ALLOWED]}
     return doc
 
 
@@ -159,16 +169,17 @@ def task_spec(*, sandbox_id: str, args: list[str], env: Mapping[str, str], cwd: 
               mounts: tuple[BindMount, ...] = (), masked_paths: tuple[str, ...] = MASKED_PATHS,
               readonly_paths: tuple[str, ...] = READONLY_PATHS, privileged: bool = False,
               shm_source: str | None = None, target_pid: int = 0,
-              devices: tuple[HostDevice, ...] = ()) -> dict[str, Any]:
+              devices: tuple[HostDevice, ...] = (), all_devices: bool = False) -> dict[str, Any]:
     """A task's config.json: ``args`` in the pause's network, ipc and uts namespaces (by path), its own
     mount namespace on ``rootfs`` (read-only with ``readonly``) with the standard mounts and then
     ``mounts``, and the pause's pid namespace (``pid_mode`` POD), the one of ``target_pid``
     (TARGET), the runtime's own (NODE: no pid namespace entry) or a new one (CONTAINER); its
     process confined as ``confinement`` says (user, capabilities, noNewPrivileges, ``linux.seccomp``
     as given). ``privileged``: no masked or read-only paths, /sys read-write; ``devices`` (for a
-    privileged task, the host's) are made in its /dev (which of them it may open stays bounded by
-    the pod's device cgroup rules: with runc the pause's cgroup, the task cgroups' parent, allows
-    runc's defaults only, and a child cannot allow more).
+    privileged task, the host's) are made in its /dev; ``all_devices`` (a privileged task of a
+    privileged pod) lets it open every device, as containerd's privileged container (in any other
+    pod it stays bounded by the pause's cgroup, its cgroup's parent, which allows the runtime's
+    defaults only: see :func:`sandbox_spec`).
     ``shm_source``: the pod's /dev/shm, bound on the task's."""
     ns_dir = f"/proc/{pause_pid}/ns"
     namespaces = [_namespace("mount"), _namespace("network", f"{ns_dir}/net"), _namespace("ipc", f"{ns_dir}/ipc"),
@@ -189,4 +200,6 @@ def task_spec(*, sandbox_id: str, args: list[str], env: Mapping[str, str], cwd: 
     doc["linux"]["rootfsPropagation"] = "rslave"
     if devices:
         doc["linux"]["devices"] = [device.to_oci() for device in devices]
+    if all_devices:
+        doc["linux"]["resources"] = {"devices": [dict(rule) for rule in ALL_DEVICES_ALLOWED]}
     return doc
