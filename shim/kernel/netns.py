@@ -26,7 +26,8 @@ from shim.rpc.files import flock_open
 from shim.rpc.status import AlreadyExists, Internal, InvalidArgument, NotFound, error_from_oserror
 
 __all__ = ["NamespaceNotFound", "check_net_sysctls", "create_netns", "default_netns_dir", "describe_netns",
-           "is_host_netns", "new_netns_path", "open_namespace", "open_netns", "remove_netns", "socket_in_netns"]
+           "is_host_netns", "make_netns", "new_netns_path", "open_namespace", "open_netns", "remove_netns",
+           "socket_in_netns"]
 
 _NETNS_DIR = "/var/run/netns"
 _THREAD_NETNS = "/proc/thread-self/ns/net"
@@ -68,13 +69,33 @@ def new_netns_path(prefix: str = "podshim") -> str:
     return f"{_NETNS_DIR}/{prefix}-{os.urandom(8).hex()}"  # not secrets: it loads hashlib
 
 
-def create_netns(path: str) -> str:
+def make_netns() -> int:
+    """A new network namespace with ``lo`` up, held only by the returned descriptor (close-on-exec):
+    one made ahead of its sandbox (a spare shim's), for :func:`create_netns` to pin later. It goes
+    away with the descriptor. Raises the OS error's status."""
+    try:
+        saved = os.open(_THREAD_NETNS, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            linux.unshare(linux.CLONE_NEWNET)
+            try:
+                _set_loopback_up()
+                return os.open(_THREAD_NETNS, os.O_RDONLY | os.O_CLOEXEC)
+            finally:
+                _return_to(saved)
+        finally:
+            os.close(saved)
+    except OSError as exc:
+        raise error_from_oserror(exc, "cannot make a network namespace") from exc
+
+
+def create_netns(path: str, made: int | None = None) -> str:
     """Create a new network namespace, pinned by a bind mount on ``path``, with ``lo`` up.
 
-    ``path``'s directory is created if missing. The default directory is first made a shared
-    mount (see :func:`_ensure_shared_dir`). Returns ``path``. On any failure nothing is left
-    behind. Raises InvalidArgument (relative path), AlreadyExists (``path`` exists) or the OS
-    error's status (:func:`error_from_oserror`).
+    ``made``: a descriptor of a namespace :func:`make_netns` made ahead, pinned instead of a new
+    one (the caller still owns and closes the descriptor). ``path``'s directory is created if
+    missing. The default directory is first made a shared mount (see :func:`_ensure_shared_dir`).
+    Returns ``path``. On any failure nothing is left behind. Raises InvalidArgument (relative
+    path), AlreadyExists (``path`` exists) or the OS error's status (:func:`error_from_oserror`).
     """
     if not os.path.isabs(path):
         raise InvalidArgument(f"netns path {path!r} must be absolute")
@@ -90,6 +111,9 @@ def create_netns(path: str) -> str:
         raise error_from_oserror(exc, f"cannot create netns file {path}") from exc
     mounted = False
     try:
+        if made is not None:
+            linux.mount(f"/proc/self/fd/{made}", path, None, linux.MS_BIND)
+            return path
         saved = os.open(_THREAD_NETNS, os.O_RDONLY | os.O_CLOEXEC)
         try:
             linux.unshare(linux.CLONE_NEWNET)

@@ -206,50 +206,74 @@ def _spare_intermediate(channel: socket.socket, go_r: int) -> NoReturn:
 
 
 def _spare_wait(channel: socket.socket) -> NoReturn:
-    """The spare: detached, it waits for its assignment, then serves like any forked shim."""
+    """The spare: detached, it sets up all it can ahead (:func:`shim.daemon.serve_spare`), waits
+    for its assignment, then serves like any forked shim."""
     code = 1
     try:
         os.setsid()
         _close_all_but((channel.fileno(),))
         _stdio_to(os.devnull)
         _fresh_signals()
-        import asyncio
-
-        from shim.daemon import serve_forever, setup_logging
+        from shim.daemon import serve_spare, setup_logging
         from shim.kernel.linux import set_process_name
-        from shim.rpc.channel import install_uvloop
 
         set_process_name("podshim-spare")
-        # What does not depend on the sandbox is done before it is known.
         setup_logging()
-        install_uvloop()
-        loop = asyncio.new_event_loop()
-        channel.send(b"S")  # standing by: only now does the template report us as its spare
-        message, fds, _, _ = socket.recv_fds(channel, 65536, 1)
-        if not message:  # the template retired us, or died
-            for fd in fds:
-                os.close(fd)
-            code = 0
-            return  # to os._exit
-        if len(fds) != 1:
-            raise RuntimeError("the spare's assignment came without the shim's socket")
-        assignment = json.loads(message)
-        from shim.sandbox.sandbox import ShimConfig
-
-        config = ShimConfig(**assignment["config"])
-        os.set_inheritable(fds[0], False)  # received without close-on-exec
-        listener = socket.socket(fileno=fds[0])
-        _stdio_to(os.path.join(config.bundle, LOG_FILE))
-        _reseed()
-        if assignment.get("debug"):
-            setup_logging(True)
-        code = serve_forever(config, listener, ready_fd=channel.detach(), loop=loop)
+        # "S": standing by; only now does the template report us as its spare.
+        code = serve_spare(lambda: _assignment(channel), lambda: channel.send(b"S"))
     except BaseException:
         import traceback
 
         traceback.print_exc()
     finally:
         os._exit(code)
+
+
+async def _assignment(channel: socket.socket) -> Any:
+    """The spare's sandbox (a :class:`shim.daemon.Assignment`) once the template sends it, or
+    None when the template retired us (or died). Raises RuntimeError for an assignment without
+    its socket."""
+    import asyncio
+
+    from shim.daemon import Assignment, setup_logging
+    from shim.sandbox.sandbox import ShimConfig
+
+    loop = asyncio.get_running_loop()
+    channel.setblocking(False)
+    received: asyncio.Future[tuple[bytes, list[int]]] = loop.create_future()
+
+    def on_readable() -> None:
+        try:
+            message, fds, _, _ = socket.recv_fds(channel, 65536, 1)
+        except BlockingIOError:
+            return
+        except OSError as exc:
+            if not received.done():
+                received.set_exception(exc)
+            return
+        if not received.done():
+            received.set_result((message, fds))
+
+    loop.add_reader(channel.fileno(), on_readable)
+    try:
+        message, fds = await received
+    finally:
+        loop.remove_reader(channel.fileno())
+    if not message:
+        for fd in fds:
+            os.close(fd)
+        return None
+    if len(fds) != 1:
+        raise RuntimeError("the spare's assignment came without the shim's socket")
+    assignment = json.loads(message)
+    config = ShimConfig(**assignment["config"])
+    os.set_inheritable(fds[0], False)  # received without close-on-exec
+    listener = socket.socket(fileno=fds[0])
+    _stdio_to(os.path.join(config.bundle, LOG_FILE))
+    _reseed()
+    if assignment.get("debug"):
+        setup_logging(True)
+    return Assignment(config, listener, channel.detach())
 
 
 def _assign(spare: Spare, config: Any, sock: socket.socket, debug: bool) -> bool:

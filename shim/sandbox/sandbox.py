@@ -168,10 +168,16 @@ def _open_runtime(handler: str, config: ShimConfig, reaper: Reaper, persist: Cal
 
 
 class Sandbox:
-    """The sandbox a shim owns. All public coroutines raise typed RpcErrors."""
+    """The sandbox a shim owns. All public coroutines raise typed RpcErrors.
 
-    def __init__(self, config: ShimConfig, reaper: Reaper, events: EventBus):
+    ``made_netns``: the descriptor of a network namespace made ahead (:func:`netns.make_netns`, a
+    spare shim's), which CreateSandbox pins instead of making one when the sandbox wants a new
+    netns; it is closed by the first CreateSandbox either way (and by :meth:`release`).
+    """
+
+    def __init__(self, config: ShimConfig, reaper: Reaper, events: EventBus, made_netns: int | None = None):
         self.config = config
+        self.made_netns = made_netns
         self.reaper = reaper
         self.events = events
         self.state = S.NEW
@@ -251,56 +257,68 @@ class Sandbox:
         """CreateSandbox: check options, prepare the network namespace and mount the pause's
         ``rootfs`` (a sandbox image's, with ``options.pause_image``)."""
         async with self._lock:
-            nxt = self._check(Op.CREATE, sandbox_id)
-            opts = SandboxOptions.from_payload(options, annotations)
-            if bool(rootfs) != (opts.pause_image is not None):
-                raise InvalidArgument("rootfs and options.pause_image go together: the pause of a sandbox image "
-                                      "needs both, the built-in pause neither")
-            pause.validate_sysctls(opts.sysctls, host_network=opts.host_network, host_ipc=opts.ipc_mode == "NODE")
-            self.runtime = _open_runtime(opts.runtime_handler, self.config, self.reaper, self.persist,
-                                         image_pause=opts.pause_image is not None)
-            if opts.pause_confinement is not None:
-                try:
-                    self.runtime.check_confinement(opts.pause_confinement)
-                except InvalidArgument as exc:
-                    raise InvalidArgument(f"linux.pause_process: {exc.message}") from None
-            if netns_path:
-                if opts.host_network:
-                    raise InvalidArgument("netns_path was given but the sandbox uses the host network (network mode NODE)")
-                _check_netns_file(netns_path)
-                netns.check_net_sysctls(netns_path, opts.sysctls)
-                self.netns_path, self.netns_owned = netns_path, False
-            elif not opts.host_network:
-                # Record the path before the netns exists: a crash in between leaves a record
-                # that `podshim delete` acts on, never an untracked mount.
-                self.netns_path, self.netns_owned = netns.new_netns_path(), True
-                self.options = opts
+            try:
+                self._create_locked(sandbox_id, options, netns_path, annotations, rootfs)
+            finally:
+                self._close_made_netns()  # made ahead for this Create: used or not, never again
+
+    def _create_locked(self, sandbox_id: str, options: Any, netns_path: str | None,
+                       annotations: dict[str, str] | None, rootfs: tuple[mounts.RootfsMount, ...]) -> None:
+        nxt = self._check(Op.CREATE, sandbox_id)
+        opts = SandboxOptions.from_payload(options, annotations)
+        if bool(rootfs) != (opts.pause_image is not None):
+            raise InvalidArgument("rootfs and options.pause_image go together: the pause of a sandbox image "
+                                  "needs both, the built-in pause neither")
+        pause.validate_sysctls(opts.sysctls, host_network=opts.host_network, host_ipc=opts.ipc_mode == "NODE")
+        self.runtime = _open_runtime(opts.runtime_handler, self.config, self.reaper, self.persist,
+                                     image_pause=opts.pause_image is not None)
+        if opts.pause_confinement is not None:
+            try:
+                self.runtime.check_confinement(opts.pause_confinement)
+            except InvalidArgument as exc:
+                raise InvalidArgument(f"linux.pause_process: {exc.message}") from None
+        if netns_path:
+            if opts.host_network:
+                raise InvalidArgument("netns_path was given but the sandbox uses the host network (network mode NODE)")
+            _check_netns_file(netns_path)
+            netns.check_net_sysctls(netns_path, opts.sysctls)
+            self.netns_path, self.netns_owned = netns_path, False
+        elif not opts.host_network:
+            # Record the path before the netns exists: a crash in between leaves a record
+            # that `podshim delete` acts on, never an untracked mount.
+            self.netns_path, self.netns_owned = netns.new_netns_path(), True
+            self.options = opts
+            self.persist()
+            made = False
+            try:
+                netns.create_netns(self.netns_path, self.made_netns)
+                made = True
+                netns.check_net_sysctls(self.netns_path, opts.sysctls)
+            except BaseException:
+                if made:
+                    netns.remove_netns(self.netns_path)
+                self.netns_path, self.netns_owned = None, False
                 self.persist()
-                made = False
-                try:
-                    netns.create_netns(self.netns_path)
-                    made = True
-                    netns.check_net_sysctls(self.netns_path, opts.sysctls)
-                except BaseException:
-                    if made:
-                        netns.remove_netns(self.netns_path)
+                raise
+        if rootfs:
+            self.options = opts
+            try:
+                self._mount_rootfs(rootfs, read_only=opts.runtime_handler == NATIVE)
+            except BaseException:
+                if self.netns_path and self.netns_owned:
+                    netns.remove_netns(self.netns_path)
                     self.netns_path, self.netns_owned = None, False
                     self.persist()
-                    raise
-            if rootfs:
-                self.options = opts
-                try:
-                    self._mount_rootfs(rootfs, read_only=opts.runtime_handler == NATIVE)
-                except BaseException:
-                    if self.netns_path and self.netns_owned:
-                        netns.remove_netns(self.netns_path)
-                        self.netns_path, self.netns_owned = None, False
-                        self.persist()
-                    raise
-            self.options = opts
-            self.created_at = time.time_ns()
-            self._enter(nxt)
-            self.events.publish(TOPIC_CREATE, {"netns_path": self.netns_path or ""})
+                raise
+        self.options = opts
+        self.created_at = time.time_ns()
+        self._enter(nxt)
+        self.events.publish(TOPIC_CREATE, {"netns_path": self.netns_path or ""})
+
+    def _close_made_netns(self) -> None:
+        if self.made_netns is not None:
+            os.close(self.made_netns)
+            self.made_netns = None
 
     def _mount_rootfs(self, rootfs: tuple[mounts.RootfsMount, ...], *, read_only: bool) -> None:
         """Mount the pause's root on <bundle>/rootfs, recorded first (a crash in between leaves a
@@ -524,6 +542,7 @@ class Sandbox:
         """Remove what this sandbox made (idempotent): the tasks' cgroups, then its own, then the
         netns, and then what its runtime made (an OCI runtime's containers, ``delete --force``,
         even when a removal before failed)."""
+        self._close_made_netns()
         try:
             if self.tasks is not None:
                 await self.tasks.release()

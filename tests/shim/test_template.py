@@ -244,6 +244,52 @@ def test_template_hands_its_spare_to_the_next_spawn_and_forks_another(roots, tem
     assert nxt not in (0, spare) and _comm(nxt) == "podshim-spare"
 
 
+def _net_namespaces_held(pid: int) -> set[str]:
+    """The network namespaces process ``pid`` holds open by a descriptor ("net:[inode]")."""
+    held = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except FileNotFoundError:
+            continue
+        if target.startswith("net:["):
+            held.add(target)
+    return held
+
+
+async def _create(address: str, sandbox_id: str, **fields) -> dict:
+    client = await Client.connect(address, namespace="tpl")
+    try:
+        await client.call(SANDBOX_SERVICE, "CreateSandbox", {"sandbox_id": sandbox_id, **fields})
+        return await client.call(SANDBOX_SERVICE, "SandboxStatus", {"sandbox_id": sandbox_id, "verbose": True})
+    finally:
+        await client.aclose()
+
+
+async def test_the_spare_makes_its_sandbox_netns_ahead_and_create_pins_it(roots, template):
+    spare = _ping(template)["spare_pid"]
+    deadline = time.monotonic() + 5  # made right after it stands by: a bound, not a wait for readiness
+    while not (made := _net_namespaces_held(spare)) and time.monotonic() < deadline:
+        await asyncio.sleep(0.005)
+    assert len(made) == 1 and os.readlink("/proc/self/ns/net") not in made
+    result = start_shim(roots, "n1")
+    status = await _create(result["address"], "n1")
+    assert {f"net:[{status['info']['netns_inode']}]"} == made
+    assert _net_namespaces_held(result["pid"]) == set()  # pinned by its file, not by the shim
+
+
+async def test_a_host_network_sandbox_closes_the_netns_made_ahead(roots, template):
+    spare = _ping(template)["spare_pid"]
+    deadline = time.monotonic() + 5
+    while not _net_namespaces_held(spare) and time.monotonic() < deadline:
+        await asyncio.sleep(0.005)
+    result = start_shim(roots, "n2")
+    status = await _create(result["address"], "n2", options={"linux": {"security_context": {
+        "namespace_options": {"network": "NODE"}}}})
+    assert not status["info"].get("netns_path")
+    assert _net_namespaces_held(result["pid"]) == set()
+
+
 def test_a_dead_spare_is_replaced_by_a_fork(roots, template):
     spare = _ping(template)["spare_pid"]
     os.kill(spare, signal.SIGKILL)
