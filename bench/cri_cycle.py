@@ -1,6 +1,6 @@
 """podshimd beside containerd 1.6's CRI plugin, through the real crictl, in one interleaved run.
 
-    python bench/cri_cycle.py [--cycles 30] [--pods 100]
+    python bench/cri_cycle.py [--cycles 30] [--pods 100] [--no-containerd] [--sandbox-image] [--trace]
 
 As root. Sets up, and removes at the end (also on failure or a signal):
 
@@ -10,7 +10,11 @@ As root. Sets up, and removes at the end (also on failure or a signal):
   under a temporary directory, started as tests/critools.py's ``running_podshimd`` does;
 - a private containerd (bench/compare/run.py's ``PrivateContainerd``: own root, state and socket)
   with its CRI plugin on, sandbox_image = the pause image built and imported here with ``ctr``;
-- each daemon its own copy of examples/cni/10-podshim-bridge.conflist (own bridge, subnet, dataDir).
+- each daemon its own copy of examples/cni/10-podshim-bridge.conflist (own bridge, subnet, dataDir);
+- with --sandbox-image, a second podshimd whose ``sandbox_image`` is tests/imagebuild.py's catatonit
+  pause image (``/catatonit -P``, the same program as the built-in pause), pulled into its image
+  store before the run from the tests' registry on the host's loopback (which is stopped then), so
+  the cycles measure the snapshot, its mount and the pause from it, not a pull.
 
 Figures: (1) ``crictl runp → stopp → rmp``, interleaved, and three ``crictl version`` calls (what three crictl
 processes cost with no pod work: the floor of a cycle through crictl); with --trace, podshimd's own
@@ -198,14 +202,14 @@ def cycle(rt: Runtime, directory: str) -> float:
 # -- podshimd ---------------------------------------------------------------------------------------
 
 class PodshimdProc:
-    def __init__(self, directory: str, netns: str, trace: bool = False):
+    def __init__(self, directory: str, netns: str, trace: bool = False, config: str = ""):
         self.dir = directory
         self.netns = netns
         self.trace = trace
         self.sock = os.path.join(directory, "run", "podshimd.sock")
         self.proc: subprocess.Popen | None = None
         with open(os.path.join(directory, "config.toml"), "w") as f:
-            f.write(f'cni_bin_dirs = ["{CNI_BIN}"]\n')
+            f.write(f'cni_bin_dirs = ["{CNI_BIN}"]\n{config}')
 
     def argv(self) -> list[str]:
         d = self.dir
@@ -279,6 +283,32 @@ def ms(seconds: float) -> str:
     return f"{seconds * 1000:.1f}"
 
 
+def pull_pause_image(state_root: str, workdir: str) -> str:
+    """Build tests/imagebuild.py's catatonit pause image, push it to a registry on the host's
+    loopback and pull it into the image store under ``state_root`` (as podshimd would); its reference."""
+    import asyncio
+
+    sys.path.insert(1, os.path.join(REPO, "tests"))
+    from imagebuild import TestImages, catatonit_pause_image
+    from registry import running_registry
+
+    from client.images.pull import RegistryHost
+    from client.images.service import Images
+
+    async def pull(ref: str, host: str) -> None:
+        store = Images(state_root, hosts=(RegistryHost(host, (), True),))
+        await asyncio.to_thread(store.open)
+        try:
+            await store.pull(ref)
+        finally:
+            await store.aclose()
+
+    with running_registry() as registry:
+        image = catatonit_pause_image(TestImages(registry, tempfile.mkdtemp(prefix="images-", dir=workdir)))
+        asyncio.run(pull(image.ref, registry.host))
+    return image.ref
+
+
 def fill(rt: Runtime, count: int) -> list[str]:
     stub = rt.stub()
     from client.criapi import api_pb2
@@ -336,6 +366,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cycles", type=int, default=30, help="interleaved runp/stopp/rmp cycles of each runtime (30)")
     p.add_argument("--pods", type=int, default=100, help="pods present for ListPodSandbox and the restart (100)")
     p.add_argument("--no-containerd", action="store_true", help="measure podshimd alone")
+    p.add_argument("--sandbox-image", action="store_true",
+                   help="also a podshimd whose sandbox_image is a catatonit pause image, beside the built-in pause")
     p.add_argument("--trace", action="store_true",
                    help="run podshimd with PODSHIM_TRACE=1 and print the median of each phase of its cycles")
     args = p.parse_args(argv)
@@ -374,6 +406,27 @@ def main(argv: list[str] | None = None) -> int:
             psd_netns.update(podshimd_netns(os.path.join(psd_dir, "state")))
             drain(runtimes[0])
         janitor.add("remove podshimd's pods", drain_podshimd)
+
+        if args.sandbox_image:
+            img_dir = os.path.join(workdir, "psd-image")
+            os.makedirs(img_dir)
+            cni_conf(img_dir, "crib-ps1", "10.233.0.0/16")
+            ref = pull_pause_image(os.path.join(img_dir, "state"), workdir)
+            psd_img = PodshimdProc(img_dir, netns, config=f'sandbox_image = "{ref}"\n')
+            img_netns: set[str] = set()
+            janitor.add("remove the netns podshimd+image's pods left", lambda: janitor.failures.extend(
+                f"podshimd+image left the netns {path} of a removed pod (removed now)"
+                for path in remove_netns(img_netns)))
+            janitor.add("stop podshimd+image's shim template", stop_template, os.path.join(img_dir, "run"))
+            janitor.add("stop podshimd+image", psd_img.stop)
+            psd_img.start()
+            runtimes.append(Runtime("podshimd+image", "unix://" + psd_img.sock))
+
+            def drain_image_podshimd(rt: Runtime = runtimes[-1]) -> None:
+                img_netns.update(podshimd_netns(os.path.join(img_dir, "state")))
+                drain(rt)
+            janitor.add("remove podshimd+image's pods", drain_image_podshimd)
+            notes.append(f"podshimd+image: sandbox_image {ref} (catatonit -P from a snapshot), pulled before the run")
 
         if not args.no_containerd:
             cd_dir = os.path.join(workdir, "cd")
@@ -425,12 +478,14 @@ def main(argv: list[str] | None = None) -> int:
     date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     out = [f"CRI bench, {date}, {os.cpu_count()} CPUs, load average {load_before[0]:.2f} before / "
            f"{load_after[0]:.2f} after; `python3 bench/cri_cycle.py --cycles {args.cycles} --pods {args.pods}`", ""]
-    out += ["| figure | " + " | ".join(rt.key for rt in runtimes) + (" | containerd ÷ podshimd |" if len(runtimes) > 1 else ""),
-            "|---" * (len(runtimes) + 1 + (len(runtimes) > 1)) + "|"]
+    others = runtimes[1:]
+    out += ["| figure | " + " | ".join(rt.key for rt in runtimes)
+            + "".join(f" | {rt.key} ÷ podshimd" for rt in others) + " |",
+            "|---" * (len(runtimes) + 1 + len(others)) + "|"]
 
     def row(name: str, values: list[float]) -> str:
-        ratio = f" {values[1] / values[0]:.2g}x |" if len(values) > 1 else ""
-        return f"| {name} | " + " | ".join(f"{ms(v)} ms" for v in values) + " |" + ratio
+        ratios = "".join(f" {v / values[0]:.2g}x |" for v in values[1:])
+        return f"| {name} | " + " | ".join(f"{ms(v)} ms" for v in values) + " |" + ratios
     out.append(row(f"crictl runp→stopp→rmp, median of {args.cycles}", [statistics.median(rt.cycles) for rt in runtimes]))
     out.append(row(f"crictl runp→stopp→rmp, p90 of {args.cycles}", [percentile(rt.cycles, 90) for rt in runtimes]))
     out.append(row(f"floor: 3 × `crictl version`, median of {args.cycles}", [statistics.median(rt.floors) for rt in runtimes]))
@@ -440,7 +495,7 @@ def main(argv: list[str] | None = None) -> int:
                    [lists[rt.key][0] for rt in runtimes]))
     out.append(row(f"`crictl pods -q`, {args.pods} pods, p50 of 10", [lists[rt.key][1] for rt in runtimes]))
     out.append(f"| podshimd kill -9 + restart, {args.pods} live pods: to READY=1 / every pod READY in "
-               f"PodSandboxStatus | {ms(ready)} / {ms(answered)} ms |" + (" — | — |" if len(runtimes) > 1 else ""))
+               f"PodSandboxStatus | {ms(ready)} / {ms(answered)} ms |" + " — |" * (2 * len(others)))
     if phases:
         out += ["", "podshimd's side of a cycle (PODSHIM_TRACE), medians in ms:", ""]
         for op, got in phases.items():

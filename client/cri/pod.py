@@ -33,7 +33,7 @@ import signal
 import socket
 import time
 from contextlib import asynccontextmanager
-from typing import Any, AsyncContextManager, AsyncIterator, Mapping
+from typing import Any, AsyncContextManager, AsyncIterator, Awaitable, Callable, Mapping
 
 import anyio
 import anyio.abc
@@ -99,6 +99,13 @@ _SANDBOX_RUNNING = "running"
 
 #: A pod's or container's id (:func:`_new_id`); a snapshot key of this form is a container's.
 _ID = re.compile(r"[0-9a-f]{64}")
+#: The snapshot of a pod's sandbox image: ``sandbox-<pod id>`` (the pause's root).
+SANDBOX_SNAPSHOT_PREFIX = "sandbox-"
+
+
+def sandbox_snapshot_key(pod_id: str) -> str:
+    """The key of the snapshot a pod's pause runs from (a sandbox image's)."""
+    return SANDBOX_SNAPSHOT_PREFIX + pod_id
 
 
 def _new_id() -> str:
@@ -119,13 +126,17 @@ class PodService:
                  namespace: str = DEFAULT_NAMESPACE, log_root: str,
                  runtime_handlers: tuple[str, ...] = RUNTIME_HANDLERS, default_runtime_handler: str = NATIVE,
                  cgroup_parent: str = "", pause_binary: str | None = None,
-                 images: ImageLookup | None = None, snapshots: Snapshotter | None = None):
+                 images: ImageLookup | None = None, snapshots: Snapshotter | None = None,
+                 sandbox_image: str = "", pull: Callable[[str], Awaitable[Any]] | None = None):
         """``runtime_handlers`` are those RunPodSandbox accepts, ``default_runtime_handler`` the
         one an empty handler means. ``cgroup_parent`` is the cgroup parent of a pod whose config
         names none; ``pause_binary`` the pause of native pods (None: catatonit when installed,
         else the built-in pause). ``images`` finds the image a container names and
         ``snapshots`` makes its root filesystem (:mod:`.rootfs`); without them a container
-        that names an image is refused (one that names none runs on the node's root filesystem)."""
+        that names an image is refused (one that names none runs on the node's root filesystem).
+        ``sandbox_image``, when set, is every pod's pause (containerd's sandbox_image): found
+        through ``images``, pulled with ``pull(reference)`` when missing, run from a snapshot
+        ``sandbox-<pod id>`` of it."""
         self.controller = controller
         self.store = store
         self.cni = cni
@@ -135,6 +146,8 @@ class PodService:
         self.default_runtime_handler = default_runtime_handler
         self.cgroup_parent = cgroup_parent
         self.pause_binary = pause_binary
+        self.sandbox_image = sandbox_image
+        self.pull = pull
         self.images: ImageLookup = images if images is not None else NoImages()
         self.snapshots = snapshots
         self._locks: dict[str, anyio.Lock] = {}
@@ -193,11 +206,11 @@ class PodService:
         await self._sweep_snapshots()
 
     async def _sweep_snapshots(self) -> None:
-        """Remove container snapshots that no container record names: what a process that died
-        between removing a container's record and its snapshot left (a record is written before
-        its snapshot is made and deleted after it is removed, so the snapshots are listed first:
-        one listed there whose record is not read after it is a leftover, never a create in
-        flight)."""
+        """Remove container snapshots that no container record names, and sandbox image snapshots
+        (``sandbox-<pod id>``) that no pod record names: what a process that died between removing
+        a record and its snapshot left (a record is written before its snapshot is made and
+        deleted after it is removed, so the snapshots are listed first: one listed there whose
+        record is not read after it is a leftover, never a create in flight)."""
         if self.snapshots is None or not hasattr(self.snapshots, "snapshots"):
             return
         try:
@@ -206,10 +219,17 @@ class PodService:
             log.warning("cannot list the container snapshots: %s", exc)
             return
         known = {c.container_id for c in self.store.list_containers()}
+        pods = {record.pod_id for record in self.store.list()}
         for snapshot in snapshots:
-            if snapshot.kind == "active" and _ID.fullmatch(snapshot.name) and snapshot.name not in known:
+            if snapshot.kind != "active":
+                continue
+            if _ID.fullmatch(snapshot.name) and snapshot.name not in known:
                 log.warning("removing the snapshot of container %s, which no pod has any more", snapshot.name)
                 await self._remove_rootfs("-", snapshot.name)
+            pod_id = snapshot.name.removeprefix(SANDBOX_SNAPSHOT_PREFIX)
+            if pod_id != snapshot.name and _ID.fullmatch(pod_id) and pod_id not in pods:
+                log.warning("removing the sandbox image snapshot of pod %s, which is no more", pod_id)
+                await self._remove_rootfs(pod_id, snapshot.name)
 
     # -- following the shims: state kept current by their exit events -----------------------
     def keep_current(self, task_group: anyio.abc.TaskGroup) -> None:
@@ -399,8 +419,9 @@ class PodService:
 
     async def _bring_up(self, record: PodRecord, cfg: PodSandboxConfig) -> None:
         ns, pod_id = self.namespace, record.pod_id
-        await self.controller.create(ns, pod_id, options=self._shim_options(cfg, record.runtime_handler),
-                                     annotations=dict(cfg.annotations))
+        options = self._shim_options(cfg, record.runtime_handler)
+        rootfs = await self._sandbox_rootfs(pod_id, cfg, options) if self.sandbox_image else None
+        await self.controller.create(ns, pod_id, options=options, rootfs=rootfs, annotations=dict(cfg.annotations))
         failpoint("run:after-create")
         netns = ""
         if not cfg.host_network:  # CreateSandbox made it (the pause joins it when it starts)
@@ -451,6 +472,47 @@ class PodService:
             options["pause_binary"] = self.pause_binary
         return options
 
+    async def _sandbox_rootfs(self, pod_id: str, cfg: PodSandboxConfig, options: dict[str, Any]) -> list[dict[str, Any]]:
+        """The pause from the sandbox image: the image (pulled when missing) recorded on the pod,
+        ``options`` given its ``pause_image`` (Entrypoint + Cmd, Env, WorkingDir) and its User
+        (unless the pod names one), and the mounts of its snapshot ``sandbox-<pod id>``. Raises
+        the pull's errors, FailedPrecondition for an image without a program or without a
+        snapshotter to run it from."""
+        image = await self._sandbox_image()
+        if self.snapshots is None:
+            raise FailedPrecondition(f"sandbox image {self.sandbox_image!r} cannot run: this runtime has no "
+                                     "snapshotter")
+        args = [*(image.config.get("Entrypoint") or []), *(image.config.get("Cmd") or [])]
+        if not args:
+            raise FailedPrecondition(f"sandbox image {self.sandbox_image!r} has neither Entrypoint nor Cmd: "
+                                     "it names no pause program")
+        options.pop("pause_binary", None)  # the image's program is the pause
+        options["pause_image"] = {"args": args, "env": list(image.config.get("Env") or []),
+                                  "cwd": image.config.get("WorkingDir") or "/", "image": image.name}
+        user = str(image.config.get("User") or "")
+        if user:
+            options["linux"] = {**options["linux"], "pause_process": security.pause_fields(
+                cfg.security, image_user=user, read_file=await self._user_files(image))}
+        # Recorded before the snapshot is made: a rollback, RemoveImage and GC see it from then on.
+        with phase("store update"):
+            self.store.update(pod_id, sandbox_image=image.name, sandbox_image_id=image.image_id)
+        with phase("sandbox snapshot"):
+            mounts = mount_dicts(await call(self.snapshots.prepare, sandbox_snapshot_key(pod_id), image.chain_id))
+        failpoint("run:after-sandbox-snapshot")
+        return mounts
+
+    async def _sandbox_image(self) -> ContainerImage:
+        """The sandbox image from the store, pulled first when the store lacks it (as containerd
+        pulls its sandbox_image on demand); the pull's errors as they are."""
+        try:
+            return await call(self.images.container_image, self.sandbox_image)
+        except NotFound:
+            if self.pull is None:
+                raise
+        with phase("pull sandbox image"):
+            await self.pull(self.sandbox_image)
+        return await call(self.images.container_image, self.sandbox_image)
+
     def _pod_files_dir(self, pod_id: str) -> str:
         """The pod's own directory of files (hosts, resolv.conf, hostname: :mod:`.podfiles`)."""
         return os.path.join(self.store.root, POD_FILES_DIR, pod_id)
@@ -459,6 +521,7 @@ class PodService:
         """Undo whatever of a pod exists; every step tolerates what is already gone."""
         await self._teardown_network(record, strict=False)
         await self._shutdown_sandbox(record.pod_id)
+        await self._remove_sandbox_rootfs(record.pod_id)
         remove_pod_files(self._pod_files_dir(record.pod_id))
         self.store.delete(record.pod_id)
 
@@ -586,6 +649,7 @@ class PodService:
             with phase("ShutdownSandbox"):
                 await self._shutdown_sandbox(record.pod_id)
             failpoint("remove:after-shutdown")
+            await self._remove_sandbox_rootfs(record.pod_id)
             default_logs = os.path.join(self.log_root, record.pod_id)
             shutil.rmtree(default_logs, ignore_errors=True)
             remove_pod_files(self._pod_files_dir(record.pod_id))
@@ -620,6 +684,9 @@ class PodService:
     async def _verbose_info(self, record: PodRecord, cfg: PodSandboxConfig) -> dict[str, Any]:
         info: dict[str, Any] = {"pid": record.pid or 0, "netns_path": record.netns_path,
                                 "sandbox_namespace": record.sandbox_namespace}
+        if record.sandbox_image:  # containerd's "image": the sandbox image
+            info.update(image=record.sandbox_image, image_id=record.sandbox_image_id,
+                        snapshot_key=sandbox_snapshot_key(record.pod_id))
         try:
             await self._load(record.pod_id)
             st = await self.controller.status(self.namespace, record.pod_id, verbose=True)
@@ -844,7 +911,22 @@ class PodService:
         try:
             await call(self.snapshots.remove, container_id)
         except Exception as exc:  # noqa: BLE001 (logged; recovery sweeps it)
-            log.warning("pod %s: removing the root filesystem of container %s failed: %s", pod_id, container_id, exc)
+            log.warning("pod %s: removing the root filesystem snapshot %s failed: %s", pod_id, container_id, exc)
+
+    async def _remove_sandbox_rootfs(self, pod_id: str) -> None:
+        """Remove the pod's sandbox image snapshot, if any (the shim unmounted it at shutdown)."""
+        if self.snapshots is not None:
+            await self._remove_rootfs(pod_id, sandbox_snapshot_key(pod_id))
+
+    def image_user(self, image_id: str) -> str:
+        """Who uses image ``image_id`` and what to remove before it ("" when nothing does): a
+        container, or a pod as its sandbox image. RemoveImage refuses the image meanwhile."""
+        if self.image_in_use(image_id):
+            return "a container; remove the container first"
+        pods = [record.pod_id for record in self.store.list() if record.sandbox_image_id == image_id]
+        if pods:
+            return f"pod {pods[0]} as its sandbox image; remove the pod first"
+        return ""
 
     def image_in_use(self, image_id: str) -> list[str]:
         """The ids of the containers (in any state) made from image ``image_id``: RemoveImage

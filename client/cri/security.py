@@ -429,21 +429,24 @@ def _seccomp_field(sec: ContainerSecurity, caps: list[str], path: str,
 
 def pause_fields(sec: ContainerSecurity, *, all_caps: tuple[str, ...] | None = None,
                  read_profile: Callable[[str], bytes] = _read_node_file,
-                 path: str = "linux.security_context") -> dict[str, Any]:
+                 path: str = "linux.security_context", image_user: str = "",
+                 read_file: ReadFile = lambda _: None) -> dict[str, Any]:
     """The pause's confinement (CreateSandbox's ``linux.pause_process``) for a pod whose
     LinuxSandboxSecurityContext is ``sec``, as containerd's sandbox container spec: run_as_user
-    and run_as_group (a group needs a user) with supplemental_groups, no_new_privs always, the
+    and run_as_group (a group needs a user) with supplemental_groups, else the sandbox image's
+    ``image_user`` (its names looked up through ``read_file``, the image's /etc/passwd and
+    /etc/group), else root; no_new_privs always, the
     default capabilities (a privileged pod: every held one and no filter), the pod's seccomp
-    profile. The pause image has no /etc/passwd: a uid's group is 0 unless run_as_group says."""
+    profile. The built-in pause has no /etc/passwd: a uid's group is 0 unless run_as_group says."""
     refuse_lsm(sec, path)
     if sec.run_as_group is not None and sec.run_as_user is None:
         raise InvalidArgument(f"{path}.run_as_group is set without run_as_user: a group needs a user")
     caps = list(held_capabilities() if all_caps is None else all_caps) if sec.privileged else \
         list(DEFAULT_CAPABILITIES)
-    userstr = "0" if sec.run_as_user is None else str(sec.run_as_user)
+    userstr = (image_user or "0") if sec.run_as_user is None else str(sec.run_as_user)
     if sec.run_as_group is not None:
         userstr += f":{sec.run_as_group}"
-    fields: dict[str, Any] = {"user": resolve_user(userstr, sec.supplemental_groups, lambda _: None),
+    fields: dict[str, Any] = {"user": resolve_user(userstr, sec.supplemental_groups, read_file),
                               "capabilities": caps, "no_new_privileges": True}
     if not sec.privileged:
         fields.update(_seccomp_field(sec, caps, path, read_profile))

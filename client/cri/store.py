@@ -270,6 +270,8 @@ class PodRecord(_ConfigLabels):
     - ``pid``: the pause's pid, for status; ``stopped_at``: when it became NOTREADY.
     - ``network_down``: a StopPodSandbox finished tearing the network down (CNI DEL ran to its
       end), so RemovePodSandbox need not run DEL again; False when a stop was cut short.
+    - ``sandbox_image``, ``sandbox_image_id``: the pause's image (its name and id) when the
+      runtime has a sandbox image, recorded before its snapshot (``sandbox-<pod id>``) is made.
     """
 
     pod_id: str
@@ -286,6 +288,8 @@ class PodRecord(_ConfigLabels):
     stopped_at: int = 0
     network_down: bool = False
     containers: dict[str, ContainerRecord] = field(default_factory=dict)
+    sandbox_image: str = ""
+    sandbox_image_id: str = ""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "state", _state("pod", PodState, self.state))

@@ -13,10 +13,9 @@ means, for podshimd (and anything else) to translate.
   record, and its temporary files go with it (or at the next start, when the content store
   empties ingest/ and the snapshotter its half-unpacked layers).
 - RemoveImage forgets the image with all its tags and digests (as containerd's CRI does) and
-  garbage-collects the blobs and layer snapshots no image (nor, for snapshots, a container)
-  references, in a worker thread; an image a container uses is refused with
-  FAILED_PRECONDITION: :attr:`Images.in_use` is the hook (``image_id -> bool``) the container
-  layer sets. Garbage is collected only while no pull is in flight (a pull's blobs and snapshots
+  garbage-collects the blobs and layer snapshots no image (nor, for snapshots, a container or a
+  pod's sandbox) references, in a worker thread; an image a container uses, or a pod as its sandbox
+  image, is refused with FAILED_PRECONDITION: :attr:`Images.in_use` is the hook the pod layer sets. Garbage is collected only while no pull is in flight (a pull's blobs and snapshots
   exist before its record does); a collection asked for meanwhile runs when the last pull ends,
   and a pull that starts while one runs waits for it.
 """
@@ -71,8 +70,9 @@ class Images:
         self.store = ImageStore(self.root)
         self.puller = Puller(self.content, hosts=hosts, timeout=pull_timeout, progress_timeout=progress_timeout,
                              platform=platform, skopeo=skopeo)
-        #: Whether a container uses the image (by id); the container layer sets it.
-        self.in_use: Callable[[str], bool] = lambda image_id: False
+        #: Whether a container or a pod uses the image (by id): falsy, True, or who uses it and what to
+        #: remove first ("a container; remove the container first"); the pod layer sets it.
+        self.in_use: Callable[[str], bool | str] = lambda image_id: False
         self.snapshots: Snapshotter | None = None  # made by open(): it cleans up as it starts
         self._pulls: dict[tuple[str, AuthConfig | None], asyncio.Task[ImageRecord]] = {}
         self._gc_pending = False
@@ -173,9 +173,11 @@ class Images:
         record = self.store.resolve(name)
         if record is None:
             return None
-        if self.in_use(record.image_id):
-            raise FailedPrecondition(f"image {name!r} ({record.short_id}) is in use by a container; remove the "
-                                     "container first")
+        user = self.in_use(record.image_id)
+        if user:
+            # The hook may say who uses it and what to remove ("pod X as its sandbox image; ...").
+            who = user if isinstance(user, str) else "a container; remove the container first"
+            raise FailedPrecondition(f"image {name!r} ({record.short_id}) is in use by {who}")
         self.store.remove(record.image_id)
         log.info("removed image %s (%s)", record.short_id, ", ".join(record.repo_tags) or "untagged")
         if self._pulls:

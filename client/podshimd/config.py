@@ -66,6 +66,7 @@ class Config:
     runtime_handlers: tuple[str, ...] = RUNTIME_HANDLERS  # the handlers CRI clients may ask for
     cgroup_parent: str = ""  # "" = under podshimd's own cgroup; "/x" from each hierarchy's root
     sandbox_binary: str = CATATONIT  # the pause, run as `catatonit -P`
+    sandbox_image: str = ""  # the pause as an image (containerd's sandbox_image); "" = the built-in pause
     template: bool = True  # spawn shims from the preloaded template
     log_level: str = "info"
     metrics_address: str = ""  # HOST:PORT; "" = no metrics endpoint
@@ -96,7 +97,8 @@ _FIELDS = {f.name: f for f in dataclasses.fields(Config)}
 _ABSOLUTE_PATHS = ("state_root", "runtime_root", "cni_conf_dir", "sandbox_binary")
 # The flags that set a key, for the messages about them; every other key is set in the file only.
 _FLAGS = {"listen": "--listen", "state_root": "--state-root", "runtime_root": "--runtime-root",
-          "cni_conf_dir": "--cni-conf-dir", "cni_bin_dirs": "--cni-bin-dir", "log_level": "--log-level"}
+          "cni_conf_dir": "--cni-conf-dir", "cni_bin_dirs": "--cni-bin-dir", "log_level": "--log-level",
+          "sandbox_image": "--sandbox-image"}
 
 
 def _socket_path(listen: str) -> str:
@@ -221,6 +223,12 @@ def _check(source: str, name: str, key: str, value: Any) -> Any:
             _check_address(refuse, value)
     elif key == "streaming_address":
         _check_address(refuse, value)
+    elif key == "sandbox_image":
+        if value:
+            try:
+                parse(value)
+            except ReferenceError as exc:
+                raise refuse(f"{value!r} is not an image reference: {exc}") from None
     return value
 
 
@@ -297,6 +305,11 @@ def _check_together(config: Config, source: str, from_file: Mapping[str, Any], o
         key = "default_runtime_handler" if "default_runtime_handler" in from_file else "runtime_handlers"
         raise ConfigError(source, key, f"the default runtime handler {config.default_runtime_handler!r} is not "
                                        f"among runtime_handlers ({', '.join(config.runtime_handlers)})")
+    if config.sandbox_image and ("sandbox_binary" in from_file or "sandbox_binary" in overrides):
+        where, key = (COMMAND_LINE, _FLAGS["sandbox_image"]) if "sandbox_image" in overrides else \
+            (source, "sandbox_image")
+        raise ConfigError(where, key, "sandbox_binary and sandbox_image are both set: the pause is either a "
+                                      "binary or an image; set one of them")
 
 
 # -- flags -------------------------------------------------------------------------------------------
@@ -312,6 +325,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cni-bin-dir", metavar="DIRS",
                         help=f"plugin directories, colon- or comma-separated (default {':'.join(DEFAULT_CNI_BIN_DIRS)})")
     parser.add_argument("--log-level", metavar="LEVEL", help=f"{', '.join(LOG_LEVELS)} (default info)")
+    parser.add_argument("--sandbox-image", metavar="IMAGE",
+                        help="the pause as an image, pulled when missing (default: none, the built-in static pause)")
 
 
 def from_arguments(args: argparse.Namespace, *, default_path: str = DEFAULT_CONFIG_PATH) -> Config:

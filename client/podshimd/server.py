@@ -209,7 +209,7 @@ async def serve(config: Config, *, notifier: Notifier | None = None) -> None:
                     os.unlink(grpc_path)
             images = await _open_images(stack, config)
             pods = await _open_pods(stack, config, images)
-            images.in_use = lambda image_id: bool(pods.image_in_use(image_id))
+            images.in_use = pods.image_user
             streaming = await _start_streaming(stack, config, pods)
             if config.metrics_address:
                 try:
@@ -267,7 +267,7 @@ async def _open_pods(stack: contextlib.AsyncExitStack, config: Config, images: I
             cni_bin_dirs=config.cni_bin_dirs, spawner=spawner, runtime_handlers=config.runtime_handlers,
             default_runtime_handler=config.default_runtime_handler, cgroup_parent=config.cgroup_parent,
             pause_binary=config.sandbox_binary, images=StoreImages(images.store.resolve),
-            snapshots=images.snapshots))
+            snapshots=images.snapshots, sandbox_image=config.sandbox_image, pull=images.pull))
     except RpcError as exc:
         raise DaemonError(f"cannot open the pods under {config.state_root}: {exc.message}") from None
 

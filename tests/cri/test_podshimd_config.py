@@ -258,3 +258,36 @@ def test_a_bad_flag_value_is_refused_naming_the_flag(missing):
 def test_a_missing_config_flag_file_is_refused(missing):
     with pytest.raises(ConfigError, match="the config file does not exist"):
         parse_flags(["--config", missing], default_path=os.devnull)
+
+
+# -- the sandbox image -----------------------------------------------------------------------------
+
+def test_the_sandbox_image_is_empty_by_default_the_built_in_pause(missing):
+    assert Config().sandbox_image == "" and config.load(default_path=missing).sandbox_image == ""
+
+
+def test_the_sandbox_image_is_read_from_the_file_and_the_flag(write, tmp_path):
+    path = write('sandbox_image = "registry.example:5000/pause:3.9"\n')
+    assert config.load(path).sandbox_image == "registry.example:5000/pause:3.9"
+    flagged = parse_flags(["--config", path, "--sandbox-image", "pause"], default_path=str(tmp_path / "absent"))
+    assert flagged.sandbox_image == "pause"
+
+
+def test_a_sandbox_image_that_is_not_a_reference_is_refused(write, missing):
+    path = write('sandbox_image = "Pause:Latest:x"\n')
+    error = refused(path)
+    assert (error.source, error.key) == (path, "sandbox_image")
+    assert error.reason.startswith("'Pause:Latest:x' is not an image reference: ")
+    with pytest.raises(ConfigError) as info:
+        parse_flags(["--sandbox-image", "UPPER/case"], default_path=missing)
+    assert (info.value.source, info.value.key) == (COMMAND_LINE, "--sandbox-image")
+
+
+def test_sandbox_binary_and_sandbox_image_together_are_refused(write, tmp_path):
+    path = write('sandbox_binary = "/usr/bin/catatonit"\nsandbox_image = "pause:3.9"\n')
+    assert str(refused(path)) == (f"{path}: sandbox_image: sandbox_binary and sandbox_image are both set: the pause "
+                                  "is either a binary or an image; set one of them")
+    path = write('sandbox_binary = "/usr/bin/catatonit"\n')
+    with pytest.raises(ConfigError) as info:
+        parse_flags(["--config", path, "--sandbox-image", "pause:3.9"], default_path=str(tmp_path / "absent"))
+    assert (info.value.source, info.value.key) == (COMMAND_LINE, "--sandbox-image")
