@@ -31,7 +31,7 @@ from shim.kernel import linux
 from shim.rpc.processes import process_alive
 from shim.paths import STATE_FILE, read_json
 from shim.rpc import Client, RpcError
-from shim.rpc.api import EVENTS_SERVICE, SANDBOX_SERVICE
+from shim.rpc.api import EVENTS_SERVICE, SANDBOX_SERVICE, TASK_SERVICE
 
 from proctools import fd_readable, pidfds, wait_pidfds
 
@@ -253,6 +253,10 @@ class Shim:
         """Call a Sandbox method for this shim's sandbox (``sandbox_id`` filled in)."""
         return await (client or self.client).call(SANDBOX_SERVICE, method, {"sandbox_id": self.sandbox_id, **fields},
                                                   timeout=timeout)
+
+    async def task(self, method: str, timeout: float | None = WAIT, **fields):
+        """Call a Task method for this shim's sandbox (``sandbox_id`` filled in)."""
+        return await self.client.call(TASK_SERVICE, method, {"sandbox_id": self.sandbox_id, **fields}, timeout=timeout)
 
     async def run_sandbox(self, **create_fields) -> int:
         """CreateSandbox then StartSandbox; returns the pause's pid."""

@@ -804,13 +804,10 @@ class PodService:
         ``sandbox_config`` is CRI's copy of the pod's config, sent along by kubelet: when given,
         it must be the pod's (same metadata and log directory), since the pod's own config is
         what the container is made from. Raises NotFound (pod), FailedPrecondition (pod not
-        READY), InvalidArgument (config, a tty container, or a sandbox_config of another pod), AlreadyExists
+        READY), InvalidArgument (config, or a sandbox_config of another pod), AlreadyExists
         (same name and attempt in the pod).
         """
         cfg = config if isinstance(config, ContainerConfig) else ContainerConfig.from_json(config)
-        if cfg.tty:  # refused rather than run on plain pipes, which attach -t would not make a terminal
-            raise InvalidArgument("tty containers are not supported yet: the container's stdio would be pipes, "
-                                  "not a terminal; create it without tty (exec -t gives a terminal in it)")
         pod = self._pod(pod_id)
         if sandbox_config is not None:
             _check_sandbox_config(pod, sandbox_config)
@@ -843,6 +840,7 @@ class PodService:
                     "cwd": process.cwd, "log_path": log_path, "pid_mode": cfg.pid_mode, "labels": dict(cfg.labels),
                     "pid_target": self._pid_target(pod.pod_id, cfg),
                     "rootfs": rootfs, "readonly_rootfs": cfg.readonly_rootfs, "mounts": mounts, "stdin": cfg.stdin,
+                    "terminal": cfg.tty,
                     **confinement})
             except BaseException:
                 with anyio.CancelScope(shield=True):
@@ -1197,6 +1195,11 @@ class PodService:
         """Have a container's shim copy its stdout and stderr from now on to ``fifos`` (AttachOutput's
         ``stdout``/``stderr`` FIFO paths, held open for reading by the caller)."""
         await self._task(pod_id, "AttachOutput", {"task_id": container_id, **fifos})
+
+    async def resize_terminal(self, pod_id: str, container_id: str, width: int, height: int) -> None:
+        """Set the size of a tty container's terminal (its process gets SIGWINCH). Raises InvalidArgument
+        (out of range), FailedPrecondition (no terminal; not running)."""
+        await self._task(pod_id, "ResizePty", {"task_id": container_id, "width": width, "height": height})
 
     async def close_stdin(self, pod_id: str, container_id: str) -> None:
         """Close a container's stdin for good (stdin_once): it reads end-of-file once writers are gone."""

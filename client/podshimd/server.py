@@ -290,7 +290,7 @@ async def _start_streaming(stack: contextlib.AsyncExitStack, config: Config, pod
     execs = ExecBackend(exec_start, exec_wait, exec_kill, os.path.join(config.runtime_root, "exec"),
                         pods.container_root)
     attach = AttachBackend(pods.attach_target, pods.attach_output, pods.close_stdin, pods.wait_task,
-                           os.path.join(config.runtime_root, "exec"))
+                           pods.resize_terminal, os.path.join(config.runtime_root, "exec"))
     streaming = StreamingServer(config.streaming_address, Backend(pod_network=pod_network, execs=execs, attach=attach))
     try:
         await streaming.start()

@@ -5,7 +5,9 @@ come: podshimd makes FIFOs and the container's shim copies the output to them as
 (AttachOutput, protocol.md 7.3), so several attachers see the same bytes and none takes them from
 another. Input: written to the FIFO the shim keeps open as the container's stdin (a container
 created with ``stdin``), opened by each attacher; with ``stdin_once`` the first attacher's end of
-input closes the container's stdin for good. The attach ends when the container's output ends (it
+input closes the container's stdin for good. A container with a terminal (CRI ``tty``) has one output, its
+terminal's, which goes to the client's stdout; the client's terminal sizes (``resize``) are set on the
+container's terminal (ResizePty), whichever attacher sent them last. The attach ends when the container's output ends (it
 exited: ``Success`` on the error stream) or when the client goes away, which leaves the container
 running.
 """
@@ -23,6 +25,7 @@ from shim.rpc.status import RpcError
 
 from . import execio
 from .session import Stream, StreamClosed
+from .sizes import TerminalSizes
 
 __all__ = ["AttachRequest", "AttachBackend", "run_attach"]
 
@@ -42,12 +45,14 @@ class AttachRequest:
 class AttachBackend:
     """``target(container_id)`` -> the pod layer's ``attach_target`` map; ``output(pod_id, container_id,
     fifos)`` starts the shim's copies (AttachOutput); ``close_stdin(pod_id, container_id)``; ``wait(pod_id,
-    container_id)`` -> the exit status once the container exited; ``directory`` holds the FIFOs (0700)."""
+    container_id)`` -> the exit status once the container exited; ``resize(pod_id, container_id, width, height)``
+    sets its terminal's size; ``directory`` holds the FIFOs (0700)."""
 
     target: Callable[[str], Awaitable[dict[str, Any]]]
     output: Callable[[str, str, dict[str, str]], Awaitable[None]]
     close_stdin: Callable[[str, str], Awaitable[None]]
     wait: Callable[[str, str], Awaitable[int]]
+    resize: Callable[[str, str, int, int], Awaitable[None]]
     directory: str
 
 
@@ -73,6 +78,14 @@ async def _write_stdin(stream: Stream, fifo: str, close_for_good: Callable[[], A
         os.close(fd)
     if close_for_good is not None:
         await close_for_good()
+
+
+async def _resizes(sizes: TerminalSizes, backend: AttachBackend, pod_id: str, container_id: str) -> None:
+    while (size := await sizes.next()) is not None:
+        try:
+            await backend.resize(pod_id, container_id, *size)
+        except RpcError as exc:  # out of range, or the container just exited: the attach goes on
+            log.info("attach: cannot resize the terminal of %s to %d x %d: %s", container_id, *size, exc.message)
 
 
 async def run_attach(request: AttachRequest, streams: dict[str, Stream], backend: AttachBackend,
@@ -111,7 +124,11 @@ async def run_attach(request: AttachRequest, streams: dict[str, Stream], backend
             else:
                 streams["stdin"].discard()
         if "resize" in streams:
-            streams["resize"].discard()  # the container has no terminal of podshim's to resize
+            if target["tty"]:
+                helpers.append(asyncio.ensure_future(_resizes(TerminalSizes(streams["resize"]), backend, pod_id,
+                                                              container_id)))
+            else:
+                streams["resize"].discard()  # the container has no terminal to resize
         exited = asyncio.ensure_future(backend.wait(pod_id, container_id))
         helpers.append(exited)
         # The output ends when the container stopped (the shim closes the FIFOs); then its exit is known.

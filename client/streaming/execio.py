@@ -12,7 +12,6 @@ wait on the event loop.
 
 from __future__ import annotations
 
-import asyncio
 import errno
 import fcntl
 import os
@@ -22,6 +21,7 @@ import struct
 import termios
 
 from shim.rpc.files import ensure_private_dir
+from shim.runtime.pipes import wait_ready
 
 __all__ = ["ExecIO", "read", "write"]
 
@@ -109,29 +109,13 @@ def _terminal(root: str) -> tuple[int, str]:
     return master, os.path.join(root or "/", f"dev/pts/{number}")
 
 
-async def _wait(fd: int, writable: bool) -> None:
-    loop = asyncio.get_running_loop()
-    ready: asyncio.Future[None] = loop.create_future()
-
-    def wake() -> None:
-        if not ready.done():
-            ready.set_result(None)
-
-    add, remove = (loop.add_writer, loop.remove_writer) if writable else (loop.add_reader, loop.remove_reader)
-    add(fd, wake)
-    try:
-        await ready
-    finally:
-        remove(fd)
-
-
 async def read(fd: int) -> bytes:
     """The next bytes of a non-blocking fd; b"" at its end (a terminal whose slave is closed: EIO)."""
     while True:
         try:
             return os.read(fd, READ_BYTES)
         except BlockingIOError:
-            await _wait(fd, writable=False)
+            await wait_ready(fd, writable=False)
         except OSError as exc:
             if exc.errno == errno.EIO:
                 return b""
@@ -145,4 +129,4 @@ async def write(fd: int, data: bytes) -> None:
         try:
             view = view[os.write(fd, view):]
         except BlockingIOError:
-            await _wait(fd, writable=True)
+            await wait_ready(fd, writable=True)

@@ -27,6 +27,7 @@ from shim.rpc.status import RpcError
 from . import execio
 from .attach import AttachBackend, AttachRequest, run_attach
 from .session import Stream, StreamClosed
+from .sizes import TerminalSizes
 
 __all__ = ["PROTOCOLS", "STREAMS_TIMEOUT", "OUTPUT_DRAIN", "ExecRequest", "ExecBackend", "RemoteCommandSession",
            "status_message"]
@@ -39,8 +40,6 @@ PROTOCOLS = ("v4.channel.k8s.io", "v3.channel.k8s.io", "v2.channel.k8s.io", "cha
 STREAMS_TIMEOUT = 30.0
 #: After the command exited, seconds its output may stay open (a background process holding it).
 OUTPUT_DRAIN = 2.0
-#: The most resize messages buffered without a newline.
-MAX_RESIZE_BYTES = 4096
 #: Seconds the command's start waits for the client's first terminal size (the Go client sends it
 #: as soon as its streams exist), so that the command starts at its size rather than 0x0 or 80x24.
 FIRST_SIZE_WAIT = 1.0
@@ -165,7 +164,7 @@ class RemoteCommandSession:
             await self._finish(None, f"cannot make the command's {'terminal' if request.tty else 'pipes'}: "
                                      f"{exc.strerror}")
             return
-        sizes = _Sizes(streams["resize"]) if "resize" in streams else None
+        sizes = TerminalSizes(streams["resize"]) if "resize" in streams else None
         if sizes is not None:
             try:
                 first = await asyncio.wait_for(sizes.next(), FIRST_SIZE_WAIT)
@@ -249,39 +248,6 @@ async def _copy_in(stream: Stream, io: execio.ExecIO) -> None:
     io.close_stdin()
 
 
-class _Sizes:
-    """The terminal sizes a resize stream carries: JSON ``{"Width": W, "Height": H}`` values one after
-    another (Go's json.Encoder puts a newline after each)."""
-
-    def __init__(self, stream: Stream) -> None:
-        self._stream = stream
-        self._pending = ""
-        self._decoder = json.JSONDecoder()
-
-    async def next(self) -> tuple[int, int] | None:
-        """The next size; None once the stream ended. A value that is not a size is skipped (logged)."""
-        while True:
-            text = self._pending.lstrip()
-            if text:
-                try:
-                    value, end = self._decoder.raw_decode(text)
-                except ValueError:
-                    if len(text) > MAX_RESIZE_BYTES:
-                        log.info("exec: dropping a resize message that is not JSON")
-                        self._pending = ""
-                else:
-                    self._pending = text[end:]
-                    try:
-                        return int(value["Width"]), int(value["Height"])
-                    except (KeyError, TypeError, ValueError, OverflowError):
-                        log.info("exec: ignoring a bad resize message %r", value)
-                        continue
-            data = await self._stream.read()
-            if not data:
-                return None
-            self._pending += data.decode(errors="replace")
-
-
 def _resize(io: execio.ExecIO, width: int, height: int) -> None:
     try:
         io.resize(width, height)
@@ -289,6 +255,6 @@ def _resize(io: execio.ExecIO, width: int, height: int) -> None:
         log.info("exec: ignoring a terminal size of %d x %d", width, height)
 
 
-async def _resizes(sizes: _Sizes, io: execio.ExecIO) -> None:
+async def _resizes(sizes: TerminalSizes, io: execio.ExecIO) -> None:
     while (size := await sizes.next()) is not None:
         _resize(io, *size)

@@ -16,6 +16,7 @@ from typing import Any
 
 from shim.kernel.cgroups import SandboxCgroup
 from shim.runtime.confine import Confinement
+from shim.runtime.console import Console
 from shim.runtime.mounts import TaskFilesystem
 from shim.runtime.pause import POD, PauseProcess, PauseSpec
 from shim.rpc.processes import signal_process
@@ -39,7 +40,9 @@ class TaskSpec:
     to ``confinement`` (user, capabilities, no_new_privs, seccomp; protocol.md 7.3).
     ``filesystem`` is its root and mounts (:mod:`shim.runtime.mounts`); ``rootfs`` the directory
     ``<bundle>/tasks/<task_id>/rootfs`` where the caller mounted its ``filesystem.rootfs`` (an
-    empty attach point when the root is the host's ``/``)."""
+    empty attach point when the root is the host's ``/``). With ``console`` the task's stdio is a new
+    terminal of its own devpts instead, whose master the runtime has ``console`` receive before
+    :meth:`Runtime.start_task` returns (the caller owns ``console``)."""
 
     task_id: str
     args: tuple[str, ...]
@@ -56,6 +59,7 @@ class TaskSpec:
     rootfs: str = ""
     filesystem: TaskFilesystem = TaskFilesystem()
     stdin: int | None = None  # None: /dev/null
+    console: Console | None = None
 
 
 @dataclass(frozen=True)

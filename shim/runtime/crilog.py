@@ -163,6 +163,7 @@ class CriLog:
             raise
         (self._stdout_r, self.stdout_fd), (self._stderr_r, self.stderr_fd) = pipes
         self.failed_writes = 0
+        self.terminal: int | None = None  # start()'s terminal master, while the log is open
 
     def _own(self, fd: int) -> int:
         self._fds.append(fd)
@@ -173,12 +174,17 @@ class CriLog:
             self._fds.remove(fd)
             os.close(fd)
 
-    def start(self) -> None:
-        """Close the child's ends here and start reading both pipes on the running loop."""
+    def start(self, terminal: int | None = None) -> None:
+        """Close the child's ends here and start reading both pipes on the running loop. With
+        ``terminal`` (a task's terminal master, which this CriLog owns from now on) the task's output is
+        what it writes there, logged as stdout (a terminal has one stream, as containerd logs it)."""
         loop = asyncio.get_running_loop()
         self._release(self.stdout_fd)
         self._release(self.stderr_fd)
         self._readers = [_reader(self, loop, self._stdout_r, STDOUT), _reader(self, loop, self._stderr_r, STDERR)]
+        if terminal is not None:
+            self.terminal = self._own(terminal)
+            self._readers.append(_reader(self, loop, terminal, STDOUT))
 
     def reopen(self) -> None:
         """Open :attr:`path` again (created if it was moved or removed) and write there from now
@@ -212,6 +218,7 @@ class CriLog:
         """Write what the pipes hold, then close the pipes and the file (and the taps: their readers
         see the end). Idempotent."""
         self.closed = True
+        self.terminal = None
         for reader in self._readers:
             reader.stop()
         for fd in list(self._fds):

@@ -3,7 +3,9 @@ pause (:mod:`shim.runtime.pause`) and the tasks into their namespaces and cgroup
 
 from __future__ import annotations
 
+import asyncio
 import os
+import signal
 from collections.abc import Mapping
 from typing import Any
 
@@ -11,7 +13,7 @@ from shim.kernel.linux import CLONE_NEWIPC, CLONE_NEWNET, CLONE_NEWNS, CLONE_NEW
 from shim.kernel.reaper import Reaper
 from shim.runtime import mounts, pause, process
 from shim.runtime.base import CONTAINER, POD, TARGET, ExecSpec, Runtime, TaskSpec
-from shim.rpc.status import FailedPrecondition
+from shim.rpc.status import FailedPrecondition, Internal
 
 __all__ = ["NativeRuntime"]
 
@@ -36,9 +38,25 @@ class NativeRuntime(Runtime):
         # shim.runtime.mounts); the child attaches its copies, and ours are closed after the fork.
         root = mounts.open_trees(spec.filesystem, spec.rootfs, own_ipc=spec.own_ipc)
         try:
-            return await self._launch(_process_spec(spec, root))
+            console = spec.console.pair() if spec.console is not None else None
+            try:
+                started = await self._launch(_process_spec(spec, root, console))
+            finally:
+                if spec.console is not None:
+                    spec.console.launched()
         finally:
             root.close()
+        if spec.console is not None:
+            # The child sent the master before it exec'd, so it is waiting on the socket.
+            try:
+                await spec.console.receive()
+            except BaseException as exc:
+                await asyncio.shield(_end(started))  # started, but not as asked: nothing is left behind
+                if isinstance(exc, OSError):
+                    raise Internal(f"task {spec.task_id}'s terminal did not come from its launcher: "
+                                   f"{exc.strerror}") from None
+                raise
+        return started
 
     async def exec_process(self, spec: ExecSpec) -> process.Process:
         ns_dir = f"/proc/{spec.task_pid}/ns"
@@ -67,7 +85,12 @@ class NativeRuntime(Runtime):
         return None
 
 
-def _process_spec(spec: TaskSpec, root: mounts.RootSetup) -> process.ProcessSpec:
+async def _end(started: process.Process) -> None:
+    process.signal_process(started.pid, started.start_time, signal.SIGKILL)
+    await asyncio.wait([started.exit], timeout=process.CLEANUP_TIMEOUT)
+
+
+def _process_spec(spec: TaskSpec, root: mounts.RootSetup, console: int | None = None) -> process.ProcessSpec:
     """The task's process: in the pause's ipc, uts and net namespaces, in a mount namespace of its
     own copied from the pause's (a recursive slave, so the pod's /dev/shm is there to bind) with
     ``root`` as its root, and in the pause's pid namespace (POD), another task's (TARGET), the
@@ -91,4 +114,5 @@ def _process_spec(spec: TaskSpec, root: mounts.RootSetup) -> process.ProcessSpec
         stdin=spec.stdin,
         stderr=spec.stderr,
         confinement=spec.confinement,
+        console=console,
     )

@@ -4,15 +4,33 @@ logs (:mod:`shim.runtime.crilog`) and exec output (:mod:`shim.runtime.execsync`)
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 import os
 from collections.abc import Callable
 
-__all__ = ["READ_BYTES", "PipeReader"]
+__all__ = ["READ_BYTES", "PipeReader", "wait_ready"]
 
 log = logging.getLogger(__name__)
 
 READ_BYTES = 64 * 1024
+
+
+async def wait_ready(fd: int, writable: bool) -> None:
+    """Wait on the running loop until the non-blocking ``fd`` is readable (or writable)."""
+    loop = asyncio.get_running_loop()
+    ready: asyncio.Future[None] = loop.create_future()
+
+    def wake() -> None:
+        if not ready.done():
+            ready.set_result(None)
+
+    add, remove = (loop.add_writer, loop.remove_writer) if writable else (loop.add_reader, loop.remove_reader)
+    add(fd, wake)
+    try:
+        await ready
+    finally:
+        remove(fd)
 
 
 class PipeReader:
@@ -20,7 +38,7 @@ class PipeReader:
 
     Each chunk read goes to ``on_data``; ``on_end`` is called once, at EOF or at :meth:`stop`,
     after which :attr:`eof` is done. The caller owns ``fd`` and closes it after :meth:`stop`.
-    A read error is logged (naming ``name``) and counts as EOF.
+    A read error is logged (naming ``name``) and counts as EOF; EIO, a terminal master's end, quietly.
     """
 
     def __init__(self, loop: asyncio.AbstractEventLoop, fd: int, on_data: Callable[[bytes], None],
@@ -41,7 +59,8 @@ class PipeReader:
             except BlockingIOError:
                 return
             except OSError as exc:
-                log.error("reading %s failed: %s", self._name, exc.strerror)
+                if exc.errno != errno.EIO:  # EIO: a terminal's master once its slave is closed: its end
+                    log.error("reading %s failed: %s", self._name, exc.strerror)
                 data = b""
             if not data:
                 self._finish()

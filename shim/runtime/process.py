@@ -32,6 +32,8 @@ import gc
 import logging
 import os
 import signal
+import socket
+import struct
 import termios
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -105,6 +107,9 @@ class ProcessSpec:
     native pause of a sandbox image: unlike ``root``, its mount namespace stays the one it was
     given, which tasks copy). ``argv[0]`` is searched in the PATH of ``env`` unless it contains a "/"
     (inside ``chroot`` when set).
+    ``console``, when set, is a unix socket: the process gets a new pseudo-terminal of its root's
+    /dev/ptmx (its own devpts) as stdin, stdout, stderr and controlling terminal instead, and the
+    terminal's master is sent on ``console`` (SCM_RIGHTS, as runc's console socket) before exec.
     ``builtin``, when set, runs in B instead of exec with the report fd (it writes ``R\\n`` once
     ready and never returns). ``exec_signals_blocked`` execs the program with every signal still
     blocked, as B has had them since the fork, instead of none: for a program that sets its own
@@ -137,6 +142,7 @@ class ProcessSpec:
     controlling_terminal: bool = False
     exec_signals_blocked: bool = False
     chroot: str | None = None
+    console: int | None = None
 
 
 @dataclass(frozen=True)
@@ -178,6 +184,7 @@ class _Plan:
     stdio: tuple[int | None, int | None, int | None]  # stdin, stdout, stderr
     controlling_terminal: bool
     exec_signals_blocked: bool
+    console: int | None  # the socket the terminal's master is sent on
     max_fd: int
     confine: tuple[tuple[str, Callable[[], None]], ...]  # (step, call): the last calls before exec
     chroot: str | None = None
@@ -219,7 +226,9 @@ async def launch(spec: ProcessSpec, reaper: Reaper,
         # none of them may be one of 0-2 (possible if the shim runs with stdio closed).
         write_fd = _above_stdio(write_fd, fds)
         stdio = tuple(None if fd is None else _above_stdio(fd, fds) for fd in (spec.stdin, spec.stdout, spec.stderr))
-        plan = dataclasses.replace(plan, join=join, stdio=stdio, binds_from=binds_from, own_mnt_fd=own_mnt_fd)
+        console = None if spec.console is None else _above_stdio(spec.console, fds)
+        plan = dataclasses.replace(plan, join=join, stdio=stdio, binds_from=binds_from, own_mnt_fd=own_mnt_fd,
+                                   console=console)
         try:
             pid_a = _fork(_child_a, plan, write_fd)
         except OSError as exc:
@@ -285,8 +294,9 @@ def _plan(spec: ProcessSpec) -> _Plan:
         cwd=spec.cwd,
         builtin=spec.builtin,
         stdio=(None, None, None),
-        controlling_terminal=spec.controlling_terminal,
+        controlling_terminal=spec.controlling_terminal or spec.console is not None,
         exec_signals_blocked=spec.exec_signals_blocked,
+        console=None,  # placed above stdio with the fds
         max_fd=os.sysconf("SC_OPEN_MAX"),
         confine=confine.steps(spec.confinement),
         chroot=spec.chroot,
@@ -586,10 +596,15 @@ def _child_b(plan: _Plan, write_fd: int) -> NoReturn:
                 # Lowering it below the shim's own needs CAP_SYS_RESOURCE, which some machines
                 # (and rootless setups) drop. The process still works; the parent warns.
                 _report_failure(write_fd, step, exc, kind=b"W")
+        stdio = plan.stdio
+        if plan.console is not None:
+            step = "making its terminal (/dev/ptmx)"
+            terminal = _make_terminal(plan.console)
+            stdio = (terminal, terminal, terminal)
         step = f"detaching the {plan.name} from the shim's session, fds and signals"
         os.setsid()
         null_fd = os.open("/dev/null", os.O_RDWR)
-        for target, fd in enumerate(plan.stdio):
+        for target, fd in enumerate(stdio):
             os.dup2(null_fd if fd is None else fd, target)
         if plan.controlling_terminal:
             step = "making stdin the controlling terminal"
@@ -623,6 +638,27 @@ def _child_b(plan: _Plan, write_fd: int) -> NoReturn:
         _report_failure(write_fd, step, exc, kind)
     finally:
         os._exit(127)
+
+
+# <asm-generic/ioctls.h>: unlockpt()'s ioctl, and the slave of a master opened through the master
+# itself (Linux 4.13), never through a path a process in the container could swap.
+_TIOCSPTLCK = 0x40045431
+_TIOCGPTPEER = 0x5441
+
+
+def _make_terminal(console: int) -> int:
+    """In B: a new pseudo-terminal of /dev/ptmx (the root's own devpts); its master is sent on the
+    socket ``console`` and closed here; returns the slave, above stdio (it is dup'ed onto 0-2)."""
+    master = os.open("/dev/ptmx", os.O_RDWR | os.O_NOCTTY | os.O_CLOEXEC)
+    fcntl.ioctl(master, _TIOCSPTLCK, struct.pack("i", 0))
+    slave = fcntl.ioctl(master, _TIOCGPTPEER, os.O_RDWR | os.O_NOCTTY | os.O_CLOEXEC)
+    if slave < 3:
+        slave = fcntl.fcntl(slave, fcntl.F_DUPFD_CLOEXEC, 3)
+    sock = socket.socket(fileno=console)
+    socket.send_fds(sock, [b"\0"], [master])
+    sock.detach()
+    os.close(master)
+    return slave
 
 
 def _ignored_signals() -> list[int]:

@@ -67,6 +67,7 @@ class TaskService:
             confinement=confine.from_request(p),
             filesystem=parse_filesystem(p),
             stdin=optional(p, "stdin", bool, False),
+            terminal=optional(p, "terminal", bool, False),
         )
         return {}
 
@@ -116,6 +117,11 @@ class TaskService:
         self.tasks.close_stdin(*self._ids(ctx, p))
         return {}
 
+    async def resize_pty(self, ctx: CallContext, p: dict[str, Any]) -> dict[str, Any]:
+        sid, tid = self._ids(ctx, p)
+        self.tasks.resize_pty(sid, tid, require(p, "width", int), require(p, "height", int))
+        return {}
+
     async def stats(self, ctx: CallContext, p: dict[str, Any]) -> dict[str, Any]:
         return self.tasks.stats(*self._ids(ctx, p))
 
@@ -154,4 +160,5 @@ def register_tasks(server: Server, service: TaskService) -> None:
         "Stats": service.stats,
         "Update": service.update,
         "ReopenLog": service.reopen_log,
+        "ResizePty": service.resize_pty,
     })

@@ -29,9 +29,10 @@ from typing import Any
 from shim.kernel.cgroups import SandboxCgroup, no_metrics
 from shim.kernel.netns import NamespaceNotFound
 from shim.kernel.reaper import ExitInfo
-from shim.runtime import execstream, execsync, mounts, process
+from shim.runtime import console, execstream, execsync, mounts, process
 from shim.runtime.base import CONTAINER, PID_MODES, POD, TARGET, ExecSpec, TaskSpec
 from shim.runtime.confine import Confinement
+from shim.runtime.console import Console
 from shim.runtime.crilog import LOG_DIR_MODE, CriLog, check_log_path
 from shim.runtime.mounts import TaskFilesystem
 from shim.runtime.pause import PauseProcess
@@ -115,7 +116,7 @@ class Task:
     def __init__(self, task_id: str, *, args: list[str], env: dict[str, str], cwd: str, log_path: str,
                  pid_mode: str, labels: dict[str, str], confinement: Confinement | None = None,
                  filesystem: TaskFilesystem = TaskFilesystem(), rootfs: str = "", stdin: bool = False,
-                 pid_target: str | None = None):
+                 pid_target: str | None = None, terminal: bool = False):
         self.task_id = task_id
         self.pid_target = pid_target  # pid_mode TARGET: the task whose pid namespace it joins
         self.filesystem = filesystem
@@ -136,6 +137,8 @@ class Task:
         self.execs = 0  # Exec and ExecStart calls so far (each exec's id)
         self.stdin = stdin  # Create's stdin: a FIFO kept open through the shim while it runs
         self.stdin_fifo: execstream.TaskStdin | None = None
+        self.terminal = terminal  # Create's terminal: its stdio is a pseudo-terminal whose master the shim holds
+        self.terminal_input: asyncio.Task[None] | None = None  # copies the stdin FIFO to the master
         self.streamed: dict[str, tuple[process.Process, int]] = {}  # ExecStart's execs: exec id -> (leader, session)
         self.exit: ExitResult | None = None
         self.exited = asyncio.Event()
@@ -171,6 +174,7 @@ class Task:
             "args": list(self.args),
             "labels": dict(self.labels),
             "stdin": self.stdin_path,
+            "terminal": self.terminal,
         }
 
     def record(self) -> TaskRecord:
@@ -229,7 +233,7 @@ class TaskSet:
                      cwd: str | None = None, log_path: str, pid_mode: str = CONTAINER,
                      labels: dict[str, str] | None = None, confinement: Confinement | None = None,
                      filesystem: TaskFilesystem = TaskFilesystem(), stdin: bool = False,
-                     pid_target: str | None = None) -> Task:
+                     pid_target: str | None = None, terminal: bool = False) -> Task:
         """Create: check the request and record the task; its log's directories are made (0755)
         and its ``filesystem.rootfs`` mounted on ``<bundle>/tasks/<task_id>/rootfs`` (recorded
         first; unmounted again when the mount fails).
@@ -270,7 +274,7 @@ class TaskSet:
         task = Task(task_id, args=list(args), env=environment, cwd=cwd, log_path=log_path, pid_mode=pid_mode,
                     labels=dict(labels or {}), confinement=confinement, filesystem=filesystem,
                     rootfs=mounts.rootfs_path(self.sandbox.config.bundle, task_id), stdin=stdin,
-                    pid_target=pid_target)
+                    pid_target=pid_target, terminal=terminal)
         self._tasks[task_id] = task
         self._persist()
         if filesystem.rootfs:
@@ -312,6 +316,7 @@ class TaskSet:
                 except OSError as exc:
                     raise FailedPrecondition(f"cannot open log file {task.log_path}: {exc.strerror}") from None
                 stdin = None
+                terminal = Console() if task.terminal else None
                 try:
                     mounts.check_destinations(task.filesystem, "/")
                     if task.stdin:
@@ -325,11 +330,13 @@ class TaskSet:
                         stdout=crilog.stdout_fd, stderr=crilog.stderr_fd, confinement=task.confinement,
                         target_pid=target_pid,
                         rootfs=task.rootfs, filesystem=task.filesystem,
-                        stdin=stdin.read_fd if stdin is not None else None))
+                        stdin=stdin.read_fd if stdin is not None and terminal is None else None, console=terminal))
                 except BaseException:
                     crilog.close()
                     if stdin is not None:
                         stdin.remove()
+                    if terminal is not None:
+                        terminal.close()
                     raise
             except BaseException as exc:
                 # A cancelled Start, too, removes the (empty) cgroup before it forgets it.
@@ -344,10 +351,16 @@ class TaskSet:
                     raise FailedPrecondition(f"the sandbox's pause exited while the task started ({exc.message})") \
                         from None
                 raise
-            crilog.start()
+            crilog.start(terminal.take() if terminal is not None else None)
+            if terminal is not None:
+                terminal.close()
             task.crilog = crilog
             if stdin is not None:
-                stdin.started()
+                if crilog.terminal is not None and stdin.read_fd is not None:
+                    # The shim reads the FIFO (its read end stays here) and writes to the terminal.
+                    task.terminal_input = asyncio.ensure_future(_terminal_input(task, stdin.read_fd, crilog.terminal))
+                else:
+                    stdin.started()
                 task.stdin_fifo = stdin
             task.started_at = task.process.started_at_ns
             task.status = nxt
@@ -381,6 +394,10 @@ class TaskSet:
                     log.error("task %s: cannot kill what its process left: %s", task.task_id, exc.message)
             await crilog.drain(LOG_DRAIN_TIMEOUT)
         finally:
+            if task.terminal_input is not None:  # before the FIFO and the terminal it uses are closed
+                task.terminal_input.cancel()
+                await asyncio.gather(task.terminal_input, return_exceptions=True)
+                task.terminal_input = None
             crilog.close()
             task.crilog = None
             if task.stdin_fifo is not None:
@@ -526,6 +543,24 @@ class TaskSet:
         if task.stdin_fifo is not None:
             task.stdin_fifo.close()
 
+    def resize_pty(self, sandbox_id: str, task_id: str, width: int, height: int) -> None:
+        """ResizePty: set the running task's terminal to ``width`` columns by ``height`` rows. Raises
+        InvalidArgument (out of 0..65535), NotFound, FailedPrecondition (not running; no terminal)."""
+        task = self.get(sandbox_id, task_id)
+        for name, value in (("width", width), ("height", height)):
+            if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 0xFFFF:
+                raise InvalidArgument(f"field {name!r} must be an integer in 0..65535, not {value!r}")
+        task.check(Op.EXEC)
+        if not task.terminal:
+            raise FailedPrecondition(f"task {task_id} has no terminal to resize (it was created without terminal)")
+        crilog = task.crilog
+        if crilog is None or crilog.terminal is None:
+            raise FailedPrecondition(f"task {task_id}'s terminal has closed: it has exited")
+        try:
+            console.resize(crilog.terminal, width, height)
+        except OSError as exc:
+            raise FailedPrecondition(f"cannot resize task {task_id}'s terminal: {exc.strerror}") from None
+
     def stats(self, sandbox_id: str, task_id: str) -> dict[str, Any]:
         """Stats: ``{timestamp, data}``, the usage of the task's cgroup (SandboxMetrics' keys); a
         task never started has none and says so."""
@@ -640,6 +675,14 @@ class TaskSet:
         if task.rootfs:
             mounts.unmount_rootfs(task.rootfs)
             task.rootfs = ""
+
+
+async def _terminal_input(task: Task, fifo: int, master: int) -> None:
+    """The stdin FIFO of a task with a terminal, copied to the terminal while it runs."""
+    try:
+        await console.copy_input(fifo, master)
+    except OSError as exc:
+        log.error("task %s: copying its stdin to its terminal failed: %s", task.task_id, exc.strerror)
 
 
 def _environment(env: list[str]) -> dict[str, str]:

@@ -198,12 +198,18 @@ async def test_an_image_with_nothing_to_run_and_no_command_is_invalid(roots):
         assert snapshots.live == {} and await pods.list_containers() == []
 
 
-async def test_a_tty_container_is_refused_not_run_on_pipes(roots):
+async def test_a_tty_container_runs_on_a_terminal_and_its_output_is_logged_as_stdout(roots):
     async with pod_service(roots) as pods:
         pod_id = await pods.run_pod_sandbox(pod_config())
-        with pytest.raises(InvalidArgument, match="tty containers are not supported yet: .* not a terminal"):
-            await pods.create_container(pod_id, {**container_config(["sh"]), "stdin": True, "tty": True})
-        assert await pods.list_containers() == []
+        cid = await pods.create_container(pod_id, {**container_config(["sh", "-c", "tty; echo err >&2"]),
+                                                   "tty": True})
+        await pods.start_container(cid)
+        status = await wait_exited(pods, cid)
+        assert status["exit_code"] == 0
+        with open(status["log_path"]) as f:
+            records = [line.split(" ", 3)[1:] for line in f.read().splitlines()]
+        assert [stream for stream, _, _ in records] == ["stdout", "stdout"]
+        assert records[0][2].startswith("/dev/pts/") and records[1][2] == "err"
 
 
 async def test_container_status_shows_its_cri_mounts_not_the_pod_files(roots, tmp_path):

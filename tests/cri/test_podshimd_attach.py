@@ -1,12 +1,18 @@
 """Attach through podshimd's streaming server, driven by the real crictl 1.26 (`crictl attach`): the running
 container's output as it comes, to several attachers; its stdin kept open through the shim (stdin_once:
-closed by the first attacher's end of input); detaching leaves the container running."""
+closed by the first attacher's end of input); detaching leaves the container running. A tty container:
+`crictl attach -it` on a terminal gets the container's terminal, follows the client's size, with several
+attachers at once; its output is logged as stdout."""
 
 from __future__ import annotations
 
+import fcntl
 import json
+import os
+import re
 import select
 import subprocess
+import termios
 
 import grpc
 import pytest
@@ -89,12 +95,102 @@ def test_attach_with_stdin_to_a_container_without_stdin_is_refused(daemon, crict
     assert "has no stdin to attach to" in failed.value.details()
 
 
-def test_a_tty_container_is_refused_at_create_with_a_sentence(daemon, crictl, tmp_path):
-    pod_path, ctr_path = tmp_path / "pod.json", tmp_path / "ctr.json"
-    pod_path.write_text(json.dumps(pod_config()))
-    ctr_path.write_text(json.dumps({**container_config(["sh"]), "stdin": True, "tty": True}))
-    pod_id = daemon.crictl(crictl, "runp", str(pod_path)).stdout.strip()
-    created = daemon.crictl(crictl, "create", pod_id, str(ctr_path), str(pod_path), check=False)
-    assert created.returncode != 0
-    assert "InvalidArgument" in created.stderr and "tty containers are not supported yet" in created.stderr
-    assert daemon.crictl(crictl, "ps", "-a", "-q").stdout.strip() == ""
+#: A tty container's program: on each line it reads, its terminal and the line; on SIGWINCH, its size.
+#: (os.write, not print: a handler that prints while the loop prints fails with a reentrant call.)
+TTY_PROGRAM = """
+import os, signal, sys
+signal.signal(signal.SIGWINCH, lambda *_: os.write(1, b"size %d %d\\n" % os.get_terminal_size()[::-1]))
+for line in sys.stdin:
+    os.write(1, b"got %s on %s\\n" % (line.strip().encode(), os.ttyname(0).encode()))
+"""
+
+
+class CrictlOnTerminal:
+    """``crictl attach -it`` on a pseudo-terminal the test holds the master of (as script(1) gives one), the
+    controlling terminal of crictl's session: a size set on it reaches crictl as SIGWINCH."""
+
+    def __init__(self, daemon, crictl, container_id: str, rows: int, cols: int):
+        self.master, slave = os.openpty()
+        termios.tcsetwinsize(slave, (rows, cols))
+        try:
+            self.proc = subprocess.Popen(
+                [crictl, "--runtime-endpoint", daemon.endpoint, "attach", "-it", container_id],
+                stdin=slave, stdout=slave, stderr=slave, start_new_session=True,
+                preexec_fn=lambda: fcntl.ioctl(0, termios.TIOCSCTTY, 0))
+        except BaseException:
+            os.close(self.master)
+            raise
+        finally:
+            os.close(slave)
+        self.output = b""
+
+    def type(self, text: bytes) -> None:
+        os.write(self.master, text)
+
+    def resize(self, rows: int, cols: int) -> None:
+        termios.tcsetwinsize(self.master, (rows, cols))
+
+    def read_until(self, pattern: bytes) -> re.Match:
+        """Read crictl's terminal until ``pattern`` (a regex) appears in what came since the last match."""
+        while (found := re.search(pattern, self.output)) is None:
+            ready, _, _ = select.select([self.master], [], [], LINE_WAIT)
+            assert ready, f"no {pattern!r} from crictl attach -it within {LINE_WAIT} s: {self.output!r}"
+            try:
+                chunk = os.read(self.master, 4096)
+            except OSError:  # EIO: crictl exited
+                chunk = b""
+            assert chunk, f"crictl attach -it ended before {pattern!r}: {self.output!r}"
+            self.output += chunk
+        self.output = self.output[found.end():]
+        return found
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+        os.close(self.master)
+
+
+def test_attach_it_gets_the_containers_terminal_its_size_and_resizes(daemon, crictl, start):
+    container_id = start(["python3", "-c", TTY_PROGRAM], stdin=True, tty=True)
+    first = CrictlOnTerminal(daemon, crictl, container_id, rows=40, cols=100)
+    second = None
+    try:
+        first.type(b"hello\n")
+        tty = first.read_until(rb"got hello on (/dev/pts/\d+)").group(1)
+        first.resize(50, 120)  # crictl sends the new size; the container's terminal takes it and says so
+        first.read_until(rb"size 50 120")
+        # A second attacher at once: both see what either one types.
+        second = CrictlOnTerminal(daemon, crictl, container_id, rows=50, cols=120)
+        second.type(b"two\n")
+        second.read_until(rb"got two on " + re.escape(tty))
+        first.read_until(rb"got two on " + re.escape(tty))
+        second.proc.kill()  # a client that goes away mid-attach: the others and the container go on
+        second.close()
+        second = None
+        first.type(b"three\n")
+        first.read_until(rb"got three")
+    finally:
+        for attacher in (first, second):
+            if attacher is not None:
+                attacher.close()
+    # Detached: the container runs on; its terminal's output is its log, as stdout.
+    assert state(daemon, crictl, container_id) == "CONTAINER_RUNNING"
+    logs = daemon.crictl(crictl, "logs", container_id)
+    assert "got hello on /dev/pts/" in logs.stdout and "size 50 120" in logs.stdout and logs.stderr == ""
+    listed = json.loads(daemon.crictl(crictl, "ps", "-o", "json").stdout)["containers"]
+    assert [c["state"] for c in listed if c["id"] == container_id] == ["CONTAINER_RUNNING"]
+
+
+def test_a_tty_containers_output_is_logged_as_stdout_and_stdin_once_ends_its_input(daemon, crictl, start):
+    container_id = start(["sh", "-c", "tty; echo to-stderr >&2; cat; echo after-eof"], stdin=True,
+                         stdin_once=True, tty=True)
+    proc = attach(daemon, crictl, "-i", container_id, stdin=subprocess.PIPE)
+    out, err = proc.communicate(b"typed\n", timeout=60)  # its end: the terminal's end-of-file
+    assert proc.returncode == 0, err
+    assert b"typed\r\n" in out and out.endswith(b"after-eof\r\n")
+    assert state(daemon, crictl, container_id) == "CONTAINER_EXITED"
+    logs = daemon.crictl(crictl, "logs", container_id)
+    lines = logs.stdout.splitlines()
+    assert lines[0].startswith("/dev/pts/") and "to-stderr" in lines and lines[-1] == "after-eof", lines
+    assert logs.stderr == ""

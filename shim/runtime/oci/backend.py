@@ -127,6 +127,9 @@ class OciBackend(Runtime):
         """Create and start a task's container in the pause's namespaces, with ``stdout``/``stderr``
         (the CRI log pipes) as its own; return once the runtime started it. On failure the container
         is deleted; a program that cannot be run is FailedPrecondition."""
+        if spec.console is not None:
+            raise FailedPrecondition(f"a task with a terminal is not supported with {self.cli.name} yet (its console "
+                                     "socket is not implemented): use the native runtime handler, or no tty")
         container = self.task_container(spec.task_id)
         fs = spec.filesystem
         # The pod's /dev/shm: the pause's, taken from its mount namespace for the create only.

@@ -1,0 +1,160 @@
+"""A task's pseudo-terminal as the shim holds it (Task.Create ``terminal``, protocol.md 7.3).
+
+The terminal is made where the task will see it, in its own devpts: by the native launcher's child
+after it entered the task's root (:mod:`shim.runtime.process`), or by runc/crun (``process.terminal``).
+Either way the master comes to the shim over a unix socket in one ``SCM_RIGHTS`` message, runc's
+``--console-socket`` protocol: :class:`Console` is the shim's end, a socket pair for the launcher or
+a listening socket for an OCI runtime, and owns the master it receives until :meth:`Console.take`.
+
+:func:`copy_input` writes the task's stdin FIFO to the master; :func:`resize` sets its size.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import fcntl
+import os
+import socket
+import struct
+import termios
+
+from shim.runtime.pipes import wait_ready
+
+__all__ = ["Console", "copy_input", "resize", "CONSOLE_TIMEOUT"]
+
+#: Seconds an OCI runtime has, once it ran, to have sent the master (it sends it before it returns).
+CONSOLE_TIMEOUT = 2.0
+_READ_BYTES = 64 * 1024
+_MAX_FDS = 4  # a sender that sends more than the one master gets them closed
+
+
+class Console:
+    """The shim's end of a console socket and the master received on it. :meth:`close` is the one
+    cleanup path (what was received and not taken is closed too)."""
+
+    def __init__(self) -> None:
+        self.master: int | None = None
+        self._sock: socket.socket | None = None
+        self._peer: socket.socket | None = None
+        self.path = ""  # a listening socket's path (runc's --console-socket)
+
+    def pair(self) -> int:
+        """A socket pair: the fd to give the launcher's child (it sends the master on it)."""
+        self._sock, self._peer = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        return self._peer.fileno()
+
+    def launched(self) -> None:
+        """The child has its copy of the pair's other end (or failed): drop ours, so a child that dies
+        before sending lets :meth:`receive` see the end instead of waiting."""
+        if self._peer is not None:
+            self._peer.close()
+            self._peer = None
+
+    def listen(self, path: str) -> None:
+        """Listen on ``path`` (0600; a stale file there is replaced) for an OCI runtime's connection."""
+        self.path = path
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        old = os.umask(0o177)
+        try:
+            self._sock.bind(path)
+        finally:
+            os.umask(old)
+        self._sock.listen(1)
+
+    async def receive(self, timeout: float = CONSOLE_TIMEOUT) -> int:
+        """The master, once the other side sent it (at once from a socket pair whose child has
+        exec'd). Raises OSError (ETIMEDOUT, or EPROTO when the peer closed without sending one)."""
+        assert self._sock is not None, "pair() or listen() first"
+        loop = asyncio.get_running_loop()
+        self._sock.setblocking(False)
+        async with asyncio.timeout(timeout):
+            try:
+                if self.path:
+                    conn, _ = await loop.sock_accept(self._sock)
+                    try:
+                        self.master = await _receive_fd(conn)
+                    finally:
+                        conn.close()
+                else:
+                    self.master = await _receive_fd(self._sock)
+            except TimeoutError:
+                raise OSError(errno.ETIMEDOUT, "no terminal was sent on the console socket in time") from None
+        return self.master
+
+    def take(self) -> int:
+        """The master; its new owner closes it."""
+        assert self.master is not None
+        master, self.master = self.master, None
+        return master
+
+    def close(self) -> None:
+        for sock in (self._sock, self._peer):
+            if sock is not None:
+                sock.close()
+        self._sock = self._peer = None
+        if self.path:
+            try:
+                os.unlink(self.path)
+            except FileNotFoundError:
+                pass
+            self.path = ""
+        if self.master is not None:
+            os.close(self.master)
+            self.master = None
+
+
+async def _receive_fd(sock: socket.socket) -> int:
+    while True:
+        try:
+            _, fds, _, _ = socket.recv_fds(sock, 1024, _MAX_FDS)
+        except BlockingIOError:
+            await wait_ready(sock.fileno(), writable=False)
+            continue
+        if not fds:
+            raise OSError(errno.EPROTO, "the console socket closed without a terminal")
+        for extra in fds[1:]:
+            os.close(extra)
+        if not os.isatty(fds[0]):
+            os.close(fds[0])
+            raise OSError(errno.ENOTTY, "what came on the console socket is not a terminal")
+        os.set_inheritable(fds[0], False)
+        return fds[0]
+
+
+def resize(master: int, width: int, height: int) -> None:
+    """Set the terminal's size: ``width`` columns by ``height`` rows. Raises OSError, struct.error
+    (out of 0..65535)."""
+    fcntl.ioctl(master, termios.TIOCSWINSZ, struct.pack("HHHH", height, width, 0, 0))
+
+
+async def copy_input(fifo: int, master: int) -> None:
+    """Copy what comes on the stdin FIFO ``fifo`` to the terminal ``master`` (both non-blocking), never
+    blocking the loop; at the FIFO's end, the terminal's end-of-file character once. Ends quietly when
+    the terminal is gone (EIO: the task closed it)."""
+    os.set_blocking(fifo, False)
+    try:
+        while True:
+            try:
+                data = os.read(fifo, _READ_BYTES)
+            except BlockingIOError:
+                await wait_ready(fifo, writable=False)
+                continue
+            end = not data
+            if end:
+                data = termios.tcgetattr(master)[6][termios.VEOF]
+            view = memoryview(data)
+            while view:
+                try:
+                    view = view[os.write(master, view):]
+                except BlockingIOError:  # the line discipline's buffer is full: the task is not reading
+                    await wait_ready(master, writable=True)
+            if end:
+                return
+    except OSError as exc:
+        if exc.errno != errno.EIO:
+            raise
