@@ -14,7 +14,6 @@ had written its exit, and reported 255 (unknown) for a pause that was killed.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import logging
 import os
 import signal
@@ -86,7 +85,7 @@ def _delete_task(bundle: str, task_id: str, task: TaskRecord) -> TaskRecord:
     a record naming another path is refused, never acted on.
     """
     if _kill(task.pid, task.start_time, f"task {task_id}"):
-        task = dataclasses.replace(task, status="stopped", exit=ExitRecord(KILLED_EXIT_STATUS, time.time_ns()))
+        task = task.replace(status="stopped", exit=ExitRecord(KILLED_EXIT_STATUS, time.time_ns()))
     _remove_cgroup(task.cgroup)
     rootfs = task.rootfs
     if rootfs:
@@ -98,7 +97,7 @@ def _delete_task(bundle: str, task_id: str, task: TaskRecord) -> TaskRecord:
                 rootfs = ""
             except RpcError as exc:
                 log.error("task %s: %s", task_id, exc.message)
-    return dataclasses.replace(task, cgroup=None, rootfs=rootfs)
+    return task.replace(cgroup=None, rootfs=rootfs)
 
 
 @contextlib.contextmanager
@@ -176,8 +175,8 @@ def _delete_sandbox(bundle: str, namespace: str, sandbox_id: str, runtime_root: 
         exit_info = ExitRecord(0 if not pid else UNKNOWN_EXIT_STATUS, time.time_ns())
     try:
         # In this podshim's version: what a newer one recorded beyond it no longer exists.
-        write_state(bundle, dataclasses.replace(record, version=STATE_VERSION, state=STATE_DELETED, exit=exit_info,
-                                                tasks=tasks, oci=oci, rootfs=rootfs))
+        write_state(bundle, record.replace(version=STATE_VERSION, state=STATE_DELETED, exit=exit_info, tasks=tasks,
+                                           oci=oci, rootfs=rootfs))
     except OSError as exc:
         log.warning("cannot update %s: %s", state_path, exc)
     return {"exit_status": exit_info.exit_status, "exited_at": exit_info.exited_at, "pid": pid}

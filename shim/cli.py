@@ -13,7 +13,6 @@ what a shim serves with and no more, ``delete`` what cleans up after one.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import socket
@@ -232,7 +231,7 @@ def _serve(args: argparse.Namespace) -> int:
         # systemd chose the path (podshim@.socket): report where we really listen.
         bound = sock.getsockname()
         if isinstance(bound, str) and bound.startswith("/"):
-            config = dataclasses.replace(config, socket_path=bound)
+            config = config.replace(socket_path=bound)
     else:
         sock = bind_listener(config.socket_path)
         if sock is None:

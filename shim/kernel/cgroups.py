@@ -20,10 +20,10 @@ import logging
 import re
 import time
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 from shim.kernel import linux
+from shim.rpc.records import Record, set_field as _set
 from shim.rpc.status import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound, error_from_oserror
 
 __all__ = ["DEFAULT_PARENT", "METRIC_KEYS", "REMOVE_TIMEOUT", "UPDATE_KEYS", "V2", "Hierarchy", "SandboxCgroup",
@@ -53,15 +53,23 @@ _V1_MEMORY_STAT = {"inactive_file": "total_inactive_file", "rss": "total_rss", "
 _V2_MEMORY_STAT = {"inactive_file": "inactive_file", "rss": "anon", "pgfault": "pgfault", "pgmajfault": "pgmajfault"}
 
 
-@dataclass(frozen=True)
-class Hierarchy:
+class Hierarchy(Record):
     """One mounted cgroup hierarchy as this process sees it."""
 
+    __slots__ = ("key", "controllers", "mountpoint", "mount_root", "own_path")
     key: str  # v1: the controller list from /proc/self/cgroup ("cpu", "name=systemd"); v2: "unified"
     controllers: frozenset[str]
     mountpoint: str
     mount_root: str  # the hierarchy path mounted at mountpoint (not "/" inside a cgroup namespace)
     own_path: str  # this process's cgroup in the hierarchy
+
+    def __init__(self, key: str, controllers: frozenset[str], mountpoint: str, mount_root: str,
+                 own_path: str) -> None:
+        _set(self, "key", key)
+        _set(self, "controllers", controllers)
+        _set(self, "mountpoint", mountpoint)
+        _set(self, "mount_root", mount_root)
+        _set(self, "own_path", own_path)
 
     def directory(self, cgroup_path: str) -> str | None:
         """The directory of hierarchy path ``cgroup_path``, or None if it is outside the mount."""
@@ -148,8 +156,7 @@ def _validate(name: str, parent: str | None) -> None:
             )
 
 
-@dataclass
-class SandboxCgroup:
+class SandboxCgroup(Record):
     """The sandbox's cgroup directories. Build with :meth:`create` or :meth:`from_dict`.
 
     ``paths`` maps a hierarchy key ("memory", "name=systemd", "unified") to its directory;
@@ -159,10 +166,19 @@ class SandboxCgroup:
     those of a caller-given parent that :meth:`create` had to make itself.
     """
 
+    __slots__ = ("name", "paths", "skipped", "owned_parents")
+    mutable = True
     name: str
     paths: dict[str, str]
-    skipped: dict[str, str] = field(default_factory=dict)
-    owned_parents: dict[str, list[str]] = field(default_factory=dict)
+    skipped: dict[str, str]
+    owned_parents: dict[str, list[str]]
+
+    def __init__(self, name: str, paths: dict[str, str], skipped: dict[str, str] | None = None,
+                 owned_parents: dict[str, list[str]] | None = None) -> None:
+        self.name = name
+        self.paths = paths
+        self.skipped = {} if skipped is None else skipped
+        self.owned_parents = {} if owned_parents is None else owned_parents
 
     @classmethod
     def create(cls, name: str, parent: str | None = None) -> SandboxCgroup:

@@ -20,11 +20,11 @@ import os
 import signal
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from types import FrameType
 from typing import Any
 
 from shim.kernel import linux
+from shim.rpc.records import Record, set_field as _set
 from shim.rpc.status import FailedPrecondition
 
 __all__ = ["MAX_KEPT_EXITS", "ExitInfo", "Reaper", "exit_status_from_wait"]
@@ -34,8 +34,7 @@ MAX_KEPT_EXITS = 1024
 _installed: Reaper | None = None
 
 
-@dataclass(frozen=True)
-class ExitInfo:
+class ExitInfo(Record):
     """How a child ended.
 
     ``exit_status`` is the exit code (0–255) when the process exited, or 128 + the signal number
@@ -44,9 +43,15 @@ class ExitInfo:
     within one loop iteration of the exit itself.
     """
 
+    __slots__ = ("pid", "exit_status", "exited_at_ns")
     pid: int
     exit_status: int
     exited_at_ns: int
+
+    def __init__(self, pid: int, exit_status: int, exited_at_ns: int) -> None:
+        _set(self, "pid", pid)
+        _set(self, "exit_status", exit_status)
+        _set(self, "exited_at_ns", exited_at_ns)
 
 
 def exit_status_from_wait(status: int) -> int:

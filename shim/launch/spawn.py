@@ -13,7 +13,6 @@ grace period the moment the spare is taken.
 
 from __future__ import annotations
 
-import dataclasses
 import errno
 import json
 import os
@@ -29,6 +28,7 @@ from shim.kernel.linux import proc_start_time
 from shim.paths import (BOOTSTRAP_FILE, BOOTSTRAP_VERSION, LOG_FILE, PROTOCOL, read_json, socket_address,
                     write_json_atomic)
 from shim.rpc.files import ensure_private_dir
+from shim.rpc.records import Record
 from shim.rpc.status import Unavailable
 from shim.sandbox.record import STATE_NEW, SandboxRecord, write_state
 
@@ -92,8 +92,7 @@ def _log_tail(path: str, lines: int = 10) -> str:
         return ""
 
 
-@dataclasses.dataclass
-class Spare:
+class Spare(Record):
     """A shim forked ahead of time, waiting for its sandbox (see :func:`fork_spare`).
 
     ``channel``: the template's end of the spare's socket pair ("P<pid>" from the intermediate
@@ -102,9 +101,16 @@ class Spare:
     :meth:`take` retires the spare: both processes exit.
     """
 
+    __slots__ = ("pid", "channel", "go_fd")
+    mutable = True
     pid: int
     channel: socket.socket
     go_fd: int
+
+    def __init__(self, pid: int, channel: socket.socket, go_fd: int) -> None:
+        self.pid = pid
+        self.channel = channel
+        self.go_fd = go_fd
 
     @property
     def taken(self) -> bool:
@@ -278,7 +284,7 @@ async def _assignment(channel: socket.socket) -> Any:
 
 def _assign(spare: Spare, config: Any, sock: socket.socket, debug: bool) -> bool:
     """Hand ``config`` and the bound ``sock`` to ``spare``; False if the spare is gone."""
-    assignment = json.dumps({"config": dataclasses.asdict(config), "debug": debug}).encode()
+    assignment = json.dumps({"config": config.asdict(), "debug": debug}).encode()
     try:
         socket.send_fds(spare.channel, [assignment], [sock.fileno()])
     except OSError:

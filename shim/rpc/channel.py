@@ -13,10 +13,10 @@ import logging
 import select
 import socket
 import struct
-from dataclasses import dataclass
 from typing import Any
 
 from shim.rpc.frames import RemoteProtocolError
+from shim.rpc.records import Record, set_field as _set
 
 __all__ = ["PeerCredentials", "Channel", "peer_credentials", "parse_address", "install_uvloop"]
 
@@ -31,13 +31,18 @@ _UCRED = struct.Struct("3i")
 FLUSH_FRAMES = 64
 
 
-@dataclass(frozen=True, slots=True)
-class PeerCredentials:
+class PeerCredentials(Record):
     """SO_PEERCRED of a Unix socket peer."""
 
+    __slots__ = ("pid", "uid", "gid")
     pid: int
     uid: int
     gid: int
+
+    def __init__(self, pid: int, uid: int, gid: int) -> None:
+        _set(self, "pid", pid)
+        _set(self, "uid", uid)
+        _set(self, "gid", gid)
 
 
 def peer_credentials(sock: Any) -> PeerCredentials | None:

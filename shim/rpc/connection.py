@@ -7,7 +7,6 @@ stream (answered with a status on that stream) and which close the connection.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any
 
 from shim.rpc.frames import (
@@ -31,6 +30,7 @@ from shim.rpc.messages import (
     pack,
     unpack,
 )
+from shim.rpc.records import Record, set_field as _set
 from shim.rpc.status import Code, RpcError
 
 __all__ = [
@@ -57,49 +57,74 @@ MAX_STREAM_ID = (1 << 32) - 1
 MAX_ACTIVE_STREAMS = 4096
 
 
-@dataclass(frozen=True, slots=True)
-class CallStarted:
+class CallStarted(Record):
     """A valid request opened a stream; run its handler."""
 
+    __slots__ = ("stream_id", "request", "client_streaming")
     stream_id: int
     request: Request
     client_streaming: bool
 
+    def __init__(self, stream_id: int, request: Request, client_streaming: bool) -> None:
+        _set(self, "stream_id", stream_id)
+        _set(self, "request", request)
+        _set(self, "client_streaming", client_streaming)
 
-@dataclass(frozen=True, slots=True)
-class CallRejected:
+
+class CallRejected(Record):
     """A request or frame failed its stream; answer with this status (already decided)."""
 
+    __slots__ = ("stream_id", "code", "message")
     stream_id: int
     code: Code
     message: str
 
+    def __init__(self, stream_id: int, code: Code, message: str) -> None:
+        _set(self, "stream_id", stream_id)
+        _set(self, "code", code)
+        _set(self, "message", message)
 
-@dataclass(frozen=True, slots=True)
-class StreamInput:
+
+class StreamInput(Record):
     """A data frame from the client on an open stream."""
 
+    __slots__ = ("stream_id", "data", "closed")
     stream_id: int
     data: bytes
     closed: bool
 
+    def __init__(self, stream_id: int, data: bytes, closed: bool) -> None:
+        _set(self, "stream_id", stream_id)
+        _set(self, "data", data)
+        _set(self, "closed", closed)
 
-@dataclass(frozen=True, slots=True)
-class ResponseReceived:
+
+class ResponseReceived(Record):
+    __slots__ = ("stream_id", "response")
     stream_id: int
     response: Response
 
+    def __init__(self, stream_id: int, response: Response) -> None:
+        _set(self, "stream_id", stream_id)
+        _set(self, "response", response)
 
-@dataclass(frozen=True, slots=True)
-class DataReceived:
+
+class DataReceived(Record):
+    __slots__ = ("stream_id", "payload", "closed")
     stream_id: int
     payload: Any
     closed: bool
 
+    def __init__(self, stream_id: int, payload: Any, closed: bool) -> None:
+        _set(self, "stream_id", stream_id)
+        _set(self, "payload", payload)
+        _set(self, "closed", closed)
 
-@dataclass(frozen=True, slots=True)
-class PeerClosed:
+
+class PeerClosed(Record):
     """The peer closed its side on a frame boundary."""
+
+    __slots__ = ()
 
 
 class _Side:

@@ -15,7 +15,8 @@ from __future__ import annotations
 import enum
 import struct
 from typing import final
-from dataclasses import dataclass
+
+from shim.rpc.records import Record, set_field as _set
 
 __all__ = [
     "HEADER",
@@ -74,25 +75,37 @@ class RemoteProtocolError(ProtocolError):
 
 
 @final  # so that `type(ev) is Frame` tells the kinds of event apart (hot path: no isinstance)
-@dataclass(frozen=True, slots=True)
-class Frame:
+class Frame(Record):
     """One complete frame."""
 
+    __slots__ = ("stream_id", "type", "flags", "data")
     stream_id: int
     type: int
     flags: int
     data: bytes
 
+    def __init__(self, stream_id: int, type: int, flags: int, data: bytes) -> None:
+        _set(self, "stream_id", stream_id)
+        _set(self, "type", type)
+        _set(self, "flags", flags)
+        _set(self, "data", data)
+
 
 @final
-@dataclass(frozen=True, slots=True)
-class OversizedFrame:
+class OversizedFrame(Record):
     """A frame whose data exceeded :data:`MAX_DATA_BYTES`; its data is skipped, never buffered."""
 
+    __slots__ = ("stream_id", "type", "flags", "length")
     stream_id: int
     type: int
     flags: int
     length: int
+
+    def __init__(self, stream_id: int, type: int, flags: int, length: int) -> None:
+        _set(self, "stream_id", stream_id)
+        _set(self, "type", type)
+        _set(self, "flags", flags)
+        _set(self, "length", length)
 
 
 class _Sentinel:

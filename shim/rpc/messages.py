@@ -7,11 +7,11 @@ field, so a malformed message fails its own stream and nothing else.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any
 
 import msgpack
 
+from shim.rpc.records import Record, set_field as _set
 from shim.rpc.status import Code, InvalidArgument
 
 __all__ = [
@@ -52,15 +52,23 @@ def unpack(data: bytes) -> Any:
         raise InvalidArgument(f"data is not one valid msgpack document: {type(exc).__name__}: {exc}") from None
 
 
-@dataclass(frozen=True, slots=True)
-class Request:
+class Request(Record):
     """A call: which method, its payload, its relative deadline and its metadata."""
 
+    __slots__ = ("service", "method", "payload", "timeout_nano", "metadata")
     service: str
     method: str
-    payload: dict[str, Any] = field(default_factory=dict)
-    timeout_nano: int = 0
-    metadata: dict[str, list[str]] = field(default_factory=dict)
+    payload: dict[str, Any]
+    timeout_nano: int
+    metadata: dict[str, list[str]]
+
+    def __init__(self, service: str, method: str, payload: dict[str, Any] | None = None, timeout_nano: int = 0,
+                 metadata: dict[str, list[str]] | None = None) -> None:
+        _set(self, "service", service)
+        _set(self, "method", method)
+        _set(self, "payload", {} if payload is None else payload)
+        _set(self, "timeout_nano", timeout_nano)
+        _set(self, "metadata", {} if metadata is None else metadata)
 
     @property
     def full_method(self) -> str:
@@ -72,14 +80,21 @@ class Request:
         return values[0] if values else None
 
 
-@dataclass(frozen=True, slots=True)
-class Response:
+class Response(Record):
     """The answer to a call: a status and, when OK, a payload."""
 
-    code: int = Code.OK
-    message: str = ""
-    details: list[Any] = field(default_factory=list)
-    payload: Any = None
+    __slots__ = ("code", "message", "details", "payload")
+    code: int
+    message: str
+    details: list[Any]
+    payload: Any
+
+    def __init__(self, code: int = Code.OK, message: str = "", details: list[Any] | None = None,
+                 payload: Any = None) -> None:
+        _set(self, "code", code)
+        _set(self, "message", message)
+        _set(self, "details", [] if details is None else details)
+        _set(self, "payload", payload)
 
 
 def encode_request(req: Request) -> bytes:

@@ -14,7 +14,6 @@ import logging
 import os
 import resource
 import socket
-from dataclasses import dataclass
 from typing import Any, Callable, Coroutine
 
 from shim.rpc.channel import Channel, PeerCredentials, peer_credentials
@@ -22,6 +21,7 @@ from shim.rpc.connection import CallRejected, CallStarted, PeerClosed, ServerCon
 from shim.rpc.dispatch import answer, failure, route
 from shim.rpc.frames import MAX_DATA_BYTES
 from shim.rpc.messages import Request, Response
+from shim.rpc.records import Record
 from shim.rpc.status import Code
 
 __all__ = ["CallContext", "ServerStream", "Server", "UnaryHandler", "StreamHandler"]
@@ -68,10 +68,15 @@ class CallContext:
         self._after.append(callback)
 
 
-@dataclass(slots=True)
-class _Method:
+class _Method(Record):
+    __slots__ = ("handler", "streaming")
+    mutable = True
     handler: Callable[..., Coroutine[Any, Any, Any]]
     streaming: bool
+
+    def __init__(self, handler: Callable[..., Coroutine[Any, Any, Any]], streaming: bool) -> None:
+        self.handler = handler
+        self.streaming = streaming
 
 
 class ServerStream:

@@ -6,13 +6,13 @@ Field names follow CRI's PodSandboxConfig as crictl's JSON spells them (protocol
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any
 
 from shim.runtime import confine
 from shim.runtime.confine import Confinement
 from shim.rpc.identifiers import validate_annotations, validate_hostname, validate_labels
 from shim.rpc.messages import optional
+from shim.rpc.records import Record, set_field as _set
 from shim.rpc.status import InvalidArgument
 
 __all__ = ["NAMESPACE_MODES", "NATIVE", "RUNTIME_HANDLERS", "namespace_mode", "PauseImage", "SandboxOptions"]
@@ -49,15 +49,21 @@ def _str_map(value: Any, what: str) -> dict[str, str]:
     return dict(value)
 
 
-@dataclass(frozen=True)
-class PauseImage:
+class PauseImage(Record):
     """``pause_image``: the pause as a sandbox image's config makes it (protocol.md 7.4), run from
     CreateSandbox's ``rootfs``. ``env`` holds ``NAME=VALUE`` strings; ``image`` names the image."""
 
+    __slots__ = ("args", "env", "cwd", "image")
     args: tuple[str, ...]
-    env: tuple[str, ...] = ()
-    cwd: str = "/"
-    image: str = ""
+    env: tuple[str, ...]
+    cwd: str
+    image: str
+
+    def __init__(self, args: tuple[str, ...], env: tuple[str, ...] = (), cwd: str = "/", image: str = "") -> None:
+        _set(self, "args", args)
+        _set(self, "env", env)
+        _set(self, "cwd", cwd)
+        _set(self, "image", image)
 
     @classmethod
     def from_payload(cls, value: Any) -> "PauseImage":
@@ -86,24 +92,47 @@ class PauseImage:
         return cls(tuple(args), tuple(env), cwd, image)
 
 
-@dataclass(frozen=True)
-class SandboxOptions:
+class SandboxOptions(Record):
     """What the shim needs from a PodSandboxConfig."""
 
-    hostname: str | None = None
-    labels: dict[str, str] = field(default_factory=dict)
-    annotations: dict[str, str] = field(default_factory=dict)
-    cgroup_parent: str | None = None
-    sysctls: dict[str, str] = field(default_factory=dict)
-    network_mode: str = "POD"
-    pid_mode: str = "POD"
-    ipc_mode: str = "POD"
-    oom_score_adj: int = -998
-    pause_binary: str | None = None
-    runtime_handler: str = NATIVE
-    pause_confinement: Confinement | None = None  # linux.pause_process: the pause's user, capabilities, ...
-    pause_image: PauseImage | None = None  # the pause from CreateSandbox's rootfs (a sandbox image)
-    privileged: bool = False  # linux.security_context.privileged: the pod's device cgroup allows every device
+    __slots__ = ("hostname", "labels", "annotations", "cgroup_parent", "sysctls", "network_mode", "pid_mode",
+                 "ipc_mode", "oom_score_adj", "pause_binary", "runtime_handler", "pause_confinement", "pause_image",
+                 "privileged")
+    hostname: str | None
+    labels: dict[str, str]
+    annotations: dict[str, str]
+    cgroup_parent: str | None
+    sysctls: dict[str, str]
+    network_mode: str
+    pid_mode: str
+    ipc_mode: str
+    oom_score_adj: int
+    pause_binary: str | None
+    runtime_handler: str
+    pause_confinement: Confinement | None  # linux.pause_process: the pause's user, capabilities, ...
+    pause_image: PauseImage | None  # the pause from CreateSandbox's rootfs (a sandbox image)
+    privileged: bool  # linux.security_context.privileged: the pod's device cgroup allows every device
+
+    def __init__(self, hostname: str | None = None, labels: dict[str, str] | None = None,
+                 annotations: dict[str, str] | None = None, cgroup_parent: str | None = None,
+                 sysctls: dict[str, str] | None = None, network_mode: str = "POD", pid_mode: str = "POD",
+                 ipc_mode: str = "POD", oom_score_adj: int = -998, pause_binary: str | None = None,
+                 runtime_handler: str = NATIVE, pause_confinement: Confinement | None = None,
+                 pause_image: PauseImage | None = None, privileged: bool = False) -> None:
+        _set(self, "hostname", hostname)
+        _set(self, "labels", {} if labels is None else labels)
+        _set(self, "annotations", {} if annotations is None else annotations)
+        _set(self, "cgroup_parent", cgroup_parent)
+        _set(self, "sysctls", {} if sysctls is None else sysctls)
+        _set(self, "network_mode", network_mode)
+        _set(self, "pid_mode", pid_mode)
+        _set(self, "ipc_mode", ipc_mode)
+        _set(self, "oom_score_adj", oom_score_adj)
+        _set(self, "pause_binary", pause_binary)
+        _set(self, "runtime_handler", runtime_handler)
+        _set(self, "pause_confinement", pause_confinement)
+        _set(self, "pause_image", pause_image)
+        _set(self, "privileged", privileged)
 
     @property
     def host_network(self) -> bool:

@@ -24,11 +24,11 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 from shim.paths import STATE_FILE, write_json_atomic
 from shim.rpc.files import read_json
+from shim.rpc.records import Record, set_field as _set
 
 __all__ = ["STATE_DELETED", "STATE_NEW", "STATE_VERSION", "ExitRecord", "MalformedRecord", "PauseRecord",
            "SandboxRecord", "TaskRecord", "read_state", "write_state"]
@@ -45,10 +45,14 @@ class MalformedRecord(ValueError):
     """A state.json map with a field of the wrong type (the sentence names it)."""
 
 
-@dataclass(frozen=True)
-class ExitRecord:
+class ExitRecord(Record):
+    __slots__ = ("exit_status", "exited_at")
     exit_status: int
     exited_at: int  # ns since the epoch
+
+    def __init__(self, exit_status: int, exited_at: int) -> None:
+        _set(self, "exit_status", exit_status)
+        _set(self, "exited_at", exited_at)
 
     def to_dict(self) -> dict[str, Any]:
         return {"exit_status": self.exit_status, "exited_at": self.exited_at}
@@ -61,13 +65,18 @@ class ExitRecord:
         return cls(_int(doc, "exit_status", where), _int(doc, "exited_at", where))
 
 
-@dataclass(frozen=True)
-class PauseRecord:
+class PauseRecord(Record):
     """The pause: ``(pid, start_time)`` names it across pid reuse; ``binary`` is what it runs."""
 
+    __slots__ = ("pid", "start_time", "binary")
     pid: int
     start_time: int | None
     binary: str
+
+    def __init__(self, pid: int, start_time: int | None, binary: str) -> None:
+        _set(self, "pid", pid)
+        _set(self, "start_time", start_time)
+        _set(self, "binary", binary)
 
     def to_dict(self) -> dict[str, Any]:
         return {"pid": self.pid, "start_time": self.start_time, "binary": self.binary}
@@ -81,20 +90,32 @@ class PauseRecord:
                    _optional(doc, "binary", str, where) or "")
 
 
-@dataclass(frozen=True)
-class TaskRecord:
+class TaskRecord(Record):
     """A task: its status, its process ``(pid, start_time)`` once started, its cgroup's record
     (made before its process), its exit once seen, and ``rootfs``: the directory where the shim
     mounts its root (recorded before anything is mounted there; "" for none)."""
 
+    __slots__ = ("status", "pid", "start_time", "cgroup", "pid_mode", "log_path", "exit", "rootfs")
     status: str
-    pid: int = 0
-    start_time: int | None = None
-    cgroup: Mapping[str, Any] | None = None
-    pid_mode: str = ""
-    log_path: str = ""
-    exit: ExitRecord | None = None
-    rootfs: str = ""
+    pid: int
+    start_time: int | None
+    cgroup: Mapping[str, Any] | None
+    pid_mode: str
+    log_path: str
+    exit: ExitRecord | None
+    rootfs: str
+
+    def __init__(self, status: str, pid: int = 0, start_time: int | None = None,
+                 cgroup: Mapping[str, Any] | None = None, pid_mode: str = "", log_path: str = "",
+                 exit: ExitRecord | None = None, rootfs: str = "") -> None:
+        _set(self, "status", status)
+        _set(self, "pid", pid)
+        _set(self, "start_time", start_time)
+        _set(self, "cgroup", cgroup)
+        _set(self, "pid_mode", pid_mode)
+        _set(self, "log_path", log_path)
+        _set(self, "exit", exit)
+        _set(self, "rootfs", rootfs)
 
     def to_dict(self) -> dict[str, Any]:
         return {"status": self.status, "pid": self.pid, "start_time": self.start_time,
@@ -117,29 +138,55 @@ class TaskRecord:
         )
 
 
-@dataclass(frozen=True)
-class SandboxRecord:
+class SandboxRecord(Record):
     """One shim and what its sandbox made: the shim ``(shim_pid, shim_start_time)`` and its
     socket, the netns (``netns_owned``: made by the shim, so removed by it), the cgroup, the
     pause, the tasks by id, and the runtime handler with the OCI runtime's containers."""
 
+    __slots__ = ("namespace", "sandbox_id", "state", "shim_pid", "shim_start_time", "socket_path", "netns_path",
+                 "netns_owned", "cgroup", "pause", "created_at", "exit", "tasks", "runtime_handler", "oci", "rootfs",
+                 "version")
     namespace: str
     sandbox_id: str
     state: str
     shim_pid: int
     shim_start_time: int | None
     socket_path: str | None
-    netns_path: str | None = None
-    netns_owned: bool = False
-    cgroup: Mapping[str, Any] | None = None
-    pause: PauseRecord | None = None
-    created_at: int = 0  # ns since the epoch
-    exit: ExitRecord | None = None
-    tasks: Mapping[str, TaskRecord] = field(default_factory=dict)
-    runtime_handler: str | None = None  # None: not chosen yet (before CreateSandbox)
-    oci: Mapping[str, Any] | None = None
-    rootfs: str = ""  # <bundle>/rootfs while the pause's root (a sandbox image's) may be mounted there
-    version: int = STATE_VERSION
+    netns_path: str | None
+    netns_owned: bool
+    cgroup: Mapping[str, Any] | None
+    pause: PauseRecord | None
+    created_at: int  # ns since the epoch
+    exit: ExitRecord | None
+    tasks: Mapping[str, TaskRecord]
+    runtime_handler: str | None  # None: not chosen yet (before CreateSandbox)
+    oci: Mapping[str, Any] | None
+    rootfs: str  # <bundle>/rootfs while the pause's root (a sandbox image's) may be mounted there
+    version: int
+
+    def __init__(self, namespace: str, sandbox_id: str, state: str, shim_pid: int, shim_start_time: int | None,
+                 socket_path: str | None, netns_path: str | None = None, netns_owned: bool = False,
+                 cgroup: Mapping[str, Any] | None = None, pause: PauseRecord | None = None, created_at: int = 0,
+                 exit: ExitRecord | None = None, tasks: Mapping[str, TaskRecord] | None = None,
+                 runtime_handler: str | None = None, oci: Mapping[str, Any] | None = None, rootfs: str = "",
+                 version: int = STATE_VERSION) -> None:
+        _set(self, "namespace", namespace)
+        _set(self, "sandbox_id", sandbox_id)
+        _set(self, "state", state)
+        _set(self, "shim_pid", shim_pid)
+        _set(self, "shim_start_time", shim_start_time)
+        _set(self, "socket_path", socket_path)
+        _set(self, "netns_path", netns_path)
+        _set(self, "netns_owned", netns_owned)
+        _set(self, "cgroup", cgroup)
+        _set(self, "pause", pause)
+        _set(self, "created_at", created_at)
+        _set(self, "exit", exit)
+        _set(self, "tasks", {} if tasks is None else tasks)
+        _set(self, "runtime_handler", runtime_handler)
+        _set(self, "oci", oci)
+        _set(self, "rootfs", rootfs)
+        _set(self, "version", version)
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON map of state.json."""

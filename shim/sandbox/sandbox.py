@@ -15,7 +15,6 @@ import logging
 import os
 import signal
 import time
-from dataclasses import dataclass
 from typing import Any, Callable, Protocol
 
 from shim.kernel import cgroups, linux, netns
@@ -24,6 +23,7 @@ from shim.kernel.reaper import ExitInfo, Reaper
 from shim.runtime import mounts, pause
 from shim.runtime.base import Runtime
 from shim.runtime.native import NativeRuntime
+from shim.rpc.records import Record, set_field as _set
 from shim.rpc.status import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound, RpcError, Unavailable
 from shim.sandbox.events import TOPIC_CREATE, TOPIC_EXIT, TOPIC_START, TOPIC_STATE, EventBus
 from shim.sandbox.options import NATIVE, SandboxOptions
@@ -103,29 +103,47 @@ def transition(op: Operation, state: State, sandbox_id: str) -> State:
     raise cls(template.format(id=sandbox_id, state=state.value, op=op.value))
 
 
-@dataclass(frozen=True)
-class ShimConfig:
+class ShimConfig(Record):
     """How this shim was started (the CLI flags of ``podshim start|serve``)."""
 
+    __slots__ = ("namespace", "sandbox_id", "bundle", "socket_path", "runtime_root", "pause_binary")
     namespace: str
     sandbox_id: str
     bundle: str
     socket_path: str
     runtime_root: str
-    pause_binary: str | None = None
+    pause_binary: str | None
+
+    def __init__(self, namespace: str, sandbox_id: str, bundle: str, socket_path: str, runtime_root: str,
+                 pause_binary: str | None = None) -> None:
+        _set(self, "namespace", namespace)
+        _set(self, "sandbox_id", sandbox_id)
+        _set(self, "bundle", bundle)
+        _set(self, "socket_path", socket_path)
+        _set(self, "runtime_root", runtime_root)
+        _set(self, "pause_binary", pause_binary)
 
 
-@dataclass(frozen=True)
-class StartResult:
+class StartResult(Record):
+    __slots__ = ("pid", "created_at")
     pid: int
     created_at: int  # ns since the epoch
 
+    def __init__(self, pid: int, created_at: int) -> None:
+        _set(self, "pid", pid)
+        _set(self, "created_at", created_at)
 
-@dataclass(frozen=True)
-class ExitResult:
+
+class ExitResult(Record):
+    __slots__ = ("exit_status", "exited_at", "pid")
     exit_status: int
     exited_at: int  # ns since the epoch
-    pid: int = 0
+    pid: int
+
+    def __init__(self, exit_status: int, exited_at: int, pid: int = 0) -> None:
+        _set(self, "exit_status", exit_status)
+        _set(self, "exited_at", exited_at)
+        _set(self, "pid", pid)
 
 
 class Tasks(Protocol):
