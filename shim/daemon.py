@@ -17,7 +17,6 @@ import socket
 import sys
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 
 from shim.kernel import netns
 from shim.sandbox.events import EventBus
@@ -26,6 +25,7 @@ from shim.launch.install import long_running
 from shim.launch.notify import Notifier
 from shim.kernel.reaper import Reaper
 from shim.rpc.channel import install_uvloop
+from shim.rpc.records import Record, set_field as _set
 from shim.rpc.server import Server
 from shim.sandbox.sandbox import Sandbox, ShimConfig, State
 from shim.sandbox.service import SandboxService, register
@@ -51,14 +51,19 @@ def setup_logging(debug: bool = False) -> None:
     root.setLevel(logging.DEBUG if debug else logging.INFO)
 
 
-@dataclass(frozen=True)
-class Assignment:
+class Assignment(Record):
     """A spare shim's sandbox: its config, its bound and listening socket, and the descriptor
     that gets one byte once the shim serves."""
 
+    __slots__ = ("config", "listener", "ready_fd")
     config: ShimConfig
     listener: socket.socket
     ready_fd: int | None
+
+    def __init__(self, config: ShimConfig, listener: socket.socket, ready_fd: int | None) -> None:
+        _set(self, "config", config)
+        _set(self, "listener", listener)
+        _set(self, "ready_fd", ready_fd)
 
 
 def serve_forever(config: ShimConfig, listener: socket.socket, *, owns_socket: bool = True,

@@ -6,14 +6,15 @@ Field names follow CRI's PodSandboxConfig as crictl's JSON spells them (protocol
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from shim.runtime import confine
-from shim.runtime.confine import Confinement
 from shim.rpc.identifiers import validate_annotations, validate_hostname, validate_labels
 from shim.rpc.messages import optional
 from shim.rpc.records import Record, set_field as _set
 from shim.rpc.status import InvalidArgument
+
+if TYPE_CHECKING:  # loaded only for a linux.pause_process: a shim serves without it (issue #15)
+    from shim.runtime.confine import Confinement
 
 __all__ = ["NAMESPACE_MODES", "NATIVE", "RUNTIME_HANDLERS", "namespace_mode", "PauseImage", "SandboxOptions"]
 
@@ -171,10 +172,14 @@ class SandboxOptions(Record):
         if pause_binary is not None and pause_binary != "builtin" and not pause_binary.startswith("/"):
             raise InvalidArgument("pause_binary must be an absolute path or 'builtin'")
         pause_process = optional(linux, "pause_process", dict)
-        try:
-            pause_confinement = None if pause_process is None else confine.from_request(pause_process)
-        except InvalidArgument as exc:
-            raise InvalidArgument(f"linux.pause_process: {exc.message}") from None
+        pause_confinement = None
+        if pause_process is not None:
+            from shim.runtime import confine
+
+            try:
+                pause_confinement = confine.from_request(pause_process)
+            except InvalidArgument as exc:
+                raise InvalidArgument(f"linux.pause_process: {exc.message}") from None
         handler = optional(options, "runtime_handler", str) or NATIVE
         if handler not in RUNTIME_HANDLERS:
             raise InvalidArgument(f"runtime_handler {handler!r} is not known (known: {', '.join(RUNTIME_HANDLERS)})")

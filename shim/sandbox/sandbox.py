@@ -15,19 +15,20 @@ import logging
 import os
 import signal
 import time
-from typing import Any, Callable, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 from shim.kernel import cgroups, linux, netns
 from shim.kernel.linux import ns_inode, proc_start_time
 from shim.kernel.reaper import ExitInfo, Reaper
-from shim.runtime import mounts, pause
-from shim.runtime.base import Runtime
-from shim.runtime.native import NativeRuntime
 from shim.rpc.records import Record, set_field as _set
 from shim.rpc.status import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound, RpcError, Unavailable
 from shim.sandbox.events import TOPIC_CREATE, TOPIC_EXIT, TOPIC_START, TOPIC_STATE, EventBus
 from shim.sandbox.options import NATIVE, SandboxOptions
 from shim.sandbox.record import STATE_NEW, ExitRecord, PauseRecord, SandboxRecord, TaskRecord, write_state
+
+if TYPE_CHECKING:  # the runtime's modules load at CreateSandbox: a shim serves without them (issue #15)
+    from shim.runtime import mounts, pause
+    from shim.runtime.base import Runtime
 
 __all__ = ["State", "Operation", "TRANSITIONS", "REFUSALS", "transition", "ShimConfig", "Sandbox", "StartResult",
            "ExitResult", "Tasks", "host_platform", "DEFAULT_STOP_TIMEOUT", "KILL_WAIT_TIMEOUT"]
@@ -177,6 +178,8 @@ def _open_runtime(handler: str, config: ShimConfig, reaper: Reaper, persist: Cal
     cannot run here (runc, crun or, unless the pause is a sandbox image's, the static catatonit
     missing): at CreateSandbox, before anything is made, not at StartSandbox."""
     if handler == NATIVE:
+        from shim.runtime.native import NativeRuntime
+
         return NativeRuntime(reaper)
     from shim.runtime.oci.backend import OciBackend  # runc and crun only: a native shim never loads it
 
@@ -287,6 +290,8 @@ class Sandbox:
         if bool(rootfs) != (opts.pause_image is not None):
             raise InvalidArgument("rootfs and options.pause_image go together: the pause of a sandbox image "
                                   "needs both, the built-in pause neither")
+        from shim.runtime import pause
+
         pause.validate_sysctls(opts.sysctls, host_network=opts.host_network, host_ipc=opts.ipc_mode == "NODE")
         self.runtime = _open_runtime(opts.runtime_handler, self.config, self.reaper, self.persist,
                                      image_pause=opts.pause_image is not None)
@@ -342,6 +347,8 @@ class Sandbox:
         """Mount the pause's root on <bundle>/rootfs, recorded first (a crash in between leaves a
         record that ``podshim delete`` acts on); ``read_only`` remounts it so (the native pause's:
         an OCI runtime makes its mount points there first and its own bind read-only)."""
+        from shim.runtime import mounts
+
         self.rootfs = mounts.sandbox_rootfs_path(self.config.bundle)
         self.persist()
         try:
@@ -360,6 +367,8 @@ class Sandbox:
         """Unmount and remove <bundle>/rootfs (idempotent); Internal when it stays mounted."""
         if not self.rootfs:
             return
+        from shim.runtime import mounts
+
         mounts.unmount_rootfs(self.rootfs, remove=False)
         try:
             os.rmdir(self.rootfs)
@@ -383,7 +392,9 @@ class Sandbox:
             cg = cgroups.SandboxCgroup.create(self.config.sandbox_id, parent)
             self.cgroup = cg
             self.persist()
-            spec = pause.PauseSpec(
+            from shim.runtime.pause import PauseSpec
+
+            spec = PauseSpec(
                 netns_path=self.netns_path,
                 pid_mode=opts.pid_mode,
                 ipc_mode=opts.ipc_mode,

@@ -14,7 +14,6 @@ from shim.rpc.api import EVENTS_SERVICE, SANDBOX_SERVICE
 from shim.rpc.messages import optional, require
 from shim.rpc.server import CallContext, Server, ServerStream
 from shim.rpc.status import InvalidArgument, NotFound
-from shim.runtime.mounts import parse_rootfs
 from shim.sandbox.sandbox import Sandbox
 
 __all__ = ["SandboxService", "register", "request_sandbox_id"]
@@ -42,6 +41,8 @@ class SandboxService:
         return request_sandbox_id(ctx, payload, self.sandbox)
 
     async def create(self, ctx: CallContext, p: dict[str, Any]) -> dict[str, Any]:
+        from shim.runtime.mounts import parse_rootfs  # with the runtime's code, at CreateSandbox (issue #15)
+
         sid = self._sandbox_id(ctx, p)
         bundle = optional(p, "bundle_path", str)
         if bundle and os.path.realpath(bundle) != os.path.realpath(self.sandbox.config.bundle):

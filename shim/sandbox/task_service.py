@@ -13,9 +13,6 @@ from shim.rpc.identifiers import validate_labels
 from shim.rpc.messages import optional, require
 from shim.rpc.server import CallContext, Server
 from shim.rpc.status import InvalidArgument
-from shim.runtime import confine
-from shim.runtime.base import CONTAINER, PID_MODES
-from shim.runtime.mounts import parse_filesystem
 from shim.sandbox.service import request_sandbox_id
 
 if TYPE_CHECKING:
@@ -49,6 +46,10 @@ class TaskService:
         return request_sandbox_id(ctx, p, self.sandbox), require(p, "task_id", str)
 
     async def create(self, ctx: CallContext, p: dict[str, Any]) -> dict[str, Any]:
+        from shim.runtime import confine  # with the task code (self.tasks), not at the shim's start
+        from shim.runtime.base import CONTAINER, PID_MODES
+        from shim.runtime.mounts import parse_filesystem
+
         sid, tid = self._ids(ctx, p)
         labels = optional(p, "labels", dict, {})
         if not all(isinstance(k, str) and isinstance(v, str) for k, v in labels.items()):
