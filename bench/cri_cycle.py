@@ -394,6 +394,7 @@ def main(argv: list[str] | None = None) -> int:
         os.makedirs(psd_dir)
         cni_conf(psd_dir, "crib-ps0", "10.231.0.0/16")
         psd = PodshimdProc(psd_dir, netns, trace=args.trace)
+        traced = {"podshimd": psd}  # whose phases --trace reports
         psd_netns: set[str] = set()  # what its pod records name, read before the pods are removed
         janitor.add("remove the netns podshimd's pods left", lambda: janitor.failures.extend(
             f"podshimd left the netns {path} of a removed pod (removed now)" for path in remove_netns(psd_netns)))
@@ -412,7 +413,8 @@ def main(argv: list[str] | None = None) -> int:
             os.makedirs(img_dir)
             cni_conf(img_dir, "crib-ps1", "10.233.0.0/16")
             ref = pull_pause_image(os.path.join(img_dir, "state"), workdir)
-            psd_img = PodshimdProc(img_dir, netns, config=f'sandbox_image = "{ref}"\n')
+            psd_img = PodshimdProc(img_dir, netns, trace=args.trace, config=f'sandbox_image = "{ref}"\n')
+            traced["podshimd+image"] = psd_img
             img_netns: set[str] = set()
             janitor.add("remove the netns podshimd+image's pods left", lambda: janitor.failures.extend(
                 f"podshimd+image left the netns {path} of a removed pod (removed now)"
@@ -458,14 +460,14 @@ def main(argv: list[str] | None = None) -> int:
         for rt in runtimes:  # warm-up: podshimd's first pod starts its shim template
             cycle(rt, scratch)
         load_before = os.getloadavg()
-        log_start = psd.log_size()
+        log_starts = {key: proc.log_size() for key, proc in traced.items()}
         for i in range(args.cycles):
             for rt in (runtimes if i % 2 == 0 else runtimes[::-1]):
                 rt.cycles.append(cycle(rt, scratch))
             for rt in (runtimes[::-1] if i % 2 == 0 else runtimes):
                 rt.floors.append(floor(rt))
             log(f"cycle {i + 1}/{args.cycles}: " + ", ".join(f"{rt.key} {ms(rt.cycles[-1])} ms" for rt in runtimes))
-        phases = psd.phases(log_start, psd.log_size())
+        phases = {key: proc.phases(log_starts[key], proc.log_size()) for key, proc in traced.items()}
         for rt in runtimes:
             log(f"starting {args.pods} pods on {rt.key}")
             rt.pods = fill(rt, args.pods)  # type: ignore[attr-defined]
@@ -496,9 +498,11 @@ def main(argv: list[str] | None = None) -> int:
     out.append(row(f"`crictl pods -q`, {args.pods} pods, p50 of 10", [lists[rt.key][1] for rt in runtimes]))
     out.append(f"| podshimd kill -9 + restart, {args.pods} live pods: to READY=1 / every pod READY in "
                f"PodSandboxStatus | {ms(ready)} / {ms(answered)} ms |" + " — |" * (2 * len(others)))
-    if phases:
-        out += ["", "podshimd's side of a cycle (PODSHIM_TRACE), medians in ms:", ""]
-        for op, got in phases.items():
+    for key, got_phases in phases.items():
+        if not got_phases:
+            continue
+        out += ["", f"{key}'s side of a cycle (PODSHIM_TRACE), medians in ms:", ""]
+        for op, got in got_phases.items():
             out.append(f"- {op} {got['total']:.1f}: " + ", ".join(f"{name} {value:.1f}" for name, value in got.items()
                                                                  if name != "total"))
     out += ["", *notes]

@@ -521,7 +521,7 @@ class PodService:
         """Undo whatever of a pod exists; every step tolerates what is already gone."""
         await self._teardown_network(record, strict=False)
         await self._shutdown_sandbox(record.pod_id)
-        await self._remove_sandbox_rootfs(record.pod_id)
+        await self._remove_sandbox_rootfs(record)
         remove_pod_files(self._pod_files_dir(record.pod_id))
         self.store.delete(record.pod_id)
 
@@ -649,7 +649,7 @@ class PodService:
             with phase("ShutdownSandbox"):
                 await self._shutdown_sandbox(record.pod_id)
             failpoint("remove:after-shutdown")
-            await self._remove_sandbox_rootfs(record.pod_id)
+            await self._remove_sandbox_rootfs(record)
             default_logs = os.path.join(self.log_root, record.pod_id)
             shutil.rmtree(default_logs, ignore_errors=True)
             remove_pod_files(self._pod_files_dir(record.pod_id))
@@ -911,10 +911,12 @@ class PodService:
         except Exception as exc:  # noqa: BLE001 (logged; recovery sweeps it)
             log.warning("pod %s: removing the root filesystem snapshot %s failed: %s", pod_id, container_id, exc)
 
-    async def _remove_sandbox_rootfs(self, pod_id: str) -> None:
-        """Remove the pod's sandbox image snapshot, if any (the shim unmounted it at shutdown)."""
-        if self.snapshots is not None:
-            await self._remove_rootfs(pod_id, sandbox_snapshot_key(pod_id))
+    async def _remove_sandbox_rootfs(self, record: PodRecord) -> None:
+        """Remove the pod's sandbox image snapshot, if it has one (the shim unmounted it at
+        shutdown; the image is recorded on the pod before its snapshot is made)."""
+        if self.snapshots is not None and record.sandbox_image_id:
+            with phase("sandbox snapshot removal"):
+                await self._remove_rootfs(record.pod_id, sandbox_snapshot_key(record.pod_id))
 
     def image_user(self, image_id: str) -> str:
         """Who uses image ``image_id`` and what to remove before it ("" when nothing does): a
