@@ -23,6 +23,7 @@ from shim.paths import (BOOTSTRAP_FILE, DEFAULT_RUNTIME_ROOT, control_socket_pat
 from shim.rpc.api import TEMPLATE_LOG, TEMPLATE_SERVICE, TEMPLATE_START_LOCK
 from shim.rpc.files import ensure_private_dir, flock_open
 from shim.rpc.status import FailedPrecondition, RpcError, Unavailable
+from shim.launch.arguments import ArgumentParser
 from shim.launch.spawn import START_TIMEOUT, bind_listener, bootstrap, spawn_shim
 
 __all__ = ["main", "run"]
@@ -33,7 +34,7 @@ class UsageError(Exception):
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="podshim", description="The per-sandbox shim daemon of podshim.")
+    p = ArgumentParser(prog="podshim", description="The per-sandbox shim daemon of podshim.")
     sub = p.add_subparsers(dest="action", metavar="ACTION", required=True)
 
     def root(sp: argparse.ArgumentParser) -> None:

@@ -27,6 +27,7 @@ import os
 import sys
 from typing import TYPE_CHECKING, Any, Awaitable, Callable, TextIO
 
+from shim.launch.arguments import ArgumentParser
 from shim.rpc.api import TEMPLATE_ENV
 
 from shim.rpc.files import decode_json
@@ -350,7 +351,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     for module in COMMAND_MODULES:
         importlib.import_module(module)
-    p = argparse.ArgumentParser(prog="podshimctl", description="Talk to podshim shims and manage sandboxes.")
+    p = ArgumentParser(prog="podshimctl", description="Talk to podshim shims and manage sandboxes.")
     env = os.environ.get
     p.add_argument("--address", default=env("PODSHIM_ADDRESS"), help="shim address unix:///path (call, events)")
     p.add_argument("--root", default=env("PODSHIM_ROOT", DEFAULT_STATE_ROOT),
