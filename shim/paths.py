@@ -84,11 +84,12 @@ def socket_address(path: str) -> str:
     return "unix://" + path
 
 
-def write_json_atomic(path: str, doc: Any, mode: int = 0o600, *, durable: bool = True) -> None:
+def write_json_atomic(path: str, doc: Any, mode: int = 0o600, *, durable: bool = True, sync_dir: bool = True) -> None:
     """Write JSON so a reader sees the old file or the new one, never half (write + rename).
 
     ``durable`` also fsyncs, so the new file survives a power cut; runtime state that a reboot
-    makes meaningless anyway (state.json, bootstrap.json) skips it.
+    makes meaningless anyway (state.json, bootstrap.json) skips it. ``sync_dir``: as
+    :func:`shim.rpc.files.write_atomic`'s.
     """
-    write_atomic(path, (json.dumps(doc, sort_keys=True) + "\n").encode(), mode=mode, durable=durable)
+    write_atomic(path, (json.dumps(doc, sort_keys=True) + "\n").encode(), mode=mode, durable=durable, sync_dir=sync_dir)
 

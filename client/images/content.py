@@ -6,6 +6,10 @@ are checked through the very descriptor that is then renamed into place (same fi
 rename is atomic), and a file that does not match is refused with a :class:`BlobError` naming the
 digest. Files being written live under ``<root>/ingest/``, which :meth:`ContentStore.open` empties
 (what a killed daemon was writing is never taken for a blob). Blobs are 0600 in 0700 directories.
+
+A blob can still be damaged on disk later (a flipped bit, a truncation). It heals: :meth:`read`
+and :meth:`check` verify it again and remove a damaged one, and a blob added again replaces what
+was there, so the next pull downloads it and the store has it whole again.
 Synchronous: callers on an event loop run the verifying calls in a thread.
 """
 
@@ -22,7 +26,7 @@ from shim.rpc.files import ensure_private_dir, fsync_dir, write_atomic
 
 from .reference import ReferenceError, check_digest
 
-__all__ = ["BLOBS_DIR", "INGEST_DIR", "BlobError", "ContentStore", "sha256_digest"]
+__all__ = ["BLOBS_DIR", "INGEST_DIR", "BlobError", "ContentStore", "file_digest", "sha256_digest"]
 
 BLOBS_DIR = os.path.join("blobs", "sha256")
 INGEST_DIR = "ingest"
@@ -37,6 +41,22 @@ class BlobError(ValueError):
 def sha256_digest(data: bytes) -> str:
     """``sha256:<hex>`` of ``data``."""
     return "sha256:" + hashlib.sha256(data).hexdigest()
+
+
+def file_digest(path: str) -> str:
+    """``sha256:<hex>`` of the file at ``path``. Raises OSError."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        return _sha256_fd(fd)
+    finally:
+        os.close(fd)
+
+
+def _sha256_fd(fd: int) -> str:
+    hasher = hashlib.sha256()
+    while chunk := os.read(fd, _CHUNK_BYTES):
+        hasher.update(chunk)
+    return "sha256:" + hasher.hexdigest()
 
 
 def _checked(digest: str) -> str:
@@ -75,12 +95,35 @@ class ContentStore:
             return False
 
     def read(self, digest: str) -> bytes:
-        """The blob's bytes (for manifests and configs, which are small). BlobError when absent."""
+        """The blob's bytes (for manifests and configs, which are small), checked against its
+        digest. BlobError when absent, or when damaged on disk (it is then removed, so that the
+        next pull fetches it again)."""
         try:
             with open(self.path(digest), "rb") as f:
-                return f.read()
+                data = f.read()
         except FileNotFoundError:
             raise BlobError(f"blob {digest} is not in the content store") from None
+        actual = sha256_digest(data)
+        if actual != digest:
+            self.remove(digest)
+            raise BlobError(f"blob {digest} was damaged in the content store (its sha256 is now {actual}); "
+                            "it was removed, and a pull fetches it again")
+        return data
+
+    def check(self, digest: str) -> bool:
+        """Whether the stored blob ``digest`` still has its digest; a damaged one is removed (the
+        next pull fetches it again). False when absent."""
+        try:
+            fd = os.open(self.path(digest), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return False
+        try:
+            intact = _sha256_fd(fd) == digest
+        finally:
+            os.close(fd)
+        if not intact:
+            self.remove(digest)
+        return intact
 
     def digests(self) -> set[str]:
         """Every blob's digest."""
@@ -101,15 +144,25 @@ class ContentStore:
         if actual != _checked(digest):
             raise BlobError(f"blob {digest} has the wrong content: its sha256 is {actual}")
         path = self.path(digest)
-        if self.has(digest):
-            return path
-        write_atomic(path, data)  # a temporary '.name' beside it, fsynced, renamed
+        try:
+            with open(path, "rb") as f:
+                if f.read() == data:
+                    return path
+        except FileNotFoundError:
+            pass
+        write_atomic(path, data)  # a temporary '.name' beside it, fsynced, renamed (over a damaged one)
         return path
 
-    def add_file(self, source: str, digest: str, size: int | None = None) -> str:
+    def add_file(self, source: str, digest: str, size: int | None = None, *, verified: bool = False,
+                 durable: bool = False) -> str:
         """Move the file ``source`` (on the store's filesystem: under :meth:`temporary_dir`) in
         as the blob ``digest`` once its size (when given) and sha256 match; its path. Raises
-        BlobError naming the blob when they do not (``source`` is then left to its owner)."""
+        BlobError naming the blob when they do not (``source`` is then left to its owner).
+
+        ``verified``: the caller hashed this very file already (:func:`file_digest`), so only
+        its size is checked here; ``durable``: its writer fsynced it (skopeo does), so it is not
+        fsynced again. A blob of that digest already in the store is replaced: the new file is
+        checked, the old one may have been damaged on disk since. Call :meth:`sync` after a batch."""
         path = self.path(digest)
         fd = os.open(source, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
         try:
@@ -119,18 +172,16 @@ class ContentStore:
             if size is not None and st.st_size != size:
                 raise BlobError(f"blob {digest} is {st.st_size} bytes, but its descriptor says {size}: "
                                 "it is truncated or corrupt")
-            hasher = hashlib.sha256()
-            while chunk := os.read(fd, _CHUNK_BYTES):
-                hasher.update(chunk)
-            actual = "sha256:" + hasher.hexdigest()
-            if actual != digest:
-                raise BlobError(f"blob {digest} has the wrong content: its sha256 is {actual}")
-            os.fchmod(fd, 0o600)
-            os.fsync(fd)
+            if not verified:
+                actual = _sha256_fd(fd)
+                if actual != digest:
+                    raise BlobError(f"blob {digest} has the wrong content: its sha256 is {actual}")
+            if stat.S_IMODE(st.st_mode) != 0o600:
+                os.fchmod(fd, 0o600)
+            if not durable:
+                os.fsync(fd)
         finally:
             os.close(fd)
-        if self.has(digest):
-            return path  # the same bytes are there already
         try:
             os.rename(source, path)
         except OSError as exc:

@@ -19,8 +19,19 @@ store's ingest/ (same filesystem: blobs move in with a rename):
    moved between the two) it is copied again as ``NAME@DIGEST``, pinned to what step 1 saw.
 3. Every blob is verified (size and sha256) and moved into the content store; the manifests too.
 
+Steps 2 and 3 overlap, and with them the unpacking: skopeo's dir: transport (containers/image
+``directory_dest.go``) writes each blob to a temporary file in the directory, fsyncs it, and
+renames it to its hex digest once it has it all and its digest matched, one blob after another.
+So a file named by a digest is complete: :class:`_Arrivals` watches the directory and, as each
+such file appears, hashes it and hands it to the caller's ``stage`` (the service unpacks it into
+a staging directory of the snapshotter) in a worker thread, while the rest download. What was
+hashed is moved in by a rename without hashing it again, and what skopeo fsynced is not fsynced
+again: one directory fsync makes the renames durable.
+
 Blobs that are already in the store are not downloaded again: for a reference the node has an
-image of, step 1 runs first, and step 2 is skipped when its manifest and all its blobs are there. Credentials (CRI's AuthConfig) go to skopeo in an auth file
+image of, step 1 runs first, and step 2 is skipped when its manifest and all its blobs are there
+(the manifest and config read back and checked against their digests: one damaged on disk is
+removed and downloaded again; a blob downloaded again replaces what the store had). Credentials (CRI's AuthConfig) go to skopeo in an auth file
 (containers-auth.json(5), 0600 in the 0700 work directory), never on its command line, except a
 registry token, which skopeo 1.9 takes only as ``--src-registry-token``. skopeo sees only the
 registries.conf, policy and auth file made for this pull (its environment is clean: no
@@ -39,10 +50,13 @@ import asyncio
 import base64
 import binascii
 import json
+import logging
 import os
 import re
 import shutil
-from collections.abc import Iterable, Mapping
+import threading
+from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -51,7 +65,7 @@ from shim.rpc.files import decode_json, ensure_private_dir
 from shim.rpc.status import (DataLoss, DeadlineExceeded, InvalidArgument, NotFound, PermissionDenied, RpcError, Unauthenticated,
                              Unavailable, Unknown)
 
-from .content import BlobError, ContentStore, sha256_digest
+from .content import BlobError, ContentStore, file_digest, sha256_digest
 from .reference import DEFAULT_DOMAIN, Reference, ReferenceError, check_digest
 
 __all__ = ["PULL_TIMEOUT", "PULL_PROGRESS_TIMEOUT", "SKOPEO", "MEDIA_TYPES", "AuthConfig", "RegistryHost", "Descriptor", "Manifest", "Pulled",
@@ -74,6 +88,13 @@ OCI_INDEX = "application/vnd.oci.image.index.v1+json"
 #: The manifest types a pull accepts (schema 1 is long deprecated and refused with a sentence).
 MEDIA_TYPES = (MANIFEST_V2, OCI_MANIFEST, MANIFEST_LIST_V2, OCI_INDEX)
 _INDEXES = (MANIFEST_LIST_V2, OCI_INDEX)
+#: Seconds between two looks at skopeo's directory for blobs it has finished.
+ARRIVAL_POLL = 0.005
+#: Blobs hashed and staged side by side while the rest download.
+ARRIVAL_WORKERS = 3
+_BLOB_NAME = re.compile(r"[0-9a-f]{64}")
+
+log = logging.getLogger(__name__)
 _DOCKER_HUB_ALIASES = ("index.docker.io", "registry-1.docker.io", "docker.io")
 
 
@@ -379,6 +400,90 @@ class _Session:
         return out
 
 
+class _Arrivals:
+    """The blobs skopeo has finished in a dir: destination, each hashed (and handed to ``stage``)
+    in a worker thread as soon as it is there (see the module's docstring).
+
+    ``verified`` maps a digest to the file that was hashed and matched it. ``stage(digest,
+    path)`` is the caller's: it may fail (a config is no layer; the blob will be unpacked from
+    the store then, and its error said), it must not keep ``path`` past its return.
+    :meth:`aclose` waits for the workers: nothing of theirs runs once the pull is over.
+    """
+
+    def __init__(self, stage: Callable[[str, str], object] | None) -> None:
+        self.stage = stage
+        self.verified: dict[str, str] = {}
+        self.skip: set[str] = set()  # digests not to stage (the config, once it is known)
+        self._seen: set[str] = set()
+        self._futures: list[Future[None]] = []
+        self._lock = threading.Lock()
+        self._stopped = threading.Event()
+        self._pool = ThreadPoolExecutor(ARRIVAL_WORKERS, thread_name_prefix="pull-blob")
+
+    async def follow(self, directory: str) -> None:
+        """Look at ``directory`` until cancelled."""
+        while True:
+            self.scan(directory)
+            await asyncio.sleep(ARRIVAL_POLL)
+
+    def scan(self, directory: str) -> None:
+        try:
+            names = os.listdir(directory)
+        except FileNotFoundError:
+            return
+        for name in names:
+            path = os.path.join(directory, name)
+            if _BLOB_NAME.fullmatch(name) and path not in self._seen:
+                self._seen.add(path)
+                self._futures.append(self._pool.submit(self._arrived, "sha256:" + name, path))
+
+    def restart(self) -> None:
+        """Forget the files seen: the directory is made again (a second copy)."""
+        self._seen.clear()
+        with self._lock:
+            self.verified.clear()
+
+    def _arrived(self, digest: str, path: str) -> None:
+        if self._stopped.is_set():
+            return
+        try:
+            if file_digest(path) != digest:
+                return  # moving it in hashes it again and says what is wrong
+        except OSError:
+            return  # removed meanwhile (a second copy)
+        with self._lock:
+            self.verified[digest] = path
+        if self.stage is not None and digest not in self.skip:
+            try:
+                self.stage(digest, path)
+            except Exception as exc:  # noqa: BLE001 - unpacked again from the store, where its error counts
+                log.debug("blob %s was not staged: %s", digest, exc)
+
+    async def settle(self, directory: str) -> None:
+        """Take what arrived last, and wait until every blob seen is hashed and staged."""
+        self.scan(directory)
+        if self._futures:
+            await asyncio.wait([asyncio.wrap_future(f) for f in self._futures])
+
+    async def aclose(self) -> None:
+        """Stop: blobs not begun are not taken; wait for those under way (also when cancelled)."""
+        self._stopped.set()
+        for future in self._futures:
+            future.cancel()
+        running = [asyncio.wrap_future(f) for f in self._futures if not f.done()]
+        cancelled = False
+        while running:
+            try:
+                await asyncio.shield(asyncio.wait(running))
+                break
+            except asyncio.CancelledError:
+                cancelled = True  # the threads cannot be stopped; what they write must not outlive us
+                running = [f for f in running if not f.done()]
+        self._pool.shutdown(wait=False)
+        if cancelled:
+            raise asyncio.CancelledError
+
+
 class Puller:
     """Pulls images into ``content`` (see the module's docstring)."""
 
@@ -396,10 +501,16 @@ class Puller:
         self.skopeo = skopeo
         self._pdeathsig = os.access(_SETPRIV, os.X_OK)
 
-    async def pull(self, ref: Reference, auth: AuthConfig | None = None, *, stored: bool = False) -> Pulled:
+    async def pull(self, ref: Reference, auth: AuthConfig | None = None, *, stored: bool = False,
+                   stage: Callable[[str, str], object] | None = None) -> Pulled:
         """Pull ``ref`` into the content store. Raises RpcError with a sentence (NotFound,
         Unauthenticated, DataLoss, Unavailable, DeadlineExceeded...); on any failure or
         cancellation nothing of this pull is left but blobs already verified.
+
+        ``stage(digest, path)``, when given, is called in a worker thread for each blob
+        downloaded, as soon as it is there and verified, while the rest download (the service
+        unpacks layers with it); its failures are ignored (see :class:`_Arrivals`). All its
+        calls have returned when this returns or raises.
 
         ``stored``: the node has an image by this reference already, so the manifest is read
         first and nothing is downloaded when its blobs are all stored. Otherwise the image is
@@ -412,11 +523,13 @@ class Puller:
         try:
             async with asyncio.timeout(loop.time() + self.progress_timeout) as stalled:
                 watcher = asyncio.ensure_future(self._watch(work, stalled))
+                arrivals = _Arrivals(stage)
                 try:
-                    return await self._pull(work, ref, auth, stored)
+                    return await self._pull(work, ref, auth, stored, arrivals)
                 finally:
                     watcher.cancel()
                     await asyncio.wait([watcher])
+                    await arrivals.aclose()
         except TimeoutError:
             raise DeadlineExceeded(f"pulling image {ref} made no progress for {self.progress_timeout:g} s "
                                    "(image_pull_progress_timeout); it was killed, and nothing of it was kept") from None
@@ -433,13 +546,16 @@ class Puller:
         last = -1
         while True:
             await asyncio.sleep(min(self.progress_timeout / 4, 5.0))
-            size = await asyncio.to_thread(_bytes_under, work)
+            size = await asyncio.to_thread(_bytes_under, os.path.join(work, "image"))
+            size += await asyncio.to_thread(_bytes_under, os.path.join(work, "tmp"))
             if size != last:
                 last = size
                 stalled.reschedule(loop.time() + self.progress_timeout)
 
-    async def _pull(self, work: str, ref: Reference, auth: AuthConfig | None, stored: bool) -> Pulled:
+    async def _pull(self, work: str, ref: Reference, auth: AuthConfig | None, stored: bool,
+                    arrivals: _Arrivals) -> Pulled:
         early: asyncio.Task[bytes] | None = None
+        follower = None
         try:
             deadline = asyncio.get_running_loop().time() + self.timeout
             session = self._prepare(work, ref, auth)
@@ -451,6 +567,7 @@ class Puller:
 
             if not stored:
                 early = asyncio.ensure_future(session.run(copy(str(ref)), deadline))
+                follower = asyncio.ensure_future(arrivals.follow(image_dir))
             raw = await session.run(["inspect", "--raw", "--retry-times", "0", *session.auth_args(""),
                                      f"docker://{ref}"], deadline)
             repo_digest = sha256_digest(raw)
@@ -461,14 +578,22 @@ class Puller:
             manifest_digest = repo_digest
             if media_type in _INDEXES:
                 manifest_digest = select_platform(doc, self.platform, f"image {ref}").digest
-            manifest = None if early is not None else self._complete(manifest_digest)
+            else:
+                arrivals.skip.add(image_manifest(raw, f"the manifest of {ref}").config.digest)
+            manifest = None if early is not None else await asyncio.to_thread(self._complete, manifest_digest)
             if manifest is None:
                 if early is not None:
                     await early
                 if early is None or _copied(image_dir) != manifest_digest:
+                    if follower is not None:
+                        await arrivals.settle(image_dir)
                     shutil.rmtree(image_dir, ignore_errors=True)
+                    arrivals.restart()
+                    follower = follower or asyncio.ensure_future(arrivals.follow(image_dir))
                     await session.run(copy(f"{ref.name}@{manifest_digest}"), deadline)
-                manifest = await asyncio.to_thread(self._store, ref, image_dir, manifest_digest, manifests)
+                await arrivals.settle(image_dir)
+                manifest = await asyncio.to_thread(self._store, ref, image_dir, manifest_digest, manifests,
+                                                   dict(arrivals.verified))
             else:
                 await asyncio.to_thread(self._store_manifests, manifests)
             config = self._config(ref, manifest)
@@ -476,6 +601,9 @@ class Puller:
                                          *(layer.digest for layer in manifest.layers)]))
             return Pulled(ref, repo_digest, manifest_digest, manifest, config, blobs)
         finally:
+            if follower is not None:
+                follower.cancel()
+                await asyncio.wait([follower])
             if early is not None:
                 if not early.done():
                     early.cancel()  # its skopeo is killed with its group (client.processes.run)
@@ -507,22 +635,26 @@ class Puller:
         return _Session(ref, auth, argv, env, paths["auth.json"])
 
     def _complete(self, manifest_digest: str) -> Manifest | None:
-        """The manifest ``manifest_digest`` if it and all its blobs are in the store already."""
+        """The manifest ``manifest_digest`` if it and all its blobs are in the store already
+        (the manifest and the config read back: one damaged on disk is removed, and the image
+        is downloaded again)."""
         if not self.content.has(manifest_digest):
             return None
         try:
             manifest = image_manifest(self.content.read(manifest_digest), f"manifest {manifest_digest}")
+            self.content.read(manifest.config.digest)
         except (RpcError, BlobError):
             return None
-        blobs = [manifest.config, *manifest.layers]
-        return manifest if all(self.content.has(blob.digest) for blob in blobs) else None
+        return manifest if all(self.content.has(layer.digest) for layer in manifest.layers) else None
 
     def _store_manifests(self, manifests: Mapping[str, bytes]) -> None:
         for digest, data in manifests.items():
             self.content.add_bytes(data, digest)
 
-    def _store(self, ref: Reference, image_dir: str, manifest_digest: str, manifests: dict[str, bytes]) -> Manifest:
-        """Verify what skopeo wrote to ``image_dir`` and move it into the content store."""
+    def _store(self, ref: Reference, image_dir: str, manifest_digest: str, manifests: dict[str, bytes],
+               verified: Mapping[str, str]) -> Manifest:
+        """Verify what skopeo wrote to ``image_dir`` and move it into the content store (a blob in
+        ``verified``, digest to the file hashed, is not hashed again; skopeo fsynced each)."""
         try:
             with open(os.path.join(image_dir, "manifest.json"), "rb") as f:
                 data = f.read()
@@ -532,9 +664,11 @@ class Puller:
             raise DataLoss(f"image {ref}: manifest {manifest_digest} has the wrong content: its sha256 is "
                            f"{sha256_digest(data)}")
         manifest = image_manifest(data, f"manifest {manifest_digest} of {ref}")
-        for blob in (manifest.config, *manifest.layers):
+        for blob in {blob.digest: blob for blob in (manifest.config, *manifest.layers)}.values():  # each once
+            path = os.path.join(image_dir, blob.digest.partition(":")[2])
             try:
-                self.content.add_file(os.path.join(image_dir, blob.digest.partition(":")[2]), blob.digest, blob.size)
+                self.content.add_file(path, blob.digest, blob.size, verified=verified.get(blob.digest) == path,
+                                      durable=True)
             except FileNotFoundError:
                 raise DataLoss(f"image {ref}: blob {blob.digest} was not downloaded") from None
             except BlobError as exc:

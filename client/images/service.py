@@ -7,6 +7,11 @@ means, for podshimd (and anything else) to translate.
 - Concurrent pulls of one reference with the same credentials share one pull (one task per
   reference in this process); the callers all get its result or its error. A caller that goes
   away does not stop a pull others may wait for; :meth:`Images.aclose` cancels what is in flight.
+- A pull unpacks each layer into a staging directory of the snapshotter as soon as its blob has
+  arrived and is verified, while the rest download; once the config names the diff_ids, the
+  staged layers are checked against them and committed, bottom up, by a rename.
+- A layer blob the store had that fails its check when a pull unpacks it (damaged on disk) is
+  removed and the image downloaded again, once, by that pull.
 - An image is recorded only once all its blobs are verified in the content store and its layers
   are unpacked into committed snapshots (:mod:`.snapshots`, one per layer chain, shared between
   images; the record keeps the top chain id), so a failed, cancelled or killed pull leaves no
@@ -34,8 +39,9 @@ from shim.rpc.status import FailedPrecondition, InvalidArgument
 from .content import ContentStore
 from .pull import PULL_PROGRESS_TIMEOUT, PULL_TIMEOUT, SKOPEO, AuthConfig, Pulled, Puller, RegistryHost
 from .reference import ReferenceError, parse
-from .snapshots import Snapshotter
+from .snapshots import StagedLayer, Snapshotter
 from .store import ImageRecord, ImageStore, Layer
+from .unpack import BadLayer
 
 __all__ = ["IMAGES_DIR", "Images", "image_user"]
 
@@ -141,13 +147,51 @@ class Images:
     async def _pull(self, ref: Any, auth: AuthConfig | None) -> ImageRecord:
         while self._collecting is not None:  # a collection must not take what this pull finds stored
             await asyncio.wait([self._collecting])  # its failure is logged, not this pull's
-        pulled = await self.puller.pull(ref, auth, stored=self.store.resolve(str(ref)) is not None)
-        record = self._record(pulled)
-        if self.snapshots is not None and record.layers:
-            layers = [(layer.diff_id, self.content.path(layer.digest), layer.media_type) for layer in record.layers]
-            record = replace(record, chain_id=await asyncio.to_thread(self.snapshots.unpack, layers))
+        stored = self.store.resolve(str(ref)) is not None
+        try:
+            record = await self._pull_and_unpack(ref, auth, stored)
+        except BadLayer:
+            # A layer blob the store had may have been damaged on disk since it was verified: that
+            # one is removed and the image downloaded again, once. A layer just downloaded was
+            # checked on its way: its error stands.
+            if not stored or not await asyncio.to_thread(self._remove_damaged_layers, ref):
+                raise
+            record = await self._pull_and_unpack(ref, auth, False)
         log.info("pulled %s: image %s (%d layers, %d bytes)", ref, record.short_id, len(record.layers), record.size)
         return self.store.add(record)
+
+    async def _pull_and_unpack(self, ref: Any, auth: AuthConfig | None, stored: bool) -> ImageRecord:
+        """The image pulled and its layers unpacked (each staged as its blob arrives, committed
+        once the config names their diff_ids); its record, not stored yet."""
+        if self.snapshots is None:
+            return self._record(await self.puller.pull(ref, auth, stored=stored))
+        staged: dict[str, StagedLayer] = {}  # by blob digest
+        place = self.snapshots.staging()
+        staging = await asyncio.to_thread(place.__enter__)
+        try:
+            def stage(digest: str, path: str) -> None:
+                staged[digest] = staging.stage(path)
+
+            pulled = await self.puller.pull(ref, auth, stored=stored, stage=stage)  # no stage() runs after it
+            record = self._record(pulled)
+            if record.layers:
+                layers = [(layer.diff_id, self.content.path(layer.digest), layer.media_type) for layer in record.layers]
+                by_diff_id = {layer.diff_id: staged[layer.digest] for layer in record.layers if layer.digest in staged}
+                record = replace(record, chain_id=await asyncio.to_thread(self.snapshots.unpack, layers, by_diff_id))
+            return record
+        finally:
+            # What was not committed (layers the node had) goes, off the event loop, also when cancelled.
+            await asyncio.shield(asyncio.to_thread(place.__exit__, None, None, None))
+
+    def _remove_damaged_layers(self, ref: Any) -> bool:
+        """Check the stored layer blobs of the image ``ref`` names; remove the damaged ones.
+        Whether there were any."""
+        record = self.store.resolve(str(ref))
+        damaged = [layer.digest for layer in (record.layers if record else ()) if not self.content.check(layer.digest)]
+        if damaged:
+            log.warning("image %s: layer blobs %s were damaged in the content store; removed, downloading them again",
+                        ref, ", ".join(damaged))
+        return bool(damaged)
 
     def _record(self, pulled: Pulled) -> ImageRecord:
         manifest = pulled.manifest

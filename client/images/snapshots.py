@@ -12,9 +12,12 @@ Layout under ``root`` (``<state root>/images/snapshots``)::
     snapshots/<n>/work           an active snapshot's overlay work dir
     snapshots/tmp-<chain>-<rnd>  a layer being unpacked, renamed to snapshots/<n> once complete
     snapshots/trash-<rnd>        a removed snapshot being deleted
+    snapshots/stage-<rnd>/<n>/fs layers a pull unpacks while the rest of its image downloads
+                                 (:meth:`Snapshotter.staging`), renamed to snapshots/<n> when committed
     metadata/committed/<chain hex>.json, metadata/active/<sha256(key) hex>.json
                                  one record per snapshot (:data:`RECORD_SCHEMA`), written atomically
     locks/<chain hex>            flock'd while that chain is unpacked, or prepared on
+    locks/stage-<rnd>            flock'd while that staging directory is in use
     lock                         flock'd while records and snapshot numbers change
 
 Numbers, not chain ids, name the directories so that an overlay's lowerdir option stays short
@@ -36,13 +39,14 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import itertools
 import os
 import re
 import shutil
 import stat
 import time
 from collections import deque
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
@@ -52,10 +56,10 @@ from shim.paths import write_json_atomic
 from shim.rpc.files import ensure_private_dir, flock_open, fsync_dir, read_json, rename_noreplace
 from shim.rpc.status import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
 
-from .unpack import LayerStats, apply_layer
+from .unpack import LayerStats, apply_layer, compression_of
 
-__all__ = ["GcResult", "Mount", "RECORD_SCHEMA", "Snapshot", "Snapshotter", "Usage", "UNPACK_WORKERS",
-           "chain_ids"]
+__all__ = ["GcResult", "Mount", "RECORD_SCHEMA", "Snapshot", "Snapshotter", "StagedLayer", "Staging", "Usage",
+           "UNPACK_WORKERS", "chain_ids"]
 
 #: The version of the record format; a record of another version is refused, never guessed at.
 RECORD_SCHEMA = 1
@@ -120,6 +124,39 @@ class GcResult:
     inodes: int
 
 
+@dataclass(frozen=True)
+class StagedLayer:
+    """A layer unpacked ahead of its chain (:meth:`Staging.stage`): ``path`` holds its ``fs``
+    directory; ``stats`` say what it is (its diff_id is checked when it is committed)."""
+
+    path: str
+    stats: LayerStats
+
+
+class Staging:
+    """A directory of the snapshotter's where layers are unpacked before their chain is known (a
+    pull unpacks each layer as its blob arrives, before the image config names the diff_ids).
+    Made by :meth:`Snapshotter.staging`; :meth:`Snapshotter.unpack` commits a staged layer by
+    renaming it. Thread-safe."""
+
+    def __init__(self, directory: str) -> None:
+        self.directory = directory
+        self._numbers = itertools.count()
+
+    def stage(self, blob_path: str) -> StagedLayer:
+        """Unpack the layer blob at ``blob_path`` (compression read from its first bytes). Raises
+        what apply_layer raises; nothing of a failed layer is left."""
+        path = os.path.join(self.directory, str(next(self._numbers)))
+        os.mkdir(path, 0o700)
+        try:
+            os.mkdir(os.path.join(path, "fs"))
+            os.chmod(os.path.join(path, "fs"), 0o755)  # not the umask's: it is the image's root
+            return StagedLayer(path, apply_layer(os.path.join(path, "fs"), blob_path))
+        except BaseException:
+            shutil.rmtree(path, ignore_errors=True)
+            raise
+
+
 def chain_ids(diff_ids: Iterable[str]) -> list[str]:
     """The chain id of each prefix of ``diff_ids`` (bottom layer first), as containerd's
     identity.ChainIDs computes them. InvalidArgument for a diff_id that is not sha256:<hex>."""
@@ -157,13 +194,16 @@ class Snapshotter:
 
     # -- committed snapshots -------------------------------------------------------------------
 
-    def unpack(self, layers: Sequence[tuple[str, str, str | None]]) -> str:
+    def unpack(self, layers: Sequence[tuple[str, str, str | None]],
+               staged: Mapping[str, StagedLayer] | None = None) -> str:
         """Make the committed snapshots of an image's layers, (diff_id, blob path, media type)
         from the bottom layer up, and return the top chain id ("" for no layers).
 
         Layers committed already (by this image or another sharing them) are reused; the missing
-        ones are unpacked side by side, then committed from the bottom up. A concurrent call for
-        the same chain, in this process or another, waits and reuses this one's work.
+        ones are taken from ``staged`` (by diff_id: layers of a :meth:`staging` unpacked ahead,
+        used when their diff_id and compression are the layer's) or else unpacked side by side,
+        then committed from the bottom up. A concurrent call for the same chain, in this process
+        or another, waits and reuses this one's work.
 
         Raises InvalidArgument for a bad diff_id; BadLayer (client.images.unpack, INVALID_ARGUMENT)
         for a layer that is corrupt, escapes its directory or does not match its diff_id, naming
@@ -171,18 +211,33 @@ class Snapshotter:
         Nothing of a failed layer is left; layers below it that were complete stay committed.
         """
         with ExitStack() as held:
-            return self._unpack(layers, held)
+            return self._unpack(layers, held, staged or {})
 
     @contextmanager
-    def unpacked(self, layers: Sequence[tuple[str, str, str | None]]) -> Iterator[str]:
+    def unpacked(self, layers: Sequence[tuple[str, str, str | None]],
+                 staged: Mapping[str, StagedLayer] | None = None) -> Iterator[str]:
         """As :meth:`unpack`, and the chain stays locked until the block ends: gc keeps it
         meanwhile, so a pull records its image's chain id before a concurrent gc could take the
         layers for unused. (The layers this call unpacked stay locked exclusively: other unpacks
         and prepares of them wait for the block, which should be short.) Raises what unpack raises."""
         with ExitStack() as held:
-            yield self._unpack(layers, held)
+            yield self._unpack(layers, held, staged or {})
 
-    def _unpack(self, layers: Sequence[tuple[str, str, str | None]], held: ExitStack) -> str:
+    @contextmanager
+    def staging(self) -> Iterator[Staging]:
+        """A :class:`Staging` directory for the block; what is left in it (layers not committed)
+        is removed at its end, or when the snapshotter starts after a crash."""
+        token = os.urandom(6).hex()
+        directory = os.path.join(self._dirs, f"stage-{token}")
+        with flock_open(os.path.join(self._locks, f"stage-{token}"), unlink=True):
+            os.mkdir(directory, 0o700)
+            try:
+                yield Staging(directory)
+            finally:
+                self._discard(directory)
+
+    def _unpack(self, layers: Sequence[tuple[str, str, str | None]], held: ExitStack,
+                staged: Mapping[str, StagedLayer]) -> str:
         layers = list(layers)
         chain = chain_ids(diff_id for diff_id, _, _ in layers)
         if not chain:
@@ -191,9 +246,19 @@ class Snapshotter:
         if not missing:  # another caller unpacked them while we waited for the locks
             return chain[-1]
         built: dict[int, tuple[str, LayerStats]] = {}
+        ready = dict(staged)
+        for i in missing:
+            diff_id, _, media_type = layers[i]
+            # A staged directory commits once (a diff_id again in the chain is unpacked again); one
+            # that is not this layer's is left, and the layer unpacked from its blob says why.
+            layer = ready.pop(diff_id, None)
+            if (layer is not None and layer.stats.diff_id == diff_id
+                    and layer.stats.compression == compression_of(media_type) is not None):
+                built[i] = (layer.path, layer.stats)
         try:
-            with ThreadPoolExecutor(min(len(missing), UNPACK_WORKERS), thread_name_prefix="unpack") as pool:
-                futures = {i: pool.submit(self._unpack_layer, chain[i], *layers[i]) for i in missing}
+            with ThreadPoolExecutor(max(1, min(len(missing) - len(built), UNPACK_WORKERS)),
+                                    thread_name_prefix="unpack") as pool:
+                futures = {i: pool.submit(self._unpack_layer, chain[i], *layers[i]) for i in missing if i not in built}
                 failed: tuple[int, BaseException] | None = None
                 for i, future in futures.items():
                     try:
@@ -201,12 +266,10 @@ class Snapshotter:
                     except BaseException as exc:
                         failed = failed or (i, exc)  # the lowest layer's: the one to fix first
             # The complete layers below a failed one are committed: a retry starts above them.
-            for i in missing:
-                if failed is not None and i >= failed[0]:
-                    raise failed[1]
-                tmp, stats = built[i]
-                self._commit(tmp, chain[i], chain[i - 1] if i else None, layers[i][0], stats)
-                del built[i]
+            complete = [i for i in missing if failed is None or i < failed[0]]
+            self._commit([(built.pop(i), chain[i], chain[i - 1] if i else None, layers[i][0]) for i in complete])
+            if failed is not None:
+                raise failed[1]
         finally:
             for tmp, _ in built.values():
                 self._discard(tmp)
@@ -516,18 +579,33 @@ class Snapshotter:
             self._discard(tmp)
             raise
 
-    def _commit(self, tmp: str, chain_id: str, parent: str | None, diff_id: str, stats: LayerStats) -> None:
+    def _commit(self, layers: list[tuple[tuple[str, LayerStats], str, str | None, str]]) -> None:
+        """Commit unpacked layers, ((directory, stats), chain id, parent, diff_id) from the bottom
+        up: each directory renamed to its number, then the records written in that order (a
+        record names a complete directory, and its parent's record comes first), with one fsync
+        of each directory for the batch."""
+        if not layers:
+            return
         with self._global_lock():
             snapshot_id = self._next_id()
-            directory = os.path.join(self._dirs, str(snapshot_id))
-            if not rename_noreplace(tmp, directory):
-                os.rename(tmp, directory)  # no renameat2 here; the global lock keeps the number ours
+            moved: list[tuple[str, dict[str, Any]]] = []
             try:
+                for (tmp, stats), chain_id, parent, diff_id in layers:
+                    directory = os.path.join(self._dirs, str(snapshot_id))
+                    if not rename_noreplace(tmp, directory):
+                        os.rename(tmp, directory)  # no renameat2 here; the global lock keeps the number ours
+                    moved.append((directory, _record(_COMMITTED, chain_id, snapshot_id, parent, diff_id, stats.bytes,
+                                                     stats.inodes)))
+                    snapshot_id += 1
                 fsync_dir(self._dirs)
-                self._write_record(_record(_COMMITTED, chain_id, snapshot_id, parent, diff_id, stats.bytes,
-                                           stats.inodes))
+                while moved:
+                    doc = moved[0][1]
+                    write_json_atomic(self._record_path(_COMMITTED, doc["name"]), doc, sync_dir=False)
+                    moved.pop(0)
+                fsync_dir(self._meta[_COMMITTED])
             except BaseException:
-                self._discard(directory)
+                for directory, _ in moved:  # not recorded: not committed
+                    self._discard(directory)
                 raise
 
     def _to_trash(self, doc: dict[str, Any]) -> str:
@@ -560,6 +638,10 @@ class Snapshotter:
                 elif entry.startswith("tmp-"):
                     with self._chain_lock("sha256:" + entry.split("-")[1], blocking=False) as locked:
                         if locked:
+                            stale.append(entry)
+                elif entry.startswith("stage-"):
+                    with flock_open(os.path.join(self._locks, entry), blocking=False, unlink=True) as fd:
+                        if fd is not None:  # its pull is gone
                             stale.append(entry)
             for entry in stale:
                 self._discard(os.path.join(self._dirs, entry))

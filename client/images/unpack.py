@@ -45,7 +45,7 @@ from typing import IO, Any
 
 from shim.rpc.status import InvalidArgument, Unimplemented
 
-__all__ = ["BadLayer", "DigestMismatch", "LAYER_MEDIA_TYPES", "LayerStats", "apply_layer"]
+__all__ = ["BadLayer", "DigestMismatch", "LAYER_MEDIA_TYPES", "LayerStats", "apply_layer", "compression_of"]
 
 _GZIP, _ZSTD, _TAR = "gzip", "zstd", "tar"
 
@@ -95,11 +95,13 @@ class DigestMismatch(BadLayer):
 @dataclass(frozen=True)
 class LayerStats:
     """What :func:`apply_layer` made: the diff_id it computed, the bytes of file data written
-    (each inode once) and the inodes made (whiteouts included)."""
+    (each inode once), the inodes made (whiteouts included) and the blob's compression as its
+    first bytes show it ("gzip", "zstd" or "tar")."""
 
     diff_id: str
     bytes: int
     inodes: int
+    compression: str = ""
 
 
 def apply_layer(dest: str, blob_path: str, media_type: str | None = None, *,
@@ -138,7 +140,13 @@ def apply_layer(dest: str, blob_path: str, media_type: str | None = None, *,
     if diff_id is not None and digest != diff_id:
         raise DigestMismatch(f"layer {blob_path}: its uncompressed content has digest {digest}, "
                              f"not the diff_id {diff_id} the image config gives")
-    return LayerStats(diff_id=digest, bytes=writer.bytes, inodes=writer.inodes)
+    return LayerStats(diff_id=digest, bytes=writer.bytes, inodes=writer.inodes, compression=inflow.kind)
+
+
+def compression_of(media_type: str | None) -> str | None:
+    """The compression ("gzip", "zstd", "tar") a layer media type names; None for a type that is
+    not a layer's (or None)."""
+    return LAYER_MEDIA_TYPES.get(media_type or "")
 
 
 def _check_empty_dir(dest: str) -> None:
@@ -180,6 +188,7 @@ class _Inflow:
             if named != kind:
                 raise BadLayer(f"layer {blob_path} is {kind} data but its media type {media_type} says {named}")
             source: Iterator[bytes] = {_GZIP: self._gunzip, _ZSTD: self._unzstd, _TAR: self._read}[kind]()
+            self.kind = kind
         except BaseException:
             self._file.close()
             raise

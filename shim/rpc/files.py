@@ -195,13 +195,16 @@ def fsync_dir(path: str) -> None:
         os.close(fd)
 
 
-def write_atomic(path: str, data: bytes, *, mode: int = 0o600, durable: bool = True) -> None:
+def write_atomic(path: str, data: bytes, *, mode: int = 0o600, durable: bool = True,
+                 sync_dir: bool = True) -> None:
     """Write ``data`` to ``path`` through a temporary file and a rename.
 
     The temporary name starts with '.', so a directory scan never takes it for the real file.
     ``durable`` fsyncs the file and then the directory, so the new content survives a power
     cut; runtime state that a reboot makes meaningless anyway skips that, and replaces an
-    existing file by exchanging the two names (see :func:`_exchange`).
+    existing file by exchanging the two names (see :func:`_exchange`). ``sync_dir=False``
+    leaves the directory's fsync to a caller that writes several files in it (one fsync_dir
+    after the batch).
     """
     directory = os.path.dirname(path) or "."
     fd, tmp = _temporary(directory, "." + os.path.basename(path) + ".")
@@ -229,7 +232,7 @@ def write_atomic(path: str, data: bytes, *, mode: int = 0o600, durable: bool = T
         except FileNotFoundError:
             pass
         raise
-    if durable:
+    if durable and sync_dir:
         fsync_dir(directory)
 
 

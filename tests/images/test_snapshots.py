@@ -351,6 +351,44 @@ def test_what_a_killed_unpack_left_is_removed_at_start(tmp_path, snapshotter):
     assert fresh.unpack([(layer.diff_id, layer.path, layer.media_type)]) == layer.diff_id
 
 
+def test_staged_layers_are_committed_by_renaming_their_directories(tmp_path, snapshotter, counted):
+    layers = three_layers(tmp_path)
+    with snapshotter.staging() as staging:
+        staged = {diff_id: staging.stage(path) for diff_id, path, _ in layers[1:]}  # in any order
+        inodes = {diff_id: os.stat(os.path.join(s.path, "fs")).st_ino for diff_id, s in staged.items()}
+        top = snapshotter.unpack(layers, staged)
+        assert os.listdir(staging.directory) == []
+    assert counted == {None: 2, layers[0][0]: 1}  # staged before their diff_id was known; the third by unpack()
+    for diff_id, chain_id in zip([d for d, _, _ in layers], chain_ids(d for d, _, _ in layers)):
+        if diff_id in inodes:
+            record = snapshotter.stat(chain_id)
+            fs = os.path.join(snapshotter.root, "snapshots", str(record.snapshot_id), "fs")
+            assert os.stat(fs).st_ino == inodes[diff_id]
+    assert snapshotter.read_file(top, "etc/passwd") == PASSWD2
+    assert sorted(os.listdir(os.path.join(snapshotter.root, "snapshots"))) == ["1", "2", "3"]
+
+
+def test_a_staged_layer_that_is_not_the_configs_is_unpacked_from_its_blob_which_says_why(tmp_path, snapshotter):
+    layers = three_layers(tmp_path)
+    with snapshotter.staging() as staging:
+        wrong = {layers[1][0]: staging.stage(layers[2][1])}  # layer 3 staged under layer 2's diff_id
+        with pytest.raises(DigestMismatch):
+            snapshotter.unpack([layers[0], (layers[1][0], layers[2][1], layers[2][2]), layers[2]], wrong)
+    assert not snapshotter.has(chain_ids(d for d, _, _ in layers)[1])
+    assert snapshotter.unpack(layers) == chain_ids(d for d, _, _ in layers)[2]
+
+
+def test_a_staging_directory_whose_process_died_is_removed_at_start(tmp_path, snapshotter):
+    dirs = os.path.join(snapshotter.root, "snapshots")
+    with snapshotter.staging() as staging:
+        Snapshotter(snapshotter.root)  # in use: left alone
+        assert os.listdir(dirs) == [os.path.basename(staging.directory)]
+    os.mkdir(os.path.join(dirs, "stage-0123456789ab"))  # its lock is held by no one: its pull was killed
+    os.mkdir(os.path.join(dirs, "stage-0123456789ab", "0"))
+    Snapshotter(snapshotter.root)
+    assert os.listdir(dirs) == [] and os.listdir(os.path.join(snapshotter.root, "locks")) == []
+
+
 def test_gc_removes_what_no_image_or_container_uses(tmp_path, snapshotter):
     layers = three_layers(tmp_path)
     chain = chain_ids(d for d, _, _ in layers)

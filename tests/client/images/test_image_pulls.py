@@ -168,6 +168,73 @@ async def test_records_survive_a_restart(tmp_path, test_images):
     assert_complete(reopened, record)
 
 
+# -- layers unpacked as they arrive; blobs damaged on disk heal ------------------------------------------
+
+async def test_each_layer_is_unpacked_as_its_blob_arrives_and_committed_by_a_rename(tmp_path, test_images,
+                                                                                    monkeypatch):
+    images = images_for(tmp_path, test_images.registry)
+
+    def not_after_the_download(*args):
+        raise AssertionError("a layer was unpacked from the content store, after the download")
+    monkeypatch.setattr(images.snapshots, "_unpack_layer", not_after_the_download)
+    record = await images.pull(test_images.busybox.ref)
+    assert images.snapshots.has(record.chain_id)
+    for path, content in BUSYBOX_ROOTFS_CHECKS.items():
+        assert images.snapshots.read_file(record.chain_id, path) == content, path
+    assert leftovers(images) == [] and staging_dirs(images) == []
+
+
+def staging_dirs(images: Images) -> list[str]:
+    return [name for name in os.listdir(os.path.join(images.snapshots.root, "snapshots"))
+            if not name.isdigit()]
+
+
+def flip_a_byte(path: str) -> None:
+    with open(path, "r+b") as f:
+        f.seek(os.path.getsize(path) // 2)
+        byte = f.read(1)
+        f.seek(-1, os.SEEK_CUR)
+        f.write(bytes([byte[0] ^ 0x01]))
+
+
+async def test_a_layer_blob_damaged_in_the_store_is_replaced_by_the_next_download(tmp_path, test_images):
+    first = test_images.build("heal-top", [{"heal": "shared layer"}], base=None)
+    second = test_images.build("heal-under", [{"under": "another base"}, {"heal": "shared layer"}], base=None)
+    images = images_for(tmp_path, test_images.registry)
+    record = await images.pull(first.ref)
+    shared = record.layers[-1].digest
+    flip_a_byte(images.content.path(shared))
+    # the shared layer sits on another base in the second image: its blob is unpacked again
+    other = await images.pull(second.ref)
+    assert other.layers[-1].digest == shared
+    assert images.snapshots.read_file(other.chain_id, "heal") == b"shared layer"
+    assert images.content.check(shared)
+    assert_complete(images, other)
+
+
+async def test_a_config_damaged_in_the_store_is_downloaded_again_by_the_next_pull(tmp_path, test_images):
+    images = images_for(tmp_path, test_images.registry)
+    record = await images.pull(test_images.busybox.ref)
+    blob = images.content.path(record.image_id)
+    with open(blob, "r+b") as f:
+        f.truncate(os.path.getsize(blob) // 2)
+    runs = record_skopeo_runs(tmp_path, images)
+    assert await images.pull(test_images.busybox.ref) == record
+    assert images.content.check(record.image_id)
+    assert "copy" in [argv[1] for argv in runs()]
+
+
+async def test_a_layer_blob_damaged_in_the_store_is_fetched_again_when_it_is_unpacked(tmp_path, test_images):
+    images = images_for(tmp_path, test_images.registry)
+    record = await images.pull(test_images.busybox.ref)
+    flip_a_byte(images.content.path(record.layers[0].digest))
+    images.snapshots.gc(set())  # the layer snapshots are lost: the next pull unpacks the stored blobs
+    assert await images.pull(test_images.busybox.ref) == record
+    assert images.snapshots.has(record.chain_id)
+    assert all(images.content.check(layer.digest) for layer in record.layers)
+    assert leftovers(images) == [] and staging_dirs(images) == []
+
+
 # -- credentials ------------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
