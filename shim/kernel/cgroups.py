@@ -45,8 +45,9 @@ METRIC_KEYS = ("cpu_usage_ns", "memory_usage_bytes", "memory_working_set_bytes",
 #: The keys SandboxCgroup.update accepts (protocol.md 7.3, Update).
 UPDATE_KEYS = ("cpu_shares", "cpu_quota_us", "cpu_period_us", "memory_limit_bytes", "memory_swap_limit_bytes",
                "cpuset_cpus", "cpuset_mems", "pids_limit", "hugepage_limits", "oom_score_adj", "unified")
-_CPU_LIST = re.compile(r"\d+(-\d+)?(,\d+(-\d+)?)*")
-_PAGE_SIZE = re.compile(r"\d+[KMGT]B")
+# Compiled at their first use (re's cache), not at import: a shim starts without them (issue #15).
+_CPU_LIST = r"\d+(-\d+)?(,\d+(-\d+)?)*"
+_PAGE_SIZE = r"\d+[KMGT]B"
 # memory.stat's names (hierarchical totals on v1) of the figures metrics() reports.
 _V1_MEMORY_STAT = {"inactive_file": "total_inactive_file", "rss": "total_rss", "pgfault": "total_pgfault",
                    "pgmajfault": "total_pgmajfault"}
@@ -449,7 +450,7 @@ class SandboxCgroup(Record):
             value = resources.get(key)
             if value is None:
                 continue
-            if not isinstance(value, str) or not _CPU_LIST.fullmatch(value):
+            if not isinstance(value, str) or not re.fullmatch(_CPU_LIST, value):
                 raise InvalidArgument(f"resources.{key} must be a list such as '0-1,3', not {value!r}")
             writes.append((key, file_of(key, "cpuset", name), value.encode()))
 
@@ -464,7 +465,7 @@ class SandboxCgroup(Record):
                 raise InvalidArgument("resources.hugepage_limits must map page sizes to byte limits")
             for size, limit in sorted(hugepages.items()):
                 key = f"hugepage_limits[{size}]"
-                if not isinstance(size, str) or not _PAGE_SIZE.fullmatch(size):
+                if not isinstance(size, str) or not re.fullmatch(_PAGE_SIZE, size):
                     raise InvalidArgument(f"resources.{key}: the page size must be written like 2MB or 1GB")
                 if not isinstance(limit, int) or isinstance(limit, bool) or limit < 0:
                     raise InvalidArgument(f"resources.{key} must be a number of bytes, not {limit!r}")

@@ -38,7 +38,7 @@ __all__ = ["START_TIMEOUT", "Spare", "bind_listener", "bootstrap", "detach_proce
 #: How long a spawner waits for the forked shim to accept; below the Controller's SPAWN_TIMEOUT
 #: (10 s), so `podshim start` always ends its own child and reports before it is killed.
 START_TIMEOUT = 8.0
-_PID_LINE = re.compile(rb"P(\d+)\n")
+_PID_LINE = rb"P(\d+)\n"  # compiled at its first use (a double fork), not at import (issue #15)
 
 
 
@@ -458,7 +458,7 @@ def _wait_ready(fd: int, timeout: float, *, want_pid: bool = False) -> tuple[int
 
 def _pid_line(data: bytes) -> int | None:
     """The pid of the last whole ``P<pid>\\n`` in ``data`` (an ``R`` may come before it)."""
-    found = _PID_LINE.findall(data)
+    found = re.findall(_PID_LINE, data)
     return int(found[-1]) if found else None
 
 

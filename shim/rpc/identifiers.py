@@ -27,11 +27,13 @@ MAX_LABEL_VALUE_CHARS = 63
 #: apimachinery's TotalAnnotationSizeLimitB: keys and values together, in bytes.
 MAX_ANNOTATIONS_BYTES = 256 * 1024
 _MAX_PREFIX_CHARS = 253  # a DNS-1123 subdomain
+# The patterns below are compiled at their first use (re's cache), not at import: a shim starts
+# without them (issue #15).
 # RFC 1123 (2.1) host names: labels of letters, digits and '-' (not first or last), 1-63 each.
-_HOSTNAME = re.compile(r"[A-Za-z0-9](?:[-A-Za-z0-9]{0,61}[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[-A-Za-z0-9]{0,61}[A-Za-z0-9])?)*")
+_HOSTNAME = r"[A-Za-z0-9](?:[-A-Za-z0-9]{0,61}[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[-A-Za-z0-9]{0,61}[A-Za-z0-9])?)*"
 # apimachinery's qualifiedNameFmt (a label value may also be empty) and DNS-1123 subdomain.
-_NAME = re.compile(r"(?:[A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]")
-_SUBDOMAIN = re.compile(r"[a-z0-9](?:[-a-z0-9]*[a-z0-9])?(?:\.[a-z0-9](?:[-a-z0-9]*[a-z0-9])?)*")
+_NAME = r"(?:[A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]"
+_SUBDOMAIN = r"[a-z0-9](?:[-a-z0-9]*[a-z0-9])?(?:\.[a-z0-9](?:[-a-z0-9]*[a-z0-9])?)*"
 
 
 def validate_identifier(kind: str, value: Any) -> str:
@@ -57,7 +59,7 @@ def validate_hostname(value: str, what: str = "hostname") -> str:
     if len(value) > MAX_HOSTNAME_CHARS:
         raise InvalidArgument(f"{what} {_shown(value)} is {len(value)} characters; at most {MAX_HOSTNAME_CHARS} "
                               "are allowed (the kernel's HOST_NAME_MAX)")
-    if not _HOSTNAME.fullmatch(value):
+    if not re.fullmatch(_HOSTNAME, value):
         raise InvalidArgument(f"{what} {_shown(value)} is not an RFC 1123 host name: use labels of letters, digits "
                               "and '-' (not first or last), at most 63 characters each, joined by '.'")
     return value
@@ -72,7 +74,7 @@ def validate_labels(labels: Mapping[str, str], what: str = "labels") -> None:
         if len(value) > MAX_LABEL_VALUE_CHARS:
             raise InvalidArgument(f"{what}[{_shown(key)}] is {len(value)} characters; at most "
                                   f"{MAX_LABEL_VALUE_CHARS} are allowed")
-        if value and not _NAME.fullmatch(value):
+        if value and not re.fullmatch(_NAME, value):
             raise InvalidArgument(f"{what}[{_shown(key)}] {_shown(value)} is not a label value: use letters, "
                                   "digits, '-', '_' and '.', starting and ending with a letter or digit")
 
@@ -92,8 +94,8 @@ def validate_annotations(annotations: Mapping[str, str], what: str = "annotation
 def _check_qualified_name(key: str, what: str) -> None:
     prefix, slash, name = key.rpartition("/")
     # Lengths first: the patterns never see more than a few hundred characters.
-    if (len(name) > MAX_LABEL_VALUE_CHARS or len(prefix) > _MAX_PREFIX_CHARS or not _NAME.fullmatch(name)
-            or (slash and not _SUBDOMAIN.fullmatch(prefix))):
+    if (len(name) > MAX_LABEL_VALUE_CHARS or len(prefix) > _MAX_PREFIX_CHARS or not re.fullmatch(_NAME, name)
+            or (slash and not re.fullmatch(_SUBDOMAIN, prefix))):
         raise InvalidArgument(f"{what} key {_shown(key)} is not a qualified name: use an optional lower-case DNS "
                               "subdomain and '/', then at most 63 letters, digits, '-', '_' or '.', starting and "
                               "ending with a letter or digit")
