@@ -14,12 +14,14 @@ the shim it forked until it served): what the command costs whatever else runs o
   this interpreter: the launcher that starts Python without site), the command line the Controller
   runs (``python -I -S`` with an explicit path), and ``python -m shim`` (Python with site, as a
   console script starts; with ``--before DIR``, the code of DIR that way: an older checkout).
+  With ``--before DIR`` the first two rows are also run with the code of DIR, interleaved with
+  this checkout's: a before/after comparison in one run, on the same machine load.
 - podshimctl's pod verbs (a CRI client of podshimd): ``pods`` and ``ps -a`` against a podshimd with
   no pods, ``pods`` and ``inspectp`` against one with ``--pods`` live pods (made with runp before the
   rounds, removed after them); both daemons run for the whole bench (tests/critools.py starts
   them, so this needs the test extras); the real ``crictl pods`` against the same daemons when
   tests/critools.py has built cri-tools. ``sandbox list`` (the Controller, no daemon) over an empty
-  state root.
+  state root. With ``--before DIR`` each verb's installed command also runs the code of DIR.
 - Floors: ``python -I -S -c pass`` and ``python -c pass`` (site's start-up hooks included).
 - ``--systemd``: a systemd booted in systemd-nspawn (tests/nspawn.py) with the project installed in
   a venv there and the units of systemd/: ``systemctl start podshim@NS:ID.service`` (Type=notify:
@@ -121,13 +123,26 @@ def start_rows(workdir: str, before: str | None) -> list[Row]:
                                                                          os.environ.get("PYTHONPATH")]))}
     installed = os.path.join(os.path.dirname(sys.executable), "podshim")
     rows = [Row("start", f"`podshim start`, the installed command ({describe(installed)})", [installed, "start"],
-                after=stop_shim, fresh=fresh),
+                env=code_env(REPO), after=stop_shim, fresh=fresh),
             Row("start", "`podshim start` as the Controller runs it: `python -I -S -c …` with an explicit path",
                 [*podshim_argv(), "start"], after=stop_shim, fresh=fresh),
             Row("start", "`python -m shim start` (site's start-up hooks, as a console script runs)"
                 + (f", code of {before}" if before else ""),
                 [sys.executable, "-m", "shim", "start"], env=site_env, after=stop_shim, fresh=fresh)]
+    if before:  # the same two ways with the older code, side by side
+        python, flag_i, flag_s, flag_c, boot, path = podshim_argv()
+        older = ":".join([before, *(p for p in path.split(":") if p != REPO)])
+        rows[2:2] = [Row("start", f"`podshim start`, the installed command, code of {before}", [installed, "start"],
+                         env=code_env(before), after=stop_shim, fresh=fresh),
+                     Row("start", f"`podshim start` as the Controller runs it, code of {before}",
+                         [python, flag_i, flag_s, flag_c, boot, older, "start"], after=stop_shim, fresh=fresh)]
     return rows
+
+
+def code_env(tree: str) -> dict[str, str]:
+    """The environment that makes an installed command (the launcher: no -I, no site) run the
+    code of checkout ``tree``: it is first on PYTHONPATH, before the installed package."""
+    return {**os.environ, "PYTHONPATH": tree}
 
 
 def describe(command: str) -> str:
@@ -166,7 +181,11 @@ def ctl_rows(empty, busy, sandboxes: str, before: str | None, pods: int) -> list
                   (f"inspectp, one of {pods} pods", ["--runtime-root", busy.runtime_root, "inspectp", made[0]])]
     rows = []
     for label, argv in verbs:
-        rows.append(Row("ctl", f"`podshimctl {label}`: installed command ({describe(installed)})", [installed, *argv]))
+        rows.append(Row("ctl", f"`podshimctl {label}`: installed command ({describe(installed)})", [installed, *argv],
+                        env=code_env(REPO)))
+        if before:
+            rows.append(Row("ctl", f"`podshimctl {label}`: installed command, code of {before}", [installed, *argv],
+                            env=code_env(before)))
         rows.append(Row("ctl", f"`podshimctl {label}`: `python -m client.cli` (site"
                         + (f", code of {before})" if before else ")"),
                         [sys.executable, "-m", "client.cli", *argv], env=site_env))
