@@ -10,8 +10,7 @@ containers and bundles); the cgroups, the netns and the log files stay with the 
 from __future__ import annotations
 
 import abc
-import dataclasses
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -97,12 +96,6 @@ class Runtime(abc.ABC):
     async def start_pause(self, spec: PauseSpec) -> PauseProcess:
         """Start the pause as ``spec`` says (in ``spec.cgroup``, which must be set); return once
         it is ready for signals."""
-
-    async def start_pause_in(self, spec: PauseSpec, make_cgroup: Callable[[], SandboxCgroup]) -> PauseProcess:
-        """:meth:`start_pause` in the cgroup ``make_cgroup()`` makes (``spec.cgroup`` unset). By
-        default it is made first; a runtime that can, makes it while the pause starts up. What
-        ``make_cgroup`` raises fails the start."""
-        return await self.start_pause(dataclasses.replace(spec, cgroup=make_cgroup()))
 
     @abc.abstractmethod
     async def start_task(self, spec: TaskSpec) -> Process:

@@ -6,10 +6,9 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
-from shim.kernel.cgroups import SandboxCgroup
 from shim.kernel.linux import CLONE_NEWIPC, CLONE_NEWNET, CLONE_NEWNS, CLONE_NEWPID, CLONE_NEWUTS
 from shim.kernel.reaper import Reaper
 from shim.runtime import mounts, pause, process
@@ -33,11 +32,6 @@ class NativeRuntime(Runtime):
 
     async def start_pause(self, spec: pause.PauseSpec) -> pause.PauseProcess:
         return await pause.launch(spec, self.reaper)
-
-    async def start_pause_in(self, spec: pause.PauseSpec,
-                             make_cgroup: Callable[[], SandboxCgroup]) -> pause.PauseProcess:
-        # Made while the pause's launcher starts up; it joins before it does anything else.
-        return await pause.launch(spec, self.reaper, make_cgroup=make_cgroup)
 
     async def start_task(self, spec: TaskSpec) -> process.Process:
         # The trees of its root and mounts are taken here, in the shim's mount namespace (see

@@ -24,7 +24,7 @@ import re
 import signal
 import stat
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import NoReturn
 
@@ -166,20 +166,14 @@ def validate_sysctls(sysctls: Mapping[str, str], *, host_network: bool, host_ipc
             )
 
 
-async def launch(spec: PauseSpec, reaper: Reaper, *,
-                 make_cgroup: Callable[[], SandboxCgroup] | None = None) -> PauseProcess:
+async def launch(spec: PauseSpec, reaper: Reaper) -> PauseProcess:
     """Start the pause described by ``spec`` and return once it is ready for signals.
-
-    ``make_cgroup``, instead of ``spec.cgroup``: makes the pause's cgroup while its launcher
-    starts up (see :func:`shim.runtime.process.launch`); what it raises fails the launch.
 
     ``reaper`` must be installed (it reaps the pause and makes the shim a subreaper). On any
     failure nothing is left behind: children are killed and reaped, and the error says which
     step failed and why. Raises InvalidArgument (bad spec, unknown sysctl), NotFound (netns
     missing), FailedPrecondition (reaper not installed, pause binary missing) or Internal.
     """
-    if make_cgroup is not None and spec.cgroup is not None:
-        raise InvalidArgument("the pause's cgroup is both given and to be made")
     binary, proc_spec = _process_spec(spec)
 
     watch = binary != BUILTIN and not proc_spec.exec_signals_blocked
@@ -189,8 +183,7 @@ async def launch(spec: PauseSpec, reaper: Reaper, *,
         await wait_ready(pid, exit_future, sigterm_grace=IMAGE_SIGTERM_GRACE if spec.rootfs else None)
 
     try:
-        proc = await process.launch(proc_spec, reaper, ready if watch else None,
-                                    join_cgroup=None if make_cgroup is None else lambda: make_cgroup().procs_files())
+        proc = await process.launch(proc_spec, reaper, ready if watch else None)
     except process.ExecFailed as exc:
         if spec.rootfs is None:
             raise

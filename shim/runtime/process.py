@@ -19,10 +19,7 @@ has exec'd or is ready.
 
 What the process is for (the pause's readiness, a task's logs) stays with the caller:
 :func:`launch` takes an optional ``ready`` coroutine run before it returns, inside the same
-cleanup, so a failed or cancelled launch never leaves a process behind. It also takes an
-optional ``join_cgroup`` that makes the process's cgroup while A starts up: A, forked first,
-waits on a second pipe for the cgroup.procs files to join (``G`` and the paths, then EOF;
-EOF alone: the launch was given up, A exits) before it does anything else.
+cleanup, so a failed or cancelled launch never leaves a process behind.
 """
 
 from __future__ import annotations
@@ -39,7 +36,7 @@ import socket
 import struct
 import termios
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import NoReturn
 
@@ -179,7 +176,6 @@ class _Plan:
     binds: tuple[tuple[str, str], ...]
     binds_from: list[tuple[int, str, str]]  # mount ns fd (opened by the parent), source, target
     own_mnt_fd: int  # the shim's mount namespace, to come back to after taking binds_from
-    go_fds: tuple[int, int]  # A's end and ours of the pipe its cgroup comes on; (-1, -1): none to wait for
     root: mounts.RootSetup | None
     argv: tuple[str, ...]
     env: dict[str, str]
@@ -195,15 +191,11 @@ class _Plan:
 
 
 async def launch(spec: ProcessSpec, reaper: Reaper,
-                 ready: Callable[[int, asyncio.Future[ExitInfo]], Awaitable[None]] | None = None, *,
-                 join_cgroup: Callable[[], Sequence[str]] | None = None) -> Process:
+                 ready: Callable[[int, asyncio.Future[ExitInfo]], Awaitable[None]] | None = None) -> Process:
     """Start the process described by ``spec``; return once it has exec'd (and ``ready`` returned).
 
     ``ready(pid, exit_future)``, when given, runs before this returns; what it raises fails the
-    launch. ``join_cgroup()``, when given, runs right after the first fork while the new process
-    waits: it makes the process's cgroup and returns the cgroup.procs files the process joins
-    first (before ``spec.procs_files``), so the directories are made while it starts up; what
-    it raises fails the launch. ``reaper`` must be installed (it reaps the process and makes the shim a subreaper).
+    launch. ``reaper`` must be installed (it reaps the process and makes the shim a subreaper).
     On any failure or cancellation nothing is left behind: children are killed and reaped, and
     the error says which step failed and why. Raises InvalidArgument (bad spec, unknown sysctl),
     NotFound (a namespace file is missing or of another type), FailedPrecondition (reaper not
@@ -214,7 +206,6 @@ async def launch(spec: ProcessSpec, reaper: Reaper,
     plan = _plan(spec)
     fds: list[int] = []  # what the parent opens for the children: closed once they have copies
     read_fd = None
-    go_w = -1
     try:
         join = []
         for path, nstype in sorted(spec.join, key=lambda item: _JOIN_ORDER.index(item[1])):
@@ -229,11 +220,6 @@ async def launch(spec: ProcessSpec, reaper: Reaper,
         if binds_from:
             fds.append(os.open("/proc/self/ns/mnt", os.O_RDONLY | os.O_CLOEXEC))
             own_mnt_fd = fds[-1]
-        go_fds = (-1, -1)
-        if join_cgroup is not None:
-            go_fds = os.pipe2(os.O_CLOEXEC)
-            fds.append(go_fds[0])
-            go_w = go_fds[1]
         read_fd, write_fd = os.pipe2(os.O_CLOEXEC)
         fds.append(write_fd)
         # B closes every fd above 2 but the report pipe after dup2-ing its stdio onto 0-2, so
@@ -242,7 +228,7 @@ async def launch(spec: ProcessSpec, reaper: Reaper,
         stdio = tuple(None if fd is None else _above_stdio(fd, fds) for fd in (spec.stdin, spec.stdout, spec.stderr))
         console = None if spec.console is None else _above_stdio(spec.console, fds)
         plan = dataclasses.replace(plan, join=join, stdio=stdio, binds_from=binds_from, own_mnt_fd=own_mnt_fd,
-                                   console=console, go_fds=go_fds)
+                                   console=console)
         try:
             pid_a = _fork(_child_a, plan, write_fd)
         except OSError as exc:
@@ -250,8 +236,6 @@ async def launch(spec: ProcessSpec, reaper: Reaper,
     except BaseException:
         if read_fd is not None:
             os.close(read_fd)
-        if go_w >= 0:
-            os.close(go_w)
         raise
     finally:
         for fd in fds:
@@ -260,11 +244,6 @@ async def launch(spec: ProcessSpec, reaper: Reaper,
     a_exit = reaper.watch(pid_a)
     reader = _ReportReader(read_fd, spec.name)
     try:
-        if join_cgroup is not None:
-            try:
-                _send_cgroup(go_w, join_cgroup())
-            finally:
-                os.close(go_w)  # EOF: A goes on (with "G"), or exits (without)
         process = await _start(plan, reaper, pid_a, a_exit, reader, ready)
     except BaseException:
         # Shielded: a second cancellation must not leave a half-started process behind.
@@ -309,7 +288,6 @@ def _plan(spec: ProcessSpec) -> _Plan:
         binds=spec.binds,
         binds_from=[],  # opened last, as join
         own_mnt_fd=-1,
-        go_fds=(-1, -1),
         root=spec.root,
         argv=spec.argv,
         env=dict(spec.env),
@@ -323,13 +301,6 @@ def _plan(spec: ProcessSpec) -> _Plan:
         confine=confine.steps(spec.confinement),
         chroot=spec.chroot,
     )
-
-
-def _send_cgroup(go_w: int, procs_files: Sequence[str]) -> None:
-    """Tell A its cgroup is made: ``G`` and the NUL-separated cgroup.procs paths (A reads to EOF)."""
-    data = b"G" + b"\0".join(os.fsencode(path) for path in procs_files)
-    while data:
-        data = data[os.write(go_w, data):]
 
 
 def _check_net_sysctls(plan: _Plan, join: list[tuple[int, int, str]]) -> None:
@@ -547,20 +518,7 @@ def _child_a(plan: _Plan, write_fd: int) -> NoReturn:
         # The cgroup comes first so that every page the process touches is charged there:
         # v1 memory charges do not move with a task that changes cgroup later.
         own_pid = str(os.getpid()).encode()
-        procs_files = plan.procs_files
-        go_r, go_w = plan.go_fds
-        if go_r >= 0:
-            step = f"waiting for the {plan.name}'s cgroup"
-            os.close(go_w)  # our copy: EOF must come when the parent closes its own
-            chunks = []
-            while chunk := os.read(go_r, 65536):
-                chunks.append(chunk)
-            os.close(go_r)
-            message = b"".join(chunks)
-            if message[:1] != b"G":  # the launch was given up before the cgroup was made
-                os._exit(1)
-            procs_files = tuple(os.fsdecode(p) for p in message[1:].split(b"\0") if p) + procs_files
-        for procs in procs_files:
+        for procs in plan.procs_files:
             step = f"joining cgroup {procs}"
             linux.write_file(procs, own_pid)
         trees = []

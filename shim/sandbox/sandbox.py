@@ -389,13 +389,9 @@ class Sandbox:
             # Without a parent of the caller's, sandboxes of different namespaces may share an
             # id: the default parent names the namespace (podshim/<namespace>/<id>).
             parent = opts.cgroup_parent or f"{cgroups.DEFAULT_PARENT}/{self.config.namespace}"
-
-            def make_cgroup() -> cgroups.SandboxCgroup:
-                # Called by the runtime, which may make it while the pause's launcher starts up.
-                self.cgroup = cgroups.SandboxCgroup.create(self.config.sandbox_id, parent)
-                self.persist()
-                return self.cgroup
-
+            cg = cgroups.SandboxCgroup.create(self.config.sandbox_id, parent)
+            self.cgroup = cg
+            self.persist()
             from shim.runtime.pause import PauseSpec
 
             spec = PauseSpec(
@@ -404,6 +400,7 @@ class Sandbox:
                 ipc_mode=opts.ipc_mode,
                 hostname=opts.hostname,
                 sysctls=opts.sysctls,
+                cgroup=cg,
                 pause_binary=None if image is not None else opts.pause_binary or self.config.pause_binary,
                 oom_score_adj=opts.oom_score_adj,
                 confinement=opts.pause_confinement,
@@ -415,16 +412,15 @@ class Sandbox:
             )
             assert self.runtime is not None  # chosen by Create
             try:
-                proc = await self.runtime.start_pause_in(spec, make_cgroup)
+                proc = await self.runtime.start_pause(spec)
             except BaseException:
-                if self.cgroup is not None:
-                    try:
-                        await self.cgroup.aremove()
-                    except RpcError as exc:  # stays recorded, for Shutdown or `podshim delete`
-                        log.error("sandbox %s: %s", self.config.sandbox_id, exc.message)
-                    else:
-                        self.cgroup = None
-                        self.persist()
+                try:
+                    await cg.aremove()
+                except RpcError as exc:  # stays recorded, for Shutdown or `podshim delete`
+                    log.error("sandbox %s: %s", self.config.sandbox_id, exc.message)
+                else:
+                    self.cgroup = None
+                    self.persist()
                 raise
             self.pause = proc
             self.created_at = proc.created_at_ns

@@ -280,37 +280,6 @@ async def test_cgroup_joined_before_exec(start, cgroup):
         assert int(f.read()) > 0
 
 
-async def test_the_cgroup_is_made_while_the_launcher_waits_and_joined_before_exec(reaper):
-    parent = f"podshim-test-pause-{os.getpid()}-{secrets.token_hex(4)}"
-    made: list[SandboxCgroup] = []
-    waiting: set[int] = set()
-
-    def make_cgroup() -> SandboxCgroup:
-        waiting.update(_children())  # the launcher is forked already, and waits for this
-        made.append(SandboxCgroup.create("sandbox", parent))
-        return made[0]
-
-    pause = await launch(PauseSpec(), reaper, make_cgroup=make_cgroup)
-    try:
-        assert len(waiting) == 1
-        for procs in made[0].procs_files():
-            with open(procs) as f:
-                assert str(pause.pid) in f.read().split()
-    finally:
-        signal_process(pause.pid, pause.start_time, signal.SIGKILL)
-        await asyncio.wait_for(pause.exit, WAIT)
-        made[0].remove()
-
-
-async def test_a_cgroup_that_cannot_be_made_fails_the_launch_and_leaves_nothing(reaper):
-    def make_cgroup() -> SandboxCgroup:
-        raise FailedPrecondition("no cgroup for this pause")
-
-    with pytest.raises(FailedPrecondition, match="no cgroup for this pause"):
-        await launch(PauseSpec(), reaper, make_cgroup=make_cgroup)
-    assert _children() == set()
-
-
 async def test_oom_score_adj_is_written(start):
     pause = await start(oom_score_adj=500)
     with open(f"/proc/{pause.pid}/oom_score_adj") as f:
