@@ -26,14 +26,20 @@ from shim.rpc.status import FailedPrecondition, RpcError, Unavailable
 from shim.launch.arguments import ArgumentParser
 from shim.launch.spawn import START_TIMEOUT, bind_listener, bootstrap, spawn_shim
 
-__all__ = ["main", "run"]
+__all__ = ["ACTIONS", "main", "run"]
 
 
 class UsageError(Exception):
     """Bad input from the command line: exit 2."""
 
 
-def _parser() -> argparse.ArgumentParser:
+#: The actions; a command line that starts with one builds that action's arguments only.
+ACTIONS = ("start", "serve", "delete", "template")
+
+
+def _parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The parser of every action; with ``only``, of that action alone (the same parse of a
+    command line that starts with it, without building the others' arguments)."""
     p = ArgumentParser(prog="podshim", description="The per-sandbox shim daemon of podshim.")
     sub = p.add_subparsers(dest="action", metavar="ACTION", required=True)
 
@@ -55,6 +61,8 @@ def _parser() -> argparse.ArgumentParser:
     for name, text in (("start", "start a detached shim and print its bootstrap JSON"),
                        ("serve", "run the shim in the foreground (systemd; honours LISTEN_FDS, NOTIFY_SOCKET)"),
                        ("delete", "clean up after a dead shim and print its exit as JSON")):
+        if only not in (None, name):
+            continue
         sp = sub.add_parser(name, help=text, description=text)
         common(sp, required=name == "start")
         if name != "delete":
@@ -72,6 +80,8 @@ def _parser() -> argparse.ArgumentParser:
         if name == "start":
             sp.add_argument("--no-template", action="store_true",
                             help="do not ask a running template; always fork this process")
+    if only not in (None, "template"):
+        return p
     text = "run a shim template: a preloaded process that forks shims on request (see `start`)"
     sp = sub.add_parser("template", help=text, description=text)
     root(sp)
@@ -254,7 +264,8 @@ def _delete(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    args = _parser(argv[0] if argv and argv[0] in ACTIONS else None).parse_args(argv)
     try:
         _validate(args)
         return {"start": _start, "serve": _serve, "delete": _delete, "template": _template}[args.action](args)

@@ -345,12 +345,30 @@ def _setup_sandbox(p: argparse.ArgumentParser) -> None:
 
 
 # -- the program ----------------------------------------------------------------------------
-def build_parser() -> argparse.ArgumentParser:
-    """The full parser, with every registered command."""
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The full parser, with every registered command; with ``only``, the same parser with that
+    one command's arguments (the others are left out: see :func:`_command_in`)."""
+    _register_commands()
+    p = _top_parser()
+    commands = p.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name, (help, setup) in _COMMANDS.items():
+        if only is not None and name != only:
+            continue
+        sp = commands.add_parser(name, help=help, description=help)
+        if name != "sandbox":
+            _add_json_flag(sp)
+        setup(sp)
+    return p
+
+
+def _register_commands() -> None:
     import importlib
 
     for module in COMMAND_MODULES:
         importlib.import_module(module)
+
+
+def _top_parser() -> argparse.ArgumentParser:
     p = ArgumentParser(prog="podshimctl", description="Talk to podshim shims and manage sandboxes.")
     env = os.environ.get
     p.add_argument("--address", default=env("PODSHIM_ADDRESS"), help="shim address unix:///path (call, events)")
@@ -369,18 +387,32 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"namespace (default {DEFAULT_NAMESPACE!r})")
     p.add_argument("--json", action="store_true", help="print JSON for scripts")
     p.add_argument("--debug", action="store_true", help="log what the controller does")
-    commands = p.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for name, (help, setup) in _COMMANDS.items():
-        sp = commands.add_parser(name, help=help, description=help)
-        if name != "sandbox":
-            _add_json_flag(sp)
-        setup(sp)
     return p
+
+
+def _command_in(argv: list[str]) -> str | None:
+    """The registered command ``argv`` runs, when that is certain without parsing: only exact
+    top-level options (no abbreviation, no help) come before it. Then its parser alone reads
+    ``argv`` exactly as the full one would: building the others' arguments (some 30 verbs) was
+    5 ms of every podshimctl run (issue #15). None: the full parser decides (and reports)."""
+    _register_commands()
+    options = _top_parser()._option_string_actions
+    words = iter(argv)
+    for word in words:
+        if not word.startswith("-"):
+            return word if word in _COMMANDS else None
+        name, eq, _ = word.partition("=")
+        action = options.get(name)
+        if action is None or isinstance(action, argparse._HelpAction) or (eq and action.nargs == 0):
+            return None
+        if action.nargs != 0 and not eq:
+            next(words, None)  # its value
+    return None
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run podshimctl; return the exit status (0 ok, 1 failed, 2 usage)."""
-    parser = build_parser()
+    parser = build_parser(_command_in(sys.argv[1:] if argv is None else argv))
     try:
         args = parser.parse_args(argv)
     except SystemExit as exc:  # --help (0) or a usage error (2): argparse printed why

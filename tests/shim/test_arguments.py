@@ -49,3 +49,17 @@ def test_building_and_parsing_does_not_import_shutil():
             "p.parse_args(['--x', '1', 'go', '--y', '2']); print('shutil' in sys.modules)")
     done = subprocess.run([sys.executable, "-S", "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "False"
+
+
+@pytest.mark.parametrize("argv", [
+    ["start", "--namespace", "n", "--id", "i", "--bundle", "/b", "--no-template"],
+    ["serve", "--instance", "n:i", "--shutdown-on-term"],
+    ["delete", "--namespace", "n", "--id", "i", "--bundle", "/b", "--debug"],
+    ["template", "--runtime-root", "/r", "--detach"],
+], ids=lambda a: a[0])
+def test_podshim_builds_only_the_action_it_runs_and_reads_argv_the_same(argv):
+    from shim import cli
+
+    alone = cli._parser(argv[0])
+    assert list(alone._subparsers._group_actions[0].choices) == [argv[0]]
+    assert alone.parse_args(argv) == cli._parser().parse_args(argv)
