@@ -246,9 +246,11 @@ class Controller:
                 handle.state = SandboxState.CREATED
                 handle.created_at = time.time_ns()
                 handle.confirmed = True
-                # Read now, not from the spawn's answer alone: a socket-activated shim started
-                # only with our connection, and wrote its pid since.
-                handle.process = read_shim_process(path, _quietly(read_bootstrap, path) or boot)
+                # A spawn that answered without the shim's pid and start time (a socket-activated
+                # shim starts only with our connection) is completed from the bootstrap it wrote since.
+                if not (boot.pid > 0 and boot.start_time is not None):
+                    boot = _quietly(read_bootstrap, path) or boot
+                handle.process = read_shim_process(path, boot)
                 self._go_live(handle)
             except BaseException as exc:
                 log.warning("create %s/%s failed (%s); undoing it", namespace, sandbox_id, _describe(exc))
