@@ -1152,17 +1152,9 @@ class PodService:
         """The full id of a RUNNING container, for Exec and Attach. Raises NotFound, FailedPrecondition."""
         return (await self._running(container_id)).container_id
 
-    async def container_root(self, container_id: str) -> str:
-        """``/proc/PID/root`` of a RUNNING container's process: its root as it sees it (its /dev/pts,
-        where an exec's terminal is made). Raises NotFound, FailedPrecondition."""
-        c = await self._running(container_id)
-        if not c.pid:
-            raise FailedPrecondition(f"container {c.container_id} has no process")
-        return f"/proc/{c.pid}/root"
-
-    async def exec_start(self, container_id: str, cmd: list[str], stdio: Mapping[str, str]) -> tuple[str, str, str]:
+    async def exec_start(self, container_id: str, cmd: list[str], stdio: Mapping[str, Any]) -> tuple[str, str, str]:
         """Start ``cmd`` in a running container with ``stdio`` (ExecStart's ``stdin``, ``stdout``,
-        ``stderr`` FIFO paths or ``terminal``, protocol.md 7.3) and return at once: ``(pod_id,
+        ``stderr`` FIFO paths, or ``console_socket`` with ``console_width``/``console_height``, protocol.md 7.3) and return at once: ``(pod_id,
         container_id, exec_id)`` for :meth:`exec_wait` and :meth:`exec_kill`. Raises InvalidArgument,
         NotFound, FailedPrecondition (not running; a program that cannot be run)."""
         if not isinstance(cmd, (list, tuple)) or not cmd or not all(isinstance(a, str) for a in cmd):

@@ -277,7 +277,7 @@ async def _start_streaming(stack: contextlib.AsyncExitStack, config: Config, pod
     async def pod_network(pod_id: str) -> str:
         return (await pods.pod_network(pod_id))[1]
 
-    async def exec_start(container_id: str, cmd: list[str], stdio: dict[str, str]) -> tuple[str, str, str]:
+    async def exec_start(container_id: str, cmd: list[str], stdio: dict[str, Any]) -> tuple[str, str, str]:
         return await pods.exec_start(container_id, cmd, stdio)
 
     async def exec_wait(handle: tuple[str, str, str]) -> int:
@@ -287,8 +287,7 @@ async def _start_streaming(stack: contextlib.AsyncExitStack, config: Config, pod
         await pods.exec_kill(*handle)
 
     # The exec FIFOs live in a 0700 directory of the runtime root (the shim opens them by path).
-    execs = ExecBackend(exec_start, exec_wait, exec_kill, os.path.join(config.runtime_root, "exec"),
-                        pods.container_root)
+    execs = ExecBackend(exec_start, exec_wait, exec_kill, os.path.join(config.runtime_root, "exec"))
     attach = AttachBackend(pods.attach_target, pods.attach_output, pods.close_stdin, pods.wait_task,
                            pods.resize_terminal, os.path.join(config.runtime_root, "exec"))
     streaming = StreamingServer(config.streaming_address, Backend(pod_network=pod_network, execs=execs, attach=attach))

@@ -1,26 +1,26 @@
-"""An exec's stdio as podshimd holds it: FIFOs in a private directory, or a pseudo-terminal.
+"""An exec's stdio as podshimd holds it: FIFOs in a private directory, or a pseudo-terminal's master.
 
 podshimd makes the files and keeps its own ends; the shim opens the paths (ExecStart,
 protocol.md 7.3) so that the command's bytes go between podshimd and the command directly. The
 order of opens is what keeps every one of them from blocking and the command from seeing a false
 end of input: podshimd opens a stdout/stderr FIFO for reading before the shim opens it for writing,
 and opens stdin's for writing (through a reader it holds for that moment) before the shim opens it
-for reading. A terminal: podshimd keeps the master, the command gets the slave, whose size
-(``resize``) is set on the master. podshimd's ends are non-blocking; :func:`read` and :func:`write`
-wait on the event loop.
+for reading. A terminal: podshimd listens on a console socket (ExecStart's ``console_socket``), the
+runtime makes the terminal in the container's own devpts and sends its master there (runc's protocol,
+with every runtime handler: :meth:`ExecIO.receive_terminal`); podshimd keeps the master, whose size
+(``resize``) it sets. podshimd's ends are non-blocking; :func:`read` and :func:`write` wait on the
+event loop.
 """
 
 from __future__ import annotations
 
 import errno
-import fcntl
 import os
 import secrets
 import shutil
-import struct
-import termios
 
 from shim.rpc.files import ensure_private_dir
+from shim.runtime.console import Console, resize
 from shim.runtime.pipes import wait_ready
 
 __all__ = ["ExecIO", "read", "write"]
@@ -32,26 +32,28 @@ _TIOCGPTN = 0x80045430
 
 
 class ExecIO:
-    """podshimd's ends of one exec's stdio. :attr:`paths` are ExecStart's fields; call :meth:`started`
-    once ExecStart answered (the command has its ends: podshimd drops the slave and the files) and
-    :meth:`close` in every case (the one cleanup path)."""
+    """podshimd's ends of one exec's stdio. :attr:`paths` are ExecStart's fields; with a tty, call
+    :meth:`receive_terminal` once ExecStart answered; call :meth:`started` then (the command has its ends:
+    podshimd drops the files) and :meth:`close` in every case (the one cleanup path)."""
 
-    def __init__(self, directory: str, *, stdin: bool, stdout: bool, stderr: bool, tty: bool, root: str = "") -> None:
+    def __init__(self, directory: str, *, stdin: bool, stdout: bool, stderr: bool, tty: bool) -> None:
         self.stdin: int | None = None  # podshimd writes the command's input here
         self.stdout: int | None = None  # and reads its output here (the terminal's master with a tty)
         self.stderr: int | None = None
         self.master: int | None = None
         self._dir: str | None = None
-        self.paths: dict[str, str] = {}
+        self._console: Console | None = None
+        self._uses_terminal = stdin or stdout
+        self.paths: dict[str, str | int] = {}
         try:
-            if tty:
-                self.master, self.paths["terminal"] = _terminal(root)
-                os.set_blocking(self.master, False)
-                self.stdin = self.stdout = self.master if (stdin or stdout) else None
-                return
             ensure_private_dir(directory, 0o700)
             self._dir = os.path.join(directory, secrets.token_hex(8))
             os.mkdir(self._dir, 0o700)
+            if tty:
+                self._console = Console()
+                self._console.listen(os.path.join(self._dir, "console.sock"))
+                self.paths["console_socket"] = self._console.path
+                return
             for name, wanted in (("stdin", stdin), ("stdout", stdout), ("stderr", stderr)):
                 if not wanted:
                     continue
@@ -70,8 +72,25 @@ class ExecIO:
             self.close()
             raise
 
+    def size(self, width: int, height: int) -> None:
+        """The terminal's size from its start (ExecStart's ``console_width`` and ``console_height``)."""
+        if self._console is not None and 0 <= width <= 0xFFFF and 0 <= height <= 0xFFFF:
+            self.paths.update(console_width=width, console_height=height)
+
+    async def receive_terminal(self) -> None:
+        """The terminal's master, which the runtime sent to the console socket (ExecStart answered).
+        Raises OSError (none came in time)."""
+        assert self._console is not None
+        await self._console.receive()
+        self.master = self._console.take()
+        os.set_blocking(self.master, False)
+        self.stdin = self.stdout = self.master if self._uses_terminal else None
+
     def started(self) -> None:
-        """The command has its ends: drop the FIFOs' names."""
+        """The command has its ends: drop the files' names."""
+        if self._console is not None:
+            self._console.close()
+            self._console = None
         if self._dir is not None:
             shutil.rmtree(self._dir, ignore_errors=True)
             self._dir = None
@@ -85,7 +104,7 @@ class ExecIO:
     def resize(self, width: int, height: int) -> None:
         """Set the terminal's size (the command gets SIGWINCH)."""
         if self.master is not None:
-            fcntl.ioctl(self.master, termios.TIOCSWINSZ, struct.pack("HHHH", height, width, 0, 0))
+            resize(self.master, width, height)
 
     def close(self) -> None:
         self.started()
@@ -93,20 +112,6 @@ class ExecIO:
             assert fd is not None
             os.close(fd)
         self.stdin = self.stdout = self.stderr = self.master = None
-
-
-def _terminal(root: str) -> tuple[int, str]:
-    """A new pseudo-terminal's master and its slave's path, made in the devpts instance of the
-    container whose root is ``root`` (``/proc/PID/root``: its /dev/ptmx leads to its own /dev/pts, so the
-    command sees its terminal there), or in podshimd's own when ``root`` is "". Raises OSError."""
-    master = os.open(os.path.join(root or "/", "dev/ptmx"), os.O_RDWR | os.O_NOCTTY | os.O_CLOEXEC)
-    try:
-        fcntl.ioctl(master, _TIOCSPTLCK, struct.pack("i", 0))  # unlockpt
-        number = struct.unpack("i", fcntl.ioctl(master, _TIOCGPTN, struct.pack("i", 0)))[0]
-    except BaseException:
-        os.close(master)
-        raise
-    return master, os.path.join(root or "/", f"dev/pts/{number}")
 
 
 async def read(fd: int) -> bytes:

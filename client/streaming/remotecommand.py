@@ -79,10 +79,9 @@ def status_message(protocol: str, exit_status: int | None, error: str = "") -> b
 class ExecBackend:
     """What an exec needs from the pod layer (podshimd gives :class:`client.cri.pod.PodService`'s)."""
 
-    def __init__(self, start: Callable[[str, list[str], dict[str, str]], Awaitable[Any]],
-                 wait: Callable[[Any], Awaitable[int]], kill: Callable[[Any], Awaitable[None]], directory: str,
-                 root: Callable[[str], Awaitable[str]] | None = None) -> None:
-        self.start, self.wait, self.kill, self.directory, self.root = start, wait, kill, directory, root
+    def __init__(self, start: Callable[[str, list[str], dict[str, Any]], Awaitable[Any]],
+                 wait: Callable[[Any], Awaitable[int]], kill: Callable[[Any], Awaitable[None]], directory: str) -> None:
+        self.start, self.wait, self.kill, self.directory = start, wait, kill, directory
 
 
 class RemoteCommandSession:
@@ -150,16 +149,9 @@ class RemoteCommandSession:
     async def _run_exec(self) -> None:
         streams, request, backend = self._streams, self.request, self.backend
         assert isinstance(request, ExecRequest) and isinstance(backend, ExecBackend)
-        root = ""
-        if request.tty and backend.root is not None:
-            try:
-                root = await backend.root(request.container_id)
-            except RpcError as exc:
-                await self._finish(None, exc.message)
-                return
         try:
             io = execio.ExecIO(backend.directory, stdin=request.stdin, stdout=request.stdout,
-                               stderr=request.stderr and not request.tty, tty=request.tty, root=root)
+                               stderr=request.stderr and not request.tty, tty=request.tty)
         except OSError as exc:
             await self._finish(None, f"cannot make the command's {'terminal' if request.tty else 'pipes'}: "
                                      f"{exc.strerror}")
@@ -171,7 +163,7 @@ class RemoteCommandSession:
             except asyncio.TimeoutError:
                 first = None
             if first is not None:
-                _resize(io, *first)
+                io.size(*first)  # the terminal is made at this size, before the command runs
         handle = None
         exited = False
         try:
@@ -180,6 +172,12 @@ class RemoteCommandSession:
             except RpcError as exc:
                 await self._finish(None, exc.message)
                 return
+            if request.tty:
+                try:
+                    await io.receive_terminal()
+                except OSError as exc:
+                    await self._finish(None, f"the command's terminal did not come: {exc.strerror}")
+                    return
             io.started()
             copies = []
             if "stdout" in streams and io.stdout is not None:

@@ -69,7 +69,9 @@ class ExecSpec:
     ``cgroup``, ``stdin`` (None: /dev/null), ``stdout``/``stderr`` as its own, confined as the task is
     (``confinement``, as runc's exec applies the container's process settings). ``exec_id`` is
     unique among the task's execs. With ``terminal``, ``stdin`` (also its stdout and stderr) is a
-    terminal that becomes the command's controlling terminal."""
+    terminal that becomes the command's controlling terminal. With ``console_socket`` (a unix socket
+    the client listens on) the command gets a new terminal of the task's devpts instead, of
+    ``console_size`` (columns, rows), whose master is sent there (runc's ``--console-socket``)."""
 
     task_id: str
     exec_id: str
@@ -83,6 +85,8 @@ class ExecSpec:
     confinement: Confinement = Confinement()
     stdin: int | None = None
     terminal: bool = False
+    console_socket: str = ""
+    console_size: tuple[int, int] = (0, 0)
 
 
 class Runtime(abc.ABC):

@@ -12,16 +12,20 @@ a listening socket for an OCI runtime, and owns the master it receives until :me
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import fcntl
 import os
 import socket
+import stat
 import struct
 import termios
+from collections.abc import Iterator
 
 from shim.runtime.pipes import wait_ready
+from shim.rpc.status import InvalidArgument
 
-__all__ = ["Console", "copy_input", "resize", "CONSOLE_TIMEOUT"]
+__all__ = ["Console", "check_socket", "connect", "copy_input", "resize", "CONSOLE_TIMEOUT"]
 
 #: Seconds an OCI runtime has, once it ran, to have sent the master (it sends it before it returns).
 CONSOLE_TIMEOUT = 2.0
@@ -52,7 +56,8 @@ class Console:
             self._peer = None
 
     def listen(self, path: str) -> None:
-        """Listen on ``path`` (0600; a stale file there is replaced) for an OCI runtime's connection."""
+        """Listen on ``path`` (0600; a stale file there is replaced) for an OCI runtime's connection.
+        Raises OSError."""
         self.path = path
         try:
             os.unlink(path)
@@ -61,7 +66,8 @@ class Console:
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         old = os.umask(0o177)
         try:
-            self._sock.bind(path)
+            with socket_address(path) as address:
+                self._sock.bind(address)
         finally:
             os.umask(old)
         self._sock.listen(1)
@@ -124,6 +130,55 @@ async def _receive_fd(sock: socket.socket) -> int:
             raise OSError(errno.ENOTTY, "what came on the console socket is not a terminal")
         os.set_inheritable(fds[0], False)
         return fds[0]
+
+
+#: The longest path bind() and connect() take as it is (sun_path is 108 bytes with its NUL).
+MAX_SOCKET_PATH_BYTES = 107
+
+
+@contextlib.contextmanager
+def socket_address(path: str) -> Iterator[str]:
+    """An address for ``path`` that fits in sun_path: ``path`` itself, or, when it is longer (a bundle
+    named by two 64-digit ids), the same file through ``/proc/self/fd/<its directory>/``."""
+    if len(os.fsencode(path)) <= MAX_SOCKET_PATH_BYTES:
+        yield path
+        return
+    directory = os.open(os.path.dirname(path), os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        yield f"/proc/self/fd/{directory}/{os.path.basename(path)}"
+    finally:
+        os.close(directory)
+
+
+def check_socket(path: str, field_name: str = "console_socket") -> None:
+    """InvalidArgument unless ``path`` is an absolute path of a unix socket (not through a link)."""
+    if not isinstance(path, str) or not path.startswith("/") or "\0" in path:
+        raise InvalidArgument(f"field {field_name!r} must be an absolute path, not {path!r}")
+    try:
+        mode = os.lstat(path).st_mode
+    except OSError as exc:
+        raise InvalidArgument(f"field {field_name!r}: {path}: {exc.strerror}") from None
+    if not stat.S_ISSOCK(mode):
+        raise InvalidArgument(f"field {field_name!r}: {path} is not a unix socket")
+
+
+async def connect(path: str, timeout: float = CONSOLE_TIMEOUT) -> socket.socket:
+    """A connection to the client's console socket ``path`` (checked by :func:`check_socket` first).
+    Raises InvalidArgument (nobody listens there, or not within ``timeout``)."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.setblocking(False)
+        async with asyncio.timeout(timeout):
+            with socket_address(path) as address:
+                await asyncio.get_running_loop().sock_connect(sock, address)
+    except (OSError, TimeoutError) as exc:
+        sock.close()
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else "timed out"
+        raise InvalidArgument(f"field 'console_socket': cannot connect to {path}: {reason}") from None
+    except BaseException:
+        sock.close()
+        raise
+    return sock
 
 
 def resize(master: int, width: int, height: int) -> None:

@@ -14,6 +14,7 @@ import stat
 from dataclasses import dataclass, field
 
 from shim.rpc.status import InvalidArgument
+from shim.runtime.console import check_socket
 
 __all__ = ["ExecStdio", "TaskStdin", "open_stdio", "open_tap"]
 
@@ -27,6 +28,8 @@ class ExecStdio:
     stdout: int | None = None
     stderr: int | None = None
     terminal: bool = False
+    console_socket: str = ""  # instead: the client's socket for a new terminal's master
+    console_size: tuple[int, int] = (0, 0)
     _fds: list[int] = field(default_factory=list)
 
     def close(self) -> None:
@@ -74,10 +77,27 @@ def _open(path: str, field_name: str, flags: int, *, want_fifo: bool, blocking: 
     return fd
 
 
-def open_stdio(stdin: str | None, stdout: str | None, stderr: str | None, terminal: str | None) -> ExecStdio:
-    """Open ExecStart's ``stdin``/``stdout``/``stderr`` FIFOs or its ``terminal``. Raises InvalidArgument
-    (a path that is not absolute, not a FIFO or terminal, or cannot be opened; a terminal with FIFOs)."""
+def open_stdio(stdin: str | None, stdout: str | None, stderr: str | None, terminal: str | None,
+               console_socket: str | None = None, console_size: tuple[int | None, int | None] = (None, None)
+               ) -> ExecStdio:
+    """Open ExecStart's ``stdin``/``stdout``/``stderr`` FIFOs or its ``terminal``, or check its
+    ``console_socket`` and ``console_size`` (columns, rows). Raises InvalidArgument (a path that is not
+    absolute, not a FIFO, terminal or socket, or cannot be opened; a terminal with FIFOs; a size out of
+    0..65535 or without a console socket)."""
     stdio = ExecStdio()
+    if console_socket is None:
+        if console_size != (None, None):
+            raise InvalidArgument("fields 'console_width' and 'console_height' go with 'console_socket'")
+    else:
+        if stdin is not None or stdout is not None or stderr is not None or terminal is not None:
+            raise InvalidArgument("field 'console_socket' is the command's stdin, stdout and stderr: give it alone")
+        for name, value in zip(("console_width", "console_height"), console_size):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 0xFFFF):
+                raise InvalidArgument(f"field {name!r} must be an integer in 0..65535, not {value!r}")
+        check_socket(console_socket)
+        stdio.console_socket = console_socket
+        stdio.console_size = (console_size[0] or 0, console_size[1] or 0)
+        return stdio
     try:
         if terminal is not None:
             if stdin is not None or stdout is not None or stderr is not None:

@@ -4,6 +4,7 @@ pause (:mod:`shim.runtime.pause`) and the tasks into their namespaces and cgroup
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import signal
 from collections.abc import Mapping
@@ -11,7 +12,7 @@ from typing import Any
 
 from shim.kernel.linux import CLONE_NEWIPC, CLONE_NEWNET, CLONE_NEWNS, CLONE_NEWPID, CLONE_NEWUTS
 from shim.kernel.reaper import Reaper
-from shim.runtime import mounts, pause, process
+from shim.runtime import console, mounts, pause, process
 from shim.runtime.base import CONTAINER, POD, TARGET, ExecSpec, Runtime, TaskSpec
 from shim.rpc.status import FailedPrecondition, Internal
 
@@ -60,11 +61,12 @@ class NativeRuntime(Runtime):
 
     async def exec_process(self, spec: ExecSpec) -> process.Process:
         ns_dir = f"/proc/{spec.task_pid}/ns"
-        return await self._launch(process.ProcessSpec(
-            name=f"exec {spec.exec_id} in task {spec.task_id}", argv=spec.args, env=spec.env, cwd=spec.cwd,
-            join=tuple((f"{ns_dir}/{name}", nstype) for name, nstype in _EXEC_JOINED),
-            procs_files=tuple(spec.cgroup.procs_files()), stdout=spec.stdout, stderr=spec.stderr, stdin=spec.stdin,
-            controlling_terminal=spec.terminal, confinement=spec.confinement))
+        if spec.console_socket:
+            # The launcher's child sends the master on our connection to the client's socket.
+            with await console.connect(spec.console_socket) as sock:
+                return await self._launch(dataclasses.replace(
+                    _exec_spec(spec, ns_dir), console=sock.fileno(), console_size=spec.console_size))
+        return await self._launch(_exec_spec(spec, ns_dir))
 
     async def _launch(self, spec: process.ProcessSpec) -> process.Process:
         try:
@@ -83,6 +85,14 @@ class NativeRuntime(Runtime):
 
     def record(self) -> Mapping[str, Any] | None:
         return None
+
+
+def _exec_spec(spec: ExecSpec, ns_dir: str) -> process.ProcessSpec:
+    return process.ProcessSpec(
+        name=f"exec {spec.exec_id} in task {spec.task_id}", argv=spec.args, env=spec.env, cwd=spec.cwd,
+        join=tuple((f"{ns_dir}/{name}", nstype) for name, nstype in _EXEC_JOINED),
+        procs_files=tuple(spec.cgroup.procs_files()), stdout=spec.stdout, stderr=spec.stderr, stdin=spec.stdin,
+        controlling_terminal=spec.terminal, confinement=spec.confinement)
 
 
 async def _end(started: process.Process) -> None:

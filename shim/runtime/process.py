@@ -109,7 +109,8 @@ class ProcessSpec:
     (inside ``chroot`` when set).
     ``console``, when set, is a unix socket: the process gets a new pseudo-terminal of its root's
     /dev/ptmx (its own devpts) as stdin, stdout, stderr and controlling terminal instead, and the
-    terminal's master is sent on ``console`` (SCM_RIGHTS, as runc's console socket) before exec.
+    terminal's master is sent on ``console`` (SCM_RIGHTS, as runc's console socket) before exec,
+    once the terminal is ``console_size`` (columns, rows) big.
     ``builtin``, when set, runs in B instead of exec with the report fd (it writes ``R\\n`` once
     ready and never returns). ``exec_signals_blocked`` execs the program with every signal still
     blocked, as B has had them since the fork, instead of none: for a program that sets its own
@@ -143,6 +144,7 @@ class ProcessSpec:
     exec_signals_blocked: bool = False
     chroot: str | None = None
     console: int | None = None
+    console_size: tuple[int, int] = (0, 0)
 
 
 @dataclass(frozen=True)
@@ -185,6 +187,7 @@ class _Plan:
     controlling_terminal: bool
     exec_signals_blocked: bool
     console: int | None  # the socket the terminal's master is sent on
+    console_size: tuple[int, int]  # its columns and rows
     max_fd: int
     confine: tuple[tuple[str, Callable[[], None]], ...]  # (step, call): the last calls before exec
     chroot: str | None = None
@@ -297,6 +300,7 @@ def _plan(spec: ProcessSpec) -> _Plan:
         controlling_terminal=spec.controlling_terminal or spec.console is not None,
         exec_signals_blocked=spec.exec_signals_blocked,
         console=None,  # placed above stdio with the fds
+        console_size=spec.console_size,
         max_fd=os.sysconf("SC_OPEN_MAX"),
         confine=confine.steps(spec.confinement),
         chroot=spec.chroot,
@@ -599,7 +603,7 @@ def _child_b(plan: _Plan, write_fd: int) -> NoReturn:
         stdio = plan.stdio
         if plan.console is not None:
             step = "making its terminal (/dev/ptmx)"
-            terminal = _make_terminal(plan.console)
+            terminal = _make_terminal(plan.console, plan.console_size)
             stdio = (terminal, terminal, terminal)
         step = f"detaching the {plan.name} from the shim's session, fds and signals"
         os.setsid()
@@ -646,11 +650,13 @@ _TIOCSPTLCK = 0x40045431
 _TIOCGPTPEER = 0x5441
 
 
-def _make_terminal(console: int) -> int:
-    """In B: a new pseudo-terminal of /dev/ptmx (the root's own devpts); its master is sent on the
-    socket ``console`` and closed here; returns the slave, above stdio (it is dup'ed onto 0-2)."""
+def _make_terminal(console: int, size: tuple[int, int]) -> int:
+    """In B: a new pseudo-terminal of /dev/ptmx (the root's own devpts) of ``size`` (columns, rows);
+    its master is sent on the socket ``console`` and closed here; returns the slave, above stdio (it
+    is dup'ed onto 0-2)."""
     master = os.open("/dev/ptmx", os.O_RDWR | os.O_NOCTTY | os.O_CLOEXEC)
     fcntl.ioctl(master, _TIOCSPTLCK, struct.pack("i", 0))
+    fcntl.ioctl(master, termios.TIOCSWINSZ, struct.pack("HHHH", size[1], size[0], 0, 0))
     slave = fcntl.ioctl(master, _TIOCGPTPEER, os.O_RDWR | os.O_NOCTTY | os.O_CLOEXEC)
     if slave < 3:
         slave = fcntl.fcntl(slave, fcntl.F_DUPFD_CLOEXEC, 3)

@@ -98,7 +98,10 @@ class TaskService:
         sid, tid = self._ids(ctx, p)
         return await self.tasks.exec_start(sid, tid, args=require(p, "args", list), stdin=optional(p, "stdin", str),
                                            stdout=optional(p, "stdout", str), stderr=optional(p, "stderr", str),
-                                           terminal=optional(p, "terminal", str))
+                                           terminal=optional(p, "terminal", str),
+                                           console_socket=optional(p, "console_socket", str),
+                                           console_size=(optional(p, "console_width", int),
+                                                         optional(p, "console_height", int)))
 
     async def exec_wait(self, ctx: CallContext, p: dict[str, Any]) -> dict[str, Any]:
         sid, tid = self._ids(ctx, p)

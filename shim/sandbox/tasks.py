@@ -461,8 +461,9 @@ class TaskSet:
         return result
 
     async def exec_start(self, sandbox_id: str, task_id: str, *, args: list[str], stdin: str | None = None,
-                         stdout: str | None = None, stderr: str | None = None,
-                         terminal: str | None = None) -> dict[str, Any]:
+                         stdout: str | None = None, stderr: str | None = None, terminal: str | None = None,
+                         console_socket: str | None = None,
+                         console_size: tuple[int | None, int | None] = (None, None)) -> dict[str, Any]:
         """ExecStart: start ``args`` beside the running task, as :meth:`exec` does, with the client's
         FIFOs or terminal as its stdio; ``{exec_id, pid}`` once it runs. Raises InvalidArgument,
         NotFound, FailedPrecondition (not running; the program cannot be run)."""
@@ -472,14 +473,15 @@ class TaskSet:
         task.check(Op.EXEC)
         runtime, p, cgroup = self.sandbox.runtime, task.process, task.cgroup
         assert runtime is not None and p is not None and cgroup is not None  # a running task has them
-        stdio = execstream.open_stdio(stdin, stdout, stderr, terminal)
+        stdio = execstream.open_stdio(stdin, stdout, stderr, terminal, console_socket, console_size)
         try:
             task.execs += 1
             exec_id = str(task.execs)
             try:
                 leader = await runtime.exec_process(ExecSpec(
                     task_id, exec_id, tuple(args), task.env, task.cwd, p.pid, cgroup, stdio.stdout, stdio.stderr,
-                    task.confinement, stdin=stdio.stdin, terminal=stdio.terminal))
+                    task.confinement, stdin=stdio.stdin, terminal=stdio.terminal,
+                    console_socket=stdio.console_socket, console_size=stdio.console_size))
             except NamespaceNotFound as exc:
                 if os.path.dirname(exc.path) == f"/proc/{p.pid}/ns":
                     raise FailedPrecondition(f"task {task_id} exited while the command started ({exc.message})") \
@@ -489,7 +491,7 @@ class TaskSet:
             stdio.close()  # the command has its own copies
         task.streamed[exec_id] = (leader, execsync.session_of(leader.pid) or leader.pid)
         log.info("exec %s (%s) in task %s started with pid %d%s", exec_id, args[0], task_id, leader.pid,
-                 " on a terminal" if stdio.terminal else "")
+                 " on a terminal" if stdio.terminal or stdio.console_socket else "")
         return {"exec_id": exec_id, "pid": leader.pid}
 
     def _streamed(self, sandbox_id: str, task_id: str, exec_id: str) -> tuple[Task, process.Process, int]:

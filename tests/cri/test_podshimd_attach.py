@@ -11,6 +11,7 @@ import json
 import os
 import re
 import select
+import shutil
 import subprocess
 import termios
 
@@ -20,21 +21,25 @@ import pytest
 from client.criapi import api_pb2
 from podtools import container_config, pod_config
 
+HANDLERS = ["native"] + [h for h in ("runc", "crun") if shutil.which(h, path="/usr/sbin:/usr/bin:/sbin:/bin")]
 #: Bound on waiting for one line of an attacher's output.
 LINE_WAIT = 30.0
 
 
 @pytest.fixture
 def start(daemon, crictl, tmp_path):
-    """start(command, **config) -> the id of a running container in a fresh pod."""
+    """start(command, handler="native", **config) -> the id of a running container in a fresh pod of that
+    runtime handler."""
     pod_path = tmp_path / "pod.json"
     pod_path.write_text(json.dumps(pod_config()))
-    pod_id = daemon.crictl(crictl, "runp", str(pod_path)).stdout.strip()
+    pods: dict[str, str] = {}
 
-    def start(command: list[str], **extra) -> str:
+    def start(command: list[str], handler: str = "native", **extra) -> str:
+        if handler not in pods:
+            pods[handler] = daemon.crictl(crictl, "runp", "--runtime", handler, str(pod_path)).stdout.strip()
         ctr_path = tmp_path / "ctr.json"
         ctr_path.write_text(json.dumps({**container_config(command), **extra}))
-        container_id = daemon.crictl(crictl, "create", pod_id, str(ctr_path), str(pod_path)).stdout.strip()
+        container_id = daemon.crictl(crictl, "create", pods[handler], str(ctr_path), str(pod_path)).stdout.strip()
         daemon.crictl(crictl, "start", container_id)
         return container_id
     return start
@@ -151,8 +156,9 @@ class CrictlOnTerminal:
         os.close(self.master)
 
 
-def test_attach_it_gets_the_containers_terminal_its_size_and_resizes(daemon, crictl, start):
-    container_id = start(["python3", "-c", TTY_PROGRAM], stdin=True, tty=True)
+@pytest.mark.parametrize("handler", HANDLERS)
+def test_attach_it_gets_the_containers_terminal_its_size_and_resizes(daemon, crictl, start, handler):
+    container_id = start(["python3", "-c", TTY_PROGRAM], handler, stdin=True, tty=True)
     first = CrictlOnTerminal(daemon, crictl, container_id, rows=40, cols=100)
     second = None
     try:

@@ -8,6 +8,7 @@ import hashlib
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 
@@ -19,6 +20,7 @@ from podtools import container_config, pod_config
 from proctools import wait_gone
 
 MB = 1 << 20
+HANDLERS = ["native"] + [h for h in ("runc", "crun") if shutil.which(h, path="/usr/sbin:/usr/bin:/sbin:/bin")]
 
 
 @pytest.fixture
@@ -74,11 +76,25 @@ def test_exec_of_a_program_that_does_not_exist_is_a_clear_error(daemon, crictl, 
     assert b"exec /no/such/program: No such file or directory" in done.stderr
 
 
-def test_exec_it_runs_on_a_terminal_and_follows_its_size(daemon, crictl, container):
+@pytest.fixture(params=HANDLERS)
+def handler_container(request, daemon, crictl, tmp_path) -> str:
+    """A running container (sleep) in a ready pod of each runtime handler."""
+    pod_path = tmp_path / "pod.json"
+    pod_path.write_text(json.dumps(pod_config()))
+    pod_id = daemon.crictl(crictl, "runp", "--runtime", request.param, str(pod_path)).stdout.strip()
+    ctr_path = tmp_path / "ctr.json"
+    ctr_path.write_text(json.dumps(container_config(["sleep", "600"])))
+    container_id = daemon.crictl(crictl, "create", pod_id, str(ctr_path), str(pod_path)).stdout.strip()
+    daemon.crictl(crictl, "start", container_id)
+    return container_id
+
+
+def test_exec_it_runs_on_a_terminal_and_follows_its_size(daemon, crictl, handler_container):
     # script(1) gives crictl a terminal of 40 rows by 100 columns; the command sees the same from its
-    # start (the server applies crictl's first size before it starts the command), on a terminal of
-    # the container's own /dev/pts.
-    command = f"{crictl} --runtime-endpoint {daemon.endpoint} exec -it {container} sh -c 'tty; stty size'"
+    # start (the server hands crictl's first size to ExecStart: the terminal is made at that size), on
+    # a terminal of the container's own /dev/pts (made by the runtime: runc's and crun's console socket).
+    command = (f"{crictl} --runtime-endpoint {daemon.endpoint} exec -it {handler_container} "
+               "sh -c 'tty; stty size; read -r _ _ _ _ _ _ tty_nr _ < /proc/self/stat; echo $tty_nr'")
     done = subprocess.run(["script", "-qec", f"stty rows 40 cols 100; {command}", "/dev/null"],
                           stdin=subprocess.DEVNULL, capture_output=True, timeout=60)
     assert done.returncode == 0, done.stdout + done.stderr
@@ -86,6 +102,7 @@ def test_exec_it_runs_on_a_terminal_and_follows_its_size(daemon, crictl, contain
     lines = done.stdout.decode().replace("\r", "").replace("\0", "").replace("^@", "").split("\n")
     assert re.fullmatch(r"/dev/pts/\d+", lines[0]), lines  # the container's own devpts names it
     assert lines[1] == "40 100", lines
+    assert int(lines[2]) != 0, lines  # the command's controlling terminal
 
 
 def test_the_command_is_killed_when_the_client_goes_away(daemon, crictl, container):

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import shutil
+import socket
 import stat
 import termios
 
@@ -39,6 +41,7 @@ async def pod(request, shims: ShimLauncher, tmp_path) -> Pod:
     shim = await shims.start()
     await shim.run_sandbox(options={"runtime_handler": request.param})
     pod = Pod(shim, str(tmp_path))
+    pod.handler = request.param
     await pod.run("app", "sleep", "600")
     return pod
 
@@ -60,6 +63,20 @@ class Fifos:
         for fd in (self.stdin, self.stdout, self.stderr):
             if fd >= 0:
                 os.close(fd)
+
+
+def terminal_output(master: int) -> str:
+    """What a terminal's master gives until every slave fd is closed (EIO), without its carriage returns."""
+    output = b""
+    while True:
+        try:
+            chunk = os.read(master, 4096)
+        except OSError:  # EIO: the command closed the terminal
+            break
+        if not chunk:
+            break
+        output += chunk
+    return output.decode().replace("\r", "")
 
 
 def read_to_end(fd: int) -> bytes:
@@ -126,7 +143,7 @@ async def test_exec_start_on_a_terminal_makes_it_the_controlling_terminal(pod, r
     try:
         fields = {"terminal": os.ttyname(slave)}
         if request.node.callspec.params["pod"] != "native":
-            with pytest.raises(FailedPrecondition, match="terminal is not supported"):
+            with pytest.raises(FailedPrecondition, match="makes the terminal itself: give console_socket"):
                 await pod.call("ExecStart", task_id="app", args=["true"], **fields)
             return
         # By device, not by name: the host's pty is not in the task's own /dev/pts.
@@ -136,21 +153,67 @@ async def test_exec_start_on_a_terminal_makes_it_the_controlling_terminal(pod, r
         os.close(slave)
         slave = -1
         assert (await pod.call("ExecWait", task_id="app", exec_id=started["exec_id"]))["exit_status"] == 0
-        output = b""
-        while True:
-            try:
-                chunk = os.read(master, 4096)
-            except OSError:  # EIO: every slave fd is closed
-                break
-            if not chunk:
-                break
-            output += chunk
-        lines = output.decode().replace("\r", "").split("\n")
+        lines = terminal_output(master).split("\n")
         assert lines[0] == str(tty_nr) and lines[1] == "%d %d" % termios.tcgetwinsize(master)
     finally:
         os.close(master)
         if slave >= 0:
             os.close(slave)
+
+
+async def test_exec_start_with_a_console_socket_sends_the_master_of_a_terminal_of_the_tasks_devpts(pod, tmp_path):
+    # In a directory whose path is longer than a socket address may be (as podshimd's may be).
+    directory = tmp_path / ("d" * 100)
+    directory.mkdir()
+    path = str(directory / "console.sock")
+    assert len(path) > 108
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    dir_fd = os.open(directory, os.O_PATH)
+    try:
+        listener.bind(f"/proc/self/fd/{dir_fd}/console.sock")
+    finally:
+        os.close(dir_fd)
+    listener.listen(1)
+    master = -1
+    try:
+        started = await pod.call("ExecStart", task_id="app", console_socket=path, console_width=100,
+                                 console_height=40, args=[
+                                     "sh", "-c", "tty; stty size; read -r _ _ _ _ _ _ tty_nr _ < /proc/self/stat; "
+                                     "echo $tty_nr; read line; echo got $line"])
+        listener.settimeout(WAIT)
+        conn, _ = await asyncio.to_thread(listener.accept)
+        with conn:
+            _, fds, _, _ = socket.recv_fds(conn, 16, 1)
+        master = fds[0]
+        assert os.isatty(master)
+        os.write(master, b"typed\n")
+        assert (await pod.call("ExecWait", task_id="app", exec_id=started["exec_id"]))["exit_status"] == 0
+        # (without the terminal's echo of the input, which may come anywhere among the first lines)
+        lines = [line for line in terminal_output(master).split("\n") if line != "typed"]
+        assert re.fullmatch(r"/dev/pts/\d+", lines[0]), lines  # of the task's own devpts
+        assert lines[1] == "40 100" and int(lines[2]) != 0 and "got typed" in lines, lines
+    finally:
+        listener.close()
+        if master >= 0:
+            os.close(master)
+
+
+async def test_exec_start_refuses_a_console_socket_that_is_no_socket_or_with_other_stdio(pod, tmp_path):
+    regular = tmp_path / "file"
+    regular.write_text("")
+    with pytest.raises(InvalidArgument, match="is not a unix socket"):
+        await pod.call("ExecStart", task_id="app", args=["true"], console_socket=str(regular))
+    with pytest.raises(InvalidArgument, match="give it alone"):
+        await pod.call("ExecStart", task_id="app", args=["true"], console_socket=str(regular), stdout=str(regular))
+    with pytest.raises(InvalidArgument, match="go with 'console_socket'"):
+        await pod.call("ExecStart", task_id="app", args=["true"], console_width=80)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(tmp_path / "closed.sock"))  # bound, but nobody listens: refused
+    try:
+        with pytest.raises(InvalidArgument, match="console_socket"):
+            await pod.call("ExecStart", task_id="app", args=["true"], console_socket=str(tmp_path / "closed.sock"))
+    finally:
+        listener.close()
 
 
 async def test_exec_ids_unknown_to_wait_and_kill_are_not_found(pod):

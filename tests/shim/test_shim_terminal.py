@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import os
 import re
+import shutil
 import stat
 
 import pytest
@@ -15,7 +16,7 @@ from shim.rpc import FailedPrecondition, InvalidArgument
 from shimtools import host_untouched  # noqa: F401  (autouse: what this module's shims made is checked at the end)
 from shimtools import WAIT, ShimLauncher
 
-HANDLERS = ["native"]
+HANDLERS = ["native"] + [h for h in ("runc", "crun") if shutil.which(h, path="/usr/sbin:/usr/bin:/sbin:/bin")]
 
 
 class Pod:

@@ -17,7 +17,8 @@ from shim.paths import write_json_atomic
 from shim.runtime import pause, process
 from shim.runtime.base import ExecSpec, Runtime, TaskSpec
 from shim.runtime.confine import Confinement
-from shim.runtime.oci.cli import Container, OciCli
+from shim.runtime.console import CONSOLE_TIMEOUT, Console
+from shim.runtime.oci.cli import CREATE_TIMEOUT, Container, OciCli
 from shim.runtime.oci.host import cgroups_path, oom_score_adj_permitted
 from shim.runtime.oci.rootfs import PAUSE_FILE, ensure_pause_rootfs
 from shim.runtime.mounts import host_devices
@@ -32,7 +33,8 @@ log = logging.getLogger(__name__)
 OCI_DIR = "oci"  # <shim bundle>/oci: the pause's bundle; <shim bundle>/oci/tasks/<task id>: a task's
 _BUNDLE_MODE = 0o700
 _TASK_ROOTFS_MODE = 0o755
-_TASK_BUNDLE_FILES = ("config.json", "log.json", "init.pid")
+_CONSOLE_SOCKET = "console.sock"  # <task bundle>/console.sock: where the runtime sends a terminal task's master
+_TASK_BUNDLE_FILES = ("config.json", "log.json", "init.pid", _CONSOLE_SOCKET)  # (the socket: after a crash)
 _COMM_BYTES = 15  # a command name (/proc/PID/status Name) is the program's file name, cut to this
 _TASK_SHM_DIR = "shm"  # <task bundle>/shm: where the pod's /dev/shm is bound for the create
 
@@ -127,9 +129,6 @@ class OciBackend(Runtime):
         """Create and start a task's container in the pause's namespaces, with ``stdout``/``stderr``
         (the CRI log pipes) as its own; return once the runtime started it. On failure the container
         is deleted; a program that cannot be run is FailedPrecondition."""
-        if spec.console is not None:
-            raise FailedPrecondition(f"a task with a terminal is not supported with {self.cli.name} yet (its console "
-                                     "socket is not implemented): use the native runtime handler, or no tty")
         container = self.task_container(spec.task_id)
         fs = spec.filesystem
         # The pod's /dev/shm: the pause's, taken from its mount namespace for the create only.
@@ -149,9 +148,13 @@ class OciBackend(Runtime):
                         readonly_paths=fs.readonly_paths, privileged=fs.privileged, shm_source=shm,
                         devices=host_devices() if fs.privileged else (),
                         all_devices=fs.privileged and self.privileged_pod, target_pid=spec.target_pid)
+        if spec.console is not None:
+            # The runtime makes the terminal in the container and sends its master to our socket.
+            doc["process"]["terminal"] = True
+            spec.console.listen(os.path.join(container.bundle, _CONSOLE_SOCKET))
         pid, start_time, exit_future = await self._launch(
             container, doc, spec.cgroup, stdout=spec.stdout, stderr=spec.stderr, stdin=spec.stdin, binds=binds,
-            binds_from=((f"/proc/{spec.pause_pid}/ns/mnt", "/dev/shm", shm),))
+            binds_from=((f"/proc/{spec.pause_pid}/ns/mnt", "/dev/shm", shm),), console=spec.console)
         return process.Process(pid, start_time, process.started_at_ns(exit_future), exit_future)
 
     def check_confinement(self, confinement: Confinement) -> None:
@@ -168,8 +171,8 @@ class OciBackend(Runtime):
         reaped like the task's. A program that cannot be run is FailedPrecondition, in the
         runtime's words."""
         if spec.terminal:
-            raise FailedPrecondition(f"an exec with a terminal is not supported with {self.cli.name} (its console "
-                                     "socket is not implemented): use the native runtime handler, or no tty")
+            raise FailedPrecondition(f"an exec on a terminal of the client's is not supported with {self.cli.name}, "
+                                     "which makes the terminal itself: give console_socket instead")
         container = self.containers.get(self.task_container(spec.task_id).container_id)
         if container is None:
             raise FailedPrecondition(f"task {spec.task_id} has no {self.cli.name} container")
@@ -180,13 +183,22 @@ class OciBackend(Runtime):
                            f"{exc}") from None
         # Removed when the exec has started or failed, so the bundle is as the task left it.
         files = os.path.join(container.bundle, f"exec-{spec.exec_id}")
-        write_json_atomic(files + ".json", {**task_process, "args": list(spec.args), "terminal": False},
-                          durable=False)
+        exec_process = {**task_process, "args": list(spec.args), "terminal": bool(spec.console_socket)}
+        if spec.console_socket:
+            exec_process["consoleSize"] = {"width": spec.console_size[0], "height": spec.console_size[1]}
+        write_json_atomic(files + ".json", exec_process, durable=False)
         try:
             # Without a cgroup manager, the runtime runs in the task's cgroup: the process is born there.
             procs = () if self.cli.manages_cgroups else tuple(spec.cgroup.procs_files())
-            pid = await self.cli.exec(container, files + ".json", files + ".pid", stdout=spec.stdout,
-                                      stderr=spec.stderr, stdin=spec.stdin, procs_files=procs)
+            try:
+                pid = await self.cli.exec(container, files + ".json", files + ".pid", stdout=spec.stdout,
+                                          stderr=spec.stderr, stdin=spec.stdin, procs_files=procs,
+                                          console_socket=spec.console_socket)
+            except RpcError as exc:
+                # The runtime names the socket it could not connect to (by its name in its directory).
+                if spec.console_socket and os.path.basename(spec.console_socket) in exc.message:
+                    raise InvalidArgument(f"field 'console_socket' ({spec.console_socket}): {exc.message}") from None
+                raise
         finally:
             for path in (files + ".json", files + ".pid"):
                 try:
@@ -225,8 +237,10 @@ class OciBackend(Runtime):
     async def _launch(self, container: Container, doc: dict[str, Any], cgroup: SandboxCgroup, *,
                       stdout: int | None = None, stderr: int | None = None, stdin: int | None = None,
                       binds: tuple[tuple[str, str], ...],
-                      binds_from: tuple[tuple[str, str, str], ...] = ()) -> tuple[int, int, asyncio.Future[ExitInfo]]:
-        """Write config.json, record the container, create it, place and watch its init, start it."""
+                      binds_from: tuple[tuple[str, str, str], ...] = (),
+                      console: Console | None = None) -> tuple[int, int, asyncio.Future[ExitInfo]]:
+        """Write config.json, record the container, create it, place and watch its init, start it. With
+        ``console`` (listening), the terminal's master the runtime sends there is received before the start."""
         ensure_private_dir(container.bundle, _BUNDLE_MODE)
         write_json_atomic(os.path.join(container.bundle, "config.json"), doc, durable=False)
         self.containers[container.container_id] = container
@@ -234,9 +248,23 @@ class OciBackend(Runtime):
         try:
             # Without a cgroup manager, the runtime itself runs in the cgroup, so its init is born there.
             procs = () if self.cli.manages_cgroups else tuple(cgroup.procs_files())
-            pid = await self.cli.create(container, stdout=stdout, stderr=stderr, stdin=stdin, binds=binds,
-                                        binds_from=binds_from,
-                                        procs_files=procs)
+            # The runtime connects and sends the master during create: accepted as it comes.
+            receiving = asyncio.ensure_future(console.receive(CREATE_TIMEOUT)) if console is not None else None
+            try:
+                pid = await self.cli.create(container, stdout=stdout, stderr=stderr, stdin=stdin, binds=binds,
+                                            binds_from=binds_from, procs_files=procs,
+                                            console_socket=console.path if console is not None else "")
+                if receiving is not None:
+                    try:
+                        await asyncio.wait_for(asyncio.shield(receiving), CONSOLE_TIMEOUT)
+                    except (OSError, TimeoutError) as exc:
+                        reason = exc.strerror if isinstance(exc, OSError) else "it sent none in time"
+                        raise Internal(f"{self.cli.name} create {container.container_id}: no terminal on the console "
+                                       f"socket: {reason}") from None
+            finally:
+                if receiving is not None and not receiving.done():
+                    receiving.cancel()
+                    await asyncio.gather(receiving, return_exceptions=True)
             assert self.cli.reaper is not None
             exit_future = self.cli.reaper.watch(pid)
             _check_our_child(pid, exit_future, f"{self.cli.name} container {container.container_id}")

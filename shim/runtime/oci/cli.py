@@ -151,13 +151,14 @@ class OciCli:
     async def create(self, container: Container, *, stdout: int | None = None, stderr: int | None = None,
                      stdin: int | None = None,
                      binds: tuple[tuple[str, str], ...] = (), binds_from: tuple[tuple[str, str, str], ...] = (),
-                     procs_files: tuple[str, ...] = ()) -> int:
+                     procs_files: tuple[str, ...] = (), console_socket: str = "") -> int:
         """``create --bundle B --pid-file P ID``; returns the init's pid (the container waits for start).
 
         ``stdout``/``stderr`` become the container's (None: /dev/null): never a pipe the caller reads
         to its end, the container keeps it. ``binds`` and ``binds_from`` (see
         :class:`~shim.runtime.process.ProcessSpec`) are made for this call in a mount namespace of
-        its own (the container's is copied from it); ``procs_files`` are joined before exec.
+        its own (the container's is copied from it); ``procs_files`` are joined before exec. With
+        ``console_socket`` (a process with ``terminal``), the runtime sends its terminal's master there.
         """
         if self.cgroup_manager_disabled and os.path.exists(HYBRID_CONTROLLERS_FILE):
             binds = (("/dev/null", HYBRID_CONTROLLERS_FILE), *binds)
@@ -166,8 +167,9 @@ class OciCli:
         except FileNotFoundError:
             pass
         await self._run(container, "create", "--bundle", container.bundle, "--pid-file", container.pid_file,
-                        container.container_id, timeout=CREATE_TIMEOUT, stdout=stdout, stderr=stderr, binds=binds,
-                        binds_from=binds_from, procs_files=procs_files, stdin=stdin)
+                        *_console_args(console_socket), container.container_id, timeout=CREATE_TIMEOUT,
+                        cwd=os.path.dirname(console_socket) if console_socket else "/", stdout=stdout, stderr=stderr,
+                        binds=binds, binds_from=binds_from, procs_files=procs_files, stdin=stdin)
         try:
             with open(container.pid_file) as f:
                 return int(f.read().strip())
@@ -176,18 +178,21 @@ class OciCli:
                            f"{container.pid_file}: {exc}") from None
 
     async def exec(self, container: Container, process_file: str, pid_file: str, *, stdout: int | None,
-                   stderr: int | None, stdin: int | None = None, procs_files: tuple[str, ...] = ()) -> int:
+                   stderr: int | None, stdin: int | None = None, procs_files: tuple[str, ...] = (),
+                   console_socket: str = "") -> int:
         """``exec --detach --pid-file P --process F ID``: the process ``process_file`` describes, in
         the container, with ``stdin``/``stdout``/``stderr`` as its own; returns its pid once the runtime has
         exited (the process is then an orphan its nearest subreaper, the shim, adopts).
         ``procs_files`` are joined before the runtime runs (without a cgroup manager, that is where
-        the process is born)."""
+        the process is born). With ``console_socket`` (a process with ``terminal``), the runtime sends
+        its terminal's master there."""
         try:
             os.unlink(pid_file)
         except FileNotFoundError:
             pass
         await self._run(container, "exec", "--detach", "--pid-file", pid_file, "--process", process_file,
-                        container.container_id, timeout=EXEC_TIMEOUT, stdout=stdout, stderr=stderr,
+                        *_console_args(console_socket), container.container_id, timeout=EXEC_TIMEOUT,
+                        cwd=os.path.dirname(console_socket) if console_socket else "/", stdout=stdout, stderr=stderr,
                         stdin=stdin, procs_files=procs_files)
         try:
             with open(pid_file) as f:
@@ -245,7 +250,7 @@ class OciCli:
     async def _run(self, container: Container, verb: str, *args: str, timeout: float, stdout: int | None = None,
                    stderr: int | None = None, capture: bool = False, binds: tuple[tuple[str, str], ...] = (),
                    binds_from: tuple[tuple[str, str, str], ...] = (), procs_files: tuple[str, ...] = (),
-                   stdin: int | None = None) -> bytes:
+                   stdin: int | None = None, cwd: str = "/") -> bytes:
         """One call: launch, wait for the exit within ``timeout``, return stdout when ``capture``."""
         if self.reaper is None:
             raise FailedPrecondition(f"{self.name} {verb}: no reaper to wait for the runtime")
@@ -259,7 +264,7 @@ class OciCli:
         try:
             spec = process.ProcessSpec(
                 name=f"{self.name} {verb}", argv=tuple(self.argv(container, verb, *args)),
-                env={"PATH": process.DEFAULT_PATH}, unshare_flags=linux.CLONE_NEWNS if binds or binds_from else 0, binds=binds, binds_from=binds_from,
+                env={"PATH": process.DEFAULT_PATH}, cwd=cwd, unshare_flags=linux.CLONE_NEWNS if binds or binds_from else 0, binds=binds, binds_from=binds_from,
                 procs_files=procs_files, stdout=stdout, stderr=stderr, stdin=stdin)
             try:
                 proc = await process.launch(spec, self.reaper)
@@ -354,3 +359,9 @@ def _failure(what: str, verb: str, exit_status: int, messages: list[str]) -> Rpc
     if "already exists" in lowered:
         return AlreadyExists(sentence)
     return Internal(sentence)
+
+
+def _console_args(console_socket: str) -> tuple[str, ...]:
+    """``--console-socket`` by its name in the runtime's working directory, its directory (runc and crun
+    also chdir to the bundle, where a task's is): a socket's path may be longer than sun_path allows."""
+    return ("--console-socket", os.path.basename(console_socket)) if console_socket else ()
