@@ -6,7 +6,6 @@ attachers at once; its output is logged as stdout."""
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import re
@@ -118,10 +117,11 @@ class CrictlOnTerminal:
         self.master, slave = os.openpty()
         termios.tcsetwinsize(slave, (rows, cols))
         try:
+            # setsid(1) -c, not a preexec_fn: Python code run between fork and exec in a process with
+            # gRPC's threads (the daemon's stubs) can print gRPC's errors on the terminal and die.
             self.proc = subprocess.Popen(
-                [crictl, "--runtime-endpoint", daemon.endpoint, "attach", "-it", container_id],
-                stdin=slave, stdout=slave, stderr=slave, start_new_session=True,
-                preexec_fn=lambda: fcntl.ioctl(0, termios.TIOCSCTTY, 0))
+                ["setsid", "--ctty", crictl, "--runtime-endpoint", daemon.endpoint, "attach", "-it", container_id],
+                stdin=slave, stdout=slave, stderr=slave)
         except BaseException:
             os.close(self.master)
             raise
