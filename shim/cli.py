@@ -21,9 +21,9 @@ import sys
 from shim.paths import (BOOTSTRAP_FILE, DEFAULT_RUNTIME_ROOT, control_socket_path, template_socket_for,
                         socket_address, socket_path, validate_identifier, write_json_atomic)
 from shim.rpc.api import TEMPLATE_LOG, TEMPLATE_SERVICE, TEMPLATE_START_LOCK
+from shim.rpc.arguments import ArgumentParser
 from shim.rpc.files import ensure_private_dir, flock_open
 from shim.rpc.status import FailedPrecondition, RpcError, Unavailable
-from shim.launch.arguments import ArgumentParser
 from shim.launch.spawn import START_TIMEOUT, bind_listener, bootstrap, spawn_shim
 
 __all__ = ["ACTIONS", "main", "run"]

@@ -27,7 +27,7 @@ import os
 import sys
 from typing import TYPE_CHECKING, Any, Awaitable, Callable, TextIO
 
-from shim.launch.arguments import ArgumentParser
+from shim.rpc.arguments import ArgumentParser
 from shim.rpc.api import TEMPLATE_ENV
 
 from shim.rpc.files import decode_json

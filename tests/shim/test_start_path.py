@@ -33,7 +33,7 @@ LAZY = {
     "shim.rpc.blocking": "a template or a stale socket",
     "pyroute2": "describing a netns on request",
     "ctypes.util": "finding libseccomp by other than its name",
-    "shutil": "argparse's help width: shim.launch.arguments asks the terminal itself",
+    "shutil": "argparse's help width: shim.rpc.arguments asks the terminal itself",
     "tempfile": "never on the start path",
     "platform": "never on the start path",
 }
