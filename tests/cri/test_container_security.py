@@ -392,6 +392,19 @@ def test_the_pauses_confinement_as_containerds_sandbox_spec():
         security.pause_fields(security.ContainerSecurity.from_doc({"run_as_group": {"value": 1}}))
 
 
+def test_a_sandbox_images_user_is_the_pauses_unless_the_pod_names_one():
+    files = {"/etc/passwd": b"root:x:0:0::/:/bin/sh\npause:x:65535:65534::/:/bin/false\n",
+             "/etc/group": b"root:x:0:\nnogroup:x:65534:\n"}
+    sec = PodSandboxConfig.from_json(pod_config()).security
+    fields = security.pause_fields(sec, all_caps=ALL, image_user="pause", read_file=files.get)
+    assert fields["user"] == {"uid": 65535, "gid": 65534, "additional_gids": [65534]}
+    assert security.pause_fields(sec, all_caps=ALL, image_user="1000:1000")["user"]["uid"] == 1000
+    own = security.ContainerSecurity.from_doc({"run_as_user": {"value": 7}})
+    assert security.pause_fields(own, all_caps=ALL, image_user="pause", read_file=files.get)["user"]["uid"] == 7
+    with pytest.raises(InvalidArgument, match="'nobody' is not in the container's /etc/passwd"):
+        security.pause_fields(sec, all_caps=ALL, image_user="nobody", read_file=files.get)
+
+
 async def test_the_pause_runs_as_the_pods_security_context_says(handler, roots):
     cfg = pod_config()
     cfg["linux"]["security_context"].update({"run_as_user": {"value": 65535}, "run_as_group": {"value": 65534},

@@ -80,6 +80,9 @@ def test_runp_runs_the_sandbox_image_pause_and_rmp_leaves_nothing(pause_daemon, 
             argv = f.read().split(b"\0")[:-1]
         assert argv == [a.encode() for a in (*image.config.entrypoint, *(image.config.cmd or ()))]
         assert ns_inode(pid, "net") == os.stat(info["netns_path"]).st_ino
+        with open(f"/proc/{pid}/status") as f:
+            uid = next(line.split()[1] for line in f if line.startswith("Uid:"))
+        assert uid == (image.config.user or "0").split(":")[0]  # the image's User
         # The image is pulled and cannot be removed while the pod uses it.
         refused = daemon.crictl(crictl, "rmi", image.ref, check=False)
         assert refused.returncode != 0 and "as its sandbox image; remove the pod first" in refused.stderr
