@@ -12,7 +12,7 @@ import signal
 
 import pytest
 
-from imagebuild import CATATONIT, tiny_pause_binary
+from imagebuild import CATATONIT, compiled, tiny_pause_binary
 from shim.rpc import FailedPrecondition, InvalidArgument
 from shim.rpc.api import TASK_SERVICE
 from shim.rpc.processes import process_alive
@@ -83,6 +83,27 @@ async def test_the_pause_is_the_image_program_in_its_rootfs(shims: ShimLauncher,
     assert (await shim.call("WaitSandbox"))["exit_status"] == 0  # it handled SIGTERM
     await shim.call("ShutdownSandbox")
     assert not os.path.exists(mount_point)
+
+
+#: A pause that handles no signal at all: PID 1 of its pid namespace, it never sees SIGTERM.
+SLEEP_ONLY_C = "#include <unistd.h>\nint main(void) { for (;;) pause(); }\n"
+
+
+@pytest.mark.parametrize("handler", HANDLERS)
+async def test_a_pause_that_never_handles_sigterm_starts_and_is_killed_at_the_stop_timeout(
+        shims: ShimLauncher, handler, tmp_path):
+    (tmp_path / "root").mkdir()
+    (tmp_path / "root" / "sleeper").write_bytes(compiled(str(tmp_path), "sleeper", SLEEP_ONLY_C, ["-static", "-s"],
+                                                         "a sleep-only pause"))
+    (tmp_path / "root" / "sleeper").chmod(0o755)
+    shim = await shims.start()
+    pid = await shim.run_sandbox(rootfs=bind(str(tmp_path / "root")),
+                                 options={"runtime_handler": handler, "pause_image": {"args": ["/sleeper"]}})
+    assert same_file(f"/proc/{pid}/root", os.path.join(shim.bundle, "rootfs"))
+    await shim.call("StopSandbox", timeout_secs=1)
+    assert (await shim.call("WaitSandbox"))["exit_status"] == 128 + signal.SIGKILL
+    await shim.call("ShutdownSandbox")
+    assert not os.path.exists(os.path.join(shim.bundle, "rootfs"))
 
 
 @pytest.mark.parametrize("handler", HANDLERS)
