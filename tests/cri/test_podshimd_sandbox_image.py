@@ -106,6 +106,26 @@ def test_runp_runs_the_sandbox_image_pause_and_rmp_leaves_nothing(pause_daemon, 
     daemon.crictl(crictl, "rmi", test_images.busybox.ref)
 
 
+@pytest.mark.parametrize("handler", HANDLERS)
+def test_a_host_network_and_host_pid_pod_runs_the_sandbox_image_pause(pause_daemon, crictl, handler, tmp_path):
+    daemon, image = pause_daemon
+    cfg = pod_config(network=2, pid=2)
+    cfg["linux"]["sysctls"] = {}  # the example's net.* ones are for a pod network
+    pod_path = write_json(tmp_path / "pod.json", cfg)
+    pod_id = daemon.crictl(crictl, "runp", "--runtime", handler, pod_path).stdout.strip()
+    try:
+        info = json.loads(daemon.crictl(crictl, "inspectp", pod_id).stdout)["info"]
+        pid = info["pid"]
+        assert same_file(f"/proc/{pid}/root", os.path.join(info["shim"]["bundle"], "rootfs"))
+        assert ns_inode(pid, "net") == ns_inode(os.getpid(), "net")
+        assert ns_inode(pid, "pid") == ns_inode(os.getpid(), "pid")
+        daemon.crictl(crictl, "rmp", "-f", pod_id)
+        assert wait_gone(pid) == []
+    finally:
+        daemon.remove_every_pod(crictl)
+    assert active_snapshots(daemon) == [] and mounts_under(daemon.directory) == []
+
+
 @pytest.fixture
 def missing_daemon(test_images) -> Iterator[Podshimd]:
     """A podshimd whose sandbox_image the registry lacks (404) and whose second registry host
