@@ -49,7 +49,7 @@ class AttachBackend:
     sets its terminal's size; ``directory`` holds the FIFOs (0700)."""
 
     target: Callable[[str], Awaitable[dict[str, Any]]]
-    output: Callable[[str, str, dict[str, str]], Awaitable[None]]
+    output: Callable[[str, str, dict[str, str | int]], Awaitable[None]]
     close_stdin: Callable[[str, str], Awaitable[None]]
     wait: Callable[[str, str], Awaitable[int]]
     resize: Callable[[str, str, int, int], Awaitable[None]]

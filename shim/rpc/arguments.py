@@ -22,7 +22,7 @@ class ArgumentParser(argparse.ArgumentParser):
     """argparse.ArgumentParser whose help formatter is told the terminal's width (see above)."""
 
     def _get_formatter(self) -> argparse.HelpFormatter:
-        return self.formatter_class(prog=self.prog, width=terminal_columns() - 2)  # argparse's own margin
+        return self.formatter_class(prog=self.prog, width=terminal_columns() - 2)  # type: ignore[call-arg]  # argparse's own margin
 
 
 def terminal_columns(fallback: int = 80) -> int:

@@ -33,7 +33,7 @@ set_field = object.__setattr__
 class Record:
     """Base of a value class whose fields are its ``__slots__`` (see the module's docstring)."""
 
-    __slots__ = ()
+    __slots__: tuple[str, ...] = ()
     #: Whether fields may be assigned after ``__init__`` (False: a frozen record, hashable).
     mutable = False
 
@@ -41,7 +41,7 @@ class Record:
         super().__init_subclass__(**kwargs)
         if cls.mutable:
             cls.__setattr__ = object.__setattr__  # type: ignore[assignment,method-assign]
-            cls.__delattr__ = object.__delattr__  # type: ignore[assignment,method-assign]
+            cls.__delattr__ = object.__delattr__  # type: ignore[method-assign]
             cls.__hash__ = None  # type: ignore[assignment]
 
     def __init__(self) -> None:  # a record without fields
@@ -57,7 +57,7 @@ class Record:
     def __eq__(self, other: object) -> bool:
         if other.__class__ is not self.__class__:
             return NotImplemented
-        return self._values() == other._values()  # type: ignore[attr-defined]
+        return self._values() == other._values()
 
     def __hash__(self) -> int:
         return hash(self._values())
