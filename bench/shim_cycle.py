@@ -1,6 +1,6 @@
 """A sandbox's whole life through ``podshim``, the idle cost of shims, and the kernel's floor.
 
-    python3 bench/shim_cycle.py [--cycles 50] [--idle 1,20] [--floor 50]
+    python3 bench/shim_cycle.py [--cycles 50] [--idle 1,20] [--floor 50] [--before DIR]
 
 Cycle: ``podshim start --no-template`` (plain exec spawning, a subprocess; until it printed the
 address and a client connected), CreateSandbox, StartSandbox (a new netns), StopSandbox
@@ -8,6 +8,8 @@ address and a client connected), CreateSandbox, StartSandbox (a new netns), Stop
 whole, one cycle at a time. Two commands run it: "bare", the command line the Controller execs
 (``python -I -S`` with an explicit search path: no site-packages start-up hooks), and "site",
 ``python -m shim`` with site, as a console script would start it (every .pth hook included).
+With ``--before DIR``, "before" is the Controller's command line with the code of checkout DIR,
+its cycles interleaved with the others' (a before/after comparison on the same machine load).
 Idle memory: N shims of each command with running sandboxes, all alive at once; RSS and PSS from
 /proc/PID/smaps_rollup, per shim and per pause.
 Floor: ``unshare --fork --pid --net --ipc --uts --mount --mount-proc catatonit -P`` until
@@ -165,8 +167,13 @@ async def main() -> None:
     parser.add_argument("--cycles", type=int, default=50, help="cycles of each command")
     parser.add_argument("--idle", default="1,20", help="comma-separated numbers of idle shims to measure")
     parser.add_argument("--floor", type=int, default=50, help="runs of the unshare + catatonit floor")
+    parser.add_argument("--before", metavar="DIR", help="also run the Controller's command line with DIR's code")
     args = parser.parse_args()
     commands = podshim_commands()
+    if args.before:
+        python, *flags, boot, path = commands["bare"].argv
+        older = ":".join([os.path.abspath(args.before), *(p for p in path.split(":") if p != REPO)])
+        commands["before"] = PythonCommand([python, *flags, boot, older])
     workdir = tempfile.mkdtemp(prefix="psh-bench-")
     numbers = iter(range(1_000_000))
     try:
