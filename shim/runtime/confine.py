@@ -22,11 +22,11 @@ from __future__ import annotations
 import ctypes
 import os
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from shim.kernel import capabilities as caps
 from shim.kernel import seccomp
+from shim.rpc.records import Record, set_field as _set
 from shim.rpc.status import InvalidArgument
 
 __all__ = ["DEFAULT_CAPABILITIES", "MAX_GROUPS", "Confinement", "from_request", "steps"]
@@ -42,16 +42,26 @@ _MAX_ID = 2**32 - 2  # uid_t/gid_t; -1 (2**32 - 1) means "unchanged" to the kern
 _PR_SET_NO_NEW_PRIVS = 38
 
 
-@dataclass(frozen=True)
-class Confinement:
+class Confinement(Record):
     """What a task's process is confined to; the defaults are what a Create without the fields gets."""
 
-    uid: int = 0
-    gid: int = 0
-    additional_gids: tuple[int, ...] = ()
-    capabilities: tuple[str, ...] = DEFAULT_CAPABILITIES
-    no_new_privileges: bool = False
-    seccomp: Mapping[str, Any] | None = None
+    __slots__ = ("uid", "gid", "additional_gids", "capabilities", "no_new_privileges", "seccomp")
+    uid: int
+    gid: int
+    additional_gids: tuple[int, ...]
+    capabilities: tuple[str, ...]
+    no_new_privileges: bool
+    seccomp: Mapping[str, Any] | None
+
+    def __init__(self, uid: int = 0, gid: int = 0, additional_gids: tuple[int, ...] = (),
+                 capabilities: tuple[str, ...] = DEFAULT_CAPABILITIES, no_new_privileges: bool = False,
+                 seccomp: Mapping[str, Any] | None = None) -> None:
+        _set(self, "uid", uid)
+        _set(self, "gid", gid)
+        _set(self, "additional_gids", additional_gids)
+        _set(self, "capabilities", capabilities)
+        _set(self, "no_new_privileges", no_new_privileges)
+        _set(self, "seccomp", seccomp)
 
 
 def _id(value: Any, field: str) -> int:

@@ -28,10 +28,10 @@ import errno
 import os
 import stat
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 from shim.kernel import linux
+from shim.rpc.records import Record, set_field as _set
 from shim.rpc.status import FailedPrecondition, Internal, InvalidArgument
 
 __all__ = ["MASKED_PATHS", "READONLY_PATHS", "ROOTFS_DIR", "TASKS_DIR", "BindMount", "HostDevice", "RootSetup",
@@ -80,25 +80,35 @@ DEV_LINKS = (("ptmx", "pts/ptmx"), ("fd", "/proc/self/fd"), ("stdin", "/proc/sel
              ("stdout", "/proc/self/fd/1"), ("stderr", "/proc/self/fd/2"), ("core", "/proc/kcore"))
 
 
-@dataclass(frozen=True)
-class RootfsMount:
+class RootfsMount(Record):
     """One ``rootfs`` entry: containerd's mount.Mount (``overlay`` with lowerdir/upperdir/workdir, ``bind``, ...)."""
 
+    __slots__ = ("type", "source", "options")
     type: str
     source: str
-    options: tuple[str, ...] = ()
+    options: tuple[str, ...]
+
+    def __init__(self, type: str, source: str, options: tuple[str, ...] = ()) -> None:
+        _set(self, "type", type)
+        _set(self, "source", source)
+        _set(self, "options", options)
 
     def to_dict(self) -> dict[str, Any]:
         return {"type": self.type, "source": self.source, "options": list(self.options)}
 
 
-@dataclass(frozen=True)
-class BindMount:
+class BindMount(Record):
     """One ``mounts`` entry: ``source`` (a host path) bound on ``destination`` in the task's root."""
 
+    __slots__ = ("destination", "source", "options")
     destination: str
     source: str
-    options: tuple[str, ...] = ()
+    options: tuple[str, ...]
+
+    def __init__(self, destination: str, source: str, options: tuple[str, ...] = ()) -> None:
+        _set(self, "destination", destination)
+        _set(self, "source", source)
+        _set(self, "options", options)
 
     @property
     def recursive(self) -> bool:
@@ -119,11 +129,11 @@ class BindMount:
         return {"destination": self.destination, "type": "bind", "source": self.source, "options": options}
 
 
-@dataclass(frozen=True)
-class HostDevice:
+class HostDevice(Record):
     """A device node of the host's /dev: ``path`` (absolute), ``kind`` ``c`` or ``b``, its numbers,
     permission bits and owner."""
 
+    __slots__ = ("path", "kind", "major", "minor", "mode", "uid", "gid")
     path: str
     kind: str
     major: int
@@ -131,6 +141,15 @@ class HostDevice:
     mode: int
     uid: int
     gid: int
+
+    def __init__(self, path: str, kind: str, major: int, minor: int, mode: int, uid: int, gid: int) -> None:
+        _set(self, "path", path)
+        _set(self, "kind", kind)
+        _set(self, "major", major)
+        _set(self, "minor", minor)
+        _set(self, "mode", mode)
+        _set(self, "uid", uid)
+        _set(self, "gid", gid)
 
     def to_oci(self) -> dict[str, Any]:
         return {"path": self.path, "type": self.kind, "major": self.major, "minor": self.minor,
@@ -156,17 +175,27 @@ def host_devices(directory: str = "/dev") -> tuple[HostDevice, ...]:
     return tuple(sorted(found, key=lambda device: device.path))
 
 
-@dataclass(frozen=True)
-class TaskFilesystem:
+class TaskFilesystem(Record):
     """The mount fields of Task.Create, checked (:func:`parse_filesystem`); the defaults are a
     Create that gives none: the host's ``/`` read-only, runc's masked and read-only paths."""
 
-    rootfs: tuple[RootfsMount, ...] = ()
-    readonly_rootfs: bool = False
-    mounts: tuple[BindMount, ...] = ()
-    masked_paths: tuple[str, ...] = MASKED_PATHS
-    readonly_paths: tuple[str, ...] = READONLY_PATHS
-    privileged: bool = False
+    __slots__ = ("rootfs", "readonly_rootfs", "mounts", "masked_paths", "readonly_paths", "privileged")
+    rootfs: tuple[RootfsMount, ...]
+    readonly_rootfs: bool
+    mounts: tuple[BindMount, ...]
+    masked_paths: tuple[str, ...]
+    readonly_paths: tuple[str, ...]
+    privileged: bool
+
+    def __init__(self, rootfs: tuple[RootfsMount, ...] = (), readonly_rootfs: bool = False,
+                 mounts: tuple[BindMount, ...] = (), masked_paths: tuple[str, ...] = MASKED_PATHS,
+                 readonly_paths: tuple[str, ...] = READONLY_PATHS, privileged: bool = False) -> None:
+        _set(self, "rootfs", rootfs)
+        _set(self, "readonly_rootfs", readonly_rootfs)
+        _set(self, "mounts", mounts)
+        _set(self, "masked_paths", masked_paths)
+        _set(self, "readonly_paths", readonly_paths)
+        _set(self, "privileged", privileged)
 
     @property
     def host_root(self) -> bool:
@@ -422,24 +451,41 @@ def resolve_in_root(root: str, path: str) -> str:
 
 # -- the native child ------------------------------------------------------------------------
 
-@dataclass
-class RootSetup:
+class RootSetup(Record):
     """What the native launcher's child needs to build a task's root, all computed and opened in
     the shim before the fork: ``mount_point`` (``<bundle>/tasks/<id>/rootfs``, where the root is
     attached in the task's namespace), the detached trees (:func:`open_trees`), and the paths,
     inside the root, of every mount. :meth:`close` closes the trees' fds (the shim's; the child's
     copies go with it)."""
 
+    __slots__ = ("mount_point", "root_fd", "host_root", "readonly", "privileged", "own_ipc", "binds", "masked_paths",
+                 "readonly_paths", "devices")
+    mutable = True
     mount_point: str
     root_fd: int
     host_root: bool
     readonly: bool
     privileged: bool
     own_ipc: bool
-    binds: list[tuple[int, str, bool, int, int]] = field(default_factory=list)  # fd, target, is dir, prop, flags
-    masked_paths: tuple[str, ...] = ()
-    readonly_paths: tuple[str, ...] = ()
-    devices: tuple[HostDevice, ...] = ()  # privileged: the host's, made in the task's /dev
+    binds: list[tuple[int, str, bool, int, int]]  # fd, target, is dir, prop, flags
+    masked_paths: tuple[str, ...]
+    readonly_paths: tuple[str, ...]
+    devices: tuple[HostDevice, ...]  # privileged: the host's, made in the task's /dev
+
+    def __init__(self, mount_point: str, root_fd: int, host_root: bool, readonly: bool, privileged: bool,
+                 own_ipc: bool, binds: list[tuple[int, str, bool, int, int]] | None = None,
+                 masked_paths: tuple[str, ...] = (), readonly_paths: tuple[str, ...] = (),
+                 devices: tuple[HostDevice, ...] = ()) -> None:
+        self.mount_point = mount_point
+        self.root_fd = root_fd
+        self.host_root = host_root
+        self.readonly = readonly
+        self.privileged = privileged
+        self.own_ipc = own_ipc
+        self.binds = [] if binds is None else binds
+        self.masked_paths = masked_paths
+        self.readonly_paths = readonly_paths
+        self.devices = devices
 
     def close(self) -> None:
         for fd in [self.root_fd, *(bind[0] for bind in self.binds)]:
