@@ -170,7 +170,8 @@ class Images:
         staging = await asyncio.to_thread(place.__enter__)
         try:
             def stage(digest: str, path: str) -> None:
-                staged[digest] = staging.stage(path)
+                if digest not in staged:  # a second copy (the tag moved) brings the same blobs again
+                    staged[digest] = staging.stage(path)
 
             pulled = await self.puller.pull(ref, auth, stored=stored, stage=stage)  # no stage() runs after it
             record = self._record(pulled)
