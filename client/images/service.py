@@ -167,7 +167,7 @@ class Images:
             return self._record(await self.puller.pull(ref, auth, stored=stored))
         staged: dict[str, StagedLayer] = {}  # by blob digest
         place = self.snapshots.staging()
-        staging = await asyncio.to_thread(place.__enter__)
+        staging = place.__enter__()  # a mkdir and an uncontended flock: no await between it and the try
         try:
             def stage(digest: str, path: str) -> None:
                 if digest not in staged:  # a second copy (the tag moved) brings the same blobs again
