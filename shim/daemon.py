@@ -2,9 +2,6 @@
 
 ``serve_forever`` is the one path every shim takes, whether ``podshim start`` forked it,
 ``podshim serve`` runs it in the foreground for systemd, or a template forked it.
-:func:`serve_spare` takes the same path for a spare shim (shim.launch.spawn): it sets up all that
-does not depend on the sandbox (the event loop, the reaper, the server, a network namespace)
-before its sandbox is known, then serves it as any shim.
 """
 
 from __future__ import annotations
@@ -16,22 +13,19 @@ import signal
 import socket
 import sys
 import time
-from collections.abc import Awaitable, Callable
 
-from shim.kernel import netns
 from shim.sandbox.events import EventBus
 from shim.kernel.linux import set_process_name
 from shim.launch.install import long_running
 from shim.launch.notify import Notifier
 from shim.kernel.reaper import Reaper
 from shim.rpc.channel import install_uvloop
-from shim.rpc.records import Record, set_field as _set
 from shim.rpc.server import Server
 from shim.sandbox.sandbox import Sandbox, ShimConfig, State
 from shim.sandbox.service import SandboxService, register
 from shim.sandbox.task_service import TaskService, register_tasks
 
-__all__ = ["SHUTDOWN_TIMEOUT", "Assignment", "serve_forever", "serve_spare", "setup_logging"]
+__all__ = ["SHUTDOWN_TIMEOUT", "serve_forever", "setup_logging"]
 
 log = logging.getLogger("shim")
 
@@ -51,23 +45,9 @@ def setup_logging(debug: bool = False) -> None:
     root.setLevel(logging.DEBUG if debug else logging.INFO)
 
 
-class Assignment(Record):
-    """A spare shim's sandbox: its config, its bound and listening socket, and the descriptor
-    that gets one byte once the shim serves."""
-
-    __slots__ = ("config", "listener", "ready_fd")
-    config: ShimConfig
-    listener: socket.socket
-    ready_fd: int | None
-
-    def __init__(self, config: ShimConfig, listener: socket.socket, ready_fd: int | None) -> None:
-        _set(self, "config", config)
-        _set(self, "listener", listener)
-        _set(self, "ready_fd", ready_fd)
-
-
 def serve_forever(config: ShimConfig, listener: socket.socket, *, owns_socket: bool = True,
-                  ready_fd: int | None = None, shutdown_on_signal: bool = False, recorded: bool = False) -> int:
+                  ready_fd: int | None = None, shutdown_on_signal: bool = False, recorded: bool = False,
+                  loop: asyncio.AbstractEventLoop | None = None, made_netns: int | None = None) -> int:
     """Serve the sandbox on ``listener`` until ShutdownSandbox, SIGTERM or SIGINT. Returns 0.
 
     ``ready_fd``, when given, receives one byte once the server accepts, then is closed.
@@ -75,60 +55,25 @@ def serve_forever(config: ShimConfig, listener: socket.socket, *, owns_socket: b
     ``shutdown_on_signal``: SIGTERM/SIGINT shut the sandbox down as ShutdownSandbox would
     (systemd units); otherwise the pause is left running for a controller to reconnect or
     ``podshim delete``. ``recorded``: the spawner already wrote this shim's first state.json.
+    ``loop``: an event loop made ahead (a spare shim's), run and closed here. ``made_netns``: a
+    network namespace made ahead (a spare shim's, :func:`shim.kernel.netns.make_netns`), which
+    CreateSandbox pins if the sandbox wants a new one (:class:`Sandbox`'s ``made_netns``).
     """
     # A shim forked from the template would otherwise show up as "python3 ... template" in
     # ps; `pgrep -x podshim-shim` finds every shim, however it was started.
     set_process_name("podshim-shim")
     long_running()  # a shim exec'd by `podshim start` or systemd started with the collector off
     install_uvloop()
-    with asyncio.Runner() as runner:
-        return runner.run(_serve(lambda: _given(Assignment(config, listener, ready_fd)), owns_socket,
-                                 shutdown_on_signal, recorded))
+    with asyncio.Runner(loop_factory=None if loop is None else (lambda: loop)) as runner:
+        return runner.run(_serve(config, listener, owns_socket, ready_fd, shutdown_on_signal, recorded, made_netns))
 
 
-def serve_spare(assignment: Callable[[], Awaitable[Assignment | None]], standing_by: Callable[[], None]) -> int:
-    """Serve as a spare shim: set up the event loop, the reaper, the server and a network
-    namespace for a sandbox not yet known, call ``standing_by()`` once the shim can take one,
-    then await ``assignment()`` and serve that sandbox as :func:`serve_forever` would (the
-    state.json is the shim's own to write). Returns 0, also when ``assignment()`` gives None
-    (retired before it was used)."""
-    long_running()
-    install_uvloop()
-    with asyncio.Runner() as runner:
-        return runner.run(_serve(assignment, True, False, False, standing_by=standing_by))
-
-
-async def _given(assignment: Assignment) -> Assignment | None:
-    return assignment
-
-
-async def _serve(assignment: Callable[[], Awaitable[Assignment | None]], owns_socket: bool,
-                 shutdown_on_signal: bool, recorded: bool, *, standing_by: Callable[[], None] | None = None) -> int:
-    """The one serve path; ``standing_by`` is a spare's (see :func:`serve_spare`)."""
+async def _serve(config: ShimConfig, listener: socket.socket, owns_socket: bool, ready_fd: int | None,
+                 shutdown_on_signal: bool, recorded: bool, made_netns: int | None) -> int:
     loop = asyncio.get_running_loop()
     reaper = Reaper()
     reaper.install(loop)
     notifier = Notifier.from_env()
-    server = Server()
-    made_netns = None
-    if standing_by is not None:
-        standing_by()
-        # Made after standing by: a Spawn that comes meanwhile waits for it in the socket, and
-        # the template forks no later. A sandbox of the host network closes it unused.
-        try:
-            made_netns = netns.make_netns()
-        except Exception as exc:  # CreateSandbox makes one then: only the head start is lost
-            log.warning("cannot make a network namespace ahead: %s", exc)
-    got = await assignment()
-    if got is None:
-        if made_netns is not None:
-            os.close(made_netns)
-        reaper.uninstall()
-        notifier.close()
-        return 0
-    config, listener, ready_fd = got.config, got.listener, got.ready_fd
-    if standing_by is not None:
-        set_process_name("podshim-shim")
     events = EventBus(config.namespace, config.sandbox_id)
     sandbox = Sandbox(config, reaper, events, made_netns)
     done = asyncio.Event()
@@ -140,6 +85,7 @@ async def _serve(assignment: Callable[[], Awaitable[Assignment | None]], owns_so
         done.set()
 
     sandbox.on_state_change = lambda st: notifier.send(f"STATUS=sandbox {config.sandbox_id} {st.value}")
+    server = Server()
     register(server, SandboxService(sandbox, events, on_shutdown=lambda: finish("ShutdownSandbox")))
     register_tasks(server, TaskService(sandbox))
     await server.start(listener)

@@ -212,21 +212,48 @@ def _spare_intermediate(channel: socket.socket, go_r: int) -> NoReturn:
 
 
 def _spare_wait(channel: socket.socket) -> NoReturn:
-    """The spare: detached, it sets up all it can ahead (:func:`shim.daemon.serve_spare`), waits
-    for its assignment, then serves like any forked shim."""
+    """The spare: detached, it makes what does not depend on its sandbox (an event loop, a network
+    namespace), waits for its assignment, then serves like any forked shim."""
     code = 1
     try:
         os.setsid()
         _close_all_but((channel.fileno(),))
         _stdio_to(os.devnull)
         _fresh_signals()
-        from shim.daemon import serve_spare, setup_logging
+        import asyncio
+
+        from shim.daemon import serve_forever, setup_logging
         from shim.kernel.linux import set_process_name
+        from shim.rpc.channel import install_uvloop
 
         set_process_name("podshim-spare")
+        # What does not depend on the sandbox is done before it is known.
         setup_logging()
-        # "S": standing by; only now does the template report us as its spare.
-        code = serve_spare(lambda: _assignment(channel), lambda: channel.send(b"S"))
+        install_uvloop()
+        loop = asyncio.new_event_loop()
+        channel.send(b"S")  # standing by: only now does the template report us as its spare
+        # After standing by: a Spawn that comes meanwhile waits in the socket, and the template
+        # forks no later. CreateSandbox pins it; a host-network sandbox closes it unused.
+        made_netns = _make_netns_ahead()
+        message, fds, _, _ = socket.recv_fds(channel, 65536, 1)
+        if not message:  # the template retired us, or died
+            for fd in fds:
+                os.close(fd)
+            code = 0
+            return  # to os._exit
+        if len(fds) != 1:
+            raise RuntimeError("the spare's assignment came without the shim's socket")
+        assignment = json.loads(message)
+        from shim.sandbox.sandbox import ShimConfig
+
+        config = ShimConfig(**assignment["config"])
+        os.set_inheritable(fds[0], False)  # received without close-on-exec
+        listener = socket.socket(fileno=fds[0])
+        _stdio_to(os.path.join(config.bundle, LOG_FILE))
+        _reseed()
+        if assignment.get("debug"):
+            setup_logging(True)
+        code = serve_forever(config, listener, ready_fd=channel.detach(), loop=loop, made_netns=made_netns)
     except BaseException:
         import traceback
 
@@ -235,51 +262,18 @@ def _spare_wait(channel: socket.socket) -> NoReturn:
         os._exit(code)
 
 
-async def _assignment(channel: socket.socket) -> Any:
-    """The spare's sandbox (a :class:`shim.daemon.Assignment`) once the template sends it, or
-    None when the template retired us (or died). Raises RuntimeError for an assignment without
-    its socket."""
-    import asyncio
+def _make_netns_ahead() -> int | None:
+    """A network namespace for the spare's sandbox (:func:`shim.kernel.netns.make_netns`), or None
+    when none can be made: CreateSandbox makes one then, only the head start is lost."""
+    import logging
 
-    from shim.daemon import Assignment, setup_logging
-    from shim.sandbox.sandbox import ShimConfig
+    from shim.kernel import netns
 
-    loop = asyncio.get_running_loop()
-    channel.setblocking(False)
-    received: asyncio.Future[tuple[bytes, list[int]]] = loop.create_future()
-
-    def on_readable() -> None:
-        try:
-            message, fds, _, _ = socket.recv_fds(channel, 65536, 1)
-        except BlockingIOError:
-            return
-        except OSError as exc:
-            if not received.done():
-                received.set_exception(exc)
-            return
-        if not received.done():
-            received.set_result((message, fds))
-
-    loop.add_reader(channel.fileno(), on_readable)
     try:
-        message, fds = await received
-    finally:
-        loop.remove_reader(channel.fileno())
-    if not message:
-        for fd in fds:
-            os.close(fd)
+        return netns.make_netns()
+    except Exception as exc:
+        logging.getLogger("shim").warning("cannot make a network namespace ahead: %s", exc)
         return None
-    if len(fds) != 1:
-        raise RuntimeError("the spare's assignment came without the shim's socket")
-    assignment = json.loads(message)
-    config = ShimConfig(**assignment["config"])
-    os.set_inheritable(fds[0], False)  # received without close-on-exec
-    listener = socket.socket(fileno=fds[0])
-    _stdio_to(os.path.join(config.bundle, LOG_FILE))
-    _reseed()
-    if assignment.get("debug"):
-        setup_logging(True)
-    return Assignment(config, listener, channel.detach())
 
 
 def _assign(spare: Spare, config: Any, sock: socket.socket, debug: bool) -> bool:
