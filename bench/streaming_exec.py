@@ -1,7 +1,9 @@
 """crictl exec round trips through podshimd: ExecSync (``exec -s``) beside the streaming Exec, and 100
-streaming execs at once (every one must succeed; podshimd's open fds and tasks before and after).
+streaming execs at once (every one must succeed; podshimd's open fds and tasks before and after); then
+``crictl exec -it`` (a terminal, through the runtime's console socket) in a pod of each runtime handler,
+under script(1), beside script(1) running ``true`` alone, and podshimd's open fds before and after.
 
-    python bench/streaming_exec.py [--runs 30] [--concurrent 100]
+    python bench/streaming_exec.py [--runs 30] [--concurrent 100] [--tty-runs 15]
 
 As root. Runs its own podshimd (as tests/critools.py's ``running_podshimd``: everything under a
 temporary directory, removed at the end) with one pod (loopback-only netns, no CNI config) and one
@@ -44,6 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=30)
     parser.add_argument("--concurrent", type=int, default=100)
+    parser.add_argument("--tty-runs", type=int, default=15)
     args = parser.parse_args(argv)
     crictl = os.path.join(cri_tools_bin(), "crictl")
     directory = tempfile.mkdtemp(prefix="psd-bench-")
@@ -94,11 +97,40 @@ def main(argv: list[str] | None = None) -> int:
                     print("  failed:", failure)
             finally:
                 subprocess.run(base + ["rmp", "-f", pod_id], capture_output=True)
+            tty_figures(base, directory, daemon.process.pid, args.tty_runs)
     finally:
         shutil.rmtree(directory, ignore_errors=True)
         for problem in problems:
             print("cleanup problem:", problem)
     return 0
+
+
+def tty_figures(base: list[str], directory: str, podshimd_pid: int, runs: int) -> None:
+    """``crictl exec -it CID true`` under script(1), per runtime handler, beside ``script true``."""
+    def script(command: str) -> list[str]:
+        return ["script", "-qec", command, "/dev/null"]
+
+    floor = [timed(script("true")) for _ in range(runs)]
+    print(f"script(1) running true alone          median {percentile(floor, 50) * 1000:6.1f} ms")
+    pod_path, ctr_path = os.path.join(directory, "pod.json"), os.path.join(directory, "ctr.json")
+    for handler in ("native", "runc", "crun"):
+        if shutil.which(handler) is None:
+            continue
+        pod_id = subprocess.run(base + ["runp", "--runtime", handler, pod_path], capture_output=True, text=True,
+                                check=True).stdout.strip()
+        try:
+            cid = subprocess.run(base + ["create", pod_id, ctr_path, pod_path], capture_output=True, text=True,
+                                 check=True).stdout.strip()
+            subprocess.run(base + ["start", cid], capture_output=True, check=True)
+            command = " ".join(base + ["exec", "-it", cid, "true"])
+            timed(script(command))  # warm: the handler's first exec
+            fds_before = open_fds(podshimd_pid)
+            values = [timed(script(command)) for _ in range(runs)]
+            print(f"crictl exec -it true under script, {handler:6s} median {percentile(values, 50) * 1000:6.1f} ms   "
+                  f"p90 {percentile(values, 90) * 1000:6.1f} ms   ({runs} runs); podshimd fds {fds_before} before, "
+                  f"{open_fds(podshimd_pid)} after")
+        finally:
+            subprocess.run(base + ["rmp", "-f", pod_id], capture_output=True)
 
 
 if __name__ == "__main__":
