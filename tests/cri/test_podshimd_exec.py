@@ -105,6 +105,23 @@ def test_exec_it_runs_on_a_terminal_and_follows_its_size(daemon, crictl, handler
     assert int(lines[2]) != 0, lines  # the command's controlling terminal
 
 
+def test_exec_it_leaves_no_fd_open_in_podshimd(daemon, crictl, handler_container):
+    def exec_it() -> None:
+        command = f"{crictl} --runtime-endpoint {daemon.endpoint} exec -it {handler_container} true"
+        done = subprocess.run(["script", "-qec", command, "/dev/null"], stdin=subprocess.DEVNULL,
+                              capture_output=True, timeout=60)
+        assert done.returncode == 0, done.stdout
+
+    exec_it()  # podshimd's own lazily opened files
+    fd_dir = f"/proc/{daemon.process.pid}/fd"
+    before = sorted(os.readlink(os.path.join(fd_dir, fd)) for fd in os.listdir(fd_dir))
+    for _ in range(3):
+        exec_it()
+    after = sorted(os.readlink(os.path.join(fd_dir, fd)) for fd in os.listdir(fd_dir))
+    assert not [fd for fd in after if "ptmx" in fd or "pts" in fd or "console" in fd]
+    assert len(after) == len(before), (before, after)
+
+
 def test_the_command_is_killed_when_the_client_goes_away(daemon, crictl, container):
     proc = subprocess.Popen([crictl, "--runtime-endpoint", daemon.endpoint, "exec", container, "sh", "-c",
                              "echo $$; exec sleep 600"], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE)
