@@ -113,11 +113,15 @@ async def test_stdin_is_the_terminals_input_and_its_end_is_the_terminals_end_of_
 
 
 async def test_resize_pty_sets_the_size_and_the_task_is_told(pod, tmp_path):
-    await pod.start("t", "sh", "-c", "trap 'stty size; exit 0' WINCH; echo ready; while :; do sleep 0.1; done")
+    await pod.start("t", "sh", "-c", "trap 'stty size; exit 0' WINCH; read go; echo ready; "
+                                     "while :; do sleep 0.1; done", stdin=True)
     tap = Tap(str(tmp_path / "out"))
     try:
         await pod.call("AttachOutput", task_id="t", stdout=tap.path)
-        # AttachOutput copies from now on: "ready" may have gone before; the size is what matters.
+        fd = os.open((await pod.call("State", task_id="t"))["stdin"], os.O_WRONLY | os.O_NONBLOCK)
+        os.write(fd, b"go\n")
+        os.close(fd)
+        await tap.read_until(b"ready\r\n")  # its trap is set: a resize now is seen
         await pod.call("ResizePty", task_id="t", width=100, height=40)
         assert b"40 100" in await tap.read_until(b"40 100")
         assert (await pod.call("Wait", task_id="t"))["exit_status"] == 0
