@@ -33,6 +33,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
@@ -193,16 +194,23 @@ def _manifest(registry, ref: str) -> dict:  # type: ignore[no-untyped-def]
     return json.loads(body)
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = bench_parser(__doc__)
-    p.add_argument("--runs", type=int, default=7, help="interleaved runs (7)")
+def big_image_options(p: argparse.ArgumentParser, runs: int) -> Callable[[argparse.Namespace], None]:
+    """Add --runs (default ``runs``), --big-mb and --big-layers to ``p``; the check that they are
+    positive (for netns_main)."""
+    p.add_argument("--runs", type=int, default=runs, help=f"interleaved runs ({runs})")
     p.add_argument("--big-mb", type=int, default=100, help="size of the big image's random layers in MB (100)")
     p.add_argument("--big-layers", type=int, default=20, help="how many random layers (20)")
-    p.add_argument("--podshimd-config", default="", help="more of podshimd's config.toml")
 
     def check(args: argparse.Namespace) -> None:
         if args.runs < 1 or args.big_mb < 1 or args.big_layers < 1:
             p.error("--runs, --big-mb and --big-layers must be positive")
+    return check
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = bench_parser(__doc__)
+    check = big_image_options(p, 7)
+    p.add_argument("--podshimd-config", default="", help="more of podshimd's config.toml")
     return netns_main(p, "imgpull", inside, argv, check)
 
 
