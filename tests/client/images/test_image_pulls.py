@@ -110,6 +110,21 @@ async def test_an_index_is_resolved_to_linux_amd64_and_keeps_the_index_digest(tm
     assert_complete(images, record)
 
 
+async def test_a_docker_manifest_list_is_resolved_and_its_manifest_and_config_kept_as_served(tmp_path, test_images):
+    # skopeo converts schema 2 to OCI in the layout it copies into: the registry's own manifest and
+    # config must still be what the store keeps (the image id is the registry's config digest).
+    listed = test_images.build("v2s2-list", [{"listed": "yes"}], format="v2s2", platforms=["linux/amd64", "linux/arm64"])
+    images = images_for(tmp_path, test_images.registry)
+    record = await images.pull(listed.ref)
+    assert record.repo_digests == (listed.by_digest,)
+    assert record.manifest_digest == listed.platforms["linux/amd64"]
+    manifest = json.loads(images.content.read(record.manifest_digest))
+    assert manifest["mediaType"] == "application/vnd.docker.distribution.manifest.v2+json"
+    assert record.image_id == manifest["config"]["digest"]
+    assert images.snapshots.read_file(record.chain_id, "listed") == b"yes"
+    assert_complete(images, record)
+
+
 async def test_an_index_without_this_platform_is_not_found(tmp_path, test_images):
     images = images_for(tmp_path, test_images.registry, platform={"os": "linux", "architecture": "s390x"})
     with pytest.raises(NotFound, match=r"has no image for linux/s390x \(it has: linux/amd64, linux/arm64\)"):
