@@ -15,8 +15,8 @@ be given by unique prefix.
 
 podshimd is the one writer of the pod store: every verb is a CRI call to it, on ``--endpoint``
 (default $PODSHIM_ENDPOINT, else ``unix://RUNTIME_ROOT/podshimd.sock``, podshimd's default
-socket). With no daemon there, a verb says how to start one and exits 1. gRPC and the CRI code are
-imported only when a pod verb runs: the shim-level verbs never pay for them.
+socket). With no daemon there, a verb says how to start one and exits 1. The CRI code and the gRPC wire
+(client.grpcwire, not grpcio) are imported only when a pod verb runs: the shim-level verbs never pay for them.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ import time
 from typing import Any, Callable
 
 from client.cli.main import EXIT_OK, CliError, _print_fields, _print_table, _read_json_file, command, emit
-from shim.rpc.status import NotFound, RpcError, error_from_status
+from shim.rpc.status import Code, NotFound, RpcError, error_from_status
 
 __all__: list[str] = []
 
@@ -47,30 +47,36 @@ _UNIX = "unix://"
 
 
 class _Podshimd:
-    """podshimd's RuntimeService and ImageService, one blocking call at a time, its errors as RpcErrors."""
+    """podshimd's RuntimeService and ImageService, one blocking call at a time, its errors as RpcErrors.
+
+    The calls go through client.grpcwire (h2), not grpcio: importing grpc (and the asyncio it pulls
+    in) was half of a verb's start-up (issue #15). One connection serves all calls of a run."""
 
     def __init__(self, endpoint: str):
-        import grpc
-
-        from client.criapi import api_pb2, api_pb2_grpc
+        from client.criapi import api_pb2
+        from client.grpcwire.channel import Channel
 
         self.endpoint = endpoint
         self.api = api_pb2
-        self._grpc = grpc
-        self._channel = grpc.insecure_channel(endpoint)
-        self._runtime = api_pb2_grpc.RuntimeServiceStub(self._channel)
-        self._images = api_pb2_grpc.ImageServiceStub(self._channel)
+        self._channel = Channel(endpoint[len(_UNIX):])
+        self._services = {name: service for service in ("RuntimeService", "ImageService")
+                          for name in api_pb2.DESCRIPTOR.services_by_name[service].methods_by_name}
 
-    def call(self, method: str, deadline: float = CALL_TIMEOUT, **fields: Any) -> Any:
-        """``method`` with a request of ``fields``, within ``deadline`` seconds; its reply."""
+    def call(self, method: str, deadline: float | None = CALL_TIMEOUT, **fields: Any) -> Any:
+        """``method`` with a request of ``fields``, within ``deadline`` seconds (None: no deadline); its reply."""
+        from google.protobuf.message import DecodeError
+
         request = getattr(self.api, f"{method}Request")(**fields)
+        outcome = self._channel.call(f"/runtime.v1.{self._services[method]}/{method}", request.SerializeToString(),
+                                     deadline)
+        if outcome.code == Code.UNAVAILABLE and not _answers(self.endpoint):
+            raise CliError(f"podshimd stopped answering on {self.endpoint}: {HOW_TO_START}")
+        if outcome.code != Code.OK:
+            raise error_from_status(outcome.code, outcome.details)
         try:
-            stub = self._runtime if hasattr(self._runtime, method) else self._images
-            return getattr(stub, method)(request, timeout=deadline)
-        except self._grpc.RpcError as exc:
-            if exc.code() == self._grpc.StatusCode.UNAVAILABLE and not _answers(self.endpoint):
-                raise CliError(f"podshimd stopped answering on {self.endpoint}: {HOW_TO_START}") from None
-            raise error_from_status(exc.code().value[0], exc.details() or exc.code().name) from None
+            return getattr(self.api, f"{method}Response").FromString(outcome.message)
+        except DecodeError as exc:
+            raise error_from_status(Code.INTERNAL, f"podshimd's {method} reply is not a {method}Response: {exc}") from None
 
     def close(self) -> None:
         self._channel.close()

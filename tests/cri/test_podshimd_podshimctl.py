@@ -116,3 +116,13 @@ def test_the_shim_level_verbs_never_import_grpc():
              "print(sorted(m for m in sys.modules if m.split('.')[0] in ('grpc', 'google') or 'criapi' in m))")
     result = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, check=True)
     assert result.stdout == "[]\n"
+
+
+def test_the_pod_verbs_import_neither_grpc_nor_asyncio(daemon):
+    # grpcio's import (asyncio and grpc.aio with it) was half of a verb's start-up (issue #15):
+    # podshimctl speaks gRPC to podshimd through client.grpcwire.
+    probe = ("import sys; from client.cli.main import main; code = main(sys.argv[1:]); "
+             "print(sorted({m.split('.')[0] for m in sys.modules} & {'grpc', 'asyncio'}), code, file=sys.stderr)")
+    result = subprocess.run([sys.executable, "-c", probe, "--runtime-root", daemon.runtime_root, "pods"], cwd=REPO,
+                            stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=120)
+    assert result.stdout.startswith("POD ID") and result.stderr == "[] 0\n"
