@@ -38,7 +38,15 @@ directory fsync makes the renames durable.
 Blobs that are already in the store are not downloaded again: for a reference the node has an
 image of, step 1 runs first, and step 2 is skipped when its manifest and all its blobs are there
 (the manifest and config read back and checked against their digests: one damaged on disk is
-removed and downloaded again; a blob downloaded again replaces what the store had).
+removed and downloaded again; a blob downloaded again replaces what the store had). For any other
+image, the layer blobs of the images the node has are hard-linked into the fresh layout before
+skopeo runs (same filesystem): containers/image's OCI destination takes a blob whose file is there
+(``TryReusingBlob`` stats it), so only the blobs the node lacks are downloaded (issue #17: pulling
+an image on a base the node has fetched the base again, and staged it again for nothing). The linked
+layers the image has are hashed before they count; a damaged one is removed from the store and
+from the layout, and downloaded by a second copy into the same layout. Linked blobs are not staged:
+their layers are in committed snapshots already, or are unpacked from the store. Manifests are never
+linked: skopeo writes a layout's manifest in place, through any link.
 
 Credentials (CRI's AuthConfig) go to skopeo in an auth file (containers-auth.json(5), 0600 in the
 0700 work directory), never on its command line, except a
@@ -429,6 +437,7 @@ class _Arrivals:
         self.stage = stage
         self.verified: dict[str, str] = {}
         self.skip: set[str] = set()  # digests not to stage (the config, once it is known)
+        self.linked: dict[str, str] = {}  # digest -> layout path: stored blobs linked in (:meth:`seed`)
         self._seen: set[str] = set()
         self._futures: list[Future[None]] = []
         self._lock = threading.Lock()
@@ -455,8 +464,52 @@ class _Arrivals:
     def restart(self) -> None:
         """Forget the files seen: the directory is made again (a second copy)."""
         self._seen.clear()
+        self.linked.clear()
         with self._lock:
             self.verified.clear()
+
+    def seed(self, directory: str, content: ContentStore, digests: Iterable[str]) -> None:
+        """Hard-link the stored blobs ``digests`` into ``directory`` (a layout's blobs/sha256, on
+        the store's filesystem) before skopeo runs: it then reuses them (containers/image's OCI
+        destination takes a blob whose file is there) and downloads only the others. Linked
+        blobs are not hashed or staged on arrival (see :meth:`reused`); one that cannot be
+        linked is simply downloaded."""
+        os.makedirs(directory, 0o700, exist_ok=True)
+        for digest in digests:
+            path = _layout_blob(directory, digest)
+            try:
+                os.link(content.path(digest), path)
+            except (OSError, BlobError):
+                continue  # not stored (any more), or no link here: downloaded
+            self._seen.add(path)
+            self.linked[digest] = path
+
+    def reused(self, content: ContentStore, digests: Iterable[str]) -> list[str]:
+        """Of ``digests``, those whose file in the layout is still the store's own blob (skopeo
+        reused the link, it downloaded nothing for them)."""
+        found = []
+        for digest in digests:
+            path = self.linked.get(digest)
+            try:
+                if path is not None and os.path.samestat(os.stat(path), os.stat(content.path(digest))):
+                    found.append(digest)
+            except FileNotFoundError:
+                pass
+        return found
+
+    def verified_reuse(self, digest: str) -> None:
+        """The linked blob ``digest`` was hashed and matched."""
+        with self._lock:
+            self.verified[digest] = self.linked[digest]
+
+    def forget(self, digest: str) -> None:
+        """The linked blob ``digest`` was damaged and is gone: its download is an arrival like any other."""
+        path = self.linked.pop(digest)
+        self._seen.discard(path)
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
 
     def _arrived(self, digest: str, path: str) -> None:
         if self._stopped.is_set():
@@ -517,7 +570,7 @@ class Puller:
         self._pdeathsig = os.access(_SETPRIV, os.X_OK)
 
     async def pull(self, ref: Reference, auth: AuthConfig | None = None, *, stored: bool = False,
-                   stage: Callable[[str, str], object] | None = None) -> Pulled:
+                   stage: Callable[[str, str], object] | None = None, reuse: Iterable[str] = ()) -> Pulled:
         """Pull ``ref`` into the content store. Raises RpcError with a sentence (NotFound,
         Unauthenticated, DataLoss, Unavailable, DeadlineExceeded...); on any failure or
         cancellation nothing of this pull is left but blobs already verified.
@@ -532,6 +585,11 @@ class Puller:
         copied by the reference while the manifest is read (one skopeo start and round trip less
         on the way), and the copy is used only if it is the manifest read; else it is copied
         again by that digest (the tag moved meanwhile, or skopeo chose another platform).
+
+        ``reuse``: digests of layer blobs in the store that skopeo may take instead of
+        downloading them (hard-linked into its layout first; never manifests, which skopeo
+        writes in place). Those the image has are hashed again before they count; a damaged one
+        is removed from the store and downloaded (the store heals), and none is staged.
         """
         work = self.content.temporary_dir("pull-")
         loop = asyncio.get_running_loop()
@@ -540,7 +598,7 @@ class Puller:
                 watcher = asyncio.ensure_future(self._watch(work, stalled))
                 arrivals = _Arrivals(stage)
                 try:
-                    return await self._pull(work, ref, auth, stored, arrivals)
+                    return await self._pull(work, ref, auth, stored, arrivals, frozenset(reuse))
                 finally:
                     watcher.cancel()
                     await asyncio.wait([watcher])
@@ -568,7 +626,7 @@ class Puller:
                 stalled.reschedule(loop.time() + self.progress_timeout)
 
     async def _pull(self, work: str, ref: Reference, auth: AuthConfig | None, stored: bool,
-                    arrivals: _Arrivals) -> Pulled:
+                    arrivals: _Arrivals, reuse: frozenset[str]) -> Pulled:
         early: asyncio.Task[bytes] | None = None
         follower = None
         try:
@@ -585,6 +643,7 @@ class Puller:
                 return ["inspect", "--raw", *what, "--retry-times", "0", *session.auth_args(""), f"docker://{source}"]
 
             if not stored:
+                arrivals.seed(blobs, self.content, reuse)
                 early = asyncio.ensure_future(session.run(copy(str(ref)), deadline))
                 follower = asyncio.ensure_future(arrivals.follow(blobs))
             raw = await session.run(inspect(str(ref)), deadline)
@@ -622,9 +681,13 @@ class Puller:
                         await arrivals.settle(blobs)
                     shutil.rmtree(layout, ignore_errors=True)
                     arrivals.restart()
+                    arrivals.seed(blobs, self.content, reuse)
                     follower = follower or asyncio.ensure_future(arrivals.follow(blobs))
                     await session.run(copy(pinned), deadline)
                 await arrivals.settle(blobs)
+                if await self._check_reused(ref, manifest, arrivals):
+                    await session.run(copy(pinned), deadline)  # what was damaged, downloaded into the same layout
+                    await arrivals.settle(blobs)
                 config = _read_verified(_layout_blob(blobs, manifest.config.digest), manifest.config.digest)
                 if config is None:
                     # The layout is OCI: skopeo converted a Docker schema 2 image, config included;
@@ -646,6 +709,23 @@ class Puller:
                 await asyncio.wait([early])
                 if not early.cancelled():
                     early.exception()  # retrieved: the inspect's error, or the result, is what counts
+
+    async def _check_reused(self, ref: Reference, manifest: Manifest, arrivals: _Arrivals) -> list[str]:
+        """Hash the stored layer blobs skopeo took instead of downloading them (side by side, in
+        threads); a damaged one is removed from the store and from the layout, to be downloaded
+        again. The damaged ones' digests."""
+        reused = arrivals.reused(self.content, dict.fromkeys(layer.digest for layer in manifest.layers))
+        intact = await asyncio.gather(*(asyncio.to_thread(self.content.check, digest) for digest in reused))
+        damaged = [digest for digest, ok in zip(reused, intact) if not ok]
+        for digest, ok in zip(reused, intact):
+            if ok:
+                arrivals.verified_reuse(digest)
+            else:
+                arrivals.forget(digest)
+        if damaged:
+            log.warning("image %s: stored layer blobs %s were damaged; removed, downloading them again", ref,
+                        ", ".join(damaged))
+        return damaged
 
     def _prepare(self, work: str, ref: Reference, auth: AuthConfig | None) -> _Session:
         """Write this pull's registries.conf, policy and auth file (0600 in a 0700 directory)."""

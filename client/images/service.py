@@ -9,7 +9,9 @@ means, for podshimd (and anything else) to translate.
   away does not stop a pull others may wait for; :meth:`Images.aclose` cancels what is in flight.
 - A pull unpacks each layer into a staging directory of the snapshotter as soon as its blob has
   arrived and is verified, while the rest download; once the config names the diff_ids, the
-  staged layers are checked against them and committed, bottom up, by a rename.
+  staged layers are checked against them and committed, bottom up, by a rename. The layer blobs of
+  the images recorded are offered to the pull (:meth:`.Puller.pull`'s ``reuse``): an image sharing
+  them downloads and stages only its own layers.
 - A layer blob the store had that fails its check when a pull unpacks it (damaged on disk) is
   removed and the image downloaded again, once, by that pull.
 - An image is recorded only once all its blobs are verified in the content store and its layers
@@ -164,7 +166,7 @@ class Images:
         """The image pulled and its layers unpacked (each staged as its blob arrives, committed
         once the config names their diff_ids); its record, not stored yet."""
         if self.snapshots is None:
-            return self._record(await self.puller.pull(ref, auth, stored=stored))
+            return self._record(await self.puller.pull(ref, auth, stored=stored, reuse=self._stored_layers()))
         staged: dict[str, StagedLayer] = {}  # by blob digest
         place = self.snapshots.staging()
         staging = place.__enter__()  # a mkdir and an uncontended flock: no await between it and the try
@@ -173,7 +175,8 @@ class Images:
                 if digest not in staged:  # a second copy (the tag moved) brings the same blobs again
                     staged[digest] = staging.stage(path)
 
-            pulled = await self.puller.pull(ref, auth, stored=stored, stage=stage)  # no stage() runs after it
+            pulled = await self.puller.pull(ref, auth, stored=stored, stage=stage,  # no stage() runs after it
+                                            reuse=self._stored_layers())
             record = self._record(pulled)
             if record.layers:
                 layers = [(layer.diff_id, self.content.path(layer.digest), layer.media_type) for layer in record.layers]
@@ -183,6 +186,10 @@ class Images:
         finally:
             # What was not committed (layers the node had) goes, off the event loop, also when cancelled.
             await asyncio.shield(asyncio.to_thread(place.__exit__, None, None, None))
+
+    def _stored_layers(self) -> set[str]:
+        """The layer blobs of the images recorded: what a pull may take from the store."""
+        return {layer.digest for record in self.store.list() for layer in record.layers}
 
     def _remove_damaged_layers(self, ref: Any) -> bool:
         """Check the stored layer blobs of the image ``ref`` names; remove the damaged ones.

@@ -8,6 +8,7 @@ import base64
 import contextlib
 import json
 import os
+import re
 import shutil
 import socket
 import stat
@@ -19,7 +20,7 @@ import pytest
 
 from client.images.pull import AuthConfig, RegistryHost
 from client.images.service import Images
-from client.images.snapshots import chain_ids
+from client.images.snapshots import Staging, chain_ids
 from imagebuild import BUSYBOX_ROOTFS_CHECKS
 from registry import AUTH, Registry
 from shim.rpc.status import (DataLoss, DeadlineExceeded, FailedPrecondition, InvalidArgument, NotFound,
@@ -196,6 +197,41 @@ async def test_each_layer_is_unpacked_as_its_blob_arrives_and_committed_by_a_ren
     assert images.snapshots.has(record.chain_id)
     for path, content in BUSYBOX_ROOTFS_CHECKS.items():
         assert images.snapshots.read_file(record.chain_id, path) == content, path
+    assert leftovers(images) == [] and staging_dirs(images) == []
+
+
+def blob_gets(registry: Registry) -> list[str]:
+    """The digests of the blobs the registry has served (GET /v2/.../blobs/...), in its log's order."""
+    return re.findall(r'"GET /v2/\S+/blobs/(sha256:[0-9a-f]{64}) HTTP/', registry.log())  # its access log
+
+
+async def test_a_pull_downloads_and_unpacks_only_the_layers_the_node_lacks(tmp_path, test_images, monkeypatch):
+    base = test_images.build("reuse-base", [{"reuse/base": "the base"}, {"reuse/middle": "the middle"}])
+    top = test_images.build("reuse-top", [{"reuse/top": "the top"}], base="reuse-base")
+    images = images_for(tmp_path, test_images.registry)
+    first = await images.pull(base.ref)
+    unpacked: list[str] = []  # blobs unpacked: staged as they arrive, or from the store at the end
+    stage, unpack_layer = Staging.stage, images.snapshots._unpack_layer
+
+    def counted(unpack, path, *args):
+        done = unpack(*args)
+        unpacked.append("sha256:" + os.path.basename(path))
+        return done
+    monkeypatch.setattr(Staging, "stage", lambda self, path: counted(stage, path, self, path))
+    monkeypatch.setattr(images.snapshots, "_unpack_layer", lambda chain_id, diff_id, path, media_type: (
+        counted(unpack_layer, path, chain_id, diff_id, path, media_type)))
+    served = len(blob_gets(test_images.registry))
+    second = await images.pull(top.ref)
+    new = second.layers[-1].digest
+    assert [layer.digest for layer in second.layers[:-1]] == [layer.digest for layer in first.layers]
+    assert set(blob_gets(test_images.registry)[served:]) == {new, second.image_id}  # only what the node lacked
+    assert unpacked == [new]
+    assert_complete(images, second)
+    assert images.snapshots.read_file(second.chain_id, "reuse/top") == b"the top"
+    for record in (first, second):
+        assert images.snapshots.read_file(record.chain_id, "reuse/middle") == b"the middle"
+        for path, content in BUSYBOX_ROOTFS_CHECKS.items():
+            assert images.snapshots.read_file(record.chain_id, path) == content, path
     assert leftovers(images) == [] and staging_dirs(images) == []
 
 
