@@ -472,7 +472,7 @@ class _Arrivals:
         """Hard-link the stored blobs ``digests`` into ``directory`` (a layout's blobs/sha256, on
         the store's filesystem) before skopeo runs: it then reuses them (containers/image's OCI
         destination takes a blob whose file is there) and downloads only the others. Linked
-        blobs are not hashed or staged on arrival (see :meth:`reused`); one that cannot be
+        blobs are not hashed or staged on arrival (the puller hashes those the image has); one that cannot be
         linked is simply downloaded."""
         os.makedirs(directory, 0o700, exist_ok=True)
         for digest in digests:
@@ -483,19 +483,6 @@ class _Arrivals:
                 continue  # not stored (any more), or no link here: downloaded
             self._seen.add(path)
             self.linked[digest] = path
-
-    def reused(self, content: ContentStore, digests: Iterable[str]) -> list[str]:
-        """Of ``digests``, those whose file in the layout is still the store's own blob (skopeo
-        reused the link, it downloaded nothing for them)."""
-        found = []
-        for digest in digests:
-            path = self.linked.get(digest)
-            try:
-                if path is not None and os.path.samestat(os.stat(path), os.stat(content.path(digest))):
-                    found.append(digest)
-            except FileNotFoundError:
-                pass
-        return found
 
     def verified_reuse(self, digest: str) -> None:
         """The linked blob ``digest`` was hashed and matched."""
@@ -629,6 +616,7 @@ class Puller:
                     arrivals: _Arrivals, reuse: frozenset[str]) -> Pulled:
         early: asyncio.Task[bytes] | None = None
         follower = None
+        checking: asyncio.Future[list[str]] | None = None  # the stored blobs linked in, hashed meanwhile
         try:
             deadline = asyncio.get_running_loop().time() + self.timeout
             session = self._prepare(work, ref, auth)
@@ -658,7 +646,10 @@ class Puller:
                 manifest_digest = select_platform(doc, self.platform, f"image {ref}").digest
                 data = None  # this platform's manifest: from the copy, or asked for
             else:
-                arrivals.skip.add(image_manifest(raw, f"the manifest of {ref}").config.digest)
+                named = image_manifest(raw, f"the manifest of {ref}")
+                arrivals.skip.add(named.config.digest)
+                if early is not None:  # its linked layers hashed while skopeo copies
+                    checking = asyncio.ensure_future(self._check_reused(ref, named, arrivals))
             manifest = None if early is not None else await asyncio.to_thread(self._complete, manifest_digest)
             if manifest is not None:
                 await asyncio.to_thread(self._store_manifests, manifests)
@@ -666,6 +657,8 @@ class Puller:
                 pinned = f"{ref.name}@{manifest_digest}"
                 if early is not None:
                     await early
+                    if checking is not None:
+                        await checking  # a damaged one found is gone from the layout: copied again below
                     data = data or _read_verified(_layout_blob(blobs, manifest_digest), manifest_digest)
                 if data is None:
                     data = await session.run(inspect(pinned), deadline)
@@ -700,6 +693,10 @@ class Puller:
                                                 *(layer.digest for layer in manifest.layers)]))
             return Pulled(ref, repo_digest, manifest_digest, manifest, config_doc, blob_digests)
         finally:
+            if checking is not None:
+                await asyncio.wait([checking])  # its threads hash files of the layout removed after us
+                if not checking.cancelled():
+                    checking.exception()  # retrieved: the pull's own error counts
             if follower is not None:
                 follower.cancel()
                 await asyncio.wait([follower])
@@ -711,13 +708,18 @@ class Puller:
                     early.exception()  # retrieved: the inspect's error, or the result, is what counts
 
     async def _check_reused(self, ref: Reference, manifest: Manifest, arrivals: _Arrivals) -> list[str]:
-        """Hash the stored layer blobs skopeo took instead of downloading them (side by side, in
-        threads); a damaged one is removed from the store and from the layout, to be downloaded
-        again. The damaged ones' digests."""
-        reused = arrivals.reused(self.content, dict.fromkeys(layer.digest for layer in manifest.layers))
-        intact = await asyncio.gather(*(asyncio.to_thread(self.content.check, digest) for digest in reused))
-        damaged = [digest for digest, ok in zip(reused, intact) if not ok]
-        for digest, ok in zip(reused, intact):
+        """Hash the layout's files of ``manifest``'s layers that were linked from the store and
+        are not verified yet (side by side, in threads): a damaged one is removed from the store
+        (:meth:`ContentStore.check`) and from the layout, to be downloaded again. The damaged
+        ones' digests."""
+        linked = [digest for digest in dict.fromkeys(layer.digest for layer in manifest.layers)
+                  if digest in arrivals.linked and digest not in arrivals.verified]
+        intact = await asyncio.gather(*(asyncio.to_thread(self._intact, digest, arrivals.linked[digest])
+                                        for digest in linked))
+        damaged = [digest for digest, ok in zip(linked, intact) if not ok]
+        for digest, ok in zip(linked, intact):
+            if digest not in arrivals.linked:
+                continue  # the layout was made again meanwhile (arrivals.restart)
             if ok:
                 arrivals.verified_reuse(digest)
             else:
@@ -726,6 +728,20 @@ class Puller:
             log.warning("image %s: stored layer blobs %s were damaged; removed, downloading them again", ref,
                         ", ".join(damaged))
         return damaged
+
+    def _intact(self, digest: str, path: str) -> bool:
+        """Whether the layout's file ``path`` of the linked blob ``digest`` has that digest: the
+        store's own blob is checked there (and removed when damaged); another file (skopeo
+        downloaded it after all, or the store's blob was replaced meanwhile) is hashed."""
+        try:
+            if os.path.samestat(os.stat(path), os.stat(self.content.path(digest))):
+                return self.content.check(digest)
+        except FileNotFoundError:
+            pass
+        try:
+            return file_digest(path) == digest
+        except FileNotFoundError:
+            return False
 
     def _prepare(self, work: str, ref: Reference, auth: AuthConfig | None) -> _Session:
         """Write this pull's registries.conf, policy and auth file (0600 in a 0700 directory)."""

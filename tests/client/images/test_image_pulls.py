@@ -263,6 +263,24 @@ async def test_a_layer_blob_damaged_in_the_store_is_replaced_by_the_next_downloa
     assert_complete(images, other)
 
 
+async def test_a_damaged_layer_blob_an_index_shares_is_downloaded_again(tmp_path, test_images):
+    first = test_images.build("heal-index-top", [{"heal-index": "shared layer"}], base=None)
+    second = test_images.build("heal-index", [{"under": "another base"}, {"heal-index": "shared layer"}], base=None,
+                               platforms=("linux/amd64", "linux/arm64"))
+    images = images_for(tmp_path, test_images.registry)
+    shared = (await images.pull(first.ref)).layers[-1].digest
+    flip_a_byte(images.content.path(shared))
+    served = len(blob_gets(test_images.registry))
+    # an index: the manifest is known only once skopeo has copied, so the damage shows after it
+    other = await images.pull(second.ref)
+    assert other.layers[-1].digest == shared
+    assert shared in blob_gets(test_images.registry)[served:]
+    assert images.snapshots.read_file(other.chain_id, "heal-index") == b"shared layer"
+    assert images.content.check(shared)
+    assert_complete(images, other)
+    assert leftovers(images) == [] and staging_dirs(images) == []
+
+
 async def test_a_config_damaged_in_the_store_is_downloaded_again_by_the_next_pull(tmp_path, test_images):
     images = images_for(tmp_path, test_images.registry)
     record = await images.pull(test_images.busybox.ref)
