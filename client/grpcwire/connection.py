@@ -134,7 +134,7 @@ class Connection:
     def receive_data(self, data: bytes) -> None:
         """Bytes read from the peer; ``b""`` when it closed the connection."""
         if not data:
-            self._close("podshimd closed the connection")
+            self._close("the server closed the connection")
             self._settle(Outcome(Code.UNAVAILABLE, "the connection closed before the reply was complete"))
             return
         try:
