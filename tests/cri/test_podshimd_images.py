@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -165,6 +166,45 @@ def test_a_container_runs_on_its_pulled_image_which_is_not_removed_until_the_con
         daemon.crictl(crictl, "rmp", "-f", pod_id)
     daemon.crictl(crictl, "rmi", busybox.ref)
     assert listed(daemon, crictl) == [] and blobs(daemon) == set()
+
+
+def test_an_image_on_a_base_the_node_has_fetches_only_its_own_blobs_and_both_run(daemon, crictl, test_images,
+                                                                                  tmp_path):
+    base = test_images.build("cri-shared-base", [{"shared/base": "the base layer"}])
+    top = test_images.build("cri-shared-top", [{"shared/top": "the top layer"}], base="cri-shared-base")
+    daemon.crictl(crictl, "pull", base.ref)
+    served = len(blob_gets(test_images.registry))
+    daemon.crictl(crictl, "pull", top.ref)
+    [own_layer] = [digest for digest in _layers(top) if digest not in _layers(base)]
+    fetched = blob_gets(test_images.registry)[served:]
+    assert own_layer in fetched and not set(fetched) & set(_layers(base))  # the shared blobs are taken from the node
+    pod_path = tmp_path / "pod.json"
+    pod_path.write_text(json.dumps(pod_config()))
+    pod_id = daemon.crictl(crictl, "runp", str(pod_path)).stdout.strip()
+    try:
+        for name, image, path, content in (("base", base, "shared/base", "the base layer"),
+                                           ("top", top, "shared/top", "the top layer"),
+                                           ("top-base", top, "shared/base", "the base layer")):
+            config = {**container_config(["sleep", "60"], name=name), "image": {"image": image.ref}}
+            (tmp_path / f"{name}.json").write_text(json.dumps(config))
+            container_id = daemon.crictl(crictl, "create", pod_id, str(tmp_path / f"{name}.json"),
+                                         str(pod_path)).stdout.strip()
+            daemon.crictl(crictl, "start", container_id)
+            assert daemon.crictl(crictl, "exec", "-s", container_id, "cat", "/" + path).stdout.strip() == content, name
+    finally:
+        daemon.crictl(crictl, "rmp", "-f", pod_id)
+
+
+def blob_gets(registry) -> list[str]:
+    """The blob digests the registry served, from its access log."""
+    return re.findall(r'"GET /v2/\S+/blobs/(sha256:[0-9a-f]{64}) HTTP/', registry.log())
+
+
+def _layers(image) -> list[str]:
+    status, _, body = image.registry.get(f"/v2/{image.repo}/manifests/{image.digest}",
+                                         {"Accept": "application/vnd.oci.image.manifest.v1+json"})
+    assert status == 200
+    return [layer["digest"] for layer in json.loads(body)["layers"]]
 
 
 def test_critest_image_manager_specs_pass_but_the_one_needing_upstreams_digest(critest, test_images, tmp_path):
