@@ -48,6 +48,8 @@ class Channel:
                 conn.receive_data(sock.recv(_READ_BYTES))
         except (TimeoutError, _Expired):
             conn.fail(Outcome(Code.DEADLINE_EXCEEDED, f"no reply within the call's deadline of {timeout or 0:g} s"))
+        except (BrokenPipeError, ConnectionResetError) as exc:
+            conn.fail(Outcome(Code.UNAVAILABLE, f"the server closed the connection ({exc.strerror or exc})"))
         except OSError as exc:
             conn.fail(Outcome(Code.UNAVAILABLE, f"the connection failed: {exc.strerror or exc}"))
         result = conn.next_outcome()

@@ -40,6 +40,8 @@ MAX_MESSAGE_BYTES: Final = 16 * 1024 * 1024
 #: reply streams in without waiting for a round trip per 64 KiB (HTTP/2's initial window).
 RECEIVE_WINDOW_BYTES: Final = 4 * 1024 * 1024
 _PREFIX = struct.Struct(">BI")  # gRPC's message prefix: compressed flag, length
+_FRAME_HEADER = struct.Struct(">HBBBI")  # HTTP/2's 9-byte frame header: length (24 bits), type, flags, stream
+_SETTINGS = 0x4
 
 
 class _NeedData:
@@ -101,6 +103,7 @@ class Connection:
         self._headers: dict[bytes, bytes] = {}
         self._body = bytearray()
         self._closed: str | None = None  # why the connection takes no more calls
+        self._first_bytes: bytes | None = b""  # the server's first bytes until they are seen to be HTTP/2
 
     @property
     def usable(self) -> bool:
@@ -137,6 +140,8 @@ class Connection:
             self._close("the server closed the connection")
             self._settle(Outcome(Code.UNAVAILABLE, "the connection closed before the reply was complete"))
             return
+        if self._first_bytes is not None and not self._check_preface(data):
+            return
         try:
             events = self._h2.receive_data(data)
         except h2.exceptions.ProtocolError as exc:
@@ -157,6 +162,25 @@ class Connection:
         and take no more calls on this connection."""
         self._close(outcome.details)
         self._settle(outcome)
+
+    def _check_preface(self, data: bytes) -> bool:
+        """False (and the connection failed) when the server's first frame header is not a SETTINGS
+        frame on stream 0 (RFC 9113 3.4): no HTTP/2 server, such as an HTTP/1.1 one or garbage. h2
+        checks a frame's length only once it has buffered the whole frame, so without this a frame
+        header of "HTTP/1.1 4" would wait for 4.7 MB, until the call's deadline."""
+        assert self._first_bytes is not None
+        self._first_bytes += data[:16 - len(self._first_bytes)]  # 16: enough to show in the sentence
+        if len(self._first_bytes) < _FRAME_HEADER.size:
+            return True
+        high, low, frame_type, flags, stream_id = _FRAME_HEADER.unpack_from(self._first_bytes)
+        if frame_type == _SETTINGS and stream_id == 0 and not flags & 0x1 and ((high << 8) | low) % 6 == 0:
+            self._first_bytes = None
+            return True
+        why = (f"the server does not speak HTTP/2: its first bytes are {self._first_bytes!r}, "
+               "not a SETTINGS frame")
+        self._close(why)
+        self._settle(Outcome(Code.UNAVAILABLE, why))
+        return False
 
     # -- events ---------------------------------------------------------------------------------
 

@@ -285,3 +285,35 @@ def test_a_second_message_in_a_unary_reply_is_internal():
     server.h2.send_data(stream_id, framed(b"one") + framed(b"two"))
     assert outcome_of(client, server, stream_id) == Outcome(
         Code.INTERNAL, "the reply carries more than one message for a unary call")
+
+
+@pytest.mark.parametrize("first_bytes", [b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n",
+                                         b"\x00\x01garbage garbage garbage\xff" * 20])
+def test_a_server_whose_first_bytes_are_not_http2_settings_is_unavailable_at_once(first_bytes):
+    # RFC 9113 3.4: the server's preface is a SETTINGS frame. Without this check h2 buffers what
+    # a frame header of "HTTP/1.1 4" declares (4.7 MB) and the call waits for its deadline.
+    client = Connection()
+    client.start_call(PATH, b"ping", 5.0)
+    client.data_to_send()
+    client.receive_data(first_bytes)
+    outcome = client.next_outcome()
+    assert outcome == Outcome(Code.UNAVAILABLE, f"the server does not speak HTTP/2: its first bytes are "
+                                                f"{first_bytes[:16]!r}, not a SETTINGS frame")
+    assert not client.usable
+
+
+def test_a_server_that_closes_at_once_is_said_to_have_closed_the_connection(tmp_path):
+    path = str(tmp_path / "closing.sock")
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as listener:
+        listener.bind(path)
+        listener.listen()
+        channel = Channel(path)
+        try:
+            channel._connect(None)  # connected; the server then closes without reading a byte
+            accepted, _ = listener.accept()
+            accepted.close()
+            outcome = channel.call(PATH, b"x" * 300_000, timeout=5.0)
+        finally:
+            channel.close()
+    assert outcome.code == Code.UNAVAILABLE
+    assert outcome.details.startswith("the server closed the connection"), outcome.details
