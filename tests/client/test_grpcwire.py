@@ -234,7 +234,10 @@ def test_the_connection_closing_mid_reply_is_unavailable():
 
 
 def test_a_reply_split_over_many_small_reads():
-    client, server, stream_id = started()
+    client, server = Connection(), Server()
+    client.start_call(PATH, b"ping", 5.0)
+    exchange(client, server, chunk=1)  # the server's preface too, byte by byte
+    (stream_id,) = server.requests
     reply(server, stream_id, b"\x0a\x05v0.1" * 50, status=0)
     assert outcome_of(client, server, stream_id, chunk=1) == Outcome(Code.OK, message=b"\x0a\x05v0.1" * 50)
 
