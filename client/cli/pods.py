@@ -71,8 +71,9 @@ class _Podshimd:
                                      deadline)
         if outcome.code == Code.UNAVAILABLE and not _answers(self.endpoint):
             raise CliError(f"podshimd stopped answering on {self.endpoint}: {HOW_TO_START}")
-        if outcome.code != Code.OK:
-            raise error_from_status(outcome.code, outcome.details)
+        if outcome.code != Code.OK:  # the connection's own failures name the endpoint they came from
+            details = outcome.details if outcome.from_server else f"podshimd at {self.endpoint}: {outcome.details}"
+            raise error_from_status(outcome.code, details)
         try:
             return getattr(self.api, f"{method}Response").FromString(outcome.message)
         except DecodeError as exc:

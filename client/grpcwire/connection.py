@@ -56,11 +56,14 @@ NEED_DATA: Final = _NeedData()
 @dataclass(frozen=True)
 class Outcome:
     """How a call ended: ``code`` OK with the reply ``message`` (a serialised protobuf), else the
-    status and its sentence (``details``, percent-decoded)."""
+    status and its sentence (``details``, percent-decoded). ``from_server``: the status is the
+    server's own (its grpc-status); False for what this client found (the socket, the deadline,
+    HTTP/2 or gRPC framing), which a caller may want to say came from the connection."""
 
     code: Code
     details: str = ""
     message: bytes = b""
+    from_server: bool = False
 
 
 # grpc's mapping of an HTTP status that is not 200 (a proxy's answer, or no gRPC server at all).
@@ -261,7 +264,7 @@ class Connection:
             code = Code.UNKNOWN
         details = unquote_to_bytes(self._headers.get(b"grpc-message", b"")).decode("utf-8", "replace")
         if code != Code.OK:
-            return Outcome(code, details or code.name)
+            return Outcome(code, details or code.name, from_server=True)
         body = bytes(self._body)
         if len(body) < _PREFIX.size:
             return Outcome(Code.INTERNAL, "the reply has no message" if not body else

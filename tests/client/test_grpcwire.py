@@ -156,14 +156,15 @@ def test_an_empty_ok_message_is_a_message():
 def test_an_error_status_keeps_the_servers_percent_decoded_sentence():
     client, server, stream_id = started()
     reply(server, stream_id, None, status=Code.NOT_FOUND, details="no pod 'ä1' — 100% gone\nreally")
-    assert outcome_of(client, server, stream_id) == Outcome(Code.NOT_FOUND, "no pod 'ä1' — 100% gone\nreally")
+    assert outcome_of(client, server, stream_id) == Outcome(Code.NOT_FOUND, "no pod 'ä1' — 100% gone\nreally",
+                                                            from_server=True)
 
 
 def test_a_trailers_only_reply_is_its_status():
     client, server, stream_id = started()
     server.h2.send_headers(stream_id, [*GRPC_HEADERS, (b"grpc-status", b"12"), (b"grpc-message", b"no%20such")],
                            end_stream=True)
-    assert outcome_of(client, server, stream_id) == Outcome(Code.UNIMPLEMENTED, "no such")
+    assert outcome_of(client, server, stream_id) == Outcome(Code.UNIMPLEMENTED, "no such", from_server=True)
 
 
 def test_a_reply_without_a_status_is_internal():
@@ -320,3 +321,36 @@ def test_a_server_that_closes_at_once_is_said_to_have_closed_the_connection(tmp_
             channel.close()
     assert outcome.code == Code.UNAVAILABLE
     assert outcome.details.startswith("the server closed the connection"), outcome.details
+
+
+def test_podshimctl_names_the_endpoint_when_the_connection_failed_not_the_server(tmp_path):
+    # A socket that answers, but not with HTTP/2: the failure is the connection's, and the
+    # sentence says which endpoint it was, so a wrong --endpoint is seen for what it is.
+    import subprocess
+    import sys
+    import threading
+
+    path = str(tmp_path / "not-podshimd.sock")
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as listener:
+        listener.bind(path)
+        listener.listen()
+
+        def answer_http1() -> None:
+            for _ in range(2):  # podshimctl's own check that something answers, then the call
+                accepted, _ = listener.accept()
+                with accepted:
+                    try:
+                        accepted.sendall(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n")
+                        accepted.recv(65536)
+                    except OSError:
+                        pass
+
+        server = threading.Thread(target=answer_http1, daemon=True)
+        server.start()
+        run = subprocess.run([sys.executable, "-m", "client.cli", "pods", "--endpoint", f"unix://{path}"],
+                             capture_output=True, text=True, timeout=60,
+                             cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+        server.join(timeout=10)
+    assert run.returncode != 0
+    assert f"podshimd at unix://{path}: the server does not speak HTTP/2" in run.stderr, run.stderr
+    assert "Traceback" not in run.stderr
