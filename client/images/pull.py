@@ -650,8 +650,9 @@ class Puller:
                 arrivals.skip.add(named.config.digest)
                 if early is not None:  # its linked layers hashed while skopeo copies
                     checking = asyncio.ensure_future(self._check_reused(ref, named, arrivals))
-            manifest = None if early is not None else await asyncio.to_thread(self._complete, manifest_digest)
-            if manifest is not None:
+            complete = None if early is not None else await asyncio.to_thread(self._complete, manifest_digest)
+            if complete is not None:
+                manifest, config = complete
                 await asyncio.to_thread(self._store_manifests, manifests)
             else:
                 pinned = f"{ref.name}@{manifest_digest}"
@@ -681,14 +682,15 @@ class Puller:
                 if await self._check_reused(ref, manifest, arrivals):
                     await session.run(copy(pinned), deadline)  # what was damaged, downloaded into the same layout
                     await arrivals.settle(blobs)
-                config = _read_verified(_layout_blob(blobs, manifest.config.digest), manifest.config.digest)
-                if config is None:
+                layout_config = _read_verified(_layout_blob(blobs, manifest.config.digest), manifest.config.digest)
+                if layout_config is None:
                     # The layout is OCI: skopeo converted a Docker schema 2 image, config included;
                     # the registry's own config is asked for (the layers are the registry's bytes).
-                    config = await session.run(inspect(pinned, "--config"), deadline)
+                    layout_config = await session.run(inspect(pinned, "--config"), deadline)
+                config = layout_config
                 await asyncio.to_thread(self._store, ref, blobs, manifest, config,
                                         {**manifests, manifest_digest: data}, dict(arrivals.verified))
-            config_doc = self._config(ref, manifest)
+            config_doc = self._config(ref, manifest, config)
             blob_digests = tuple(dict.fromkeys([repo_digest, manifest_digest, manifest.config.digest,
                                                 *(layer.digest for layer in manifest.layers)]))
             return Pulled(ref, repo_digest, manifest_digest, manifest, config_doc, blob_digests)
@@ -766,18 +768,18 @@ class Puller:
                "LANG": "C.UTF-8"}
         return _Session(ref, auth, argv, env, paths["auth.json"])
 
-    def _complete(self, manifest_digest: str) -> Manifest | None:
-        """The manifest ``manifest_digest`` if it and all its blobs are in the store already
-        (the manifest and the config read back: one damaged on disk is removed, and the image
-        is downloaded again)."""
+    def _complete(self, manifest_digest: str) -> tuple[Manifest, bytes] | None:
+        """The manifest ``manifest_digest`` and its config's bytes if it and all its blobs are in
+        the store already (the manifest and the config read back: one damaged on disk is removed,
+        and the image is downloaded again)."""
         if not self.content.has(manifest_digest):
             return None
         try:
             manifest = image_manifest(self.content.read(manifest_digest), f"manifest {manifest_digest}")
-            self.content.read(manifest.config.digest)
+            config = self.content.read(manifest.config.digest)
         except (RpcError, BlobError):
             return None
-        return manifest if all(self.content.has(layer.digest) for layer in manifest.layers) else None
+        return (manifest, config) if all(self.content.has(layer.digest) for layer in manifest.layers) else None
 
     def _store_manifests(self, manifests: Mapping[str, bytes]) -> None:
         for digest, data in manifests.items():
@@ -804,11 +806,13 @@ class Puller:
         self._store_manifests(manifests)
         self.content.sync()
 
-    def _config(self, ref: Reference, manifest: Manifest) -> dict[str, Any]:
+    def _config(self, ref: Reference, manifest: Manifest, data: bytes) -> dict[str, Any]:
+        """The image config ``data`` (its digest checked already) as a JSON object with a diff_id
+        per layer."""
         what = f"the config {manifest.config.digest} of {ref}"
         try:
-            config = decode_json(self.content.read(manifest.config.digest), what)
-        except (ValueError, BlobError) as exc:
+            config = decode_json(data, what)
+        except ValueError as exc:
             raise DataLoss(str(exc)) from None
         if not isinstance(config, dict):
             raise DataLoss(f"{what} is not a JSON object")
