@@ -114,13 +114,9 @@ class ContentStore:
         """Whether the stored blob ``digest`` still has its digest; a damaged one is removed (the
         next pull fetches it again). False when absent."""
         try:
-            fd = os.open(self.path(digest), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            intact = file_digest(self.path(digest)) == digest
         except FileNotFoundError:
             return False
-        try:
-            intact = _sha256_fd(fd) == digest
-        finally:
-            os.close(fd)
         if not intact:
             self.remove(digest)
         return intact
