@@ -147,14 +147,21 @@ class Staging:
         """Unpack the layer blob at ``blob_path`` (compression read from its first bytes). Raises
         what apply_layer raises; nothing of a failed layer is left."""
         path = os.path.join(self.directory, str(next(self._numbers)))
-        os.mkdir(path, 0o700)
-        try:
-            os.mkdir(os.path.join(path, "fs"))
-            os.chmod(os.path.join(path, "fs"), 0o755)  # not the umask's: it is the image's root
-            return StagedLayer(path, apply_layer(os.path.join(path, "fs"), blob_path))
-        except BaseException:
-            shutil.rmtree(path, ignore_errors=True)
-            raise
+        return StagedLayer(path, _unpack_into(path, blob_path))
+
+
+def _unpack_into(path: str, blob_path: str, media_type: str | None = None, *,
+                 diff_id: str | None = None) -> LayerStats:
+    """Make the directory ``path`` (0700) and unpack the layer blob ``blob_path`` into its
+    ``fs``. Raises what apply_layer raises; nothing of a failed layer is left."""
+    os.mkdir(path, 0o700)
+    try:
+        os.mkdir(os.path.join(path, "fs"))
+        os.chmod(os.path.join(path, "fs"), 0o755)  # not the umask's: it is the image's root
+        return apply_layer(os.path.join(path, "fs"), blob_path, media_type, diff_id=diff_id)
+    except BaseException:
+        shutil.rmtree(path, ignore_errors=True)
+        raise
 
 
 def chain_ids(diff_ids: Iterable[str]) -> list[str]:
@@ -570,14 +577,7 @@ class Snapshotter:
     def _unpack_layer(self, chain_id: str, diff_id: str, blob_path: str, media_type: str | None
                       ) -> tuple[str, LayerStats]:
         tmp = os.path.join(self._dirs, f"tmp-{chain_id.partition(':')[2]}-{os.urandom(4).hex()}")
-        os.mkdir(tmp, 0o700)
-        try:
-            os.mkdir(os.path.join(tmp, "fs"))
-            os.chmod(os.path.join(tmp, "fs"), 0o755)  # not the umask's: it is the image's root
-            return tmp, apply_layer(os.path.join(tmp, "fs"), blob_path, media_type, diff_id=diff_id)
-        except BaseException:
-            self._discard(tmp)
-            raise
+        return tmp, _unpack_into(tmp, blob_path, media_type, diff_id=diff_id)
 
     def _commit(self, layers: list[tuple[tuple[str, LayerStats], str, str | None, str]]) -> None:
         """Commit unpacked layers, ((directory, stats), chain id, parent, diff_id) from the bottom
