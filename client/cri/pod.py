@@ -592,10 +592,7 @@ class PodService:
 
     async def _stop_pod(self, record: PodRecord) -> None:
         for container in record.containers.values():
-            try:
-                await self._stop_container(container, 0)
-            except RpcError as exc:  # best effort, as containerd: the sandbox stop kills them anyway
-                log.warning("pod %s: stopping container %s failed: %s", record.pod_id, container.container_id, exc)
+            await self._stop_container_quietly(container)
         failpoint("stop:after-containers")
         if not record.network_down:
             with phase("cni del"):
@@ -633,10 +630,7 @@ class PodService:
             for container in list(record.containers.values()):
                 # A pod that went NOTREADY on its own (its pause died) was not stopped: a
                 # container of it may still run, and a running task cannot be deleted.
-                try:
-                    await self._stop_container(container, 0)
-                except RpcError as exc:
-                    log.warning("pod %s: stopping container %s failed: %s", record.pod_id, container.container_id, exc)
+                await self._stop_container_quietly(container)
                 await self._delete_task(container)
                 await self._remove_rootfs(record.pod_id, container.container_id)
                 self.store.delete_container(record.pod_id, container.container_id, remember=True)
@@ -971,6 +965,14 @@ class PodService:
             except NotFound:
                 return  # removed while this call waited for the pod's lock
             await self._stop_container(c, CONTAINER_STOP_TIMEOUT if timeout is None else timeout)
+
+    async def _stop_container_quietly(self, c: ContainerRecord) -> None:
+        """Stop a container of a pod being stopped or removed, at once and best effort (as
+        containerd: the sandbox stop kills it anyway); a failure is logged."""
+        try:
+            await self._stop_container(c, 0)
+        except RpcError as exc:
+            log.warning("pod %s: stopping container %s failed: %s", c.pod_id, c.container_id, exc)
 
     async def _stop_container(self, c: ContainerRecord, timeout: float) -> None:
         c = await self._refresh_container(c)
