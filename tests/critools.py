@@ -19,6 +19,7 @@ does not show (the status of a call, idempotence).
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import secrets
@@ -267,6 +268,30 @@ def _wait_ready(daemon: Podshimd, notify: socket.socket) -> None:
 
 
 # -- critest runs ------------------------------------------------------------------------------------
+
+def cni_config(directory: str, *, portmap: bool = True) -> None:
+    """podshimd's CNI network under ``directory``/net.d for critest: a bridge (its IPAM leases under
+    ``directory``/ipam), then portmap (critest's host-port specs) unless ``portmap`` is False."""
+    plugins: list[dict[str, Any]] = [
+        {"type": "bridge", "bridge": "crit0", "isGateway": True, "ipMasq": False,
+         "ipam": {"type": "host-local", "ranges": [[{"subnet": "10.214.0.0/24"}]],
+                  "dataDir": os.path.join(directory, "ipam")}}]
+    if portmap:
+        plugins.append({"type": "portmap", "capabilities": {"portMappings": True}})
+    os.makedirs(os.path.join(directory, "net.d"))
+    with open(os.path.join(directory, "net.d", "10-critest.conflist"), "w") as f:
+        json.dump({"cniVersion": "1.0.0", "name": "critest", "plugins": plugins}, f)
+
+
+def critest_in(netns: str, critest: str, directory: str) -> str:
+    """A script under ``directory`` that runs critest inside ``netns`` (run_critest runs the binary it
+    is given)."""
+    path = os.path.join(directory, "critest-in-netns")
+    with open(path, "w") as f:
+        f.write(f'#!/bin/sh\nexec nsenter --net={netns} -- {critest} "$@"\n')
+    os.chmod(path, 0o755)
+    return path
+
 
 #: Seconds a whole critest run may take (its 80 specs run one after another; several have minute-long waits).
 CRITEST_TIMEOUT = 3600.0

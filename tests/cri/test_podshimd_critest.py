@@ -14,8 +14,6 @@ propagation specs mount on the host, and podshimd shares its mount namespace."""
 
 from __future__ import annotations
 
-import json
-import os
 import re
 import shutil
 import subprocess
@@ -24,7 +22,7 @@ import tempfile
 import pytest
 
 from client.criapi import api_pb2
-from critools import run_critest, running_podshimd
+from critools import cni_config, critest_in, run_critest, running_podshimd
 from netrelay import loopback_relay
 
 FOCUS = "Runtime info|PodSandbox runtime should support basic"
@@ -56,12 +54,7 @@ def directory():
 
 
 def test_critest_runtime_info_and_basic_pod_sandbox_specs_pass(critest, directory, outer_netns):
-    os.makedirs(os.path.join(directory, "net.d"))
-    with open(os.path.join(directory, "net.d", "10-critest.conflist"), "w") as f:
-        json.dump({"cniVersion": "1.0.0", "name": "critest", "plugins": [
-            {"type": "bridge", "bridge": "crit0", "isGateway": True, "ipMasq": False,
-             "ipam": {"type": "host-local", "ranges": [[{"subnet": "10.214.0.0/24"}]],
-                      "dataDir": os.path.join(directory, "ipam")}}]}, f)
+    cni_config(directory, portmap=False)
     with running_podshimd(directory, netns=outer_netns) as daemon:
         done = subprocess.run([critest, "--runtime-endpoint", daemon.endpoint, "--image-endpoint", daemon.endpoint,
                                "--ginkgo.focus", FOCUS, "--ginkgo.no-color"], cwd=directory, capture_output=True,
@@ -76,42 +69,12 @@ def test_critest_runtime_info_and_basic_pod_sandbox_specs_pass(critest, director
     assert "Traceback" not in daemon.log()
 
 
-def podshimd_config(images) -> str:
-    """podshimd's config.toml: every host critest pulls from mirrored to the local registry, over HTTP."""
-    local = images.registry.host
-    lines = []
-    for host in images.mirrors:
-        if host != local:
-            lines += [f'[registries."{host}"]', f'mirrors = ["{local}"]']
-    lines += [f'[registries."{local}"]', "insecure = true"]
-    return "\n".join(lines) + "\n"
-
-
-def cni_config(directory: str) -> None:
-    os.makedirs(os.path.join(directory, "net.d"))
-    with open(os.path.join(directory, "net.d", "10-critest.conflist"), "w") as f:
-        json.dump({"cniVersion": "1.0.0", "name": "critest", "plugins": [
-            {"type": "bridge", "bridge": "crit0", "isGateway": True, "ipMasq": False,
-             "ipam": {"type": "host-local", "ranges": [[{"subnet": "10.214.0.0/24"}]],
-                      "dataDir": os.path.join(directory, "ipam")}},
-            {"type": "portmap", "capabilities": {"portMappings": True}}]}, f)
-
-
-def critest_in(netns: str, critest: str, directory: str) -> str:
-    """A script that runs critest inside ``netns`` (run_critest runs the binary it is given)."""
-    path = os.path.join(directory, "critest-in-netns")
-    with open(path, "w") as f:
-        f.write(f'#!/bin/sh\nexec nsenter --net={netns} -- {critest} "$@"\n')
-    os.chmod(path, 0o755)
-    return path
-
-
 def test_critest_image_container_network_and_mount_specs_pass(critest, critest_image_set, directory, outer_netns):
     images = critest_image_set
     cni_config(directory)
     port = int(images.registry.host.rpartition(":")[2])
     with loopback_relay(outer_netns, port), \
-            running_podshimd(directory, config=podshimd_config(images), netns=outer_netns) as daemon:
+            running_podshimd(directory, config=images.podshim_registry_config(), netns=outer_netns) as daemon:
         result = run_critest(critest_in(outer_netns, critest, directory), daemon.endpoint, images, focus=IMAGES_FOCUS,
                              skip=IMAGES_SKIP, cwd=directory, timeout=IMAGES_CRITEST_TIMEOUT)
         assert result.failed == 0 and result.returncode == 0, (
@@ -145,7 +108,7 @@ def test_critest_security_context_and_sysctl_specs_pass(critest, critest_image_s
     cni_config(directory)
     port = int(images.registry.host.rpartition(":")[2])
     with loopback_relay(outer_netns, port), \
-            running_podshimd(directory, config=podshimd_config(images), netns=outer_netns) as daemon:
+            running_podshimd(directory, config=images.podshim_registry_config(), netns=outer_netns) as daemon:
         result = run_critest(critest_in(outer_netns, critest, directory), daemon.endpoint, images,
                              focus=SECURITY_FOCUS, skip="|".join(SECURITY_SKIPPED), cwd=directory,
                              extra=["--runtime-handler", handler], timeout=IMAGES_CRITEST_TIMEOUT)

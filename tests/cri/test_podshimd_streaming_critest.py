@@ -8,76 +8,24 @@ relay that listens on the same address inside that namespace."""
 
 from __future__ import annotations
 
-import json
-import os
 import shutil
-import socket
 import tempfile
-import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
 
-from critools import run_critest, running_podshimd
+from critools import cni_config, critest_in, run_critest, running_podshimd
 from imagebuild import critest_images
-from shim.kernel.netns import socket_in_netns
-
-
-@contextmanager
-def relay(netns: str, host: str, port: int) -> Iterator[None]:
-    """Listen on host:port inside ``netns``; every connection is joined to host:port outside it."""
-    listener = socket_in_netns(netns)
-    listener.bind((host, port))
-    listener.listen(64)
-    joined: list[socket.socket] = []
-
-    def pump(source: socket.socket, sink: socket.socket) -> None:
-        try:
-            while data := source.recv(65536):
-                sink.sendall(data)
-            sink.shutdown(socket.SHUT_WR)
-        except OSError:
-            pass
-
-    def accept() -> None:
-        while True:
-            try:
-                inside, _ = listener.accept()
-            except OSError:
-                return  # the listener was closed: the relay ends
-            outside = socket.create_connection((host, port))
-            joined.extend((inside, outside))
-            for a, b in ((inside, outside), (outside, inside)):
-                threading.Thread(target=pump, args=(a, b), daemon=True).start()
-
-    acceptor = threading.Thread(target=accept, daemon=True)
-    acceptor.start()
-    try:
-        yield
-    finally:
-        listener.shutdown(socket.SHUT_RDWR)
-        listener.close()
-        acceptor.join()
-        for sock in joined:
-            sock.close()
+from netrelay import loopback_relay
 
 
 def test_critest_streaming_specs_pass(critest, test_images, outer_netns, tmp_path):
     images = critest_images(test_images)
-    registry_host, registry_port = images.registry.host.rsplit(":", 1)
-    wrapper = tmp_path / "critest-in-netns"  # critest run where the pods' network is
-    wrapper.write_text(f'#!/bin/sh\nexec nsenter --net={outer_netns} -- {critest} "$@"\n')
-    wrapper.chmod(0o755)
+    port = int(images.registry.host.rpartition(":")[2])
     directory = tempfile.mkdtemp(prefix="psd-cst-")
     try:
-        os.makedirs(os.path.join(directory, "net.d"))
-        with open(os.path.join(directory, "net.d", "10-critest.conflist"), "w") as f:
-            json.dump({"cniVersion": "1.0.0", "name": "critest", "plugins": [
-                {"type": "bridge", "bridge": "cst0", "isGateway": True, "ipMasq": False,
-                 "ipam": {"type": "host-local", "ranges": [[{"subnet": "10.215.0.0/24"}]],
-                          "dataDir": os.path.join(directory, "ipam")}}]}, f)
-        with relay(outer_netns, registry_host, int(registry_port)), \
+        cni_config(directory, portmap=False)
+        with loopback_relay(outer_netns, port), \
                 running_podshimd(directory, config=images.podshim_registry_config(), netns=outer_netns) as daemon:
-            result = run_critest(str(wrapper), daemon.endpoint, images, focus="Streaming", cwd=str(tmp_path))
+            result = run_critest(critest_in(outer_netns, critest, directory), daemon.endpoint, images,
+                                 focus="Streaming", cwd=str(tmp_path))
             assert "Traceback" not in daemon.log()
     finally:
         shutil.rmtree(directory)
