@@ -20,8 +20,10 @@ import argparse
 import json
 import os
 import secrets
+import shutil
 import subprocess
 import sys
+import tempfile
 from collections.abc import Callable, Mapping
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -87,6 +89,15 @@ def cni_conflist(directory: str, bridge: str, subnet: str) -> None:
              "ipam": {"type": "host-local", "ranges": [[{"subnet": subnet}]], "routes": [{"dst": "0.0.0.0/0"}],
                       "dataDir": os.path.join(directory, "cni-leases")}},
             {"type": "portmap", "capabilities": {"portMappings": True}}]}, f)
+
+
+def podshimd_directory(janitor: Janitor) -> str:
+    """A directory for a bench's podshimd (under /tmp: its socket path must fit), removed by
+    ``janitor``, with the bench's CNI network (:func:`cni_conflist`) in it."""
+    directory = tempfile.mkdtemp(prefix="psd-", dir="/tmp")
+    janitor.add("remove podshimd's directory", shutil.rmtree, directory, True)
+    cni_conflist(directory, "bench-ps0", "10.234.0.0/16")
+    return directory
 
 
 class ImageContainerd(CriContainerd):

@@ -27,7 +27,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
 from bench.common import bench_podshimd  # noqa: E402
-from bench.cri_images import Janitor, bench_parser, log, netns_main, start_containerd  # noqa: E402
+from bench.cri_images import Janitor, bench_parser, log, netns_main, podshimd_directory, start_containerd  # noqa: E402
 
 CRITOOLS_BIN = "/var/cache/cri-tools-1.26.0/bin"
 
@@ -58,10 +58,7 @@ def inside(args: argparse.Namespace) -> int:
                                                           skip=args.skip, cwd=cwd)))
             containerd.stop()
             if not args.no_podshimd:
-                directory = tempfile.mkdtemp(prefix="psd-", dir="/tmp")  # short: the socket path must fit
-                janitor.add("remove podshimd's directory", shutil.rmtree, directory, True)
-                from bench.cri_images import cni_conflist
-                cni_conflist(directory, "bench-ps0", "10.234.0.0/16")
+                directory = podshimd_directory(janitor)
                 config = images.podshim_registry_config() + args.podshimd_config
                 with bench_podshimd(directory, os.path.join(bin_dir, "crictl"), janitor.failures,
                                     config=config) as daemon:

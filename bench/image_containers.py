@@ -29,7 +29,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
 from bench.common import bench_podshimd  # noqa: E402
-from bench.cri_images import Janitor, bench_parser, cni_conflist, log, netns_main, run, start_containerd  # noqa: E402
+from bench.cri_images import Janitor, bench_parser, log, netns_main, podshimd_directory, run, start_containerd  # noqa: E402
 
 STEPS = ("create", "start", "exec -s true", "exec true", "stop + rm")
 
@@ -95,9 +95,7 @@ def inside(args: argparse.Namespace) -> int:
             containerd, version = start_containerd(workdir, janitor, {registry.host: f"http://{registry.host}"})
             notes.append(f"containerd {version} (Debian) with runc; podshimd with its default (native) handler; "
                          "crictl 1.26")
-            directory = tempfile.mkdtemp(prefix="psd-", dir="/tmp")  # short: the socket path must fit
-            janitor.add("remove podshimd's directory", shutil.rmtree, directory, True)
-            cni_conflist(directory, "bench-ps0", "10.234.0.0/16")
+            directory = podshimd_directory(janitor)
             with bench_podshimd(directory, crictl, janitor.failures,
                                 config=f'[registries."{registry.host}"]\ninsecure = true\n') as daemon:
                 for key, endpoint in (("podshimd", daemon.endpoint), ("containerd", "unix://" + containerd.sock)):

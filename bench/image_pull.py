@@ -39,7 +39,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
 from bench.common import bench_podshimd  # noqa: E402
-from bench.cri_images import Janitor, bench_parser, cni_conflist, log, netns_main, run, start_containerd  # noqa: E402
+from bench.cri_images import Janitor, bench_parser, log, netns_main, podshimd_directory, run, start_containerd  # noqa: E402
 
 PULL_TIMEOUT = 600.0
 
@@ -127,9 +127,7 @@ def inside(args: argparse.Namespace) -> int:
             contenders = [Contender("containerd: ctr image pull --plain-http", crictl,
                                     containerd_sock=containerd.sock),
                           Contender("containerd: crictl pull (CRI)", crictl, endpoint="unix://" + containerd.sock)]
-            directory = tempfile.mkdtemp(prefix="psd-", dir="/tmp")  # short: the socket path must fit
-            janitor.add("remove podshimd's directory", shutil.rmtree, directory, True)
-            cni_conflist(directory, "bench-ps0", "10.234.0.0/16")
+            directory = podshimd_directory(janitor)
             config = f'[registries."{registry.host}"]\ninsecure = true\n' + args.podshimd_config
             with bench_podshimd(directory, crictl, janitor.failures, config=config) as daemon:
                 podshimd = Contender("podshimd: crictl pull (CRI)", crictl, endpoint=daemon.endpoint)
