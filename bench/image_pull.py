@@ -38,7 +38,7 @@ from collections.abc import Callable
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from bench.common import bench_podshimd  # noqa: E402
+from bench.common import bench_podshimd, percentile  # noqa: E402
 from bench.cri_images import Janitor, bench_parser, log, netns_main, podshimd_directory, run, start_containerd  # noqa: E402
 
 PULL_TIMEOUT = 600.0
@@ -167,8 +167,8 @@ def inside(args: argparse.Namespace) -> int:
     for contender in contenders:
         cells = []
         for name in ("small", "big"):
-            times = sorted(contender.times[name])
-            cells += [f"{statistics.median(times) * 1000:.0f} ms", f"{_p90(times) * 1000:.0f} ms"]
+            times = contender.times[name]
+            cells += [f"{statistics.median(times) * 1000:.0f} ms", f"{percentile(times, 90) * 1000:.0f} ms"]
         out.append(f"| {contender.key} | " + " | ".join(cells) + " |")
     out += ["", f"Medians of {args.runs} interleaved runs; every pull downloads, verifies and unpacks the "
             "whole image (removed after each pull)."] + notes
@@ -176,10 +176,6 @@ def inside(args: argparse.Namespace) -> int:
         out.append("Cleanup problems: " + "; ".join(janitor.failures))
     print("\n".join(out))
     return 0
-
-
-def _p90(sorted_times: list[float]) -> float:
-    return sorted_times[min(len(sorted_times) - 1, round(0.9 * (len(sorted_times) - 1)))]
 
 
 def _manifest(registry, ref: str) -> dict:  # type: ignore[no-untyped-def]
