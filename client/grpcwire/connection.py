@@ -272,14 +272,10 @@ class Connection:
         compressed, length = _PREFIX.unpack_from(body)
         if compressed:
             return Outcome(Code.INTERNAL, "the reply's message is compressed, though no compression was offered")
-        if length > self.max_message_bytes:
-            return Outcome(Code.RESOURCE_EXHAUSTED, f"the reply is larger than the limit of "
-                                                    f"{self.max_message_bytes} bytes")
+        # (a message over the limit, or more than one, already failed the call as its DATA came)
         if len(body) - _PREFIX.size < length:
             return Outcome(Code.INTERNAL, f"the reply's message is truncated ({len(body) - _PREFIX.size} of "
                                           f"{length} bytes)")
-        if len(body) - _PREFIX.size > length:
-            return Outcome(Code.INTERNAL, "the reply carries more than one message for a unary call")
         return Outcome(Code.OK, message=body[_PREFIX.size:])
 
     # -- helpers --------------------------------------------------------------------------------
