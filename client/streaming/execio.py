@@ -26,9 +26,6 @@ from shim.runtime.pipes import wait_ready
 __all__ = ["ExecIO", "read", "write"]
 
 READ_BYTES = 64 * 1024
-# <asm-generic/ioctls.h>: unlockpt() and ptsname()'s ioctls (the termios module has neither).
-_TIOCSPTLCK = 0x40045431
-_TIOCGPTN = 0x80045430
 
 
 class ExecIO:
