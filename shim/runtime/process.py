@@ -44,6 +44,7 @@ from shim.kernel import linux
 from shim.kernel.netns import is_host_netns, open_namespace
 from shim.kernel.reaper import ExitInfo, Reaper
 from shim.runtime import confine, mounts
+from shim.runtime.console import resize as resize_terminal
 from shim.rpc.processes import signal_process
 from shim.rpc.status import FailedPrecondition, Internal, InvalidArgument, RpcError, error_from_oserror
 
@@ -656,7 +657,7 @@ def _make_terminal(console: int, size: tuple[int, int]) -> int:
     is dup'ed onto 0-2)."""
     master = os.open("/dev/ptmx", os.O_RDWR | os.O_NOCTTY | os.O_CLOEXEC)
     fcntl.ioctl(master, _TIOCSPTLCK, struct.pack("i", 0))
-    fcntl.ioctl(master, termios.TIOCSWINSZ, struct.pack("HHHH", size[1], size[0], 0, 0))
+    resize_terminal(master, *size)  # (columns, rows)
     slave = fcntl.ioctl(master, _TIOCGPTPEER, os.O_RDWR | os.O_NOCTTY | os.O_CLOEXEC)
     if slave < 3:
         slave = fcntl.fcntl(slave, fcntl.F_DUPFD_CLOEXEC, 3)
