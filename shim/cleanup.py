@@ -191,9 +191,7 @@ def _unmount_sandbox_rootfs(bundle: str, rootfs: str) -> str:
         log.error("not unmounting %s, which is not the pause's rootfs in %s", rootfs, bundle)
         return rootfs
     try:
-        mounts.unmount_rootfs(rootfs, remove=False)
-        with contextlib.suppress(FileNotFoundError):
-            os.rmdir(rootfs)
+        mounts.unmount_sandbox_rootfs(rootfs)
     except (RpcError, OSError) as exc:
         log.error("cannot remove the pause's rootfs %s: %s", rootfs, getattr(exc, "message", exc))
         return rootfs

@@ -38,7 +38,7 @@ __all__ = ["MASKED_PATHS", "READONLY_PATHS", "ROOTFS_DIR", "TASKS_DIR", "BindMou
            "RootfsMount", "TaskFilesystem", "check_destinations", "enter_root", "host_devices", "is_mount_point",
            "mount_rootfs", "open_trees", "parse_filesystem", "parse_rootfs", "resolve_in_root", "rootfs_path",
            "sandbox_rootfs_path",
-           "unmount_rootfs"]
+           "unmount_rootfs", "unmount_sandbox_rootfs"]
 
 #: runc's default masked and read-only paths (`runc spec`).
 MASKED_PATHS = (
@@ -387,12 +387,7 @@ def unmount_rootfs(target: str, *, remove: bool = True) -> None:
     """Unmount everything mounted on ``target`` and, with ``remove``, remove it and its task
     directory (empty ones only: never a recursive delete, so a mount left there fails it instead
     of deleting the files under it). Idempotent. Raises Internal when a mount cannot be removed."""
-    while is_mount_point(target):
-        try:
-            # Detached: the task's copy of the mount may still be going away with its last process.
-            linux.umount2(target, linux.MNT_DETACH | linux.UMOUNT_NOFOLLOW)
-        except OSError as exc:
-            raise Internal(f"cannot unmount the rootfs {target}: {exc.strerror}") from None
+    _unmount(target)
     if remove:
         for directory in (target, os.path.dirname(target)):
             try:
@@ -402,6 +397,26 @@ def unmount_rootfs(target: str, *, remove: bool = True) -> None:
             except OSError as exc:
                 if exc.errno != errno.ENOTEMPTY:
                     raise Internal(f"cannot remove {directory}: {exc.strerror}") from None
+
+
+def unmount_sandbox_rootfs(target: str) -> None:
+    """Unmount everything mounted on the pause's rootfs ``target`` (:func:`sandbox_rootfs_path`)
+    and remove the directory, not its bundle. Idempotent. Raises Internal when a mount cannot be
+    removed, OSError when the directory cannot."""
+    _unmount(target)
+    try:
+        os.rmdir(target)
+    except FileNotFoundError:
+        pass
+
+
+def _unmount(target: str) -> None:
+    while is_mount_point(target):
+        try:
+            # Detached: the task's copy of the mount may still be going away with its last process.
+            linux.umount2(target, linux.MNT_DETACH | linux.UMOUNT_NOFOLLOW)
+        except OSError as exc:
+            raise Internal(f"cannot unmount the rootfs {target}: {exc.strerror}") from None
 
 
 def check_destinations(fs: TaskFilesystem, root: str) -> None:

@@ -369,11 +369,7 @@ class Sandbox:
             return
         from shim.runtime import mounts
 
-        mounts.unmount_rootfs(self.rootfs, remove=False)
-        try:
-            os.rmdir(self.rootfs)
-        except FileNotFoundError:
-            pass
+        mounts.unmount_sandbox_rootfs(self.rootfs)
         self.rootfs = ""
         self.persist()
 
