@@ -21,11 +21,12 @@ import stat
 import struct
 import termios
 from collections.abc import Iterator
+from typing import Any
 
 from shim.runtime.pipes import wait_ready
 from shim.rpc.status import InvalidArgument
 
-__all__ = ["Console", "check_socket", "connect", "copy_input", "resize", "CONSOLE_TIMEOUT"]
+__all__ = ["Console", "check_size", "check_socket", "connect", "copy_input", "resize", "CONSOLE_TIMEOUT"]
 
 #: Seconds an OCI runtime has, once it ran, to have sent the master (it sends it before it returns).
 CONSOLE_TIMEOUT = 2.0
@@ -160,6 +161,12 @@ def check_socket(path: str, field_name: str = "console_socket") -> None:
         raise InvalidArgument(f"field {field_name!r}: {path}: {exc.strerror}") from None
     if not stat.S_ISSOCK(mode):
         raise InvalidArgument(f"field {field_name!r}: {path} is not a unix socket")
+
+
+def check_size(field_name: str, value: Any) -> None:
+    """InvalidArgument unless ``value`` (a terminal's columns or rows) is an integer in 0..65535."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 0xFFFF:
+        raise InvalidArgument(f"field {field_name!r} must be an integer in 0..65535, not {value!r}")
 
 
 async def connect(path: str, timeout: float = CONSOLE_TIMEOUT) -> socket.socket:

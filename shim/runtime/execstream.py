@@ -14,7 +14,7 @@ import stat
 from dataclasses import dataclass, field
 
 from shim.rpc.status import InvalidArgument
-from shim.runtime.console import check_socket
+from shim.runtime.console import check_size, check_socket
 
 __all__ = ["ExecStdio", "TaskStdin", "open_stdio", "open_tap"]
 
@@ -92,8 +92,8 @@ def open_stdio(stdin: str | None, stdout: str | None, stderr: str | None, termin
         if stdin is not None or stdout is not None or stderr is not None or terminal is not None:
             raise InvalidArgument("field 'console_socket' is the command's stdin, stdout and stderr: give it alone")
         for name, value in zip(("console_width", "console_height"), console_size):
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 0xFFFF):
-                raise InvalidArgument(f"field {name!r} must be an integer in 0..65535, not {value!r}")
+            if value is not None:
+                check_size(name, value)
         check_socket(console_socket)
         stdio.console_socket = console_socket
         stdio.console_size = (console_size[0] or 0, console_size[1] or 0)

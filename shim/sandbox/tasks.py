@@ -549,9 +549,8 @@ class TaskSet:
         """ResizePty: set the running task's terminal to ``width`` columns by ``height`` rows. Raises
         InvalidArgument (out of 0..65535), NotFound, FailedPrecondition (not running; no terminal)."""
         task = self.get(sandbox_id, task_id)
-        for name, value in (("width", width), ("height", height)):
-            if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 0xFFFF:
-                raise InvalidArgument(f"field {name!r} must be an integer in 0..65535, not {value!r}")
+        console.check_size("width", width)
+        console.check_size("height", height)
         task.check(Op.EXEC)
         if not task.terminal:
             raise FailedPrecondition(f"task {task_id} has no terminal to resize (it was created without terminal)")
