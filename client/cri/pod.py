@@ -393,7 +393,7 @@ class PodService:
         rolling back everything done before it.
         """
         cfg = config if isinstance(config, PodSandboxConfig) else PodSandboxConfig.from_json(config)
-        security.pause_fields(cfg.security)  # refuses what cannot be honoured (AppArmor, ...) up front
+        pause = security.pause_fields(cfg.security)  # refuses what cannot be honoured (AppArmor, ...) up front
         handler = runtime_handler or self.default_runtime_handler
         if handler not in self.runtime_handlers:
             raise InvalidArgument(f"runtime handler {handler!r} is not configured "
@@ -407,7 +407,7 @@ class PodService:
                                                      sandbox_namespace=self.namespace))
             failpoint("run:after-record")
             try:
-                await self._bring_up(record, cfg)
+                await self._bring_up(record, cfg, pause)
             except BaseException:
                 with anyio.CancelScope(shield=True):
                     await self._rollback(self.store.get(pod_id))
@@ -417,9 +417,9 @@ class PodService:
             await self._start_following(pod_id)
         return pod_id
 
-    async def _bring_up(self, record: PodRecord, cfg: PodSandboxConfig) -> None:
+    async def _bring_up(self, record: PodRecord, cfg: PodSandboxConfig, pause: dict[str, Any]) -> None:
         ns, pod_id = self.namespace, record.pod_id
-        options = self._shim_options(cfg, record.runtime_handler)
+        options = self._shim_options(cfg, record.runtime_handler, pause)
         rootfs = await self._sandbox_rootfs(pod_id, cfg, options) if self.sandbox_image else None
         await self.controller.create(ns, pod_id, options=options, rootfs=rootfs, annotations=dict(cfg.annotations))
         failpoint("run:after-create")
@@ -463,9 +463,11 @@ class PodService:
                               additional_ips=tuple(extra))
         failpoint("run:after-ready")
 
-    def _shim_options(self, cfg: PodSandboxConfig, handler: str) -> dict[str, Any]:
+    def _shim_options(self, cfg: PodSandboxConfig, handler: str, pause: dict[str, Any]) -> dict[str, Any]:
+        """CreateSandbox's options: the config's, the runtime handler's and ``pause``, the pause's
+        confinement (:func:`.security.pause_fields`)."""
         options = {**cfg.to_shim_options(), "runtime_handler": handler}
-        options["linux"] = {**options["linux"], "pause_process": security.pause_fields(cfg.security)}
+        options["linux"] = {**options["linux"], "pause_process": pause}
         if not cfg.cgroup_parent and self.cgroup_parent:
             options["linux"] = {**options["linux"], "cgroup_parent": self.cgroup_parent}
         if handler == NATIVE and self.pause_binary is not None:
