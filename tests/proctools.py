@@ -146,8 +146,15 @@ def unheld_netns(prefix: str = "podshim", exclude: str | None = None) -> set[str
                  if n.startswith(prefix) and not (exclude and n.startswith(exclude))]
     except FileNotFoundError:
         return set()
-    if not names:
+    inodes: dict[str, int] = {}
+    for name in names:
+        try:
+            inodes[name] = os.stat(f"/var/run/netns/{name}").st_ino
+        except OSError:
+            continue
+    if not inodes:
         return set()
+    wanted = set(inodes.values())
     ours = f"PODSHIM_TEST_SESSION={os.environ.get('PODSHIM_TEST_SESSION', '')}".encode()
     others: set[int] = set()  # netns inodes that processes of other runs are in
     for entry in os.listdir("/proc"):
@@ -157,16 +164,10 @@ def unheld_netns(prefix: str = "podshim", exclude: str | None = None) -> set[str
             inode = os.stat(f"/proc/{entry}/ns/net").st_ino
         except OSError:
             continue
+        if inode not in wanted or inode in others:
+            continue  # only the processes in those namespaces have their environment read
         parent = _parent_of(entry)
         markers = {_session_of(entry), _session_of(parent) if parent else None} - {None}
         if markers and ours not in markers:
             others.add(inode)
-    found = set()
-    for name in names:
-        try:
-            inode = os.stat(f"/var/run/netns/{name}").st_ino
-        except OSError:
-            continue
-        if inode not in others:
-            found.add(name)
-    return found
+    return {name for name, inode in inodes.items() if inode not in others}
