@@ -74,18 +74,23 @@ def make_netns() -> int:
     one made ahead of its sandbox (a spare shim's), for :func:`create_netns` to pin later. It goes
     away with the descriptor. Raises the OS error's status."""
     try:
-        saved = os.open(_THREAD_NETNS, os.O_RDONLY | os.O_CLOEXEC)
-        try:
-            linux.unshare(linux.CLONE_NEWNET)
-            try:
-                _set_loopback_up()
-                return os.open(_THREAD_NETNS, os.O_RDONLY | os.O_CLOEXEC)
-            finally:
-                _return_to(saved)
-        finally:
-            os.close(saved)
+        return _new_netns()
     except OSError as exc:
         raise error_from_oserror(exc, "cannot make a network namespace") from exc
+
+
+def _new_netns() -> int:
+    """:func:`make_netns`'s namespace; raises OSError."""
+    saved = os.open(_THREAD_NETNS, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        linux.unshare(linux.CLONE_NEWNET)
+        try:
+            _set_loopback_up()
+            return os.open(_THREAD_NETNS, os.O_RDONLY | os.O_CLOEXEC)
+        finally:
+            _return_to(saved)
+    finally:
+        os.close(saved)
 
 
 def create_netns(path: str, made: int | None = None) -> str:
@@ -109,25 +114,14 @@ def create_netns(path: str, made: int | None = None) -> str:
         raise AlreadyExists(f"netns file {path} already exists") from None
     except OSError as exc:
         raise error_from_oserror(exc, f"cannot create netns file {path}") from exc
-    mounted = False
     try:
-        if made is not None:
-            linux.mount(f"/proc/self/fd/{made}", path, None, linux.MS_BIND)
-            return path
-        saved = os.open(_THREAD_NETNS, os.O_RDONLY | os.O_CLOEXEC)
+        fd = _new_netns() if made is None else made
         try:
-            linux.unshare(linux.CLONE_NEWNET)
-            try:
-                linux.mount(_THREAD_NETNS, path, None, linux.MS_BIND)
-                mounted = True
-                _set_loopback_up()
-            finally:
-                _return_to(saved)
+            linux.mount(f"/proc/self/fd/{fd}", path, None, linux.MS_BIND)  # the last step: nothing to undo after
         finally:
-            os.close(saved)
+            if made is None:
+                os.close(fd)
     except BaseException as exc:
-        if mounted:
-            _umount_quietly(path)
         _unlink_quietly(path)
         if isinstance(exc, OSError):
             raise error_from_oserror(exc, f"cannot create netns {path}") from exc
