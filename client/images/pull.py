@@ -17,12 +17,13 @@ store's ingest/ (same filesystem: blobs move in with a rename):
    the node does not have: that one platform's layers (and config and manifest), as the registry
    stores them (compressed). An OCI layout, not a dir: destination, because skopeo writes a
    layout's blobs side by side (up to 6) and a dir:'s one after another (bench/skopeo_copy.py:
-   714 against 1060 ms for 106 MB in 23 layers from a local registry, at load 8.5). Its layers are used only if they are those of
-   the manifest step 1 resolved; otherwise (the tag moved between the two, or skopeo chose
-   another platform) it is copied again as ``NAME@DIGEST``, pinned to what step 1 saw. A layout
-   is OCI, so skopeo converts a Docker schema 2 manifest and config on the way (the layers keep
-   their bytes): the registry's own manifest is step 1's (or, for an index, asked for by digest
-   when the layout lacks it), and the config is asked for with ``inspect --raw --config`` then.
+   714 against 1060 ms for 106 MB in 23 layers from a local registry, at load 8.5). Its layers
+   are used only if they are those of the manifest step 1 resolved; otherwise (the tag moved
+   between the two, or skopeo chose another platform) it is copied again as ``NAME@DIGEST``,
+   pinned to what step 1 saw. A layout is OCI, so skopeo converts a Docker schema 2 manifest and
+   config on the way (the layers keep their bytes): the registry's own manifest is step 1's (or,
+   for an index, asked for by digest when the layout lacks it), and the config is asked for with
+   ``inspect --raw --config`` then.
 3. Every blob is verified (size and sha256) and moved into the content store; the manifests too.
 
 Steps 2 and 3 overlap, and with them the unpacking: skopeo (containers/image's ``oci_dest.go``)

@@ -21,8 +21,9 @@ means, for podshimd (and anything else) to translate.
   empties ingest/ and the snapshotter its half-unpacked layers).
 - RemoveImage forgets the image with all its tags and digests (as containerd's CRI does) and
   garbage-collects the blobs and layer snapshots no image (nor, for snapshots, a container or a
-  pod's sandbox) references, in a worker thread; an image a container uses, or a pod as its sandbox
-  image, is refused with FAILED_PRECONDITION: :attr:`Images.in_use` is the hook the pod layer sets. Garbage is collected only while no pull is in flight (a pull's blobs and snapshots
+  pod's sandbox) references, in a worker thread; an image a container uses, or a pod as its
+  sandbox image, is refused with FAILED_PRECONDITION: :attr:`Images.in_use` is the hook the pod
+  layer sets. Garbage is collected only while no pull is in flight (a pull's blobs and snapshots
   exist before its record does); a collection asked for meanwhile runs when the last pull ends,
   and a pull that starts while one runs waits for it.
 """
