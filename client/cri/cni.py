@@ -377,7 +377,8 @@ class CniRunner:
         raw = prev_result.raw if isinstance(prev_result, CniResult) else prev_result
         config = self.config()
         chain = [] if config is None else [(config, i, ifname) for i in reversed(range(len(config.plugins)))]
-        errors: dict[str, list[BaseException]] = {"chain": [], "loopback": []}
+        chain_errors: list[BaseException] = []
+        loopback_errors: list[BaseException] = []
 
         async def run(steps: list[tuple[CniConfig, int, str]], failed: list[BaseException]) -> None:
             for config_i, index, name in steps:
@@ -389,9 +390,9 @@ class CniRunner:
 
         # Loopback runs beside the chain (separate networks); neither stops the other.
         async with anyio.create_task_group() as tg:
-            tg.start_soon(run, chain, errors["chain"])
-            tg.start_soon(run, [(_LOOPBACK, 0, LOOPBACK_IFNAME)], errors["loopback"])
-        failures = errors["chain"] + errors["loopback"]
+            tg.start_soon(run, chain, chain_errors)
+            tg.start_soon(run, [(_LOOPBACK, 0, LOOPBACK_IFNAME)], loopback_errors)
+        failures = chain_errors + loopback_errors
         for exc in failures[1:]:
             log.warning("CNI DEL for %s: %s", container_id, exc)
         if failures:
