@@ -13,9 +13,10 @@ AttributeError (dataclasses' FrozenInstanceError is one); :meth:`replace` is
 it through ``__init__``.
 
 The rule that keeps the schema in one place: ``__init__`` takes exactly the fields of
-``__slots__``, in that order, and stores each with :data:`set_field` (tests/rpc/test_records.py
-checks every subclass). A mutable record sets ``mutable = True``: assignment is then allowed and
-it has no hash (as a dataclass with ``eq`` and without ``frozen``).
+``__slots__``, in that order, and stores each (tests/rpc/test_records.py checks every subclass's
+signature): with :data:`set_field` in a frozen record, by plain assignment in a mutable one. A
+mutable record sets ``mutable = True``: assignment is then allowed and it has no hash (as a
+dataclass with ``eq`` and without ``frozen``).
 """
 
 from __future__ import annotations
