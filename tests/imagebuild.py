@@ -637,11 +637,7 @@ def tiny_pause_image(images: TestImages) -> Image:
     """``test/pause-tiny:1.0``: the tiny C pause as /bin/tiny-pause, Entrypoint ["tiny-pause"]
     (found in PATH), Cmd ["--pod"] (ignored by it, and shows that Cmd is appended), WorkingDir /bin,
     User 65534:65534 (it needs no privilege)."""
-    directory = tempfile.mkdtemp(prefix="tiny-pause-")
-    try:
-        data = tiny_pause_binary(directory)
-    finally:
-        shutil.rmtree(directory, ignore_errors=True)
+    data = tiny_pause_binary(images.builder.directory)  # compiled() removes its files
     return images.build("pause-tiny", [{"bin/tiny-pause": Entry("", data=data, mode=0o755)}],
                         ImageConfig(entrypoint=("tiny-pause",), cmd=("--pod",), env=(DEFAULT_PATH, "PAUSE=tiny"),
                                     working_dir="/bin", user="65534:65534"), base=None)
