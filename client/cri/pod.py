@@ -917,9 +917,10 @@ class PodService:
     def image_user(self, image_id: str) -> str:
         """Who uses image ``image_id`` and what to remove before it ("" when nothing does): a
         container, or a pod as its sandbox image. RemoveImage refuses the image meanwhile."""
-        if self.image_in_use(image_id):
+        records = self.store.list()  # one read of the pods for both questions
+        if any(c.image_id == image_id for record in records for c in record.containers.values()):
             return "a container; remove the container first"
-        pods = [record.pod_id for record in self.store.list() if record.sandbox_image_id == image_id]
+        pods = [record.pod_id for record in records if record.sandbox_image_id == image_id]
         if pods:
             return f"pod {pods[0]} as its sandbox image; remove the pod first"
         return ""
