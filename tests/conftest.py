@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import secrets
 import subprocess
-import time
 
 import pytest
 
@@ -28,6 +27,7 @@ from shim.kernel.reaper import Reaper  # noqa: E402  (imported once the marker i
 from imagebuild import test_images  # noqa: E402
 from registry import auth_registry, registry  # noqa: E402
 from proctools import unheld_netns  # noqa: E402
+from sandbox_env import settle_persistent  # noqa: E402
 
 __all__ = ["auth_registry", "registry", "test_images"]
 
@@ -98,16 +98,10 @@ def nothing_left_behind():
     yield
     # Processes reparented to a PID 1 that reaps slowly may take a moment to disappear. What was
     # there all along counts: a netns that comes and goes meanwhile is another run's pod.
-    deadline = time.monotonic() + 5
-    leaked: dict[str, set] | None = None
-    while True:
-        after = footprint()
-        new = {k: after[k] - before[k] for k in after}
-        leaked = new if leaked is None else {k: leaked[k] & new[k] for k in new}
-        if not any(leaked.values()) or time.monotonic() > deadline:
-            break
-        time.sleep(0.1)
-    left = {k: sorted(v) for k, v in leaked.items() if v}
+    leaked = settle_persistent(lambda: {(k, v) for k, now in footprint().items() for v in now - before[k]}, 5)
+    left: dict[str, list] = {}
+    for kind, item in sorted(leaked):
+        left.setdefault(kind, []).append(item)
     assert not left, f"the test suite left these behind: {left}"
 
 
