@@ -561,12 +561,18 @@ _verb("images", "list images", _images,
                  p.add_argument("--quiet", "-q", action="store_true", help="print ids only")))
 
 
+def _image_status(daemon: _Podshimd, name: str, verbose: bool = False) -> Any:
+    """ImageStatus's reply for the image ``name`` (name or id); NotFound when there is none."""
+    reply = daemon.call("ImageStatus", image=daemon.api.ImageSpec(image=name), verbose=verbose)
+    if not reply.HasField("image"):
+        raise NotFound(f"no such image {name!r} present")
+    return reply
+
+
 def _inspecti(args: argparse.Namespace, daemon: _Podshimd) -> None:
     statuses = []
     for name in args.images:
-        reply = daemon.call("ImageStatus", image=daemon.api.ImageSpec(image=name), verbose=True)
-        if not reply.HasField("image"):
-            raise NotFound(f"no such image {name!r} present")
+        reply = _image_status(daemon, name, verbose=True)
         statuses.append(_with_info({"status": _plain(reply.image)}, reply.info))
     for status in statuses:  # JSON whatever --json says: crictl's default output
         print(json.dumps(status, indent=2, sort_keys=True))
@@ -578,10 +584,8 @@ _verb("inspecti", "show images' status with their config, as JSON", _inspecti,
 
 def _rmi(args: argparse.Namespace, daemon: _Podshimd) -> None:
     for name in args.images:
-        reply = daemon.call("ImageStatus", image=daemon.api.ImageSpec(image=name))
-        if not reply.HasField("image"):
-            raise NotFound(f"no such image {name!r} present")
-        daemon.call("RemoveImage", image=daemon.api.ImageSpec(image=reply.image.id))
+        image_id = _image_status(daemon, name).image.id
+        daemon.call("RemoveImage", image=daemon.api.ImageSpec(image=image_id))
         if not args.json:
             print(f"Deleted: {name}")
 
