@@ -77,6 +77,13 @@ def test_sandbox_spec_runs_catatonit_pause_mode_on_a_read_only_root():
     assert proc["oomScoreAdj"] == -998
 
 
+@pytest.mark.parametrize("env", [(), ("A=1",), ("PATH=/bin", "A=1"), ("A=1", "A=2"), ("A=1", "PATH=/bin", "PATH=/sbin")])
+def test_a_sandbox_images_pause_gets_the_environment_the_native_handler_gives_it(env):
+    spec = specs.sandbox_spec(sandbox_id="sb", rootfs="/r", netns_path=NETNS, args=("/p",), env=env)
+    native = pause.PauseSpec(rootfs="/r", args=("/p",), env=env).env_map
+    assert spec["process"]["env"] == [f"{name}={value}" for name, value in native.items()]
+
+
 def test_a_privileged_pods_pause_allows_every_device_and_no_other_pause_sets_device_rules():
     assert "resources" not in specs.sandbox_spec(sandbox_id="sb", rootfs="/r", netns_path=NETNS)["linux"]
     spec = specs.sandbox_spec(sandbox_id="sb", rootfs="/r", netns_path=NETNS, privileged=True)
