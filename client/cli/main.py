@@ -349,7 +349,11 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     """The full parser, with every registered command; with ``only``, the same parser with that
     one command's arguments (the others are left out: see :func:`_command_in`)."""
     _register_commands()
-    p = _top_parser()
+    return _add_commands(_top_parser(), only)
+
+
+def _add_commands(p: argparse.ArgumentParser, only: str | None) -> argparse.ArgumentParser:
+    """``p`` (the top-level parser) with the registered commands, or only the command ``only``."""
     commands = p.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name, (help, setup) in _COMMANDS.items():
         if only is not None and name != only:
@@ -390,13 +394,13 @@ def _top_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _command_in(argv: list[str]) -> str | None:
+def _command_in(argv: list[str], top: argparse.ArgumentParser) -> str | None:
     """The registered command ``argv`` runs, when that is certain without parsing: only exact
-    top-level options (no abbreviation, no help) come before it. Then its parser alone reads
-    ``argv`` exactly as the full one would: building the others' arguments (some 30 verbs) was
-    5 ms of every podshimctl run (issue #15). None: the full parser decides (and reports)."""
-    _register_commands()
-    options = _top_parser()._option_string_actions
+    options of ``top`` (the top-level parser; no abbreviation, no help) come before it. Then its
+    parser alone reads ``argv`` exactly as the full one would: building the others' arguments
+    (some 30 verbs) was 5 ms of every podshimctl run (issue #15). None: the full parser decides
+    (and reports). The commands must be registered."""
+    options = top._option_string_actions
     words = iter(argv)
     for word in words:
         if not word.startswith("-"):
@@ -412,7 +416,9 @@ def _command_in(argv: list[str]) -> str | None:
 
 def main(argv: list[str] | None = None) -> int:
     """Run podshimctl; return the exit status (0 ok, 1 failed, 2 usage)."""
-    parser = build_parser(_command_in(sys.argv[1:] if argv is None else argv))
+    _register_commands()
+    parser = _top_parser()
+    _add_commands(parser, _command_in(sys.argv[1:] if argv is None else argv, parser))
     try:
         args = parser.parse_args(argv)
     except SystemExit as exc:  # --help (0) or a usage error (2): argparse printed why

@@ -34,7 +34,7 @@ def _shown(args) -> dict:
 
 @pytest.mark.parametrize("argv", SAME, ids=" ".join)
 def test_the_command_alone_reads_argv_as_the_full_parser(argv):
-    command = cli._command_in(argv)
+    command = cli._command_in(argv, cli.build_parser())
     assert command is not None and command in argv
     alone = cli.build_parser(command)
     assert _shown(alone.parse_args(argv)) == _shown(cli.build_parser().parse_args(argv))
@@ -44,7 +44,7 @@ def test_the_command_alone_reads_argv_as_the_full_parser(argv):
 
 @pytest.mark.parametrize("argv", FULL, ids=lambda a: " ".join(a) or "nothing")
 def test_the_full_parser_decides_when_the_command_is_not_certain(argv):
-    assert cli._command_in(argv) is None
+    assert cli._command_in(argv, cli.build_parser()) is None
 
 
 def test_usage_errors_are_the_full_parsers(capsys):
@@ -54,3 +54,16 @@ def test_usage_errors_are_the_full_parsers(capsys):
     with pytest.raises(SystemExit):
         parser.parse_args(["pods", "--bogus"])
     assert alone == capsys.readouterr().err
+
+
+def test_a_run_builds_the_top_level_parser_once(monkeypatch):
+    built = []
+
+    class Counted(cli.ArgumentParser):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            built.append(self.prog)
+
+    monkeypatch.setattr(cli, "ArgumentParser", Counted)
+    assert cli.main(["sandbox", "list", "--bogus"]) == 2
+    assert built.count("podshimctl") == 1
