@@ -7,9 +7,10 @@ rename is atomic), and a file that does not match is refused with a :class:`Blob
 digest. Files being written live under ``<root>/ingest/``, which :meth:`ContentStore.open` empties
 (what a killed daemon was writing is never taken for a blob). Blobs are 0600 in 0700 directories.
 
-A blob can still be damaged on disk later (a flipped bit, a truncation). It heals: :meth:`read`
-and :meth:`check` verify it again and remove a damaged one, and a blob added again replaces what
-was there, so the next pull downloads it and the store has it whole again.
+A blob can still be damaged on disk later (a flipped bit, a truncation, a symbolic link put in
+its place). It heals: :meth:`read` and :meth:`check` verify it again and remove a damaged one,
+and a blob added again replaces what was there, so the next pull downloads it and the store has
+it whole again. A blob's file is never opened through a symbolic link: one is damage.
 Synchronous: callers on an event loop run the verifying calls in a thread.
 """
 
@@ -31,6 +32,7 @@ __all__ = ["BLOBS_DIR", "INGEST_DIR", "BlobError", "ContentStore", "file_digest"
 BLOBS_DIR = os.path.join("blobs", "sha256")
 INGEST_DIR = "ingest"
 _CHUNK_BYTES = 1 << 20
+_READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 class BlobError(ValueError):
@@ -45,7 +47,7 @@ def sha256_digest(data: bytes) -> str:
 
 def file_digest(path: str) -> str:
     """``sha256:<hex>`` of the file at ``path``. Raises OSError."""
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    fd = os.open(path, _READ_FLAGS)
     try:
         return _sha256_fd(fd)
     finally:
@@ -99,10 +101,14 @@ class ContentStore:
         digest. BlobError when absent, or when damaged on disk (it is then removed, so that the
         next pull fetches it again)."""
         try:
-            with open(self.path(digest), "rb") as f:
-                data = f.read()
+            fd = self._open(digest)
         except FileNotFoundError:
             raise BlobError(f"blob {digest} is not in the content store") from None
+        if fd is None:
+            raise BlobError(f"blob {digest} was damaged in the content store (it is a symbolic link); "
+                            "it was removed, and a pull fetches it again")
+        with open(fd, "rb") as f:
+            data = f.read()
         actual = sha256_digest(data)
         if actual != digest:
             self.remove(digest)
@@ -114,12 +120,29 @@ class ContentStore:
         """Whether the stored blob ``digest`` still has its digest; a damaged one is removed (the
         next pull fetches it again). False when absent."""
         try:
-            intact = file_digest(self.path(digest)) == digest
+            fd = self._open(digest)
         except FileNotFoundError:
             return False
+        if fd is None:
+            return False
+        try:
+            intact = _sha256_fd(fd) == digest
+        finally:
+            os.close(fd)
         if not intact:
             self.remove(digest)
         return intact
+
+    def _open(self, digest: str) -> int | None:
+        """A descriptor of the blob's file, never opened through a symbolic link: a link in its
+        place is damage, removed as a damaged blob is (None then). FileNotFoundError when absent."""
+        try:
+            return os.open(self.path(digest), _READ_FLAGS)
+        except OSError as exc:
+            if exc.errno != errno.ELOOP:  # O_NOFOLLOW's answer for a symbolic link
+                raise
+        self.remove(digest)
+        return None
 
     def digests(self) -> set[str]:
         """Every blob's digest."""
@@ -141,11 +164,13 @@ class ContentStore:
             raise BlobError(f"blob {digest} has the wrong content: its sha256 is {actual}")
         path = self.path(digest)
         try:
-            with open(path, "rb") as f:
+            fd = self._open(digest)
+        except FileNotFoundError:
+            fd = None
+        if fd is not None:
+            with open(fd, "rb") as f:
                 if f.read() == data:
                     return path
-        except FileNotFoundError:
-            pass
         write_atomic(path, data)  # a temporary '.name' beside it, fsynced, renamed (over a damaged one)
         return path
 
@@ -160,7 +185,7 @@ class ContentStore:
         fsynced again. A blob of that digest already in the store is replaced: the new file is
         checked, the old one may have been damaged on disk since. Call :meth:`sync` after a batch."""
         path = self.path(digest)
-        fd = os.open(source, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        fd = os.open(source, _READ_FLAGS)
         try:
             st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode):

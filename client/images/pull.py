@@ -479,6 +479,8 @@ class _Arrivals:
         for digest in digests:
             path = _layout_blob(directory, digest)
             try:
+                if not content.has(digest):  # a symbolic link in its place is not linked to: damage
+                    continue
                 os.link(content.path(digest), path)
             except (OSError, BlobError):
                 continue  # not stored (any more), or no link here: downloaded

@@ -178,7 +178,10 @@ class _Inflow:
         self._proc: subprocess.Popen[bytes] | None = None
         try:
             # Unbuffered: reads are of CHUNK_BYTES anyway, and zstd gets the descriptor at offset 0.
-            self._file: IO[bytes] = open(blob_path, "rb", buffering=0)
+            # Never through a symbolic link (a blob replaced by one is damage: BadLayer, and the
+            # store's check removes it).
+            self._file: IO[bytes] = open(blob_path, "rb", buffering=0,
+                                         opener=lambda path, flags: os.open(path, flags | os.O_NOFOLLOW))
         except OSError as exc:
             raise BadLayer(f"layer {blob_path} cannot be read: {exc.strerror}") from None
         try:

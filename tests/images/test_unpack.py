@@ -150,6 +150,15 @@ def test_a_corrupt_zstd_layer_is_refused_with_zstds_words(tmp_path, dest):
         apply_layer(dest, layer.path, layer.media_type)
 
 
+def test_a_layer_blob_that_is_a_symbolic_link_is_refused_not_followed(tmp_path, dest):
+    layer = make_layer(str(tmp_path / "l"), [member("f", data=b"through the link")])
+    link = str(tmp_path / "blob")
+    os.symlink(layer.path, link)
+    with pytest.raises(BadLayer, match=f"layer {link} cannot be read: Too many levels of symbolic links$"):
+        apply_layer(dest, link, layer.media_type)
+    assert os.listdir(dest) == []
+
+
 def test_a_blob_whose_compression_disagrees_with_its_media_type_is_refused(tmp_path, dest):
     layer = make_layer(str(tmp_path / "l"), [member("f")])
     with pytest.raises(BadLayer, match="is tar data but its media type .* says gzip"):

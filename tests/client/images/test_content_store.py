@@ -94,3 +94,52 @@ def test_remove_says_whether_the_blob_was_there(store):
     assert store.remove(digest) is True
     assert store.remove(digest) is False
     assert not store.has(digest)
+
+
+def replace_with_a_link(store, digest, target) -> str:
+    """The blob ``digest`` replaced by a symbolic link to ``target`` (what someone's hand did)."""
+    path = store.path(digest)
+    os.unlink(path)
+    os.symlink(target, path)
+    return path
+
+
+LINK_TARGETS = {"same bytes": DATA, "other bytes": b"other bytes", "nothing": None}
+
+
+@pytest.fixture(params=LINK_TARGETS)
+def linked_blob(request, store, tmp_path):
+    """A stored blob replaced by a symbolic link to a file of the same bytes, of other bytes, or to
+    nothing; its digest, its path, and the link's target with what that holds."""
+    digest = sha256_digest(DATA)
+    store.add_bytes(DATA, digest)
+    outside, content = tmp_path / "outside", LINK_TARGETS[request.param]
+    if content is not None:
+        outside.write_bytes(content)
+    return digest, replace_with_a_link(store, digest, outside), outside, content
+
+
+def test_a_blob_replaced_by_a_symbolic_link_is_damaged_and_read_removes_it_without_following(store, linked_blob):
+    digest, path, outside, content = linked_blob
+    with pytest.raises(BlobError, match=f"^blob {digest} was damaged in the content store \\(it is a symbolic "
+                                        "link\\); it was removed, and a pull fetches it again$"):
+        store.read(digest)
+    assert not os.path.lexists(path) and not store.has(digest)
+    assert (outside.read_bytes() if content is not None else None) == content
+
+
+def test_a_blob_replaced_by_a_symbolic_link_fails_its_check_and_is_removed(store, linked_blob):
+    digest, path, outside, content = linked_blob
+    assert store.check(digest) is False
+    assert not os.path.lexists(path)
+    assert (outside.read_bytes() if content is not None else None) == content
+
+
+def test_a_blob_added_over_a_symbolic_link_replaces_the_link(store, tmp_path):
+    digest = sha256_digest(DATA)
+    store.add_bytes(DATA, digest)
+    outside = tmp_path / "outside"
+    outside.write_bytes(DATA)
+    path = replace_with_a_link(store, digest, outside)
+    assert store.add_bytes(DATA, digest) == path
+    assert not os.path.islink(path) and store.has(digest) and store.read(digest) == DATA

@@ -304,6 +304,50 @@ async def test_a_layer_blob_damaged_in_the_store_is_fetched_again_when_it_is_unp
     assert leftovers(images) == [] and staging_dirs(images) == []
 
 
+def link_a_copy(path: str, elsewhere) -> None:
+    """The blob file ``path`` replaced by a symbolic link to a copy of it (same bytes) in ``elsewhere``."""
+    copy = os.path.join(elsewhere, "copy-" + os.path.basename(path))
+    shutil.copyfile(path, copy)
+    os.unlink(path)
+    os.symlink(copy, path)
+
+
+async def test_a_layer_blob_replaced_by_a_symbolic_link_is_downloaded_again(tmp_path, test_images):
+    first = test_images.build("link-top", [{"link": "shared layer"}], base=None)
+    second = test_images.build("link-under", [{"under": "another base"}, {"link": "shared layer"}], base=None)
+    images = images_for(tmp_path, test_images.registry)
+    shared = (await images.pull(first.ref)).layers[-1].digest
+    link_a_copy(images.content.path(shared), tmp_path)
+    served = len(blob_gets(test_images.registry))
+    other = await images.pull(second.ref)
+    assert shared in blob_gets(test_images.registry)[served:]
+    assert not os.path.islink(images.content.path(shared)) and images.content.check(shared)
+    assert images.snapshots.read_file(other.chain_id, "link") == b"shared layer"
+    assert_complete(images, other)
+    assert leftovers(images) == [] and staging_dirs(images) == []
+
+
+async def test_a_layer_blob_replaced_by_a_symbolic_link_is_fetched_again_when_it_is_unpacked(tmp_path, test_images):
+    images = images_for(tmp_path, test_images.registry)
+    record = await images.pull(test_images.busybox.ref)
+    link_a_copy(images.content.path(record.layers[0].digest), tmp_path)
+    images.snapshots.gc(set())  # the layer snapshots are lost: the next pull unpacks the stored blobs
+    served = len(blob_gets(test_images.registry))
+    assert await images.pull(test_images.busybox.ref) == record
+    assert record.layers[0].digest in blob_gets(test_images.registry)[served:]
+    assert not os.path.islink(images.content.path(record.layers[0].digest))
+    assert all(images.content.check(layer.digest) for layer in record.layers)
+    assert leftovers(images) == [] and staging_dirs(images) == []
+
+
+async def test_a_config_replaced_by_a_symbolic_link_is_downloaded_again_by_the_next_pull(tmp_path, test_images):
+    images = images_for(tmp_path, test_images.registry)
+    record = await images.pull(test_images.busybox.ref)
+    link_a_copy(images.content.path(record.image_id), tmp_path)
+    assert await images.pull(test_images.busybox.ref) == record
+    assert not os.path.islink(images.content.path(record.image_id)) and images.content.check(record.image_id)
+
+
 # -- credentials ------------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
