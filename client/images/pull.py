@@ -604,13 +604,13 @@ class Puller:
 
     async def _watch(self, work: str, stalled: asyncio.Timeout) -> None:
         """Push ``stalled``'s deadline on while the bytes under ``work`` change (skopeo writes
-        what it downloads there)."""
+        what it downloads there: the layout in image/, its temporary files in tmp/; nothing else
+        there changes), looked at in one walk."""
         loop = asyncio.get_running_loop()
         last = -1
         while True:
             await asyncio.sleep(min(self.progress_timeout / 4, 5.0))
-            size = await asyncio.to_thread(_bytes_under, os.path.join(work, "image"))  # the layout skopeo writes
-            size += await asyncio.to_thread(_bytes_under, os.path.join(work, "tmp"))
+            size = await asyncio.to_thread(_bytes_under, work)
             if size != last:
                 last = size
                 stalled.reschedule(loop.time() + self.progress_timeout)

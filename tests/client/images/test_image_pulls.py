@@ -18,7 +18,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from client.images.pull import AuthConfig, RegistryHost
+from client.images.content import ContentStore
+from client.images.pull import AuthConfig, Puller, RegistryHost
 from client.images.service import Images
 from client.images.snapshots import Staging, chain_ids
 from imagebuild import BUSYBOX_ROOTFS_CHECKS
@@ -518,6 +519,31 @@ async def test_a_registry_that_stops_answering_is_given_up_after_the_progress_ti
     with pytest.raises(DeadlineExceeded, match=said):
         await images.pull(f"{host}/x:1")
     assert images.list() == [] and leftovers(images) == []
+
+
+async def test_the_progress_watch_looks_at_a_pulls_directory_in_one_walk(tmp_path, monkeypatch):
+    puller = Puller(ContentStore(str(tmp_path / "content")).open(), progress_timeout=0.04)
+    work = puller.content.temporary_dir("pull-")
+    for part in ("image", "tmp"):
+        os.mkdir(os.path.join(work, part))
+    loop, looked = asyncio.get_running_loop(), asyncio.Event()
+    walked: list[str] = []
+    walk = os.walk
+
+    def recorded(top, *args, **kwargs):
+        walked.append(top)
+        if len(walked) == 4:
+            loop.call_soon_threadsafe(looked.set)
+        return walk(top, *args, **kwargs)
+    monkeypatch.setattr(os, "walk", recorded)
+    async with asyncio.timeout(loop.time() + 60) as stalled:
+        watch = asyncio.ensure_future(puller._watch(work, stalled))
+        try:
+            await looked.wait()
+        finally:
+            watch.cancel()
+            await asyncio.wait([watch])
+    assert set(walked) == {work}  # the layout (image/) and skopeo's tmp/ with it
 
 
 async def test_a_cancelled_pull_leaves_nothing_and_no_skopeo(tmp_path, hanging_registry):
