@@ -7,6 +7,11 @@ status with a sentence, mapped as gRPC's own clients map them (grpc's doc/http-g
 for a non-200 HTTP status). One call at a time per connection, which is all a blocking client makes;
 :mod:`client.grpcwire.channel` owns the socket.
 
+A GOAWAY is read here, never by h2: h2 closes its connection's state machine on one and then
+fails on every frame after it (python-hyper/h2#1181), where RFC 9113 6.8 says the streams up to
+its last stream id go on. So a server shutting down gracefully still answers the open call;
+only new calls are refused.
+
     conn = Connection()
     conn.start_call("/runtime.v1.RuntimeService/Version", request_bytes, timeout=5.0)
     sock.sendall(conn.data_to_send())
@@ -41,7 +46,9 @@ MAX_MESSAGE_BYTES: Final = 16 * 1024 * 1024
 RECEIVE_WINDOW_BYTES: Final = 4 * 1024 * 1024
 _PREFIX = struct.Struct(">BI")  # gRPC's message prefix: compressed flag, length
 _FRAME_HEADER = struct.Struct(">HBBBI")  # HTTP/2's 9-byte frame header: length (24 bits), type, flags, stream
+_GOAWAY_PAYLOAD = struct.Struct(">II")  # a GOAWAY's last stream id (31 bits), error code; then debug data
 _SETTINGS = 0x4
+_GOAWAY = 0x7
 
 
 class _NeedData:
@@ -107,6 +114,9 @@ class Connection:
         self._body = bytearray()
         self._closed: str | None = None  # why the connection takes no more calls
         self._first_bytes: bytes | None = b""  # the server's first bytes until they are seen to be HTTP/2
+        self._held = b""  # the start of a frame header cut by a read: h2 gets it once it is whole
+        self._frame_left = 0  # bytes of the current frame's payload still to come
+        self._goaway: bytearray | None = None  # the payload of a GOAWAY being read
 
     @property
     def usable(self) -> bool:
@@ -145,14 +155,18 @@ class Connection:
             return
         if self._first_bytes is not None and not self._check_preface(data):
             return
-        try:
-            events = self._h2.receive_data(data)
-        except h2.exceptions.ProtocolError as exc:
-            self._close(f"HTTP/2 protocol error from the server: {exc}")
-            self._settle(Outcome(Code.INTERNAL, f"HTTP/2 protocol error from the server: {exc}"))
-            return
-        for event in events:
-            self._handle(event)
+        for is_goaway, part in self._cut(data):
+            if is_goaway:
+                self._receive_goaway(part)
+                continue
+            try:
+                events = self._h2.receive_data(part)
+            except h2.exceptions.ProtocolError as exc:
+                self._close(f"HTTP/2 protocol error from the server: {exc}")
+                self._settle(Outcome(Code.INTERNAL, f"HTTP/2 protocol error from the server: {exc}"))
+                return
+            for event in events:
+                self._handle(event)
 
     def next_outcome(self) -> Outcome | _NeedData:
         """The open call's outcome once its reply is complete, else :data:`NEED_DATA`."""
@@ -184,6 +198,49 @@ class Connection:
         self._close(why)
         self._settle(Outcome(Code.UNAVAILABLE, why))
         return False
+
+    def _cut(self, data: bytes) -> list[tuple[bool, bytes]]:
+        """``data`` cut around the GOAWAY frames in it, in order: ``(False, bytes for h2)`` and
+        ``(True, a whole GOAWAY's payload)``. Only a well-formed GOAWAY (stream 0, at least 8
+        bytes, no larger than a frame may be) is taken out: h2 fails a malformed one."""
+        data, self._held = self._held + data, b""
+        parts: list[tuple[bool, bytes]] = []
+        start = pos = 0  # start: the first byte for h2 not in parts yet
+        while pos < len(data):
+            if self._frame_left:
+                step = min(self._frame_left, len(data) - pos)
+                self._frame_left -= step
+                if self._goaway is not None:
+                    self._goaway += data[pos:pos + step]
+                    start = pos + step
+                    if not self._frame_left:
+                        parts.append((True, bytes(self._goaway)))
+                        self._goaway = None
+                pos += step
+            elif len(data) - pos < _FRAME_HEADER.size:
+                self._held = data[pos:]
+                break
+            else:
+                high, low, frame_type, _, stream_id = _FRAME_HEADER.unpack_from(data, pos)
+                self._frame_left = (high << 8) | low
+                if (frame_type == _GOAWAY and stream_id == 0
+                        and _GOAWAY_PAYLOAD.size <= self._frame_left <= self._h2.max_inbound_frame_size):
+                    parts.append((False, data[start:pos]))
+                    self._goaway = bytearray()
+                    start = pos + _FRAME_HEADER.size
+                pos += _FRAME_HEADER.size
+        parts.append((False, data[start:pos]))
+        return [(is_goaway, part) for is_goaway, part in parts if part]
+
+    def _receive_goaway(self, payload: bytes) -> None:
+        """The server takes no new call (RFC 9113 6.8); the open call goes on if the server took
+        it (its stream id is at most the GOAWAY's last stream id), else it fails UNAVAILABLE.
+        The channel's next call connects anew."""
+        last_stream_id, error_code = _GOAWAY_PAYLOAD.unpack_from(payload)
+        why = f"the server ended the connection (GOAWAY, HTTP/2 error {_error_name(error_code)})"
+        self._close(why)
+        if self._stream_id > last_stream_id & 0x7FFFFFFF:
+            self._settle(Outcome(Code.UNAVAILABLE, why))
 
     # -- events ---------------------------------------------------------------------------------
 
@@ -218,13 +275,6 @@ class Connection:
             if event.stream_id == self._stream_id:
                 self._settle(Outcome(Code.UNAVAILABLE, f"the server reset the call's stream "
                                                        f"(HTTP/2 error {_error_name(event.error_code)})"))
-        elif isinstance(event, h2.events.ConnectionTerminated):
-            # Even a graceful GOAWAY (a server shutting down) ends the open call: h2 closes the
-            # connection's state machine on it and reads no frame after, so a reply still owed
-            # could not be read. The call fails UNAVAILABLE; the channel's next call connects anew.
-            why = f"the server ended the connection (GOAWAY, HTTP/2 error {_error_name(event.error_code)})"
-            self._close(why)
-            self._settle(Outcome(Code.UNAVAILABLE, why))
         elif isinstance(event, h2.events.WindowUpdated | h2.events.RemoteSettingsChanged):
             self._send_pending()
 

@@ -222,8 +222,61 @@ def test_a_goaway_is_unavailable_and_ends_the_connection():
     outcome = outcome_of(client, server, stream_id)
     assert outcome == Outcome(Code.UNAVAILABLE, "the server ended the connection (GOAWAY, HTTP/2 error INTERNAL_ERROR)")
     assert not client.usable
-    client.start_call(PATH, b"again", 1.0)  # h2 serves nothing after a GOAWAY: the channel connects anew
+    client.start_call(PATH, b"again", 1.0)  # no new call after a GOAWAY: the channel connects anew
     assert client.next_outcome() == outcome
+
+
+def goaway(last_stream_id: int, error_code: int = h2.errors.ErrorCodes.NO_ERROR, debug: bytes = b"") -> bytes:
+    """A GOAWAY frame as a server shutting down sends it, with the server's connection going on
+    (h2's own would close its state machine, python-hyper/h2#1181)."""
+    return struct.pack(">HBBBI", 0, 8 + len(debug), 0x7, 0, 0) + struct.pack(">II", last_stream_id, error_code) + debug
+
+
+@pytest.mark.parametrize("chunk", [None, 1], ids=["whole", "byte by byte"])
+def test_a_graceful_goaway_lets_the_open_call_finish_and_refuses_new_calls(chunk):
+    client, server, stream_id = started()
+    # grpc-go's graceful stop: a GOAWAY for every stream, a second for those it took, then the reply
+    sent = goaway(2**31 - 1) + goaway(stream_id, debug=b"graceful_stop")
+    for start in range(0, len(sent), chunk or len(sent)):
+        client.receive_data(sent[start:start + (chunk or len(sent))])
+    assert client.next_outcome() is NEED_DATA and not client.usable
+    reply(server, stream_id, b"\x0a\x05v0.1")
+    assert outcome_of(client, server, stream_id, chunk) == Outcome(Code.OK, message=b"\x0a\x05v0.1")
+    client.start_call(PATH, b"again", 1.0)
+    assert client.next_outcome() == Outcome(Code.UNAVAILABLE, "the server ended the connection (GOAWAY, HTTP/2 "
+                                                              "error NO_ERROR)")
+
+
+def test_a_goaway_read_with_the_reply_lets_the_reply_count():
+    client, server, stream_id = started()
+    reply(server, stream_id, b"done")
+    client.receive_data(goaway(stream_id) + server.h2.data_to_send())
+    assert client.next_outcome() == Outcome(Code.OK, message=b"done")
+
+
+def test_a_goaway_that_leaves_the_call_out_fails_it_at_once():
+    client, server, stream_id = started()
+    client.receive_data(goaway(stream_id - 1))
+    assert client.next_outcome() == Outcome(Code.UNAVAILABLE, "the server ended the connection (GOAWAY, HTTP/2 "
+                                                              "error NO_ERROR)")
+
+
+@pytest.mark.parametrize(("frame", "says"), [
+    (struct.pack(">HBBBI", 0, 4, 0x7, 0, 0) + b"\0\0\0\1", "Frame data missing or invalid"),
+    (struct.pack(">HBBBI", 0, 8, 0x7, 0, 1) + bytes(8), "Stream ID must be zero for GoAwayFrame")])
+def test_a_malformed_goaway_is_a_protocol_error(frame, says):
+    client, _, _ = started()
+    client.receive_data(frame)
+    outcome = client.next_outcome()
+    assert outcome.code == Code.INTERNAL and outcome.details.startswith("HTTP/2 protocol error from the server: ")
+    assert says in outcome.details and not client.usable
+
+
+def test_the_connection_closing_after_a_graceful_goaway_fails_the_call_it_owed():
+    client, _, stream_id = started()
+    client.receive_data(goaway(stream_id))
+    client.receive_data(b"")
+    assert client.next_outcome() == Outcome(Code.UNAVAILABLE, "the connection closed before the reply was complete")
 
 
 def test_the_connection_closing_mid_reply_is_unavailable():
