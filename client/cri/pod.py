@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import ipaddress
 import logging
+import operator
 import os
 import re
 import secrets
@@ -33,6 +34,7 @@ import signal
 import socket
 import time
 from contextlib import asynccontextmanager
+from types import MappingProxyType
 from typing import Any, AsyncContextManager, AsyncIterator, Awaitable, Callable, Mapping
 
 import anyio
@@ -91,6 +93,8 @@ _POD_STATE = {PodState.READY: "SANDBOX_READY", PodState.NOTREADY: "SANDBOX_NOTRE
 #: The record state of each task status the shim reports (shim.sandbox.tasks.Status values).
 _TASK_STATE = {"created": ContainerState.CREATED, "running": ContainerState.RUNNING,
                "stopped": ContainerState.EXITED}
+#: The key that orders ListPodSandbox's entries (newest first).
+_CREATED_AT = operator.itemgetter("created_at")
 #: How many parsed pod configs a PodService keeps (listings parse each pod's once).
 _CONFIGS_KEPT = 4096
 #: The shim's sandbox state while the pause runs (shim.sandbox.sandbox.State.RUNNING).
@@ -158,6 +162,7 @@ class PodService:
         self._current: set[str] = set()
         self._stopping: set[str] = set()  # pods this process is stopping right now
         self._configs: dict[str, tuple[PodRecord, PodSandboxConfig]] = {}  # _config_of
+        self._entries: dict[str, tuple[PodRecord, Mapping[str, Any]]] = {}  # _entry_of
         self._cpu_rates = stats.CpuRates()
         self._events = EventFeed(self._shim_address, namespace, apply=self._apply)
         self._runtime_config_path = os.path.join(os.path.dirname(log_root), "runtime-config.json")
@@ -737,42 +742,56 @@ class PodService:
         self._configs[record.pod_id] = (record, cfg)
         return cfg
 
-    async def list_pod_sandbox(self, filter: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
+    def _entry_of(self, record: PodRecord) -> Mapping[str, Any]:
+        """The record's ListPodSandbox entry, read-only all through, made once per stored record
+        as :meth:`_config_of` parses (a listing is podshimd's most frequent call). It is never
+        stale: a record does not change, a pod that changes is a new record (the store's), and
+        the entry is of the record in hand."""
+        kept = self._entries.get(record.pod_id)
+        if kept is not None and kept[0] is record:
+            return kept[1]
+        config = record.config
+        entry = MappingProxyType({
+            "id": record.pod_id, "metadata": MappingProxyType(dict(config.get("metadata") or {})),
+            "state": _POD_STATE[record.state], "created_at": record.created_at,
+            "labels": MappingProxyType(record.labels), "annotations": MappingProxyType(record.annotations),
+            "runtime_handler": record.runtime_handler, "ip": record.ip,
+            "host_network": self._config_of(record).host_network})
+        if len(self._entries) >= _CONFIGS_KEPT:
+            self._entries.pop(next(iter(self._entries)))
+        self._entries[record.pod_id] = (record, entry)
+        return entry
+
+    async def list_pod_sandbox(self, filter: Mapping[str, Any] | None = None) -> list[Mapping[str, Any]]:
         """ListPodSandbox: pods, newest first, filtered by ``id`` (prefix), ``state``
-        (SANDBOX_READY / SANDBOX_NOTREADY) and ``label_selector`` (all must match)."""
-        f = dict(filter or {})
-        candidates = [r for r in self.store.list()
-                      if r.state is not PodState.CREATING and not (f.get("id") and not r.pod_id.startswith(f["id"]))]
+        (SANDBOX_READY / SANDBOX_NOTREADY) and ``label_selector`` (all must match). Each entry
+        (id, metadata, state, created_at, labels, annotations, runtime_handler, ip, host_network)
+        is a read-only mapping."""
+        f = filter or {}
+        prefix, wanted, selector = f.get("id"), f.get("state"), f.get("label_selector")
+        # Enum members bound once: each PodState.X costs a metaclass lookup, and these run per pod.
+        creating, ready, current = PodState.CREATING, PodState.READY, self._current
+        records: list[PodRecord | None] = [r for r in self.store.list() if r.state is not creating
+                                           and (not prefix or r.pod_id.startswith(prefix))]
         # A followed pod's record is current (its shim's events keep it so); the pause of any
         # other ready pod is asked after, all at once.
-        refreshed: list[PodRecord | None] = list(candidates)
+        stale = [(i, r) for i, r in enumerate(records) if r.state is ready and r.pod_id not in current]
 
         async def refresh(i: int, record: PodRecord) -> None:
             try:
-                refreshed[i] = await self._refreshed(record)
+                records[i] = await self._refreshed(record)
             except NotFound:
-                refreshed[i] = None  # removed by another process since the list was read
+                records[i] = None  # removed by another process since the list was read
 
-        stale = [(i, r) for i, r in enumerate(candidates) if r.state is PodState.READY and r.pod_id not in self._current]
         if stale:
             async with anyio.create_task_group() as tg:
                 for i, record in stale:
                     tg.start_soon(refresh, i, record)
-        out = []
-        for record in refreshed:
-            if record is None:
-                continue
-            if f.get("state") and _POD_STATE[record.state] != f["state"]:
-                continue
-            if not _labels_match(record.labels, f.get("label_selector")):
-                continue
-            cfg = self._config_of(record)
-            out.append({"id": record.pod_id, "metadata": dict(record.config.get("metadata") or {}),
-                        "state": _POD_STATE[record.state], "created_at": record.created_at,
-                        "labels": record.labels, "annotations": record.annotations,
-                        "runtime_handler": record.runtime_handler, "ip": record.ip,
-                        "host_network": cfg.host_network})
-        out.sort(key=lambda p: p["created_at"], reverse=True)
+        out = [self._entry_of(record) for record in records if record is not None]
+        if wanted or selector:
+            out = [entry for entry in out if (not wanted or entry["state"] == wanted)
+                   and (not selector or _labels_match(entry["labels"], selector))]
+        out.sort(key=_CREATED_AT, reverse=True)
         return out
 
     # -- containers -------------------------------------------------------------------------

@@ -4,6 +4,7 @@ prefix) are the pod layer's, :class:`client.cri.pod.PodService`."""
 
 from __future__ import annotations
 
+import functools
 import time
 from typing import Any
 
@@ -48,4 +49,9 @@ class Sandboxes(Handlers):
                              context: Any) -> api_pb2.ListPodSandboxResponse:
         with traced("ListPodSandbox"):
             found = await self.pods.list_pod_sandbox(translate.pod_sandbox_filter(request))
-        return api_pb2.ListPodSandboxResponse(items=[translate.pod_sandbox(pod) for pod in found])
+            return self._listed.response(found)
+
+    @functools.cached_property
+    def _listed(self) -> translate.PodSandboxes:
+        """The encodings ListPodSandbox reuses for pods unchanged since it last listed them."""
+        return translate.PodSandboxes()

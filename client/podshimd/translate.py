@@ -21,7 +21,7 @@ from shim.rpc.status import InvalidArgument
 
 __all__ = [
     "pod_sandbox_config", "container_config", "pod_sandbox_filter", "container_filter",
-    "pod_sandbox_status", "pod_sandbox", "container_status", "container", "verbose_info",
+    "pod_sandbox_status", "pod_sandbox", "PodSandboxes", "container_status", "container", "verbose_info",
 ]
 
 # The fields of each message the pod layer's dicts fill (the rest stay at their zero values).
@@ -81,13 +81,57 @@ def pod_sandbox_status(doc: Mapping[str, Any]) -> api_pb2.PodSandboxStatus:
 
 def pod_sandbox(doc: Mapping[str, Any]) -> api_pb2.PodSandbox:
     """A pod layer's pod list entry as CRI's PodSandbox. Built field by field, not through
-    json_format (a listing makes one per pod, and ParseDict's reflection costs ~20x more)."""
+    json_format (a listing makes one per pod, and ParseDict's reflection costs ~20x more); an
+    empty map is left out, not passed (filling a map field costs more than the rest together)."""
     metadata = doc.get("metadata") or {}
-    return api_pb2.PodSandbox(
+    pod = api_pb2.PodSandbox(
         id=doc["id"], state=api_pb2.PodSandboxState.Value(doc["state"]), created_at=doc["created_at"],
         metadata=api_pb2.PodSandboxMetadata(**{k: metadata[k] for k in _POD_METADATA if metadata.get(k) is not None}),
-        labels=doc.get("labels") or {}, annotations=doc.get("annotations") or {},
         runtime_handler=doc.get("runtime_handler") or "")
+    if doc.get("labels"):
+        pod.labels.update(doc["labels"])
+    if doc.get("annotations"):
+        pod.annotations.update(doc["annotations"])
+    return pod
+
+
+class PodSandboxes:
+    """ListPodSandbox's answers: each listed pod's PodSandbox is encoded once per distinct entry
+    and kept, with a copy of the entry it was made from, under the pod's id; a listing joins the
+    encodings (serialized messages concatenated are their merge: the repeated ``items`` in
+    order), so a pod unchanged since the last listing costs a comparison, not a message.
+
+    Nothing kept can go stale: a kept encoding is used only for an entry equal to the one it was
+    made from, and every entry is the pod layer's answer now. Only the last :attr:`kept` pods'
+    are kept (a removed pod's goes when newer ones push it out).
+    """
+
+    def __init__(self, kept: int = 4096) -> None:
+        self.kept = kept
+        self._encoded: dict[str, tuple[dict[str, Any], bytes]] = {}
+
+    def response(self, docs: list[Mapping[str, Any]]) -> api_pb2.ListPodSandboxResponse:
+        """The ListPodSandboxResponse of the pod layer's entries ``docs``, in their order."""
+        encoded = self._encoded
+        parts = []
+        for doc in docs:
+            kept = encoded.get(doc["id"])
+            if kept is None or kept[0] != doc:
+                kept = self._encode(doc)
+            parts.append(kept[1])
+        return api_pb2.ListPodSandboxResponse.FromString(b"".join(parts))
+
+    def _encode(self, doc: Mapping[str, Any]) -> tuple[dict[str, Any], bytes]:
+        # A copy down to the maps (metadata, labels, annotations): whoever made the entry may
+        # still hold them, and no later change of theirs may make the copy equal to an entry
+        # it no longer is.
+        snapshot = {k: dict(v) if isinstance(v, Mapping) else v for k, v in doc.items()}
+        kept = (snapshot, api_pb2.ListPodSandboxResponse(items=[pod_sandbox(doc)]).SerializeToString())
+        self._encoded.pop(doc["id"], None)
+        if len(self._encoded) >= self.kept:
+            self._encoded.pop(next(iter(self._encoded)))
+        self._encoded[doc["id"]] = kept
+        return kept
 
 
 def container_status(doc: Mapping[str, Any]) -> api_pb2.ContainerStatus:

@@ -277,6 +277,21 @@ async def test_list_filters_by_state_and_label(roots):
         assert {p["id"] for p in await pods.list_pod_sandbox()} == {a, b}
 
 
+async def test_a_listed_pod_is_read_only_and_as_it_is_now(roots):
+    async with pod_service(roots) as pods:
+        cfg = pod_config()
+        cfg["labels"] = {"tier": "a"}
+        pod_id = await pods.run_pod_sandbox(cfg)
+        [entry] = await pods.list_pod_sandbox()
+        with pytest.raises(TypeError):
+            entry["state"] = "SANDBOX_NOTREADY"  # type: ignore[index]
+        with pytest.raises(TypeError):
+            entry["labels"]["tier"] = "b"
+        await pods.stop_pod_sandbox(pod_id)
+        [entry] = await pods.list_pod_sandbox()
+        assert (entry["id"], entry["state"], dict(entry["labels"])) == (pod_id, "SANDBOX_NOTREADY", {"tier": "a"})
+
+
 async def test_a_pod_whose_shim_is_killed_shows_notready_and_can_be_removed(roots):
     async with pod_service(roots) as pods:
         pod_id = await pods.run_pod_sandbox(pod_config())

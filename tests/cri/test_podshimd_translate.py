@@ -18,3 +18,44 @@ POD = {"id": "a" * 64, "metadata": {"name": "web", "uid": "u1", "namespace": "de
 def test_a_listed_pod_is_the_podsandbox_its_fields_say(doc):
     fields = ("id", "metadata", "state", "created_at", "labels", "annotations", "runtime_handler")
     assert translate.pod_sandbox(doc) == json_format.ParseDict({k: doc[k] for k in fields}, api_pb2.PodSandbox())
+
+
+def _entry(n: int, **changes):
+    return {**POD, "id": f"{n:064x}", "metadata": {**POD["metadata"], "name": f"web-{n}"},
+            "created_at": POD["created_at"] - n, "labels": {"app": "web", "n": str(n)}, **changes}
+
+
+def _expected(docs):
+    return api_pb2.ListPodSandboxResponse(items=[translate.pod_sandbox(doc) for doc in docs])
+
+
+def test_a_listing_is_its_entries_podsandboxes_in_order():
+    docs = [_entry(n) for n in range(3)] + [_entry(3, labels={}, annotations={}, metadata={"name": "bare"})]
+    listed = translate.PodSandboxes()
+    assert listed.response(docs) == _expected(docs)
+    assert listed.response(docs[::-1]) == _expected(docs[::-1])
+    assert listed.response([]) == api_pb2.ListPodSandboxResponse()
+
+
+def test_a_listing_shows_what_changed_since_the_last_one():
+    listed = translate.PodSandboxes()
+    listed.response([_entry(1), _entry(2)])
+    now = [_entry(1, state="SANDBOX_READY"), _entry(2, labels={"app": "db"}, runtime_handler="crun")]
+    assert listed.response(now) == _expected(now)
+
+
+def test_a_listing_shows_an_entrys_map_changed_in_place():
+    listed = translate.PodSandboxes()
+    doc = _entry(1)
+    listed.response([doc])
+    doc["labels"]["app"] = "db"
+    doc["metadata"]["attempt"] = 7
+    assert listed.response([doc]) == _expected([doc])
+
+
+def test_a_listing_keeps_the_encodings_of_the_last_pods_only():
+    listed = translate.PodSandboxes(kept=2)
+    docs = [_entry(n) for n in range(5)]
+    assert listed.response(docs) == _expected(docs)
+    assert listed.response(docs) == _expected(docs)
+    assert len(listed._encoded) == 2
