@@ -7,8 +7,7 @@ template is never the shim's parent and may die or restart under it).
 The template also keeps a *spare* (:func:`fork_spare`): a shim double-forked ahead of time that
 waits, detached, for its sandbox. A Spawn hands it the config and the bound socket and is
 answered once it serves, without a fork on the way; the template forks the next spare after
-answering. The spare's intermediate child stays behind it until then, to start the cgroup
-grace period the moment the spare is taken.
+answering.
 """
 
 from __future__ import annotations
@@ -97,60 +96,40 @@ class Spare(Record):
 
     ``channel``: the template's end of the spare's socket pair ("P<pid>" from the intermediate
     child and "S" from the spare come in before it counts as a spare; then the assignment goes
-    out and "R" comes back). ``go_fd``: the pipe its intermediate child waits on. Closing both without
-    :meth:`take` retires the spare: both processes exit.
+    out and "R" comes back). ``taken``: an assignment was sent. Closing the channel without
+    one retires the spare: it exits.
     """
 
-    __slots__ = ("pid", "channel", "go_fd")
+    __slots__ = ("pid", "channel", "taken")
     mutable = True
     pid: int
     channel: socket.socket
-    go_fd: int
+    taken: bool
 
-    def __init__(self, pid: int, channel: socket.socket, go_fd: int) -> None:
+    def __init__(self, pid: int, channel: socket.socket) -> None:
         self.pid = pid
         self.channel = channel
-        self.go_fd = go_fd
-
-    @property
-    def taken(self) -> bool:
-        return self.go_fd < 0
-
-    def take(self) -> None:
-        """Tell the intermediate child the spare is being used: it starts the cgroup grace
-        period (:func:`shim.kernel.cgroups.start_attach_grace_period`) and exits."""
-        try:
-            os.write(self.go_fd, b"G")
-        except OSError:  # it is gone already: only the head start is lost
-            pass
-        os.close(self.go_fd)
-        self.go_fd = -1
+        self.taken = False
 
     def close(self) -> None:
         self.channel.close()
-        if self.go_fd >= 0:
-            os.close(self.go_fd)
-            self.go_fd = -1
 
 
 def fork_spare() -> Spare:
     """Double-fork a spare shim; return once it is ready: named ``podshim-spare``, set up and
     waiting for its assignment (:func:`_wait_standing_by`). The caller reaps the intermediate
-    child (SIGCHLD), which exits when the spare is taken or retired. Raises OSError."""
+    child (SIGCHLD), which exits once it has forked the spare. Raises OSError."""
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    go_r, go_w = os.pipe2(os.O_CLOEXEC)
     try:
         pid = os.fork()
         if pid == 0:
-            _spare_intermediate(theirs, go_r)
+            _spare_intermediate(theirs)
     except BaseException:
         ours.close()
-        os.close(go_w)
         raise
     finally:
         theirs.close()
-        os.close(go_r)
-    spare = Spare(0, ours, go_w)
+    spare = Spare(0, ours)
     try:
         spare.pid = _wait_standing_by(ours, START_TIMEOUT)
     except BaseException:
@@ -188,22 +167,18 @@ def _wait_standing_by(channel: socket.socket, timeout: float) -> int:
     return pid
 
 
-def _spare_intermediate(channel: socket.socket, go_r: int) -> NoReturn:
-    """In the spare's intermediate child: fork the spare, report its pid, then wait for the
-    template to take it (start the cgroup grace period) or to go away (just exit)."""
+def _spare_intermediate(channel: socket.socket) -> NoReturn:
+    """In the spare's intermediate child: fork the spare, report its pid and exit."""
     code = 1
     try:
         # Not the template's listener, its callers' connections or its end of the pair: EOF
         # and ECONNREFUSED must reach whoever waits on those when the template dies.
-        _close_all_but((channel.fileno(), go_r))
+        _close_all_but((channel.fileno(),))
         pid = os.fork()
         if pid == 0:
-            os.close(go_r)
             _spare_wait(channel)
         channel.send(b"P%d" % pid)
         channel.close()
-        if os.read(go_r, 1) == b"G":
-            _start_attach_grace_period()
         code = 0
     except BaseException:
         pass
@@ -292,9 +267,8 @@ def spawn_shim(config: Any, *, debug: bool = False, double_fork: bool = False,
 
     If a live shim already serves the socket, its bootstrap is returned instead. Raises
     Unavailable (with the tail of the shim's log) when the shim does not come up within
-    :data:`START_TIMEOUT`. With ``double_fork`` the intermediate child outlives this call by a
-    cgroup grace period (see :func:`shim.kernel.cgroups.start_attach_grace_period`): the caller
-    reaps it (SIGCHLD).
+    :data:`START_TIMEOUT`. With ``double_fork`` the intermediate child may outlive this call by
+    a moment: the caller reaps it (SIGCHLD).
     ``spare``: a :class:`Spare` to use instead of forking (taken and closed here unless a live
     shim already serves the socket; a dead spare falls back to forking).
     """
@@ -310,7 +284,7 @@ def spawn_shim(config: Any, *, debug: bool = False, double_fork: bool = False,
             result = bootstrap(address, 0)
         return result
     if spare is not None:
-        spare.take()
+        spare.taken = True
         try:
             if _assign(spare, config, sock, debug):
                 sock.close()
@@ -339,10 +313,8 @@ def spawn_shim(config: Any, *, debug: bool = False, double_fork: bool = False,
     os.close(ready_w)
     sock.close()
     try:
-        # With a double fork (the template) the intermediate child starts the cgroup grace period
-        # and exits: the caller reaps it (SIGCHLD), since waiting here would wait that out. A
-        # single fork (`podshim start`) does not: the shim it forks spends longer importing than
-        # the grace period's head start lasts.
+        # With a double fork (the template) the intermediate child exits once it has recorded
+        # the shim: the caller reaps it (SIGCHLD).
         shim_pid, ready = _wait_ready(ready_r, START_TIMEOUT, want_pid=double_fork)
     finally:
         os.close(ready_r)
@@ -456,16 +428,6 @@ def _pid_line(data: bytes) -> int | None:
     return int(found[-1]) if found else None
 
 
-def _start_attach_grace_period() -> None:
-    """See :func:`shim.kernel.cgroups.start_attach_grace_period`: a failure only costs speed."""
-    try:
-        from shim.kernel.cgroups import start_attach_grace_period
-
-        start_attach_grace_period()
-    except Exception:
-        pass
-
-
 def _become_shim(config: Any, sock: socket.socket, ready_r: int, ready_w: int, debug: bool,
                  double_fork: bool) -> None:
     """In the forked child: (fork again,) detach, and serve. Never returns."""
@@ -477,8 +439,6 @@ def _become_shim(config: Any, sock: socket.socket, ready_r: int, ready_w: int, d
             if pid:
                 _record_shim(config, pid)
                 os.write(ready_w, b"P%d\n" % pid)
-                _close_all_but(())
-                _start_attach_grace_period()
                 os._exit(0)
         os.setsid()
         _close_all_but((sock.fileno(), ready_w))

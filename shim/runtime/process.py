@@ -2,14 +2,18 @@
 
 The least work that gives a process its namespaces, with no subprocess and no helper binary::
 
-    shim --fork--> A: join cgroups, setns(each namespace file), unshare(flags),
+    shim --fork--> A: join v1 cgroups, setns(each namespace file), unshare(flags),
                       / rslave (with a new mount ns), sethostname, sysctls, tmpfs on /dev/shm, then
-                      --fork--> B (in the new or joined pid ns): mount /proc (with a new pid ns),
+                      --fork--> B (born in the v2 cgroup; in the new or joined pid ns):
+                                mount /proc (with a new pid ns),
                                 oom_score_adj, session, stdio, fds, cwd, signals, exec or builtin
                       A reports B's pid and exits 0
 
 A is needed because unshare(CLONE_NEWPID) and setns() of a pid namespace only move the
-caller's *children* into it; without a pid namespace to enter, A becomes the process itself.
+caller's *children* into it, and because moving a process into a cgroup v2 directory takes a
+global kernel lock whose writer waits an RCU grace period (6-8 ms here), while a child born
+there takes none (:func:`shim.kernel.cgroups.entry_files`). Without a pid namespace to enter
+or a v2 cgroup, A becomes the process itself.
 When A exits, B is re-parented to the shim, a child subreaper, and the shim's
 :class:`~shim.kernel.reaper.Reaper` reaps it. Both children report on one close-on-exec pipe:
 ``P<pid>`` (B's pid), ``R`` (a builtin is ready), ``E<errno> <step>`` (the step that failed),
@@ -40,7 +44,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import NoReturn
 
-from shim.kernel import linux
+from shim.kernel import cgroups, linux
 from shim.kernel.netns import is_host_netns, open_namespace
 from shim.kernel.reaper import ExitInfo, Reaper
 from shim.runtime import confine, mounts
@@ -91,8 +95,9 @@ class ProcessSpec:
     ``name`` names it in errors ("pause", "task web"). ``join`` lists namespace files and their
     ``CLONE_NEW*`` types to setns into (in a fixed order: the mount namespace last); ``unshare_flags`` the namespaces made new (a new pid
     namespace needs a new mount namespace too: it gets its own /proc). A new mount namespace is
-    made a recursive slave of the one it copies. ``procs_files`` are the cgroup.procs files the
-    process is written to first, so every page it touches is charged there. ``sysctls`` are
+    made a recursive slave of the one it copies. ``procs_files`` are the cgroup.procs files of the
+    cgroups the process is in before it touches a page: the v1 ones are joined first thing by A,
+    the v2 one by B's birth there. ``sysctls`` are
     written after the namespaces are entered; ``shm_options``, when set, mounts a tmpfs with
     these options on /dev/shm. ``binds`` are ``(source, target)`` bind mounts (not recursive) made
     in the new mount namespace right after it is made a slave, so only this process and what it
@@ -168,7 +173,8 @@ class _Plan:
     """Everything the children need, computed (and validated) by the parent before the fork."""
 
     name: str
-    procs_files: tuple[str, ...]
+    cgroup_tasks: tuple[str, ...]  # v1 ``tasks`` files A writes "0" to (cgroups.entry_files)
+    cgroup_v2: str | None  # the v2 directory the process is born in (fork_into_cgroup)
     join: list[tuple[int, int, str]]  # fd, CLONE_NEW* type, path
     unshare_flags: int
     second_fork: bool
@@ -177,6 +183,7 @@ class _Plan:
     shm_options: str | None
     oom_score_adj: bytes | None
     binds: tuple[tuple[str, str], ...]
+    cgroup_v2_fd: int  # open on cgroup_v2 by the parent (-1: none)
     binds_from: list[tuple[int, str, str]]  # mount ns fd (opened by the parent), source, target
     own_mnt_fd: int  # the shim's mount namespace, to come back to after taking binds_from
     root: mounts.RootSetup | None
@@ -220,6 +227,13 @@ async def launch(spec: ProcessSpec, reaper: Reaper,
         for path, source, target in spec.binds_from:
             fds.append(open_namespace(path, linux.CLONE_NEWNS))
             binds_from.append((fds[-1], source, target))
+        cgroup_v2_fd = -1
+        if plan.cgroup_v2 is not None:
+            try:
+                fds.append(os.open(plan.cgroup_v2, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC))
+            except OSError as exc:
+                raise error_from_oserror(exc, f"cannot open cgroup {plan.cgroup_v2}") from None
+            cgroup_v2_fd = fds[-1]
         own_mnt_fd = -1
         if binds_from:
             fds.append(os.open("/proc/self/ns/mnt", os.O_RDONLY | os.O_CLOEXEC))
@@ -232,7 +246,7 @@ async def launch(spec: ProcessSpec, reaper: Reaper,
         stdio = tuple(None if fd is None else _above_stdio(fd, fds) for fd in (spec.stdin, spec.stdout, spec.stderr))
         console = None if spec.console is None else _above_stdio(spec.console, fds)
         plan = dataclasses.replace(plan, join=join, stdio=stdio, binds_from=binds_from, own_mnt_fd=own_mnt_fd,
-                                   console=console)
+                                   console=console, cgroup_v2_fd=cgroup_v2_fd)
         try:
             pid_a = _fork(_child_a, plan, write_fd)
         except OSError as exc:
@@ -278,18 +292,25 @@ def _plan(spec: ProcessSpec) -> _Plan:
         raise InvalidArgument(f"hostname {hostname!r} must be 1 to 64 bytes without NUL")
     if spec.oom_score_adj is not None and not -1000 <= spec.oom_score_adj <= 1000:
         raise InvalidArgument(f"oom_score_adj {spec.oom_score_adj} is outside -1000..1000")
+    tasks, v2_dirs = cgroups.entry_files(spec.procs_files)
+    if len(v2_dirs) > 1:
+        raise InvalidArgument(f"the {spec.name} can join one cgroup v2 directory, not {len(v2_dirs)}")
     return _Plan(
         name=spec.name,
-        procs_files=spec.procs_files,
+        cgroup_tasks=tuple(tasks),
+        cgroup_v2=v2_dirs[0] if v2_dirs else None,
         join=[],  # opened last, once the spec is known to be valid
         unshare_flags=spec.unshare_flags,
-        second_fork=bool(spec.unshare_flags & linux.CLONE_NEWPID)
+        # A second fork enters a new pid namespace, and a cgroup v2 directory without the
+        # global lock a move into one takes (cgroups.entry_files).
+        second_fork=bool(spec.unshare_flags & linux.CLONE_NEWPID or v2_dirs)
         or any(nstype == linux.CLONE_NEWPID for _, nstype in spec.join),
         hostname=spec.hostname,
         sysctls=[(k, "/proc/sys/" + k.replace(".", "/"), v.encode()) for k, v in spec.sysctls.items()],
         shm_options=spec.shm_options,
         oom_score_adj=str(spec.oom_score_adj).encode() if spec.oom_score_adj is not None else None,
         binds=spec.binds,
+        cgroup_v2_fd=-1,  # opened last, as join
         binds_from=[],  # opened last, as join
         own_mnt_fd=-1,
         root=spec.root,
@@ -520,12 +541,13 @@ def _child_a(plan: _Plan, write_fd: int) -> NoReturn:
     try:
         signal.set_wakeup_fd(-1)
         gc.disable()
-        # The cgroup comes first so that every page the process touches is charged there:
-        # v1 memory charges do not move with a task that changes cgroup later.
-        own_pid = str(os.getpid()).encode()
-        for procs in plan.procs_files:
-            step = f"joining cgroup {procs}"
-            linux.write_file(procs, own_pid)
+        # The v1 cgroups come first so that every page the process touches is charged there:
+        # v1 memory charges do not move with a task that changes cgroup later. "0" in ``tasks``
+        # moves this thread alone (A has one), without the kernel's global lock; the v2
+        # directory, where that cannot be done, is entered by B's birth there.
+        for tasks in plan.cgroup_tasks:
+            step = f"joining cgroup {os.path.dirname(tasks)}"
+            linux.write_file(tasks, b"0")
         trees = []
         for fd, source, target in plan.binds_from:
             # Taken before any setns: a detached copy can be attached in the new namespace below.
@@ -565,7 +587,7 @@ def _child_a(plan: _Plan, write_fd: int) -> NoReturn:
             os.write(write_fd, b"P%d\n" % os.getpid())
             _child_b(plan, write_fd)
         step = f"forking the {plan.name}"
-        pid_b = os.fork()
+        pid_b = _fork_b(plan) if plan.cgroup_v2_fd >= 0 else os.fork()
         if pid_b == 0:
             _child_b(plan, write_fd)
         os.write(write_fd, b"P%d\n" % pid_b)
@@ -574,6 +596,20 @@ def _child_a(plan: _Plan, write_fd: int) -> NoReturn:
         _report_failure(write_fd, step, exc)
     finally:
         os._exit(1)
+
+
+def _fork_b(plan: _Plan) -> int:
+    """In A: fork B into the cgroup v2 directory; where the kernel cannot (no clone3 or
+    CLONE_INTO_CGROUP, or a seccomp filter that refuses it), move A there first and fork."""
+    try:
+        return linux.fork_into_cgroup(plan.cgroup_v2_fd)
+    except OSError as exc:
+        if exc.errno not in (errno.ENOSYS, errno.E2BIG, errno.EINVAL, errno.EPERM):
+            raise
+    assert plan.cgroup_v2 is not None
+    # The slow way, still before B exists: A, with its one thread, moves (the grace period).
+    linux.write_file(os.path.join(plan.cgroup_v2, "cgroup.procs"), b"0")
+    return os.fork()
 
 
 def _child_b(plan: _Plan, write_fd: int) -> NoReturn:

@@ -499,10 +499,60 @@ def test_read_only_hierarchy_is_skipped_and_recorded():
     assert "memory" in cgroup.paths
 
 
-def test_starting_the_attach_grace_period_moves_nothing():
-    # A no-op self-migration: the caller stays in every cgroup it was in.
-    with open("/proc/self/cgroup") as f:
-        before = f.read()
-    assert cgroups.start_attach_grace_period() is True
-    with open("/proc/self/cgroup") as f:
-        assert f.read() == before
+def test_entry_files_are_v1_tasks_files_and_the_v2_directory(make_cgroup):
+    cgroup = make_cgroup()
+    tasks, v2_dirs = cgroups.entry_files(cgroup.procs_files())
+    v1 = {key: path for key, path in cgroup.paths.items() if key != V2}
+    assert sorted(tasks) == sorted(os.path.join(path, "tasks") for path in v1.values())
+    assert v2_dirs == ([cgroup.paths[V2]] if V2 in cgroup.paths else [])
+
+
+def _in_cgroup(pid: int, hierarchy_id: str) -> str:
+    with open(f"/proc/{pid}/cgroup") as f:
+        return next(line.rstrip("\n").split(":", 2)[2] for line in f if line.split(":", 1)[0] == hierarchy_id)
+
+
+def test_a_thread_writing_0_to_tasks_moves_only_itself_and_a_child_is_born_in_the_v2_cgroup(make_cgroup):
+    # What a launcher (shim.runtime.process) does: its one thread enters each v1 cgroup by its
+    # tasks file, and its child is born in the v2 one (clone3 CLONE_INTO_CGROUP).
+    cgroup = make_cgroup()
+    if V2 not in cgroup.paths:
+        pytest.skip("no cgroup v2 hierarchy on this machine")
+    tasks, (v2_dir,) = cgroups.entry_files(cgroup.procs_files())
+    report_r, report_w = os.pipe()
+    done_r, done_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the launcher: one thread
+        code = 1
+        try:
+            os.close(done_w)  # so that the child sees EOF once the test closes its end
+            os.close(report_r)
+            for path in tasks:
+                linux.write_file(path, b"0")
+            fd = os.open(v2_dir, os.O_RDONLY | os.O_DIRECTORY)
+            child = linux.fork_into_cgroup(fd)
+            if child == 0:
+                os.write(report_w, b"%d\n" % os.getpid())
+                os.read(done_r, 1)  # until the test is done looking
+                os._exit(0)
+            os.waitpid(child, 0)
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(report_w)
+    os.close(done_r)
+    try:
+        child = int(os.read(report_r, 32))
+        # Both in every v1 cgroup; in v2 the child alone, born there: the launcher stayed put.
+        for path in tasks:
+            with open(os.path.join(os.path.dirname(path), "cgroup.procs")) as f:
+                assert set(map(int, f.read().split())) == {pid, child}
+        with open(os.path.join(v2_dir, "cgroup.procs")) as f:
+            assert f.read().split() == [str(child)]
+        assert cgroup.paths[V2].endswith(_in_cgroup(child, "0")) and _in_cgroup(pid, "0") != _in_cgroup(child, "0")
+    finally:
+        os.close(done_w)
+        os.close(report_r)
+        _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+

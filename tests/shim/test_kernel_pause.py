@@ -393,7 +393,7 @@ async def test_pause_that_exits_at_once_is_reported_and_reaped(reaper):
 
 async def test_launcher_failure_names_its_step(reaper):
     gone = SandboxCgroup.from_dict({"name": "gone", "paths": {"pids": "/sys/fs/cgroup/pids/podshim-never-made"}})
-    with pytest.raises(Internal, match=r"at joining cgroup /sys/fs/cgroup/pids/podshim-never-made/cgroup.procs: "
+    with pytest.raises(Internal, match=r"at joining cgroup /sys/fs/cgroup/pids/podshim-never-made: "
                                        r"No such file or directory \(errno 2\)"):
         await launch(PauseSpec(cgroup=gone), reaper)
     assert _children() == set()

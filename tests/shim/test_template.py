@@ -220,8 +220,8 @@ def _state(pid: int) -> str:
 def test_template_reaps_the_intermediate_children_of_its_double_forks(roots, template):
     for n in range(3):
         start_shim(roots, f"r{n}")
-    # Each intermediate child exits a cgroup grace period after its shim is taken; the
-    # template reaps it on SIGCHLD. What stays is the next spare's, alive and waiting.
+    # Each intermediate child exits once it has forked (and, for a shim forked on the spot,
+    # recorded) its shim; the template reaps it on SIGCHLD. What stays is the next spare's, alive and waiting.
     deadline = time.monotonic() + 5
     while True:
         children = _children(template.proc.pid)
