@@ -289,6 +289,11 @@ async def wait_ready(pid: int, exit_future: asyncio.Future[ExitInfo], name: str 
             raise Internal(f"the pause exited during start with status {info.exit_status}")
         exec_done = ((name is None and exe is None) or (name is not None and fields.get("Name", "").strip() == name)
                      or (exe is not None and _exe_identity(pid) == exe))
+        if exec_done and (name is not None or exe is not None) and not _has_arguments(pid):
+            # Mid-exec: the kernel names the new program (comm, exe) before it resets the old
+            # one's signal handlers (an OCI runtime's init catches SIGTERM), and sets up its
+            # arguments after both. Until /proc/PID/cmdline shows them, SigCgt is not the pause's.
+            exec_done = False
         if exec_done and (int(fields["SigBlk"], 16) | int(fields["SigCgt"], 16)) & _SIGTERM_BIT:
             return
         now = time.monotonic()
@@ -302,6 +307,15 @@ async def wait_ready(pid: int, exit_future: asyncio.Future[ExitInfo], name: str 
                 raise Internal(f"the pause did not exec its program within {READY_TIMEOUT} s")
             raise Internal(f"the pause did not set up its SIGTERM handling within {READY_TIMEOUT} s")
         await asyncio.sleep(READY_POLL_SECONDS)
+
+
+def _has_arguments(pid: int) -> bool:
+    """Whether /proc/PID/cmdline shows arguments (empty while an exec is under way, or once a zombie)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return bool(f.read(1))
+    except OSError:
+        return False
 
 
 def _exe_identity(pid: int) -> tuple[int, int] | None:
