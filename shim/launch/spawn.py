@@ -106,10 +106,10 @@ class Spare(Record):
     channel: socket.socket
     taken: bool
 
-    def __init__(self, pid: int, channel: socket.socket) -> None:
+    def __init__(self, pid: int, channel: socket.socket, taken: bool = False) -> None:
         self.pid = pid
         self.channel = channel
-        self.taken = False
+        self.taken = taken
 
     def close(self) -> None:
         self.channel.close()
