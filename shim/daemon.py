@@ -13,6 +13,8 @@ import signal
 import socket
 import sys
 import time
+from collections.abc import Awaitable, Callable
+from typing import NamedTuple
 
 from shim.sandbox.events import EventBus
 from shim.kernel.linux import set_process_name
@@ -25,7 +27,7 @@ from shim.sandbox.sandbox import Sandbox, ShimConfig, State
 from shim.sandbox.service import SandboxService, register
 from shim.sandbox.task_service import TaskService, register_tasks
 
-__all__ = ["SHUTDOWN_TIMEOUT", "serve_forever", "setup_logging"]
+__all__ = ["SHUTDOWN_TIMEOUT", "Assignment", "serve_forever", "serve_when_assigned", "setup_logging"]
 
 log = logging.getLogger("shim")
 
@@ -46,8 +48,7 @@ def setup_logging(debug: bool = False) -> None:
 
 
 def serve_forever(config: ShimConfig, listener: socket.socket, *, owns_socket: bool = True,
-                  ready_fd: int | None = None, shutdown_on_signal: bool = False, recorded: bool = False,
-                  loop: asyncio.AbstractEventLoop | None = None, made_netns: int | None = None) -> int:
+                  ready_fd: int | None = None, shutdown_on_signal: bool = False, recorded: bool = False) -> int:
     """Serve the sandbox on ``listener`` until ShutdownSandbox, SIGTERM or SIGINT. Returns 0.
 
     ``ready_fd``, when given, receives one byte once the server accepts, then is closed.
@@ -55,25 +56,71 @@ def serve_forever(config: ShimConfig, listener: socket.socket, *, owns_socket: b
     ``shutdown_on_signal``: SIGTERM/SIGINT shut the sandbox down as ShutdownSandbox would
     (systemd units); otherwise the pause is left running for a controller to reconnect or
     ``podshim delete``. ``recorded``: the spawner already wrote this shim's first state.json.
-    ``loop``: an event loop made ahead (a spare shim's), run and closed here. ``made_netns``: a
-    network namespace made ahead (a spare shim's, :func:`shim.kernel.netns.make_netns`), which
-    CreateSandbox pins if the sandbox wants a new one (:class:`Sandbox`'s ``made_netns``).
     """
     # A shim forked from the template would otherwise show up as "python3 ... template" in
     # ps; `pgrep -x podshim-shim` finds every shim, however it was started.
     set_process_name("podshim-shim")
     long_running()  # a shim exec'd by `podshim start` or systemd started with the collector off
     install_uvloop()
-    with asyncio.Runner(loop_factory=None if loop is None else (lambda: loop)) as runner:
-        return runner.run(_serve(config, listener, owns_socket, ready_fd, shutdown_on_signal, recorded, made_netns))
+
+    async def main() -> int:
+        return await _serve(_Base(), config, listener, owns_socket, ready_fd, shutdown_on_signal, recorded, None)
+
+    with asyncio.Runner() as runner:
+        return runner.run(main())
 
 
-async def _serve(config: ShimConfig, listener: socket.socket, owns_socket: bool, ready_fd: int | None,
+class Assignment(NamedTuple):
+    """What a spare shim is given to serve: its sandbox, its bound socket, where to say "R"."""
+
+    config: ShimConfig
+    listener: socket.socket
+    ready_fd: int
+
+
+def serve_when_assigned(assignment: Callable[[], Awaitable[Assignment | None]], made_netns: int | None) -> int:
+    """A spare shim: run the event loop and install the reaper before the sandbox is known, then
+    await ``assignment()`` and serve it as :func:`serve_forever` does (0 at once when it returns
+    None: retired). ``made_netns``: a network namespace made ahead
+    (:func:`shim.kernel.netns.make_netns`), which CreateSandbox pins if the sandbox wants a new
+    one (:class:`Sandbox`'s ``made_netns``)."""
+    long_running()
+    install_uvloop()
+
+    async def main() -> int:
+        base = _Base()  # what does not depend on the sandbox, made while nobody waits
+        try:
+            given = await assignment()
+        except BaseException:
+            base.close()
+            raise
+        if given is None:
+            base.close()
+            return 0
+        set_process_name("podshim-shim")
+        return await _serve(base, given.config, given.listener, True, given.ready_fd, False, False, made_netns)
+
+    with asyncio.Runner() as runner:
+        return runner.run(main())
+
+
+class _Base:
+    """A shim's pieces that do not depend on its sandbox: the installed reaper and the notifier."""
+
+    def __init__(self) -> None:
+        self.reaper = Reaper()
+        self.reaper.install(asyncio.get_running_loop())
+        self.notifier = Notifier.from_env()
+
+    def close(self) -> None:
+        self.reaper.uninstall()
+        self.notifier.close()
+
+
+async def _serve(base: _Base, config: ShimConfig, listener: socket.socket, owns_socket: bool, ready_fd: int | None,
                  shutdown_on_signal: bool, recorded: bool, made_netns: int | None) -> int:
     loop = asyncio.get_running_loop()
-    reaper = Reaper()
-    reaper.install(loop)
-    notifier = Notifier.from_env()
+    reaper, notifier = base.reaper, base.notifier
     events = EventBus(config.namespace, config.sandbox_id)
     sandbox = Sandbox(config, reaper, events, made_netns)
     done = asyncio.Event()
@@ -129,6 +176,5 @@ async def _serve(config: ShimConfig, listener: socket.socket, owns_socket: bool,
         # reconnect or `podshim delete`; just record that the shim is gone.
         log.info("leaving sandbox %s in state %s for `podshim delete`", config.sandbox_id, sandbox.state.value)
         sandbox.persist()
-    reaper.uninstall()
-    notifier.close()
+    base.close()
     return 0

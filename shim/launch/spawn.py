@@ -187,54 +187,64 @@ def _spare_intermediate(channel: socket.socket) -> NoReturn:
 
 
 def _spare_wait(channel: socket.socket) -> NoReturn:
-    """The spare: detached, it makes what does not depend on its sandbox (an event loop, a network
-    namespace), waits for its assignment, then serves like any forked shim."""
+    """The spare: detached, it makes what does not depend on its sandbox (a network namespace, a
+    running event loop with the reaper installed), waits for its assignment, then serves like
+    any forked shim."""
     code = 1
     try:
         os.setsid()
         _close_all_but((channel.fileno(),))
         _stdio_to(os.devnull)
         _fresh_signals()
-        import asyncio
-
-        from shim.daemon import serve_forever, setup_logging
+        from shim.daemon import serve_when_assigned, setup_logging
         from shim.kernel.linux import set_process_name
-        from shim.rpc.channel import install_uvloop
 
         set_process_name("podshim-spare")
-        # What does not depend on the sandbox is done before it is known.
         setup_logging()
-        install_uvloop()
-        loop = asyncio.new_event_loop()
         channel.send(b"S")  # standing by: only now does the template report us as its spare
         # After standing by: a Spawn that comes meanwhile waits in the socket, and the template
         # forks no later. CreateSandbox pins it; a host-network sandbox closes it unused.
         made_netns = _make_netns_ahead()
-        message, fds, _, _ = socket.recv_fds(channel, 65536, 1)
-        if not message:  # the template retired us, or died
-            for fd in fds:
-                os.close(fd)
-            code = 0
-            return  # to os._exit
-        if len(fds) != 1:
-            raise RuntimeError("the spare's assignment came without the shim's socket")
-        assignment = json.loads(message)
-        from shim.sandbox.sandbox import ShimConfig
-
-        config = ShimConfig(**assignment["config"])
-        os.set_inheritable(fds[0], False)  # received without close-on-exec
-        listener = socket.socket(fileno=fds[0])
-        _stdio_to(os.path.join(config.bundle, LOG_FILE))
-        _reseed()
-        if assignment.get("debug"):
-            setup_logging(True)
-        code = serve_forever(config, listener, ready_fd=channel.detach(), loop=loop, made_netns=made_netns)
+        code = serve_when_assigned(lambda: _assignment(channel), made_netns)
     except BaseException:
         import traceback
 
         traceback.print_exc()
     finally:
         os._exit(code)
+
+
+async def _assignment(channel: socket.socket) -> Any:
+    """The spare's assignment (a :class:`shim.daemon.Assignment`), read from ``channel`` once it
+    comes, with stdio moved to the sandbox's log; None when the template retired us (or died)."""
+    import asyncio
+
+    from shim.daemon import Assignment, setup_logging
+    from shim.sandbox.sandbox import ShimConfig
+
+    loop = asyncio.get_running_loop()
+    readable = loop.create_future()
+    loop.add_reader(channel.fileno(), lambda: readable.done() or readable.set_result(None))
+    try:
+        await readable
+    finally:
+        loop.remove_reader(channel.fileno())
+    message, fds, _, _ = socket.recv_fds(channel, 65536, 1)
+    if not message:
+        for fd in fds:
+            os.close(fd)
+        return None
+    if len(fds) != 1:
+        raise RuntimeError("the spare's assignment came without the shim's socket")
+    assignment = json.loads(message)
+    config = ShimConfig(**assignment["config"])
+    os.set_inheritable(fds[0], False)  # received without close-on-exec
+    listener = socket.socket(fileno=fds[0])
+    _stdio_to(os.path.join(config.bundle, LOG_FILE))
+    _reseed()
+    if assignment.get("debug"):
+        setup_logging(True)
+    return Assignment(config, listener, channel.detach())
 
 
 def _make_netns_ahead() -> int | None:
