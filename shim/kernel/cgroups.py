@@ -27,7 +27,7 @@ from shim.rpc.records import Record, set_field as _set
 from shim.rpc.status import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound, error_from_oserror
 
 __all__ = ["DEFAULT_PARENT", "METRIC_KEYS", "REMOVE_TIMEOUT", "UPDATE_KEYS", "V2", "Hierarchy", "SandboxCgroup",
-           "discover_hierarchies", "entry_files", "no_metrics"]
+           "discover_hierarchies", "entry_files", "hold_parent", "no_metrics", "remove_stale_holds"]
 
 log = logging.getLogger(__name__)
 
@@ -133,6 +133,70 @@ def entry_files(procs_files: Iterable[str]) -> tuple[list[str], list[str]]:
         else:
             tasks.append(os.path.join(directory, "tasks"))
     return tasks, v2_dirs
+
+
+#: Name prefix of the directories that hold a default parent (:func:`hold_parent`); "." makes it
+#: one no sandbox id can take (ids start with a letter or digit).
+HOLD_PREFIX = ".held-by-"
+
+
+def hold_parent(parent: str) -> SandboxCgroup:
+    """An empty cgroup ``<parent>/.held-by-<our pid>`` that keeps ``parent`` (a default parent,
+    podshim/<namespace>) from being pruned while we run: each sandbox then makes and removes its
+    own directory alone. Making podshim/ and podshim/<namespace> again in every hierarchy for
+    each sandbox (the last one prunes them) costs 3-4 ms against 0.8, and churns memory cgroups
+    the kernel frees lazily. The shim template holds the parents of the namespaces it spawns
+    into and removes its holds (and so the parents, once empty) when it exits. Raises as
+    :meth:`SandboxCgroup.create`."""
+    return SandboxCgroup.create(f"{HOLD_PREFIX}{os.getpid()}", parent)
+
+
+def remove_stale_holds() -> list[str]:
+    """Remove the holds (:func:`hold_parent`) below our default parent whose process is gone (a
+    template killed before it could remove them), and the parents they leave empty; the
+    directories removed. Never raises: what cannot be removed stays for the next sweep."""
+    removed: list[str] = []
+    for hierarchy in discover_hierarchies():
+        top = hierarchy.directory(os.path.join(hierarchy.own_path, DEFAULT_PARENT))
+        if top is None:
+            continue
+        try:
+            namespaces = [os.path.join(top, name) for name in os.listdir(top)]
+        except OSError:
+            continue
+        for directory in namespaces:
+            try:
+                entries = os.listdir(directory)
+            except OSError:
+                continue
+            for name in entries:
+                if name.startswith(HOLD_PREFIX) and not _holder_alive(name[len(HOLD_PREFIX):]):
+                    try:
+                        os.rmdir(os.path.join(directory, name))
+                        removed.append(os.path.join(directory, name))
+                    except OSError:
+                        continue
+            for empty in (directory, top):
+                try:
+                    os.rmdir(empty)
+                    removed.append(empty)
+                except OSError:
+                    break
+    return removed
+
+
+def _holder_alive(pid_text: str) -> bool:
+    """Whether the process that made a hold is still there (pid reuse keeps a stale hold only
+    while the new process with that pid lives)."""
+    if not pid_text.isdigit():
+        return False
+    try:
+        os.kill(int(pid_text), 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True
+    return True
 
 
 def _unescape(text: str) -> str:

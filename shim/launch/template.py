@@ -23,6 +23,11 @@ and, before each Spawn, checks that the files on disk are still those: after an 
 edit of an editable install) it answers FAILED_PRECONDITION, removes its control socket and exits,
 so that no shim is forked from old code; the spawner then starts a new template. Shims it forked
 keep running: it is not their parent.
+
+While it runs, a template also holds the default cgroup parent (podshim/<namespace>) of every
+namespace it spawned into (:func:`shim.kernel.cgroups.hold_parent`), so that sandboxes make and
+remove their own directory only; it removes its holds when it exits, and those of templates
+killed before they could (at start).
 """
 
 from __future__ import annotations
@@ -44,7 +49,7 @@ from shim.rpc.blocking import serve_connection
 from shim.rpc.files import ensure_private_dir
 from shim.rpc.identifiers import validate_identifier
 from shim.rpc.messages import Request, optional, require
-from shim.rpc.status import FailedPrecondition, InvalidArgument
+from shim.rpc.status import FailedPrecondition, InvalidArgument, RpcError
 from shim.launch.spawn import Spare, bind_listener, fork_spare, spawn_shim
 
 __all__ = ["CONTROL_IO_TIMEOUT", "LOCK_TIMEOUT", "STOP_TIMEOUT", "TemplateRunning", "run_template", "stop_template",
@@ -85,6 +90,18 @@ def _preload() -> None:
         import uvloop  # noqa: F401
     except ImportError:  # pragma: no cover
         pass
+
+
+def _hold(namespace: str) -> Any:
+    """A hold on the default cgroup parent of ``namespace`` (:func:`shim.kernel.cgroups.hold_parent`),
+    or None when it cannot be made (logged: sandboxes then make and prune the parent themselves)."""
+    from shim.kernel.cgroups import DEFAULT_PARENT, hold_parent
+
+    try:
+        return hold_parent(f"{DEFAULT_PARENT}/{namespace}")
+    except RpcError as exc:
+        log.warning("cannot hold the cgroup parent of namespace %s: %s", namespace, exc.message)
+        return None
 
 
 def _lock(runtime_root: str, timeout: float) -> int:
@@ -184,6 +201,8 @@ class _Template:
         self.files = code_files()
         self.code = fingerprint(self.files)
         self.stale = False
+        self.namespaces: set[str] = set()  # those spawned into
+        self.holds: dict[str, Any] = {}  # namespace -> its default cgroup parent's hold (or None)
 
     def unlink(self) -> None:
         """Remove our control socket's file, unless it is already another template's."""
@@ -205,12 +224,25 @@ class _Template:
                                      "started: it exits; start a new one")
 
     def replenish(self) -> None:
-        """Fork the next spare shim if there is none (after answering: nobody waits for it)."""
+        """Fork the next spare shim if there is none, and hold the default cgroup parent of each
+        namespace spawned into (after answering: nobody waits for either)."""
         if self.spare is None and not self.stale:
             try:
                 self.spare = fork_spare()
             except OSError as exc:  # the next Spawn forks then
                 log.warning("cannot fork a spare shim: %s", exc)
+        for namespace in self.namespaces - self.holds.keys():
+            self.holds[namespace] = _hold(namespace)
+
+    def release_holds(self) -> None:
+        """Remove our holds on default cgroup parents, and with them the parents left empty."""
+        for namespace, hold in self.holds.items():
+            if hold is not None:
+                try:
+                    hold.remove()
+                except RpcError as exc:
+                    log.warning("cannot remove the cgroup hold of namespace %s: %s", namespace, exc.message)
+        self.holds.clear()
 
     def retire(self) -> None:
         if self.spare is not None:
@@ -243,6 +275,7 @@ class _Template:
             runtime_root=runtime_root,
             pause_binary=optional(p, "pause_binary", str, self.pause_binary),
         )
+        self.namespaces.add(namespace)
         spare, self.spare = self.spare, None
         try:
             result = spawn_shim(config, debug=optional(p, "debug", bool, False), double_fork=True, spare=spare)
@@ -282,6 +315,9 @@ def _serve(runtime_root: str, pause_binary: str | None, ready_fd: int | None) ->
     gc.freeze()
     long_running()  # started with the collector off (shim.launch.install)
     template = _Template(runtime_root, pause_binary, listener, path)
+    from shim.kernel.cgroups import remove_stale_holds
+
+    remove_stale_holds()  # of templates killed before they could remove theirs
     template.replenish()
     stopping = False
 
@@ -324,5 +360,6 @@ def _serve(runtime_root: str, pause_binary: str | None, ready_fd: int | None) ->
         template.retire()
         listener.close()
         template.unlink()
+        template.release_holds()
     log.info("template stopped after spawning %d shims", template.spawned)
     return 0

@@ -556,3 +556,25 @@ def test_a_thread_writing_0_to_tasks_moves_only_itself_and_a_child_is_born_in_th
         _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
 
+
+
+def test_holds_of_processes_that_are_gone_are_swept_with_the_parents_they_kept(monkeypatch):
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0)
+    os.waitpid(pid, 0)  # a pid nobody has now
+    namespace = _unique("ns")
+    monkeypatch.setattr(os, "getpid", lambda: pid)
+    stale = cgroups.hold_parent(f"{cgroups.DEFAULT_PARENT}/{namespace}")
+    monkeypatch.undo()
+    live = cgroups.hold_parent(f"{cgroups.DEFAULT_PARENT}/{namespace}x")  # ours: we are alive
+    try:
+        assert all(os.path.basename(path) == f".held-by-{pid}" for path in stale.paths.values())
+        removed = cgroups.remove_stale_holds()
+        assert set(stale.paths.values()) <= set(removed)
+        assert not any(os.path.exists(os.path.dirname(path)) for path in stale.paths.values())
+        assert all(os.path.isdir(path) for path in live.paths.values())
+    finally:
+        stale.remove()
+        live.remove()
+    assert not any(os.path.exists(os.path.dirname(path)) for path in live.paths.values())

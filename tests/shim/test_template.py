@@ -57,10 +57,10 @@ class Template:
 @pytest.fixture
 def roots(tmp_path):
     runtime_root = f"/tmp/podshim-tpl-{secrets.token_hex(4)}"
-    started: list[tuple[str, str]] = []  # (sandbox id, bundle)
+    started: list[tuple[str, str, str]] = []  # (sandbox id, bundle, namespace)
     yield runtime_root, tmp_path, started
-    for sandbox_id, bundle in started:
-        subprocess.run([*PODSHIM, "delete", "--namespace", "tpl", "--id", sandbox_id, "--bundle", bundle,
+    for sandbox_id, bundle, namespace in started:
+        subprocess.run([*PODSHIM, "delete", "--namespace", namespace, "--id", sandbox_id, "--bundle", bundle,
                         "--runtime-root", runtime_root], capture_output=True, timeout=30)
     subprocess.run(["rm", "-rf", runtime_root])
 
@@ -73,11 +73,11 @@ def template(roots):
     t.stop()
 
 
-def start_shim(roots, sandbox_id: str, *extra: str) -> dict:
+def start_shim(roots, sandbox_id: str, *extra: str, namespace: str = "tpl") -> dict:
     runtime_root, tmp_path, started = roots
     bundle = str(tmp_path / sandbox_id)
-    started.append((sandbox_id, bundle))
-    out = subprocess.run([*PODSHIM, "start", "--namespace", "tpl", "--id", sandbox_id, "--bundle", bundle,
+    started.append((sandbox_id, bundle, namespace))
+    out = subprocess.run([*PODSHIM, "start", "--namespace", namespace, "--id", sandbox_id, "--bundle", bundle,
                           "--runtime-root", runtime_root, *extra], capture_output=True, text=True, timeout=30)
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout)
@@ -364,7 +364,7 @@ async def test_a_shim_forked_from_the_template_imports_nothing_in_a_sandbox_life
     sid = f"imp-{secrets.token_hex(4)}"
     bundle = str(tmp_path / sid)
     os.makedirs(bundle, mode=0o700)
-    started.append((sid, bundle))
+    started.append((sid, bundle, "tpl"))
     path = socket_path("tpl", sid, runtime_root)
     proc = subprocess.Popen([sys.executable, "-c", _SERVE_AFTER_PRELOAD, "tpl", sid, bundle, path, runtime_root],
                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
@@ -449,7 +449,7 @@ def test_a_template_whose_code_changed_on_disk_forks_nothing_and_leaves(roots, t
         with open(install / "shim" / "rpc" / "frames.py", "a") as f:
             f.write("\n# upgraded\n")
         runtime_root, tmp, started = roots
-        started.append(("u2", str(tmp / "u2")))
+        started.append(("u2", str(tmp / "u2"), "tpl"))
         with pytest.raises(FailedPrecondition, match="the installed podshim changed"):
             blocking.call("unix://" + control_socket_path(runtime_root), TEMPLATE_SERVICE, "Spawn",
                           {"namespace": "tpl", "sandbox_id": "u2", "bundle": str(tmp / "u2")})
@@ -475,3 +475,24 @@ def test_template_stop_ends_the_runtime_roots_template_and_leaves_its_shims(root
     assert stop() == {"pid": pid}
     assert not alive(pid) and alive(shim["pid"])
     assert stop() == {"pid": 0}  # none runs: nothing to do
+
+
+def _holds(namespace: str, pid: int) -> list[str]:
+    from shim.kernel.cgroups import discover_hierarchies
+
+    return [os.path.join(d, f".held-by-{pid}") for d in (h.directory(os.path.join(h.own_path, "podshim", namespace))
+                                                         for h in discover_hierarchies()) if d is not None]
+
+
+def test_template_holds_the_cgroup_parent_of_its_namespaces_until_it_stops(roots, template):
+    namespace = f"hold{secrets.token_hex(3)}"
+    start_shim(roots, "h1", namespace=namespace)
+    holds = _holds(namespace, template.proc.pid)
+    assert holds
+    deadline = time.monotonic() + 5  # made after the answer
+    while not all(os.path.isdir(hold) for hold in holds) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert all(os.path.isdir(hold) for hold in holds)
+    template.stop()
+    # Its holds are gone, and with them the parents nothing else uses (h1 never started: no cgroup).
+    assert not any(os.path.exists(os.path.dirname(hold)) for hold in holds)
