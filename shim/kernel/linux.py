@@ -26,7 +26,7 @@ __all__ = [
     "MS_REMOUNT", "MS_SHARED", "MS_SLAVE",
     "MNT_DETACH", "MNT_FORCE", "UMOUNT_NOFOLLOW",
     "STAT_PPID", "STAT_SESSION", "STAT_STARTTIME", "STAT_STATE",
-    "CLONE_INTO_CGROUP", "block_all_signals", "fork_into_cgroup", "get_child_subreaper", "mount", "ns_inode", "ns_type", "proc_start_time",
+    "CLONE_INTO_CGROUP", "block_all_signals", "clone3", "fork_into_cgroup", "get_child_subreaper", "mount", "ns_inode", "ns_type", "proc_start_time",
     "proc_stat", "set_child_subreaper", "set_signal_mask", "sethostname", "setns", "umount2", "unshare",
     "write_file", "open_tree", "move_mount", "pivot_root", "mount_fs",
 ]
@@ -224,6 +224,16 @@ def get_child_subreaper() -> bool:
 def fork_into_cgroup(cgroup_fd: int) -> int:
     """fork(), the child born in the cgroup v2 directory open on ``cgroup_fd`` (clone3 with
     CLONE_INTO_CGROUP, Linux 5.7): returns the child's pid in the parent and 0 in the child.
+    See :func:`clone3`, which this is with no namespaces.
+    """
+    return clone3(CLONE_INTO_CGROUP, cgroup_fd)
+
+
+def clone3(flags: int, cgroup_fd: int = -1) -> int:
+    """fork() with clone3 ``flags``: ``CLONE_NEW*`` makes the child's new namespaces at its
+    birth (with CLONE_NEWPID it is PID 1 of its own), CLONE_INTO_CGROUP makes it born in the
+    cgroup v2 directory open on ``cgroup_fd``. Returns the child's pid in the parent and 0 in
+    the child.
 
     Moving a process into a cgroup afterwards (a write to cgroup.procs) takes the kernel's global
     cgroup_threadgroup_rwsem, whose writer first waits for an RCU grace period: 6-8 ms on this
@@ -236,7 +246,7 @@ def fork_into_cgroup(cgroup_fd: int) -> int:
     or a seccomp filter without clone3 or CLONE_INTO_CGROUP, EBADF/EOPNOTSUPP for a directory
     that is not cgroup v2.
     """
-    args = struct.pack("=11Q", CLONE_INTO_CGROUP, 0, 0, 0, signal.SIGCHLD, 0, 0, 0, 0, 0, cgroup_fd)
+    args = struct.pack("=11Q", flags, 0, 0, 0, signal.SIGCHLD, 0, 0, 0, 0, 0, max(cgroup_fd, 0))
     buf = ctypes.create_string_buffer(args, len(args))
     pid: int = _libc_gil.syscall(ctypes.c_long(_SYS_CLONE3), buf, ctypes.c_size_t(len(args)))
     _check(pid)

@@ -178,6 +178,7 @@ class _Plan:
     join: list[tuple[int, int, str]]  # fd, CLONE_NEW* type, path
     unshare_flags: int
     second_fork: bool
+    direct: bool  # the shim may clone the process straight into its new namespaces (_clone_direct)
     hostname: str | None
     sysctls: list[tuple[str, str, bytes]]  # key, /proc/sys path, value
     shm_options: str | None
@@ -248,7 +249,10 @@ async def launch(spec: ProcessSpec, reaper: Reaper,
         plan = dataclasses.replace(plan, join=join, stdio=stdio, binds_from=binds_from, own_mnt_fd=own_mnt_fd,
                                    console=console, cgroup_v2_fd=cgroup_v2_fd)
         try:
-            pid_a = _fork(_child_a, plan, write_fd)
+            pid_a = _clone_direct(plan, write_fd) if plan.direct else None
+            if pid_a is None:
+                plan = dataclasses.replace(plan, direct=False)
+                pid_a = _fork(_child_a, plan, write_fd)
         except OSError as exc:
             raise error_from_oserror(exc, f"{spec.name} launch failed at fork") from exc
     except BaseException:
@@ -305,6 +309,10 @@ def _plan(spec: ProcessSpec) -> _Plan:
         # global lock a move into one takes (cgroups.entry_files).
         second_fork=bool(spec.unshare_flags & linux.CLONE_NEWPID or v2_dirs)
         or any(nstype == linux.CLONE_NEWPID for _, nstype in spec.join),
+        # New namespaces (a pid namespace among them) and no pid or mount namespace to join nor
+        # mounts to take from another one first: the namespaces can be made at the birth.
+        direct=bool(spec.unshare_flags & linux.CLONE_NEWPID) and not spec.binds_from
+        and not any(nstype in (linux.CLONE_NEWPID, linux.CLONE_NEWNS) for _, nstype in spec.join),
         hostname=spec.hostname,
         sysctls=[(k, "/proc/sys/" + k.replace(".", "/"), v.encode()) for k, v in spec.sysctls.items()],
         shm_options=spec.shm_options,
@@ -361,6 +369,29 @@ def _fork(child, plan: _Plan, write_fd: int) -> int:
         pid = os.fork()
         if pid == 0:
             child(plan, write_fd)
+    finally:
+        linux.set_signal_mask(old_mask)
+    return pid
+
+
+def _clone_direct(plan: _Plan, write_fd: int) -> int | None:
+    """clone3 the process straight into its new namespaces (and its cgroup v2 directory): one
+    copy of the shim instead of two (A and B). Its pid, or None where that cannot be done here:
+    the shim runs another thread now (the child of a raw clone3 must not meet a lock such a
+    thread held), or the kernel (or a seccomp filter) refuses clone3."""
+    if len(os.listdir("/proc/self/task")) != 1:
+        return None
+    flags = plan.unshare_flags | (linux.CLONE_INTO_CGROUP if plan.cgroup_v2_fd >= 0 else 0)
+    old_mask = linux.block_all_signals()  # as _fork
+    try:
+        try:
+            pid = linux.clone3(flags, plan.cgroup_v2_fd)
+        except OSError as exc:
+            if exc.errno in (errno.ENOSYS, errno.E2BIG, errno.EINVAL, errno.EPERM):
+                return None  # A says which step fails, if one does
+            raise
+        if pid == 0:
+            _child_direct(plan, write_fd)
     finally:
         linux.set_signal_mask(old_mask)
     return pid
@@ -455,6 +486,8 @@ async def _start(plan: _Plan, reaper: Reaper, pid_a: int, a_exit: asyncio.Future
         level = logging.DEBUG if (step, err) in _WARNED else logging.WARNING
         _WARNED.add((step, err))
         log.log(level, "%s %s: %s failed (%s); continuing without it", plan.name, report.pid, step, os.strerror(err))
+    if plan.direct:
+        report.pid = pid_a  # the process itself: it knows itself only as PID 1 of its namespace
     if report.pid != pid_a:  # A forked the process (into a pid namespace) and must exit 0
         a_info = await asyncio.wait_for(asyncio.shield(a_exit), REPORT_TIMEOUT)
         if report.pid is None or a_info.exit_status != 0:
@@ -537,65 +570,83 @@ def _kill_quietly(pid: int) -> None:
 
 
 def _child_a(plan: _Plan, write_fd: int) -> NoReturn:
-    step = f"starting the {plan.name} launcher"
+    steps = [f"starting the {plan.name} launcher"]
     try:
-        signal.set_wakeup_fd(-1)
-        gc.disable()
-        # The v1 cgroups come first so that every page the process touches is charged there:
-        # v1 memory charges do not move with a task that changes cgroup later. "0" in ``tasks``
-        # moves this thread alone (A has one), without the kernel's global lock; the v2
-        # directory, where that cannot be done, is entered by B's birth there.
-        for tasks in plan.cgroup_tasks:
-            step = f"joining cgroup {os.path.dirname(tasks)}"
-            linux.write_file(tasks, b"0")
-        trees = []
-        for fd, source, target in plan.binds_from:
-            # Taken before any setns: a detached copy can be attached in the new namespace below.
-            step = f"taking {source} from another mount namespace"
-            linux.setns(fd, linux.CLONE_NEWNS)
-            trees.append((linux.open_tree(source, True), target))
-            linux.setns(plan.own_mnt_fd, linux.CLONE_NEWNS)
-        for fd, nstype, path in plan.join:
-            step = f"setns({path})"
-            linux.setns(fd, nstype)
-        if plan.unshare_flags:
-            step = f"unshare({_flag_names(plan.unshare_flags)})"
-            linux.unshare(plan.unshare_flags)
-        if plan.unshare_flags & linux.CLONE_NEWNS:
-            # Slave, not private: umounts from the host must still reach this copy of the mount
-            # table, or the process would pin every netns bind mount that existed when it started.
-            step = "making / a recursive slave mount"
-            linux.mount(None, "/", None, linux.MS_SLAVE | linux.MS_REC)
-        for source, target in plan.binds:
-            step = f"bind-mounting {source} on {target}"
-            linux.mount(source, target, None, linux.MS_BIND)
-        for tree, target in trees:
-            step = f"bind-mounting a copy on {target}"
-            linux.move_mount(tree, target)
-        if plan.hostname is not None:
-            step = f"sethostname({plan.hostname})"
-            linux.sethostname(plan.hostname)
-        for key, path, value in plan.sysctls:
-            step = f"writing sysctl {key}"
-            linux.write_file(path, value)
-        if plan.shm_options is not None:
-            step = "mounting a tmpfs on /dev/shm"
-            flags = linux.MS_NOSUID | linux.MS_NODEV | linux.MS_NOEXEC
-            linux.mount("shm", "/dev/shm", "tmpfs", flags, plan.shm_options)
+        _enter_cgroups_and_namespaces(plan, steps)
         if not plan.second_fork:
             # No pid namespace to enter: A can become the process itself.
             os.write(write_fd, b"P%d\n" % os.getpid())
             _child_b(plan, write_fd)
-        step = f"forking the {plan.name}"
+        steps[0] = f"forking the {plan.name}"
         pid_b = _fork_b(plan) if plan.cgroup_v2_fd >= 0 else os.fork()
         if pid_b == 0:
             _child_b(plan, write_fd)
         os.write(write_fd, b"P%d\n" % pid_b)
         os._exit(0)
     except BaseException as exc:
-        _report_failure(write_fd, step, exc)
+        _report_failure(write_fd, steps[0], exc)
     finally:
         os._exit(1)
+
+
+def _child_direct(plan: _Plan, write_fd: int) -> NoReturn:
+    """The process cloned straight into its new namespaces and cgroup v2 directory: A's work
+    but the unshare, then B's."""
+    steps = [f"starting the {plan.name}"]
+    try:
+        _enter_cgroups_and_namespaces(plan, steps)
+    except BaseException as exc:
+        _report_failure(write_fd, steps[0], exc)
+        os._exit(1)
+    _child_b(plan, write_fd)
+
+
+def _enter_cgroups_and_namespaces(plan: _Plan, steps: list[str]) -> None:
+    """A's work up to the second fork (the direct child's too: its unshare is made, at its
+    birth); ``steps[0]`` names the step under way, for the report of a failure."""
+    signal.set_wakeup_fd(-1)
+    gc.disable()
+    # The v1 cgroups come first so that every page the process touches is charged there:
+    # v1 memory charges do not move with a task that changes cgroup later. "0" in ``tasks``
+    # moves this thread alone (A has one), without the kernel's global lock; the v2
+    # directory, where that cannot be done, is entered by B's birth there.
+    for tasks in plan.cgroup_tasks:
+        steps[0] = f"joining cgroup {os.path.dirname(tasks)}"
+        linux.write_file(tasks, b"0")
+    trees = []
+    for fd, source, target in plan.binds_from:
+        # Taken before any setns: a detached copy can be attached in the new namespace below.
+        steps[0] = f"taking {source} from another mount namespace"
+        linux.setns(fd, linux.CLONE_NEWNS)
+        trees.append((linux.open_tree(source, True), target))
+        linux.setns(plan.own_mnt_fd, linux.CLONE_NEWNS)
+    for fd, nstype, path in plan.join:
+        steps[0] = f"setns({path})"
+        linux.setns(fd, nstype)
+    if plan.unshare_flags and not plan.direct:
+        steps[0] = f"unshare({_flag_names(plan.unshare_flags)})"
+        linux.unshare(plan.unshare_flags)
+    if plan.unshare_flags & linux.CLONE_NEWNS:
+        # Slave, not private: umounts from the host must still reach this copy of the mount
+        # table, or the process would pin every netns bind mount that existed when it started.
+        steps[0] = "making / a recursive slave mount"
+        linux.mount(None, "/", None, linux.MS_SLAVE | linux.MS_REC)
+    for source, target in plan.binds:
+        steps[0] = f"bind-mounting {source} on {target}"
+        linux.mount(source, target, None, linux.MS_BIND)
+    for tree, target in trees:
+        steps[0] = f"bind-mounting a copy on {target}"
+        linux.move_mount(tree, target)
+    if plan.hostname is not None:
+        steps[0] = f"sethostname({plan.hostname})"
+        linux.sethostname(plan.hostname)
+    for key, path, value in plan.sysctls:
+        steps[0] = f"writing sysctl {key}"
+        linux.write_file(path, value)
+    if plan.shm_options is not None:
+        steps[0] = "mounting a tmpfs on /dev/shm"
+        flags = linux.MS_NOSUID | linux.MS_NODEV | linux.MS_NOEXEC
+        linux.mount("shm", "/dev/shm", "tmpfs", flags, plan.shm_options)
 
 
 def _fork_b(plan: _Plan) -> int:

@@ -12,6 +12,7 @@ import secrets
 import signal
 import socket
 import subprocess
+import threading
 import time
 
 import pytest
@@ -484,3 +485,38 @@ async def test_a_process_that_exits_at_once_starts_no_later_than_it_exits(reaper
     launched = await process.launch(process.ProcessSpec(name="task t", argv=("true",)), reaper)
     exited = await asyncio.wait_for(launched.exit, WAIT)
     assert launched.started_at_ns <= exited.exited_at_ns
+
+
+# -- how it is forked --------------------------------------------------------------------------
+
+
+async def test_a_pod_pause_is_cloned_straight_into_its_namespaces_and_cgroup(start, cgroup, make_netns, monkeypatch):
+    # One copy of the shim (clone3 with the new namespaces and the v2 cgroup), not a launcher
+    # that unshares and forks again.
+    def no_launcher(*args):
+        raise AssertionError("the launcher (A) was forked")
+
+    monkeypatch.setattr(process, "_fork", no_launcher)
+    pause = await start(netns_path=make_netns(), cgroup=cgroup)
+    assert cgroup.pids() == {pause.pid}
+    with open(f"/proc/{pause.pid}/status") as f:
+        nspid = next(line.split()[1:] for line in f if line.startswith("NSpid:"))
+    assert nspid == [str(pause.pid), "1"]  # PID 1 of its own pid namespace, from its birth
+    assert os.readlink(f"/proc/{pause.pid}/ns/pid") != os.readlink("/proc/self/ns/pid")
+
+
+async def test_with_another_thread_running_the_pause_comes_from_a_launcher(start, cgroup, monkeypatch):
+    # A raw clone3 child of a process with other threads could meet a lock one of them held
+    # (malloc's): then the launcher path, whose os.fork() takes care of that.
+    forked = []
+    real_fork = process._fork
+    monkeypatch.setattr(process, "_fork", lambda *args: forked.append(1) or real_fork(*args))
+    release = threading.Event()
+    other = threading.Thread(target=release.wait)
+    other.start()
+    try:
+        pause = await start(cgroup=cgroup)
+    finally:
+        release.set()
+        other.join()
+    assert forked == [1] and cgroup.pids() == {pause.pid}
