@@ -245,14 +245,17 @@ def signal_pid(pid: int, sig: int, still_ours=None) -> bool:
 
 
 def floor_cycle(argv: tuple[str, ...] = FLOOR_ARGV, timeout: float = 10.0,
-                preexec: Callable[[], None] | None = None) -> tuple[float, float]:
+                preexec: Callable[[], None] | None = None,
+                spawn: Callable[[tuple[str, ...]], int] | None = None) -> tuple[float, float]:
     """One floor sandbox: (start until catatonit handles SIGTERM, SIGTERM until unshare exited),
-    in seconds. ``preexec`` runs in the child before it execs unshare. Anything left is killed
-    before returning."""
+    in seconds. ``preexec`` runs in the child before it execs unshare; ``spawn(argv)``, when
+    given, starts unshare instead of subprocess and returns its pid (our child). Anything left
+    is killed before returning."""
     name = os.path.basename(argv[-2])
     t0 = time.perf_counter()
-    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            preexec_fn=preexec)
+    proc: Any = (_Child(spawn(argv)) if spawn is not None else
+                 subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                  stderr=subprocess.DEVNULL, preexec_fn=preexec))
     pause = 0
     try:
         deadline = time.monotonic() + timeout
@@ -275,11 +278,75 @@ def floor_cycle(argv: tuple[str, ...] = FLOOR_ARGV, timeout: float = 10.0,
             proc.wait()
 
 
-def floor_cgroup_cycle(parent: str, timeout: float = 10.0) -> tuple[float, float, float]:
+class _Child:
+    """A child process started without subprocess: poll, wait and kill as Popen's."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            if pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = time.monotonic() + (timeout if timeout is not None else 1e9)
+        while self.poll() is None:
+            if time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired(str(self.pid), timeout or 0)
+            time.sleep(0.0005)
+        assert self.returncode is not None
+        return self.returncode
+
+    def kill(self) -> None:
+        if self.returncode is None:
+            os.kill(self.pid, signal.SIGKILL)
+
+
+def _spawn_without_the_lock(cgroup: Any) -> Callable[[tuple[str, ...]], int]:
+    """How podshim enters a sandbox cgroup (shim.kernel.cgroups.entry_files): the child is born
+    in the v2 directory (clone3) and its one thread writes "0" to each v1 ``tasks`` file, then it
+    execs; no cgroup.procs write, so no wait for the kernel's RCU grace period."""
+    from shim.kernel import cgroups, linux
+
+    def spawn(argv: tuple[str, ...]) -> int:
+        tasks, v2_dirs = cgroups.entry_files(cgroup.procs_files())
+        v2_fd = os.open(v2_dirs[0], os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC) if v2_dirs else -1
+        try:
+            old = linux.block_all_signals()
+            try:
+                pid = linux.fork_into_cgroup(v2_fd) if v2_fd >= 0 else os.fork()
+                if pid == 0:
+                    try:
+                        for path in tasks:
+                            linux.write_file(path, b"0")
+                        null = os.open(os.devnull, os.O_RDWR)
+                        for target in (0, 1, 2):
+                            os.dup2(null, target)
+                        linux.set_signal_mask(b"")
+                        os.execvp(argv[0], list(argv))
+                    finally:
+                        os._exit(127)
+            finally:
+                linux.set_signal_mask(old)
+        finally:
+            if v2_fd >= 0:
+                os.close(v2_fd)
+        return pid
+
+    return spawn
+
+
+def floor_cgroup_cycle(parent: str, timeout: float = 10.0, *, lock_free: bool = False) -> tuple[float, float, float]:
     """The floor plus what every runtime adds for a sandbox's cgroup: a directory in every
-    hierarchy (below ``parent``, relative to our own cgroup), the process moved into it before
-    it execs (unshare, and so catatonit after it), and the rmdir at the end. (start, stop,
-    remove) in seconds; the cgroup is removed whatever happens."""
+    hierarchy (below ``parent``, relative to our own cgroup, which the caller keeps: see
+    :func:`shim.kernel.cgroups.hold_parent`), the process put in it before it execs (unshare, and so
+    catatonit after it), and the rmdir at the end. (start, stop, remove) in seconds; the cgroup is
+    removed whatever happens. The process is moved in by cgroup.procs writes, as runc does, or
+    with ``lock_free`` entered as podshim does (:func:`_spawn_without_the_lock`)."""
     import secrets
 
     from shim.kernel.cgroups import SandboxCgroup
@@ -288,7 +355,10 @@ def floor_cgroup_cycle(parent: str, timeout: float = 10.0) -> tuple[float, float
     cgroup = SandboxCgroup.create(f"floor-{secrets.token_hex(4)}", parent)
     try:
         made = time.perf_counter() - t0
-        start, stop = floor_cycle(timeout=timeout, preexec=lambda: cgroup.join(0))  # 0: the child itself
+        if lock_free:
+            start, stop = floor_cycle(timeout=timeout, spawn=_spawn_without_the_lock(cgroup))
+        else:
+            start, stop = floor_cycle(timeout=timeout, preexec=lambda: cgroup.join(0))  # 0: the child itself
     finally:
         t1 = time.perf_counter()
         cgroup.remove()

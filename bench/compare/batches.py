@@ -51,6 +51,8 @@ async def measure(cycles: int, warmup: int) -> str:
         stop_template(runtime_root)
         delete_leftover_sandboxes(state_root, runtime_root)
         shutil.rmtree(work, ignore_errors=True)
+        if "floor" in locals():
+            floor.release()
 
     def med(values: list[float]) -> str:
         return f"{statistics.median(values) * 1000:.1f}"
