@@ -19,6 +19,7 @@ import subprocess
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 __all__ = [
     "FLOOR_ARGV",
