@@ -19,7 +19,8 @@ As root. Sets up, and removes at the end (also on failure or a signal):
 Figures: (1) ``crictl runp → stopp → rmp``, interleaved, and three ``crictl version`` calls (what three crictl
 processes cost with no pod work: the floor of a cycle through crictl); with --trace, podshimd's own
 time per operation and phase (PODSHIM_TRACE, :mod:`client.phases`); (2) ListPodSandbox with --pods pods
-present, by direct gRPC calls (client.criapi stubs) and by ``crictl pods -q``; (3) podshimd killed
+present, by direct gRPC calls (client.criapi stubs) and by ``crictl pods -q``, and a Version call by
+gRPC after each listing (what any call costs: the floor under the listing); (3) podshimd killed
 with SIGKILL with --pods live pods and restarted: time until every pod answers PodSandboxStatus.
 """
 
@@ -280,7 +281,8 @@ class PodshimdProc:
 # -- the run ----------------------------------------------------------------------------------------
 
 def ms(seconds: float) -> str:
-    return f"{seconds * 1000:.1f}"
+    """Milliseconds, with two decimals below 10 ms (a gRPC call is a fraction of one)."""
+    return f"{seconds * 1000:.2f}" if seconds < 0.01 else f"{seconds * 1000:.1f}"
 
 
 def pull_pause_image(state_root: str, workdir: str) -> str:
@@ -324,10 +326,13 @@ def drain(rt: Runtime) -> None:
         stub.RemovePodSandbox(api_pb2.RemovePodSandboxRequest(pod_sandbox_id=pod.id), timeout=60)
 
 
-def list_p50(runtimes: list[Runtime], calls: int, crictl_calls: int) -> dict[str, tuple[float, float, int]]:
+def list_p50(runtimes: list[Runtime], calls: int, crictl_calls: int) -> dict[str, tuple[float, float, int, float]]:
+    """Per runtime: (p50 of ListPodSandbox by gRPC, p50 of ``crictl pods -q``, pods listed, p50
+    of Version by gRPC: what any call costs there, the floor under the listing)."""
     from client.criapi import api_pb2
     grpc_t: dict[str, list[float]] = {rt.key: [] for rt in runtimes}
     cli_t: dict[str, list[float]] = {rt.key: [] for rt in runtimes}
+    version_t: dict[str, list[float]] = {rt.key: [] for rt in runtimes}
     count: dict[str, int] = {}
     for i in range(calls):
         for rt in (runtimes if i % 2 == 0 else runtimes[::-1]):
@@ -335,12 +340,16 @@ def list_p50(runtimes: list[Runtime], calls: int, crictl_calls: int) -> dict[str
             items = rt.stub().ListPodSandbox(api_pb2.ListPodSandboxRequest(), timeout=60).items
             grpc_t[rt.key].append(time.perf_counter() - t0)
             count[rt.key] = len(items)
+            t0 = time.perf_counter()
+            rt.stub().Version(api_pb2.VersionRequest(), timeout=60)
+            version_t[rt.key].append(time.perf_counter() - t0)
     for i in range(crictl_calls):
         for rt in (runtimes if i % 2 == 0 else runtimes[::-1]):
             t0 = time.perf_counter()
             rt.crictl("pods", "-q")
             cli_t[rt.key].append(time.perf_counter() - t0)
-    return {k: (statistics.median(grpc_t[k]), statistics.median(cli_t[k]), count[k]) for k in grpc_t}
+    return {k: (statistics.median(grpc_t[k]), statistics.median(cli_t[k]), count[k], statistics.median(version_t[k]))
+            for k in grpc_t}
 
 
 def restart(psd: PodshimdProc, rt: Runtime, pods: list[str]) -> tuple[float, float]:
@@ -495,6 +504,7 @@ def main(argv: list[str] | None = None) -> int:
                                                    for rt in runtimes]))
     out.append(row(f"ListPodSandbox, {args.pods} pods, gRPC from Python, p50 of 50",
                    [lists[rt.key][0] for rt in runtimes]))
+    out.append(row("Version, gRPC from Python (the floor of a call), p50 of 50", [lists[rt.key][3] for rt in runtimes]))
     out.append(row(f"`crictl pods -q`, {args.pods} pods, p50 of 10", [lists[rt.key][1] for rt in runtimes]))
     out.append(f"| podshimd kill -9 + restart, {args.pods} live pods: to READY=1 / every pod READY in "
                f"PodSandboxStatus | {ms(ready)} / {ms(answered)} ms |" + " — |" * (2 * len(others)))

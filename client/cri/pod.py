@@ -743,10 +743,12 @@ class PodService:
         return cfg
 
     def _entry_of(self, record: PodRecord) -> Mapping[str, Any]:
-        """The record's ListPodSandbox entry, read-only all through, made once per stored record
-        as :meth:`_config_of` parses (a listing is podshimd's most frequent call). It is never
-        stale: a record does not change, a pod that changes is a new record (the store's), and
-        the entry is of the record in hand."""
+        """The record's ListPodSandbox entry, made once per stored record as :meth:`_config_of`
+        parses (a listing is podshimd's most frequent call). It is never stale: a record does
+        not change, a pod that changes is a new record (the store's), and the entry is of the
+        record in hand. It is read-only all through, over copies nobody else holds, so the same
+        entry always says the same: a caller may keep what it makes of an entry for as long as
+        it is given the same entry (podshimd keeps each pod's encoded PodSandbox so)."""
         kept = self._entries.get(record.pod_id)
         if kept is not None and kept[0] is record:
             return kept[1]
@@ -771,8 +773,9 @@ class PodService:
         prefix, wanted, selector = f.get("id"), f.get("state"), f.get("label_selector")
         # Enum members bound once: each PodState.X costs a metaclass lookup, and these run per pod.
         creating, ready, current = PodState.CREATING, PodState.READY, self._current
-        records: list[PodRecord | None] = [r for r in self.store.list() if r.state is not creating
-                                           and (not prefix or r.pod_id.startswith(prefix))]
+        records: list[PodRecord | None] = list(self.store.list())
+        if prefix:
+            records = [r for r in records if r is not None and r.pod_id.startswith(prefix)]
         # A followed pod's record is current (its shim's events keep it so); the pause of any
         # other ready pod is asked after, all at once.
         stale = [(i, r) for i, r in enumerate(records) if r.state is ready and r.pod_id not in current]
@@ -787,7 +790,7 @@ class PodService:
             async with anyio.create_task_group() as tg:
                 for i, record in stale:
                     tg.start_soon(refresh, i, record)
-        out = [self._entry_of(record) for record in records if record is not None]
+        out = [self._entry_of(record) for record in records if record is not None and record.state is not creating]
         if wanted or selector:
             out = [entry for entry in out if (not wanted or entry["state"] == wanted)
                    and (not selector or _labels_match(entry["labels"], selector))]

@@ -10,6 +10,7 @@ CRI-shaped dicts with ``json_format.ParseDict``, field by field as the proto nam
 from __future__ import annotations
 
 import json
+from types import MappingProxyType
 from typing import Any, Mapping
 
 from google.protobuf import json_format
@@ -96,42 +97,46 @@ def pod_sandbox(doc: Mapping[str, Any]) -> api_pb2.PodSandbox:
 
 
 class PodSandboxes:
-    """ListPodSandbox's answers: each listed pod's PodSandbox is encoded once per distinct entry
-    and kept, with a copy of the entry it was made from, under the pod's id; a listing joins the
-    encodings (serialized messages concatenated are their merge: the repeated ``items`` in
-    order), so a pod unchanged since the last listing costs a comparison, not a message.
-
-    Nothing kept can go stale: a kept encoding is used only for an entry equal to the one it was
-    made from, and every entry is the pod layer's answer now. Only the last :attr:`kept` pods'
-    are kept (a removed pod's goes when newer ones push it out).
+    """ListPodSandbox's answers. A listing joins its pods' encoded PodSandboxes (serialized
+    messages concatenated are their merge: the repeated ``items`` in order), and the encoding of
+    a read-only entry (a ``MappingProxyType``, as the pod layer hands out: made once per stored
+    record, over copies nobody else holds) is kept under the pod's id with the entry itself, so
+    a pod listed again as the same entry costs a lookup, not a message; a listing of the same
+    read-only entries as the last one is that listing's bytes again. A pod that changed is a
+    new entry and is encoded again; an entry that is not read-only is encoded every time. Only
+    the last :attr:`kept` pods' encodings are kept (a removed pod's goes when newer ones push
+    it out).
     """
 
     def __init__(self, kept: int = 4096) -> None:
         self.kept = kept
-        self._encoded: dict[str, tuple[dict[str, Any], bytes]] = {}
+        self._encoded: dict[str, tuple[Mapping[str, Any], bytes]] = {}
+        self._last: tuple[list[Mapping[str, Any]], bytes] = ([], b"")  # read-only entries only
 
-    def response(self, docs: list[Mapping[str, Any]]) -> api_pb2.ListPodSandboxResponse:
-        """The ListPodSandboxResponse of the pod layer's entries ``docs``, in their order."""
-        encoded = self._encoded
-        parts = []
-        for doc in docs:
-            kept = encoded.get(doc["id"])
-            if kept is None or kept[0] != doc:
-                kept = self._encode(doc)
-            parts.append(kept[1])
-        return api_pb2.ListPodSandboxResponse.FromString(b"".join(parts))
+    def response(self, entries: list[Mapping[str, Any]]) -> api_pb2.ListPodSandboxResponse:
+        """The ListPodSandboxResponse of the pod layer's ``entries``, in their order (a new
+        message each time)."""
+        if entries == self._last[0]:  # read-only entries: each is the same object, or equal
+            data = self._last[1]
+        else:
+            encoded = self._encoded
+            parts = []
+            for entry in entries:
+                kept = encoded.get(entry["id"])
+                parts.append(kept[1] if kept is not None and kept[0] is entry else self._encode(entry))
+            data = b"".join(parts)
+            if all(type(entry) is MappingProxyType for entry in entries):
+                self._last = (list(entries), data)
+        return api_pb2.ListPodSandboxResponse.FromString(data)
 
-    def _encode(self, doc: Mapping[str, Any]) -> tuple[dict[str, Any], bytes]:
-        # A copy down to the maps (metadata, labels, annotations): whoever made the entry may
-        # still hold them, and no later change of theirs may make the copy equal to an entry
-        # it no longer is.
-        snapshot = {k: dict(v) if isinstance(v, Mapping) else v for k, v in doc.items()}
-        kept = (snapshot, api_pb2.ListPodSandboxResponse(items=[pod_sandbox(doc)]).SerializeToString())
-        self._encoded.pop(doc["id"], None)
-        if len(self._encoded) >= self.kept:
-            self._encoded.pop(next(iter(self._encoded)))
-        self._encoded[doc["id"]] = kept
-        return kept
+    def _encode(self, entry: Mapping[str, Any]) -> bytes:
+        data = api_pb2.ListPodSandboxResponse(items=[pod_sandbox(entry)]).SerializeToString()
+        if type(entry) is MappingProxyType:
+            self._encoded.pop(entry["id"], None)
+            if len(self._encoded) >= self.kept:
+                self._encoded.pop(next(iter(self._encoded)))
+            self._encoded[entry["id"]] = (entry, data)
+        return data
 
 
 def container_status(doc: Mapping[str, Any]) -> api_pb2.ContainerStatus:

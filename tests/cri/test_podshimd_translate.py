@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from types import MappingProxyType
+
 import pytest
 from google.protobuf import json_format
 
@@ -21,8 +23,10 @@ def test_a_listed_pod_is_the_podsandbox_its_fields_say(doc):
 
 
 def _entry(n: int, **changes):
-    return {**POD, "id": f"{n:064x}", "metadata": {**POD["metadata"], "name": f"web-{n}"},
-            "created_at": POD["created_at"] - n, "labels": {"app": "web", "n": str(n)}, **changes}
+    """A read-only entry, as the pod layer lists them."""
+    doc = {**POD, "id": f"{n:064x}", "metadata": {**POD["metadata"], "name": f"web-{n}"},
+           "created_at": POD["created_at"] - n, "labels": {"app": "web", "n": str(n)}, **changes}
+    return MappingProxyType({k: MappingProxyType(v) if isinstance(v, dict) else v for k, v in doc.items()})
 
 
 def _expected(docs):
@@ -37,16 +41,28 @@ def test_a_listing_is_its_entries_podsandboxes_in_order():
     assert listed.response([]) == api_pb2.ListPodSandboxResponse()
 
 
-def test_a_listing_shows_what_changed_since_the_last_one():
+def test_a_listing_shows_a_pod_that_changed_as_a_new_entry():
     listed = translate.PodSandboxes()
     listed.response([_entry(1), _entry(2)])
     now = [_entry(1, state="SANDBOX_READY"), _entry(2, labels={"app": "db"}, runtime_handler="crun")]
     assert listed.response(now) == _expected(now)
 
 
-def test_a_listing_shows_an_entrys_map_changed_in_place():
+def test_a_read_only_entry_listed_again_is_not_encoded_again(monkeypatch):
     listed = translate.PodSandboxes()
-    doc = _entry(1)
+    docs = [_entry(1), _entry(2)]
+    expected = _expected(docs)
+    encoded = []
+    real = translate.pod_sandbox
+    monkeypatch.setattr(translate, "pod_sandbox", lambda doc: encoded.append(doc["id"]) or real(doc))
+    listed.response(docs)
+    assert listed.response(docs) == expected
+    assert encoded == [docs[0]["id"], docs[1]["id"]]
+
+
+def test_a_listing_shows_a_changeable_entry_as_it_is_now():
+    listed = translate.PodSandboxes()
+    doc = {**_entry(1), "labels": {"app": "web"}, "metadata": {"name": "web", "attempt": 1}}
     listed.response([doc])
     doc["labels"]["app"] = "db"
     doc["metadata"]["attempt"] = 7
