@@ -74,10 +74,17 @@ class Hierarchy(Record):
 
     def directory(self, cgroup_path: str) -> str | None:
         """The directory of hierarchy path ``cgroup_path``, or None if it is outside the mount."""
-        rel = os.path.relpath(cgroup_path, self.mount_root)
-        if rel == ".":
+        # String work on normalised paths (os.path.relpath costs ten times as much, and a
+        # sandbox's cgroup asks this thirty times).
+        path = os.path.normpath("/" + cgroup_path.lstrip("/"))
+        root = os.path.normpath("/" + self.mount_root.lstrip("/"))
+        if path == root:
             return self.mountpoint
-        if rel.startswith(".."):
+        if root == "/":
+            rel = path[1:]
+        elif path.startswith(root + "/"):
+            rel = path[len(root) + 1:]
+        else:
             return None
         return os.path.join(self.mountpoint, rel)
 
