@@ -773,9 +773,8 @@ class PodService:
         prefix, wanted, selector = f.get("id"), f.get("state"), f.get("label_selector")
         # Enum members bound once: each PodState.X costs a metaclass lookup, and these run per pod.
         creating, ready, current = PodState.CREATING, PodState.READY, self._current
-        records: list[PodRecord | None] = list(self.store.list())
-        if prefix:
-            records = [r for r in records if r is not None and r.pod_id.startswith(prefix)]
+        listed = self.store.list()
+        records: list[PodRecord | None] = [r for r in listed if r.pod_id.startswith(prefix)] if prefix else list(listed)
         # A followed pod's record is current (its shim's events keep it so); the pause of any
         # other ready pod is asked after, all at once.
         stale = [(i, r) for i, r in enumerate(records) if r.state is ready and r.pod_id not in current]
@@ -790,7 +789,12 @@ class PodService:
             async with anyio.create_task_group() as tg:
                 for i, record in stale:
                     tg.start_soon(refresh, i, record)
-        out = [self._entry_of(record) for record in records if record is not None and record.state is not creating]
+        entries, out = self._entries, []
+        for record in records:
+            if record is None or record.state is creating:
+                continue
+            kept = entries.get(record.pod_id)  # _entry_of's own first look, without a call per pod
+            out.append(kept[1] if kept is not None and kept[0] is record else self._entry_of(record))
         if wanted or selector:
             out = [entry for entry in out if (not wanted or entry["state"] == wanted)
                    and (not selector or _labels_match(entry["labels"], selector))]
