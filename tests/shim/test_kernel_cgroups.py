@@ -578,3 +578,15 @@ def test_holds_of_processes_that_are_gone_are_swept_with_the_parents_they_kept(m
         stale.remove()
         live.remove()
     assert not any(os.path.exists(os.path.dirname(path)) for path in live.paths.values())
+
+
+def test_the_cgroup_mounts_are_read_again_when_a_mount_point_is_no_longer_what_it_was():
+    first = cgroups._cgroup_mounts()
+    assert first and cgroups._cgroup_mounts() == first  # the kept reading, checked by device
+    mount, dev = cgroups._mounts_seen[0]
+    cgroups._mounts_seen[0] = (mount, dev + 1)  # as if another filesystem were mounted there now
+    try:
+        assert cgroups._cgroup_mounts() == first  # read again from mountinfo
+        assert cgroups._mounts_seen[0] == (mount, dev)
+    finally:
+        cgroups._mounts_seen[0] = (mount, dev)
