@@ -49,6 +49,7 @@ _FRAME_HEADER = struct.Struct(">HBBBI")  # HTTP/2's 9-byte frame header: length 
 _GOAWAY_PAYLOAD = struct.Struct(">II")  # a GOAWAY's last stream id (31 bits), error code; then debug data
 _SETTINGS = 0x4
 _GOAWAY = 0x7
+_GOAWAY_DEBUG_SAID = 200  # the bytes of a GOAWAY's debug data put in a status's sentence, at most
 
 
 class _NeedData:
@@ -117,6 +118,7 @@ class Connection:
         self._held = b""  # the start of a frame header cut by a read: h2 gets it once it is whole
         self._frame_left = 0  # bytes of the current frame's payload still to come
         self._goaway: bytearray | None = None  # the payload of a GOAWAY being read
+        self._goaway_said: str | None = None  # the last GOAWAY read: its error code and debug data
 
     @property
     def usable(self) -> bool:
@@ -151,7 +153,11 @@ class Connection:
         """Bytes read from the peer; ``b""`` when it closed the connection."""
         if not data:
             self._close("the server closed the connection")
-            self._settle(Outcome(Code.UNAVAILABLE, "the connection closed before the reply was complete"))
+            # A server that fails (INTERNAL_ERROR, ENHANCE_YOUR_CALM) closes right after its GOAWAY:
+            # the GOAWAY says why.
+            said = ("the connection closed" if self._goaway_said is None
+                    else f"the server ended the connection ({self._goaway_said})")
+            self._settle(Outcome(Code.UNAVAILABLE, f"{said} before the reply was complete"))
             return
         if self._first_bytes is not None and not self._check_preface(data):
             return
@@ -237,7 +243,11 @@ class Connection:
         it (its stream id is at most the GOAWAY's last stream id), else it fails UNAVAILABLE.
         The channel's next call connects anew."""
         last_stream_id, error_code = _GOAWAY_PAYLOAD.unpack_from(payload)
-        why = f"the server ended the connection (GOAWAY, HTTP/2 error {_error_name(error_code)})"
+        debug = payload[_GOAWAY_PAYLOAD.size:_GOAWAY_PAYLOAD.size + _GOAWAY_DEBUG_SAID]
+        self._goaway_said = f"GOAWAY, HTTP/2 error {_error_name(error_code)}"
+        if debug:
+            self._goaway_said += f": {debug.decode(errors='backslashreplace')}"
+        why = f"the server ended the connection ({self._goaway_said})"
         self._close(why)
         if self._stream_id > last_stream_id & 0x7FFFFFFF:
             self._settle(Outcome(Code.UNAVAILABLE, why))

@@ -276,7 +276,21 @@ def test_the_connection_closing_after_a_graceful_goaway_fails_the_call_it_owed()
     client, _, stream_id = started()
     client.receive_data(goaway(stream_id))
     client.receive_data(b"")
-    assert client.next_outcome() == Outcome(Code.UNAVAILABLE, "the connection closed before the reply was complete")
+    assert client.next_outcome() == Outcome(Code.UNAVAILABLE, "the server ended the connection (GOAWAY, HTTP/2 "
+                                                              "error NO_ERROR) before the reply was complete")
+
+
+@pytest.mark.parametrize(("error_code", "debug", "says"), [
+    (h2.errors.ErrorCodes.ENHANCE_YOUR_CALM, b"too_many_pings", "ENHANCE_YOUR_CALM: too_many_pings"),
+    (h2.errors.ErrorCodes.INTERNAL_ERROR, b"", "INTERNAL_ERROR"),
+    (h2.errors.ErrorCodes.INTERNAL_ERROR, b"\xffbad", "INTERNAL_ERROR: \\xffbad")])
+def test_the_connection_closing_after_an_error_goaway_says_the_goaways_error(error_code, debug, says):
+    client, _, stream_id = started()
+    client.receive_data(goaway(stream_id, error_code, debug))  # the call was taken: it stays open
+    assert client.next_outcome() is NEED_DATA
+    client.receive_data(b"")
+    assert client.next_outcome() == Outcome(Code.UNAVAILABLE, f"the server ended the connection (GOAWAY, HTTP/2 "
+                                                              f"error {says}) before the reply was complete")
 
 
 def test_the_connection_closing_mid_reply_is_unavailable():
