@@ -77,11 +77,18 @@ def test_sandbox_spec_runs_catatonit_pause_mode_on_a_read_only_root():
     assert proc["oomScoreAdj"] == -998
 
 
-@pytest.mark.parametrize("env", [(), ("A=1",), ("PATH=/bin", "A=1"), ("A=1", "A=2"), ("A=1", "PATH=/bin", "PATH=/sbin")])
-def test_a_sandbox_images_pause_gets_the_environment_the_native_handler_gives_it(env):
+@pytest.mark.parametrize(("env", "runs_with"), [
+    ((), [f"PATH={process.DEFAULT_PATH}"]),
+    (("A=1",), ["A=1", f"PATH={process.DEFAULT_PATH}"]),
+    (("PATH=/bin", "A=1"), ["PATH=/bin", "A=1"]),
+    (("A=1", "A=2"), ["A=2", f"PATH={process.DEFAULT_PATH}"]),  # the last of a name wins, in the first one's place
+    (("A=1", "PATH=/bin", "PATH=/sbin"), ["A=1", "PATH=/sbin"]),
+    (("B=x=y", "A=", "B=z"), ["B=z", "A=", f"PATH={process.DEFAULT_PATH}"])])
+def test_a_sandbox_images_pause_gets_the_environment_the_native_handler_gives_it(env, runs_with):
     spec = specs.sandbox_spec(sandbox_id="sb", rootfs="/r", netns_path=NETNS, args=("/p",), env=env)
     native = pause.PauseSpec(rootfs="/r", args=("/p",), env=env).env_map
-    assert spec["process"]["env"] == [f"{name}={value}" for name, value in native.items()]
+    assert spec["process"]["env"] == runs_with
+    assert [f"{name}={value}" for name, value in native.items()] == runs_with
 
 
 def test_a_privileged_pods_pause_allows_every_device_and_no_other_pause_sets_device_rules():
