@@ -112,7 +112,8 @@ def environment(env: Iterable[str]) -> dict[str, str]:
     """The environment a pause runs with from ``env`` (validated ``NAME=VALUE`` strings): a map,
     the last of a name winning as in a process's environment, with :data:`process.DEFAULT_PATH`
     as PATH when it names none. The native handler and the OCI spec both use it, so a sandbox
-    image's pause sees the same environment under either."""
+    image's pause sees the same environment under either; a task's environment is made by it too
+    (:mod:`shim.sandbox.tasks` checks the strings first)."""
     result = dict(entry.split("=", 1) for entry in env)
     result.setdefault("PATH", process.DEFAULT_PATH)
     return result
