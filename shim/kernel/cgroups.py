@@ -103,7 +103,9 @@ def _cgroup_mounts() -> list[tuple[str, str, str, frozenset[str]]]:
 
     Reading and parsing mountinfo costs 0.2 ms, and cgroup mounts hardly ever change: the last
     reading is reused while every one of its mount points still is the filesystem it was (the
-    same device; a stat each, 2 µs), else mountinfo is read again.
+    same device; a stat each, 2 µs), else mountinfo is read again; and again when a hierarchy
+    this process is in has no mount in it (:func:`discover_hierarchies`). What the check cannot
+    see: a remount of the same filesystem with other options or another root at the same place.
     """
     if _mounts_seen:
         try:
@@ -132,21 +134,34 @@ def _cgroup_mounts() -> list[tuple[str, str, str, frozenset[str]]]:
 
 def discover_hierarchies() -> list[Hierarchy]:
     """Every cgroup hierarchy this process belongs to and can see mounted, v1 and v2."""
-    mounts = _cgroup_mounts()
-    found = []
     with open("/proc/self/cgroup") as f:
-        for line in f:
-            hierarchy_id, names, own_path = line.rstrip("\n").split(":", 2)
-            controllers = frozenset(names.split(",")) if names else frozenset()
-            for fstype, root, mountpoint, opts in mounts:
-                # The first mount of a hierarchy wins; later ones are bind mounts of the same.
-                if hierarchy_id == "0" and fstype == "cgroup2":
-                    found.append(Hierarchy(V2, controllers, mountpoint, root, own_path))
-                    break
-                if hierarchy_id != "0" and fstype == "cgroup" and controllers <= opts:
-                    found.append(Hierarchy(names, controllers, mountpoint, root, own_path))
-                    break
+        lines = f.read().splitlines()
+    found, unmounted = _match_mounts(lines, _cgroup_mounts())
+    if unmounted and _mounts_seen:
+        # A hierarchy the kept reading does not show (mounted since?): read mountinfo again.
+        _mounts_seen.clear()
+        found, _ = _match_mounts(lines, _cgroup_mounts())
     return found
+
+
+def _match_mounts(lines: list[str], mounts: list[tuple[str, str, str, frozenset[str]]]) -> tuple[list[Hierarchy], int]:
+    """The hierarchies of /proc/self/cgroup's ``lines`` found in ``mounts``, and how many were not."""
+    found = []
+    unmounted = 0
+    for line in lines:
+        hierarchy_id, names, own_path = line.split(":", 2)
+        controllers = frozenset(names.split(",")) if names else frozenset()
+        for fstype, root, mountpoint, opts in mounts:
+            # The first mount of a hierarchy wins; later ones are bind mounts of the same.
+            if hierarchy_id == "0" and fstype == "cgroup2":
+                found.append(Hierarchy(V2, controllers, mountpoint, root, own_path))
+                break
+            if hierarchy_id != "0" and fstype == "cgroup" and controllers <= opts:
+                found.append(Hierarchy(names, controllers, mountpoint, root, own_path))
+                break
+        else:
+            unmounted += 1
+    return found, unmounted
 
 
 def entry_files(procs_files: Iterable[str]) -> tuple[list[str], list[str]]:
@@ -188,10 +203,15 @@ def hold_parent(parent: str) -> SandboxCgroup:
 
 def remove_stale_holds() -> list[str]:
     """Remove the holds (:func:`hold_parent`) below our default parent whose process is gone (a
-    template killed before it could remove them), and the parents they leave empty; the
-    directories removed. Never raises: what cannot be removed stays for the next sweep."""
+    template killed before it could remove them) or is us (call it before holding anything), and
+    the parents they leave empty; the directories removed. Never raises: what cannot be removed
+    stays for the next sweep."""
     removed: list[str] = []
-    for hierarchy in discover_hierarchies():
+    try:
+        hierarchies = discover_hierarchies()
+    except OSError:
+        return removed
+    for hierarchy in hierarchies:
         top = hierarchy.directory(os.path.join(hierarchy.own_path, DEFAULT_PARENT))
         if top is None:
             continue
@@ -205,7 +225,10 @@ def remove_stale_holds() -> list[str]:
             except OSError:
                 continue
             for name in entries:
-                if name.startswith(HOLD_PREFIX) and not _holder_alive(name[len(HOLD_PREFIX):]):
+                # Our own pid too: the caller sweeps before it holds anything, so a hold with
+                # our pid is a dead process's whose pid we were given (a restarted container).
+                pid_text = name[len(HOLD_PREFIX):]
+                if name.startswith(HOLD_PREFIX) and (pid_text == str(os.getpid()) or not _holder_alive(pid_text)):
                     try:
                         os.rmdir(os.path.join(directory, name))
                         removed.append(os.path.join(directory, name))

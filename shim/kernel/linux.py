@@ -11,6 +11,7 @@ Nothing here knows about sandboxes: it is the vocabulary :mod:`shim.kernel.netns
 from __future__ import annotations
 
 import ctypes
+import errno
 import fcntl
 import os
 import signal
@@ -26,7 +27,7 @@ __all__ = [
     "MS_REMOUNT", "MS_SHARED", "MS_SLAVE",
     "MNT_DETACH", "MNT_FORCE", "UMOUNT_NOFOLLOW",
     "STAT_PPID", "STAT_SESSION", "STAT_STARTTIME", "STAT_STATE",
-    "CLONE_INTO_CGROUP", "block_all_signals", "clone3", "fork_into_cgroup", "get_child_subreaper", "mount", "ns_inode", "ns_type", "proc_start_time",
+    "CLONE3_REFUSED", "CLONE_INTO_CGROUP", "block_all_signals", "clone3", "fork_into_cgroup", "get_child_subreaper", "mount", "ns_inode", "ns_type", "proc_start_time",
     "proc_stat", "set_child_subreaper", "set_signal_mask", "sethostname", "setns", "umount2", "unshare",
     "write_file", "open_tree", "move_mount", "pivot_root", "mount_fs",
 ]
@@ -41,6 +42,10 @@ CLONE_NEWUSER = 0x10000000
 CLONE_NEWPID = 0x20000000
 CLONE_NEWNET = 0x40000000
 CLONE_INTO_CGROUP = 0x200000000  # clone3 only (Linux 5.7)
+#: The errnos of a clone3 the kernel cannot make (ENOSYS: before 5.3; E2BIG, EINVAL: an older
+#: clone_args or no CLONE_INTO_CGROUP) or a seccomp filter refuses (ENOSYS, EPERM): the caller
+#: does it another way.
+CLONE3_REFUSED = frozenset({errno.ENOSYS, errno.E2BIG, errno.EINVAL, errno.EPERM})
 
 # <linux/mount.h>
 MS_RDONLY = 1
@@ -242,9 +247,9 @@ def clone3(flags: int, cgroup_fd: int = -1) -> int:
     Only for a process with one thread whose child runs system calls until it execs or exits:
     the child skips Python's and libc's after-fork bookkeeping (no ``os.register_at_fork``
     hooks, no threading reset; libc's cached thread id stays the parent's, so no raise() and no
-    locking of pthread mutexes it holds). Raises OSError: ENOSYS, E2BIG or EINVAL from a kernel
-    or a seccomp filter without clone3 or CLONE_INTO_CGROUP, EBADF/EOPNOTSUPP for a directory
-    that is not cgroup v2.
+    locking of pthread mutexes it holds). Raises OSError: one of :data:`CLONE3_REFUSED` where the
+    kernel or a seccomp filter does not allow it, EBADF/EOPNOTSUPP for a directory that is not
+    cgroup v2.
     """
     args = struct.pack("=11Q", flags, 0, 0, 0, signal.SIGCHLD, 0, 0, 0, 0, 0, max(cgroup_fd, 0))
     buf = ctypes.create_string_buffer(args, len(args))

@@ -327,8 +327,8 @@ def _serve(runtime_root: str, pause_binary: str | None, ready_fd: int | None) ->
         listener.close()  # wakes accept()
 
     def reap(signum: int, frame: Any) -> None:
-        # The intermediate children of spawn_shim's double fork exit on their own, a grace
-        # period after the shim they forked is up; nothing waits for them but this.
+        # The intermediate children of spawn_shim's double fork and of fork_spare exit on their
+        # own once they have forked (and recorded) their shim; nothing waits for them but this.
         try:
             while os.waitpid(-1, os.WNOHANG)[0]:
                 pass

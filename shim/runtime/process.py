@@ -9,14 +9,22 @@ The least work that gives a process its namespaces, with no subprocess and no he
                                 oom_score_adj, session, stdio, fds, cwd, signals, exec or builtin
                       A reports B's pid and exits 0
 
+    shim --clone3 (its new namespaces, its v2 cgroup)--> the process, "direct": A's steps but
+                      the unshare, then B's (a new pid namespace and nothing of another process's
+                      pid or mount namespace to join: the pod's pause)
+
 A is needed because unshare(CLONE_NEWPID) and setns() of a pid namespace only move the
 caller's *children* into it, and because moving a process into a cgroup v2 directory takes a
 global kernel lock whose writer waits an RCU grace period (6-8 ms here), while a child born
 there takes none (:func:`shim.kernel.cgroups.entry_files`). Without a pid namespace to enter
-or a v2 cgroup, A becomes the process itself.
+or a v2 cgroup, A becomes the process itself. The direct path needs none of that: the kernel
+makes the namespaces and puts the process in its cgroup at its birth; it is taken while the shim
+has one thread (the child of a raw clone3 skips the after-fork work that makes a fork of a
+threaded process safe), and where the kernel and any seccomp filter allow clone3.
 When A exits, B is re-parented to the shim, a child subreaper, and the shim's
 :class:`~shim.kernel.reaper.Reaper` reaps it. Both children report on one close-on-exec pipe:
-``P<pid>`` (B's pid), ``R`` (a builtin is ready), ``E<errno> <step>`` (the step that failed),
+``P<pid>`` (B's pid; the direct child, PID 1 of its namespace, writes none: the shim knows its
+pid from clone3), ``R`` (a builtin is ready), ``E<errno> <step>`` (the step that failed),
 ``X<errno> <step>`` (chdir or exec failed: the process's own arguments are wrong), ``W<errno>
 <step>`` (a best-effort step that failed: lowering oom_score_adj). EOF means A has exited and B
 has exec'd or is ready.
@@ -96,8 +104,8 @@ class ProcessSpec:
     ``CLONE_NEW*`` types to setns into (in a fixed order: the mount namespace last); ``unshare_flags`` the namespaces made new (a new pid
     namespace needs a new mount namespace too: it gets its own /proc). A new mount namespace is
     made a recursive slave of the one it copies. ``procs_files`` are the cgroup.procs files of the
-    cgroups the process is in before it touches a page: the v1 ones are joined first thing by A,
-    the v2 one by B's birth there. ``sysctls`` are
+    cgroups the process is in before it touches a page: the v1 ones are joined first thing by A
+    (or the direct child), the v2 one by birth there. ``sysctls`` are
     written after the namespaces are entered; ``shm_options``, when set, mounts a tmpfs with
     these options on /dev/shm. ``binds`` are ``(source, target)`` bind mounts (not recursive) made
     in the new mount namespace right after it is made a slave, so only this process and what it
@@ -299,6 +307,11 @@ def _plan(spec: ProcessSpec) -> _Plan:
     tasks, v2_dirs = cgroups.entry_files(spec.procs_files)
     if len(v2_dirs) > 1:
         raise InvalidArgument(f"the {spec.name} can join one cgroup v2 directory, not {len(v2_dirs)}")
+    if v2_dirs and (spec.unshare_flags & linux.CLONE_NEWCGROUP
+                    or any(nstype == linux.CLONE_NEWCGROUP for _, nstype in spec.join)):
+        # It is born in its v2 cgroup after the namespaces are entered: a cgroup namespace would
+        # be rooted at the shim's cgroup, or (joined, with nsdelegate) not see the sandbox's.
+        raise InvalidArgument(f"the {spec.name} cannot get a cgroup namespace and a cgroup v2 directory at once")
     return _Plan(
         name=spec.name,
         cgroup_tasks=tuple(tasks),
@@ -359,16 +372,20 @@ def _above_stdio(fd: int, fds: list[int]) -> int:
     return high
 
 
-def _fork(child, plan: _Plan, write_fd: int) -> int:
-    """fork(); the child runs ``child(plan, write_fd)``, which never returns."""
+def _fork(child, plan: _Plan, write_fd: int, clone_flags: int | None = None) -> int:
+    """fork() (or clone3 with ``clone_flags``, and ``plan.cgroup_v2_fd`` for CLONE_INTO_CGROUP);
+    the child runs ``child(plan, write_fd)`` and never returns from here."""
     # Every signal is blocked across the fork, and stays blocked in the children until exec:
     # a signal handled in a child would have the interpreter write to the wakeup fd it shares
     # with our event loop, and our loop would act on a SIGTERM or SIGCHLD that was never ours.
     old_mask = linux.block_all_signals()
     try:
-        pid = os.fork()
+        pid = os.fork() if clone_flags is None else linux.clone3(clone_flags, plan.cgroup_v2_fd)
         if pid == 0:
-            child(plan, write_fd)
+            try:
+                child(plan, write_fd)
+            finally:
+                os._exit(1)  # never back into the caller's event loop, whatever the child raised
     finally:
         linux.set_signal_mask(old_mask)
     return pid
@@ -382,19 +399,12 @@ def _clone_direct(plan: _Plan, write_fd: int) -> int | None:
     if len(os.listdir("/proc/self/task")) != 1:
         return None
     flags = plan.unshare_flags | (linux.CLONE_INTO_CGROUP if plan.cgroup_v2_fd >= 0 else 0)
-    old_mask = linux.block_all_signals()  # as _fork
     try:
-        try:
-            pid = linux.clone3(flags, plan.cgroup_v2_fd)
-        except OSError as exc:
-            if exc.errno in (errno.ENOSYS, errno.E2BIG, errno.EINVAL, errno.EPERM):
-                return None  # A says which step fails, if one does
-            raise
-        if pid == 0:
-            _child_direct(plan, write_fd)
-    finally:
-        linux.set_signal_mask(old_mask)
-    return pid
+        return _fork(_child_direct, plan, write_fd, clone_flags=flags)
+    except OSError as exc:
+        if exc.errno in linux.CLONE3_REFUSED:
+            return None  # A says which step fails, if one does
+        raise
 
 
 class _Report:
@@ -480,14 +490,14 @@ async def _start(plan: _Plan, reaper: Reaper, pid_a: int, a_exit: asyncio.Future
     report = reader.report
     if report.error is not None:
         raise _launch_error(plan.name, *report.error)
+    if plan.direct:
+        report.pid = pid_a  # the process itself: it knows itself only as PID 1 of its namespace
     for err, step in report.warnings:
         # Said once per kind of failure: on a host without CAP_SYS_RESOURCE every launch
         # fails to lower oom_score_adj, and a warning per sandbox would drown the log.
         level = logging.DEBUG if (step, err) in _WARNED else logging.WARNING
         _WARNED.add((step, err))
         log.log(level, "%s %s: %s failed (%s); continuing without it", plan.name, report.pid, step, os.strerror(err))
-    if plan.direct:
-        report.pid = pid_a  # the process itself: it knows itself only as PID 1 of its namespace
     if report.pid != pid_a:  # A forked the process (into a pid namespace) and must exit 0
         a_info = await asyncio.wait_for(asyncio.shield(a_exit), REPORT_TIMEOUT)
         if report.pid is None or a_info.exit_status != 0:
@@ -655,11 +665,16 @@ def _fork_b(plan: _Plan) -> int:
     try:
         return linux.fork_into_cgroup(plan.cgroup_v2_fd)
     except OSError as exc:
-        if exc.errno not in (errno.ENOSYS, errno.E2BIG, errno.EINVAL, errno.EPERM):
+        if exc.errno not in linux.CLONE3_REFUSED:
             raise
-    assert plan.cgroup_v2 is not None
     # The slow way, still before B exists: A, with its one thread, moves (the grace period).
-    linux.write_file(os.path.join(plan.cgroup_v2, "cgroup.procs"), b"0")
+    # Through the directory the shim opened: A may be in another mount namespace by now (an
+    # exec joins the task's), where the host's path to it does not lead there.
+    fd = os.open("cgroup.procs", os.O_WRONLY | os.O_CLOEXEC, dir_fd=plan.cgroup_v2_fd)
+    try:
+        os.write(fd, b"0")
+    finally:
+        os.close(fd)
     return os.fork()
 
 

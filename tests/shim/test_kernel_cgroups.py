@@ -566,17 +566,20 @@ def test_holds_of_processes_that_are_gone_are_swept_with_the_parents_they_kept(m
     namespace = _unique("ns")
     monkeypatch.setattr(os, "getpid", lambda: pid)
     stale = cgroups.hold_parent(f"{cgroups.DEFAULT_PARENT}/{namespace}")
+    monkeypatch.setattr(os, "getpid", lambda: 1)
+    live = cgroups.hold_parent(f"{cgroups.DEFAULT_PARENT}/{namespace}x")  # a live process's (PID 1)
     monkeypatch.undo()
-    live = cgroups.hold_parent(f"{cgroups.DEFAULT_PARENT}/{namespace}x")  # ours: we are alive
+    own = cgroups.hold_parent(f"{cgroups.DEFAULT_PARENT}/{namespace}y")  # ours: swept (see its docstring)
     try:
         assert all(os.path.basename(path) == f".held-by-{pid}" for path in stale.paths.values())
         removed = cgroups.remove_stale_holds()
-        assert set(stale.paths.values()) <= set(removed)
+        assert set(stale.paths.values()) | set(own.paths.values()) <= set(removed)
         assert not any(os.path.exists(os.path.dirname(path)) for path in stale.paths.values())
         assert all(os.path.isdir(path) for path in live.paths.values())
     finally:
         stale.remove()
         live.remove()
+        own.remove()
     assert not any(os.path.exists(os.path.dirname(path)) for path in live.paths.values())
 
 

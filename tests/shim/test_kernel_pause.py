@@ -6,6 +6,7 @@ Every pause is killed by (pid, start time) and reaped; every netns and cgroup is
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 import os
 import secrets
@@ -493,11 +494,12 @@ async def test_a_process_that_exits_at_once_starts_no_later_than_it_exits(reaper
 async def test_a_pod_pause_is_cloned_straight_into_its_namespaces_and_cgroup(start, cgroup, make_netns, monkeypatch):
     # One copy of the shim (clone3 with the new namespaces and the v2 cgroup), not a launcher
     # that unshares and forks again.
-    def no_launcher(*args):
-        raise AssertionError("the launcher (A) was forked")
-
-    monkeypatch.setattr(process, "_fork", no_launcher)
+    children = []
+    real_fork = process._fork
+    monkeypatch.setattr(process, "_fork", lambda child, *args, **kwargs: children.append(child.__name__)
+                        or real_fork(child, *args, **kwargs))
     pause = await start(netns_path=make_netns(), cgroup=cgroup)
+    assert children == ["_child_direct"]
     assert cgroup.pids() == {pause.pid}
     with open(f"/proc/{pause.pid}/status") as f:
         nspid = next(line.split()[1:] for line in f if line.startswith("NSpid:"))
@@ -508,9 +510,10 @@ async def test_a_pod_pause_is_cloned_straight_into_its_namespaces_and_cgroup(sta
 async def test_with_another_thread_running_the_pause_comes_from_a_launcher(start, cgroup, monkeypatch):
     # A raw clone3 child of a process with other threads could meet a lock one of them held
     # (malloc's): then the launcher path, whose os.fork() takes care of that.
-    forked = []
+    children = []
     real_fork = process._fork
-    monkeypatch.setattr(process, "_fork", lambda *args: forked.append(1) or real_fork(*args))
+    monkeypatch.setattr(process, "_fork", lambda child, *args, **kwargs: children.append(child.__name__)
+                        or real_fork(child, *args, **kwargs))
     release = threading.Event()
     other = threading.Thread(target=release.wait)
     other.start()
@@ -519,4 +522,20 @@ async def test_with_another_thread_running_the_pause_comes_from_a_launcher(start
     finally:
         release.set()
         other.join()
-    assert forked == [1] and cgroup.pids() == {pause.pid}
+    assert children == ["_child_a"] and cgroup.pids() == {pause.pid}
+
+
+async def test_where_clone3_is_refused_the_launcher_moves_itself_and_forks(start, cgroup, make_netns, monkeypatch):
+    # A seccomp filter that answers clone3 with ENOSYS (Docker's default): the launcher path,
+    # which enters the v2 cgroup through the directory the shim opened (it may be in another
+    # mount namespace by then) and forks.
+    def refused(flags, cgroup_fd=-1):
+        raise OSError(errno.ENOSYS, "clone3 refused")
+
+    monkeypatch.setattr(linux, "clone3", refused)
+    children = []
+    real_fork = process._fork
+    monkeypatch.setattr(process, "_fork", lambda child, *args, **kwargs: children.append(child.__name__)
+                        or real_fork(child, *args, **kwargs))
+    pause = await start(netns_path=make_netns(), cgroup=cgroup)
+    assert children == ["_child_direct", "_child_a"] and cgroup.pids() == {pause.pid}
