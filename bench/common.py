@@ -315,18 +315,26 @@ def _spawn_without_the_lock(cgroup: Any) -> Callable[[tuple[str, ...]], int]:
 
     def spawn(argv: tuple[str, ...]) -> int:
         tasks, v2_dirs = cgroups.entry_files(cgroup.procs_files())
+        # A raw clone3 child must not meet a lock another thread held (linux.clone3): with
+        # threads, fork and move the child into the v2 cgroup (the grace period, as runc).
+        single = len(os.listdir("/proc/self/task")) == 1
         v2_fd = os.open(v2_dirs[0], os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC) if v2_dirs else -1
         try:
             old = linux.block_all_signals()
             try:
-                pid = linux.fork_into_cgroup(v2_fd) if v2_fd >= 0 else os.fork()
+                pid = linux.fork_into_cgroup(v2_fd) if v2_fd >= 0 and single else os.fork()
                 if pid == 0:
                     try:
+                        if v2_fd >= 0 and not single:
+                            linux.write_file(os.path.join(v2_dirs[0], "cgroup.procs"), b"0")
                         for path in tasks:
                             linux.write_file(path, b"0")
                         null = os.open(os.devnull, os.O_RDWR)
                         for target in (0, 1, 2):
                             os.dup2(null, target)
+                        # The bench's Python handlers (its janitor's) must not run in this copy.
+                        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+                            signal.signal(sig, signal.SIG_DFL)
                         linux.set_signal_mask(b"")
                         os.execvp(argv[0], list(argv))
                     finally:

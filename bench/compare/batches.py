@@ -25,7 +25,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 sys.path.insert(0, REPO)
 
 from bench.common import compile_bytecode  # noqa: E402
-from bench.compare.run import (FloorCgroup, Podshim, delete_leftover_sandboxes,  # noqa: E402
+from bench.compare.run import (FloorCgroup, Janitor, Podshim, delete_leftover_sandboxes,  # noqa: E402
                                timed_spawner)
 from shim.launch.template import stop_template  # noqa: E402
 
@@ -35,9 +35,17 @@ async def measure(cycles: int, warmup: int) -> str:
 
     work = tempfile.mkdtemp(prefix="podshim-batches-")
     state_root, runtime_root = os.path.join(work, "state"), os.path.join(work, "run")
+    floor = FloorCgroup()
+    # Every step runs, last in first out, whatever an earlier one raised, at the end or on a signal.
+    janitor = Janitor()
+    janitor.add("remove the floor's parent cgroup", floor.release)
+    janitor.add("remove the work directory", shutil.rmtree, work, True)
+    janitor.add("podshim delete leftovers", delete_leftover_sandboxes, state_root, runtime_root)
+    janitor.add("stop the shim template", stop_template, runtime_root)
+    janitor.install()
     try:
         async with Controller(state_root, runtime_root, spawner=timed_spawner(runtime_root, True)) as c:
-            pod, floor = Podshim("default", "default Controller", c, True), FloorCgroup()
+            pod = Podshim("default", "default Controller", c, True)
             for _ in range(warmup):
                 await pod.cycle()
                 await floor.cycle()
@@ -48,11 +56,7 @@ async def measure(cycles: int, warmup: int) -> str:
                 pod.samples.append(await pod.cycle())
                 floor.samples.append(await floor.cycle())
     finally:
-        stop_template(runtime_root)
-        delete_leftover_sandboxes(state_root, runtime_root)
-        shutil.rmtree(work, ignore_errors=True)
-        if "floor" in locals():
-            floor.release()
+        janitor.run()
 
     def med(values: list[float]) -> str:
         return f"{statistics.median(values) * 1000:.1f}"
