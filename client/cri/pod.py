@@ -35,7 +35,7 @@ import socket
 import time
 from contextlib import asynccontextmanager
 from types import MappingProxyType
-from typing import Any, AsyncContextManager, AsyncIterator, Awaitable, Callable, Mapping
+from typing import Any, AsyncContextManager, AsyncIterator, Awaitable, Callable, Mapping, TypeVar
 
 import anyio
 import anyio.abc
@@ -737,9 +737,7 @@ class PodService:
         if cached is not None and cached[0] is record:
             return cached[1]
         cfg = PodSandboxConfig.from_json(record.config)
-        if len(self._configs) >= _CONFIGS_KEPT:
-            self._configs.pop(next(iter(self._configs)))
-        self._configs[record.pod_id] = (record, cfg)
+        _keep(self._configs, record.pod_id, (record, cfg))
         return cfg
 
     def _entry_of(self, record: PodRecord) -> Mapping[str, Any]:
@@ -759,9 +757,7 @@ class PodService:
             "labels": MappingProxyType(record.labels), "annotations": MappingProxyType(record.annotations),
             "runtime_handler": record.runtime_handler, "ip": record.ip,
             "host_network": self._config_of(record).host_network})
-        if len(self._entries) >= _CONFIGS_KEPT:
-            self._entries.pop(next(iter(self._entries)))
-        self._entries[record.pod_id] = (record, entry)
+        _keep(self._entries, record.pod_id, (record, entry))
         return entry
 
     async def list_pod_sandbox(self, filter: Mapping[str, Any] | None = None) -> list[Mapping[str, Any]]:
@@ -774,7 +770,8 @@ class PodService:
         # Enum members bound once: each PodState.X costs a metaclass lookup, and these run per pod.
         creating, ready, current = PodState.CREATING, PodState.READY, self._current
         listed = self.store.list()
-        records: list[PodRecord | None] = [r for r in listed if r.pod_id.startswith(prefix)] if prefix else list(listed)
+        # The store's list is a new one each time: used as it is, not copied.
+        records: list[PodRecord | None] = [r for r in listed if r.pod_id.startswith(prefix)] if prefix else listed
         # A followed pod's record is current (its shim's events keep it so); the pause of any
         # other ready pod is asked after, all at once.
         stale = [(i, r) for i, r in enumerate(records) if r.state is ready and r.pod_id not in current]
@@ -1374,6 +1371,17 @@ def _check_sandbox_config(pod: PodRecord, sandbox_config: PodSandboxConfig | Map
     if given.log_directory != own.log_directory:
         raise InvalidArgument(f"sandbox_config has log_directory {given.log_directory!r}, but pod {pod.pod_id} "
                               f"was run with {own.log_directory!r}")
+
+
+_T = TypeVar("_T")
+
+
+def _keep(kept: dict[str, _T], pod_id: str, value: _T) -> None:
+    """``value`` kept under ``pod_id`` as the newest of at most :data:`_CONFIGS_KEPT`: a pod's
+    older value is replaced (it pushes no other pod out); else the oldest pod's goes."""
+    if kept.pop(pod_id, None) is None and len(kept) >= _CONFIGS_KEPT:
+        kept.pop(next(iter(kept)))
+    kept[pod_id] = value
 
 
 def _labels_match(labels: Mapping[str, str], selector: Mapping[str, str] | None) -> bool:

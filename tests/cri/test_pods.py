@@ -292,6 +292,18 @@ async def test_a_listed_pod_is_read_only_and_as_it_is_now(roots):
         assert (entry["id"], entry["state"], dict(entry["labels"])) == (pod_id, "SANDBOX_NOTREADY", {"tier": "a"})
 
 
+async def test_a_pod_listed_anew_pushes_out_no_other_pods_kept_entry(roots, monkeypatch):
+    monkeypatch.setattr("client.cri.pod._CONFIGS_KEPT", 2)
+    async with pod_service(roots) as pods:
+        a = await pods.run_pod_sandbox(pod_config())
+        b = await pods.run_pod_sandbox(pod_config())
+        before = {entry["id"]: entry for entry in await pods.list_pod_sandbox()}
+        await pods.stop_pod_sandbox(b)  # b's entry is made anew, in place of its old one
+        after = {entry["id"]: entry for entry in await pods.list_pod_sandbox()}
+        again = {entry["id"]: entry for entry in await pods.list_pod_sandbox()}
+        assert after[b]["state"] == "SANDBOX_NOTREADY" and again[b] is after[b]
+        assert again[a] is before[a]
+
 async def test_a_pod_whose_shim_is_killed_shows_notready_and_can_be_removed(roots):
     async with pod_service(roots) as pods:
         pod_id = await pods.run_pod_sandbox(pod_config())
