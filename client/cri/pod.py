@@ -35,7 +35,7 @@ import socket
 import time
 from contextlib import asynccontextmanager
 from types import MappingProxyType
-from typing import Any, AsyncContextManager, AsyncIterator, Awaitable, Callable, Mapping, TypeVar
+from typing import Any, AsyncContextManager, AsyncIterator, Awaitable, Callable, Mapping, NoReturn, TypeVar
 
 import anyio
 import anyio.abc
@@ -68,7 +68,7 @@ from client.cri.resources import shim_resources
 from client.cri.store import ContainerRecord, ContainerState, PodRecord, PodState, PodStore
 from client.phases import phase
 
-__all__ = ["DEFAULT_NAMESPACE", "RUNTIME_HANDLERS", "PodService", "open_pod_service"]
+__all__ = ["DEFAULT_NAMESPACE", "RUNTIME_HANDLERS", "PodEntry", "PodService", "open_pod_service"]
 
 log = logging.getLogger(__name__)
 
@@ -105,6 +105,22 @@ _SANDBOX_RUNNING = "running"
 _ID = re.compile(r"[0-9a-f]{64}")
 #: The snapshot of a pod's sandbox image: ``sandbox-<pod id>`` (the pause's root).
 SANDBOX_SNAPSHOT_PREFIX = "sandbox-"
+
+
+class PodEntry(dict[str, Any]):
+    """A pod's ListPodSandbox entry as :meth:`PodService.list_pod_sandbox` hands it out. Made
+    only here, once per stored record, over copies nobody else holds, and read-only all through
+    (its own mutators raise TypeError; its maps are ``MappingProxyType``): the same entry always
+    says the same. Its type is the mark of that, for callers that keep what they make of an
+    entry while they are given the same one (podshimd's encoded PodSandboxes); a dict for speed
+    (reading a field costs what a dict's does)."""
+
+    __slots__ = ()
+
+    def _read_only(self, *args: Any, **kwargs: Any) -> NoReturn:
+        raise TypeError("a listed pod's entry is read-only")
+
+    __setitem__ = __delitem__ = __ior__ = clear = pop = popitem = setdefault = update = _read_only
 
 
 def sandbox_snapshot_key(pod_id: str) -> str:
@@ -162,7 +178,7 @@ class PodService:
         self._current: set[str] = set()
         self._stopping: set[str] = set()  # pods this process is stopping right now
         self._configs: dict[str, tuple[PodRecord, PodSandboxConfig]] = {}  # _config_of
-        self._entries: dict[str, tuple[PodRecord, Mapping[str, Any]]] = {}  # _entry_of
+        self._entries: dict[str, tuple[PodRecord, PodEntry]] = {}  # _entry_of
         self._cpu_rates = stats.CpuRates()
         self._events = EventFeed(self._shim_address, namespace, apply=self._apply)
         self._runtime_config_path = os.path.join(os.path.dirname(log_root), "runtime-config.json")
@@ -740,18 +756,19 @@ class PodService:
         _keep(self._configs, record.pod_id, (record, cfg))
         return cfg
 
-    def _entry_of(self, record: PodRecord) -> Mapping[str, Any]:
+    def _entry_of(self, record: PodRecord) -> PodEntry:
         """The record's ListPodSandbox entry, made once per stored record as :meth:`_config_of`
         parses (a listing is podshimd's most frequent call). It is never stale: a record does
         not change, a pod that changes is a new record (the store's), and the entry is of the
         record in hand. It is read-only all through, over copies nobody else holds, so the same
         entry always says the same: a caller may keep what it makes of an entry for as long as
-        it is given the same entry (podshimd keeps each pod's encoded PodSandbox so)."""
+        it is given the same entry (podshimd keeps each pod's encoded PodSandbox so): a
+        :class:`PodEntry`, which only this makes."""
         kept = self._entries.get(record.pod_id)
         if kept is not None and kept[0] is record:
             return kept[1]
         config = record.config
-        entry = MappingProxyType({
+        entry = PodEntry({
             "id": record.pod_id, "metadata": MappingProxyType(dict(config.get("metadata") or {})),
             "state": _POD_STATE[record.state], "created_at": record.created_at,
             "labels": MappingProxyType(record.labels), "annotations": MappingProxyType(record.annotations),
@@ -760,11 +777,11 @@ class PodService:
         _keep(self._entries, record.pod_id, (record, entry))
         return entry
 
-    async def list_pod_sandbox(self, filter: Mapping[str, Any] | None = None) -> list[Mapping[str, Any]]:
+    async def list_pod_sandbox(self, filter: Mapping[str, Any] | None = None) -> list[PodEntry]:
         """ListPodSandbox: pods, newest first, filtered by ``id`` (prefix), ``state``
         (SANDBOX_READY / SANDBOX_NOTREADY) and ``label_selector`` (all must match). Each entry
         (id, metadata, state, created_at, labels, annotations, runtime_handler, ip, host_network)
-        is a read-only mapping."""
+        is a read-only :class:`PodEntry`."""
         f = filter or {}
         prefix, wanted, selector = f.get("id"), f.get("state"), f.get("label_selector")
         # Enum members bound once: each PodState.X costs a metaclass lookup, and these run per pod.

@@ -10,13 +10,13 @@ CRI-shaped dicts with ``json_format.ParseDict``, field by field as the proto nam
 from __future__ import annotations
 
 import json
-from types import MappingProxyType
 from typing import Any, Mapping
 
 from google.protobuf import json_format
 from google.protobuf.message import Message
 
 from client.cri.configs import ContainerConfig, PodSandboxConfig
+from client.cri.pod import PodEntry
 from client.criapi import api_pb2
 from shim.rpc.status import InvalidArgument
 
@@ -99,24 +99,24 @@ def pod_sandbox(doc: Mapping[str, Any]) -> api_pb2.PodSandbox:
 class PodSandboxes:
     """ListPodSandbox's answers. A listing joins its pods' encoded PodSandboxes (serialized
     messages concatenated are their merge: the repeated ``items`` in order), and the encoding of
-    a read-only entry (a ``MappingProxyType``, as the pod layer hands out: made once per stored
-    record, over copies nobody else holds) is kept under the pod's id with the entry itself, so
-    a pod listed again as the same entry costs a lookup, not a message; a listing of the same
-    read-only entries as the last one is that listing's bytes again. A pod that changed is a
-    new entry and is encoded again; an entry that is not read-only is encoded every time. Only
-    the last :attr:`kept` pods' encodings are kept (a removed pod's goes when newer ones push
-    it out).
+    a :class:`~client.cri.pod.PodEntry` (read-only, made only by the pod layer, once per stored
+    record) is kept under the pod's id with the entry itself, so a pod listed again as the same
+    entry costs a lookup, not a message; a listing of PodEntries equal to the last such listing
+    is that listing's bytes again. A pod that changed is a new entry and is encoded again; the
+    encoding of any other mapping is never kept (it is encoded again unless its whole listing
+    equals that last one). Only the last :attr:`kept` pods' encodings are kept (a removed pod's
+    goes when newer ones push it out).
     """
 
     def __init__(self, kept: int = 4096) -> None:
         self.kept = kept
-        self._encoded: dict[str, tuple[Mapping[str, Any], bytes]] = {}
-        self._last: tuple[list[Mapping[str, Any]], bytes] = ([], b"")  # read-only entries only
+        self._encoded: dict[str, tuple[PodEntry, bytes]] = {}
+        self._last: tuple[list[PodEntry], bytes] = ([], b"")  # PodEntries only
 
     def response(self, entries: list[Mapping[str, Any]]) -> api_pb2.ListPodSandboxResponse:
         """The ListPodSandboxResponse of the pod layer's ``entries``, in their order (a new
         message each time)."""
-        if entries == self._last[0]:  # read-only entries: each is the same object, or equal
+        if entries == self._last[0]:  # PodEntries: each is the same object, or equal
             data = self._last[1]
         else:
             encoded = self._encoded
@@ -125,13 +125,13 @@ class PodSandboxes:
                 kept = encoded.get(entry["id"])
                 parts.append(kept[1] if kept is not None and kept[0] is entry else self._encode(entry))
             data = b"".join(parts)
-            if all(type(entry) is MappingProxyType for entry in entries):
+            if all(type(entry) is PodEntry for entry in entries):
                 self._last = (list(entries), data)
         return api_pb2.ListPodSandboxResponse.FromString(data)
 
     def _encode(self, entry: Mapping[str, Any]) -> bytes:
         data = api_pb2.ListPodSandboxResponse(items=[pod_sandbox(entry)]).SerializeToString()
-        if type(entry) is MappingProxyType:
+        if type(entry) is PodEntry:
             self._encoded.pop(entry["id"], None)
             if len(self._encoded) >= self.kept:
                 self._encoded.pop(next(iter(self._encoded)))

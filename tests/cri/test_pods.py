@@ -16,7 +16,7 @@ import pytest
 
 from shim.rpc.status import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
 
-from client.cri.pod import open_pod_service
+from client.cri.pod import PodEntry, open_pod_service
 
 from podtools import container_config, ns_inode, pod_config, pod_service
 from proctools import alive, wait_gone_async
@@ -283,8 +283,11 @@ async def test_a_listed_pod_is_read_only_and_as_it_is_now(roots):
         cfg["labels"] = {"tier": "a"}
         pod_id = await pods.run_pod_sandbox(cfg)
         [entry] = await pods.list_pod_sandbox()
+        assert type(entry) is PodEntry  # the mark of an entry only the pod layer makes
         with pytest.raises(TypeError):
             entry["state"] = "SANDBOX_NOTREADY"  # type: ignore[index]
+        with pytest.raises(TypeError):
+            entry.update(state="SANDBOX_NOTREADY")
         with pytest.raises(TypeError):
             entry["labels"]["tier"] = "b"
         await pods.stop_pod_sandbox(pod_id)
@@ -322,7 +325,7 @@ async def test_a_pod_whose_shim_is_killed_shows_notready_and_can_be_removed(root
 
 RESTART_SCRIPT = """
 import anyio, json, sys
-from client.cri.pod import open_pod_service
+from client.cri.pod import PodEntry, open_pod_service
 async def main(root, runtime_root, cfg_json, ccfg_json):
     async with open_pod_service(root, runtime_root, cni_conf_dir=root + "/no-cni") as pods:
         pod_id = await pods.run_pod_sandbox(json.loads(cfg_json))

@@ -7,6 +7,7 @@ from types import MappingProxyType
 import pytest
 from google.protobuf import json_format
 
+from client.cri.pod import PodEntry
 from client.criapi import api_pb2
 from client.podshimd import translate
 
@@ -26,11 +27,20 @@ def _entry(n: int, **changes):
     """A read-only entry, as the pod layer lists them."""
     doc = {**POD, "id": f"{n:064x}", "metadata": {**POD["metadata"], "name": f"web-{n}"},
            "created_at": POD["created_at"] - n, "labels": {"app": "web", "n": str(n)}, **changes}
-    return MappingProxyType({k: MappingProxyType(v) if isinstance(v, dict) else v for k, v in doc.items()})
+    return PodEntry({k: MappingProxyType(v) if isinstance(v, dict) else v for k, v in doc.items()})
 
 
-def _expected(docs):
-    return api_pb2.ListPodSandboxResponse(items=[translate.pod_sandbox(doc) for doc in docs])
+@pytest.fixture
+def encoded(monkeypatch):
+    """The ids of the pods encoded into PodSandboxes from now on, in order."""
+    ids: list[str] = []
+    real = translate.pod_sandbox
+    monkeypatch.setattr(translate, "pod_sandbox", lambda doc: ids.append(doc["id"]) or real(doc))
+    return ids
+
+
+def _expected(docs, pod_sandbox=translate.pod_sandbox):  # the real one, not the fixture's recorder
+    return api_pb2.ListPodSandboxResponse(items=[pod_sandbox(doc) for doc in docs])
 
 
 def test_a_listing_is_its_entries_podsandboxes_in_order():
@@ -48,16 +58,21 @@ def test_a_listing_shows_a_pod_that_changed_as_a_new_entry():
     assert listed.response(now) == _expected(now)
 
 
-def test_a_read_only_entry_listed_again_is_not_encoded_again(monkeypatch):
+def test_a_read_only_entry_listed_again_is_not_encoded_again(encoded):
     listed = translate.PodSandboxes()
     docs = [_entry(1), _entry(2)]
     expected = _expected(docs)
-    encoded = []
-    real = translate.pod_sandbox
-    monkeypatch.setattr(translate, "pod_sandbox", lambda doc: encoded.append(doc["id"]) or real(doc))
     listed.response(docs)
     assert listed.response(docs) == expected
     assert encoded == [docs[0]["id"], docs[1]["id"]]
+
+
+def test_a_mapping_the_pod_layer_did_not_make_is_encoded_each_time(encoded):
+    listed = translate.PodSandboxes()
+    doc = MappingProxyType(dict(_entry(1)))  # read-only too, but not the pod layer's mark
+    listed.response([doc])
+    assert listed.response([_entry(2), doc]) == _expected([_entry(2), doc])
+    assert encoded == [doc["id"], _entry(2)["id"], doc["id"]]
 
 
 def test_a_listing_shows_a_changeable_entry_as_it_is_now():
