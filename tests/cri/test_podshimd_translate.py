@@ -67,6 +67,15 @@ def test_a_read_only_entry_listed_again_is_not_encoded_again(encoded):
     assert encoded == [docs[0]["id"], docs[1]["id"]]
 
 
+def test_a_read_only_entry_in_another_listing_is_not_encoded_again(encoded):
+    listed = translate.PodSandboxes()
+    a, b, c = _entry(1), _entry(2), _entry(3)
+    listed.response([a, b])
+    assert listed.response([b]) == _expected([b])  # not the last listing: each pod's own encoding
+    assert listed.response([c, a]) == _expected([c, a])
+    assert encoded == [a["id"], b["id"], c["id"]]
+
+
 def test_a_mapping_the_pod_layer_did_not_make_is_encoded_each_time(encoded):
     listed = translate.PodSandboxes()
     doc = MappingProxyType(dict(_entry(1)))  # read-only too, but not the pod layer's mark
@@ -84,9 +93,12 @@ def test_a_listing_shows_a_changeable_entry_as_it_is_now():
     assert listed.response([doc]) == _expected([doc])
 
 
-def test_a_listing_keeps_the_encodings_of_the_last_pods_only():
+def test_a_listing_keeps_the_encodings_of_the_last_pods_only(encoded):
     listed = translate.PodSandboxes(kept=2)
-    docs = [_entry(n) for n in range(5)]
+    docs = [_entry(n) for n in range(3)]
     assert listed.response(docs) == _expected(docs)
-    assert listed.response(docs) == _expected(docs)
-    assert len(listed._encoded) == 2
+    assert listed.response(docs) == _expected(docs)  # the last listing again: its bytes
+    assert listed.response(docs[2:]) == _expected(docs[2:])  # kept
+    assert listed.response(docs[:1]) == _expected(docs[:1])  # pushed out by the two after it
+    assert listed.response(docs[1:2]) == _expected(docs[1:2])  # pushed out by docs[0]'s return
+    assert encoded == [docs[0]["id"], docs[1]["id"], docs[2]["id"], docs[0]["id"], docs[1]["id"]]
