@@ -603,9 +603,11 @@ class Puller:
             shutil.rmtree(work, ignore_errors=True)
 
     async def _watch(self, work: str, stalled: asyncio.Timeout) -> None:
-        """Push ``stalled``'s deadline on while the bytes under ``work`` change (skopeo writes
-        what it downloads there: the layout in image/, its temporary files in tmp/; nothing else
-        there changes), looked at in one walk."""
+        """Push ``stalled``'s deadline on while the bytes under ``work`` change, looked at in one
+        walk. skopeo writes what it downloads there: the layout in image/, its temporary files in
+        tmp/. The rest is small: the session's files in config/, written before skopeo starts,
+        and, when skopeo does not run as root, its blob-info cache under .local/ (HOME is
+        ``work``: .local/share/containers/cache), which changes only as skopeo records blobs."""
         loop = asyncio.get_running_loop()
         last = -1
         while True:
