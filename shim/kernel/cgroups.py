@@ -27,7 +27,8 @@ from shim.rpc.records import Record, set_field as _set
 from shim.rpc.status import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound, error_from_oserror
 
 __all__ = ["DEFAULT_PARENT", "METRIC_KEYS", "REMOVE_TIMEOUT", "UPDATE_KEYS", "V2", "Hierarchy", "SandboxCgroup",
-           "discover_hierarchies", "entry_files", "hold_parent", "no_metrics", "remove_stale_holds"]
+           "birth_in_v2_allowed", "discover_hierarchies", "entry_files", "hold_parent", "no_metrics",
+           "remove_stale_holds"]
 
 log = logging.getLogger(__name__)
 
@@ -162,6 +163,50 @@ def _match_mounts(lines: list[str], mounts: list[tuple[str, str, str, frozenset[
         else:
             unmounted += 1
     return found, unmounted
+
+
+_birth_in_v2: list[bool] = []  # the answer of birth_in_v2_allowed, once known
+
+
+def birth_in_v2_allowed() -> bool:
+    """Whether this process can make a child born in a cgroup v2 directory (clone3 with
+    CLONE_INTO_CGROUP): tried once, with a child born in our own v2 cgroup that exits at once,
+    and remembered (a forked shim inherits its template's answer). False where the kernel (before
+    5.7) or a seccomp filter (Docker's default answers clone3 ENOSYS) refuses it, or where there
+    is no v2 hierarchy to try it on: then a process moves into its v2 cgroup by cgroup.procs.
+    """
+    if not _birth_in_v2:
+        _birth_in_v2.append(_try_birth_in_v2())
+    return _birth_in_v2[0]
+
+
+def _try_birth_in_v2() -> bool:
+    own = next((h.directory(h.own_path) for h in discover_hierarchies() if h.key == V2), None)
+    if own is None:
+        return False
+    try:
+        fd = os.open(own, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        old_mask = linux.block_all_signals()  # the child runs no Python handler: it only exits
+        try:
+            pid = linux.fork_into_cgroup(fd)
+            if pid == 0:
+                os._exit(0)
+        finally:
+            linux.set_signal_mask(old_mask)
+    except OSError as exc:
+        if exc.errno in linux.CLONE3_REFUSED or exc.errno in (errno.EBADF, errno.EOPNOTSUPP, errno.EBUSY):
+            return False
+        raise
+    finally:
+        os.close(fd)
+    try:
+        os.waitpid(pid, 0)
+    except ChildProcessError:
+        pass  # a reaper of this process took it
+    return True
 
 
 def entry_files(procs_files: Iterable[str]) -> tuple[list[str], list[str]]:

@@ -86,6 +86,7 @@ def _preload() -> None:
     from shim.rpc.channel import install_uvloop
 
     install_uvloop()
+    cgroups.birth_in_v2_allowed()  # asked once here: every shim forked from us inherits the answer
     try:
         import uvloop  # noqa: F401
     except ImportError:  # pragma: no cover

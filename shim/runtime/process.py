@@ -16,8 +16,10 @@ The least work that gives a process its namespaces, with no subprocess and no he
 A is needed because unshare(CLONE_NEWPID) and setns() of a pid namespace only move the
 caller's *children* into it, and because moving a process into a cgroup v2 directory takes a
 global kernel lock whose writer waits an RCU grace period (6-8 ms here), while a child born
-there takes none (:func:`shim.kernel.cgroups.entry_files`). Without a pid namespace to enter
-or a v2 cgroup, A becomes the process itself. The direct path needs none of that: the kernel
+there takes none (:func:`shim.kernel.cgroups.entry_files`). Where clone3 is refused (a kernel
+before 5.7, a seccomp filter), A moves itself into the v2 cgroup first thing instead, as into the
+v1 ones (:func:`shim.kernel.cgroups.birth_in_v2_allowed`). Without a pid namespace to enter
+or a v2 cgroup to be born in, A becomes the process itself. The direct path needs none of that: the kernel
 makes the namespaces and puts the process in its cgroup at its birth; it is taken while the shim
 has one thread (the child of a raw clone3 skips the after-fork work that makes a fork of a
 threaded process safe), and where the kernel and any seccomp filter allow clone3.
@@ -183,6 +185,7 @@ class _Plan:
     name: str
     cgroup_tasks: tuple[str, ...]  # v1 ``tasks`` files A writes "0" to (cgroups.entry_files)
     cgroup_v2: str | None  # the v2 directory the process is born in (fork_into_cgroup)
+    cgroup_v2_procs: str | None  # the v2 cgroup.procs A writes itself to first, where no birth there
     join: list[tuple[int, int, str]]  # fd, CLONE_NEW* type, path
     unshare_flags: int
     second_fork: bool
@@ -312,10 +315,18 @@ def _plan(spec: ProcessSpec) -> _Plan:
         # It is born in its v2 cgroup after the namespaces are entered: a cgroup namespace would
         # be rooted at the shim's cgroup, or (joined, with nsdelegate) not see the sandbox's.
         raise InvalidArgument(f"the {spec.name} cannot get a cgroup namespace and a cgroup v2 directory at once")
+    if v2_dirs and not cgroups.birth_in_v2_allowed():
+        # No clone3 into a cgroup here: A moves itself first thing, before any namespace is
+        # joined (the grace period, as runc pays it), and the process is its child or itself.
+        v2_procs, v2_dirs = os.path.join(v2_dirs[0], "cgroup.procs"), []
+        clone3_ok = False
+    else:
+        v2_procs, clone3_ok = None, True
     return _Plan(
         name=spec.name,
         cgroup_tasks=tuple(tasks),
         cgroup_v2=v2_dirs[0] if v2_dirs else None,
+        cgroup_v2_procs=v2_procs,
         join=[],  # opened last, once the spec is known to be valid
         unshare_flags=spec.unshare_flags,
         # A second fork enters a new pid namespace, and a cgroup v2 directory without the
@@ -324,7 +335,7 @@ def _plan(spec: ProcessSpec) -> _Plan:
         or any(nstype == linux.CLONE_NEWPID for _, nstype in spec.join),
         # New namespaces (a pid namespace among them) and no pid or mount namespace to join nor
         # mounts to take from another one first: the namespaces can be made at the birth.
-        direct=bool(spec.unshare_flags & linux.CLONE_NEWPID) and not spec.binds_from
+        direct=clone3_ok and bool(spec.unshare_flags & linux.CLONE_NEWPID) and not spec.binds_from
         and not any(nstype in (linux.CLONE_NEWPID, linux.CLONE_NEWNS) for _, nstype in spec.join),
         hostname=spec.hostname,
         sysctls=[(k, "/proc/sys/" + k.replace(".", "/"), v.encode()) for k, v in spec.sysctls.items()],
@@ -588,7 +599,7 @@ def _child_a(plan: _Plan, write_fd: int) -> NoReturn:
             os.write(write_fd, b"P%d\n" % os.getpid())
             _child_b(plan, write_fd)
         steps[0] = f"forking the {plan.name}"
-        pid_b = _fork_b(plan) if plan.cgroup_v2_fd >= 0 else os.fork()
+        pid_b = linux.fork_into_cgroup(plan.cgroup_v2_fd) if plan.cgroup_v2_fd >= 0 else os.fork()
         if pid_b == 0:
             _child_b(plan, write_fd)
         os.write(write_fd, b"P%d\n" % pid_b)
@@ -623,6 +634,9 @@ def _enter_cgroups_and_namespaces(plan: _Plan, steps: list[str]) -> None:
     for tasks in plan.cgroup_tasks:
         steps[0] = f"joining cgroup {os.path.dirname(tasks)}"
         linux.write_file(tasks, b"0")
+    if plan.cgroup_v2_procs is not None:
+        steps[0] = f"joining cgroup {os.path.dirname(plan.cgroup_v2_procs)}"
+        linux.write_file(plan.cgroup_v2_procs, b"0")
     trees = []
     for fd, source, target in plan.binds_from:
         # Taken before any setns: a detached copy can be attached in the new namespace below.
@@ -657,25 +671,6 @@ def _enter_cgroups_and_namespaces(plan: _Plan, steps: list[str]) -> None:
         steps[0] = "mounting a tmpfs on /dev/shm"
         flags = linux.MS_NOSUID | linux.MS_NODEV | linux.MS_NOEXEC
         linux.mount("shm", "/dev/shm", "tmpfs", flags, plan.shm_options)
-
-
-def _fork_b(plan: _Plan) -> int:
-    """In A: fork B into the cgroup v2 directory; where the kernel cannot (no clone3 or
-    CLONE_INTO_CGROUP, or a seccomp filter that refuses it), move A there first and fork."""
-    try:
-        return linux.fork_into_cgroup(plan.cgroup_v2_fd)
-    except OSError as exc:
-        if exc.errno not in linux.CLONE3_REFUSED:
-            raise
-    # The slow way, still before B exists: A, with its one thread, moves (the grace period).
-    # Through the directory the shim opened: A may be in another mount namespace by now (an
-    # exec joins the task's), where the host's path to it does not lead there.
-    fd = os.open("cgroup.procs", os.O_WRONLY | os.O_CLOEXEC, dir_fd=plan.cgroup_v2_fd)
-    try:
-        os.write(fd, b"0")
-    finally:
-        os.close(fd)
-    return os.fork()
 
 
 def _child_b(plan: _Plan, write_fd: int) -> NoReturn:
