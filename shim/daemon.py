@@ -71,11 +71,11 @@ def serve_forever(config: ShimConfig, listener: socket.socket, *, owns_socket: b
 
 
 class Assignment(NamedTuple):
-    """What a spare shim is given to serve: its sandbox, its bound socket, where to say "R"."""
+    """What a spare shim is given to serve: its sandbox and its bound socket (its first
+    state.json is written already, by the template)."""
 
     config: ShimConfig
     listener: socket.socket
-    ready_fd: int
 
 
 def serve_when_assigned(assignment: Callable[[], Awaitable[Assignment | None]], made_netns: int | None) -> int:
@@ -98,7 +98,7 @@ def serve_when_assigned(assignment: Callable[[], Awaitable[Assignment | None]], 
             base.close()
             return 0
         set_process_name("podshim-shim")
-        return await _serve(base, given.config, given.listener, True, given.ready_fd, False, False, made_netns)
+        return await _serve(base, given.config, given.listener, True, None, False, True, made_netns)
 
     with asyncio.Runner() as runner:
         return runner.run(main())

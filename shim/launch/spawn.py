@@ -5,9 +5,9 @@ shim is re-parented when ``start`` exits) and the template (long-lived: a double
 template is never the shim's parent and may die or restart under it).
 
 The template also keeps a *spare* (:func:`fork_spare`): a shim double-forked ahead of time that
-waits, detached, for its sandbox. A Spawn hands it the config and the bound socket and is
-answered once it serves, without a fork on the way; the template forks the next spare after
-answering.
+waits, detached, for its sandbox. A Spawn records it (state.json), hands it the config and the
+bound socket and is answered at once, without a fork on the way: calls made meanwhile wait in
+the socket's backlog until it serves. The template forks the next spare after answering.
 """
 
 from __future__ import annotations
@@ -96,7 +96,7 @@ class Spare(Record):
 
     ``channel``: the template's end of the spare's socket pair ("P<pid>" from the intermediate
     child and "S" from the spare come in before it counts as a spare; then the assignment goes
-    out and "R" comes back). ``taken``: an assignment was sent. Closing the channel without
+    out, and the Spawn is answered). ``taken``: an assignment was sent. Closing the channel without
     one retires the spare: it exits.
     """
 
@@ -240,11 +240,12 @@ async def _assignment(channel: socket.socket) -> Any:
     config = ShimConfig(**assignment["config"])
     os.set_inheritable(fds[0], False)  # received without close-on-exec
     listener = socket.socket(fileno=fds[0])
+    channel.close()  # the template answered its Spawn already: nobody waits for our "R"
     _stdio_to(os.path.join(config.bundle, LOG_FILE))
     _reseed()
     if assignment.get("debug"):
         setup_logging(True)
-    return Assignment(config, listener, channel.detach())
+    return Assignment(config, listener)
 
 
 def _make_netns_ahead() -> int | None:
@@ -296,22 +297,19 @@ def spawn_shim(config: Any, *, debug: bool = False, double_fork: bool = False,
     if spare is not None:
         spare.taken = True
         try:
+            # The spare's first state.json, before it has its sandbox: nobody can call it yet, so
+            # this hides no newer record of its own, and whoever dies from here on leaves a shim
+            # that `podshim delete` finds.
+            _record_shim(config, spare.pid)
             if _assign(spare, config, sock, debug):
                 sock.close()
-                # The shim writes its own first state.json (a template that dies from here on
-                # leaves a shim `podshim delete` can find); meanwhile its bootstrap, taken back
-                # if it does not come up.
+                # Answered now: the socket is bound and listening, so a call made at once waits
+                # in its backlog until the spare serves (its set-up runs meanwhile, instead of
+                # before the answer). A spare that dies first closes the socket: that call fails
+                # UNAVAILABLE, and state.json names the shim for `podshim delete`.
                 result = bootstrap(address, spare.pid)
-                boot_path = os.path.join(config.bundle, BOOTSTRAP_FILE)
-                write_json_atomic(boot_path, result, mode=0o644, durable=False)
-                _, ready = _wait_ready(spare.channel.fileno(), START_TIMEOUT)
-                if ready:
-                    return result
-                try:
-                    os.unlink(boot_path)
-                except FileNotFoundError:
-                    pass
-                _started(config, address, spare.pid, None, ready)  # raises Unavailable
+                write_json_atomic(os.path.join(config.bundle, BOOTSTRAP_FILE), result, mode=0o644, durable=False)
+                return result
         finally:
             spare.close()
     ready_r, ready_w = os.pipe2(os.O_CLOEXEC)
