@@ -15,10 +15,10 @@ import time
 
 import pytest
 
-from shim.paths import control_socket_path
+from shim.paths import control_socket_path, socket_path
 from shim.rpc import Client, blocking
 from shim.rpc.api import SANDBOX_SERVICE, TEMPLATE_SERVICE
-from shim.rpc.status import InvalidArgument
+from shim.rpc.status import InvalidArgument, Unavailable
 
 from proctools import alive, wait_gone, wait_gone_async
 
@@ -250,9 +250,11 @@ def test_template_hands_its_spare_to_the_next_spawn_and_forks_another(roots, tem
     assert spare > 0 and _comm(spare) == "podshim-spare"
     result = start_shim(roots, "s1")
     assert result["pid"] == spare
-    assert _comm(spare) == "podshim-shim"
     with open(os.path.join(roots[1], "s1", "state.json")) as f:  # `podshim delete` can find it
         assert json.load(f)["shim_pid"] == spare
+    # Answered before the spare serves (protocol.md 7.5): a call made now waits in the backlog.
+    assert blocking.call(result["address"], SANDBOX_SERVICE, "PingSandbox", {"sandbox_id": "s1"}, timeout=5) == {}
+    assert _comm(spare) == "podshim-shim"
     # The template forks the next spare after answering the Spawn and before it serves the
     # next call, so this Ping already names it, ready.
     nxt = _ping(template)["spare_pid"]
@@ -496,3 +498,30 @@ def test_template_holds_the_cgroup_parent_of_its_namespaces_until_it_stops(roots
     template.stop()
     # Its holds are gone, and with them the parents nothing else uses (h1 never started: no cgroup).
     assert not any(os.path.exists(os.path.dirname(hold)) for hold in holds)
+
+
+async def test_a_spare_killed_before_it_serves_fails_the_first_call_and_podshim_delete_ends_it(roots, template):
+    # The Spawn is answered once the spare has its socket and sandbox (protocol.md 7.5); a spare
+    # stopped, and killed, before it serves: the call waiting in its socket fails UNAVAILABLE,
+    # and its state.json, written by the template, lets `podshim delete` clean up.
+    spare = _ping(template)["spare_pid"]
+    assert spare > 0
+    os.kill(spare, signal.SIGSTOP)
+    try:
+        result = start_shim(roots, "k1")
+        assert result["pid"] == spare
+        with open(os.path.join(roots[1], "k1", "state.json")) as f:
+            assert json.load(f)["shim_pid"] == spare
+        client = await Client.connect(result["address"], namespace="tpl")  # the backlog takes it
+    finally:
+        os.kill(spare, signal.SIGKILL)
+    try:
+        with pytest.raises(Unavailable):
+            await client.call(SANDBOX_SERVICE, "PingSandbox", {"sandbox_id": "k1"}, timeout=10)
+    finally:
+        await client.aclose()
+    assert not await wait_gone_async(spare)
+    done = subprocess.run([*PODSHIM, "delete", "--namespace", "tpl", "--id", "k1", "--bundle",
+                           str(roots[1] / "k1"), "--runtime-root", roots[0]], capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0, done.stderr
+    assert not os.path.exists(socket_path("tpl", "k1", roots[0]))
