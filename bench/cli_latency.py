@@ -50,7 +50,7 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from bench.common import compile_bytecode, percentile, wait_pidfd  # noqa: E402
+from bench.common import compile_bytecode, not_root, percentile, wait_pidfd  # noqa: E402
 from shim.launch.install import podshim_argv  # noqa: E402
 from shim.launch.template import stop_template  # noqa: E402
 
@@ -289,8 +289,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--before", metavar="DIR", help="a checkout whose code the `python -m` rows run (site)")
     p.add_argument("--systemd", action="store_true", help="also time systemctl start in systemd-nspawn")
     args = p.parse_args(argv)
-    if os.geteuid() != 0:
-        print("run as root: shims make namespaces and cgroups", file=sys.stderr)
+    if not_root("shims make namespaces and cgroups"):
         return 2
     for tree in filter(None, (REPO, args.before)):
         compile_bytecode(tree)

@@ -16,6 +16,7 @@ import select
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -32,6 +33,7 @@ __all__ = [
     "floor_cycle",
     "handles_signal",
     "memory",
+    "not_root",
     "parent_of",
     "percentile",
     "podshimd_netns",
@@ -47,13 +49,19 @@ FLOOR_ARGV = ("unshare", "--fork", "--pid", "--net", "--ipc", "--uts", "--mount"
 READY_POLL = 0.0005
 
 
+def not_root(reason: str) -> bool:
+    """Whether this bench runs without root, which it needs because of ``reason``; if so, it says
+    ``run as root: REASON`` on stderr, and the bench exits 2."""
+    if os.geteuid() == 0:
+        return False
+    print(f"run as root: {reason}", file=sys.stderr)
+    return True
+
+
 def compile_bytecode(repo: str) -> None:
     """Write the bytecode of ``repo``'s packages, as an installer does: with PYTHONDONTWRITEBYTECODE
     set (a test harness may set it) and sources newer than their .pyc, every process would
     compile them again, tens of milliseconds that no installed podshim pays."""
-    import subprocess
-    import sys
-
     subprocess.run([sys.executable, "-m", "compileall", "-q", *(os.path.join(repo, p) for p in ("shim", "client"))],
                    check=True, stdout=subprocess.DEVNULL)
 

@@ -45,7 +45,7 @@ from typing import Any
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from bench.common import percentile, podshimd_netns, remove_cri_pods, remove_netns  # noqa: E402
+from bench.common import not_root, percentile, podshimd_netns, remove_cri_pods, remove_netns  # noqa: E402
 from bench.compare.run import (CGROUP_ROOT, IMAGE, Janitor, PrivateContainerd, build_pause_image, log,  # noqa: E402
                                remove_if_ours, run, stop_process, sweep, unmount_under)
 from shim.launch.template import stop_template  # noqa: E402
@@ -382,8 +382,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.cycles < 1 or args.pods < 1:
         p.error("--cycles and --pods must be positive")
-    if os.geteuid() != 0:
-        print("run as root: it makes a network namespace and starts two CRI runtimes", file=sys.stderr)
+    if not_root("it makes a network namespace and starts two CRI runtimes"):
         return 2
     janitor = Janitor()
     janitor.install()

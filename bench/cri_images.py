@@ -30,6 +30,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 sys.path.insert(1, os.path.join(REPO, "tests"))  # the tests' registry and image builders
 
+from bench.common import not_root  # noqa: E402
 from bench.compare.run import IMAGE, Janitor, build_pause_image, log, run  # noqa: E402
 from bench.cri_cycle import CNI_BIN, CriContainerd, remove_runc_root_later  # noqa: E402
 
@@ -61,8 +62,7 @@ def bench_parser(doc: str) -> argparse.ArgumentParser:
 def run_inside_netns(argv: list[str], prefix: str) -> int:
     """Run ``sys.argv[0] ARGV --inside-netns`` in a new network namespace (and IPC namespace) and
     remove the namespace afterwards; the inner run's exit status."""
-    if os.geteuid() != 0:
-        print("run as root: it makes a network namespace and starts CRI runtimes in it", file=sys.stderr)
+    if not_root("it makes a network namespace and starts CRI runtimes in it"):
         return 2
     janitor = Janitor()
     janitor.install()

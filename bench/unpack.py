@@ -36,6 +36,7 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
+from bench.common import not_root  # noqa: E402
 from bench.compare.run import Janitor, PrivateContainerd, log, run  # noqa: E402
 from client.images import snapshots  # noqa: E402
 from client.images.snapshots import Snapshotter  # noqa: E402
@@ -168,8 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=3, help="rounds; the median is printed (3)")
     p.add_argument("--no-containerd", action="store_true", help="measure podshim and GNU tar only")
     args = p.parse_args(argv)
-    if os.geteuid() != 0:
-        print("run as root: layers hold files of every owner, devices and trusted xattrs", file=sys.stderr)
+    if not_root("layers hold files of every owner, devices and trusted xattrs"):
         return 2
     janitor = Janitor()
     janitor.install()

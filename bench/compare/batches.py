@@ -24,7 +24,7 @@ import tempfile
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, REPO)
 
-from bench.common import compile_bytecode  # noqa: E402
+from bench.common import compile_bytecode, not_root  # noqa: E402
 from bench.compare.run import (FloorCgroup, Janitor, Podshim, delete_leftover_sandboxes,  # noqa: E402
                                timed_spawner)
 from shim.launch.template import stop_template  # noqa: E402
@@ -76,8 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.cycles < 1 or args.warmup < 1:
         p.error("--cycles and --warmup must be positive (the first cycle starts the template)")
-    if os.geteuid() != 0:
-        print("run as root: the shims make namespaces and cgroups", file=sys.stderr)
+    if not_root("the shims make namespaces and cgroups"):
         return 2
     compile_bytecode(REPO)
     from shim.rpc.channel import install_uvloop

@@ -74,7 +74,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 sys.path.insert(0, REPO)
 
 from bench.common import (Memory, children_of, compile_bytecode, floor_cgroup_cycle, floor_cycle,  # noqa: E402
-                          handles_signal, memory,
+                          handles_signal, memory, not_root,
                           parent_of, template_memory,
                           percentile, signal_pid, wait_pidfd)
 from shim.launch.template import stop_template  # noqa: E402
@@ -1034,8 +1034,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    if os.geteuid() != 0:
-        print("run as root: it starts containerd, runc and shims that make namespaces and cgroups", file=sys.stderr)
+    if not_root("it starts containerd, runc and shims that make namespaces and cgroups"):
         return 2
     t_start = time.perf_counter()
     janitor = Janitor()
