@@ -313,8 +313,7 @@ def _serve(runtime_root: str, pause_binary: str | None, ready_fd: int | None) ->
     # Everything imported so far is shared with every shim forked from here: freezing it keeps
     # the children's garbage collector from writing to (and so copying) those pages.
     gc.collect()
-    gc.freeze()
-    long_running()  # started with the collector off (shim.launch.install)
+    long_running()  # freezes it, and turns the collector on (started off: shim.launch.install)
     template = _Template(runtime_root, pause_binary, listener, path)
     from shim.kernel.cgroups import remove_stale_holds
 
