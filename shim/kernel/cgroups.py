@@ -23,6 +23,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 from shim.kernel import linux
+from shim.rpc.processes import process_alive
 from shim.rpc.records import Record, set_field as _set
 from shim.rpc.status import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound, error_from_oserror
 
@@ -272,8 +273,10 @@ def remove_stale_holds() -> list[str]:
             for name in entries:
                 # Our own pid too: the caller sweeps before it holds anything, so a hold with
                 # our pid is a dead process's whose pid we were given (a restarted container).
+                # A stale hold's pid may have been reused: it stays while that new process lives.
                 pid_text = name[len(HOLD_PREFIX):]
-                if name.startswith(HOLD_PREFIX) and (pid_text == str(os.getpid()) or not _holder_alive(pid_text)):
+                if name.startswith(HOLD_PREFIX) and (pid_text == str(os.getpid()) or not pid_text.isdigit()
+                                                     or not process_alive(int(pid_text), None)):
                     try:
                         os.rmdir(os.path.join(directory, name))
                         removed.append(os.path.join(directory, name))
@@ -286,20 +289,6 @@ def remove_stale_holds() -> list[str]:
                 except OSError:
                     break
     return removed
-
-
-def _holder_alive(pid_text: str) -> bool:
-    """Whether the process that made a hold is still there (pid reuse keeps a stale hold only
-    while the new process with that pid lives)."""
-    if not pid_text.isdigit():
-        return False
-    try:
-        os.kill(int(pid_text), 0)
-    except ProcessLookupError:
-        return False
-    except OSError:
-        return True
-    return True
 
 
 def _unescape(text: str) -> str:
