@@ -68,7 +68,7 @@ from client.cri.resources import shim_resources
 from client.cri.store import ContainerRecord, ContainerState, PodRecord, PodState, PodStore
 from client.phases import phase
 
-__all__ = ["DEFAULT_NAMESPACE", "RUNTIME_HANDLERS", "PodEntry", "PodService", "open_pod_service"]
+__all__ = ["DEFAULT_NAMESPACE", "RUNTIME_HANDLERS", "PodEntry", "PodService", "keep_newest", "open_pod_service"]
 
 log = logging.getLogger(__name__)
 
@@ -753,7 +753,7 @@ class PodService:
         if cached is not None and cached[0] is record:
             return cached[1]
         cfg = PodSandboxConfig.from_json(record.config)
-        _keep(self._configs, record.pod_id, (record, cfg))
+        keep_newest(self._configs, record.pod_id, (record, cfg), _CONFIGS_KEPT)
         return cfg
 
     def _entry_of(self, record: PodRecord) -> PodEntry:
@@ -774,7 +774,7 @@ class PodService:
             "labels": MappingProxyType(record.labels), "annotations": MappingProxyType(record.annotations),
             "runtime_handler": record.runtime_handler, "ip": record.ip,
             "host_network": self._config_of(record).host_network})
-        _keep(self._entries, record.pod_id, (record, entry))
+        keep_newest(self._entries, record.pod_id, (record, entry), _CONFIGS_KEPT)
         return entry
 
     async def list_pod_sandbox(self, filter: Mapping[str, Any] | None = None) -> list[PodEntry]:
@@ -1393,10 +1393,11 @@ def _check_sandbox_config(pod: PodRecord, sandbox_config: PodSandboxConfig | Map
 _T = TypeVar("_T")
 
 
-def _keep(kept: dict[str, _T], pod_id: str, value: _T) -> None:
-    """``value`` kept under ``pod_id`` as the newest of at most :data:`_CONFIGS_KEPT`: a pod's
-    older value is replaced (it pushes no other pod out); else the oldest pod's goes."""
-    if kept.pop(pod_id, None) is None and len(kept) >= _CONFIGS_KEPT:
+def keep_newest(kept: dict[str, _T], pod_id: str, value: _T, limit: int) -> None:
+    """``value`` kept under ``pod_id`` as the newest of at most ``limit`` (a per-pod cache: the
+    pod layer's parsed configs and list entries, podshimd's encoded PodSandboxes): a pod's older
+    value is replaced (it pushes no other pod out); else the oldest pod's goes."""
+    if kept.pop(pod_id, None) is None and len(kept) >= limit:
         kept.pop(next(iter(kept)))
     kept[pod_id] = value
 

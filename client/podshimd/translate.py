@@ -16,7 +16,7 @@ from google.protobuf import json_format
 from google.protobuf.message import Message
 
 from client.cri.configs import ContainerConfig, PodSandboxConfig
-from client.cri.pod import PodEntry
+from client.cri.pod import PodEntry, keep_newest
 from client.criapi import api_pb2
 from shim.rpc.status import InvalidArgument
 
@@ -132,10 +132,7 @@ class PodSandboxes:
     def _encode(self, entry: Mapping[str, Any]) -> bytes:
         data = api_pb2.ListPodSandboxResponse(items=[pod_sandbox(entry)]).SerializeToString()
         if type(entry) is PodEntry:
-            self._encoded.pop(entry["id"], None)
-            if len(self._encoded) >= self.kept:
-                self._encoded.pop(next(iter(self._encoded)))
-            self._encoded[entry["id"]] = (entry, data)
+            keep_newest(self._encoded, entry["id"], (entry, data), self.kept)
         return data
 
 
