@@ -217,18 +217,11 @@ def _spare_wait(channel: socket.socket) -> NoReturn:
 async def _assignment(channel: socket.socket) -> Any:
     """The spare's assignment (a :class:`shim.daemon.Assignment`), read from ``channel`` once it
     comes, with stdio moved to the sandbox's log; None when the template retired us (or died)."""
-    import asyncio
-
     from shim.daemon import Assignment, setup_logging
+    from shim.runtime.pipes import wait_ready
     from shim.sandbox.sandbox import ShimConfig
 
-    loop = asyncio.get_running_loop()
-    readable = loop.create_future()
-    loop.add_reader(channel.fileno(), lambda: readable.done() or readable.set_result(None))
-    try:
-        await readable
-    finally:
-        loop.remove_reader(channel.fileno())
+    await wait_ready(channel.fileno(), writable=False)
     message, fds, _, _ = socket.recv_fds(channel, 65536, 1)
     if not message:
         for fd in fds:
