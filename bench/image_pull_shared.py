@@ -22,7 +22,6 @@ import asyncio
 import json
 import os
 import random
-import re
 import shutil
 import statistics
 import subprocess
@@ -58,10 +57,6 @@ def random_layers(total_mb: int, count: int, seed: int) -> list[dict[str, bytes]
     rng = random.Random(seed)
     per_layer = max(1, total_mb * 1024 * 1024 // count)
     return [{f"bench/shared-{seed}-{n:02d}/data": rng.randbytes(per_layer)} for n in range(count)]
-
-
-def blob_gets(log_text: str) -> int:
-    return len(re.findall(r'"GET /v2/\S+/blobs/sha256:[0-9a-f]{64} HTTP/', log_text))
 
 
 def main() -> int:
@@ -116,9 +111,9 @@ def main() -> int:
             keys = list(trees)
             for i in range(args.runs):
                 for key in keys[i % len(keys):] + keys[:i % len(keys)]:
-                    served = blob_gets(registry.log())
+                    served = len(registry.blob_gets())
                     times[key].append(pull(key))
-                    gets[key].append(blob_gets(registry.log()) - served)
+                    gets[key].append(len(registry.blob_gets()) - served)
                 print(f"run {i + 1}/{args.runs}: " + "; ".join(f"{k} {times[k][-1]:.0f} ms ({gets[k][-1]} blob GETs)"
                                                             for k in keys), file=sys.stderr, flush=True)
             load_after = os.getloadavg()[0]

@@ -23,6 +23,7 @@ import ctypes
 import ctypes.util
 import http.client
 import os
+import re
 import select
 import shutil
 import signal
@@ -78,6 +79,11 @@ class Registry:
     def log(self) -> str:
         with open(os.path.join(self.directory, "registry.log"), errors="replace") as f:
             return f.read()
+
+    def blob_gets(self) -> list[str]:
+        """The digests of the blobs the registry has served (GET /v2/.../blobs/...), in its access
+        log's order."""
+        return re.findall(r'"GET /v2/\S+/blobs/(sha256:[0-9a-f]{64}) HTTP/', self.log())
 
     def get(self, path: str, headers: dict[str, str] | None = None) -> tuple[int, dict[str, str], bytes]:
         """``GET path`` on the registry (with its credentials, if any): status, headers, body."""

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import socket
 import subprocess
@@ -173,10 +172,10 @@ def test_an_image_on_a_base_the_node_has_fetches_only_its_own_blobs_and_both_run
     base = test_images.build("cri-shared-base", [{"shared/base": "the base layer"}])
     top = test_images.build("cri-shared-top", [{"shared/top": "the top layer"}], base="cri-shared-base")
     daemon.crictl(crictl, "pull", base.ref)
-    served = len(blob_gets(test_images.registry))
+    served = len(test_images.registry.blob_gets())
     daemon.crictl(crictl, "pull", top.ref)
     [own_layer] = [digest for digest in _layers(top) if digest not in _layers(base)]
-    fetched = blob_gets(test_images.registry)[served:]
+    fetched = test_images.registry.blob_gets()[served:]
     assert own_layer in fetched and not set(fetched) & set(_layers(base))  # the shared blobs are taken from the node
     pod_path = tmp_path / "pod.json"
     pod_path.write_text(json.dumps(pod_config()))
@@ -193,11 +192,6 @@ def test_an_image_on_a_base_the_node_has_fetches_only_its_own_blobs_and_both_run
             assert daemon.crictl(crictl, "exec", "-s", container_id, "cat", "/" + path).stdout.strip() == content, name
     finally:
         daemon.crictl(crictl, "rmp", "-f", pod_id)
-
-
-def blob_gets(registry) -> list[str]:
-    """The blob digests the registry served, from its access log."""
-    return re.findall(r'"GET /v2/\S+/blobs/(sha256:[0-9a-f]{64}) HTTP/', registry.log())
 
 
 def _layers(image) -> list[str]:

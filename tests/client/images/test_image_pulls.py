@@ -8,7 +8,6 @@ import base64
 import contextlib
 import json
 import os
-import re
 import shutil
 import socket
 import stat
@@ -201,11 +200,6 @@ async def test_each_layer_is_unpacked_as_its_blob_arrives_and_committed_by_a_ren
     assert leftovers(images) == [] and staging_dirs(images) == []
 
 
-def blob_gets(registry: Registry) -> list[str]:
-    """The digests of the blobs the registry has served (GET /v2/.../blobs/...), in its log's order."""
-    return re.findall(r'"GET /v2/\S+/blobs/(sha256:[0-9a-f]{64}) HTTP/', registry.log())  # its access log
-
-
 async def test_a_pull_downloads_and_unpacks_only_the_layers_the_node_lacks(tmp_path, test_images, monkeypatch):
     base = test_images.build("reuse-base", [{"reuse/base": "the base"}, {"reuse/middle": "the middle"}])
     top = test_images.build("reuse-top", [{"reuse/top": "the top"}], base="reuse-base")
@@ -221,11 +215,11 @@ async def test_a_pull_downloads_and_unpacks_only_the_layers_the_node_lacks(tmp_p
     monkeypatch.setattr(Staging, "stage", lambda self, path: counted(stage, path, self, path))
     monkeypatch.setattr(images.snapshots, "_unpack_layer", lambda chain_id, diff_id, path, media_type: (
         counted(unpack_layer, path, chain_id, diff_id, path, media_type)))
-    served = len(blob_gets(test_images.registry))
+    served = len(test_images.registry.blob_gets())
     second = await images.pull(top.ref)
     new = second.layers[-1].digest
     assert [layer.digest for layer in second.layers[:-1]] == [layer.digest for layer in first.layers]
-    assert set(blob_gets(test_images.registry)[served:]) == {new, second.image_id}  # only what the node lacked
+    assert set(test_images.registry.blob_gets()[served:]) == {new, second.image_id}  # only what the node lacked
     assert unpacked == [new]
     assert_complete(images, second)
     assert images.snapshots.read_file(second.chain_id, "reuse/top") == b"the top"
@@ -271,11 +265,11 @@ async def test_a_damaged_layer_blob_an_index_shares_is_downloaded_again(tmp_path
     images = images_for(tmp_path, test_images.registry)
     shared = (await images.pull(first.ref)).layers[-1].digest
     flip_a_byte(images.content.path(shared))
-    served = len(blob_gets(test_images.registry))
+    served = len(test_images.registry.blob_gets())
     # an index: the manifest is known only once skopeo has copied, so the damage shows after it
     other = await images.pull(second.ref)
     assert other.layers[-1].digest == shared
-    assert shared in blob_gets(test_images.registry)[served:]
+    assert shared in test_images.registry.blob_gets()[served:]
     assert images.snapshots.read_file(other.chain_id, "heal-index") == b"shared layer"
     assert images.content.check(shared)
     assert_complete(images, other)
@@ -319,9 +313,9 @@ async def test_a_layer_blob_replaced_by_a_symbolic_link_is_downloaded_again(tmp_
     images = images_for(tmp_path, test_images.registry)
     shared = (await images.pull(first.ref)).layers[-1].digest
     link_a_copy(images.content.path(shared), tmp_path)
-    served = len(blob_gets(test_images.registry))
+    served = len(test_images.registry.blob_gets())
     other = await images.pull(second.ref)
-    assert shared in blob_gets(test_images.registry)[served:]
+    assert shared in test_images.registry.blob_gets()[served:]
     assert not os.path.islink(images.content.path(shared)) and images.content.check(shared)
     assert images.snapshots.read_file(other.chain_id, "link") == b"shared layer"
     assert_complete(images, other)
@@ -333,9 +327,9 @@ async def test_a_layer_blob_replaced_by_a_symbolic_link_is_fetched_again_when_it
     record = await images.pull(test_images.busybox.ref)
     link_a_copy(images.content.path(record.layers[0].digest), tmp_path)
     images.snapshots.gc(set())  # the layer snapshots are lost: the next pull unpacks the stored blobs
-    served = len(blob_gets(test_images.registry))
+    served = len(test_images.registry.blob_gets())
     assert await images.pull(test_images.busybox.ref) == record
-    assert record.layers[0].digest in blob_gets(test_images.registry)[served:]
+    assert record.layers[0].digest in test_images.registry.blob_gets()[served:]
     assert not os.path.islink(images.content.path(record.layers[0].digest))
     assert all(images.content.check(layer.digest) for layer in record.layers)
     assert leftovers(images) == [] and staging_dirs(images) == []
