@@ -53,11 +53,6 @@ def mounts_under(directory: str) -> list[str]:
         return [line for line in f if directory in line]
 
 
-def same_file(a: str, b: str) -> bool:
-    sa, sb = os.stat(a), os.stat(b)
-    return (sa.st_dev, sa.st_ino) == (sb.st_dev, sb.st_ino)
-
-
 def write_json(path, doc) -> str:
     path.write_text(json.dumps(doc))
     return str(path)
@@ -75,7 +70,7 @@ def test_runp_runs_the_sandbox_image_pause_and_rmp_leaves_nothing(pause_daemon, 
         assert info["image"] == image.ref and info["image_id"].startswith("sha256:")
         assert active_snapshots(daemon) == [f"sandbox-{pod_id}"]
         # Its root is the snapshot the shim mounted, its argv the image's Entrypoint + Cmd.
-        assert same_file(f"/proc/{pid}/root", os.path.join(bundle, "rootfs"))
+        assert os.path.samefile(f"/proc/{pid}/root", os.path.join(bundle, "rootfs"))
         with open(f"/proc/{pid}/cmdline", "rb") as f:
             argv = f.read().split(b"\0")[:-1]
         assert argv == [a.encode() for a in (*image.config.entrypoint, *(image.config.cmd or ()))]
@@ -116,7 +111,7 @@ def test_a_host_network_and_host_pid_pod_runs_the_sandbox_image_pause(pause_daem
     try:
         info = json.loads(daemon.crictl(crictl, "inspectp", pod_id).stdout)["info"]
         pid = info["pid"]
-        assert same_file(f"/proc/{pid}/root", os.path.join(info["shim"]["bundle"], "rootfs"))
+        assert os.path.samefile(f"/proc/{pid}/root", os.path.join(info["shim"]["bundle"], "rootfs"))
         assert ns_inode(pid, "net") == ns_inode(os.getpid(), "net")
         assert ns_inode(pid, "pid") == ns_inode(os.getpid(), "pid")
         daemon.crictl(crictl, "rmp", "-f", pod_id)

@@ -49,11 +49,6 @@ def bind(root: str) -> list[dict]:
     return [{"type": "bind", "source": root, "options": ["rbind", "rw"]}]
 
 
-def same_file(a: str, b: str) -> bool:
-    sa, sb = os.stat(a), os.stat(b)
-    return (sa.st_dev, sa.st_ino) == (sb.st_dev, sb.st_ino)
-
-
 @pytest.mark.parametrize("kind", list(PAUSES))
 @pytest.mark.parametrize("handler", HANDLERS)
 async def test_the_pause_is_the_image_program_in_its_rootfs(shims: ShimLauncher, pause_roots, handler, kind, tmp_path):
@@ -63,8 +58,8 @@ async def test_the_pause_is_the_image_program_in_its_rootfs(shims: ShimLauncher,
                                  options={"runtime_handler": handler, "pause_image": {**image, "image": f"x/{kind}"}})
     mount_point = os.path.join(shim.bundle, "rootfs")
     assert is_mount_point(mount_point) and shim.record()["rootfs"] == mount_point
-    assert same_file(f"/proc/{pid}/root", mount_point)
-    assert same_file(f"/proc/{pid}/exe", os.path.join(pause_roots[kind], PAUSES[kind][0]))
+    assert os.path.samefile(f"/proc/{pid}/root", mount_point)
+    assert os.path.samefile(f"/proc/{pid}/exe", os.path.join(pause_roots[kind], PAUSES[kind][0]))
     with open(f"/proc/{pid}/cmdline", "rb") as f:
         assert f.read().split(b"\0")[:-1] == [a.encode() for a in image["args"]]
     info = await shim.info()
@@ -99,7 +94,7 @@ async def test_a_pause_that_never_handles_sigterm_starts_and_is_killed_at_the_st
     shim = await shims.start()
     pid = await shim.run_sandbox(rootfs=bind(str(tmp_path / "root")),
                                  options={"runtime_handler": handler, "pause_image": {"args": ["/sleeper"]}})
-    assert same_file(f"/proc/{pid}/root", os.path.join(shim.bundle, "rootfs"))
+    assert os.path.samefile(f"/proc/{pid}/root", os.path.join(shim.bundle, "rootfs"))
     await shim.call("StopSandbox", timeout_secs=1)
     assert (await shim.call("WaitSandbox"))["exit_status"] == 128 + signal.SIGKILL
     await shim.call("ShutdownSandbox")
