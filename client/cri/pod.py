@@ -957,17 +957,16 @@ class PodService:
     def image_user(self, image_id: str) -> str:
         """Who uses image ``image_id`` and what to remove before it ("" when nothing does): a
         container, or a pod as its sandbox image. RemoveImage refuses the image meanwhile."""
-        records = self.store.list()  # one read of the pods for both questions
-        if any(c.image_id == image_id for record in records for c in record.containers.values()):
+        if self.image_in_use(image_id):
             return "a container; remove the container first"
-        pods = [record.pod_id for record in records if record.sandbox_image_id == image_id]
+        pods = [record.pod_id for record in self.store.list() if record.sandbox_image_id == image_id]
         if pods:
             return f"pod {pods[0]} as its sandbox image; remove the pod first"
         return ""
 
     def image_in_use(self, image_id: str) -> list[str]:
-        """The ids of the containers (in any state) made from image ``image_id``: RemoveImage
-        refuses an image while this is not empty."""
+        """The ids of the containers (in any state) made from image ``image_id``: while there
+        are any, :meth:`image_user` names a container (RemoveImage refuses the image)."""
         return [c.container_id for c in self.store.list_containers() if c.image_id == image_id]
 
     def _container(self, container_id: str) -> ContainerRecord:
