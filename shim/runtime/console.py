@@ -23,6 +23,7 @@ import termios
 from collections.abc import Iterator
 from typing import Any
 
+from shim.paths import SUN_PATH_MAX
 from shim.runtime.pipes import wait_ready
 from shim.rpc.status import InvalidArgument
 
@@ -133,8 +134,8 @@ async def _receive_fd(sock: socket.socket) -> int:
         return fds[0]
 
 
-#: The longest path bind() and connect() take as it is (sun_path is 108 bytes with its NUL).
-MAX_SOCKET_PATH_BYTES = 107
+#: The longest path bind() and connect() take as it is (sun_path holds its NUL too).
+MAX_SOCKET_PATH_BYTES = SUN_PATH_MAX - 1
 
 
 @contextlib.contextmanager
