@@ -187,7 +187,7 @@ class _Inflow:
         try:
             magic = os.pread(self._file.fileno(), 4, 0)
             kind = _GZIP if magic[:2] == b"\x1f\x8b" else _ZSTD if magic == b"\x28\xb5\x2f\xfd" else _TAR
-            named = LAYER_MEDIA_TYPES.get(media_type or "", kind)
+            named = compression_of(media_type) or kind
             if named != kind:
                 raise BadLayer(f"layer {blob_path} is {kind} data but its media type {media_type} says {named}")
             source: Iterator[bytes] = {_GZIP: self._gunzip, _ZSTD: self._unzstd, _TAR: self._read}[kind]()
