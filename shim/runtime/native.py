@@ -4,7 +4,6 @@ pause (:mod:`shim.runtime.pause`) and the tasks into their namespaces and cgroup
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import os
 import signal
 from collections.abc import Mapping
@@ -39,9 +38,9 @@ class NativeRuntime(Runtime):
         # shim.runtime.mounts); the child attaches its copies, and ours are closed after the fork.
         root = mounts.open_trees(spec.filesystem, spec.rootfs, own_ipc=spec.own_ipc)
         try:
-            console = spec.console.pair() if spec.console is not None else None
+            console_fd = spec.console.pair() if spec.console is not None else None
             try:
-                started = await self._launch(_process_spec(spec, root, console))
+                started = await self._launch(_process_spec(spec, root, console_fd))
             finally:
                 if spec.console is not None:
                     spec.console.launched()
@@ -64,8 +63,7 @@ class NativeRuntime(Runtime):
         if spec.console_socket:
             # The launcher's child sends the master on our connection to the client's socket.
             with await console.connect(spec.console_socket) as sock:
-                return await self._launch(dataclasses.replace(
-                    _exec_spec(spec, ns_dir), console=sock.fileno(), console_size=spec.console_size))
+                return await self._launch(_exec_spec(spec, ns_dir, sock.fileno()))
         return await self._launch(_exec_spec(spec, ns_dir))
 
     async def _launch(self, spec: process.ProcessSpec) -> process.Process:
@@ -87,12 +85,15 @@ class NativeRuntime(Runtime):
         return None
 
 
-def _exec_spec(spec: ExecSpec, ns_dir: str) -> process.ProcessSpec:
+def _exec_spec(spec: ExecSpec, ns_dir: str, console_fd: int | None = None) -> process.ProcessSpec:
+    """The exec's process, in the task's namespaces (``ns_dir``) and cgroup; with ``console_fd``
+    (a connection to the client's console socket) on a new terminal of ``spec.console_size``."""
     return process.ProcessSpec(
         name=f"exec {spec.exec_id} in task {spec.task_id}", argv=spec.args, env=spec.env, cwd=spec.cwd,
         join=tuple((f"{ns_dir}/{name}", nstype) for name, nstype in _EXEC_JOINED),
         procs_files=tuple(spec.cgroup.procs_files()), stdout=spec.stdout, stderr=spec.stderr, stdin=spec.stdin,
-        controlling_terminal=spec.terminal, confinement=spec.confinement)
+        controlling_terminal=spec.terminal, confinement=spec.confinement, console=console_fd,
+        console_size=spec.console_size)
 
 
 async def _end(started: process.Process) -> None:
@@ -100,7 +101,7 @@ async def _end(started: process.Process) -> None:
     await asyncio.wait([started.exit], timeout=process.CLEANUP_TIMEOUT)
 
 
-def _process_spec(spec: TaskSpec, root: mounts.RootSetup, console: int | None = None) -> process.ProcessSpec:
+def _process_spec(spec: TaskSpec, root: mounts.RootSetup, console_fd: int | None = None) -> process.ProcessSpec:
     """The task's process: in the pause's ipc, uts and net namespaces, in a mount namespace of its
     own copied from the pause's (a recursive slave, so the pod's /dev/shm is there to bind) with
     ``root`` as its root, and in the pause's pid namespace (POD), another task's (TARGET), the
@@ -124,5 +125,5 @@ def _process_spec(spec: TaskSpec, root: mounts.RootSetup, console: int | None = 
         stdin=spec.stdin,
         stderr=spec.stderr,
         confinement=spec.confinement,
-        console=console,
+        console=console_fd,
     )
