@@ -17,7 +17,7 @@ from collections.abc import Iterable, Iterator, Mapping
 
 from shim.rpc.processes import open_pidfd, process_alive
 
-__all__ = ["WAIT", "alive", "fd_readable", "unheld_netns", "pidfds", "wait_gone", "wait_gone_async", "wait_pidfds",
+__all__ = ["WAIT", "alive", "fd_readable", "fd_targets", "unheld_netns", "pidfds", "wait_gone", "wait_gone_async", "wait_pidfds",
            "wait_pidfds_async"]
 
 #: A bound on any one wait in these tests; never a sleep.
@@ -27,6 +27,18 @@ WAIT = 10.0
 def alive(pid: int) -> bool:
     """True while ``pid`` runs (a zombie counts as gone)."""
     return process_alive(pid, None)
+
+
+def fd_targets(pid: int) -> list[str]:
+    """What process ``pid`` holds open: the targets of its /proc/PID/fd links, sorted (a descriptor
+    closed while they are read is left out)."""
+    targets = []
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            targets.append(os.readlink(f"/proc/{pid}/fd/{fd}"))
+        except FileNotFoundError:
+            pass
+    return sorted(targets)
 
 
 @contextlib.contextmanager

@@ -12,6 +12,7 @@ import stat
 
 import pytest
 
+from proctools import fd_targets
 from shim.rpc import FailedPrecondition, InvalidArgument
 from shimtools import host_untouched  # noqa: F401  (autouse: what this module's shims made is checked at the end)
 from shimtools import WAIT, ShimLauncher
@@ -49,8 +50,7 @@ async def pod(request, shims: ShimLauncher, tmp_path) -> Pod:
 
 def shim_fds(pod: Pod) -> list[str]:
     """What the shim process has open (by target)."""
-    fd_dir = f"/proc/{pod.shim.bootstrap['pid']}/fd"
-    return sorted(os.readlink(os.path.join(fd_dir, name)) for name in os.listdir(fd_dir) if os.path.exists(fd_dir))
+    return fd_targets(pod.shim.bootstrap["pid"])
 
 
 class Tap:

@@ -20,7 +20,7 @@ from shim.rpc import Client, blocking
 from shim.rpc.api import SANDBOX_SERVICE, TEMPLATE_SERVICE
 from shim.rpc.status import InvalidArgument, Unavailable
 
-from proctools import alive, wait_gone, wait_gone_async
+from proctools import alive, fd_targets, wait_gone, wait_gone_async
 
 PODSHIM = [sys.executable, "-m", "shim"]
 
@@ -123,13 +123,7 @@ def test_template_forked_shim_keeps_only_its_own_fds(roots, template):
 
     def open_objects(pid: int) -> set[str]:
         """The sockets, pipes and files a process holds (anon inodes all read alike: left out)."""
-        targets = set()
-        for fd in os.listdir(f"/proc/{pid}/fd"):
-            try:
-                targets.add(os.readlink(f"/proc/{pid}/fd/{fd}"))
-            except FileNotFoundError:  # closed while we looked
-                pass
-        return {t for t in targets if not t.startswith("anon_inode:") and t != "/dev/null"}
+        return {t for t in fd_targets(pid) if not t.startswith("anon_inode:") and t != "/dev/null"}
 
     held_by_template = open_objects(template.proc.pid)
     assert any(t.startswith("socket:") for t in held_by_template)  # its control socket, at least
@@ -263,15 +257,7 @@ def test_template_hands_its_spare_to_the_next_spawn_and_forks_another(roots, tem
 
 def _net_namespaces_held(pid: int) -> set[str]:
     """The network namespaces process ``pid`` holds open by a descriptor ("net:[inode]")."""
-    held = set()
-    for fd in os.listdir(f"/proc/{pid}/fd"):
-        try:
-            target = os.readlink(f"/proc/{pid}/fd/{fd}")
-        except FileNotFoundError:
-            continue
-        if target.startswith("net:["):
-            held.add(target)
-    return held
+    return {target for target in fd_targets(pid) if target.startswith("net:[")}
 
 
 async def _create(address: str, sandbox_id: str, **fields) -> dict:
