@@ -50,7 +50,7 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from bench.common import compile_bytecode, not_root, percentile, wait_pidfd  # noqa: E402
+from bench.common import code_of, compile_bytecode, not_root, percentile, wait_pidfd  # noqa: E402
 from shim.launch.install import podshim_argv  # noqa: E402
 from shim.launch.template import stop_template  # noqa: E402
 
@@ -130,12 +130,10 @@ def start_rows(workdir: str, before: str | None) -> list[Row]:
                 + (f", code of {before}" if before else ""),
                 [sys.executable, "-m", "shim", "start"], env=site_env, after=stop_shim, fresh=fresh)]
     if before:  # the same two ways with the older code, side by side
-        python, flag_i, flag_s, flag_c, boot, path = podshim_argv()
-        older = ":".join([before, *(p for p in path.split(":") if p != REPO)])
         rows[2:2] = [Row("start", f"`podshim start`, the installed command, code of {before}", [installed, "start"],
                          env=code_env(before), after=stop_shim, fresh=fresh),
                      Row("start", f"`podshim start` as the Controller runs it, code of {before}",
-                         [python, flag_i, flag_s, flag_c, boot, older, "start"], after=stop_shim, fresh=fresh)]
+                         [*code_of(podshim_argv(), before, REPO), "start"], after=stop_shim, fresh=fresh)]
     return rows
 
 

@@ -18,7 +18,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,6 +29,7 @@ __all__ = [
     "compile_bytecode",
     "Memory",
     "children_of",
+    "code_of",
     "floor_cgroup_cycle",
     "floor_cycle",
     "handles_signal",
@@ -56,6 +57,14 @@ def not_root(reason: str) -> bool:
         return False
     print(f"run as root: {reason}", file=sys.stderr)
     return True
+
+
+def code_of(argv: Sequence[str], tree: str, repo: str) -> list[str]:
+    """``argv``, podshim's command line as the Controller runs it
+    (:func:`shim.launch.install.podshim_argv`, whose last item is the search path), with checkout
+    ``tree`` in the place of ``repo`` on that path: the same command, running the code of ``tree``."""
+    *command, path = argv
+    return [*command, ":".join([tree, *(p for p in path.split(":") if p != repo)])]
 
 
 def compile_bytecode(repo: str) -> None:

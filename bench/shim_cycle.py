@@ -36,7 +36,7 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from bench.common import Memory, floor_cycle, memory, percentile, wait_pidfd  # noqa: E402
+from bench.common import Memory, code_of, floor_cycle, memory, percentile, wait_pidfd  # noqa: E402
 from bench.compare.run import PythonCommand, podshim_commands  # noqa: E402
 from shim.rpc import Client  # noqa: E402
 from shim.rpc.api import SANDBOX_SERVICE  # noqa: E402
@@ -171,9 +171,7 @@ async def main() -> None:
     args = parser.parse_args()
     commands = podshim_commands()
     if args.before:
-        python, *flags, boot, path = commands["bare"].argv
-        older = ":".join([os.path.abspath(args.before), *(p for p in path.split(":") if p != REPO)])
-        commands["before"] = PythonCommand([python, *flags, boot, older])
+        commands["before"] = PythonCommand(code_of(commands["bare"].argv, os.path.abspath(args.before), REPO))
     workdir = tempfile.mkdtemp(prefix="psh-bench-")
     numbers = iter(range(1_000_000))
     try:
