@@ -513,9 +513,10 @@ class PodService:
         options["pause_image"] = {"args": args, "env": list(image.config.get("Env") or []),
                                   "cwd": image.config.get("WorkingDir") or "/", "image": image.name}
         user = str(image.config.get("User") or "")
-        if user:
-            options["linux"] = {**options["linux"], "pause_process": security.pause_fields(
-                cfg.security, image_user=user, read_file=await self._user_files(image))}
+        if user:  # only the user changes: the rest of the pause's confinement stands (_shim_options)
+            pause = {**options["linux"]["pause_process"],
+                     "user": security.pause_user(cfg.security, user, await self._user_files(image))}
+            options["linux"] = {**options["linux"], "pause_process": pause}
         # Recorded before the snapshot is made: a rollback, RemoveImage and GC see it from then on.
         with phase("store update"):
             self.store.update(pod_id, sandbox_image=image.name, sandbox_image_id=image.image_id)

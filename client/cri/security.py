@@ -43,7 +43,7 @@ from shim.runtime.confine import DEFAULT_CAPABILITIES
 from shim.rpc.status import InvalidArgument
 
 __all__ = ["PROFILE_TYPES", "USER_FILES", "ContainerSecurity", "SecurityProfile", "held_capabilities",
-           "host_read_file", "load_localhost_profile", "pause_fields", "refuse_lsm", "resolve_user", "task_fields"]
+           "host_read_file", "load_localhost_profile", "pause_fields", "pause_user", "refuse_lsm", "resolve_user", "task_fields"]
 
 #: CRI's SecurityProfile.ProfileType enum.
 PROFILE_TYPES = {0: "RuntimeDefault", 1: "Unconfined", 2: "Localhost"}
@@ -443,14 +443,21 @@ def pause_fields(sec: ContainerSecurity, *, all_caps: tuple[str, ...] | None = N
         raise InvalidArgument(f"{path}.run_as_group is set without run_as_user: a group needs a user")
     caps = list(held_capabilities() if all_caps is None else all_caps) if sec.privileged else \
         list(DEFAULT_CAPABILITIES)
-    userstr = (image_user or "0") if sec.run_as_user is None else str(sec.run_as_user)
-    if sec.run_as_group is not None:
-        userstr += f":{sec.run_as_group}"
-    fields: dict[str, Any] = {"user": resolve_user(userstr, sec.supplemental_groups, read_file),
+    fields: dict[str, Any] = {"user": pause_user(sec, image_user, read_file),
                               "capabilities": caps, "no_new_privileges": True}
     if not sec.privileged:
         fields.update(_seccomp_field(sec, caps, path, read_profile))
     return fields
+
+
+def pause_user(sec: ContainerSecurity, image_user: str = "", read_file: ReadFile = lambda _: None) -> dict[str, Any]:
+    """The ``user`` of :func:`pause_fields` (which checks ``sec`` first): run_as_user and
+    run_as_group with supplemental_groups, else the sandbox image's ``image_user`` (names looked
+    up through ``read_file``), else root."""
+    userstr = (image_user or "0") if sec.run_as_user is None else str(sec.run_as_user)
+    if sec.run_as_group is not None:
+        userstr += f":{sec.run_as_group}"
+    return resolve_user(userstr, sec.supplemental_groups, read_file)
 
 
 def host_read_file(path: str) -> bytes | None:
