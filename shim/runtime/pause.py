@@ -24,7 +24,7 @@ import re
 import signal
 import stat
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import NoReturn
 
@@ -42,7 +42,6 @@ __all__ = [
     "POD",
     "PauseProcess",
     "PauseSpec",
-    "environment",
     "launch",
     "program_identity",
     "validate_sysctls",
@@ -104,19 +103,8 @@ class PauseSpec:
 
     @property
     def env_map(self) -> dict[str, str]:
-        """``env`` as :func:`environment` gives it."""
-        return environment(self.env)
-
-
-def environment(env: Iterable[str]) -> dict[str, str]:
-    """The environment a pause runs with from ``env`` (validated ``NAME=VALUE`` strings): a map,
-    the last of a name winning as in a process's environment, with :data:`process.DEFAULT_PATH`
-    as PATH when it names none. The native handler and the OCI spec both use it, so a sandbox
-    image's pause sees the same environment under either; a task's environment is made by it too
-    (:mod:`shim.sandbox.tasks` checks the strings first)."""
-    result = dict(entry.split("=", 1) for entry in env)
-    result.setdefault("PATH", process.DEFAULT_PATH)
-    return result
+        """``env`` as :func:`shim.runtime.process.environment` gives it."""
+        return process.environment(self.env)
 
 
 @dataclass(frozen=True)

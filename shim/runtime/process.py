@@ -50,7 +50,7 @@ import socket
 import struct
 import termios
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import NoReturn
 
@@ -67,6 +67,7 @@ __all__ = [
     "ExecFailed",
     "Process",
     "ProcessSpec",
+    "environment",
     "launch",
     "signal_process",
     "started_at_ns",
@@ -79,6 +80,18 @@ DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 REPORT_TIMEOUT = 2.0  # seconds for A and B to report (their EOF) after the fork
 CLEANUP_TIMEOUT = 1.0  # seconds to wait for killed children after a failed launch
 _MAX_REPORT_BYTES = 4096  # no more than PIPE_BUF, so each child's single write is atomic
+
+
+def environment(env: Iterable[str]) -> dict[str, str]:
+    """The environment a process runs with from ``env`` (validated ``NAME=VALUE`` strings): a map,
+    the last of a name winning as in a process's environment, with :data:`DEFAULT_PATH` as PATH
+    when it names none. A task's (:mod:`shim.sandbox.tasks` checks the strings first) and a
+    sandbox image's pause's, under the native handler and in the OCI spec alike, so that pause
+    sees the same environment under either."""
+    result = dict(entry.split("=", 1) for entry in env)
+    result.setdefault("PATH", DEFAULT_PATH)
+    return result
+
 
 # setns order: the mount namespace last, since joining it changes the root and cwd of A.
 _JOIN_ORDER = (linux.CLONE_NEWCGROUP, linux.CLONE_NEWIPC, linux.CLONE_NEWUTS, linux.CLONE_NEWNET,

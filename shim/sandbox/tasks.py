@@ -36,7 +36,6 @@ from shim.runtime.console import Console
 from shim.runtime.crilog import LOG_DIR_MODE, CriLog, check_log_path
 from shim.runtime.mounts import TaskFilesystem
 from shim.runtime.pause import PauseProcess
-from shim.runtime.pause import environment as pause_environment
 from shim.rpc.files import ensure_private_dir
 from shim.rpc.identifiers import validate_identifier
 from shim.rpc.status import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound, RpcError, Unavailable
@@ -688,12 +687,12 @@ async def _terminal_input(task: Task, fifo: int, master: int) -> None:
 
 
 def _environment(env: list[str]) -> dict[str, str]:
-    """``env`` checked to be ``NAME=VALUE`` strings, as a map made as a pause's is (the last of a
-    name wins; PATH is :data:`process.DEFAULT_PATH` when none is named)."""
+    """``env`` checked to be ``NAME=VALUE`` strings, as a map (:func:`process.environment`: the last
+    of a name wins; PATH is :data:`process.DEFAULT_PATH` when none is named)."""
     for item in env:
         if not isinstance(item, str):
             raise InvalidArgument("field 'env' must be an array of strings")
         name, sep, _ = item.partition("=")
         if not sep or not name or "\0" in item:
             raise InvalidArgument(f"env entry {item!r} is not NAME=VALUE")
-    return pause_environment(env)
+    return process.environment(env)

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from shim.runtime import pause
+from shim.runtime import pause, process
 from shim.runtime.confine import DEFAULT_CAPABILITIES, Confinement
 from shim.runtime.mounts import MASKED_PATHS, READONLY_PATHS, BindMount, HostDevice
 from shim.rpc.status import InvalidArgument
@@ -117,7 +117,7 @@ def sandbox_spec(*, sandbox_id: str, rootfs: str, netns_path: str | None, pid_mo
     """The pause container's config.json, as containerd's sandbox container spec.
 
     A read-only ``rootfs`` running ``args`` (default ``/pause -P``) with ``env`` (NAME=VALUE, as
-    :func:`pause.environment` makes it for the native handler too) in ``cwd``, confined as ``confinement`` says (None: as root
+    :func:`process.environment` makes it for the native handler too) in ``cwd``, confined as ``confinement`` says (None: as root
     with the default capabilities and no new privileges); new pid, ipc, uts
     and mount namespaces, joined to the network namespace ``netns_path``. NODE modes drop the
     namespace: host network (``netns_path`` None) drops network *and* uts (then ``hostname`` is
@@ -145,7 +145,7 @@ def sandbox_spec(*, sandbox_id: str, rootfs: str, netns_path: str | None, pid_mo
         namespaces += [_namespace("uts"), _namespace("network", netns_path)]
     confinement = confinement or Confinement(no_new_privileges=True)  # containerd's sandbox default
     doc = _document("sandbox", sandbox_id,
-                    _process(list(args), [f"{name}={value}" for name, value in pause.environment(env).items()], cwd,
+                    _process(list(args), [f"{name}={value}" for name, value in process.environment(env).items()], cwd,
                              confinement=confinement, oom_score_adj=oom_score_adj),
                     rootfs, _mounts(own_ipc=ipc_mode == pause.POD, shm_size_bytes=shm_size_bytes), namespaces,
                     cgroups_path, sysctls, seccomp=confinement.seccomp)
