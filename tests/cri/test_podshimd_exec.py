@@ -23,17 +23,22 @@ MB = 1 << 20
 HANDLERS = ["native"] + [h for h in ("runc", "crun") if shutil.which(h, path="/usr/sbin:/usr/bin:/sbin:/bin")]
 
 
-@pytest.fixture
-def container(daemon, crictl, tmp_path) -> str:
-    """A running container (sleep) in a ready pod."""
+def sleeping_container(daemon, crictl, tmp_path, *runp_options: str) -> str:
+    """The id of a running container (sleep) in a ready pod made by ``crictl runp RUNP_OPTIONS``."""
     pod_path = tmp_path / "pod.json"
     pod_path.write_text(json.dumps(pod_config()))
-    pod_id = daemon.crictl(crictl, "runp", str(pod_path)).stdout.strip()
+    pod_id = daemon.crictl(crictl, "runp", *runp_options, str(pod_path)).stdout.strip()
     ctr_path = tmp_path / "ctr.json"
     ctr_path.write_text(json.dumps(container_config(["sleep", "600"])))
     container_id = daemon.crictl(crictl, "create", pod_id, str(ctr_path), str(pod_path)).stdout.strip()
     daemon.crictl(crictl, "start", container_id)
     return container_id
+
+
+@pytest.fixture
+def container(daemon, crictl, tmp_path) -> str:
+    """A running container (sleep) in a ready pod."""
+    return sleeping_container(daemon, crictl, tmp_path)
 
 
 def crictl_exec(daemon, crictl, *args: str, stdin: bytes | None = None, timeout: float = 60) -> subprocess.CompletedProcess:
@@ -79,14 +84,7 @@ def test_exec_of_a_program_that_does_not_exist_is_a_clear_error(daemon, crictl, 
 @pytest.fixture(params=HANDLERS)
 def handler_container(request, daemon, crictl, tmp_path) -> str:
     """A running container (sleep) in a ready pod of each runtime handler."""
-    pod_path = tmp_path / "pod.json"
-    pod_path.write_text(json.dumps(pod_config()))
-    pod_id = daemon.crictl(crictl, "runp", "--runtime", request.param, str(pod_path)).stdout.strip()
-    ctr_path = tmp_path / "ctr.json"
-    ctr_path.write_text(json.dumps(container_config(["sleep", "600"])))
-    container_id = daemon.crictl(crictl, "create", pod_id, str(ctr_path), str(pod_path)).stdout.strip()
-    daemon.crictl(crictl, "start", container_id)
-    return container_id
+    return sleeping_container(daemon, crictl, tmp_path, "--runtime", request.param)
 
 
 def test_exec_it_runs_on_a_terminal_and_follows_its_size(daemon, crictl, handler_container):
