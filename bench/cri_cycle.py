@@ -398,44 +398,41 @@ def main(argv: list[str] | None = None) -> int:
         netns = f"/run/netns/{ns_name}"
         run(["ip", "-n", ns_name, "link", "set", "lo", "up"])
 
+        traced: dict[str, PodshimdProc] = {}  # whose phases --trace reports
+        runtimes: list[Runtime] = []
+
+        def start_podshimd(key: str, directory: str, config: str = "") -> PodshimdProc:
+            """Start a podshimd in ``directory`` (its CNI config there already), as runtime ``key``; the
+            janitor removes its pods, stops it and its shim template, then removes any netns its pods'
+            records named."""
+            psd = PodshimdProc(directory, netns, trace=args.trace, config=config)
+            traced[key] = psd
+            left: set[str] = set()  # what its pod records name, read before the pods are removed
+            janitor.add(f"remove the netns {key}'s pods left", lambda: janitor.failures.extend(
+                f"{key} left the netns {path} of a removed pod (removed now)" for path in remove_netns(left)))
+            janitor.add(f"stop {key}'s shim template", stop_template, os.path.join(directory, "run"))
+            janitor.add(f"stop {key}", psd.stop)
+            psd.start()
+            rt = Runtime(key, "unix://" + psd.sock)
+            runtimes.append(rt)
+
+            def remove_pods() -> None:
+                left.update(podshimd_netns(os.path.join(directory, "state")))
+                drain(rt)
+            janitor.add(f"remove {key}'s pods", remove_pods)
+            return psd
+
         psd_dir = os.path.join(workdir, "psd")
         os.makedirs(psd_dir)
         cni_conf(psd_dir, "crib-ps0", "10.231.0.0/16")
-        psd = PodshimdProc(psd_dir, netns, trace=args.trace)
-        traced = {"podshimd": psd}  # whose phases --trace reports
-        psd_netns: set[str] = set()  # what its pod records name, read before the pods are removed
-        janitor.add("remove the netns podshimd's pods left", lambda: janitor.failures.extend(
-            f"podshimd left the netns {path} of a removed pod (removed now)" for path in remove_netns(psd_netns)))
-        janitor.add("stop the shim template", stop_template, os.path.join(psd_dir, "run"))
-        janitor.add("stop podshimd", psd.stop)
-        psd.start()
-        runtimes = [Runtime("podshimd", "unix://" + psd.sock)]
-
-        def drain_podshimd() -> None:
-            psd_netns.update(podshimd_netns(os.path.join(psd_dir, "state")))
-            drain(runtimes[0])
-        janitor.add("remove podshimd's pods", drain_podshimd)
+        psd = start_podshimd("podshimd", psd_dir)
 
         if args.sandbox_image:
             img_dir = os.path.join(workdir, "psd-image")
             os.makedirs(img_dir)
             cni_conf(img_dir, "crib-ps1", "10.233.0.0/16")
             ref = pull_pause_image(os.path.join(img_dir, "state"), workdir)
-            psd_img = PodshimdProc(img_dir, netns, trace=args.trace, config=f'sandbox_image = "{ref}"\n')
-            traced["podshimd+image"] = psd_img
-            img_netns: set[str] = set()
-            janitor.add("remove the netns podshimd+image's pods left", lambda: janitor.failures.extend(
-                f"podshimd+image left the netns {path} of a removed pod (removed now)"
-                for path in remove_netns(img_netns)))
-            janitor.add("stop podshimd+image's shim template", stop_template, os.path.join(img_dir, "run"))
-            janitor.add("stop podshimd+image", psd_img.stop)
-            psd_img.start()
-            runtimes.append(Runtime("podshimd+image", "unix://" + psd_img.sock))
-
-            def drain_image_podshimd(rt: Runtime = runtimes[-1]) -> None:
-                img_netns.update(podshimd_netns(os.path.join(img_dir, "state")))
-                drain(rt)
-            janitor.add("remove podshimd+image's pods", drain_image_podshimd)
+            start_podshimd("podshimd+image", img_dir, config=f'sandbox_image = "{ref}"\n')
             notes.append(f"podshimd+image: sandbox_image {ref} (catatonit -P from a snapshot), pulled before the run")
 
         if not args.no_containerd:
