@@ -13,8 +13,8 @@ import signal
 import socket
 import sys
 import time
-from collections.abc import Awaitable, Callable
-from typing import NamedTuple
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any, NamedTuple
 
 from shim.sandbox.events import EventBus
 from shim.kernel.linux import set_process_name
@@ -60,14 +60,11 @@ def serve_forever(config: ShimConfig, listener: socket.socket, *, owns_socket: b
     # A shim forked from the template would otherwise show up as "python3 ... template" in
     # ps; `pgrep -x podshim-shim` finds every shim, however it was started.
     set_process_name("podshim-shim")
-    long_running()  # a shim exec'd by `podshim start` or systemd started with the collector off
-    install_uvloop()
 
     async def main() -> int:
         return await _serve(_Base(), config, listener, owns_socket, ready_fd, shutdown_on_signal, recorded, None)
 
-    with asyncio.Runner() as runner:
-        return runner.run(main())
+    return _run(main)
 
 
 class Assignment(NamedTuple):
@@ -84,8 +81,6 @@ def serve_when_assigned(assignment: Callable[[], Awaitable[Assignment | None]], 
     None: retired). ``made_netns``: a network namespace made ahead
     (:func:`shim.kernel.netns.make_netns`), which CreateSandbox pins if the sandbox wants a new
     one (:class:`Sandbox`'s ``made_netns``)."""
-    long_running()
-    install_uvloop()
 
     async def main() -> int:
         base = _Base()  # what does not depend on the sandbox, made while nobody waits
@@ -100,6 +95,14 @@ def serve_when_assigned(assignment: Callable[[], Awaitable[Assignment | None]], 
         set_process_name("podshim-shim")
         return await _serve(base, given.config, given.listener, True, None, False, True, made_netns)
 
+    return _run(main)
+
+
+def _run(main: Callable[[], Coroutine[Any, Any, int]]) -> int:
+    """Run ``main()`` on a new event loop (uvloop's when installed) in a process that goes on
+    running: a shim exec'd by `podshim start` or systemd, or forked, started with the collector off."""
+    long_running()
+    install_uvloop()
     with asyncio.Runner() as runner:
         return runner.run(main())
 
