@@ -269,11 +269,17 @@ async def _create(address: str, sandbox_id: str, **fields) -> dict:
         await client.aclose()
 
 
-async def test_the_spare_makes_its_sandbox_netns_ahead_and_create_pins_it(roots, template):
+async def _netns_made_ahead(template) -> set[str]:
+    """The network namespaces the template's spare holds, once it holds one."""
     spare = _ping(template)["spare_pid"]
     deadline = time.monotonic() + 5  # made right after it stands by: a bound, not a wait for readiness
     while not (made := _net_namespaces_held(spare)) and time.monotonic() < deadline:
         await asyncio.sleep(0.005)
+    return made
+
+
+async def test_the_spare_makes_its_sandbox_netns_ahead_and_create_pins_it(roots, template):
+    made = await _netns_made_ahead(template)
     assert len(made) == 1 and os.readlink("/proc/self/ns/net") not in made
     result = start_shim(roots, "n1")
     status = await _create(result["address"], "n1")
@@ -282,10 +288,7 @@ async def test_the_spare_makes_its_sandbox_netns_ahead_and_create_pins_it(roots,
 
 
 async def test_a_host_network_sandbox_closes_the_netns_made_ahead(roots, template):
-    spare = _ping(template)["spare_pid"]
-    deadline = time.monotonic() + 5
-    while not _net_namespaces_held(spare) and time.monotonic() < deadline:
-        await asyncio.sleep(0.005)
+    await _netns_made_ahead(template)
     result = start_shim(roots, "n2")
     status = await _create(result["address"], "n2", options={"linux": {"security_context": {
         "namespace_options": {"network": "NODE"}}}})
