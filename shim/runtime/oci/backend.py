@@ -93,14 +93,16 @@ class OciBackend(Runtime):
         it is ready for signals. On failure the container is deleted."""
         if spec.cgroup is None:
             raise InvalidArgument("an OCI pause needs the sandbox cgroup")
-        if spec.rootfs is not None:
-            rootfs, args, env = spec.rootfs, spec.args, spec.env
+        if spec.rootfs is not None:  # a sandbox image's program
+            rootfs, args, env, cwd, binary = spec.rootfs, spec.args, spec.env, spec.cwd, spec.args[0]
             # Its exec is seen by the program's inode, else by its command name (a script's is).
             name = os.path.basename(args[0])[:_COMM_BYTES]
             exe = pause.program_identity(rootfs, args, spec.env_map)
-        else:
-            rootfs, args, env = ensure_pause_rootfs(self.runtime_root), PAUSE_ARGS, ()
-            name, exe = PAUSE_NAME, None
+            sigterm_grace: float | None = pause.IMAGE_SIGTERM_GRACE
+        else:  # catatonit, from the shared pause rootfs
+            rootfs, args, env, cwd = ensure_pause_rootfs(self.runtime_root), PAUSE_ARGS, (), "/"
+            binary = os.path.join(rootfs, PAUSE_FILE)
+            name, exe, sigterm_grace = PAUSE_NAME, None, None
         oom = spec.oom_score_adj
         if oom is not None and not oom_score_adj_permitted(oom):
             self.oom_score_adj_note = f"{oom} not set: lowering it needs CAP_SYS_RESOURCE, which the shim lacks"
@@ -112,17 +114,15 @@ class OciBackend(Runtime):
                            pid_mode=spec.pid_mode, ipc_mode=spec.ipc_mode, hostname=spec.hostname,
                            sysctls=spec.sysctls, cgroups_path=self._cgroups_path(spec.cgroup), oom_score_adj=oom,
                            shm_size_bytes=spec.shm_size_bytes, confinement=spec.confinement, args=args,
-                           env=env, cwd=spec.cwd if spec.rootfs is not None else "/", privileged=spec.privileged)
+                           env=env, cwd=cwd, privileged=spec.privileged)
         self.privileged_pod = spec.privileged
         container = self.pause_container
         pid, start_time, exit_future = await self._launch(container, doc, spec.cgroup, binds=())
         try:
-            await pause.wait_ready(pid, exit_future, name, exe=exe,
-                                   sigterm_grace=pause.IMAGE_SIGTERM_GRACE if spec.rootfs is not None else None)
+            await pause.wait_ready(pid, exit_future, name, exe=exe, sigterm_grace=sigterm_grace)
         except BaseException:
             await asyncio.shield(self._delete(container))
             raise
-        binary = args[0] if spec.rootfs is not None else os.path.join(rootfs, PAUSE_FILE)
         return pause.PauseProcess(pid, start_time, time.time_ns(), binary, exit_future)
 
     async def start_task(self, spec: TaskSpec) -> process.Process:
