@@ -213,15 +213,15 @@ def _process_spec(spec: PauseSpec) -> tuple[str, process.ProcessSpec]:
             raise InvalidArgument("a pause binary and a sandbox image's rootfs are both set")
         if not spec.args:
             raise InvalidArgument("a sandbox image's pause needs its args (the image's Entrypoint and Cmd)")
-        binary, argv = spec.args[0], spec.args
+        binary, argv, env, cwd = spec.args[0], spec.args, spec.env_map, spec.cwd
     else:
         binary = _resolve_binary(spec.pause_binary)
-        argv = (binary, "-P")
+        argv, env, cwd = (binary, "-P"), {}, "/"
     return binary, process.ProcessSpec(
         name="pause",
         argv=argv,
-        env=spec.env_map if spec.rootfs is not None else {},
-        cwd=spec.cwd if spec.rootfs is not None else "/",
+        env=env,
+        cwd=cwd,
         chroot=spec.rootfs,
         builtin=_builtin_pause if binary == BUILTIN else None,
         join=((spec.netns_path, linux.CLONE_NEWNET),) if spec.netns_path is not None else (),
