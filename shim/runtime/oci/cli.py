@@ -166,10 +166,10 @@ class OciCli:
             os.unlink(container.pid_file)
         except FileNotFoundError:
             pass
+        console_args, cwd = _console(console_socket)
         await self._run(container, "create", "--bundle", container.bundle, "--pid-file", container.pid_file,
-                        *_console_args(console_socket), container.container_id, timeout=CREATE_TIMEOUT,
-                        cwd=os.path.dirname(console_socket) if console_socket else "/", stdout=stdout, stderr=stderr,
-                        binds=binds, binds_from=binds_from, procs_files=procs_files, stdin=stdin)
+                        *console_args, container.container_id, timeout=CREATE_TIMEOUT, cwd=cwd, stdout=stdout,
+                        stderr=stderr, binds=binds, binds_from=binds_from, procs_files=procs_files, stdin=stdin)
         try:
             with open(container.pid_file) as f:
                 return int(f.read().strip())
@@ -190,10 +190,10 @@ class OciCli:
             os.unlink(pid_file)
         except FileNotFoundError:
             pass
+        console_args, cwd = _console(console_socket)
         await self._run(container, "exec", "--detach", "--pid-file", pid_file, "--process", process_file,
-                        *_console_args(console_socket), container.container_id, timeout=EXEC_TIMEOUT,
-                        cwd=os.path.dirname(console_socket) if console_socket else "/", stdout=stdout, stderr=stderr,
-                        stdin=stdin, procs_files=procs_files)
+                        *console_args, container.container_id, timeout=EXEC_TIMEOUT, cwd=cwd, stdout=stdout,
+                        stderr=stderr, stdin=stdin, procs_files=procs_files)
         try:
             with open(pid_file) as f:
                 return int(f.read().strip())
@@ -361,7 +361,11 @@ def _failure(what: str, verb: str, exit_status: int, messages: list[str]) -> Rpc
     return Internal(sentence)
 
 
-def _console_args(console_socket: str) -> tuple[str, ...]:
-    """``--console-socket`` by its name in the runtime's working directory, its directory (runc and crun
-    also chdir to the bundle, where a task's is): a socket's path may be longer than sun_path allows."""
-    return ("--console-socket", os.path.basename(console_socket)) if console_socket else ()
+def _console(console_socket: str) -> tuple[tuple[str, ...], str]:
+    """The runtime's arguments for ``console_socket`` ("" for none) and the working directory to run
+    it in: ``--console-socket`` by its name in that directory, the socket's own (runc and crun also
+    chdir to the bundle, where a task's is), since a socket's path may be longer than sun_path allows;
+    "/" without one."""
+    if not console_socket:
+        return (), "/"
+    return ("--console-socket", os.path.basename(console_socket)), os.path.dirname(console_socket)
