@@ -318,10 +318,7 @@ class Sandbox:
                 made = True
                 netns.check_net_sysctls(self.netns_path, opts.sysctls)
             except BaseException:
-                if made:
-                    netns.remove_netns(self.netns_path)
-                self.netns_path, self.netns_owned = None, False
-                self.persist()
+                self._drop_netns(remove=made)
                 raise
         if rootfs:
             self.options = opts
@@ -329,14 +326,20 @@ class Sandbox:
                 self._mount_rootfs(rootfs, read_only=opts.runtime_handler == NATIVE)
             except BaseException:
                 if self.netns_path and self.netns_owned:
-                    netns.remove_netns(self.netns_path)
-                    self.netns_path, self.netns_owned = None, False
-                    self.persist()
+                    self._drop_netns(remove=True)
                 raise
         self.options = opts
         self.created_at = time.time_ns()
         self._enter(nxt)
         self.events.publish(TOPIC_CREATE, {"netns_path": self.netns_path or ""})
+
+    def _drop_netns(self, *, remove: bool) -> None:
+        """A failed Create forgets the netns it recorded (and made, with ``remove``: removed)."""
+        if remove:
+            assert self.netns_path is not None
+            netns.remove_netns(self.netns_path)
+        self.netns_path, self.netns_owned = None, False
+        self.persist()
 
     def _close_made_netns(self) -> None:
         if self.made_netns is not None:
