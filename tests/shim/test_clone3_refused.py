@@ -10,9 +10,8 @@ import os
 
 import pytest
 
-from shim.rpc.api import TASK_SERVICE
 from shimtools import host_untouched  # noqa: F401  (autouse: what this module's shims made is checked at the end)
-from shimtools import WAIT, ShimLauncher
+from shimtools import ShimLauncher
 
 # Loaded by every Python the test starts with site (`podshim start` and the shim it forks):
 # clone3 answers ENOSYS, and each refusal leaves a line in a file the test reads.
@@ -51,9 +50,7 @@ async def test_pause_task_and_exec_start_in_their_cgroups_without_clone3(clone3_
     if v2 is None:
         pytest.skip("no cgroup v2 hierarchy: nothing is entered by clone3 here")
 
-    async def call(method: str, **fields):
-        return await shim.client.call(TASK_SERVICE, method, {"sandbox_id": shim.sandbox_id, **fields}, timeout=WAIT)
-
+    call = shim.task
     await call("Create", task_id="app", args=["sleep", "600"], log_path=str(tmp_path / "app.log"))
     task_pid = (await call("Start", task_id="app"))["pid"]
     reply = await call("Exec", task_id="app", args=["cat", "/proc/self/cgroup"])

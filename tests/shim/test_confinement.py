@@ -14,10 +14,9 @@ import pytest
 from shim.kernel import capabilities as caps
 from shim.kernel import seccomp
 from shim.rpc import FailedPrecondition, InvalidArgument, NotFound
-from shim.rpc.api import TASK_SERVICE
 from shim.runtime import confine
 from shimtools import host_untouched  # noqa: F401  (autouse: what this module's shims made is checked at the end)
-from shimtools import WAIT, Shim, ShimLauncher
+from shimtools import Shim, ShimLauncher
 
 BUSYBOX = "/bin/busybox"
 DEFAULT_MASK = caps.mask(confine.DEFAULT_CAPABILITIES)
@@ -40,10 +39,7 @@ class Pod:
     def __init__(self, shim: Shim, log_dir: str):
         self.shim = shim
         self.log_dir = log_dir
-
-    async def call(self, method: str, **fields):
-        return await self.shim.client.call(TASK_SERVICE, method, {"sandbox_id": self.shim.sandbox_id, **fields},
-                                           timeout=WAIT)
+        self.call = shim.task  # a Task method for this sandbox
 
     async def create(self, task_id: str, *args: str, **fields) -> None:
         await self.call("Create", task_id=task_id, args=list(args), log_path=self.log_path(task_id), **fields)

@@ -14,7 +14,6 @@ import termios
 import pytest
 
 from shim.rpc import FailedPrecondition, InvalidArgument, NotFound
-from shim.rpc.api import TASK_SERVICE
 from shimtools import host_untouched  # noqa: F401  (autouse: what this module's shims made is checked at the end)
 from proctools import wait_gone_async
 from shimtools import WAIT, ShimLauncher
@@ -26,10 +25,7 @@ class Pod:
     def __init__(self, shim, log_dir: str):
         self.shim = shim
         self.log_dir = log_dir
-
-    async def call(self, method: str, timeout: float = WAIT, **fields):
-        return await self.shim.client.call(TASK_SERVICE, method, {"sandbox_id": self.shim.sandbox_id, **fields},
-                                           timeout=timeout)
+        self.call = shim.task  # a Task method for this sandbox
 
     async def run(self, task_id: str, *args: str) -> int:
         await self.call("Create", task_id=task_id, args=list(args), log_path=os.path.join(self.log_dir, task_id))

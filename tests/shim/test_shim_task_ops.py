@@ -11,7 +11,6 @@ import shutil
 import pytest
 
 from shim.rpc import FailedPrecondition, InvalidArgument
-from shim.rpc.api import TASK_SERVICE
 from shim.runtime.execsync import EXEC_OUTPUT_LIMIT_BYTES
 from shimtools import host_untouched  # noqa: F401  (autouse: what this module's shims made is checked at the end)
 from proctools import wait_gone_async
@@ -29,10 +28,7 @@ class Pod:
         self.shim = shim
         self.cgroups = cgroups
         self.log_dir = log_dir
-
-    async def call(self, method: str, timeout: float = WAIT, **fields):
-        return await self.shim.client.call(TASK_SERVICE, method, {"sandbox_id": self.shim.sandbox_id, **fields},
-                                           timeout=timeout)
+        self.call = shim.task  # a Task method for this sandbox
 
     def log_path(self, task_id: str) -> str:
         return os.path.join(self.log_dir, f"{task_id}.log")

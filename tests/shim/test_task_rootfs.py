@@ -36,10 +36,7 @@ class Pod:
         self.shim = shim
         self.handler = handler
         self.log_dir = log_dir
-
-    async def call(self, method: str, **fields):
-        return await self.shim.client.call(TASK_SERVICE, method, {"sandbox_id": self.shim.sandbox_id, **fields},
-                                           timeout=WAIT)
+        self.call = shim.task  # a Task method for this sandbox
 
     async def run(self, task_id: str, *args: str, **fields) -> int:
         await self.call("Create", task_id=task_id, args=list(args),
