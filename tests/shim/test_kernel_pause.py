@@ -491,15 +491,21 @@ async def test_a_process_that_exits_at_once_starts_no_later_than_it_exits(reaper
 # -- how it is forked --------------------------------------------------------------------------
 
 
-async def test_a_pod_pause_is_cloned_straight_into_its_namespaces_and_cgroup(start, cgroup, make_netns, monkeypatch):
-    # One copy of the shim (clone3 with the new namespaces and the v2 cgroup), not a launcher
-    # that unshares and forks again.
-    children = []
+@pytest.fixture
+def forks(monkeypatch) -> list[str]:
+    """The names of the child functions the launch forks (shim.runtime.process._fork), in order."""
+    children: list[str] = []
     real_fork = process._fork
     monkeypatch.setattr(process, "_fork", lambda child, *args, **kwargs: children.append(child.__name__)
                         or real_fork(child, *args, **kwargs))
+    return children
+
+
+async def test_a_pod_pause_is_cloned_straight_into_its_namespaces_and_cgroup(start, cgroup, make_netns, forks):
+    # One copy of the shim (clone3 with the new namespaces and the v2 cgroup), not a launcher
+    # that unshares and forks again.
     pause = await start(netns_path=make_netns(), cgroup=cgroup)
-    assert children == ["_child_direct"]
+    assert forks == ["_child_direct"]
     assert cgroup.pids() == {pause.pid}
     with open(f"/proc/{pause.pid}/status") as f:
         nspid = next(line.split()[1:] for line in f if line.startswith("NSpid:"))
@@ -507,13 +513,9 @@ async def test_a_pod_pause_is_cloned_straight_into_its_namespaces_and_cgroup(sta
     assert os.readlink(f"/proc/{pause.pid}/ns/pid") != os.readlink("/proc/self/ns/pid")
 
 
-async def test_with_another_thread_running_the_pause_comes_from_a_launcher(start, cgroup, monkeypatch):
+async def test_with_another_thread_running_the_pause_comes_from_a_launcher(start, cgroup, forks):
     # A raw clone3 child of a process with other threads could meet a lock one of them held
     # (malloc's): then the launcher path, whose os.fork() takes care of that.
-    children = []
-    real_fork = process._fork
-    monkeypatch.setattr(process, "_fork", lambda child, *args, **kwargs: children.append(child.__name__)
-                        or real_fork(child, *args, **kwargs))
     release = threading.Event()
     other = threading.Thread(target=release.wait)
     other.start()
@@ -522,11 +524,11 @@ async def test_with_another_thread_running_the_pause_comes_from_a_launcher(start
     finally:
         release.set()
         other.join()
-    assert children == ["_child_a"] and cgroup.pids() == {pause.pid}
+    assert forks == ["_child_a"] and cgroup.pids() == {pause.pid}
 
 
 async def test_where_clone3_is_refused_the_launcher_moves_itself_first_and_forks(start, cgroup, make_netns,
-                                                                                 monkeypatch):
+                                                                                 monkeypatch, forks):
     # A seccomp filter that answers clone3 with ENOSYS (Docker's default): the launcher path, A
     # moving itself into the v2 cgroup before it joins any namespace (tests/shim/test_clone3_refused.py
     # has a whole shim, and an exec into a task, that way).
@@ -536,9 +538,5 @@ async def test_where_clone3_is_refused_the_launcher_moves_itself_first_and_forks
     monkeypatch.setattr(linux, "clone3", refused)
     monkeypatch.setattr(cgroups, "_birth_in_v2", [])  # asked again, and refused
     assert cgroups.birth_in_v2_allowed() is False
-    children = []
-    real_fork = process._fork
-    monkeypatch.setattr(process, "_fork", lambda child, *args, **kwargs: children.append(child.__name__)
-                        or real_fork(child, *args, **kwargs))
     pause = await start(netns_path=make_netns(), cgroup=cgroup)
-    assert children == ["_child_a"] and cgroup.pids() == {pause.pid}
+    assert forks == ["_child_a"] and cgroup.pids() == {pause.pid}
