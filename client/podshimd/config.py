@@ -37,6 +37,7 @@ from client.cri.cni import DEFAULT_CONF_DIR as DEFAULT_CNI_CONF_DIR
 from client.defaults import DEFAULT_RUNTIME_ROOT, DEFAULT_STATE_ROOT
 from client.images.pull import PULL_PROGRESS_TIMEOUT, PULL_TIMEOUT, RegistryHost
 from client.images.reference import ReferenceError, parse
+from shim.paths import SUN_PATH_MAX
 from shim.runtime.pause import CATATONIT
 from shim.sandbox.options import NATIVE, RUNTIME_HANDLERS
 
@@ -49,8 +50,8 @@ LOG_LEVELS = ("debug", "info", "warning", "error")
 COMMAND_LINE = "command line"  # the "file" of a ConfigError about a flag
 
 _UNIX = "unix://"
-# sun_path is 108 bytes on Linux, its last one the terminating NUL.
-_MAX_SOCKET_PATH_BYTES = 107
+# sun_path's bytes on Linux, less its terminating NUL.
+_MAX_SOCKET_PATH_BYTES = SUN_PATH_MAX - 1
 
 
 @dataclass(frozen=True)
