@@ -30,6 +30,9 @@ __all__ = [
     "CLONE3_REFUSED", "CLONE_INTO_CGROUP", "block_all_signals", "clone3", "fork_into_cgroup", "get_child_subreaper", "mount", "ns_inode", "ns_type", "proc_start_time",
     "proc_stat", "set_child_subreaper", "set_signal_mask", "sethostname", "setns", "umount2", "unshare",
     "write_file", "open_tree", "move_mount", "pivot_root", "mount_fs",
+    "IN_ATTRIB", "IN_CLOSE_WRITE", "IN_CREATE", "IN_DELETE", "IN_DELETE_SELF", "IN_IGNORED", "IN_MODIFY",
+    "IN_MOVED_FROM", "IN_MOVED_TO", "IN_MOVE_SELF", "IN_Q_OVERFLOW", "IN_UNMOUNT",
+    "inotify_add_watch", "inotify_init", "inotify_read",
 ]
 
 # <linux/sched.h>
@@ -79,6 +82,25 @@ _SIG_SETMASK = 2
 _SigSet = ctypes.c_ulong * (1024 // (8 * ctypes.sizeof(ctypes.c_ulong)))
 _FULL_SIGSET = _SigSet(*[ctypes.c_ulong(-1).value] * len(_SigSet()))
 
+# <sys/inotify.h>
+IN_MODIFY = 0x00000002
+IN_ATTRIB = 0x00000004
+IN_CLOSE_WRITE = 0x00000008
+IN_MOVED_FROM = 0x00000040
+IN_MOVED_TO = 0x00000080
+IN_CREATE = 0x00000100
+IN_DELETE = 0x00000200
+IN_DELETE_SELF = 0x00000400
+IN_MOVE_SELF = 0x00000800
+IN_UNMOUNT = 0x00002000
+IN_Q_OVERFLOW = 0x00004000
+IN_IGNORED = 0x00008000
+_IN_NONBLOCK = os.O_NONBLOCK
+_IN_CLOEXEC = os.O_CLOEXEC
+_INOTIFY_EVENT = struct.Struct("=iIII")  # wd, mask, cookie, len (of the NUL-padded name after it)
+#: Room for every event the kernel queues by default (16384) and more, read in one call.
+_INOTIFY_READ_BYTES = 65536
+
 _libc = ctypes.CDLL(None, use_errno=True)
 
 _libc.unshare.argtypes = [ctypes.c_int]
@@ -88,6 +110,8 @@ _libc.umount2.argtypes = [ctypes.c_char_p, ctypes.c_int]
 _libc.sethostname.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
 _libc.pthread_sigmask.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p]
 _libc.prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
+_libc.inotify_init1.argtypes = [ctypes.c_int]
+_libc.inotify_add_watch.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_uint32]
 
 
 def _check(result: int, *filenames: str | None) -> None:
@@ -307,3 +331,41 @@ def ns_type(fd: int) -> int:
     Raises OSError (ENOTTY when ``fd`` is not a namespace, e.g. an unmounted netns file).
     """
     return fcntl.ioctl(fd, _NS_GET_NSTYPE)
+
+
+def inotify_init() -> int:
+    """A new inotify instance (inotify_init1 with IN_NONBLOCK and IN_CLOEXEC): its fd, which the
+    caller closes. Raises OSError (EMFILE at the user's ``max_user_instances``, ENOSYS)."""
+    fd: int = _libc.inotify_init1(_IN_NONBLOCK | _IN_CLOEXEC)
+    _check(fd)
+    return fd
+
+
+def inotify_add_watch(fd: int, path: str, mask: int) -> int:
+    """Watch ``path`` (followed if it is a symbolic link) for the ``IN_*`` events of ``mask`` on the
+    inotify instance ``fd``; returns the watch descriptor, the same one for a second watch of the
+    same inode (whose mask then replaces the first). Raises OSError naming ``path`` (ENOSPC at
+    the user's ``max_user_watches``)."""
+    wd: int = _libc.inotify_add_watch(fd, _encode(path), mask)
+    _check(wd, path)
+    return wd
+
+
+def inotify_read(fd: int) -> list[tuple[int, int, str]]:
+    """The events queued on the non-blocking inotify instance ``fd`` (all of them), as
+    ``(wd, mask, name)``: ``name`` is the entry's name for an event in a watched directory, ""
+    for one on the watched object itself; wd -1 with IN_Q_OVERFLOW when events were lost.
+    [] when none is queued. Raises OSError."""
+    events: list[tuple[int, int, str]] = []
+    while True:
+        try:
+            data = os.read(fd, _INOTIFY_READ_BYTES)
+        except BlockingIOError:
+            return events
+        offset = 0
+        while offset < len(data):
+            wd, mask, _, size = _INOTIFY_EVENT.unpack_from(data, offset)
+            offset += _INOTIFY_EVENT.size
+            name = os.fsdecode(data[offset:offset + size].rstrip(b"\0"))
+            offset += size
+            events.append((wd, mask, name))

@@ -18,7 +18,8 @@
   generation) ran before the shim served, 3-15 ms of an exec'd shim's start.
 - :func:`code_files` and :func:`fingerprint`: the files of the podshim code a long-lived process
   (the template) loaded, and what is on disk at those paths now, so the process can tell the
-  installed package changed under it.
+  installed package changed under it; :class:`CodeWatch` tells it as surely for a read of an
+  inotify instance instead of a stat per file (70 of them, 0.5 ms of each Spawn).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ import os
 import sys
 from typing import NoReturn
 
-__all__ = ["BOOT", "CODE_PACKAGES", "code_files", "exit_now", "fingerprint", "long_running", "podshim_argv",
+__all__ = ["BOOT", "CODE_PACKAGES", "CodeWatch", "code_files", "exit_now", "fingerprint", "long_running", "podshim_argv",
            "search_path"]
 
 #: The top-level packages whose code a shim runs besides the standard library.
@@ -120,3 +121,99 @@ def fingerprint(files: list[str]) -> tuple:
         else:
             state.append((st.st_ino, st.st_size, st.st_mtime_ns))
     return tuple(state)
+
+
+class CodeWatch:
+    """Whether the code ``files`` are still what was on disk when the watch was made
+    (:func:`fingerprint` then and now), for one read of an inotify instance while nothing
+    happens to them.
+
+    Watched: each file, each directory holding one, and every directory above those up to
+    ``/`` (an upgrade that replaces a file by a rename, removes and remakes a directory, or
+    renames a whole tree or a symbolic link on the way into place, shows there); in a directory
+    only the events of the entries on the way to a file count, so a ``__pycache__`` write, an
+    editor's swap file or another package installed beside them costs nothing. Any event that
+    counts, lost events (IN_Q_OVERFLOW) or a watch the kernel dropped (IN_IGNORED) makes the
+    next :meth:`changed` compare the whole fingerprint, after watching anew, so that a change
+    made meanwhile is an event of the new watches. Without inotify (no instance left to the
+    user, no room for a watch, a file that cannot be watched) every call compares the whole
+    fingerprint, as :func:`fingerprint`'s caller would.
+    """
+
+    def __init__(self, files: list[str]) -> None:
+        from shim.kernel import linux  # here: the commands that import this module need no ctypes
+
+        self._linux = linux
+        self.files = files
+        self._fd = -1
+        self._relevant: dict[int, frozenset[str] | None] = {}  # wd -> names whose events count (None: all)
+        self._watch()  # before the fingerprint: a change from now on is an event
+        self.code = fingerprint(files)
+
+    @property
+    def watching(self) -> bool:
+        """Whether :meth:`changed` reads inotify (False: it compares the whole fingerprint)."""
+        return self._fd >= 0
+
+    def changed(self) -> bool:
+        """Whether any of the files differs from what it was when the watch was made."""
+        if self._fd >= 0:
+            try:
+                events = self._linux.inotify_read(self._fd)
+            except OSError:
+                events = None
+            if events is not None and not any(self._counts(*event) for event in events):
+                return False
+            self._watch()
+        return fingerprint(self.files) != self.code
+
+    def close(self) -> None:
+        """Stop watching (the inotify instance is closed); :meth:`changed` still answers, with
+        the whole fingerprint."""
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+        self._relevant = {}
+
+    def _counts(self, wd: int, mask: int, name: str) -> bool:
+        linux = self._linux
+        if mask & (linux.IN_Q_OVERFLOW | linux.IN_IGNORED | linux.IN_DELETE_SELF | linux.IN_MOVE_SELF
+                   | linux.IN_UNMOUNT):
+            return True
+        names = self._relevant.get(wd, None)
+        return names is None or not name or name in names
+
+    def _watch(self) -> None:
+        """Watch the files and their directories on a new inotify instance, or on none at all."""
+        linux = self._linux
+        # What changes what a path names or holds: pip replaces a file by a rename, an edit
+        # writes in place, an ``rm -rf`` or a ``mv`` of a directory or of a link on the way.
+        entry_events = (linux.IN_MODIFY | linux.IN_ATTRIB | linux.IN_CLOSE_WRITE | linux.IN_DELETE_SELF
+                        | linux.IN_MOVE_SELF)
+        directory_events = (entry_events | linux.IN_CREATE | linux.IN_DELETE | linux.IN_MOVED_FROM
+                            | linux.IN_MOVED_TO)
+        self.close()
+        on_the_way: dict[str, set[str]] = {}  # directory -> the entries in it leading to a file
+        for path in self.files:
+            child, parent = os.path.basename(path), os.path.dirname(path)
+            while child:
+                on_the_way.setdefault(parent, set()).add(child)
+                child, parent = os.path.basename(parent), os.path.dirname(parent)
+        try:
+            fd = linux.inotify_init()
+        except OSError:
+            return
+        relevant: dict[int, frozenset[str] | None] = {}
+        try:
+            for directory, names in on_the_way.items():
+                wd = linux.inotify_add_watch(fd, directory, directory_events)
+                if wd not in relevant:
+                    relevant[wd] = frozenset(names)
+                elif relevant[wd] is not None:  # the same directory by another path (a link)
+                    relevant[wd] = relevant[wd] | names
+            for path in self.files:
+                relevant[linux.inotify_add_watch(fd, path, entry_events)] = None
+        except OSError:
+            os.close(fd)
+            return
+        self._fd, self._relevant = fd, relevant

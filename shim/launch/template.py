@@ -20,7 +20,8 @@ One template per runtime root: a template holds an exclusive ``flock`` on ``ROOT
 for its whole life (the kernel drops it when the process ends), and a second one waits for it
 (``LOCK_TIMEOUT``: long enough for a template that is leaving, not for one that stays) before it
 refuses to start. A template also remembers the podshim code it loaded (:mod:`shim.launch.install`)
-and, before each Spawn, checks that the files on disk are still those: after an upgrade (or an
+and, before each Spawn, checks that the files on disk are still those (an inotify watch on them
+tells it without a stat of each, :class:`shim.launch.install.CodeWatch`): after an upgrade (or an
 edit of an editable install) it answers FAILED_PRECONDITION, removes its control socket and exits,
 so that no shim is forked from old code; the spawner then starts a new template. Shims it forked
 keep running: it is not their parent.
@@ -43,7 +44,7 @@ import socket
 from typing import Any, Callable
 
 from shim.kernel.linux import set_process_name
-from shim.launch.install import code_files, fingerprint, long_running
+from shim.launch.install import CodeWatch, code_files, long_running
 from shim.paths import control_socket_path, socket_path
 from shim.rpc.api import TEMPLATE_LOCK, TEMPLATE_SERVICE
 from shim.rpc.blocking import serve_connection
@@ -200,8 +201,7 @@ class _Template:
         self.inode = os.stat(path).st_ino  # the socket file is ours only while it has this inode
         self.spawned = 0
         self.spare: Spare | None = None
-        self.files = code_files()
-        self.code = fingerprint(self.files)
+        self.code = CodeWatch(code_files())
         self.stale = False
         self.namespaces: set[str] = set()  # those spawned into
         self.holds: dict[str, Any] = {}  # namespace -> its default cgroup parent's hold (or None)
@@ -216,7 +216,7 @@ class _Template:
 
     def check_code(self) -> None:
         """Refuse to fork from code that is no longer what is installed (see the module docstring)."""
-        if self.stale or fingerprint(self.files) != self.code:
+        if self.stale or self.code.changed():
             if not self.stale:
                 log.warning("the installed podshim changed since this template started; leaving")
                 self.stale = True
@@ -250,6 +250,7 @@ class _Template:
         if self.spare is not None:
             self.spare.close()
             self.spare = None
+        self.code.close()  # no Spawn is served from here on
 
     def handlers(self) -> dict[tuple[str, str], Callable[[Request], dict[str, Any]]]:
         return {(TEMPLATE_SERVICE, "Spawn"): self.spawn, (TEMPLATE_SERVICE, "Ping"): self.ping}

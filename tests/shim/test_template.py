@@ -425,7 +425,24 @@ def test_a_second_template_on_a_runtime_root_refuses_to_start(roots, template):
     assert _ping(template)["pid"] == template.proc.pid
 
 
-def test_a_template_whose_code_changed_on_disk_forks_nothing_and_leaves(roots, tmp_path):
+def _append(install) -> None:
+    with open(install / "shim" / "rpc" / "frames.py", "a") as f:
+        f.write("\n# upgraded\n")
+
+
+def _rename_over(install) -> None:  # as pip installs a file
+    shutil.copy(install / "shim" / "rpc" / "frames.py", install / "frames.py.new")
+    os.replace(install / "frames.py.new", install / "shim" / "rpc" / "frames.py")
+
+
+def _remake_directory(install) -> None:
+    shutil.copytree(install / "shim" / "rpc", install / "rpc.new")
+    shutil.rmtree(install / "shim" / "rpc")
+    os.rename(install / "rpc.new", install / "shim" / "rpc")
+
+
+@pytest.mark.parametrize("upgrade", [_append, _rename_over, _remake_directory])
+def test_a_template_whose_code_changed_on_disk_forks_nothing_and_leaves(roots, tmp_path, upgrade):
     from shim.launch.install import BOOT, search_path
     from shim.rpc.status import FailedPrecondition
 
@@ -437,8 +454,7 @@ def test_a_template_whose_code_changed_on_disk_forks_nothing_and_leaves(roots, t
         first = start_shim(roots, "u1")
         assert first["pid"] != pid and alive(first["pid"])
 
-        with open(install / "shim" / "rpc" / "frames.py", "a") as f:
-            f.write("\n# upgraded\n")
+        upgrade(install)
         runtime_root, tmp, started = roots
         started.append(("u2", str(tmp / "u2"), "tpl"))
         with pytest.raises(FailedPrecondition, match="the installed podshim changed"):

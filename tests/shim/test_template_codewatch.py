@@ -1,0 +1,135 @@
+"""The template's check of its code (shim.launch.install.CodeWatch): every change the whole
+fingerprint sees is seen, through inotify while it can, through the fingerprint when it cannot."""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+
+import pytest
+
+from shim.kernel import linux
+from shim.launch import install
+from shim.launch.install import CodeWatch
+
+
+@pytest.fixture
+def code(tmp_path):
+    """An installed tree (``site/pkg/{a.py, sub/b.py}``), its files, and a count of the whole
+    fingerprints taken."""
+    site = tmp_path / "site"
+    (site / "pkg" / "sub").mkdir(parents=True)
+    (site / "pkg" / "a.py").write_text("A = 1\n")
+    (site / "pkg" / "sub" / "b.py").write_text("B = 1\n")
+    return site, [str(site / "pkg" / "a.py"), str(site / "pkg" / "sub" / "b.py")]
+
+
+@pytest.fixture
+def fingerprints(monkeypatch):
+    taken = []
+    whole = install.fingerprint
+
+    def counted(files):
+        taken.append(files)
+        return whole(files)
+
+    monkeypatch.setattr(install, "fingerprint", counted)
+    return taken
+
+
+@pytest.fixture
+def watch(code, fingerprints):
+    w = CodeWatch(code[1])
+    assert w.watching
+    fingerprints.clear()
+    yield w
+    w.close()
+
+
+def replace_by_rename(path, text: str) -> None:
+    """As pip installs a file: a new one renamed over the old."""
+    tmp = f"{path}.new"
+    with open(tmp, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+def test_unchanged_code_is_told_without_a_fingerprint(watch, fingerprints):
+    assert not watch.changed() and not watch.changed()
+    assert fingerprints == []
+
+
+def test_a_file_rewritten_in_place_is_a_change(code, watch):
+    with open(code[1][1], "a") as f:
+        f.write("# upgraded\n")
+    assert watch.changed()
+
+
+def test_a_file_renamed_over_is_a_change(code, watch):
+    replace_by_rename(code[1][0], "A = 2\n")
+    assert watch.changed()
+
+
+def test_a_directory_removed_and_made_anew_is_a_change(code, watch):
+    site, _ = code
+    shutil.rmtree(site / "pkg" / "sub")
+    (site / "pkg" / "sub").mkdir()
+    (site / "pkg" / "sub" / "b.py").write_text("B = 1\n")
+    assert watch.changed()
+
+
+def test_a_new_tree_renamed_into_place_above_the_code_is_a_change(code, watch):
+    site, _ = code
+    shutil.copytree(site, f"{site}.new")
+    os.rename(site, f"{site}.old")
+    os.rename(f"{site}.new", site)
+    assert watch.changed()
+
+
+def test_entries_beside_the_code_are_not_a_change_and_cost_no_fingerprint(code, watch, fingerprints):
+    site, files = code
+    (site / "pkg" / "__pycache__").mkdir()
+    (site / "pkg" / "sub" / ".b.py.swp").write_text("")
+    (site / "other").mkdir()
+    assert not watch.changed()
+    assert fingerprints == []
+
+
+def test_an_event_that_changes_nothing_is_checked_and_later_changes_are_still_seen(code, watch, fingerprints):
+    os.chmod(code[1][0], 0o600)  # IN_ATTRIB: the fingerprint does not hold the mode
+    assert not watch.changed()
+    assert len(fingerprints) == 1  # the whole comparison ...
+    assert watch.watching and not watch.changed() and len(fingerprints) == 1  # ... once, on new watches
+    replace_by_rename(code[1][1], "B = 2\n")
+    assert watch.changed()
+
+
+def test_lost_events_are_a_whole_comparison(code, watch, fingerprints, monkeypatch):
+    monkeypatch.setattr(linux, "inotify_read", lambda fd: [(-1, linux.IN_Q_OVERFLOW, "")])
+    assert not watch.changed()
+    assert len(fingerprints) == 1
+
+
+@pytest.mark.parametrize("refused", ["inotify_init", "inotify_add_watch"])
+def test_without_inotify_every_check_compares_the_whole_fingerprint(code, fingerprints, monkeypatch, refused):
+    def refuse(*args):
+        raise OSError(errno.EMFILE if refused == "inotify_init" else errno.ENOSPC, "refused")
+
+    monkeypatch.setattr(linux, refused, refuse)
+    w = CodeWatch(code[1])
+    try:
+        assert not w.watching
+        assert not w.changed() and not w.changed()
+        assert len(fingerprints) == 3  # the first, then one per check
+        replace_by_rename(code[1][0], "A = 2\n")
+        assert w.changed()
+    finally:
+        w.close()
+
+
+def test_a_closed_watch_still_answers_with_the_whole_fingerprint(code, watch, fingerprints):
+    watch.close()
+    assert not watch.watching and not watch.changed() and len(fingerprints) == 1
+    replace_by_rename(code[1][0], "A = 2\n")
+    assert watch.changed()
