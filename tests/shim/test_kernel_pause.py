@@ -13,6 +13,7 @@ import secrets
 import signal
 import socket
 import subprocess
+import sys
 import threading
 import time
 
@@ -468,6 +469,36 @@ def test_launch_on_uvloop():
 
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
         assert runner.run(scenario()) == 0
+
+
+def test_launch_in_a_shim_started_by_posix_spawn(tmp_path):
+    # glibc's posix_spawn leaves its own signals (32, 33) ignored in what it starts, and its
+    # sigaction refuses to reset them: a launch there once failed at "chdir /" with EINVAL.
+    script = tmp_path / "launch.py"
+    script.write_text(
+        "import asyncio, signal\n"
+        "from shim.kernel.reaper import Reaper\n"
+        "from shim.runtime import process\n"
+        "from shim.runtime.pause import PauseSpec, launch\n"
+        "ignored = int(next(l for l in open('/proc/self/status') if l.startswith('SigIgn:')).split()[1], 16)\n"
+        "assert ignored >> 31 & 1, 'not started the way this test needs'\n"
+        "async def main():\n"
+        "    reaper = Reaper(); reaper.install()\n"
+        "    task = await process.launch(process.ProcessSpec(name='task t', argv=('true',)), reaper)\n"
+        "    assert (await task.exit).exit_status == 0\n"
+        "    pause = await launch(PauseSpec(), reaper)\n"
+        "    process.signal_process(pause.pid, pause.start_time, signal.SIGKILL)\n"
+        "    await pause.exit\n"
+        "asyncio.run(main())\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    out = os.open(tmp_path / "out", os.O_WRONLY | os.O_CREAT, 0o600)
+    try:
+        pid = os.posix_spawn(sys.executable, [sys.executable, str(script)], env,
+                             file_actions=[(os.POSIX_SPAWN_DUP2, out, 1), (os.POSIX_SPAWN_DUP2, out, 2)])
+    finally:
+        os.close(out)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0, (tmp_path / "out").read_text()
 
 
 async def test_a_process_that_has_already_been_reaped_started_no_later_than_it_exited():
