@@ -134,16 +134,29 @@ def _cgroup_mounts() -> list[tuple[str, str, str, frozenset[str]]]:
     return mounts
 
 
+#: The last answer of discover_hierarchies that found every hierarchy mounted: (the
+#: /proc/self/cgroup it read, the cgroup mounts it matched, the hierarchies).
+_hierarchies_seen: list[tuple[bytes, list[tuple[str, str, str, frozenset[str]]], list[Hierarchy]]] = []
+
+
 def discover_hierarchies() -> list[Hierarchy]:
     """Every cgroup hierarchy this process belongs to and can see mounted, v1 and v2."""
-    with open("/proc/self/cgroup") as f:
-        lines = f.read().splitlines()
-    found, unmounted = _match_mounts(lines, _cgroup_mounts())
+    own = linux.read_file("/proc/self/cgroup")
+    mounts = _cgroup_mounts()
+    # The answer is a function of our cgroups and the mounts: the last one is reused while both
+    # read the same (matching them costs as much as reading them, twice that in a cold shim).
+    if _hierarchies_seen and _hierarchies_seen[0][0] == own and _hierarchies_seen[0][1] == mounts:
+        return list(_hierarchies_seen[0][2])
+    lines = own.decode().splitlines()
+    found, unmounted = _match_mounts(lines, mounts)
     if unmounted and _mounts_seen:
         # A hierarchy the kept reading does not show (mounted since?): read mountinfo again.
         _mounts_seen.clear()
-        found, _ = _match_mounts(lines, _cgroup_mounts())
-    return found
+        mounts = _cgroup_mounts()
+        found, unmounted = _match_mounts(lines, mounts)
+    # Not kept with a hierarchy unmounted: the next call reads mountinfo again for it.
+    _hierarchies_seen[:] = [(own, mounts, found)] if not unmounted else []
+    return list(found)
 
 
 def _match_mounts(lines: list[str], mounts: list[tuple[str, str, str, frozenset[str]]]) -> tuple[list[Hierarchy], int]:
@@ -221,14 +234,31 @@ def entry_files(procs_files: Iterable[str]) -> tuple[list[str], list[str]]:
     (:func:`shim.kernel.linux.fork_into_cgroup`). A directory that does not exist counts as v1:
     the write to its ``tasks`` file fails, naming it.
     """
+    # Which mount a directory is below tells its kind without a lookup in each directory (a
+    # missing name in a new cgroup directory costs 20 µs cold, ten of them per launch): the one
+    # a v2 mount holds is still checked for its cgroup.controllers, and one below no known
+    # cgroup mount too. A v1 directory taken for v2 (the mounts changed since they were read)
+    # fails that check; a v2 one taken for v1 fails the launch at its tasks file, naming it.
+    mounts = [mount for mount, _ in _mounts_seen] or _cgroup_mounts()
     tasks, v2_dirs = [], []
     for procs in procs_files:
         directory = os.path.dirname(procs)
-        if os.path.exists(os.path.join(directory, "cgroup.controllers")):
+        fstype = _mount_type(directory, mounts)
+        if fstype != "cgroup" and os.path.exists(os.path.join(directory, "cgroup.controllers")):
             v2_dirs.append(directory)
         else:
             tasks.append(os.path.join(directory, "tasks"))
     return tasks, v2_dirs
+
+
+def _mount_type(path: str, mounts: list[tuple[str, str, str, frozenset[str]]]) -> str | None:
+    """The filesystem type ("cgroup", "cgroup2") of the deepest of ``mounts`` that holds
+    ``path``, by its name alone; None when none does."""
+    best, fstype = -1, None
+    for kind, _, mountpoint, _ in mounts:
+        if len(mountpoint) > best and (path == mountpoint or path.startswith(mountpoint.rstrip("/") + "/")):
+            best, fstype = len(mountpoint), kind
+    return fstype
 
 
 #: Name prefix of the directories that hold a default parent (:func:`hold_parent`); "." makes it
@@ -806,18 +836,7 @@ def _make_dirs(target: str, *, copy_cpuset: bool) -> list[str]:
                     continue  # a sibling sandbox made the same parent just now: not ours
                 made.append(directory)
         if copy_cpuset:
-            # Fill every level, not only those we made: a sibling sandbox may have made a shared
-            # parent a moment ago and not filled it yet, and a task cannot join a cpuset cgroup
-            # whose cpus or mems are empty (ENOSPC). The writes are idempotent.
-            unfilled = [target]
-            while not all(_read_bytes(os.path.join(os.path.dirname(unfilled[-1]), knob))
-                          for knob in ("cpuset.cpus", "cpuset.mems")):
-                unfilled.append(os.path.dirname(unfilled[-1]))
-            for directory in reversed(unfilled):
-                for knob in ("cpuset.cpus", "cpuset.mems"):
-                    path = os.path.join(directory, knob)
-                    if not _read_bytes(path).strip():
-                        linux.write_file(path, _read_bytes(os.path.join(os.path.dirname(directory), knob)))
+            _fill_cpuset(target)
     except BaseException:
         for directory in reversed(made):
             try:
@@ -826,6 +845,35 @@ def _make_dirs(target: str, *, copy_cpuset: bool) -> list[str]:
                 pass
         raise
     return made
+
+
+_CPUSET_KNOBS = ("cpuset.cpus", "cpuset.mems")
+
+
+def _fill_cpuset(target: str) -> None:
+    """Give the cpuset directory ``target`` (just made) its parent's cpus and mems, and so every
+    ancestor whose own are empty, outermost first: a sibling sandbox may have made a shared
+    parent a moment ago and not filled it yet, and a task cannot join a cpuset cgroup whose cpus
+    or mems are empty (ENOSPC). ``target`` is ours and new: written without being read (the
+    kernel's clone_children may have filled it already: the same values). An ancestor keeps a
+    value it has. The usual case reads the two files of the parent and writes the two of
+    ``target``."""
+    levels = [target]
+    while True:
+        above = [_read_bytes(os.path.join(os.path.dirname(levels[-1]), knob)) for knob in _CPUSET_KNOBS]
+        if all(above):
+            break
+        levels.append(os.path.dirname(levels[-1]))
+    for directory in reversed(levels):
+        values = []
+        for knob, value in zip(_CPUSET_KNOBS, above):
+            path = os.path.join(directory, knob)
+            own = _read_bytes(path) if directory != target else b""
+            if not own:
+                linux.write_file(path, value)
+                own = value
+            values.append(own)
+        above = values
 
 
 def _subtree(path: str) -> list[str]:
@@ -854,8 +902,7 @@ def _rmdir(directory: str, deadline: float) -> Iterator[float]:
 
 
 def _read_bytes(path: str) -> bytes:
-    with open(path, "rb") as f:
-        return f.read().strip()
+    return linux.read_file(path).strip()
 
 
 def _read_pids(directory: str) -> list[int]:

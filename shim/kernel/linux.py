@@ -305,6 +305,24 @@ def _check_pthread(result: int) -> None:
         raise OSError(result, os.strerror(result))
 
 
+def read_file(path: str) -> bytes:
+    """The whole of a kernel file (/proc, cgroupfs) in read(2)s, without Python's file objects
+    (a third of their cost on a small file). Raises OSError."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        return read_all(fd)
+    finally:
+        os.close(fd)
+
+
+def read_all(fd: int) -> bytes:
+    """Everything ``fd`` gives until EOF, read from where it is. Raises OSError."""
+    chunks = []
+    while chunk := os.read(fd, 65536):
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
 def write_file(path: str, data: bytes) -> None:
     """Write ``data`` to a kernel file (/proc/sys, cgroupfs) in one write(2), as the kernel expects.
 

@@ -20,6 +20,8 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+from shim.kernel import linux
+
 __all__ = ["ACTIONS", "ARCHITECTURES", "FLAGS", "OPERATORS", "Program", "ProfileError", "compile_profile", "load",
            "validate"]
 
@@ -228,10 +230,7 @@ def _compile(profile_json: str) -> bytes:
         try:
             _libseccomp_error(lib.seccomp_export_bpf(ctx, fd), "exporting the filter")
             os.lseek(fd, 0, os.SEEK_SET)
-            chunks = []
-            while chunk := os.read(fd, 65536):
-                chunks.append(chunk)
-            return b"".join(chunks)
+            return linux.read_all(fd)
         finally:
             os.close(fd)
     finally:

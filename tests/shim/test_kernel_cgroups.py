@@ -593,3 +593,37 @@ def test_the_cgroup_mounts_are_read_again_when_a_mount_point_is_no_longer_what_i
         assert cgroups._mounts_seen[0] == (mount, dev)
     finally:
         cgroups._mounts_seen[0] = (mount, dev)
+
+
+def test_the_hierarchies_are_found_anew_once_the_process_is_in_other_cgroups(make_cgroup):
+    cgroup = make_cgroup()
+    before = {h.key: h.own_path for h in discover_hierarchies()}  # the answer kept
+    report_r, report_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            os.close(report_r)
+            cgroup.join(0)
+            os.write(report_w, json.dumps({h.key: h.own_path for h in discover_hierarchies()}).encode())
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(report_w)
+    try:
+        with os.fdopen(report_r, "rb") as f:
+            after = json.loads(f.read() or b"{}")
+    finally:
+        _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert set(after) == set(before)
+    for key, path in cgroup.paths.items():
+        assert after[key] != before[key] and path.endswith(after[key])
+
+
+def test_a_missing_directory_counts_as_v1_even_below_the_v2_mount():
+    v2 = next((h for h in discover_hierarchies() if h.key == V2), None)
+    if v2 is None:
+        pytest.skip("no cgroup v2 hierarchy on this machine")
+    missing = os.path.join(v2.mountpoint, _unique("missing"))
+    assert cgroups.entry_files([os.path.join(missing, "cgroup.procs")]) == ([os.path.join(missing, "tasks")], [])
