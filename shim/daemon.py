@@ -179,5 +179,6 @@ async def _serve(base: _Base, config: ShimConfig, listener: socket.socket, owns_
         # reconnect or `podshim delete`; just record that the shim is gone.
         log.info("leaving sandbox %s in state %s for `podshim delete`", config.sandbox_id, sandbox.state.value)
         sandbox.persist()
+    sandbox.close()
     base.close()
     return 0

@@ -32,6 +32,7 @@ __all__ = [
     "control_socket_path",
     "template_socket_for",
     "write_json_atomic",
+    "json_document",
     "read_json",
     "BOOTSTRAP_FILE",
     "STATE_FILE",
@@ -91,5 +92,10 @@ def write_json_atomic(path: str, doc: Any, mode: int = 0o600, *, durable: bool =
     makes meaningless anyway (state.json, bootstrap.json) skips it. ``sync_dir``: as
     :func:`shim.rpc.files.write_atomic`'s.
     """
-    write_atomic(path, (json.dumps(doc, sort_keys=True) + "\n").encode(), mode=mode, durable=durable, sync_dir=sync_dir)
+    write_atomic(path, json_document(doc), mode=mode, durable=durable, sync_dir=sync_dir)
+
+
+def json_document(doc: Any) -> bytes:
+    """The bytes of a JSON file podshim writes: sorted keys, one line, a newline."""
+    return (json.dumps(doc, sort_keys=True) + "\n").encode()
 

@@ -73,6 +73,11 @@ def child_pids() -> set[int]:
     return {int(stat[0]) for stat in stats if stat is not None and stat[linux.STAT_PPID - 1] == str(os.getpid())}
 
 
+def spare_state_files(bundle: str) -> list[str]:
+    """The temporary files of state.json in ``bundle`` (a shim keeps one between writes)."""
+    return [name for name in os.listdir(bundle) if name.startswith(f".{STATE_FILE}.")]
+
+
 def run_podshim(action: str, namespace: str, sandbox_id: str, bundle: str, runtime_root: str,
                 *extra: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     """Run ``podshim ACTION`` to completion; stdout and stderr are captured as text."""

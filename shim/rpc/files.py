@@ -15,13 +15,14 @@ import errno
 import fcntl
 import json
 import os
+import signal
 import stat
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
 __all__ = ["MAX_JSON_DEPTH", "decode_json", "ensure_private_dir", "flock_open", "fsync_dir", "read_json",
-           "rename_noreplace", "write_atomic"]
+           "rename_noreplace", "Rewriter", "write_atomic"]
 
 #: How deeply a JSON document podshim reads may nest. Real ones (CRI and CNI configs, records)
 #: nest less than 10 deep; a deeper one would be refused later anyway, by the recursion limit
@@ -234,6 +235,90 @@ def write_atomic(path: str, data: bytes, *, mode: int = 0o600, durable: bool = T
         raise
     if durable and sync_dir:
         fsync_dir(directory)
+
+
+class Rewriter:
+    """One file that its one writer replaces again and again (a shim's state.json), with
+    :func:`write_atomic`'s non-durable guarantee: a reader sees the old content or the new,
+    never half.
+
+    A new inode costs 30-60 µs, and 0.3-0.7 ms in a crowded ext4 block group (/tmp here);
+    so the exchange's leftover, the version before, is kept under its temporary name (the
+    *spare*) and the next write fills it and exchanges it back, instead of making a new file
+    and unlinking the old one. The spare is written only when nobody else has it open: a reader
+    that opened the file before it was exchanged away must keep reading the version it opened.
+    A write lease (fcntl F_SETLEASE) is granted only when no other open file refers to the
+    inode, and holds off a new opener (of the temporary name: nobody) until the spare is
+    written; where the lease is refused (a reader, no leases on this filesystem) the spare is
+    unlinked and a new file made, as write_atomic does. :meth:`close` removes the spare.
+    """
+
+    def __init__(self, path: str, *, mode: int = 0o600) -> None:
+        self.path = path
+        self.mode = mode
+        self._spare: str | None = None
+
+    def write(self, data: bytes) -> None:
+        """Replace the file's content with ``data``. Raises OSError as :func:`write_atomic`."""
+        fd, tmp = self._take_spare()
+        if fd is None:
+            fd, tmp = _temporary(os.path.dirname(self.path) or ".", "." + os.path.basename(self.path) + ".")
+        try:
+            try:
+                view, offset = memoryview(data), 0
+                while offset < len(view):
+                    offset += os.pwrite(fd, view[offset:], offset)
+                os.ftruncate(fd, len(view))  # a longer version was there; never to 0 (see below)
+                os.fchmod(fd, self.mode)
+            finally:
+                os.close(fd)  # ends the lease
+            if _exchange(tmp, self.path):
+                if stat.S_ISDIR(os.lstat(tmp).st_mode):  # put it back, fail as rename would
+                    _exchange(tmp, self.path)
+                    raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), self.path)
+                self._spare = tmp  # it now holds the version before
+            else:
+                os.replace(tmp, self.path)
+        except BaseException:
+            self._spare = None
+            _unlink_quietly(tmp)
+            raise
+
+    def close(self) -> None:
+        """Remove the spare (idempotent); a later write makes a new one."""
+        if self._spare is not None:
+            _unlink_quietly(self._spare)
+            self._spare = None
+
+    def _take_spare(self) -> tuple[int | None, str]:
+        """The spare opened for writing under a write lease, or (None, "") when there is none
+        to use (then none is kept)."""
+        spare, self._spare = self._spare, None
+        if spare is None:
+            return None, ""
+        try:
+            fd = os.open(spare, os.O_WRONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+        except OSError:
+            _unlink_quietly(spare)
+            return None, ""
+        try:
+            # A lease break would signal us (SIGIO, whose default ends a process); SIGURG's
+            # default is to ignore it. Truncating to 0 would make ext4 flush the file at close
+            # (auto_da_alloc): the content is overwritten and cut to its length instead.
+            fcntl.fcntl(fd, fcntl.F_SETSIG, signal.SIGURG)
+            fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_WRLCK)
+        except OSError:  # EAGAIN: a reader has it open; EINVAL, EACCES: no lease here
+            os.close(fd)
+            _unlink_quietly(spare)
+            return None, ""
+        return fd, spare
+
+
+def _unlink_quietly(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
 
 
 def rename_noreplace(src: str, dst: str) -> bool:

@@ -26,12 +26,12 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from shim.paths import STATE_FILE, write_json_atomic
-from shim.rpc.files import read_json
+from shim.paths import STATE_FILE, json_document, write_json_atomic
+from shim.rpc.files import Rewriter, read_json
 from shim.rpc.records import Record, set_field as _set
 
 __all__ = ["STATE_DELETED", "STATE_NEW", "STATE_VERSION", "ExitRecord", "MalformedRecord", "PauseRecord",
-           "SandboxRecord", "TaskRecord", "read_state", "write_state"]
+           "SandboxRecord", "StateFile", "TaskRecord", "read_state", "write_state"]
 
 STATE_VERSION = 1
 #: The state of a shim that serves no sandbox yet (:attr:`shim.sandbox.sandbox.State.NEW`).
@@ -259,6 +259,24 @@ def write_state(bundle: str, record: SandboxRecord) -> None:
     """Replace the record in ``bundle`` atomically (not fsync'd: a reboot ends every shim anyway).
     Raises OSError."""
     write_json_atomic(os.path.join(bundle, STATE_FILE), record.to_dict(), durable=False)
+
+
+class StateFile:
+    """The record in one bundle as its shim rewrites it on every change (:meth:`Sandbox.persist
+    <shim.sandbox.sandbox.Sandbox.persist>`): :func:`write_state`'s file and guarantee, without
+    a new inode for each version (:class:`shim.rpc.files.Rewriter`). :meth:`close` removes what
+    it keeps between writes."""
+
+    def __init__(self, bundle: str) -> None:
+        self._file = Rewriter(os.path.join(bundle, STATE_FILE))
+
+    def write(self, record: SandboxRecord) -> None:
+        """Replace the record. Raises OSError."""
+        self._file.write(json_document(record.to_dict()))
+
+    def close(self) -> None:
+        """Remove the spare version kept for the next write (idempotent)."""
+        self._file.close()
 
 
 def _map(doc: Any, where: str) -> Mapping[str, Any]:

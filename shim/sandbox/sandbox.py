@@ -24,7 +24,7 @@ from shim.rpc.records import Record, set_field as _set
 from shim.rpc.status import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound, RpcError, Unavailable
 from shim.sandbox.events import TOPIC_CREATE, TOPIC_EXIT, TOPIC_START, TOPIC_STATE, EventBus
 from shim.sandbox.options import NATIVE, SandboxOptions
-from shim.sandbox.record import STATE_NEW, ExitRecord, PauseRecord, SandboxRecord, TaskRecord, write_state
+from shim.sandbox.record import STATE_NEW, ExitRecord, PauseRecord, SandboxRecord, StateFile, TaskRecord
 
 if TYPE_CHECKING:  # the runtime's modules load at CreateSandbox: a shim serves without them (issue #15)
     from shim.runtime import mounts, pause
@@ -216,6 +216,7 @@ class Sandbox:
         self.tasks: Tasks | None = None
         self.runtime: Runtime | None = None  # chosen by CreateSandbox, from the runtime handler
         self.rootfs = ""  # <bundle>/rootfs while a sandbox image's root may be mounted there
+        self._state_file = StateFile(config.bundle)
 
     # -- the table ------------------------------------------------------------------------
     def _check(self, op: Operation, sandbox_id: str) -> State:
@@ -267,9 +268,14 @@ class Sandbox:
 
     def persist(self) -> None:
         try:
-            write_state(self.config.bundle, self.record())
+            self._state_file.write(self.record())
         except OSError as exc:  # the bundle went away under us: keep serving, say so
             log.error("cannot write the state of sandbox %s: %s", self.config.sandbox_id, exc)
+
+    def close(self) -> None:
+        """Remove what persisting keeps in the bundle between writes (idempotent): at
+        ShutdownSandbox, and when the shim exits. A later persist makes it anew."""
+        self._state_file.close()
 
     # -- operations -----------------------------------------------------------------------
     async def create(self, sandbox_id: str, *, options: Any = None, netns_path: str | None = None,
@@ -559,6 +565,7 @@ class Sandbox:
                 await self._stop_locked(0)
             await self.release()
             self._enter(nxt)
+            self.close()
 
     async def _stop_tasks(self) -> None:
         # Tasks first: they are killed and their exits seen before the pause goes, even those

@@ -11,7 +11,7 @@ import threading
 
 import pytest
 
-from shim.rpc.files import MAX_JSON_DEPTH, decode_json, ensure_private_dir, flock_open, read_json, write_atomic
+from shim.rpc.files import MAX_JSON_DEPTH, Rewriter, decode_json, ensure_private_dir, flock_open, read_json, write_atomic
 
 
 @pytest.mark.parametrize("durable", [False, True])
@@ -230,3 +230,53 @@ def test_an_unlinking_holder_that_did_not_get_the_lock_removes_nothing(tmp_path)
     with flock_open(path, unlink=True):
         pass
     assert os.listdir(tmp_path) == []
+
+
+def test_a_rewritten_file_holds_each_version_whole_and_keeps_one_spare(tmp_path):
+    path = tmp_path / "state.json"
+    path.write_bytes(b"the first version, the longest of all")
+    rewriter = Rewriter(str(path), mode=0o644)
+    for version in (b"second", b"third, longer than the second", b"4th"):
+        rewriter.write(version)
+        assert path.read_bytes() == version
+        assert stat.S_IMODE(path.stat().st_mode) == 0o644
+        (spare,) = [name for name in os.listdir(tmp_path) if name != "state.json"]
+        assert spare.startswith(".state.json.")
+    rewriter.close()
+    assert os.listdir(tmp_path) == ["state.json"] and path.read_bytes() == b"4th"
+
+
+def test_a_rewrite_reuses_the_version_before_last_that_nobody_reads(tmp_path):
+    path = tmp_path / "state.json"
+    rewriter = Rewriter(str(path))
+    rewriter.write(b"one")
+    first = path.stat().st_ino
+    rewriter.write(b"two")
+    rewriter.write(b"three")  # into the first file: nobody has it open
+    assert path.stat().st_ino == first and path.read_bytes() == b"three"
+    rewriter.close()
+
+
+def test_a_reader_holding_a_rewritten_version_keeps_reading_it_whole(tmp_path):
+    path = tmp_path / "state.json"
+    rewriter = Rewriter(str(path))
+    rewriter.write(b"old")
+    with open(path, "rb") as reader:
+        rewriter.write(b"new")
+        rewriter.write(b"newer")  # the file the reader holds is not the one written
+        assert reader.read() == b"old"
+    assert path.read_bytes() == b"newer"
+    rewriter.write(b"newest")
+    assert path.read_bytes() == b"newest"
+    rewriter.close()
+    assert os.listdir(tmp_path) == ["state.json"]
+
+
+def test_a_rewrite_over_a_directory_is_refused_and_leaves_it(tmp_path):
+    (tmp_path / "state.json").mkdir()
+    (tmp_path / "state.json" / "inside").write_bytes(b"kept")
+    rewriter = Rewriter(str(tmp_path / "state.json"))
+    with pytest.raises(IsADirectoryError):
+        rewriter.write(b"x")
+    assert (tmp_path / "state.json" / "inside").read_bytes() == b"kept"
+    assert os.listdir(tmp_path) == ["state.json"]

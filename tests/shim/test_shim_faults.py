@@ -14,7 +14,7 @@ import pytest
 from shim.rpc import AlreadyExists, DeadlineExceeded, FailedPrecondition, InvalidArgument, NotFound
 from shim.rpc.api import SANDBOX_METHODS, SANDBOX_SERVICE
 from shimtools import host_untouched  # noqa: F401  (autouse: what this module's shims made is checked at the end)
-from shimtools import EventStream, ProcessRef, adopting_orphans, host_netns_bound_at
+from shimtools import EventStream, ProcessRef, adopting_orphans, host_netns_bound_at, spare_state_files
 
 # Each test runs twice: shims exec'd by `podshim start`, and forked by the session's template.
 pytestmark = pytest.mark.usefixtures("spawn_mode")
@@ -280,6 +280,7 @@ async def test_sigterm_ends_the_shim_with_0_and_leaves_the_pause_for_delete(shim
         assert shim.process.reap() == (0 if spawn_mode == "exec" else None)
         assert not pause.has_exited()
         assert os.path.exists(made.netns_path)
+        assert spare_state_files(shim.bundle) == []  # the state file's spare goes with the shim
         result = await asyncio.to_thread(shim.delete)
         assert result.returncode == 0, result.stderr
         assert json.loads(result.stdout)["exit_status"] == EXIT_KILLED

@@ -14,7 +14,7 @@ from shim.kernel import netns
 from shim.rpc import NotFound
 from shim.rpc.api import SANDBOX_METHODS
 from shimtools import host_untouched  # noqa: F401  (autouse: what this module's shims made is checked at the end)
-from shimtools import WAIT, EventStream, ProcessRef, mounts_naming, ns_inode
+from shimtools import WAIT, EventStream, ProcessRef, mounts_naming, ns_inode, spare_state_files
 
 # Each test runs twice: shims exec'd by `podshim start`, and forked by the session's template.
 pytestmark = pytest.mark.usefixtures("spawn_mode")
@@ -280,6 +280,7 @@ async def test_shutdown_removes_what_the_sandbox_made_and_the_shim_exits(shim):
         pause.close()
     assert made.netns_path and made.cgroup_dirs
     assert made.remains() == []
+    assert spare_state_files(shim.bundle) == []
 
 
 async def test_shutdown_before_create_ends_the_shim(shim):
