@@ -67,14 +67,16 @@ def bind_listener(path: str) -> socket.socket | None:
     raise AssertionError("unreachable")
 
 
-def bootstrap(address: str, pid: int) -> dict[str, Any]:
+def bootstrap(address: str, pid: int, start_time: int | None = None) -> dict[str, Any]:
     """The bootstrap result printed by ``podshim start`` and kept in bootstrap.json.
 
     With the shim's pid goes its start time (protocol.md 8): together they name the shim for its
     whole life, so a controller tells a shim that is gone from one that is slow to answer.
+    ``start_time``: the shim's, if the caller has read it already (it is read here otherwise).
     """
     doc: dict[str, Any] = {"version": BOOTSTRAP_VERSION, "address": address, "protocol": PROTOCOL, "pid": pid}
-    start_time = proc_start_time(pid) if pid > 0 else None
+    if start_time is None and pid > 0:
+        start_time = proc_start_time(pid)
     if start_time is not None:
         doc["start_time"] = start_time
     return doc
@@ -293,14 +295,15 @@ def spawn_shim(config: Any, *, debug: bool = False, double_fork: bool = False,
             # The spare's first state.json, before it has its sandbox: nobody can call it yet, so
             # this hides no newer record of its own, and whoever dies from here on leaves a shim
             # that `podshim delete` finds.
-            _record_shim(config, spare.pid)
+            start_time = _record_shim(config, spare.pid)
             if _assign(spare, config, sock, debug):
                 sock.close()
                 # Answered now: the socket is bound and listening, so a call made at once waits
                 # in its backlog until the spare serves (its set-up runs meanwhile, instead of
-                # before the answer). A spare that dies first closes the socket: that call fails
+                # before the answer; so does bootstrap.json's write, which is why it comes after
+                # the assignment). A spare that dies first closes the socket: that call fails
                 # UNAVAILABLE, and state.json names the shim for `podshim delete`.
-                result = bootstrap(address, spare.pid)
+                result = bootstrap(address, spare.pid, start_time)
                 write_json_atomic(os.path.join(config.bundle, BOOTSTRAP_FILE), result, mode=0o644, durable=False)
                 return result
         finally:
@@ -377,14 +380,17 @@ def _started(config: Any, address: str, shim_pid: int, child_pid: int | None, re
     return result
 
 
-def _record_shim(config: Any, pid: int) -> None:
+def _record_shim(config: Any, pid: int) -> int | None:
     """Write the shim's first state.json at once, from the process that forked it: whoever dies
     from now on, `podshim delete` can find the shim and end it. Nothing can have called the
     shim yet (its address is not out), so this never hides a newer record of the shim's own.
+    Returns the shim's start time, as recorded (None: it is gone already).
     """
+    start_time = proc_start_time(pid)
     write_state(config.bundle, SandboxRecord(namespace=config.namespace, sandbox_id=config.sandbox_id, state=STATE_NEW,
-                                             shim_pid=pid, shim_start_time=proc_start_time(pid),
+                                             shim_pid=pid, shim_start_time=start_time,
                                              socket_path=config.socket_path))
+    return start_time
 
 
 def _abandon(shim_pid: int, child_pid: int | None, socket_path: str) -> None:
