@@ -45,6 +45,16 @@ def test_create_pins_a_new_netns_on_the_path(netns_path):
     assert os.path.realpath(netns_path) in _mount_points()
 
 
+def test_create_makes_the_missing_directories_of_the_path(tmp_path):
+    path = str(tmp_path / "made" / "here" / "ns")
+    try:
+        assert netns.create_netns(path) == path
+        assert linux.ns_inode(path) != linux.ns_inode("/proc/self/ns/net")
+    finally:
+        netns.remove_netns(path)
+    assert os.listdir(tmp_path / "made" / "here") == []
+
+
 def test_calling_thread_returns_to_its_own_netns(netns_path):
     before = linux.ns_inode("/proc/thread-self/ns/net")
     netns.create_netns(netns_path)
