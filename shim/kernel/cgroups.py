@@ -274,7 +274,26 @@ def hold_parent(parent: str) -> SandboxCgroup:
     the kernel frees lazily. The shim template holds the parents of the namespaces it spawns
     into and removes its holds (and so the parents, once empty) when it exits. Raises as
     :meth:`SandboxCgroup.create`."""
-    return SandboxCgroup.create(f"{HOLD_PREFIX}{os.getpid()}", parent)
+    hold = SandboxCgroup.create(f"{HOLD_PREFIX}{os.getpid()}", parent)
+    _holds.append(hold)
+    return hold
+
+
+#: The holds made by this process or, before it forked us, by our template (hold_parent): where
+#: to look for one that keeps a sandbox's parents (SandboxCgroup.remove), removed or not.
+_holds: list[SandboxCgroup] = []
+
+
+def _parents_held(cgroup: SandboxCgroup) -> bool:
+    """Whether a hold still keeps the parents ``cgroup`` owns, its own directories being gone:
+    then removing them would fail (ENOTEMPTY, ten rmdirs for nothing), and whoever removes the
+    hold prunes them (all the hold's directories go before its parents). A hold gone or going
+    (its first directory removed) is not counted: the parents are tried as without one."""
+    for hold in _holds:
+        if hold is not cgroup and hold.owned_parents == cgroup.owned_parents and hold.paths \
+                and os.path.isdir(next(iter(hold.paths.values()))):
+            return True
+    return False
 
 
 def remove_stale_holds() -> list[str]:
@@ -781,6 +800,8 @@ class SandboxCgroup(Record):
                     raise error_from_oserror(exc, f"cannot remove cgroup {path}") from exc
             for directory in _subtree(path)[::-1]:
                 yield from _rmdir(directory, deadline)
+        if _holds and _parents_held(self):
+            return
         for dirs in self.owned_parents.values():
             for directory in reversed(dirs):
                 try:

@@ -627,3 +627,37 @@ def test_a_missing_directory_counts_as_v1_even_below_the_v2_mount():
         pytest.skip("no cgroup v2 hierarchy on this machine")
     missing = os.path.join(v2.mountpoint, _unique("missing"))
     assert cgroups.entry_files([os.path.join(missing, "cgroup.procs")]) == ([os.path.join(missing, "tasks")], [])
+
+
+def test_a_sandbox_below_a_held_parent_leaves_the_parents_to_whoever_removes_the_hold(monkeypatch):
+    parent = f"{cgroups.DEFAULT_PARENT}/{_unique('ns')}"
+    hold = cgroups.hold_parent(parent)
+    try:
+        cgroup = SandboxCgroup.create(_unique("sb"), parent)
+        removed: list[str] = []
+        real_rmdir = os.rmdir
+
+        def rmdir(path, *args, **kwargs):
+            removed.append(path)
+            return real_rmdir(path, *args, **kwargs)
+
+        with monkeypatch.context() as patched:
+            patched.setattr(os, "rmdir", rmdir)
+            cgroup.remove()
+        assert sorted(removed) == sorted(cgroup.paths.values())  # no parent tried: the hold keeps them
+        assert all(os.path.isdir(os.path.dirname(path)) for path in cgroup.paths.values())
+    finally:
+        hold.remove()
+    assert not any(os.path.exists(os.path.dirname(path)) for path in hold.paths.values())
+
+
+def test_the_last_sandbox_below_a_parent_whose_hold_is_gone_prunes_it():
+    parent = f"{cgroups.DEFAULT_PARENT}/{_unique('ns')}"
+    hold = cgroups.hold_parent(parent)
+    cgroup = SandboxCgroup.create(_unique("sb"), parent)
+    try:
+        hold.remove()  # the parents stay: the sandbox is in them
+        assert all(os.path.isdir(os.path.dirname(path)) for path in cgroup.paths.values())
+    finally:
+        cgroup.remove()
+    assert not any(os.path.exists(os.path.dirname(path)) for path in cgroup.paths.values())
