@@ -775,7 +775,12 @@ class SandboxCgroup(Record):
         ``timeout``), and only then is the cancellation raised: a cancelled caller never leaves
         behind a cgroup it was removing.
         """
-        removal = asyncio.ensure_future(self._aremove(timeout))
+        steps = self._removal(timeout)
+        try:
+            delay = next(steps)
+        except StopIteration:
+            return  # the usual case: all removed at once, without a task and a turn of the loop
+        removal = asyncio.ensure_future(_pausing(steps, delay))
         cancelled: asyncio.CancelledError | None = None
         while not removal.done():
             try:
@@ -786,10 +791,6 @@ class SandboxCgroup(Record):
             removal.exception()  # retrieved: the cancellation is what the caller gets
             raise cancelled
         removal.result()
-
-    async def _aremove(self, timeout: float) -> None:
-        for delay in self._removal(timeout):
-            await asyncio.sleep(delay)
 
     def _removal(self, timeout: float) -> Iterator[float]:
         """The removal, pausing by yielding how long to wait before the next rmdir attempt."""
@@ -816,6 +817,13 @@ class SandboxCgroup(Record):
                     if exc.errno not in (errno.ENOENT, errno.ENOTEMPTY, errno.EBUSY):
                         raise error_from_oserror(exc, f"cannot remove cgroup {directory}") from exc
                     break
+
+
+async def _pausing(steps: Iterator[float], delay: float) -> None:
+    """Run the rest of a removal (SandboxCgroup._removal) that asked to wait ``delay`` seconds."""
+    await asyncio.sleep(delay)
+    for delay in steps:
+        await asyncio.sleep(delay)
 
 
 def _parent_dirs(hierarchy: Hierarchy, base: str, parent: str, parent_dir: str | None) -> list[str]:

@@ -456,6 +456,14 @@ async def test_aremove_waits_for_members_without_blocking_the_loop(make_cgroup, 
     assert ticks > 10  # the loop kept running while aremove waited
 
 
+def test_aremove_of_an_empty_cgroup_finishes_in_its_first_step(make_cgroup):
+    cgroup = make_cgroup()
+    removal = cgroup.aremove()
+    with pytest.raises(StopIteration):
+        removal.send(None)  # no task made, no turn of the event loop waited for
+    assert not [path for path in cgroup.paths.values() if os.path.exists(path)]
+
+
 async def test_a_cancelled_aremove_still_removes_the_cgroup_before_the_cancellation_is_raised(make_cgroup, sleeper):
     cgroup = make_cgroup()
     pid = sleeper()
