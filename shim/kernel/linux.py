@@ -32,7 +32,7 @@ __all__ = [
     "write_file", "open_tree", "move_mount", "pivot_root", "mount_fs",
     "IN_ATTRIB", "IN_CLOSE_WRITE", "IN_CREATE", "IN_DELETE", "IN_DELETE_SELF", "IN_IGNORED", "IN_MODIFY",
     "IN_MOVED_FROM", "IN_MOVED_TO", "IN_MOVE_SELF", "IN_Q_OVERFLOW", "IN_UNMOUNT",
-    "inotify_add_watch", "inotify_init", "inotify_read",
+    "inotify_add_watch", "inotify_init", "inotify_read", "fs_type",
 ]
 
 # <linux/sched.h>
@@ -112,6 +112,7 @@ _libc.pthread_sigmask.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p
 _libc.prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
 _libc.inotify_init1.argtypes = [ctypes.c_int]
 _libc.inotify_add_watch.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_uint32]
+_libc.statfs.argtypes = [ctypes.c_char_p, ctypes.c_void_p]
 
 
 def _check(result: int, *filenames: str | None) -> None:
@@ -387,3 +388,11 @@ def inotify_read(fd: int) -> list[tuple[int, int, str]]:
             name = os.fsdecode(data[offset:offset + size].rstrip(b"\0"))
             offset += size
             events.append((wd, mask, name))
+
+
+def fs_type(path: str) -> int:
+    """The magic number of the filesystem holding ``path`` (statfs(2)'s ``f_type``, as
+    <linux/magic.h> names it: 0x6969 for NFS). Raises OSError naming ``path``."""
+    buf = ctypes.create_string_buffer(256)  # struct statfs: 120 bytes on 64-bit, f_type first
+    _check(_libc.statfs(_encode(path), buf), path)
+    return ctypes.c_long.from_buffer(buf).value & 0xFFFFFFFF

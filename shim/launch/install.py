@@ -24,6 +24,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import sys
 from typing import NoReturn
@@ -123,6 +124,21 @@ def fingerprint(files: list[str]) -> tuple:
     return tuple(state)
 
 
+#: Filesystems (statfs magic numbers) whose files another machine, or a server in user space,
+#: changes without an inotify event here: NFS, SMB (three), FUSE (virtiofs, sshfs), 9p, Ceph,
+#: AFS (two), Lustre, GPFS, GFS2, OCFS2.
+_REMOTE_FILESYSTEMS = frozenset({0x6969, 0xFF534D42, 0xFE534D42, 0x517B, 0x65735546, 0x01021997, 0x00C36400,
+                                 0x5346414F, 0x6B414653, 0x0BD00BD0, 0x47504653, 0x01161970, 0x7461636F})
+
+
+def _local(path: str) -> None:
+    """Raise OSError unless inotify tells every change of ``path`` (it is not on a remote filesystem)."""
+    from shim.kernel import linux
+
+    if linux.fs_type(path) in _REMOTE_FILESYSTEMS:
+        raise OSError(errno.EREMOTE, "on a filesystem whose changes inotify does not see", path)
+
+
 class CodeWatch:
     """Whether the code ``files`` are still what was on disk when the watch was made
     (:func:`fingerprint` then and now), for one read of an inotify instance while nothing
@@ -136,7 +152,8 @@ class CodeWatch:
     counts, lost events (IN_Q_OVERFLOW) or a watch the kernel dropped (IN_IGNORED) makes the
     next :meth:`changed` compare the whole fingerprint, after watching anew, so that a change
     made meanwhile is an event of the new watches. Without inotify (no instance left to the
-    user, no room for a watch, a file that cannot be watched) every call compares the whole
+    user, no room for a watch, a file that cannot be watched, or a path on a filesystem whose
+    changes this kernel need not see: NFS, FUSE, ...) every call compares the whole
     fingerprint, as :func:`fingerprint`'s caller would.
     """
 
@@ -206,12 +223,14 @@ class CodeWatch:
         relevant: dict[int, frozenset[str] | None] = {}
         try:
             for directory, names in on_the_way.items():
+                _local(directory)
                 wd = linux.inotify_add_watch(fd, directory, directory_events)
                 if wd not in relevant:
                     relevant[wd] = frozenset(names)
                 elif relevant[wd] is not None:  # the same directory by another path (a link)
                     relevant[wd] = relevant[wd] | names
             for path in self.files:
+                _local(path)
                 relevant[linux.inotify_add_watch(fd, path, entry_events)] = None
         except OSError:
             os.close(fd)

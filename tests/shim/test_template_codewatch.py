@@ -133,3 +133,25 @@ def test_a_closed_watch_still_answers_with_the_whole_fingerprint(code, watch, fi
     assert not watch.watching and not watch.changed() and len(fingerprints) == 1
     replace_by_rename(code[1][0], "A = 2\n")
     assert watch.changed()
+
+
+def test_code_on_a_remote_filesystem_is_compared_whole_at_every_check(code, fingerprints, monkeypatch):
+    # inotify sees only the changes made through this kernel, not those of an NFS server's
+    # other clients or of a FUSE daemon (virtiofs: a checkout edited on a VM's host).
+    site, files = code
+    nfs, ext4 = 0x6969, 0xEF53
+    monkeypatch.setattr(linux, "fs_type", lambda path: nfs if path.startswith(str(site / "pkg")) else ext4,
+                        raising=False)
+    w = CodeWatch(files)
+    try:
+        assert not w.watching
+        assert not w.changed() and len(fingerprints) == 2  # the first, then one per check
+    finally:
+        w.close()
+
+
+def test_the_filesystem_type_is_statfs_magic_number(tmp_path):
+    assert linux.fs_type("/proc") == 0x9FA0  # PROC_SUPER_MAGIC
+    with pytest.raises(OSError) as raised:
+        linux.fs_type(str(tmp_path / "missing"))
+    assert raised.value.errno == errno.ENOENT and raised.value.filename == str(tmp_path / "missing")
