@@ -145,8 +145,9 @@ class CodeWatch:
     happens to them.
 
     Watched: each file, each directory holding one, and every directory above those up to
-    ``/`` (an upgrade that replaces a file by a rename, removes and remakes a directory, or
-    renames a whole tree or a symbolic link on the way into place, shows there); in a directory
+    ``/``, on the path given and on the one its links lead to (an upgrade that replaces a file
+    by a rename, removes and remakes a directory, or renames a whole tree or a symbolic link on
+    the way into place, shows there); in a directory
     only the events of the entries on the way to a file count, so a ``__pycache__`` write, an
     editor's swap file or another package installed beside them costs nothing. Any event that
     counts, lost events (IN_Q_OVERFLOW) or a watch the kernel dropped (IN_IGNORED) makes the
@@ -211,7 +212,9 @@ class CodeWatch:
                             | linux.IN_MOVED_TO)
         self.close()
         on_the_way: dict[str, set[str]] = {}  # directory -> the entries in it leading to a file
-        for path in self.files:
+        # The way a path names, and the way it leads through its links: the directories above
+        # a link's target are not on the first (a tree replaced there shows only on the second).
+        for path in {way for path in self.files for way in (path, os.path.realpath(path))}:
             child, parent = os.path.basename(path), os.path.dirname(path)
             while child:
                 on_the_way.setdefault(parent, set()).add(child)

@@ -16,8 +16,7 @@ from shim.launch.install import CodeWatch
 
 @pytest.fixture
 def code(tmp_path):
-    """An installed tree (``site/pkg/{a.py, sub/b.py}``), its files, and a count of the whole
-    fingerprints taken."""
+    """An installed tree (``site/pkg/{a.py, sub/b.py}``) and its files."""
     site = tmp_path / "site"
     (site / "pkg" / "sub").mkdir(parents=True)
     (site / "pkg" / "a.py").write_text("A = 1\n")
@@ -27,6 +26,7 @@ def code(tmp_path):
 
 @pytest.fixture
 def fingerprints(monkeypatch):
+    """The whole fingerprints taken (each one's files), as they are taken."""
     taken = []
     whole = install.fingerprint
 
@@ -155,3 +155,21 @@ def test_the_filesystem_type_is_statfs_magic_number(tmp_path):
     with pytest.raises(OSError) as raised:
         linux.fs_type(str(tmp_path / "missing"))
     assert raised.value.errno == errno.ENOENT and raised.value.filename == str(tmp_path / "missing")
+
+
+def test_a_tree_replaced_where_a_link_on_the_way_leads_is_a_change(tmp_path):
+    # site/pkg is a link to real/v1/pkg: real/ is on no path the watch was given.
+    (tmp_path / "real" / "v1" / "pkg").mkdir(parents=True)
+    (tmp_path / "real" / "v1" / "pkg" / "a.py").write_text("A = 1\n")
+    (tmp_path / "site").mkdir()
+    (tmp_path / "site" / "pkg").symlink_to(tmp_path / "real" / "v1" / "pkg")
+    w = CodeWatch([str(tmp_path / "site" / "pkg" / "a.py")])
+    try:
+        assert w.watching
+        shutil.copytree(tmp_path / "real" / "v1", tmp_path / "real" / "v2")
+        replace_by_rename(tmp_path / "real" / "v2" / "pkg" / "a.py", "A = 2\n")
+        os.rename(tmp_path / "real" / "v1", tmp_path / "real" / "v0")
+        os.rename(tmp_path / "real" / "v2", tmp_path / "real" / "v1")
+        assert w.changed()
+    finally:
+        w.close()
