@@ -32,7 +32,7 @@ __all__ = [
     "write_file", "open_tree", "move_mount", "pivot_root", "mount_fs",
     "IN_ATTRIB", "IN_CLOSE_WRITE", "IN_CREATE", "IN_DELETE", "IN_DELETE_SELF", "IN_IGNORED", "IN_MODIFY",
     "IN_MOVED_FROM", "IN_MOVED_TO", "IN_MOVE_SELF", "IN_Q_OVERFLOW", "IN_UNMOUNT",
-    "inotify_add_watch", "inotify_init", "inotify_read", "fs_type",
+    "inotify_add_watch", "inotify_init", "inotify_read", "fs_type", "default_signal",
 ]
 
 # <linux/sched.h>
@@ -299,6 +299,18 @@ def set_signal_mask(mask: bytes = b"") -> None:
     """Set the calling thread's signal mask to ``mask`` from :func:`block_all_signals` (empty: none)."""
     new = _SigSet.from_buffer_copy(mask.ljust(ctypes.sizeof(_SigSet), b"\0"))
     _check_pthread(_libc.pthread_sigmask(_SIG_SETMASK, new, None))
+
+
+_SYS_RT_SIGACTION = 13  # x86_64
+
+
+def default_signal(sig: int) -> None:
+    """Give ``sig`` its default disposition (SIG_DFL) with the system call itself: the C
+    library's sigaction refuses its own signals (glibc: 32 and 33, which its posix_spawn leaves
+    ignored in what it starts), the kernel does not. Python's table of handlers is not told: for
+    a child about to exec. Raises OSError."""
+    action = (ctypes.c_ulong * 4)()  # struct sigaction as the kernel takes it, all 0: SIG_DFL
+    _check(_libc.syscall(_SYS_RT_SIGACTION, ctypes.c_int(sig), action, None, ctypes.c_size_t(8)))
 
 
 def _check_pthread(result: int) -> None:

@@ -742,7 +742,7 @@ def _child_b(plan: _Plan, write_fd: int) -> NoReturn:
         # and anything ignored when the shim started). The kernel's SigIgn has them all.
         step = "resetting the signals it would inherit ignored"
         for sig in ignored:
-            signal.signal(sig, signal.SIG_DFL)
+            linux.default_signal(sig)
         if not plan.exec_signals_blocked:
             linux.set_signal_mask(b"")
         for step, call in plan.confine:
@@ -779,20 +779,15 @@ def _make_terminal(console: int, size: tuple[int, int]) -> int:
     return slave
 
 
-# The C library's own signals, between the standard ones and SIGRTMIN (glibc: 32 and 33). Its
-# posix_spawn leaves them ignored in the program it starts (a shim whose starter used it), and
-# its sigaction refuses to touch them (EINVAL): they stay as they are.
-_LIBC_SIGNALS = range(32, signal.SIGRTMIN)
-
-
 def _ignored_signals() -> list[int]:
-    """The signals this process ignores (and an exec would leave ignored), but the C library's."""
+    """The signals this process ignores (and an exec would leave ignored). Among them may be the
+    C library's own (glibc: 32 and 33), which its posix_spawn leaves ignored in what it starts (a
+    shim whose starter used it): :func:`shim.kernel.linux.default_signal` resets those too."""
     with open("/proc/self/status") as f:
         for line in f:
             if line.startswith("SigIgn:"):
                 mask = int(line.split()[1], 16)
-                return [sig for sig in range(1, mask.bit_length() + 1)
-                        if mask >> (sig - 1) & 1 and sig not in _LIBC_SIGNALS]
+                return [sig for sig in range(1, mask.bit_length() + 1) if mask >> (sig - 1) & 1]
     return []
 
 

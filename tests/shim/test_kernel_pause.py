@@ -471,9 +471,10 @@ def test_launch_on_uvloop():
         assert runner.run(scenario()) == 0
 
 
-def test_launch_in_a_shim_started_by_posix_spawn(tmp_path):
+def test_launch_in_a_shim_started_by_posix_spawn_leaves_no_signal_ignored(tmp_path):
     # glibc's posix_spawn leaves its own signals (32, 33) ignored in what it starts, and its
-    # sigaction refuses to reset them: a launch there once failed at "chdir /" with EINVAL.
+    # sigaction refuses to reset them: a launch there once failed at "chdir /" with EINVAL,
+    # then left them ignored in the task.
     script = tmp_path / "launch.py"
     script.write_text(
         "import asyncio, signal\n"
@@ -484,7 +485,8 @@ def test_launch_in_a_shim_started_by_posix_spawn(tmp_path):
         "assert ignored >> 31 & 1, 'not started the way this test needs'\n"
         "async def main():\n"
         "    reaper = Reaper(); reaper.install()\n"
-        "    task = await process.launch(process.ProcessSpec(name='task t', argv=('true',)), reaper)\n"
+        "    task = await process.launch(process.ProcessSpec(\n"
+        "        name='task t', argv=('grep', '-q', 'SigIgn:\\t0000000000000000', '/proc/self/status')), reaper)\n"
         "    assert (await task.exit).exit_status == 0\n"
         "    pause = await launch(PauseSpec(), reaper)\n"
         "    process.signal_process(pause.pid, pause.start_time, signal.SIGKILL)\n"
