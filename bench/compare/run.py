@@ -1044,7 +1044,7 @@ def file_cost(directory: str, count: int = 60) -> float:
 def file_cost_note(workdir: str) -> str:
     """The report's note on where the runtimes' files were made, and what a file costs there."""
     parent = os.path.dirname(workdir)
-    here = file_cost(parent)
+    here = file_cost(workdir)  # inside it: where the runtimes make theirs, and what the janitor removes
     tmp = file_cost(tempfile.gettempdir()) if os.path.realpath(parent) != os.path.realpath(tempfile.gettempdir()) else here
     return (f"Both runtimes' state (bundles, roots, sockets but containerd's /run/containerd/s) was under {workdir}; "
             f"a new file cost {here:.0f} µs there and {tmp:.0f} µs in {tempfile.gettempdir()} (median of 60).")
@@ -1063,6 +1063,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.sandboxes = [int(n) for n in args.sandboxes.split(",") if n.strip()]
     if args.cycles < 1 or args.warmup < 0 or any(n < 1 for n in args.sandboxes):
         p.error("--cycles and --sandboxes must be positive, --warmup not negative")
+    if not os.path.isdir(args.workdir_parent):
+        p.error(f"--workdir-parent {args.workdir_parent!r} is not a directory")
     return args
 
 
