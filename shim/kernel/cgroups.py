@@ -758,7 +758,9 @@ class SandboxCgroup(Record):
         return child
 
     def remove(self, timeout: float = REMOVE_TIMEOUT) -> None:
-        """Remove the sandbox directories (deepest first), then :attr:`owned_parents` that are empty.
+        """Remove the sandbox directories (deepest first), then :attr:`owned_parents` that are empty,
+        unless a hold of them made by this process or its template still stands (:func:`_parents_held`:
+        whoever removes the hold prunes them).
 
         Idempotent: missing directories are fine. rmdir fails with EBUSY while killed tasks
         are still leaving the group, so that is retried for up to ``timeout`` seconds (this

@@ -348,7 +348,8 @@ def _exchange(tmp: str, path: str) -> bool:
 
     ext4 (auto_da_alloc) starts writing a file's data out when a rename replaces another file
     with it: 150 µs per state.json update on this project's machines, several per sandbox.
-    An exchange does not, and leaves the old content under ``tmp`` for the caller to unlink.
+    An exchange does not, and leaves the old content under ``tmp`` for the caller: to unlink
+    (:func:`write_atomic`) or to fill with the next version (:class:`Rewriter`).
     False when ``path`` does not exist yet, or the filesystem or libc has no RENAME_EXCHANGE:
     the caller renames instead.
     """
