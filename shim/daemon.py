@@ -13,8 +13,8 @@ import signal
 import socket
 import sys
 import time
-from collections.abc import Awaitable, Callable, Coroutine
-from typing import Any, NamedTuple
+from collections.abc import Callable, Coroutine
+from typing import Any, Protocol
 
 from shim.sandbox.events import EventBus
 from shim.kernel.linux import set_process_name
@@ -27,7 +27,7 @@ from shim.sandbox.sandbox import Sandbox, ShimConfig, State
 from shim.sandbox.service import SandboxService, register
 from shim.sandbox.task_service import TaskService, register_tasks
 
-__all__ = ["SHUTDOWN_TIMEOUT", "Assignment", "serve_forever", "serve_when_assigned", "setup_logging"]
+__all__ = ["SHUTDOWN_TIMEOUT", "SpareChannel", "serve_forever", "serve_when_assigned", "setup_logging"]
 
 log = logging.getLogger("shim")
 
@@ -62,38 +62,48 @@ def serve_forever(config: ShimConfig, listener: socket.socket, *, owns_socket: b
     set_process_name("podshim-shim")
 
     async def main() -> int:
-        return await _serve(_Base(), config, listener, owns_socket, ready_fd, shutdown_on_signal, recorded, None)
+        return await _Shim(_Base(), config, None).serve(listener, owns_socket, ready_fd, shutdown_on_signal, recorded)
 
     return _run(main)
 
 
-class Assignment(NamedTuple):
-    """What a spare shim is given to serve: its sandbox and its bound socket (its first
-    state.json is written already, by the template)."""
+class SpareChannel(Protocol):
+    """How a spare shim learns its sandbox, in two steps (see :func:`serve_when_assigned`)."""
 
-    config: ShimConfig
-    listener: socket.socket
+    async def config(self) -> ShimConfig | None:
+        """Its sandbox's config; None when retired (it exits)."""
+
+    async def listener(self) -> socket.socket | None:
+        """Its bound socket, once its first state.json is written and its bundle is made, with
+        stdio moved to the bundle's log; None when the Spawn went to another shim (it exits)."""
 
 
-def serve_when_assigned(assignment: Callable[[], Awaitable[Assignment | None]], made_netns: int | None) -> int:
-    """A spare shim: run the event loop and install the reaper before the sandbox is known, then
-    await ``assignment()`` and serve it as :func:`serve_forever` does (0 at once when it returns
-    None: retired). ``made_netns``: a network namespace made ahead
-    (:func:`shim.kernel.netns.make_netns`), which CreateSandbox pins if the sandbox wants a new
-    one (:class:`Sandbox`'s ``made_netns``)."""
+def serve_when_assigned(channel: SpareChannel, made_netns: int | None) -> int:
+    """A spare shim: run the event loop and install the reaper before the sandbox is known; then
+    make the shim's pieces for ``channel.config()`` (the sandbox, its services, the signal
+    handlers) while the template binds the socket and writes state.json, and serve
+    ``channel.listener()`` as :func:`serve_forever` does. 0 at once when either is None.
+    ``made_netns``: a network namespace made ahead (:func:`shim.kernel.netns.make_netns`), which
+    CreateSandbox pins if the sandbox wants a new one (:class:`Sandbox`'s ``made_netns``)."""
 
     async def main() -> int:
         base = _Base()  # what does not depend on the sandbox, made while nobody waits
         try:
-            given = await assignment()
+            config = await channel.config()
+            if config is None:
+                base.close()
+                return 0
+            set_process_name("podshim-shim")
+            shim = _Shim(base, config, made_netns)
+            listener = await channel.listener()
         except BaseException:
             base.close()
             raise
-        if given is None:
+        if listener is None:
+            shim.close()
             base.close()
             return 0
-        set_process_name("podshim-shim")
-        return await _serve(base, given.config, given.listener, True, None, False, True, made_netns)
+        return await shim.serve(listener, True, None, False, True)
 
     return _run(main)
 
@@ -120,65 +130,78 @@ class _Base:
         self.notifier.close()
 
 
-async def _serve(base: _Base, config: ShimConfig, listener: socket.socket, owns_socket: bool, ready_fd: int | None,
-                 shutdown_on_signal: bool, recorded: bool, made_netns: int | None) -> int:
-    loop = asyncio.get_running_loop()
-    reaper, notifier = base.reaper, base.notifier
-    events = EventBus(config.namespace, config.sandbox_id)
-    sandbox = Sandbox(config, reaper, events, made_netns)
-    done = asyncio.Event()
-    why: list[str] = []
+class _Shim:
+    """One sandbox's shim before it serves: its sandbox, services and signal handlers, made for
+    ``config`` (a spare makes them while the template binds its socket, see
+    :func:`serve_when_assigned`); :meth:`serve` starts serving on the bound socket."""
 
-    def finish(reason: str) -> None:
-        if not why:
-            why.append(reason)
-        done.set()
+    def __init__(self, base: _Base, config: ShimConfig, made_netns: int | None) -> None:
+        loop = asyncio.get_running_loop()
+        self.base, self.config = base, config
+        self.events = EventBus(config.namespace, config.sandbox_id)
+        self.sandbox = Sandbox(config, base.reaper, self.events, made_netns)
+        self.done = asyncio.Event()
+        self.why: list[str] = []
+        notifier = base.notifier
+        self.sandbox.on_state_change = lambda st: notifier.send(f"STATUS=sandbox {config.sandbox_id} {st.value}")
+        self.server = Server()
+        register(self.server, SandboxService(self.sandbox, self.events, on_shutdown=lambda: self.finish("ShutdownSandbox")))
+        register_tasks(self.server, TaskService(self.sandbox))
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self.finish, signal.Signals(sig).name)
+        # A detached shim has no terminal, but a hangup must never end it (the caller's session).
+        loop.add_signal_handler(signal.SIGHUP, lambda: log.info("SIGHUP ignored"))
 
-    sandbox.on_state_change = lambda st: notifier.send(f"STATUS=sandbox {config.sandbox_id} {st.value}")
-    server = Server()
-    register(server, SandboxService(sandbox, events, on_shutdown=lambda: finish("ShutdownSandbox")))
-    register_tasks(server, TaskService(sandbox))
-    await server.start(listener)
-    # Record the shim at once (unless its spawner did): a controller killed before
-    # CreateSandbox still finds, through state.json, a shim that `podshim delete` can end.
-    if not recorded:
-        sandbox.persist()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, finish, signal.Signals(sig).name)
-    # A detached shim has no terminal, but a hangup must never end it (the caller's session).
-    loop.add_signal_handler(signal.SIGHUP, lambda: log.info("SIGHUP ignored"))
-    log.info("serving sandbox %s/%s on %s", config.namespace, config.sandbox_id, config.socket_path)
-    if ready_fd is not None:
-        try:
-            os.write(ready_fd, b"R")
-        finally:
-            os.close(ready_fd)
-    notifier.send("READY=1", f"STATUS=serving {config.sandbox_id}", f"MAINPID={os.getpid()}")
+    def finish(self, reason: str) -> None:
+        if not self.why:
+            self.why.append(reason)
+        self.done.set()
 
-    await done.wait()
-    log.info("shutting down (%s)", why[0])
-    notifier.send("STOPPING=1", f"STATUS=stopping ({why[0]})")
-    if shutdown_on_signal and sandbox.state is not State.SHUTDOWN:
+    def close(self) -> None:
+        """Drop what :meth:`serve` was never called for (a spare whose Spawn went elsewhere)."""
+        self.sandbox.close()
+
+    async def serve(self, listener: socket.socket, owns_socket: bool, ready_fd: int | None,
+                    shutdown_on_signal: bool, recorded: bool) -> int:
+        """Serve on ``listener`` until ShutdownSandbox, SIGTERM or SIGINT (see :func:`serve_forever`)."""
+        config, sandbox, server, notifier, why = self.config, self.sandbox, self.server, self.base.notifier, self.why
+        await server.start(listener)
+        # Record the shim at once (unless its spawner did): a controller killed before
+        # CreateSandbox still finds, through state.json, a shim that `podshim delete` can end.
+        if not recorded:
+            sandbox.persist()
+        log.info("serving sandbox %s/%s on %s", config.namespace, config.sandbox_id, config.socket_path)
+        if ready_fd is not None:
+            try:
+                os.write(ready_fd, b"R")
+            finally:
+                os.close(ready_fd)
+        notifier.send("READY=1", f"STATUS=serving {config.sandbox_id}", f"MAINPID={os.getpid()}")
+
+        await self.done.wait()
+        log.info("shutting down (%s)", why[0])
+        notifier.send("STOPPING=1", f"STATUS=stopping ({why[0]})")
+        if shutdown_on_signal and sandbox.state is not State.SHUTDOWN:
+            try:
+                await asyncio.wait_for(sandbox.shutdown(config.sandbox_id), SHUTDOWN_TIMEOUT * 4)
+            except Exception:
+                log.exception("shutting the sandbox down on %s failed", why[0])
+        # The shutdown callbacks, in order, under one named timeout each.
         try:
-            await asyncio.wait_for(sandbox.shutdown(config.sandbox_id), SHUTDOWN_TIMEOUT * 4)
-        except Exception:
-            log.exception("shutting the sandbox down on %s failed", why[0])
-    # The shutdown callbacks, in order, under one named timeout each.
-    try:
-        await asyncio.wait_for(server.aclose(SHUTDOWN_TIMEOUT), SHUTDOWN_TIMEOUT + 1)
-    except asyncio.TimeoutError:
-        log.error("server did not close within %.0fs", SHUTDOWN_TIMEOUT)
-    if owns_socket:
-        try:
-            os.unlink(config.socket_path)
-        except FileNotFoundError:
-            pass
-    listener.close()
-    if sandbox.state is not State.SHUTDOWN:
-        # SIGTERM/SIGINT: leave the pause running so a restarted controller can still
-        # reconnect or `podshim delete`; just record that the shim is gone.
-        log.info("leaving sandbox %s in state %s for `podshim delete`", config.sandbox_id, sandbox.state.value)
-        sandbox.persist()
-    sandbox.close()
-    base.close()
-    return 0
+            await asyncio.wait_for(server.aclose(SHUTDOWN_TIMEOUT), SHUTDOWN_TIMEOUT + 1)
+        except asyncio.TimeoutError:
+            log.error("server did not close within %.0fs", SHUTDOWN_TIMEOUT)
+        if owns_socket:
+            try:
+                os.unlink(config.socket_path)
+            except FileNotFoundError:
+                pass
+        listener.close()
+        if sandbox.state is not State.SHUTDOWN:
+            # SIGTERM/SIGINT: leave the pause running so a restarted controller can still
+            # reconnect or `podshim delete`; just record that the shim is gone.
+            log.info("leaving sandbox %s in state %s for `podshim delete`", config.sandbox_id, sandbox.state.value)
+            sandbox.persist()
+        sandbox.close()
+        self.base.close()
+        return 0

@@ -38,6 +38,7 @@ __all__ = ["START_TIMEOUT", "Spare", "bind_listener", "bootstrap", "detach_proce
 #: (10 s), so `podshim start` always ends its own child and reports before it is killed.
 START_TIMEOUT = 8.0
 _PID_LINE = rb"P(\d+)\n"  # compiled at its first use (a double fork), not at import (issue #15)
+_SERVE = b"serve"  # the template to its spare, with the bound socket: serve it
 
 
 
@@ -207,7 +208,7 @@ def _spare_wait(channel: socket.socket) -> NoReturn:
         # After standing by: a Spawn that comes meanwhile waits in the socket, and the template
         # forks no later. CreateSandbox pins it; a host-network sandbox closes it unused.
         made_netns = _make_netns_ahead()
-        code = serve_when_assigned(lambda: _assignment(channel), made_netns)
+        code = serve_when_assigned(_Assignment(channel), made_netns)
     except BaseException:
         import traceback
 
@@ -216,31 +217,52 @@ def _spare_wait(channel: socket.socket) -> NoReturn:
         os._exit(code)
 
 
-async def _assignment(channel: socket.socket) -> Any:
-    """The spare's assignment (a :class:`shim.daemon.Assignment`), read from ``channel`` once it
-    comes, with stdio moved to the sandbox's log; None when the template retired us (or died)."""
-    from shim.daemon import Assignment, setup_logging
-    from shim.runtime.pipes import wait_ready
-    from shim.sandbox.sandbox import ShimConfig
+class _Assignment:
+    """The spare's side of its channel to the template (:class:`shim.daemon.SpareChannel`): its
+    sandbox's config comes first, then, once the template has made the bundle, bound the socket
+    and written state.json, the socket. An empty message (or EOF: the template died) at either
+    step ends the spare."""
 
-    await wait_ready(channel.fileno(), writable=False)
-    message, fds, _, _ = socket.recv_fds(channel, 65536, 1)
-    if not message:
-        for fd in fds:
-            os.close(fd)
-        return None
-    if len(fds) != 1:
-        raise RuntimeError("the spare's assignment came without the shim's socket")
-    assignment = json.loads(message)
-    config = ShimConfig(**assignment["config"])
-    os.set_inheritable(fds[0], False)  # received without close-on-exec
-    listener = socket.socket(fileno=fds[0])
-    channel.close()  # the template answered its Spawn already: nobody waits for our "R"
-    _stdio_to(os.path.join(config.bundle, LOG_FILE))
-    _reseed()
-    if assignment.get("debug"):
-        setup_logging(True)
-    return Assignment(config, listener)
+    def __init__(self, channel: socket.socket) -> None:
+        self.channel = channel
+        self.bundle = ""  # the config's, once it came
+
+    async def _receive(self) -> tuple[bytes, list[int]]:
+        from shim.runtime.pipes import wait_ready
+
+        await wait_ready(self.channel.fileno(), writable=False)
+        message, fds, _, _ = socket.recv_fds(self.channel, 65536, 1)
+        if not message:
+            for fd in fds:
+                os.close(fd)
+        return message, fds
+
+    async def config(self) -> Any:
+        from shim.daemon import setup_logging
+        from shim.sandbox.sandbox import ShimConfig
+
+        message, _ = await self._receive()
+        if not message:
+            return None
+        assignment = json.loads(message)
+        _reseed()
+        if assignment.get("debug"):
+            setup_logging(True)
+        config = ShimConfig(**assignment["config"])
+        self.bundle = config.bundle
+        return config
+
+    async def listener(self) -> socket.socket | None:
+        message, fds = await self._receive()
+        if not message:
+            return None
+        if message != _SERVE or len(fds) != 1:
+            raise RuntimeError(f"the spare's socket came as {message[:16]!r} with {len(fds)} descriptors")
+        os.set_inheritable(fds[0], False)  # received without close-on-exec
+        listener = socket.socket(fileno=fds[0])
+        self.channel.close()  # the template answered its Spawn already: nobody waits for our "R"
+        _stdio_to(os.path.join(self.bundle, LOG_FILE))
+        return listener
 
 
 def _make_netns_ahead() -> int | None:
@@ -257,11 +279,19 @@ def _make_netns_ahead() -> int | None:
         return None
 
 
-def _assign(spare: Spare, config: Any, sock: socket.socket, debug: bool) -> bool:
-    """Hand ``config`` and the bound ``sock`` to ``spare``; False if the spare is gone."""
-    assignment = json.dumps({"config": config.asdict(), "debug": debug}).encode()
+def _give_config(spare: Spare, config: Any, debug: bool) -> bool:
+    """Tell ``spare`` its sandbox (it makes its pieces meanwhile); False if it is gone."""
     try:
-        socket.send_fds(spare.channel, [assignment], [sock.fileno()])
+        spare.channel.send(json.dumps({"config": config.asdict(), "debug": debug}).encode())
+    except OSError:
+        return False
+    return True
+
+
+def _give_socket(spare: Spare, sock: socket.socket) -> bool:
+    """Hand ``spare`` its bound socket: it serves; False if it is gone."""
+    try:
+        socket.send_fds(spare.channel, [_SERVE], [sock.fileno()])
     except OSError:
         return False
     return True
@@ -278,10 +308,25 @@ def spawn_shim(config: Any, *, debug: bool = False, double_fork: bool = False,
     ``spare``: a :class:`Spare` to use instead of forking (taken and closed here unless a live
     shim already serves the socket; a dead spare falls back to forking).
     """
-    ensure_private_dir(config.bundle, 0o700)
-    address = socket_address(config.socket_path)
-    sock = bind_listener(config.socket_path)
+    # The spare makes its sandbox's pieces while the bundle, the socket and state.json are made
+    # here (on another CPU): it only serves once it has the socket.
+    if spare is not None and not _give_config(spare, config, debug):
+        spare.taken = True  # dead: the shim is forked here instead
+        spare.close()
+        spare = None
+    try:
+        ensure_private_dir(config.bundle, 0o700)
+        address = socket_address(config.socket_path)
+        sock = bind_listener(config.socket_path)
+    except BaseException:
+        if spare is not None:  # told a sandbox it will never serve: it can be no one's spare
+            spare.taken = True
+            spare.close()
+        raise
     if sock is None:
+        if spare is not None:
+            spare.taken = True
+            spare.close()
         try:
             result = read_json(os.path.join(config.bundle, BOOTSTRAP_FILE))
         except (OSError, ValueError):
@@ -292,11 +337,11 @@ def spawn_shim(config: Any, *, debug: bool = False, double_fork: bool = False,
     if spare is not None:
         spare.taken = True
         try:
-            # The spare's first state.json, before it has its sandbox: nobody can call it yet, so
+            # The spare's first state.json, before it can serve: nobody can call it yet, so
             # this hides no newer record of its own, and whoever dies from here on leaves a shim
             # that `podshim delete` finds.
             start_time = _record_shim(config, spare.pid)
-            if _assign(spare, config, sock, debug):
+            if _give_socket(spare, sock):
                 sock.close()
                 # Answered now: the socket is bound and listening, so a call made at once waits
                 # in its backlog until the spare serves (its set-up runs meanwhile, instead of

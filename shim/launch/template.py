@@ -5,8 +5,9 @@ before it serves anything. The template imports everything a shim needs, freezes
 (``gc.freeze()``, so the children's collector never touches — and so never copies — those
 pages), and waits on a control socket. It keeps one *spare* shim forked ahead (a double fork,
 so the template is never the shim's parent and may die or restart freely), detached and waiting;
-asked to spawn, it records the spare, hands it its sandbox and bound socket and answers at once
-(calls wait in the socket's backlog until the shim serves), then forks the next spare. Without
+asked to spawn, it tells the spare its sandbox (whose pieces the spare makes meanwhile), binds
+the socket and records the spare, hands it the socket and answers at once (calls wait in the
+socket's backlog until the shim serves), then forks the next spare. Without
 a live spare it forks on the spot. Either way the shim takes the same serve path as ``podshim
 serve`` and the result is the bootstrap ``podshim start`` prints.
 

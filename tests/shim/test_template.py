@@ -296,6 +296,22 @@ async def test_a_host_network_sandbox_closes_the_netns_made_ahead(roots, templat
     assert _net_namespaces_held(result["pid"]) == set()
 
 
+def test_a_spawn_of_a_sandbox_that_is_served_already_answers_its_shim_and_ends_the_spare_it_told(roots, template):
+    # The spare is told its sandbox before the socket is bound (it makes its pieces meanwhile):
+    # when a live shim serves the socket already, that spare can be no one's and must go.
+    first = start_shim(roots, "r1")
+    told = _ping(template)["spare_pid"]
+    runtime_root, tmp_path, _ = roots
+    again = blocking.call("unix://" + control_socket_path(runtime_root), TEMPLATE_SERVICE, "Spawn",
+                          {"namespace": "tpl", "sandbox_id": "r1", "bundle": str(tmp_path / "r1"),
+                           "runtime_root": runtime_root}, timeout=10)
+    assert again["address"] == first["address"] and again["pid"] == first["pid"]
+    assert not wait_gone(told)
+    nxt = _ping(template)["spare_pid"]
+    assert nxt not in (0, told) and _comm(nxt) == "podshim-spare"
+    assert blocking.call(first["address"], SANDBOX_SERVICE, "PingSandbox", {"sandbox_id": "r1"}, timeout=5) == {}
+
+
 def test_a_dead_spare_is_replaced_by_a_fork(roots, template):
     spare = _ping(template)["spare_pid"]
     os.kill(spare, signal.SIGKILL)
