@@ -82,7 +82,8 @@ def serve_when_assigned(channel: SpareChannel, made_netns: int | None) -> int:
     """A spare shim: run the event loop and install the reaper before the sandbox is known; then
     make the shim's pieces for ``channel.config()`` (the sandbox, its services, the signal
     handlers) while the template binds the socket and writes state.json, and serve
-    ``channel.listener()`` as :func:`serve_forever` does. 0 at once when either is None.
+    ``channel.listener()`` as :func:`serve_forever` does. 0 at once when either is None, or when
+    SIGTERM or SIGINT comes before the socket.
     ``made_netns``: a network namespace made ahead (:func:`shim.kernel.netns.make_netns`), which
     CreateSandbox pins if the sandbox wants a new one (:class:`Sandbox`'s ``made_netns``)."""
 
@@ -95,7 +96,7 @@ def serve_when_assigned(channel: SpareChannel, made_netns: int | None) -> int:
                 return 0
             set_process_name("podshim-shim")
             shim = _Shim(base, config, made_netns)
-            listener = await channel.listener()
+            listener = await _socket_unless_signalled(channel, shim)
         except BaseException:
             base.close()
             raise
@@ -106,6 +107,24 @@ def serve_when_assigned(channel: SpareChannel, made_netns: int | None) -> int:
         return await shim.serve(listener, True, None, False, True)
 
     return _run(main)
+
+
+async def _socket_unless_signalled(channel: SpareChannel, shim: _Shim) -> socket.socket | None:
+    """``channel.listener()``, or None once SIGTERM or SIGINT came first: a spare without its
+    socket serves nobody yet, so a signal ends it at once, as it ends one not yet told its
+    sandbox (the template's hand-off then fails, and it forks the shim on the spot)."""
+    task = asyncio.current_task()
+    assert task is not None
+    shim.waiting = task
+    try:
+        return await channel.listener()
+    except asyncio.CancelledError:
+        if not shim.why:  # not a signal's doing
+            raise
+        task.uncancel()
+        return None
+    finally:
+        shim.waiting = None
 
 
 def _run(main: Callable[[], Coroutine[Any, Any, int]]) -> int:
@@ -142,6 +161,7 @@ class _Shim:
         self.sandbox = Sandbox(config, base.reaper, self.events, made_netns)
         self.done = asyncio.Event()
         self.why: list[str] = []
+        self.waiting: asyncio.Task[Any] | None = None  # a spare's wait for its socket, which a signal ends
         notifier = base.notifier
         self.sandbox.on_state_change = lambda st: notifier.send(f"STATUS=sandbox {config.sandbox_id} {st.value}")
         self.server = Server()
@@ -156,6 +176,8 @@ class _Shim:
         if not self.why:
             self.why.append(reason)
         self.done.set()
+        if self.waiting is not None:
+            self.waiting.cancel()
 
     def close(self) -> None:
         """Drop what :meth:`serve` was never called for (a spare whose Spawn went elsewhere)."""

@@ -312,6 +312,49 @@ def test_a_spawn_of_a_sandbox_that_is_served_already_answers_its_shim_and_ends_t
     assert blocking.call(first["address"], SANDBOX_SERVICE, "PingSandbox", {"sandbox_id": "r1"}, timeout=5) == {}
 
 
+_TELL_A_SPARE_ITS_SANDBOX = """
+import sys
+from shim.launch.spawn import _give_config, fork_spare
+from shim.sandbox.sandbox import ShimConfig
+spare = fork_spare()
+assert _give_config(spare, ShimConfig(*sys.argv[1:6]), False)
+print(spare.pid, flush=True)
+sys.stdin.read()  # its socket never comes, and the channel stays open until the test is done
+"""
+
+
+def _catches(pid: int, sig: int) -> bool:
+    with open(f"/proc/{pid}/status") as f:
+        caught = next(line.split()[1] for line in f if line.startswith("SigCgt:"))
+    return bool(int(caught, 16) & (1 << (sig - 1)))
+
+
+def test_a_spare_told_its_sandbox_ends_on_sigterm_before_its_socket_comes(roots):
+    # The spare installs its signal handlers once it is told its sandbox, before the template has
+    # bound the socket: a SIGTERM meanwhile must end it then, not once (if ever) the socket comes.
+    runtime_root, tmp_path, _ = roots
+    bundle = str(tmp_path / "w1")
+    proc = subprocess.Popen([sys.executable, "-c", _TELL_A_SPARE_ITS_SANDBOX, "tpl", "w1", bundle,
+                             socket_path("tpl", "w1", runtime_root), runtime_root],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    spare = 0
+    try:
+        spare = int(proc.stdout.readline())
+        deadline = time.monotonic() + 5  # a bound, not a wait for readiness
+        while not _catches(spare, signal.SIGTERM) and time.monotonic() < deadline:
+            time.sleep(0.005)
+        assert _catches(spare, signal.SIGTERM)
+        os.kill(spare, signal.SIGTERM)
+        assert not wait_gone(spare)
+        assert not os.path.exists(bundle)  # it never had its socket: it touched nothing of the sandbox's
+    finally:
+        proc.stdin.close()
+        proc.wait(10)
+        proc.stdout.close()
+        if spare:
+            wait_gone(spare, timeout=5, kill=True)
+
+
 def test_a_dead_spare_is_replaced_by_a_fork(roots, template):
     spare = _ping(template)["spare_pid"]
     os.kill(spare, signal.SIGKILL)
