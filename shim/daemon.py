@@ -1,7 +1,8 @@
 """The shim's serve loop: signals, the server, readiness, and an orderly shutdown.
 
-``serve_forever`` is the one path every shim takes, whether ``podshim start`` forked it,
-``podshim serve`` runs it in the foreground for systemd, or a template forked it.
+``_Shim.serve`` is the one serve path every shim takes: through ``serve_forever`` when
+``podshim start`` forked it, ``podshim serve`` runs it in the foreground for systemd or a
+template forked it on the spot, and through ``serve_when_assigned`` when it was a template's spare.
 """
 
 from __future__ import annotations
@@ -75,7 +76,8 @@ class SpareChannel(Protocol):
 
     async def listener(self) -> socket.socket | None:
         """Its bound socket, once its first state.json is written and its bundle is made, with
-        stdio moved to the bundle's log; None when the Spawn went to another shim (it exits)."""
+        stdio moved to the bundle's log; None when it is not to serve (a live shim serves the
+        socket already, the bundle or the socket could not be made, the template died): it exits."""
 
 
 def serve_when_assigned(channel: SpareChannel, made_netns: int | None) -> int:
@@ -180,7 +182,7 @@ class _Shim:
             self.waiting.cancel()
 
     def close(self) -> None:
-        """Drop what :meth:`serve` was never called for (a spare whose Spawn went elsewhere)."""
+        """Drop what :meth:`serve` was never called for (a spare that is not to serve)."""
         self.sandbox.close()
 
     async def serve(self, listener: socket.socket, owns_socket: bool, ready_fd: int | None,

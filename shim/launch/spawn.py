@@ -5,9 +5,10 @@ shim is re-parented when ``start`` exits) and the template (long-lived: a double
 template is never the shim's parent and may die or restart under it).
 
 The template also keeps a *spare* (:func:`fork_spare`): a shim double-forked ahead of time that
-waits, detached, for its sandbox. A Spawn records it (state.json), hands it the config and the
-bound socket and is answered at once, without a fork on the way: calls made meanwhile wait in
-the socket's backlog until it serves. The template forks the next spare after answering.
+waits, detached, for its sandbox. A Spawn tells it its sandbox's config first (it makes its
+pieces meanwhile), then makes the bundle, binds the socket, records it (state.json), hands it the
+socket and is answered at once, without a fork on the way: calls made meanwhile wait in the
+socket's backlog until it serves. The template forks the next spare after answering.
 """
 
 from __future__ import annotations
@@ -98,9 +99,10 @@ class Spare(Record):
     """A shim forked ahead of time, waiting for its sandbox (see :func:`fork_spare`).
 
     ``channel``: the template's end of the spare's socket pair ("P<pid>" from the intermediate
-    child and "S" from the spare come in before it counts as a spare; then the assignment goes
-    out, and the Spawn is answered). ``taken``: an assignment was sent. Closing the channel without
-    one retires the spare: it exits.
+    child and "S" from the spare come in before it counts as a spare; then its sandbox's config
+    goes out, then its bound socket, and the Spawn is answered). ``taken``: the config was sent,
+    so it can be no other sandbox's spare. Closing the channel before the socket went out ends
+    the spare: it exits.
     """
 
     __slots__ = ("pid", "channel", "taken")
@@ -220,8 +222,8 @@ def _spare_wait(channel: socket.socket) -> NoReturn:
 class _Assignment:
     """The spare's side of its channel to the template (:class:`shim.daemon.SpareChannel`): its
     sandbox's config comes first, then, once the template has made the bundle, bound the socket
-    and written state.json, the socket. An empty message (or EOF: the template died) at either
-    step ends the spare."""
+    and written state.json, the socket. EOF at either step (the template closed the channel, or
+    died) ends the spare."""
 
     def __init__(self, channel: socket.socket) -> None:
         self.channel = channel
@@ -305,8 +307,9 @@ def spawn_shim(config: Any, *, debug: bool = False, double_fork: bool = False,
     Unavailable (with the tail of the shim's log) when the shim does not come up within
     :data:`START_TIMEOUT`. With ``double_fork`` the intermediate child may outlive this call by
     a moment: the caller reaps it (SIGCHLD).
-    ``spare``: a :class:`Spare` to use instead of forking (taken and closed here unless a live
-    shim already serves the socket; a dead spare falls back to forking).
+    ``spare``: a :class:`Spare` to use instead of forking, taken and closed here: told the
+    sandbox first, it is ended when it will not serve it (a live shim serves the socket already,
+    or the bundle or the socket cannot be made); a dead spare falls back to forking.
     """
     # The spare makes its sandbox's pieces while the bundle, the socket and state.json are made
     # here (on another CPU): it only serves once it has the socket.

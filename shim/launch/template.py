@@ -284,7 +284,7 @@ class _Template:
         try:
             result = spawn_shim(config, debug=optional(p, "debug", bool, False), double_fork=True, spare=spare)
         finally:
-            if spare is not None and not spare.taken:  # a live shim already served the socket
+            if spare is not None and not spare.taken:  # spawn_shim raised before it told the spare anything
                 self.spare = spare
         self.spawned += 1
         return result
