@@ -343,7 +343,17 @@ def spawn_shim(config: Any, *, debug: bool = False, double_fork: bool = False,
             # The spare's first state.json, before it can serve: nobody can call it yet, so
             # this hides no newer record of its own, and whoever dies from here on leaves a shim
             # that `podshim delete` finds.
-            start_time = _record_shim(config, spare.pid)
+            try:
+                start_time = _record_shim(config, spare.pid)
+            except BaseException:
+                # No shim will serve the socket: left listening (until collected) and on disk, it
+                # would pass for a live shim's, and a repeated Spawn would answer it.
+                sock.close()
+                try:
+                    os.unlink(config.socket_path)
+                except FileNotFoundError:
+                    pass
+                raise
             if _give_socket(spare, sock):
                 sock.close()
                 # Answered now: the socket is bound and listening, so a call made at once waits

@@ -18,7 +18,7 @@ import pytest
 from shim.paths import control_socket_path, socket_path
 from shim.rpc import Client, blocking
 from shim.rpc.api import SANDBOX_SERVICE, TEMPLATE_SERVICE
-from shim.rpc.status import InvalidArgument, Unavailable
+from shim.rpc.status import InvalidArgument, RpcError, Unavailable
 
 from proctools import alive, fd_targets, wait_gone, wait_gone_async
 
@@ -353,6 +353,21 @@ def test_a_spare_told_its_sandbox_ends_on_sigterm_before_its_socket_comes(roots)
         proc.stdout.close()
         if spare:
             wait_gone(spare, timeout=5, kill=True)
+
+
+def test_a_spawn_whose_state_json_cannot_be_written_leaves_no_socket_behind(roots, template):
+    runtime_root, tmp_path, _ = roots
+    bundle = tmp_path / "v1"
+    os.makedirs(bundle / "state.json", mode=0o700)  # the shim's first state.json cannot be written
+    os.chmod(bundle, 0o700)
+    told = _ping(template)["spare_pid"]
+    with pytest.raises(RpcError, match="Is a directory"):
+        blocking.call("unix://" + control_socket_path(runtime_root), TEMPLATE_SERVICE, "Spawn",
+                      {"namespace": "tpl", "sandbox_id": "v1", "bundle": str(bundle), "runtime_root": runtime_root},
+                      timeout=10)
+    assert not os.path.exists(socket_path("tpl", "v1", runtime_root))
+    assert not wait_gone(told)
+    assert _ping(template)["spare_pid"] not in (0, told)
 
 
 def test_a_dead_spare_is_replaced_by_a_fork(roots, template):
