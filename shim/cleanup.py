@@ -28,8 +28,8 @@ from shim.rpc.processes import open_pidfd, wait_pidfd
 from shim.rpc.status import RpcError
 from shim.runtime import mounts
 from shim.runtime.oci.backend import delete_recorded
-from shim.sandbox.record import STATE_DELETED, STATE_VERSION, ExitRecord, MalformedRecord, TaskRecord, read_state, \
-    write_state
+from shim.sandbox.record import (STATE_DELETED, STATE_VERSION, ExitRecord, MalformedRecord, StateFile, TaskRecord,
+                                 read_state, write_state)
 
 __all__ = ["UNKNOWN_EXIT_STATUS", "KILLED_EXIT_STATUS", "delete_sandbox"]
 
@@ -153,6 +153,7 @@ def _delete_sandbox(bundle: str, namespace: str, sandbox_id: str, runtime_root: 
                     state_path, record.version, STATE_VERSION)
 
     _kill(record.shim_pid, record.shim_start_time, "shim")
+    StateFile.remove_leftovers(bundle)  # the killed shim's spare of state.json
     tasks = {task_id: _delete_task(bundle, task_id, task) for task_id, task in record.tasks.items()}
     pid = record.pause.pid if record.pause is not None else 0
     exit_info = record.exit

@@ -290,6 +290,23 @@ class Rewriter:
             _unlink_quietly(self._spare)
             self._spare = None
 
+    @staticmethod
+    def remove_leftovers(path: str) -> list[str]:
+        """Remove what a writer of ``path`` that was killed left: its spare (and a temporary file
+        a write had not renamed yet). Only while no writer of ``path`` runs. Returns their paths."""
+        directory, prefix = os.path.dirname(path) or ".", "." + os.path.basename(path) + "."
+        try:
+            names = os.listdir(directory)
+        except FileNotFoundError:
+            return []
+        gone = []
+        for name in names:
+            suffix = name[len(prefix):]
+            if name.startswith(prefix) and len(suffix) == 12 and all(c in "0123456789abcdef" for c in suffix):
+                _unlink_quietly(os.path.join(directory, name))
+                gone.append(os.path.join(directory, name))
+        return gone
+
     def _take_spare(self) -> tuple[int | None, str]:
         """The spare opened for writing under a write lease, or (None, "") when there is none
         to use (then none is kept)."""

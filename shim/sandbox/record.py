@@ -278,6 +278,12 @@ class StateFile:
         """Remove the spare version kept for the next write (idempotent)."""
         self._file.close()
 
+    @staticmethod
+    def remove_leftovers(bundle: str) -> list[str]:
+        """Remove what the StateFile of a killed shim left in ``bundle`` (`podshim delete`, once
+        the shim is gone: :meth:`shim.rpc.files.Rewriter.remove_leftovers`)."""
+        return Rewriter.remove_leftovers(os.path.join(bundle, STATE_FILE))
+
 
 def _map(doc: Any, where: str) -> Mapping[str, Any]:
     if not isinstance(doc, Mapping):

@@ -280,3 +280,16 @@ def test_a_rewrite_over_a_directory_is_refused_and_leaves_it(tmp_path):
         rewriter.write(b"x")
     assert (tmp_path / "state.json" / "inside").read_bytes() == b"kept"
     assert os.listdir(tmp_path) == ["state.json"]
+
+
+def test_the_leftovers_of_a_killed_rewriter_are_removed_and_nothing_else(tmp_path):
+    path = tmp_path / "state.json"
+    writer = Rewriter(str(path))
+    writer.write(b"1\n")
+    writer.write(b"2\n")  # the version before is kept as the spare: a killed writer leaves it
+    others = [".state.json.bak", ".state.json.0123456789abcdefg", "state.json.0123456789ab", ".other.json.0123456789ab"]
+    for name in others:
+        (tmp_path / name).write_text("keep")
+    assert len(Rewriter.remove_leftovers(str(path))) == 1
+    assert sorted(os.listdir(tmp_path)) == sorted(["state.json", *others])
+    assert path.read_bytes() == b"2\n"

@@ -288,3 +288,18 @@ async def test_sigterm_ends_the_shim_with_0_and_leaves_the_pause_for_delete(shim
     finally:
         pause.close()
     assert made.cgroup_dirs and made.remains() == []
+
+
+async def test_delete_of_a_killed_shim_removes_the_spare_of_its_state_file(shims):
+    shim = await shims.start()
+    pause = ProcessRef(await shim.run_sandbox())
+    try:
+        assert spare_state_files(shim.bundle) != []  # kept between writes by the live shim
+        shim.process.kill(signal.SIGKILL)
+        await shim.process.exited()
+        result = await asyncio.to_thread(shim.delete)
+        assert result.returncode == 0, result.stderr
+        assert spare_state_files(shim.bundle) == []
+        assert pause.has_exited()
+    finally:
+        pause.close()
