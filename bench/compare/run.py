@@ -13,10 +13,10 @@ Everything is set up by this script and torn down by it, also when it fails or i
 - a PRIVATE containerd: its own config, root, state and sockets under a temporary directory, CRI
   and unneeded plugins off; stopped by pid at the end. A system containerd is never touched.
   The temporary directory (``--workdir-parent``, default /var/lib, where both runtimes keep
-  their state in production) holds podshim's roots too. Not /tmp: on a machine whose tests
-  have churned /tmp for hours, a file made there can cost 0.3 ms (ext4 finds a free inode in a
-  crowded block group) against 17 µs in /var/lib of the same filesystem, which says nothing of
-  either runtime; the report prints what making a file costs in both places.
+  their state in production) holds podshim's roots too. Not /tmp: while other work churns /tmp
+  on this project's machines, a file made there has cost 0.1-0.3 ms at times (against 17 µs in
+  /var/lib of the same filesystem; at quiet times both cost 15-25 µs), which says nothing of
+  either runtime; the report prints what making a file cost in both places at its start.
   containerd 1.6 puts shim sockets in /run/containerd/s whatever its state directory: those
   directories, and runc's cgroup parent ``podshim-bench``, are removed if this run made them;
 - podshim's runtime roots, one per podshim contender; the shim template the default Controller
