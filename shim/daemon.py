@@ -185,6 +185,13 @@ class _Shim:
         """Drop what :meth:`serve` was never called for (a spare that is not to serve)."""
         self.sandbox.close()
 
+    async def _close_server(self) -> None:
+        """Stop accepting and close every connection, in-flight answers given SHUTDOWN_TIMEOUT."""
+        try:
+            await asyncio.wait_for(self.server.aclose(SHUTDOWN_TIMEOUT), SHUTDOWN_TIMEOUT + 1)
+        except asyncio.TimeoutError:
+            log.error("server did not close within %.0fs", SHUTDOWN_TIMEOUT)
+
     async def serve(self, listener: socket.socket, owns_socket: bool, ready_fd: int | None,
                     shutdown_on_signal: bool, recorded: bool) -> int:
         """Serve on ``listener`` until ShutdownSandbox, SIGTERM or SIGINT (see :func:`serve_forever`)."""
@@ -203,6 +210,14 @@ class _Shim:
         notifier.send("READY=1", f"STATUS=serving {config.sandbox_id}", f"MAINPID={os.getpid()}")
 
         await self.done.wait()
+        closed = False
+        if sandbox.state is State.SHUTDOWN:
+            # After ShutdownSandbox its caller waits for our connections to close, then removes
+            # the bundle: the bundle's last file of ours goes first, the connections next, and
+            # only then what nobody waits for (the log line, the notifier).
+            sandbox.close()
+            await self._close_server()
+            closed = True
         log.info("shutting down (%s)", why[0])
         notifier.send("STOPPING=1", f"STATUS=stopping ({why[0]})")
         if shutdown_on_signal and sandbox.state is not State.SHUTDOWN:
@@ -210,11 +225,8 @@ class _Shim:
                 await asyncio.wait_for(sandbox.shutdown(config.sandbox_id), SHUTDOWN_TIMEOUT * 4)
             except Exception:
                 log.exception("shutting the sandbox down on %s failed", why[0])
-        # The shutdown callbacks, in order, under one named timeout each.
-        try:
-            await asyncio.wait_for(server.aclose(SHUTDOWN_TIMEOUT), SHUTDOWN_TIMEOUT + 1)
-        except asyncio.TimeoutError:
-            log.error("server did not close within %.0fs", SHUTDOWN_TIMEOUT)
+        if not closed:
+            await self._close_server()
         if owns_socket:
             try:
                 os.unlink(config.socket_path)

@@ -45,8 +45,10 @@ class SandboxService:
 
         sid = self._sandbox_id(ctx, p)
         bundle = optional(p, "bundle_path", str)
-        if bundle and os.path.realpath(bundle) != os.path.realpath(self.sandbox.config.bundle):
-            raise InvalidArgument(f"bundle_path {bundle!r} is not this shim's bundle {self.sandbox.config.bundle!r}")
+        ours = self.sandbox.config.bundle
+        # The same path as written (no syscall) or, when not, as resolved (a stat per component).
+        if bundle and os.path.normpath(bundle) != os.path.normpath(ours) and os.path.realpath(bundle) != os.path.realpath(ours):
+            raise InvalidArgument(f"bundle_path {bundle!r} is not this shim's bundle {ours!r}")
         rootfs = parse_rootfs(p)
         annotations = optional(p, "annotations", dict, {})
         if not all(isinstance(k, str) and isinstance(v, str) for k, v in annotations.items()):
