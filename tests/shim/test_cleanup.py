@@ -24,40 +24,41 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 # Runs as pid 1 of a new pid namespace (with its own /proc). Prints {"newcomer_alive": bool}.
 REUSE = textwrap.dedent(r"""
-    import builtins, io, json, os, subprocess, sys
+    import json, os, subprocess, sys
     from shim.cleanup import delete_sandbox
+    from shim.rpc import processes
     from shim.rpc.processes import proc_start_time
 
     bundle, runtime_root = sys.argv[1], sys.argv[2]
     recorded = subprocess.Popen(["sleep", "600"])
     start_time = proc_start_time(recorded.pid)
     newcomer = []
-    real_open = builtins.open
+    real_proc_stat = processes.proc_stat
     seen = {}
 
-    def open_(path, *args, **kwargs):
+    def proc_stat(pid):
         # The first look at the recorded process's stat sees it alive; right after, it exits and
         # a newcomer gets its pid. Later reads still see the old line, as a slow reader would.
-        if path == f"/proc/{recorded.pid}/stat":
+        if pid == recorded.pid:
             if not seen:
-                with real_open(path, "rb") as f:
-                    seen["line"] = f.read()
+                seen["fields"] = real_proc_stat(pid)
                 recorded.kill()
                 recorded.wait()
-                with real_open("/proc/sys/kernel/ns_last_pid", "w") as f:
+                with open("/proc/sys/kernel/ns_last_pid", "w") as f:
                     f.write(str(recorded.pid - 1))
                 newcomer.append(subprocess.Popen(["sleep", "600"]))
                 assert newcomer[0].pid == recorded.pid, (newcomer[0].pid, recorded.pid)
-            return io.BytesIO(seen["line"])
-        return real_open(path, *args, **kwargs)
+            return list(seen["fields"])
+        return real_proc_stat(pid)
 
-    with real_open(os.path.join(bundle, "state.json"), "w") as f:
+    with open(os.path.join(bundle, "state.json"), "w") as f:
         json.dump({"namespace": "ns", "sandbox_id": "sb", "pause": {"pid": recorded.pid, "start_time": start_time}}, f)
-    builtins.open = open_
+    processes.proc_stat = proc_stat
     try:
         delete_sandbox(bundle, "ns", "sb", runtime_root)
     finally:
-        builtins.open = real_open
+        processes.proc_stat = real_proc_stat
+    assert seen, "delete never looked at the recorded process"
     alive = newcomer[0].poll() is None
     newcomer[0].kill()
     newcomer[0].wait()
