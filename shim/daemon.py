@@ -210,14 +210,6 @@ class _Shim:
         notifier.send("READY=1", f"STATUS=serving {config.sandbox_id}", f"MAINPID={os.getpid()}")
 
         await self.done.wait()
-        closed = False
-        if sandbox.state is State.SHUTDOWN:
-            # After ShutdownSandbox its caller waits for our connections to close, then removes
-            # the bundle: the bundle's last file of ours goes first, the connections next, and
-            # only then what nobody waits for (the log line, the notifier).
-            sandbox.close()
-            await self._close_server()
-            closed = True
         log.info("shutting down (%s)", why[0])
         notifier.send("STOPPING=1", f"STATUS=stopping ({why[0]})")
         if shutdown_on_signal and sandbox.state is not State.SHUTDOWN:
@@ -225,8 +217,7 @@ class _Shim:
                 await asyncio.wait_for(sandbox.shutdown(config.sandbox_id), SHUTDOWN_TIMEOUT * 4)
             except Exception:
                 log.exception("shutting the sandbox down on %s failed", why[0])
-        if not closed:
-            await self._close_server()
+        await self._close_server()
         if owns_socket:
             try:
                 os.unlink(config.socket_path)
