@@ -100,21 +100,19 @@ class Spare(Record):
 
     ``channel``: the template's end of the spare's socket pair ("P<pid>" from the intermediate
     child and "S" from the spare come in before it counts as a spare; then its sandbox's config
-    goes out, then its bound socket, and the Spawn is answered). ``taken``: the config was sent,
-    so it can be no other sandbox's spare. Closing the channel before the socket went out ends
-    the spare: it exits.
+    goes out, then its bound socket, and the Spawn is answered). A spare handed to
+    :func:`spawn_shim` is spent, whatever happens there. Closing the channel before the socket
+    went out ends the spare: it exits.
     """
 
-    __slots__ = ("pid", "channel", "taken")
+    __slots__ = ("pid", "channel")
     mutable = True
     pid: int
     channel: socket.socket
-    taken: bool
 
-    def __init__(self, pid: int, channel: socket.socket, taken: bool = False) -> None:
+    def __init__(self, pid: int, channel: socket.socket) -> None:
         self.pid = pid
         self.channel = channel
-        self.taken = taken
 
     def close(self) -> None:
         self.channel.close()
@@ -307,39 +305,28 @@ def spawn_shim(config: Any, *, debug: bool = False, double_fork: bool = False,
     Unavailable (with the tail of the shim's log) when the shim does not come up within
     :data:`START_TIMEOUT`. With ``double_fork`` the intermediate child may outlive this call by
     a moment: the caller reaps it (SIGCHLD).
-    ``spare``: a :class:`Spare` to use instead of forking, taken and closed here: told the
+    ``spare``: a :class:`Spare` to use instead of forking, spent and closed here: told the
     sandbox first, it is ended when it will not serve it (a live shim serves the socket already,
     or the bundle or the socket cannot be made); a dead spare falls back to forking.
     """
     # The spare makes its sandbox's pieces while the bundle, the socket and state.json are made
     # here (on another CPU): it only serves once it has the socket.
     if spare is not None and not _give_config(spare, config, debug):
-        spare.taken = True  # dead: the shim is forked here instead
-        spare.close()
+        spare.close()  # dead: the shim is forked here instead
         spare = None
     try:
         ensure_private_dir(config.bundle, 0o700)
         address = socket_address(config.socket_path)
         sock = bind_listener(config.socket_path)
-    except BaseException:
-        if spare is not None:  # told a sandbox it will never serve: it can be no one's spare
-            spare.taken = True
-            spare.close()
-        raise
-    if sock is None:
+        if sock is None:
+            try:
+                result = read_json(os.path.join(config.bundle, BOOTSTRAP_FILE))
+            except (OSError, ValueError):
+                result = None
+            if not isinstance(result, dict) or result.get("address") != address:
+                result = bootstrap(address, 0)
+            return result
         if spare is not None:
-            spare.taken = True
-            spare.close()
-        try:
-            result = read_json(os.path.join(config.bundle, BOOTSTRAP_FILE))
-        except (OSError, ValueError):
-            result = None
-        if not isinstance(result, dict) or result.get("address") != address:
-            result = bootstrap(address, 0)
-        return result
-    if spare is not None:
-        spare.taken = True
-        try:
             # The spare's first state.json, before it can serve: nobody can call it yet, so
             # this hides no newer record of its own, and whoever dies from here on leaves a shim
             # that `podshim delete` finds.
@@ -364,7 +351,8 @@ def spawn_shim(config: Any, *, debug: bool = False, double_fork: bool = False,
                 result = bootstrap(address, spare.pid, start_time)
                 write_json_atomic(os.path.join(config.bundle, BOOTSTRAP_FILE), result, mode=0o644, durable=False)
                 return result
-        finally:
+    finally:
+        if spare is not None:  # told its sandbox: it serves it now, or it can be no one's spare (it exits)
             spare.close()
     ready_r, ready_w = os.pipe2(os.O_CLOEXEC)
     pid = os.fork()

@@ -280,12 +280,8 @@ class _Template:
             pause_binary=optional(p, "pause_binary", str, self.pause_binary),
         )
         self.namespaces.add(namespace)
-        spare, self.spare = self.spare, None
-        try:
-            result = spawn_shim(config, debug=optional(p, "debug", bool, False), double_fork=True, spare=spare)
-        finally:
-            if spare is not None and not spare.taken:  # spawn_shim raised before it told the spare anything
-                self.spare = spare
+        spare, self.spare = self.spare, None  # spent by spawn_shim whatever happens: the next is forked after
+        result = spawn_shim(config, debug=optional(p, "debug", bool, False), double_fork=True, spare=spare)
         self.spawned += 1
         return result
 
