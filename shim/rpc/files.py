@@ -208,7 +208,7 @@ def write_atomic(path: str, data: bytes, *, mode: int = 0o600, durable: bool = T
     after the batch).
     """
     directory = os.path.dirname(path) or "."
-    fd, tmp = _temporary(directory, "." + os.path.basename(path) + ".")
+    fd, tmp = _temporary(path)
     try:
         try:
             view = memoryview(data)
@@ -262,7 +262,7 @@ class Rewriter:
         """Replace the file's content with ``data``. Raises OSError as :func:`write_atomic`."""
         fd, tmp = self._take_spare()
         if fd is None:
-            fd, tmp = _temporary(os.path.dirname(self.path) or ".", "." + os.path.basename(self.path) + ".")
+            fd, tmp = _temporary(self.path)
         try:
             try:
                 view, offset = memoryview(data), 0
@@ -294,17 +294,14 @@ class Rewriter:
     def remove_leftovers(path: str) -> list[str]:
         """Remove what a writer of ``path`` that was killed left: its spare (and a temporary file
         a write had not renamed yet). Only while no writer of ``path`` runs. Returns their paths."""
-        directory, prefix = os.path.dirname(path) or ".", "." + os.path.basename(path) + "."
+        directory = os.path.dirname(path) or "."
         try:
             names = os.listdir(directory)
         except FileNotFoundError:
             return []
-        gone = []
-        for name in names:
-            suffix = name[len(prefix):]
-            if name.startswith(prefix) and len(suffix) == 12 and all(c in "0123456789abcdef" for c in suffix):
-                _unlink_quietly(os.path.join(directory, name))
-                gone.append(os.path.join(directory, name))
+        gone = [os.path.join(directory, name) for name in names if _is_temporary(name, path)]
+        for leftover in gone:
+            _unlink_quietly(leftover)
         return gone
 
     def _take_spare(self) -> tuple[int | None, str]:
@@ -349,15 +346,27 @@ def rename_noreplace(src: str, dst: str) -> bool:
     return _rename2(src, dst, _RENAME_NOREPLACE)
 
 
-def _temporary(directory: str, prefix: str) -> tuple[int, str]:
-    """A new file ``directory/prefix<random>`` (0600, close-on-exec): tempfile.mkstemp's
+_TEMPORARY_RANDOM_BYTES = 6  # a temporary file's name ends in twice as many hex digits
+
+
+def _temporary(path: str) -> tuple[int, str]:
+    """A new file ``.<name>.<random>`` next to ``path`` (0600, close-on-exec): tempfile.mkstemp's
     contract, without importing tempfile (and random, shutil...) into every shim."""
+    directory, prefix = os.path.dirname(path) or ".", "." + os.path.basename(path) + "."
     while True:
-        tmp = os.path.join(directory, prefix + os.urandom(6).hex())
+        tmp = os.path.join(directory, prefix + os.urandom(_TEMPORARY_RANDOM_BYTES).hex())
         try:
             return os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600), tmp
         except FileExistsError:  # 48 random bits taken already: draw again
             continue
+
+
+def _is_temporary(name: str, path: str) -> bool:
+    """Whether ``name`` (in ``path``'s directory) is one of :func:`_temporary`'s files for ``path``."""
+    prefix = "." + os.path.basename(path) + "."
+    suffix = name[len(prefix):]
+    return (name.startswith(prefix) and len(suffix) == 2 * _TEMPORARY_RANDOM_BYTES
+            and all(c in "0123456789abcdef" for c in suffix))
 
 
 def _exchange(tmp: str, path: str) -> bool:
