@@ -59,11 +59,9 @@ def last_cap() -> int:
 def current(field: str = "CapEff", pid: int | str = "self") -> int:
     """A capability set of a process as a bit mask: ``field`` of /proc/PID/status (CapEff, CapPrm,
     CapBnd, CapInh, CapAmb)."""
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1], 16)
-    raise ValueError(f"/proc/{pid}/status has no {field}")
+    from shim.kernel.linux import status_mask
+
+    return status_mask(field, f"/proc/{pid}/status")
 
 
 def mask(cap_names: tuple[str, ...] | list[str]) -> int:

@@ -32,7 +32,7 @@ __all__ = [
     "write_file", "open_tree", "move_mount", "pivot_root", "mount_fs",
     "IN_ATTRIB", "IN_CLOSE_WRITE", "IN_CREATE", "IN_DELETE", "IN_DELETE_SELF", "IN_IGNORED", "IN_MODIFY",
     "IN_MOVED_FROM", "IN_MOVED_TO", "IN_MOVE_SELF", "IN_Q_OVERFLOW", "IN_UNMOUNT",
-    "inotify_add_watch", "inotify_init", "inotify_read", "fs_type", "default_signal",
+    "inotify_add_watch", "inotify_init", "inotify_read", "fs_type", "default_signal", "read_status", "status_mask",
 ]
 
 # <linux/sched.h>
@@ -148,8 +148,17 @@ def umount2(target: str, flags: int = 0) -> None:
     _check(_libc.umount2(_encode(target), flags), target)
 
 
-# The new mount API (Linux 5.2) and pivot_root, which glibc does not wrap: x86_64 syscall numbers.
-_SYS_PIVOT_ROOT = 155
+# The system calls glibc does not wrap (or wraps with its own rules: rt_sigaction) whose numbers
+# differ between architectures; those from 424 on (the new mount API, clone3) are the same
+# everywhere. Elsewhere the wrappers that need one fail ENOSYS, naming the machine.
+_MACHINE = os.uname().machine
+_ARCH_SYSCALLS = {
+    # machine: (pivot_root, rt_sigaction)
+    "x86_64": (155, 13),
+    "aarch64": (41, 134),  # the generic table (asm-generic/unistd.h)
+    "riscv64": (41, 134),
+}
+_SYS_PIVOT_ROOT, _SYS_RT_SIGACTION = _ARCH_SYSCALLS.get(_MACHINE, (-1, -1))
 _SYS_OPEN_TREE = 428
 _SYS_MOVE_MOUNT = 429
 OPEN_TREE_CLONE = 1
@@ -223,7 +232,7 @@ def mount_fs(fstype: str, source: str | None, params: list[tuple[str, str | None
 
 def pivot_root(new_root: str, put_old: str) -> None:
     """pivot_root(2). Raises OSError naming ``new_root``."""
-    _check(_libc.syscall(_SYS_PIVOT_ROOT, _encode(new_root), _encode(put_old)), new_root)
+    _check(_libc.syscall(_arch_syscall(_SYS_PIVOT_ROOT, "pivot_root"), _encode(new_root), _encode(put_old)), new_root)
 
 
 def sethostname(name: str) -> None:
@@ -301,7 +310,12 @@ def set_signal_mask(mask: bytes = b"") -> None:
     _check_pthread(_libc.pthread_sigmask(_SIG_SETMASK, new, None))
 
 
-_SYS_RT_SIGACTION = 13  # x86_64
+def _arch_syscall(number: int, name: str) -> int:
+    """``number``, or OSError(ENOSYS) when this machine's number for ``name`` is not known here."""
+    if number < 0:
+        raise OSError(errno.ENOSYS, f"{name}: podshim does not know its system call number on {_MACHINE} "
+                                    f"(known: {', '.join(sorted(_ARCH_SYSCALLS))})")
+    return number
 
 
 def default_signal(sig: int) -> None:
@@ -309,8 +323,15 @@ def default_signal(sig: int) -> None:
     library's sigaction refuses its own signals (glibc: 32 and 33, which its posix_spawn leaves
     ignored in what it starts), the kernel does not. Python's table of handlers is not told: for
     a child about to exec. Raises OSError."""
+    if _SYS_RT_SIGACTION < 0:  # not known here: the C library's way, which refuses its own signals
+        try:
+            signal.signal(sig, signal.SIG_DFL)
+        except (OSError, ValueError):
+            _arch_syscall(_SYS_RT_SIGACTION, "rt_sigaction")
+        return
     action = (ctypes.c_ulong * 4)()  # struct sigaction as the kernel takes it, all 0: SIG_DFL
-    _check(_libc.syscall(_SYS_RT_SIGACTION, ctypes.c_int(sig), action, None, ctypes.c_size_t(8)))
+    _check(_libc.syscall(_arch_syscall(_SYS_RT_SIGACTION, "rt_sigaction"), ctypes.c_int(sig), action, None,
+                         ctypes.c_size_t(8)))
 
 
 def _check_pthread(result: int) -> None:
@@ -326,6 +347,26 @@ def read_file(path: str) -> bytes:
         return read_all(fd)
     finally:
         os.close(fd)
+
+
+def read_status(path: str = "/proc/self/status") -> dict[str, str]:
+    """A /proc/PID/status file as ``{field: value}``, each value stripped. Raises OSError
+    (FileNotFoundError: the process is gone)."""
+    fields = {}
+    for line in read_file(path).decode("utf-8", "replace").splitlines():
+        name, sep, value = line.partition(":")
+        if sep:
+            fields[name] = value.strip()
+    return fields
+
+
+def status_mask(field: str, path: str = "/proc/self/status") -> int:
+    """A hexadecimal mask of a /proc/PID/status file (SigIgn, SigBlk, CapEff, ...) as an int.
+    Raises OSError, and ValueError when the file has no such field."""
+    value = read_status(path).get(field)
+    if value is None:
+        raise ValueError(f"{path} has no {field}")
+    return int(value, 16)
 
 
 def read_all(fd: int) -> bytes:

@@ -267,9 +267,7 @@ async def wait_ready(pid: int, exit_future: asyncio.Future[ExitInfo], name: str 
     grace_end: float | None = None
     while True:
         try:
-            with open(f"/proc/{pid}/status") as f:
-                fields = dict(line.split(":", 1) for line in f
-                              if line.startswith(("Name", "State", "SigBlk", "SigCgt")))
+            fields = linux.read_status(f"/proc/{pid}/status")
         except FileNotFoundError:
             fields = {}
         if exit_future.done() or fields.get("State", " Z").split()[0] in ("Z", "X"):

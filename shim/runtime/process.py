@@ -783,12 +783,8 @@ def _ignored_signals() -> list[int]:
     """The signals this process ignores (and an exec would leave ignored). Among them may be the
     C library's own (glibc: 32 and 33), which its posix_spawn leaves ignored in what it starts (a
     shim whose starter used it): :func:`shim.kernel.linux.default_signal` resets those too."""
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("SigIgn:"):
-                mask = int(line.split()[1], 16)
-                return [sig for sig in range(1, mask.bit_length() + 1) if mask >> (sig - 1) & 1]
-    return []
+    mask = linux.status_mask("SigIgn")
+    return [sig for sig in range(1, mask.bit_length() + 1) if mask >> (sig - 1) & 1]
 
 
 def _report_failure(write_fd: int, step: str, exc: BaseException, kind: bytes = b"E") -> None:

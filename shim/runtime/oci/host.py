@@ -6,6 +6,7 @@ import os
 
 from shim.kernel import cgroups
 from shim.kernel.cgroups import SandboxCgroup
+from shim.kernel.linux import status_mask
 
 __all__ = ["CAP_SYS_RESOURCE", "HYBRID_CONTROLLERS_FILE", "cgroup_hybrid", "cgroups_path", "oom_score_adj_permitted"]
 
@@ -23,10 +24,7 @@ def oom_score_adj_permitted(value: int, status_path: str = "/proc/self/status") 
         with open("/proc/self/oom_score_adj") as f:
             if value >= int(f.read()):
                 return True
-        with open(status_path) as f:
-            for line in f:
-                if line.startswith("CapEff:"):
-                    return bool(int(line.split()[1], 16) >> CAP_SYS_RESOURCE & 1)
+        return bool(status_mask("CapEff", status_path) >> CAP_SYS_RESOURCE & 1)
     except (OSError, ValueError):
         pass
     return False

@@ -1,0 +1,101 @@
+"""shim.kernel.linux: the system call wrappers that are not the os module's."""
+
+from __future__ import annotations
+
+import errno
+import os
+import signal
+
+import pytest
+
+from shim.kernel import linux
+
+
+def _in_child(check) -> int:
+    """Run ``check()`` in a forked child; its exit status (0: it returned True)."""
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os._exit(0 if check() else 1)
+        finally:
+            os._exit(2)
+    return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+
+
+def _ignored(sig: int) -> bool:
+    return bool(linux.status_mask("SigIgn") >> (sig - 1) & 1)
+
+
+# -- /proc/PID/status -------------------------------------------------------------------------
+
+
+def test_read_status_gives_each_field_stripped():
+    fields = linux.read_status()
+    assert fields["Pid"] == str(os.getpid())
+    assert fields["Name"] and fields["Name"] == fields["Name"].strip()
+
+
+def test_status_mask_reads_a_hexadecimal_field_and_names_a_missing_one(tmp_path):
+    status = tmp_path / "status"
+    status.write_text("Name:\tx\nSigIgn:\t0000000000001001\n")
+    assert linux.status_mask("SigIgn", str(status)) == 0x1001
+    with pytest.raises(ValueError, match="has no CapEff"):
+        linux.status_mask("CapEff", str(status))
+    with pytest.raises(FileNotFoundError):
+        linux.read_status(str(tmp_path / "gone"))
+
+
+# -- signals ----------------------------------------------------------------------------------
+
+
+def test_default_signal_resets_an_ignored_signal():
+    def check() -> bool:
+        signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+        assert _ignored(signal.SIGUSR1)
+        linux.default_signal(signal.SIGUSR1)
+        return not _ignored(signal.SIGUSR1)
+
+    assert _in_child(check) == 0
+
+
+def test_default_signal_resets_a_signal_the_c_library_keeps_for_itself():
+    # glibc refuses sigaction on 32 and 33; its posix_spawn leaves them ignored in what it starts.
+    def check() -> bool:
+        action = linux.ctypes.c_ulong * 4
+        ignore = action(1)  # SIG_IGN
+        assert linux._libc.syscall(linux._SYS_RT_SIGACTION, 32, ignore, None, linux.ctypes.c_size_t(8)) == 0
+        assert _ignored(32)
+        linux.default_signal(32)
+        return not _ignored(32)
+
+    assert _in_child(check) == 0
+
+
+def test_default_signal_on_a_machine_whose_number_is_unknown_resets_what_libc_allows(monkeypatch):
+    monkeypatch.setattr(linux, "_SYS_RT_SIGACTION", -1)
+
+    def check() -> bool:
+        signal.signal(signal.SIGUSR2, signal.SIG_IGN)
+        linux.default_signal(signal.SIGUSR2)
+        assert not _ignored(signal.SIGUSR2)
+        try:
+            linux.default_signal(32)
+        except OSError as exc:
+            return exc.errno == errno.ENOSYS and "rt_sigaction" in str(exc)
+        return False
+
+    assert _in_child(check) == 0
+
+
+def test_pivot_root_on_a_machine_whose_number_is_unknown_fails_enosys_naming_it(monkeypatch):
+    monkeypatch.setattr(linux, "_SYS_PIVOT_ROOT", -1)
+    monkeypatch.setattr(linux, "_MACHINE", "pdp11")
+    with pytest.raises(OSError) as caught:
+        linux.pivot_root("/", "/")
+    assert caught.value.errno == errno.ENOSYS
+    assert "pivot_root" in str(caught.value) and "pdp11" in str(caught.value)
+
+
+def test_every_known_machine_has_both_numbers():
+    assert linux._ARCH_SYSCALLS[os.uname().machine] == (linux._SYS_PIVOT_ROOT, linux._SYS_RT_SIGACTION)
+    assert all(len(numbers) == 2 and min(numbers) > 0 for numbers in linux._ARCH_SYSCALLS.values())
