@@ -197,7 +197,9 @@ def _spare_wait(channel: socket.socket) -> NoReturn:
     try:
         os.setsid()
         _close_all_but((channel.fileno(),))
-        _stdio_to(os.devnull)
+        # Its output goes where the template's goes (ROOT/template.log for a detached one) until
+        # it is assigned: a spare that fails before it serves is told in the template's log.
+        _stdin_from_devnull()
         _fresh_signals()
         from shim.daemon import serve_when_assigned, setup_logging
         from shim.kernel.linux import set_process_name
@@ -535,11 +537,15 @@ def _close_all_but(keep: tuple[int, ...]) -> None:
     os.closerange(low, 65536)
 
 
-def _stdio_to(log_path: str) -> None:
-    """stdin from /dev/null; stdout and stderr appended to ``log_path`` (the bundle's log)."""
+def _stdin_from_devnull() -> None:
     devnull = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
     os.dup2(devnull, 0)
     os.close(devnull)
+
+
+def _stdio_to(log_path: str) -> None:
+    """stdin from /dev/null; stdout and stderr appended to ``log_path`` (the bundle's log)."""
+    _stdin_from_devnull()
     # Never through a link, as with the tasks' logs (shim.runtime.crilog).
     log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NOCTTY,
                      0o600)

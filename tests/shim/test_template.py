@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import secrets
@@ -118,8 +119,20 @@ async def test_shim_survives_the_template_and_serves_a_sandbox(roots, template):
     assert not await wait_gone_async(result["pid"])
 
 
+def _wait_served(result: dict, sandbox_id: str) -> None:
+    """One call answered: a spare shim has moved its stdio into the bundle by then (it may
+    still be setting up when `podshim start` returns)."""
+
+    async def ping() -> None:
+        async with await Client.connect(result["address"], namespace="tpl") as client:
+            assert await client.call(SANDBOX_SERVICE, "PingSandbox", {"sandbox_id": sandbox_id}) == {}
+
+    asyncio.run(ping())
+
+
 def test_template_forked_shim_keeps_only_its_own_fds(roots, template):
     result = start_shim(roots, "d1")
+    _wait_served(result, "d1")
 
     def open_objects(pid: int) -> set[str]:
         """The sockets, pipes and files a process holds (anon inodes all read alike: left out)."""
@@ -323,6 +336,24 @@ sys.stdin.read()  # its socket never comes, and the channel stays open until the
 """
 
 
+@contextlib.contextmanager
+def _spare_held_by(script: str, *args: str, stderr: int | None = None):
+    """Run ``script`` (it forks a spare, prints the spare's pid, and keeps the spare's channel
+    open until its stdin closes); yield (that process, the spare's pid); end both."""
+    proc = subprocess.Popen([sys.executable, "-c", script, *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=stderr)
+    spare = 0
+    try:
+        spare = int(proc.stdout.readline())
+        yield proc, spare
+    finally:
+        proc.stdin.close()
+        proc.wait(10)
+        proc.stdout.close()
+        if spare:
+            wait_gone(spare, timeout=5, kill=True)
+
+
 def _catches(pid: int, sig: int) -> bool:
     with open(f"/proc/{pid}/status") as f:
         caught = next(line.split()[1] for line in f if line.startswith("SigCgt:"))
@@ -334,12 +365,8 @@ def test_a_spare_told_its_sandbox_ends_on_sigterm_before_its_socket_comes(roots)
     # bound the socket: a SIGTERM meanwhile must end it then, not once (if ever) the socket comes.
     runtime_root, tmp_path, _ = roots
     bundle = str(tmp_path / "w1")
-    proc = subprocess.Popen([sys.executable, "-c", _TELL_A_SPARE_ITS_SANDBOX, "tpl", "w1", bundle,
-                             socket_path("tpl", "w1", runtime_root), runtime_root],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE)
-    spare = 0
-    try:
-        spare = int(proc.stdout.readline())
+    with _spare_held_by(_TELL_A_SPARE_ITS_SANDBOX, "tpl", "w1", bundle, socket_path("tpl", "w1", runtime_root),
+                        runtime_root) as (_, spare):
         deadline = time.monotonic() + 5  # a bound, not a wait for readiness
         while not _catches(spare, signal.SIGTERM) and time.monotonic() < deadline:
             time.sleep(0.005)
@@ -347,12 +374,24 @@ def test_a_spare_told_its_sandbox_ends_on_sigterm_before_its_socket_comes(roots)
         os.kill(spare, signal.SIGTERM)
         assert not wait_gone(spare)
         assert not os.path.exists(bundle)  # it never had its socket: it touched nothing of the sandbox's
-    finally:
-        proc.stdin.close()
-        proc.wait(10)
-        proc.stdout.close()
-        if spare:
-            wait_gone(spare, timeout=5, kill=True)
+
+
+_GIVE_A_SPARE_A_BAD_ASSIGNMENT = """
+import sys
+from shim.launch.spawn import fork_spare
+spare = fork_spare()
+spare.channel.send(b'{"config": {"no such field": 1}}')
+print(spare.pid, flush=True)
+sys.stdin.read()
+"""
+
+
+def test_a_spare_that_fails_before_it_serves_says_why_where_the_template_logs():
+    # Until it serves, a spare's output is its template's (ROOT/template.log when detached).
+    with _spare_held_by(_GIVE_A_SPARE_A_BAD_ASSIGNMENT, stderr=subprocess.PIPE) as (proc, spare):
+        assert not wait_gone(spare)
+    assert "no such field" in proc.stderr.read().decode()
+    proc.stderr.close()
 
 
 def test_a_spawn_whose_state_json_cannot_be_written_leaves_no_socket_behind(roots, template):
