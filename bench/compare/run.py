@@ -219,8 +219,9 @@ def sweep(marker: str) -> list[str]:
 
 def unmount_under(directory: str) -> None:
     """Lazily unmount anything still mounted below ``directory`` (deepest first)."""
-    with open("/proc/self/mountinfo") as f:
-        points = [line.split()[4] for line in f]
+    from shim.kernel import mountinfo
+
+    points = [mount.mount_point for mount in mountinfo.read()]
     for point in sorted((p for p in points if p.startswith(directory + "/")), key=len, reverse=True):
         run(["umount", "-l", point], check=False)
 

@@ -21,19 +21,16 @@ As containerd's CRI plugin (``WithMounts``, ``containerMounts``):
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
+from shim.kernel import mountinfo as mount_table
 from shim.rpc.status import FailedPrecondition, InvalidArgument
 
 from client.cri.configs import Mount
 
-__all__ = ["MOUNTINFO", "PROPAGATION_OPTIONS", "MountInfo", "container_mounts", "host_mount", "parse_mountinfo",
-           "wire_mount"]
+__all__ = ["PROPAGATION_OPTIONS", "container_mounts", "host_mount", "wire_mount"]
 
-MOUNTINFO = "/proc/self/mountinfo"
 #: Present where SELinux is enabled (selinuxfs mounted), as libselinux's is_selinux_enabled looks.
 SELINUX_ENFORCE = "/sys/fs/selinux/enforce"
 #: The bind propagation of each CRI MountPropagation.
@@ -41,43 +38,9 @@ PROPAGATION_OPTIONS = {"PROPAGATION_PRIVATE": "rprivate", "PROPAGATION_HOST_TO_C
                        "PROPAGATION_BIDIRECTIONAL": "rshared"}
 #: Mode of a host directory made for a mount whose host path was missing (containerd's).
 _MADE_DIR_MODE = 0o755
-_ESCAPE = re.compile(r"\\([0-7]{3})")
 
 
-@dataclass(frozen=True)
-class MountInfo:
-    """One line of mountinfo: the mount point and its optional fields (``shared:N``, ``master:N``)."""
-
-    mount_point: str
-    optional: tuple[str, ...]
-
-    @property
-    def shared(self) -> bool:
-        return any(o.startswith("shared:") for o in self.optional)
-
-    @property
-    def slave(self) -> bool:
-        return any(o.startswith("master:") for o in self.optional)
-
-
-def _unescape(field: str) -> str:
-    # mountinfo writes space, tab, newline and backslash as \ooo octal escapes.
-    return _ESCAPE.sub(lambda m: chr(int(m.group(1), 8)), field)
-
-
-def parse_mountinfo(text: str) -> list[MountInfo]:
-    """The mounts of a mountinfo text, in its order (later mounts are on top of earlier ones)."""
-    mounts = []
-    for line in text.splitlines():
-        fields = line.split(" ")
-        if len(fields) < 7 or "-" not in fields[6:]:
-            continue
-        end = fields.index("-", 6)
-        mounts.append(MountInfo(_unescape(fields[4]), tuple(fields[6:end])))
-    return mounts
-
-
-def host_mount(path: str, mounts: Iterable[MountInfo]) -> MountInfo:
+def host_mount(path: str, mounts: Iterable[mount_table.MountEntry]) -> mount_table.MountEntry:
     """The mount ``path`` (absolute, symbolic links resolved) is on: the last one listed whose
     mount point is ``path`` or one of its parents."""
     found = None
@@ -87,7 +50,7 @@ def host_mount(path: str, mounts: Iterable[MountInfo]) -> MountInfo:
             if found is None or len(point) >= len(found.mount_point):
                 found = mount
     if found is None:  # every mountinfo lists "/"; a namespace without one is no place to run
-        raise FailedPrecondition(f"no mount holds {path} in {MOUNTINFO}")
+        raise FailedPrecondition(f"no mount holds {path} in {mount_table.MOUNTINFO}")
     return found
 
 
@@ -96,14 +59,14 @@ def on_root_mount(files: Mapping[str, str], mountinfo: str | None = None) -> dic
     node's root mount itself: what a task on the node's / (bound without the mounts below it) sees
     there. ``mountinfo`` as in :func:`container_mounts`."""
     if mountinfo is None:
-        with open(MOUNTINFO) as f:
+        with open(mount_table.MOUNTINFO) as f:
             mountinfo = f.read()
-    table = parse_mountinfo(mountinfo)
+    table = mount_table.parse(mountinfo)
     return {path: source for path, source in files.items()
             if os.path.isfile(path) and host_mount(os.path.realpath(path), table).mount_point == "/"}
 
 
-def _check_propagation(mount: Mount, source: str, mountinfo: list[MountInfo]) -> None:
+def _check_propagation(mount: Mount, source: str, mountinfo: list[mount_table.MountEntry]) -> None:
     if mount.propagation == "PROPAGATION_PRIVATE":
         return
     on = host_mount(source, mountinfo)
@@ -157,14 +120,14 @@ def container_mounts(mounts: Iterable[Mount], pod_files: Mapping[str, str], *, r
     wanted = {m.container_path for m in mounts}
     out = [wire_mount(path, source, readonly=readonly_rootfs)
            for path, source in pod_files.items() if path not in wanted]
-    table: list[MountInfo] | None = None
+    table: list[mount_table.MountEntry] | None = None
     for mount in mounts:
         source = _host_source(mount)
         if mount.propagation != "PROPAGATION_PRIVATE" and table is None:
             if mountinfo is None:
-                with open(MOUNTINFO) as f:
+                with open(mount_table.MOUNTINFO) as f:
                     mountinfo = f.read()
-            table = parse_mountinfo(mountinfo)
+            table = mount_table.parse(mountinfo)
         if table is not None:
             _check_propagation(mount, source, table)
         if mount.propagation not in PROPAGATION_OPTIONS:

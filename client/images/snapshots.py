@@ -52,6 +52,7 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from typing import Any
 
+from shim.kernel import mountinfo
 from shim.paths import write_json_atomic
 from shim.rpc.files import ensure_private_dir, flock_open, fsync_dir, read_json, rename_noreplace
 from shim.rpc.status import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
@@ -693,7 +694,6 @@ def _mounted_upper(upper: str) -> bool:
     """Whether an overlay mounted in this mount namespace uses ``upper`` as its upper dir."""
     needle = f"upperdir={upper}"
     try:
-        with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as f:
-            return any(needle in line.split(" - ", 1)[-1].split(",") for line in f)
+        return any(needle in mount.super_options.split(",") for mount in mountinfo.read())
     except OSError:
         return False

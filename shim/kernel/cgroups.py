@@ -22,7 +22,7 @@ import time
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
-from shim.kernel import linux
+from shim.kernel import linux, mountinfo
 from shim.rpc.processes import process_alive
 from shim.rpc.records import Record, set_field as _set
 from shim.rpc.status import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound, error_from_oserror
@@ -115,15 +115,8 @@ def _cgroup_mounts() -> list[tuple[str, str, str, frozenset[str]]]:
                 return [mount for mount, _ in _mounts_seen]
         except OSError:
             pass
-    mounts = []
-    with open("/proc/self/mountinfo") as f:
-        for line in f:
-            fields = line.split()
-            sep = fields.index("-")
-            fstype = fields[sep + 1]
-            if fstype in ("cgroup", "cgroup2"):
-                opts = frozenset(fields[sep + 3].split(","))
-                mounts.append((fstype, _unescape(fields[3]), _unescape(fields[4]), opts))
+    mounts = [(m.fstype, m.root, m.mount_point, frozenset(m.super_options.split(",")))
+              for m in mountinfo.read() if m.fstype in ("cgroup", "cgroup2")]
     seen = []
     for mount in mounts:
         try:
@@ -338,13 +331,6 @@ def remove_stale_holds() -> list[str]:
                 except OSError:
                     break
     return removed
-
-
-def _unescape(text: str) -> str:
-    # mountinfo escapes space, tab, newline and backslash as \ooo.
-    if "\\" not in text:
-        return text
-    return text.encode().decode("unicode_escape").encode("latin-1").decode()
 
 
 def _validate(name: str, parent: str | None) -> None:

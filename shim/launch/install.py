@@ -152,9 +152,12 @@ class CodeWatch:
     editor's swap file or another package installed beside them costs nothing. Any event that
     counts, lost events (IN_Q_OVERFLOW) or a watch the kernel dropped (IN_IGNORED) makes the
     next :meth:`changed` compare the whole fingerprint, after watching anew, so that a change
-    made meanwhile is an event of the new watches. Without inotify (no instance left to the
-    user, no room for a watch, a file that cannot be watched, or a path on a filesystem whose
-    changes this kernel need not see: NFS, FUSE, ...) every call compares the whole
+    made meanwhile is an event of the new watches. A mount made or removed on the way (over a
+    directory above a file, or over a file) shows no inotify event: the mount table is watched
+    too (poll on /proc/self/mountinfo), and when it changed and the mounts on the way are no
+    longer the same, that counts as an event. Without inotify (no instance left to the
+    user, no room for a watch, a file that cannot be watched, a path on a filesystem whose
+    changes this kernel need not see: NFS, FUSE, ..., or no mount table to poll) every call compares the whole
     fingerprint, as :func:`fingerprint`'s caller would.
     """
 
@@ -165,6 +168,10 @@ class CodeWatch:
         self.files = files
         self._fd = -1
         self._relevant: dict[int, frozenset[str] | None] = {}  # wd -> names whose events count (None: all)
+        self._way: frozenset[str] = frozenset()  # every path a file is reached through
+        self._mount_table = -1  # /proc/self/mountinfo, polled for a change of the mount table
+        self._mounts: frozenset[tuple[int, str]] = frozenset()  # (mount id, mount point) on the way
+        self._dirty = False  # something that counts happened since the watches were made
         self._watch()  # before the fingerprint: a change from now on is an event
         self.code = fingerprint(files)
 
@@ -176,14 +183,24 @@ class CodeWatch:
     def changed(self) -> bool:
         """Whether any of the files differs from what it was when the watch was made."""
         if self._fd >= 0:
-            try:
-                events = self._linux.inotify_read(self._fd)
-            except OSError:
-                events = None
-            if events is not None and not any(self._counts(*event) for event in events):
+            self.look()
+            if not self._dirty:
                 return False
             self._watch()
         return fingerprint(self.files) != self.code
+
+    def look(self) -> None:
+        """Take in what happened since the last look (the inotify events, a change of the mount
+        table) and keep whether any of it counts for :meth:`changed`. The template looks after
+        answering a Spawn, so that the next Spawn's check has little left to read."""
+        if self._fd < 0 or self._dirty:
+            return
+        try:
+            events = self._linux.inotify_read(self._fd)
+        except OSError:
+            events = None
+        if events is None or any(self._counts(*event) for event in events) or self._mounts_changed():
+            self._dirty = True
 
     def close(self) -> None:
         """Stop watching (the inotify instance is closed); :meth:`changed` still answers, with
@@ -191,7 +208,33 @@ class CodeWatch:
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
+        if self._mount_table >= 0:
+            os.close(self._mount_table)
+            self._mount_table = -1
         self._relevant = {}
+        self._dirty = False
+
+    def _mounts_changed(self) -> bool:
+        """Whether the mounts on the way differ from those the watches were made through (read
+        only when the kernel says the mount table changed: a netns mounted elsewhere costs a
+        read of the table, not a whole fingerprint)."""
+        import select
+
+        poller = select.poll()
+        poller.register(self._mount_table, select.POLLPRI)
+        if not poller.poll(0):
+            return False
+        try:
+            return self._mounts_on_the_way() != self._mounts
+        except OSError:
+            return True
+
+    def _mounts_on_the_way(self) -> frozenset[tuple[int, str]]:
+        from shim.kernel import mountinfo
+
+        os.lseek(self._mount_table, 0, os.SEEK_SET)
+        text = self._linux.read_all(self._mount_table).decode("utf-8", "surrogateescape")
+        return frozenset((m.mount_id, m.mount_point) for m in mountinfo.parse(text) if m.mount_point in self._way)
 
     def _counts(self, wd: int, mask: int, name: str) -> bool:
         linux = self._linux
@@ -214,7 +257,8 @@ class CodeWatch:
         on_the_way: dict[str, set[str]] = {}  # directory -> the entries in it leading to a file
         # The way a path names, and the way it leads through its links: the directories above
         # a link's target are not on the first (a tree replaced there shows only on the second).
-        for path in {way for path in self.files for way in (path, os.path.realpath(path))}:
+        ways = {way for path in self.files for way in (path, os.path.realpath(path))}
+        for path in ways:
             child, parent = os.path.basename(path), os.path.dirname(path)
             while child:
                 on_the_way.setdefault(parent, set()).add(child)
@@ -235,7 +279,13 @@ class CodeWatch:
             for path in self.files:
                 _local(path)
                 relevant[linux.inotify_add_watch(fd, path, entry_events)] = None
+            mount_table = os.open("/proc/self/mountinfo", os.O_RDONLY | os.O_CLOEXEC)
         except OSError:
             os.close(fd)
             return
-        self._fd, self._relevant = fd, relevant
+        self._fd, self._relevant, self._mount_table = fd, relevant, mount_table
+        self._way = frozenset(on_the_way) | ways
+        try:
+            self._mounts = self._mounts_on_the_way()  # after the poll's baseline: the open
+        except OSError:
+            self.close()

@@ -227,8 +227,9 @@ class _Template:
                                      "started: it exits; start a new one")
 
     def replenish(self) -> None:
-        """Fork the next spare shim if there is none, and hold the default cgroup parent of each
-        namespace spawned into (after answering: nobody waits for either)."""
+        """Fork the next spare shim if there is none, hold the default cgroup parent of each
+        namespace spawned into, and read what happened to the code meanwhile (after answering:
+        nobody waits for any of it)."""
         if self.spare is None and not self.stale:
             try:
                 self.spare = fork_spare()
@@ -236,6 +237,7 @@ class _Template:
                 log.warning("cannot fork a spare shim: %s", exc)
         for namespace in self.namespaces - self.holds.keys():
             self.holds[namespace] = _hold(namespace)
+        self.code.look()
 
     def release_holds(self) -> None:
         """Remove our holds on default cgroup parents, and with them the parents left empty."""

@@ -173,3 +173,71 @@ def test_a_tree_replaced_where_a_link_on_the_way_leads_is_a_change(tmp_path):
         assert w.changed()
     finally:
         w.close()
+
+
+def _in_own_mount_namespace(check) -> int:
+    """Run ``check()`` in a forked child in a private mount namespace of its own (its mounts die
+    with it and never reach the host); its exit status (0: it returned True)."""
+    pid = os.fork()
+    if pid == 0:
+        try:
+            linux.unshare(linux.CLONE_NEWNS)
+            linux.mount(None, "/", None, linux.MS_REC | linux.MS_PRIVATE)
+            os._exit(0 if check() else 1)
+        except BaseException:
+            import traceback
+
+            traceback.print_exc()
+        finally:
+            os._exit(2)
+    return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+
+
+def test_a_tree_mounted_over_a_directory_on_the_way_is_a_change(code, tmp_path, fingerprints):
+    # A mount shows no inotify event: an image or a volume of a new version bind-mounted over the
+    # installed one must still be seen.
+    site, files = code
+    new = tmp_path / "new-pkg"
+    shutil.copytree(site / "pkg", new)
+    replace_by_rename(new / "a.py", "A = 2\n")
+
+    def check() -> bool:
+        w = CodeWatch(files)
+        assert w.watching and not w.changed()
+        linux.mount(str(new), str(site / "pkg"), None, linux.MS_BIND)
+        return w.changed()
+
+    assert _in_own_mount_namespace(check) == 0
+
+
+def test_a_mount_removed_from_the_way_is_a_change(code, tmp_path):
+    site, files = code
+    cover = tmp_path / "cover"
+    shutil.copytree(site / "pkg", cover)
+
+    def check() -> bool:
+        linux.mount(str(cover), str(site / "pkg"), None, linux.MS_BIND)
+        w = CodeWatch(files)  # the code as the mount shows it
+        assert w.watching and not w.changed()
+        linux.umount2(str(site / "pkg"))
+        return w.changed()
+
+    assert _in_own_mount_namespace(check) == 0
+
+
+def test_a_mount_elsewhere_is_read_from_the_table_but_costs_no_fingerprint(code, tmp_path, fingerprints):
+    # Every sandbox mounts its netns: the table changes all the time, the code's way does not.
+    site, files = code
+    (tmp_path / "elsewhere").mkdir()
+
+    def check() -> bool:
+        w = CodeWatch(files)
+        fingerprints.clear()
+        linux.mount("tmpfs", str(tmp_path / "elsewhere"), "tmpfs")
+        w.look()  # as the template does after answering
+        assert not w.changed() and not w.changed()
+        linux.umount2(str(tmp_path / "elsewhere"))
+        assert not w.changed()
+        return fingerprints == []
+
+    assert _in_own_mount_namespace(check) == 0
