@@ -97,11 +97,11 @@ def no_metrics(reason: str) -> dict[str, Any]:
 
 
 #: The cgroup mounts last read from /proc/self/mountinfo, with the device of each mount point then.
-_mounts_seen: list[tuple[tuple[str, str, str, frozenset[str]], int]] = []
+_mounts_seen: list[tuple[mountinfo.MountEntry, int]] = []
 
 
-def _cgroup_mounts() -> list[tuple[str, str, str, frozenset[str]]]:
-    """``(fstype, root, mount point, options)`` of every cgroup mount this process sees.
+def _cgroup_mounts() -> list[mountinfo.MountEntry]:
+    """Every cgroup mount (v1 and v2) this process sees.
 
     Reading and parsing mountinfo costs 0.2 ms, and cgroup mounts hardly ever change: the last
     reading is reused while every one of its mount points still is the filesystem it was (the
@@ -111,16 +111,15 @@ def _cgroup_mounts() -> list[tuple[str, str, str, frozenset[str]]]:
     """
     if _mounts_seen:
         try:
-            if all(os.stat(mount[2]).st_dev == dev for mount, dev in _mounts_seen):
+            if all(os.stat(mount.mount_point).st_dev == dev for mount, dev in _mounts_seen):
                 return [mount for mount, _ in _mounts_seen]
         except OSError:
             pass
-    mounts = [(m.fstype, m.root, m.mount_point, frozenset(m.super_options.split(",")))
-              for m in mountinfo.read() if m.fstype in ("cgroup", "cgroup2")]
+    mounts = [m for m in mountinfo.read() if m.fstype in ("cgroup", "cgroup2")]
     seen = []
     for mount in mounts:
         try:
-            seen.append((mount, os.stat(mount[2]).st_dev))
+            seen.append((mount, os.stat(mount.mount_point).st_dev))
         except OSError:
             return mounts  # not kept: a mount point that cannot be looked at cannot be checked
     _mounts_seen[:] = seen
@@ -129,7 +128,7 @@ def _cgroup_mounts() -> list[tuple[str, str, str, frozenset[str]]]:
 
 #: The last answer of discover_hierarchies that found every hierarchy mounted: (the
 #: /proc/self/cgroup it read, the cgroup mounts it matched, the hierarchies).
-_hierarchies_seen: list[tuple[bytes, list[tuple[str, str, str, frozenset[str]]], list[Hierarchy]]] = []
+_hierarchies_seen: list[tuple[bytes, list[mountinfo.MountEntry], list[Hierarchy]]] = []
 
 
 def discover_hierarchies() -> list[Hierarchy]:
@@ -152,20 +151,21 @@ def discover_hierarchies() -> list[Hierarchy]:
     return list(found)
 
 
-def _match_mounts(lines: list[str], mounts: list[tuple[str, str, str, frozenset[str]]]) -> tuple[list[Hierarchy], int]:
+def _match_mounts(lines: list[str], mounts: list[mountinfo.MountEntry]) -> tuple[list[Hierarchy], int]:
     """The hierarchies of /proc/self/cgroup's ``lines`` found in ``mounts``, and how many were not."""
     found = []
     unmounted = 0
     for line in lines:
         hierarchy_id, names, own_path = line.split(":", 2)
         controllers = frozenset(names.split(",")) if names else frozenset()
-        for fstype, root, mountpoint, opts in mounts:
+        for mount in mounts:
             # The first mount of a hierarchy wins; later ones are bind mounts of the same.
-            if hierarchy_id == "0" and fstype == "cgroup2":
-                found.append(Hierarchy(V2, controllers, mountpoint, root, own_path))
+            if hierarchy_id == "0" and mount.fstype == "cgroup2":
+                found.append(Hierarchy(V2, controllers, mount.mount_point, mount.root, own_path))
                 break
-            if hierarchy_id != "0" and fstype == "cgroup" and controllers <= opts:
-                found.append(Hierarchy(names, controllers, mountpoint, root, own_path))
+            if (hierarchy_id != "0" and mount.fstype == "cgroup"
+                    and controllers <= frozenset(mount.super_options.split(","))):
+                found.append(Hierarchy(names, controllers, mount.mount_point, mount.root, own_path))
                 break
         else:
             unmounted += 1
@@ -244,13 +244,14 @@ def entry_files(procs_files: Iterable[str]) -> tuple[list[str], list[str]]:
     return tasks, v2_dirs
 
 
-def _mount_type(path: str, mounts: list[tuple[str, str, str, frozenset[str]]]) -> str | None:
+def _mount_type(path: str, mounts: list[mountinfo.MountEntry]) -> str | None:
     """The filesystem type ("cgroup", "cgroup2") of the deepest of ``mounts`` that holds
     ``path``, by its name alone; None when none does."""
     best, fstype = -1, None
-    for kind, _, mountpoint, _ in mounts:
-        if len(mountpoint) > best and (path == mountpoint or path.startswith(mountpoint.rstrip("/") + "/")):
-            best, fstype = len(mountpoint), kind
+    for mount in mounts:
+        point = mount.mount_point
+        if len(point) > best and (path == point or path.startswith(point.rstrip("/") + "/")):
+            best, fstype = len(point), mount.fstype
     return fstype
 
 
