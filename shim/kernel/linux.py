@@ -322,12 +322,15 @@ def default_signal(sig: int) -> None:
     """Give ``sig`` its default disposition (SIG_DFL) with the system call itself: the C
     library's sigaction refuses its own signals (glibc: 32 and 33, which its posix_spawn leaves
     ignored in what it starts), the kernel does not. Python's table of handlers is not told: for
-    a child about to exec. Raises OSError."""
-    if _SYS_RT_SIGACTION < 0:  # not known here: the C library's way, which refuses its own signals
+    a child about to exec. Raises OSError (not on a machine whose number for it is not known
+    here: there the C library's own signals are left as they are)."""
+    if _SYS_RT_SIGACTION < 0:
+        # Not known on this machine: the C library's way. It refuses its own signals, which a
+        # program of the same C library takes back at its start anyway; those are left as they are.
         try:
             signal.signal(sig, signal.SIG_DFL)
         except (OSError, ValueError):
-            _arch_syscall(_SYS_RT_SIGACTION, "rt_sigaction")
+            pass
         return
     action = (ctypes.c_ulong * 4)()  # struct sigaction as the kernel takes it, all 0: SIG_DFL
     _check(_libc.syscall(_arch_syscall(_SYS_RT_SIGACTION, "rt_sigaction"), ctypes.c_int(sig), action, None,

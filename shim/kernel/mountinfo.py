@@ -1,7 +1,6 @@
 """/proc/PID/mountinfo, parsed in one place for every reader: the cgroup hierarchies
-(:mod:`shim.kernel.cgroups`), the template's watch on its code (:class:`shim.launch.install.CodeWatch`),
-the pod layer's propagation checks (:mod:`client.cri.mounts`) and the image store's overlay
-check (:mod:`client.images.snapshots`).
+(:mod:`shim.kernel.cgroups`), the pod layer's propagation checks (:mod:`client.cri.mounts`), the
+image store's overlay check (:mod:`client.images.snapshots`) and the benchmarks' clean-up.
 
 Each line is ``ID PARENT MAJ:MIN ROOT MOUNT-POINT OPTIONS [OPTIONAL...] - FSTYPE SOURCE SUPER-OPTIONS``
 (proc(5)); the kernel writes a space, tab, newline or backslash in a path as an octal escape

@@ -27,7 +27,7 @@ from __future__ import annotations
 import errno
 import os
 import sys
-from typing import NoReturn
+from typing import Any, Callable, NoReturn
 
 __all__ = ["BOOT", "CODE_PACKAGES", "CodeWatch", "code_files", "exit_now", "fingerprint", "long_running", "podshim_argv",
            "search_path"]
@@ -113,14 +113,19 @@ def fingerprint(files: list[str]) -> tuple:
     """What is at ``files`` now: each one's inode, size and modification time (or why it cannot
     be read), to compare with an earlier fingerprint. An upgrade or an edit of any of them
     changes it; it costs a stat per file, a fraction of a millisecond for a shim's modules."""
+    return _stat_each(files, lambda st: (st.st_ino, st.st_size, st.st_mtime_ns))
+
+
+def _stat_each(paths: list[str] | tuple[str, ...], key: Callable[[os.stat_result], Any]) -> tuple:
+    """``key`` of the stat of each of ``paths`` (links followed), or the errno of that stat."""
     state: list = []
-    for path in files:
+    for path in paths:
         try:
             st = os.stat(path)
         except OSError as exc:
             state.append(exc.errno)
         else:
-            state.append((st.st_ino, st.st_size, st.st_mtime_ns))
+            state.append(key(st))
     return tuple(state)
 
 
@@ -129,6 +134,11 @@ def fingerprint(files: list[str]) -> tuple:
 #: AFS (two), Lustre, GPFS, GFS2, OCFS2.
 _REMOTE_FILESYSTEMS = frozenset({0x6969, 0xFF534D42, 0xFE534D42, 0x517B, 0x65735546, 0x01021997, 0x00C36400,
                                  0x5346414F, 0x6B414653, 0x0BD00BD0, 0x47504653, 0x01161970, 0x7461636F})
+
+
+def _identities(paths: tuple[str, ...]) -> tuple:
+    """What each of ``paths`` is now: its (device, inode), or the errno of its stat."""
+    return _stat_each(paths, lambda st: (st.st_dev, st.st_ino))
 
 
 def _local(path: str) -> None:
@@ -152,10 +162,12 @@ class CodeWatch:
     editor's swap file or another package installed beside them costs nothing. Any event that
     counts, lost events (IN_Q_OVERFLOW) or a watch the kernel dropped (IN_IGNORED) makes the
     next :meth:`changed` compare the whole fingerprint, after watching anew, so that a change
-    made meanwhile is an event of the new watches. A mount made or removed on the way (over a
-    directory above a file, or over a file) shows no inotify event: the mount table is watched
-    too (poll on /proc/self/mountinfo), and when it changed and the mounts on the way are no
-    longer the same, that counts as an event. Without inotify (no instance left to the
+    made meanwhile is an event of the new watches. A mount made or removed over a directory on
+    the way shows no inotify event: the mount table is watched too (poll on
+    /proc/self/mountinfo), and when it changed, a directory on the way that is no longer the one
+    it was (another device or inode: a tree mounted over it or unmounted from it) counts as an
+    event; a stat per directory, however many mounts the node has. (A single file bind-mounted
+    over a code file is not seen.) Without inotify (no instance left to the
     user, no room for a watch, a file that cannot be watched, a path on a filesystem whose
     changes this kernel need not see: NFS, FUSE, ..., or no mount table to poll) every call compares the whole
     fingerprint, as :func:`fingerprint`'s caller would.
@@ -168,9 +180,9 @@ class CodeWatch:
         self.files = files
         self._fd = -1
         self._relevant: dict[int, frozenset[str] | None] = {}  # wd -> names whose events count (None: all)
-        self._way: frozenset[str] = frozenset()  # every path a file is reached through
+        self._directories: tuple[str, ...] = ()  # every directory a file is reached through
         self._mount_table = -1  # /proc/self/mountinfo, polled for a change of the mount table
-        self._mounts: frozenset[tuple[int, str]] = frozenset()  # (mount id, mount point) on the way
+        self._identities: tuple = ()  # what each of the directories was when the watches were made
         self._dirty = False  # something that counts happened since the watches were made
         self._watch()  # before the fingerprint: a change from now on is an event
         self.code = fingerprint(files)
@@ -215,26 +227,14 @@ class CodeWatch:
         self._dirty = False
 
     def _mounts_changed(self) -> bool:
-        """Whether the mounts on the way differ from those the watches were made through (read
-        only when the kernel says the mount table changed: a netns mounted elsewhere costs a
-        read of the table, not a whole fingerprint)."""
+        """Whether a directory on the way is another one than when the watches were made, asked
+        only when the kernel says the mount table changed (a netns mounted elsewhere costs a
+        stat per directory, not a whole fingerprint)."""
         import select
 
         poller = select.poll()
         poller.register(self._mount_table, select.POLLPRI)
-        if not poller.poll(0):
-            return False
-        try:
-            return self._mounts_on_the_way() != self._mounts
-        except OSError:
-            return True
-
-    def _mounts_on_the_way(self) -> frozenset[tuple[int, str]]:
-        from shim.kernel import mountinfo
-
-        os.lseek(self._mount_table, 0, os.SEEK_SET)
-        text = self._linux.read_all(self._mount_table).decode("utf-8", "surrogateescape")
-        return frozenset((m.mount_id, m.mount_point) for m in mountinfo.parse(text) if m.mount_point in self._way)
+        return bool(poller.poll(0)) and _identities(self._directories) != self._identities
 
     def _counts(self, wd: int, mask: int, name: str) -> bool:
         linux = self._linux
@@ -257,15 +257,24 @@ class CodeWatch:
         on_the_way: dict[str, set[str]] = {}  # directory -> the entries in it leading to a file
         # The way a path names, and the way it leads through its links: the directories above
         # a link's target are not on the first (a tree replaced there shows only on the second).
-        ways = {way for path in self.files for way in (path, os.path.realpath(path))}
-        for path in ways:
+        for path in {way for path in self.files for way in (path, os.path.realpath(path))}:
             child, parent = os.path.basename(path), os.path.dirname(path)
             while child:
                 on_the_way.setdefault(parent, set()).add(child)
                 child, parent = os.path.basename(parent), os.path.dirname(parent)
+        # The mount table's baseline, then the directories as they are, then the watches: a
+        # mount from the first on is a change of the table, and the watches are made on what the
+        # directories are at least as late as what they are compared with.
+        try:
+            mount_table = os.open("/proc/self/mountinfo", os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            return
+        directories = tuple(sorted(on_the_way))
+        identities = _identities(directories)
         try:
             fd = linux.inotify_init()
         except OSError:
+            os.close(mount_table)
             return
         relevant: dict[int, frozenset[str] | None] = {}
         try:
@@ -279,13 +288,9 @@ class CodeWatch:
             for path in self.files:
                 _local(path)
                 relevant[linux.inotify_add_watch(fd, path, entry_events)] = None
-            mount_table = os.open("/proc/self/mountinfo", os.O_RDONLY | os.O_CLOEXEC)
         except OSError:
             os.close(fd)
+            os.close(mount_table)
             return
         self._fd, self._relevant, self._mount_table = fd, relevant, mount_table
-        self._way = frozenset(on_the_way) | ways
-        try:
-            self._mounts = self._mounts_on_the_way()  # after the poll's baseline: the open
-        except OSError:
-            self.close()
+        self._directories, self._identities = directories, identities

@@ -537,6 +537,22 @@ def _close_all_but(keep: tuple[int, ...]) -> None:
     os.closerange(low, 65536)
 
 
+def occupy_stdio() -> None:
+    """Open /dev/null as each of stdin, stdout and stderr that is closed (a process started with
+    ``2>&-``), so that no descriptor opened later takes that number and is handed on to a child
+    as its input or output (a spare shim keeps its template's stdio until it serves)."""
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+        except OSError:
+            null = os.open(os.devnull, os.O_RDWR)  # the lowest free number: ``fd``, the ones below are open
+            if null == fd:
+                os.set_inheritable(fd, True)
+            else:
+                os.dup2(null, fd)
+                os.close(null)
+
+
 def _stdin_from_devnull() -> None:
     devnull = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
     os.dup2(devnull, 0)

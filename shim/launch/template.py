@@ -53,7 +53,7 @@ from shim.rpc.files import ensure_private_dir
 from shim.rpc.identifiers import validate_identifier
 from shim.rpc.messages import Request, optional, require
 from shim.rpc.status import FailedPrecondition, InvalidArgument, RpcError
-from shim.launch.spawn import Spare, bind_listener, fork_spare, spawn_shim
+from shim.launch.spawn import Spare, bind_listener, fork_spare, occupy_stdio, spawn_shim
 
 __all__ = ["CONTROL_IO_TIMEOUT", "LOCK_TIMEOUT", "STOP_TIMEOUT", "TemplateRunning", "run_template", "stop_template",
            "template_pid"]
@@ -296,6 +296,7 @@ def run_template(runtime_root: str, *, pause_binary: str | None = None, ready_fd
     Raises TemplateRunning when another template keeps the runtime root's template lock for
     ``lock_timeout`` seconds, OSError when the control socket cannot be bound.
     """
+    occupy_stdio()  # before any descriptor of ours can take a closed one's number
     ensure_private_dir(runtime_root, 0o700)
     lock_fd = _lock(runtime_root, lock_timeout)
     try:

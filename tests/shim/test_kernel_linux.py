@@ -17,6 +17,10 @@ def _in_child(check) -> int:
     if pid == 0:
         try:
             os._exit(0 if check() else 1)
+        except BaseException:
+            import traceback
+
+            traceback.print_exc()
         finally:
             os._exit(2)
     return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
@@ -58,6 +62,11 @@ def test_default_signal_resets_an_ignored_signal():
     assert _in_child(check) == 0
 
 
+KNOWN_MACHINE = pytest.mark.skipif(os.uname().machine not in linux._ARCH_SYSCALLS,
+                                   reason="podshim knows no system call numbers for this machine")
+
+
+@KNOWN_MACHINE
 def test_default_signal_resets_a_signal_the_c_library_keeps_for_itself():
     # glibc refuses sigaction on 32 and 33; its posix_spawn leaves them ignored in what it starts.
     def check() -> bool:
@@ -78,11 +87,8 @@ def test_default_signal_on_a_machine_whose_number_is_unknown_resets_what_libc_al
         signal.signal(signal.SIGUSR2, signal.SIG_IGN)
         linux.default_signal(signal.SIGUSR2)
         assert not _ignored(signal.SIGUSR2)
-        try:
-            linux.default_signal(32)
-        except OSError as exc:
-            return exc.errno == errno.ENOSYS and "rt_sigaction" in str(exc)
-        return False
+        linux.default_signal(32)  # the C library's own: left as it is, and no exec fails for it
+        return True
 
     assert _in_child(check) == 0
 
@@ -96,6 +102,7 @@ def test_pivot_root_on_a_machine_whose_number_is_unknown_fails_enosys_naming_it(
     assert "pivot_root" in str(caught.value) and "pdp11" in str(caught.value)
 
 
+@KNOWN_MACHINE
 def test_every_known_machine_has_both_numbers():
     assert linux._ARCH_SYSCALLS[os.uname().machine] == (linux._SYS_PIVOT_ROOT, linux._SYS_RT_SIGACTION)
     assert all(len(numbers) == 2 and min(numbers) > 0 for numbers in linux._ARCH_SYSCALLS.values())

@@ -283,10 +283,12 @@ async def _create(address: str, sandbox_id: str, **fields) -> dict:
 
 
 async def _netns_made_ahead(template) -> set[str]:
-    """The network namespaces the template's spare holds, once it holds one."""
+    """The network namespaces the template's spare holds, once it holds one of its own (while
+    it makes it, it also holds the host's, to return to)."""
     spare = _ping(template)["spare_pid"]
+    host = os.readlink("/proc/self/ns/net")
     deadline = time.monotonic() + 5  # made right after it stands by: a bound, not a wait for readiness
-    while not (made := _net_namespaces_held(spare)) and time.monotonic() < deadline:
+    while (not (made := _net_namespaces_held(spare)) or host in made) and time.monotonic() < deadline:
         await asyncio.sleep(0.005)
     return made
 
@@ -392,6 +394,30 @@ def test_a_spare_that_fails_before_it_serves_says_why_where_the_template_logs():
         assert not wait_gone(spare)
     assert "no such field" in proc.stderr.read().decode()
     proc.stderr.close()
+
+
+def test_a_template_started_without_stdout_and_stderr_gives_its_spare_dev_null_for_them(roots):
+    # Closed stdio numbers would otherwise be taken by the template's own descriptors (its lock,
+    # its socket), which its spare keeps as its output until it serves.
+    runtime_root = roots[0]
+    proc = subprocess.Popen(["sh", "-c", 'exec "$@" 1>&- 2>&-', "sh", *PODSHIM, "template",
+                             "--runtime-root", runtime_root])
+    try:
+        path = control_socket_path(runtime_root)
+        deadline = time.monotonic() + 15
+        spare = 0
+        while not spare and time.monotonic() < deadline:  # a bound, not a wait for readiness
+            try:
+                spare = blocking.call("unix://" + path, TEMPLATE_SERVICE, "Ping", timeout=1)["spare_pid"]
+            except RpcError:
+                assert proc.poll() is None, "the template exited"
+            time.sleep(0.02)
+        assert spare
+        assert [os.readlink(f"/proc/{spare}/fd/{fd}") for fd in (1, 2)] == [os.devnull, os.devnull]
+        assert [os.readlink(f"/proc/{proc.pid}/fd/{fd}") for fd in (1, 2)] == [os.devnull, os.devnull]
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(10)
 
 
 def test_a_spawn_whose_state_json_cannot_be_written_leaves_no_socket_behind(roots, template):

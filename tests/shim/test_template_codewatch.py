@@ -225,19 +225,72 @@ def test_a_mount_removed_from_the_way_is_a_change(code, tmp_path):
     assert _in_own_mount_namespace(check) == 0
 
 
-def test_a_mount_elsewhere_is_read_from_the_table_but_costs_no_fingerprint(code, tmp_path, fingerprints):
+def test_a_mount_elsewhere_costs_a_look_at_the_way_but_no_fingerprint(code, tmp_path, fingerprints, monkeypatch):
     # Every sandbox mounts its netns: the table changes all the time, the code's way does not.
     site, files = code
     (tmp_path / "elsewhere").mkdir()
+    looks = []
+    identities = install._identities
+    monkeypatch.setattr(install, "_identities", lambda paths: looks.append(paths) or identities(paths))
 
     def check() -> bool:
         w = CodeWatch(files)
         fingerprints.clear()
+        looks.clear()
         linux.mount("tmpfs", str(tmp_path / "elsewhere"), "tmpfs")
         w.look()  # as the template does after answering
-        assert not w.changed() and not w.changed()
+        assert len(looks) == 1  # the table changed: the directories on the way were looked at
+        assert not w.changed() and not w.changed() and len(looks) == 1  # once per change
         linux.umount2(str(tmp_path / "elsewhere"))
-        assert not w.changed()
+        assert not w.changed() and len(looks) == 2
         return fingerprints == []
+
+    assert _in_own_mount_namespace(check) == 0
+
+
+def test_a_tree_mounted_again_under_the_same_mount_id_is_a_change(code, tmp_path):
+    # The kernel gives a freed mount id to the next mount: an unmount and a mount of another
+    # tree at the same place between two looks leave the table's ids as they were.
+    site, files = code
+    v1, v2 = tmp_path / "v1", tmp_path / "v2"
+    shutil.copytree(site / "pkg", v1)
+    shutil.copytree(site / "pkg", v2)
+    replace_by_rename(v2 / "a.py", "A = 2\n")
+
+    def check() -> bool:
+        linux.mount(str(v1), str(site / "pkg"), None, linux.MS_BIND)
+        w = CodeWatch(files)
+        assert w.watching and not w.changed()
+        linux.umount2(str(site / "pkg"))
+        linux.mount(str(v2), str(site / "pkg"), None, linux.MS_BIND)
+        return w.changed()
+
+    assert _in_own_mount_namespace(check) == 0
+
+
+def test_a_mount_made_while_the_watch_is_made_is_seen(code, tmp_path, monkeypatch):
+    # While the watches are made, a tree is mounted on the way: they watch the tree it covers,
+    # and a later upgrade inside the mounted one must still be seen.
+    site, files = code
+    new = tmp_path / "new-pkg"
+    shutil.copytree(site / "pkg", new)
+    added = linux.inotify_add_watch
+    mounted = []
+
+    def mount_after_the_last(fd, path, mask):
+        wd = added(fd, path, mask)
+        if path == files[-1] and not mounted:  # every watch is on the tree the mount covers
+            mounted.append(path)
+            linux.mount(str(new), str(site / "pkg"), None, linux.MS_BIND)
+        return wd
+
+    monkeypatch.setattr(linux, "inotify_add_watch", mount_after_the_last)
+
+    def check() -> bool:
+        w = CodeWatch(files)
+        assert mounted and w.watching
+        w.changed()  # whatever it says of the mount itself (the mounted tree is a copy) ...
+        replace_by_rename(new / "a.py", "A = 2\n")
+        return w.changed()  # ... the upgrade inside it is a change
 
     assert _in_own_mount_namespace(check) == 0
