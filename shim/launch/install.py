@@ -164,10 +164,10 @@ class CodeWatch:
     next :meth:`changed` compare the whole fingerprint, after watching anew, so that a change
     made meanwhile is an event of the new watches. A mount made or removed over a directory on
     the way shows no inotify event: the mount table is watched too (poll on
-    /proc/self/mountinfo), and when it changed, a directory on the way that is no longer the one
-    it was (another device or inode: a tree mounted over it or unmounted from it) counts as an
-    event; a stat per directory, however many mounts the node has. (A single file bind-mounted
-    over a code file is not seen.) Without inotify (no instance left to the
+    /proc/self/mountinfo), and when it changed, a directory holding a file that is no longer the
+    one it was (another device or inode: a tree mounted over it or over a directory above it, or
+    unmounted from there) counts as an event; a stat per directory, however many mounts the node
+    has. (A single file bind-mounted over a code file is not seen.) Without inotify (no instance left to the
     user, no room for a watch, a file that cannot be watched, a path on a filesystem whose
     changes this kernel need not see: NFS, FUSE, ..., or no mount table to poll) every call compares the whole
     fingerprint, as :func:`fingerprint`'s caller would.
@@ -180,7 +180,7 @@ class CodeWatch:
         self.files = files
         self._fd = -1
         self._relevant: dict[int, frozenset[str] | None] = {}  # wd -> names whose events count (None: all)
-        self._directories: tuple[str, ...] = ()  # every directory a file is reached through
+        self._directories: tuple[str, ...] = ()  # the directories that hold a file, on either way
         self._mount_table = -1  # /proc/self/mountinfo, polled for a change of the mount table
         self._identities: tuple = ()  # what each of the directories was when the watches were made
         self._dirty = False  # something that counts happened since the watches were made
@@ -257,7 +257,8 @@ class CodeWatch:
         on_the_way: dict[str, set[str]] = {}  # directory -> the entries in it leading to a file
         # The way a path names, and the way it leads through its links: the directories above
         # a link's target are not on the first (a tree replaced there shows only on the second).
-        for path in {way for path in self.files for way in (path, os.path.realpath(path))}:
+        ways = {way for path in self.files for way in (path, os.path.realpath(path))}
+        for path in ways:
             child, parent = os.path.basename(path), os.path.dirname(path)
             while child:
                 on_the_way.setdefault(parent, set()).add(child)
@@ -269,7 +270,9 @@ class CodeWatch:
             mount_table = os.open("/proc/self/mountinfo", os.O_RDONLY | os.O_CLOEXEC)
         except OSError:
             return
-        directories = tuple(sorted(on_the_way))
+        # The directories that hold a file: a tree mounted over one of them, or over any
+        # directory above, makes it another directory (another device or inode).
+        directories = tuple(sorted({os.path.dirname(path) for path in ways}))
         identities = _identities(directories)
         try:
             fd = linux.inotify_init()
