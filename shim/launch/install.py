@@ -162,15 +162,19 @@ class CodeWatch:
     editor's swap file or another package installed beside them costs nothing. Any event that
     counts, lost events (IN_Q_OVERFLOW) or a watch the kernel dropped (IN_IGNORED) makes the
     next :meth:`changed` compare the whole fingerprint, after watching anew, so that a change
-    made meanwhile is an event of the new watches. A mount made or removed over a directory on
-    the way shows no inotify event: the mount table is watched too (poll on
-    /proc/self/mountinfo), and when it changed, a directory holding a file that is no longer the
-    one it was (another device or inode: a tree mounted over it or over a directory above it, or
-    unmounted from there) counts as an event; a stat per directory, however many mounts the node
-    has. (A single file bind-mounted over a code file is not seen.) Without inotify (no instance left to the
-    user, no room for a watch, a file that cannot be watched, a path on a filesystem whose
-    changes this kernel need not see: NFS, FUSE, ..., or no mount table to poll) every call compares the whole
-    fingerprint, as :func:`fingerprint`'s caller would.
+    made meanwhile is an event of the new watches.
+
+    A mount made or removed over a directory on the way shows no inotify event: the mount table
+    is watched too (poll on /proc/self/mountinfo), and when it changed, a directory holding a
+    file that is no longer the one it was (another device or inode: a tree mounted over it or
+    over a directory above it, or unmounted from there) counts as an event; a stat per such
+    directory, however many mounts the node has. A single file bind-mounted over a code file is
+    not seen.
+
+    Without inotify (no instance left to the user, no room for a watch, a file that cannot be
+    watched, a path on a filesystem whose changes this kernel need not see: NFS, FUSE, ..., or
+    no mount table to poll) every call compares the whole fingerprint, as :func:`fingerprint`'s
+    caller would.
     """
 
     def __init__(self, files: list[str]) -> None:
