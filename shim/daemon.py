@@ -217,12 +217,14 @@ class _Shim:
                 await asyncio.wait_for(sandbox.shutdown(config.sandbox_id), SHUTDOWN_TIMEOUT * 4)
             except Exception:
                 log.exception("shutting the sandbox down on %s failed", why[0])
-        await self._close_server()
         if owns_socket:
+            # While we still listen, the path is ours (a Spawn of the same sandbox finds us
+            # serving and binds nothing); once we stopped, it may already be another shim's.
             try:
                 os.unlink(config.socket_path)
             except FileNotFoundError:
                 pass
+        await self._close_server()
         listener.close()
         if sandbox.state is not State.SHUTDOWN:
             # SIGTERM/SIGINT: leave the pause running so a restarted controller can still

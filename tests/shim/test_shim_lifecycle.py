@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import platform
 import subprocess
+import sys
 import time
 
 import pytest
@@ -287,6 +288,49 @@ async def test_shutdown_before_create_ends_the_shim(shim):
     assert await shim.call("ShutdownSandbox") == {}
     await shim.process.exited()
     assert not os.path.lexists(shim.socket_path)
+
+
+_SERVE_TELLING_THE_CLOSE = """
+import os, sys
+from shim import daemon
+from shim.launch.spawn import bind_listener
+from shim.sandbox.sandbox import ShimConfig
+namespace, sandbox_id, bundle, socket_path, runtime_root = sys.argv[1:6]
+close_server = daemon._Shim._close_server
+
+async def telling(self):
+    print("socket there when the server closes:", os.path.lexists(socket_path), flush=True)
+    await close_server(self)
+
+daemon._Shim._close_server = telling
+listener = bind_listener(socket_path)
+print("listening", flush=True)
+daemon.serve_forever(ShimConfig(namespace, sandbox_id, bundle, socket_path, runtime_root), listener)
+"""
+
+
+def test_a_shim_removes_its_socket_before_it_stops_listening(tmp_path):
+    # Once it stops listening, a Spawn of the same sandbox may take the path (a socket nobody
+    # accepts on is stale): a shim that unlinked it afterwards could remove the next shim's.
+    from shim.paths import socket_path
+    from shim.rpc import blocking
+    from shim.rpc.api import SANDBOX_SERVICE
+
+    bundle, runtime_root = str(tmp_path / "bundle"), str(tmp_path / "run")
+    os.makedirs(bundle, mode=0o700)
+    path = socket_path("it", "sock1", runtime_root)
+    proc = subprocess.Popen([sys.executable, "-c", _SERVE_TELLING_THE_CLOSE, "it", "sock1", bundle, path,
+                             runtime_root], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        assert proc.stdout.readline() == "listening\n", "the shim did not come up"
+        assert blocking.call("unix://" + path, SANDBOX_SERVICE, "ShutdownSandbox", {"sandbox_id": "sock1"}) == {}
+        assert proc.wait(WAIT) == 0
+        assert proc.stdout.read() == "socket there when the server closes: False\n"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        proc.stdout.close()
 
 
 async def test_shutdown_of_a_created_sandbox_removes_its_netns(shim):
