@@ -28,7 +28,7 @@ __all__ = [
     "MNT_DETACH", "MNT_FORCE", "UMOUNT_NOFOLLOW",
     "STAT_PPID", "STAT_SESSION", "STAT_STARTTIME", "STAT_STATE",
     "CLONE3_REFUSED", "CLONE_INTO_CGROUP", "block_all_signals", "clone3", "fork_into_cgroup", "get_child_subreaper", "mount", "ns_inode", "ns_type", "proc_start_time",
-    "proc_stat", "set_child_subreaper", "set_signal_mask", "sethostname", "setns", "umount2", "unshare",
+    "proc_stat", "set_child_subreaper", "set_parent_death_signal", "set_signal_mask", "sethostname", "setns", "umount2", "unshare",
     "write_file", "open_tree", "move_mount", "pivot_root", "mount_fs",
     "IN_ATTRIB", "IN_CLOSE_WRITE", "IN_CREATE", "IN_DELETE", "IN_DELETE_SELF", "IN_IGNORED", "IN_MODIFY",
     "IN_MOVED_FROM", "IN_MOVED_TO", "IN_MOVE_SELF", "IN_Q_OVERFLOW", "IN_UNMOUNT",
@@ -67,6 +67,7 @@ MNT_DETACH = 2
 UMOUNT_NOFOLLOW = 8
 
 # <linux/prctl.h>
+_PR_SET_PDEATHSIG = 1
 _PR_SET_CHILD_SUBREAPER = 36
 _PR_SET_NAME = 15
 #: The kernel keeps 15 bytes of a task's name (TASK_COMM_LEN - 1).
@@ -244,6 +245,12 @@ def sethostname(name: str) -> None:
 def set_child_subreaper(enabled: bool = True) -> None:
     """PR_SET_CHILD_SUBREAPER: orphaned descendants are re-parented to this process, not PID 1."""
     _check(_libc.prctl(_PR_SET_CHILD_SUBREAPER, int(enabled), 0, 0, 0))
+
+
+def set_parent_death_signal(sig: int) -> None:
+    """PR_SET_PDEATHSIG: the calling thread gets ``sig`` when the thread that forked it exits
+    (0: none). The caller checks ``os.getppid()`` afterwards: a parent gone before sends nothing."""
+    _check(_libc.prctl(_PR_SET_PDEATHSIG, sig, 0, 0, 0))
 
 
 def set_process_name(name: str) -> None:

@@ -106,3 +106,55 @@ def test_pivot_root_on_a_machine_whose_number_is_unknown_fails_enosys_naming_it(
 def test_every_known_machine_has_both_numbers():
     assert linux._ARCH_SYSCALLS[os.uname().machine] == (linux._SYS_PIVOT_ROOT, linux._SYS_RT_SIGACTION)
     assert all(len(numbers) == 2 and min(numbers) > 0 for numbers in linux._ARCH_SYSCALLS.values())
+
+
+# -- the parent's death -----------------------------------------------------------------------
+
+_DIES_WITH_ITS_PARENT = """
+import os, signal, sys, time
+from shim.kernel import linux
+parent = os.getpid()
+pid = os.fork()
+if pid == 0:
+    linux.set_parent_death_signal(signal.SIGTERM)
+    assert os.getppid() == parent
+    print("set", flush=True)
+    time.sleep(60)
+    os._exit(0)
+print(pid, flush=True)
+time.sleep(60)
+"""
+
+
+def _dead(pid: int) -> bool:
+    """Whether ``pid`` has exited: gone, or a zombie (the machine's PID 1 reaps it later)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+def test_a_child_told_so_gets_its_signal_when_its_parent_is_killed():
+    import subprocess
+    import sys
+    import time
+
+    proc = subprocess.Popen([sys.executable, "-c", _DIES_WITH_ITS_PARENT], stdout=subprocess.PIPE, text=True)
+    child, dead = 0, False
+    try:
+        child = int(proc.stdout.readline())
+        assert proc.stdout.readline() == "set\n"
+        proc.kill()
+        proc.wait()
+        deadline = time.monotonic() + 5  # a bound: the signal is sent as the parent exits
+        while not (dead := _dead(child)) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert dead
+    finally:
+        proc.stdout.close()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        if child and not dead:
+            os.kill(child, signal.SIGKILL)
