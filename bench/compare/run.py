@@ -5,7 +5,9 @@
 As root, with the interpreter podshim is installed in. Defaults take about two minutes on a quiet
 2-CPU machine.
 
-Everything is set up by this script and torn down by it, also when it fails or is interrupted:
+Everything is set up by this script and torn down by it, also when it fails or is interrupted
+(Ctrl-C, SIGTERM, and SIGKILL of the command too: the run is a child that gets SIGTERM when the
+command dies, see :func:`supervise`):
 
 - Debian packages containerd, runc, crun and catatonit (installed only if missing);
 - a pause image built here (one layer: /usr/bin/catatonit as /pause, entrypoint ["/pause", "-P"])
