@@ -335,6 +335,10 @@ class Controller:
         the sandbox. When the shim does not go away cleanly (it is dead, hung, or does not
         answer), ``podshim delete`` finishes the job. A tombstone is simply forgotten.
 
+        Returns once the shim closed its connection: the pause, network namespace, cgroups,
+        socket and bundle are gone by then; the shim's process may still be exiting (the kernel
+        takes a millisecond or two to tear down its memory), as a containerd shim may.
+
         Runs to the end even if cancelled (bounded by the named timeouts). Raises NotFound for
         an unknown sandbox (so a second shutdown of the same id is NotFound), Unavailable when
         another process is changing the sandbox.
