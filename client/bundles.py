@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Iterator
 
 from shim.rpc.api import STATE_FILE
-from shim.rpc.files import ensure_private_dir, flock_open, read_json, rename_noreplace
+from shim.rpc.files import ensure_private_dir, flock_open, read_json, rename_noreplace, unlink_quietly
 from shim.rpc.identifiers import validate_identifier
 from shim.rpc.processes import open_pidfd, process_alive
 from shim.rpc.status import AlreadyExists, InvalidArgument, NotFound, Unavailable, error_from_oserror
@@ -242,7 +242,7 @@ def _remove_leftover(entry: os.DirEntry) -> None:
     interrupted. One that is locked is being made or removed right now, and is left alone."""
     if not entry.is_dir(follow_symlinks=False):
         log.info("removing %s, left by an interrupted bundle removal", entry.path)
-        _unlink_quietly(entry.path)
+        unlink_quietly(entry.path)
         return
     lock = BundleLock(entry.path)
     if not lock.try_acquire():
@@ -272,13 +272,6 @@ def _is_identifier(name: str) -> bool:
     except InvalidArgument:
         return False
     return True
-
-
-def _unlink_quietly(path: str) -> None:
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass
 
 
 class BundleLock:

@@ -23,6 +23,7 @@ from shim.launch.install import long_running
 from shim.launch.notify import Notifier
 from shim.kernel.reaper import Reaper
 from shim.rpc.channel import install_uvloop
+from shim.rpc.files import unlink_quietly
 from shim.rpc.server import Server
 from shim.sandbox.sandbox import Sandbox, ShimConfig, State
 from shim.sandbox.service import SandboxService, register
@@ -220,10 +221,7 @@ class _Shim:
         if owns_socket:
             # While we still listen, the path is ours (a Spawn of the same sandbox finds us
             # serving and binds nothing); once we stopped, it may already be another shim's.
-            try:
-                os.unlink(config.socket_path)
-            except FileNotFoundError:
-                pass
+            unlink_quietly(config.socket_path)
         await self._close_server()
         listener.close()
         if sandbox.state is not State.SHUTDOWN:

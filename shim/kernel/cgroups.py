@@ -23,6 +23,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 from shim.kernel import linux, mountinfo
+from shim.rpc.files import read_file
 from shim.rpc.processes import process_alive
 from shim.rpc.records import Record, set_field as _set
 from shim.rpc.status import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound, error_from_oserror
@@ -133,7 +134,7 @@ _hierarchies_seen: list[tuple[bytes, list[mountinfo.MountEntry], list[Hierarchy]
 
 def discover_hierarchies() -> list[Hierarchy]:
     """Every cgroup hierarchy this process belongs to and can see mounted, v1 and v2."""
-    own = linux.read_file("/proc/self/cgroup")
+    own = read_file("/proc/self/cgroup")
     mounts = _cgroup_mounts()
     # The answer is a function of our cgroups and the mounts: the last one is reused while both
     # read the same (matching them costs as much as reading them, twice that in a cold shim).
@@ -927,7 +928,7 @@ def _rmdir(directory: str, deadline: float) -> Iterator[float]:
 
 
 def _read_bytes(path: str) -> bytes:
-    return linux.read_file(path).strip()
+    return read_file(path).strip()
 
 
 def _read_pids(directory: str) -> list[int]:

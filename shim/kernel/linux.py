@@ -17,7 +17,8 @@ import os
 import signal
 import struct
 
-# /proc/PID/stat reading lives with the code the client shares; the shim's callers know it here.
+# /proc reading lives with the code the client shares (no ctypes); read_status reads with it.
+from shim.rpc.files import read_file
 from shim.rpc.processes import STAT_PPID, STAT_SESSION, STAT_STARTTIME, STAT_STATE, proc_start_time, proc_stat
 
 __all__ = [
@@ -349,16 +350,6 @@ def _check_pthread(result: int) -> None:
         raise OSError(result, os.strerror(result))
 
 
-def read_file(path: str) -> bytes:
-    """The whole of a kernel file (/proc, cgroupfs) in read(2)s, without Python's file objects
-    (a third of their cost on a small file). Raises OSError."""
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        return read_all(fd)
-    finally:
-        os.close(fd)
-
-
 def read_status(path: str = "/proc/self/status") -> dict[str, str]:
     """A /proc/PID/status file as ``{field: value}``, each value stripped. Raises OSError
     (FileNotFoundError: the process is gone)."""
@@ -377,14 +368,6 @@ def status_mask(field: str, path: str = "/proc/self/status") -> int:
     if value is None:
         raise ValueError(f"{path} has no {field}")
     return int(value, 16)
-
-
-def read_all(fd: int) -> bytes:
-    """Everything ``fd`` gives until EOF, read from where it is. Raises OSError."""
-    chunks = []
-    while chunk := os.read(fd, 65536):
-        chunks.append(chunk)
-    return b"".join(chunks)
 
 
 def write_file(path: str, data: bytes) -> None:

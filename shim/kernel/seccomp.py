@@ -20,7 +20,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from shim.kernel import linux
+from shim.rpc.files import read_all
 
 __all__ = ["ACTIONS", "ARCHITECTURES", "FLAGS", "OPERATORS", "Program", "ProfileError", "compile_profile", "load",
            "validate"]
@@ -230,7 +230,7 @@ def _compile(profile_json: str) -> bytes:
         try:
             _libseccomp_error(lib.seccomp_export_bpf(ctx, fd), "exporting the filter")
             os.lseek(fd, 0, os.SEEK_SET)
-            return linux.read_all(fd)
+            return read_all(fd)
         finally:
             os.close(fd)
     finally:

@@ -27,7 +27,7 @@ from typing import Any, Callable, NoReturn
 from shim.kernel.linux import proc_start_time
 from shim.paths import (BOOTSTRAP_FILE, BOOTSTRAP_VERSION, LOG_FILE, PROTOCOL, read_json, socket_address,
                     write_json_atomic)
-from shim.rpc.files import ensure_private_dir
+from shim.rpc.files import ensure_private_dir, unlink_quietly
 from shim.rpc.records import Record
 from shim.rpc.status import Unavailable
 from shim.sandbox.record import STATE_NEW, SandboxRecord, write_state
@@ -338,10 +338,7 @@ def spawn_shim(config: Any, *, debug: bool = False, double_fork: bool = False,
                 # No shim will serve the socket: left listening (until collected) and on disk, it
                 # would pass for a live shim's, and a repeated Spawn would answer it.
                 sock.close()
-                try:
-                    os.unlink(config.socket_path)
-                except FileNotFoundError:
-                    pass
+                unlink_quietly(config.socket_path)
                 raise
             if _give_socket(spare, sock):
                 sock.close()
@@ -448,10 +445,7 @@ def _abandon(shim_pid: int, child_pid: int | None, socket_path: str) -> None:
         pass
     if child_pid is not None:
         os.waitpid(child_pid, 0)
-    try:
-        os.unlink(socket_path)
-    except FileNotFoundError:
-        pass
+    unlink_quietly(socket_path)
 
 
 def _wait_ready(fd: int, timeout: float, *, want_pid: bool = False) -> tuple[int | None, bool]:

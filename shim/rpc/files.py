@@ -22,7 +22,7 @@ from contextlib import contextmanager
 from typing import Any
 
 __all__ = ["MAX_JSON_DEPTH", "decode_json", "ensure_private_dir", "flock_open", "fsync_dir", "read_json",
-           "rename_noreplace", "Rewriter", "write_atomic"]
+           "read_all", "read_file", "rename_noreplace", "Rewriter", "unlink_quietly", "write_atomic"]
 
 #: How deeply a JSON document podshim reads may nest. Real ones (CRI and CNI configs, records)
 #: nest less than 10 deep; a deeper one would be refused later anyway, by the recursion limit
@@ -126,10 +126,7 @@ def flock_open(path: str, *, shared: bool = False, blocking: bool = True, create
     try:
         yield fd
         if unlink:
-            try:
-                os.unlink(path)
-            except FileNotFoundError:  # its directory was removed meanwhile
-                pass
+            unlink_quietly(path)  # gone with its directory, if that was removed meanwhile
     finally:
         os.close(fd)
 
@@ -196,6 +193,24 @@ def fsync_dir(path: str) -> None:
         os.close(fd)
 
 
+def read_file(path: str) -> bytes:
+    """The whole of a kernel file (/proc, cgroupfs) in read(2)s, without Python's file objects
+    (a third of their cost on a small file). Raises OSError."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        return read_all(fd)
+    finally:
+        os.close(fd)
+
+
+def read_all(fd: int) -> bytes:
+    """Everything ``fd`` gives until EOF, read from where it is. Raises OSError."""
+    chunks = []
+    while chunk := os.read(fd, 65536):
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
 def write_atomic(path: str, data: bytes, *, mode: int = 0o600, durable: bool = True,
                  sync_dir: bool = True) -> None:
     """Write ``data`` to ``path`` through a temporary file and a rename.
@@ -219,19 +234,12 @@ def write_atomic(path: str, data: bytes, *, mode: int = 0o600, durable: bool = T
                 os.fsync(fd)
         finally:
             os.close(fd)
-        if not durable and _exchange(tmp, path):
-            try:
-                os.unlink(tmp)  # it now holds the old content
-            except IsADirectoryError:  # ``path`` was a directory: put it back, fail as rename would
-                _exchange(tmp, path)
-                raise
+        if not durable and _swap_in(tmp, path):
+            os.unlink(tmp)  # it now holds the old content
         else:
             os.replace(tmp, path)
     except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
+        unlink_quietly(tmp)
         raise
     if durable and sync_dir:
         fsync_dir(directory)
@@ -272,22 +280,19 @@ class Rewriter:
                 os.fchmod(fd, self.mode)
             finally:
                 os.close(fd)  # ends the lease
-            if _exchange(tmp, self.path):
-                if stat.S_ISDIR(os.lstat(tmp).st_mode):  # put it back, fail as rename would
-                    _exchange(tmp, self.path)
-                    raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), self.path)
+            if _swap_in(tmp, self.path):
                 self._spare = tmp  # it now holds the version before
             else:
                 os.replace(tmp, self.path)
         except BaseException:
             self._spare = None
-            _unlink_quietly(tmp)
+            unlink_quietly(tmp)
             raise
 
     def close(self) -> None:
         """Remove the spare (idempotent); a later write makes a new one."""
         if self._spare is not None:
-            _unlink_quietly(self._spare)
+            unlink_quietly(self._spare)
             self._spare = None
 
     @staticmethod
@@ -301,7 +306,7 @@ class Rewriter:
             return []
         gone = [os.path.join(directory, name) for name in names if _is_temporary(name, path)]
         for leftover in gone:
-            _unlink_quietly(leftover)
+            unlink_quietly(leftover)
         return gone
 
     def _take_spare(self) -> tuple[int | None, str]:
@@ -313,7 +318,7 @@ class Rewriter:
         try:
             fd = os.open(spare, os.O_WRONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
         except OSError:
-            _unlink_quietly(spare)
+            unlink_quietly(spare)
             return None, ""
         try:
             # A lease break would signal us (SIGIO, whose default ends a process); SIGURG's
@@ -323,12 +328,13 @@ class Rewriter:
             fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_WRLCK)
         except OSError:  # EAGAIN: a reader has it open; EINVAL, EACCES: no lease here
             os.close(fd)
-            _unlink_quietly(spare)
+            unlink_quietly(spare)
             return None, ""
         return fd, spare
 
 
-def _unlink_quietly(path: str) -> None:
+def unlink_quietly(path: str) -> None:
+    """Unlink ``path``; nothing when it is gone already. Raises other OSErrors."""
     try:
         os.unlink(path)
     except FileNotFoundError:
@@ -367,6 +373,18 @@ def _is_temporary(name: str, path: str) -> bool:
     suffix = name[len(prefix):]
     return (name.startswith(prefix) and len(suffix) == 2 * _TEMPORARY_RANDOM_BYTES
             and all(c in "0123456789abcdef" for c in suffix))
+
+
+def _swap_in(tmp: str, path: str) -> bool:
+    """Put ``tmp`` at ``path`` by exchanging the two (:func:`_exchange`): True, and ``tmp`` then
+    names the old content; False when they cannot be exchanged (the caller renames). A directory
+    at ``path`` is put back and IsADirectoryError raised, as a rename over it would."""
+    if not _exchange(tmp, path):
+        return False
+    if stat.S_ISDIR(os.lstat(tmp).st_mode):
+        _exchange(tmp, path)
+        raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), path)
+    return True
 
 
 def _exchange(tmp: str, path: str) -> bool:

@@ -17,6 +17,8 @@ import os
 import select
 import signal
 
+from shim.rpc.files import read_file
+
 __all__ = [
     "STAT_PPID",
     "STAT_SESSION",
@@ -56,17 +58,9 @@ def proc_stat(pid: int) -> list[str] | None:
     parentheses, so it is cut out at the *last* ")" rather than split on blanks.
     """
     try:
-        # os.open and os.read: three system calls, where open() makes nine (fstat, isatty, lseek...).
-        fd = os.open(f"/proc/{pid}/stat", os.O_RDONLY | os.O_CLOEXEC)
-        try:
-            chunks = [os.read(fd, 4096)]
-            while len(chunks[-1]) == 4096:  # the line is shorter; this is for a comm of odd bytes
-                chunks.append(os.read(fd, 4096))
-        finally:
-            os.close(fd)
+        line = read_file(f"/proc/{pid}/stat").decode("utf-8", "surrogateescape")
     except (FileNotFoundError, ProcessLookupError):
         return None
-    line = b"".join(chunks).decode("utf-8", "surrogateescape")
     head, _, tail = line.rpartition(")")
     pid_field, _, comm = head.partition(" (")
     return [pid_field, comm, *tail.split()]
