@@ -13,7 +13,7 @@ import os
 import select
 import signal
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 
 from shim.rpc.processes import open_pidfd, process_alive
 
@@ -183,3 +183,19 @@ def unheld_netns(prefix: str = "podshim", exclude: str | None = None) -> set[str
         if markers and ours not in markers:
             others.add(inode)
     return {name for name, inode in inodes.items() if inode not in others}
+
+
+def run_in_child(check: Callable[[], bool]) -> int:
+    """Run ``check()`` in a forked child (its traceback printed if it raises); the child's exit
+    status: 0 when it returned True, 1 when False, 2 when it raised."""
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os._exit(0 if check() else 1)
+        except BaseException:
+            import traceback
+
+            traceback.print_exc()
+        finally:
+            os._exit(2)
+    return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])

@@ -10,20 +10,7 @@ import pytest
 
 from shim.kernel import linux
 
-
-def _in_child(check) -> int:
-    """Run ``check()`` in a forked child; its exit status (0: it returned True)."""
-    pid = os.fork()
-    if pid == 0:
-        try:
-            os._exit(0 if check() else 1)
-        except BaseException:
-            import traceback
-
-            traceback.print_exc()
-        finally:
-            os._exit(2)
-    return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+from proctools import run_in_child
 
 
 def _ignored(sig: int) -> bool:
@@ -59,7 +46,7 @@ def test_default_signal_resets_an_ignored_signal():
         linux.default_signal(signal.SIGUSR1)
         return not _ignored(signal.SIGUSR1)
 
-    assert _in_child(check) == 0
+    assert run_in_child(check) == 0
 
 
 KNOWN_MACHINE = pytest.mark.skipif(os.uname().machine not in linux._ARCH_SYSCALLS,
@@ -77,7 +64,7 @@ def test_default_signal_resets_a_signal_the_c_library_keeps_for_itself():
         linux.default_signal(32)
         return not _ignored(32)
 
-    assert _in_child(check) == 0
+    assert run_in_child(check) == 0
 
 
 def test_default_signal_on_a_machine_whose_number_is_unknown_resets_what_libc_allows(monkeypatch):
@@ -90,7 +77,7 @@ def test_default_signal_on_a_machine_whose_number_is_unknown_resets_what_libc_al
         linux.default_signal(32)  # the C library's own: left as it is, and no exec fails for it
         return True
 
-    assert _in_child(check) == 0
+    assert run_in_child(check) == 0
 
 
 def test_pivot_root_on_a_machine_whose_number_is_unknown_fails_enosys_naming_it(monkeypatch):

@@ -13,6 +13,8 @@ from shim.kernel import linux
 from shim.launch import install
 from shim.launch.install import CodeWatch
 
+from proctools import run_in_child
+
 
 @pytest.fixture
 def code(tmp_path):
@@ -178,19 +180,12 @@ def test_a_tree_replaced_where_a_link_on_the_way_leads_is_a_change(tmp_path):
 def _in_own_mount_namespace(check) -> int:
     """Run ``check()`` in a forked child in a private mount namespace of its own (its mounts die
     with it and never reach the host); its exit status (0: it returned True)."""
-    pid = os.fork()
-    if pid == 0:
-        try:
-            linux.unshare(linux.CLONE_NEWNS)
-            linux.mount(None, "/", None, linux.MS_REC | linux.MS_PRIVATE)
-            os._exit(0 if check() else 1)
-        except BaseException:
-            import traceback
+    def in_own_namespace() -> bool:
+        linux.unshare(linux.CLONE_NEWNS)
+        linux.mount(None, "/", None, linux.MS_REC | linux.MS_PRIVATE)
+        return check()
 
-            traceback.print_exc()
-        finally:
-            os._exit(2)
-    return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+    return run_in_child(in_own_namespace)
 
 
 def test_a_tree_mounted_over_a_directory_on_the_way_is_a_change(code, tmp_path, fingerprints):
