@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, Awaitable, Callable, TextIO
 from shim.rpc.arguments import ArgumentParser
 from shim.rpc.api import TEMPLATE_ENV
 
-from shim.rpc.files import decode_json
+from shim.rpc.files import MAX_JSON_BYTES, decode_json
 
 from client.defaults import DEFAULT_RUNTIME_ROOT, DEFAULT_STATE_ROOT
 
@@ -151,8 +151,11 @@ def _read_json_file(path: str, what: str) -> Any:
     try:
         if path == "-":
             return _read_json(sys.stdin.buffer.read(), what)
-        with open(path, "rb") as f:
-            return _read_json(f.read(), f"{what} {path}")
+        with open(path, "rb") as f:  # a pipe too (`<(...)`): the user named it; a bounded read
+            data = f.read(MAX_JSON_BYTES + 1)
+        if len(data) > MAX_JSON_BYTES:
+            raise CliError(f"{what} {path} is larger than {MAX_JSON_BYTES} bytes: not a config")
+        return _read_json(data, f"{what} {path}")
     except OSError as exc:
         raise CliError(f"cannot read {what} {path}: {exc.strerror or exc}") from None
 

@@ -40,6 +40,7 @@ from typing import Any
 from client.cri.seccomp_default import default_profile
 from shim.kernel import capabilities as kernel_caps
 from shim.runtime.confine import DEFAULT_CAPABILITIES
+from shim.rpc.files import read_regular
 from shim.rpc.status import InvalidArgument
 
 __all__ = ["PROFILE_TYPES", "USER_FILES", "ContainerSecurity", "SecurityProfile", "held_capabilities",
@@ -368,9 +369,14 @@ def _keep(doc: Any, keys: tuple[str, ...]) -> Any:
     return {k: doc[k] for k in keys if doc.get(k) is not None} if isinstance(doc, dict) else doc
 
 
+#: The largest Localhost seccomp profile (or node user file) read: real profiles are tens of KiB.
+MAX_NODE_FILE_BYTES = 4 << 20
+
+
 def _read_node_file(path: str) -> bytes:
-    with open(path, "rb") as f:
-        return f.read()
+    """A file of the node a config names: a regular file of at most MAX_NODE_FILE_BYTES, read
+    without blocking (a FIFO or /dev/zero is refused with a sentence, never read)."""
+    return read_regular(path, MAX_NODE_FILE_BYTES)
 
 
 def refuse_lsm(sec: ContainerSecurity, path: str = "linux.security_context") -> None:

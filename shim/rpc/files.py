@@ -21,8 +21,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-__all__ = ["MAX_JSON_DEPTH", "decode_json", "ensure_private_dir", "flock_open", "fsync_dir", "read_json",
-           "read_all", "read_file", "rename_noreplace", "Rewriter", "unlink_quietly", "write_atomic"]
+__all__ = ["MAX_JSON_BYTES", "MAX_JSON_DEPTH", "decode_json", "ensure_private_dir", "flock_open", "fsync_dir", "read_json",
+           "read_all", "read_file", "read_regular", "rename_noreplace", "Rewriter", "unlink_quietly", "write_atomic"]
 
 #: How deeply a JSON document podshim reads may nest. Real ones (CRI and CNI configs, records)
 #: nest less than 10 deep; a deeper one would be refused later anyway, by the recursion limit
@@ -152,12 +152,50 @@ def decode_json(data: bytes | str, source: str) -> Any:
     return doc
 
 
-def read_json(path: str) -> Any:
-    """Read and decode the JSON file ``path``; ValueError naming it as :func:`decode_json` says,
-    OSError when it cannot be read."""
-    with open(path, "rb") as f:
-        data = f.read()
-    return decode_json(data, path)
+#: The most :func:`read_json` reads of one document: far above any config, record or state file
+#: podshim writes or takes, far below what would hurt a daemon to hold.
+MAX_JSON_BYTES = 64 << 20
+
+
+def read_json(path: str, *, limit: int = MAX_JSON_BYTES) -> Any:
+    """Read and decode the JSON file ``path`` (a regular file of at most ``limit`` bytes, as
+    :func:`read_regular`); ValueError naming it as :func:`decode_json` says, OSError when it
+    cannot be read."""
+    return decode_json(read_regular(path, limit), path)
+
+
+def read_regular(path: str, limit: int) -> bytes:
+    """The whole of the regular file ``path`` when it holds at most ``limit`` bytes.
+
+    For a file someone else names (a config, a seccomp profile, a record): it is opened without
+    blocking and refused unless it is a regular file, so a FIFO, a device (/dev/zero) or a
+    socket neither hangs the reader nor feeds it without end; and never more than ``limit`` + 1
+    bytes are read, whatever the file claims. Raises OSError, whose ``strerror`` is a sentence:
+    EINVAL "not a regular file (...)", EFBIG "larger than N bytes", or the open's own.
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise OSError(errno.EINVAL, f"not a regular file ({_file_kind(st.st_mode)})", path)
+        chunks: list[bytes] = []
+        size = 0
+        while size <= limit and (chunk := os.read(fd, min(65536, limit + 1 - size))):
+            chunks.append(chunk)
+            size += len(chunk)
+    finally:
+        os.close(fd)
+    if size > limit:
+        raise OSError(errno.EFBIG, f"larger than {limit} bytes", path)
+    return b"".join(chunks)
+
+
+def _file_kind(mode: int) -> str:
+    for test, kind in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return kind
+    return "not a file"
 
 
 _TOO_DEEP = object()

@@ -12,6 +12,7 @@ import pytest
 from client.cri import security
 from client.cri.configs import ContainerConfig, PodSandboxConfig
 from client.cri.seccomp_default import default_profile
+from client.cri.security import MAX_NODE_FILE_BYTES
 from shim.kernel import capabilities as caps
 from shim.kernel import seccomp
 from shim.rpc.status import InvalidArgument
@@ -168,6 +169,21 @@ def test_a_localhost_profile_is_read_from_the_node_keeping_only_oci_keys(tmp_pat
 def test_what_cannot_be_honoured_is_refused_naming_the_field(context, words):
     with pytest.raises(InvalidArgument, match=words):
         translate(context)
+
+
+@pytest.mark.parametrize(("make", "words"), [
+    (lambda d: "/dev/zero", "not a regular file \\(a character device\\)"),
+    (lambda d: os.mkfifo(d / "fifo") or str(d / "fifo"), "not a regular file \\(a FIFO\\)"),
+    (lambda d: str(d), "not a regular file \\(a directory\\)"),
+    (lambda d: (d / "big.json").write_bytes(b" " * (MAX_NODE_FILE_BYTES + 1)) and str(d / "big.json"),
+     f"larger than {MAX_NODE_FILE_BYTES} bytes"),
+])
+def test_a_localhost_profile_that_is_no_regular_file_or_too_large_is_refused_without_reading_it(tmp_path, make, words):
+    """A profile path at /dev/zero must not grow the daemon without end, nor a FIFO hang its
+    CreateContainer: both are refused at once with a sentence."""
+    ref = make(tmp_path)
+    with pytest.raises(InvalidArgument, match=f"cannot read seccomp profile {ref}: {words}"):
+        translate({"seccomp": {"profile_type": "Localhost", "localhost_ref": ref}})
 
 
 def test_unconfined_apparmor_is_accepted():
