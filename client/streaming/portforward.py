@@ -28,13 +28,17 @@ from shim.rpc.status import RpcError
 
 from .session import Stream, StreamClosed
 
-__all__ = ["PROTOCOL", "STREAM_PAIR_TIMEOUT", "PortForwardSession", "connect_in_netns"]
+__all__ = ["MAX_FORWARDS", "PROTOCOL", "STREAM_PAIR_TIMEOUT", "PortForwardSession", "connect_in_netns"]
 
 log = logging.getLogger("podshimd.streaming")
 
 PROTOCOL = "portforward.k8s.io"
 #: Seconds the second stream of a pair may take to follow the first (kubelet's stream creation timeout).
 STREAM_PAIR_TIMEOUT = 30.0
+#: Connections one port-forward session forwards at once (each holds a socket in the daemon), and
+#: as many half-opened pairs may wait for their second stream: a browser opens a few dozen; more is
+#: refused on the connection's error stream, and the session goes on.
+MAX_FORWARDS = 128
 COPY_BYTES = 64 * 1024
 
 
@@ -83,6 +87,7 @@ class PortForwardSession:
         self._spawn = spawn
         self._pending: dict[str, dict[str, Stream]] = {}
         self._timers: dict[str, asyncio.TimerHandle] = {}
+        self._forwarding = 0
 
     def stream_opened(self, stream: Stream) -> None:
         kind = stream.header("streamtype")
@@ -93,6 +98,11 @@ class PortForwardSession:
         request_id = stream.header("requestid")
         if request_id is None:
             request_id = str(stream.stream_id if kind == "error" else stream.stream_id - 2)
+        if request_id not in self._pending and len(self._pending) >= MAX_FORWARDS:
+            log.info("port-forward: pod %s: refusing request %s: %d requests already wait for their second stream",
+                     self.pod_id, request_id, MAX_FORWARDS)
+            stream.reset()
+            return
         pair = self._pending.setdefault(request_id, {})
         if kind in pair:
             log.info("port-forward: request %s opened a second %s stream", request_id, kind)
@@ -105,7 +115,18 @@ class PortForwardSession:
             return
         del self._pending[request_id]
         self._timers.pop(request_id).cancel()
-        self._spawn(self._forward(pair["error"], pair["data"]))
+        if self._forwarding >= MAX_FORWARDS:
+            self._spawn(self._fail(pair["error"], pair["data"], f"pod {self.pod_id}: this port-forward session "
+                                   f"already forwards {MAX_FORWARDS} connections: close one first"))
+            return
+        self._forwarding += 1
+        self._spawn(self._counted(self._forward(pair["error"], pair["data"])))
+
+    async def _counted(self, forward: Coroutine[Any, Any, None]) -> None:
+        try:
+            await forward
+        finally:
+            self._forwarding -= 1
 
     def _unpaired(self, request_id: str) -> None:
         self._timers.pop(request_id, None)

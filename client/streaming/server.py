@@ -25,13 +25,16 @@ from .session import Session
 from .tokens import TokenError, Tokens
 from .upgrade import HttpError, Request, RequestReader, error_response, negotiate, switching_protocols
 
-__all__ = ["HEAD_TIMEOUT", "CLOSE_TIMEOUT", "PortForwardRequest", "ExecRequest", "AttachRequest", "Backend",
+__all__ = ["HEAD_TIMEOUT", "CLOSE_TIMEOUT", "MAX_UNAUTHENTICATED", "PortForwardRequest", "ExecRequest", "AttachRequest", "Backend",
            "StreamingServer", "split_address"]
 
 log = logging.getLogger("podshimd.streaming")
 
-#: Seconds a client has to send its request head after connecting.
-HEAD_TIMEOUT = 30.0
+#: Seconds a client has to send its request head after connecting (kubelet and crictl send it at once).
+HEAD_TIMEOUT = 10.0
+#: Connections that have not shown a token yet (anyone who reaches the port can open one): past
+#: this many, a new one is closed at once, so idle connections cannot take the daemon's descriptors.
+MAX_UNAUTHENTICATED = 128
 #: Seconds the sessions get to end when the server closes.
 CLOSE_TIMEOUT = 5.0
 
@@ -99,6 +102,8 @@ class StreamingServer:
         self.tokens = tokens or Tokens()
         self._server: asyncio.Server | None = None
         self._connections: set[asyncio.Task[Any]] = set()
+        self._unauthenticated = 0
+        self._refused_since_log = 0
         self.base_url = ""
 
     async def start(self) -> None:
@@ -152,7 +157,17 @@ class StreamingServer:
             writer.close()
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self._unauthenticated >= MAX_UNAUTHENTICATED:
+            if not self._refused_since_log:
+                log.warning("streaming: %d connections have not sent a request with a token yet; closing new ones "
+                            "until they do or their %.0f s run out", MAX_UNAUTHENTICATED, HEAD_TIMEOUT)
+            self._refused_since_log += 1
+            return
+        if self._refused_since_log:
+            log.warning("streaming: closed %d connections at once while too many waited", self._refused_since_log)
+            self._refused_since_log = 0
         head = RequestReader()
+        self._unauthenticated += 1
         try:
             async with asyncio.timeout(HEAD_TIMEOUT):
                 while (request := head.next_event()) is NEED_DATA:
@@ -165,10 +180,13 @@ class StreamingServer:
         except HttpError as exc:
             log.info("streaming request refused (%d): %s", exc.status, exc.message)
             writer.write(error_response(exc))
-            await writer.drain()
+            with contextlib.suppress(TimeoutError, ConnectionError):  # a client that does not read is dropped
+                await asyncio.wait_for(writer.drain(), HEAD_TIMEOUT)
             return
         except (TimeoutError, ConnectionError):
             return
+        finally:
+            self._unauthenticated -= 1
         writer.write(switching_protocols(protocol))
         tasks = SessionTasks()
         handler = self._handler(stored, protocol, tasks)

@@ -10,7 +10,8 @@ import socket
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from client.streaming import spdy
+from client.streaming import portforward, spdy
+from client.streaming import server as server_module
 from client.streaming.server import Backend, PortForwardRequest, StreamingServer
 
 WAIT = 30.0  # bound on each step: a hang fails the test instead of stalling the run
@@ -134,6 +135,55 @@ async def test_a_client_that_goes_away_mid_stream_closes_the_pod_side_and_the_se
         await again.until(lambda: {error, data} <= again.ended)
         assert bytes(again.data[data]) == b"next"
         again.writer.close()
+
+
+async def test_one_session_forwards_at_most_max_forwards_connections_at_once(monkeypatch):
+    monkeypatch.setattr(portforward, "MAX_FORWARDS", 2)
+    server, closed = await echo_server()
+    port = server.sockets[0].getsockname()[1]
+    async with server, StreamingServer("127.0.0.1:0", Backend(pod_network=host_network)) as streaming:
+        client = await Client.connect(streaming.url(PortForwardRequest("pod")))
+        held = [client.forward(port, n) for n in range(2)]
+        for n, (_, data) in enumerate(held):  # both forwarded: each echoes
+            client.conn.send_data(data, f"held {n}".encode())
+            client.send()
+            await client.until(lambda data=data, n=n: bytes(client.data.get(data, b"")) == f"held {n}".encode())
+        error, data = client.forward(port, 2)
+        await client.until(lambda: {error, data} <= client.ended)
+        assert bytes(client.data[error]) == (b"pod pod: this port-forward session already forwards 2 connections: "
+                                             b"close one first")
+        client.conn.send_data(held[0][1], b"", fin=True)  # one ends ...
+        client.send()
+        await client.until(lambda: held[0][1] in client.ended)
+        error, data = client.forward(port, 3)  # ... and the next one is forwarded
+        client.conn.send_data(data, b"next", fin=True)
+        client.send()
+        await client.until(lambda: {error, data} <= client.ended)
+        assert bytes(client.data[data]) == b"next" and not client.data.get(error)
+        client.writer.close()
+
+
+async def test_connections_without_a_token_are_capped_and_dropped_after_the_head_timeout(monkeypatch):
+    """Anyone who reaches the port can connect: idle connections cannot take the daemon's descriptors."""
+    monkeypatch.setattr(server_module, "MAX_UNAUTHENTICATED", 3)
+    monkeypatch.setattr(server_module, "HEAD_TIMEOUT", 1.0)
+    async with StreamingServer("127.0.0.1:0", Backend(pod_network=host_network)) as streaming:
+        idle = [await asyncio.open_connection("127.0.0.1", streaming.port) for _ in range(3)]
+        reader, writer = await asyncio.open_connection("127.0.0.1", streaming.port)
+        assert await asyncio.wait_for(reader.read(), WAIT) == b""  # one more: closed at once
+        writer.close()
+        for reader, writer in idle:  # the idle ones: closed when their head timeout runs out
+            assert await asyncio.wait_for(reader.read(), WAIT) == b""
+            writer.close()
+        server, _ = await echo_server()
+        async with server:  # and a client with a token is served again
+            client = await Client.connect(streaming.url(PortForwardRequest("pod")))
+            error, data = client.forward(server.sockets[0].getsockname()[1], 0)
+            client.conn.send_data(data, b"served", fin=True)
+            client.send()
+            await client.until(lambda: {error, data} <= client.ended)
+            assert bytes(client.data[data]) == b"served"
+            client.writer.close()
 
 
 @contextmanager
