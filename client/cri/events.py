@@ -11,34 +11,30 @@ Two sources feed one stream per subscriber:
 
 Every event is stamped when it is sent (as containerd does), so their times follow their order.
 
-Each subscriber watches every live pod's shim on a connection of its own (closing it is how a
-shim stream ends: the protocol has no per-stream cancel), from the moment it subscribes and for
-each pod started later. Events from before a subscription are not replayed, as with containerd.
-A subscriber that falls :data:`EVENT_QUEUE_LIMIT` events behind is dropped: its iteration ends
-with ResourceExhausted, as a shim drops a slow event subscriber.
+The shims' events reach the feed through the pod layer, which follows each live pod's shim on
+one event stream (``PodService._follow``) whatever the number of subscribers: it applies an exit
+to the pod's records, then hands it to :meth:`EventFeed.shim_event`, which fans it out in memory.
+So a subscriber costs the shims nothing, and sees an exit only once its record says so. Events
+from before a subscription are not replayed, as with containerd. A subscriber that falls
+:data:`EVENT_QUEUE_LIMIT` events behind is dropped: its iteration ends with ResourceExhausted, as
+a shim drops a slow event subscriber.
 """
 
 from __future__ import annotations
 
-import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Any
 
 import anyio
 import anyio.abc
 
-from shim.rpc.api import EVENTS_SERVICE
-from shim.rpc.client import Client
-from shim.rpc.status import ResourceExhausted, RpcError
+from shim.rpc.status import ResourceExhausted
 from shim.sandbox.events import TOPIC_EXIT, TOPIC_TASK_EXIT
 
 __all__ = ["CONTAINER_CREATED", "CONTAINER_STARTED", "CONTAINER_STOPPED", "CONTAINER_DELETED",
            "EVENT_QUEUE_LIMIT", "ContainerEvent", "EventFeed", "EventStream"]
-
-log = logging.getLogger(__name__)
 
 # CRI's ContainerEventType names.
 CONTAINER_CREATED = "CONTAINER_CREATED_EVENT"
@@ -85,11 +81,9 @@ class EventStream:
 
 
 class _Subscriber:
-    def __init__(self, send: anyio.abc.ObjectSendStream[ContainerEvent], stream: EventStream,
-                 tg: anyio.abc.TaskGroup):
+    def __init__(self, send: anyio.abc.ObjectSendStream[ContainerEvent], stream: EventStream):
         self.send = send
         self.stream = stream
-        self.tg = tg
 
     def offer(self, event: ContainerEvent) -> None:
         try:
@@ -102,16 +96,9 @@ class _Subscriber:
 
 
 class EventFeed:
-    """The pod layer's event fan-out. ``await shim_address(pod_id)`` is the address of a pod's
-    shim (raising RpcError when it has none); ``namespace`` the shims' namespace."""
+    """The pod layer's event fan-out: what is published goes to every subscriber of the moment."""
 
-    def __init__(self, shim_address: Callable[[str], Awaitable[str]], namespace: str,
-                 apply: Callable[[str, Any], Awaitable[None]] | None = None):
-        self._shim_address = shim_address
-        self._namespace = namespace
-        # The pod layer's own handling of a shim event (the record updated), awaited before the
-        # event goes out: a subscriber that reads the pod's status on a STOPPED event sees the exit.
-        self._apply = apply
+    def __init__(self) -> None:
         self._subscribers: set[_Subscriber] = set()
 
     def publish(self, kind: str, container_id: str, pod_id: str, created_at: int | None = None) -> None:
@@ -120,50 +107,27 @@ class EventFeed:
         for subscriber in list(self._subscribers):
             subscriber.offer(event)
 
-    async def pod_started(self, pod_id: str) -> None:
-        """A pod's sandbox runs: every subscriber starts watching its shim; returns once each is
-        connected."""
-        for subscriber in list(self._subscribers):
-            await subscriber.tg.start(self._watch, subscriber, pod_id)
+    def shim_event(self, pod_id: str, event: object) -> None:
+        """An event of pod ``pod_id``'s shim, once the pod layer applied it: an exit goes out as a
+        STOPPED event; the rest is nobody's business here."""
+        stopped = _stopped(event, pod_id)
+        if stopped is not None and self._subscribers:
+            for subscriber in list(self._subscribers):
+                subscriber.offer(stopped)
 
     @asynccontextmanager
-    async def subscribe(self, live_pods: Iterable[str]) -> AsyncIterator[EventStream]:
-        """Subscribe; the shims of ``live_pods`` (and of every pod started from now on) are watched
-        until the block ends."""
+    async def subscribe(self) -> AsyncIterator[EventStream]:
+        """Subscribe until the block ends."""
         send, receive = anyio.create_memory_object_stream[ContainerEvent](EVENT_QUEUE_LIMIT)
         stream = EventStream(receive)
-        async with receive, anyio.create_task_group() as tg:
-            subscriber = _Subscriber(send, stream, tg)
+        subscriber = _Subscriber(send, stream)
+        async with receive:
             self._subscribers.add(subscriber)
             try:
-                for pod_id in live_pods:
-                    await tg.start(self._watch, subscriber, pod_id)
                 yield stream
             finally:
                 self._subscribers.discard(subscriber)
                 send.close()
-                tg.cancel_scope.cancel()
-
-    async def _watch(self, subscriber: _Subscriber, pod_id: str,
-                     *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
-        """Turn one shim's exit events into STOPPED events until its stream ends."""
-        try:
-            client = await Client.connect(await self._shim_address(pod_id), namespace=self._namespace)
-        except RpcError as exc:
-            log.info("pod %s: not watching its shim's events: %s", pod_id, exc.message, extra={"pod_id": pod_id})
-            task_status.started()
-            return
-        async with client:
-            task_status.started()
-            try:
-                async for event in client.stream(EVENTS_SERVICE, "Subscribe", {}):
-                    stopped = _stopped(event, pod_id)
-                    if stopped is not None:
-                        if self._apply is not None:
-                            await self._apply(pod_id, event)
-                        subscriber.offer(stopped)
-            except RpcError as exc:  # the shim went away, or dropped us for falling behind
-                log.info("pod %s: its shim's event stream ended: %s", pod_id, exc.message, extra={"pod_id": pod_id})
 
 
 def _stopped(event: object, pod_id: str) -> ContainerEvent | None:

@@ -35,7 +35,7 @@ import socket
 import time
 from contextlib import asynccontextmanager
 from types import MappingProxyType
-from typing import Any, AsyncContextManager, AsyncIterator, Awaitable, Callable, Mapping, NoReturn, TypeVar
+from typing import Any, AsyncIterator, Awaitable, Callable, Mapping, NoReturn, TypeVar
 
 import anyio
 import anyio.abc
@@ -180,7 +180,7 @@ class PodService:
         self._configs: dict[str, tuple[PodRecord, PodSandboxConfig]] = {}  # _config_of
         self._entries: dict[str, tuple[PodRecord, PodEntry]] = {}  # _entry_of
         self._cpu_rates = stats.CpuRates()
-        self._events = EventFeed(self._shim_address, namespace, apply=self._apply)
+        self._events = EventFeed()
         self._runtime_config_path = os.path.join(os.path.dirname(log_root), "runtime-config.json")
 
     @asynccontextmanager
@@ -300,6 +300,7 @@ class PodService:
                     try:
                         async for event in client.stream(EVENTS_SERVICE, "Subscribe", {}):
                             await self._apply(pod_id, event)
+                            self._events.shim_event(pod_id, event)  # to GetContainerEvents, once applied
                     except RpcError as exc:
                         log.info("pod %s: its shim's event stream ended: %s", pod_id, exc.message,
                                  extra={"pod_id": pod_id})
@@ -822,10 +823,6 @@ class PodService:
         shim = self.controller.client_for(self.namespace, pod_id)
         return await shim.call(TASK_SERVICE, method, {"sandbox_id": pod_id, **payload}, timeout=timeout)
 
-    async def _shim_address(self, pod_id: str) -> str:
-        await self._load(pod_id)
-        return self.controller.client_for(self.namespace, pod_id).address
-
     def _log_path(self, pod: PodRecord, cfg: ContainerConfig) -> str:
         base = PodSandboxConfig.from_json(pod.config).log_directory or os.path.join(self.log_root, pod.pod_id)
         relative = cfg.log_path or f"{cfg.metadata.name}_{cfg.metadata.attempt}.log"
@@ -1335,17 +1332,22 @@ class PodService:
                 "linux": {k: v for k, v in linux.items() if v}}
 
     # -- events --------------------------------------------------------------------------------
-    def events(self) -> AsyncContextManager[EventStream]:
+    @asynccontextmanager
+    async def events(self) -> AsyncIterator[EventStream]:
         """GetContainerEvents: ``async with pods.events() as events: async for event in events``.
 
         Containers and pods created, started and removed here, and every container or pause that
-        exits (the shims' exit events), from now on (:mod:`client.cri.events`)."""
-        return self._events.subscribe([r.pod_id for r in self.store.list() if r.state is PodState.READY])
+        exits (the shims' exit events, through the one stream per shim this process follows),
+        from now on (:mod:`client.cri.events`). Every live pod is followed before it yields."""
+        async with self._events.subscribe() as stream:
+            for record in self.store.list():
+                if record.state is PodState.READY:
+                    await self._start_following(record.pod_id)
+            yield stream
 
     async def _pod_ready(self, pod_id: str) -> None:
         self._events.publish(CONTAINER_CREATED, pod_id, pod_id)
         self._events.publish(CONTAINER_STARTED, pod_id, pod_id)
-        await self._events.pod_started(pod_id)
 
     # -- runtime config ------------------------------------------------------------------------
     @property

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+from contextlib import AsyncExitStack
 
 import anyio
 import pytest
@@ -15,6 +16,7 @@ from client.cri import stats
 from client.cri.events import CONTAINER_CREATED, CONTAINER_STOPPED, EVENT_QUEUE_LIMIT, EventFeed
 from client.cri.logcontext import IdsFilter, about, current
 from client.cri.resources import shim_resources
+from shim.sandbox.events import TOPIC_EXIT, TOPIC_TASK_EXIT
 from shim.rpc.status import DeadlineExceeded, FailedPrecondition, InvalidArgument, ResourceExhausted
 
 from podtools import container_config, pod_config, pod_service
@@ -118,14 +120,10 @@ async def _log(logger: logging.Logger, message: str) -> None:
 
 # -- the event feed ------------------------------------------------------------------------------------
 
-async def nowhere(pod_id: str) -> str:
-    return "unix:///nonexistent/shim.sock"
-
-
 async def test_every_subscriber_gets_every_event_published_after_it_subscribed():
-    feed = EventFeed(nowhere, "k8s.io")
+    feed = EventFeed()
     feed.publish(CONTAINER_CREATED, "early", "pod")
-    async with feed.subscribe([]) as first, feed.subscribe([]) as second:
+    async with feed.subscribe() as first, feed.subscribe() as second:
         feed.publish(CONTAINER_CREATED, "c1", "pod")
         feed.publish(CONTAINER_STOPPED, "pod", "pod", created_at=7)
         for events in (first, second):
@@ -135,8 +133,8 @@ async def test_every_subscriber_gets_every_event_published_after_it_subscribed()
 
 
 async def test_a_subscriber_that_falls_behind_is_dropped_with_resource_exhausted():
-    feed = EventFeed(nowhere, "k8s.io")
-    async with feed.subscribe([]) as events:
+    feed = EventFeed()
+    async with feed.subscribe() as events:
         for i in range(EVENT_QUEUE_LIMIT + 1):
             feed.publish(CONTAINER_CREATED, f"c{i}", "pod")
         drained = 0
@@ -146,12 +144,15 @@ async def test_a_subscriber_that_falls_behind_is_dropped_with_resource_exhausted
         assert drained == EVENT_QUEUE_LIMIT
 
 
-async def test_a_pod_whose_shim_cannot_be_reached_is_not_watched_and_nothing_fails():
-    feed = EventFeed(nowhere, "k8s.io")
-    async with feed.subscribe(["gone"]) as events:
-        await feed.pod_started("also-gone")
-        feed.publish(CONTAINER_CREATED, "c", "pod")
-        assert (await events.__anext__()).container_id == "c"
+async def test_a_shim_exit_goes_out_as_stopped_and_its_other_events_do_not():
+    feed = EventFeed()
+    async with feed.subscribe() as events:
+        feed.shim_event("pod", {"topic": "/sandbox/create", "event": {}})
+        feed.shim_event("pod", {"topic": TOPIC_TASK_EXIT, "event": {"task_id": "c1", "exit_status": 3}})
+        feed.shim_event("pod", {"topic": TOPIC_EXIT, "event": {}})
+        got = [await events.__anext__(), await events.__anext__()]
+        assert [(e.container_id, e.pod_id, e.kind) for e in got] == [("c1", "pod", CONTAINER_STOPPED),
+                                                                    ("pod", "pod", CONTAINER_STOPPED)]
 
 
 # -- through a real shim -------------------------------------------------------------------------------
@@ -212,6 +213,29 @@ async def test_events_through_the_pod_layer_see_a_container_exit(roots):
                 if event.kind == CONTAINER_STOPPED:
                     break
         assert kinds == ["CONTAINER_CREATED_EVENT", "CONTAINER_STARTED_EVENT", "CONTAINER_STOPPED_EVENT"]
+
+
+async def test_every_event_subscriber_is_served_from_one_stream_per_shim(roots):
+    """Subscribers cost the shim nothing: 50 of them add no connection to it, and each sees the exit."""
+    def shim_sockets(pid: int) -> int:
+        fds = os.listdir(f"/proc/{pid}/fd")
+        return sum(1 for fd in fds if os.readlink(f"/proc/{pid}/fd/{fd}").startswith("socket:"))
+
+    async with pod_service(roots) as pods:
+        pod_id = await pods.run_pod_sandbox(pod_config())
+        shim = int((await pods.pod_sandbox_status(pod_id, verbose=True))["info"]["shim"]["shim_pid"])
+        before = shim_sockets(shim)
+        async with AsyncExitStack() as stack:
+            streams = [await stack.enter_async_context(pods.events()) for _ in range(50)]
+            assert shim_sockets(shim) == before
+            container_id = await pods.create_container(pod_id, container_config(["sh", "-c", "exit 2"]))
+            await pods.start_container(container_id)
+            for events in streams:
+                with anyio.fail_after(30):
+                    async for event in events:
+                        if event.kind == CONTAINER_STOPPED:
+                            assert event.container_id == container_id
+                            break
 
 
 async def test_update_runtime_config_keeps_the_pod_cidr_across_reopening(roots):
