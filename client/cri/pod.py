@@ -223,8 +223,32 @@ class PodService:
         async with anyio.create_task_group() as tg:
             for record in self.store.list():
                 if record.state is not PodState.CREATING:
-                    tg.start_soon(self._start_following, record.pod_id)
+                    tg.start_soon(self._drop_unmade_then_follow, record)
         await self._sweep_snapshots()
+
+    async def _drop_unmade_then_follow(self, record: PodRecord) -> None:
+        """Remove the containers a CreateContainer that died left: CREATED records whose task the
+        pod's live shim does not have, while nobody holds the pod (a create in flight holds its
+        lock from before the record until the task is made). Then follow the pod's shim."""
+        unmade = [c for c in record.containers.values() if c.state is ContainerState.CREATED]
+        lock = self.store.lock_pod(record.pod_id) if unmade else None
+        if lock is not None and lock.try_acquire():
+            try:
+                shim = await self._shim(record.pod_id)
+                for c in unmade:
+                    try:
+                        await self._task_call(shim, record.pod_id, "State", {"task_id": c.container_id})
+                    except NotFound:
+                        log.warning("container %s was being created by a process that died before its task was "
+                                    "made; removing it", c.container_id,
+                                    extra={"pod_id": record.pod_id, "container_id": c.container_id})
+                        await self._remove_rootfs(record.pod_id, c.container_id)
+                        self.store.delete_container(record.pod_id, c.container_id)
+            except RpcError:
+                pass  # no live shim (or it does not answer): the records are judged when it is followed
+            finally:
+                lock.release()
+        await self._start_following(record.pod_id)
 
     async def _sweep_snapshots(self) -> None:
         """Remove container snapshots that no container record names, and sandbox image snapshots
@@ -819,8 +843,16 @@ class PodService:
 
     # -- containers -------------------------------------------------------------------------
     async def _task(self, pod_id: str, method: str, payload: dict[str, Any], timeout: float | None = CALL_TIMEOUT) -> Any:
+        return await self._task_call(await self._shim(pod_id), pod_id, method, payload, timeout)
+
+    async def _shim(self, pod_id: str) -> Any:
+        """The connection to the pod's shim. Raises Unavailable or NotFound when it has none (gone)."""
         await self._load(pod_id)
-        shim = self.controller.client_for(self.namespace, pod_id)
+        return self.controller.client_for(self.namespace, pod_id)
+
+    @staticmethod
+    async def _task_call(shim: Any, pod_id: str, method: str, payload: dict[str, Any],
+                         timeout: float | None = CALL_TIMEOUT) -> Any:
         return await shim.call(TASK_SERVICE, method, {"sandbox_id": pod_id, **payload}, timeout=timeout)
 
     def _log_path(self, pod: PodRecord, cfg: ContainerConfig) -> str:
@@ -1055,9 +1087,17 @@ class PodService:
         if c.state is ContainerState.EXITED:
             return c
         try:
-            st = await self._task(c.pod_id, "State", {"task_id": c.container_id})
-        except (Unavailable, NotFound):
+            st = await self._task_call(await self._shim(c.pod_id), c.pod_id, "State", {"task_id": c.container_id})
+        except Unavailable:
             return self._shim_gone(c)
+        except NotFound:
+            if c.state is ContainerState.CREATED:
+                # A live shim without the task: its CreateContainer has not made it yet (in flight
+                # here or in another process), or died before it did (recovery removes the record).
+                return c
+            return self.store.update_container(c.pod_id, c.container_id, state=ContainerState.EXITED,
+                                               exit_code=UNKNOWN_EXIT_CODE, finished_at=c.finished_at or time.time_ns(),
+                                               reason="Unknown", message="its task is gone from the pod's shim")
         state = _TASK_STATE.get(st.get("status"), c.state)
         if state is c.state:
             return c
