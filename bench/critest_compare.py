@@ -33,11 +33,11 @@ CRITOOLS_BIN = "/var/cache/cri-tools-1.26.0/bin"
 
 
 def inside(args: argparse.Namespace) -> int:
-    from critools import CritestResult, cri_tools_bin, run_critest
+    from critools import CritestResult, cri_tool, run_critest
     from imagebuild import TestImages, critest_images
     from registry import running_registry
 
-    bin_dir = cri_tools_bin()
+    crictl, critest = cri_tool("crictl"), cri_tool("critest")
     janitor = Janitor()
     janitor.install()
     results: list[tuple[str, CritestResult]] = []
@@ -49,21 +49,21 @@ def inside(args: argparse.Namespace) -> int:
             images = critest_images(TestImages(registry, os.path.join(workdir, "images")))
             log(f"registry {registry.host}: {len(images.pulls)} critest images pushed")
             containerd, version = start_containerd(workdir, janitor, images.mirrors)
-            notes.append(f"containerd {version} (Debian), CRI plugin, runc; critest 1.26.0 from {bin_dir}")
+            notes.append(f"containerd {version} (Debian), CRI plugin, runc; critest from {critest}")
             cwd = os.path.join(workdir, "critest-cd")
             os.makedirs(cwd)
             log("critest against containerd's CRI ...")
-            results.append(("containerd 1.6", run_critest(os.path.join(bin_dir, "critest"),
+            results.append(("containerd 1.6", run_critest(critest,
                                                           "unix://" + containerd.sock, images, focus=args.focus,
                                                           skip=args.skip, cwd=cwd)))
             containerd.stop()
             if not args.no_podshimd:
                 directory = podshimd_directory(janitor)
                 config = images.podshim_registry_config() + args.podshimd_config
-                with bench_podshimd(directory, os.path.join(bin_dir, "crictl"), janitor.failures,
+                with bench_podshimd(directory, crictl, janitor.failures,
                                     config=config) as daemon:
                     log("critest against podshimd ...")
-                    results.append(("podshimd", run_critest(os.path.join(bin_dir, "critest"), daemon.endpoint,
+                    results.append(("podshimd", run_critest(critest, daemon.endpoint,
                                                             images, focus=args.focus, skip=args.skip,
                                                             cwd=directory)))
     finally:

@@ -103,11 +103,11 @@ def podshimd_pulls(crictl: str, endpoint: str, ref: str) -> str:
 
 
 def inside(args: argparse.Namespace) -> int:
-    from critools import cri_tools_bin
+    from critools import cri_tool
     from imagebuild import TestImages
     from registry import running_registry
 
-    crictl = os.path.join(cri_tools_bin(), "crictl")
+    crictl = cri_tool("crictl")
     janitor = Janitor()
     janitor.install()
     notes: list[str] = []

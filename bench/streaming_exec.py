@@ -27,7 +27,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[:0] = [REPO, os.path.join(REPO, "tests")]
 
 from bench.common import bench_podshimd, percentile  # noqa: E402
-from critools import cri_tools_bin  # noqa: E402
+from critools import cri_tool  # noqa: E402
 from podtools import container_config, pod_config  # noqa: E402
 
 
@@ -48,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--concurrent", type=int, default=100)
     parser.add_argument("--tty-runs", type=int, default=15)
     args = parser.parse_args(argv)
-    crictl = os.path.join(cri_tools_bin(), "crictl")
+    crictl = cri_tool("crictl")
     directory = tempfile.mkdtemp(prefix="psd-bench-")
     problems: list[str] = []
     try:

@@ -1,11 +1,11 @@
-"""The real CRI clients, crictl and critest (kubernetes-sigs/cri-tools v1.26.0), built once and cached,
-and podshimd run as a subprocess for them to talk to.
+"""The real CRI clients, crictl and critest (sigs.k8s.io/cri-tools at the version .ci/pins.toml pins),
+built once and cached, and podshimd run as a subprocess for them to talk to.
 
-``cri_tools_bin()`` returns the directory holding both binaries, building them first with
-``../shared/cri-tools/build`` when they are missing (offline, about 4 minutes cold; the script is
-idempotent). The session fixtures ``crictl`` and ``critest`` give the binaries' paths; a test
-module imports the ones it uses (``from critools import crictl``). Tests never skip for want of
-them: CI builds them on its first run.
+``cri_tool(name)`` returns the path of ``crictl`` or ``critest``, building it first with .ci/gotool
+from the Go module proxy when its cache (outside the repository) lacks it: minutes cold, then
+reused. The session fixtures ``crictl`` and ``critest`` give the binaries' paths; a test module
+imports the ones it uses (``from critools import crictl``). Tests never skip for want of them: the
+first run builds them.
 
 ``run_critest(critest, endpoint, images)`` runs critest against a CRI endpoint with the images of
 tests/imagebuild.py's ``critest_images`` and returns its parsed summary (``CritestResult``).
@@ -19,6 +19,8 @@ does not show (the status of a call, idempotence).
 
 from __future__ import annotations
 
+import importlib.machinery
+import importlib.util
 import json
 import os
 import re
@@ -40,56 +42,39 @@ import pytest
 
 from sandbox_env import stop_template
 
-from shim.rpc.files import flock_open
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CRI_TOOLS_VERSION = "1.26.0"
-#: Where the cri-tools source and its build script live: beside the repository in the developers'
-#: tree, or where $PODSHIM_CRI_TOOLS names (a clean clone elsewhere, CI).
-BUILD_SCRIPT_CANDIDATES = [os.path.join(d, "build") for d in (
-    os.environ.get("PODSHIM_CRI_TOOLS", ""), os.path.join(REPO, "..", "shared", "cri-tools"), "/work/shared/cri-tools")
-    if d]
-BIN_DIR = f"/var/cache/cri-tools-{CRI_TOOLS_VERSION}/bin"
-#: A cold build is about 4 minutes on 2 cores, more on a loaded machine.
-BUILD_TIMEOUT = 30 * 60.0
 
 
-def _built() -> bool:
-    return all(os.access(os.path.join(BIN_DIR, name), os.X_OK) for name in ("crictl", "critest"))
+def _load_gotool() -> Any:
+    """.ci/gotool, the builder of the tools pinned in .ci/pins.toml, as a module."""
+    loader = importlib.machinery.SourceFileLoader("podshim_gotool", os.path.join(REPO, ".ci", "gotool"))
+    spec = importlib.util.spec_from_loader(loader.name, loader)
+    assert spec is not None
+    module = importlib.util.module_from_spec(spec)
+    loader.exec_module(module)
+    return module
 
 
-def cri_tools_bin() -> str:
-    """The directory of crictl and critest, built first if missing. Raises RuntimeError with the
-    build's output when the build fails."""
-    if _built():
-        return BIN_DIR
-    # Test runs sharing the machine build one at a time: the lock is on the build script itself,
-    # so nothing is left behind.
-    found = [p for p in map(os.path.normpath, BUILD_SCRIPT_CANDIDATES) if os.access(p, os.X_OK)]
-    if not found:
-        raise RuntimeError(f"crictl and critest are not in {BIN_DIR} and no cri-tools build script was found "
-                           f"(looked at {', '.join(BUILD_SCRIPT_CANDIDATES)}; set $PODSHIM_CRI_TOOLS to its directory)")
-    build_script = found[0]
-    with flock_open(os.path.realpath(build_script), create=False):
-        if not _built():
-            result = subprocess.run([build_script, os.path.dirname(BIN_DIR)], stdin=subprocess.DEVNULL,
-                                    capture_output=True, text=True, timeout=BUILD_TIMEOUT)
-            if result.returncode != 0 or not _built():
-                raise RuntimeError(f"{build_script} failed with status {result.returncode}:\n"
-                                   f"{result.stdout[-4000:]}{result.stderr[-4000:]}")
-    return BIN_DIR
+gotool = _load_gotool()
+
+
+def cri_tool(name: str) -> str:
+    """The path of the pinned cri-tools binary ``name`` ("crictl" or "critest"), built first by
+    .ci/gotool when its cache lacks it. Raises gotool.GoToolError, naming the step, when the build fails."""
+    return gotool.tool_path(name)
 
 
 @pytest.fixture(scope="session")
 def crictl() -> str:
-    """The path of the real crictl 1.26."""
-    return os.path.join(cri_tools_bin(), "crictl")
+    """The path of the pinned crictl (.ci/pins.toml)."""
+    return cri_tool("crictl")
 
 
 @pytest.fixture(scope="session")
 def critest() -> str:
-    """The path of the real critest 1.26 (the CRI conformance suite)."""
-    return os.path.join(cri_tools_bin(), "critest")
+    """The path of the pinned critest, the CRI conformance suite (.ci/pins.toml)."""
+    return cri_tool("critest")
 
 
 # -- podshimd as a subprocess ------------------------------------------------------------------------
