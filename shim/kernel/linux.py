@@ -30,7 +30,7 @@ __all__ = [
     "STAT_PPID", "STAT_SESSION", "STAT_STARTTIME", "STAT_STATE",
     "CLONE3_REFUSED", "CLONE_INTO_CGROUP", "block_all_signals", "clone3", "fork_into_cgroup", "get_child_subreaper", "mount", "ns_inode", "ns_type", "proc_start_time",
     "proc_stat", "set_child_subreaper", "set_parent_death_signal", "set_signal_mask", "sethostname", "setns", "umount2", "unshare",
-    "write_file", "open_tree", "move_mount", "pivot_root", "mount_fs",
+    "write_file", "open_tree", "move_mount", "pivot_root", "mount_fs", "bpf",
     "IN_ATTRIB", "IN_CLOSE_WRITE", "IN_CREATE", "IN_DELETE", "IN_DELETE_SELF", "IN_IGNORED", "IN_MODIFY",
     "IN_MOVED_FROM", "IN_MOVED_TO", "IN_MOVE_SELF", "IN_Q_OVERFLOW", "IN_UNMOUNT",
     "inotify_add_watch", "inotify_init", "inotify_read", "fs_type", "default_signal", "read_status", "status_mask",
@@ -161,6 +161,7 @@ _ARCH_SYSCALLS = {
     "riscv64": (41, 134),
 }
 _SYS_PIVOT_ROOT, _SYS_RT_SIGACTION = _ARCH_SYSCALLS.get(_MACHINE, (-1, -1))
+_SYS_BPF = {"x86_64": 321, "aarch64": 280, "riscv64": 280}.get(_MACHINE, -1)
 _SYS_OPEN_TREE = 428
 _SYS_MOVE_MOUNT = 429
 OPEN_TREE_CLONE = 1
@@ -235,6 +236,15 @@ def mount_fs(fstype: str, source: str | None, params: list[tuple[str, str | None
 def pivot_root(new_root: str, put_old: str) -> None:
     """pivot_root(2). Raises OSError naming ``new_root``."""
     _check(_libc.syscall(_arch_syscall(_SYS_PIVOT_ROOT, "pivot_root"), _encode(new_root), _encode(put_old)), new_root)
+
+
+def bpf(cmd: int, attr: bytes | ctypes.Array[ctypes.c_char]) -> int:
+    """bpf(2) with the ``union bpf_attr`` bytes ``attr`` (a ctypes buffer when the kernel writes
+    into it); its result (a new fd for the commands that make one). Raises OSError."""
+    buf = attr if isinstance(attr, ctypes.Array) else ctypes.create_string_buffer(attr, len(attr))
+    result: int = _libc.syscall(_arch_syscall(_SYS_BPF, "bpf"), ctypes.c_int(cmd), buf, ctypes.c_uint(len(buf)))
+    _check(result)
+    return result
 
 
 def sethostname(name: str) -> None:

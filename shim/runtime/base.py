@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from shim.kernel.cgroups import SandboxCgroup
+from shim.kernel.devices import DEFAULT_RULES, DeviceRules
 from shim.runtime.confine import Confinement
 from shim.runtime.console import Console
 from shim.runtime.mounts import TaskFilesystem
@@ -60,6 +61,7 @@ class TaskSpec:
     filesystem: TaskFilesystem = TaskFilesystem()
     stdin: int | None = None  # None: /dev/null
     console: Console | None = None
+    device_rules: DeviceRules = DEFAULT_RULES  # its cgroup's, set by the caller; an OCI runtime is told them too
 
 
 @dataclass(frozen=True)

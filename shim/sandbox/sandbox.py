@@ -17,7 +17,7 @@ import signal
 import time
 from typing import TYPE_CHECKING, Any, Callable, Protocol
 
-from shim.kernel import cgroups, linux, netns
+from shim.kernel import cgroups, devices, linux, netns
 from shim.kernel.linux import ns_inode, proc_start_time
 from shim.kernel.reaper import ExitInfo, Reaper
 from shim.rpc.records import Record, set_field as _set
@@ -206,6 +206,9 @@ class Sandbox:
         self.netns_path: str | None = None
         self.netns_owned = False
         self.cgroup: cgroups.SandboxCgroup | None = None
+        # The device rules a new directory below the sandbox cgroup (a task's) starts with; None
+        # once a task's own rules were added to the v1 controller's (then every task sets its own).
+        self.device_rules: devices.DeviceRules | None = None
         self._start_time: int | None = None  # the shim's own, for state.json
         self.pause: pause.PauseProcess | None = None
         self.created_at = 0
@@ -417,6 +420,9 @@ class Sandbox:
             )
             assert self.runtime is not None  # chosen by Create
             try:
+                rules = devices.pod_rules(opts.privileged)
+                devices.apply(cg, rules)  # for every handler, before the pause is in the cgroup
+                self.device_rules = rules
                 proc = await self.runtime.start_pause(spec)
             except BaseException:
                 try:

@@ -26,6 +26,7 @@ import signal
 import time
 from typing import Any
 
+from shim.kernel import devices
 from shim.kernel.cgroups import SandboxCgroup, no_metrics
 from shim.kernel.netns import NamespaceNotFound
 from shim.kernel.reaper import ExitInfo
@@ -218,6 +219,14 @@ class TaskSet:
         self.sandbox.check_id(sandbox_id)
         return list(self._tasks.values())
 
+    def _device_rules(self, task: Task) -> devices.DeviceRules:
+        """The device rules of ``task``'s cgroup: every device for a privileged task of a privileged
+        pod (containerd's privileged container); else the default ones. A privileged task of
+        another pod keeps the default rules: its cgroup's parent, the pause's, allows no more."""
+        if task.filesystem.privileged and self.sandbox.options.privileged:
+            return devices.ALL_DEVICES
+        return devices.DEFAULT_RULES
+
     def _running_pause(self) -> PauseProcess:
         sb = self.sandbox
         if self._closed or sb.state is not State.RUNNING or sb.pause is None or sb.pause.exit.done():
@@ -310,7 +319,9 @@ class TaskSet:
             # then); state.json has them before any process is in them.
             task.cgroup = self.sandbox.cgroup.child(task_id)
             self._persist()
+            rules = self._device_rules(task)
             try:
+                devices.apply(task.cgroup, rules, inherited=self.sandbox.device_rules)
                 try:
                     crilog = CriLog(task.log_path)
                 except OSError as exc:
@@ -329,7 +340,7 @@ class TaskSet:
                         pause_pid=pause.pid, own_ipc=self.sandbox.options.ipc_mode == POD, cgroup=task.cgroup,
                         stdout=crilog.stdout_fd, stderr=crilog.stderr_fd, confinement=task.confinement,
                         target_pid=target_pid,
-                        rootfs=task.rootfs, filesystem=task.filesystem,
+                        rootfs=task.rootfs, filesystem=task.filesystem, device_rules=rules,
                         stdin=stdin.read_fd if stdin is not None and terminal is None else None, console=terminal))
                 except BaseException:
                     crilog.close()

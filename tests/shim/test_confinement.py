@@ -319,18 +319,3 @@ async def test_a_privileged_task_of_a_privileged_pod_opens_the_hosts_devices(shi
     lines = await pod.output("probe", "for d in " + " ".join(EXTRA_DEVICES) + "; do "
                              "(: < $d) && echo opened $d; done 2>&1", privileged=True, capabilities=every_capability)
     assert lines == [f"opened {path}" for path in EXTRA_DEVICES]
-
-
-async def test_a_task_that_is_not_privileged_keeps_the_default_device_rules_in_a_privileged_pod(
-        shims: ShimLauncher, handler, tmp_path):
-    if handler != "runc":
-        pytest.skip(f"{handler} sets no device rules of its own")
-    shim = await shims.start()
-    await shim.run_sandbox(options={"runtime_handler": handler, "linux": {"security_context": {"privileged": True}}})
-    pod = Pod(shim, str(tmp_path))
-    nodes = tmp_path / "nodes"
-    nodes.mkdir()
-    lines = await pod.output("probe", "mknod /mnt/loop-control c 10 237 && (: < /mnt/loop-control) 2>&1; echo rc=$?",
-                             capabilities=list(confine.DEFAULT_CAPABILITIES),
-                             mounts=[{"destination": "/mnt", "source": str(nodes)}])
-    assert lines[-1] == "rc=1" and "Operation not permitted" in lines[0], lines

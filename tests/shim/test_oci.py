@@ -21,6 +21,7 @@ import pytest
 
 from shim.runtime import pause, process
 from shim.runtime.oci import cli, host, rootfs as pause_rootfs, spec as specs
+from shim.kernel import devices
 from shim.kernel.reaper import Reaper
 from shim.rpc.status import AlreadyExists, DeadlineExceeded, FailedPrecondition, Internal, InvalidArgument, NotFound
 from podtools import container_config, pod_config
@@ -91,17 +92,19 @@ def test_a_sandbox_images_pause_gets_the_environment_the_native_handler_gives_it
     assert [f"{name}={value}" for name, value in native.items()] == runs_with
 
 
-def test_a_privileged_pods_pause_allows_every_device_and_no_other_pause_sets_device_rules():
-    assert "resources" not in specs.sandbox_spec(sandbox_id="sb", rootfs="/r", netns_path=NETNS)["linux"]
+def test_every_pause_says_its_pods_device_rules_and_a_privileged_pods_allows_every_device():
+    spec = specs.sandbox_spec(sandbox_id="sb", rootfs="/r", netns_path=NETNS)
+    assert spec["linux"]["resources"] == {"devices": devices.DEFAULT_RULES.to_oci()}
+    assert spec["linux"]["resources"]["devices"][0] == {"allow": False, "access": "rwm"}  # containerd's deny-all
     spec = specs.sandbox_spec(sandbox_id="sb", rootfs="/r", netns_path=NETNS, privileged=True)
     assert spec["linux"]["resources"] == {"devices": [{"allow": True, "access": "rwm"}]}
 
 
-def test_only_a_task_given_all_devices_allows_every_device():
+def test_a_task_says_the_device_rules_it_is_given():
     fields = dict(sandbox_id="sb", args=["true"], env={}, cwd="/", rootfs="/b/rootfs", pause_pid=42, pid_mode="POD",
                   own_ipc=True, privileged=True)
-    assert "resources" not in specs.task_spec(**fields)["linux"]
-    assert specs.task_spec(**fields, all_devices=True)["linux"]["resources"] == {
+    assert specs.task_spec(**fields)["linux"]["resources"] == {"devices": devices.DEFAULT_RULES.to_oci()}
+    assert specs.task_spec(**fields, device_rules=devices.ALL_DEVICES)["linux"]["resources"] == {
         "devices": [{"allow": True, "access": "rwm"}]}
 
 

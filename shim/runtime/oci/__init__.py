@@ -44,8 +44,8 @@ Choices, and why:
   never remounted), with ``--cgroup-manager=disabled``, and *inside the sandbox's cgroups*: the shim
   joins crun to them before exec, so crun's container is born there and every page it touches is
   charged there; between create and start the init is written into every cgroup.procs again.
-  Trade-off: crun sets no cgroup limits or device rules (the shim gives pods none, but a container's
-  device access is then bounded only by its capabilities), ``crun kill --all`` and ``delete`` cannot
+  Trade-off: crun sets no cgroup limits or device rules (the shim applies the device rules to the
+  cgroups itself before crun runs, for every handler: :mod:`shim.kernel.devices`), ``crun kill --all`` and ``delete`` cannot
   find processes through cgroups and leave the directories alone — the shim kills through its
   cgroups and removes them itself, which it does for every handler anyway.
 - **runc's cgroups.** The shim makes the directories (:class:`~shim.kernel.cgroups.SandboxCgroup`, recorded

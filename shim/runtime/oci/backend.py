@@ -57,7 +57,6 @@ class OciBackend(Runtime):
         self.persist = persist
         self.containers: dict[str, Container] = {}
         self.oom_score_adj_note = ""
-        self.privileged_pod = False  # its pause's cgroup allows every device: so may its privileged tasks'
 
     @classmethod
     def open(cls, handler: str, *, namespace: str, sandbox_id: str, bundle: str, runtime_root: str, reaper: Reaper,
@@ -115,7 +114,6 @@ class OciBackend(Runtime):
                            sysctls=spec.sysctls, cgroups_path=self._cgroups_path(spec.cgroup), oom_score_adj=oom,
                            shm_size_bytes=spec.shm_size_bytes, confinement=spec.confinement, args=args,
                            env=env, cwd=cwd, privileged=spec.privileged)
-        self.privileged_pod = spec.privileged
         container = self.pause_container
         pid, start_time, exit_future = await self._launch(container, doc, spec.cgroup, binds=())
         try:
@@ -146,8 +144,8 @@ class OciBackend(Runtime):
                         cgroups_path=self._cgroups_path(spec.cgroup), confinement=spec.confinement,
                         readonly=fs.host_root or fs.readonly_rootfs, mounts=fs.mounts, masked_paths=fs.masked_paths,
                         readonly_paths=fs.readonly_paths, privileged=fs.privileged, shm_source=shm,
-                        devices=host_devices() if fs.privileged else (),
-                        all_devices=fs.privileged and self.privileged_pod, target_pid=spec.target_pid)
+                        devices=host_devices() if fs.privileged else (), device_rules=spec.device_rules,
+                        target_pid=spec.target_pid)
         if spec.console is not None:
             # The runtime makes the terminal in the container and sends its master to our socket.
             doc["process"]["terminal"] = True

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from shim.kernel.devices import DEFAULT_RULES, DeviceRules, pod_rules
 from shim.runtime import pause, process
 from shim.runtime.confine import DEFAULT_CAPABILITIES, Confinement
 from shim.runtime.mounts import MASKED_PATHS, READONLY_PATHS, BindMount, HostDevice
@@ -20,9 +21,6 @@ __all__ = ["DEFAULT_CAPABILITIES", "MASKED_PATHS", "OCI_VERSION", "PAUSE_ARGS", 
 OCI_VERSION = "1.0.2"
 PAUSE_ARGS = ("/pause", "-P")  # catatonit's pause mode, from the pause rootfs
 PAUSE_NAME = "pause"  # the pause's command name once exec'd (/proc/PID/status Name)
-#: ``linux.resources.devices`` that allows every device: containerd's WithAllDevicesAllowed,
-#: for a privileged container (and here a privileged pod's pause, see :func:`sandbox_spec`).
-ALL_DEVICES_ALLOWED = ({"allow": True, "access": "rwm"},)
 # MASKED_PATHS and READONLY_PATHS (runc's defaults) live with the native handler's mounts.
 
 def _namespace(kind: str, path: str | None = None) -> dict[str, str]:
@@ -122,13 +120,14 @@ def sandbox_spec(*, sandbox_id: str, rootfs: str, netns_path: str | None, pid_mo
     and mount namespaces, joined to the network namespace ``netns_path``. NODE modes drop the
     namespace: host network (``netns_path`` None) drops network *and* uts (then ``hostname`` is
     ignored), NODE pid and ipc drop theirs (and /dev/shm is the host's). ``oom_score_adj`` None
-    leaves the runtime's own. ``privileged`` (a privileged pod): its cgroup allows every device.
-    The pause's cgroup is its tasks' cgroups' parent, and a child cannot allow a device its parent
-    does not: under containerd the pod's cgroup (the kubelet's) allows them all and each container,
-    the pause included, has its own rules; here the pause's rules are the pod's, so a privileged
-    task could not open the host devices it is given. Its tasks that are not privileged still get
-    the runtime's default rules in their own cgroups. Raises InvalidArgument for an unknown mode
-    or a sysctl that is not namespaced for this sandbox.
+    leaves the runtime's own. ``linux.resources.devices`` says the pod's device rules
+    (:func:`shim.kernel.devices.pod_rules`; the shim has applied them already): ``privileged`` (a
+    privileged pod), every device. The pause's cgroup is its tasks' cgroups' parent, and a child
+    cannot allow a device its parent does not: under containerd the pod's cgroup (the kubelet's)
+    allows them all and each container, the pause included, has its own rules; here the pause's
+    rules are the pod's, so a privileged task could not open the host devices it is given. Its
+    tasks that are not privileged still get the default rules in their own cgroups. Raises
+    InvalidArgument for an unknown mode or a sysctl that is not namespaced for this sandbox.
     """
     for what, mode in (("pid_mode", pid_mode), ("ipc_mode", ipc_mode)):
         if mode not in (pause.POD, pause.NODE):
@@ -151,8 +150,7 @@ def sandbox_spec(*, sandbox_id: str, rootfs: str, netns_path: str | None, pid_mo
                     cgroups_path, sysctls, seccomp=confinement.seccomp)
     if hostname and not host_network:
         doc["hostname"] = hostname
-    if privileged:
-        doc["linux"]["resources"] = {"devices": [dict(rule) for rule in ALL_DEVICES_ALLOWED]}
+    doc["linux"]["resources"] = {"devices": pod_rules(privileged).to_oci()}
     return doc
 
 
@@ -163,17 +161,16 @@ def task_spec(*, sandbox_id: str, args: list[str], env: Mapping[str, str], cwd: 
               mounts: tuple[BindMount, ...] = (), masked_paths: tuple[str, ...] = MASKED_PATHS,
               readonly_paths: tuple[str, ...] = READONLY_PATHS, privileged: bool = False,
               shm_source: str | None = None, target_pid: int = 0,
-              devices: tuple[HostDevice, ...] = (), all_devices: bool = False) -> dict[str, Any]:
+              devices: tuple[HostDevice, ...] = (), device_rules: DeviceRules = DEFAULT_RULES) -> dict[str, Any]:
     """A task's config.json: ``args`` in the pause's network, ipc and uts namespaces (by path), its own
     mount namespace on ``rootfs`` (read-only with ``readonly``) with the standard mounts and then
     ``mounts``, and the pause's pid namespace (``pid_mode`` POD), the one of ``target_pid``
     (TARGET), the runtime's own (NODE: no pid namespace entry) or a new one (CONTAINER); its
     process confined as ``confinement`` says (user, capabilities, noNewPrivileges, ``linux.seccomp``
     as given). ``privileged``: no masked or read-only paths, /sys read-write; ``devices`` (for a
-    privileged task, the host's) are made in its /dev; ``all_devices`` (a privileged task of a
-    privileged pod) lets it open every device, as containerd's privileged container (in any other
-    pod it stays bounded by the pause's cgroup, its cgroup's parent, which allows the runtime's
-    defaults only: see :func:`sandbox_spec`).
+    privileged task, the host's) are made in its /dev; ``device_rules`` (its cgroup's, which the
+    shim has applied already) are said in ``linux.resources.devices``, explicitly, as containerd
+    writes them (runc adds its own defaults, crun none).
     ``shm_source``: the pod's /dev/shm, bound on the task's."""
     ns_dir = f"/proc/{pause_pid}/ns"
     namespaces = [_namespace("mount"), _namespace("network", f"{ns_dir}/net"), _namespace("ipc", f"{ns_dir}/ipc"),
@@ -194,6 +191,5 @@ def task_spec(*, sandbox_id: str, args: list[str], env: Mapping[str, str], cwd: 
     doc["linux"]["rootfsPropagation"] = "rslave"
     if devices:
         doc["linux"]["devices"] = [device.to_oci() for device in devices]
-    if all_devices:
-        doc["linux"]["resources"] = {"devices": [dict(rule) for rule in ALL_DEVICES_ALLOWED]}
+    doc["linux"]["resources"] = {"devices": device_rules.to_oci()}
     return doc

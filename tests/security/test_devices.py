@@ -1,0 +1,235 @@
+"""Device rules (issue 32, item 2): from inside real tasks of every handler, a block device of the
+test's own (a loop device over a file it made) cannot be read or written, whether the task makes
+its node (mknod, with the default capabilities) or its image ships one (mode 0666, for a user that
+is not root); the standard devices still work, and a privileged task of a privileged pod still
+gets every device. Then the kernel's side alone: the cgroup v1 rules and the cgroup v2 program
+each deny by themselves."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import stat
+import subprocess
+from collections.abc import Iterator
+
+import pytest
+
+from shim.kernel import capabilities as caps
+from shim.kernel import devices
+from shim.kernel.cgroups import V2, SandboxCgroup
+from shim.runtime import confine
+from proctools import run_in_child
+from shimtools import host_untouched  # noqa: F401  (autouse: what this module's shims made is checked at the end)
+from shimtools import Shim, ShimLauncher, shims  # noqa: F401  (the fixture)
+
+BUSYBOX = "/bin/busybox"
+HOST_DATA = b"the host's own data\n" * 3277  # 64 KiB: what the loop device shows
+
+
+@pytest.fixture(params=["native", "runc", "crun"])
+def handler(request) -> str:
+    if request.param != "native" and shutil.which(request.param, path="/usr/sbin:/usr/bin:/sbin:/bin") is None:
+        pytest.skip(f"{request.param} is not installed")
+    return request.param
+
+
+class Loop:
+    """A loop device over a file of the test's own: ``path``, its numbers, and the file."""
+
+    def __init__(self, path: str, backing: str):
+        self.path = path
+        self.backing = backing
+        st = os.stat(path)
+        self.major, self.minor = os.major(st.st_rdev), os.minor(st.st_rdev)
+
+    def untouched(self) -> bool:
+        with open(self.backing, "rb") as f:
+            return f.read() == HOST_DATA
+
+
+@pytest.fixture
+def loop(tmp_path) -> Iterator[Loop]:
+    if shutil.which("losetup") is None:
+        pytest.skip("losetup is not installed")
+    backing = tmp_path / "disk.img"
+    backing.write_bytes(HOST_DATA)
+    made = subprocess.run(["losetup", "--find", "--show", str(backing)], capture_output=True, text=True)
+    if made.returncode != 0:
+        pytest.skip(f"no loop device: {made.stderr.strip()}")
+    path = made.stdout.strip()
+    try:
+        yield Loop(path, str(backing))
+    finally:
+        subprocess.run(["losetup", "--detach", path], check=True, timeout=30)
+
+
+class Pod:
+    """A running sandbox of one handler and its tasks' log files."""
+
+    def __init__(self, shim: Shim, log_dir: str):
+        self.shim = shim
+        self.log_dir = log_dir
+
+    async def output(self, task_id: str, script: str, **fields) -> list[str]:
+        """Run ``busybox sh -c script`` to its end; its stdout and stderr lines."""
+        log_path = os.path.join(self.log_dir, f"{task_id}.log")
+        fields.setdefault("capabilities", list(confine.DEFAULT_CAPABILITIES))
+        await self.shim.task("Create", task_id=task_id, args=[BUSYBOX, "sh", "-c", script], log_path=log_path,
+                             **fields)
+        await self.shim.task("Start", task_id=task_id)
+        await self.shim.task("Wait", task_id=task_id)
+        with open(log_path) as f:
+            return [line.rstrip("\n").split(" ", 3)[3] for line in f]
+
+
+async def a_pod(shims: ShimLauncher, handler: str, log_dir, *, privileged: bool = False) -> Pod:
+    options: dict = {"runtime_handler": handler}
+    if privileged:
+        options["linux"] = {"security_context": {"privileged": True},
+                            "pause_process": {"capabilities": caps.names(caps.current())}}
+    shim = await shims.start()
+    await shim.run_sandbox(options=options)
+    return Pod(shim, str(log_dir))
+
+
+def read_and_write(node: str) -> str:
+    """A script that reads the first bytes of ``node`` and writes over them; it prints read=RC and
+    write=RC (0: done), with dd's complaints."""
+    return (f"dd if={node} bs=20 count=1 2>&1; echo read=$?; "
+            f"echo overwritten | dd of={node} conv=notrunc 2>&1; echo write=$?")
+
+
+# -- from inside tasks --------------------------------------------------------------------------
+
+async def test_a_block_device_made_with_mknod_can_be_neither_read_nor_written(shims, handler, loop, tmp_path):
+    pod = await a_pod(shims, handler, tmp_path)
+    lines = await pod.output("attack", f"mknod /dev/disk b {loop.major} {loop.minor} && echo made; "
+                             + read_and_write("/dev/disk"))
+    assert "made" in lines, lines  # mknod itself is allowed (runc's default), opening the node is not
+    assert "read=1" in lines and "write=1" in lines, lines
+    assert sum("Operation not permitted" in line for line in lines) == 2, lines
+    assert loop.untouched()
+
+
+async def test_an_image_shipped_device_node_gives_a_user_that_is_not_root_nothing(shims, handler, loop, tmp_path):
+    tree = tmp_path / "image"
+    (tree / "bin").mkdir(parents=True)
+    shutil.copy(BUSYBOX, tree / "bin" / "busybox")
+    os.symlink("busybox", tree / "bin" / "sh")
+    os.mknod(tree / "disk", stat.S_IFBLK | 0o666, os.makedev(loop.major, loop.minor))
+    os.chmod(tree / "disk", 0o666)
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    pod = await a_pod(shims, handler, logs)
+    lines = await pod.output("attack", "id -u; " + read_and_write("/disk"),
+                             rootfs=[{"type": "bind", "source": str(tree), "options": ["rbind"]}],
+                             user={"uid": 1000, "gid": 1000}, env=["PATH=/bin"])
+    assert lines[0] == "1000", lines
+    assert "read=1" in lines and "write=1" in lines, lines
+    assert sum("Operation not permitted" in line for line in lines) == 2, lines
+    assert loop.untouched()
+
+
+async def test_the_standard_devices_still_work(shims, handler, tmp_path):
+    pod = await a_pod(shims, handler, tmp_path)
+    lines = await pod.output("standard", "echo x > /dev/null && echo null; "
+                             "head -c 4 /dev/zero | wc -c; head -c 4 /dev/urandom | wc -c; "
+                             "head -c 4 /dev/random | wc -c; (echo x > /dev/full) 2>&1; "
+                             "(: <> /dev/ptmx) && echo ptmx")
+    assert lines[:4] == ["null", "4", "4", "4"], lines
+    assert "No space left on device" in lines[4] and lines[5] == "ptmx", lines
+
+
+async def test_a_privileged_task_of_a_privileged_pod_reads_and_writes_a_block_device(shims, handler, loop, tmp_path):
+    pod = await a_pod(shims, handler, tmp_path, privileged=True)
+    lines = await pod.output("privileged", f"mknod /dev/disk b {loop.major} {loop.minor}; "
+                             + read_and_write("/dev/disk"),
+                             privileged=True, capabilities=caps.names(caps.current()))
+    assert "read=0" in lines and "write=0" in lines, lines
+    with open(loop.backing, "rb") as f:
+        assert f.read(12) == b"overwritten\n"
+
+
+async def test_a_task_that_is_not_privileged_keeps_the_default_rules_in_a_privileged_pod(
+        shims, handler, loop, tmp_path):
+    pod = await a_pod(shims, handler, tmp_path, privileged=True)
+    lines = await pod.output("attack", f"mknod /dev/disk b {loop.major} {loop.minor}; "
+                             + read_and_write("/dev/disk"))
+    assert "read=1" in lines and "write=1" in lines, lines
+    assert loop.untouched()
+
+
+async def test_a_privileged_task_of_a_pod_that_is_not_keeps_the_default_rules(shims, handler, loop, tmp_path):
+    pod = await a_pod(shims, handler, tmp_path)
+    lines = await pod.output("attack", f"mknod /dev/disk b {loop.major} {loop.minor}; "
+                             + read_and_write("/dev/disk"), privileged=True)
+    assert "read=1" in lines and "write=1" in lines, lines
+    assert loop.untouched()
+
+
+# -- the kernel's side, each hierarchy alone ------------------------------------------------------
+
+def hierarchy_root(fstype: str, controller: str | None = None) -> str | None:
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            fields = line.split()
+            dash = fields.index("-")
+            if fields[dash + 1] == fstype and (controller is None or controller in fields[dash + 3].split(",")):
+                return fields[4]
+    return None
+
+
+@contextlib.contextmanager
+def own_cgroup(key: str, root: str | None) -> Iterator[SandboxCgroup]:
+    """A cgroup of the test's own below ``root`` of one hierarchy, removed after."""
+    if root is None:
+        pytest.skip(f"this machine has no {key} hierarchy")
+    directory = os.path.join(root, f"podshim-test-devices-{os.getpid()}")
+    os.mkdir(directory)
+    try:
+        yield SandboxCgroup("test", {key: directory})
+    finally:
+        os.rmdir(directory)
+
+
+def opens_in(cgroup: SandboxCgroup, path: str) -> bool:
+    """Whether a child moved into ``cgroup`` can open ``path`` for reading and writing."""
+    directory = next(iter(cgroup.paths.values()))
+
+    def check() -> bool:
+        with open(os.path.join(directory, "cgroup.procs"), "w") as f:
+            f.write(str(os.getpid()))
+        try:
+            os.close(os.open(path, os.O_RDWR))
+        except PermissionError:
+            return False
+        return True
+
+    status = run_in_child(check)
+    assert status in (0, 1), f"the child failed ({status})"
+    return status == 0
+
+
+@pytest.mark.parametrize("hierarchy", ["v1", "v2"])
+def test_each_hierarchy_alone_denies_what_the_rules_do_not_allow(hierarchy, loop):
+    root = hierarchy_root("cgroup", "devices") if hierarchy == "v1" else hierarchy_root("cgroup2")
+    with own_cgroup("devices" if hierarchy == "v1" else V2, root) as cgroup:
+        assert opens_in(cgroup, loop.path)  # the machine's own rules allow it
+        devices.apply(cgroup, devices.DEFAULT_RULES)
+        assert not opens_in(cgroup, loop.path)
+        assert opens_in(cgroup, "/dev/null")
+        devices.apply(cgroup, devices.DEFAULT_RULES.plus([devices.DeviceRule("b", loop.major, loop.minor, "rw")]))
+        assert opens_in(cgroup, loop.path)
+        devices.apply(cgroup, devices.DEFAULT_RULES.plus([devices.DeviceRule("b", loop.major, loop.minor, "r")]))
+        assert not opens_in(cgroup, loop.path)  # read and write asked at once: one rule must give both
+    assert loop.untouched()
+
+
+def test_the_v1_rules_are_containerds_list():
+    with own_cgroup("devices", hierarchy_root("cgroup", "devices")) as cgroup:
+        devices.apply(cgroup, devices.DEFAULT_RULES)
+        with open(os.path.join(cgroup.paths["devices"], "devices.list")) as f:
+            listed = f.read().split("\n")
+    assert sorted(filter(None, listed)) == sorted(rule.line() for rule in devices.DEFAULT_RULES.allowed)
