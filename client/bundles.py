@@ -10,6 +10,12 @@ bundle directory (:class:`BundleLock`), so a second controller over the same sta
 up". A bundle is born locked: made under a hidden name, locked, then renamed into place without
 replacing anything, so no other process ever finds it under its name unlocked and empty. The
 kernel drops the lock when its holder dies, so a killed controller never leaves one.
+
+A Controller removes only what it can prove it made (:func:`made_here`): a bundle that carries
+its marker (:mod:`client.layouts`; written before the bundle gets its name), or one made before
+markers existed that holds a podshim shim's bootstrap.json. Anything else under the root is
+left alone, whatever it looks like: the root may be a directory another program lays out
+another way.
 """
 
 from __future__ import annotations
@@ -18,26 +24,32 @@ import contextlib
 import fcntl
 import logging
 import os
+import re
 import shutil
 import stat
 from dataclasses import dataclass
 from typing import Iterator
 
-from shim.rpc.api import STATE_FILE
-from shim.rpc.files import ensure_private_dir, flock_open, read_json, rename_noreplace, unlink_quietly
+from shim.rpc.api import PROTOCOL, STATE_FILE
+from shim.rpc.files import decode_json, ensure_private_dir, flock_open, read_json, rename_noreplace
 from shim.rpc.identifiers import validate_identifier
 from shim.rpc.processes import open_pidfd, process_alive
 from shim.rpc.status import AlreadyExists, InvalidArgument, NotFound, Unavailable, error_from_oserror
 
+from client import layouts
 from client.results import BOOTSTRAP_FILE, Bootstrap
 
 __all__ = ["bundle_path", "make_bundle", "remove_bundle", "read_bootstrap", "read_shim_process", "scan",
-           "BundleLock", "ShimProcess"]
+           "made_here", "BundleLock", "ShimProcess"]
 
 log = logging.getLogger(__name__)
 
 _BUNDLE_MODE = 0o700
 _PARENT_MODE = 0o711  # others may traverse (to reach a socket or rootfs below), never list
+#: The hidden name make_bundle and remove_bundle give a bundle on its way in or out.
+_LEFTOVER = re.compile(r"\.[A-Za-z0-9][A-Za-z0-9._-]*\.[0-9a-f]{8}")
+#: More than any bootstrap.json a shim writes.
+_MAX_BOOTSTRAP_BYTES = 64 * 1024
 
 
 def bundle_path(state_root: str, namespace: str, sandbox_id: str) -> str:
@@ -56,8 +68,12 @@ def make_bundle(state_root: str, namespace: str, sandbox_id: str, lock: "BundleL
     one id race on the final rename, which replaces nothing: one wins, the other is
     AlreadyExists.
 
+    The root is marked as a bundle root if it is not yet, and the bundle carries the marker
+    that proves a Controller made it (:func:`made_here`) from before it has its name.
+
     Raises AlreadyExists when the directory exists (another controller's sandbox, or one this
-    controller has not loaded), InvalidArgument for a bad identifier, OSError when the state
+    controller has not loaded), InvalidArgument for a bad identifier, FailedPrecondition when
+    the root is marked as another layout (podshimd's state root), OSError when the state
     root or the namespace directory is a symbolic link (bundles would land outside the root,
     where no scan finds them) or cannot be made.
     """
@@ -65,6 +81,7 @@ def make_bundle(state_root: str, namespace: str, sandbox_id: str, lock: "BundleL
     parent = os.path.dirname(path)
     # Existing parents keep the mode their owner gave them.
     ensure_private_dir(state_root, _PARENT_MODE, keep_mode=True)
+    layouts.claim(state_root, layouts.BUNDLE_ROOT)
     ensure_private_dir(parent, _PARENT_MODE, keep_mode=True)
     exists = AlreadyExists(f"sandbox {sandbox_id} already exists in namespace {namespace} "
                            f"(its bundle {path} is there)")
@@ -80,6 +97,8 @@ def make_bundle(state_root: str, namespace: str, sandbox_id: str, lock: "BundleL
         fd = os.open(made, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # ours alone: nobody knows the name
         os.fchmod(fd, _BUNDLE_MODE)  # mkdir's mode went through the umask
+        # Not durable: a bundle a power cut leaves unmarked is left alone, never mistaken.
+        layouts.mark(made, layouts.BUNDLE, durable=False)
         try:
             renamed = rename_noreplace(made, path)
         except FileExistsError:
@@ -95,6 +114,7 @@ def make_bundle(state_root: str, namespace: str, sandbox_id: str, lock: "BundleL
             except FileExistsError:
                 raise exists from None
             ensure_private_dir(path, _BUNDLE_MODE)
+            layouts.mark(path, layouts.BUNDLE, durable=False)
             if lock is not None and not lock.try_acquire():
                 raise Unavailable(f"bundle {path} was taken by another process while being made (this filesystem "
                                   "cannot rename without replacing); try again")
@@ -205,12 +225,34 @@ def _entries(directory: str) -> Iterator[os.DirEntry]:
         return
 
 
-def scan(state_root: str, namespace: str | None = None) -> list[tuple[str, str, str]]:
-    """The bundles under ``state_root`` (or of one namespace): ``(namespace, sandbox_id, path)``.
+def made_here(bundle: str) -> bool:
+    """Whether a Controller provably made the directory ``bundle``: it carries the bundle marker,
+    or (made before markers existed) it holds a podshim shim's bootstrap.json (a JSON object
+    with our protocol and a unix address). Whatever else is found is not ours to remove."""
+    try:
+        if layouts.marked_as(bundle) == layouts.BUNDLE:
+            return True
+        with open(os.path.join(bundle, BOOTSTRAP_FILE), "rb", opener=_no_follow) as f:
+            doc = decode_json(f.read(_MAX_BOOTSTRAP_BYTES), BOOTSTRAP_FILE)
+    except (OSError, ValueError):
+        return False
+    return (isinstance(doc, dict) and doc.get("protocol") == PROTOCOL
+            and isinstance(doc.get("address"), str) and doc["address"].startswith("unix:///"))
 
-    Hidden entries in a namespace are leftovers of an atomic removal a crash interrupted: they
-    are deleted. Names that are not identifiers are skipped with a warning (nobody we know made
-    them, so we do not delete them either).
+
+def _no_follow(path: str, flags: int) -> int:
+    return os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK)
+
+
+def scan(state_root: str, namespace: str | None = None, *, clean: bool = True) -> list[tuple[str, str, str]]:
+    """The candidate bundles under ``state_root`` (or of one namespace): ``(namespace,
+    sandbox_id, path)``, every directory whose name is an identifier; whether each is a bundle
+    a Controller made is :func:`made_here`'s to say.
+
+    With ``clean``, hidden entries in a namespace that are leftovers of a bundle's creation or
+    removal a crash interrupted (``.<id>.<8 hex digits>``, under a root marked as a bundle root
+    or themselves carrying a bundle's proof) are deleted. Names that are not identifiers are
+    skipped with a warning (nobody we know made them, so we do not delete them either).
     """
     if namespace is not None:
         validate_identifier("namespace", namespace)
@@ -225,10 +267,14 @@ def scan(state_root: str, namespace: str | None = None) -> list[tuple[str, str, 
                 continue
             spaces.append(entry.name)
     found = []
+    root_is_ours = None
     for ns in sorted(spaces):
         for entry in _entries(os.path.join(state_root, ns)):
             if entry.name.startswith("."):
-                _remove_leftover(entry)
+                if clean and _LEFTOVER.fullmatch(entry.name) and entry.is_dir(follow_symlinks=False):
+                    if root_is_ours is None:
+                        root_is_ours = _marked_bundle_root(state_root)
+                    _remove_leftover(entry, root_is_ours)
                 continue
             if not entry.is_dir(follow_symlinks=False) or not _is_identifier(entry.name):
                 log.warning("skipping %s: not a sandbox bundle (bad name or not a directory)", entry.path)
@@ -237,17 +283,27 @@ def scan(state_root: str, namespace: str | None = None) -> list[tuple[str, str, 
     return sorted(found)
 
 
-def _remove_leftover(entry: os.DirEntry) -> None:
-    """Remove a hidden entry of a namespace directory: a bundle whose removal or creation a crash
-    interrupted. One that is locked is being made or removed right now, and is left alone."""
-    if not entry.is_dir(follow_symlinks=False):
-        log.info("removing %s, left by an interrupted bundle removal", entry.path)
-        unlink_quietly(entry.path)
-        return
+def _marked_bundle_root(state_root: str) -> bool:
+    try:
+        return layouts.marked_as(state_root) == layouts.BUNDLE_ROOT
+    except OSError:
+        return False
+
+
+def _remove_leftover(entry: os.DirEntry, root_is_ours: bool) -> None:
+    """Remove a hidden directory of a namespace directory named as a bundle whose removal or
+    creation a crash interrupted: in a root marked as ours any such (its marker may be among
+    what the removal took already), elsewhere only one that proves it was a bundle. One that is
+    locked is being made or removed right now, and is left alone."""
     lock = BundleLock(entry.path)
     if not lock.try_acquire():
         return
     try:
+        if not root_is_ours and not made_here(entry.path):
+            log.warning("leaving %s alone: named like a bundle's leftover, but %s is not marked as a bundle "
+                        "root and nothing in it says a Controller made it", entry.path,
+                        os.path.dirname(os.path.dirname(entry.path)))
+            return
         log.info("removing %s, left by an interrupted bundle creation or removal", entry.path)
         shutil.rmtree(entry.path, ignore_errors=True)
     finally:

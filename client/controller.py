@@ -20,6 +20,12 @@ state.json), never because it is slow or busy: one that runs but does not answer
 overloaded, its connection limit reached) is *unreachable*. Calls on it fail with UNAVAILABLE or
 DEADLINE_EXCEEDED and a sentence, it is left alone, and the next call reconnects once it answers.
 Only a gone process leads to ``podshim delete`` (or an explicit :meth:`Controller.shutdown`).
+
+The Controller removes only bundles it can prove a Controller made (:func:`client.bundles.made_here`);
+any other directory under its root is left alone, logged and listed in :attr:`Controller.unknown`.
+It refuses a root marked as another layout, podshimd's state root (docs/roots.md). A read-only
+Controller (``read_only=True``, podshimctl's verbs that only look) changes nothing at all: it
+reports a dead shim's sandbox as stopped and leaves the cleanup to one that is not.
 """
 
 from __future__ import annotations
@@ -46,9 +52,11 @@ from shim.rpc.status import (
     error_from_oserror,
 )
 
+from client import layouts
 from client.bundles import (
     ShimProcess,
     bundle_path,
+    made_here,
     make_bundle,
     read_bootstrap,
     read_shim_process,
@@ -60,7 +68,7 @@ from client.defaults import (
     CONNECT_TIMEOUT,
     CREATE_TIMEOUT,
     DEFAULT_RUNTIME_ROOT,
-    DEFAULT_STATE_ROOT,
+    DEFAULT_BUNDLE_ROOT,
     DEFAULT_STOP_GRACE,
     DISCARD_TIMEOUT,
     EXIT_GRACE,
@@ -83,7 +91,7 @@ from client.results import (
 from client.spawners import ExecSpawner, Spawner, template_wanted
 from client.systemd import SystemdSpawner
 
-__all__ = ["Controller", "DEFAULT_STATE_ROOT"]
+__all__ = ["Controller", "DEFAULT_BUNDLE_ROOT"]
 
 log = logging.getLogger(__name__)
 
@@ -98,13 +106,16 @@ class Controller:
     root's shim template, started when none answers and left running for every later Controller
     and podshimctl on that root (``podshim template``); False execs every shim (``podshim start``).
 
+    ``read_only``: never change anything (no cleanup after a dead shim, no leftover removed);
+    create, start, stop and shutdown are refused.
+
     Use ``async with Controller(...) as c`` (loads every bundle), or ``await c.load(...)`` and
     ``await c.aclose()`` from the same task: the controller owns a task group (it judges lost
     connections and cleans up after shims that die) that lives from the first load to aclose.
     """
 
-    def __init__(self, state_root: str = DEFAULT_STATE_ROOT, runtime_root: str = DEFAULT_RUNTIME_ROOT,
-                 spawner: str | Spawner = "exec", *, template: bool | None = None):
+    def __init__(self, state_root: str = DEFAULT_BUNDLE_ROOT, runtime_root: str = DEFAULT_RUNTIME_ROOT,
+                 spawner: str | Spawner = "exec", *, template: bool | None = None, read_only: bool = False):
         for name, path in (("state root", state_root), ("runtime root", runtime_root)):
             if not os.path.isabs(path):
                 raise InvalidArgument(f"{name} {path!r} must be an absolute path")
@@ -119,7 +130,11 @@ class Controller:
         elif not isinstance(spawner, Spawner):
             raise InvalidArgument(f"spawner must be 'exec', 'systemd' or a Spawner, not {spawner!r}")
         self.spawner: Spawner = spawner
+        self.read_only = read_only
         self.sandboxes: NSMap[ShimHandle] = NSMap()
+        #: Directories under the root that look like bundles but that nothing proves a Controller
+        #: made: path -> why they are left alone. Never loaded, never removed.
+        self.unknown: dict[str, str] = {}
         self._tg: anyio.abc.TaskGroup | None = None
         self._losses: Any = None  # the send side of the lost-connection queue, once open
         self._closed = False
@@ -141,6 +156,7 @@ class Controller:
             raise Unavailable("the controller is closed")
         if self._tg is not None:
             return
+        layouts.check(self.state_root, layouts.BUNDLE_ROOT)
         self._losses, losses = anyio.create_memory_object_stream[tuple[ShimHandle, Client]](math.inf)
         tg = anyio.create_task_group()
         await tg.__aenter__()
@@ -160,7 +176,11 @@ class Controller:
         answer in time is kept, unreachable, and left alone. A bundle another process is
         changing right now is skipped.
 
+        A directory that nothing proves a Controller made is left alone: logged at WARNING and
+        kept in :attr:`unknown`, never loaded.
+
         Raises InvalidArgument for bad identifiers (``sandbox_id`` needs ``namespace``),
+        FailedPrecondition when the root is marked as another layout (podshimd's state root),
         the OS error's status when the state root cannot be read.
         """
         await self._open()
@@ -171,7 +191,7 @@ class Controller:
             found = [(namespace, sandbox_id, path)] if os.path.isdir(path) else []
         else:
             try:
-                found = scan(self.state_root, namespace)
+                found = scan(self.state_root, namespace, clean=not self.read_only)
             except OSError as exc:
                 raise error_from_oserror(exc, f"cannot read state root {self.state_root}") from None
         started = time.monotonic()
@@ -179,11 +199,21 @@ class Controller:
             for ns, sid, path in found:
                 if self.sandboxes.find(ns, sid) is not None:
                     continue
+                if not made_here(path):
+                    self._leave_unknown(path)
+                    continue
                 handle = ShimHandle(ns, sid, path)
                 self.sandboxes.add(ns, sid, handle)
                 tg.start_soon(self._load_one, handle)
         if found:
             log.info("loaded %d bundle(s) from %s in %.3fs", len(found), self.state_root, time.monotonic() - started)
+
+    def _leave_unknown(self, path: str) -> None:
+        why = (f"no {layouts.MARKER} of a bundle and no bootstrap.json of a podshim shim: nothing says a "
+               "Controller made it")
+        if path not in self.unknown:
+            log.warning("leaving %s alone, unknown: %s (is %s really a bundle root?)", path, why, self.state_root)
+        self.unknown[path] = why
 
     async def aclose(self) -> None:
         """Close every connection; shims keep running (a new controller reconnects to them).
@@ -220,7 +250,7 @@ class Controller:
         """
         path = bundle_path(self.state_root, namespace, sandbox_id)
         payload = _create_payload(sandbox_id, path, options, netns_path, rootfs, annotations)
-        self._check_open()
+        self._check_open(changes="create a sandbox")
         handle = ShimHandle(namespace, sandbox_id, path)
         self.sandboxes.add(namespace, sandbox_id, handle)  # the reservation: AlreadyExists on a race
         try:
@@ -260,7 +290,7 @@ class Controller:
     async def start(self, namespace: str, sandbox_id: str) -> ControllerInstance:
         """StartSandbox: launch the pause. Raises NotFound, FailedPrecondition (already
         running, stopped, or the shim died), Unavailable (the shim went away meanwhile)."""
-        handle = await self._handle(namespace, sandbox_id)
+        handle = await self._handle(namespace, sandbox_id, changes="start a sandbox")
         async with handle.lock:
             reply = await self._call(handle, "StartSandbox", {"sandbox_id": sandbox_id}, START_TIMEOUT,
                                      idempotent=False)
@@ -294,7 +324,7 @@ class Controller:
             if timeout < 0 or math.isnan(timeout):
                 raise InvalidArgument(f"stop timeout must be zero or more seconds, not {timeout}")
             payload["timeout_secs"] = grace = math.ceil(timeout)
-        self._check_open()
+        self._check_open(changes="stop a sandbox")
         handle = self.sandboxes.find(namespace, sandbox_id)
         if handle is None:
             return
@@ -343,7 +373,7 @@ class Controller:
         an unknown sandbox (so a second shutdown of the same id is NotFound), Unavailable when
         another process is changing the sandbox.
         """
-        handle = await self._handle(namespace, sandbox_id)
+        handle = await self._handle(namespace, sandbox_id, changes="shut a sandbox down")
         async with handle.lock:
             if handle.phase is Phase.GONE:
                 raise NotFound(f"sandbox {sandbox_id} not found in namespace {namespace}")
@@ -428,16 +458,20 @@ class Controller:
         return handle.client
 
     # -- internals ------------------------------------------------------------------------
-    def _check_open(self) -> None:
+    def _check_open(self, changes: str = "") -> None:
+        """Raise when the controller is not open, or (``changes``: what the caller would do) is
+        read-only."""
         if self._closed:
             raise Unavailable("the controller is closed")
         if self._tg is None:
             raise FailedPrecondition("the controller is not open: use `async with Controller(...)` or load()")
+        if changes and self.read_only:
+            raise FailedPrecondition(f"this Controller was opened read-only: it cannot {changes}")
 
-    async def _handle(self, namespace: str, sandbox_id: str) -> ShimHandle:
+    async def _handle(self, namespace: str, sandbox_id: str, changes: str = "") -> ShimHandle:
         validate_identifier("namespace", namespace)
         validate_identifier("sandbox id", sandbox_id)
-        self._check_open()
+        self._check_open(changes)
         handle = self.sandboxes.get(namespace, sandbox_id)
         await handle.settled.wait()
         if handle.phase is Phase.GONE:
@@ -657,7 +691,11 @@ class Controller:
             try:
                 if handle.client is not None:
                     await handle.client.aclose()  # it is DYING now: this close is not reported again
-                if held:
+                if self.read_only:
+                    handle.uncleaned = True
+                    log.warning("the shim of sandbox %s/%s is gone; left as it is (read-only: a Controller that "
+                                "may change things cleans up after it)", handle.namespace, handle.sandbox_id)
+                elif held:
                     log.warning("the shim of sandbox %s/%s is gone; cleaning up after it",
                                 handle.namespace, handle.sandbox_id)
                     exit_status = await self.spawner.delete(handle.namespace, handle.sandbox_id, handle.bundle)
@@ -696,10 +734,16 @@ class Controller:
     async def _discard(self, handle: ShimHandle) -> None:
         """Undo a sandbox that never came to be (a failed create, or a shim found alive on load
         that never got CreateSandbox): shut the shim down, `podshim delete`, remove the bundle,
-        forget the id. Shielded from cancellation; never raises."""
+        forget the id; a read-only controller only forgets it. Shielded from cancellation; never
+        raises."""
         with anyio.CancelScope(shield=True):
             try:
                 handle.closing = True
+                if self.read_only:
+                    if handle.client is not None:
+                        await handle.client.aclose()
+                    self._forget(handle)
+                    return
                 if handle.client is not None:
                     await self._shutdown_shim(handle, DISCARD_TIMEOUT)
                 await self.spawner.delete(handle.namespace, handle.sandbox_id, handle.bundle)

@@ -7,10 +7,10 @@ Figures containerd also has are noted with its value.
 
 from __future__ import annotations
 
-from shim.rpc.api import DEFAULT_RUNTIME_ROOT
+from shim.rpc.api import DEFAULT_BUNDLE_ROOT, DEFAULT_RUNTIME_ROOT
 
 __all__ = [
-    "DEFAULT_STATE_ROOT",
+    "DEFAULT_BUNDLE_ROOT",
     "DEFAULT_RUNTIME_ROOT",
     "LOAD_TIMEOUT",
     "CONNECT_TIMEOUT",
@@ -29,8 +29,8 @@ __all__ = [
     "UNIT_STOP_TIMEOUT",
 ]
 
-#: Where bundles live: ``<state root>/<namespace>/<sandbox id>/``.
-DEFAULT_STATE_ROOT = "/var/lib/podshim"
+# DEFAULT_BUNDLE_ROOT: where bundles live, ``<bundle root>/<namespace>/<sandbox id>/``; not
+# podshimd's state root, whose layout is another (docs/roots.md, client.layouts).
 
 # -- the Controller -----------------------------------------------------------------------------
 #: Reconnecting to one shim after a restart: connect + SandboxStatus (containerd: 5 s).

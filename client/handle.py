@@ -109,6 +109,8 @@ class ShimHandle:
         self.state: str = SandboxState.UNKNOWN
         self.created_at = 0
         self.exit: ExitStatus | None = None
+        #: The shim is gone and a read-only Controller left its sandbox as it found it.
+        self.uncleaned = False
         #: The bundle's flock (make_bundle hands it the new bundle's, held).
         self.bundle_lock = BundleLock(bundle)
         self._bundle_holds = 0
@@ -158,6 +160,9 @@ class ShimHandle:
         exited_at = self.exit.exited_at if self.exit else 0
         state = SandboxState.STOPPED if self.phase in ENDED else self.state
         info = {"unreachable": self.unreachable_reason} if self.phase is Phase.UNREACHABLE else {}
+        if self.uncleaned:
+            info = {"cleanup": "not done: its shim is gone and nothing was changed (read-only); shutting the "
+                               "sandbox down cleans up after it"}
         return ControllerStatus(self.sandbox_id, self.pid, state, info, self.created_at, exited_at, exit_status,
                                 self.address, self.version, self.namespace)
 

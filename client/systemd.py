@@ -47,7 +47,7 @@ from shim.rpc.status import (
 )
 
 from client.bundles import read_bootstrap
-from client.defaults import DEFAULT_RUNTIME_ROOT, DEFAULT_STATE_ROOT, SPAWN_TIMEOUT, UNIT_STOP_TIMEOUT
+from client.defaults import DEFAULT_BUNDLE_ROOT, DEFAULT_RUNTIME_ROOT, SPAWN_TIMEOUT, UNIT_STOP_TIMEOUT
 from client.results import BOOTSTRAP_FILE, BOOTSTRAP_VERSION, PROTOCOL, Bootstrap, ExitStatus
 from client.spawners import ExecSpawner, Spawner, _said
 
@@ -125,7 +125,7 @@ class SystemdSpawner(Spawner):
     ``podshim`` is the command that runs ``podshim delete`` (default: as ExecSpawner finds it).
     """
 
-    def __init__(self, state_root: str = DEFAULT_STATE_ROOT, runtime_root: str = DEFAULT_RUNTIME_ROOT, *,
+    def __init__(self, state_root: str = DEFAULT_BUNDLE_ROOT, runtime_root: str = DEFAULT_RUNTIME_ROOT, *,
                  systemctl: Sequence[str] = ("systemctl",), env: Mapping[str, str] | None = None,
                  env_file: str | None = None, socket_activation: bool | None = None,
                  podshim: Sequence[str] | str | None = None):

@@ -20,7 +20,7 @@ import sys
 
 from shim.paths import (BOOTSTRAP_FILE, DEFAULT_RUNTIME_ROOT, control_socket_path, template_socket_for,
                         socket_address, socket_path, validate_identifier, write_json_atomic)
-from shim.rpc.api import TEMPLATE_LOG, TEMPLATE_SERVICE, TEMPLATE_START_LOCK
+from shim.rpc.api import DEFAULT_BUNDLE_ROOT, TEMPLATE_LOG, TEMPLATE_SERVICE, TEMPLATE_START_LOCK
 from shim.rpc.arguments import ArgumentParser
 from shim.rpc.files import ensure_private_dir, flock_open
 from shim.rpc.status import FailedPrecondition, RpcError, Unavailable
@@ -71,8 +71,9 @@ def _parser(only: str | None = None) -> argparse.ArgumentParser:
             sp.add_argument("--instance", metavar="NAMESPACE:ID",
                             help="name the sandbox as a systemd instance does (instead of --namespace/--id); "
                                  "the bundle defaults to STATE_ROOT/NAMESPACE/ID")
-            sp.add_argument("--state-root", default=os.environ.get("PODSHIM_STATE_ROOT", "/var/lib/podshim"),
-                            help="where bundles live when --bundle is not given (default /var/lib/podshim)")
+            sp.add_argument("--state-root", default=os.environ.get("PODSHIM_STATE_ROOT", DEFAULT_BUNDLE_ROOT),
+                            help=f"the bundle root, where bundles live when --bundle is not given "
+                                 f"(default {DEFAULT_BUNDLE_ROOT})")
         if name == "serve":
             sp.add_argument("--shutdown-on-term", action="store_true",
                             help="on SIGTERM/SIGINT shut the sandbox down (stop the pause, remove its netns and "

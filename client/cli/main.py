@@ -32,7 +32,7 @@ from shim.rpc.api import TEMPLATE_ENV
 
 from shim.rpc.files import MAX_JSON_BYTES, decode_json
 
-from client.defaults import DEFAULT_RUNTIME_ROOT, DEFAULT_STATE_ROOT
+from client.defaults import DEFAULT_BUNDLE_ROOT, DEFAULT_RUNTIME_ROOT
 
 if TYPE_CHECKING:
     from client.controller import Controller
@@ -208,12 +208,14 @@ async def _run_events(args: argparse.Namespace) -> int:
 
 # -- sandboxes through the Controller ---------------------------------------------------------
 async def open_controller(args: argparse.Namespace, sandbox_id: str | None = None, *,
-                          all_namespaces: bool = False) -> Controller:
+                          all_namespaces: bool = False, read_only: bool = False) -> Controller:
     """A Controller over ``--root``/``--runtime-root`` that loaded only what the command needs:
-    one sandbox, the namespace, or (``all_namespaces``) everything. The caller must aclose it."""
+    one sandbox, the namespace, or (``all_namespaces``) everything; ``read_only`` for a verb that
+    only looks (it changes nothing, not even after a dead shim). The caller must aclose it."""
     from client.controller import Controller
 
-    controller = Controller(args.root, args.runtime_root, spawner=args.spawner, **controller_options(args))
+    controller = Controller(args.root, args.runtime_root, spawner=args.spawner, read_only=read_only,
+                            **controller_options(args))
     try:
         await controller.load(None if all_namespaces else args.namespace, sandbox_id)
     except BaseException:
@@ -227,9 +229,9 @@ def controller_options(args: argparse.Namespace) -> dict[str, Any]:
     return {"template": False} if args.no_template and args.spawner == "exec" else {}
 
 
-def _sandbox_verb(fn: Callable[[Controller, argparse.Namespace], Awaitable[int]]) -> Callable:
+def _sandbox_verb(fn: Callable[[Controller, argparse.Namespace], Awaitable[int]], read_only: bool) -> Callable:
     async def run(args: argparse.Namespace) -> int:
-        controller = await open_controller(args, args.sandbox_id)
+        controller = await open_controller(args, args.sandbox_id, read_only=read_only)
         try:
             if args.verb != "create":
                 # A one-shot controller loaded only this bundle: say plainly when it is not there.
@@ -305,7 +307,7 @@ async def _platform(c: Controller, args: argparse.Namespace) -> int:
 
 
 async def _list(args: argparse.Namespace) -> int:
-    controller = await open_controller(args, all_namespaces=args.all_namespaces)
+    controller = await open_controller(args, all_namespaces=args.all_namespaces, read_only=True)
     try:
         found = await controller.list(None if args.all_namespaces else args.namespace)
     finally:
@@ -321,11 +323,12 @@ async def _list(args: argparse.Namespace) -> int:
 def _setup_sandbox(p: argparse.ArgumentParser) -> None:
     verbs = p.add_subparsers(dest="verb", metavar="VERB", required=True)
 
-    def verb(name: str, help: str, fn: Callable | None = None) -> argparse.ArgumentParser:
+    def verb(name: str, help: str, fn: Callable | None = None, *, looks: bool = False) -> argparse.ArgumentParser:
+        # ``looks``: the verb only reads, and changes nothing on the way (not even after a dead shim).
         sp = verbs.add_parser(name, help=help, description=help)
         if fn is not None:
             sp.add_argument("sandbox_id", metavar="ID", help="sandbox id")
-            sp.set_defaults(run=_sandbox_verb(fn))
+            sp.set_defaults(run=_sandbox_verb(fn, looks))
         _add_json_flag(sp)
         return sp
 
@@ -336,13 +339,13 @@ def _setup_sandbox(p: argparse.ArgumentParser) -> None:
     verb("start", "start the sandbox's pause", _start)
     sp = verb("stop", "stop the pause: SIGTERM, then SIGKILL after the timeout", _stop)
     sp.add_argument("--timeout", type=float, default=None, metavar="S", help="seconds before SIGKILL (default 10)")
-    verb("wait", "wait for the sandbox to exit and print its exit status", _wait)
-    sp = verb("status", "print the sandbox's status", _status)
+    verb("wait", "wait for the sandbox to exit and print its exit status", _wait, looks=True)
+    sp = verb("status", "print the sandbox's status", _status, looks=True)
     sp.add_argument("--verbose", "-v", action="store_true", help="add the shim's details (netns, cgroups, ...)")
     verb("shutdown", "shut the sandbox down and remove everything it made", _shutdown)
-    verb("metrics", "print the sandbox's cgroup metrics", _metrics)
-    verb("platform", "print the sandbox's platform", _platform)
-    sp = verb("list", "list sandboxes")
+    verb("metrics", "print the sandbox's cgroup metrics", _metrics, looks=True)
+    verb("platform", "print the sandbox's platform", _platform, looks=True)
+    sp = verb("list", "list sandboxes (and say which directories under the root are not bundles it knows)")
     sp.add_argument("--all-namespaces", "-A", action="store_true", help="list every namespace")
     sp.set_defaults(run=_list)
 
@@ -379,8 +382,9 @@ def _top_parser() -> argparse.ArgumentParser:
     p = ArgumentParser(prog="podshimctl", description="Talk to podshim shims and manage sandboxes.")
     env = os.environ.get
     p.add_argument("--address", default=env("PODSHIM_ADDRESS"), help="shim address unix:///path (call, events)")
-    p.add_argument("--root", default=env("PODSHIM_ROOT", DEFAULT_STATE_ROOT),
-                   help=f"state root holding the bundles (default {DEFAULT_STATE_ROOT})")
+    p.add_argument("--root", default=env("PODSHIM_ROOT", DEFAULT_BUNDLE_ROOT),
+                   help=f"the Controller's bundle root, ROOT/NAMESPACE/ID (default {DEFAULT_BUNDLE_ROOT}, where podshimd "
+                        "keeps its pods' sandboxes in namespace k8s.io; docs/roots.md)")
     p.add_argument("--runtime-root", default=env("PODSHIM_RUNTIME_ROOT", DEFAULT_RUNTIME_ROOT),
                    help=f"runtime root; shim sockets live in ROOT/s (default {DEFAULT_RUNTIME_ROOT})")
     p.add_argument("--spawner", choices=("exec", "systemd"), default=env("PODSHIM_SPAWNER", "exec"),

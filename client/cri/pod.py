@@ -49,6 +49,7 @@ from shim.rpc.files import ensure_private_dir, read_json
 from shim.rpc.status import (Aborted, DeadlineExceeded, FailedPrecondition, Internal, InvalidArgument, NotFound,
                              RpcError, Unavailable)
 
+from client import layouts
 from client.bundles import bundle_path
 from client.cri import stats
 from client.cri.cni import DEFAULT_BIN_DIRS, DEFAULT_CONF_DIR, CniRunner, primary_ip
@@ -1455,7 +1456,9 @@ async def open_pod_service(root: str = "/var/lib/podshim", runtime_root: str = "
                            spawner: Any = "exec", template: bool | None = None,
                            **options: Any) -> AsyncIterator[PodService]:
     """Open the pod service over ``root``: the Controller's bundles in ``root/sandboxes``, pod
-    records in ``root/pods``, default container logs in ``root/logs``. Reconnects to live shims
+    records in ``root/pods``, default container logs in ``root/logs``. ``root`` is marked as
+    podshimd's state root and ``root/sandboxes`` as a bundle root (docs/roots.md); a root marked
+    as another layout is refused (FailedPrecondition). Reconnects to live shims
     and recovers the store before yielding; closes connections (never the shims) on exit.
     ``spawner`` and ``template`` are the Controller's; ``options`` are :class:`PodService`'s
     (runtime handlers, cgroup parent, pause binary).
@@ -1463,12 +1466,16 @@ async def open_pod_service(root: str = "/var/lib/podshim", runtime_root: str = "
     if not os.path.isabs(root):
         raise InvalidArgument(f"root {root!r} must be an absolute path")
     ensure_private_dir(root, 0o711, keep_mode=True)
+    layouts.claim(root, layouts.POD_ROOT)
+    bundle_root = os.path.join(root, layouts.SANDBOXES_DIR)
+    ensure_private_dir(bundle_root, 0o711, keep_mode=True)
+    layouts.claim(bundle_root, layouts.BUNDLE_ROOT)
     # Made here, not as a parent of the first log directory the shim makes: a link planted
     # there would take every pod's default logs elsewhere.
     ensure_private_dir(os.path.join(root, "logs"), 0o755, keep_mode=True)
     store = PodStore(root)
     cni = CniRunner(cni_conf_dir, cni_bin_dirs, plugin_netns=cni_plugin_netns)
-    async with Controller(state_root=os.path.join(root, "sandboxes"), runtime_root=runtime_root,
+    async with Controller(state_root=bundle_root, runtime_root=runtime_root,
                           spawner=spawner, template=template) as controller:
         service = PodService(controller, store, cni=cni, namespace=namespace, log_root=os.path.join(root, "logs"),
                              **options)

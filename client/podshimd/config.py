@@ -34,17 +34,20 @@ from typing import Any, Mapping
 
 from client.cri.cni import DEFAULT_BIN_DIRS as DEFAULT_CNI_BIN_DIRS
 from client.cri.cni import DEFAULT_CONF_DIR as DEFAULT_CNI_CONF_DIR
-from client.defaults import DEFAULT_RUNTIME_ROOT, DEFAULT_STATE_ROOT
+from client.defaults import DEFAULT_RUNTIME_ROOT
 from client.images.pull import PULL_PROGRESS_TIMEOUT, PULL_TIMEOUT, RegistryHost
 from client.images.reference import ReferenceError, parse
 from shim.paths import SUN_PATH_MAX
 from shim.runtime.pause import CATATONIT
 from shim.sandbox.options import NATIVE, RUNTIME_HANDLERS
 
-__all__ = ["DEFAULT_CONFIG_PATH", "DEFAULT_LISTEN", "LOG_LEVELS", "COMMAND_LINE", "Config", "ConfigError", "load",
-           "add_arguments", "from_arguments"]
+__all__ = ["DEFAULT_CONFIG_PATH", "DEFAULT_STATE_ROOT", "DEFAULT_LISTEN", "LOG_LEVELS", "COMMAND_LINE", "Config",
+           "ConfigError", "load", "add_arguments", "from_arguments"]
 
 DEFAULT_CONFIG_PATH = "/etc/podshim/config.toml"
+#: podshimd's state root: pods/, logs/, pod-files/, images/, and its Controller's bundle root
+#: sandboxes/ (docs/roots.md); another layout than a Controller's bundle root.
+DEFAULT_STATE_ROOT = "/var/lib/podshim"
 DEFAULT_LISTEN = f"unix://{DEFAULT_RUNTIME_ROOT}/podshimd.sock"
 LOG_LEVELS = ("debug", "info", "warning", "error")
 COMMAND_LINE = "command line"  # the "file" of a ConfigError about a flag

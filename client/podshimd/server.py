@@ -33,6 +33,7 @@ from typing import Any
 import grpc
 
 import shim
+from client import layouts
 from client.cri.pod import open_pod_service
 from client.cri.rootfs import StoreImages
 from client.criapi import api_pb2, api_pb2_grpc
@@ -126,6 +127,18 @@ ImageService = compose(api_pb2_grpc.ImageServiceServicer, IMAGE_GROUPS)
 # -- the socket --------------------------------------------------------------------------------------
 
 
+def _claim_state_root(state_root: str) -> None:
+    """Make the state root (0711) and mark it as podshimd's (docs/roots.md), before anything is
+    written there; a root marked as a Controller's bundle root is refused."""
+    try:
+        ensure_private_dir(state_root, 0o711, keep_mode=True)
+        layouts.claim(state_root, layouts.POD_ROOT)
+    except OSError as exc:
+        raise DaemonError(f"cannot use the state root {state_root}: {exc.strerror or exc}") from None
+    except RpcError as exc:
+        raise DaemonError(exc.message) from None
+
+
 def _claim_directory(directory: str, runtime_root: str) -> int:
     """Make the socket's directory 0700 and lock it; return the locked descriptor.
 
@@ -198,6 +211,7 @@ async def serve(config: Config, *, notifier: Notifier | None = None) -> None:
                 raise DaemonError(str(exc)) from None
             if inherited is not None:
                 stack.callback(inherited.close)
+            _claim_state_root(config.state_root)
             lock_fd = _claim_directory(os.path.dirname(path), config.runtime_root)
             if inherited is None:
                 _remove_stale_socket(path, config.listen)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 __all__ = ["SANDBOX_SERVICE", "EVENTS_SERVICE", "TASK_SERVICE", "TEMPLATE_SERVICE", "TEMPLATE_METHODS",
            "SANDBOX_METHODS", "EVENTS_METHODS", "TASK_METHODS", "BOOTSTRAP_FILE", "BOOTSTRAP_VERSION", "PROTOCOL",
-           "STATE_FILE", "DEFAULT_RUNTIME_ROOT", "UNKNOWN_EXIT_STATUS", "TEMPLATE_SOCKET", "TEMPLATE_SOCKET_ENV",
+           "STATE_FILE", "DEFAULT_RUNTIME_ROOT", "DEFAULT_BUNDLE_ROOT", "UNKNOWN_EXIT_STATUS", "TEMPLATE_SOCKET", "TEMPLATE_SOCKET_ENV",
            "TEMPLATE_LOCK", "TEMPLATE_START_LOCK", "TEMPLATE_LOG", "TEMPLATE_ENV"]
 
 #: The file in a bundle that holds the bootstrap result (protocol.md, "Bootstrap").
@@ -18,6 +18,9 @@ BOOTSTRAP_VERSION = 3
 PROTOCOL = "ttrpc+msgpack"
 #: Where shims keep their sockets (``<root>/s``) and a template its control socket.
 DEFAULT_RUNTIME_ROOT = "/run/podshim"
+#: Where a Controller keeps bundles (``<root>/<namespace>/<sandbox id>/``) unless told otherwise:
+#: podshimd's own bundle root under its default state root, /var/lib/podshim (docs/roots.md).
+DEFAULT_BUNDLE_ROOT = "/var/lib/podshim/sandboxes"
 #: The control socket of a shim template, in the runtime root.
 TEMPLATE_SOCKET = "template.sock"
 #: An environment variable naming another template control socket (one template may serve

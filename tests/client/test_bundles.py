@@ -1,4 +1,5 @@
-"""client.bundles: bundles are made under the state root, never through a symbolic link."""
+"""client.bundles: bundles are made under the state root, never through a symbolic link, and a
+Controller removes only what it can prove it made (the proof-of-ownership rule, docs/roots.md)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,8 @@ import stat
 
 import pytest
 
-from client.bundles import make_bundle, scan
+from client import layouts
+from client.bundles import made_here, make_bundle, scan
 
 
 @pytest.fixture
@@ -68,6 +70,7 @@ def test_a_scan_removes_a_hidden_leftover_but_not_one_being_made(roots):
     from client.bundles import BundleLock
 
     state_root, _ = roots
+    layouts.mark(state_root, layouts.BUNDLE_ROOT)
     namespace = os.path.join(state_root, "k8s.io")
     os.makedirs(os.path.join(namespace, ".sb1.0a1b2c3d"))
     os.makedirs(os.path.join(namespace, ".sb2.4e5f6071"))
@@ -78,6 +81,85 @@ def test_a_scan_removes_a_hidden_leftover_but_not_one_being_made(roots):
         assert os.listdir(namespace) == [".sb2.4e5f6071"]
     finally:
         busy.release()
+
+
+def test_a_bundle_made_here_carries_its_marker_and_marks_the_root(roots):
+    state_root, _ = roots
+    path = make_bundle(state_root, "k8s.io", "sb1")
+    assert layouts.marked_as(state_root) == layouts.BUNDLE_ROOT
+    assert layouts.marked_as(path) == layouts.BUNDLE
+    assert made_here(path)
+
+
+def test_a_bundle_of_an_older_controller_is_proved_by_its_shims_bootstrap(roots):
+    state_root, _ = roots
+    older = os.path.join(state_root, "k8s.io", "sb1")
+    os.makedirs(older)
+    _write_json(os.path.join(older, "bootstrap.json"),
+                {"version": 3, "address": "unix:///run/podshim/s/ab", "protocol": "ttrpc+msgpack", "pid": 1})
+    assert made_here(older)
+
+
+@pytest.mark.parametrize("content", [
+    None,                                                           # nothing at all
+    {"version": 3, "address": "unix:///x", "protocol": "grpc"},    # another program's bootstrap.json
+    "{not json",
+    {"layers": []},
+])
+def test_a_directory_nothing_proves_a_controller_made_is_not_ours(roots, content):
+    state_root, _ = roots
+    foreign = os.path.join(state_root, "images", "content")
+    os.makedirs(foreign)
+    if isinstance(content, str):
+        with open(os.path.join(foreign, "bootstrap.json"), "w") as f:
+            f.write(content)
+    elif content is not None:
+        _write_json(os.path.join(foreign, "bootstrap.json"), content)
+    assert not made_here(foreign)
+
+
+def test_a_marker_of_another_layout_proves_nothing(roots):
+    state_root, _ = roots
+    other = os.path.join(state_root, "ns", "sb1")
+    os.makedirs(other)
+    layouts.mark(other, layouts.POD_ROOT)
+    assert not made_here(other)
+    os.symlink(os.path.join(other, layouts.MARKER), os.path.join(state_root, "ns", layouts.MARKER))
+    assert not made_here(os.path.join(state_root, "ns"))  # a link is never followed
+
+
+def test_a_scan_of_an_unmarked_root_removes_no_hidden_directory_that_proves_nothing(roots, caplog):
+    state_root, _ = roots
+    namespace = os.path.join(state_root, "images")
+    theirs = os.path.join(namespace, ".tmp.0a1b2c3d")  # named like our leftover, made by someone else
+    os.makedirs(os.path.join(theirs, "blob"))
+    ours = os.path.join(namespace, ".sb1.4e5f6071")
+    os.makedirs(ours)
+    layouts.mark(ours, layouts.BUNDLE)
+    assert scan(state_root) == []
+    assert os.listdir(namespace) == [".tmp.0a1b2c3d"]
+    assert "leaving" in caplog.text and theirs in caplog.text
+    assert scan(state_root, clean=False) == [] and os.path.isdir(theirs)
+
+
+def test_a_scan_that_does_not_clean_removes_nothing(roots):
+    state_root, _ = roots
+    layouts.mark(state_root, layouts.BUNDLE_ROOT)
+    leftover = os.path.join(state_root, "k8s.io", ".sb1.0a1b2c3d")
+    os.makedirs(leftover)
+    assert scan(state_root, clean=False) == []
+    assert os.path.isdir(leftover)
+
+
+def test_a_bundle_root_marked_as_podshimds_state_root_is_refused_and_left_as_it_is(roots):
+    from shim.rpc.status import FailedPrecondition
+
+    state_root, _ = roots
+    layouts.mark(state_root, layouts.POD_ROOT)
+    with pytest.raises(FailedPrecondition, match="podshimd's state root") as caught:
+        make_bundle(state_root, "k8s.io", "sb1")
+    assert os.path.join(state_root, "sandboxes") in caught.value.message
+    assert os.listdir(state_root) == [layouts.MARKER]
 
 
 def _write_json(path, doc) -> None:

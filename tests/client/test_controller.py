@@ -64,7 +64,7 @@ def test_constants_match_the_shim_and_protocol_md():
     assert results.PROTOCOL == paths.PROTOCOL
     assert results.UNKNOWN_EXIT_STATUS == cleanup.UNKNOWN_EXIT_STATUS
     assert defaults.DEFAULT_RUNTIME_ROOT == paths.DEFAULT_RUNTIME_ROOT
-    assert cli._parser().parse_args(["delete", "--instance", "ns:sb"]).state_root == defaults.DEFAULT_STATE_ROOT
+    assert cli._parser().parse_args(["delete", "--instance", "ns:sb"]).state_root == defaults.DEFAULT_BUNDLE_ROOT
     assert defaults.DEFAULT_STOP_GRACE == sandbox.DEFAULT_STOP_TIMEOUT
     assert {s.value for s in results.SandboxState} - {"unknown"} <= {s.value for s in sandbox.State}
     with open(os.path.join(ROOT, "protocol.md")) as f:

@@ -19,6 +19,8 @@ import time
 import pytest
 
 import client.controller as controller_module
+from client import layouts
+from client.bundles import make_bundle
 from client.controller import Controller
 from client.results import UNKNOWN_EXIT_STATUS
 from client.spawners import ExecSpawner
@@ -160,7 +162,7 @@ async def test_a_corrupt_bootstrap_json_is_treated_as_a_dead_shim(env):
 
 async def test_an_empty_bundle_is_a_dead_sandbox_with_an_unknown_exit(env):
     sid = env.sid("empty")
-    os.makedirs(env.bundle(NS, sid))
+    make_bundle(env.state_root, NS, sid)  # a controller killed before it spawned the shim
     async with controller(env) as c:
         after = await c.status(NS, sid)
         assert (after.state, after.exit_status) == ("stopped", UNKNOWN_EXIT_STATUS)
@@ -203,6 +205,7 @@ async def test_a_controller_killed_in_the_middle_leaves_nothing_after_the_next_l
 
 
 async def test_load_removes_hidden_leftovers_and_skips_names_that_are_not_identifiers(env, caplog):
+    layouts.claim(env.state_root, layouts.BUNDLE_ROOT)
     leftover = os.path.join(env.state_root, NS, f".{env.sid('gone')}.0a1b2c3d")
     strange = os.path.join(env.state_root, NS, "not an id")
     os.makedirs(leftover)

@@ -51,7 +51,7 @@ def test_the_defaults_hold_the_roots_and_every_named_timeout():
     for module in (controller, spawners, systemd):
         for name in timeouts & set(vars(module)):
             assert getattr(module, name) is getattr(defaults, name), f"{module.__name__} redefines {name}"
-    assert {"DEFAULT_STATE_ROOT", "DEFAULT_RUNTIME_ROOT"} <= set(defaults.__all__)
+    assert {"DEFAULT_BUNDLE_ROOT", "DEFAULT_RUNTIME_ROOT"} <= set(defaults.__all__)
 
 
 def test_the_spawn_timeout_outlasts_the_shims_own_start_timeout():

@@ -9,9 +9,9 @@ import os
 import pytest
 
 from client.cri.cni import DEFAULT_BIN_DIRS, DEFAULT_CONF_DIR
-from client.defaults import DEFAULT_STATE_ROOT
+from client.defaults import DEFAULT_BUNDLE_ROOT
 from client.podshimd import config
-from client.podshimd.config import COMMAND_LINE, Config, ConfigError
+from client.podshimd.config import COMMAND_LINE, DEFAULT_STATE_ROOT, Config, ConfigError
 from shim.rpc.api import DEFAULT_RUNTIME_ROOT
 from shim.runtime.pause import CATATONIT
 from shim.sandbox.options import RUNTIME_HANDLERS
@@ -56,6 +56,8 @@ def test_defaults_are_the_ones_the_rest_of_podshim_uses():
     assert (c.state_root, c.runtime_root) == (DEFAULT_STATE_ROOT, DEFAULT_RUNTIME_ROOT) == ("/var/lib/podshim",
                                                                                            "/run/podshim")
     assert c.listen == "unix:///run/podshim/podshimd.sock" and c.socket_path == "/run/podshim/podshimd.sock"
+    # Two layouts, two defaults: the Controller's bundle root is podshimd's own, in its state root.
+    assert DEFAULT_BUNDLE_ROOT == os.path.join(DEFAULT_STATE_ROOT, "sandboxes") != DEFAULT_STATE_ROOT
     assert c.cni_conf_dir == DEFAULT_CONF_DIR == "/etc/cni/net.d"
     assert c.cni_bin_dirs == DEFAULT_BIN_DIRS == ("/usr/lib/cni", "/opt/cni/bin")
     assert c.default_runtime_handler == "native" and c.runtime_handlers == RUNTIME_HANDLERS == ("native", "runc",

@@ -27,7 +27,7 @@ from shim.rpc import Client
 from shim.rpc.api import SANDBOX_SERVICE
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-STATE_ROOT = "/var/lib/podshim"
+STATE_ROOT = "/var/lib/podshim/sandboxes"
 CALL_TIMEOUT = 10.0
 
 
