@@ -12,13 +12,14 @@ import contextlib
 import os
 import select
 import signal
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 
 from shim.rpc.processes import open_pidfd, process_alive
 
-__all__ = ["WAIT", "alive", "fd_readable", "fd_targets", "unheld_netns", "pidfds", "wait_gone", "wait_gone_async", "wait_pidfds",
-           "wait_pidfds_async"]
+__all__ = ["WAIT", "alive", "fd_readable", "fd_targets", "fifo_writer", "unheld_netns", "pidfds", "wait_gone",
+           "wait_gone_async", "wait_pidfds", "wait_pidfds_async"]
 
 #: A bound on any one wait in these tests; never a sleep.
 WAIT = 10.0
@@ -27,6 +28,40 @@ WAIT = 10.0
 def alive(pid: int) -> bool:
     """True while ``pid`` runs (a zombie counts as gone)."""
     return process_alive(pid, None)
+
+
+def fifo_writer(path: str, timeout: float = WAIT) -> int:
+    """Open the FIFO ``path`` for writing once another process opened it for reading (the open
+    returns then: whatever that process wrote before is written by then); the descriptor, blocking.
+
+    An open of a FIFO blocks until its other end is opened, and has no timeout: it is made in a
+    thread, and when no reader came within ``timeout`` the FIFO is opened for reading here, which
+    completes it. So no thread is ever left blocked, whatever the test's outcome; then
+    AssertionError. (Safe to call from a thread: ``asyncio.to_thread(fifo_writer, path)``.)"""
+    opened: list[int | OSError] = []
+
+    def open_it() -> None:
+        try:
+            opened.append(os.open(path, os.O_WRONLY | os.O_CLOEXEC))
+        except OSError as exc:
+            opened.append(exc)
+
+    opener = threading.Thread(target=open_it, name=f"open {path}", daemon=True)
+    opener.start()
+    opener.join(timeout)
+    if not opener.is_alive():
+        if isinstance(opened[0], OSError):
+            raise opened[0]
+        return opened[0]
+    unblock = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        opener.join()
+    finally:
+        os.close(unblock)
+        for fd in opened:
+            if isinstance(fd, int):
+                os.close(fd)
+    raise AssertionError(f"nobody opened the FIFO {path} for reading within {timeout:g} s")
 
 
 def fd_targets(pid: int) -> list[str]:

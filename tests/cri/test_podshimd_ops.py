@@ -24,7 +24,7 @@ from client.podshimd.images import IMAGE_STORE_DIR, usage
 
 from critools import REPO, running_podshimd
 from podtools import container_config, ns_inode, pod_config
-from proctools import wait_gone
+from proctools import fifo_writer, wait_gone
 
 #: The daemon's metrics endpoint, on an ephemeral loopback port.
 METRICS_CONFIG = 'metrics_address = "127.0.0.1:0"\n'
@@ -257,7 +257,7 @@ def test_reopen_container_log_after_the_log_was_moved(daemon, crictl, pod, tmp_p
     status = json.loads(daemon.crictl(crictl, "inspect", container_id).stdout)
     log_path, pid = status["status"]["logPath"], status["info"]["pid"]
     # Opening the FIFO for writing returns once the container opened it: "before" is written by then.
-    with open(fifo, "w") as go:
+    with os.fdopen(fifo_writer(str(fifo), CALL_TIMEOUT), "w") as go:
         os.rename(log_path, log_path + ".1")
         daemon.runtime().ReopenContainerLog(api_pb2.ReopenContainerLogRequest(container_id=container_id),
                                             timeout=CALL_TIMEOUT)

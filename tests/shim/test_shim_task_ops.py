@@ -13,7 +13,7 @@ import pytest
 from shim.rpc import FailedPrecondition, InvalidArgument
 from shim.runtime.execsync import EXEC_OUTPUT_LIMIT_BYTES
 from shimtools import host_untouched  # noqa: F401  (autouse: what this module's shims made is checked at the end)
-from proctools import wait_gone_async
+from proctools import fifo_writer, wait_gone_async
 from shimtools import WAIT, Shim, ShimLauncher, ns_inode
 
 HANDLERS = ["native"] + [h for h in ("runc", "crun") if shutil.which(h, path="/usr/sbin:/usr/bin:/sbin:/bin")]
@@ -176,8 +176,7 @@ async def test_reopen_log_writes_to_a_new_file_after_the_old_one_was_moved(pod, 
     os.mkfifo(fifo)
     await pod.run("app", "sh", "-c", f"echo before; read x < {fifo}; echo after")
     # The open returns once the task opened the FIFO: by then "before" is in its pipe.
-    go = await asyncio.wait_for(asyncio.to_thread(open, fifo, "w"), WAIT)
-    with go:
+    with os.fdopen(await asyncio.to_thread(fifo_writer, str(fifo), WAIT), "w") as go:
         os.rename(pod.log_path("app"), pod.log_path("app") + ".1")
         await pod.call("ReopenLog", task_id="app")
         go.write("x\n")
