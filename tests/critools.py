@@ -14,7 +14,8 @@ tests/imagebuild.py's ``critest_images`` and returns its parsed summary (``Crite
 config under ``directory`` (inside the network namespace ``netns`` when given, so that CNI plugins
 act there), returns once it sent READY=1 on its NOTIFY_SOCKET, and stops it by pid with SIGTERM
 afterwards. ``Podshimd.runtime()`` and ``.images()`` are gRPC stubs on its socket, for what crictl
-does not show (the status of a call, idempotence).
+does not show (the status of a call, idempotence); ``.create_container()`` sends what crictl
+refuses to (a container that names no image).
 """
 
 from __future__ import annotations
@@ -66,9 +67,15 @@ def cri_tool(name: str) -> str:
 
 
 @pytest.fixture(scope="session")
-def crictl() -> str:
-    """The path of the pinned crictl (.ci/pins.toml)."""
-    return cri_tool("crictl")
+def crictl(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The path of the real crictl. Every crictl the session runs reads an empty config file
+    ($CRI_CONFIG_FILE): nothing of the machine's /etc/crictl.yaml, and no warning on stderr that
+    it is missing."""
+    config = tmp_path_factory.mktemp("crictl") / "crictl.yaml"
+    config.write_text("")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("CRI_CONFIG_FILE", str(config))
+        yield cri_tool("crictl")
 
 
 @pytest.fixture(scope="session")
@@ -111,6 +118,20 @@ class Podshimd:
         if check and result.returncode != 0:
             raise AssertionError(f"crictl {' '.join(args)} exited {result.returncode}: {result.stderr}")
         return result
+
+    def create_container(self, pod_id: str, config: dict, pod_config_path: str) -> str:
+        """CreateContainer as ``crictl create POD CONFIG POD_CONFIG`` sends it, over gRPC: crictl
+        (since 1.27) refuses a config that names no image, which podshimd runs on the node's root
+        filesystem. The new container's id; a grpc.RpcError when podshimd refuses."""
+        from google.protobuf import json_format
+
+        from client.criapi import api_pb2
+        with open(pod_config_path) as f:
+            sandbox_config = json.load(f)
+        request = api_pb2.CreateContainerRequest(pod_sandbox_id=pod_id)
+        json_format.ParseDict(config, request.config)
+        json_format.ParseDict(sandbox_config, request.sandbox_config)
+        return self.runtime().CreateContainer(request, timeout=60).container_id
 
     def sandbox_bundles(self) -> list[str]:
         """The sandbox bundles under the daemon's state root (the pods' shims' directories)."""

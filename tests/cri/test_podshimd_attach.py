@@ -1,4 +1,4 @@
-"""Attach through podshimd's streaming server, driven by the real crictl 1.26 (`crictl attach`): the running
+"""Attach through podshimd's streaming server, driven by the real crictl (`crictl attach`): the running
 container's output as it comes, to several attachers; its stdin kept open through the shim (stdin_once:
 closed by the first attacher's end of input); detaching leaves the container running. A tty container:
 `crictl attach -it` on a terminal gets the container's terminal, follows the client's size, with several
@@ -36,9 +36,7 @@ def start(daemon, crictl, tmp_path):
     def start(command: list[str], handler: str = "native", **extra) -> str:
         if handler not in pods:
             pods[handler] = daemon.crictl(crictl, "runp", "--runtime", handler, str(pod_path)).stdout.strip()
-        ctr_path = tmp_path / "ctr.json"
-        ctr_path.write_text(json.dumps({**container_config(command), **extra}))
-        container_id = daemon.crictl(crictl, "create", pods[handler], str(ctr_path), str(pod_path)).stdout.strip()
+        container_id = daemon.create_container(pods[handler], {**container_config(command), **extra}, str(pod_path))
         daemon.crictl(crictl, "start", container_id)
         return container_id
     return start

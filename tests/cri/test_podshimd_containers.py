@@ -1,5 +1,6 @@
-"""Containers through podshimd as the real crictl 1.26 drives them (create, start, ps with
-filters, inspect, logs, stop with a timeout, rm), each checked on what crictl prints and on the
+"""Containers through podshimd as the real crictl drives them (create, start, ps with
+filters, inspect, logs, stop with a timeout, rm; create goes over gRPC, as crictl refuses a
+config that names no image), each checked on what crictl prints and on the
 kernel side (which of the pause's namespaces the container's process shares); CRI's proto3 zero
 values (no namespace_options: the pod's PID namespace); the CRI semantics a client relies on; and
 what podshimd does not do yet answering UNIMPLEMENTED with a sentence."""
@@ -30,10 +31,9 @@ def pod(daemon, crictl, tmp_path):
     return daemon.crictl(crictl, "runp", str(path)).stdout.strip(), str(path)
 
 
-def create(daemon, crictl, pod, tmp_path, config: dict, name: str = "ctr.json") -> str:
-    path = tmp_path / name
-    path.write_text(json.dumps(config))
-    container_id = daemon.crictl(crictl, "create", pod[0], str(path), pod[1]).stdout.strip()
+def create(daemon, pod, config: dict) -> str:
+    """Create a container in ``pod`` (its config names no image: crictl cannot send it)."""
+    container_id = daemon.create_container(pod[0], config, pod[1])
     assert CONTAINER_ID.match(container_id), container_id
     return container_id
 
@@ -63,7 +63,7 @@ def wait_exited(daemon, crictl, container_id: str) -> dict:
 def test_a_container_runs_in_the_pods_namespaces_and_logs_what_it_prints(daemon, crictl, pod, tmp_path):
     config = container_config(["/bin/sh", "-c", "echo out; echo err >&2; hostname; exec sleep 60"], pid=1)
     config["labels"] = {"role": "web"}
-    container_id = create(daemon, crictl, pod, tmp_path, config)
+    container_id = create(daemon, pod, config)
     assert inspect(daemon, crictl, container_id)["status"]["state"] == "CONTAINER_CREATED"
     assert daemon.crictl(crictl, "start", container_id).stdout.strip() == container_id
     found = inspect(daemon, crictl, container_id)
@@ -79,7 +79,7 @@ def test_a_container_runs_in_the_pods_namespaces_and_logs_what_it_prints(daemon,
     assert ns_inode(pid, "pid") not in (ns_inode(pause, "pid"), ns_inode(os.getpid(), "pid"))  # CONTAINER mode
     rows = table(daemon.crictl(crictl, "ps").stdout)
     assert rows == [[container_id[:13], "host-rootfs", rows[0][2], "Running", "c", "0",
-                     pod[0][:13], "unknown"]]
+                     pod[0][:13], "unknown", "unknown"]]  # no pod name or namespace label
     logs = daemon.crictl(crictl, "logs", container_id)
     assert logs.stdout.splitlines()[0] == "out" and logs.stderr == "err\n"
     with open(pod[1]) as f:
@@ -88,7 +88,7 @@ def test_a_container_runs_in_the_pods_namespaces_and_logs_what_it_prints(daemon,
 
 def test_a_container_without_namespace_options_shares_the_pods_pid_namespace(daemon, crictl, pod, tmp_path):
     config = {"metadata": {"name": "plain"}, "command": ["sleep", "60"]}
-    container_id = create(daemon, crictl, pod, tmp_path, config)
+    container_id = create(daemon, pod, config)
     daemon.crictl(crictl, "start", container_id)
     pid = inspect(daemon, crictl, container_id)["info"]["pid"]
     assert ns_inode(pid, "pid") == ns_inode(pause_pid(daemon, crictl, pod[0]), "pid")
@@ -96,10 +96,8 @@ def test_a_container_without_namespace_options_shares_the_pods_pid_namespace(dae
 
 
 def test_ps_filters_by_state_pod_id_and_label(daemon, crictl, pod, tmp_path):
-    running = create(daemon, crictl, pod, tmp_path, {**container_config(["sleep", "60"], name="run"),
-                                                     "labels": {"tier": "a"}}, "run.json")
-    created = create(daemon, crictl, pod, tmp_path, {**container_config(["true"], name="new"),
-                                                     "labels": {"tier": "b"}}, "new.json")
+    running = create(daemon, pod, {**container_config(["sleep", "60"], name="run"), "labels": {"tier": "a"}})
+    created = create(daemon, pod, {**container_config(["true"], name="new"), "labels": {"tier": "b"}})
     daemon.crictl(crictl, "start", running)
 
     def ids(*flags: str) -> list[str]:
@@ -117,12 +115,10 @@ def test_ps_filters_by_state_pod_id_and_label(daemon, crictl, pod, tmp_path):
 # -- stop, rm --------------------------------------------------------------------------------------
 
 def test_stop_sends_sigterm_and_sigkill_after_the_timeout(daemon, crictl, pod, tmp_path):
-    stubborn = create(daemon, crictl, pod, tmp_path,
-                      container_config(["/bin/sh", "-c", "trap '' TERM; echo ready; while :; do sleep 1; done"],
-                                       name="stubborn"), "stubborn.json")
+    stubborn = create(daemon, pod, container_config(
+        ["/bin/sh", "-c", "trap '' TERM; echo ready; while :; do sleep 1; done"], name="stubborn"))
     # In the pod's PID namespace (catatonit is its PID 1): a PID 1 of its own would ignore SIGTERM.
-    polite = create(daemon, crictl, pod, tmp_path, container_config(["sleep", "60"], name="polite", pid=0),
-                    "polite.json")
+    polite = create(daemon, pod, container_config(["sleep", "60"], name="polite", pid=0))
     for container_id in (stubborn, polite):
         daemon.crictl(crictl, "start", container_id)
     assert daemon.crictl(crictl, "stop", "--timeout", "1", stubborn, polite).stdout.split() == [stubborn, polite]
@@ -133,7 +129,7 @@ def test_stop_sends_sigterm_and_sigkill_after_the_timeout(daemon, crictl, pod, t
 
 
 def test_a_container_that_ends_by_itself_is_exited_with_its_status(daemon, crictl, pod, tmp_path):
-    container_id = create(daemon, crictl, pod, tmp_path, container_config(["/bin/sh", "-c", "exit 3"]))
+    container_id = create(daemon, pod, container_config(["/bin/sh", "-c", "exit 3"]))
     daemon.crictl(crictl, "start", container_id)
     status = wait_exited(daemon, crictl, container_id)["status"]
     assert (status["state"], status["exitCode"], status["reason"]) == ("CONTAINER_EXITED", 3, "Error")
@@ -141,7 +137,7 @@ def test_a_container_that_ends_by_itself_is_exited_with_its_status(daemon, crict
 
 
 def test_rm_removes_a_running_container_with_force_and_removing_twice_is_fine(daemon, crictl, pod, tmp_path):
-    container_id = create(daemon, crictl, pod, tmp_path, container_config(["sleep", "60"]))
+    container_id = create(daemon, pod, container_config(["sleep", "60"]))
     daemon.crictl(crictl, "start", container_id)
     pid = inspect(daemon, crictl, container_id)["info"]["pid"]
     # -f: crictl stops it first (printing its id), then removes it (printing it again).
@@ -157,7 +153,7 @@ def test_rm_removes_a_running_container_with_force_and_removing_twice_is_fine(da
 
 
 def test_rmp_stops_and_removes_the_pods_containers(daemon, crictl, pod, tmp_path):
-    container_id = create(daemon, crictl, pod, tmp_path, container_config(["sleep", "60"]))
+    container_id = create(daemon, pod, container_config(["sleep", "60"]))
     daemon.crictl(crictl, "start", container_id)
     pid = inspect(daemon, crictl, container_id)["info"]["pid"]
     daemon.crictl(crictl, "stopp", pod[0])
@@ -207,7 +203,7 @@ def test_bad_container_requests_get_a_status_with_a_sentence(daemon, crictl, pod
         with pytest.raises(grpc.RpcError) as failed:
             runtime.CreateContainer(request)
         assert (failed.value.code(), failed.value.details()) == (code, details)
-    container_id = create(daemon, crictl, pod, tmp_path, container_config(["sleep", "60"]))
+    container_id = create(daemon, pod, container_config(["sleep", "60"]))
     with pytest.raises(grpc.RpcError) as twice:
         runtime.CreateContainer(create_request(pod[0], container_config(["sleep", "60"])))
     assert twice.value.code() == grpc.StatusCode.ALREADY_EXISTS
@@ -215,9 +211,10 @@ def test_bad_container_requests_get_a_status_with_a_sentence(daemon, crictl, pod
     again = daemon.crictl(crictl, "start", container_id, check=False)
     assert again.returncode != 0 and "code = FailedPrecondition desc = container " in again.stderr
     daemon.crictl(crictl, "stopp", pod[0])
-    notready = daemon.crictl(crictl, "create", pod[0], str(tmp_path / "ctr.json"), pod[1], check=False)
-    assert notready.returncode != 0
-    assert f"code = FailedPrecondition desc = pod {pod[0]} is not ready (SANDBOX_NOTREADY)" in notready.stderr
+    with pytest.raises(grpc.RpcError) as notready:
+        create(daemon, pod, container_config(["sleep", "60"], name="late"))
+    assert (notready.value.code(), notready.value.details()) == (
+        grpc.StatusCode.FAILED_PRECONDITION, f"pod {pod[0]} is not ready (SANDBOX_NOTREADY)")
     assert daemon.crictl(crictl, "ps", "-qa").stdout.split() == [container_id]
 
 

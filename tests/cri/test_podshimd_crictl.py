@@ -1,4 +1,4 @@
-"""podshimd as the real crictl 1.26 sees it: version, info, UNIMPLEMENTED for what it lacks; its socket's
+"""podshimd as the real crictl sees it: version, info, UNIMPLEMENTED for what it lacks; its socket's
 life (0600 in 0700, one daemon per socket, stale sockets replaced, removed at SIGTERM); its errors."""
 
 from __future__ import annotations

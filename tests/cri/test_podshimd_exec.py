@@ -1,4 +1,4 @@
-"""Exec through podshimd's streaming server, driven by the real crictl 1.26: `crictl exec` (output and exit
+"""Exec through podshimd's streaming server, driven by the real crictl: `crictl exec` (output and exit
 code), `crictl exec -i` with stdin piped, `crictl exec -it` on a terminal (script(1)) with a resize; the
 command killed when the client goes away."""
 
@@ -28,9 +28,7 @@ def sleeping_container(daemon, crictl, tmp_path, *runp_options: str) -> str:
     pod_path = tmp_path / "pod.json"
     pod_path.write_text(json.dumps(pod_config()))
     pod_id = daemon.crictl(crictl, "runp", *runp_options, str(pod_path)).stdout.strip()
-    ctr_path = tmp_path / "ctr.json"
-    ctr_path.write_text(json.dumps(container_config(["sleep", "600"])))
-    container_id = daemon.crictl(crictl, "create", pod_id, str(ctr_path), str(pod_path)).stdout.strip()
+    container_id = daemon.create_container(pod_id, container_config(["sleep", "600"]), str(pod_path))
     daemon.crictl(crictl, "start", container_id)
     return container_id
 
@@ -55,7 +53,7 @@ def test_exec_streams_stdout_and_stderr_and_succeeds(daemon, crictl, container):
 
 def test_exec_reports_the_commands_exit_code(daemon, crictl, container):
     done = crictl_exec(daemon, crictl, container, "sh", "-c", "exit 7")
-    # crictl 1.26 turns any failure into its own exit status 1, quoting the error.
+    # crictl turns any failure into its own exit status 1, quoting the error.
     assert done.returncode == 1 and b"command terminated with exit code 7" in done.stderr, done.stderr
 
 

@@ -1,4 +1,4 @@
-"""podshimd's ImageService as the real crictl 1.26 drives it against a real local registry
+"""podshimd's ImageService as the real crictl drives it against a real local registry
 (tests/registry.py): pull (plain and with basic auth), images, inspecti (verbose: the image config),
 rmi with garbage collection of the blobs, imagefsinfo; and the errors a client sees."""
 
@@ -133,7 +133,7 @@ def test_a_bad_reference_is_invalid_argument(daemon):
 
 def test_imagefsinfo_counts_what_a_pull_stored(daemon, crictl, test_images):
     def used() -> int:
-        info = json.loads(daemon.crictl(crictl, "imagefsinfo").stdout)["status"]
+        [info] = json.loads(daemon.crictl(crictl, "imagefsinfo").stdout)["status"]["imageFilesystems"]
         return int(info["usedBytes"]["value"])
     before = used()
     daemon.crictl(crictl, "pull", test_images.busybox.ref)

@@ -1,4 +1,4 @@
-"""PortForward through podshimd's streaming server, driven by the real crictl 1.26 (`crictl port-forward`):
+"""PortForward through podshimd's streaming server, driven by the real crictl (`crictl port-forward`):
 TCP connections into the pod's network namespace, both ways, several at once, errors on the error stream."""
 
 from __future__ import annotations
@@ -134,7 +134,7 @@ def test_port_forward_reaches_the_pods_namespace_not_the_hosts(daemon, crictl, p
         with socket.create_connection(("127.0.0.1", local)) as conn:
             conn.shutdown(socket.SHUT_WR)
             assert conn.recv(100) == b""  # the pod has nothing there: closed without an answer
-        message = read_until(proc.stderr, "an error occurred forwarding")
+        message = read_until(proc.stderr, "An error occurred forwarding")
     assert f"cannot connect to port {host_port} on the pod's localhost: Connection refused" in message
 
 
@@ -165,7 +165,8 @@ def test_port_forward_to_a_host_network_pod_reaches_the_hosts_loopback(daemon, c
 
 
 def read_until(stream, needle: str) -> str:
-    """Lines of ``stream`` up to the first containing ``needle`` (crictl logs errors and goes on or exits)."""
+    """The first line of ``stream`` containing ``needle`` (crictl logs an error of one connection, then
+    ends the session: "lost connection to pod")."""
     seen = []
     while line := stream.readline():
         seen.append(line)
@@ -185,7 +186,7 @@ def test_nothing_listening_is_a_clear_error_and_the_server_goes_on(daemon, crict
             with socket.create_connection(("127.0.0.1", local)) as conn:
                 conn.shutdown(socket.SHUT_WR)
                 assert conn.recv(100) == b""
-            assert "Connection refused" in read_until(proc.stderr, "an error occurred forwarding")
+            assert "Connection refused" in read_until(proc.stderr, "An error occurred forwarding")
         with port_forward(daemon, crictl, pod, remote) as (local, _):  # a new session works
             line, rest = exchange(local, b"again")
         assert line.decode().endswith(" 5") and rest == pattern(10)

@@ -1,4 +1,4 @@
-"""podshimd with ``sandbox_image`` (containerd's sandbox_image) as crictl 1.26 drives it, against a
+"""podshimd with ``sandbox_image`` (containerd's sandbox_image) as the real crictl drives it, against a
 real local registry (tests/registry.py): the pause of every pod is the image's program, pulled on
 demand, run from a snapshot ``sandbox-<pod id>`` of it with each runtime handler; a container runs
 beside it; stopp/rmp, a failed pull and a kill -9 of podshimd leave nothing behind; RemoveImage

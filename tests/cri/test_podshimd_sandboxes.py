@@ -1,4 +1,4 @@
-"""Pod sandboxes through podshimd as the real crictl 1.26 drives them (runp, pods with filters,
+"""Pod sandboxes through podshimd as the real crictl drives them (runp, pods with filters,
 inspectp, stopp, rmp), each checked on what crictl prints and on the kernel side (the pause's
 namespaces and process); the CRI semantics a client relies on (NOT_FOUND for an unknown id,
 idempotent stop and remove, ids by unique prefix, a sentence with every error, nothing half-made
