@@ -7,11 +7,15 @@ Figures containerd also has are noted with its value.
 
 from __future__ import annotations
 
+import os
+
 from shim.rpc.api import DEFAULT_BUNDLE_ROOT, DEFAULT_RUNTIME_ROOT
 
 __all__ = [
     "DEFAULT_BUNDLE_ROOT",
     "DEFAULT_RUNTIME_ROOT",
+    "PODSHIMD_SOCKET",
+    "podshimd_endpoint",
     "LOAD_TIMEOUT",
     "CONNECT_TIMEOUT",
     "CREATE_TIMEOUT",
@@ -31,6 +35,16 @@ __all__ = [
 
 # DEFAULT_BUNDLE_ROOT: where bundles live, ``<bundle root>/<namespace>/<sandbox id>/``; not
 # podshimd's state root, whose layout is another (docs/roots.md, client.layouts).
+
+#: podshimd's CRI socket in its runtime root, unless ``listen`` says otherwise; podshimctl's pod
+#: verbs look for it there by default.
+PODSHIMD_SOCKET = "podshimd.sock"
+
+
+def podshimd_endpoint(runtime_root: str) -> str:
+    """``unix://RUNTIME_ROOT/podshimd.sock``: podshimd's default socket for that runtime root."""
+    return f"unix://{os.path.join(os.path.abspath(runtime_root), PODSHIMD_SOCKET)}"
+
 
 # -- the Controller -----------------------------------------------------------------------------
 #: Reconnecting to one shim after a restart: connect + SandboxStatus (containerd: 5 s).

@@ -32,6 +32,7 @@ import time
 from typing import Any, Callable
 
 from client.cli.main import EXIT_OK, CliError, _print_fields, _print_table, _read_json_file, command, emit
+from client.defaults import podshimd_endpoint
 from shim.rpc.status import Code, NotFound, RpcError, error_from_status
 
 __all__: list[str] = []
@@ -94,7 +95,7 @@ def _answers(endpoint: str) -> bool:
 
 
 def _endpoint(args: argparse.Namespace) -> str:
-    endpoint = args.endpoint or os.environ.get(ENDPOINT_ENV) or f"{_UNIX}{os.path.abspath(args.runtime_root)}/podshimd.sock"
+    endpoint = args.endpoint or os.environ.get(ENDPOINT_ENV) or podshimd_endpoint(args.runtime_root)
     if not endpoint.startswith(_UNIX) or not endpoint[len(_UNIX):].startswith("/"):
         raise CliError(f"--endpoint must be unix:///ABSOLUTE/PATH, not {endpoint!r}")
     path = endpoint[len(_UNIX):]

@@ -34,7 +34,7 @@ from typing import Any, Mapping
 
 from client.cri.cni import DEFAULT_BIN_DIRS as DEFAULT_CNI_BIN_DIRS
 from client.cri.cni import DEFAULT_CONF_DIR as DEFAULT_CNI_CONF_DIR
-from client.defaults import DEFAULT_RUNTIME_ROOT
+from client.defaults import DEFAULT_RUNTIME_ROOT, podshimd_endpoint
 from client.images.pull import PULL_PROGRESS_TIMEOUT, PULL_TIMEOUT, RegistryHost
 from client.images.reference import ReferenceError, parse
 from shim.paths import SUN_PATH_MAX
@@ -48,7 +48,9 @@ DEFAULT_CONFIG_PATH = "/etc/podshim/config.toml"
 #: podshimd's state root: pods/, logs/, pod-files/, images/, and its Controller's bundle root
 #: sandboxes/ (docs/roots.md); another layout than a Controller's bundle root.
 DEFAULT_STATE_ROOT = "/var/lib/podshim"
-DEFAULT_LISTEN = f"unix://{DEFAULT_RUNTIME_ROOT}/podshimd.sock"
+#: ``listen`` when neither the file nor a flag sets it follows ``runtime_root`` (as podshimctl's
+#: default endpoint does); this is it for the default runtime root.
+DEFAULT_LISTEN = podshimd_endpoint(DEFAULT_RUNTIME_ROOT)
 LOG_LEVELS = ("debug", "info", "warning", "error")
 COMMAND_LINE = "command line"  # the "file" of a ConfigError about a flag
 
@@ -63,7 +65,7 @@ class Config:
 
     state_root: str = DEFAULT_STATE_ROOT  # pod records, logs, sandbox bundles
     runtime_root: str = DEFAULT_RUNTIME_ROOT  # shim sockets, the template, OCI runtime state
-    listen: str = DEFAULT_LISTEN  # the CRI socket, unix:///ABSOLUTE/PATH
+    listen: str = DEFAULT_LISTEN  # the CRI socket, unix:///ABSOLUTE/PATH (default RUNTIME_ROOT/podshimd.sock)
     cni_conf_dir: str = DEFAULT_CNI_CONF_DIR
     cni_bin_dirs: tuple[str, ...] = DEFAULT_CNI_BIN_DIRS
     default_runtime_handler: str = NATIVE  # for RunPodSandbox's empty runtime_handler
@@ -133,6 +135,11 @@ def load(path: str | None = None, overrides: Mapping[str, Any] | None = None, *,
         if key not in _FIELDS:
             raise ValueError(f"override of an unknown config key {key!r}")  # a bug in the caller
         values[key] = _check(COMMAND_LINE, _FLAGS.get(key, key), key, value)
+    if "listen" not in values and "runtime_root" in values:
+        # The socket follows the runtime root, as podshimctl expects it to.
+        where, name = (COMMAND_LINE, _FLAGS["runtime_root"]) if "runtime_root" in (overrides or {}) else \
+            (source, "runtime_root")
+        values["listen"] = _check(where, name, "listen", podshimd_endpoint(values["runtime_root"]))
     config = Config(**values)
     _check_together(config, source, values, overrides or {})
     return config
@@ -322,7 +329,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add ``--config`` and the flags that override config keys to ``parser``."""
     parser.add_argument("--config", metavar="FILE",
                         help=f"the config file (default {DEFAULT_CONFIG_PATH}, if it exists)")
-    parser.add_argument("--listen", metavar="unix:///PATH", help=f"the CRI socket (default {DEFAULT_LISTEN})")
+    parser.add_argument("--listen", metavar="unix:///PATH",
+                        help=f"the CRI socket (default unix://RUNTIME_ROOT/podshimd.sock: {DEFAULT_LISTEN})")
     parser.add_argument("--state-root", metavar="DIR", help=f"default {DEFAULT_STATE_ROOT}")
     parser.add_argument("--runtime-root", metavar="DIR", help=f"default {DEFAULT_RUNTIME_ROOT}")
     parser.add_argument("--cni-conf-dir", metavar="DIR", help=f"default {DEFAULT_CNI_CONF_DIR}")

@@ -7,6 +7,10 @@ method no group defines. Handlers translate only; the semantics are the pod laye
 (:class:`client.cri.pod.PodService`), which podshimd opens at start: it reconnects to every live
 shim and finishes or rolls back what a daemon that died left half-done, before the socket accepts.
 
+One state root has one daemon: podshimd holds an exclusive flock on ``STATE_ROOT/podshimd.lock``
+(which holds its pid) for its whole life, taken before it reads or writes anything there, and a
+second podshimd on that root refuses to start with the first one's pid (docs/roots.md).
+
 The socket is ``config.listen``'s path, 0600, in a 0700 directory. While it serves, podshimd holds
 an exclusive flock on that directory, so two daemons starting at once cannot both take the socket;
 a socket file that nobody answers on (a podshimd that was killed) is replaced, one that answers is
@@ -44,7 +48,7 @@ from client.streaming.remotecommand import ExecBackend
 from client.streaming.server import Backend, StreamingServer
 from shim.launch.notify import Notifier
 from shim.rpc.blocking import can_connect
-from shim.rpc.files import ensure_private_dir
+from shim.rpc.files import ensure_private_dir, flock_open
 from shim.rpc.status import RpcError, Unimplemented
 
 from . import metrics
@@ -72,6 +76,8 @@ log = logging.getLogger("podshimd")
 SHUTDOWN_GRACE = 5.0
 #: Seconds pod changes still in flight after that get before they are cancelled (and roll back).
 CHANGES_GRACE = 20.0
+#: In the state root: flock'd by the daemon that serves it, for its whole life; holds its pid.
+STATE_LOCK = "podshimd.lock"
 #: Where gRPC listens when systemd owns the socket (podshimd.socket): beside it, relayed to.
 RELAYED_SOCKET = ".podshimd-grpc.sock"
 
@@ -127,16 +133,46 @@ ImageService = compose(api_pb2_grpc.ImageServiceServicer, IMAGE_GROUPS)
 # -- the socket --------------------------------------------------------------------------------------
 
 
-def _claim_state_root(state_root: str) -> None:
-    """Make the state root (0711) and mark it as podshimd's (docs/roots.md), before anything is
-    written there; a root marked as a Controller's bundle root is refused."""
+def _claim_state_root(stack: contextlib.AsyncExitStack, state_root: str) -> None:
+    """Make the state root (0711), lock it for this daemon's life (released and removed with
+    ``stack``) and mark it as podshimd's (docs/roots.md), before anything else is read or written
+    there. Raises DaemonError when another podshimd holds it (naming its pid) or when it is marked
+    as a Controller's bundle root."""
+    path = os.path.join(state_root, STATE_LOCK)
     try:
         ensure_private_dir(state_root, 0o711, keep_mode=True)
+        layouts.check(state_root, layouts.POD_ROOT)  # before anything is written there
+        fd = stack.enter_context(flock_open(path, blocking=False, unlink=True))
+        if fd is None:
+            raise DaemonError(f"another podshimd ({_holder(path)}) serves the state root {state_root}: one state "
+                              "root has one daemon; stop that one, or give this one a state root of its own")
+        _write_pid(path)
         layouts.claim(state_root, layouts.POD_ROOT)
     except OSError as exc:
         raise DaemonError(f"cannot use the state root {state_root}: {exc.strerror or exc}") from None
     except RpcError as exc:
         raise DaemonError(exc.message) from None
+
+
+def _write_pid(path: str) -> None:
+    """Record this daemon's pid in its lock file (locked by us: nobody else writes it)."""
+    fd = os.open(path, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        data = f"{os.getpid()}\n".encode()
+        os.pwrite(fd, data, 0)
+        os.ftruncate(fd, len(data))
+    finally:
+        os.close(fd)
+
+
+def _holder(path: str) -> str:
+    """"pid N" of the daemon that holds the lock file ``path``, as it recorded it."""
+    try:
+        with open(path, "rb", opener=lambda p, flags: os.open(p, flags | os.O_NOFOLLOW)) as f:
+            text = f.read(32).decode(errors="replace").strip()
+    except OSError:
+        text = ""
+    return f"pid {text}" if text.isdigit() else "its pid not recorded yet"
 
 
 def _claim_directory(directory: str, runtime_root: str) -> int:
@@ -211,7 +247,7 @@ async def serve(config: Config, *, notifier: Notifier | None = None) -> None:
                 raise DaemonError(str(exc)) from None
             if inherited is not None:
                 stack.callback(inherited.close)
-            _claim_state_root(config.state_root)
+            _claim_state_root(stack, config.state_root)
             lock_fd = _claim_directory(os.path.dirname(path), config.runtime_root)
             if inherited is None:
                 _remove_stale_socket(path, config.listen)

@@ -242,7 +242,24 @@ def test_flags_override_the_file(write, tmp_path):
 
 
 def test_flags_alone_override_the_defaults(missing):
-    assert parse_flags(["--runtime-root", "/run/x"], default_path=missing) == Config(runtime_root="/run/x")
+    assert parse_flags(["--runtime-root", "/run/x"], default_path=missing) == Config(
+        runtime_root="/run/x", listen="unix:///run/x/podshimd.sock")
+
+
+def test_the_socket_follows_the_runtime_root_unless_listen_is_given(write, missing):
+    from client.defaults import podshimd_endpoint
+
+    assert parse_flags(["--runtime-root", "/run/x"], default_path=missing).socket_path == "/run/x/podshimd.sock"
+    assert config.load(write('runtime_root = "/run/y"\n')).listen == "unix:///run/y/podshimd.sock"
+    assert config.load(write('runtime_root = "/run/y"\nlisten = "unix:///tmp/p.sock"\n')).listen == "unix:///tmp/p.sock"
+    assert parse_flags(["--runtime-root", "/run/x", "--listen", "unix:///tmp/q.sock"],
+                       default_path=missing).listen == "unix:///tmp/q.sock"
+    # podshimctl's pod verbs look there too (client/cli/pods.py), through the one default.
+    assert podshimd_endpoint("/run/x") == parse_flags(["--runtime-root", "/run/x"], default_path=missing).listen
+    too_long = "/" + "r" * 120
+    with pytest.raises(ConfigError) as info:
+        parse_flags(["--runtime-root", too_long], default_path=missing)
+    assert info.value.key == "--runtime-root" and "longer than a Unix socket allows" in info.value.reason
 
 
 def test_a_bad_flag_value_is_refused_naming_the_flag(missing):

@@ -1,7 +1,7 @@
 """Which directory belongs to whom (docs/roots.md), on a node that runs podshimd: a Controller
 pointed at podshimd's state root (``podshimctl --root STATE``) refuses it and touches nothing of
 podshimd's; pointed at podshimd's bundle root, it lists podshimd's pods and still changes nothing.
-podshimd refuses a Controller's bundle root."""
+One state root has one podshimd, and podshimd refuses a Controller's bundle root."""
 
 from __future__ import annotations
 
@@ -78,6 +78,28 @@ def check_roots(daemon, on_daemon: list[str], test_images, tmp_path) -> None:
     assert [(s["namespace"], s["sandbox_id"], s["state"]) for s in json.loads(seen.stdout)] == [
         ("k8s.io", pod_id, "running")]
     assert footprint(daemon.state_root) == before
+
+
+def test_a_second_podshimd_on_one_state_root_refuses_to_start_and_names_the_first(tmp_path):
+    first_dir, second_dir = tempfile.mkdtemp(prefix="psd-one-"), tempfile.mkdtemp(prefix="psd-two-")
+    try:
+        with running_podshimd(first_dir) as first:
+            with open(os.path.join(first.state_root, "podshimd.lock")) as f:
+                assert f.read() == f"{first.process.pid}\n"
+            # Its own runtime root and socket; the first one's state root.
+            open(os.path.join(second_dir, "config.toml"), "w").close()
+            second = subprocess.run(podshimd_argv(second_dir, "--state-root", first.state_root), cwd=REPO,
+                                    stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60)
+            assert second.returncode == 1
+            assert second.stderr.splitlines()[-1] == (
+                f"podshimd: another podshimd (pid {first.process.pid}) serves the state root {first.state_root}: "
+                "one state root has one daemon; stop that one, or give this one a state root of its own")
+            assert not os.path.exists(os.path.join(second_dir, "run", "podshimd.sock"))
+            assert first.process.poll() is None
+        assert not os.path.exists(os.path.join(first.state_root, "podshimd.lock"))  # the first left nothing
+    finally:
+        shutil.rmtree(first_dir)
+        shutil.rmtree(second_dir)
 
 
 def test_podshimd_refuses_a_state_root_marked_as_a_controllers_bundle_root(tmp_path):
