@@ -16,6 +16,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Callable, TypeVar
 
+from client.cri.resources import shim_resources
 from client.cri.security import ContainerSecurity
 from shim.rpc.files import read_json
 from shim.rpc.identifiers import validate_annotations, validate_hostname, validate_labels
@@ -481,6 +482,14 @@ class ContainerConfig:
     stdin: bool = False  # its stdin stays open through the shim, for attach
     stdin_once: bool = False  # ... until the first attach that wrote to it detaches
     tty: bool = False
+    #: ``linux.resources`` as given, without its unset (zero) fields: CRI's LinuxContainerResources,
+    #: which :func:`client.cri.resources.shim_resources` makes the task's Create ``resources``.
+    resources: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def shim_resources(self) -> dict[str, Any]:
+        """The task's ``resources`` (protocol.md 7.3): what its cgroup and process get at Start."""
+        return shim_resources(self.resources, "linux.resources")
 
     @property
     def argv(self) -> tuple[str, ...]:
@@ -499,7 +508,10 @@ class ContainerConfig:
         working_dir = f.string("working_dir")
         if working_dir and not os.path.isabs(working_dir):
             raise InvalidArgument(f"working_dir {working_dir!r} must be an absolute path")
-        security = f.obj("linux").obj("security_context")
+        linux = f.obj("linux")
+        resources = linux.obj("resources").doc
+        shim_resources(resources, linux.name("resources"))  # checked now: a bad field fails the create
+        security = linux.obj("security_context")
         namespace_options = security.obj("namespace_options")
         pid_mode = namespace_options.mode("pid", ("POD", "CONTAINER", "NODE", "TARGET"), "POD")
         target_id = namespace_options.string("target_id")
@@ -531,6 +543,7 @@ class ContainerConfig:
             stdin=f.boolean("stdin"),
             stdin_once=f.boolean("stdin_once"),
             tty=f.boolean("tty"),
+            resources=_drop_empty({k: v for k, v in resources.items() if v != 0 or isinstance(v, bool)}),
         )
 
     @classmethod
@@ -554,8 +567,8 @@ class ContainerConfig:
             "stdin": self.stdin or None,
             "stdin_once": self.stdin_once or None,
             "tty": self.tty or None,
-            "linux": {"security_context": _drop_empty({"namespace_options": _drop_empty({"pid": self.pid_mode,
-                                                                                      "target_id": self.target_id}),
-                                                       "readonly_rootfs": self.readonly_rootfs or None,
-                                                       **self.security.to_json()})},
+            "linux": _drop_empty({"resources": dict(self.resources),
+                                  "security_context": _drop_empty({"namespace_options": _drop_empty({
+                                      "pid": self.pid_mode, "target_id": self.target_id}),
+                                      "readonly_rootfs": self.readonly_rootfs or None, **self.security.to_json()})}),
         })

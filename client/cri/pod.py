@@ -405,7 +405,8 @@ class PodService:
                     return  # removed meanwhile, or not one of ours
                 if c.state is not ContainerState.EXITED:
                     self._exited(c, {"exit_status": body.get("exit_status", UNKNOWN_EXIT_CODE),
-                                     "exited_at": body.get("exited_at") or time.time_ns()})
+                                     "exited_at": body.get("exited_at") or time.time_ns(),
+                                     "oom_killed": body.get("oom_killed") is True})
 
     async def _load(self, pod_id: str) -> None:
         """Make sure this process's Controller knows the pod's sandbox. Another process may
@@ -907,7 +908,7 @@ class PodService:
                     "cwd": process.cwd, "log_path": log_path, "pid_mode": cfg.pid_mode, "labels": dict(cfg.labels),
                     "pid_target": self._pid_target(pod.pod_id, cfg),
                     "rootfs": rootfs, "readonly_rootfs": cfg.readonly_rootfs, "mounts": mounts, "stdin": cfg.stdin,
-                    "terminal": cfg.tty,
+                    "terminal": cfg.tty, "resources": cfg.shim_resources,
                     **confinement})
             except BaseException:
                 with anyio.CancelScope(shield=True):
@@ -1068,10 +1069,12 @@ class PodService:
         except (Unavailable, NotFound):
             self._shim_gone(c)
 
-    def _exited(self, c: ContainerRecord, done: Mapping[str, Any]) -> None:
-        code = done["exit_status"]
-        self.store.update_container(c.pod_id, c.container_id, state=ContainerState.EXITED, exit_code=code,
-                                    finished_at=done["exited_at"], reason="Completed" if code == 0 else "Error")
+    def _exited(self, c: ContainerRecord, done: Mapping[str, Any]) -> ContainerRecord:
+        """The container EXITED as the shim's exit (Wait, State or ``/tasks/exit``) says."""
+        code = done.get("exit_status", UNKNOWN_EXIT_CODE)
+        return self.store.update_container(c.pod_id, c.container_id, state=ContainerState.EXITED, exit_code=code,
+                                           finished_at=done.get("exited_at") or time.time_ns(),
+                                           reason=exit_reason(code, done.get("oom_killed") is True))
 
     def _shim_gone(self, c: ContainerRecord) -> ContainerRecord:
         return self.store.update_container(c.pod_id, c.container_id, state=ContainerState.EXITED,
@@ -1103,10 +1106,7 @@ class PodService:
         if state is c.state:
             return c
         if state is ContainerState.EXITED:
-            code = st.get("exit_status", UNKNOWN_EXIT_CODE)
-            return self.store.update_container(c.pod_id, c.container_id, state=ContainerState.EXITED, exit_code=code,
-                                               finished_at=st.get("exited_at") or time.time_ns(),
-                                               reason="Completed" if code == 0 else "Error")
+            return self._exited(c, st)
         return self.store.update_container(c.pod_id, c.container_id, state=state, pid=st.get("pid"),
                                            started_at=st.get("started_at") or c.started_at)
 
@@ -1419,6 +1419,15 @@ class PodService:
         write_json_atomic(self._runtime_config_path, {"pod_cidr": text})
         log.info("pod CIDR is now %s; the CNI config in %s still decides the pods' addresses (no config template)",
                  text, self.cni.conf_dir if self.cni is not None else "(none)")
+
+
+def exit_reason(exit_code: int, oom_killed: bool) -> str:
+    """ContainerStatus's ``reason`` for an exit, as containerd gives it: ``OOMKilled`` when the
+    shim says the kernel's OOM killer killed a process of the container (its cgroup's count, not
+    a guess from the exit code), else ``Completed`` (0) or ``Error``."""
+    if oom_killed:
+        return "OOMKilled"
+    return "Completed" if exit_code == 0 else "Error"
 
 
 def _check_sandbox_config(pod: PodRecord, sandbox_config: PodSandboxConfig | Mapping[str, Any]) -> None:

@@ -28,8 +28,8 @@ from shim.rpc.processes import process_alive
 from shim.rpc.records import Record, set_field as _set
 from shim.rpc.status import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound, error_from_oserror
 
-__all__ = ["DEFAULT_PARENT", "METRIC_KEYS", "REMOVE_TIMEOUT", "UPDATE_KEYS", "V2", "Hierarchy", "SandboxCgroup",
-           "birth_in_v2_allowed", "discover_hierarchies", "entry_files", "hold_parent", "no_metrics",
+__all__ = ["DEFAULT_PARENT", "METRIC_KEYS", "REMOVE_TIMEOUT", "UPDATE_KEYS", "RESOURCE_FILES", "V2", "Hierarchy",
+           "SandboxCgroup", "birth_in_v2_allowed", "huge_page_pool", "discover_hierarchies", "entry_files", "hold_parent", "no_metrics",
            "remove_stale_holds"]
 
 log = logging.getLogger(__name__)
@@ -45,9 +45,26 @@ _UNLIMITED_BYTES = 1 << 62
 #: The figures SandboxCgroup.metrics reports (protocol.md 7.1, SandboxMetrics).
 METRIC_KEYS = ("cpu_usage_ns", "memory_usage_bytes", "memory_working_set_bytes", "memory_rss_bytes",
                "memory_page_faults", "memory_major_page_faults", "memory_limit_bytes", "pids_current")
+#: Each resource of Update and Create (protocol.md 7.3) kept in a cgroup file: its cgroup v1
+#: controller, its file there (``{size}``: the page size of a hugepage limit), and where an OCI
+#: config's ``linux.resources`` says it (None: the shim's write only; see
+#: :mod:`shim.runtime.oci.spec`). The others: ``oom_score_adj`` goes to /proc/<pid>/oom_score_adj,
+#: ``unified`` to the task's v2 directory as named.
+RESOURCE_FILES = {
+    "cpu_shares": ("cpu", "cpu.shares", "cpu.shares"),
+    "cpu_quota_us": ("cpu", "cpu.cfs_quota_us", "cpu.quota"),
+    "cpu_period_us": ("cpu", "cpu.cfs_period_us", "cpu.period"),
+    "memory_limit_bytes": ("memory", "memory.limit_in_bytes", "memory.limit"),
+    "memory_swap_limit_bytes": ("memory", "memory.memsw.limit_in_bytes", "memory.swap"),
+    "cpuset_cpus": ("cpuset", "cpuset.cpus", "cpu.cpus"),
+    "cpuset_mems": ("cpuset", "cpuset.mems", "cpu.mems"),
+    "pids_limit": ("pids", "pids.max", "pids.limit"),
+    "hugepage_limits": ("hugetlb", "hugetlb.{size}.limit_in_bytes", None),
+}
 #: The keys SandboxCgroup.update accepts (protocol.md 7.3, Update).
-UPDATE_KEYS = ("cpu_shares", "cpu_quota_us", "cpu_period_us", "memory_limit_bytes", "memory_swap_limit_bytes",
-               "cpuset_cpus", "cpuset_mems", "pids_limit", "hugepage_limits", "oom_score_adj", "unified")
+UPDATE_KEYS = (*RESOURCE_FILES, "oom_score_adj", "unified")
+#: Where the kernel lists its huge page sizes (hugepages-2048kB) and the pool of each.
+HUGEPAGES_DIR = "/sys/kernel/mm/hugepages"
 # Compiled at their first use (re's cache), not at import: a shim starts without them (issue #15).
 _CPU_LIST = r"\d+(-\d+)?(,\d+(-\d+)?)*"
 _PAGE_SIZE = r"\d+[KMGT]B"
@@ -55,6 +72,18 @@ _PAGE_SIZE = r"\d+[KMGT]B"
 _V1_MEMORY_STAT = {"inactive_file": "total_inactive_file", "rss": "total_rss", "pgfault": "total_pgfault",
                    "pgmajfault": "total_pgmajfault"}
 _V2_MEMORY_STAT = {"inactive_file": "inactive_file", "rss": "anon", "pgfault": "pgfault", "pgmajfault": "pgmajfault"}
+
+
+_PAGE_UNITS = {"K": 1, "M": 1 << 10, "G": 1 << 20, "T": 1 << 30}
+
+
+def huge_page_pool(size: str) -> int | None:
+    """How many huge pages of ``size`` (``2MB``, as CRI and the hugetlb files write it) a process
+    could have: the kernel's pool of them plus what it may overcommit; None when this kernel has
+    no such page size."""
+    directory = os.path.join(HUGEPAGES_DIR, f"hugepages-{int(size[:-2]) * _PAGE_UNITS[size[-2]]}kB")
+    pages = [_read_int(directory, name) for name in ("nr_hugepages", "nr_overcommit_hugepages")]
+    return None if pages[0] is None else pages[0] + (pages[1] or 0)
 
 
 class Hierarchy(Record):
@@ -532,6 +561,15 @@ class SandboxCgroup(Record):
         ]
         return metrics
 
+    def oom_kills(self) -> int | None:
+        """How many processes of this cgroup the kernel's OOM killer killed: v1's ``oom_kill`` of
+        memory.oom_control, else v2's of memory.events; None when neither can be read."""
+        v1 = self._v1_paths()
+        if "memory" in v1:
+            return _read_keyed(v1["memory"], "memory.oom_control", "oom_kill")
+        v2 = self.paths.get(V2)
+        return _read_keyed(v2, "memory.events", "oom_kill") if v2 is not None else None
+
     def _v1_paths(self) -> dict[str, str]:
         """controller -> directory, for every v1 hierarchy ("cpu,cpuacct" gives both)."""
         return {c: path for key, path in self.paths.items() if key != V2 for c in key.split(",")}
@@ -575,9 +613,17 @@ class SandboxCgroup(Record):
                     log.error("cannot put back %s after a failed update: %s", path, exc.strerror)
             raise
 
-    def _planned_writes(self, resources: Mapping[str, Any]) -> list[tuple[str, str, bytes]]:
+    def check(self, resources: Mapping[str, Any]) -> None:
+        """Check ``resources`` as :meth:`update` would, writing nothing: InvalidArgument naming
+        the first key this cgroup's hierarchies cannot apply (the task cgroups below this one
+        have the same files: Create checks a task's resources against the sandbox's cgroup)."""
+        self._planned_writes(resources, pids=())
+
+    def _planned_writes(self, resources: Mapping[str, Any],
+                        pids: Iterable[int] | None = None) -> list[tuple[str, str, bytes]]:
         """(key, file, contents) for every write ``resources`` asks for, in the order the kernel
-        accepts them; InvalidArgument for the first key that cannot be applied."""
+        accepts them; InvalidArgument for the first key that cannot be applied. ``oom_score_adj``
+        is written for ``pids`` (None: the cgroup's processes now)."""
         unknown = sorted(set(resources) - set(UPDATE_KEYS))
         if unknown:
             raise InvalidArgument(f"resources.{unknown[0]} is not a resource podshim can update "
@@ -585,12 +631,13 @@ class SandboxCgroup(Record):
         v1, v2 = self._v1_paths(), self.paths.get(V2)
         writes: list[tuple[str, str, bytes]] = []
 
-        def file_of(key: str, controller: str, name: str) -> str:
+        def file_of(key: str, **names: str) -> str:
+            controller, name, _ = RESOURCE_FILES[key.split("[")[0]]
             directory = v1.get(controller)
             if directory is None:
                 raise InvalidArgument(f"resources.{key} cannot be applied: this host has no {controller} cgroup "
                                       f"hierarchy for the task")
-            path = os.path.join(directory, name)
+            path = os.path.join(directory, name.format(**names))
             if not os.path.exists(path):
                 raise InvalidArgument(f"resources.{key} cannot be applied: {path} does not exist on this host")
             return path
@@ -609,28 +656,21 @@ class SandboxCgroup(Record):
                                       f"{bounds})")
             return value
 
-        shares = integer("cpu_shares", 2, 262144)
-        if shares is not None:
-            writes.append(("cpu_shares", file_of("cpu_shares", "cpu", "cpu.shares"), b"%d" % shares))
-        period = integer("cpu_period_us", 1000, 1000000)
-        if period is not None:
-            writes.append(("cpu_period_us", file_of("cpu_period_us", "cpu", "cpu.cfs_period_us"), b"%d" % period))
-        quota = integer("cpu_quota_us", 1000, unlimited=True)
-        if quota is not None:
-            writes.append(("cpu_quota_us", file_of("cpu_quota_us", "cpu", "cpu.cfs_quota_us"), b"%d" % quota))
+        for key, low, high, unlimited in (("cpu_shares", 2, 262144, False), ("cpu_period_us", 1000, 1000000, False),
+                                          ("cpu_quota_us", 1000, None, True)):
+            value = integer(key, low, high, unlimited)
+            if value is not None:
+                writes.append((key, file_of(key), b"%d" % value))
 
         memory = integer("memory_limit_bytes", 1, unlimited=True)
         swap = integer("memory_swap_limit_bytes", 1, unlimited=True)
         if memory is not None and swap is not None and swap != -1 and (memory == -1 or swap < memory):
             raise InvalidArgument(f"resources.memory_swap_limit_bytes {swap} is below memory_limit_bytes {memory}: "
                                   "it counts memory and swap together")
-        memory_write = swap_write = None
-        if memory is not None:
-            memory_write = ("memory_limit_bytes", file_of("memory_limit_bytes", "memory", "memory.limit_in_bytes"),
-                            b"%d" % memory)
-        if swap is not None:
-            swap_write = ("memory_swap_limit_bytes",
-                          file_of("memory_swap_limit_bytes", "memory", "memory.memsw.limit_in_bytes"), b"%d" % swap)
+        memory_write = ("memory_limit_bytes", file_of("memory_limit_bytes"), b"%d" % memory) \
+            if memory is not None else None
+        swap_write = ("memory_swap_limit_bytes", file_of("memory_swap_limit_bytes"), b"%d" % swap) \
+            if swap is not None else None
         # memory.memsw.limit_in_bytes may never be below memory.limit_in_bytes: raising the
         # memory limit past the current memsw limit must come after the memsw write.
         if memory_write is not None and swap_write is not None:
@@ -640,18 +680,17 @@ class SandboxCgroup(Record):
         else:
             writes += [w for w in (memory_write, swap_write) if w is not None]
 
-        for key, name in (("cpuset_cpus", "cpuset.cpus"), ("cpuset_mems", "cpuset.mems")):
+        for key in ("cpuset_cpus", "cpuset_mems"):
             value = resources.get(key)
             if value is None:
                 continue
             if not isinstance(value, str) or not re.fullmatch(_CPU_LIST, value):
                 raise InvalidArgument(f"resources.{key} must be a list such as '0-1,3', not {value!r}")
-            writes.append((key, file_of(key, "cpuset", name), value.encode()))
+            writes.append((key, file_of(key), value.encode()))
 
-        pids = integer("pids_limit", 1, unlimited=True)
-        if pids is not None:
-            writes.append(("pids_limit", file_of("pids_limit", "pids", "pids.max"),
-                           b"max" if pids == -1 else b"%d" % pids))
+        pids_limit = integer("pids_limit", 1, unlimited=True)
+        if pids_limit is not None:
+            writes.append(("pids_limit", file_of("pids_limit"), b"max" if pids_limit == -1 else b"%d" % pids_limit))
 
         hugepages = resources.get("hugepage_limits")
         if hugepages is not None:
@@ -663,12 +702,17 @@ class SandboxCgroup(Record):
                     raise InvalidArgument(f"resources.{key}: the page size must be written like 2MB or 1GB")
                 if not isinstance(limit, int) or isinstance(limit, bool) or limit < 0:
                     raise InvalidArgument(f"resources.{key} must be a number of bytes, not {limit!r}")
-                writes.append((key, file_of(key, "hugetlb", f"hugetlb.{size}.limit_in_bytes"), b"%d" % limit))
+                pool = huge_page_pool(size)
+                if pool is None:
+                    raise InvalidArgument(f"resources.{key} cannot be applied: this kernel has no {size} huge pages")
+                if limit == 0 and "hugetlb" not in v1 and pool == 0:
+                    continue  # no hugetlb controller, but none can be had: "none" holds as it is
+                writes.append((key, file_of(key, size=size), b"%d" % limit))
 
         adj = integer("oom_score_adj", -1000, 1000)
         if adj is not None:
-            pids_now = sorted(self.pids())
-            writes += [("oom_score_adj", f"/proc/{pid}/oom_score_adj", b"%d" % adj) for pid in pids_now]
+            writes += [("oom_score_adj", f"/proc/{pid}/oom_score_adj", b"%d" % adj)
+                       for pid in sorted(self.pids() if pids is None else pids)]
 
         unified = resources.get("unified")
         if unified is not None:
@@ -681,10 +725,13 @@ class SandboxCgroup(Record):
                 if "/" in name or name.startswith("cgroup.") or name in ("", ".", ".."):
                     raise InvalidArgument(f"resources.{key}: only a controller's file of the task's own cgroup "
                                           "may be written")
-                if v2 is None or not os.path.isfile(os.path.join(v2, name)):
-                    raise InvalidArgument(f"resources.{key} cannot be applied: the task's cgroup v2 directory has "
-                                          f"no file {name} (no such controller enabled on this host)")
-                writes.append((key, os.path.join(v2, name), value.encode()))
+                controller = name.split(".")[0]
+                enabled = (_read_text(v2, "cgroup.controllers") or "").split() if v2 is not None else []
+                if controller not in enabled or not os.path.isfile(os.path.join(v2 or "", name)):
+                    where = "on cgroup v1" if controller in v1 else "not mounted"
+                    raise InvalidArgument(f"resources.{key} cannot be applied: it is a cgroup v2 file, and this "
+                                          f"host's {controller} controller is {where}, not enabled on cgroup v2")
+                writes.append((key, os.path.join(v2 or "", name), value.encode()))
         return writes
 
     def kill_all(self, sig: int = signal.SIGKILL) -> None:

@@ -28,12 +28,13 @@ __all__ = [
     "MS_REMOUNT", "MS_SHARED", "MS_SLAVE",
     "MNT_DETACH", "MNT_FORCE", "UMOUNT_NOFOLLOW",
     "STAT_PPID", "STAT_SESSION", "STAT_STARTTIME", "STAT_STATE",
-    "CLONE3_REFUSED", "CLONE_INTO_CGROUP", "block_all_signals", "clone3", "fork_into_cgroup", "get_child_subreaper", "mount", "ns_inode", "ns_type", "proc_start_time",
+    "CAP_SYS_RESOURCE", "CLONE3_REFUSED", "CLONE_INTO_CGROUP", "block_all_signals", "clone3", "fork_into_cgroup", "get_child_subreaper", "mount", "ns_inode", "ns_type", "proc_start_time",
     "proc_stat", "set_child_subreaper", "set_parent_death_signal", "set_signal_mask", "sethostname", "setns", "umount2", "unshare",
     "write_file", "open_tree", "move_mount", "pivot_root", "mount_fs", "bpf",
     "IN_ATTRIB", "IN_CLOSE_WRITE", "IN_CREATE", "IN_DELETE", "IN_DELETE_SELF", "IN_IGNORED", "IN_MODIFY",
     "IN_MOVED_FROM", "IN_MOVED_TO", "IN_MOVE_SELF", "IN_Q_OVERFLOW", "IN_UNMOUNT",
     "inotify_add_watch", "inotify_init", "inotify_read", "fs_type", "default_signal", "read_status", "status_mask",
+    "oom_score_adj_permitted",
 ]
 
 # <linux/sched.h>
@@ -378,6 +379,24 @@ def status_mask(field: str, path: str = "/proc/self/status") -> int:
     if value is None:
         raise ValueError(f"{path} has no {field}")
     return int(value, 16)
+
+
+CAP_SYS_RESOURCE = 24
+
+
+def oom_score_adj_permitted(value: int, status_path: str = "/proc/self/status") -> bool:
+    """Whether a child of this process may set its oom_score_adj to ``value``.
+
+    Raising it is always allowed; lowering it below ours needs CAP_SYS_RESOURCE (bit 24 of CapEff).
+    """
+    try:
+        with open("/proc/self/oom_score_adj") as f:
+            if value >= int(f.read()):
+                return True
+        return bool(status_mask("CapEff", status_path) >> CAP_SYS_RESOURCE & 1)
+    except (OSError, ValueError):
+        pass
+    return False
 
 
 def write_file(path: str, data: bytes) -> None:

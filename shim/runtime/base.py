@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from shim.kernel.cgroups import SandboxCgroup
@@ -43,7 +43,10 @@ class TaskSpec:
     ``<bundle>/tasks/<task_id>/rootfs`` where the caller mounted its ``filesystem.rootfs`` (an
     empty attach point when the root is the host's ``/``). With ``console`` the task's stdio is a new
     terminal of its own devpts instead, whose master the runtime has ``console`` receive before
-    :meth:`Runtime.start_task` returns (the caller owns ``console``)."""
+    :meth:`Runtime.start_task` returns (the caller owns ``console``). ``resources`` (protocol.md
+    7.3, Update's keys) are in ``cgroup`` already, written by the caller; the runtime says them
+    where it keeps them (an OCI config's ``linux.resources``). ``oom_score_adj`` is the process's
+    (None: inherited from the shim)."""
 
     task_id: str
     args: tuple[str, ...]
@@ -62,6 +65,8 @@ class TaskSpec:
     stdin: int | None = None  # None: /dev/null
     console: Console | None = None
     device_rules: DeviceRules = DEFAULT_RULES  # its cgroup's, set by the caller; an OCI runtime is told them too
+    resources: Mapping[str, Any] = field(default_factory=dict)
+    oom_score_adj: int | None = None
 
 
 @dataclass(frozen=True)

@@ -126,4 +126,5 @@ def _process_spec(spec: TaskSpec, root: mounts.RootSetup, console_fd: int | None
         stderr=spec.stderr,
         confinement=spec.confinement,
         console=console_fd,
+        oom_score_adj=spec.oom_score_adj,
     )

@@ -136,15 +136,17 @@ class StartResult(Record):
 
 
 class ExitResult(Record):
-    __slots__ = ("exit_status", "exited_at", "pid")
+    __slots__ = ("exit_status", "exited_at", "pid", "oom_killed")
     exit_status: int
     exited_at: int  # ns since the epoch
     pid: int
+    oom_killed: bool  # the kernel's OOM killer killed a process of its cgroup (its counter says so)
 
-    def __init__(self, exit_status: int, exited_at: int, pid: int = 0) -> None:
+    def __init__(self, exit_status: int, exited_at: int, pid: int = 0, oom_killed: bool = False) -> None:
         _set(self, "exit_status", exit_status)
         _set(self, "exited_at", exited_at)
         _set(self, "pid", pid)
+        _set(self, "oom_killed", oom_killed)
 
 
 class Tasks(Protocol):

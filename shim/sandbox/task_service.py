@@ -69,6 +69,7 @@ class TaskService:
             filesystem=parse_filesystem(p),
             stdin=optional(p, "stdin", bool, False),
             terminal=optional(p, "terminal", bool, False),
+            resources=optional(p, "resources", dict),
         )
         return {}
 
@@ -82,11 +83,12 @@ class TaskService:
 
     async def wait(self, ctx: CallContext, p: dict[str, Any]) -> dict[str, Any]:
         result = await self.tasks.wait(*self._ids(ctx, p))
-        return {"exit_status": result.exit_status, "exited_at": result.exited_at}
+        return {"exit_status": result.exit_status, "exited_at": result.exited_at, "oom_killed": result.oom_killed}
 
     async def delete(self, ctx: CallContext, p: dict[str, Any]) -> dict[str, Any]:
         result = await self.tasks.delete(*self._ids(ctx, p))
-        return {"exit_status": result.exit_status, "exited_at": result.exited_at, "pid": result.pid}
+        return {"exit_status": result.exit_status, "exited_at": result.exited_at, "pid": result.pid,
+                "oom_killed": result.oom_killed}
 
     async def exec(self, ctx: CallContext, p: dict[str, Any]) -> dict[str, Any]:
         sid, tid = self._ids(ctx, p)

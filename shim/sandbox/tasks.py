@@ -27,6 +27,7 @@ import time
 from typing import Any
 
 from shim.kernel import devices
+from shim.kernel import linux
 from shim.kernel.cgroups import SandboxCgroup, no_metrics
 from shim.kernel.netns import NamespaceNotFound
 from shim.kernel.reaper import ExitInfo
@@ -117,8 +118,12 @@ class Task:
     def __init__(self, task_id: str, *, args: list[str], env: dict[str, str], cwd: str, log_path: str,
                  pid_mode: str, labels: dict[str, str], confinement: Confinement | None = None,
                  filesystem: TaskFilesystem = TaskFilesystem(), rootfs: str = "", stdin: bool = False,
-                 pid_target: str | None = None, terminal: bool = False):
+                 pid_target: str | None = None, terminal: bool = False, resources: dict[str, Any] | None = None):
         self.task_id = task_id
+        # Create's resources (protocol.md 7.3): its cgroup gets them before its process runs,
+        # and the process its oom_score_adj.
+        self.resources = {k: v for k, v in (resources or {}).items() if k != "oom_score_adj" and v is not None}
+        self.oom_score_adj: int | None = (resources or {}).get("oom_score_adj")
         self.pid_target = pid_target  # pid_mode TARGET: the task whose pid namespace it joins
         self.filesystem = filesystem
         self.rootfs = rootfs  # <bundle>/tasks/<task id>/rootfs: its root's mount point; "" once removed
@@ -168,6 +173,7 @@ class Task:
             "status": self.status.value,
             "exit_status": self.exit.exit_status if self.exit else 0,
             "exited_at": self.exit.exited_at if self.exit else 0,
+            "oom_killed": self.exit.oom_killed if self.exit else False,
             "started_at": self.started_at,
             "created_at": self.created_at,
             "log_path": self.log_path,
@@ -242,13 +248,17 @@ class TaskSet:
                      cwd: str | None = None, log_path: str, pid_mode: str = CONTAINER,
                      labels: dict[str, str] | None = None, confinement: Confinement | None = None,
                      filesystem: TaskFilesystem = TaskFilesystem(), stdin: bool = False,
-                     pid_target: str | None = None, terminal: bool = False) -> Task:
+                     pid_target: str | None = None, terminal: bool = False,
+                     resources: dict[str, Any] | None = None) -> Task:
         """Create: check the request and record the task; its log's directories are made (0755)
         and its ``filesystem.rootfs`` mounted on ``<bundle>/tasks/<task_id>/rootfs`` (recorded
         first; unmounted again when the mount fails).
 
-        Raises InvalidArgument, AlreadyExists, FailedPrecondition (the sandbox is not running; a
-        rootfs that cannot be mounted).
+        ``resources`` (Update's keys) are checked against the sandbox's cgroup now and written to the
+        task's at Start, before its process runs; ``oom_score_adj`` is its process's.
+
+        Raises InvalidArgument (also naming a resource this host cannot apply), AlreadyExists,
+        FailedPrecondition (the sandbox is not running; a rootfs that cannot be mounted).
         """
         self.sandbox.check_id(sandbox_id)
         validate_identifier("task_id", task_id)
@@ -270,6 +280,8 @@ class TaskSet:
             raise NotFound(f"pid_target {pid_target} is not a task of sandbox {self.sandbox.config.sandbox_id}")
         if confinement is not None and self.sandbox.runtime is not None:
             self.sandbox.runtime.check_confinement(confinement)
+        if resources:
+            _check_resources(self.sandbox, resources)
         if task_id in self._tasks:
             raise AlreadyExists(f"task {task_id} already exists (it is {self._tasks[task_id].status.value})")
         try:
@@ -283,7 +295,7 @@ class TaskSet:
         task = Task(task_id, args=list(args), env=environment, cwd=cwd, log_path=log_path, pid_mode=pid_mode,
                     labels=dict(labels or {}), confinement=confinement, filesystem=filesystem,
                     rootfs=mounts.rootfs_path(self.sandbox.config.bundle, task_id), stdin=stdin,
-                    pid_target=pid_target, terminal=terminal)
+                    pid_target=pid_target, terminal=terminal, resources=resources)
         self._tasks[task_id] = task
         self._persist()
         if filesystem.rootfs:
@@ -322,6 +334,7 @@ class TaskSet:
             rules = self._device_rules(task)
             try:
                 devices.apply(task.cgroup, rules, inherited=self.sandbox.device_rules)
+                task.cgroup.update(task.resources)
                 try:
                     crilog = CriLog(task.log_path)
                 except OSError as exc:
@@ -339,7 +352,7 @@ class TaskSet:
                         task_id, args=tuple(task.args), env=task.env, cwd=task.cwd, pid_mode=task.pid_mode,
                         pause_pid=pause.pid, own_ipc=self.sandbox.options.ipc_mode == POD, cgroup=task.cgroup,
                         stdout=crilog.stdout_fd, stderr=crilog.stderr_fd, confinement=task.confinement,
-                        target_pid=target_pid,
+                        target_pid=target_pid, resources=task.resources, oom_score_adj=task.oom_score_adj,
                         rootfs=task.rootfs, filesystem=task.filesystem, device_rules=rules,
                         stdin=stdin.read_fd if stdin is not None and terminal is None else None, console=terminal))
                 except BaseException:
@@ -414,14 +427,18 @@ class TaskSet:
             if task.stdin_fifo is not None:
                 task.stdin_fifo.remove()
                 task.stdin_fifo = None
-        task.exit = ExitResult(info.exit_status, info.exited_at_ns, info.pid)
+        # The kernel's own count is the evidence, not the exit status: 137 is any SIGKILL.
+        oom_kills = task.cgroup.oom_kills() if task.cgroup is not None else None
+        task.exit = ExitResult(info.exit_status, info.exited_at_ns, info.pid, oom_killed=bool(oom_kills))
         task.status = task.check(Op.EXIT)
         task.exited.set()
         self._persist()
-        log.info("task %s (pid %d) exited with status %d", task.task_id, info.pid, info.exit_status)
+        log.info("task %s (pid %d) exited with status %d%s", task.task_id, info.pid, info.exit_status,
+                 f" ({oom_kills} of its processes killed by the OOM killer)" if oom_kills else "")
         self.sandbox.events.publish(TOPIC_TASK_EXIT, {"task_id": task.task_id, "pid": info.pid,
                                                       "exit_status": info.exit_status,
-                                                      "exited_at": info.exited_at_ns})
+                                                      "exited_at": info.exited_at_ns,
+                                                      "oom_killed": task.exit.oom_killed})
 
     def kill(self, sandbox_id: str, task_id: str, sig: int = signal.SIGTERM, all_processes: bool = False) -> None:
         """Kill: send ``sig`` to the task's process, or with ``all_processes`` to every process in
@@ -695,6 +712,18 @@ async def _terminal_input(task: Task, fifo: int, master: int) -> None:
         await console.copy_input(fifo, master)
     except OSError as exc:
         log.error("task %s: copying its stdin to its terminal failed: %s", task.task_id, exc.strerror)
+
+
+def _check_resources(sandbox: Sandbox, resources: dict[str, Any]) -> None:
+    """InvalidArgument naming the first of a task's Create ``resources`` this host cannot apply: its
+    cgroup's are checked against the sandbox's cgroup (a task's cgroup has the same files), and
+    its ``oom_score_adj`` against what the shim may give a child."""
+    assert sandbox.cgroup is not None  # a running sandbox has one
+    sandbox.cgroup.check(resources)
+    adj = resources.get("oom_score_adj")
+    if adj is not None and not linux.oom_score_adj_permitted(adj):
+        raise InvalidArgument(f"resources.oom_score_adj {adj} cannot be applied: lowering it below the shim's own "
+                              "needs CAP_SYS_RESOURCE, which the shim does not have")
 
 
 def _environment(env: list[str]) -> dict[str, str]:

@@ -8,6 +8,8 @@ import json
 import os
 import secrets
 import signal
+import subprocess
+import sys
 
 import pytest
 
@@ -316,8 +318,10 @@ def test_raising_memory_past_the_swap_limit_writes_swap_first(make_cgroup):
     ({"memory_limit_bytes": "64M"}, "resources.memory_limit_bytes must be an integer"),
     ({"memory_limit_bytes": 64 << 20, "memory_swap_limit_bytes": 32 << 20}, "resources.memory_swap_limit_bytes"),
     ({"cpuset_cpus": "all"}, "resources.cpuset_cpus must be a list"),
-    ({"hugepage_limits": {"2MB": 0}}, r"resources.hugepage_limits\[2MB\] cannot be applied"),
-    ({"unified": {"memory.high": "1G"}}, r"resources.unified\[memory.high\] cannot be applied"),
+    ({"hugepage_limits": {"2MB": 2 << 20}}, r"resources.hugepage_limits\[2MB\] cannot be applied"),
+    ({"hugepage_limits": {"3MB": 0}}, r"resources.hugepage_limits\[3MB\] cannot be applied: this kernel has no 3MB"),
+    ({"unified": {"memory.high": "1G"}}, r"resources.unified\[memory.high\] cannot be applied: it is a cgroup v2 "
+                                         r"file, and this host's memory controller is on cgroup v1"),
     ({"unified": {"cgroup.procs": "1"}}, r"resources.unified\[cgroup.procs\]: only a controller's file"),
     ({"blkio_weight": 10}, "resources.blkio_weight is not a resource podshim can update"),
 ])
@@ -669,3 +673,42 @@ def test_the_last_sandbox_below_a_parent_whose_hold_is_gone_prunes_it():
     finally:
         cgroup.remove()
     assert not any(os.path.exists(os.path.dirname(path)) for path in cgroup.paths.values())
+
+
+@pytest.mark.parametrize("pool,refused", [(0, False), (4, True)])
+def test_a_zero_hugepage_limit_without_a_hugetlb_hierarchy_holds_only_when_no_such_page_can_be_had(
+        make_cgroup, monkeypatch, tmp_path, pool, refused):
+    # kubelet sends a limit, 0 unless asked, for every page size the node has, with every container.
+    sizes = tmp_path / "hugepages-2048kB"
+    sizes.mkdir()
+    (sizes / "nr_hugepages").write_text(f"{pool}\n")
+    (sizes / "nr_overcommit_hugepages").write_text("0\n")
+    monkeypatch.setattr(cgroups, "HUGEPAGES_DIR", str(tmp_path))
+    cgroup = make_cgroup().child("task")
+    if any("hugetlb" in key.split(",") for key in cgroup.paths):
+        cgroup.update({"hugepage_limits": {"2MB": 0}})  # a hierarchy to write it to: always applied
+        assert _read(_v1_file(cgroup, "hugetlb", "hugetlb.2MB.limit_in_bytes")) == "0"
+    elif refused:
+        with pytest.raises(InvalidArgument, match=r"resources.hugepage_limits\[2MB\] cannot be applied: this host "
+                                                  "has no hugetlb cgroup hierarchy"):
+            cgroup.check({"hugepage_limits": {"2MB": 0}})
+    else:
+        cgroup.check({"hugepage_limits": {"2MB": 0}})
+        cgroup.update({"hugepage_limits": {"2MB": 0}})
+
+
+def test_the_oom_killer_s_kills_are_counted_from_the_cgroup(make_cgroup):
+    cgroup = make_cgroup().child("task")
+    cgroup.update({"memory_limit_bytes": 16 << 20, "memory_swap_limit_bytes": 16 << 20})
+    assert cgroup.oom_kills() == 0
+    # It waits for a line on stdin, so that it is in the cgroup before it allocates 64 MiB.
+    child = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.readline(); b = b'x' * (64 << 20)"],
+                             stdin=subprocess.PIPE)
+    try:
+        cgroup.join(child.pid)
+        child.communicate(b"go\n", timeout=30)
+    finally:
+        child.kill()
+        child.wait()
+    assert child.returncode == -signal.SIGKILL
+    assert cgroup.oom_kills() == 1

@@ -20,8 +20,8 @@ import time
 import pytest
 
 from shim.runtime import pause, process
-from shim.runtime.oci import cli, host, rootfs as pause_rootfs, spec as specs
-from shim.kernel import devices
+from shim.runtime.oci import cli, rootfs as pause_rootfs, spec as specs
+from shim.kernel import devices, linux
 from shim.kernel.reaper import Reaper
 from shim.rpc.status import AlreadyExists, DeadlineExceeded, FailedPrecondition, Internal, InvalidArgument, NotFound
 from podtools import container_config, pod_config
@@ -171,12 +171,26 @@ def test_oom_score_adj_none_leaves_it_to_the_runtime():
 def test_lowering_oom_score_adj_is_permitted_only_with_cap_sys_resource(tmp_path):
     status = tmp_path / "status"
     status.write_text("Name:\tx\nCapEff:\t000001fffeffffff\n")  # this machine: every capability but 24
-    assert not host.oom_score_adj_permitted(-998, str(status))
+    assert not linux.oom_score_adj_permitted(-998, str(status))
     status.write_text("Name:\tx\nCapEff:\t000001ffffffffff\n")
-    assert host.oom_score_adj_permitted(-998, str(status))
+    assert linux.oom_score_adj_permitted(-998, str(status))
     with open("/proc/self/oom_score_adj") as f:
         own = int(f.read())
-    assert host.oom_score_adj_permitted(own, "/nonexistent")  # not lowering needs nothing
+    assert linux.oom_score_adj_permitted(own, "/nonexistent")  # not lowering needs nothing
+
+
+def test_task_spec_says_the_resources_runc_applies_and_the_process_oom_score_adj():
+    spec = specs.task_spec(sandbox_id="sb", args=["true"], env={}, cwd="/", rootfs="/b/rootfs", pause_pid=42,
+                           pid_mode="CONTAINER", own_ipc=True, oom_score_adj=500,
+                           resources={"cpu_shares": 512, "cpu_quota_us": 25000, "cpu_period_us": 50000,
+                                      "memory_limit_bytes": 1 << 26, "memory_swap_limit_bytes": 1 << 27,
+                                      "cpuset_cpus": "0", "pids_limit": 30, "hugepage_limits": {"2MB": 0},
+                                      "unified": {"memory.high": "1G"}})
+    assert spec["process"]["oomScoreAdj"] == 500
+    # Hugepage limits and unified are the shim's own writes (runc refuses them where not mounted / on v1).
+    said = {key: value for key, value in spec["linux"]["resources"].items() if key != "devices"}
+    assert said == {"cpu": {"shares": 512, "quota": 25000, "period": 50000, "cpus": "0"},
+                    "memory": {"limit": 1 << 26, "swap": 1 << 27}, "pids": {"limit": 30}}
 
 
 def test_task_spec_joins_the_pause_namespaces_by_path():

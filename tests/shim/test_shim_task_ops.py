@@ -144,6 +144,60 @@ async def test_stats_of_a_task_never_started_say_why_they_are_missing(pod):
     assert data["memory_usage_bytes"] is None and data["cpu_usage_ns"] is None
 
 
+# -- Create's resources ---------------------------------------------------------------------------------
+
+#: What kubelet sends with every container that has requests and limits (its zero-valued hugepage
+#: limits aside), as the shim's keys.
+RESOURCES = {"cpu_shares": 512, "cpu_quota_us": 25000, "cpu_period_us": 50000, "memory_limit_bytes": 96 << 20,
+             "cpuset_cpus": "0", "cpuset_mems": "0", "pids_limit": 30, "oom_score_adj": 500}
+
+
+async def test_a_task_created_with_resources_has_them_in_its_cgroup_and_process_from_its_first_instruction(pod):
+    # Its first act is to say its oom_score_adj: what it had when it began to run.
+    pid = await pod.run("app", "sh", "-c", "cat /proc/self/oom_score_adj; exec sleep 600", resources=RESOURCES)
+    assert read(pod.cgroup_file("app", "cpu", "cpu.shares")) == "512"
+    assert read(pod.cgroup_file("app", "cpu", "cpu.cfs_quota_us")) == "25000"
+    assert read(pod.cgroup_file("app", "cpu", "cpu.cfs_period_us")) == "50000"
+    assert read(pod.cgroup_file("app", "memory", "memory.limit_in_bytes")) == str(96 << 20)
+    assert read(pod.cgroup_file("app", "cpuset", "cpuset.cpus")) == "0"
+    assert read(pod.cgroup_file("app", "cpuset", "cpuset.mems")) == "0"
+    assert read(pod.cgroup_file("app", "pids", "pids.max")) == "30"
+    assert read(f"/proc/{pid}/oom_score_adj") == "500"
+    for _ in range(100):
+        if os.path.exists(pod.log_path("app")) and read(pod.log_path("app")):
+            break
+        await asyncio.sleep(0.05)
+    assert read(pod.log_path("app")).split(" ", 3)[3] == "500"
+
+
+async def test_a_task_that_allocates_past_its_memory_limit_is_killed_by_the_oom_killer_and_says_so(pod):
+    # tail keeps what it read until a newline, and /dev/zero has none.
+    await pod.run("app", "tail", "/dev/zero",
+                  resources={"memory_limit_bytes": 16 << 20, "memory_swap_limit_bytes": 16 << 20})
+    done = await pod.call("Wait", task_id="app", timeout=60)
+    assert (done["exit_status"], done["oom_killed"]) == (137, True)
+    assert (await pod.call("State", task_id="app"))["oom_killed"] is True
+
+
+async def test_a_task_killed_otherwise_is_not_called_oom_killed(pod):
+    await pod.run("app", "sleep", "600", resources={"memory_limit_bytes": 16 << 20})
+    await pod.call("Kill", task_id="app", signal=9)
+    done = await pod.call("Wait", task_id="app")
+    assert (done["exit_status"], done["oom_killed"]) == (137, False)
+
+
+@pytest.mark.parametrize("resources,named", [
+    ({"unified": {"memory.max": "1G"}}, r"resources.unified\[memory.max\] cannot be applied: it is a cgroup v2 file"),
+    ({"hugepage_limits": {"3MB": 0}}, r"resources.hugepage_limits\[3MB\] cannot be applied: this kernel has no 3MB"),
+    ({"cpu_shares": 1}, "resources.cpu_shares 1 is out of range"),
+    ({"oom_score_adj": 2000}, "resources.oom_score_adj 2000 is out of range"),
+])
+async def test_create_refuses_a_resource_the_host_cannot_apply_by_name_and_makes_nothing(pod, resources, named):
+    with pytest.raises(InvalidArgument, match=named):
+        await pod.create("app", "sleep", "600", resources=resources)
+    assert (await pod.call("List"))["tasks"] == []
+
+
 # -- Update --------------------------------------------------------------------------------------------
 
 async def test_update_writes_the_task_cgroup(pod):

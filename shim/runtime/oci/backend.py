@@ -19,7 +19,8 @@ from shim.runtime.base import ExecSpec, Runtime, TaskSpec
 from shim.runtime.confine import Confinement
 from shim.runtime.console import CONSOLE_TIMEOUT, Console
 from shim.runtime.oci.cli import CREATE_TIMEOUT, Container, OciCli
-from shim.runtime.oci.host import cgroups_path, oom_score_adj_permitted
+from shim.kernel.linux import oom_score_adj_permitted
+from shim.runtime.oci.host import cgroups_path
 from shim.runtime.oci.rootfs import PAUSE_FILE, ensure_pause_rootfs
 from shim.runtime.mounts import host_devices
 from shim.runtime.oci.spec import PAUSE_ARGS, PAUSE_NAME, sandbox_spec, task_spec
@@ -145,7 +146,7 @@ class OciBackend(Runtime):
                         readonly=fs.host_root or fs.readonly_rootfs, mounts=fs.mounts, masked_paths=fs.masked_paths,
                         readonly_paths=fs.readonly_paths, privileged=fs.privileged, shm_source=shm,
                         devices=host_devices() if fs.privileged else (), device_rules=spec.device_rules,
-                        target_pid=spec.target_pid)
+                        target_pid=spec.target_pid, resources=spec.resources, oom_score_adj=spec.oom_score_adj)
         if spec.console is not None:
             # The runtime makes the terminal in the container and sends its master to our socket.
             doc["process"]["terminal"] = True

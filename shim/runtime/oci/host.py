@@ -1,4 +1,5 @@
-"""Facts about this machine that decide how an OCI runtime is driven (see :mod:`shim.runtime.oci`)."""
+"""Facts about this machine that decide how an OCI runtime is driven (see :mod:`shim.runtime.oci`); whether
+a child may lower its oom_score_adj is :func:`shim.kernel.linux.oom_score_adj_permitted`."""
 
 from __future__ import annotations
 
@@ -6,28 +7,11 @@ import os
 
 from shim.kernel import cgroups
 from shim.kernel.cgroups import SandboxCgroup
-from shim.kernel.linux import status_mask
 
-__all__ = ["CAP_SYS_RESOURCE", "HYBRID_CONTROLLERS_FILE", "cgroup_hybrid", "cgroups_path", "oom_score_adj_permitted"]
+__all__ = ["HYBRID_CONTROLLERS_FILE", "cgroup_hybrid", "cgroups_path"]
 
-CAP_SYS_RESOURCE = 24
 #: The cgroup v2 controller list crun reads to refuse a hybrid layout.
 HYBRID_CONTROLLERS_FILE = "/sys/fs/cgroup/unified/cgroup.controllers"
-
-
-def oom_score_adj_permitted(value: int, status_path: str = "/proc/self/status") -> bool:
-    """Whether a child of this process may set its oom_score_adj to ``value``.
-
-    Raising it is always allowed; lowering it below ours needs CAP_SYS_RESOURCE (bit 24 of CapEff).
-    """
-    try:
-        with open("/proc/self/oom_score_adj") as f:
-            if value >= int(f.read()):
-                return True
-        return bool(status_mask("CapEff", status_path) >> CAP_SYS_RESOURCE & 1)
-    except (OSError, ValueError):
-        pass
-    return False
 
 
 def cgroup_hybrid() -> bool:

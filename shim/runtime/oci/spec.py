@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from shim.kernel.devices import DEFAULT_RULES, DeviceRules, pod_rules
+from shim.kernel.cgroups import RESOURCE_FILES
 from shim.runtime import pause, process
 from shim.runtime.confine import DEFAULT_CAPABILITIES, Confinement
 from shim.runtime.mounts import MASKED_PATHS, READONLY_PATHS, BindMount, HostDevice
@@ -161,7 +162,8 @@ def task_spec(*, sandbox_id: str, args: list[str], env: Mapping[str, str], cwd: 
               mounts: tuple[BindMount, ...] = (), masked_paths: tuple[str, ...] = MASKED_PATHS,
               readonly_paths: tuple[str, ...] = READONLY_PATHS, privileged: bool = False,
               shm_source: str | None = None, target_pid: int = 0,
-              devices: tuple[HostDevice, ...] = (), device_rules: DeviceRules = DEFAULT_RULES) -> dict[str, Any]:
+              devices: tuple[HostDevice, ...] = (), device_rules: DeviceRules = DEFAULT_RULES,
+              resources: Mapping[str, Any] | None = None, oom_score_adj: int | None = None) -> dict[str, Any]:
     """A task's config.json: ``args`` in the pause's network, ipc and uts namespaces (by path), its own
     mount namespace on ``rootfs`` (read-only with ``readonly``) with the standard mounts and then
     ``mounts``, and the pause's pid namespace (``pid_mode`` POD), the one of ``target_pid``
@@ -171,7 +173,9 @@ def task_spec(*, sandbox_id: str, args: list[str], env: Mapping[str, str], cwd: 
     privileged task, the host's) are made in its /dev; ``device_rules`` (its cgroup's, which the
     shim has applied already) are said in ``linux.resources.devices``, explicitly, as containerd
     writes them (runc adds its own defaults, crun none).
-    ``shm_source``: the pod's /dev/shm, bound on the task's."""
+    ``shm_source``: the pod's /dev/shm, bound on the task's. ``resources`` (protocol.md 7.3) go to
+    ``linux.resources`` as :data:`shim.kernel.cgroups.RESOURCE_FILES` says, ``oom_score_adj`` to
+    ``process.oomScoreAdj``."""
     ns_dir = f"/proc/{pause_pid}/ns"
     namespaces = [_namespace("mount"), _namespace("network", f"{ns_dir}/net"), _namespace("ipc", f"{ns_dir}/ipc"),
                   _namespace("uts", f"{ns_dir}/uts")]
@@ -180,7 +184,7 @@ def task_spec(*, sandbox_id: str, args: list[str], env: Mapping[str, str], cwd: 
         namespaces.append(_namespace("pid", pid_paths.get(pid_mode)))
     doc = _document("container", sandbox_id,
                     _process(args, [f"{k}={v}" for k, v in env.items()], cwd, confinement=confinement,
-                             oom_score_adj=None),
+                             oom_score_adj=oom_score_adj),
                     rootfs, _mounts(own_ipc=own_ipc, shm_size_bytes=shm_size_bytes, privileged=privileged,
                                     shm_source=shm_source)
                     + [mount.to_oci() for mount in mounts], namespaces, cgroups_path, seccomp=confinement.seccomp,
@@ -191,5 +195,16 @@ def task_spec(*, sandbox_id: str, args: list[str], env: Mapping[str, str], cwd: 
     doc["linux"]["rootfsPropagation"] = "rslave"
     if devices:
         doc["linux"]["devices"] = [device.to_oci() for device in devices]
-    doc["linux"]["resources"] = {"devices": device_rules.to_oci()}
+    # The shim writes every resource to the task's cgroup itself, for every handler, before the
+    # runtime runs (crun's cgroup manager is disabled on a hybrid host); they are said again here
+    # so that runc's own view of the container agrees. Hugepage limits and ``unified`` are the
+    # shim's writes only: runc fails a hugetlb limit where that hierarchy is not mounted, and
+    # refuses ``unified`` on cgroup v1.
+    said: dict[str, Any] = {"devices": device_rules.to_oci()}
+    for key, value in (resources or {}).items():
+        oci = RESOURCE_FILES.get(key, (None, None, None))[2]
+        if oci is not None and value is not None:
+            section, name = oci.split(".")
+            said.setdefault(section, {})[name] = value
+    doc["linux"]["resources"] = said
     return doc

@@ -1,0 +1,112 @@
+"""A container's resources as kubelet gives them at CreateContainer, through podshimd's gRPC API, with
+each runtime handler: in the container's cgroup files and its process before it runs,
+and a container the kernel's OOM killer killed reported as containerd reports it (exit code 137,
+reason OOMKilled)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+
+import pytest
+from google.protobuf import json_format
+
+from client.criapi import api_pb2
+
+from podtools import container_config, pod_config
+
+HANDLERS = ["native"] + [h for h in ("runc", "crun") if shutil.which(h, path="/usr/sbin:/usr/bin:/sbin:/bin")]
+#: What kubelet sends for a container with requests and limits: cpu 250m of a 100 ms period, 96 MiB,
+#: a burstable pod's oom_score_adj, and a limit of 0 for each huge page size the node has.
+RESOURCES = {"cpu_period": 100000, "cpu_quota": 25000, "cpu_shares": 256, "memory_limit_in_bytes": 96 << 20,
+             "cpuset_cpus": "0", "cpuset_mems": "0", "oom_score_adj": 936,
+             "hugepage_limits": [{"page_size": size, "limit": 0} for size in ("2MB", "1GB")
+                                 if os.path.isdir(f"/sys/kernel/mm/hugepages/hugepages-"
+                                                  f"{2048 if size == '2MB' else 1048576}kB")]}
+
+
+@pytest.fixture(params=HANDLERS)
+def run(request, module_daemon):
+    """run(command, resources) -> the id of a started container with those ``linux.resources``, in a
+    pod of the handler (removed after the test)."""
+    runtime = module_daemon.runtime()
+    pod = pod_config()
+    pod_id = runtime.RunPodSandbox(api_pb2.RunPodSandboxRequest(
+        config=json_format.ParseDict(pod, api_pb2.PodSandboxConfig()), runtime_handler=request.param)).pod_sandbox_id
+
+    def run(command: list[str], resources: dict) -> str:
+        config = container_config(command)
+        config["linux"]["resources"] = resources
+        container_id = runtime.CreateContainer(api_pb2.CreateContainerRequest(
+            pod_sandbox_id=pod_id, config=json_format.ParseDict(config, api_pb2.ContainerConfig()),
+            sandbox_config=json_format.ParseDict(pod, api_pb2.PodSandboxConfig()))).container_id
+        runtime.StartContainer(api_pb2.StartContainerRequest(container_id=container_id))
+        return container_id
+    try:
+        yield run
+    finally:
+        runtime.StopPodSandbox(api_pb2.StopPodSandboxRequest(pod_sandbox_id=pod_id))
+        runtime.RemovePodSandbox(api_pb2.RemovePodSandboxRequest(pod_sandbox_id=pod_id))
+
+
+def status_of(daemon, container_id: str) -> api_pb2.ContainerStatus:
+    return daemon.runtime().ContainerStatus(api_pb2.ContainerStatusRequest(container_id=container_id)).status
+
+
+def exited(daemon, container_id: str, timeout: float = 60.0) -> api_pb2.ContainerStatus:
+    """The container's status once it is EXITED; AssertionError if it is not within ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while (status := status_of(daemon, container_id)).state != api_pb2.CONTAINER_EXITED:
+        assert time.monotonic() < deadline, f"container {container_id} still {status.state} after {timeout} s"
+        time.sleep(0.1)
+    return status
+
+
+def container_pid(daemon, container_id: str) -> int:
+    status = daemon.runtime().ContainerStatus(api_pb2.ContainerStatusRequest(container_id=container_id, verbose=True))
+    return json.loads(status.info["info"])["pid"]
+
+
+def cgroup_file(pid: int, controller: str, name: str) -> str:
+    """The file ``name`` of process ``pid``'s cgroup in the v1 hierarchy of ``controller``."""
+    with open(f"/proc/{pid}/cgroup") as f:
+        for line in f:
+            _, controllers, path = line.rstrip("\n").split(":", 2)
+            if controller in controllers.split(","):
+                mount = "/sys/fs/cgroup/" + (controllers if os.path.isdir(f"/sys/fs/cgroup/{controllers}")
+                                             else controller)
+                return os.path.join(mount, path.lstrip("/"), name)
+    raise AssertionError(f"process {pid} has no {controller} cgroup")
+
+
+def read(path: str) -> str:
+    with open(path) as f:
+        return f.read().strip()
+
+
+def test_a_containers_resources_are_in_its_cgroup_and_process(module_daemon, run):
+    pid = container_pid(module_daemon, run(["sleep", "600"], RESOURCES))
+    assert read(cgroup_file(pid, "cpu", "cpu.cfs_period_us")) == "100000"
+    assert read(cgroup_file(pid, "cpu", "cpu.cfs_quota_us")) == "25000"
+    assert read(cgroup_file(pid, "cpu", "cpu.shares")) == "256"
+    assert read(cgroup_file(pid, "memory", "memory.limit_in_bytes")) == str(96 << 20)
+    assert read(cgroup_file(pid, "cpuset", "cpuset.cpus")) == "0"
+    assert read(cgroup_file(pid, "cpuset", "cpuset.mems")) == "0"
+    assert read(f"/proc/{pid}/oom_score_adj") == "936"
+
+
+def test_a_container_that_allocates_past_its_limit_is_reported_oom_killed(module_daemon, run):
+    # tail keeps what it read until a newline, and /dev/zero has none.
+    container_id = run(["tail", "/dev/zero"], {"memory_limit_in_bytes": 16 << 20,
+                                               "memory_swap_limit_in_bytes": 16 << 20})
+    status = exited(module_daemon, container_id)
+    assert (status.exit_code, status.reason) == (137, "OOMKilled")
+
+
+def test_a_container_stopped_with_sigkill_is_not_called_oom_killed(module_daemon, run):
+    container_id = run(["sleep", "600"], {"memory_limit_in_bytes": 16 << 20})
+    module_daemon.runtime().StopContainer(api_pb2.StopContainerRequest(container_id=container_id, timeout=0))
+    status = status_of(module_daemon, container_id)
+    assert (status.exit_code, status.reason) == (137, "Error")
