@@ -25,13 +25,13 @@ import fcntl
 import logging
 import os
 import re
-import shutil
 import stat
 from dataclasses import dataclass
 from typing import Iterator
 
 from shim.rpc.api import PROTOCOL, STATE_FILE
 from shim.rpc.files import decode_json, ensure_private_dir, flock_open, read_json, rename_noreplace
+from shim.rpc.trees import remove_tree
 from shim.rpc.identifiers import validate_identifier
 from shim.rpc.processes import open_pidfd, process_alive
 from shim.rpc.status import AlreadyExists, InvalidArgument, NotFound, Unavailable, error_from_oserror
@@ -143,7 +143,7 @@ def remove_bundle(path: str) -> None:
         os.rename(path, hidden)
     except FileNotFoundError:
         return
-    shutil.rmtree(hidden, ignore_errors=True)
+    remove_tree(hidden, ignore_errors=True)
 
 
 def read_bootstrap(bundle: str) -> Bootstrap:
@@ -305,7 +305,7 @@ def _remove_leftover(entry: os.DirEntry, root_is_ours: bool) -> None:
                         os.path.dirname(os.path.dirname(entry.path)))
             return
         log.info("removing %s, left by an interrupted bundle creation or removal", entry.path)
-        shutil.rmtree(entry.path, ignore_errors=True)
+        remove_tree(entry.path, ignore_errors=True)
     finally:
         lock.release()
 

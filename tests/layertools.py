@@ -16,7 +16,7 @@ import subprocess
 import tarfile
 from dataclasses import dataclass
 
-__all__ = ["Layer", "member", "make_layer", "tree", "mount_overlay", "mounted", "umount"]
+__all__ = ["Layer", "deep_tree", "member", "make_layer", "tree", "mount_overlay", "mounted", "umount"]
 
 MTIME = 1_700_000_000
 
@@ -92,6 +92,23 @@ def tree(root: str) -> dict[str, tuple]:
             out[os.path.relpath(path, root)] = (stat.S_IFMT(st.st_mode), stat.S_IMODE(st.st_mode), st.st_uid,
                                                 st.st_gid, st.st_mtime_ns, st.st_rdev, what, xattrs)
     return out
+
+
+def deep_tree(top: str, depth: int, name: str = "d") -> None:
+    """``depth`` nested directories ``name`` in ``top`` and a file ``f`` in the deepest, made
+    relative to descriptors: the whole path may be longer than PATH_MAX, as a container can make
+    it in its own root file system. Remove it with shim.rpc.trees.remove_tree (pytest's own
+    removal of tmp_path recurses, and fails past Python's recursion limit)."""
+    fd = os.open(top, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for _ in range(depth):
+            os.mkdir(name, dir_fd=fd)
+            child = os.open(name, os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+            os.close(fd)
+            fd = child
+        os.close(os.open("f", os.O_WRONLY | os.O_CREAT, 0o644, dir_fd=fd))
+    finally:
+        os.close(fd)
 
 
 def mount_overlay(target: str, mounts: list) -> None:

@@ -29,7 +29,6 @@ import os
 import re
 import secrets
 import shlex
-import shutil
 import signal
 import socket
 import time
@@ -46,6 +45,7 @@ from shim.rpc.api import EVENTS_SERVICE, TASK_SERVICE
 from shim.paths import write_json_atomic
 from shim.sandbox.events import TOPIC_EXIT, TOPIC_TASK_EXIT
 from shim.rpc.files import ensure_private_dir, read_json
+from shim.rpc.trees import remove_tree
 from shim.rpc.status import (Aborted, DeadlineExceeded, FailedPrecondition, Internal, InvalidArgument, NotFound,
                              RpcError, Unavailable)
 
@@ -696,7 +696,7 @@ class PodService:
             failpoint("remove:after-shutdown")
             await self._remove_sandbox_rootfs(record)
             default_logs = os.path.join(self.log_root, record.pod_id)
-            shutil.rmtree(default_logs, ignore_errors=True)
+            remove_tree(default_logs, ignore_errors=True)
             remove_pod_files(self._pod_files_dir(record.pod_id))
             with phase("store delete"):
                 self.store.delete(record.pod_id, remember=True)

@@ -18,12 +18,12 @@ The content functions are pure; :func:`write_pod_files` and :func:`remove_pod_fi
 from __future__ import annotations
 
 import os
-import shutil
 import socket
 from collections.abc import Iterable
 from dataclasses import dataclass
 
 from shim.rpc.files import ensure_private_dir, write_atomic
+from shim.rpc.trees import remove_tree
 
 from client.cri.configs import DnsConfig, PodSandboxConfig
 
@@ -129,4 +129,4 @@ def write_pod_files(directory: str, cfg: PodSandboxConfig, ips: Iterable[str] = 
 
 def remove_pod_files(directory: str) -> None:
     """Remove a pod's directory of files; nothing there is no error."""
-    shutil.rmtree(directory, ignore_errors=True)
+    remove_tree(directory, ignore_errors=True)

@@ -19,11 +19,11 @@ from __future__ import annotations
 import errno
 import hashlib
 import os
-import shutil
 import stat
 import tempfile
 
 from shim.rpc.files import ensure_private_dir, fsync_dir, write_atomic
+from shim.rpc.trees import remove_tree
 
 from .reference import ReferenceError, check_digest
 
@@ -81,7 +81,7 @@ class ContentStore:
         returns self. Raises OSError."""
         for path in (self.root, os.path.dirname(self.blobs), self.blobs):
             ensure_private_dir(path, 0o700)
-        shutil.rmtree(self.ingest, ignore_errors=True)
+        remove_tree(self.ingest, ignore_errors=True)
         ensure_private_dir(self.ingest, 0o700)
         return self
 

@@ -71,7 +71,6 @@ import json
 import logging
 import os
 import re
-import shutil
 import threading
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -80,6 +79,7 @@ from typing import Any
 
 from client.processes import run as run_helper
 from shim.rpc.files import decode_json, ensure_private_dir
+from shim.rpc.trees import remove_tree, walk
 from shim.rpc.status import (DataLoss, DeadlineExceeded, InvalidArgument, NotFound, PermissionDenied, RpcError, Unauthenticated,
                              Unavailable, Unknown)
 
@@ -368,10 +368,10 @@ def image_manifest(data: bytes, what: str) -> Manifest:
 def _bytes_under(path: str) -> int:
     """The apparent size of the files under ``path``."""
     total = 0
-    for directory, _, names in os.walk(path):
-        for name in names:
+    for entry in walk(path):
+        if not entry.is_dir:
             try:
-                total += os.lstat(os.path.join(directory, name)).st_size
+                total += entry.stat().st_size
             except FileNotFoundError:
                 pass  # renamed or removed meanwhile
     return total
@@ -600,7 +600,7 @@ class Puller:
             raise DeadlineExceeded(f"pulling image {ref} did not finish within {self.timeout:g} s "
                                    "(image_pull_timeout); it was killed, and nothing of it was kept") from None
         finally:
-            shutil.rmtree(work, ignore_errors=True)
+            remove_tree(work, ignore_errors=True)
 
     async def _watch(self, work: str, stalled: asyncio.Timeout) -> None:
         """Push ``stalled``'s deadline on while the bytes under ``work`` change, looked at in one
@@ -678,7 +678,7 @@ class Puller:
                     # another manifest (the tag moved meanwhile, or skopeo chose another platform).
                     if follower is not None:
                         await arrivals.settle(blobs)
-                    shutil.rmtree(layout, ignore_errors=True)
+                    remove_tree(layout, ignore_errors=True)
                     arrivals.restart()
                     arrivals.seed(blobs, self.content, reuse)
                     follower = follower or asyncio.ensure_future(arrivals.follow(blobs))

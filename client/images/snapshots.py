@@ -40,9 +40,9 @@ from __future__ import annotations
 import errno
 import hashlib
 import itertools
+import logging
 import os
 import re
-import shutil
 import stat
 import time
 from collections import deque
@@ -55,6 +55,7 @@ from typing import Any
 from shim.kernel import mountinfo
 from shim.paths import write_json_atomic
 from shim.rpc.files import ensure_private_dir, flock_open, fsync_dir, read_json, rename_noreplace
+from shim.rpc.trees import remove_tree, walk
 from shim.rpc.status import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
 
 from .unpack import LayerStats, apply_layer, compression_of
@@ -75,6 +76,7 @@ READ_FILE_MAX_BYTES = 16 << 20
 #: page are no limit: the shim mounts those through fsconfig, a ``lowerdir+`` per layer.
 MAX_LAYERS = 500
 
+log = logging.getLogger(__name__)
 _DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 _OVERLAY_INDEX_PARAMETER = "/sys/module/overlay/parameters/index"
 _COMMITTED, _ACTIVE = "committed", "active"
@@ -161,7 +163,7 @@ def _unpack_into(path: str, blob_path: str, media_type: str | None = None, *,
         os.chmod(os.path.join(path, "fs"), 0o755)  # not the umask's: it is the image's root
         return apply_layer(os.path.join(path, "fs"), blob_path, media_type, diff_id=diff_id)
     except BaseException:
-        shutil.rmtree(path, ignore_errors=True)
+        remove_tree(path, ignore_errors=True)
         raise
 
 
@@ -198,7 +200,11 @@ class Snapshotter:
         for path in (root, self._dirs, os.path.dirname(self._meta[_COMMITTED]), *self._meta.values(),
                      self._locks):
             ensure_private_dir(path, 0o700)
-        self._remove_leftovers()
+        try:
+            self._remove_leftovers()
+        except (OSError, ValueError) as exc:  # a leftover never keeps the node's images from being used
+            log.warning("cannot remove what a killed process left in %s; trying again at the next start: %s",
+                        root, exc)
 
     # -- committed snapshots -------------------------------------------------------------------
 
@@ -418,7 +424,7 @@ class Snapshotter:
                 mounts = self._mounts(doc, parents)
                 self._write_record(doc)
             except BaseException:
-                shutil.rmtree(directory, ignore_errors=True)
+                remove_tree(directory, ignore_errors=True)
                 raise
         return mounts
 
@@ -499,15 +505,19 @@ class Snapshotter:
             total_bytes += doc["bytes"]
             total_inodes += doc["inodes"]
         for doc in self._records(_ACTIVE):
-            for dirpath, dirnames, filenames in os.walk(self._fs(doc)):
-                total_inodes += len(dirnames) + len(filenames)
-                for name in filenames:
+            try:
+                for entry in walk(self._fs(doc)):  # a container's tree: of any depth
+                    total_inodes += 1
+                    if entry.is_dir:
+                        continue
                     try:
-                        st = os.lstat(os.path.join(dirpath, name))
+                        st = entry.stat()
                     except FileNotFoundError:
                         continue  # the container removed it meanwhile
                     if stat.S_ISREG(st.st_mode):
                         total_bytes += st.st_size
+            except FileNotFoundError:
+                continue  # removed meanwhile
         return Usage(total_bytes, total_inodes)
 
     # -- records, ids and locks ----------------------------------------------------------------
@@ -622,7 +632,12 @@ class Snapshotter:
 
     @staticmethod
     def _discard(path: str) -> None:
-        shutil.rmtree(path, ignore_errors=True)
+        """Remove ``path``; what cannot be removed is a warning, and is tried again at the next
+        start (a trash or unrecorded directory is a leftover)."""
+        try:
+            remove_tree(path)
+        except OSError as exc:
+            log.warning("cannot remove %s, left for the next start to remove: %s", path, exc)
 
     def _remove_leftovers(self) -> None:
         """Remove what a killed process left: trash, layers it was unpacking (whose chain lock

@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import asyncio
 import os
-import stat
 import time
 from typing import Any
 
 from client.criapi import api_pb2
 from client.images.service import IMAGES_DIR
 from shim.rpc.files import ensure_private_dir
+from shim.rpc.trees import walk
 from shim.rpc.status import Internal
 
 from .handlers import Handlers
@@ -31,26 +31,20 @@ IMAGE_STORE_DIR = IMAGES_DIR
 
 def usage(root: str) -> tuple[int, int]:
     """(bytes allocated, inodes) of ``root`` and everything below it, each inode counted once;
-    symbolic links are counted, never followed, and other filesystems mounted below are skipped."""
-    device = os.lstat(root).st_dev
-    seen: set[int] = set()
-    used = 0
-    pending = [root]
-    while pending:
-        path = pending.pop()
+    symbolic links are counted, never followed, and other filesystems mounted below are skipped.
+    A tree of any depth is measured (shim.rpc.trees): a container's upper directory is in it."""
+    top = os.lstat(root)
+    seen = {top.st_ino}
+    used = top.st_blocks * 512
+    for entry in walk(root):
         try:
-            st = os.lstat(path)
+            st = entry.stat()
         except FileNotFoundError:
             continue  # removed while we walked
-        if st.st_dev != device or st.st_ino in seen:
+        if st.st_dev != top.st_dev or st.st_ino in seen:
             continue
         seen.add(st.st_ino)
         used += st.st_blocks * 512
-        if stat.S_ISDIR(st.st_mode):
-            try:
-                pending.extend(entry.path for entry in os.scandir(path))
-            except FileNotFoundError:
-                pass
     return used, len(seen)
 
 

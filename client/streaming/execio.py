@@ -17,9 +17,9 @@ from __future__ import annotations
 import errno
 import os
 import secrets
-import shutil
 
 from shim.rpc.files import ensure_private_dir
+from shim.rpc.trees import remove_tree
 from shim.runtime.console import Console, resize
 from shim.runtime.pipes import wait_ready
 
@@ -89,7 +89,7 @@ class ExecIO:
             self._console.close()
             self._console = None
         if self._dir is not None:
-            shutil.rmtree(self._dir, ignore_errors=True)
+            remove_tree(self._dir, ignore_errors=True)
             self._dir = None
 
     def close_stdin(self) -> None:

@@ -26,6 +26,7 @@ from shim.kernel import linux, mountinfo
 from shim.rpc.files import read_file
 from shim.rpc.processes import process_alive
 from shim.rpc.records import Record, set_field as _set
+from shim.rpc.trees import walk
 from shim.rpc.status import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound, error_from_oserror
 
 __all__ = ["DEFAULT_PARENT", "METRIC_KEYS", "REMOVE_TIMEOUT", "UPDATE_KEYS", "RESOURCE_FILES", "V2", "Hierarchy",
@@ -951,9 +952,10 @@ def _fill_cpuset(target: str) -> None:
 
 def _subtree(path: str) -> list[str]:
     """``path`` and every cgroup below it, parents before children; [] if missing."""
-    if not os.path.isdir(path):
+    try:
+        return [path, *(entry.path(path) for entry in walk(path) if entry.is_dir)]
+    except (FileNotFoundError, NotADirectoryError):
         return []
-    return [root for root, _, _ in os.walk(path)]
 
 
 def _rmdir(directory: str, deadline: float) -> Iterator[float]:

@@ -18,9 +18,11 @@ import pytest
 from client.criapi import api_pb2
 from critools import Podshimd, run_critest, running_podshimd
 from imagebuild import BUSYBOX_ROOTFS_CHECKS, critest_images
+from layertools import deep_tree
 from podtools import container_config, pod_config
 from proctools import wait_gone
 from registry import AUTH
+from shim.rpc.trees import remove_tree
 
 
 @pytest.fixture(scope="module")
@@ -138,6 +140,18 @@ def test_imagefsinfo_counts_what_a_pull_stored(daemon, crictl, test_images):
     before = used()
     daemon.crictl(crictl, "pull", test_images.busybox.ref)
     assert used() > before + 1_000_000  # busybox is about a megabyte compressed
+
+
+def test_imagefsinfo_measures_a_tree_deeper_than_path_max(image_daemon):
+    # What a container makes in its own root file system is in its upper directory, in the store.
+    upper = os.path.join(image_daemon.state_root, "images", "snapshots", "snapshots", "9999", "fs")
+    os.makedirs(upper)
+    try:
+        deep_tree(upper, 2100)  # 4,200 bytes of path below the upper directory
+        [fs] = image_daemon.images().ImageFsInfo(api_pb2.ImageFsInfoRequest()).image_filesystems
+        assert fs.inodes_used.value > 2100
+    finally:
+        remove_tree(os.path.dirname(upper))
 
 
 def test_a_container_runs_on_its_pulled_image_which_is_not_removed_until_the_container_is(daemon, crictl,

@@ -11,12 +11,13 @@ import sys
 import threading
 
 import pytest
-from layertools import make_layer, member, mount_overlay, mounted, tree, umount
+from layertools import deep_tree, make_layer, member, mount_overlay, mounted, tree, umount
 
 from client.images import snapshots as snapshots_module
 from client.images.snapshots import Mount, Snapshotter, chain_ids
 from client.images.unpack import DigestMismatch
 from shim.rpc.status import AlreadyExists, FailedPrecondition, NotFound
+from shim.rpc.trees import remove_tree
 
 PASSWD1 = b"root:x:0:0:root:/root:/bin/sh\n"
 PASSWD2 = b"root:x:0:0:root:/root:/bin/ash\nuser:x:1000:1000::/home/user:/bin/sh\n"
@@ -26,7 +27,8 @@ GROUP3 = b"root:x:0:\nusers:x:100:\n"
 
 @pytest.fixture
 def snapshotter(tmp_path):
-    return Snapshotter(str(tmp_path / "images" / "snapshots"))
+    yield Snapshotter(str(tmp_path / "images" / "snapshots"))
+    remove_tree(str(tmp_path / "images"))  # a tree deeper than pytest's own removal reaches
 
 
 @pytest.fixture
@@ -446,3 +448,50 @@ def tiny_layers(tmp_path, count):
         layer = make_layer(str(tmp_path / f"l{n}"), [member(f"f{n}", data=b"x")])
         layers.append((layer.diff_id, layer.path, layer.media_type))
     return layers
+
+
+def test_a_layer_deeper_than_the_recursion_limit_is_unpacked_and_collected_leaving_nothing(tmp_path, snapshotter):
+    deep = "/".join(["d"] * 1100)
+    layer = make_layer(str(tmp_path / "l"), [member(deep + "/f", data=b"deep")])
+    top = snapshotter.unpack([(layer.diff_id, layer.path, layer.media_type)])
+    assert snapshotter.read_file(top, deep + "/f") == b"deep"
+    assert snapshotter.gc([]).removed == (top,)
+    assert os.listdir(os.path.join(snapshotter.root, "snapshots")) == []
+
+
+def test_a_deep_leftover_is_removed_at_start(snapshotter):
+    trash = os.path.join(snapshotter.root, "snapshots", "trash-0123")
+    os.mkdir(trash)
+    deep_tree(trash, 1100)
+    Snapshotter(snapshotter.root)
+    assert os.listdir(os.path.join(snapshotter.root, "snapshots")) == []
+
+
+def test_a_leftover_that_cannot_be_removed_is_a_warning_and_the_snapshotter_starts(tmp_path, snapshotter,
+                                                                                  mountpoints, caplog):
+    trash = os.path.join(snapshotter.root, "snapshots", "trash-0123")
+    os.mkdir(trash)
+    busy = mountpoints("busy")  # a mount point in it: rmdir fails with EBUSY
+    os.rename(busy, os.path.join(trash, "busy"))
+    os.mkdir(busy)
+    subprocess.run(["mount", "-t", "tmpfs", "tmpfs", os.path.join(trash, "busy")], check=True)
+    try:
+        with open(os.path.join(trash, "busy", "kept"), "w") as f:
+            f.write("not the snapshotter's")
+        layer = make_layer(str(tmp_path / "l"), [member("f", data=b"x")])
+        fresh = Snapshotter(snapshotter.root)
+        assert fresh.unpack([(layer.diff_id, layer.path, layer.media_type)]) == layer.diff_id
+        assert f"cannot remove {trash}, left for the next start to remove" in caplog.text
+        assert os.listdir(os.path.join(trash, "busy")) == ["kept"]  # another file system is never entered
+    finally:
+        umount(os.path.join(trash, "busy"))
+    Snapshotter(snapshotter.root)
+    assert not os.path.exists(trash)
+
+
+def test_usage_counts_an_upper_dir_deeper_than_path_max(tmp_path, snapshotter):
+    layer = make_layer(str(tmp_path / "l"), [member("f", data=b"x")])
+    top = snapshotter.unpack([(layer.diff_id, layer.path, layer.media_type)])
+    upper = snapshotter.prepare("c", top)[0].options[1].removeprefix("upperdir=")
+    deep_tree(upper, 2100)
+    assert (snapshotter.usage().bytes, snapshotter.usage().inodes) == (1, 1 + 2100 + 1)

@@ -10,6 +10,7 @@ import tempfile
 from shim.runtime import pause
 from shim.runtime.oci import elf
 from shim.rpc.files import ensure_private_dir
+from shim.rpc.trees import remove_tree
 from shim.rpc.status import FailedPrecondition
 
 __all__ = ["PAUSE_FILE", "PAUSE_ROOTFS_DIR", "ensure_pause_rootfs"]
@@ -46,7 +47,7 @@ def ensure_pause_rootfs(runtime_root: str, source: str = pause.CATATONIT) -> str
             if exc.errno not in (errno.EEXIST, errno.ENOTEMPTY):
                 raise
     finally:
-        shutil.rmtree(tmp, ignore_errors=True)  # gone when the rename won
+        remove_tree(tmp, ignore_errors=True)  # gone when the rename won
     return target
 
 

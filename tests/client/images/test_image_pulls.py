@@ -17,12 +17,14 @@ from collections.abc import Iterator
 
 import pytest
 
+from client.images import pull as pull_module
 from client.images.content import ContentStore
 from client.images.pull import AuthConfig, Puller, RegistryHost
 from client.images.service import Images
 from client.images.snapshots import Staging, chain_ids
 from imagebuild import BUSYBOX_ROOTFS_CHECKS
 from registry import AUTH, Registry
+from shim.rpc.trees import remove_tree
 from shim.rpc.status import (DataLoss, DeadlineExceeded, FailedPrecondition, InvalidArgument, NotFound,
                              Unauthenticated)
 
@@ -522,14 +524,14 @@ async def test_the_progress_watch_looks_at_a_pulls_directory_in_one_walk(tmp_pat
         os.mkdir(os.path.join(work, part))
     loop, looked = asyncio.get_running_loop(), asyncio.Event()
     walked: list[str] = []
-    walk = os.walk
+    walk = pull_module.walk
 
     def recorded(top, *args, **kwargs):
         walked.append(top)
         if len(walked) == 4:
             loop.call_soon_threadsafe(looked.set)
         return walk(top, *args, **kwargs)
-    monkeypatch.setattr(os, "walk", recorded)
+    monkeypatch.setattr(pull_module, "walk", recorded)
 
     class Unending:
         """A stand-in for the pull's timeout that never fires, however slow the walks are."""
@@ -592,6 +594,20 @@ async def test_remove_collects_the_snapshots_no_image_uses(tmp_path, test_images
     await images.remove(alone.image_id)
     assert images.snapshots.snapshots() == [] and images.content.digests() == set()
     assert await images.remove(test_images.busybox.ref) is None  # gone already: no error
+
+
+async def test_an_image_deeper_than_the_recursion_limit_is_removed_leaving_nothing_and_the_store_opens(
+        tmp_path, test_images):
+    images = images_for(tmp_path, test_images.registry)
+    deep = "/".join(["d"] * 1100) + "/f"
+    try:
+        record = await images.pull(test_images.build("deep", [{deep: "deep"}], base=None).ref)
+        assert images.snapshots.read_file(record.chain_id, deep) == b"deep"
+        await images.remove(record.image_id)
+        assert os.listdir(os.path.join(images.snapshots.root, "snapshots")) == []
+        assert images_for(tmp_path, test_images.registry).list() == []  # what podshimd does at start
+    finally:
+        remove_tree(str(tmp_path / "state"))
 
 
 async def test_a_failed_collection_is_logged_and_the_image_removed_all_the_same(tmp_path, test_images, monkeypatch,
