@@ -43,6 +43,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import IO, Any
 
+from shim.rpc.trees import remove_tree
 from shim.rpc.status import InvalidArgument, Unimplemented
 
 __all__ = ["BadLayer", "DigestMismatch", "LAYER_MEDIA_TYPES", "LayerStats", "apply_layer", "compression_of"]
@@ -73,6 +74,21 @@ CHUNK_BYTES = 1 << 20
 #: Decompressed chunks waiting for the writer: bounds memory to a few MiB per layer.
 QUEUE_CHUNKS = 8
 
+#: The largest PAX or GNU long-name header a layer may have, as containerd's reader (Go's
+#: archive/tar) bounds them: such a header is read whole into memory before it is used.
+MAX_HEADER_BYTES = 1 << 20
+#: The largest uid, gid or device number a file can have ((uid_t) -1 means "no change").
+MAX_ID = (1 << 32) - 2
+#: The times a file can have: a signed 64-bit count of seconds (time_t).
+MAX_TIME_NS = ((1 << 63) - 1) * 1_000_000_000
+MIN_TIME_NS = -(1 << 63) * 1_000_000_000
+_HEADER_KINDS = {tarfile.XHDTYPE: "PAX", tarfile.XGLTYPE: "PAX global", tarfile.GNUTYPE_LONGNAME: "GNU long name",
+                 tarfile.GNUTYPE_LONGLINK: "GNU long link name"}
+#: The longest path Linux takes, with its NUL (<linux/limits.h>): a member whose path in the
+#: layer's directory is longer could be made only relative to descriptors, and nothing could
+#: open it by its name (containerd refuses it too, with ENAMETOOLONG).
+PATH_MAX = 4096
+
 _BLOCK = 512
 _ZERO_BLOCK = bytes(_BLOCK)
 _DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
@@ -81,6 +97,13 @@ _F_SETPIPE_SZ = 1031
 #: Errors making an entry that come from what the layer says (a name too long, a device number
 #: or a link count the file system refuses), not from the machine.
 _LAYER_ERRNOS = frozenset({errno.ENAMETOOLONG, errno.EINVAL, errno.EMLINK, errno.ERANGE, errno.EEXIST})
+
+
+def _shortened(name: str, keep: int = 80) -> str:
+    """``name`` quoted, cut in the middle when it is long (a hostile one may be megabytes)."""
+    if len(name) <= 2 * keep:
+        return repr(name)
+    return f"{name[:keep]!r}...{name[-keep:]!r}"
 
 
 class BadLayer(InvalidArgument):
@@ -397,14 +420,17 @@ class _Writer:
                 raise BadLayer(f"layer {self.blob} is not a valid tar: {exc}") from None
             size = info.size
             if info.type in (tarfile.XHDTYPE, tarfile.XGLTYPE, tarfile.GNUTYPE_LONGNAME, tarfile.GNUTYPE_LONGLINK):
+                if size > MAX_HEADER_BYTES:  # before reading it: its data is held in memory whole
+                    raise BadLayer(f"layer {self.blob}: a {_HEADER_KINDS[info.type]} header of {size} bytes is "
+                                   f"larger than the {MAX_HEADER_BYTES} bytes a layer's headers may have")
                 data = self._read(size)
                 self._skip(-size % _BLOCK)
                 if info.type == tarfile.XHDTYPE:
                     pax.update(self._pax_records(data))
                 elif info.type == tarfile.GNUTYPE_LONGNAME:
-                    long_name = data.rstrip(b"\0").decode("utf-8", "surrogateescape")
+                    long_name = self._text("GNU long name", data.rstrip(b"\0"))
                 elif info.type == tarfile.GNUTYPE_LONGLINK:
-                    long_link = data.rstrip(b"\0").decode("utf-8", "surrogateescape")
+                    long_link = self._text("GNU long link name", data.rstrip(b"\0"))
                 # A global header (XGLTYPE) is skipped, as containerd skips it.
                 continue
             name, linkname = long_name or info.name, long_link or info.linkname
@@ -413,9 +439,9 @@ class _Writer:
             xattrs = {}
             for key, value in pax.items():
                 if key == "path":
-                    name = value.decode("utf-8", "surrogateescape")
+                    name = self._text("PAX path", value)
                 elif key == "linkpath":
-                    linkname = value.decode("utf-8", "surrogateescape")
+                    linkname = self._text("PAX linkpath", value)
                 elif key in ("size", "uid", "gid"):
                     number = self._pax_int(key, value)
                     if key == "size":
@@ -435,6 +461,7 @@ class _Writer:
                 raise BadLayer(f"layer {self.blob}: {name!r} is a sparse file, which layers do not use "
                                "and this unpacker does not read")
             pax, long_name, long_link = {}, None, None
+            self._check_numbers(name, info, mtime_ns, atime_ns)
             self._left = size
             yield _Entry(info, name, linkname, size, mtime_ns, mtime_ns if atime_ns is None else atime_ns, xattrs)
             # The member's data, or what of it the handler left unread, and the padding.
@@ -452,8 +479,33 @@ class _Writer:
             except ValueError:
                 raise BadLayer(f"layer {self.blob}: a PAX header is malformed") from None
             key, _, value = record[:-1].partition(b"=")
-            yield key.decode("utf-8", "surrogateescape"), value
+            yield self._text("PAX record name", key), value
             pos += length
+
+    def _text(self, what: str, value: bytes) -> str:
+        """A name from a header; BadLayer for one with a NUL byte, which no Linux name can hold
+        (Go's archive/tar, containerd's reader, refuses it too)."""
+        if b"\0" in value:
+            raise BadLayer(f"layer {self.blob}: a {what} holds a NUL byte "
+                           f"({_shortened(value.decode('utf-8', 'replace'))}), which no file name can")
+        return value.decode("utf-8", "surrogateescape")
+
+    def _check_numbers(self, name: str, info: tarfile.TarInfo, mtime_ns: int, atime_ns: int | None) -> None:
+        """Refuse owner, times and device numbers this machine cannot give a file (a tar header
+        can say numbers of 95 bits, a PAX one of any length)."""
+        for what, value in (("uid", info.uid), ("gid", info.gid)):
+            if not 0 <= value <= MAX_ID:
+                raise BadLayer(f"layer {self.blob}: {_shortened(name)} has {what} {value}, outside the ids Linux "
+                               f"has (0 to {MAX_ID})")
+        for what, ns in (("mtime", mtime_ns), ("atime", atime_ns)):
+            if ns is not None and not MIN_TIME_NS <= ns <= MAX_TIME_NS:
+                raise BadLayer(f"layer {self.blob}: {_shortened(name)} has {what} {ns // 1_000_000_000} s, outside "
+                               "the times a file can have (a signed 64-bit count of seconds)")
+        if info.type in (tarfile.CHRTYPE, tarfile.BLKTYPE):
+            for what, value in (("major", info.devmajor), ("minor", info.devminor)):
+                if not 0 <= value <= MAX_ID:
+                    raise BadLayer(f"layer {self.blob}: device {_shortened(name)} has {what} number {value}, "
+                                   "which no device has")
 
     def _pax_int(self, key: str, value: bytes) -> int:
         try:
@@ -487,6 +539,10 @@ class _Writer:
     def run(self) -> None:
         for entry in self._entries():
             rel = self._clean(entry.name)
+            if len(os.fsencode(self._path(rel))) >= PATH_MAX:
+                raise BadLayer(f"layer {self.blob}: entry {_shortened(entry.name)} is a path of "
+                               f"{len(os.fsencode(rel))} bytes, longer than the {PATH_MAX} bytes Linux takes "
+                               "in one path (PATH_MAX)")
             try:
                 self._apply(entry, rel)
             except OSError as exc:
@@ -541,7 +597,7 @@ class _Writer:
                 return True
             if not rel:
                 raise BadLayer(f"layer {self.blob}: an entry replaces the layer's root directory")
-            shutil.rmtree(self._path(rel))
+            remove_tree(self._path(rel))
             prefix = rel + "/"
             for key in [key for key in self.kinds if key.startswith(prefix)]:
                 del self.kinds[key]
@@ -642,6 +698,7 @@ class _Writer:
                 # On a descriptor (a regular file) as it is; on a path, the link itself.
                 os.setxattr(target, name, value, follow_symlinks=isinstance(target, int))
             except OSError as exc:
-                if exc.errno in (errno.ENOTSUP, errno.EPERM, errno.EINVAL, errno.ERANGE):
+                # E2BIG: past the kernel's 64 KiB; ENOSPC: past what this file system keeps for a file.
+                if exc.errno in (errno.ENOTSUP, errno.EPERM, errno.EINVAL, errno.ERANGE, errno.E2BIG, errno.ENOSPC):
                     raise BadLayer(f"layer {self.blob}: cannot set xattr {name} on {rel!r}: {exc.strerror}") from None
                 raise

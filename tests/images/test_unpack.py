@@ -5,19 +5,22 @@ from __future__ import annotations
 import hashlib
 import os
 import stat
+import tarfile
 
 import pytest
 from layertools import MTIME, make_layer, member, tree
 
 from client.images.unpack import BadLayer, DigestMismatch, apply_layer
 from shim.rpc.status import InvalidArgument
+from shim.rpc.trees import remove_tree
 
 
 @pytest.fixture
 def dest(tmp_path):
     path = tmp_path / "fs"
     path.mkdir()
-    return str(path)
+    yield str(path)
+    remove_tree(str(path))  # a tree deeper than pytest's own removal reaches
 
 
 def unpack(tmp_path, dest, members, compression="tar"):
@@ -177,3 +180,75 @@ def test_a_directory_that_is_not_empty_is_refused(tmp_path, dest):
 def test_a_name_the_file_system_refuses_is_a_bad_layer_not_a_traceback(tmp_path, dest):
     with pytest.raises(BadLayer, match="cannot make 'x{300}': File name too long"):
         unpack(tmp_path, dest, [member("x" * 300, data=b"long")])
+
+
+def test_a_path_longer_than_path_max_is_refused_with_a_sentence(tmp_path, dest):
+    deep = "/".join(["d"] * 3000) + "/f"  # a PAX path header: 3,000 levels, 6,001 bytes
+    with pytest.raises(BadLayer, match=r"is a path of 6001 bytes, longer than the 4096 bytes Linux takes"):
+        unpack(tmp_path, dest, [member(deep, data=b"deep")])
+    assert os.listdir(dest) == []  # refused before anything of it was made
+
+
+def test_a_directory_deeper_than_the_recursion_limit_is_replaced_by_a_later_member(tmp_path, dest):
+    deep = "/".join(["top"] + ["d"] * 1100)
+    unpack(tmp_path, dest, [member(deep + "/f", data=b"x"), member("top", data=b"a file now")])
+    assert tree(dest).keys() == {"top"}
+
+
+def raw_header(name: str, kind: bytes, size: int) -> bytes:
+    """One ustar header block of type ``kind`` that says its data has ``size`` bytes."""
+    info = tarfile.TarInfo(name)
+    info.type, info.size = kind, size
+    return info.tobuf(tarfile.USTAR_FORMAT)
+
+
+@pytest.mark.parametrize("kind, says", [(tarfile.XHDTYPE, "a PAX header of 1073741824 bytes"),
+                                        (tarfile.GNUTYPE_LONGNAME, "a GNU long name header of 1073741824 bytes")])
+def test_a_header_past_one_mib_is_refused_before_it_is_read(tmp_path, dest, kind, says):
+    # The blob holds only the header's first MiB: a reader that took the header whole would find
+    # the layer truncated (after holding what it read), not refuse it.
+    blob = tmp_path / "layer"
+    blob.write_bytes(raw_header("././@Header", kind, 1 << 30) + b"9" * (1 << 20))
+    with pytest.raises(BadLayer, match=f"{says} is larger than the 1048576 bytes a layer's headers may have"):
+        apply_layer(dest, str(blob))
+    assert os.listdir(dest) == []
+
+
+@pytest.mark.parametrize("pax, says", [
+    ({"path": "a\0b"}, r"a PAX path holds a NUL byte \('a\\x00b'\), which no file name can"),
+    ({"linkpath": "x\0y"}, r"a PAX linkpath holds a NUL byte"),
+    ({"uid": str(1 << 40)}, r"'f' has uid 1099511627776, outside the ids Linux has \(0 to 4294967294\)"),
+    ({"gid": "4294967295"}, r"'f' has gid 4294967295, outside the ids Linux has"),
+    ({"mtime": "1" + "0" * 25}, r"'f' has mtime 10{25} s, outside the times a file can have"),
+    ({"atime": "-" + "9" * 30}, r"'f' has atime -9{30} s, outside the times a file can have"),
+])
+def test_a_pax_header_no_file_can_have_is_refused_with_a_sentence(tmp_path, dest, pax, says):
+    info, data = member("f", "symlink" if "linkpath" in pax else "file", link="t")
+    info.pax_headers = pax
+    with pytest.raises(BadLayer, match=says):
+        unpack(tmp_path, dest, [(info, data)])
+    assert os.listdir(dest) == []
+
+
+def test_a_gnu_long_name_with_a_nul_byte_is_refused(tmp_path, dest):
+    name = "x" * 120 + "\0y"
+    blob = tmp_path / "layer"
+    data = name.encode() + b"\0"
+    blob.write_bytes(raw_header("././@LongLink", tarfile.GNUTYPE_LONGNAME, len(data)) + data.ljust(512, b"\0")
+                     + raw_header("short", tarfile.REGTYPE, 0) + bytes(1024))
+    with pytest.raises(BadLayer, match="a GNU long name holds a NUL byte"):
+        apply_layer(dest, str(blob))
+
+
+def test_a_device_number_no_device_has_is_refused(tmp_path, dest):
+    info, _ = member("dev", "char", dev=(1 << 33, 1))
+    blob = tmp_path / "layer"
+    blob.write_bytes(info.tobuf(tarfile.GNU_FORMAT) + bytes(1024))  # GNU base-256: numbers past 8 octal digits
+    with pytest.raises(BadLayer, match=r"device 'dev' has major number 8589934592, which no device has"):
+        apply_layer(dest, str(blob))
+
+
+def test_an_xattr_of_64_kib_is_refused_with_a_sentence(tmp_path, dest):
+    big = "v" * (64 << 10)
+    with pytest.raises(BadLayer, match=r"cannot set xattr user.big on 'f': (Argument list too long|No space left)"):
+        unpack(tmp_path, dest, [member("f", data=b"x", xattrs={"user.big": big})])
