@@ -17,6 +17,7 @@ import pytest
 from shim.kernel import linux
 
 from shim.rpc import FailedPrecondition, InvalidArgument
+from shim.runtime.confine import DEFAULT_CAPABILITIES
 from shim.rpc.api import TASK_SERVICE
 from shimtools import host_untouched  # noqa: F401  (autouse: what this module's shims made is checked at the end)
 from shimtools import WAIT, Shim, ShimLauncher
@@ -292,6 +293,26 @@ async def test_a_mount_made_on_the_host_below_a_source_appears_inside_as_its_pro
             status, out = await pod.sh("app", "cat /proc/self/mountinfo")
             assert (" /data/sub " in out) is appears
         await pod.end("app")
+
+
+async def test_a_mount_made_inside_below_an_rshared_bind_appears_on_the_host(pod, tmp_path):
+    """critest's "mount propagation: rshared": what the task mounts below a bidirectional bind
+    reaches the host (and is unmounted there again by the test)."""
+    source = tmp_path / "source"
+    (source / "sub").mkdir(parents=True)
+    with shared_mount(str(source)):
+        try:
+            await pod.run("app", "sleep", "600", rootfs=overlay(tmp_path, a_tree(tmp_path / "tree")),
+                          env=["PATH=/bin"], capabilities=[*DEFAULT_CAPABILITIES, "CAP_SYS_ADMIN"],
+                          mounts=[{"destination": "/data", "source": str(source), "options": ["rbind", "rshared"]}])
+            status, out = await pod.sh("app", "mount -t tmpfs made-inside /data/sub && touch /data/sub/inside")
+            assert status == 0, out
+            assert (source / "sub" / "inside").exists()
+            assert any(line.split()[4] == str(source / "sub") for line in host_mountinfo().splitlines())
+            await pod.end("app")
+        finally:
+            while any(line.split()[4] == str(source / "sub") for line in host_mountinfo().splitlines()):
+                linux.umount2(str(source / "sub"), linux.MNT_DETACH)
 
 
 # -- what is undone -------------------------------------------------------------------------------

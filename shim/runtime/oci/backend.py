@@ -151,9 +151,15 @@ class OciBackend(Runtime):
             # The runtime makes the terminal in the container and sends its master to our socket.
             doc["process"]["terminal"] = True
             spec.console.listen(os.path.join(container.bundle, _CONSOLE_SOCKET))
+        # The runtime runs in a mount namespace of its own, a recursive slave of the shim's: the
+        # source of a bidirectional (rshared) bind is bound there again, over itself, as a copy
+        # taken in the shim's namespace, a peer of the host's mount (containerd runs the runtime in
+        # the host's namespace), so what the task mounts below it reaches the host.
+        peers = tuple(("/proc/self/ns/mnt", mount.source, mount.source) for mount in fs.mounts
+                      if mount.propagation in ("rshared", "shared"))
         pid, start_time, exit_future = await self._launch(
             container, doc, spec.cgroup, stdout=spec.stdout, stderr=spec.stderr, stdin=spec.stdin, binds=binds,
-            binds_from=((f"/proc/{spec.pause_pid}/ns/mnt", "/dev/shm", shm),), console=spec.console)
+            binds_from=((f"/proc/{spec.pause_pid}/ns/mnt", "/dev/shm", shm), *peers), console=spec.console)
         return process.Process(pid, start_time, process.started_at_ns(exit_future), exit_future)
 
     def check_confinement(self, confinement: Confinement) -> None:

@@ -190,9 +190,12 @@ def task_spec(*, sandbox_id: str, args: list[str], env: Mapping[str, str], cwd: 
                     + [mount.to_oci() for mount in mounts], namespaces, cgroups_path, seccomp=confinement.seccomp,
                     readonly=readonly, masked_paths=() if privileged else masked_paths,
                     readonly_paths=() if privileged else readonly_paths)
-    # runc's own default, said for crun too (whose default is private): a bind's rslave or
-    # rshared propagation needs a root that receives mounts.
-    doc["linux"]["rootfsPropagation"] = "rslave"
+    # As containerd: the root is rshared when a bind is (or what is mounted below the bind inside
+    # would stop at the root's copy of the host's mounts and never reach the host), else rslave
+    # (runc's own default, said for crun too, whose default is private): a bind's rslave
+    # propagation needs a root that receives mounts.
+    shared = any(mount.propagation in ("rshared", "shared") for mount in mounts)
+    doc["linux"]["rootfsPropagation"] = "rshared" if shared else "rslave"
     if devices:
         doc["linux"]["devices"] = [device.to_oci() for device in devices]
     # The shim writes every resource to the task's cgroup itself, for every handler, before the
