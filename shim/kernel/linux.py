@@ -30,7 +30,8 @@ __all__ = [
     "STAT_PPID", "STAT_SESSION", "STAT_STARTTIME", "STAT_STATE",
     "CAP_SYS_RESOURCE", "CLONE3_REFUSED", "CLONE_INTO_CGROUP", "block_all_signals", "clone3", "fork_into_cgroup", "get_child_subreaper", "mount", "ns_inode", "ns_type", "proc_start_time",
     "proc_stat", "set_child_subreaper", "set_parent_death_signal", "set_signal_mask", "sethostname", "setns", "umount2", "unshare",
-    "write_file", "open_tree", "move_mount", "pivot_root", "mount_fs", "bpf",
+    "write_file", "open_tree", "move_mount", "pivot_root", "mount_fs", "bpf", "new_mount", "mount_setattr", "openat2",
+    "RESOLVE_IN_ROOT", "RESOLVE_NO_MAGICLINKS", "RESOLVE_NO_SYMLINKS", "RESOLVE_BENEATH",
     "IN_ATTRIB", "IN_CLOSE_WRITE", "IN_CREATE", "IN_DELETE", "IN_DELETE_SELF", "IN_IGNORED", "IN_MODIFY",
     "IN_MOVED_FROM", "IN_MOVED_TO", "IN_MOVE_SELF", "IN_Q_OVERFLOW", "IN_UNMOUNT",
     "inotify_add_watch", "inotify_init", "inotify_read", "fs_type", "default_signal", "read_status", "status_mask",
@@ -169,7 +170,16 @@ OPEN_TREE_CLONE = 1
 OPEN_TREE_CLOEXEC = os.O_CLOEXEC
 AT_RECURSIVE = 0x8000
 _AT_FDCWD = -100
+_AT_EMPTY_PATH = 0x1000
 _MOVE_MOUNT_F_EMPTY_PATH = 0x4
+_MOVE_MOUNT_T_EMPTY_PATH = 0x40
+_SYS_OPENAT2 = 437
+_SYS_MOUNT_SETATTR = 442
+# <linux/openat2.h>
+RESOLVE_NO_MAGICLINKS = 0x02
+RESOLVE_NO_SYMLINKS = 0x04
+RESOLVE_BENEATH = 0x08
+RESOLVE_IN_ROOT = 0x10
 _libc.syscall.restype = ctypes.c_long
 _SYS_CLONE3 = 435  # the same on every architecture (the generic syscall table)
 # The same libc through a handle that keeps the GIL across the call: a clone3 child must come
@@ -188,10 +198,37 @@ def open_tree(path: str, recursive: bool) -> int:
     return fd
 
 
-def move_mount(fd: int, target: str) -> None:
-    """Attach the detached mount ``fd`` (from :func:`open_tree`) on ``target``. Raises OSError naming it."""
-    _check(_libc.syscall(_SYS_MOVE_MOUNT, ctypes.c_int(fd), b"", _AT_FDCWD, _encode(target),
-                         ctypes.c_uint(_MOVE_MOUNT_F_EMPTY_PATH)), target)
+def move_mount(fd: int, target: str | int, name: str = "") -> None:
+    """Attach the detached mount ``fd`` (from :func:`open_tree` or :func:`new_mount`) on ``target``:
+    a path, or an open fd (O_PATH will do), mounted on as it is with no path looked up again, so
+    nothing can swap what it names in between. Raises OSError naming ``name`` or the path."""
+    if isinstance(target, int):
+        to_fd, to_path, flags = target, b"", _MOVE_MOUNT_F_EMPTY_PATH | _MOVE_MOUNT_T_EMPTY_PATH
+    else:
+        to_fd, to_path, flags = _AT_FDCWD, os.fsencode(target), _MOVE_MOUNT_F_EMPTY_PATH
+    _check(_libc.syscall(_SYS_MOVE_MOUNT, ctypes.c_int(fd), b"", ctypes.c_int(to_fd), to_path, ctypes.c_uint(flags)),
+           name or (target if isinstance(target, str) else None))
+
+
+def mount_setattr(fd: int, *, propagation: int = 0, flags: int = 0, recursive: bool = False) -> None:
+    """mount_setattr(2) on the mount open on ``fd`` (attached or detached): ``propagation`` one of
+    MS_PRIVATE, MS_SLAVE, MS_SHARED (0: unchanged), ``flags`` the MS_RDONLY, MS_NOSUID, MS_NODEV,
+    MS_NOEXEC to set; ``recursive``: on the mounts below it too. Raises OSError."""
+    attr = struct.pack("=4Q", _mount_attrs(flags), 0, propagation, 0)  # attr_set, attr_clr, propagation, userns_fd
+    _check(_libc.syscall(_SYS_MOUNT_SETATTR, ctypes.c_int(fd), b"",
+                         ctypes.c_uint(_AT_EMPTY_PATH | (AT_RECURSIVE if recursive else 0)), attr,
+                         ctypes.c_size_t(len(attr))))
+
+
+def openat2(dir_fd: int, path: str, flags: int, resolve: int, mode: int = 0) -> int:
+    """openat2(2): ``path`` opened relative to ``dir_fd`` with the ``RESOLVE_*`` rules of ``resolve``
+    (RESOLVE_IN_ROOT: ``dir_fd`` is the root every ``..`` and absolute link stays in;
+    RESOLVE_NO_MAGICLINKS: no /proc/PID/root, /proc/PID/fd/N and the like). Raises OSError naming
+    ``path`` (EXDEV: it would have left the root; ELOOP: a link refused)."""
+    how = struct.pack("=3Q", flags | os.O_CLOEXEC, mode, resolve)
+    fd: int = _libc.syscall(_SYS_OPENAT2, ctypes.c_int(dir_fd), _encode(path), how, ctypes.c_size_t(len(how)))
+    _check(fd, path)
+    return fd
 
 
 _SYS_FSOPEN = 430
@@ -202,16 +239,21 @@ _FSMOUNT_CLOEXEC = 1
 _FSCONFIG_SET_FLAG = 0
 _FSCONFIG_SET_STRING = 1
 _FSCONFIG_CMD_CREATE = 6
-#: fsmount(2)'s attributes, by the mount(2) flag each stands for.
-_MOUNT_ATTRS = ((MS_RDONLY, 0x1), (MS_NOSUID, 0x2), (MS_NODEV, 0x4), (MS_NOEXEC, 0x8))
+#: fsmount(2)'s and mount_setattr(2)'s attributes, by the mount(2) flag each stands for.
+_MOUNT_ATTRS = ((MS_RDONLY, 0x1), (MS_NOSUID, 0x2), (MS_NODEV, 0x4), (MS_NOEXEC, 0x8), (1 << 24, 0x20))
 
 
-def mount_fs(fstype: str, source: str | None, params: list[tuple[str, str | None]], target: str,
-             flags: int = 0) -> None:
-    """Mount a new ``fstype`` on ``target`` through fsopen/fsconfig/fsmount: each of ``params`` is
-    one fsconfig key (a flag when its value is None), so no option string and no page-size limit
-    on it (overlayfs takes its lower layers one by one as ``lowerdir+``). ``flags``: MS_RDONLY,
-    MS_NOSUID, MS_NODEV, MS_NOEXEC. Raises OSError naming the key that failed, or ``target``."""
+def _mount_attrs(flags: int) -> int:
+    return sum(attr for flag, attr in _MOUNT_ATTRS if flags & flag)
+
+
+def new_mount(fstype: str, source: str | None, params: list[tuple[str, str | None]], flags: int = 0) -> int:
+    """A new ``fstype`` through fsopen/fsconfig/fsmount, detached: its fd, to :func:`move_mount`
+    (and to make files in through ``dir_fd`` once attached). Each of ``params`` is one fsconfig
+    key (a flag when its value is None), so no option string and no page-size limit on it
+    (overlayfs takes its lower layers one by one as ``lowerdir+``). ``flags``: MS_RDONLY,
+    MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_STRICTATIME. Raises OSError naming the key that failed,
+    or ``fstype``."""
     fs = _libc.syscall(_SYS_FSOPEN, _encode(fstype), ctypes.c_uint(_FSOPEN_CLOEXEC))
     _check(fs, fstype)
     try:
@@ -222,16 +264,29 @@ def mount_fs(fstype: str, source: str | None, params: list[tuple[str, str | None
             _check(_libc.syscall(_SYS_FSCONFIG, ctypes.c_int(fs), ctypes.c_uint(cmd), _encode(key), _encode(value),
                                  ctypes.c_int(0)), f"{key}={value}" if value is not None else key)
         _check(_libc.syscall(_SYS_FSCONFIG, ctypes.c_int(fs), ctypes.c_uint(_FSCONFIG_CMD_CREATE), None, None,
-                             ctypes.c_int(0)), target)
-        attrs = sum(attr for flag, attr in _MOUNT_ATTRS if flags & flag)
-        mnt = _libc.syscall(_SYS_FSMOUNT, ctypes.c_int(fs), ctypes.c_uint(_FSMOUNT_CLOEXEC), ctypes.c_uint(attrs))
-        _check(mnt, target)
-        try:
-            move_mount(mnt, target)
-        finally:
-            os.close(mnt)
+                             ctypes.c_int(0)), fstype)
+        mnt: int = _libc.syscall(_SYS_FSMOUNT, ctypes.c_int(fs), ctypes.c_uint(_FSMOUNT_CLOEXEC),
+                                 ctypes.c_uint(_mount_attrs(flags)))
+        _check(mnt, fstype)
+        return mnt
     finally:
         os.close(fs)
+
+
+def mount_fs(fstype: str, source: str | None, params: list[tuple[str, str | None]], target: str,
+             flags: int = 0) -> None:
+    """Mount a new ``fstype`` on ``target`` (:func:`new_mount`, attached there). Raises OSError
+    naming the key that failed, or ``target``."""
+    try:
+        mnt = new_mount(fstype, source, params, flags)
+    except OSError as exc:
+        if exc.filename == fstype:
+            exc.filename = target
+        raise
+    try:
+        move_mount(mnt, target)
+    finally:
+        os.close(mnt)
 
 
 def pivot_root(new_root: str, put_old: str) -> None:

@@ -35,8 +35,8 @@ from shim.rpc.records import Record, set_field as _set
 from shim.rpc.status import FailedPrecondition, Internal, InvalidArgument
 
 __all__ = ["MASKED_PATHS", "READONLY_PATHS", "ROOTFS_DIR", "TASKS_DIR", "BindMount", "HostDevice", "RootSetup",
-           "RootfsMount", "TaskFilesystem", "check_destinations", "enter_root", "host_devices", "is_mount_point",
-           "mount_rootfs", "open_trees", "parse_filesystem", "parse_rootfs", "resolve_in_root", "rootfs_path",
+           "RootfsMount", "TaskFilesystem", "AT_ROOT", "at_root", "check_destinations", "enter_root", "host_devices", "is_mount_point",
+           "mount_rootfs", "open_in_root", "open_trees", "parse_filesystem", "parse_rootfs", "resolve_in_root", "rootfs_path",
            "sandbox_rootfs_path",
            "unmount_rootfs", "unmount_sandbox_rootfs"]
 
@@ -67,8 +67,8 @@ _MAX_SYMLINKS = 40
 #: mount(2) copies one page of options: longer ones (an overlay of many layers) go through fsconfig.
 _MAX_MOUNT_DATA_BYTES = 4095
 _MS_STRICTATIME = 1 << 24
-_DEV_TMPFS = "mode=755,size=65536k"
-_DEVPTS = "newinstance,ptmxmode=0666,mode=0620,gid=5"
+_DEV_TMPFS: list[tuple[str, str | None]] = [("mode", "755"), ("size", "65536k")]
+_DEVPTS: list[tuple[str, str | None]] = [("newinstance", None), ("ptmxmode", "0666"), ("mode", "0620"), ("gid", "5")]
 #: The nodes of a task's /dev: name, major, minor (all character devices, mode 0666; runc's list).
 DEV_NODES = (("null", 1, 3), ("zero", 1, 5), ("full", 1, 7), ("random", 1, 8), ("urandom", 1, 9), ("tty", 5, 0))
 #: What a privileged task does not get from the host's /dev (containerd's HostDevices skips them):
@@ -420,17 +420,106 @@ def _unmount(target: str) -> None:
 
 
 def check_destinations(fs: TaskFilesystem, root: str) -> None:
-    """FailedPrecondition when the root is the host's (read-only) and a mount's destination is
-    missing there: it would have to be made in the host's filesystem. Under /dev (the task's own
-    tmpfs) a destination is always made."""
-    if not fs.host_root:
-        return
-    for i, mount in enumerate(fs.mounts):
-        if mount.destination.startswith("/dev/"):
-            continue
-        if not os.path.lexists(resolve_in_root(root, mount.destination)):
-            raise FailedPrecondition(f"mounts[{i}].destination {mount.destination} does not exist in the host's "
-                                     "read-only root (give the task a rootfs to have it made)")
+    """Check, before a task starts on any handler, the mounts' destinations in its ``root`` (the
+    host's ``/`` or the mounted rootfs): InvalidArgument when one resolves to the root itself (a
+    symbolic link to ``/`` in the image: a mount there would replace the root);
+    FailedPrecondition when the root is the host's (read-only) and a destination is missing there:
+    it would have to be made in the host's filesystem. Under /dev (the task's own tmpfs) a
+    destination is always made. Resolved as the native handler's launcher resolves them
+    (:func:`open_in_root`), without the earlier mounts (the launcher checks again with them)."""
+    root_fd = os.open(root, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        for i, mount in enumerate(fs.mounts):
+            if mount.destination.startswith("/dev/"):
+                continue
+            try:
+                fd = open_in_root(root_fd, mount.destination)
+            except FileNotFoundError:
+                if fs.host_root:
+                    raise FailedPrecondition(f"mounts[{i}].destination {mount.destination} does not exist in the "
+                                             "host's read-only root (give the task a rootfs to have it made)") from None
+                continue
+            except OSError as exc:
+                if exc.errno == errno.EINVAL:
+                    raise InvalidArgument(f"mounts[{i}].destination: {at_root(mount.destination)}") from None
+                continue  # the launcher says what is wrong with it, as the OCI runtimes do
+            os.close(fd)
+    finally:
+        os.close(root_fd)
+
+
+#: The launcher's step when a mount destination resolves to the task's root itself, followed by
+#: the destination (:mod:`shim.runtime.process` makes it InvalidArgument, :func:`at_root`'s sentence).
+AT_ROOT = "refusing the mount destination "
+
+
+def at_root(destination: str) -> str:
+    """The sentence for a mount ``destination`` that resolves to the task's root itself."""
+    return (f"mount destination {destination} resolves to the task's root itself (through a symbolic link in "
+            "its root filesystem or a volume): a mount cannot replace the root")
+
+
+def open_in_root(root_fd: int, path: str, make: str = "") -> int:
+    """An O_PATH fd of ``path`` resolved inside the directory open on ``root_fd`` as if it were
+    ``/``, never out of it: component by component with O_NOFOLLOW, each symbolic link read and
+    followed by hand (an absolute one from ``root_fd``, ``..`` never above it), so neither a link
+    to the host's paths nor a /proc magic link (/proc/self/root) leads out. ``make`` "dir" or
+    "file": what is missing is made on the way (directories 0755, the last one a directory or
+    an empty file 0644), by fd in the directory resolved so far, a dangling link's target too.
+    Raises OSError: FileNotFoundError (missing, nothing made), ELOOP (too many links),
+    ENOTDIR, and EINVAL (its message :data:`AT_ROOT`) when ``path`` resolves to the root itself.
+
+    Runs in the native launcher's child between fork and exec too: no imports, no logging."""
+    parts = [p for p in path.split("/") if p]
+    chain = [os.dup(root_fd)]  # the directories resolved so far, the root first
+    links = 0
+    try:
+        while parts:
+            part = parts.pop(0)
+            if part == ".":
+                continue
+            if part == "..":
+                if len(chain) > 1:
+                    os.close(chain.pop())
+                continue
+            last = not parts
+            try:
+                fd = os.open(part, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=chain[-1])
+            except FileNotFoundError:
+                if not make:
+                    raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), path) from None
+                try:
+                    if last and make == "file":
+                        os.close(os.open(part, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                                         0o644, dir_fd=chain[-1]))
+                    else:
+                        os.mkdir(part, 0o755, dir_fd=chain[-1])
+                except FileExistsError:
+                    pass  # made meanwhile: opened below as it is
+                fd = os.open(part, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=chain[-1])
+            mode = os.fstat(fd).st_mode
+            if stat.S_ISLNK(mode):
+                try:
+                    target = os.readlink("", dir_fd=fd)
+                finally:
+                    os.close(fd)
+                links += 1
+                if links > _MAX_SYMLINKS:
+                    raise OSError(errno.ELOOP, f"too many symbolic links resolving {path} in the task's root")
+                if target.startswith("/"):
+                    while len(chain) > 1:
+                        os.close(chain.pop())
+                parts = [p for p in target.split("/") if p] + parts
+                continue
+            chain.append(fd)
+            if not last and not stat.S_ISDIR(mode):
+                raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), path)
+        if len(chain) == 1:
+            raise OSError(errno.EINVAL, at_root(path))
+        return chain.pop()
+    finally:
+        for fd in chain:
+            os.close(fd)
 
 
 def resolve_in_root(root: str, path: str) -> str:
@@ -469,8 +558,8 @@ def resolve_in_root(root: str, path: str) -> str:
 class RootSetup(Record):
     """What the native launcher's child needs to build a task's root, all computed and opened in
     the shim before the fork: ``mount_point`` (``<bundle>/tasks/<id>/rootfs``, where the root is
-    attached in the task's namespace), the detached trees (:func:`open_trees`), and the paths,
-    inside the root, of every mount. :meth:`close` closes the trees' fds (the shim's; the child's
+    attached in the task's namespace), the detached trees (:func:`open_trees`), and the
+    destination, inside the root, of every mount (resolved by the child, :func:`open_in_root`). :meth:`close` closes the trees' fds (the shim's; the child's
     copies go with it)."""
 
     __slots__ = ("mount_point", "root_fd", "host_root", "readonly", "privileged", "own_ipc", "binds", "masked_paths",
@@ -482,7 +571,7 @@ class RootSetup(Record):
     readonly: bool
     privileged: bool
     own_ipc: bool
-    binds: list[tuple[int, str, bool, int, int]]  # fd, target, is dir, prop, flags
+    binds: list[tuple[int, str, bool, int, int]]  # fd, destination, is dir, prop, flags
     masked_paths: tuple[str, ...]
     readonly_paths: tuple[str, ...]
     devices: tuple[HostDevice, ...]  # privileged: the host's, made in the task's /dev
@@ -526,8 +615,8 @@ def open_trees(fs: TaskFilesystem, mount_point: str, *, own_ipc: bool) -> RootSe
             flags = 0
             for option in mount.options:
                 flags |= _BIND_FLAGS.get(option, 0)
-            target = mount_point + resolve_in_root(root, mount.destination)[len(root.rstrip("/")):]
-            setup.binds.append((fd, target, os.path.isdir(mount.source), _MS_PROPAGATION[mount.propagation], flags))
+            setup.binds.append((fd, mount.destination, os.path.isdir(mount.source), _MS_PROPAGATION[mount.propagation],
+                                flags))
     except BaseException:
         setup.close()
         raise
@@ -543,20 +632,25 @@ def _open_tree(path: str, *, recursive: bool, what: str) -> int:
 
 # The child's side runs between fork and exec: syscalls in a fixed order, no imports, no logging.
 # ``step`` names what failed in the launcher's report (a list so the caller sees the last one).
+# Every path inside the task's root is resolved there by fd (open_in_root) and mounted on the fd
+# it gave: never looked up again by name, where a link in the image could send it to the host's.
 
-def _mkdir(path: str) -> None:
+def _mount_point(root_fd: int, name: str) -> int:
+    """The directory ``name`` right under the root (made if missing), an O_PATH fd: /proc, /dev
+    and /sys are directories of the root itself, never what a link there names."""
     try:
-        os.mkdir(path, 0o755)
+        os.mkdir(name, 0o755, dir_fd=root_fd)
     except FileExistsError:
         pass
+    return os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=root_fd)
 
 
-def _make_target(path: str, is_dir: bool) -> None:
-    if is_dir:
-        os.makedirs(path, 0o755, exist_ok=True)
-    elif not os.path.lexists(path):
-        os.makedirs(os.path.dirname(path), 0o755, exist_ok=True)
-        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644))
+def _attach(mnt: int, target_fd: int) -> None:
+    try:
+        linux.move_mount(mnt, target_fd)
+    finally:
+        os.close(mnt)
+        os.close(target_fd)
 
 
 def enter_root(setup: RootSetup, step: list[str]) -> None:
@@ -572,52 +666,27 @@ def enter_root(setup: RootSetup, step: list[str]) -> None:
     if setup.host_root:
         linux.mount(None, root, None, linux.MS_REMOUNT | linux.MS_BIND | linux.MS_RDONLY)
     linux.mount(None, root, None, linux.MS_PRIVATE | linux.MS_REC)
-    step[0] = "mounting proc on /proc"
-    _mkdir(root + "/proc")
-    linux.mount("proc", root + "/proc", "proc", nosuid_nodev_noexec)
-    dev = root + "/dev"
-    _mkdir(dev)
-    step[0] = "mounting a tmpfs on /dev"
-    linux.mount("tmpfs", dev, "tmpfs", linux.MS_NOSUID | _MS_STRICTATIME, _DEV_TMPFS)
-    umask = os.umask(0)  # the nodes' modes as given
+    root_fd = os.open(root, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
-        for name, major, minor in DEV_NODES:
-            step[0] = f"making /dev/{name}"
-            os.mknod(f"{dev}/{name}", stat.S_IFCHR | 0o666, os.makedev(major, minor))
-        for device in setup.devices:
-            step[0] = f"making {device.path}"
-            target = root + device.path
-            os.makedirs(os.path.dirname(target), 0o755, exist_ok=True)
+        _standard_mounts(setup, root_fd, step)
+        for fd, destination, is_dir, propagation, flags in setup.binds:
+            step[0] = f"binding a mount on {destination}"
             try:
-                os.mknod(target, (stat.S_IFCHR if device.kind == "c" else stat.S_IFBLK) | device.mode,
-                         os.makedev(device.major, device.minor))
-            except FileExistsError:
-                continue  # one of the standard nodes
-            os.chown(target, device.uid, device.gid)
+                target = open_in_root(root_fd, destination, "dir" if is_dir else "file")
+            except OSError as exc:
+                if exc.errno == errno.EINVAL:
+                    step[0] = AT_ROOT + destination
+                raise
+            try:
+                linux.move_mount(fd, target)
+            finally:
+                os.close(target)
+            # On the tree's own fd, now attached: the mount just made, whatever its path names now.
+            linux.mount_setattr(fd, propagation=propagation & ~linux.MS_REC, recursive=bool(propagation & linux.MS_REC))
+            if flags:
+                linux.mount_setattr(fd, flags=flags)
     finally:
-        os.umask(umask)
-    for name, target in DEV_LINKS:
-        os.symlink(target, f"{dev}/{name}")
-    step[0] = "mounting devpts on /dev/pts"
-    _mkdir(dev + "/pts")
-    linux.mount("devpts", dev + "/pts", "devpts", linux.MS_NOSUID | linux.MS_NOEXEC, _DEVPTS)
-    step[0] = "binding the pod's /dev/shm"
-    _mkdir(dev + "/shm")
-    linux.mount("/dev/shm", dev + "/shm", None, linux.MS_BIND | linux.MS_REC)
-    if setup.own_ipc:
-        step[0] = "mounting mqueue on /dev/mqueue"
-        _mkdir(dev + "/mqueue")
-        linux.mount("mqueue", dev + "/mqueue", "mqueue", nosuid_nodev_noexec)
-    step[0] = "mounting sysfs on /sys"
-    _mkdir(root + "/sys")
-    linux.mount("sysfs", root + "/sys", "sysfs", nosuid_nodev_noexec | (0 if setup.privileged else linux.MS_RDONLY))
-    for fd, target, is_dir, propagation, flags in setup.binds:
-        step[0] = f"binding a mount on {target[len(root):]}"
-        _make_target(target, is_dir)
-        linux.move_mount(fd, target)
-        linux.mount(None, target, None, propagation)
-        if flags:
-            linux.mount(None, target, None, linux.MS_REMOUNT | linux.MS_BIND | flags)
+        os.close(root_fd)
     if setup.readonly and not setup.host_root:
         step[0] = "making the root read-only"
         linux.mount(None, root, None, linux.MS_REMOUNT | linux.MS_BIND | linux.MS_RDONLY)
@@ -645,3 +714,61 @@ def enter_root(setup: RootSetup, step: list[str]) -> None:
         except FileNotFoundError:
             continue
         linux.mount(None, path, None, linux.MS_REMOUNT | linux.MS_BIND | linux.MS_RDONLY | nosuid_nodev_noexec)
+
+
+def _standard_mounts(setup: RootSetup, root_fd: int, step: list[str]) -> None:
+    """/proc, /dev (a tmpfs with the standard nodes and links, devpts, the pod's /dev/shm, an own
+    mqueue) and /sys, each on a directory right under the root open on ``root_fd``."""
+    nosuid_nodev_noexec = linux.MS_NOSUID | linux.MS_NODEV | linux.MS_NOEXEC
+    step[0] = "mounting proc on /proc"
+    _attach(linux.new_mount("proc", "proc", [], nosuid_nodev_noexec), _mount_point(root_fd, "proc"))
+    step[0] = "mounting a tmpfs on /dev"
+    dev = linux.new_mount("tmpfs", "tmpfs", _DEV_TMPFS, linux.MS_NOSUID | _MS_STRICTATIME)
+    try:
+        target = _mount_point(root_fd, "dev")
+        try:
+            linux.move_mount(dev, target)
+        finally:
+            os.close(target)
+        _dev_entries(setup, dev, step)
+    finally:
+        os.close(dev)
+    step[0] = "mounting sysfs on /sys"
+    _attach(linux.new_mount("sysfs", "sysfs", [], nosuid_nodev_noexec | (0 if setup.privileged else linux.MS_RDONLY)),
+            _mount_point(root_fd, "sys"))
+
+
+def _dev_entries(setup: RootSetup, dev: int, step: list[str]) -> None:
+    """What goes in the task's /dev, the tmpfs open on ``dev``: the standard nodes (and a
+    privileged task's host devices), the links, devpts, the pod's /dev/shm, an own mqueue."""
+    umask = os.umask(0)  # the nodes' modes as given
+    try:
+        for name, major, minor in DEV_NODES:
+            step[0] = f"making /dev/{name}"
+            os.mknod(name, stat.S_IFCHR | 0o666, os.makedev(major, minor), dir_fd=dev)
+        for device in setup.devices:
+            step[0] = f"making {device.path}"
+            directory, name = os.path.split(device.path[len("/dev/"):])
+            parent = open_in_root(dev, directory, "dir") if directory else os.dup(dev)
+            try:
+                try:
+                    os.mknod(name, (stat.S_IFCHR if device.kind == "c" else stat.S_IFBLK) | device.mode,
+                             os.makedev(device.major, device.minor), dir_fd=parent)
+                except FileExistsError:
+                    continue  # one of the standard nodes
+                os.chown(name, device.uid, device.gid, dir_fd=parent, follow_symlinks=False)
+            finally:
+                os.close(parent)
+    finally:
+        os.umask(umask)
+    for name, target in DEV_LINKS:
+        os.symlink(target, name, dir_fd=dev)
+    step[0] = "mounting devpts on /dev/pts"
+    _attach(linux.new_mount("devpts", "devpts", _DEVPTS, linux.MS_NOSUID | linux.MS_NOEXEC),
+            _mount_point(dev, "pts"))
+    step[0] = "binding the pod's /dev/shm"
+    _attach(linux.open_tree("/dev/shm", True), _mount_point(dev, "shm"))
+    if setup.own_ipc:
+        step[0] = "mounting mqueue on /dev/mqueue"
+        _attach(linux.new_mount("mqueue", "mqueue", [], linux.MS_NOSUID | linux.MS_NODEV | linux.MS_NOEXEC),
+                _mount_point(dev, "mqueue"))

@@ -557,6 +557,8 @@ def _launch_error(name: str, kind: bytes, err: int, step: str) -> RpcError:
         return InvalidArgument(f"{name} launch failed at {step}: the kernel does not let this namespace set it")
     if err in (errno.EINVAL, errno.ERANGE) and step.startswith("writing sysctl "):
         return InvalidArgument(f"{name} launch failed at {step}: the kernel refuses the value ({reason})")
+    if err == errno.EINVAL and step.startswith(mounts.AT_ROOT):
+        return InvalidArgument(f"{name} launch failed: {mounts.at_root(step[len(mounts.AT_ROOT):])}")
     message = f"{name} launch failed at {step}: {reason} (errno {err})"
     if kind == b"X":
         return ExecFailed(message, err=err, step=step)
@@ -732,7 +734,7 @@ def _child_b(plan: _Plan, write_fd: int) -> NoReturn:
             os.chroot(plan.chroot)
         kind = b"X"
         step = f"chdir {plan.cwd}"
-        os.chdir(plan.cwd)
+        _chdir_in_root(plan.cwd)
         kind = b"E"
         if plan.builtin is not None:
             for step, call in plan.confine:  # a builtin is confined as a program would be at exec
@@ -754,6 +756,22 @@ def _child_b(plan: _Plan, write_fd: int) -> NoReturn:
         _report_failure(write_fd, step, exc, kind)
     finally:
         os._exit(127)
+
+
+def _chdir_in_root(cwd: str) -> None:
+    """chdir to ``cwd`` resolved inside this process's root, as if it were ``/`` (a link to
+    ``/..`` or to an absolute path stays in it) and through no /proc magic link (/proc/1/root, a
+    process's cwd or fds: another root, the host's for a process that has it). Raises OSError
+    (ELOOP for a magic link)."""
+    root = os.open("/", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        fd = linux.openat2(root, cwd, os.O_PATH | os.O_DIRECTORY, linux.RESOLVE_IN_ROOT | linux.RESOLVE_NO_MAGICLINKS)
+    finally:
+        os.close(root)
+    try:
+        os.fchdir(fd)
+    finally:
+        os.close(fd)
 
 
 # <asm-generic/ioctls.h>: unlockpt()'s ioctl, and the slave of a master opened through the master

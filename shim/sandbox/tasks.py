@@ -342,7 +342,7 @@ class TaskSet:
                 stdin = None
                 terminal = Console() if task.terminal else None
                 try:
-                    mounts.check_destinations(task.filesystem, "/")
+                    mounts.check_destinations(task.filesystem, "/" if task.filesystem.host_root else task.rootfs)
                     if task.stdin:
                         try:
                             stdin = execstream.TaskStdin(os.path.join(self.sandbox.config.bundle, f"{task_id}.stdin"))

@@ -1,0 +1,183 @@
+"""Paths inside a container are resolved inside its root, on every runtime handler: a mount's
+destination, the pod's /etc files and the working directory, through the symbolic links an image
+carries (to /proc/self/root/..., to /proc/1/root/..., to the host's directories, to ``/``) or a
+volume carries, never reach the host's filesystem; a destination that is the root itself is
+INVALID_ARGUMENT with a sentence.
+
+The image is a layer written here (tests/layertools.py) and unpacked by podshim's own unpacker,
+an overlay's lower layer as a snapshotter gives it; the tasks run through a real shim, and what
+they must not reach (a directory of the host, named by the image's links) is compared before
+and after."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import time
+
+import pytest
+
+from client.images.unpack import apply_layer
+from layertools import make_layer, member
+from shim.rpc import FailedPrecondition, InvalidArgument, RpcError
+from shimtools import host_untouched  # noqa: F401  (autouse: what this module's shims made is checked at the end)
+from shimtools import shims  # noqa: F401  (the fixture)
+from shimtools import WAIT, ShimLauncher
+
+HANDLERS = ["native"] + [h for h in ("runc", "crun") if shutil.which(h, path="/usr/sbin:/usr/bin:/sbin:/bin")]
+BUSYBOX = "/bin/busybox"
+TOOLS = ("sh", "cat", "ls", "touch", "pwd", "sleep")
+
+
+class Pod:
+    """A running sandbox of one handler, its tasks made from the hostile image."""
+
+    def __init__(self, shim, handler: str, tmp_path):
+        self.shim, self.handler, self.tmp_path = shim, handler, tmp_path
+        self.host = tmp_path / "host"  # what the image's links name: it must stay as it is
+        self.host.mkdir()
+        (self.host / "marker").write_text("the host's\n")
+        self.rootfs = hostile_image(tmp_path, str(self.host))
+        (tmp_path / "logs").mkdir()
+
+    def host_tree(self) -> list[str]:
+        return sorted(os.path.relpath(os.path.join(d, name), self.host)
+                      for d, dirs, files in os.walk(self.host) for name in dirs + files)
+
+    async def run(self, task_id: str, script: str, **fields) -> None:
+        """Create and start a task of the image running ``script``, kept running by a sleep."""
+        upper = self.tmp_path / task_id
+        for name in ("upper", "work"):
+            (upper / name).mkdir(parents=True)
+        rootfs = [{"type": "overlay", "source": "overlay",
+                   "options": [f"lowerdir={self.rootfs}", f"upperdir={upper / 'upper'}", f"workdir={upper / 'work'}"]}]
+        log = self.tmp_path / "logs" / f"{task_id}.log"
+        await self.shim.task("Create", task_id=task_id, args=["sh", "-c", f"{script}; echo ran; exec sleep 600"],
+                             env=["PATH=/bin"], rootfs=rootfs, log_path=str(log), **fields)
+        await self.shim.task("Start", task_id=task_id)
+        deadline = time.monotonic() + WAIT
+        while not log.read_text().endswith(" ran\n"):  # the script has run
+            assert time.monotonic() < deadline, log.read_text()
+            await asyncio.sleep(0.01)
+
+    async def started(self, task_id: str, script: str, **fields) -> bool:
+        """Whether the task started; an OCI runtime may refuse a path instead of resolving it in
+        the root (crun's openat2 refuses a link through /proc with EXDEV), the native launcher not."""
+        try:
+            await self.run(task_id, script, **fields)
+        except RpcError:
+            if self.handler == "native":
+                raise
+            return False
+        return True
+
+    async def sh(self, task_id: str, script: str) -> str:
+        reply = await self.shim.task("Exec", task_id=task_id, args=["sh", "-c", script])
+        out = (reply["stdout"] + reply["stderr"]).decode()
+        assert reply["exit_status"] == 0, out
+        return out
+
+
+def hostile_image(tmp_path, host: str) -> str:
+    """The image's one layer unpacked: busybox, and links out of the root to ``host``."""
+    with open(BUSYBOX, "rb") as f:
+        busybox = f.read()
+    layer = make_layer(str(tmp_path / "layer"), [
+        member("bin", "dir"), member("bin/busybox", data=busybox, mode=0o755),
+        *(member(f"bin/{tool}", "symlink", link="busybox") for tool in TOOLS),
+        member("magic", "symlink", link=f"/proc/self/root{host}"),  # the launcher's own root: the host's
+        member("pause-root", "symlink", link=f"/proc/1/root{host}"),  # the pause's root (POD pid mode)
+        member("etc", "symlink", link=f"/proc/self/root{host}/etc"),
+        member("to-root", "symlink", link="/"),
+        member("up-to-root", "symlink", link="bin/../.."),
+    ])
+    dest = tmp_path / "image"
+    dest.mkdir()
+    apply_layer(str(dest), layer.path, layer.media_type, diff_id=layer.diff_id)
+    return str(dest)
+
+
+@pytest.fixture(params=HANDLERS)
+async def pod(request, shims: ShimLauncher, tmp_path) -> Pod:  # noqa: F811  (shims: the imported fixture)
+    shim = await shims.start()
+    await shim.run_sandbox(options={"runtime_handler": request.param})
+    return Pod(shim, request.param, tmp_path)
+
+
+def volume(tmp_path, name: str, **links: str) -> str:
+    path = tmp_path / name
+    path.mkdir()
+    (path / "file").write_text(f"{name}'s file\n")
+    for link, target in links.items():
+        os.symlink(target, path / link)
+    return str(path)
+
+
+async def test_a_mount_target_through_a_link_to_proc_self_root_stays_in_the_root(pod, tmp_path):
+    before = pod.host_tree()
+    started = await pod.started("app", "true",
+                                mounts=[{"destination": "/magic/made/vol", "source": volume(tmp_path, "vol")}])
+    assert pod.host_tree() == before  # nothing made on the host
+    if started:
+        assert await pod.sh("app", "cat /magic/made/vol/file") == "vol's file\n"
+
+
+@pytest.mark.parametrize("link", ["out", "magic", "up"])
+async def test_a_mount_below_a_volume_whose_link_points_to_the_hosts_paths_stays_in_the_root(pod, tmp_path, link):
+    before = pod.host_tree()
+    targets = {"out": str(pod.host), "magic": f"/proc/self/root{pod.host}", "up": f"../../../../../../../../..{pod.host}"}
+    outer = volume(tmp_path, "outer", **{link: targets[link]})
+    started = await pod.started("app", "true", mounts=[
+        {"destination": "/outer", "source": outer},
+        {"destination": f"/outer/{link}/made/inner", "source": volume(tmp_path, "inner")}])
+    assert pod.host_tree() == before
+    assert sorted(os.listdir(outer)) == ["file", link]  # the volume as it was, too
+    if started:
+        assert await pod.sh("app", f"cat /outer/{link}/made/inner/file") == "inner's file\n"
+
+
+async def test_the_pods_etc_files_through_an_etc_link_stay_in_the_root(pod, tmp_path):
+    files = tmp_path / "pod-files"
+    files.mkdir()
+    for name in ("hosts", "resolv.conf", "hostname"):
+        (files / name).write_text(f"the pod's {name}\n")
+    before = pod.host_tree()
+    started = await pod.started("app", "true", mounts=[{"destination": f"/etc/{name}", "source": str(files / name)}
+                                                       for name in ("hosts", "resolv.conf", "hostname")])
+    assert pod.host_tree() == before
+    if started:
+        assert await pod.sh("app", "cat /etc/hosts /etc/resolv.conf /etc/hostname") == (
+            "the pod's hosts\nthe pod's resolv.conf\nthe pod's hostname\n")
+
+
+async def test_a_working_dir_through_proc_1_root_is_never_the_hosts(pod):
+    before = pod.host_tree()
+    try:
+        await pod.run("app", "touch made-in-the-working-dir", cwd="/pause-root", pid_mode="POD")
+    except RpcError as exc:
+        refused: RpcError | None = exc
+    else:
+        refused = None
+    assert pod.host_tree() == before
+    if pod.handler == "native":  # a magic link is refused; under runc and crun the pause has a root of its own
+        assert isinstance(refused, FailedPrecondition)
+        assert "chdir /pause-root: Too many levels of symbolic links" in str(refused)
+
+
+@pytest.mark.parametrize("destination", ["/to-root", "/up-to-root", "/to-root/to-root"])
+async def test_a_mount_target_that_resolves_to_the_root_is_invalid_argument(pod, tmp_path, destination):
+    with pytest.raises(InvalidArgument, match=f"mount destination {destination} resolves to the task's root itself"):
+        await pod.run("app", "true", mounts=[{"destination": destination, "source": volume(tmp_path, "vol")}])
+
+
+async def test_a_mount_target_through_a_volumes_link_to_the_root_is_invalid_argument(pod, tmp_path):
+    """The native launcher sees the link once the volume is mounted; runc and crun refuse it too
+    (INTERNAL, in their own words)."""
+    outer = volume(tmp_path, "outer", root="/")
+    mounts = [{"destination": "/outer", "source": outer}, {"destination": "/outer/root", "source": volume(tmp_path, "vol")}]
+    if pod.handler == "native":
+        with pytest.raises(InvalidArgument, match="mount destination /outer/root resolves to the task's root itself"):
+            await pod.run("app", "true", mounts=mounts)
+    else:
+        assert not await pod.started("app", "true", mounts=mounts)
