@@ -600,23 +600,21 @@ class PodService:
             raise InvalidArgument("a pod id (or a unique prefix of one) is required")
         return self.store.get_by_prefix(pod_id)
 
-    def _pod_or_removed(self, pod_id: str) -> PodRecord | None:
-        """The pod, or None when it was removed (NotFound only for an id never seen)."""
+    def _pod_or_none(self, pod_id: str) -> PodRecord | None:
+        """The pod, or None when no pod has this id: removed, or never seen. CRI's stop and remove
+        "must not return an error if not found" (containerd answers them OK)."""
         try:
             return self._pod(pod_id)
         except NotFound:
-            if self.store.was_removed(pod_id):
-                return None
-            raise
+            return None
 
     async def stop_pod_sandbox(self, pod_id: str) -> None:
         """StopPodSandbox: containers stopped, network torn down, sandbox stopped: NOTREADY.
 
-        Idempotent: stopping a stopped or removed pod succeeds, and a pod whose shim is already
-        dead stops too. Raises NotFound for an id never seen, FailedPrecondition for a pod still
-        being created.
+        Idempotent: stopping a stopped, removed or unknown pod succeeds, and a pod whose shim is
+        already dead stops too. Raises FailedPrecondition for a pod still being created.
         """
-        record = self._pod_or_removed(pod_id)
+        record = self._pod_or_none(pod_id)
         if record is None:
             return
         async with self._hold(record.pod_id):
@@ -664,9 +662,9 @@ class PodService:
     async def remove_pod_sandbox(self, pod_id: str) -> None:
         """RemovePodSandbox: force-stop if needed, remove containers, netns, shim and record.
 
-        Idempotent: removing a removed pod succeeds; NotFound only for an id never seen.
+        Idempotent: removing a removed or unknown pod succeeds.
         """
-        record = self._pod_or_removed(pod_id)
+        record = self._pod_or_none(pod_id)
         if record is None:
             return
         async with self._hold(record.pod_id):
@@ -1018,19 +1016,18 @@ class PodService:
                                         pid=started["pid"], started_at=started["started_at"])
         self._events.publish(CONTAINER_STARTED, c.container_id, c.pod_id)
 
-    def _container_or_removed(self, container_id: str) -> ContainerRecord | None:
-        """The container, or None when it was removed (NotFound only for an id never seen)."""
+    def _container_or_none(self, container_id: str) -> ContainerRecord | None:
+        """The container, or None when no container has this id: removed, or never seen (as
+        :meth:`_pod_or_none`)."""
         try:
             return self._container(container_id)
         except NotFound:
-            if self.store.container_was_removed(container_id):
-                return None
-            raise
+            return None
 
     async def stop_container(self, container_id: str, timeout: float | None = None) -> None:
         """StopContainer: SIGTERM, SIGKILL after ``timeout`` seconds (0: at once). Idempotent:
-        stopping an exited or removed container succeeds."""
-        c = self._container_or_removed(container_id)
+        stopping an exited, removed or unknown container succeeds."""
+        c = self._container_or_none(container_id)
         if c is None:
             return
         async with self._hold(c.pod_id):
@@ -1118,8 +1115,8 @@ class PodService:
 
     async def remove_container(self, container_id: str) -> None:
         """RemoveContainer: force-stops a running container, then forgets it. Idempotent:
-        removing a removed container succeeds; NotFound only for an id never seen."""
-        c = self._container_or_removed(container_id)
+        removing a removed or unknown container succeeds."""
+        c = self._container_or_none(container_id)
         if c is None:
             return
         async with self._hold(c.pod_id):

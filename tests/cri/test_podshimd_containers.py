@@ -169,13 +169,20 @@ def test_unknown_ids_are_not_found_with_a_sentence(daemon):
     runtime = daemon.runtime()
     unknown = "e" * 64
     for call, request in ((runtime.StartContainer, api_pb2.StartContainerRequest(container_id=unknown)),
-                          (runtime.StopContainer, api_pb2.StopContainerRequest(container_id=unknown)),
-                          (runtime.RemoveContainer, api_pb2.RemoveContainerRequest(container_id=unknown)),
                           (runtime.ContainerStatus, api_pb2.ContainerStatusRequest(container_id=unknown))):
         with pytest.raises(grpc.RpcError) as failed:
             call(request)
         assert failed.value.code() == grpc.StatusCode.NOT_FOUND
         assert failed.value.details() == f"no container has an id starting with {unknown!r}"
+
+
+def test_stop_and_remove_of_an_unknown_container_succeed(daemon):
+    # CRI: StopContainer and RemoveContainer "must not return an error if not found", as containerd answers.
+    runtime = daemon.runtime()
+    unknown = "e" * 64
+    runtime.StopContainer(api_pb2.StopContainerRequest(container_id=unknown, timeout=1))
+    runtime.RemoveContainer(api_pb2.RemoveContainerRequest(container_id=unknown))
+    assert list(runtime.ListContainers(api_pb2.ListContainersRequest()).containers) == []
 
 
 def test_bad_container_requests_get_a_status_with_a_sentence(daemon, crictl, pod, tmp_path):
