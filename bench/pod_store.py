@@ -83,7 +83,7 @@ def main() -> None:
             for i in range(args.rounds):
                 pod_id = make_pod(store, f"bench-{i}", timings)
                 t0 = time.perf_counter()
-                store.delete(pod_id, remember=True)
+                store.delete(pod_id)
                 timings["delete"].append(time.perf_counter() - t0)
             cells = [f"{percentile(timings[op], 50) * 1e3:.2f} / {percentile(timings[op], 99) * 1e3:.2f}"
                      for op in OPERATIONS]

@@ -682,7 +682,7 @@ class PodService:
                 await self._stop_container_quietly(container)
                 await self._delete_task(container)
                 await self._remove_rootfs(record.pod_id, container.container_id)
-                self.store.delete_container(record.pod_id, container.container_id, remember=True)
+                self.store.delete_container(record.pod_id, container.container_id)
                 self._events.publish(CONTAINER_DELETED, container.container_id, record.pod_id)
             failpoint("remove:after-containers")
             # A stop that was cut short may not have finished DEL: run it again (DEL is idempotent).
@@ -697,7 +697,7 @@ class PodService:
             remove_tree(default_logs, ignore_errors=True)
             remove_pod_files(self._pod_files_dir(record.pod_id))
             with phase("store delete"):
-                self.store.delete(record.pod_id, remember=True)
+                self.store.delete(record.pod_id)
             failpoint("remove:after-record")
             self._events.publish(CONTAINER_DELETED, record.pod_id, record.pod_id)
 
@@ -1127,7 +1127,7 @@ class PodService:
             await self._stop_container(c, 0)
             await self._delete_task(c)
             await self._remove_rootfs(c.pod_id, c.container_id)
-            self.store.delete_container(c.pod_id, c.container_id, remember=True)
+            self.store.delete_container(c.pod_id, c.container_id)
         self._cpu_rates.forget(c.container_id)
         self._events.publish(CONTAINER_DELETED, c.container_id, c.pod_id)
 

@@ -4,8 +4,6 @@ Layout under ``<root>``::
 
     pods/<pod_id>.json    a PodRecord with its containers (RECORD_VERSION), written atomically
     pods/<pod_id>.lock    the pod's lock file, while an operation on the pod holds it
-    removed-pods.json     ids of removed pods and containers, so that removing (or stopping)
-    removed-containers.json   one twice is not NOT_FOUND
 
 A write is tmp file + fsync + rename + fsync of the directory (:func:`write_atomic`), so after a
 crash (or power cut) each record is the old one or the new one, never half of either.
@@ -67,7 +65,7 @@ from typing import Any, Iterator, Mapping
 
 import anyio
 
-from shim.rpc.files import decode_json, ensure_private_dir, flock_open, fsync_dir, read_json, write_atomic
+from shim.rpc.files import decode_json, ensure_private_dir, flock_open, fsync_dir, write_atomic
 from shim.rpc.identifiers import validate_identifier
 from shim.rpc.status import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
 
@@ -77,7 +75,6 @@ __all__ = [
     "CONTAINER_TRANSITIONS",
     "POD_TRANSITIONS",
     "RECORD_VERSION",
-    "REMOVED_MEMORY",
     "ContainerRecord",
     "ContainerState",
     "PodLock",
@@ -126,15 +123,10 @@ CONTAINER_TRANSITIONS: Mapping[ContainerState, frozenset[ContainerState]] = {
 #: ``version`` in every record file. A reader ignores fields it does not know and leaves a
 #: record of a newer version alone (it is neither used nor moved aside).
 RECORD_VERSION = 1
-#: How many removed pod (and container) ids are remembered, so that a second RemovePodSandbox
-#: (RemoveContainer, StopPodSandbox, StopContainer) is not NOT_FOUND.
-REMOVED_MEMORY = 4096
 _PODS_DIR = "pods"
 _RECORD_SUFFIX = ".json"
 _LOCK_SUFFIX = ".lock"
 _CORRUPT_SUFFIX = ".corrupt"
-_REMOVED_PODS = "removed-pods.json"
-_REMOVED_CONTAINERS = "removed-containers.json"
 #: How long a wait for another process's pod lock sleeps between tries, at first and at most.
 _LOCK_POLL_FIRST = 0.002
 _LOCK_POLL_MAX = 0.05
@@ -462,20 +454,17 @@ class PodStore:
         with self._exclusive(blocking=False) as exclusive:
             if not exclusive:
                 return
-            removed_tmp = tuple(f".{name}." for name in (_REMOVED_PODS, _REMOVED_CONTAINERS))  # write_atomic's
-            for directory, entries in ((self._dir, os.listdir(self._dir)),
-                                       (self.root, [e for e in os.listdir(self.root) if e.startswith(removed_tmp)])):
-                for entry in sorted(entries):
-                    path = os.path.join(directory, entry)
-                    if entry.startswith("."):
-                        # A tmp file of a write that died before its rename (every write holds
-                        # the store lock): the file it would have replaced is intact.
-                        os.unlink(path)
-                    elif entry.endswith(_LOCK_SUFFIX):
-                        with flock_open(path, blocking=False, unlink=True):  # a live holder keeps its file
-                            pass
-                    elif entry.endswith(_RECORD_SUFFIX):
-                        self._read(entry[:-len(_RECORD_SUFFIX)])  # sets it aside if it is not valid
+            for entry in sorted(os.listdir(self._dir)):
+                path = os.path.join(self._dir, entry)
+                if entry.startswith("."):
+                    # A tmp file of a write that died before its rename (every write holds
+                    # the store lock): the file it would have replaced is intact.
+                    os.unlink(path)
+                elif entry.endswith(_LOCK_SUFFIX):
+                    with flock_open(path, blocking=False, unlink=True):  # a live holder keeps its file
+                        pass
+                elif entry.endswith(_RECORD_SUFFIX):
+                    self._read(entry[:-len(_RECORD_SUFFIX)])  # sets it aside if it is not valid
 
     # -- reading -----------------------------------------------------------------------------
 
@@ -652,15 +641,11 @@ class PodStore:
         """
         return self._current(_resolve_prefix("pod sandbox", prefix, iter(self._ids())))
 
-    def delete(self, pod_id: str, *, remember: bool = False) -> None:
+    def delete(self, pod_id: str) -> None:
         """Remove a pod's record with its containers, freeing its name; no error if it is not
-        there. ``remember`` keeps its id among the last :data:`REMOVED_MEMORY` removed ones
-        (:meth:`was_removed`), written before the record goes so that a crash in between
-        cannot lose it."""
+        there."""
         validate_identifier("pod id", pod_id)
         with self._exclusive():
-            if remember:
-                self._remember(_REMOVED_PODS, pod_id)
             try:
                 os.unlink(self._record_path(pod_id))
             except FileNotFoundError:
@@ -670,34 +655,6 @@ class PodStore:
     def list(self) -> list[PodRecord]:
         """Every pod, CREATING ones included, oldest first."""
         return self._read_all()
-
-    # -- removed pods --------------------------------------------------------------------------
-
-    def _remembered(self, name: str) -> list[str]:
-        """The ids in ``<root>/<name>``, oldest first ([] if it cannot be read: logged)."""
-        try:
-            ids = read_json(os.path.join(self.root, name))
-        except FileNotFoundError:
-            return []
-        except (OSError, ValueError) as exc:
-            log.error("%s cannot be read (%s); the ids of removed objects in it are forgotten", name, exc)
-            return []
-        return [i for i in ids if isinstance(i, str)] if isinstance(ids, list) else []
-
-    def _remember(self, name: str, removed_id: str) -> None:
-        """Add ``removed_id`` to ``<root>/<name>`` (callers hold the store lock: no lost id)."""
-        ids = self._remembered(name)
-        if removed_id not in ids:
-            ids = (ids + [removed_id])[-REMOVED_MEMORY:]
-            write_atomic(os.path.join(self.root, name), json.dumps(ids).encode())
-
-    def was_removed(self, pod_id: str) -> bool:
-        """True for a pod deleted with ``remember`` (among the last :data:`REMOVED_MEMORY`)."""
-        return pod_id in self._remembered(_REMOVED_PODS)
-
-    def container_was_removed(self, container_id: str) -> bool:
-        """True for a container deleted with ``remember`` (among the last :data:`REMOVED_MEMORY`)."""
-        return container_id in self._remembered(_REMOVED_CONTAINERS)
 
     # -- containers ----------------------------------------------------------------------------
 
@@ -755,12 +712,9 @@ class PodStore:
         containers = {c.container_id: c for c in self.list_containers()}
         return containers[_resolve_prefix("container", container_id_or_prefix, iter(containers))]
 
-    def delete_container(self, pod_id: str, container_id: str, *, remember: bool = False) -> None:
-        """Remove a container from its pod's record; no error if it (or the pod) is not there.
-        ``remember`` keeps its id as :meth:`delete` does (:meth:`container_was_removed`)."""
+    def delete_container(self, pod_id: str, container_id: str) -> None:
+        """Remove a container from its pod's record; no error if it (or the pod) is not there."""
         with self._exclusive():
-            if remember:
-                self._remember(_REMOVED_CONTAINERS, container_id)
             pod = self._read(pod_id)
             if pod is not None and container_id in pod.containers:
                 self._put_container(pod_id, container_id, None)

@@ -236,20 +236,6 @@ def test_delete_is_idempotent_and_durable(store):
         reopen(store).get("aaa1")
 
 
-def test_removed_pods_and_containers_are_remembered_across_processes(store):
-    made(store, "aaa1", name="a")
-    made(store, "bbb2", name="b")
-    store.add_container(container("c1", "aaa1"))
-    store.add_container(container("c2", "aaa1", name="other"))
-    store.delete_container("aaa1", "c1", remember=True)
-    store.delete_container("aaa1", "c2")  # one whose create failed: never handed out, not remembered
-    store.delete("aaa1", remember=True)
-    store.delete("bbb2")  # a rolled-back pod, likewise
-    again = reopen(store)
-    assert again.was_removed("aaa1") and not again.was_removed("bbb2") and not again.was_removed("ccc3")
-    assert again.container_was_removed("c1") and not again.container_was_removed("c2")
-
-
 def test_bad_records_are_refused(store):
     with pytest.raises(InvalidArgument, match="pod id"):
         store.create(pod("../x"))
