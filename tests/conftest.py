@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import secrets
 import subprocess
+import sys
 
 import pytest
 
@@ -30,6 +31,14 @@ from proctools import unheld_netns  # noqa: E402
 from sandbox_env import settle_persistent  # noqa: E402
 
 __all__ = ["auth_registry", "registry", "test_images"]
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """The checkout under test has the code .ci/install generates from the pinned schemas (a
+    worktree made after the install has none): compiled now if missing, by this Python's grpcio-tools."""
+    from critools import gotool
+
+    gotool.compile_schemas(sys.executable)
 
 
 @pytest.fixture

@@ -438,6 +438,7 @@ def main(argv: list[str] | None = None) -> int:
         args.namespace = DEFAULT_NAMESPACE  # raw calls send no namespace unless asked
     import logging
 
+    from client.criapi import NotGenerated
     from shim.rpc.status import RpcError
 
     logging.basicConfig(level=logging.DEBUG if args.debug else logging.WARNING,
@@ -450,7 +451,7 @@ def main(argv: list[str] | None = None) -> int:
         return anyio.run(args.run, args, backend_options={"use_uvloop": True})
     except RpcError as exc:
         print(f"{exc.code.name}: {exc.message}", file=sys.stderr)
-    except CliError as exc:
+    except (CliError, NotGenerated) as exc:
         print(f"podshimctl: {exc}", file=sys.stderr)
     except KeyboardInterrupt:
         return EXIT_OK if getattr(args, "quiet_interrupt", False) else 130

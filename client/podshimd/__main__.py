@@ -4,8 +4,8 @@
                                [--runtime-root DIR] [--cni-conf-dir DIR] [--cni-bin-dir DIRS]
                                [--log-level LEVEL]
 
-A bad config or flag value is one sentence on stderr and exit status 1 (a usage error: 2); a
-clean stop on SIGTERM or SIGINT is 0.
+A bad config or flag value is one sentence on stderr and exit status 1 (a usage error: 2), and so
+is an install without the generated CRI code (client/criapi); a clean stop on SIGTERM or SIGINT is 0.
 """
 
 from __future__ import annotations
@@ -22,12 +22,12 @@ import logging
 import sys
 
 from client.cri import logcontext
+from client.criapi import NotGenerated
 from shim.daemon import setup_logging
 from shim.launch.notify import Notifier
 from shim.rpc.channel import install_uvloop
 
 from . import config as configuration
-from .server import DaemonError, serve
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -41,6 +41,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         config = configuration.from_arguments(args)
     except configuration.ConfigError as exc:
+        print(f"podshimd: {exc}", file=sys.stderr)
+        return 1
+    try:
+        from .server import DaemonError, serve  # the generated CRI code, before anything starts
+    except NotGenerated as exc:
         print(f"podshimd: {exc}", file=sys.stderr)
         return 1
     setup_logging(debug=config.log_level == "debug")
@@ -61,5 +66,13 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-if __name__ == "__main__":
+def run() -> None:
+    """The ``podshimd`` program (bin/podshim's launcher runs it): :func:`main`, then exit."""
+    from shim.launch.install import long_running
+
+    long_running()  # the launcher starts with the garbage collector off; a daemon needs it
     sys.exit(main())
+
+
+if __name__ == "__main__":
+    run()

@@ -1,0 +1,100 @@
+"""What .ci/install leaves on a node: commands that keep running when the checkout they were
+installed from is moved or deleted (a copy, the default), a sentence instead of a traceback when the
+code an editable install points to is gone, and a podshimd that refuses to start, with a sentence,
+without the CRI code the install generates.
+
+The installs go into a venv and a command directory of the test's own (PODSHIM_VENV, PODSHIM_BIN),
+from copies of this checkout's files, never into the machine's /opt/podshim or /usr/local/bin.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+
+import pytest
+
+from critools import REPO, podshimd_argv
+
+#: Seconds an install may take: a new venv and every dependency from the registry, about a minute idle.
+INSTALL_TIMEOUT = 900
+
+
+def copy_checkout(destination: str, *, generated: bool = False) -> str:
+    """The files of this checkout (tracked, and new ones git does not ignore) copied to
+    ``destination``; with ``generated``, the CRI code compiled into client/criapi too."""
+    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=REPO,
+                            capture_output=True, check=True, timeout=60).stdout.decode().split("\0")
+    if generated:
+        listed += [os.path.join("client", "criapi", name) for name in os.listdir(os.path.join(REPO, "client", "criapi"))
+                   if "_pb2" in name]
+    for name in filter(None, listed):
+        source = os.path.join(REPO, name)
+        if not os.path.lexists(source):
+            continue
+        os.makedirs(os.path.join(destination, os.path.dirname(name)), exist_ok=True)
+        shutil.copy2(source, os.path.join(destination, name), follow_symlinks=False)
+    return destination
+
+
+def install(checkout: str, venv: str, bin_dir: str, *flags: str) -> str:
+    """Run the copy's .ci/install into ``venv``, its commands linked into ``bin_dir``; what it printed."""
+    done = subprocess.run([os.path.join(checkout, ".ci", "install"), *flags], cwd="/", stdin=subprocess.DEVNULL,
+                          capture_output=True, text=True, timeout=INSTALL_TIMEOUT,
+                          env={**os.environ, "PODSHIM_VENV": venv, "PODSHIM_BIN": bin_dir})
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout + done.stderr
+
+
+def run(*argv: str) -> subprocess.CompletedProcess:
+    return subprocess.run(argv, cwd="/", stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def venv(tmp_path_factory):
+    """A venv path of the module's own (the installs make it), removed afterwards."""
+    path = tmp_path_factory.mktemp("install") / "venv"
+    yield str(path)
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def test_the_installed_commands_run_after_the_checkout_is_deleted(venv, tmp_path):
+    checkout, bin_dir = copy_checkout(str(tmp_path / "checkout")), tmp_path / "bin"
+    bin_dir.mkdir()
+    install(checkout, venv, str(bin_dir))
+    assert install(checkout, venv, str(bin_dir)) == ""  # a second run changes nothing
+    shutil.rmtree(checkout)
+    for name in ("podshim", "podshimctl", "podshimd"):
+        done = run(str(bin_dir / name), "--help")
+        assert (done.returncode, done.stderr) == (0, ""), name
+        assert done.stdout.startswith(f"usage: {name} ")
+    generated = run(os.path.join(venv, "bin", "python"), "-I", "-c",
+                    "from client.criapi import api_pb2_grpc; print(api_pb2_grpc.RuntimeServiceStub.__name__)")
+    assert (generated.returncode, generated.stdout, generated.stderr) == (0, "RuntimeServiceStub\n", "")
+
+
+def test_an_editable_install_whose_checkout_is_gone_says_so(venv, tmp_path):
+    checkout, bin_dir = copy_checkout(str(tmp_path / "checkout"), generated=True), tmp_path / "bin"
+    bin_dir.mkdir()
+    install(checkout, venv, str(bin_dir), "--editable")
+    assert run(str(bin_dir / "podshimctl"), "--help").returncode == 0
+    shutil.rmtree(checkout)
+    for name in ("podshim", "podshimctl", "podshimd"):
+        done = run(str(bin_dir / name), "--help")
+        assert (done.returncode, done.stdout) == (1, ""), name
+        assert done.stderr == (f"{name}: the checkout {checkout} that {venv} was installed from (an editable "
+                               f"install) is gone: reinstall podshim with .ci/install\n")
+
+
+def test_podshimd_without_the_generated_cri_code_refuses_to_start(tmp_path):
+    checkout = copy_checkout(str(tmp_path / "checkout"))  # git ignores the generated code: not copied
+    assert not [name for name in os.listdir(os.path.join(checkout, "client", "criapi")) if "_pb2" in name]
+    (tmp_path / "config.toml").write_text("")
+    done = subprocess.run(podshimd_argv(str(tmp_path)), cwd=checkout, stdin=subprocess.DEVNULL, capture_output=True,
+                          text=True, timeout=60)
+    assert (done.returncode, done.stdout) == (1, "")
+    assert done.stderr == ("podshimd: the CRI code that .ci/install generates (client.criapi.api_pb2) is missing: "
+                           "install podshim with .ci/install (in a development checkout, .ci/gotool schemas "
+                           "makes it)\n")
+    assert not os.path.exists(tmp_path / "state") and not os.path.exists(tmp_path / "run")
