@@ -35,6 +35,7 @@ __all__ = [
     "ContainerMetadata",
     "ContainerConfig",
     "Mount",
+    "Device",
     "PROPAGATIONS",
     "load_json_object",
 ]
@@ -453,6 +454,27 @@ class Mount:
 
 
 @dataclass(frozen=True)
+class Device:
+    """One entry of a container's ``devices``: the node's device ``host_path`` (or a directory of
+    them) made at ``container_path`` in the container, which may use it as ``permissions`` say
+    (some of r, w, m; checked, and the host path resolved, by the shim at Task.Create)."""
+
+    container_path: str
+    host_path: str
+    permissions: str = ""
+
+    @classmethod
+    def from_json(cls, doc: Any, path: str) -> "Device":
+        f = _Fields(doc, path)
+        return cls(container_path=f.string("container_path", required=True),
+                   host_path=f.string("host_path", required=True), permissions=f.string("permissions"))
+
+    def to_json(self) -> dict[str, Any]:
+        return _drop_empty({"container_path": self.container_path, "host_path": self.host_path,
+                            "permissions": self.permissions})
+
+
+@dataclass(frozen=True)
 class ContainerConfig:
     """A CRI ContainerConfig as crictl's ``container-config.json`` writes it.
 
@@ -477,6 +499,7 @@ class ContainerConfig:
     pid_mode: str = "POD"
     target_id: str = ""  # pid_mode TARGET: the container whose pid namespace this one joins
     mounts: tuple[Mount, ...] = ()
+    devices: tuple[Device, ...] = ()
     readonly_rootfs: bool = False
     security: ContainerSecurity = field(default_factory=ContainerSecurity)
     stdin: bool = False  # its stdin stays open through the shim, for attach
@@ -538,6 +561,7 @@ class ContainerConfig:
             pid_mode=pid_mode,
             target_id=target_id,
             mounts=mounts,
+            devices=f.items("devices", Device.from_json),
             readonly_rootfs=security.boolean("readonly_rootfs"),
             security=ContainerSecurity.from_doc(security.doc, security.path),
             stdin=f.boolean("stdin"),
@@ -564,6 +588,7 @@ class ContainerConfig:
             "annotations": dict(self.annotations),
             "log_path": self.log_path,
             "mounts": [m.to_json() for m in self.mounts],
+            "devices": [d.to_json() for d in self.devices],
             "stdin": self.stdin or None,
             "stdin_once": self.stdin_once or None,
             "tty": self.tty or None,

@@ -907,6 +907,7 @@ class PodService:
                     "pid_target": self._pid_target(pod.pod_id, cfg),
                     "rootfs": rootfs, "readonly_rootfs": cfg.readonly_rootfs, "mounts": mounts, "stdin": cfg.stdin,
                     "terminal": cfg.tty, "resources": cfg.shim_resources,
+                    "devices": [device.to_json() for device in cfg.devices],
                     **confinement})
             except BaseException:
                 with anyio.CancelScope(shield=True):

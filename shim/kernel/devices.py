@@ -33,12 +33,21 @@ from shim.kernel import linux
 from shim.kernel.cgroups import V2, SandboxCgroup
 from shim.rpc.status import FailedPrecondition, InvalidArgument, error_from_oserror
 
-__all__ = ["ALL_DEVICES", "DEFAULT_RULES", "DeviceRule", "DeviceRules", "apply", "pod_rules", "program"]
+__all__ = ["ALL_DEVICES", "DEFAULT_RULES", "DeviceRule", "DeviceRules", "apply", "normal_access", "pod_rules", "program",
+           "widen"]
 
 log = logging.getLogger(__name__)
 
 _ACCESS_ORDER = "rwm"
 _MAX_NUMBER = (1 << 31) - 1  # a BPF immediate is a signed 32-bit number; majors and minors fit far below
+
+
+def normal_access(access: str) -> str:
+    """``access`` (some of ``r``, ``w`` and ``m``, each once) in the order ``rwm``; InvalidArgument
+    for anything else."""
+    if not isinstance(access, str) or not access or set(access) - set(_ACCESS_ORDER) or len(set(access)) != len(access):
+        raise InvalidArgument(f"device permissions {access!r} must be some of r, w and m, each once")
+    return "".join(c for c in _ACCESS_ORDER if c in access)
 
 
 @dataclass(frozen=True)
@@ -57,9 +66,7 @@ class DeviceRule:
         for name, number in (("major", self.major), ("minor", self.minor)):
             if number is not None and (not isinstance(number, int) or not 0 <= number <= _MAX_NUMBER):
                 raise InvalidArgument(f"device {name} {number!r} must be a number from 0 to {_MAX_NUMBER}")
-        if not self.access or set(self.access) - set(_ACCESS_ORDER) or len(set(self.access)) != len(self.access):
-            raise InvalidArgument(f"device permissions {self.access!r} must be some of r, w and m, each once")
-        object.__setattr__(self, "access", "".join(c for c in _ACCESS_ORDER if c in self.access))
+        object.__setattr__(self, "access", normal_access(self.access))
 
     def line(self) -> str:
         """The rule as the v1 controller's devices.allow takes it: ``c 1:3 rwm``, ``c 136:* rwm``."""
@@ -134,14 +141,17 @@ def _write_v1(directory: str, rules: DeviceRules) -> None:
     else:
         writes = [("devices.deny", "a"), *(("devices.allow", rule.line()) for rule in rules.allowed)]
     for name, line in writes:
-        path = os.path.join(directory, name)
-        try:
-            linux.write_file(path, line.encode())
-        except OSError as exc:
-            if exc.errno == errno.EPERM:
-                raise FailedPrecondition(f"cannot allow '{line}' in {path}: the parent cgroup does not "
-                                         "allow it") from None
-            raise error_from_oserror(exc, f"cannot write '{line}' to {path}") from exc
+        _write_v1_line(directory, name, line)
+
+
+def _write_v1_line(directory: str, name: str, line: str) -> None:
+    path = os.path.join(directory, name)
+    try:
+        linux.write_file(path, line.encode())
+    except OSError as exc:
+        if exc.errno == errno.EPERM:
+            raise FailedPrecondition(f"cannot allow '{line}' in {path}: the parent cgroup does not allow it") from None
+        raise error_from_oserror(exc, f"cannot write '{line}' to {path}") from exc
 
 
 # -- cgroup v2: the BPF program -----------------------------------------------------------------
@@ -254,6 +264,17 @@ def _attach(directory: str, prog_fd: int) -> None:
 
 
 # -- both ---------------------------------------------------------------------------------------
+
+def widen(cgroup: SandboxCgroup, rules: Iterable[DeviceRule]) -> None:
+    """Add ``rules`` to what ``cgroup`` (a pod's) allows, so that a cgroup below it may be given
+    them: in the v1 devices controller, where a child can never allow what its parent does not. A
+    v2 program needs no widening (a child's own program overrides its parent's). Raises as
+    :func:`apply`."""
+    for key, path in cgroup.paths.items():
+        if key != V2 and "devices" in key.split(","):
+            for rule in rules:
+                _write_v1_line(path, "devices.allow", rule.line())
+
 
 def apply(cgroup: SandboxCgroup, rules: DeviceRules, inherited: DeviceRules | None = None) -> None:
     """Make ``rules`` the device rules of ``cgroup``'s processes, in its v1 devices hierarchy and

@@ -18,7 +18,7 @@ from shim.kernel.cgroups import SandboxCgroup
 from shim.kernel.devices import DEFAULT_RULES, DeviceRules
 from shim.runtime.confine import Confinement
 from shim.runtime.console import Console
-from shim.runtime.mounts import TaskFilesystem
+from shim.runtime.mounts import HostDevice, TaskFilesystem
 from shim.runtime.pause import POD, PauseProcess, PauseSpec
 from shim.rpc.processes import signal_process
 from shim.runtime.process import Process
@@ -67,6 +67,7 @@ class TaskSpec:
     device_rules: DeviceRules = DEFAULT_RULES  # its cgroup's, set by the caller; an OCI runtime is told them too
     resources: Mapping[str, Any] = field(default_factory=dict)
     oom_score_adj: int | None = None
+    devices: tuple[HostDevice, ...] = ()  # the host devices it is given: nodes made in its /dev
 
 
 @dataclass(frozen=True)

@@ -37,6 +37,7 @@ class NativeRuntime(Runtime):
         # The trees of its root and mounts are taken here, in the shim's mount namespace (see
         # shim.runtime.mounts); the child attaches its copies, and ours are closed after the fork.
         root = mounts.open_trees(spec.filesystem, spec.rootfs, own_ipc=spec.own_ipc)
+        root.devices = (*root.devices, *spec.devices)
         try:
             console_fd = spec.console.pair() if spec.console is not None else None
             try:

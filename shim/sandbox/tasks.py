@@ -36,6 +36,7 @@ from shim.runtime.base import CONTAINER, PID_MODES, POD, TARGET, ExecSpec, TaskS
 from shim.runtime.confine import Confinement
 from shim.runtime.console import Console
 from shim.runtime.crilog import LOG_DIR_MODE, CriLog, check_log_path
+from shim.runtime.hostdevices import GivenDevice
 from shim.runtime.mounts import TaskFilesystem
 from shim.runtime.pause import PauseProcess
 from shim.rpc.files import ensure_private_dir
@@ -118,8 +119,10 @@ class Task:
     def __init__(self, task_id: str, *, args: list[str], env: dict[str, str], cwd: str, log_path: str,
                  pid_mode: str, labels: dict[str, str], confinement: Confinement | None = None,
                  filesystem: TaskFilesystem = TaskFilesystem(), rootfs: str = "", stdin: bool = False,
-                 pid_target: str | None = None, terminal: bool = False, resources: dict[str, Any] | None = None):
+                 pid_target: str | None = None, terminal: bool = False, resources: dict[str, Any] | None = None,
+                 devices: tuple[GivenDevice, ...] = ()):
         self.task_id = task_id
+        self.devices = devices  # the host devices it is given
         # Create's resources (protocol.md 7.3): its cgroup gets them before its process runs,
         # and the process its oom_score_adj.
         self.resources = {k: v for k, v in (resources or {}).items() if k != "oom_score_adj" and v is not None}
@@ -227,11 +230,12 @@ class TaskSet:
 
     def _device_rules(self, task: Task) -> devices.DeviceRules:
         """The device rules of ``task``'s cgroup: every device for a privileged task of a privileged
-        pod (containerd's privileged container); else the default ones. A privileged task of
-        another pod keeps the default rules: its cgroup's parent, the pause's, allows no more."""
+        pod (containerd's privileged container); else the default ones and those of the devices it
+        is given. A privileged task of another pod keeps those: its cgroup's parent, the pause's,
+        allows no more."""
         if task.filesystem.privileged and self.sandbox.options.privileged:
             return devices.ALL_DEVICES
-        return devices.DEFAULT_RULES
+        return devices.DEFAULT_RULES.plus(given.rule for given in task.devices)
 
     def _running_pause(self) -> PauseProcess:
         sb = self.sandbox
@@ -249,7 +253,7 @@ class TaskSet:
                      labels: dict[str, str] | None = None, confinement: Confinement | None = None,
                      filesystem: TaskFilesystem = TaskFilesystem(), stdin: bool = False,
                      pid_target: str | None = None, terminal: bool = False,
-                     resources: dict[str, Any] | None = None) -> Task:
+                     resources: dict[str, Any] | None = None, devices: tuple[GivenDevice, ...] = ()) -> Task:
         """Create: check the request and record the task; its log's directories are made (0755)
         and its ``filesystem.rootfs`` mounted on ``<bundle>/tasks/<task_id>/rootfs`` (recorded
         first; unmounted again when the mount fails).
@@ -295,7 +299,7 @@ class TaskSet:
         task = Task(task_id, args=list(args), env=environment, cwd=cwd, log_path=log_path, pid_mode=pid_mode,
                     labels=dict(labels or {}), confinement=confinement, filesystem=filesystem,
                     rootfs=mounts.rootfs_path(self.sandbox.config.bundle, task_id), stdin=stdin,
-                    pid_target=pid_target, terminal=terminal, resources=resources)
+                    pid_target=pid_target, terminal=terminal, resources=resources, devices=devices)
         self._tasks[task_id] = task
         self._persist()
         if filesystem.rootfs:
@@ -333,6 +337,10 @@ class TaskSet:
             self._persist()
             rules = self._device_rules(task)
             try:
+                if task.devices and not self.sandbox.options.privileged:
+                    # The pod's cgroup is the parent of the task's, which may allow no more on v1.
+                    devices.widen(self.sandbox.cgroup, [given.rule for given in task.devices])
+                    self.sandbox.device_rules = None  # tasks made from now on start with more: they set theirs
                 devices.apply(task.cgroup, rules, inherited=self.sandbox.device_rules)
                 task.cgroup.update(task.resources)
                 try:
@@ -354,6 +362,7 @@ class TaskSet:
                         stdout=crilog.stdout_fd, stderr=crilog.stderr_fd, confinement=task.confinement,
                         target_pid=target_pid, resources=task.resources, oom_score_adj=task.oom_score_adj,
                         rootfs=task.rootfs, filesystem=task.filesystem, device_rules=rules,
+                        devices=tuple(given.node for given in task.devices),
                         stdin=stdin.read_fd if stdin is not None and terminal is None else None, console=terminal))
                 except BaseException:
                     crilog.close()

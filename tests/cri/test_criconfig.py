@@ -261,6 +261,16 @@ def test_container_mounts_and_read_only_rootfs_round_trip():
     assert ContainerConfig.from_json(config.to_json()) == config
 
 
+def test_container_devices_round_trip_and_a_missing_path_is_refused_naming_it():
+    doc = {"metadata": {"name": "c"}, "devices": [{"container_path": "/dev/fuse", "host_path": "/dev/fuse",
+                                                   "permissions": "mrw"}]}
+    config = ContainerConfig.from_json(doc)
+    assert config.devices[0].host_path == "/dev/fuse" and config.devices[0].permissions == "mrw"
+    assert ContainerConfig.from_json(config.to_json()) == config
+    with pytest.raises(InvalidArgument, match=r"devices\[0\].host_path"):
+        ContainerConfig.from_json({"metadata": {"name": "c"}, "devices": [{"container_path": "/dev/fuse"}]})
+
+
 @pytest.mark.parametrize("content, says", [
     (b'{"metadata": ', "is not valid JSON: Expecting value"),
     ('{"hostname": "caf\xe9"}'.encode("latin-1"), "is not UTF-8 text (byte 0xe9 at offset 17)"),

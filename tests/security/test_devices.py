@@ -20,6 +20,7 @@ from shim.kernel import capabilities as caps
 from shim.kernel import devices
 from shim.kernel.cgroups import V2, SandboxCgroup
 from shim.runtime import confine
+from podtools import container_config, pod_config, pod_service, roots  # noqa: F401  (roots: the fixture)
 from proctools import run_in_child
 from shimtools import host_untouched  # noqa: F401  (autouse: what this module's shims made is checked at the end)
 from shimtools import Shim, ShimLauncher, shims  # noqa: F401  (the fixture)
@@ -167,6 +168,73 @@ async def test_a_privileged_task_of_a_pod_that_is_not_keeps_the_default_rules(sh
                              + read_and_write("/dev/disk"), privileged=True)
     assert "read=1" in lines and "write=1" in lines, lines
     assert loop.untouched()
+
+
+async def test_a_task_given_a_device_uses_it_and_the_pods_other_tasks_still_cannot(shims, handler, loop, tmp_path):
+    pod = await a_pod(shims, handler, tmp_path)
+    attack = f"mknod /dev/disk b {loop.major} {loop.minor}; " + read_and_write("/dev/disk")
+    # One task made before the device is given (it waits for the given one to be done), one after.
+    await pod.shim.task("Create", task_id="before", log_path=str(tmp_path / "before.log"),
+                        capabilities=list(confine.DEFAULT_CAPABILITIES), args=[
+                            BUSYBOX, "sh", "-c", "for i in $(seq 300); do [ -e /dev/shm/given ] && break; "
+                            "sleep 0.1; done; " + attack])
+    await pod.shim.task("Start", task_id="before")
+    lines = await pod.output("given", "ls -l /dev/xdisk; dd if=/dev/xdisk bs=20 count=1 2>/dev/null; "
+                             "touch /dev/shm/given", devices=[{"container_path": "/dev/xdisk", "host_path": loop.path,
+                                                                "permissions": "r"}])
+    assert lines[0].startswith("b"), lines
+    assert lines[1] == "the host's own data", lines
+    after = await pod.output("after", attack)
+    assert "read=1" in after and "write=1" in after, after
+    await pod.shim.task("Wait", task_id="before")
+    with open(tmp_path / "before.log") as f:
+        before = [line.rstrip("\n").split(" ", 3)[3] for line in f]
+    assert "read=1" in before and "write=1" in before, before
+    assert loop.untouched()
+
+
+async def test_a_device_given_for_reading_only_cannot_be_written(shims, handler, loop, tmp_path):
+    pod = await a_pod(shims, handler, tmp_path)
+    lines = await pod.output("given", "echo overwritten | dd of=/dev/xdisk conv=notrunc 2>&1; echo write=$?",
+                             devices=[{"container_path": "/dev/xdisk", "host_path": loop.path, "permissions": "r"}])
+    assert "write=1" in lines and any("Operation not permitted" in line for line in lines), lines
+    assert loop.untouched()
+
+
+async def test_a_cri_containers_devices_reach_it(roots, handler, loop):
+    async with pod_service(roots) as pods:
+        pod_id = await pods.run_pod_sandbox(pod_config(), runtime_handler=handler)
+        cfg = container_config([BUSYBOX, "sh", "-c", "dd if=/dev/given/disk bs=20 count=1 2>/dev/null"])
+        cfg["devices"] = [{"container_path": "/dev/given/disk", "host_path": loop.path, "permissions": "rw"}]
+        cid = await pods.create_container(pod_id, cfg)
+        await pods.start_container(cid)
+        await pods._task(pod_id, "Wait", {"task_id": cid}, timeout=30)
+        with open(pods.container_log_path(cid)) as f:
+            assert [line.rstrip("\n").split(" ", 3)[3] for line in f] == ["the host's own data"]
+
+
+@pytest.mark.parametrize(("device", "words"), [
+    ({"container_path": "/etc/disk", "host_path": "/dev/null"}, "must be below /dev"),
+    ({"container_path": "/dev/shm/disk", "host_path": "/dev/null"}, "must be below /dev"),
+    ({"container_path": "/dev/x", "host_path": "/dev/null", "permissions": "rx"}, "permissions"),
+    ({"container_path": "/dev/x", "host_path": "dev/null"}, "must be an absolute path"),
+])
+async def test_a_malformed_device_is_refused_naming_it(shims, device, words, tmp_path):
+    from shim.rpc.status import InvalidArgument
+
+    pod = await a_pod(shims, "native", tmp_path)
+    with pytest.raises(InvalidArgument, match=words):
+        await pod.shim.task("Create", task_id="t", args=["true"], log_path=str(tmp_path / "t.log"), devices=[device])
+
+
+@pytest.mark.parametrize(("host_path", "words"), [("/no/such/device", "No such file"), ("/etc/hostname", "not a device")])
+async def test_a_host_path_that_is_no_device_is_refused(shims, host_path, words, tmp_path):
+    from shim.rpc.status import FailedPrecondition
+
+    pod = await a_pod(shims, "native", tmp_path)
+    with pytest.raises(FailedPrecondition, match=words):
+        await pod.shim.task("Create", task_id="t", args=["true"], log_path=str(tmp_path / "t.log"),
+                            devices=[{"container_path": "/dev/x", "host_path": host_path}])
 
 
 # -- the kernel's side, each hierarchy alone ------------------------------------------------------

@@ -145,8 +145,9 @@ class OciBackend(Runtime):
                         cgroups_path=self._cgroups_path(spec.cgroup), confinement=spec.confinement,
                         readonly=fs.host_root or fs.readonly_rootfs, mounts=fs.mounts, masked_paths=fs.masked_paths,
                         readonly_paths=fs.readonly_paths, privileged=fs.privileged, shm_source=shm,
-                        devices=host_devices() if fs.privileged else (), device_rules=spec.device_rules,
-                        target_pid=spec.target_pid, resources=spec.resources, oom_score_adj=spec.oom_score_adj)
+                        devices=(*(host_devices() if fs.privileged else ()), *spec.devices),
+                        device_rules=spec.device_rules, target_pid=spec.target_pid, resources=spec.resources,
+                        oom_score_adj=spec.oom_score_adj)
         if spec.console is not None:
             # The runtime makes the terminal in the container and sends its master to our socket.
             doc["process"]["terminal"] = True
