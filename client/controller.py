@@ -157,6 +157,8 @@ class Controller:
         if self._tg is not None:
             return
         layouts.check(self.state_root, layouts.BUNDLE_ROOT)
+        if not self.read_only:
+            await self.spawner.open()
         self._losses, losses = anyio.create_memory_object_stream[tuple[ShimHandle, Client]](math.inf)
         tg = anyio.create_task_group()
         await tg.__aenter__()

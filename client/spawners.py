@@ -91,6 +91,9 @@ class Spawner(abc.ABC):
     async def release(self, namespace: str, sandbox_id: str) -> None:
         """Called after the sandbox was shut down and before its bundle is removed."""
 
+    async def open(self) -> None:
+        """Called when a Controller that may change things opens. Never raises."""
+
 
 class ExecSpawner(Spawner):
     """Forks shims from the runtime root's shim template; runs ``podshim start|delete`` as
@@ -175,6 +178,21 @@ class ExecSpawner(Spawner):
         lines = done.stdout.decode(errors="replace").strip().splitlines()
         return Bootstrap.from_json(lines[-1] if lines else "",
                                    source=f"the output of podshim start for {namespace}/{sandbox_id}")
+
+    async def open(self) -> None:
+        """Make this process a user of the runtime root's template if one runs (a Ping: the
+        template stays while its users run, protocol.md 7.5), without starting one."""
+        if not self.use_template:
+            return
+        path, _ = self._template_socket()
+        if not os.path.exists(path):
+            return
+        try:
+            with anyio.fail_after(TEMPLATE_CONNECT_TIMEOUT):
+                async with await Client.connect("unix://" + path, timeout=TEMPLATE_CONNECT_TIMEOUT) as template:
+                    await template.call(TEMPLATE_SERVICE, "Ping", {}, timeout=TEMPLATE_CONNECT_TIMEOUT)
+        except (RpcError, TimeoutError, OSError) as exc:
+            log.debug("no shim template answers on %s (%s); one is started with the first shim", path, exc)
 
     def _template_socket(self) -> tuple[str, bool]:
         """The template to ask, and whether it is the runtime root's own (which we may start)."""

@@ -94,6 +94,9 @@ def _parser(only: str | None = None) -> argparse.ArgumentParser:
     how.add_argument("--stop", action="store_true",
                      help="stop the runtime root's template (the shims it forked keep running) and print its pid "
                           "as JSON (0: none ran)")
+    sp.add_argument("--idle-grace", type=float, default=None, metavar="S",
+                    help="end once no process that called the template runs and no sandbox is left in its runtime "
+                         "roots, for S seconds (default 30; 0: never; protocol.md 7.5)")
     return p
 
 
@@ -115,6 +118,8 @@ def _validate(args: argparse.Namespace) -> None:
         raise UsageError(f"--runtime-root {args.runtime_root!r} must be an absolute path")
     args.runtime_root = os.path.normpath(args.runtime_root)
     if args.action == "template":
+        if args.idle_grace is not None and not args.idle_grace >= 0:  # also NaN
+            raise UsageError(f"--idle-grace {args.idle_grace} must be zero (never) or more seconds")
         return
     if getattr(args, "instance", None):
         if args.namespace or args.sandbox_id:
@@ -186,7 +191,11 @@ def _template(args: argparse.Namespace) -> int:
     from shim.launch.template import run_template
 
     setup_logging(args.debug)
-    return run_template(args.runtime_root, pause_binary=args.pause_binary)
+    return run_template(args.runtime_root, pause_binary=args.pause_binary, **_idle_grace(args))
+
+
+def _idle_grace(args: argparse.Namespace) -> dict:
+    return {} if args.idle_grace is None else {"idle_grace": args.idle_grace}
 
 
 def _detach_template(args: argparse.Namespace) -> int:
@@ -226,7 +235,7 @@ def _run_detached_template(args: argparse.Namespace, ready_fd: int) -> int:
     from shim.launch.template import run_template
 
     setup_logging(args.debug)
-    return run_template(args.runtime_root, pause_binary=args.pause_binary, ready_fd=ready_fd)
+    return run_template(args.runtime_root, pause_binary=args.pause_binary, ready_fd=ready_fd, **_idle_grace(args))
 
 
 def _serve(args: argparse.Namespace) -> int:

@@ -27,6 +27,15 @@ edit of an editable install) it answers FAILED_PRECONDITION, removes its control
 so that no shim is forked from old code; the spawner then starts a new template. Shims it forked
 keep running: it is not their parent.
 
+A template ends by itself once nothing needs it (protocol.md 7.5, "Life"). Its *users* are the
+processes that connected to its control socket (a Controller's spawner asks it for each shim, and
+pings it when the Controller opens), each watched through a pidfd from its first call; its
+*sandboxes* are the shim sockets in ``s/`` of every runtime root it served. When none of its users
+runs and no shim socket is left, for a whole ``idle_grace`` (checked twice that far apart, so a
+daemon that restarts finds it still there), it exits as on SIGTERM, and its spare with it. None of
+this is on a Spawn's path: the peer's pid is read once per connection, its pidfd opened after the
+answer, and the sockets are only looked at while no user runs.
+
 While it runs, a template also holds the default cgroup parent (podshim/<namespace>) of every
 namespace it spawned into (:func:`shim.kernel.cgroups.hold_parent`), so that sandboxes make and
 remove their own directory only; it removes its holds when it exits, and those of templates
@@ -40,23 +49,26 @@ import fcntl
 import gc
 import logging
 import os
+import select
 import signal
 import socket
+import time
 from typing import Any, Callable
 
 from shim.kernel.linux import set_process_name
 from shim.launch.install import CodeWatch, code_files, long_running
-from shim.paths import control_socket_path, socket_path
+from shim.paths import control_socket_path, socket_dir, socket_path
 from shim.rpc.api import TEMPLATE_LOCK, TEMPLATE_SERVICE
 from shim.rpc.blocking import serve_connection
-from shim.rpc.files import ensure_private_dir
+from shim.rpc.channel import peer_credentials
+from shim.rpc.files import ensure_private_dir, unlink_quietly
 from shim.rpc.identifiers import validate_identifier
 from shim.rpc.messages import Request, optional, require
 from shim.rpc.status import FailedPrecondition, InvalidArgument, RpcError
 from shim.launch.spawn import Spare, bind_listener, fork_spare, occupy_stdio, spawn_shim
 
-__all__ = ["CONTROL_IO_TIMEOUT", "LOCK_TIMEOUT", "STOP_TIMEOUT", "TemplateRunning", "run_template", "stop_template",
-           "template_pid"]
+__all__ = ["CONTROL_IO_TIMEOUT", "IDLE_GRACE", "LOCK_TIMEOUT", "STOP_TIMEOUT", "TemplateRunning", "run_template",
+           "stop_template", "template_pid"]
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +79,9 @@ CONTROL_IO_TIMEOUT = 5.0
 LOCK_TIMEOUT = 5.0
 #: How long stop_template waits for a template to exit after SIGTERM before it sends SIGKILL.
 STOP_TIMEOUT = 5.0
+#: How long a template with no user running and no sandbox left waits before it exits: longer
+#: than a daemon's restart, so the restarted daemon's first pod still finds it.
+IDLE_GRACE = 30.0
 
 
 class TemplateRunning(OSError):
@@ -113,18 +128,32 @@ def _lock(runtime_root: str, timeout: float) -> int:
     that is leaving) and write our pid into it; the descriptor, kept for the template's life.
     Raises TemplateRunning when another template keeps it."""
     path = os.path.join(runtime_root, TEMPLATE_LOCK)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-    try:
+    deadline = time.monotonic() + timeout
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            _wait_for_lock(fd, timeout, path)
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, b"%d\n" % os.getpid(), 0)
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                _wait_for_lock(fd, max(deadline - time.monotonic(), 0.001), path)
+            if _names(path, fd):
+                os.ftruncate(fd, 0)
+                os.pwrite(fd, b"%d\n" % os.getpid(), 0)
+                return fd
+        except BaseException:
+            os.close(fd)
+            raise
+        os.close(fd)  # its template removed it as it left: lock the file there now
+
+
+def _names(path: str, fd: int) -> bool:
+    """Whether ``path`` still names the file open on ``fd``."""
+    try:
+        st = os.stat(path, follow_symlinks=False)
+    except FileNotFoundError:
+        return False
+    held = os.fstat(fd)
+    return (st.st_dev, st.st_ino) == (held.st_dev, held.st_ino)
 
 
 def _wait_for_lock(fd: int, timeout: float, path: str) -> None:
@@ -206,6 +235,41 @@ class _Template:
         self.stale = False
         self.namespaces: set[str] = set()  # those spawned into
         self.holds: dict[str, Any] = {}  # namespace -> its default cgroup parent's hold (or None)
+        self.roots = {runtime_root}  # the runtime roots spawned into: where its sandboxes are
+        self.users: dict[int, int] = {}  # pid -> pidfd of each user that may still run
+        self.caller = 0  # the pid of the connection being served, made a user after it
+
+    def add_user(self, pid: int) -> None:
+        """Watch ``pid`` (a process that called us) until it exits. A pid we cannot see (another
+        pid namespace: 0) or that is gone already is no user."""
+        if pid <= 0 or pid in self.users:
+            return
+        try:
+            self.users[pid] = os.pidfd_open(pid)
+        except OSError:
+            pass
+
+    def drop_user(self, pid: int) -> None:
+        os.close(self.users.pop(pid))
+
+    def has_sandboxes(self) -> bool:
+        """Whether a shim socket is left in any runtime root we served (a shim removes its own as
+        it ends, ``podshim delete`` a dead one's)."""
+        for root in self.roots:
+            try:
+                with os.scandir(socket_dir(root)) as entries:
+                    if any(not e.name.startswith(".") for e in entries):
+                        return True
+            except FileNotFoundError:
+                continue
+            except OSError as exc:
+                log.warning("cannot look for sandboxes in %s: %s; counting them as there", socket_dir(root), exc)
+                return True
+        return False
+
+    def close_users(self) -> None:
+        for pid in list(self.users):
+            self.drop_user(pid)
 
     def unlink(self) -> None:
         """Remove our control socket's file, unless it is already another template's."""
@@ -228,8 +292,9 @@ class _Template:
 
     def replenish(self) -> None:
         """Fork the next spare shim if there is none, hold the default cgroup parent of each
-        namespace spawned into, and read what happened to the code meanwhile (after answering:
-        nobody waits for any of it)."""
+        namespace spawned into, watch the caller as a user, and read what happened to the code
+        meanwhile (after answering: nobody waits for any of it)."""
+        self.add_user(self.caller)
         if self.spare is None and not self.stale:
             try:
                 self.spare = fork_spare()
@@ -282,6 +347,7 @@ class _Template:
             pause_binary=optional(p, "pause_binary", str, self.pause_binary),
         )
         self.namespaces.add(namespace)
+        self.roots.add(runtime_root)
         spare, self.spare = self.spare, None  # spent by spawn_shim whatever happens: the next is forked after
         result = spawn_shim(config, debug=optional(p, "debug", bool, False), double_fork=True, spare=spare)
         self.spawned += 1
@@ -289,9 +355,10 @@ class _Template:
 
 
 def run_template(runtime_root: str, *, pause_binary: str | None = None, ready_fd: int | None = None,
-                 lock_timeout: float = LOCK_TIMEOUT) -> int:
-    """Serve the control socket of ``runtime_root`` until SIGTERM/SIGINT, or until the installed
-    code changes under it. Returns 0.
+                 lock_timeout: float = LOCK_TIMEOUT, idle_grace: float = IDLE_GRACE) -> int:
+    """Serve the control socket of ``runtime_root`` until SIGTERM/SIGINT, until the installed
+    code changes under it, or until nothing needs it for ``idle_grace`` seconds (see the module
+    docstring; 0 or less: never). Returns 0; leaves neither its control socket nor its lock file.
 
     Raises TemplateRunning when another template keeps the runtime root's template lock for
     ``lock_timeout`` seconds, OSError when the control socket cannot be bound.
@@ -300,12 +367,14 @@ def run_template(runtime_root: str, *, pause_binary: str | None = None, ready_fd
     ensure_private_dir(runtime_root, 0o700)
     lock_fd = _lock(runtime_root, lock_timeout)
     try:
-        return _serve(runtime_root, pause_binary, ready_fd)
+        return _serve(runtime_root, pause_binary, ready_fd, idle_grace)
     finally:
+        # Removed while still held: a template waiting for it finds it gone and makes its own.
+        unlink_quietly(os.path.join(runtime_root, TEMPLATE_LOCK))
         os.close(lock_fd)  # only now may the next template bind: ours is unlinked
 
 
-def _serve(runtime_root: str, pause_binary: str | None, ready_fd: int | None) -> int:
+def _serve(runtime_root: str, pause_binary: str | None, ready_fd: int | None, idle_grace: float) -> int:
     _preload()
     set_process_name("podshim-tmpl")
     path = control_socket_path(runtime_root)
@@ -325,8 +394,7 @@ def _serve(runtime_root: str, pause_binary: str | None, ready_fd: int | None) ->
 
     def stop(signum: int, frame: Any) -> None:
         nonlocal stopping
-        stopping = True
-        listener.close()  # wakes accept()
+        stopping = True  # the wakeup pipe ends the poll
 
     def reap(signum: int, frame: Any) -> None:
         # The intermediate children of spawn_shim's double fork and of fork_spare exit on their
@@ -337,6 +405,9 @@ def _serve(runtime_root: str, pause_binary: str | None, ready_fd: int | None) ->
         except ChildProcessError:
             pass
 
+    # Every signal writes a byte here, so the poll below returns once a handler has run.
+    wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+    signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)
     signal.signal(signal.SIGCHLD, reap)
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
@@ -347,21 +418,61 @@ def _serve(runtime_root: str, pause_binary: str | None, ready_fd: int | None) ->
         os.close(ready_fd)
     allowed = {os.geteuid(), 0}
     handlers = template.handlers()
+    poller = select.poll()
+    poller.register(listener, select.POLLIN)
+    poller.register(wake_r, select.POLLIN)
+    polled: set[int] = set()  # the users' pidfds registered
+    idle_checks = 0  # checks in a row, idle_grace apart, that found no user and no sandbox
     try:
         while not stopping and not template.stale:
-            try:
+            for pid, pidfd in template.users.items():
+                if pidfd not in polled:
+                    poller.register(pidfd, select.POLLIN)
+                    polled.add(pidfd)
+            # With a user running nothing is checked; without one, every idle_grace seconds.
+            timeout_ms = -1 if template.users or idle_grace <= 0 else int(idle_grace * 1000)
+            ready = {fd for fd, _ in poller.poll(timeout_ms)}
+            if wake_r in ready:
+                while _drain(wake_r):
+                    pass
+            ended = [pid for pid, pidfd in template.users.items() if pidfd in ready]
+            for pid in ended:
+                poller.unregister(template.users[pid])
+                polled.discard(template.users[pid])
+                template.drop_user(pid)
+            if listener.fileno() in ready:
                 conn, _ = listener.accept()
-            except OSError:
-                if stopping:
+                peer = peer_credentials(conn)
+                template.caller = peer.pid if peer is not None else 0
+                serve_connection(conn, handlers, allowed_uids=allowed, timeout=CONTROL_IO_TIMEOUT,
+                                 after_send=template.replenish)
+                template.replenish()
+                template.caller = 0
+                idle_checks = 0
+            elif not ready and not template.users:
+                idle_checks = idle_checks + 1 if not template.has_sandboxes() else 0
+                if idle_checks >= 2:
+                    log.info("no user of this template runs and no sandbox is left since %.0fs: leaving",
+                             idle_grace)
                     break
-                raise
-            serve_connection(conn, handlers, allowed_uids=allowed, timeout=CONTROL_IO_TIMEOUT,
-                             after_send=template.replenish)
-            template.replenish()
+            elif ended:
+                idle_checks = 0  # the grace runs from the last user's end
     finally:
+        signal.set_wakeup_fd(-1)
+        os.close(wake_r)
+        os.close(wake_w)
+        template.close_users()
         template.retire()
         listener.close()
         template.unlink()
         template.release_holds()
     log.info("template stopped after spawning %d shims", template.spawned)
     return 0
+
+
+def _drain(fd: int) -> bool:
+    """Read what is in the non-blocking pipe ``fd``; whether there was anything."""
+    try:
+        return bool(os.read(fd, 512))
+    except BlockingIOError:
+        return False
