@@ -16,6 +16,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Callable, TypeVar
 
+from client.cri.fields import CONTAINER_CONFIG, POD_SANDBOX_CONFIG, check as check_fields
 from client.cri.resources import shim_resources
 from client.cri.security import ContainerSecurity
 from shim.rpc.files import read_json
@@ -308,8 +309,10 @@ class PodSandboxConfig:
 
     @classmethod
     def from_json(cls, doc: Any) -> "PodSandboxConfig":
-        """Parse a pod config document; InvalidArgument naming the JSON path of a bad field."""
+        """Parse a pod config document; InvalidArgument naming the JSON path of a bad field, or of
+        one podshim does not know or cannot apply (:mod:`client.cri.fields`)."""
         f = _Fields(doc)
+        check_fields(doc, POD_SANDBOX_CONFIG, "PodSandboxConfig")
         log_directory = f.string("log_directory")
         # Container log paths are joined under it by the daemon: a relative one would depend on
         # the daemon's working directory.
@@ -498,6 +501,10 @@ class ContainerConfig:
     log_path: str = ""
     pid_mode: str = "POD"
     target_id: str = ""  # pid_mode TARGET: the container whose pid namespace this one joins
+    #: The network and IPC modes kubelet says again for each container: POD, or the pod's own (the
+    #: container joins the pod's namespaces; the pod layer refuses another mode).
+    network_mode: str = "POD"
+    ipc_mode: str = "POD"
     mounts: tuple[Mount, ...] = ()
     devices: tuple[Device, ...] = ()
     readonly_rootfs: bool = False
@@ -521,8 +528,10 @@ class ContainerConfig:
 
     @classmethod
     def from_json(cls, doc: Any) -> "ContainerConfig":
-        """Parse a container config document; InvalidArgument naming the JSON path of a bad field."""
+        """Parse a container config document; InvalidArgument naming the JSON path of a bad field, or
+        of one podshim does not know or cannot apply (:mod:`client.cri.fields`)."""
         f = _Fields(doc)
+        check_fields(doc, CONTAINER_CONFIG, "ContainerConfig")
         command, args = f.str_list("command"), f.str_list("args")
         log_path = f.string("log_path")
         # CRI: relative to the pod's log_directory; '..' would let a container write anywhere.
@@ -537,6 +546,8 @@ class ContainerConfig:
         security = linux.obj("security_context")
         namespace_options = security.obj("namespace_options")
         pid_mode = namespace_options.mode("pid", ("POD", "CONTAINER", "NODE", "TARGET"), "POD")
+        network_mode = namespace_options.mode("network", ("POD", "NODE"), "POD")
+        ipc_mode = namespace_options.mode("ipc", ("POD", "NODE"), "POD")
         target_id = namespace_options.string("target_id")
         if (pid_mode == "TARGET") != bool(target_id):
             raise InvalidArgument(f"{namespace_options.name('target_id')} is required with pid mode TARGET, "
@@ -560,6 +571,8 @@ class ContainerConfig:
             log_path=log_path,
             pid_mode=pid_mode,
             target_id=target_id,
+            network_mode=network_mode,
+            ipc_mode=ipc_mode,
             mounts=mounts,
             devices=f.items("devices", Device.from_json),
             readonly_rootfs=security.boolean("readonly_rootfs"),
@@ -594,6 +607,8 @@ class ContainerConfig:
             "tty": self.tty or None,
             "linux": _drop_empty({"resources": dict(self.resources),
                                   "security_context": _drop_empty({"namespace_options": _drop_empty({
-                                      "pid": self.pid_mode, "target_id": self.target_id}),
+                                      "pid": self.pid_mode, "target_id": self.target_id,
+                                      "network": None if self.network_mode == "POD" else self.network_mode,
+                                      "ipc": None if self.ipc_mode == "POD" else self.ipc_mode}),
                                       "readonly_rootfs": self.readonly_rootfs or None, **self.security.to_json()})}),
         })

@@ -882,6 +882,7 @@ class PodService:
             if pod.state is not PodState.READY:
                 raise FailedPrecondition(f"pod {pod.pod_id} is not ready ({_POD_STATE[pod.state]})")
             pod_cfg = PodSandboxConfig.from_json(pod.config)
+            _check_pod_namespaces(cfg, pod_cfg)
             container_id = _new_id()
             log_path = self._log_path(pod, cfg)
             image = await self._container_image(cfg)
@@ -1417,6 +1418,16 @@ class PodService:
         write_json_atomic(self._runtime_config_path, {"pod_cidr": text})
         log.info("pod CIDR is now %s; the CNI config in %s still decides the pods' addresses (no config template)",
                  text, self.cni.conf_dir if self.cni is not None else "(none)")
+
+
+def _check_pod_namespaces(cfg: ContainerConfig, pod_cfg: PodSandboxConfig) -> None:
+    """InvalidArgument unless the container's network and IPC modes are POD or the pod's own: a
+    container always joins its pod's network and IPC namespaces (as with containerd)."""
+    for what, mode, pods in (("network", cfg.network_mode, pod_cfg.namespace_options.network),
+                             ("ipc", cfg.ipc_mode, pod_cfg.namespace_options.ipc)):
+        if mode not in ("POD", pods):
+            raise InvalidArgument(f"linux.security_context.namespace_options.{what} {mode} cannot be applied: a "
+                                  f"container joins its pod's {what} namespace, and the pod's is {pods}")
 
 
 def exit_reason(exit_code: int, oom_killed: bool) -> str:

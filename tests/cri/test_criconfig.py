@@ -85,11 +85,13 @@ def test_minimal_pod_config_gets_cri_defaults():
     assert config.hostname == "" and config.labels == {} and config.port_mappings == ()
 
 
-def test_unknown_keys_and_nulls_are_ignored():
+def test_nulls_are_absent_and_a_key_that_is_no_field_is_refused_by_name():
     doc = with_field(POD, "linux.security_context.privileged", True)
-    doc["windows"] = {"anything": 1}
     doc["hostname"] = None
     assert PodSandboxConfig.from_json(doc).hostname == ""
+    with pytest.raises(InvalidArgument, match="linux.security_context.anything is not a field of CRI's "
+                                              "PodSandboxConfig that podshim knows$"):
+        PodSandboxConfig.from_json(with_field(POD, "linux.security_context.anything", 1))
 
 
 def test_config_is_frozen():

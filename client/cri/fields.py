@@ -1,0 +1,284 @@
+"""Every field of CRI's ContainerConfig and PodSandboxConfig, and what podshim does with it.
+
+Each field (by its path in the message, as crictl's JSON and protobuf's JSON with proto names
+spell it) is one of:
+
+- **applied**: podshim does what it asks (the text says where);
+- **informs**: it asks nothing of a runtime (metadata, or figures for runtimes that size a VM),
+  and the text says why nothing is done;
+- **refused**: podshim cannot do what it asks: a value that asks for something (by default, any
+  value but the field's zero value) is refused with INVALID_ARGUMENT and the text.
+
+:func:`check` walks a config document against the table before anything reads it
+(:class:`client.cri.configs.ContainerConfig` and :class:`~client.cri.configs.PodSandboxConfig`
+call it), so a field the table does not name is refused too: nothing a client sends can vanish
+without a word. The fields of a refused or informing message are covered by it. A test walks the
+generated CRI messages (``client.criapi.api_pb2``) and fails on a field the table does not name;
+docs/cri.md's table is :func:`markdown`'s.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from shim.rpc.status import InvalidArgument
+
+__all__ = ["APPLIED", "INFORMS", "REFUSED", "Field", "CONTAINER_CONFIG", "POD_SANDBOX_CONFIG", "check", "markdown"]
+
+APPLIED, INFORMS, REFUSED = "applied", "informs", "refused"
+
+
+def _zero(value: Any) -> bool:
+    """Whether ``value`` is proto3's zero value (also inside a message: every field zero). An enum's
+    zero is its number 0 (protobuf's JSON leaves a zero enum out; crictl's files write numbers)."""
+    if isinstance(value, bool):
+        return not value
+    if value is None or value == 0 or value == "":
+        return True
+    if isinstance(value, Mapping):
+        return all(_zero(v) for v in value.values())
+    if isinstance(value, list):
+        return not value
+    return False
+
+
+@dataclass(frozen=True)
+class Field:
+    """What podshim does with one field: ``kind`` (applied, informs, refused) and ``text`` (where
+    it is applied, why it asks nothing, or why it is refused). A refused field is refused when
+    ``asks(value)`` (default: the value is not the field's zero value). ``leaf``: a map (labels,
+    sysctls), whose keys are the client's, not fields."""
+
+    kind: str
+    text: str
+    asks: Callable[[Any], bool] | None = None
+    leaf: bool = False
+
+
+def _applied(text: str) -> Field:
+    return Field(APPLIED, text)
+
+
+def _applied_map(text: str) -> Field:
+    return Field(APPLIED, text, leaf=True)
+
+
+def _informs(text: str) -> Field:
+    return Field(INFORMS, text)
+
+
+def _refused(text: str, asks: Callable[[Any], bool] | None = None) -> Field:
+    return Field(REFUSED, text, asks)
+
+
+def _mode(value: Any) -> str:
+    """A NamespaceMode given as its number or its name, as its name."""
+    names = {0: "POD", 1: "CONTAINER", 2: "NODE", 3: "TARGET"}
+    return names.get(value, "") if isinstance(value, int) else str(value).upper()
+
+
+def _asks_for_a_user_namespace(value: Any) -> bool:
+    # kubelet sends mode NODE (the host's user namespace) with every pod that does not ask for one.
+    return isinstance(value, Mapping) and (_mode(value.get("mode", 0)) != "NODE" or bool(value.get("uids"))
+                                           or bool(value.get("gids")))
+
+
+def _strict(value: Any) -> bool:
+    return value not in (None, 0, "Merge", "MERGE")
+
+
+_USERNS = _refused("user namespaces are not supported: only the host's (mode NODE) is",
+                   _asks_for_a_user_namespace)
+_GROUPS_POLICY = _refused("only the Merge policy is supported (the image's groups of the user are added)", _strict)
+_NO_APPARMOR = "AppArmor is not supported: only Unconfined (client.cri.security.refuse_lsm refuses any profile)"
+_NO_SELINUX = "SELinux is not supported: an SELinux context is refused (client.cri.security.refuse_lsm)"
+_WINDOWS = _refused("a Windows setting: this is a Linux runtime")
+_RESOURCES = {
+    "cpu_period": "cpu.cfs_period_us of the container's cgroup",
+    "cpu_quota": "cpu.cfs_quota_us of the container's cgroup",
+    "cpu_shares": "cpu.shares of the container's cgroup",
+    "memory_limit_in_bytes": "memory.limit_in_bytes of the container's cgroup",
+    "memory_swap_limit_in_bytes": "memory.memsw.limit_in_bytes of the container's cgroup",
+    "oom_score_adj": "the container's process (/proc/<pid>/oom_score_adj)",
+    "cpuset_cpus": "cpuset.cpus of the container's cgroup",
+    "cpuset_mems": "cpuset.mems of the container's cgroup",
+    "hugepage_limits": "hugetlb.<size>.limit_in_bytes of the container's cgroup",
+    "hugepage_limits.page_size": "the page size of the limit",
+    "hugepage_limits.limit": "the limit",
+}
+_SUMMED_RESOURCES = ("the sum of the containers' resources (or the pod overhead), for runtimes that size a VM to "
+                     "the pod; kubelet's pod cgroup holds the pod to it, and each container's own are applied at "
+                     "CreateContainer")
+
+
+def _namespace_option(container: bool) -> dict[str, Field]:
+    who = "container" if container else "pod"
+    fields = {
+        "network": _applied("the pod's network namespace (NODE: the host's); a container joins the pod's"
+                            if not container else "a container joins the pod's network namespace: another "
+                            "mode than POD or the pod's own is refused"),
+        "pid": _applied(f"the {who}'s pid namespace: POD, CONTAINER, NODE or TARGET" if container
+                        else "the pod's pid namespace: POD (shared by its containers), CONTAINER (each its own) "
+                        "or NODE"),
+        "ipc": _applied("the pod's IPC namespace (NODE: the host's)" if not container else
+                        "a container joins the pod's IPC namespace: another mode than POD or the pod's own is "
+                        "refused"),
+        "target_id": _applied("the container whose pid namespace a TARGET container joins") if container
+        else _refused("a pod cannot join another's pid namespace"),
+        "userns_options": _USERNS,
+    }
+    return fields
+
+
+def _prefixed(prefix: str, fields: Mapping[str, Field]) -> dict[str, Field]:
+    return {f"{prefix}.{name}": field for name, field in fields.items()}
+
+
+_SECURITY_COMMON = {
+    "selinux_options": _applied(_NO_SELINUX),
+    **{f"selinux_options.{part}": _applied("refused when set") for part in ("user", "role", "type", "level")},
+    "run_as_user": _applied("the user of the process"),
+    "run_as_user.value": _applied("the uid"),
+    "run_as_group": _applied("the group of the process (with run_as_user only)"),
+    "run_as_group.value": _applied("the gid"),
+    "readonly_rootfs": _applied("the root filesystem is mounted read-only"),
+    "supplemental_groups": _applied("the process's supplementary groups, with the image's groups of its user"),
+    "supplemental_groups_policy": _GROUPS_POLICY,
+    "privileged": _applied("a privileged pod / container (every capability and device, nothing masked)"),
+    "seccomp": _applied("the seccomp profile (RuntimeDefault, Unconfined or Localhost)"),
+    "seccomp.profile_type": _applied("which profile"),
+    "seccomp.localhost_ref": _applied("the node's profile file (Localhost)"),
+    "apparmor": _applied(_NO_APPARMOR),
+    "apparmor.profile_type": _applied("Unconfined only"),
+    "apparmor.localhost_ref": _applied("refused with any profile"),
+    "seccomp_profile_path": _applied("the seccomp profile, in its deprecated spelling"),
+}
+
+#: ContainerConfig (CreateContainerRequest.config), field by field.
+CONTAINER_CONFIG: dict[str, Field] = {
+    "metadata": _applied("the container's name and attempt (unique in its pod)"),
+    "metadata.name": _applied("the container's name"),
+    "metadata.attempt": _applied("the container's attempt"),
+    "image": _applied("the image the container runs"),
+    "image.image": _applied("the image's reference or id, looked up in the node's image store"),
+    "image.annotations": _refused("no image annotation chooses among the store's images here"),
+    "image.user_specified_image": _informs("the image as the pod's spec names it; `image` is what runs"),
+    "image.runtime_handler": _refused("images are the node's, not a runtime handler's"),
+    "image.image_ref": _informs("the digest of the image `image` names, for kubelet's status"),
+    "command": _applied("the process's command (the image's entrypoint when empty)"),
+    "args": _applied("the process's arguments (the image's command when empty)"),
+    "working_dir": _applied("the process's working directory"),
+    "envs": _applied("the process's environment, after the image's"),
+    "envs.key": _applied("a variable's name"),
+    "envs.value": _applied("its value"),
+    "mounts": _applied("host paths bound into the container"),
+    "mounts.container_path": _applied("where it is mounted"),
+    "mounts.host_path": _applied("what is mounted"),
+    "mounts.readonly": _applied("mounted read-only"),
+    "mounts.selinux_relabel": _applied("accepted where SELinux is off (nothing to relabel), else refused"),
+    "mounts.propagation": _applied("the mount's propagation (private, host to container, bidirectional)"),
+    "mounts.uidMappings": _refused("ID-mapped mounts are not supported"),
+    "mounts.gidMappings": _refused("ID-mapped mounts are not supported"),
+    "mounts.recursive_read_only": _refused("recursive read-only mounts are not supported"),
+    "mounts.image": _refused("image volumes are not supported"),
+    "mounts.image_sub_path": _refused("image volumes are not supported"),
+    "devices": _refused("host devices for a container are not supported (a privileged container has them all)"),
+    "CDI_devices": _refused("CDI devices are not supported"),
+    "labels": _applied_map("the container's labels (in its status, and its task's)"),
+    "annotations": _applied_map("the container's annotations (in its status)"),
+    "log_path": _applied("the container's log file, below the pod's log_directory"),
+    "stdin": _applied("the container's stdin stays open for attach"),
+    "stdin_once": _applied("its stdin closes when the first attach that wrote to it detaches"),
+    "tty": _applied("the container's stdio is a terminal"),
+    "linux": _applied("the Linux settings below"),
+    "linux.resources": _applied("the container's cgroup and process, before it runs"),
+    **_prefixed("linux.resources", {name: _applied(text) for name, text in _RESOURCES.items()}),
+    "linux.resources.unified": _applied_map("those files of the container's cgroup v2 directory (refused where "
+                                            "their controller is not on cgroup v2)"),
+    "linux.security_context": _applied("the process's confinement"),
+    "linux.security_context.capabilities": _applied("capabilities added to and dropped from the default set"),
+    "linux.security_context.capabilities.add_capabilities": _applied("added"),
+    "linux.security_context.capabilities.drop_capabilities": _applied("dropped"),
+    "linux.security_context.capabilities.add_ambient_capabilities": _refused("ambient capabilities are not "
+                                                                             "supported"),
+    "linux.security_context.namespace_options": _applied("the container's namespaces"),
+    **_prefixed("linux.security_context.namespace_options", _namespace_option(container=True)),
+    **_prefixed("linux.security_context", _SECURITY_COMMON),
+    "linux.security_context.run_as_username": _applied("the user of the process, by name in the image"),
+    "linux.security_context.no_new_privs": _applied("PR_SET_NO_NEW_PRIVS"),
+    "linux.security_context.masked_paths": _applied("paths masked in the container"),
+    "linux.security_context.readonly_paths": _applied("paths made read-only in the container"),
+    "linux.security_context.apparmor_profile": _applied(_NO_APPARMOR),
+    "windows": _WINDOWS,
+    "stop_signal": _refused("StopContainer sends SIGTERM; a stop signal of the container's own is not supported",
+                            lambda value: value not in (None, 0, "SIGNAL_RUNTIME_DEFAULT")),
+}
+
+#: PodSandboxConfig (RunPodSandboxRequest.config), field by field.
+POD_SANDBOX_CONFIG: dict[str, Field] = {
+    "metadata": _applied("who the pod is: its name, namespace, uid and attempt"),
+    "metadata.name": _applied("the pod's name"),
+    "metadata.uid": _applied("the pod's uid"),
+    "metadata.namespace": _applied("the pod's namespace"),
+    "metadata.attempt": _applied("the pod's attempt"),
+    "hostname": _applied("the pod's hostname (its UTS namespace, /etc/hostname)"),
+    "log_directory": _applied("where its containers' logs go"),
+    "dns_config": _applied("the pod's /etc/resolv.conf"),
+    "dns_config.servers": _applied("nameserver lines"),
+    "dns_config.searches": _applied("the search line"),
+    "dns_config.options": _applied("the options line"),
+    "port_mappings": _applied("host ports, through the CNI portmap plugin"),
+    "port_mappings.protocol": _applied("the mapping's protocol"),
+    "port_mappings.container_port": _applied("the pod's port"),
+    "port_mappings.host_port": _applied("the node's port"),
+    "port_mappings.host_ip": _applied("the node's address"),
+    "labels": _applied_map("the pod's labels (in its status)"),
+    "annotations": _applied_map("the pod's annotations (in its status)"),
+    "linux": _applied("the Linux settings below"),
+    "linux.cgroup_parent": _applied("the parent of the pod's cgroup"),
+    "linux.security_context": _applied("the pod's namespaces and its pause's confinement"),
+    "linux.security_context.namespace_options": _applied("the pod's namespaces"),
+    **_prefixed("linux.security_context.namespace_options", _namespace_option(container=False)),
+    **_prefixed("linux.security_context", _SECURITY_COMMON),
+    "linux.sysctls": _applied_map("namespaced sysctls of the pod"),
+    "linux.overhead": _informs(_SUMMED_RESOURCES),
+    "linux.resources": _informs(_SUMMED_RESOURCES),
+    "windows": _WINDOWS,
+}
+
+
+def check(doc: Any, table: Mapping[str, Field], message: str, _prefix: str = "", _where: str = "") -> None:
+    """Refuse (InvalidArgument, naming the field) a field of ``doc`` that ``table`` does not know
+    or refuses, at any depth; ``message`` names the message in the sentence. Types and values of
+    the fields applied are left to their readers."""
+    if not isinstance(doc, Mapping):
+        return
+    for key, value in doc.items():
+        path, where = f"{_prefix}{key}", f"{_where}{key}"
+        field = table.get(path)
+        if field is None:
+            raise InvalidArgument(f"{where} is not a field of CRI's {message} that podshim knows")
+        if field.kind == REFUSED:
+            if field.asks(value) if field.asks is not None else not _zero(value):
+                raise InvalidArgument(f"{where} cannot be applied: {field.text}")
+        elif field.kind == APPLIED and not field.leaf:
+            if isinstance(value, Mapping):
+                check(value, table, message, f"{path}.", f"{where}.")
+            elif isinstance(value, list):
+                for i, item in enumerate(value):
+                    check(item, table, message, f"{path}.", f"{where}[{i}].")
+
+
+def markdown() -> str:
+    """The table of both messages for docs/cri.md: every field, what podshim does with it."""
+    lines = []
+    for title, table in (("ContainerConfig", CONTAINER_CONFIG), ("PodSandboxConfig", POD_SANDBOX_CONFIG)):
+        lines += ["", f"#### {title}", "", "| field | | |", "|---|---|---|"]
+        lines += [f"| `{path}` | {field.kind} | {field.text} |" for path, field in table.items()]
+    return "\n".join(lines[1:]) + "\n"
+
+
+if __name__ == "__main__":
+    print(markdown(), end="")
