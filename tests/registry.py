@@ -21,7 +21,9 @@ from __future__ import annotations
 import base64
 import ctypes
 import ctypes.util
+import hashlib
 import http.client
+import json
 import os
 import re
 import select
@@ -84,6 +86,44 @@ class Registry:
         """The digests of the blobs the registry has served (GET /v2/.../blobs/...), in its access
         log's order."""
         return re.findall(r'"GET /v2/\S+/blobs/(sha256:[0-9a-f]{64}) HTTP/', self.log())
+
+    def push_raw(self, name: str, config: bytes, layers: list[tuple[bytes, str]]) -> str:
+        """Push an image as given, byte for byte, with no tool in between that would check it:
+        ``config`` (any bytes) and ``layers`` ((blob, media type)) as blobs and an OCI manifest
+        naming them, tagged ``name`` (``repo:tag``). Returns the reference to pull."""
+        repo, _, tag = name.rpartition(":")
+        descriptors = []
+        for blob, media_type in [(config, "application/vnd.oci.image.config.v1+json"), *layers]:
+            digest = "sha256:" + hashlib.sha256(blob).hexdigest()
+            status, headers, body = self._request("POST", f"/v2/{repo}/blobs/uploads/")
+            if status != 202:
+                raise RuntimeError(f"the registry refused an upload ({status}): {body!r}")
+            location = headers["location"]
+            location = location.split(self.host, 1)[1] if self.host in location else location
+            separator = "&" if "?" in location else "?"
+            status, _, body = self._request("PUT", f"{location}{separator}digest={digest}", blob,
+                                            {"Content-Type": "application/octet-stream"})
+            if status != 201:
+                raise RuntimeError(f"the registry refused blob {digest} ({status}): {body!r}")
+            descriptors.append({"mediaType": media_type, "digest": digest, "size": len(blob)})
+        manifest = json.dumps({"schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
+                               "config": descriptors[0], "layers": descriptors[1:]}).encode()
+        status, _, body = self._request("PUT", f"/v2/{repo}/manifests/{tag}", manifest,
+                                        {"Content-Type": "application/vnd.oci.image.manifest.v1+json"})
+        if status != 201:
+            raise RuntimeError(f"the registry refused the manifest ({status}): {body!r}")
+        return self.ref(name)
+
+    def _request(self, method: str, path: str, body: bytes | None = None, headers: dict[str, str] | None = None
+                 ) -> tuple[int, dict[str, str], bytes]:
+        host, port = self.host.rsplit(":", 1)
+        connection = http.client.HTTPConnection(host, int(port), timeout=60)
+        try:
+            connection.request(method, path, body=body, headers=headers or {})
+            response = connection.getresponse()
+            return response.status, {k.lower(): v for k, v in response.getheaders()}, response.read()
+        finally:
+            connection.close()
 
     def get(self, path: str, headers: dict[str, str] | None = None) -> tuple[int, dict[str, str], bytes]:
         """``GET path`` on the registry (with its credentials, if any): status, headers, body."""

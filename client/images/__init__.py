@@ -3,7 +3,7 @@
 - ``client.images.reference``: image references, parsed and normalised as containerd does.
 - ``client.images.content``: the content store, verified blobs by digest.
 - ``client.images.pull``: pulling from a registry with skopeo into the content store.
-- ``client.images.store``: image records by id, tag and digest (``images.json``).
+- ``client.images.store``: image records by id, tag and digest (a file per image).
 - ``client.images.service``: the node's images as CRI's ImageService means them (pull, list,
   status, remove, shared pulls, garbage collection).
 - ``client.images.unpack``: applying one layer tar to an empty directory in overlayfs's format.

@@ -83,6 +83,7 @@ from shim.rpc.trees import remove_tree, walk
 from shim.rpc.status import (DataLoss, DeadlineExceeded, InvalidArgument, NotFound, PermissionDenied, RpcError, Unauthenticated,
                              Unavailable, Unknown)
 
+from .imageconfig import MAX_CONFIG_BYTES, check_config
 from .content import BlobError, ContentStore, file_digest, sha256_digest
 from .reference import DEFAULT_DOMAIN, Reference, ReferenceError, check_digest
 
@@ -241,6 +242,10 @@ def auth_file(ref: Reference, auth: AuthConfig | None, hosts: Iterable[RegistryH
 _MESSAGE = re.compile(r'msg="((?:[^"\\]|\\.)*)"')
 _DIGEST_MISMATCH = re.compile(r"[Dd]igest did not match, expected (sha256:[0-9a-f]{64}), got (sha256:[0-9a-f]{64})")
 _BLOB = re.compile(r"blob (sha256:[0-9a-f]{64})")
+#: containers/image's words for a manifest or config past its size bound ("reading config blob
+#: sha256:...: exceeded maximum allowed size of 4194304 bytes").
+_TOO_LARGE = re.compile(r"(?:reading (config blob sha256:[0-9a-f]{64}|manifest[^:]*): )?"
+                        r"exceeded maximum allowed size of (\d+) bytes")
 
 
 def _skopeo_message(stderr: str) -> str:
@@ -270,6 +275,10 @@ def skopeo_error(stderr: str, ref: Reference, *, credentials: bool = False) -> R
     if mismatch:
         return DataLoss(f"image {ref}: blob {mismatch[1]} is corrupt or truncated: the registry sent content whose "
                         f"digest is {mismatch[2]}")
+    too_large = _TOO_LARGE.search(message)
+    if too_large:  # containers/image's bound on a manifest or config it reads whole
+        what = (too_large[1] or "a manifest or config").replace(" blob", "")
+        return InvalidArgument(f"image {ref}: {what} is larger than the {too_large[2]} bytes a pull takes")
     if "size mismatch" in lower or "unexpected eof" in lower:
         blob = _BLOB.search(message)
         what = f"blob {blob[1]}" if blob else "a blob"
@@ -361,6 +370,13 @@ def image_manifest(data: bytes, what: str) -> Manifest:
     if not isinstance(layers, list):
         raise DataLoss(f"{what} has no list of layers")
     return Manifest(media_type, _descriptor(doc.get("config"), what), tuple(_descriptor(d, what) for d in layers))
+
+
+def _check_config_size(ref: Reference, manifest: Manifest) -> None:
+    """InvalidArgument for a config larger than a pull takes, before it is downloaded."""
+    if manifest.config.size > MAX_CONFIG_BYTES:
+        raise InvalidArgument(f"image {ref}: its config {manifest.config.digest} is {manifest.config.size} bytes, "
+                              f"more than the {MAX_CONFIG_BYTES} bytes an image config may have")
 
 
 # -- the pull ------------------------------------------------------------------------------------
@@ -652,12 +668,14 @@ class Puller:
                 data = None  # this platform's manifest: from the copy, or asked for
             else:
                 named = image_manifest(raw, f"the manifest of {ref}")
+                _check_config_size(ref, named)
                 arrivals.skip.add(named.config.digest)
                 if early is not None:  # its linked layers hashed while skopeo copies
                     checking = asyncio.ensure_future(self._check_reused(ref, named, arrivals))
             complete = None if early is not None else await asyncio.to_thread(self._complete, manifest_digest)
             if complete is not None:
                 manifest, config = complete
+                config_doc = self._config(ref, manifest, config)
                 await asyncio.to_thread(self._store_manifests, manifests)
             else:
                 pinned = f"{ref.name}@{manifest_digest}"
@@ -669,6 +687,7 @@ class Puller:
                 if data is None:
                     data = await session.run(inspect(pinned), deadline)
                 manifest = image_manifest(data, f"manifest {manifest_digest} of {ref}")
+                _check_config_size(ref, manifest)
                 if sha256_digest(data) != manifest_digest:
                     raise DataLoss(f"image {ref}: manifest {manifest_digest} has the wrong content: its sha256 is "
                                    f"{sha256_digest(data)}")
@@ -692,10 +711,9 @@ class Puller:
                     # The layout is OCI: skopeo converted a Docker schema 2 image, config included;
                     # the registry's own config is asked for (the layers are the registry's bytes).
                     layout_config = await session.run(inspect(pinned, "--config"), deadline)
-                config = layout_config
-                await asyncio.to_thread(self._store, ref, blobs, manifest, config,
+                config_doc = self._config(ref, manifest, layout_config)  # nothing of a bad one is stored
+                await asyncio.to_thread(self._store, ref, blobs, manifest, layout_config,
                                         {**manifests, manifest_digest: data}, dict(arrivals.verified))
-            config_doc = self._config(ref, manifest, config)
             blob_digests = tuple(dict.fromkeys([repo_digest, manifest_digest, manifest.config.digest,
                                                 *(layer.digest for layer in manifest.layers)]))
             return Pulled(ref, repo_digest, manifest_digest, manifest, config_doc, blob_digests)
@@ -811,18 +829,14 @@ class Puller:
         self._store_manifests(manifests)
         self.content.sync()
 
-    def _config(self, ref: Reference, manifest: Manifest, data: bytes) -> dict[str, Any]:
-        """The image config ``data`` (its digest checked already) as a JSON object with a diff_id
-        per layer."""
+    @staticmethod
+    def _config(ref: Reference, manifest: Manifest, data: bytes) -> dict[str, Any]:
+        """The image config ``data`` (its digest checked already) decoded and checked
+        (:func:`.imageconfig.check_config`: a diff_id per layer). Raises InvalidArgument with a
+        sentence naming what is wrong."""
         what = f"the config {manifest.config.digest} of {ref}"
         try:
             config = decode_json(data, what)
         except ValueError as exc:
-            raise DataLoss(str(exc)) from None
-        if not isinstance(config, dict):
-            raise DataLoss(f"{what} is not a JSON object")
-        diff_ids = (config.get("rootfs") or {}).get("diff_ids")
-        if not isinstance(diff_ids, list) or len(diff_ids) != len(manifest.layers):
-            raise DataLoss(f"{what} lists {len(diff_ids) if isinstance(diff_ids, list) else 'no'} diff_ids for "
-                           f"{len(manifest.layers)} layers")
-        return config
+            raise InvalidArgument(str(exc)) from None
+        return check_config(config, what, len(manifest.layers))

@@ -2,7 +2,7 @@
 means, for podshimd (and anything else) to translate.
 
 :class:`Images` owns ``<state root>/images``: the content store (``content/``), the image records
-(``images.json``) and the :class:`~.pull.Puller`. Its rules:
+(``records/``, a file per image) and the :class:`~.pull.Puller`. Its rules:
 
 - Concurrent pulls of one reference with the same credentials share one pull (one task per
   reference in this process); the callers all get its result or its error. A caller that goes
@@ -225,6 +225,11 @@ class Images:
         FailedPrecondition while a container uses it."""
         record = self.store.resolve(name)
         if record is None:
+            unreadable = self.store.unreadable(name)
+            if unreadable is not None:  # left out at load: its file goes, and the blobs only it kept
+                self.store.remove(unreadable)
+                log.info("removed the record of image %s, which could not be read", unreadable)
+                await self._collect_after_removal()
             return None
         user = self.in_use(record.image_id)
         if user:
@@ -233,11 +238,14 @@ class Images:
             raise FailedPrecondition(f"image {name!r} ({record.short_id}) is in use by {who}")
         self.store.remove(record.image_id)
         log.info("removed image %s (%s)", record.short_id, ", ".join(record.repo_tags) or "untagged")
+        await self._collect_after_removal()
+        return record
+
+    async def _collect_after_removal(self) -> None:
         if self._pulls:
             self._gc_pending = True  # collected when the last pull ends
         else:
             await asyncio.wait([self._start_collecting()])  # a failure is logged: the image is removed
-        return record
 
     def _start_collecting(self) -> asyncio.Future[Any]:
         """Collect garbage in a worker thread; pulls that start meanwhile wait for it."""

@@ -1,38 +1,54 @@
 """Image records: what images the node has, by id, tag and digest.
 
-One JSON document, ``<state root>/images/images.json`` (``{"version": 1, "images": [...]}``),
-rewritten atomically (temporary file, fsync, rename) on every change, so a reader or a daemon that
-died mid-write sees the old records or the new ones. A record (:class:`ImageRecord`) is written only
-once every blob it names is in the content store: a record is a complete image.
+One JSON file per image, ``<state root>/images/records/<id hex>.json`` (the record's fields and
+``"version": 1``), written atomically (temporary file, fsync, rename) when that image changes, so
+a pull or a removal writes what it changes and nothing else, and a reader or a daemon that died
+mid-write sees the old record or the new one. A record (:class:`ImageRecord`) is written only
+once every blob it names is in the content store: a record is a complete image. The one
+``images.json`` of earlier versions is split into these files the first time the store is loaded.
+
+A record that cannot be read (damaged, another version, a config whose fields have the wrong
+types) is left out with a WARNING naming its file: one bad record never keeps the node's other
+images from being listed. :meth:`ImageStore.remove` by its id removes its file.
 
 An image's id is its config's digest, as in containerd's CRI; its ``repo_tags`` and
 ``repo_digests`` are normalised references (``docker.io/library/busybox:latest``,
 ``host:5000/a@sha256:...``); a tag names one image at a time, so recording it on an image takes it
 from whichever had it. :meth:`ImageStore.resolve` finds an image as containerd's CRI does: by id
 (``sha256:HEX`` or ``HEX``), by a unique id prefix, by a tag or digest reference in any form
-(``busybox`` finds ``docker.io/library/busybox:latest``). Sans-IO apart from load and save.
+(``busybox`` finds ``docker.io/library/busybox:latest``). Sans-IO apart from load and the writes.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from shim.rpc.files import ensure_private_dir, read_json, write_atomic
-from shim.rpc.status import DataLoss
+from shim.rpc.files import (decode_json, ensure_private_dir, fsync_dir, read_json, read_regular,
+                            unlink_quietly, write_atomic)
+from shim.rpc.status import DataLoss, InvalidArgument
 
+from .imageconfig import MAX_CONFIG_BYTES, check_config
 from .reference import ReferenceError, parse
 
-__all__ = ["STORE_VERSION", "RECORDS_FILE", "Layer", "ImageRecord", "ImageStore"]
+__all__ = ["STORE_VERSION", "RECORDS_DIR", "LEGACY_RECORDS_FILE", "Layer", "ImageRecord", "ImageStore"]
 
-#: The version of images.json's schema; a file of another version is refused, never guessed at.
+log = logging.getLogger(__name__)
+
+#: The version of a record's schema; a record of another version is left out, never guessed at.
 STORE_VERSION = 1
-RECORDS_FILE = "images.json"
+RECORDS_DIR = "records"
+#: Where earlier versions kept every record in one document; split into RECORDS_DIR at load.
+LEGACY_RECORDS_FILE = "images.json"
+#: The largest record file read: a config (at most MAX_CONFIG_BYTES) with the rest of the record.
+MAX_RECORD_BYTES = 2 * MAX_CONFIG_BYTES + (1 << 20)
 _HEX_PREFIX = re.compile(r"(?:sha256:)?([a-f0-9]{1,64})")
+_RECORD_NAME = re.compile(r"([a-f0-9]{64})\.json")
 
 
 @dataclass(frozen=True)
@@ -94,34 +110,90 @@ class ImageStore:
 
     def __init__(self, root: str) -> None:
         self.root = root
-        self.path = os.path.join(root, RECORDS_FILE)
+        self.directory = os.path.join(root, RECORDS_DIR)
         self._images: dict[str, ImageRecord] = {}
+        self._unreadable: dict[str, str] = {}  # image id -> its record's file, left out at load
 
     def load(self) -> ImageStore:
-        """Read the records (none when there is no file yet); returns self. Raises DataLoss with
-        a sentence for a file podshim cannot read (another version, malformed)."""
+        """Read the records (splitting an earlier version's images.json into files first); a
+        record that cannot be read is left out with a WARNING. Returns self. Raises OSError when
+        the directories cannot be made or listed, DataLoss for an images.json of another version."""
         ensure_private_dir(self.root, 0o700, keep_mode=True)
-        try:
-            doc = read_json(self.path)
-        except FileNotFoundError:
-            self._images = {}
-            return self
-        except (OSError, ValueError) as exc:
-            raise DataLoss(f"cannot read the image records {self.path}: {exc}") from None
-        if not isinstance(doc, dict) or doc.get("version") != STORE_VERSION:
-            version = doc.get("version") if isinstance(doc, dict) else None
-            raise DataLoss(f"the image records {self.path} have version {version!r}; this podshim reads version "
-                           f"{STORE_VERSION}")
-        try:
-            records = [ImageRecord.from_json(d) for d in doc["images"]]
-        except (KeyError, TypeError, ValueError) as exc:
-            raise DataLoss(f"the image records {self.path} are malformed: {exc!r}") from None
-        self._images = {r.image_id: r for r in records}
+        ensure_private_dir(self.directory, 0o700)
+        self._migrate()
+        self._images, self._unreadable = {}, {}
+        for name in sorted(os.listdir(self.directory)):
+            path = os.path.join(self.directory, name)
+            match = _RECORD_NAME.fullmatch(name)
+            if match is None:
+                if name.startswith("."):
+                    unlink_quietly(path)  # a write a killed process had not renamed into place
+                else:
+                    log.warning("%s is not an image record (its name is not <id hex>.json); leaving it alone", path)
+                continue
+            image_id = "sha256:" + match[1]
+            try:
+                record = self._read(path, image_id)
+            except (OSError, ValueError, InvalidArgument) as exc:
+                log.warning("image record %s cannot be read, so image %s is left out: %s (RemoveImage %s removes "
+                            "it; pull the image again to have it back)", path, image_id, _reason(exc), image_id)
+                self._unreadable[image_id] = path
+                continue
+            self._images[image_id] = record
         return self
 
-    def _save(self) -> None:
-        doc = {"version": STORE_VERSION, "images": [r.to_json() for r in self._images.values()]}
-        write_atomic(self.path, json.dumps(doc, indent=1, sort_keys=True).encode())
+    @staticmethod
+    def _read(path: str, image_id: str) -> ImageRecord:
+        """The record in ``path``, which must be of ``image_id``. Raises OSError, ValueError or
+        InvalidArgument saying what is wrong."""
+        doc = decode_json(read_regular(path, MAX_RECORD_BYTES), path)
+        if not isinstance(doc, dict) or doc.get("version") != STORE_VERSION:
+            version = doc.get("version") if isinstance(doc, dict) else None
+            raise ValueError(f"it has version {version!r}; this podshim reads version {STORE_VERSION}")
+        try:
+            record = ImageRecord.from_json(doc)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"it is malformed: {exc!r}") from None
+        if record.image_id != image_id:
+            raise ValueError(f"it holds the record of {record.image_id}")
+        check_config(record.config, "its config", len(record.layers))
+        return record
+
+    def _migrate(self) -> None:
+        """Split an earlier version's images.json into record files, then remove it."""
+        legacy = os.path.join(self.root, LEGACY_RECORDS_FILE)
+        try:
+            doc = read_json(legacy)
+        except FileNotFoundError:
+            return
+        except (OSError, ValueError) as exc:
+            aside = legacy + ".unreadable"
+            os.replace(legacy, aside)
+            log.warning("the image records %s cannot be read, so their images are left out: %s; moved to %s",
+                        legacy, exc, aside)
+            return
+        if not isinstance(doc, dict) or doc.get("version") != STORE_VERSION:
+            version = doc.get("version") if isinstance(doc, dict) else None
+            raise DataLoss(f"the image records {legacy} have version {version!r}; this podshim reads version "
+                           f"{STORE_VERSION}")
+        docs = doc.get("images")
+        for number, item in enumerate(docs if isinstance(docs, list) else []):
+            try:
+                self._write(ImageRecord.from_json(item), sync_dir=False)
+            except (KeyError, TypeError, ValueError) as exc:
+                log.warning("image record %d of %s is malformed, so its image is left out: %r", number, legacy, exc)
+        fsync_dir(self.directory)
+        os.unlink(legacy)
+        fsync_dir(self.root)
+        log.info("split the image records of %s into %s", legacy, self.directory)
+
+    def _path(self, image_id: str) -> str:
+        return os.path.join(self.directory, image_id.partition(":")[2] + ".json")
+
+    def _write(self, record: ImageRecord, *, sync_dir: bool = True) -> None:
+        doc = {"version": STORE_VERSION, **record.to_json()}
+        write_atomic(self._path(record.image_id), json.dumps(doc, sort_keys=True, ensure_ascii=False).encode(),
+                     sync_dir=sync_dir)
 
     # -- reading -------------------------------------------------------------------------------
 
@@ -171,6 +243,9 @@ class ImageStore:
                              repo_digests=_union(old.repo_digests, record.repo_digests),
                              manifests=_union(old.manifests, record.manifests),
                              chain_id=record.chain_id or old.chain_id)
+        self._write(record)
+        self._images[record.image_id] = record
+        self._unreadable.pop(record.image_id, None)  # its file is this record now
         for other in list(self._images.values()):
             if other.image_id == record.image_id:
                 continue
@@ -178,24 +253,40 @@ class ImageStore:
             if tags != other.repo_tags:
                 if tags or other.repo_digests:
                     self._images[other.image_id] = replace(other, repo_tags=tags)
+                    self._write(self._images[other.image_id])
                 else:
-                    del self._images[other.image_id]
-        self._images[record.image_id] = record
-        self._save()
+                    self.remove(other.image_id)
         return record
 
     def remove(self, image_id: str) -> ImageRecord | None:
-        """Forget the image ``image_id`` (all its tags and digests); the record that was there."""
-        record = self._images.pop(image_id, None)
-        if record is not None:
-            self._save()
+        """Forget the image ``image_id`` (all its tags and digests), removing its record's file,
+        also one that could not be read at load; the record that was there."""
+        record = self._images.get(image_id)
+        if record is None and image_id not in self._unreadable:
+            return None
+        unlink_quietly(self._path(image_id))
+        fsync_dir(self.directory)
+        self._images.pop(image_id, None)
+        self._unreadable.pop(image_id, None)
         return record
+
+    def unreadable(self, text: str) -> str | None:
+        """The id of the image whose record could not be read that ``text`` names (its id, with
+        or without ``sha256:``), or None."""
+        image_id = text if text.startswith("sha256:") else "sha256:" + text
+        return image_id if image_id in self._unreadable else None
 
     def set_chain_id(self, image_id: str, chain_id: str) -> None:
         record = self._images.get(image_id)
         if record is not None and record.chain_id != chain_id:
             self._images[image_id] = replace(record, chain_id=chain_id)
-            self._save()
+            self._write(self._images[image_id])
+
+
+def _reason(exc: Exception) -> str:
+    if isinstance(exc, OSError):
+        return exc.strerror or str(exc)
+    return exc.message if isinstance(exc, InvalidArgument) else str(exc)
 
 
 def _union(a: Iterable[str], b: Iterable[str]) -> tuple[str, ...]:

@@ -23,6 +23,7 @@ from client.images.pull import AuthConfig, Puller, RegistryHost
 from client.images.service import Images
 from client.images.snapshots import Staging, chain_ids
 from imagebuild import BUSYBOX_ROOTFS_CHECKS
+from layertools import make_layer, member
 from registry import AUTH, Registry
 from shim.rpc.trees import remove_tree
 from shim.rpc.status import (DataLoss, DeadlineExceeded, FailedPrecondition, InvalidArgument, NotFound,
@@ -458,6 +459,59 @@ async def test_a_blob_the_registry_lost_is_not_found_naming_it(tmp_path, test_im
         finally:
             os.rename(image.registry.blob_path(layer) + ".away", image.registry.blob_path(layer))
     assert images.list() == [] and leftovers(images) == []
+
+
+def raw_image(tmp_path, registry: Registry, name: str, config: object | bytes) -> str:
+    """An image of one gzip layer and ``config`` (JSON, or bytes as they are) pushed as it is."""
+    layer = make_layer(str(tmp_path / "layer"), [member("f", data=b"x")], "gzip")
+    with open(layer.path, "rb") as f:
+        blob = f.read()
+    data = config if isinstance(config, bytes) else json.dumps(config).encode()
+    return registry.push_raw(f"test/{name}:1", data, [(blob, layer.media_type)])
+
+
+def assert_nothing_stored(images: Images) -> None:
+    assert images.list() == [] and leftovers(images) == []
+    assert images.content.digests() == set() and images.snapshots.snapshots() == []
+    assert os.listdir(os.path.join(images.snapshots.root, "snapshots")) == []
+
+
+@pytest.mark.parametrize("config, says", [
+    ([1, 2], "is a JSON array, not an object"),
+    ({"rootfs": "layers"}, "rootfs is the string 'layers', not an object with the layers' diff_ids"),
+    ({"rootfs": ["layers"]}, "rootfs is an array, not an object with the layers' diff_ids"),
+    ({"rootfs": {"type": "layers", "diff_ids": "sha256:x"}}, "rootfs.diff_ids is the string 'sha256:x', not an array"),
+    ({"rootfs": {"type": "layers", "diff_ids": [7]}}, r"rootfs.diff_ids\[0\] is the number 7, not a sha256 digest"),
+    ({"rootfs": {"type": "layers", "diff_ids": []}}, "lists 0 diff_ids in rootfs.diff_ids for 1 layers"),
+    ({"rootfs": {"type": "layers", "diff_ids": ["DIFF"]}, "config": "sh"}, "config is the string 'sh', not an object"),
+    ({"rootfs": {"type": "layers", "diff_ids": ["DIFF"]}, "config": {"Env": "A=1"}},
+     "config.Env is the string 'A=1', not an array of strings"),
+    ({"rootfs": {"type": "layers", "diff_ids": ["DIFF"]}, "config": {"User": 0}}, "config.User is the number 0, not a string"),
+    ({"rootfs": {"type": "layers", "diff_ids": ["DIFF"]}, "config": {"Labels": {"a": 1}}},
+     "config.Labels is an object, not an object of strings"),
+    ({"rootfs": {"type": "layers", "diff_ids": ["DIFF"]}, "os": ["linux"]}, "os is an array, not a string"),
+])
+async def test_an_image_config_of_the_wrong_shape_is_refused_naming_the_field_and_nothing_is_stored(
+        tmp_path, test_images, config, says):
+    diff_id = make_layer(str(tmp_path / "layer"), [member("f", data=b"x")], "gzip").diff_id
+    config = json.loads(json.dumps(config).replace('"DIFF"', json.dumps(diff_id)))
+    ref = raw_image(tmp_path, test_images.registry, "badconfig", config)
+    images = images_for(tmp_path, test_images.registry)
+    with pytest.raises(InvalidArgument, match=says):
+        await images.pull(ref)
+    assert_nothing_stored(images)
+
+
+async def test_an_image_config_past_4_mib_is_refused_with_a_sentence(tmp_path, test_images):
+    diff_id = make_layer(str(tmp_path / "layer"), [member("f", data=b"x")], "gzip").diff_id
+    config = json.dumps({"rootfs": {"type": "layers", "diff_ids": [diff_id]},
+                         "config": {"Labels": {"big": "x" * (5 << 20)}}}).encode()
+    ref = raw_image(tmp_path, test_images.registry, "bigconfig", config)
+    images = images_for(tmp_path, test_images.registry)
+    with pytest.raises(InvalidArgument, match=f"is {len(config)} bytes, more than the 4194304 bytes an image config "
+                                              "may have"):
+        await images.pull(ref)
+    assert_nothing_stored(images)
 
 
 class Hanging:

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import tomllib
 
 import pytest
 
 from client.images.pull import AuthConfig, RegistryHost, auth_file, registries_conf, select_platform, skopeo_error
 from client.images.reference import parse
-from client.images.store import ImageStore
+from client.images.store import ImageRecord, ImageStore
 from shim.rpc.status import Code, DataLoss, NotFound
 
 REF = parse("127.0.0.1:5000/test/busybox:1.0")
@@ -113,10 +114,61 @@ def test_a_platform_is_picked_from_an_index_with_its_variant():
         select_platform({"manifests": "no"}, {"os": "linux", "architecture": "amd64"}, "x")
 
 
+def record(image_id: str, *tags: str, config: object = None) -> ImageRecord:
+    return ImageRecord(image_id=image_id, repo_tags=tags, repo_digests=(), manifest_digest=A, manifests=(A,),
+                       config={"rootfs": {"type": "layers", "diff_ids": []}} if config is None else config)
+
+
 def test_image_records_of_another_version_are_refused_with_a_sentence(tmp_path):
     (tmp_path / "images.json").write_text(json.dumps({"version": 99, "images": []}))
     with pytest.raises(DataLoss, match="have version 99; this podshim reads version 1"):
         ImageStore(str(tmp_path)).load()
-    (tmp_path / "images.json").write_text(json.dumps({"version": 1, "images": [{"image_id": "x"}]}))
-    with pytest.raises(DataLoss, match="are malformed"):
-        ImageStore(str(tmp_path)).load()
+
+
+def test_an_earlier_images_json_is_split_into_a_file_per_image(tmp_path, caplog):
+    one, two = record("sha256:" + "1" * 64, "x/one:1"), record("sha256:" + "2" * 64, "x/two:1")
+    (tmp_path / "images.json").write_text(json.dumps({"version": 1, "images": [
+        one.to_json(), {"image_id": "broken"}, two.to_json()]}))
+    store = ImageStore(str(tmp_path)).load()
+    assert sorted(store.list(), key=lambda r: r.image_id) == [one, two]
+    assert "image record 1 of" in caplog.text and "is malformed, so its image is left out" in caplog.text
+    assert sorted(os.listdir(tmp_path)) == ["records"]
+    assert sorted(os.listdir(tmp_path / "records")) == ["1" * 64 + ".json", "2" * 64 + ".json"]
+    assert ImageStore(str(tmp_path)).load().list() == store.list()
+
+
+def test_a_change_to_one_image_writes_its_record_only(tmp_path):
+    store = ImageStore(str(tmp_path)).load()
+    store.add(record("sha256:" + "1" * 64, "x/one:1"))
+    first = os.stat(tmp_path / "records" / ("1" * 64 + ".json"))
+    store.add(record("sha256:" + "2" * 64, "x/two:1"))
+    store.remove("sha256:" + "2" * 64)
+    assert os.stat(tmp_path / "records" / ("1" * 64 + ".json")).st_ino == first.st_ino  # not written again
+    assert os.listdir(tmp_path / "records") == ["1" * 64 + ".json"]
+    store.add(record("sha256:" + "3" * 64, "x/one:1"))  # the tag moves: both records change
+    assert [r.repo_tags for r in ImageStore(str(tmp_path)).load().list()] == [("x/one:1",)]
+
+
+@pytest.mark.parametrize("content, says", [
+    (b"{not json", "is not valid JSON"),
+    (json.dumps({"version": 2}).encode(), "it has version 2; this podshim reads version 1"),
+    (None, "its config: rootfs is the string 'layers', not an object"),
+])
+def test_a_record_that_cannot_be_read_is_left_out_with_a_warning_and_removable(tmp_path, caplog, content, says):
+    store = ImageStore(str(tmp_path)).load()
+    good, bad = record("sha256:" + "1" * 64, "x/good:1"), record("sha256:" + "2" * 64, "x/bad:1")
+    store.add(good)
+    store.add(bad)
+    path = tmp_path / "records" / ("2" * 64 + ".json")
+    if content is None:
+        doc = json.loads(path.read_bytes())
+        doc["config"] = {"rootfs": "layers"}
+        content = json.dumps(doc).encode()
+    path.write_bytes(content)
+    store = ImageStore(str(tmp_path)).load()
+    assert store.list() == [good]
+    assert f"image record {path} cannot be read, so image sha256:{'2' * 64} is left out" in caplog.text
+    assert says in caplog.text
+    assert store.unreadable("2" * 64) == "sha256:" + "2" * 64
+    store.remove("sha256:" + "2" * 64)
+    assert not path.exists() and ImageStore(str(tmp_path)).load().list() == [good]
