@@ -31,6 +31,7 @@ import secrets
 import shlex
 import signal
 import socket
+import stat
 import time
 from contextlib import asynccontextmanager
 from types import MappingProxyType
@@ -861,6 +862,21 @@ class PodService:
         path = os.path.normpath(os.path.join(base, relative))
         if os.path.commonpath([path, os.path.normpath(base)]) != os.path.normpath(base):
             raise InvalidArgument(f"log_path {relative!r} escapes the pod's log directory")
+        # Below the pod's log directory (kubelet's, or ours), the log goes to its own path only:
+        # a link there (made by whatever can write there) would send it, and the directories the
+        # shim makes for it, anywhere on the node. The file itself the shim opens O_NOFOLLOW.
+        parts = os.path.relpath(path, os.path.normpath(base)).split("/")[:-1]
+        for i in range(len(parts)):
+            directory = os.path.join(base, *parts[:i + 1])
+            try:
+                st = os.lstat(directory)
+            except FileNotFoundError:
+                break  # made by the shim, below what exists
+            except OSError as exc:
+                raise FailedPrecondition(f"log_path {relative!r}: cannot look at {directory}: {exc.strerror}") from None
+            if stat.S_ISLNK(st.st_mode):
+                raise InvalidArgument(f"log_path {relative!r} goes through a symbolic link in the pod's log directory "
+                                      f"({directory}), which podshim does not follow for a log file")
         return path
 
     async def create_container(self, pod_id: str, config: ContainerConfig | Mapping[str, Any],

@@ -5,9 +5,9 @@ volume carries, never reach the host's filesystem; a destination that is the roo
 INVALID_ARGUMENT with a sentence.
 
 The image is a layer written here (tests/layertools.py) and unpacked by podshim's own unpacker,
-an overlay's lower layer as a snapshotter gives it; the tasks run through a real shim, and what
-they must not reach (a directory of the host, named by the image's links) is compared before
-and after."""
+an overlay's lower layer as a snapshotter gives it; the tasks run through a real shim (and, for
+the pod's files and the log path, through the pod layer), and what they must not reach (a
+directory of the host, named by the image's links) is compared before and after."""
 
 from __future__ import annotations
 
@@ -18,8 +18,12 @@ import time
 
 import pytest
 
+from client.cri.rootfs import ContainerImage, image_not_found
+from client.images.snapshots import Mount
 from client.images.unpack import apply_layer
 from layertools import make_layer, member
+from podtools import container_config, pod_config, pod_service
+from podtools import roots  # noqa: F401  (the fixture)
 from shim.rpc import FailedPrecondition, InvalidArgument, RpcError
 from shimtools import host_untouched  # noqa: F401  (autouse: what this module's shims made is checked at the end)
 from shimtools import shims  # noqa: F401  (the fixture)
@@ -181,3 +185,97 @@ async def test_a_mount_target_through_a_volumes_link_to_the_root_is_invalid_argu
             await pod.run("app", "true", mounts=mounts)
     else:
         assert not await pod.started("app", "true", mounts=mounts)
+
+
+# -- through the pod layer ---------------------------------------------------------------------
+
+class HostileImages:
+    """The pod layer's image store and snapshotter, with one image: the hostile one, each
+    container's root an overlay of it."""
+
+    def __init__(self, tmp_path, lower: str):
+        self.tmp_path, self.lower = tmp_path, lower
+        self.image = ContainerImage(image_id="sha256:" + "a" * 64, name="registry.test/hostile:1",
+                                    image_ref="registry.test/hostile@sha256:" + "b" * 64,
+                                    chain_id="sha256:" + "c" * 64, config={"Env": ["PATH=/bin"]})
+
+    def container_image(self, reference: str) -> ContainerImage:
+        if reference != self.image.name:
+            raise image_not_found(reference)
+        return self.image
+
+    async def prepare(self, key: str, chain_id: str) -> list[Mount]:
+        for name in ("upper", "work"):
+            (self.tmp_path / key / name).mkdir(parents=True)
+        return [Mount("overlay", "overlay", (f"lowerdir={self.lower}", f"upperdir={self.tmp_path / key / 'upper'}",
+                                             f"workdir={self.tmp_path / key / 'work'}"))]
+
+    def remove(self, key: str) -> None:
+        pass
+
+    def read_file(self, chain_id: str, path: str) -> bytes:
+        raise FileNotFoundError(path)
+
+
+@pytest.fixture(params=HANDLERS)
+def handler(request) -> str:
+    return request.param
+
+
+def read(path: str) -> str:
+    with open(path) as f:
+        return f.read()
+
+
+def tree(path) -> list[str]:
+    return sorted(os.path.relpath(os.path.join(d, name), path) for d, dirs, files in os.walk(path)
+                  for name in dirs + files)
+
+
+async def test_the_pods_files_through_the_images_etc_link_stay_in_the_root(handler, roots, tmp_path):  # noqa: F811
+    host = tmp_path / "host"
+    host.mkdir()
+    images = HostileImages(tmp_path, hostile_image(tmp_path, str(host)))
+    cfg = pod_config()
+    cfg["hostname"] = "web-0"
+    async with pod_service(roots, images=images, snapshots=images) as pods:
+        pod_id = await pods.run_pod_sandbox(cfg, runtime_handler=handler)
+        container = {**container_config(["sh", "-c", "cat /etc/hostname; exec sleep 600"]),
+                     "image": {"image": images.image.name}}
+        try:
+            cid = await pods.create_container(pod_id, container)
+            await pods.start_container(cid)
+        except RpcError:
+            if handler == "native":
+                raise
+            cid = ""  # crun refuses the link through /proc
+        assert tree(host) == []  # nothing made on the host
+        if cid:
+            deadline = time.monotonic() + WAIT
+            while "web-0" not in read(pods.container_log_path(cid)):
+                assert time.monotonic() < deadline
+                await asyncio.sleep(0.01)
+        assert tree(host) == []
+
+
+async def test_a_log_path_through_a_link_in_the_pods_log_directory_is_refused(roots, tmp_path):  # noqa: F811
+    host = tmp_path / "host"
+    host.mkdir()
+    images = HostileImages(tmp_path, hostile_image(tmp_path, str(host)))
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    os.symlink(host, logs / "out")
+    cfg = pod_config()
+    cfg["log_directory"] = str(logs)
+    async with pod_service(roots, images=images, snapshots=images) as pods:
+        pod_id = await pods.run_pod_sandbox(cfg)
+        container = {**container_config(["sh", "-c", "echo written; exec sleep 600"], name="app"),
+                     "image": {"image": images.image.name}, "log_path": "out/sub/app.log"}
+        refused: RpcError | None = None
+        try:
+            await pods.start_container(await pods.create_container(pod_id, container))
+        except RpcError as exc:
+            refused = exc
+        assert tree(host) == []  # nothing made or written on the host
+        assert isinstance(refused, InvalidArgument)
+        assert "log_path 'out/sub/app.log' goes through a symbolic link in the pod's log directory" in str(refused)
