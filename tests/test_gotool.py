@@ -1,0 +1,184 @@
+""".ci/gotool, the builder of the pinned Go tools, with a go command of the test's own on PATH: a
+tool is built once into its cache and reused, builds wait for each other, a failed or overlong
+build names its step and leaves nothing a later call could take for the tool, a go too old for the
+module brings the pinned toolchain from the module proxy, and a schema whose file does not have
+the pinned sha256 is refused.
+
+The fake go (FAKE_GO below) plays the go command's part: what it is asked to do it logs to
+$FAKE_LOG, and what it does is steered by FAKE_* variables (gotool passes the environment on,
+except GO* variables, which it sets itself).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+import pytest
+
+from critools import gotool
+
+FAKE_GO = r'''#!/usr/bin/env python3
+import json, os, sys, time
+args = sys.argv[1:]
+with open(os.environ["FAKE_LOG"], "a") as log:
+    log.write(" ".join(["toolchain" if "toolchain@" in sys.argv[0] else "path"] + args) + "\n")
+modules = os.environ["FAKE_MODULES"]
+version = os.environ.get("FAKE_TOOLCHAIN_VERSION" if "toolchain@" in sys.argv[0] else "FAKE_GO_VERSION", "go1.26.8")
+if args[:2] == ["env", "GOVERSION"]:
+    print(version)
+elif args[:2] == ["env", "-json"]:
+    print("{}")
+elif args[:3] == ["mod", "download", "-json"]:
+    module, _, wanted = args[3].partition("@")
+    directory = os.path.join(modules, module + "@" + wanted)
+    print(json.dumps({"Path": module, "Version": wanted, "Dir": directory, "GoMod": directory + ".mod"}))
+elif args[0] == "install":
+    time.sleep(float(os.environ.get("FAKE_BUILD_SECONDS", "0")))
+    if os.environ.get("FAKE_FAIL"):
+        sys.exit("compile: " + os.environ["FAKE_FAIL"])
+    target = os.path.join(os.environ["GOBIN"], args[-1].partition("@")[0].rsplit("/", 1)[-1])
+    with open(target, "w") as f:
+        f.write("#!/bin/sh\necho built by " + version + " with " + " ".join(args[1:-1]) + "\n")
+    os.chmod(target, 0o755)
+else:
+    sys.exit("fake go: unknown command " + " ".join(args))
+'''
+
+PINS = '''
+[go]
+toolchain = "1.26.8"
+
+[tools.hello]
+module = "example.com/hello"
+version = "v1.2.3"
+package = "example.com/hello/cmd/hello"
+build = "install"
+ldflags = "-X example.com/hello/version.Version={version}"
+
+[schemas.greeting]
+module = "example.com/greeting"
+version = "v0.1.0"
+into = "pkg/greeting"
+
+[schemas.greeting.files]
+"greeting.proto" = "0000000000000000000000000000000000000000000000000000000000000000"
+'''
+
+
+@pytest.fixture
+def fake(tmp_path, monkeypatch):
+    """The fake go first on PATH, a cache and pins of the test's own; what the fake go was asked to do."""
+    bin_dir, modules = tmp_path / "bin", tmp_path / "modules"
+    bin_dir.mkdir()
+    modules.mkdir()
+    (bin_dir / "go").write_text(FAKE_GO)
+    (bin_dir / "go").chmod(0o755)
+    (modules / "example.com").mkdir()
+    (modules / "example.com" / "hello@v1.2.3.mod").write_text("module example.com/hello\n\ngo 1.26.6\n")
+    (tmp_path / "pins.toml").write_text(PINS)
+    log = tmp_path / "go.log"
+    log.touch()
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    monkeypatch.setenv("PODSHIM_TOOLS_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("FAKE_LOG", str(log))
+    monkeypatch.setenv("FAKE_MODULES", str(modules))
+    monkeypatch.setattr(gotool, "PINS", str(tmp_path / "pins.toml"))
+    monkeypatch.setattr(gotool, "REPO", str(tmp_path / "repo"))
+    return log
+
+
+def builds(log) -> list[str]:
+    return [line for line in log.read_text().splitlines() if " install " in line]
+
+
+def test_a_tool_is_built_once_into_the_cache_keyed_by_its_version_and_reused(fake, tmp_path):
+    path = gotool.tool_path("hello")
+    assert path == str(tmp_path / "cache" / "hello-v1.2.3" / "hello")
+    assert gotool.tool_path("hello") == path
+    assert builds(fake) == ["path install -trimpath -ldflags=-X example.com/hello/version.Version=1.2.3 "
+                            "example.com/hello/cmd/hello@v1.2.3"]
+    assert sorted(os.listdir(tmp_path / "cache" / "hello-v1.2.3")) == ["hello"]
+    assert os.stat(tmp_path / "cache" / "hello-v1.2.3").st_mode & 0o777 == 0o755
+
+
+def test_two_callers_at_once_build_the_tool_once(fake, monkeypatch):
+    monkeypatch.setenv("FAKE_BUILD_SECONDS", "1")
+    paths: list[str] = []
+    callers = [threading.Thread(target=lambda: paths.append(gotool.tool_path("hello"))) for _ in range(2)]
+    for caller in callers:
+        caller.start()
+    for caller in callers:
+        caller.join(30)
+    assert len(paths) == 2 and paths[0] == paths[1]
+    assert len(builds(fake)) == 1
+
+
+def test_a_failed_build_names_its_step_and_leaves_nothing_behind(fake, tmp_path, monkeypatch):
+    monkeypatch.setenv("FAKE_FAIL", "undefined: frobnicate")
+    with pytest.raises(gotool.GoToolError) as failed:
+        gotool.tool_path("hello")
+    assert str(failed.value) == ("step 'go install example.com/hello/cmd/hello@v1.2.3' failed (exit status 1):\n"
+                                 "compile: undefined: frobnicate")
+    assert not os.path.exists(tmp_path / "cache" / "hello-v1.2.3")
+    assert not [name for name in os.listdir(tmp_path / "cache") if name.startswith(".build-")]
+
+
+def test_a_build_that_outlives_its_time_is_killed_and_leaves_nothing_behind(fake, tmp_path, monkeypatch):
+    monkeypatch.setenv("FAKE_BUILD_SECONDS", "60")
+    started = time.monotonic()
+    with pytest.raises(gotool.GoToolError) as failed:
+        gotool.tool_path("hello", timeout=5)
+    assert time.monotonic() - started < 30
+    assert str(failed.value) == ("step 'go install example.com/hello/cmd/hello@v1.2.3' did not finish within the "
+                                 "build's 5 s (killed)")
+    assert not os.path.exists(tmp_path / "cache" / "hello-v1.2.3")
+    assert not [name for name in os.listdir(tmp_path / "cache") if name.startswith(".build-")]
+
+
+def test_a_go_older_than_the_module_asks_for_fetches_the_pinned_toolchain_and_builds_with_it(fake, tmp_path,
+                                                                                          monkeypatch):
+    monkeypatch.setenv("FAKE_GO_VERSION", "go1.19.8")  # Debian 12's golang-go
+    toolchain = tmp_path / "modules" / "golang.org" / "toolchain@v0.0.1-go1.26.8.linux-amd64"
+    os.makedirs(toolchain / "bin")
+    os.makedirs(toolchain / "pkg" / "tool" / "linux_amd64")
+    (toolchain / "bin" / "go").write_text(FAKE_GO)
+    (toolchain / "bin" / "go").chmod(0o444)  # a module zip keeps no mode bits
+    (toolchain / "pkg" / "tool" / "linux_amd64" / "compile").write_text("")
+    (toolchain / "pkg" / "tool" / "linux_amd64" / "compile").chmod(0o444)
+    monkeypatch.setenv("FAKE_TOOLCHAIN_VERSION", "go1.26.8")
+    path = gotool.tool_path("hello")
+    assert [line.split()[0] for line in builds(fake)] == ["toolchain"]
+    assert "mod download -json golang.org/toolchain@v0.0.1-go1.26.8.linux-amd64" in fake.read_text()
+    with open(path) as f:
+        assert "built by go1.26.8" in f.read()
+    assert os.access(toolchain / "pkg" / "tool" / "linux_amd64" / "compile", os.X_OK)
+
+
+def test_a_module_that_needs_a_newer_go_than_the_pinned_toolchain_is_refused_with_what_to_raise(fake, tmp_path,
+                                                                                               monkeypatch):
+    monkeypatch.setenv("FAKE_GO_VERSION", "go1.19.8")
+    (tmp_path / "modules" / "example.com" / "hello@v1.2.3.mod").write_text("module example.com/hello\n\ngo 1.27\n")
+    with pytest.raises(gotool.GoToolError, match=r"^the pinned toolchain go1\.26\.8 is older than go1\.27\.0, which "
+                                                 r"a pinned module needs: raise \[go\] toolchain in .*pins\.toml$"):
+        gotool.tool_path("hello")
+    assert builds(fake) == []
+
+
+def test_a_tool_without_a_pin_or_a_way_to_build_it_is_refused(fake):
+    with pytest.raises(gotool.GoToolError, match=r"^no tool 'nope' is pinned in .*pins\.toml \(pinned: hello\)$"):
+        gotool.tool_path("nope")
+
+
+def test_a_schema_file_without_the_pinned_sha256_is_refused(fake, tmp_path):
+    module = tmp_path / "modules" / "example.com" / "greeting@v0.1.0"
+    module.mkdir()
+    (module / "greeting.proto").write_text('syntax = "proto3";\n')
+    pin = gotool.load_pins()["schemas"]["greeting"]
+    with pytest.raises(gotool.GoToolError) as refused:
+        gotool.compile_schema("greeting", pin, gotool.sys.executable)
+    assert str(refused.value) == ("step 'check example.com/greeting@v0.1.0/greeting.proto': its sha256 is "
+                                  "26695965cd692d9dce08efe0b2e1f745c3be7c19631b56873c8956b8d486cf17, the pin says "
+                                  + "0" * 64)
+    assert not os.path.exists(tmp_path / "repo")
