@@ -34,8 +34,8 @@ from shim.kernel import linux
 from shim.rpc.records import Record, set_field as _set
 from shim.rpc.status import FailedPrecondition, Internal, InvalidArgument
 
-__all__ = ["MASKED_PATHS", "READONLY_PATHS", "ROOTFS_DIR", "TASKS_DIR", "BindMount", "HostDevice", "RootSetup",
-           "RootfsMount", "TaskFilesystem", "AT_ROOT", "at_root", "check_destinations", "enter_root", "host_devices", "is_mount_point",
+__all__ = ["MASKED_PATHS", "READONLY_PATHS", "ROOTFS_DIR", "TASKS_DIR", "BindMount", "HostDevice", "PauseRoot", "RootSetup",
+           "RootfsMount", "TaskFilesystem", "AT_ROOT", "at_root", "check_destinations", "enter_pause_root", "enter_root", "host_devices", "is_mount_point",
            "mount_rootfs", "open_in_root", "open_trees", "parse_filesystem", "parse_rootfs", "resolve_in_root", "rootfs_path",
            "sandbox_rootfs_path",
            "unmount_rootfs", "unmount_sandbox_rootfs"]
@@ -772,3 +772,79 @@ def _dev_entries(setup: RootSetup, dev: int, step: list[str]) -> None:
         step[0] = "mounting mqueue on /dev/mqueue"
         _attach(linux.new_mount("mqueue", "mqueue", [], linux.MS_NOSUID | linux.MS_NODEV | linux.MS_NOEXEC),
                 _mount_point(dev, "mqueue"))
+
+
+# -- the pause's root ------------------------------------------------------------------------
+
+#: Where the pause's empty root is attached in its own mount namespace, before it pivots into it:
+#: a directory every host has, hidden this way from nobody but the pause (the namespace is its own).
+PAUSE_ROOT_MOUNT_POINT = "/dev"
+_PAUSE_ROOT_TMPFS = [("mode", "755"), ("size", "64k"), ("nr_inodes", "64")]
+
+
+class PauseRoot(Record):
+    """The pause's own root, which it pivots into (:func:`enter_pause_root`) so that nothing of
+    the host is reachable through it (``/proc/<pause>/root``, ``/proc/<pause>/cwd`` or a setns
+    into its mount namespace): the sandbox image's rootfs the shim mounted on ``rootfs``, or
+    (``rootfs`` empty) an empty tmpfs holding only ``binary``, the pause program (bound
+    read-only at its own path; "" for the builtin pause, which execs nothing). ``shm_size_bytes``,
+    when not 0, mounts the tmpfs of a pod IPC namespace (that big) on its /dev/shm, where the
+    tasks take it from. The root is read-only."""
+
+    __slots__ = ("rootfs", "binary", "shm_size_bytes")
+    rootfs: str
+    binary: str
+    shm_size_bytes: int
+
+    def __init__(self, rootfs: str = "", binary: str = "", shm_size_bytes: int = 0) -> None:
+        _set(self, "rootfs", rootfs)
+        _set(self, "binary", binary)
+        _set(self, "shm_size_bytes", shm_size_bytes)
+
+
+def enter_pause_root(setup: PauseRoot, step: list[str]) -> None:
+    """In the pause's new mount namespace (a recursive slave of the shim's), right before its
+    cwd: build its root (:class:`PauseRoot`) and pivot into it, the old root detached. Every path
+    inside it is resolved by fd (:func:`open_in_root`): a sandbox image's /dev may be a link to
+    anywhere. Raises OSError; ``step[0]`` says which step."""
+    root = setup.rootfs or PAUSE_ROOT_MOUNT_POINT
+    nosuid_nodev_noexec = linux.MS_NOSUID | linux.MS_NODEV | linux.MS_NOEXEC
+    if not setup.rootfs:
+        step[0] = f"mounting the pause's root (a tmpfs) on {root}"
+        tmpfs = linux.new_mount("tmpfs", "tmpfs", _PAUSE_ROOT_TMPFS, nosuid_nodev_noexec)
+        try:
+            linux.move_mount(tmpfs, root)
+        finally:
+            os.close(tmpfs)
+    linux.mount(None, root, None, linux.MS_PRIVATE | linux.MS_REC)
+    root_fd = os.open(root, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        if setup.binary:
+            step[0] = f"binding {setup.binary} into the pause's root"
+            program = linux.open_tree(setup.binary, False)
+            try:
+                linux.mount_setattr(program, flags=linux.MS_RDONLY | linux.MS_NOSUID | linux.MS_NODEV)
+            except BaseException:
+                os.close(program)
+                raise
+            _attach(program, open_in_root(root_fd, setup.binary, "file"))
+        if setup.shm_size_bytes:
+            step[0] = "mounting a tmpfs on /dev/shm"
+            shm = linux.new_mount("tmpfs", "shm", [("mode", "1777"), ("size", str(setup.shm_size_bytes))],
+                                  nosuid_nodev_noexec)
+            try:
+                target = open_in_root(root_fd, "/dev/shm", "dir")
+            except BaseException:
+                os.close(shm)
+                raise
+            _attach(shm, target)
+    finally:
+        os.close(root_fd)
+    step[0] = "making the pause's root read-only"
+    linux.mount(None, root, None, linux.MS_REMOUNT | linux.MS_BIND | linux.MS_RDONLY
+                | (0 if setup.rootfs else nosuid_nodev_noexec))
+    step[0] = f"pivot_root into {root}"
+    os.chdir(root)
+    linux.pivot_root(".", ".")
+    linux.umount2(".", linux.MNT_DETACH)
+    os.chdir("/")

@@ -17,10 +17,11 @@ from shim.rpc.status import FailedPrecondition, Internal
 
 __all__ = ["NativeRuntime"]
 
-# The pause's namespaces a task joins (its pid namespace too in POD pid mode).
-_JOINED = (("ipc", CLONE_NEWIPC), ("uts", CLONE_NEWUTS), ("net", CLONE_NEWNET), ("mnt", CLONE_NEWNS))
-# The task's namespaces an exec joins: all of the above, and the task's pid namespace.
-_EXEC_JOINED = (*_JOINED, ("pid", CLONE_NEWPID))
+# The pause's namespaces a task joins (its pid namespace too in POD pid mode). Not its mount
+# namespace: the pause has pivoted into a root of its own there, and a task's is made from the shim's.
+_JOINED = (("ipc", CLONE_NEWIPC), ("uts", CLONE_NEWUTS), ("net", CLONE_NEWNET))
+# The task's namespaces an exec joins: its mount namespace (its root) and pid namespace too.
+_EXEC_JOINED = (*_JOINED, ("mnt", CLONE_NEWNS), ("pid", CLONE_NEWPID))
 
 
 class NativeRuntime(Runtime):
@@ -104,9 +105,10 @@ async def _end(started: process.Process) -> None:
 
 def _process_spec(spec: TaskSpec, root: mounts.RootSetup, console_fd: int | None = None) -> process.ProcessSpec:
     """The task's process: in the pause's ipc, uts and net namespaces, in a mount namespace of its
-    own copied from the pause's (a recursive slave, so the pod's /dev/shm is there to bind) with
-    ``root`` as its root, and in the pause's pid namespace (POD), another task's (TARGET), the
-    shim's (NODE: the host's), or PID 1 of a new one (CONTAINER)."""
+    own copied from the shim's (a recursive slave) with ``root`` as its root, and in the pause's pid
+    namespace (POD), another task's (TARGET), the shim's (NODE: the host's), or PID 1 of a new one
+    (CONTAINER). With a pod IPC namespace, the pod's /dev/shm (the pause's) is taken from the pause's
+    mount namespace onto /dev/shm before the root is built, which binds it from there."""
     ns_dir = f"/proc/{spec.pause_pid}/ns"
     join = tuple((f"{ns_dir}/{name}", nstype) for name, nstype in _JOINED)
     if spec.pid_mode == POD:
@@ -121,6 +123,7 @@ def _process_spec(spec: TaskSpec, root: mounts.RootSetup, console_fd: int | None
         join=join,
         unshare_flags=CLONE_NEWPID | CLONE_NEWNS if spec.pid_mode == CONTAINER else CLONE_NEWNS,
         root=root,
+        binds_from=((f"{ns_dir}/mnt", "/dev/shm", "/dev/shm"),) if spec.own_ipc else (),
         procs_files=tuple(spec.cgroup.procs_files()),
         stdout=spec.stdout,
         stdin=spec.stdin,

@@ -2,7 +2,10 @@
 
 The pause is PID 1 of new pid, ipc, uts and mount namespaces (the host's pid, ipc or uts
 namespace in NODE modes), joined to the sandbox's network namespace, in the sandbox cgroup
-before it execs, with the sysctls applied and a tmpfs on /dev/shm. :mod:`shim.runtime.process` does the
+before it execs, with the sysctls applied and a tmpfs on /dev/shm. It runs in a root of its own,
+pivoted into with the host's detached (:class:`shim.runtime.mounts.PauseRoot`): an empty read-only
+tmpfs holding only its program, or a sandbox image's rootfs. A pod's processes reach the pause's
+root through ``/proc/1/root`` (pid namespace POD), so the host's must not be there. :mod:`shim.runtime.process` does the
 forking (the one way the shim launches anything); this module says what the pause needs and
 when it is ready.
 
@@ -42,6 +45,7 @@ __all__ = [
     "POD",
     "PauseProcess",
     "PauseSpec",
+    "check_static_executable",
     "launch",
     "program_identity",
     "validate_sysctls",
@@ -208,28 +212,30 @@ def _process_spec(spec: PauseSpec) -> tuple[str, process.ProcessSpec]:
         flags |= linux.CLONE_NEWIPC
     if spec.pid_mode == POD:
         flags |= linux.CLONE_NEWPID
+    shm = spec.shm_size_bytes if spec.ipc_mode == POD else 0
     if spec.rootfs is not None:
         if spec.pause_binary is not None:
             raise InvalidArgument("a pause binary and a sandbox image's rootfs are both set")
         if not spec.args:
             raise InvalidArgument("a sandbox image's pause needs its args (the image's Entrypoint and Cmd)")
         binary, argv, env, cwd = spec.args[0], spec.args, spec.env_map, spec.cwd
+        root = mounts.PauseRoot(rootfs=spec.rootfs, shm_size_bytes=shm)
     else:
         binary = _resolve_binary(spec.pause_binary)
         argv, env, cwd = (binary, "-P"), {}, "/"
+        root = mounts.PauseRoot(binary="" if binary == BUILTIN else binary, shm_size_bytes=shm)
     return binary, process.ProcessSpec(
         name="pause",
         argv=argv,
         env=env,
         cwd=cwd,
-        chroot=spec.rootfs,
+        pause_root=root,
         builtin=_builtin_pause if binary == BUILTIN else None,
         join=((spec.netns_path, linux.CLONE_NEWNET),) if spec.netns_path is not None else (),
         unshare_flags=flags,
         procs_files=tuple(spec.cgroup.procs_files()) if spec.cgroup is not None else (),
         hostname=None if host_network else spec.hostname,
         sysctls=spec.sysctls,
-        shm_options=f"mode=1777,size={spec.shm_size_bytes}" if spec.ipc_mode == POD else None,
         oom_score_adj=spec.oom_score_adj,
         confinement=spec.confinement,
         exec_signals_blocked=os.path.basename(binary) in SIGNALFD_PAUSES,
@@ -237,15 +243,35 @@ def _process_spec(spec: PauseSpec) -> tuple[str, process.ProcessSpec]:
 
 
 def _resolve_binary(pause_binary: str | None) -> str:
+    """The pause's program: ``pause_binary``, or (None) catatonit when it is installed and static,
+    else the builtin pause. Its root holds nothing but the program, so it must be static."""
     if pause_binary is None:
-        return CATATONIT if os.access(CATATONIT, os.X_OK) else BUILTIN
+        try:
+            check_static_executable(CATATONIT, "catatonit")
+        except FailedPrecondition:
+            return BUILTIN
+        return CATATONIT
     if pause_binary == BUILTIN:
         return BUILTIN
     if not os.path.isabs(pause_binary):
         raise InvalidArgument(f"pause binary {pause_binary!r} must be an absolute path or 'builtin'")
-    if not os.access(pause_binary, os.X_OK):
-        raise FailedPrecondition(f"pause binary {pause_binary} does not exist or is not executable")
+    check_static_executable(pause_binary, f"pause binary {pause_binary} must be a static executable")
     return pause_binary
+
+
+def check_static_executable(path: str, what: str) -> None:
+    """FailedPrecondition (``what``, then why) unless ``path`` is an executable ELF without a
+    program interpreter: a pause's root holds no libraries and no loader."""
+    from shim.runtime.oci import elf  # its ELF reader only, not the OCI backend
+
+    if not os.access(path, os.X_OK):
+        raise FailedPrecondition(f"{what}: it is missing or not executable")
+    try:
+        dynamic = elf.has_interpreter(path)
+    except (OSError, elf.NotElf):
+        raise FailedPrecondition(f"{what}: it is not an ELF executable") from None
+    if dynamic:
+        raise FailedPrecondition(f"{what}: it is dynamically linked, and the pause's root holds no libraries")
 
 
 async def wait_ready(pid: int, exit_future: asyncio.Future[ExitInfo], name: str | None = None, *,

@@ -3,10 +3,11 @@
 The least work that gives a process its namespaces, with no subprocess and no helper binary::
 
     shim --fork--> A: join v1 cgroups, setns(each namespace file), unshare(flags),
-                      / rslave (with a new mount ns), sethostname, sysctls, tmpfs on /dev/shm, then
+                      / rslave (with a new mount ns), sethostname, sysctls, then
                       --fork--> B (born in the v2 cgroup; in the new or joined pid ns):
-                                mount /proc (with a new pid ns),
-                                oom_score_adj, session, stdio, fds, cwd, signals, exec or builtin
+                                a task's root, or mount /proc (with a new pid ns),
+                                oom_score_adj, session, stdio, fds, the pause's root, cwd,
+                                signals, exec or builtin
                       A reports B's pid and exits 0
 
     shim --clone3 (its new namespaces, its v2 cgroup)--> the process, "direct": A's steps but
@@ -121,8 +122,7 @@ class ProcessSpec:
     made a recursive slave of the one it copies. ``procs_files`` are the cgroup.procs files of the
     cgroups the process is in before it touches a page: the v1 ones are joined first thing by A
     (or the direct child), the v2 one by birth there. ``sysctls`` are
-    written after the namespaces are entered; ``shm_options``, when set, mounts a tmpfs with
-    these options on /dev/shm. ``binds`` are ``(source, target)`` bind mounts (not recursive) made
+    written after the namespaces are entered. ``binds`` are ``(source, target)`` bind mounts (not recursive) made
     in the new mount namespace right after it is made a slave, so only this process and what it
     starts see them (needs ``CLONE_NEWNS`` in ``unshare_flags``). ``binds_from`` are ``(mount
     namespace file, source, target)``: a recursive copy of ``source`` as that namespace sees it
@@ -132,10 +132,9 @@ class ProcessSpec:
     by B in its pid namespace (needs ``CLONE_NEWNS``); the caller closes it after the launch.
     ``stdin``/``stdout``/``stderr`` are fds (None: /dev/null); with ``controlling_terminal`` the
     process's stdin (a terminal) becomes the controlling terminal of the session it leads.
-    ``chroot``, when set, is a directory the process changes its root to right before its cwd (the
-    native pause of a sandbox image: unlike ``root``, its mount namespace stays the one it was
-    given, which tasks copy). ``argv[0]`` is searched in the PATH of ``env`` unless it contains a "/"
-    (inside ``chroot`` when set).
+    ``pause_root``, when set, is the pause's own root (:class:`shim.runtime.mounts.PauseRoot`), which
+    it pivots into right before its cwd (needs ``CLONE_NEWNS``). ``argv[0]`` is searched in the PATH
+    of ``env`` unless it contains a "/" (inside its root).
     ``console``, when set, is a unix socket: the process gets a new pseudo-terminal of its root's
     /dev/ptmx (its own devpts) as stdin, stdout, stderr and controlling terminal instead, and the
     terminal's master is sent on ``console`` (SCM_RIGHTS, as runc's console socket) before exec,
@@ -160,7 +159,6 @@ class ProcessSpec:
     procs_files: tuple[str, ...] = ()
     hostname: str | None = None
     sysctls: Mapping[str, str] = field(default_factory=dict)
-    shm_options: str | None = None
     oom_score_adj: int | None = None
     binds: tuple[tuple[str, str], ...] = ()
     binds_from: tuple[tuple[str, str, str], ...] = ()
@@ -171,7 +169,7 @@ class ProcessSpec:
     stdin: int | None = None
     controlling_terminal: bool = False
     exec_signals_blocked: bool = False
-    chroot: str | None = None
+    pause_root: mounts.PauseRoot | None = None
     console: int | None = None
     console_size: tuple[int, int] = (0, 0)
 
@@ -205,7 +203,6 @@ class _Plan:
     direct: bool  # the shim may clone the process straight into its new namespaces (_clone_direct)
     hostname: str | None
     sysctls: list[tuple[str, str, bytes]]  # key, /proc/sys path, value
-    shm_options: str | None
     oom_score_adj: bytes | None
     binds: tuple[tuple[str, str], ...]
     cgroup_v2_fd: int  # open on cgroup_v2 by the parent (-1: none)
@@ -223,7 +220,7 @@ class _Plan:
     console_size: tuple[int, int]  # its columns and rows
     max_fd: int
     confine: tuple[tuple[str, Callable[[], None]], ...]  # (step, call): the last calls before exec
-    chroot: str | None = None
+    pause_root: mounts.PauseRoot | None = None
 
 
 async def launch(spec: ProcessSpec, reaper: Reaper,
@@ -310,7 +307,7 @@ def _plan(spec: ProcessSpec) -> _Plan:
         raise InvalidArgument(f"the {spec.name}'s environment has a name that is empty or holds '=' or NUL")
     if spec.unshare_flags & linux.CLONE_NEWPID and not spec.unshare_flags & linux.CLONE_NEWNS:
         raise InvalidArgument("a new pid namespace needs a new mount namespace for its /proc")
-    if (spec.binds or spec.binds_from or spec.root) and not spec.unshare_flags & linux.CLONE_NEWNS:
+    if (spec.binds or spec.binds_from or spec.root or spec.pause_root) and not spec.unshare_flags & linux.CLONE_NEWNS:
         raise InvalidArgument(f"the {spec.name}'s bind mounts and root need a new mount namespace")
     for path, nstype in spec.join:
         if nstype not in _JOIN_ORDER:
@@ -352,7 +349,6 @@ def _plan(spec: ProcessSpec) -> _Plan:
         and not any(nstype in (linux.CLONE_NEWPID, linux.CLONE_NEWNS) for _, nstype in spec.join),
         hostname=spec.hostname,
         sysctls=[(k, "/proc/sys/" + k.replace(".", "/"), v.encode()) for k, v in spec.sysctls.items()],
-        shm_options=spec.shm_options,
         oom_score_adj=str(spec.oom_score_adj).encode() if spec.oom_score_adj is not None else None,
         binds=spec.binds,
         cgroup_v2_fd=-1,  # opened last, as join
@@ -370,7 +366,7 @@ def _plan(spec: ProcessSpec) -> _Plan:
         console_size=spec.console_size,
         max_fd=os.sysconf("SC_OPEN_MAX"),
         confine=confine.steps(spec.confinement),
-        chroot=spec.chroot,
+        pause_root=spec.pause_root,
     )
 
 
@@ -682,10 +678,6 @@ def _enter_cgroups_and_namespaces(plan: _Plan, steps: list[str]) -> None:
     for key, path, value in plan.sysctls:
         steps[0] = f"writing sysctl {key}"
         linux.write_file(path, value)
-    if plan.shm_options is not None:
-        steps[0] = "mounting a tmpfs on /dev/shm"
-        flags = linux.MS_NOSUID | linux.MS_NODEV | linux.MS_NOEXEC
-        linux.mount("shm", "/dev/shm", "tmpfs", flags, plan.shm_options)
 
 
 def _child_b(plan: _Plan, write_fd: int) -> NoReturn:
@@ -701,8 +693,9 @@ def _child_b(plan: _Plan, write_fd: int) -> NoReturn:
                 step = steps[0]
             # The process side (plan.confine: user, capabilities, no_new_privs, seccomp) comes
             # after this, last before exec: inside this root, with the mounts already made.
-        elif plan.unshare_flags & linux.CLONE_NEWPID:
-            # A /proc that shows this pid namespace, so /proc/self is the process itself.
+        elif plan.unshare_flags & linux.CLONE_NEWPID and plan.pause_root is None:
+            # A /proc that shows this pid namespace, so /proc/self is the process itself (the
+            # pause reads the shim's until it leaves it, where its own pid is the one shown).
             step = "mounting proc on /proc"
             linux.mount("proc", "/proc", "proc", linux.MS_NOSUID | linux.MS_NODEV | linux.MS_NOEXEC)
         if plan.oom_score_adj is not None:
@@ -728,10 +721,13 @@ def _child_b(plan: _Plan, write_fd: int) -> NoReturn:
             fcntl.ioctl(0, termios.TIOCSCTTY, 0)
         os.closerange(3, write_fd)
         os.closerange(write_fd + 1, plan.max_fd)
-        ignored = _ignored_signals()  # read from /proc, which a chroot leaves behind
-        if plan.chroot is not None:
-            step = f"chroot {plan.chroot}"
-            os.chroot(plan.chroot)
+        ignored = _ignored_signals()  # read from /proc, which the pause's root leaves behind
+        if plan.pause_root is not None:
+            steps = [step]
+            try:
+                mounts.enter_pause_root(plan.pause_root, steps)
+            finally:
+                step = steps[0]
         kind = b"X"
         step = f"chdir {plan.cwd}"
         _chdir_in_root(plan.cwd)

@@ -17,7 +17,7 @@ import signal
 import time
 from typing import TYPE_CHECKING, Any, Callable, Protocol
 
-from shim.kernel import cgroups, devices, linux, netns
+from shim.kernel import cgroups, devices, netns
 from shim.kernel.linux import ns_inode, proc_start_time
 from shim.kernel.reaper import ExitInfo, Reaper
 from shim.rpc.records import Record, set_field as _set
@@ -334,7 +334,7 @@ class Sandbox:
         if rootfs:
             self.options = opts
             try:
-                self._mount_rootfs(rootfs, read_only=opts.runtime_handler == NATIVE)
+                self._mount_rootfs(rootfs)
             except BaseException:
                 if self.netns_path and self.netns_owned:
                     self._drop_netns(remove=True)
@@ -357,22 +357,16 @@ class Sandbox:
             os.close(self.made_netns)
             self.made_netns = None
 
-    def _mount_rootfs(self, rootfs: tuple[mounts.RootfsMount, ...], *, read_only: bool) -> None:
+    def _mount_rootfs(self, rootfs: tuple[mounts.RootfsMount, ...]) -> None:
         """Mount the pause's root on <bundle>/rootfs, recorded first (a crash in between leaves a
-        record that ``podshim delete`` acts on); ``read_only`` remounts it so (the native pause's:
-        an OCI runtime makes its mount points there first and its own bind read-only)."""
+        record that ``podshim delete`` acts on). Writable: the pause (the native one as an OCI
+        runtime) makes its mount points there first, then sees it read-only in its namespace."""
         from shim.runtime import mounts
 
         self.rootfs = mounts.sandbox_rootfs_path(self.config.bundle)
         self.persist()
         try:
             mounts.mount_rootfs(rootfs, self.rootfs)
-            if read_only:
-                try:
-                    linux.mount(None, self.rootfs, None, linux.MS_REMOUNT | linux.MS_BIND | linux.MS_RDONLY)
-                except OSError as exc:
-                    raise FailedPrecondition(f"cannot make the pause's rootfs {self.rootfs} read-only: "
-                                             f"{exc.strerror}") from None
         except BaseException:
             self._unmount_rootfs()
             raise

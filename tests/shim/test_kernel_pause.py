@@ -27,6 +27,7 @@ from shim.rpc.processes import signal_process
 from shim.kernel.reaper import ExitInfo, Reaper
 from shim.runtime import process
 from shim.rpc.status import FailedPrecondition, Internal, InvalidArgument, NotFound
+from imagebuild import BUSYBOX, tiny_pause_binary
 from shimtools import host_netns_bound_at
 
 WAIT = 5.0  # seconds; a bound for the test, not a readiness sleep
@@ -164,7 +165,7 @@ async def test_pause_has_its_own_ipc_namespace_with_a_sized_shm(start):
     pause = await start(shm_size_bytes=1 << 20)
     assert not _same_ns(pause.pid, "ipc")
     with open(f"/proc/{pause.pid}/mountinfo") as f:
-        shm = [line.split() for line in f if line.split()[4] == "/dev/shm"][-1]
+        shm = [line.split() for line in f if line.split()[4] == "/dev/shm"][-1]  # in its own root
     assert shm[-3:] == ["tmpfs", "shm", "rw,size=1024k"]
     assert {"nosuid", "nodev", "noexec"} <= set(shm[5].split(","))
 
@@ -174,12 +175,36 @@ async def test_node_ipc_mode_shares_host_ipc_namespace(start):
     assert _same_ns(pause.pid, "ipc")
 
 
-@needs_catatonit
-async def test_pause_sees_a_proc_of_its_own_pid_namespace(start):
-    pause = await start(pause_binary=CATATONIT)
-    # /proc/PID/root/proc is the pause's own /proc mount: there, PID 1 is the pause.
-    with open(f"/proc/{pause.pid}/root/proc/1/stat") as f:
-        assert f.read().startswith("1 (catatonit)")
+def _tree(root: str) -> set[str]:
+    """Every path under ``root`` (as seen from inside it), without following symbolic links."""
+    found = set()
+    for directory, dirs, files in os.walk(root):
+        for name in dirs + files:
+            found.add(os.path.join(directory, name)[len(root):])
+    return found
+
+
+@pytest.mark.parametrize("binary", BINARIES)
+async def test_the_pause_root_holds_its_program_and_the_pod_shm_only(start, binary):
+    pause = await start(pause_binary=binary)
+    program = {"/usr", "/usr/bin", CATATONIT} if binary == CATATONIT else set()
+    assert _tree(f"/proc/{pause.pid}/root") == program | {"/dev", "/dev/shm"}
+    assert os.readlink(f"/proc/{pause.pid}/cwd") == "/"
+
+
+async def test_the_pause_root_is_read_only_and_not_the_host(start):
+    pause = await start()
+    root = f"/proc/{pause.pid}/root"
+    assert os.stat(root).st_ino != os.stat("/").st_ino or os.stat(root).st_dev != os.stat("/").st_dev
+    with pytest.raises(OSError) as failed:
+        open(f"{root}/canary", "w").close()
+    assert failed.value.errno == errno.EROFS
+    assert not os.path.exists("/canary")
+
+
+async def test_a_host_ipc_pause_has_no_shm_in_its_root(start):
+    pause = await start(ipc_mode=NODE, pause_binary=BUILTIN)
+    assert _tree(f"/proc/{pause.pid}/root") == set()
 
 
 async def test_pause_mounts_stay_out_of_the_host(start):
@@ -188,19 +213,19 @@ async def test_pause_mounts_stay_out_of_the_host(start):
             return [line for line in f if line.split()[4] in ("/proc", "/dev/shm")]
 
     before = proc_and_shm_mounts()
-    await start()  # mounts a proc and a tmpfs /dev/shm of its own
+    await start()  # mounts its root and a tmpfs /dev/shm of its own
     assert proc_and_shm_mounts() == before
 
 
-async def test_removing_another_netns_propagates_into_a_running_pause(start, make_netns):
-    other = make_netns()
-    pause = await start(netns_path=make_netns())
-    mountinfo = f"/proc/{pause.pid}/mountinfo"
-    with open(mountinfo) as f:
-        assert any(line.split()[4] == os.path.realpath(other) for line in f)
-    netns.remove_netns(other)
-    with open(mountinfo) as f:
-        assert not any(line.split()[4] == os.path.realpath(other) for line in f)  # not pinned
+@pytest.mark.parametrize("binary", BINARIES)
+async def test_the_pause_mount_namespace_holds_no_mount_of_the_host(start, make_netns, binary):
+    other = make_netns()  # a netns bind mount it must not pin
+    pause = await start(netns_path=make_netns(), pause_binary=binary)
+    with open(f"/proc/{pause.pid}/mountinfo") as f:
+        mount_points = [line.split()[4] for line in f]
+    program = [CATATONIT] if binary == CATATONIT else []
+    assert mount_points == ["/", *program, "/dev/shm"]
+    assert os.path.realpath(other) not in mount_points
 
 
 # -- sysctls ---------------------------------------------------------------------------------
@@ -303,8 +328,12 @@ async def test_pause_holds_only_dev_null_and_its_own_fds(start, binary):
     pause = await start(pause_binary=binary)
     fd_dir = f"/proc/{pause.pid}/fd"
     targets = {fd: os.readlink(os.path.join(fd_dir, fd)) for fd in os.listdir(fd_dir)}
-    assert {targets[fd] for fd in ("0", "1", "2")} == {"/dev/null"}
-    assert set(targets.values()) <= {"/dev/null", "anon_inode:[signalfd]"}
+    # Opened before it left the host's root, so named by their path below the mount they are on.
+    files = {fd: os.stat(os.path.join(fd_dir, fd)).st_rdev for fd, target in targets.items()
+             if not target.startswith("anon_inode:")}
+    assert set(files) == {"0", "1", "2"}
+    assert set(files.values()) == {os.stat("/dev/null").st_rdev}
+    assert {targets[fd] for fd in targets.keys() - files.keys()} <= {"anon_inode:[signalfd]"}
 
 
 async def test_pause_is_in_its_own_session(start):
@@ -346,10 +375,10 @@ async def test_catatonit_is_ready_at_exec_with_every_signal_blocked(start, monke
 
 async def test_a_pause_of_another_name_is_ready_once_it_blocks_sigterm_itself(start, tmp_path):
     # Not known to block its signals itself: exec'd with none blocked, and watched.
-    script = tmp_path / "pause.sh"
-    script.write_text("#!/bin/sh\ntrap 'exit 0' TERM\nwhile :; do sleep 0.05; done\n")
-    script.chmod(0o755)
-    pause = await start(pause_binary=str(script))
+    program = tmp_path / "tiny-pause"  # it catches SIGTERM (a static program: the pause's root has no libc)
+    program.write_bytes(tiny_pause_binary(str(tmp_path)))
+    program.chmod(0o755)
+    pause = await start(pause_binary=str(program))
     assert int(_status(pause.pid, "SigCgt")[0], 16) & 1 << (signal.SIGTERM - 1)
     signal_process(pause.pid, pause.start_time, signal.SIGTERM)
     assert (await asyncio.wait_for(pause.exit, WAIT)).exit_status == 0
@@ -381,16 +410,25 @@ async def test_signalling_the_pause_after_exit_returns_false(start):
 
 async def test_exec_failure_reports_the_step_and_leaves_nothing(reaper, tmp_path):
     not_a_program = tmp_path / "pause"
-    not_a_program.write_bytes(b"\x7fELF garbage")
+    not_a_program.write_bytes(b"\x7fELF\x02\x01".ljust(64, b"\0"))  # a static ELF by its header, and no more
     not_a_program.chmod(0o755)
     with pytest.raises(Internal, match=rf"exec {not_a_program}: Exec format error \(errno 8\)"):
         await launch(PauseSpec(pause_binary=str(not_a_program)), reaper)
     assert _children() == set()
 
 
-async def test_pause_that_exits_at_once_is_reported_and_reaped(reaper):
+async def test_a_dynamically_linked_pause_binary_is_refused_before_anything_starts(reaper):
+    # Its root holds nothing but the program: no loader, no libc.
+    with pytest.raises(FailedPrecondition, match="/bin/sleep must be a static executable: it is dynamically linked"):
+        await launch(PauseSpec(pause_binary="/bin/sleep"), reaper)
+    assert _children() == set()
+
+
+async def test_pause_that_exits_at_once_is_reported_and_reaped(reaper, tmp_path):
+    true = tmp_path / "true"
+    true.symlink_to(BUSYBOX)  # busybox-static's true, by the name it runs as
     with pytest.raises(Internal, match="exited during start with status 0"):
-        await launch(PauseSpec(pause_binary="/bin/true"), reaper)
+        await launch(PauseSpec(pause_binary=str(true)), reaper)
     assert _children() == set()
 
 

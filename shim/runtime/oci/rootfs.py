@@ -8,10 +8,8 @@ import shutil
 import tempfile
 
 from shim.runtime import pause
-from shim.runtime.oci import elf
 from shim.rpc.files import ensure_private_dir
 from shim.rpc.trees import remove_tree
-from shim.rpc.status import FailedPrecondition
 
 __all__ = ["PAUSE_FILE", "PAUSE_ROOTFS_DIR", "ensure_pause_rootfs"]
 
@@ -52,13 +50,6 @@ def ensure_pause_rootfs(runtime_root: str, source: str = pause.CATATONIT) -> str
 
 
 def _check_static_executable(path: str) -> None:
-    """FailedPrecondition unless ``path`` is an executable ELF without a program interpreter."""
-    what = f"the OCI pause needs catatonit at {path}, a static binary (apt-get install catatonit)"
-    if not os.access(path, os.X_OK):
-        raise FailedPrecondition(f"{what}: it is missing or not executable")
-    try:
-        dynamic = elf.has_interpreter(path)
-    except elf.NotElf:
-        raise FailedPrecondition(f"{what}: it is not an ELF executable") from None
-    if dynamic:
-        raise FailedPrecondition(f"{what}: it is dynamically linked, and the pause rootfs holds no libraries")
+    """FailedPrecondition unless ``path`` is a static executable (the rootfs holds no libraries)."""
+    pause.check_static_executable(
+        path, f"the OCI pause needs catatonit at {path}, a static binary (apt-get install catatonit)")
