@@ -1,0 +1,44 @@
+"""The attack tests' fixtures: a podshimd serving every installed runtime handler, with the
+tests' busybox image pulled, and a CRI client (tests/security/attacktools.py) that runs pods and
+containers on it the way kubelet does. Every pod a test makes is removed after it."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from collections.abc import Iterator
+
+import pytest
+
+from attacktools import Cri, handlers
+from critools import Podshimd, running_podshimd
+
+
+@pytest.fixture(scope="module")
+def attack_daemon(test_images) -> Iterator[Podshimd]:
+    """One podshimd for a module: every installed handler, the test registry, busybox pulled."""
+    config = (f"runtime_handlers = {handlers()!r}\n".replace("'", '"')
+              + f'[registries."{test_images.registry.host}"]\ninsecure = true\n')
+    directory = tempfile.mkdtemp(prefix="psd-sec-")
+    try:
+        with running_podshimd(directory, config=config) as daemon:
+            Cri(daemon).pull(test_images.busybox.ref)
+            yield daemon
+    finally:
+        shutil.rmtree(directory)
+
+
+@pytest.fixture
+def cri(attack_daemon, test_images) -> Iterator[Cri]:
+    """A CRI client of the module's podshimd; the pods it ran are removed after the test."""
+    client = Cri(attack_daemon, image=test_images.busybox.ref)
+    try:
+        yield client
+    finally:
+        client.remove_pods()
+
+
+@pytest.fixture(params=handlers())
+def handler(request) -> str:
+    """Each installed runtime handler."""
+    return request.param
