@@ -1,5 +1,5 @@
 """A container's resources as kubelet gives them at CreateContainer, through podshimd's gRPC API, with
-each runtime handler: in the container's cgroup files and its process before it runs,
+each runtime handler, in containers of the tests' busybox image: in the container's cgroup files and its process before it runs,
 and a container the kernel's OOM killer killed reported as containerd reports it (exit code 137,
 reason OOMKilled)."""
 
@@ -8,13 +8,16 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import tempfile
 import time
+from collections.abc import Iterator
 
 import pytest
 from google.protobuf import json_format
 
 from client.criapi import api_pb2
 
+from critools import Podshimd, running_podshimd
 from podtools import container_config, pod_config
 
 HANDLERS = ["native"] + [h for h in ("runc", "crun") if shutil.which(h, path="/usr/sbin:/usr/bin:/sbin:/bin")]
@@ -27,17 +30,39 @@ RESOURCES = {"cpu_period": 100000, "cpu_quota": 25000, "cpu_shares": 256, "memor
                                                   f"{2048 if size == '2MB' else 1048576}kB")]}
 
 
+@pytest.fixture(scope="module")
+def image_daemon(test_images) -> Iterator[tuple[Podshimd, str]]:
+    """A podshimd that pulled the tests' busybox image (from the plain-HTTP test registry), and the image's id."""
+    directory = tempfile.mkdtemp(prefix="psd-res-")
+    try:
+        with running_podshimd(directory, config=f'[registries."{test_images.registry.host}"]\ninsecure = true\n') \
+                as daemon:
+            pulled = daemon.images().PullImage(api_pb2.PullImageRequest(
+                image=api_pb2.ImageSpec(image=test_images.busybox.ref)))
+            yield daemon, pulled.image_ref
+    finally:
+        shutil.rmtree(directory)
+
+
+@pytest.fixture
+def daemon(image_daemon) -> Podshimd:
+    """The module's podshimd."""
+    return image_daemon[0]
+
+
 @pytest.fixture(params=HANDLERS)
-def run(request, module_daemon):
-    """run(command, resources) -> the id of a started container with those ``linux.resources``, in a
-    pod of the handler (removed after the test)."""
-    runtime = module_daemon.runtime()
+def run(request, image_daemon):
+    """run(command, resources) -> the id of a started busybox container with those ``linux.resources``,
+    in a pod of the handler (removed after the test)."""
+    daemon, image = image_daemon
+    runtime = daemon.runtime()
     pod = pod_config()
     pod_id = runtime.RunPodSandbox(api_pb2.RunPodSandboxRequest(
         config=json_format.ParseDict(pod, api_pb2.PodSandboxConfig()), runtime_handler=request.param)).pod_sandbox_id
 
     def run(command: list[str], resources: dict) -> str:
         config = container_config(command)
+        config["image"] = {"image": image}
         config["linux"]["resources"] = resources
         container_id = runtime.CreateContainer(api_pb2.CreateContainerRequest(
             pod_sandbox_id=pod_id, config=json_format.ParseDict(config, api_pb2.ContainerConfig()),
@@ -86,8 +111,8 @@ def read(path: str) -> str:
         return f.read().strip()
 
 
-def test_a_containers_resources_are_in_its_cgroup_and_process(module_daemon, run):
-    pid = container_pid(module_daemon, run(["sleep", "600"], RESOURCES))
+def test_a_containers_resources_are_in_its_cgroup_and_process(daemon, run):
+    pid = container_pid(daemon, run(["sleep", "600"], RESOURCES))
     assert read(cgroup_file(pid, "cpu", "cpu.cfs_period_us")) == "100000"
     assert read(cgroup_file(pid, "cpu", "cpu.cfs_quota_us")) == "25000"
     assert read(cgroup_file(pid, "cpu", "cpu.shares")) == "256"
@@ -97,16 +122,16 @@ def test_a_containers_resources_are_in_its_cgroup_and_process(module_daemon, run
     assert read(f"/proc/{pid}/oom_score_adj") == "936"
 
 
-def test_a_container_that_allocates_past_its_limit_is_reported_oom_killed(module_daemon, run):
+def test_a_container_that_allocates_past_its_limit_is_reported_oom_killed(daemon, run):
     # tail keeps what it read until a newline, and /dev/zero has none.
     container_id = run(["tail", "/dev/zero"], {"memory_limit_in_bytes": 16 << 20,
                                                "memory_swap_limit_in_bytes": 16 << 20})
-    status = exited(module_daemon, container_id)
+    status = exited(daemon, container_id)
     assert (status.exit_code, status.reason) == (137, "OOMKilled")
 
 
-def test_a_container_stopped_with_sigkill_is_not_called_oom_killed(module_daemon, run):
+def test_a_container_stopped_with_sigkill_is_not_called_oom_killed(daemon, run):
     container_id = run(["sleep", "600"], {"memory_limit_in_bytes": 16 << 20})
-    module_daemon.runtime().StopContainer(api_pb2.StopContainerRequest(container_id=container_id, timeout=0))
-    status = status_of(module_daemon, container_id)
+    daemon.runtime().StopContainer(api_pb2.StopContainerRequest(container_id=container_id, timeout=0))
+    status = status_of(daemon, container_id)
     assert (status.exit_code, status.reason) == (137, "Error")
