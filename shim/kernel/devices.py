@@ -33,8 +33,8 @@ from shim.kernel import linux
 from shim.kernel.cgroups import V2, SandboxCgroup
 from shim.rpc.status import FailedPrecondition, InvalidArgument, error_from_oserror
 
-__all__ = ["ALL_DEVICES", "DEFAULT_RULES", "DeviceRule", "DeviceRules", "apply", "normal_access", "pod_rules", "program",
-           "widen"]
+__all__ = ["ALL_DEVICES", "DEFAULT_RULES", "DeviceRule", "DeviceRules", "apply", "normal_access", "pod_rules", "preload",
+           "program", "widen"]
 
 log = logging.getLogger(__name__)
 
@@ -226,6 +226,15 @@ def _program_fd(rules: DeviceRules) -> int:
         fd = _load(program(rules))
         _loaded[rules] = fd
     return fd
+
+
+def preload(rules: DeviceRules) -> None:
+    """Load the v2 program of ``rules`` now, off the path of a start (a spare shim does, while it
+    waits for its sandbox); a program the kernel refuses is left for :func:`apply` to report."""
+    try:
+        _program_fd(rules)
+    except OSError:
+        pass
 
 
 def _load(instructions: bytes) -> int:

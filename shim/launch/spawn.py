@@ -191,8 +191,8 @@ def _spare_intermediate(channel: socket.socket) -> NoReturn:
 
 def _spare_wait(channel: socket.socket) -> NoReturn:
     """The spare: detached, it makes what does not depend on its sandbox (a network namespace, a
-    running event loop with the reaper installed), waits for its assignment, then serves like
-    any forked shim."""
+    running event loop with the reaper installed, the default cgroup v2 device program), waits
+    for its assignment, then serves like any forked shim."""
     code = 1
     try:
         os.setsid()
@@ -210,6 +210,9 @@ def _spare_wait(channel: socket.socket) -> NoReturn:
         # After standing by: a Spawn that comes meanwhile waits in the socket, and the template
         # forks no later. CreateSandbox pins it; a host-network sandbox closes it unused.
         made_netns = _make_netns_ahead()
+        from shim.kernel import devices
+
+        devices.preload(devices.DEFAULT_RULES)  # the pod's cgroup v2 device program, ready for CreateSandbox
         code = serve_when_assigned(_Assignment(channel), made_netns)
     except BaseException:
         import traceback

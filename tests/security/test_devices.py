@@ -8,16 +8,18 @@ each deny by themselves."""
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import shutil
 import stat
+import struct
 import subprocess
 from collections.abc import Iterator
 
 import pytest
 
 from shim.kernel import capabilities as caps
-from shim.kernel import devices
+from shim.kernel import devices, linux
 from shim.kernel.cgroups import V2, SandboxCgroup
 from shim.runtime import confine
 from podtools import container_config, pod_config, pod_service, roots  # noqa: F401  (roots: the fixture)
@@ -235,6 +237,32 @@ async def test_a_host_path_that_is_no_device_is_refused(shims, host_path, words,
     with pytest.raises(FailedPrecondition, match=words):
         await pod.shim.task("Create", task_id="t", args=["true"], log_path=str(tmp_path / "t.log"),
                             devices=[{"container_path": "/dev/x", "host_path": host_path}])
+
+
+def attached_device_programs(directory: str) -> int:
+    """How many device programs are attached to the v2 cgroup ``directory`` (BPF_PROG_QUERY)."""
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        # target_fd, attach_type (BPF_CGROUP_DEVICE), query_flags, attach_flags, prog_ids, prog_cnt.
+        attr = ctypes.create_string_buffer(struct.pack("<IIIIQI4x", fd, 6, 0, 0, 0, 0))
+        linux.bpf(16, attr)
+    finally:
+        os.close(fd)
+    return struct.unpack_from("<I", attr.raw, 24)[0]
+
+
+@pytest.mark.parametrize("privileged", [False, True], ids=["pod", "privileged-pod"])
+async def test_the_pauses_cgroup_holds_the_pods_rules_in_both_hierarchies(shims, handler, privileged, tmp_path):
+    pod = await a_pod(shims, handler, tmp_path, privileged=privileged)
+    info = await pod.shim.info()
+    if "cgroup.devices" not in info and "cgroup.unified" not in info:
+        pytest.skip("no devices hierarchy here")
+    if "cgroup.devices" in info:
+        with open(os.path.join(info["cgroup.devices"], "devices.list")) as f:
+            listed = sorted(filter(None, f.read().split("\n")))
+        assert listed == (["a *:* rwm"] if privileged else sorted(r.line() for r in devices.DEFAULT_RULES.allowed))
+    if "cgroup.unified" in info:
+        assert attached_device_programs(info["cgroup.unified"]) == (0 if privileged else 1)
 
 
 # -- the kernel's side, each hierarchy alone ------------------------------------------------------
