@@ -426,18 +426,25 @@ def check_destinations(fs: TaskFilesystem, root: str) -> None:
     FailedPrecondition when the root is the host's (read-only) and a destination is missing there:
     it would have to be made in the host's filesystem. Under /dev (the task's own tmpfs) a
     destination is always made. Resolved as the native handler's launcher resolves them
-    (:func:`open_in_root`), without the earlier mounts (the launcher checks again with them)."""
+    (:func:`open_in_root`), each through the earlier mounts' sources where it goes below one (a
+    link in a volume counts), for every handler: runc and crun would refuse such a destination
+    in their own words (INTERNAL)."""
     root_fd = os.open(root, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    sources: dict[str, str] = {}  # the earlier mounts: resolved destination -> source
     try:
         for i, mount in enumerate(fs.mounts):
             if mount.destination.startswith("/dev/"):
                 continue
+            resolved: list[str] = []
             try:
-                fd = open_in_root(root_fd, mount.destination)
+                fd = open_in_root(root_fd, mount.destination, sources=sources, resolved=resolved)
+                sources["/" + "/".join(resolved)] = mount.source
             except FileNotFoundError:
                 if fs.host_root:
                     raise FailedPrecondition(f"mounts[{i}].destination {mount.destination} does not exist in the "
                                              "host's read-only root (give the task a rootfs to have it made)") from None
+                if resolved:
+                    sources["/" + "/".join(resolved)] = mount.source
                 continue
             except OSError as exc:
                 if exc.errno == errno.EINVAL:
@@ -459,7 +466,8 @@ def at_root(destination: str) -> str:
             "its root filesystem or a volume): a mount cannot replace the root")
 
 
-def open_in_root(root_fd: int, path: str, make: str = "") -> int:
+def open_in_root(root_fd: int, path: str, make: str = "", *, sources: Mapping[str, str] | None = None,
+                 resolved: list[str] | None = None) -> int:
     """An O_PATH fd of ``path`` resolved inside the directory open on ``root_fd`` as if it were
     ``/``, never out of it: component by component with O_NOFOLLOW, each symbolic link read and
     followed by hand (an absolute one from ``root_fd``, ``..`` never above it), so neither a link
@@ -467,11 +475,15 @@ def open_in_root(root_fd: int, path: str, make: str = "") -> int:
     "file": what is missing is made on the way (directories 0755, the last one a directory or
     an empty file 0644), by fd in the directory resolved so far, a dangling link's target too.
     Raises OSError: FileNotFoundError (missing, nothing made), ELOOP (too many links),
-    ENOTDIR, and EINVAL (its message :data:`AT_ROOT`) when ``path`` resolves to the root itself.
+    ENOTDIR, and EINVAL (:func:`at_root`) when ``path`` resolves to the root itself.
+    ``sources`` (resolved path inside the root -> a directory elsewhere) stands for mounts not made
+    yet: the walk goes on in that directory where it reaches one. ``resolved``, when given, gets the
+    components of the path the result has inside the root (missing: the path it would be made at).
 
     Runs in the native launcher's child between fork and exec too: no imports, no logging."""
     parts = [p for p in path.split("/") if p]
     chain = [os.dup(root_fd)]  # the directories resolved so far, the root first
+    names: list[str] = []  # chain[1:]'s names: the path inside the root
     links = 0
     try:
         while parts:
@@ -481,12 +493,27 @@ def open_in_root(root_fd: int, path: str, make: str = "") -> int:
             if part == "..":
                 if len(chain) > 1:
                     os.close(chain.pop())
+                    names.pop()
                 continue
             last = not parts
+            source = sources.get("/" + "/".join([*names, part])) if sources else None
+            if source is not None:  # a mount there covers whatever the root has
+                chain.append(os.open(source, os.O_PATH | os.O_CLOEXEC))
+                names.append(part)
+                if not last and not stat.S_ISDIR(os.fstat(chain[-1]).st_mode):
+                    raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), path)
+                continue
             try:
                 fd = os.open(part, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=chain[-1])
             except FileNotFoundError:
                 if not make:
+                    if resolved is not None:  # where it would be made: the rest taken as names
+                        resolved[:] = [*names, part]
+                        for rest in parts:
+                            if rest == ".." and resolved:
+                                resolved.pop()
+                            elif rest not in (".", ".."):
+                                resolved.append(rest)
                     raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), path) from None
                 try:
                     if last and make == "file":
@@ -509,13 +536,17 @@ def open_in_root(root_fd: int, path: str, make: str = "") -> int:
                 if target.startswith("/"):
                     while len(chain) > 1:
                         os.close(chain.pop())
+                    names.clear()
                 parts = [p for p in target.split("/") if p] + parts
                 continue
             chain.append(fd)
+            names.append(part)
             if not last and not stat.S_ISDIR(mode):
                 raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), path)
         if len(chain) == 1:
             raise OSError(errno.EINVAL, at_root(path))
+        if resolved is not None:
+            resolved[:] = names
         return chain.pop()
     finally:
         for fd in chain:
