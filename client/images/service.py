@@ -14,11 +14,16 @@ means, for podshimd (and anything else) to translate.
   them downloads and stages only its own layers.
 - A layer blob the store had that fails its check when a pull unpacks it (damaged on disk) is
   removed and the image downloaded again, once, by that pull.
+- What one pull unpacks is bounded (``max_unpacked_bytes``: its layers' uncompressed bytes
+  together), and stops while the store's file system keeps a reserve free
+  (:class:`.unpack.UnpackLimit`): past either, the pull is RESOURCE_EXHAUSTED with a sentence and
+  what it unpacked is removed.
 - An image is recorded only once all its blobs are verified in the content store and its layers
   are unpacked into committed snapshots (:mod:`.snapshots`, one per layer chain, shared between
   images; the record keeps the top chain id), so a failed, cancelled or killed pull leaves no
   record, and its temporary files go with it (or at the next start, when the content store
-  empties ingest/ and the snapshotter its half-unpacked layers).
+  empties ingest/ and the snapshotter its half-unpacked layers); the blobs and layers it had
+  stored are collected as garbage once no pull is in flight.
 - RemoveImage forgets the image with all its tags and digests (as containerd's CRI does) and
   garbage-collects the blobs and layer snapshots no image (nor, for snapshots, a container or a
   pod's sandbox) references, in a worker thread; an image a container uses, or a pod as its
@@ -37,16 +42,16 @@ from collections.abc import Callable, Iterable
 from dataclasses import replace
 from typing import Any
 
-from shim.rpc.status import FailedPrecondition, InvalidArgument
+from shim.rpc.status import FailedPrecondition, InvalidArgument, ResourceExhausted
 
 from .content import ContentStore
 from .pull import PULL_PROGRESS_TIMEOUT, PULL_TIMEOUT, SKOPEO, AuthConfig, Pulled, Puller, RegistryHost
 from .reference import ReferenceError, parse
 from .snapshots import StagedLayer, Snapshotter
 from .store import ImageRecord, ImageStore, Layer
-from .unpack import BadLayer
+from .unpack import BadLayer, UnpackLimit
 
-__all__ = ["IMAGES_DIR", "Images", "image_user"]
+__all__ = ["IMAGES_DIR", "MAX_UNPACKED_BYTES", "Images", "image_user"]
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +59,9 @@ log = logging.getLogger(__name__)
 IMAGES_DIR = "images"
 CONTENT_DIR = "content"
 SNAPSHOTS_DIR = "snapshots"
+#: The most one pull may unpack by default (uncompressed layer bytes, headers included): more
+#: than the largest images in use (tens of GiB), far less than a decompression bomb can make.
+MAX_UNPACKED_BYTES = 64 << 30
 
 
 def image_user(config: dict[str, Any]) -> tuple[int | None, str]:
@@ -73,8 +81,9 @@ class Images:
 
     def __init__(self, state_root: str, *, hosts: Iterable[RegistryHost] = (), pull_timeout: float = PULL_TIMEOUT,
                  progress_timeout: float = PULL_PROGRESS_TIMEOUT, platform: dict[str, str] | None = None,
-                 skopeo: str = SKOPEO) -> None:
+                 skopeo: str = SKOPEO, max_unpacked_bytes: int = MAX_UNPACKED_BYTES) -> None:
         self.root = os.path.join(state_root, IMAGES_DIR)
+        self.max_unpacked_bytes = max_unpacked_bytes
         self.content = ContentStore(os.path.join(self.root, CONTENT_DIR))
         self.store = ImageStore(self.root)
         self.puller = Puller(self.content, hosts=hosts, timeout=pull_timeout, progress_timeout=progress_timeout,
@@ -142,8 +151,10 @@ class Images:
     def _pull_done(self, key: tuple[str, AuthConfig | None], task: asyncio.Task[ImageRecord]) -> None:
         if self._pulls.get(key) is task:
             del self._pulls[key]
-        if not task.cancelled() and task.exception() is not None:
-            log.debug("pull of %s failed: %s", key[0], task.exception())  # retrieved: no warning at exit
+        if task.cancelled() or task.exception() is not None:
+            if not task.cancelled():
+                log.debug("pull of %s failed: %s", key[0], task.exception())  # retrieved: no warning at exit
+            self._gc_pending = True  # the blobs and layers it stored before it failed belong to no image
         if self._gc_pending and not self._pulls:
             self._start_collecting()
 
@@ -169,12 +180,14 @@ class Images:
         if self.snapshots is None:
             return self._record(await self.puller.pull(ref, auth, stored=stored, reuse=self._stored_layers()))
         staged: dict[str, StagedLayer] = {}  # by blob digest
+        limit = UnpackLimit(self.max_unpacked_bytes, self.snapshots.root,
+                            setting="image_pull_max_unpacked_bytes in config.toml")
         place = self.snapshots.staging()
         staging = place.__enter__()  # a mkdir and an uncontended flock: no await between it and the try
         try:
             def stage(digest: str, path: str) -> None:
                 if digest not in staged:  # a second copy (the tag moved) brings the same blobs again
-                    staged[digest] = staging.stage(path)
+                    staged[digest] = staging.stage(path, limit)
 
             pulled = await self.puller.pull(ref, auth, stored=stored, stage=stage,  # no stage() runs after it
                                             reuse=self._stored_layers())
@@ -182,8 +195,11 @@ class Images:
             if record.layers:
                 layers = [(layer.diff_id, self.content.path(layer.digest), layer.media_type) for layer in record.layers]
                 by_diff_id = {layer.diff_id: staged[layer.digest] for layer in record.layers if layer.digest in staged}
-                record = replace(record, chain_id=await asyncio.to_thread(self.snapshots.unpack, layers, by_diff_id))
+                chain_id = await asyncio.to_thread(self.snapshots.unpack, layers, by_diff_id, limit=limit)
+                record = replace(record, chain_id=chain_id)
             return record
+        except ResourceExhausted as exc:
+            raise ResourceExhausted(f"pulling image {ref}: {exc.message}") from None
         finally:
             # What was not committed (layers the node had) goes, off the event loop, also when cancelled.
             await asyncio.shield(asyncio.to_thread(place.__exit__, None, None, None))

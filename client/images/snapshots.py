@@ -58,7 +58,7 @@ from shim.rpc.files import ensure_private_dir, flock_open, fsync_dir, read_json,
 from shim.rpc.trees import remove_tree, walk
 from shim.rpc.status import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
 
-from .unpack import LayerStats, apply_layer, compression_of
+from .unpack import LayerStats, UnpackLimit, apply_layer, compression_of
 
 __all__ = ["GcResult", "Mount", "RECORD_SCHEMA", "Snapshot", "Snapshotter", "StagedLayer", "Staging", "Usage",
            "UNPACK_WORKERS", "chain_ids"]
@@ -146,22 +146,22 @@ class Staging:
         self.directory = directory
         self._numbers = itertools.count()
 
-    def stage(self, blob_path: str) -> StagedLayer:
+    def stage(self, blob_path: str, limit: UnpackLimit | None = None) -> StagedLayer:
         """Unpack the layer blob at ``blob_path`` (compression read from its first bytes). Raises
         what apply_layer raises; nothing of a failed layer is left."""
         path = os.path.join(self.directory, str(next(self._numbers)))
-        return StagedLayer(path, _unpack_into(path, blob_path))
+        return StagedLayer(path, _unpack_into(path, blob_path, limit=limit))
 
 
 def _unpack_into(path: str, blob_path: str, media_type: str | None = None, *,
-                 diff_id: str | None = None) -> LayerStats:
+                 diff_id: str | None = None, limit: UnpackLimit | None = None) -> LayerStats:
     """Make the directory ``path`` (0700) and unpack the layer blob ``blob_path`` into its
     ``fs``. Raises what apply_layer raises; nothing of a failed layer is left."""
     os.mkdir(path, 0o700)
     try:
         os.mkdir(os.path.join(path, "fs"))
         os.chmod(os.path.join(path, "fs"), 0o755)  # not the umask's: it is the image's root
-        return apply_layer(os.path.join(path, "fs"), blob_path, media_type, diff_id=diff_id)
+        return apply_layer(os.path.join(path, "fs"), blob_path, media_type, diff_id=diff_id, limit=limit)
     except BaseException:
         remove_tree(path, ignore_errors=True)
         raise
@@ -209,7 +209,7 @@ class Snapshotter:
     # -- committed snapshots -------------------------------------------------------------------
 
     def unpack(self, layers: Sequence[tuple[str, str, str | None]],
-               staged: Mapping[str, StagedLayer] | None = None) -> str:
+               staged: Mapping[str, StagedLayer] | None = None, *, limit: UnpackLimit | None = None) -> str:
         """Make the committed snapshots of an image's layers, (diff_id, blob path, media type)
         from the bottom layer up, and return the top chain id ("" for no layers).
 
@@ -219,23 +219,27 @@ class Snapshotter:
         then committed from the bottom up. A concurrent call for the same chain, in this process
         or another, waits and reuses this one's work.
 
+        ``limit`` counts what the layers unpacked here write (client.images.unpack.UnpackLimit).
+
         Raises InvalidArgument for a bad diff_id; BadLayer (client.images.unpack, INVALID_ARGUMENT)
         for a layer that is corrupt, escapes its directory or does not match its diff_id, naming
-        it; Unimplemented for zstd without the zstd program; OSError for the machine's failures.
-        Nothing of a failed layer is left; layers below it that were complete stay committed.
+        it; Unimplemented for zstd without the zstd program; ResourceExhausted past ``limit``;
+        OSError for the machine's failures. Nothing of a failed layer is left; layers below it
+        that were complete stay committed.
         """
         with ExitStack() as held:
-            return self._unpack(layers, held, staged or {})
+            return self._unpack(layers, held, staged or {}, limit)
 
     @contextmanager
     def unpacked(self, layers: Sequence[tuple[str, str, str | None]],
-                 staged: Mapping[str, StagedLayer] | None = None) -> Iterator[str]:
+                 staged: Mapping[str, StagedLayer] | None = None, *, limit: UnpackLimit | None = None
+                 ) -> Iterator[str]:
         """As :meth:`unpack`, and the chain stays locked until the block ends: gc keeps it
         meanwhile, so a pull records its image's chain id before a concurrent gc could take the
         layers for unused. (The layers this call unpacked stay locked exclusively: other unpacks
         and prepares of them wait for the block, which should be short.) Raises what unpack raises."""
         with ExitStack() as held:
-            yield self._unpack(layers, held, staged or {})
+            yield self._unpack(layers, held, staged or {}, limit)
 
     @contextmanager
     def staging(self) -> Iterator[Staging]:
@@ -251,7 +255,7 @@ class Snapshotter:
                 self._discard(directory)
 
     def _unpack(self, layers: Sequence[tuple[str, str, str | None]], held: ExitStack,
-                staged: Mapping[str, StagedLayer]) -> str:
+                staged: Mapping[str, StagedLayer], limit: UnpackLimit | None) -> str:
         layers = list(layers)
         chain = chain_ids(diff_id for diff_id, _, _ in layers)
         if not chain:
@@ -272,7 +276,8 @@ class Snapshotter:
         try:
             with ThreadPoolExecutor(max(1, min(len(missing) - len(built), UNPACK_WORKERS)),
                                     thread_name_prefix="unpack") as pool:
-                futures = {i: pool.submit(self._unpack_layer, chain[i], *layers[i]) for i in missing if i not in built}
+                futures = {i: pool.submit(self._unpack_layer, chain[i], *layers[i], limit)
+                           for i in missing if i not in built}
                 failed: tuple[int, BaseException] | None = None
                 for i, future in futures.items():
                     try:
@@ -585,10 +590,10 @@ class Snapshotter:
         used += [doc["id"] for kind in (_COMMITTED, _ACTIVE) for doc in self._records(kind)]
         return max(used, default=0) + 1
 
-    def _unpack_layer(self, chain_id: str, diff_id: str, blob_path: str, media_type: str | None
-                      ) -> tuple[str, LayerStats]:
+    def _unpack_layer(self, chain_id: str, diff_id: str, blob_path: str, media_type: str | None,
+                      limit: UnpackLimit | None) -> tuple[str, LayerStats]:
         tmp = os.path.join(self._dirs, f"tmp-{chain_id.partition(':')[2]}-{os.urandom(4).hex()}")
-        return tmp, _unpack_into(tmp, blob_path, media_type, diff_id=diff_id)
+        return tmp, _unpack_into(tmp, blob_path, media_type, diff_id=diff_id, limit=limit)
 
     def _commit(self, layers: list[tuple[tuple[str, LayerStats], str, str | None, str]]) -> None:
         """Commit unpacked layers, ((directory, stats), chain id, parent, diff_id) from the bottom

@@ -44,9 +44,10 @@ from dataclasses import dataclass
 from typing import IO, Any
 
 from shim.rpc.trees import remove_tree
-from shim.rpc.status import InvalidArgument, Unimplemented
+from shim.rpc.status import InvalidArgument, ResourceExhausted, Unimplemented
 
-__all__ = ["BadLayer", "DigestMismatch", "LAYER_MEDIA_TYPES", "LayerStats", "apply_layer", "compression_of"]
+__all__ = ["BadLayer", "DigestMismatch", "LAYER_MEDIA_TYPES", "LayerStats", "UnpackLimit", "apply_layer",
+           "compression_of"]
 
 _GZIP, _ZSTD, _TAR = "gzip", "zstd", "tar"
 
@@ -73,6 +74,11 @@ OPAQUE_XATTR = "trusted.overlay.opaque"
 CHUNK_BYTES = 1 << 20
 #: Decompressed chunks waiting for the writer: bounds memory to a few MiB per layer.
 QUEUE_CHUNKS = 8
+#: The share of its file system's size a pull leaves free (what unprivileged users could still
+#: use, statvfs's f_bavail): kubelet's image garbage collection and eviction act before that.
+MIN_FREE_FRACTION = 0.05
+#: Bytes unpacked between two looks at the free space.
+FREE_CHECK_BYTES = 64 << 20
 
 #: The largest PAX or GNU long-name header a layer may have, as containerd's reader (Go's
 #: archive/tar) bounds them: such a header is read whole into memory before it is used.
@@ -115,6 +121,45 @@ class DigestMismatch(BadLayer):
     """The uncompressed layer's sha256 is not the diff_id the image config gives for it."""
 
 
+class UnpackLimit:
+    """What one pull may unpack, for all its layers together (they unpack side by side, each in
+    a thread: this is thread-safe): at most ``max_bytes`` of uncompressed layer stream, headers
+    included, so that neither a decompression bomb (gigabytes of zeros in a few megabytes of
+    gzip) nor a flood of tiny files writes more than the node allows; and never so much that the
+    file system holding ``directory`` keeps less than :data:`MIN_FREE_FRACTION` of its size free
+    (looked at when the first byte is taken and every :data:`FREE_CHECK_BYTES` after).
+    ``setting`` names where ``max_bytes`` comes from, for the message."""
+
+    def __init__(self, max_bytes: int, directory: str, *, setting: str = "") -> None:
+        self.max_bytes = max_bytes
+        self.directory = directory
+        self.setting = setting
+        self.used = 0
+        self._next_check = 0
+        self._lock = threading.Lock()
+
+    def take(self, n: int) -> None:
+        """Count ``n`` more bytes unpacked. Raises ResourceExhausted with a sentence once the
+        total passes ``max_bytes``, or the file system's free space is below its reserve."""
+        with self._lock:
+            self.used += n
+            used, check = self.used, self.used >= self._next_check
+            if check:
+                self._next_check = used + FREE_CHECK_BYTES
+        if used > self.max_bytes:
+            raise ResourceExhausted(f"the image's layers unpack to more than {self.max_bytes} bytes, the most one "
+                                    f"pull may write{f' ({self.setting})' if self.setting else ''}; nothing of it "
+                                    "was kept")
+        if check:
+            st = os.statvfs(self.directory)
+            free, reserve = st.f_bavail * st.f_frsize, int(st.f_blocks * st.f_frsize * MIN_FREE_FRACTION)
+            if free < reserve:
+                raise ResourceExhausted(f"the file system of {self.directory} has {free} bytes free, less than the "
+                                        f"{MIN_FREE_FRACTION:.0%} of its size a pull leaves free ({reserve} bytes); "
+                                        "nothing of the image was kept: free space (remove unused images) and "
+                                        "pull again")
+
+
 @dataclass(frozen=True)
 class LayerStats:
     """What :func:`apply_layer` made: the diff_id it computed, the bytes of file data written
@@ -128,18 +173,20 @@ class LayerStats:
 
 
 def apply_layer(dest: str, blob_path: str, media_type: str | None = None, *,
-                diff_id: str | None = None) -> LayerStats:
+                diff_id: str | None = None, limit: UnpackLimit | None = None) -> LayerStats:
     """Unpack the layer blob at ``blob_path`` into the empty directory ``dest`` (see the module
     docstring for the format) and return its :class:`LayerStats`.
 
     ``media_type`` is the layer descriptor's (one of :data:`LAYER_MEDIA_TYPES`); None accepts
     any of them. The compression is read from the blob's first bytes, as containerd does, and
     must agree with the media type. ``diff_id`` ("sha256:<hex>"), when given, must equal the
-    uncompressed tar's sha256.
+    uncompressed tar's sha256. ``limit``, when given, counts every uncompressed byte (see
+    :class:`UnpackLimit`).
 
     Raises BadLayer (INVALID_ARGUMENT) for a layer that is corrupt, truncated, of an unknown
     media type, or reaches outside ``dest``; DigestMismatch (a BadLayer) for a wrong diff_id;
-    Unimplemented for zstd when no ``zstd`` program is installed; InvalidArgument when ``dest``
+    Unimplemented for zstd when no ``zstd`` program is installed; ResourceExhausted past
+    ``limit``; InvalidArgument when ``dest``
     is not an empty directory; OSError for the machine's own failures (ENOSPC...). On any error
     ``dest`` holds part of the layer: the caller removes it.
     """
@@ -149,7 +196,7 @@ def apply_layer(dest: str, blob_path: str, media_type: str | None = None, *,
     if diff_id is not None and not _DIGEST.fullmatch(diff_id):
         raise InvalidArgument(f"diff_id {diff_id!r} is not a sha256 digest (sha256:<64 hex digits>)")
     _check_empty_dir(dest)
-    with _Inflow(blob_path, media_type) as inflow:
+    with _Inflow(blob_path, media_type, limit) as inflow:
         writer = _Writer(dest, blob_path, inflow)
         try:
             writer.run()
@@ -192,8 +239,9 @@ class _Inflow:
     any; :meth:`close` stops both, on success or failure.
     """
 
-    def __init__(self, blob_path: str, media_type: str | None):
+    def __init__(self, blob_path: str, media_type: str | None, limit: UnpackLimit | None = None):
         self._blob_path = blob_path
+        self._limit = limit
         self._hash = hashlib.sha256()
         self._chunks: queue.Queue[bytes | BaseException | None] = queue.Queue(QUEUE_CHUNKS)
         self._stop = threading.Event()
@@ -270,6 +318,8 @@ class _Inflow:
     def _produce(self, source: Iterator[bytes]) -> None:
         try:
             for chunk in source:
+                if self._limit is not None:
+                    self._limit.take(len(chunk))  # before the chunk is written: never past the limit
                 self._hash.update(chunk)
                 self._chunks.put(chunk)
                 if self._stop.is_set():

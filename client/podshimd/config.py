@@ -10,6 +10,7 @@ at top level (TOML, UTF-8), except ``registries``, a table per registry host::
     template = true
     image_pull_timeout = 3600           # seconds a whole PullImage may take
     image_pull_progress_timeout = 300   # seconds it may go without a byte downloaded
+    image_pull_max_unpacked_bytes = 68719476736  # bytes one PullImage may unpack (64 GiB)
 
     [registries."docker.io"]            # per registry host (host or host:port)
     mirrors = ["mirror.example:5000"]   # tried first, in order
@@ -37,6 +38,7 @@ from client.cri.cni import DEFAULT_CONF_DIR as DEFAULT_CNI_CONF_DIR
 from client.defaults import DEFAULT_RUNTIME_ROOT, podshimd_endpoint
 from client.images.pull import PULL_PROGRESS_TIMEOUT, PULL_TIMEOUT, RegistryHost
 from client.images.reference import ReferenceError, parse
+from client.images.service import MAX_UNPACKED_BYTES
 from shim.paths import SUN_PATH_MAX
 from shim.runtime.pause import CATATONIT
 from shim.sandbox.options import NATIVE, RUNTIME_HANDLERS
@@ -79,6 +81,7 @@ class Config:
     streaming_address: str = "127.0.0.1:0"  # HOST:PORT of the exec/attach/port-forward server (0: any free port)
     image_pull_timeout: float = PULL_TIMEOUT  # seconds a whole PullImage may take
     image_pull_progress_timeout: float = PULL_PROGRESS_TIMEOUT  # seconds a PullImage may download nothing
+    image_pull_max_unpacked_bytes: int = MAX_UNPACKED_BYTES  # uncompressed layer bytes one PullImage may unpack
     registries: tuple[RegistryHost, ...] = ()  # [registries."HOST"]: mirrors, insecure (plain HTTP)
 
     @property
@@ -195,6 +198,10 @@ def _check(source: str, name: str, key: str, value: Any) -> Any:
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
             raise refuse(f"must be a number of seconds greater than 0, not {value!r}")
         return float(value)
+    if kind == "int":
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise refuse(f"must be a number of bytes greater than 0, not {value!r}")
+        return value
     if kind == "bool":
         if not isinstance(value, bool):
             raise refuse(f"must be a boolean (true or false), not {_type_name(value)}")

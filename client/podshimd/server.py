@@ -355,7 +355,8 @@ async def _open_images(stack: contextlib.AsyncExitStack, config: Config) -> Imag
     """The node's images under the config's state root (what a killed pull left is removed);
     the pulls in flight are cancelled with ``stack``."""
     images = Images(config.state_root, hosts=config.registries, pull_timeout=config.image_pull_timeout,
-                    progress_timeout=config.image_pull_progress_timeout)
+                    progress_timeout=config.image_pull_progress_timeout,
+                    max_unpacked_bytes=config.image_pull_max_unpacked_bytes)
     try:
         await asyncio.to_thread(images.open)
     except (OSError, RpcError) as exc:

@@ -149,6 +149,14 @@ def test_a_wrong_type_is_refused(write):
     assert refused(write("log_level = true\n")).reason == "must be a string, not a boolean"
 
 
+def test_the_pulls_unpack_limit_is_a_positive_number_of_bytes(write):
+    assert Config().image_pull_max_unpacked_bytes == 64 << 30
+    assert config.load(write("image_pull_max_unpacked_bytes = 1048576\n")).image_pull_max_unpacked_bytes == 1 << 20
+    for value in ("0", "-1", "1.5", '"1G"', "true"):
+        assert refused(write(f"image_pull_max_unpacked_bytes = {value}\n")).reason.startswith(
+            "must be a number of bytes greater than 0, not ")
+
+
 def test_a_file_that_is_not_utf8_is_refused_with_its_line(write):
     path = write(b'log_level = "info"\nstate_root = "/var/\xfflib"\n')
     error = refused(path)

@@ -54,9 +54,9 @@ def counted(monkeypatch):
     calls: dict[str, int] = {}
     real = snapshots_module.apply_layer
 
-    def apply_layer(dest, blob, media_type=None, *, diff_id=None):
+    def apply_layer(dest, blob, media_type=None, *, diff_id=None, limit=None):
         calls[diff_id] = calls.get(diff_id, 0) + 1
-        return real(dest, blob, media_type, diff_id=diff_id)
+        return real(dest, blob, media_type, diff_id=diff_id, limit=limit)
 
     monkeypatch.setattr(snapshots_module, "apply_layer", apply_layer)
     return calls
@@ -259,9 +259,9 @@ def test_images_on_a_shared_committed_base_unpack_side_by_side(tmp_path, snapsho
     both_inside = threading.Barrier(2, timeout=60)  # broken if one unpack waited for the other
     real = snapshots_module.apply_layer
 
-    def apply_layer(dest, blob, media_type=None, *, diff_id=None):
+    def apply_layer(dest, blob, media_type=None, *, diff_id=None, limit=None):
         both_inside.wait()
-        return real(dest, blob, media_type, diff_id=diff_id)
+        return real(dest, blob, media_type, diff_id=diff_id, limit=limit)
 
     monkeypatch.setattr(snapshots_module, "apply_layer", apply_layer)
     errors = []
@@ -287,9 +287,9 @@ def test_gc_during_an_unpack_keeps_the_layer_it_builds_on(tmp_path, snapshotter,
     real = snapshots_module.apply_layer
     freed = []
 
-    def apply_layer(dest, blob, media_type=None, *, diff_id=None):
+    def apply_layer(dest, blob, media_type=None, *, diff_id=None, limit=None):
         freed.append(snapshotter.gc([]))  # nothing recorded uses the base yet
-        return real(dest, blob, media_type, diff_id=diff_id)
+        return real(dest, blob, media_type, diff_id=diff_id, limit=limit)
 
     monkeypatch.setattr(snapshots_module, "apply_layer", apply_layer)
     assert snapshotter.unpack(layers[:2]) == chain[1]

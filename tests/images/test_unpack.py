@@ -8,11 +8,11 @@ import stat
 import tarfile
 
 import pytest
-from layertools import MTIME, make_layer, member, tree
+from layertools import MTIME, Layer, make_layer, member, tree
 
-from client.images.unpack import BadLayer, DigestMismatch, apply_layer
-from shim.rpc.status import InvalidArgument
-from shim.rpc.trees import remove_tree
+from client.images.unpack import BadLayer, DigestMismatch, UnpackLimit, apply_layer
+from shim.rpc.status import InvalidArgument, ResourceExhausted
+from shim.rpc.trees import remove_tree, walk
 
 
 @pytest.fixture
@@ -252,3 +252,42 @@ def test_an_xattr_of_64_kib_is_refused_with_a_sentence(tmp_path, dest):
     big = "v" * (64 << 10)
     with pytest.raises(BadLayer, match=r"cannot set xattr user.big on 'f': (Argument list too long|No space left)"):
         unpack(tmp_path, dest, [member("f", data=b"x", xattrs={"user.big": big})])
+
+
+def bomb(tmp_path, name: str, size: int) -> Layer:
+    """A gzip layer of one file of ``size`` zero bytes: a few KiB of blob per MiB it unpacks to."""
+    return make_layer(str(tmp_path / name), [member(name, data=bytes(size))], "gzip")
+
+
+def test_a_layer_past_the_pulls_limit_is_refused_with_a_sentence_before_it_is_written(tmp_path, dest):
+    layer = bomb(tmp_path, "zeros", 8 << 20)
+    limit = UnpackLimit(1 << 20, dest, setting="the setting")
+    with pytest.raises(ResourceExhausted, match=r"the image's layers unpack to more than 1048576 bytes, the most one "
+                                                r"pull may write \(the setting\)"):
+        apply_layer(dest, layer.path, layer.media_type, limit=limit)
+    assert sum(entry.stat().st_size for entry in walk(dest) if not entry.is_dir) <= 1 << 20
+
+
+def test_the_limit_counts_the_layers_of_a_pull_together(tmp_path):
+    limit = UnpackLimit(3 << 20, str(tmp_path))
+    for number in range(2):
+        os.mkdir(tmp_path / f"fs{number}")
+        layer = bomb(tmp_path, f"zeros{number}", 1 << 20)
+        apply_layer(str(tmp_path / f"fs{number}"), layer.path, layer.media_type, limit=limit)
+    os.mkdir(tmp_path / "fs2")
+    layer = bomb(tmp_path, "zeros2", 2 << 20)
+    with pytest.raises(ResourceExhausted, match="more than 3145728 bytes"):
+        apply_layer(str(tmp_path / "fs2"), layer.path, layer.media_type, limit=limit)
+
+
+def test_a_layer_is_refused_when_the_file_system_has_less_than_its_reserve_free(tmp_path, monkeypatch):
+    layer = bomb(tmp_path, "zeros", 1 << 20)
+    real = os.statvfs(tmp_path)
+
+    class Full:
+        f_frsize, f_blocks, f_bavail = real.f_frsize, real.f_blocks, real.f_blocks // 25  # 4 % free
+    monkeypatch.setattr(os, "statvfs", lambda path: Full)
+    os.mkdir(tmp_path / "fs")
+    with pytest.raises(ResourceExhausted, match=r"has \d+ bytes free, less than the 5% of its size a pull leaves "
+                                                r"free \(\d+ bytes\); nothing of the image was kept"):
+        apply_layer(str(tmp_path / "fs"), layer.path, layer.media_type, limit=UnpackLimit(1 << 30, str(tmp_path)))

@@ -27,7 +27,7 @@ from layertools import make_layer, member
 from registry import AUTH, Registry
 from shim.rpc.trees import remove_tree
 from shim.rpc.status import (DataLoss, DeadlineExceeded, FailedPrecondition, InvalidArgument, NotFound,
-                             Unauthenticated)
+                             ResourceExhausted, Unauthenticated)
 
 SKOPEO = shutil.which("skopeo")
 
@@ -215,9 +215,9 @@ async def test_a_pull_downloads_and_unpacks_only_the_layers_the_node_lacks(tmp_p
         done = unpack(*args)
         unpacked.append("sha256:" + os.path.basename(path))
         return done
-    monkeypatch.setattr(Staging, "stage", lambda self, path: counted(stage, path, self, path))
-    monkeypatch.setattr(images.snapshots, "_unpack_layer", lambda chain_id, diff_id, path, media_type: (
-        counted(unpack_layer, path, chain_id, diff_id, path, media_type)))
+    monkeypatch.setattr(Staging, "stage", lambda self, path, limit=None: counted(stage, path, self, path, limit))
+    monkeypatch.setattr(images.snapshots, "_unpack_layer", lambda chain_id, diff_id, path, media_type, limit: (
+        counted(unpack_layer, path, chain_id, diff_id, path, media_type, limit)))
     served = len(test_images.registry.blob_gets())
     second = await images.pull(top.ref)
     new = second.layers[-1].digest
@@ -511,6 +511,21 @@ async def test_an_image_config_past_4_mib_is_refused_with_a_sentence(tmp_path, t
     with pytest.raises(InvalidArgument, match=f"is {len(config)} bytes, more than the 4194304 bytes an image config "
                                               "may have"):
         await images.pull(ref)
+    assert_nothing_stored(images)
+
+
+async def test_a_decompression_bomb_is_refused_past_the_pulls_limit_and_nothing_is_kept(tmp_path, test_images):
+    layer = make_layer(str(tmp_path / "bomb"), [member("zeros", data=bytes(16 << 20))], "gzip")  # 16 KiB of gzip
+    with open(layer.path, "rb") as f:
+        blob = f.read()
+    config = {"rootfs": {"type": "layers", "diff_ids": [layer.diff_id]}}
+    ref = test_images.registry.push_raw("test/bomb:1", json.dumps(config).encode(), [(blob, layer.media_type)])
+    images = images_for(tmp_path, test_images.registry, max_unpacked_bytes=1 << 20)
+    with pytest.raises(ResourceExhausted, match=f"pulling image {ref}: the image's layers unpack to more than "
+                                                r"1048576 bytes, the most one pull may write \(image_pull_max_unpacked"
+                                                r"_bytes in config.toml\); nothing of it was kept"):
+        await images.pull(ref)
+    await images.aclose()  # the failed pull's blobs are collected
     assert_nothing_stored(images)
 
 
