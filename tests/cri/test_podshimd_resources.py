@@ -135,3 +135,17 @@ def test_a_container_stopped_with_sigkill_is_not_called_oom_killed(daemon, run):
     daemon.runtime().StopContainer(api_pb2.StopContainerRequest(container_id=container_id, timeout=0))
     status = status_of(daemon, container_id)
     assert (status.exit_code, status.reason) == (137, "Error")
+
+
+def test_the_event_feed_says_oom_killed_in_the_stopped_event(daemon, run):
+    events = daemon.runtime().GetContainerEvents(api_pb2.GetEventsRequest(), timeout=90)
+    try:
+        events.initial_metadata()  # sent once the stream is subscribed
+        container_id = run(["tail", "/dev/zero"], {"memory_limit_in_bytes": 16 << 20,
+                                                   "memory_swap_limit_in_bytes": 16 << 20})
+        stopped = next(event for event in events if event.container_id == container_id
+                       and event.container_event_type == api_pb2.CONTAINER_STOPPED_EVENT)
+    finally:
+        events.cancel()
+    [status] = [s for s in stopped.containers_statuses if s.id == container_id]
+    assert (status.state, status.exit_code, status.reason) == (api_pb2.CONTAINER_EXITED, 137, "OOMKilled")
