@@ -119,3 +119,24 @@ def test_critest_security_context_and_sysctl_specs_pass(critest, critest_image_s
         assert list(runtime.ListPodSandbox(api_pb2.ListPodSandboxRequest()).items) == []
         assert daemon.sandbox_bundles() == []
     assert "Traceback" not in daemon.log()
+
+
+@pytest.mark.parametrize("handler", ["native", "runc", "crun"])
+def test_critest_mount_propagation_specs_pass_on_every_handler(critest, critest_image_set, directory, outer_netns,
+                                                              handler):
+    """Private, rslave and rshared (a mount made inside a container reaches the host) with each handler."""
+    if handler != "native" and not shutil.which(handler, path="/usr/sbin:/usr/bin:/sbin:/bin"):
+        pytest.skip(f"{handler} is not installed")
+    images = critest_image_set
+    cni_config(directory)
+    port = int(images.registry.host.rpartition(":")[2])
+    with loopback_relay(outer_netns, port), \
+            running_podshimd(directory, config=images.podshim_registry_config(), netns=outer_netns) as daemon:
+        result = run_critest(critest_in(outer_netns, critest, directory), daemon.endpoint, images,
+                             focus="runtime should support mount propagation", cwd=directory, extra=["--runtime-handler", handler],
+                             timeout=IMAGES_CRITEST_TIMEOUT)
+        assert result.failed == 0 and result.returncode == 0, (
+            f"{result.summary()}\nfailed: {list(result.failures)}\n{result.output[-8000:]}")
+        assert result.passed == result.ran >= 3, result.summary()
+        assert daemon.sandbox_bundles() == []
+    assert "Traceback" not in daemon.log()
