@@ -18,7 +18,7 @@ import pytest
 from client.criapi import api_pb2
 from critools import Podshimd, run_critest, running_podshimd
 from imagebuild import BUSYBOX_ROOTFS_CHECKS, critest_images
-from layertools import deep_tree
+from layertools import deep_tree, make_layer, member
 from podtools import container_config, pod_config
 from proctools import wait_gone
 from registry import AUTH
@@ -152,6 +152,52 @@ def test_imagefsinfo_measures_a_tree_deeper_than_path_max(image_daemon):
         assert fs.inodes_used.value > 2100
     finally:
         remove_tree(os.path.dirname(upper))
+
+
+def test_hostile_images_get_a_status_and_a_sentence_leave_nothing_and_never_keep_podshimd_from_starting(
+        test_images, tmp_path):
+    registry = test_images.registry
+
+    def raw(name: str, members: list, diff_ids: list | None = None) -> str:
+        layer = make_layer(str(tmp_path / name), members, "gzip")
+        with open(layer.path, "rb") as f:
+            blob = f.read()
+        config = {"rootfs": {"type": "layers", "diff_ids": [layer.diff_id] if diff_ids is None else diff_ids}}
+        return registry.push_raw(f"test/{name}:1", json.dumps(config).encode(), [(blob, layer.media_type)])
+    deep = raw("deep1100", [member("/".join(["d"] * 1100) + "/f", data=b"deep")])
+    pax = raw("pax3000", [member("/".join(["d"] * 3000) + "/f", data=b"deep")])
+    listed_config = registry.push_raw("test/configlist:1", b"[]", [])
+    directory = tempfile.mkdtemp(prefix="psd-hostile-")
+    config = f'[registries."{registry.host}"]\ninsecure = true\n'
+    snapshots = os.path.join(directory, "state", "images", "snapshots", "snapshots")
+    records = os.path.join(directory, "state", "images", "records")
+    try:
+        with running_podshimd(directory, config=config) as daemon:
+            images = daemon.images()
+            deep_id = images.PullImage(api_pb2.PullImageRequest(image=api_pb2.ImageSpec(image=deep))).image_ref
+            images.RemoveImage(api_pb2.RemoveImageRequest(image=api_pb2.ImageSpec(image=deep_id)))
+            assert os.listdir(snapshots) == []  # no trash-… left
+            for ref, says in ((pax, "is a path of 6001 bytes, longer than the 4096 bytes Linux takes"),
+                              (listed_config, "is a JSON array, not an object")):
+                with pytest.raises(grpc.RpcError) as failed:
+                    images.PullImage(api_pb2.PullImageRequest(image=api_pb2.ImageSpec(image=ref)))
+                assert failed.value.code() == grpc.StatusCode.INVALID_ARGUMENT and says in failed.value.details()
+                assert os.listdir(snapshots) == []  # no tmp-… or stage-… left
+            kept = images.PullImage(api_pb2.PullImageRequest(image=api_pb2.ImageSpec(image=test_images.busybox.ref)))
+        bad = os.path.join(records, "0" * 64 + ".json")
+        with open(bad, "w") as f:
+            f.write('{"version": 1, "image_id": "sha256:' + "0" * 64 + '", "config": []}')
+        with running_podshimd(directory, config=config) as daemon:  # it starts, and lists every other image
+            images = daemon.images()
+            assert [i.id for i in images.ListImages(api_pb2.ListImagesRequest()).images] == [kept.image_ref]
+            assert images.ImageStatus(api_pb2.ImageStatusRequest(image=api_pb2.ImageSpec(
+                image=test_images.busybox.ref))).image.id == kept.image_ref
+            images.RemoveImage(api_pb2.RemoveImageRequest(image=api_pb2.ImageSpec(image="0" * 64)))
+            assert not os.path.exists(bad)
+            with open(os.path.join(directory, "podshimd.log")) as log:
+                assert f"image record {bad} cannot be read" in log.read()
+    finally:
+        remove_tree(directory)
 
 
 def test_a_container_runs_on_its_pulled_image_which_is_not_removed_until_the_container_is(daemon, crictl,
