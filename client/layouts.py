@@ -52,15 +52,16 @@ def mark(path: str, layout: str, *, durable: bool = True) -> None:
     write_atomic(os.path.join(path, MARKER), f"{layout}\n".encode(), mode=0o644, durable=durable)
 
 
-def check(path: str, layout: str) -> None:
+def check(path: str, layout: str) -> str | None:
     """Refuse to use ``path`` as ``layout`` when it is marked as another one: FailedPrecondition
-    with a sentence that says what it is. Unmarked or missing is fine (older roots are unmarked)."""
+    with a sentence that says what it is. Unmarked or missing is fine (older roots are unmarked).
+    Returns what the marker says (None: no marker)."""
     try:
         found = marked_as(path)
     except OSError as exc:
         raise error_from_oserror(exc, f"cannot read {os.path.join(path, MARKER)}") from None
     if found is None or found == layout:
-        return
+        return found
     what = _NAMES.get(found, f"marked {found!r}, a layout this podshim does not know")
     hint = ""
     if layout == BUNDLE_ROOT and found == POD_ROOT:
@@ -75,9 +76,9 @@ def check(path: str, layout: str) -> None:
 
 def claim(path: str, layout: str) -> None:
     """:func:`check`, then mark ``path`` as ``layout`` if it is not marked yet (it must exist)."""
-    check(path, layout)
+    if check(path, layout) is not None:
+        return
     try:
-        if marked_as(path) is None:
-            mark(path, layout)
+        mark(path, layout)
     except OSError as exc:
         raise error_from_oserror(exc, f"cannot mark {path} as {_NAMES[layout]}") from None
