@@ -12,6 +12,7 @@ directory of the host, named by the image's links) is compared before and after.
 from __future__ import annotations
 
 import asyncio
+import errno
 import os
 import shutil
 import time
@@ -25,6 +26,7 @@ from layertools import make_layer, member
 from podtools import container_config, pod_config, pod_service
 from podtools import roots  # noqa: F401  (the fixture)
 from shim.rpc import FailedPrecondition, InvalidArgument, RpcError
+from shim.runtime import mounts
 from shimtools import host_untouched  # noqa: F401  (autouse: what this module's shims made is checked at the end)
 from shimtools import shims  # noqa: F401  (the fixture)
 from shimtools import WAIT, ShimLauncher
@@ -275,3 +277,74 @@ async def test_a_log_path_through_a_link_in_the_pods_log_directory_is_refused(ro
         assert tree(host) == []  # nothing made or written on the host
         assert isinstance(refused, InvalidArgument)
         assert "log_path 'out/sub/app.log' goes through a symbolic link in the pod's log directory" in str(refused)
+
+
+# -- the walk itself (shim.runtime.mounts.open_in_root) -------------------------------------------
+
+def walk(root, path: str, make: str = "", **kwargs) -> str:
+    """Where ``path`` resolves inside ``root`` (made as ``make`` says), as a path relative to it."""
+    root_fd = os.open(root, os.O_PATH | os.O_DIRECTORY)
+    try:
+        fd = mounts.open_in_root(root_fd, path, make, **kwargs)
+    finally:
+        os.close(root_fd)
+    try:
+        return os.path.relpath(os.readlink(f"/proc/self/fd/{fd}"), root)
+    finally:
+        os.close(fd)
+
+
+@pytest.fixture
+def root(tmp_path):
+    root = tmp_path / "root"
+    (root / "etc").mkdir(parents=True)
+    (root / "usr" / "lib").mkdir(parents=True)
+    os.symlink("../run/systemd/resolve/stub-resolv.conf", root / "etc" / "resolv.conf")  # dangling, as in images
+    os.symlink("/usr/lib", root / "lib")
+    os.symlink("../../../../..", root / "usr" / "up")
+    os.symlink("loop", root / "loop")
+    return root
+
+
+@pytest.mark.parametrize("path, where", [
+    ("/lib/x", "usr/lib/x"),  # an absolute link, from the root
+    ("/usr/up/etc", "etc"),  # '..' never above the root
+    ("/usr/lib/../../etc", "etc"),
+    ("/./etc/", "etc"),
+])
+def test_links_and_dot_dot_resolve_inside_the_root(root, path, where):
+    (root / "usr" / "lib" / "x").mkdir()
+    assert walk(root, path) == where
+
+
+def test_a_dangling_links_target_is_made_inside_the_root(root):
+    assert walk(root, "/etc/resolv.conf", "file") == "run/systemd/resolve/stub-resolv.conf"
+    assert (root / "run" / "systemd" / "resolve" / "stub-resolv.conf").is_file()
+
+
+def test_missing_directories_are_made_only_when_asked(root):
+    with pytest.raises(FileNotFoundError):
+        walk(root, "/lib/new/dir")
+    assert not (root / "usr" / "lib" / "new").exists()
+    assert walk(root, "/lib/new/dir", "dir") == "usr/lib/new/dir" and (root / "usr" / "lib" / "new" / "dir").is_dir()
+
+
+def test_a_link_loop_and_the_root_itself_are_errors(root):
+    with pytest.raises(OSError) as loop:
+        walk(root, "/loop/x")
+    assert loop.value.errno == errno.ELOOP
+    with pytest.raises(OSError, match="resolves to the task's root itself") as at_root:
+        walk(root, "/usr/up")
+    assert at_root.value.errno == errno.EINVAL
+
+
+def test_the_sources_of_mounts_not_made_yet_stand_in_for_their_destinations(root, tmp_path):
+    volume = tmp_path / "volume"
+    (volume / "inside").mkdir(parents=True)
+    os.symlink("/", volume / "to-root")
+    resolved: list[str] = []
+    assert walk(root, "/lib/vol/inside", sources={"/usr/lib/vol": str(volume)}, resolved=resolved) == (
+        os.path.relpath(volume / "inside", root))
+    assert resolved == ["usr", "lib", "vol", "inside"]
+    with pytest.raises(OSError, match="resolves to the task's root itself"):
+        walk(root, "/usr/lib/vol/to-root", sources={"/usr/lib/vol": str(volume)})
