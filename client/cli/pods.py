@@ -169,16 +169,37 @@ def _labels(pairs: list[str]) -> dict[str, str]:
 
 
 def _config(daemon: _Podshimd, path: str, what: str, kind: str) -> Any:
-    """A crictl JSON config file as the CRI message ``kind``; podshimd validates its fields."""
+    """A crictl JSON config file as the CRI message ``kind``; podshimd validates its fields. A key that
+    is no field of ``kind`` is refused here, naming it (protobuf would otherwise drop it unseen)."""
     from google.protobuf import json_format
 
     doc = _read_json_file(path, what)
     if not isinstance(doc, dict):
         raise CliError(f"{what} {path} must hold a JSON object")
+    message = getattr(daemon.api, kind)()
+    _text_as_bytes(message.DESCRIPTOR, doc)
     try:
-        return json_format.ParseDict(doc, getattr(daemon.api, kind)(), ignore_unknown_fields=True)
+        return json_format.ParseDict(doc, message)
     except json_format.ParseError as exc:
         raise CliError(f"{what} {path} is not a CRI {kind}: {exc}") from None
+
+
+def _text_as_bytes(descriptor: Any, doc: Any) -> None:
+    """crictl's files write a ``bytes`` field (an env value since CRI 1.37) as its text: encoded
+    here as protobuf's JSON wants it (base64), so that ``"value": "abcd"`` stays those four letters."""
+    import base64
+
+    if not isinstance(doc, dict):
+        return
+    for key, value in doc.items():
+        field = descriptor.fields_by_name.get(key) or descriptor.fields_by_camelcase_name.get(key)
+        if field is None:
+            continue  # ParseDict names it
+        if field.type == field.TYPE_BYTES and isinstance(value, str):
+            doc[key] = base64.b64encode(value.encode()).decode()
+        elif field.message_type is not None and not field.message_type.GetOptions().map_entry:
+            for item in value if isinstance(value, list) else [value]:
+                _text_as_bytes(field.message_type, item)
 
 
 # -- pods -----------------------------------------------------------------------------------

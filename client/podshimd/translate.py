@@ -36,7 +36,35 @@ _CONTAINER = ("id", "pod_sandbox_id", "metadata", "image", "image_ref", "state",
 
 
 def _as_dict(message: Message) -> dict[str, Any]:
-    return json_format.MessageToDict(message, preserving_proto_field_name=True)
+    """The message as crictl's JSON spells it: proto field names, and a ``bytes`` field (an env
+    value since CRI 1.37) as its text, not protobuf JSON's base64 (which a reader of text would take
+    for the value itself)."""
+    doc = json_format.MessageToDict(message, preserving_proto_field_name=True)
+    _bytes_as_text(message, doc, "")
+    return doc
+
+
+def _bytes_as_text(message: Message, doc: dict[str, Any], path: str) -> None:
+    """Put the UTF-8 text of each set ``bytes`` field of ``message`` in ``doc`` (its dict);
+    InvalidArgument naming a field that is not UTF-8 text or holds a NUL (nothing here carries
+    binary data)."""
+    for field, value in message.ListFields():
+        where = f"{path}{field.name}"
+        if field.type == field.TYPE_BYTES:
+            values = list(value) if field.is_repeated else [value]
+            try:
+                texts = [v.decode() for v in values]
+            except UnicodeDecodeError:
+                raise InvalidArgument(f"{where} is not UTF-8 text: binary values are not supported") from None
+            if any("\0" in text for text in texts):
+                raise InvalidArgument(f"{where} holds a NUL byte, which no environment value can")
+            doc[field.name] = texts if field.is_repeated else texts[0]
+        elif field.message_type is not None and not field.message_type.GetOptions().map_entry:
+            if field.is_repeated:
+                for i, item in enumerate(value):
+                    _bytes_as_text(item, doc[field.name][i], f"{where}[{i}].")
+            else:
+                _bytes_as_text(value, doc[field.name], f"{where}.")
 
 
 def _required(request: Message, field: str) -> Message:

@@ -33,7 +33,11 @@ def ctl(daemon, *argv: str, check: bool = True) -> subprocess.CompletedProcess:
 def files(tmp_path):
     pod, container = tmp_path / "pod.json", tmp_path / "container.json"
     pod.write_text(json.dumps(pod_config()))
-    container.write_text(json.dumps(container_config(["/bin/sh", "-c", "echo hello from $(hostname)"], pid=0)))
+    config = container_config(["/bin/sh", "-c", "echo $GREETING from $(hostname)"], pid=0)
+    # An env value is CRI bytes since 1.37: crictl's files write it as text, and text it stays
+    # ("abcd" is valid base64 too).
+    config["envs"] = [{"key": "GREETING", "value": "hello"}, {"key": "TEXT", "value": "abcd"}]
+    container.write_text(json.dumps(config))
     return str(pod), str(container)
 
 
@@ -89,6 +93,10 @@ def test_errors_are_the_status_and_the_daemons_sentence(daemon, tmp_path):
     bad.write_text('{"metadata": {"name": 1}}')
     wrong_type = ctl(daemon, "runp", str(bad), check=False)
     assert wrong_type.returncode == 1 and wrong_type.stderr.startswith(f"podshimctl: pod config {bad} is not a CRI ")
+    bad.write_text(json.dumps({**pod_config(), "linux": {"cgroup_parnet": "/kubepods"}}))  # a typo: no field
+    misspelt = ctl(daemon, "runp", str(bad), check=False)
+    assert misspelt.returncode == 1 and "cgroup_parnet" in misspelt.stderr
+    assert misspelt.stderr.startswith(f"podshimctl: pod config {bad} is not a CRI PodSandboxConfig: ")
     bad.write_text("{not json")
     not_json = ctl(daemon, "runp", str(bad), check=False)
     assert not_json.returncode == 1 and not_json.stderr.startswith("podshimctl: ")
