@@ -23,6 +23,9 @@ class Upkeep(Handlers):
                                        context: Any) -> api_pb2.UpdateContainerResourcesResponse:
         if request.HasField("windows"):
             raise InvalidArgument("windows resources cannot be applied to a Linux container")
+        if request.annotations:
+            raise InvalidArgument("annotations cannot be applied: no annotation changes how podshim updates a "
+                                  "container's resources")
         linux = json_format.MessageToDict(request.linux, preserving_proto_field_name=True) \
             if request.HasField("linux") else None
         await self.pods.update_container_resources(request.container_id, linux)

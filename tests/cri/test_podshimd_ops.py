@@ -241,6 +241,12 @@ def test_a_resource_that_cannot_be_applied_is_invalid_argument_naming_it_and_cha
         daemon.runtime().UpdateContainerResources(request, timeout=CALL_TIMEOUT)
     assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert caught.value.details().startswith("resources.hugepage_limits[2MB] cannot be applied")
+    annotated = api_pb2.UpdateContainerResourcesRequest(container_id=container_id, annotations={"tuning": "on"},
+                                                        linux=api_pb2.LinuxContainerResources(cpu_shares=300))
+    with pytest.raises(grpc.RpcError) as caught:
+        daemon.runtime().UpdateContainerResources(annotated, timeout=CALL_TIMEOUT)
+    assert (caught.value.code(), caught.value.details()) == (grpc.StatusCode.INVALID_ARGUMENT, (
+        "annotations cannot be applied: no annotation changes how podshim updates a container's resources"))
     assert read(cgroup_file(pid, "cpu", "cpu.shares")) == shares
 
 
