@@ -290,9 +290,11 @@ def apply(cgroup: SandboxCgroup, rules: DeviceRules, inherited: DeviceRules | No
     its v2 one, before any process is in it. ``inherited``: the rules its directories already have
     from their parents (those of a task's pod); None when unknown. Raises FailedPrecondition when
     a parent does not allow a rule, or when the v2 program cannot be attached and there is no v1
-    controller to hold the rules; the OS error's status for other errors. A v2 program the kernel
-    refuses where v1's controller holds the rules is logged, not raised; so is a cgroup with
-    neither hierarchy (inside a container whose cgroups are read-only: its runtime's rules hold).
+    controller to hold the rules; the OS error's status for other errors. Logged, not raised: a
+    v2 program the kernel refuses where v1's controller holds the rules; one refused with EPERM
+    (bpf(2) not allowed to the shim, or a program above that may not be overridden: inside a
+    container, its runtime's rules hold); a cgroup with neither hierarchy (inside a container
+    whose cgroups are read-only).
     """
     if rules == inherited:
         return
@@ -315,6 +317,11 @@ def apply(cgroup: SandboxCgroup, rules: DeviceRules, inherited: DeviceRules | No
         log.warning("cgroup %s has no devices hierarchy: its device rules are not applied", cgroup.name)
     if v2_error is not None:
         why = f"cannot attach the device program to cgroup {v2_path}: {v2_error.strerror}"
-        if not v1_done:
+        if v1_done:
+            log.warning("%s (the cgroup v1 devices controller holds the rules)", why)
+        elif v2_error.errno == errno.EPERM:
+            # bpf(2) refused to us (inside a container: systemd-nspawn's filter), or a program
+            # above that may not be overridden: the rules in force are those of the cgroups above.
+            log.warning("%s: the device rules are those of the cgroups above (this shim's container's)", why)
+        else:
             raise FailedPrecondition(f"{why}, and there is no cgroup v1 devices controller to hold the rules")
-        log.warning("%s (the cgroup v1 devices controller holds the rules)", why)

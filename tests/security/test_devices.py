@@ -329,3 +329,22 @@ def test_the_v1_rules_are_containerds_list():
         with open(os.path.join(cgroup.paths["devices"], "devices.list")) as f:
             listed = f.read().split("\n")
     assert sorted(filter(None, listed)) == sorted(rule.line() for rule in devices.DEFAULT_RULES.allowed)
+
+
+@pytest.mark.parametrize(("errno_", "refused"), [(1, False), (22, True)], ids=["EPERM", "EINVAL"])
+def test_a_v2_program_refused_without_a_v1_controller_fails_unless_bpf_is_not_ours_to_use(
+        monkeypatch, caplog, errno_, refused, tmp_path):
+    from shim.rpc.status import FailedPrecondition
+
+    def bpf(cmd, attr):
+        raise OSError(errno_, os.strerror(errno_))
+
+    monkeypatch.setattr(linux, "bpf", bpf)
+    monkeypatch.setattr(devices, "_loaded", {})
+    cgroup = SandboxCgroup("test", {V2: str(tmp_path)})
+    if refused:
+        with pytest.raises(FailedPrecondition, match="no cgroup v1 devices controller"):
+            devices.apply(cgroup, devices.DEFAULT_RULES)
+    else:
+        devices.apply(cgroup, devices.DEFAULT_RULES)  # inside a container: its runtime's rules hold
+        assert "the device rules are those of the cgroups above" in caplog.text
