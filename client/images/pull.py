@@ -644,9 +644,13 @@ class Puller:
             layout = os.path.join(work, "image")
             blobs = os.path.join(layout, "blobs", "sha256")
 
-            def copy(source: str) -> list[str]:
-                return ["copy", "--quiet", "--retry-times", "0", *session.auth_args("--src-"), f"docker://{source}",
-                        f"oci:{layout}:image"]
+            def copy(source: str, manifest: Manifest | None = None) -> list[str]:
+                # An OCI image is copied as it is, byte for byte: skopeo would gzip its uncompressed
+                # layers on their way into the layout otherwise, and they would not be the manifest's.
+                # (A Docker schema 2 image is converted to OCI on the way, which this would refuse.)
+                keep = ["--preserve-digests"] if manifest is not None and manifest.media_type == OCI_MANIFEST else []
+                return ["copy", "--quiet", "--retry-times", "0", *keep, *session.auth_args("--src-"),
+                        f"docker://{source}", f"oci:{layout}:image"]
 
             def inspect(source: str, *what: str) -> list[str]:
                 return ["inspect", "--raw", *what, "--retry-times", "0", *session.auth_args(""), f"docker://{source}"]
@@ -694,17 +698,18 @@ class Puller:
                 if early is None or not all(os.path.exists(_layout_blob(blobs, layer.digest))
                                             for layer in manifest.layers):
                     # Nothing copied yet (a stored image with blobs missing), or the copy is of
-                    # another manifest (the tag moved meanwhile, or skopeo chose another platform).
+                    # another manifest (the tag moved meanwhile, or skopeo chose another platform),
+                    # or skopeo compressed an uncompressed layer on its way (copied as it is now).
                     if follower is not None:
                         await arrivals.settle(blobs)
                     remove_tree(layout, ignore_errors=True)
                     arrivals.restart()
                     arrivals.seed(blobs, self.content, reuse)
                     follower = follower or asyncio.ensure_future(arrivals.follow(blobs))
-                    await session.run(copy(pinned), deadline)
+                    await session.run(copy(pinned, manifest), deadline)
                 await arrivals.settle(blobs)
                 if await self._check_reused(ref, manifest, arrivals):
-                    await session.run(copy(pinned), deadline)  # what was damaged, downloaded into the same layout
+                    await session.run(copy(pinned, manifest), deadline)  # what was damaged, downloaded again
                     await arrivals.settle(blobs)
                 layout_config = _read_verified(_layout_blob(blobs, manifest.config.digest), manifest.config.digest)
                 if layout_config is None:

@@ -93,6 +93,19 @@ async def test_an_image_of_zstd_layers_is_pulled_and_unpacked(tmp_path, test_ima
         assert images.snapshots.read_file(record.chain_id, path) == content, path
 
 
+async def test_an_image_of_uncompressed_layers_is_pulled_as_it_is_served(tmp_path, test_images):
+    layer = make_layer(str(tmp_path / "plain"), [member("plain", data=b"not compressed")])  # a plain tar
+    with open(layer.path, "rb") as f:
+        blob = f.read()
+    config = {"rootfs": {"type": "layers", "diff_ids": [layer.diff_id]}}
+    ref = test_images.registry.push_raw("test/plain:1", json.dumps(config).encode(), [(blob, layer.media_type)])
+    images = images_for(tmp_path, test_images.registry)
+    record = await images.pull(ref)
+    assert [(r.media_type, r.diff_id) for r in record.layers] == [(layer.media_type, layer.diff_id)]
+    assert record.layers[0].digest == layer.diff_id  # the blob is the tar itself
+    assert images.snapshots.read_file(record.chain_id, "plain") == b"not compressed"
+
+
 async def test_a_docker_schema2_image_is_pulled_as_it_is_served(tmp_path, test_images):
     images = images_for(tmp_path, test_images.registry)
     record = await images.pull(test_images.busybox_v2s2.ref)
