@@ -1,13 +1,14 @@
 """The image config's schema: every field of it podshim reads, checked where a config comes in.
 
 An image config (OCI image-spec config.md; Docker's is the same for these fields) is JSON an
-image's author wrote. podshim reads ``rootfs.diff_ids`` (to unpack and check the layers), and the
-``config`` object's ``User``, ``Env``, ``Entrypoint``, ``Cmd``, ``WorkingDir``, ``Labels``,
-``StopSignal``, ``ExposedPorts`` and ``Volumes`` (to run containers and answer ImageStatus);
-``architecture``, ``os`` and ``variant`` are shown. :func:`check_config` checks the types of all
-of them once, when a pull brings the config in and when a record is read back, so nothing later
-meets a string where it reads an object: a config that fails is refused with a sentence naming the
-field, and never stored. Fields podshim does not read (history, author...) are kept as they are.
+image's author wrote. podshim reads ``rootfs.diff_ids`` (to unpack and check the layers) and the
+``config`` object's ``User``, ``Env``, ``Entrypoint``, ``Cmd`` and ``WorkingDir`` (to run
+containers); ImageStatus hands the whole config to kubelet, which reads ``Labels``,
+``StopSignal``, ``ExposedPorts``, ``Volumes``, ``architecture``, ``os`` and ``variant`` as the
+image spec types them. :func:`check_config` checks the types of all of them once, when a pull
+brings the config in and when a record is read back, so nothing later meets a string where it
+reads an object: a config that fails is refused with a sentence naming the field, and never
+stored. Other fields (history...) are kept as they are.
 """
 
 from __future__ import annotations

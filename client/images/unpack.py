@@ -476,7 +476,9 @@ class _Writer:
                 data = self._read(size)
                 self._skip(-size % _BLOCK)
                 if info.type == tarfile.XHDTYPE:
-                    pax.update(self._pax_records(data))
+                    # A second one replaces the first, as in Go's archive/tar (containerd's reader):
+                    # what is held for one entry stays within one header's bound.
+                    pax = dict(self._pax_records(data))
                 elif info.type == tarfile.GNUTYPE_LONGNAME:
                     long_name = self._text("GNU long name", data.rstrip(b"\0"))
                 elif info.type == tarfile.GNUTYPE_LONGLINK:

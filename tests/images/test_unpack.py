@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import io
 import os
 import stat
 import tarfile
@@ -291,3 +292,17 @@ def test_a_layer_is_refused_when_the_file_system_has_less_than_its_reserve_free(
     with pytest.raises(ResourceExhausted, match=r"has \d+ bytes free, less than the 5% of its size a pull leaves "
                                                 r"free \(\d+ bytes\); nothing of the image was kept"):
         apply_layer(str(tmp_path / "fs"), layer.path, layer.media_type, limit=UnpackLimit(1 << 30, str(tmp_path)))
+
+
+def test_a_second_pax_header_replaces_the_first_so_what_is_held_stays_bounded(tmp_path, dest):
+    first = tarfile.TarInfo("././@PaxHeader")
+    record = b"31 SCHILY.xattr.user.first=one\n"
+    first.type, first.size = tarfile.XHDTYPE, len(record)
+    info, data = member("f", data=b"x", xattrs={"user.second": "two"})
+    blob = tmp_path / "layer"
+    body = io.BytesIO()
+    with tarfile.open(fileobj=body, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        tar.addfile(info, io.BytesIO(data))
+    blob.write_bytes(first.tobuf(tarfile.USTAR_FORMAT) + record.ljust(512, b"\0") + body.getvalue())
+    apply_layer(dest, str(blob))
+    assert os.listxattr(os.path.join(dest, "f")) == ["user.second"]
