@@ -72,9 +72,10 @@ def walk(top: str) -> Iterator[Entry]:
                 yield Entry(fd, name, is_dir, parents)
                 if not is_dir:
                     continue
-                child = _open_child(fd, name, device)
-                if child is None:
+                opened = _open_child(fd, name, device)
+                if opened is None:
                     continue
+                child, identity = opened
                 try:
                     listing = _listing(child)
                 except FileNotFoundError:
@@ -84,7 +85,7 @@ def walk(top: str) -> Iterator[Entry]:
                     os.close(child)
                     raise
                 stack.append((names, here))
-                here = _identity(os.fstat(child))
+                here = identity
                 os.close(fd)
                 fd, parents, names = child, parents + (name,), iter(listing)
                 break
@@ -105,7 +106,7 @@ def remove_tree(path: str, *, ignore_errors: bool = False) -> None:
 
     What can be removed is, whatever fails meanwhile; then the first failure is raised as
     OSError, unless ``ignore_errors``. A file system mounted below ``path`` is not entered:
-    its mount point stays (EBUSY).
+    its mount point stays (EBUSY). (``path`` itself may be a mount point: it is emptied.)
     """
     errors: list[OSError] = []
     parent, name = os.path.split(os.path.normpath(path))
@@ -136,31 +137,38 @@ def _remove_at(parent_fd: int, name: str, path: str, errors: list[OSError]) -> N
         return
     except IsADirectoryError:
         pass
-    device = os.fstat(parent_fd).st_dev
-    fd = _open_child(parent_fd, name, device)
-    if fd is None:  # another file system's mount point, or gone meanwhile
-        _rmdir(parent_fd, name, errors)
+    opened = _open_child(parent_fd, name, None)
+    if opened is None:  # gone meanwhile, or no directory any more
+        try:
+            os.unlink(name, dir_fd=parent_fd)
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            errors.append(exc)
         return
+    fd, here = opened
+    device = here[0]
     try:
-        here = _identity(os.fstat(fd))
         names = iter(_listing(fd))
         stack: list[tuple[Iterator[tuple[str, bool]], tuple[int, int], str]] = []
         while True:
-            for child, _ in names:
-                try:
-                    os.unlink(child, dir_fd=fd)  # one call for a file; EISDIR says it is a directory
-                    continue
-                except FileNotFoundError:
-                    continue
-                except IsADirectoryError:
-                    pass
-                except OSError as exc:
-                    errors.append(exc)
-                    continue
-                below = _open_child(fd, child, device)
-                if below is None:
+            for child, is_dir in names:
+                if not is_dir:
+                    try:
+                        os.unlink(child, dir_fd=fd)
+                        continue
+                    except FileNotFoundError:
+                        continue
+                    except IsADirectoryError:
+                        pass  # a directory now
+                    except OSError as exc:
+                        errors.append(exc)
+                        continue
+                opened = _open_child(fd, child, device)
+                if opened is None:  # another file system's mount point (EBUSY), or gone
                     _rmdir(fd, child, errors)
                     continue
+                below, identity = opened
                 try:
                     listing = _listing(below)
                 except OSError as exc:
@@ -168,9 +176,8 @@ def _remove_at(parent_fd: int, name: str, path: str, errors: list[OSError]) -> N
                     errors.append(exc)
                     continue
                 stack.append((names, here, child))
-                here = _identity(os.fstat(below))
                 os.close(fd)
-                fd, names = below, iter(listing)
+                fd, here, names = below, identity, iter(listing)
                 break
             else:
                 if not stack:
@@ -192,9 +199,9 @@ def _listing(fd: int) -> list[tuple[str, bool]]:
         return [(entry.name, entry.is_dir(follow_symlinks=False)) for entry in entries]
 
 
-def _open_child(fd: int, name: str, device: int) -> int | None:
-    """The directory ``name`` in ``fd``, opened; None when it is gone, is no directory (any
-    more), or is on another device than ``device``."""
+def _open_child(fd: int, name: str, device: int | None) -> tuple[int, tuple[int, int]] | None:
+    """The directory ``name`` in ``fd``, opened, with its (dev, ino); None when it is gone, is
+    no directory (any more), or is on another device than ``device`` (when given)."""
     try:
         child = os.open(name, _DIR_FLAGS, dir_fd=fd)
     except (FileNotFoundError, NotADirectoryError):
@@ -203,10 +210,11 @@ def _open_child(fd: int, name: str, device: int) -> int | None:
         if exc.errno == errno.ELOOP:  # a symbolic link swapped in
             return None
         raise
-    if os.fstat(child).st_dev != device:
+    identity = _identity(os.fstat(child))
+    if device is not None and identity[0] != device:
         os.close(child)
         return None
-    return child
+    return child, identity
 
 
 def _up(fd: int, expected: tuple[int, int], top: str) -> int:
