@@ -60,8 +60,8 @@ echo "== runp: a pod from examples/pod-config.json"
 pod=$(podshimctl runp pod-config.json)
 echo "$pod"
 
-echo "== create + start: a container that shows the pod's hostname and interfaces"
-ctr=$(podshimctl create "$pod" container-config.json pod-config.json)
+echo "== create + start: a container of busybox (pulled first) that shows the pod's hostname and interfaces"
+ctr=$(podshimctl create --with-pull "$pod" container-config.json pod-config.json)
 podshimctl start "$ctr"
 # The container runs briefly: wait until it has exited.
 tries=0

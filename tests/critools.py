@@ -86,6 +86,11 @@ def critest() -> str:
 
 # -- podshimd as a subprocess ------------------------------------------------------------------------
 
+#: CRI mounts that give a container of the tests' busybox image the node's python3, read-only: what
+#: a test whose program is Python asks for (podshimd runs no container on the node's own root).
+HOST_PYTHON_MOUNTS = [{"container_path": path, "host_path": os.path.realpath(path), "readonly": True}
+                      for path in ("/usr", "/lib", "/lib64")]
+
 #: How long podshimd may take to serve (imports and grpc start-up: well under a second when idle).
 START_TIMEOUT = 30.0
 #: How long it may take to stop after SIGTERM (its own grace for calls in flight is 5 s).
@@ -105,6 +110,7 @@ class Podshimd:
         self.socket_path = os.path.join(self.runtime_root, "podshimd.sock")
         self.log_path = os.path.join(directory, "podshimd.log")
         self.channel: Any = None
+        self.image = ""  # what create_container gives a config that names no image
 
     @property
     def endpoint(self) -> str:
@@ -120,12 +126,15 @@ class Podshimd:
         return result
 
     def create_container(self, pod_id: str, config: dict, pod_config_path: str) -> str:
-        """CreateContainer as ``crictl create POD CONFIG POD_CONFIG`` sends it, over gRPC: crictl
-        (since 1.27) refuses a config that names no image, which podshimd runs on the node's root
-        filesystem. The new container's id; a grpc.RpcError when podshimd refuses."""
+        """CreateContainer as ``crictl create POD CONFIG POD_CONFIG`` sends it, over gRPC. A config
+        that names no image gets the daemon's ``image`` (running_podshimd's: the tests' busybox),
+        when it has one: podshimd refuses a container without an image. The new container's id; a
+        grpc.RpcError when podshimd refuses."""
         from google.protobuf import json_format
 
         from client.criapi import api_pb2
+        if self.image and not (config.get("image") or {}).get("image"):
+            config = {**config, "image": {"image": self.image}}
         with open(pod_config_path) as f:
             sandbox_config = json.load(f)
         request = api_pb2.CreateContainerRequest(pod_sandbox_id=pod_id)
@@ -197,12 +206,12 @@ def outer_netns() -> Iterator[str]:
 
 
 @pytest.fixture(scope="module")
-def module_daemon() -> Iterator[Podshimd]:
+def module_daemon(test_images) -> Iterator[Podshimd]:
     """One podshimd for a test module, under a private directory (short: the socket path must fit
-    sun_path) that is removed afterwards."""
+    sun_path) that is removed afterwards, with the tests' busybox pulled (its ``image``)."""
     directory = tempfile.mkdtemp(prefix="psd-")
     try:
-        with running_podshimd(directory) as daemon:
+        with running_podshimd(directory, image=test_images.busybox) as daemon:
             yield daemon
     finally:
         shutil.rmtree(directory)
@@ -225,9 +234,13 @@ def podshimd_argv(directory: str, *extra: str) -> list[str]:
 
 @contextmanager
 def running_podshimd(directory: str, *extra: str, config: str = "", netns: str | None = None,
-                     env: dict[str, str] | None = None) -> Iterator[Podshimd]:
+                     env: dict[str, str] | None = None, image: Any = None) -> Iterator[Podshimd]:
     """Run podshimd under ``directory`` (its config.toml holds ``config``; in the network namespace
-    pinned at ``netns`` if given; with ``env`` added to its environment) until the block ends."""
+    pinned at ``netns`` if given; with ``env`` added to its environment) until the block ends.
+    ``image`` (an imagebuild.Image of the tests' registry), when given, is pulled once the daemon
+    is ready (its registry marked plain HTTP in the config) and is the daemon's ``image``."""
+    if image is not None:
+        config += f'[registries."{image.ref.split("/", 1)[0]}"]\ninsecure = true\n'
     with open(os.path.join(directory, "config.toml"), "w") as f:
         f.write(config)
     notify_path = os.path.join(directory, "notify")
@@ -244,6 +257,11 @@ def running_podshimd(directory: str, *extra: str, config: str = "", netns: str |
         daemon = Podshimd(directory, process)
         try:
             _wait_ready(daemon, notify)
+            if image is not None:
+                from client.criapi import api_pb2
+                daemon.images().PullImage(api_pb2.PullImageRequest(image=api_pb2.ImageSpec(image=image.ref)),
+                                          timeout=START_TIMEOUT)
+                daemon.image = image.ref
             yield daemon
         finally:
             daemon.stop()

@@ -4,7 +4,7 @@ rmi, imagefsinfo. Configs are crictl's JSON files; ids may
 be given by unique prefix.
 
     podshimctl runp [--runtime native|runc|crun] pod-config.json   # prints the pod id
-    podshimctl create POD_ID container-config.json pod-config.json   # prints the container id
+    podshimctl create [--with-pull] POD_ID container-config.json pod-config.json   # prints the container id
     podshimctl start CONTAINER_ID; podshimctl logs CONTAINER_ID
     podshimctl pods [--state ready|notready] [--label k=v] [-q]; podshimctl ps [-a] [--pod ID]
     podshimctl exec [--timeout S] CONTAINER_ID CMD [ARG...]          # exits with the command's status
@@ -292,7 +292,8 @@ def _create(args: argparse.Namespace, daemon: _Podshimd) -> None:
     emit(args, {"id": container_id}, lambda out: print(container_id, file=out))
 
 
-_verb("create", "create a container in a pod (prints its id)", _create,
+_verb("create", "create a container in a pod (prints its id); its config must name an image, its root "
+      "filesystem (podshimd runs no container without one)", _create,
       lambda p: (p.add_argument("pod_id", metavar="POD_ID"),
                  p.add_argument("container_config", metavar="CONTAINER_CONFIG.json"),
                  p.add_argument("pod_config", metavar="POD_CONFIG.json"),

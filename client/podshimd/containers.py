@@ -1,7 +1,6 @@
 """RuntimeService's container RPCs: CreateContainer, StartContainer, StopContainer,
 RemoveContainer, ListContainers, ContainerStatus. The semantics are the pod layer's,
-:class:`client.cri.pod.PodService`; containers run on the host's root filesystem until podshim
-has images."""
+:class:`client.cri.pod.PodService`; a container without an image is refused (translate)."""
 
 from __future__ import annotations
 

@@ -79,8 +79,14 @@ def pod_sandbox_config(request: api_pb2.RunPodSandboxRequest) -> PodSandboxConfi
 
 
 def container_config(request: api_pb2.CreateContainerRequest) -> ContainerConfig:
-    """The request's ContainerConfig; InvalidArgument naming the field that is wrong or missing."""
-    return ContainerConfig.from_json(_as_dict(_required(request, "config")))
+    """The request's ContainerConfig; InvalidArgument naming the field that is wrong or missing.
+    A container must name its image, its root filesystem (as containerd requires): without one
+    it would have none but what the node gives it."""
+    config = ContainerConfig.from_json(_as_dict(_required(request, "config")))
+    if not config.image:
+        raise InvalidArgument("config.image.image is empty: a container needs an image, which is its root "
+                              "filesystem (podshimd runs no container without one)")
+    return config
 
 
 def pod_sandbox_filter(request: api_pb2.ListPodSandboxRequest) -> dict[str, Any]:

@@ -18,6 +18,7 @@ import grpc
 import pytest
 
 from client.criapi import api_pb2
+from critools import HOST_PYTHON_MOUNTS
 from podtools import container_config, pod_config
 
 HANDLERS = ["native"] + [h for h in ("runc", "crun") if shutil.which(h, path="/usr/sbin:/usr/bin:/sbin:/bin")]
@@ -156,7 +157,7 @@ class CrictlOnTerminal:
 
 @pytest.mark.parametrize("handler", HANDLERS)
 def test_attach_it_gets_the_containers_terminal_its_size_and_resizes(daemon, crictl, start, handler):
-    container_id = start(["python3", "-c", TTY_PROGRAM], handler, stdin=True, tty=True)
+    container_id = start(["python3", "-c", TTY_PROGRAM], handler, stdin=True, tty=True, mounts=HOST_PYTHON_MOUNTS)
     first = CrictlOnTerminal(daemon, crictl, container_id, rows=40, cols=100)
     second = None
     try:

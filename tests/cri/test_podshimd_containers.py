@@ -1,9 +1,10 @@
 """Containers through podshimd as the real crictl drives them (create, start, ps with
-filters, inspect, logs, stop with a timeout, rm; create goes over gRPC, as crictl refuses a
-config that names no image), each checked on what crictl prints and on the
+filters, inspect, logs, stop with a timeout, rm; create goes over gRPC, a config that names
+no image getting the tests' busybox), each checked on what crictl prints and on the
 kernel side (which of the pause's namespaces the container's process shares); CRI's proto3 zero
 values (no namespace_options: the pod's PID namespace); the CRI semantics a client relies on; and
-what podshimd does not do yet answering UNIMPLEMENTED with a sentence."""
+what podshimd does not do yet answering UNIMPLEMENTED with a sentence; a container without an
+image refused."""
 
 from __future__ import annotations
 
@@ -32,7 +33,7 @@ def pod(daemon, crictl, tmp_path):
 
 
 def create(daemon, pod, config: dict) -> str:
-    """Create a container in ``pod`` (its config names no image: crictl cannot send it)."""
+    """Create a container in ``pod`` (of the tests' busybox when its config names no image)."""
     container_id = daemon.create_container(pod[0], config, pod[1])
     assert CONTAINER_ID.match(container_id), container_id
     return container_id
@@ -69,7 +70,7 @@ def test_a_container_runs_in_the_pods_namespaces_and_logs_what_it_prints(daemon,
     found = inspect(daemon, crictl, container_id)
     status, info = found["status"], found["info"]
     assert status["state"] == "CONTAINER_RUNNING" and status["metadata"] == {"name": "c", "attempt": 0}
-    assert status["image"]["image"] == "host-rootfs" and status["imageRef"] == "host-rootfs"  # it names no image
+    assert status["image"]["image"] == daemon.image and status["imageRef"].startswith(daemon.image.rpartition(":")[0] + "@sha256:")
     assert status["labels"] == {"role": "web"} and status["logPath"].endswith("/c_0.log")
     pid, pause = info["pid"], pause_pid(daemon, crictl, pod[0])
     with open(f"/proc/{pid}/cmdline", "rb") as f:
@@ -78,7 +79,7 @@ def test_a_container_runs_in_the_pods_namespaces_and_logs_what_it_prints(daemon,
         assert ns_inode(pid, kind) == ns_inode(pause, kind), kind
     assert ns_inode(pid, "pid") not in (ns_inode(pause, "pid"), ns_inode(os.getpid(), "pid"))  # CONTAINER mode
     rows = table(daemon.crictl(crictl, "ps").stdout)
-    assert rows == [[container_id[:13], "host-rootfs", rows[0][2], "Running", "c", "0",
+    assert rows == [[container_id[:13], rows[0][1], rows[0][2], "Running", "c", "0",
                      pod[0][:13], "unknown", "unknown"]]  # no pod name or namespace label
     logs = daemon.crictl(crictl, "logs", container_id)
     assert logs.stdout.splitlines()[0] == "out" and logs.stderr == "err\n"
@@ -196,14 +197,15 @@ def test_bad_container_requests_get_a_status_with_a_sentence(daemon, crictl, pod
 
     cases = [
         (create_request(pod[0], None), grpc.StatusCode.INVALID_ARGUMENT, "config is required"),
-        (create_request(pod[0], {"metadata": {"name": "x"}}), grpc.StatusCode.INVALID_ARGUMENT,
-         "no command specified: command and args are empty and there is no image"),
+        (create_request(pod[0], {"metadata": {"name": "x"}, "command": ["true"]}), grpc.StatusCode.INVALID_ARGUMENT,
+         "config.image.image is empty: a container needs an image, which is its root filesystem (podshimd runs "
+         "no container without one)"),
         (create_request(pod[0], {**container_config(["true"]), "image": {"image": "busybox"}}),
          grpc.StatusCode.NOT_FOUND, "image 'busybox' not found: pull it first"),
-        (create_request(pod[0], {**container_config(["true"]), "linux": {"security_context": {
+        (create_request(pod[0], {**container_config(["true"]), "image": {"image": daemon.image}, "linux": {"security_context": {
             "namespace_options": {"pid": 7}}}}), grpc.StatusCode.INVALID_ARGUMENT,
          "linux.security_context.namespace_options.pid is 7; allowed: POD (0), CONTAINER (1), NODE (2), TARGET (3)"),
-        (create_request("d" * 64, container_config(["true"])), grpc.StatusCode.NOT_FOUND,
+        (create_request("d" * 64, {**container_config(["true"]), "image": {"image": daemon.image}}), grpc.StatusCode.NOT_FOUND,
          f"no pod sandbox has an id starting with {'d' * 64!r}"),
     ]
     for request, code, details in cases:
@@ -212,7 +214,7 @@ def test_bad_container_requests_get_a_status_with_a_sentence(daemon, crictl, pod
         assert (failed.value.code(), failed.value.details()) == (code, details)
     container_id = create(daemon, pod, container_config(["sleep", "60"]))
     with pytest.raises(grpc.RpcError) as twice:
-        runtime.CreateContainer(create_request(pod[0], container_config(["sleep", "60"])))
+        runtime.CreateContainer(create_request(pod[0], {**container_config(["sleep", "60"]), "image": {"image": daemon.image}}))
     assert twice.value.code() == grpc.StatusCode.ALREADY_EXISTS
     daemon.crictl(crictl, "start", container_id)
     again = daemon.crictl(crictl, "start", container_id, check=False)

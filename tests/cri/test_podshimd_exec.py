@@ -59,7 +59,7 @@ def test_exec_reports_the_commands_exit_code(daemon, crictl, container):
 
 def test_exec_runs_in_the_containers_namespaces(daemon, crictl, container):
     info = json.loads(daemon.crictl(crictl, "inspect", container).stdout)["info"]
-    done = crictl_exec(daemon, crictl, container, "readlink", "/proc/self/ns/pid", "/proc/self/ns/net")
+    done = crictl_exec(daemon, crictl, container, "sh", "-c", "readlink /proc/self/ns/pid; readlink /proc/self/ns/net")
     with open(f"/proc/{info['pid']}/ns/pid", "rb"):
         pass
     assert done.stdout.decode().split() == [os.readlink(f"/proc/{info['pid']}/ns/pid"),

@@ -14,6 +14,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 import urllib.request
 
 import grpc
@@ -22,7 +23,7 @@ import pytest
 from client.criapi import api_pb2
 from client.podshimd.images import IMAGE_STORE_DIR, usage
 
-from critools import REPO, running_podshimd
+from critools import HOST_PYTHON_MOUNTS, REPO, running_podshimd
 from podtools import container_config, ns_inode, pod_config
 from proctools import fifo_writer, wait_gone
 
@@ -35,12 +36,12 @@ ALLOCATED = 64 << 20
 
 
 @pytest.fixture(scope="module")
-def module_daemon():
+def module_daemon(test_images):
     """One podshimd for the module, with its metrics endpoint on (the critools ``daemon`` fixture
     uses this one and removes every pod after each test)."""
     directory = tempfile.mkdtemp(prefix="psd-")
     try:
-        with running_podshimd(directory, config=METRICS_CONFIG) as d:
+        with running_podshimd(directory, config=METRICS_CONFIG, image=test_images.busybox) as d:
             yield d
     finally:
         shutil.rmtree(directory)
@@ -54,9 +55,10 @@ def pod(daemon, crictl, tmp_path):
     return daemon.crictl(crictl, "runp", str(path)).stdout.strip(), str(path)
 
 
-def run(daemon, crictl, pod, command: list[str], name: str = "c") -> str:
-    """Create and start a container running ``command`` in ``pod``; its id."""
-    container_id = daemon.create_container(pod[0], container_config(command, name=name), pod[1])
+def run(daemon, crictl, pod, command: list[str], name: str = "c", **fields) -> str:
+    """Create and start a container running ``command`` in ``pod`` (with more of its config's
+    ``fields``); its id."""
+    container_id = daemon.create_container(pod[0], {**container_config(command, name=name), **fields}, pod[1])
     daemon.crictl(crictl, "start", container_id)
     return container_id
 
@@ -89,7 +91,8 @@ def allocating(daemon, crictl, pod, tmp_path) -> str:
     try:
         script = (f"b = bytearray({ALLOCATED}); b[::4096] = b'x' * len(b[::4096]); "
                   f"open({str(fifo)!r}, 'w').write('ready'); import time; time.sleep(600)")
-        container_id = run(daemon, crictl, pod, ["python3", "-c", script], name="alloc")
+        container_id = run(daemon, crictl, pod, ["python3", "-c", script], name="alloc",
+                           mounts=[*HOST_PYTHON_MOUNTS, {"container_path": str(tmp_path), "host_path": str(tmp_path)}])
         readable, _, _ = select.select([reader], [], [], CALL_TIMEOUT)
         assert readable and os.read(reader, 16) == b"ready", "the container did not say it allocated"
     finally:
@@ -121,7 +124,7 @@ def test_exec_sync_runs_in_the_containers_namespaces_and_cgroup(daemon, crictl, 
     container_id = run(daemon, crictl, pod, ["sleep", "600"])
     pid = info(daemon, crictl, container_id)["pid"]
     reply = daemon.runtime().ExecSync(api_pb2.ExecSyncRequest(
-        container_id=container_id, cmd=["sh", "-c", "readlink /proc/self/ns/pid /proc/self/ns/net; "
+        container_id=container_id, cmd=["sh", "-c", "readlink /proc/self/ns/pid; readlink /proc/self/ns/net; "
                                                     "cat /proc/self/cgroup"]), timeout=CALL_TIMEOUT)
     lines = reply.stdout.decode().splitlines()
     assert lines[0] == f"pid:[{ns_inode(pid, 'pid')}]" and lines[1] == f"net:[{ns_inode(pid, 'net')}]"
@@ -255,7 +258,8 @@ def test_a_resource_that_cannot_be_applied_is_invalid_argument_naming_it_and_cha
 def test_reopen_container_log_after_the_log_was_moved(daemon, crictl, pod, tmp_path):
     fifo = tmp_path / "go"
     os.mkfifo(fifo)
-    container_id = run(daemon, crictl, pod, ["sh", "-c", f"echo before; read x < {fifo}; echo after"])
+    container_id = run(daemon, crictl, pod, ["sh", "-c", f"echo before; read x < {fifo}; echo after"],
+                       mounts=[{"container_path": str(tmp_path), "host_path": str(tmp_path)}])
     status = json.loads(daemon.crictl(crictl, "inspect", container_id).stdout)
     log_path, pid = status["status"]["logPath"], status["info"]["pid"]
     # Opening the FIFO for writing returns once the container opened it: "before" is written by then.
@@ -265,7 +269,10 @@ def test_reopen_container_log_after_the_log_was_moved(daemon, crictl, pod, tmp_p
                                             timeout=CALL_TIMEOUT)
         go.write("x\n")
     assert not wait_gone(pid, timeout=30)
-    assert json.loads(daemon.crictl(crictl, "inspect", container_id).stdout)["status"]["state"] == "CONTAINER_EXITED"
+    deadline = time.monotonic() + 30  # the shim reports the exit it reaped: a moment after it is gone
+    while json.loads(daemon.crictl(crictl, "inspect", container_id).stdout)["status"]["state"] != "CONTAINER_EXITED":
+        assert time.monotonic() < deadline, "the container is gone but not reported EXITED"
+        time.sleep(0.05)
     assert [line.split(" ", 3)[3] for line in read(log_path + ".1").splitlines()] == ["before"]
     assert [line.split(" ", 3)[3] for line in read(log_path).splitlines()] == ["after"]
 

@@ -30,13 +30,14 @@ def ctl(daemon, *argv: str, check: bool = True) -> subprocess.CompletedProcess:
 
 
 @pytest.fixture
-def files(tmp_path):
+def files(daemon, tmp_path):
     pod, container = tmp_path / "pod.json", tmp_path / "container.json"
     pod.write_text(json.dumps(pod_config()))
     config = container_config(["/bin/sh", "-c", "echo $GREETING from $(hostname)"], pid=0)
     # An env value is CRI bytes since 1.37: crictl's files write it as text, and text it stays
     # ("abcd" is valid base64 too).
     config["envs"] = [{"key": "GREETING", "value": "hello"}, {"key": "TEXT", "value": "abcd"}]
+    config["image"] = {"image": daemon.image}
     container.write_text(json.dumps(config))
     return str(pod), str(container)
 
@@ -71,8 +72,8 @@ def test_pods_filters_and_stop_with_a_timeout(daemon, files, tmp_path):
     pod_file, _ = files
     pod_id = ctl(daemon, "runp", pod_file).stdout.strip()
     stubborn = tmp_path / "stubborn.json"
-    stubborn.write_text(json.dumps(container_config(["/bin/sh", "-c", "trap '' TERM; while :; do sleep 1; done"],
-                                                    pid=0)))
+    stubborn.write_text(json.dumps({**container_config(["/bin/sh", "-c", "trap '' TERM; while :; do sleep 1; done"],
+                                                       pid=0), "image": {"image": daemon.image}}))
     container_id = ctl(daemon, "create", pod_id, str(stubborn), pod_file).stdout.strip()
     ctl(daemon, "start", container_id)
     assert ctl(daemon, "pods", "-q", "--state", "ready", "--label", "app=podshim-demo").stdout.split() == [pod_id]

@@ -44,10 +44,6 @@ class Cri:
         self.image = image
         self.pods: list[str] = []
 
-    def pull(self, image: str) -> None:
-        self.daemon.images().PullImage(api_pb2.PullImageRequest(image=api_pb2.ImageSpec(image=image)),
-                                       timeout=CALL_TIMEOUT)
-
     def run_pod(self, handler: str, **namespace_options) -> tuple[str, api_pb2.PodSandboxConfig]:
         """A ready pod of ``handler`` (``namespace_options`` as crictl's pod config spells them)."""
         config = json_format.ParseDict(pod_config(**namespace_options), api_pb2.PodSandboxConfig())

@@ -4,6 +4,7 @@ containers on it the way kubelet does. Every pod a test makes is removed after i
 
 from __future__ import annotations
 
+import json
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -17,21 +18,19 @@ from critools import Podshimd, running_podshimd
 @pytest.fixture(scope="module")
 def attack_daemon(test_images) -> Iterator[Podshimd]:
     """One podshimd for a module: every installed handler, the test registry, busybox pulled."""
-    config = (f"runtime_handlers = {handlers()!r}\n".replace("'", '"')
-              + f'[registries."{test_images.registry.host}"]\ninsecure = true\n')
     directory = tempfile.mkdtemp(prefix="psd-sec-")
     try:
-        with running_podshimd(directory, config=config) as daemon:
-            Cri(daemon).pull(test_images.busybox.ref)
+        with running_podshimd(directory, config=f"runtime_handlers = {json.dumps(handlers())}\n",
+                              image=test_images.busybox) as daemon:
             yield daemon
     finally:
         shutil.rmtree(directory)
 
 
 @pytest.fixture
-def cri(attack_daemon, test_images) -> Iterator[Cri]:
+def cri(attack_daemon) -> Iterator[Cri]:
     """A CRI client of the module's podshimd; the pods it ran are removed after the test."""
-    client = Cri(attack_daemon, image=test_images.busybox.ref)
+    client = Cri(attack_daemon, image=attack_daemon.image)
     try:
         yield client
     finally:

@@ -21,6 +21,7 @@ import time
 import pytest
 
 from client.systemd import unit_names
+from netrelay import loopback_relay
 from nspawn import CONTAINER_PATH, Machine, command_links, nspawn_unavailable, project_venv
 from shim.paths import BOOTSTRAP_FILE, STATE_FILE, read_json
 from shim.rpc import Client
@@ -300,13 +301,28 @@ def wait_for_new_main_pid(machine: Machine, unit: str, old: int, timeout: float 
         time.sleep(0.05)
 
 
-def test_podshimd_starts_on_its_socket_and_its_pods_outlive_restarts_and_kill_9(machine):
+def test_podshimd_starts_on_its_socket_and_its_pods_outlive_restarts_and_kill_9(machine, test_images):
+    busybox = test_images.busybox
     machine.write_file("/run/quick/pod.json", json.dumps({
         "metadata": {"name": "web", "namespace": "default", "uid": "u-nspawn"}, "hostname": "web"}))
     machine.write_file("/run/quick/ctr.json", json.dumps({
-        "metadata": {"name": "sleeper"}, "command": ["sleep", "300"],
-        # No image: the machine's / read-only, without the mounts below it (its /usr is the host's).
-        "mounts": [{"container_path": "/usr", "host_path": "/usr", "readonly": True}]}))
+        "metadata": {"name": "sleeper"}, "image": {"image": busybox.ref}, "command": ["sleep", "300"]}))
+    # The tests' registry, reached from the machine's private network through a relay at the same
+    # address, marked plain HTTP in a config of the test's (the machine's /etc is the host's).
+    machine.write_file("/run/quick/config.toml", f'[registries."{busybox.ref.split("/", 1)[0]}"]\ninsecure = true\n')
+    drop_in = "/run/systemd/system/podshimd.service.d/quick.conf"
+    machine.write_file(drop_in, "[Service]\nExecStart=\nExecStart=/usr/local/bin/podshimd --config /run/quick/config.toml\n")
+    machine.systemctl("daemon-reload")
+    port = int(busybox.ref.split("/", 1)[0].rpartition(":")[2])
+    try:
+        with loopback_relay(f"/proc/{machine.leader}/ns/net", port):
+            _podshimd_in(machine, busybox.ref)
+    finally:
+        os.unlink(machine.host_path(drop_in))
+        machine.systemctl("daemon-reload")
+
+
+def _podshimd_in(machine, image: str) -> None:
     machine.systemctl("start", "podshimd.socket")
     try:
         assert unit_state(machine, "podshimd.service") == "inactive"
@@ -314,6 +330,7 @@ def test_podshimd_starts_on_its_socket_and_its_pods_outlive_restarts_and_kill_9(
         assert podshimctl(machine, "pods", "-q") == ""
         assert unit_state(machine, "podshimd.service") == "active"
         pod = podshimctl(machine, "runp", "/run/quick/pod.json").strip()
+        podshimctl(machine, "pull", image)
         ctr = podshimctl(machine, "create", pod, "/run/quick/ctr.json", "/run/quick/pod.json").strip()
         podshimctl(machine, "start", ctr)
         info = json.loads(podshimctl(machine, "inspectp", "--json", pod))["info"]

@@ -1,0 +1,41 @@
+"""A container without an image (issue 32, item 4): it used to run on a read-only view of the
+node's own ``/``, from which its root user read /etc/shadow and reached podshimd's socket (and
+through it, a privileged pod). podshimd refuses it now, on every handler, as containerd does:
+INVALID_ARGUMENT with a sentence, and nothing is made; podshimctl says the same."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import grpc
+import pytest
+
+from client.criapi import api_pb2
+from critools import REPO
+from podtools import container_config, pod_config
+
+REFUSAL = ("config.image.image is empty: a container needs an image, which is its root filesystem "
+           "(podshimd runs no container without one)")
+
+
+def test_a_container_without_an_image_is_refused_and_nothing_is_made(cri, handler):
+    pod = cri.run_pod(handler)
+    with pytest.raises(grpc.RpcError) as refused:
+        cri.create(pod, ["cat", "/etc/shadow"], image="")
+    assert (refused.value.code(), refused.value.details()) == (grpc.StatusCode.INVALID_ARGUMENT, REFUSAL)
+    listed = cri.daemon.runtime().ListContainers(api_pb2.ListContainersRequest(), timeout=30).containers
+    assert [c.id for c in listed if c.pod_sandbox_id == pod[0]] == []
+
+
+def test_podshimctl_create_of_a_config_without_an_image_says_why(cri, tmp_path):
+    pod_id, _ = cri.run_pod("native")
+    pod_file, container_file = tmp_path / "pod.json", tmp_path / "container.json"
+    pod_file.write_text(json.dumps(pod_config()))
+    container_file.write_text(json.dumps(container_config(["cat", "/etc/shadow"])))
+    done = subprocess.run([sys.executable, "-m", "client.cli", "--runtime-root", cri.daemon.runtime_root, "create", pod_id,
+                           str(container_file), str(pod_file)], cwd=REPO, stdin=subprocess.DEVNULL,
+                          capture_output=True, text=True, timeout=120)
+    assert (done.returncode, done.stdout) == (1, "")
+    assert done.stderr.strip() == f"INVALID_ARGUMENT: {REFUSAL}"
