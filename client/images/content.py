@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import logging
 import os
 import stat
 import tempfile
@@ -28,6 +29,8 @@ from shim.rpc.trees import remove_tree
 from .reference import ReferenceError, check_digest
 
 __all__ = ["BLOBS_DIR", "INGEST_DIR", "BlobError", "ContentStore", "file_digest", "sha256_digest"]
+
+log = logging.getLogger(__name__)
 
 BLOBS_DIR = os.path.join("blobs", "sha256")
 INGEST_DIR = "ingest"
@@ -81,7 +84,10 @@ class ContentStore:
         returns self. Raises OSError."""
         for path in (self.root, os.path.dirname(self.blobs), self.blobs):
             ensure_private_dir(path, 0o700)
-        remove_tree(self.ingest, ignore_errors=True)
+        try:
+            remove_tree(self.ingest)
+        except OSError as exc:  # never a reason not to start: tried again at the next start
+            log.warning("cannot remove what an earlier process left in %s: %s", self.ingest, exc)
         ensure_private_dir(self.ingest, 0o700)
         return self
 

@@ -103,7 +103,10 @@ class Images:
         self.store.load()
         self.content.open()
         self.snapshots = Snapshotter(os.path.join(self.root, SNAPSHOTS_DIR))
-        self.collect_garbage()
+        try:
+            self.collect_garbage()
+        except OSError as exc:  # garbage left is no reason not to start: collected next time
+            log.warning("collecting unreferenced blobs and snapshots failed: %s", exc)
         return self
 
     async def aclose(self) -> None:

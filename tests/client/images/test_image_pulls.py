@@ -692,6 +692,25 @@ async def test_an_image_deeper_than_the_recursion_limit_is_removed_leaving_nothi
         remove_tree(str(tmp_path / "state"))
 
 
+async def test_leftovers_that_cannot_be_removed_are_warnings_and_the_store_opens(tmp_path, caplog):
+    images = Images(str(tmp_path / "state")).open()
+    busy = [os.path.join(images.content.ingest, "pull-x"), os.path.join(images.snapshots.root, "snapshots", "trash-x")]
+    mounted = []
+    try:
+        for path in busy:  # a mount point in each: never entered, never removed
+            os.makedirs(path)
+            subprocess.run(["mount", "-t", "tmpfs", "tmpfs", path], check=True)
+            mounted.append(path)
+        Images(str(tmp_path / "state")).open()
+        assert f"cannot remove what an earlier process left in {images.content.ingest}" in caplog.text
+        assert f"cannot remove {busy[1]}, left for the next start to remove" in caplog.text
+    finally:
+        for path in mounted:
+            subprocess.run(["umount", path], check=True)
+    Images(str(tmp_path / "state")).open()
+    assert not any(os.path.exists(path) for path in busy)
+
+
 async def test_a_failed_collection_is_logged_and_the_image_removed_all_the_same(tmp_path, test_images, monkeypatch,
                                                                                  caplog):
     images = images_for(tmp_path, test_images.registry)
