@@ -7,6 +7,7 @@ at top level (TOML, UTF-8), except ``registries``, a table per registry host::
     listen = "unix:///run/podshim/podshimd.sock"
     cni_bin_dirs = ["/usr/lib/cni", "/opt/cni/bin"]
     runtime_handlers = ["native", "runc"]
+    cgroup_driver = "cgroupfs"          # the only one so far; RuntimeConfig answers it
     template = true
     image_pull_timeout = 3600           # seconds a whole PullImage may take
     image_pull_progress_timeout = 300   # seconds it may go without a byte downloaded
@@ -43,7 +44,7 @@ from shim.paths import SUN_PATH_MAX
 from shim.runtime.pause import CATATONIT
 from shim.sandbox.options import NATIVE, RUNTIME_HANDLERS
 
-__all__ = ["DEFAULT_CONFIG_PATH", "DEFAULT_STATE_ROOT", "DEFAULT_LISTEN", "LOG_LEVELS", "COMMAND_LINE", "Config",
+__all__ = ["DEFAULT_CONFIG_PATH", "DEFAULT_STATE_ROOT", "DEFAULT_LISTEN", "LOG_LEVELS", "CGROUPFS", "COMMAND_LINE", "Config",
            "ConfigError", "load", "add_arguments", "from_arguments"]
 
 DEFAULT_CONFIG_PATH = "/etc/podshim/config.toml"
@@ -54,6 +55,12 @@ DEFAULT_STATE_ROOT = "/var/lib/podshim"
 #: default endpoint does); this is it for the default runtime root.
 DEFAULT_LISTEN = podshimd_endpoint(DEFAULT_RUNTIME_ROOT)
 LOG_LEVELS = ("debug", "info", "warning", "error")
+#: The cgroup driver podshim has: it makes and writes the cgroup directories itself. RuntimeConfig
+#: answers it; kubelet's cgroupDriver must match.
+CGROUPFS = "cgroupfs"
+#: The cgroup drivers kubelet knows that podshim does not have yet, and why.
+_UNSUPPORTED_DRIVERS = {"systemd": "the systemd cgroup driver (pods' cgroups as systemd slices and scopes) is not "
+                                   "supported yet: use cgroupfs, and kubelet's cgroupDriver: cgroupfs"}
 COMMAND_LINE = "command line"  # the "file" of a ConfigError about a flag
 
 _UNIX = "unix://"
@@ -73,6 +80,7 @@ class Config:
     default_runtime_handler: str = NATIVE  # for RunPodSandbox's empty runtime_handler
     runtime_handlers: tuple[str, ...] = RUNTIME_HANDLERS  # the handlers CRI clients may ask for
     cgroup_parent: str = ""  # "" = under podshimd's own cgroup; "/x" from each hierarchy's root
+    cgroup_driver: str = CGROUPFS  # who makes the pods' cgroups: cgroupfs (directories podshim writes)
     sandbox_binary: str = CATATONIT  # the pause, run as `catatonit -P`
     sandbox_image: str = ""  # the pause as an image (containerd's sandbox_image); "" = the built-in pause
     template: bool = True  # spawn shims from the preloaded template
@@ -233,6 +241,11 @@ def _check(source: str, name: str, key: str, value: Any) -> Any:
     elif key == "cgroup_parent":
         if "\x00" in value or ".." in value.split("/"):
             raise refuse(f"must be a cgroup path without '..', not {value!r}")
+    elif key == "cgroup_driver":
+        if value in _UNSUPPORTED_DRIVERS:
+            raise refuse(_UNSUPPORTED_DRIVERS[value])
+        if value != CGROUPFS:
+            raise refuse(f"must be {CGROUPFS!r}, not {value!r}")
     elif key == "log_level":
         if value not in LOG_LEVELS:
             raise refuse(f"must be one of {', '.join(LOG_LEVELS)}, not {value!r}")

@@ -1,14 +1,16 @@
 """RuntimeService's container RPCs: CreateContainer, StartContainer, StopContainer,
-RemoveContainer, ListContainers, ContainerStatus. The semantics are the pod layer's,
+RemoveContainer, ListContainers, StreamContainers, ContainerStatus. The semantics are the pod layer's,
 :class:`client.cri.pod.PodService`; a container without an image is refused (translate)."""
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from typing import Any
 
 from client.criapi import api_pb2
 
 from . import translate
+from .chunks import chunks
 from .handlers import Handlers
 
 __all__ = ["Containers"]
@@ -47,5 +49,14 @@ class Containers(Handlers):
 
     async def ListContainers(self, request: api_pb2.ListContainersRequest,
                              context: Any) -> api_pb2.ListContainersResponse:
+        return api_pb2.ListContainersResponse(containers=await self._list_containers(request))
+
+    async def StreamContainers(self, request: api_pb2.StreamContainersRequest,
+                               context: Any) -> AsyncIterator[api_pb2.StreamContainersResponse]:
+        for chunk in chunks(await self._list_containers(request)):
+            yield api_pb2.StreamContainersResponse(containers=chunk)
+
+    async def _list_containers(self, request: api_pb2.ListContainersRequest | api_pb2.StreamContainersRequest
+                    ) -> list[api_pb2.Container]:
         found = await self.pods.list_containers(translate.container_filter(request))
-        return api_pb2.ListContainersResponse(containers=[translate.container(c) for c in found])
+        return [translate.container(c) for c in found]

@@ -1,4 +1,4 @@
-"""ImageService's ListImages, ImageStatus, PullImage and RemoveImage over the node's images
+"""ImageService's ListImages, StreamImages, ImageStatus, PullImage and RemoveImage over the node's images
 (:class:`client.images.service.Images`): translation only.
 
 PullImage answers with the image's id (its config digest) as ``image_ref``; ImageStatus of an image
@@ -11,6 +11,7 @@ filter lists the image it names, if any.
 from __future__ import annotations
 
 import json
+from collections.abc import AsyncIterator
 from typing import Any
 
 from client.criapi import api_pb2
@@ -18,6 +19,7 @@ from client.images.pull import AuthConfig
 from client.images.service import image_user
 from client.images.store import ImageRecord
 
+from .chunks import chunks
 from .handlers import Handlers
 
 __all__ = ["ImageStore", "image"]
@@ -38,11 +40,19 @@ def _auth(auth: api_pb2.AuthConfig) -> AuthConfig | None:
 
 
 class ImageStore(Handlers):
-    """ListImages, ImageStatus, PullImage, RemoveImage."""
+    """ListImages, StreamImages, ImageStatus, PullImage, RemoveImage."""
 
     async def ListImages(self, request: api_pb2.ListImagesRequest, context: Any) -> api_pb2.ListImagesResponse:
+        return api_pb2.ListImagesResponse(images=self._list_images(request))
+
+    async def StreamImages(self, request: api_pb2.StreamImagesRequest,
+                           context: Any) -> AsyncIterator[api_pb2.StreamImagesResponse]:
+        for chunk in chunks(self._list_images(request)):
+            yield api_pb2.StreamImagesResponse(images=chunk)
+
+    def _list_images(self, request: api_pb2.ListImagesRequest | api_pb2.StreamImagesRequest) -> list[api_pb2.Image]:
         name = request.filter.image.image if request.HasField("filter") else ""
-        return api_pb2.ListImagesResponse(images=[image(r) for r in self.images.list(name)])
+        return [image(r) for r in self.images.list(name)]
 
     async def ImageStatus(self, request: api_pb2.ImageStatusRequest, context: Any) -> api_pb2.ImageStatusResponse:
         record = self.images.status(request.image.image)

@@ -1,4 +1,11 @@
-"""RuntimeService's Version and Status: what the runtime is and whether it is ready."""
+"""RuntimeService's Version, Status and RuntimeConfig: what the runtime is, what it can do, and
+whether it is ready.
+
+Status lists each runtime handler a client may ask for (config ``runtime_handlers``) with its
+features, and the runtime's features; each feature is true only where podshim applies it: read from
+the CRI field table (:mod:`client.cri.fields`), whose refused fields are the features podshim lacks.
+RuntimeConfig answers the cgroup driver in force (config ``cgroup_driver``).
+"""
 
 from __future__ import annotations
 
@@ -7,6 +14,7 @@ import json
 from typing import Any
 
 import shim
+from client.cri import fields
 from client.cri.cni import CniConfig
 from client.criapi import api_pb2
 from shim.rpc.status import RpcError
@@ -14,12 +22,37 @@ from shim.rpc.status import RpcError
 from .config import Config
 from .handlers import Handlers
 
-__all__ = ["RUNTIME_NAME", "RUNTIME_API_VERSION", "KUBELET_API_VERSION", "RuntimeInfo"]
+__all__ = ["RUNTIME_NAME", "RUNTIME_API_VERSION", "KUBELET_API_VERSION", "CGROUP_DRIVERS", "RuntimeInfo",
+           "handler_features", "runtime_features"]
 
 RUNTIME_NAME = "podshim"
 RUNTIME_API_VERSION = "v1"
 #: VersionResponse.version: "the version of the kubelet runtime API", which every runtime answers so.
 KUBELET_API_VERSION = "0.1.0"
+#: config ``cgroup_driver`` -> CRI's CgroupDriver.
+CGROUP_DRIVERS = {"cgroupfs": api_pb2.CgroupDriver.CGROUPFS, "systemd": api_pb2.CgroupDriver.SYSTEMD}
+
+
+def _applied(table: dict[str, fields.Field], path: str) -> bool:
+    return table[path].kind == fields.APPLIED
+
+
+def handler_features() -> api_pb2.RuntimeHandlerFeatures:
+    """What every runtime handler of podshim's supports (native, runc and crun apply the same
+    fields: the table has no per-handler column)."""
+    return api_pb2.RuntimeHandlerFeatures(
+        recursive_read_only_mounts=_applied(fields.CONTAINER_CONFIG, "mounts.recursive_read_only"),
+        user_namespaces=_applied(fields.POD_SANDBOX_CONFIG, "linux.security_context.namespace_options.userns_options"))
+
+
+def runtime_features() -> api_pb2.RuntimeFeatures:
+    """The runtime's features. ``user_namespaces_host_network`` is false: no user namespace of a
+    pod's own is supported at all (with the host's network or not)."""
+    return api_pb2.RuntimeFeatures(
+        supplemental_groups_policy=_applied(fields.CONTAINER_CONFIG,
+                                            "linux.security_context.supplemental_groups_policy"),
+        user_namespaces_host_network=False,
+        mount_options=_applied(fields.CONTAINER_CONFIG, "mounts.mount_options"))
 
 
 class RuntimeInfo(Handlers):
@@ -35,7 +68,16 @@ class RuntimeInfo(Handlers):
         if request.verbose:
             info["config"] = _config_json(self.config)
             info["podCIDR"] = json.dumps(self.pods.pod_cidr)  # as UpdateRuntimeConfig set it
-        return api_pb2.StatusResponse(status=api_pb2.RuntimeStatus(conditions=conditions), info=info)
+        features = handler_features()
+        handlers = [api_pb2.RuntimeHandler(name=name, features=features) for name in self.config.runtime_handlers]
+        # CRI: the default handler is also listed with an empty name (kubelet's "" means it).
+        handlers.insert(0, api_pb2.RuntimeHandler(name="", features=features))
+        return api_pb2.StatusResponse(status=api_pb2.RuntimeStatus(conditions=conditions), info=info,
+                                      runtime_handlers=handlers, features=runtime_features())
+
+    async def RuntimeConfig(self, request: api_pb2.RuntimeConfigRequest, context: Any) -> api_pb2.RuntimeConfigResponse:
+        return api_pb2.RuntimeConfigResponse(linux=api_pb2.LinuxRuntimeConfiguration(
+            cgroup_driver=CGROUP_DRIVERS[self.config.cgroup_driver]))
 
     def _network_condition(self) -> api_pb2.RuntimeCondition:
         # As containerd: the network is ready once a CNI network configuration exists.

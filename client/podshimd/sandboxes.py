@@ -1,17 +1,19 @@
 """RuntimeService's pod sandbox RPCs: RunPodSandbox, StopPodSandbox, RemovePodSandbox,
-PodSandboxStatus, ListPodSandbox. The semantics (rollback, idempotence, NOT_FOUND, ids by unique
+PodSandboxStatus, ListPodSandbox, StreamPodSandboxes. The semantics (rollback, idempotence, NOT_FOUND, ids by unique
 prefix) are the pod layer's, :class:`client.cri.pod.PodService`."""
 
 from __future__ import annotations
 
 import functools
 import time
+from collections.abc import AsyncIterator
 from typing import Any
 
 from client.criapi import api_pb2
 from client.phases import traced
 
 from . import translate
+from .chunks import chunks
 from .handlers import Handlers
 
 __all__ = ["Sandboxes"]
@@ -48,8 +50,17 @@ class Sandboxes(Handlers):
     async def ListPodSandbox(self, request: api_pb2.ListPodSandboxRequest,
                              context: Any) -> api_pb2.ListPodSandboxResponse:
         with traced("ListPodSandbox"):
-            found = await self.pods.list_pod_sandbox(translate.pod_sandbox_filter(request))
-            return self._listed.response(found)
+            return await self._list_pod_sandboxes(request)
+
+    async def StreamPodSandboxes(self, request: api_pb2.StreamPodSandboxesRequest,
+                                 context: Any) -> AsyncIterator[api_pb2.StreamPodSandboxesResponse]:
+        for chunk in chunks((await self._list_pod_sandboxes(request)).items):
+            yield api_pb2.StreamPodSandboxesResponse(pod_sandboxes=chunk)
+
+    async def _list_pod_sandboxes(self, request: api_pb2.ListPodSandboxRequest | api_pb2.StreamPodSandboxesRequest
+                    ) -> api_pb2.ListPodSandboxResponse:
+        found = await self.pods.list_pod_sandbox(translate.pod_sandbox_filter(request))
+        return self._listed.response(found)
 
     @functools.cached_property
     def _listed(self) -> translate.PodSandboxes:

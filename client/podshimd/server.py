@@ -53,6 +53,7 @@ from shim.rpc.status import RpcError, Unimplemented
 
 from . import metrics
 from .config import Config
+from .checkpoints import Checkpoints
 from .containers import Containers
 from .errors import translated
 from .events import Events
@@ -62,6 +63,7 @@ from .images import ImageFilesystem
 from .imagestore import ImageStore
 from .relay import ActivationError, inherited_listener, start_relay
 from .runtime_info import KUBELET_API_VERSION, RUNTIME_API_VERSION, RUNTIME_NAME, RuntimeInfo
+from .podmetrics import PodMetrics
 from .sandboxes import Sandboxes
 from .stats import Stats
 from .streaming import Streaming
@@ -85,7 +87,7 @@ RELAYED_SOCKET = ".podshimd-grpc.sock"
 #: The handler groups of runtime.v1.RuntimeService, each a :class:`.handlers.Handlers` subclass
 #: in a module of its own whose methods are named after the service's RPCs.
 RUNTIME_GROUPS: tuple[type[Handlers], ...] = (RuntimeInfo, Sandboxes, Containers, Streaming, SyncExec, Upkeep,
-                                               Stats, Events)
+                                               Stats, PodMetrics, Checkpoints, Events)
 #: The handler groups of runtime.v1.ImageService.
 IMAGE_GROUPS: tuple[type[Handlers], ...] = (ImageStore, ImageFilesystem)
 
@@ -105,14 +107,21 @@ def compose(servicer: type, groups: Iterable[type[Handlers]]) -> type:
     """The servicer class of ``servicer``'s service (a generated ``...Servicer``) made of the
     handler ``groups``: every RPC a group defines, wrapped by :func:`translated`, and an
     UNIMPLEMENTED answer for the rest (the generated base's own would be synchronous, which
-    grpc.aio does not run by default). Raises TypeError when two groups define the same RPC or a
-    group defines a method that is no RPC of the service (a misspelt handler would never run)."""
+    grpc.aio does not run by default). Raises TypeError when two groups define the same name (an
+    RPC, or a helper one group's handlers would find in the other) or a group defines a method that
+    is no RPC of the service (a misspelt handler would never run)."""
     service = api_pb2.DESCRIPTOR.services_by_name[servicer.__name__.removesuffix("Servicer")]
     rpcs = {method.name for method in service.methods}
     handlers: dict[str, Callable[..., Any]] = {}
     owner: dict[str, str] = {}
+    defined: dict[str, str] = {}
     for group in groups:
         for name, value in vars(group).items():
+            if name.startswith("__"):
+                continue
+            if name in defined:  # the first group's would serve the other's calls
+                raise TypeError(f"{name} is defined by both {defined[name]} and {group.__qualname__}")
+            defined[name] = group.__qualname__
             if not name[:1].isupper() or not callable(value):
                 continue
             if name not in rpcs:

@@ -89,16 +89,18 @@ def container_config(request: api_pb2.CreateContainerRequest) -> ContainerConfig
     return config
 
 
-def pod_sandbox_filter(request: api_pb2.ListPodSandboxRequest) -> dict[str, Any]:
-    """The pod layer's filter of a ListPodSandbox request (unset fields match everything)."""
+def pod_sandbox_filter(request: api_pb2.ListPodSandboxRequest | api_pb2.StreamPodSandboxesRequest) -> dict[str, Any]:
+    """The pod layer's filter of a ListPodSandbox or StreamPodSandboxes request (unset fields match
+    everything)."""
     f = request.filter
     return {"id": f.id or None,
             "state": api_pb2.PodSandboxState.Name(f.state.state) if f.HasField("state") else None,
             "label_selector": dict(f.label_selector)}
 
 
-def container_filter(request: api_pb2.ListContainersRequest) -> dict[str, Any]:
-    """The pod layer's filter of a ListContainers request (unset fields match everything)."""
+def container_filter(request: api_pb2.ListContainersRequest | api_pb2.StreamContainersRequest) -> dict[str, Any]:
+    """The pod layer's filter of a ListContainers or StreamContainers request (unset fields match
+    everything)."""
     f = request.filter
     return {"id": f.id or None, "pod_sandbox_id": f.pod_sandbox_id or None,
             "state": api_pb2.ContainerState.Name(f.state.state) if f.HasField("state") else None,

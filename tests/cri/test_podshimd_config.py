@@ -318,3 +318,16 @@ def test_sandbox_binary_and_sandbox_image_together_are_refused(write, tmp_path):
     with pytest.raises(ConfigError) as info:
         parse_flags(["--config", path, "--sandbox-image", "pause:3.9"], default_path=str(tmp_path / "absent"))
     assert (info.value.source, info.value.key) == (COMMAND_LINE, "--sandbox-image")
+
+
+def test_the_cgroup_driver_is_cgroupfs_the_one_podshim_has(write, missing):
+    assert config.load(default_path=missing).cgroup_driver == "cgroupfs"
+    assert config.load(write('cgroup_driver = "cgroupfs"\n')).cgroup_driver == "cgroupfs"
+
+
+def test_the_systemd_cgroup_driver_is_refused_until_podshim_has_it(write):
+    with pytest.raises(config.ConfigError, match=r"cgroup_driver: the systemd cgroup driver .* is not supported yet: "
+                                                 r"use cgroupfs"):
+        config.load(write('cgroup_driver = "systemd"\n'))
+    with pytest.raises(config.ConfigError, match=r"cgroup_driver: must be 'cgroupfs', not 'slices'"):
+        config.load(write('cgroup_driver = "slices"\n'))

@@ -101,7 +101,8 @@ def test_methods_not_implemented_yet_answer_unimplemented_with_a_sentence(daemon
     with pytest.raises(grpc.RpcError) as failed:
         daemon.runtime().CheckpointContainer(api_pb2.CheckpointContainerRequest(container_id="x"))
     assert failed.value.code() == grpc.StatusCode.UNIMPLEMENTED
-    assert failed.value.details() == "podshimd does not implement runtime.v1.RuntimeService.CheckpointContainer yet"
+    assert failed.value.details() == ("CheckpointContainer is not supported: podshim cannot checkpoint or restore "
+                                      "processes yet (no CRIU support in any runtime handler)")
 
 
 # -- the socket ------------------------------------------------------------------------------------

@@ -1,0 +1,199 @@
+"""podshimd's CRI surface as Kubernetes 1.37 speaks it (k8s.io/cri-api at the pin): every method
+of RuntimeService and ImageService is served or answers UNIMPLEMENTED with a sentence of its own;
+RuntimeConfig and Status say what podshim really has (crictl runtime-config, crictl info); the
+Stream* RPCs answer what their List counterparts answer, in chunks."""
+
+from __future__ import annotations
+
+import json
+
+import grpc
+import pytest
+from google.protobuf.descriptor import MethodDescriptor
+from google.protobuf.message import Message
+
+from client.criapi import api_pb2, api_pb2_grpc
+from client.podshimd import chunks, server
+from client.podshimd.handlers import Handlers
+
+from podtools import container_config, pod_config
+
+#: Bound on one call of these tests.
+CALL_TIMEOUT = 20
+#: The methods podshimd does not serve, each answered UNIMPLEMENTED with its reason (docs/cri.md).
+NOT_SERVED = {"CheckpointContainer", "CheckpointPod", "RestorePod", "UpdatePodSandboxResources"}
+
+
+def call(daemon, service: str, method: MethodDescriptor, request: Message) -> tuple[grpc.StatusCode, str]:
+    """Call ``method`` of ``service`` with ``request`` over the daemon's channel, by its descriptor
+    (no generated stub): (its status code, its details); a stream is read to its end."""
+    path = f"/{service}/{method.name}"
+    response = api_pb2.__dict__[method.output_type.name].FromString
+    channel = daemon._channel()
+    try:
+        if method.server_streaming:
+            for _ in channel.unary_stream(path, request_serializer=lambda m: m.SerializeToString(),
+                                              response_deserializer=response)(request, timeout=3):
+                pass
+        else:
+            channel.unary_unary(path, request_serializer=lambda m: m.SerializeToString(),
+                                response_deserializer=response)(request, timeout=CALL_TIMEOUT)
+    except grpc.RpcError as exc:
+        return exc.code(), exc.details()
+    return grpc.StatusCode.OK, ""
+
+
+def test_every_method_of_the_pinned_cri_is_served_or_unimplemented_with_a_sentence(daemon):
+    unimplemented = {}
+    for service in api_pb2.DESCRIPTOR.services_by_name.values():
+        for method in service.methods:
+            request = api_pb2.__dict__[method.input_type.name]()
+            code, details = call(daemon, service.full_name, method, request)
+            if code == grpc.StatusCode.UNIMPLEMENTED:
+                unimplemented[method.name] = details
+    assert set(unimplemented) == NOT_SERVED
+    for name, details in unimplemented.items():
+        assert name in details and "Method not found" not in details and len(details) > len(name) + 30
+
+
+def test_checkpoints_are_refused_saying_why(daemon):
+    with pytest.raises(grpc.RpcError) as failed:
+        daemon.runtime().CheckpointPod(api_pb2.CheckpointPodRequest(pod_sandbox_id="x", output_path="/tmp/x.tar"))
+    assert failed.value.code() == grpc.StatusCode.UNIMPLEMENTED
+    assert failed.value.details() == ("CheckpointPod is not supported: podshim cannot checkpoint or restore "
+                                      "processes yet (no CRIU support in any runtime handler)")
+
+
+# -- RuntimeConfig and Status ----------------------------------------------------------------------
+
+def test_runtime_config_answers_the_cgroup_driver_in_force(daemon, crictl):
+    answer = daemon.runtime().RuntimeConfig(api_pb2.RuntimeConfigRequest(), timeout=CALL_TIMEOUT)
+    assert answer.linux.cgroup_driver == api_pb2.CgroupDriver.CGROUPFS
+    assert daemon.crictl(crictl, "runtime-config").stdout.split() == ["cgroup", "driver:", "CGROUPFS"]
+
+
+def test_status_lists_each_runtime_handler_and_the_default_with_no_feature_podshim_lacks(daemon, crictl):
+    status = daemon.runtime().Status(api_pb2.StatusRequest(), timeout=CALL_TIMEOUT)
+    assert [h.name for h in status.runtime_handlers] == ["", "native", "runc", "crun"]
+    for handler in status.runtime_handlers:
+        assert handler.HasField("features")
+        assert not handler.features.recursive_read_only_mounts and not handler.features.user_namespaces
+    assert status.HasField("features")
+    assert not status.features.supplemental_groups_policy
+    assert not status.features.user_namespaces_host_network and not status.features.mount_options
+    info = json.loads(daemon.crictl(crictl, "info").stdout)
+    assert [h.get("name", "") for h in info["runtimeHandlers"]] == ["", "native", "runc", "crun"]
+    assert info["config"]["cgroup_driver"] == "cgroupfs"
+
+
+# -- Stream* ---------------------------------------------------------------------------------------
+
+def streamed(responses, field: str) -> list:
+    """The items of every message of a stream, in order; each message holds at least one."""
+    items = []
+    for response in responses:
+        chunk = list(getattr(response, field))
+        assert chunk, "a message of a Stream* RPC holds at least one item"
+        items += chunk
+    return items
+
+
+@pytest.fixture
+def pods(daemon, crictl, tmp_path):
+    """Three ready pods (labels app=a, a, b), each with a running container; their ids."""
+    ids = []
+    for i, app in enumerate("aab"):
+        path = tmp_path / f"pod{i}.json"
+        config = pod_config(name=f"p{i}")
+        config["labels"] = {"app": app}
+        path.write_text(json.dumps(config))
+        pod_id = daemon.crictl(crictl, "runp", str(path)).stdout.strip()
+        container = container_config(["sleep", "60"], name="c")
+        container["labels"] = {"app": app}
+        daemon.crictl(crictl, "start", daemon.create_container(pod_id, container, str(path)))
+        ids.append(pod_id)
+    return ids
+
+
+def test_streams_answer_what_the_lists_answer_with_the_same_filters(daemon, pods):
+    runtime = daemon.runtime()
+    selectors = [{}, {"app": "a"}, {"app": "b"}, {"app": "none"}]
+    for labels in selectors:
+        listed = runtime.ListPodSandbox(api_pb2.ListPodSandboxRequest(filter=api_pb2.PodSandboxFilter(
+            label_selector=labels)), timeout=CALL_TIMEOUT).items
+        assert streamed(runtime.StreamPodSandboxes(api_pb2.StreamPodSandboxesRequest(filter=api_pb2.PodSandboxFilter(
+            label_selector=labels)), timeout=CALL_TIMEOUT), "pod_sandboxes") == list(listed)
+        listed = runtime.ListContainers(api_pb2.ListContainersRequest(filter=api_pb2.ContainerFilter(
+            label_selector=labels)), timeout=CALL_TIMEOUT).containers
+        assert streamed(runtime.StreamContainers(api_pb2.StreamContainersRequest(filter=api_pb2.ContainerFilter(
+            label_selector=labels)), timeout=CALL_TIMEOUT), "containers") == list(listed)
+    assert len(streamed(runtime.StreamPodSandboxes(api_pb2.StreamPodSandboxesRequest(filter=api_pb2.PodSandboxFilter(
+        id=pods[1][:12])), timeout=CALL_TIMEOUT), "pod_sandboxes")) == 1
+    # Stats carry figures of the moment: the same items (by id), not the same values.
+    listed = runtime.ListContainerStats(api_pb2.ListContainerStatsRequest(filter=api_pb2.ContainerStatsFilter(
+        pod_sandbox_id=pods[2])), timeout=CALL_TIMEOUT).stats
+    stream = streamed(runtime.StreamContainerStats(api_pb2.StreamContainerStatsRequest(
+        filter=api_pb2.ContainerStatsFilter(pod_sandbox_id=pods[2])), timeout=CALL_TIMEOUT), "container_stats")
+    assert [s.attributes for s in stream] == [s.attributes for s in listed] and len(stream) == 1
+    assert stream[0].cpu.usage_core_nano_seconds.value > 0
+    listed = runtime.ListPodSandboxStats(api_pb2.ListPodSandboxStatsRequest(filter=api_pb2.PodSandboxStatsFilter(
+        label_selector={"app": "a"})), timeout=CALL_TIMEOUT).stats
+    stream = streamed(runtime.StreamPodSandboxStats(api_pb2.StreamPodSandboxStatsRequest(
+        filter=api_pb2.PodSandboxStatsFilter(label_selector={"app": "a"})), timeout=CALL_TIMEOUT), "pod_sandbox_stats")
+    assert sorted(s.attributes.id for s in stream) == sorted(s.attributes.id for s in listed) == sorted(pods[:2])
+    images = daemon.images()
+    assert streamed(images.StreamImages(api_pb2.StreamImagesRequest(), timeout=CALL_TIMEOUT), "images") == \
+        list(images.ListImages(api_pb2.ListImagesRequest(), timeout=CALL_TIMEOUT).images)
+
+
+def test_a_stream_with_nothing_to_answer_ends_without_a_message(daemon):
+    runtime = daemon.runtime()
+    assert list(runtime.StreamPodSandboxes(api_pb2.StreamPodSandboxesRequest(filter=api_pb2.PodSandboxFilter(
+        id="nothing")), timeout=CALL_TIMEOUT)) == []
+    assert list(runtime.StreamPodSandboxMetrics(api_pb2.StreamPodSandboxMetricsRequest(), timeout=CALL_TIMEOUT)) == []
+
+
+def test_metrics_describe_none_and_report_none(daemon, pods):
+    runtime = daemon.runtime()
+    assert list(runtime.ListMetricDescriptors(api_pb2.ListMetricDescriptorsRequest(),
+                                              timeout=CALL_TIMEOUT).descriptors) == []
+    assert list(runtime.ListPodSandboxMetrics(api_pb2.ListPodSandboxMetricsRequest(),
+                                              timeout=CALL_TIMEOUT).pod_metrics) == []
+
+
+# -- chunks ----------------------------------------------------------------------------------------
+
+def test_chunks_hold_each_item_once_in_order_within_the_byte_limit():
+    items = [api_pb2.PodSandbox(id=f"{i:064x}", annotations={"a": "x" * (i * 37 % 900)}) for i in range(3000)]
+    limit = 64 << 10
+    found = list(chunks.chunks(items, limit))
+    assert [item for chunk in found for item in chunk] == items
+    assert len(found) > 1 and all(found)
+    for chunk in found:
+        encoded = api_pb2.StreamPodSandboxesResponse(pod_sandboxes=chunk).ByteSize()
+        assert encoded == sum(chunks.encoded_size(item) for item in chunk) <= limit
+
+
+def test_an_item_larger_than_the_limit_goes_alone():
+    big, small = api_pb2.Image(id="x" * 5000), api_pb2.Image(id="y")
+    assert list(chunks.chunks([small, big, small], 1000)) == [[small], [big], [small]]
+    assert list(chunks.chunks([], 1000)) == []
+
+
+def test_the_default_chunk_stays_well_under_grpcs_default_4_mib_message():
+    assert chunks.CHUNK_BYTES * 4 <= 4 << 20
+
+
+# -- composition -----------------------------------------------------------------------------------
+
+def test_two_handler_groups_may_not_share_a_name_not_even_a_helpers():
+    class First(Handlers):
+        def _list(self) -> str:
+            return "first"
+
+    class Second(Handlers):
+        def _list(self) -> str:
+            return "second"
+
+    with pytest.raises(TypeError, match="_list is defined by both .*First and .*Second"):
+        server.compose(api_pb2_grpc.RuntimeServiceServicer, (First, Second))
