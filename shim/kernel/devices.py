@@ -26,11 +26,11 @@ import logging
 import os
 import struct
 from collections.abc import Iterable
-from dataclasses import dataclass
 from typing import Any
 
 from shim.kernel import linux
 from shim.kernel.cgroups import V2, SandboxCgroup
+from shim.rpc.records import Record, set_field as _set
 from shim.rpc.status import FailedPrecondition, InvalidArgument, error_from_oserror
 
 __all__ = ["ALL_DEVICES", "DEFAULT_RULES", "DeviceRule", "DeviceRules", "apply", "normal_access", "pod_rules", "preload",
@@ -50,23 +50,27 @@ def normal_access(access: str) -> str:
     return "".join(c for c in _ACCESS_ORDER if c in access)
 
 
-@dataclass(frozen=True)
-class DeviceRule:
+class DeviceRule(Record):
     """One allowed kind of device: ``kind`` ``c`` (character), ``b`` (block) or ``a`` (both),
-    ``major`` and ``minor`` (None: any), and ``access``, some of ``r``, ``w``, ``m`` (mknod)."""
+    ``major`` and ``minor`` (None: any), and ``access``, some of ``r``, ``w``, ``m`` (mknod).
+    InvalidArgument for anything else."""
 
+    __slots__ = ("kind", "major", "minor", "access")
     kind: str
-    major: int | None = None
-    minor: int | None = None
-    access: str = "rwm"
+    major: int | None
+    minor: int | None
+    access: str
 
-    def __post_init__(self) -> None:
-        if self.kind not in ("a", "b", "c"):
-            raise InvalidArgument(f"device type {self.kind!r} must be c, b or a")
-        for name, number in (("major", self.major), ("minor", self.minor)):
+    def __init__(self, kind: str, major: int | None = None, minor: int | None = None, access: str = "rwm") -> None:
+        if kind not in ("a", "b", "c"):
+            raise InvalidArgument(f"device type {kind!r} must be c, b or a")
+        for name, number in (("major", major), ("minor", minor)):
             if number is not None and (not isinstance(number, int) or not 0 <= number <= _MAX_NUMBER):
                 raise InvalidArgument(f"device {name} {number!r} must be a number from 0 to {_MAX_NUMBER}")
-        object.__setattr__(self, "access", normal_access(self.access))
+        _set(self, "kind", kind)
+        _set(self, "major", major)
+        _set(self, "minor", minor)
+        _set(self, "access", normal_access(access))
 
     def line(self) -> str:
         """The rule as the v1 controller's devices.allow takes it: ``c 1:3 rwm``, ``c 136:* rwm``."""
@@ -85,12 +89,16 @@ class DeviceRule:
         return entry
 
 
-@dataclass(frozen=True)
-class DeviceRules:
+class DeviceRules(Record):
     """Every device (``allow_all``), or none but those ``allowed`` lists."""
 
-    allow_all: bool = False
-    allowed: tuple[DeviceRule, ...] = ()
+    __slots__ = ("allow_all", "allowed")
+    allow_all: bool
+    allowed: tuple[DeviceRule, ...]
+
+    def __init__(self, allow_all: bool = False, allowed: tuple[DeviceRule, ...] = ()) -> None:
+        _set(self, "allow_all", allow_all)
+        _set(self, "allowed", allowed)
 
     def plus(self, rules: Iterable[DeviceRule]) -> DeviceRules:
         """These rules and ``rules`` (those not already here, in order)."""

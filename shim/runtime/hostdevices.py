@@ -9,11 +9,11 @@ from __future__ import annotations
 import os
 import stat
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from shim.kernel.devices import DeviceRule, normal_access
 from shim.runtime.mounts import HostDevice
+from shim.rpc.records import Record, set_field as _set
 from shim.rpc.status import FailedPrecondition, InvalidArgument
 
 __all__ = ["GivenDevice", "parse_devices"]
@@ -24,13 +24,17 @@ _DEV = "/dev"
 _MOUNTED_IN_DEV = ("/dev/pts", "/dev/shm", "/dev/mqueue")
 
 
-@dataclass(frozen=True)
-class GivenDevice:
+class GivenDevice(Record):
     """One device node to make in the task (``node.path`` is its path there) and the rule that lets
     the task use it."""
 
+    __slots__ = ("node", "rule")
     node: HostDevice
     rule: DeviceRule
+
+    def __init__(self, node: HostDevice, rule: DeviceRule) -> None:
+        _set(self, "node", node)
+        _set(self, "rule", rule)
 
 
 def parse_devices(payload: Mapping[str, Any]) -> tuple[GivenDevice, ...]:
