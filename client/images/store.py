@@ -25,6 +25,7 @@ import json
 import logging
 import os
 import re
+import time
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
@@ -122,6 +123,7 @@ class ImageStore:
         ensure_private_dir(self.directory, 0o700)
         self._migrate()
         self._images, self._unreadable = {}, {}
+        written: dict[str, int] = {}
         for name in sorted(os.listdir(self.directory)):
             path = os.path.join(self.directory, name)
             match = _RECORD_NAME.fullmatch(name)
@@ -133,19 +135,37 @@ class ImageStore:
                 continue
             image_id = "sha256:" + match[1]
             try:
-                record = self._read(path, image_id)
+                record, written[image_id] = self._read(path, image_id)
             except (OSError, ValueError, InvalidArgument) as exc:
                 log.warning("image record %s cannot be read, so image %s is left out: %s (RemoveImage %s removes "
                             "it; pull the image again to have it back)", path, image_id, _reason(exc), image_id)
                 self._unreadable[image_id] = path
                 continue
             self._images[image_id] = record
+        self._give_each_tag_one_image(written)
         return self
 
+    def _give_each_tag_one_image(self, written: dict[str, int]) -> None:
+        """A tag on several records (a tag move cut short between its two writes) stays on the
+        record written last, and is taken from the others."""
+        holders: dict[str, list[tuple[int, str]]] = {}
+        for record in self._images.values():
+            for tag in record.repo_tags:
+                holders.setdefault(tag, []).append((written[record.image_id], record.image_id))
+        for tag, held in holders.items():
+            if len(held) < 2:
+                continue
+            keep = max(held)[1]
+            log.warning("tag %s was on %d images (a change was cut short); it stays on %s, recorded last", tag,
+                        len(held), keep)
+            for _, image_id in held:
+                if image_id != keep:
+                    self._take_tags(self._images[image_id], (tag,))
+
     @staticmethod
-    def _read(path: str, image_id: str) -> ImageRecord:
-        """The record in ``path``, which must be of ``image_id``. Raises OSError, ValueError or
-        InvalidArgument saying what is wrong."""
+    def _read(path: str, image_id: str) -> tuple[ImageRecord, int]:
+        """The record in ``path``, which must be of ``image_id``, and when it was written (ns).
+        Raises OSError, ValueError or InvalidArgument saying what is wrong."""
         doc = decode_json(read_regular(path, MAX_RECORD_BYTES), path)
         if not isinstance(doc, dict) or doc.get("version") != STORE_VERSION:
             version = doc.get("version") if isinstance(doc, dict) else None
@@ -157,7 +177,8 @@ class ImageStore:
         if record.image_id != image_id:
             raise ValueError(f"it holds the record of {record.image_id}")
         check_config(record.config, "its config", len(record.layers))
-        return record
+        written = doc.get("written_ns", 0)
+        return record, written if isinstance(written, int) else 0
 
     def _migrate(self) -> None:
         """Split an earlier version's images.json into record files, then remove it."""
@@ -191,7 +212,7 @@ class ImageStore:
         return os.path.join(self.directory, image_id.partition(":")[2] + ".json")
 
     def _write(self, record: ImageRecord, *, sync_dir: bool = True) -> None:
-        doc = {"version": STORE_VERSION, **record.to_json()}
+        doc = {"version": STORE_VERSION, "written_ns": time.time_ns(), **record.to_json()}
         write_atomic(self._path(record.image_id), json.dumps(doc, sort_keys=True, ensure_ascii=False).encode(),
                      sync_dir=sync_dir)
 
@@ -247,16 +268,20 @@ class ImageStore:
         self._images[record.image_id] = record
         self._unreadable.pop(record.image_id, None)  # its file is this record now
         for other in list(self._images.values()):
-            if other.image_id == record.image_id:
-                continue
-            tags = tuple(t for t in other.repo_tags if t not in record.repo_tags)
-            if tags != other.repo_tags:
-                if tags or other.repo_digests:
-                    self._images[other.image_id] = replace(other, repo_tags=tags)
-                    self._write(self._images[other.image_id])
-                else:
-                    self.remove(other.image_id)
+            if other.image_id != record.image_id:
+                self._take_tags(other, record.repo_tags)
         return record
+
+    def _take_tags(self, record: ImageRecord, tags: Iterable[str]) -> None:
+        """Take ``tags`` from ``record``'s image; an image left with no tag and no digest is removed."""
+        kept = tuple(t for t in record.repo_tags if t not in tags)
+        if kept == record.repo_tags:
+            return
+        if kept or record.repo_digests:
+            self._images[record.image_id] = replace(record, repo_tags=kept)
+            self._write(self._images[record.image_id])
+        else:
+            self.remove(record.image_id)
 
     def remove(self, image_id: str) -> ImageRecord | None:
         """Forget the image ``image_id`` (all its tags and digests), removing its record's file,

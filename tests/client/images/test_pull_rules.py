@@ -172,3 +172,16 @@ def test_a_record_that_cannot_be_read_is_left_out_with_a_warning_and_removable(t
     assert store.unreadable("2" * 64) == "sha256:" + "2" * 64
     store.remove("sha256:" + "2" * 64)
     assert not path.exists() and ImageStore(str(tmp_path)).load().list() == [good]
+
+
+def test_a_tag_move_cut_short_between_its_two_writes_leaves_the_tag_on_the_image_recorded_last(tmp_path, caplog):
+    store = ImageStore(str(tmp_path)).load()
+    old = store.add(record("sha256:" + "1" * 64, "docker.io/x/app:1", "docker.io/x/app:old"))
+    before = (tmp_path / "records" / ("1" * 64 + ".json")).read_bytes()
+    store.add(record("sha256:" + "2" * 64, "docker.io/x/app:1"))
+    (tmp_path / "records" / ("1" * 64 + ".json")).write_bytes(before)  # as if killed before its second write
+    store = ImageStore(str(tmp_path)).load()
+    assert store.resolve("docker.io/x/app:1").image_id == "sha256:" + "2" * 64
+    assert store.get(old.image_id).repo_tags == ("docker.io/x/app:old",)
+    assert "tag docker.io/x/app:1 was on 2 images (a change was cut short); it stays on sha256:" + "2" * 64 in caplog.text
+    assert ImageStore(str(tmp_path)).load().get(old.image_id).repo_tags == ("docker.io/x/app:old",)  # repaired on disk
