@@ -13,6 +13,12 @@ import pytest
 
 from attacktools import Cri, handlers
 from critools import Podshimd, running_podshimd
+from podtools import roots
+from shimtools import shims
+
+# Fixtures found by name here rather than imported into test modules (where a test's parameter
+# would shadow the import): private pod service roots, and real shims.
+__all__ = ["roots", "shims"]
 
 
 @pytest.fixture(scope="module")
