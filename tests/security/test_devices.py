@@ -135,6 +135,18 @@ async def test_an_image_shipped_device_node_gives_a_user_that_is_not_root_nothin
     assert loop.untouched()
 
 
+async def test_an_exec_in_a_task_is_held_to_the_tasks_rules(shims, handler, loop, tmp_path):
+    pod = await a_pod(shims, handler, tmp_path)
+    await pod.shim.task("Create", task_id="app", args=[BUSYBOX, "sleep", "600"], log_path=str(tmp_path / "app.log"),
+                        capabilities=list(confine.DEFAULT_CAPABILITIES))
+    await pod.shim.task("Start", task_id="app")
+    reply = await pod.shim.task("Exec", task_id="app", args=[
+        BUSYBOX, "sh", "-c", f"mknod /dev/disk b {loop.major} {loop.minor}; " + read_and_write("/dev/disk")])
+    lines = reply["stdout"].decode().splitlines()
+    assert "read=1" in lines and "write=1" in lines, reply
+    assert loop.untouched()
+
+
 async def test_the_standard_devices_still_work(shims, handler, tmp_path):
     pod = await a_pod(shims, handler, tmp_path)
     lines = await pod.output("standard", "echo x > /dev/null && echo null; "
