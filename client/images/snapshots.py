@@ -54,7 +54,8 @@ from typing import Any
 
 from shim.kernel import mountinfo
 from shim.paths import write_json_atomic
-from shim.rpc.files import ensure_private_dir, flock_open, fsync_dir, read_json, rename_noreplace
+from shim.rpc.files import (decode_json, ensure_private_dir, flock_open, fsync_dir, read_regular,
+                            rename_noreplace, unlink_quietly)
 from shim.rpc.trees import remove_tree, walk
 from shim.rpc.status import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
 
@@ -80,6 +81,11 @@ log = logging.getLogger(__name__)
 _DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 _OVERLAY_INDEX_PARAMETER = "/sys/module/overlay/parameters/index"
 _COMMITTED, _ACTIVE = "committed", "active"
+#: A record's fields and their JSON types; a record with another is not read.
+_RECORD_FIELDS: dict[str, Any] = {"kind": str, "name": str, "id": int, "parent": (str, type(None)),
+                                  "diff_id": (str, type(None)), "bytes": int, "inodes": int, "created_ns": int}
+#: The most a snapshot record file may hold (they are a few hundred bytes).
+RECORD_MAX_BYTES = 64 << 10
 
 
 @dataclass(frozen=True)
@@ -538,23 +544,38 @@ class Snapshotter:
             doc = self._load(self._record_path(kind, name))
         except FileNotFoundError:
             return None
-        return doc if doc["name"] == name else None
+        return doc if doc is not None and doc["name"] == name else None
 
     def _records(self, kind: str) -> list[dict[str, Any]]:
         docs = []
         for entry in os.listdir(self._meta[kind]):
             if entry.endswith(".json") and not entry.startswith("."):
                 try:
-                    docs.append(self._load(os.path.join(self._meta[kind], entry)))
+                    doc = self._load(os.path.join(self._meta[kind], entry))
                 except FileNotFoundError:
                     continue  # removed meanwhile
+                if doc is not None:
+                    docs.append(doc)
         return docs
 
     @staticmethod
-    def _load(path: str) -> dict[str, Any]:
-        doc = read_json(path)
-        if not isinstance(doc, dict) or doc.get("schema") != RECORD_SCHEMA:
-            raise ValueError(f"{path} is not a snapshot record of schema {RECORD_SCHEMA}")
+    def _load(path: str) -> dict[str, Any] | None:
+        """The record in ``path``; None for one that cannot be read, which is removed with a
+        WARNING: its snapshot is gone (its directory, unrecorded, is a leftover) and what needs
+        it unpacks it again. Raises FileNotFoundError."""
+        try:
+            doc = decode_json(read_regular(path, RECORD_MAX_BYTES), path)
+            if not isinstance(doc, dict) or doc.get("schema") != RECORD_SCHEMA:
+                raise ValueError(f"it is not a snapshot record of schema {RECORD_SCHEMA}")
+            for key, kinds in _RECORD_FIELDS.items():
+                if not isinstance(doc.get(key), kinds) or isinstance(doc.get(key), bool):
+                    raise ValueError(f"its {key} is {doc.get(key)!r}")
+        except FileNotFoundError:
+            raise
+        except (OSError, ValueError) as exc:
+            log.warning("snapshot record %s cannot be read, so its snapshot is dropped: %s", path, exc)
+            unlink_quietly(path)
+            return None
         return doc
 
     def _write_record(self, doc: dict[str, Any]) -> None:

@@ -495,3 +495,20 @@ def test_usage_counts_an_upper_dir_deeper_than_path_max(tmp_path, snapshotter):
     upper = snapshotter.prepare("c", top)[0].options[1].removeprefix("upperdir=")
     deep_tree(upper, 2100)
     assert (snapshotter.usage().bytes, snapshotter.usage().inodes) == (1, 1 + 2100 + 1)
+
+
+@pytest.mark.parametrize("damage", [b"", b"{not json", b'{"schema": 1, "kind": "committed", "name": 7}'])
+def test_a_snapshot_record_that_cannot_be_read_is_dropped_with_a_warning_and_its_layer_unpacked_again(
+        tmp_path, snapshotter, caplog, damage):
+    layers = three_layers(tmp_path)
+    chain = chain_ids(d for d, _, _ in layers)
+    top = snapshotter.unpack(layers)
+    record = os.path.join(snapshotter.root, "metadata", "committed", chain[1].partition(":")[2] + ".json")
+    with open(record, "wb") as f:
+        f.write(damage)
+    fresh = Snapshotter(snapshotter.root)  # starts; the middle layer's directory is a leftover now
+    assert f"snapshot record {record} cannot be read, so its snapshot is dropped" in caplog.text
+    assert not os.path.exists(record) and not fresh.has(chain[1])
+    assert {s.name for s in fresh.snapshots()} == {chain[0], top}
+    assert fresh.gc([]).removed  # what is left is collected without an error
+    assert fresh.unpack(layers) == top and fresh.read_file(top, "etc/passwd") == PASSWD2
