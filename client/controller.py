@@ -410,6 +410,16 @@ class Controller:
             raise FailedPrecondition(f"sandbox {sandbox_id} has exited; it has no metrics")
         return dict(reply.get("metrics") or {})
 
+    async def update(self, namespace: str, sandbox_id: str, resources: Mapping[str, Any]) -> None:
+        """UpdateSandbox: write ``resources`` (Task Update's keys but oom_score_adj) to the sandbox's
+        cgroup. Raises InvalidArgument naming a key that cannot be applied (nothing changed),
+        NotFound, FailedPrecondition when it is not running or its shim died."""
+        self._check_open(changes="update a sandbox")
+        _, reply = await self._read(namespace, sandbox_id, "UpdateSandbox", {"resources": dict(resources)},
+                                    CALL_TIMEOUT)
+        if reply is None:
+            raise FailedPrecondition(f"sandbox {sandbox_id} has exited; its resources cannot be updated")
+
     async def list(self, namespace: str | None = None) -> list[ControllerStatus]:
         """The status of every sandbox (of one namespace, or all), sorted by namespace and id.
 

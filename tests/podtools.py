@@ -34,6 +34,18 @@ def container_config(command: list[str], name: str = "c", pid: int = 1) -> dict:
             "linux": {"security_context": {"namespace_options": {"pid": pid}}}}
 
 
+def cgroup_file(pid: int, controller: str, name: str) -> str:
+    """The file ``name`` of process ``pid``'s cgroup in the v1 hierarchy of ``controller``."""
+    with open(f"/proc/{pid}/cgroup") as f:
+        for line in f:
+            _, controllers, path = line.rstrip("\n").split(":", 2)
+            if controller in controllers.split(","):
+                mount = "/sys/fs/cgroup/" + (controllers if os.path.isdir(f"/sys/fs/cgroup/{controllers}")
+                                             else controller)
+                return os.path.join(mount, path.lstrip("/"), name)
+    raise AssertionError(f"process {pid} has no {controller} cgroup")
+
+
 def ns_inode(pid: int, kind: str) -> int:
     return os.stat(f"/proc/{pid}/ns/{kind}").st_ino
 

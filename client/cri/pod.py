@@ -57,6 +57,7 @@ from client.cri.cni import DEFAULT_BIN_DIRS, DEFAULT_CONF_DIR, CniRunner, primar
 from client.concurrency import together
 from client.controller import Controller
 from client.cri.configs import ContainerConfig, PodSandboxConfig
+from client.cri.resources import pod_resources
 from client.cri.events import (CONTAINER_CREATED, CONTAINER_DELETED, CONTAINER_STARTED, EventFeed,
                                EventStream)
 from client.cri.failpoints import failpoint
@@ -1313,6 +1314,23 @@ class PodService:
         with about(c.pod_id, c.container_id):
             await self._task(c.pod_id, "Update", {"task_id": c.container_id, "resources": resources})
             log.info("container resources updated: %s", ", ".join(f"{k}={v}" for k, v in sorted(resources.items())))
+
+    async def update_pod_sandbox_resources(self, pod_id: str, overhead: Mapping[str, Any] | None,
+                                           resources: Mapping[str, Any] | None) -> None:
+        """UpdatePodSandboxResources: apply CRI's pod-level LinuxContainerResources (``resources``
+        plus ``overhead``, :func:`client.cri.resources.pod_resources`) to the pod's cgroup, which
+        holds its pause and every container. Raises InvalidArgument naming a field that cannot be
+        applied (nothing is changed then), NotFound, FailedPrecondition (the pod is not ready)."""
+        wanted = pod_resources(overhead, resources)
+        record = await self._refreshed(self._pod(pod_id))
+        if record.state is not PodState.READY:
+            raise FailedPrecondition(f"pod {record.pod_id} is not ready ({_POD_STATE[record.state]}): its cgroup "
+                                     "is gone or going")
+        if not wanted:
+            return
+        with about(record.pod_id):
+            await self.controller.update(self.namespace, record.pod_id, wanted)
+            log.info("pod resources updated: %s", ", ".join(f"{k}={v}" for k, v in sorted(wanted.items())))
 
     async def reopen_container_log(self, container_id: str) -> None:
         """ReopenContainerLog: the container's log file is opened again (created if it was moved),

@@ -1,5 +1,5 @@
 """CRI's LinuxContainerResources (UpdateContainerResources) as the shim's Update ``resources``
-(protocol.md 7.3).
+(protocol.md 7.3), and a pod's (UpdatePodSandboxResources) as the shim's UpdateSandbox ``resources``.
 
 CRI's fields are proto3 scalars, whose zero value means "not set": a field that is absent, null,
 0, "" or empty is left out, so the shim leaves that resource as it is (containerd reads them the
@@ -15,7 +15,7 @@ from typing import Any
 
 from shim.rpc.status import InvalidArgument
 
-__all__ = ["FIELDS", "shim_resources"]
+__all__ = ["FIELDS", "shim_resources", "pod_resources"]
 
 #: CRI's field -> the shim's key, for the scalar fields.
 FIELDS = {
@@ -82,3 +82,41 @@ def shim_resources(doc: Mapping[str, Any] | None, path: str = "linux") -> dict[s
         else:
             raise InvalidArgument(f"{where} is not a field of CRI's LinuxContainerResources")
     return resources
+
+
+#: The shim's keys whose pod value is the containers' sum plus the pod's overhead.
+_SUMMED = ("cpu_shares", "cpu_quota_us", "memory_limit_bytes", "memory_swap_limit_bytes")
+
+
+def pod_resources(overhead: Mapping[str, Any] | None, resources: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The shim's UpdateSandbox ``resources`` for UpdatePodSandboxResources' ``overhead`` and
+    ``resources`` (CRI's LinuxContainerResources, proto field names; kubelet sends its pod cgroup's
+    figures less the overhead, and the overhead).
+
+    The pod's cgroup gets ``resources`` with the overhead added to each limit and weight that
+    ``resources`` sets (CPU shares and quota, memory and memory+swap limits, each huge page size's
+    limit); an overhead on a resource ``resources`` leaves unlimited is not applied (the pod stays
+    unlimited there). Raises InvalidArgument naming the field for what cannot be applied to a pod:
+    an oom_score_adj (a process's, not a cgroup's), an overhead on a resource that is not a quantity
+    (cpusets, ``unified``) or whose CPU period differs from ``resources``'."""
+    pod = shim_resources(resources, "resources")
+    extra = shim_resources(overhead, "overhead")
+    for name, doc in (("resources", pod), ("overhead", extra)):
+        if "oom_score_adj" in doc:
+            raise InvalidArgument(f"{name}.oom_score_adj cannot be applied to a pod: an OOM score is a process's, "
+                                  "set for each container with UpdateContainerResources")
+    for key in ("cpuset_cpus", "cpuset_mems", "unified"):
+        if key in extra:
+            raise InvalidArgument(f"overhead.{key} cannot be applied: an overhead adds quantities, and {key} "
+                                  "is not one; set the pod's in resources")
+    period = extra.pop("cpu_period_us", None)
+    if period is not None and "cpu_quota_us" in extra and period != pod.get("cpu_period_us", period):
+        raise InvalidArgument(f"overhead.cpu_period {period} differs from resources.cpu_period "
+                              f"{pod['cpu_period_us']}: their quotas cannot be added")
+    for key in _SUMMED:
+        if key in pod and key in extra and pod[key] != -1:
+            pod[key] += extra[key]
+    for size, limit in (extra.get("hugepage_limits") or {}).items():
+        if size in pod.get("hugepage_limits", {}):
+            pod["hugepage_limits"][size] += limit
+    return pod

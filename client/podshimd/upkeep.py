@@ -1,4 +1,5 @@
-"""RuntimeService's UpdateContainerResources, ReopenContainerLog and UpdateRuntimeConfig: changes
+"""RuntimeService's UpdateContainerResources, UpdatePodSandboxResources, ReopenContainerLog and
+UpdateRuntimeConfig: changes
 to what runs, not to its life. The semantics are the pod layer's (:class:`client.cri.pod.PodService`)
 and the shim's (protocol.md 7.3, Update and ReopenLog)."""
 
@@ -7,6 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from google.protobuf import json_format
+from google.protobuf.message import Message
 
 from client.criapi import api_pb2
 from shim.rpc.status import InvalidArgument
@@ -16,8 +18,14 @@ from .handlers import Handlers
 __all__ = ["Upkeep"]
 
 
+def _fields(request: Message, name: str) -> dict[str, Any] | None:
+    """The request's message field ``name`` as a dict with the proto's field names; None if unset."""
+    return json_format.MessageToDict(getattr(request, name), preserving_proto_field_name=True) \
+        if request.HasField(name) else None
+
+
 class Upkeep(Handlers):
-    """UpdateContainerResources, ReopenContainerLog, UpdateRuntimeConfig."""
+    """UpdateContainerResources, UpdatePodSandboxResources, ReopenContainerLog, UpdateRuntimeConfig."""
 
     async def UpdateContainerResources(self, request: api_pb2.UpdateContainerResourcesRequest,
                                        context: Any) -> api_pb2.UpdateContainerResourcesResponse:
@@ -26,10 +34,14 @@ class Upkeep(Handlers):
         if request.annotations:
             raise InvalidArgument("annotations cannot be applied: no annotation changes how podshim updates a "
                                   "container's resources")
-        linux = json_format.MessageToDict(request.linux, preserving_proto_field_name=True) \
-            if request.HasField("linux") else None
-        await self.pods.update_container_resources(request.container_id, linux)
+        await self.pods.update_container_resources(request.container_id, _fields(request, "linux"))
         return api_pb2.UpdateContainerResourcesResponse()
+
+    async def UpdatePodSandboxResources(self, request: api_pb2.UpdatePodSandboxResourcesRequest,
+                                        context: Any) -> api_pb2.UpdatePodSandboxResourcesResponse:
+        await self.pods.update_pod_sandbox_resources(request.pod_sandbox_id, _fields(request, "overhead"),
+                                                     _fields(request, "resources"))
+        return api_pb2.UpdatePodSandboxResourcesResponse()
 
     async def ReopenContainerLog(self, request: api_pb2.ReopenContainerLogRequest,
                                  context: Any) -> api_pb2.ReopenContainerLogResponse:

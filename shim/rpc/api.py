@@ -45,7 +45,7 @@ TEMPLATE_SERVICE = "podshim.template.v1.Template"
 
 SANDBOX_METHODS = (
     "CreateSandbox", "StartSandbox", "Platform", "StopSandbox", "WaitSandbox",
-    "SandboxStatus", "PingSandbox", "ShutdownSandbox", "SandboxMetrics",
+    "SandboxStatus", "PingSandbox", "ShutdownSandbox", "SandboxMetrics", "UpdateSandbox",
 )
 EVENTS_METHODS = ("Subscribe",)
 TASK_METHODS = ("Create", "Start", "Kill", "Wait", "Delete", "State", "List", "Exec", "ExecStart", "ExecWait", "ExecKill",

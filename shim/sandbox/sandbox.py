@@ -59,6 +59,7 @@ class Operation(str, enum.Enum):
     WAIT = "wait"          # WaitSandbox
     STATUS = "status"      # SandboxStatus
     METRICS = "metrics"    # SandboxMetrics
+    UPDATE = "update"      # UpdateSandbox
     PLATFORM = "platform"  # Platform
 
 
@@ -73,6 +74,7 @@ TRANSITIONS: dict[tuple[Operation, State], State] = {
     (Op.STOP, S.RUNNING): S.STOPPED,
     (Op.STOP, S.STOPPED): S.STOPPED,
     (Op.EXIT, S.RUNNING): S.STOPPED,
+    (Op.UPDATE, S.RUNNING): S.RUNNING,
     (Op.SHUTDOWN, S.NEW): S.SHUTDOWN,
     (Op.SHUTDOWN, S.CREATED): S.SHUTDOWN,
     (Op.SHUTDOWN, S.RUNNING): S.SHUTDOWN,
@@ -553,6 +555,20 @@ class Sandbox:
         else:
             data = self.cgroup.metrics()
         return {"timestamp": time.time_ns(), "sandbox_id": self.config.sandbox_id, "data": data}
+
+    def update(self, sandbox_id: str, resources: Any) -> None:
+        """UpdateSandbox: apply ``resources`` (Task Update's keys but ``oom_score_adj``) to the
+        sandbox's cgroup, which holds the pause and every task (see :meth:`SandboxCgroup.update`:
+        a key that cannot be applied is InvalidArgument naming it, and nothing is changed)."""
+        self._check(Op.UPDATE, sandbox_id)
+        if not isinstance(resources, dict):
+            raise InvalidArgument("resources must be a map of the resources to apply")
+        if resources.get("oom_score_adj") is not None:
+            raise InvalidArgument("resources.oom_score_adj cannot be applied to a sandbox: it is a process's, not a "
+                                  "cgroup's; Update sets each task's")
+        assert self.cgroup is not None  # a running sandbox has one
+        self.cgroup.update(resources)
+        log.info("sandbox resources updated: %s", ", ".join(f"{k}={v}" for k, v in sorted(resources.items())))
 
     def platform(self, sandbox_id: str) -> dict[str, str]:
         self._check(Op.PLATFORM, sandbox_id)

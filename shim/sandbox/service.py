@@ -93,6 +93,10 @@ class SandboxService:
     async def metrics(self, ctx: CallContext, p: dict[str, Any]) -> dict[str, Any]:
         return {"metrics": self.sandbox.metrics(self._sandbox_id(ctx, p))}
 
+    async def update(self, ctx: CallContext, p: dict[str, Any]) -> dict[str, Any]:
+        self.sandbox.update(self._sandbox_id(ctx, p), p.get("resources"))  # checked after the sandbox's state
+        return {}
+
     async def subscribe(self, ctx: CallContext, p: dict[str, Any], stream: ServerStream) -> None:
         """Events/Subscribe: every event from now on, until the client goes away."""
         sub = self.events.subscribe()
@@ -115,5 +119,6 @@ def register(server: Server, service: SandboxService) -> None:
         "PingSandbox": service.ping,
         "ShutdownSandbox": service.shutdown,
         "SandboxMetrics": service.metrics,
+        "UpdateSandbox": service.update,
     })
     server.register(EVENTS_SERVICE, streams={"Subscribe": service.subscribe})

@@ -6,6 +6,7 @@ Stream* RPCs answer what their List counterparts answer, in chunks."""
 from __future__ import annotations
 
 import json
+import os
 
 import grpc
 import pytest
@@ -16,12 +17,14 @@ from client.criapi import api_pb2, api_pb2_grpc
 from client.podshimd import chunks, server
 from client.podshimd.handlers import Handlers
 
-from podtools import container_config, pod_config
+from client.cri.resources import pod_resources
+from podtools import cgroup_file, container_config, pod_config
+from shim.rpc.status import InvalidArgument
 
 #: Bound on one call of these tests.
 CALL_TIMEOUT = 20
 #: The methods podshimd does not serve, each answered UNIMPLEMENTED with its reason (docs/cri.md).
-NOT_SERVED = {"CheckpointContainer", "CheckpointPod", "RestorePod", "UpdatePodSandboxResources"}
+NOT_SERVED = {"CheckpointContainer", "CheckpointPod", "RestorePod"}
 
 
 def call(daemon, service: str, method: MethodDescriptor, request: Message) -> tuple[grpc.StatusCode, str]:
@@ -53,7 +56,7 @@ def test_every_method_of_the_pinned_cri_is_served_or_unimplemented_with_a_senten
                 unimplemented[method.name] = details
     assert set(unimplemented) == NOT_SERVED
     for name, details in unimplemented.items():
-        assert name in details and "Method not found" not in details and len(details) > len(name) + 30
+        assert details.startswith(f"{name} is not supported: ") and len(details) > len(name) + 30
 
 
 def test_checkpoints_are_refused_saying_why(daemon):
@@ -84,6 +87,92 @@ def test_status_lists_each_runtime_handler_and_the_default_with_no_feature_podsh
     info = json.loads(daemon.crictl(crictl, "info").stdout)
     assert [h.get("name", "") for h in info["runtimeHandlers"]] == ["", "native", "runc", "crun"]
     assert info["config"]["cgroup_driver"] == "cgroupfs"
+
+
+# -- UpdatePodSandboxResources ----------------------------------------------------------------------
+
+MiB = 1 << 20
+
+
+def read(path: str) -> str:
+    with open(path) as f:
+        return f.read().strip()
+
+
+@pytest.fixture
+def pod(daemon, crictl, tmp_path):
+    """A ready pod with a running container: (pod id, the pause's pid, the container's pid)."""
+    path = tmp_path / "pod.json"
+    path.write_text(json.dumps(pod_config()))
+    pod_id = daemon.crictl(crictl, "runp", str(path)).stdout.strip()
+    container_id = daemon.create_container(pod_id, container_config(["sleep", "60"]), str(path))
+    daemon.crictl(crictl, "start", container_id)
+    pause = json.loads(daemon.crictl(crictl, "inspectp", pod_id).stdout)["info"]["pid"]
+    pid = json.loads(daemon.crictl(crictl, "inspect", container_id).stdout)["info"]["pid"]
+    return pod_id, pause, pid
+
+
+def update_pod(daemon, pod_id: str, overhead: dict | None = None, **resources) -> None:
+    request = api_pb2.UpdatePodSandboxResourcesRequest(pod_sandbox_id=pod_id,
+                                                        resources=api_pb2.LinuxContainerResources(**resources))
+    if overhead is not None:
+        request.overhead.CopyFrom(api_pb2.LinuxContainerResources(**overhead))
+    daemon.runtime().UpdatePodSandboxResources(request, timeout=CALL_TIMEOUT)
+
+
+def test_pod_resources_and_overhead_are_written_to_the_pods_cgroup(daemon, pod):
+    pod_id, pause, pid = pod
+    container_memory = read(cgroup_file(pid, "memory", "memory.limit_in_bytes"))
+    update_pod(daemon, pod_id, overhead={"cpu_period": 100000, "cpu_quota": 10000, "cpu_shares": 100,
+                                         "memory_limit_in_bytes": 64 * MiB},
+               cpu_period=100000, cpu_quota=50000, cpu_shares=512, memory_limit_in_bytes=256 * MiB)
+    assert read(cgroup_file(pause, "cpu", "cpu.cfs_quota_us")) == "60000"
+    assert read(cgroup_file(pause, "cpu", "cpu.cfs_period_us")) == "100000"
+    assert read(cgroup_file(pause, "cpu", "cpu.shares")) == "612"
+    assert read(cgroup_file(pause, "memory", "memory.limit_in_bytes")) == str(320 * MiB)
+    # The container's cgroup is below the pod's, and keeps its own limits.
+    assert os.path.dirname(cgroup_file(pid, "memory", "")).startswith(os.path.dirname(cgroup_file(pause, "memory", "")))
+    assert read(cgroup_file(pid, "memory", "memory.limit_in_bytes")) == container_memory
+    update_pod(daemon, pod_id, memory_limit_in_bytes=128 * MiB)  # an overhead is not kept: this is the limit
+    assert read(cgroup_file(pause, "memory", "memory.limit_in_bytes")) == str(128 * MiB)
+    assert read(cgroup_file(pause, "cpu", "cpu.shares")) == "612"  # unset: left as it is
+
+
+@pytest.mark.parametrize("overhead,resources,message", [
+    ({"cpuset_cpus": "0"}, {}, "overhead.cpuset_cpus cannot be applied: an overhead adds quantities"),
+    ({}, {"oom_score_adj": 100}, "resources.oom_score_adj cannot be applied to a pod"),
+    ({"cpu_period": 50000, "cpu_quota": 1000}, {"cpu_period": 100000, "cpu_quota": 5000},
+     "overhead.cpu_period 50000 differs from resources.cpu_period 100000"),
+    ({}, {"memory_limit_in_bytes": 64 * MiB, "cpu_shares": 1}, "resources.cpu_shares 1 is out of range"),
+])
+def test_what_cannot_be_applied_to_a_pod_is_refused_and_nothing_changes(daemon, pod, overhead, resources, message):
+    pod_id, pause, _ = pod
+    before = {name: read(cgroup_file(pause, controller, name)) for controller, name in
+              (("memory", "memory.limit_in_bytes"), ("cpu", "cpu.shares"), ("cpu", "cpu.cfs_quota_us"))}
+    with pytest.raises(grpc.RpcError) as failed:
+        update_pod(daemon, pod_id, overhead=overhead, **resources)
+    assert failed.value.code() == grpc.StatusCode.INVALID_ARGUMENT and message in failed.value.details()
+    assert {name: read(cgroup_file(pause, controller, name)) for controller, name in
+            (("memory", "memory.limit_in_bytes"), ("cpu", "cpu.shares"), ("cpu", "cpu.cfs_quota_us"))} == before
+
+
+def test_updating_an_unknown_or_stopped_pod_says_so(daemon, crictl, pod):
+    with pytest.raises(grpc.RpcError) as failed:
+        update_pod(daemon, "f" * 64, cpu_shares=512)
+    assert failed.value.code() == grpc.StatusCode.NOT_FOUND
+    daemon.crictl(crictl, "stopp", pod[0])
+    with pytest.raises(grpc.RpcError) as failed:
+        update_pod(daemon, pod[0], cpu_shares=512)
+    assert failed.value.code() == grpc.StatusCode.FAILED_PRECONDITION and "is not ready" in failed.value.details()
+
+
+def test_an_overhead_adds_only_to_what_the_pod_limits():
+    assert pod_resources({"memory_limit_in_bytes": "100", "cpu_shares": "10", "hugepage_limits": [
+        {"page_size": "2MB", "limit": "4"}]}, {"cpu_shares": "502", "hugepage_limits": [
+            {"page_size": "2MB", "limit": "8"}]}) == {"cpu_shares": 512, "hugepage_limits": {"2MB": 12}}
+    assert pod_resources(None, None) == {}
+    with pytest.raises(InvalidArgument, match="overhead.unified cannot be applied"):
+        pod_resources({"unified": {"memory.high": "1"}}, {})
 
 
 # -- Stream* ---------------------------------------------------------------------------------------

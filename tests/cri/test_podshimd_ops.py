@@ -24,7 +24,7 @@ from client.criapi import api_pb2
 from client.podshimd.images import IMAGE_STORE_DIR, usage
 
 from critools import HOST_PYTHON_MOUNTS, REPO, running_podshimd
-from podtools import container_config, ns_inode, pod_config
+from podtools import cgroup_file, container_config, ns_inode, pod_config
 from proctools import fifo_writer, wait_gone
 
 #: The daemon's metrics endpoint, on an ephemeral loopback port.
@@ -65,16 +65,6 @@ def run(daemon, crictl, pod, command: list[str], name: str = "c", **fields) -> s
 
 def info(daemon, crictl, container_id: str) -> dict:
     return json.loads(daemon.crictl(crictl, "inspect", container_id).stdout)["info"]
-
-
-def cgroup_file(pid: int, controller: str, name: str) -> str:
-    """The path of ``name`` in the v1 ``controller`` cgroup of process ``pid``."""
-    with open(f"/proc/{pid}/cgroup") as f:
-        for line in f:
-            _, controllers, path = line.rstrip("\n").split(":", 2)
-            if controller in controllers.split(","):
-                return os.path.join("/sys/fs/cgroup", controllers, path.lstrip("/"), name)
-    raise AssertionError(f"process {pid} has no {controller} cgroup")
 
 
 def read(path: str) -> str:

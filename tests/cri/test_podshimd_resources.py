@@ -18,7 +18,7 @@ from google.protobuf import json_format
 from client.criapi import api_pb2
 
 from critools import Podshimd, running_podshimd
-from podtools import container_config, pod_config
+from podtools import cgroup_file, container_config, pod_config
 
 HANDLERS = ["native"] + [h for h in ("runc", "crun") if shutil.which(h, path="/usr/sbin:/usr/bin:/sbin:/bin")]
 #: What kubelet sends for a container with requests and limits: cpu 250m of a 100 ms period, 96 MiB,
@@ -92,18 +92,6 @@ def exited(daemon, container_id: str, timeout: float = 60.0) -> api_pb2.Containe
 def container_pid(daemon, container_id: str) -> int:
     status = daemon.runtime().ContainerStatus(api_pb2.ContainerStatusRequest(container_id=container_id, verbose=True))
     return json.loads(status.info["info"])["pid"]
-
-
-def cgroup_file(pid: int, controller: str, name: str) -> str:
-    """The file ``name`` of process ``pid``'s cgroup in the v1 hierarchy of ``controller``."""
-    with open(f"/proc/{pid}/cgroup") as f:
-        for line in f:
-            _, controllers, path = line.rstrip("\n").split(":", 2)
-            if controller in controllers.split(","):
-                mount = "/sys/fs/cgroup/" + (controllers if os.path.isdir(f"/sys/fs/cgroup/{controllers}")
-                                             else controller)
-                return os.path.join(mount, path.lstrip("/"), name)
-    raise AssertionError(f"process {pid} has no {controller} cgroup")
 
 
 def read(path: str) -> str:

@@ -12,7 +12,7 @@ import time
 import pytest
 
 from shim.kernel import netns
-from shim.rpc import NotFound
+from shim.rpc import FailedPrecondition, InvalidArgument, NotFound
 from shim.rpc.api import SANDBOX_METHODS
 from shimtools import host_untouched  # noqa: F401  (autouse: what this module's shims made is checked at the end)
 from shimtools import WAIT, EventStream, ProcessRef, mounts_naming, ns_inode, spare_state_files
@@ -78,6 +78,26 @@ async def test_start_returns_the_pause_pid_and_creation_time(shim):
     assert (status["state"], status["pid"], status["created_at"]) == ("running", started["pid"], started["created_at"])
     with open(f"/proc/{started['pid']}/stat") as f:
         assert f.read().split()[3] == str(shim.pid)  # the shim, a subreaper, is its parent
+
+
+async def test_update_writes_the_sandbox_cgroup_of_a_running_sandbox_only(shim):
+    await shim.call("CreateSandbox")
+    with pytest.raises(FailedPrecondition, match="cannot update sandbox .* while it is created"):
+        await shim.call("UpdateSandbox", resources={"cpu_shares": 512})
+    started = await shim.call("StartSandbox")
+    with open(f"/proc/{started['pid']}/cgroup") as f:
+        cpu = next(line.split(":", 2)[2].strip() for line in f if "cpu" in line.split(":")[1].split(","))
+    await shim.call("UpdateSandbox", resources={"cpu_shares": 512})
+    [mount] = [m for m in ("/sys/fs/cgroup/cpu,cpuacct", "/sys/fs/cgroup/cpu") if os.path.isdir(m)][:1]
+    with open(os.path.join(mount, cpu.lstrip("/"), "cpu.shares")) as f:
+        assert f.read().strip() == "512"
+    with pytest.raises(InvalidArgument, match="oom_score_adj cannot be applied to a sandbox"):
+        await shim.call("UpdateSandbox", resources={"oom_score_adj": 100})
+    with pytest.raises(InvalidArgument, match="resources must be a map"):
+        await shim.call("UpdateSandbox")
+    await shim.call("StopSandbox", timeout_secs=0)
+    with pytest.raises(FailedPrecondition, match="while it is stopped"):
+        await shim.call("UpdateSandbox", resources={"cpu_shares": 512})
 
 
 async def test_status_of_a_stopped_sandbox(shim):
