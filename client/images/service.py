@@ -119,6 +119,8 @@ class Images:
             tasks.append(self._collecting)  # a collection in a thread cannot be cancelled: it ends
         if tasks:
             await asyncio.wait(tasks)
+        if self._collecting is not None:  # started as the last cancelled pull ended
+            await asyncio.wait([self._collecting])
 
     # -- reading -------------------------------------------------------------------------------
 
