@@ -1368,9 +1368,10 @@ class PodService:
         except (Unavailable, NotFound):
             return doc  # the shim or the task is gone: no figures
         timestamp, data = reply.get("timestamp") or time.time_ns(), reply.get("data") or {}
-        cpu = stats.cpu_usage(c.container_id, timestamp, data, self._cpu_rates)
-        memory = stats.memory_usage(timestamp, data)
-        return {**doc, **({"cpu": cpu} if cpu else {}), **({"memory": memory} if memory else {})}
+        figures = {"cpu": stats.cpu_usage(c.container_id, timestamp, data, self._cpu_rates),
+                   "memory": stats.memory_usage(timestamp, data), "swap": stats.swap_usage(timestamp, data),
+                   "io": stats.io_usage(timestamp, data)}
+        return {**doc, **{k: v for k, v in figures.items() if v}}
 
     async def pod_stats(self, pod_id: str) -> dict[str, Any]:
         """PodSandboxStats, CRI-shaped: the pod's cgroup (the pause and every container) and its
@@ -1400,6 +1401,7 @@ class PodService:
         linux = {"cpu": stats.cpu_usage(record.pod_id, timestamp, data, self._cpu_rates),
                  "memory": stats.memory_usage(timestamp, data),
                  "process": stats.process_usage(timestamp, data),
+                 "io": stats.io_usage(timestamp, data),
                  "containers": containers}
         return {"attributes": stats.attributes(record.pod_id, record.config.get("metadata") or {}, record.labels,
                                                record.annotations),

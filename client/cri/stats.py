@@ -5,7 +5,8 @@ The dicts use CRI's field names (``usage_core_nano_seconds``, ``working_set_byte
 is CRI's ``UInt64Value`` message, ``{"value": n}``. A figure the shim could not read is left out,
 never zero: a client then sees it unset, as CRI means it. ``usage_nano_cores`` is the CPU rate
 since the previous sample of the same container or pod (containerd computes it the same way), so
-the first sample has none.
+the first sample has none. Pressure (PSI) is the kernel's for the cgroup (cgroup v2 only), with its
+``total`` in nanoseconds as CRI counts it (the kernel's microseconds × 1000).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["CpuRates", "attributes", "cpu_usage", "memory_usage", "process_usage"]
+__all__ = ["CpuRates", "attributes", "cpu_usage", "memory_usage", "process_usage", "swap_usage", "io_usage"]
 
 #: How many containers and pods a CpuRates remembers the previous sample of.
 MAX_REMEMBERED = 16384
@@ -55,14 +56,29 @@ def attributes(object_id: str, metadata: Mapping[str, Any], labels: Mapping[str,
     return {"id": object_id, "metadata": dict(metadata), "labels": dict(labels), "annotations": dict(annotations)}
 
 
+def _psi(data: Mapping[str, Any], key: str) -> dict[str, Any] | None:
+    """CRI's PsiStats of the shim's pressure figure ``key``; None when the shim had none."""
+    pressure = data.get(key)
+    if not isinstance(pressure, Mapping):
+        return None
+    psi = {}
+    for kind, name in (("some", "Some"), ("full", "Full")):
+        figures = pressure.get(kind)
+        if isinstance(figures, Mapping):
+            psi[name] = {"Total": figures["total_us"] * 1000, "Avg10": figures["avg10"], "Avg60": figures["avg60"],
+                         "Avg300": figures["avg300"]}
+    return psi or None
+
+
 def cpu_usage(key: str, timestamp: int, data: Mapping[str, Any], rates: CpuRates) -> dict[str, Any] | None:
     """CpuUsage, or None when the shim had no CPU figure."""
     usage = _value(data, "cpu_usage_ns")
-    if usage is None:
+    psi = _psi(data, "cpu_pressure")
+    if usage is None and psi is None:
         return None
-    rate = rates.rate(key, timestamp, usage["value"])
+    rate = rates.rate(key, timestamp, usage["value"]) if usage is not None else None
     return _present({"timestamp": timestamp, "usage_core_nano_seconds": usage,
-                     "usage_nano_cores": {"value": rate} if rate is not None else None})
+                     "usage_nano_cores": {"value": rate} if rate is not None else None, "psi": psi})
 
 
 def memory_usage(timestamp: int, data: Mapping[str, Any]) -> dict[str, Any] | None:
@@ -80,10 +96,28 @@ def memory_usage(timestamp: int, data: Mapping[str, Any]) -> dict[str, Any] | No
         "rss_bytes": _value(data, "memory_rss_bytes"),
         "page_faults": _value(data, "memory_page_faults"),
         "major_page_faults": _value(data, "memory_major_page_faults"),
+        "psi": _psi(data, "memory_pressure"),
     }
     if not any(figures.values()):
         return None
     return _present({"timestamp": timestamp, **figures})
+
+
+def swap_usage(timestamp: int, data: Mapping[str, Any]) -> dict[str, Any] | None:
+    """SwapUsage, or None when the shim had no swap figure. ``swap_available_bytes`` is the swap
+    limit less the swap in use, only when there is a limit."""
+    usage = _value(data, "memory_swap_bytes")
+    if usage is None:
+        return None
+    limit = _value(data, "memory_swap_limit_bytes")
+    available = {"value": max(limit["value"] - usage["value"], 0)} if limit is not None else None
+    return _present({"timestamp": timestamp, "swap_usage_bytes": usage, "swap_available_bytes": available})
+
+
+def io_usage(timestamp: int, data: Mapping[str, Any]) -> dict[str, Any] | None:
+    """IoUsage (its pressure), or None when the shim had none."""
+    psi = _psi(data, "io_pressure")
+    return {"timestamp": timestamp, "psi": psi} if psi is not None else None
 
 
 def process_usage(timestamp: int, data: Mapping[str, Any]) -> dict[str, Any] | None:

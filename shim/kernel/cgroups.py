@@ -45,7 +45,11 @@ _SKIPPABLE = (errno.EROFS, errno.EACCES, errno.EPERM)
 _UNLIMITED_BYTES = 1 << 62
 #: The figures SandboxCgroup.metrics reports (protocol.md 7.1, SandboxMetrics).
 METRIC_KEYS = ("cpu_usage_ns", "memory_usage_bytes", "memory_working_set_bytes", "memory_rss_bytes",
-               "memory_page_faults", "memory_major_page_faults", "memory_limit_bytes", "pids_current")
+               "memory_page_faults", "memory_major_page_faults", "memory_limit_bytes", "pids_current",
+               "memory_swap_bytes", "memory_swap_limit_bytes", "cpu_pressure", "memory_pressure", "io_pressure")
+#: The pressure (PSI) figures and their files in a cgroup v2 directory (the kernel keeps them for
+#: every v2 cgroup, whichever controllers are enabled).
+_PRESSURE = {"cpu_pressure": "cpu.pressure", "memory_pressure": "memory.pressure", "io_pressure": "io.pressure"}
 #: Each resource of Update and Create (protocol.md 7.3) kept in a cgroup file: its cgroup v1
 #: controller, its file there (``{size}``: the page size of a hugepage limit), and where an OCI
 #: config's ``linux.resources`` says it (None: the shim's write only; see
@@ -511,7 +515,12 @@ class SandboxCgroup(Record):
         containerd count it), ``memory_rss_bytes``, ``memory_page_faults``,
         ``memory_major_page_faults`` (memory.stat), ``memory_limit_bytes`` (None also when
         unlimited), ``pids_current`` (v1 pids.current counts tasks; the v2 fallback counts
-        processes in cgroup.procs), and ``unavailable``: the names of the figures that could not
+        processes in cgroup.procs), ``memory_swap_bytes`` (v1: memory.memsw.usage_in_bytes less
+        memory.usage_in_bytes; v2: memory.swap.current), ``memory_swap_limit_bytes`` (the swap
+        alone: v1 memory.memsw.limit_in_bytes less memory.limit_in_bytes, v2 memory.swap.max;
+        None also when unlimited), ``cpu_pressure``, ``memory_pressure``, ``io_pressure`` (the v2
+        directory's PSI files: ``{"some": {"total_us", "avg10", "avg60", "avg300"}, "full": ...}``,
+        the lines the kernel writes), and ``unavailable``: the names of the figures that could not
         be read (their value is None). Nothing is estimated.
         """
         v1 = self._v1_paths()
@@ -546,6 +555,9 @@ class SandboxCgroup(Record):
             except (OSError, ValueError):
                 pids = None
 
+        from_v1 = memory is not None and stat_names is _V1_MEMORY_STAT
+        swap, swap_limit, swap_limit_known = _swap(v1["memory"] if from_v1 else None, v2, memory, raw)
+
         metrics: dict[str, Any] = {
             "cpu_usage_ns": cpu,
             "memory_usage_bytes": memory,
@@ -555,10 +567,13 @@ class SandboxCgroup(Record):
             "memory_major_page_faults": stat.get(stat_names["pgmajfault"]),
             "memory_limit_bytes": limit,
             "pids_current": pids,
+            "memory_swap_bytes": swap,
+            "memory_swap_limit_bytes": swap_limit,
+            **{name: _read_pressure(v2, file) if v2 is not None else None for name, file in _PRESSURE.items()},
         }
+        unlimited = {"memory_limit_bytes": limit_known, "memory_swap_limit_bytes": swap_limit_known}
         metrics["unavailable"] = [
-            name for name, value in metrics.items()
-            if value is None and (name != "memory_limit_bytes" or not limit_known)
+            name for name, value in metrics.items() if value is None and not unlimited.get(name, False)
         ]
         return metrics
 
@@ -1013,6 +1028,46 @@ def _read_flat_keyed(directory: str, name: str) -> dict[str, int] | None:
         if len(parts) == 2 and parts[1].isdigit():
             values[parts[0]] = int(parts[1])
     return values
+
+
+def _swap(v1_memory: str | None, v2: str | None, memory: int | None,
+          memory_limit: str | None) -> tuple[int | None, int | None, bool]:
+    """(swap in use, swap limit or None when unlimited, whether the limit was read) of a cgroup
+    whose v1 memory directory is ``v1_memory`` (None: read v2's), whose memory usage is ``memory``
+    and memory limit file reads ``memory_limit``. v1 counts memory and swap together (memsw)."""
+    if v1_memory is not None:
+        both = _read_int(v1_memory, "memory.memsw.usage_in_bytes")
+        usage = max(both - memory, 0) if both is not None and memory is not None else None
+        both_limit = _read_int(v1_memory, "memory.memsw.limit_in_bytes")
+        if both_limit is None or memory_limit is None or not memory_limit.isdigit():
+            return usage, None, False
+        if both_limit >= _UNLIMITED_BYTES:
+            return usage, None, True
+        return usage, max(both_limit - int(memory_limit), 0), True
+    if v2 is None:
+        return None, None, False
+    raw = _read_text(v2, "memory.swap.max")
+    known = raw == "max" or (raw or "").isdigit()
+    return _read_int(v2, "memory.swap.current"), int(raw) if known and raw != "max" else None, known
+
+
+def _read_pressure(directory: str, name: str) -> dict[str, dict[str, Any]] | None:
+    """A PSI file (``some avg10=0.00 avg60=0.00 avg300=0.00 total=12``, and a ``full`` line) as
+    ``{"some": {"avg10": 0.0, "avg60": 0.0, "avg300": 0.0, "total_us": 12}, ...}``, each line the
+    kernel writes; None when the file cannot be read or says something else."""
+    text = _read_text(directory, name)
+    if not text:
+        return None
+    found: dict[str, dict[str, Any]] = {}
+    for line in text.splitlines():
+        kind, *pairs = line.split()
+        values = dict(pair.partition("=")[::2] for pair in pairs)
+        try:
+            found[kind] = {"avg10": float(values["avg10"]), "avg60": float(values["avg60"]),
+                           "avg300": float(values["avg300"]), "total_us": int(values["total"])}
+        except (KeyError, ValueError):
+            return None
+    return found if "some" in found else None
 
 
 def _restorable(path: str, old: bytes) -> bytes:

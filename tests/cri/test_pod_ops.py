@@ -47,6 +47,30 @@ def test_a_figure_the_shim_could_not_read_is_left_out_not_zero():
     assert stats.memory_usage(42, nothing) is None and stats.cpu_usage("c", 42, nothing, stats.CpuRates()) is None
 
 
+PRESSURE = {"some": {"avg10": 1.5, "avg60": 0.25, "avg300": 0.0, "total_us": 1234},
+            "full": {"avg10": 0.5, "avg60": 0.0, "avg300": 0.0, "total_us": 56}}
+
+
+def test_pressure_becomes_cris_psi_with_its_total_in_nanoseconds():
+    data = {**FIGURES, "cpu_pressure": {"some": PRESSURE["some"]}, "memory_pressure": PRESSURE,
+            "io_pressure": PRESSURE}
+    assert stats.cpu_usage("p", 42, data, stats.CpuRates())["psi"] == {
+        "Some": {"Total": 1_234_000, "Avg10": 1.5, "Avg60": 0.25, "Avg300": 0.0}}
+    psi = {"Some": {"Total": 1_234_000, "Avg10": 1.5, "Avg60": 0.25, "Avg300": 0.0},
+           "Full": {"Total": 56_000, "Avg10": 0.5, "Avg60": 0.0, "Avg300": 0.0}}
+    assert stats.memory_usage(42, data)["psi"] == psi
+    assert stats.io_usage(42, data) == {"timestamp": 42, "psi": psi}
+    assert "psi" not in stats.memory_usage(42, FIGURES) and stats.io_usage(42, FIGURES) is None
+
+
+def test_swap_available_is_the_swap_limit_less_the_swap_in_use():
+    assert stats.swap_usage(42, {"memory_swap_bytes": 30, "memory_swap_limit_bytes": 100}) == {
+        "timestamp": 42, "swap_usage_bytes": {"value": 30}, "swap_available_bytes": {"value": 70}}
+    assert stats.swap_usage(42, {"memory_swap_bytes": 30, "memory_swap_limit_bytes": None}) == {
+        "timestamp": 42, "swap_usage_bytes": {"value": 30}}
+    assert stats.swap_usage(42, {"memory_swap_bytes": None}) is None
+
+
 def test_the_cpu_rate_needs_a_previous_sample_of_the_same_container():
     rates = stats.CpuRates()
     first = stats.cpu_usage("c", 1_000_000_000, {"cpu_usage_ns": 100}, rates)

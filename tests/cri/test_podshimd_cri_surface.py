@@ -175,6 +175,34 @@ def test_an_overhead_adds_only_to_what_the_pod_limits():
         pod_resources({"unified": {"memory.high": "1"}}, {})
 
 
+# -- stats: pressure and swap ----------------------------------------------------------------------
+
+def v2_pressure(pid: int, name: str) -> dict[str, int]:
+    """The ``total`` of each line of process ``pid``'s cgroup v2 pressure file ``name``, in ns."""
+    with open(f"/proc/{pid}/cgroup") as f:
+        path = next(line.split(":", 2)[2].strip() for line in f if line.startswith("0::"))
+    with open(os.path.join("/sys/fs/cgroup/unified", path.lstrip("/"), name)) as f:
+        return {line.split()[0]: int(line.split()[-1].removeprefix("total=")) * 1000 for line in f}
+
+
+def test_stats_carry_the_cgroups_pressure_and_swap(daemon, crictl, pod):
+    pod_id, pause, pid = pod
+    container_id = daemon.runtime().ListContainers(api_pb2.ListContainersRequest(), timeout=CALL_TIMEOUT).containers[0].id
+    stats = daemon.runtime().ContainerStats(api_pb2.ContainerStatsRequest(container_id=container_id),
+                                            timeout=CALL_TIMEOUT).stats
+    for usage, name in ((stats.cpu, "cpu.pressure"), (stats.memory, "memory.pressure"), (stats.io, "io.pressure")):
+        after = v2_pressure(pid, name)
+        assert usage.timestamp > 0 and usage.HasField("psi") and usage.psi.HasField("Some"), name
+        assert usage.psi.Some.Total <= after["some"] and usage.psi.Full.Total <= after["full"]
+    assert stats.HasField("swap") and stats.swap.swap_usage_bytes.value >= 0
+    pod_stats = daemon.runtime().PodSandboxStats(api_pb2.PodSandboxStatsRequest(pod_sandbox_id=pod_id),
+                                                 timeout=CALL_TIMEOUT).stats.linux
+    assert pod_stats.io.psi.Some.Total <= v2_pressure(pause, "io.pressure")["some"]
+    assert pod_stats.cpu.HasField("psi") and pod_stats.memory.HasField("psi")
+    shown = json.loads(daemon.crictl(crictl, "stats", "-o", "json", container_id).stdout)["stats"][0]
+    assert "psi" in shown["cpu"] and "psi" in shown["memory"] and "swap" in shown
+
+
 # -- Stream* ---------------------------------------------------------------------------------------
 
 def streamed(responses, field: str) -> list:

@@ -207,8 +207,34 @@ def test_metrics_never_raise():
     metrics = gone.metrics()
     assert metrics["unavailable"] == ["cpu_usage_ns", "memory_usage_bytes", "memory_working_set_bytes",
                                       "memory_rss_bytes", "memory_page_faults", "memory_major_page_faults",
-                                      "memory_limit_bytes", "pids_current"]
-    assert [metrics[k] for k in metrics["unavailable"]] == [None] * 8
+                                      "memory_limit_bytes", "pids_current", "memory_swap_bytes",
+                                      "memory_swap_limit_bytes", "cpu_pressure", "memory_pressure", "io_pressure"]
+    assert [metrics[k] for k in metrics["unavailable"]] == [None] * 13
+
+
+def test_pressure_is_the_v2_directorys_psi_as_the_kernel_writes_it(make_cgroup, sleeper):
+    cgroup = make_cgroup()
+    cgroup.join(sleeper())
+    metrics = cgroup.metrics()
+    for name, file in (("cpu_pressure", "cpu.pressure"), ("memory_pressure", "memory.pressure"),
+                       ("io_pressure", "io.pressure")):
+        with open(os.path.join(cgroup.paths[V2], file)) as f:
+            lines = {line.split()[0]: dict(p.split("=") for p in line.split()[1:]) for line in f}
+        assert set(metrics[name]) == set(lines) and "some" in lines, name
+        for kind, figures in metrics[name].items():
+            assert set(figures) == {"avg10", "avg60", "avg300", "total_us"}
+            assert 0 <= figures["total_us"] <= int(lines[kind]["total"])  # read after: it only grows
+            assert all(isinstance(figures[k], float) for k in ("avg10", "avg60", "avg300"))
+
+
+def test_swap_is_memsw_less_memory_and_its_limit_the_difference_of_the_limits(make_cgroup, sleeper):
+    cgroup = make_cgroup()
+    cgroup.join(sleeper())
+    metrics = cgroup.metrics()
+    assert isinstance(metrics["memory_swap_bytes"], int) and metrics["memory_swap_bytes"] >= 0
+    assert metrics["memory_swap_limit_bytes"] is None and "memory_swap_limit_bytes" not in metrics["unavailable"]
+    cgroup.update({"memory_limit_bytes": 64 << 20, "memory_swap_limit_bytes": 96 << 20})
+    assert cgroup.metrics()["memory_swap_limit_bytes"] == 32 << 20
 
 
 def _memory_file(cgroup: SandboxCgroup, name: str) -> str:
