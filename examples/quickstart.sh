@@ -16,10 +16,11 @@ done
 
 work=$(mktemp -d /tmp/podshim-quickstart.XXXXXX)
 outer="podshim-qs-$(basename "$work" | cut -d. -f2)"
-daemon="" pod=""
+daemon="" pod="" registry=""
 cleanup() {
     if [ -n "$pod" ]; then podshimctl rmp "$pod" >/dev/null 2>&1 || true; fi
     if [ -n "$daemon" ]; then kill "$daemon" 2>/dev/null || true; wait "$daemon" 2>/dev/null || true; fi
+    if [ -n "$registry" ]; then kill "$registry" 2>/dev/null || true; wait "$registry" 2>/dev/null || true; fi
     podshim template --stop --runtime-root "$work/run" >/dev/null 2>&1 || true
     ip netns del "$outer" 2>/dev/null || true
     rm -rf "$work"
@@ -43,9 +44,34 @@ with open(f"{work}/net.d/10-podshim-bridge.conflist", "w") as f:
     json.dump(conf, f)
 EOF
 
+echo "== an image to run without a registry: this machine's sh, cat, hostname, ip and sleep, served on loopback"
+nsenter --net="/var/run/netns/$outer" -- python3 demo_registry.py >"$work/registry.out" 2>"$work/registry.log" &
+registry=$!
+tries=0
+until [ -s "$work/registry.out" ]; do
+    tries=$((tries + 1))
+    if [ "$tries" -gt 300 ] || ! kill -0 "$registry" 2>/dev/null; then
+        echo "quickstart: the demo registry did not start:" >&2; cat "$work/registry.log" >&2; exit 1
+    fi
+    sleep 0.1
+done
+image=$(head -n 1 "$work/registry.out")
+echo "$image"
+# podshimd pulls from it over plain HTTP; the container config names it instead of busybox.
+printf '[registries."%s"]\ninsecure = true\n' "${image%%/*}" >"$work/config.toml"
+python3 - "$image" "$work/container-config.json" <<'EOF'
+import json, sys
+with open("container-config.json") as f:
+    conf = json.load(f)
+conf["image"]["image"] = sys.argv[1]
+with open(sys.argv[2], "w") as f:
+    json.dump(conf, f)
+EOF
+
 echo "== start podshimd (CRI v1 on $PODSHIM_ENDPOINT)"
-nsenter --net="/var/run/netns/$outer" -- podshimd --listen "$PODSHIM_ENDPOINT" --runtime-root "$work/run" \
-    --state-root "$work/state" --cni-conf-dir "$work/net.d" --log-level warning 2>"$work/podshimd.log" &
+nsenter --net="/var/run/netns/$outer" -- podshimd --config "$work/config.toml" --listen "$PODSHIM_ENDPOINT" \
+    --runtime-root "$work/run" --state-root "$work/state" --cni-conf-dir "$work/net.d" --log-level warning \
+    2>"$work/podshimd.log" &
 daemon=$!
 tries=0
 until podshimctl pods -q >/dev/null 2>&1; do
@@ -60,8 +86,8 @@ echo "== runp: a pod from examples/pod-config.json"
 pod=$(podshimctl runp pod-config.json)
 echo "$pod"
 
-echo "== create + start: a container of busybox (pulled first) that shows the pod's hostname and interfaces"
-ctr=$(podshimctl create --with-pull "$pod" container-config.json pod-config.json)
+echo "== create + start: a container of that image (pulled first) that shows the pod's hostname and interfaces"
+ctr=$(podshimctl create --with-pull "$pod" "$work/container-config.json" pod-config.json)
 podshimctl start "$ctr"
 # The container runs briefly: wait until it has exited.
 tries=0
