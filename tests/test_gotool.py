@@ -182,3 +182,36 @@ def test_a_schema_file_without_the_pinned_sha256_is_refused(fake, tmp_path):
                                   "26695965cd692d9dce08efe0b2e1f745c3be7c19631b56873c8956b8d486cf17, the pin says "
                                   + "0" * 64)
     assert not os.path.exists(tmp_path / "repo")
+
+
+def test_the_pinned_build_tags_are_given_to_the_build(fake, tmp_path):
+    pins = tmp_path / "pins.toml"
+    pins.write_text(PINS.replace('build = "install"', 'build = "install"\ntags = "no_docs  no_btrfs"'))
+    gotool.tool_path("hello")
+    assert builds(fake) == ["path install -trimpath -ldflags=-X example.com/hello/version.Version=1.2.3 "
+                            "-tags=no_docs,no_btrfs example.com/hello/cmd/hello@v1.2.3"]
+
+
+def test_schema_files_importing_each_other_by_their_path_in_the_module_import_from_the_package(fake, tmp_path):
+    """containerd's API files import each other as "types/mount.proto": the generated code must
+    import those from the pin's package, not from a top-level ``types``."""
+    import hashlib
+    import subprocess
+    import sys
+
+    module = tmp_path / "modules" / "example.com" / "greeting@v0.1.0"
+    (module / "types").mkdir(parents=True)
+    files = {
+        "types/name.proto": 'syntax = "proto3";\npackage greeting.types;\nmessage Name { string text = 1; }\n',
+        "hello.proto": 'syntax = "proto3";\npackage greeting;\nimport "types/name.proto";\n'
+                       'import "google/protobuf/empty.proto";\nmessage Hello { greeting.types.Name name = 1; }\n',
+    }
+    for name, text in files.items():
+        (module / name).write_text(text)
+    pin = {"module": "example.com/greeting", "version": "v0.1.0", "into": "pkg/greet", "strip": "",
+           "files": {name: hashlib.sha256(text.encode()).hexdigest() for name, text in files.items()}}
+    assert gotool.compile_schema("greeting", pin, sys.executable)
+    said = subprocess.run([sys.executable, "-c", "from pkg.greet import hello_pb2 as h; "
+                           "print(h.Hello(name={'text': 'hi'}).name.text, h.Hello.DESCRIPTOR.file.name)"],
+                          cwd=tmp_path / "repo", capture_output=True, text=True, timeout=60)
+    assert (said.returncode, said.stdout) == (0, "hi pkg/greet/hello.proto\n"), said.stderr
