@@ -399,7 +399,10 @@ class _Writer:
 
     ``kinds`` maps every path made so far (relative, "" for ``dest``) to what it is: "d", "l"
     (symlink) or "f" (anything else). Every path in it has only directories as ancestors, which
-    is what lets a name be checked for a symlink on its way without a system call.
+    is what lets a name be checked for a symlink on its way without a system call. ``children``
+    indexes it by directory, so that forgetting a directory a later member replaced costs what
+    it held, not a scan of everything made. ``dir_times`` holds the times to give directories
+    at the end, by path.
     """
 
     def __init__(self, dest: str, blob_path: str, inflow: _Inflow):
@@ -407,7 +410,8 @@ class _Writer:
         self.blob = blob_path
         self.inflow = inflow
         self.kinds: dict[str, str] = {"": "d"}
-        self.dir_times: list[tuple[str, int, int]] = []
+        self.children: dict[str, set[str]] = {}
+        self.dir_times: dict[str, tuple[int, int]] = {}
         self.bytes = 0
         self.inodes = 0
         self._chunk = memoryview(b"")
@@ -602,8 +606,8 @@ class _Writer:
                     raise  # the machine's failure (ENOSPC, EIO...), not the layer's
                 raise BadLayer(f"layer {self.blob}: cannot make {rel!r}: {exc.strerror}") from None
         # Last, so that nothing made inside a directory afterwards changes its mtime.
-        for path, atime_ns, mtime_ns in self.dir_times:
-            os.utime(path, ns=(atime_ns, mtime_ns), follow_symlinks=False)
+        for rel, times in self.dir_times.items():
+            os.utime(self._path(rel), ns=times, follow_symlinks=False)
 
     def _apply(self, entry: _Entry, rel: str) -> None:
         parent, _, base = rel.rpartition("/")
@@ -635,7 +639,7 @@ class _Writer:
         for at in reversed(missing):
             os.mkdir(self._path(at))
             os.chmod(self._path(at), 0o755)  # exactly, whatever the umask
-            self.kinds[at] = "d"
+            self._add(at, "d")
             self.inodes += 1
 
     def _clear(self, rel: str, keep_dir: bool = False) -> bool:
@@ -650,13 +654,24 @@ class _Writer:
             if not rel:
                 raise BadLayer(f"layer {self.blob}: an entry replaces the layer's root directory")
             remove_tree(self._path(rel))
-            prefix = rel + "/"
-            for key in [key for key in self.kinds if key.startswith(prefix)]:
-                del self.kinds[key]
         else:
             os.unlink(self._path(rel))
-        del self.kinds[rel]
+        self._forget(rel)
         return False
+
+    def _add(self, rel: str, kind: str) -> None:
+        self.kinds[rel] = kind
+        self.children.setdefault(rel.rpartition("/")[0], set()).add(rel)
+
+    def _forget(self, rel: str) -> None:
+        """Forget ``rel`` and everything made below it."""
+        self.children.get(rel.rpartition("/")[0], set()).discard(rel)
+        stack = [rel]
+        while stack:
+            at = stack.pop()
+            del self.kinds[at]
+            self.dir_times.pop(at, None)
+            stack.extend(self.children.pop(at, ()))
 
     def _whiteout(self, entry: _Entry, parent: str, name: str) -> None:
         if name in ("", ".", ".."):
@@ -666,7 +681,7 @@ class _Writer:
         path = self._path(rel)
         os.mknod(path, stat.S_IFCHR, 0)
         os.chown(path, entry.info.uid, entry.info.gid, follow_symlinks=False)
-        self.kinds[rel] = "f"
+        self._add(rel, "f")
         self.inodes += 1
 
     def _make(self, entry: _Entry, rel: str) -> None:
@@ -686,7 +701,7 @@ class _Writer:
             finally:
                 os.close(fd)
             self.bytes += entry.size
-            self.kinds[rel] = "f"
+            self._add(rel, "f")
             self.inodes += 1
             return
         if info.type == tarfile.DIRTYPE:
@@ -721,14 +736,14 @@ class _Writer:
         else:
             raise BadLayer(f"layer {self.blob}: {entry.name!r} has tar type {info.type!r}, which is not a file "
                            "type a layer may hold")
-        self.kinds[rel] = kind
+        self._add(rel, kind)
         # containerd applies a hard link's header to the inode too (lchown, xattrs, lchmod, times).
         os.chown(path, info.uid, info.gid, follow_symlinks=False)
         if kind != "l":
             os.chmod(path, mode)
         self._set_xattrs(path, rel, entry.xattrs)
         if kind == "d":
-            self.dir_times.append((path, entry.atime_ns, entry.mtime_ns))
+            self.dir_times[rel] = (entry.atime_ns, entry.mtime_ns)
         else:
             os.utime(path, ns=(entry.atime_ns, entry.mtime_ns), follow_symlinks=False)
 

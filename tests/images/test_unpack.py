@@ -306,3 +306,9 @@ def test_a_second_pax_header_replaces_the_first_so_what_is_held_stays_bounded(tm
     blob.write_bytes(first.tobuf(tarfile.USTAR_FORMAT) + record.ljust(512, b"\0") + body.getvalue())
     apply_layer(dest, str(blob))
     assert os.listxattr(os.path.join(dest, "f")) == ["user.second"]
+
+
+def test_a_directory_replaced_by_a_file_keeps_the_files_times_not_the_directorys(tmp_path, dest):
+    unpack(tmp_path, dest, [member("a", "dir", mtime=1), member("a/b", "dir", mtime=2), member("a", data=b"x", mtime=5)])
+    assert tree(dest).keys() == {"a"} and os.lstat(os.path.join(dest, "a")).st_mtime == 5
+
