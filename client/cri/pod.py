@@ -81,6 +81,8 @@ DEFAULT_NAMESPACE = "k8s.io"
 SANDBOX_STOP_TIMEOUT = 2.0
 #: Default grace for StopContainer when the caller gives none.
 CONTAINER_STOP_TIMEOUT = 10.0
+#: What StopContainer sends first, to every container (ContainerStatus.stop_signal says so).
+STOP_SIGNAL = signal.SIGTERM
 #: Bound on one call to a shim from the pod layer (not for waits, which have their own).
 CALL_TIMEOUT = 30.0
 #: What a container whose config names no image runs on: the node's root filesystem, read-only.
@@ -1073,7 +1075,7 @@ class PodService:
             return
         try:
             if timeout > 0:
-                await self._task(c.pod_id, "Kill", {"task_id": c.container_id, "signal": int(signal.SIGTERM)})
+                await self._task(c.pod_id, "Kill", {"task_id": c.container_id, "signal": int(STOP_SIGNAL)})
                 try:
                     done = await self._task(c.pod_id, "Wait", {"task_id": c.container_id}, timeout=timeout)
                     self._exited(c, done)
@@ -1170,6 +1172,8 @@ class PodService:
             "labels": c.labels,
             "annotations": c.annotations,
             "log_path": c.log_path,
+            "image_id": c.image_id or None,
+            "stop_signal": f"SIGNAL_{STOP_SIGNAL.name}",
             "mounts": [{"container_path": m.container_path, "host_path": m.host_path, "readonly": m.readonly,
                         "selinux_relabel": m.selinux_relabel, "propagation": m.propagation} for m in cfg.mounts],
         }
@@ -1200,7 +1204,7 @@ class PodService:
                 continue
             out.append({"id": c.container_id, "pod_sandbox_id": c.pod_id,
                         "metadata": dict(c.config.get("metadata") or {}), "image": {"image": (c.config.get("image") or {}).get("image") or HOST_ROOTFS},
-                        "image_ref": c.image_id or HOST_ROOTFS,
+                        "image_ref": c.image_id or HOST_ROOTFS, "image_id": c.image_id or None,
                         "state": f"CONTAINER_{c.state}",
                         "created_at": c.created_at, "labels": c.labels, "annotations": c.annotations,
                         "exit_code": c.exit_code})

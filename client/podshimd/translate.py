@@ -30,9 +30,10 @@ _POD_SANDBOX_STATUS = ("id", "metadata", "state", "created_at", "network", "linu
                        "runtime_handler")
 _POD_METADATA = ("name", "uid", "namespace", "attempt")
 _CONTAINER_STATUS = ("id", "metadata", "state", "created_at", "started_at", "finished_at", "exit_code", "image",
-                     "image_ref", "reason", "message", "labels", "annotations", "log_path", "mounts")
+                     "image_ref", "reason", "message", "labels", "annotations", "log_path", "mounts", "image_id",
+                     "stop_signal")
 _CONTAINER = ("id", "pod_sandbox_id", "metadata", "image", "image_ref", "state", "created_at", "labels",
-              "annotations")
+              "annotations", "image_id")
 
 
 def _as_dict(message: Message) -> dict[str, Any]:

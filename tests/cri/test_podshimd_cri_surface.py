@@ -175,6 +175,18 @@ def test_an_overhead_adds_only_to_what_the_pod_limits():
         pod_resources({"unified": {"memory.high": "1"}}, {})
 
 
+# -- ContainerStatus and Container ------------------------------------------------------------------
+
+def test_a_container_names_its_image_by_the_id_pullimage_answered_and_its_stop_signal(daemon, pod):
+    runtime = daemon.runtime()
+    [listed] = runtime.ListContainers(api_pb2.ListContainersRequest(), timeout=CALL_TIMEOUT).containers
+    status = runtime.ContainerStatus(api_pb2.ContainerStatusRequest(container_id=listed.id),
+                                     timeout=CALL_TIMEOUT).status
+    pulled = daemon.images().PullImage(api_pb2.PullImageRequest(image=status.image), timeout=CALL_TIMEOUT).image_ref
+    assert listed.image_id == status.image_id == pulled != ""
+    assert status.stop_signal == api_pb2.Signal.SIGNAL_SIGTERM
+
+
 # -- stats: pressure and swap ----------------------------------------------------------------------
 
 def v2_pressure(pid: int, name: str) -> dict[str, int]:
