@@ -473,6 +473,8 @@ class _Writer:
             except tarfile.HeaderError as exc:
                 raise BadLayer(f"layer {self.blob} is not a valid tar: {exc}") from None
             size = info.size
+            if size < 0:  # a GNU base-256 field can say it; the stream would never move on
+                raise BadLayer(f"layer {self.blob}: {_shortened(info.name)} has a negative size ({size})")
             if info.type in (tarfile.XHDTYPE, tarfile.XGLTYPE, tarfile.GNUTYPE_LONGNAME, tarfile.GNUTYPE_LONGLINK):
                 if size > MAX_HEADER_BYTES:  # before reading it: its data is held in memory whole
                     raise BadLayer(f"layer {self.blob}: a {_HEADER_KINDS[info.type]} header of {size} bytes is "

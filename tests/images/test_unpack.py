@@ -312,3 +312,15 @@ def test_a_directory_replaced_by_a_file_keeps_the_files_times_not_the_directorys
     unpack(tmp_path, dest, [member("a", "dir", mtime=1), member("a/b", "dir", mtime=2), member("a", data=b"x", mtime=5)])
     assert tree(dest).keys() == {"a"} and os.lstat(os.path.join(dest, "a")).st_mtime == 5
 
+
+
+@pytest.mark.timeout(60)  # before the fix it spun for ever
+def test_a_negative_size_is_refused_not_looped_on(tmp_path, dest):
+    header = bytearray(tarfile.TarInfo("f").tobuf(tarfile.GNU_FORMAT))
+    header[124:136] = b"\xff" * 11 + b"\xfb"  # GNU base-256: -5
+    header[148:156] = b" " * 8
+    header[148:156] = b"%06o\0 " % sum(header)
+    blob = tmp_path / "layer"
+    blob.write_bytes(bytes(header) + bytes(1024))
+    with pytest.raises(BadLayer, match=r"'f' has a negative size \(-5\)"):
+        apply_layer(dest, str(blob))
