@@ -17,6 +17,7 @@ import socket
 from typing import Any, AsyncIterator, Callable
 
 from shim.rpc.channel import Channel, parse_address
+from shim.rpc.codecs import MSGPACK, Codec
 from shim.rpc.connection import ClientConnection, DataReceived, PeerClosed, ResponseReceived
 from shim.rpc.frames import LocalProtocolError
 from shim.rpc.messages import NAMESPACE_KEY, Request, Response
@@ -30,9 +31,9 @@ _END = object()
 class _ClientChannel(Channel):
     conn: ClientConnection
 
-    def __init__(self) -> None:
+    def __init__(self, codec: Codec = MSGPACK) -> None:
         super().__init__()
-        self.conn = ClientConnection()
+        self.conn = ClientConnection(codec=codec)
         self.pending: dict[int, asyncio.Future[Response]] = {}
         self.streams: dict[int, asyncio.Queue[Any]] = {}
         self.lost_reason = "connection closed"
@@ -83,8 +84,10 @@ class Client:
         self.namespace = namespace
 
     @classmethod
-    async def connect(cls, address: str, *, timeout: float = 5.0, namespace: str | None = None) -> "Client":
-        """Connect to ``unix:///path``.
+    async def connect(cls, address: str, *, timeout: float = 5.0, namespace: str | None = None,
+                      codec: Codec = MSGPACK) -> "Client":
+        """Connect to ``unix:///path``, to speak ``codec`` (:data:`~shim.rpc.codecs.PROTOBUF`: the
+        payloads are the bytes of each method's protobuf message, as containerd's services take them).
 
         A missing or refusing socket fails at once with :class:`Unavailable` (no retry loop:
         a dead shim must not stall whoever asks, containerd#5597).
@@ -98,7 +101,7 @@ class Client:
         sock.setblocking(False)
         try:
             await asyncio.wait_for(loop.sock_connect(sock, path), timeout)
-            _, ch = await loop.create_unix_connection(_ClientChannel, sock=sock)
+            _, ch = await loop.create_unix_connection(lambda: _ClientChannel(codec), sock=sock)
         except (OSError, asyncio.TimeoutError) as exc:
             sock.close()
             why = exc.strerror if isinstance(exc, OSError) and exc.strerror else type(exc).__name__

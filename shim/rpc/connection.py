@@ -1,12 +1,14 @@
 """Stream bookkeeping for one connection, either side. Sans-IO: bytes in, events and bytes out.
 
 The rules enforced here are protocol.md's "Stream rules" and "Errors": which mistakes fail one
-stream (answered with a status on that stream) and which close the connection.
+stream (answered with a status on that stream) and which close the connection. The payload codec
+(:mod:`shim.rpc.codecs`) is the server connection's first request's, and the one a client
+connection is given: msgpack unless said otherwise.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from shim.rpc.frames import (
@@ -20,16 +22,8 @@ from shim.rpc.frames import (
     OversizedFrame,
     encode_frame,
 )
-from shim.rpc.messages import (
-    Request,
-    Response,
-    decode_request,
-    decode_response,
-    encode_request,
-    encode_response,
-    pack,
-    unpack,
-)
+from shim.rpc.codecs import MSGPACK, Codec, codec_of_request
+from shim.rpc.messages import Request, Response, encode_response
 from shim.rpc.records import Record, set_field as _set
 from shim.rpc.status import Code, RpcError
 
@@ -150,13 +144,28 @@ class _Side:
 class ServerConnection(_Side):
     """The server's view of one connection."""
 
-    __slots__ = ("last_stream_id", "active", "max_active_streams")
+    __slots__ = ("last_stream_id", "active", "max_active_streams", "codec", "_decode_request", "_encode_response",
+                 "_pack")
 
     def __init__(self, *, max_data_bytes: int = MAX_DATA_BYTES, max_active_streams: int = MAX_ACTIVE_STREAMS):
         super().__init__(max_data_bytes)
         self.last_stream_id = 0
         self.active: set[int] = set()
         self.max_active_streams = max_active_streams
+        #: The codec of the connection's first request (None before it): every later one is read in it.
+        self.codec: Codec | None = None
+        self._decode_request: Callable[[bytes], Request] | None = None  # (not a bound method: no cycle)
+        # A stream refused before any request was read (a bad stream id) is answered in msgpack.
+        self._encode_response: Callable[[Response], bytes] = encode_response
+        self._pack = MSGPACK.pack
+
+    def _first_request(self, data: bytes) -> Request:
+        """Decode the first request, and take its codec for the connection's life."""
+        codec = self.codec = codec_of_request(data)
+        self._decode_request = codec.decode_request
+        self._encode_response = codec.encode_response
+        self._pack = codec.pack
+        return codec.decode_request(data)
 
     def receive_data(self, data: bytes) -> list[Any]:
         """Feed bytes read from the client; return the events they complete.
@@ -203,7 +212,8 @@ class ServerConnection(_Side):
                                            f"too many concurrent streams on this connection (limit {self.max_active_streams})"))
                 return
             try:
-                request = decode_request(frame.data)
+                decode = self._decode_request
+                request = decode(frame.data) if decode is not None else self._first_request(frame.data)
             except RpcError as exc:
                 events.append(CallRejected(sid, exc.code, exc.message))
                 return
@@ -223,9 +233,9 @@ class ServerConnection(_Side):
         if stream_id not in self.active:
             return b""
         self.active.discard(stream_id)
-        data = encode_response(response)
+        data = self._encode_response(response)
         if len(data) > self.max_data_bytes:
-            data = encode_response(Response(Code.RESOURCE_EXHAUSTED,
+            data = self._encode_response(Response(Code.RESOURCE_EXHAUSTED,
                                             f"response of {len(data)} bytes exceeds the {self.max_data_bytes}-byte limit"))
         return encode_frame(stream_id, MessageType.RESPONSE, 0, data)
 
@@ -233,24 +243,25 @@ class ServerConnection(_Side):
         """Bytes of an error response on a stream that failed before or during its call."""
         self.active.discard(stream_id)
         return encode_frame(stream_id, MessageType.RESPONSE, 0,
-                            encode_response(Response(code, message)))
+                            self._encode_response(Response(code, message)))
 
     def data(self, stream_id: int, payload: Any) -> bytes:
         """Bytes of one data frame on an open server stream.
 
         Raises :class:`LocalProtocolError` when the encoded payload is too large.
         """
-        return encode_frame(stream_id, MessageType.DATA, 0, pack(payload), max_data_bytes=self.max_data_bytes)
+        return encode_frame(stream_id, MessageType.DATA, 0, self._pack(payload), max_data_bytes=self.max_data_bytes)
 
 
 class ClientConnection(_Side):
     """The client's view of one connection: allocates stream ids and decodes answers."""
 
-    __slots__ = ("next_stream_id",)
+    __slots__ = ("next_stream_id", "codec")
 
-    def __init__(self, *, max_data_bytes: int = MAX_DATA_BYTES):
+    def __init__(self, *, max_data_bytes: int = MAX_DATA_BYTES, codec: Codec = MSGPACK):
         super().__init__(max_data_bytes)
         self.next_stream_id = 1
+        self.codec = codec
 
     def request(self, request: Request, *, streaming: bool = False) -> tuple[int, bytes]:
         """Allocate the next odd stream id and return it with the request frame's bytes.
@@ -262,7 +273,7 @@ class ClientConnection(_Side):
         if sid > MAX_STREAM_ID:
             raise LocalProtocolError("stream ids exhausted on this connection")
         frame = encode_frame(sid, MessageType.REQUEST, _REMOTE_CLOSED if streaming else 0,
-                             encode_request(request), max_data_bytes=self.max_data_bytes)
+                             self.codec.encode_request(request), max_data_bytes=self.max_data_bytes)
         self.next_stream_id = sid + 2
         return sid, frame
 
@@ -278,7 +289,7 @@ class ClientConnection(_Side):
                         Code.RESOURCE_EXHAUSTED, f"response of {ev.length} bytes exceeds the limit")))
             elif ev.type == MessageType.RESPONSE:
                 try:
-                    response = decode_response(ev.data)
+                    response = self.codec.decode_response(ev.data)
                 except RpcError as exc:
                     response = Response(Code.INTERNAL, f"malformed response from server: {exc.message}")
                 events.append(ResponseReceived(ev.stream_id, response))
@@ -288,7 +299,7 @@ class ClientConnection(_Side):
                     payload = None
                 else:
                     try:
-                        payload = unpack(ev.data)
+                        payload = self.codec.unpack(ev.data)
                     except RpcError:
                         continue
                 events.append(DataReceived(ev.stream_id, payload, closed))

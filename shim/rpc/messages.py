@@ -58,11 +58,11 @@ class Request(Record):
     __slots__ = ("service", "method", "payload", "timeout_nano", "metadata")
     service: str
     method: str
-    payload: dict[str, Any]
+    payload: dict[str, Any]  # bytes, the message's own, on a protobuf connection (protocol.md 11)
     timeout_nano: int
     metadata: dict[str, list[str]]
 
-    def __init__(self, service: str, method: str, payload: dict[str, Any] | None = None, timeout_nano: int = 0,
+    def __init__(self, service: str, method: str, payload: dict[str, Any] | bytes | None = None, timeout_nano: int = 0,
                  metadata: dict[str, list[str]] | None = None) -> None:
         _set(self, "service", service)
         _set(self, "method", method)

@@ -17,6 +17,7 @@ import socket
 from typing import Any, Callable, Coroutine
 
 from shim.rpc.channel import Channel, PeerCredentials, peer_credentials
+from shim.rpc.codecs import PROTOBUF
 from shim.rpc.connection import CallRejected, CallStarted, PeerClosed, ServerConnection, StreamInput
 from shim.rpc.dispatch import answer, failure, route
 from shim.rpc.frames import MAX_DATA_BYTES
@@ -196,7 +197,8 @@ class _ServerChannel(Channel):
     def _start(self, ev: CallStarted) -> None:
         req = ev.request
         sid = ev.stream_id
-        method = route(req, self.server._methods)
+        server = self.server
+        method = route(req, server._protobuf_methods if self.conn.codec is PROTOBUF else server._methods)
         if isinstance(method, Response):  # UNIMPLEMENTED
             self._finish(sid, method, req.full_method)
             return
@@ -281,6 +283,8 @@ class Server:
     def __init__(self, *, allowed_uids: set[int] | None = None, max_data_bytes: int = MAX_DATA_BYTES,
                  max_connections: int = MAX_CONNECTIONS):
         self._methods: dict[tuple[str, str], _Method] = {}
+        #: The methods of the services whose payloads are protobuf (protocol.md, "Protobuf payloads").
+        self._protobuf_methods: dict[tuple[str, str], _Method] = {}
         euid = os.geteuid()
         self.allowed_uids = allowed_uids if allowed_uids is not None else {euid, 0}
         self.max_data_bytes = max_data_bytes
@@ -290,17 +294,23 @@ class Server:
         self._servers: list[asyncio.AbstractServer] = []
 
     def register(self, service: str, unary: dict[str, UnaryHandler] | None = None,
-                 streams: dict[str, StreamHandler] | None = None) -> None:
-        """Add a service's methods. Raises ValueError on a duplicate method."""
-        for name, handler in (unary or {}).items():
-            self._add(service, name, _Method(handler, False))
-        for name, stream_handler in (streams or {}).items():
-            self._add(service, name, _Method(stream_handler, True))
+                 streams: dict[str, StreamHandler] | None = None, *, protobuf: bool = False) -> None:
+        """Add a service's methods. Raises ValueError on a duplicate method.
 
-    def _add(self, service: str, name: str, method: _Method) -> None:
-        if (service, name) in self._methods:
+        A ``protobuf`` service is called on connections that speak protobuf (a payload is the bytes
+        of the method's message, and so is a handler's result); the others on msgpack connections.
+        """
+        table = self._protobuf_methods if protobuf else self._methods
+        for name, handler in (unary or {}).items():
+            self._add(table, service, name, _Method(handler, False))
+        for name, stream_handler in (streams or {}).items():
+            self._add(table, service, name, _Method(stream_handler, True))
+
+    @staticmethod
+    def _add(table: dict[tuple[str, str], _Method], service: str, name: str, method: _Method) -> None:
+        if (service, name) in table:
             raise ValueError(f"/{service}/{name} is already registered")
-        self._methods[(service, name)] = method
+        table[(service, name)] = method
 
     def refusal(self, peer: PeerCredentials | None) -> str | None:
         """Why a peer is refused, or None when it may call."""
