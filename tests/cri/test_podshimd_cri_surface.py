@@ -275,6 +275,29 @@ def test_streams_answer_what_the_lists_answer_with_the_same_filters(daemon, pods
         list(images.ListImages(api_pb2.ListImagesRequest(), timeout=CALL_TIMEOUT).images)
 
 
+def test_a_listing_larger_than_a_chunk_is_streamed_in_several_each_item_once(daemon, crictl, tmp_path):
+    # Five pods and five containers of ~250 KiB of annotations each (a pod's most is 256 KiB):
+    # more than a chunk's 1 MiB, so at least two messages of each.
+    for i in range(5):
+        config = pod_config(name=f"big{i}")
+        config["annotations"] = {"big": f"{i}" * (250 << 10)}
+        path = tmp_path / f"big{i}.json"
+        path.write_text(json.dumps(config))
+        pod_id = daemon.crictl(crictl, "runp", str(path)).stdout.strip()
+        container = container_config(["sleep", "60"])
+        container["annotations"] = {"big": f"{i}" * (250 << 10)}
+        daemon.create_container(pod_id, container, str(path))
+    runtime = daemon.runtime()
+    for stream, field, listed in (
+            (runtime.StreamPodSandboxes(api_pb2.StreamPodSandboxesRequest(), timeout=CALL_TIMEOUT), "pod_sandboxes",
+             runtime.ListPodSandbox(api_pb2.ListPodSandboxRequest(), timeout=CALL_TIMEOUT).items),
+            (runtime.StreamContainers(api_pb2.StreamContainersRequest(), timeout=CALL_TIMEOUT), "containers",
+             runtime.ListContainers(api_pb2.ListContainersRequest(), timeout=CALL_TIMEOUT).containers)):
+        messages = list(stream)
+        assert len(messages) >= 2 and all(m.ByteSize() <= chunks.CHUNK_BYTES for m in messages)
+        assert streamed(messages, field) == list(listed) and len(listed) == 5
+
+
 def test_a_stream_with_nothing_to_answer_ends_without_a_message(daemon):
     runtime = daemon.runtime()
     assert list(runtime.StreamPodSandboxes(api_pb2.StreamPodSandboxesRequest(filter=api_pb2.PodSandboxFilter(
