@@ -5,7 +5,9 @@ PullImage answers with the image's id (its config digest) as ``image_ref``; Imag
 the node lacks is an empty response (CRI's "not present"), its verbose ``info`` is containerd's
 shape: ``{"info": "{\"chainID\": ..., \"imageSpec\": <the image config>}"}``; RemoveImage of an
 image that is not there succeeds, of one a container uses is FAILED_PRECONDITION. ListImages with a
-filter lists the image it names, if any.
+filter lists the image it names, if any. Images are the node's, the same for every runtime handler:
+an ImageSpec's ``runtime_handler`` must be one of config ``runtime_handlers`` (or empty), and an
+unknown one is INVALID_ARGUMENT, as CRI asks.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from client.criapi import api_pb2
 from client.images.pull import AuthConfig
 from client.images.service import image_user
 from client.images.store import ImageRecord
+from shim.rpc.status import InvalidArgument
 
 from .chunks import chunks
 from .handlers import Handlers
@@ -51,11 +54,19 @@ class ImageStore(Handlers):
             yield api_pb2.StreamImagesResponse(images=chunk)
 
     def _list_images(self, request: api_pb2.ListImagesRequest | api_pb2.StreamImagesRequest) -> list[api_pb2.Image]:
-        name = request.filter.image.image if request.HasField("filter") else ""
+        name = self._image_name(request.filter.image, "filter.image") if request.HasField("filter") else ""
         return [image(r) for r in self.images.list(name)]
 
+    def _image_name(self, spec: api_pb2.ImageSpec, where: str = "image") -> str:
+        """The image ``spec`` names; InvalidArgument for a runtime handler this node does not have."""
+        handler = spec.runtime_handler
+        if handler and handler not in self.config.runtime_handlers:
+            raise InvalidArgument(f"{where}.runtime_handler {handler!r} is not a runtime handler of this node "
+                                  f"(runtime_handlers: {', '.join(self.config.runtime_handlers)})")
+        return spec.image
+
     async def ImageStatus(self, request: api_pb2.ImageStatusRequest, context: Any) -> api_pb2.ImageStatusResponse:
-        record = self.images.status(request.image.image)
+        record = self.images.status(self._image_name(request.image))
         if record is None:
             return api_pb2.ImageStatusResponse()  # image unset: "not present"
         info = {}
@@ -64,9 +75,9 @@ class ImageStore(Handlers):
         return api_pb2.ImageStatusResponse(image=image(record), info=info)
 
     async def PullImage(self, request: api_pb2.PullImageRequest, context: Any) -> api_pb2.PullImageResponse:
-        record = await self.images.pull(request.image.image, _auth(request.auth))
+        record = await self.images.pull(self._image_name(request.image), _auth(request.auth))
         return api_pb2.PullImageResponse(image_ref=record.image_id)
 
     async def RemoveImage(self, request: api_pb2.RemoveImageRequest, context: Any) -> api_pb2.RemoveImageResponse:
-        await self.images.remove(request.image.image)
+        await self.images.remove(self._image_name(request.image))
         return api_pb2.RemoveImageResponse()

@@ -187,6 +187,27 @@ def test_a_container_names_its_image_by_the_id_pullimage_answered_and_its_stop_s
     assert status.stop_signal == api_pb2.Signal.SIGNAL_SIGTERM
 
 
+def test_images_are_the_same_for_every_runtime_handler_and_an_unknown_one_is_refused(daemon, pod):
+    images = daemon.images()
+    [listed] = daemon.runtime().ListContainers(api_pb2.ListContainersRequest(), timeout=CALL_TIMEOUT).containers
+    name = listed.image.image
+    for handler in ("", "native", "runc", "crun"):
+        spec = api_pb2.ImageSpec(image=name, runtime_handler=handler)
+        assert images.ImageStatus(api_pb2.ImageStatusRequest(image=spec), timeout=CALL_TIMEOUT).image.id == \
+            listed.image_id
+    unknown = api_pb2.ImageSpec(image=name, runtime_handler="kata")
+    for call in (lambda: images.PullImage(api_pb2.PullImageRequest(image=unknown), timeout=CALL_TIMEOUT),
+                 lambda: images.ImageStatus(api_pb2.ImageStatusRequest(image=unknown), timeout=CALL_TIMEOUT),
+                 lambda: images.RemoveImage(api_pb2.RemoveImageRequest(image=unknown), timeout=CALL_TIMEOUT),
+                 lambda: images.ListImages(api_pb2.ListImagesRequest(filter=api_pb2.ImageFilter(image=unknown)),
+                                           timeout=CALL_TIMEOUT)):
+        with pytest.raises(grpc.RpcError) as failed:
+            call()
+        assert failed.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "runtime_handler 'kata' is not a runtime handler of this node (runtime_handlers: native, runc, crun)" \
+            in failed.value.details()
+
+
 # -- stats: pressure and swap ----------------------------------------------------------------------
 
 def v2_pressure(pid: int, name: str) -> dict[str, int]:
