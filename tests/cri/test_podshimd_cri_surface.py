@@ -25,6 +25,8 @@ from shim.rpc.status import InvalidArgument
 CALL_TIMEOUT = 20
 #: The methods podshimd does not serve, each answered UNIMPLEMENTED with its reason (docs/cri.md).
 NOT_SERVED = {"CheckpointContainer", "CheckpointPod", "RestorePod"}
+#: The runtime handlers podshimd offers by default.
+HANDLERS = ("native", "runc", "crun")
 
 
 def call(daemon, service: str, method: MethodDescriptor, request: Message) -> tuple[grpc.StatusCode, str]:
@@ -100,11 +102,12 @@ def read(path: str) -> str:
 
 
 @pytest.fixture
-def pod(daemon, crictl, tmp_path):
-    """A ready pod with a running container: (pod id, the pause's pid, the container's pid)."""
+def pod(request, daemon, crictl, tmp_path):
+    """A ready pod with a running container: (pod id, the pause's pid, the container's pid). Its
+    runtime handler is the test's ``pod`` parameter, if it has one (the default handler else)."""
     path = tmp_path / "pod.json"
     path.write_text(json.dumps(pod_config()))
-    pod_id = daemon.crictl(crictl, "runp", str(path)).stdout.strip()
+    pod_id = daemon.crictl(crictl, "runp", "--runtime", getattr(request, "param", ""), str(path)).stdout.strip()
     container_id = daemon.create_container(pod_id, container_config(["sleep", "60"]), str(path))
     daemon.crictl(crictl, "start", container_id)
     pause = json.loads(daemon.crictl(crictl, "inspectp", pod_id).stdout)["info"]["pid"]
@@ -120,6 +123,7 @@ def update_pod(daemon, pod_id: str, overhead: dict | None = None, **resources) -
     daemon.runtime().UpdatePodSandboxResources(request, timeout=CALL_TIMEOUT)
 
 
+@pytest.mark.parametrize("pod", HANDLERS, indirect=True)
 def test_pod_resources_and_overhead_are_written_to_the_pods_cgroup(daemon, pod):
     pod_id, pause, pid = pod
     container_memory = read(cgroup_file(pid, "memory", "memory.limit_in_bytes"))
@@ -218,6 +222,7 @@ def v2_pressure(pid: int, name: str) -> dict[str, int]:
         return {line.split()[0]: int(line.split()[-1].removeprefix("total=")) * 1000 for line in f}
 
 
+@pytest.mark.parametrize("pod", HANDLERS, indirect=True)
 def test_stats_carry_the_cgroups_pressure_and_swap(daemon, crictl, pod):
     pod_id, pause, pid = pod
     container_id = daemon.runtime().ListContainers(api_pb2.ListContainersRequest(), timeout=CALL_TIMEOUT).containers[0].id
