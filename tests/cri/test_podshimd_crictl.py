@@ -179,6 +179,13 @@ def test_a_bad_config_file_exits_1_with_one_sentence(directory):
     assert_one_sentence(result.stderr, f"podshimd: {directory}/config.toml: listen: must be a unix:///ABSOLUTE/PATH")
 
 
+def test_the_systemd_cgroup_driver_is_refused_at_start_until_podshim_has_it(directory):
+    result = run_podshimd(directory, config='cgroup_driver = "systemd"\n')
+    assert result.returncode == 1
+    assert_one_sentence(result.stderr, f"podshimd: {directory}/config.toml: cgroup_driver: the systemd cgroup driver "
+                                       "(pods' cgroups as systemd slices and scopes) is not supported yet: use cgroupfs")
+
+
 def test_bad_toml_exits_1_with_one_sentence(directory):
     result = run_podshimd(directory, config="template = \n")
     assert result.returncode == 1
