@@ -26,7 +26,7 @@ from shim.rpc.files import ensure_private_dir, flock_open
 from shim.rpc.status import FailedPrecondition, RpcError, Unavailable
 from shim.launch.spawn import START_TIMEOUT, bind_listener, bootstrap, spawn_shim
 
-__all__ = ["ACTIONS", "main", "run"]
+__all__ = ["ACTIONS", "main", "os_error_sentence", "run", "start_shim"]
 
 
 class UsageError(Exception):
@@ -149,11 +149,17 @@ def _validate(args: argparse.Namespace) -> None:
 
 
 def _start(args: argparse.Namespace) -> int:
-    result = _start_from_template(args)
-    if result is None:
-        result = spawn_shim(_config(args), debug=args.debug, double_fork=False)
-    print(json.dumps(result))
+    print(json.dumps(start_shim(_config(args), debug=args.debug, no_template=args.no_template)))
     return 0
+
+
+def start_shim(config, *, debug: bool = False, no_template: bool = False) -> dict:
+    """Start the detached shim of ``config`` (a ShimConfig) and return its bootstrap document: forked
+    by the runtime root's template when one runs (unless ``no_template``), else by this process."""
+    result = None if no_template else _start_from_template(config, debug)
+    if result is None:
+        result = spawn_shim(config, debug=debug, double_fork=False)
+    return result
 
 
 #: How long `start` waits for a template's Spawn: the template's own wait for the shim
@@ -161,18 +167,20 @@ def _start(args: argparse.Namespace) -> int:
 TEMPLATE_SPAWN_TIMEOUT = START_TIMEOUT + 1.0
 
 
-def _start_from_template(args: argparse.Namespace) -> dict | None:
+def _start_from_template(config, debug: bool) -> dict | None:
     """Ask a running template for the shim; None when no template answers, or it answers that
     its code is out of date and it is leaving (then we fork the shim ourselves)."""
-    path = template_socket_for(args.runtime_root)
-    if args.no_template or not os.path.exists(path):
+    path = template_socket_for(config.runtime_root)
+    if not os.path.exists(path):
         return None
     from shim.rpc import blocking
 
-    payload = {"namespace": args.namespace, "sandbox_id": args.sandbox_id, "bundle": args.bundle,
-               "runtime_root": args.runtime_root, "debug": args.debug}
-    if args.pause_binary:
-        payload["pause_binary"] = args.pause_binary
+    payload = {"namespace": config.namespace, "sandbox_id": config.sandbox_id, "bundle": config.bundle,
+               "runtime_root": config.runtime_root, "debug": debug}
+    if config.pause_binary:
+        payload["pause_binary"] = config.pause_binary
+    if config.containerd_address is not None:
+        payload["containerd_address"] = config.containerd_address
     try:
         return blocking.call(socket_address(path), TEMPLATE_SERVICE, "Spawn", payload, timeout=TEMPLATE_SPAWN_TIMEOUT)
     except (Unavailable, FailedPrecondition):
@@ -285,15 +293,20 @@ def main(argv: list[str] | None = None) -> int:
     except RpcError as exc:
         print(f"podshim {args.action}: {exc.code.name}: {exc.message}", file=sys.stderr)
         return 1
-    except OSError as exc:  # a sentence, not "[Errno N] ...: 'path'"
-        said = exc.strerror or str(exc)
-        if exc.filename and exc.strerror and exc.filename not in said:
-            said = f"{exc.filename}: {said}"
-        print(f"podshim {args.action}: {said}", file=sys.stderr)
+    except OSError as exc:
+        print(f"podshim {args.action}: {os_error_sentence(exc)}", file=sys.stderr)
         return 1
     except ValueError as exc:
         print(f"podshim {args.action}: {exc}", file=sys.stderr)
         return 1
+
+
+def os_error_sentence(exc: OSError) -> str:
+    """What an OSError says, as a sentence: not "[Errno N] ...: 'path'"."""
+    said = exc.strerror or str(exc)
+    if exc.filename and exc.strerror and exc.filename not in said:
+        said = f"{exc.filename}: {said}"
+    return said
 
 
 def run() -> None:

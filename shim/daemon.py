@@ -168,8 +168,14 @@ class _Shim:
         notifier = base.notifier
         self.sandbox.on_state_change = lambda st: notifier.send(f"STATUS=sandbox {config.sandbox_id} {st.value}")
         self.server = Server()
-        register(self.server, SandboxService(self.sandbox, self.events, on_shutdown=lambda: self.finish("ShutdownSandbox")))
-        register_tasks(self.server, TaskService(self.sandbox))
+        service = SandboxService(self.sandbox, self.events, on_shutdown=lambda: self.finish("ShutdownSandbox"))
+        tasks = TaskService(self.sandbox)
+        register(self.server, service)
+        register_tasks(self.server, tasks)
+        if config.containerd_address is not None:  # started by containerd: its services too
+            from shim.containerd.services import register_containerd
+
+            register_containerd(self.server, service, tasks)
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.finish, signal.Signals(sig).name)
         # A detached shim has no terminal, but a hangup must never end it (the caller's session).

@@ -69,9 +69,15 @@ def test_the_installed_commands_run_after_the_checkout_is_deleted(venv, tmp_path
         done = run(str(bin_dir / name), "--help")
         assert (done.returncode, done.stderr) == (0, ""), name
         assert done.stdout.startswith(f"usage: {name} ")
+    done = run(str(bin_dir / "containerd-shim-podshim-v1"), "-v")  # containerd's runtime io.containerd.podshim.v1
+    assert (done.returncode, done.stderr) == (0, "")
+    assert done.stdout.startswith("containerd-shim-podshim-v1: ")
     generated = run(os.path.join(venv, "bin", "python"), "-I", "-c",
                     "from client.criapi import api_pb2_grpc; print(api_pb2_grpc.RuntimeServiceStub.__name__)")
     assert (generated.returncode, generated.stdout, generated.stderr) == (0, "RuntimeServiceStub\n", "")
+    generated = run(os.path.join(venv, "bin", "python"), "-I", "-c", "from shim.containerd.api import load; "
+                    "print(load('runtime.sandbox.v1.sandbox_pb2').DESCRIPTOR.services_by_name['Sandbox'].full_name)")
+    assert (generated.returncode, generated.stdout, generated.stderr) == (0, "containerd.runtime.sandbox.v1.Sandbox\n", "")
 
 
 def test_an_editable_install_whose_checkout_is_gone_says_so(venv, tmp_path):
@@ -80,7 +86,7 @@ def test_an_editable_install_whose_checkout_is_gone_says_so(venv, tmp_path):
     install(checkout, venv, str(bin_dir), "--editable")
     assert run(str(bin_dir / "podshimctl"), "--help").returncode == 0
     shutil.rmtree(checkout)
-    for name in ("podshim", "podshimctl", "podshimd"):
+    for name in ("podshim", "podshimctl", "podshimd", "containerd-shim-podshim-v1"):
         done = run(str(bin_dir / name), "--help")
         assert (done.returncode, done.stdout) == (1, ""), name
         assert done.stderr == (f"{name}: the checkout {checkout} that {venv} was installed from (an editable "

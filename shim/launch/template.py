@@ -12,7 +12,7 @@ a live spare it forks on the spot. Either way the shim takes the same serve path
 serve`` and the result is the bootstrap ``podshim start`` prints.
 
 The control socket speaks the podshim protocol: service ``podshim.template.v1.Template``,
-methods ``Spawn {namespace, sandbox_id, bundle, runtime_root, pause_binary?, debug?}`` → the
+methods ``Spawn {namespace, sandbox_id, bundle, runtime_root, pause_binary?, containerd_address?, debug?}`` → the
 bootstrap map, and ``Ping`` → ``{pid, spawned, runtime_root, spare_pid}`` (protocol.md 7.5). It
 is served without an event loop, one call at a time: forking from inside a running event loop
 would hand the child a loop it must not touch.
@@ -345,6 +345,7 @@ class _Template:
             socket_path=socket_path(namespace, sandbox_id, runtime_root),
             runtime_root=runtime_root,
             pause_binary=optional(p, "pause_binary", str, self.pause_binary),
+            containerd_address=optional(p, "containerd_address", str),
         )
         self.namespaces.add(namespace)
         self.roots.add(runtime_root)

@@ -1,0 +1,175 @@
+"""``containerd-shim-podshim-v1``: the shim binary of containerd's runtime type ``io.containerd.podshim.v1``.
+
+containerd runs it with Go-style flags and an action (docs/containerd.md)::
+
+    containerd-shim-podshim-v1 -namespace NS -address GRPC -publish-binary EXE -id ID [-debug] start
+    containerd-shim-podshim-v1 -namespace NS -address GRPC -publish-binary EXE -id ID -bundle DIR [-debug] delete
+
+``start`` reads containerd's protobuf BootstrapParams on stdin, starts the sandbox's shim (forked by
+the runtime root's template when one runs, as ``podshim start`` does) and prints a protobuf
+BootstrapResult (version 3, protocol ttrpc) on stdout, and nothing else: containerd reads stdout and
+stderr as one. ``delete`` cleans up after a dead shim as ``podshim delete`` does and prints a protobuf
+DeleteResponse. The working directory is containerd's bundle; podshim's own bundle (state.json, the
+shim's log, the tasks) is its ``podshim`` directory, so no file of containerd's (its ``log`` FIFO,
+``bootstrap.json``) is ever touched.
+
+The runtime root is ``$PODSHIM_RUNTIME_ROOT`` (default /run/podshim) and the pause binary
+``$PODSHIM_PAUSE_BINARY``: containerd passes its environment on, and ``[plugins.'io.containerd.shim.v1.manager'] env``
+adds to it. A failure exits 1 with one sentence.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+from shim.rpc.api import DEFAULT_RUNTIME_ROOT, UNKNOWN_EXIT_STATUS
+from shim.rpc.status import RpcError
+
+__all__ = ["NAME", "PODSHIM_DIR", "main", "run"]
+
+NAME = "containerd-shim-podshim-v1"
+#: podshim's bundle inside containerd's.
+PODSHIM_DIR = "podshim"
+#: containerd's flags that take a value, and those that do not.
+_VALUED = ("namespace", "address", "publish-binary", "id", "bundle", "socket")
+_BOOLEAN = ("debug", "v", "version", "info")
+
+
+class UsageError(Exception):
+    """A command line containerd would not write: exit 2."""
+
+
+def parse(argv: list[str]) -> tuple[dict[str, str | bool], str]:
+    """containerd's command line as Go's flag package reads it (``-flag value``, ``-flag=value``,
+    ``--flag``); the flags and the action."""
+    flags: dict[str, str | bool] = {}
+    rest = list(argv)
+    while rest and rest[0].startswith("-") and rest[0] not in ("-", "--"):
+        name, eq, value = rest.pop(0).lstrip("-").partition("=")
+        if name in _BOOLEAN:
+            flags[name] = value.lower() not in ("false", "0") if eq else True
+        elif name in _VALUED:
+            if not eq:
+                if not rest:
+                    raise UsageError(f"flag -{name} needs a value")
+                value = rest.pop(0)
+            flags[name] = value
+        else:
+            raise UsageError(f"flag provided but not defined: -{name}")
+    if rest[:1] == ["--"]:
+        rest.pop(0)
+    if flags.get("v") or flags.get("version"):
+        return flags, "version"
+    if flags.get("info"):
+        return flags, "info"
+    if len(rest) != 1 or rest[0] not in ("start", "delete"):
+        raise UsageError(f"expected one action, start or delete, after the flags; got {rest!r}")
+    return flags, rest[0]
+
+
+def _identity(flags: dict[str, str | bool], namespace: str = "", sandbox_id: str = "") -> tuple[str, str]:
+    from shim.rpc.identifiers import validate_identifier
+
+    namespace = namespace or str(flags.get("namespace") or os.environ.get("NAMESPACE") or "")
+    sandbox_id = sandbox_id or str(flags.get("id") or "")
+    return validate_identifier("namespace", namespace), validate_identifier("sandbox id", sandbox_id)
+
+
+def _runtime_root() -> str:
+    root = os.environ.get("PODSHIM_RUNTIME_ROOT") or DEFAULT_RUNTIME_ROOT
+    if not os.path.isabs(root):
+        raise UsageError(f"PODSHIM_RUNTIME_ROOT {root!r} must be an absolute path")
+    return os.path.normpath(root)
+
+
+def start(flags: dict[str, str | bool], stdin: bytes) -> bytes:
+    """``start``: the bytes of the BootstrapResult of the sandbox's shim, started unless it runs."""
+    from google.protobuf.message import DecodeError
+
+    from shim.cli import start_shim
+    from shim.containerd.api import load
+    from shim.paths import socket_path
+    from shim.sandbox.sandbox import ShimConfig
+
+    bootstrap = load("runtime.bootstrap.v1.bootstrap_pb2")
+    try:
+        params = bootstrap.BootstrapParams.FromString(stdin)
+    except DecodeError:
+        # containerd before 2.3 (and a runtime named *shim-runc-v1) gives the bare options: the
+        # rest comes from the flags and the environment then.
+        params = bootstrap.BootstrapParams()
+    namespace, sandbox_id = _identity(flags, params.namespace, params.instance_id)
+    address = params.containerd_ttrpc_address or os.environ.get("TTRPC_ADDRESS", "")
+    if not address:
+        raise UsageError("containerd's ttrpc address is unknown: neither BootstrapParams nor TTRPC_ADDRESS gives it")
+    root = _runtime_root()
+    config = ShimConfig(namespace=namespace, sandbox_id=sandbox_id,
+                        bundle=os.path.join(os.getcwd(), PODSHIM_DIR),
+                        socket_path=socket_path(namespace, sandbox_id, root), runtime_root=root,
+                        pause_binary=os.environ.get("PODSHIM_PAUSE_BINARY") or None,
+                        containerd_address=address)
+    result = start_shim(config, debug=bool(flags.get("debug")))
+    return bootstrap.BootstrapResult(version=3, address=result["address"], protocol="ttrpc").SerializeToString()
+
+
+def delete(flags: dict[str, str | bool]) -> bytes:
+    """``delete``: clean up after the sandbox's dead shim; the bytes of its DeleteResponse."""
+    from shim.cleanup import delete_sandbox
+    from shim.containerd.api import load
+    from shim.containerd.services import timestamp
+
+    namespace, sandbox_id = _identity(flags)
+    bundle = str(flags.get("bundle") or os.getcwd())
+    if not os.path.isabs(bundle):
+        raise UsageError(f"-bundle {bundle!r} must be an absolute path")
+    ours = os.path.join(bundle, PODSHIM_DIR)
+    if os.path.isdir(ours):
+        result = delete_sandbox(ours, namespace, sandbox_id, _runtime_root())
+    else:  # `start` failed before the shim made anything: there is nothing to clean, no exit known
+        result = {"pid": 0, "exit_status": UNKNOWN_EXIT_STATUS, "exited_at": time.time_ns()}
+    task_v2 = load("runtime.task.v2.shim_pb2")
+    return task_v2.DeleteResponse(pid=result["pid"], exit_status=result["exit_status"],
+                                  exited_at=timestamp(result["exited_at"])).SerializeToString()
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    action = "?"
+    try:
+        flags, action = parse(argv)
+        if action == "version":
+            print(f"{NAME}: podshim's shim for containerd (runtime type io.containerd.podshim.v1)")
+            return 0
+        if action == "info":
+            raise UsageError("-info (RuntimeInfo) is not supported by podshim's shim")
+        out = start(flags, sys.stdin.buffer.read()) if action == "start" else delete(flags)
+        sys.stdout.buffer.write(out)
+        sys.stdout.buffer.flush()
+        return 0
+    except UsageError as exc:
+        print(f"{NAME} {action}: {exc}", file=sys.stderr)
+        return 2
+    except RpcError as exc:
+        print(f"{NAME} {action}: {exc.code.name}: {exc.message}", file=sys.stderr)
+        return 1
+    except OSError as exc:
+        from shim.cli import os_error_sentence
+
+        print(f"{NAME} {action}: {os_error_sentence(exc)}", file=sys.stderr)
+        return 1
+    except ValueError as exc:
+        print(f"{NAME} {action}: {exc}", file=sys.stderr)
+        return 1
+
+
+def run() -> None:
+    """The program: :func:`main`, then exit at once (see shim.launch.install.exit_now)."""
+    from shim.launch.install import exit_now
+
+    exit_now(main())
+
+
+if __name__ == "__main__":
+    run()

@@ -1,0 +1,226 @@
+"""containerd's services on the shim: ``containerd.runtime.sandbox.v1.Sandbox`` and
+``containerd.task.v3.Task`` (protocol.md 11), translated onto the shim's own handlers
+(:class:`shim.sandbox.service.SandboxService`, :class:`shim.sandbox.task_service.TaskService`),
+which hold every rule. What the shim cannot do for containerd is refused with a status and a
+sentence, never answered as if done.
+
+containerd's CRI decides the pod's network namespace (``netns_path``) and hands the pod's
+PodSandboxConfig in CreateSandbox's ``options``; the shim makes of it the options podshimd's pod
+layer would give (client.cri.configs), so a pod is the same whichever of the two drives it.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING, Any, Awaitable, Callable
+
+from google.protobuf import message_factory
+from google.protobuf.message import DecodeError, Message
+from google.protobuf.timestamp_pb2 import Timestamp
+
+from shim.containerd.api import load
+from shim.rpc.server import CallContext, Server
+from shim.rpc.status import FailedPrecondition, InvalidArgument, NotFound, Unimplemented
+from shim.sandbox.options import NATIVE
+
+if TYPE_CHECKING:
+    from shim.sandbox.service import SandboxService
+    from shim.sandbox.task_service import TaskService
+
+__all__ = ["SANDBOX_SERVICE", "TASK_SERVICE", "POD_SANDBOX_CONFIG_TYPE", "register_containerd", "timestamp", "nanos"]
+
+sandbox_pb2 = load("runtime.sandbox.v1.sandbox_pb2")
+task_pb2 = load("runtime.task.v3.shim_pb2")
+platform_pb2 = load("types.platform_pb2")
+tasktypes_pb2 = load("types.task.task_pb2")
+
+SANDBOX_SERVICE = "containerd.runtime.sandbox.v1.Sandbox"
+TASK_SERVICE = "containerd.task.v3.Task"
+#: The type of CreateSandbox's ``options`` that containerd's CRI gives: the pod's config.
+POD_SANDBOX_CONFIG_TYPE = "runtime.v1.PodSandboxConfig"
+#: SandboxStatus's states, as CRI's PodSandboxState names them (containerd reads them so).
+READY, NOT_READY = "SANDBOX_READY", "SANDBOX_NOTREADY"
+
+Handler = Callable[[CallContext, Any], Awaitable[Message]]
+
+
+def timestamp(ns: int) -> Timestamp | None:
+    """A protobuf Timestamp of ``ns`` nanoseconds since the epoch; None (unset) for 0."""
+    return Timestamp(seconds=ns // 1_000_000_000, nanos=ns % 1_000_000_000) if ns else None
+
+
+def nanos(ts: Timestamp) -> int:
+    return ts.seconds * 1_000_000_000 + ts.nanos
+
+
+def _serve(server: Server, service_name: str, module: Any, handlers: dict[str, Handler]) -> None:
+    """Register ``handlers`` (by method name) as the protobuf service ``service_name`` of the
+    generated ``module``: each is given the parsed request message and returns the response
+    message; a method without a handler is refused with UNIMPLEMENTED and a sentence."""
+    service = module.DESCRIPTOR.services_by_name[service_name.rsplit(".", 1)[1]]
+    unary = {}
+    for method in service.methods:
+        request_type = message_factory.GetMessageClass(method.input_type)
+        handler = handlers.get(method.name)
+        unary[method.name] = _method(service_name, method.name, request_type, handler)
+    unknown = set(handlers) - set(unary)
+    if unknown:
+        raise ValueError(f"{service_name} has no methods {sorted(unknown)}")
+    server.register(service_name, unary, protobuf=True)
+
+
+def _method(service: str, name: str, request_type: type[Message], handler: Handler | None) -> Any:
+    async def call(ctx: CallContext, payload: bytes) -> bytes:
+        if handler is None:
+            raise Unimplemented(f"/{service}/{name} is not supported by podshim's shim")
+        try:
+            request = request_type.FromString(payload)
+        except DecodeError as exc:
+            raise InvalidArgument(f"the {request_type.DESCRIPTOR.full_name} of /{service}/{name} is not valid "
+                                  f"protobuf: {exc}") from None
+        response = await handler(ctx, request)
+        return response.SerializeToString()
+
+    return call
+
+
+def pod_options(options: Any) -> dict[str, Any]:
+    """CreateSandbox's ``options`` (an Any) as the shim's sandbox options (protocol.md 7.4):
+    containerd's CRI gives the pod's PodSandboxConfig; nothing else is understood."""
+    if not options.type_url:
+        return {"runtime_handler": NATIVE}
+    if options.type_url.rsplit("/", 1)[-1] != POD_SANDBOX_CONFIG_TYPE:
+        raise InvalidArgument(f"CreateSandbox options of type {options.type_url!r} are not understood: podshim's "
+                              f"shim takes containerd CRI's {POD_SANDBOX_CONFIG_TYPE}")
+    # The pod layer's translation, loaded only here: a shim that never creates a pod for containerd
+    # does not pay for CRI's schema.
+    from client.cri import security
+    from client.criapi import api_pb2
+    from client.podshimd.translate import pod_sandbox_config
+
+    try:
+        config = api_pb2.PodSandboxConfig.FromString(options.value)
+    except DecodeError as exc:
+        raise InvalidArgument(f"CreateSandbox options are not a valid {POD_SANDBOX_CONFIG_TYPE}: {exc}") from None
+    cfg = pod_sandbox_config(api_pb2.RunPodSandboxRequest(config=config))
+    pause = security.pause_fields(cfg.security)  # refuses what cannot be honoured (AppArmor, ...)
+    result = {**cfg.to_shim_options(), "runtime_handler": NATIVE}
+    result["linux"] = {**result["linux"], "pause_process": pause}
+    return result
+
+
+class SandboxV1:
+    """``containerd.runtime.sandbox.v1.Sandbox`` on the shim's SandboxService."""
+
+    def __init__(self, service: SandboxService):
+        self.service = service
+
+    async def create(self, ctx: CallContext, r: Any) -> Message:
+        if r.rootfs:
+            raise InvalidArgument("CreateSandbox with a rootfs (a sandbox image's snapshot) is not supported by "
+                                  "podshim's shim for containerd: its pause is its own")
+        payload: dict[str, Any] = {"sandbox_id": r.sandbox_id, "options": pod_options(r.options),
+                                   "annotations": dict(r.annotations)}
+        if r.netns_path:
+            payload["netns_path"] = r.netns_path
+        await self.service.create(ctx, payload)
+        return sandbox_pb2.CreateSandboxResponse()
+
+    async def start(self, ctx: CallContext, r: Any) -> Message:
+        result = await self.service.start(ctx, {"sandbox_id": r.sandbox_id})
+        return sandbox_pb2.StartSandboxResponse(pid=result["pid"], created_at=timestamp(result["created_at"]))
+
+    async def platform(self, ctx: CallContext, r: Any) -> Message:
+        platform = (await self.service.platform(ctx, {"sandbox_id": r.sandbox_id}))["platform"]
+        return sandbox_pb2.PlatformResponse(platform=platform_pb2.Platform(**platform))
+
+    async def stop(self, ctx: CallContext, r: Any) -> Message:
+        # containerd's CRI gives no timeout (0): its containers were killed already, and the pause
+        # is killed at once, as the shim's timeout 0 does.
+        await self.service.stop(ctx, {"sandbox_id": r.sandbox_id, "timeout_secs": r.timeout_secs})
+        return sandbox_pb2.StopSandboxResponse()
+
+    async def wait(self, ctx: CallContext, r: Any) -> Message:
+        result = await self.service.wait(ctx, {"sandbox_id": r.sandbox_id})
+        return sandbox_pb2.WaitSandboxResponse(exit_status=result["exit_status"],
+                                               exited_at=timestamp(result["exited_at"]))
+
+    async def status(self, ctx: CallContext, r: Any) -> Message:
+        status = await self.service.status(ctx, {"sandbox_id": r.sandbox_id, "verbose": r.verbose})
+        return sandbox_pb2.SandboxStatusResponse(
+            sandbox_id=status["sandbox_id"], pid=status["pid"],
+            state=READY if status["state"] == "running" else NOT_READY,
+            info={k: str(v) for k, v in status["info"].items()},
+            created_at=timestamp(status["created_at"]), exited_at=timestamp(status["exited_at"]))
+
+    async def ping(self, ctx: CallContext, r: Any) -> Message:
+        await self.service.ping(ctx, {"sandbox_id": r.sandbox_id})
+        return sandbox_pb2.PingResponse()
+
+    async def shutdown(self, ctx: CallContext, r: Any) -> Message:
+        await self.service.shutdown(ctx, {"sandbox_id": r.sandbox_id})
+        return sandbox_pb2.ShutdownSandboxResponse()
+
+    async def metrics(self, ctx: CallContext, r: Any) -> Message:
+        self.service.sandbox.check_id(r.sandbox_id)
+        raise Unimplemented("SandboxMetrics: podshim's shim does not yet give containerd its cgroup metrics "
+                            "(io.containerd.cgroups.v1.Metrics)")
+
+
+class TaskV3:
+    """``containerd.task.v3.Task`` on the shim's TaskService. For now it answers for the sandbox
+    itself (containerd's reconnect: Connect, Pids, State on the sandbox id); containers through
+    containerd's Task API are refused with FAILED_PRECONDITION and a sentence (UNIMPLEMENTED would
+    make containerd retry with Task v2)."""
+
+    def __init__(self, service: SandboxService, tasks: TaskService):
+        self.service = service
+        self.tasks = tasks
+
+    def _sandbox(self, task_id: str) -> Any:
+        sandbox = self.service.sandbox
+        if task_id != sandbox.config.sandbox_id:
+            raise FailedPrecondition(f"task {task_id}: podshim's shim does not yet run containers for containerd "
+                                     "(Task v3 Create); only its sandbox is served")
+        return sandbox
+
+    async def connect(self, ctx: CallContext, r: Any) -> Message:
+        sandbox = self._sandbox(r.id)
+        pause = sandbox.pause
+        return task_pb2.ConnectResponse(shim_pid=os.getpid(), task_pid=pause.pid if pause is not None else 0)
+
+    async def pids(self, ctx: CallContext, r: Any) -> Message:
+        pause = self._sandbox(r.id).pause
+        processes = [tasktypes_pb2.ProcessInfo(pid=pause.pid)] if pause is not None and pause.pid else []
+        return task_pb2.PidsResponse(processes=processes)
+
+    async def state(self, ctx: CallContext, r: Any) -> Message:
+        if r.exec_id:
+            raise NotFound(f"exec {r.exec_id} not found in task {r.id}")
+        self._sandbox(r.id)
+        status = await self.service.status(ctx, {"sandbox_id": r.id})
+        statuses = {"created": tasktypes_pb2.CREATED, "running": tasktypes_pb2.RUNNING}
+        return task_pb2.StateResponse(
+            id=r.id, bundle=self.service.sandbox.config.bundle, pid=status["pid"],
+            status=statuses.get(status["state"], tasktypes_pb2.STOPPED), exit_status=status["exit_status"],
+            exited_at=timestamp(status["exited_at"]))
+
+    async def refuse(self, ctx: CallContext, r: Any) -> Message:
+        self._sandbox(r.id)
+        raise FailedPrecondition(f"task {r.id} is the sandbox: containerd drives it through the Sandbox service")
+
+
+def register_containerd(server: Server, service: SandboxService, tasks: TaskService) -> None:
+    """Serve containerd's Sandbox and Task v3 services on ``server`` (protobuf connections)."""
+    sandbox = SandboxV1(service)
+    _serve(server, SANDBOX_SERVICE, sandbox_pb2, {
+        "CreateSandbox": sandbox.create, "StartSandbox": sandbox.start, "Platform": sandbox.platform,
+        "StopSandbox": sandbox.stop, "WaitSandbox": sandbox.wait, "SandboxStatus": sandbox.status,
+        "PingSandbox": sandbox.ping, "ShutdownSandbox": sandbox.shutdown, "SandboxMetrics": sandbox.metrics,
+    })
+    task = TaskV3(service, tasks)
+    refused = ("Create", "Start", "Delete", "Kill", "Exec", "ResizePty", "CloseIO", "Wait", "Stats", "Update",
+               "Pause", "Resume", "Checkpoint", "Shutdown")
+    _serve(server, TASK_SERVICE, task_pb2, {
+        "Connect": task.connect, "Pids": task.pids, "State": task.state, **{name: task.refuse for name in refused},
+    })

@@ -1,0 +1,162 @@
+"""``containerd-shim-podshim-v1`` spoken to as containerd speaks to it, without containerd: ``start``
+with a protobuf BootstrapParams on stdin prints only a protobuf BootstrapResult (version 3, ttrpc);
+the shim serves containerd's Sandbox service (a pod from CRI's PodSandboxConfig, its lifecycle) and
+Task v3's reconnect calls for the sandbox over protobuf, beside its own msgpack services on the same
+socket; it exits after ShutdownSandbox, and ``delete`` prints the pause's exit as a DeleteResponse.
+Whatever a test ends in, ``delete`` and a SIGKILL through a pidfd leave nothing running.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+from google.protobuf import any_pb2
+
+from client.criapi import api_pb2
+from shim.containerd.api import load
+from shim.containerd.services import SANDBOX_SERVICE as SANDBOX, TASK_SERVICE as TASK, sandbox_pb2, task_pb2
+from shim.rpc import Client, FailedPrecondition
+from shim.rpc.api import SANDBOX_SERVICE as PODSHIM_SANDBOX
+from shim.rpc.codecs import PROTOBUF
+
+from shimtools import WAIT, ProcessRef, new_id
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+bootstrap_pb2 = load("runtime.bootstrap.v1.bootstrap_pb2")
+task_v2_pb2 = load("runtime.task.v2.shim_pb2")
+NAMESPACE = "k8s.io"
+METADATA = {"containerd-namespace": [NAMESPACE]}
+
+
+def run_shim_binary(bundle: str, root: str, *args: str, stdin: bytes = b"") -> subprocess.CompletedProcess[bytes]:
+    """The command as containerd runs it (flags, working directory the bundle), on this checkout."""
+    env = {**os.environ, "PYTHONPATH": REPO, "PODSHIM_RUNTIME_ROOT": root}
+    return subprocess.run([sys.executable, "-P", "-c", "from shim.containerd.cli import run; run()",
+                           "-namespace", NAMESPACE, "-address", "/run/containerd/containerd.sock",
+                           "-publish-binary", "/usr/bin/containerd", *args],
+                          input=stdin, capture_output=True, cwd=bundle, env=env, timeout=30)
+
+
+class Started:
+    def __init__(self, bundle: str, root: str, sandbox_id: str, address: str, shim: ProcessRef):
+        self.bundle, self.root, self.sandbox_id, self.address, self.shim = bundle, root, sandbox_id, address, shim
+
+    def delete(self) -> subprocess.CompletedProcess[bytes]:
+        return run_shim_binary(self.bundle, self.root, "-id", self.sandbox_id, "-bundle", self.bundle, "delete")
+
+
+@pytest.fixture
+def started(tmp_path):
+    """A shim started by ``start``; deleted (and killed if still alive) whatever the test did."""
+    bundle, root = tmp_path / "bundle", tmp_path / "root"
+    bundle.mkdir()
+    sandbox_id = new_id()
+    params = bootstrap_pb2.BootstrapParams(instance_id=sandbox_id, namespace=NAMESPACE,
+                                           containerd_ttrpc_address=str(tmp_path / "ttrpc.sock"))
+    done = run_shim_binary(str(bundle), str(root), "-id", sandbox_id, "start", stdin=params.SerializeToString())
+    assert (done.returncode, done.stderr) == (0, b"")
+    result = bootstrap_pb2.BootstrapResult.FromString(done.stdout)
+    assert (result.version, result.protocol) == (3, "ttrpc")
+    assert result.SerializeToString() == done.stdout  # nothing else on stdout
+    with open(bundle / "podshim" / "state.json") as f:
+        shim = ProcessRef(json.load(f)["shim_pid"])
+    it = Started(str(bundle), str(root), sandbox_id, result.address, shim)
+    try:
+        yield it
+    finally:
+        it.delete()
+        shim.kill(signal.SIGKILL)
+        with contextlib.suppress(ChildProcessError, OSError):
+            os.waitid(os.P_PIDFD, shim.fd, os.WEXITED | os.WNOHANG)
+        shim.close()
+
+
+async def call(client: Client, service: str, method: str, request, response_type):
+    return response_type.FromString(await client.call(service, method, request.SerializeToString(),
+                                                      metadata=METADATA, timeout=WAIT * 2))
+
+
+def pod_options(hostname: str) -> any_pb2.Any:
+    config = api_pb2.PodSandboxConfig(metadata=api_pb2.PodSandboxMetadata(name="web", namespace="default", uid="u1"),
+                                      hostname=hostname)
+    return any_pb2.Any(type_url="runtime.v1.PodSandboxConfig", value=config.SerializeToString())
+
+
+async def test_a_pod_runs_stops_and_goes_through_containerds_sandbox_service_and_nothing_is_left(started):
+    sid = started.sandbox_id
+    async with await Client.connect(started.address, codec=PROTOBUF) as pb:
+        await call(pb, SANDBOX, "CreateSandbox", sandbox_pb2.CreateSandboxRequest(
+            sandbox_id=sid, bundle_path=started.bundle, options=pod_options("web-1")), sandbox_pb2.CreateSandboxResponse)
+        begun = await call(pb, SANDBOX, "StartSandbox", sandbox_pb2.StartSandboxRequest(sandbox_id=sid),
+                           sandbox_pb2.StartSandboxResponse)
+        pause = ProcessRef(begun.pid)
+        try:
+            assert begun.created_at.seconds > 0
+            status = await call(pb, SANDBOX, "SandboxStatus", sandbox_pb2.SandboxStatusRequest(sandbox_id=sid, verbose=True),
+                                sandbox_pb2.SandboxStatusResponse)
+            assert (status.sandbox_id, status.pid, status.state) == (sid, begun.pid, "SANDBOX_READY")
+            netns = status.info["netns_path"]
+            assert os.path.exists(netns)
+            platform = await call(pb, SANDBOX, "Platform", sandbox_pb2.PlatformRequest(sandbox_id=sid),
+                                  sandbox_pb2.PlatformResponse)
+            assert platform.platform.os == "linux"
+            connected = await call(pb, TASK, "Connect", task_pb2.ConnectRequest(id=sid), task_pb2.ConnectResponse)
+            assert (connected.shim_pid, connected.task_pid) == (started.shim.pid, begun.pid)
+            pids = await call(pb, TASK, "Pids", task_pb2.PidsRequest(id=sid), task_pb2.PidsResponse)
+            assert [p.pid for p in pids.processes] == [begun.pid]
+            with pytest.raises(FailedPrecondition, match="does not yet run containers for containerd"):
+                await call(pb, TASK, "Create", task_pb2.CreateTaskRequest(id="c1"), task_pb2.CreateTaskResponse)
+            async with await Client.connect(started.address) as mp:  # our own services, same socket
+                assert (await mp.call(PODSHIM_SANDBOX, "SandboxStatus", {"sandbox_id": sid}))["state"] == "running"
+
+            await call(pb, SANDBOX, "StopSandbox", sandbox_pb2.StopSandboxRequest(sandbox_id=sid),
+                       sandbox_pb2.StopSandboxResponse)
+            waited = await call(pb, SANDBOX, "WaitSandbox", sandbox_pb2.WaitSandboxRequest(sandbox_id=sid),
+                                sandbox_pb2.WaitSandboxResponse)
+            assert waited.exit_status == 128 + signal.SIGKILL
+            await pause.exited()
+            status = await call(pb, SANDBOX, "SandboxStatus", sandbox_pb2.SandboxStatusRequest(sandbox_id=sid),
+                                sandbox_pb2.SandboxStatusResponse)
+            assert status.state == "SANDBOX_NOTREADY"
+            await call(pb, SANDBOX, "ShutdownSandbox", sandbox_pb2.ShutdownSandboxRequest(sandbox_id=sid),
+                       sandbox_pb2.ShutdownSandboxResponse)
+            await asyncio.wait_for(pb.wait_closed(), WAIT)
+        finally:
+            pause.kill()
+            pause.close()
+    await started.shim.exited()  # the shim ends by itself after ShutdownSandbox
+    deleted = started.delete()
+    assert deleted.returncode == 0, deleted.stderr
+    response = task_v2_pb2.DeleteResponse.FromString(deleted.stdout)
+    assert (response.pid, response.exit_status) == (begun.pid, 128 + signal.SIGKILL)
+    assert not os.path.exists(netns)
+    assert not os.path.exists(started.address.removeprefix("unix://"))
+
+
+def test_delete_after_a_start_that_made_nothing_reports_an_unknown_exit(tmp_path):
+    done = run_shim_binary(str(tmp_path), str(tmp_path / "root"), "-id", "sb1", "-bundle", str(tmp_path), "delete")
+    assert done.returncode == 0, done.stderr
+    response = task_v2_pb2.DeleteResponse.FromString(done.stdout)
+    assert (response.pid, response.exit_status) == (0, 255)
+
+
+@pytest.mark.parametrize("args, said", [
+    (("-id", "sb1", "-frobnicate", "start"), b"flag provided but not defined: -frobnicate"),
+    (("-id", "sb1", "restart"), b"expected one action, start or delete, after the flags; got ['restart']"),
+    (("-namespace", "k8s.io", "-id", "sb1", "start"), b"containerd's ttrpc address is unknown"),
+])
+def test_a_command_line_containerd_would_not_write_is_refused_with_a_sentence(tmp_path, args, said):
+    env_less = {k: v for k, v in os.environ.items() if k != "TTRPC_ADDRESS"}
+    done = subprocess.run([sys.executable, "-P", "-c", "from shim.containerd.cli import run; run()", *args],
+                          capture_output=True, cwd=tmp_path, env={**env_less, "PYTHONPATH": REPO,
+                                                                  "PODSHIM_RUNTIME_ROOT": str(tmp_path / "root")},
+                          timeout=30)
+    assert done.returncode == 2
+    assert said in done.stderr and done.stdout == b""
