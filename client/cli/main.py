@@ -45,7 +45,7 @@ DEFAULT_NAMESPACE = "default"
 Setup = Callable[[argparse.ArgumentParser], None]
 _COMMANDS: dict[str, tuple[str, Setup]] = {}
 #: Modules imported by :func:`main` that register more commands with :func:`command`.
-COMMAND_MODULES: list[str] = ["client.cli.pods"]
+COMMAND_MODULES: list[str] = ["client.cli.pods", "client.cli.streams"]
 
 
 class CliError(Exception):

@@ -7,7 +7,7 @@ be given by unique prefix.
     podshimctl create [--with-pull] POD_ID container-config.json pod-config.json   # prints the container id
     podshimctl start CONTAINER_ID; podshimctl logs CONTAINER_ID
     podshimctl pods [--state ready|notready] [--label k=v] [-q]; podshimctl ps [-a] [--pod ID]
-    podshimctl exec [--timeout S] CONTAINER_ID CMD [ARG...]          # exits with the command's status
+    podshimctl exec [--timeout S] [-i] [-t] CONTAINER_ID CMD [ARG...]   # exits with the command's status
     podshimctl stats [--pod ID] [-s S]; podshimctl statsp [-s S]
     podshimctl stopp POD_ID; podshimctl rmp POD_ID
     podshimctl pull [--creds USER[:PASS] | --auth BASE64 | --username U [--password P]] IMAGE
@@ -408,6 +408,9 @@ def _exec(args: argparse.Namespace, daemon: _Podshimd) -> int:
 
 
 def _exec_arguments(p: argparse.ArgumentParser) -> None:
+    from client.cli.streams import stream_flags
+
+    stream_flags(p)
     p.add_argument("--timeout", type=int, default=0, metavar="S",
                    help="seconds before the command (and what it started) is killed (default 0: none)")
     p.add_argument("id", metavar="CONTAINER_ID")
@@ -419,10 +422,18 @@ def _checked_exec(args: argparse.Namespace, daemon: _Podshimd) -> int:
         raise CliError("exec needs a command to run: podshimctl exec CONTAINER_ID CMD [ARG...]")
     if args.timeout < 0:
         raise CliError(f"--timeout must be 0 or more seconds, not {args.timeout}")
+    if args.interactive or args.tty:
+        if args.timeout:
+            raise CliError("--timeout is for an exec without -i and -t (ExecSync): a streamed command runs "
+                           "until it ends")
+        from client.cli.streams import stream_exec
+
+        return stream_exec(args, daemon)
     return _exec(args, daemon)
 
 
-_verb("exec", "run a command in a running container to its end (ExecSync); exit with its status",
+_verb("exec", "run a command in a running container and exit with its status: to its end (ExecSync) without "
+      "-i/-t, stdin not read; with -i (stdin) or -t (a terminal) through the streaming server",
       _checked_exec, _exec_arguments)
 
 

@@ -7,12 +7,10 @@ attachers at once; its output is logged as stdout."""
 from __future__ import annotations
 
 import json
-import os
 import re
 import select
 import shutil
 import subprocess
-import termios
 
 import grpc
 import pytest
@@ -20,6 +18,7 @@ import pytest
 from client.criapi import api_pb2
 from critools import HOST_PYTHON_MOUNTS
 from podtools import container_config, pod_config
+from ttytools import OnTerminal
 
 HANDLERS = ["native"] + [h for h in ("runc", "crun") if shutil.which(h, path="/usr/sbin:/usr/bin:/sbin:/bin")]
 #: Bound on waiting for one line of an attacher's output.
@@ -108,57 +107,15 @@ for line in sys.stdin:
 """
 
 
-class CrictlOnTerminal:
-    """``crictl attach -it`` on a pseudo-terminal the test holds the master of (as script(1) gives one), the
-    controlling terminal of crictl's session: a size set on it reaches crictl as SIGWINCH."""
-
-    def __init__(self, daemon, crictl, container_id: str, rows: int, cols: int):
-        self.master, slave = os.openpty()
-        termios.tcsetwinsize(slave, (rows, cols))
-        try:
-            # setsid(1) -c, not a preexec_fn: Python code run between fork and exec in a process with
-            # gRPC's threads (the daemon's stubs) can print gRPC's errors on the terminal and die.
-            self.proc = subprocess.Popen(
-                ["setsid", "--ctty", crictl, "--runtime-endpoint", daemon.endpoint, "attach", "-it", container_id],
-                stdin=slave, stdout=slave, stderr=slave)
-        except BaseException:
-            os.close(self.master)
-            raise
-        finally:
-            os.close(slave)
-        self.output = b""
-
-    def type(self, text: bytes) -> None:
-        os.write(self.master, text)
-
-    def resize(self, rows: int, cols: int) -> None:
-        termios.tcsetwinsize(self.master, (rows, cols))
-
-    def read_until(self, pattern: bytes) -> re.Match:
-        """Read crictl's terminal until ``pattern`` (a regex) appears in what came since the last match."""
-        while (found := re.search(pattern, self.output)) is None:
-            ready, _, _ = select.select([self.master], [], [], LINE_WAIT)
-            assert ready, f"no {pattern!r} from crictl attach -it within {LINE_WAIT} s: {self.output!r}"
-            try:
-                chunk = os.read(self.master, 4096)
-            except OSError:  # EIO: crictl exited
-                chunk = b""
-            assert chunk, f"crictl attach -it ended before {pattern!r}: {self.output!r}"
-            self.output += chunk
-        self.output = self.output[found.end():]
-        return found
-
-    def close(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-        self.proc.wait()
-        os.close(self.master)
+def crictl_on_terminal(daemon, crictl, container_id: str, rows: int, cols: int) -> OnTerminal:
+    """``crictl attach -it`` on a pseudo-terminal the test holds the master of."""
+    return OnTerminal([crictl, "--runtime-endpoint", daemon.endpoint, "attach", "-it", container_id], rows, cols)
 
 
 @pytest.mark.parametrize("handler", HANDLERS)
 def test_attach_it_gets_the_containers_terminal_its_size_and_resizes(daemon, crictl, start, handler):
     container_id = start(["python3", "-c", TTY_PROGRAM], handler, stdin=True, tty=True, mounts=HOST_PYTHON_MOUNTS)
-    first = CrictlOnTerminal(daemon, crictl, container_id, rows=40, cols=100)
+    first = crictl_on_terminal(daemon, crictl, container_id, rows=40, cols=100)
     second = None
     try:
         first.type(b"hello\n")
@@ -166,7 +123,7 @@ def test_attach_it_gets_the_containers_terminal_its_size_and_resizes(daemon, cri
         first.resize(50, 120)  # crictl sends the new size; the container's terminal takes it and says so
         first.read_until(rb"size 50 120")
         # A second attacher at once: both see what either one types.
-        second = CrictlOnTerminal(daemon, crictl, container_id, rows=50, cols=120)
+        second = crictl_on_terminal(daemon, crictl, container_id, rows=50, cols=120)
         second.type(b"two\n")
         second.read_until(rb"got two on " + re.escape(tty))
         first.read_until(rb"got two on " + re.escape(tty))
