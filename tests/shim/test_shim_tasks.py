@@ -240,7 +240,8 @@ async def test_kill_9_reports_137_and_publishes_task_exit(pod):
     await pod.call("Kill", task_id="app", signal=9)
     exited = await pod.wait("app")
     event = await events.next("/tasks/exit")
-    assert event["event"] == {"task_id": "app", "pid": pid, "exit_status": 137, "exited_at": exited["exited_at"]}
+    assert event["event"] == {"task_id": "app", "pid": pid, "exit_status": 137, "exited_at": exited["exited_at"],
+                              "oom_killed": False}
     assert exited["exit_status"] == 137
     await events.aclose()
 
