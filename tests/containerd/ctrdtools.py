@@ -1,0 +1,221 @@
+"""The real containerd (the version .ci/pins.toml pins, built by .ci/gotool), run privately for tests.
+
+``running_containerd(directory, netns, registry_host, sandbox_image)`` starts containerd with
+everything under ``directory``: its root, state, sockets, config (a ``podshim`` runtime handler with
+``sandboxer = "shim"`` whose binary runs this checkout's ``containerd-shim-podshim-v1``, a ``runc``
+one, NRI off, CNI's bridge under ``directory``, the tests' local registry over plain HTTP), podshim's
+runtime root, inside the network namespace ``netns`` (CNI acts there, never on the machine's
+network). It returns once containerd's CRI answers, and on leaving stops containerd by pid (SIGTERM,
+then SIGKILL), unmounts whatever is left under ``directory`` and ends every podshim shim of its
+runtime root by pid.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from critools import REPO, cni_config, gotool
+
+__all__ = ["Containerd", "running_containerd", "containerd_binary"]
+
+#: Seconds containerd may take to answer its CRI, and to stop.
+START_TIMEOUT = 60.0
+STOP_TIMEOUT = 20.0
+#: containerd's CRI plugin namespace.
+K8S_NAMESPACE = "k8s.io"
+
+
+def containerd_binary(name: str = "containerd") -> str:
+    """The pinned containerd, ctr or containerd-shim-runc-v2, built first when the cache lacks it."""
+    return gotool.tool_path(name)
+
+
+@dataclass
+class Containerd:
+    directory: str
+    process: subprocess.Popen[bytes]
+    runtime_root: str  #: podshim's runtime root for the shims containerd starts
+
+    @property
+    def socket(self) -> str:
+        return os.path.join(self.directory, "c.sock")
+
+    @property
+    def endpoint(self) -> str:
+        return "unix://" + self.socket
+
+    @property
+    def state(self) -> str:
+        return os.path.join(self.directory, "state")
+
+    def log(self) -> str:
+        with open(os.path.join(self.directory, "containerd.log"), errors="replace") as f:
+            return f.read()
+
+    def sandbox_bundles(self) -> list[str]:
+        """The pod bundles of the shim sandboxer that containerd keeps."""
+        root = os.path.join(self.state, "io.containerd.sandbox.controller.v1.shim", K8S_NAMESPACE)
+        return sorted(os.listdir(root)) if os.path.isdir(root) else []
+
+    def task_bundles(self) -> list[str]:
+        root = os.path.join(self.state, "io.containerd.runtime.v2.task", K8S_NAMESPACE)
+        return sorted(os.listdir(root)) if os.path.isdir(root) else []
+
+    def netns_files(self) -> list[str]:
+        root = os.path.join(self.state, "io.containerd.grpc.v1.cri", "netns")
+        return sorted(os.listdir(root)) if os.path.isdir(root) else []
+
+    def shim_sockets(self) -> list[str]:
+        root = os.path.join(self.runtime_root, "s")
+        return sorted(os.listdir(root)) if os.path.isdir(root) else []
+
+    def shims(self) -> list[int]:
+        """Processes other than containerd that have its environment's runtime root: the shims it
+        started (a pause drops its environment: it shows through its shim and its netns)."""
+        needle = f"PODSHIM_RUNTIME_ROOT={self.runtime_root}".encode()
+        found = []
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit() or int(entry) in (self.process.pid, os.getpid()):
+                continue
+            try:
+                with open(f"/proc/{entry}/environ", "rb") as f:
+                    if needle in f.read().split(b"\0"):
+                        found.append(int(entry))
+            except OSError:
+                continue
+        return found
+
+    def crictl(self, crictl: str, *args: str, timeout: float = 60.0) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([crictl, "--runtime-endpoint", self.endpoint, "--image-endpoint", self.endpoint,
+                               "--timeout", "30s", *args], capture_output=True, text=True, timeout=timeout,
+                              stdin=subprocess.DEVNULL)
+
+
+def _shim_wrapper(directory: str) -> str:
+    """containerd-shim-podshim-v1 as this checkout's code: containerd runs it by this absolute path."""
+    path = os.path.join(directory, "bin", "containerd-shim-podshim-v1")
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as f:
+        f.write(f"#!/bin/sh\nPYTHONPATH={REPO} exec {sys.executable} -P -c "
+                f"'from shim.containerd.cli import run; run()' \"$@\"\n")
+    os.chmod(path, 0o755)
+    return path
+
+
+def _config(directory: str, shim: str, registry_host: str, sandbox_image: str) -> str:
+    certs = os.path.join(directory, "certs.d", registry_host)
+    os.makedirs(certs)
+    with open(os.path.join(certs, "hosts.toml"), "w") as f:
+        f.write(f'server = "http://{registry_host}"\n\n[host."http://{registry_host}"]\n'
+                f'  capabilities = ["pull", "resolve"]\n')
+    cni_config(directory, portmap=False)
+    return f"""version = 3
+root = "{directory}/root"
+state = "{directory}/state"
+disabled_plugins = ["io.containerd.nri.v1.nri", "io.containerd.snapshotter.v1.btrfs",
+                    "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.devmapper",
+                    "io.containerd.snapshotter.v1.blockfile", "io.containerd.tracing.processor.v1.otlp",
+                    "io.containerd.internal.v1.tracing"]
+
+[grpc]
+  address = "{directory}/c.sock"
+
+[ttrpc]
+  address = "{directory}/c.sock.ttrpc"
+
+[debug]
+  level = "debug"
+
+[plugins.'io.containerd.internal.v1.opt']
+  path = "{directory}/opt"
+
+[plugins.'io.containerd.grpc.v1.cri']
+  stream_server_address = "127.0.0.1"
+  stream_server_port = "0"
+
+[plugins.'io.containerd.cri.v1.images']
+  [plugins.'io.containerd.cri.v1.images'.pinned_images]
+    sandbox = "{sandbox_image}"
+  [plugins.'io.containerd.cri.v1.images'.registry]
+    config_path = "{directory}/certs.d"
+
+[plugins.'io.containerd.cri.v1.runtime']
+  netns_mounts_under_state_dir = true
+  [plugins.'io.containerd.cri.v1.runtime'.cni]
+    bin_dirs = ["/usr/lib/cni", "/opt/cni/bin"]
+    conf_dir = "{directory}/net.d"
+  [plugins.'io.containerd.cri.v1.runtime'.containerd]
+    default_runtime_name = "runc"
+    [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+    [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.podshim]
+      runtime_type = "{shim}"
+      sandboxer = "shim"
+"""
+
+
+@contextlib.contextmanager
+def running_containerd(directory: str, netns: str, registry_host: str, sandbox_image: str) -> Iterator[Containerd]:
+    containerd = containerd_binary()
+    runc_shim_dir = os.path.dirname(containerd_binary("containerd-shim-runc-v2"))
+    config = os.path.join(directory, "config.toml")
+    with open(config, "w") as f:
+        f.write(_config(directory, _shim_wrapper(directory), registry_host, sandbox_image))
+    runtime_root = os.path.join(directory, "podshim")
+    env = {**os.environ, "PODSHIM_RUNTIME_ROOT": runtime_root, "PODSHIM_TEMPLATE": "0",
+           "PATH": f"{runc_shim_dir}:{os.environ['PATH']}"}
+    with open(os.path.join(directory, "containerd.log"), "wb") as log:
+        process = subprocess.Popen(["nsenter", f"--net={netns}", "--", containerd, "--config", config],
+                                   stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                   start_new_session=True)
+    daemon = Containerd(directory, process, runtime_root)
+    try:
+        _wait_serving(daemon)
+        yield daemon
+    finally:
+        _stop(daemon)
+
+
+def _wait_serving(daemon: Containerd) -> None:
+    ctr = containerd_binary("ctr")
+    deadline = time.monotonic() + START_TIMEOUT
+    while time.monotonic() < deadline:
+        if daemon.process.poll() is not None:
+            raise AssertionError(f"containerd exited with {daemon.process.returncode}:\n{daemon.log()[-4000:]}")
+        if os.path.exists(daemon.socket):
+            done = subprocess.run([ctr, "--address", daemon.socket, "plugins", "ls"], capture_output=True, text=True,
+                                  timeout=30, stdin=subprocess.DEVNULL)
+            if done.returncode == 0 and any(line.split()[:2] == ["io.containerd.grpc.v1", "cri"] and
+                                            line.split()[-1] == "ok" for line in done.stdout.splitlines()):
+                return
+        time.sleep(0.2)
+    raise AssertionError(f"containerd did not serve within {START_TIMEOUT} s:\n{daemon.log()[-4000:]}")
+
+
+def _stop(daemon: Containerd) -> None:
+    process = daemon.process
+    if process.poll() is None:
+        os.kill(process.pid, signal.SIGTERM)
+        try:
+            process.wait(STOP_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            os.kill(process.pid, signal.SIGKILL)
+            process.wait()
+    for pid in daemon.shims():  # shims are ours: started under our private runtime root
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    _unmount_below(daemon.directory)
+
+
+def _unmount_below(directory: str) -> None:
+    with open("/proc/self/mountinfo") as f:
+        points = [line.split()[4] for line in f]
+    for point in sorted((p for p in points if p.startswith(directory.rstrip("/") + "/")), key=len, reverse=True):
+        subprocess.run(["umount", "-l", point], capture_output=True)
