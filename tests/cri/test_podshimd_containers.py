@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import time
 
 import grpc
 import pytest
@@ -52,11 +53,16 @@ def table(output: str) -> list[list[str]]:
 
 
 def wait_exited(daemon, crictl, container_id: str) -> dict:
-    """The container's status once it exited (it runs a command that ends by itself)."""
+    """The container's status once it exited (it runs a command that ends by itself): its process
+    is gone, then the shim's exit event reaches the daemon a moment later."""
     status = daemon.runtime().ContainerStatus(api_pb2.ContainerStatusRequest(container_id=container_id, verbose=True))
     pid = json.loads(status.info["info"])["pid"]
     assert not wait_gone(pid, timeout=30)
-    return inspect(daemon, crictl, container_id)
+    deadline = time.monotonic() + 30
+    while (found := inspect(daemon, crictl, container_id))["status"]["state"] == "CONTAINER_RUNNING":
+        assert time.monotonic() < deadline, f"container {container_id} still RUNNING 30 s after its process ended"
+        time.sleep(0.05)
+    return found
 
 
 # -- create, start, ps, inspect, logs ---------------------------------------------------------------

@@ -124,7 +124,9 @@ def test_sigterm_stops_the_daemon_and_removes_its_socket(directory, crictl):
 def test_a_second_daemon_on_the_same_socket_is_refused_and_the_first_keeps_serving(daemon, crictl):
     second = run_podshimd(daemon.directory)
     assert second.returncode == 1
-    assert_one_sentence(second.stderr, "podshimd: another podshimd is starting or serving in ")
+    # Same state root and socket: the state root's lock is the one it meets first.
+    assert_one_sentence(second.stderr, f"podshimd: another podshimd (pid {daemon.process.pid}) serves the state "
+                                       f"root {daemon.state_root}: ")
     assert fields(daemon.crictl(crictl, "version").stdout)["RuntimeName"] == "podshim"
 
 
