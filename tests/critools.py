@@ -7,8 +7,8 @@ reused. The session fixtures ``crictl`` and ``critest`` give the binaries' paths
 imports the ones it uses (``from critools import crictl``). Tests never skip for want of them: the
 first run builds them.
 
-``run_critest(critest, endpoint, images)`` runs critest against a CRI endpoint with the images of
-tests/imagebuild.py's ``critest_images`` and returns its parsed summary (``CritestResult``).
+``run_critest(critest, endpoint)`` runs critest against a CRI endpoint (which mirrors the registries
+of tests/imagebuild.py's ``critest_images``) and returns its parsed summary (``CritestResult``).
 
 ``running_podshimd(directory)`` runs ``python3 -m client.podshimd`` with its roots, socket and
 config under ``directory`` (inside the network namespace ``netns`` when given, so that CNI plugins
@@ -34,9 +34,9 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
@@ -317,13 +317,15 @@ def critest_in(netns: str, critest: str, directory: str) -> str:
     return path
 
 
-#: Seconds a whole critest run may take (its 80 specs run one after another; several have minute-long waits).
+#: Seconds a whole critest run may take (its specs run one after another; several have minute-long waits).
 CRITEST_TIMEOUT = 3600.0
 
 
 @dataclass(frozen=True)
 class CritestResult:
-    """What a critest run reported: ginkgo's summary and the names of the specs that failed."""
+    """What a critest run reported: ginkgo's summary, and each spec's state by its whole text
+    ("[k8s.io] Image Manager public image ... pulled and removed [Conformance] [Serial]" ->
+    "passed", "failed", "skipped", "pending", "panicked", "timedout", ...) with the failures' messages."""
 
     returncode: int
     output: str
@@ -333,16 +335,23 @@ class CritestResult:
     failed: int = 0
     pending: int = 0
     skipped: int = 0
-    failures: tuple[str, ...] = ()
+    specs: Mapping[str, str] = field(default_factory=dict)
+    messages: Mapping[str, str] = field(default_factory=dict)  #: spec -> its failure's message
+
+    @property
+    def failures(self) -> tuple[str, ...]:
+        """The specs that ran and did not pass."""
+        return tuple(name for name, state in self.specs.items() if state not in ("passed", "skipped", "pending"))
 
     def summary(self) -> str:
         return (f"ran {self.ran} of {self.total}: {self.passed} passed, {self.failed} failed, "
                 f"{self.skipped} skipped, {self.pending} pending")
 
 
-def parse_critest(returncode: int, output: str) -> CritestResult:
+def parse_critest(returncode: int, output: str, report: list[dict[str, Any]] | None = None) -> CritestResult:
     """Read ginkgo v2's summary ("Ran 80 of 85 Specs", "FAIL! -- 70 Passed | 10 Failed | 0 Pending |
-    5 Skipped") and its "[FAIL] ..." lines (with --ginkgo.no-color) from critest's output."""
+    5 Skipped") from critest's output, and each spec's state from its JSON ``report``
+    (--ginkgo.json-report)."""
     fields: dict[str, Any] = {}
     ran = re.search(r"^Ran (\d+) of (\d+) Specs", output, re.M)
     if ran:
@@ -350,27 +359,37 @@ def parse_critest(returncode: int, output: str) -> CritestResult:
     counts = re.search(r"(\d+) Passed \| (\d+) Failed \| (\d+) Pending \| (\d+) Skipped", output)
     if counts:
         fields.update(zip(("passed", "failed", "pending", "skipped"), map(int, counts.groups())))
-    summary_at = output.rfind("Summarizing ")
-    if summary_at >= 0:
-        fields["failures"] = tuple(dict.fromkeys(
-            m.group(1).strip() for m in re.finditer(r"^\s*\[(?:FAIL|PANICKED|TIMEDOUT)\] (.*)$",
-                                                    output[summary_at:], re.M)))
-    return CritestResult(returncode, output, **fields)
+    specs, messages = {}, {}
+    for suite in report or ():
+        for spec in suite.get("SpecReports") or ():
+            if spec.get("LeafNodeType") != "It":
+                continue
+            name = " ".join([*spec.get("ContainerHierarchyTexts", ()), spec.get("LeafNodeText", "")])
+            specs[name] = spec.get("State", "")
+            if (spec.get("Failure") or {}).get("Message"):
+                messages[name] = spec["Failure"]["Message"]
+    return CritestResult(returncode, output, **fields, specs=specs, messages=messages)
 
 
-def run_critest(critest: str, endpoint: str, images: Any = None, *, focus: str | None = None,
-                skip: str | None = None, extra: Sequence[str] = (), cwd: str | None = None,
-                timeout: float = CRITEST_TIMEOUT) -> CritestResult:
-    """Run critest against the CRI ``endpoint`` (runtime and image service), with the images of
-    ``images`` (an imagebuild.CritestImages: its --test-images-file; the runtime must mirror the
-    registries of ``images.mirrors``), only the specs matching ``focus`` and not ``skip`` (regular
-    expressions), in ``cwd``; its summary parsed (no exception when specs fail)."""
-    argv = [critest, "--runtime-endpoint", endpoint, "--image-endpoint", endpoint, "--ginkgo.no-color",
-            *(images.args if images is not None else ())]
-    if focus:
-        argv += ["--ginkgo.focus", focus]
-    if skip:
-        argv += ["--ginkgo.skip", skip]
-    done = subprocess.run([*argv, *extra], cwd=cwd, stdin=subprocess.DEVNULL, capture_output=True, text=True,
-                          timeout=timeout)
-    return parse_critest(done.returncode, done.stdout + done.stderr)
+def run_critest(critest: str, endpoint: str, *, focus: str | None = None, skip: str | None = None,
+                extra: Sequence[str] = (), cwd: str | None = None, timeout: float = CRITEST_TIMEOUT) -> CritestResult:
+    """Run critest against the CRI ``endpoint`` (runtime and image service; with critest's images,
+    tests/imagebuild.py's ``critest_images``, the runtime must mirror the registries of their
+    ``mirrors``), only the specs matching ``focus`` and not ``skip`` (regular expressions), in
+    ``cwd``; its summary parsed (no exception when specs fail)."""
+    with tempfile.TemporaryDirectory(prefix="critest-report-") as scratch:
+        report_path = os.path.join(scratch, "report.json")
+        argv = [critest, "--runtime-endpoint", endpoint, "--image-endpoint", endpoint, "--ginkgo.no-color",
+                f"--ginkgo.json-report={report_path}"]
+        if focus:
+            argv += ["--ginkgo.focus", focus]
+        if skip:
+            argv += ["--ginkgo.skip", skip]
+        done = subprocess.run([*argv, *extra], cwd=cwd, stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                              timeout=timeout)
+        try:
+            with open(report_path) as f:
+                report = json.load(f)
+        except (OSError, ValueError):
+            report = None  # critest ended before writing it: the output says why
+    return parse_critest(done.returncode, done.stdout + done.stderr, report)

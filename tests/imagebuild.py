@@ -27,6 +27,7 @@ pushed), ``.by_digest`` (``host:port/repo@sha256:…``), ``.config`` (the ImageC
 
 from __future__ import annotations
 
+import glob
 import hashlib
 import io
 import json
@@ -42,6 +43,8 @@ from typing import Union
 import pytest
 
 from registry import Registry
+
+from shim.rpc.files import flock_open
 
 BUSYBOX = "/bin/busybox"
 #: Every entry of a layer gets this mtime (2026-01-01), so a layer's bytes depend only on its entries.
@@ -138,16 +141,19 @@ def layer_tar(layer: Layer) -> bytes:
     return buffer.getvalue()
 
 
-def busybox_layer(extra: Layer = ()) -> list[Entry]:
-    """A root filesystem: busybox with every applet symlinked where ``busybox --list-full`` puts it,
-    the usual top-level directories, /etc/passwd and /etc/group (root and nobody), plus ``extra``."""
-    with open(BUSYBOX, "rb") as f:
+def busybox_layer(extra: Layer = (), busybox: str = BUSYBOX) -> list[Entry]:
+    """A root filesystem: the ``busybox`` binary (busybox-static's by default; a dynamic one comes
+    with the shared libraries it loads) with every applet hard-linked where ``busybox --list-full``
+    puts it, the usual top-level directories, /etc/passwd and /etc/group (root and nobody), plus
+    ``extra``."""
+    with open(busybox, "rb") as f:
         binary = f.read()
-    applets = subprocess.run([BUSYBOX, "--list-full"], capture_output=True, text=True, check=True).stdout.split()
+    applets = subprocess.run([busybox, "--list-full"], capture_output=True, text=True, check=True).stdout.split()
     out = [Entry(d, "dir") for d in ("bin", "sbin", "usr/bin", "usr/sbin", "etc", "home", "proc", "sys", "dev",
                                       "run", "var", "var/www", "usr/local/bin")]
     out += [Entry("tmp", "dir", mode=0o1777), Entry("root", "dir", mode=0o700)]
     out.append(Entry("bin/busybox", data=binary, mode=0o755))
+    out += shared_libraries(busybox)
     # Hard links, as Docker Hub's busybox has them: masking one applet's path (critest's MaskedPaths
     # masks /bin/ls) then masks that path only, not the binary every symlink leads to.
     out += [Entry(a, "link", target="bin/busybox") for a in applets if a != "bin/busybox"]
@@ -155,6 +161,60 @@ def busybox_layer(extra: Layer = ()) -> list[Entry]:
     out += [Entry(f"usr/bin/{name}", data=script, mode=0o755) for name, script in STAND_INS.items() if name not in names]
     out += [Entry("etc/passwd", data=BUSYBOX_PASSWD.encode()), Entry("etc/group", data=BUSYBOX_GROUP.encode())]
     return out + entries(extra)
+
+
+def shared_libraries(binary: str) -> list[Entry]:
+    """The shared libraries and the loader a dynamically linked ``binary`` needs, as files at the
+    paths it loads them from (the node's own, as ldd finds them); none for a static one."""
+    done = subprocess.run(["ldd", binary], stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60)
+    if done.returncode != 0:  # "not a dynamic executable"
+        return []
+    out = []
+    for line in done.stdout.splitlines():
+        # "libc.so.6 => /lib/x86_64-linux-gnu/libc.so.6 (0x...)" or "/lib64/ld-linux-x86-64.so.2 (0x...)"
+        path = line.split("=>")[-1].split("(")[0].strip()
+        if path.startswith("/"):
+            with open(path, "rb") as f:
+                out.append(Entry(path.lstrip("/"), data=f.read(), mode=0o755))
+    return out
+
+
+#: Where Debian's dynamically linked busybox (the package ``busybox``) is unpacked for the tests,
+#: once: ``<DYNAMIC_BUSYBOX_CACHE>/busybox-<version>/bin/busybox``.
+DYNAMIC_BUSYBOX_CACHE = "/var/cache/podshim-test-images"
+
+
+def dynamic_busybox() -> str:
+    """The path of Debian's dynamically linked busybox, fetched with ``apt-get download busybox``
+    and unpacked into DYNAMIC_BUSYBOX_CACHE on first use. Its shell runs every command it is given
+    from PATH (busybox-static's prefers its own applets, so masking /bin/ls does not stop ``sh -c
+    ls``). The package is never installed: it conflicts with busybox-static, which the other test
+    images are made of. RuntimeError with apt's words when it cannot be fetched."""
+    os.makedirs(DYNAMIC_BUSYBOX_CACHE, exist_ok=True)
+
+    def unpacked() -> str | None:
+        found = sorted(glob.glob(os.path.join(DYNAMIC_BUSYBOX_CACHE, "busybox-*", "bin", "busybox")))
+        return found[-1] if found else None
+
+    with flock_open(os.path.join(DYNAMIC_BUSYBOX_CACHE, "busybox.lock")):
+        if (path := unpacked()) is not None:
+            return path
+        work = tempfile.mkdtemp(prefix=".busybox-", dir=DYNAMIC_BUSYBOX_CACHE)
+        try:
+            done = subprocess.run(["apt-get", "download", "busybox"], cwd=work, stdin=subprocess.DEVNULL,
+                                  capture_output=True, text=True, timeout=TOOL_TIMEOUT)
+            debs = glob.glob(os.path.join(work, "busybox_*.deb"))
+            if done.returncode != 0 or len(debs) != 1:
+                raise RuntimeError(f"apt-get download busybox failed (exit status {done.returncode}): "
+                                   f"{done.stderr.strip()} (critest's default image needs Debian's dynamic busybox)")
+            version = _run(["dpkg-deb", "--field", debs[0], "Version"]).strip().replace(":", "_")
+            _run(["dpkg-deb", "--extract", debs[0], os.path.join(work, "root")])
+            os.rename(os.path.join(work, "root"), os.path.join(DYNAMIC_BUSYBOX_CACHE, f"busybox-{version}"))
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+        path = unpacked()
+        assert path is not None
+        return path
 
 
 #: Applets critest's specs exec that Debian's busybox-static leaves out, as shell scripts.
@@ -508,14 +568,14 @@ def test_images(registry: Registry) -> Iterator[TestImages]:
 
 # -- critest's images --------------------------------------------------------------------------------
 #
-# critest 1.26 (cri-tools v1.26.0, pkg/validate/*.go and pkg/framework/util.go) pulls these images by
-# these names; the layers and configs below give each what its specs check (images/*/Dockerfile and
+# critest (cri-tools v1.37.0, pkg/validate/*.go and pkg/framework/*.go) pulls these images by these
+# names; the layers and configs below give each what its specs check (images/*/Dockerfile and
 # images/build in the cri-tools source say how upstream made them).
 #
 # How critest is pointed at them: the runtime under test mirrors the hosts critest names
-# (docker.io, gcr.io, k8s.gcr.io) to the local registry over plain HTTP (CritestImages.mirrors),
-# and critest's --test-images-file names the default and web-server images in the local registry.
-# Not --registry-prefix: for a fully qualified name critest then pulls PREFIX/PATH with the tag and
+# (registry.k8s.io, gcr.io, k8s.gcr.io) to the local registry over plain HTTP
+# (CritestImages.mirrors); critest keeps its own default and web-server image names. Not
+# --registry-prefix: for a fully qualified name critest then pulls PREFIX/PATH with the tag and
 # digest dropped (reference.Path) and still asks ImageStatus under the gcr.io name, so every Image
 # Manager spec fails on any runtime that way.
 
@@ -649,20 +709,14 @@ def web_root(directory: str, page: str) -> dict[str, Union[bytes, str, Entry]]:
 
 @dataclass(frozen=True)
 class CritestImages:
-    """Every image critest 1.26 pulls, in one local registry, and how to point critest and a runtime at them."""
+    """Every image critest pulls, in one local registry, and how to point a runtime at them."""
 
     registry: Registry
-    images_file: str                 #: critest's --test-images-file (YAML)
-    default_image: str               #: defaultTestContainerImage: busybox, in the local registry
-    web_server_image: str            #: webServerTestImage: busybox httpd on port 80
+    default_image: str               #: critest's default test container image (its name for it)
+    web_server_image: str            #: critest's web server image (its name for it)
     pulls: tuple[str, ...]           #: every reference critest's specs pull, as critest names them
     unavailable: Mapping[str, str]   #: references no local registry can serve, and why
     mirrors: Mapping[str, str]       #: registry host -> endpoint the runtime must use for it
-
-    @property
-    def args(self) -> list[str]:
-        """critest's arguments for these images."""
-        return ["--test-images-file", self.images_file]
 
     def local(self, reference: str) -> str:
         """Where ``reference`` (as critest names it) is in the local registry."""
@@ -689,17 +743,22 @@ class CritestImages:
                        f'  endpoint = ["{endpoint}"]\n' for host, endpoint in self.mirrors.items())
 
 
+#: critest's own names for its default, web-server, multi-container, and pause images.
+E2E = "registry.k8s.io/e2e-test-images"
+CRITEST_DEFAULT_IMAGE = f"{E2E}/busybox:1.29-2"
+CRITEST_WEB_SERVER_IMAGE = f"{E2E}/nginx:1.14-2"  # also the Security Context specs' nginx
+CRITEST_PAUSE_IMAGES = ("registry.k8s.io/pause:3.9", "k8s.gcr.io/pause:3.9")  # one image, two registries
+
+
 def critest_images(images: TestImages) -> CritestImages:
-    """Build and push every image critest 1.26 pulls to ``images``' registry (once per TestImages),
-    and write critest's test-images YAML beside its layout."""
+    """Build and push every image critest pulls to ``images``' registry (once per TestImages)."""
     if images.critest is not None:
         return images.critest
     registry = images.registry
     endpoint = f"http://{registry.host}"
     critest = CritestImages(
-        registry=registry, images_file=os.path.join(images.builder.directory, "critest-images.yaml"),
-        default_image=registry.ref("library/busybox:1.28"), web_server_image=registry.ref("library/nginx:latest"),
-        pulls=(), unavailable={}, mirrors={"docker.io": endpoint, "gcr.io": endpoint, "k8s.gcr.io": endpoint,
+        registry=registry, default_image=CRITEST_DEFAULT_IMAGE, web_server_image=CRITEST_WEB_SERVER_IMAGE,
+        pulls=(), unavailable={}, mirrors={"registry.k8s.io": endpoint, "gcr.io": endpoint, "k8s.gcr.io": endpoint,
                                            registry.host: endpoint})
     staging = STAGING.partition("/")[2]  # "k8s-staging-cri-tools", the path under the mirrored gcr.io
     pulls: list[str] = []  # as critest names them
@@ -708,39 +767,54 @@ def critest_images(images: TestImages) -> CritestImages:
         assert critest.local(reference) == image.ref, (reference, image.ref)  # the mirror leads to it
         pulls.append(reference)
 
-    # The default container image (busybox:1.28 upstream): sh and the applets the specs exec (echo,
+    def e2e(reference: str) -> tuple[str, str]:
+        """The repository and tag of an image critest names, in the local registry."""
+        repo, _, tag = critest.local(reference).partition("/")[2].rpartition(":")
+        return repo, tag
+
+    # The default container image (e2e busybox upstream): sh and the applets the specs exec (echo,
     # sleep, top, ls, id, ipcs, ping, pgrep, pidof, hostname, netstat, brctl, mount, touch, cat,
-    # grep, chmod), /etc/passwd with nobody (RunAsUserName) — the session's busybox image, as Docker
-    # schema 2 like Docker Hub's.
-    default = images.push(images.busybox_v2s2, registry, "library/busybox", "1.28")
-    add(default.ref, default)
-    # The web server (nginx upstream): GET / on port 80 answers 200 (port-mapping specs).
-    web = images.build("critest-web", [web_root("usr/share/nginx/html", "<h1>podshim critest web server</h1>\n")],
-                       ImageConfig(cmd=("/usr/local/bin/serve-http", "80", "/usr/share/nginx/html"),
-                                   exposed_ports=("80/tcp",)),
-                       repo="library/nginx", tag="latest", format="v2s2")
-    add(web.ref, web)
-    # "httpd" (Multiple Containers): serves port 80, has echo, and logs Apache's command line.
-    httpd = images.build("critest-httpd", [{
-        **web_root("usr/local/apache2/htdocs", "<html><body><h1>It works!</h1></body></html>\n"),
-        "usr/local/bin/httpd-foreground": Entry("", data=HTTPD_FOREGROUND, mode=0o755)}],
-                         ImageConfig(cmd=("httpd-foreground",), exposed_ports=("80/tcp",)),
-                         repo="library/httpd", tag="latest", format="v2s2")
-    add("docker.io/library/httpd:latest", httpd)
-    # "nginx:1.18" (Security Context: HostPID, PodPID, ContainerPID).
-    nginx = images.build("critest-nginx", [{**web_root("usr/share/nginx/html", "<h1>nginx</h1>\n"),
+    # grep, chmod), /etc/passwd with nobody (RunAsUserName). Debian's dynamic busybox: its sh execs
+    # /bin/ls, which the MaskedPaths spec masks and expects `sh -c ls` to fail on.
+    repo, tag = e2e(CRITEST_DEFAULT_IMAGE)
+    default = images.build("critest-busybox", [busybox_layer(busybox=dynamic_busybox())], BUSYBOX_CONFIG,
+                           base=None, repo=repo, tag=tag, format="v2s2")
+    add(CRITEST_DEFAULT_IMAGE, default)
+    # The web server of the Networking and Streaming specs and the nginx of the Security Context
+    # PID specs: one name in critest. This process's comm is "nginx", its command line says
+    # "master process", it serves GET / on port 80 (FAKE_NGINX).
+    repo, tag = e2e(CRITEST_WEB_SERVER_IMAGE)
+    nginx = images.build("critest-nginx", [{**web_root("usr/share/nginx/html", "<h1>podshim critest nginx</h1>\n"),
                                             "usr/sbin/nginx": Entry("", data=FAKE_NGINX, mode=0o755),
                                             "var/run": Entry("", "dir")}],
                          ImageConfig(cmd=("/usr/sbin/nginx", "nginx: master process nginx -g daemon off;"),
                                      exposed_ports=("80/tcp",), stop_signal="SIGQUIT"),
-                         repo="library/nginx", tag="1.18", format="v2s2")
-    add("docker.io/library/nginx:1.18", nginx)
-    # k8s.gcr.io/e2e-test-images/nonewprivs:1.3 (Security Context: NoNewPrivs): a setuid-root program.
+                         repo=repo, tag=tag, format="v2s2")
+    add(CRITEST_WEB_SERVER_IMAGE, nginx)
+    # "httpd" (Multiple Containers): serves port 80, has echo, and logs Apache's command line.
+    reference = f"{E2E}/httpd:2.4.39-4"
+    repo, tag = e2e(reference)
+    httpd = images.build("critest-httpd", [{
+        **web_root("usr/local/apache2/htdocs", "<html><body><h1>It works!</h1></body></html>\n"),
+        "usr/local/bin/httpd-foreground": Entry("", data=HTTPD_FOREGROUND, mode=0o755)}],
+                         ImageConfig(cmd=("httpd-foreground",), exposed_ports=("80/tcp",)),
+                         repo=repo, tag=tag, format="v2s2")
+    add(reference, httpd)
+    # nonewprivs (Security Context: NoNewPrivs): a setuid-root program.
+    reference = f"{E2E}/nonewprivs:1.3"
+    repo, tag = e2e(reference)
     nnp = images.build("critest-nonewprivs",
                        [{"usr/local/bin/nnp": Entry("", data=nnp_binary(images.builder.directory), mode=0o4755)}],
-                       ImageConfig(entrypoint=("/usr/local/bin/nnp",)),
-                       repo="e2e-test-images/nonewprivs", tag="1.3", format="v2s2")
-    add("k8s.gcr.io/e2e-test-images/nonewprivs:1.3", nnp)
+                       ImageConfig(entrypoint=("/usr/local/bin/nnp",)), repo=repo, tag=tag, format="v2s2")
+    add(reference, nnp)
+    # pause:3.9 from two registries (Image Manager, Image Identifier Consistency): one image, run
+    # with its own entrypoint; both names lead to the same local reference.
+    repo, tag = e2e(CRITEST_PAUSE_IMAGES[0])
+    pause = images.build("critest-pause", [{"pause": Entry("", data=tiny_pause_binary(images.builder.directory),
+                                                            mode=0o755)}],
+                         ImageConfig(entrypoint=("/pause",)), base=None, repo=repo, tag=tag, format="v2s2")
+    for reference in CRITEST_PAUSE_IMAGES:
+        add(reference, pause)
     # gcr.io/k8s-staging-cri-tools/*: manifest lists, as upstream's images/build makes them.
     hostnet = images.build("critest-hostnet-nginx", [web_root("usr/share/nginx/html", "<h1>hostnet</h1>\n")],
                            ImageConfig(cmd=("/usr/local/bin/serve-http", "12003", "/usr/share/nginx/html"),
@@ -777,8 +851,6 @@ def critest_images(images: TestImages) -> CritestImages:
                                                             platforms=INDEX_PLATFORMS))
     digest_ref = (f"{STAGING}/test-image-digest@sha256:"
                   "9700f9a2f5bf2c45f2f605a0bd3bce7cf37420ec9d3ed50ac2758413308766bf")
-    with open(critest.images_file, "w") as f:
-        f.write(f'defaultTestContainerImage: "{default.ref}"\nwebServerTestImage: "{web.ref}"\n')
     images.critest = replace(critest, pulls=tuple(pulls), unavailable={
         digest_ref: "upstream's digest: a manifest with it needs upstream's exact config and layer blobs, which "
                     "cannot be built offline (the \"public image with digest\" spec fails on every runtime here)"})
