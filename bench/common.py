@@ -48,6 +48,9 @@ __all__ = [
 FLOOR_ARGV = ("unshare", "--fork", "--pid", "--net", "--ipc", "--uts", "--mount", "--mount-proc", "catatonit", "-P")
 #: How often the floor polls /proc for catatonit's readiness (the shim's own readiness poll).
 READY_POLL = 0.0005
+#: Task.Create's fields for a task on the node's own ``/``, read-only, as the benchmarks run theirs
+#: (a task given no rootfs runs on an empty root of its own, where no program is).
+NODE_ROOT = {"rootfs": [{"type": "bind", "source": "/", "options": ["bind", "ro"]}], "readonly_rootfs": True}
 
 
 def not_root(reason: str) -> bool:

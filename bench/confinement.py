@@ -29,7 +29,7 @@ import statistics
 import tempfile
 import time
 
-from bench.common import running_sandbox, task_cycle
+from bench.common import NODE_ROOT, running_sandbox, task_cycle
 from client.cri.seccomp_default import default_profile
 from client.cri.security import held_capabilities
 from shim.kernel import seccomp
@@ -66,7 +66,7 @@ async def bench_handler(handler: str, tasks: int) -> list[tuple[str, list[float]
             for i, (name, fields) in enumerate(cases.items()):
                 task_id = f"t{n}-{i}"
                 create, start = await task_cycle(call, task_id, args=[BUSYBOX, "sleep", "60"],
-                                                 log_path=f"{base}/logs/{task_id}.log", **fields)
+                                                 log_path=f"{base}/logs/{task_id}.log", **NODE_ROOT, **fields)
                 if n:
                     create_ms[name].append(create * 1000)
                     start_ms[name].append(start * 1000)

@@ -22,6 +22,7 @@ import sys
 import tempfile
 import time
 
+from bench.common import NODE_ROOT
 from shim.rpc import Client
 from shim.rpc.api import SANDBOX_SERVICE, TASK_SERVICE
 
@@ -51,7 +52,8 @@ async def bench_handler(handler: str, calls: int) -> dict[str, list[float]]:
     try:
         await call(SANDBOX_SERVICE, "CreateSandbox", options={"runtime_handler": handler})
         await call(SANDBOX_SERVICE, "StartSandbox")
-        await call(TASK_SERVICE, "Create", task_id="app", args=["sleep", "600"], log_path=f"{base}/logs/app.log")
+        await call(TASK_SERVICE, "Create", task_id="app", args=["sleep", "600"], log_path=f"{base}/logs/app.log",
+                   **NODE_ROOT)
         await call(TASK_SERVICE, "Start", task_id="app")
         for op in OPERATIONS:
             for _ in range(calls):

@@ -20,7 +20,7 @@ import statistics
 import tempfile
 import time
 
-from bench.common import busybox_tree, running_sandbox, task_cycle
+from bench.common import NODE_ROOT, busybox_tree, running_sandbox, task_cycle
 
 NAMESPACE = "bench"
 TIMEOUT = 10.0
@@ -43,7 +43,7 @@ async def bench(tasks: int, rootfs: str) -> None:
             start_ms, cycle_ms = [], []
             for n in range(tasks):
                 task_id = f"{pid_mode.lower()}-{n}"
-                fields = {"rootfs": overlay(base, lower, task_id), "env": ["PATH=/bin"]} if lower else {}
+                fields = {"rootfs": overlay(base, lower, task_id), "env": ["PATH=/bin"]} if lower else NODE_ROOT
                 t0 = time.perf_counter()
                 _, start = await task_cycle(call, task_id, args=["sleep", "60"], pid_mode=pid_mode,
                                             log_path=f"{base}/logs/{task_id}.log", **fields)

@@ -11,6 +11,8 @@ from contextlib import asynccontextmanager
 import pytest
 
 from client.cri.pod import open_pod_service
+from client.cri.rootfs import ContainerImage, image_not_found
+from client.images.snapshots import Mount
 from sandbox_env import stop_template
 
 EXAMPLES = os.path.join(os.path.dirname(__file__), "..", "examples")
@@ -29,7 +31,8 @@ def pod_config(name: str | None = None, **namespace_options) -> dict:
 
 
 def container_config(command: list[str], name: str = "c", pid: int = 1) -> dict:
-    """A crictl ContainerConfig running ``command`` (pid 1 = CONTAINER mode, 0 = POD)."""
+    """A crictl ContainerConfig running ``command`` (pid 1 = CONTAINER mode, 0 = POD), naming no
+    image (podshimd's tests give it one: tests/critools.py)."""
     return {"metadata": {"name": name}, "command": command,
             "linux": {"security_context": {"namespace_options": {"pid": pid}}}}
 
@@ -44,6 +47,48 @@ def cgroup_file(pid: int, controller: str, name: str) -> str:
                                              else controller)
                 return os.path.join(mount, path.lstrip("/"), name)
     raise AssertionError(f"process {pid} has no {controller} cgroup")
+
+
+#: A CRI mount of the node's static busybox, read-only, at its own path: what a container without
+#: an image (an empty root of its own) needs to run anything.
+BUSYBOX_MOUNT = {"container_path": "/bin/busybox", "host_path": "/bin/busybox", "readonly": True}
+#: The image of :func:`node_container`: the node's own ``/`` (NodeRootImages), for the pod layer's
+#: tests whose containers run the node's programs.
+NODE_ROOT_IMAGE = "podshim.test/node-root:1"
+
+
+def node_container(command: list[str], name: str = "c", pid: int = 1) -> dict:
+    """:func:`container_config` on the node's own root, read-only (:data:`NODE_ROOT_IMAGE`, which
+    :func:`pod_service` has): a container of the pod layer's tests that runs the node's programs
+    asks for that root explicitly (one without an image runs on an empty root of its own)."""
+    config = container_config(command, name, pid)
+    config["image"] = {"image": NODE_ROOT_IMAGE}
+    config["linux"]["security_context"]["readonly_rootfs"] = True  # a runtime's bind of it is writable
+    return config
+
+
+class NodeRootImages:
+    """The pod layer's image store and snapshotter for :func:`pod_service`: one image,
+    :data:`NODE_ROOT_IMAGE`, whose container root is a bind of the node's ``/`` (without the mounts
+    below it), its user names the node's."""
+
+    image = ContainerImage(image_id="sha256:" + "0" * 64, name=NODE_ROOT_IMAGE,
+                           image_ref="podshim.test/node-root@sha256:" + "1" * 64, chain_id="sha256:" + "2" * 64)
+
+    def container_image(self, reference: str) -> ContainerImage:
+        if reference not in (self.image.name, self.image.image_id):
+            raise image_not_found(reference)
+        return self.image
+
+    def prepare(self, key: str, chain_id: str) -> list[Mount]:
+        return [Mount("bind", "/", ("bind", "ro"))]
+
+    def remove(self, key: str) -> None:
+        pass
+
+    def read_file(self, chain_id: str, path: str) -> bytes:
+        with open(path, "rb") as f:
+            return f.read()
 
 
 def ns_inode(pid: int, kind: str) -> int:
@@ -64,7 +109,10 @@ def roots(tmp_path):
 
 @asynccontextmanager
 async def pod_service(roots, **kwargs):
+    """A pod service on ``roots``; its images (unless given) are :class:`NodeRootImages`."""
     root, runtime_root = roots
+    if "images" not in kwargs:
+        kwargs.update(images=NodeRootImages(), snapshots=NodeRootImages())
     async with open_pod_service(root, runtime_root, cni_conf_dir=os.path.join(root, "no-cni"), **kwargs) as pods:
         try:
             yield pods

@@ -36,13 +36,18 @@ from shim.rpc.api import EVENTS_SERVICE, SANDBOX_SERVICE, TASK_SERVICE
 from proctools import fd_readable, pidfds, wait_pidfds
 
 __all__ = [
-    "WAIT", "PODSHIM", "FOOTPRINTS", "Footprint", "ProcessRef", "Shim", "ShimLauncher", "EventStream",
+    "NODE_ROOT", "WAIT", "PODSHIM", "FOOTPRINTS", "Footprint", "ProcessRef", "Shim", "ShimLauncher", "EventStream",
     "adopting_orphans", "child_pids", "host_netns_bound_at", "host_untouched", "leftovers",
     "mounts_naming", "new_id", "ns_inode", "run_podshim", "shim", "shims",
 ]
 
 #: A bound on any one wait in these tests; never a sleep.
 WAIT = 5.0
+#: A task's ``rootfs`` that is the node's own ``/`` (without the mounts below it): what a test asks
+#: for explicitly when its task runs the node's programs, with ``readonly_rootfs`` (a runtime's
+#: bind of a read-only mount is writable). A task given no rootfs runs on an empty root of its own
+#: (shim.runtime.mounts.OWN_ROOT).
+NODE_ROOT = [{"type": "bind", "source": "/", "options": ["bind", "ro"]}]
 #: How long a torn-down sandbox's processes get to exit (waited for on their pidfds).
 EXIT_WAIT = 5.0
 PODSHIM = (sys.executable, "-m", "shim")
@@ -260,7 +265,10 @@ class Shim:
                                                   timeout=timeout)
 
     async def task(self, method: str, timeout: float | None = WAIT, **fields):
-        """Call a Task method for this shim's sandbox (``sandbox_id`` filled in)."""
+        """Call a Task method for this shim's sandbox (``sandbox_id`` filled in). A Create that
+        gives no ``rootfs`` gets :data:`NODE_ROOT`, read-only (``rootfs=[]``: the task's own empty root)."""
+        if method == "Create" and "rootfs" not in fields:
+            fields.update(rootfs=NODE_ROOT, readonly_rootfs=True)
         return await self.client.call(TASK_SERVICE, method, {"sandbox_id": self.sandbox_id, **fields}, timeout=timeout)
 
     async def run_sandbox(self, **create_fields) -> int:

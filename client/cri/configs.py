@@ -481,7 +481,7 @@ class Device:
 class ContainerConfig:
     """A CRI ContainerConfig as crictl's ``container-config.json`` writes it.
 
-    ``image`` is the image the container runs on (empty: the node's root filesystem, read-only);
+    ``image`` is the image the container runs on (empty: a root of its own, empty but for its mounts);
     ``command`` and ``args`` override its entrypoint and command as kubelet specifies
     (:mod:`client.cri.process`). ``pid_mode`` is POD (share the pod's PID namespace),
     CONTAINER (a PID namespace of its own), NODE (the host's) or TARGET (the one of container

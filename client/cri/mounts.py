@@ -54,18 +54,6 @@ def host_mount(path: str, mounts: Iterable[mount_table.MountEntry]) -> mount_tab
     return found
 
 
-def on_root_mount(files: Mapping[str, str], mountinfo: str | None = None) -> dict[str, str]:
-    """The entries of ``files`` (container path → node path) whose container path is a file on the
-    node's root mount itself: what a task on the node's / (bound without the mounts below it) sees
-    there. ``mountinfo`` as in :func:`container_mounts`."""
-    if mountinfo is None:
-        with open(mount_table.MOUNTINFO) as f:
-            mountinfo = f.read()
-    table = mount_table.parse(mountinfo)
-    return {path: source for path, source in files.items()
-            if os.path.isfile(path) and host_mount(os.path.realpath(path), table).mount_point == "/"}
-
-
 def _check_propagation(mount: Mount, source: str, mountinfo: list[mount_table.MountEntry]) -> None:
     if mount.propagation == "PROPAGATION_PRIVATE":
         return

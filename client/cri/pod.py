@@ -62,7 +62,7 @@ from client.cri.events import (CONTAINER_CREATED, CONTAINER_DELETED, CONTAINER_S
                                EventStream)
 from client.cri.failpoints import failpoint
 from client.cri.logcontext import about
-from client.cri.mounts import container_mounts, on_root_mount
+from client.cri.mounts import container_mounts
 from client.cri.podfiles import PodFiles, remove_pod_files, write_pod_files
 from client.cri.process import container_process
 from client.cri.rootfs import ContainerImage, ImageLookup, NoImages, Snapshotter, call, mount_dicts
@@ -85,9 +85,9 @@ CONTAINER_STOP_TIMEOUT = 10.0
 STOP_SIGNAL = signal.SIGTERM
 #: Bound on one call to a shim from the pod layer (not for waits, which have their own).
 CALL_TIMEOUT = 30.0
-#: What a container whose config names no image runs on: the node's root filesystem, read-only.
-#: It is the ``image`` and ``image_ref`` such a container reports.
-HOST_ROOTFS = "host-rootfs"
+#: What a container whose config names no image reports as its ``image`` and ``image_ref``: it runs
+#: on a root of its own, empty but for its mounts (shim.runtime.mounts.OWN_ROOT; podshimd refuses it).
+NO_IMAGE = "none"
 #: Below the store's root: one directory per pod with its hosts, resolv.conf and hostname files.
 POD_FILES_DIR = "pod-files"
 #: Exit code reported for a container whose shim is gone (containerd's unknownExitCode).
@@ -158,7 +158,8 @@ class PodService:
         names none; ``pause_binary`` the pause of native pods (None: catatonit when installed,
         else the built-in pause). ``images`` finds the image a container names and
         ``snapshots`` makes its root filesystem (:mod:`.rootfs`); without them a container
-        that names an image is refused (one that names none runs on the node's root filesystem).
+        that names an image is refused (one that names none runs on a root of its own, empty but
+        for its mounts).
         ``sandbox_image``, when set, is every pod's pause (containerd's sandbox_image): found
         through ``images``, pulled with ``pull(reference)`` when missing, run from a snapshot
         ``sandbox-<pod id>`` of it."""
@@ -907,10 +908,7 @@ class PodService:
             image = await self._container_image(cfg)
             process = container_process(cfg, image.config if image else None,
                                         hostname=pod_cfg.hostname or socket.gethostname())
-            pod_files = self._pod_files(pod.pod_id)
-            if image is None:  # the host's / (read-only, without the mounts below it): a pod file goes
-                pod_files = on_root_mount(pod_files)  # where that view has a file to bind it on
-            mounts = container_mounts(cfg.mounts, pod_files, readonly_rootfs=cfg.readonly_rootfs)
+            mounts = container_mounts(cfg.mounts, self._pod_files(pod.pod_id), readonly_rootfs=cfg.readonly_rootfs)
             confinement = security.task_fields(cfg.security, pod_privileged=pod_cfg.security.privileged,
                                                read_file=await self._user_files(image), image_user=process.image_user)
             # The record comes first: whatever is made for the container from here on (its
@@ -938,8 +936,8 @@ class PodService:
         return container_id
 
     async def _container_image(self, cfg: ContainerConfig) -> ContainerImage | None:
-        """The image the container names (None: it names none and runs on the node's root
-        filesystem, read-only). NotFound when the store does not have it."""
+        """The image the container names (None: it names none and runs on a root of its own, empty
+        but for its mounts). NotFound when the store does not have it."""
         if not cfg.image:
             return None
         return await call(self.images.container_image, cfg.image)
@@ -960,7 +958,7 @@ class PodService:
 
     async def _user_files(self, image: ContainerImage | None) -> security.ReadFile:
         """``read_file`` for the container's /etc/passwd and /etc/group: its image's (read from
-        the snapshotter), or the node's for a container on the node's root filesystem."""
+        the snapshotter), or the node's for a container without an image (whose root has none)."""
         if image is None or self.snapshots is None:
             return security.host_read_file
         files: dict[str, bytes | None] = {}
@@ -1165,8 +1163,8 @@ class PodService:
             "started_at": c.started_at,
             "finished_at": c.finished_at,
             "exit_code": c.exit_code if c.exit_code is not None else 0,
-            "image": {"image": cfg.image or HOST_ROOTFS},
-            "image_ref": c.image_ref or HOST_ROOTFS,
+            "image": {"image": cfg.image or NO_IMAGE},
+            "image_ref": c.image_ref or NO_IMAGE,
             "reason": c.reason,
             "message": c.message,
             "labels": c.labels,
@@ -1203,8 +1201,8 @@ class PodService:
             if not _labels_match(c.labels, f.get("label_selector")):
                 continue
             out.append({"id": c.container_id, "pod_sandbox_id": c.pod_id,
-                        "metadata": dict(c.config.get("metadata") or {}), "image": {"image": (c.config.get("image") or {}).get("image") or HOST_ROOTFS},
-                        "image_ref": c.image_id or HOST_ROOTFS, "image_id": c.image_id or None,
+                        "metadata": dict(c.config.get("metadata") or {}), "image": {"image": (c.config.get("image") or {}).get("image") or NO_IMAGE},
+                        "image_ref": c.image_id or NO_IMAGE, "image_id": c.image_id or None,
                         "state": f"CONTAINER_{c.state}",
                         "created_at": c.created_at, "labels": c.labels, "annotations": c.annotations,
                         "exit_code": c.exit_code})

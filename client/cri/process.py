@@ -13,7 +13,7 @@ CRI plugin specify (containerd ``WithProcessArgs``, ``containerSpec``); pure fun
   caller resolves it in the image's files).
 
 ``image`` is the ``config`` object of an OCI image config (``Entrypoint``, ``Cmd``, ``Env``,
-``WorkingDir``, ``User``), or None for a container on the node's root filesystem.
+``WorkingDir``, ``User``), or None for a container without an image.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ confinement fields of Task.Create (protocol.md 7.3: ``user``, ``capabilities``,
 
 Parsing (:meth:`ContainerSecurity.from_fields`) is pure; :func:`task_fields` reads only through
 the callables it is given: ``read_file(path) -> bytes | None`` for the container's /etc/passwd
-and /etc/group (the image's snapshot, or the node's root), and the Localhost seccomp profile
+and /etc/group (the image's snapshot, or the node's for a container without an image), and the Localhost seccomp profile
 files. Every error is :class:`~shim.rpc.status.InvalidArgument` naming the field.
 
 containerd's semantics, field by field (internal/cri/server/container_create*.go, opts, pkg/oci):
@@ -467,7 +467,8 @@ def pause_user(sec: ContainerSecurity, image_user: str = "", read_file: ReadFile
 
 
 def host_read_file(path: str) -> bytes | None:
-    """``read_file`` for a container on the node's root filesystem: the node's own file."""
+    """``read_file`` for a container without an image (its root holds no /etc/passwd): the node's
+    own file, for user names only (the container sees none of it)."""
     try:
         return _read_node_file(path)
     except FileNotFoundError:

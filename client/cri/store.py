@@ -203,8 +203,8 @@ class ContainerRecord(_ConfigLabels):
     not yet). ``pid`` is the container's init process as seen from the shim's PID namespace;
     ``exit_code`` is set once EXITED (128 + signal if killed). ``config`` is the crictl
     ContainerConfig JSON as given. ``state`` may be given as its string; it is kept as the enum.
-    ``image_id`` is the id (config digest) of the image the container runs on, "" for none (the
-    node's root filesystem): RemoveImage refuses an image some container has; its root filesystem
+    ``image_id`` is the id (config digest) of the image the container runs on, "" for none (a
+    root of its own): RemoveImage refuses an image some container has; its root filesystem
     is the snapshot whose key is the container id. ``image_ref`` is the image's first repo
     digest (CRI's ``image_ref``), else its id.
     """

@@ -8,18 +8,15 @@ Three parts, one per place they run:
   :class:`TaskFilesystem` that every runtime handler applies (native here, runc/crun through
   :func:`shim.runtime.oci.spec.task_spec`).
 - **The host** (:func:`mount_rootfs`, :func:`unmount_rootfs`): the ``rootfs`` mounts (containerd's
-  mount.Mount: an overlay from a snapshotter, or a bind) on ``<bundle>/tasks/<task id>/rootfs``,
-  made at Create and undone at Delete, after a failed Create and by ``podshim delete``.
+  mount.Mount: an overlay from a snapshotter, or a bind; without any, :data:`OWN_ROOT`, an empty
+  tmpfs) on ``<bundle>/tasks/<task id>/rootfs``, made at Create and undone at Delete, after a
+  failed Create and by ``podshim delete``.
 - **The native child** (:func:`open_trees` in the shim before the fork, :func:`enter_root` in the
   task's process before exec). The shim's mount namespace is not the task's (the task's is a
   copy of the pause's, made when the pod started, and this host's ``/`` does not propagate), so
   the root and every bind source are taken with ``open_tree(OPEN_TREE_CLONE)`` in the shim's
   namespace: detached copies, attached with ``move_mount`` in the task's namespace. A copy of a
   shared mount is in its peer group, so ``rslave``/``rshared`` work as for a bind made on the host.
-
-Why the host's ``/`` (no rootfs) is bound without the mounts below it: a recursive copy would take
-every netns bind mount of the host along and keep those namespaces alive as long as the task; the
-OCI handlers bind it the same way (:mod:`shim.runtime.oci`), so every handler shows the same tree.
 """
 
 from __future__ import annotations
@@ -175,9 +172,16 @@ def host_devices(directory: str = "/dev") -> tuple[HostDevice, ...]:
     return tuple(sorted(found, key=lambda device: device.path))
 
 
+#: The root of a task given no ``rootfs``: an empty tmpfs of its own (mounted where a rootfs is),
+#: made read-only once its mounts are made. Nothing of the node is in it but what the task's
+#: ``mounts`` bind there: a task without an image shows no secret, socket or state of the node.
+OWN_ROOT = (RootfsMount("tmpfs", "tmpfs", ("nosuid", "nodev", "mode=755", "size=1m", "nr_inodes=4096")),)
+
+
 class TaskFilesystem(Record):
     """The mount fields of Task.Create, checked (:func:`parse_filesystem`); the defaults are a
-    Create that gives none: the host's ``/`` read-only, runc's masked and read-only paths."""
+    Create that gives none: a root of the task's own (:data:`OWN_ROOT`, read-only), runc's masked
+    and read-only paths."""
 
     __slots__ = ("rootfs", "readonly_rootfs", "mounts", "masked_paths", "readonly_paths", "privileged")
     rootfs: tuple[RootfsMount, ...]
@@ -190,17 +194,12 @@ class TaskFilesystem(Record):
     def __init__(self, rootfs: tuple[RootfsMount, ...] = (), readonly_rootfs: bool = False,
                  mounts: tuple[BindMount, ...] = (), masked_paths: tuple[str, ...] = MASKED_PATHS,
                  readonly_paths: tuple[str, ...] = READONLY_PATHS, privileged: bool = False) -> None:
-        _set(self, "rootfs", rootfs)
-        _set(self, "readonly_rootfs", readonly_rootfs)
+        _set(self, "rootfs", rootfs or OWN_ROOT)
+        _set(self, "readonly_rootfs", readonly_rootfs or not rootfs)
         _set(self, "mounts", mounts)
         _set(self, "masked_paths", masked_paths)
         _set(self, "readonly_paths", readonly_paths)
         _set(self, "privileged", privileged)
-
-    @property
-    def host_root(self) -> bool:
-        """No rootfs was given: the task's root is the host's ``/``, read-only."""
-        return not self.rootfs
 
     @property
     def effective_masked_paths(self) -> tuple[str, ...]:
@@ -421,11 +420,9 @@ def _unmount(target: str) -> None:
 
 def check_destinations(fs: TaskFilesystem, root: str) -> None:
     """Check, before a task starts on any handler, the mounts' destinations in its ``root`` (the
-    host's ``/`` or the mounted rootfs): InvalidArgument when one resolves to the root itself (a
-    symbolic link to ``/`` in the image: a mount there would replace the root);
-    FailedPrecondition when the root is the host's (read-only) and a destination is missing there:
-    it would have to be made in the host's filesystem. Under /dev (the task's own tmpfs) a
-    destination is always made. Resolved as the native handler's launcher resolves them
+    mounted rootfs): InvalidArgument when one resolves to the root itself (a symbolic link to
+    ``/`` in the image: a mount there would replace the root). Under /dev (the task's own tmpfs)
+    a destination is always made. Resolved as the native handler's launcher resolves them
     (:func:`open_in_root`), each through the earlier mounts' sources where it goes below one (a
     link in a volume counts), for every handler: runc and crun would refuse such a destination
     in their own words (INTERNAL)."""
@@ -440,9 +437,6 @@ def check_destinations(fs: TaskFilesystem, root: str) -> None:
                 fd = open_in_root(root_fd, mount.destination, sources=sources, resolved=resolved)
                 sources["/" + "/".join(resolved)] = mount.source
             except FileNotFoundError:
-                if fs.host_root:
-                    raise FailedPrecondition(f"mounts[{i}].destination {mount.destination} does not exist in the "
-                                             "host's read-only root (give the task a rootfs to have it made)") from None
                 if resolved:
                     sources["/" + "/".join(resolved)] = mount.source
                 continue
@@ -593,12 +587,11 @@ class RootSetup(Record):
     destination, inside the root, of every mount (resolved by the child, :func:`open_in_root`). :meth:`close` closes the trees' fds (the shim's; the child's
     copies go with it)."""
 
-    __slots__ = ("mount_point", "root_fd", "host_root", "readonly", "privileged", "own_ipc", "binds", "masked_paths",
+    __slots__ = ("mount_point", "root_fd", "readonly", "privileged", "own_ipc", "binds", "masked_paths",
                  "readonly_paths", "devices")
     mutable = True
     mount_point: str
     root_fd: int
-    host_root: bool
     readonly: bool
     privileged: bool
     own_ipc: bool
@@ -607,13 +600,12 @@ class RootSetup(Record):
     readonly_paths: tuple[str, ...]
     devices: tuple[HostDevice, ...]  # privileged: the host's, made in the task's /dev
 
-    def __init__(self, mount_point: str, root_fd: int, host_root: bool, readonly: bool, privileged: bool,
+    def __init__(self, mount_point: str, root_fd: int, readonly: bool, privileged: bool,
                  own_ipc: bool, binds: list[tuple[int, str, bool, int, int]] | None = None,
                  masked_paths: tuple[str, ...] = (), readonly_paths: tuple[str, ...] = (),
                  devices: tuple[HostDevice, ...] = ()) -> None:
         self.mount_point = mount_point
         self.root_fd = root_fd
-        self.host_root = host_root
         self.readonly = readonly
         self.privileged = privileged
         self.own_ipc = own_ipc
@@ -632,15 +624,13 @@ class RootSetup(Record):
 
 def open_trees(fs: TaskFilesystem, mount_point: str, *, own_ipc: bool) -> RootSetup:
     """Open, in the shim's mount namespace, the detached trees a task's root is built from: its
-    rootfs (mounted on ``mount_point``) or the host's ``/``, and every bind source. The caller
-    closes the result. FailedPrecondition names a source that cannot be taken."""
-    os.makedirs(mount_point, 0o755, exist_ok=True)  # the attach point, also when the root is the host's
-    root = "/" if fs.host_root else mount_point
-    setup = RootSetup(mount_point, -1, fs.host_root, fs.readonly_rootfs or fs.host_root, fs.privileged, own_ipc,
+    rootfs (mounted on ``mount_point``) and every bind source. The caller closes the result.
+    FailedPrecondition names a source that cannot be taken."""
+    setup = RootSetup(mount_point, -1, fs.readonly_rootfs, fs.privileged, own_ipc,
                       masked_paths=fs.effective_masked_paths, readonly_paths=fs.effective_readonly_paths,
                       devices=host_devices() if fs.privileged else ())
     try:
-        setup.root_fd = _open_tree(root, recursive=not fs.host_root, what="the task's root")
+        setup.root_fd = _open_tree(mount_point, recursive=True, what="the task's root")
         for i, mount in enumerate(fs.mounts):
             fd = _open_tree(mount.source, recursive=mount.recursive, what=f"mounts[{i}].source")
             flags = 0
@@ -686,16 +676,13 @@ def _attach(mnt: int, target_fd: int) -> None:
 
 def enter_root(setup: RootSetup, step: list[str]) -> None:
     """In the task's new mount namespace (a recursive slave), in its pid namespace: build its root
-    on ``setup.mount_point`` and pivot into it. Order: the root (read-only at once when it is the
-    host's, so nothing is ever made there), /proc, /dev, /dev/pts, /dev/shm (the pod's), /dev/mqueue
+    on ``setup.mount_point`` and pivot into it. Order: the root, /proc, /dev, /dev/pts, /dev/shm (the pod's), /dev/mqueue
     (own IPC), /sys, the binds, the read-only remount of the root, pivot_root, the masked and the
     read-only paths. Raises OSError; ``step[0]`` says which step."""
     root = setup.mount_point
     nosuid_nodev_noexec = linux.MS_NOSUID | linux.MS_NODEV | linux.MS_NOEXEC
     step[0] = f"attaching the task's root on {root}"
     linux.move_mount(setup.root_fd, root)
-    if setup.host_root:
-        linux.mount(None, root, None, linux.MS_REMOUNT | linux.MS_BIND | linux.MS_RDONLY)
     linux.mount(None, root, None, linux.MS_PRIVATE | linux.MS_REC)
     root_fd = os.open(root, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
@@ -718,7 +705,7 @@ def enter_root(setup: RootSetup, step: list[str]) -> None:
                 linux.mount_setattr(fd, flags=flags)
     finally:
         os.close(root_fd)
-    if setup.readonly and not setup.host_root:
+    if setup.readonly:
         step[0] = "making the root read-only"
         linux.mount(None, root, None, linux.MS_REMOUNT | linux.MS_BIND | linux.MS_RDONLY)
     # pivot_root(".", "."): the old root ends up stacked under the new one and is detached at

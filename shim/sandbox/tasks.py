@@ -255,8 +255,8 @@ class TaskSet:
                      pid_target: str | None = None, terminal: bool = False,
                      resources: dict[str, Any] | None = None, devices: tuple[GivenDevice, ...] = ()) -> Task:
         """Create: check the request and record the task; its log's directories are made (0755)
-        and its ``filesystem.rootfs`` mounted on ``<bundle>/tasks/<task_id>/rootfs`` (recorded
-        first; unmounted again when the mount fails).
+        and its ``filesystem.rootfs`` (without one, a root of its own: mounts.OWN_ROOT) mounted on
+        ``<bundle>/tasks/<task_id>/rootfs`` (recorded first; unmounted again when the mount fails).
 
         ``resources`` (Update's keys) are checked against the sandbox's cgroup now and written to the
         task's at Start, before its process runs; ``oom_score_adj`` is its process's.
@@ -302,18 +302,17 @@ class TaskSet:
                     pid_target=pid_target, terminal=terminal, resources=resources, devices=devices)
         self._tasks[task_id] = task
         self._persist()
-        if filesystem.rootfs:
+        try:
+            mounts.mount_rootfs(filesystem.rootfs, task.rootfs)
+        except BaseException:
             try:
-                mounts.mount_rootfs(filesystem.rootfs, task.rootfs)
-            except BaseException:
-                try:
-                    self._remove_rootfs(task)
-                except RpcError as exc:  # kept (and recorded) for Delete or `podshim delete` to retry
-                    log.error("task %s: %s", task_id, exc.message)
-                else:
-                    del self._tasks[task_id]
-                    self._persist()
-                raise
+                self._remove_rootfs(task)
+            except RpcError as exc:  # kept (and recorded) for Delete or `podshim delete` to retry
+                log.error("task %s: %s", task_id, exc.message)
+            else:
+                del self._tasks[task_id]
+                self._persist()
+            raise
         log.info("task %s created: %s (pid mode %s)", task_id, args, pid_mode)
         return task
 
@@ -350,7 +349,7 @@ class TaskSet:
                 stdin = None
                 terminal = Console() if task.terminal else None
                 try:
-                    mounts.check_destinations(task.filesystem, "/" if task.filesystem.host_root else task.rootfs)
+                    mounts.check_destinations(task.filesystem, task.rootfs)
                     if task.stdin:
                         try:
                             stdin = execstream.TaskStdin(os.path.join(self.sandbox.config.bundle, f"{task_id}.stdin"))

@@ -17,7 +17,7 @@ from shim.kernel import capabilities as caps
 from shim.kernel import seccomp
 from shim.rpc.status import InvalidArgument
 from shim.runtime.confine import DEFAULT_CAPABILITIES
-from podtools import container_config, pod_config, pod_service
+from podtools import NodeRootImages, node_container, pod_config, pod_service
 
 ALL = ("CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_KILL", "CAP_SYS_ADMIN", "CAP_NET_ADMIN")
 PASSWD = b"root:x:0:0:root:/root:/bin/sh\napp:x:1000:1001::/home/app:/bin/sh\nnogroup-user:x:2000:2000::/:/bin/sh\n"
@@ -198,7 +198,7 @@ def test_no_new_privs_masked_and_readonly_paths_pass_through():
 
 
 def test_a_container_config_keeps_its_security_context_through_json():
-    doc = container_config(["true"])
+    doc = node_container(["true"])
     doc["linux"]["security_context"].update({
         "privileged": True, "capabilities": {"add_capabilities": ["NET_ADMIN"]}, "run_as_user": {"value": 5},
         "run_as_group": {"value": 6}, "supplemental_groups": [7], "no_new_privs": True,
@@ -215,7 +215,7 @@ BUSYBOX = "/bin/busybox"
 
 async def run_to_exit(pods, pod_id: str, command: list[str], context: dict) -> list[str]:
     """Create and start a container with ``context`` as its security context; its log lines once it exited."""
-    cfg = container_config(command, name=f"c{os.urandom(3).hex()}")
+    cfg = node_container(command, name=f"c{os.urandom(3).hex()}")
     cfg["linux"]["security_context"].update(context)
     cid = await pods.create_container(pod_id, cfg)
     await pods.start_container(cid)
@@ -274,7 +274,7 @@ async def test_run_as_user_and_capabilities_reach_the_process(handler, roots):
 async def test_a_privileged_container_needs_a_privileged_pod(roots):
     async with pod_service(roots) as pods:
         pod_id = await pods.run_pod_sandbox(pod_config())
-        cfg = container_config(["true"])
+        cfg = node_container(["true"])
         cfg["linux"]["security_context"]["privileged"] = True
         with pytest.raises(InvalidArgument, match="privileged"):
             await pods.create_container(pod_id, cfg)
@@ -317,7 +317,7 @@ class ImageSnapshots:
              "/etc/group": b"web:x:4322:\nlog:x:4400:web\n"}
 
     async def prepare(self, key: str, chain_id: str) -> list:
-        return []  # no layers: the container runs on the node's root
+        return NodeRootImages().prepare(key, chain_id)  # no layers: the container runs on the node's root
 
     def remove(self, key: str) -> None:
         pass
@@ -339,7 +339,7 @@ async def test_run_as_username_and_the_images_user_are_resolved_in_the_images_fi
     async with pod_service(roots, images=Images(), snapshots=ImageSnapshots()) as pods:
         pod_id = await pods.run_pod_sandbox(pod_config())
         for context in ({"run_as_username": "web"}, {}):  # CRI's name, then the image's User
-            cfg = container_config([BUSYBOX, "sh", "-c", "id -u; id -G"], name=f"c{os.urandom(3).hex()}")
+            cfg = node_container([BUSYBOX, "sh", "-c", "id -u; id -G"], name=f"c{os.urandom(3).hex()}")
             cfg["image"] = {"image": image.name}
             cfg["linux"]["security_context"].update(context)
             cid = await pods.create_container(pod_id, cfg)
@@ -357,7 +357,7 @@ async def test_run_as_username_and_the_images_user_are_resolved_in_the_images_fi
     ({"pid": 3, "target_id": "abc"}, "TARGET", "abc"), ({"pid": "TARGET", "target_id": "abc"}, "TARGET", "abc"),
 ])
 def test_container_pid_modes_as_cri(options, mode, target):
-    doc = container_config(["true"])
+    doc = node_container(["true"])
     doc["linux"]["security_context"]["namespace_options"] = options
     cfg = ContainerConfig.from_json(doc)
     assert (cfg.pid_mode, cfg.target_id) == (mode, target)
@@ -366,7 +366,7 @@ def test_container_pid_modes_as_cri(options, mode, target):
 
 @pytest.mark.parametrize("options", [{"pid": 3}, {"pid": 1, "target_id": "abc"}])
 def test_a_target_id_goes_with_pid_mode_target_only(options):
-    doc = container_config(["true"])
+    doc = node_container(["true"])
     doc["linux"]["security_context"]["namespace_options"] = options
     with pytest.raises(InvalidArgument, match="target_id"):
         ContainerConfig.from_json(doc)
@@ -375,9 +375,9 @@ def test_a_target_id_goes_with_pid_mode_target_only(options):
 async def test_a_target_container_joins_the_pid_namespace_of_its_target(roots):
     async with pod_service(roots) as pods:
         pod_id = await pods.run_pod_sandbox(pod_config())
-        target = await pods.create_container(pod_id, container_config([BUSYBOX, "sleep", "30"], name="app", pid=1))
+        target = await pods.create_container(pod_id, node_container([BUSYBOX, "sleep", "30"], name="app", pid=1))
         await pods.start_container(target)
-        cfg = container_config([BUSYBOX, "sleep", "30"], name="debug", pid=3)
+        cfg = node_container([BUSYBOX, "sleep", "30"], name="debug", pid=3)
         cfg["linux"]["security_context"]["namespace_options"]["target_id"] = target
         debug = await pods.create_container(pod_id, cfg)
         await pods.start_container(debug)

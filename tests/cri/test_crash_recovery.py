@@ -21,7 +21,7 @@ import pytest
 from client.cri.failpoints import ENV, POD_FAILPOINTS
 from client.cri.pod import open_pod_service
 
-from podtools import pod_config
+from podtools import BUSYBOX_MOUNT, pod_config
 from proctools import alive, wait_gone_async
 from sandbox_env import stop_template
 
@@ -96,7 +96,8 @@ async def assert_whole_or_gone(roots) -> None:
             status = await pods.pod_sandbox_status(record.pod_id, verbose=True)
             if status["state"] == "SANDBOX_READY":
                 assert alive(status["info"]["pid"])
-                cid = await pods.create_container(record.pod_id, {"metadata": {"name": "probe"}, "command": ["true"]})
+                cid = await pods.create_container(record.pod_id, {"metadata": {"name": "probe"}, "command": ["/bin/busybox", "true"],
+                                                                    "mounts": [BUSYBOX_MOUNT]})
                 await pods.start_container(cid)
             shim = status["info"].get("shim") or {}
             leftovers += [int(shim["shim_pid"])] if shim.get("shim_pid") else []

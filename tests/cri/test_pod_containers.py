@@ -26,7 +26,7 @@ from client.cri.failpoints import ENV
 from client.cri.pod import open_pod_service
 from client.cri.rootfs import ContainerImage, StoreImages, image_not_found
 
-from podtools import container_config, pod_config, pod_service
+from podtools import NodeRootImages, node_container, pod_config, pod_service
 
 IMAGE = ContainerImage(image_id="sha256:" + "a" * 64, name="registry.test/app:1", image_ref="registry.test/app@sha256:"
                        + "b" * 64, chain_id="sha256:" + "c" * 64,
@@ -57,7 +57,7 @@ class Snapshots:
             raise self.fail
         assert key not in self.live, f"snapshot {key} prepared twice"
         self.live[key] = chain_id
-        return []
+        return NodeRootImages().prepare(key, chain_id)  # the image's tree: the node's own, read-only
 
     def remove(self, key: str) -> None:
         self.live.pop(key, None)
@@ -185,7 +185,7 @@ async def test_without_an_image_store_a_named_image_is_not_found(roots):
     async with pod_service(roots) as pods:
         pod_id = await pods.run_pod_sandbox(pod_config())
         with pytest.raises(NotFound, match="not found: pull it first"):
-            await pods.create_container(pod_id, {**container_config(["true"]), "image": {"image": "busybox"}})
+            await pods.create_container(pod_id, {**node_container(["true"]), "image": {"image": "busybox"}})
 
 
 async def test_an_image_with_nothing_to_run_and_no_command_is_invalid(roots):
@@ -201,7 +201,7 @@ async def test_an_image_with_nothing_to_run_and_no_command_is_invalid(roots):
 async def test_a_tty_container_runs_on_a_terminal_and_its_output_is_logged_as_stdout(roots):
     async with pod_service(roots) as pods:
         pod_id = await pods.run_pod_sandbox(pod_config())
-        cid = await pods.create_container(pod_id, {**container_config(["sh", "-c", "tty; echo err >&2"]),
+        cid = await pods.create_container(pod_id, {**node_container(["sh", "-c", "tty; echo err >&2"]),
                                                    "tty": True})
         await pods.start_container(cid)
         status = await wait_exited(pods, cid)
@@ -215,7 +215,7 @@ async def test_a_tty_container_runs_on_a_terminal_and_its_output_is_logged_as_st
 async def test_container_status_shows_its_cri_mounts_not_the_pod_files(roots, tmp_path):
     async with pod_service(roots) as pods:
         pod_id = await pods.run_pod_sandbox(pod_config())
-        cid = await pods.create_container(pod_id, {**container_config(["true"]), "mounts": [
+        cid = await pods.create_container(pod_id, {**node_container(["true"]), "mounts": [
             {"container_path": "/data", "host_path": str(tmp_path), "readonly": True}]})
         assert (await pods.container_status(cid))["mounts"] == [
             {"container_path": "/data", "host_path": str(tmp_path), "readonly": True, "selinux_relabel": False,
@@ -319,7 +319,7 @@ async def test_every_container_sees_the_pods_hosts_resolv_conf_and_hostname(root
     cfg["dns_config"] = {"servers": ["10.96.0.10"], "searches": ["svc.cluster.local"]}
     async with pod_service(roots) as pods:
         pod_id = await pods.run_pod_sandbox(cfg)
-        cid = await pods.create_container(pod_id, container_config(
+        cid = await pods.create_container(pod_id, node_container(
             ["/bin/sh", "-c", "cat /etc/resolv.conf /etc/hostname; grep web-0 /etc/hosts || echo no-ip-line; "
                               "head -2 /etc/hosts"]))
         await pods.start_container(cid)
@@ -336,7 +336,7 @@ async def test_a_cri_mount_replaces_the_pods_etc_hosts_and_host_paths_are_bound(
     (volume / "file").write_text("from the host\n")
     async with pod_service(roots) as pods:
         pod_id = await pods.run_pod_sandbox(pod_config())
-        cid = await pods.create_container(pod_id, {**container_config(
+        cid = await pods.create_container(pod_id, {**node_container(
             ["/bin/sh", "-c", "cat /etc/hosts /srv/file; echo x > /srv/file || echo read-only"]), "mounts": [
                 {"container_path": "/etc/hosts", "host_path": str(own_hosts)},
                 {"container_path": "/srv", "host_path": str(volume), "readonly": True}]})

@@ -19,7 +19,7 @@ from client.cri.resources import shim_resources
 from shim.sandbox.events import TOPIC_EXIT, TOPIC_TASK_EXIT
 from shim.rpc.status import DeadlineExceeded, FailedPrecondition, InvalidArgument, ResourceExhausted
 
-from podtools import container_config, pod_config, pod_service
+from podtools import node_container, pod_config, pod_service
 
 
 # -- stats ---------------------------------------------------------------------------------------------
@@ -183,7 +183,7 @@ async def test_a_shim_exit_goes_out_as_stopped_and_its_other_events_do_not():
 
 async def run_container(pods, command: list[str]) -> tuple[str, str]:
     pod_id = await pods.run_pod_sandbox(pod_config())
-    container_id = await pods.create_container(pod_id, container_config(command))
+    container_id = await pods.create_container(pod_id, node_container(command))
     await pods.start_container(container_id)
     return pod_id, container_id
 
@@ -229,7 +229,7 @@ async def test_events_through_the_pod_layer_see_a_container_exit(roots):
     async with pod_service(roots) as pods:
         pod_id = await pods.run_pod_sandbox(pod_config())
         async with pods.events() as events:
-            container_id = await pods.create_container(pod_id, container_config(["sh", "-c", "exit 2"]))
+            container_id = await pods.create_container(pod_id, node_container(["sh", "-c", "exit 2"]))
             await pods.start_container(container_id)
             kinds = []
             async for event in events:
@@ -252,7 +252,7 @@ async def test_every_event_subscriber_is_served_from_one_stream_per_shim(roots):
         async with AsyncExitStack() as stack:
             streams = [await stack.enter_async_context(pods.events()) for _ in range(50)]
             assert shim_sockets(shim) == before
-            container_id = await pods.create_container(pod_id, container_config(["sh", "-c", "exit 2"]))
+            container_id = await pods.create_container(pod_id, node_container(["sh", "-c", "exit 2"]))
             await pods.start_container(container_id)
             for events in streams:
                 with anyio.fail_after(30):

@@ -20,7 +20,7 @@ import pytest
 
 from client.cri.failpoints import ACTION_ENV, ENV, POD_FAILPOINTS
 
-from podtools import container_config, pod_config, pod_service
+from podtools import node_container, pod_config, pod_service
 from proctools import wait_gone_async
 
 #: Rounds of two racing RunPodSandbox: before the store took locks, 4 rounds in 6 made two pods.
@@ -128,7 +128,7 @@ async def test_a_pod_another_process_ran_after_this_one_opened_is_ready_and_remo
         status = await pods.pod_sandbox_status(pod_id, verbose=True)
         assert status["state"] == "SANDBOX_READY"  # this process's Controller loads it on demand
         pause, shim = status["info"]["pid"], int(status["info"]["shim"]["shim_pid"])
-        cid = await pods.create_container(pod_id, container_config(["sleep", "30"]))
+        cid = await pods.create_container(pod_id, node_container(["sleep", "30"]))
         await pods.start_container(cid)
         await pods.remove_pod_sandbox(pod_id)
     assert await wait_gone_async(pause, shim) == []

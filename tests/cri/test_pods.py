@@ -18,7 +18,7 @@ from shim.rpc.status import AlreadyExists, FailedPrecondition, InvalidArgument, 
 
 from client.cri.pod import PodEntry, open_pod_service
 
-from podtools import container_config, ns_inode, pod_config, pod_service
+from podtools import BUSYBOX_MOUNT, container_config, node_container, ns_inode, pod_config, pod_service
 from proctools import alive, wait_gone_async
 
 # Every test here runs twice: shims exec'd by `podshim start`, and shims forked by a template.
@@ -41,7 +41,7 @@ async def test_run_gives_a_ready_pod_whose_pause_is_in_its_namespaces(roots):
 async def test_container_shares_net_ipc_uts_with_the_pause(roots):
     async with pod_service(roots) as pods:
         pod_id = await pods.run_pod_sandbox(pod_config())
-        cid = await pods.create_container(pod_id, container_config(["sleep", "30"]))
+        cid = await pods.create_container(pod_id, node_container(["sleep", "30"]))
         await pods.start_container(cid)
         info = (await pods.container_status(cid, verbose=True))["info"]
         pause = (await pods.pod_sandbox_status(pod_id, verbose=True))["info"]["pid"]
@@ -53,7 +53,7 @@ async def test_container_shares_net_ipc_uts_with_the_pause(roots):
 async def test_container_in_pod_pid_mode_shares_the_pause_pid_namespace(roots):
     async with pod_service(roots) as pods:
         pod_id = await pods.run_pod_sandbox(pod_config())
-        cid = await pods.create_container(pod_id, container_config(["sleep", "30"], pid=0))
+        cid = await pods.create_container(pod_id, node_container(["sleep", "30"], pid=0))
         await pods.start_container(cid)
         info = (await pods.container_status(cid, verbose=True))["info"]
         pause = (await pods.pod_sandbox_status(pod_id, verbose=True))["info"]["pid"]
@@ -63,7 +63,7 @@ async def test_container_in_pod_pid_mode_shares_the_pause_pid_namespace(roots):
 async def test_container_that_exits_on_its_own_shows_exited_with_its_code(roots):
     async with pod_service(roots) as pods:
         pod_id = await pods.run_pod_sandbox(pod_config())
-        cid = await pods.create_container(pod_id, container_config(["sh", "-c", "echo hi; exit 3"]))
+        cid = await pods.create_container(pod_id, node_container(["sh", "-c", "echo hi; exit 3"]))
         await pods.start_container(cid)
         deadline = time.monotonic() + 10
         while (status := await pods.container_status(cid))["state"] != "CONTAINER_EXITED":
@@ -79,7 +79,7 @@ async def test_status_and_listings_answer_from_the_records_while_a_shim_is_froze
     # shim that does not answer holds up no status and no listing.
     async with pod_service(roots) as pods:
         pod_id = await pods.run_pod_sandbox(pod_config())
-        cid = await pods.create_container(pod_id, container_config(["sleep", "30"]))
+        cid = await pods.create_container(pod_id, node_container(["sleep", "30"]))
         await pods.start_container(cid)
         shim_pid = int((await pods.pod_sandbox_status(pod_id, verbose=True))["info"]["shim"]["shim_pid"])
         os.kill(shim_pid, signal.SIGSTOP)
@@ -96,7 +96,7 @@ async def test_status_and_listings_answer_from_the_records_while_a_shim_is_froze
 async def test_a_pod_whose_pause_exits_on_its_own_shows_notready_and_can_be_removed(roots):
     async with pod_service(roots) as pods:
         pod_id = await pods.run_pod_sandbox(pod_config())
-        cid = await pods.create_container(pod_id, container_config(["sleep", "30"]))  # its own pid namespace
+        cid = await pods.create_container(pod_id, node_container(["sleep", "30"]))  # its own pid namespace
         await pods.start_container(cid)
         pause = (await pods.pod_sandbox_status(pod_id, verbose=True))["info"]["pid"]
         sleeper = (await pods.container_status(cid, verbose=True))["info"]["pid"]
@@ -114,7 +114,7 @@ async def test_a_pod_whose_pause_exits_on_its_own_shows_notready_and_can_be_remo
 async def test_stop_container_sends_term_then_kill(roots):
     async with pod_service(roots) as pods:
         pod_id = await pods.run_pod_sandbox(pod_config())
-        stubborn = await pods.create_container(pod_id, container_config(["sh", "-c", "trap '' TERM; sleep 30"]))
+        stubborn = await pods.create_container(pod_id, node_container(["sh", "-c", "trap '' TERM; sleep 30"]))
         await pods.start_container(stubborn)
         began = time.monotonic()
         await pods.stop_container(stubborn, timeout=1)
@@ -125,7 +125,7 @@ async def test_stop_container_sends_term_then_kill(roots):
 async def test_stop_makes_the_pod_notready_and_stops_its_containers(roots):
     async with pod_service(roots) as pods:
         pod_id = await pods.run_pod_sandbox(pod_config())
-        cid = await pods.create_container(pod_id, container_config(["sleep", "30"]))
+        cid = await pods.create_container(pod_id, node_container(["sleep", "30"]))
         await pods.start_container(cid)
         pause = (await pods.pod_sandbox_status(pod_id, verbose=True))["info"]["pid"]
         await pods.stop_pod_sandbox(pod_id)
@@ -138,7 +138,7 @@ async def test_stop_makes_the_pod_notready_and_stops_its_containers(roots):
 async def test_remove_leaves_nothing_behind(roots):
     async with pod_service(roots) as pods:
         pod_id = await pods.run_pod_sandbox(pod_config())
-        cid = await pods.create_container(pod_id, container_config(["sleep", "30"]))
+        cid = await pods.create_container(pod_id, node_container(["sleep", "30"]))
         await pods.start_container(cid)
         info = (await pods.pod_sandbox_status(pod_id, verbose=True))["info"]
         cgroups = [v for k, v in info["shim"].items() if k.startswith("cgroup.")]
@@ -240,7 +240,7 @@ async def test_creating_a_container_needs_a_ready_pod(roots):
         pod_id = await pods.run_pod_sandbox(pod_config())
         await pods.stop_pod_sandbox(pod_id)
         with pytest.raises(FailedPrecondition):
-            await pods.create_container(pod_id, container_config(["true"]))
+            await pods.create_container(pod_id, node_container(["true"]))
 
 
 async def test_a_container_whose_log_path_is_a_symlink_is_refused_at_create(roots, tmp_path):
@@ -253,7 +253,7 @@ async def test_a_container_whose_log_path_is_a_symlink_is_refused_at_create(root
     async with pod_service(roots) as pods:
         pod_id = await pods.run_pod_sandbox(cfg)
         with pytest.raises(FailedPrecondition, match=f"{logs}/c_0.log: it is a symbolic link"):
-            await pods.create_container(pod_id, container_config(["echo", "hello"]))
+            await pods.create_container(pod_id, node_container(["echo", "hello"]))
         assert await pods.list_containers() == []
     assert victim.read_bytes() == b"precious\n"
 
@@ -339,7 +339,8 @@ anyio.run(main, *sys.argv[1:])
 async def test_pods_and_containers_survive_a_controller_restart(roots):
     root, runtime_root = roots
     proc = subprocess.Popen([sys.executable, "-c", RESTART_SCRIPT, root, runtime_root, json.dumps(pod_config()),
-                             json.dumps(container_config(["sleep", "60"]))], stdout=subprocess.PIPE, text=True)
+                             json.dumps({**container_config(["/bin/busybox", "sleep", "60"]), "mounts": [BUSYBOX_MOUNT]})],
+                            stdout=subprocess.PIPE, text=True)
     try:
         pod_id, cid = json.loads(proc.stdout.readline())
     finally:

@@ -22,7 +22,7 @@ from shim.kernel import capabilities as caps
 from shim.kernel import devices, linux
 from shim.kernel.cgroups import V2, SandboxCgroup
 from shim.runtime import confine
-from podtools import container_config, pod_config, pod_service
+from podtools import node_container, pod_config, pod_service
 from proctools import run_in_child
 from shimtools import host_untouched  # noqa: F401  (autouse: what this module's shims made is checked at the end)
 from shimtools import Shim, ShimLauncher
@@ -218,7 +218,7 @@ async def test_a_device_given_for_reading_only_cannot_be_written(shims, handler,
 async def test_a_cri_containers_devices_reach_it(roots, handler, loop):
     async with pod_service(roots) as pods:
         pod_id = await pods.run_pod_sandbox(pod_config(), runtime_handler=handler)
-        cfg = container_config([BUSYBOX, "sh", "-c", "dd if=/dev/given/disk bs=20 count=1 2>/dev/null"])
+        cfg = node_container([BUSYBOX, "sh", "-c", "dd if=/dev/given/disk bs=20 count=1 2>/dev/null"])
         cfg["devices"] = [{"container_path": "/dev/given/disk", "host_path": loop.path, "permissions": "rw"}]
         cid = await pods.create_container(pod_id, cfg)
         await pods.start_container(cid)

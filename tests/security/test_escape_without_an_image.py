@@ -1,20 +1,25 @@
 """A container without an image (issue 32, item 4): it used to run on a read-only view of the
 node's own ``/``, from which its root user read /etc/shadow and reached podshimd's socket (and
 through it, a privileged pod). podshimd refuses it now, on every handler, as containerd does:
-INVALID_ARGUMENT with a sentence, and nothing is made; podshimctl says the same."""
+INVALID_ARGUMENT with a sentence, and nothing is made; podshimctl says the same. Below podshimd
+(the pod layer, the shim's Task.Create) such a container runs on an empty read-only root of its
+own: it sees nothing of the node but what its mounts bind."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import os
 import subprocess
 import sys
+import time
 
 import grpc
 import pytest
 
 from client.criapi import api_pb2
 from critools import REPO
-from podtools import container_config, pod_config
+from podtools import container_config, pod_config, pod_service
 
 REFUSAL = ("config.image.image is empty: a container needs an image, which is its root filesystem "
            "(podshimd runs no container without one)")
@@ -39,3 +44,25 @@ def test_podshimctl_create_of_a_config_without_an_image_says_why(cri, tmp_path):
                           capture_output=True, text=True, timeout=120)
     assert (done.returncode, done.stdout) == (1, "")
     assert done.stderr.strip() == f"INVALID_ARGUMENT: {REFUSAL}"
+
+
+async def test_below_podshimd_a_container_without_an_image_sees_nothing_of_the_node(handler, roots):
+    # The node's secrets, podshimd's socket (the run directory) and state: none is in its root.
+    script = ("/bin/busybox ls -a / /run /var /etc; /bin/busybox cat /etc/shadow; "
+              "/bin/busybox touch /written; echo end")
+    config = {**container_config(["/bin/busybox", "sh", "-c", script]),
+              "mounts": [{"container_path": "/bin/busybox", "host_path": "/bin/busybox", "readonly": True}]}
+    async with pod_service(roots) as pods:
+        pod_id = await pods.run_pod_sandbox(pod_config(), runtime_handler=handler)
+        container_id = await pods.create_container(pod_id, config)
+        await pods.start_container(container_id)
+        deadline = time.monotonic() + 30
+        while (await pods.container_status(container_id))["state"] != "CONTAINER_EXITED":
+            assert time.monotonic() < deadline, "the container did not exit"
+            await asyncio.sleep(0.05)
+        with open(pods.container_log_path(container_id)) as f:
+            lines = [line.rstrip("\n").split(" ", 3)[3] for line in f]
+    assert lines[-1] == "end"
+    listed = set(lines[:lines.index("end")])
+    assert {"shadow", "passwd", "podshimd.sock"}.isdisjoint(listed) and not any("root:" in line for line in lines)
+    assert not os.path.exists("/written")

@@ -24,7 +24,7 @@ from shim.runtime.oci import cli, rootfs as pause_rootfs, spec as specs
 from shim.kernel import devices, linux
 from shim.kernel.reaper import Reaper
 from shim.rpc.status import AlreadyExists, DeadlineExceeded, FailedPrecondition, Internal, InvalidArgument, NotFound
-from podtools import container_config, pod_config
+from podtools import node_container, pod_config
 from podtools import ns_inode, pod_service
 from proctools import alive, wait_gone_async
 from sandbox_env import stop_template
@@ -360,7 +360,7 @@ async def test_pod_lifecycle_through_the_runtime_leaves_nothing(handler, roots):
             assert shim_info["oci.runtime"] == handler and shim_info["pause_binary"].endswith("/pause")
 
         # The container prints what it shares; it has exited by the time the test reads it.
-        cid = await pods.create_container(pod_id, container_config(
+        cid = await pods.create_container(pod_id, node_container(
             ["sh", "-c", "hostname; readlink /proc/self/ns/net /proc/self/ns/ipc /proc/self/ns/uts /proc/self/ns/pid;"
              " exit 3"]))
         await pods.start_container(cid)
@@ -392,7 +392,7 @@ async def test_a_container_in_pod_pid_mode_shares_the_pause_pid_namespace(handle
     async with pod_service(roots) as pods:
         pod_id = await pods.run_pod_sandbox(pod_config(), runtime_handler=handler)
         pause_pid = (await pods.pod_sandbox_status(pod_id, verbose=True))["info"]["pid"]
-        cid = await pods.create_container(pod_id, container_config(["sleep", "30"], pid=0))
+        cid = await pods.create_container(pod_id, node_container(["sleep", "30"], pid=0))
         await pods.start_container(cid)
         pid = (await pods.container_status(cid, verbose=True))["info"]["pid"]
         assert ns_inode(pid, "pid") == ns_inode(pause_pid, "pid")
@@ -415,7 +415,7 @@ async def test_a_program_that_cannot_run_fails_start_with_the_runtimes_words(oci
     handler, runtime_root = oci_handler, roots[1]
     async with pod_service(roots) as pods:
         pod_id = await pods.run_pod_sandbox(pod_config(), runtime_handler=handler)
-        cid = await pods.create_container(pod_id, container_config(["/no/such/program"]))
+        cid = await pods.create_container(pod_id, node_container(["/no/such/program"]))
         with pytest.raises(FailedPrecondition, match=f"{handler} create .*/no/such/program"):
             await pods.start_container(cid)
         assert runtime_containers(handler, runtime_root) == [pod_id]  # the task's container is gone
@@ -425,7 +425,7 @@ async def test_podshim_delete_after_the_shim_was_killed_deletes_the_runtime_cont
     handler, runtime_root = oci_handler, roots[1]
     async with pod_service(roots) as pods:
         pod_id = await pods.run_pod_sandbox(pod_config(), runtime_handler=oci_handler)
-        cid = await pods.create_container(pod_id, container_config(["sleep", "60"]))
+        cid = await pods.create_container(pod_id, node_container(["sleep", "60"]))
         await pods.start_container(cid)
         task_pid = (await pods.container_status(cid, verbose=True))["info"]["pid"]
         info = (await pods.pod_sandbox_status(pod_id, verbose=True))["info"]

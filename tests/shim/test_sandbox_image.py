@@ -18,7 +18,7 @@ from shim.rpc.api import TASK_SERVICE
 from shim.rpc.processes import process_alive
 from shim.runtime.mounts import is_mount_point
 from shimtools import host_untouched  # noqa: F401  (autouse: what this module's shims made is checked at the end)
-from shimtools import WAIT, ShimLauncher, ns_inode
+from shimtools import NODE_ROOT, WAIT, ShimLauncher, ns_inode
 
 HANDLERS = ["native"] + [h for h in ("runc", "crun") if shutil.which(h, path="/usr/sbin:/usr/bin:/sbin:/bin")]
 #: (program in the rootfs, pause_image) of each pause image.
@@ -68,7 +68,8 @@ async def test_the_pause_is_the_image_program_in_its_rootfs(shims: ShimLauncher,
     assert ns_inode(pid, "net") == os.stat(info["netns_path"]).st_ino
     # A task joins the pause's namespaces.
     await shim.client.call(TASK_SERVICE, "Create", {"sandbox_id": shim.sandbox_id, "task_id": "t", "pid_mode": "POD",
-                                                    "args": ["sleep", "100"], "log_path": str(tmp_path / "t.log")},
+                                                    "args": ["sleep", "100"], "log_path": str(tmp_path / "t.log"),
+                                                    "rootfs": NODE_ROOT, "readonly_rootfs": True},
                            timeout=WAIT)
     task = (await shim.client.call(TASK_SERVICE, "Start", {"sandbox_id": shim.sandbox_id, "task_id": "t"},
                                    timeout=WAIT))["pid"]

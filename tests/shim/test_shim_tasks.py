@@ -18,7 +18,7 @@ from shim.rpc.processes import process_alive
 from shim.rpc import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
 from shim.rpc.api import TASK_SERVICE
 from shimtools import host_untouched  # noqa: F401  (autouse: what this module's shims made is checked at the end)
-from shimtools import WAIT, EventStream, ProcessRef, Shim, ShimLauncher, ns_inode
+from shimtools import NODE_ROOT, WAIT, EventStream, ProcessRef, Shim, ShimLauncher, ns_inode
 
 # Each test runs twice: shims exec'd by `podshim start`, and forked by the session's template.
 pytestmark = pytest.mark.usefixtures("spawn_mode")
@@ -45,6 +45,8 @@ class Pod:
 
     async def create(self, task_id: str, *args: str, pid_mode: str = "CONTAINER", **fields) -> None:
         TASK_CGROUPS.extend(os.path.join(path, task_id) for path in self.cgroups.values())
+        if "rootfs" not in fields:
+            fields.update(rootfs=NODE_ROOT, readonly_rootfs=True)
         await self.call("Create", task_id=task_id, args=list(args), log_path=self.log_path(task_id),
                         pid_mode=pid_mode, **fields)
 

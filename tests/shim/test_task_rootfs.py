@@ -1,5 +1,6 @@
 """A task's filesystem through a real shim, with each runtime handler (native, runc, crun): its
-root (a rootfs given as a bind or an overlay, or the host's / read-only), /proc, /dev, /sys, its
+root (a rootfs given as a bind or an overlay, the node's / as tests ask for it, or without one an
+empty read-only root of its own), /proc, /dev, /sys, its
 mounts with their options and propagation, masked and read-only paths, and what Delete and
 ``podshim delete`` unmount (protocol.md 7.3). Checked from inside the task (Exec) and on the host
 (/proc/self/mountinfo)."""
@@ -172,13 +173,30 @@ async def test_a_readonly_rootfs_cannot_be_written(pod, tmp_path):
     assert not os.path.exists(tmp_path / "upper" / "etc")
 
 
-async def test_without_a_rootfs_the_root_is_the_hosts_read_only(pod, tmp_path):
+BUSYBOX_MOUNT = {"destination": "/bin/busybox", "source": "/bin/busybox", "options": ["ro"]}
+
+
+async def test_the_node_root_a_task_asks_for_is_read_only(pod, tmp_path):
     (tmp_path / "host-file").write_text("from the host\n")
-    await pod.run("app", "sleep", "600")
+    await pod.run("app", "sleep", "600")  # rootfs: the node's /, as the pod helper gives it
     status, out = await pod.sh("app", f"cat {tmp_path}/host-file; touch {tmp_path}/written 2>&1; touch /written 2>&1")
     assert status != 0 and out.splitlines()[0] == "from the host"
     assert out.count("Read-only file system") == 2
     assert not (tmp_path / "written").exists() and not os.path.exists("/written")
+
+
+async def test_without_a_rootfs_the_root_is_its_own_empty_and_read_only(pod, tmp_path):
+    # Nothing of the node but what its mounts bind: no secret, no socket, no state of the node.
+    (tmp_path / "host-file").write_text("from the host\n")
+    await pod.run("app", "/bin/busybox", "sleep", "600", rootfs=[], mounts=[BUSYBOX_MOUNT])
+    reply = await pod.call("Exec", task_id="app", args=["/bin/busybox", "sh", "-c",
+                                                        f"/bin/busybox ls -a /; /bin/busybox cat /etc/shadow {tmp_path}/host-file; "
+                                                        "/bin/busybox ls /run /var /tmp; /bin/busybox touch /written"])
+    out = (reply["stdout"] + reply["stderr"]).decode()
+    assert reply["exit_status"] != 0
+    assert reply["stdout"].decode().split() == [".", "..", "bin", "dev", "proc", "sys"]
+    assert "root:" not in out and "from the host" not in out and "Read-only file system" in out
+    assert not os.path.exists("/written")
 
 
 async def test_a_task_of_pod_pid_mode_has_the_root_it_was_given_too(pod, tmp_path):
@@ -273,11 +291,12 @@ async def test_mounts_are_bound_read_write_or_read_only_and_their_destinations_m
     assert (tmp_path / "rw" / "written").exists()
 
 
-async def test_a_mount_destination_missing_from_the_hosts_root_fails_start(pod, tmp_path):
-    await pod.call("Create", task_id="app", args=["true"], log_path=f"{pod.log_dir}/app.log",
-                   mounts=[{"destination": "/no/such/dir", "source": str(tmp_path)}])
-    with pytest.raises(FailedPrecondition, match=r"mounts\[0\].destination /no/such/dir does not exist"):
-        await pod.call("Start", task_id="app")
+async def test_a_mount_destination_of_a_task_without_a_rootfs_is_made_in_its_own_root(pod, tmp_path):
+    (tmp_path / "marker").write_text("mounted\n")
+    await pod.run("app", "/bin/busybox", "sleep", "600", rootfs=[],
+                  mounts=[BUSYBOX_MOUNT, {"destination": "/no/such/dir", "source": str(tmp_path)}])
+    reply = await pod.call("Exec", task_id="app", args=["/bin/busybox", "cat", "/no/such/dir/marker"])
+    assert (reply["exit_status"], reply["stdout"]) == (0, b"mounted\n")
     assert not os.path.exists("/no/such")
 
 

@@ -22,6 +22,7 @@ from shim.rpc.api import SANDBOX_SERVICE, TEMPLATE_SERVICE
 from shim.rpc.status import InvalidArgument, RpcError, Unavailable
 
 from proctools import alive, fd_targets, wait_gone, wait_gone_async
+from shimtools import NODE_ROOT
 
 PODSHIM = [sys.executable, "-m", "shim"]
 
@@ -510,7 +511,7 @@ async def test_a_shim_forked_from_the_template_imports_nothing_in_a_sandbox_life
             await call(SANDBOX_SERVICE, "SandboxMetrics", {"sandbox_id": sid})
             await call(SANDBOX_SERVICE, "Platform", {"sandbox_id": sid})
             task = {"sandbox_id": sid, "task_id": "app"}
-            await call(TASK_SERVICE, "Create", {**task, "args": ["sleep", "30"],
+            await call(TASK_SERVICE, "Create", {**task, "args": ["sleep", "30"], "rootfs": NODE_ROOT, "readonly_rootfs": True,
                                                 "log_path": str(tmp_path / "app.log")})
             await call(TASK_SERVICE, "Start", task)
             await call(TASK_SERVICE, "Kill", {**task, "signal": signal.SIGKILL})

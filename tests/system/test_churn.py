@@ -16,6 +16,7 @@ import pytest
 from client.cri.pod import open_pod_service
 from shim.rpc.processes import proc_start_time
 
+from podtools import BUSYBOX_MOUNT
 from proctools import pidfds, wait_pidfds_async
 from sandbox_env import stop_template
 
@@ -60,7 +61,8 @@ async def test_1000_pod_cycles_leave_nothing_behind(roots):
     with open(os.path.join(EXAMPLES, "pod-config.json")) as f:
         base = json.load(f)
     base["linux"]["cgroup_parent"] = ""
-    container = {"metadata": {"name": "c"}, "command": ["sh", "-c", "echo churn"]}
+    container = {"metadata": {"name": "c"}, "command": ["/bin/busybox", "sh", "-c", "echo churn"],
+                 "mounts": [BUSYBOX_MOUNT]}  # no image: an empty root of its own, and busybox in it
     netns_made: set[str] = set()
     cgroups_made: set[str] = set()
     processes_seen: set[tuple[int, int]] = set()  # (pid, start time): pid reuse is no leftover

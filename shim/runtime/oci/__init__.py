@@ -54,14 +54,13 @@ Choices, and why:
   the very directories that metrics, kill and cleanup already know. runc's ``delete`` removes them,
   and the shim's removal then finds nothing left to do.
 - **Task rootfs.** A task given a ``rootfs`` runs on it as the shim mounted it at Create
-  (``<bundle>/tasks/<task id>/rootfs``, :mod:`shim.runtime.mounts`). Without one its root is the
-  host's ``/``, bound (not recursively, so no netns or other mounts come along) onto ``<task
-  bundle>/rootfs`` inside a mount namespace made for the runtime's create only — the container's
-  mount namespace is copied from it, and nothing is mounted in the host's, so nothing can leak
-  there — and made read-only by ``root.readonly``. (runc refuses ``root.path: "/"``, and crun a
-  bind mount onto ``/``.) A task's /dev/shm is the pod's: the launcher of ``create`` takes a copy
-  of the pause's /dev/shm from the pause's mount namespace (``open_tree``) and binds it on ``<task
-  bundle>/shm`` in that same create-only namespace, where the config's bind of it finds it.
+  (``<bundle>/tasks/<task id>/rootfs``, :mod:`shim.runtime.mounts`); without one, on a root of its
+  own the shim mounted there (``mounts.OWN_ROOT``, an empty tmpfs the runtime makes its mount
+  points in, then read-only by ``root.readonly``). A task's /dev/shm is the pod's: the launcher of
+  ``create`` takes a copy of the pause's /dev/shm from the pause's mount namespace (``open_tree``)
+  and binds it on ``<task bundle>/shm`` in a mount namespace made for the create only (the
+  container's is copied from it, and nothing is mounted in the host's), where the config's bind of
+  it finds it.
   containerd instead mounts a tmpfs on the host and binds it into every container, which would be a
   host mount for the shim to own.
 - **Exits.** The container's init is the shim's child once the runtime has exited (the shim is a

@@ -116,7 +116,7 @@ class OciBackend(Runtime):
                            shm_size_bytes=spec.shm_size_bytes, confinement=spec.confinement, args=args,
                            env=env, cwd=cwd, privileged=spec.privileged)
         container = self.pause_container
-        pid, start_time, exit_future = await self._launch(container, doc, spec.cgroup, binds=())
+        pid, start_time, exit_future = await self._launch(container, doc, spec.cgroup)
         try:
             await pause.wait_ready(pid, exit_future, name, exe=exe, sigterm_grace=sigterm_grace)
         except BaseException:
@@ -133,17 +133,11 @@ class OciBackend(Runtime):
         # The pod's /dev/shm: the pause's, taken from its mount namespace for the create only.
         shm = os.path.join(container.bundle, _TASK_SHM_DIR)
         ensure_private_dir(shm, _TASK_ROOTFS_MODE)
-        if fs.host_root:
-            # The host's / read-only, bound for the create only (see shim.runtime.oci: runc refuses "/").
-            rootfs = os.path.join(container.bundle, "rootfs")
-            ensure_private_dir(rootfs, _TASK_ROOTFS_MODE)
-            binds: tuple[tuple[str, str], ...] = (("/", rootfs),)
-        else:
-            rootfs, binds = spec.rootfs, ()  # mounted there by the shim at Create
-        doc = task_spec(sandbox_id=self.sandbox_id, args=list(spec.args), env=spec.env, cwd=spec.cwd, rootfs=rootfs,
+        doc = task_spec(sandbox_id=self.sandbox_id, args=list(spec.args), env=spec.env, cwd=spec.cwd,
+                        rootfs=spec.rootfs,  # mounted there by the shim at Create
                         pause_pid=spec.pause_pid, pid_mode=spec.pid_mode, own_ipc=spec.own_ipc,
                         cgroups_path=self._cgroups_path(spec.cgroup), confinement=spec.confinement,
-                        readonly=fs.host_root or fs.readonly_rootfs, mounts=fs.mounts, masked_paths=fs.masked_paths,
+                        readonly=fs.readonly_rootfs, mounts=fs.mounts, masked_paths=fs.masked_paths,
                         readonly_paths=fs.readonly_paths, privileged=fs.privileged, shm_source=shm,
                         devices=(*(host_devices() if fs.privileged else ()), *spec.devices),
                         device_rules=spec.device_rules, target_pid=spec.target_pid, resources=spec.resources,
@@ -159,7 +153,7 @@ class OciBackend(Runtime):
         peers = tuple(("/proc/self/ns/mnt", mount.source, mount.source) for mount in fs.mounts
                       if mount.propagation in ("rshared", "shared"))
         pid, start_time, exit_future = await self._launch(
-            container, doc, spec.cgroup, stdout=spec.stdout, stderr=spec.stderr, stdin=spec.stdin, binds=binds,
+            container, doc, spec.cgroup, stdout=spec.stdout, stderr=spec.stderr, stdin=spec.stdin,
             binds_from=((f"/proc/{spec.pause_pid}/ns/mnt", "/dev/shm", shm), *peers), console=spec.console)
         return process.Process(pid, start_time, process.started_at_ns(exit_future), exit_future)
 
@@ -242,7 +236,6 @@ class OciBackend(Runtime):
 
     async def _launch(self, container: Container, doc: dict[str, Any], cgroup: SandboxCgroup, *,
                       stdout: int | None = None, stderr: int | None = None, stdin: int | None = None,
-                      binds: tuple[tuple[str, str], ...],
                       binds_from: tuple[tuple[str, str, str], ...] = (),
                       console: Console | None = None) -> tuple[int, int, asyncio.Future[ExitInfo]]:
         """Write config.json, record the container, create it, place and watch its init, start it. With
@@ -257,7 +250,7 @@ class OciBackend(Runtime):
             # The runtime connects and sends the master during create: accepted as it comes.
             receiving = asyncio.ensure_future(console.receive(CREATE_TIMEOUT)) if console is not None else None
             try:
-                pid = await self.cli.create(container, stdout=stdout, stderr=stderr, stdin=stdin, binds=binds,
+                pid = await self.cli.create(container, stdout=stdout, stderr=stderr, stdin=stdin,
                                             binds_from=binds_from, procs_files=procs,
                                             console_socket=console.path if console is not None else "")
                 if receiving is not None:
