@@ -18,6 +18,7 @@ import os
 import socket
 import sys
 
+from shim import __version__
 from shim.paths import (BOOTSTRAP_FILE, DEFAULT_RUNTIME_ROOT, control_socket_path, template_socket_for,
                         socket_address, socket_path, validate_identifier, write_json_atomic)
 from shim.rpc.api import DEFAULT_BUNDLE_ROOT, TEMPLATE_LOG, TEMPLATE_SERVICE, TEMPLATE_START_LOCK
@@ -41,6 +42,7 @@ def _parser(only: str | None = None) -> argparse.ArgumentParser:
     """The parser of every action; with ``only``, of that action alone (the same parse of a
     command line that starts with it, without building the others' arguments)."""
     p = ArgumentParser(prog="podshim", description="The per-sandbox shim daemon of podshim.")
+    p.add_argument("--version", action="version", version=f"podshim {__version__}")
     sub = p.add_subparsers(dest="action", metavar="ACTION", required=True)
 
     def root(sp: argparse.ArgumentParser) -> None:

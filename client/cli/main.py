@@ -5,9 +5,10 @@
     podshimctl [--root DIR] [--runtime-root DIR] [--spawner exec|systemd] [--namespace NS] sandbox create|start|stop|wait|status|
                shutdown|metrics|platform|list ... [--json]
 
-Exit status: 0 on success, 1 when the operation failed (stderr says ``STATUS_NAME: message``),
-2 for a usage error. Never a traceback for bad input. A sandbox command loads only the bundle
-it needs, so it costs one reconnect however many sandboxes the node runs.
+Exit status: 0 on success, 1 when the operation failed (stderr says ``STATUS_NAME: message``; with ``--json``
+one JSON document ``{"error": {"code": ..., "message": ...}}``), 2 for a usage error. Never a traceback
+for bad input. A sandbox command loads only the bundle it needs, so it costs one reconnect however many
+sandboxes the node runs.
 
 Top-level commands are registered with :func:`command`; a module named in
 :data:`COMMAND_MODULES` is imported before parsing, so another module (the pod verbs) can add
@@ -398,7 +399,14 @@ def _top_parser() -> argparse.ArgumentParser:
                    help=f"namespace (default {DEFAULT_NAMESPACE!r})")
     p.add_argument("--json", action="store_true", help="print JSON for scripts")
     p.add_argument("--debug", action="store_true", help="log what the controller does")
+    p.add_argument("--version", action="version", version=_version())
     return p
+
+
+def _version() -> str:
+    import shim
+
+    return f"podshimctl {shim.__version__}"
 
 
 def _command_in(argv: list[str], top: argparse.ArgumentParser) -> str | None:
@@ -450,9 +458,9 @@ def main(argv: list[str] | None = None) -> int:
 
         return anyio.run(args.run, args, backend_options={"use_uvloop": True})
     except RpcError as exc:
-        print(f"{exc.code.name}: {exc.message}", file=sys.stderr)
+        _failed(args, exc.code.name, exc.message, f"{exc.code.name}: {exc.message}")
     except (CliError, NotGenerated) as exc:
-        print(f"podshimctl: {exc}", file=sys.stderr)
+        _failed(args, None, str(exc), f"podshimctl: {exc}")
     except KeyboardInterrupt:
         return EXIT_OK if getattr(args, "quiet_interrupt", False) else 130
     except BrokenPipeError:
@@ -460,8 +468,17 @@ def main(argv: list[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_OK
     except OSError as exc:
-        print(f"podshimctl: {exc.strerror or exc}", file=sys.stderr)
+        _failed(args, None, str(exc.strerror or exc), f"podshimctl: {exc.strerror or exc}")
     return EXIT_FAILED
+
+
+def _failed(args: argparse.Namespace, code: str | None, message: str, sentence: str) -> None:
+    """Say why a verb failed on stderr: the sentence, or with --json one JSON document
+    ``{"error": {"code": STATUS_NAME or null, "message": ...}}``."""
+    if getattr(args, "json", False):
+        print(_dumps({"error": {"code": code, "message": message}}), file=sys.stderr)
+    else:
+        print(sentence, file=sys.stderr)
 
 
 def run() -> None:

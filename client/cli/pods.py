@@ -31,7 +31,7 @@ import sys
 import time
 from typing import Any, Callable
 
-from client.cli.main import EXIT_OK, CliError, _print_fields, _print_table, _read_json_file, command, emit
+from client.cli.main import EXIT_OK, CliError, _print_table, _read_json_file, command, emit
 from client.defaults import podshimd_endpoint
 from shim.rpc.status import Code, NotFound, RpcError, error_from_status
 
@@ -129,6 +129,53 @@ def _verb(name: str, help: str, run: Callable[[argparse.Namespace, _Podshimd], A
 
 
 # -- presentation ------------------------------------------------------------------------------------
+OUTPUTS = ("table", "json", "yaml")
+
+
+def _output_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--output", "-o", choices=OUTPUTS, default=None,
+                   help="table (the default), or crictl's JSON or YAML document of the list")
+
+
+def _listing(args: argparse.Namespace, key: str, items: list[dict[str, Any]], table: Callable[[Any], None]) -> None:
+    """A list verb's answer: -o json/yaml print crictl's document ``{key: items}``; --json the items;
+    else the table."""
+    if args.output == "json":
+        print(json.dumps({key: items}, indent=2, sort_keys=True))
+    elif args.output == "yaml":
+        sys.stdout.write(_yaml({key: items}))
+    else:
+        emit(args, items, table)
+
+
+_PLAIN_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def _yaml_key(key: Any) -> str:
+    return key if isinstance(key, str) and _PLAIN_KEY.fullmatch(key) else json.dumps(str(key))
+
+
+def _yaml(value: Any, indent: str = "") -> str:
+    """``value`` (JSON's types) as YAML block style; strings as JSON strings, which YAML reads alike."""
+    if isinstance(value, dict) and value:
+        out = []
+        for key in sorted(value):
+            item = value[key]
+            if isinstance(item, (dict, list)) and item:
+                out.append(f"{indent}{_yaml_key(key)}:\n{_yaml(item, indent + '  ')}")
+            else:
+                out.append(f"{indent}{_yaml_key(key)}: {_yaml(item).strip()}\n")
+        return "".join(out)
+    if isinstance(value, list) and value:
+        out = []
+        for item in value:
+            text = _yaml(item, indent + "  ")
+            out.append(f"{indent}- {text[len(indent) + 2:]}" if isinstance(item, (dict, list)) and item
+                       else f"{indent}- {text.strip()}\n")
+        return "".join(out)
+    return f"{indent}{json.dumps(value)}\n"
+
+
 
 def _plain(message: Any) -> dict[str, Any]:
     """A CRI message as a dict with its proto field names (the crictl JSON spelling), every field
@@ -239,12 +286,16 @@ def _pod_status(daemon: _Podshimd, pod_id: str, verbose: bool) -> dict[str, Any]
     return _with_info(_plain(reply.status), reply.info)
 
 
+def _document(args: argparse.Namespace, doc: Any) -> None:
+    """An inspect verb's answer: JSON, indented for a person (compact with --json), never a repr."""
+    print(json.dumps(doc, sort_keys=True) if args.json else json.dumps(doc, indent=2, sort_keys=True))
+
+
 def _inspectp(args: argparse.Namespace, daemon: _Podshimd) -> None:
-    status = _pod_status(daemon, args.id, verbose=True)
-    emit(args, status, lambda out: _print_fields(status, out))
+    _document(args, _pod_status(daemon, args.id, verbose=True))
 
 
-_verb("inspectp", "show a pod sandbox's status (with pid, netns, shim address)", _inspectp,
+_verb("inspectp", "show a pod sandbox's status (with pid, netns, shim address), as JSON", _inspectp,
       lambda p: p.add_argument("id", metavar="POD_ID"))
 
 _POD_STATES = {"ready": "SANDBOX_READY", "notready": "SANDBOX_NOTREADY"}
@@ -259,6 +310,9 @@ def _pods_list(args: argparse.Namespace, daemon: _Podshimd) -> None:
             print(p.id)
         return
     pods = [_plain(p) for p in found]
+    if args.output in ("json", "yaml"):
+        _listing(args, "items", pods, None)
+        return
     for pod in pods:  # the IPs are in each pod's status, not in the list
         try:
             pod["ip"] = _pod_status(daemon, pod["id"], verbose=False)["network"]["ip"]
@@ -268,7 +322,7 @@ def _pods_list(args: argparse.Namespace, daemon: _Podshimd) -> None:
              "name": p["metadata"].get("name"), "namespace": p["metadata"].get("namespace"),
              "attempt": p["metadata"].get("attempt", 0), "runtime": p["runtime_handler"], "ip": p["ip"]}
             for p in pods]
-    emit(args, pods, lambda out: _print_table(
+    _listing(args, "items", pods, lambda out: _print_table(
         rows, ["pod_id", "created_at", "state", "name", "namespace", "attempt", "runtime", "ip"], out))
 
 
@@ -276,7 +330,7 @@ _verb("pods", "list pod sandboxes", _pods_list,
       lambda p: (p.add_argument("--state", "-s", choices=sorted(_POD_STATES), help="only pods in this state"),
                  p.add_argument("--label", action="append", default=[], metavar="KEY=VALUE", help="label selector"),
                  p.add_argument("--id", default=None, help="only pods whose id starts with this"),
-                 p.add_argument("--quiet", "-q", action="store_true", help="print ids only")))
+                 p.add_argument("--quiet", "-q", action="store_true", help="print ids only"), _output_flag(p)))
 
 
 # -- containers ------------------------------------------------------------------------------
@@ -324,11 +378,10 @@ def _container_status(daemon: _Podshimd, container_id: str, verbose: bool) -> di
 
 
 def _inspect(args: argparse.Namespace, daemon: _Podshimd) -> None:
-    status = _container_status(daemon, args.id, verbose=True)
-    emit(args, status, lambda out: _print_fields(status, out))
+    _document(args, _container_status(daemon, args.id, verbose=True))
 
 
-_verb("inspect", "show a container's status", _inspect, lambda p: p.add_argument("id", metavar="CONTAINER_ID"))
+_verb("inspect", "show a container's status, as JSON", _inspect, lambda p: p.add_argument("id", metavar="CONTAINER_ID"))
 
 _CONTAINER_STATES = {"created": "CONTAINER_CREATED", "running": "CONTAINER_RUNNING", "exited": "CONTAINER_EXITED"}
 
@@ -353,7 +406,7 @@ def _ps(args: argparse.Namespace, daemon: _Podshimd) -> None:
     rows = [{"container": _short(c["id"]), "created_at": c["created_at"], "state": c["state"].split("_", 1)[1],
              "name": c["metadata"].get("name"), "attempt": c["metadata"].get("attempt", 0),
              "pod_id": _short(c["pod_sandbox_id"]), "exit_code": c["exit_code"]} for c in containers]
-    emit(args, containers, lambda out: _print_table(
+    _listing(args, "containers", containers, lambda out: _print_table(
         rows, ["container", "created_at", "state", "name", "attempt", "pod_id", "exit_code"], out))
 
 
@@ -362,33 +415,117 @@ _verb("ps", "list containers (running ones unless -a)", _ps,
                  p.add_argument("--pod", "-p", default=None, help="only containers of this pod (id prefix)"),
                  p.add_argument("--state", choices=sorted(_CONTAINER_STATES), help="only this state"),
                  p.add_argument("--label", action="append", default=[], metavar="KEY=VALUE"),
-                 p.add_argument("--quiet", "-q", action="store_true", help="print ids only")))
+                 p.add_argument("--quiet", "-q", action="store_true", help="print ids only"), _output_flag(p)))
+
+
+#: Seconds between two looks at a followed log (and at its container's state).
+FOLLOW_POLL = 0.2
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)(ns|us|ms|s|m|h)")
+_UNIT_NS = {"ns": 1, "us": 1_000, "ms": 1_000_000, "s": 10**9, "m": 60 * 10**9, "h": 3600 * 10**9}
+
+
+def _log_time(stamp: str) -> int | None:
+    """A CRI log line's RFC 3339 time as ns since the epoch; None if it is not one."""
+    import datetime
+
+    m = re.fullmatch(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(\d+))?(Z|[+-]\d\d:\d\d)", stamp)
+    if m is None:
+        return None
+    try:
+        moment = datetime.datetime.fromisoformat(m.group(1) + ("+00:00" if m.group(3) == "Z" else m.group(3)))
+    except ValueError:
+        return None
+    return int(moment.timestamp()) * 10**9 + int((m.group(2) or "0")[:9].ljust(9, "0"))
+
+
+def _since(text: str) -> int:
+    """--since: an RFC 3339 time, or a duration before now (Go's spelling: 42m, 1h30m, 10s); ns since the epoch."""
+    moment = _log_time(text)
+    if moment is not None:
+        return moment
+    if _DURATION.sub("", text) == "" and text:
+        ago = sum(int(float(n) * _UNIT_NS[unit]) for n, unit in _DURATION.findall(text))
+        return time.time_ns() - ago
+    raise CliError(f"--since {text!r} is neither an RFC 3339 time (2026-01-02T13:23:37Z) nor a duration (42m, 1h30m)")
+
+
+def _log_records(text: str) -> list[tuple[str, str, str, str]]:
+    """The (time, stream, tag, text) records of whole CRI log lines in ``text``."""
+    records = []
+    for line in text.splitlines(keepends=True):
+        m = _CRI_LINE.match(line)
+        if m is not None:
+            records.append((m.group(1), m.group(2), m.group(3), m.group(4)))
+    return records
+
+
+def _show(records: list[tuple[str, str, str, str]], timestamps: bool) -> None:
+    for stamp, kind, tag, text in records:
+        stream = sys.stdout if kind == "stdout" else sys.stderr
+        if tag == "P":
+            text = text.rstrip("\n")
+        stream.write(f"{stamp} {text}" if timestamps else text)
+    sys.stdout.flush()
+    sys.stderr.flush()
 
 
 def _logs(args: argparse.Namespace, daemon: _Podshimd) -> int:
-    path = _container_status(daemon, args.id, verbose=False)["log_path"]
+    if args.tail is not None and args.tail < 0:
+        raise CliError(f"--tail must be 0 or more lines, not {args.tail}")
+    since = _since(args.since) if args.since else None
+    status = _container_status(daemon, args.id, verbose=False)
+    path = status["log_path"]
+    if args.follow:
+        from shim.launch.install import long_running
+
+        long_running()  # it prints until the container ends or it is interrupted
     try:
-        with open(path, errors="replace") as f:
-            for line in f:
-                m = _CRI_LINE.match(line)
-                if m is None:
+        with open(path, "rb") as f:
+            pending = b""
+
+            def records() -> list[tuple[str, str, str, str]]:
+                nonlocal pending
+                data = pending + f.read()
+                whole, newline, pending = data.rpartition(b"\n")
+                if not newline:
+                    whole, pending = b"", data
+                found = _log_records((whole + newline).decode(errors="replace"))
+                if since is not None:
+                    found = [r for r in found if (_log_time(r[0]) or 0) >= since]
+                return found
+
+            first = records()
+            if args.tail is not None:
+                first = first[len(first) - args.tail:] if args.tail else []
+            _show(first, args.timestamps)
+            checked = time.monotonic()
+            while args.follow:
+                more = records()
+                _show(more, args.timestamps)
+                if more:
                     continue
-                stream = sys.stdout if m.group(2) == "stdout" else sys.stderr
-                text = m.group(4)
-                if m.group(3) == "P":
-                    text = text.rstrip("\n")
-                stream.write(f"{m.group(1)} {text}" if args.timestamps else text)
+                if time.monotonic() - checked >= 1.0:  # ended: what it wrote last is in the file
+                    checked = time.monotonic()
+                    if _container_status(daemon, args.id, verbose=False)["state"] == "CONTAINER_EXITED":
+                        _show(records(), args.timestamps)
+                        break
+                time.sleep(FOLLOW_POLL)
     except FileNotFoundError:
         raise CliError(f"container {args.id} has no log yet ({path})") from None
     except OSError as exc:
         raise CliError(f"cannot read the log of container {args.id} ({path}): {exc.strerror}") from None
-    sys.stdout.flush()
     return EXIT_OK
 
 
 _verb("logs", "print a container's log", _logs,
       lambda p: (p.add_argument("id", metavar="CONTAINER_ID"),
-                 p.add_argument("--timestamps", "-t", action="store_true", help="show each line's timestamp")))
+                 p.add_argument("--timestamps", "-t", action="store_true", help="show each line's timestamp"),
+                 p.add_argument("--follow", "-f", action="store_true",
+                                help="go on printing what it writes until it exits (or ^C)"),
+                 p.add_argument("--tail", type=int, default=None, metavar="N", help="only the last N lines"),
+                 p.add_argument("--since", default=None, metavar="TIME|DURATION",
+                                help="only lines since an RFC 3339 time or a duration ago (42m, 1h30m)"),
+                 p.set_defaults(quiet_interrupt=True)))
 
 
 # -- running containers: exec, stats -------------------------------------------------------------
@@ -585,14 +722,14 @@ def _images(args: argparse.Namespace, daemon: _Podshimd) -> None:
             print(i.id)
         return
     images = sorted((_plain(i) for i in found), key=lambda i: (i.get("repo_tags") or [""])[0])
-    emit(args, images, lambda out: _print_table(
+    _listing(args, "images", images, lambda out: _print_table(
         [row for i in images for row in _image_rows(i)], ["image", "tag", "image_id", "size"], out))
 
 
 _verb("images", "list images", _images,
       lambda p: (p.add_argument("image", metavar="REPOSITORY[:TAG]", nargs="?", default=None,
                                 help="only this image"),
-                 p.add_argument("--quiet", "-q", action="store_true", help="print ids only")))
+                 p.add_argument("--quiet", "-q", action="store_true", help="print ids only"), _output_flag(p)))
 
 
 def _image_status(daemon: _Podshimd, name: str, verbose: bool = False) -> Any:
@@ -635,3 +772,72 @@ def _imagefsinfo(args: argparse.Namespace, daemon: _Podshimd) -> None:
 
 
 _verb("imagefsinfo", "show the usage of the filesystem images are kept on, as JSON", _imagefsinfo, lambda p: None)
+
+
+
+# -- the runtime: version, info; a container's resources ---------------------------------------------------
+def _version(args: argparse.Namespace, daemon: _Podshimd) -> None:
+    import shim
+
+    reply = _plain(daemon.call("Version"))
+    doc = {"client_version": shim.__version__, **reply}
+    emit(args, doc, lambda out: print(
+        f"Version:  {reply['version']}\nRuntimeName:  {reply['runtime_name']}\n"
+        f"RuntimeVersion:  {reply['runtime_version']}\nRuntimeApiVersion:  {reply['runtime_api_version']}\n"
+        f"ClientVersion:  podshimctl {shim.__version__}", file=out))
+
+
+_verb("version", "show podshimd's runtime name and version (and podshimctl's)", _version, lambda p: None)
+
+
+def _info(args: argparse.Namespace, daemon: _Podshimd) -> None:
+    reply = daemon.call("Status", verbose=True)
+    doc: dict[str, Any] = {"status": _plain(reply.status)}
+    for key, value in reply.info.items():  # podshimd's effective configuration, as crictl info shows it
+        try:
+            doc[key] = json.loads(value)
+        except ValueError:
+            doc[key] = value
+    doc["runtime_handlers"] = [_plain(h) for h in reply.runtime_handlers]
+    doc["features"] = _plain(reply.features)
+    _document(args, doc)
+
+
+_verb("info", "show podshimd's status and effective configuration, as JSON", _info, lambda p: None)
+
+#: update's flags -> LinuxContainerResources' fields.
+_RESOURCE_FLAGS = {"cpu_period": "cpu_period", "cpu_quota": "cpu_quota", "cpu_share": "cpu_shares",
+                   "cpuset_cpus": "cpuset_cpus", "cpuset_mems": "cpuset_mems", "memory": "memory_limit_in_bytes"}
+_SIZE = re.compile(r"(\d+)([kmgt]i?b?|b)?", re.I)
+
+
+def _bytes(text: str) -> int:
+    """A memory size: bytes, or with a unit (k, m, g, t: powers of 1024; Ki, Mi, Gi as Kubernetes)."""
+    m = _SIZE.fullmatch(text.strip())
+    if m is None:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a size (bytes, or with k/m/g/t or Ki/Mi/Gi/Ti)")
+    unit = (m.group(2) or "b")[0].lower()
+    return int(m.group(1)) * 1024 ** "bkmgt".index(unit)
+
+
+def _update(args: argparse.Namespace, daemon: _Podshimd) -> None:
+    given = {field: getattr(args, flag) for flag, field in _RESOURCE_FLAGS.items() if getattr(args, flag) is not None}
+    if not given:
+        raise CliError("update: give at least one of --cpu-period, --cpu-quota, --cpu-share, --cpuset-cpus, "
+                       "--cpuset-mems, --memory")
+    resources = daemon.api.LinuxContainerResources(**given)  # a field not given (0) stays as it is
+    for one_id in args.ids:
+        daemon.call("UpdateContainerResources", container_id=one_id, linux=resources)
+        if not args.json:
+            print(one_id)
+
+
+_verb("update", "change running containers' CPU and memory limits (UpdateContainerResources)", _update,
+      lambda p: (_ids(p, "container"),
+                 p.add_argument("--cpu-period", type=int, default=None, metavar="US", help="CFS period (µs)"),
+                 p.add_argument("--cpu-quota", type=int, default=None, metavar="US", help="CFS quota (µs) per period"),
+                 p.add_argument("--cpu-share", type=int, default=None, metavar="N", help="CPU shares (weight)"),
+                 p.add_argument("--cpuset-cpus", default=None, metavar="LIST", help="CPUs to run on (0-3,5)"),
+                 p.add_argument("--cpuset-mems", default=None, metavar="LIST", help="memory nodes (0,1)"),
+                 p.add_argument("--memory", type=_bytes, default=None, metavar="SIZE",
+                                help="memory limit: bytes, or 64m, 1g, 512Mi")))

@@ -21,6 +21,7 @@ import asyncio
 import logging
 import sys
 
+import shim
 from client.cri import logcontext
 from client.criapi import NotGenerated
 from shim.daemon import setup_logging
@@ -33,6 +34,7 @@ from . import config as configuration
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="podshimd", description="podshim's CRI v1 runtime (gRPC on a Unix socket)")
     configuration.add_arguments(parser)
+    parser.add_argument("--version", action="version", version=f"podshimd {shim.__version__}")
     return parser
 
 
