@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, TypeVar
 
 from client.cri.fields import CONTAINER_CONFIG, POD_SANDBOX_CONFIG, check as check_fields
-from client.cri.resources import shim_resources
+from client.cri.resources import pod_resources, shim_resources
 from client.cri.security import ContainerSecurity
 from shim.rpc.files import read_json
 from shim.rpc.identifiers import validate_annotations, validate_hostname, validate_labels
@@ -165,6 +165,11 @@ def _drop_empty(doc: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in doc.items() if v not in (None, "", {}, [], ())}
 
 
+def _set_fields(doc: dict[str, Any]) -> dict[str, Any]:
+    """A LinuxContainerResources document without its unset fields (proto3's zero values)."""
+    return _drop_empty({k: v for k, v in doc.items() if v != 0 or isinstance(v, bool)})
+
+
 def load_json_object(path: str | os.PathLike[str]) -> dict[str, Any]:
     """Read a JSON file that must hold one object.
 
@@ -301,6 +306,16 @@ class PodSandboxConfig:
     namespace_options: NamespaceOptions = field(default_factory=NamespaceOptions)
     #: The pod's LinuxSandboxSecurityContext (privileged, the pause's user and seccomp profile, ...).
     security: ContainerSecurity = field(default_factory=ContainerSecurity)
+    #: ``linux.overhead`` and ``linux.resources`` as given, without their unset (zero) fields: CRI's
+    #: LinuxContainerResources for the whole pod, which :attr:`shim_pod_resources` adds up.
+    overhead: dict[str, Any] = field(default_factory=dict)
+    resources: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def shim_pod_resources(self) -> dict[str, Any]:
+        """The pod's cgroup's resources (UpdateSandbox's), as UpdatePodSandboxResources reads them:
+        ``resources`` with ``overhead`` added (:func:`client.cri.resources.pod_resources`)."""
+        return pod_resources(self.overhead, self.resources)
 
     @property
     def host_network(self) -> bool:
@@ -323,6 +338,8 @@ class PodSandboxConfig:
             validate_hostname(hostname)
         linux = f.obj("linux")
         security = linux.obj("security_context")
+        overhead, resources = (_set_fields(linux.obj(key).doc) for key in ("overhead", "resources"))
+        pod_resources(overhead, resources)  # checked now: a bad field fails the RunPodSandbox
         return cls(
             metadata=PodSandboxMetadata.from_json(f.obj("metadata", required=True).doc),
             hostname=hostname,
@@ -333,6 +350,8 @@ class PodSandboxConfig:
             annotations=f.annotations(),
             cgroup_parent=linux.string("cgroup_parent"),
             sysctls=linux.str_map("sysctls"),
+            overhead=overhead,
+            resources=resources,
             namespace_options=NamespaceOptions.from_json(security.obj("namespace_options").doc,
                                                          security.name("namespace_options")),
             security=ContainerSecurity.from_doc(security.doc, security.path),
@@ -348,6 +367,8 @@ class PodSandboxConfig:
         linux = _drop_empty({
             "cgroup_parent": self.cgroup_parent,
             "sysctls": self.sysctls,
+            "overhead": dict(self.overhead),
+            "resources": dict(self.resources),
             "security_context": {"namespace_options": self.namespace_options.to_json(), **self.security.to_json()},
         })
         return _drop_empty({
@@ -580,7 +601,7 @@ class ContainerConfig:
             stdin=f.boolean("stdin"),
             stdin_once=f.boolean("stdin_once"),
             tty=f.boolean("tty"),
-            resources=_drop_empty({k: v for k, v in resources.items() if v != 0 or isinstance(v, bool)}),
+            resources=_set_fields(resources),
         )
 
     @classmethod

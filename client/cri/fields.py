@@ -4,7 +4,7 @@ Each field (by its path in the message, as crictl's JSON and protobuf's JSON wit
 spell it) is one of:
 
 - **applied**: podshim does what it asks (the text says where);
-- **informs**: it asks nothing of a runtime (metadata, or figures for runtimes that size a VM),
+- **informs**: it asks nothing of a runtime (metadata about the image),
   and the text says why nothing is done;
 - **refused**: podshim cannot do what it asks: a value that asks for something (by default, any
   value but the field's zero value) is refused with INVALID_ARGUMENT and the text.
@@ -95,22 +95,29 @@ _GROUPS_POLICY = _refused("only the Merge policy is supported (the image's group
 _NO_APPARMOR = "AppArmor is not supported: only Unconfined (client.cri.security.refuse_lsm refuses any profile)"
 _NO_SELINUX = "SELinux is not supported: an SELinux context is refused (client.cri.security.refuse_lsm)"
 _WINDOWS = _refused("a Windows setting: this is a Linux runtime")
-_RESOURCES = {
-    "cpu_period": "cpu.cfs_period_us of the container's cgroup",
-    "cpu_quota": "cpu.cfs_quota_us of the container's cgroup",
-    "cpu_shares": "cpu.shares of the container's cgroup",
-    "memory_limit_in_bytes": "memory.limit_in_bytes of the container's cgroup",
-    "memory_swap_limit_in_bytes": "memory.memsw.limit_in_bytes of the container's cgroup",
-    "oom_score_adj": "the container's process (/proc/<pid>/oom_score_adj)",
-    "cpuset_cpus": "cpuset.cpus of the container's cgroup",
-    "cpuset_mems": "cpuset.mems of the container's cgroup",
-    "hugepage_limits": "hugetlb.<size>.limit_in_bytes of the container's cgroup",
-    "hugepage_limits.page_size": "the page size of the limit",
-    "hugepage_limits.limit": "the limit",
+_RESOURCE_FILES = {
+    "cpu_period": "cpu.cfs_period_us",
+    "cpu_quota": "cpu.cfs_quota_us",
+    "cpu_shares": "cpu.shares",
+    "memory_limit_in_bytes": "memory.limit_in_bytes",
+    "memory_swap_limit_in_bytes": "memory.memsw.limit_in_bytes",
+    "cpuset_cpus": "cpuset.cpus",
+    "cpuset_mems": "cpuset.mems",
+    "hugepage_limits": "hugetlb.<size>.limit_in_bytes",
 }
-_SUMMED_RESOURCES = ("the sum of the containers' resources (or the pod overhead), for runtimes that size a VM to "
-                     "the pod; kubelet's pod cgroup holds the pod to it, and each container's own are applied at "
-                     "CreateContainer")
+
+
+def _resources(whose: str, pod: bool) -> dict[str, Field]:
+    """A LinuxContainerResources' fields, written to ``whose`` cgroup (a pod's: ``pod``)."""
+    fields: dict[str, Field] = {name: _applied(f"{file} of {whose} cgroup")
+                                for name, file in _RESOURCE_FILES.items()}
+    fields["hugepage_limits.page_size"] = _applied("the page size of the limit")
+    fields["hugepage_limits.limit"] = _applied("the limit")
+    fields["oom_score_adj"] = (_refused("an OOM score is a process's: each container's is its own") if pod
+                               else _applied("the container's process (/proc/<pid>/oom_score_adj)"))
+    fields["unified"] = _applied_map(f"those files of {whose} cgroup v2 directory (refused where their "
+                                     "controller is not on cgroup v2)")
+    return fields
 
 
 def _namespace_option(container: bool) -> dict[str, Field]:
@@ -198,9 +205,7 @@ CONTAINER_CONFIG: dict[str, Field] = {
     "tty": _applied("the container's stdio is a terminal"),
     "linux": _applied("the Linux settings below"),
     "linux.resources": _applied("the container's cgroup and process, before it runs"),
-    **_prefixed("linux.resources", {name: _applied(text) for name, text in _RESOURCES.items()}),
-    "linux.resources.unified": _applied_map("those files of the container's cgroup v2 directory (refused where "
-                                            "their controller is not on cgroup v2)"),
+    **_prefixed("linux.resources", _resources("the container's", pod=False)),
     "linux.security_context": _applied("the process's confinement"),
     "linux.security_context.capabilities": _applied("capabilities added to and dropped from the default set"),
     "linux.security_context.capabilities.add_capabilities": _applied("added"),
@@ -247,8 +252,14 @@ POD_SANDBOX_CONFIG: dict[str, Field] = {
     **_prefixed("linux.security_context.namespace_options", _namespace_option(container=False)),
     **_prefixed("linux.security_context", _SECURITY_COMMON),
     "linux.sysctls": _applied_map("namespaced sysctls of the pod"),
-    "linux.overhead": _informs(_SUMMED_RESOURCES),
-    "linux.resources": _informs(_SUMMED_RESOURCES),
+    "linux.overhead": _applied("added to each limit and weight `linux.resources` sets (not to a cpuset or "
+                               "`unified`), as UpdatePodSandboxResources adds them"),
+    **_prefixed("linux.overhead", {**_resources("the pod's", pod=True), **{
+        name: _refused(f"an overhead adds quantities, and {name} is not one: the pod's goes in linux.resources")
+        for name in ("cpuset_cpus", "cpuset_mems", "unified")}}),
+    "linux.resources": _applied("the pod's cgroup (the pause's, every container's below it), before any "
+                                "container runs, as UpdatePodSandboxResources writes them"),
+    **_prefixed("linux.resources", _resources("the pod's", pod=True)),
     "windows": _WINDOWS,
 }
 

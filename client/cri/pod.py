@@ -494,6 +494,11 @@ class PodService:
         async def start() -> None:
             with phase("StartSandbox"):
                 started.append(await self.controller.start(ns, pod_id))
+            # The pod's own resources, as UpdatePodSandboxResources writes them, before any container.
+            wanted = cfg.shim_pod_resources
+            if wanted:
+                with phase("UpdateSandbox"):
+                    await self.controller.update(ns, pod_id, wanted)
             failpoint("run:after-start")
 
         async def add_network() -> None:

@@ -12,6 +12,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 
+import grpc
 import pytest
 from google.protobuf import json_format
 
@@ -137,3 +138,33 @@ def test_the_event_feed_says_oom_killed_in_the_stopped_event(daemon, run):
         events.cancel()
     [status] = [s for s in stopped.containers_statuses if s.id == container_id]
     assert (status.state, status.exit_code, status.reason) == (api_pb2.CONTAINER_EXITED, 137, "OOMKilled")
+
+
+@pytest.mark.parametrize("handler", HANDLERS)
+def test_a_pods_resources_and_overhead_are_in_its_cgroup_before_any_container(daemon, handler):
+    # kubelet gives the sum of its containers' resources, and the pod's overhead on top.
+    pod = pod_config()
+    pod["linux"]["resources"] = {"cpu_shares": 512, "memory_limit_in_bytes": 64 << 20}
+    pod["linux"]["overhead"] = {"cpu_shares": 10, "memory_limit_in_bytes": 16 << 20}
+    runtime = daemon.runtime()
+    pod_id = runtime.RunPodSandbox(api_pb2.RunPodSandboxRequest(
+        config=json_format.ParseDict(pod, api_pb2.PodSandboxConfig()), runtime_handler=handler)).pod_sandbox_id
+    try:
+        status = runtime.PodSandboxStatus(api_pb2.PodSandboxStatusRequest(pod_sandbox_id=pod_id, verbose=True))
+        pause = json.loads(status.info["info"])["pid"]
+        assert read(cgroup_file(pause, "memory", "memory.limit_in_bytes")) == str(80 << 20)
+        assert read(cgroup_file(pause, "cpu", "cpu.shares")) == "522"
+    finally:
+        runtime.StopPodSandbox(api_pb2.StopPodSandboxRequest(pod_sandbox_id=pod_id))
+        runtime.RemovePodSandbox(api_pb2.RemovePodSandboxRequest(pod_sandbox_id=pod_id))
+
+
+def test_a_pod_asking_an_oom_score_of_its_own_is_refused_and_nothing_is_left(daemon):
+    pod = pod_config()
+    pod["linux"]["resources"] = {"oom_score_adj": 500}
+    runtime = daemon.runtime()
+    with pytest.raises(grpc.RpcError) as refused:
+        runtime.RunPodSandbox(api_pb2.RunPodSandboxRequest(config=json_format.ParseDict(pod, api_pb2.PodSandboxConfig())))
+    assert (refused.value.code(), refused.value.details()) == (grpc.StatusCode.INVALID_ARGUMENT, (
+        "linux.resources.oom_score_adj cannot be applied: an OOM score is a process's: each container's is its own"))
+    assert list(runtime.ListPodSandbox(api_pb2.ListPodSandboxRequest()).items) == []
