@@ -50,21 +50,24 @@ METRIC_KEYS = ("cpu_usage_ns", "memory_usage_bytes", "memory_working_set_bytes",
 #: The pressure (PSI) figures and their files in a cgroup v2 directory (the kernel keeps them for
 #: every v2 cgroup, whichever controllers are enabled).
 _PRESSURE = {"cpu_pressure": "cpu.pressure", "memory_pressure": "memory.pressure", "io_pressure": "io.pressure"}
-#: Each resource of Update and Create (protocol.md 7.3) kept in a cgroup file: its cgroup v1
-#: controller, its file there (``{size}``: the page size of a hugepage limit), and where an OCI
-#: config's ``linux.resources`` says it (None: the shim's write only; see
-#: :mod:`shim.runtime.oci.spec`). The others: ``oom_score_adj`` goes to /proc/<pid>/oom_score_adj,
+#: Each resource of Update and Create (protocol.md 7.3) kept in a cgroup file: its controller, its
+#: cgroup v1 file, where an OCI config's ``linux.resources`` says it (None: the shim's write only;
+#: see :mod:`shim.runtime.oci.spec`), and its cgroup v2 file (``{size}``: the page size of a
+#: hugepage limit). A controller mounted on v1 is written there; else, enabled on the task's v2
+#: directory, in v2's file, the value converted: shares to cpu.weight (:func:`cpu_weight`), quota
+#: and period together as cpu.max (``max`` for -1), the memory+swap limit less the memory limit as
+#: memory.swap.max, -1 as ``max``. The others: ``oom_score_adj`` goes to /proc/<pid>/oom_score_adj,
 #: ``unified`` to the task's v2 directory as named.
 RESOURCE_FILES = {
-    "cpu_shares": ("cpu", "cpu.shares", "cpu.shares"),
-    "cpu_quota_us": ("cpu", "cpu.cfs_quota_us", "cpu.quota"),
-    "cpu_period_us": ("cpu", "cpu.cfs_period_us", "cpu.period"),
-    "memory_limit_bytes": ("memory", "memory.limit_in_bytes", "memory.limit"),
-    "memory_swap_limit_bytes": ("memory", "memory.memsw.limit_in_bytes", "memory.swap"),
-    "cpuset_cpus": ("cpuset", "cpuset.cpus", "cpu.cpus"),
-    "cpuset_mems": ("cpuset", "cpuset.mems", "cpu.mems"),
-    "pids_limit": ("pids", "pids.max", "pids.limit"),
-    "hugepage_limits": ("hugetlb", "hugetlb.{size}.limit_in_bytes", None),
+    "cpu_shares": ("cpu", "cpu.shares", "cpu.shares", "cpu.weight"),
+    "cpu_quota_us": ("cpu", "cpu.cfs_quota_us", "cpu.quota", "cpu.max"),
+    "cpu_period_us": ("cpu", "cpu.cfs_period_us", "cpu.period", "cpu.max"),
+    "memory_limit_bytes": ("memory", "memory.limit_in_bytes", "memory.limit", "memory.max"),
+    "memory_swap_limit_bytes": ("memory", "memory.memsw.limit_in_bytes", "memory.swap", "memory.swap.max"),
+    "cpuset_cpus": ("cpuset", "cpuset.cpus", "cpu.cpus", "cpuset.cpus"),
+    "cpuset_mems": ("cpuset", "cpuset.mems", "cpu.mems", "cpuset.mems"),
+    "pids_limit": ("pids", "pids.max", "pids.limit", "pids.max"),
+    "hugepage_limits": ("hugetlb", "hugetlb.{size}.limit_in_bytes", None, "hugetlb.{size}.max"),
 }
 #: The keys SandboxCgroup.update accepts (protocol.md 7.3, Update).
 UPDATE_KEYS = (*RESOURCE_FILES, "oom_score_adj", "unified")
@@ -80,6 +83,12 @@ _V2_MEMORY_STAT = {"inactive_file": "inactive_file", "rss": "anon", "pgfault": "
 
 
 _PAGE_UNITS = {"K": 1, "M": 1 << 10, "G": 1 << 20, "T": 1 << 30}
+
+
+def cpu_weight(shares: int) -> int:
+    """The cgroup v2 cpu.weight (1 to 10000) of cgroup v1 cpu.shares (2 to 262144): the linear
+    map runc 1.1 and crun 1.8 (Debian 12's) use, so a pod gets one weight whichever handler runs it."""
+    return 1 + ((shares - 2) * 9999) // 262142
 
 
 def huge_page_pool(size: str) -> int | None:
@@ -647,16 +656,25 @@ class SandboxCgroup(Record):
         v1, v2 = self._v1_paths(), self.paths.get(V2)
         writes: list[tuple[str, str, bytes]] = []
 
-        def file_of(key: str, **names: str) -> str:
-            controller, name, _ = RESOURCE_FILES[key.split("[")[0]]
+        enabled_v2: list[str] = []  # the v2 directory's controllers, read at the first need
+
+        def file_of(key: str, **names: str) -> tuple[str, bool]:
+            """The file of ``key``: its v1 controller's, else its v2 one's; and whether on v2."""
+            controller, name, _, v2_name = RESOURCE_FILES[key.split("[")[0]]
             directory = v1.get(controller)
+            on_v2 = False
+            if directory is None and v2 is not None:
+                if not enabled_v2:
+                    enabled_v2[:] = (_read_text(v2, "cgroup.controllers") or "").split() or [""]
+                if controller in enabled_v2:
+                    directory, name, on_v2 = v2, v2_name, True
             if directory is None:
-                raise InvalidArgument(f"resources.{key} cannot be applied: this host has no {controller} cgroup "
-                                      f"hierarchy for the task")
+                raise InvalidArgument(f"resources.{key} cannot be applied: this host's {controller} controller is "
+                                      "neither mounted on cgroup v1 nor enabled on the task's cgroup v2 directory")
             path = os.path.join(directory, name.format(**names))
             if not os.path.exists(path):
                 raise InvalidArgument(f"resources.{key} cannot be applied: {path} does not exist on this host")
-            return path
+            return path, on_v2
 
         def integer(key: str, low: int, high: int | None = None, unlimited: bool = False) -> int | None:
             value = resources.get(key)
@@ -672,24 +690,50 @@ class SandboxCgroup(Record):
                                       f"{bounds})")
             return value
 
-        for key, low, high, unlimited in (("cpu_shares", 2, 262144, False), ("cpu_period_us", 1000, 1000000, False),
-                                          ("cpu_quota_us", 1000, None, True)):
-            value = integer(key, low, high, unlimited)
-            if value is not None:
-                writes.append((key, file_of(key), b"%d" % value))
+        shares = integer("cpu_shares", 2, 262144)
+        if shares is not None:
+            path, on_v2 = file_of("cpu_shares")
+            writes.append(("cpu_shares", path, b"%d" % (cpu_weight(shares) if on_v2 else shares)))
+        period, quota = integer("cpu_period_us", 1000, 1000000), integer("cpu_quota_us", 1000, unlimited=True)
+        for key, value in (("cpu_period_us", period), ("cpu_quota_us", quota)):
+            if value is None:
+                continue
+            path, on_v2 = file_of(key)
+            if not on_v2:
+                writes.append((key, path, b"%d" % value))
+            elif not any(write[1] == path for write in writes):  # v2: one cpu.max for both
+                old_quota, _, old_period = (_read_text(v2 or "", "cpu.max") or "max 100000").partition(" ")
+                new_quota = old_quota.encode() if quota is None else b"max" if quota == -1 else b"%d" % quota
+                writes.append((key, path, new_quota + b" %d" % (period if period is not None else int(old_period))))
 
         memory = integer("memory_limit_bytes", 1, unlimited=True)
         swap = integer("memory_swap_limit_bytes", 1, unlimited=True)
         if memory is not None and swap is not None and swap != -1 and (memory == -1 or swap < memory):
             raise InvalidArgument(f"resources.memory_swap_limit_bytes {swap} is below memory_limit_bytes {memory}: "
                                   "it counts memory and swap together")
-        memory_write = ("memory_limit_bytes", file_of("memory_limit_bytes"), b"%d" % memory) \
-            if memory is not None else None
-        swap_write = ("memory_swap_limit_bytes", file_of("memory_swap_limit_bytes"), b"%d" % swap) \
-            if swap is not None else None
+        memory_write = swap_write = None
+        if memory is not None:
+            path, on_v2 = file_of("memory_limit_bytes")
+            memory_write = ("memory_limit_bytes", path, b"max" if on_v2 and memory == -1 else b"%d" % memory)
+        if swap is not None:
+            path, on_v2 = file_of("memory_swap_limit_bytes")
+            if not on_v2:
+                swap_write = ("memory_swap_limit_bytes", path, b"%d" % swap)
+            elif swap == -1:
+                swap_write = ("memory_swap_limit_bytes", path, b"max")
+            else:  # v2 limits the swap alone: memory+swap less the memory limit
+                limit = memory if memory is not None else _read_int(v2 or "", "memory.max")
+                if limit is None or limit == -1:
+                    raise InvalidArgument(f"resources.memory_swap_limit_bytes {swap} cannot be applied without a "
+                                          "memory limit: on cgroup v2 the swap is limited as memory+swap less "
+                                          "memory_limit_bytes")
+                if swap < limit:
+                    raise InvalidArgument(f"resources.memory_swap_limit_bytes {swap} is below the memory limit "
+                                          f"{limit}: it counts memory and swap together")
+                swap_write = ("memory_swap_limit_bytes", path, b"%d" % (swap - limit))
         # memory.memsw.limit_in_bytes may never be below memory.limit_in_bytes: raising the
-        # memory limit past the current memsw limit must come after the memsw write.
-        if memory_write is not None and swap_write is not None:
+        # memory limit past the current memsw limit must come after the memsw write (v1 only).
+        if memory_write is not None and swap_write is not None and swap_write[1].endswith("memsw.limit_in_bytes"):
             current_swap = _read_int(os.path.dirname(swap_write[1]), "memory.memsw.limit_in_bytes")
             raising = memory == -1 or (current_swap is not None and memory > current_swap)
             writes += [swap_write, memory_write] if raising else [memory_write, swap_write]
@@ -702,11 +746,11 @@ class SandboxCgroup(Record):
                 continue
             if not isinstance(value, str) or not re.fullmatch(_CPU_LIST, value):
                 raise InvalidArgument(f"resources.{key} must be a list such as '0-1,3', not {value!r}")
-            writes.append((key, file_of(key), value.encode()))
+            writes.append((key, file_of(key)[0], value.encode()))
 
         pids_limit = integer("pids_limit", 1, unlimited=True)
         if pids_limit is not None:
-            writes.append(("pids_limit", file_of("pids_limit"), b"max" if pids_limit == -1 else b"%d" % pids_limit))
+            writes.append(("pids_limit", file_of("pids_limit")[0], b"max" if pids_limit == -1 else b"%d" % pids_limit))
 
         hugepages = resources.get("hugepage_limits")
         if hugepages is not None:
@@ -721,9 +765,9 @@ class SandboxCgroup(Record):
                 pool = huge_page_pool(size)
                 if pool is None:
                     raise InvalidArgument(f"resources.{key} cannot be applied: this kernel has no {size} huge pages")
-                if limit == 0 and "hugetlb" not in v1 and pool == 0:
+                if limit == 0 and "hugetlb" not in v1 and pool == 0 and not _enabled(v2, "hugetlb"):
                     continue  # no hugetlb controller, but none can be had: "none" holds as it is
-                writes.append((key, file_of(key, size=size), b"%d" % limit))
+                writes.append((key, file_of(key, size=size)[0], b"%d" % limit))
 
         adj = integer("oom_score_adj", -1000, 1000)
         if adj is not None:
@@ -1076,6 +1120,11 @@ def _restorable(path: str, old: bytes) -> bytes:
             old.isdigit() and int(old) >= _UNLIMITED_BYTES:
         return b"-1"  # the kernel's "unlimited" reads back as a number it refuses on write
     return old
+
+
+def _enabled(directory: str | None, controller: str) -> bool:
+    """Whether ``controller`` is enabled on the v2 cgroup ``directory``."""
+    return directory is not None and controller in (_read_text(directory, "cgroup.controllers") or "").split()
 
 
 def _read_keyed(directory: str, name: str, key: str) -> int | None:

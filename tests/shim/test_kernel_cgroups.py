@@ -715,8 +715,8 @@ def test_a_zero_hugepage_limit_without_a_hugetlb_hierarchy_holds_only_when_no_su
         cgroup.update({"hugepage_limits": {"2MB": 0}})  # a hierarchy to write it to: always applied
         assert _read(_v1_file(cgroup, "hugetlb", "hugetlb.2MB.limit_in_bytes")) == "0"
     elif refused:
-        with pytest.raises(InvalidArgument, match=r"resources.hugepage_limits\[2MB\] cannot be applied: this host "
-                                                  "has no hugetlb cgroup hierarchy"):
+        with pytest.raises(InvalidArgument, match=r"resources.hugepage_limits\[2MB\] cannot be applied: this host's hugetlb "
+                                                  "controller is neither mounted on cgroup v1"):
             cgroup.check({"hugepage_limits": {"2MB": 0}})
     else:
         cgroup.check({"hugepage_limits": {"2MB": 0}})
@@ -738,3 +738,76 @@ def test_the_oom_killer_s_kills_are_counted_from_the_cgroup(make_cgroup):
         child.wait()
     assert child.returncode == -signal.SIGKILL
     assert cgroup.oom_kills() == 1
+
+
+# -- cgroup v2 (a fake v2 directory: this host's controllers are all on v1) ----------------------
+
+
+@pytest.fixture
+def v2_task(tmp_path):
+    """A task cgroup whose only directory is a v2 one with the files a pure v2 host gives it."""
+    files = {"cgroup.controllers": "cpuset cpu io memory hugetlb pids", "cpu.weight": "100", "cpu.max": "max 100000",
+             "memory.max": "max", "memory.swap.max": "max", "pids.max": "max", "cpuset.cpus": "",
+             "cpuset.mems": "", "hugetlb.2MB.max": "max", "memory.high": "max"}
+    for name, text in files.items():
+        (tmp_path / name).write_text(text + "\n")
+    return SandboxCgroup("task", {V2: str(tmp_path)})
+
+
+def _write_v2(cgroup: SandboxCgroup, name: str, text: str) -> None:
+    with open(os.path.join(cgroup.paths[V2], name), "w") as f:
+        f.write(text)
+
+
+def _plan(cgroup: SandboxCgroup, resources: dict) -> dict[str, tuple[str, str]]:
+    return {key: (os.path.basename(path), value.decode()) for key, path, value in
+            cgroup._planned_writes(resources, pids=())}
+
+
+def test_on_cgroup_v2_each_cri_resource_goes_to_its_v2_file_converted(v2_task, monkeypatch):
+    monkeypatch.setattr(cgroups, "huge_page_pool", lambda size: 4)
+    assert _plan(v2_task, {"cpu_shares": 1024, "cpu_period_us": 50000, "cpu_quota_us": 25000,
+                           "memory_limit_bytes": 64 << 20, "memory_swap_limit_bytes": 96 << 20,
+                           "cpuset_cpus": "0", "cpuset_mems": "0", "pids_limit": 42,
+                           "hugepage_limits": {"2MB": 4 << 20}, "unified": {"memory.high": "32M"}}) == {
+        "cpu_shares": ("cpu.weight", "39"),
+        "cpu_period_us": ("cpu.max", "25000 50000"),
+        "memory_limit_bytes": ("memory.max", str(64 << 20)),
+        "memory_swap_limit_bytes": ("memory.swap.max", str(32 << 20)),
+        "cpuset_cpus": ("cpuset.cpus", "0"),
+        "cpuset_mems": ("cpuset.mems", "0"),
+        "pids_limit": ("pids.max", "42"),
+        "hugepage_limits[2MB]": ("hugetlb.2MB.max", str(4 << 20)),
+        "unified[memory.high]": ("memory.high", "32M"),
+    }
+
+
+@pytest.mark.parametrize("shares,weight", [(2, 1), (1024, 39), (262144, 10000)])
+def test_cpu_shares_become_the_weight_runc_and_crun_write(shares, weight):
+    assert cgroups.cpu_weight(shares) == weight
+
+
+def test_on_cgroup_v2_minus_one_is_max_and_a_lone_quota_keeps_the_period(v2_task):
+    _write_v2(v2_task, "cpu.max", "max 20000\n")
+    assert _plan(v2_task, {"cpu_quota_us": 10000, "memory_limit_bytes": -1, "memory_swap_limit_bytes": -1,
+                           "pids_limit": -1}) == {
+        "cpu_quota_us": ("cpu.max", "10000 20000"), "memory_limit_bytes": ("memory.max", "max"),
+        "memory_swap_limit_bytes": ("memory.swap.max", "max"), "pids_limit": ("pids.max", "max")}
+    assert _plan(v2_task, {"cpu_quota_us": -1}) == {"cpu_quota_us": ("cpu.max", "max 20000")}
+
+
+def test_on_cgroup_v2_a_swap_limit_needs_a_memory_limit_to_subtract(v2_task):
+    with pytest.raises(InvalidArgument, match=r"memory_swap_limit_bytes 1048576 cannot be applied without a memory"):
+        _plan(v2_task, {"memory_swap_limit_bytes": 1 << 20})
+    _write_v2(v2_task, "memory.max", f"{2 << 20}\n")
+    with pytest.raises(InvalidArgument, match="is below the memory limit 2097152"):
+        _plan(v2_task, {"memory_swap_limit_bytes": 1 << 20})
+    assert _plan(v2_task, {"memory_swap_limit_bytes": 2 << 20}) == {
+        "memory_swap_limit_bytes": ("memory.swap.max", "0")}
+
+
+def test_on_cgroup_v2_a_controller_not_enabled_is_refused_by_name(v2_task):
+    _write_v2(v2_task, "cgroup.controllers", "cpu\n")
+    with pytest.raises(InvalidArgument, match="resources.pids_limit cannot be applied: this host's pids controller is "
+                                              "neither mounted on cgroup v1 nor enabled"):
+        _plan(v2_task, {"cpu_shares": 512, "pids_limit": 3})
