@@ -155,8 +155,8 @@ def describe(command: str) -> str:
 def ctl_rows(empty, busy, sandboxes: str, before: str | None, pods: int) -> list[Row]:
     """The podshimctl rows: pod verbs against the podshimd daemons ``empty`` (no pods) and ``busy``
     (``pods`` pods, made here), ``sandbox list`` over the empty state root ``sandboxes``; and the
-    real crictl beside them when tests/critools.py built it."""
-    from critools import BIN_DIR, _built
+    real crictl beside them when the pinned one is built (tests/critools.py builds it)."""
+    from critools import gotool
 
     installed = os.path.join(os.path.dirname(sys.executable), "podshimctl")
     site_env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [before or REPO,
@@ -187,10 +187,11 @@ def ctl_rows(empty, busy, sandboxes: str, before: str | None, pods: int) -> list
         rows.append(Row("ctl", f"`podshimctl {label}`: `python -m client.cli` (site"
                         + (f", code of {before})" if before else ")"),
                         [sys.executable, "-m", "client.cli", *argv], env=site_env))
-    if _built():
-        crictl = os.path.join(BIN_DIR, "crictl")
+    pin = gotool.tool_pin("crictl")
+    crictl = gotool.tool_file("crictl", pin)
+    if os.access(crictl, os.X_OK):
         for label, daemon in [("no pods", empty)] + ([(f"{pods} pods", busy)] if made else []):
-            rows.append(Row("ctl", f"`crictl pods`, {label} (cri-tools 1.26, Go; same podshimd)",
+            rows.append(Row("ctl", f"`crictl pods`, {label} (cri-tools {pin['version']}, Go; same podshimd)",
                             [crictl, "--runtime-endpoint", daemon.endpoint, "--image-endpoint", daemon.endpoint,
                              "pods"]))
     return rows

@@ -50,9 +50,14 @@ from bench.compare.run import (CGROUP_ROOT, IMAGE, Janitor, PrivateContainerd, b
                                remove_if_ours, run, stop_process, sweep, unmount_under)
 from shim.launch.template import stop_template  # noqa: E402
 
-CRICTL = "/var/cache/cri-tools-1.26.0/bin/crictl"
 CNI_BIN = "/usr/lib/cni"
 START_TIMEOUT = 60.0
+
+
+def crictl() -> str:
+    """The pinned crictl (built once, by tests/critools.py's cri_tool)."""
+    from critools import cri_tool
+    return cri_tool("crictl")
 
 
 class CriContainerd(PrivateContainerd):
@@ -70,7 +75,7 @@ class CriContainerd(PrivateContainerd):
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
-            self.janitor.failures.extend(remove_cri_pods(CRICTL, "unix://" + self.sock))
+            self.janitor.failures.extend(remove_cri_pods(crictl(), "unix://" + self.sock))
         super().stop()
         left = [os.path.join(self.netns_dir, name) for name in sorted(os.listdir(self.netns_dir))] \
             if os.path.isdir(self.netns_dir) else []
@@ -150,7 +155,7 @@ class Runtime:
         self.floors: list[float] = []
 
     def crictl(self, *args: str) -> str:
-        return run([CRICTL, "--runtime-endpoint", self.endpoint, "--image-endpoint", self.endpoint,
+        return run([crictl(), "--runtime-endpoint", self.endpoint, "--image-endpoint", self.endpoint,
                     "--timeout", "30s", *args], timeout=60).stdout
 
     def stub(self) -> Any:
