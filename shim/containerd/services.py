@@ -11,7 +11,6 @@ layer would give (client.cri.configs), so a pod is the same whichever of the two
 
 from __future__ import annotations
 
-import os
 from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
 from google.protobuf import message_factory
@@ -20,19 +19,19 @@ from google.protobuf.timestamp_pb2 import Timestamp
 
 from shim.containerd.api import load
 from shim.rpc.server import CallContext, Server
-from shim.rpc.status import FailedPrecondition, InvalidArgument, NotFound, Unimplemented
+from shim.rpc.status import InvalidArgument, Unimplemented
 from shim.sandbox.options import NATIVE
 
 if TYPE_CHECKING:
     from shim.sandbox.service import SandboxService
     from shim.sandbox.task_service import TaskService
 
-__all__ = ["SANDBOX_SERVICE", "TASK_SERVICE", "POD_SANDBOX_CONFIG_TYPE", "register_containerd", "timestamp", "nanos"]
+__all__ = ["SANDBOX_SERVICE", "TASK_SERVICE", "POD_SANDBOX_CONFIG_TYPE", "register_containerd", "timestamp", "nanos",
+           "sandbox_pb2", "task_pb2"]
 
 sandbox_pb2 = load("runtime.sandbox.v1.sandbox_pb2")
 task_pb2 = load("runtime.task.v3.shim_pb2")
 platform_pb2 = load("types.platform_pb2")
-tasktypes_pb2 = load("types.task.task_pb2")
 
 SANDBOX_SERVICE = "containerd.runtime.sandbox.v1.Sandbox"
 TASK_SERVICE = "containerd.task.v3.Task"
@@ -167,49 +166,6 @@ class SandboxV1:
                             "(io.containerd.cgroups.v1.Metrics)")
 
 
-class TaskV3:
-    """``containerd.task.v3.Task`` on the shim's TaskService. For now it answers for the sandbox
-    itself (containerd's reconnect: Connect, Pids, State on the sandbox id); containers through
-    containerd's Task API are refused with FAILED_PRECONDITION and a sentence (UNIMPLEMENTED would
-    make containerd retry with Task v2)."""
-
-    def __init__(self, service: SandboxService, tasks: TaskService):
-        self.service = service
-        self.tasks = tasks
-
-    def _sandbox(self, task_id: str) -> Any:
-        sandbox = self.service.sandbox
-        if task_id != sandbox.config.sandbox_id:
-            raise FailedPrecondition(f"task {task_id}: podshim's shim does not yet run containers for containerd "
-                                     "(Task v3 Create); only its sandbox is served")
-        return sandbox
-
-    async def connect(self, ctx: CallContext, r: Any) -> Message:
-        sandbox = self._sandbox(r.id)
-        pause = sandbox.pause
-        return task_pb2.ConnectResponse(shim_pid=os.getpid(), task_pid=pause.pid if pause is not None else 0)
-
-    async def pids(self, ctx: CallContext, r: Any) -> Message:
-        pause = self._sandbox(r.id).pause
-        processes = [tasktypes_pb2.ProcessInfo(pid=pause.pid)] if pause is not None and pause.pid else []
-        return task_pb2.PidsResponse(processes=processes)
-
-    async def state(self, ctx: CallContext, r: Any) -> Message:
-        if r.exec_id:
-            raise NotFound(f"exec {r.exec_id} not found in task {r.id}")
-        self._sandbox(r.id)
-        status = await self.service.status(ctx, {"sandbox_id": r.id})
-        statuses = {"created": tasktypes_pb2.CREATED, "running": tasktypes_pb2.RUNNING}
-        return task_pb2.StateResponse(
-            id=r.id, bundle=self.service.sandbox.config.bundle, pid=status["pid"],
-            status=statuses.get(status["state"], tasktypes_pb2.STOPPED), exit_status=status["exit_status"],
-            exited_at=timestamp(status["exited_at"]))
-
-    async def refuse(self, ctx: CallContext, r: Any) -> Message:
-        self._sandbox(r.id)
-        raise FailedPrecondition(f"task {r.id} is the sandbox: containerd drives it through the Sandbox service")
-
-
 def register_containerd(server: Server, service: SandboxService, tasks: TaskService) -> None:
     """Serve containerd's Sandbox and Task v3 services on ``server`` (protobuf connections)."""
     sandbox = SandboxV1(service)
@@ -218,9 +174,13 @@ def register_containerd(server: Server, service: SandboxService, tasks: TaskServ
         "StopSandbox": sandbox.stop, "WaitSandbox": sandbox.wait, "SandboxStatus": sandbox.status,
         "PingSandbox": sandbox.ping, "ShutdownSandbox": sandbox.shutdown, "SandboxMetrics": sandbox.metrics,
     })
+    from shim.containerd.tasks import TaskV3  # (it uses this module's helpers)
+
     task = TaskV3(service, tasks)
-    refused = ("Create", "Start", "Delete", "Kill", "Exec", "ResizePty", "CloseIO", "Wait", "Stats", "Update",
-               "Pause", "Resume", "Checkpoint", "Shutdown")
     _serve(server, TASK_SERVICE, task_pb2, {
-        "Connect": task.connect, "Pids": task.pids, "State": task.state, **{name: task.refuse for name in refused},
+        "Create": task.create, "Start": task.start, "Delete": task.delete, "Pids": task.pids, "Kill": task.kill,
+        "Exec": task.exec, "ResizePty": task.resize_pty, "CloseIO": task.close_io, "State": task.state,
+        "Wait": task.wait, "Connect": task.connect, "Shutdown": task.shutdown, "Update": task.update,
+        "Stats": task.unsupported, "Pause": task.unsupported, "Resume": task.unsupported,
+        "Checkpoint": task.unsupported,
     })

@@ -24,6 +24,7 @@ import logging
 import os
 import signal
 import time
+from collections.abc import Mapping
 from typing import Any
 
 from shim.kernel import devices
@@ -316,12 +317,14 @@ class TaskSet:
         log.info("task %s created: %s (pid mode %s)", task_id, args, pid_mode)
         return task
 
-    async def start(self, sandbox_id: str, task_id: str) -> Task:
+    async def start(self, sandbox_id: str, task_id: str, *, taps: Mapping[str, str] | None = None) -> Task:
         """Start: launch the task's process in the pause's namespaces and its own cgroup.
 
         Returns once it has exec'd. Nothing is left behind when it fails: an exec failure is
         FailedPrecondition naming the program and the reason ("exec /no/such: No such file
-        or directory"); FailedPrecondition also when the sandbox is not running.
+        or directory"); FailedPrecondition also when the sandbox is not running. ``taps``: FIFOs by
+        stream (stdout, stderr) that get the task's output from its first byte, as AttachOutput's
+        do from then on (containerd's, shim.containerd); one that cannot be opened is InvalidArgument.
         """
         task = self.get(sandbox_id, task_id)
         async with task.lock:
@@ -349,6 +352,8 @@ class TaskSet:
                 stdin = None
                 terminal = Console() if task.terminal else None
                 try:
+                    for stream, path in (taps or {}).items():
+                        crilog.add_tap(stream, execstream.open_tap(path, stream))
                     mounts.check_destinations(task.filesystem, task.rootfs)
                     if task.stdin:
                         try:

@@ -1,7 +1,8 @@
 """containerd's CRI running pods on podshim's shim: the real containerd (.ci/pins.toml's), started
 privately (tests/containerd/ctrdtools.py) with a ``podshim`` runtime handler (``sandboxer = "shim"``),
-driven by the real crictl with ``--runtime podshim``. Nothing is left once a pod is removed: no shim,
-pause, bundle, socket or network namespace.
+driven by the real crictl with ``--runtime podshim``: a pod, and a container in it (its output in
+its CRI log, an exec's on crictl's stdout). Nothing is left once a pod is removed: no shim, pause,
+bundle, socket or network namespace.
 """
 
 from __future__ import annotations
@@ -72,6 +73,48 @@ def test_a_pod_runs_on_podshims_shim_through_containerds_cri_and_leaves_nothing(
     removed = containerd.crictl(crictl, "rmp", pod_id)
     assert removed.returncode == 0, f"{removed.stderr}\n{containerd.log()[-6000:]}"
     assert containerd.crictl(crictl, "pods", "-q").stdout.strip() == ""
+    assert containerd.sandbox_bundles() == []
+    assert containerd.netns_files() == []
+    assert containerd.shim_sockets() == []
+    assert containerd.shims() == []
+
+
+def test_a_container_runs_in_a_podshim_pod_through_containerds_cri_and_leaves_nothing(containerd, crictl, directory,
+                                                                                         test_images):
+    image = test_images.busybox.ref
+    pulled = containerd.crictl(crictl, "pull", image, timeout=120)
+    assert pulled.returncode == 0, f"{pulled.stderr}\n{containerd.log()[-4000:]}"
+    pod_json = pod_config(directory, "app")
+    ran = containerd.crictl(crictl, "runp", "--runtime", "podshim", pod_json)
+    assert ran.returncode == 0, f"{ran.stderr}\n{containerd.log()[-6000:]}"
+    pod_id = ran.stdout.strip()
+    container_json = os.path.join(directory, "c1.json")
+    with open(container_json, "w") as f:
+        json.dump({"metadata": {"name": "c1"}, "image": {"image": image}, "log_path": "c1.log",
+                   "command": ["sh", "-c", "echo hello from c1; exec sleep 1000"]}, f)
+    created = containerd.crictl(crictl, "create", pod_id, container_json, pod_json)
+    assert created.returncode == 0, f"{created.stderr}\n{containerd.log()[-6000:]}"
+    cid = created.stdout.strip()
+    started = containerd.crictl(crictl, "start", cid)
+    assert started.returncode == 0, f"{started.stderr}\n{containerd.log()[-6000:]}"
+    executed = containerd.crictl(crictl, "exec", "-s", cid, "sh", "-c", "echo out; echo err >&2; hostname")
+    assert executed.returncode == 0, f"{executed.stderr}\n{containerd.log()[-6000:]}"
+    # crictl prints the exec's stdout, then its stderr, each with a newline more
+    assert executed.stdout == "out\napp\n\nerr\n\n"  # the exec's hostname is the pod's
+    logs = containerd.crictl(crictl, "logs", cid)
+    assert (logs.returncode, logs.stdout) == (0, "hello from c1\n"), logs.stderr
+    state = json.loads(containerd.crictl(crictl, "inspect", cid).stdout)["status"]["state"]
+    assert state == "CONTAINER_RUNNING"
+
+    stopped = containerd.crictl(crictl, "stop", "--timeout", "0", cid)
+    assert stopped.returncode == 0, f"{stopped.stderr}\n{containerd.log()[-6000:]}"
+    inspected = json.loads(containerd.crictl(crictl, "inspect", cid).stdout)["status"]
+    assert inspected["state"] == "CONTAINER_EXITED" and inspected["exitCode"] == 137
+    removed = containerd.crictl(crictl, "rm", cid)
+    assert removed.returncode == 0, removed.stderr
+    assert containerd.task_bundles() == []
+    assert containerd.crictl(crictl, "stopp", pod_id).returncode == 0
+    assert containerd.crictl(crictl, "rmp", pod_id).returncode == 0
     assert containerd.sandbox_bundles() == []
     assert containerd.netns_files() == []
     assert containerd.shim_sockets() == []

@@ -1,7 +1,7 @@
 """``containerd-shim-podshim-v1`` spoken to as containerd speaks to it, without containerd: ``start``
 with a protobuf BootstrapParams on stdin prints only a protobuf BootstrapResult (version 3, ttrpc);
 the shim serves containerd's Sandbox service (a pod from CRI's PodSandboxConfig, its lifecycle) and
-Task v3's reconnect calls for the sandbox over protobuf, beside its own msgpack services on the same
+Task v3's reconnect calls for the sandbox (and refuses a container without its bundle) over protobuf, beside its own msgpack services on the same
 socket; it exits after ShutdownSandbox, and ``delete`` prints the pause's exit as a DeleteResponse.
 Whatever a test ends in, ``delete`` and a SIGKILL through a pidfd leave nothing running.
 """
@@ -22,7 +22,7 @@ from google.protobuf import any_pb2
 from client.criapi import api_pb2
 from shim.containerd.api import load
 from shim.containerd.services import SANDBOX_SERVICE as SANDBOX, TASK_SERVICE as TASK, sandbox_pb2, task_pb2
-from shim.rpc import Client, FailedPrecondition
+from shim.rpc import Client, FailedPrecondition, InvalidArgument
 from shim.rpc.api import SANDBOX_SERVICE as PODSHIM_SANDBOX
 from shim.rpc.codecs import PROTOBUF
 
@@ -111,7 +111,9 @@ async def test_a_pod_runs_stops_and_goes_through_containerds_sandbox_service_and
             assert (connected.shim_pid, connected.task_pid) == (started.shim.pid, begun.pid)
             pids = await call(pb, TASK, "Pids", task_pb2.PidsRequest(id=sid), task_pb2.PidsResponse)
             assert [p.pid for p in pids.processes] == [begun.pid]
-            with pytest.raises(FailedPrecondition, match="does not yet run containers for containerd"):
+            with pytest.raises(FailedPrecondition, match=f"task {sid} is the sandbox"):
+                await call(pb, TASK, "Create", task_pb2.CreateTaskRequest(id=sid), task_pb2.CreateTaskResponse)
+            with pytest.raises(InvalidArgument, match="bundle '' must be an absolute path"):
                 await call(pb, TASK, "Create", task_pb2.CreateTaskRequest(id="c1"), task_pb2.CreateTaskResponse)
             async with await Client.connect(started.address) as mp:  # our own services, same socket
                 assert (await mp.call(PODSHIM_SANDBOX, "SandboxStatus", {"sandbox_id": sid}))["state"] == "running"

@@ -1,0 +1,383 @@
+"""``containerd.task.v3.Task`` on the shim: containerd's containers as the shim's tasks.
+
+containerd's CRI gives a container as an OCI bundle (config.json, made to join the pause's
+namespaces by ``/proc/<pause pid>/ns/*``), the mounts of its root and FIFOs for its stdio; the
+shim's TaskService takes its own fields (protocol.md 7.3). :func:`task_fields` translates the one
+into the other and refuses, with a sentence, what the shim cannot apply. The task's output goes to
+containerd's FIFOs from its first byte (CRI writes the container's log from them); the shim also
+keeps its own CRI-format copy in its bundle (``logs/<id>.log``).
+
+An exec is containerd's three calls (Exec, then Start and Wait with its ``exec_id``): Exec keeps
+the process spec, Start runs it (the shim's ExecStart), Wait and Kill reach it by the shim's own
+exec id, Delete forgets it. The sandbox's own id answers Connect, Pids and State (containerd's
+reconnect, ``shim_load``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+from typing import TYPE_CHECKING, Any
+
+from google.protobuf.empty_pb2 import Empty
+from google.protobuf.message import Message
+
+from shim.containerd.api import load
+from shim.containerd.services import timestamp
+from shim.rpc.records import Record, set_field as _set
+from shim.rpc.server import CallContext
+from shim.rpc.status import FailedPrecondition, InvalidArgument, NotFound
+
+if TYPE_CHECKING:
+    from shim.sandbox.service import SandboxService
+    from shim.sandbox.task_service import TaskService
+
+__all__ = ["TaskV3", "task_fields", "Exec"]
+
+task_pb2 = load("runtime.task.v3.shim_pb2")
+tasktypes_pb2 = load("types.task.task_pb2")
+
+#: The mounts every task gets from the shim whatever it asks (protocol.md 7.3, "Filesystem"): the
+#: spec's own entries for them are containerd's way of saying the same.
+STANDARD_MOUNTS = ("/proc", "/dev", "/dev/pts", "/dev/shm", "/dev/mqueue", "/sys", "/sys/fs/cgroup")
+#: The mount options a bind mount of the shim takes (protocol.md 7.3, ``mounts``).
+BIND_OPTIONS = {"bind", "rbind", "ro", "rw", "nosuid", "nodev", "noexec", "rprivate", "rslave", "rshared", "private",
+                "slave", "shared"}
+#: The namespaces a container shares with its pod, by the path of the pause's.
+POD_NAMESPACES = ("network", "ipc", "uts")
+_STATUS = {"created": tasktypes_pb2.CREATED, "running": tasktypes_pb2.RUNNING, "stopped": tasktypes_pb2.STOPPED}
+
+
+def _read_spec(bundle: str) -> dict[str, Any]:
+    if not os.path.isabs(bundle):
+        raise InvalidArgument(f"bundle {bundle!r} must be an absolute path")
+    try:
+        with open(os.path.join(bundle, "config.json"), "rb") as f:
+            spec = json.load(f)
+    except OSError as exc:
+        raise FailedPrecondition(f"cannot read {bundle}/config.json: {exc.strerror}") from None
+    except ValueError as exc:
+        raise InvalidArgument(f"{bundle}/config.json is not JSON: {exc}") from None
+    if not isinstance(spec, dict):
+        raise InvalidArgument(f"{bundle}/config.json is not an OCI spec (an object)")
+    return spec
+
+
+def _resources(linux: dict[str, Any], process: dict[str, Any]) -> dict[str, Any]:
+    """The spec's ``linux.resources`` as the shim's resource keys (protocol.md 7.3, Update). The
+    device rules are not among them: every task's cgroup holds containerd's default rules already."""
+    given = linux.get("resources") or {}
+    out: dict[str, Any] = {}
+    cpu, memory, pids = given.get("cpu") or {}, given.get("memory") or {}, given.get("pids") or {}
+    for key, value in (("cpu_shares", cpu.get("shares")), ("cpu_quota_us", cpu.get("quota")),
+                       ("cpu_period_us", cpu.get("period")), ("memory_limit_bytes", memory.get("limit")),
+                       ("memory_swap_limit_bytes", memory.get("swap")), ("pids_limit", pids.get("limit"))):
+        if value:  # 0 and absent: containerd's "not set"
+            out[key] = value
+    for key, value in (("cpuset_cpus", cpu.get("cpus")), ("cpuset_mems", cpu.get("mems"))):
+        if value:
+            out[key] = value
+    if given.get("hugepageLimits"):
+        out["hugepage_limits"] = {h["pageSize"]: h["limit"] for h in given["hugepageLimits"]}
+    if given.get("unified"):
+        out["unified"] = dict(given["unified"])
+    for key in ("blockIO", "network", "rdma"):
+        if given.get(key):
+            raise InvalidArgument(f"config.json linux.resources.{key} is not supported by podshim's shim")
+    if process.get("oomScoreAdj") is not None:
+        out["oom_score_adj"] = process["oomScoreAdj"]
+    return out
+
+
+def task_fields(spec: dict[str, Any], rootfs: list[Any], pause_pid: int) -> dict[str, Any]:
+    """The shim's Create fields (protocol.md 7.3) of containerd's OCI ``spec`` and root ``rootfs``
+    mounts, for a sandbox whose pause is ``pause_pid``. Raises InvalidArgument naming what the
+    shim cannot apply."""
+    process = spec.get("process") or {}
+    linux = spec.get("linux") or {}
+    if not process.get("args"):
+        raise InvalidArgument("config.json process.args is empty")
+    namespaces = {ns.get("type"): ns.get("path", "") for ns in linux.get("namespaces") or []}
+    for kind in POD_NAMESPACES:
+        if namespaces.get(kind) not in (f"/proc/{pause_pid}/ns/{'net' if kind == 'network' else kind}", None):
+            raise InvalidArgument(f"config.json's {kind} namespace {namespaces[kind]!r} is not the pod's: a task "
+                                  "of podshim's shim always shares its pod's network, IPC and UTS namespaces")
+    if "pid" not in namespaces:
+        pid_mode = "NODE"
+    elif not namespaces["pid"]:
+        pid_mode = "CONTAINER"
+    elif namespaces["pid"] == f"/proc/{pause_pid}/ns/pid":
+        pid_mode = "POD"
+    else:
+        raise InvalidArgument(f"config.json's pid namespace {namespaces['pid']!r} is neither the pod's nor a new "
+                              "one: podshim's shim cannot join it")
+    if linux.get("devices"):
+        raise InvalidArgument("config.json linux.devices: host devices are not yet given to containerd's "
+                              "containers by podshim's shim")
+    user = process.get("user") or {}
+    fields: dict[str, Any] = {
+        "args": list(process["args"]), "env": list(process.get("env") or []), "cwd": process.get("cwd") or "/",
+        "pid_mode": pid_mode, "terminal": bool(process.get("terminal")),
+        "user": {"uid": user.get("uid", 0), "gid": user.get("gid", 0),
+                 "additional_gids": list(user.get("additionalGids") or [])},
+        "capabilities": list((process.get("capabilities") or {}).get("bounding") or []),
+        "no_new_privileges": bool(process.get("noNewPrivileges")),
+        "rootfs": [{"type": m.type, "source": m.source, "options": list(m.options)} for m in rootfs],
+        "readonly_rootfs": bool((spec.get("root") or {}).get("readonly")),
+        "mounts": _mounts(spec.get("mounts") or []),
+        "masked_paths": list(linux.get("maskedPaths") or []),
+        "readonly_paths": list(linux.get("readonlyPaths") or []),
+        "resources": _resources(linux, process),
+    }
+    if linux.get("seccomp"):
+        fields["seccomp"] = linux["seccomp"]
+    return fields
+
+
+def _mounts(mounts: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    out = []
+    for i, m in enumerate(mounts):
+        destination = m.get("destination", "")
+        if destination in STANDARD_MOUNTS:
+            continue
+        options = list(m.get("options") or [])
+        if m.get("type", "bind") != "bind" and "bind" not in options and "rbind" not in options:
+            raise InvalidArgument(f"config.json mounts[{i}] ({destination}) is a {m.get('type')!r} mount: "
+                                  "podshim's shim binds host paths only")
+        unknown = [o for o in options if o not in BIND_OPTIONS]
+        if unknown:
+            raise InvalidArgument(f"config.json mounts[{i}] ({destination}) has options podshim's shim cannot "
+                                  f"apply: {', '.join(unknown)}")
+        out.append({"destination": destination, "source": m.get("source", ""), "type": "bind", "options": options})
+    return out
+
+
+class Exec(Record):
+    """An exec containerd made (Exec): once started, the shim's exec id for it and its pid (``started``
+    is done then: containerd waits for an exec before it starts it); once waited for, its exit."""
+
+    __slots__ = ("args", "stdout", "stderr", "terminal", "exec_id", "pid", "started", "exit")
+    mutable = True
+    args: list[str]
+    stdout: str
+    stderr: str
+    terminal: bool
+    exec_id: str
+    pid: int
+    started: asyncio.Future[None]
+    exit: dict[str, int] | None  # {exit_status, exited_at}
+
+    def __init__(self, args: list[str], stdout: str, stderr: str, terminal: bool, exec_id: str = "",
+                 pid: int = 0, started: asyncio.Future[None] | None = None, exit: dict[str, int] | None = None) -> None:
+        self.args, self.stdout, self.stderr, self.terminal = args, stdout, stderr, terminal
+        self.exec_id, self.pid, self.exit = exec_id, pid, exit
+        self.started = asyncio.get_running_loop().create_future() if started is None else started
+
+
+class _Stdio(Record):
+    __slots__ = ("stdout", "stderr")
+    stdout: str
+    stderr: str
+
+    def __init__(self, stdout: str, stderr: str) -> None:
+        _set(self, "stdout", stdout)
+        _set(self, "stderr", stderr)
+
+
+class TaskV3:
+    """``containerd.task.v3.Task`` on the shim's TaskService (see the module's docstring)."""
+
+    def __init__(self, service: SandboxService, tasks: TaskService):
+        self.service = service
+        self.tasks = tasks
+        self.stdio: dict[str, _Stdio] = {}  # task id -> containerd's FIFOs, from Create to Start
+        self.execs: dict[tuple[str, str], Exec] = {}  # (task id, containerd's exec id)
+
+    @property
+    def sandbox_id(self) -> str:
+        return self.service.sandbox.config.sandbox_id
+
+    def _ids(self, task_id: str) -> dict[str, str]:
+        if task_id == self.sandbox_id:
+            raise FailedPrecondition(f"task {task_id} is the sandbox: containerd drives it through the Sandbox "
+                                     "service")
+        return {"sandbox_id": self.sandbox_id, "task_id": task_id}
+
+    def _exec(self, task_id: str, exec_id: str) -> Exec:
+        found = self.execs.get((task_id, exec_id))
+        if found is None:
+            raise NotFound(f"exec {exec_id} not found in task {task_id}")
+        return found
+
+    async def create(self, ctx: CallContext, r: Any) -> Message:
+        ids = self._ids(r.id)
+        if r.stdin:
+            raise InvalidArgument("a container's stdin is not yet passed from containerd by podshim's shim")
+        if r.checkpoint or r.parent_checkpoint:
+            raise InvalidArgument("restoring a checkpoint is not supported by podshim's shim")
+        pause = self.service.sandbox.pause
+        if pause is None:
+            raise FailedPrecondition(f"sandbox {self.sandbox_id} is not running: its tasks cannot be created")
+        fields = task_fields(_read_spec(r.bundle), list(r.rootfs), pause.pid)
+        log_path = os.path.join(self.service.sandbox.config.bundle, "logs", f"{r.id}.log")
+        await self.tasks.create(ctx, {**ids, **fields, "log_path": log_path})
+        self.stdio[r.id] = _Stdio(r.stdout, r.stderr)
+        return task_pb2.CreateTaskResponse(pid=0)
+
+    async def start(self, ctx: CallContext, r: Any) -> Message:
+        ids = self._ids(r.id)
+        if r.exec_id:
+            ex = self._exec(r.id, r.exec_id)
+            if ex.terminal:
+                raise InvalidArgument("an exec with a terminal is not yet run for containerd by podshim's shim")
+            if ex.started.done():
+                raise FailedPrecondition(f"exec {r.exec_id} of task {r.id} was started already")
+            try:
+                started = await self.tasks.exec_start(ctx, {**ids, "args": ex.args, "stdout": ex.stdout or None,
+                                                            "stderr": ex.stderr or None})
+            except BaseException as exc:
+                if not ex.started.done():
+                    ex.started.set_exception(FailedPrecondition(f"exec {r.exec_id} of task {r.id} did not start: "
+                                                                f"{exc}"))
+                    ex.started.exception()  # retrieved: a Wait may never come
+                raise
+            ex.exec_id, ex.pid = started["exec_id"], started["pid"]
+            ex.started.set_result(None)
+            return task_pb2.StartResponse(pid=ex.pid)
+        stdio = self.stdio.pop(r.id, _Stdio("", ""))
+        taps = {stream: path for stream, path in (("stdout", stdio.stdout), ("stderr", stdio.stderr)) if path}
+        task = await self.tasks.tasks.start(self.sandbox_id, r.id, taps=taps)
+        return task_pb2.StartResponse(pid=task.pid)
+
+    async def delete(self, ctx: CallContext, r: Any) -> Message:
+        if r.exec_id:
+            ex = self.execs.pop((r.id, r.exec_id), None)
+            if ex is None:
+                raise NotFound(f"exec {r.exec_id} not found in task {r.id}")
+            if ex.started.done() and ex.exit is None:
+                raise FailedPrecondition(f"exec {r.exec_id} of task {r.id} is running: it cannot be deleted")
+            exit = ex.exit or {"exit_status": 0, "exited_at": 0}
+            return task_pb2.DeleteResponse(pid=ex.pid, exit_status=exit["exit_status"],
+                                           exited_at=timestamp(exit["exited_at"]))
+        result = await self.tasks.delete(ctx, self._ids(r.id))
+        self.stdio.pop(r.id, None)
+        for key in [key for key in self.execs if key[0] == r.id]:
+            del self.execs[key]
+        return task_pb2.DeleteResponse(pid=result["pid"], exit_status=result["exit_status"],
+                                       exited_at=timestamp(result["exited_at"]))
+
+    async def exec(self, ctx: CallContext, r: Any) -> Message:
+        self._ids(r.id)
+        if (r.id, r.exec_id) in self.execs:
+            raise InvalidArgument(f"exec {r.exec_id} already exists in task {r.id}")
+        if r.stdin:
+            raise InvalidArgument("an exec's stdin is not yet passed from containerd by podshim's shim")
+        try:
+            process = json.loads(r.spec.value) if r.spec.value else {}
+        except ValueError as exc:
+            raise InvalidArgument(f"the exec's process spec is not JSON: {exc}") from None
+        if not process.get("args"):
+            raise InvalidArgument("the exec's process spec has no args")
+        self.execs[(r.id, r.exec_id)] = Exec(list(process["args"]), r.stdout, r.stderr, r.terminal)
+        return Empty()
+
+    async def wait(self, ctx: CallContext, r: Any) -> Message:
+        ids = self._ids(r.id)
+        if r.exec_id:
+            ex = self._exec(r.id, r.exec_id)
+            if ex.exit is None:
+                await asyncio.shield(ex.started)  # containerd waits for an exec before it starts it
+                ex.exit = await self.tasks.exec_wait(ctx, {**ids, "exec_id": ex.exec_id})
+            result = ex.exit
+        else:
+            result = await self.tasks.wait(ctx, ids)
+        return task_pb2.WaitResponse(exit_status=result["exit_status"], exited_at=timestamp(result["exited_at"]))
+
+    async def kill(self, ctx: CallContext, r: Any) -> Message:
+        ids = self._ids(r.id)
+        if r.exec_id:
+            ex = self._exec(r.id, r.exec_id)
+            if ex.exec_id:
+                if r.signal not in (signal.SIGKILL, signal.SIGTERM):
+                    raise InvalidArgument(f"signal {r.signal} to an exec: podshim's shim ends an exec with SIGKILL only")
+                await self.tasks.exec_kill(ctx, {**ids, "exec_id": ex.exec_id})
+        else:
+            await self.tasks.kill(ctx, {**ids, "signal": r.signal or signal.SIGTERM, "all": r.all})
+        return Empty()
+
+    async def state(self, ctx: CallContext, r: Any) -> Message:
+        if r.id == self.sandbox_id:
+            return await self._sandbox_state(ctx, r)
+        if r.exec_id:
+            ex = self._exec(r.id, r.exec_id)
+            if ex.exit is not None:
+                return task_pb2.StateResponse(id=r.id, exec_id=r.exec_id, pid=ex.pid, status=tasktypes_pb2.STOPPED,
+                                              exit_status=ex.exit["exit_status"],
+                                              exited_at=timestamp(ex.exit["exited_at"]))
+            return task_pb2.StateResponse(id=r.id, exec_id=r.exec_id, pid=ex.pid,
+                                          status=tasktypes_pb2.RUNNING if ex.exec_id else tasktypes_pb2.CREATED)
+        state = await self.tasks.state(ctx, self._ids(r.id))
+        stdio = self.stdio.get(r.id, _Stdio("", ""))
+        return task_pb2.StateResponse(
+            id=r.id, pid=state["pid"], status=_STATUS.get(state["status"], tasktypes_pb2.UNKNOWN),
+            stdout=stdio.stdout, stderr=stdio.stderr, terminal=state["terminal"], exit_status=state["exit_status"],
+            exited_at=timestamp(state["exited_at"]))
+
+    async def _sandbox_state(self, ctx: CallContext, r: Any) -> Message:
+        if r.exec_id:
+            raise NotFound(f"exec {r.exec_id} not found in task {r.id}")
+        status = await self.service.status(ctx, {"sandbox_id": r.id})
+        return task_pb2.StateResponse(
+            id=r.id, bundle=self.service.sandbox.config.bundle, pid=status["pid"],
+            status=_STATUS.get(status["state"], tasktypes_pb2.STOPPED), exit_status=status["exit_status"],
+            exited_at=timestamp(status["exited_at"]))
+
+    async def pids(self, ctx: CallContext, r: Any) -> Message:
+        if r.id == self.sandbox_id:
+            pause = self.service.sandbox.pause
+            pid = pause.pid if pause is not None else 0
+        else:
+            pid = (await self.tasks.state(ctx, self._ids(r.id)))["pid"]
+        return task_pb2.PidsResponse(processes=[tasktypes_pb2.ProcessInfo(pid=pid)] if pid else [])
+
+    async def connect(self, ctx: CallContext, r: Any) -> Message:
+        if r.id == self.sandbox_id:
+            pause = self.service.sandbox.pause
+            pid = pause.pid if pause is not None else 0
+        else:
+            pid = (await self.tasks.state(ctx, self._ids(r.id)))["pid"]
+        return task_pb2.ConnectResponse(shim_pid=os.getpid(), task_pid=pid)
+
+    async def resize_pty(self, ctx: CallContext, r: Any) -> Message:
+        if r.exec_id:
+            raise InvalidArgument("an exec's terminal is not yet run for containerd by podshim's shim")
+        await self.tasks.resize_pty(ctx, {**self._ids(r.id), "width": r.width, "height": r.height})
+        return Empty()
+
+    async def close_io(self, ctx: CallContext, r: Any) -> Message:
+        if r.exec_id:
+            self._exec(r.id, r.exec_id)  # an exec has no stdin here: nothing to close
+        else:
+            await self.tasks.close_stdin(ctx, self._ids(r.id))
+        return Empty()
+
+    async def update(self, ctx: CallContext, r: Any) -> Message:
+        try:
+            resources = json.loads(r.resources.value) if r.resources.value else {}
+        except ValueError as exc:
+            raise InvalidArgument(f"the task's resources are not JSON (OCI LinuxResources): {exc}") from None
+        if r.annotations:
+            raise InvalidArgument("Update with annotations is not supported by podshim's shim")
+        await self.tasks.update(ctx, {**self._ids(r.id), "resources": _resources({"resources": resources}, {})})
+        return Empty()
+
+    async def unsupported(self, ctx: CallContext, r: Any) -> Message:
+        self._ids(r.id)
+        raise FailedPrecondition(f"task {r.id}: podshim's shim does not support this call for containerd's "
+                                 "containers (Stats, Pause, Resume, Checkpoint)")
+
+    async def shutdown(self, ctx: CallContext, r: Any) -> Message:
+        # containerd sends it to a shim of its own tasks; a sandbox's shim ends with ShutdownSandbox.
+        return Empty()
