@@ -375,6 +375,31 @@ def test_the_default_chunk_stays_well_under_grpcs_default_4_mib_message():
 
 # -- composition -----------------------------------------------------------------------------------
 
+async def test_a_method_no_group_serves_answers_unimplemented_with_a_sentence_unary_or_streaming(tmp_path):
+    # What a newer proto's methods get until a group serves them (no group here: every method).
+    grpc_server = grpc.aio.server()
+    bare = server.compose(api_pb2_grpc.RuntimeServiceServicer, ())
+    api_pb2_grpc.add_RuntimeServiceServicer_to_server(bare(), grpc_server)
+    endpoint = f"unix://{tmp_path}/s.sock"
+    grpc_server.add_insecure_port(endpoint)
+    await grpc_server.start()
+    try:
+        async with grpc.aio.insecure_channel(endpoint) as channel:
+            runtime = api_pb2_grpc.RuntimeServiceStub(channel)
+            with pytest.raises(grpc.aio.AioRpcError) as failed:
+                await runtime.Version(api_pb2.VersionRequest(), timeout=CALL_TIMEOUT)
+            assert (failed.value.code(), failed.value.details()) == (
+                grpc.StatusCode.UNIMPLEMENTED, "podshimd does not implement runtime.v1.RuntimeService.Version yet")
+            with pytest.raises(grpc.aio.AioRpcError) as failed:
+                async for _ in runtime.StreamPodSandboxes(api_pb2.StreamPodSandboxesRequest(), timeout=CALL_TIMEOUT):
+                    pass
+            assert (failed.value.code(), failed.value.details()) == (
+                grpc.StatusCode.UNIMPLEMENTED,
+                "podshimd does not implement runtime.v1.RuntimeService.StreamPodSandboxes yet")
+    finally:
+        await grpc_server.stop(None)
+
+
 def test_two_handler_groups_may_not_share_a_name_not_even_a_helpers():
     class First(Handlers):
         def _list(self) -> str:
