@@ -237,6 +237,28 @@ def test_swap_is_memsw_less_memory_and_its_limit_the_difference_of_the_limits(ma
     assert cgroup.metrics()["memory_swap_limit_bytes"] == 32 << 20
 
 
+def test_on_cgroup_v2_alone_swap_and_pressure_come_from_its_files(tmp_path):
+    files = {"memory.current": "1000", "memory.stat": "anon 600\ninactive_file 100\n", "memory.max": "4096",
+             "memory.swap.current": "300", "memory.swap.max": "2048", "cgroup.procs": "",
+             "cpu.pressure": "some avg10=1.50 avg60=0.25 avg300=0.00 total=1234\n"
+                             "full avg10=0.00 avg60=0.00 avg300=0.00 total=56",
+             "memory.pressure": "some avg10=0.00 avg60=0.00 avg300=0.00 total=7\n"
+                                "full avg10=0.00 avg60=0.00 avg300=0.00 total=8",
+             "io.pressure": "some avg10=0.00 avg60=0.00 avg300=0.00 total=9"}
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    metrics = SandboxCgroup.from_dict({"name": "v2", "paths": {V2: str(tmp_path)}}).metrics()
+    assert (metrics["memory_swap_bytes"], metrics["memory_swap_limit_bytes"]) == (300, 2048)
+    assert metrics["cpu_pressure"] == {"some": {"avg10": 1.5, "avg60": 0.25, "avg300": 0.0, "total_us": 1234},
+                                       "full": {"avg10": 0.0, "avg60": 0.0, "avg300": 0.0, "total_us": 56}}
+    assert metrics["io_pressure"] == {"some": {"avg10": 0.0, "avg60": 0.0, "avg300": 0.0, "total_us": 9}}
+    (tmp_path / "memory.swap.max").write_text("max")
+    (tmp_path / "cpu.pressure").write_text("some nonsense")
+    metrics = SandboxCgroup.from_dict({"name": "v2", "paths": {V2: str(tmp_path)}}).metrics()
+    assert metrics["memory_swap_limit_bytes"] is None and "memory_swap_limit_bytes" not in metrics["unavailable"]
+    assert metrics["cpu_pressure"] is None and "cpu_pressure" in metrics["unavailable"]
+
+
 def _memory_file(cgroup: SandboxCgroup, name: str) -> str:
     memory = next(path for key, path in cgroup.paths.items() if "memory" in key.split(","))
     return os.path.join(memory, name)
