@@ -108,6 +108,7 @@ def test_a_listing_keeps_the_encodings_of_the_last_pods_only(encoded):
 def test_an_env_value_is_its_text_not_protobuf_json_s_base64():
     # KeyValue.value is bytes since CRI 1.37; protobuf's JSON would give "aGVsbG8=".
     config = api_pb2.ContainerConfig(metadata=api_pb2.ContainerMetadata(name="c"), command=["true"],
+                                     image=api_pb2.ImageSpec(image="busybox"),
                                      envs=[api_pb2.KeyValue(key="A", value=b"hello"), api_pb2.KeyValue(key="B")])
     assert translate.container_config(api_pb2.CreateContainerRequest(config=config)).envs == (("A", "hello"),
                                                                                              ("B", ""))
