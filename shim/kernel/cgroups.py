@@ -29,7 +29,8 @@ from shim.rpc.records import Record, set_field as _set
 from shim.rpc.trees import walk
 from shim.rpc.status import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound, error_from_oserror
 
-__all__ = ["DEFAULT_PARENT", "METRIC_KEYS", "REMOVE_TIMEOUT", "UPDATE_KEYS", "RESOURCE_FILES", "V2", "Hierarchy",
+__all__ = ["DEFAULT_PARENT", "METRIC_KEYS", "REMOVE_TIMEOUT", "UPDATE_KEYS", "RESOURCE_FILES", "V2", "V2_CONTROLLERS",
+           "PAUSE_LEAF", "Hierarchy", "cpu_weight",
            "SandboxCgroup", "birth_in_v2_allowed", "huge_page_pool", "discover_hierarchies", "entry_files", "hold_parent", "no_metrics",
            "remove_stale_holds"]
 
@@ -38,6 +39,15 @@ log = logging.getLogger(__name__)
 DEFAULT_PARENT = "podshim"
 REMOVE_TIMEOUT = 1.0  # seconds rmdir retries EBUSY while killed tasks leave the group
 V2 = "unified"  # the key of the cgroup v2 hierarchy in SandboxCgroup.paths
+
+#: The controllers enabled down a cgroup v2 tree (cgroup.subtree_control), each where available,
+#: from the top of a sandbox's parent down to the sandbox's directory, whose tasks get them; never
+#: in a task's directory (a leaf).
+V2_CONTROLLERS = ("cpu", "cpuset", "io", "memory", "hugetlb", "pids")
+#: The leaf of a sandbox's v2 directory that holds the sandbox's own processes (the pause) once that
+#: directory hands controllers to its tasks: cgroup v2 lets no cgroup with processes of its own do
+#: so. "." makes it a name no task id can take.
+PAUSE_LEAF = ".pause"
 
 _MKDIR_ATTEMPTS = 3
 _SKIPPABLE = (errno.EROFS, errno.EACCES, errno.EPERM)
@@ -399,19 +409,21 @@ class SandboxCgroup(Record):
     those of a caller-given parent that :meth:`create` had to make itself.
     """
 
-    __slots__ = ("name", "paths", "skipped", "owned_parents")
+    __slots__ = ("name", "paths", "skipped", "owned_parents", "leaf")
     mutable = True
     name: str
     paths: dict[str, str]
     skipped: dict[str, str]
     owned_parents: dict[str, list[str]]
+    leaf: str  # PAUSE_LEAF when the v2 directory hands controllers to its tasks, else ""
 
     def __init__(self, name: str, paths: dict[str, str], skipped: dict[str, str] | None = None,
-                 owned_parents: dict[str, list[str]] | None = None) -> None:
+                 owned_parents: dict[str, list[str]] | None = None, leaf: str = "") -> None:
         self.name = name
         self.paths = paths
         self.skipped = {} if skipped is None else skipped
         self.owned_parents = {} if owned_parents is None else owned_parents
+        self.leaf = leaf
 
     @classmethod
     def create(cls, name: str, parent: str | None = None) -> SandboxCgroup:
@@ -429,7 +441,11 @@ class SandboxCgroup(Record):
         default_parent = parent == DEFAULT_PARENT or parent.startswith(DEFAULT_PARENT + "/")
         cgroup = cls(name, {})
         try:
-            for hierarchy in discover_hierarchies():
+            hierarchies = discover_hierarchies()
+            # Only where no controller is on v1 (pure v2) are controllers handed down the v2 tree:
+            # on a hybrid layout v2 tracks membership, and the machine's own v2 tree is left as it is.
+            pure_v2 = not any(c for h in hierarchies if h.key != V2 for c in h.controllers if not c.startswith("name="))
+            for hierarchy in hierarchies:
                 base = "/" if parent.startswith("/") else hierarchy.own_path
                 parent_path = os.path.join(base, parent.lstrip("/"))
                 # The parent's directory once, the target's and the last owned parent's from it
@@ -450,6 +466,11 @@ class SandboxCgroup(Record):
                         continue
                     raise error_from_oserror(exc, f"cannot create cgroup {target} ({exc.filename})") from exc
                 cgroup.paths[hierarchy.key] = target
+                if hierarchy.key == V2 and pure_v2:
+                    top = hierarchy.directory(hierarchy.own_path if base != "/" else "/")
+                    if top is not None and _enable_controllers(top, target):
+                        os.mkdir(os.path.join(target, PAUSE_LEAF), 0o755)
+                        cgroup.leaf = PAUSE_LEAF
                 # The default parent is pruned by whichever sandbox leaves it empty, so it does not
                 # outlive its sandboxes when two shims raced to create it. A caller's parent
                 # (e.g. /kubepods) is someone else's: only what we had to make is ours.
@@ -467,6 +488,7 @@ class SandboxCgroup(Record):
             "paths": dict(self.paths),
             "skipped": dict(self.skipped),
             "owned_parents": {key: list(dirs) for key, dirs in self.owned_parents.items()},
+            "leaf": self.leaf,
         }
 
     @classmethod
@@ -478,17 +500,27 @@ class SandboxCgroup(Record):
                 {str(k): str(v) for k, v in record["paths"].items()},
                 {str(k): str(v) for k, v in record.get("skipped", {}).items()},
                 {str(k): [str(d) for d in v] for k, v in record.get("owned_parents", {}).items()},
+                str(record.get("leaf", "")),
             )
         except (KeyError, TypeError, AttributeError) as exc:
             raise InvalidArgument(f"malformed cgroup record: {exc!r}") from None
         _validate(cgroup.name, None)
+        if cgroup.leaf not in ("", PAUSE_LEAF):
+            raise InvalidArgument(f"malformed cgroup record: leaf {cgroup.leaf!r}")
         if not all(os.path.isabs(path) for path in cgroup.paths.values()):
             raise InvalidArgument("malformed cgroup record: paths must be absolute")
         return cgroup
 
+    def process_paths(self) -> dict[str, str]:
+        """:attr:`paths` with the v2 directory's :attr:`leaf` in its place: where the sandbox's
+        own processes go."""
+        if not self.leaf or V2 not in self.paths:
+            return self.paths
+        return {**self.paths, V2: os.path.join(self.paths[V2], self.leaf)}
+
     def procs_files(self) -> list[str]:
-        """The cgroup.procs file of every hierarchy's directory."""
-        return [os.path.join(path, "cgroup.procs") for path in self.paths.values()]
+        """The cgroup.procs file of every hierarchy's directory for the sandbox's own processes."""
+        return [os.path.join(path, "cgroup.procs") for path in self.process_paths().values()]
 
     def join(self, pid: int) -> None:
         """Move process ``pid`` (0: the caller) into the sandbox cgroup in every hierarchy.
@@ -921,6 +953,31 @@ async def _pausing(steps: Iterator[float], delay: float) -> None:
     await asyncio.sleep(delay)
     for delay in steps:
         await asyncio.sleep(delay)
+
+
+def _enable_controllers(top: str, target: str) -> list[str]:
+    """Enable each of :data:`V2_CONTROLLERS` that is available in the cgroup.subtree_control of the
+    v2 directory ``top`` and of every one below it down to ``target`` included; the controllers
+    ``target`` hands to its children then. A level that refuses one (it has processes of its own:
+    EBUSY) hands it no further, and the resources that need it are refused by name at Update."""
+    levels = [top]
+    rel = os.path.relpath(target, top)
+    for part in ([] if rel == "." else rel.split("/")):
+        levels.append(os.path.join(levels[-1], part))
+    enabled: list[str] = []
+    for directory in levels:
+        available = (_read_text(directory, "cgroup.controllers") or "").split()
+        if not available:
+            return []  # none here, none below (this machine's v2 hierarchy has none at all)
+        enabled = (_read_text(directory, "cgroup.subtree_control") or "").split()
+        for controller in V2_CONTROLLERS:
+            if controller in available and controller not in enabled:
+                try:
+                    linux.write_file(os.path.join(directory, "cgroup.subtree_control"), b"+" + controller.encode())
+                    enabled.append(controller)
+                except OSError as exc:
+                    log.debug("cannot enable the %s controller below %s: %s", controller, directory, exc.strerror)
+    return enabled
 
 
 def _parent_dirs(hierarchy: Hierarchy, base: str, parent: str, parent_dir: str | None) -> list[str]:

@@ -833,3 +833,33 @@ def test_on_cgroup_v2_a_controller_not_enabled_is_refused_by_name(v2_task):
     with pytest.raises(InvalidArgument, match="resources.pids_limit cannot be applied: this host's pids controller is "
                                               "neither mounted on cgroup v1 nor enabled"):
         _plan(v2_task, {"cpu_shares": 512, "pids_limit": 3})
+
+
+def test_on_pure_v2_controllers_are_handed_down_from_the_parents_top_to_the_sandbox(tmp_path, monkeypatch):
+    sandbox = tmp_path / "kubepods" / "sb"
+    sandbox.mkdir(parents=True)
+    for directory in (tmp_path, tmp_path / "kubepods", sandbox):
+        (directory / "cgroup.controllers").write_text("memory pids cpu rdma\n")
+        (directory / "cgroup.subtree_control").write_text("memory\n" if directory == tmp_path else "\n")
+    written = []
+    monkeypatch.setattr(linux, "write_file", lambda path, data: written.append((os.path.relpath(path, tmp_path), data)))
+    assert cgroups._enable_controllers(str(tmp_path), str(sandbox)) == ["cpu", "memory", "pids"]
+    assert written == [("cgroup.subtree_control", b"+cpu"), ("cgroup.subtree_control", b"+pids"),
+                       *[(f"{level}/cgroup.subtree_control", b"+" + c) for level in ("kubepods", "kubepods/sb")
+                         for c in (b"cpu", b"memory", b"pids")]]
+
+
+def test_a_sandbox_that_hands_controllers_to_its_tasks_keeps_its_own_processes_in_a_leaf(tmp_path, monkeypatch):
+    hierarchy = cgroups.Hierarchy(V2, frozenset(), str(tmp_path), "/", "/")
+    monkeypatch.setattr(cgroups, "discover_hierarchies", lambda: [hierarchy])
+    monkeypatch.setattr(cgroups, "_enable_controllers", lambda top, target: ["cpu", "memory"])
+    cgroup = SandboxCgroup.create("sb", "/pods")
+    try:
+        assert cgroup.paths == {V2: str(tmp_path / "pods" / "sb")}
+        assert cgroup.procs_files() == [str(tmp_path / "pods" / "sb" / cgroups.PAUSE_LEAF / "cgroup.procs")]
+        assert SandboxCgroup.from_dict(json.loads(json.dumps(cgroup.to_dict()))).process_paths() == {
+            V2: str(tmp_path / "pods" / "sb" / cgroups.PAUSE_LEAF)}
+        assert cgroup.child("task").procs_files() == [str(tmp_path / "pods" / "sb" / "task" / "cgroup.procs")]
+    finally:
+        cgroup.remove()
+    assert not (tmp_path / "pods").exists()

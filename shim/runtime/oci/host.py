@@ -31,8 +31,9 @@ def cgroups_path(cgroup: SandboxCgroup) -> str | None:
     neither (the runtime then uses its default and the init is moved into ``cgroup`` after create).
     """
     relative, absolute = set(), set()
+    paths = cgroup.process_paths()
     for hierarchy in cgroups.discover_hierarchies():
-        directory = cgroup.paths.get(hierarchy.key)
+        directory = paths.get(hierarchy.key)
         if directory is None:
             continue
         own, root = hierarchy.directory(hierarchy.own_path), hierarchy.directory("/")
