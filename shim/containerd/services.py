@@ -174,9 +174,14 @@ def register_containerd(server: Server, service: SandboxService, tasks: TaskServ
         "StopSandbox": sandbox.stop, "WaitSandbox": sandbox.wait, "SandboxStatus": sandbox.status,
         "PingSandbox": sandbox.ping, "ShutdownSandbox": sandbox.shutdown, "SandboxMetrics": sandbox.metrics,
     })
-    from shim.containerd.tasks import TaskV3  # (it uses this module's helpers)
+    from shim.containerd.events import Publisher  # (they use this module's helpers)
+    from shim.containerd.tasks import TaskV3
 
-    task = TaskV3(service, tasks)
+    config = service.sandbox.config
+    assert config.containerd_address is not None  # (a shim containerd started)
+    events = Publisher(config.containerd_address, config.namespace)
+    events.follow(service.events)
+    task = TaskV3(service, tasks, events)
     _serve(server, TASK_SERVICE, task_pb2, {
         "Create": task.create, "Start": task.start, "Delete": task.delete, "Pids": task.pids, "Kill": task.kill,
         "Exec": task.exec, "ResizePty": task.resize_pty, "CloseIO": task.close_io, "State": task.state,

@@ -25,6 +25,7 @@ from google.protobuf.empty_pb2 import Empty
 from google.protobuf.message import Message
 
 from shim.containerd.api import load
+from shim.containerd.events import Publisher, task_events
 from shim.containerd.services import timestamp
 from shim.rpc.records import Record, set_field as _set
 from shim.rpc.server import CallContext
@@ -189,9 +190,10 @@ class _Stdio(Record):
 class TaskV3:
     """``containerd.task.v3.Task`` on the shim's TaskService (see the module's docstring)."""
 
-    def __init__(self, service: SandboxService, tasks: TaskService):
+    def __init__(self, service: SandboxService, tasks: TaskService, events: Publisher):
         self.service = service
         self.tasks = tasks
+        self.events = events
         self.stdio: dict[str, _Stdio] = {}  # task id -> containerd's FIFOs, from Create to Start
         self.execs: dict[tuple[str, str], Exec] = {}  # (task id, containerd's exec id)
 
@@ -224,6 +226,9 @@ class TaskV3:
         log_path = os.path.join(self.service.sandbox.config.bundle, "logs", f"{r.id}.log")
         await self.tasks.create(ctx, {**ids, **fields, "log_path": log_path})
         self.stdio[r.id] = _Stdio(r.stdout, r.stderr)
+        self.events.publish("/tasks/create", task_events.TaskCreate(
+            container_id=r.id, bundle=r.bundle, rootfs=list(r.rootfs),
+            io=task_events.TaskIO(stdout=r.stdout, stderr=r.stderr, terminal=r.terminal)))
         return task_pb2.CreateTaskResponse(pid=0)
 
     async def start(self, ctx: CallContext, r: Any) -> Message:
@@ -245,10 +250,13 @@ class TaskV3:
                 raise
             ex.exec_id, ex.pid = started["exec_id"], started["pid"]
             ex.started.set_result(None)
+            self.events.publish("/tasks/exec-started", task_events.TaskExecStarted(
+                container_id=r.id, exec_id=r.exec_id, pid=ex.pid))
             return task_pb2.StartResponse(pid=ex.pid)
         stdio = self.stdio.pop(r.id, _Stdio("", ""))
         taps = {stream: path for stream, path in (("stdout", stdio.stdout), ("stderr", stdio.stderr)) if path}
         task = await self.tasks.tasks.start(self.sandbox_id, r.id, taps=taps)
+        self.events.publish("/tasks/start", task_events.TaskStart(container_id=r.id, pid=task.pid))
         return task_pb2.StartResponse(pid=task.pid)
 
     async def delete(self, ctx: CallContext, r: Any) -> Message:
@@ -265,6 +273,9 @@ class TaskV3:
         self.stdio.pop(r.id, None)
         for key in [key for key in self.execs if key[0] == r.id]:
             del self.execs[key]
+        self.events.publish("/tasks/delete", task_events.TaskDelete(
+            container_id=r.id, id=r.id, pid=result["pid"], exit_status=result["exit_status"],
+            exited_at=timestamp(result["exited_at"])))
         return task_pb2.DeleteResponse(pid=result["pid"], exit_status=result["exit_status"],
                                        exited_at=timestamp(result["exited_at"]))
 
@@ -281,6 +292,7 @@ class TaskV3:
         if not process.get("args"):
             raise InvalidArgument("the exec's process spec has no args")
         self.execs[(r.id, r.exec_id)] = Exec(list(process["args"]), r.stdout, r.stderr, r.terminal)
+        self.events.publish("/tasks/exec-added", task_events.TaskExecAdded(container_id=r.id, exec_id=r.exec_id))
         return Empty()
 
     async def wait(self, ctx: CallContext, r: Any) -> Message:

@@ -1,7 +1,8 @@
 """``containerd-shim-podshim-v1`` spoken to as containerd speaks to it, without containerd: ``start``
 with a protobuf BootstrapParams on stdin prints only a protobuf BootstrapResult (version 3, ttrpc);
 the shim serves containerd's Sandbox service (a pod from CRI's PodSandboxConfig, its lifecycle) and
-Task v3's reconnect calls for the sandbox (and refuses a container without its bundle) over protobuf, beside its own msgpack services on the same
+Task v3 (the sandbox's reconnect calls, a container from an OCI bundle, whose events reach containerd's
+Events/Forward) over protobuf, beside its own msgpack services on the same
 socket; it exits after ShutdownSandbox, and ``delete`` prints the pause's exit as a DeleteResponse.
 Whatever a test ends in, ``delete`` and a SIGKILL through a pidfd leave nothing running.
 """
@@ -13,16 +14,18 @@ import contextlib
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 
 import pytest
-from google.protobuf import any_pb2
+from google.protobuf import any_pb2, empty_pb2
 
 from client.criapi import api_pb2
 from shim.containerd.api import load
 from shim.containerd.services import SANDBOX_SERVICE as SANDBOX, TASK_SERVICE as TASK, sandbox_pb2, task_pb2
-from shim.rpc import Client, FailedPrecondition, InvalidArgument
+from shim.containerd.events import events_pb2, task_events
+from shim.rpc import Client, FailedPrecondition, InvalidArgument, Server
 from shim.rpc.api import SANDBOX_SERVICE as PODSHIM_SANDBOX
 from shim.rpc.codecs import PROTOBUF
 
@@ -31,6 +34,7 @@ from shimtools import WAIT, ProcessRef, new_id
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 bootstrap_pb2 = load("runtime.bootstrap.v1.bootstrap_pb2")
 task_v2_pb2 = load("runtime.task.v2.shim_pb2")
+mount_pb2 = load("types.mount_pb2")
 NAMESPACE = "k8s.io"
 METADATA = {"containerd-namespace": [NAMESPACE]}
 
@@ -162,3 +166,67 @@ def test_a_command_line_containerd_would_not_write_is_refused_with_a_sentence(tm
                           timeout=30)
     assert done.returncode == 2
     assert said in done.stderr and done.stdout == b""
+
+
+@contextlib.asynccontextmanager
+async def fake_containerd_events(path: str):
+    """containerd's ttrpc Events service at ``path``: the envelopes forwarded to it, in order."""
+    received: list = []
+    arrived = asyncio.Event()
+
+    async def forward(ctx, payload: bytes) -> bytes:
+        received.append(events_pb2.ForwardRequest.FromString(payload).envelope)
+        arrived.set()
+        return empty_pb2.Empty().SerializeToString()
+
+    server = Server()
+    server.register("containerd.services.events.ttrpc.v1.Events", {"Forward": forward}, protobuf=True)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.bind(path)
+    sock.listen()
+    await server.start(sock)
+    try:
+        yield received, arrived
+    finally:
+        await server.aclose()
+
+
+async def test_a_container_from_an_oci_bundle_runs_and_its_events_reach_containerd(started, tmp_path):
+    sid = started.sandbox_id
+    async with fake_containerd_events(str(tmp_path / "ttrpc.sock")) as (received, arrived), \
+            await Client.connect(started.address, codec=PROTOBUF) as pb:
+        await call(pb, SANDBOX, "CreateSandbox", sandbox_pb2.CreateSandboxRequest(
+            sandbox_id=sid, options=pod_options("app")), sandbox_pb2.CreateSandboxResponse)
+        pause = (await call(pb, SANDBOX, "StartSandbox", sandbox_pb2.StartSandboxRequest(sandbox_id=sid),
+                            sandbox_pb2.StartSandboxResponse)).pid
+        bundle = tmp_path / "c1"
+        bundle.mkdir()
+        (bundle / "config.json").write_text(json.dumps({
+            "ociVersion": "1.2.0", "root": {"path": "rootfs"},
+            "process": {"args": ["/bin/sh", "-c", "echo hi; exit 3"], "cwd": "/", "env": ["PATH=/usr/bin:/bin"],
+                        "user": {"uid": 0, "gid": 0}},
+            "linux": {"namespaces": [{"type": "pid"}, {"type": "mount"},
+                                     *({"type": kind, "path": f"/proc/{pause}/ns/{ns}"}
+                                       for kind, ns in (("network", "net"), ("ipc", "ipc"), ("uts", "uts")))]}}))
+        node_root = mount_pb2.Mount(type="bind", source="/", options=["rbind", "ro"])  # the node's programs
+        await call(pb, TASK, "Create", task_pb2.CreateTaskRequest(id="c1", bundle=str(bundle), rootfs=[node_root]),
+                   task_pb2.CreateTaskResponse)
+        begun = await call(pb, TASK, "Start", task_pb2.StartRequest(id="c1"), task_pb2.StartResponse)
+        waited = await call(pb, TASK, "Wait", task_pb2.WaitRequest(id="c1"), task_pb2.WaitResponse)
+        assert waited.exit_status == 3
+        deleted = await call(pb, TASK, "Delete", task_pb2.DeleteRequest(id="c1"), task_pb2.DeleteResponse)
+        assert (deleted.pid, deleted.exit_status) == (begun.pid, 3)
+        async with asyncio.timeout(WAIT):
+            while len(received) < 4:
+                arrived.clear()
+                await arrived.wait()
+        assert [(e.topic, e.namespace, e.event.type_url) for e in received] == [
+            ("/tasks/create", NAMESPACE, "containerd.events.TaskCreate"),
+            ("/tasks/start", NAMESPACE, "containerd.events.TaskStart"),
+            ("/tasks/exit", NAMESPACE, "containerd.events.TaskExit"),
+            ("/tasks/delete", NAMESPACE, "containerd.events.TaskDelete")]
+        exit = task_events.TaskExit.FromString(received[2].event.value)
+        assert (exit.container_id, exit.pid, exit.exit_status) == ("c1", begun.pid, 3)
+        await call(pb, SANDBOX, "ShutdownSandbox", sandbox_pb2.ShutdownSandboxRequest(sandbox_id=sid),
+                   sandbox_pb2.ShutdownSandboxResponse)
+    await started.shim.exited()

@@ -1,0 +1,112 @@
+"""The shim's task events, forwarded to containerd: ``containerd.services.events.ttrpc.v1.Events/Forward``
+on containerd's ttrpc address (``TTRPC_ADDRESS``), as containerd's own shims publish them.
+
+:class:`Publisher` queues each event (never blocking the call that made it) and one task sends them
+in order over one protobuf connection, made when the first event comes and made again after
+containerd went away (a restarted containerd gets what was queued meanwhile). At most
+:data:`QUEUE_LIMIT` events wait; beyond that the oldest is dropped, and the log says so.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import time
+from typing import Any
+
+from google.protobuf.any_pb2 import Any as AnyMessage
+from google.protobuf.message import Message
+
+from shim.containerd.api import load
+from shim.containerd.services import timestamp
+from shim.rpc.codecs import PROTOBUF
+from shim.rpc.status import DeadlineExceeded, RpcError, Unavailable
+from shim.sandbox.events import TOPIC_TASK_EXIT, EventBus
+
+__all__ = ["EVENTS_SERVICE", "QUEUE_LIMIT", "Publisher", "task_events"]
+
+log = logging.getLogger(__name__)
+
+task_events = load("events.task_pb2")
+events_pb2 = load("services.ttrpc.events.v1.events_pb2")
+envelope_pb2 = load("types.event_pb2")
+
+EVENTS_SERVICE = "containerd.services.events.ttrpc.v1.Events"
+#: Events waiting for containerd at most.
+QUEUE_LIMIT = 1024
+#: Seconds one Forward may take, and between two attempts to reach containerd.
+FORWARD_TIMEOUT = 5.0
+RETRY_DELAY = 1.0
+
+
+class Publisher:
+    """Forwards events of ``namespace`` to containerd at ``address`` (see the module's docstring)."""
+
+    def __init__(self, address: str, namespace: str):
+        self.address = address if "://" in address else f"unix://{address}"
+        self.namespace = namespace
+        self.queue: collections.deque[bytes] = collections.deque()
+        self.sender: asyncio.Task[None] | None = None
+        self.dropped = 0
+
+    def publish(self, topic: str, event: Message) -> None:
+        """Queue ``event`` (a message of containerd's events/task.proto) under ``topic``."""
+        envelope = envelope_pb2.Envelope(
+            timestamp=timestamp(time.time_ns()), namespace=self.namespace, topic=topic,
+            event=AnyMessage(type_url=event.DESCRIPTOR.full_name, value=event.SerializeToString()))
+        if len(self.queue) >= QUEUE_LIMIT:
+            self.queue.popleft()
+            self.dropped += 1
+            log.warning("containerd at %s is not taking events: %d dropped so far", self.address, self.dropped)
+        self.queue.append(events_pb2.ForwardRequest(envelope=envelope).SerializeToString())
+        if self.sender is None or self.sender.done():
+            self.sender = asyncio.ensure_future(self._send())
+
+    def follow(self, bus: EventBus) -> asyncio.Task[None]:
+        """Forward the exits of the shim's tasks that ``bus`` publishes, as TaskExit."""
+        async def follow() -> None:
+            subscription = bus.subscribe()
+            try:
+                while True:
+                    event = await subscription.get()
+                    if event["topic"] == TOPIC_TASK_EXIT:
+                        e = event["event"]
+                        self.publish("/tasks/exit", task_events.TaskExit(
+                            container_id=e["task_id"], id=e["task_id"], pid=e["pid"], exit_status=e["exit_status"],
+                            exited_at=timestamp(e["exited_at"])))
+            finally:
+                subscription.close()
+
+        return asyncio.ensure_future(follow())
+
+    async def _send(self) -> None:
+        from shim.rpc.client import Client
+
+        client: Any = None
+        try:
+            while self.queue:
+                if client is None or client.closed:
+                    try:
+                        client = await Client.connect(self.address, codec=PROTOBUF, timeout=FORWARD_TIMEOUT)
+                    except RpcError as exc:
+                        log.warning("cannot forward events to containerd: %s", exc.message)
+                        await asyncio.sleep(RETRY_DELAY)
+                        continue
+                request = self.queue[0]
+                try:
+                    await client.call(EVENTS_SERVICE, "Forward", request, timeout=FORWARD_TIMEOUT,
+                                      metadata={"containerd-namespace": [self.namespace]})
+                except (Unavailable, DeadlineExceeded) as exc:  # gone or stuck: again, on a new connection
+                    log.warning("forwarding an event to containerd failed: %s", exc.message)
+                    await client.aclose()
+                    client = None
+                    await asyncio.sleep(RETRY_DELAY)
+                    continue
+                except RpcError as exc:  # refused: sending it again would be refused again
+                    log.error("containerd refused an event (dropped): %s", exc)
+                if self.queue and self.queue[0] is request:
+                    self.queue.popleft()
+        finally:
+            if client is not None:
+                await client.aclose()
