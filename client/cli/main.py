@@ -26,7 +26,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from typing import TYPE_CHECKING, Any, Awaitable, Callable, TextIO
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, NoReturn, TextIO
 
 from shim.rpc.arguments import ArgumentParser
 from shim.rpc.api import TEMPLATE_ENV
@@ -369,7 +369,29 @@ def _add_commands(p: argparse.ArgumentParser, only: str | None) -> argparse.Argu
         if name != "sandbox":
             _add_json_flag(sp)
         setup(sp)
+        _accept_globals(sp, p)
     return p
+
+
+def _accept_globals(sp: argparse.ArgumentParser, top: argparse.ArgumentParser) -> None:
+    """Let ``top``'s options come after the command too (``podshimctl pods --endpoint X`` as
+    ``podshimctl --endpoint X pods``): each is added to ``sp`` and to its sub-commands' parsers,
+    unless they have an option of that name, with SUPPRESS as default so that it does not hide
+    a value given before the command."""
+    for sub in sp._actions:
+        if isinstance(sub, argparse._SubParsersAction):
+            for leaf in set(sub.choices.values()):
+                _accept_globals(leaf, top)
+            return
+    for action in top._actions:
+        if not isinstance(action, (argparse._StoreAction, argparse._StoreTrueAction)):
+            continue
+        names = [o for o in action.option_strings if o not in sp._option_string_actions]
+        if len(names) != len(action.option_strings) or action.dest in ("json",):
+            continue  # the command has its own (--json is the command's everywhere already)
+        extra: dict[str, Any] = {"action": "store_true"} if isinstance(action, argparse._StoreTrueAction) else \
+            {"choices": action.choices, "metavar": action.metavar}
+        sp.add_argument(*names, dest=action.dest, default=argparse.SUPPRESS, help=argparse.SUPPRESS, **extra)
 
 
 def _register_commands() -> None:
@@ -379,8 +401,26 @@ def _register_commands() -> None:
         importlib.import_module(module)
 
 
+class _Parser(ArgumentParser):
+    """podshimctl's parsers: a mistyped command or choice gets the closest valid ones."""
+
+    def error(self, message: str) -> NoReturn:
+        import re
+
+        found = re.match(r"argument (\S+): invalid choice: '(.*?)' \(choose from (.*)\)$", message)
+        if found is not None:
+            import difflib
+
+            choices = re.findall(r"'([^']*)'", found.group(3))
+            close = difflib.get_close_matches(found.group(2), choices, 3, 0.6)
+            what = "command" if found.group(1) in ("COMMAND", "VERB") else f"choice for {found.group(1)}"
+            message = f"unknown {what} {found.group(2)!r}" + (
+                f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else f" (choose from {found.group(3)})")
+        super().error(message)
+
+
 def _top_parser() -> argparse.ArgumentParser:
-    p = ArgumentParser(prog="podshimctl", description="Talk to podshim shims and manage sandboxes.")
+    p = _Parser(prog="podshimctl", description="Talk to podshim shims and manage sandboxes.")
     env = os.environ.get
     p.add_argument("--address", default=env("PODSHIM_ADDRESS"), help="shim address unix:///path (call, events)")
     p.add_argument("--root", default=env("PODSHIM_ROOT", DEFAULT_BUNDLE_ROOT),
@@ -398,6 +438,9 @@ def _top_parser() -> argparse.ArgumentParser:
     p.add_argument("--namespace", "-n", default=env("PODSHIM_NAMESPACE"),
                    help=f"namespace (default {DEFAULT_NAMESPACE!r})")
     p.add_argument("--json", action="store_true", help="print JSON for scripts")
+    p.add_argument("--endpoint", default=None, metavar="unix:///PATH",
+                   help="podshimd's socket, for the pod, container and image commands (default $PODSHIM_ENDPOINT, "
+                        "else unix://RUNTIME_ROOT/podshimd.sock)")
     p.add_argument("--debug", action="store_true", help="log what the controller does")
     p.add_argument("--version", action="version", version=_version())
     return p

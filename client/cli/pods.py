@@ -122,8 +122,6 @@ def _verb(name: str, help: str, run: Callable[[argparse.Namespace, _Podshimd], A
 
     @command(name, help=help)
     def setup(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--endpoint", default=None, metavar="unix:///PATH",
-                       help=f"podshimd's socket (default ${ENDPOINT_ENV}, else unix://RUNTIME_ROOT/podshimd.sock)")
         arguments(p)
         p.set_defaults(run_sync=runner)
 
@@ -215,20 +213,68 @@ def _labels(pairs: list[str]) -> dict[str, str]:
     return out
 
 
-def _config(daemon: _Podshimd, path: str, what: str, kind: str) -> Any:
-    """A crictl JSON config file as the CRI message ``kind``; podshimd validates its fields. A key that
-    is no field of ``kind`` is refused here, naming it (protobuf would otherwise drop it unseen)."""
-    from google.protobuf import json_format
-
+def _config_doc(path: str, what: str) -> dict[str, Any]:
     doc = _read_json_file(path, what)
     if not isinstance(doc, dict):
         raise CliError(f"{what} {path} must hold a JSON object")
+    return doc
+
+
+def _config(daemon: _Podshimd, path: str, what: str, kind: str, doc: dict[str, Any] | None = None) -> Any:
+    """A crictl JSON config file (or its ``doc``) as the CRI message ``kind``; podshimd validates its
+    fields. A key that is no field of ``kind`` is refused here, naming it and the field it resembles."""
+    from google.protobuf import json_format
+
+    if doc is None:
+        doc = _config_doc(path, what)
+    _refuse_unknown(doc, path, what, kind)
     message = getattr(daemon.api, kind)()
     _text_as_bytes(message.DESCRIPTOR, doc)
     try:
         return json_format.ParseDict(doc, message)
     except json_format.ParseError as exc:
         raise CliError(f"{what} {path} is not a CRI {kind}: {exc}") from None
+
+
+def _snake(key: str) -> str:
+    """A field's proto name from either JSON spelling (``logDirectory``, ``log_directory``)."""
+    return re.sub(r"(?<=[a-z0-9])([A-Z])", lambda m: "_" + m.group(1).lower(), key)
+
+
+def _tables() -> dict[str, Any]:
+    from client.cri import fields
+
+    return {"PodSandboxConfig": fields.POD_SANDBOX_CONFIG, "ContainerConfig": fields.CONTAINER_CONFIG}
+
+
+def _refuse_unknown(doc: dict[str, Any], path: str, what: str, kind: str) -> None:
+    """Refuse a ``doc`` with keys that are no fields of CRI's ``kind``, naming each and the known field it
+    most resembles: a field left out would be a pod or container other than the one asked for."""
+    import difflib
+
+    from client.cri import fields
+
+    table = _tables()[kind]
+    unknown = []
+    for where, field_path, field, _, _ in fields.walk(doc, table, _snake):
+        if field is None:
+            parent_path, _, name = field_path.rpartition(".")
+            siblings = [p.rpartition(".")[2] for p in table if p.rpartition(".")[0] == parent_path]
+            close = difflib.get_close_matches(name, siblings, 1)
+            unknown.append(f"{where!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
+    if unknown:
+        raise CliError(f"{what} {path} is not a CRI {kind}: {', '.join(unknown)} "
+                       f"{'is not one of its fields' if len(unknown) == 1 else 'are not among its fields'}")
+
+
+def _looks_like(doc: dict[str, Any], kind: str) -> list[str]:
+    """The fields of ``doc`` that CRI's ``kind`` has and the other config does not."""
+    from client.cri import fields
+
+    tables = _tables()
+    other = tables["ContainerConfig" if kind == "PodSandboxConfig" else "PodSandboxConfig"]
+    return [where for where, field_path, field, _, _ in fields.walk(doc, tables[kind], _snake)
+            if field is not None and field_path not in other]
 
 
 def _text_as_bytes(descriptor: Any, doc: Any) -> None:
@@ -335,8 +381,15 @@ _verb("pods", "list pod sandboxes", _pods_list,
 
 # -- containers ------------------------------------------------------------------------------
 def _create(args: argparse.Namespace, daemon: _Podshimd) -> None:
-    config = _config(daemon, args.container_config, "container config", "ContainerConfig")
-    sandbox = _config(daemon, args.pod_config, "pod config", "PodSandboxConfig")
+    container_doc = _config_doc(args.container_config, "container config")
+    pod_doc = _config_doc(args.pod_config, "pod config")
+    as_pod, as_container = _looks_like(container_doc, "PodSandboxConfig"), _looks_like(container_doc, "ContainerConfig")
+    if len(as_pod) > len(as_container):
+        swapped = " (the files are swapped?)" if _looks_like(pod_doc, "ContainerConfig") else ""
+        raise CliError(f"{args.container_config} looks like a pod config ({', '.join(as_pod[:3])}), not a container "
+                       f"config{swapped}: podshimctl create POD_ID CONTAINER_CONFIG.json POD_CONFIG.json")
+    config = _config(daemon, args.container_config, "container config", "ContainerConfig", container_doc)
+    sandbox = _config(daemon, args.pod_config, "pod config", "PodSandboxConfig", pod_doc)
     if args.with_pull:
         if not config.image.image:
             raise CliError(f"--with-pull: container config {args.container_config} names no image")

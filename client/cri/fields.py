@@ -19,13 +19,14 @@ docs/cri.md's table is :func:`markdown`'s.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from shim.rpc.status import InvalidArgument
 
-__all__ = ["APPLIED", "INFORMS", "REFUSED", "Field", "CONTAINER_CONFIG", "POD_SANDBOX_CONFIG", "check", "markdown"]
+__all__ = ["APPLIED", "INFORMS", "REFUSED", "Field", "CONTAINER_CONFIG", "POD_SANDBOX_CONFIG", "walk", "check",
+           "markdown"]
 
 APPLIED, INFORMS, REFUSED = "applied", "informs", "refused"
 
@@ -264,26 +265,37 @@ POD_SANDBOX_CONFIG: dict[str, Field] = {
 }
 
 
-def check(doc: Any, table: Mapping[str, Field], message: str, _prefix: str = "", _where: str = "") -> None:
-    """Refuse (InvalidArgument, naming the field) a field of ``doc`` that ``table`` does not know
-    or refuses, at any depth; ``message`` names the message in the sentence. Types and values of
-    the fields applied are left to their readers."""
+def walk(doc: Any, table: Mapping[str, Field], name: Callable[[str], str] = str, _prefix: str = "",
+         _where: str = "") -> Iterator[tuple[str, str, Field | None, str, Mapping[str, Any]]]:
+    """Each field of ``doc`` at any depth, as (where, path, field, key, the mapping it is in): ``where``
+    as the document spells it (``mounts[1].readonly``), ``path`` the table's key, ``field`` None for a key
+    the table does not know (which is not descended into). ``name(key)`` is the key as the table spells
+    it. A map's keys (labels) are not fields: a map is yielded, its entries are not."""
     if not isinstance(doc, Mapping):
         return
     for key, value in doc.items():
-        path, where = f"{_prefix}{key}", f"{_where}{key}"
+        path, where = f"{_prefix}{name(key)}", f"{_where}{key}"
         field = table.get(path)
+        yield where, path, field, key, doc
+        if field is not None and field.kind == APPLIED and not field.leaf:
+            if isinstance(value, Mapping):
+                yield from walk(value, table, name, f"{path}.", f"{where}.")
+            elif isinstance(value, list):
+                for i, item in enumerate(value):
+                    yield from walk(item, table, name, f"{path}.", f"{where}[{i}].")
+
+
+def check(doc: Any, table: Mapping[str, Field], message: str) -> None:
+    """Refuse (InvalidArgument, naming the field) a field of ``doc`` that ``table`` does not know
+    or refuses, at any depth; ``message`` names the message in the sentence. Types and values of
+    the fields applied are left to their readers."""
+    for where, _, field, key, parent in walk(doc, table):
+        value = parent[key]
         if field is None:
             raise InvalidArgument(f"{where} is not a field of CRI's {message} that podshim knows")
         if field.kind == REFUSED:
             if field.asks(value) if field.asks is not None else not _zero(value):
                 raise InvalidArgument(f"{where} cannot be applied: {field.text}")
-        elif field.kind == APPLIED and not field.leaf:
-            if isinstance(value, Mapping):
-                check(value, table, message, f"{path}.", f"{where}.")
-            elif isinstance(value, list):
-                for i, item in enumerate(value):
-                    check(item, table, message, f"{path}.", f"{where}[{i}].")
 
 
 def markdown() -> str:

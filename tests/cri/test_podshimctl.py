@@ -136,7 +136,7 @@ def test_help_works_everywhere(env, capsys):
     (["call", SANDBOX, "PingSandbox"], 2, "--address is required"),
     (["sandbox", "stop", "x", "--timeout", "soon"], 2, "invalid float value"),
     (["sandbox"], 2, "required"),
-    (["frobnicate"], 2, "invalid choice"),
+    (["frobnicate"], 2, "unknown command 'frobnicate'"),
 ])
 def test_bad_input_gets_a_sentence_and_an_exit_status_never_a_traceback(env, capsys, tmp_path, argv, code, said):
     (tmp_path / "bad.json").write_text("{not json")

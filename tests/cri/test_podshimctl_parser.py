@@ -59,11 +59,37 @@ def test_usage_errors_are_the_full_parsers(capsys):
 def test_a_run_builds_the_top_level_parser_once(monkeypatch):
     built = []
 
-    class Counted(cli.ArgumentParser):
+    class Counted(cli._Parser):
         def __init__(self, *args, **kwargs):
             super().__init__(*args, **kwargs)
             built.append(self.prog)
 
-    monkeypatch.setattr(cli, "ArgumentParser", Counted)
+    monkeypatch.setattr(cli, "_Parser", Counted)
     assert cli.main(["sandbox", "list", "--bogus"]) == 2
     assert built.count("podshimctl") == 1
+
+
+@pytest.mark.parametrize("before, after", [
+    (["--endpoint", "unix:///run/x.sock", "pods"], ["pods", "--endpoint", "unix:///run/x.sock"]),
+    (["--runtime-root", "/run/x", "--namespace", "ns", "ps", "-a"], ["ps", "-a", "--runtime-root", "/run/x", "-n", "ns"]),
+    (["--root", "/x", "--spawner", "systemd", "sandbox", "list"], ["sandbox", "list", "--root", "/x", "--spawner", "systemd"]),
+    (["--json", "--debug", "version"], ["version", "--debug", "--json"]),
+], ids=lambda argv: " ".join(argv))
+def test_global_options_go_before_or_after_the_command(before, after):
+    assert _shown(cli.build_parser().parse_args(before)) == _shown(cli.build_parser().parse_args(after))
+
+
+def test_an_option_before_the_command_is_not_undone_after_it():
+    args = cli.build_parser().parse_args(["--endpoint", "unix:///run/x.sock", "pods", "-q"])
+    assert args.endpoint == "unix:///run/x.sock"
+
+
+@pytest.mark.parametrize("argv, said", [
+    (["pdos"], "unknown command 'pdos'; did you mean 'pods' or 'ps'?"),
+    (["sandbox", "lsit"], "unknown command 'lsit'; did you mean 'list'?"),
+    (["--spawner", "exce", "pods"], "unknown choice for --spawner 'exce'; did you mean 'exec'?"),
+    (["xyzzy"], "unknown command 'xyzzy' (choose from 'call', "),
+])
+def test_a_mistyped_command_gets_did_you_mean(capsys, argv, said):
+    assert cli.main(argv) == 2
+    assert said in capsys.readouterr().err

@@ -116,3 +116,26 @@ def test_errors_under_json_are_json(daemon):
     done = subprocess.run([*PODSHIMCTL, "--runtime-root", "/nonexistent", "--json", "pods"], cwd=REPO,
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 1 and json.loads(done.stderr)["error"]["message"].startswith("podshimd is not running")
+
+
+def test_an_unknown_config_field_is_refused_naming_it_and_the_field_it_resembles(daemon, tmp_path):
+    path = tmp_path / "pod.json"
+    config = pod_config()
+    config["hostnam"] = "typo"
+    config["metadata"]["namespaec"] = "x"
+    path.write_text(json.dumps(config))
+    done = ctl(daemon, "runp", str(path), check=False)
+    assert (done.returncode, done.stderr) == (1, (
+        f"podshimctl: pod config {path} is not a CRI PodSandboxConfig: 'metadata.namespaec' (did you mean "
+        "'namespace'?), 'hostnam' (did you mean 'hostname'?) are not among its fields\n"))
+    assert ctl(daemon, "pods", "-q").stdout == ""
+
+
+def test_create_with_its_files_swapped_says_the_first_looks_like_a_pod_config(daemon, pod, tmp_path):
+    pod_path, container_path = tmp_path / "pod.json", tmp_path / "c.json"
+    pod_path.write_text(json.dumps(pod_config()))
+    container_path.write_text(json.dumps({**container_config(["true"]), "image": {"image": daemon.image}}))
+    done = ctl(daemon, "create", pod.id, str(pod_path), str(container_path), check=False)
+    assert done.returncode == 1
+    assert done.stderr.startswith(f"podshimctl: {pod_path} looks like a pod config (")
+    assert "(the files are swapped?): podshimctl create POD_ID CONTAINER_CONFIG.json POD_CONFIG.json" in done.stderr
