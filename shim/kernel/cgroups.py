@@ -555,8 +555,8 @@ class SandboxCgroup(Record):
         ``memory_working_set_bytes`` (usage minus inactive file pages, as cadvisor and
         containerd count it), ``memory_rss_bytes``, ``memory_page_faults``,
         ``memory_major_page_faults`` (memory.stat), ``memory_limit_bytes`` (None also when
-        unlimited), ``pids_current`` (v1 pids.current counts tasks; the v2 fallback counts
-        processes in cgroup.procs), ``memory_swap_bytes`` (v1: memory.memsw.usage_in_bytes less
+        unlimited), ``pids_current`` (pids.current, v1's or v2's, counts tasks; without a pids
+        controller, the processes in cgroup.procs are counted), ``memory_swap_bytes`` (v1: memory.memsw.usage_in_bytes less
         memory.usage_in_bytes; v2: memory.swap.current), ``memory_swap_limit_bytes`` (the swap
         alone: v1 memory.memsw.limit_in_bytes less memory.limit_in_bytes, v2 memory.swap.max;
         None also when unlimited), ``cpu_pressure``, ``memory_pressure``, ``io_pressure`` (the v2
@@ -590,6 +590,8 @@ class SandboxCgroup(Record):
         limit = int(raw) if limit_known and raw != "max" and int(raw) < _UNLIMITED_BYTES else None
 
         pids = _read_int(v1["pids"], "pids.current") if "pids" in v1 else None
+        if pids is None and v2 is not None:
+            pids = _read_int(v2, "pids.current")  # v2 with its pids controller enabled
         if pids is None and v2 is not None and os.path.isdir(v2):
             try:
                 pids = sum(len(_read_pids(d)) for d in _subtree(v2))

@@ -863,3 +863,22 @@ def test_a_sandbox_that_hands_controllers_to_its_tasks_keeps_its_own_processes_i
     finally:
         cgroup.remove()
     assert not (tmp_path / "pods").exists()
+
+
+def test_on_cgroup_v2_the_figures_come_from_the_v2_files(v2_task):
+    for name, text in {"cpu.stat": "usage_usec 5\nuser_usec 3\n", "memory.current": "4096\n",
+                       "memory.stat": "anon 1024\ninactive_file 1000\npgfault 3\npgmajfault 1\n",
+                       "pids.current": "4\n", "memory.events": "low 0\noom 1\noom_kill 2\n",
+                       "memory.swap.current": "0\n", "memory.max": "8192\n",
+                       "memory.pressure": "some avg10=0.00 avg60=0.00 avg300=0.00 total=7\n"}.items():
+        _write_v2(v2_task, name, text)
+    metrics = v2_task.metrics()
+    assert {key: metrics[key] for key in ("cpu_usage_ns", "memory_usage_bytes", "memory_working_set_bytes",
+                                          "memory_rss_bytes", "memory_page_faults", "memory_major_page_faults",
+                                          "memory_limit_bytes", "pids_current", "memory_swap_bytes",
+                                          "memory_swap_limit_bytes")} == {
+        "cpu_usage_ns": 5000, "memory_usage_bytes": 4096, "memory_working_set_bytes": 3096, "memory_rss_bytes": 1024,
+        "memory_page_faults": 3, "memory_major_page_faults": 1, "memory_limit_bytes": 8192, "pids_current": 4,
+        "memory_swap_bytes": 0, "memory_swap_limit_bytes": None}
+    assert metrics["memory_pressure"]["some"]["total_us"] == 7
+    assert v2_task.oom_kills() == 2
