@@ -354,8 +354,9 @@ def remove_stale_holds() -> list[str]:
         hierarchies = discover_hierarchies()
     except OSError:
         return removed
+    pure_v2 = _pure_v2(hierarchies)
     for hierarchy in hierarchies:
-        top = hierarchy.directory(os.path.join(hierarchy.own_path, DEFAULT_PARENT))
+        top = hierarchy.directory(os.path.join(_base(hierarchy, DEFAULT_PARENT, pure_v2), DEFAULT_PARENT))
         if top is None:
             continue
         try:
@@ -444,9 +445,9 @@ class SandboxCgroup(Record):
             hierarchies = discover_hierarchies()
             # Only where no controller is on v1 (pure v2) are controllers handed down the v2 tree:
             # on a hybrid layout v2 tracks membership, and the machine's own v2 tree is left as it is.
-            pure_v2 = not any(c for h in hierarchies if h.key != V2 for c in h.controllers if not c.startswith("name="))
+            pure_v2 = _pure_v2(hierarchies)
             for hierarchy in hierarchies:
-                base = "/" if parent.startswith("/") else hierarchy.own_path
+                base = _base(hierarchy, parent, pure_v2)
                 parent_path = os.path.join(base, parent.lstrip("/"))
                 # The parent's directory once, the target's and the last owned parent's from it
                 # (the same as asking directory() for each, a third of the work in a new shim).
@@ -467,7 +468,7 @@ class SandboxCgroup(Record):
                     raise error_from_oserror(exc, f"cannot create cgroup {target} ({exc.filename})") from exc
                 cgroup.paths[hierarchy.key] = target
                 if hierarchy.key == V2 and pure_v2:
-                    top = hierarchy.directory(hierarchy.own_path if base != "/" else "/")
+                    top = hierarchy.directory(base)
                     if top is not None and _enable_controllers(top, target):
                         os.mkdir(os.path.join(target, PAUSE_LEAF), 0o755)
                         cgroup.leaf = PAUSE_LEAF
@@ -955,6 +956,22 @@ async def _pausing(steps: Iterator[float], delay: float) -> None:
     await asyncio.sleep(delay)
     for delay in steps:
         await asyncio.sleep(delay)
+
+
+def _pure_v2(hierarchies: list[Hierarchy]) -> bool:
+    """Whether no controller is mounted on cgroup v1 (named hierarchies such as name=systemd aside)."""
+    return not any(c for h in hierarchies if h.key != V2 for c in h.controllers if not c.startswith("name="))
+
+
+def _base(hierarchy: Hierarchy, parent: str, pure_v2: bool) -> str:
+    """The hierarchy path ``parent`` is relative to: the root for an absolute one; else this
+    process's own cgroup, but for the default parent on pure v2, which is at the root: our own
+    cgroup has processes (us), so nothing below it could be handed a controller."""
+    if parent.startswith("/"):
+        return "/"
+    if pure_v2 and (parent == DEFAULT_PARENT or parent.startswith(DEFAULT_PARENT + "/")):
+        return "/"
+    return hierarchy.own_path
 
 
 def _enable_controllers(top: str, target: str) -> list[str]:

@@ -882,3 +882,16 @@ def test_on_cgroup_v2_the_figures_come_from_the_v2_files(v2_task):
         "memory_swap_bytes": 0, "memory_swap_limit_bytes": None}
     assert metrics["memory_pressure"]["some"]["total_us"] == 7
     assert v2_task.oom_kills() == 2
+
+
+def test_on_pure_v2_the_default_parent_is_at_the_root_as_our_own_cgroup_has_processes(tmp_path, monkeypatch):
+    hierarchy = cgroups.Hierarchy(V2, frozenset(), str(tmp_path), "/", "/system.slice/podshimd.service")
+    monkeypatch.setattr(cgroups, "discover_hierarchies", lambda: [hierarchy])
+    default = SandboxCgroup.create("sb", f"{cgroups.DEFAULT_PARENT}/k8s.io")
+    given = SandboxCgroup.create("sb", "mine")
+    try:
+        assert default.paths == {V2: str(tmp_path / cgroups.DEFAULT_PARENT / "k8s.io" / "sb")}
+        assert given.paths == {V2: str(tmp_path / "system.slice" / "podshimd.service" / "mine" / "sb")}
+    finally:
+        default.remove()
+        given.remove()
