@@ -22,6 +22,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 
@@ -29,15 +30,15 @@ import pytest
 
 from shim.kernel import linux
 from shim.rpc.processes import process_alive
-from shim.paths import STATE_FILE, read_json
-from shim.rpc import Client, RpcError
-from shim.rpc.api import EVENTS_SERVICE, SANDBOX_SERVICE, TASK_SERVICE
+from shim.paths import STATE_FILE, control_socket_path, read_json
+from shim.rpc import Client, RpcError, blocking
+from shim.rpc.api import EVENTS_SERVICE, SANDBOX_SERVICE, TASK_SERVICE, TEMPLATE_SERVICE
 
 from proctools import fd_readable, pidfds, wait_pidfds
 
 __all__ = [
     "NODE_ROOT", "WAIT", "PODSHIM", "FOOTPRINTS", "Footprint", "ProcessRef", "Shim", "ShimLauncher", "EventStream",
-    "adopting_orphans", "child_pids", "host_netns_bound_at", "host_untouched", "leftovers",
+    "Template", "adopting_orphans", "child_pids", "host_netns_bound_at", "host_untouched", "leftovers",
     "mounts_naming", "new_id", "ns_inode", "run_podshim", "shim", "shims",
 ]
 
@@ -426,3 +427,32 @@ class EventStream:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError, RpcError):
                 await self._task
+
+
+class Template:
+    """A `podshim template` process for one runtime root, stopped (by pid) at teardown."""
+
+    def __init__(self, runtime_root: str):
+        self.runtime_root = runtime_root
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen([*PODSHIM, "template", "--runtime-root", self.runtime_root],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        path = control_socket_path(self.runtime_root)
+        deadline = time.monotonic() + 15
+        while True:  # the template offers no readiness pipe to a plain subprocess: ask it
+            try:
+                blocking.call("unix://" + path, TEMPLATE_SERVICE, "Ping", timeout=1)
+                return
+            except Exception:
+                if self.proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"template did not start: {self.proc.stderr.read().decode()}")
+                time.sleep(0.02)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            self.proc.wait(10)
+        if self.proc is not None:
+            self.proc.stderr.close()

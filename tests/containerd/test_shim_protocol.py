@@ -1,5 +1,6 @@
 """``containerd-shim-podshim-v1`` spoken to as containerd speaks to it, without containerd: ``start``
-with a protobuf BootstrapParams on stdin prints only a protobuf BootstrapResult (version 3, ttrpc);
+with a protobuf BootstrapParams on stdin prints only a protobuf BootstrapResult (version 3, ttrpc),
+the shim forked by it or by the runtime root's template;
 the shim serves containerd's Sandbox service (a pod from CRI's PodSandboxConfig, its lifecycle) and
 Task v3 (the sandbox's reconnect calls, a container from an OCI bundle, whose events reach containerd's
 Events/Forward) over protobuf, beside its own msgpack services on the same
@@ -25,11 +26,13 @@ from client.criapi import api_pb2
 from shim.containerd.api import load
 from shim.containerd.services import SANDBOX_SERVICE as SANDBOX, TASK_SERVICE as TASK, sandbox_pb2, task_pb2
 from shim.containerd.events import events_pb2, task_events
-from shim.rpc import Client, FailedPrecondition, InvalidArgument, Server
+from shim.paths import control_socket_path
+from shim.rpc import Client, FailedPrecondition, InvalidArgument, Server, blocking
+from shim.rpc.api import TEMPLATE_SERVICE
 from shim.rpc.api import SANDBOX_SERVICE as PODSHIM_SANDBOX
 from shim.rpc.codecs import PROTOBUF
 
-from shimtools import WAIT, ProcessRef, new_id
+from shimtools import WAIT, ProcessRef, Template, new_id
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 bootstrap_pb2 = load("runtime.bootstrap.v1.bootstrap_pb2")
@@ -56,12 +59,17 @@ class Started:
         return run_shim_binary(self.bundle, self.root, "-id", self.sandbox_id, "-bundle", self.bundle, "delete")
 
 
-@pytest.fixture
-def started(tmp_path):
-    """A shim started by ``start``; deleted (and killed if still alive) whatever the test did."""
+@pytest.fixture(params=["forked", "template"])
+def started(request, tmp_path):
+    """A shim started by ``start``, forked by it or by the runtime root's template (then running);
+    deleted (and killed if still alive) whatever the test did."""
     bundle, root = tmp_path / "bundle", tmp_path / "root"
     bundle.mkdir()
     sandbox_id = new_id()
+    template = Template(str(root)) if request.param == "template" else None
+    if template is not None:
+        template.start()
+        request.addfinalizer(template.stop)
     params = bootstrap_pb2.BootstrapParams(instance_id=sandbox_id, namespace=NAMESPACE,
                                            containerd_ttrpc_address=str(tmp_path / "ttrpc.sock"))
     done = run_shim_binary(str(bundle), str(root), "-id", sandbox_id, "start", stdin=params.SerializeToString())
@@ -69,6 +77,8 @@ def started(tmp_path):
     result = bootstrap_pb2.BootstrapResult.FromString(done.stdout)
     assert (result.version, result.protocol) == (3, "ttrpc")
     assert result.SerializeToString() == done.stdout  # nothing else on stdout
+    if template is not None:
+        assert blocking.call(f"unix://{control_socket_path(str(root))}", TEMPLATE_SERVICE, "Ping")["spawned"] == 1
     with open(bundle / "podshim" / "state.json") as f:
         shim = ProcessRef(json.load(f)["shim_pid"])
     it = Started(str(bundle), str(root), sandbox_id, result.address, shim)
@@ -137,7 +147,7 @@ async def test_a_pod_runs_stops_and_goes_through_containerds_sandbox_service_and
         finally:
             pause.kill()
             pause.close()
-    await started.shim.exited()  # the shim ends by itself after ShutdownSandbox
+    await started.shim.exited(WAIT * 2)  # the shim ends by itself after ShutdownSandbox
     deleted = started.delete()
     assert deleted.returncode == 0, deleted.stderr
     response = task_v2_pb2.DeleteResponse.FromString(deleted.stdout)
@@ -216,7 +226,7 @@ async def test_a_container_from_an_oci_bundle_runs_and_its_events_reach_containe
         assert waited.exit_status == 3
         deleted = await call(pb, TASK, "Delete", task_pb2.DeleteRequest(id="c1"), task_pb2.DeleteResponse)
         assert (deleted.pid, deleted.exit_status) == (begun.pid, 3)
-        async with asyncio.timeout(WAIT):
+        async with asyncio.timeout(WAIT * 4):
             while len(received) < 4:
                 arrived.clear()
                 await arrived.wait()
@@ -229,4 +239,4 @@ async def test_a_container_from_an_oci_bundle_runs_and_its_events_reach_containe
         assert (exit.container_id, exit.pid, exit.exit_status) == ("c1", begun.pid, 3)
         await call(pb, SANDBOX, "ShutdownSandbox", sandbox_pb2.ShutdownSandboxRequest(sandbox_id=sid),
                    sandbox_pb2.ShutdownSandboxResponse)
-    await started.shim.exited()
+    await started.shim.exited(WAIT * 2)

@@ -22,38 +22,9 @@ from shim.rpc.api import SANDBOX_SERVICE, TEMPLATE_SERVICE
 from shim.rpc.status import InvalidArgument, RpcError, Unavailable
 
 from proctools import alive, fd_targets, wait_gone, wait_gone_async
-from shimtools import NODE_ROOT
+from shimtools import NODE_ROOT, Template
 
 PODSHIM = [sys.executable, "-m", "shim"]
-
-
-class Template:
-    """A `podshim template` process for one runtime root, stopped (by pid) at teardown."""
-
-    def __init__(self, runtime_root: str):
-        self.runtime_root = runtime_root
-        self.proc: subprocess.Popen | None = None
-
-    def start(self) -> None:
-        self.proc = subprocess.Popen([*PODSHIM, "template", "--runtime-root", self.runtime_root],
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        path = control_socket_path(self.runtime_root)
-        deadline = time.monotonic() + 15
-        while True:  # the template offers no readiness pipe to a plain subprocess: ask it
-            try:
-                blocking.call("unix://" + path, TEMPLATE_SERVICE, "Ping", timeout=1)
-                return
-            except Exception:
-                if self.proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"template did not start: {self.proc.stderr.read().decode()}")
-                time.sleep(0.02)
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            self.proc.wait(10)
-        if self.proc is not None:
-            self.proc.stderr.close()
 
 
 @pytest.fixture
