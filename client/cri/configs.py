@@ -458,6 +458,7 @@ class Mount:
     readonly: bool = False
     propagation: str = "PROPAGATION_PRIVATE"
     selinux_relabel: bool = False
+    recursive_read_only: bool = False
 
     @classmethod
     def from_json(cls, doc: Any, path: str) -> "Mount":
@@ -466,15 +467,25 @@ class Mount:
         for key, value in (("container_path", container_path), ("host_path", host_path)):
             if not os.path.isabs(value) or "\0" in value:
                 raise InvalidArgument(f"{f.name(key)} {value!r} must be an absolute path")
-        return cls(container_path=os.path.normpath(container_path), host_path=host_path,
-                   readonly=f.boolean("readonly"), selinux_relabel=f.boolean("selinux_relabel"),
-                   propagation=f.mode("propagation", tuple(PROPAGATIONS.values()), "PROPAGATION_PRIVATE",
-                                      PROPAGATIONS))
+        mount = cls(container_path=os.path.normpath(container_path), host_path=host_path,
+                    readonly=f.boolean("readonly"), selinux_relabel=f.boolean("selinux_relabel"),
+                    propagation=f.mode("propagation", tuple(PROPAGATIONS.values()), "PROPAGATION_PRIVATE",
+                                       PROPAGATIONS),
+                    recursive_read_only=f.boolean("recursive_read_only"))
+        # As containerd: every mount below a recursive read-only one is read-only for good, so it
+        # must be read-only itself and receive no mount from the host.
+        if mount.recursive_read_only and not mount.readonly:
+            raise InvalidArgument(f"{f.name('recursive_read_only')} needs readonly to be true as well")
+        if mount.recursive_read_only and mount.propagation != "PROPAGATION_PRIVATE":
+            raise InvalidArgument(f"{f.name('recursive_read_only')} needs propagation PROPAGATION_PRIVATE, "
+                                  f"not {mount.propagation}")
+        return mount
 
     def to_json(self) -> dict[str, Any]:
         return _drop_empty({"container_path": self.container_path, "host_path": self.host_path,
                             "readonly": self.readonly or None, "selinux_relabel": self.selinux_relabel or None,
-                            "propagation": self.propagation})
+                            "propagation": self.propagation,
+                            "recursive_read_only": self.recursive_read_only or None})
 
 
 @dataclass(frozen=True)

@@ -189,7 +189,8 @@ CONTAINER_CONFIG: dict[str, Field] = {
     "mounts.propagation": _applied("the mount's propagation (private, host to container, bidirectional)"),
     "mounts.uidMappings": _refused("ID-mapped mounts are not supported"),
     "mounts.gidMappings": _refused("ID-mapped mounts are not supported"),
-    "mounts.recursive_read_only": _refused("recursive read-only mounts are not supported"),
+    "mounts.recursive_read_only": _applied("every mount below it read-only too (mount_setattr with AT_RECURSIVE; "
+                                           "OCI's `rro`); needs readonly and PROPAGATION_PRIVATE"),
     "mounts.image": _refused("image volumes are not supported"),
     "mounts.image_sub_path": _refused("image volumes are not supported"),
     "mounts.mount_options": _refused("bind mount options of the client's (noexec, nodev, nosuid) are not supported"),

@@ -5,7 +5,8 @@ As containerd's CRI plugin (``WithMounts``, ``containerMounts``):
 - a host path that does not exist is made as a directory (0755, parents too); a symbolic link is
   resolved on the node, so the container gets what it points to;
 - every mount is a recursive bind (``rbind``) with its propagation: PROPAGATION_PRIVATE is
-  ``rprivate``, HOST_TO_CONTAINER ``rslave``, BIDIRECTIONAL ``rshared``; ``ro`` when read-only;
+  ``rprivate``, HOST_TO_CONTAINER ``rslave``, BIDIRECTIONAL ``rshared``; ``ro`` when read-only,
+  and ``rro`` when recursively read-only (every mount below the bind read-only too);
 - ``selinux_relabel``: podshim cannot relabel, so on a node where SELinux is enabled it is refused
   (a container that would be denied its volume); where it is not, no label is enforced and there
   is nothing to relabel, as containerd's ``label.Relabel`` does nothing there (critest's volume
@@ -88,10 +89,13 @@ def _host_source(mount: Mount) -> str:
     return source
 
 
-def wire_mount(destination: str, source: str, *, readonly: bool, propagation: str = "rprivate") -> dict[str, Any]:
-    """One Task.Create mount: a recursive bind of ``source`` at ``destination``."""
+def wire_mount(destination: str, source: str, *, readonly: bool, propagation: str = "rprivate",
+               recursive_read_only: bool = False) -> dict[str, Any]:
+    """One Task.Create mount: a recursive bind of ``source`` at ``destination`` (``rro``: every
+    mount below it read-only too)."""
     return {"destination": destination, "source": source, "type": "bind",
-            "options": ["rbind", propagation, *(["ro"] if readonly else [])]}
+            "options": ["rbind", propagation, *(["ro"] if readonly else []),
+                        *(["rro"] if recursive_read_only else [])]}
 
 
 def container_mounts(mounts: Iterable[Mount], pod_files: Mapping[str, str], *, readonly_rootfs: bool,
@@ -121,5 +125,6 @@ def container_mounts(mounts: Iterable[Mount], pod_files: Mapping[str, str], *, r
         if mount.propagation not in PROPAGATION_OPTIONS:
             raise InvalidArgument(f"mount {mount.container_path}: unknown propagation {mount.propagation!r}")
         out.append(wire_mount(mount.container_path, source, readonly=mount.readonly,
-                              propagation=PROPAGATION_OPTIONS[mount.propagation]))
+                              propagation=PROPAGATION_OPTIONS[mount.propagation],
+                              recursive_read_only=mount.recursive_read_only))
     return out

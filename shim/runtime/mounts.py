@@ -58,8 +58,10 @@ _MS_PROPAGATION = {"rprivate": linux.MS_PRIVATE | linux.MS_REC, "private": linux
                    "rslave": linux.MS_SLAVE | linux.MS_REC, "slave": linux.MS_SLAVE,
                    "rshared": linux.MS_SHARED | linux.MS_REC, "shared": linux.MS_SHARED}
 #: The options of a ``mounts`` entry (a bind): read-only or not, recursive or not, propagation, flags.
-_BIND_OPTIONS = frozenset({"ro", "rw", "bind", "rbind", "nosuid", "nodev", "noexec", *_MS_PROPAGATION})
+_BIND_OPTIONS = frozenset({"ro", "rro", "rw", "bind", "rbind", "nosuid", "nodev", "noexec", *_MS_PROPAGATION})
 _BIND_FLAGS = {"ro": linux.MS_RDONLY, "nosuid": linux.MS_NOSUID, "nodev": linux.MS_NODEV, "noexec": linux.MS_NOEXEC}
+#: The flags set on the bind and on every mount below it (mount_setattr with AT_RECURSIVE): OCI's ``rro``.
+_BIND_RECURSIVE_FLAGS = {"rro": linux.MS_RDONLY}
 _MAX_SYMLINKS = 40
 #: mount(2) copies one page of options: longer ones (an overlay of many layers) go through fsconfig.
 _MAX_MOUNT_DATA_BYTES = 4095
@@ -595,13 +597,13 @@ class RootSetup(Record):
     readonly: bool
     privileged: bool
     own_ipc: bool
-    binds: list[tuple[int, str, bool, int, int]]  # fd, destination, is dir, prop, flags
+    binds: list[tuple[int, str, bool, int, int, int]]  # fd, destination, is dir, prop, flags, recursive flags
     masked_paths: tuple[str, ...]
     readonly_paths: tuple[str, ...]
     devices: tuple[HostDevice, ...]  # privileged: the host's, made in the task's /dev
 
     def __init__(self, mount_point: str, root_fd: int, readonly: bool, privileged: bool,
-                 own_ipc: bool, binds: list[tuple[int, str, bool, int, int]] | None = None,
+                 own_ipc: bool, binds: list[tuple[int, str, bool, int, int, int]] | None = None,
                  masked_paths: tuple[str, ...] = (), readonly_paths: tuple[str, ...] = (),
                  devices: tuple[HostDevice, ...] = ()) -> None:
         self.mount_point = mount_point
@@ -633,11 +635,12 @@ def open_trees(fs: TaskFilesystem, mount_point: str, *, own_ipc: bool) -> RootSe
         setup.root_fd = _open_tree(mount_point, recursive=True, what="the task's root")
         for i, mount in enumerate(fs.mounts):
             fd = _open_tree(mount.source, recursive=mount.recursive, what=f"mounts[{i}].source")
-            flags = 0
+            flags = recursive_flags = 0
             for option in mount.options:
                 flags |= _BIND_FLAGS.get(option, 0)
+                recursive_flags |= _BIND_RECURSIVE_FLAGS.get(option, 0)
             setup.binds.append((fd, mount.destination, os.path.isdir(mount.source), _MS_PROPAGATION[mount.propagation],
-                                flags))
+                                flags, recursive_flags))
     except BaseException:
         setup.close()
         raise
@@ -687,7 +690,7 @@ def enter_root(setup: RootSetup, step: list[str]) -> None:
     root_fd = os.open(root, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         _standard_mounts(setup, root_fd, step)
-        for fd, destination, is_dir, propagation, flags in setup.binds:
+        for fd, destination, is_dir, propagation, flags, recursive_flags in setup.binds:
             step[0] = f"binding a mount on {destination}"
             try:
                 target = open_in_root(root_fd, destination, "dir" if is_dir else "file")
@@ -703,6 +706,8 @@ def enter_root(setup: RootSetup, step: list[str]) -> None:
             linux.mount_setattr(fd, propagation=propagation & ~linux.MS_REC, recursive=bool(propagation & linux.MS_REC))
             if flags:
                 linux.mount_setattr(fd, flags=flags)
+            if recursive_flags:
+                linux.mount_setattr(fd, flags=recursive_flags, recursive=True)
     finally:
         os.close(root_fd)
     if setup.readonly:

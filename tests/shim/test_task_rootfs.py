@@ -378,7 +378,7 @@ async def test_podshim_delete_after_a_shim_crash_unmounts_the_rootfs(pod, tmp_pa
     ({"mounts": [{"destination": "/d", "source": "/s", "type": "tmpfs"}]}, r"mounts\[0\].type' 'tmpfs' is not supp"),
     ({"mounts": [{"destination": "d", "source": "/s"}]}, r"mounts\[0\].destination' must be an absolute path"),
     ({"mounts": [{"destination": "/d", "source": "/s/../etc"}]}, r"mounts\[0\].source' must be an absolute path"),
-    ({"mounts": [{"destination": "/d", "source": "/s", "options": ["rro"]}]}, r"'mounts\[0\].options' has 'rro'"),
+    ({"mounts": [{"destination": "/d", "source": "/s", "options": ["rnoexec"]}]}, r"'mounts\[0\].options' has 'rnoexec'"),
     ({"masked_paths": ["proc/kcore"]}, r"field 'masked_paths\[0\]' must be an absolute path"),
     ({"readonly_paths": "/proc/sys"}, "field 'readonly_paths' must be an array"),
     ({"privileged": 1}, "field 'privileged' must be true or false"),

@@ -1,0 +1,88 @@
+"""CRI 1.37's kernel features through podshimd's gRPC, on every runtime handler: recursive read-only
+mounts (and the handler features Status reports for them)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+
+import grpc
+import pytest
+
+from client.criapi import api_pb2
+from podtools import container_config, pod_config
+
+HANDLERS = ["native"] + [h for h in ("runc", "crun") if shutil.which(h, path="/usr/sbin:/usr/bin:/sbin:/bin")]
+
+
+@pytest.fixture(params=HANDLERS)
+def handler(request) -> str:
+    return request.param
+
+
+@pytest.fixture
+def pod(daemon, crictl, tmp_path, handler) -> tuple[str, str]:
+    """A ready pod of ``handler``: its id and the path of its config."""
+    path = tmp_path / "pod.json"
+    path.write_text(json.dumps(pod_config()))
+    return daemon.crictl(crictl, "runp", "--runtime", handler, str(path)).stdout.strip(), str(path)
+
+
+@pytest.fixture
+def volume_with_a_submount(tmp_path):
+    """A host directory with a tmpfs mounted on its subdirectory ``sub`` (unmounted after)."""
+    volume = tmp_path / "volume"
+    (volume / "sub").mkdir(parents=True)
+    subprocess.run(["mount", "-t", "tmpfs", "tmpfs", str(volume / "sub")], check=True)
+    try:
+        yield volume
+    finally:
+        subprocess.run(["umount", "-l", str(volume / "sub")], check=True)
+
+
+def running(daemon, crictl, pod, config: dict) -> str:
+    pod_id, pod_path = pod
+    container_id = daemon.create_container(pod_id, config, pod_path)
+    daemon.crictl(crictl, "start", container_id)
+    return container_id
+
+
+def exec_sh(daemon, crictl, container_id: str, script: str) -> subprocess.CompletedProcess:
+    return daemon.crictl(crictl, "exec", container_id, "sh", "-c", script, check=False)
+
+
+def test_status_reports_recursive_read_only_mounts_for_every_handler(daemon):
+    status = daemon.runtime().Status(api_pb2.StatusRequest(), timeout=10)
+    features = {h.name: h.features.recursive_read_only_mounts for h in status.runtime_handlers}
+    assert features == {"": True, **{name: True for name in HANDLERS}}
+
+
+def test_a_recursive_read_only_mount_makes_the_mounts_below_it_read_only(daemon, crictl, pod,
+                                                                         volume_with_a_submount):
+    config = container_config(["sleep", "600"])
+    config["mounts"] = [{"container_path": "/ro", "host_path": str(volume_with_a_submount), "readonly": True},
+                        {"container_path": "/rro", "host_path": str(volume_with_a_submount), "readonly": True,
+                         "recursive_read_only": True}]
+    container_id = running(daemon, crictl, pod, config)
+    # A plain read-only bind leaves the mount below it writable; a recursive one does not.
+    assert exec_sh(daemon, crictl, container_id, "touch /ro/sub/x").returncode == 0
+    for path in ("/rro/x", "/rro/sub/y"):
+        done = exec_sh(daemon, crictl, container_id, f"touch {path}")
+        assert done.returncode != 0 and "Read-only file system" in done.stdout + done.stderr, done
+    mounts = exec_sh(daemon, crictl, container_id, "grep ' /rro' /proc/self/mountinfo").stdout.splitlines()
+    assert len(mounts) == 2 and all(line.split()[5].split(",")[0] == "ro" for line in mounts), mounts
+
+
+@pytest.mark.parametrize("mount, sentence", [
+    ({"readonly": False}, "recursive_read_only needs readonly to be true as well"),
+    ({"readonly": True, "propagation": "PROPAGATION_HOST_TO_CONTAINER"},
+     "recursive_read_only needs propagation PROPAGATION_PRIVATE, not PROPAGATION_HOST_TO_CONTAINER"),
+])
+def test_a_recursive_read_only_mount_must_be_read_only_and_private(daemon, crictl, pod, tmp_path, mount, sentence):
+    config = container_config(["sleep", "600"])
+    config["mounts"] = [{"container_path": "/rro", "host_path": str(tmp_path), "recursive_read_only": True, **mount}]
+    with pytest.raises(grpc.RpcError) as raised:
+        daemon.create_container(pod[0], config, pod[1])
+    assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert sentence in raised.value.details()
