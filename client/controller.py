@@ -208,7 +208,7 @@ class Controller:
                 self.sandboxes.add(ns, sid, handle)
                 tg.start_soon(self._load_one, handle)
         if found:
-            log.info("loaded %d bundle(s) from %s in %.3fs", len(found), self.state_root, time.monotonic() - started)
+            log.debug("loaded %d bundle(s) from %s in %.3fs", len(found), self.state_root, time.monotonic() - started)
 
     def _leave_unknown(self, path: str) -> None:
         why = (f"no {layouts.MARKER} of a bundle and no bootstrap.json of a podshim shim: nothing says a "
@@ -336,7 +336,7 @@ class Controller:
                 return
             try:
                 if await self._call(handle, "StopSandbox", payload, grace + STOP_MARGIN) is None:
-                    log.info("stop %s/%s: its shim is gone; nothing to stop", namespace, sandbox_id)
+                    log.debug("stop %s/%s: its shim is gone; nothing to stop", namespace, sandbox_id)
             except NotFound:
                 if handle.phase is not Phase.GONE:
                     raise  # the shim answered: it does not know the sandbox
@@ -438,7 +438,7 @@ class Controller:
             except NotFound:
                 return  # shut down meanwhile
             except RpcError as exc:
-                log.info("list: %s/%s did not answer (%s)", handle.namespace, handle.sandbox_id, exc)
+                log.debug("list: %s/%s did not answer (%s)", handle.namespace, handle.sandbox_id, exc)
                 reply = None
             if reply is not None:
                 handle.remember(reply)
@@ -735,7 +735,7 @@ class Controller:
                                   timeout=timeout)
         except RpcError as exc:
             # Unavailable/NotFound: already dead; DeadlineExceeded: hung. delete will see to it.
-            log.info("ShutdownSandbox %s/%s: %s", handle.namespace, handle.sandbox_id, exc)
+            log.debug("ShutdownSandbox %s/%s: %s", handle.namespace, handle.sandbox_id, exc)
         else:
             with anyio.move_on_after(timeout), phase("shim exit"):
                 await client.wait_closed()

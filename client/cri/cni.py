@@ -372,7 +372,7 @@ class CniRunner:
         """
         _check_call(container_id, ifname, None)
         if _is_netns(netns_path) is False:
-            log.info("CNI DEL for %s: %s is no longer a network namespace; passing none", container_id, netns_path)
+            log.debug("CNI DEL for %s: %s is no longer a network namespace; passing none", container_id, netns_path)
             netns_path = ""
         raw = prev_result.raw if isinstance(prev_result, CniResult) else prev_result
         config = self.config()

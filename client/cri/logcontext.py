@@ -3,7 +3,8 @@ logged while the pod layer works on one, whoever logs it (the pod layer, the Con
 runner, podshimd's handlers), in one format.
 
 The pod layer says what it works on with :func:`about` (a context variable: tasks started inside
-inherit it); a line may also name its ids itself with ``extra={"pod_id": ..., "container_id": ...}``.
+inherit it); a line may also name its ids itself with ``extra={"pod_id": ..., "container_id": ...}``, and
+the pod's name with ``"pod_namespace"`` and ``"pod_name"`` (printed as ``pod=NAMESPACE/NAME``).
 :class:`IdsFilter` on a handler puts both on every record (empty when unknown) and
 :data:`FORMAT` prints them after the logger's name, only when set::
 
@@ -61,7 +62,9 @@ class IdsFilter(logging.Filter):
         pod_id = getattr(record, "pod_id", "") or POD_ID.get()
         container_id = getattr(record, "container_id", "") or CONTAINER_ID.get()
         record.pod_id, record.container_id = pod_id, container_id
-        record.ids = (f" pod_id={pod_id}" if pod_id else "") + (f" container_id={container_id}" if container_id else "")
+        pod = "/".join(filter(None, (getattr(record, "pod_namespace", ""), getattr(record, "pod_name", ""))))
+        record.ids = ((f" pod_id={pod_id}" if pod_id else "") + (f" container_id={container_id}" if container_id else "")
+                      + (f" pod={pod}" if pod else ""))
         return True
 
 

@@ -332,8 +332,10 @@ class PodService:
                             await self._apply(pod_id, event)
                             self._events.shim_event(pod_id, event)  # to GetContainerEvents, once applied
                     except RpcError as exc:
-                        log.info("pod %s: its shim's event stream ended: %s", pod_id, exc.message,
-                                 extra={"pod_id": pod_id})
+                        # Its shim went away: after a stop or remove, as expected; otherwise the
+                        # Controller reconnects or buries it and says so.
+                        log.debug("pod %s: its shim's event stream ended: %s", pod_id, exc.message,
+                                  extra={"pod_id": pod_id})
                     finally:
                         self._current.discard(pod_id)
                     lost = client.closed
@@ -384,6 +386,20 @@ class PodService:
         except RpcError:
             return False
         return True
+
+    def _lifecycle(self, message: str, *args: Any, pod_id: str, container_id: str = "",
+                   record: PodRecord | None = None) -> None:
+        """One INFO line of a pod's or container's lifecycle: its ids, and the pod's name and namespace,
+        as fields (:mod:`client.cri.logcontext`)."""
+        if record is None:
+            try:
+                record = self.store.get(pod_id)
+            except NotFound:
+                record = None
+        metadata = (record.config.get("metadata") or {}) if record is not None else {}
+        log.info(message, *args, extra={"pod_id": pod_id, "container_id": container_id,
+                                        "pod_name": metadata.get("name", ""),
+                                        "pod_namespace": metadata.get("namespace", "")})
 
     def _mark_notready(self, pod_id: str) -> PodRecord | None:
         # Another process (or task) may be stopping it right now: the store checks the move
@@ -468,6 +484,7 @@ class PodService:
         with phase("events"):
             await self._pod_ready(pod_id)
             await self._start_following(pod_id)
+        self._lifecycle("pod sandbox ready (runtime handler %s)", handler, pod_id=pod_id)
         return pod_id
 
     async def _bring_up(self, record: PodRecord, cfg: PodSandboxConfig, pause: dict[str, Any]) -> None:
@@ -668,6 +685,7 @@ class PodService:
             with phase("store update"):
                 self.store.update(record.pod_id, state=PodState.NOTREADY, network_down=True,
                                   stopped_at=record.stopped_at or time.time_ns())
+            self._lifecycle("pod sandbox stopped", pod_id=record.pod_id, record=record)
 
     async def remove_pod_sandbox(self, pod_id: str) -> None:
         """RemovePodSandbox: force-stop if needed, remove containers, netns, shim and record.
@@ -708,6 +726,7 @@ class PodService:
             remove_pod_files(self._pod_files_dir(record.pod_id))
             with phase("store delete"):
                 self.store.delete(record.pod_id)
+            self._lifecycle("pod sandbox removed", pod_id=record.pod_id, record=record)
             failpoint("remove:after-record")
             self._events.publish(CONTAINER_DELETED, record.pod_id, record.pod_id)
 
@@ -938,6 +957,7 @@ class PodService:
                     self.store.delete_container(pod.pod_id, container_id)
                 raise
         self._events.publish(CONTAINER_CREATED, container_id, pod.pod_id)
+        self._lifecycle("container %s created", cfg.metadata.name, pod_id=pod.pod_id, container_id=container_id)
         return container_id
 
     async def _container_image(self, cfg: ContainerConfig) -> ContainerImage | None:
@@ -1039,6 +1059,7 @@ class PodService:
             self.store.update_container(c.pod_id, c.container_id, state=ContainerState.RUNNING,
                                         pid=started["pid"], started_at=started["started_at"])
         self._events.publish(CONTAINER_STARTED, c.container_id, c.pod_id)
+        self._lifecycle("container started (pid %s)", started["pid"], pod_id=c.pod_id, container_id=c.container_id)
 
     def _container_or_none(self, container_id: str) -> ContainerRecord | None:
         """The container, or None when no container has this id: removed, or never seen (as
@@ -1093,9 +1114,12 @@ class PodService:
     def _exited(self, c: ContainerRecord, done: Mapping[str, Any]) -> ContainerRecord:
         """The container EXITED as the shim's exit (Wait, State or ``/tasks/exit``) says."""
         code = done.get("exit_status", UNKNOWN_EXIT_CODE)
-        return self.store.update_container(c.pod_id, c.container_id, state=ContainerState.EXITED, exit_code=code,
-                                           finished_at=done.get("exited_at") or time.time_ns(),
-                                           reason=exit_reason(code, done.get("oom_killed") is True))
+        reason = exit_reason(code, done.get("oom_killed") is True)
+        exited = self.store.update_container(c.pod_id, c.container_id, state=ContainerState.EXITED, exit_code=code,
+                                             finished_at=done.get("exited_at") or time.time_ns(), reason=reason)
+        self._lifecycle("container exited with status %s (%s)", code, reason, pod_id=c.pod_id,
+                        container_id=c.container_id)
+        return exited
 
     def _shim_gone(self, c: ContainerRecord) -> ContainerRecord:
         return self.store.update_container(c.pod_id, c.container_id, state=ContainerState.EXITED,
@@ -1154,6 +1178,7 @@ class PodService:
             self.store.delete_container(c.pod_id, c.container_id)
         self._cpu_rates.forget(c.container_id)
         self._events.publish(CONTAINER_DELETED, c.container_id, c.pod_id)
+        self._lifecycle("container removed", pod_id=c.pod_id, container_id=c.container_id)
 
     async def container_status(self, container_id: str, verbose: bool = False) -> dict[str, Any]:
         """ContainerStatus, CRI-shaped."""

@@ -6,6 +6,7 @@
 
 A bad config or flag value is one sentence on stderr and exit status 1 (a usage error: 2), and so
 is an install without the generated CRI code (client/criapi); a clean stop on SIGTERM or SIGINT is 0.
+SIGHUP reads the config again and applies its log level (the rest needs a restart).
 """
 
 from __future__ import annotations
@@ -55,8 +56,14 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger().setLevel(config.log_level.upper())
     install_uvloop()
     notifier = Notifier.from_env()
+    running = config
+
+    def on_hangup() -> None:
+        nonlocal running
+        running = configuration.reload_log_level(args, running, logging.getLogger("client.podshimd"))
+
     try:
-        asyncio.run(serve(config, notifier=notifier))
+        asyncio.run(serve(config, notifier=notifier, on_hangup=on_hangup))
     except DaemonError as exc:
         print(f"podshimd: {exc}", file=sys.stderr)
         return 1

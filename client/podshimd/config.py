@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import logging
 import difflib
 import os
 import tomllib
@@ -45,7 +46,7 @@ from shim.runtime.pause import CATATONIT
 from shim.sandbox.options import NATIVE, RUNTIME_HANDLERS
 
 __all__ = ["DEFAULT_CONFIG_PATH", "DEFAULT_STATE_ROOT", "DEFAULT_LISTEN", "LOG_LEVELS", "CGROUPFS", "COMMAND_LINE", "Config",
-           "ConfigError", "load", "add_arguments", "from_arguments"]
+           "ConfigError", "load", "add_arguments", "from_arguments", "reload_log_level"]
 
 DEFAULT_CONFIG_PATH = "/etc/podshim/config.toml"
 #: podshimd's state root: pods/, logs/, pod-files/, images/, and its Controller's bundle root
@@ -375,3 +376,23 @@ def from_arguments(args: argparse.Namespace, *, default_path: str = DEFAULT_CONF
                 raise ConfigError(COMMAND_LINE, flag, f"has an empty directory in {args.cni_bin_dir!r}")
         overrides[key] = value
     return load(args.config, overrides, default_path=default_path)
+
+
+def reload_log_level(args: argparse.Namespace, running: Config, log: logging.Logger) -> Config:
+    """SIGHUP: read the config file (and ``args``' flags) again and apply its log level to the root
+    logger; return the config now in force (``running`` with the new level). Nothing else changes
+    without a restart: a changed key is named in a warning; a config that does not load keeps the
+    level, with an error saying why."""
+    try:
+        fresh = from_arguments(args)
+    except ConfigError as exc:
+        log.error("SIGHUP: the log level stays %s: %s", running.log_level, exc)
+        return running
+    logging.getLogger().setLevel(fresh.log_level.upper())
+    changed = sorted(name for name in _FIELDS if name != "log_level"
+                     and getattr(fresh, name) != getattr(running, name))
+    if changed:
+        log.warning("SIGHUP applies the log level only: restart podshimd to apply %s", ", ".join(changed))
+    if fresh.log_level != running.log_level:
+        log.warning("log level is now %s (was %s)", fresh.log_level, running.log_level)
+    return dataclasses.replace(running, log_level=fresh.log_level)

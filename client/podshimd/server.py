@@ -229,8 +229,9 @@ def _remove_stale_socket(path: str, listen: str) -> None:
 
 # -- serving -----------------------------------------------------------------------------------------
 
-async def serve(config: Config, *, notifier: Notifier | None = None) -> None:
-    """Serve CRI on ``config.listen`` until SIGTERM or SIGINT, then remove the socket.
+async def serve(config: Config, *, notifier: Notifier | None = None, on_hangup: Callable[[], None] | None = None) -> None:
+    """Serve CRI on ``config.listen`` until SIGTERM or SIGINT, then remove the socket; ``on_hangup``
+    runs on each SIGHUP (podshimd's: the log level read again from the config).
 
     Before the socket accepts, the pod layer is opened over ``config.state_root``: it reconnects
     to every live shim and rolls back or finishes what a daemon that died left half-done.
@@ -245,6 +246,8 @@ async def serve(config: Config, *, notifier: Notifier | None = None) -> None:
     stop = asyncio.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
+    if on_hangup is not None:
+        loop.add_signal_handler(signal.SIGHUP, on_hangup)
     lock_fd = None
     grpc_path = path
     changes = Changes()
@@ -305,7 +308,7 @@ async def serve(config: Config, *, notifier: Notifier | None = None) -> None:
             server = None
             await changes.drain(CHANGES_GRACE)
     finally:
-        for signum in (signal.SIGTERM, signal.SIGINT):
+        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             loop.remove_signal_handler(signum)
         if server is not None:
             await server.stop(SHUTDOWN_GRACE)

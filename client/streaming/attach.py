@@ -65,7 +65,7 @@ async def _write_stdin(stream: Stream, fifo: str, close_for_good: Callable[[], A
     try:
         fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as exc:
-        log.info("attach: cannot open the container's stdin %s: %s", fifo, exc.strerror)
+        log.debug("attach: cannot open the container's stdin %s: %s", fifo, exc.strerror)
         stream.discard()
         return
     try:
@@ -85,7 +85,7 @@ async def _resizes(sizes: TerminalSizes, backend: AttachBackend, pod_id: str, co
         try:
             await backend.resize(pod_id, container_id, *size)
         except RpcError as exc:  # out of range, or the container just exited: the attach goes on
-            log.info("attach: cannot resize the terminal of %s to %d x %d: %s", container_id, *size, exc.message)
+            log.debug("attach: cannot resize the terminal of %s to %d x %d: %s", container_id, *size, exc.message)
 
 
 async def run_attach(request: AttachRequest, streams: dict[str, Stream], backend: AttachBackend,
@@ -135,12 +135,12 @@ async def run_attach(request: AttachRequest, streams: dict[str, Stream], backend
         await asyncio.gather(*outputs)
         exit_status = await exited
     except (StreamClosed, RpcError) as exc:
-        log.info("attach to %s ended: %s", container_id, exc)
+        log.debug("attach to %s ended: %s", container_id, exc)
         return
     finally:
         for task in outputs + helpers:
             task.cancel()
         await asyncio.gather(*outputs, *helpers, return_exceptions=True)
         io.close()
-    log.info("attach: container %s exited with status %d", container_id, exit_status)
+    log.debug("attach: container %s exited with status %d", container_id, exit_status)
     await finish(0, "")

@@ -92,20 +92,20 @@ class PortForwardSession:
     def stream_opened(self, stream: Stream) -> None:
         kind = stream.header("streamtype")
         if kind not in ("error", "data"):
-            log.info("port-forward: refusing a stream of type %r", kind)
+            log.debug("port-forward: refusing a stream of type %r", kind)
             stream.reset()
             return
         request_id = stream.header("requestid")
         if request_id is None:
             request_id = str(stream.stream_id if kind == "error" else stream.stream_id - 2)
         if request_id not in self._pending and len(self._pending) >= MAX_FORWARDS:
-            log.info("port-forward: pod %s: refusing request %s: %d requests already wait for their second stream",
-                     self.pod_id, request_id, MAX_FORWARDS)
+            log.debug("port-forward: pod %s: refusing request %s: %d requests already wait for their second stream",
+                      self.pod_id, request_id, MAX_FORWARDS)
             stream.reset()
             return
         pair = self._pending.setdefault(request_id, {})
         if kind in pair:
-            log.info("port-forward: request %s opened a second %s stream", request_id, kind)
+            log.debug("port-forward: request %s opened a second %s stream", request_id, kind)
             stream.reset()
             return
         pair[kind] = stream
@@ -131,8 +131,8 @@ class PortForwardSession:
     def _unpaired(self, request_id: str) -> None:
         self._timers.pop(request_id, None)
         for stream in self._pending.pop(request_id, {}).values():
-            log.info("port-forward: request %s: its other stream did not come within %.0f s", request_id,
-                     STREAM_PAIR_TIMEOUT)
+            log.debug("port-forward: request %s: its other stream did not come within %.0f s", request_id,
+                      STREAM_PAIR_TIMEOUT)
             stream.reset()
 
     def close(self) -> None:
@@ -173,7 +173,7 @@ class PortForwardSession:
             error.close()
 
     async def _fail(self, error: Stream, data: Stream, message: str) -> None:
-        log.info("port-forward: %s", message)
+        log.debug("port-forward: %s", message)
         try:
             await error.write(message.encode())
         except StreamClosed:

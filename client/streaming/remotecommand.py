@@ -111,7 +111,7 @@ class RemoteCommandSession:
     def stream_opened(self, stream: Stream) -> None:
         kind = stream.header("streamtype") or ""
         if self._started or kind not in self._expected or kind in self._streams:
-            log.info("exec: refusing an unexpected %r stream", kind)
+            log.debug("exec: refusing an unexpected %r stream", kind)
             stream.reset()
             return
         self._streams[kind] = stream
@@ -124,7 +124,7 @@ class RemoteCommandSession:
         self._timer = None
         if not self._started:
             missing = ", ".join(sorted(self._expected - set(self._streams)))
-            log.info("exec: the client did not open its %s stream(s) within %.0f s", missing, STREAMS_TIMEOUT)
+            log.debug("exec: the client did not open its %s stream(s) within %.0f s", missing, STREAMS_TIMEOUT)
             for stream in self._streams.values():
                 stream.reset()
 
@@ -250,7 +250,7 @@ def _resize(io: execio.ExecIO, width: int, height: int) -> None:
     try:
         io.resize(width, height)
     except (OSError, struct.error):  # out of range for the kernel's winsize
-        log.info("exec: ignoring a terminal size of %d x %d", width, height)
+        log.debug("exec: ignoring a terminal size of %d x %d", width, height)
 
 
 async def _resizes(sizes: TerminalSizes, io: execio.ExecIO) -> None:

@@ -178,7 +178,7 @@ class StreamingServer:
             assert isinstance(request, Request)
             kind, stored, protocol = self._route(request)
         except HttpError as exc:
-            log.info("streaming request refused (%d): %s", exc.status, exc.message)
+            log.debug("streaming request refused (%d): %s", exc.status, exc.message)
             writer.write(error_response(exc))
             with contextlib.suppress(TimeoutError, ConnectionError):  # a client that does not read is dropped
                 await asyncio.wait_for(writer.drain(), HEAD_TIMEOUT)

@@ -116,7 +116,7 @@ class Session:
                     try:
                         events = self.conn.receive_data(data)
                     except spdy.RemoteProtocolError as exc:
-                        log.info("streaming client broke SPDY: %s", exc)
+                        log.debug("streaming client broke SPDY: %s", exc)
                         self._flush()
                         return
                     for event in events:

@@ -34,14 +34,14 @@ class TerminalSizes:
                     value, end = self._decoder.raw_decode(text)
                 except ValueError:
                     if len(text) > MAX_RESIZE_BYTES:
-                        log.info("dropping a resize message that is not JSON")
+                        log.debug("dropping a resize message that is not JSON")
                         self._pending = ""
                 else:
                     self._pending = text[end:]
                     try:
                         return int(value["Width"]), int(value["Height"])
                     except (KeyError, TypeError, ValueError, OverflowError):
-                        log.info("ignoring a bad resize message %r", value)
+                        log.debug("ignoring a bad resize message %r", value)
                         continue
             data = await self._stream.read()
             if not data:
