@@ -42,6 +42,19 @@ elif args[0] == "install":
     with open(target, "w") as f:
         f.write("#!/bin/sh\necho built by " + version + " with " + " ".join(args[1:-1]) + "\n")
     os.chmod(target, 0o755)
+elif args[0] == "get":
+    with open(os.environ["FAKE_LOG"] + ".gomod", "w") as f, open("go.mod") as mod:
+        f.write(mod.read())
+    with open(os.environ["FAKE_LOG"] + ".nice", "w") as f:
+        f.write(str(os.nice(0)))
+elif args[:2] == ["list", "-m"]:
+    with open("go.mod") as mod:
+        print([line.split()[2] for line in mod if line.startswith("require " + args[-1] + " ")][0])
+elif args[0] == "build":
+    target = args[args.index("-o") + 1]
+    with open(target, "w") as f:
+        f.write("#!/bin/sh\n")
+    os.chmod(target, 0o755)
 else:
     sys.exit("fake go: unknown command " + " ".join(args))
 '''
@@ -57,6 +70,13 @@ package = "example.com/hello/cmd/hello"
 build = "install"
 ldflags = "-X example.com/hello/version.Version={version}"
 
+[tools.node]
+module = "example.com/cluster"
+version = "v1.4.2"
+package = "example.com/cluster/cmd/node"
+build = "module"
+local_replaces = "v0.4.2"
+
 [schemas.greeting]
 module = "example.com/greeting"
 version = "v0.1.0"
@@ -65,6 +85,24 @@ into = "pkg/greeting"
 [schemas.greeting.files]
 "greeting.proto" = "0000000000000000000000000000000000000000000000000000000000000000"
 '''
+
+
+CLUSTER_GO_MOD = """module example.com/cluster
+
+go 1.26.0
+
+require (
+\texample.com/cluster/api v0.0.0
+\texample.com/other v1.0.0
+)
+
+replace (
+\texample.com/cluster/api => ./staging/api // its own API module
+\texample.com/other => example.com/fork v1.0.1
+)
+
+replace example.com/cluster/client => ../client
+"""
 
 
 @pytest.fixture
@@ -77,6 +115,7 @@ def fake(tmp_path, monkeypatch):
     (bin_dir / "go").chmod(0o755)
     (modules / "example.com").mkdir()
     (modules / "example.com" / "hello@v1.2.3.mod").write_text("module example.com/hello\n\ngo 1.26.6\n")
+    (modules / "example.com" / "cluster@v1.4.2.mod").write_text(CLUSTER_GO_MOD)
     (tmp_path / "pins.toml").write_text(PINS)
     log = tmp_path / "go.log"
     log.touch()
@@ -167,7 +206,7 @@ def test_a_module_that_needs_a_newer_go_than_the_pinned_toolchain_is_refused_wit
 
 
 def test_a_tool_without_a_pin_or_a_way_to_build_it_is_refused(fake):
-    with pytest.raises(gotool.GoToolError, match=r"^no tool 'nope' is pinned in .*pins\.toml \(pinned: hello\)$"):
+    with pytest.raises(gotool.GoToolError, match=r"^no tool 'nope' is pinned in .*pins\.toml \(pinned: hello, node\)$"):
         gotool.tool_path("nope")
 
 
@@ -215,3 +254,15 @@ def test_schema_files_importing_each_other_by_their_path_in_the_module_import_fr
                            "print(h.Hello(name={'text': 'hi'}).name.text, h.Hello.DESCRIPTOR.file.name)"],
                           cwd=tmp_path / "repo", capture_output=True, text=True, timeout=60)
     assert (said.returncode, said.stdout) == (0, "hi pkg/greet/hello.proto\n"), said.stderr
+
+
+def test_a_module_build_replaces_what_the_module_takes_from_its_own_directories_by_their_published_version(
+        fake, tmp_path):
+    path = gotool.tool_path("node")
+    assert path == str(tmp_path / "cache" / "node-v1.4.2" / "node")
+    throwaway = (tmp_path / "go.log.gomod").read_text()
+    assert throwaway.endswith("require example.com/cluster v1.4.2\n\nreplace (\n"
+                              "\texample.com/cluster/api => example.com/cluster/api v0.4.2\n"
+                              "\texample.com/cluster/client => example.com/cluster/client v0.4.2\n)\n")
+    assert (tmp_path / "go.log.nice").read_text() == str(gotool.BUILD_NICENESS)
+    assert "build -o " in fake.read_text()
