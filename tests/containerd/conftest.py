@@ -1,7 +1,39 @@
-"""The containerd tests' fixtures: crictl and a throwaway network namespace (tests/critools.py)."""
+"""The containerd tests' fixtures: crictl (tests/critools.py) and a throwaway network namespace."""
 
 from __future__ import annotations
 
-from critools import crictl, outer_netns
+import os
+import secrets
+import subprocess
+import time
 
-__all__ = ["crictl", "outer_netns"]
+import pytest
+
+from critools import crictl
+
+__all__ = ["crictl", "ctrd_netns"]
+
+#: Seconds the namespace's removal is retried: a mount namespace that copied its bind mount may
+#: hold it busy for a moment after the processes that made it are gone.
+REMOVE_TIMEOUT = 10.0
+
+
+@pytest.fixture
+def ctrd_netns():
+    """A network namespace of the test's own (loopback up) for containerd and its CNI; its path.
+    Removed after the test, and the test fails if it cannot be."""
+    name = f"podshim-ctrd-{secrets.token_hex(4)}"
+    subprocess.run(["ip", "netns", "add", name], check=True)
+    path = f"/var/run/netns/{name}"
+    try:
+        subprocess.run(["ip", "-n", name, "link", "set", "lo", "up"], check=True)
+        yield path
+    finally:
+        deadline = time.monotonic() + REMOVE_TIMEOUT
+        while True:
+            done = subprocess.run(["ip", "netns", "del", name], capture_output=True, text=True)
+            if not os.path.exists(path):
+                break
+            if time.monotonic() > deadline:
+                raise AssertionError(f"cannot remove the network namespace {path}: {done.stderr.strip()}")
+            time.sleep(0.1)

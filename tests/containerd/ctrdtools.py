@@ -7,7 +7,7 @@ one, NRI off, CNI's bridge under ``directory``, the tests' local registry over p
 runtime root, inside the network namespace ``netns`` (CNI acts there, never on the machine's
 network). It returns once containerd's CRI answers, and on leaving stops containerd by pid (SIGTERM,
 then SIGKILL), unmounts whatever is left under ``directory`` and ends every podshim shim of its
-runtime root by pid.
+runtime root by pid. ``Containerd.kill_and_restart()`` kills it with SIGKILL and starts it again.
 """
 
 from __future__ import annotations
@@ -42,6 +42,15 @@ class Containerd:
     directory: str
     process: subprocess.Popen[bytes]
     runtime_root: str  #: podshim's runtime root for the shims containerd starts
+    argv: list[str]
+    env: dict[str, str]
+
+    def kill_and_restart(self) -> None:
+        """SIGKILL containerd (its shims live on), then start it again on the same roots and config."""
+        os.kill(self.process.pid, signal.SIGKILL)
+        self.process.wait()
+        self.process = _spawn(self.directory, self.argv, self.env)
+        _wait_serving(self)
 
     @property
     def socket(self) -> str:
@@ -91,6 +100,15 @@ class Containerd:
             except OSError:
                 continue
         return found
+
+    def wait_cri(self, crictl: str, timeout: float = START_TIMEOUT) -> None:
+        """Return once containerd's CRI answers (it recovers its pods first after a restart)."""
+        deadline = time.monotonic() + timeout
+        while (done := self.crictl(crictl, "pods", "-q")).returncode != 0:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"containerd's CRI did not answer within {timeout} s: {done.stderr}\n"
+                                     f"{self.log()[-4000:]}")
+            time.sleep(0.2)
 
     def crictl(self, crictl: str, *args: str, timeout: float = 60.0) -> subprocess.CompletedProcess[str]:
         return subprocess.run([crictl, "--runtime-endpoint", self.endpoint, "--image-endpoint", self.endpoint,
@@ -171,16 +189,19 @@ def running_containerd(directory: str, netns: str, registry_host: str, sandbox_i
     runtime_root = os.path.join(directory, "podshim")
     env = {**os.environ, "PODSHIM_RUNTIME_ROOT": runtime_root, "PODSHIM_TEMPLATE": "0",
            "PATH": f"{runc_shim_dir}:{os.environ['PATH']}"}
-    with open(os.path.join(directory, "containerd.log"), "wb") as log:
-        process = subprocess.Popen(["nsenter", f"--net={netns}", "--", containerd, "--config", config],
-                                   stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                   start_new_session=True)
-    daemon = Containerd(directory, process, runtime_root)
+    argv = ["nsenter", f"--net={netns}", "--", containerd, "--config", config]
+    daemon = Containerd(directory, _spawn(directory, argv, env), runtime_root, argv, env)
     try:
         _wait_serving(daemon)
         yield daemon
     finally:
         _stop(daemon)
+
+
+def _spawn(directory: str, argv: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
+    with open(os.path.join(directory, "containerd.log"), "ab") as log:
+        return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                start_new_session=True)
 
 
 def _wait_serving(daemon: Containerd) -> None:

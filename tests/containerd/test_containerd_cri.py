@@ -27,11 +27,11 @@ def directory():
 
 
 @pytest.fixture
-def containerd(directory, outer_netns, test_images):
+def containerd(directory, ctrd_netns, test_images):
     registry = test_images.registry
     port = int(registry.host.rpartition(":")[2])
-    with loopback_relay(outer_netns, port), \
-            running_containerd(directory, outer_netns, registry.host, test_images.busybox.ref) as daemon:
+    with loopback_relay(ctrd_netns, port), \
+            running_containerd(directory, ctrd_netns, registry.host, test_images.busybox.ref) as daemon:
         yield daemon
 
 
@@ -118,4 +118,38 @@ def test_a_container_runs_in_a_podshim_pod_through_containerds_cri_and_leaves_no
     assert containerd.sandbox_bundles() == []
     assert containerd.netns_files() == []
     assert containerd.shim_sockets() == []
+    assert containerd.shims() == []
+
+
+def test_containerd_killed_and_restarted_finds_its_podshim_pods_and_containers_again(containerd, crictl, directory,
+                                                                                    test_images):
+    image = test_images.busybox.ref
+    assert containerd.crictl(crictl, "pull", image, timeout=120).returncode == 0
+    pod_json = pod_config(directory, "kept")
+    ran = containerd.crictl(crictl, "runp", "--runtime", "podshim", pod_json)
+    assert ran.returncode == 0, ran.stderr
+    pod_id = ran.stdout.strip()
+    container_json = os.path.join(directory, "c1.json")
+    with open(container_json, "w") as f:
+        json.dump({"metadata": {"name": "c1"}, "image": {"image": image}, "command": ["sleep", "1000"]}, f)
+    cid = containerd.crictl(crictl, "create", pod_id, container_json, pod_json).stdout.strip()
+    assert containerd.crictl(crictl, "start", cid).returncode == 0
+    shims = containerd.shims()
+
+    containerd.kill_and_restart()  # containerd reconnects to the shim (Task Connect on the pod's and the container's ids)
+    containerd.wait_cri(crictl)
+    assert containerd.shims() == shims
+    listed = containerd.crictl(crictl, "pods", "-o", "json")
+    assert listed.returncode == 0, f"{listed.stderr}\n{containerd.log()[-8000:]}"
+    pods = json.loads(listed.stdout)["items"]
+    assert [(p["id"], p["state"]) for p in pods] == [(pod_id, "SANDBOX_READY")], containerd.log()[-6000:]
+    containers = json.loads(containerd.crictl(crictl, "ps", "-o", "json").stdout)["containers"]
+    assert [(c["id"], c["state"]) for c in containers] == [(cid, "CONTAINER_RUNNING")], containerd.log()[-6000:]
+    executed = containerd.crictl(crictl, "exec", "-s", cid, "echo", "still here")
+    assert (executed.returncode, executed.stdout) == (0, "still here\n\n\n"), executed.stderr  # (crictl's newlines)
+
+    assert containerd.crictl(crictl, "stopp", pod_id).returncode == 0
+    assert containerd.crictl(crictl, "rmp", pod_id).returncode == 0
+    assert containerd.sandbox_bundles() == [] and containerd.task_bundles() == []
+    assert containerd.netns_files() == [] and containerd.shim_sockets() == []
     assert containerd.shims() == []
