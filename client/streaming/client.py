@@ -10,8 +10,10 @@ socket takes them, so that a large stdin never blocks the reading of the command
 
 from __future__ import annotations
 
+import functools
 import json
 import os
+import select
 import selectors
 import socket
 from collections.abc import Callable
@@ -226,7 +228,7 @@ def _write_all(fd: int, data: bytes) -> None:
         try:
             view = view[os.write(fd, view):]
         except BlockingIOError:
-            selectors.select.select([], [fd], [], 1.0)
+            select.select([], [fd], [], 1.0)
 
 
 def remote_command(url: str, *, stdin: int | None, tty: bool, stderr: bool = True,
@@ -272,7 +274,7 @@ def remote_command(url: str, *, stdin: int | None, tty: bool, stderr: bool = Tru
             elif isinstance(event, spdy.StreamReset) and event.stream_id == error:
                 session.stop()
 
-        def from_stdin() -> None:
+        def from_stdin(stdin: int) -> None:
             data = read_some(stdin)
             if data is None:
                 return
@@ -286,16 +288,16 @@ def remote_command(url: str, *, stdin: int | None, tty: bool, stderr: bool = Tru
             if not data:
                 session.unwatch(stdin)
 
-        def resized() -> None:
+        def resized(resize_fd: int) -> None:
             read_some(resize_fd)
             send_size()
 
         session.on_event = on_event
         send_size()
         if stdin is not None:
-            session.watch(stdin, from_stdin)
+            session.watch(stdin, functools.partial(from_stdin, stdin))
         if resize_fd is not None and resize is not None:
-            session.watch(resize_fd, resized)
+            session.watch(resize_fd, functools.partial(resized, resize_fd))
         session.run()
     finally:
         session.close()
@@ -404,7 +406,7 @@ def port_forward(url: str, listeners: list[tuple[socket.socket, int]], say: Call
 
     session.on_event = on_event
     for listener, remote in listeners:
-        session.watch(listener.fileno(), lambda listener=listener, remote=remote: accept(listener, remote))
+        session.watch(listener.fileno(), functools.partial(accept, listener, remote))
     try:
         session.run()
     finally:
