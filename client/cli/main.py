@@ -351,6 +351,20 @@ def _setup_sandbox(p: argparse.ArgumentParser) -> None:
     sp.set_defaults(run=_list)
 
 
+@command("completion", help="print the shell completion script of podshimctl (bash, zsh or tcsh), made from "
+                             "its parser: `source <(podshimctl completion bash)`")
+def _setup_completion(p: argparse.ArgumentParser) -> None:
+    p.add_argument("shell", choices=("bash", "zsh", "tcsh"), nargs="?", default="bash")
+    p.set_defaults(run_sync=_run_completion)
+
+
+def _run_completion(args: argparse.Namespace) -> int:
+    import shtab
+
+    sys.stdout.write(shtab.complete(build_parser(), shell=args.shell))
+    return EXIT_OK
+
+
 # -- the program ----------------------------------------------------------------------------
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     """The full parser, with every registered command; with ``only``, the same parser with that

@@ -93,3 +93,24 @@ def test_an_option_before_the_command_is_not_undone_after_it():
 def test_a_mistyped_command_gets_did_you_mean(capsys, argv, said):
     assert cli.main(argv) == 2
     assert said in capsys.readouterr().err
+
+
+def _completions(words: list[str]) -> list[str]:
+    """What bash completes for the last of ``words`` with podshimctl's completion script loaded."""
+    import subprocess
+    import sys
+
+    from critools import REPO
+
+    script = subprocess.run([sys.executable, "-m", "client.cli", "completion", "bash"], cwd=REPO, capture_output=True,
+                            text=True, timeout=60, check=True).stdout
+    line = " ".join(words)
+    probe = (f"{script}\nCOMP_WORDS=({line}); COMP_CWORD={len(words) - 1}; COMP_LINE='{line}'; "
+             "COMP_POINT=${#COMP_LINE}; _shtab_podshimctl; printf '%s\\n' \"${COMPREPLY[@]}\"")
+    return subprocess.run(["bash", "-c", probe], capture_output=True, text=True, timeout=60, check=True).stdout.split()
+
+
+def test_bash_completes_verbs_and_their_options_from_the_parser():
+    assert _completions(["podshimctl", "po"]) == ["pods", "port-forward"]
+    assert {"--interactive", "--tty", "--timeout"} <= set(_completions(["podshimctl", "exec", "--"]))
+    assert _completions(["podshimctl", "sandbox", "sh"]) == ["shutdown"]
