@@ -210,11 +210,15 @@ def move_mount(fd: int, target: str | int, name: str = "") -> None:
            name or (target if isinstance(target, str) else None))
 
 
-def mount_setattr(fd: int, *, propagation: int = 0, flags: int = 0, recursive: bool = False) -> None:
+def mount_setattr(fd: int, *, propagation: int = 0, flags: int = 0, recursive: bool = False,
+                  userns_fd: int = -1) -> None:
     """mount_setattr(2) on the mount open on ``fd`` (attached or detached): ``propagation`` one of
     MS_PRIVATE, MS_SLAVE, MS_SHARED (0: unchanged), ``flags`` the MS_RDONLY, MS_NOSUID, MS_NODEV,
-    MS_NOEXEC to set; ``recursive``: on the mounts below it too. Raises OSError."""
-    attr = struct.pack("=4Q", _mount_attrs(flags), 0, propagation, 0)  # attr_set, attr_clr, propagation, userns_fd
+    MS_NOEXEC to set; ``userns_fd``, a user namespace whose mappings id-map the mount (a detached
+    one, never mapped before: EINVAL where its filesystem cannot be); ``recursive``: on the
+    mounts below it too. Raises OSError."""
+    attrs = _mount_attrs(flags) | (_MOUNT_ATTR_IDMAP if userns_fd >= 0 else 0)
+    attr = struct.pack("=4Q", attrs, 0, propagation, max(userns_fd, 0))  # attr_set, attr_clr, propagation, userns_fd
     _check(_libc.syscall(_SYS_MOUNT_SETATTR, ctypes.c_int(fd), b"",
                          ctypes.c_uint(_AT_EMPTY_PATH | (AT_RECURSIVE if recursive else 0)), attr,
                          ctypes.c_size_t(len(attr))))
@@ -238,6 +242,8 @@ _FSOPEN_CLOEXEC = 1
 _FSMOUNT_CLOEXEC = 1
 _FSCONFIG_SET_FLAG = 0
 _FSCONFIG_SET_STRING = 1
+_FSCONFIG_SET_FD = 5
+_MOUNT_ATTR_IDMAP = 0x00100000
 _FSCONFIG_CMD_CREATE = 6
 #: fsmount(2)'s and mount_setattr(2)'s attributes, by the mount(2) flag each stands for.
 _MOUNT_ATTRS = ((MS_RDONLY, 0x1), (MS_NOSUID, 0x2), (MS_NODEV, 0x4), (MS_NOEXEC, 0x8), (1 << 24, 0x20))
@@ -247,10 +253,10 @@ def _mount_attrs(flags: int) -> int:
     return sum(attr for flag, attr in _MOUNT_ATTRS if flags & flag)
 
 
-def new_mount(fstype: str, source: str | None, params: list[tuple[str, str | None]], flags: int = 0) -> int:
+def new_mount(fstype: str, source: str | None, params: list[tuple[str, str | int | None]], flags: int = 0) -> int:
     """A new ``fstype`` through fsopen/fsconfig/fsmount, detached: its fd, to :func:`move_mount`
     (and to make files in through ``dir_fd`` once attached). Each of ``params`` is one fsconfig
-    key (a flag when its value is None), so no option string and no page-size limit on it
+    key (a flag when its value is None, an fd when an int), so no option string and no page-size limit on it
     (overlayfs takes its lower layers one by one as ``lowerdir+``). ``flags``: MS_RDONLY,
     MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_STRICTATIME. Raises OSError naming the key that failed,
     or ``fstype``."""
@@ -260,9 +266,12 @@ def new_mount(fstype: str, source: str | None, params: list[tuple[str, str | Non
         if source is not None:
             params = [("source", source), *params]
         for key, value in params:
-            cmd = _FSCONFIG_SET_FLAG if value is None else _FSCONFIG_SET_STRING
-            _check(_libc.syscall(_SYS_FSCONFIG, ctypes.c_int(fs), ctypes.c_uint(cmd), _encode(key), _encode(value),
-                                 ctypes.c_int(0)), f"{key}={value}" if value is not None else key)
+            if isinstance(value, int):  # an fd: a directory given by fd (an id-mapped layer)
+                cmd, text, aux = _FSCONFIG_SET_FD, None, value
+            else:
+                cmd, text, aux = _FSCONFIG_SET_FLAG if value is None else _FSCONFIG_SET_STRING, value, 0
+            _check(_libc.syscall(_SYS_FSCONFIG, ctypes.c_int(fs), ctypes.c_uint(cmd), _encode(key), _encode(text),
+                                 ctypes.c_int(aux)), f"{key}={value}" if value is not None else key)
         _check(_libc.syscall(_SYS_FSCONFIG, ctypes.c_int(fs), ctypes.c_uint(_FSCONFIG_CMD_CREATE), None, None,
                              ctypes.c_int(0)), fstype)
         mnt: int = _libc.syscall(_SYS_FSMOUNT, ctypes.c_int(fs), ctypes.c_uint(_FSMOUNT_CLOEXEC),
@@ -273,7 +282,7 @@ def new_mount(fstype: str, source: str | None, params: list[tuple[str, str | Non
         os.close(fs)
 
 
-def mount_fs(fstype: str, source: str | None, params: list[tuple[str, str | None]], target: str,
+def mount_fs(fstype: str, source: str | None, params: list[tuple[str, str | int | None]], target: str,
              flags: int = 0) -> None:
     """Mount a new ``fstype`` on ``target`` (:func:`new_mount`, attached there). Raises OSError
     naming the key that failed, or ``target``."""

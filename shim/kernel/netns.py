@@ -265,6 +265,7 @@ _NS_KINDS = {
     linux.CLONE_NEWPID: "pid",
     linux.CLONE_NEWNET: "network",
     linux.CLONE_NEWCGROUP: "cgroup",
+    linux.CLONE_NEWUSER: "user",
 }
 
 

@@ -28,6 +28,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from shim.kernel import linux
+from shim.kernel.userns import IdMap
 from shim.rpc.records import Record, set_field as _set
 from shim.rpc.status import FailedPrecondition, Internal, InvalidArgument
 
@@ -63,6 +64,7 @@ _BIND_FLAGS = {"ro": linux.MS_RDONLY, "nosuid": linux.MS_NOSUID, "nodev": linux.
 #: The flags set on the bind and on every mount below it (mount_setattr with AT_RECURSIVE): OCI's ``rro``.
 _BIND_RECURSIVE_FLAGS = {"rro": linux.MS_RDONLY}
 _MAX_SYMLINKS = 40
+_OVERLAYFS_MAGIC = 0x794C7630
 #: mount(2) copies one page of options: longer ones (an overlay of many layers) go through fsconfig.
 _MAX_MOUNT_DATA_BYTES = 4095
 _MS_STRICTATIME = 1 << 24
@@ -321,12 +323,24 @@ def rootfs_path(bundle: str, task_id: str) -> str:
     return os.path.join(bundle, TASKS_DIR, task_id, ROOTFS_DIR)
 
 
-def mount_rootfs(mounts: tuple[RootfsMount, ...], target: str) -> None:
+def mount_rootfs(mounts: tuple[RootfsMount, ...], target: str, idmap: IdMap | None = None) -> None:
     """Mount ``mounts`` on ``target`` (made, 0755), one on another in order, as containerd's
-    mount.All. On failure what was mounted is unmounted and the error is FailedPrecondition
+    mount.All. With ``idmap`` (a pod's user namespace), an overlay's lower layers are id-mapped
+    (overlayfs cannot be id-mapped itself) and its upper directory is given to the namespace's
+    root, so what the task writes is owned by its mapped ids (as containerd's overlay
+    snapshotter does); a bind is id-mapped when the task's root is taken (:func:`open_trees`).
+    On failure what was mounted is unmounted and the error is FailedPrecondition
     naming the entry and the kernel's reason."""
     os.makedirs(target, 0o755, exist_ok=True)
     for i, entry in enumerate(mounts):
+        if idmap is not None and entry.type == "overlay":
+            try:
+                _mount_idmapped_overlay(entry, target, idmap)
+            except OSError as exc:
+                unmount_rootfs(target, remove=False)
+                raise FailedPrecondition(f"cannot mount rootfs[{i}] ({entry.type} {entry.source}) on {target} "
+                                         f"with id-mapped layers: {exc.strerror}") from None
+            continue
         flags, data = 0, []
         for option in entry.options:
             if option in _ROOTFS_FLAGS:
@@ -349,6 +363,31 @@ def mount_rootfs(mounts: tuple[RootfsMount, ...], target: str) -> None:
             unmount_rootfs(target, remove=False)
             raise FailedPrecondition(f"cannot mount rootfs[{i}] ({entry.type} {entry.source}) on {target}: "
                                      f"{exc.strerror}") from None
+
+
+def _mount_idmapped_overlay(entry: RootfsMount, target: str, idmap: IdMap) -> None:
+    """The overlay ``entry`` on ``target``, its lower layers given as id-mapped detached copies."""
+    params: list[tuple[str, str | int | None]] = []
+    layers: list[int] = []
+    try:
+        for option in entry.options:
+            key, _, value = option.partition("=")
+            if key == "lowerdir":
+                for layer in value.split(":"):
+                    layers.append(linux.open_tree(layer, False))
+                    linux.mount_setattr(layers[-1], userns_fd=idmap.userns_fd)
+                    params.append(("lowerdir+", layers[-1]))
+            elif key == "upperdir":
+                os.chown(value, idmap.root_uid, idmap.root_gid)
+                params.append((key, value))
+            elif key in _ROOTFS_FLAGS or key in _MS_PROPAGATION:
+                continue
+            else:
+                params.append((key, value if _ else None))
+        linux.mount_fs("overlay", entry.source, params, target)
+    finally:
+        for fd in layers:
+            os.close(fd)
 
 
 def _fs_params(data: list[str]) -> list[tuple[str, str | None]]:
@@ -590,7 +629,7 @@ class RootSetup(Record):
     copies go with it)."""
 
     __slots__ = ("mount_point", "root_fd", "readonly", "privileged", "own_ipc", "binds", "masked_paths",
-                 "readonly_paths", "devices")
+                 "readonly_paths", "devices", "userns")
     mutable = True
     mount_point: str
     root_fd: int
@@ -601,11 +640,12 @@ class RootSetup(Record):
     masked_paths: tuple[str, ...]
     readonly_paths: tuple[str, ...]
     devices: tuple[HostDevice, ...]  # privileged: the host's, made in the task's /dev
+    userns: bool  # in a pod's user namespace: device nodes bound from the host's, sysfs too if need be
 
     def __init__(self, mount_point: str, root_fd: int, readonly: bool, privileged: bool,
                  own_ipc: bool, binds: list[tuple[int, str, bool, int, int, int]] | None = None,
                  masked_paths: tuple[str, ...] = (), readonly_paths: tuple[str, ...] = (),
-                 devices: tuple[HostDevice, ...] = ()) -> None:
+                 devices: tuple[HostDevice, ...] = (), userns: bool = False) -> None:
         self.mount_point = mount_point
         self.root_fd = root_fd
         self.readonly = readonly
@@ -615,6 +655,7 @@ class RootSetup(Record):
         self.masked_paths = masked_paths
         self.readonly_paths = readonly_paths
         self.devices = devices
+        self.userns = userns
 
     def close(self) -> None:
         for fd in [self.root_fd, *(bind[0] for bind in self.binds)]:
@@ -624,17 +665,29 @@ class RootSetup(Record):
         self.binds = []
 
 
-def open_trees(fs: TaskFilesystem, mount_point: str, *, own_ipc: bool) -> RootSetup:
+def open_trees(fs: TaskFilesystem, mount_point: str, *, own_ipc: bool, idmap: IdMap | None = None) -> RootSetup:
     """Open, in the shim's mount namespace, the detached trees a task's root is built from: its
-    rootfs (mounted on ``mount_point``) and every bind source. The caller closes the result.
-    FailedPrecondition names a source that cannot be taken."""
+    rootfs (mounted on ``mount_point``) and every bind source; with ``idmap`` (a pod's user
+    namespace), each id-mapped with it (an overlay rootfs is not: its layers are, by
+    :func:`mount_rootfs`). The caller closes the result. FailedPrecondition names a source that
+    cannot be taken or id-mapped."""
+    if idmap is not None and fs.privileged:
+        raise FailedPrecondition("a privileged task cannot run in a pod's user namespace")
     setup = RootSetup(mount_point, -1, fs.readonly_rootfs, fs.privileged, own_ipc,
                       masked_paths=fs.effective_masked_paths, readonly_paths=fs.effective_readonly_paths,
-                      devices=host_devices() if fs.privileged else ())
+                      devices=host_devices() if fs.privileged else (), userns=idmap is not None)
     try:
         setup.root_fd = _open_tree(mount_point, recursive=True, what="the task's root")
+        if idmap is not None and linux.fs_type(mount_point) != _OVERLAYFS_MAGIC:
+            _idmap(setup.root_fd, idmap, recursive=True, what=f"the task's root {mount_point}")
         for i, mount in enumerate(fs.mounts):
             fd = _open_tree(mount.source, recursive=mount.recursive, what=f"mounts[{i}].source")
+            if idmap is not None:
+                try:
+                    _idmap(fd, idmap, recursive=mount.recursive, what=f"mounts[{i}].source {mount.source}")
+                except BaseException:
+                    os.close(fd)
+                    raise
             flags = recursive_flags = 0
             for option in mount.options:
                 flags |= _BIND_FLAGS.get(option, 0)
@@ -645,6 +698,14 @@ def open_trees(fs: TaskFilesystem, mount_point: str, *, own_ipc: bool) -> RootSe
         setup.close()
         raise
     return setup
+
+
+def _idmap(fd: int, idmap: IdMap, *, recursive: bool, what: str) -> None:
+    try:
+        linux.mount_setattr(fd, userns_fd=idmap.userns_fd, recursive=recursive)
+    except OSError as exc:
+        reason = "its filesystem cannot be id-mapped" if exc.errno == errno.EINVAL else exc.strerror
+        raise FailedPrecondition(f"cannot id-map {what} for the pod's user namespace: {reason}") from None
 
 
 def _open_tree(path: str, *, recursive: bool, what: str) -> int:
@@ -757,8 +818,22 @@ def _standard_mounts(setup: RootSetup, root_fd: int, step: list[str]) -> None:
     finally:
         os.close(dev)
     step[0] = "mounting sysfs on /sys"
-    _attach(linux.new_mount("sysfs", "sysfs", [], nosuid_nodev_noexec | (0 if setup.privileged else linux.MS_RDONLY)),
-            _mount_point(root_fd, "sys"))
+    flags = nosuid_nodev_noexec | (0 if setup.privileged else linux.MS_RDONLY)
+    try:
+        sysfs = linux.new_mount("sysfs", "sysfs", [], flags)
+    except PermissionError:
+        if not setup.userns:
+            raise
+        # A pod's user namespace does not own the network namespace (CNI's), whose sysfs it would
+        # show: the host's is bound read-only instead, as runc does.
+        step[0] = "binding the host's /sys on /sys"
+        sysfs = linux.open_tree("/sys", True)
+        try:
+            linux.mount_setattr(sysfs, flags=flags | linux.MS_RDONLY, recursive=True)
+        except BaseException:
+            os.close(sysfs)
+            raise
+    _attach(sysfs, _mount_point(root_fd, "sys"))
 
 
 def _dev_entries(setup: RootSetup, dev: int, step: list[str]) -> None:
@@ -768,6 +843,11 @@ def _dev_entries(setup: RootSetup, dev: int, step: list[str]) -> None:
     try:
         for name, major, minor in DEV_NODES:
             step[0] = f"making /dev/{name}"
+            if setup.userns:
+                # No mknod in a user namespace: the host's node is bound on an empty file (runc's way).
+                os.close(os.open(name, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_CLOEXEC, 0o666, dir_fd=dev))
+                _attach(linux.open_tree(f"/dev/{name}", False), os.open(name, os.O_PATH | os.O_CLOEXEC, dir_fd=dev))
+                continue
             os.mknod(name, stat.S_IFCHR | 0o666, os.makedev(major, minor), dir_fd=dev)
         for device in setup.devices:
             step[0] = f"making {device.path}"

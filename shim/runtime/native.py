@@ -9,7 +9,8 @@ import signal
 from collections.abc import Mapping
 from typing import Any
 
-from shim.kernel.linux import CLONE_NEWIPC, CLONE_NEWNET, CLONE_NEWNS, CLONE_NEWPID, CLONE_NEWUTS
+from shim.kernel.linux import CLONE_NEWIPC, CLONE_NEWNET, CLONE_NEWNS, CLONE_NEWPID, CLONE_NEWUSER, CLONE_NEWUTS
+from shim.kernel.userns import IdMap
 from shim.kernel.reaper import Reaper
 from shim.runtime import console, mounts, pause, process
 from shim.runtime.base import CONTAINER, POD, TARGET, ExecSpec, Runtime, TaskSpec
@@ -37,8 +38,16 @@ class NativeRuntime(Runtime):
     async def start_task(self, spec: TaskSpec) -> process.Process:
         # The trees of its root and mounts are taken here, in the shim's mount namespace (see
         # shim.runtime.mounts); the child attaches its copies, and ours are closed after the fork.
-        root = mounts.open_trees(spec.filesystem, spec.rootfs, own_ipc=spec.own_ipc)
+        idmap = _pod_idmap(spec.pause_pid)
+        try:
+            root = mounts.open_trees(spec.filesystem, spec.rootfs, own_ipc=spec.own_ipc, idmap=idmap)
+        finally:
+            if idmap is not None:
+                idmap.close()
         root.devices = (*root.devices, *spec.devices)
+        if root.userns and root.devices:
+            root.close()
+            raise FailedPrecondition(f"task {spec.task_id}'s devices cannot be made in the pod's user namespace")
         try:
             console_fd = spec.console.pair() if spec.console is not None else None
             try:
@@ -92,10 +101,26 @@ def _exec_spec(spec: ExecSpec, ns_dir: str, console_fd: int | None = None) -> pr
     (a connection to the client's console socket) on a new terminal of ``spec.console_size``."""
     return process.ProcessSpec(
         name=f"exec {spec.exec_id} in task {spec.task_id}", argv=spec.args, env=spec.env, cwd=spec.cwd,
-        join=tuple((f"{ns_dir}/{name}", nstype) for name, nstype in _EXEC_JOINED),
+        join=tuple((f"{ns_dir}/{name}", nstype) for name, nstype in _EXEC_JOINED) + _user(spec.task_pid),
         procs_files=tuple(spec.cgroup.procs_files()), stdout=spec.stdout, stderr=spec.stderr, stdin=spec.stdin,
         controlling_terminal=spec.terminal, confinement=spec.confinement, console=console_fd,
         console_size=spec.console_size)
+
+
+def _pod_idmap(pause_pid: int) -> IdMap | None:
+    try:
+        return IdMap.of_process(pause_pid)
+    except OSError:
+        raise FailedPrecondition(f"the pod's pause ({pause_pid}) is gone") from None
+
+
+def _user(pid: int) -> tuple[tuple[str, int], ...]:
+    """The user namespace of ``pid`` to join (a pod's, made by its pause), or none (the shim's)."""
+    try:
+        own = os.stat(f"/proc/{pid}/ns/user").st_ino != os.stat("/proc/self/ns/user").st_ino
+    except OSError:
+        return ()  # gone: joining its other namespaces says so
+    return ((f"/proc/{pid}/ns/user", CLONE_NEWUSER),) if own else ()
 
 
 async def _end(started: process.Process) -> None:
@@ -115,6 +140,7 @@ def _process_spec(spec: TaskSpec, root: mounts.RootSetup, console_fd: int | None
         join += ((f"{ns_dir}/pid", CLONE_NEWPID),)
     elif spec.pid_mode == TARGET:
         join += ((f"/proc/{spec.target_pid}/ns/pid", CLONE_NEWPID),)
+    join += _user(spec.pause_pid)
     return process.ProcessSpec(
         name=f"task {spec.task_id}",
         argv=spec.args,

@@ -22,6 +22,7 @@ handles SIGTERM is ended by StopSandbox's SIGKILL).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import re
 import signal
@@ -31,7 +32,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import NoReturn
 
-from shim.kernel import linux
+from shim.kernel import linux, userns
+from shim.kernel.userns import UserNamespace
 from shim.runtime import mounts, process
 from shim.runtime.confine import Confinement
 from shim.kernel.cgroups import SandboxCgroup
@@ -104,6 +106,7 @@ class PauseSpec:
     args: tuple[str, ...] = ()
     env: tuple[str, ...] = ()  # NAME=VALUE
     cwd: str = "/"
+    userns: UserNamespace | None = None  # a user namespace of the pod's, made with these mappings
 
     @property
     def env_map(self) -> dict[str, str]:
@@ -176,6 +179,11 @@ async def launch(spec: PauseSpec, reaper: Reaper) -> PauseProcess:
     missing), FailedPrecondition (reaper not installed, pause binary missing) or Internal.
     """
     binary, proc_spec = _process_spec(spec)
+    userns_fd = -1
+    if spec.userns is not None:
+        userns_fd = await userns.create(spec.userns, reaper)
+        proc_spec = dataclasses.replace(proc_spec, join=(*proc_spec.join, (f"/proc/self/fd/{userns_fd}",
+                                                                          linux.CLONE_NEWUSER)))
 
     watch = binary != BUILTIN and not proc_spec.exec_signals_blocked
 
@@ -191,6 +199,9 @@ async def launch(spec: PauseSpec, reaper: Reaper) -> PauseProcess:
         # The image's own program or working directory: the image is at fault, not the shim.
         raise FailedPrecondition(f"the sandbox image's pause cannot start: {exc.step}: "
                                  f"{os.strerror(exc.errno)}") from None
+    finally:
+        if userns_fd >= 0:
+            os.close(userns_fd)  # the pause holds the namespace now
     if proc.exit.done():  # nothing to clean up: it is gone and reaped
         raise Internal("the pause exited right after it started")
     return PauseProcess(proc.pid, proc.start_time, proc.started_at_ns, binary, proc.exit)
@@ -213,6 +224,9 @@ def _process_spec(spec: PauseSpec) -> tuple[str, process.ProcessSpec]:
     if spec.pid_mode == POD:
         flags |= linux.CLONE_NEWPID
     shm = spec.shm_size_bytes if spec.ipc_mode == POD else 0
+    if spec.userns is not None and (host_network or spec.pid_mode == NODE or spec.ipc_mode == NODE):
+        raise InvalidArgument("a pod's user namespace needs the pod's own network, pid and IPC namespaces "
+                              "(none of the host's)")
     if spec.rootfs is not None:
         if spec.pause_binary is not None:
             raise InvalidArgument("a pause binary and a sandbox image's rootfs are both set")

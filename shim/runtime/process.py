@@ -94,9 +94,10 @@ def environment(env: Iterable[str]) -> dict[str, str]:
     return result
 
 
-# setns order: the mount namespace last, since joining it changes the root and cwd of A.
+# setns order: the mount namespace after the others, since joining it changes the root and cwd of
+# A; a pod's user namespace last, since from there on A has no power over the host's namespaces.
 _JOIN_ORDER = (linux.CLONE_NEWCGROUP, linux.CLONE_NEWIPC, linux.CLONE_NEWUTS, linux.CLONE_NEWNET,
-               linux.CLONE_NEWPID, linux.CLONE_NEWNS)
+               linux.CLONE_NEWPID, linux.CLONE_NEWNS, linux.CLONE_NEWUSER)
 
 
 class ExecFailed(Internal):
@@ -325,7 +326,9 @@ def _plan(spec: ProcessSpec) -> _Plan:
         # It is born in its v2 cgroup after the namespaces are entered: a cgroup namespace would
         # be rooted at the shim's cgroup, or (joined, with nsdelegate) not see the sandbox's.
         raise InvalidArgument(f"the {spec.name} cannot get a cgroup namespace and a cgroup v2 directory at once")
-    if v2_dirs and not cgroups.birth_in_v2_allowed():
+    userns = any(nstype == linux.CLONE_NEWUSER for _, nstype in spec.join)
+    if v2_dirs and (userns or not cgroups.birth_in_v2_allowed()):
+        # (In a pod's user namespace A may not write the host's cgroup.procs.)
         # No clone3 into a cgroup here: A moves itself first thing, before any namespace is
         # joined (the grace period, as runc pays it), and the process is its child or itself.
         v2_procs, v2_dirs = os.path.join(v2_dirs[0], "cgroup.procs"), []
@@ -345,7 +348,8 @@ def _plan(spec: ProcessSpec) -> _Plan:
         or any(nstype == linux.CLONE_NEWPID for _, nstype in spec.join),
         # New namespaces (a pid namespace among them) and no pid or mount namespace to join nor
         # mounts to take from another one first: the namespaces can be made at the birth.
-        direct=clone3_ok and bool(spec.unshare_flags & linux.CLONE_NEWPID) and not spec.binds_from
+        # (A pod's user namespace is joined first: the new namespaces are its.)
+        direct=clone3_ok and bool(spec.unshare_flags & linux.CLONE_NEWPID) and not spec.binds_from and not userns
         and not any(nstype in (linux.CLONE_NEWPID, linux.CLONE_NEWNS) for _, nstype in spec.join),
         hostname=spec.hostname,
         sysctls=[(k, "/proc/sys/" + k.replace(".", "/"), v.encode()) for k, v in spec.sysctls.items()],
@@ -604,7 +608,7 @@ def _kill_quietly(pid: int) -> None:
 def _child_a(plan: _Plan, write_fd: int) -> NoReturn:
     steps = [f"starting the {plan.name} launcher"]
     try:
-        _enter_cgroups_and_namespaces(plan, steps)
+        _enter_cgroups_and_namespaces(plan, steps, write_fd)
         if not plan.second_fork:
             # No pid namespace to enter: A can become the process itself.
             os.write(write_fd, b"P%d\n" % os.getpid())
@@ -626,14 +630,14 @@ def _child_direct(plan: _Plan, write_fd: int) -> NoReturn:
     but the unshare, then B's."""
     steps = [f"starting the {plan.name}"]
     try:
-        _enter_cgroups_and_namespaces(plan, steps)
+        _enter_cgroups_and_namespaces(plan, steps, write_fd)
     except BaseException as exc:
         _report_failure(write_fd, steps[0], exc)
         os._exit(1)
     _child_b(plan, write_fd)
 
 
-def _enter_cgroups_and_namespaces(plan: _Plan, steps: list[str]) -> None:
+def _enter_cgroups_and_namespaces(plan: _Plan, steps: list[str], write_fd: int) -> None:
     """A's work up to the second fork (the direct child's too: its unshare is made, at its
     birth); ``steps[0]`` names the step under way, for the report of a failure."""
     signal.set_wakeup_fd(-1)
@@ -655,9 +659,30 @@ def _enter_cgroups_and_namespaces(plan: _Plan, steps: list[str]) -> None:
         linux.setns(fd, linux.CLONE_NEWNS)
         trees.append((linux.open_tree(source, True), target))
         linux.setns(plan.own_mnt_fd, linux.CLONE_NEWNS)
+    written = 0
     for fd, nstype, path in plan.join:
+        if nstype == linux.CLONE_NEWUSER:
+            # Root of a pod's user namespace may not write the host's network namespace's sysctls
+            # (CNI's, owned by the host's) nor lower oom_score_adj: A does, before it joins.
+            for key, sysctl, value in plan.sysctls:
+                if key.startswith("net."):
+                    steps[0] = f"writing sysctl {key}"
+                    linux.write_file(sysctl, value)
+                    written += 1
+            if plan.oom_score_adj is not None:
+                steps[0] = "writing /proc/self/oom_score_adj"
+                try:
+                    linux.write_file("/proc/self/oom_score_adj", plan.oom_score_adj)
+                except PermissionError as exc:  # as B's write below: the parent warns
+                    _report_failure(write_fd, steps[0], exc, kind=b"W")
         steps[0] = f"setns({path})"
         linux.setns(fd, nstype)
+        if nstype == linux.CLONE_NEWUSER:
+            # Root inside, as the namespace maps it: the host's root has no id there.
+            steps[0] = "becoming root of the pod's user namespace"
+            os.setgroups([])
+            os.setresgid(0, 0, 0)
+            os.setresuid(0, 0, 0)
     if plan.unshare_flags and not plan.direct:
         steps[0] = f"unshare({_flag_names(plan.unshare_flags)})"
         linux.unshare(plan.unshare_flags)
@@ -676,6 +701,8 @@ def _enter_cgroups_and_namespaces(plan: _Plan, steps: list[str]) -> None:
         steps[0] = f"sethostname({plan.hostname})"
         linux.sethostname(plan.hostname)
     for key, path, value in plan.sysctls:
+        if written and key.startswith("net."):
+            continue
         steps[0] = f"writing sysctl {key}"
         linux.write_file(path, value)
 
@@ -698,7 +725,7 @@ def _child_b(plan: _Plan, write_fd: int) -> NoReturn:
             # pause reads the shim's until it leaves it, where its own pid is the one shown).
             step = "mounting proc on /proc"
             linux.mount("proc", "/proc", "proc", linux.MS_NOSUID | linux.MS_NODEV | linux.MS_NOEXEC)
-        if plan.oom_score_adj is not None:
+        if plan.oom_score_adj is not None and not any(t == linux.CLONE_NEWUSER for _, t, _ in plan.join):
             step = "writing /proc/self/oom_score_adj"
             try:
                 linux.write_file("/proc/self/oom_score_adj", plan.oom_score_adj)
@@ -819,6 +846,7 @@ _FLAG_NAMES = (
     (linux.CLONE_NEWPID, "CLONE_NEWPID"),
     (linux.CLONE_NEWNET, "CLONE_NEWNET"),
     (linux.CLONE_NEWCGROUP, "CLONE_NEWCGROUP"),
+    (linux.CLONE_NEWUSER, "CLONE_NEWUSER"),
 )
 
 

@@ -32,6 +32,7 @@ from shim.kernel import linux
 from shim.kernel.cgroups import SandboxCgroup, no_metrics
 from shim.kernel.netns import NamespaceNotFound
 from shim.kernel.reaper import ExitInfo
+from shim.kernel.userns import IdMap
 from shim.runtime import console, execstream, execsync, mounts, process
 from shim.runtime.base import CONTAINER, PID_MODES, POD, TARGET, ExecSpec, TaskSpec
 from shim.runtime.confine import Confinement
@@ -303,8 +304,12 @@ class TaskSet:
                     pid_target=pid_target, terminal=terminal, resources=resources, devices=devices)
         self._tasks[task_id] = task
         self._persist()
+        idmap = None
         try:
-            mounts.mount_rootfs(filesystem.rootfs, task.rootfs)
+            pause = self.sandbox.pause
+            # A pod's user namespace (its pause's): the rootfs's layers are id-mapped with it.
+            idmap = IdMap.of_process(pause.pid) if pause is not None else None
+            mounts.mount_rootfs(filesystem.rootfs, task.rootfs, idmap)
         except BaseException:
             try:
                 self._remove_rootfs(task)
@@ -314,6 +319,9 @@ class TaskSet:
                 del self._tasks[task_id]
                 self._persist()
             raise
+        finally:
+            if idmap is not None:
+                idmap.close()
         log.info("task %s created: %s (pid mode %s)", task_id, args, pid_mode)
         return task
 

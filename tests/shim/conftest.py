@@ -2,8 +2,31 @@
 
 from __future__ import annotations
 
+import asyncio
+import signal
+
+import pytest
+
 from shimtools import shim, shims
+from shim.rpc.processes import signal_process
+from shim.runtime.pause import PauseSpec, launch
 
 # Fixtures are found by name in a conftest module; importing them here, not in each test module,
 # keeps a test's parameters from shadowing imported names.
 __all__ = ["shim", "shims"]
+
+
+@pytest.fixture
+async def start(reaper):
+    """Launch pauses; each is SIGKILLed (if still the same process) and reaped afterwards."""
+    started = []
+
+    async def start_pause(**spec):
+        pause = await launch(PauseSpec(**spec), reaper)
+        started.append(pause)
+        return pause
+
+    yield start_pause
+    for pause in started:
+        signal_process(pause.pid, pause.start_time, signal.SIGKILL)
+        await asyncio.wait_for(pause.exit, 5.0)

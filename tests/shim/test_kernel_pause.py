@@ -58,22 +58,6 @@ def cgroup():
     cgroup.remove()
 
 
-@pytest.fixture
-async def start(reaper):
-    """Launch pauses; each is SIGKILLed (if still the same process) and reaped afterwards."""
-    started = []
-
-    async def start_pause(**spec):
-        pause = await launch(PauseSpec(**spec), reaper)
-        started.append(pause)
-        return pause
-
-    yield start_pause
-    for pause in started:
-        signal_process(pause.pid, pause.start_time, signal.SIGKILL)
-        await asyncio.wait_for(pause.exit, WAIT)
-
-
 def _all_children() -> set[int]:
     """Pids whose parent is this process (zombies included)."""
     me = str(os.getpid())

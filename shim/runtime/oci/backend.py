@@ -91,6 +91,9 @@ class OciBackend(Runtime):
         """Create and start the pause container as ``spec`` says (``pause_binary`` aside: it is the
         shared rootfs's catatonit, or a sandbox image's ``spec.args`` on ``spec.rootfs``); return once
         it is ready for signals. On failure the container is deleted."""
+        if spec.userns is not None:
+            raise InvalidArgument(f"the {self.cli.name} runtime handler does not support a pod's user namespace yet "
+                                  "(the native handler does)")
         if spec.cgroup is None:
             raise InvalidArgument("an OCI pause needs the sandbox cgroup")
         if spec.rootfs is not None:  # a sandbox image's program

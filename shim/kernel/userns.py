@@ -1,0 +1,187 @@
+"""A pod's user namespace: its uid and gid mappings, the namespace made with them, and the
+id-mapped mounts (mount_setattr with MOUNT_ATTR_IDMAP) that show a filesystem through them.
+
+The shim makes the namespace (:func:`create`) with a child of its own that unshares it and
+waits while the shim writes its maps, as root of the host may; the pause joins it, then every
+task and exec of the pod, as they join the pod's other namespaces
+(:mod:`shim.runtime.process`); mounts are id-mapped with its fd
+(:func:`shim.kernel.linux.mount_setattr`). Only the mappings kubelet sends for ``hostUsers: false`` are
+taken: one range of each, from id 0 inside, of at least 65536 ids, never holding the host's 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from shim.kernel import linux
+from shim.kernel.reaper import Reaper
+from shim.rpc.records import Record, set_field as _set
+from shim.rpc.status import Internal, InvalidArgument
+
+__all__ = ["IdMap", "IdMapping", "UserNamespace", "create"]
+
+MIN_IDS = 65536  # kubelet gives each pod 65536 ids (a multiple of it)
+CREATE_TIMEOUT = 2.0  # seconds for the child to unshare and for its exit
+
+
+class IdMapping(Record):
+    """One line of a uid_map or gid_map: ``container_id`` (inside), ``host_id``, ``length``."""
+
+    __slots__ = ("container_id", "host_id", "length")
+    container_id: int
+    host_id: int
+    length: int
+
+    def __init__(self, container_id: int, host_id: int, length: int) -> None:
+        _set(self, "container_id", container_id)
+        _set(self, "host_id", host_id)
+        _set(self, "length", length)
+
+    def line(self) -> str:
+        return f"{self.container_id} {self.host_id} {self.length}\n"
+
+
+class UserNamespace(Record):
+    """A pod's mappings (uids, gids), checked (:meth:`from_payload`)."""
+
+    __slots__ = ("uids", "gids")
+    uids: tuple[IdMapping, ...]
+    gids: tuple[IdMapping, ...]
+
+    def __init__(self, uids: tuple[IdMapping, ...], gids: tuple[IdMapping, ...]) -> None:
+        _set(self, "uids", uids)
+        _set(self, "gids", gids)
+
+    @classmethod
+    def from_payload(cls, payload: Mapping[str, Any], where: str = "userns_options") -> UserNamespace:
+        """The mappings of a CRI UserNamespace (``uids``, ``gids``: lists of ``container_id``,
+        ``host_id``, ``length``). InvalidArgument with a sentence for any other form than kubelet's."""
+        return cls(_mappings(payload.get("uids"), f"{where}.uids"), _mappings(payload.get("gids"), f"{where}.gids"))
+
+    def to_payload(self) -> dict[str, Any]:
+        return {kind: [{"container_id": m.container_id, "host_id": m.host_id, "length": m.length} for m in maps]
+                for kind, maps in (("uids", self.uids), ("gids", self.gids))}
+
+    @property
+    def root_uid(self) -> int:
+        """The host's uid of root inside."""
+        return self.uids[0].host_id
+
+    @property
+    def root_gid(self) -> int:
+        return self.gids[0].host_id
+
+
+def _mappings(value: Any, where: str) -> tuple[IdMapping, ...]:
+    if not isinstance(value, list) or len(value) != 1 or not isinstance(value[0], Mapping):
+        raise InvalidArgument(f"{where} must be one mapping (a range from id 0 inside, as kubelet sends)")
+    entry = value[0]
+    numbers = []
+    for key in ("container_id", "host_id", "length"):
+        number = entry.get(key, 0)
+        if isinstance(number, str) and number.isdigit():
+            number = int(number)
+        if not isinstance(number, int) or isinstance(number, bool) or not 0 <= number < 1 << 32:
+            raise InvalidArgument(f"{where}[0].{key} must be an unsigned 32-bit integer, not {number!r}")
+        numbers.append(number)
+    container_id, host_id, length = numbers
+    if container_id != 0:
+        raise InvalidArgument(f"{where}[0] must map from id 0 inside, not {container_id}")
+    if length < MIN_IDS or length % MIN_IDS:
+        raise InvalidArgument(f"{where}[0].length must be a multiple of {MIN_IDS}, not {length}")
+    if host_id == 0 or host_id + length > 1 << 32:
+        raise InvalidArgument(f"{where}[0] maps to host ids {host_id}..{host_id + length - 1}: they must "
+                              "leave out the host's root and fit in 32 bits")
+    return (IdMapping(container_id, host_id, length),)
+
+
+async def create(userns: UserNamespace, reaper: Reaper) -> int:
+    """A new user namespace with ``userns``'s mappings, as an O_CLOEXEC fd (to setns into, to
+    id-map mounts with, to name as ``/proc/self/fd/N``); the caller closes it. A child unshares
+    it and waits while this writes its maps, then exits (the fd keeps the namespace). Raises
+    Internal naming the step that failed."""
+    go_read, go_write = os.pipe2(os.O_CLOEXEC)
+    old_mask = linux.block_all_signals()
+    try:
+        pid = os.fork()
+        if pid == 0:
+            try:
+                os.close(go_write)
+                linux.unshare(linux.CLONE_NEWUSER)
+                os.read(go_read, 1)
+            finally:
+                os._exit(0)
+    finally:
+        linux.set_signal_mask(old_mask)
+    os.close(go_read)
+    exit_future = reaper.watch(pid)
+    try:
+        own = os.stat("/proc/self/ns/user").st_ino
+        deadline = time.monotonic() + CREATE_TIMEOUT
+        while os.stat(f"/proc/{pid}/ns/user").st_ino == own:
+            if exit_future.done() or time.monotonic() > deadline:
+                raise Internal("the pod's user namespace could not be made (unshare(CLONE_NEWUSER) failed)")
+            await asyncio.sleep(0.0005)
+        for name, maps in (("uid_map", userns.uids), ("gid_map", userns.gids)):
+            try:
+                linux.write_file(f"/proc/{pid}/{name}", "".join(m.line() for m in maps).encode())
+            except OSError as exc:
+                raise Internal(f"writing the pod's user namespace's {name} failed: {exc.strerror}") from None
+        return os.open(f"/proc/{pid}/ns/user", os.O_RDONLY | os.O_CLOEXEC)
+    finally:
+        os.close(go_write)
+        try:
+            await asyncio.wait_for(asyncio.shield(exit_future), CREATE_TIMEOUT)
+        except TimeoutError:
+            os.kill(pid, 9)
+
+
+
+class IdMap(Record):
+    """A pod's user namespace as mounts need it: ``userns_fd`` (open on it, to id-map mounts
+    with) and the host's ``root_uid`` and ``root_gid`` of its root. :meth:`close` closes the fd."""
+
+    __slots__ = ("userns_fd", "root_uid", "root_gid")
+    mutable = True
+    userns_fd: int
+    root_uid: int
+    root_gid: int
+
+    def __init__(self, userns_fd: int, root_uid: int, root_gid: int) -> None:
+        self.userns_fd = userns_fd
+        self.root_uid = root_uid
+        self.root_gid = root_gid
+
+    @classmethod
+    def of_process(cls, pid: int) -> IdMap | None:
+        """The user namespace of process ``pid`` (a pod's pause), or None when it is the shim's.
+        Raises OSError (the process is gone)."""
+        if os.stat(f"/proc/{pid}/ns/user").st_ino == os.stat("/proc/self/ns/user").st_ino:
+            return None
+        fd = os.open(f"/proc/{pid}/ns/user", os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            ids = []
+            for name in ("uid_map", "gid_map"):
+                with open(f"/proc/{pid}/{name}") as f:
+                    ids.append(_host_root(f.read()))
+        except BaseException:
+            os.close(fd)
+            raise
+        return cls(fd, *ids)
+
+    def close(self) -> None:
+        if self.userns_fd >= 0:
+            os.close(self.userns_fd)
+            self.userns_fd = -1
+
+
+def _host_root(text: str) -> int:
+    for line in text.splitlines():
+        inside, outside, _ = (int(n) for n in line.split())
+        if inside == 0:
+            return outside
+    return 65534  # root inside has no id: the overflow id
