@@ -365,6 +365,22 @@ def _run_completion(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+@command("man", help="print podshimctl's manual page (roff), made from its parser: `podshimctl man | man -l -`")
+def _setup_man(p: argparse.ArgumentParser) -> None:
+    p.set_defaults(run_sync=_run_man)
+
+
+def _run_man(args: argparse.Namespace) -> int:
+    from argparse_manpage.manpage import Manpage
+
+    import shim
+
+    page = Manpage(build_parser(), format="single-commands-section")
+    page.source, page.manual = f"podshim {shim.__version__}", "podshim manual"
+    sys.stdout.write(str(page))
+    return EXIT_OK
+
+
 # -- the program ----------------------------------------------------------------------------
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     """The full parser, with every registered command; with ``only``, the same parser with that

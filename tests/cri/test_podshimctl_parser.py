@@ -114,3 +114,21 @@ def test_bash_completes_verbs_and_their_options_from_the_parser():
     assert _completions(["podshimctl", "po"]) == ["pods", "port-forward"]
     assert {"--interactive", "--tty", "--timeout"} <= set(_completions(["podshimctl", "exec", "--"]))
     assert _completions(["podshimctl", "sandbox", "sh"]) == ["shutdown"]
+
+
+def test_the_manual_page_is_made_from_the_parser_and_man_renders_it():
+    import shutil
+    import subprocess
+    import sys
+
+    from critools import REPO
+
+    page = subprocess.run([sys.executable, "-m", "client.cli", "man"], cwd=REPO, capture_output=True, text=True,
+                          timeout=60, check=True).stdout
+    assert page.startswith('.TH PODSHIMCTL "1" ')
+    for verb in ("exec", "attach", "port-forward", "logs", "sandbox"):
+        assert f".SS \\fBpodshimctl {verb}\\fR".replace("-", "\\-") in page  # roff escapes each hyphen
+    if shutil.which("man"):
+        shown = subprocess.run(["man", "-l", "-"], input=page, capture_output=True, text=True, timeout=60,
+                               env={"MANWIDTH": "100", "PATH": "/usr/bin:/bin", "MANPAGER": "cat"})
+        assert shown.returncode == 0 and "podshimctl port-forward" in shown.stdout and not shown.stderr, shown
