@@ -86,13 +86,8 @@ def _asks_for_a_user_namespace(value: Any) -> bool:
                                            or bool(value.get("gids")))
 
 
-def _strict(value: Any) -> bool:
-    return value not in (None, 0, "Merge", "MERGE")
-
-
 _USERNS = _refused("user namespaces are not supported: only the host's (mode NODE) is",
                    _asks_for_a_user_namespace)
-_GROUPS_POLICY = _refused("only the Merge policy is supported (the image's groups of the user are added)", _strict)
 _NO_APPARMOR = "AppArmor is not supported: only Unconfined (client.cri.security.refuse_lsm refuses any profile)"
 _NO_SELINUX = "SELinux is not supported: an SELinux context is refused (client.cri.security.refuse_lsm)"
 _WINDOWS = _refused("a Windows setting: this is a Linux runtime")
@@ -153,7 +148,8 @@ _SECURITY_COMMON = {
     "run_as_group.value": _applied("the gid"),
     "readonly_rootfs": _applied("the root filesystem is mounted read-only"),
     "supplemental_groups": _applied("the process's supplementary groups, with the image's groups of its user"),
-    "supplemental_groups_policy": _GROUPS_POLICY,
+    "supplemental_groups_policy": _applied("Merge (the default) adds the groups the image's /etc/group lists the "
+                                           "user in; Strict only the primary group and supplemental_groups"),
     "privileged": _applied("a privileged pod / container (every capability and device, nothing masked)"),
     "seccomp": _applied("the seccomp profile (RuntimeDefault, Unconfined or Localhost)"),
     "seccomp.profile_type": _applied("which profile"),

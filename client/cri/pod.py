@@ -1205,6 +1205,8 @@ class PodService:
             "mounts": [{"container_path": m.container_path, "host_path": m.host_path, "readonly": m.readonly,
                         "selinux_relabel": m.selinux_relabel, "propagation": m.propagation} for m in cfg.mounts],
         }
+        if c.state is ContainerState.RUNNING and c.pid:
+            status["user"] = security.process_user(c.pid)
         if verbose:
             status["info"] = {"pid": c.pid or 0, "args": list(cfg.argv), "pid_mode": cfg.pid_mode,
                               "image_id": c.image_id, "snapshot_key": c.container_id if c.image_id else ""}

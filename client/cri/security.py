@@ -20,7 +20,8 @@ containerd's semantics, field by field (internal/cri/server/container_create*.go
   takes its group from /etc/passwd (0 when it has no entry), a name must be there;
   ``run_as_group`` replaces the group and needs one of the two (CRI). The supplementary groups
   are the primary group, the groups of /etc/group that list the user by name and
-  ``supplemental_groups``, sorted.
+  ``supplemental_groups``, sorted; ``supplemental_groups_policy`` Strict leaves out those of
+  /etc/group (Merge, the default, keeps them).
 - seccomp: ``seccomp`` (else the deprecated ``seccomp_profile_path``: ``runtime/default``,
   ``docker/default``, ``unconfined`` or ``localhost/<absolute path>``); absent: unconfined, as
   containerd; RuntimeDefault is :func:`client.cri.seccomp_default.default_profile` for the
@@ -39,12 +40,14 @@ from typing import Any
 
 from client.cri.seccomp_default import default_profile
 from shim.kernel import capabilities as kernel_caps
+from shim.kernel.linux import read_status
 from shim.runtime.confine import DEFAULT_CAPABILITIES
 from shim.rpc.files import read_regular
 from shim.rpc.status import InvalidArgument
 
-__all__ = ["PROFILE_TYPES", "USER_FILES", "ContainerSecurity", "SecurityProfile", "held_capabilities",
-           "host_read_file", "load_localhost_profile", "pause_fields", "pause_user", "refuse_lsm", "resolve_user", "task_fields"]
+__all__ = ["MERGE", "PROFILE_TYPES", "STRICT", "USER_FILES", "ContainerSecurity", "SecurityProfile",
+           "held_capabilities", "host_read_file", "load_localhost_profile", "pause_fields", "pause_user",
+           "process_user", "refuse_lsm", "resolve_user", "task_fields"]
 
 #: CRI's SecurityProfile.ProfileType enum.
 PROFILE_TYPES = {0: "RuntimeDefault", 1: "Unconfined", 2: "Localhost"}
@@ -101,6 +104,24 @@ def _int64(value: Any, path: str) -> int:
     return value
 
 
+#: CRI's SupplementalGroupsPolicy, by number.
+MERGE, STRICT = "Merge", "Strict"
+_GROUPS_POLICIES = {0: MERGE, 1: STRICT}
+
+
+def _groups_policy(value: Any, path: str) -> str:
+    """A SupplementalGroupsPolicy given as its number or its name (any case): Merge or Strict."""
+    if value is None:
+        return MERGE
+    if isinstance(value, int) and not isinstance(value, bool) and value in _GROUPS_POLICIES:
+        return _GROUPS_POLICIES[value]
+    if isinstance(value, str):
+        for name in _GROUPS_POLICIES.values():
+            if value.lower() == name.lower():
+                return name
+    raise InvalidArgument(f"{path} must be Merge or Strict (0 or 1), not {value!r}")
+
+
 def _int64_value(doc: Mapping[str, Any], key: str, path: str) -> int | None:
     """A google.protobuf Int64Value ``{value}`` (an empty one is 0), or None when absent."""
     wrapper = doc.get(key)
@@ -144,6 +165,7 @@ class ContainerSecurity:
     run_as_group: int | None = None
     run_as_username: str = ""
     supplemental_groups: tuple[int, ...] = ()
+    supplemental_groups_policy: str = MERGE
     no_new_privs: bool = False
     masked_paths: tuple[str, ...] = ()
     readonly_paths: tuple[str, ...] = ()
@@ -182,6 +204,8 @@ class ContainerSecurity:
             run_as_group=_int64_value(doc, "run_as_group", path),
             run_as_username=_string(doc, "run_as_username", path),
             supplemental_groups=tuple(_int64(g, f"{path}.supplemental_groups[{i}]") for i, g in enumerate(groups)),
+            supplemental_groups_policy=_groups_policy(doc.get("supplemental_groups_policy"),
+                                                      f"{path}.supplemental_groups_policy"),
             no_new_privs=_bool(doc, "no_new_privs", path),
             masked_paths=_strings(doc, "masked_paths", path),
             readonly_paths=_strings(doc, "readonly_paths", path),
@@ -212,6 +236,8 @@ class ContainerSecurity:
         for key in ("supplemental_groups", "masked_paths", "readonly_paths"):
             if getattr(self, key):
                 doc[key] = list(getattr(self, key))
+        if self.supplemental_groups_policy != MERGE:
+            doc["supplemental_groups_policy"] = self.supplemental_groups_policy
         if self.no_new_privs:
             doc["no_new_privs"] = True
         for key in ("seccomp", "apparmor"):
@@ -273,11 +299,13 @@ def _number(text: str) -> int | None:
     return int(text) if text.isdigit() else None
 
 
-def resolve_user(userstr: str, supplemental_groups: tuple[int, ...], read_file: ReadFile) -> dict[str, Any]:
+def resolve_user(userstr: str, supplemental_groups: tuple[int, ...], read_file: ReadFile, *,
+                 strict: bool = False) -> dict[str, Any]:
     """The wire ``user`` for a user string as containerd's WithUser, WithAdditionalGIDs and
     WithSupplementalGroups read it: ``uid``, ``name``, ``uid:gid``, ``name:group`` (names looked up
     in the container's /etc/passwd and /etc/group through ``read_file``, which answers None for a
-    missing file). InvalidArgument for a name that is not there or an id out of range."""
+    missing file). ``strict`` (SupplementalGroupsPolicy Strict): no group of /etc/group that lists
+    the user. InvalidArgument for a name that is not there or an id out of range."""
     user_part, _, group_part = userstr.partition(":")
     passwd = _entries(read_file, "/etc/passwd", 4)
     uid = _number(user_part)
@@ -305,8 +333,9 @@ def resolve_user(userstr: str, supplemental_groups: tuple[int, ...], read_file: 
     for what, value in (("uid", uid), ("gid", gid)):
         if not 0 <= value <= _MAX_ID:  # type: ignore[operator]
             raise InvalidArgument(f"user {userstr!r}: {what} {value} is out of range")
-    member_of = [int(e[2]) for e in groups if username and e[0] != username and _number(e[2]) is not None
-                 and username in (e[3].split(",") if len(e) > 3 else [])]
+    member_of = [] if strict else [int(e[2]) for e in groups
+                                   if username and e[0] != username and _number(e[2]) is not None
+                                   and username in (e[3].split(",") if len(e) > 3 else [])]
     return {"uid": uid, "gid": gid, "additional_gids": sorted({gid, *member_of, *supplemental_groups})}
 
 
@@ -408,7 +437,8 @@ def task_fields(sec: ContainerSecurity, *, pod_privileged: bool, read_file: Read
                               "privileged (linux.security_context.privileged of the pod)")
     caps = capabilities(sec, held_capabilities() if all_caps is None else all_caps)
     fields: dict[str, Any] = {
-        "user": resolve_user(_userstr(sec, image_user, path), sec.supplemental_groups, read_file),
+        "user": resolve_user(_userstr(sec, image_user, path), sec.supplemental_groups, read_file,
+                             strict=sec.supplemental_groups_policy == STRICT),
         "capabilities": caps,
         "no_new_privileges": sec.no_new_privs,
     }
@@ -463,7 +493,18 @@ def pause_user(sec: ContainerSecurity, image_user: str = "", read_file: ReadFile
     userstr = (image_user or "0") if sec.run_as_user is None else str(sec.run_as_user)
     if sec.run_as_group is not None:
         userstr += f":{sec.run_as_group}"
-    return resolve_user(userstr, sec.supplemental_groups, read_file)
+    return resolve_user(userstr, sec.supplemental_groups, read_file, strict=sec.supplemental_groups_policy == STRICT)
+
+
+def process_user(pid: int, status_path: str = "") -> dict[str, Any] | None:
+    """CRI's ContainerUser of a running process: the real uid and gid and the supplementary groups
+    it has, from ``/proc/<pid>/status`` (``status_path`` if given); None once it is gone."""
+    try:
+        status = read_status(status_path or f"/proc/{pid}/status")
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    return {"linux": {"uid": int(status["Uid"].split()[0]), "gid": int(status["Gid"].split()[0]),
+                      "supplemental_groups": [int(g) for g in status.get("Groups", "").split()]}}
 
 
 def host_read_file(path: str) -> bytes | None:

@@ -61,8 +61,6 @@ EXPECTED = [
     Expected(r"runtime should support metrics operations", "failed",
              "podshimd's ListMetricDescriptors answers no descriptors and ListPodSandboxMetrics no metrics for the "
              "pod, where containerd 2.x answers cadvisor's set (issue 25, part 2)"),
-    Expected(r"Security Context SupplementalGroupsPolicy ", "skipped",
-             "podshimd does not report the supplemental groups policy feature (issue 25)"),
     Expected(r"Security Context UserNamespaces ", "skipped",
              "no podshimd runtime handler reports user namespace support (issue 25)"),
 ]

@@ -1,5 +1,6 @@
 """CRI 1.37's kernel features through podshimd's gRPC, on every runtime handler: recursive read-only
-mounts (and the handler features Status reports for them)."""
+mounts (and the handler features Status reports for them), the supplemental groups policy and the
+user ContainerStatus reports."""
 
 from __future__ import annotations
 
@@ -86,3 +87,42 @@ def test_a_recursive_read_only_mount_must_be_read_only_and_private(daemon, crict
         daemon.create_container(pod[0], config, pod[1])
     assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert sentence in raised.value.details()
+
+
+def test_status_reports_the_supplemental_groups_policy_feature(daemon):
+    assert daemon.runtime().Status(api_pb2.StatusRequest(), timeout=10).features.supplemental_groups_policy
+
+
+# The tests' busybox has root in the group wheel (10) of its /etc/group.
+@pytest.mark.parametrize("policy, groups", [(None, [0, 10, 1234]), ("Merge", [0, 10, 1234]), ("Strict", [0, 1234])])
+def test_the_supplemental_groups_policy_says_whether_the_images_groups_are_added(daemon, crictl, pod, policy,
+                                                                                 groups):
+    config = container_config(["sleep", "600"])
+    context = config["linux"]["security_context"]
+    context["supplemental_groups"] = [1234]
+    if policy is not None:
+        context["supplemental_groups_policy"] = policy
+    container_id = running(daemon, crictl, pod, config)
+    assert exec_sh(daemon, crictl, container_id, "id -G").stdout.split() == [str(g) for g in groups]
+    status = daemon.runtime().ContainerStatus(api_pb2.ContainerStatusRequest(container_id=container_id),
+                                              timeout=10).status
+    assert (status.user.linux.uid, status.user.linux.gid) == (0, 0)
+    assert sorted(status.user.linux.supplemental_groups) == groups
+
+
+def test_container_status_reports_the_user_the_process_really_has(daemon, crictl, pod):
+    config = container_config(["sleep", "600"])
+    config["linux"]["security_context"].update(run_as_user={"value": 33}, run_as_group={"value": 50},
+                                               supplemental_groups=[7, 5000])
+    container_id = running(daemon, crictl, pod, config)
+    user = daemon.runtime().ContainerStatus(api_pb2.ContainerStatusRequest(container_id=container_id),
+                                            timeout=10).status.user.linux
+    pid = json.loads(daemon.crictl(crictl, "inspect", container_id).stdout)["info"]["pid"]
+    with open(f"/proc/{pid}/status") as f:
+        status = dict(line.split(":", 1) for line in f)
+    assert (user.uid, user.gid) == (33, 50) == (int(status["Uid"].split()[0]), int(status["Gid"].split()[0]))
+    assert sorted(user.supplemental_groups) == [7, 50, 5000] == sorted(int(g) for g in status["Groups"].split())
+    daemon.crictl(crictl, "stop", "-t", "0", container_id)
+    stopped = daemon.runtime().ContainerStatus(api_pb2.ContainerStatusRequest(container_id=container_id),
+                                               timeout=10).status
+    assert not stopped.HasField("user")  # no process: nothing to read
