@@ -10,7 +10,9 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import tempfile
+import time
 
 import pytest
 
@@ -41,6 +43,21 @@ def pod_config(directory: str, name: str) -> str:
         json.dump({"metadata": {"name": name, "namespace": "default", "uid": f"uid-{name}"},
                    "hostname": name, "log_directory": os.path.join(directory, "logs", name)}, f)
     return path
+
+
+def sleeping_pod(containerd, crictl: str, directory: str, image: str, name: str) -> tuple[str, str]:
+    """A podshim pod ``name`` with a container c1 that sleeps, started: their ids."""
+    assert containerd.crictl(crictl, "pull", image, timeout=120).returncode == 0
+    pod_json = pod_config(directory, name)
+    ran = containerd.crictl(crictl, "runp", "--runtime", "podshim", pod_json)
+    assert ran.returncode == 0, ran.stderr
+    pod_id = ran.stdout.strip()
+    container_json = os.path.join(directory, "c1.json")
+    with open(container_json, "w") as f:
+        json.dump({"metadata": {"name": "c1"}, "image": {"image": image}, "command": ["sleep", "1000"]}, f)
+    cid = containerd.crictl(crictl, "create", pod_id, container_json, pod_json).stdout.strip()
+    assert containerd.crictl(crictl, "start", cid).returncode == 0
+    return pod_id, cid
 
 
 def test_a_pod_runs_on_podshims_shim_through_containerds_cri_and_leaves_nothing(containerd, crictl, directory):
@@ -123,17 +140,7 @@ def test_a_container_runs_in_a_podshim_pod_through_containerds_cri_and_leaves_no
 
 def test_containerd_killed_and_restarted_finds_its_podshim_pods_and_containers_again(containerd, crictl, directory,
                                                                                     test_images):
-    image = test_images.busybox.ref
-    assert containerd.crictl(crictl, "pull", image, timeout=120).returncode == 0
-    pod_json = pod_config(directory, "kept")
-    ran = containerd.crictl(crictl, "runp", "--runtime", "podshim", pod_json)
-    assert ran.returncode == 0, ran.stderr
-    pod_id = ran.stdout.strip()
-    container_json = os.path.join(directory, "c1.json")
-    with open(container_json, "w") as f:
-        json.dump({"metadata": {"name": "c1"}, "image": {"image": image}, "command": ["sleep", "1000"]}, f)
-    cid = containerd.crictl(crictl, "create", pod_id, container_json, pod_json).stdout.strip()
-    assert containerd.crictl(crictl, "start", cid).returncode == 0
+    pod_id, cid = sleeping_pod(containerd, crictl, directory, test_images.busybox.ref, "kept")
     shims = containerd.shims()
 
     containerd.kill_and_restart()  # containerd reconnects to the shim (Task Connect on the pod's and the container's ids)
@@ -150,6 +157,42 @@ def test_containerd_killed_and_restarted_finds_its_podshim_pods_and_containers_a
 
     assert containerd.crictl(crictl, "stopp", pod_id).returncode == 0
     assert containerd.crictl(crictl, "rmp", pod_id).returncode == 0
+    assert containerd.sandbox_bundles() == [] and containerd.task_bundles() == []
+    assert containerd.netns_files() == [] and containerd.shim_sockets() == []
+    assert containerd.shims() == []
+
+
+def test_a_podshim_shim_killed_is_seen_by_containerd_and_its_pod_is_cleaned_up(containerd, crictl, directory,
+                                                                               test_images):
+    pod_id, cid = sleeping_pod(containerd, crictl, directory, test_images.busybox.ref, "doomed")
+    [shim] = containerd.shims()
+    shim_process = ProcessRef(shim)
+    shim_process.kill(signal.SIGKILL)
+    shim_process.close()
+
+    # containerd sees the connections close, runs `delete` (which ends the pause and the container)
+    # and reports the exits: the pod is not ready, the container exited.
+    deadline = time.monotonic() + 30
+    while True:
+        pods = json.loads(containerd.crictl(crictl, "pods", "-o", "json").stdout)["items"]
+        containers = json.loads(containerd.crictl(crictl, "ps", "-a", "-o", "json").stdout)["containers"]
+        seen = ([p["state"] for p in pods], [c["state"] for c in containers])
+        if seen == (["SANDBOX_NOTREADY"], ["CONTAINER_EXITED"]):
+            break
+        assert time.monotonic() < deadline, f"{seen}\n{containerd.log()[-6000:]}"
+        time.sleep(0.2)
+    assert containerd.crictl(crictl, "rm", cid).returncode == 0
+    assert containerd.crictl(crictl, "stopp", pod_id).returncode == 0
+    # containerd 2.3's shim sandbox controller keeps the dead shim's closed connection: the pod's
+    # status (and so RemovePodSandbox) fails with "ttrpc: closed" until containerd restarts, which
+    # drops the shim it cannot dial (docs/containerd.md).
+    removed = containerd.crictl(crictl, "rmp", pod_id)
+    assert removed.returncode == 1 and "ttrpc: closed" in removed.stderr, removed.stderr
+    containerd.kill_and_restart()
+    containerd.wait_cri(crictl)
+    removed = containerd.crictl(crictl, "rmp", pod_id)
+    assert removed.returncode == 0, f"{removed.stderr}\n" + "\n".join(
+        line for line in containerd.log().splitlines() if "level=debug" not in line)[-8000:]
     assert containerd.sandbox_bundles() == [] and containerd.task_bundles() == []
     assert containerd.netns_files() == [] and containerd.shim_sockets() == []
     assert containerd.shims() == []
