@@ -749,8 +749,12 @@ def _pull_image(daemon: _Podshimd, name: str, auth: dict[str, str] | None, sandb
 
 
 def _pull(args: argparse.Namespace, daemon: _Podshimd) -> None:
-    ref = _pull_image(daemon, args.image, _auth(args))
-    emit(args, {"image_ref": ref}, lambda out: print(f"Image is up to date for {ref}", file=out))
+    auth = _auth(args)
+    before = daemon.call("ImageStatus", image=daemon.api.ImageSpec(image=args.image)).image.id  # "" when absent
+    ref = _pull_image(daemon, args.image, auth)
+    fresh = ref == before
+    emit(args, {"image_ref": ref, "up_to_date": fresh}, lambda out: print(
+        f"Image is up to date for {ref}" if fresh else f"Pulled {args.image}: {ref}", file=out))
 
 
 _verb("pull", "pull an image from a registry", _pull,

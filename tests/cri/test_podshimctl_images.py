@@ -19,8 +19,10 @@ image_daemon, daemon = test_podshimd_images.image_daemon, test_podshimd_images.d
 def test_pull_images_inspecti_rmi(daemon, test_images):
     busybox = test_images.busybox
     pulled = ctl(daemon, "pull", busybox.ref).stdout
-    assert pulled.startswith("Image is up to date for sha256:")
+    assert pulled.startswith(f"Pulled {busybox.ref}: sha256:")
     image_id = pulled.split()[-1]
+    # "up to date" only when it was: the same image already there under that name
+    assert ctl(daemon, "pull", busybox.ref).stdout == f"Image is up to date for {image_id}\n"
     table = ctl(daemon, "images").stdout.splitlines()
     repo, tag = busybox.ref.rsplit(":", 1)
     assert table[0].split() == ["IMAGE", "TAG", "IMAGE", "ID", "SIZE"]
