@@ -99,7 +99,7 @@ def _preload() -> None:
     from shim.sandbox import events, sandbox, service, tasks  # noqa: F401  (tasks: with a shim's first Task call)
     from shim.launch import notify  # noqa: F401
     from shim.runtime import native, pause  # noqa: F401
-    from shim.runtime.oci import backend  # noqa: F401  (the runc and crun handlers)
+    from shim.runtime.oci import backend, elf  # noqa: F401  (the runc and crun handlers; elf: the pause check)
     from shim.rpc import client, server  # noqa: F401
     from shim.rpc.channel import install_uvloop
 
