@@ -21,6 +21,7 @@ from client.cri.resources import pod_resources, shim_resources
 from client.cri.security import ContainerSecurity
 from shim.rpc.files import read_json
 from shim.rpc.identifiers import validate_annotations, validate_hostname, validate_labels
+from shim.kernel.userns import UserNamespace
 from shim.rpc.status import InvalidArgument
 
 __all__ = [
@@ -278,16 +279,34 @@ class NamespaceOptions:
     network: str = "POD"
     pid: str = "POD"
     ipc: str = "POD"
+    #: ``userns_options`` of mode POD: the pod's user namespace's mappings (``uids``, ``gids``); None: the host's.
+    userns: dict[str, Any] | None = None
 
     @classmethod
     def from_json(cls, doc: Any, path: str) -> "NamespaceOptions":
         f = _Fields(doc, path)
         return cls(network=f.mode("network", ("POD", "NODE"), "POD"),
                    pid=f.mode("pid", ("POD", "CONTAINER", "NODE"), "POD"),
-                   ipc=f.mode("ipc", ("POD", "NODE"), "POD"))
+                   ipc=f.mode("ipc", ("POD", "NODE"), "POD"), userns=_userns(f))
 
     def to_json(self) -> dict[str, Any]:
-        return {"network": self.network, "pid": self.pid, "ipc": self.ipc}
+        doc: dict[str, Any] = {"network": self.network, "pid": self.pid, "ipc": self.ipc}
+        if self.userns is not None:
+            doc["userns_options"] = {"mode": "POD", **self.userns}
+        return doc
+
+
+def _userns(namespace_options: _Fields) -> dict[str, Any] | None:
+    """The mappings of ``userns_options`` in mode POD (None: absent, or mode NODE, the host's):
+    one range each of uids and gids from id 0, as kubelet sends them (InvalidArgument otherwise)."""
+    if namespace_options.doc.get("userns_options") is None:
+        return None
+    f = namespace_options.obj("userns_options")
+    if f.mode("mode", ("POD", "NODE"), "POD") == "NODE":
+        if f.doc.get("uids") or f.doc.get("gids"):
+            raise InvalidArgument(f"{f.path}: mode NODE (the host's user namespace) takes no mappings")
+        return None
+    return UserNamespace.from_payload(f.doc, f.path).to_payload()
 
 
 @dataclass(frozen=True)
@@ -537,6 +556,7 @@ class ContainerConfig:
     #: container joins the pod's namespaces; the pod layer refuses another mode).
     network_mode: str = "POD"
     ipc_mode: str = "POD"
+    userns: dict[str, Any] | None = None  # namespace_options.userns_options in mode POD: its mappings
     mounts: tuple[Mount, ...] = ()
     devices: tuple[Device, ...] = ()
     readonly_rootfs: bool = False
@@ -605,6 +625,7 @@ class ContainerConfig:
             target_id=target_id,
             network_mode=network_mode,
             ipc_mode=ipc_mode,
+            userns=_userns(namespace_options),
             mounts=mounts,
             devices=f.items("devices", Device.from_json),
             readonly_rootfs=security.boolean("readonly_rootfs"),
@@ -641,6 +662,7 @@ class ContainerConfig:
                                   "security_context": _drop_empty({"namespace_options": _drop_empty({
                                       "pid": self.pid_mode, "target_id": self.target_id,
                                       "network": None if self.network_mode == "POD" else self.network_mode,
-                                      "ipc": None if self.ipc_mode == "POD" else self.ipc_mode}),
+                                      "ipc": None if self.ipc_mode == "POD" else self.ipc_mode,
+                                      "userns_options": None if self.userns is None else {"mode": "POD", **self.userns}}),
                                       "readonly_rootfs": self.readonly_rootfs or None, **self.security.to_json()})}),
         })

@@ -50,12 +50,19 @@ class Field:
     """What podshim does with one field: ``kind`` (applied, informs, refused) and ``text`` (where
     it is applied, why it asks nothing, or why it is refused). A refused field is refused when
     ``asks(value)`` (default: the value is not the field's zero value). ``leaf``: a map (labels,
-    sysctls), whose keys are the client's, not fields."""
+    sysctls), whose keys are the client's, not fields. ``handlers``: the runtime handlers that
+    apply an applied field (empty: every one); another refuses it (the shim says so), and its
+    feature in Status is false for it."""
 
     kind: str
     text: str
     asks: Callable[[Any], bool] | None = None
     leaf: bool = False
+    handlers: tuple[str, ...] = ()
+
+    def applied_by(self, handler: str) -> bool:
+        """Whether runtime handler ``handler`` (native, runc, crun) applies this field."""
+        return self.kind == APPLIED and (not self.handlers or handler in self.handlers)
 
 
 def _applied(text: str) -> Field:
@@ -80,14 +87,19 @@ def _mode(value: Any) -> str:
     return names.get(value, "") if isinstance(value, int) else str(value).upper()
 
 
-def _asks_for_a_user_namespace(value: Any) -> bool:
-    # kubelet sends mode NODE (the host's user namespace) with every pod that does not ask for one.
-    return isinstance(value, Mapping) and (_mode(value.get("mode", 0)) != "NODE" or bool(value.get("uids"))
-                                           or bool(value.get("gids")))
-
-
-_USERNS = _refused("user namespaces are not supported: only the host's (mode NODE) is",
-                   _asks_for_a_user_namespace)
+_USERNS_POD = Field(APPLIED, "mode POD: the pod's user namespace, of the mappings in `uids` and `gids` (one range "
+                   "each, from id 0, as kubelet sends; native handler only, runc and crun refuse it); "
+                   "NODE: the host's; CONTAINER is refused", handlers=("native",))
+_USERNS_CONTAINER = Field(APPLIED, "a container joins the pod's user namespace: another mode or other mappings "
+                          "than the pod's are refused", handlers=("native",))
+_USERNS_PARTS = {
+    "userns_options.mode": Field(APPLIED, "POD or NODE", handlers=("native",)),
+    "userns_options.uids": Field(APPLIED, "the uid mapping", handlers=("native",)),
+    "userns_options.gids": Field(APPLIED, "the gid mapping", handlers=("native",)),
+    **{f"userns_options.{kind}.{part}": Field(APPLIED, text, handlers=("native",))
+       for kind in ("uids", "gids") for part, text in (("container_id", "from id (0)"), ("host_id", "to host id"),
+                                                       ("length", "of ids"))},
+}
 _NO_APPARMOR = "AppArmor is not supported: only Unconfined (client.cri.security.refuse_lsm refuses any profile)"
 _NO_SELINUX = "SELinux is not supported: an SELinux context is refused (client.cri.security.refuse_lsm)"
 _WINDOWS = _refused("a Windows setting: this is a Linux runtime")
@@ -130,7 +142,8 @@ def _namespace_option(container: bool) -> dict[str, Field]:
                         "refused"),
         "target_id": _applied("the container whose pid namespace a TARGET container joins") if container
         else _refused("a pod cannot join another's pid namespace"),
-        "userns_options": _USERNS,
+        "userns_options": _USERNS_CONTAINER if container else _USERNS_POD,
+        **_USERNS_PARTS,
     }
     return fields
 

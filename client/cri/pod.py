@@ -1491,13 +1491,17 @@ class PodService:
 
 
 def _check_pod_namespaces(cfg: ContainerConfig, pod_cfg: PodSandboxConfig) -> None:
-    """InvalidArgument unless the container's network and IPC modes are POD or the pod's own: a
-    container always joins its pod's network and IPC namespaces (as with containerd)."""
+    """InvalidArgument unless the container's network and IPC modes are POD or the pod's own, and its
+    user namespace is the pod's: a container always joins its pod's network, IPC and user namespaces
+    (as with containerd)."""
     for what, mode, pods in (("network", cfg.network_mode, pod_cfg.namespace_options.network),
                              ("ipc", cfg.ipc_mode, pod_cfg.namespace_options.ipc)):
         if mode not in ("POD", pods):
             raise InvalidArgument(f"linux.security_context.namespace_options.{what} {mode} cannot be applied: a "
                                   f"container joins its pod's {what} namespace, and the pod's is {pods}")
+    if cfg.userns is not None and cfg.userns != pod_cfg.namespace_options.userns:
+        raise InvalidArgument("linux.security_context.namespace_options.userns_options cannot be applied: a container "
+                              "joins its pod's user namespace, and its mappings are not the pod's")
 
 
 def exit_reason(exit_code: int, oom_killed: bool) -> str:

@@ -33,16 +33,18 @@ KUBELET_API_VERSION = "0.1.0"
 CGROUP_DRIVERS = {"cgroupfs": api_pb2.CgroupDriver.CGROUPFS, "systemd": api_pb2.CgroupDriver.SYSTEMD}
 
 
-def _applied(table: dict[str, fields.Field], path: str) -> bool:
-    return table[path].kind == fields.APPLIED
+def _applied(table: dict[str, fields.Field], path: str, handler: str = "") -> bool:
+    """Whether ``handler`` (any handler: "") applies the field at ``path``."""
+    field = table[path]
+    return field.applied_by(handler) if handler else field.kind == fields.APPLIED and not field.handlers
 
 
-def handler_features() -> api_pb2.RuntimeHandlerFeatures:
-    """What every runtime handler of podshim's supports (native, runc and crun apply the same
-    fields: the table has no per-handler column)."""
+def handler_features(handler: str) -> api_pb2.RuntimeHandlerFeatures:
+    """What runtime handler ``handler`` (native, runc, crun) supports."""
     return api_pb2.RuntimeHandlerFeatures(
-        recursive_read_only_mounts=_applied(fields.CONTAINER_CONFIG, "mounts.recursive_read_only"),
-        user_namespaces=_applied(fields.POD_SANDBOX_CONFIG, "linux.security_context.namespace_options.userns_options"))
+        recursive_read_only_mounts=_applied(fields.CONTAINER_CONFIG, "mounts.recursive_read_only", handler),
+        user_namespaces=_applied(fields.POD_SANDBOX_CONFIG, "linux.security_context.namespace_options.userns_options",
+                                 handler))
 
 
 def runtime_features() -> api_pb2.RuntimeFeatures:
@@ -68,10 +70,10 @@ class RuntimeInfo(Handlers):
         if request.verbose:
             info["config"] = _config_json(self.config)
             info["podCIDR"] = json.dumps(self.pods.pod_cidr)  # as UpdateRuntimeConfig set it
-        features = handler_features()
-        handlers = [api_pb2.RuntimeHandler(name=name, features=features) for name in self.config.runtime_handlers]
+        handlers = [api_pb2.RuntimeHandler(name=name, features=handler_features(name))
+                    for name in self.config.runtime_handlers]
         # CRI: the default handler is also listed with an empty name (kubelet's "" means it).
-        handlers.insert(0, api_pb2.RuntimeHandler(name="", features=features))
+        handlers.insert(0, api_pb2.RuntimeHandler(name="", features=handler_features(self.config.default_runtime_handler)))
         return api_pb2.StatusResponse(status=api_pb2.RuntimeStatus(conditions=conditions), info=info,
                                       runtime_handlers=handlers, features=runtime_features())
 

@@ -6,7 +6,7 @@ waits while the shim writes its maps, as root of the host may; the pause joins i
 task and exec of the pod, as they join the pod's other namespaces
 (:mod:`shim.runtime.process`); mounts are id-mapped with its fd
 (:func:`shim.kernel.linux.mount_setattr`). Only the mappings kubelet sends for ``hostUsers: false`` are
-taken: one range of each, from id 0 inside, of at least 65536 ids, never holding the host's 0.
+taken: one range of each, from id 0 inside (kubelet's hold 65536 ids), never holding the host's 0.
 """
 
 from __future__ import annotations
@@ -24,7 +24,6 @@ from shim.rpc.status import Internal, InvalidArgument
 
 __all__ = ["IdMap", "IdMapping", "UserNamespace", "create"]
 
-MIN_IDS = 65536  # kubelet gives each pod 65536 ids (a multiple of it)
 CREATE_TIMEOUT = 2.0  # seconds for the child to unshare and for its exit
 
 
@@ -91,8 +90,8 @@ def _mappings(value: Any, where: str) -> tuple[IdMapping, ...]:
     container_id, host_id, length = numbers
     if container_id != 0:
         raise InvalidArgument(f"{where}[0] must map from id 0 inside, not {container_id}")
-    if length < MIN_IDS or length % MIN_IDS:
-        raise InvalidArgument(f"{where}[0].length must be a multiple of {MIN_IDS}, not {length}")
+    if length == 0:
+        raise InvalidArgument(f"{where}[0].length must not be 0")
     if host_id == 0 or host_id + length > 1 << 32:
         raise InvalidArgument(f"{where}[0] maps to host ids {host_id}..{host_id + length - 1}: they must "
                               "leave out the host's root and fit in 32 bits")

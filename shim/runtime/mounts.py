@@ -746,9 +746,11 @@ def enter_root(setup: RootSetup, step: list[str]) -> None:
     root = setup.mount_point
     nosuid_nodev_noexec = linux.MS_NOSUID | linux.MS_NODEV | linux.MS_NOEXEC
     step[0] = f"attaching the task's root on {root}"
-    linux.move_mount(setup.root_fd, root)
-    linux.mount(None, root, None, linux.MS_PRIVATE | linux.MS_REC)
-    root_fd = os.open(root, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    # On the cwd (the launcher's chdir to ``root``, carried into this namespace), then on the
+    # tree's own fd: in a pod's user namespace no path through the shim's directories is looked up.
+    linux.move_mount(setup.root_fd, os.open(".", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC))
+    linux.mount_setattr(setup.root_fd, propagation=linux.MS_PRIVATE, recursive=True)
+    root_fd = os.dup(setup.root_fd)
     try:
         _standard_mounts(setup, root_fd, step)
         for fd, destination, is_dir, propagation, flags, recursive_flags in setup.binds:
@@ -769,15 +771,15 @@ def enter_root(setup: RootSetup, step: list[str]) -> None:
                 linux.mount_setattr(fd, flags=flags)
             if recursive_flags:
                 linux.mount_setattr(fd, flags=recursive_flags, recursive=True)
+        if setup.readonly:
+            step[0] = "making the root read-only"
+            linux.mount_setattr(root_fd, flags=linux.MS_RDONLY)
+        # pivot_root(".", "."): the old root ends up stacked under the new one and is detached at
+        # once, so no path of the host's filesystem stays reachable from the task.
+        step[0] = f"pivot_root into {root}"
+        os.fchdir(root_fd)
     finally:
         os.close(root_fd)
-    if setup.readonly:
-        step[0] = "making the root read-only"
-        linux.mount(None, root, None, linux.MS_REMOUNT | linux.MS_BIND | linux.MS_RDONLY)
-    # pivot_root(".", "."): the old root ends up stacked under the new one and is detached at
-    # once, so no path of the host's filesystem stays reachable from the task.
-    step[0] = f"pivot_root into {root}"
-    os.chdir(root)
     linux.pivot_root(".", ".")
     linux.umount2(".", linux.MNT_DETACH)
     os.chdir("/")

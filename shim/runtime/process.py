@@ -659,6 +659,11 @@ def _enter_cgroups_and_namespaces(plan: _Plan, steps: list[str], write_fd: int) 
         linux.setns(fd, linux.CLONE_NEWNS)
         trees.append((linux.open_tree(source, True), target))
         linux.setns(plan.own_mnt_fd, linux.CLONE_NEWNS)
+    if plan.root is not None:
+        # The task's mount point, as the cwd a new mount namespace carries into its copy: once in a
+        # pod's user namespace, A may no longer look up a path through the shim's private directories.
+        steps[0] = f"chdir {plan.root.mount_point}"
+        os.chdir(plan.root.mount_point)
     written = 0
     for fd, nstype, path in plan.join:
         if nstype == linux.CLONE_NEWUSER:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from shim.kernel.userns import UserNamespace
 from shim.rpc.identifiers import validate_annotations, validate_hostname, validate_labels
 from shim.rpc.messages import optional
 from shim.rpc.records import Record, set_field as _set
@@ -98,7 +99,7 @@ class SandboxOptions(Record):
 
     __slots__ = ("hostname", "labels", "annotations", "cgroup_parent", "sysctls", "network_mode", "pid_mode",
                  "ipc_mode", "oom_score_adj", "pause_binary", "runtime_handler", "pause_confinement", "pause_image",
-                 "privileged")
+                 "privileged", "userns")
     hostname: str | None
     labels: dict[str, str]
     annotations: dict[str, str]
@@ -113,13 +114,15 @@ class SandboxOptions(Record):
     pause_confinement: Confinement | None  # linux.pause_process: the pause's user, capabilities, ...
     pause_image: PauseImage | None  # the pause from CreateSandbox's rootfs (a sandbox image)
     privileged: bool  # linux.security_context.privileged: the pod's device cgroup allows every device
+    userns: UserNamespace | None  # namespace_options.userns_options (mode POD): the pod's user namespace
 
     def __init__(self, hostname: str | None = None, labels: dict[str, str] | None = None,
                  annotations: dict[str, str] | None = None, cgroup_parent: str | None = None,
                  sysctls: dict[str, str] | None = None, network_mode: str = "POD", pid_mode: str = "POD",
                  ipc_mode: str = "POD", oom_score_adj: int = -998, pause_binary: str | None = None,
                  runtime_handler: str = NATIVE, pause_confinement: Confinement | None = None,
-                 pause_image: PauseImage | None = None, privileged: bool = False) -> None:
+                 pause_image: PauseImage | None = None, privileged: bool = False,
+                 userns: UserNamespace | None = None) -> None:
         _set(self, "hostname", hostname)
         _set(self, "labels", {} if labels is None else labels)
         _set(self, "annotations", {} if annotations is None else annotations)
@@ -134,6 +137,7 @@ class SandboxOptions(Record):
         _set(self, "pause_confinement", pause_confinement)
         _set(self, "pause_image", pause_image)
         _set(self, "privileged", privileged)
+        _set(self, "userns", userns)
 
     @property
     def host_network(self) -> bool:
@@ -206,4 +210,19 @@ class SandboxOptions(Record):
             pause_confinement=pause_confinement,
             pause_image=image,
             privileged=privileged,
+            userns=_userns(ns_opts.get("userns_options")),
         )
+
+
+def _userns(options: Any) -> UserNamespace | None:
+    """``namespace_options.userns_options``: mode POD with its mappings, or NODE (None: the host's)."""
+    if options is None:
+        return None
+    if not isinstance(options, dict):
+        raise InvalidArgument("namespace_options.userns_options must be a map")
+    mode = options.get("mode", "POD")
+    if mode in ("NODE", 2):
+        return None
+    if mode not in ("POD", 0):
+        raise InvalidArgument(f"namespace_options.userns_options.mode {mode!r} is not supported (POD or NODE)")
+    return UserNamespace.from_payload(options, "namespace_options.userns_options")

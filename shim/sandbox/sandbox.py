@@ -415,6 +415,7 @@ class Sandbox:
                 pause_binary=None if image is not None else opts.pause_binary or self.config.pause_binary,
                 oom_score_adj=opts.oom_score_adj,
                 confinement=opts.pause_confinement,
+                userns=opts.userns,
                 rootfs=self.rootfs if image is not None else None,
                 args=image.args if image is not None else (),
                 env=image.env if image is not None else (),

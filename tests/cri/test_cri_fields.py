@@ -140,11 +140,30 @@ def test_what_kubelet_sends_with_every_pod_is_not_refused():
     ContainerConfig.from_json(container)
 
 
-def test_a_request_for_a_user_namespace_is_refused():
+MAPPING = [{"host_id": 100000, "container_id": 0, "length": 65536}]
+
+
+def test_a_pod_user_namespace_goes_to_the_shim_with_its_mappings():
     pod = pod_config()
-    pod["linux"]["security_context"]["namespace_options"]["userns_options"] = {
-        "mode": "POD", "uids": [{"host_id": 100000, "container_id": 0, "length": 65536}]}
-    with pytest.raises(InvalidArgument, match="userns_options cannot be applied: user namespaces are not supported"):
+    pod["linux"]["security_context"]["namespace_options"]["userns_options"] = {"uids": MAPPING, "gids": MAPPING}
+    options = PodSandboxConfig.from_json(pod).to_shim_options()
+    assert options["linux"]["security_context"]["namespace_options"]["userns_options"] == {
+        "mode": "POD", "uids": [{"container_id": 0, "host_id": 100000, "length": 65536}],
+        "gids": [{"container_id": 0, "host_id": 100000, "length": 65536}]}
+
+
+@pytest.mark.parametrize("userns, sentence", [
+    ({"mode": "CONTAINER", "uids": MAPPING, "gids": MAPPING}, "mode is .CONTAINER.; allowed: POD"),
+    ({"mode": "POD"}, "uids must be one mapping"),
+    ({"mode": "POD", "uids": MAPPING * 2, "gids": MAPPING}, "uids must be one mapping"),
+    ({"mode": "POD", "uids": MAPPING, "gids": [{"host_id": 0, "container_id": 0, "length": 65536}]},
+     "leave out the host's root"),
+    ({"mode": "NODE", "uids": MAPPING}, "mode NODE .* takes no mappings"),
+])
+def test_a_user_namespace_podshim_cannot_make_is_refused(userns, sentence):
+    pod = pod_config()
+    pod["linux"]["security_context"]["namespace_options"]["userns_options"] = userns
+    with pytest.raises(InvalidArgument, match=sentence):
         PodSandboxConfig.from_json(pod)
 
 

@@ -62,7 +62,8 @@ EXPECTED = [
              "podshimd's ListMetricDescriptors answers no descriptors and ListPodSandboxMetrics no metrics for the "
              "pod, where containerd 2.x answers cadvisor's set (issue 25, part 2)"),
     Expected(r"Security Context UserNamespaces ", "skipped",
-             "no podshimd runtime handler reports user namespace support (issue 25)"),
+             "runc and crun do not report user namespace support (only the native handler runs a pod's user "
+             "namespace)", handlers=("runc", "crun")),
 ]
 #: critest's specs (its Windows specs included), as this version lists them.
 ALL_SPECS = 142

@@ -1,0 +1,109 @@
+"""A pod's user namespace (``userns_options`` mode POD, kubelet's ``hostUsers: false``) through
+podshimd's gRPC: seen from inside (its uid_map, what root writes) and from outside (no process of
+the host's root), the handler features Status reports, and the refusals."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import pytest
+
+from client.criapi import api_pb2
+from podtools import container_config, pod_config
+
+HOST_ID = 2_000_000 + (os.getpid() % 500) * 65536  # a range no other test's pod is given
+MAPPING = [{"container_id": 0, "host_id": HOST_ID, "length": 65536}]
+HANDLERS = ["native"] + [h for h in ("runc", "crun") if shutil.which(h, path="/usr/sbin:/usr/bin:/sbin:/bin")]
+
+
+def _userns_pod_config() -> dict:
+    config = pod_config()
+    namespace_options = config.setdefault("linux", {}).setdefault("security_context", {}).setdefault(
+        "namespace_options", {})
+    namespace_options["userns_options"] = {"mode": 0, "uids": MAPPING, "gids": MAPPING}
+    return config
+
+
+@pytest.fixture
+def userns_pod(daemon, crictl, tmp_path) -> tuple[str, str]:
+    path = tmp_path / "pod.json"
+    path.write_text(json.dumps(_userns_pod_config()))
+    return daemon.crictl(crictl, "runp", "--runtime", "native", str(path)).stdout.strip(), str(path)
+
+
+def _exec(daemon, crictl, container_id: str, script: str) -> str:
+    done = daemon.crictl(crictl, "exec", container_id, "sh", "-c", script, check=False)
+    assert done.returncode == 0, done
+    return done.stdout
+
+
+def test_status_reports_user_namespaces_for_the_native_handler_only(daemon):
+    status = daemon.runtime().Status(api_pb2.StatusRequest(), timeout=10)
+    features = {h.name: h.features.user_namespaces for h in status.runtime_handlers}
+    assert features == {"": True, **{name: name == "native" for name in HANDLERS}}
+
+
+def test_a_container_runs_in_the_pods_user_namespace(daemon, crictl, userns_pod, tmp_path):
+    pod_id, pod_path = userns_pod
+    volume = tmp_path / "volume"
+    volume.mkdir()
+    config = container_config(["sleep", "600"])
+    config["mounts"] = [{"container_path": "/volume", "host_path": str(volume)}]
+    config["linux"] = {"security_context": {"namespace_options": {
+        "userns_options": {"mode": 0, "uids": MAPPING, "gids": MAPPING}}}}
+    container_id = daemon.create_container(pod_id, config, pod_path)
+    daemon.crictl(crictl, "start", container_id)
+    # Inside: root of a namespace of the pod's mapping.
+    assert _exec(daemon, crictl, container_id, "cat /proc/self/uid_map").split() == ["0", str(HOST_ID), "65536"]
+    assert _exec(daemon, crictl, container_id, "id -u").strip() == "0"
+    # The image's files are root's inside (its layers are id-mapped), and what root writes in the
+    # root is owned by the mapped root outside.
+    assert _exec(daemon, crictl, container_id, "stat -c %u /bin/sh /etc /etc/hosts").split() == ["0", "0", "0"]
+    _exec(daemon, crictl, container_id, "echo x > /written-by-root && touch /volume/file")
+    inspect = json.loads(daemon.crictl(crictl, "inspect", container_id).stdout)
+    pid = inspect["info"]["pid"]
+    assert os.stat(f"/proc/{pid}/root/written-by-root").st_uid == HOST_ID
+    # The volume is id-mapped: root inside writes root's file on the host's disk, as kubelet expects.
+    assert os.stat(volume / "file").st_uid == 0
+    # Outside: none of the container's processes has the host's root as any of its ids.
+    for pid_dir in _pids_of(pid):
+        with open(f"/proc/{pid_dir}/status") as f:
+            uids = next(line for line in f if line.startswith("Uid:")).split()[1:]
+        assert set(uids) == {str(HOST_ID)}, (pid_dir, uids)
+
+
+def _pids_of(pid: int) -> list[int]:
+    """``pid`` and the processes in its pid namespace."""
+    ns = os.stat(f"/proc/{pid}/ns/pid").st_ino
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                if os.stat(f"/proc/{entry}/ns/pid").st_ino == ns:
+                    found.append(int(entry))
+            except OSError:
+                continue
+    return found
+
+
+@pytest.mark.parametrize("uids, sentence", [
+    ([{"container_id": 1, "host_id": 100000, "length": 65536}], "must map from id 0 inside"),
+    ([{"container_id": 0, "host_id": 0, "length": 65536}], "leave out the host's root"),
+])
+def test_mappings_kubelet_would_not_send_are_refused(daemon, crictl, tmp_path, uids, sentence):
+    config = _userns_pod_config()
+    config["linux"]["security_context"]["namespace_options"]["userns_options"]["uids"] = uids
+    path = tmp_path / "pod.json"
+    path.write_text(json.dumps(config))
+    done = daemon.crictl(crictl, "runp", str(path), check=False)
+    assert done.returncode != 0 and sentence in done.stderr, done
+
+
+@pytest.mark.parametrize("handler", [h for h in HANDLERS if h != "native"])
+def test_a_handler_without_user_namespaces_refuses_them(daemon, crictl, tmp_path, handler):
+    path = tmp_path / "pod.json"
+    path.write_text(json.dumps(_userns_pod_config()))
+    done = daemon.crictl(crictl, "runp", "--runtime", handler, str(path), check=False)
+    assert done.returncode != 0 and "does not support a pod's user namespace" in done.stderr, done
