@@ -401,11 +401,12 @@ class Controller:
                     await handle.dead.wait()  # a cleanup under way ends first (set already when DEAD)
                 await self._release(handle)
 
-    async def metrics(self, namespace: str, sandbox_id: str) -> dict[str, Any]:
+    async def metrics(self, namespace: str, sandbox_id: str, details: bool = False) -> dict[str, Any]:
         """SandboxMetrics: ``{timestamp, sandbox_id, data: {cpu_usage_ns, memory_usage_bytes,
-        memory_limit_bytes, pids_current, unavailable}}``. Raises NotFound, FailedPrecondition
-        when the shim died."""
-        handle, reply = await self._read(namespace, sandbox_id, "SandboxMetrics", {}, CALL_TIMEOUT)
+        memory_limit_bytes, pids_current, unavailable}}`` (with ``details``, also ``data.details``:
+        protocol.md). Raises NotFound, FailedPrecondition when the shim died."""
+        handle, reply = await self._read(namespace, sandbox_id, "SandboxMetrics", {"details": True} if details else {},
+                                         CALL_TIMEOUT)
         if reply is None:
             raise FailedPrecondition(f"sandbox {sandbox_id} has exited; it has no metrics")
         return dict(reply.get("metrics") or {})

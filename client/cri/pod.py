@@ -52,7 +52,7 @@ from shim.rpc.status import (Aborted, DeadlineExceeded, FailedPrecondition, Inte
 
 from client import layouts
 from client.bundles import bundle_path
-from client.cri import stats
+from client.cri import podmetrics, stats
 from client.cri.cni import DEFAULT_BIN_DIRS, DEFAULT_CONF_DIR, CniRunner, primary_ip
 from client.concurrency import together
 from client.controller import Controller
@@ -1440,6 +1440,50 @@ class PodService:
         return {"attributes": stats.attributes(record.pod_id, record.config.get("metadata") or {}, record.labels,
                                                record.annotations),
                 "linux": {k: v for k, v in linux.items() if v}}
+
+    # -- metrics -------------------------------------------------------------------------------
+    async def list_pod_metrics(self) -> list[dict[str, Any]]:
+        """ListPodSandboxMetrics of the ready pods (:mod:`client.cri.podmetrics`): each pod's
+        cgroup and network figures and its running containers'; read only when asked."""
+        out = []
+        for entry in await self.list_pod_sandbox({"state": "SANDBOX_READY"}):
+            try:
+                record = self.store.get(entry["id"])
+                reply = await self.controller.metrics(self.namespace, record.pod_id, details=True)
+            except (NotFound, FailedPrecondition, Unavailable):
+                continue  # removed, or its shim died, meanwhile
+            metadata = record.config.get("metadata") or {}
+            containers = [await self._container_metrics(metadata, c) for c in record.containers.values()
+                          if c.state is ContainerState.RUNNING]
+            out.append(podmetrics.pod_metrics(record.pod_id, metadata, reply.get("timestamp") or time.time_ns(),
+                                              reply.get("data") or {}, [c for c in containers if c is not None]))
+        return out
+
+    async def _container_metrics(self, pod_metadata: Mapping[str, Any], c: ContainerRecord) -> dict[str, Any] | None:
+        """One running container's metrics; None when its shim or task is gone meanwhile."""
+        try:
+            reply = await self._task(c.pod_id, "Stats", {"task_id": c.container_id, "details": True})
+        except (Unavailable, NotFound):
+            return None
+        image = (c.config.get("image") or {}).get("image", "")
+        return podmetrics.container_metrics(pod_metadata, c.container_id, c.metadata.name, image, c.started_at,
+                                            reply.get("timestamp") or time.time_ns(), reply.get("data") or {},
+                                            await self._writable_layer(c.container_id))
+
+    async def _writable_layer(self, container_id: str) -> dict[str, Any] | None:
+        """The container's writable layer: its usage and its filesystem's size and inodes; None
+        when the container has no snapshot of this snapshotter (a root of its own)."""
+        measure = getattr(self.snapshots, "active_usage", None)
+        if measure is None:
+            return None
+        try:
+            upper, used = await call(measure, container_id)
+            fs = await call(os.statvfs, upper)
+            device = await call(podmetrics.filesystem_device, upper)
+        except (NotFound, OSError):
+            return None
+        return {"device": device, "usage_bytes": used.bytes, "limit_bytes": fs.f_blocks * fs.f_frsize,
+                "inodes_total": fs.f_files, "inodes_free": fs.f_ffree}
 
     # -- events --------------------------------------------------------------------------------
     @asynccontextmanager

@@ -124,6 +124,23 @@ class Usage:
     inodes: int
 
 
+def _tree_usage(top: str) -> Usage:
+    """Apparent size of the regular files below ``top`` (a tree of any depth) and its inodes,
+    ``top`` excluded. FileNotFoundError when ``top`` does not exist."""
+    total_bytes = total_inodes = 0
+    for entry in walk(top):
+        total_inodes += 1
+        if entry.is_dir:
+            continue
+        try:
+            st = entry.stat()
+        except FileNotFoundError:
+            continue  # the container removed it meanwhile
+        if stat.S_ISREG(st.st_mode):
+            total_bytes += st.st_size
+    return Usage(total_bytes, total_inodes)
+
+
 @dataclass(frozen=True)
 class GcResult:
     """What :meth:`Snapshotter.gc` removed: chain ids, and the bytes and inodes they held."""
@@ -517,19 +534,24 @@ class Snapshotter:
             total_inodes += doc["inodes"]
         for doc in self._records(_ACTIVE):
             try:
-                for entry in walk(self._fs(doc)):  # a container's tree: of any depth
-                    total_inodes += 1
-                    if entry.is_dir:
-                        continue
-                    try:
-                        st = entry.stat()
-                    except FileNotFoundError:
-                        continue  # the container removed it meanwhile
-                    if stat.S_ISREG(st.st_mode):
-                        total_bytes += st.st_size
+                used = _tree_usage(self._fs(doc))
             except FileNotFoundError:
                 continue  # removed meanwhile
+            total_bytes += used.bytes
+            total_inodes += used.inodes
         return Usage(total_bytes, total_inodes)
+
+    def active_usage(self, key: str) -> tuple[str, Usage]:
+        """The upper directory of the active snapshot ``key`` (what its container writes) and
+        its usage now, as :meth:`usage` counts it. NotFound when there is no such snapshot."""
+        doc = self._record(_ACTIVE, key)
+        if doc is None:
+            raise NotFound(f"snapshot {key!r} does not exist")
+        upper = self._fs(doc)
+        try:
+            return upper, _tree_usage(upper)
+        except FileNotFoundError:
+            raise NotFound(f"snapshot {key!r} was removed") from None
 
     # -- records, ids and locks ----------------------------------------------------------------
 

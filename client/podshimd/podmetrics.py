@@ -1,11 +1,7 @@
 """RuntimeService's ListMetricDescriptors, ListPodSandboxMetrics and StreamPodSandboxMetrics: the
-cadvisor-style metrics kubelet serves on /metrics/cadvisor when it takes pod and container stats
-from the runtime (feature gate PodAndContainerStatsFromCRI).
-
-podshimd describes no such metric and so reports none: every answer is an empty list (and the
-stream ends without a message). Its pods' and containers' figures are served by the stats RPCs
-(:mod:`.stats`), which kubelet reads for its summary API; naming a few of them under cadvisor's
-metric names would be half of cadvisor's set passed off as the whole (docs/cri.md).
+cadvisor-named metrics kubelet serves on /metrics/cadvisor when it takes pod and container stats
+from the runtime (feature gate PodAndContainerStatsFromCRI), shaped by the pod layer
+(:mod:`client.cri.podmetrics`) from the shims' cgroup readings, read only when asked.
 """
 
 from __future__ import annotations
@@ -13,6 +9,9 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Any
 
+from google.protobuf import json_format
+
+from client.cri import podmetrics
 from client.criapi import api_pb2
 
 from .chunks import chunks
@@ -26,17 +25,18 @@ class PodMetrics(Handlers):
 
     async def ListMetricDescriptors(self, request: api_pb2.ListMetricDescriptorsRequest,
                                     context: Any) -> api_pb2.ListMetricDescriptorsResponse:
-        return api_pb2.ListMetricDescriptorsResponse(descriptors=[])
+        return json_format.ParseDict({"descriptors": podmetrics.descriptors()},
+                                     api_pb2.ListMetricDescriptorsResponse())
 
     async def ListPodSandboxMetrics(self, request: api_pb2.ListPodSandboxMetricsRequest,
                                     context: Any) -> api_pb2.ListPodSandboxMetricsResponse:
-        return api_pb2.ListPodSandboxMetricsResponse(pod_metrics=self._metrics())
+        return api_pb2.ListPodSandboxMetricsResponse(pod_metrics=await self._metrics())
 
     async def StreamPodSandboxMetrics(self, request: api_pb2.StreamPodSandboxMetricsRequest,
                                       context: Any) -> AsyncIterator[api_pb2.StreamPodSandboxMetricsResponse]:
-        for chunk in chunks(self._metrics()):
+        for chunk in chunks(await self._metrics()):
             yield api_pb2.StreamPodSandboxMetricsResponse(pod_sandbox_metrics=chunk)
 
-    def _metrics(self) -> list[api_pb2.PodSandboxMetrics]:
-        """Each pod's metrics of the descriptors ListMetricDescriptors lists: none."""
-        return []
+    async def _metrics(self) -> list[api_pb2.PodSandboxMetrics]:
+        """Each ready pod's metrics, in the order ListPodSandbox lists the pods."""
+        return [json_format.ParseDict(doc, api_pb2.PodSandboxMetrics()) for doc in await self.pods.list_pod_metrics()]

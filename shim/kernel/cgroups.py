@@ -27,7 +27,7 @@ from shim.rpc.files import read_file
 from shim.rpc.processes import process_alive
 from shim.rpc.records import Record, set_field as _set
 from shim.rpc.trees import walk
-from shim.rpc.status import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound, error_from_oserror
+from shim.rpc.status import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound, RpcError, error_from_oserror
 
 __all__ = ["DEFAULT_PARENT", "METRIC_KEYS", "REMOVE_TIMEOUT", "UPDATE_KEYS", "RESOURCE_FILES", "V2", "V2_CONTROLLERS",
            "PAUSE_LEAF", "Hierarchy", "cpu_weight",
@@ -57,6 +57,12 @@ _UNLIMITED_BYTES = 1 << 62
 METRIC_KEYS = ("cpu_usage_ns", "memory_usage_bytes", "memory_working_set_bytes", "memory_rss_bytes",
                "memory_page_faults", "memory_major_page_faults", "memory_limit_bytes", "pids_current",
                "memory_swap_bytes", "memory_swap_limit_bytes", "cpu_pressure", "memory_pressure", "io_pressure")
+#: The figures SandboxCgroup.details reports (protocol.md, Stats and SandboxMetrics with ``details``).
+DETAIL_KEYS = ("cpu_user_ns", "cpu_system_ns", "cpu_periods", "cpu_throttled_periods", "cpu_throttled_ns",
+               "cpu_period_us", "cpu_quota_us", "cpu_shares", "memory_cache_bytes", "memory_mapped_file_bytes",
+               "memory_rss_bytes", "memory_page_faults", "memory_major_page_faults", "memory_active_file_bytes",
+               "memory_inactive_file_bytes", "memory_kernel_bytes", "memory_failcnt", "memory_max_usage_bytes",
+               "memory_reservation_bytes", "oom_kills", "pids_max", "block_io")
 #: The pressure (PSI) figures and their files in a cgroup v2 directory (the kernel keeps them for
 #: every v2 cgroup, whichever controllers are enabled).
 _PRESSURE = {"cpu_pressure": "cpu.pressure", "memory_pressure": "memory.pressure", "io_pressure": "io.pressure"}
@@ -621,6 +627,113 @@ class SandboxCgroup(Record):
         ]
         return metrics
 
+    def details(self) -> dict[str, Any]:
+        """The figures beyond :meth:`metrics` that cadvisor's metrics name (CRI's
+        ListPodSandboxMetrics), read only when asked; a figure the host does not keep is None.
+
+        ``cpu_user_ns``, ``cpu_system_ns`` (v1 cpuacct.stat in clock ticks, v2 cpu.stat);
+        ``cpu_periods``, ``cpu_throttled_periods``, ``cpu_throttled_ns`` (cpu.stat);
+        ``memory_cache_bytes``, ``memory_mapped_file_bytes``, ``memory_rss_bytes``,
+        ``memory_page_faults``, ``memory_major_page_faults`` (memory.stat, this cgroup's own
+        and below it), ``memory_active_file_bytes``, ``memory_inactive_file_bytes``,
+        ``memory_kernel_bytes`` (v1 memory.kmem.usage_in_bytes, v2 memory.stat kernel),
+        ``memory_failcnt`` (v1 only), ``memory_max_usage_bytes`` (v1 memory.max_usage_in_bytes,
+        v2 memory.peak), ``oom_kills``; the limits in force: ``cpu_period_us``, ``cpu_quota_us``
+        (None when unlimited), ``cpu_shares`` (v2: cpu.weight mapped back), ``memory_reservation_bytes``
+        (v1 soft limit, v2 memory.low; None when unlimited), ``pids_max`` (0 when unlimited, as
+        cadvisor counts it); ``block_io``: ``{"MAJ:MIN": {"read_bytes", "write_bytes", "reads",
+        "writes"}}`` of each device the cgroup did IO on (v1 blkio.throttle.io_service_bytes and
+        io_serviced, recursive where the kernel has them; v2 io.stat).
+        """
+        v1 = self._v1_paths()
+        v2 = self.paths.get(V2)
+        figures: dict[str, Any] = dict.fromkeys(DETAIL_KEYS)
+        figures["oom_kills"] = self.oom_kills()
+        if "cpuacct" in v1:
+            ticks = _read_flat_keyed(v1["cpuacct"], "cpuacct.stat") or {}
+            hz = os.sysconf("SC_CLK_TCK")
+            for key, name in (("cpu_user_ns", "user"), ("cpu_system_ns", "system")):
+                if name in ticks:
+                    figures[key] = ticks[name] * 1_000_000_000 // hz
+        cpu_v1 = v1.get("cpu")
+        cpu_stat = (_read_flat_keyed(cpu_v1, "cpu.stat") if cpu_v1 else None) or {}
+        v2_cpu = (_read_flat_keyed(v2, "cpu.stat") if v2 is not None else None) or {}
+        if figures["cpu_user_ns"] is None and "user_usec" in v2_cpu:
+            figures["cpu_user_ns"] = v2_cpu["user_usec"] * 1000
+            figures["cpu_system_ns"] = v2_cpu.get("system_usec", 0) * 1000
+        if "nr_periods" in cpu_stat:
+            figures.update(cpu_periods=cpu_stat["nr_periods"], cpu_throttled_periods=cpu_stat.get("nr_throttled"),
+                           cpu_throttled_ns=cpu_stat.get("throttled_time"))
+        elif "nr_periods" in v2_cpu:
+            throttled = v2_cpu.get("throttled_usec")
+            figures.update(cpu_periods=v2_cpu["nr_periods"], cpu_throttled_periods=v2_cpu.get("nr_throttled"),
+                           cpu_throttled_ns=throttled * 1000 if throttled is not None else None)
+        if cpu_v1 is not None:
+            figures["cpu_period_us"] = _read_int(cpu_v1, "cpu.cfs_period_us")
+            quota = _read_int(cpu_v1, "cpu.cfs_quota_us")
+            figures["cpu_quota_us"] = quota if quota is not None and quota > 0 else None
+            figures["cpu_shares"] = _read_int(cpu_v1, "cpu.shares")
+        elif _enabled(v2, "cpu"):
+            assert v2 is not None
+            quota, _, period = (_read_text(v2, "cpu.max") or "").partition(" ")
+            figures["cpu_period_us"] = int(period) if period.isdigit() else None
+            figures["cpu_quota_us"] = int(quota) if quota.isdigit() else None
+            weight = _read_int(v2, "cpu.weight")
+            figures["cpu_shares"] = 2 + ((weight - 1) * 262142) // 9999 if weight is not None else None
+        memory_v1 = v1.get("memory")
+        if memory_v1 is not None and os.path.isdir(memory_v1):
+            stat = _read_flat_keyed(memory_v1, "memory.stat") or {}
+            for key, name in (("memory_cache_bytes", "total_cache"), ("memory_mapped_file_bytes", "total_mapped_file"),
+                              ("memory_rss_bytes", "total_rss"), ("memory_page_faults", "total_pgfault"),
+                              ("memory_major_page_faults", "total_pgmajfault"),
+                              ("memory_active_file_bytes", "total_active_file"),
+                              ("memory_inactive_file_bytes", "total_inactive_file")):
+                figures[key] = stat.get(name)
+            figures["memory_kernel_bytes"] = _read_int(memory_v1, "memory.kmem.usage_in_bytes")
+            figures["memory_failcnt"] = _read_int(memory_v1, "memory.failcnt")
+            figures["memory_max_usage_bytes"] = _read_int(memory_v1, "memory.max_usage_in_bytes")
+            soft = _read_int(memory_v1, "memory.soft_limit_in_bytes")
+            figures["memory_reservation_bytes"] = soft if soft is not None and soft < _UNLIMITED_BYTES else None
+        elif v2 is not None and _enabled(v2, "memory"):
+            stat = _read_flat_keyed(v2, "memory.stat") or {}
+            for key, name in (("memory_cache_bytes", "file"), ("memory_mapped_file_bytes", "file_mapped"),
+                              ("memory_rss_bytes", "anon"), ("memory_page_faults", "pgfault"),
+                              ("memory_major_page_faults", "pgmajfault"), ("memory_active_file_bytes", "active_file"),
+                              ("memory_inactive_file_bytes", "inactive_file"), ("memory_kernel_bytes", "kernel")):
+                figures[key] = stat.get(name)
+            figures["memory_max_usage_bytes"] = _read_int(v2, "memory.peak")
+            low = _read_int(v2, "memory.low")
+            figures["memory_reservation_bytes"] = low or None
+        figures["block_io"] = _block_io(v1.get("blkio"), v2 if _enabled(v2, "io") else None)
+        pids_dir = v1.get("pids") or (v2 if _enabled(v2, "pids") else None)
+        if pids_dir is not None:
+            raw = _read_text(pids_dir, "pids.max")
+            figures["pids_max"] = 0 if raw == "max" else int(raw) if (raw or "").isdigit() else None
+        return figures
+
+    def process_counts(self) -> dict[str, int | None]:
+        """``processes``, ``threads``, ``file_descriptors`` and ``sockets`` (open descriptors that
+        are sockets) of the processes in the cgroup and below it, counted in /proc now; a process
+        that exits meanwhile is left out. All None when the cgroup's processes cannot be listed."""
+        try:
+            pids = self.pids()
+        except RpcError:
+            return dict.fromkeys(("processes", "threads", "file_descriptors", "sockets"))
+        threads = descriptors = sockets = 0
+        for pid in pids:
+            try:
+                threads += len(os.listdir(f"/proc/{pid}/task"))
+                fd_dir = f"/proc/{pid}/fd"
+                for fd in os.listdir(fd_dir):
+                    descriptors += 1
+                    try:
+                        sockets += os.readlink(os.path.join(fd_dir, fd)).startswith("socket:")
+                    except OSError:
+                        continue  # closed meanwhile
+            except OSError:
+                continue  # exited meanwhile
+        return {"processes": len(pids), "threads": threads, "file_descriptors": descriptors, "sockets": sockets}
+
     def oom_kills(self) -> int | None:
         """How many processes of this cgroup the kernel's OOM killer killed: v1's ``oom_kill`` of
         memory.oom_control, else v2's of memory.events; None when neither can be read."""
@@ -1169,6 +1282,38 @@ def _swap(v1_memory: str | None, v2: str | None, memory: int | None,
     raw = _read_text(v2, "memory.swap.max")
     known = raw == "max" or (raw or "").isdigit()
     return _read_int(v2, "memory.swap.current"), int(raw) if known and raw != "max" else None, known
+
+
+def _block_io(v1_blkio: str | None, v2: str | None) -> dict[str, dict[str, int]] | None:
+    """Bytes and operations read and written, per device ``MAJ:MIN``, by the cgroup and below it;
+    None when neither v1's blkio nor v2's io controller can be read."""
+    devices: dict[str, dict[str, int]] = {}
+    if v1_blkio is not None:
+        found = False
+        for stem, unit in (("blkio.throttle.io_service_bytes", "bytes"), ("blkio.throttle.io_serviced", "")):
+            text = _read_text(v1_blkio, stem + "_recursive")
+            text = text if text is not None else _read_text(v1_blkio, stem)
+            if text is None:
+                continue
+            found = True
+            for line in text.splitlines():
+                parts = line.split()
+                if len(parts) == 3 and parts[1] in ("Read", "Write") and parts[2].isdigit():
+                    key = f"{parts[1].lower()}_bytes" if unit else f"{parts[1].lower()}s"
+                    devices.setdefault(parts[0], {})[key] = int(parts[2])
+        return devices if found else None
+    if v2 is None:
+        return None
+    text = _read_text(v2, "io.stat")
+    if text is None:
+        return None
+    for line in text.splitlines():
+        device, *pairs = line.split()
+        values = dict(pair.partition("=")[::2] for pair in pairs)
+        devices[device] = {key: int(values[name]) for key, name in (("read_bytes", "rbytes"), ("write_bytes", "wbytes"),
+                                                                    ("reads", "rios"), ("writes", "wios"))
+                           if values.get(name, "").isdigit()}
+    return devices
 
 
 def _read_pressure(directory: str, name: str) -> dict[str, dict[str, Any]] | None:

@@ -307,6 +307,35 @@ def is_host_netns(fd: int) -> bool:
     return (st.st_dev, st.st_ino) == (_HOST_NETNS.st_dev, _HOST_NETNS.st_ino)
 
 
+#: The columns of /proc/<pid>/net/dev a pod's network figures take (receive, then transmit).
+_NET_DEV_COLUMNS = {"rx_bytes": 0, "rx_packets": 1, "rx_errors": 2, "rx_dropped": 3,
+                    "tx_bytes": 8, "tx_packets": 9, "tx_errors": 10, "tx_dropped": 11}
+
+
+def interface_counters(pid: int) -> dict[str, dict[str, int]] | None:
+    """The counters of every interface but loopback in the network namespace of process ``pid``
+    (its /proc/<pid>/net/dev): ``{"eth0": {"rx_bytes", "rx_packets", "rx_errors", "rx_dropped",
+    "tx_...": n}}``; None when the process is in the host's namespace (its figures are the
+    node's, not a pod's) or gone."""
+    try:
+        st = os.stat(f"/proc/{pid}/ns/net")
+        if (st.st_dev, st.st_ino) == (_HOST_NETNS.st_dev, _HOST_NETNS.st_ino):
+            return None
+        with open(f"/proc/{pid}/net/dev") as f:
+            lines = f.read().splitlines()[2:]
+    except OSError:
+        return None
+    found = {}
+    for line in lines:
+        name, _, rest = line.partition(":")
+        fields = rest.split()
+        name = name.strip()
+        if name == "lo" or len(fields) < 16:
+            continue
+        found[name] = {key: int(fields[i]) for key, i in _NET_DEV_COLUMNS.items()}
+    return found
+
+
 def _ensure_shared_dir(directory: str) -> None:
     """Make ``directory`` a shared mount point, as ``ip netns add`` does.
 

@@ -91,7 +91,7 @@ class SandboxService:
         return {}
 
     async def metrics(self, ctx: CallContext, p: dict[str, Any]) -> dict[str, Any]:
-        return {"metrics": self.sandbox.metrics(self._sandbox_id(ctx, p))}
+        return {"metrics": self.sandbox.metrics(self._sandbox_id(ctx, p), details=optional(p, "details", bool, False))}
 
     async def update(self, ctx: CallContext, p: dict[str, Any]) -> dict[str, Any]:
         self.sandbox.update(self._sandbox_id(ctx, p), p.get("resources"))  # checked after the sandbox's state

@@ -131,7 +131,7 @@ class TaskService:
         return {}
 
     async def stats(self, ctx: CallContext, p: dict[str, Any]) -> dict[str, Any]:
-        return self.tasks.stats(*self._ids(ctx, p))
+        return self.tasks.stats(*self._ids(ctx, p), details=optional(p, "details", bool, False))
 
     async def update(self, ctx: CallContext, p: dict[str, Any]) -> dict[str, Any]:
         sid, tid = self._ids(ctx, p)

@@ -611,12 +611,15 @@ class TaskSet:
         except OSError as exc:
             raise FailedPrecondition(f"cannot resize task {task_id}'s terminal: {exc.strerror}") from None
 
-    def stats(self, sandbox_id: str, task_id: str) -> dict[str, Any]:
+    def stats(self, sandbox_id: str, task_id: str, details: bool = False) -> dict[str, Any]:
         """Stats: ``{timestamp, data}``, the usage of the task's cgroup (SandboxMetrics' keys); a
-        task never started has none and says so."""
+        task never started has none and says so. With ``details``, ``data`` also has ``details``
+        (:meth:`SandboxCgroup.details` and :meth:`SandboxCgroup.process_counts`)."""
         task = self.get(sandbox_id, task_id)
         task.check(Op.STATS)
         data = task.cgroup.metrics() if task.cgroup is not None else no_metrics("cgroup (the task was never started)")
+        if details and task.cgroup is not None:
+            data["details"] = {**task.cgroup.details(), **task.cgroup.process_counts()}
         return {"timestamp": time.time_ns(), "data": data}
 
     def update(self, sandbox_id: str, task_id: str, resources: dict[str, Any]) -> None:

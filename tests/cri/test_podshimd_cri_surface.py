@@ -333,16 +333,6 @@ def test_a_stream_with_nothing_to_answer_ends_without_a_message(daemon):
     assert list(runtime.StreamPodSandboxMetrics(api_pb2.StreamPodSandboxMetricsRequest(), timeout=CALL_TIMEOUT)) == []
 
 
-def test_metrics_describe_none_and_report_none(daemon, crictl, pods):
-    runtime = daemon.runtime()
-    assert list(runtime.ListMetricDescriptors(api_pb2.ListMetricDescriptorsRequest(),
-                                              timeout=CALL_TIMEOUT).descriptors) == []
-    assert list(runtime.ListPodSandboxMetrics(api_pb2.ListPodSandboxMetricsRequest(),
-                                              timeout=CALL_TIMEOUT).pod_metrics) == []
-    assert json.loads(daemon.crictl(crictl, "metricdescs").stdout) == {"descriptors": []}
-    assert json.loads(daemon.crictl(crictl, "metricsp").stdout) == {"podMetrics": []}
-
-
 def test_crictl_checkpoint_says_podshim_cannot(daemon, crictl, pod, tmp_path):
     container_id = daemon.runtime().ListContainers(api_pb2.ListContainersRequest(),
                                                    timeout=CALL_TIMEOUT).containers[0].id

@@ -58,9 +58,6 @@ EXPECTED = [
              "image volumes: podshimd refuses a mount of an image (INVALID_ARGUMENT \"image volumes are not "
              "supported\"), where critest skips only on UNIMPLEMENTED (the issue \"The features of CRI 1.37 that "
              "need the kernel\"); the two specs that expect CreateContainer to fail pass"),
-    Expected(r"runtime should support metrics operations", "failed",
-             "podshimd's ListMetricDescriptors answers no descriptors and ListPodSandboxMetrics no metrics for the "
-             "pod, where containerd 2.x answers cadvisor's set (issue 25, part 2)"),
     Expected(r"Security Context UserNamespaces ", "skipped",
              "runc and crun do not report user namespace support (only the native handler runs a pod's user "
              "namespace)", handlers=("runc", "crun")),

@@ -895,3 +895,58 @@ def test_on_pure_v2_the_default_parent_is_at_the_root_as_our_own_cgroup_has_proc
     finally:
         default.remove()
         given.remove()
+def test_details_on_cgroup_v2_alone_come_from_its_files(tmp_path):
+    files = {"cgroup.controllers": "cpu io memory pids", "cgroup.procs": "",
+             "io.stat": "8:0 rbytes=4096 wbytes=512 rios=2 wios=1 dbytes=0 dios=0\n",
+             "cpu.stat": "usage_usec 5000\nuser_usec 3000\nsystem_usec 2000\nnr_periods 7\nnr_throttled 2\n"
+                         "throttled_usec 40\n",
+             "cpu.max": "20000 100000", "cpu.weight": "100", "memory.current": "1000",
+             "memory.stat": "anon 600\nfile 300\nfile_mapped 50\nkernel 70\nactive_file 200\ninactive_file 100\n"
+                            "pgfault 9\npgmajfault 1\n",
+             "memory.peak": "1500", "memory.low": "0", "memory.events": "low 0\nhigh 0\nmax 0\noom 1\noom_kill 1\n",
+             "pids.max": "max"}
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    details = SandboxCgroup.from_dict({"name": "v2", "paths": {V2: str(tmp_path)}}).details()
+    assert details == {
+        "cpu_user_ns": 3_000_000, "cpu_system_ns": 2_000_000, "cpu_periods": 7, "cpu_throttled_periods": 2,
+        "cpu_throttled_ns": 40_000, "cpu_period_us": 100000, "cpu_quota_us": 20000, "cpu_shares": 2597,
+        "memory_cache_bytes": 300, "memory_mapped_file_bytes": 50, "memory_rss_bytes": 600, "memory_page_faults": 9,
+        "memory_major_page_faults": 1, "memory_active_file_bytes": 200, "memory_inactive_file_bytes": 100,
+        "memory_kernel_bytes": 70, "memory_failcnt": None, "memory_max_usage_bytes": 1500,
+        "memory_reservation_bytes": None, "oom_kills": 1, "pids_max": 0,
+        "block_io": {"8:0": {"read_bytes": 4096, "write_bytes": 512, "reads": 2, "writes": 1}}}
+
+
+def test_details_of_a_member_match_the_v1_files(make_cgroup, sleeper):
+    cgroup = make_cgroup()
+    cgroup.update({"cpu_quota_us": 20000, "cpu_period_us": 100000, "memory_limit_bytes": 64 << 20})
+    cgroup.join(sleeper())
+    details = cgroup.details()
+    v1 = {c: path for key, path in cgroup.paths.items() if key != V2 for c in key.split(",")}
+    if "cpu" in v1:
+        assert (details["cpu_period_us"], details["cpu_quota_us"]) == (100000, 20000)
+        with open(os.path.join(v1["cpu"], "cpu.shares")) as f:
+            assert details["cpu_shares"] == int(f.read())
+    if "memory" in v1:
+        with open(os.path.join(v1["memory"], "memory.failcnt")) as f:
+            assert details["memory_failcnt"] == int(f.read())
+        assert details["memory_max_usage_bytes"] >= 0 and details["oom_kills"] == 0
+    assert details["cpu_user_ns"] is None or details["cpu_user_ns"] >= 0
+
+
+def test_details_never_raise():
+    gone = SandboxCgroup.from_dict({"name": "gone", "paths": {"memory": "/nonexistent/a", V2: "/nonexistent/b",
+                                                              "cpu,cpuacct": "/nonexistent/c", "pids": "/nonexistent/d"}})
+    assert set(gone.details().values()) == {None}
+    assert set(gone.process_counts().values()) == {0}  # no directory, no process
+
+
+def test_process_counts_are_the_members_threads_descriptors_and_sockets(make_cgroup, sleeper):
+    cgroup = make_cgroup()
+    pid = sleeper()
+    cgroup.join(pid)
+    counts = cgroup.process_counts()
+    fds = os.listdir(f"/proc/{pid}/fd")
+    sockets = sum(os.readlink(f"/proc/{pid}/fd/{fd}").startswith("socket:") for fd in fds)
+    assert counts == {"processes": 1, "threads": 1, "file_descriptors": len(fds), "sockets": sockets}

@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 
@@ -208,3 +209,36 @@ def test_checking_sysctls_of_a_path_that_is_not_a_netns_is_not_found(tmp_path):
     (tmp_path / "plain").write_bytes(b"")
     with pytest.raises(NotFound):
         netns.check_net_sysctls(str(tmp_path / "plain"), ["net.core.somaxconn"])
+
+
+def test_interface_counters_are_the_pod_namespaces_but_loopback(netns_path):
+    netns.create_netns(netns_path)
+    name = os.path.basename(netns_path)
+    subprocess.run(["ip", "-n", name, "link", "add", "d0", "type", "veth", "peer", "name", "d1"], check=True,
+                   timeout=30)
+    for link in ("d0", "d1"):
+        subprocess.run(["ip", "-n", name, "link", "set", link, "up"], check=True, timeout=30)
+    member = subprocess.Popen(["nsenter", f"--net={netns_path}", "sleep", "60"])
+    try:
+        deadline = time.monotonic() + 10
+        while os.readlink(f"/proc/{member.pid}/ns/net") == os.readlink("/proc/self/ns/net"):
+            assert time.monotonic() < deadline, "nsenter did not enter the namespace"
+            time.sleep(0.01)
+        counters = netns.interface_counters(member.pid)
+        with open(f"/proc/{member.pid}/net/dev") as f:
+            lines = {line.split(":")[0].strip(): [int(x) for x in line.split(":", 1)[1].split()]
+                     for line in f.readlines()[2:]}
+        assert set(counters) == {"d0", "d1"} and "lo" in lines
+        for link, fields in counters.items():
+            # The counters move (the links came up); each is read at most a moment before the file.
+            expected = dict(zip(("rx_bytes", "rx_packets", "rx_errors", "rx_dropped"), lines[link][:4]))
+            expected.update(zip(("tx_bytes", "tx_packets", "tx_errors", "tx_dropped"), lines[link][8:12]))
+            assert all(0 <= fields[key] <= expected[key] for key in expected), (link, fields, expected)
+    finally:
+        member.kill()
+        member.wait(timeout=10)
+
+
+def test_interface_counters_of_the_hosts_namespace_or_of_no_process_are_none():
+    assert netns.interface_counters(os.getpid()) is None
+    assert netns.interface_counters(2**22 + 1) is None
