@@ -205,16 +205,24 @@ def outer_netns() -> Iterator[str]:
         subprocess.run(["ip", "netns", "del", name], capture_output=True)
 
 
-@pytest.fixture(scope="module")
-def module_daemon(test_images) -> Iterator[Podshimd]:
-    """One podshimd for a test module, under a private directory (short: the socket path must fit
-    sun_path) that is removed afterwards, with the tests' busybox pulled (its ``image``)."""
-    directory = tempfile.mkdtemp(prefix="psd-")
+@contextmanager
+def private_podshimd(prefix: str, image: Any, config: str = "") -> Iterator[Podshimd]:
+    """:func:`running_podshimd` under a private directory named ``prefix...`` (short: the socket
+    path must fit sun_path), removed afterwards, with ``config`` and ``image`` pulled."""
+    directory = tempfile.mkdtemp(prefix=prefix)
     try:
-        with running_podshimd(directory, image=test_images.busybox) as daemon:
+        with running_podshimd(directory, config=config, image=image) as daemon:
             yield daemon
     finally:
         shutil.rmtree(directory)
+
+
+@pytest.fixture(scope="module")
+def module_daemon(test_images) -> Iterator[Podshimd]:
+    """One podshimd for a test module, under a private directory that is removed afterwards, with
+    the tests' busybox pulled (its ``image``)."""
+    with private_podshimd("psd-", test_images.busybox) as daemon:
+        yield daemon
 
 
 @pytest.fixture

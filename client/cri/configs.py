@@ -16,6 +16,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Callable, TypeVar
 
+from client.cri.cdi import parse_name as parse_cdi_name
 from client.cri.fields import CONTAINER_CONFIG, POD_SANDBOX_CONFIG, check as check_fields
 from client.cri.resources import pod_resources, shim_resources
 from client.cri.security import ContainerSecurity
@@ -528,6 +529,12 @@ class Device:
                             "permissions": self.permissions})
 
 
+def _cdi_device(doc: Any, path: str) -> str:
+    name = _Fields(doc, path).string("name", required=True)
+    parse_cdi_name(name)
+    return name
+
+
 @dataclass(frozen=True)
 class ContainerConfig:
     """A CRI ContainerConfig as crictl's ``container-config.json`` writes it.
@@ -559,6 +566,8 @@ class ContainerConfig:
     userns: dict[str, Any] | None = None  # namespace_options.userns_options in mode POD: its mappings
     mounts: tuple[Mount, ...] = ()
     devices: tuple[Device, ...] = ()
+    #: ``CDI_devices``: the fully qualified names of CDI devices (:mod:`client.cri.cdi` resolves them).
+    cdi_devices: tuple[str, ...] = ()
     readonly_rootfs: bool = False
     security: ContainerSecurity = field(default_factory=ContainerSecurity)
     stdin: bool = False  # its stdin stays open through the shim, for attach
@@ -628,6 +637,7 @@ class ContainerConfig:
             userns=_userns(namespace_options),
             mounts=mounts,
             devices=f.items("devices", Device.from_json),
+            cdi_devices=f.items("CDI_devices", _cdi_device),
             readonly_rootfs=security.boolean("readonly_rootfs"),
             security=ContainerSecurity.from_doc(security.doc, security.path),
             stdin=f.boolean("stdin"),
@@ -655,6 +665,7 @@ class ContainerConfig:
             "log_path": self.log_path,
             "mounts": [m.to_json() for m in self.mounts],
             "devices": [d.to_json() for d in self.devices],
+            "CDI_devices": [{"name": name} for name in self.cdi_devices],
             "stdin": self.stdin or None,
             "stdin_once": self.stdin_once or None,
             "tty": self.tty or None,

@@ -207,7 +207,10 @@ CONTAINER_CONFIG: dict[str, Field] = {
     "devices.container_path": _applied("where the device is made in the container"),
     "devices.host_path": _applied("the node's device (or a directory of them)"),
     "devices.permissions": _applied("what the device cgroup allows: r, w, m"),
-    "CDI_devices": _refused("CDI devices are not supported"),
+    "CDI_devices": _applied("CDI devices by fully qualified name (vendor.com/class=name), resolved with the JSON "
+                            "CDI specs of config `cdi_spec_dirs`: their device nodes, mounts, env and additional "
+                            "groups (hooks, intelRdt and YAML specs refused: docs/cdi.md)"),
+    "CDI_devices.name": _applied("the device's fully qualified name; one no spec defines is refused"),
     "labels": _applied_map("the container's labels (in its status, and its task's)"),
     "annotations": _applied_map("the container's annotations (in its status)"),
     "log_path": _applied("the container's log file, below the pod's log_directory"),

@@ -66,7 +66,7 @@ from client.cri.mounts import container_mounts
 from client.cri.podfiles import PodFiles, remove_pod_files, write_pod_files
 from client.cri.process import container_process
 from client.cri.rootfs import ContainerImage, ImageLookup, NoImages, Snapshotter, call, mount_dicts
-from client.cri import security
+from client.cri import cdi, security
 from client.cri.resources import shim_resources
 from client.cri.store import ContainerRecord, ContainerState, PodRecord, PodState, PodStore
 from client.phases import phase
@@ -152,7 +152,8 @@ class PodService:
                  runtime_handlers: tuple[str, ...] = RUNTIME_HANDLERS, default_runtime_handler: str = NATIVE,
                  cgroup_parent: str = "", pause_binary: str | None = None,
                  images: ImageLookup | None = None, snapshots: Snapshotter | None = None,
-                 sandbox_image: str = "", pull: Callable[[str], Awaitable[Any]] | None = None):
+                 sandbox_image: str = "", pull: Callable[[str], Awaitable[Any]] | None = None,
+                 cdi_spec_dirs: tuple[str, ...] = cdi.DEFAULT_SPEC_DIRS):
         """``runtime_handlers`` are those RunPodSandbox accepts, ``default_runtime_handler`` the
         one an empty handler means. ``cgroup_parent`` is the cgroup parent of a pod whose config
         names none; ``pause_binary`` the pause of native pods (None: catatonit when installed,
@@ -162,8 +163,10 @@ class PodService:
         for its mounts).
         ``sandbox_image``, when set, is every pod's pause (containerd's sandbox_image): found
         through ``images``, pulled with ``pull(reference)`` when missing, run from a snapshot
-        ``sandbox-<pod id>`` of it."""
+        ``sandbox-<pod id>`` of it. ``cdi_spec_dirs`` hold the CDI specs a container's CDI devices
+        are resolved with (:mod:`.cdi`)."""
         self.controller = controller
+        self.cdi_spec_dirs = tuple(cdi_spec_dirs)
         self.store = store
         self.cni = cni
         self.namespace = namespace
@@ -935,6 +938,11 @@ class PodService:
             mounts = container_mounts(cfg.mounts, self._pod_files(pod.pod_id), readonly_rootfs=cfg.readonly_rootfs)
             confinement = security.task_fields(cfg.security, pod_privileged=pod_cfg.security.privileged,
                                                read_file=await self._user_files(image), image_user=process.image_user)
+            devices = cdi.resolve(cfg.cdi_devices, self.cdi_spec_dirs)
+            env = cdi.merge_env(process.env, devices.env)
+            mounts += devices.mounts
+            user = confinement["user"]
+            user["additional_gids"] = sorted({*user["additional_gids"], *devices.additional_gids})
             # The record comes first: whatever is made for the container from here on (its
             # snapshot, its task) is found through it, by a rollback or after a crash.
             self.store.add_container(ContainerRecord(
@@ -944,12 +952,12 @@ class PodService:
                 rootfs = await self._prepare_rootfs(container_id, image)
                 failpoint("create:after-rootfs")
                 await self._task(pod.pod_id, "Create", {
-                    "task_id": container_id, "args": list(process.args), "env": list(process.env),
+                    "task_id": container_id, "args": list(process.args), "env": env,
                     "cwd": process.cwd, "log_path": log_path, "pid_mode": cfg.pid_mode, "labels": dict(cfg.labels),
                     "pid_target": self._pid_target(pod.pod_id, cfg),
                     "rootfs": rootfs, "readonly_rootfs": cfg.readonly_rootfs, "mounts": mounts, "stdin": cfg.stdin,
                     "terminal": cfg.tty, "resources": cfg.shim_resources,
-                    "devices": [device.to_json() for device in cfg.devices],
+                    "devices": [device.to_json() for device in cfg.devices] + devices.devices,
                     **confinement})
             except BaseException:
                 with anyio.CancelScope(shield=True):

@@ -6,6 +6,7 @@ at top level (TOML, UTF-8), except ``registries``, a table per registry host::
     state_root = "/var/lib/podshim"
     listen = "unix:///run/podshim/podshimd.sock"
     cni_bin_dirs = ["/usr/lib/cni", "/opt/cni/bin"]
+    cdi_spec_dirs = ["/etc/cdi", "/var/run/cdi"]  # CDI specs (JSON), later directories override
     runtime_handlers = ["native", "runc"]
     cgroup_driver = "cgroupfs"          # the only one so far; RuntimeConfig answers it
     template = true
@@ -35,6 +36,7 @@ import tomllib
 from dataclasses import dataclass
 from typing import Any, Mapping
 
+from client.cri.cdi import DEFAULT_SPEC_DIRS as DEFAULT_CDI_SPEC_DIRS
 from client.cri.cni import DEFAULT_BIN_DIRS as DEFAULT_CNI_BIN_DIRS
 from client.cri.cni import DEFAULT_CONF_DIR as DEFAULT_CNI_CONF_DIR
 from client.defaults import DEFAULT_RUNTIME_ROOT, podshimd_endpoint
@@ -78,6 +80,7 @@ class Config:
     listen: str = DEFAULT_LISTEN  # the CRI socket, unix:///ABSOLUTE/PATH (default RUNTIME_ROOT/podshimd.sock)
     cni_conf_dir: str = DEFAULT_CNI_CONF_DIR
     cni_bin_dirs: tuple[str, ...] = DEFAULT_CNI_BIN_DIRS
+    cdi_spec_dirs: tuple[str, ...] = DEFAULT_CDI_SPEC_DIRS  # CDI spec files, lowest priority first
     default_runtime_handler: str = NATIVE  # for RunPodSandbox's empty runtime_handler
     runtime_handlers: tuple[str, ...] = RUNTIME_HANDLERS  # the handlers CRI clients may ask for
     cgroup_parent: str = ""  # "" = under podshimd's own cgroup; "/x" from each hierarchy's root
@@ -229,7 +232,7 @@ def _check(source: str, name: str, key: str, value: Any) -> Any:
 
     if key in _ABSOLUTE_PATHS:
         _check_absolute(refuse, value)
-    elif key == "cni_bin_dirs":
+    elif key in ("cni_bin_dirs", "cdi_spec_dirs"):
         for directory in value:
             _check_absolute(refuse, directory)
     elif key == "listen":

@@ -329,7 +329,8 @@ async def _open_pods(stack: contextlib.AsyncExitStack, config: Config, images: I
             cni_bin_dirs=config.cni_bin_dirs, spawner=spawner, runtime_handlers=config.runtime_handlers,
             default_runtime_handler=config.default_runtime_handler, cgroup_parent=config.cgroup_parent,
             pause_binary=config.sandbox_binary, images=StoreImages(images.store.resolve),
-            snapshots=images.snapshots, sandbox_image=config.sandbox_image, pull=images.pull))
+            snapshots=images.snapshots, sandbox_image=config.sandbox_image, pull=images.pull,
+            cdi_spec_dirs=config.cdi_spec_dirs))
     except RpcError as exc:
         raise DaemonError(f"cannot open the pods under {config.state_root}: {exc.message}") from None
 

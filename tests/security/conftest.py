@@ -5,14 +5,12 @@ containers on it the way kubelet does. Every pod a test makes is removed after i
 from __future__ import annotations
 
 import json
-import shutil
-import tempfile
 from collections.abc import Iterator
 
 import pytest
 
 from attacktools import Cri, handlers
-from critools import Podshimd, running_podshimd
+from critools import Podshimd, private_podshimd
 from podtools import roots
 from shimtools import shims
 
@@ -24,13 +22,9 @@ __all__ = ["roots", "shims"]
 @pytest.fixture(scope="module")
 def attack_daemon(test_images) -> Iterator[Podshimd]:
     """One podshimd for a module: every installed handler, the test registry, busybox pulled."""
-    directory = tempfile.mkdtemp(prefix="psd-sec-")
-    try:
-        with running_podshimd(directory, config=f"runtime_handlers = {json.dumps(handlers())}\n",
-                              image=test_images.busybox) as daemon:
-            yield daemon
-    finally:
-        shutil.rmtree(directory)
+    with private_podshimd("psd-sec-", test_images.busybox,
+                          config=f"runtime_handlers = {json.dumps(handlers())}\n") as daemon:
+        yield daemon
 
 
 @pytest.fixture
