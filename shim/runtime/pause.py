@@ -224,6 +224,8 @@ def _process_spec(spec: PauseSpec) -> tuple[str, process.ProcessSpec]:
     if spec.pid_mode == POD:
         flags |= linux.CLONE_NEWPID
     shm = spec.shm_size_bytes if spec.ipc_mode == POD else 0
+    if spec.userns is not None and spec.privileged:
+        raise InvalidArgument("a privileged pod cannot have a user namespace: its privileges are the host's")
     if spec.userns is not None and (host_network or spec.pid_mode == NODE or spec.ipc_mode == NODE):
         raise InvalidArgument("a pod's user namespace needs the pod's own network, pid and IPC namespaces "
                               "(none of the host's)")

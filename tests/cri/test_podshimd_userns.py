@@ -107,3 +107,34 @@ def test_a_handler_without_user_namespaces_refuses_them(daemon, crictl, tmp_path
     path.write_text(json.dumps(_userns_pod_config()))
     done = daemon.crictl(crictl, "runp", "--runtime", handler, str(path), check=False)
     assert done.returncode != 0 and "does not support a pod's user namespace" in done.stderr, done
+
+
+def test_nothing_of_the_pod_is_left_once_it_is_removed(daemon, crictl, userns_pod):
+    pod_id, pod_path = userns_pod
+    container_id = daemon.create_container(pod_id, container_config(["sleep", "600"]), pod_path)
+    daemon.crictl(crictl, "start", container_id)
+    pid = json.loads(daemon.crictl(crictl, "inspect", container_id).stdout)["info"]["pid"]
+    user = os.stat(f"/proc/{pid}/ns/user").st_ino
+    daemon.crictl(crictl, "stopp", pod_id)
+    daemon.crictl(crictl, "rmp", pod_id)
+    # No process holds the user namespace, and no mount of the container (its rootfs, over the
+    # id-mapped layers) is left on the host.
+    assert [p for p in os.listdir("/proc") if p.isdigit() and _user_ino(p) == user] == []
+    with open("/proc/self/mountinfo") as f:
+        assert [line for line in f if container_id in line] == []
+
+
+def _user_ino(pid: str) -> int:
+    try:
+        return os.stat(f"/proc/{pid}/ns/user").st_ino
+    except OSError:
+        return 0
+
+
+def test_a_privileged_pod_is_refused_a_user_namespace(daemon, crictl, tmp_path):
+    config = _userns_pod_config()
+    config["linux"]["security_context"]["privileged"] = True
+    path = tmp_path / "pod.json"
+    path.write_text(json.dumps(config))
+    done = daemon.crictl(crictl, "runp", str(path), check=False)
+    assert done.returncode != 0 and "a privileged pod cannot have a user namespace" in done.stderr, done
