@@ -102,6 +102,7 @@ class State:
         self.dir = os.path.join(BASE, name)
         self.path = os.path.join(self.dir, "state.json")
         self.data: dict[str, Any] = {}
+        self.children: list[subprocess.Popen] = []  # the processes this harness started, reaped by down
         with contextlib.suppress(FileNotFoundError):
             with open(self.path) as f:
                 self.data = json.load(f)
@@ -189,6 +190,7 @@ def spawn(state: State, label: str, argv: Sequence[str], *, cgroup: dict[str, An
     with open(os.path.join(logs, f"{label}.log"), "ab") as out:
         process = subprocess.Popen(full, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                                    start_new_session=True, env=env, preexec_fn=lambda: group.join(0))
+    state.children.append(process)
     state.data.setdefault("processes", {})[label] = process.pid
     state.save()
     return process
@@ -350,6 +352,8 @@ class Cluster:
             "--enable-admission-plugins=NodeRestriction", "--allow-privileged=true",
             f"--kubelet-client-certificate={kubelet_client[1]}", f"--kubelet-client-key={kubelet_client[0]}",
             f"--cert-dir={state.file('apiserver')}", "--profiling=false",
+            # The nodes' names resolve nowhere: exec, logs and port-forward dial a kubelet by its IP.
+            "--kubelet-preferred-address-types=InternalIP,Hostname",
             # Pods of a node that stops answering are moved after 30 s, not 5 minutes.
             "--default-not-ready-toleration-seconds=30", "--default-unreachable-toleration-seconds=30",
         ], cgroup=control, nsenter=ns)
@@ -574,6 +578,12 @@ class Cluster:
                     time.sleep(0.1)
             except Exception as exc:  # noqa: BLE001 - keep going: the rest must still be removed
                 problems.append(f"killing the cluster's cgroup: {exc}")
+        for child in state.children:
+            try:
+                child.wait(TIMEOUT)
+            except subprocess.TimeoutExpired:
+                problems.append(f"{' '.join(child.args[:4])} (pid {child.pid}) outlived SIGKILL")
+        state.children.clear()
         if os.path.isdir(state.dir):
             for killed in sweep(state.dir):
                 problems.append(f"killed leftover {killed}")
@@ -688,6 +698,17 @@ spec:
 """
 
 
+def http_get(c: Cluster, pod: str, ip: str, port: int) -> str:
+    """The body of ``GET /`` on IP:PORT, asked from inside ``pod`` (busybox nc: its static wget
+    crashes on this machine)."""
+    said = c.kubectl("exec", pod, "--", "sh", "-c", f"printf 'GET / HTTP/1.0\\r\\n\\r\\n' | nc -w 5 {ip} {port}",
+                     timeout=30).stdout
+    head, _, body = said.replace("\r\n", "\n").partition("\n\n")
+    if not head.startswith("HTTP/1.") or " 200 " not in head.splitlines()[0]:
+        raise RuntimeError(f"GET http://{ip}:{port}/ from {pod} answered {said[:200]!r}")
+    return body.strip()
+
+
 def smoke(c: Cluster, nodes: int) -> str:
     """The CI smoke on a running cluster: a Deployment spread over the nodes, exec, logs, pod to
     pod across nodes by IP, a Service through kube-proxy. Its one line of result; raises on a failure."""
@@ -709,15 +730,13 @@ def smoke(c: Cluster, nodes: int) -> str:
     nodes_seen = sorted(by_node)
     a, b = by_node[nodes_seen[0]][0], by_node[nodes_seen[-1]][0]
     c.kubectl("exec", a["metadata"]["name"], "--", "ping", "-c", "1", "-W", "5", b["status"]["podIP"], timeout=30)
-    got = c.kubectl("exec", a["metadata"]["name"], "--", "wget", "-q", "-O", "-", "-T", "5",
-                    f"http://{b['status']['podIP']}:8080/").stdout.strip()
+    got = http_get(c, a["metadata"]["name"], b["status"]["podIP"], 8080)
     if got != b["metadata"]["name"]:
         raise RuntimeError(f"HTTP across nodes answered {got!r}")
     service_ip = json.loads(c.kubectl("get", "service", "smoke", "-o", "json").stdout)["spec"]["clusterIP"]
     answers = set()
     for _ in range(12):
-        answers.add(c.kubectl("exec", a["metadata"]["name"], "--", "wget", "-q", "-O", "-", "-T", "5",
-                              f"http://{service_ip}/").stdout.strip())
+        answers.add(http_get(c, a["metadata"]["name"], service_ip, 80))
     if not answers <= {p["metadata"]["name"] for p in pods} or len(answers) < 2:
         raise RuntimeError(f"the Service answered {sorted(answers)}")
     return (f"smoke: {len(pods)} pods on {len(by_node)} nodes ({', '.join(nodes_seen)}); exec, logs, ping and HTTP "
