@@ -224,6 +224,9 @@ def _process_spec(spec: PauseSpec) -> tuple[str, process.ProcessSpec]:
     if spec.pid_mode == POD:
         flags |= linux.CLONE_NEWPID
     shm = spec.shm_size_bytes if spec.ipc_mode == POD else 0
+    if spec.userns is not None and spec.rootfs is not None:
+        raise InvalidArgument("a sandbox image's pause cannot run in a pod's user namespace yet (the native "
+                              "handler's own pause can)")
     if spec.userns is not None and spec.privileged:
         raise InvalidArgument("a privileged pod cannot have a user namespace: its privileges are the host's")
     if spec.userns is not None and (host_network or spec.pid_mode == NODE or spec.ipc_mode == NODE):

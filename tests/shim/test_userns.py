@@ -89,6 +89,12 @@ def _user_ino(pid: str) -> int:
         return 0
 
 
+async def test_a_sandbox_images_pause_is_refused_a_user_namespace(reaper, netns_path, tmp_path):
+    with pytest.raises(InvalidArgument, match="a sandbox image's pause cannot run in a pod's user namespace"):
+        await launch(PauseSpec(netns_path=netns_path, userns=POD_USERNS, rootfs=str(tmp_path), args=("/pause",)),
+                     reaper)
+
+
 async def test_a_user_namespace_with_host_network_is_refused(reaper):
     with pytest.raises(InvalidArgument, match="own network, pid and IPC namespaces"):
         await launch(PauseSpec(userns=POD_USERNS, pause_binary=BUILTIN), reaper)
