@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import subprocess
 
 import pytest
 
@@ -111,3 +112,14 @@ def test_mappings_kubelet_would_not_send_are_refused(uids, match):
     gids = [{"container_id": 0, "host_id": 100000, "length": 65536}]
     with pytest.raises(InvalidArgument, match=match):
         UserNamespace.from_payload({"uids": uids, "gids": gids})
+
+
+async def test_the_pods_sysctls_are_written_in_a_user_namespace_too(start, netns_path):
+    # net.* in CNI's network namespace (the host's user namespace's: written before the join),
+    # IPC ones in the pod's IPC namespace (the user namespace's).
+    pause = await start(netns_path=netns_path, userns=POD_USERNS, pause_binary=BUILTIN,
+                        sysctls={"net.ipv4.ip_unprivileged_port_start": "80", "kernel.shm_rmid_forced": "1"})
+    read = subprocess.run(["nsenter", "-t", str(pause.pid), "--net", "--ipc", "cat",
+                           "/proc/sys/net/ipv4/ip_unprivileged_port_start", "/proc/sys/kernel/shm_rmid_forced"],
+                          capture_output=True, text=True, check=True, timeout=WAIT)
+    assert read.stdout.split() == ["80", "1"]
