@@ -774,8 +774,9 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"no cluster {args.name!r} is up", file=sys.stderr)
                 return 1
             data = c.state.data
-            return subprocess.call(["nsenter", f"--net=/proc/{data['outer']}/ns/net", "--", data["tools"]["kubectl"],
-                                    f"--kubeconfig={c.admin_kubeconfig}", *args.args])
+            sys.stdout.flush()
+            os.execvp("nsenter", ["nsenter", f"--net=/proc/{data['outer']}/ns/net", "--", data["tools"]["kubectl"],
+                                  f"--kubeconfig={c.admin_kubeconfig}", *args.args])  # its signals, its status
         else:
             started = time.monotonic()
             c.up(args.nodes)
