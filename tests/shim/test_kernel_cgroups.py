@@ -617,7 +617,6 @@ def test_a_thread_writing_0_to_tasks_moves_only_itself_and_a_child_is_born_in_th
     assert os.waitstatus_to_exitcode(status) == 0
 
 
-
 def test_holds_of_processes_that_are_gone_are_swept_with_the_parents_they_kept(monkeypatch):
     pid = os.fork()
     if pid == 0:
@@ -895,6 +894,8 @@ def test_on_pure_v2_the_default_parent_is_at_the_root_as_our_own_cgroup_has_proc
     finally:
         default.remove()
         given.remove()
+
+
 def test_details_on_cgroup_v2_alone_come_from_its_files(tmp_path):
     files = {"cgroup.controllers": "cpu io memory pids", "cgroup.procs": "",
              "io.stat": "8:0 rbytes=4096 wbytes=512 rios=2 wios=1 dbytes=0 dios=0\n",
@@ -950,3 +951,23 @@ def test_process_counts_are_the_members_threads_descriptors_and_sockets(make_cgr
     fds = os.listdir(f"/proc/{pid}/fd")
     sockets = sum(os.readlink(f"/proc/{pid}/fd/{fd}").startswith("socket:") for fd in fds)
     assert counts == {"processes": 1, "threads": 1, "file_descriptors": len(fds), "sockets": sockets}
+
+
+@pytest.mark.cgroupv2
+def test_on_pure_v2_a_sandbox_hands_its_tasks_controllers_keeps_its_pause_in_a_leaf_and_limits_land(
+        make_cgroup, sleeper):
+    cgroup = make_cgroup(parent="/" + _unique("parent"))
+    task = cgroup.child("task")
+    assert {"cpu", "memory", "pids"} <= set(_read(os.path.join(cgroup.paths[V2], "cgroup.subtree_control")).split())
+    assert _read(os.path.join(task.paths[V2], "cgroup.subtree_control")) == ""  # a leaf hands nothing down
+    cgroup.join(sleeper.pid)
+    assert _read(os.path.join(cgroup.paths[V2], cgroups.PAUSE_LEAF, "cgroup.procs")) == str(sleeper.pid)
+    task.update({"cpu_shares": 512, "cpu_quota_us": 25000, "cpu_period_us": 50000, "memory_limit_bytes": 64 << 20,
+                 "memory_swap_limit_bytes": 96 << 20, "pids_limit": 42, "unified": {"memory.high": str(48 << 20)}})
+    files = {name: _read(os.path.join(task.paths[V2], name))
+             for name in ("cpu.weight", "cpu.max", "memory.max", "memory.swap.max", "pids.max", "memory.high")}
+    assert files == {"cpu.weight": "20", "cpu.max": "25000 50000", "memory.max": str(64 << 20),
+                     "memory.swap.max": str(32 << 20), "pids.max": "42", "memory.high": str(48 << 20)}
+    task.update({"memory_limit_bytes": -1, "cpu_quota_us": -1})
+    assert (_read(os.path.join(task.paths[V2], "memory.max")), _read(os.path.join(task.paths[V2], "cpu.max"))) == (
+        "max", "max 50000")

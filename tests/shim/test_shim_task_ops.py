@@ -170,6 +170,19 @@ async def test_a_task_created_with_resources_has_them_in_its_cgroup_and_process_
     assert read(pod.log_path("app")).split(" ", 3)[3] == "500"
 
 
+@pytest.mark.cgroupv2
+async def test_on_pure_cgroup_v2_a_task_created_with_resources_has_them_in_its_v2_files(pod):
+    await pod.run("app", "sleep", "600", resources={**RESOURCES, "memory_swap_limit_bytes": 128 << 20})
+    v2 = os.path.join(pod.cgroups["unified"], "app")
+    assert {name: read(os.path.join(v2, name)) for name in (
+        "cpu.weight", "cpu.max", "memory.max", "memory.swap.max", "cpuset.cpus", "cpuset.mems", "pids.max")} == {
+        "cpu.weight": "20", "cpu.max": "25000 50000", "memory.max": str(96 << 20), "memory.swap.max": str(32 << 20),
+        "cpuset.cpus": "0", "cpuset.mems": "0", "pids.max": "30"}
+    # The pod's cgroup hands its controllers to its tasks, so its pause is in a leaf of its own.
+    assert read(os.path.join(pod.cgroups["unified"], ".pause", "cgroup.procs")) != ""
+    assert read(os.path.join(pod.cgroups["unified"], "cgroup.procs")) == ""
+
+
 async def test_a_task_that_allocates_past_its_memory_limit_is_killed_by_the_oom_killer_and_says_so(pod):
     # tail keeps what it read until a newline, and /dev/zero has none.
     await pod.run("app", "tail", "/dev/zero",

@@ -1,0 +1,32 @@
+"""The cgroup v2 smoke: in the Debian 12 guest of tests/guest.py (pure cgroup v2 under systemd), a
+pod and a container with CPU and memory limits, the values read back from the guest's cgroup
+files, and nothing of either left in the guest after. It never skips: on a machine without qemu or
+debootstrap it fails, saying so (.ci/install --test installs both)."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+import guest
+
+#: The guest's own test: a pod per handler, a container with limits, the v2 files read back.
+SMOKE = "tests/shim/test_shim_task_ops.py::test_on_pure_cgroup_v2_a_task_created_with_resources_has_them_in_its_v2_files"
+
+
+@pytest.mark.timeout(guest.BUILD_TIMEOUT + 1800)  # a cold cache builds the image first
+def test_in_the_cgroup_v2_guest_a_pods_container_gets_its_cpu_and_memory_limits_and_nothing_is_left():
+    missing = [tool for tool in ("qemu-system-x86_64", "debootstrap", "mkfs.ext4") if shutil.which(tool) is None]
+    assert not missing, f"the guest needs {', '.join(missing)}: run .ci/install --test"
+    with guest.booted() as vm:
+        assert vm.run(["stat", "-fc", "%T", "/sys/fs/cgroup"]).stdout.decode().strip() == "cgroup2fs"
+        result = vm.run([f"{guest.GUEST_VENV}/bin/python", "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                         SMOKE], cwd=guest.GUEST_SRC, env={"PODSHIM_IN_GUEST": "1"}, timeout=1200)
+        output = (result.stdout + result.stderr).decode(errors="replace")
+        summary = output.strip().splitlines()[-1] if output.strip() else ""
+        assert result.returncode == 0 and "passed" in summary and "skipped" not in summary, output
+        # No process in any of podshim's cgroups, and no pause, once the tests are done.
+        left = vm.run(["sh", "-c", "cat $(find /sys/fs/cgroup/podshim -name cgroup.procs 2>/dev/null) /dev/null;"
+                       " pgrep -x catatonit || true"])
+        assert left.stdout.decode().split() == [], left.stdout.decode()
