@@ -70,8 +70,7 @@ def pytest_runtestloop(session: pytest.Session) -> bool | None:
     args = [os.path.relpath(os.path.abspath(arg), root) if os.path.exists(arg) else arg
             for arg in session.config.invocation_params.args]
     with guest.booted(reuse=os.environ.get("PODSHIM_GUEST_REUSE") == "1") as vm:
-        result = vm.run([f"{guest.GUEST_VENV}/bin/python", "-m", "pytest", "-p", "no:cacheprovider", *args],
-                        cwd=guest.GUEST_SRC, env={"PODSHIM_IN_GUEST": "1"}, timeout=3600)
+        result = vm.pytest(args)
     sys.stdout.write(result.stdout.decode(errors="replace"))
     sys.stderr.write(result.stderr.decode(errors="replace"))
     if result.returncode not in (0, 5):  # 5: no test selected

@@ -35,6 +35,7 @@ from shim.rpc import Client, RpcError, blocking
 from shim.rpc.api import EVENTS_SERVICE, SANDBOX_SERVICE, TASK_SERVICE, TEMPLATE_SERVICE
 
 from proctools import fd_readable, pidfds, wait_pidfds
+from rpctools import SLOWDOWN
 
 __all__ = [
     "NODE_ROOT", "WAIT", "PODSHIM", "FOOTPRINTS", "Footprint", "ProcessRef", "Shim", "ShimLauncher", "EventStream",
@@ -43,7 +44,7 @@ __all__ = [
 ]
 
 #: A bound on any one wait in these tests; never a sleep.
-WAIT = 5.0
+WAIT = 5.0 * SLOWDOWN
 #: A task's ``rootfs`` that is the node's own ``/`` (without the mounts below it): what a test asks
 #: for explicitly when its task runs the node's programs, with ``readonly_rootfs`` (a runtime's
 #: bind of a read-only mount is writable). A task given no rootfs runs on an empty root of its own

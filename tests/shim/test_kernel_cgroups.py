@@ -960,8 +960,9 @@ def test_on_pure_v2_a_sandbox_hands_its_tasks_controllers_keeps_its_pause_in_a_l
     task = cgroup.child("task")
     assert {"cpu", "memory", "pids"} <= set(_read(os.path.join(cgroup.paths[V2], "cgroup.subtree_control")).split())
     assert _read(os.path.join(task.paths[V2], "cgroup.subtree_control")) == ""  # a leaf hands nothing down
-    cgroup.join(sleeper.pid)
-    assert _read(os.path.join(cgroup.paths[V2], cgroups.PAUSE_LEAF, "cgroup.procs")) == str(sleeper.pid)
+    pid = sleeper()
+    cgroup.join(pid)
+    assert _read(os.path.join(cgroup.paths[V2], cgroups.PAUSE_LEAF, "cgroup.procs")) == str(pid)
     task.update({"cpu_shares": 512, "cpu_quota_us": 25000, "cpu_period_us": 50000, "memory_limit_bytes": 64 << 20,
                  "memory_swap_limit_bytes": 96 << 20, "pids_limit": 42, "unified": {"memory.high": str(48 << 20)}})
     files = {name: _read(os.path.join(task.paths[V2], name))

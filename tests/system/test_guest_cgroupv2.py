@@ -21,8 +21,7 @@ def test_in_the_cgroup_v2_guest_a_pods_container_gets_its_cpu_and_memory_limits_
     assert not missing, f"the guest needs {', '.join(missing)}: run .ci/install --test"
     with guest.booted() as vm:
         assert vm.run(["stat", "-fc", "%T", "/sys/fs/cgroup"]).stdout.decode().strip() == "cgroup2fs"
-        result = vm.run([f"{guest.GUEST_VENV}/bin/python", "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                         SMOKE], cwd=guest.GUEST_SRC, env={"PODSHIM_IN_GUEST": "1"}, timeout=1200)
+        result = vm.pytest(["-q", SMOKE], timeout=1200)
         output = (result.stdout + result.stderr).decode(errors="replace")
         summary = output.strip().splitlines()[-1] if output.strip() else ""
         assert result.returncode == 0 and "passed" in summary and "skipped" not in summary, output
