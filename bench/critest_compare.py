@@ -1,16 +1,18 @@
 """critest's whole suite (cri-tools at the version .ci/pins.toml pins) against containerd's CRI
-plugin and against podshimd with each of its runtime handlers, with the same local registry and
-images: the figures for the CRI issue's closing note.
+(the containerd .ci/pins.toml pins, with runc) and against podshimd with each of its runtime
+handlers, with the same local registry and images: the figures for the CRI issue's closing note.
 
     python bench/critest_compare.py [--no-containerd] [--handlers native,runc,crun] [--focus REGEX]
                                     [--skip REGEX] [--output DIR]
 
 As root. Everything runs in a throwaway network namespace (bench/cri_images.py): the tests' local
 registry (docker-registry on 127.0.0.1) with every image critest pulls (tests/imagebuild.py's
-critest_images, built offline), containerd (Debian's) with its CRI plugin and podshimd, each
-mirroring registry.k8s.io, gcr.io and k8s.gcr.io to that registry (one after the other), and
-critest itself (its host-port and host-network specs reach the pods from there). Prints passed /
-failed / skipped per runtime and the names of the failed specs; with --output, critest's whole
+critest_images, built offline), containerd (started as the containerd tests start it,
+tests/ctrdtools.py, its sandbox image critest's pause) and podshimd, each mirroring
+registry.k8s.io, gcr.io and k8s.gcr.io to that registry (one after the other), and critest itself
+(its host-port and host-network specs reach the pods from there). Prints ran / passed / failed /
+skipped per runtime, containerd's failed specs, and each spec that a podshimd handler fails or
+skips where containerd passes, with the first line of its message; with --output, critest's whole
 output per runtime is written there.
 
 podshimd's config.toml is CritestImages.podshim_registry_config() plus the text of --podshimd-config.
@@ -29,12 +31,14 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
 from bench.common import bench_podshimd  # noqa: E402
-from bench.cri_images import Janitor, bench_parser, log, netns_main, podshimd_directory, start_containerd  # noqa: E402
+from bench.cri_images import Janitor, bench_parser, log, netns_main, podshimd_directory  # noqa: E402
+from critools import CritestResult  # noqa: E402  (tests/ is on the path once bench.cri_images is imported)
 
 
 def inside(args: argparse.Namespace) -> int:
-    from critools import CritestResult, cri_tool, gotool, run_critest
-    from imagebuild import TestImages, critest_images
+    from critools import cri_tool, gotool, run_critest
+    from ctrdtools import containerd_version, running_containerd
+    from imagebuild import CRITEST_PAUSE_IMAGES, TestImages, critest_images
     from registry import running_registry
 
     critest, crictl = cri_tool("critest"), cri_tool("crictl")
@@ -42,23 +46,21 @@ def inside(args: argparse.Namespace) -> int:
     janitor = Janitor()
     janitor.install()
     results: list[tuple[str, CritestResult]] = []
-    notes: list[str] = []
     try:
-        workdir = tempfile.mkdtemp(prefix="critcmp-")
+        workdir = tempfile.mkdtemp(prefix="critcmp-", dir="/tmp")  # short: containerd's socket path must fit
         janitor.add("remove the work directory", shutil.rmtree, workdir, True)
         with running_registry() as registry:
             images = critest_images(TestImages(registry, os.path.join(workdir, "images")))
             log(f"registry {registry.host}: {len(images.pulls)} critest images pushed")
             if not args.no_containerd:
-                containerd, containerd_version = start_containerd(workdir, janitor, images.mirrors)
-                notes.append(f"containerd {containerd_version} (Debian), CRI plugin, runc")
-                cwd = os.path.join(workdir, "critest-cd")
-                os.makedirs(cwd)
-                log("critest against containerd's CRI ...")
-                results.append((f"containerd {containerd_version}",
-                                run_critest(critest, "unix://" + containerd.sock, focus=args.focus, skip=args.skip,
-                                            cwd=cwd)))
-                containerd.stop()
+                directory = os.path.join(workdir, "cd")
+                os.makedirs(directory)
+                with running_containerd(directory, f"/proc/{os.getpid()}/ns/net", registry.host,
+                                        CRITEST_PAUSE_IMAGES[0], mirrors=images.mirrors, portmap=True) as containerd:
+                    log(f"critest against containerd {containerd_version()}'s CRI, runc ...")
+                    results.append((f"containerd {containerd_version()} runc",
+                                    run_critest(critest, containerd.endpoint, focus=args.focus, skip=args.skip,
+                                                cwd=directory)))
             for handler in args.handlers:
                 directory = podshimd_directory(janitor)
                 config = images.podshim_registry_config() + args.podshimd_config
@@ -70,29 +72,50 @@ def inside(args: argparse.Namespace) -> int:
     finally:
         janitor.run()
 
+    print("\n".join(report(args, version, results)))
+    if janitor.failures:
+        print("Cleanup problems: " + "; ".join(janitor.failures))
+    return 0 if results and all(r.ran for _, r in results) else 1
+
+
+def first_line(message: str) -> str:
+    """A failure's first line, and the first line that carries a gRPC status when that is another."""
+    lines = [line.strip() for line in message.splitlines() if line.strip()]
+    status = next((line for line in lines if "rpc error" in line), "")
+    return " / ".join(dict.fromkeys(line for line in lines[:1] + [status] if line)) or "(no message)"
+
+
+def report(args: argparse.Namespace, version: str, results: list[tuple[str, CritestResult]]) -> list[str]:
+    """The table, containerd's failures, and what each podshimd handler does not pass that containerd
+    does (a runtime whose name starts with "containerd" is the reference)."""
     date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    out = [f"critest {version}, {date}, {os.cpu_count()} CPUs; `python3 bench/critest_compare.py"
+    load = ", ".join(f"{v:.1f}" for v in os.getloadavg())
+    out = [f"critest {version}, {date}, {os.cpu_count()} CPUs, load {load}; `python3 bench/critest_compare.py"
            + (" --no-containerd" if args.no_containerd else "") + f" --handlers {','.join(args.handlers)}"
            + (f" --focus '{args.focus}'" if args.focus else "") + (f" --skip '{args.skip}'" if args.skip else "")
-           + "`", "", "| runtime | ran | passed | failed | skipped | pending |", "|---|---|---|---|---|---|"]
+           + "`", "", "| runtime | ran | passed | failed | skipped |", "|---|---|---|---|---|"]
     for name, result in results:
         out.append(f"| {name} | {result.ran} of {result.total} | {result.passed} | {result.failed} | "
-                   f"{result.skipped} | {result.pending} |")
+                   f"{result.skipped} |")
+    reference = next((result for name, result in results if name.startswith("containerd")), None)
     for name, result in results:
-        if result.ran == 0:
-            out += ["", f"{name}: critest reported no summary (exit status {result.returncode}):",
-                    result.output[-3000:]]
-        if result.failures:
-            out += ["", f"{name}: failed specs:"] + [f"- {failure}" for failure in result.failures]
         if args.output:
             os.makedirs(args.output, exist_ok=True)
             with open(os.path.join(args.output, f"critest-{name.replace(' ', '-')}.log"), "w") as f:
                 f.write(result.output)
-    out += ["", *notes]
-    if janitor.failures:
-        out.append("Cleanup problems: " + "; ".join(janitor.failures))
-    print("\n".join(out))
-    return 0 if results and all(r.ran for _, r in results) else 1
+        if result.ran == 0:
+            out += ["", f"{name}: critest reported no summary (exit status {result.returncode}):",
+                    result.output[-3000:]]
+        elif reference is None or result is reference:
+            out += ["", f"{name}: failed specs:" if result.failures else f"{name}: no failed spec"]
+            out += [f"- {spec}: {first_line(result.messages.get(spec, ''))}" for spec in result.failures]
+        else:
+            behind = sorted(spec for spec, state in result.specs.items()
+                            if state != "passed" and reference.specs.get(spec) == "passed")
+            out += ["", f"{name}: {len(behind)} specs containerd passes and this does not" + (":" if behind else "")]
+            out += [f"- {spec} ({result.specs[spec]}): {first_line(result.messages.get(spec, ''))}"
+                    for spec in behind]
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,5 +1,5 @@
 """containerd's CRI running pods on podshim's shim: the real containerd (.ci/pins.toml's), started
-privately (tests/containerd/ctrdtools.py) with a ``podshim`` runtime handler (``sandboxer = "shim"``),
+privately (tests/ctrdtools.py) with a ``podshim`` runtime handler (``sandboxer = "shim"``),
 driven by the real crictl with ``--runtime podshim``: a pod, and a container in it (its output in
 its CRI log, an exec's on crictl's stdout). Nothing is left once a pod is removed: no shim, pause,
 bundle, socket or network namespace.

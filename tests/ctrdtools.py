@@ -3,11 +3,13 @@
 ``running_containerd(directory, netns, registry_host, sandbox_image)`` starts containerd with
 everything under ``directory``: its root, state, sockets, config (a ``podshim`` runtime handler with
 ``sandboxer = "shim"`` whose binary runs this checkout's ``containerd-shim-podshim-v1``, a ``runc``
-one, NRI off, CNI's bridge under ``directory``, the tests' local registry over plain HTTP), podshim's
-runtime root, inside the network namespace ``netns`` (CNI acts there, never on the machine's
-network). It returns once containerd's CRI answers, and on leaving stops containerd by pid (SIGTERM,
-then SIGKILL), unmounts whatever is left under ``directory`` and ends every podshim shim of its
-runtime root by pid. ``Containerd.kill_and_restart()`` kills it with SIGKILL and starts it again.
+one, the default, with its runc root there too, NRI off, CNI's bridge under ``directory`` (with
+portmap when asked), the tests' local registry over plain HTTP and each of ``mirrors``' hosts
+pulled from its endpoint), podshim's runtime root, inside the network namespace ``netns`` (CNI acts
+there, never on the machine's network). It returns once containerd's CRI answers, and on leaving
+stops containerd by pid (SIGTERM, then SIGKILL), unmounts whatever is left under ``directory`` and
+ends every shim of its environment's runtime root by pid. The containerd tests and
+bench/critest_compare.py use it. ``Containerd.kill_and_restart()`` kills it with SIGKILL and starts it again.
 """
 
 from __future__ import annotations
@@ -18,12 +20,12 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
 from critools import REPO, cni_config, gotool
 
-__all__ = ["Containerd", "running_containerd", "containerd_binary"]
+__all__ = ["Containerd", "running_containerd", "containerd_binary", "containerd_version"]
 
 #: Seconds containerd may take to answer its CRI, and to stop.
 START_TIMEOUT = 60.0
@@ -35,6 +37,11 @@ K8S_NAMESPACE = "k8s.io"
 def containerd_binary(name: str = "containerd") -> str:
     """The pinned containerd, ctr or containerd-shim-runc-v2, built first when the cache lacks it."""
     return gotool.tool_path(name)
+
+
+def containerd_version() -> str:
+    """The pinned containerd's version ("v2.3.7")."""
+    return str(gotool.tool_pin("containerd")["version"])
 
 
 @dataclass
@@ -127,13 +134,14 @@ def _shim_wrapper(directory: str) -> str:
     return path
 
 
-def _config(directory: str, shim: str, registry_host: str, sandbox_image: str) -> str:
-    certs = os.path.join(directory, "certs.d", registry_host)
-    os.makedirs(certs)
-    with open(os.path.join(certs, "hosts.toml"), "w") as f:
-        f.write(f'server = "http://{registry_host}"\n\n[host."http://{registry_host}"]\n'
-                f'  capabilities = ["pull", "resolve"]\n')
-    cni_config(directory, portmap=False)
+def _config(directory: str, shim: str, registry_host: str, sandbox_image: str, mirrors: Mapping[str, str],
+            portmap: bool) -> str:
+    for host, endpoint in {registry_host: f"http://{registry_host}", **mirrors}.items():
+        certs = os.path.join(directory, "certs.d", host)
+        os.makedirs(certs)
+        with open(os.path.join(certs, "hosts.toml"), "w") as f:
+            f.write(f'server = "{endpoint}"\n\n[host."{endpoint}"]\n  capabilities = ["pull", "resolve"]\n')
+    cni_config(directory, portmap=portmap)
     return f"""version = 3
 root = "{directory}/root"
 state = "{directory}/state"
@@ -166,6 +174,9 @@ disabled_plugins = ["io.containerd.nri.v1.nri", "io.containerd.snapshotter.v1.bt
 
 [plugins.'io.containerd.cri.v1.runtime']
   netns_mounts_under_state_dir = true
+  # runc cannot lower oom_score_adj here (no CAP_SYS_RESOURCE: "failed to update
+  # /proc/self/oom_score_adj: Permission denied" for the sandbox's -998); clamp it to containerd's own.
+  restrict_oom_score_adj = true
   [plugins.'io.containerd.cri.v1.runtime'.cni]
     bin_dirs = ["/usr/lib/cni", "/opt/cni/bin"]
     conf_dir = "{directory}/net.d"
@@ -173,6 +184,8 @@ disabled_plugins = ["io.containerd.nri.v1.nri", "io.containerd.snapshotter.v1.bt
     default_runtime_name = "runc"
     [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc]
       runtime_type = "io.containerd.runc.v2"
+      [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc.options]
+        Root = "{directory}/runc"
     [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.podshim]
       runtime_type = "{shim}"
       sandboxer = "shim"
@@ -180,12 +193,13 @@ disabled_plugins = ["io.containerd.nri.v1.nri", "io.containerd.snapshotter.v1.bt
 
 
 @contextlib.contextmanager
-def running_containerd(directory: str, netns: str, registry_host: str, sandbox_image: str) -> Iterator[Containerd]:
+def running_containerd(directory: str, netns: str, registry_host: str, sandbox_image: str, *,
+                       mirrors: Mapping[str, str] | None = None, portmap: bool = False) -> Iterator[Containerd]:
     containerd = containerd_binary()
     runc_shim_dir = os.path.dirname(containerd_binary("containerd-shim-runc-v2"))
     config = os.path.join(directory, "config.toml")
     with open(config, "w") as f:
-        f.write(_config(directory, _shim_wrapper(directory), registry_host, sandbox_image))
+        f.write(_config(directory, _shim_wrapper(directory), registry_host, sandbox_image, mirrors or {}, portmap))
     runtime_root = os.path.join(directory, "podshim")
     env = {**os.environ, "PODSHIM_RUNTIME_ROOT": runtime_root, "PODSHIM_TEMPLATE": "0",
            "PATH": f"{runc_shim_dir}:{os.environ['PATH']}"}
