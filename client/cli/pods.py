@@ -597,36 +597,6 @@ def _exec(args: argparse.Namespace, daemon: _Podshimd) -> int:
     return reply.exit_code & 0xFF
 
 
-def _exec_arguments(p: argparse.ArgumentParser) -> None:
-    from client.cli.streams import stream_flags
-
-    stream_flags(p)
-    p.add_argument("--timeout", type=int, default=0, metavar="S",
-                   help="seconds before the command (and what it started) is killed (default 0: none)")
-    p.add_argument("id", metavar="CONTAINER_ID")
-    p.add_argument("cmd", metavar="CMD", nargs=argparse.REMAINDER, help="the command and its arguments")
-
-
-def _checked_exec(args: argparse.Namespace, daemon: _Podshimd) -> int:
-    if not args.cmd:
-        raise CliError("exec needs a command to run: podshimctl exec CONTAINER_ID CMD [ARG...]")
-    if args.timeout < 0:
-        raise CliError(f"--timeout must be 0 or more seconds, not {args.timeout}")
-    if args.interactive or args.tty:
-        if args.timeout:
-            raise CliError("--timeout is for an exec without -i and -t (ExecSync): a streamed command runs "
-                           "until it ends")
-        from client.cli.streams import stream_exec
-
-        return stream_exec(args, daemon)
-    return _exec(args, daemon)
-
-
-_verb("exec", "run a command in a running container and exit with its status: to its end (ExecSync) without "
-      "-i/-t, stdin not read; with -i (stdin) or -t (a terminal) through the streaming server",
-      _checked_exec, _exec_arguments)
-
-
 def _size(n: int | None) -> str:
     """Bytes in binary units, as ``12.3MiB``; "-" for a figure the host could not give."""
     if n is None:

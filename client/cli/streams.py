@@ -23,7 +23,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from client.cli.main import EXIT_OK, CliError
-from client.cli.pods import _Podshimd, _verb
+from client.cli.pods import _exec as exec_sync, _Podshimd, _verb
 
 __all__ = ["stream_exec"]
 
@@ -106,6 +106,32 @@ def stream_flags(p: argparse.ArgumentParser) -> None:
                    help="send stdin to the process (without -i stdin is not read, as crictl)")
     p.add_argument("--tty", "-t", action="store_true",
                    help="give the process a terminal: this one's, in raw mode, its size followed")
+
+
+def _exec_arguments(p: argparse.ArgumentParser) -> None:
+    stream_flags(p)
+    p.add_argument("--timeout", type=int, default=0, metavar="S",
+                   help="seconds before the command (and what it started) is killed (default 0: none)")
+    p.add_argument("id", metavar="CONTAINER_ID")
+    p.add_argument("cmd", metavar="CMD", nargs=argparse.REMAINDER, help="the command and its arguments")
+
+
+def _checked_exec(args: argparse.Namespace, daemon: _Podshimd) -> int:
+    if not args.cmd:
+        raise CliError("exec needs a command to run: podshimctl exec CONTAINER_ID CMD [ARG...]")
+    if args.timeout < 0:
+        raise CliError(f"--timeout must be 0 or more seconds, not {args.timeout}")
+    if args.interactive or args.tty:
+        if args.timeout:
+            raise CliError("--timeout is for an exec without -i and -t (ExecSync): a streamed command runs "
+                           "until it ends")
+        return stream_exec(args, daemon)
+    return exec_sync(args, daemon)
+
+
+_verb("exec", "run a command in a running container and exit with its status: to its end (ExecSync) without "
+      "-i/-t, stdin not read; with -i (stdin) or -t (a terminal) through the streaming server",
+      _checked_exec, _exec_arguments)
 
 
 _verb("attach", "attach to a running container's stdio (its output; its stdin with -i; detach with ^C)",

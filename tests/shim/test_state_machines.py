@@ -21,6 +21,7 @@ SANDBOX_ALLOWED = [
     (Op.STOP, S.RUNNING, S.STOPPED),
     (Op.STOP, S.STOPPED, S.STOPPED),
     (Op.EXIT, S.RUNNING, S.STOPPED),
+    (Op.UPDATE, S.RUNNING, S.RUNNING),  # a pod's resources: its cgroup holds what runs
     (Op.SHUTDOWN, S.NEW, S.SHUTDOWN),
     (Op.SHUTDOWN, S.CREATED, S.SHUTDOWN),
     (Op.SHUTDOWN, S.RUNNING, S.SHUTDOWN),
@@ -30,7 +31,7 @@ SANDBOX_ALLOWED = [
 ]
 SANDBOX_REFUSED = [
     *((op, S.NEW, NotFound, "sandbox sb1 has not been created in this shim")
-      for op in (Op.START, Op.STOP, Op.EXIT, Op.WAIT, Op.STATUS, Op.METRICS, Op.PLATFORM)),
+      for op in (Op.START, Op.STOP, Op.EXIT, Op.WAIT, Op.STATUS, Op.METRICS, Op.PLATFORM, Op.UPDATE)),
     *((op, S.SHUTDOWN, Unavailable, "sandbox sb1 was shut down; the shim is exiting") for op in Op),
     (Op.CREATE, S.CREATED, AlreadyExists, "sandbox sb1 already exists (it is created)"),
     (Op.CREATE, S.RUNNING, AlreadyExists, "sandbox sb1 already exists (it is running)"),
@@ -39,6 +40,8 @@ SANDBOX_REFUSED = [
     (Op.START, S.STOPPED, FailedPrecondition, "sandbox sb1 has stopped; a stopped sandbox cannot be started again"),
     (Op.EXIT, S.CREATED, FailedPrecondition, "cannot exit sandbox sb1 while it is created"),
     (Op.EXIT, S.STOPPED, FailedPrecondition, "cannot exit sandbox sb1 while it is stopped"),
+    (Op.UPDATE, S.CREATED, FailedPrecondition, "cannot update sandbox sb1 while it is created"),
+    (Op.UPDATE, S.STOPPED, FailedPrecondition, "cannot update sandbox sb1 while it is stopped"),
 ]
 
 
