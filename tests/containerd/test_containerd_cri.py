@@ -183,14 +183,16 @@ def test_a_podshim_shim_killed_is_seen_by_containerd_and_its_pod_is_cleaned_up(c
         time.sleep(0.2)
     assert containerd.crictl(crictl, "rm", cid).returncode == 0
     assert containerd.crictl(crictl, "stopp", pod_id).returncode == 0
-    # containerd 2.3's shim sandbox controller keeps the dead shim's closed connection: the pod's
-    # status (and so RemovePodSandbox) fails with "ttrpc: closed" until containerd restarts, which
-    # drops the shim it cannot dial (docs/containerd.md).
+    # containerd 2.3's shim sandbox controller may keep the dead shim's closed connection (a race
+    # in containerd: whether it dropped it by now varies run to run): then the pod's status (and so
+    # RemovePodSandbox) fails with "ttrpc: closed" until containerd restarts, which drops the shim
+    # it cannot dial (docs/containerd.md). Either way the pod is removed in the end.
     removed = containerd.crictl(crictl, "rmp", pod_id)
-    assert removed.returncode == 1 and "ttrpc: closed" in removed.stderr, removed.stderr
-    containerd.kill_and_restart()
-    containerd.wait_cri(crictl)
-    removed = containerd.crictl(crictl, "rmp", pod_id)
+    if removed.returncode != 0:
+        assert "ttrpc: closed" in removed.stderr, removed.stderr
+        containerd.kill_and_restart()
+        containerd.wait_cri(crictl)
+        removed = containerd.crictl(crictl, "rmp", pod_id)
     assert removed.returncode == 0, f"{removed.stderr}\n" + "\n".join(
         line for line in containerd.log().splitlines() if "level=debug" not in line)[-8000:]
     assert containerd.sandbox_bundles() == [] and containerd.task_bundles() == []
