@@ -9,6 +9,7 @@ import shutil
 import stat
 import subprocess
 import tempfile
+import time
 
 import pytest
 
@@ -31,9 +32,18 @@ def activated(directory: str, *extra: str, socket_path: str | None = None) -> su
     (LISTEN_FDS) on the first connection."""
     socket_path = socket_path or os.path.join(directory, "run", "podshimd.sock")
     open(os.path.join(directory, "config.toml"), "w").close()
-    return subprocess.Popen(["systemd-socket-activate", "-l", socket_path, *podshimd_argv(directory, *extra)],
-                            cwd=REPO, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True)
+    process = subprocess.Popen(["systemd-socket-activate", "-l", socket_path, *podshimd_argv(directory, *extra)],
+                               cwd=REPO, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                               text=True)
+    # As under systemd, the socket is there before any client comes: wait until it is bound.
+    deadline = time.monotonic() + 30
+    while not os.path.exists(socket_path):
+        if process.poll() is not None or time.monotonic() > deadline:
+            process.kill()
+            out, _ = process.communicate()
+            pytest.fail(f"systemd-socket-activate did not bind {socket_path}: {out}")
+        time.sleep(0.02)
+    return process
 
 
 def crictl_at(crictl: str, path: str, *args: str) -> subprocess.CompletedProcess:
