@@ -1,11 +1,14 @@
-"""A Kubernetes cluster on this one machine with podshimd as every node's runtime.
+"""A Kubernetes cluster on this one machine with podshimd (or containerd, the reference) as the nodes' runtime.
 
-    python bench/cluster.py up [--nodes N] [--name NAME]    bring a cluster up and leave it running
+    python bench/cluster.py up [--nodes N] [--name NAME] [--runtime R[,R...]]
+                                                            bring a cluster up and leave it running
     python bench/cluster.py kubectl [--name NAME] ARGS...   kubectl against it (its admin kubeconfig)
     python bench/cluster.py smoke [--nodes 2]               up, the smoke checks, down; one line of result
     python bench/cluster.py down [--name NAME]              remove everything the cluster's `up` made
 
-As root. The Kubernetes binaries and etcd are the ones .ci/pins.toml pins, built by .ci/gotool
+`--runtime` is podshimd (the default) or containerd, for every node, or one per node
+(``--runtime podshimd,containerd``: node1 podshimd, node2 containerd). As root. The Kubernetes
+binaries, etcd and containerd are the ones .ci/pins.toml pins, built by .ci/gotool
 into its cache (the first use builds them: tens of minutes). Tests import :func:`cluster`, a
 context manager that brings a cluster up and always takes it down.
 
@@ -23,7 +26,8 @@ before it is made, so that `down` removes it after a failed `up` or a kill -9 of
 - per node, a "machine": its own network namespace (eth0 = 10.99.0.(10+N) on the bridge), mount
   namespace (its own /var/lib, so /var/lib/kubelet and /var/lib/podshim, /var/log, /run and
   sysfs, and the cgroup hierarchies mounted from its cgroup namespace, so that the node's cgroup
-  is the root it sees), UTS namespace (hostname nodeN) and cgroup namespace; in it podshimd,
+  is the root it sees), UTS namespace (hostname nodeN) and cgroup namespace; in it podshimd (or
+  containerd with runc, its root, state and sockets under the node's directory),
   kubelet (cgroupfs driver; the pod CIDR the controller-manager gives the node) and kube-proxy
   (iptables); CNI bridge + host-local on the node's pod CIDR, with a route to every other
   node's pod CIDR through that node.
@@ -68,6 +72,13 @@ KUBERNETES_SERVICE_IP = "10.96.0.1"
 REGISTRY = f"{CONTROL_IP}:5000"
 #: The image every smoke pod runs: busybox, built here and pushed to the cluster's registry.
 BUSYBOX = f"{REGISTRY}/podshim/busybox:1.0"
+#: The sandbox image of containerd's nodes (podshimd needs none): catatonit alone, as
+#: registry.k8s.io/pause is a lone binary.
+PAUSE = f"{REGISTRY}/podshim/pause:1.0"
+CATATONIT = "/usr/bin/catatonit"
+#: The node runtimes: this checkout's podshimd, or the pinned containerd (runc) as the reference.
+RUNTIMES = ("podshimd", "containerd")
+CONTAINERD_TOOLS = ("containerd", "containerd-shim-runc-v2")
 #: Bound on one command of the set-up and the tear-down.
 TIMEOUT = 60.0
 #: Bound on the wait for the API server, a node's registration and Ready.
@@ -266,29 +277,40 @@ class Cluster:
         node = self.nodes()[number - 1]
         return in_ns(node["holder"], argv, node=True, cgroup=node["cgroup"], check=check, timeout=timeout)
 
+    def node_processes(self, number: int) -> dict[int, str]:
+        """Every process of node ``number`` (in its cgroup or below): pid -> command name."""
+        found = {}
+        for pid in _cgroup(self.nodes()[number - 1]["cgroup"]).pids():
+            with contextlib.suppress(OSError):
+                with open(f"/proc/{pid}/comm") as f:
+                    found[pid] = f.read().strip()
+        return found
+
     # ---- up
-    def up(self, nodes: int = 2) -> Cluster:
-        """Bring the cluster up: control plane, then ``nodes`` nodes, all Ready. On failure
-        everything made is removed and the error raised (with the logs' directory named)."""
+    def up(self, nodes: int = 2, runtime: str | Sequence[str] = "podshimd") -> Cluster:
+        """Bring the cluster up: control plane, then ``nodes`` nodes, all Ready, whose runtime is
+        ``runtime`` (one for all, or one per node). On failure everything made is removed and the
+        error raised (with the logs' directory named)."""
+        runtimes = node_runtimes(nodes, runtime)
         if os.path.exists(self.state.path):
             raise RuntimeError(f"a cluster {self.name!r} exists ({self.state.dir}): `down --name {self.name}` first")
         started = time.monotonic()
         try:
-            self._up(nodes)
+            self._up(runtimes)
         except BaseException:
             logs = self.save_logs()
             log(f"up failed after {time.monotonic() - started:.0f} s; the logs are in {logs}")
             self.down()
             raise
-        log(f"up: {nodes} node(s) Ready in {time.monotonic() - started:.0f} s")
+        log(f"up: {nodes} node(s) ({', '.join(runtimes)}) Ready in {time.monotonic() - started:.0f} s")
         return self
 
-    def _up(self, count: int) -> None:
+    def _up(self, runtimes: Sequence[str]) -> None:
         state = self.state
         os.makedirs(state.dir, exist_ok=True)
         state.data = {"name": self.name, "created": time.time(), "nodes": []}
         state.save()
-        state.data["tools"] = tool_paths()
+        state.data["tools"] = tool_paths(KUBERNETES_TOOLS + (CONTAINERD_TOOLS if "containerd" in runtimes else ()))
         # The cluster's cgroup first: everything below runs in it.
         state.data["cgroup_parent"] = [h.mountpoint + os.path.join(h.own_path, CGROUP_PARENT)
                                        for h in discover_hierarchies()]
@@ -310,9 +332,9 @@ class Cluster:
             in_ns(outer, command, node=False)
         self._control_plane()
         self._registry()
-        for number in range(1, count + 1):
-            self._node(number)
-        self._network_and_ready(count)
+        for number, runtime in enumerate(runtimes, 1):
+            self._node(number, runtime)
+        self._network_and_ready(len(runtimes))
 
     def _control_plane(self) -> None:
         state, tools, outer = self.state, self.state.data["tools"], self.state.data["outer"]
@@ -408,8 +430,9 @@ class Cluster:
         return "(no log)"
 
     def _registry(self) -> None:
-        """docker-registry at 10.99.0.1:5000 with busybox pushed to it (built as the tests build it)."""
-        from imagebuild import ImageBuilder, ImageConfig, busybox_layer
+        """docker-registry at 10.99.0.1:5000 with busybox (built as the tests build it) and
+        containerd's pause pushed to it."""
+        from imagebuild import DEFAULT_PATH, Entry, ImageBuilder, ImageConfig, busybox_layer
 
         state, outer = self.state, self.state.data["outer"]
         config = state.file("registry.yml")
@@ -422,23 +445,29 @@ class Cluster:
         os.makedirs(build, exist_ok=True)
         builder = ImageBuilder(build)
         builder.assemble("busybox", [busybox_layer()], ImageConfig(cmd=("sh",)))
-        deadline = time.monotonic() + TIMEOUT
-        while True:
-            done = in_ns(outer, ["skopeo", "copy", "--quiet", "--dest-tls-verify=false",
-                                 f"oci:{builder.layout}:busybox", f"docker://{BUSYBOX}"], node=False, check=False)
-            if done.returncode == 0:
-                break
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"pushing busybox to the cluster's registry failed: {done.stderr.strip()}")
-            time.sleep(0.5)
+        with open(CATATONIT, "rb") as f:
+            catatonit = f.read()
+        builder.assemble("pause", [{"catatonit": Entry("", data=catatonit, mode=0o755)}],
+                         ImageConfig(entrypoint=("/catatonit", "-P"), env=(DEFAULT_PATH,)))
+        for tag, reference in (("busybox", BUSYBOX), ("pause", PAUSE)):
+            deadline = time.monotonic() + TIMEOUT
+            while True:
+                done = in_ns(outer, ["skopeo", "copy", "--quiet", "--dest-tls-verify=false",
+                                     f"oci:{builder.layout}:{tag}", f"docker://{reference}"], node=False, check=False)
+                if done.returncode == 0:
+                    break
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"pushing {tag} to the cluster's registry failed: {done.stderr.strip()}")
+                time.sleep(0.5)
         shutil.rmtree(build)
 
-    def _node(self, number: int) -> None:
+    def _node(self, number: int, runtime: str) -> None:
         state, tools = self.state, self.state.data["tools"]
         name = f"node{number}"
         root = _cgroup(state.data["cgroup"])
         cgroup = root.child(name).to_dict()
-        node: dict[str, Any] = {"name": name, "number": number, "ip": node_ip(number), "cgroup": cgroup}
+        node: dict[str, Any] = {"name": name, "number": number, "ip": node_ip(number), "cgroup": cgroup,
+                                "runtime": runtime}
         state.data["nodes"].append(node)
         state.save()
         home = state.file(name)
@@ -475,18 +504,33 @@ class Cluster:
         config = os.path.join(home, "config")
         node_kubeconfig = kubeconfig(os.path.join(config, "kubelet.kubeconfig"), server, pki.ca, cert, key,
                                      f"system:node:{name}")
-        endpoint = "unix:///run/podshim/podshimd.sock"
-        podshimd_config = os.path.join(config, "podshimd.toml")
-        with open(podshimd_config, "w") as f:
-            f.write(f'state_root = "/var/lib/podshim"\nruntime_root = "/run/podshim"\n'
-                    f'cni_conf_dir = "{home}/cni/net.d"\n\n[registries."{REGISTRY}"]\ninsecure = true\n')
         ns = nsenter_args(holder, True)
-        spawn(state, f"{name}-podshimd", [sys.executable, "-m", "client.podshimd", f"--config={podshimd_config}"],
-              cgroup=cgroup, nsenter=ns, env={**os.environ, "PYTHONPATH": REPO})
+        if runtime == "podshimd":
+            socket = "/run/podshim/podshimd.sock"
+            podshimd_config = os.path.join(config, "podshimd.toml")
+            with open(podshimd_config, "w") as f:
+                f.write(f'state_root = "/var/lib/podshim"\nruntime_root = "/run/podshim"\n'
+                        f'cni_conf_dir = "{home}/cni/net.d"\n\n[registries."{REGISTRY}"]\ninsecure = true\n')
+            spawn(state, f"{name}-podshimd", [sys.executable, "-m", "client.podshimd", f"--config={podshimd_config}"],
+                  cgroup=cgroup, nsenter=ns, env={**os.environ, "PYTHONPATH": REPO})
+        else:
+            from ctrdtools import write_config
+
+            # Its root, state and sockets under the node's directory, runc's root there too; its
+            # shims' sockets under the node's own /run (containerd's default); CNI from the node's config.
+            directory = os.path.join(home, "containerd")
+            os.makedirs(directory, exist_ok=True)
+            ctrd_config = write_config(directory, REGISTRY, PAUSE, cni_conf_dir=os.path.join(home, "cni", "net.d"),
+                                       log_level="info")
+            socket = os.path.join(directory, "c.sock")
+            shims = os.path.dirname(tools["containerd-shim-runc-v2"])
+            spawn(state, f"{name}-{runtime}", [tools["containerd"], "--config", ctrd_config], cgroup=cgroup,
+                  nsenter=ns, env={**os.environ, "PATH": f"{shims}:{os.environ['PATH']}"})
+        endpoint = f"unix://{socket}"
         kubelet_config = os.path.join(config, "kubelet.yaml")
         with open(kubelet_config, "w") as f:
             json.dump(kubelet_configuration(pki.ca, endpoint, node["ip"]), f, indent=1)
-        self._wait_socket(number, "/run/podshim/podshimd.sock", f"{name}-podshimd")
+        self._wait_socket(number, socket, f"{name}-{runtime}")
         spawn(state, f"{name}-kubelet", [
             tools["kubelet"], f"--config={kubelet_config}", f"--kubeconfig={node_kubeconfig}",
             f"--hostname-override={name}", f"--node-ip={node['ip']}", "--root-dir=/var/lib/kubelet", "--v=2",
@@ -607,6 +651,18 @@ class Cluster:
         return problems
 
 
+def node_runtimes(nodes: int, runtime: str | Sequence[str]) -> list[str]:
+    """The runtime of each of ``nodes`` nodes: ``runtime`` for all, or one per node."""
+    runtimes = [runtime] * nodes if isinstance(runtime, str) else list(runtime)
+    if len(runtimes) != nodes:
+        raise ValueError(f"{len(runtimes)} runtime(s) {', '.join(runtimes)} for {nodes} node(s): give one, or one "
+                         f"per node")
+    for name in runtimes:
+        if name not in RUNTIMES:
+            raise ValueError(f"no node runtime {name!r}: the runtimes are {', '.join(RUNTIMES)}")
+    return runtimes
+
+
 def kubelet_configuration(ca: str, endpoint: str, ip: str) -> dict[str, Any]:
     """The kubelet's config on a node of this machine (see docs/cluster.md for what is off and why)."""
     return {
@@ -657,10 +713,11 @@ def cni_config(pod_cidr: str) -> dict[str, Any]:
 # -- the fixture ----------------------------------------------------------------------------------------
 
 @contextlib.contextmanager
-def cluster(nodes: int = 2, name: str | None = None) -> Iterator[Cluster]:
-    """A cluster of ``nodes`` podshimd nodes, taken down at the end of the block whatever happened."""
+def cluster(nodes: int = 2, name: str | None = None, runtime: str | Sequence[str] = "podshimd") -> Iterator[Cluster]:
+    """A cluster of ``nodes`` nodes of ``runtime`` (one for all, or one per node), taken down at
+    the end of the block whatever happened."""
     made = Cluster(name or f"t{os.getpid()}")
-    made.up(nodes)
+    made.up(nodes, runtime)
     try:
         yield made
     finally:
@@ -745,6 +802,11 @@ def smoke(c: Cluster, nodes: int) -> str:
 
 # -- the command --------------------------------------------------------------------------------------
 
+def runtime_argument(text: str) -> str | list[str]:
+    """``--runtime``: one runtime for every node, or a comma-separated list of one per node."""
+    return text.split(",") if "," in text else text
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="bench/cluster.py", description=__doc__.split("\n\n")[0])
     verbs = parser.add_subparsers(dest="verb", required=True)
@@ -756,6 +818,9 @@ def main(argv: list[str] | None = None) -> int:
     kubectl = verbs.add_parser("kubectl", help="kubectl against the cluster")
     for verb in (up, smoke_verb, verbs.choices["down"], kubectl):
         verb.add_argument("--name", default="podshim", help="the cluster's name (default podshim)")
+    for verb in (up, smoke_verb):
+        verb.add_argument("--runtime", default="podshimd",
+                          help=f"the nodes' runtime ({' or '.join(RUNTIMES)}), or one per node, comma-separated")
     kubectl.add_argument("args", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     if os.geteuid() != 0:
@@ -764,7 +829,7 @@ def main(argv: list[str] | None = None) -> int:
     c = Cluster(args.name)
     try:
         if args.verb == "up":
-            c.up(args.nodes)
+            c.up(args.nodes, runtime_argument(args.runtime))
             print(f"cluster {args.name!r} is up: bench/cluster.py kubectl --name {args.name} get nodes -o wide")
         elif args.verb == "down":
             for problem in c.down():
@@ -779,7 +844,7 @@ def main(argv: list[str] | None = None) -> int:
                                   f"--kubeconfig={c.admin_kubeconfig}", *args.args])  # its signals, its status
         else:
             started = time.monotonic()
-            c.up(args.nodes)
+            c.up(args.nodes, runtime_argument(args.runtime))
             try:
                 line = smoke(c, args.nodes)
             except BaseException:
@@ -790,7 +855,7 @@ def main(argv: list[str] | None = None) -> int:
             if problems:
                 raise RuntimeError("down: " + "; ".join(problems))
             print(f"{line}; clean down; {time.monotonic() - started:.0f} s in all")
-    except (RuntimeError, subprocess.TimeoutExpired, OSError) as exc:
+    except (RuntimeError, ValueError, subprocess.TimeoutExpired, OSError) as exc:
         print(f"bench/cluster.py {args.verb}: {exc}", file=sys.stderr)
         return 1
     return 0

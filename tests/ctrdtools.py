@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 from critools import REPO, cni_config, gotool
 
-__all__ = ["Containerd", "running_containerd", "containerd_binary", "containerd_version"]
+__all__ = ["Containerd", "running_containerd", "containerd_binary", "containerd_version", "write_config"]
 
 #: Seconds containerd may take to answer its CRI, and to stop.
 START_TIMEOUT = 60.0
@@ -134,15 +134,28 @@ def _shim_wrapper(directory: str) -> str:
     return path
 
 
-def _config(directory: str, shim: str, registry_host: str, sandbox_image: str, mirrors: Mapping[str, str],
-            portmap: bool) -> str:
-    for host, endpoint in {registry_host: f"http://{registry_host}", **mirrors}.items():
+def write_config(directory: str, registry_host: str, sandbox_image: str, *, shim: str | None = None,
+                 cni_conf_dir: str | None = None, mirrors: Mapping[str, str] | None = None,
+                 portmap: bool = False, log_level: str = "debug") -> str:
+    """containerd's config under ``directory`` (config.toml, its registry hosts in certs.d), its
+    path: root, state, sockets and runc's root under ``directory``; the ``podshim`` runtime handler
+    when ``shim`` (the shim's binary) is given; its log at ``log_level``; CNI's config from
+    ``cni_conf_dir``, or a bridge written under ``directory`` (critools.cni_config) when it is None."""
+    for host, endpoint in {registry_host: f"http://{registry_host}", **(mirrors or {})}.items():
         certs = os.path.join(directory, "certs.d", host)
         os.makedirs(certs)
         with open(os.path.join(certs, "hosts.toml"), "w") as f:
             f.write(f'server = "{endpoint}"\n\n[host."{endpoint}"]\n  capabilities = ["pull", "resolve"]\n')
-    cni_config(directory, portmap=portmap)
-    return f"""version = 3
+    if cni_conf_dir is None:
+        cni_config(directory, portmap=portmap)
+        cni_conf_dir = os.path.join(directory, "net.d")
+    podshim = "" if shim is None else f"""    [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.podshim]
+      runtime_type = "{shim}"
+      sandboxer = "shim"
+"""
+    path = os.path.join(directory, "config.toml")
+    with open(path, "w") as f:
+        f.write(f"""version = 3
 root = "{directory}/root"
 state = "{directory}/state"
 disabled_plugins = ["io.containerd.nri.v1.nri", "io.containerd.snapshotter.v1.btrfs",
@@ -157,7 +170,7 @@ disabled_plugins = ["io.containerd.nri.v1.nri", "io.containerd.snapshotter.v1.bt
   address = "{directory}/c.sock.ttrpc"
 
 [debug]
-  level = "debug"
+  level = "{log_level}"
 
 [plugins.'io.containerd.internal.v1.opt']
   path = "{directory}/opt"
@@ -179,17 +192,15 @@ disabled_plugins = ["io.containerd.nri.v1.nri", "io.containerd.snapshotter.v1.bt
   restrict_oom_score_adj = true
   [plugins.'io.containerd.cri.v1.runtime'.cni]
     bin_dirs = ["/usr/lib/cni", "/opt/cni/bin"]
-    conf_dir = "{directory}/net.d"
+    conf_dir = "{cni_conf_dir}"
   [plugins.'io.containerd.cri.v1.runtime'.containerd]
     default_runtime_name = "runc"
     [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc]
       runtime_type = "io.containerd.runc.v2"
       [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc.options]
         Root = "{directory}/runc"
-    [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.podshim]
-      runtime_type = "{shim}"
-      sandboxer = "shim"
-"""
+{podshim}""")
+    return path
 
 
 @contextlib.contextmanager
@@ -197,9 +208,8 @@ def running_containerd(directory: str, netns: str, registry_host: str, sandbox_i
                        mirrors: Mapping[str, str] | None = None, portmap: bool = False) -> Iterator[Containerd]:
     containerd = containerd_binary()
     runc_shim_dir = os.path.dirname(containerd_binary("containerd-shim-runc-v2"))
-    config = os.path.join(directory, "config.toml")
-    with open(config, "w") as f:
-        f.write(_config(directory, _shim_wrapper(directory), registry_host, sandbox_image, mirrors or {}, portmap))
+    config = write_config(directory, registry_host, sandbox_image, shim=_shim_wrapper(directory), mirrors=mirrors,
+                          portmap=portmap)
     runtime_root = os.path.join(directory, "podshim")
     env = {**os.environ, "PODSHIM_RUNTIME_ROOT": runtime_root, "PODSHIM_TEMPLATE": "0",
            "PATH": f"{runc_shim_dir}:{os.environ['PATH']}"}
