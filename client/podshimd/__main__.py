@@ -2,11 +2,14 @@
 
     python3 -m client.podshimd [--config FILE] [--listen unix:///PATH] [--state-root DIR]
                                [--runtime-root DIR] [--cni-conf-dir DIR] [--cni-bin-dir DIRS]
-                               [--log-level LEVEL]
+                               [--log-level LEVEL] [--check-config | --print-default-config]
 
 A bad config or flag value is one sentence on stderr and exit status 1 (a usage error: 2), and so
 is an install without the generated CRI code (client/criapi); a clean stop on SIGTERM or SIGINT is 0.
 SIGHUP reads the config again and applies its log level (the rest needs a restart).
+``--check-config`` loads the config and the flags as a start would, checks the paths they name
+(:mod:`.checkconfig`), prints each thing wrong and exits 1 if any is an error, 0 otherwise;
+``--print-default-config`` prints the defaults as a config file.
 """
 
 from __future__ import annotations
@@ -36,16 +39,29 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="podshimd", description="podshim's CRI v1 runtime (gRPC on a Unix socket)")
     configuration.add_arguments(parser)
     parser.add_argument("--version", action="version", version=f"podshimd {shim.__version__}")
+    once = parser.add_mutually_exclusive_group()
+    once.add_argument("--check-config", action="store_true",
+                      help="check the config (the file and these flags) and the paths it names, print what is "
+                           "wrong, and exit: 0 when podshimd can start on it, 1 when not")
+    once.add_argument("--print-default-config", action="store_true",
+                      help="print the defaults as a config file (TOML) and exit")
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)  # usage errors: argparse prints them and exits 2
+    if args.print_default_config:
+        from .checkconfig import default_config
+
+        sys.stdout.write(default_config())
+        return 0
     try:
         config = configuration.from_arguments(args)
     except configuration.ConfigError as exc:
         print(f"podshimd: {exc}", file=sys.stderr)
         return 1
+    if args.check_config:
+        return _check_config(args, config)
     try:
         from .server import DaemonError, serve  # the generated CRI code, before anything starts
     except NotGenerated as exc:
@@ -72,6 +88,23 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     finally:
         notifier.close()
+    return 0
+
+
+def _check_config(args: argparse.Namespace, config: configuration.Config) -> int:
+    from .checkconfig import check
+
+    source = args.config or configuration.DEFAULT_CONFIG_PATH
+    if args.config is None and not os.path.exists(source):
+        source = f"the defaults (no {source})"
+    findings = check(config)
+    for finding in findings:
+        print(f"podshimd: {finding}", file=sys.stderr)
+    errors = sum(f.level == "error" for f in findings)
+    if errors:
+        print(f"podshimd: {source}: {errors} error(s): podshimd would not run on it", file=sys.stderr)
+        return 1
+    print(f"podshimd: {source}: OK" + (f" ({len(findings)} warning(s))" if findings else ""))
     return 0
 
 
