@@ -17,6 +17,7 @@ import json
 import os
 import socket
 import sys
+from collections.abc import Callable
 
 from shim import __version__
 from shim.paths import (BOOTSTRAP_FILE, DEFAULT_RUNTIME_ROOT, control_socket_path, template_socket_for,
@@ -25,13 +26,16 @@ from shim.rpc.api import DEFAULT_BUNDLE_ROOT, TEMPLATE_LOG, TEMPLATE_SERVICE, TE
 from shim.rpc.arguments import ArgumentParser
 from shim.rpc.files import ensure_private_dir, flock_open
 from shim.rpc.status import FailedPrecondition, RpcError, Unavailable
-from shim.launch.spawn import START_TIMEOUT, bind_listener, bootstrap, spawn_shim
 
-__all__ = ["ACTIONS", "main", "os_error_sentence", "run", "start_shim"]
+__all__ = ["ACTIONS", "Failure", "UsageError", "exit_status", "main", "os_error_sentence", "run", "start_shim"]
 
 
 class UsageError(Exception):
     """Bad input from the command line: exit 2."""
+
+
+class Failure(Exception):
+    """A command cannot do its job; the message is one sentence for the person who ran it: exit 1."""
 
 
 #: The actions; a command line that starts with one builds that action's arguments only.
@@ -160,13 +164,15 @@ def start_shim(config, *, debug: bool = False, no_template: bool = False) -> dic
     by the runtime root's template when one runs (unless ``no_template``), else by this process."""
     result = None if no_template else _start_from_template(config, debug)
     if result is None:
+        from shim.launch.spawn import spawn_shim  # (the fork path's imports: a template spares them)
+
         result = spawn_shim(config, debug=debug, double_fork=False)
     return result
 
 
 #: How long `start` waits for a template's Spawn: the template's own wait for the shim
-#: (START_TIMEOUT) and a margin, below the Controller's SPAWN_TIMEOUT (10 s).
-TEMPLATE_SPAWN_TIMEOUT = START_TIMEOUT + 1.0
+#: (shim.launch.spawn.START_TIMEOUT, 8 s) and a margin, below the Controller's SPAWN_TIMEOUT (10 s).
+TEMPLATE_SPAWN_TIMEOUT = 9.0
 
 
 def _start_from_template(config, debug: bool) -> dict | None:
@@ -231,7 +237,7 @@ def _detach_template(args: argparse.Namespace) -> int:
         if ping is not None:
             print(json.dumps({"pid": ping["pid"], "address": address, "started": False}))
             return 0
-        from shim.launch.spawn import detach_process
+        from shim.launch.spawn import START_TIMEOUT, detach_process
 
         log_path = os.path.join(root, TEMPLATE_LOG)
         pid = detach_process(lambda ready_fd: _run_detached_template(args, ready_fd), log_path,
@@ -251,6 +257,7 @@ def _run_detached_template(args: argparse.Namespace, ready_fd: int) -> int:
 def _serve(args: argparse.Namespace) -> int:
     from shim.daemon import serve_forever, setup_logging
     from shim.launch.notify import listen_fds
+    from shim.launch.spawn import bind_listener, bootstrap
 
     setup_logging(args.debug)
     ensure_private_dir(args.bundle, 0o700)
@@ -286,20 +293,32 @@ def _delete(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = _parser(argv[0] if argv and argv[0] in ACTIONS else None).parse_args(argv)
-    try:
+
+    def action() -> int:
         _validate(args)
         return {"start": _start, "serve": _serve, "delete": _delete, "template": _template}[args.action](args)
+
+    return exit_status(f"podshim {args.action}", action)
+
+
+def exit_status(program: str, body: Callable[[], int], *failures: type[Exception]) -> int:
+    """Run ``body`` and return its exit status; what it raises becomes one sentence on stderr after
+    ``program:`` and a status: :class:`UsageError` 2; an RpcError (its code's name and message), an
+    OSError (:func:`os_error_sentence`), a :class:`Failure`, a ValueError or one of ``failures`` 1. The one mapping of the
+    project's commands (podshim, containerd-shim-podshim-v1, podshimd)."""
+    try:
+        return body()
     except UsageError as exc:
-        print(f"podshim {args.action}: {exc}", file=sys.stderr)
+        print(f"{program}: {exc}", file=sys.stderr)
         return 2
     except RpcError as exc:
-        print(f"podshim {args.action}: {exc.code.name}: {exc.message}", file=sys.stderr)
+        print(f"{program}: {exc.code.name}: {exc.message}", file=sys.stderr)
         return 1
     except OSError as exc:
-        print(f"podshim {args.action}: {os_error_sentence(exc)}", file=sys.stderr)
+        print(f"{program}: {os_error_sentence(exc)}", file=sys.stderr)
         return 1
-    except ValueError as exc:
-        print(f"podshim {args.action}: {exc}", file=sys.stderr)
+    except (Failure, ValueError, *failures) as exc:
+        print(f"{program}: {exc}", file=sys.stderr)
         return 1
 
 

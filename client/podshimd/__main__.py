@@ -28,6 +28,7 @@ import sys
 import shim
 from client.cri import logcontext
 from client.criapi import NotGenerated
+from shim.cli import exit_status
 from shim.daemon import setup_logging
 from shim.launch.notify import Notifier
 from shim.rpc.channel import install_uvloop
@@ -50,23 +51,21 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)  # usage errors: argparse prints them and exits 2
+    # A bad config is a ValueError, the daemon's own failures shim.cli.Failure: one sentence each.
+    return exit_status("podshimd", lambda: _serve(args), NotGenerated)
+
+
+def _serve(args: argparse.Namespace) -> int:
     if args.print_default_config:
         from .checkconfig import default_config
 
         sys.stdout.write(default_config())
         return 0
-    try:
-        config = configuration.from_arguments(args)
-    except configuration.ConfigError as exc:
-        print(f"podshimd: {exc}", file=sys.stderr)
-        return 1
+    config = configuration.from_arguments(args)
     if args.check_config:
         return _check_config(args, config)
-    try:
-        from .server import DaemonError, serve  # the generated CRI code, before anything starts
-    except NotGenerated as exc:
-        print(f"podshimd: {exc}", file=sys.stderr)
-        return 1
+    from .server import serve  # the generated CRI code, before anything starts
+
     setup_logging(debug=config.log_level == "debug")
     logcontext.install()  # pod_id= and container_id= on every line about a pod
     logging.getLogger().setLevel(config.log_level.upper())
@@ -80,12 +79,6 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         asyncio.run(serve(config, notifier=notifier, on_hangup=on_hangup))
-    except DaemonError as exc:
-        print(f"podshimd: {exc}", file=sys.stderr)
-        return 1
-    except OSError as exc:
-        print(f"podshimd: {exc.strerror or exc}{f' ({exc.filename})' if exc.filename else ''}", file=sys.stderr)
-        return 1
     finally:
         notifier.close()
     return 0

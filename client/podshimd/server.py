@@ -46,6 +46,7 @@ from client.spawners import ExecSpawner
 from client.streaming.attach import AttachBackend
 from client.streaming.remotecommand import ExecBackend
 from client.streaming.server import Backend, StreamingServer
+from shim.cli import Failure
 from shim.launch.notify import Notifier
 from shim.rpc.blocking import can_connect
 from shim.rpc.files import ensure_private_dir, flock_open
@@ -92,7 +93,7 @@ RUNTIME_GROUPS: tuple[type[Handlers], ...] = (RuntimeInfo, Sandboxes, Containers
 IMAGE_GROUPS: tuple[type[Handlers], ...] = (ImageStore, ImageFilesystem)
 
 
-class DaemonError(Exception):
+class DaemonError(Failure):
     """podshimd cannot start; the message is one sentence for the person who started it."""
 
 

@@ -24,8 +24,8 @@ import os
 import sys
 import time
 
+from shim.cli import UsageError, exit_status
 from shim.rpc.api import DEFAULT_RUNTIME_ROOT, UNKNOWN_EXIT_STATUS
-from shim.rpc.status import RpcError
 
 __all__ = ["NAME", "PODSHIM_DIR", "main", "run"]
 
@@ -35,10 +35,6 @@ PODSHIM_DIR = "podshim"
 #: containerd's flags that take a value, and those that do not.
 _VALUED = ("namespace", "address", "publish-binary", "id", "bundle", "socket")
 _BOOLEAN = ("debug", "v", "version", "info")
-
-
-class UsageError(Exception):
-    """A command line containerd would not write: exit 2."""
 
 
 def parse(argv: list[str]) -> tuple[dict[str, str | bool], str]:
@@ -134,34 +130,27 @@ def delete(flags: dict[str, str | bool]) -> bytes:
                                   exited_at=timestamp(result["exited_at"])).SerializeToString()
 
 
+def act(flags: dict[str, str | bool], action: str) -> int:
+    """Do ``action`` (parse's) with ``flags``: what it prints goes to stdout."""
+    if action == "version":
+        print(f"{NAME}: podshim's shim for containerd (runtime type io.containerd.podshim.v1)")
+        return 0
+    if action == "info":
+        raise UsageError("-info (RuntimeInfo) is not supported by podshim's shim")
+    out = start(flags, sys.stdin.buffer.read()) if action == "start" else delete(flags)
+    sys.stdout.buffer.write(out)
+    sys.stdout.buffer.flush()
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    action = "?"
-    try:
-        flags, action = parse(argv)
-        if action == "version":
-            print(f"{NAME}: podshim's shim for containerd (runtime type io.containerd.podshim.v1)")
-            return 0
-        if action == "info":
-            raise UsageError("-info (RuntimeInfo) is not supported by podshim's shim")
-        out = start(flags, sys.stdin.buffer.read()) if action == "start" else delete(flags)
-        sys.stdout.buffer.write(out)
-        sys.stdout.buffer.flush()
-        return 0
-    except UsageError as exc:
-        print(f"{NAME} {action}: {exc}", file=sys.stderr)
-        return 2
-    except RpcError as exc:
-        print(f"{NAME} {action}: {exc.code.name}: {exc.message}", file=sys.stderr)
-        return 1
-    except OSError as exc:
-        from shim.cli import os_error_sentence
-
-        print(f"{NAME} {action}: {os_error_sentence(exc)}", file=sys.stderr)
-        return 1
-    except ValueError as exc:
-        print(f"{NAME} {action}: {exc}", file=sys.stderr)
-        return 1
+    parsed: list[tuple[dict[str, str | bool], str]] = []
+    status = exit_status(NAME, lambda: parsed.append(parse(argv)) or 0)
+    if status:
+        return status
+    flags, action = parsed[0]
+    return exit_status(f"{NAME} {action}", lambda: act(flags, action))
 
 
 def run() -> None:

@@ -60,6 +60,13 @@ def test_the_spawn_timeout_outlasts_the_shims_own_start_timeout():
     assert defaults.SPAWN_TIMEOUT > spawn.START_TIMEOUT
 
 
+def test_a_templates_spawn_is_waited_for_longer_than_the_template_waits_for_its_shim_and_less_than_controllers():
+    from shim import cli
+    from shim.launch import spawn
+
+    assert spawn.START_TIMEOUT < cli.TEMPLATE_SPAWN_TIMEOUT < defaults.SPAWN_TIMEOUT
+
+
 def _client_imports(relative: str) -> set[str]:
     """The client modules ``relative`` imports, at any depth of the file (lazy imports count)."""
     names = set()
