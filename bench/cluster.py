@@ -265,9 +265,13 @@ class Cluster:
     def kubectl(self, *args: str, check: bool = True, timeout: float = TIMEOUT,
                 input: str | None = None) -> subprocess.CompletedProcess:
         """kubectl ARGS against the cluster (run in its network), to its end."""
+        return run(self.kubectl_argv(*args), check=check, timeout=timeout, input=input)
+
+    def kubectl_argv(self, *args: str) -> list[str]:
+        """The command line of kubectl ARGS against the cluster, in its network."""
         data = self.state.data
-        return run(["nsenter", f"--net=/proc/{data['outer']}/ns/net", "--", data["tools"]["kubectl"],
-                    f"--kubeconfig={self.admin_kubeconfig}", *args], check=check, timeout=timeout, input=input)
+        return ["nsenter", f"--net=/proc/{data['outer']}/ns/net", "--", data["tools"]["kubectl"],
+                f"--kubeconfig={self.admin_kubeconfig}", *args]
 
     def nodes(self) -> list[dict[str, Any]]:
         return self.state.data.get("nodes", [])
@@ -838,10 +842,8 @@ def main(argv: list[str] | None = None) -> int:
             if not c.state.data.get("outer"):
                 print(f"no cluster {args.name!r} is up", file=sys.stderr)
                 return 1
-            data = c.state.data
             sys.stdout.flush()
-            os.execvp("nsenter", ["nsenter", f"--net=/proc/{data['outer']}/ns/net", "--", data["tools"]["kubectl"],
-                                  f"--kubeconfig={c.admin_kubeconfig}", *args.args])  # its signals, its status
+            os.execvp("nsenter", c.kubectl_argv(*args.args))  # its signals, its status
         else:
             started = time.monotonic()
             c.up(args.nodes, runtime_argument(args.runtime))

@@ -1,0 +1,254 @@
+"""Pod start-up through kubelet, and the runtime's memory for idle pods: podshimd beside containerd.
+
+    python bench/k8s_startup.py [--pods 100] [--runtimes podshimd,containerd]
+
+One run brings up a cluster (bench/cluster.py) with one node per runtime, node N running the N-th,
+pulls the busybox image on every node first, then, one node at a time: a Deployment of PODS idle
+busybox pods (``sleep``) pinned to that node, each pod's time from creation to Running, then the
+memory of the runtime for those PODS idle pods, then the Deployment deleted and its pods gone. The
+cluster is taken down at the end, whatever happened. Prints Markdown tables and the machine's load.
+
+Start-up: a watch (kubectl get pods --watch, in the cluster's network) stamps each pod when it is
+first seen (its creation, by the ReplicaSet controller) and when it is first seen Running (every
+container started, as kubelet reports it); p50 and p99 by nearest rank, and the time from the
+Deployment's creation to the last pod Running. Both stamps are the same watch's, on this machine's
+monotonic clock (the API's timestamps have whole seconds only).
+
+Memory: the PSS (/proc/PID/smaps_rollup) of the node's processes, by what they are: the runtime's
+daemon (podshimd, containerd), its shims (podshim's per-pod shims with their template and its
+spare; containerd-shim-runc-v2), and the pods' pause processes (each runtime's sandbox process,
+in the pods' cgroups); kubelet, kube-proxy and the containers themselves are not counted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(1, os.path.dirname(os.path.abspath(__file__)))
+
+import cluster as harness  # noqa: E402
+from bench.common import memory, percentile  # noqa: E402
+
+#: Bound on every wait for the pods of one node (start, delete).
+WAIT = 900.0
+#: Seconds the idle pods are left before their memory is read (the runtime settles).
+SETTLE = 10.0
+
+DEPLOYMENT = """
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: NAME}
+spec:
+  replicas: PODS
+  selector: {matchLabels: {app: NAME}}
+  template:
+    metadata: {labels: {app: NAME}}
+    spec:
+      nodeSelector: {kubernetes.io/hostname: NODE}
+      terminationGracePeriodSeconds: 1
+      enableServiceLinks: false
+      automountServiceAccountToken: false
+      containers:
+      - name: idle
+        image: IMAGE
+        imagePullPolicy: IfNotPresent
+        command: ["sleep", "1000000"]
+"""
+
+
+def log(text: str) -> None:
+    print(f"k8s_startup: {text}", file=sys.stderr, flush=True)
+
+
+@dataclass
+class Watch:
+    """``kubectl get pods --watch`` for a label: when each pod was first seen, and first seen Running."""
+
+    c: harness.Cluster
+    selector: str
+    seen: dict[str, float] = field(default_factory=dict)
+    running: dict[str, float] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.process = subprocess.Popen(
+            self.c.kubectl_argv("get", "pods", "-l", self.selector, "--watch", "--request-timeout=0",
+                                "-o", "jsonpath={.metadata.name} {.status.phase}{\"\\n\"}"),
+            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL, text=True)
+        self.lock = threading.Lock()
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self) -> None:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            now = time.monotonic()
+            name, _, phase = line.strip().partition(" ")
+            if not name:
+                continue
+            with self.lock:
+                self.seen.setdefault(name, now)
+                if phase == "Running":
+                    self.running.setdefault(name, now)
+
+    def wait_running(self, count: int, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while True:
+            with self.lock:
+                done = len(self.running)
+            if done >= count:
+                return
+            if self.process.poll() is not None:
+                raise RuntimeError(f"the pod watch ended (status {self.process.returncode}) at {done} of {count}")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{done} of {count} pods Running within {timeout:.0f} s")
+            time.sleep(0.2)
+
+    def close(self) -> None:
+        self.process.kill()
+        self.process.wait()
+        self.reader.join(10)
+
+
+@dataclass
+class Result:
+    runtime: str
+    node: str
+    pods: int
+    latencies: list[float]     #: per pod, seconds from first seen to Running
+    all_running: float         #: seconds from the Deployment's creation to the last pod Running
+    memory: dict[str, tuple[int, int]]  #: part -> (processes, PSS KiB)
+
+
+def pull_everywhere(c: harness.Cluster) -> None:
+    """The image on every node before anything is timed: one pod per node, run and removed."""
+    for node in c.nodes():
+        name = f"pull-{node['name']}"
+        c.kubectl("run", name, f"--image={harness.BUSYBOX}", "--restart=Never",
+                  f"--overrides={json.dumps({'spec': {'nodeName': node['name']}})}", "--", "true")
+    for node in c.nodes():
+        c.kubectl("wait", f"pod/pull-{node['name']}", "--for=jsonpath={.status.phase}=Succeeded", "--timeout=300s",
+                  timeout=320)
+    c.kubectl("delete", "pods", *[f"pull-{n['name']}" for n in c.nodes()], "--wait=true", timeout=120)
+
+
+def start_pods(c: harness.Cluster, node: dict, pods: int) -> tuple[list[float], float]:
+    name = f"startup-{node['name']}"
+    watch = Watch(c, f"app={name}")
+    try:
+        time.sleep(2)  # the watch is established before the first pod is made
+        started = time.monotonic()
+        c.kubectl("apply", "-f", "-", input=DEPLOYMENT.replace("NAME", name).replace("PODS", str(pods))
+                  .replace("NODE", node["name"]).replace("IMAGE", harness.BUSYBOX))
+        watch.wait_running(pods, WAIT)
+        with watch.lock:
+            latencies = [watch.running[p] - watch.seen[p] for p in watch.running]
+            last = max(watch.running.values())
+    finally:
+        watch.close()
+    return latencies, last - started
+
+
+def remove_pods(c: harness.Cluster, node: dict) -> None:
+    name = f"startup-{node['name']}"
+    c.kubectl("delete", "deployment", name, "--wait=true", timeout=120)
+    deadline = time.monotonic() + WAIT
+    while json.loads(c.kubectl("get", "pods", "-l", f"app={name}", "-o", "json", timeout=60).stdout)["items"]:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the pods of {name} were not gone within {WAIT:.0f} s")
+        time.sleep(2)
+
+
+def node_memory(c: harness.Cluster, node: dict) -> dict[str, tuple[int, int]]:
+    """The PSS of node's runtime by part: (processes, KiB) for daemon, shims and pause."""
+    labels = c.state.data["processes"]
+    daemon = labels[f"{node['name']}-{node['runtime']}"]
+    others = {labels[f"{node['name']}-{what}"] for what in ("kubelet", "kube-proxy", "holder")}
+    parts: dict[str, tuple[int, int]] = {"daemon": (0, 0), "shims": (0, 0), "pause": (0, 0)}
+    for pid, comm in c.node_processes(node["number"]).items():
+        try:
+            with open(f"/proc/{pid}/cgroup") as f:
+                in_pod = "/kubepods" in f.read()
+            pss = memory(pid).pss
+        except OSError:
+            continue  # gone meanwhile
+        if pid == daemon:
+            part = "daemon"
+        elif in_pod:
+            if comm != "catatonit":
+                continue  # a container's own process
+            part = "pause"
+        elif pid in others:
+            continue
+        else:
+            part = "shims"
+        count, total = parts[part]
+        parts[part] = (count + 1, total + pss)
+    return parts
+
+
+def measure(c: harness.Cluster, pods: int) -> list[Result]:
+    results = []
+    for node in c.nodes():
+        log(f"{pods} pods on {node['name']} ({node['runtime']})")
+        latencies, all_running = start_pods(c, node, pods)
+        time.sleep(SETTLE)
+        parts = node_memory(c, node)
+        results.append(Result(node["runtime"], node["name"], pods, latencies, all_running, parts))
+        remove_pods(c, node)
+    return results
+
+
+def mib(kib: int) -> str:
+    return f"{kib / 1024:.1f}"
+
+
+def tables(results: list[Result]) -> str:
+    out = ["#### Pod start-up through kubelet (create to Running, s)", "",
+           "| runtime | node | pods | p50 | p99 | max | all Running after |", "|---|---|---:|---:|---:|---:|---:|"]
+    for r in results:
+        out.append(f"| {r.runtime} | {r.node} | {len(r.latencies)} | {percentile(r.latencies, 50):.2f} | "
+                   f"{percentile(r.latencies, 99):.2f} | {max(r.latencies):.2f} | {r.all_running:.1f} |")
+    out += ["", f"#### Node memory for {results[0].pods} idle pods (PSS, MiB; processes in brackets)", "",
+            "| runtime | daemon | shims | daemon + shims | per pod | pauses | all |",
+            "|---|---:|---:|---:|---:|---:|---:|"]
+    for r in results:
+        (dn, dk), (sn, sk), (pn, pk) = r.memory["daemon"], r.memory["shims"], r.memory["pause"]
+        out.append(f"| {r.runtime} | {mib(dk)} ({dn}) | {mib(sk)} ({sn}) | {mib(dk + sk)} | "
+                   f"{mib((dk + sk) // r.pods)} | {mib(pk)} ({pn}) | {mib(dk + sk + pk)} |")
+    return "\n".join(out)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(prog="bench/k8s_startup.py", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--pods", type=int, default=100)
+    parser.add_argument("--runtimes", default="podshimd,containerd",
+                        help="one node per runtime, comma-separated (default podshimd,containerd)")
+    parser.add_argument("--name", default="k8s-startup", help="the cluster's name")
+    args = parser.parse_args()
+    if os.geteuid() != 0:
+        print("bench/k8s_startup.py: run it as root (bench/cluster.py makes namespaces and cgroups)", file=sys.stderr)
+        return 2
+    runtimes = args.runtimes.split(",")
+    load_before = os.getloadavg()
+    with harness.cluster(len(runtimes), args.name, runtimes) as c:
+        pull_everywhere(c)
+        results = measure(c, args.pods)
+    load_after = os.getloadavg()
+    print(tables(results))
+    print(f"\n{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC; {os.cpu_count()} cores; load "
+          f"average (1, 5, 15 min) {' '.join(f'{x:.2f}' for x in load_before)} before, "
+          f"{' '.join(f'{x:.2f}' for x in load_after)} after")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
