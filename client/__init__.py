@@ -3,24 +3,24 @@
 Importing this package never imports pyroute2: the node agent that embeds it stays light.
 
 - :class:`Controller` (``client.controller``): containerd's sandbox.Controller over podshim shims.
-- :class:`NSMap` (``client.nsmap``): namespace -> sandbox id -> handle.
-- :class:`Spawner`, :class:`ExecSpawner` (``client.spawners``): how shims are started and deleted.
-- The results (``client.results``): frozen dataclasses.
+- :class:`NSMap` (``client.controller.nsmap``): namespace -> sandbox id -> handle.
+- :class:`Spawner`, :class:`ExecSpawner` (``client.controller.spawners``): how shims are started and deleted.
+- The results (``client.controller.results``): frozen dataclasses.
 
 Each is loaded on first use (``from client import Controller`` works as ever): importing a
 submodule, as every podshimctl verb does, costs only what that submodule needs.
 """
 
 _LAZY = {
-    "Controller": "client.controller",
-    "NSMap": "client.nsmap",
-    "Spawner": "client.spawners",
-    "ExecSpawner": "client.spawners",
-    "Bootstrap": "client.results",
-    "ControllerInstance": "client.results",
-    "ControllerStatus": "client.results",
-    "ExitStatus": "client.results",
-    "Platform": "client.results",
+    "Controller": "client.controller.controller",
+    "NSMap": "client.controller.nsmap",
+    "Spawner": "client.controller.spawners",
+    "ExecSpawner": "client.controller.spawners",
+    "Bootstrap": "client.controller.results",
+    "ControllerInstance": "client.controller.results",
+    "ControllerStatus": "client.controller.results",
+    "ExitStatus": "client.controller.results",
+    "Platform": "client.controller.results",
 }
 
 __all__ = list(_LAZY)

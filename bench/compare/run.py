@@ -577,7 +577,7 @@ class Containerd(Contender):
 def timed_spawner(runtime_root: str, template: bool) -> Any:
     """The Controller's own spawner (``Controller(runtime_root=..., template=...)`` makes exactly
     this ExecSpawner), remembering how long its last spawn took."""
-    from client.spawners import ExecSpawner, Spawner
+    from client.controller.spawners import ExecSpawner, Spawner
 
     class TimedSpawner(Spawner):
         def __init__(self) -> None:
@@ -614,7 +614,7 @@ class Podshim(Contender):
         self.first: float | None = None  # the very first cycle's start phase (it starts the template)
 
     def _state(self, sid: str) -> dict[str, Any]:
-        from client.bundles import bundle_path
+        from client.controller.bundles import bundle_path
         from shim.paths import STATE_FILE, read_json
 
         record = read_json(os.path.join(bundle_path(self.c.state_root, NAMESPACE, sid), STATE_FILE))

@@ -33,7 +33,7 @@ from shim.rpc.api import TEMPLATE_ENV
 
 from shim.rpc.files import MAX_JSON_BYTES, decode_json
 
-from client.defaults import DEFAULT_BUNDLE_ROOT, DEFAULT_RUNTIME_ROOT
+from client.controller.defaults import DEFAULT_BUNDLE_ROOT, DEFAULT_RUNTIME_ROOT
 
 if TYPE_CHECKING:
     from client.controller import Controller

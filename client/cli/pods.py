@@ -32,7 +32,7 @@ import time
 from typing import Any, Callable
 
 from client.cli.main import EXIT_OK, CliError, _print_table, _read_json_file, command, emit
-from client.defaults import podshimd_endpoint
+from client.controller.defaults import podshimd_endpoint
 from shim.rpc.status import Code, NotFound, RpcError, error_from_status
 
 __all__: list[str] = []

@@ -36,7 +36,7 @@ from shim.rpc.identifiers import validate_identifier
 from shim.rpc.status import (FailedPrecondition, Internal, InvalidArgument, NotFound, RpcError,
                              Unavailable)
 
-from client.concurrency import together
+from client.cri.concurrency import together
 from client.cri.configs import load_json_object
 from client.processes import KILL_WAIT
 from client.processes import run as _run

@@ -51,10 +51,10 @@ from shim.rpc.status import (Aborted, DeadlineExceeded, FailedPrecondition, Inte
                              RpcError, Unavailable)
 
 from client import layouts
-from client.bundles import bundle_path
+from client.controller.bundles import bundle_path
 from client.cri import podmetrics, stats
 from client.cri.cni import DEFAULT_BIN_DIRS, DEFAULT_CONF_DIR, CniRunner, primary_ip
-from client.concurrency import together
+from client.cri.concurrency import together
 from client.controller import Controller
 from client.cri.configs import ContainerConfig, PodSandboxConfig
 from client.cri.resources import pod_resources

@@ -39,7 +39,7 @@ from typing import Any, Mapping
 from client.cri.cdi import DEFAULT_SPEC_DIRS as DEFAULT_CDI_SPEC_DIRS
 from client.cri.cni import DEFAULT_BIN_DIRS as DEFAULT_CNI_BIN_DIRS
 from client.cri.cni import DEFAULT_CONF_DIR as DEFAULT_CNI_CONF_DIR
-from client.defaults import DEFAULT_RUNTIME_ROOT, podshimd_endpoint
+from client.controller.defaults import DEFAULT_RUNTIME_ROOT, podshimd_endpoint
 from client.images.pull import PULL_PROGRESS_TIMEOUT, PULL_TIMEOUT, RegistryHost
 from client.images.reference import ReferenceError, parse
 from client.images.service import MAX_UNPACKED_BYTES

@@ -42,7 +42,7 @@ from client.cri.pod import open_pod_service
 from client.cri.rootfs import StoreImages
 from client.criapi import api_pb2, api_pb2_grpc
 from client.images.service import Images
-from client.spawners import ExecSpawner
+from client.controller.spawners import ExecSpawner
 from client.streaming.attach import AttachBackend
 from client.streaming.remotecommand import ExecBackend
 from client.streaming.server import Backend, StreamingServer

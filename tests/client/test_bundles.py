@@ -1,4 +1,4 @@
-"""client.bundles: bundles are made under the state root, never through a symbolic link, and a
+"""client.controller.bundles: bundles are made under the state root, never through a symbolic link, and a
 Controller removes only what it can prove it made (the proof-of-ownership rule, docs/roots.md)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import stat
 import pytest
 
 from client import layouts
-from client.bundles import made_here, make_bundle, scan
+from client.controller.bundles import made_here, make_bundle, scan
 
 
 @pytest.fixture
@@ -50,7 +50,7 @@ def test_a_bundle_behind_a_symlinked_namespace_directory_is_not_listed(roots, ca
 
 
 def test_a_bundle_is_born_locked_and_a_second_of_the_same_id_already_exists(roots):
-    from client.bundles import BundleLock
+    from client.controller.bundles import BundleLock
     from shim.rpc.status import AlreadyExists
 
     state_root, _ = roots
@@ -67,7 +67,7 @@ def test_a_bundle_is_born_locked_and_a_second_of_the_same_id_already_exists(root
 
 
 def test_a_scan_removes_a_hidden_leftover_but_not_one_being_made(roots):
-    from client.bundles import BundleLock
+    from client.controller.bundles import BundleLock
 
     state_root, _ = roots
     layouts.mark(state_root, layouts.BUNDLE_ROOT)
@@ -170,7 +170,7 @@ def _write_json(path, doc) -> None:
 
 
 def test_the_shims_process_comes_from_the_bootstrap_or_an_older_ones_state_json(tmp_path, sleeper):
-    from client.bundles import ShimProcess, read_bootstrap, read_shim_process
+    from client.controller.bundles import ShimProcess, read_bootstrap, read_shim_process
     from shim.rpc.processes import proc_start_time
 
     pid, start = sleeper.pid, proc_start_time(sleeper.pid)
@@ -193,7 +193,7 @@ def test_the_shims_process_comes_from_the_bootstrap_or_an_older_ones_state_json(
 
 
 def test_a_process_with_another_start_time_is_not_the_shim(sleeper):
-    from client.bundles import ShimProcess
+    from client.controller.bundles import ShimProcess
     from shim.rpc.processes import proc_start_time
 
     assert not ShimProcess(sleeper.pid, proc_start_time(sleeper.pid) + 1).alive()

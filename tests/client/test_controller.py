@@ -16,11 +16,11 @@ import time
 import anyio
 import pytest
 
-from client import results
+from client.controller import results
 from client.controller import Controller
-from client.handle import Phase
-from client.results import ExitStatus
-from client.spawners import ExecSpawner
+from client.controller.handle import Phase
+from client.controller.results import ExitStatus
+from client.controller.spawners import ExecSpawner
 from proctools import alive, wait_gone_async
 from shim.rpc.status import (
     AlreadyExists,
@@ -55,7 +55,7 @@ def kernel_objects(info: dict[str, str]) -> list[str]:
 
 # -- what the client shares with the shim and protocol.md ----------------------------------------
 def test_constants_match_the_shim_and_protocol_md():
-    from client import defaults
+    from client.controller import defaults
     from shim import cleanup, cli, paths
     from shim.sandbox import sandbox
 
@@ -406,7 +406,7 @@ async def test_a_failing_delete_reports_exit_status_255(env):
 
 
 async def test_shutdown_of_a_hung_shim_falls_back_to_podshim_delete(env, monkeypatch):
-    import client.controller as module
+    import client.controller.controller as module
 
     sid = env.sid("hung")
     async with controller(env) as c:

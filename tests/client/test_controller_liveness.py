@@ -16,9 +16,11 @@ from typing import Iterator
 import anyio
 import pytest
 
-import client.controller as controller_module
+import client.controller.controller as controller_module
+import client.controller.liveness as liveness_module
+import client.controller.loading as loading_module
 from client.controller import Controller
-from client.handle import Phase
+from client.controller.handle import Phase
 from proctools import alive, wait_gone, wait_gone_async
 from shim.rpc import blocking
 from shim.rpc.api import SANDBOX_SERVICE
@@ -63,7 +65,8 @@ async def running_sandbox(env, sid: str) -> tuple[int, int, int]:
 def short_timeouts(monkeypatch):
     """The Controller's load and reconnect bounds cut to half a second: a stopped shim costs
     the test that, not 5 s each."""
-    monkeypatch.setattr(controller_module, "LOAD_TIMEOUT", 0.5)
+    monkeypatch.setattr(loading_module, "LOAD_TIMEOUT", 0.5)
+    monkeypatch.setattr(liveness_module, "CONNECT_TIMEOUT", 0.5)
     monkeypatch.setattr(controller_module, "CONNECT_TIMEOUT", 0.5)
 
 

@@ -16,10 +16,10 @@ import time
 import pytest
 
 from client import layouts
-from client.bundles import make_bundle
+from client.controller.bundles import make_bundle
 from client.controller import Controller
-from client.results import UNKNOWN_EXIT_STATUS, ExitStatus
-from client.spawners import Spawner
+from client.controller.results import UNKNOWN_EXIT_STATUS, ExitStatus
+from client.controller.spawners import Spawner
 from shim.rpc.status import FailedPrecondition
 
 NS = "k8s.io"

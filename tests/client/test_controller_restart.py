@@ -18,12 +18,13 @@ import time
 
 import pytest
 
-import client.controller as controller_module
+import client.controller.controller as controller_module
+import client.controller.loading as loading_module
 from client import layouts
-from client.bundles import make_bundle
+from client.controller.bundles import make_bundle
 from client.controller import Controller
-from client.results import UNKNOWN_EXIT_STATUS
-from client.spawners import ExecSpawner
+from client.controller.results import UNKNOWN_EXIT_STATUS
+from client.controller.spawners import ExecSpawner
 from proctools import alive, wait_gone_async
 from shim.rpc.status import NotFound
 
@@ -39,7 +40,7 @@ CHILD = r"""
 import dataclasses, json, os, signal, sys
 import anyio
 from client.controller import Controller
-from client.spawners import ExecSpawner
+from client.controller.spawners import ExecSpawner
 
 state_root, runtime_root, plan, crash = sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), sys.argv[4]
 
@@ -243,11 +244,11 @@ async def test_a_missing_socket_fails_fast_and_a_silent_one_within_the_load_time
     c = Controller(env.state_root, env.runtime_root, spawner=spawner)
     try:
         # No retrying up to LOAD_TIMEOUT (containerd#5597): with an endless one, it still gives up.
-        monkeypatch.setattr(controller_module, "LOAD_TIMEOUT", 3600.0)
+        monkeypatch.setattr(loading_module, "LOAD_TIMEOUT", 3600.0)
         async with asyncio.timeout(BOUND):
             await c.load(NS, missing)
         assert missing in spawner.gave_up
-        monkeypatch.setattr(controller_module, "LOAD_TIMEOUT", 0.5)
+        monkeypatch.setattr(loading_module, "LOAD_TIMEOUT", 0.5)
         began = time.monotonic()
         async with asyncio.timeout(BOUND):
             await c.load(NS, silent)

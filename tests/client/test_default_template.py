@@ -19,7 +19,7 @@ import anyio
 import pytest
 
 from client.controller import Controller
-from client.spawners import ExecSpawner
+from client.controller.spawners import ExecSpawner
 from proctools import alive, wait_gone_async
 from sandbox_env import shim_processes
 from shim.launch.install import BOOT, search_path
@@ -152,7 +152,7 @@ async def test_when_no_template_can_start_shims_are_execd_and_the_log_says_so_on
     # A directory where the template's lock file belongs: no template can start on this root.
     os.makedirs(os.path.join(env.runtime_root, TEMPLATE_LOCK))
     sids = [env.sid(f"fb{n}") for n in range(2)]
-    with caplog.at_level(logging.WARNING, logger="client.spawners"):
+    with caplog.at_level(logging.WARNING, logger="client.controller.spawners"):
         async with Controller(env.state_root, env.runtime_root) as c:
             for sid in sids:
                 await c.create(NS, sid)

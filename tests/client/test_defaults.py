@@ -8,13 +8,14 @@ import os
 
 import pytest
 
-from client import defaults
-from client.systemd import SystemdSpawner, activation_socket_path, env_file_path
+from client.controller import defaults
+from client.controller.spawners.systemd import SystemdSpawner, activation_socket_path, env_file_path
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CLIENT = os.path.join(ROOT, "client")
-#: The modules that wait on something: every bound they use must be a name from client.defaults.
-WAITERS = ["controller.py", "spawners.py", "systemd.py", "cli/main.py"]
+#: The modules that wait on something: every bound they use must be a name from client.controller.defaults.
+WAITERS = ["controller/controller.py", "controller/loading.py", "controller/liveness.py", "controller/spawners/exec.py",
+           "controller/spawners/systemd.py", "cli/main.py"]
 _TIMED_CALLS = {"fail_after", "move_on_after", "sleep", "wait_for"}
 
 
@@ -44,11 +45,12 @@ def test_every_timeout_is_a_named_default(module):
 
 
 def test_the_defaults_hold_the_roots_and_every_named_timeout():
-    from client import controller, spawners, systemd
+    from client.controller import controller, liveness, loading
+    from client.controller.spawners import exec, systemd
 
     timeouts = {name for name in defaults.__all__ if name.endswith(("_TIMEOUT", "_GRACE", "_MARGIN"))}
     assert {"LOAD_TIMEOUT", "SPAWN_TIMEOUT", "CALL_TIMEOUT", "SHUTDOWN_TIMEOUT", "DELETE_TIMEOUT"} <= timeouts
-    for module in (controller, spawners, systemd):
+    for module in (controller, loading, liveness, exec, systemd):
         for name in timeouts & set(vars(module)):
             assert getattr(module, name) is getattr(defaults, name), f"{module.__name__} redefines {name}"
     assert {"DEFAULT_BUNDLE_ROOT", "DEFAULT_RUNTIME_ROOT"} <= set(defaults.__all__)

@@ -1,4 +1,4 @@
-"""The Controller's shim handle: its phases move only as client.handle.TRANSITIONS allows."""
+"""The Controller's shim handle: its phases move only as client.controller.handle.TRANSITIONS allows."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import itertools
 
 import pytest
 
-from client.handle import TRANSITIONS, Phase, ShimHandle
+from client.controller.handle import TRANSITIONS, Phase, ShimHandle
 from shim.rpc.status import FailedPrecondition
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import anyio
 import pytest
 
-from client.nsmap import NSMap
+from client.controller.nsmap import NSMap
 from shim.rpc.status import AlreadyExists, NotFound
 
 

@@ -9,7 +9,7 @@ import os
 import pytest
 
 from client.cri.cni import DEFAULT_BIN_DIRS, DEFAULT_CONF_DIR
-from client.defaults import DEFAULT_BUNDLE_ROOT
+from client.controller.defaults import DEFAULT_BUNDLE_ROOT
 from client.podshimd import config
 from client.podshimd.config import COMMAND_LINE, DEFAULT_STATE_ROOT, Config, ConfigError
 from shim.rpc.api import DEFAULT_RUNTIME_ROOT
@@ -255,7 +255,7 @@ def test_flags_alone_override_the_defaults(missing):
 
 
 def test_the_socket_follows_the_runtime_root_unless_listen_is_given(write, missing):
-    from client.defaults import podshimd_endpoint
+    from client.controller.defaults import podshimd_endpoint
 
     assert parse_flags(["--runtime-root", "/run/x"], default_path=missing).socket_path == "/run/x/podshimd.sock"
     assert config.load(write('runtime_root = "/run/y"\n')).listen == "unix:///run/y/podshimd.sock"

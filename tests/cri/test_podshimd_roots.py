@@ -12,7 +12,7 @@ import subprocess
 import sys
 import tempfile
 
-from client.bundles import make_bundle
+from client.controller.bundles import make_bundle
 from critools import REPO, podshimd_argv, running_podshimd
 from podtools import pod_config
 

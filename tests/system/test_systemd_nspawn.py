@@ -20,7 +20,7 @@ import time
 
 import pytest
 
-from client.systemd import unit_names
+from client.controller.spawners.systemd import unit_names
 from netrelay import loopback_relay
 from nspawn import CONTAINER_PATH, Machine, command_links, nspawn_unavailable, project_venv
 from shim.paths import BOOTSTRAP_FILE, STATE_FILE, read_json
@@ -168,7 +168,7 @@ PRELUDE = """
 import json, logging, subprocess, sys
 import anyio
 from client.controller import Controller
-from client.systemd import SystemdSpawner, unit_names
+from client.controller.spawners.systemd import SystemdSpawner, unit_names
 logging.basicConfig(level=logging.WARNING)
 def out(doc):
     print(json.dumps(doc, default=lambda o: o.__dict__ if hasattr(o, "__dict__") else repr(o)))

@@ -15,7 +15,7 @@ import subprocess
 
 import pytest
 
-from client.systemd import SystemdSpawner, activation_socket_path, instance_name, unit_names
+from client.controller.spawners.systemd import SystemdSpawner, activation_socket_path, instance_name, unit_names
 from shim.paths import BOOTSTRAP_FILE, STATE_FILE, read_json
 from shim.rpc import Client
 from shim.rpc.api import SANDBOX_SERVICE

@@ -8,7 +8,7 @@ the journal, and a ``systemctl stop`` shuts the sandbox down. The units are in `
   and return its address: the shim starts on the first connection (normally the Controller's,
   at once). Otherwise start the *service* and return what the shim wrote to bootstrap.json.
   Either way the bundle's bootstrap.json names the address, so a restarted Controller
-  reconnects exactly as with :class:`~client.spawners.ExecSpawner`.
+  reconnects exactly as with :class:`~client.controller.spawners.ExecSpawner`.
 - ``delete``: the shim is dead (or was shut down and does not answer): stop the socket (no new
   shim), SIGKILL the shim, stop the service (its ExecStopPost runs ``podshim delete``), run
   ``podshim delete`` here too for the exit status, and ``reset-failed`` both units.
@@ -46,10 +46,11 @@ from shim.rpc.status import (
     error_from_oserror,
 )
 
-from client.bundles import read_bootstrap
-from client.defaults import DEFAULT_BUNDLE_ROOT, DEFAULT_RUNTIME_ROOT, SPAWN_TIMEOUT, UNIT_STOP_TIMEOUT
-from client.results import BOOTSTRAP_FILE, BOOTSTRAP_VERSION, PROTOCOL, Bootstrap, ExitStatus
-from client.spawners import ExecSpawner, Spawner, _said
+from client.controller.bundles import read_bootstrap
+from client.controller.defaults import DEFAULT_BUNDLE_ROOT, DEFAULT_RUNTIME_ROOT, SPAWN_TIMEOUT, UNIT_STOP_TIMEOUT
+from client.controller.results import BOOTSTRAP_FILE, BOOTSTRAP_VERSION, PROTOCOL, Bootstrap, ExitStatus
+from client.controller.spawners.base import Spawner, stderr_tail
+from client.controller.spawners.exec import ExecSpawner
 
 __all__ = [
     "ENV_FILE_NAME",
@@ -212,7 +213,7 @@ class SystemdSpawner(Spawner):
         done = await self._systemctl("stop", *units, timeout=UNIT_STOP_TIMEOUT)
         if done.returncode != 0:
             raise Unavailable(f"systemctl stop {' '.join(units)} failed with exit status {done.returncode}: "
-                              f"{_said(done.stderr)}")
+                              f"{stderr_tail(done.stderr)}")
         await self._quietly("reset-failed", *units)
 
     # -- internals --------------------------------------------------------------------------
@@ -243,7 +244,7 @@ class SystemdSpawner(Spawner):
         done = await self._systemctl("start", unit, timeout=timeout)
         if done.returncode != 0:
             raise Unavailable(f"systemctl start {unit} failed with exit status {done.returncode}: "
-                              f"{_said(done.stderr) or 'no message'} (journalctl -u {unit!r} says more)")
+                              f"{stderr_tail(done.stderr) or 'no message'} (journalctl -u {unit!r} says more)")
 
     async def _quietly(self, *args: str) -> None:
         """A systemctl call whose failure is only logged (units that are not loaded, not running)."""
@@ -253,7 +254,7 @@ class SystemdSpawner(Spawner):
             log.warning("systemctl %s: %s", " ".join(args), exc)
             return
         if done.returncode != 0:
-            log.info("systemctl %s: exit status %d: %s", " ".join(args), done.returncode, _said(done.stderr))
+            log.info("systemctl %s: exit status %d: %s", " ".join(args), done.returncode, stderr_tail(done.stderr))
 
     def _write_env_file(self) -> None:
         try:

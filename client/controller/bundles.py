@@ -37,7 +37,7 @@ from shim.rpc.processes import open_pidfd, process_alive
 from shim.rpc.status import AlreadyExists, InvalidArgument, NotFound, Unavailable, error_from_oserror
 
 from client import layouts
-from client.results import BOOTSTRAP_FILE, Bootstrap
+from client.controller.results import BOOTSTRAP_FILE, Bootstrap
 
 __all__ = ["bundle_path", "make_bundle", "remove_bundle", "read_bootstrap", "read_shim_process", "scan",
            "made_here", "BundleLock", "ShimProcess"]

@@ -1,6 +1,6 @@
 """The Controller: containerd's sandbox.Controller for podshim shims.
 
-It spawns one shim per sandbox, keeps a connection to each in an :class:`~client.nsmap.NSMap`,
+It spawns one shim per sandbox, keeps a connection to each in an :class:`~client.controller.nsmap.NSMap`,
 and reconnects to all of them after a restart. The state it needs survives in bundle
 directories, ``<state_root>/<namespace>/<sandbox_id>/`` (the shim's bootstrap.json and
 state.json); nothing else is persisted.
@@ -21,7 +21,7 @@ overloaded, its connection limit reached) is *unreachable*. Calls on it fail wit
 DEADLINE_EXCEEDED and a sentence, it is left alone, and the next call reconnects once it answers.
 Only a gone process leads to ``podshim delete`` (or an explicit :meth:`Controller.shutdown`).
 
-The Controller removes only bundles it can prove a Controller made (:func:`client.bundles.made_here`);
+The Controller removes only bundles it can prove a Controller made (:func:`client.controller.bundles.made_here`);
 any other directory under its root is left alone, logged and listed in :attr:`Controller.unknown`.
 It refuses a root marked as another layout, podshimd's state root (docs/roots.md). A read-only
 Controller (``read_only=True``, podshimctl's verbs that only look) changes nothing at all: it
@@ -41,7 +41,6 @@ import anyio
 from shim.rpc.api import SANDBOX_SERVICE
 from shim.rpc.client import Client
 from shim.rpc.identifiers import validate_identifier
-from shim.rpc.processes import pidfd_exited, process_exiting
 from shim.rpc.status import (
     DeadlineExceeded,
     FailedPrecondition,
@@ -52,56 +51,49 @@ from shim.rpc.status import (
     error_from_oserror,
 )
 
-from client import layouts
-from client.bundles import (
-    ShimProcess,
+from client.controller.bundles import (
     bundle_path,
-    made_here,
     make_bundle,
     read_bootstrap,
     read_shim_process,
-    remove_bundle,
-    scan,
 )
-from client.defaults import (
+from client.controller.defaults import (
     CALL_TIMEOUT,
     CONNECT_TIMEOUT,
     CREATE_TIMEOUT,
     DEFAULT_RUNTIME_ROOT,
     DEFAULT_BUNDLE_ROOT,
     DEFAULT_STOP_GRACE,
-    DISCARD_TIMEOUT,
-    EXIT_GRACE,
-    LOAD_TIMEOUT,
     SHUTDOWN_TIMEOUT,
     START_TIMEOUT,
     STOP_MARGIN,
 )
-from client.handle import ENDED, Phase, ShimHandle
-from client.nsmap import NSMap
+from client.controller.handle import ENDED, Phase, ShimHandle
+from client.controller.nsmap import NSMap
 from client.phases import phase
-from client.results import (
-    UNKNOWN_EXIT_STATUS,
+from client.controller.results import (
     ControllerInstance,
     ControllerStatus,
     ExitStatus,
     Platform,
     SandboxState,
 )
-from client.spawners import ExecSpawner, Spawner, template_wanted
-from client.systemd import SystemdSpawner
+from client.controller.spawners import ExecSpawner, Spawner, template_wanted
+from client.controller.spawners.systemd import SystemdSpawner
+from client.controller.liveness import describe_error, unreachable_sentence
+from client.controller.loading import Loading
 
 __all__ = ["Controller", "DEFAULT_BUNDLE_ROOT"]
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("client.controller")  # the package's one logger: its modules are one Controller
 
 
-class Controller:
+class Controller(Loading):
     """Spawns, tracks and reconnects podshim shims.
 
     ``state_root`` holds the bundles; ``runtime_root`` the shim sockets (``<root>/s``).
     ``spawner`` is ``"exec"`` (detached shims, :class:`ExecSpawner`), ``"systemd"`` (one
-    ``podshim@`` unit per shim, :class:`~client.systemd.SystemdSpawner`) or a :class:`Spawner`.
+    ``podshim@`` unit per shim, :class:`~client.controller.spawners.systemd.SystemdSpawner`) or a :class:`Spawner`.
     ``template`` (exec only; default $PODSHIM_TEMPLATE, else True): fork shims from the runtime
     root's shim template, started when none answers and left running for every later Controller
     and podshimctl on that root (``podshim template``); False execs every shim (``podshim start``).
@@ -150,72 +142,6 @@ class Controller:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
-
-    async def _open(self) -> None:
-        if self._closed:
-            raise Unavailable("the controller is closed")
-        if self._tg is not None:
-            return
-        layouts.check(self.state_root, layouts.BUNDLE_ROOT)
-        if not self.read_only:
-            await self.spawner.open()
-        self._losses, losses = anyio.create_memory_object_stream[tuple[ShimHandle, Client]](math.inf)
-        tg = anyio.create_task_group()
-        await tg.__aenter__()
-        self._tg = tg
-        tg.start_soon(self._judge_losses, losses)
-
-    async def load(self, namespace: str | None = None, sandbox_id: str | None = None) -> None:
-        """Open the controller (first call) and reconnect to the shims of the state root: every
-        bundle, one namespace's, or one sandbox's (``podshimctl`` loads only what it needs).
-
-        Bundles already known are skipped, so calling it again is cheap. Shims are reconnected
-        concurrently, each within LOAD_TIMEOUT: a shim whose sandbox exists is back in the map; a
-        shim that never got CreateSandbox (we crashed in between) is shut down and forgotten; a
-        shim whose process is gone (or whose bundle names none that answers) is cleaned up with
-        ``podshim delete`` and kept as a tombstone (state "stopped" with the exit status delete
-        found, 255 if unknown) until :meth:`shutdown`. A shim whose process runs but does not
-        answer in time is kept, unreachable, and left alone. A bundle another process is
-        changing right now is skipped.
-
-        A directory that nothing proves a Controller made is left alone: logged at WARNING and
-        kept in :attr:`unknown`, never loaded.
-
-        Raises InvalidArgument for bad identifiers (``sandbox_id`` needs ``namespace``),
-        FailedPrecondition when the root is marked as another layout (podshimd's state root),
-        the OS error's status when the state root cannot be read.
-        """
-        await self._open()
-        if sandbox_id is not None:
-            if namespace is None:
-                raise InvalidArgument("load: a sandbox id needs its namespace")
-            path = bundle_path(self.state_root, namespace, sandbox_id)
-            found = [(namespace, sandbox_id, path)] if os.path.isdir(path) else []
-        else:
-            try:
-                found = scan(self.state_root, namespace, clean=not self.read_only)
-            except OSError as exc:
-                raise error_from_oserror(exc, f"cannot read state root {self.state_root}") from None
-        started = time.monotonic()
-        async with anyio.create_task_group() as tg:
-            for ns, sid, path in found:
-                if self.sandboxes.find(ns, sid) is not None:
-                    continue
-                if not made_here(path):
-                    self._leave_unknown(path)
-                    continue
-                handle = ShimHandle(ns, sid, path)
-                self.sandboxes.add(ns, sid, handle)
-                tg.start_soon(self._load_one, handle)
-        if found:
-            log.debug("loaded %d bundle(s) from %s in %.3fs", len(found), self.state_root, time.monotonic() - started)
-
-    def _leave_unknown(self, path: str) -> None:
-        why = (f"no {layouts.MARKER} of a bundle and no bootstrap.json of a podshim shim: nothing says a "
-               "Controller made it")
-        if path not in self.unknown:
-            log.warning("leaving %s alone, unknown: %s (is %s really a bundle root?)", path, why, self.state_root)
-        self.unknown[path] = why
 
     async def aclose(self) -> None:
         """Close every connection; shims keep running (a new controller reconnects to them).
@@ -285,7 +211,7 @@ class Controller:
                 handle.process = read_shim_process(path, boot)
                 self._go_live(handle)
             except BaseException as exc:
-                log.warning("create %s/%s failed (%s); undoing it", namespace, sandbox_id, _describe(exc))
+                log.warning("create %s/%s failed (%s); undoing it", namespace, sandbox_id, describe_error(exc))
                 await self._discard(handle)
                 raise
 
@@ -462,7 +388,7 @@ class Controller:
         if handle.phase is Phase.PENDING:
             raise Unavailable(f"sandbox {sandbox_id} is still being created")
         if handle.phase is Phase.UNREACHABLE:
-            raise Unavailable(_unreachable(handle))
+            raise Unavailable(unreachable_sentence(handle))
         if handle.phase is not Phase.LIVE or handle.client is None:
             raise Unavailable(f"the shim of sandbox {sandbox_id} is gone")
         if handle.client.closed:
@@ -555,306 +481,8 @@ class Controller:
                                       f"{method}, which it may or may not have done; the shim runs and was left "
                                       "alone") from None
                 if attempt == 2:
-                    raise Unavailable(_unreachable(handle)) from None
+                    raise Unavailable(unreachable_sentence(handle)) from None
         raise AssertionError("unreachable")
-
-    def _attach(self, handle: ShimHandle, client: Client) -> None:
-        handle.client = client
-        client.on_close(lambda: self._on_closed(handle, client))
-
-    def _go_live(self, handle: ShimHandle) -> None:
-        handle.stop_watching()
-        handle.unreachable_reason = ""
-        handle.move(Phase.LIVE)
-        # The connection may have dropped while the handle was not LIVE, when a close is not
-        # reported: report it now or nobody would judge it.
-        if handle.client is not None and handle.client.closed:
-            self._on_closed(handle, handle.client)
-
-    def _on_closed(self, handle: ShimHandle, client: Client) -> None:
-        """A connection closed (on the loop, from the rpc client). If we did not close it, queue
-        the judgement of whether the shim died. Calls in flight already failed with Unavailable."""
-        if handle.closing or handle.client is not client or handle.phase is not Phase.LIVE:
-            return
-        try:
-            self._losses.send_nowait((handle, client))
-        except (anyio.ClosedResourceError, anyio.BrokenResourceError):
-            pass  # the controller is closing
-
-    async def _judge_losses(self, losses: Any) -> None:
-        async with losses:
-            async for handle, client in losses:
-                assert self._tg is not None
-                self._tg.start_soon(self._judge_loss, handle, client)
-
-    async def _judge_loss(self, handle: ShimHandle, client: Client) -> None:
-        """A LIVE shim's connection ``client`` was lost: bury the sandbox when the shim's process
-        is gone or exiting (a killed process closes its sockets a moment before it is a zombie:
-        wait for that, within EXIT_GRACE); otherwise it is UNREACHABLE and watched. Once per
-        connection; a caller that comes second waits for the first. Never raises."""
-        async with handle.reach_lock:
-            if handle.client is not client or handle.phase is not Phase.LIVE or handle.closing:
-                return  # judged already, or revived, or we closed it ourselves
-            process = handle.process
-            if process is None:
-                # Nothing names the shim's process: a lost connection is all we can go by.
-                await self._bury(handle)
-                return
-            pidfd = process.open_pidfd()
-            try:
-                gone = pidfd is None or await _exits_soon(process, pidfd)
-            except BaseException:
-                _close_quietly(pidfd)
-                raise
-            if gone or handle.phase is not Phase.LIVE or handle.closing:  # or shut down while we waited
-                _close_quietly(pidfd)
-                if gone:
-                    await self._bury(handle)
-                return
-            handle.client = None
-            self._unreachable(handle, "runs but its connection was lost", pidfd)
-        await client.aclose()
-
-    def _unreachable(self, handle: ShimHandle, reason: str, pidfd: int) -> None:
-        """Keep a shim whose process runs but does not answer: UNREACHABLE, with a task that
-        buries it once its process exits (it owns ``pidfd``)."""
-        log.warning("sandbox %s/%s: its shim (%s) %s; it is left running and tried again on the next call",
-                    handle.namespace, handle.sandbox_id, handle.process, reason)
-        handle.unreachable_reason = reason
-        handle.move(Phase.UNREACHABLE)
-        handle.stop_watching()
-        handle.watch_scope = scope = anyio.CancelScope()
-        assert self._tg is not None
-        self._tg.start_soon(self._watch, handle, pidfd, scope)
-
-    async def _watch(self, handle: ShimHandle, pidfd: int, scope: anyio.CancelScope) -> None:
-        """Wait for an UNREACHABLE shim's process to exit, then bury the sandbox; until
-        ``scope`` is cancelled (it answered again, was shut down, or the controller closes)."""
-        try:
-            with scope:
-                await anyio.wait_readable(pidfd)
-        finally:
-            os.close(pidfd)
-        if scope.cancel_called or handle.closing:
-            return
-        await self._bury(handle)
-
-    async def _revive(self, handle: ShimHandle, timeout: float | None) -> None:
-        """Try an UNREACHABLE shim again: connect and, if it never said it holds the sandbox,
-        ask. It is LIVE again when it answers; DYING when its process turned out to be gone;
-        GONE when it never got CreateSandbox (it is shut down). Raises Unavailable or
-        DeadlineExceeded with a sentence when it still does not answer (it stays UNREACHABLE)."""
-        async with handle.reach_lock:
-            if handle.phase is not Phase.UNREACHABLE:
-                return  # revived, buried or forgotten while we waited
-            budget = CONNECT_TIMEOUT if timeout is None else min(timeout, CONNECT_TIMEOUT)
-            client: Client | None = None
-            reply: dict[str, Any] | None = None
-            try:
-                with anyio.fail_after(budget):
-                    client = await Client.connect(handle.address, namespace=handle.namespace, timeout=budget)
-                    if not handle.confirmed:
-                        reply = await client.call(SANDBOX_SERVICE, "SandboxStatus",
-                                                  {"sandbox_id": handle.sandbox_id}, timeout=budget)
-            except (RpcError, TimeoutError) as exc:
-                if client is not None:
-                    await client.aclose()
-                if isinstance(exc, NotFound):
-                    with handle.hold_bundle() as held:
-                        if not held:
-                            raise Unavailable(f"sandbox {handle.sandbox_id} is being changed by another process; "
-                                              "try again") from None
-                        log.warning("sandbox %s/%s: its shim never got CreateSandbox; shutting it down",
-                                    handle.namespace, handle.sandbox_id)
-                        await self._discard(handle)
-                    return
-                if handle.process is not None:
-                    pidfd = handle.process.open_pidfd()
-                    try:
-                        gone = pidfd is None or await _exits_soon(handle.process, pidfd)
-                    finally:
-                        _close_quietly(pidfd)
-                    if gone:
-                        await self._bury(handle)
-                        return
-                timed_out = isinstance(exc, (TimeoutError, DeadlineExceeded))
-                why = f"did not answer within {budget:g}s" if timed_out else f"cannot be reached ({exc})"
-                handle.unreachable_reason = f"runs but {why}"
-                cls = DeadlineExceeded if timed_out else Unavailable
-                raise cls(_unreachable(handle)) from None
-            log.info("sandbox %s/%s: its shim answers again", handle.namespace, handle.sandbox_id)
-            self._attach(handle, client)
-            if reply is not None:
-                handle.remember(reply)
-            self._go_live(handle)
-
-    async def _bury(self, handle: ShimHandle) -> None:
-        """The dead-shim cleanup, once per handle: ``podshim delete`` (kills what is left,
-        removes netns, cgroup and socket), remove the bundle, keep a tombstone with the exit
-        status. Concurrent callers wait for the first. Never raises."""
-        if handle.phase in ENDED:
-            await handle.dead.wait()
-            return
-        if handle.phase not in (Phase.LIVE, Phase.UNREACHABLE, Phase.PENDING):
-            return
-        handle.move(Phase.DYING)
-        handle.stop_watching()
-        exit_status = None
-        with handle.hold_bundle() as held, anyio.CancelScope(shield=True):
-            try:
-                if handle.client is not None:
-                    await handle.client.aclose()  # it is DYING now: this close is not reported again
-                if self.read_only:
-                    handle.uncleaned = True
-                    log.warning("the shim of sandbox %s/%s is gone; left as it is (read-only: a Controller that "
-                                "may change things cleans up after it)", handle.namespace, handle.sandbox_id)
-                elif held:
-                    log.warning("the shim of sandbox %s/%s is gone; cleaning up after it",
-                                handle.namespace, handle.sandbox_id)
-                    exit_status = await self.spawner.delete(handle.namespace, handle.sandbox_id, handle.bundle)
-                    _remove_quietly(handle.bundle)
-                else:
-                    log.warning("the shim of sandbox %s/%s is gone; another process is cleaning up after it",
-                                handle.namespace, handle.sandbox_id)
-            except Exception:
-                log.exception("cleanup after the shim of %s/%s failed", handle.namespace, handle.sandbox_id)
-            finally:
-                handle.exit = exit_status or ExitStatus(UNKNOWN_EXIT_STATUS, time.time_ns())
-                handle.state = SandboxState.STOPPED
-                handle.move(Phase.DEAD)
-                handle.dead.set()
-
-    async def _shutdown_shim(self, handle: ShimHandle, timeout: float) -> bool:
-        """ShutdownSandbox and wait for the shim to close the connection; True when it went
-        away cleanly. The connection is closed either way."""
-        client = handle.client
-        assert client is not None
-        clean = False
-        try:
-            with phase("ShutdownSandbox call"):
-                await client.call(SANDBOX_SERVICE, "ShutdownSandbox", {"sandbox_id": handle.sandbox_id},
-                                  timeout=timeout)
-        except RpcError as exc:
-            # Unavailable/NotFound: already dead; DeadlineExceeded: hung. delete will see to it.
-            log.debug("ShutdownSandbox %s/%s: %s", handle.namespace, handle.sandbox_id, exc)
-        else:
-            with anyio.move_on_after(timeout), phase("shim exit"):
-                await client.wait_closed()
-            clean = client.closed
-        await client.aclose()
-        return clean
-
-    async def _discard(self, handle: ShimHandle) -> None:
-        """Undo a sandbox that never came to be (a failed create, or a shim found alive on load
-        that never got CreateSandbox): shut the shim down, `podshim delete`, remove the bundle,
-        forget the id; a read-only controller only forgets it. Shielded from cancellation; never
-        raises."""
-        with anyio.CancelScope(shield=True):
-            try:
-                handle.closing = True
-                if self.read_only:
-                    if handle.client is not None:
-                        await handle.client.aclose()
-                    self._forget(handle)
-                    return
-                if handle.client is not None:
-                    await self._shutdown_shim(handle, DISCARD_TIMEOUT)
-                await self.spawner.delete(handle.namespace, handle.sandbox_id, handle.bundle)
-                await self._release(handle)
-            except Exception:
-                log.exception("undoing sandbox %s/%s failed", handle.namespace, handle.sandbox_id)
-                self._forget(handle)
-
-    async def _release(self, handle: ShimHandle) -> None:
-        """The end of every sandbox: the spawner's release, the bundle, the map entry."""
-        try:
-            with phase("release"):
-                await self.spawner.release(handle.namespace, handle.sandbox_id)
-        finally:
-            with phase("bundle removal"):
-                _remove_quietly(handle.bundle)
-            self._forget(handle)
-
-    def _forget(self, handle: ShimHandle) -> None:
-        handle.stop_watching()
-        if handle.phase is not Phase.GONE:
-            handle.move(Phase.GONE)
-        handle.dead.set()  # nobody may wait forever on a sandbox that is gone
-        self.sandboxes.delete(handle.namespace, handle.sandbox_id, handle)
-
-    async def _load_one(self, handle: ShimHandle) -> None:
-        with handle.hold_bundle() as held:
-            if not held:
-                log.warning("skipping %s: another process is changing it", handle.bundle)
-                self._forget(handle)
-                return
-            try:
-                await self._reconnect(handle)
-            except Exception:
-                log.exception("loading %s failed", handle.bundle)
-            finally:
-                if not handle.settled.is_set():  # failed or cancelled half-way: nobody may wait on it
-                    self._forget(handle)
-
-    async def _reconnect(self, handle: ShimHandle) -> None:
-        """Load one bundle: reach its shim within LOAD_TIMEOUT and settle the handle (LIVE,
-        UNREACHABLE, a tombstone, or forgotten when the shim never got CreateSandbox)."""
-        ns, sid = handle.namespace, handle.sandbox_id
-        try:
-            boot = read_bootstrap(handle.bundle)
-        except RpcError as exc:
-            # No address: whatever runs could never be reached. state.json still names the
-            # shim's processes for `podshim delete`.
-            log.warning("sandbox %s/%s: cannot reach its shim (%s)", ns, sid, exc.message)
-            await self._bury(handle)
-            return
-        handle.address, handle.version = boot.address, boot.version
-        handle.process = read_shim_process(handle.bundle, boot)
-        pidfd = None
-        if handle.process is not None:
-            pidfd = handle.process.open_pidfd()
-            if pidfd is None:
-                log.warning("sandbox %s/%s: its shim (%s) is gone", ns, sid, handle.process)
-                await self._bury(handle)
-                return
-        try:
-            try:
-                reply = await self._first_status(handle)
-            except (RpcError, TimeoutError, OSError) as exc:
-                timed_out = isinstance(exc, (TimeoutError, DeadlineExceeded))
-                why = f"did not answer within {LOAD_TIMEOUT:g}s" if timed_out else _describe(exc)
-                client, handle.client = handle.client, None
-                if client is not None:
-                    await client.aclose()
-                if pidfd is None or await _exits_soon(handle.process, pidfd):
-                    log.warning("sandbox %s/%s: cannot reach its shim (%s)", ns, sid, why)
-                    await self._bury(handle)
-                else:
-                    self._unreachable(handle, f"runs but {why}" if timed_out else f"runs but cannot be reached ({why})",
-                                      pidfd)
-                    pidfd = None  # the watch owns it now
-                return
-        finally:
-            _close_quietly(pidfd)  # a LIVE shim's connection tells when it goes
-        if reply is None:
-            # Spawned but never created: the controller died between the two (containerd#6860).
-            log.warning("sandbox %s/%s: its shim never got CreateSandbox; shutting it down", ns, sid)
-            await self._discard(handle)
-            return
-        handle.remember(reply)
-        self._go_live(handle)
-
-    async def _first_status(self, handle: ShimHandle) -> dict[str, Any] | None:
-        """Connect to a loaded shim and ask for its sandbox within LOAD_TIMEOUT; None when it
-        never got CreateSandbox. Raises RpcError, TimeoutError, OSError."""
-        with anyio.fail_after(LOAD_TIMEOUT):
-            client = await Client.connect(handle.address, namespace=handle.namespace, timeout=LOAD_TIMEOUT)
-            self._attach(handle, client)
-            try:
-                return await client.call(SANDBOX_SERVICE, "SandboxStatus", {"sandbox_id": handle.sandbox_id},
-                                         timeout=LOAD_TIMEOUT)
-            except NotFound:
-                return None
 
 
 def _create_payload(sandbox_id: str, bundle: str, options: Any, netns_path: Any, rootfs: Any,
@@ -896,20 +524,6 @@ def _status(handle: ShimHandle, reply: dict[str, Any]) -> ControllerStatus:
     )
 
 
-def _remove_quietly(path: str) -> None:
-    try:
-        remove_bundle(path)
-    except OSError as exc:
-        log.error("cannot remove bundle %s: %s", path, exc)
-
-
-def _unreachable(handle: ShimHandle) -> str:
-    """The sentence of a call on a shim that runs but does not answer."""
-    return (f"the shim of sandbox {handle.sandbox_id} in namespace {handle.namespace} "
-            f"({handle.process or 'pid unknown'}) {handle.unreachable_reason or 'does not answer'}; "
-            "it is left running and tried again on the next call")
-
-
 def _quietly(read: Any, *args: Any) -> Any:
     """``read(*args)``, or None when it raises an RpcError."""
     try:
@@ -918,27 +532,3 @@ def _quietly(read: Any, *args: Any) -> Any:
         return None
 
 
-async def _exits_soon(process: ShimProcess, pidfd: int) -> bool:
-    """Whether the process behind ``pidfd`` has exited, or is on its way out and exits within
-    EXIT_GRACE (a killed process closes its sockets a moment before it is a zombie)."""
-    if pidfd_exited(pidfd):
-        return True
-    if not process_exiting(process.pid):
-        return False
-    with anyio.move_on_after(EXIT_GRACE):
-        await anyio.wait_readable(pidfd)
-        return True
-    return False
-
-
-def _close_quietly(fd: int | None) -> None:
-    if fd is not None:
-        os.close(fd)
-
-
-def _describe(exc: BaseException) -> str:
-    if isinstance(exc, RpcError):
-        return str(exc)
-    if isinstance(exc, TimeoutError):
-        return "timed out"
-    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__

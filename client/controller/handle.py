@@ -33,8 +33,8 @@ import anyio
 from shim.rpc.client import Client
 from shim.rpc.status import FailedPrecondition
 
-from client.bundles import BundleLock, ShimProcess
-from client.results import ControllerStatus, ExitStatus, SandboxState
+from client.controller.bundles import BundleLock, ShimProcess
+from client.controller.results import ControllerStatus, ExitStatus, SandboxState
 
 __all__ = ["Phase", "TRANSITIONS", "ShimHandle"]
 

@@ -1,14 +1,4 @@
-"""Spawners: how the Controller starts a shim, cleans up after a dead one, and lets it go.
-
-A spawner has three coroutines, mirroring containerd's shim binary actions:
-
-- ``spawn(namespace, sandbox_id, bundle) -> Bootstrap``: start a shim for the sandbox and say
-  where it listens (``podshim start``);
-- ``delete(namespace, sandbox_id, bundle) -> ExitStatus``: kill what is left of a shim that
-  died or cannot be reached and remove what it made (``podshim delete``); never raises, a
-  failed delete reports exit status 255 and now;
-- ``release(namespace, sandbox_id)``: called once a sandbox was shut down (a systemd spawner
-  stops its unit here; the exec spawner has nothing to do).
+"""The exec spawner: shims forked from the runtime root's shim template, or exec'd.
 
 :class:`ExecSpawner` forks shims from the runtime root's shim template, starting the template
 when none answers, and runs the ``podshim`` binary as a helper process for everything else.
@@ -16,7 +6,6 @@ when none answers, and runs the ``podshim`` binary as a helper process for every
 
 from __future__ import annotations
 
-import abc
 import logging
 import os
 import subprocess
@@ -30,12 +19,12 @@ from shim.rpc.client import Client
 from shim.rpc.files import decode_json
 from shim.rpc.status import DeadlineExceeded, FailedPrecondition, Internal, InvalidArgument, RpcError, Unavailable
 
-from client.defaults import (DEFAULT_RUNTIME_ROOT, DELETE_TIMEOUT, SPAWN_TIMEOUT, TEMPLATE_CONNECT_TIMEOUT,
-                             TEMPLATE_START_TIMEOUT)
-from client.results import UNKNOWN_EXIT_STATUS, Bootstrap, ExitStatus
+from client.controller.defaults import (DEFAULT_RUNTIME_ROOT, DELETE_TIMEOUT, SPAWN_TIMEOUT,
+                                       TEMPLATE_CONNECT_TIMEOUT, TEMPLATE_START_TIMEOUT)
+from client.controller.results import UNKNOWN_EXIT_STATUS, Bootstrap, ExitStatus
+from client.controller.spawners.base import Spawner, stderr_tail
 
 __all__ = [
-    "Spawner",
     "ExecSpawner",
     "default_command",
     "template_wanted",
@@ -43,8 +32,6 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-#: How much of a helper's stderr goes into an error message.
-_STDERR_CHARS = 2000
 _YES, _NO = ("1", "yes", "true", "on"), ("0", "no", "false", "off")
 
 
@@ -73,26 +60,6 @@ def template_wanted(value: bool | None = None) -> bool:
 
 class _NoTemplate(Exception):
     """No template answers on the runtime root's control socket, or the one there is leaving."""
-
-
-class Spawner(abc.ABC):
-    """How shims are started and cleaned up; see the module docstring for the contract."""
-
-    @abc.abstractmethod
-    async def spawn(self, namespace: str, sandbox_id: str, bundle: str) -> Bootstrap:
-        """Start a shim for the sandbox whose bundle directory is ``bundle``; return where it
-        listens. Raises an RpcError when the shim could not be started."""
-
-    @abc.abstractmethod
-    async def delete(self, namespace: str, sandbox_id: str, bundle: str) -> ExitStatus:
-        """Clean up after a shim that is dead or unreachable; return how the sandbox ended
-        (255 and now when that cannot be told). Never raises."""
-
-    async def release(self, namespace: str, sandbox_id: str) -> None:
-        """Called after the sandbox was shut down and before its bundle is removed."""
-
-    async def open(self) -> None:
-        """Called when a Controller that may change things opens. Never raises."""
 
 
 class ExecSpawner(Spawner):
@@ -171,7 +138,7 @@ class ExecSpawner(Spawner):
         argv = [*self._argv("start", namespace, sandbox_id, bundle), "--no-template"]
         done = await self._run(argv, f"start for {namespace}/{sandbox_id}", bundle, SPAWN_TIMEOUT)
         if done.returncode != 0:
-            said = _said(done.stderr)
+            said = stderr_tail(done.stderr)
             cls = Unavailable if done.returncode == 1 else Internal
             raise cls(f"podshim start for {namespace}/{sandbox_id} failed with exit status {done.returncode}"
                       + (f": {said}" if said else " and printed nothing on stderr"))
@@ -255,7 +222,7 @@ class ExecSpawner(Spawner):
         try:
             done = await self._run(argv, "template --detach", "/", TEMPLATE_START_TIMEOUT, shield=False)
             if done.returncode != 0:
-                said = _said(done.stderr)
+                said = stderr_tail(done.stderr)
                 raise Internal(f"exit status {done.returncode}" + (f": {said}" if said else ""))
             started = decode_json(done.stdout, "the output of podshim template --detach")
         except (RpcError, ValueError, IndexError) as exc:
@@ -273,7 +240,7 @@ class ExecSpawner(Spawner):
             done = await self._run(self._argv("delete", namespace, sandbox_id, bundle),
                                    f"delete for {namespace}/{sandbox_id}", bundle, DELETE_TIMEOUT)
             if done.returncode != 0:
-                raise Internal(f"exit status {done.returncode}: {_said(done.stderr)}")
+                raise Internal(f"exit status {done.returncode}: {stderr_tail(done.stderr)}")
             doc = decode_json(done.stdout, "its output")
             status, exited_at = doc["exit_status"], doc["exited_at"]
             if not isinstance(status, int) or not isinstance(exited_at, int):
@@ -283,8 +250,3 @@ class ExecSpawner(Spawner):
             log.warning("podshim delete for %s/%s failed (%s); reporting exit status %d",
                         namespace, sandbox_id, exc, UNKNOWN_EXIT_STATUS)
             return ExitStatus(UNKNOWN_EXIT_STATUS, time.time_ns())
-
-
-def _said(stderr: bytes | None) -> str:
-    text = (stderr or b"").decode(errors="replace").strip()
-    return text[-_STDERR_CHARS:]
