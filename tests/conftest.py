@@ -42,9 +42,9 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 
 
 def _pure_cgroup_v2() -> bool:
-    from shim.kernel import cgroups
+    from shim.kernel.cgroups import hierarchies
 
-    return cgroups._pure_v2(cgroups.discover_hierarchies())
+    return hierarchies.pure_v2(hierarchies.discover_hierarchies())
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -14,6 +14,7 @@ import sys
 import pytest
 
 from shim.kernel import cgroups, linux
+from shim.kernel.cgroups import hierarchies, resources as resources_module, sandbox as cgroup_sandbox
 from shim.kernel.cgroups import V2, SandboxCgroup, discover_hierarchies
 from shim.rpc.status import AlreadyExists, FailedPrecondition, InvalidArgument
 
@@ -106,7 +107,7 @@ def test_default_parent_is_podshim(make_cgroup):
 
 def test_default_parent_is_pruned_by_the_last_sandbox_even_if_it_did_not_make_it(monkeypatch):
     # A unique default parent, so no other sandbox on this machine can be using it.
-    monkeypatch.setattr(cgroups, "DEFAULT_PARENT", _unique("parent"))
+    monkeypatch.setattr(cgroup_sandbox, "DEFAULT_PARENT", _unique("parent"))
     first = SandboxCgroup.create(_unique("sb"))
     try:
         second = SandboxCgroup.create(_unique("sb"))
@@ -624,11 +625,11 @@ def test_holds_of_processes_that_are_gone_are_swept_with_the_parents_they_kept(m
     os.waitpid(pid, 0)  # a pid nobody has now
     namespace = _unique("ns")
     monkeypatch.setattr(os, "getpid", lambda: pid)
-    stale = cgroups.hold_parent(f"{cgroups.DEFAULT_PARENT}/{namespace}")
+    stale = cgroups.hold_parent(f"{cgroup_sandbox.DEFAULT_PARENT}/{namespace}")
     monkeypatch.setattr(os, "getpid", lambda: 1)
-    live = cgroups.hold_parent(f"{cgroups.DEFAULT_PARENT}/{namespace}x")  # a live process's (PID 1)
+    live = cgroups.hold_parent(f"{cgroup_sandbox.DEFAULT_PARENT}/{namespace}x")  # a live process's (PID 1)
     monkeypatch.undo()
-    own = cgroups.hold_parent(f"{cgroups.DEFAULT_PARENT}/{namespace}y")  # ours: swept (see its docstring)
+    own = cgroups.hold_parent(f"{cgroup_sandbox.DEFAULT_PARENT}/{namespace}y")  # ours: swept (see its docstring)
     try:
         assert all(os.path.basename(path) == f".held-by-{pid}" for path in stale.paths.values())
         removed = cgroups.remove_stale_holds()
@@ -643,15 +644,15 @@ def test_holds_of_processes_that_are_gone_are_swept_with_the_parents_they_kept(m
 
 
 def test_the_cgroup_mounts_are_read_again_when_a_mount_point_is_no_longer_what_it_was():
-    first = cgroups._cgroup_mounts()
-    assert first and cgroups._cgroup_mounts() == first  # the kept reading, checked by device
-    mount, dev = cgroups._mounts_seen[0]
-    cgroups._mounts_seen[0] = (mount, dev + 1)  # as if another filesystem were mounted there now
+    first = hierarchies._cgroup_mounts()
+    assert first and hierarchies._cgroup_mounts() == first  # the kept reading, checked by device
+    mount, dev = hierarchies._mounts_seen[0]
+    hierarchies._mounts_seen[0] = (mount, dev + 1)  # as if another filesystem were mounted there now
     try:
-        assert cgroups._cgroup_mounts() == first  # read again from mountinfo
-        assert cgroups._mounts_seen[0] == (mount, dev)
+        assert hierarchies._cgroup_mounts() == first  # read again from mountinfo
+        assert hierarchies._mounts_seen[0] == (mount, dev)
     finally:
-        cgroups._mounts_seen[0] = (mount, dev)
+        hierarchies._mounts_seen[0] = (mount, dev)
 
 
 def test_the_hierarchies_are_found_anew_once_the_process_is_in_other_cgroups(make_cgroup):
@@ -689,7 +690,7 @@ def test_a_missing_directory_counts_as_v1_even_below_the_v2_mount():
 
 
 def test_a_sandbox_below_a_held_parent_leaves_the_parents_to_whoever_removes_the_hold(monkeypatch):
-    parent = f"{cgroups.DEFAULT_PARENT}/{_unique('ns')}"
+    parent = f"{cgroup_sandbox.DEFAULT_PARENT}/{_unique('ns')}"
     hold = cgroups.hold_parent(parent)
     try:
         cgroup = SandboxCgroup.create(_unique("sb"), parent)
@@ -711,7 +712,7 @@ def test_a_sandbox_below_a_held_parent_leaves_the_parents_to_whoever_removes_the
 
 
 def test_the_last_sandbox_below_a_parent_whose_hold_is_gone_prunes_it():
-    parent = f"{cgroups.DEFAULT_PARENT}/{_unique('ns')}"
+    parent = f"{cgroup_sandbox.DEFAULT_PARENT}/{_unique('ns')}"
     hold = cgroups.hold_parent(parent)
     cgroup = SandboxCgroup.create(_unique("sb"), parent)
     try:
@@ -730,7 +731,7 @@ def test_a_zero_hugepage_limit_without_a_hugetlb_hierarchy_holds_only_when_no_su
     sizes.mkdir()
     (sizes / "nr_hugepages").write_text(f"{pool}\n")
     (sizes / "nr_overcommit_hugepages").write_text("0\n")
-    monkeypatch.setattr(cgroups, "HUGEPAGES_DIR", str(tmp_path))
+    monkeypatch.setattr(resources_module, "HUGEPAGES_DIR", str(tmp_path))
     cgroup = make_cgroup().child("task")
     if any("hugetlb" in key.split(",") for key in cgroup.paths):
         cgroup.update({"hugepage_limits": {"2MB": 0}})  # a hierarchy to write it to: always applied
@@ -782,11 +783,11 @@ def _write_v2(cgroup: SandboxCgroup, name: str, text: str) -> None:
 
 def _plan(cgroup: SandboxCgroup, resources: dict) -> dict[str, tuple[str, str]]:
     return {key: (os.path.basename(path), value.decode()) for key, path, value in
-            cgroup._planned_writes(resources, pids=())}
+            resources_module.planned_writes(resources, cgroup._v1_paths(), cgroup.paths.get(V2), lambda: ())}
 
 
 def test_on_cgroup_v2_each_cri_resource_goes_to_its_v2_file_converted(v2_task, monkeypatch):
-    monkeypatch.setattr(cgroups, "huge_page_pool", lambda size: 4)
+    monkeypatch.setattr(resources_module, "huge_page_pool", lambda size: 4)
     assert _plan(v2_task, {"cpu_shares": 1024, "cpu_period_us": 50000, "cpu_quota_us": 25000,
                            "memory_limit_bytes": 64 << 20, "memory_swap_limit_bytes": 96 << 20,
                            "cpuset_cpus": "0", "cpuset_mems": "0", "pids_limit": 42,
@@ -842,7 +843,7 @@ def test_on_pure_v2_controllers_are_handed_down_from_the_parents_top_to_the_sand
         (directory / "cgroup.subtree_control").write_text("memory\n" if directory == tmp_path else "\n")
     written = []
     monkeypatch.setattr(linux, "write_file", lambda path, data: written.append((os.path.relpath(path, tmp_path), data)))
-    assert cgroups._enable_controllers(str(tmp_path), str(sandbox)) == ["cpu", "memory", "pids"]
+    assert cgroup_sandbox._enable_controllers(str(tmp_path), str(sandbox)) == ["cpu", "memory", "pids"]
     assert written == [("cgroup.subtree_control", b"+cpu"), ("cgroup.subtree_control", b"+pids"),
                        *[(f"{level}/cgroup.subtree_control", b"+" + c) for level in ("kubepods", "kubepods/sb")
                          for c in (b"cpu", b"memory", b"pids")]]
@@ -850,8 +851,8 @@ def test_on_pure_v2_controllers_are_handed_down_from_the_parents_top_to_the_sand
 
 def test_a_sandbox_that_hands_controllers_to_its_tasks_keeps_its_own_processes_in_a_leaf(tmp_path, monkeypatch):
     hierarchy = cgroups.Hierarchy(V2, frozenset(), str(tmp_path), "/", "/")
-    monkeypatch.setattr(cgroups, "discover_hierarchies", lambda: [hierarchy])
-    monkeypatch.setattr(cgroups, "_enable_controllers", lambda top, target: ["cpu", "memory"])
+    monkeypatch.setattr(cgroup_sandbox, "discover_hierarchies", lambda: [hierarchy])
+    monkeypatch.setattr(cgroup_sandbox, "_enable_controllers", lambda top, target: ["cpu", "memory"])
     cgroup = SandboxCgroup.create("sb", "/pods")
     try:
         assert cgroup.paths == {V2: str(tmp_path / "pods" / "sb")}
@@ -885,11 +886,11 @@ def test_on_cgroup_v2_the_figures_come_from_the_v2_files(v2_task):
 
 def test_on_pure_v2_the_default_parent_is_at_the_root_as_our_own_cgroup_has_processes(tmp_path, monkeypatch):
     hierarchy = cgroups.Hierarchy(V2, frozenset(), str(tmp_path), "/", "/system.slice/podshimd.service")
-    monkeypatch.setattr(cgroups, "discover_hierarchies", lambda: [hierarchy])
-    default = SandboxCgroup.create("sb", f"{cgroups.DEFAULT_PARENT}/k8s.io")
+    monkeypatch.setattr(cgroup_sandbox, "discover_hierarchies", lambda: [hierarchy])
+    default = SandboxCgroup.create("sb", f"{cgroup_sandbox.DEFAULT_PARENT}/k8s.io")
     given = SandboxCgroup.create("sb", "mine")
     try:
-        assert default.paths == {V2: str(tmp_path / cgroups.DEFAULT_PARENT / "k8s.io" / "sb")}
+        assert default.paths == {V2: str(tmp_path / cgroup_sandbox.DEFAULT_PARENT / "k8s.io" / "sb")}
         assert given.paths == {V2: str(tmp_path / "system.slice" / "podshimd.service" / "mine" / "sb")}
     finally:
         default.remove()

@@ -21,6 +21,7 @@ import pytest
 import uvloop
 
 from shim.kernel import cgroups, linux, netns
+from shim.kernel.cgroups import hierarchies
 from shim.kernel.cgroups import SandboxCgroup
 from shim.runtime.pause import BUILTIN, CATATONIT, NODE, PauseSpec, launch, validate_sysctls
 from shim.rpc.processes import signal_process
@@ -591,7 +592,7 @@ async def test_where_clone3_is_refused_the_launcher_moves_itself_first_and_forks
         raise OSError(errno.ENOSYS, "clone3 refused")
 
     monkeypatch.setattr(linux, "clone3", refused)
-    monkeypatch.setattr(cgroups, "_birth_in_v2", [])  # asked again, and refused
+    monkeypatch.setattr(hierarchies, "_birth_in_v2", [])  # asked again, and refused
     assert cgroups.birth_in_v2_allowed() is False
     pause = await start(netns_path=make_netns(), cgroup=cgroup)
     assert forks == ["_child_a"] and cgroup.pids() == {pause.pid}
