@@ -247,6 +247,28 @@ def primary_ip(result: CniResult, ifname: str = "eth0") -> tuple[str, tuple[str,
     return primary.ip, tuple(ip.ip for ip in candidates if ip is not primary)
 
 
+async def addresses_in_place(netns_path: str, result: CniResult | dict[str, Any] | None,
+                             ifname: str = "eth0") -> bool:
+    """Whether the pod's interface ``ifname`` in the network namespace ``netns_path`` holds every
+    address ADD's ``result`` gave it: the pod's network is as ADD left it, whatever a plugin's CHECK
+    says (Debian's portmap 1.1.1 cannot CHECK a pod with an IPv6 address). False when there is
+    no result, no such interface, or ``ip`` cannot tell."""
+    result = result if isinstance(result, CniResult) else CniResult.from_json(result)
+    on_ifname = [ip.ip for ip in result.ips if ip.interface is None or (
+        0 <= ip.interface < len(result.interfaces) and result.interfaces[ip.interface].name == ifname)]
+    nsenter = shutil.which("nsenter", path=PLUGIN_PATH)
+    if not on_ifname or nsenter is None:
+        return False
+    try:
+        status, out, _ = await _run([nsenter, f"--net={netns_path}", "ip", "-j", "addr", "show", "dev", ifname],
+                                    {"PATH": PLUGIN_PATH}, b"", PLUGIN_TIMEOUT, "ip addr show")
+        links = decode_json(out, "ip -j addr show") if status == 0 else []
+        held = {ipaddress.ip_address(a["local"]) for link in links for a in link.get("addr_info", ())}
+    except (RpcError, ValueError, TypeError, KeyError, AttributeError):
+        return False
+    return all(ipaddress.ip_address(ip) in held for ip in on_ifname)
+
+
 def _check_call(container_id: str, ifname: str, netns_path: str | None) -> None:
     """InvalidArgument unless the id, interface name and (when given) netns path are usable."""
     validate_identifier("container id", container_id)

@@ -53,7 +53,7 @@ from shim.rpc.status import (Aborted, DeadlineExceeded, FailedPrecondition, Inte
 from client import layouts
 from client.controller.bundles import bundle_path
 from client.cri import podmetrics, stats
-from client.cri.cni import DEFAULT_BIN_DIRS, DEFAULT_CONF_DIR, CniRunner, primary_ip
+from client.cri.cni import DEFAULT_BIN_DIRS, DEFAULT_CONF_DIR, CniRunner, addresses_in_place, primary_ip
 from client.cri.concurrency import together
 from client.controller import Controller
 from client.cri.configs import ContainerConfig, PodSandboxConfig
@@ -781,8 +781,18 @@ class PodService:
                                          runtime_config=cfg.cni_runtime_config())
                     info["cni_check"] = "ok"
                 except RpcError as exc:
-                    info["cni_check"] = str(exc)
+                    info["cni_check"] = await self._check_failed(record, exc)
         return info
+
+    async def _check_failed(self, record: PodRecord, exc: RpcError) -> str:
+        """What a failed CNI CHECK of a READY pod means: on a pod whose interface holds the
+        addresses ADD gave it, a plugin that cannot CHECK (Debian's portmap 1.1.1 on IPv6), a
+        WARNING and not an error; otherwise the error."""
+        if not await addresses_in_place(record.netns_path, record.cni_result):
+            return str(exc)
+        log.warning("pod %s: %s; its network works (its interface has the addresses CNI ADD gave it), so the "
+                    "plugin cannot CHECK it", record.pod_id, exc.message, extra={"pod_id": record.pod_id})
+        return f"warning: {exc.message}; the pod's network works (its interface has the addresses CNI ADD gave it)"
 
     async def _refreshed(self, record: PodRecord) -> PodRecord:
         """The record, marked NOTREADY if its pause is no longer running. Raises NotFound if

@@ -105,3 +105,37 @@ async def test_a_failed_add_rolls_the_pod_back(roots, network, tmp_path):
             await pods.run_pod_sandbox(pod_config())
         assert pods.store.list() == []
         assert await pods.controller.list(None) == []
+
+
+async def test_a_plugin_that_cannot_check_a_working_pod_is_a_warning_not_an_error(roots, network, caplog):
+    # Debian's portmap 1.1.1 fails CHECK on a pod with an IPv6 address and a host port, though ADD
+    # set it up right.
+    root, runtime_root = roots
+    conflist = network["conf_dir"] + "/10-test.conflist"
+    with open(conflist) as f:
+        doc = json.load(f)
+    doc["plugins"][0]["ipam"]["ranges"].append([{"subnet": "fd00:213::/64"}])
+    doc["plugins"].append({"type": "portmap", "capabilities": {"portMappings": True}})
+    with open(conflist, "w") as f:
+        json.dump(doc, f)
+    async with open_pod_service(root, runtime_root, cni_conf_dir=network["conf_dir"], cni_bin_dirs=(PLUGINS,),
+                                cni_plugin_netns=network["outer_path"]) as pods:
+        config = pod_config()
+        config["port_mappings"] = [{"protocol": "TCP", "container_port": 80, "host_port": 18080}]
+        pod = await pods.run_pod_sandbox(config)
+        try:
+            with caplog.at_level("WARNING", logger="client.cri.pod"):
+                status = await pods.pod_sandbox_status(pod, verbose=True)
+            check = status["info"]["cni_check"]
+            # portmap checks IPv6 rules it wrote for IPv4 only ("could not check ipv6 dnat").
+            assert check.startswith("warning: CNI plugin 'portmap' CHECK failed with code 999: could not check ipv6")
+            assert check.endswith("; the pod's network works (its interface has the addresses CNI ADD gave it)")
+            assert [r.levelname for r in caplog.records if pod in r.getMessage()] == ["WARNING"]
+            # A pod whose interface lost its address: CHECK's failure is the error it is.
+            subprocess.run(["nsenter", f"--net={status['info']['netns_path']}", "ip", "addr", "flush", "dev", "eth0"],
+                           check=True)
+            broken = (await pods.pod_sandbox_status(pod, verbose=True))["info"]["cni_check"]
+            assert not broken.startswith("warning") and broken != "ok", broken
+        finally:
+            await pods.stop_pod_sandbox(pod)
+            await pods.remove_pod_sandbox(pod)
