@@ -9,9 +9,11 @@ from copies of this checkout's files, never into the machine's /opt/podshim or /
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
+import time
 
 import pytest
 
@@ -38,11 +40,19 @@ def copy_checkout(destination: str, *, generated: bool = False) -> str:
     return destination
 
 
+def paths(venv: str, bin_dir: str) -> dict[str, str]:
+    """The environment of an install into ``venv`` and ``bin_dir``, its units and docs beside
+    ``bin_dir`` (units/, doc/), never the machine's."""
+    top = os.path.dirname(bin_dir)
+    return {"PODSHIM_VENV": venv, "PODSHIM_BIN": bin_dir, "PODSHIM_UNIT_DIR": os.path.join(top, "units"),
+            "PODSHIM_DOC_DIR": os.path.join(top, "doc")}
+
+
 def install(checkout: str, venv: str, bin_dir: str, *flags: str) -> str:
     """Run the copy's .ci/install into ``venv``, its commands linked into ``bin_dir``; what it printed."""
     done = subprocess.run([os.path.join(checkout, ".ci", "install"), *flags], cwd="/", stdin=subprocess.DEVNULL,
                           capture_output=True, text=True, timeout=INSTALL_TIMEOUT,
-                          env={**os.environ, "PODSHIM_VENV": venv, "PODSHIM_BIN": bin_dir})
+                          env={**os.environ, **paths(venv, bin_dir)})
     assert done.returncode == 0, done.stdout + done.stderr
     return done.stdout + done.stderr
 
@@ -62,7 +72,9 @@ def venv(tmp_path_factory):
 def test_the_installed_commands_run_after_the_checkout_is_deleted(venv, tmp_path):
     checkout, bin_dir = copy_checkout(str(tmp_path / "checkout")), tmp_path / "bin"
     bin_dir.mkdir()
-    install(checkout, venv, str(bin_dir))
+    first = install(checkout, venv, str(bin_dir))
+    assert f"install: {tmp_path}/units/podshimd.service\n" in first
+    assert f"install: {tmp_path}/doc/docs/operator-guide.md\n" in first
     assert install(checkout, venv, str(bin_dir)) == ""  # a second run changes nothing
     shutil.rmtree(checkout)
     for name in ("podshim", "podshimctl", "podshimd"):
@@ -104,3 +116,55 @@ def test_podshimd_without_the_generated_cri_code_refuses_to_start(tmp_path):
                            "install podshim with .ci/install (in a development checkout, .ci/gotool schemas "
                            "makes it)\n")
     assert not os.path.exists(tmp_path / "state") and not os.path.exists(tmp_path / "run")
+
+
+# Last in the module: it uninstalls the module's venv.
+def test_uninstall_removes_the_pods_the_daemon_and_every_installed_file_and_the_state_only_with_purge(venv, tmp_path):
+    checkout, bin_dir = copy_checkout(str(tmp_path / "checkout")), tmp_path / "bin"
+    bin_dir.mkdir()
+    install(checkout, venv, str(bin_dir))
+    env = {**os.environ, **paths(venv, str(bin_dir))}
+    (tmp_path / "net.d").mkdir()
+    config = tmp_path / "etc" / "config.toml"
+    config.parent.mkdir()
+    config.write_text(f'state_root = "{tmp_path}/state"\nruntime_root = "{tmp_path}/run"\n'
+                      f'cni_conf_dir = "{tmp_path}/net.d"\n')
+    endpoint = f"unix://{tmp_path}/run/podshimd.sock"
+    daemon = subprocess.Popen([str(bin_dir / "podshimd"), "--config", str(config)], cwd="/", stdin=subprocess.DEVNULL,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        ctl = [str(bin_dir / "podshimctl"), "--endpoint", endpoint]
+        deadline = time.monotonic() + 60
+        while run(*ctl, "version").returncode != 0:
+            assert daemon.poll() is None and time.monotonic() < deadline, "podshimd did not answer"
+            time.sleep(0.1)
+        pod = run(*ctl, "runp", os.path.join(REPO, "examples", "pod-config.json")).stdout.strip()
+        pause = json.loads(run(*ctl, "inspectp", "--json", pod).stdout)["info"]["pid"]
+
+        done = subprocess.run([os.path.join(checkout, ".ci", "uninstall"), "--config", str(config)], cwd="/",
+                              stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=120, env=env)
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert f"uninstall: podshimctl rmp {pod}\n" in done.stdout
+        assert daemon.wait(timeout=10) == 0  # SIGTERM: a clean stop
+        assert not os.path.exists(f"/proc/{pause}")
+        assert os.listdir(bin_dir) == [] and not os.path.exists(venv)
+        assert os.listdir(tmp_path / "units") == [] and not os.path.exists(tmp_path / "doc")
+        assert not os.path.exists(tmp_path / "run")
+        assert os.path.isdir(tmp_path / "state") and config.exists()  # the state stays unless asked
+        assert "--purge removes them" in done.stdout
+        removed = [line.removeprefix("uninstall: removed ") for line in done.stdout.splitlines() if " removed " in line]
+        assert all(path.startswith((str(tmp_path) + "/", venv)) for path in removed), done.stdout  # nothing of the machine
+
+        done = subprocess.run([os.path.join(checkout, ".ci", "uninstall"), "--purge", "--config", str(config)],
+                              cwd="/", stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=120, env=env)
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert not os.path.exists(tmp_path / "state") and not os.path.exists(config.parent)
+        removed = [line.removeprefix("uninstall: removed ") for line in done.stdout.splitlines() if " removed " in line]
+        assert removed and all(path.startswith(str(tmp_path) + "/") for path in removed), done.stdout
+    finally:
+        if os.path.exists(tmp_path / "state"):  # it failed: the pod and the daemon go, as uninstall takes them
+            subprocess.run([os.path.join(checkout, ".ci", "uninstall"), "--purge", "--config", str(config)], cwd="/",
+                           stdin=subprocess.DEVNULL, capture_output=True, timeout=120, env=env)
+        if daemon.poll() is None:
+            daemon.kill()
+            daemon.wait()

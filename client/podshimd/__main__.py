@@ -6,7 +6,8 @@
 
 A bad config or flag value is one sentence on stderr and exit status 1 (a usage error: 2), and so
 is an install without the generated CRI code (client/criapi); a clean stop on SIGTERM or SIGINT is 0.
-SIGHUP reads the config again and applies its log level (the rest needs a restart).
+SIGHUP reads the config again and applies its log level (the rest needs a restart). Under
+systemd, log lines go to the journal with their level and fields (:mod:`.journal`).
 ``--check-config`` loads the config and the flags as a start would, checks the paths they name
 (:mod:`.checkconfig`), prints each thing wrong and exits 1 if any is an error, 0 otherwise;
 ``--print-default-config`` prints the defaults as a config file.
@@ -34,6 +35,7 @@ from shim.launch.notify import Notifier
 from shim.rpc.channel import install_uvloop
 
 from . import config as configuration
+from . import journal
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -68,6 +70,7 @@ def _serve(args: argparse.Namespace) -> int:
 
     setup_logging(debug=config.log_level == "debug")
     logcontext.install()  # pod_id= and container_id= on every line about a pod
+    journal.install("podshimd")  # under systemd: each line a journal entry with its level and fields
     logging.getLogger().setLevel(config.log_level.upper())
     install_uvloop()
     notifier = Notifier.from_env()

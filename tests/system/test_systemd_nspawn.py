@@ -11,14 +11,20 @@ its pids and systemctl are the container's own, and nothing needs translating.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import glob
 import json
 import os
 import shlex
+import shutil
 import stat
 import textwrap
 import time
+from collections.abc import Iterator
 
 import pytest
+
+import shim
 
 from client.controller.spawners.systemd import unit_names
 from netrelay import loopback_relay
@@ -42,7 +48,7 @@ def machine():
         pytest.skip(reason)
     with project_venv(REPO) as venv, command_links(venv) as links, \
             Machine.booted(binds_ro=[venv, f"{links}:/usr/local/bin"]) as m:
-        m.venv = venv
+        m.venv, m.links = venv, links
         m.install_units(os.path.join(REPO, "systemd"))
         m.write_file("/run/podshim/systemd.env", f'PATH="{venv}/bin:{CONTAINER_PATH}"\n')
         yield m
@@ -301,7 +307,8 @@ def wait_for_new_main_pid(machine: Machine, unit: str, old: int, timeout: float 
         time.sleep(0.05)
 
 
-def test_podshimd_starts_on_its_socket_and_its_pods_outlive_restarts_and_kill_9(machine, test_images):
+def test_podshimd_starts_on_its_socket_its_pods_outlive_restarts_kill_9_and_an_upgrade_and_it_logs_to_the_journal(
+        machine, test_images):
     busybox = test_images.busybox
     machine.write_file("/run/quick/pod.json", json.dumps({
         "metadata": {"name": "web", "namespace": "default", "uid": "u-nspawn"}, "hostname": "web"}))
@@ -320,6 +327,32 @@ def test_podshimd_starts_on_its_socket_and_its_pods_outlive_restarts_and_kill_9(
     finally:
         os.unlink(machine.host_path(drop_in))
         machine.systemctl("daemon-reload")
+
+
+@contextlib.contextmanager
+def upgraded(machine: Machine) -> Iterator[str]:
+    """A new version of podshim installed in the machine (a copy of its venv whose podshim says
+    it is another version) and the commands' links moved to it, as .ci/install upgrades a node;
+    the version. The old links are back afterwards."""
+    venv = "/opt/podshim-new"
+    shutil.copytree(machine.venv, machine.host_path(venv), symlinks=True)
+    version = f"{shim.__version__}+upgraded"
+    for init in glob.glob(machine.host_path(f"{venv}/lib/python3*/site-packages/shim/__init__.py")):
+        with open(init) as f:
+            text = f.read().replace(f'__version__ = "{shim.__version__}"', f'__version__ = "{version}"')
+        with open(init, "w") as f:
+            f.write(text)
+    links = {name: os.readlink(os.path.join(machine.links, name)) for name in os.listdir(machine.links)}
+    try:
+        for name in links:
+            os.unlink(os.path.join(machine.links, name))
+            os.symlink(f"{venv}/bin/{name}", os.path.join(machine.links, name))
+        yield version
+    finally:
+        for name, target in links.items():
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(os.path.join(machine.links, name))
+            os.symlink(target, os.path.join(machine.links, name))
 
 
 def _podshimd_in(machine, image: str) -> None:
@@ -350,6 +383,28 @@ def _podshimd_in(machine, image: str) -> None:
         wait_for_new_main_pid(machine, "podshimd.service", after)  # Restart=always
         assert all(machine.pid_alive(p) for p in (pause, shim, task))
         assert podshimctl(machine, "ps", "-q").split() == [ctr]
+
+        with upgraded(machine) as version:
+            # What .ci/install does on an upgrade: the new version installed, podshimd restarted.
+            before = main_pid(machine, "podshimd.service")
+            machine.systemctl("try-restart", "podshimd.service")
+            assert main_pid(machine, "podshimd.service") != before
+            assert json.loads(podshimctl(machine, "version", "--json"))["runtime_version"] == version
+            assert all(machine.pid_alive(p) for p in (pause, shim, task))
+            assert podshimctl(machine, "pods", "-q").split() == [pod] and podshimctl(machine, "ps", "-q").split() == [ctr]
+            again = json.loads(podshimctl(machine, "inspect", "--json", ctr))
+            assert again["state"] == "CONTAINER_RUNNING" and again["info"]["pid"] == task
+
+        # The daemon's lines are journal entries with their level and the pod's fields, and a
+        # pod's life is INFO: nothing at WARNING or above (nothing for an operator to act on).
+        entries = [json.loads(line) for line in machine.run(
+            "journalctl", "-u", "podshimd.service", "-o", "json", "--no-pager").stdout.splitlines()]
+        ready = [e for e in entries if e.get("MESSAGE", "").startswith("pod sandbox ready")]
+        assert [(e["PRIORITY"], e["POD_ID"], e["POD_NAME"], e["POD_NAMESPACE"], e["SYSLOG_IDENTIFIER"])
+                for e in ready] == [("6", pod, "web", "default", "podshimd")]
+        started = [e for e in entries if e.get("MESSAGE", "").startswith("container started")]
+        assert [(e["POD_ID"], e["CONTAINER_ID"]) for e in started] == [(pod, ctr)]
+        assert [e["MESSAGE"] for e in entries if e.get("LOGGER") and int(e["PRIORITY"]) <= 4] == []
 
         podshimctl(machine, "rmp", pod)
         assert not any(machine.pid_alive(p) for p in (pause, shim, task))

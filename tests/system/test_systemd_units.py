@@ -43,6 +43,24 @@ def test_the_units_are_the_five_we_ship():
                              "podshimd.socket"]
 
 
+#: Where .ci/install puts the docs, in the checkout's layout (PODSHIM_DOC_DIR's default).
+DOC_DIR = "/usr/local/share/doc/podshim"
+
+
+@pytest.mark.parametrize("unit", _unit_files())
+def test_every_unit_names_documentation_that_the_install_puts_where_it_says(unit):
+    with open(os.path.join(UNITS, unit)) as f:
+        urls = [url for line in f if line.startswith("Documentation=") for url in line.split("=", 1)[1].split()]
+    assert urls, f"{unit} has no Documentation="
+    with open(os.path.join(REPO, ".ci", "install")) as f:
+        install = f.read()
+    assert f"DOCS=${{PODSHIM_DOC_DIR:-{DOC_DIR}}}" in install and " docs/*.md; do" in install
+    for url in urls:
+        assert url.startswith(f"file://{DOC_DIR}/docs/"), url
+        page = url.removeprefix(f"file://{DOC_DIR}/")
+        assert os.path.isfile(os.path.join(REPO, page)), f"{unit} names {url}, but the checkout has no {page}"
+
+
 # A ':' in a name given to verify would be read as FILE:ALIAS, so the instances spell it \x3a.
 @pytest.mark.parametrize("unit", _unit_files() + ["podshim@ns1\\x3asb1.service", "podshim@ns1\\x3asb1.socket",
                                                   "podshim@k8s.io\\x3aweb\\x2d1.service"])
