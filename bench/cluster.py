@@ -62,13 +62,16 @@ from shim.kernel.cgroups import SandboxCgroup, discover_hierarchies  # noqa: E40
 BASE = os.environ.get("PODSHIM_CLUSTER_DIR", "/var/tmp/podshim-cluster")
 CGROUP_PARENT = "podshim-cluster"
 KUBERNETES_TOOLS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet", "kube-proxy",
-                    "kubectl")
+                    "kubectl", "coredns")
 NETWORK = ipaddress.ip_network("10.99.0.0/24")
 CONTROL_IP = "10.99.0.1"
 BRIDGE = "cluster0"
 CLUSTER_CIDR = "10.244.0.0/16"
 SERVICE_CIDR = "10.96.0.0/16"
 KUBERNETES_SERVICE_IP = "10.96.0.1"
+#: The cluster's DNS: the Service kube-dns (as kubeadm makes it) in front of CoreDNS on the control plane.
+DNS_SERVICE_IP = "10.96.0.10"
+CLUSTER_DOMAIN = "cluster.local"
 REGISTRY = f"{CONTROL_IP}:5000"
 #: The image every smoke pod runs: busybox, built here and pushed to the cluster's registry.
 BUSYBOX = f"{REGISTRY}/podshim/busybox:1.0"
@@ -335,6 +338,7 @@ class Cluster:
                         ["sysctl", "-qw", "net.ipv4.ip_forward=1"]):
             in_ns(outer, command, node=False)
         self._control_plane()
+        self._dns()
         self._registry()
         for number, runtime in enumerate(runtimes, 1):
             self._node(number, runtime)
@@ -402,6 +406,29 @@ class Cluster:
             "--bind-address=127.0.0.1", "--profiling=false",
         ], cgroup=control, nsenter=ns)
 
+    def _dns(self) -> None:
+        """CoreDNS in the cluster's network (10.99.0.1:53) with its kubernetes plugin, as user
+        system:coredns with kubeadm's role; the Service kube-dns (10.96.0.10, no selector) and an
+        EndpointSlice leading to it, so that kube-proxy takes pods' queries there."""
+        state = self.state
+        pki = PKI(state.file("pki"))
+        key, cert = pki.issue("coredns", "system:coredns")
+        config = kubeconfig(pki.path("coredns.kubeconfig"), f"https://{CONTROL_IP}:6443", pki.ca, cert, key,
+                            "system:coredns")
+        self.kubectl("apply", "-f", "-", input=DNS_OBJECTS.replace("DNS_SERVICE_IP", DNS_SERVICE_IP)
+                     .replace("CONTROL_IP", CONTROL_IP))
+        corefile = state.file("Corefile")
+        with open(corefile, "w") as f:
+            f.write(f"{CLUSTER_DOMAIN}:53 in-addr.arpa:53 ip6.arpa:53 {{\n    bind {CONTROL_IP}\n    errors\n"
+                    f"    kubernetes {CLUSTER_DOMAIN} in-addr.arpa ip6.arpa {{\n        kubeconfig {config} podshim\n"
+                    f"        pods insecure\n    }}\n    cache 30\n}}\n"
+                    # No internet to forward to: every other name does not exist (a resolver then
+                    # goes on with its search list; REFUSED would stop it).
+                    f".:53 {{\n    bind {CONTROL_IP}\n    errors\n    template ANY ANY {{\n        rcode NXDOMAIN\n"
+                    f"    }}\n}}\n")
+        spawn(state, "coredns", [state.data["tools"]["coredns"], "-conf", corefile], cgroup=state.data["control_cgroup"],
+              nsenter=nsenter_args(state.data["outer"], False))
+
     def _wait_api(self) -> None:
         deadline = time.monotonic() + READY_TIMEOUT
         said = ""
@@ -454,16 +481,23 @@ class Cluster:
         builder.assemble("pause", [{"catatonit": Entry("", data=catatonit, mode=0o755)}],
                          ImageConfig(entrypoint=("/catatonit", "-P"), env=(DEFAULT_PATH,)))
         for tag, reference in (("busybox", BUSYBOX), ("pause", PAUSE)):
-            deadline = time.monotonic() + TIMEOUT
-            while True:
-                done = in_ns(outer, ["skopeo", "copy", "--quiet", "--dest-tls-verify=false",
-                                     f"oci:{builder.layout}:{tag}", f"docker://{reference}"], node=False, check=False)
-                if done.returncode == 0:
-                    break
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"pushing {tag} to the cluster's registry failed: {done.stderr.strip()}")
-                time.sleep(0.5)
+            self.push(builder.layout, tag, reference)
         shutil.rmtree(build)
+
+    def push(self, layout: str, tag: str, reference: str) -> None:
+        """Copy the OCI layout's image ``tag`` to the cluster's registry as ``reference`` (retried
+        while the registry is starting)."""
+        deadline = time.monotonic() + TIMEOUT
+        while True:
+            done = in_ns(self.state.data["outer"], ["skopeo", "copy", "--quiet", "--dest-tls-verify=false",
+                                                    f"oci:{layout}:{tag}", f"docker://{reference}"],
+                         node=False, check=False)
+            if done.returncode == 0:
+                return
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"pushing {tag} to the cluster's registry as {reference} failed: "
+                                   f"{done.stderr.strip()}")
+            time.sleep(0.5)
 
     def _node(self, number: int, runtime: str) -> None:
         state, tools = self.state, self.state.data["tools"]
@@ -655,6 +689,49 @@ class Cluster:
         return problems
 
 
+#: kubeadm's role of CoreDNS and the Service kube-dns; the EndpointSlice leads it to CoreDNS on
+#: the control plane (a Service without a selector: no controller touches its endpoints).
+DNS_OBJECTS = """
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRole
+metadata: {name: "system:coredns"}
+rules:
+- apiGroups: [""]
+  resources: [endpoints, services, pods, namespaces]
+  verbs: [list, watch]
+- apiGroups: [discovery.k8s.io]
+  resources: [endpointslices]
+  verbs: [list, watch]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata: {name: "system:coredns"}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: "system:coredns"}
+subjects: [{apiGroup: rbac.authorization.k8s.io, kind: User, name: "system:coredns"}]
+---
+apiVersion: v1
+kind: Service
+metadata: {name: kube-dns, namespace: kube-system, labels: {k8s-app: kube-dns}}
+spec:
+  clusterIP: DNS_SERVICE_IP
+  ports:
+  - {name: dns, port: 53, protocol: UDP, targetPort: 53}
+  - {name: dns-tcp, port: 53, protocol: TCP, targetPort: 53}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: kube-dns-control-plane
+  namespace: kube-system
+  labels: {kubernetes.io/service-name: kube-dns, endpointslice.kubernetes.io/managed-by: podshim-cluster}
+addressType: IPv4
+endpoints: [{addresses: [CONTROL_IP], conditions: {ready: true}}]
+ports:
+- {name: dns, port: 53, protocol: UDP}
+- {name: dns-tcp, port: 53, protocol: TCP}
+"""
+
+
 def node_runtimes(nodes: int, runtime: str | Sequence[str]) -> list[str]:
     """The runtime of each of ``nodes`` nodes: ``runtime`` for all, or one per node."""
     runtimes = [runtime] * nodes if isinstance(runtime, str) else list(runtime)
@@ -686,7 +763,7 @@ def kubelet_configuration(ca: str, endpoint: str, ip: str) -> dict[str, Any]:
         "imageGCHighThresholdPercent": 100, "imageGCLowThresholdPercent": 99,
         # Under the node's own /var/lib: the default (/usr/libexec/kubernetes) is the machine's /usr.
         "volumePluginDir": "/var/lib/kubelet/volume-plugins",
-        "clusterDomain": "cluster.local", "clusterDNS": [],
+        "clusterDomain": CLUSTER_DOMAIN, "clusterDNS": [DNS_SERVICE_IP],
         "nodeStatusUpdateFrequency": "4s", "nodeStatusReportFrequency": "10s",
         "serializeImagePulls": False, "rotateCertificates": False, "serverTLSBootstrap": False,
     }

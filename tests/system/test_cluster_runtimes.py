@@ -1,7 +1,8 @@
 """The harness's node runtimes (bench/cluster.py --runtime): podshimd, or the pinned containerd
 with runc as the side-by-side reference, for every node or one per node. A containerd node
 registers, turns Ready showing containerd's version, and runs a pod that kubectl reaches; a
-cluster of both runtimes reaches a pod on one node from the other; `down` leaves nothing behind.
+cluster of both runtimes reaches a pod on one node from the other; a Service resolves by name
+(CoreDNS) from a pod on either; `down` leaves nothing behind.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from ctrdtools import containerd_version  # noqa: E402
 POD = """
 apiVersion: v1
 kind: Pod
-metadata: {name: NAME}
+metadata: {name: NAME, labels: {app: NAME}}
 spec:
   nodeName: NODE
   terminationGracePeriodSeconds: 1
@@ -55,7 +56,7 @@ def run_pod(c: harness.Cluster, name: str, node: str) -> dict:
 
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
-def test_a_containerd_node_turns_ready_and_runs_a_pod_that_a_podshimd_node_reaches():
+def test_a_containerd_node_runs_a_pod_a_podshimd_node_reaches_and_both_resolve_a_service_by_name():
     with harness.cluster(nodes=2, name=f"t{os.getpid()}", runtime=["podshimd", "containerd"]) as c:
         nodes = {n["metadata"]["name"]: n for n in json.loads(c.kubectl("get", "nodes", "-o", "json").stdout)["items"]}
         assert nodes["node1"]["status"]["nodeInfo"]["containerRuntimeVersion"].startswith("podshim://")
@@ -70,6 +71,16 @@ def test_a_containerd_node_turns_ready_and_runs_a_pod_that_a_podshimd_node_reach
         assert "containerd-shim" not in c.node_processes(1).values()
         assert harness.http_get(c, "on-podshimd", on_containerd["status"]["podIP"], 8080) == "on-containerd"
         assert harness.http_get(c, "on-containerd", on_podshimd["status"]["podIP"], 8080) == "on-podshimd"
+        # Cluster DNS: a Service's name, short and whole, resolves to its cluster IP from either node.
+        c.kubectl("expose", "pod", "on-podshimd", "--name=web", "--port=80", "--target-port=8080")
+        ip = json.loads(c.kubectl("get", "service", "web", "-o", "json").stdout)["spec"]["clusterIP"]
+        for pod in ("on-podshimd", "on-containerd"):
+            said = c.kubectl("exec", pod, "--", "nslookup", "web.default.svc.cluster.local.", timeout=30).stdout
+            assert f"Name:\tweb.default.svc.cluster.local\nAddress: {ip}\n" in said, (pod, said)
+            # By its short name, through the pod's search list, and its Service to the pod.
+            assert harness.http_get(c, pod, "web", 80) == "on-podshimd"
+            resolv = c.kubectl("exec", pod, "--", "cat", "/etc/resolv.conf").stdout
+            assert f"nameserver {harness.DNS_SERVICE_IP}" in resolv, resolv
         directory, cgroups = c.state.dir, list(c.state.data["cgroup"]["paths"].values())
     assert not os.path.exists(directory)
     assert not [path for path in cgroups if os.path.exists(path)]
