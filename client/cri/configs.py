@@ -14,6 +14,7 @@ from __future__ import annotations
 import ipaddress
 import os
 from dataclasses import dataclass, field
+from collections.abc import Mapping
 from typing import Any, Callable, TypeVar
 
 from client.cri.cdi import parse_name as parse_cdi_name
@@ -468,7 +469,10 @@ def _env_item(value: Any, path: str) -> tuple[str, str]:
 
 @dataclass(frozen=True)
 class Mount:
-    """One entry of a container's ``mounts``: the node's ``host_path`` bound at ``container_path``.
+    """One entry of a container's ``mounts``: the node's ``host_path`` bound at ``container_path``,
+    or an image volume: the root filesystem of the image ``image`` names (an ImageSpec document,
+    kept as given for the status), or its directory ``image_sub_path``, read-only
+    (:mod:`client.cri.imagevolumes`).
 
     ``propagation`` is the name of CRI's MountPropagation. ``selinux_relabel`` is kept as given;
     :func:`client.cri.mounts.container_mounts` decides what it means on this node."""
@@ -479,19 +483,30 @@ class Mount:
     propagation: str = "PROPAGATION_PRIVATE"
     selinux_relabel: bool = False
     recursive_read_only: bool = False
+    image: Mapping[str, Any] = field(default_factory=dict, hash=False)
+    image_sub_path: str = ""
+
+    @property
+    def image_reference(self) -> str:
+        """The image an image volume names ("" for a host path)."""
+        return str(self.image.get("image") or "")
 
     @classmethod
     def from_json(cls, doc: Any, path: str) -> "Mount":
         f = _Fields(doc, path)
-        container_path, host_path = f.string("container_path", required=True), f.string("host_path", required=True)
+        image_spec = f.obj("image")
+        image = image_spec.string("image")
+        container_path, host_path = f.string("container_path", required=True), f.string("host_path", required=not image)
         for key, value in (("container_path", container_path), ("host_path", host_path)):
-            if not os.path.isabs(value) or "\0" in value:
+            if (value or key == "container_path") and (not os.path.isabs(value) or "\0" in value):
                 raise InvalidArgument(f"{f.name(key)} {value!r} must be an absolute path")
+        image_sub_path = f.string("image_sub_path")
         mount = cls(container_path=os.path.normpath(container_path), host_path=host_path,
                     readonly=f.boolean("readonly"), selinux_relabel=f.boolean("selinux_relabel"),
                     propagation=f.mode("propagation", tuple(PROPAGATIONS.values()), "PROPAGATION_PRIVATE",
                                        PROPAGATIONS),
-                    recursive_read_only=f.boolean("recursive_read_only"))
+                    recursive_read_only=f.boolean("recursive_read_only"),
+                    image=dict(image_spec.doc) if image else {}, image_sub_path=image_sub_path)
         # As containerd: every mount below a recursive read-only one is read-only for good, so it
         # must be read-only itself and receive no mount from the host.
         if mount.recursive_read_only and not mount.readonly:
@@ -499,13 +514,28 @@ class Mount:
         if mount.recursive_read_only and mount.propagation != "PROPAGATION_PRIVATE":
             raise InvalidArgument(f"{f.name('recursive_read_only')} needs propagation PROPAGATION_PRIVATE, "
                                   f"not {mount.propagation}")
+        # As containerd's mutateImageMount: an image volume is the image's files, read-only.
+        if image and host_path:
+            raise InvalidArgument(f"{path} names both an image ({image!r}) and host_path {host_path!r}: an image "
+                                  "volume has no host path")
+        if image and not mount.readonly:
+            raise InvalidArgument(f"{path} is an image volume ({image!r}), which is read-only: readonly must be true")
+        if image_sub_path and not image:
+            raise InvalidArgument(f"{f.name('image_sub_path')} {image_sub_path!r} needs an image volume "
+                                  "(image.image)")
+        if image_sub_path and ("\0" in image_sub_path or os.path.isabs(image_sub_path)):
+            raise InvalidArgument(f"{f.name('image_sub_path')} {image_sub_path!r} must be a relative path in "
+                                  "the image")
+        if image_spec.doc and not image:
+            raise InvalidArgument(f"{f.name('image')} is set but names no image (image.image is empty)")
         return mount
 
     def to_json(self) -> dict[str, Any]:
         return _drop_empty({"container_path": self.container_path, "host_path": self.host_path,
                             "readonly": self.readonly or None, "selinux_relabel": self.selinux_relabel or None,
                             "propagation": self.propagation,
-                            "recursive_read_only": self.recursive_read_only or None})
+                            "recursive_read_only": self.recursive_read_only or None,
+                            "image": dict(self.image), "image_sub_path": self.image_sub_path})
 
 
 @dataclass(frozen=True)

@@ -200,8 +200,16 @@ CONTAINER_CONFIG: dict[str, Field] = {
     "mounts.gidMappings": _refused("ID-mapped mounts are not supported"),
     "mounts.recursive_read_only": _applied("every mount below it read-only too (mount_setattr with AT_RECURSIVE; "
                                            "OCI's `rro`); needs readonly and PROPAGATION_PRIVATE"),
-    "mounts.image": _refused("image volumes are not supported"),
-    "mounts.image_sub_path": _refused("image volumes are not supported"),
+    "mounts.image": _applied("an image volume: the image's root filesystem, read-only (a read-only view of its "
+                             "layers, one per pod and image, kept while a container of the pod uses it); needs "
+                             "readonly and no host_path; the image must be in the store (kubelet pulls it first)"),
+    "mounts.image.image": _applied("the image's id or reference, looked up in the node's image store"),
+    "mounts.image.annotations": _informs("kubelet sends the pod's annotations; none chooses among the store's images"),
+    "mounts.image.user_specified_image": _informs("the image as the pod's spec names it; `image` is what is mounted"),
+    "mounts.image.runtime_handler": _informs("kubelet sends the pod's runtime handler; images are the node's"),
+    "mounts.image.image_ref": _informs("an answer: ContainerStatus fills it with the image's id"),
+    "mounts.image_sub_path": _applied("the directory of the image mounted instead of its root, resolved inside the "
+                                      "image (no way out through `..` or a symbolic link); a missing one is refused"),
     "mounts.mount_options": _refused("bind mount options of the client's (noexec, nodev, nosuid) are not supported"),
     "devices": _applied("the node's devices made in the container and allowed by its device cgroup"),
     "devices.container_path": _applied("where the device is made in the container"),

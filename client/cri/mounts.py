@@ -99,11 +99,14 @@ def wire_mount(destination: str, source: str, *, readonly: bool, propagation: st
 
 
 def container_mounts(mounts: Iterable[Mount], pod_files: Mapping[str, str], *, readonly_rootfs: bool,
-                     mountinfo: str | None = None) -> list[dict[str, Any]]:
+                     mountinfo: str | None = None, image_sources: Mapping[str, str] | None = None
+                     ) -> list[dict[str, Any]]:
     """Task.Create ``mounts`` for a container: ``pod_files`` (container path → node path) not
     overridden by a CRI mount, then the CRI ``mounts`` in their order. ``mountinfo`` is the text of
-    /proc/self/mountinfo (read when needed and not given). Makes missing host paths; raises
-    FailedPrecondition for a host path that cannot be used or has the wrong propagation."""
+    /proc/self/mountinfo (read when needed and not given). ``image_sources`` (container path →
+    node path) are what the image volumes bind (:mod:`client.cri.imagevolumes`). Makes missing host
+    paths; raises FailedPrecondition for a host path that cannot be used or has the wrong
+    propagation."""
     mounts = list(mounts)
     relabelled = [m.container_path for m in mounts if m.selinux_relabel]
     if relabelled and os.path.exists(SELINUX_ENFORCE):
@@ -114,7 +117,12 @@ def container_mounts(mounts: Iterable[Mount], pod_files: Mapping[str, str], *, r
            for path, source in pod_files.items() if path not in wanted]
     table: list[mount_table.MountEntry] | None = None
     for mount in mounts:
-        source = _host_source(mount)
+        if mount.image_reference:
+            if image_sources is None or mount.container_path not in image_sources:
+                raise FailedPrecondition(f"mount {mount.container_path}: its image volume is not mounted")
+            source = image_sources[mount.container_path]
+        else:
+            source = _host_source(mount)
         if mount.propagation != "PROPAGATION_PRIVATE" and table is None:
             if mountinfo is None:
                 with open(mount_table.MOUNTINFO) as f:

@@ -35,7 +35,7 @@ import stat
 import time
 from contextlib import asynccontextmanager
 from types import MappingProxyType
-from typing import Any, AsyncIterator, Awaitable, Callable, Mapping, NoReturn, TypeVar
+from typing import Any, AsyncIterator, Awaitable, Callable, Iterable, Mapping, NoReturn, TypeVar
 
 import anyio
 import anyio.abc
@@ -62,6 +62,7 @@ from client.cri.events import (CONTAINER_CREATED, CONTAINER_DELETED, CONTAINER_S
                                EventStream)
 from client.cri.failpoints import failpoint
 from client.cri.logcontext import about
+from client.cri.imagevolumes import VOLUMES_DIR, ImageVolumes, mount_status
 from client.cri.mounts import container_mounts
 from client.cri.podfiles import PodFiles, remove_pod_files, write_pod_files
 from client.cri.process import container_process
@@ -179,6 +180,7 @@ class PodService:
         self.pull = pull
         self.images: ImageLookup = images if images is not None else NoImages()
         self.snapshots = snapshots
+        self.image_volumes = ImageVolumes(os.path.join(store.root, VOLUMES_DIR), self.images, snapshots)
         self._locks: dict[str, anyio.Lock] = {}
         # Pods whose shim's events this process follows (_follow), and those among them whose
         # record is known to be current: their state is read from the record, not the shim.
@@ -234,6 +236,7 @@ class PodService:
                 if record.state is not PodState.CREATING:
                     tg.start_soon(self._drop_unmade_then_follow, record)
         await self._sweep_snapshots()
+        await self._sweep_image_volumes()
 
     async def _drop_unmade_then_follow(self, record: PodRecord) -> None:
         """Remove the containers a CreateContainer that died left: CREATED records whose task the
@@ -252,6 +255,7 @@ class PodService:
                                     "made; removing it", c.container_id,
                                     extra={"pod_id": record.pod_id, "container_id": c.container_id})
                         await self._remove_rootfs(record.pod_id, c.container_id)
+                        await self._release_volumes(record.pod_id, c.container_id, c.image_volumes.values())
                         self.store.delete_container(record.pod_id, c.container_id)
             except RpcError:
                 pass  # no live shim (or it does not answer): the records are judged when it is followed
@@ -284,6 +288,28 @@ class PodService:
             if pod_id != snapshot.name and _ID.fullmatch(pod_id) and pod_id not in pods:
                 log.warning("removing the sandbox image snapshot of pod %s, which is no more", pod_id)
                 await self._remove_rootfs(pod_id, snapshot.name)
+
+    async def _sweep_image_volumes(self) -> None:
+        """Release the image volumes no container record names (listed before the records are
+        read, as :meth:`_sweep_snapshots` lists the snapshots)."""
+        try:
+            found = await self.image_volumes.listed()
+        except (OSError, RpcError) as exc:
+            log.warning("cannot list the image volumes: %s", exc)
+            return
+        in_use = {(c.pod_id, image_id.partition(":")[2]) for c in self.store.list_containers()
+                  for image_id in c.image_volumes.values()}
+        await self.image_volumes.sweep(found, in_use)
+
+    async def _release_volumes(self, pod_id: str, container_id: str, image_ids: Iterable[str]) -> None:
+        """Release the pod's image volumes of ``image_ids`` that no other container of the pod
+        uses (the caller holds the pod's lock and deletes the container's record after this)."""
+        try:
+            others = self.store.get(pod_id).containers.values()
+        except NotFound:
+            others = {}.values()
+        used = {i for c in others if c.container_id != container_id for i in c.image_volumes.values()}
+        await self.image_volumes.release(pod_id, sorted(set(image_ids) - used))
 
     # -- following the shims: state kept current by their exit events -----------------------
     def keep_current(self, task_group: anyio.abc.TaskGroup) -> None:
@@ -713,6 +739,7 @@ class PodService:
                 await self._stop_container_quietly(container)
                 await self._delete_task(container)
                 await self._remove_rootfs(record.pod_id, container.container_id)
+                await self._release_volumes(record.pod_id, container.container_id, container.image_volumes.values())
                 self.store.delete_container(record.pod_id, container.container_id)
                 self._events.publish(CONTAINER_DELETED, container.container_id, record.pod_id)
             failpoint("remove:after-containers")
@@ -945,20 +972,27 @@ class PodService:
             image = await self._container_image(cfg)
             process = container_process(cfg, image.config if image else None,
                                         hostname=pod_cfg.hostname or socket.gethostname())
-            mounts = container_mounts(cfg.mounts, self._pod_files(pod.pod_id), readonly_rootfs=cfg.readonly_rootfs)
+            volume_ids = await self.image_volumes.resolve(cfg.mounts)
+            if volume_ids and pod_cfg.namespace_options.userns is not None:
+                raise InvalidArgument(f"mount {next(iter(volume_ids))} is an image volume, which podshim cannot "
+                                      "id-map yet: a pod with a user namespace cannot have one")
             confinement = security.task_fields(cfg.security, pod_privileged=pod_cfg.security.privileged,
                                                read_file=await self._user_files(image), image_user=process.image_user)
             devices = cdi.resolve(cfg.cdi_devices, self.cdi_spec_dirs)
             env = cdi.merge_env(process.env, devices.env)
-            mounts += devices.mounts
             user = confinement["user"]
             user["additional_gids"] = sorted({*user["additional_gids"], *devices.additional_gids})
             # The record comes first: whatever is made for the container from here on (its
             # snapshot, its task) is found through it, by a rollback or after a crash.
             self.store.add_container(ContainerRecord(
                 container_id, pod.pod_id, cfg.to_json(), log_path=log_path,
-                image_id=image.image_id if image else "", image_ref=image.image_ref if image else ""))
+                image_id=image.image_id if image else "", image_ref=image.image_ref if image else "",
+                image_volumes=volume_ids))
             try:
+                volumes = await self.image_volumes.mount(pod.pod_id, cfg.mounts, volume_ids)
+                mounts = container_mounts(cfg.mounts, self._pod_files(pod.pod_id), readonly_rootfs=cfg.readonly_rootfs,
+                                          image_sources=volumes)
+                mounts += devices.mounts
                 rootfs = await self._prepare_rootfs(container_id, image)
                 failpoint("create:after-rootfs")
                 await self._task(pod.pod_id, "Create", {
@@ -972,6 +1006,7 @@ class PodService:
             except BaseException:
                 with anyio.CancelScope(shield=True):
                     await self._remove_rootfs(pod.pod_id, container_id)
+                    await self._release_volumes(pod.pod_id, container_id, volume_ids.values())
                     self.store.delete_container(pod.pod_id, container_id)
                 raise
         self._events.publish(CONTAINER_CREATED, container_id, pod.pod_id)
@@ -1048,9 +1083,14 @@ class PodService:
 
     def image_user(self, image_id: str) -> str:
         """Who uses image ``image_id`` and what to remove before it ("" when nothing does): a
-        container, or a pod as its sandbox image. RemoveImage refuses the image meanwhile."""
+        container, a container as an image volume, or a pod as its sandbox image. RemoveImage
+        refuses the image meanwhile."""
         if self.image_in_use(image_id):
             return "a container; remove the container first"
+        for c in self.store.list_containers():
+            paths = [path for path, used in c.image_volumes.items() if used == image_id]
+            if paths:
+                return f"container {c.container_id} as its image volume at {paths[0]}; remove the container first"
         pods = [record.pod_id for record in self.store.list() if record.sandbox_image_id == image_id]
         if pods:
             return f"pod {pods[0]} as its sandbox image; remove the pod first"
@@ -1193,6 +1233,7 @@ class PodService:
             await self._stop_container(c, 0)
             await self._delete_task(c)
             await self._remove_rootfs(c.pod_id, c.container_id)
+            await self._release_volumes(c.pod_id, c.container_id, c.image_volumes.values())
             self.store.delete_container(c.pod_id, c.container_id)
         self._cpu_rates.forget(c.container_id)
         self._events.publish(CONTAINER_DELETED, c.container_id, c.pod_id)
@@ -1220,8 +1261,7 @@ class PodService:
             "log_path": c.log_path,
             "image_id": c.image_id or None,
             "stop_signal": f"SIGNAL_{STOP_SIGNAL.name}",
-            "mounts": [{"container_path": m.container_path, "host_path": m.host_path, "readonly": m.readonly,
-                        "selinux_relabel": m.selinux_relabel, "propagation": m.propagation} for m in cfg.mounts],
+            "mounts": [mount_status(m, c.image_volumes) for m in cfg.mounts],
         }
         if c.state is ContainerState.RUNNING and c.pid:
             status["user"] = security.process_user(c.pid)

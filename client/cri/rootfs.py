@@ -50,6 +50,10 @@ class Snapshotter(Protocol):
         """A writable snapshot ``key`` on the layers ``chain_id``: its mounts (containerd's
         mount.Mount: objects with ``to_dict()`` or dicts ``{type, source, options}``)."""
 
+    def view(self, key: str, chain_id: str) -> Any:
+        """A snapshot ``key`` on the layers ``chain_id`` and the mounts of a read-only view of
+        them (an image volume's)."""
+
     def remove(self, key: str) -> Any:
         """Remove snapshot ``key``; no error when it is gone."""
 

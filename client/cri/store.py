@@ -206,7 +206,8 @@ class ContainerRecord(_ConfigLabels):
     ``image_id`` is the id (config digest) of the image the container runs on, "" for none (a
     root of its own): RemoveImage refuses an image some container has; its root filesystem
     is the snapshot whose key is the container id. ``image_ref`` is the image's first repo
-    digest (CRI's ``image_ref``), else its id.
+    digest (CRI's ``image_ref``), else its id. ``image_volumes`` are its image volumes (container
+    path → image id; :mod:`client.cri.imagevolumes`): RemoveImage refuses those images too.
     """
 
     container_id: str
@@ -223,9 +224,11 @@ class ContainerRecord(_ConfigLabels):
     log_path: str = ""
     image_id: str = ""
     image_ref: str = ""
+    image_volumes: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "state", _state("container", ContainerState, self.state))
+        object.__setattr__(self, "image_volumes", dict(self.image_volumes or {}))
 
     @property
     def metadata(self) -> ContainerMetadata:

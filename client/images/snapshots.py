@@ -456,6 +456,21 @@ class Snapshotter:
                 raise
         return mounts
 
+    def view(self, key: str, chain_id: str) -> list[Mount]:
+        """Make the snapshot ``key`` over the committed ``chain_id`` as :meth:`prepare` does, and
+        return the mounts of a read-only view of the image's layers (what an image volume shows):
+        an overlay of the lower layers alone (``ro``), or for an image of one layer, or the empty
+        image, a read-only bind of its directory (overlayfs needs two layers without an upper
+        one), as containerd's overlay snapshotter views. Its upper directory stays unused and
+        goes with :meth:`remove`. Raises as :meth:`prepare`."""
+        writable = self.prepare(key, chain_id)
+        parents = self._chain_records(chain_id)
+        if len(parents) > 1:
+            lower = next(o for o in writable[0].options if o.startswith("lowerdir="))
+            return [Mount("overlay", "overlay", (lower, "ro"))]
+        directory = self._fs(parents[0]) if parents else writable[0].source
+        return [Mount("bind", directory, ("ro", "rbind"))]
+
     def mounts(self, key: str) -> list[Mount]:
         """The mounts of the active snapshot ``key`` again. NotFound when it does not exist."""
         doc = self._record(_ACTIVE, key)

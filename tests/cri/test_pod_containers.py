@@ -219,7 +219,7 @@ async def test_container_status_shows_its_cri_mounts_not_the_pod_files(roots, tm
             {"container_path": "/data", "host_path": str(tmp_path), "readonly": True}]})
         assert (await pods.container_status(cid))["mounts"] == [
             {"container_path": "/data", "host_path": str(tmp_path), "readonly": True, "selinux_relabel": False,
-             "propagation": "PROPAGATION_PRIVATE"}]
+             "propagation": "PROPAGATION_PRIVATE", "recursive_read_only": False}]
 
 
 class Record:

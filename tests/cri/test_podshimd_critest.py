@@ -53,11 +53,6 @@ EXPECTED = [
     # CRI 1.37 fields and features podshimd does not serve yet (issue 25, part 2, and the issue
     # "The features of CRI 1.37 that need the kernel"); critest skips a spec when the runtime says
     # it lacks the feature, and fails it otherwise.
-    Expected(r"Image Volume .*(should return image digest in ContainerStatus mounts|should correctly mount image "
-             r"and enforce read-only|subPath should succeed when using a valid subPath)", "failed",
-             "image volumes: podshimd refuses a mount of an image (INVALID_ARGUMENT \"image volumes are not "
-             "supported\"), where critest skips only on UNIMPLEMENTED (the issue \"The features of CRI 1.37 that "
-             "need the kernel\"); the two specs that expect CreateContainer to fail pass"),
     Expected(r"Security Context UserNamespaces ", "skipped",
              "runc and crun do not report user namespace support (only the native handler runs a pod's user "
              "namespace)", handlers=("runc", "crun")),
