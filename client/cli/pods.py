@@ -80,6 +80,16 @@ class _Podshimd:
         except DecodeError as exc:
             raise error_from_status(Code.INTERNAL, f"podshimd's {method} reply is not a {method}Response: {exc}") from None
 
+    def channel_call(self, method_path: str, request: bytes, deadline: float | None) -> Any:
+        """A call of another service on podshimd's socket (``/package.Service/Method``), with the
+        serialised ``request``; its grpcwire Outcome (the connection's failures said as :meth:`call` says them)."""
+        outcome = self._channel.call(method_path, request, deadline)
+        if outcome.code == Code.UNAVAILABLE and not _answers(self.endpoint):
+            raise CliError(f"podshimd stopped answering on {self.endpoint}: {HOW_TO_START}")
+        if outcome.code != Code.OK and not outcome.from_server:
+            return type(outcome)(outcome.code, f"podshimd at {self.endpoint}: {outcome.details}")
+        return outcome
+
     def close(self) -> None:
         self._channel.close()
 
@@ -719,11 +729,16 @@ def _pull_image(daemon: _Podshimd, name: str, auth: dict[str, str] | None, sandb
 
 
 def _pull(args: argparse.Namespace, daemon: _Podshimd) -> None:
+    from . import archives
+
     auth = _auth(args)
-    before = daemon.call("ImageStatus", image=daemon.api.ImageSpec(image=args.image)).image.id  # "" when absent
-    ref = _pull_image(daemon, args.image, auth)
-    fresh = ref == before
-    emit(args, {"image_ref": ref, "up_to_date": fresh}, lambda out: print(
+    pulled = archives.pull(args, daemon, args.image, auth, _size)  # with progress
+    if pulled is None:  # an older podshimd: CRI's PullImage
+        before = daemon.call("ImageStatus", image=daemon.api.ImageSpec(image=args.image)).image.id  # "" when absent
+        ref = _pull_image(daemon, args.image, auth)
+        pulled = {"image_ref": ref, "up_to_date": ref == before}
+    ref, fresh = pulled["image_ref"], pulled["up_to_date"]
+    emit(args, pulled, lambda out: print(
         f"Image is up to date for {ref}" if fresh else f"Pulled {args.image}: {ref}", file=out))
 
 
@@ -753,10 +768,39 @@ def _images(args: argparse.Namespace, daemon: _Podshimd) -> None:
         [row for i in images for row in _image_rows(i)], ["image", "tag", "image_id", "size"], out))
 
 
-_verb("images", "list images", _images,
-      lambda p: (p.add_argument("image", metavar="REPOSITORY[:TAG]", nargs="?", default=None,
-                                help="only this image"),
-                 p.add_argument("--quiet", "-q", action="store_true", help="print ids only"), _output_flag(p)))
+def _images_verb(args: argparse.Namespace, daemon: _Podshimd) -> None:
+    """``images [IMAGE]`` lists; ``images import FILE...`` and ``images export IMAGE... -o FILE``
+    go to :mod:`client.cli.archives`."""
+    from . import archives
+
+    if args.image == "import":
+        return archives.import_archives(args, daemon, args.more)
+    if args.image == "export":
+        return archives.export_archive(args, daemon, args.more)
+    if args.more:
+        raise CliError(f"images: one IMAGE at most (got {args.image!r} and {', '.join(map(repr, args.more))}); "
+                       "did you mean `images import` or `images export`?")
+    if args.output is not None and args.output not in OUTPUTS:
+        import difflib
+
+        close = difflib.get_close_matches(args.output, OUTPUTS, 1)
+        raise CliError(f"images: -o {args.output!r} is not one of {', '.join(OUTPUTS)}"
+                       + (f"; did you mean {close[0]!r}?" if close else ""))
+    return _images(args, daemon)
+
+
+_verb("images", "list images; `images import FILE...` imports OCI archives and docker-archives, `images export "
+                "IMAGE... -o FILE` writes an archive (podshimd reads and writes FILE)", _images_verb,
+      lambda p: (p.add_argument("image", metavar="REPOSITORY[:TAG] | import | export", nargs="?", default=None,
+                                help="only this image; or import, or export"),
+                 p.add_argument("more", metavar="FILE | IMAGE", nargs="*",
+                                help="import: the archives; export: the images"),
+                 p.add_argument("--quiet", "-q", action="store_true", help="print ids only"),
+                 p.add_argument("--output", "-o", default=None, metavar="FORMAT | FILE",
+                                help="table (the default), or crictl's JSON or YAML document of the list; "
+                                     "export: the archive to write"),
+                 p.add_argument("--format", choices=("oci-archive", "docker-archive"), default="oci-archive",
+                                help="export: the archive's format (default oci-archive)")))
 
 
 def _image_status(daemon: _Podshimd, name: str, verbose: bool = False) -> Any:

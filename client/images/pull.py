@@ -87,7 +87,8 @@ from .imageconfig import MAX_CONFIG_BYTES, check_config
 from .content import BlobError, ContentStore, file_digest, sha256_digest
 from .reference import DEFAULT_DOMAIN, Reference, ReferenceError, check_digest
 
-__all__ = ["PULL_TIMEOUT", "PULL_PROGRESS_TIMEOUT", "SKOPEO", "MEDIA_TYPES", "AuthConfig", "RegistryHost", "Descriptor", "Manifest", "Pulled",
+__all__ = ["PULL_TIMEOUT", "PULL_PROGRESS_TIMEOUT", "SKOPEO", "MEDIA_TYPES", "AuthConfig", "RegistryHost", "Descriptor", "Manifest",
+           "Progress", "Pulled",
            "Puller", "registries_conf", "auth_file", "skopeo_error", "select_platform", "parse_manifest",
            "registry_host"]
 
@@ -166,6 +167,25 @@ class Manifest:
     media_type: str
     config: Descriptor
     layers: tuple[Descriptor, ...]
+
+
+@dataclass
+class Progress:
+    """What a pull in flight shows of itself (:meth:`Puller.pull` fills it in): ``work``, its
+    directory (what is downloaded so far is the bytes under it), and, once its manifest is read,
+    the image's ``layers`` and their ``bytes``."""
+
+    work: str = ""
+    layers: int = 0
+    bytes: int = 0
+
+    def manifest(self, manifest: Manifest) -> None:
+        self.layers, self.bytes = len(manifest.layers), sum(layer.size for layer in manifest.layers)
+
+    def downloaded(self) -> int:
+        """Bytes downloaded so far (at most :attr:`bytes` once that is known)."""
+        done = _bytes_under(self.work) if self.work and os.path.isdir(self.work) else 0
+        return min(done, self.bytes) if self.bytes else done
 
 
 @dataclass(frozen=True)
@@ -576,7 +596,8 @@ class Puller:
         self._pdeathsig = os.access(_SETPRIV, os.X_OK)
 
     async def pull(self, ref: Reference, auth: AuthConfig | None = None, *, stored: bool = False,
-                   stage: Callable[[str, str], object] | None = None, reuse: Iterable[str] = ()) -> Pulled:
+                   stage: Callable[[str, str], object] | None = None, reuse: Iterable[str] = (),
+                   progress: Progress | None = None) -> Pulled:
         """Pull ``ref`` into the content store. Raises RpcError with a sentence (NotFound,
         Unauthenticated, DataLoss, Unavailable, DeadlineExceeded...); on any failure or
         cancellation nothing of this pull is left but blobs already verified.
@@ -596,15 +617,19 @@ class Puller:
         downloading them (hard-linked into its layout first; never manifests, which skopeo
         writes in place). Those the image has are hashed again before they count; a damaged one
         is removed from the store and downloaded (the store heals), and none is staged.
+
+        ``progress``, when given, is filled in as the pull goes (:class:`Progress`).
         """
         work = self.content.temporary_dir("pull-")
+        progress = progress or Progress()
+        progress.work = work
         loop = asyncio.get_running_loop()
         try:
             async with asyncio.timeout(loop.time() + self.progress_timeout) as stalled:
                 watcher = asyncio.ensure_future(self._watch(work, stalled))
                 arrivals = _Arrivals(stage)
                 try:
-                    return await self._pull(work, ref, auth, stored, arrivals, frozenset(reuse))
+                    return await self._pull(work, ref, auth, stored, arrivals, frozenset(reuse), progress)
                 finally:
                     watcher.cancel()
                     await asyncio.wait([watcher])
@@ -634,7 +659,7 @@ class Puller:
                 stalled.reschedule(loop.time() + self.progress_timeout)
 
     async def _pull(self, work: str, ref: Reference, auth: AuthConfig | None, stored: bool,
-                    arrivals: _Arrivals, reuse: frozenset[str]) -> Pulled:
+                    arrivals: _Arrivals, reuse: frozenset[str], progress: Progress) -> Pulled:
         early: asyncio.Task[bytes] | None = None
         follower = None
         checking: asyncio.Future[list[str]] | None = None  # the stored blobs linked in, hashed meanwhile
@@ -672,6 +697,7 @@ class Puller:
                 data = None  # this platform's manifest: from the copy, or asked for
             else:
                 named = image_manifest(raw, f"the manifest of {ref}")
+                progress.manifest(named)
                 _check_config_size(ref, named)
                 arrivals.skip.add(named.config.digest)
                 if early is not None:  # its linked layers hashed while skopeo copies
@@ -679,6 +705,7 @@ class Puller:
             complete = None if early is not None else await asyncio.to_thread(self._complete, manifest_digest)
             if complete is not None:
                 manifest, config = complete
+                progress.manifest(manifest)
                 config_doc = self._config(ref, manifest, config)
                 await asyncio.to_thread(self._store_manifests, manifests)
             else:
@@ -691,6 +718,7 @@ class Puller:
                 if data is None:
                     data = await session.run(inspect(pinned), deadline)
                 manifest = image_manifest(data, f"manifest {manifest_digest} of {ref}")
+                progress.manifest(manifest)
                 _check_config_size(ref, manifest)
                 if sha256_digest(data) != manifest_digest:
                     raise DataLoss(f"image {ref}: manifest {manifest_digest} has the wrong content: its sha256 is "

@@ -39,13 +39,14 @@ import asyncio
 import logging
 import os
 from collections.abc import Callable, Iterable
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
-from shim.rpc.status import FailedPrecondition, InvalidArgument, ResourceExhausted
+from shim.rpc.status import FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted
+from shim.rpc.trees import remove_tree
 
 from .content import ContentStore
-from .pull import PULL_PROGRESS_TIMEOUT, PULL_TIMEOUT, SKOPEO, AuthConfig, Pulled, Puller, RegistryHost
+from .pull import PULL_PROGRESS_TIMEOUT, PULL_TIMEOUT, SKOPEO, AuthConfig, Progress, Pulled, Puller, RegistryHost
 from .reference import ReferenceError, parse
 from .snapshots import StagedLayer, Snapshotter
 from .store import ImageRecord, ImageStore, Layer
@@ -76,6 +77,14 @@ def image_user(config: dict[str, Any]) -> tuple[int | None, str]:
         return None, user
 
 
+@dataclass
+class _PullProgress:
+    """A pull in flight: what the puller reports, and the layer blobs that arrived verified."""
+
+    pull: Progress = field(default_factory=Progress)
+    layers_done: set[str] = field(default_factory=set)
+
+
 class Images:
     """The images under ``<state_root>/images`` (see the module's docstring)."""
 
@@ -92,9 +101,11 @@ class Images:
         #: remove first ("a container; remove the container first"); the pod layer sets it.
         self.in_use: Callable[[str], bool | str] = lambda image_id: False
         self.snapshots: Snapshotter | None = None  # made by open(): it cleans up as it starts
-        self._pulls: dict[tuple[str, AuthConfig | None], asyncio.Task[ImageRecord]] = {}
+        # Pulls in flight by reference and credentials, and imports by ("archive PATH", None).
+        self._pulls: dict[tuple[str, AuthConfig | None], asyncio.Task[Any]] = {}
         self._gc_pending = False
         self._collecting: asyncio.Future[Any] | None = None
+        self._progress: dict[str, _PullProgress] = {}  # of the pulls in flight, by reference
 
     def open(self) -> Images:
         """Make the directories, remove what a killed pull left, read the records and collect the
@@ -148,14 +159,43 @@ class Images:
         key = (str(ref), auth or None)
         task = self._pulls.get(key)
         if task is None:
-            task = asyncio.ensure_future(self._pull(ref, auth))
+            progress = _PullProgress()
+            self._progress[str(ref)] = progress
+            task = asyncio.ensure_future(self._pull(ref, auth, progress))
             self._pulls[key] = task
             task.add_done_callback(lambda done: self._pull_done(key, done))
         return await asyncio.shield(task)
 
-    def _pull_done(self, key: tuple[str, AuthConfig | None], task: asyncio.Task[ImageRecord]) -> None:
+    async def pull_reporting(self, name: str, auth: AuthConfig | None = None) -> tuple[ImageRecord, bool]:
+        """:meth:`pull`, and whether the image was up to date: the node had it, with all its blobs
+        and its layers unpacked, and ``name`` still names it (nothing was downloaded)."""
+        try:
+            before = self.store.resolve(str(parse(name)))
+        except ReferenceError:
+            before = None  # pull says why
+        complete = before is not None and before.chain_id != "" and all(
+            self.content.has(digest) for digest in before.blobs)
+        record = await self.pull(name, auth)
+        return record, complete and before is not None and before.image_id == record.image_id
+
+    def pull_progress(self, name: str) -> dict[str, Any]:
+        """How far the pull of ``name`` in flight is: ``pulling`` (False when none is), the
+        image's ``layers`` and their ``bytes`` (0 until its manifest is read), ``layers_done``
+        (downloaded and verified) and ``bytes_done`` (downloaded)."""
+        try:
+            progress = self._progress.get(str(parse(name)))
+        except ReferenceError as exc:
+            raise InvalidArgument(str(exc)) from None
+        if progress is None:
+            return {"pulling": False, "layers": 0, "layers_done": 0, "bytes": 0, "bytes_done": 0}
+        return {"pulling": True, "layers": progress.pull.layers, "layers_done": len(progress.layers_done),
+                "bytes": progress.pull.bytes, "bytes_done": progress.pull.downloaded()}
+
+    def _pull_done(self, key: tuple[str, AuthConfig | None], task: asyncio.Task[Any]) -> None:
         if self._pulls.get(key) is task:
             del self._pulls[key]
+            if not any(other[0] == key[0] for other in self._pulls):
+                self._progress.pop(key[0], None)
         if task.cancelled() or task.exception() is not None:
             if not task.cancelled():
                 log.debug("pull of %s failed: %s", key[0], task.exception())  # retrieved: no warning at exit
@@ -163,27 +203,29 @@ class Images:
         if self._gc_pending and not self._pulls:
             self._start_collecting()
 
-    async def _pull(self, ref: Any, auth: AuthConfig | None) -> ImageRecord:
+    async def _pull(self, ref: Any, auth: AuthConfig | None, progress: _PullProgress) -> ImageRecord:
         while self._collecting is not None:  # a collection must not take what this pull finds stored
             await asyncio.wait([self._collecting])  # its failure is logged, not this pull's
         stored = self.store.resolve(str(ref)) is not None
         try:
-            record = await self._pull_and_unpack(ref, auth, stored)
+            record = await self._pull_and_unpack(ref, auth, stored, progress)
         except BadLayer:
             # A layer blob the store had may have been damaged on disk since it was verified: that
             # one is removed and the image downloaded again, once. A layer just downloaded was
             # checked on its way: its error stands.
             if not stored or not await asyncio.to_thread(self._remove_damaged_layers, ref):
                 raise
-            record = await self._pull_and_unpack(ref, auth, False)
+            record = await self._pull_and_unpack(ref, auth, False, progress)
         log.info("pulled %s: image %s (%d layers, %d bytes)", ref, record.short_id, len(record.layers), record.size)
         return self.store.add(record)
 
-    async def _pull_and_unpack(self, ref: Any, auth: AuthConfig | None, stored: bool) -> ImageRecord:
+    async def _pull_and_unpack(self, ref: Any, auth: AuthConfig | None, stored: bool,
+                               progress: _PullProgress) -> ImageRecord:
         """The image pulled and its layers unpacked (each staged as its blob arrives, committed
         once the config names their diff_ids); its record, not stored yet."""
         if self.snapshots is None:
-            return self._record(await self.puller.pull(ref, auth, stored=stored, reuse=self._stored_layers()))
+            return self._record(await self.puller.pull(ref, auth, stored=stored, reuse=self._stored_layers(),
+                                                       progress=progress.pull))
         staged: dict[str, StagedLayer] = {}  # by blob digest
         limit = UnpackLimit(self.max_unpacked_bytes, self.snapshots.root,
                             setting="image_pull_max_unpacked_bytes in config.toml")
@@ -191,11 +233,12 @@ class Images:
         staging = place.__enter__()  # a mkdir and an uncontended flock: no await between it and the try
         try:
             def stage(digest: str, path: str) -> None:
+                progress.layers_done.add(digest)
                 if digest not in staged:  # a second copy (the tag moved) brings the same blobs again
                     staged[digest] = staging.stage(path, limit)
 
             pulled = await self.puller.pull(ref, auth, stored=stored, stage=stage,  # no stage() runs after it
-                                            reuse=self._stored_layers())
+                                            reuse=self._stored_layers(), progress=progress.pull)
             record = self._record(pulled)
             if record.layers:
                 layers = [(layer.diff_id, self.content.path(layer.digest), layer.media_type) for layer in record.layers]
@@ -208,6 +251,78 @@ class Images:
         finally:
             # What was not committed (layers the node had) goes, off the event loop, also when cancelled.
             await asyncio.shield(asyncio.to_thread(place.__exit__, None, None, None))
+
+    # -- archives ------------------------------------------------------------------------------
+
+    async def import_archive(self, path: str) -> list[ImageRecord]:
+        """Import the images of the archive at ``path`` (:mod:`.archive`: an OCI archive or a
+        docker-archive) as a pull brings an image in: its blobs verified into the content store,
+        its layers unpacked within ``max_unpacked_bytes``, each image recorded with the names the
+        archive gives it only once every image is complete. An import runs as a pull does (garbage
+        is not collected meanwhile; what a failed one stored is collected after it). Their records.
+        Raises what :func:`.archive.read_archive` raises and the unpack's errors."""
+        key = (f"archive {os.path.abspath(path)}", None)
+        task = self._pulls.get(key)
+        if task is None:
+            task = asyncio.ensure_future(self._import(path))
+            self._pulls[key] = task
+            task.add_done_callback(lambda done: self._pull_done(key, done))
+        return await asyncio.shield(task)
+
+    async def _import(self, path: str) -> list[ImageRecord]:
+        from .archive import read_archive
+
+        while self._collecting is not None:  # a collection must not take what this import stores
+            await asyncio.wait([self._collecting])
+        work = self.content.temporary_dir("import-")
+        try:
+            images = await asyncio.to_thread(read_archive, path, self.content, work, self.puller.platform,
+                                             self.max_unpacked_bytes)
+            records = []
+            limit = UnpackLimit(self.max_unpacked_bytes, self.snapshots.root if self.snapshots else self.root,
+                                setting="image_pull_max_unpacked_bytes in config.toml")
+            for image in images:
+                diff_ids = image.config["rootfs"]["diff_ids"]
+                layers = tuple(Layer(d.digest, d.size, d.media_type, str(diff_id))
+                               for d, diff_id in zip(image.manifest.layers, diff_ids))
+                size = (os.path.getsize(self.content.path(image.manifest_digest)) + image.manifest.config.size
+                        + sum(layer.size for layer in layers))
+                record = ImageRecord(image_id=image.manifest.config.digest, repo_tags=tuple(map(str, image.names)),
+                                     repo_digests=(), manifest_digest=image.manifest_digest,
+                                     manifests=(image.manifest_digest,), config=image.config, layers=layers, size=size)
+                if self.snapshots is not None and layers:
+                    chain_id = await asyncio.to_thread(self.snapshots.unpack, [
+                        (layer.diff_id, self.content.path(layer.digest), layer.media_type) for layer in layers],
+                        limit=limit)
+                    record = replace(record, chain_id=chain_id)
+                records.append(record)
+        except ResourceExhausted as exc:
+            raise ResourceExhausted(f"importing {path}: {exc.message}") from None
+        finally:
+            await asyncio.shield(asyncio.to_thread(remove_tree, work, ignore_errors=True))
+        stored = [self.store.add(record) for record in records]
+        for record in stored:
+            log.info("imported %s from %s: image %s (%d layers, %d bytes)", ", ".join(record.repo_tags) or "an "
+                     "untagged image", path, record.short_id, len(record.layers), record.size)
+        return stored
+
+    async def export_archive(self, names: Iterable[str], path: str, archive_format: str) -> tuple[list[ImageRecord], int]:
+        """Write the images ``names`` name to ``path`` as an archive of ``archive_format``
+        (:mod:`.archive`); their records and the archive's size. Raises NotFound for a name that
+        names no image, and what :func:`.archive.write_archive` raises."""
+        from .archive import write_archive
+
+        records = []
+        for name in names:
+            record = self.store.resolve(name)
+            if record is None:
+                raise NotFound(f"no such image {name!r} present")
+            records.append(record)
+        while self._collecting is not None:  # a removal's collection may take blobs of what it writes
+            await asyncio.wait([self._collecting])
+        size = await asyncio.to_thread(write_archive, path, records, self.content, archive_format)
+        log.info("exported %s to %s (%d bytes)", ", ".join(r.short_id for r in records), path, size)
+        return records, size
 
     def _stored_layers(self) -> set[str]:
         """The layer blobs of the images recorded: what a pull may take from the store."""

@@ -52,7 +52,7 @@ from shim.rpc.blocking import can_connect
 from shim.rpc.files import ensure_private_dir, flock_open
 from shim.rpc.status import RpcError, Unimplemented
 
-from . import metrics
+from . import archives, metrics
 from .config import Config
 from .checkpoints import Checkpoints
 from .containers import Containers
@@ -284,6 +284,7 @@ async def serve(config: Config, *, notifier: Notifier | None = None, on_hangup: 
             api_pb2_grpc.add_RuntimeServiceServicer_to_server(
                 RuntimeService(config, pods, changes, streaming, images), server)
             api_pb2_grpc.add_ImageServiceServicer_to_server(ImageService(config, pods, changes, images=images), server)
+            server.add_generic_rpc_handlers((archives.handler(images),))  # podshim.images.v1: no CRI RPC for these
             old_umask = os.umask(0o177)  # the socket is born 0600: no moment where others may connect
             try:
                 server.add_insecure_port("unix://" + grpc_path)
