@@ -178,14 +178,19 @@ class Progress:
     work: str = ""
     layers: int = 0
     bytes: int = 0
+    layer_digests: frozenset[str] = frozenset()
+    _seen: int = 0
 
     def manifest(self, manifest: Manifest) -> None:
         self.layers, self.bytes = len(manifest.layers), sum(layer.size for layer in manifest.layers)
+        self.layer_digests = frozenset(layer.digest for layer in manifest.layers)
 
     def downloaded(self) -> int:
-        """Bytes downloaded so far (at most :attr:`bytes` once that is known)."""
+        """Bytes downloaded so far (at most :attr:`bytes` once that is known; never less than
+        before: the blobs leave the work directory for the store at the end)."""
         done = _bytes_under(self.work) if self.work and os.path.isdir(self.work) else 0
-        return min(done, self.bytes) if self.bytes else done
+        self._seen = max(self._seen, min(done, self.bytes) if self.bytes else done)
+        return self._seen
 
 
 @dataclass(frozen=True)

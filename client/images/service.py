@@ -188,7 +188,8 @@ class Images:
             raise InvalidArgument(str(exc)) from None
         if progress is None:
             return {"pulling": False, "layers": 0, "layers_done": 0, "bytes": 0, "bytes_done": 0}
-        return {"pulling": True, "layers": progress.pull.layers, "layers_done": len(progress.layers_done),
+        done = progress.layers_done & progress.pull.layer_digests if progress.pull.layer_digests else progress.layers_done
+        return {"pulling": True, "layers": progress.pull.layers, "layers_done": len(done),
                 "bytes": progress.pull.bytes, "bytes_done": progress.pull.downloaded()}
 
     def _pull_done(self, key: tuple[str, AuthConfig | None], task: asyncio.Task[Any]) -> None:

@@ -7,15 +7,18 @@ import hashlib
 import io
 import json
 import os
+import re
 import subprocess
 import tarfile
 
 import pytest
 
+from critools import REPO
 from podtools import container_config, pod_config
 import test_podshimd_images
 from test_podshimd_images import blobs
-from test_podshimd_podshimctl import ctl
+from test_podshimd_podshimctl import PODSHIMCTL, ctl
+from ttytools import OnTerminal
 
 image_daemon, daemon = test_podshimd_images.image_daemon, test_podshimd_images.daemon
 
@@ -135,16 +138,38 @@ def test_export_of_an_image_the_node_lacks_is_not_found_and_writes_nothing(daemo
     assert os.listdir(tmp_path) == []
 
 
-def test_pull_under_json_prints_its_progress_as_events_then_its_result(daemon, test_images):
-    busybox = test_images.busybox
-    lines = [json.loads(line) for line in ctl(daemon, "pull", "--json", busybox.ref).stdout.splitlines()]
+@pytest.fixture(scope="module")
+def big_image(test_images):
+    """An image of busybox and four layers of 16 MiB that do not compress (more than 64 MiB to
+    download): a pull long enough to watch."""
+    return test_images.build("bigpull", [{f"data{i}": os.urandom(16 << 20)} for i in range(4)])
+
+
+def test_pull_under_json_prints_its_progress_as_events_then_its_result(daemon, big_image):
+    lines = [json.loads(line) for line in ctl(daemon, "pull", "--json", big_image.ref).stdout.splitlines()]
     *events, result = lines
     assert result["up_to_date"] is False and result["image_ref"].startswith("sha256:")
-    assert all(e["event"] == "progress" and e["image"] == busybox.ref for e in events)
+    assert events and all(e["event"] == "progress" and e["image"] == big_image.ref for e in events)
     assert all(0 <= e["bytes_done"] and (not e["bytes"] or e["bytes_done"] <= e["bytes"]) for e in events)
+    known = [e for e in events if e["layers"]]
+    assert known and all(e["layers"] >= 5 and e["layers_done"] <= e["layers"] and e["bytes"] > 64 << 20
+                         for e in known)
+    assert [e["bytes_done"] for e in events] == sorted(e["bytes_done"] for e in events)
     # Pulled again: up to date (the image and every layer were there), nothing downloaded.
-    again = [json.loads(line) for line in ctl(daemon, "pull", "--json", busybox.ref).stdout.splitlines()]
+    again = [json.loads(line) for line in ctl(daemon, "pull", "--json", big_image.ref).stdout.splitlines()]
     assert again[-1] == {"image_ref": result["image_ref"], "up_to_date": True}
+
+
+def test_pull_on_a_terminal_shows_its_layers_and_bytes_then_what_it_pulled(daemon, big_image):
+    ref = re.escape(big_image.ref.encode())
+    term = OnTerminal([*PODSHIMCTL, "--runtime-root", daemon.runtime_root, "pull", big_image.ref], 24, 160, cwd=REPO)
+    try:
+        found = term.read_until(rb"Pulling " + ref + rb": (\d+)/(\d+) layers, [0-9.]+[KMG]?i?B/6\d\.\dMiB")
+        assert int(found[1]) <= int(found[2]) and int(found[2]) >= 5
+        term.read_until(rb"Pulled " + ref + rb": sha256:[0-9a-f]{64}\r?\n")
+        assert term.wait() == 0
+    finally:
+        term.close()
 
 
 def test_a_pull_whose_layer_went_missing_is_not_up_to_date(daemon, test_images):
