@@ -1,8 +1,9 @@
-"""The streaming server's listener: HTTP/1.1 in, one SPDY session per upgraded connection.
+"""The streaming server's listener: HTTP/1.1 in, one SPDY session (or, for exec and attach, one
+WebSocket session: :mod:`.websocket`) per upgraded connection.
 
 ``/portforward/TOKEN``, ``/exec/TOKEN`` and ``/attach/TOKEN``: the token (:mod:`.tokens`) names the
 CRI request that returned the URL; an unknown, used or expired one, a path of another kind, or a
-request that is no SPDY/3.1 upgrade gets a plain-text HTTP error and the connection is closed. What a
+request that is no SPDY/3.1 or WebSocket upgrade gets a plain-text HTTP error and the connection is closed. What a
 session does is its handler's (:mod:`.portforward`, :mod:`.remotecommand`); this file only wires.
 """
 
@@ -18,7 +19,7 @@ from typing import Any
 
 from shim.rpc.frames import NEED_DATA
 
-from . import portforward, remotecommand
+from . import portforward, remotecommand, websocket
 from .attach import AttachBackend, AttachRequest
 from .remotecommand import ExecBackend, ExecRequest
 from .session import Session
@@ -187,10 +188,16 @@ class StreamingServer:
             return
         finally:
             self._unauthenticated -= 1
-        writer.write(switching_protocols(protocol))
         tasks = SessionTasks()
-        handler = self._handler(stored, protocol, tasks)
-        session = Session(reader, writer, handler.stream_opened)
+        session: Session | websocket.WebSocketSession
+        if websocket.is_websocket(request):
+            writer.write(websocket.switching_protocols(request, protocol))
+            handler = self._handler(stored, websocket.spdy_protocol(protocol), tasks)
+            session = websocket.WebSocketSession(reader, writer, protocol, handler.stream_opened)
+        else:
+            writer.write(switching_protocols(protocol))
+            handler = self._handler(stored, protocol, tasks)
+            session = Session(reader, writer, handler.stream_opened)
         try:
             await session.run(head.trailing)
         finally:
@@ -205,7 +212,12 @@ class StreamingServer:
             raise HttpError(404, f"no such streaming endpoint {request.target!r} (the paths are "
                                  "/exec/TOKEN, /attach/TOKEN and /portforward/TOKEN from a CRI call's URL)")
         kind, token = parts
-        protocol = negotiate(request, PROTOCOLS[kind])  # before the token is spent
+        if websocket.is_websocket(request):  # kubelet proxies its client's WebSocket (exec, attach)
+            if kind == "portforward":
+                raise HttpError(400, "port-forward is served over SPDY/3.1 only, not a WebSocket")
+            protocol = websocket.negotiate(request)
+        else:
+            protocol = negotiate(request, PROTOCOLS[kind])  # before the token is spent
         try:
             stored = self.tokens.consume(token)
         except TokenError as exc:

@@ -14,10 +14,11 @@ import asyncio
 import collections
 import logging
 from collections.abc import Callable
+from typing import Any
 
 from client.streaming import spdy
 
-__all__ = ["MAX_BUFFERED_BYTES", "READ_BYTES", "StreamClosed", "Stream", "Session"]
+__all__ = ["MAX_BUFFERED_BYTES", "READ_BYTES", "StreamClosed", "Inbound", "Stream", "Session", "read_when_room"]
 
 log = logging.getLogger("podshimd.streaming")
 
@@ -31,21 +32,27 @@ class StreamClosed(Exception):
     """Writing to a stream that was reset, closed for writing, or whose session ended."""
 
 
-class Stream:
-    """One SPDY stream the client opened: its headers, what it sent, a way to answer."""
+async def read_when_room(reader: asyncio.StreamReader, owner: Session | Any) -> bytes:
+    """The client's next bytes, read once ``owner``'s streams keep at most MAX_BUFFERED_BYTES
+    (``_buffered``; ``_room`` is set when that drops); b"" when the client is gone."""
+    while owner._buffered > MAX_BUFFERED_BYTES:
+        owner._room.clear()
+        await owner._room.wait()
+    try:
+        return await reader.read(READ_BYTES)
+    except ConnectionError:
+        return b""
 
-    def __init__(self, session: Session, stream_id: int, headers: spdy.HeaderList) -> None:
-        self.session = session
-        self.stream_id = stream_id
-        self.headers = headers
+
+class Inbound:
+    """What the client sent on one stream (or WebSocket channel), kept until its handler reads it.
+    ``owner`` counts the bytes kept (``_buffered``) and hears of each that leaves (``_taken(n)``)."""
+
+    def __init__(self, owner: Session | Any) -> None:
+        self._owner = owner
         self._chunks: collections.deque[bytes] = collections.deque()
         self._readable = asyncio.Event()
         self._eof = False
-        self.was_reset = False
-
-    def header(self, name: str) -> str | None:
-        """The first value of header ``name``, or None."""
-        return spdy.header(self.headers, name)
 
     async def read(self) -> bytes:
         """The next bytes the client sent; b"" once it closed its side, reset the stream or went away."""
@@ -55,8 +62,38 @@ class Stream:
         if not self._chunks:
             return b""
         data = self._chunks.popleft()
-        self.session._taken(len(data))
+        self._owner._taken(len(data))
         return data
+
+    def discard(self) -> None:
+        """The handler will not read this stream any more: drop what it buffered, and what comes."""
+        self._eof = True
+        self._owner._taken(sum(map(len, self._chunks)))
+        self._chunks.clear()
+        self._readable.set()
+
+    def _received(self, data: bytes, fin: bool) -> None:
+        if data and not self._eof:
+            self._chunks.append(data)
+            self._owner._buffered += len(data)
+        if fin:
+            self._eof = True
+        self._readable.set()
+
+
+class Stream(Inbound):
+    """One SPDY stream the client opened: its headers, what it sent, a way to answer."""
+
+    def __init__(self, session: Session, stream_id: int, headers: spdy.HeaderList) -> None:
+        super().__init__(session)
+        self.session = session
+        self.stream_id = stream_id
+        self.headers = headers
+        self.was_reset = False
+
+    def header(self, name: str) -> str | None:
+        """The first value of header ``name``, or None."""
+        return spdy.header(self.headers, name)
 
     async def write(self, data: bytes) -> None:
         """Send ``data`` and wait until the socket takes more. Raises StreamClosed."""
@@ -70,22 +107,7 @@ class Stream:
         """Abort the stream (RST_STREAM CANCEL) and drop what it buffered."""
         self.session._reset(self)
 
-    def discard(self) -> None:
-        """The handler will not read this stream any more: drop what it buffered, and what comes."""
-        self._eof = True
-        self.session._taken(sum(map(len, self._chunks)))
-        self._chunks.clear()
-        self._readable.set()
-
     # -- for the session -----------------------------------------------------------------------------
-    def _received(self, data: bytes, fin: bool) -> None:
-        if data and not self._eof:
-            self._chunks.append(data)
-            self.session._buffered += len(data)
-        if fin:
-            self._eof = True
-        self._readable.set()
-
     def _ended(self, reset: bool) -> None:
         self.was_reset = self.was_reset or reset
         self.discard()
@@ -122,13 +144,7 @@ class Session:
                     for event in events:
                         self._dispatch(event)
                     self._flush()
-                while self._buffered > MAX_BUFFERED_BYTES:
-                    self._room.clear()
-                    await self._room.wait()
-                try:
-                    data = await self._reader.read(READ_BYTES)
-                except ConnectionError:
-                    return
+                data = await read_when_room(self._reader, self)
                 if not data:
                     return
         finally:

@@ -1,23 +1,29 @@
 """Exec through podshimd's streaming server, driven by the real crictl: `crictl exec` (output and exit
 code), `crictl exec -i` with stdin piped, `crictl exec -it` on a terminal (script(1)) with a resize; the
-command killed when the client goes away."""
+command killed when the client goes away. And exec over a WebSocket, as kubelet proxies one (its
+channels, the error channel's status, stdin to v5's close signal), with a client of our own codec."""
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import os
 import re
 import shutil
 import signal
+import socket
+import struct
 import subprocess
 
 import grpc
 import pytest
 
 from client.criapi import api_pb2
+from client.streaming import websocket
 from podtools import container_config, pod_config
 from proctools import wait_gone
+from shim.rpc.frames import NEED_DATA
 
 MB = 1 << 20
 HANDLERS = ["native"] + [h for h in ("runc", "crun") if shutil.which(h, path="/usr/sbin:/usr/bin:/sbin:/bin")]
@@ -175,3 +181,83 @@ def test_a_container_that_stops_mid_exec_ends_the_exec_with_its_killed_status(da
             proc.wait()
     # The container's pid namespace went with it: the exec was killed (SIGKILL: 128 + 9).
     assert proc.returncode == 1 and b"command terminated with exit code 137" in err, err
+
+
+# -- exec over a WebSocket, as kubelet proxies its client's (Kubernetes' channel.k8s.io protocols) ------
+
+def websocket_exec(url: str, protocol: str, stdin: bytes = b"", close_stdin: bool = False,
+                   timeout: float = 60) -> tuple[list[tuple[int, bytes]], bytes]:
+    """Open ``url`` (an Exec answer's) as a WebSocket speaking ``protocol``, send ``stdin`` on channel 0
+    (then v5's close signal for it when ``close_stdin``), and read until the server closes: every
+    message as (channel, data), and the close frame's payload."""
+    host_port, path = url.removeprefix("http://").split("/", 1)
+    host, port = host_port.rsplit(":", 1)
+    key = base64.b64encode(os.urandom(16)).decode()
+    text = protocol.startswith(("base64.", "v4.base64."))
+    with socket.create_connection((host, int(port)), timeout=timeout) as sock:
+        sock.sendall(f"GET /{path} HTTP/1.1\r\nHost: {host_port}\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n"
+                     f"Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: {key}\r\n"
+                     f"Sec-WebSocket-Protocol: {protocol}\r\n\r\n".encode())
+        head = b""
+        while b"\r\n\r\n" not in head:
+            chunk = sock.recv(4096)
+            assert chunk, head
+            head += chunk
+        head, _, rest = head.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 101 "), head
+        assert f"Sec-WebSocket-Accept: {websocket.accept_key(key)}".encode() in head, head
+        assert f"Sec-WebSocket-Protocol: {protocol}".encode() in head, head
+        for offset in range(0, len(stdin), 32 * 1024):
+            piece = stdin[offset:offset + 32 * 1024]
+            message = b"0" + base64.b64encode(piece) if text else b"\x00" + piece
+            sock.sendall(websocket.encode_frame(0x1 if text else 0x2, message, mask=os.urandom(4)))
+        if close_stdin:
+            sock.sendall(websocket.encode_frame(0x2, bytes([255, 0]), mask=os.urandom(4)))
+        frames = websocket.FrameReader(client_side=True, max_bytes=64 * MB)
+        frames.feed(rest)
+        messages: list[tuple[int, bytes]] = []
+        while True:
+            while (message := frames.next_message()) is not NEED_DATA:
+                opcode, payload = message
+                if opcode == 0x8:
+                    return messages, payload
+                if text:
+                    messages.append((int(payload[:1]), base64.b64decode(payload[1:])))
+                else:
+                    messages.append((payload[0], payload[1:]))
+            chunk = sock.recv(65536)
+            assert chunk, f"the connection ended without a close frame after {messages}"
+            frames.feed(chunk)
+
+
+def channel(messages: list[tuple[int, bytes]], number: int) -> bytes:
+    return b"".join(data for n, data in messages if n == number)
+
+
+@pytest.mark.parametrize("protocol", ["channel.k8s.io", "base64.channel.k8s.io"])
+def test_exec_over_a_websocket_streams_stdout_and_stderr_on_their_channels_and_closes(daemon, container, protocol):
+    url = daemon.runtime().Exec(api_pb2.ExecRequest(container_id=container, cmd=["sh", "-c", "echo out; echo err >&2"],
+                                                     stdout=True, stderr=True)).url
+    messages, close = websocket_exec(url, protocol)
+    assert messages[0] == (1, b"")  # the first message: empty, on stdout, as kubelet's server opens
+    assert channel(messages, 1) == b"out\n" and channel(messages, 2) == b"err\n"
+    assert channel(messages, 3) == b""  # v1: success says nothing
+    assert close == struct.pack("!H", 1000)
+
+
+def test_exec_over_a_v4_websocket_reports_the_exit_code_as_a_status_on_the_error_channel(daemon, container):
+    url = daemon.runtime().Exec(api_pb2.ExecRequest(container_id=container, cmd=["sh", "-c", "exit 7"],
+                                                     stdout=True)).url
+    messages, _ = websocket_exec(url, "v4.channel.k8s.io")
+    status = json.loads(channel(messages, 3))
+    assert (status["status"], status["reason"]) == ("Failure", "NonZeroExitCode")
+    assert status["details"]["causes"] == [{"reason": "ExitCode", "message": "7"}]
+
+
+def test_exec_over_a_v5_websocket_carries_stdin_to_its_close_signal(daemon, container):
+    payload = os.urandom(MB)
+    url = daemon.runtime().Exec(api_pb2.ExecRequest(container_id=container, cmd=["sha256sum"], stdin=True,
+                                                     stdout=True)).url
+    messages, _ = websocket_exec(url, "v5.channel.k8s.io", stdin=payload, close_stdin=True)
+    assert channel(messages, 1).split()[0].decode() == hashlib.sha256(payload).hexdigest()
+    assert json.loads(channel(messages, 3))["status"] == "Success"
