@@ -452,3 +452,15 @@ async def task_cycle(call: Callable[..., Awaitable[dict]], task_id: str, **field
     await call(TASK_SERVICE, "Wait", task_id=task_id)
     await call(TASK_SERVICE, "Delete", task_id=task_id)
     return t1 - t0, t2 - t1
+
+
+def run_stamp(load_before: tuple[float, float, float]) -> str:
+    """When a bench ran and how loaded the machine was: the UTC time, the cores, and the load
+    averages (1, 5, 15 min) given from its start and read now, at its end."""
+    import datetime
+
+    def loads(values: Sequence[float]) -> str:
+        return " ".join(f"{x:.2f}" for x in values)
+
+    return (f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC; {os.cpu_count()} cores; load average "
+            f"(1, 5, 15 min) {loads(load_before)} at the start, {loads(os.getloadavg())} at the end")

@@ -23,11 +23,11 @@ in the pods' cgroups); kubelet, kube-proxy and the containers themselves are not
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -36,7 +36,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(1, os.path.dirname(os.path.abspath(__file__)))
 
 import cluster as harness  # noqa: E402
-from bench.common import memory, percentile  # noqa: E402
+from bench.common import memory, percentile, run_stamp  # noqa: E402
 
 #: Bound on every wait for the pods of one node (start, delete).
 WAIT = 900.0
@@ -79,10 +79,11 @@ class Watch:
     running: dict[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        self.errors = tempfile.TemporaryFile("w+")
         self.process = subprocess.Popen(
             self.c.kubectl_argv("get", "pods", "-l", self.selector, "--watch", "--request-timeout=0",
                                 "-o", "jsonpath={.metadata.name} {.status.phase}{\"\\n\"}"),
-            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL, text=True)
+            stdout=subprocess.PIPE, stderr=self.errors, stdin=subprocess.DEVNULL, text=True)
         self.lock = threading.Lock()
         self.reader = threading.Thread(target=self._read, daemon=True)
         self.reader.start()
@@ -107,7 +108,9 @@ class Watch:
             if done >= count:
                 return
             if self.process.poll() is not None:
-                raise RuntimeError(f"the pod watch ended (status {self.process.returncode}) at {done} of {count}")
+                self.errors.seek(0)
+                raise RuntimeError(f"the pod watch ended (status {self.process.returncode}) at {done} of {count}: "
+                                   f"{self.errors.read()[-500:]}")
             if time.monotonic() > deadline:
                 raise RuntimeError(f"{done} of {count} pods Running within {timeout:.0f} s")
             time.sleep(0.2)
@@ -116,6 +119,7 @@ class Watch:
         self.process.kill()
         self.process.wait()
         self.reader.join(10)
+        self.errors.close()
 
 
 @dataclass
@@ -242,11 +246,8 @@ def main() -> int:
     with harness.cluster(len(runtimes), args.name, runtimes) as c:
         pull_everywhere(c)
         results = measure(c, args.pods)
-    load_after = os.getloadavg()
     print(tables(results))
-    print(f"\n{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC; {os.cpu_count()} cores; load "
-          f"average (1, 5, 15 min) {' '.join(f'{x:.2f}' for x in load_before)} before, "
-          f"{' '.join(f'{x:.2f}' for x in load_after)} after")
+    print(f"\n{run_stamp(load_before)}")
     return 0
 
 
