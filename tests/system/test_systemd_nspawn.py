@@ -395,8 +395,14 @@ def _podshimd_in(machine, image: str) -> None:
             again = json.loads(podshimctl(machine, "inspect", "--json", ctr))
             assert again["state"] == "CONTAINER_RUNNING" and again["info"]["pid"] == task
 
+        podshimctl(machine, "rmp", pod)
+        assert not any(machine.pid_alive(p) for p in (pause, shim, task))
+        assert podshimctl(machine, "pods", "-q") == ""
+        assert machine.run("ip", "netns", "list").stdout == ""
+
         # The daemon's lines are journal entries with their level and the pod's fields, and a
-        # pod's life is INFO: nothing at WARNING or above (nothing for an operator to act on).
+        # pod's whole life, from runp to rmp across restarts, a kill -9 and an upgrade, is INFO:
+        # nothing at WARNING or above (nothing for an operator to act on).
         entries = [json.loads(line) for line in machine.run(
             "journalctl", "-u", "podshimd.service", "-o", "json", "--no-pager").stdout.splitlines()]
         ready = [e for e in entries if e.get("MESSAGE", "").startswith("pod sandbox ready")]
@@ -406,10 +412,6 @@ def _podshimd_in(machine, image: str) -> None:
         assert [(e["POD_ID"], e["CONTAINER_ID"]) for e in started] == [(pod, ctr)]
         assert [e["MESSAGE"] for e in entries if e.get("LOGGER") and int(e["PRIORITY"]) <= 4] == []
 
-        podshimctl(machine, "rmp", pod)
-        assert not any(machine.pid_alive(p) for p in (pause, shim, task))
-        assert podshimctl(machine, "pods", "-q") == ""
-        assert machine.run("ip", "netns", "list").stdout == ""
     finally:
         machine.systemctl("stop", "podshimd.socket", "podshimd.service")
     assert not os.path.lexists(machine.host_path("/run/podshim/podshimd.sock"))
