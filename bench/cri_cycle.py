@@ -299,7 +299,7 @@ def pull_pause_image(state_root: str, workdir: str) -> str:
     from imagebuild import TestImages, catatonit_pause_image
     from registry import running_registry
 
-    from client.images.pull import RegistryHost
+    from client.images.skopeo import RegistryHost
     from client.images.service import Images
 
     async def pull(ref: str, host: str) -> None:

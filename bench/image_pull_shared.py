@@ -35,7 +35,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def worker(state: str, base: str, top: str, host: str) -> None:
     """In a contender's process: pull ``base`` if its store lacks it, then time a pull of ``top``
     and remove it again; prints {"ms": ...}."""
-    from client.images.pull import RegistryHost
+    from client.images.skopeo import RegistryHost
     from client.images.service import Images
 
     async def main() -> float:

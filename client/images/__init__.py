@@ -2,6 +2,9 @@
 
 - ``client.images.reference``: image references, parsed and normalised as containerd does.
 - ``client.images.content``: the content store, verified blobs by digest.
+- ``client.images.manifests``: the OCI image model: media types, descriptors, manifests, indexes.
+- ``client.images.skopeo``: what a pull gives skopeo and what its answers mean.
+- ``client.images.arrivals``: blobs hashed and staged as skopeo finishes them.
 - ``client.images.pull``: pulling from a registry with skopeo into the content store.
 - ``client.images.store``: image records by id, tag and digest (a file per image).
 - ``client.images.service``: the node's images as CRI's ImageService means them (pull, list,

@@ -45,8 +45,16 @@ from shim.rpc.status import DataLoss, InvalidArgument, NotFound, ResourceExhaust
 
 from .content import BlobError, ContentStore, sha256_digest
 from .imageconfig import MAX_CONFIG_BYTES, check_config
-from .pull import OCI_INDEX, OCI_MANIFEST, MANIFEST_LIST_V2, Descriptor, Manifest, image_manifest, parse_manifest, \
-    select_platform
+from .manifests import (
+    MANIFEST_LIST_V2,
+    OCI_INDEX,
+    OCI_MANIFEST,
+    Descriptor,
+    Manifest,
+    image_manifest,
+    parse_manifest,
+    select_platform,
+)
 from .reference import Reference, ReferenceError, parse
 
 __all__ = ["OCI_ARCHIVE", "DOCKER_ARCHIVE", "FORMATS", "MAX_MANIFEST_BYTES", "ArchivedImage", "read_archive",

@@ -46,9 +46,10 @@ from shim.rpc.status import FailedPrecondition, InvalidArgument, NotFound, Resou
 from shim.rpc.trees import remove_tree
 
 from .content import ContentStore
-from .pull import PULL_PROGRESS_TIMEOUT, PULL_TIMEOUT, SKOPEO, AuthConfig, Progress, Pulled, Puller, RegistryHost
+from .pull import PULL_PROGRESS_TIMEOUT, PULL_TIMEOUT, Progress, Pulled, Puller
 from .reference import ReferenceError, parse
-from .snapshots import StagedLayer, Snapshotter
+from .skopeo import SKOPEO, AuthConfig, RegistryHost
+from .snapshots import Snapshotter, StagedLayer
 from .store import ImageRecord, ImageStore, Layer
 from .unpack import BadLayer, UnpackLimit
 

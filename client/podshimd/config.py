@@ -40,7 +40,8 @@ from client.cri.cdi import DEFAULT_SPEC_DIRS as DEFAULT_CDI_SPEC_DIRS
 from client.cri.cni import DEFAULT_BIN_DIRS as DEFAULT_CNI_BIN_DIRS
 from client.cri.cni import DEFAULT_CONF_DIR as DEFAULT_CNI_CONF_DIR
 from client.controller.defaults import DEFAULT_RUNTIME_ROOT, podshimd_endpoint
-from client.images.pull import PULL_PROGRESS_TIMEOUT, PULL_TIMEOUT, RegistryHost
+from client.images.pull import PULL_PROGRESS_TIMEOUT, PULL_TIMEOUT
+from client.images.skopeo import RegistryHost
 from client.images.reference import ReferenceError, parse
 from client.images.service import MAX_UNPACKED_BYTES
 from shim.paths import SUN_PATH_MAX

@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from client.criapi import api_pb2
-from client.images.pull import AuthConfig
+from client.images.skopeo import AuthConfig
 from client.images.service import image_user
 from client.images.store import ImageRecord
 from shim.rpc.status import InvalidArgument

@@ -295,7 +295,7 @@ async def test_a_listed_pod_is_read_only_and_as_it_is_now(roots):
 
 
 async def test_a_pod_listed_anew_pushes_out_no_other_pods_kept_entry(roots, monkeypatch):
-    monkeypatch.setattr("client.cri.pod._CONFIGS_KEPT", 2)
+    monkeypatch.setattr("client.cri.pod.base._CONFIGS_KEPT", 2)
     async with pod_service(roots) as pods:
         a = await pods.run_pod_sandbox(pod_config())
         b = await pods.run_pod_sandbox(pod_config())

@@ -19,7 +19,8 @@ import pytest
 
 from client.images import pull as pull_module
 from client.images.content import ContentStore
-from client.images.pull import AuthConfig, Puller, RegistryHost
+from client.images.pull import Puller
+from client.images.skopeo import AuthConfig, RegistryHost
 from client.images.service import Images
 from client.images.snapshots import Staging, chain_ids
 from imagebuild import BUSYBOX_ROOTFS_CHECKS

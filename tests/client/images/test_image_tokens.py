@@ -20,7 +20,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from client.images.pull import AuthConfig, RegistryHost
+from client.images.skopeo import AuthConfig, RegistryHost
 from client.images.service import Images
 from shim.rpc.status import Unauthenticated
 

@@ -10,7 +10,8 @@ import tomllib
 
 import pytest
 
-from client.images.pull import AuthConfig, RegistryHost, auth_file, registries_conf, select_platform, skopeo_error
+from client.images.manifests import select_platform
+from client.images.skopeo import AuthConfig, RegistryHost, auth_file, registries_conf, skopeo_error
 from client.images.reference import parse
 from client.images.store import ImageRecord, ImageStore
 from shim.rpc.status import Code, DataLoss, NotFound
