@@ -22,7 +22,8 @@ Images: e2e.test names its images by registry (test/utils/image/manifest.go); KU
 maps every registry but two to the cluster's registry (10.99.0.1:5000/...), where this bench
 pushes what the selected specs pull, built offline as tests/imagebuild.py builds test images:
 
-- e2e-test-images/busybox (1.37.0-2, 1.36.1-1): Debian's dynamic busybox, every applet;
+- e2e-test-images/busybox (1.37.0-2, 1.36.1-1): Debian's dynamic busybox, every applet (each in
+  /bin too, as Docker Hub's busybox has them);
 - e2e-test-images/agnhost (2.66.1, 2.55): the pinned agnhost (built by .ci/gotool from the same
   Kubernetes module as e2e.test) as /agnhost, on that busybox, with curl (the hooks' exec handlers
   curl), the user and group its Dockerfile adds, ENTRYPOINT /agnhost, CMD pause;
@@ -104,7 +105,13 @@ def push_images(c: harness.Cluster, directory: str) -> list[str]:
             c.push(builder.layout, tag, reference)
             pushed.append(reference)
 
-    builder.assemble("busybox", [busybox_layer(busybox=dynamic_busybox())], BUSYBOX_CONFIG)
+    busybox = dynamic_busybox()
+    # Docker Hub's busybox (the e2e image's base) has every applet in /bin: the specs run /bin/sysctl.
+    applets = subprocess.run([busybox, "--list-full"], capture_output=True, text=True, check=True).stdout.split()
+    in_bin = [Entry(f"bin/{name}", "link", target="bin/busybox")
+              for name in sorted({a.rsplit("/", 1)[-1] for a in applets if not a.startswith("bin/")}
+                                 - {a.rsplit("/", 1)[-1] for a in applets if a.startswith("bin/")})]
+    builder.assemble("busybox", [busybox_layer(busybox=busybox), in_bin], BUSYBOX_CONFIG)
     push("busybox", f"{E2E}/busybox:1.37.0-2", f"{E2E}/busybox:1.36.1-1")
     with open(gotool.tool_path("agnhost"), "rb") as f:
         agnhost = f.read()
