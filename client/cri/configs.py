@@ -28,6 +28,7 @@ from shim.rpc.status import InvalidArgument
 
 __all__ = [
     "NAMESPACE_MODES",
+    "set_fields",
     "PROTOCOLS",
     "SANDBOX_OOM_SCORE_ADJ",
     "MAX_ATTEMPT",
@@ -168,7 +169,7 @@ def _drop_empty(doc: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in doc.items() if v not in (None, "", {}, [], ())}
 
 
-def _set_fields(doc: dict[str, Any]) -> dict[str, Any]:
+def set_fields(doc: Mapping[str, Any]) -> dict[str, Any]:
     """A LinuxContainerResources document without its unset fields (proto3's zero values)."""
     return _drop_empty({k: v for k, v in doc.items() if v != 0 or isinstance(v, bool)})
 
@@ -359,7 +360,7 @@ class PodSandboxConfig:
             validate_hostname(hostname)
         linux = f.obj("linux")
         security = linux.obj("security_context")
-        overhead, resources = (_set_fields(linux.obj(key).doc) for key in ("overhead", "resources"))
+        overhead, resources = (set_fields(linux.obj(key).doc) for key in ("overhead", "resources"))
         pod_resources(overhead, resources)  # checked now: a bad field fails the RunPodSandbox
         return cls(
             metadata=PodSandboxMetadata.from_json(f.obj("metadata", required=True).doc),
@@ -673,7 +674,7 @@ class ContainerConfig:
             stdin=f.boolean("stdin"),
             stdin_once=f.boolean("stdin_once"),
             tty=f.boolean("tty"),
-            resources=_set_fields(resources),
+            resources=set_fields(resources),
         )
 
     @classmethod

@@ -208,6 +208,7 @@ class ContainerRecord(_ConfigLabels):
     is the snapshot whose key is the container id. ``image_ref`` is the image's first repo
     digest (CRI's ``image_ref``), else its id. ``image_volumes`` are its image volumes (container
     path → image id; :mod:`client.cri.imagevolumes`): RemoveImage refuses those images too.
+    ``resources``: see the field.
     """
 
     container_id: str
@@ -225,10 +226,14 @@ class ContainerRecord(_ConfigLabels):
     image_id: str = ""
     image_ref: str = ""
     image_volumes: Mapping[str, str] = field(default_factory=dict)
+    #: The LinuxContainerResources fields UpdateContainerResources set since the create (CRI's
+    #: names), over those of ``config``: with them, what the container has now.
+    resources: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "state", _state("container", ContainerState, self.state))
         object.__setattr__(self, "image_volumes", dict(self.image_volumes or {}))
+        object.__setattr__(self, "resources", dict(self.resources or {}))
 
     @property
     def metadata(self) -> ContainerMetadata:

@@ -31,7 +31,7 @@ _POD_SANDBOX_STATUS = ("id", "metadata", "state", "created_at", "network", "linu
 _POD_METADATA = ("name", "uid", "namespace", "attempt")
 _CONTAINER_STATUS = ("id", "metadata", "state", "created_at", "started_at", "finished_at", "exit_code", "image",
                      "image_ref", "reason", "message", "labels", "annotations", "log_path", "mounts", "image_id",
-                     "stop_signal", "user")
+                     "stop_signal", "user", "resources")
 _CONTAINER = ("id", "pod_sandbox_id", "metadata", "image", "image_ref", "state", "created_at", "labels",
               "annotations", "image_id")
 

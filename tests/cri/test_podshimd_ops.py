@@ -223,6 +223,29 @@ def test_crictl_update_writes_the_containers_cgroup(daemon, crictl, pod, tmp_pat
     assert f" pod_id={pod[0]} container_id={container_id}: " in line
 
 
+def test_container_status_reports_the_resources_as_created_and_then_as_updated(daemon, crictl, pod, tmp_path):
+    # kubelet reads them back (in-place resize); containerd keeps them in its container's status.
+    container_id = run(daemon, crictl, pod, ["sleep", "600"],
+                       linux={"resources": {"cpu_shares": 20, "cpu_period": 100000, "cpu_quota": 50000}})
+    runtime = daemon.runtime()
+
+    def resources() -> api_pb2.LinuxContainerResources:
+        request = api_pb2.ContainerStatusRequest(container_id=container_id)
+        return runtime.ContainerStatus(request, timeout=CALL_TIMEOUT).status.resources.linux
+
+    before = resources()
+    assert (before.cpu_shares, before.cpu_period, before.cpu_quota, before.memory_limit_in_bytes) == (20, 100000, 50000, 0)
+    runtime.UpdateContainerResources(api_pb2.UpdateContainerResourcesRequest(
+        container_id=container_id, linux=api_pb2.LinuxContainerResources(cpu_shares=40, memory_limit_in_bytes=64 << 20)),
+        timeout=CALL_TIMEOUT)
+    runtime.UpdateContainerResources(api_pb2.UpdateContainerResourcesRequest(
+        container_id=container_id, linux=api_pb2.LinuxContainerResources(cpu_shares=80)), timeout=CALL_TIMEOUT)
+    after = resources()
+    assert (after.cpu_shares, after.memory_limit_in_bytes) == (80, 64 << 20)  # the second update keeps the first's
+    assert (after.cpu_period, after.cpu_quota) == (100000, 50000)  # as created
+    assert read(cgroup_file(info(daemon, crictl, container_id)["pid"], "cpu", "cpu.shares")) == "80"
+
+
 def test_a_resource_that_cannot_be_applied_is_invalid_argument_naming_it_and_changes_nothing(daemon, crictl, pod,
                                                                                              tmp_path):
     container_id = run(daemon, crictl, pod, ["sleep", "600"])

@@ -45,6 +45,9 @@ class ContainerStatus(PodServiceBase):
             "image_id": c.image_id or None,
             "stop_signal": f"SIGNAL_{STOP_SIGNAL.name}",
             "mounts": [mount_status(m, c.image_volumes) for m in cfg.mounts],
+            # What the container has now: as created, then as UpdateContainerResources changed it
+            # (kubelet reads it back for in-place resize; without it kubelet reports what it asked).
+            "resources": {"linux": {**cfg.resources, **c.resources}},
         }
         if c.state is ContainerState.RUNNING and c.pid:
             status["user"] = security.process_user(c.pid)

@@ -7,6 +7,7 @@ from typing import Any, Mapping
 
 from shim.rpc.status import FailedPrecondition
 
+from client.cri.configs import set_fields
 from client.cri.logcontext import about
 from client.cri.pod.base import POD_STATE, PodServiceBase, log
 from client.cri.resources import pod_resources, shim_resources
@@ -27,6 +28,7 @@ class ContainerUpdate(PodServiceBase):
             return
         with about(c.pod_id, c.container_id):
             await self._task(c.pod_id, "Update", {"task_id": c.container_id, "resources": resources})
+            self.store.update_container(c.pod_id, c.container_id, resources={**c.resources, **set_fields(linux or {})})
             log.info("container resources updated: %s", ", ".join(f"{k}={v}" for k, v in sorted(resources.items())))
 
     async def update_pod_sandbox_resources(self, pod_id: str, overhead: Mapping[str, Any] | None,
