@@ -629,7 +629,7 @@ class RootSetup(Record):
     copies go with it)."""
 
     __slots__ = ("mount_point", "root_fd", "readonly", "privileged", "own_ipc", "binds", "masked_paths",
-                 "readonly_paths", "devices", "userns")
+                 "readonly_paths", "devices", "userns", "cgroup_namespace")
     mutable = True
     mount_point: str
     root_fd: int
@@ -641,11 +641,13 @@ class RootSetup(Record):
     readonly_paths: tuple[str, ...]
     devices: tuple[HostDevice, ...]  # privileged: the host's, made in the task's /dev
     userns: bool  # in a pod's user namespace: device nodes bound from the host's, sysfs too if need be
+    #: a cgroup namespace of its own, rooted at its cgroup (pure cgroup v2), whose cgroup2 is on /sys/fs/cgroup
+    cgroup_namespace: bool
 
     def __init__(self, mount_point: str, root_fd: int, readonly: bool, privileged: bool,
                  own_ipc: bool, binds: list[tuple[int, str, bool, int, int, int]] | None = None,
                  masked_paths: tuple[str, ...] = (), readonly_paths: tuple[str, ...] = (),
-                 devices: tuple[HostDevice, ...] = (), userns: bool = False) -> None:
+                 devices: tuple[HostDevice, ...] = (), userns: bool = False, cgroup_namespace: bool = False) -> None:
         self.mount_point = mount_point
         self.root_fd = root_fd
         self.readonly = readonly
@@ -656,6 +658,7 @@ class RootSetup(Record):
         self.readonly_paths = readonly_paths
         self.devices = devices
         self.userns = userns
+        self.cgroup_namespace = cgroup_namespace
 
     def close(self) -> None:
         for fd in [self.root_fd, *(bind[0] for bind in self.binds)]:
@@ -836,6 +839,16 @@ def _standard_mounts(setup: RootSetup, root_fd: int, step: list[str]) -> None:
             os.close(sysfs)
             raise
     _attach(sysfs, _mount_point(root_fd, "sys"))
+    if setup.cgroup_namespace:
+        # The process is in its own cgroup namespace already: this cgroup2 shows its cgroup as /.
+        step[0] = "mounting cgroup2 on /sys/fs/cgroup"
+        cgroup2 = linux.new_mount("cgroup2", "cgroup2", [], flags)
+        try:
+            target = os.open("sys/fs/cgroup", os.O_PATH | os.O_NOFOLLOW | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=root_fd)
+        except BaseException:
+            os.close(cgroup2)
+            raise
+        _attach(cgroup2, target)
 
 
 def _dev_entries(setup: RootSetup, dev: int, step: list[str]) -> None:

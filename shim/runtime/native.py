@@ -9,9 +9,10 @@ import signal
 from collections.abc import Mapping
 from typing import Any
 
-from shim.kernel.linux import CLONE_NEWIPC, CLONE_NEWNET, CLONE_NEWNS, CLONE_NEWPID, CLONE_NEWUSER, CLONE_NEWUTS
+from shim.kernel.linux import CLONE_NEWCGROUP, CLONE_NEWIPC, CLONE_NEWNET, CLONE_NEWNS, CLONE_NEWPID, CLONE_NEWUSER, CLONE_NEWUTS
 from shim.kernel.userns import IdMap
 from shim.kernel.reaper import Reaper
+from shim.kernel.cgroups.hierarchies import discover_hierarchies, pure_v2
 from shim.runtime import console, mounts, pause, process
 from shim.runtime.base import CONTAINER, POD, TARGET, ExecSpec, Runtime, TaskSpec
 from shim.rpc.status import FailedPrecondition, Internal
@@ -45,6 +46,8 @@ class NativeRuntime(Runtime):
             if idmap is not None:
                 idmap.close()
         root.devices = (*root.devices, *spec.devices)
+        # On cgroup v2 a task sees its own cgroup as the root, as runc and crun make it there.
+        root.cgroup_namespace = pure_v2(discover_hierarchies())
         if root.userns and root.devices:
             root.close()
             raise FailedPrecondition(f"task {spec.task_id}'s devices cannot be made in the pod's user namespace")
@@ -101,10 +104,17 @@ def _exec_spec(spec: ExecSpec, ns_dir: str, console_fd: int | None = None) -> pr
     (a connection to the client's console socket) on a new terminal of ``spec.console_size``."""
     return process.ProcessSpec(
         name=f"exec {spec.exec_id} in task {spec.task_id}", argv=spec.args, env=spec.env, cwd=spec.cwd,
-        join=tuple((f"{ns_dir}/{name}", nstype) for name, nstype in _EXEC_JOINED) + _user(spec.task_pid),
+        join=tuple((f"{ns_dir}/{name}", nstype) for name, nstype in _EXEC_JOINED) + _user(spec.task_pid)
+        + _cgroupns(spec.task_pid),
         procs_files=tuple(spec.cgroup.procs_files()), stdout=spec.stdout, stderr=spec.stderr, stdin=spec.stdin,
         controlling_terminal=spec.terminal, confinement=spec.confinement, console=console_fd,
         console_size=spec.console_size)
+
+
+def _cgroupns(task_pid: int) -> tuple[tuple[str, int], ...]:
+    """The task's cgroup namespace, where it has one of its own (pure cgroup v2: start_task), for an
+    exec to join."""
+    return ((f"/proc/{task_pid}/ns/cgroup", CLONE_NEWCGROUP),) if pure_v2(discover_hierarchies()) else ()
 
 
 def _pod_idmap(pause_pid: int) -> IdMap | None:

@@ -222,6 +222,9 @@ class _Plan:
     max_fd: int
     confine: tuple[tuple[str, Callable[[], None]], ...]  # (step, call): the last calls before exec
     pause_root: mounts.PauseRoot | None = None
+    #: a cgroup namespace to join (opened by the parent; -1: none), joined by the process itself once
+    #: in its v2 cgroup: a process may enter a cgroup only from inside its namespace's root
+    cgroupns_fd: int = -1
 
 
 async def launch(spec: ProcessSpec, reaper: Reaper,
@@ -242,8 +245,12 @@ async def launch(spec: ProcessSpec, reaper: Reaper,
     read_fd = None
     try:
         join = []
+        cgroupns_fd = -1
         for path, nstype in sorted(spec.join, key=lambda item: _JOIN_ORDER.index(item[1])):
             fds.append(open_namespace(path, nstype))
+            if nstype == linux.CLONE_NEWCGROUP:
+                cgroupns_fd = fds[-1]  # joined by B (see _Plan.cgroupns_fd)
+                continue
             join.append((fds[-1], nstype, path))
         _check_net_sysctls(plan, join)
         binds_from = []
@@ -269,7 +276,7 @@ async def launch(spec: ProcessSpec, reaper: Reaper,
         stdio = tuple(None if fd is None else _above_stdio(fd, fds) for fd in (spec.stdin, spec.stdout, spec.stderr))
         console = None if spec.console is None else _above_stdio(spec.console, fds)
         plan = dataclasses.replace(plan, join=join, stdio=stdio, binds_from=binds_from, own_mnt_fd=own_mnt_fd,
-                                   console=console, cgroup_v2_fd=cgroup_v2_fd)
+                                   console=console, cgroup_v2_fd=cgroup_v2_fd, cgroupns_fd=cgroupns_fd)
         try:
             pid_a = _clone_direct(plan, write_fd) if plan.direct else None
             if pid_a is None:
@@ -321,10 +328,9 @@ def _plan(spec: ProcessSpec) -> _Plan:
     tasks, v2_dirs = cgroups.entry_files(spec.procs_files)
     if len(v2_dirs) > 1:
         raise InvalidArgument(f"the {spec.name} can join one cgroup v2 directory, not {len(v2_dirs)}")
-    if v2_dirs and (spec.unshare_flags & linux.CLONE_NEWCGROUP
-                    or any(nstype == linux.CLONE_NEWCGROUP for _, nstype in spec.join)):
-        # It is born in its v2 cgroup after the namespaces are entered: a cgroup namespace would
-        # be rooted at the shim's cgroup, or (joined, with nsdelegate) not see the sandbox's.
+    if v2_dirs and spec.unshare_flags & linux.CLONE_NEWCGROUP:
+        # It is born in its v2 cgroup after the namespaces are made: a new cgroup namespace would
+        # be rooted at the shim's cgroup (a task's own is made by its root: RootSetup.cgroup_namespace).
         raise InvalidArgument(f"the {spec.name} cannot get a cgroup namespace and a cgroup v2 directory at once")
     userns = any(nstype == linux.CLONE_NEWUSER for _, nstype in spec.join)
     if v2_dirs and (userns or not cgroups.birth_in_v2_allowed()):
@@ -716,6 +722,13 @@ def _child_b(plan: _Plan, write_fd: int) -> NoReturn:
     step = f"starting the {plan.name}"
     kind = b"E"
     try:
+        if plan.cgroupns_fd >= 0:
+            step = "joining the task's cgroup namespace"
+            linux.setns(plan.cgroupns_fd, linux.CLONE_NEWCGROUP)
+        if plan.root is not None and plan.root.cgroup_namespace:
+            # In its v2 cgroup by now (born there, or moved first thing): the namespace's root.
+            step = "unsharing a cgroup namespace"
+            linux.unshare(linux.CLONE_NEWCGROUP)
         if plan.root is not None:
             # Its root, with a /proc of its pid namespace, /dev, /sys and its mounts; pivot_root.
             steps = [step]

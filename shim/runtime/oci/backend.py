@@ -12,6 +12,7 @@ from typing import Any
 
 from shim.kernel import linux
 from shim.kernel.cgroups import SandboxCgroup
+from shim.kernel.cgroups.hierarchies import discover_hierarchies, pure_v2
 from shim.kernel.reaper import ExitInfo, Reaper
 from shim.paths import write_json_atomic
 from shim.runtime import pause, process
@@ -144,7 +145,7 @@ class OciBackend(Runtime):
                         readonly_paths=fs.readonly_paths, privileged=fs.privileged, shm_source=shm,
                         devices=(*(host_devices() if fs.privileged else ()), *spec.devices),
                         device_rules=spec.device_rules, target_pid=spec.target_pid, resources=spec.resources,
-                        oom_score_adj=spec.oom_score_adj)
+                        oom_score_adj=spec.oom_score_adj, cgroup_namespace=pure_v2(discover_hierarchies()))
         if spec.console is not None:
             # The runtime makes the terminal in the container and sends its master to our socket.
             doc["process"]["terminal"] = True

@@ -163,7 +163,8 @@ def task_spec(*, sandbox_id: str, args: list[str], env: Mapping[str, str], cwd: 
               readonly_paths: tuple[str, ...] = READONLY_PATHS, privileged: bool = False,
               shm_source: str | None = None, target_pid: int = 0,
               devices: tuple[HostDevice, ...] = (), device_rules: DeviceRules = DEFAULT_RULES,
-              resources: Mapping[str, Any] | None = None, oom_score_adj: int | None = None) -> dict[str, Any]:
+              resources: Mapping[str, Any] | None = None, oom_score_adj: int | None = None,
+              cgroup_namespace: bool = False) -> dict[str, Any]:
     """A task's config.json: ``args`` in the pause's network, ipc and uts namespaces (by path), its own
     mount namespace on ``rootfs`` (read-only with ``readonly``) with the standard mounts and then
     ``mounts``, and the pause's pid namespace (``pid_mode`` POD), the one of ``target_pid``
@@ -175,19 +176,25 @@ def task_spec(*, sandbox_id: str, args: list[str], env: Mapping[str, str], cwd: 
     writes them (runc adds its own defaults, crun none).
     ``shm_source``: the pod's /dev/shm, bound on the task's. ``resources`` (protocol.md 7.3) go to
     ``linux.resources`` as :data:`shim.kernel.cgroups.RESOURCE_FILES` says, ``oom_score_adj`` to
-    ``process.oomScoreAdj``."""
+    ``process.oomScoreAdj``. ``cgroup_namespace`` (pure cgroup v2, as containerd asks there): a
+    cgroup namespace of its own, which the cgroup mount on /sys/fs/cgroup shows from its cgroup."""
     ns_dir = f"/proc/{pause_pid}/ns"
     namespaces = [_namespace("mount"), _namespace("network", f"{ns_dir}/net"), _namespace("ipc", f"{ns_dir}/ipc"),
                   _namespace("uts", f"{ns_dir}/uts")]
     if pid_mode != pause.NODE:
         pid_paths = {pause.POD: f"{ns_dir}/pid", "TARGET": f"/proc/{target_pid}/ns/pid"}
         namespaces.append(_namespace("pid", pid_paths.get(pid_mode)))
+    cgroup_mounts = []
+    if cgroup_namespace:
+        namespaces.append(_namespace("cgroup"))
+        cgroup_mounts.append({"destination": "/sys/fs/cgroup", "type": "cgroup", "source": "cgroup",
+                              "options": ["nosuid", "noexec", "nodev", "relatime", "rw" if privileged else "ro"]})
     doc = _document("container", sandbox_id,
                     _process(args, [f"{k}={v}" for k, v in env.items()], cwd, confinement=confinement,
                              oom_score_adj=oom_score_adj),
                     rootfs, _mounts(own_ipc=own_ipc, shm_size_bytes=shm_size_bytes, privileged=privileged,
                                     shm_source=shm_source)
-                    + [mount.to_oci() for mount in mounts], namespaces, cgroups_path, seccomp=confinement.seccomp,
+                    + cgroup_mounts + [mount.to_oci() for mount in mounts], namespaces, cgroups_path, seccomp=confinement.seccomp,
                     readonly=readonly, masked_paths=() if privileged else masked_paths,
                     readonly_paths=() if privileged else readonly_paths)
     # As containerd: the root is rshared when a bind is (or what is mounted below the bind inside
