@@ -8,7 +8,7 @@ at top level (TOML, UTF-8), except ``registries``, a table per registry host::
     cni_bin_dirs = ["/usr/lib/cni", "/opt/cni/bin"]
     cdi_spec_dirs = ["/etc/cdi", "/var/run/cdi"]  # CDI specs (JSON), later directories override
     runtime_handlers = ["native", "runc"]
-    cgroup_driver = "cgroupfs"          # the only one so far; RuntimeConfig answers it
+    cgroup_driver = "cgroupfs"          # or "systemd" (pure cgroup v2); RuntimeConfig answers it
     template = true
     image_pull_timeout = 3600           # seconds a whole PullImage may take
     image_pull_progress_timeout = 300   # seconds it may go without a byte downloaded
@@ -44,7 +44,9 @@ from client.images.pull import PULL_PROGRESS_TIMEOUT, PULL_TIMEOUT
 from client.images.skopeo import RegistryHost
 from client.images.reference import ReferenceError, parse
 from client.images.service import MAX_UNPACKED_BYTES
+from shim.kernel.cgroups.systemd import CGROUPFS, DRIVERS as CGROUP_DRIVERS, check_parent
 from shim.paths import SUN_PATH_MAX
+from shim.rpc.status import RpcError
 from shim.runtime.pause import CATATONIT
 from shim.sandbox.options import NATIVE, RUNTIME_HANDLERS
 
@@ -59,12 +61,9 @@ DEFAULT_STATE_ROOT = "/var/lib/podshim"
 #: default endpoint does); this is it for the default runtime root.
 DEFAULT_LISTEN = podshimd_endpoint(DEFAULT_RUNTIME_ROOT)
 LOG_LEVELS = ("debug", "info", "warning", "error")
-#: The cgroup driver podshim has: it makes and writes the cgroup directories itself. RuntimeConfig
-#: answers it; kubelet's cgroupDriver must match.
-CGROUPFS = "cgroupfs"
-#: The cgroup drivers kubelet knows that podshim does not have yet, and why.
-_UNSUPPORTED_DRIVERS = {"systemd": "the systemd cgroup driver (pods' cgroups as systemd slices and scopes) is not "
-                                   "supported yet: use cgroupfs, and kubelet's cgroupDriver: cgroupfs"}
+# The cgroup drivers (CGROUP_DRIVERS, shim.kernel.cgroups.systemd): cgroupfs, podshim makes and
+# writes the cgroup directories itself; systemd, each pod's cgroup is a scope systemd makes in the
+# slice kubelet names. RuntimeConfig answers the one in force; kubelet's cgroupDriver must match.
 COMMAND_LINE = "command line"  # the "file" of a ConfigError about a flag
 
 _UNIX = "unix://"
@@ -85,7 +84,7 @@ class Config:
     default_runtime_handler: str = NATIVE  # for RunPodSandbox's empty runtime_handler
     runtime_handlers: tuple[str, ...] = RUNTIME_HANDLERS  # the handlers CRI clients may ask for
     cgroup_parent: str = ""  # "" = under podshimd's own cgroup; "/x" from each hierarchy's root
-    cgroup_driver: str = CGROUPFS  # who makes the pods' cgroups: cgroupfs (directories podshim writes)
+    cgroup_driver: str = CGROUPFS  # who makes the pods' cgroups: cgroupfs (directories podshim writes) or systemd
     sandbox_binary: str = CATATONIT  # the pause, run as `catatonit -P`
     sandbox_image: str = ""  # the pause as an image (containerd's sandbox_image); "" = the built-in pause
     template: bool = True  # spawn shims from the preloaded template
@@ -247,10 +246,8 @@ def _check(source: str, name: str, key: str, value: Any) -> Any:
         if "\x00" in value or ".." in value.split("/"):
             raise refuse(f"must be a cgroup path without '..', not {value!r}")
     elif key == "cgroup_driver":
-        if value in _UNSUPPORTED_DRIVERS:
-            raise refuse(_UNSUPPORTED_DRIVERS[value])
-        if value != CGROUPFS:
-            raise refuse(f"must be {CGROUPFS!r}, not {value!r}")
+        if value not in CGROUP_DRIVERS:
+            raise refuse(f"must be one of {', '.join(map(repr, CGROUP_DRIVERS))}, not {value!r}")
     elif key == "log_level":
         if value not in LOG_LEVELS:
             raise refuse(f"must be one of {', '.join(LOG_LEVELS)}, not {value!r}")
@@ -346,6 +343,12 @@ def _check_together(config: Config, source: str, from_file: Mapping[str, Any], o
             (source, "sandbox_image")
         raise ConfigError(where, key, "sandbox_binary and sandbox_image are both set: the pause is either a "
                                       "binary or an image; set one of them")
+    if config.cgroup_parent:
+        try:
+            check_parent(config.cgroup_parent, config.cgroup_driver)
+        except RpcError as exc:
+            key = "cgroup_parent" if "cgroup_parent" in from_file else "cgroup_driver"
+            raise ConfigError(source, key, exc.message) from None
 
 
 # -- flags -------------------------------------------------------------------------------------------

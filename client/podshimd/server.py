@@ -329,7 +329,7 @@ async def _open_pods(stack: contextlib.AsyncExitStack, config: Config, images: I
         return await stack.enter_async_context(open_pod_service(
             config.state_root, config.runtime_root, cni_conf_dir=config.cni_conf_dir,
             cni_bin_dirs=config.cni_bin_dirs, spawner=spawner, runtime_handlers=config.runtime_handlers,
-            default_runtime_handler=config.default_runtime_handler, cgroup_parent=config.cgroup_parent,
+            default_runtime_handler=config.default_runtime_handler, cgroup_parent=config.cgroup_parent, cgroup_driver=config.cgroup_driver,
             pause_binary=config.sandbox_binary, images=StoreImages(images.store.resolve),
             snapshots=images.snapshots, sandbox_image=config.sandbox_image, pull=images.pull,
             cdi_spec_dirs=config.cdi_spec_dirs))

@@ -99,7 +99,7 @@ class SandboxOptions(Record):
 
     __slots__ = ("hostname", "labels", "annotations", "cgroup_parent", "sysctls", "network_mode", "pid_mode",
                  "ipc_mode", "oom_score_adj", "pause_binary", "runtime_handler", "pause_confinement", "pause_image",
-                 "privileged", "userns")
+                 "privileged", "userns", "cgroup_driver")
     hostname: str | None
     labels: dict[str, str]
     annotations: dict[str, str]
@@ -115,6 +115,7 @@ class SandboxOptions(Record):
     pause_image: PauseImage | None  # the pause from CreateSandbox's rootfs (a sandbox image)
     privileged: bool  # linux.security_context.privileged: the pod's device cgroup allows every device
     userns: UserNamespace | None  # namespace_options.userns_options (mode POD): the pod's user namespace
+    cgroup_driver: str  # linux.cgroup_driver: who makes the pod's cgroup, "cgroupfs" (the shim) or "systemd"
 
     def __init__(self, hostname: str | None = None, labels: dict[str, str] | None = None,
                  annotations: dict[str, str] | None = None, cgroup_parent: str | None = None,
@@ -122,7 +123,7 @@ class SandboxOptions(Record):
                  ipc_mode: str = "POD", oom_score_adj: int = -998, pause_binary: str | None = None,
                  runtime_handler: str = NATIVE, pause_confinement: Confinement | None = None,
                  pause_image: PauseImage | None = None, privileged: bool = False,
-                 userns: UserNamespace | None = None) -> None:
+                 userns: UserNamespace | None = None, cgroup_driver: str = "cgroupfs") -> None:
         _set(self, "hostname", hostname)
         _set(self, "labels", {} if labels is None else labels)
         _set(self, "annotations", {} if annotations is None else annotations)
@@ -138,6 +139,7 @@ class SandboxOptions(Record):
         _set(self, "pause_image", pause_image)
         _set(self, "privileged", privileged)
         _set(self, "userns", userns)
+        _set(self, "cgroup_driver", cgroup_driver)
 
     @property
     def host_network(self) -> bool:
@@ -166,6 +168,13 @@ class SandboxOptions(Record):
         cgroup_parent = optional(linux, "cgroup_parent", str) or None
         if cgroup_parent is not None and (".." in cgroup_parent.split("/") or "\x00" in cgroup_parent):
             raise InvalidArgument(f"linux.cgroup_parent {cgroup_parent!r} must not contain '..'")
+        from shim.kernel.cgroups.systemd import CGROUPFS, check_parent
+
+        cgroup_driver = optional(linux, "cgroup_driver", str) or CGROUPFS
+        try:
+            check_parent(cgroup_parent, cgroup_driver)
+        except InvalidArgument as exc:
+            raise InvalidArgument(f"linux.cgroup_parent: {exc.message}") from None
         security = optional(linux, "security_context", dict, {})
         ns_opts = optional(security, "namespace_options", dict, {})
         privileged = optional(security, "privileged", bool, False)
@@ -211,6 +220,7 @@ class SandboxOptions(Record):
             pause_image=image,
             privileged=privileged,
             userns=_userns(ns_opts.get("userns_options")),
+            cgroup_driver=cgroup_driver,
         )
 
 

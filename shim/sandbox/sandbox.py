@@ -18,6 +18,7 @@ import time
 from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 from shim.kernel import cgroups, devices, netns
+from shim.kernel.cgroups import systemd
 from shim.kernel.linux import ns_inode, proc_start_time
 from shim.kernel.reaper import ExitInfo, Reaper
 from shim.rpc.records import Record, set_field as _set
@@ -399,8 +400,14 @@ class Sandbox:
             # shim's own cgroup, so they cannot be recorded ahead).
             # Without a parent of the caller's, sandboxes of different namespaces may share an
             # id: the default parent names the namespace (podshim/<namespace>/<id>).
-            parent = opts.cgroup_parent or f"{cgroups.DEFAULT_PARENT}/{self.config.namespace}"
-            cg = cgroups.SandboxCgroup.create(self.config.sandbox_id, parent)
+            if opts.cgroup_driver == systemd.SYSTEMD:
+                # One D-Bus round trip and a job, on the loop: the shim serves this sandbox alone.
+                cg = cgroups.SandboxCgroup.create_scope(
+                    self.config.sandbox_id, opts.cgroup_parent or systemd.DEFAULT_SLICE,
+                    systemd.scope_name(self.config.namespace, self.config.sandbox_id))
+            else:
+                parent = opts.cgroup_parent or f"{cgroups.DEFAULT_PARENT}/{self.config.namespace}"
+                cg = cgroups.SandboxCgroup.create(self.config.sandbox_id, parent)
             self.cgroup = cg
             self.persist()
             from shim.runtime.pause import PauseSpec
@@ -428,6 +435,7 @@ class Sandbox:
                 devices.apply(cg, rules)  # for every handler, before the pause is in the cgroup
                 self.device_rules = rules
                 proc = await self.runtime.start_pause(spec)
+                cg.release_placeholder()  # the pause is in the scope now
             except BaseException:
                 try:
                     await cg.aremove()

@@ -320,14 +320,20 @@ def test_sandbox_binary_and_sandbox_image_together_are_refused(write, tmp_path):
     assert (info.value.source, info.value.key) == (COMMAND_LINE, "--sandbox-image")
 
 
-def test_the_cgroup_driver_is_cgroupfs_the_one_podshim_has(write, missing):
+def test_the_cgroup_driver_is_cgroupfs_unless_systemd_is_asked_for(write, missing):
     assert config.load(default_path=missing).cgroup_driver == "cgroupfs"
     assert config.load(write('cgroup_driver = "cgroupfs"\n')).cgroup_driver == "cgroupfs"
-
-
-def test_the_systemd_cgroup_driver_is_refused_until_podshim_has_it(write):
-    with pytest.raises(config.ConfigError, match=r"cgroup_driver: the systemd cgroup driver .* is not supported yet: "
-                                                 r"use cgroupfs"):
-        config.load(write('cgroup_driver = "systemd"\n'))
-    with pytest.raises(config.ConfigError, match=r"cgroup_driver: must be 'cgroupfs', not 'slices'"):
+    assert config.load(write('cgroup_driver = "systemd"\n')).cgroup_driver == "systemd"
+    with pytest.raises(config.ConfigError, match=r"cgroup_driver: must be one of 'cgroupfs', 'systemd', not 'slices'"):
         config.load(write('cgroup_driver = "slices"\n'))
+
+
+def test_a_cgroup_parent_must_be_what_the_cgroup_driver_takes(write):
+    with pytest.raises(config.ConfigError, match=r"cgroup_parent: cgroup parent 'kubepods.slice' is a systemd slice, "
+                                                 r"and the cgroup driver is cgroupfs"):
+        config.load(write('cgroup_parent = "kubepods.slice"\n'))
+    with pytest.raises(config.ConfigError, match=r"cgroup_parent: cgroup parent '/kubepods' is a path, and the cgroup "
+                                                 r"driver is systemd"):
+        config.load(write('cgroup_driver = "systemd"\ncgroup_parent = "/kubepods"\n'))
+    assert config.load(write('cgroup_driver = "systemd"\ncgroup_parent = "kubepods-besteffort.slice"\n')).cgroup_parent \
+        == "kubepods-besteffort.slice"

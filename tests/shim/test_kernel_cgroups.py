@@ -973,3 +973,59 @@ def test_on_pure_v2_a_sandbox_hands_its_tasks_controllers_keeps_its_pause_in_a_l
     task.update({"memory_limit_bytes": -1, "cpu_quota_us": -1})
     assert (_read(os.path.join(task.paths[V2], "memory.max")), _read(os.path.join(task.paths[V2], "cpu.max"))) == (
         "max", "max 50000")
+
+
+def _unit_state(unit: str) -> str:
+    out = subprocess.run(["systemctl", "show", "-p", "ActiveState", "--value", unit], capture_output=True, text=True,
+                         timeout=60)
+    return out.stdout.strip()
+
+
+@pytest.fixture
+def test_slice():
+    """A slice name for the test's scopes, as kubelet names a pod's, stopped (with what is left in
+    it) at the end."""
+    top = _unique("podshimtest").replace("-", "")
+    yield f"{top}-burstable-pod{secrets.token_hex(4)}.slice"
+    subprocess.run(["systemctl", "stop", f"{top}.slice"], capture_output=True, timeout=60)
+
+
+@pytest.mark.cgroupv2
+def test_under_the_systemd_driver_a_sandbox_is_a_delegated_scope_in_its_expanded_slice_stopped_on_removal(
+        test_slice, sleeper):
+    unit = cgroups.systemd.scope_name("it", _unique("sb"))
+    cgroup = SandboxCgroup.create_scope("sb", test_slice, unit)
+    try:
+        scope = cgroup.paths[V2]
+        assert scope == "/sys/fs/cgroup" + cgroups.systemd.expand_slice(test_slice) + "/" + unit
+        assert _unit_state(unit) == "active"
+        # Delegated: the scope hands its controllers down, its own processes in the leaf.
+        assert {"cpu", "memory", "pids"} <= set(_read(os.path.join(scope, "cgroup.subtree_control")).split())
+        pid = sleeper()
+        cgroup.join(pid)
+        cgroup.release_placeholder()
+        assert _read(os.path.join(scope, cgroups.PAUSE_LEAF, "cgroup.procs")) == str(pid)
+        assert SandboxCgroup.from_dict(json.loads(json.dumps(cgroup.to_dict()))).unit == unit
+        # What systemd owns is set on the unit as well as in the files.
+        cgroup.update({"memory_limit_bytes": 64 << 20, "pids_limit": 42})
+        assert (_read(os.path.join(scope, "memory.max")), _read(os.path.join(scope, "pids.max"))) == (
+            str(64 << 20), "42")
+        shown = subprocess.run(["systemctl", "show", "-p", "MemoryMax", "-p", "TasksMax", unit], capture_output=True,
+                               text=True, timeout=60).stdout.split()
+        assert sorted(shown) == sorted([f"MemoryMax={64 << 20}", "TasksMax=42"])
+        task = cgroup.child("task")
+        assert os.path.dirname(task.paths[V2]) == scope and task.unit == ""
+    finally:
+        cgroup.kill_all()
+        cgroup.remove(timeout=10)
+    assert not os.path.exists(scope)
+    assert _unit_state(unit) == "inactive"
+
+
+@pytest.mark.cgroupv2
+def test_a_scope_whose_placeholder_goes_before_any_process_came_leaves_nothing(test_slice):
+    unit = cgroups.systemd.scope_name("it", _unique("sb"))
+    cgroup = SandboxCgroup.create_scope("sb", test_slice, unit)
+    scope = cgroup.paths[V2]
+    cgroup.remove(timeout=10)
+    assert not os.path.exists(scope) and _unit_state(unit) == "inactive"

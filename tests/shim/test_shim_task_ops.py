@@ -6,10 +6,13 @@ from __future__ import annotations
 
 import asyncio
 import os
+import secrets
 import shutil
+import subprocess
 
 import pytest
 
+from shim.kernel.cgroups import systemd
 from shim.rpc import FailedPrecondition, InvalidArgument
 from shim.runtime.execsync import EXEC_OUTPUT_LIMIT_BYTES
 from shimtools import host_untouched  # noqa: F401  (autouse: what this module's shims made is checked at the end)
@@ -181,6 +184,98 @@ async def test_on_pure_cgroup_v2_a_task_created_with_resources_has_them_in_its_v
     # The pod's cgroup hands its controllers to its tasks, so its pause is in a leaf of its own.
     assert read(os.path.join(pod.cgroups["unified"], ".pause", "cgroup.procs")) != ""
     assert read(os.path.join(pod.cgroups["unified"], "cgroup.procs")) == ""
+
+
+@pytest.mark.cgroupv2
+@pytest.mark.parametrize("handler", HANDLERS)
+async def test_under_the_systemd_driver_a_pod_is_a_scope_in_its_slice_its_task_limited_and_nothing_is_left(
+        handler, shims: ShimLauncher, tmp_path):
+    top = f"podshimtest{secrets.token_hex(4)}"
+    parent = f"{top}-burstable-pod{secrets.token_hex(4)}.slice"
+    try:
+        shim = await shims.start()
+        await shim.run_sandbox(options={"runtime_handler": handler,
+                                        "linux": {"cgroup_driver": "systemd", "cgroup_parent": parent}})
+        info = await shim.info()
+        unit = systemd.scope_name(shim.namespace, shim.sandbox_id)
+        scope = info["cgroup.unified"]
+        assert scope == f"/sys/fs/cgroup{systemd.expand_slice(parent)}/{unit}"
+        assert _unit_property(unit, "ActiveState") == "active" and _unit_property(unit, "Delegate") == "yes"
+        pod = Pod(shim, {"unified": scope}, str(tmp_path))
+        await pod.run("app", "sleep", "600", resources={"cpu_quota_us": 25000, "cpu_period_us": 50000,
+                                                        "memory_limit_bytes": 96 << 20})
+        assert (read(os.path.join(scope, "app", "cpu.max")), read(os.path.join(scope, "app", "memory.max"))) == (
+            "25000 50000", str(96 << 20))
+        assert read(os.path.join(scope, ".pause", "cgroup.procs")) != ""  # the pause; the placeholder gone
+        assert len(read(os.path.join(scope, ".pause", "cgroup.procs")).split()) == 1
+        assert await shims.end(shim) == []
+        assert not os.path.exists(scope) and _unit_property(unit, "ActiveState") == "inactive"
+    finally:
+        subprocess.run(["systemctl", "stop", f"{top}.slice"], capture_output=True, timeout=60)
+
+
+@pytest.mark.cgroupv2
+async def test_under_the_systemd_driver_a_killed_shims_scope_is_stopped_by_its_cleanup(shims: ShimLauncher):
+    top = f"podshimtest{secrets.token_hex(4)}"
+    try:
+        shim = await shims.start()
+        await shim.run_sandbox(options={"linux": {"cgroup_driver": "systemd", "cgroup_parent": f"{top}-pod.slice"}})
+        unit = systemd.scope_name(shim.namespace, shim.sandbox_id)
+        scope = (await shim.info())["cgroup.unified"]
+        shim.process.kill()
+        await shim.process.exited()
+        assert _unit_property(unit, "ActiveState") == "active"  # the pause holds it
+        left = await shims.end(shim)  # `podshim delete`: the cleanup of a shim that is gone
+        assert f"cgroup {scope}" in left
+        assert not os.path.exists(scope) and _unit_property(unit, "ActiveState") == "inactive"
+    finally:
+        subprocess.run(["systemctl", "stop", f"{top}.slice"], capture_output=True, timeout=60)
+
+
+def _unit_property(unit: str, name: str) -> str:
+    return subprocess.run(["systemctl", "show", "-p", name, "--value", unit], capture_output=True, text=True,
+                          timeout=60).stdout.strip()
+
+
+@pytest.mark.cgroupv2
+async def test_on_cgroup_v2_a_task_sees_its_own_cgroup_as_the_root_of_its_cgroup_namespace(pod):
+    await pod.run("app", "sh", "-c", "cat /proc/self/cgroup /sys/fs/cgroup/memory.max", resources={
+        "memory_limit_bytes": 96 << 20})
+    assert (await pod.call("Wait", task_id="app", timeout=60))["exit_status"] == 0
+    said = [line.split(" ", 3)[3] for line in read(pod.log_path("app")).splitlines()]
+    assert said == ["0::/", str(96 << 20)]
+
+
+@pytest.mark.cgroupv2
+async def test_on_cgroup_v2_an_exec_joins_its_tasks_cgroup_namespace(pod):
+    await pod.run("app", "sleep", "600")
+    reply = await pod.call("Exec", task_id="app", args=["cat", "/proc/self/cgroup"])
+    assert (reply["exit_status"], reply["stdout"]) == (0, b"0::/\n")
+
+
+@pytest.mark.cgroupv2
+async def test_on_cgroup_v2_update_writes_the_tasks_v2_files_and_update_sandbox_the_pods(pod):
+    await pod.run("app", "sleep", "600", resources={"memory_limit_bytes": 96 << 20})
+    await pod.call("Update", task_id="app", resources={"cpu_shares": 1024, "cpu_quota_us": 50000,
+                                                       "memory_limit_bytes": 64 << 20, "pids_limit": 20})
+    app = os.path.join(pod.cgroups["unified"], "app")
+    assert {name: read(os.path.join(app, name)) for name in ("cpu.weight", "cpu.max", "memory.max", "pids.max")} == {
+        "cpu.weight": "39", "cpu.max": "50000 100000", "memory.max": str(64 << 20), "pids.max": "20"}
+    await pod.shim.call("UpdateSandbox", resources={"memory_limit_bytes": 256 << 20, "cpu_quota_us": 200000,
+                                                    "cpu_period_us": 100000})
+    assert (read(os.path.join(pod.cgroups["unified"], "memory.max")),
+            read(os.path.join(pod.cgroups["unified"], "cpu.max"))) == (str(256 << 20), "200000 100000")
+
+
+@pytest.mark.cgroupv2
+async def test_on_cgroup_v2_an_oom_kill_is_read_from_memory_events_and_reported_as_such(pod):
+    await pod.run("app", "tail", "/dev/zero",
+                  resources={"memory_limit_bytes": 16 << 20, "memory_swap_limit_bytes": 16 << 20})
+    done = await pod.call("Wait", task_id="app", timeout=120)
+    assert (done["exit_status"], done["oom_killed"]) == (137, True)
+    events = dict(line.split() for line in read(os.path.join(pod.cgroups["unified"], "app", "memory.events"))
+                  .splitlines())
+    assert int(events["oom_kill"]) >= 1
 
 
 async def test_a_task_that_allocates_past_its_memory_limit_is_killed_by_the_oom_killer_and_says_so(pod):

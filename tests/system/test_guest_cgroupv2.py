@@ -1,6 +1,7 @@
 """The cgroup v2 smoke: in the Debian 12 guest of tests/guest.py (pure cgroup v2 under systemd), a
-pod and a container with CPU and memory limits, the values read back from the guest's cgroup
-files, and nothing of either left in the guest after. It never skips: on a machine without qemu or
+pod and a container with CPU and memory limits under each cgroup driver (cgroupfs; systemd: the pod
+a scope systemd made in a kubelet-named slice), the values read back from the guest's cgroup
+files, and nothing of either left in the guest after (no process in podshim's cgroups, no scope). It never skips: on a machine without qemu or
 debootstrap it fails, saying so (.ci/install --test installs both)."""
 
 from __future__ import annotations
@@ -11,8 +12,11 @@ import pytest
 
 import guest
 
-#: The guest's own test: a pod per handler, a container with limits, the v2 files read back.
-SMOKE = "tests/shim/test_shim_task_ops.py::test_on_pure_cgroup_v2_a_task_created_with_resources_has_them_in_its_v2_files"
+#: The guest's own tests: a pod per handler, a container with limits, the v2 files read back; under
+#: the cgroupfs driver, then the systemd driver.
+SMOKE = ("tests/shim/test_shim_task_ops.py::test_on_pure_cgroup_v2_a_task_created_with_resources_has_them_in_its_v2_files",
+         "tests/shim/test_shim_task_ops.py::"
+         "test_under_the_systemd_driver_a_pod_is_a_scope_in_its_slice_its_task_limited_and_nothing_is_left")
 
 
 @pytest.mark.timeout(guest.BUILD_TIMEOUT + 1800)  # a cold cache builds the image first
@@ -21,11 +25,11 @@ def test_in_the_cgroup_v2_guest_a_pods_container_gets_its_cpu_and_memory_limits_
     assert not missing, f"the guest needs {', '.join(missing)}: run .ci/install --test"
     with guest.booted() as vm:
         assert vm.run(["stat", "-fc", "%T", "/sys/fs/cgroup"]).stdout.decode().strip() == "cgroup2fs"
-        result = vm.pytest(["-q", SMOKE], timeout=1200)
+        result = vm.pytest(["-q", *SMOKE], timeout=1800)
         output = (result.stdout + result.stderr).decode(errors="replace")
         summary = output.strip().splitlines()[-1] if output.strip() else ""
         assert result.returncode == 0 and "passed" in summary and "skipped" not in summary, output
         # No process in any of podshim's cgroups, and no pause, once the tests are done.
         left = vm.run(["sh", "-c", "cat $(find /sys/fs/cgroup/podshim -name cgroup.procs 2>/dev/null) /dev/null;"
-                       " pgrep -x catatonit || true"])
+                       " pgrep -x catatonit || true; systemctl list-units --all --plain --no-legend 'podshim-*'"])
         assert left.stdout.decode().split() == [], left.stdout.decode()

@@ -94,13 +94,14 @@ class PodServiceBase:
     def __init__(self, controller: Controller, store: PodStore, *, cni: CniRunner | None,
                  namespace: str = DEFAULT_NAMESPACE, log_root: str,
                  runtime_handlers: tuple[str, ...] = RUNTIME_HANDLERS, default_runtime_handler: str = NATIVE,
-                 cgroup_parent: str = "", pause_binary: str | None = None,
+                 cgroup_parent: str = "", cgroup_driver: str = "cgroupfs", pause_binary: str | None = None,
                  images: ImageLookup | None = None, snapshots: Snapshotter | None = None,
                  sandbox_image: str = "", pull: Callable[[str], Awaitable[Any]] | None = None,
                  cdi_spec_dirs: tuple[str, ...] = cdi.DEFAULT_SPEC_DIRS):
         """``runtime_handlers`` are those RunPodSandbox accepts, ``default_runtime_handler`` the
         one an empty handler means. ``cgroup_parent`` is the cgroup parent of a pod whose config
-        names none; ``pause_binary`` the pause of native pods (None: catatonit when installed,
+        names none, ``cgroup_driver`` who makes pods' cgroups (cgroupfs, or systemd: its parents are
+        slices); ``pause_binary`` the pause of native pods (None: catatonit when installed,
         else the built-in pause). ``images`` finds the image a container names and
         ``snapshots`` makes its root filesystem (:mod:`client.cri.rootfs`); without them a container
         that names an image is refused (one that names none runs on a root of its own, empty but
@@ -118,6 +119,7 @@ class PodServiceBase:
         self.runtime_handlers = tuple(runtime_handlers)
         self.default_runtime_handler = default_runtime_handler
         self.cgroup_parent = cgroup_parent
+        self.cgroup_driver = cgroup_driver
         self.pause_binary = pause_binary
         self.sandbox_image = sandbox_image
         self.pull = pull

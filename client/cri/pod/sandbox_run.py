@@ -120,6 +120,8 @@ class SandboxRun(PodServiceBase):
         options["linux"] = {**options["linux"], "pause_process": pause}
         if not cfg.cgroup_parent and self.cgroup_parent:
             options["linux"] = {**options["linux"], "cgroup_parent": self.cgroup_parent}
+        if self.cgroup_driver != "cgroupfs":
+            options["linux"] = {**options["linux"], "cgroup_driver": self.cgroup_driver}
         if handler == NATIVE and self.pause_binary is not None:
             options["pause_binary"] = self.pause_binary
         return options

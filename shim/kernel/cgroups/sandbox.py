@@ -21,7 +21,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from shim.kernel import linux
-from shim.kernel.cgroups import stats
+from shim.kernel.cgroups import stats, systemd
 from shim.kernel.cgroups.hierarchies import V2, Hierarchy, discover_hierarchies, pure_v2 as _pure_v2
 from shim.kernel.cgroups.readers import (read_bytes as _read_bytes, read_pids as _read_pids, read_text as _read_text,
                                          subtree as _subtree)
@@ -49,6 +49,9 @@ PAUSE_LEAF = ".pause"
 
 _MKDIR_ATTEMPTS = 3
 _SKIPPABLE = (errno.EROFS, errno.EACCES, errno.EPERM)
+
+#: The placeholders of this process's scopes still waiting for their first process, by unit.
+_placeholders: dict[str, systemd.Placeholder] = {}
 
 #: Name prefix of the directories that hold a default parent (:func:`hold_parent`); "." makes it
 #: one no sandbox id can take (ids start with a letter or digit).
@@ -148,24 +151,77 @@ class SandboxCgroup(Record):
     ``skipped`` maps a hierarchy that could not be used to the reason; ``owned_parents`` the
     parent directories that are podshim's, which :meth:`remove` removes when they are empty:
     the default parent ("podshim" below the shim's own cgroup, shared by every sandbox), or
-    those of a caller-given parent that :meth:`create` had to make itself.
+    those of a caller-given parent that :meth:`create` had to make itself. ``unit`` is the
+    systemd scope whose delegated cgroup is ``paths``'s v2 directory (:meth:`create_scope`, the
+    systemd driver), stopped by :meth:`remove`; "" under the cgroupfs driver.
     """
 
-    __slots__ = ("name", "paths", "skipped", "owned_parents", "leaf")
+    __slots__ = ("name", "paths", "skipped", "owned_parents", "leaf", "unit")
     mutable = True
     name: str
     paths: dict[str, str]
     skipped: dict[str, str]
     owned_parents: dict[str, list[str]]
     leaf: str  # PAUSE_LEAF when the v2 directory hands controllers to its tasks, else ""
+    unit: str
 
     def __init__(self, name: str, paths: dict[str, str], skipped: dict[str, str] | None = None,
-                 owned_parents: dict[str, list[str]] | None = None, leaf: str = "") -> None:
+                 owned_parents: dict[str, list[str]] | None = None, leaf: str = "", unit: str = "") -> None:
         self.name = name
         self.paths = paths
         self.skipped = {} if skipped is None else skipped
         self.owned_parents = {} if owned_parents is None else owned_parents
         self.leaf = leaf
+        self.unit = unit
+
+    @classmethod
+    def create_scope(cls, name: str, parent_slice: str, unit: str) -> SandboxCgroup:
+        """The systemd driver's cgroup: the transient scope ``unit`` in slice ``parent_slice``,
+        delegated, its first process a placeholder (:func:`systemd.Placeholder`) kept in the
+        scope's leaf for the sandbox's own processes until :meth:`release_placeholder`, and the
+        controllers the scope has handed to what is below it.
+
+        Raises InvalidArgument (bad name, or a slice name systemd refuses), FailedPrecondition
+        (a host with cgroup v1 controllers, systemd unreachable or refusing the scope); on error
+        nothing made is left behind.
+        """
+        _validate(name, None)
+        systemd.check_parent(parent_slice, systemd.SYSTEMD)
+        found = discover_hierarchies()
+        v2 = next((h for h in found if h.key == V2), None)
+        if v2 is None or not _pure_v2(found):
+            raise FailedPrecondition("the systemd cgroup driver needs a host on pure cgroup v2; this one mounts cgroup "
+                                     "v1 controllers: use cgroup_driver = \"cgroupfs\"")
+        cgroup = cls(name, {}, unit=unit)
+        placeholder = systemd.Placeholder()
+        _placeholders[unit] = placeholder
+        try:
+            systemd.manager().start_scope(unit, parent_slice, placeholder.pid, [])
+            own = systemd.own_cgroup(placeholder.pid)
+            directory = v2.directory(own)
+            if directory is None or os.path.basename(own) != unit:
+                raise FailedPrecondition(f"systemd started {unit}, but its process is in {own}, not in the scope")
+            cgroup.paths[V2] = directory
+            # The scope's own processes move to its leaf first: a cgroup with processes cannot
+            # hand controllers down (cgroup v2's no-internal-process rule).
+            os.mkdir(os.path.join(directory, PAUSE_LEAF), 0o755)
+            cgroup.leaf = PAUSE_LEAF
+            linux.write_file(os.path.join(directory, PAUSE_LEAF, "cgroup.procs"), b"%d" % placeholder.pid)
+            _enable_controllers(directory, directory)
+        except OSError as exc:
+            cgroup.remove()
+            raise error_from_oserror(exc, f"cannot set up the scope {unit}") from exc
+        except BaseException:
+            cgroup.remove()
+            raise
+        return cgroup
+
+    def release_placeholder(self) -> None:
+        """Let the placeholder of :meth:`create_scope` go, once the sandbox's own process is in
+        the scope (which systemd stops when it has no process left)."""
+        placeholder = _placeholders.pop(self.unit, None)
+        if placeholder is not None:
+            placeholder.release()
 
     @classmethod
     def create(cls, name: str, parent: str | None = None) -> SandboxCgroup:
@@ -231,6 +287,7 @@ class SandboxCgroup(Record):
             "skipped": dict(self.skipped),
             "owned_parents": {key: list(dirs) for key, dirs in self.owned_parents.items()},
             "leaf": self.leaf,
+            "unit": self.unit,
         }
 
     @classmethod
@@ -243,6 +300,7 @@ class SandboxCgroup(Record):
                 {str(k): str(v) for k, v in record.get("skipped", {}).items()},
                 {str(k): [str(d) for d in v] for k, v in record.get("owned_parents", {}).items()},
                 str(record.get("leaf", "")),
+                str(record.get("unit", "")),
             )
         except (KeyError, TypeError, AttributeError) as exc:
             raise InvalidArgument(f"malformed cgroup record: {exc!r}") from None
@@ -251,6 +309,8 @@ class SandboxCgroup(Record):
             raise InvalidArgument(f"malformed cgroup record: leaf {cgroup.leaf!r}")
         if not all(os.path.isabs(path) for path in cgroup.paths.values()):
             raise InvalidArgument("malformed cgroup record: paths must be absolute")
+        if cgroup.unit and (not cgroup.unit.endswith(".scope") or "/" in cgroup.unit):
+            raise InvalidArgument(f"malformed cgroup record: unit {cgroup.unit!r}")
         return cgroup
 
     def process_paths(self) -> dict[str, str]:
@@ -368,6 +428,9 @@ class SandboxCgroup(Record):
                 except OSError as exc:
                     log.error("cannot put back %s after a failed update: %s", path, exc.strerror)
             raise
+        if self.unit:
+            # What systemd owns is its unit's too: a daemon-reload would put back the old values.
+            systemd.manager().set_properties(self.unit, systemd.unit_properties(resources))
 
     def check(self, resources: Mapping[str, Any]) -> None:
         """Check ``resources`` as :meth:`update` would, writing nothing: InvalidArgument naming
@@ -473,6 +536,14 @@ class SandboxCgroup(Record):
     def _removal(self, timeout: float) -> Iterator[float]:
         """The removal, pausing by yielding how long to wait before the next rmdir attempt."""
         deadline = time.monotonic() + timeout
+        if self.unit:
+            self.release_placeholder()
+            # Below the scope is ours; the scope's own directory is systemd's, gone with the unit.
+            for path in self.paths.values():
+                for directory in _subtree(path)[:0:-1]:
+                    yield from _rmdir(directory, deadline)
+            systemd.manager().stop_unit(self.unit)
+            return
         for path in self.paths.values():
             try:
                 os.rmdir(path)  # the usual case: empty, no child cgroups left

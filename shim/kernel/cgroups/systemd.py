@@ -1,0 +1,305 @@
+"""The systemd cgroup driver: a sandbox's cgroup as a transient scope that systemd makes.
+
+Under this driver a sandbox's parent is a slice named as kubelet names them
+(``kubepods-burstable-pod<uid>.slice``, which systemd expands to
+``kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod<uid>.slice``), and the sandbox's
+cgroup is the scope ``podshim-<namespace>-<sandbox id>.scope`` in it, made over systemd's D-Bus API
+(org.freedesktop.systemd1.Manager.StartTransientUnit) with ``Delegate=yes``: systemd owns the
+scope and its resources as unit properties (:func:`unit_properties`), and what is below it (the
+pause's leaf, each task's cgroup) is the shim's, written as files (systemd's delegation contract).
+
+A scope is made with the processes it starts with; the pause does not exist yet when its cgroup
+is made, so a placeholder child of the shim (:class:`Placeholder`) is the scope's first process
+until the pause is in. The placeholder dies with the shim (its parent-death signal), and a scope
+whose processes are all gone is stopped by systemd: a shim killed at any step leaves no scope
+behind; one that outlives its shim (the pause running) is stopped by ``podshim delete``
+(:meth:`Manager.stop_unit`), which the record names.
+
+The bus is spoken with jeepney (its message core, and its blocking connection: one connection
+per process, opened at the first need, after any fork).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import signal
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from shim.kernel import linux
+from shim.kernel.cgroups.resources import cpu_weight
+from shim.rpc.status import FailedPrecondition, InvalidArgument
+
+__all__ = ["CGROUPFS", "SYSTEMD", "DRIVERS", "DEFAULT_SLICE", "START_TIMEOUT", "Manager", "Placeholder",
+           "check_parent", "escape", "expand_slice", "is_slice_name", "manager", "scope_name", "unit_properties"]
+
+log = logging.getLogger(__name__)
+
+CGROUPFS = "cgroupfs"
+SYSTEMD = "systemd"
+DRIVERS = (CGROUPFS, SYSTEMD)
+#: The parent slice of a sandbox given none under the systemd driver.
+DEFAULT_SLICE = "podshim.slice"
+START_TIMEOUT = 30.0  # seconds systemd may take to start or stop a unit (a job)
+
+_UNIT_CHARS = re.compile(r"[A-Za-z0-9:_.\\-]+")
+_INFINITY = (1 << 64) - 1  # systemd's "infinity" for a uint64 property
+_SYSTEMD = ("org.freedesktop.systemd1", "/org/freedesktop/systemd1", "org.freedesktop.systemd1.Manager")
+
+
+def escape(text: str) -> str:
+    """``text`` as one part of a unit name, as ``systemd-escape`` writes it: letters, digits,
+    ``:``, ``_`` and ``.`` (not leading) kept, every other byte ``\\xNN``; so a ``-`` of ours
+    never reads as a slice's nesting."""
+    out = []
+    for i, byte in enumerate(text.encode()):
+        char = chr(byte)
+        if (char.isascii() and char.isalnum()) or char in ":_" or (char == "." and i > 0):
+            out.append(char)
+        else:
+            out.append(f"\\x{byte:02x}")
+    return "".join(out)
+
+
+def scope_name(namespace: str, sandbox_id: str) -> str:
+    """The unit name of a sandbox's scope: unique among every shim's (a namespace's ids are)."""
+    return f"podshim-{escape(namespace)}-{escape(sandbox_id)}.scope"
+
+
+def is_slice_name(parent: str) -> bool:
+    """Whether ``parent`` is a slice's unit name (``kubepods-burstable.slice``), not a path."""
+    return "/" not in parent and parent.endswith(".slice")
+
+
+def expand_slice(name: str) -> str:
+    """The cgroup path systemd gives slice ``name``: each ``-`` a level (``a-b.slice`` is
+    ``/a.slice/a-b.slice``), ``-.slice`` the root. Raises InvalidArgument for a name systemd
+    refuses as a slice (a ``/``, an empty level: ``--``, a leading or trailing ``-``)."""
+    if name == "-.slice":
+        return "/"
+    stem = name[:-len(".slice")] if name.endswith(".slice") else ""
+    if (not stem or "/" in name or not _UNIT_CHARS.fullmatch(name) or stem.startswith("-") or stem.endswith("-")
+            or "--" in stem):
+        raise InvalidArgument(f"cgroup parent {name!r} is not a slice name systemd accepts (such as "
+                              "kubepods-burstable-pod<uid>.slice)")
+    parts = stem.split("-")
+    return "/" + "/".join("-".join(parts[:i]) + ".slice" for i in range(1, len(parts) + 1))
+
+
+def check_parent(parent: str | None, driver: str) -> None:
+    """InvalidArgument unless ``parent`` (None: the default) suits ``driver``: a slice name for
+    systemd, a path for cgroupfs (a slice name there would be made into a directory of that name,
+    outside the hierarchy kubelet meant)."""
+    if driver not in DRIVERS:
+        raise InvalidArgument(f"cgroup driver {driver!r} is not known (known: {', '.join(DRIVERS)})")
+    if parent is None:
+        return
+    if driver == CGROUPFS and is_slice_name(parent):
+        raise InvalidArgument(f"cgroup parent {parent!r} is a systemd slice, and the cgroup driver is cgroupfs: give "
+                              "a cgroup path (/kubepods/...), or run podshimd with cgroup_driver = \"systemd\" and "
+                              "kubelet with cgroupDriver: systemd")
+    if driver == SYSTEMD:
+        if not is_slice_name(parent):
+            raise InvalidArgument(f"cgroup parent {parent!r} is a path, and the cgroup driver is systemd: give a slice "
+                                  "name (kubepods-burstable-pod<uid>.slice), or use the cgroupfs driver")
+        expand_slice(parent)
+
+
+def unit_properties(resources: Mapping[str, Any]) -> list[tuple[str, tuple[str, Any]]]:
+    """The systemd unit properties of the resources (Update's keys, already checked) that systemd
+    owns on a unit: CPUWeight, CPUQuotaPerSecUSec and CPUQuotaPeriodUSec, MemoryMax,
+    MemorySwapMax, TasksMax, AllowedCPUs, AllowedMemoryNodes; the others stay file writes. The
+    quota is rounded up to 10 ms a second, as systemd keeps it (and runc rounds it)."""
+    props: list[tuple[str, tuple[str, Any]]] = []
+    shares = resources.get("cpu_shares")
+    if shares is not None:
+        props.append(("CPUWeight", ("t", cpu_weight(shares))))
+    quota, period = resources.get("cpu_quota_us"), resources.get("cpu_period_us")
+    if period is not None:
+        props.append(("CPUQuotaPeriodUSec", ("t", period)))
+    if quota is not None:
+        if quota == -1:
+            props.append(("CPUQuotaPerSecUSec", ("t", _INFINITY)))
+        else:
+            per_sec = quota * 1_000_000 // (period or 100_000)
+            per_sec = -(-per_sec // 10_000) * 10_000
+            props.append(("CPUQuotaPerSecUSec", ("t", per_sec)))
+    memory, swap = resources.get("memory_limit_bytes"), resources.get("memory_swap_limit_bytes")
+    if memory is not None:
+        props.append(("MemoryMax", ("t", _INFINITY if memory == -1 else memory)))
+    if swap is not None and (swap == -1 or (memory is not None and memory != -1)):
+        props.append(("MemorySwapMax", ("t", _INFINITY if swap == -1 else swap - memory)))
+    pids = resources.get("pids_limit")
+    if pids is not None:
+        props.append(("TasksMax", ("t", _INFINITY if pids == -1 else pids)))
+    for key, name in (("cpuset_cpus", "AllowedCPUs"), ("cpuset_mems", "AllowedMemoryNodes")):
+        if resources.get(key) is not None:
+            props.append((name, ("ay", _bitmask(resources[key]))))
+    return props
+
+
+def _bitmask(cpu_list: str) -> bytes:
+    """A cpuset list (``0-2,5``) as systemd's byte mask: bit N of byte N // 8 for CPU N."""
+    mask = 0
+    for part in cpu_list.split(","):
+        low, _, high = part.partition("-")
+        for cpu in range(int(low), int(high or low) + 1):
+            mask |= 1 << cpu
+    return mask.to_bytes(max(1, (mask.bit_length() + 7) // 8), "little")
+
+
+class Placeholder:
+    """A child of this process that only waits: a new scope's first process until the one it is
+    for is in. It dies when released, and with this process (its parent-death signal)."""
+
+    def __init__(self) -> None:
+        read_fd, self._write_fd = os.pipe2(os.O_CLOEXEC)
+        old_mask = linux.block_all_signals()  # the child runs no Python handler
+        try:
+            pid = os.fork()
+            if pid == 0:
+                try:
+                    linux.set_parent_death_signal(signal.SIGKILL)
+                    # Nothing of the shim's is held open by it (a client waiting for EOF).
+                    os.closerange(3, read_fd)
+                    os.closerange(read_fd + 1, os.sysconf("SC_OPEN_MAX"))
+                    os.read(read_fd, 1)  # EOF: released, or the parent gone
+                finally:
+                    os._exit(0)
+        finally:
+            linux.set_signal_mask(old_mask)
+            os.close(read_fd)
+        self.pid = pid
+
+    def release(self) -> None:
+        """Let the placeholder exit and reap it (unless the process's reaper does: either is fine)."""
+        if self._write_fd < 0:
+            return
+        os.close(self._write_fd)
+        self._write_fd = -1
+        try:
+            os.waitpid(self.pid, 0)
+        except ChildProcessError:
+            pass  # the shim's reaper took it
+
+
+class Manager:
+    """systemd's manager over the system bus: transient units started, changed and stopped."""
+
+    def __init__(self) -> None:
+        from jeepney.io.blocking import open_dbus_connection
+
+        try:
+            self._conn = open_dbus_connection(bus="SYSTEM")
+        except (OSError, KeyError) as exc:
+            raise FailedPrecondition(f"the systemd cgroup driver cannot reach systemd on the system bus: {exc}") from None
+        self.pid = os.getpid()
+        self._call("Subscribe", "", ())  # JobRemoved is sent to subscribed clients only
+
+    def close(self) -> None:
+        self._conn.close()
+
+    def _call(self, method: str, signature: str, body: tuple[Any, ...], timeout: float = START_TIMEOUT) -> Any:
+        from jeepney import DBusAddress, DBusErrorResponse, new_method_call
+        from jeepney.io.blocking import unwrap_msg
+
+        name, path, interface = _SYSTEMD
+        message = new_method_call(DBusAddress(path, bus_name=name, interface=interface), method, signature, body)
+        try:
+            return unwrap_msg(self._conn.send_and_get_reply(message, timeout=timeout))
+        except DBusErrorResponse as exc:
+            raise _UnitError(exc.name, " ".join(str(d) for d in exc.data)) from None
+
+    def _job(self, method: str, signature: str, body: tuple[Any, ...], unit: str, timeout: float) -> str:
+        """Call a Manager method that queues a job on ``unit`` and wait for the job's end: its result
+        ("done", "failed", ...)."""
+        from jeepney import MatchRule, message_bus
+        from jeepney.io.blocking import unwrap_msg
+
+        name, path, interface = _SYSTEMD
+        # No sender in the rule: the bus delivers it from systemd's unique name (":1.1"), which
+        # the connection's own filter would not match against the well-known one.
+        rule = MatchRule(type="signal", interface=interface, member="JobRemoved", path=path)
+        unwrap_msg(self._conn.send_and_get_reply(message_bus.AddMatch(rule), timeout=timeout))
+        try:
+            with self._conn.filter(rule, bufsize=256) as queue:
+                (job,) = self._call(method, signature, body, timeout)
+                deadline = time.monotonic() + timeout
+                while True:
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        raise FailedPrecondition(f"systemd did not finish {method} of {unit} within {timeout:.0f} s")
+                    signal_body = self._conn.recv_until_filtered(queue, timeout=remaining).body
+                    if signal_body[1] == job:
+                        return str(signal_body[3])
+        finally:
+            unwrap_msg(self._conn.send_and_get_reply(message_bus.RemoveMatch(rule), timeout=timeout))
+
+    def start_scope(self, unit: str, parent_slice: str, pid: int, properties: list[tuple[str, tuple[str, Any]]],
+                    timeout: float = START_TIMEOUT) -> None:
+        """Start the transient scope ``unit`` in ``parent_slice`` with process ``pid``, delegated
+        (the shim manages what is below it) and ``properties``; return once systemd has started
+        it. FailedPrecondition when systemd refuses it or its job fails."""
+        props = [("Description", ("s", f"podshim sandbox {unit}")), ("Slice", ("s", parent_slice)),
+                 ("Delegate", ("b", True)), ("PIDs", ("au", [pid])), ("DefaultDependencies", ("b", False)),
+                 ("CollectMode", ("s", "inactive-or-failed")), *properties]
+        try:
+            result = self._job("StartTransientUnit", "ssa(sv)a(sa(sv))", (unit, "replace", props, []), unit, timeout)
+        except _UnitError as exc:
+            raise FailedPrecondition(f"systemd refused the scope {unit} in {parent_slice}: {exc}") from None
+        if result != "done":
+            raise FailedPrecondition(f"systemd could not start the scope {unit} in {parent_slice}: its job {result}")
+
+    def set_properties(self, unit: str, properties: list[tuple[str, tuple[str, Any]]]) -> None:
+        """Set ``properties`` on ``unit`` until it stops (runtime). FailedPrecondition when refused."""
+        if not properties:
+            return
+        try:
+            self._call("SetUnitProperties", "sba(sv)", (unit, True, properties))
+        except _UnitError as exc:
+            raise FailedPrecondition(f"systemd refused the properties of {unit}: {exc}") from None
+
+    def stop_unit(self, unit: str, timeout: float = START_TIMEOUT) -> None:
+        """Stop ``unit`` and wait for it; a unit already gone is fine. FailedPrecondition when
+        systemd cannot stop it."""
+        try:
+            result = self._job("StopUnit", "ss", (unit, "replace"), unit, timeout)
+        except _UnitError as exc:
+            if exc.name in ("org.freedesktop.systemd1.NoSuchUnit", "org.freedesktop.systemd1.LoadFailed"):
+                return
+            raise FailedPrecondition(f"systemd could not stop {unit}: {exc}") from None
+        if result not in ("done", "canceled"):
+            raise FailedPrecondition(f"systemd could not stop {unit}: its job {result}")
+
+
+class _UnitError(Exception):
+    """An error reply of systemd's: its D-Bus error name and message."""
+
+    def __init__(self, name: str, message: str) -> None:
+        super().__init__(f"{message} ({name})")
+        self.name = name
+
+
+_manager: list[Manager] = []
+
+
+def manager() -> Manager:
+    """This process's connection to systemd, opened at the first need (and again in a forked child)."""
+    if _manager and _manager[0].pid != os.getpid():
+        _manager.clear()  # the template's, inherited across fork: its socket is shared, never used
+    if not _manager:
+        _manager.append(Manager())
+    return _manager[0]
+
+
+def own_cgroup(pid: int) -> str:
+    """The cgroup v2 path of process ``pid`` (/proc/PID/cgroup's ``0::`` line)."""
+    with open(f"/proc/{pid}/cgroup") as f:
+        for line in f:
+            if line.startswith("0::"):
+                return line[3:].rstrip("\n")
+    raise FailedPrecondition(f"process {pid} is in no cgroup v2 hierarchy")
+

@@ -1,0 +1,81 @@
+"""The systemd cgroup driver's rules that need no systemd: slice names expanded as systemd expands
+them, unit names escaped, parents checked against the driver, resources as unit properties, and
+the sandbox options that ask for it. The driver itself, with systemd, runs in the cgroup v2 guest
+(tests/shim/test_kernel_cgroups.py and test_shim_task_ops.py, marker ``cgroupv2``)."""
+
+from __future__ import annotations
+
+import pytest
+
+from shim.kernel.cgroups import systemd
+from shim.rpc.status import InvalidArgument
+from shim.sandbox.options import SandboxOptions
+
+
+@pytest.mark.parametrize("name,path", [
+    ("kubepods.slice", "/kubepods.slice"),
+    ("kubepods-burstable.slice", "/kubepods.slice/kubepods-burstable.slice"),
+    ("kubepods-burstable-pod1234_5678.slice",
+     "/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod1234_5678.slice"),
+    ("-.slice", "/"),
+])
+def test_a_slice_name_expands_to_the_path_systemd_gives_it(name, path):
+    assert systemd.expand_slice(name) == path
+
+
+@pytest.mark.parametrize("name", ["kubepods--x.slice", "-kubepods.slice", "kubepods-.slice", "a/b.slice",
+                                  "kubepods.scope", ".slice"])
+def test_a_name_systemd_refuses_as_a_slice_is_refused_by_name(name):
+    with pytest.raises(InvalidArgument, match="is not a slice name systemd accepts"):
+        systemd.expand_slice(name)
+
+
+def test_a_scope_name_escapes_what_would_read_as_nesting():
+    assert systemd.scope_name("k8s.io", "ab12") == "podshim-k8s.io-ab12.scope"
+    assert systemd.scope_name("my-ns", "pod-1") == "podshim-my\\x2dns-pod\\x2d1.scope"
+    assert systemd.escape(".hidden") == "\\x2ehidden"
+
+
+def test_under_cgroupfs_a_slice_parent_is_refused_not_made_into_a_directory():
+    with pytest.raises(InvalidArgument, match="is a systemd slice, and the cgroup driver is cgroupfs"):
+        systemd.check_parent("kubepods-burstable-pod12.slice", systemd.CGROUPFS)
+    systemd.check_parent("/kubepods/burstable/pod12", systemd.CGROUPFS)
+    systemd.check_parent("/system.slice/x", systemd.CGROUPFS)  # a path through a slice's directory is a path
+
+
+def test_under_systemd_a_path_parent_is_refused():
+    with pytest.raises(InvalidArgument, match="is a path, and the cgroup driver is systemd"):
+        systemd.check_parent("/kubepods/burstable", systemd.SYSTEMD)
+    systemd.check_parent("kubepods-burstable.slice", systemd.SYSTEMD)
+    systemd.check_parent(None, systemd.SYSTEMD)
+
+
+def test_an_unknown_driver_is_refused():
+    with pytest.raises(InvalidArgument, match="cgroup driver 'slices' is not known"):
+        systemd.check_parent(None, "slices")
+
+
+def test_sandbox_options_refuse_a_slice_parent_under_cgroupfs_with_invalid_argument():
+    with pytest.raises(InvalidArgument, match=r"linux.cgroup_parent: cgroup parent 'kubepods.slice' is a systemd slice"):
+        SandboxOptions.from_payload({"linux": {"cgroup_parent": "kubepods.slice"}})
+    options = SandboxOptions.from_payload({"linux": {"cgroup_parent": "kubepods.slice", "cgroup_driver": "systemd"}})
+    assert (options.cgroup_driver, options.cgroup_parent) == ("systemd", "kubepods.slice")
+    assert SandboxOptions.from_payload({}).cgroup_driver == "cgroupfs"
+
+
+def test_the_resources_systemd_owns_become_unit_properties_converted_as_runc_does():
+    assert dict(systemd.unit_properties({
+        "cpu_shares": 512, "cpu_quota_us": 25000, "cpu_period_us": 50000, "memory_limit_bytes": 96 << 20,
+        "memory_swap_limit_bytes": 128 << 20, "pids_limit": 30, "cpuset_cpus": "0-2,9", "cpuset_mems": "0",
+        "oom_score_adj": 5})) == {
+        "CPUWeight": ("t", 20), "CPUQuotaPeriodUSec": ("t", 50000), "CPUQuotaPerSecUSec": ("t", 500000),
+        "MemoryMax": ("t", 96 << 20), "MemorySwapMax": ("t", 32 << 20), "TasksMax": ("t", 30),
+        "AllowedCPUs": ("ay", bytes([0b111, 0b10])), "AllowedMemoryNodes": ("ay", b"\x01")}
+
+
+def test_a_quota_is_rounded_up_to_ten_milliseconds_a_second_and_minus_one_is_infinity():
+    assert dict(systemd.unit_properties({"cpu_quota_us": 1001, "cpu_period_us": 100000}))["CPUQuotaPerSecUSec"] == \
+        ("t", 20000)
+    infinity = (1 << 64) - 1
+    assert dict(systemd.unit_properties({"cpu_quota_us": -1, "memory_limit_bytes": -1, "pids_limit": -1})) == {
+        "CPUQuotaPerSecUSec": ("t", infinity), "MemoryMax": ("t", infinity), "TasksMax": ("t", infinity)}
