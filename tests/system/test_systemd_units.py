@@ -52,7 +52,7 @@ def test_every_unit_names_documentation_that_the_install_puts_where_it_says(unit
     with open(os.path.join(UNITS, unit)) as f:
         urls = [url for line in f if line.startswith("Documentation=") for url in line.split("=", 1)[1].split()]
     assert urls, f"{unit} has no Documentation="
-    with open(os.path.join(REPO, ".ci", "install")) as f:
+    with open(os.path.join(REPO, ".ci", "install-units")) as f:
         install = f.read()
     assert f"DOCS=${{PODSHIM_DOC_DIR:-{DOC_DIR}}}" in install and " docs/*.md; do" in install
     for url in urls:
