@@ -122,7 +122,7 @@ class _Fields:
         return dict(value)
 
     def labels(self, key: str = "labels") -> dict[str, str]:
-        """A map of Kubernetes labels (qualified-name keys, values of at most 63 characters)."""
+        """A map of CRI labels (qualified-name keys, label values of at most 253 characters)."""
         value = self.str_map(key)
         validate_labels(value, self.name(key))
         return value

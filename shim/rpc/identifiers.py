@@ -14,7 +14,8 @@ from typing import Any
 
 from shim.rpc.status import InvalidArgument
 
-__all__ = ["MAX_ANNOTATIONS_BYTES", "MAX_HOSTNAME_CHARS", "MAX_IDENTIFIER_CHARS", "MAX_LABEL_VALUE_CHARS",
+__all__ = ["MAX_ANNOTATIONS_BYTES", "MAX_CRI_LABEL_VALUE_CHARS", "MAX_HOSTNAME_CHARS", "MAX_IDENTIFIER_CHARS",
+           "MAX_LABEL_VALUE_CHARS",
            "validate_annotations", "validate_hostname", "validate_identifier", "validate_labels"]
 
 MAX_IDENTIFIER_CHARS = 76
@@ -24,6 +25,9 @@ _IDENTIFIER = re.compile(r"[A-Za-z0-9]+(?:[._-][A-Za-z0-9]+)*")
 MAX_HOSTNAME_CHARS = 64
 #: apimachinery's LabelValueMaxLength (and the name part of a qualified name).
 MAX_LABEL_VALUE_CHARS = 63
+#: A CRI label value's: kubelet's ``io.kubernetes.pod.name`` is the pod's name, a DNS-1123
+#: subdomain of up to 253 characters, not an API label value of up to 63.
+MAX_CRI_LABEL_VALUE_CHARS = 253
 #: apimachinery's TotalAnnotationSizeLimitB: keys and values together, in bytes.
 MAX_ANNOTATIONS_BYTES = 256 * 1024
 _MAX_PREFIX_CHARS = 253  # a DNS-1123 subdomain
@@ -67,13 +71,13 @@ def validate_hostname(value: str, what: str = "hostname") -> str:
 
 def validate_labels(labels: Mapping[str, str], what: str = "labels") -> None:
     """InvalidArgument unless every key is a Kubernetes qualified name and every value a label
-    value: at most 63 letters, digits, '-', '_' or '.', starting and ending with a letter or
-    digit, or empty."""
+    value's characters: letters, digits, '-', '_' or '.', starting and ending with a letter or
+    digit, or empty; at most 253 of them (MAX_CRI_LABEL_VALUE_CHARS: kubelet's pod-name label)."""
     for key, value in labels.items():
         _check_qualified_name(key, what)
-        if len(value) > MAX_LABEL_VALUE_CHARS:
+        if len(value) > MAX_CRI_LABEL_VALUE_CHARS:
             raise InvalidArgument(f"{what}[{_shown(key)}] is {len(value)} characters; at most "
-                                  f"{MAX_LABEL_VALUE_CHARS} are allowed")
+                                  f"{MAX_CRI_LABEL_VALUE_CHARS} are allowed")
         if value and not re.fullmatch(_NAME, value):
             raise InvalidArgument(f"{what}[{_shown(key)}] {_shown(value)} is not a label value: use letters, "
                                   "digits, '-', '_' and '.', starting and ending with a letter or digit")

@@ -214,7 +214,7 @@ def test_bad_container_field_is_invalid_argument_naming_its_path(path, value, me
     ("hostname", "web\n", "hostname 'web\\n' is not an RFC 1123 host name"),
     ("hostname", "a" * 64, "is not an RFC 1123 host name"),
     ("hostname", "web-0." + "a" * 60, "is 66 characters"),
-    ("labels", {"app": "x" * (1 << 20)}, "labels['app'] is 1048576 characters; at most 63"),
+    ("labels", {"app": "x" * (1 << 20)}, "labels['app'] is 1048576 characters; at most 253"),
     ("labels", {"app": "-web"}, "labels['app'] '-web' is not a label value"),
     ("labels", {"a/b/c": "x"}, "labels key 'a/b/c' is not a qualified name"),
     ("labels", {"Example.com/app": "x"}, "labels key 'Example.com/app' is not a qualified name"),
@@ -232,8 +232,8 @@ def test_pod_fields_beyond_the_limits_of_cri_and_kubernetes_are_refused(field, v
 
 def test_container_labels_and_annotations_have_the_same_limits():
     doc = {"metadata": {"name": "c"}, "command": ["true"]}
-    with pytest.raises(InvalidArgument, match=r"labels\['app'\] is 64 characters"):
-        ContainerConfig.from_json({**doc, "labels": {"app": "x" * 64}})
+    with pytest.raises(InvalidArgument, match=r"labels\['app'\] is 254 characters"):
+        ContainerConfig.from_json({**doc, "labels": {"app": "x" * 254}})
     with pytest.raises(InvalidArgument, match="annotations are 300001 bytes"):
         ContainerConfig.from_json({**doc, "annotations": {"a": "x" * 300_000}})
 
@@ -242,7 +242,10 @@ def test_pod_fields_at_the_limits_are_accepted():
     config = PodSandboxConfig.from_json({
         "metadata": {"name": "p", "namespace": "n", "uid": "u"},
         "hostname": "web-0.a-service.default.svc.cluster.local",
-        "labels": {"app.kubernetes.io/name": "w" * 63, "empty": "", "Tier_2": "a.b-c_d"},
+        "labels": {"app.kubernetes.io/name": "w" * 63, "empty": "", "Tier_2": "a.b-c_d",
+                   # kubelet's: the pod's name, a DNS subdomain longer than an API label value may be
+                   "io.kubernetes.pod.name": "pod-update-activedeadlineseconds-ddac1ada-a730-43b7-9fc2-73e34935754c",
+                   "longest": "p" * 253},
         "annotations": {"a": "x" * (256 * 1024 - 1)}})
     assert config.labels["empty"] == "" and len(config.annotations["a"]) == 256 * 1024 - 1
 

@@ -131,7 +131,7 @@ async def test_sysctl_that_would_change_the_host_is_refused(shim, options):
     ({"options": {"hostname": "a" * 64}}, "is not an RFC 1123 host name"),
     ({"options": {"hostname": "-web"}}, "is not an RFC 1123 host name"),
     ({"options": {"hostname": "web..example"}}, "is not an RFC 1123 host name"),
-    ({"options": {"labels": {"app": "x" * (1 << 20)}}}, "labels['app'] is 1048576 characters; at most 63"),
+    ({"options": {"labels": {"app": "x" * (1 << 20)}}}, "labels['app'] is 1048576 characters; at most 253"),
     ({"options": {"labels": {"bad key": "x"}}}, "labels key 'bad key' is not a qualified name"),
     ({"options": {"annotations": {"big": "x" * 2_000_000}}}, "annotations are 2000003 bytes in all; at most 262144"),
     ({"annotations": {"big": "x" * 2_000_000}}, "annotations are 2000003 bytes in all; at most 262144"),

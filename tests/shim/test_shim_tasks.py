@@ -348,7 +348,7 @@ async def test_duplicate_task_id_already_exists(pod):
 async def test_malformed_create_is_invalid_argument(pod):
     for fields in ({"args": []}, {"args": "true"}, {"log_path": "relative.log"}, {"pid_mode": "HOST"},
                    {"env": ["NOEQUALS"]}, {"task_id": "../x"}, {"cwd": "tmp"}, {"labels": {"a": 1}},
-                   {"labels": {"app": "x" * 64}}, {"labels": {"bad key": "x"}}):
+                   {"labels": {"app": "x" * 254}}, {"labels": {"bad key": "x"}}):
         request = {"task_id": "app", "args": ["true"], "log_path": pod.log_path("app"), **fields}
         with pytest.raises(InvalidArgument):
             await pod.call("Create", **request)
