@@ -15,6 +15,7 @@ bench/critest_compare.py use it. ``Containerd.kill_and_restart()`` kills it with
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -25,7 +26,7 @@ from dataclasses import dataclass
 
 from critools import REPO, cni_config, gotool
 
-__all__ = ["Containerd", "running_containerd", "containerd_binary", "containerd_version", "write_config"]
+__all__ = ["Containerd", "running_containerd", "pod_config", "sleeping_pod", "containerd_binary", "containerd_version", "write_config"]
 
 #: Seconds containerd may take to answer its CRI, and to stop.
 START_TIMEOUT = 60.0
@@ -264,3 +265,30 @@ def _unmount_below(directory: str) -> None:
         points = [line.split()[4] for line in f]
     for point in sorted((p for p in points if p.startswith(directory.rstrip("/") + "/")), key=len, reverse=True):
         subprocess.run(["umount", "-l", point], capture_output=True)
+
+
+def pod_config(directory: str, name: str, **extra: object) -> str:
+    """The path of a crictl pod config ``name`` (with ``extra``'s keys) written in ``directory``."""
+    path = os.path.join(directory, f"{name}.json")
+    with open(path, "w") as f:
+        json.dump({"metadata": {"name": name, "namespace": "default", "uid": f"uid-{name}"},
+                   "hostname": name, "log_directory": os.path.join(directory, "logs", name), **extra}, f)
+    return path
+
+
+def sleeping_pod(containerd: Containerd, crictl: str, directory: str, image: str, name: str,
+                 command: tuple[str, ...] = ("sleep", "1000"), **pod: object) -> tuple[str, str]:
+    """A podshim pod ``name`` (with ``pod``'s config keys) with a container c1 that runs ``command``
+    (by default, sleeps), started: their ids."""
+    assert containerd.crictl(crictl, "pull", image, timeout=120).returncode == 0
+    pod_json = pod_config(directory, name, **pod)
+    ran = containerd.crictl(crictl, "runp", "--runtime", "podshim", pod_json)
+    assert ran.returncode == 0, ran.stderr
+    pod_id = ran.stdout.strip()
+    container_json = os.path.join(directory, "c1.json")
+    with open(container_json, "w") as f:
+        json.dump({"metadata": {"name": "c1"}, "image": {"image": image}, "command": list(command),
+                   "log_path": "c1.log"}, f)
+    cid = containerd.crictl(crictl, "create", pod_id, container_json, pod_json).stdout.strip()
+    assert containerd.crictl(crictl, "start", cid).returncode == 0
+    return pod_id, cid

@@ -146,7 +146,12 @@ def act(flags: dict[str, str | bool], action: str) -> int:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     parsed: list[tuple[dict[str, str | bool], str]] = []
-    status = exit_status(NAME, lambda: parsed.append(parse(argv)) or 0)
+
+    def read_command_line() -> int:
+        parsed.append(parse(argv))
+        return 0
+
+    status = exit_status(NAME, read_command_line)
     if status:
         return status
     flags, action = parsed[0]

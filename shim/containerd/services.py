@@ -11,6 +11,7 @@ layer would give (client.cri.configs), so a pod is the same whichever of the two
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
 from google.protobuf import message_factory
@@ -19,7 +20,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 
 from shim.containerd.api import load
 from shim.rpc.server import CallContext, Server
-from shim.rpc.status import InvalidArgument, Unimplemented
+from shim.rpc.status import FailedPrecondition, InvalidArgument, Unimplemented
 from shim.sandbox.options import NATIVE
 
 if TYPE_CHECKING:
@@ -32,6 +33,7 @@ __all__ = ["SANDBOX_SERVICE", "TASK_SERVICE", "POD_SANDBOX_CONFIG_TYPE", "regist
 sandbox_pb2 = load("runtime.sandbox.v1.sandbox_pb2")
 task_pb2 = load("runtime.task.v3.shim_pb2")
 platform_pb2 = load("types.platform_pb2")
+metrics_pb2 = load("types.metrics_pb2")
 
 SANDBOX_SERVICE = "containerd.runtime.sandbox.v1.Sandbox"
 TASK_SERVICE = "containerd.task.v3.Task"
@@ -161,9 +163,14 @@ class SandboxV1:
         return sandbox_pb2.ShutdownSandboxResponse()
 
     async def metrics(self, ctx: CallContext, r: Any) -> Message:
-        self.service.sandbox.check_id(r.sandbox_id)
-        raise Unimplemented("SandboxMetrics: podshim's shim does not yet give containerd its cgroup metrics "
-                            "(io.containerd.cgroups.v1.Metrics)")
+        from shim.containerd.metrics import cgroup_metrics  # (the cgroups schema, only when asked)
+
+        sandbox = self.service.sandbox
+        sandbox.check_id(r.sandbox_id)
+        if sandbox.cgroup is None:
+            raise FailedPrecondition(f"sandbox {r.sandbox_id} has no cgroup: it was never started, or it stopped")
+        return sandbox_pb2.SandboxMetricsResponse(metrics=metrics_pb2.Metric(
+            timestamp=timestamp(time.time_ns()), id=r.sandbox_id, data=cgroup_metrics(sandbox.cgroup)))
 
 
 def register_containerd(server: Server, service: SandboxService, tasks: TaskService) -> None:
@@ -186,6 +193,6 @@ def register_containerd(server: Server, service: SandboxService, tasks: TaskServ
         "Create": task.create, "Start": task.start, "Delete": task.delete, "Pids": task.pids, "Kill": task.kill,
         "Exec": task.exec, "ResizePty": task.resize_pty, "CloseIO": task.close_io, "State": task.state,
         "Wait": task.wait, "Connect": task.connect, "Shutdown": task.shutdown, "Update": task.update,
-        "Stats": task.unsupported, "Pause": task.unsupported, "Resume": task.unsupported,
+        "Stats": task.stats, "Pause": task.unsupported, "Resume": task.unsupported,
         "Checkpoint": task.unsupported,
     })

@@ -30,6 +30,8 @@ from shim.containerd.services import timestamp
 from shim.rpc.records import Record, set_field as _set
 from shim.rpc.server import CallContext
 from shim.rpc.status import FailedPrecondition, InvalidArgument, NotFound
+from shim.runtime import console, execstream
+from shim.containerd.stdio import ExecTerminal
 
 if TYPE_CHECKING:
     from shim.sandbox.service import SandboxService
@@ -156,12 +158,16 @@ def _mounts(mounts: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 class Exec(Record):
-    """An exec containerd made (Exec): once started, the shim's exec id for it and its pid (``started``
-    is done then: containerd waits for an exec before it starts it); once waited for, its exit."""
+    """An exec containerd made (Exec): its FIFOs; once started, the shim's exec id for it and its pid
+    (``started`` is done then: containerd waits for an exec before it starts it), and what the shim
+    holds of its stdio (shim.containerd.stdio: the stdin FIFO ``hold``, or its ``console``) until
+    CloseIO or its end; once waited for, its exit."""
 
-    __slots__ = ("args", "stdout", "stderr", "terminal", "exec_id", "pid", "started", "exit")
+    __slots__ = ("args", "stdin", "stdout", "stderr", "terminal", "exec_id", "pid", "started", "exit", "hold",
+                 "console")
     mutable = True
     args: list[str]
+    stdin: str
     stdout: str
     stderr: str
     terminal: bool
@@ -169,20 +175,32 @@ class Exec(Record):
     pid: int
     started: asyncio.Future[None]
     exit: dict[str, int] | None  # {exit_status, exited_at}
+    hold: int | None
+    console: ExecTerminal | None
 
-    def __init__(self, args: list[str], stdout: str, stderr: str, terminal: bool, exec_id: str = "",
-                 pid: int = 0, started: asyncio.Future[None] | None = None, exit: dict[str, int] | None = None) -> None:
-        self.args, self.stdout, self.stderr, self.terminal = args, stdout, stderr, terminal
-        self.exec_id, self.pid, self.exit = exec_id, pid, exit
-        self.started = asyncio.get_running_loop().create_future() if started is None else started
+    def __init__(self, args: list[str], stdin: str, stdout: str, stderr: str, terminal: bool) -> None:
+        self.args, self.stdin, self.stdout, self.stderr, self.terminal = args, stdin, stdout, stderr, terminal
+        self.exec_id, self.pid, self.exit, self.hold, self.console = "", 0, None, None, None
+        self.started = asyncio.get_running_loop().create_future()
+
+    async def release(self) -> None:
+        """Let go of the exec's stdio (its end, or Delete)."""
+        if self.hold is not None:
+            os.close(self.hold)
+            self.hold = None
+        if self.console is not None:
+            await self.console.drained() if self.exit is not None else await self.console.aclose()
+            self.console = None
 
 
 class _Stdio(Record):
-    __slots__ = ("stdout", "stderr")
+    __slots__ = ("stdin", "stdout", "stderr")
+    stdin: str
     stdout: str
     stderr: str
 
-    def __init__(self, stdout: str, stderr: str) -> None:
+    def __init__(self, stdin: str, stdout: str, stderr: str) -> None:
+        _set(self, "stdin", stdin)
         _set(self, "stdout", stdout)
         _set(self, "stderr", stderr)
 
@@ -196,6 +214,7 @@ class TaskV3:
         self.events = events
         self.stdio: dict[str, _Stdio] = {}  # task id -> containerd's FIFOs, from Create to Start
         self.execs: dict[tuple[str, str], Exec] = {}  # (task id, containerd's exec id)
+        self.consoles = 0  # console sockets made: each exec's has its own name
 
     @property
     def sandbox_id(self) -> str:
@@ -215,8 +234,6 @@ class TaskV3:
 
     async def create(self, ctx: CallContext, r: Any) -> Message:
         ids = self._ids(r.id)
-        if r.stdin:
-            raise InvalidArgument("a container's stdin is not yet passed from containerd by podshim's shim")
         if r.checkpoint or r.parent_checkpoint:
             raise InvalidArgument("restoring a checkpoint is not supported by podshim's shim")
         pause = self.service.sandbox.pause
@@ -224,25 +241,23 @@ class TaskV3:
             raise FailedPrecondition(f"sandbox {self.sandbox_id} is not running: its tasks cannot be created")
         fields = task_fields(_read_spec(r.bundle), list(r.rootfs), pause.pid)
         log_path = os.path.join(self.service.sandbox.config.bundle, "logs", f"{r.id}.log")
-        await self.tasks.create(ctx, {**ids, **fields, "log_path": log_path})
-        self.stdio[r.id] = _Stdio(r.stdout, r.stderr)
+        await self.tasks.create(ctx, {**ids, **fields, "log_path": log_path, "stdin": bool(r.stdin)})
+        self.stdio[r.id] = _Stdio(r.stdin, r.stdout, r.stderr)
         self.events.publish("/tasks/create", task_events.TaskCreate(
             container_id=r.id, bundle=r.bundle, rootfs=list(r.rootfs),
-            io=task_events.TaskIO(stdout=r.stdout, stderr=r.stderr, terminal=r.terminal)))
+            io=task_events.TaskIO(stdin=r.stdin, stdout=r.stdout, stderr=r.stderr, terminal=r.terminal)))
         return task_pb2.CreateTaskResponse(pid=0)
 
     async def start(self, ctx: CallContext, r: Any) -> Message:
         ids = self._ids(r.id)
         if r.exec_id:
             ex = self._exec(r.id, r.exec_id)
-            if ex.terminal:
-                raise InvalidArgument("an exec with a terminal is not yet run for containerd by podshim's shim")
             if ex.started.done():
                 raise FailedPrecondition(f"exec {r.exec_id} of task {r.id} was started already")
             try:
-                started = await self.tasks.exec_start(ctx, {**ids, "args": ex.args, "stdout": ex.stdout or None,
-                                                            "stderr": ex.stderr or None})
+                started = await self._exec_start(ctx, ids, ex)
             except BaseException as exc:
+                await ex.release()
                 if not ex.started.done():
                     ex.started.set_exception(FailedPrecondition(f"exec {r.exec_id} of task {r.id} did not start: "
                                                                 f"{exc}"))
@@ -253,26 +268,44 @@ class TaskV3:
             self.events.publish("/tasks/exec-started", task_events.TaskExecStarted(
                 container_id=r.id, exec_id=r.exec_id, pid=ex.pid))
             return task_pb2.StartResponse(pid=ex.pid)
-        stdio = self.stdio.pop(r.id, _Stdio("", ""))
+        stdio = self.stdio.pop(r.id, _Stdio("", "", ""))
         taps = {stream: path for stream, path in (("stdout", stdio.stdout), ("stderr", stdio.stderr)) if path}
-        task = await self.tasks.tasks.start(self.sandbox_id, r.id, taps=taps)
+        task = await self.tasks.tasks.start(self.sandbox_id, r.id, taps=taps, stdin_fifo=stdio.stdin or None)
         self.events.publish("/tasks/start", task_events.TaskStart(container_id=r.id, pid=task.pid))
         return task_pb2.StartResponse(pid=task.pid)
 
+    async def _exec_start(self, ctx: CallContext, ids: dict[str, str], ex: Exec) -> dict[str, Any]:
+        """Run the exec with containerd's FIFOs (shim.containerd.stdio); ``{exec_id, pid}``."""
+        if not ex.terminal:
+            if ex.stdin:
+                ex.hold = execstream.hold_fifo(ex.stdin, "stdin")
+            return await self.tasks.exec_start(ctx, {**ids, "args": ex.args, "stdin": ex.stdin or None,
+                                                     "stdout": ex.stdout or None, "stderr": ex.stderr or None})
+        ex.console = ExecTerminal()
+        self.consoles += 1
+        path = ex.console.listen(os.path.join(self.service.sandbox.config.bundle, f"exec-{self.consoles}.console"))
+        started = await self.tasks.exec_start(ctx, {**ids, "args": ex.args, "console_socket": path})
+        try:
+            await ex.console.attach(ex.stdin, ex.stdout)
+        except BaseException:
+            await self.tasks.exec_kill(ctx, {**ids, "exec_id": started["exec_id"]})
+            raise
+        return started
+
     async def delete(self, ctx: CallContext, r: Any) -> Message:
         if r.exec_id:
-            ex = self.execs.pop((r.id, r.exec_id), None)
-            if ex is None:
-                raise NotFound(f"exec {r.exec_id} not found in task {r.id}")
+            ex = self._exec(r.id, r.exec_id)
             if ex.started.done() and ex.exit is None:
                 raise FailedPrecondition(f"exec {r.exec_id} of task {r.id} is running: it cannot be deleted")
+            del self.execs[(r.id, r.exec_id)]
+            await ex.release()
             exit = ex.exit or {"exit_status": 0, "exited_at": 0}
             return task_pb2.DeleteResponse(pid=ex.pid, exit_status=exit["exit_status"],
                                            exited_at=timestamp(exit["exited_at"]))
         result = await self.tasks.delete(ctx, self._ids(r.id))
         self.stdio.pop(r.id, None)
         for key in [key for key in self.execs if key[0] == r.id]:
-            del self.execs[key]
+            await self.execs.pop(key).release()
         self.events.publish("/tasks/delete", task_events.TaskDelete(
             container_id=r.id, id=r.id, pid=result["pid"], exit_status=result["exit_status"],
             exited_at=timestamp(result["exited_at"])))
@@ -283,15 +316,13 @@ class TaskV3:
         self._ids(r.id)
         if (r.id, r.exec_id) in self.execs:
             raise InvalidArgument(f"exec {r.exec_id} already exists in task {r.id}")
-        if r.stdin:
-            raise InvalidArgument("an exec's stdin is not yet passed from containerd by podshim's shim")
         try:
             process = json.loads(r.spec.value) if r.spec.value else {}
         except ValueError as exc:
             raise InvalidArgument(f"the exec's process spec is not JSON: {exc}") from None
         if not process.get("args"):
             raise InvalidArgument("the exec's process spec has no args")
-        self.execs[(r.id, r.exec_id)] = Exec(list(process["args"]), r.stdout, r.stderr, r.terminal)
+        self.execs[(r.id, r.exec_id)] = Exec(list(process["args"]), r.stdin, r.stdout, r.stderr, r.terminal)
         self.events.publish("/tasks/exec-added", task_events.TaskExecAdded(container_id=r.id, exec_id=r.exec_id))
         return Empty()
 
@@ -301,7 +332,10 @@ class TaskV3:
             ex = self._exec(r.id, r.exec_id)
             if ex.exit is None:
                 await asyncio.shield(ex.started)  # containerd waits for an exec before it starts it
-                ex.exit = await self.tasks.exec_wait(ctx, {**ids, "exec_id": ex.exec_id})
+                exit = await self.tasks.exec_wait(ctx, {**ids, "exec_id": ex.exec_id})
+                if ex.exit is None:
+                    ex.exit = exit
+                    await ex.release()  # its last output has reached containerd
             result = ex.exit
         else:
             result = await self.tasks.wait(ctx, ids)
@@ -331,7 +365,7 @@ class TaskV3:
             return task_pb2.StateResponse(id=r.id, exec_id=r.exec_id, pid=ex.pid,
                                           status=tasktypes_pb2.RUNNING if ex.exec_id else tasktypes_pb2.CREATED)
         state = await self.tasks.state(ctx, self._ids(r.id))
-        stdio = self.stdio.get(r.id, _Stdio("", ""))
+        stdio = self.stdio.get(r.id, _Stdio("", "", ""))
         return task_pb2.StateResponse(
             id=r.id, pid=state["pid"], status=_STATUS.get(state["status"], tasktypes_pb2.UNKNOWN),
             stdout=stdio.stdout, stderr=stdio.stderr, terminal=state["terminal"], exit_status=state["exit_status"],
@@ -364,13 +398,28 @@ class TaskV3:
 
     async def resize_pty(self, ctx: CallContext, r: Any) -> Message:
         if r.exec_id:
-            raise InvalidArgument("an exec's terminal is not yet run for containerd by podshim's shim")
+            ex = self._exec(r.id, r.exec_id)
+            if not ex.terminal:
+                raise FailedPrecondition(f"exec {r.exec_id} of task {r.id} has no terminal to resize")
+            console.check_size("width", r.width)
+            console.check_size("height", r.height)
+            if ex.console is not None:  # (before Start, or after its end: nothing to resize)
+                try:
+                    ex.console.resize(r.width, r.height)
+                except OSError as exc:
+                    raise FailedPrecondition(f"cannot resize exec {r.exec_id}'s terminal: {exc.strerror}") from None
+            return Empty()
         await self.tasks.resize_pty(ctx, {**self._ids(r.id), "width": r.width, "height": r.height})
         return Empty()
 
     async def close_io(self, ctx: CallContext, r: Any) -> Message:
         if r.exec_id:
-            self._exec(r.id, r.exec_id)  # an exec has no stdin here: nothing to close
+            ex = self._exec(r.id, r.exec_id)
+            if ex.hold is not None:
+                os.close(ex.hold)
+                ex.hold = None
+            if ex.console is not None:
+                ex.console.close_stdin()
         else:
             await self.tasks.close_stdin(ctx, self._ids(r.id))
         return Empty()
@@ -385,10 +434,21 @@ class TaskV3:
         await self.tasks.update(ctx, {**self._ids(r.id), "resources": _resources({"resources": resources}, {})})
         return Empty()
 
+    async def stats(self, ctx: CallContext, r: Any) -> Message:
+        from shim.containerd.metrics import cgroup_metrics  # (the cgroups schema, only when asked)
+        from shim.sandbox.tasks import Op
+
+        ids = self._ids(r.id)
+        task = self.tasks.tasks.get(ids["sandbox_id"], r.id)
+        task.check(Op.STATS)
+        if task.cgroup is None:
+            raise FailedPrecondition(f"task {r.id} has no cgroup: it was never started")
+        return task_pb2.StatsResponse(stats=cgroup_metrics(task.cgroup))
+
     async def unsupported(self, ctx: CallContext, r: Any) -> Message:
         self._ids(r.id)
         raise FailedPrecondition(f"task {r.id}: podshim's shim does not support this call for containerd's "
-                                 "containers (Stats, Pause, Resume, Checkpoint)")
+                                 "containers (Pause, Resume, Checkpoint)")
 
     async def shutdown(self, ctx: CallContext, r: Any) -> Message:
         # containerd sends it to a shim of its own tasks; a sandbox's shim ends with ShutdownSandbox.

@@ -6,7 +6,8 @@ Either way the master comes to the shim over a unix socket in one ``SCM_RIGHTS``
 ``--console-socket`` protocol: :class:`Console` is the shim's end, a socket pair for the launcher or
 a listening socket for an OCI runtime, and owns the master it receives until :meth:`Console.take`.
 
-:func:`copy_input` writes the task's stdin FIFO to the master; :func:`resize` sets its size.
+:func:`copy_input` writes the task's stdin FIFO to the master, :func:`copy_output` the master to a FIFO;
+:func:`resize` sets its size.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from shim.paths import SUN_PATH_MAX
 from shim.runtime.pipes import wait_ready
 from shim.rpc.status import InvalidArgument
 
-__all__ = ["Console", "check_size", "check_socket", "connect", "copy_input", "resize", "CONSOLE_TIMEOUT"]
+__all__ = ["Console", "check_size", "check_socket", "connect", "copy_input", "copy_output", "resize", "CONSOLE_TIMEOUT"]
 
 #: Seconds an OCI runtime has, once it ran, to have sent the master (it sends it before it returns).
 CONSOLE_TIMEOUT = 2.0
@@ -221,3 +222,32 @@ async def copy_input(fifo: int, master: int) -> None:
     except OSError as exc:
         if exc.errno != errno.EIO:
             raise
+
+
+async def copy_output(master: int, out: int | None) -> None:
+    """Copy what the terminal ``master`` shows to ``out`` (a FIFO) until the terminal's end (EIO: every
+    process that had it exited), never blocking the loop. Once ``out``'s reader is gone (or with no
+    ``out``), what comes is read and dropped, so the terminal's program never blocks on a full terminal."""
+    os.set_blocking(master, False)
+    if out is not None:
+        os.set_blocking(out, False)
+    while True:
+        try:
+            data = os.read(master, _READ_BYTES)
+        except BlockingIOError:
+            await wait_ready(master, writable=False)
+            continue
+        except OSError as exc:
+            if exc.errno == errno.EIO:
+                return
+            raise
+        if not data:
+            return
+        view = memoryview(data)
+        while view and out is not None:
+            try:
+                view = view[os.write(out, view):]
+            except BlockingIOError:
+                await wait_ready(out, writable=True)
+            except BrokenPipeError:
+                out = None

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from shim.rpc.status import InvalidArgument
 from shim.runtime.console import check_size, check_socket
 
-__all__ = ["ExecStdio", "TaskStdin", "open_stdio", "open_tap"]
+__all__ = ["ExecStdio", "TaskStdin", "hold_fifo", "open_stdio", "open_tap"]
 
 
 @dataclass
@@ -119,23 +119,37 @@ def open_stdio(stdin: str | None, stdout: str | None, stderr: str | None, termin
     return stdio
 
 
+def hold_fifo(path: str, field_name: str) -> int:
+    """The FIFO ``path`` opened read-write by the shim, non-blocking (which never waits for, nor fails
+    for want of, the other end): while the shim holds it, the FIFO's reader sees no end of input, even
+    before its writer opened its end. Raises InvalidArgument."""
+    return _open(path, field_name, os.O_RDWR, want_fifo=True, blocking=False)
+
+
 class TaskStdin:
     """A task's stdin, kept open through the shim (Create's ``stdin``, protocol.md 7.3): a FIFO at
     ``path`` (0600) whose read end the task gets and whose write end the shim holds until
     :meth:`close` (CloseStdin), so a client that stops writing does not end the task's input.
-    :meth:`remove` is the one cleanup path (the task stopped, or did not start). Raises OSError."""
+    With ``given``, the FIFO is the caller's (containerd's): opened, never made or removed.
+    :meth:`remove` is the one cleanup path (the task stopped, or did not start). Raises OSError;
+    InvalidArgument when a given path is no FIFO."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, given: bool = False) -> None:
         self.path = path
+        self.given = given
         self.read_fd: int | None = None
         self.write_fd: int | None = None
+        if not given:
+            try:
+                os.unlink(path)  # a FIFO a shim that died left behind
+            except FileNotFoundError:
+                pass
+            os.mkfifo(path, 0o600)
         try:
-            os.unlink(path)  # a FIFO a shim that died left behind
-        except FileNotFoundError:
-            pass
-        os.mkfifo(path, 0o600)
-        try:
-            self.read_fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOFOLLOW)
+            if given:
+                self.read_fd = _open(path, "stdin", os.O_RDONLY, want_fifo=True, blocking=False)
+            else:
+                self.read_fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOFOLLOW)
             self.write_fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOFOLLOW)
             os.set_blocking(self.read_fd, True)  # the task's: a program expects a blocking stdin
         except BaseException:
@@ -157,6 +171,8 @@ class TaskStdin:
     def remove(self) -> None:
         self.started()
         self.close()
+        if self.given:
+            return
         try:
             os.unlink(self.path)
         except FileNotFoundError:

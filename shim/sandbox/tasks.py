@@ -325,7 +325,8 @@ class TaskSet:
         log.info("task %s created: %s (pid mode %s)", task_id, args, pid_mode)
         return task
 
-    async def start(self, sandbox_id: str, task_id: str, *, taps: Mapping[str, str] | None = None) -> Task:
+    async def start(self, sandbox_id: str, task_id: str, *, taps: Mapping[str, str] | None = None,
+                    stdin_fifo: str | None = None) -> Task:
         """Start: launch the task's process in the pause's namespaces and its own cgroup.
 
         Returns once it has exec'd. Nothing is left behind when it fails: an exec failure is
@@ -333,6 +334,8 @@ class TaskSet:
         or directory"); FailedPrecondition also when the sandbox is not running. ``taps``: FIFOs by
         stream (stdout, stderr) that get the task's output from its first byte, as AttachOutput's
         do from then on (containerd's, shim.containerd); one that cannot be opened is InvalidArgument.
+        ``stdin_fifo``: for a task created with stdin, the FIFO that is its stdin (containerd's) instead
+        of one the shim makes.
         """
         task = self.get(sandbox_id, task_id)
         async with task.lock:
@@ -365,7 +368,8 @@ class TaskSet:
                     mounts.check_destinations(task.filesystem, task.rootfs)
                     if task.stdin:
                         try:
-                            stdin = execstream.TaskStdin(os.path.join(self.sandbox.config.bundle, f"{task_id}.stdin"))
+                            stdin = (execstream.TaskStdin(stdin_fifo, given=True) if stdin_fifo else
+                                     execstream.TaskStdin(os.path.join(self.sandbox.config.bundle, f"{task_id}.stdin")))
                         except OSError as exc:
                             raise FailedPrecondition(f"cannot make the task's stdin FIFO: {exc.strerror}") from None
                     task.process = await runtime.start_task(TaskSpec(

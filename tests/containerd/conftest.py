@@ -1,17 +1,22 @@
-"""The containerd tests' fixtures: crictl (tests/critools.py) and a throwaway network namespace."""
+"""The containerd tests' fixtures: crictl (tests/critools.py), a throwaway network namespace, a
+directory of the test's own and the real containerd started in them (tests/ctrdtools.py)."""
 
 from __future__ import annotations
 
 import os
 import secrets
+import shutil
 import subprocess
+import tempfile
 import time
 
 import pytest
 
 from critools import crictl
+from ctrdtools import running_containerd
+from netrelay import loopback_relay
 
-__all__ = ["crictl", "ctrd_netns"]
+__all__ = ["crictl", "ctrd_netns", "directory", "containerd"]
 
 #: Seconds the namespace's removal is retried: a mount namespace that copied its bind mount may
 #: hold it busy for a moment after the processes that made it are gone.
@@ -37,3 +42,20 @@ def ctrd_netns():
             if time.monotonic() > deadline:
                 raise AssertionError(f"cannot remove the network namespace {path}: {done.stderr.strip()}")
             time.sleep(0.1)
+
+
+@pytest.fixture
+def directory():
+    path = tempfile.mkdtemp(prefix="ctrd-")  # short: containerd's socket path must fit sun_path
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def containerd(directory, ctrd_netns, test_images):
+    """containerd (ctrdtools.running_containerd) in ``ctrd_netns``, pulling from the tests' registry."""
+    registry = test_images.registry
+    port = int(registry.host.rpartition(":")[2])
+    with loopback_relay(ctrd_netns, port), \
+            running_containerd(directory, ctrd_netns, registry.host, test_images.busybox.ref) as daemon:
+        yield daemon

@@ -9,55 +9,12 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
-import tempfile
 import time
 
-import pytest
 
-from ctrdtools import running_containerd
-from netrelay import loopback_relay
+from ctrdtools import pod_config, sleeping_pod
 from shimtools import ProcessRef
-
-
-@pytest.fixture
-def directory():
-    path = tempfile.mkdtemp(prefix="ctrd-")  # short: containerd's socket path must fit sun_path
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
-
-
-@pytest.fixture
-def containerd(directory, ctrd_netns, test_images):
-    registry = test_images.registry
-    port = int(registry.host.rpartition(":")[2])
-    with loopback_relay(ctrd_netns, port), \
-            running_containerd(directory, ctrd_netns, registry.host, test_images.busybox.ref) as daemon:
-        yield daemon
-
-
-def pod_config(directory: str, name: str) -> str:
-    path = os.path.join(directory, f"{name}.json")
-    with open(path, "w") as f:
-        json.dump({"metadata": {"name": name, "namespace": "default", "uid": f"uid-{name}"},
-                   "hostname": name, "log_directory": os.path.join(directory, "logs", name)}, f)
-    return path
-
-
-def sleeping_pod(containerd, crictl: str, directory: str, image: str, name: str) -> tuple[str, str]:
-    """A podshim pod ``name`` with a container c1 that sleeps, started: their ids."""
-    assert containerd.crictl(crictl, "pull", image, timeout=120).returncode == 0
-    pod_json = pod_config(directory, name)
-    ran = containerd.crictl(crictl, "runp", "--runtime", "podshim", pod_json)
-    assert ran.returncode == 0, ran.stderr
-    pod_id = ran.stdout.strip()
-    container_json = os.path.join(directory, "c1.json")
-    with open(container_json, "w") as f:
-        json.dump({"metadata": {"name": "c1"}, "image": {"image": image}, "command": ["sleep", "1000"]}, f)
-    cid = containerd.crictl(crictl, "create", pod_id, container_json, pod_json).stdout.strip()
-    assert containerd.crictl(crictl, "start", cid).returncode == 0
-    return pod_id, cid
 
 
 def test_a_pod_runs_on_podshims_shim_through_containerds_cri_and_leaves_nothing(containerd, crictl, directory):

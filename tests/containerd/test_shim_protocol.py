@@ -125,6 +125,18 @@ async def test_a_pod_runs_stops_and_goes_through_containerds_sandbox_service_and
             assert (connected.shim_pid, connected.task_pid) == (started.shim.pid, begun.pid)
             pids = await call(pb, TASK, "Pids", task_pb2.PidsRequest(id=sid), task_pb2.PidsResponse)
             assert [p.pid for p in pids.processes] == [begun.pid]
+            # The pod's cgroup figures, as containerd's cgroups Metrics (v1 or v2, as this host keeps them).
+            metric = (await call(pb, SANDBOX, "SandboxMetrics", sandbox_pb2.SandboxMetricsRequest(sandbox_id=sid),
+                                 sandbox_pb2.SandboxMetricsResponse)).metrics
+            assert metric.id == sid and metric.timestamp.seconds > 0
+            if metric.data.type_url == "io.containerd.cgroups.v1.Metrics":
+                figures = load("cgroups.cgroup1.stats.metrics_pb2").Metrics.FromString(metric.data.value)
+                memory = figures.memory.usage.usage
+            else:
+                assert metric.data.type_url == "io.containerd.cgroups.v2.Metrics"
+                figures = load("cgroups.cgroup2.stats.metrics_pb2").Metrics.FromString(metric.data.value)
+                memory = figures.memory.usage
+            assert figures.pids.current == 1 and memory > 0  # the pause
             with pytest.raises(FailedPrecondition, match=f"task {sid} is the sandbox"):
                 await call(pb, TASK, "Create", task_pb2.CreateTaskRequest(id=sid), task_pb2.CreateTaskResponse)
             with pytest.raises(InvalidArgument, match="bundle '' must be an absolute path"):

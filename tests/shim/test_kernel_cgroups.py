@@ -783,7 +783,7 @@ def _write_v2(cgroup: SandboxCgroup, name: str, text: str) -> None:
 
 def _plan(cgroup: SandboxCgroup, resources: dict) -> dict[str, tuple[str, str]]:
     return {key: (os.path.basename(path), value.decode()) for key, path, value in
-            resources_module.planned_writes(resources, cgroup._v1_paths(), cgroup.paths.get(V2), lambda: ())}
+            resources_module.planned_writes(resources, cgroup.v1_paths(), cgroup.paths.get(V2), lambda: ())}
 
 
 def test_on_cgroup_v2_each_cri_resource_goes_to_its_v2_file_converted(v2_task, monkeypatch):

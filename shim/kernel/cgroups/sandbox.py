@@ -352,16 +352,16 @@ class SandboxCgroup(Record):
     def metrics(self) -> dict[str, Any]:
         """Usage figures of this cgroup and everything below it (:func:`shim.kernel.cgroups.stats.metrics`);
         never raises."""
-        return stats.metrics(self._v1_paths(), self.paths.get(V2))
+        return stats.metrics(self.v1_paths(), self.paths.get(V2))
 
     def details(self) -> dict[str, Any]:
         """The figures beyond :meth:`metrics` that cadvisor's metrics name
         (:func:`shim.kernel.cgroups.stats.details`); read only when asked."""
-        return stats.details(self._v1_paths(), self.paths.get(V2))
+        return stats.details(self.v1_paths(), self.paths.get(V2))
 
     def oom_kills(self) -> int | None:
         """How many processes of this cgroup the kernel's OOM killer killed; None when unreadable."""
-        return stats.oom_kills(self._v1_paths(), self.paths.get(V2))
+        return stats.oom_kills(self.v1_paths(), self.paths.get(V2))
 
     def process_counts(self) -> dict[str, int | None]:
         """``processes``, ``threads``, ``file_descriptors`` and ``sockets`` (open descriptors that
@@ -386,7 +386,7 @@ class SandboxCgroup(Record):
                 continue  # exited meanwhile
         return {"processes": len(pids), "threads": threads, "file_descriptors": descriptors, "sockets": sockets}
 
-    def _v1_paths(self) -> dict[str, str]:
+    def v1_paths(self) -> dict[str, str]:
         """controller -> directory, for every v1 hierarchy ("cpu,cpuacct" gives both)."""
         return {c: path for key, path in self.paths.items() if key != V2 for c in key.split(",")}
 
@@ -400,7 +400,7 @@ class SandboxCgroup(Record):
         value, a controller or file this host does not have, a write the kernel refuses),
         NotFound when the cgroup is gone, Internal for other errors.
         """
-        writes = planned_writes(resources, self._v1_paths(), self.paths.get(V2), self.pids)
+        writes = planned_writes(resources, self.v1_paths(), self.paths.get(V2), self.pids)
         done: list[tuple[str, str, bytes]] = []  # key, path, old contents
         try:
             for key, path, value in writes:
@@ -436,7 +436,7 @@ class SandboxCgroup(Record):
         """Check ``resources`` as :meth:`update` would, writing nothing: InvalidArgument naming
         the first key this cgroup's hierarchies cannot apply (the task cgroups below this one
         have the same files: Create checks a task's resources against the sandbox's cgroup)."""
-        planned_writes(resources, self._v1_paths(), self.paths.get(V2), lambda: ())
+        planned_writes(resources, self.v1_paths(), self.paths.get(V2), lambda: ())
 
     def kill_all(self, sig: int = signal.SIGKILL) -> None:
         """Send ``sig`` to every process in the sandbox cgroup and below.
