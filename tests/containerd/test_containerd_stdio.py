@@ -8,11 +8,15 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import time
 
 import pytest
 
 from ctrdtools import pod_config, sleeping_pod
 from ttytools import OnTerminal
+
+#: Bound on containerd's seeing a container exit.
+SETTLE = 30.0
 
 
 @pytest.fixture
@@ -71,6 +75,14 @@ def state(containerd, crictl: str, cid: str) -> str:
     return json.loads(containerd.crictl(crictl, "inspect", cid).stdout)["status"]["state"]
 
 
+def wait_exited(containerd, crictl: str, cid: str) -> None:
+    """Return once containerd's CRI has seen the container exit (its exit event comes after the output)."""
+    deadline = time.monotonic() + SETTLE
+    while state(containerd, crictl, cid) != "CONTAINER_EXITED":
+        assert time.monotonic() < deadline, containerd.log()[-6000:]
+        time.sleep(0.1)
+
+
 def test_attach_i_feeds_a_containers_stdin_once(containerd, crictl, directory, test_images, crictl_argv):
     cid = started_container(containerd, crictl, directory, test_images.busybox.ref,
                             ["sh", "-c", "read first; echo got $first; cat; echo bye"], stdin=True, stdin_once=True)
@@ -78,7 +90,7 @@ def test_attach_i_feeds_a_containers_stdin_once(containerd, crictl, directory, t
                           capture_output=True, timeout=60)
     assert done.returncode == 0, f"{done.stderr!r}\n{containerd.log()[-6000:]}"
     assert done.stdout == b"got hello\nrest of it\nbye\n"
-    assert state(containerd, crictl, cid) == "CONTAINER_EXITED"
+    wait_exited(containerd, crictl, cid)
     logs = containerd.crictl(crictl, "logs", cid)
     assert logs.stdout == "got hello\nrest of it\nbye\n"
 
