@@ -11,6 +11,11 @@ An exec is containerd's three calls (Exec, then Start and Wait with its ``exec_i
 the process spec, Start runs it (the shim's ExecStart), Wait and Kill reach it by the shim's own
 exec id, Delete forgets it. The sandbox's own id answers Connect, Pids and State (containerd's
 reconnect, ``shim_load``).
+
+A Task Create of the shim's own id on a shim whose sandbox was never created is containerd's plain
+container (no sandbox: ``ctr run``): the shim makes it a pod of its own (:meth:`TaskV3._plain_pod`),
+its id then names the container, and Shutdown (which containerd sends after its Delete) ends the pod
+and the shim.
 """
 
 from __future__ import annotations
@@ -32,6 +37,8 @@ from shim.rpc.server import CallContext
 from shim.rpc.status import FailedPrecondition, InvalidArgument, NotFound
 from shim.runtime import console, execstream
 from shim.containerd.stdio import ExecTerminal
+from shim.sandbox.options import NATIVE
+from shim.sandbox.sandbox import State as SandboxState
 
 if TYPE_CHECKING:
     from shim.sandbox.service import SandboxService
@@ -215,16 +222,43 @@ class TaskV3:
         self.stdio: dict[str, _Stdio] = {}  # task id -> containerd's FIFOs, from Create to Start
         self.execs: dict[tuple[str, str], Exec] = {}  # (task id, containerd's exec id)
         self.consoles = 0  # console sockets made: each exec's has its own name
+        self.plain = False  # the pod is a plain container's, of the shim's own id (containerd's `ctr run`)
 
     @property
     def sandbox_id(self) -> str:
         return self.service.sandbox.config.sandbox_id
 
     def _ids(self, task_id: str) -> dict[str, str]:
-        if task_id == self.sandbox_id:
+        if task_id == self.sandbox_id and not self.plain:
             raise FailedPrecondition(f"task {task_id} is the sandbox: containerd drives it through the Sandbox "
                                      "service")
         return {"sandbox_id": self.sandbox_id, "task_id": task_id}
+
+    def _is_sandbox(self, task_id: str) -> bool:
+        """Whether ``task_id`` names the pod itself (not a plain container of the shim's own id)."""
+        return task_id == self.sandbox_id and not self.plain
+
+    async def _plain_pod(self, ctx: CallContext, spec: dict[str, Any]) -> dict[str, Any]:
+        """Make and start the pod of a plain container (Create of the shim's own id: containerd with no
+        sandbox of its own, ``ctr run``): its own pause, and its network (or the node's, when the spec
+        has no network namespace), IPC and UTS namespaces; ``spec`` with those joined."""
+        linux = spec.get("linux") or {}
+        namespaces = list(linux.get("namespaces") or [])
+        for ns in namespaces:
+            if ns.get("path") and ns.get("type") in (*POD_NAMESPACES, "pid"):
+                raise InvalidArgument(f"config.json's {ns['type']} namespace {ns['path']!r}: a plain container of "
+                                      "podshim's shim gets new namespaces or the node's, never given ones")
+        kinds = {ns.get("type") for ns in namespaces}
+        options: dict[str, Any] = {"runtime_handler": NATIVE, "linux": {"security_context": {"namespace_options": {
+            "network": "POD" if "network" in kinds else "NODE"}}}}
+        if spec.get("hostname"):
+            options["hostname"] = spec["hostname"]
+        self.plain = True
+        await self.service.create(ctx, {"sandbox_id": self.sandbox_id, "options": options})
+        pid = (await self.service.start(ctx, {"sandbox_id": self.sandbox_id}))["pid"]
+        linux["namespaces"] = [{**ns, "path": f"/proc/{pid}/ns/{'net' if ns['type'] == 'network' else ns['type']}"}
+                               if ns.get("type") in POD_NAMESPACES else ns for ns in namespaces]
+        return {**spec, "linux": linux}
 
     def _exec(self, task_id: str, exec_id: str) -> Exec:
         found = self.execs.get((task_id, exec_id))
@@ -233,13 +267,17 @@ class TaskV3:
         return found
 
     async def create(self, ctx: CallContext, r: Any) -> Message:
-        ids = self._ids(r.id)
+        plain = r.id == self.sandbox_id and self.service.sandbox.state is SandboxState.NEW and not self.plain
+        ids = {"sandbox_id": self.sandbox_id, "task_id": r.id} if plain else self._ids(r.id)
         if r.checkpoint or r.parent_checkpoint:
             raise InvalidArgument("restoring a checkpoint is not supported by podshim's shim")
+        spec = _read_spec(r.bundle)
+        if plain:
+            spec = await self._plain_pod(ctx, spec)
         pause = self.service.sandbox.pause
         if pause is None:
             raise FailedPrecondition(f"sandbox {self.sandbox_id} is not running: its tasks cannot be created")
-        fields = task_fields(_read_spec(r.bundle), list(r.rootfs), pause.pid)
+        fields = task_fields(spec, list(r.rootfs), pause.pid)
         log_path = os.path.join(self.service.sandbox.config.bundle, "logs", f"{r.id}.log")
         await self.tasks.create(ctx, {**ids, **fields, "log_path": log_path, "stdin": bool(r.stdin)})
         self.stdio[r.id] = _Stdio(r.stdin, r.stdout, r.stderr)
@@ -354,7 +392,7 @@ class TaskV3:
         return Empty()
 
     async def state(self, ctx: CallContext, r: Any) -> Message:
-        if r.id == self.sandbox_id:
+        if self._is_sandbox(r.id):
             return await self._sandbox_state(ctx, r)
         if r.exec_id:
             ex = self._exec(r.id, r.exec_id)
@@ -381,7 +419,7 @@ class TaskV3:
             exited_at=timestamp(status["exited_at"]))
 
     async def pids(self, ctx: CallContext, r: Any) -> Message:
-        if r.id == self.sandbox_id:
+        if self._is_sandbox(r.id):
             pause = self.service.sandbox.pause
             pid = pause.pid if pause is not None else 0
         else:
@@ -389,7 +427,7 @@ class TaskV3:
         return task_pb2.PidsResponse(processes=[tasktypes_pb2.ProcessInfo(pid=pid)] if pid else [])
 
     async def connect(self, ctx: CallContext, r: Any) -> Message:
-        if r.id == self.sandbox_id:
+        if self._is_sandbox(r.id):
             pause = self.service.sandbox.pause
             pid = pause.pid if pause is not None else 0
         else:
@@ -451,5 +489,10 @@ class TaskV3:
                                  "containers (Pause, Resume, Checkpoint)")
 
     async def shutdown(self, ctx: CallContext, r: Any) -> Message:
-        # containerd sends it to a shim of its own tasks; a sandbox's shim ends with ShutdownSandbox.
+        # containerd sends it to the shim of a plain container (after its Delete), which ends then
+        # with the container's pod; a sandbox's shim ends with ShutdownSandbox.
+        if self.plain or self.service.sandbox.state is SandboxState.NEW:
+            if self.service.sandbox.state is not SandboxState.NEW:
+                await self.service.stop(ctx, {"sandbox_id": self.sandbox_id, "timeout_secs": 0})
+            await self.service.shutdown(ctx, {"sandbox_id": self.sandbox_id})
         return Empty()

@@ -12,11 +12,12 @@ import time
 
 import pytest
 
-from critools import crictl
+from critools import crictl, critest, outer_netns
 from ctrdtools import running_containerd
+from imagebuild import critest_image_set
 from netrelay import loopback_relay
 
-__all__ = ["crictl", "ctrd_netns", "directory", "containerd"]
+__all__ = ["crictl", "critest", "critest_image_set", "ctrd_netns", "directory", "containerd", "outer_netns"]
 
 #: Seconds the namespace's removal is retried: a mount namespace that copied its bind mount may
 #: hold it busy for a moment after the processes that made it are gone.

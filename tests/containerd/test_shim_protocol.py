@@ -262,3 +262,37 @@ def test_the_commands_one_error_mapping_loads_neither_the_fork_path_nor_protobuf
                            "('ctypes', 'google', 'msgpack', 'uvloop') or m == 'shim.launch.spawn'))"],
                           capture_output=True, text=True, env={**os.environ, "PYTHONPATH": REPO}, timeout=30)
     assert (done.returncode, done.stdout, done.stderr) == (0, "[]\n", "")
+
+
+async def test_a_plain_container_of_the_shims_own_id_runs_in_a_pod_of_its_own_and_the_shim_ends_with_it(started,
+                                                                                                       tmp_path):
+    # containerd without a sandbox (ctr run): Task Create of the shim's own id; Shutdown after Delete.
+    sid = started.sandbox_id
+    bundle = tmp_path / "plain"
+    bundle.mkdir()
+    (bundle / "config.json").write_text(json.dumps({
+        "ociVersion": "1.2.0", "root": {"path": "rootfs"}, "hostname": "plain",
+        "process": {"args": ["/bin/sh", "-c", "hostname; readlink /proc/self/ns/net; exit 3"], "cwd": "/",
+                    "env": ["PATH=/usr/bin:/bin"], "user": {"uid": 0, "gid": 0}},
+        "linux": {"namespaces": [{"type": kind} for kind in ("pid", "mount", "network", "ipc", "uts")]}}))
+    output = tmp_path / "out"
+    os.mkfifo(output)
+    reader = os.open(output, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        async with await Client.connect(started.address, codec=PROTOBUF) as pb:
+            node_root = mount_pb2.Mount(type="bind", source="/", options=["rbind", "ro"])
+            await call(pb, TASK, "Create", task_pb2.CreateTaskRequest(id=sid, bundle=str(bundle), rootfs=[node_root],
+                                                                      stdout=str(output)), task_pb2.CreateTaskResponse)
+            begun = await call(pb, TASK, "Start", task_pb2.StartRequest(id=sid), task_pb2.StartResponse)
+            connected = await call(pb, TASK, "Connect", task_pb2.ConnectRequest(id=sid), task_pb2.ConnectResponse)
+            assert connected.task_pid == begun.pid  # the container, not its pause
+            waited = await call(pb, TASK, "Wait", task_pb2.WaitRequest(id=sid), task_pb2.WaitResponse)
+            assert waited.exit_status == 3
+            deleted = await call(pb, TASK, "Delete", task_pb2.DeleteRequest(id=sid), task_pb2.DeleteResponse)
+            assert (deleted.pid, deleted.exit_status) == (begun.pid, 3)
+            hostname, netns = os.read(reader, 4096).decode().split()
+            assert hostname == "plain" and netns != os.readlink("/proc/self/ns/net")  # its pod's own
+            await call(pb, TASK, "Shutdown", task_pb2.ShutdownRequest(id=sid), empty_pb2.Empty)
+    finally:
+        os.close(reader)
+    await started.shim.exited(WAIT * 2)  # the shim ends with its container's pod
