@@ -135,8 +135,10 @@ class Machine:
 
     @classmethod
     @contextlib.contextmanager
-    def booted(cls, *, binds_ro: tuple[str, ...] | list[str] = ()) -> Iterator["Machine"]:
-        """Boot a container; power it off and remove every trace of it on exit."""
+    def booted(cls, *, binds_ro: tuple[str, ...] | list[str] = (),
+               binds: tuple[str, ...] | list[str] = ()) -> Iterator["Machine"]:
+        """Boot a container (``binds_ro`` bound read-only, ``binds`` writable, each ``HOST[:CONTAINER]``);
+        power it off and remove every trace of it on exit."""
         tag = secrets.token_hex(5)
         name = f"psh-{tag}"
         cgroups = [os.path.join(mount, own.lstrip("/"), f"podshim-nspawn-{tag}") for mount, own in _own_cgroups()]
@@ -151,7 +153,8 @@ class Machine:
             notify.bind(os.path.join(work, "notify"))
             argv = ["systemd-nspawn", "-D", "/", "-M", name, "--boot", "--register=no", "--keep-unit",
                     "--private-network", "--console=read-only", "--volatile=yes", "--bind-ro=/etc",
-                    "--notify-ready=yes", *(f"--bind-ro={path}" for path in binds_ro), "--", "systemd.unit=basic.target"]
+                    "--notify-ready=yes", *(f"--bind-ro={path}" for path in binds_ro),
+                    *(f"--bind={path}" for path in binds), "--", "systemd.unit=basic.target"]
             # nspawn must start in its own cgroups: the shell joins them, then becomes nspawn.
             join = 'n=$1; shift; while [ "$n" -gt 0 ]; do echo $$ > "$1"; shift; n=$((n - 1)); done; exec "$@"'
             procs = [os.path.join(d, "cgroup.procs") for d in cgroups]

@@ -462,3 +462,43 @@ def _podshimd_in(machine, image: str) -> None:
     finally:
         machine.systemctl("stop", "podshimd.socket", "podshimd.service")
     assert not os.path.lexists(machine.host_path("/run/podshim/podshimd.sock"))
+
+
+def test_uninstall_under_systemd_removes_the_pods_the_units_and_every_installed_file_and_state_only_with_purge(
+        machine, tmp_path):
+    # A node of its own, installed as .ci/install leaves one: the venv at /opt/podshim (a copy of
+    # the module's), its commands linked in /usr/local/bin, the units and docs by .ci/install-units.
+    venv, links = "/opt/podshim", tmp_path / "bin"
+    links.mkdir()
+    os.chmod(links, 0o755)
+    for name in os.listdir(os.path.join(machine.venv, "bin")):
+        if name.startswith("podshim"):
+            os.symlink(f"{venv}/bin/{name}", links / name)
+    env = {"PODSHIM_VENV": venv, "PODSHIM_UNIT_DIR": "/run/systemd/system", "PODSHIM_DOC_DIR": "/run/podshim-doc"}
+    with Machine.booted(binds_ro=[f"{REPO}:{CHECKOUT}"], binds=[f"{links}:/usr/local/bin"]) as node:
+        shutil.copytree(machine.venv, node.host_path(venv), symlinks=True)
+        node.write_file(f"{venv}/.podshim-install", "copy - -\n")  # .ci/install's mark of its venv
+        node.run(f"{CHECKOUT}/.ci/install-units", env=env)
+        node.systemctl("start", "podshimd.socket")  # (enable would write /etc, the host's, read-only here)
+        pod = node.run("podshimctl", "runp", f"{CHECKOUT}/examples/pod-config.json").stdout.strip()
+        pause = json.loads(node.run("podshimctl", "inspectp", "--json", pod).stdout)["info"]["pid"]
+
+        out = node.run(f"{CHECKOUT}/.ci/uninstall", env=env, timeout=120).stdout
+        assert f"uninstall: podshimctl rmp {pod}\n" in out
+        deadline = time.monotonic() + CALL_TIMEOUT
+        while node.pid_alive(pause) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not node.pid_alive(pause) and node.run("ip", "netns", "list").stdout == ""
+        for unit in ("podshimd.service", "podshimd.socket"):
+            assert node.show(unit, "LoadState", "ActiveState") == {"LoadState": "not-found", "ActiveState": "inactive"}
+        assert os.listdir(links) == [] and not os.path.lexists(node.host_path(venv))
+        assert not os.path.exists(node.host_path("/run/podshim-doc"))
+        assert not os.path.exists(node.host_path("/run/podshim"))  # sockets, the template's files
+        assert not [name for name in os.listdir(node.host_path("/run/systemd/system")) if "podshim" in name]
+        assert node.run("pgrep", "-f", "podshim", check=False).stdout == ""
+        assert os.path.isdir(node.host_path("/var/lib/podshim"))  # the state stays unless asked
+        assert "--purge removes them" in out
+
+        out = node.run(f"{CHECKOUT}/.ci/uninstall", "--purge", env=env, timeout=120).stdout
+        assert "uninstall: removed /var/lib/podshim\n" in out
+        assert not os.path.exists(node.host_path("/var/lib/podshim"))
