@@ -249,6 +249,8 @@ def running_podshimd(directory: str, *extra: str, config: str = "", netns: str |
     is ready (its registry marked plain HTTP in the config) and is the daemon's ``image``."""
     if image is not None:
         config += f'[registries."{image.ref.split("/", 1)[0]}"]\ninsecure = true\n'
+    # Searchable, as /var/lib is: runc and crun look a pod's root up from inside its user namespace.
+    os.chmod(directory, 0o711)
     with open(os.path.join(directory, "config.toml"), "w") as f:
         f.write(config)
     notify_path = os.path.join(directory, "notify")

@@ -87,16 +87,15 @@ def _mode(value: Any) -> str:
     return names.get(value, "") if isinstance(value, int) else str(value).upper()
 
 
-_USERNS_POD = Field(APPLIED, "mode POD: the pod's user namespace, of the mappings in `uids` and `gids` (one range "
-                   "each, from id 0, as kubelet sends; native handler only, runc and crun refuse it); "
-                   "NODE: the host's; CONTAINER is refused", handlers=("native",))
-_USERNS_CONTAINER = Field(APPLIED, "a container joins the pod's user namespace: another mode or other mappings "
-                          "than the pod's are refused", handlers=("native",))
+_USERNS_POD = _applied("mode POD: the pod's user namespace, of the mappings in `uids` and `gids` (one range each, "
+                       "from id 0, as kubelet sends), on every handler; NODE: the host's; CONTAINER is refused")
+_USERNS_CONTAINER = _applied("a container joins the pod's user namespace: another mode or other mappings than the "
+                             "pod's are refused")
 _USERNS_PARTS = {
-    "userns_options.mode": Field(APPLIED, "POD or NODE", handlers=("native",)),
-    "userns_options.uids": Field(APPLIED, "the uid mapping", handlers=("native",)),
-    "userns_options.gids": Field(APPLIED, "the gid mapping", handlers=("native",)),
-    **{f"userns_options.{kind}.{part}": Field(APPLIED, text, handlers=("native",))
+    "userns_options.mode": _applied("POD or NODE"),
+    "userns_options.uids": _applied("the uid mapping"),
+    "userns_options.gids": _applied("the gid mapping"),
+    **{f"userns_options.{kind}.{part}": _applied(text)
        for kind in ("uids", "gids") for part, text in (("container_id", "from id (0)"), ("host_id", "to host id"),
                                                        ("length", "of ids"))},
 }

@@ -65,6 +65,18 @@ class UserNamespace(Record):
         return {kind: [{"container_id": m.container_id, "host_id": m.host_id, "length": m.length} for m in maps]
                 for kind, maps in (("uids", self.uids), ("gids", self.gids))}
 
+    @classmethod
+    def of_process(cls, pid: int) -> UserNamespace | None:
+        """The mappings of process ``pid``'s user namespace (a pod's pause), every line of its
+        uid_map and gid_map, or None when it is the shim's. Raises OSError (the process is gone)."""
+        if os.stat(f"/proc/{pid}/ns/user").st_ino == os.stat("/proc/self/ns/user").st_ino:
+            return None
+        maps = []
+        for name in ("uid_map", "gid_map"):
+            with open(f"/proc/{pid}/{name}") as f:
+                maps.append(tuple(IdMapping(*(int(n) for n in line.split())) for line in f if line.strip()))
+        return cls(*maps)
+
     @property
     def root_uid(self) -> int:
         """The host's uid of root inside."""

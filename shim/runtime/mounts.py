@@ -33,9 +33,9 @@ from shim.rpc.records import Record, set_field as _set
 from shim.rpc.status import FailedPrecondition, Internal, InvalidArgument
 
 __all__ = ["MASKED_PATHS", "READONLY_PATHS", "ROOTFS_DIR", "TASKS_DIR", "BindMount", "HostDevice", "PauseRoot", "RootSetup",
-           "RootfsMount", "TaskFilesystem", "AT_ROOT", "at_root", "check_destinations", "enter_pause_root", "enter_root", "host_devices", "is_mount_point",
-           "mount_rootfs", "open_in_root", "open_trees", "parse_filesystem", "parse_rootfs", "resolve_in_root", "rootfs_path",
-           "sandbox_rootfs_path",
+           "RootfsMount", "TaskFilesystem", "AT_ROOT", "at_root", "check_destinations", "enter_pause_root", "enter_root", "host_devices", "host_sysfs", "is_mount_point",
+           "mount_rootfs", "open_in_root", "open_root", "open_source", "open_trees", "parse_filesystem", "parse_rootfs", "resolve_in_root", "root_needs_idmap",
+           "rootfs_path", "sandbox_rootfs_path",
            "unmount_rootfs", "unmount_sandbox_rootfs"]
 
 #: runc's default masked and read-only paths (`runc spec`).
@@ -629,7 +629,7 @@ class RootSetup(Record):
     copies go with it)."""
 
     __slots__ = ("mount_point", "root_fd", "readonly", "privileged", "own_ipc", "binds", "masked_paths",
-                 "readonly_paths", "devices", "userns", "cgroup_namespace")
+                 "readonly_paths", "devices", "userns", "cgroup_namespace", "sysfs_fd")
     mutable = True
     mount_point: str
     root_fd: int
@@ -640,7 +640,8 @@ class RootSetup(Record):
     masked_paths: tuple[str, ...]
     readonly_paths: tuple[str, ...]
     devices: tuple[HostDevice, ...]  # privileged: the host's, made in the task's /dev
-    userns: bool  # in a pod's user namespace: device nodes bound from the host's, sysfs too if need be
+    userns: bool  # in a pod's user namespace: device nodes bound from the host's
+    sysfs_fd: int  # in a pod's user namespace: the host's sysfs (host_sysfs), bound on /sys
     #: a cgroup namespace of its own, rooted at its cgroup (pure cgroup v2), whose cgroup2 is on /sys/fs/cgroup
     cgroup_namespace: bool
 
@@ -659,12 +660,13 @@ class RootSetup(Record):
         self.devices = devices
         self.userns = userns
         self.cgroup_namespace = cgroup_namespace
+        self.sysfs_fd = -1
 
     def close(self) -> None:
-        for fd in [self.root_fd, *(bind[0] for bind in self.binds)]:
+        for fd in [self.root_fd, self.sysfs_fd, *(bind[0] for bind in self.binds)]:
             if fd >= 0:
                 os.close(fd)
-        self.root_fd = -1
+        self.root_fd = self.sysfs_fd = -1
         self.binds = []
 
 
@@ -681,16 +683,12 @@ def open_trees(fs: TaskFilesystem, mount_point: str, *, own_ipc: bool, idmap: Id
                       devices=host_devices() if fs.privileged else (), userns=idmap is not None)
     try:
         setup.root_fd = _open_tree(mount_point, recursive=True, what="the task's root")
-        if idmap is not None and linux.fs_type(mount_point) != _OVERLAYFS_MAGIC:
+        if idmap is not None and root_needs_idmap(mount_point):
             _idmap(setup.root_fd, idmap, recursive=True, what=f"the task's root {mount_point}")
+        if idmap is not None:
+            setup.sysfs_fd = host_sysfs()
         for i, mount in enumerate(fs.mounts):
-            fd = _open_tree(mount.source, recursive=mount.recursive, what=f"mounts[{i}].source")
-            if idmap is not None:
-                try:
-                    _idmap(fd, idmap, recursive=mount.recursive, what=f"mounts[{i}].source {mount.source}")
-                except BaseException:
-                    os.close(fd)
-                    raise
+            fd = open_source(mount, i, idmap)
             flags = recursive_flags = 0
             for option in mount.options:
                 flags |= _BIND_FLAGS.get(option, 0)
@@ -701,6 +699,58 @@ def open_trees(fs: TaskFilesystem, mount_point: str, *, own_ipc: bool, idmap: Id
         setup.close()
         raise
     return setup
+
+
+def root_needs_idmap(mount_point: str) -> bool:
+    """Whether a task's root mounted on ``mount_point`` is shown to a pod's user namespace only
+    through an id-mapped copy: all but an overlay, whose lower layers are id-mapped themselves
+    (:func:`mount_rootfs`)."""
+    return linux.fs_type(mount_point) != _OVERLAYFS_MAGIC
+
+
+def open_root(mount_point: str, idmap: IdMap) -> int:
+    """A detached copy of the task's root on ``mount_point`` (with what is mounted below it),
+    id-mapped with ``idmap``; FailedPrecondition when it cannot be."""
+    fd = _open_tree(mount_point, recursive=True, what="the task's root")
+    try:
+        _idmap(fd, idmap, recursive=True, what=f"the task's root {mount_point}")
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def open_source(mount: BindMount, index: int, idmap: IdMap | None) -> int:
+    """A detached copy of the source of ``mounts[index]`` (recursive as the bind is), id-mapped
+    with ``idmap`` when given; FailedPrecondition names a source that cannot be taken or id-mapped."""
+    fd = _open_tree(mount.source, recursive=mount.recursive, what=f"mounts[{index}].source")
+    if idmap is not None:
+        try:
+            _idmap(fd, idmap, recursive=mount.recursive, what=f"mounts[{index}].source {mount.source}")
+        except BaseException:
+            os.close(fd)
+            raise
+    return fd
+
+
+def host_sysfs() -> int:
+    """A detached copy of the host's sysfs (/sys, without the mounts below it, as a new sysfs
+    has none), read-only, nosuid, nodev, noexec: the /sys of a task in a pod's user namespace,
+    which may not mount a sysfs of the network namespace (CNI's, the host's) it does not own (as
+    runc binds the host's then). Taken in the host's user namespace: inside the pod's, the mounts
+    below /sys are locked to it and a copy without them is refused. FailedPrecondition when it
+    cannot be taken."""
+    try:
+        sysfs = linux.open_tree("/sys", False)
+        try:
+            linux.mount_setattr(sysfs, flags=linux.MS_RDONLY | linux.MS_NOSUID | linux.MS_NODEV | linux.MS_NOEXEC)
+        except BaseException:
+            os.close(sysfs)
+            raise
+    except OSError as exc:
+        raise FailedPrecondition(f"cannot take the host's /sys for the pod's user namespace: {exc.strerror}") \
+            from None
+    return sysfs
 
 
 def _idmap(fd: int, idmap: IdMap, *, recursive: bool, what: str) -> None:
@@ -822,23 +872,13 @@ def _standard_mounts(setup: RootSetup, root_fd: int, step: list[str]) -> None:
         _dev_entries(setup, dev, step)
     finally:
         os.close(dev)
-    step[0] = "mounting sysfs on /sys"
     flags = nosuid_nodev_noexec | (0 if setup.privileged else linux.MS_RDONLY)
-    try:
-        sysfs = linux.new_mount("sysfs", "sysfs", [], flags)
-    except PermissionError:
-        if not setup.userns:
-            raise
-        # A pod's user namespace does not own the network namespace (CNI's), whose sysfs it would
-        # show: the host's is bound read-only instead, as runc does.
+    if setup.sysfs_fd >= 0:
         step[0] = "binding the host's /sys on /sys"
-        sysfs = linux.open_tree("/sys", True)
-        try:
-            linux.mount_setattr(sysfs, flags=flags | linux.MS_RDONLY, recursive=True)
-        except BaseException:
-            os.close(sysfs)
-            raise
-    _attach(sysfs, _mount_point(root_fd, "sys"))
+        _attach(setup.sysfs_fd, _mount_point(root_fd, "sys"))
+    else:
+        step[0] = "mounting sysfs on /sys"
+        _attach(linux.new_mount("sysfs", "sysfs", [], flags), _mount_point(root_fd, "sys"))
     if setup.cgroup_namespace:
         # The process is in its own cgroup namespace already: this cgroup2 shows its cgroup as /.
         step[0] = "mounting cgroup2 on /sys/fs/cgroup"

@@ -48,6 +48,7 @@ __all__ = [
     "PauseProcess",
     "PauseSpec",
     "check_static_executable",
+    "check_user_namespace",
     "launch",
     "program_identity",
     "validate_sysctls",
@@ -207,6 +208,22 @@ async def launch(spec: PauseSpec, reaper: Reaper) -> PauseProcess:
     return PauseProcess(proc.pid, proc.start_time, proc.started_at_ns, binary, proc.exit)
 
 
+def check_user_namespace(spec: PauseSpec) -> None:
+    """InvalidArgument unless the pod of ``spec`` may have its user namespace (``spec.userns``,
+    None: none to check): podshim's own pause (not a sandbox image's), a pod that is not
+    privileged, and its own network, pid and IPC namespaces. Every handler checks it."""
+    if spec.userns is None:
+        return
+    if spec.rootfs is not None:
+        raise InvalidArgument("a sandbox image's pause cannot run in a pod's user namespace yet (podshim's own "
+                              "pause can)")
+    if spec.privileged:
+        raise InvalidArgument("a privileged pod cannot have a user namespace: its privileges are the host's")
+    if spec.netns_path is None or spec.pid_mode == NODE or spec.ipc_mode == NODE:
+        raise InvalidArgument("a pod's user namespace needs the pod's own network, pid and IPC namespaces "
+                              "(none of the host's)")
+
+
 def _process_spec(spec: PauseSpec) -> tuple[str, process.ProcessSpec]:
     if spec.pid_mode not in (POD, NODE):
         raise InvalidArgument(f"pid_mode {spec.pid_mode!r} is not supported (POD or NODE)")
@@ -224,14 +241,7 @@ def _process_spec(spec: PauseSpec) -> tuple[str, process.ProcessSpec]:
     if spec.pid_mode == POD:
         flags |= linux.CLONE_NEWPID
     shm = spec.shm_size_bytes if spec.ipc_mode == POD else 0
-    if spec.userns is not None and spec.rootfs is not None:
-        raise InvalidArgument("a sandbox image's pause cannot run in a pod's user namespace yet (the native "
-                              "handler's own pause can)")
-    if spec.userns is not None and spec.privileged:
-        raise InvalidArgument("a privileged pod cannot have a user namespace: its privileges are the host's")
-    if spec.userns is not None and (host_network or spec.pid_mode == NODE or spec.ipc_mode == NODE):
-        raise InvalidArgument("a pod's user namespace needs the pod's own network, pid and IPC namespaces "
-                              "(none of the host's)")
+    check_user_namespace(spec)
     if spec.rootfs is not None:
         if spec.pause_binary is not None:
             raise InvalidArgument("a pause binary and a sandbox image's rootfs are both set")

@@ -128,7 +128,9 @@ class ProcessSpec:
     starts see them (needs ``CLONE_NEWNS`` in ``unshare_flags``). ``binds_from`` are ``(mount
     namespace file, source, target)``: a recursive copy of ``source`` as that namespace sees it
     (another process's, such as the pause's /dev/shm), bound on ``target`` with the binds (needs
-    ``CLONE_NEWNS``). ``root``, when set, is the task's
+    ``CLONE_NEWNS``). ``attach`` are ``(fd, target)``: detached trees the caller opened
+    (:func:`shim.kernel.linux.open_tree`, id-mapped say), attached on ``target`` after the binds
+    (needs ``CLONE_NEWNS``); the caller closes its fds after the launch. ``root``, when set, is the task's
     own root (:mod:`shim.runtime.mounts`: its /proc, /dev, /sys and mounts, then pivot_root), built
     by B in its pid namespace (needs ``CLONE_NEWNS``); the caller closes it after the launch.
     ``stdin``/``stdout``/``stderr`` are fds (None: /dev/null); with ``controlling_terminal`` the
@@ -163,6 +165,7 @@ class ProcessSpec:
     oom_score_adj: int | None = None
     binds: tuple[tuple[str, str], ...] = ()
     binds_from: tuple[tuple[str, str, str], ...] = ()
+    attach: tuple[tuple[int, str], ...] = ()
     root: mounts.RootSetup | None = None
     stdout: int | None = None
     stderr: int | None = None
@@ -209,6 +212,7 @@ class _Plan:
     cgroup_v2_fd: int  # open on cgroup_v2 by the parent (-1: none)
     binds_from: list[tuple[int, str, str]]  # mount ns fd (opened by the parent), source, target
     own_mnt_fd: int  # the shim's mount namespace, to come back to after taking binds_from
+    attach: tuple[tuple[int, str], ...]  # the caller's detached trees and their targets
     root: mounts.RootSetup | None
     argv: tuple[str, ...]
     env: dict[str, str]
@@ -315,7 +319,8 @@ def _plan(spec: ProcessSpec) -> _Plan:
         raise InvalidArgument(f"the {spec.name}'s environment has a name that is empty or holds '=' or NUL")
     if spec.unshare_flags & linux.CLONE_NEWPID and not spec.unshare_flags & linux.CLONE_NEWNS:
         raise InvalidArgument("a new pid namespace needs a new mount namespace for its /proc")
-    if (spec.binds or spec.binds_from or spec.root or spec.pause_root) and not spec.unshare_flags & linux.CLONE_NEWNS:
+    if (spec.binds or spec.binds_from or spec.attach or spec.root or spec.pause_root) \
+            and not spec.unshare_flags & linux.CLONE_NEWNS:
         raise InvalidArgument(f"the {spec.name}'s bind mounts and root need a new mount namespace")
     for path, nstype in spec.join:
         if nstype not in _JOIN_ORDER:
@@ -364,6 +369,7 @@ def _plan(spec: ProcessSpec) -> _Plan:
         cgroup_v2_fd=-1,  # opened last, as join
         binds_from=[],  # opened last, as join
         own_mnt_fd=-1,
+        attach=spec.attach,
         root=spec.root,
         argv=spec.argv,
         env=dict(spec.env),
@@ -707,6 +713,9 @@ def _enter_cgroups_and_namespaces(plan: _Plan, steps: list[str], write_fd: int) 
         linux.mount(source, target, None, linux.MS_BIND)
     for tree, target in trees:
         steps[0] = f"bind-mounting a copy on {target}"
+        linux.move_mount(tree, target)
+    for tree, target in plan.attach:
+        steps[0] = f"attaching a prepared mount on {target}"
         linux.move_mount(tree, target)
     if plan.hostname is not None:
         steps[0] = f"sethostname({plan.hostname})"

@@ -83,8 +83,7 @@ def test_status_lists_each_runtime_handler_and_the_default_with_no_feature_podsh
     for handler in status.runtime_handlers:
         assert handler.HasField("features")
         assert handler.features.recursive_read_only_mounts
-        # The native handler (the default) runs a pod's user namespace; runc and crun refuse it.
-        assert handler.features.user_namespaces == (handler.name in ("", "native"))
+        assert handler.features.user_namespaces
     assert status.HasField("features")
     assert status.features.supplemental_groups_policy
     assert not status.features.user_namespaces_host_network and not status.features.mount_options

@@ -50,12 +50,6 @@ EXPECTED = [
     Expected(r"benchmark about ", "skipped", "critest's benchmarks run only with --benchmark"),
     Expected(r"\[k8s.io\] NRI ", "skipped", "critest runs the NRI specs only with --nri-socket; podshimd has no NRI"),
     Expected(r"\[k8s.io\] AppArmor ", "skipped", "AppArmor is disabled on this machine's kernel"),
-    # CRI 1.37 fields and features podshimd does not serve yet (issue 25, part 2, and the issue
-    # "The features of CRI 1.37 that need the kernel"); critest skips a spec when the runtime says
-    # it lacks the feature, and fails it otherwise.
-    Expected(r"Security Context UserNamespaces ", "skipped",
-             "runc and crun do not report user namespace support (only the native handler runs a pod's user "
-             "namespace)", handlers=("runc", "crun")),
 ]
 #: critest's specs (its Windows specs included), as this version lists them.
 ALL_SPECS = 142

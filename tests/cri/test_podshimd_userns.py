@@ -18,19 +18,23 @@ MAPPING = [{"container_id": 0, "host_id": HOST_ID, "length": 65536}]
 HANDLERS = ["native"] + [h for h in ("runc", "crun") if shutil.which(h, path="/usr/sbin:/usr/bin:/sbin:/bin")]
 
 
-def _userns_pod_config() -> dict:
+def _userns_pod_config(**sysctls: str) -> dict:
     config = pod_config()
+    if sysctls:
+        config["linux"]["sysctls"] = {name.replace("_", ".", 2): value for name, value in sysctls.items()}
     namespace_options = config.setdefault("linux", {}).setdefault("security_context", {}).setdefault(
         "namespace_options", {})
     namespace_options["userns_options"] = {"mode": 0, "uids": MAPPING, "gids": MAPPING}
     return config
 
 
-@pytest.fixture
-def userns_pod(daemon, crictl, tmp_path) -> tuple[str, str]:
+@pytest.fixture(params=HANDLERS)
+def userns_pod(request, daemon, crictl, tmp_path) -> tuple[str, str]:
     path = tmp_path / "pod.json"
-    path.write_text(json.dumps(_userns_pod_config()))
-    return daemon.crictl(crictl, "runp", "--runtime", "native", str(path)).stdout.strip(), str(path)
+    # A sysctl of the pod's network namespace (CNI's, the host's user namespace's), which the
+    # pod's root may not write.
+    path.write_text(json.dumps(_userns_pod_config(net_ipv4_ip_unprivileged_port_start="80")))
+    return daemon.crictl(crictl, "runp", "--runtime", request.param, str(path)).stdout.strip(), str(path)
 
 
 def _exec(daemon, crictl, container_id: str, script: str) -> str:
@@ -39,10 +43,10 @@ def _exec(daemon, crictl, container_id: str, script: str) -> str:
     return done.stdout
 
 
-def test_status_reports_user_namespaces_for_the_native_handler_only(daemon):
+def test_status_reports_user_namespaces_for_every_handler(daemon):
     status = daemon.runtime().Status(api_pb2.StatusRequest(), timeout=10)
     features = {h.name: h.features.user_namespaces for h in status.runtime_handlers}
-    assert features == {"": True, **{name: name == "native" for name in HANDLERS}}
+    assert features == {"": True, **{name: True for name in HANDLERS}}
 
 
 def test_a_container_runs_in_the_pods_user_namespace(daemon, crictl, userns_pod, tmp_path):
@@ -74,6 +78,25 @@ def test_a_container_runs_in_the_pods_user_namespace(daemon, crictl, userns_pod,
         assert set(uids) == {str(HOST_ID)}, (pid_dir, uids)
 
 
+def test_an_exec_and_the_pods_namespaces_are_the_containers(daemon, crictl, userns_pod):
+    pod_id, pod_path = userns_pod
+    container_id = daemon.create_container(pod_id, container_config(["sleep", "600"]), pod_path)
+    daemon.crictl(crictl, "start", container_id)
+    pid = json.loads(daemon.crictl(crictl, "inspect", container_id).stdout)["info"]["pid"]
+    # An exec is in the container's namespaces, its network namespace (the pod's) among them.
+    seen = _exec(daemon, crictl, container_id, "for n in net user ipc uts; do readlink /proc/self/ns/$n; done")
+    assert seen.split() == [os.readlink(f"/proc/{pid}/ns/{kind}") for kind in ("net", "user", "ipc", "uts")]
+    assert os.readlink(f"/proc/{pid}/ns/user") != os.readlink("/proc/self/ns/user")
+    # The pod's sysctl is written in its network namespace.
+    assert _exec(daemon, crictl, container_id, "cat /proc/sys/net/ipv4/ip_unprivileged_port_start").strip() == "80"
+    # /sys is the host's sysfs, read-only, without the host's mounts below it.
+    assert _exec(daemon, crictl, container_id, "touch /sys/kernel/x 2>&1 || echo refused").strip().endswith("refused")
+    mounts = _exec(daemon, crictl, container_id, "cat /proc/self/mountinfo").splitlines()
+    sys_lines = [line.split() for line in mounts if line.split()[4] == "/sys"]
+    assert len(sys_lines) == 1 and "ro" in sys_lines[0][5].split(","), sys_lines
+    assert not [line for line in mounts if line.split()[4].startswith("/sys/fs/cgroup/")]
+
+
 def _pids_of(pid: int) -> list[int]:
     """``pid`` and the processes in its pid namespace."""
     ns = os.stat(f"/proc/{pid}/ns/pid").st_ino
@@ -101,14 +124,6 @@ def test_mappings_kubelet_would_not_send_are_refused(daemon, crictl, tmp_path, u
     assert done.returncode != 0 and sentence in done.stderr, done
 
 
-@pytest.mark.parametrize("handler", [h for h in HANDLERS if h != "native"])
-def test_a_handler_without_user_namespaces_refuses_them(daemon, crictl, tmp_path, handler):
-    path = tmp_path / "pod.json"
-    path.write_text(json.dumps(_userns_pod_config()))
-    done = daemon.crictl(crictl, "runp", "--runtime", handler, str(path), check=False)
-    assert done.returncode != 0 and "does not support a pod's user namespace" in done.stderr, done
-
-
 def test_nothing_of_the_pod_is_left_once_it_is_removed(daemon, crictl, userns_pod):
     pod_id, pod_path = userns_pod
     container_id = daemon.create_container(pod_id, container_config(["sleep", "600"]), pod_path)
@@ -121,7 +136,7 @@ def test_nothing_of_the_pod_is_left_once_it_is_removed(daemon, crictl, userns_po
     # id-mapped layers) is left on the host.
     assert [p for p in os.listdir("/proc") if p.isdigit() and _user_ino(p) == user] == []
     with open("/proc/self/mountinfo") as f:
-        assert [line for line in f if container_id in line] == []
+        assert [line for line in f if container_id in line or pod_id in line] == []
 
 
 def _user_ino(pid: str) -> int:
@@ -138,3 +153,12 @@ def test_a_privileged_pod_is_refused_a_user_namespace(daemon, crictl, tmp_path):
     path.write_text(json.dumps(config))
     done = daemon.crictl(crictl, "runp", str(path), check=False)
     assert done.returncode != 0 and "a privileged pod cannot have a user namespace" in done.stderr, done
+
+
+def test_a_containers_host_devices_are_refused_in_a_user_namespace(daemon, crictl, userns_pod):
+    pod_id, pod_path = userns_pod
+    config = container_config(["sleep", "600"])
+    config["devices"] = [{"container_path": "/dev/host-null", "host_path": "/dev/null", "permissions": "rwm"}]
+    container_id = daemon.create_container(pod_id, config, pod_path)
+    done = daemon.crictl(crictl, "start", container_id, check=False)
+    assert done.returncode != 0 and "devices cannot be made in the pod's user namespace" in done.stderr, done

@@ -14,6 +14,7 @@ from shim.kernel import linux
 from shim.kernel.cgroups import SandboxCgroup
 from shim.kernel.cgroups.hierarchies import discover_hierarchies, pure_v2
 from shim.kernel.reaper import ExitInfo, Reaper
+from shim.kernel.userns import IdMap, UserNamespace
 from shim.paths import write_json_atomic
 from shim.runtime import pause, process
 from shim.runtime.base import ExecSpec, Runtime, TaskSpec
@@ -23,8 +24,9 @@ from shim.runtime.oci.cli import CREATE_TIMEOUT, Container, OciCli
 from shim.kernel.linux import oom_score_adj_permitted
 from shim.runtime.oci.host import cgroups_path
 from shim.runtime.oci.rootfs import PAUSE_FILE, ensure_pause_rootfs
-from shim.runtime.mounts import host_devices
-from shim.runtime.oci.spec import PAUSE_ARGS, PAUSE_NAME, sandbox_spec, task_spec
+from shim.runtime.mounts import BindMount, host_devices
+from shim.runtime.oci.spec import PAUSE_ARGS, PAUSE_NAME, sandbox_spec, task_spec, with_user_namespace
+from shim.runtime.oci.userns import PreparedMounts, check_reachable, open_bundle
 from shim.rpc.files import ensure_private_dir, read_json
 from shim.rpc.status import FailedPrecondition, Internal, InvalidArgument, RpcError
 
@@ -92,9 +94,7 @@ class OciBackend(Runtime):
         """Create and start the pause container as ``spec`` says (``pause_binary`` aside: it is the
         shared rootfs's catatonit, or a sandbox image's ``spec.args`` on ``spec.rootfs``); return once
         it is ready for signals. On failure the container is deleted."""
-        if spec.userns is not None:
-            raise InvalidArgument(f"the {self.cli.name} runtime handler does not support a pod's user namespace yet "
-                                  "(the native handler does)")
+        pause.check_user_namespace(spec)
         if spec.cgroup is None:
             raise InvalidArgument("an OCI pause needs the sandbox cgroup")
         if spec.rootfs is not None:  # a sandbox image's program
@@ -120,7 +120,29 @@ class OciBackend(Runtime):
                            shm_size_bytes=spec.shm_size_bytes, confinement=spec.confinement, args=args,
                            env=env, cwd=cwd, privileged=spec.privileged)
         container = self.pause_container
-        pid, start_time, exit_future = await self._launch(container, doc, spec.cgroup)
+        if spec.userns is None:
+            pid, start_time, exit_future = await self._launch(container, doc, spec.cgroup)
+        else:
+            # The runtime makes the user namespace and the pod's others in it. Its root may not
+            # write the sysctls of CNI's network namespace, owned by the host's user namespace:
+            # the runtime's launcher writes them there first.
+            net_sysctls = {key: value for key, value in doc["linux"].get("sysctl", {}).items()
+                           if key.startswith("net.")}
+            for key in net_sysctls:
+                del doc["linux"]["sysctl"][key]
+            shim_bundle = os.path.dirname(self.bundle)
+            open_bundle(shim_bundle, spec.userns)
+            prepared = PreparedMounts.for_pause(shim_bundle, rootfs)
+            try:
+                check_reachable(prepared.root, spec.userns)
+                doc["root"]["path"] = prepared.root
+                doc = with_user_namespace(doc, spec.userns, sysfs_source=prepared.sysfs)
+                assert spec.netns_path is not None  # check_user_namespace: the pod's own network
+                pid, start_time, exit_future = await self._launch(
+                    container, doc, spec.cgroup, attach=tuple(prepared.attach), sysctls=net_sysctls,
+                    join=((spec.netns_path, linux.CLONE_NEWNET),) if net_sysctls else ())
+            finally:
+                prepared.close()
         try:
             await pause.wait_ready(pid, exit_future, name, exe=exe, sigterm_grace=sigterm_grace)
         except BaseException:
@@ -133,7 +155,41 @@ class OciBackend(Runtime):
         (the CRI log pipes) as its own; return once the runtime started it. On failure the container
         is deleted; a program that cannot be run is FailedPrecondition."""
         container = self.task_container(spec.task_id)
+        try:
+            userns = UserNamespace.of_process(spec.pause_pid)
+        except OSError:
+            raise FailedPrecondition(f"the pod's pause ({spec.pause_pid}) is gone") from None
+        if userns is not None:
+            if spec.devices:  # as the native handler: no device node is made in a pod's user namespace
+                raise FailedPrecondition(f"task {spec.task_id}'s devices cannot be made in the pod's user namespace")
+            open_bundle(os.path.dirname(self.bundle), userns)
+            check_reachable(spec.rootfs, userns)
+            prepared = self._prepare_task(spec)
+            try:
+                return await self._start_task(container, spec, userns, prepared)
+            finally:
+                prepared.close()
+        return await self._start_task(container, spec)
+
+    def _prepare_task(self, spec: TaskSpec) -> PreparedMounts:
+        try:
+            idmap = IdMap.of_process(spec.pause_pid)
+        except OSError:
+            idmap = None
+        if idmap is None:
+            raise FailedPrecondition(f"the pod's pause ({spec.pause_pid}) is gone")
+        try:
+            return PreparedMounts.for_task(os.path.dirname(self.bundle), spec.task_id, spec.filesystem, spec.rootfs,
+                                           idmap)
+        finally:
+            idmap.close()
+
+    async def _start_task(self, container: Container, spec: TaskSpec, userns: UserNamespace | None = None,
+                          prepared: PreparedMounts | None = None) -> process.Process:
+        """:meth:`start_task`, in the pod's user namespace ``userns`` (its mounts ``prepared``) when given."""
         fs = spec.filesystem
+        binds = fs.mounts if prepared is None else tuple(
+            BindMount(mount.destination, source, mount.options) for mount, source in zip(fs.mounts, prepared.sources))
         # The pod's /dev/shm: the pause's, taken from its mount namespace for the create only.
         shm = os.path.join(container.bundle, _TASK_SHM_DIR)
         ensure_private_dir(shm, _TASK_ROOTFS_MODE)
@@ -141,11 +197,15 @@ class OciBackend(Runtime):
                         rootfs=spec.rootfs,  # mounted there by the shim at Create
                         pause_pid=spec.pause_pid, pid_mode=spec.pid_mode, own_ipc=spec.own_ipc,
                         cgroups_path=self._cgroups_path(spec.cgroup), confinement=spec.confinement,
-                        readonly=fs.readonly_rootfs, mounts=fs.mounts, masked_paths=fs.masked_paths,
+                        readonly=fs.readonly_rootfs, mounts=binds, masked_paths=fs.masked_paths,
                         readonly_paths=fs.readonly_paths, privileged=fs.privileged, shm_source=shm,
                         devices=(*(host_devices() if fs.privileged else ()), *spec.devices),
                         device_rules=spec.device_rules, target_pid=spec.target_pid, resources=spec.resources,
                         oom_score_adj=spec.oom_score_adj, cgroup_namespace=pure_v2(discover_hierarchies()))
+        join: tuple[tuple[str, int], ...] = ()
+        if userns is not None and prepared is not None:
+            doc = with_user_namespace(doc, userns, sysfs_source=prepared.sysfs, pause_pid=spec.pause_pid)
+            join = ((f"/proc/{spec.pause_pid}/ns/net", linux.CLONE_NEWNET),)  # see with_user_namespace
         if spec.console is not None:
             # The runtime makes the terminal in the container and sends its master to our socket.
             doc["process"]["terminal"] = True
@@ -153,12 +213,14 @@ class OciBackend(Runtime):
         # The runtime runs in a mount namespace of its own, a recursive slave of the shim's: the
         # source of a bidirectional (rshared) bind is bound there again, over itself, as a copy
         # taken in the shim's namespace, a peer of the host's mount (containerd runs the runtime in
-        # the host's namespace), so what the task mounts below it reaches the host.
-        peers = tuple(("/proc/self/ns/mnt", mount.source, mount.source) for mount in fs.mounts
+        # the host's namespace), so what the task mounts below it reaches the host. (A privileged
+        # task's, as bidirectional binds are: never in a pod's user namespace.)
+        peers = tuple(("/proc/self/ns/mnt", mount.source, mount.source) for mount in binds
                       if mount.propagation in ("rshared", "shared"))
         pid, start_time, exit_future = await self._launch(
             container, doc, spec.cgroup, stdout=spec.stdout, stderr=spec.stderr, stdin=spec.stdin,
-            binds_from=((f"/proc/{spec.pause_pid}/ns/mnt", "/dev/shm", shm), *peers), console=spec.console)
+            binds_from=((f"/proc/{spec.pause_pid}/ns/mnt", "/dev/shm", shm), *peers), console=spec.console,
+            attach=tuple(prepared.attach) if prepared is not None else (), join=join)
         return process.Process(pid, start_time, process.started_at_ns(exit_future), exit_future)
 
     def check_confinement(self, confinement: Confinement) -> None:
@@ -197,7 +259,7 @@ class OciBackend(Runtime):
             try:
                 pid = await self.cli.exec(container, files + ".json", files + ".pid", stdout=spec.stdout,
                                           stderr=spec.stderr, stdin=spec.stdin, procs_files=procs,
-                                          console_socket=spec.console_socket)
+                                          join=_network_of(spec.task_pid), console_socket=spec.console_socket)
             except RpcError as exc:
                 # The runtime names the socket it could not connect to (by its name in its directory).
                 if spec.console_socket and os.path.basename(spec.console_socket) in exc.message:
@@ -240,10 +302,13 @@ class OciBackend(Runtime):
 
     async def _launch(self, container: Container, doc: dict[str, Any], cgroup: SandboxCgroup, *,
                       stdout: int | None = None, stderr: int | None = None, stdin: int | None = None,
-                      binds_from: tuple[tuple[str, str, str], ...] = (),
+                      binds_from: tuple[tuple[str, str, str], ...] = (), attach: tuple[tuple[int, str], ...] = (),
+                      join: tuple[tuple[str, int], ...] = (), sysctls: Mapping[str, str] | None = None,
                       console: Console | None = None) -> tuple[int, int, asyncio.Future[ExitInfo]]:
-        """Write config.json, record the container, create it, place and watch its init, start it. With
-        ``console`` (listening), the terminal's master the runtime sends there is received before the start."""
+        """Write config.json, record the container, create it (its launcher with ``binds_from``,
+        ``attach``, ``join`` and ``sysctls``, see :class:`~shim.runtime.process.ProcessSpec`), place
+        and watch its init, start it. With ``console`` (listening), the terminal's master the
+        runtime sends there is received before the start."""
         ensure_private_dir(container.bundle, _BUNDLE_MODE)
         write_json_atomic(os.path.join(container.bundle, "config.json"), doc, durable=False)
         self.containers[container.container_id] = container
@@ -255,7 +320,8 @@ class OciBackend(Runtime):
             receiving = asyncio.ensure_future(console.receive(CREATE_TIMEOUT)) if console is not None else None
             try:
                 pid = await self.cli.create(container, stdout=stdout, stderr=stderr, stdin=stdin,
-                                            binds_from=binds_from, procs_files=procs,
+                                            binds_from=binds_from, attach=attach, join=join, sysctls=sysctls,
+                                            procs_files=procs,
                                             console_socket=console.path if console is not None else "")
                 if receiving is not None:
                     try:
@@ -293,6 +359,18 @@ class OciBackend(Runtime):
         self.persist()
         if container.bundle != self.bundle:
             _remove_task_bundle(container.bundle)
+
+
+def _network_of(pid: int) -> tuple[tuple[str, int], ...]:
+    """Where an exec into task ``pid`` runs its runtime: the task's network namespace when the task
+    is in a pod's user namespace (its config leaves the network out, see
+    :func:`~shim.runtime.oci.spec.with_user_namespace`, and the runtime's exec would stay in the
+    host's), none otherwise."""
+    try:
+        own = UserNamespace.of_process(pid) is not None
+    except OSError:
+        return ()  # gone: the runtime's exec says so
+    return ((f"/proc/{pid}/ns/net", linux.CLONE_NEWNET),) if own else ()
 
 
 def _check_our_child(pid: int, exit_future: asyncio.Future[ExitInfo], what: str) -> None:

@@ -151,13 +151,16 @@ class OciCli:
     async def create(self, container: Container, *, stdout: int | None = None, stderr: int | None = None,
                      stdin: int | None = None,
                      binds: tuple[tuple[str, str], ...] = (), binds_from: tuple[tuple[str, str, str], ...] = (),
-                     procs_files: tuple[str, ...] = (), console_socket: str = "") -> int:
+                     attach: tuple[tuple[int, str], ...] = (), join: tuple[tuple[str, int], ...] = (),
+                     sysctls: Mapping[str, str] | None = None, procs_files: tuple[str, ...] = (),
+                     console_socket: str = "") -> int:
         """``create --bundle B --pid-file P ID``; returns the init's pid (the container waits for start).
 
         ``stdout``/``stderr`` become the container's (None: /dev/null): never a pipe the caller reads
-        to its end, the container keeps it. ``binds`` and ``binds_from`` (see
+        to its end, the container keeps it. ``binds``, ``binds_from`` and ``attach`` (see
         :class:`~shim.runtime.process.ProcessSpec`) are made for this call in a mount namespace of
-        its own (the container's is copied from it); ``procs_files`` are joined before exec. With
+        its own (the container's is copied from it); ``join`` (namespaces the runtime runs in) and
+        ``procs_files`` are joined before exec, and ``sysctls`` written there. With
         ``console_socket`` (a process with ``terminal``), the runtime sends its terminal's master there.
         """
         if self.cgroup_manager_disabled and os.path.exists(HYBRID_CONTROLLERS_FILE):
@@ -169,7 +172,8 @@ class OciCli:
         console_args, cwd = _console(console_socket)
         await self._run(container, "create", "--bundle", container.bundle, "--pid-file", container.pid_file,
                         *console_args, container.container_id, timeout=CREATE_TIMEOUT, cwd=cwd, stdout=stdout,
-                        stderr=stderr, binds=binds, binds_from=binds_from, procs_files=procs_files, stdin=stdin)
+                        stderr=stderr, binds=binds, binds_from=binds_from, attach=attach, join=join,
+                        sysctls=sysctls, procs_files=procs_files, stdin=stdin)
         try:
             with open(container.pid_file) as f:
                 return int(f.read().strip())
@@ -179,11 +183,11 @@ class OciCli:
 
     async def exec(self, container: Container, process_file: str, pid_file: str, *, stdout: int | None,
                    stderr: int | None, stdin: int | None = None, procs_files: tuple[str, ...] = (),
-                   console_socket: str = "") -> int:
+                   join: tuple[tuple[str, int], ...] = (), console_socket: str = "") -> int:
         """``exec --detach --pid-file P --process F ID``: the process ``process_file`` describes, in
         the container, with ``stdin``/``stdout``/``stderr`` as its own; returns its pid once the runtime has
         exited (the process is then an orphan its nearest subreaper, the shim, adopts).
-        ``procs_files`` are joined before the runtime runs (without a cgroup manager, that is where
+        ``join`` (namespaces the runtime runs in) and ``procs_files`` are joined before the runtime runs (without a cgroup manager, that is where
         the process is born). With ``console_socket`` (a process with ``terminal``), the runtime sends
         its terminal's master there."""
         try:
@@ -193,7 +197,7 @@ class OciCli:
         console_args, cwd = _console(console_socket)
         await self._run(container, "exec", "--detach", "--pid-file", pid_file, "--process", process_file,
                         *console_args, container.container_id, timeout=EXEC_TIMEOUT, cwd=cwd, stdout=stdout,
-                        stderr=stderr, stdin=stdin, procs_files=procs_files)
+                        stderr=stderr, stdin=stdin, procs_files=procs_files, join=join)
         try:
             with open(pid_file) as f:
                 return int(f.read().strip())
@@ -249,8 +253,9 @@ class OciCli:
 
     async def _run(self, container: Container, verb: str, *args: str, timeout: float, stdout: int | None = None,
                    stderr: int | None = None, capture: bool = False, binds: tuple[tuple[str, str], ...] = (),
-                   binds_from: tuple[tuple[str, str, str], ...] = (), procs_files: tuple[str, ...] = (),
-                   stdin: int | None = None, cwd: str = "/") -> bytes:
+                   binds_from: tuple[tuple[str, str, str], ...] = (), attach: tuple[tuple[int, str], ...] = (),
+                   join: tuple[tuple[str, int], ...] = (), sysctls: Mapping[str, str] | None = None,
+                   procs_files: tuple[str, ...] = (), stdin: int | None = None, cwd: str = "/") -> bytes:
         """One call: launch, wait for the exit within ``timeout``, return stdout when ``capture``."""
         if self.reaper is None:
             raise FailedPrecondition(f"{self.name} {verb}: no reaper to wait for the runtime")
@@ -264,8 +269,11 @@ class OciCli:
         try:
             spec = process.ProcessSpec(
                 name=f"{self.name} {verb}", argv=tuple(self.argv(container, verb, *args)),
-                env={"PATH": process.DEFAULT_PATH}, cwd=cwd, unshare_flags=linux.CLONE_NEWNS if binds or binds_from else 0, binds=binds, binds_from=binds_from,
-                procs_files=procs_files, stdout=stdout, stderr=stderr, stdin=stdin)
+                env={"PATH": process.DEFAULT_PATH}, cwd=cwd,
+                unshare_flags=linux.CLONE_NEWNS if binds or binds_from or attach else 0, binds=binds,
+                binds_from=binds_from, attach=attach, join=join, sysctls=dict(sysctls or {}),
+                procs_files=procs_files, stdout=stdout,
+                stderr=stderr, stdin=stdin)
             try:
                 proc = await process.launch(spec, self.reaper)
             except process.ExecFailed as exc:

@@ -12,12 +12,13 @@ from typing import Any
 from shim.kernel.devices import DEFAULT_RULES, DeviceRules, pod_rules
 from shim.kernel.cgroups import RESOURCE_FILES
 from shim.runtime import pause, process
+from shim.kernel.userns import UserNamespace
 from shim.runtime.confine import DEFAULT_CAPABILITIES, Confinement
 from shim.runtime.mounts import MASKED_PATHS, READONLY_PATHS, BindMount, HostDevice
 from shim.rpc.status import InvalidArgument
 
 __all__ = ["DEFAULT_CAPABILITIES", "MASKED_PATHS", "OCI_VERSION", "PAUSE_ARGS", "PAUSE_NAME", "READONLY_PATHS",
-           "sandbox_spec", "task_spec"]
+           "sandbox_spec", "task_spec", "with_user_namespace"]
 
 OCI_VERSION = "1.0.2"
 PAUSE_ARGS = ("/pause", "-P")  # catatonit's pause mode, from the pause rootfs
@@ -217,4 +218,28 @@ def task_spec(*, sandbox_id: str, args: list[str], env: Mapping[str, str], cwd: 
             section, name = oci.split(".")
             said.setdefault(section, {})[name] = value
     doc["linux"]["resources"] = said
+    return doc
+
+
+def with_user_namespace(doc: dict[str, Any], userns: UserNamespace, *, sysfs_source: str,
+                        pause_pid: int | None = None) -> dict[str, Any]:
+    """``doc`` (a config.json of :func:`sandbox_spec` or :func:`task_spec`) in a pod's user namespace
+    of ``userns``'s mappings: the pause's gets a new one, which the runtime makes first and the
+    pod's other namespaces in it; a task's joins the pause's (``pause_pid``), with its mappings
+    said too (runc wants them). A task leaves the network namespace out: it is CNI's, owned by the
+    host's user namespace, and runc joins the user namespace first, after which it may no longer
+    join that one; the runtime runs in it instead and the container keeps it (the backend starts
+    it there). ``/sys``: a bind of ``sysfs_source`` (the host's sysfs, read-only), as a user
+    namespace may not mount the sysfs of a network namespace it does not own."""
+    linux_doc = doc["linux"]
+    namespaces = [ns for ns in linux_doc["namespaces"] if pause_pid is None or ns["type"] != "network"]
+    namespaces.append({"type": "user", "path": f"/proc/{pause_pid}/ns/user"} if pause_pid is not None
+                      else {"type": "user"})
+    linux_doc["namespaces"] = namespaces
+    for key, maps in (("uidMappings", userns.uids), ("gidMappings", userns.gids)):
+        linux_doc[key] = [{"containerID": m.container_id, "hostID": m.host_id, "size": m.length} for m in maps]
+    for mount in doc["mounts"]:
+        if mount["type"] == "sysfs":
+            mount.update(type="bind", source=sysfs_source,
+                         options=["rbind", *(o for o in mount["options"] if o not in ("ro", "rw")), "ro"])
     return doc
