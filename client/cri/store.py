@@ -206,9 +206,11 @@ class ContainerRecord(_ConfigLabels):
     ``image_id`` is the id (config digest) of the image the container runs on, "" for none (a
     root of its own): RemoveImage refuses an image some container has; its root filesystem
     is the snapshot whose key is the container id. ``image_ref`` is the image's first repo
-    digest (CRI's ``image_ref``), else its id. ``image_volumes`` are its image volumes (container
-    path → image id; :mod:`client.cri.imagevolumes`): RemoveImage refuses those images too.
-    ``resources``: see the field.
+    digest (CRI's ``image_ref``), else its id; ``image_name`` its first repo tag, else the
+    reference the container was created with (CRI's ``image`` of its status: kubelet creates
+    containers by image id, and shows this as the pod's image). ``image_volumes`` are its image
+    volumes (container path → image id; :mod:`client.cri.imagevolumes`): RemoveImage refuses
+    those images too. ``resources``: see the field.
     """
 
     container_id: str
@@ -225,6 +227,7 @@ class ContainerRecord(_ConfigLabels):
     log_path: str = ""
     image_id: str = ""
     image_ref: str = ""
+    image_name: str = ""
     image_volumes: Mapping[str, str] = field(default_factory=dict)
     #: The LinuxContainerResources fields UpdateContainerResources set since the create (CRI's
     #: names), over those of ``config``: with them, what the container has now.

@@ -35,8 +35,10 @@ IMAGE = ContainerImage(image_id="sha256:" + "a" * 64, name="registry.test/app:1"
 
 
 class Images:
+    """Images found by their name (a tag) or their id."""
+
     def __init__(self, *images: ContainerImage):
-        self.images = {i.name: i for i in images}
+        self.images = {i.name: i for i in images} | {i.image_id: i for i in images}
 
     def container_image(self, reference: str) -> ContainerImage:
         try:
@@ -108,6 +110,19 @@ async def test_a_container_runs_its_images_entrypoint_and_cmd_with_its_env_and_w
         await pods.start_container(cid)
         assert (await wait_exited(pods, cid))["exit_code"] == 0
         assert log_lines(pods, cid) == ["image from /tmp"]
+
+
+async def test_a_container_created_by_image_id_as_kubelet_does_shows_its_images_tag_in_its_status(roots):
+    # kubelet creates a container with the id PullImage answered (the tag the user wrote is
+    # user_specified_image); its status names the image by its tag, as containerd's does (kubectl
+    # shows it as the pod's image), its list entry by the id it was created with.
+    async with pod_service(roots, images=Images(IMAGE), snapshots=Snapshots()) as pods:
+        pod_id = await pods.run_pod_sandbox(pod_config())
+        cid = await pods.create_container(pod_id, image_container(
+            image={"image": IMAGE.image_id, "user_specified_image": "app:1"}))
+        status = await pods.container_status(cid)
+        assert (status["image"], status["image_ref"]) == ({"image": IMAGE.name}, IMAGE.image_ref)
+        assert [c["image"] for c in await pods.list_containers()] == [{"image": IMAGE.image_id}]
 
 
 async def test_cri_command_env_and_working_dir_override_the_image(roots):

@@ -35,7 +35,7 @@ class ContainerStatus(PodServiceBase):
             "started_at": c.started_at,
             "finished_at": c.finished_at,
             "exit_code": c.exit_code if c.exit_code is not None else 0,
-            "image": {"image": cfg.image or NO_IMAGE},
+            "image": {"image": c.image_name or cfg.image or NO_IMAGE},
             "image_ref": c.image_ref or NO_IMAGE,
             "reason": c.reason,
             "message": c.message,
