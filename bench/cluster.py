@@ -73,6 +73,9 @@ KUBERNETES_SERVICE_IP = "10.96.0.1"
 DNS_SERVICE_IP = "10.96.0.10"
 CLUSTER_DOMAIN = "cluster.local"
 REGISTRY = f"{CONTROL_IP}:5000"
+#: Where the tests run a registry behind basic auth (their own docker-registry): podshimd's
+#: nodes speak plain HTTP to it, as to REGISTRY.
+PRIVATE_REGISTRY = f"{CONTROL_IP}:5001"
 #: The image every smoke pod runs: busybox, built here and pushed to the cluster's registry.
 BUSYBOX = f"{REGISTRY}/podshim/busybox:1.0"
 #: The sandbox image of containerd's nodes (podshimd needs none): catatonit alone, as
@@ -201,6 +204,10 @@ def spawn(state: State, label: str, argv: Sequence[str], *, cgroup: dict[str, An
     logs = state.file("logs")
     os.makedirs(logs, exist_ok=True)
     full = ["nsenter", *nsenter, "--", *argv] if nsenter else list(argv)
+    # How to start it again (Cluster.start): the environment as what it adds to ours.
+    state.data.setdefault("commands", {})[label] = {
+        "argv": full, "cgroup": cgroup,
+        "env": {k: v for k, v in (env or {}).items() if os.environ.get(k) != v} if env is not None else None}
     with open(os.path.join(logs, f"{label}.log"), "ab") as out:
         process = subprocess.Popen(full, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                                    start_new_session=True, env=env, preexec_fn=lambda: group.join(0))
@@ -240,6 +247,36 @@ def start_holder(state: State, label: str, cgroup: dict[str, Any], namespaces: S
             raise RuntimeError(f"{label} exited with status {process.returncode}: see {state.file('logs')}")
         time.sleep(0.05)
     raise RuntimeError(f"{label} did not make its namespaces within {TIMEOUT:.0f} s")
+
+
+def _mounted_on(holder: int, roots: Sequence[str]) -> list[str]:
+    """The mount points of the mounts made on the mounts visible at ``roots`` in the mount
+    namespace of ``holder`` (its mounts copied from the machine's, hidden below them, are not)."""
+    with open(f"/proc/{holder}/mountinfo") as f:
+        mounts = [(int(fields[0]), int(fields[1]), fields[4]) for fields in (line.split() for line in f)]
+    children: dict[int, list[tuple[int, str]]] = {}
+    for mount_id, parent, point in mounts:
+        children.setdefault(parent, []).append((mount_id, point))
+    found = []
+    for root in roots:
+        # The visible mount at ``root``: the one on which nothing is mounted at ``root`` again.
+        on_root = [mount_id for mount_id, _, point in mounts if point == root]
+        top = [m for m in on_root if not any(point == root for _, point in children.get(m, []))]
+        found += [point for top_id in top for _, point in children.get(top_id, [])]
+    return found
+
+
+def _wait_exited(pid: int, children: Sequence[subprocess.Popen], label: str) -> None:
+    """Wait (bounded) until ``pid`` has exited, reaping it when it is one of ``children``."""
+    for child in children:
+        if child.pid == pid:
+            child.wait(TIMEOUT)
+            return
+    deadline = time.monotonic() + TIMEOUT
+    while os.path.exists(f"/proc/{pid}"):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{label} (pid {pid}) did not exit within {TIMEOUT:.0f} s")
+        time.sleep(0.05)
 
 
 # -- tools --------------------------------------------------------------------------------------------
@@ -293,17 +330,71 @@ class Cluster:
                     found[pid] = f.read().strip()
         return found
 
+    # ---- faults: a process of the cluster stopped and started again, a node rebooted
+    def kill(self, label: str, sig: int = signal.SIGKILL) -> None:
+        """Send ``sig`` to the cluster's process ``label`` (as `up` named it: ``node2-kubelet``) and
+        wait until it has exited."""
+        pid = self.state.data["processes"][label]
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, sig)
+        _wait_exited(pid, self.state.children, label)
+        self._forget([pid])
+
+    def _forget(self, pids: Sequence[int]) -> None:
+        """Drop exited processes from the record of those that must be alive (:meth:`start`
+        records them again)."""
+        processes = self.state.data["processes"]
+        for label in [label for label, pid in processes.items() if pid in pids]:
+            del processes[label]
+        self.state.save()
+
+    def start(self, label: str) -> None:
+        """Start the cluster's process ``label`` again, as `up` started it (after :meth:`kill`)."""
+        record = self.state.data["commands"][label]
+        env = None if record["env"] is None else {**os.environ, **record["env"]}
+        spawn(self.state, label, record["argv"], cgroup=record["cgroup"], env=env)
+
+    def reboot(self, number: int) -> None:
+        """Node ``number`` loses power and boots again: every process of it is killed (its
+        runtime, kubelet, kube-proxy, shims and containers), its mounts below /run, /var/lib/kubelet
+        and /var/lib/podshim go and /run is emptied, as a reboot does; then its runtime, kubelet
+        and kube-proxy start again (its disk, /var/lib and /var/log, is what it was)."""
+        node = self.nodes()[number - 1]
+        name, group = node["name"], _cgroup(node["cgroup"])
+        victims = [pid for pid in group.pids() if pid != node["holder"]]
+        for pid in victims:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        for pid in victims:
+            _wait_exited(pid, self.state.children, f"{name} pid {pid}")
+        self._forget(victims)
+        # What was mounted on the node's /run and /var/lib (its own bind mounts of them stay:
+        # they are its disks); a lazy unmount takes what is below with it.
+        mounted = _mounted_on(node["holder"], ("/run", "/var/lib"))
+        for path in mounted:
+            self.in_node(number, ["umount", "-l", path])
+        if left := _mounted_on(node["holder"], ("/run", "/var/lib")):
+            raise RuntimeError(f"{name} still has {', '.join(left)} mounted after unmounting them")
+        self.in_node(number, ["sh", "-c", "find /run -mindepth 1 -delete && mkdir -p /run/podshim"])
+        runtime = node.get("runtime", "podshimd")
+        self.start(f"{name}-{runtime}")
+        self._wait_socket(number, node["socket"], f"{name}-{runtime}")
+        self.start(f"{name}-kubelet")
+        self.start(f"{name}-kube-proxy")
+
     # ---- up
-    def up(self, nodes: int = 2, runtime: str | Sequence[str] = "podshimd") -> Cluster:
+    def up(self, nodes: int = 2, runtime: str | Sequence[str] = "podshimd",
+           kubelet: dict[str, Any] | None = None) -> Cluster:
         """Bring the cluster up: control plane, then ``nodes`` nodes, all Ready, whose runtime is
-        ``runtime`` (one for all, or one per node). On failure everything made is removed and the
+        ``runtime`` (one for all, or one per node), their kubelets' configuration with the fields
+        of ``kubelet`` put over the harness's. On failure everything made is removed and the
         error raised (with the logs' directory named)."""
         runtimes = node_runtimes(nodes, runtime)
         if os.path.exists(self.state.path):
             raise RuntimeError(f"a cluster {self.name!r} exists ({self.state.dir}): `down --name {self.name}` first")
         started = time.monotonic()
         try:
-            self._up(runtimes)
+            self._up(runtimes, kubelet or {})
         except BaseException:
             logs = self.save_logs()
             log(f"up failed after {time.monotonic() - started:.0f} s; the logs are in {logs}")
@@ -312,10 +403,10 @@ class Cluster:
         log(f"up: {nodes} node(s) ({', '.join(runtimes)}) Ready in {time.monotonic() - started:.0f} s")
         return self
 
-    def _up(self, runtimes: Sequence[str]) -> None:
+    def _up(self, runtimes: Sequence[str], kubelet: dict[str, Any]) -> None:
         state = self.state
         os.makedirs(state.dir, exist_ok=True)
-        state.data = {"name": self.name, "created": time.time(), "nodes": []}
+        state.data = {"name": self.name, "created": time.time(), "nodes": [], "kubelet": kubelet}
         state.save()
         state.data["tools"] = tool_paths(KUBERNETES_TOOLS + (CONTAINERD_TOOLS if "containerd" in runtimes else ()))
         # The cluster's cgroup first: everything below runs in it.
@@ -463,33 +554,52 @@ class Cluster:
     def _registry(self) -> None:
         """docker-registry at 10.99.0.1:5000 with busybox (built as the tests build it) and
         containerd's pause pushed to it."""
-        from imagebuild import DEFAULT_PATH, Entry, ImageBuilder, ImageConfig, busybox_layer
+        from imagebuild import DEFAULT_PATH, Entry, ImageConfig
+        from registry import registry_config
 
-        state, outer = self.state, self.state.data["outer"]
+        state = self.state
         config = state.file("registry.yml")
         with open(config, "w") as f:
-            f.write(f"version: 0.1\nlog:\n  level: warn\nstorage:\n  filesystem:\n    rootdirectory: "
-                    f"{state.file('registry')}\nhttp:\n  addr: {REGISTRY}\n")
-        spawn(state, "registry", ["docker-registry", "serve", config], cgroup=state.data["control_cgroup"],
-              nsenter=nsenter_args(outer, False))
-        build = state.file("image")
-        os.makedirs(build, exist_ok=True)
-        builder = ImageBuilder(build)
-        builder.assemble("busybox", [busybox_layer()], ImageConfig(cmd=("sh",)))
+            f.write(registry_config(state.file("registry"), REGISTRY))
+        self.serve("registry", config)
+        self.push_busybox(BUSYBOX)
         with open(CATATONIT, "rb") as f:
             catatonit = f.read()
-        builder.assemble("pause", [{"catatonit": Entry("", data=catatonit, mode=0o755)}],
-                         ImageConfig(entrypoint=("/catatonit", "-P"), env=(DEFAULT_PATH,)))
-        for tag, reference in (("busybox", BUSYBOX), ("pause", PAUSE)):
-            self.push(builder.layout, tag, reference)
-        shutil.rmtree(build)
+        self.push_image(PAUSE, [{"catatonit": Entry("", data=catatonit, mode=0o755)}],
+                        ImageConfig(entrypoint=("/catatonit", "-P"), env=(DEFAULT_PATH,)))
 
-    def push(self, layout: str, tag: str, reference: str) -> None:
+    def serve(self, label: str, config: str) -> None:
+        """Start a docker-registry of config file ``config`` in the cluster's network, as ``label``."""
+        spawn(self.state, label, ["docker-registry", "serve", config], cgroup=self.state.data["control_cgroup"],
+              nsenter=nsenter_args(self.state.data["outer"], False))
+
+    def push_busybox(self, reference: str, config: Any = None, creds: str | None = None) -> None:
+        """Push busybox (the tests' image; its config ``config`` over ``sh``) as ``reference``."""
+        from imagebuild import ImageConfig, busybox_layer
+
+        self.push_image(reference, [busybox_layer()], config or ImageConfig(cmd=("sh",)), creds)
+
+    def push_image(self, reference: str, layers: Sequence[Any], config: Any, creds: str | None = None) -> None:
+        """Build an image of ``layers`` and ``config`` (tests/imagebuild.py's) and push it as
+        ``reference`` from the cluster's network (``creds``: USER:PASSWORD), retried while the
+        registry is starting."""
+        from imagebuild import ImageBuilder
+
+        build = tempfile.mkdtemp(prefix="image-", dir=self.state.dir)
+        try:
+            builder = ImageBuilder(build)
+            builder.assemble("image", layers, config)
+            self.push(builder.layout, "image", reference, creds)
+        finally:
+            shutil.rmtree(build)
+
+    def push(self, layout: str, tag: str, reference: str, creds: str | None = None) -> None:
         """Copy the OCI layout's image ``tag`` to the cluster's registry as ``reference`` (retried
-        while the registry is starting)."""
+        while the registry is starting; ``creds``: USER:PASSWORD for a registry behind auth)."""
         deadline = time.monotonic() + TIMEOUT
         while True:
             done = in_ns(self.state.data["outer"], ["skopeo", "copy", "--quiet", "--dest-tls-verify=false",
+                                                    *(["--dest-creds", creds] if creds else []),
                                                     f"oci:{layout}:{tag}", f"docker://{reference}"],
                          node=False, check=False)
             if done.returncode == 0:
@@ -548,7 +658,8 @@ class Cluster:
             podshimd_config = os.path.join(config, "podshimd.toml")
             with open(podshimd_config, "w") as f:
                 f.write(f'state_root = "/var/lib/podshim"\nruntime_root = "/run/podshim"\n'
-                        f'cni_conf_dir = "{home}/cni/net.d"\n\n[registries."{REGISTRY}"]\ninsecure = true\n')
+                        f'cni_conf_dir = "{home}/cni/net.d"\n\n[registries."{REGISTRY}"]\ninsecure = true\n'
+                        f'\n[registries."{PRIVATE_REGISTRY}"]\ninsecure = true\n')
             spawn(state, f"{name}-podshimd", [sys.executable, "-m", "client.podshimd", f"--config={podshimd_config}"],
                   cgroup=cgroup, nsenter=ns, env={**os.environ, "PYTHONPATH": REPO})
         else:
@@ -564,10 +675,13 @@ class Cluster:
             shims = os.path.dirname(tools["containerd-shim-runc-v2"])
             spawn(state, f"{name}-{runtime}", [tools["containerd"], "--config", ctrd_config], cgroup=cgroup,
                   nsenter=ns, env={**os.environ, "PATH": f"{shims}:{os.environ['PATH']}"})
+        node["socket"] = socket
+        state.save()
         endpoint = f"unix://{socket}"
         kubelet_config = os.path.join(config, "kubelet.yaml")
         with open(kubelet_config, "w") as f:
-            json.dump(kubelet_configuration(pki.ca, endpoint, node["ip"]), f, indent=1)
+            json.dump({**kubelet_configuration(pki.ca, endpoint, node["ip"]), **state.data.get("kubelet", {})}, f,
+                      indent=1)
         self._wait_socket(number, socket, f"{name}-{runtime}")
         spawn(state, f"{name}-kubelet", [
             tools["kubelet"], f"--config={kubelet_config}", f"--kubeconfig={node_kubeconfig}",
@@ -794,11 +908,13 @@ def cni_config(pod_cidr: str) -> dict[str, Any]:
 # -- the fixture ----------------------------------------------------------------------------------------
 
 @contextlib.contextmanager
-def cluster(nodes: int = 2, name: str | None = None, runtime: str | Sequence[str] = "podshimd") -> Iterator[Cluster]:
-    """A cluster of ``nodes`` nodes of ``runtime`` (one for all, or one per node), taken down at
-    the end of the block whatever happened."""
+def cluster(nodes: int = 2, name: str | None = None, runtime: str | Sequence[str] = "podshimd",
+            kubelet: dict[str, Any] | None = None) -> Iterator[Cluster]:
+    """A cluster of ``nodes`` nodes of ``runtime`` (one for all, or one per node), its kubelets'
+    configuration with ``kubelet``'s fields over the harness's, taken down at the end of the
+    block whatever happened."""
     made = Cluster(name or f"t{os.getpid()}")
-    made.up(nodes, runtime)
+    made.up(nodes, runtime, kubelet)
     try:
         yield made
     finally:

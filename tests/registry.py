@@ -175,7 +175,9 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _config(directory: str, port: int, htpasswd: str | None) -> str:
+def registry_config(directory: str, address: str, htpasswd: str | None = None) -> str:
+    """distribution's config: storage in ``directory``, plain HTTP on ``address`` (``HOST:PORT``),
+    behind the basic-auth users of the file ``htpasswd`` when given (see :func:`write_htpasswd`)."""
     auth = (f"auth:\n  htpasswd:\n    realm: podshim-test\n    path: {htpasswd}\n") if htpasswd else ""
     return (
         "version: 0.1\n"
@@ -183,9 +185,16 @@ def _config(directory: str, port: int, htpasswd: str | None) -> str:
         f"storage:\n  filesystem:\n    rootdirectory: {os.path.join(directory, 'storage')}\n"
         "  delete:\n    enabled: true\n"
         "  maintenance:\n    uploadpurging:\n      enabled: false\n"
-        f"http:\n  addr: 127.0.0.1:{port}\n"
+        f"http:\n  addr: {address}\n"
         + auth
     )
+
+
+def write_htpasswd(path: str, auth: tuple[str, str]) -> str:
+    """An htpasswd file at ``path`` with the one user ``auth`` (user, password); its path."""
+    with open(path, "w") as f:
+        f.write(f"{auth[0]}:{bcrypt_hash(auth[1])}\n")
+    return path
 
 
 @contextmanager
@@ -196,16 +205,12 @@ def running_registry(auth: tuple[str, str] | None = None) -> Iterator[Registry]:
     """
     directory = tempfile.mkdtemp(prefix="podshim-registry-")
     try:
-        htpasswd = None
-        if auth is not None:
-            htpasswd = os.path.join(directory, "htpasswd")
-            with open(htpasswd, "w") as f:
-                f.write(f"{auth[0]}:{bcrypt_hash(auth[1])}\n")
+        htpasswd = write_htpasswd(os.path.join(directory, "htpasswd"), auth) if auth is not None else None
         for attempt in range(START_ATTEMPTS):
             port = _free_port()
             config = os.path.join(directory, "config.yml")
             with open(config, "w") as f:
-                f.write(_config(directory, port, htpasswd))
+                f.write(registry_config(directory, f"127.0.0.1:{port}", htpasswd))
             with open(os.path.join(directory, "registry.log"), "wb") as log:
                 process = subprocess.Popen([REGISTRY_BINARY, "serve", config], stdin=subprocess.DEVNULL,
                                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
