@@ -118,6 +118,8 @@ def c() -> Iterator[harness.Cluster]:
         # the first image GC that may remove it).
         once = kt.wait_pod(made, "gc-image", "Succeeded", lambda p: p["status"].get("phase") == "Succeeded")
         made.state.data["gc_image"] = kt.container(once, "once")["image"]
+        made.state.data["gc_image_id"] = next(i["id"] for i in kt.crictl(made, 1, "images")["images"]
+                                              if GC_IMAGE in i["repoTags"])
         made.kubectl("delete", "pod", "gc-image")
         yield made
 
@@ -792,7 +794,7 @@ def test_kubelets_garbage_collection_removes_dead_containers_sandboxes_and_unuse
                   kt.node_sandboxes(c, number, uid)), lambda held: held == ([], []), timeout=150, interval=3)
     # The image run once by gc-image (on node1) and unused since: gone at the image GC after 5 minutes.
     assert c.state.data["gc_image"] == GC_IMAGE  # the pod's status named it by its tag
-    image_id = next(i["id"] for i in kt.crictl(c, 1, "images")["images"] if GC_IMAGE in i["repoTags"])
+    image_id = c.state.data["gc_image_id"]
     left = IMAGE_GC_PERIOD + 90 - (time.monotonic() - c.state.data["started"])
     kt.wait_until(f"node1's podshimd without {GC_IMAGE}", lambda: [i["id"] for i in kt.crictl(c, 1, "images")["images"]],
                   lambda ids: image_id not in ids, timeout=max(left, 30), interval=5)
