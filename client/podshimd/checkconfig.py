@@ -2,8 +2,9 @@
 
 :func:`check` loads the config as podshimd would (:func:`.config.from_arguments`: the file, then the
 flags; an unknown key gets "did you mean") and then looks at what its paths name on this node: the
-roots can be made, the pause binary runs, the runtime handlers' binaries are installed, the CNI
-network config is valid and its plugins are in ``cni_bin_dirs``. Each finding is a
+roots can be made, the pause binary runs, the runtime handlers' binaries are installed, the
+systemd cgroup driver has systemd and pure cgroup v2 under it, the CNI network config is valid and
+its plugins are in ``cni_bin_dirs``. Each finding is a
 :class:`Finding`, an ``error`` (podshimd would not start, or pods would fail) or a ``warning``
 (podshimd starts, but something an operator probably wants is missing: pods get loopback only
 without a CNI config). Nothing is made or changed.
@@ -27,6 +28,9 @@ from .config import DEFAULT_CONFIG_PATH, Config
 __all__ = ["Finding", "check", "default_config"]
 
 _COMMENTED = {"listen": "follows runtime_root", "sandbox_image": "refused beside sandbox_binary"}
+#: There when systemd is the init (sd_booted()); the unified hierarchy's mark at the cgroup root.
+_SYSTEMD_BOOTED = "/run/systemd/system"
+_CGROUP2_ROOT = "/sys/fs/cgroup/cgroup.controllers"
 _SEARCH_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
@@ -61,6 +65,13 @@ def check(config: Config) -> list[Finding]:
             found.append(Finding("error", "runtime_handlers", f"runtime handler {handler!r} needs the {handler} "
                                                               f"binary, which is not in {path} (install {handler}, "
                                                               f"or remove it from runtime_handlers)"))
+    if config.cgroup_driver == "systemd":
+        if not os.path.isdir(_SYSTEMD_BOOTED):
+            found.append(Finding("error", "cgroup_driver", "the systemd cgroup driver needs systemd as the init of this "
+                                                          "machine, which it is not (no /run/systemd/system)"))
+        if not os.path.exists(_CGROUP2_ROOT):
+            found.append(Finding("error", "cgroup_driver", "the systemd cgroup driver needs a pure cgroup v2 machine "
+                                                          "(/sys/fs/cgroup is not the unified hierarchy): use cgroupfs"))
     bin_dirs = [d for d in config.cni_bin_dirs if os.path.isdir(d)]
     if not bin_dirs:
         found.append(Finding("error", "cni_bin_dirs", f"none of {', '.join(config.cni_bin_dirs)} is a directory "

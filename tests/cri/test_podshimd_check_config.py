@@ -101,6 +101,23 @@ def test_a_runtime_handler_without_its_binary_is_an_error(tmp_path, monkeypatch)
     assert checkconfig.check(config.load(path, {"runtime_handlers": ["native", "crun"]})) == []
 
 
+def test_the_systemd_cgroup_driver_needs_systemd_and_pure_cgroup_v2(tmp_path, monkeypatch):
+    from client.podshimd import checkconfig
+
+    path = node(tmp_path)
+    monkeypatch.setattr(checkconfig, "_SYSTEMD_BOOTED", str(tmp_path / "run-systemd-system"))
+    monkeypatch.setattr(checkconfig, "_CGROUP2_ROOT", str(tmp_path / "cgroup.controllers"))
+    systemd = config.load(path, {"cgroup_driver": "systemd"})
+    assert [(f.key, f.message.split(",")[0]) for f in checkconfig.check(systemd)] == [
+        ("cgroup_driver", "the systemd cgroup driver needs systemd as the init of this machine"),
+        ("cgroup_driver", "the systemd cgroup driver needs a pure cgroup v2 machine (/sys/fs/cgroup is not the "
+                          "unified hierarchy): use cgroupfs")]
+    (tmp_path / "run-systemd-system").mkdir()
+    (tmp_path / "cgroup.controllers").write_text("cpu memory\n")
+    assert checkconfig.check(systemd) == []
+    assert checkconfig.check(config.load(path)) == []  # cgroupfs needs neither
+
+
 def test_the_default_config_printed_loads_back_to_the_defaults_and_checks(tmp_path):
     done = podshimd("--print-default-config")
     assert done.returncode == 0 and done.stderr == ""
