@@ -41,13 +41,14 @@ from typing import Any
 from client.cri.seccomp_default import default_profile
 from shim.kernel import capabilities as kernel_caps
 from shim.kernel.linux import read_status
+from shim.kernel.userns import UserNamespace, inside_id
 from shim.runtime.confine import DEFAULT_CAPABILITIES
 from shim.rpc.files import read_regular
 from shim.rpc.status import InvalidArgument
 
 __all__ = ["MERGE", "PROFILE_TYPES", "STRICT", "USER_FILES", "ContainerSecurity", "SecurityProfile",
            "held_capabilities", "host_read_file", "load_localhost_profile", "pause_fields", "pause_user",
-           "process_user", "refuse_lsm", "resolve_user", "task_fields"]
+           "process_user", "refuse_lsm", "resolve_user", "task_fields", "user_status"]
 
 #: CRI's SecurityProfile.ProfileType enum.
 PROFILE_TYPES = {0: "RuntimeDefault", 1: "Unconfined", 2: "Localhost"}
@@ -498,13 +499,25 @@ def pause_user(sec: ContainerSecurity, image_user: str = "", read_file: ReadFile
 
 def process_user(pid: int, status_path: str = "") -> dict[str, Any] | None:
     """CRI's ContainerUser of a running process: the real uid and gid and the supplementary groups
-    it has, from ``/proc/<pid>/status`` (``status_path`` if given); None once it is gone."""
+    it has, from ``/proc/<pid>/status`` (``status_path`` if given), as the container sees them:
+    in a pod's user namespace, mapped back through its uid_map and gid_map (the host's ids are
+    what /proc shows us). None once it is gone."""
     try:
         status = read_status(status_path or f"/proc/{pid}/status")
+        userns = None if status_path else UserNamespace.of_process(pid)
     except (FileNotFoundError, ProcessLookupError):
         return None
-    return {"linux": {"uid": int(status["Uid"].split()[0]), "gid": int(status["Gid"].split()[0]),
-                      "supplemental_groups": [int(g) for g in status.get("Groups", "").split()]}}
+    uid, gid = int(status["Uid"].split()[0]), int(status["Gid"].split()[0])
+    groups = [int(g) for g in status.get("Groups", "").split()]
+    if userns is not None:
+        uid, gid = inside_id(userns.uids, uid), inside_id(userns.gids, gid)
+        groups = [inside_id(userns.gids, g) for g in groups]
+    return user_status(uid, gid, groups)
+
+
+def user_status(uid: int, gid: int, supplemental_groups: list[int]) -> dict[str, Any]:
+    """CRI's ContainerUser of these ids (as the container sees them)."""
+    return {"linux": {"uid": uid, "gid": gid, "supplemental_groups": supplemental_groups}}
 
 
 def host_read_file(path: str) -> bytes | None:

@@ -210,7 +210,7 @@ class ContainerRecord(_ConfigLabels):
     reference the container was created with (CRI's ``image`` of its status: kubelet creates
     containers by image id, and shows this as the pod's image). ``image_volumes`` are its image
     volumes (container path → image id; :mod:`client.cri.imagevolumes`): RemoveImage refuses
-    those images too. ``resources``: see the field.
+    those images too. ``resources`` and ``user``: see the fields.
     """
 
     container_id: str
@@ -232,6 +232,10 @@ class ContainerRecord(_ConfigLabels):
     #: The LinuxContainerResources fields UpdateContainerResources set since the create (CRI's
     #: names), over those of ``config``: with them, what the container has now.
     resources: Mapping[str, Any] = field(default_factory=dict)
+    #: The user its process is created with (``uid``, ``gid``, ``additional_gids``, as the
+    #: container sees them; its OCI spec's process.user): ContainerStatus.user when no process
+    #: runs, as containerd reports it. None: recorded before it was kept.
+    user: Mapping[str, Any] | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "state", _state("container", ContainerState, self.state))

@@ -22,7 +22,10 @@ from shim.kernel.reaper import Reaper
 from shim.rpc.records import Record, set_field as _set
 from shim.rpc.status import Internal, InvalidArgument
 
-__all__ = ["IdMap", "IdMapping", "UserNamespace", "create"]
+__all__ = ["OVERFLOW_ID", "IdMap", "IdMapping", "UserNamespace", "create", "inside_id"]
+
+#: The id an unmapped id shows as inside a user namespace (the kernel's overflowuid and overflowgid).
+OVERFLOW_ID = 65534
 
 CREATE_TIMEOUT = 2.0  # seconds for the child to unshare and for its exit
 
@@ -85,6 +88,14 @@ class UserNamespace(Record):
     @property
     def root_gid(self) -> int:
         return self.gids[0].host_id
+
+
+def inside_id(maps: tuple[IdMapping, ...], host_id: int) -> int:
+    """``host_id`` as a user namespace of ``maps`` sees it (:data:`OVERFLOW_ID` when none maps it)."""
+    for m in maps:
+        if m.host_id <= host_id < m.host_id + m.length:
+            return m.container_id + host_id - m.host_id
+    return OVERFLOW_ID
 
 
 def _mappings(value: Any, where: str) -> tuple[IdMapping, ...]:
@@ -195,4 +206,4 @@ def _host_root(text: str) -> int:
         inside, outside, _ = (int(n) for n in line.split())
         if inside == 0:
             return outside
-    return 65534  # root inside has no id: the overflow id
+    return OVERFLOW_ID  # root inside has no id

@@ -122,7 +122,20 @@ def test_container_status_reports_the_user_the_process_really_has(daemon, crictl
         status = dict(line.split(":", 1) for line in f)
     assert (user.uid, user.gid) == (33, 50) == (int(status["Uid"].split()[0]), int(status["Gid"].split()[0]))
     assert sorted(user.supplemental_groups) == [7, 50, 5000] == sorted(int(g) for g in status["Groups"].split())
+    # Without a process, the user it is given (its OCI spec's, as containerd reports it).
     daemon.crictl(crictl, "stop", "-t", "0", container_id)
     stopped = daemon.runtime().ContainerStatus(api_pb2.ContainerStatusRequest(container_id=container_id),
-                                               timeout=10).status
-    assert not stopped.HasField("user")  # no process: nothing to read
+                                               timeout=10).status.user.linux
+    assert (stopped.uid, stopped.gid, sorted(stopped.supplemental_groups)) == (33, 50, [7, 50, 5000])
+
+
+def test_container_status_reports_the_user_of_a_container_not_started_yet(daemon, crictl, pod):
+    config = container_config(["sleep", "600"])
+    config["linux"]["security_context"].update(run_as_user={"value": 33}, run_as_group={"value": 50},
+                                               supplemental_groups=[7])
+    container_id = daemon.create_container(pod[0], config, pod[1])
+    status = daemon.runtime().ContainerStatus(api_pb2.ContainerStatusRequest(container_id=container_id),
+                                              timeout=10).status
+    assert status.state == api_pb2.ContainerState.CONTAINER_CREATED
+    assert (status.user.linux.uid, status.user.linux.gid, sorted(status.user.linux.supplemental_groups)) == \
+        (33, 50, [7, 50])

@@ -162,3 +162,19 @@ def test_a_containers_host_devices_are_refused_in_a_user_namespace(daemon, crict
     container_id = daemon.create_container(pod_id, config, pod_path)
     done = daemon.crictl(crictl, "start", container_id, check=False)
     assert done.returncode != 0 and "devices cannot be made in the pod's user namespace" in done.stderr, done
+
+
+def test_container_status_reports_the_ids_as_the_container_sees_them(daemon, crictl, userns_pod):
+    pod_id, pod_path = userns_pod
+    config = container_config(["sleep", "600"])
+    config["linux"]["security_context"].update(run_as_user={"value": 33}, run_as_group={"value": 50},
+                                               supplemental_groups=[7])
+    container_id = daemon.create_container(pod_id, config, pod_path)
+    daemon.crictl(crictl, "start", container_id)
+    pid = json.loads(daemon.crictl(crictl, "inspect", container_id).stdout)["info"]["pid"]
+    with open(f"/proc/{pid}/status") as f:
+        assert next(line for line in f if line.startswith("Uid:")).split()[1] == str(HOST_ID + 33)
+    # The host sees the mapped ids; the status says the container's own.
+    user = daemon.runtime().ContainerStatus(api_pb2.ContainerStatusRequest(container_id=container_id),
+                                            timeout=10).status.user.linux
+    assert (user.uid, user.gid, sorted(user.supplemental_groups)) == (33, 50, [7, 50])

@@ -69,7 +69,7 @@ class ContainerCreate(PodServiceBase):
             self.store.add_container(ContainerRecord(
                 container_id, pod.pod_id, cfg.to_json(), log_path=log_path,
                 image_id=image.image_id if image else "", image_ref=image.image_ref if image else "",
-                image_name=image.name if image else "", image_volumes=volume_ids))
+                image_name=image.name if image else "", image_volumes=volume_ids, user=dict(user)))
             try:
                 volumes = await self.image_volumes.mount(pod.pod_id, cfg.mounts, volume_ids)
                 mounts = container_mounts(cfg.mounts, self._pod_files(pod.pod_id), readonly_rootfs=cfg.readonly_rootfs,

@@ -49,8 +49,11 @@ class ContainerStatus(PodServiceBase):
             # (kubelet reads it back for in-place resize; without it kubelet reports what it asked).
             "resources": {"linux": {**cfg.resources, **c.resources}},
         }
-        if c.state is ContainerState.RUNNING and c.pid:
-            status["user"] = security.process_user(c.pid)
+        user = security.process_user(c.pid) if c.state is ContainerState.RUNNING and c.pid else None
+        if user is None and c.user is not None:  # no process (yet, or any more): the ids it is given
+            user = security.user_status(c.user["uid"], c.user["gid"], list(c.user.get("additional_gids") or ()))
+        if user is not None:
+            status["user"] = user
         if verbose:
             status["info"] = {"pid": c.pid or 0, "args": list(cfg.argv), "pid_mode": cfg.pid_mode,
                               "image_id": c.image_id, "snapshot_key": c.container_id if c.image_id else ""}
