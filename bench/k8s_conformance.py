@@ -25,8 +25,10 @@ pushes what the selected specs pull, built offline as tests/imagebuild.py builds
 - e2e-test-images/busybox (1.37.0-2, 1.36.1-1): Debian's dynamic busybox, every applet (each in
   /bin too, as Docker Hub's busybox has them);
 - e2e-test-images/agnhost (2.66.1, 2.55): the pinned agnhost (built by .ci/gotool from the same
-  Kubernetes module as e2e.test) as /agnhost, on that busybox, with curl (the hooks' exec handlers
-  curl), the user and group its Dockerfile adds, ENTRYPOINT /agnhost, CMD pause;
+  Kubernetes module as e2e.test) as /agnhost, on that busybox, with the machine's curl (the hooks'
+  exec handlers curl) and bash (probe specs run /bin/bash), a self-signed /localhost.crt and
+  /localhost.key (the https hook specs), the user and group its Dockerfile adds, ENTRYPOINT
+  /agnhost, CMD pause;
 - e2e-test-images/nginx (1.27.0-2, 1.28.0-2): a stand-in on busybox (httpd on port 80 as
   process "nginx"), as critest's;
 - e2e-test-images/nonewprivs:1.4 (a setuid-root program printing its effective uid) and
@@ -111,7 +113,7 @@ def push_images(c: harness.Cluster, directory: str) -> list[str]:
     in_bin = [Entry(f"bin/{name}", "link", target="bin/busybox")
               for name in sorted({a.rsplit("/", 1)[-1] for a in applets if not a.startswith("bin/")}
                                  - {a.rsplit("/", 1)[-1] for a in applets if a.startswith("bin/")})]
-    builder.assemble("busybox", [busybox_layer(busybox=busybox), in_bin], BUSYBOX_CONFIG)
+    builder.assemble("busybox", [busybox_layer(in_bin, busybox=busybox)], BUSYBOX_CONFIG)  # links in their layer
     push("busybox", f"{E2E}/busybox:1.37.0-2", f"{E2E}/busybox:1.36.1-1")
     with open(gotool.tool_path("agnhost"), "rb") as f:
         agnhost = f.read()
@@ -120,10 +122,16 @@ def push_images(c: harness.Cluster, directory: str) -> list[str]:
         raise RuntimeError("curl is not installed: the agnhost image carries it (the hooks' exec handlers curl)")
     with open(curl, "rb") as f:
         curl_binary = f.read()
-    libraries = {entry.path: entry for entry in shared_libraries(curl)}
+    bash = shutil.which("bash") or "/bin/bash"
+    with open(bash, "rb") as f:
+        bash_binary = f.read()
+    libraries = {entry.path: entry for tool in (curl, bash) for entry in shared_libraries(tool)}
+    key, cert = localhost_certificate(directory)
     builder.assemble("agnhost", [[Entry("agnhost", data=agnhost, mode=0o755), Entry("agnhost-2", "symlink",
                                                                                     target="agnhost"),
-                                  Entry("usr/bin/curl", data=curl_binary, mode=0o755), *libraries.values(),
+                                  Entry("usr/bin/curl", data=curl_binary, mode=0o755),
+                                  Entry("bin/bash", data=bash_binary, mode=0o755), *libraries.values(),
+                                  Entry("localhost.crt", data=cert), Entry("localhost.key", data=key, mode=0o600),
                                   Entry("uploads", "dir"), Entry("home/user-defined-in-image", "dir", uid=1000,
                                                                  gid=1000),
                                   Entry("etc/passwd", data=(BUSYBOX_PASSWD + AGNHOST_USER[0]).encode()),
@@ -146,6 +154,17 @@ def push_images(c: harness.Cluster, directory: str) -> list[str]:
                      ImageConfig(entrypoint=("/pause",)))
     push("pause", f"{REPO_LIST['gcRegistry']}/pause:3.10.2")
     return pushed
+
+
+def localhost_certificate(directory: str) -> tuple[bytes, bytes]:
+    """A key and a self-signed certificate for localhost and 127.0.0.1 (agnhost's image carries one
+    as /localhost.key and /localhost.crt: the https hook specs serve with them)."""
+    key, cert = os.path.join(directory, "localhost.key"), os.path.join(directory, "localhost.crt")
+    harness.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+                 "-keyout", key, "-out", cert, "-days", "7", "-subj", "/CN=localhost",
+                 "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1"])
+    with open(key, "rb") as k, open(cert, "rb") as c:
+        return k.read(), c.read()
 
 
 # -- a run --------------------------------------------------------------------------------------------
