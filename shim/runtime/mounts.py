@@ -629,7 +629,7 @@ class RootSetup(Record):
     copies go with it)."""
 
     __slots__ = ("mount_point", "root_fd", "readonly", "privileged", "own_ipc", "binds", "masked_paths",
-                 "readonly_paths", "devices", "userns", "cgroup_namespace", "sysfs_fd")
+                 "readonly_paths", "devices", "userns", "cgroup_namespace", "sysfs_fd", "cgroup_v1")
     mutable = True
     mount_point: str
     root_fd: int
@@ -644,6 +644,9 @@ class RootSetup(Record):
     sysfs_fd: int  # in a pod's user namespace: the host's sysfs (host_sysfs), bound on /sys
     #: a cgroup namespace of its own, rooted at its cgroup (pure cgroup v2), whose cgroup2 is on /sys/fs/cgroup
     cgroup_namespace: bool
+    #: on cgroup v1: the task's own cgroup directory of each hierarchy, a detached tree (fd), and
+    #: the name it has under /sys/fs/cgroup (the host's mount point's: "cpu,cpuacct", "systemd")
+    cgroup_v1: list[tuple[int, str]]
 
     def __init__(self, mount_point: str, root_fd: int, readonly: bool, privileged: bool,
                  own_ipc: bool, binds: list[tuple[int, str, bool, int, int, int]] | None = None,
@@ -661,13 +664,15 @@ class RootSetup(Record):
         self.userns = userns
         self.cgroup_namespace = cgroup_namespace
         self.sysfs_fd = -1
+        self.cgroup_v1 = []
 
     def close(self) -> None:
-        for fd in [self.root_fd, self.sysfs_fd, *(bind[0] for bind in self.binds)]:
+        for fd in [self.root_fd, self.sysfs_fd, *(bind[0] for bind in self.binds), *(tree[0] for tree in self.cgroup_v1)]:
             if fd >= 0:
                 os.close(fd)
         self.root_fd = self.sysfs_fd = -1
         self.binds = []
+        self.cgroup_v1 = []
 
 
 def open_trees(fs: TaskFilesystem, mount_point: str, *, own_ipc: bool, idmap: IdMap | None = None) -> RootSetup:
@@ -759,6 +764,15 @@ def _idmap(fd: int, idmap: IdMap, *, recursive: bool, what: str) -> None:
     except OSError as exc:
         reason = "its filesystem cannot be id-mapped" if exc.errno == errno.EINVAL else exc.strerror
         raise FailedPrecondition(f"cannot id-map {what} for the pod's user namespace: {reason}") from None
+
+
+def open_cgroup_trees(setup: RootSetup, directories: Mapping[str, str]) -> None:
+    """On cgroup v1, take the task's cgroup ``directories`` (mount point of a v1 hierarchy -> the
+    task's directory in it) for its /sys/fs/cgroup, as runc makes it: each under the name of the
+    host's mount point. FailedPrecondition names one that cannot be taken."""
+    for mountpoint, directory in sorted(directories.items()):
+        setup.cgroup_v1.append((_open_tree(directory, recursive=False, what="the task's cgroup"),
+                                os.path.basename(mountpoint.rstrip("/"))))
 
 
 def _open_tree(path: str, *, recursive: bool, what: str) -> int:
@@ -889,6 +903,40 @@ def _standard_mounts(setup: RootSetup, root_fd: int, step: list[str]) -> None:
             os.close(cgroup2)
             raise
         _attach(cgroup2, target)
+    if setup.cgroup_v1:
+        _cgroup_v1_mounts(setup, root_fd, nosuid_nodev_noexec, step)
+
+
+def _cgroup_v1_mounts(setup: RootSetup, root_fd: int, nosuid_nodev_noexec: int, step: list[str]) -> None:
+    """/sys/fs/cgroup on cgroup v1, as runc makes it: a tmpfs holding, for each hierarchy, the
+    task's own cgroup directory bound under the host's name for it, a link for each controller of
+    a co-mounted one (cpu -> cpu,cpuacct); read-only unless the task is privileged."""
+    step[0] = "mounting a tmpfs on /sys/fs/cgroup"
+    tmpfs = linux.new_mount("tmpfs", "tmpfs", [("mode", "755")], nosuid_nodev_noexec)
+    try:
+        target = os.open("sys/fs/cgroup", os.O_PATH | os.O_NOFOLLOW | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=root_fd)
+        try:
+            linux.move_mount(tmpfs, target)
+        finally:
+            os.close(target)
+        names = {name for _, name in setup.cgroup_v1}
+        for fd, name in setup.cgroup_v1:
+            step[0] = f"binding the task's cgroup on /sys/fs/cgroup/{name}"
+            os.mkdir(name, 0o755, dir_fd=tmpfs)
+            target = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=tmpfs)
+            try:
+                linux.move_mount(fd, target)
+            finally:
+                os.close(target)
+            linux.mount_setattr(fd, flags=nosuid_nodev_noexec | (0 if setup.privileged else linux.MS_RDONLY))
+            for controller in name.split(","):
+                if controller != name and controller not in names:
+                    os.symlink(name, controller, dir_fd=tmpfs)
+        if not setup.privileged:
+            step[0] = "making /sys/fs/cgroup read-only"
+            linux.mount_setattr(tmpfs, flags=linux.MS_RDONLY)
+    finally:
+        os.close(tmpfs)
 
 
 def _dev_entries(setup: RootSetup, dev: int, step: list[str]) -> None:

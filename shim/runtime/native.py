@@ -12,7 +12,7 @@ from typing import Any
 from shim.kernel.linux import CLONE_NEWCGROUP, CLONE_NEWIPC, CLONE_NEWNET, CLONE_NEWNS, CLONE_NEWPID, CLONE_NEWUSER, CLONE_NEWUTS
 from shim.kernel.userns import IdMap
 from shim.kernel.reaper import Reaper
-from shim.kernel.cgroups.hierarchies import discover_hierarchies, pure_v2
+from shim.kernel.cgroups.hierarchies import V2, discover_hierarchies, pure_v2
 from shim.runtime import console, mounts, pause, process
 from shim.runtime.base import CONTAINER, POD, TARGET, ExecSpec, Runtime, TaskSpec
 from shim.rpc.status import FailedPrecondition, Internal
@@ -46,8 +46,17 @@ class NativeRuntime(Runtime):
             if idmap is not None:
                 idmap.close()
         root.devices = (*root.devices, *spec.devices)
-        # On cgroup v2 a task sees its own cgroup as the root, as runc and crun make it there.
-        root.cgroup_namespace = pure_v2(discover_hierarchies())
+        # On cgroup v2 a task sees its own cgroup as the root, as runc and crun make it there; on
+        # v1 its own cgroup directories are bound on /sys/fs/cgroup, as runc makes them.
+        hierarchies = discover_hierarchies()
+        root.cgroup_namespace = pure_v2(hierarchies)
+        if not root.cgroup_namespace:
+            try:
+                mounts.open_cgroup_trees(root, {h.mountpoint: spec.cgroup.paths[h.key] for h in hierarchies
+                                                if h.key != V2 and h.key in spec.cgroup.paths})
+            except BaseException:
+                root.close()
+                raise
         if root.userns and root.devices:
             root.close()
             raise FailedPrecondition(f"task {spec.task_id}'s devices cannot be made in the pod's user namespace")

@@ -13,6 +13,7 @@ import subprocess
 import pytest
 
 from shim.kernel.cgroups import systemd
+from shim.kernel.cgroups.hierarchies import discover_hierarchies, pure_v2
 from shim.rpc import FailedPrecondition, InvalidArgument
 from shim.runtime.execsync import EXEC_OUTPUT_LIMIT_BYTES
 from shimtools import host_untouched  # noqa: F401  (autouse: what this module's shims made is checked at the end)
@@ -355,3 +356,19 @@ async def test_reopen_log_that_cannot_open_the_file_keeps_the_old_one(pod):
         await pod.call("ReopenLog", task_id="app")
     reply = await pod.call("Exec", task_id="app", args=["true"])  # the task is unharmed
     assert reply["exit_status"] == 0
+
+
+@pytest.mark.skipif(pure_v2(discover_hierarchies()), reason="cgroup v1: a pure v2 host mounts cgroup2 instead")
+async def test_on_cgroup_v1_a_task_has_its_own_cgroups_on_sys_fs_cgroup_read_only_as_runc_makes_them(pod, request):
+    # kubelet's e2e reads a container's limits there (in-place resize: /sys/fs/cgroup/cpu/cpu.cfs_quota_us).
+    if request.node.callspec.params["pod"] != "native":
+        pytest.skip("runc and crun tasks: their config.json has no cgroup mount yet (docs/handlers.md)")
+    await pod.run("app", "sh", "-c", "cat /sys/fs/cgroup/memory/memory.limit_in_bytes /sys/fs/cgroup/cpu/cpu.cfs_quota_us; "
+                  "cat /sys/fs/cgroup/pids/cgroup.procs | wc -l; "
+                  "(echo 1 > /sys/fs/cgroup/cpu/cpu.shares) 2>/dev/null || echo read-only",
+                  resources={"memory_limit_bytes": 96 << 20, "cpu_quota_us": 50000, "cpu_period_us": 100000})
+    assert (await pod.call("Wait", task_id="app", timeout=60))["exit_status"] == 0
+    said = [line.split(" ", 3)[3] for line in read(pod.log_path("app")).splitlines()]
+    assert said[:2] == [str(96 << 20), "50000"], said
+    assert 1 <= int(said[2]) <= 3, said  # the task's own cgroup: its processes, not the machine's
+    assert said[3] == "read-only", said
