@@ -94,7 +94,10 @@ def test_an_exec_and_the_pods_namespaces_are_the_containers(daemon, crictl, user
     mounts = _exec(daemon, crictl, container_id, "cat /proc/self/mountinfo").splitlines()
     sys_lines = [line.split() for line in mounts if line.split()[4] == "/sys"]
     assert len(sys_lines) == 1 and "ro" in sys_lines[0][5].split(","), sys_lines
-    assert not [line for line in mounts if line.split()[4].startswith("/sys/fs/cgroup/")]
+    # Below /sys/fs/cgroup only the container's own cgroups (cgroup v1: its directory in each
+    # hierarchy, as runc binds them), never the host's hierarchies.
+    cgroups = [line.split() for line in mounts if line.split()[4].startswith("/sys/fs/cgroup/")]
+    assert all(fields[3].rsplit("/", 1)[-1] == container_id for fields in cgroups), cgroups
 
 
 def _pids_of(pid: int) -> list[int]:
