@@ -14,7 +14,7 @@ from google.protobuf.descriptor import MethodDescriptor
 from google.protobuf.message import Message
 
 from client.criapi import api_pb2, api_pb2_grpc
-from client.podshimd import chunks, server
+from client.podshimd import checkpoints, chunks, server
 from client.podshimd.handlers import Handlers
 
 from client.cri.resources import pod_resources
@@ -66,7 +66,27 @@ def test_checkpoints_are_refused_saying_why(daemon):
         daemon.runtime().CheckpointPod(api_pb2.CheckpointPodRequest(pod_sandbox_id="x", output_path="/tmp/x.tar"))
     assert failed.value.code() == grpc.StatusCode.UNIMPLEMENTED
     assert failed.value.details() == ("CheckpointPod is not supported: podshim cannot checkpoint or restore "
-                                      "processes yet (no CRIU support in any runtime handler)")
+                                      f"processes ({checkpoints.criu_state()})")
+
+
+@pytest.mark.parametrize("script, said", [
+    # Debian 12's criu 3.17.1 on Linux 6.13 and later (it does not know the [vvar_vclock] mapping).
+    ("echo 'Error (criu/vdso.c:381): vdso: Unexpected rt vDSO area bounds' >&2\necho 'Error (criu/crtools.c:260): "
+     "Could not initialize kernel features detection.' >&2\nexit 1",
+     f"check fails on Linux {os.uname().release}: Error (criu/vdso.c:381): vdso: Unexpected rt vDSO area bounds"),
+    ("exit 0", "check passes, but podshim has no checkpoint code"),
+])
+def test_the_reason_is_what_criu_check_finds(tmp_path, script, said):
+    criu = tmp_path / "criu"
+    criu.write_text(f"#!/bin/sh\n[ \"$1\" = check ] || exit 2\n{script}\n")
+    criu.chmod(0o755)
+    assert checkpoints.criu_state(str(criu)) == f"{criu} {said}"
+
+
+def test_the_reason_says_when_criu_is_not_installed(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.setattr(checkpoints, "DEFAULT_PATH", str(tmp_path))
+    assert checkpoints.criu_state() == "criu is not installed"
 
 
 # -- RuntimeConfig and Status ----------------------------------------------------------------------
@@ -337,7 +357,7 @@ def test_crictl_checkpoint_says_podshim_cannot(daemon, crictl, pod, tmp_path):
                                                    timeout=CALL_TIMEOUT).containers[0].id
     failed = daemon.crictl(crictl, "checkpoint", "--export", str(tmp_path / "c.tar"), container_id, check=False)
     assert failed.returncode != 0 and "code = Unimplemented desc = CheckpointContainer is not supported: podshim " \
-        "cannot checkpoint or restore processes yet" in failed.stderr
+        f"cannot checkpoint or restore processes ({checkpoints.criu_state()})" in failed.stderr
     assert not (tmp_path / "c.tar").exists()
 
 

@@ -15,6 +15,7 @@ import grpc
 import pytest
 
 from client.criapi import api_pb2
+from client.podshimd import checkpoints
 from critools import podshimd_argv, running_podshimd
 
 BRIDGE_CONFLIST = {
@@ -102,7 +103,7 @@ def test_methods_not_implemented_yet_answer_unimplemented_with_a_sentence(daemon
         daemon.runtime().CheckpointContainer(api_pb2.CheckpointContainerRequest(container_id="x"))
     assert failed.value.code() == grpc.StatusCode.UNIMPLEMENTED
     assert failed.value.details() == ("CheckpointContainer is not supported: podshim cannot checkpoint or restore "
-                                      "processes yet (no CRIU support in any runtime handler)")
+                                      f"processes ({checkpoints.criu_state()})")
 
 
 # -- the socket ------------------------------------------------------------------------------------
