@@ -6,7 +6,10 @@ a read-only view of the image's unpacked layers (:meth:`client.images.snapshots.
 snapshot ``imagevolume-<pod id>-<image id hex>``) mounted on the node at
 ``<state root>/image-volumes/<pod id>/<image id hex>``, and each container binds it (or its
 directory ``image_sub_path``, resolved inside the image: never out of it through ``..`` or a
-symbolic link) read-only at its ``container_path``. Unlike containerd, which keeps a pod's volumes
+symbolic link) read-only at its ``container_path``. In a pod with a user namespace, as containerd
+2 does, the view's layers are id-mapped with the pod's mappings (:func:`shim.runtime.mounts.mount_rootfs`,
+as a rootfs's lower layers are), so the image's files show their owners as in the image inside
+the pod; a one-layer view (a bind) is id-mapped by the shim as any bind is. Unlike containerd, which keeps a pod's volumes
 until the pod goes, a volume is released (unmounted, its snapshot removed) when the last container
 of the pod that uses it is removed.
 
@@ -29,7 +32,9 @@ import anyio
 
 from shim.rpc.files import ensure_private_dir
 from shim.rpc.status import FailedPrecondition, InvalidArgument, RpcError
-from shim.runtime.mounts import is_mount_point, mount_rootfs, open_in_root, parse_rootfs, unmount_rootfs
+from shim.kernel.userns import IdMap
+from shim.runtime.mounts import (is_mount_point, mount_rootfs, open_in_root, parse_rootfs, root_needs_idmap,
+                                  unmount_rootfs)
 
 from client.cri.configs import Mount
 from client.cri.rootfs import ImageLookup, Snapshotter, call, mount_dicts
@@ -74,14 +79,19 @@ class ImageVolumes:
                 ids[mount.container_path] = image.image_id
         return ids
 
-    async def mount(self, pod_id: str, mounts: Sequence[Mount], image_ids: Mapping[str, str]) -> dict[str, str]:
+    async def mount(self, pod_id: str, mounts: Sequence[Mount], image_ids: Mapping[str, str],
+                    userns_pid: int | None = None) -> tuple[dict[str, str], set[str]]:
         """Mount the pod's volume of each image in ``image_ids`` (from :meth:`resolve`) unless it is
-        mounted already, and return what each container path binds (the node path the shim binds). InvalidArgument for an
+        mounted already; ``userns_pid`` is the pod's pause when the pod has a user namespace, whose
+        mappings a volume's layers are id-mapped with. Returns what each container path binds (the
+        node path the shim binds) and the container paths whose source is id-mapped already (an
+        overlay of id-mapped layers, which the shim binds as it is). InvalidArgument for an
         ``image_sub_path`` that is not a directory of the image; FailedPrecondition when the
         volume cannot be made (what this call mounted is released again)."""
         if image_ids and self.snapshots is None:
             raise FailedPrecondition("this runtime has no snapshotter to make an image volume from")
         sources: dict[str, str] = {}
+        idmapped: set[str] = set()
         made: list[str] = []
         try:
             for mount in mounts:
@@ -91,17 +101,19 @@ class ImageVolumes:
                 target = self._target(pod_id, image_id)
                 if not await anyio.to_thread.run_sync(is_mount_point, target):
                     image = await call(self.images.container_image, image_id)
-                    await self._make(pod_id, image_id, image.chain_id)
+                    await self._make(pod_id, image_id, image.chain_id, userns_pid)
                     made.append(image_id)
                 sources[mount.container_path] = await anyio.to_thread.run_sync(
                     _sub_path, target, mount.image_sub_path, mount.image_reference)
+                if userns_pid is not None and not await anyio.to_thread.run_sync(root_needs_idmap, target):
+                    idmapped.add(mount.container_path)
         except BaseException:
             with anyio.CancelScope(shield=True):
                 await self.release(pod_id, made)
             raise
-        return sources
+        return sources, idmapped
 
-    async def _make(self, pod_id: str, image_id: str, chain_id: str) -> None:
+    async def _make(self, pod_id: str, image_id: str, chain_id: str, userns_pid: int | None) -> None:
         assert self.snapshots is not None
         key = self._key(pod_id, image_id)
         await call(self.snapshots.remove, key)  # a leftover of a volume that was not mounted to the end
@@ -111,7 +123,14 @@ class ImageVolumes:
         def attach() -> None:
             ensure_private_dir(self.root, 0o700)
             ensure_private_dir(os.path.dirname(target), 0o700)
-            mount_rootfs(parse_rootfs({"rootfs": mounts}), target)
+            idmap = IdMap.of_process(userns_pid) if userns_pid is not None else None
+            if userns_pid is not None and idmap is None:
+                raise FailedPrecondition(f"the pod's pause ({userns_pid}) is not in a user namespace")
+            try:
+                mount_rootfs(parse_rootfs({"rootfs": mounts}), target, idmap)
+            finally:
+                if idmap is not None:
+                    idmap.close()
 
         try:
             await anyio.to_thread.run_sync(attach)

@@ -22,7 +22,7 @@ As containerd's CRI plugin (``WithMounts``, ``containerMounts``):
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from typing import Any
 
 from shim.kernel import mountinfo as mount_table
@@ -90,21 +90,23 @@ def _host_source(mount: Mount) -> str:
 
 
 def wire_mount(destination: str, source: str, *, readonly: bool, propagation: str = "rprivate",
-               recursive_read_only: bool = False) -> dict[str, Any]:
+               recursive_read_only: bool = False, idmapped: bool = False) -> dict[str, Any]:
     """One Task.Create mount: a recursive bind of ``source`` at ``destination`` (``rro``: every
-    mount below it read-only too)."""
+    mount below it read-only too; ``idmapped``: the source is id-mapped for the pod's user
+    namespace already, the shim binds it as it is)."""
     return {"destination": destination, "source": source, "type": "bind",
             "options": ["rbind", propagation, *(["ro"] if readonly else []),
-                        *(["rro"] if recursive_read_only else [])]}
+                        *(["rro"] if recursive_read_only else []), *(["idmapped"] if idmapped else [])]}
 
 
 def container_mounts(mounts: Iterable[Mount], pod_files: Mapping[str, str], *, readonly_rootfs: bool,
-                     mountinfo: str | None = None, image_sources: Mapping[str, str] | None = None
-                     ) -> list[dict[str, Any]]:
+                     mountinfo: str | None = None, image_sources: Mapping[str, str] | None = None,
+                     idmapped: Collection[str] = ()) -> list[dict[str, Any]]:
     """Task.Create ``mounts`` for a container: ``pod_files`` (container path → node path) not
     overridden by a CRI mount, then the CRI ``mounts`` in their order. ``mountinfo`` is the text of
     /proc/self/mountinfo (read when needed and not given). ``image_sources`` (container path →
-    node path) are what the image volumes bind (:mod:`client.cri.imagevolumes`). Makes missing host
+    node path) are what the image volumes bind (:mod:`client.cri.imagevolumes`), those of the container
+    paths in ``idmapped`` id-mapped for the pod's user namespace already. Makes missing host
     paths; raises FailedPrecondition for a host path that cannot be used or has the wrong
     propagation."""
     mounts = list(mounts)
@@ -134,5 +136,6 @@ def container_mounts(mounts: Iterable[Mount], pod_files: Mapping[str, str], *, r
             raise InvalidArgument(f"mount {mount.container_path}: unknown propagation {mount.propagation!r}")
         out.append(wire_mount(mount.container_path, source, readonly=mount.readonly,
                               propagation=PROPAGATION_OPTIONS[mount.propagation],
-                              recursive_read_only=mount.recursive_read_only))
+                              recursive_read_only=mount.recursive_read_only,
+                              idmapped=mount.container_path in idmapped))
     return out

@@ -58,8 +58,11 @@ _ROOTFS_FLAGS = {
 _MS_PROPAGATION = {"rprivate": linux.MS_PRIVATE | linux.MS_REC, "private": linux.MS_PRIVATE,
                    "rslave": linux.MS_SLAVE | linux.MS_REC, "slave": linux.MS_SLAVE,
                    "rshared": linux.MS_SHARED | linux.MS_REC, "shared": linux.MS_SHARED}
-#: The options of a ``mounts`` entry (a bind): read-only or not, recursive or not, propagation, flags.
-_BIND_OPTIONS = frozenset({"ro", "rro", "rw", "bind", "rbind", "nosuid", "nodev", "noexec", *_MS_PROPAGATION})
+#: The options of a ``mounts`` entry (a bind): read-only or not, recursive or not, propagation, flags,
+#: and ``idmapped``: its source is id-mapped for the pod's user namespace already (an image volume's
+#: overlay of id-mapped layers, which cannot be id-mapped itself), so it is bound as it is.
+_BIND_OPTIONS = frozenset({"ro", "rro", "rw", "bind", "rbind", "nosuid", "nodev", "noexec", "idmapped",
+                           *_MS_PROPAGATION})
 _BIND_FLAGS = {"ro": linux.MS_RDONLY, "nosuid": linux.MS_NOSUID, "nodev": linux.MS_NODEV, "noexec": linux.MS_NOEXEC}
 #: The flags set on the bind and on every mount below it (mount_setattr with AT_RECURSIVE): OCI's ``rro``.
 _BIND_RECURSIVE_FLAGS = {"rro": linux.MS_RDONLY}
@@ -116,13 +119,18 @@ class BindMount(Record):
         return "rbind" in self.options
 
     @property
+    def idmapped(self) -> bool:
+        """Whether the source is id-mapped for the pod's user namespace already."""
+        return "idmapped" in self.options
+
+    @property
     def propagation(self) -> str:
         """The last propagation option given; ``rprivate`` by default."""
         return next((o for o in reversed(self.options) if o in _MS_PROPAGATION), "rprivate")
 
     def to_oci(self) -> dict[str, Any]:
         """The OCI mount: the options as given, with the bind kind and propagation made explicit."""
-        options = list(self.options)
+        options = [o for o in self.options if o != "idmapped"]
         if "bind" not in options and "rbind" not in options:
             options.insert(0, "rbind" if self.recursive else "bind")
         if not any(o in _MS_PROPAGATION for o in options):
@@ -727,9 +735,10 @@ def open_root(mount_point: str, idmap: IdMap) -> int:
 
 def open_source(mount: BindMount, index: int, idmap: IdMap | None) -> int:
     """A detached copy of the source of ``mounts[index]`` (recursive as the bind is), id-mapped
-    with ``idmap`` when given; FailedPrecondition names a source that cannot be taken or id-mapped."""
+    with ``idmap`` when given unless it is already (``idmapped``); FailedPrecondition names a
+    source that cannot be taken or id-mapped."""
     fd = _open_tree(mount.source, recursive=mount.recursive, what=f"mounts[{index}].source")
-    if idmap is not None:
+    if idmap is not None and not mount.idmapped:
         try:
             _idmap(fd, idmap, recursive=mount.recursive, what=f"mounts[{index}].source {mount.source}")
         except BaseException:

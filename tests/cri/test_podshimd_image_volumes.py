@@ -1,7 +1,8 @@
 """Image volumes through the real crictl and podshimd: a container's mount of an image (CRI
 ``Mount.image``) shows the image's files read-only, or its directory ``image_sub_path`` (resolved
 inside the image), on every runtime handler; RemoveImage is refused while a container mounts the
-image; the pod's volume is kept while a container uses it and released with the last one, also
+image; in a pod with a user namespace, the image's files show their owners as in the image;
+the pod's volume is kept while a container uses it and released with the last one, also
 after a podshimd that died in the middle of a CreateContainer; nothing is left (mounts, snapshots,
 directories)."""
 
@@ -24,8 +25,11 @@ HANDLERS = ["native"] + [h for h in ("runc", "crun") if shutil.which(h, path="/u
 #: The files of the volume image: two layers over none (an overlay of lower layers alone).
 VOLUME_LAYERS = [
     {"data/hello.txt": "hello from the image\n", "inside/marker": "the image's own\n"},
-    [Entry("data/up", "symlink", target="/../../../../inside"), Entry("data/more/deep.txt", data=b"deep\n")],
+    [Entry("data/up", "symlink", target="/../../../../inside"), Entry("data/more/deep.txt", data=b"deep\n"),
+     Entry("data/owned", data=b"not root's\n", uid=1000, gid=2000)],
 ]
+#: The mappings of a pod's user namespace (kubelet's for ``hostUsers: false``): a range no other test's pod is given.
+USERNS_MAPPING = [{"container_id": 0, "host_id": 3_000_000 + (os.getpid() % 500) * 65536, "length": 65536}]
 
 
 @pytest.fixture(scope="module")
@@ -227,19 +231,36 @@ def test_volumes_in_use_survive_a_restart_and_a_dead_creates_volume_is_released(
         shutil.rmtree(directory)
 
 
-def test_a_pod_with_a_user_namespace_is_refused_an_image_volume_with_a_sentence(daemon, crictl, images, tmp_path):
-    image_id = pull(daemon, crictl, images["single"])
+@pytest.mark.parametrize("handler", HANDLERS)
+@pytest.mark.parametrize("kind", ["layered", "single"])
+def test_in_a_pod_with_a_user_namespace_the_volume_shows_the_images_owners_read_only(daemon, crictl, images,
+                                                                                   tmp_path, handler, kind):
+    image_id = pull(daemon, crictl, images[kind])
     config = pod_config()
-    mapping = [{"container_id": 0, "host_id": 3_000_000 + (os.getpid() % 500) * 65536, "length": 65536}]
     config["linux"]["security_context"]["namespace_options"]["userns_options"] = {
-        "mode": 0, "uids": mapping, "gids": mapping}
+        "mode": 0, "uids": USERNS_MAPPING, "gids": USERNS_MAPPING}
     path = tmp_path / "pod.json"
     path.write_text(json.dumps(config))
-    pod = (daemon.crictl(crictl, "runp", str(path)).stdout.strip(), str(path))
-    with pytest.raises(grpc.RpcError) as raised:
-        daemon.create_container(pod[0], {**container_config(["sleep", "600"]), "mounts": [volume(image_id)], "linux": {
-            "security_context": {"namespace_options": {"userns_options": {"mode": 0, "uids": mapping,
-                                                                          "gids": mapping}}}}}, pod[1])
-    assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert "mount /vol is an image volume, which podshim cannot id-map yet" in raised.value.details()
+    pod = (daemon.crictl(crictl, "runp", "--runtime", handler, str(path)).stdout.strip(), str(path))
+    container_id = create(daemon, crictl, tmp_path, pod, volume(image_id), volume(image_id, "/sub", "data")
+                          if kind == "layered" else volume(image_id, "/sub", "only"))
+    daemon.crictl(crictl, "start", container_id)
+    assert sh(daemon, crictl, container_id, "cat /proc/self/uid_map").stdout.split() == \
+        ["0", str(USERNS_MAPPING[0]["host_id"]), "65536"]
+    if kind == "layered":  # an overlay of the image's layers, each id-mapped with the pod's mappings
+        owners = "stat -c '%n %u:%g' /vol/data/hello.txt /vol/data/owned /vol/inside /sub/owned"
+        assert sh(daemon, crictl, container_id, owners).stdout.split("\n")[:4] == [
+            "/vol/data/hello.txt 0:0", "/vol/data/owned 1000:2000", "/vol/inside 0:0", "/sub/owned 1000:2000"]
+    else:  # one layer: a bind of it, id-mapped as every bind of the pod
+        owners = "stat -c '%n %u:%g' /vol/only/one.txt /sub/one.txt"
+        assert sh(daemon, crictl, container_id, owners).stdout.split("\n")[:2] == [
+            "/vol/only/one.txt 0:0", "/sub/one.txt 0:0"]
+    for target in ("/vol/new", "/sub/new"):
+        write = sh(daemon, crictl, container_id, f"touch {target}", check=False)
+        assert write.returncode != 0 and "Read-only file system" in write.stderr
+    assert len(leftovers(daemon)[0]) == 1
+    daemon.crictl(crictl, "rm", "-f", container_id)
+    assert leftovers(daemon) == ([], [], [])
+    daemon.crictl(crictl, "start", create(daemon, crictl, tmp_path, pod, volume(image_id), name="again"))
+    daemon.crictl(crictl, "rmp", "-f", pod[0])
     assert leftovers(daemon) == ([], [], [])

@@ -20,6 +20,7 @@ import time
 import pytest
 
 from shim.runtime import pause, process
+from shim.runtime.mounts import BindMount
 from shim.runtime.oci import cli, rootfs as pause_rootfs, spec as specs
 from shim.kernel import devices, linux
 from shim.kernel.reaper import Reaper
@@ -453,3 +454,10 @@ async def test_an_unknown_runtime_handler_is_refused(roots):
         with pytest.raises(InvalidArgument, match="runtime handler"):
             await pods.run_pod_sandbox(pod_config(), runtime_handler="kata")
         assert pods.store.list() == []
+
+
+def test_a_bind_whose_source_is_id_mapped_already_says_so_to_the_shim_only():
+    bind = BindMount("/vol", "/state/image-volumes/p/i", ("rbind", "rprivate", "ro", "idmapped"))
+    assert bind.idmapped and not BindMount("/vol", "/s", ("rbind",)).idmapped
+    assert bind.to_oci() == {"destination": "/vol", "type": "bind", "source": "/state/image-volumes/p/i",
+                             "options": ["rbind", "rprivate", "ro"]}

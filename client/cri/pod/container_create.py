@@ -55,9 +55,6 @@ class ContainerCreate(PodServiceBase):
             process = container_process(cfg, image.config if image else None,
                                         hostname=pod_cfg.hostname or socket.gethostname())
             volume_ids = await self.image_volumes.resolve(cfg.mounts)
-            if volume_ids and pod_cfg.namespace_options.userns is not None:
-                raise InvalidArgument(f"mount {next(iter(volume_ids))} is an image volume, which podshim cannot "
-                                      "id-map yet: a pod with a user namespace cannot have one")
             confinement = security.task_fields(cfg.security, pod_privileged=pod_cfg.security.privileged,
                                                read_file=await self._user_files(image), image_user=process.image_user)
             devices = cdi.resolve(cfg.cdi_devices, self.cdi_spec_dirs)
@@ -71,9 +68,11 @@ class ContainerCreate(PodServiceBase):
                 image_id=image.image_id if image else "", image_ref=image.image_ref if image else "",
                 image_name=image.name if image else "", image_volumes=volume_ids, user=dict(user)))
             try:
-                volumes = await self.image_volumes.mount(pod.pod_id, cfg.mounts, volume_ids)
+                volumes, idmapped = await self.image_volumes.mount(
+                    pod.pod_id, cfg.mounts, volume_ids,
+                    pod.pid if pod_cfg.namespace_options.userns is not None else None)
                 mounts = container_mounts(cfg.mounts, self._pod_files(pod.pod_id), readonly_rootfs=cfg.readonly_rootfs,
-                                          image_sources=volumes)
+                                          image_sources=volumes, idmapped=idmapped)
                 mounts += devices.mounts
                 rootfs = await self._prepare_rootfs(container_id, image)
                 failpoint("create:after-rootfs")
