@@ -173,9 +173,9 @@ def memory(pid: int) -> Memory:
 def template_memory(pid: int, runtime_root: str) -> Memory:
     """The fixed cost of a shim template: the template, its spare shim and the spare's
     intermediate child (its only children), summed."""
-    from shim.paths import control_socket_path
+    from shim.api.paths import control_socket_path
     from shim.rpc import blocking
-    from shim.rpc.api import TEMPLATE_SERVICE
+    from shim.api.names import TEMPLATE_SERVICE
 
     pids = {pid, *children_of(pid)}
     try:
@@ -413,7 +413,7 @@ async def running_sandbox(base: str, sandbox_id: str, *, namespace: str = "bench
     import sys
 
     from shim.rpc import Client
-    from shim.rpc.api import SANDBOX_SERVICE
+    from shim.api.names import SANDBOX_SERVICE
 
     argv = [sys.executable, "-m", "shim", "--namespace", namespace, "--id", sandbox_id,
             "--bundle", f"{base}/bundle", "--runtime-root", f"{base}/run"]
@@ -441,7 +441,7 @@ async def running_sandbox(base: str, sandbox_id: str, *, namespace: str = "bench
 async def task_cycle(call: Callable[..., Awaitable[dict]], task_id: str, **fields) -> tuple[float, float]:
     """Create, Start, Kill (SIGKILL), Wait and Delete the task ``task_id`` (Create's ``fields``
     besides the id); (Create's, Start's) seconds."""
-    from shim.rpc.api import TASK_SERVICE
+    from shim.api.names import TASK_SERVICE
 
     t0 = time.perf_counter()
     await call(TASK_SERVICE, "Create", task_id=task_id, **fields)

@@ -33,7 +33,7 @@ from bench.common import NODE_ROOT, running_sandbox, task_cycle
 from client.cri.seccomp_default import default_profile
 from client.cri.security import held_capabilities
 from shim.kernel import seccomp
-from shim.runtime.confine import DEFAULT_CAPABILITIES
+from shim.api.defaults import DEFAULT_CAPABILITIES
 
 NAMESPACE = "bench"
 TIMEOUT = 10.0

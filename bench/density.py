@@ -26,9 +26,9 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 from bench.common import template_memory  # noqa: E402
 from client.controller import Controller  # noqa: E402
-from shim.paths import control_socket_path  # noqa: E402
+from shim.api.paths import control_socket_path  # noqa: E402
 from shim.rpc import blocking  # noqa: E402
-from shim.rpc.api import TEMPLATE_SERVICE  # noqa: E402
+from shim.api.names import TEMPLATE_SERVICE  # noqa: E402
 
 NAMESPACE = "density"
 

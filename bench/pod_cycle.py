@@ -36,7 +36,7 @@ from bench.common import percentile  # noqa: E402
 from client.cri.pod import open_pod_service  # noqa: E402
 from shim.launch.template import stop_template  # noqa: E402
 from shim.runtime import process  # noqa: E402
-from shim.sandbox.options import NATIVE, RUNTIME_HANDLERS  # noqa: E402
+from shim.api.handlers import NATIVE, RUNTIME_HANDLERS  # noqa: E402
 
 PHASES = ("runp", "stopp", "rmp")
 

@@ -39,7 +39,7 @@ sys.path.insert(0, REPO)
 from bench.common import Memory, code_of, floor_cycle, memory, percentile, wait_pidfd  # noqa: E402
 from bench.compare.run import PythonCommand, podshim_commands  # noqa: E402
 from shim.rpc import Client  # noqa: E402
-from shim.rpc.api import SANDBOX_SERVICE  # noqa: E402
+from shim.api.names import SANDBOX_SERVICE  # noqa: E402
 
 PHASES = ("spawn", "create", "start", "stop", "shutdown")
 NAMESPACE = "bench"

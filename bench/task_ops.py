@@ -24,7 +24,7 @@ import time
 
 from bench.common import NODE_ROOT
 from shim.rpc import Client
-from shim.rpc.api import SANDBOX_SERVICE, TASK_SERVICE
+from shim.api.names import SANDBOX_SERVICE, TASK_SERVICE
 
 NAMESPACE = "bench"
 TIMEOUT = 30.0

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 
-from shim.rpc.files import write_atomic
+from shim.lib.files import write_atomic
 from shim.rpc.status import FailedPrecondition, error_from_oserror
 
 __all__ = ["MARKER", "BUNDLE_ROOT", "BUNDLE", "POD_ROOT", "SANDBOXES_DIR", "marked_as", "mark", "check", "claim"]

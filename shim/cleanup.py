@@ -2,7 +2,7 @@
 
 Safe to repeat and safe at any point of a crash: every step checks before it acts. Processes
 are named by pid *and* start time and killed through a pidfd opened before the start time is
-compared (:func:`shim.rpc.processes.open_pidfd`), so a reused pid is never killed; a process
+compared (:func:`shim.lib.processes.open_pidfd`), so a reused pid is never killed; a process
 recorded without a start time is never signalled.
 
 Two deletes of one sandbox at once (the Controller's dead-shim cleanup and an operator's, or a
@@ -21,10 +21,10 @@ import time
 from collections.abc import Iterator, Mapping
 
 from shim.kernel import cgroups, netns
-from shim.paths import STATE_FILE, socket_path
-from shim.rpc.api import UNKNOWN_EXIT_STATUS
-from shim.rpc.files import flock_open
-from shim.rpc.processes import open_pidfd, wait_pidfd
+from shim.api.paths import STATE_FILE, socket_path
+from shim.api.names import UNKNOWN_EXIT_STATUS
+from shim.lib.files import flock_open
+from shim.lib.processes import open_pidfd, wait_pidfd
 from shim.rpc.status import RpcError
 from shim.runtime import mounts
 from shim.runtime.oci.backend import delete_recorded

@@ -12,41 +12,27 @@ import logging
 import os
 import signal
 import socket
-import sys
-import time
 from collections.abc import Callable, Coroutine
 from typing import Any, Protocol
 
 from shim.sandbox.events import EventBus
 from shim.kernel.linux import set_process_name
 from shim.launch.install import long_running
-from shim.launch.notify import Notifier
+from shim.lib.notify import Notifier
 from shim.kernel.reaper import Reaper
 from shim.rpc.channel import install_uvloop
-from shim.rpc.files import unlink_quietly
+from shim.lib.files import unlink_quietly
 from shim.rpc.server import Server
 from shim.sandbox.sandbox import Sandbox, ShimConfig, State
 from shim.sandbox.service import SandboxService, register
 from shim.sandbox.task_service import TaskService, register_tasks
 
-__all__ = ["SHUTDOWN_TIMEOUT", "SpareChannel", "serve_forever", "serve_when_assigned", "setup_logging"]
+__all__ = ["SHUTDOWN_TIMEOUT", "SpareChannel", "serve_forever", "serve_when_assigned"]
 
 log = logging.getLogger("shim")
 
 #: How long in-flight answers get to leave once the shim decided to exit (containerd: 3 s).
 SHUTDOWN_TIMEOUT = 3.0
-
-
-def setup_logging(debug: bool = False) -> None:
-    """Log lines with a UTC timestamp to stderr (the bundle's log file for a detached shim)."""
-    handler = logging.StreamHandler(sys.stderr)
-    formatter = logging.Formatter("%(asctime)s.%(msecs)03dZ %(levelname)s %(name)s[%(process)d]: %(message)s",
-                                  "%Y-%m-%dT%H:%M:%S")
-    formatter.converter = time.gmtime
-    handler.setFormatter(formatter)
-    root = logging.getLogger()
-    root.handlers[:] = [handler]
-    root.setLevel(logging.DEBUG if debug else logging.INFO)
 
 
 def serve_forever(config: ShimConfig, listener: socket.socket, *, owns_socket: bool = True,

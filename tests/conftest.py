@@ -169,9 +169,9 @@ class _SessionTemplate:
         import subprocess
         import sys
 
-        from shim.paths import control_socket_path
+        from shim.api.paths import control_socket_path
         from shim.rpc import blocking
-        from shim.rpc.api import TEMPLATE_SERVICE
+        from shim.api.names import TEMPLATE_SERVICE
 
         path = control_socket_path(self.root)
         try:
@@ -207,7 +207,7 @@ def spawn_mode(request, session_template, monkeypatch):
     $PODSHIM_TEMPLATE_SOCKET. (Tests that use neither get the default: the runtime root's own
     template, started on first use; their fixtures stop it, see sandbox_env.stop_template.)
     """
-    from shim.rpc.api import TEMPLATE_ENV, TEMPLATE_SOCKET_ENV
+    from shim.api.names import TEMPLATE_ENV, TEMPLATE_SOCKET_ENV
 
     if request.param == "template":
         monkeypatch.setenv(TEMPLATE_SOCKET_ENV, session_template.socket())

@@ -44,7 +44,7 @@ import pytest
 
 from registry import Registry
 
-from shim.rpc.files import flock_open
+from shim.lib.files import flock_open
 
 BUSYBOX = "/bin/busybox"
 #: Every entry of a layer gets this mtime (2026-01-01), so a layer's bytes depend only on its entries.

@@ -97,7 +97,7 @@ def tree(root: str) -> dict[str, tuple]:
 def deep_tree(top: str, depth: int, name: str = "d") -> None:
     """``depth`` nested directories ``name`` in ``top`` and a file ``f`` in the deepest, made
     relative to descriptors: the whole path may be longer than PATH_MAX, as a container can make
-    it in its own root file system. Remove it with shim.rpc.trees.remove_tree (pytest's own
+    it in its own root file system. Remove it with shim.lib.trees.remove_tree (pytest's own
     removal of tmp_path recurses, and fails past Python's recursion limit)."""
     fd = os.open(top, os.O_RDONLY | os.O_DIRECTORY)
     try:

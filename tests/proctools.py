@@ -16,7 +16,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 
-from shim.rpc.processes import open_pidfd, process_alive
+from shim.lib.processes import open_pidfd, process_alive
 
 __all__ = ["WAIT", "alive", "fd_readable", "fd_targets", "fifo_writer", "unheld_netns", "pidfds", "wait_gone",
            "wait_gone_async", "wait_pidfds", "wait_pidfds_async"]

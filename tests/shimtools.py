@@ -29,10 +29,11 @@ from dataclasses import dataclass
 import pytest
 
 from shim.kernel import linux
-from shim.rpc.processes import process_alive
-from shim.paths import STATE_FILE, control_socket_path, read_json
+from shim.lib.processes import process_alive
+from shim.api.paths import STATE_FILE, control_socket_path
+from shim.lib.files import read_json
 from shim.rpc import Client, RpcError, blocking
-from shim.rpc.api import EVENTS_SERVICE, SANDBOX_SERVICE, TASK_SERVICE, TEMPLATE_SERVICE
+from shim.api.names import EVENTS_SERVICE, SANDBOX_SERVICE, TASK_SERVICE, TEMPLATE_SERVICE
 
 from proctools import fd_readable, pidfds, wait_pidfds
 from rpctools import SLOWDOWN

@@ -1,8 +1,9 @@
 """The linters, run by the suite so that CI fails on a lint error with the linter's own message.
 
 ruff over the code, the tests and the benchmarks, mypy (strict) over the wire and the state
-machines; both as configured in pyproject.toml ([tool.ruff], [tool.mypy]), from this Python's
-environment (the `test` extras install them). And the repository holds only what we wrote: no
+machines, import-linter over the layers' import rules; as configured in pyproject.toml
+([tool.ruff], [tool.mypy], [tool.importlinter]), from this Python's environment (the `test`
+extras install them). And the repository holds only what we wrote: no
 upstream schema, no code generated from one, no other project's licence header.
 """
 
@@ -30,6 +31,14 @@ def test_ruff_finds_nothing():
 
 def test_mypy_finds_nothing():
     assert lint("mypy", "--no-error-summary") == ""
+
+
+def test_every_layer_imports_only_what_its_contract_allows():
+    # Run from the checkout (sys.path[0] is it), so the code judged is this tree's, not an installed copy's.
+    done = subprocess.run([sys.executable, "-c", "import sys; from importlinter.cli import lint_imports_command; "
+                           "sys.exit(lint_imports_command())", "--no-cache"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL)
+    assert done.returncode == 0, done.stdout + done.stderr
 
 
 #: What upstream text looks like: a schema, code protoc generated, another project's notice.

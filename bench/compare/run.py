@@ -221,7 +221,7 @@ def sweep(marker: str) -> list[str]:
 
 def unmount_under(directory: str) -> None:
     """Lazily unmount anything still mounted below ``directory`` (deepest first)."""
-    from shim.kernel import mountinfo
+    from shim.lib import mountinfo
 
     points = [mount.mount_point for mount in mountinfo.read()]
     for point in sorted((p for p in points if p.startswith(directory + "/")), key=len, reverse=True):
@@ -615,7 +615,8 @@ class Podshim(Contender):
 
     def _state(self, sid: str) -> dict[str, Any]:
         from client.controller.bundles import bundle_path
-        from shim.paths import STATE_FILE, read_json
+        from shim.api.paths import STATE_FILE
+        from shim.lib.files import read_json
 
         record = read_json(os.path.join(bundle_path(self.c.state_root, NAMESPACE, sid), STATE_FILE))
         if record.get("netns_path"):

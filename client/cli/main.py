@@ -28,10 +28,10 @@ import os
 import sys
 from typing import TYPE_CHECKING, Any, Awaitable, Callable, NoReturn, TextIO
 
-from shim.rpc.arguments import ArgumentParser
-from shim.rpc.api import TEMPLATE_ENV
+from shim.lib.arguments import ArgumentParser
+from shim.api.names import TEMPLATE_ENV
 
-from shim.rpc.files import MAX_JSON_BYTES, decode_json
+from shim.lib.files import MAX_JSON_BYTES, decode_json
 
 from client.controller.defaults import DEFAULT_BUNDLE_ROOT, DEFAULT_RUNTIME_ROOT
 
@@ -196,7 +196,7 @@ def _setup_events(p: argparse.ArgumentParser) -> None:
 
 async def _run_events(args: argparse.Namespace) -> int:
     from shim.launch.install import long_running
-    from shim.rpc.api import EVENTS_SERVICE
+    from shim.api.names import EVENTS_SERVICE
     from shim.rpc.client import Client
 
     long_running()  # it prints events until interrupted

@@ -29,11 +29,11 @@ import stat
 from dataclasses import dataclass
 from typing import Iterator
 
-from shim.rpc.api import PROTOCOL, STATE_FILE
-from shim.rpc.files import decode_json, ensure_private_dir, flock_open, read_json, rename_noreplace
-from shim.rpc.trees import remove_tree
-from shim.rpc.identifiers import validate_identifier
-from shim.rpc.processes import open_pidfd, process_alive
+from shim.api.names import PROTOCOL, STATE_FILE
+from shim.lib.files import decode_json, ensure_private_dir, flock_open, read_json, rename_noreplace
+from shim.lib.trees import remove_tree
+from shim.api.identifiers import validate_identifier
+from shim.lib.processes import open_pidfd, process_alive
 from shim.rpc.status import AlreadyExists, InvalidArgument, NotFound, Unavailable, error_from_oserror
 
 from client import layouts

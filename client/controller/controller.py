@@ -38,9 +38,9 @@ from typing import Any, Mapping, Sequence
 
 import anyio
 
-from shim.rpc.api import SANDBOX_SERVICE
+from shim.api.names import SANDBOX_SERVICE
 from shim.rpc.client import Client
-from shim.rpc.identifiers import validate_identifier
+from shim.api.identifiers import validate_identifier
 from shim.rpc.status import (
     DeadlineExceeded,
     FailedPrecondition,

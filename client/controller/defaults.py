@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 
-from shim.rpc.api import DEFAULT_BUNDLE_ROOT, DEFAULT_RUNTIME_ROOT
+from shim.api.names import DEFAULT_BUNDLE_ROOT, DEFAULT_RUNTIME_ROOT
 
 __all__ = [
     "DEFAULT_BUNDLE_ROOT",

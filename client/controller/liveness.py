@@ -18,9 +18,9 @@ from typing import Any
 
 import anyio
 
-from shim.rpc.api import SANDBOX_SERVICE
+from shim.api.names import SANDBOX_SERVICE
 from shim.rpc.client import Client
-from shim.rpc.processes import pidfd_exited, process_exiting
+from shim.lib.processes import pidfd_exited, process_exiting
 from shim.rpc.status import DeadlineExceeded, NotFound, RpcError, Unavailable
 
 from client import layouts

@@ -15,7 +15,7 @@ from typing import Any
 
 import anyio
 
-from shim.rpc.api import SANDBOX_SERVICE
+from shim.api.names import SANDBOX_SERVICE
 from shim.rpc.client import Client
 from shim.rpc.status import DeadlineExceeded, InvalidArgument, NotFound, RpcError, error_from_oserror
 

@@ -10,8 +10,8 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any
 
-from shim.rpc.api import BOOTSTRAP_FILE, BOOTSTRAP_VERSION, PROTOCOL, UNKNOWN_EXIT_STATUS
-from shim.rpc.files import decode_json
+from shim.api.names import BOOTSTRAP_FILE, BOOTSTRAP_VERSION, PROTOCOL, UNKNOWN_EXIT_STATUS
+from shim.lib.files import decode_json
 from shim.rpc.status import Internal, Unimplemented
 
 __all__ = [

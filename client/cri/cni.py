@@ -31,8 +31,8 @@ from typing import Any, Mapping, Sequence
 
 import anyio
 
-from shim.rpc.files import decode_json
-from shim.rpc.identifiers import validate_identifier
+from shim.lib.files import decode_json
+from shim.api.identifiers import validate_identifier
 from shim.rpc.status import (FailedPrecondition, Internal, InvalidArgument, NotFound, RpcError,
                              Unavailable)
 

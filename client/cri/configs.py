@@ -21,8 +21,8 @@ from client.cri.cdi import parse_name as parse_cdi_name
 from client.cri.fields import CONTAINER_CONFIG, POD_SANDBOX_CONFIG, check as check_fields
 from client.cri.resources import pod_resources, shim_resources
 from client.cri.security import ContainerSecurity
-from shim.rpc.files import read_json
-from shim.rpc.identifiers import validate_annotations, validate_hostname, validate_labels
+from shim.lib.files import read_json
+from shim.api.identifiers import validate_annotations, validate_hostname, validate_labels
 from shim.kernel.userns import UserNamespace
 from shim.rpc.status import InvalidArgument
 
@@ -178,7 +178,7 @@ def load_json_object(path: str | os.PathLike[str]) -> dict[str, Any]:
     """Read a JSON file that must hold one object.
 
     Raises InvalidArgument naming the file when it cannot be read, is not valid JSON (not UTF-8,
-    nested too deeply: see :func:`shim.rpc.files.decode_json`) or is not an object (a config
+    nested too deeply: see :func:`shim.lib.files.decode_json`) or is not an object (a config
     file is the caller's argument, so a bad one is their error).
     """
     path = os.fspath(path)

@@ -31,7 +31,7 @@ import anyio
 import anyio.abc
 
 from shim.rpc.status import ResourceExhausted
-from shim.sandbox.events import TOPIC_EXIT, TOPIC_TASK_EXIT
+from shim.api.topics import TOPIC_EXIT, TOPIC_TASK_EXIT
 
 __all__ = ["CONTAINER_CREATED", "CONTAINER_STARTED", "CONTAINER_STOPPED", "CONTAINER_DELETED",
            "EVENT_QUEUE_LIMIT", "ContainerEvent", "EventFeed", "EventStream"]

@@ -30,7 +30,7 @@ from typing import Any
 
 import anyio
 
-from shim.rpc.files import ensure_private_dir
+from shim.lib.files import ensure_private_dir
 from shim.rpc.status import FailedPrecondition, InvalidArgument, RpcError
 from shim.kernel.userns import IdMap
 from shim.runtime.mounts import (is_mount_point, mount_rootfs, open_in_root, parse_rootfs, root_needs_idmap,

@@ -25,7 +25,7 @@ import os
 from collections.abc import Collection, Iterable, Mapping
 from typing import Any
 
-from shim.kernel import mountinfo as mount_table
+from shim.lib import mountinfo as mount_table
 from shim.rpc.status import FailedPrecondition, InvalidArgument
 
 from client.cri.configs import Mount

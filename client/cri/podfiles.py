@@ -22,8 +22,8 @@ import socket
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from shim.rpc.files import ensure_private_dir, write_atomic
-from shim.rpc.trees import remove_tree
+from shim.lib.files import ensure_private_dir, write_atomic
+from shim.lib.trees import remove_tree
 
 from client.cri.configs import DnsConfig, PodSandboxConfig
 

@@ -18,7 +18,7 @@ import os
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from shim.kernel import mountinfo
+from shim.lib import mountinfo
 
 __all__ = ["DESCRIPTORS", "container_metrics", "descriptors", "filesystem_device", "pod_metrics"]
 

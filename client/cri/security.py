@@ -42,8 +42,8 @@ from client.cri.seccomp_default import default_profile
 from shim.kernel import capabilities as kernel_caps
 from shim.kernel.linux import read_status
 from shim.kernel.userns import UserNamespace, inside_id
-from shim.runtime.confine import DEFAULT_CAPABILITIES
-from shim.rpc.files import read_regular
+from shim.api.defaults import DEFAULT_CAPABILITIES
+from shim.lib.files import read_regular
 from shim.rpc.status import InvalidArgument
 
 __all__ = ["MERGE", "PROFILE_TYPES", "STRICT", "USER_FILES", "ContainerSecurity", "SecurityProfile",

@@ -65,8 +65,8 @@ from typing import Any, Iterator, Mapping
 
 import anyio
 
-from shim.rpc.files import decode_json, ensure_private_dir, flock_open, fsync_dir, write_atomic
-from shim.rpc.identifiers import validate_identifier
+from shim.lib.files import decode_json, ensure_private_dir, flock_open, fsync_dir, write_atomic
+from shim.api.identifiers import validate_identifier
 from shim.rpc.status import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
 
 from client.cri.configs import ContainerMetadata, PodSandboxMetadata

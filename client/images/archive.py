@@ -40,7 +40,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import IO, Any
 
-from shim.rpc.files import decode_json
+from shim.lib.files import decode_json
 from shim.rpc.status import DataLoss, InvalidArgument, NotFound, ResourceExhausted, Unimplemented
 
 from .content import BlobError, ContentStore, sha256_digest

@@ -23,8 +23,8 @@ import os
 import stat
 import tempfile
 
-from shim.rpc.files import ensure_private_dir, fsync_dir, write_atomic
-from shim.rpc.trees import remove_tree
+from shim.lib.files import ensure_private_dir, fsync_dir, write_atomic
+from shim.lib.trees import remove_tree
 
 from .reference import ReferenceError, check_digest
 

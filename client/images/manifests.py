@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from shim.rpc.files import decode_json
+from shim.lib.files import decode_json
 from shim.rpc.status import DataLoss, InvalidArgument, NotFound
 
 from .reference import ReferenceError, check_digest

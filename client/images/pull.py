@@ -61,9 +61,9 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from shim.rpc.files import decode_json, ensure_private_dir
+from shim.lib.files import decode_json, ensure_private_dir
 from shim.rpc.status import DataLoss, DeadlineExceeded, InvalidArgument, RpcError
-from shim.rpc.trees import remove_tree, walk
+from shim.lib.trees import remove_tree, walk
 
 from .arrivals import Arrivals, layout_blob
 from .content import BlobError, ContentStore, file_digest, sha256_digest
@@ -187,7 +187,7 @@ class Puller:
         self.timeout = timeout
         self.progress_timeout = progress_timeout
         if platform is None:
-            from shim.sandbox.sandbox import host_platform
+            from shim.lib.platform import host_platform
             platform = host_platform()
         self.platform = dict(platform)
         self.skopeo = skopeo

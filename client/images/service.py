@@ -43,7 +43,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from shim.rpc.status import FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted
-from shim.rpc.trees import remove_tree
+from shim.lib.trees import remove_tree
 
 from .content import ContentStore
 from .pull import PULL_PROGRESS_TIMEOUT, PULL_TIMEOUT, Progress, Pulled, Puller

@@ -44,7 +44,7 @@ from dataclasses import dataclass
 from typing import IO, Any
 
 from shim.rpc.status import InvalidArgument, ResourceExhausted, Unimplemented
-from shim.rpc.trees import remove_tree
+from shim.lib.trees import remove_tree
 
 __all__ = ["BadLayer", "DigestMismatch", "LAYER_MEDIA_TYPES", "LayerStats", "UnpackLimit", "apply_layer",
            "compression_of"]

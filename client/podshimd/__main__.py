@@ -30,8 +30,8 @@ import shim
 from client.cri import logcontext
 from client.criapi import NotGenerated
 from shim.cli import exit_status
-from shim.daemon import setup_logging
-from shim.launch.notify import Notifier
+from shim.lib.logs import setup_logging
+from shim.lib.notify import Notifier
 from shim.rpc.channel import install_uvloop
 
 from . import config as configuration

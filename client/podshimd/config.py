@@ -45,10 +45,10 @@ from client.images.skopeo import RegistryHost
 from client.images.reference import ReferenceError, parse
 from client.images.service import MAX_UNPACKED_BYTES
 from shim.kernel.cgroups.systemd import CGROUPFS, DRIVERS as CGROUP_DRIVERS, check_parent
-from shim.paths import SUN_PATH_MAX
+from shim.api.paths import SUN_PATH_MAX
 from shim.rpc.status import RpcError
-from shim.runtime.pause import CATATONIT
-from shim.sandbox.options import NATIVE, RUNTIME_HANDLERS
+from shim.api.defaults import CATATONIT
+from shim.api.handlers import NATIVE, RUNTIME_HANDLERS
 
 __all__ = ["DEFAULT_CONFIG_PATH", "DEFAULT_STATE_ROOT", "DEFAULT_LISTEN", "LOG_LEVELS", "CGROUPFS", "COMMAND_LINE", "Config",
            "ConfigError", "load", "add_arguments", "from_arguments", "reload_log_level"]

@@ -17,8 +17,8 @@ from typing import Any
 
 from client.criapi import api_pb2
 from client.images.service import IMAGES_DIR
-from shim.rpc.files import ensure_private_dir
-from shim.rpc.trees import walk
+from shim.lib.files import ensure_private_dir
+from shim.lib.trees import walk
 from shim.rpc.status import Internal
 
 from .handlers import Handlers
@@ -32,7 +32,7 @@ IMAGE_STORE_DIR = IMAGES_DIR
 def usage(root: str) -> tuple[int, int]:
     """(bytes allocated, inodes) of ``root`` and everything below it, each inode counted once;
     symbolic links are counted, never followed, and other filesystems mounted below are skipped.
-    A tree of any depth is measured (shim.rpc.trees): a container's upper directory is in it."""
+    A tree of any depth is measured (shim.lib.trees): a container's upper directory is in it."""
     top = os.lstat(root)
     seen = {top.st_ino}
     used = top.st_blocks * 512

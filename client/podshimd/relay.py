@@ -16,7 +16,7 @@ import logging
 import os
 import socket
 
-from shim.launch.notify import listen_fds
+from shim.lib.notify import listen_fds
 
 __all__ = ["RELAY_CHUNK_BYTES", "ActivationError", "inherited_listener", "start_relay"]
 

@@ -47,9 +47,9 @@ from client.streaming.attach import AttachBackend
 from client.streaming.remotecommand import ExecBackend
 from client.streaming.server import Backend, StreamingServer
 from shim.cli import Failure
-from shim.launch.notify import Notifier
+from shim.lib.notify import Notifier
 from shim.rpc.blocking import can_connect
-from shim.rpc.files import ensure_private_dir, flock_open
+from shim.lib.files import ensure_private_dir, flock_open
 from shim.rpc.status import RpcError, Unimplemented
 
 from . import archives, metrics

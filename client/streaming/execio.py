@@ -18,10 +18,10 @@ import errno
 import os
 import secrets
 
-from shim.rpc.files import ensure_private_dir
-from shim.rpc.trees import remove_tree
-from shim.runtime.console import Console, resize
-from shim.runtime.pipes import wait_ready
+from shim.lib.files import ensure_private_dir
+from shim.lib.trees import remove_tree
+from shim.lib.console import Console, resize
+from shim.lib.pipes import wait_ready
 
 __all__ = ["ExecIO", "read", "write"]
 

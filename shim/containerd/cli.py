@@ -25,7 +25,7 @@ import sys
 import time
 
 from shim.cli import UsageError, exit_status
-from shim.rpc.api import DEFAULT_RUNTIME_ROOT, UNKNOWN_EXIT_STATUS
+from shim.api.names import DEFAULT_RUNTIME_ROOT, UNKNOWN_EXIT_STATUS
 
 __all__ = ["NAME", "PODSHIM_DIR", "main", "run"]
 
@@ -66,7 +66,7 @@ def parse(argv: list[str]) -> tuple[dict[str, str | bool], str]:
 
 
 def _identity(flags: dict[str, str | bool], namespace: str = "", sandbox_id: str = "") -> tuple[str, str]:
-    from shim.rpc.identifiers import validate_identifier
+    from shim.api.identifiers import validate_identifier
 
     namespace = namespace or str(flags.get("namespace") or os.environ.get("NAMESPACE") or "")
     sandbox_id = sandbox_id or str(flags.get("id") or "")
@@ -86,7 +86,7 @@ def start(flags: dict[str, str | bool], stdin: bytes) -> bytes:
 
     from shim.cli import start_shim
     from shim.containerd.api import load
-    from shim.paths import socket_path
+    from shim.api.paths import socket_path
     from shim.sandbox.sandbox import ShimConfig
 
     bootstrap = load("runtime.bootstrap.v1.bootstrap_pb2")

@@ -22,7 +22,8 @@ from shim.containerd.api import load
 from shim.containerd.services import timestamp
 from shim.rpc.codecs import PROTOBUF
 from shim.rpc.status import DeadlineExceeded, RpcError, Unavailable
-from shim.sandbox.events import TOPIC_TASK_EXIT, EventBus
+from shim.api.topics import TOPIC_TASK_EXIT
+from shim.sandbox.events import EventBus
 
 __all__ = ["EVENTS_SERVICE", "QUEUE_LIMIT", "Publisher", "task_events"]
 

@@ -21,7 +21,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from shim.containerd.api import load
 from shim.rpc.server import CallContext, Server
 from shim.rpc.status import FailedPrecondition, InvalidArgument, Unimplemented
-from shim.sandbox.options import NATIVE
+from shim.api.handlers import NATIVE
 
 if TYPE_CHECKING:
     from shim.sandbox.service import SandboxService

@@ -15,8 +15,9 @@ import asyncio
 import contextlib
 import os
 
-from shim.runtime import console, execstream
-from shim.runtime.console import Console
+from shim.lib import console
+from shim.runtime import execstream
+from shim.lib.console import Console
 
 __all__ = ["ExecTerminal", "OUTPUT_DRAIN_TIMEOUT"]
 

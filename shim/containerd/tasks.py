@@ -35,9 +35,10 @@ from shim.containerd.services import timestamp
 from shim.rpc.records import Record, set_field as _set
 from shim.rpc.server import CallContext
 from shim.rpc.status import FailedPrecondition, InvalidArgument, NotFound
-from shim.runtime import console, execstream
+from shim.lib import console
+from shim.runtime import execstream
 from shim.containerd.stdio import ExecTerminal
-from shim.sandbox.options import NATIVE
+from shim.api.handlers import NATIVE
 from shim.sandbox.sandbox import State as SandboxState
 
 if TYPE_CHECKING:

@@ -18,8 +18,8 @@ import signal
 import struct
 
 # /proc reading lives with the code the client shares (no ctypes); read_status reads with it.
-from shim.rpc.files import read_file
-from shim.rpc.processes import STAT_PPID, STAT_SESSION, STAT_STARTTIME, STAT_STATE, proc_start_time, proc_stat
+from shim.lib.files import read_file
+from shim.lib.processes import STAT_PPID, STAT_SESSION, STAT_STARTTIME, STAT_STATE, proc_start_time, proc_stat
 
 __all__ = [
     "CLONE_NEWCGROUP", "CLONE_NEWIPC", "CLONE_NEWNET", "CLONE_NEWNS", "CLONE_NEWPID",

@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
 from shim.kernel import linux
-from shim.rpc.files import flock_open
+from shim.lib.files import flock_open
 from shim.rpc.status import AlreadyExists, Internal, InvalidArgument, NotFound, error_from_oserror
 
 __all__ = ["NamespaceNotFound", "check_net_sysctls", "create_netns", "default_netns_dir", "describe_netns",

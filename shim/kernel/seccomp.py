@@ -20,7 +20,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from shim.rpc.files import read_all
+from shim.lib.files import read_all
 
 __all__ = ["ACTIONS", "ARCHITECTURES", "FLAGS", "OPERATORS", "Program", "ProfileError", "compile_profile", "load",
            "validate"]

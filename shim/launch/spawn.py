@@ -25,9 +25,9 @@ import time
 from typing import Any, Callable, NoReturn
 
 from shim.kernel.linux import proc_start_time
-from shim.paths import (BOOTSTRAP_FILE, BOOTSTRAP_VERSION, LOG_FILE, PROTOCOL, read_json, socket_address,
-                    write_json_atomic)
-from shim.rpc.files import ensure_private_dir, unlink_quietly
+from shim.api.paths import BOOTSTRAP_FILE, BOOTSTRAP_VERSION, LOG_FILE, PROTOCOL, socket_address
+from shim.lib.files import read_json, write_json_atomic
+from shim.lib.files import ensure_private_dir, unlink_quietly
 from shim.rpc.records import Record
 from shim.rpc.status import Unavailable
 from shim.sandbox.record import STATE_NEW, SandboxRecord, write_state
@@ -201,7 +201,8 @@ def _spare_wait(channel: socket.socket) -> NoReturn:
         # it is assigned: a spare that fails before it serves is told in the template's log.
         _stdin_from_devnull()
         _fresh_signals()
-        from shim.daemon import serve_when_assigned, setup_logging
+        from shim.daemon import serve_when_assigned
+        from shim.lib.logs import setup_logging
         from shim.kernel.linux import set_process_name
 
         set_process_name("podshim-spare")
@@ -233,7 +234,7 @@ class _Assignment:
         self.bundle = ""  # the config's, once it came
 
     async def _receive(self) -> tuple[bytes, list[int]]:
-        from shim.runtime.pipes import wait_ready
+        from shim.lib.pipes import wait_ready
 
         await wait_ready(self.channel.fileno(), writable=False)
         message, fds, _, _ = socket.recv_fds(self.channel, 65536, 1)
@@ -243,7 +244,7 @@ class _Assignment:
         return message, fds
 
     async def config(self) -> Any:
-        from shim.daemon import setup_logging
+        from shim.lib.logs import setup_logging
         from shim.sandbox.sandbox import ShimConfig
 
         message, _ = await self._receive()
@@ -497,7 +498,8 @@ def _become_shim(config: Any, sock: socket.socket, ready_r: int, ready_w: int, d
         _stdio_to(os.path.join(config.bundle, LOG_FILE))
         _fresh_signals()
         _reseed()
-        from shim.daemon import serve_forever, setup_logging
+        from shim.daemon import serve_forever
+        from shim.lib.logs import setup_logging
 
         setup_logging(debug)
         os.set_inheritable(ready_w, False)

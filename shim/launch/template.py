@@ -57,12 +57,12 @@ from typing import Any, Callable
 
 from shim.kernel.linux import set_process_name
 from shim.launch.install import CodeWatch, code_files, long_running
-from shim.paths import control_socket_path, socket_dir, socket_path
-from shim.rpc.api import TEMPLATE_LOCK, TEMPLATE_SERVICE
+from shim.api.paths import control_socket_path, socket_dir, socket_path
+from shim.api.names import TEMPLATE_LOCK, TEMPLATE_SERVICE
 from shim.rpc.blocking import serve_connection
 from shim.rpc.channel import peer_credentials
-from shim.rpc.files import ensure_private_dir, unlink_quietly
-from shim.rpc.identifiers import validate_identifier
+from shim.lib.files import ensure_private_dir, unlink_quietly
+from shim.api.identifiers import validate_identifier
 from shim.rpc.messages import Request, optional, require
 from shim.rpc.status import FailedPrecondition, InvalidArgument, RpcError
 from shim.launch.spawn import Spare, bind_listener, fork_spare, occupy_stdio, spawn_shim
@@ -97,7 +97,7 @@ def _preload() -> None:
     from shim.kernel import cgroups, linux, netns, reaper  # noqa: F401
     from shim import cleanup, daemon  # noqa: F401
     from shim.sandbox import events, sandbox, service, tasks  # noqa: F401  (tasks: with a shim's first Task call)
-    from shim.launch import notify  # noqa: F401
+    from shim.lib import notify  # noqa: F401
     from shim.runtime import native, pause  # noqa: F401
     from shim.runtime.oci import backend, elf  # noqa: F401  (the runc and crun handlers; elf: the pause check)
     from shim.rpc import client, server  # noqa: F401

@@ -17,10 +17,10 @@ from typing import Any
 from shim.kernel.cgroups import SandboxCgroup
 from shim.kernel.devices import DEFAULT_RULES, DeviceRules
 from shim.runtime.confine import Confinement
-from shim.runtime.console import Console
+from shim.lib.console import Console
 from shim.runtime.mounts import HostDevice, TaskFilesystem
 from shim.runtime.pause import POD, PauseProcess, PauseSpec
-from shim.rpc.processes import signal_process
+from shim.lib.processes import signal_process
 from shim.runtime.process import Process
 
 __all__ = ["CONTAINER", "NODE", "POD", "PID_MODES", "TARGET", "ExecSpec", "Runtime", "TaskSpec"]

@@ -24,19 +24,14 @@ import os
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from shim.api.defaults import DEFAULT_CAPABILITIES
 from shim.kernel import capabilities as caps
 from shim.kernel import seccomp
 from shim.rpc.records import Record, set_field as _set
 from shim.rpc.status import InvalidArgument
 
-__all__ = ["DEFAULT_CAPABILITIES", "MAX_GROUPS", "Confinement", "from_request", "steps"]
+__all__ = ["MAX_GROUPS", "Confinement", "from_request", "steps"]
 
-#: containerd's default capabilities for a container (Docker's list), in containerd's order.
-DEFAULT_CAPABILITIES = (
-    "CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FSETID", "CAP_FOWNER", "CAP_MKNOD", "CAP_NET_RAW", "CAP_SETGID",
-    "CAP_SETUID", "CAP_SETFCAP", "CAP_SETPCAP", "CAP_NET_BIND_SERVICE", "CAP_SYS_CHROOT", "CAP_KILL",
-    "CAP_AUDIT_WRITE",
-)
 MAX_GROUPS = 65536  # NGROUPS_MAX
 _MAX_ID = 2**32 - 2  # uid_t/gid_t; -1 (2**32 - 1) means "unchanged" to the kernel
 _PR_SET_NO_NEW_PRIVS = 38

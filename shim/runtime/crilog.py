@@ -27,7 +27,7 @@ import os
 import stat
 import time
 
-from shim.runtime.pipes import PipeReader
+from shim.lib.pipes import PipeReader
 
 __all__ = ["MAX_LINE_BYTES", "STDOUT", "STDERR", "CriLog", "LineSplitter", "check_log_path", "format_records",
            "rfc3339_nano"]

@@ -14,7 +14,7 @@ import stat
 from dataclasses import dataclass, field
 
 from shim.rpc.status import InvalidArgument
-from shim.runtime.console import check_size, check_socket
+from shim.lib.console import check_size, check_socket
 
 __all__ = ["ExecStdio", "TaskStdin", "hold_fifo", "open_stdio", "open_tap"]
 

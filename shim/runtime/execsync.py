@@ -28,7 +28,7 @@ from shim.kernel import linux
 from shim.kernel.cgroups import SandboxCgroup
 from shim.rpc.status import RpcError, Unavailable
 from shim.runtime import process
-from shim.runtime.pipes import PipeReader
+from shim.lib.pipes import PipeReader
 
 __all__ = ["EXEC_DRAIN_SECS", "EXEC_KILL_WAIT", "EXEC_OUTPUT_LIMIT_BYTES", "ExecOutput", "ExecResult", "run",
            "kill_session", "session_of"]

@@ -13,7 +13,8 @@ from shim.kernel.linux import CLONE_NEWCGROUP, CLONE_NEWIPC, CLONE_NEWNET, CLONE
 from shim.kernel.userns import IdMap
 from shim.kernel.reaper import Reaper
 from shim.kernel.cgroups.hierarchies import V2, discover_hierarchies, pure_v2
-from shim.runtime import console, mounts, pause, process
+from shim.lib import console
+from shim.runtime import mounts, pause, process
 from shim.runtime.base import CONTAINER, POD, TARGET, ExecSpec, Runtime, TaskSpec
 from shim.rpc.status import FailedPrecondition, Internal
 

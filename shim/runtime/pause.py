@@ -32,6 +32,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import NoReturn
 
+from shim.api.defaults import CATATONIT
 from shim.kernel import linux, userns
 from shim.kernel.userns import UserNamespace
 from shim.runtime import mounts, process
@@ -42,7 +43,6 @@ from shim.rpc.status import FailedPrecondition, Internal, InvalidArgument, RpcEr
 
 __all__ = [
     "BUILTIN",
-    "CATATONIT",
     "NODE",
     "POD",
     "PauseProcess",
@@ -57,7 +57,6 @@ __all__ = [
 
 POD = "POD"
 NODE = "NODE"
-CATATONIT = "/usr/bin/catatonit"
 BUILTIN = "builtin"
 DEFAULT_OOM_SCORE_ADJ = -998  # what CRI gives sandboxes
 DEFAULT_SHM_SIZE_BYTES = 64 << 20
@@ -118,7 +117,7 @@ class PauseSpec:
 @dataclass(frozen=True)
 class PauseProcess:
     """A running pause. ``(pid, start_time)`` names it across pid reuse (see
-    :func:`shim.rpc.processes.signal_process`).
+    :func:`shim.lib.processes.signal_process`).
 
     ``start_time`` is field 22 of /proc/PID/stat; ``created_at_ns`` the wall clock when it was
     ready; ``binary`` the program exec'd, or "builtin"; ``exit`` resolves when it is reaped.

@@ -59,8 +59,8 @@ from shim.kernel import cgroups, linux
 from shim.kernel.netns import is_host_netns, open_namespace
 from shim.kernel.reaper import ExitInfo, Reaper
 from shim.runtime import confine, mounts
-from shim.runtime.console import resize as resize_terminal
-from shim.rpc.processes import signal_process
+from shim.lib.console import resize as resize_terminal
+from shim.lib.processes import signal_process
 from shim.rpc.status import FailedPrecondition, Internal, InvalidArgument, RpcError, error_from_oserror
 
 __all__ = [

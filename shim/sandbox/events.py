@@ -13,15 +13,9 @@ from typing import Any
 
 from shim.rpc.status import ResourceExhausted
 
-__all__ = ["QUEUE_LIMIT", "EventBus", "Subscription",
-           "TOPIC_CREATE", "TOPIC_START", "TOPIC_EXIT", "TOPIC_STATE", "TOPIC_TASK_EXIT"]
+__all__ = ["QUEUE_LIMIT", "EventBus", "Subscription"]
 
 QUEUE_LIMIT = 1024
-TOPIC_CREATE = "/sandbox/create"
-TOPIC_START = "/sandbox/start"
-TOPIC_EXIT = "/sandbox/exit"
-TOPIC_STATE = "/sandbox/state"
-TOPIC_TASK_EXIT = "/tasks/exit"
 
 
 class Subscription:

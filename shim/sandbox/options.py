@@ -8,8 +8,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from shim.api.handlers import NAMESPACE_MODES, NATIVE, RUNTIME_HANDLERS
 from shim.kernel.userns import UserNamespace
-from shim.rpc.identifiers import validate_annotations, validate_hostname, validate_labels
+from shim.api.identifiers import validate_annotations, validate_hostname, validate_labels
 from shim.rpc.messages import optional
 from shim.rpc.records import Record, set_field as _set
 from shim.rpc.status import InvalidArgument
@@ -17,13 +18,8 @@ from shim.rpc.status import InvalidArgument
 if TYPE_CHECKING:  # loaded only for a linux.pause_process: a shim serves without it (issue #15)
     from shim.runtime.confine import Confinement
 
-__all__ = ["NAMESPACE_MODES", "NATIVE", "RUNTIME_HANDLERS", "namespace_mode", "PauseImage", "SandboxOptions"]
+__all__ = ["namespace_mode", "PauseImage", "SandboxOptions"]
 
-NAMESPACE_MODES = {0: "POD", 1: "CONTAINER", 2: "NODE", 3: "TARGET"}
-NATIVE = "native"  # the shim's own launcher (shim.runtime.native)
-#: Who runs the pause and the tasks: the shim itself, or an OCI runtime's CLI (shim.runtime.oci);
-#: the sandbox picks its shim.runtime.base.Runtime from this once, at CreateSandbox.
-RUNTIME_HANDLERS = (NATIVE, "runc", "crun")
 
 
 def namespace_mode(value: Any, what: str, allowed: tuple[str, ...] = ("POD", "NODE")) -> str:
@@ -151,7 +147,7 @@ class SandboxOptions(Record):
         merged over the map's; raises InvalidArgument naming the bad field.
 
         The hostname, labels and annotations must be within what CRI and Kubernetes allow (see
-        :mod:`shim.rpc.identifiers`); an empty hostname is CRI's "unset".
+        :mod:`shim.api.identifiers`); an empty hostname is CRI's "unset".
         """
         if options is None:
             options = {}

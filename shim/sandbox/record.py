@@ -26,8 +26,9 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from shim.paths import STATE_FILE, json_document, write_json_atomic
-from shim.rpc.files import Rewriter, read_json
+from shim.api.paths import STATE_FILE
+from shim.lib.files import json_document, write_json_atomic
+from shim.lib.files import Rewriter, read_json
 from shim.rpc.records import Record, set_field as _set
 
 __all__ = ["STATE_DELETED", "STATE_NEW", "STATE_VERSION", "ExitRecord", "MalformedRecord", "PauseRecord",
@@ -264,7 +265,7 @@ def write_state(bundle: str, record: SandboxRecord) -> None:
 class StateFile:
     """The record in one bundle as its shim rewrites it on every change (:meth:`Sandbox.persist
     <shim.sandbox.sandbox.Sandbox.persist>`): :func:`write_state`'s file and guarantee, without
-    a new inode for each version (:class:`shim.rpc.files.Rewriter`). :meth:`close` removes what
+    a new inode for each version (:class:`shim.lib.files.Rewriter`). :meth:`close` removes what
     it keeps between writes."""
 
     def __init__(self, bundle: str) -> None:
@@ -281,7 +282,7 @@ class StateFile:
     @staticmethod
     def remove_leftovers(bundle: str) -> list[str]:
         """Remove what the StateFile of a killed shim left in ``bundle`` (`podshim delete`, once
-        the shim is gone: :meth:`shim.rpc.files.Rewriter.remove_leftovers`)."""
+        the shim is gone: :meth:`shim.lib.files.Rewriter.remove_leftovers`)."""
         return Rewriter.remove_leftovers(os.path.join(bundle, STATE_FILE))
 
 

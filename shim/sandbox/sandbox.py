@@ -23,8 +23,11 @@ from shim.kernel.linux import ns_inode, proc_start_time
 from shim.kernel.reaper import ExitInfo, Reaper
 from shim.rpc.records import Record, set_field as _set
 from shim.rpc.status import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound, RpcError, Unavailable
-from shim.sandbox.events import TOPIC_CREATE, TOPIC_EXIT, TOPIC_START, TOPIC_STATE, EventBus
-from shim.sandbox.options import NATIVE, SandboxOptions
+from shim.api.topics import TOPIC_CREATE, TOPIC_EXIT, TOPIC_START, TOPIC_STATE
+from shim.lib.platform import host_platform
+from shim.sandbox.events import EventBus
+from shim.api.handlers import NATIVE
+from shim.sandbox.options import SandboxOptions
 from shim.sandbox.record import STATE_NEW, ExitRecord, PauseRecord, SandboxRecord, StateFile, TaskRecord
 
 if TYPE_CHECKING:  # the runtime's modules load at CreateSandbox: a shim serves without them (issue #15)
@@ -32,7 +35,7 @@ if TYPE_CHECKING:  # the runtime's modules load at CreateSandbox: a shim serves 
     from shim.runtime.base import Runtime
 
 __all__ = ["State", "Operation", "TRANSITIONS", "REFUSALS", "transition", "ShimConfig", "Sandbox", "StartResult",
-           "ExitResult", "Tasks", "host_platform", "DEFAULT_STOP_TIMEOUT", "KILL_WAIT_TIMEOUT"]
+           "ExitResult", "Tasks", "DEFAULT_STOP_TIMEOUT", "KILL_WAIT_TIMEOUT"]
 
 log = logging.getLogger(__name__)
 
@@ -169,17 +172,6 @@ class Tasks(Protocol):
     async def stop_all(self) -> None: ...
 
     async def release(self) -> None: ...
-
-
-def host_platform() -> dict[str, str]:
-    """This host's OCI platform: os, architecture (GOARCH names) and variant."""
-    machine = os.uname().machine.lower()
-    arch, variant = {
-        "x86_64": ("amd64", ""), "amd64": ("amd64", ""), "aarch64": ("arm64", "v8"), "arm64": ("arm64", "v8"),
-        "armv7l": ("arm", "v7"), "armv6l": ("arm", "v6"), "i686": ("386", ""), "i386": ("386", ""),
-        "ppc64le": ("ppc64le", ""), "s390x": ("s390x", ""), "riscv64": ("riscv64", ""),
-    }.get(machine, (machine, ""))
-    return {"os": "linux", "architecture": arch, "variant": variant}
 
 
 def _open_runtime(handler: str, config: ShimConfig, reaper: Reaper, persist: Callable[[], None], *,

@@ -9,8 +9,8 @@ import os
 from typing import Any, Callable
 
 from shim.sandbox.events import EventBus
-from shim.rpc.identifiers import validate_identifier
-from shim.rpc.api import EVENTS_SERVICE, SANDBOX_SERVICE
+from shim.api.identifiers import validate_identifier
+from shim.api.names import EVENTS_SERVICE, SANDBOX_SERVICE
 from shim.rpc.messages import optional, require
 from shim.rpc.server import CallContext, Server, ServerStream
 from shim.rpc.status import InvalidArgument, NotFound

@@ -8,8 +8,8 @@ import signal
 from typing import TYPE_CHECKING, Any
 
 from shim.sandbox.options import namespace_mode
-from shim.rpc.api import TASK_SERVICE
-from shim.rpc.identifiers import validate_labels
+from shim.api.names import TASK_SERVICE
+from shim.api.identifiers import validate_labels
 from shim.rpc.messages import optional, require
 from shim.rpc.server import CallContext, Server
 from shim.rpc.status import InvalidArgument

@@ -33,18 +33,19 @@ from shim.kernel.cgroups import SandboxCgroup, no_metrics
 from shim.kernel.netns import NamespaceNotFound
 from shim.kernel.reaper import ExitInfo
 from shim.kernel.userns import IdMap
-from shim.runtime import console, execstream, execsync, mounts, process
+from shim.lib import console
+from shim.runtime import execstream, execsync, mounts, process
 from shim.runtime.base import CONTAINER, PID_MODES, POD, TARGET, ExecSpec, TaskSpec
 from shim.runtime.confine import Confinement
-from shim.runtime.console import Console
+from shim.lib.console import Console
 from shim.runtime.crilog import LOG_DIR_MODE, CriLog, check_log_path
 from shim.runtime.hostdevices import GivenDevice
 from shim.runtime.mounts import TaskFilesystem
 from shim.runtime.pause import PauseProcess
-from shim.rpc.files import ensure_private_dir
-from shim.rpc.identifiers import validate_identifier
+from shim.lib.files import ensure_private_dir
+from shim.api.identifiers import validate_identifier
 from shim.rpc.status import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound, RpcError, Unavailable
-from shim.sandbox.events import TOPIC_TASK_EXIT
+from shim.api.topics import TOPIC_TASK_EXIT
 from shim.sandbox.record import ExitRecord, TaskRecord
 from shim.sandbox.sandbox import KILL_WAIT_TIMEOUT, ExitResult, Sandbox, State
 

@@ -171,7 +171,7 @@ def _write_json(path, doc) -> None:
 
 def test_the_shims_process_comes_from_the_bootstrap_or_an_older_ones_state_json(tmp_path, sleeper):
     from client.controller.bundles import ShimProcess, read_bootstrap, read_shim_process
-    from shim.rpc.processes import proc_start_time
+    from shim.lib.processes import proc_start_time
 
     pid, start = sleeper.pid, proc_start_time(sleeper.pid)
     boot = {"version": 3, "address": "unix:///run/x.sock", "protocol": "ttrpc+msgpack", "pid": pid}
@@ -194,7 +194,7 @@ def test_the_shims_process_comes_from_the_bootstrap_or_an_older_ones_state_json(
 
 def test_a_process_with_another_start_time_is_not_the_shim(sleeper):
     from client.controller.bundles import ShimProcess
-    from shim.rpc.processes import proc_start_time
+    from shim.lib.processes import proc_start_time
 
     assert not ShimProcess(sleeper.pid, proc_start_time(sleeper.pid) + 1).alive()
     assert ShimProcess(sleeper.pid, proc_start_time(sleeper.pid) + 1).open_pidfd() is None

@@ -23,11 +23,11 @@ from client.controller import Controller
 from client.controller.handle import Phase
 from proctools import alive, wait_gone, wait_gone_async
 from shim.rpc import blocking
-from shim.rpc.api import SANDBOX_SERVICE
+from shim.api.names import SANDBOX_SERVICE
 from shim.rpc.channel import parse_address
 from shim.rpc.connection import ClientConnection, ResponseReceived
 from shim.rpc.messages import Request
-from shim.rpc.processes import proc_start_time
+from shim.lib.processes import proc_start_time
 from shim.rpc.server import MAX_CONNECTIONS
 from shim.rpc.status import DeadlineExceeded, ResourceExhausted, Unavailable
 

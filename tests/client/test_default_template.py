@@ -24,9 +24,9 @@ from proctools import alive, wait_gone_async
 from sandbox_env import shim_processes
 from shim.launch.install import BOOT, search_path
 from shim.launch.template import template_pid
-from shim.paths import control_socket_path
+from shim.api.paths import control_socket_path
 from shim.rpc import blocking
-from shim.rpc.api import TEMPLATE_ENV, TEMPLATE_LOCK, TEMPLATE_SERVICE, TEMPLATE_SOCKET_ENV
+from shim.api.names import TEMPLATE_ENV, TEMPLATE_LOCK, TEMPLATE_SERVICE, TEMPLATE_SOCKET_ENV
 from shim.rpc.status import InvalidArgument
 
 NS = "default"

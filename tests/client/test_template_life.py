@@ -16,7 +16,7 @@ import sys
 from proctools import alive, wait_gone
 from sandbox_env import PODSHIM, Env
 from shim.launch.template import template_pid
-from shim.rpc.api import TEMPLATE_LOCK, TEMPLATE_SOCKET
+from shim.api.names import TEMPLATE_LOCK, TEMPLATE_SOCKET
 
 GRACE = 1.0  # the template's idle grace in these tests, seconds
 #: A bound on the template's end: it checks twice, GRACE apart, after the last user or sandbox.

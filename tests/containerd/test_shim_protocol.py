@@ -26,10 +26,10 @@ from client.criapi import api_pb2
 from shim.containerd.api import load
 from shim.containerd.services import SANDBOX_SERVICE as SANDBOX, TASK_SERVICE as TASK, sandbox_pb2, task_pb2
 from shim.containerd.events import events_pb2, task_events
-from shim.paths import control_socket_path
+from shim.api.paths import control_socket_path
 from shim.rpc import Client, FailedPrecondition, InvalidArgument, Server, blocking
-from shim.rpc.api import TEMPLATE_SERVICE
-from shim.rpc.api import SANDBOX_SERVICE as PODSHIM_SANDBOX
+from shim.api.names import TEMPLATE_SERVICE
+from shim.api.names import SANDBOX_SERVICE as PODSHIM_SANDBOX
 from shim.rpc.codecs import PROTOBUF
 
 from shimtools import WAIT, ProcessRef, Template, new_id

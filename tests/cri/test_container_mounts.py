@@ -9,7 +9,7 @@ import os
 
 import pytest
 
-from shim.kernel.mountinfo import parse as parse_mountinfo
+from shim.lib.mountinfo import parse as parse_mountinfo
 from shim.rpc.status import FailedPrecondition, InvalidArgument
 
 from client.cri.configs import ContainerConfig, Mount

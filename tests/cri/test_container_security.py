@@ -16,7 +16,7 @@ from client.cri.security import MAX_NODE_FILE_BYTES
 from shim.kernel import capabilities as caps
 from shim.kernel import seccomp
 from shim.rpc.status import InvalidArgument
-from shim.runtime.confine import DEFAULT_CAPABILITIES
+from shim.api.defaults import DEFAULT_CAPABILITIES
 from podtools import NodeRootImages, node_container, pod_config, pod_service
 
 ALL = ("CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_KILL", "CAP_SYS_ADMIN", "CAP_NET_ADMIN")

@@ -22,7 +22,7 @@ from layertools import deep_tree, make_layer, member
 from podtools import container_config, pod_config
 from proctools import wait_gone
 from registry import AUTH
-from shim.rpc.trees import remove_tree
+from shim.lib.trees import remove_tree
 
 
 @pytest.fixture(scope="module")

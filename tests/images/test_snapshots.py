@@ -17,7 +17,7 @@ from client.images import snapshots as snapshots_module
 from client.images.snapshots import Mount, Snapshotter, chain_ids
 from client.images.unpack import DigestMismatch
 from shim.rpc.status import AlreadyExists, FailedPrecondition, NotFound
-from shim.rpc.trees import remove_tree
+from shim.lib.trees import remove_tree
 
 PASSWD1 = b"root:x:0:0:root:/root:/bin/sh\n"
 PASSWD2 = b"root:x:0:0:root:/root:/bin/ash\nuser:x:1000:1000::/home/user:/bin/sh\n"

@@ -13,7 +13,7 @@ from layertools import MTIME, Layer, make_layer, member, tree
 
 from client.images.unpack import BadLayer, DigestMismatch, UnpackLimit, apply_layer
 from shim.rpc.status import InvalidArgument, ResourceExhausted
-from shim.rpc.trees import remove_tree, walk
+from shim.lib.trees import remove_tree, walk
 
 
 @pytest.fixture

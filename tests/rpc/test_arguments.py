@@ -1,4 +1,4 @@
-"""shim.rpc.arguments: the commands' parser formats help exactly as argparse does, at the
+"""shim.lib.arguments: the commands' parser formats help exactly as argparse does, at the
 width shutil would give, without importing shutil."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from shim.rpc.arguments import ArgumentParser, terminal_columns
+from shim.lib.arguments import ArgumentParser, terminal_columns
 
 
 def _build(cls: type[argparse.ArgumentParser]) -> argparse.ArgumentParser:
@@ -43,7 +43,7 @@ def test_help_and_usage_errors_read_as_argparse_writes_them(monkeypatch, columns
 
 
 def test_building_and_parsing_does_not_import_shutil():
-    code = ("import sys; from shim.rpc.arguments import ArgumentParser\n"
+    code = ("import sys; from shim.lib.arguments import ArgumentParser\n"
             "p = ArgumentParser(prog='t'); p.add_argument('--x', help='x')\n"
             "sub = p.add_subparsers(dest='a'); sub.add_parser('go').add_argument('--y')\n"
             "p.parse_args(['--x', '1', 'go', '--y', '2']); print('shutil' in sys.modules)")

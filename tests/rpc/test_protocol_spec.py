@@ -5,7 +5,8 @@ import re
 
 import pytest
 
-from shim.rpc import api, frames
+from shim.api import names as api
+from shim.rpc import frames
 from shim.rpc.connection import MAX_ACTIVE_STREAMS
 from shim.rpc.frames import FrameDecoder, encode_frame
 from shim.rpc.messages import (MAX_METADATA_ENTRIES, MAX_METADATA_VALUES, NAMESPACE_KEY, decode_request,
@@ -143,7 +144,7 @@ def test_event_data_vector():
 
 def test_confinement_defaults_and_seccomp_vocabulary_match_the_spec():
     from shim.kernel import seccomp
-    from shim.runtime.confine import DEFAULT_CAPABILITIES
+    from shim.api.defaults import DEFAULT_CAPABILITIES
 
     row = next(line for line in SPEC.splitlines() if line.startswith("| `capabilities` | array of `CAP_*` names"))
     assert f"`{' '.join(DEFAULT_CAPABILITIES)}`" in row

@@ -1,4 +1,4 @@
-"""shim.rpc.files: a reader sees the old file or the new one, never half, and nothing is left;
+"""shim.lib.files: a reader sees the old file or the new one, never half, and nothing is left;
 podshim's own directories are made with their mode and never through a symbolic link; a lock
 (flock_open) excludes others, shares with shared holders, and leaves no file when asked not to."""
 
@@ -11,7 +11,8 @@ import threading
 
 import pytest
 
-from shim.rpc.files import MAX_JSON_DEPTH, Rewriter, decode_json, ensure_private_dir, flock_open, read_json, write_atomic
+from shim.lib.files import (MAX_JSON_DEPTH, Rewriter, decode_json, ensure_private_dir, flock_open, read_json,
+                            write_atomic)
 
 
 @pytest.mark.parametrize("durable", [False, True])

@@ -1,4 +1,4 @@
-"""shim.rpc.processes: a process named by pid and start time, alive or not, held by a pidfd."""
+"""shim.lib.processes: a process named by pid and start time, alive or not, held by a pidfd."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import os
 import signal
 import threading
 
-from shim.rpc.processes import (open_pidfd, pidfd_exited, proc_start_time, process_alive, signal_process, wait_gone,
+from shim.lib.processes import (open_pidfd, pidfd_exited, proc_start_time, process_alive, signal_process, wait_gone,
                                 wait_pidfd)
 
 

@@ -1,4 +1,4 @@
-"""shim.rpc.trees: trees deeper than the recursion limit and longer than PATH_MAX are walked and
+"""shim.lib.trees: trees deeper than the recursion limit and longer than PATH_MAX are walked and
 removed like any other, never across a mount point or through a symbolic link."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import subprocess
 import pytest
 from layertools import deep_tree
 
-from shim.rpc.trees import remove_tree, walk
+from shim.lib.trees import remove_tree, walk
 
 
 def open_fds() -> int:

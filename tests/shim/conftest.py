@@ -8,7 +8,7 @@ import signal
 import pytest
 
 from shimtools import shim, shims
-from shim.rpc.processes import signal_process
+from shim.lib.processes import signal_process
 from shim.runtime.pause import PauseSpec, launch
 
 # Fixtures are found by name in a conftest module; importing them here, not in each test module,

@@ -18,7 +18,7 @@ import threading
 import pytest
 
 from shim.cleanup import delete_sandbox
-from shim.rpc.processes import proc_start_time, process_alive
+from shim.lib.processes import proc_start_time, process_alive
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -26,8 +26,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 REUSE = textwrap.dedent(r"""
     import json, os, subprocess, sys
     from shim.cleanup import delete_sandbox
-    from shim.rpc import processes
-    from shim.rpc.processes import proc_start_time
+    from shim.lib import processes
+    from shim.lib.processes import proc_start_time
 
     bundle, runtime_root = sys.argv[1], sys.argv[2]
     recorded = subprocess.Popen(["sleep", "600"])

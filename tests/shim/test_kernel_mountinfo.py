@@ -1,10 +1,10 @@
-"""shim.kernel.mountinfo: one parser of /proc/PID/mountinfo for every reader."""
+"""shim.lib.mountinfo: one parser of /proc/PID/mountinfo for every reader."""
 
 from __future__ import annotations
 
 import os
 
-from shim.kernel import mountinfo
+from shim.lib import mountinfo
 
 TABLE = (
     "22 1 8:1 / / rw,relatime shared:1 - ext4 /dev/sda1 rw,errors=remount-ro\n"

@@ -23,8 +23,9 @@ import uvloop
 from shim.kernel import cgroups, linux, netns
 from shim.kernel.cgroups import hierarchies
 from shim.kernel.cgroups import SandboxCgroup
-from shim.runtime.pause import BUILTIN, CATATONIT, NODE, PauseSpec, launch, validate_sysctls
-from shim.rpc.processes import signal_process
+from shim.runtime.pause import BUILTIN, NODE, PauseSpec, launch, validate_sysctls
+from shim.api.defaults import CATATONIT
+from shim.lib.processes import signal_process
 from shim.kernel.reaper import ExitInfo, Reaper
 from shim.runtime import process
 from shim.rpc.status import FailedPrecondition, Internal, InvalidArgument, NotFound

@@ -14,8 +14,8 @@ import pytest
 
 from imagebuild import CATATONIT, compiled, tiny_pause_binary
 from shim.rpc import FailedPrecondition, InvalidArgument
-from shim.rpc.api import TASK_SERVICE
-from shim.rpc.processes import process_alive
+from shim.api.names import TASK_SERVICE
+from shim.lib.processes import process_alive
 from shim.runtime.mounts import is_mount_point
 from shimtools import host_untouched  # noqa: F401  (autouse: what this module's shims made is checked at the end)
 from shimtools import NODE_ROOT, WAIT, ShimLauncher, ns_inode

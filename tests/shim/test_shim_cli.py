@@ -15,7 +15,8 @@ import time
 import pytest
 
 from shim.kernel import linux
-from shim.paths import BOOTSTRAP_FILE, LOG_FILE, SUN_PATH_MAX, read_json, socket_path
+from shim.api.paths import BOOTSTRAP_FILE, LOG_FILE, SUN_PATH_MAX, socket_path
+from shim.lib.files import read_json
 from shim.rpc import Client
 from shimtools import host_untouched  # noqa: F401  (autouse: what this module's shims made is checked at the end)
 from shimtools import PODSHIM, WAIT, ProcessRef, new_id, run_podshim

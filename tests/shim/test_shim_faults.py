@@ -12,7 +12,7 @@ import signal
 import pytest
 
 from shim.rpc import AlreadyExists, DeadlineExceeded, FailedPrecondition, InvalidArgument, NotFound
-from shim.rpc.api import SANDBOX_METHODS, SANDBOX_SERVICE
+from shim.api.names import SANDBOX_METHODS, SANDBOX_SERVICE
 from shimtools import host_untouched  # noqa: F401  (autouse: what this module's shims made is checked at the end)
 from shimtools import EventStream, ProcessRef, adopting_orphans, host_netns_bound_at, spare_state_files
 

@@ -13,7 +13,7 @@ import pytest
 
 from shim.kernel import netns
 from shim.rpc import FailedPrecondition, InvalidArgument, NotFound
-from shim.rpc.api import SANDBOX_METHODS
+from shim.api.names import SANDBOX_METHODS
 from shimtools import host_untouched  # noqa: F401  (autouse: what this module's shims made is checked at the end)
 from shimtools import WAIT, EventStream, ProcessRef, mounts_naming, ns_inode, spare_state_files
 
@@ -332,9 +332,9 @@ daemon.serve_forever(ShimConfig(namespace, sandbox_id, bundle, socket_path, runt
 def test_a_shim_removes_its_socket_before_it_stops_listening(tmp_path):
     # Once it stops listening, a Spawn of the same sandbox may take the path (a socket nobody
     # accepts on is stale): a shim that unlinked it afterwards could remove the next shim's.
-    from shim.paths import socket_path
+    from shim.api.paths import socket_path
     from shim.rpc import blocking
-    from shim.rpc.api import SANDBOX_SERVICE
+    from shim.api.names import SANDBOX_SERVICE
 
     bundle, runtime_root = str(tmp_path / "bundle"), str(tmp_path / "run")
     os.makedirs(bundle, mode=0o700)

@@ -14,9 +14,9 @@ import re
 import pytest
 
 from shim.kernel import linux, netns
-from shim.rpc.processes import process_alive
+from shim.lib.processes import process_alive
 from shim.rpc import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
-from shim.rpc.api import TASK_SERVICE
+from shim.api.names import TASK_SERVICE
 from shimtools import host_untouched  # noqa: F401  (autouse: what this module's shims made is checked at the end)
 from shimtools import NODE_ROOT, WAIT, EventStream, ProcessRef, Shim, ShimLauncher, ns_inode
 

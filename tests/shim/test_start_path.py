@@ -14,7 +14,7 @@ import subprocess
 import pytest
 
 from shim.launch.install import podshim_argv
-from shim.paths import LOG_FILE
+from shim.api.paths import LOG_FILE
 from shimtools import host_untouched  # noqa: F401  (autouse: what this module's shims made is checked at the end)
 from shimtools import WAIT, new_id
 
@@ -33,7 +33,7 @@ LAZY = {
     "shim.rpc.blocking": "a template or a stale socket",
     "pyroute2": "describing a netns on request",
     "ctypes.util": "finding libseccomp by other than its name",
-    "shutil": "argparse's help width: shim.rpc.arguments asks the terminal itself",
+    "shutil": "argparse's help width: shim.lib.arguments asks the terminal itself",
     "tempfile": "never on the start path",
     "platform": "never on the start path",
 }

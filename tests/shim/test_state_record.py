@@ -11,8 +11,8 @@ import pytest
 
 from shim import cli
 from shim.cleanup import delete_sandbox
-from shim.paths import STATE_FILE
-from shim.rpc.api import UNKNOWN_EXIT_STATUS
+from shim.api.paths import STATE_FILE
+from shim.api.names import UNKNOWN_EXIT_STATUS
 from shim.sandbox.record import (STATE_VERSION, ExitRecord, MalformedRecord, PauseRecord, SandboxRecord, TaskRecord,
                                  read_state, write_state)
 from shim.sandbox.sandbox import State

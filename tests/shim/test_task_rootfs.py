@@ -18,8 +18,8 @@ import pytest
 from shim.kernel import linux
 
 from shim.rpc import FailedPrecondition, InvalidArgument
-from shim.runtime.confine import DEFAULT_CAPABILITIES
-from shim.rpc.api import TASK_SERVICE
+from shim.api.defaults import DEFAULT_CAPABILITIES
+from shim.api.names import TASK_SERVICE
 from shimtools import host_untouched  # noqa: F401  (autouse: what this module's shims made is checked at the end)
 from shimtools import WAIT, Shim, ShimLauncher
 

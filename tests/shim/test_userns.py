@@ -16,7 +16,7 @@ import pytest
 
 from shim.kernel import linux, netns
 from shim.kernel.userns import UserNamespace
-from shim.rpc.processes import signal_process
+from shim.lib.processes import signal_process
 from shim.rpc.status import InvalidArgument
 from shim.runtime.pause import BUILTIN, PauseSpec, launch  # start: tests/shim/conftest.py
 

@@ -14,7 +14,7 @@ import anyio
 import pytest
 
 from client.cri.pod import open_pod_service
-from shim.rpc.processes import proc_start_time
+from shim.lib.processes import proc_start_time
 
 from podtools import BUSYBOX_MOUNT
 from proctools import pidfds, wait_pidfds_async

@@ -30,9 +30,10 @@ import shim
 from client.controller.spawners.systemd import unit_names
 from netrelay import loopback_relay
 from nspawn import CONTAINER_PATH, Machine, command_links, nspawn_unavailable, project_venv
-from shim.paths import BOOTSTRAP_FILE, STATE_FILE, read_json
+from shim.api.paths import BOOTSTRAP_FILE, STATE_FILE
+from shim.lib.files import read_json
 from shim.rpc import Client
-from shim.rpc.api import SANDBOX_SERVICE
+from shim.api.names import SANDBOX_SERVICE
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 STATE_ROOT = "/var/lib/podshim/sandboxes"

@@ -16,10 +16,11 @@ import subprocess
 import pytest
 
 from client.controller.spawners.systemd import SystemdSpawner, activation_socket_path, instance_name, unit_names
-from shim.paths import BOOTSTRAP_FILE, STATE_FILE, read_json
+from shim.api.paths import BOOTSTRAP_FILE, STATE_FILE
+from shim.lib.files import read_json
 from shim.rpc import Client
-from shim.rpc.api import SANDBOX_SERVICE
-from shim.rpc.processes import proc_start_time
+from shim.api.names import SANDBOX_SERVICE
+from shim.lib.processes import proc_start_time
 from shim.rpc.status import InvalidArgument
 from shimtools import host_untouched  # noqa: F401  (autouse: what this module's shims made is checked at the end)
 from shimtools import PODSHIM, WAIT, ProcessRef, mounts_naming, new_id

@@ -14,9 +14,9 @@ from typing import Mapping, Sequence
 
 import anyio
 
-from shim.rpc.api import TEMPLATE_ENV, TEMPLATE_SERVICE, TEMPLATE_SOCKET, TEMPLATE_SOCKET_ENV
+from shim.api.names import TEMPLATE_ENV, TEMPLATE_SERVICE, TEMPLATE_SOCKET, TEMPLATE_SOCKET_ENV
 from shim.rpc.client import Client
-from shim.rpc.files import decode_json
+from shim.lib.files import decode_json
 from shim.rpc.status import DeadlineExceeded, FailedPrecondition, Internal, InvalidArgument, RpcError, Unavailable
 
 from client.controller.defaults import (DEFAULT_RUNTIME_ROOT, DELETE_TIMEOUT, SPAWN_TIMEOUT,

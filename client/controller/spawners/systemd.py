@@ -34,8 +34,8 @@ from typing import Mapping, Sequence
 
 import anyio
 
-from shim.rpc.files import ensure_private_dir, write_atomic
-from shim.rpc.identifiers import validate_identifier
+from shim.lib.files import ensure_private_dir, write_atomic
+from shim.api.identifiers import validate_identifier
 from shim.rpc.status import (
     DeadlineExceeded,
     Internal,

@@ -30,7 +30,7 @@ as containerd's CRI server has one file per RPC or small group:
 - ``stats`` (stats and metrics), ``images`` (which pods and containers use an image), ``runtime_config``.
 """
 
-from shim.sandbox.options import RUNTIME_HANDLERS
+from shim.api.handlers import RUNTIME_HANDLERS
 
 from client.cri.pod.base import DEFAULT_NAMESPACE, PodEntry, keep_newest
 from client.cri.pod.service import PodService, open_pod_service

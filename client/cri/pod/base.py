@@ -15,9 +15,9 @@ import anyio
 import anyio.abc
 import anyio.lowlevel
 
-from shim.rpc.api import TASK_SERVICE
+from shim.api.names import TASK_SERVICE
 from shim.rpc.status import Aborted, InvalidArgument, NotFound
-from shim.sandbox.options import NATIVE, RUNTIME_HANDLERS  # "native" (the default, also for ""), "runc", "crun"
+from shim.api.handlers import NATIVE, RUNTIME_HANDLERS  # "native" (the default, also for ""), "runc", "crun"
 
 from client.controller import Controller
 from client.controller.bundles import bundle_path

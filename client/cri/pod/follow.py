@@ -11,9 +11,9 @@ import anyio
 import anyio.abc
 import anyio.lowlevel
 
-from shim.rpc.api import EVENTS_SERVICE
+from shim.api.names import EVENTS_SERVICE
 from shim.rpc.status import Aborted, NotFound, RpcError
-from shim.sandbox.events import TOPIC_EXIT, TOPIC_TASK_EXIT
+from shim.api.topics import TOPIC_EXIT, TOPIC_TASK_EXIT
 
 from client.cri.events import CONTAINER_CREATED, CONTAINER_STARTED, EventStream
 from client.cri.pod.base import UNKNOWN_EXIT_CODE, PodServiceBase, log

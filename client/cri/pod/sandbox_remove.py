@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 
-from shim.rpc.trees import remove_tree
+from shim.lib.trees import remove_tree
 
 from client.cri.events import CONTAINER_DELETED
 from client.cri.failpoints import failpoint

@@ -10,7 +10,7 @@ import anyio.abc
 import anyio.lowlevel
 
 from shim.rpc.status import FailedPrecondition, Internal, InvalidArgument, NotFound, RpcError
-from shim.sandbox.options import NATIVE  # "native" (the default, also for ""), "runc", "crun"
+from shim.api.handlers import NATIVE  # "native" (the default, also for ""), "runc", "crun"
 
 from client.cri import security
 from client.cri.cni import primary_ip

@@ -10,7 +10,7 @@ import anyio
 import anyio.abc
 import anyio.lowlevel
 
-from shim.rpc.files import ensure_private_dir
+from shim.lib.files import ensure_private_dir
 from shim.rpc.status import InvalidArgument
 
 from client import layouts

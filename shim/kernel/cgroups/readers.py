@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import os
 
-from shim.rpc.files import read_file
-from shim.rpc.trees import walk
+from shim.lib.files import read_file
+from shim.lib.trees import walk
 
 __all__ = ["read_bytes", "read_pids", "read_text", "read_int", "read_flat_keyed", "read_keyed", "enabled", "subtree"]
 

@@ -26,7 +26,7 @@ from shim.kernel.cgroups.hierarchies import V2, Hierarchy, discover_hierarchies,
 from shim.kernel.cgroups.readers import (read_bytes as _read_bytes, read_pids as _read_pids, read_text as _read_text,
                                          subtree as _subtree)
 from shim.kernel.cgroups.resources import planned_writes, restorable as _restorable
-from shim.rpc.processes import process_alive
+from shim.lib.processes import process_alive
 from shim.rpc.records import Record
 from shim.rpc.status import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound, RpcError, error_from_oserror
 

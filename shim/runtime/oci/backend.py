@@ -15,11 +15,11 @@ from shim.kernel.cgroups import SandboxCgroup
 from shim.kernel.cgroups.hierarchies import discover_hierarchies, pure_v2
 from shim.kernel.reaper import ExitInfo, Reaper
 from shim.kernel.userns import IdMap, UserNamespace
-from shim.paths import write_json_atomic
+from shim.lib.files import write_json_atomic
 from shim.runtime import pause, process
 from shim.runtime.base import ExecSpec, Runtime, TaskSpec
 from shim.runtime.confine import Confinement
-from shim.runtime.console import CONSOLE_TIMEOUT, Console
+from shim.lib.console import CONSOLE_TIMEOUT, Console
 from shim.runtime.oci.cli import CREATE_TIMEOUT, Container, OciCli
 from shim.kernel.linux import oom_score_adj_permitted
 from shim.runtime.oci.host import cgroups_path
@@ -27,7 +27,7 @@ from shim.runtime.oci.rootfs import PAUSE_FILE, ensure_pause_rootfs
 from shim.runtime.mounts import BindMount, host_devices
 from shim.runtime.oci.spec import PAUSE_ARGS, PAUSE_NAME, sandbox_spec, task_spec, with_user_namespace
 from shim.runtime.oci.userns import PreparedMounts, check_reachable, open_bundle
-from shim.rpc.files import ensure_private_dir, read_json
+from shim.lib.files import ensure_private_dir, read_json
 from shim.rpc.status import FailedPrecondition, Internal, InvalidArgument, RpcError
 
 __all__ = ["OCI_DIR", "OciBackend", "delete_recorded"]

@@ -24,7 +24,7 @@ from shim.kernel import linux, seccomp
 from shim.kernel.reaper import ExitInfo, Reaper
 from shim.runtime import process
 from shim.runtime.oci.host import HYBRID_CONTROLLERS_FILE, cgroup_hybrid
-from shim.rpc.files import decode_json
+from shim.lib.files import decode_json
 from shim.rpc.status import (AlreadyExists, DeadlineExceeded, FailedPrecondition, Internal, InvalidArgument, NotFound,
                              RpcError)
 

@@ -8,8 +8,8 @@ import shutil
 import tempfile
 
 from shim.runtime import pause
-from shim.rpc.files import ensure_private_dir
-from shim.rpc.trees import remove_tree
+from shim.lib.files import ensure_private_dir
+from shim.lib.trees import remove_tree
 
 __all__ = ["PAUSE_FILE", "PAUSE_ROOTFS_DIR", "ensure_pause_rootfs"]
 

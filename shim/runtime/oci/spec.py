@@ -13,7 +13,8 @@ from shim.kernel.devices import DEFAULT_RULES, DeviceRules, pod_rules
 from shim.kernel.cgroups import RESOURCE_FILES
 from shim.runtime import pause, process
 from shim.kernel.userns import UserNamespace
-from shim.runtime.confine import DEFAULT_CAPABILITIES, Confinement
+from shim.api.defaults import DEFAULT_CAPABILITIES
+from shim.runtime.confine import Confinement
 from shim.runtime.mounts import MASKED_PATHS, READONLY_PATHS, BindMount, HostDevice
 from shim.rpc.status import InvalidArgument
 

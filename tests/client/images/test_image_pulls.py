@@ -26,7 +26,7 @@ from client.images.snapshots import Staging, chain_ids
 from imagebuild import BUSYBOX_ROOTFS_CHECKS
 from layertools import make_layer, member
 from registry import AUTH, Registry
-from shim.rpc.trees import remove_tree
+from shim.lib.trees import remove_tree
 from shim.rpc.status import (DataLoss, DeadlineExceeded, FailedPrecondition, InvalidArgument, NotFound,
                              ResourceExhausted, Unauthenticated)
 

@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-__all__ = ["MAX_JSON_BYTES", "MAX_JSON_DEPTH", "decode_json", "ensure_private_dir", "flock_open", "fsync_dir", "read_json",
+__all__ = ["MAX_JSON_BYTES", "write_json_atomic", "json_document", "MAX_JSON_DEPTH", "decode_json", "ensure_private_dir", "flock_open", "fsync_dir", "read_json",
            "read_all", "read_file", "read_regular", "rename_noreplace", "Rewriter", "unlink_quietly", "write_atomic"]
 
 #: How deeply a JSON document podshim reads may nest. Real ones (CRI and CNI configs, records)
@@ -469,3 +469,18 @@ def _rename2(src: str, dst: str, flags: int) -> bool:
     if err in (errno.EINVAL, errno.ENOSYS, errno.EXDEV, errno.EPERM, errno.ENOTSUP):
         return False
     raise OSError(err, os.strerror(err), dst)
+
+
+def write_json_atomic(path: str, doc: Any, mode: int = 0o600, *, durable: bool = True, sync_dir: bool = True) -> None:
+    """Write JSON so a reader sees the old file or the new one, never half (write + rename).
+
+    ``durable`` also fsyncs, so the new file survives a power cut; runtime state that a reboot
+    makes meaningless anyway (state.json, bootstrap.json) skips it. ``sync_dir``: as
+    :func:`write_atomic`'s.
+    """
+    write_atomic(path, json_document(doc), mode=mode, durable=durable, sync_dir=sync_dir)
+
+
+def json_document(doc: Any) -> bytes:
+    """The bytes of a JSON file podshim writes: sorted keys, one line, a newline."""
+    return (json.dumps(doc, sort_keys=True) + "\n").encode()

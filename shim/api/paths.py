@@ -1,24 +1,21 @@
-"""Names and places: identifier rules, the socket address, and the files a shim keeps.
+"""Names and places: the socket address of a sandbox's shim, the template's, the files a shim keeps.
 
-Everything here is checked before anything touches the filesystem: a namespace or sandbox id
-that is not a containerd identifier is refused, so no id can name a path outside the roots.
+Part of the contract (:mod:`shim.api`): computed, never looked up (no I/O). A namespace or sandbox
+id that is not a containerd identifier is refused, so no id can name a path outside the roots.
 """
 
 from __future__ import annotations
 
-import json
 import os
-from typing import Any
 
 try:  # CPython's own sha256 (as random.py does for sha512): hashlib loads OpenSSL's, 3 ms per process
-    from _sha256 import sha256 as _sha256
+    from _sha256 import sha256 as _sha256  # type: ignore[import-not-found]  # CPython's own module, no stub
 except ImportError:  # pragma: no cover - other interpreters, CPython >= 3.12
     from hashlib import sha256 as _sha256
 
-from shim.rpc.api import (BOOTSTRAP_FILE, BOOTSTRAP_VERSION, DEFAULT_RUNTIME_ROOT, PROTOCOL, STATE_FILE, TEMPLATE_SOCKET,
-                          TEMPLATE_SOCKET_ENV)
-from shim.rpc.files import read_json, write_atomic
-from shim.rpc.identifiers import MAX_IDENTIFIER_CHARS, validate_identifier
+from shim.api.names import (BOOTSTRAP_FILE, BOOTSTRAP_VERSION, DEFAULT_RUNTIME_ROOT, PROTOCOL, STATE_FILE,
+                            TEMPLATE_SOCKET, TEMPLATE_SOCKET_ENV)
+from shim.api.identifiers import MAX_IDENTIFIER_CHARS, validate_identifier
 from shim.rpc.status import InvalidArgument
 
 __all__ = [
@@ -31,9 +28,6 @@ __all__ = [
     "socket_address",
     "control_socket_path",
     "template_socket_for",
-    "write_json_atomic",
-    "json_document",
-    "read_json",
     "BOOTSTRAP_FILE",
     "STATE_FILE",
     "LOG_FILE",
@@ -83,19 +77,3 @@ def template_socket_for(runtime_root: str) -> str:
 
 def socket_address(path: str) -> str:
     return "unix://" + path
-
-
-def write_json_atomic(path: str, doc: Any, mode: int = 0o600, *, durable: bool = True, sync_dir: bool = True) -> None:
-    """Write JSON so a reader sees the old file or the new one, never half (write + rename).
-
-    ``durable`` also fsyncs, so the new file survives a power cut; runtime state that a reboot
-    makes meaningless anyway (state.json, bootstrap.json) skips it. ``sync_dir``: as
-    :func:`shim.rpc.files.write_atomic`'s.
-    """
-    write_atomic(path, json_document(doc), mode=mode, durable=durable, sync_dir=sync_dir)
-
-
-def json_document(doc: Any) -> bytes:
-    """The bytes of a JSON file podshim writes: sorted keys, one line, a newline."""
-    return (json.dumps(doc, sort_keys=True) + "\n").encode()
-

@@ -24,8 +24,8 @@ import termios
 from collections.abc import Iterator
 from typing import Any
 
-from shim.paths import SUN_PATH_MAX
-from shim.runtime.pipes import wait_ready
+from shim.api.paths import SUN_PATH_MAX
+from shim.lib.pipes import wait_ready
 from shim.rpc.status import InvalidArgument
 
 __all__ = ["Console", "check_size", "check_socket", "connect", "copy_input", "copy_output", "resize", "CONSOLE_TIMEOUT"]

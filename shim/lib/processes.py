@@ -17,7 +17,7 @@ import os
 import select
 import signal
 
-from shim.rpc.files import read_file
+from shim.lib.files import read_file
 
 __all__ = [
     "STAT_PPID",

@@ -1,0 +1,9 @@
+"""Helpers the shim and its clients both use that are not the wire: the standard library only
+(and the wire's errors), no state of the shim's.
+
+- ``files``: atomic writes, private directories, JSON documents read with limits;
+- ``trees``: walking and removing trees of any depth; ``mountinfo``: /proc/PID/mountinfo;
+- ``processes``: a process named by pid and start time, and its pidfd;
+- ``arguments``: the commands' argument parser; ``notify``: sd_notify and LISTEN_FDS;
+- ``console`` and ``pipes``: a terminal's pty and the one pipe reader, for exec and attach streams.
+"""
