@@ -59,6 +59,7 @@ async def run(argv: list[str], env: dict[str, str], stdin: bytes, timeout: float
             async with anyio.create_task_group() as tg:
                 tg.start_soon(drain, process.stdout, out)
                 tg.start_soon(drain, process.stderr, err)
+                assert process.stdin is not None  # opened with stdin=PIPE
                 try:
                     await process.stdin.send(stdin)
                 except (anyio.BrokenResourceError, anyio.ClosedResourceError):

@@ -210,6 +210,7 @@ def _recorded_shim(bundle: str) -> ShimProcess | None:
     start_time = record.get("shim_start_time") if isinstance(record, dict) else None
     if not _is_count(pid) or pid == 0:
         return None
+    assert isinstance(pid, int)  # _is_count said so
     return ShimProcess(pid, start_time if _is_count(start_time) else None)
 
 
@@ -217,7 +218,7 @@ def _is_count(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
-def _entries(directory: str) -> Iterator[os.DirEntry]:
+def _entries(directory: str) -> Iterator[os.DirEntry[str]]:
     try:
         with os.scandir(directory) as it:
             yield from it
@@ -290,7 +291,7 @@ def _marked_bundle_root(state_root: str) -> bool:
         return False
 
 
-def _remove_leftover(entry: os.DirEntry, root_is_ours: bool) -> None:
+def _remove_leftover(entry: os.DirEntry[str], root_is_ours: bool) -> None:
     """Remove a hidden directory of a namespace directory named as a bundle whose removal or
     creation a crash interrupted: in a root marked as ours any such (its marker may be among
     what the removal took already), elsewhere only one that proves it was a bundle. One that is

@@ -264,7 +264,7 @@ class Controller(Loading):
                 if await self._call(handle, "StopSandbox", payload, grace + STOP_MARGIN) is None:
                     log.debug("stop %s/%s: its shim is gone; nothing to stop", namespace, sandbox_id)
             except NotFound:
-                if handle.phase is not Phase.GONE:
+                if handle.phase is not Phase.GONE:  # type: ignore[comparison-overlap]  # the awaits above move it
                     raise  # the shim answered: it does not know the sandbox
 
     async def wait(self, namespace: str, sandbox_id: str) -> ExitStatus:
@@ -314,7 +314,7 @@ class Controller(Loading):
                     except RpcError as exc:
                         # Asked to go, and still not answering: `podshim delete` ends it.
                         log.warning("shutdown %s/%s: %s; deleting it", namespace, sandbox_id, exc.message)
-                if handle.phase is Phase.GONE:
+                if handle.phase is Phase.GONE:  # type: ignore[comparison-overlap]  # the awaits above move it
                     return  # its shim never got CreateSandbox: reviving it shut it down
                 if handle.phase is Phase.LIVE:
                     handle.closing = True
@@ -457,7 +457,8 @@ class Controller(Loading):
             client = handle.client
             assert client is not None
             try:
-                return await client.call(SANDBOX_SERVICE, method, payload, timeout=timeout)
+                reply: dict[str, Any] = await client.call(SANDBOX_SERVICE, method, payload, timeout=timeout)
+                return reply
             except DeadlineExceeded as exc:
                 within = f" within {timeout:g}s" if timeout is not None else ""
                 raise DeadlineExceeded(f"the shim of sandbox {handle.sandbox_id} in namespace {handle.namespace} "
@@ -473,7 +474,7 @@ class Controller(Loading):
                 await self._judge_loss(handle, client)
                 if handle.phase in ENDED:
                     return None  # its process is gone
-                if handle.phase is Phase.GONE:
+                if handle.phase is Phase.GONE:  # type: ignore[comparison-overlap]  # the awaits above move it
                     raise NotFound(f"sandbox {handle.sandbox_id} not found in namespace {handle.namespace}") from None
                 if not idempotent:
                     raise Unavailable(f"the connection to the shim of sandbox {handle.sandbox_id} in namespace "

@@ -117,6 +117,7 @@ class Liveness:
                 if gone:
                     await self._bury(handle)
                 return
+            assert pidfd is not None  # not gone
             handle.client = None
             self._unreachable(handle, "runs but its connection was lost", pidfd)
         await client.aclose()

@@ -129,7 +129,7 @@ class Loading(Liveness):
                 client, handle.client = handle.client, None
                 if client is not None:
                     await client.aclose()
-                if pidfd is None or await exits_soon(handle.process, pidfd):
+                if pidfd is None or handle.process is None or await exits_soon(handle.process, pidfd):
                     log.warning("sandbox %s/%s: cannot reach its shim (%s)", ns, sid, why)
                     await self._bury(handle)
                 else:
@@ -154,7 +154,8 @@ class Loading(Liveness):
             client = await Client.connect(handle.address, namespace=handle.namespace, timeout=LOAD_TIMEOUT)
             self._attach(handle, client)
             try:
-                return await client.call(SANDBOX_SERVICE, "SandboxStatus", {"sandbox_id": handle.sandbox_id},
-                                         timeout=LOAD_TIMEOUT)
+                reply: dict[str, Any] = await client.call(SANDBOX_SERVICE, "SandboxStatus",
+                                                          {"sandbox_id": handle.sandbox_id}, timeout=LOAD_TIMEOUT)
+                return reply
             except NotFound:
                 return None

@@ -6,6 +6,7 @@ tasks that ``add`` the same id cannot both succeed. Not for use from several thr
 
 from __future__ import annotations
 
+import builtins
 from typing import Generic, Iterator, TypeVar
 
 from shim.rpc.status import AlreadyExists, NotFound
@@ -62,7 +63,7 @@ class NSMap(Generic[T]):
             return [space[k] for k in sorted(space)]
         return [self._spaces[ns][k] for ns in sorted(self._spaces) for k in sorted(self._spaces[ns])]
 
-    def namespaces(self) -> list[str]:
+    def namespaces(self) -> builtins.list[str]:
         """The namespaces that hold at least one item, sorted."""
         return sorted(self._spaces)
 

@@ -170,7 +170,7 @@ class _Importer:
         for entry in index["manifests"]:
             if not isinstance(entry, dict):
                 raise DataLoss(f"archive {self.path}: index.json has a descriptor that is not an object")
-            annotations = entry.get("annotations") if isinstance(entry.get("annotations"), dict) else {}
+            annotations: dict[str, Any] = entry["annotations"] if isinstance(entry.get("annotations"), dict) else {}
             names = _names([annotations.get(_NAME_ANNOTATION), annotations.get(_REF_ANNOTATION)])
             descriptor = _descriptor(entry, self.path)
             platform = entry.get("platform")

@@ -36,6 +36,7 @@ means, for podshimd (and anything else) to translate.
 from __future__ import annotations
 
 import asyncio
+import builtins
 import logging
 import os
 from collections.abc import Callable, Iterable
@@ -124,7 +125,7 @@ class Images:
     async def aclose(self) -> None:
         """Cancel the pulls in flight and wait for them to clean up, and for a garbage
         collection under way to end."""
-        tasks = list(self._pulls.values())
+        tasks: list[asyncio.Future[Any]] = list(self._pulls.values())
         for task in tasks:
             task.cancel()
         if self._collecting is not None:
@@ -256,7 +257,7 @@ class Images:
 
     # -- archives ------------------------------------------------------------------------------
 
-    async def import_archive(self, path: str) -> list[ImageRecord]:
+    async def import_archive(self, path: str) -> builtins.list[ImageRecord]:
         """Import the images of the archive at ``path`` (:mod:`.archive`: an OCI archive or a
         docker-archive) as a pull brings an image in: its blobs verified into the content store,
         its layers unpacked within ``max_unpacked_bytes``, each image recorded with the names the
@@ -271,7 +272,7 @@ class Images:
             task.add_done_callback(lambda done: self._pull_done(key, done))
         return await asyncio.shield(task)
 
-    async def _import(self, path: str) -> list[ImageRecord]:
+    async def _import(self, path: str) -> builtins.list[ImageRecord]:
         from .archive import read_archive
 
         while self._collecting is not None:  # a collection must not take what this import stores
@@ -308,7 +309,7 @@ class Images:
                      "untagged image", path, record.short_id, len(record.layers), record.size)
         return stored
 
-    async def export_archive(self, names: Iterable[str], path: str, archive_format: str) -> tuple[list[ImageRecord], int]:
+    async def export_archive(self, names: Iterable[str], path: str, archive_format: str) -> tuple[builtins.list[ImageRecord], int]:
         """Write the images ``names`` name to ``path`` as an archive of ``archive_format``
         (:mod:`.archive`); their records and the archive's size. Raises NotFound for a name that
         names no image, and what :func:`.archive.write_archive` raises."""

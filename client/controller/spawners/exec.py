@@ -105,7 +105,7 @@ class ExecSpawner(Spawner):
                 "--runtime-root", self.runtime_root]
 
     async def _run(self, argv: list[str], what: str, cwd: str, timeout: float, *,
-                   shield: bool = True) -> subprocess.CompletedProcess:
+                   shield: bool = True) -> subprocess.CompletedProcess[bytes]:
         async with self._helpers:
             try:
                 # Once started, a helper runs to its end or its own timeout, whoever cancels us:
@@ -117,6 +117,7 @@ class ExecSpawner(Spawner):
                     # terminal must not kill a helper half-way through starting a shim.
                     return await anyio.run_process(argv, stdin=subprocess.DEVNULL, check=False, cwd=cwd,
                                                    env=self.env, start_new_session=True)
+                raise AssertionError("a shielded scope swallowed the helper's end")  # neither scope can
             except TimeoutError:
                 raise DeadlineExceeded(f"podshim {what} did not finish within {timeout:.0f}s") from None
             except OSError as exc:  # not the errno's code: a NOT_FOUND would read as "no such sandbox"

@@ -226,7 +226,7 @@ class SystemdSpawner(Spawner):
             return [service, socket]
         return [service]
 
-    async def _systemctl(self, *args: str, timeout: float) -> subprocess.CompletedProcess:
+    async def _systemctl(self, *args: str, timeout: float) -> subprocess.CompletedProcess[bytes]:
         argv = [*self.systemctl, "--no-ask-password", *args]
         try:
             with anyio.fail_after(timeout):
