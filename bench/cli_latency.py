@@ -18,12 +18,12 @@ the shim it forked until it served): what the command costs whatever else runs o
   this checkout's: a before/after comparison in one run, on the same machine load.
 - podshimctl's pod verbs (a CRI client of podshimd): ``pods`` and ``ps -a`` against a podshimd with
   no pods, ``pods`` and ``inspectp`` against one with ``--pods`` live pods (made with runp before the
-  rounds, removed after them); both daemons run for the whole bench (tests/critools.py starts
+  rounds, removed after them); both daemons run for the whole bench (tests/support/critools.py starts
   them, so this needs the test extras); the real ``crictl pods`` against the same daemons when
-  tests/critools.py has built cri-tools. ``sandbox list`` (the Controller, no daemon) over an empty
+  tests/support/critools.py has built cri-tools. ``sandbox list`` (the Controller, no daemon) over an empty
   state root. With ``--before DIR`` each verb's installed command also runs the code of DIR.
 - Floors: ``python -I -S -c pass`` and ``python -c pass`` (site's start-up hooks included).
-- ``--systemd``: a systemd booted in systemd-nspawn (tests/nspawn.py) with the project installed in
+- ``--systemd``: a systemd booted in systemd-nspawn (tests/support/nspawn.py) with the project installed in
   a venv there and the units of systemd/: ``systemctl start podshim@NS:ID.service`` (Type=notify:
   it returns once the shim sent READY=1), beside ``systemctl start`` of a Type=exec unit running
   ``sleep`` (systemd's own cost of starting a unit). Each shim is stopped again, untimed.
@@ -155,8 +155,8 @@ def describe(command: str) -> str:
 def ctl_rows(empty, busy, sandboxes: str, before: str | None, pods: int) -> list[Row]:
     """The podshimctl rows: pod verbs against the podshimd daemons ``empty`` (no pods) and ``busy``
     (``pods`` pods, made here), ``sandbox list`` over the empty state root ``sandboxes``; and the
-    real crictl beside them when the pinned one is built (tests/critools.py builds it)."""
-    from critools import gotool
+    real crictl beside them when the pinned one is built (tests/support/critools.py builds it)."""
+    from support.critools import gotool
 
     installed = os.path.join(os.path.dirname(sys.executable), "podshimctl")
     site_env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [before or REPO,
@@ -253,7 +253,7 @@ ExecStart=/bin/sleep 600
 
 def systemd_rows(rounds: int) -> tuple[list[Row], str]:
     sys.path.insert(0, os.path.join(REPO, "tests"))
-    from nspawn import CONTAINER_PATH, Machine, command_links, nspawn_unavailable, project_venv
+    from support.nspawn import CONTAINER_PATH, Machine, command_links, nspawn_unavailable, project_venv
 
     reason = nspawn_unavailable()
     if reason is not None:
@@ -270,7 +270,7 @@ def systemd_rows(rounds: int) -> tuple[list[Row], str]:
     rows = [Row("systemd", "`systemctl start podshim@NS:ID.service` until READY=1 (the installed launcher)", []),
             Row("systemd", "`systemctl start` of a Type=exec unit running sleep (systemd's own cost)", [])]
     rows[0].samples, rows[1].samples = samples["shim"], samples["floor"]
-    return rows, "systemd 252 in systemd-nspawn (tests/nspawn.py), the project pip-installed in a venv of /usr/bin/python3"
+    return rows, "systemd 252 in systemd-nspawn (tests/support/nspawn.py), the project pip-installed in a venv of /usr/bin/python3"
 
 
 def remove_pods(daemon) -> None:
@@ -298,7 +298,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with contextlib.ExitStack() as stack:
             sys.path.insert(0, os.path.join(REPO, "tests"))
-            from critools import running_podshimd
+            from support.critools import running_podshimd
 
             daemons = []
             for name in ("empty", "busy"):

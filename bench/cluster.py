@@ -283,7 +283,7 @@ def _wait_exited(pid: int, children: Sequence[subprocess.Popen], label: str) -> 
 
 def tool_paths(names: Sequence[str] = KUBERNETES_TOOLS) -> dict[str, str]:
     """The pinned binaries (built by .ci/gotool into its cache first when missing)."""
-    from critools import gotool
+    from support.critools import gotool
 
     return {name: gotool.tool_path(name) for name in names}
 
@@ -554,8 +554,8 @@ class Cluster:
     def _registry(self) -> None:
         """docker-registry at 10.99.0.1:5000 with busybox (built as the tests build it) and
         containerd's pause pushed to it."""
-        from imagebuild import DEFAULT_PATH, Entry, ImageConfig
-        from registry import registry_config
+        from support.imagebuild import DEFAULT_PATH, Entry, ImageConfig
+        from support.registry import registry_config
 
         state = self.state
         config = state.file("registry.yml")
@@ -575,15 +575,15 @@ class Cluster:
 
     def push_busybox(self, reference: str, config: Any = None, creds: str | None = None) -> None:
         """Push busybox (the tests' image; its config ``config`` over ``sh``) as ``reference``."""
-        from imagebuild import ImageConfig, busybox_layer
+        from support.imagebuild import ImageConfig, busybox_layer
 
         self.push_image(reference, [busybox_layer()], config or ImageConfig(cmd=("sh",)), creds)
 
     def push_image(self, reference: str, layers: Sequence[Any], config: Any, creds: str | None = None) -> None:
-        """Build an image of ``layers`` and ``config`` (tests/imagebuild.py's) and push it as
+        """Build an image of ``layers`` and ``config`` (tests/support/imagebuild.py's) and push it as
         ``reference`` from the cluster's network (``creds``: USER:PASSWORD), retried while the
         registry is starting."""
-        from imagebuild import ImageBuilder
+        from support.imagebuild import ImageBuilder
 
         build = tempfile.mkdtemp(prefix="image-", dir=self.state.dir)
         try:
@@ -663,7 +663,7 @@ class Cluster:
             spawn(state, f"{name}-podshimd", [sys.executable, "-m", "client.podshimd", f"--config={podshimd_config}"],
                   cgroup=cgroup, nsenter=ns, env={**os.environ, "PYTHONPATH": REPO})
         else:
-            from ctrdtools import write_config
+            from support.ctrdtools import write_config
 
             # Its root, state and sockets under the node's directory, runc's root there too; its
             # shims' sockets under the node's own /run (containerd's default); CNI from the node's config.

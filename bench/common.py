@@ -130,7 +130,7 @@ def bench_podshimd(directory: str, crictl: str, problems: list[str], **kwargs: o
     with every pod removed (:func:`remove_cri_pods`) before podshimd stops; then the network
     namespaces its pod records named that are still there are removed. What went wrong is added to
     ``problems``, as sentences."""
-    from critools import running_podshimd
+    from support.critools import running_podshimd
 
     netns: set[str] = set()
     with running_podshimd(directory, **kwargs) as daemon:  # type: ignore[arg-type]

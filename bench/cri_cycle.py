@@ -7,11 +7,11 @@ As root. Sets up, and removes at the end (also on failure or a signal):
 - one throwaway network namespace (``ip netns add``); both daemons run in it (``nsenter --net``), so
   CNI only ever touches that namespace;
 - podshimd (``python -m client.podshimd``) with its state root, runtime root, socket and config
-  under a temporary directory, started as tests/critools.py's ``running_podshimd`` does;
+  under a temporary directory, started as tests/support/critools.py's ``running_podshimd`` does;
 - a private containerd (bench/compare/run.py's ``PrivateContainerd``: own root, state and socket)
   with its CRI plugin on, sandbox_image = the pause image built and imported here with ``ctr``;
 - each daemon its own copy of examples/cni/10-podshim-bridge.conflist (own bridge, subnet, dataDir);
-- with --sandbox-image, a second podshimd whose ``sandbox_image`` is tests/imagebuild.py's catatonit
+- with --sandbox-image, a second podshimd whose ``sandbox_image`` is tests/support/imagebuild.py's catatonit
   pause image (``/catatonit -P``, the same program as the built-in pause), pulled into its image
   store before the run from the tests' registry on the host's loopback (which is stopped then), so
   the cycles measure the snapshot, its mount and the pause from it, not a pull.
@@ -55,8 +55,8 @@ START_TIMEOUT = 60.0
 
 
 def crictl() -> str:
-    """The pinned crictl (built once, by tests/critools.py's cri_tool)."""
-    from critools import cri_tool
+    """The pinned crictl (built once, by tests/support/critools.py's cri_tool)."""
+    from support.critools import cri_tool
     return cri_tool("crictl")
 
 
@@ -291,13 +291,13 @@ def ms(seconds: float) -> str:
 
 
 def pull_pause_image(state_root: str, workdir: str) -> str:
-    """Build tests/imagebuild.py's catatonit pause image, push it to a registry on the host's
+    """Build tests/support/imagebuild.py's catatonit pause image, push it to a registry on the host's
     loopback and pull it into the image store under ``state_root`` (as podshimd would); its reference."""
     import asyncio
 
     sys.path.insert(1, os.path.join(REPO, "tests"))
-    from imagebuild import TestImages, catatonit_pause_image
-    from registry import running_registry
+    from support.imagebuild import TestImages, catatonit_pause_image
+    from support.registry import running_registry
 
     from client.images.skopeo import RegistryHost
     from client.images.service import Images

@@ -6,9 +6,9 @@ handlers, with the same local registry and images: the figures for the CRI issue
                                     [--skip REGEX] [--output DIR]
 
 As root. Everything runs in a throwaway network namespace (bench/cri_images.py): the tests' local
-registry (docker-registry on 127.0.0.1) with every image critest pulls (tests/imagebuild.py's
+registry (docker-registry on 127.0.0.1) with every image critest pulls (tests/support/imagebuild.py's
 critest_images, built offline), containerd (started as the containerd tests start it,
-tests/ctrdtools.py, its sandbox image critest's pause) and podshimd, each mirroring
+tests/support/ctrdtools.py, its sandbox image critest's pause) and podshimd, each mirroring
 registry.k8s.io, gcr.io and k8s.gcr.io to that registry (one after the other), and critest itself
 (its host-port and host-network specs reach the pods from there). Prints ran / passed / failed /
 skipped per runtime, containerd's failed specs, and each spec that a podshimd handler fails or
@@ -32,14 +32,14 @@ sys.path.insert(0, REPO)
 
 from bench.common import bench_podshimd  # noqa: E402
 from bench.cri_images import Janitor, bench_parser, log, netns_main, podshimd_directory  # noqa: E402
-from critools import CritestResult  # noqa: E402  (tests/ is on the path once bench.cri_images is imported)
+from support.critools import CritestResult  # noqa: E402  (tests/ is on the path once bench.cri_images is imported)
 
 
 def inside(args: argparse.Namespace) -> int:
-    from critools import cri_tool, gotool, run_critest
-    from ctrdtools import containerd_version, running_containerd
-    from imagebuild import CRITEST_PAUSE_IMAGES, TestImages, critest_images
-    from registry import running_registry
+    from support.critools import cri_tool, gotool, run_critest
+    from support.ctrdtools import containerd_version, running_containerd
+    from support.imagebuild import CRITEST_PAUSE_IMAGES, TestImages, critest_images
+    from support.registry import running_registry
 
     critest, crictl = cri_tool("critest"), cri_tool("crictl")
     version = gotool.tool_pin("critest")["version"]

@@ -78,9 +78,9 @@ class Runtime:
 
 
 def inside(args: argparse.Namespace) -> int:
-    from critools import cri_tool
-    from imagebuild import TestImages
-    from registry import running_registry
+    from support.critools import cri_tool
+    from support.imagebuild import TestImages
+    from support.registry import running_registry
 
     crictl = cri_tool("crictl")
     janitor = Janitor()

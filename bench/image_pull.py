@@ -5,7 +5,7 @@ and crictl pull against its CRI plugin), interleaved, medians.
 
 As root. Everything runs in a throwaway network namespace (bench/cri_images.py): the tests' local
 registry (docker-registry on 127.0.0.1, plain HTTP), a private containerd with its CRI plugin, and
-podshimd. Two images, built here (tests/imagebuild.py) and pushed once:
+podshimd. Two images, built here (tests/support/imagebuild.py) and pushed once:
 
 - small: the tests' busybox image (three layers, about 1 MB gzipped);
 - big: busybox plus --big-layers layers of random bytes (incompressible: gzip keeps them at their
@@ -103,9 +103,9 @@ def podshimd_pulls(crictl: str, endpoint: str, ref: str) -> str:
 
 
 def inside(args: argparse.Namespace) -> int:
-    from critools import cri_tool
-    from imagebuild import TestImages
-    from registry import running_registry
+    from support.critools import cri_tool
+    from support.imagebuild import TestImages
+    from support.registry import running_registry
 
     crictl = cri_tool("crictl")
     janitor = Janitor()

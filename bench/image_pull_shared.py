@@ -4,7 +4,7 @@ against an earlier revision of podshim, interleaved, medians.
     python3 bench/image_pull_shared.py [--runs 7] [--base-mb 100] [--base-layers 20] [--top-mb 1] [--before REV]
 
 As root (layers are unpacked with their owners). A local registry (the tests' docker-registry on
-127.0.0.1, plain HTTP) gets two images built here (tests/imagebuild.py): ``base``, busybox plus
+127.0.0.1, plain HTTP) gets two images built here (tests/support/imagebuild.py): ``base``, busybox plus
 --base-layers layers of random bytes (--base-mb MB in all, incompressible), and ``top``, ``base``
 plus one layer of --top-mb MB. Each contender (this tree, and with --before the code of that
 revision, ``git archive REV``: 182ee9a is the one before issue #17's change) has its own image store
@@ -77,8 +77,8 @@ def main() -> int:
         p.error("--runs, --base-mb, --base-layers and --top-mb must be positive")
     sys.path.insert(0, os.path.join(REPO, "tests"))
     sys.path.insert(0, REPO)
-    from imagebuild import TestImages
-    from registry import running_registry
+    from support.imagebuild import TestImages
+    from support.registry import running_registry
 
     workdir = tempfile.mkdtemp(prefix="pullshared-")
     try:

@@ -20,7 +20,7 @@ specs (gcr.io credentials).
 
 Images: e2e.test names its images by registry (test/utils/image/manifest.go); KUBE_TEST_REPO_LIST
 maps every registry but two to the cluster's registry (10.99.0.1:5000/...), where this bench
-pushes what the selected specs pull, built offline as tests/imagebuild.py builds test images:
+pushes what the selected specs pull, built offline as tests/support/imagebuild.py builds test images:
 
 - e2e-test-images/busybox (1.37.0-2, 1.36.1-1): Debian's dynamic busybox, every applet (each in
   /bin too, as Docker Hub's busybox has them);
@@ -94,8 +94,8 @@ def log(text: str) -> None:
 def push_images(c: harness.Cluster, directory: str) -> list[str]:
     """Build the e2e images (see the module's docstring) and push them to ``c``'s registry; their
     references."""
-    from critools import gotool
-    from imagebuild import (BUSYBOX_CONFIG, BUSYBOX_GROUP, BUSYBOX_PASSWD, FAKE_NGINX, Entry, ImageBuilder,
+    from support.critools import gotool
+    from support.imagebuild import (BUSYBOX_CONFIG, BUSYBOX_GROUP, BUSYBOX_PASSWD, FAKE_NGINX, Entry, ImageBuilder,
                             ImageConfig, busybox_layer, dynamic_busybox, nnp_binary, shared_libraries,
                             tiny_pause_binary, web_root)
 
@@ -217,7 +217,7 @@ def read_report(path: str, runtime: str) -> Outcome:
 
 
 def run_specs(c: harness.Cluster, runtime: str, output: str, procs: int, focus: list[str], skip: str) -> Outcome:
-    from critools import gotool
+    from support.critools import gotool
 
     e2e, ginkgo = gotool.tool_path("e2e.test"), gotool.tool_path("ginkgo")
     os.makedirs(output, exist_ok=True)

@@ -99,8 +99,8 @@ def http_fetch(host: str, repo: str, manifest: dict, directory: str) -> tuple[fl
 
 
 def inside(args: argparse.Namespace) -> int:
-    from imagebuild import TestImages
-    from registry import running_registry
+    from support.imagebuild import TestImages
+    from support.registry import running_registry
 
     workdir = tempfile.mkdtemp(prefix="skcopy-")
     results: dict[str, list[tuple[float, float, float]]] = {}

@@ -5,7 +5,7 @@ under script(1), beside script(1) running ``true`` alone, and podshimd's open fd
 
     python bench/streaming_exec.py [--runs 30] [--concurrent 100] [--tty-runs 15]
 
-As root. Runs its own podshimd (as tests/critools.py's ``running_podshimd``: everything under a
+As root. Runs its own podshimd (as tests/support/critools.py's ``running_podshimd``: everything under a
 temporary directory, removed at the end) with one pod (loopback-only netns, no CNI config) and one
 container (``sleep``) on the host's root filesystem. containerd is not run here (its CRI exec needs
 an image with a shell imported into it): the figure stands alone.
@@ -27,8 +27,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[:0] = [REPO, os.path.join(REPO, "tests")]
 
 from bench.common import bench_podshimd, percentile  # noqa: E402
-from critools import cri_tool  # noqa: E402
-from podtools import container_config, pod_config  # noqa: E402
+from support.critools import cri_tool  # noqa: E402
+from support.podtools import container_config, pod_config  # noqa: E402
 
 
 def timed(argv: list[str]) -> float:

@@ -24,11 +24,11 @@ os.environ["PODSHIM_TEST_SESSION"] = SESSION_MARKER.split("=", 1)[1]
 from shim.kernel.reaper import Reaper  # noqa: E402  (imported once the marker is in the environment)
 
 # The local registry and the test images, one of each per session, started on first use (see
-# tests/registry.py and tests/imagebuild.py). Fixtures are found by name in a conftest module.
-from imagebuild import test_images  # noqa: E402
-from registry import auth_registry, registry  # noqa: E402
-from proctools import unheld_netns  # noqa: E402
-from sandbox_env import settle_persistent  # noqa: E402
+# tests/support/registry.py and tests/support/imagebuild.py). Fixtures are found by name in a conftest module.
+from support.imagebuild import test_images  # noqa: E402
+from support.registry import auth_registry, registry  # noqa: E402
+from support.proctools import unheld_netns  # noqa: E402
+from support.sandbox_env import settle_persistent  # noqa: E402
 
 __all__ = ["auth_registry", "registry", "test_images"]
 
@@ -36,7 +36,7 @@ __all__ = ["auth_registry", "registry", "test_images"]
 def pytest_sessionstart(session: pytest.Session) -> None:
     """The checkout under test has the code .ci/install generates from the pinned schemas (a
     worktree made after the install has none): compiled now if missing, by this Python's grpcio-tools."""
-    from critools import gotool
+    from support.critools import gotool
 
     gotool.compile_schemas(sys.executable)
 
@@ -59,13 +59,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 def pytest_runtestloop(session: pytest.Session) -> bool | None:
     """``-m cgroupv2`` on a host that is not pure cgroup v2: the same pytest command runs in the
-    guest (tests/guest.py: built once, booted or reused, the checkout synced into it), its output
+    guest (tests/support/guest.py: built once, booted or reused, the checkout synced into it), its output
     shown here and its outcome this session's."""
     markexpr = session.config.getoption("markexpr") or ""
     if "cgroupv2" not in markexpr or os.environ.get("PODSHIM_IN_GUEST") == "1" or _pure_cgroup_v2():
         return None
-    import guest
-
+    from support import guest
     root = str(session.config.rootpath)
     args = [os.path.relpath(os.path.abspath(arg), root) if os.path.exists(arg) else arg
             for arg in session.config.invocation_params.args]

@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-from critools import gotool
+from support.critools import gotool
 
 FAKE_GO = r'''#!/usr/bin/env python3
 import json, os, sys, time

@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-from critools import REPO, podshimd_argv
+from support.critools import REPO, podshimd_argv
 
 #: Seconds an install may take: a new venv and every dependency from the registry, about a minute idle.
 INSTALL_TIMEOUT = 900

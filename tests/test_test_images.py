@@ -1,5 +1,5 @@
-"""The tests' own registry and images work: what tests/registry.py starts answers like a registry,
-and what tests/imagebuild.py pushes reads back with skopeo (Debian's, the same containers/image
+"""The tests' own registry and images work: what tests/support/registry.py starts answers like a registry,
+and what tests/support/imagebuild.py pushes reads back with skopeo (Debian's, the same containers/image
 code CRI-O pulls with) and unpacks with umoci as the images' docstrings say."""
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ import tempfile
 
 import pytest
 
-from imagebuild import BUSYBOX_ROOTFS_CHECKS, Entry, ImageConfig, layer_tar
-from registry import running_registry
+from support.imagebuild import BUSYBOX_ROOTFS_CHECKS, Entry, ImageConfig, layer_tar
+from support.registry import running_registry
 
 OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
 OCI_INDEX = "application/vnd.oci.image.index.v1+json"
@@ -59,7 +59,7 @@ def test_a_registry_is_stopped_and_removed_when_the_block_raises():
 
 
 def test_the_auth_registry_wants_its_credentials(auth_registry, test_images):
-    from registry import _http_get
+    from support.registry import _http_get
     status, headers, _ = _http_get(auth_registry.host, "/v2/", {})
     assert status == 401
     assert headers["www-authenticate"].startswith("Basic ")

@@ -1,5 +1,5 @@
-"""The containerd tests' fixtures: crictl (tests/critools.py), a throwaway network namespace, a
-directory of the test's own and the real containerd started in them (tests/ctrdtools.py)."""
+"""The containerd tests' fixtures: crictl (tests/support/critools.py), a throwaway network namespace, a
+directory of the test's own and the real containerd started in them (tests/support/ctrdtools.py)."""
 
 from __future__ import annotations
 
@@ -12,10 +12,10 @@ import time
 
 import pytest
 
-from critools import crictl, critest, outer_netns
-from ctrdtools import running_containerd
-from imagebuild import critest_image_set
-from netrelay import loopback_relay
+from support.critools import crictl, critest, outer_netns
+from support.ctrdtools import running_containerd
+from support.imagebuild import critest_image_set
+from support.netrelay import loopback_relay
 
 __all__ = ["crictl", "critest", "critest_image_set", "ctrd_netns", "directory", "containerd", "outer_netns"]
 

@@ -1,5 +1,5 @@
 """containerd's CRI running pods on podshim's shim: the real containerd (.ci/pins.toml's), started
-privately (tests/ctrdtools.py) with a ``podshim`` runtime handler (``sandboxer = "shim"``),
+privately (tests/support/ctrdtools.py) with a ``podshim`` runtime handler (``sandboxer = "shim"``),
 driven by the real crictl with ``--runtime podshim``: a pod, and a container in it (its output in
 its CRI log, an exec's on crictl's stdout). Nothing is left once a pod is removed: no shim, pause,
 bundle, socket or network namespace.
@@ -13,8 +13,8 @@ import signal
 import time
 
 
-from ctrdtools import pod_config, sleeping_pod
-from shimtools import ProcessRef
+from support.ctrdtools import pod_config, sleeping_pod
+from support.shimtools import ProcessRef
 
 
 def test_a_pod_runs_on_podshims_shim_through_containerds_cri_and_leaves_nothing(containerd, crictl, directory):

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import subprocess
 
-from ctrdtools import containerd_binary
+from support.ctrdtools import containerd_binary
 
 
 def test_ctr_run_with_its_default_spec_is_refused_for_its_tmpfs_and_leaves_nothing(containerd, test_images):

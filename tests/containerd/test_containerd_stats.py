@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from ctrdtools import sleeping_pod
+from support.ctrdtools import sleeping_pod
 
 #: What the container holds in memory (a shell variable of that many bytes), and the CPU time making it takes.
 HELD_BYTES = 32 << 20

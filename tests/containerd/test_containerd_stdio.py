@@ -12,8 +12,8 @@ import time
 
 import pytest
 
-from ctrdtools import pod_config, sleeping_pod
-from ttytools import OnTerminal
+from support.ctrdtools import pod_config, sleeping_pod
+from support.ttytools import OnTerminal
 
 #: Bound on containerd's seeing a container exit.
 SETTLE = 30.0

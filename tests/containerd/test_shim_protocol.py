@@ -32,7 +32,7 @@ from shim.api.names import TEMPLATE_SERVICE
 from shim.api.names import SANDBOX_SERVICE as PODSHIM_SANDBOX
 from shim.rpc.codecs import PROTOBUF
 
-from shimtools import WAIT, ProcessRef, Template, new_id
+from support.shimtools import WAIT, ProcessRef, Template, new_id
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 bootstrap_pb2 = load("runtime.bootstrap.v1.bootstrap_pb2")

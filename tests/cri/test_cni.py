@@ -23,7 +23,7 @@ from client.cri.cni import (CniConfig, CniInterface, CniIp, CniResult, CniRunner
                         primary_ip)
 from shim.rpc.status import DeadlineExceeded, FailedPrecondition, Internal, InvalidArgument, Unavailable
 
-from proctools import wait_gone_async
+from support.proctools import wait_gone_async
 
 EXAMPLE = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "cni", "10-podshim-bridge.conflist")
 REAL_BIN = "/usr/lib/cni"

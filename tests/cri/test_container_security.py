@@ -17,7 +17,7 @@ from shim.kernel import capabilities as caps
 from shim.kernel import seccomp
 from shim.rpc.status import InvalidArgument
 from shim.api.defaults import DEFAULT_CAPABILITIES
-from podtools import NodeRootImages, node_container, pod_config, pod_service
+from support.podtools import NodeRootImages, node_container, pod_config, pod_service
 
 ALL = ("CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_KILL", "CAP_SYS_ADMIN", "CAP_NET_ADMIN")
 PASSWD = b"root:x:0:0:root:/root:/bin/sh\napp:x:1000:1001::/home/app:/bin/sh\nnogroup-user:x:2000:2000::/:/bin/sh\n"

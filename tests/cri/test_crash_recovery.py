@@ -21,9 +21,9 @@ import pytest
 from client.cri.failpoints import ENV, POD_FAILPOINTS
 from client.cri.pod import open_pod_service
 
-from podtools import BUSYBOX_MOUNT, pod_config
-from proctools import alive, wait_gone_async
-from sandbox_env import stop_template
+from support.podtools import BUSYBOX_MOUNT, pod_config
+from support.proctools import alive, wait_gone_async
+from support.sandbox_env import stop_template
 
 
 SCRIPT = """

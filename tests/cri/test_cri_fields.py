@@ -16,7 +16,7 @@ from client.cri.configs import ContainerConfig, PodSandboxConfig
 from client.criapi import api_pb2
 from shim.rpc.status import InvalidArgument
 
-from podtools import container_config, pod_config
+from support.podtools import container_config, pod_config
 
 DOCS = os.path.join(os.path.dirname(__file__), "..", "..", "docs", "cri.md")
 

@@ -1,4 +1,4 @@
-"""critest's images, built by tests/imagebuild.py: every reference its specs pull is in the local
+"""critest's images, built by tests/support/imagebuild.py: every reference its specs pull is in the local
 registry behind the mirrors a runtime is given, with the users, groups, files and programs the specs
 check; and critest finds its specs (a dry run: nothing is pulled).
 
@@ -20,8 +20,8 @@ import urllib.request
 
 import pytest
 
-from critools import run_critest
-from imagebuild import CRITEST_PAUSE_IMAGES
+from support.critools import run_critest
+from support.imagebuild import CRITEST_PAUSE_IMAGES
 
 CRITEST_SPECS, CRITEST_RUNNABLE = 142, 137
 

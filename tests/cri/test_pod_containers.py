@@ -26,7 +26,7 @@ from client.cri.failpoints import ENV
 from client.cri.pod import open_pod_service
 from client.cri.rootfs import ContainerImage, StoreImages, image_not_found
 
-from podtools import NodeRootImages, node_container, pod_config, pod_service
+from support.podtools import NodeRootImages, node_container, pod_config, pod_service
 
 IMAGE = ContainerImage(image_id="sha256:" + "a" * 64, name="registry.test/app:1", image_ref="registry.test/app@sha256:"
                        + "b" * 64, chain_id="sha256:" + "c" * 64,
@@ -366,7 +366,7 @@ async def test_a_cri_mount_replaces_the_pods_etc_hosts_and_host_paths_are_bound(
 def busybox_chain(tmp_path):
     """A real snapshotter holding one busybox layer with /image-file: (snapshotter, chain id)."""
     from client.images.snapshots import Snapshotter
-    from imagebuild import busybox_layer, layer_tar
+    from support.imagebuild import busybox_layer, layer_tar
     tar = layer_tar(busybox_layer({"image-file": "from the image\n"}))
     path = tmp_path / "layer.tar"
     path.write_bytes(tar)

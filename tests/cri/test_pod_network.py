@@ -17,8 +17,8 @@ import pytest
 
 from client.cri.pod import open_pod_service
 
-from podtools import pod_config
-from sandbox_env import stop_template
+from support.podtools import pod_config
+from support.sandbox_env import stop_template
 
 PLUGINS = "/usr/lib/cni"
 

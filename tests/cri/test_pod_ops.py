@@ -19,7 +19,7 @@ from client.cri.resources import shim_resources
 from shim.api.topics import TOPIC_EXIT, TOPIC_TASK_EXIT
 from shim.rpc.status import DeadlineExceeded, FailedPrecondition, InvalidArgument, ResourceExhausted
 
-from podtools import node_container, pod_config, pod_service
+from support.podtools import node_container, pod_config, pod_service
 
 
 # -- stats ---------------------------------------------------------------------------------------------

@@ -20,8 +20,8 @@ import pytest
 
 from client.cri.failpoints import ACTION_ENV, ENV, POD_FAILPOINTS
 
-from podtools import node_container, pod_config, pod_service
-from proctools import wait_gone_async
+from support.podtools import node_container, pod_config, pod_service
+from support.proctools import wait_gone_async
 
 #: Rounds of two racing RunPodSandbox: before the store took locks, 4 rounds in 6 made two pods.
 RACE_ROUNDS = 8

@@ -18,8 +18,8 @@ from shim.rpc.status import AlreadyExists, FailedPrecondition, InvalidArgument, 
 
 from client.cri.pod import PodEntry, open_pod_service
 
-from podtools import BUSYBOX_MOUNT, container_config, node_container, ns_inode, pod_config, pod_service
-from proctools import alive, wait_gone_async
+from support.podtools import BUSYBOX_MOUNT, container_config, node_container, ns_inode, pod_config, pod_service
+from support.proctools import alive, wait_gone_async
 
 # Every test here runs twice: shims exec'd by `podshim start`, and shims forked by a template.
 pytestmark = pytest.mark.usefixtures("spawn_mode")

@@ -11,8 +11,8 @@ import subprocess
 import pytest
 
 from client.cli import main as cli
-from proctools import alive
-from sandbox_env import PODSHIMCTL
+from support.proctools import alive
+from support.sandbox_env import PODSHIMCTL
 
 NS = "default"
 SANDBOX = "podshim.sandbox.v1.Sandbox"

@@ -13,12 +13,12 @@ import tarfile
 
 import pytest
 
-from critools import REPO
-from podtools import container_config, pod_config
+from support.critools import REPO
+from support.podtools import container_config, pod_config
 import test_podshimd_images
 from test_podshimd_images import blobs
 from test_podshimd_podshimctl import PODSHIMCTL, ctl
-from ttytools import OnTerminal
+from support.ttytools import OnTerminal
 
 image_daemon, daemon = test_podshimd_images.image_daemon, test_podshimd_images.daemon
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 import json
 import subprocess
 
-from critools import REPO
-from podtools import container_config, pod_config
-from registry import AUTH
+from support.critools import REPO
+from support.podtools import container_config, pod_config
+from support.registry import AUTH
 import test_podshimd_images
 from test_podshimd_podshimctl import PODSHIMCTL, ctl
 

@@ -100,7 +100,7 @@ def _completions(words: list[str]) -> list[str]:
     import subprocess
     import sys
 
-    from critools import REPO
+    from support.critools import REPO
 
     script = subprocess.run([sys.executable, "-m", "client.cli", "completion", "bash"], cwd=REPO, capture_output=True,
                             text=True, timeout=60, check=True).stdout
@@ -121,7 +121,7 @@ def test_the_manual_page_is_made_from_the_parser_and_man_renders_it():
     import subprocess
     import sys
 
-    from critools import REPO
+    from support.critools import REPO
 
     page = subprocess.run([sys.executable, "-m", "client.cli", "man"], cwd=REPO, capture_output=True, text=True,
                           timeout=60, check=True).stdout

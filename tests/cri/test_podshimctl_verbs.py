@@ -10,8 +10,8 @@ import time
 
 import pytest
 
-from critools import REPO
-from podtools import cgroup_file, container_config, pod_config
+from support.critools import REPO
+from support.podtools import cgroup_file, container_config, pod_config
 from test_podshimd_podshimctl import PODSHIMCTL, ctl
 
 

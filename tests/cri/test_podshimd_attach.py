@@ -16,9 +16,9 @@ import grpc
 import pytest
 
 from client.criapi import api_pb2
-from critools import HOST_PYTHON_MOUNTS
-from podtools import container_config, pod_config
-from ttytools import OnTerminal
+from support.critools import HOST_PYTHON_MOUNTS
+from support.podtools import container_config, pod_config
+from support.ttytools import OnTerminal
 
 HANDLERS = ["native"] + [h for h in ("runc", "crun") if shutil.which(h, path="/usr/sbin:/usr/bin:/sbin:/bin")]
 #: Bound on waiting for one line of an attacher's output.

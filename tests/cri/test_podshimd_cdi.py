@@ -14,8 +14,8 @@ from collections.abc import Iterator
 import grpc
 import pytest
 
-from critools import Podshimd, private_podshimd
-from podtools import container_config, pod_config
+from support.critools import Podshimd, private_podshimd
+from support.podtools import container_config, pod_config
 
 HANDLERS = ["native"] + [h for h in ("runc", "crun") if shutil.which(h, path="/usr/sbin:/usr/bin:/sbin:/bin")]
 

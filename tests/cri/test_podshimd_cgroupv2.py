@@ -1,5 +1,5 @@
 """podshimd on pure cgroup v2 under the systemd cgroup driver, as kubelet drives it there (marker
-``cgroupv2``: they run in the guest of tests/guest.py): RuntimeConfig says systemd, a pod given a
+``cgroupv2``: they run in the guest of tests/support/guest.py): RuntimeConfig says systemd, a pod given a
 kubelet slice is a scope systemd made in that slice's expansion, a container's limits are in its
 v2 files and UpdateContainerResources changes them, an OOM kill is reported as OOMKilled, the
 container sees its own cgroup as its root, and nothing is left once the pod is removed."""
@@ -19,8 +19,8 @@ import pytest
 from google.protobuf import json_format
 
 from client.criapi import api_pb2
-from critools import Podshimd, running_podshimd
-from podtools import container_config, pod_config
+from support.critools import Podshimd, running_podshimd
+from support.podtools import container_config, pod_config
 from shim.kernel.cgroups import systemd
 
 pytestmark = pytest.mark.cgroupv2

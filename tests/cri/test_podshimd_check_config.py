@@ -9,7 +9,7 @@ import sys
 from client.podshimd import config
 from client.podshimd.config import Config
 
-from critools import REPO
+from support.critools import REPO
 
 
 def podshimd(*argv: str) -> subprocess.CompletedProcess:

@@ -19,8 +19,8 @@ from google.protobuf import json_format
 
 from client.criapi import api_pb2
 
-from podtools import container_config, ns_inode, pod_config
-from proctools import wait_gone
+from support.podtools import container_config, ns_inode, pod_config
+from support.proctools import wait_gone
 
 CONTAINER_ID = re.compile(r"^[0-9a-f]{64}$")
 

@@ -18,7 +18,7 @@ from client.podshimd import checkpoints, chunks, server
 from client.podshimd.handlers import Handlers
 
 from client.cri.resources import pod_resources
-from podtools import cgroup_file, container_config, pod_config
+from support.podtools import cgroup_file, container_config, pod_config
 from shim.rpc.status import InvalidArgument
 
 #: Bound on one call of these tests.

@@ -16,7 +16,7 @@ import pytest
 
 from client.criapi import api_pb2
 from client.podshimd import checkpoints
-from critools import podshimd_argv, running_podshimd
+from support.critools import podshimd_argv, running_podshimd
 
 BRIDGE_CONFLIST = {
     "cniVersion": "1.0.0", "name": "podshim-test",

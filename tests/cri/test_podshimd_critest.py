@@ -7,8 +7,8 @@ cannot rot.
 podshimd and critest run inside a network namespace this test makes, with a CNI bridge config
 there (critest wants NetworkReady, reaches the pods' addresses and host ports from where they
 are, and the bridge plugin never touches the machine's network). critest's images are built
-offline into the tests' local registry (tests/imagebuild.py), podshimd mirrors the registries
-critest names to it, and a relay (tests/netrelay.py) makes the registry's loopback address answer
+offline into the tests' local registry (tests/support/imagebuild.py), podshimd mirrors the registries
+critest names to it, and a relay (tests/support/netrelay.py) makes the registry's loopback address answer
 inside the namespace. Mounts are the machine's: critest's mount propagation specs mount on the
 host, and podshimd shares its mount namespace."""
 
@@ -23,8 +23,8 @@ from dataclasses import dataclass
 import pytest
 
 from client.criapi import api_pb2
-from critools import CritestResult, cni_config, critest_in, run_critest, running_podshimd
-from netrelay import loopback_relay
+from support.critools import CritestResult, cni_config, critest_in, run_critest, running_podshimd
+from support.netrelay import loopback_relay
 
 #: Seconds one whole run may take (about 2 minutes on a quiet machine; a few specs wait a minute).
 CRITEST_TIMEOUT = 1800
@@ -45,7 +45,7 @@ EXPECTED = [
     # Offline-impossible.
     Expected(r"Image Manager public image with digest should be pulled and removed", "failed",
              "pulls upstream's gcr.io/k8s-staging-cri-tools/test-image-digest@sha256:9700f9…, a manifest no offline "
-             "build can reproduce (tests/imagebuild.py: CritestImages.unavailable)"),
+             "build can reproduce (tests/support/imagebuild.py: CritestImages.unavailable)"),
     # What critest runs only when asked, or what this machine has not.
     Expected(r"benchmark about ", "skipped", "critest's benchmarks run only with --benchmark"),
     Expected(r"\[k8s.io\] NRI ", "skipped", "critest runs the NRI specs only with --nri-socket; podshimd has no NRI"),

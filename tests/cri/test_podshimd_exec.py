@@ -21,8 +21,8 @@ import pytest
 
 from client.criapi import api_pb2
 from client.streaming import websocket
-from podtools import container_config, pod_config
-from proctools import wait_gone
+from support.podtools import container_config, pod_config
+from support.proctools import wait_gone
 from shim.rpc.frames import NEED_DATA
 
 MB = 1 << 20

@@ -17,9 +17,9 @@ from collections.abc import Iterator
 import grpc
 import pytest
 
-from critools import Podshimd, private_podshimd, running_podshimd
-from imagebuild import Entry
-from podtools import container_config, pod_config
+from support.critools import Podshimd, private_podshimd, running_podshimd
+from support.imagebuild import Entry
+from support.podtools import container_config, pod_config
 
 HANDLERS = ["native"] + [h for h in ("runc", "crun") if shutil.which(h, path="/usr/sbin:/usr/bin:/sbin:/bin")]
 #: The files of the volume image: two layers over none (an overlay of lower layers alone).

@@ -1,5 +1,5 @@
 """podshimd's ImageService as the real crictl drives it against a real local registry
-(tests/registry.py): pull (plain and with basic auth), images, inspecti (verbose: the image config),
+(tests/support/registry.py): pull (plain and with basic auth), images, inspecti (verbose: the image config),
 rmi with garbage collection of the blobs, imagefsinfo; and the errors a client sees."""
 
 from __future__ import annotations
@@ -16,12 +16,12 @@ import grpc
 import pytest
 
 from client.criapi import api_pb2
-from critools import Podshimd, running_podshimd
-from imagebuild import BUSYBOX_ROOTFS_CHECKS
-from layertools import deep_tree, make_layer, member
-from podtools import container_config, pod_config
-from proctools import wait_gone
-from registry import AUTH
+from support.critools import Podshimd, running_podshimd
+from support.imagebuild import BUSYBOX_ROOTFS_CHECKS
+from support.layertools import deep_tree, make_layer, member
+from support.podtools import container_config, pod_config
+from support.proctools import wait_gone
+from support.registry import AUTH
 from shim.lib.trees import remove_tree
 
 

@@ -15,8 +15,8 @@ import anyio
 import pytest
 
 from client.cri.logcontext import IdsFilter
-from critools import running_podshimd
-from podtools import node_container, pod_config, pod_service
+from support.critools import running_podshimd
+from support.podtools import node_container, pod_config, pod_service
 
 
 async def test_a_pod_cycle_logs_its_lifecycle_at_info_and_nothing_that_reads_like_an_error(roots, caplog):

@@ -11,7 +11,7 @@ import pytest
 
 from client.cri import podmetrics
 from client.criapi import api_pb2
-from podtools import cgroup_file, container_config, pod_config
+from support.podtools import cgroup_file, container_config, pod_config
 
 #: Bound on a gRPC call in these tests.
 CALL_TIMEOUT = 60

@@ -23,9 +23,9 @@ import pytest
 from client.criapi import api_pb2
 from client.podshimd.images import IMAGE_STORE_DIR, usage
 
-from critools import HOST_PYTHON_MOUNTS, REPO, running_podshimd
-from podtools import cgroup_file, container_config, ns_inode, pod_config
-from proctools import fifo_writer, wait_gone
+from support.critools import HOST_PYTHON_MOUNTS, REPO, running_podshimd
+from support.podtools import cgroup_file, container_config, ns_inode, pod_config
+from support.proctools import fifo_writer, wait_gone
 
 #: The daemon's metrics endpoint, on an ephemeral loopback port.
 METRICS_CONFIG = 'metrics_address = "127.0.0.1:0"\n'

@@ -12,9 +12,9 @@ import sys
 
 import pytest
 
-from critools import REPO
-from podtools import container_config, pod_config
-from proctools import wait_gone
+from support.critools import REPO
+from support.podtools import container_config, pod_config
+from support.proctools import wait_gone
 
 PODSHIMCTL = [sys.executable, "-m", "client.cli"]
 

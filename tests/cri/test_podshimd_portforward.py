@@ -21,9 +21,9 @@ import grpc
 import pytest
 
 from client.criapi import api_pb2
-from critools import podshimd_argv, running_podshimd
-from podtools import pod_config
-from sandbox_env import stop_template
+from support.critools import podshimd_argv, running_podshimd
+from support.podtools import pod_config
+from support.sandbox_env import stop_template
 
 MB = 1 << 20
 

@@ -18,8 +18,8 @@ from google.protobuf import json_format
 
 from client.criapi import api_pb2
 
-from critools import Podshimd, running_podshimd
-from podtools import cgroup_file, container_config, pod_config
+from support.critools import Podshimd, running_podshimd
+from support.podtools import cgroup_file, container_config, pod_config
 
 HANDLERS = ["native"] + [h for h in ("runc", "crun") if shutil.which(h, path="/usr/sbin:/usr/bin:/sbin:/bin")]
 #: What kubelet sends for a container with requests and limits: cpu 250m of a 100 ms period, 96 MiB,

@@ -13,8 +13,8 @@ import sys
 import tempfile
 
 from client.controller.bundles import make_bundle
-from critools import REPO, podshimd_argv, running_podshimd
-from podtools import pod_config
+from support.critools import REPO, podshimd_argv, running_podshimd
+from support.podtools import pod_config
 
 PODSHIMCTL = [sys.executable, "-m", "client.cli"]
 

@@ -1,5 +1,5 @@
 """podshimd with ``sandbox_image`` (containerd's sandbox_image) as the real crictl drives it, against a
-real local registry (tests/registry.py): the pause of every pod is the image's program, pulled on
+real local registry (tests/support/registry.py): the pause of every pod is the image's program, pulled on
 demand, run from a snapshot ``sandbox-<pod id>`` of it with each runtime handler; a container runs
 beside it; stopp/rmp, a failed pull and a kill -9 of podshimd leave nothing behind; RemoveImage
 refuses the image while a pod uses it. Two pause images: catatonit (Entrypoint ["/catatonit",
@@ -17,10 +17,10 @@ from collections.abc import Iterator
 import pytest
 
 from client.images.snapshots import Snapshotter
-from critools import Podshimd, running_podshimd
-from imagebuild import catatonit_pause_image, tiny_pause_image
-from podtools import container_config, ns_inode, pod_config
-from proctools import alive, wait_gone
+from support.critools import Podshimd, running_podshimd
+from support.imagebuild import catatonit_pause_image, tiny_pause_image
+from support.podtools import container_config, ns_inode, pod_config
+from support.proctools import alive, wait_gone
 
 HANDLERS = ["native"] + [h for h in ("runc", "crun") if shutil.which(h, path="/usr/sbin:/usr/bin:/sbin:/bin")]
 PAUSE_IMAGES = {"catatonit": catatonit_pause_image, "tiny": tiny_pause_image}

@@ -24,9 +24,9 @@ from client.cri.failpoints import ACTION_ENV as FAILPOINT_ACTION_ENV
 from client.cri.failpoints import ENV as FAILPOINT_ENV
 from shim.launch.template import template_pid
 
-from critools import running_podshimd
-from podtools import ns_inode, pod_config
-from proctools import alive, wait_gone
+from support.critools import running_podshimd
+from support.podtools import ns_inode, pod_config
+from support.proctools import alive, wait_gone
 
 POD_ID = re.compile(r"^[0-9a-f]{64}$")
 

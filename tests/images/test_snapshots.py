@@ -11,7 +11,7 @@ import sys
 import threading
 
 import pytest
-from layertools import deep_tree, make_layer, member, mount_overlay, mounted, tree, umount
+from support.layertools import deep_tree, make_layer, member, mount_overlay, mounted, tree, umount
 
 from client.images import snapshots as snapshots_module
 from client.images.snapshots import Mount, Snapshotter, chain_ids

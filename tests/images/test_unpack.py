@@ -9,7 +9,7 @@ import stat
 import tarfile
 
 import pytest
-from layertools import MTIME, Layer, make_layer, member, tree
+from support.layertools import MTIME, Layer, make_layer, member, tree
 
 from client.images.unpack import BadLayer, DigestMismatch, UnpackLimit, apply_layer
 from shim.rpc.status import InvalidArgument, ResourceExhausted

@@ -25,7 +25,7 @@ from shim.rpc.status import (
     error_from_oserror,
 )
 
-from rpctools import SERVICE, request_frame
+from support.rpctools import SERVICE, request_frame
 
 PING = Request(SERVICE, "Ping", {"word": "hello"})
 

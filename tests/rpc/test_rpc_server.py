@@ -39,7 +39,7 @@ from shim.rpc.frames import HEADER, MAX_DATA_BYTES, NEED_DATA, FrameDecoder, Mes
 from shim.rpc.messages import decode_response, pack
 from shim.rpc.status import Code
 
-from rpctools import NOBODY, SERVICE, WAIT, call_as_nobody, request_frame
+from support.rpctools import NOBODY, SERVICE, WAIT, call_as_nobody, request_frame
 
 SOCKET_NAME = "rpc.sock"
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from google.protobuf import json_format
 
 from client.criapi import api_pb2
-from podtools import container_config, pod_config
+from support.podtools import container_config, pod_config
 from shim.runtime import process
 
 #: Seconds a CRI call may take here (a pod's start on a loaded machine included).
@@ -37,7 +37,7 @@ class Exec:
 
 
 class Cri:
-    """A CRI client of ``daemon`` (tests/critools.py's Podshimd): it remembers the pods it ran."""
+    """A CRI client of ``daemon`` (tests/support/critools.py's Podshimd): it remembers the pods it ran."""
 
     def __init__(self, daemon, image: str = "") -> None:
         self.daemon = daemon

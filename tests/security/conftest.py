@@ -10,9 +10,9 @@ from collections.abc import Iterator
 import pytest
 
 from attacktools import Cri, handlers
-from critools import Podshimd, private_podshimd
-from podtools import roots
-from shimtools import shims
+from support.critools import Podshimd, private_podshimd
+from support.podtools import roots
+from support.shimtools import shims
 
 # Fixtures found by name here rather than imported into test modules (where a test's parameter
 # would shadow the import): private pod service roots, and real shims.

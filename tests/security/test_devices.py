@@ -22,10 +22,10 @@ from shim.kernel import capabilities as caps
 from shim.kernel import devices, linux
 from shim.kernel.cgroups import V2, SandboxCgroup
 from shim.runtime import confine
-from podtools import node_container, pod_config, pod_service
-from proctools import run_in_child
-from shimtools import host_untouched  # noqa: F401  (autouse: what this module's shims made is checked at the end)
-from shimtools import Shim, ShimLauncher
+from support.podtools import node_container, pod_config, pod_service
+from support.proctools import run_in_child
+from support.shimtools import host_untouched  # noqa: F401  (autouse: what this module's shims made is checked at the end)
+from support.shimtools import Shim, ShimLauncher
 
 BUSYBOX = "/bin/busybox"
 HOST_DATA = b"the host's own data\n" * 3277  # 64 KiB: what the loop device shows

@@ -18,8 +18,8 @@ import grpc
 import pytest
 
 from client.criapi import api_pb2
-from critools import REPO
-from podtools import container_config, pod_config, pod_service
+from support.critools import REPO
+from support.podtools import container_config, pod_config, pod_service
 
 REFUSAL = ("config.image.image is empty: a container needs an image, which is its root filesystem "
            "(podshimd runs no container without one)")

@@ -4,7 +4,7 @@ carries (to /proc/self/root/..., to /proc/1/root/..., to the host's directories,
 volume carries, never reach the host's filesystem; a destination that is the root itself is
 INVALID_ARGUMENT with a sentence.
 
-The image is a layer written here (tests/layertools.py) and unpacked by podshim's own unpacker,
+The image is a layer written here (tests/support/layertools.py) and unpacked by podshim's own unpacker,
 an overlay's lower layer as a snapshotter gives it; the tasks run through a real shim (and, for
 the pod's files and the log path, through the pod layer), and what they must not reach (a
 directory of the host, named by the image's links) is compared before and after."""
@@ -22,14 +22,14 @@ import pytest
 from client.cri.rootfs import ContainerImage, image_not_found
 from client.images.snapshots import Mount
 from client.images.unpack import apply_layer
-from layertools import make_layer, member
-from podtools import container_config, pod_config, pod_service
-from podtools import roots  # noqa: F401  (the fixture)
+from support.layertools import make_layer, member
+from support.podtools import container_config, pod_config, pod_service
+from support.podtools import roots  # noqa: F401  (the fixture)
 from shim.rpc import FailedPrecondition, InvalidArgument, RpcError
 from shim.runtime import mounts
-from shimtools import host_untouched  # noqa: F401  (autouse: what this module's shims made is checked at the end)
-from shimtools import shims  # noqa: F401  (the fixture)
-from shimtools import WAIT, ShimLauncher
+from support.shimtools import host_untouched  # noqa: F401  (autouse: what this module's shims made is checked at the end)
+from support.shimtools import shims  # noqa: F401  (the fixture)
+from support.shimtools import WAIT, ShimLauncher
 
 HANDLERS = ["native"] + [h for h in ("runc", "crun") if shutil.which(h, path="/usr/sbin:/usr/bin:/sbin:/bin")]
 BUSYBOX = "/bin/busybox"

@@ -1,4 +1,4 @@
-"""The shim tests' fixtures: real shims, each ended however its test ends (tests/shimtools.py)."""
+"""The shim tests' fixtures: real shims, each ended however its test ends (tests/support/shimtools.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import signal
 
 import pytest
 
-from shimtools import shim, shims
+from support.shimtools import shim, shims
 from shim.lib.processes import signal_process
 from shim.runtime.pause import PauseSpec, launch
 

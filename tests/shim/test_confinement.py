@@ -15,8 +15,8 @@ from shim.kernel import capabilities as caps
 from shim.kernel import seccomp
 from shim.rpc import FailedPrecondition, InvalidArgument, NotFound
 from shim.runtime import confine
-from shimtools import host_untouched  # noqa: F401  (autouse: what this module's shims made is checked at the end)
-from shimtools import Shim, ShimLauncher
+from support.shimtools import host_untouched  # noqa: F401  (autouse: what this module's shims made is checked at the end)
+from support.shimtools import Shim, ShimLauncher
 
 BUSYBOX = "/bin/busybox"
 DEFAULT_MASK = caps.mask(confine.DEFAULT_CAPABILITIES)

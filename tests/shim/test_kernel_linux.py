@@ -10,7 +10,7 @@ import pytest
 
 from shim.kernel import linux
 
-from proctools import run_in_child
+from support.proctools import run_in_child
 
 
 def _ignored(sig: int) -> bool:

@@ -29,8 +29,8 @@ from shim.lib.processes import signal_process
 from shim.kernel.reaper import ExitInfo, Reaper
 from shim.runtime import process
 from shim.rpc.status import FailedPrecondition, Internal, InvalidArgument, NotFound
-from imagebuild import BUSYBOX, tiny_pause_binary
-from shimtools import host_netns_bound_at
+from support.imagebuild import BUSYBOX, tiny_pause_binary
+from support.shimtools import host_netns_bound_at
 
 WAIT = 5.0  # seconds; a bound for the test, not a readiness sleep
 needs_catatonit = pytest.mark.skipif(not os.access(CATATONIT, os.X_OK), reason="apt-get install catatonit")
@@ -78,7 +78,7 @@ _others: set[int] = set()
 @pytest.fixture(autouse=True)
 def _children_of_others():
     """The children this process had before the test: a session fixture's (the local registry
-    tests/registry.py runs for the whole session, say), not the test's."""
+    tests/support/registry.py runs for the whole session, say), not the test's."""
     _others.clear()
     _others.update(_all_children())
     yield

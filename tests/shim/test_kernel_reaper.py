@@ -14,7 +14,7 @@ from shim.kernel import linux
 from shim.kernel.reaper import ExitInfo, Reaper, exit_status_from_wait
 from shim.rpc.status import FailedPrecondition
 
-from proctools import wait_gone
+from support.proctools import wait_gone
 
 WAIT = 5.0  # seconds; a bound for the test, not a readiness sleep
 

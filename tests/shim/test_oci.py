@@ -25,10 +25,10 @@ from shim.runtime.oci import cli, rootfs as pause_rootfs, spec as specs
 from shim.kernel import devices, linux
 from shim.kernel.reaper import Reaper
 from shim.rpc.status import AlreadyExists, DeadlineExceeded, FailedPrecondition, Internal, InvalidArgument, NotFound
-from podtools import node_container, pod_config
-from podtools import ns_inode, pod_service
-from proctools import alive, wait_gone_async
-from sandbox_env import stop_template
+from support.podtools import node_container, pod_config
+from support.podtools import ns_inode, pod_service
+from support.proctools import alive, wait_gone_async
+from support.sandbox_env import stop_template
 
 HANDLERS = ["native", "runc", "crun"]
 SETTLE = 10.0  # a bound for waiting on the machine, never a readiness sleep

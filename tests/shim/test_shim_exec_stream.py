@@ -14,9 +14,9 @@ import termios
 import pytest
 
 from shim.rpc import FailedPrecondition, InvalidArgument, NotFound
-from shimtools import host_untouched  # noqa: F401  (autouse: what this module's shims made is checked at the end)
-from proctools import wait_gone_async
-from shimtools import WAIT, ShimLauncher
+from support.shimtools import host_untouched  # noqa: F401  (autouse: what this module's shims made is checked at the end)
+from support.proctools import wait_gone_async
+from support.shimtools import WAIT, ShimLauncher
 
 HANDLERS = ["native"] + [h for h in ("runc", "crun") if shutil.which(h, path="/usr/sbin:/usr/bin:/sbin:/bin")]
 

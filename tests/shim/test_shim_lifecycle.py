@@ -14,8 +14,8 @@ import pytest
 from shim.kernel import netns
 from shim.rpc import FailedPrecondition, InvalidArgument, NotFound
 from shim.api.names import SANDBOX_METHODS
-from shimtools import host_untouched  # noqa: F401  (autouse: what this module's shims made is checked at the end)
-from shimtools import WAIT, EventStream, ProcessRef, mounts_naming, ns_inode, spare_state_files
+from support.shimtools import host_untouched  # noqa: F401  (autouse: what this module's shims made is checked at the end)
+from support.shimtools import WAIT, EventStream, ProcessRef, mounts_naming, ns_inode, spare_state_files
 
 # Each test runs twice: shims exec'd by `podshim start`, and forked by the session's template.
 pytestmark = pytest.mark.usefixtures("spawn_mode")

@@ -15,8 +15,8 @@ import pytest
 
 from shim.launch.install import podshim_argv
 from shim.api.paths import LOG_FILE
-from shimtools import host_untouched  # noqa: F401  (autouse: what this module's shims made is checked at the end)
-from shimtools import WAIT, new_id
+from support.shimtools import host_untouched  # noqa: F401  (autouse: what this module's shims made is checked at the end)
+from support.shimtools import WAIT, new_id
 
 #: Loaded on first use only, never to start a shim (what each is for).
 LAZY = {

@@ -21,8 +21,8 @@ from shim.rpc import Client, blocking
 from shim.api.names import SANDBOX_SERVICE, TEMPLATE_SERVICE
 from shim.rpc.status import InvalidArgument, RpcError, Unavailable
 
-from proctools import alive, fd_targets, wait_gone, wait_gone_async
-from shimtools import NODE_ROOT, Template
+from support.proctools import alive, fd_targets, wait_gone, wait_gone_async
+from support.shimtools import NODE_ROOT, Template
 
 PODSHIM = [sys.executable, "-m", "shim"]
 

@@ -13,7 +13,7 @@ from shim.kernel import linux
 from shim.launch import install
 from shim.launch.install import CodeWatch
 
-from proctools import run_in_child
+from support.proctools import run_in_child
 
 
 @pytest.fixture

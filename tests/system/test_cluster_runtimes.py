@@ -17,7 +17,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
                                 "bench"))
 
 import cluster as harness  # noqa: E402
-from ctrdtools import containerd_version  # noqa: E402
+from support.ctrdtools import containerd_version  # noqa: E402
 
 POD = """
 apiVersion: v1

@@ -1,4 +1,4 @@
-"""The cgroup v2 smoke: in the Debian 12 guest of tests/guest.py (pure cgroup v2 under systemd), a
+"""The cgroup v2 smoke: in the Debian 12 guest of tests/support/guest.py (pure cgroup v2 under systemd), a
 pod and a container with CPU and memory limits under each cgroup driver (cgroupfs; systemd: the pod
 a scope systemd made in a kubelet-named slice), the values read back from the guest's cgroup
 files, and nothing of either left in the guest after (no process in podshim's cgroups, no scope). It never skips: on a machine without qemu or
@@ -10,7 +10,7 @@ import shutil
 
 import pytest
 
-import guest
+from support import guest
 
 #: The guest's own tests: a pod per handler, a container with limits, the v2 files read back; under
 #: the cgroupfs driver, then the systemd driver.

@@ -35,10 +35,10 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import kubetools as kt  # noqa: E402
-from kubetools import harness  # noqa: E402
-from registry import AUTH, registry_config, write_htpasswd  # noqa: E402
-from ttytools import OnTerminal  # noqa: E402
+from support import kubetools as kt  # noqa: E402
+from support.kubetools import harness  # noqa: E402
+from support.registry import AUTH, registry_config, write_htpasswd  # noqa: E402
+from support.ttytools import OnTerminal  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(3600)]
 
@@ -95,7 +95,7 @@ spec:
 
 @pytest.fixture(scope="module")
 def c() -> Iterator[harness.Cluster]:
-    from imagebuild import ImageConfig
+    from support.imagebuild import ImageConfig
 
     with harness.cluster(nodes=2, name=f"w{os.getpid()}", kubelet=KUBELET) as made:
 

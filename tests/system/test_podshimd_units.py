@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from critools import podshimd_argv
+from support.critools import podshimd_argv
 from shim.launch.template import stop_template
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

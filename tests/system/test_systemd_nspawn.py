@@ -1,4 +1,4 @@
-"""The units under a real systemd, booted in systemd-nspawn from the host's own OS (tests/nspawn.py).
+"""The units under a real systemd, booted in systemd-nspawn from the host's own OS (tests/support/nspawn.py).
 
 The project is pip-installed into a venv of /usr/bin/python3 that is bound read-only into the
 container; the units are copied into its /run/systemd/system. The tests drive systemd with
@@ -28,8 +28,8 @@ import pytest
 import shim
 
 from client.controller.spawners.systemd import unit_names
-from netrelay import loopback_relay
-from nspawn import CONTAINER_PATH, Machine, command_links, nspawn_unavailable, project_venv
+from support.netrelay import loopback_relay
+from support.nspawn import CONTAINER_PATH, Machine, command_links, nspawn_unavailable, project_venv
 from shim.api.paths import BOOTSTRAP_FILE, STATE_FILE
 from shim.lib.files import read_json
 from shim.rpc import Client

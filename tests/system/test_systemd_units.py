@@ -22,9 +22,9 @@ from shim.rpc import Client
 from shim.api.names import SANDBOX_SERVICE
 from shim.lib.processes import proc_start_time
 from shim.rpc.status import InvalidArgument
-from shimtools import host_untouched  # noqa: F401  (autouse: what this module's shims made is checked at the end)
-from shimtools import PODSHIM, WAIT, ProcessRef, mounts_naming, new_id
-from rpctools import call_as_nobody
+from support.shimtools import host_untouched  # noqa: F401  (autouse: what this module's shims made is checked at the end)
+from support.shimtools import PODSHIM, WAIT, ProcessRef, mounts_naming, new_id
+from support.rpctools import call_as_nobody
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 UNITS = os.path.join(REPO, "systemd")

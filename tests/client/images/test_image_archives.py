@@ -12,7 +12,7 @@ import tarfile
 import pytest
 
 from client.images.service import Images
-from layertools import make_layer, member
+from support.layertools import make_layer, member
 from shim.rpc.status import DataLoss, InvalidArgument, ResourceExhausted
 
 from test_image_pulls import assert_nothing_stored

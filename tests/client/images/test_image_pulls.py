@@ -1,4 +1,4 @@
-"""Pulls from a real registry (Debian's docker-registry on 127.0.0.1, tests/registry.py) into the
+"""Pulls from a real registry (Debian's docker-registry on 127.0.0.1, tests/support/registry.py) into the
 image store, and what a pull that fails or is interrupted leaves: nothing that looks complete."""
 
 from __future__ import annotations
@@ -23,9 +23,9 @@ from client.images.pull import Puller
 from client.images.skopeo import AuthConfig, RegistryHost
 from client.images.service import Images
 from client.images.snapshots import Staging, chain_ids
-from imagebuild import BUSYBOX_ROOTFS_CHECKS
-from layertools import make_layer, member
-from registry import AUTH, Registry
+from support.imagebuild import BUSYBOX_ROOTFS_CHECKS
+from support.layertools import make_layer, member
+from support.registry import AUTH, Registry
 from shim.lib.trees import remove_tree
 from shim.rpc.status import (DataLoss, DeadlineExceeded, FailedPrecondition, InvalidArgument, NotFound,
                              ResourceExhausted, Unauthenticated)

@@ -35,8 +35,8 @@ from shim.lib.files import read_json
 from shim.rpc import Client, RpcError, blocking
 from shim.api.names import EVENTS_SERVICE, SANDBOX_SERVICE, TASK_SERVICE, TEMPLATE_SERVICE
 
-from proctools import fd_readable, pidfds, wait_pidfds
-from rpctools import SLOWDOWN
+from support.proctools import fd_readable, pidfds, wait_pidfds
+from support.rpctools import SLOWDOWN
 
 __all__ = [
     "NODE_ROOT", "WAIT", "PODSHIM", "FOOTPRINTS", "Footprint", "ProcessRef", "Shim", "ShimLauncher", "EventStream",

@@ -13,8 +13,8 @@ import os
 import subprocess
 import sys
 
-from proctools import alive, wait_gone
-from sandbox_env import PODSHIM, Env
+from support.proctools import alive, wait_gone
+from support.sandbox_env import PODSHIM, Env
 from shim.launch.template import template_pid
 from shim.api.names import TEMPLATE_LOCK, TEMPLATE_SOCKET
 

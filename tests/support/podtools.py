@@ -13,9 +13,9 @@ import pytest
 from client.cri.pod import open_pod_service
 from client.cri.rootfs import ContainerImage, image_not_found
 from client.images.snapshots import Mount
-from sandbox_env import stop_template
+from support.sandbox_env import stop_template
 
-EXAMPLES = os.path.join(os.path.dirname(__file__), "..", "examples")
+EXAMPLES = os.path.join(os.path.dirname(__file__), "..", "..", "examples")
 
 
 def pod_config(name: str | None = None, **namespace_options) -> dict:
@@ -32,7 +32,7 @@ def pod_config(name: str | None = None, **namespace_options) -> dict:
 
 def container_config(command: list[str], name: str = "c", pid: int = 1) -> dict:
     """A crictl ContainerConfig running ``command`` (pid 1 = CONTAINER mode, 0 = POD), naming no
-    image (podshimd's tests give it one: tests/critools.py)."""
+    image (podshimd's tests give it one: tests/support/critools.py)."""
     return {"metadata": {"name": name}, "command": command,
             "linux": {"security_context": {"namespace_options": {"pid": pid}}}}
 

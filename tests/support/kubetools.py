@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench"))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "bench"))
 
 import cluster as harness  # noqa: E402
 
@@ -92,7 +92,7 @@ def node_number(c: harness.Cluster, node_name: str) -> int:
 
 def crictl(c: harness.Cluster, number: int, *args: str) -> Any:
     """crictl ARGS on node ``number`` against its runtime, its JSON output parsed (``-o json``)."""
-    from critools import cri_tool
+    from support.critools import cri_tool
 
     socket = c.nodes()[number - 1]["socket"]
     done = c.in_node(number, [cri_tool("crictl"), f"--runtime-endpoint=unix://{socket}",

@@ -25,7 +25,7 @@ import pytest
 
 from shim.launch.template import stop_template
 
-from proctools import alive, unheld_netns
+from support.proctools import alive, unheld_netns
 
 PODSHIM = [sys.executable, "-m", "shim"]
 PODSHIMCTL = [sys.executable, "-m", "client.cli"]

@@ -40,7 +40,7 @@ import time
 import tomllib
 from collections.abc import Iterator, Sequence
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CACHE = os.environ.get("PODSHIM_GUEST_CACHE") or "/var/cache/podshim-guest"
 #: Where a booted guest keeps its qemu pid, sockets and console log (one guest per image key).
 RUN_DIR = os.environ.get("PODSHIM_GUEST_RUN") or "/run/podshim-guest"

@@ -21,7 +21,7 @@ from client.controller import Controller
 from client.controller.handle import Phase
 from client.controller.results import ExitStatus
 from client.controller.spawners import ExecSpawner
-from proctools import alive, wait_gone_async
+from support.proctools import alive, wait_gone_async
 from shim.rpc.status import (
     AlreadyExists,
     FailedPrecondition,
@@ -36,7 +36,7 @@ pytestmark = pytest.mark.usefixtures("spawn_mode")
 
 NS = "default"
 KILLED = 128 + signal.SIGKILL
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 
 def controller(env, **kwargs) -> Controller:

@@ -1,4 +1,4 @@
-"""Test images, built offline and pushed to the tests' local registry (tests/registry.py).
+"""Test images, built offline and pushed to the tests' local registry (tests/support/registry.py).
 
 Everything comes from this machine: the root filesystem is busybox-static's one binary
 (``/bin/busybox``) with its applet symlinks, layers are tar archives this module writes (so a
@@ -42,7 +42,7 @@ from typing import Union
 
 import pytest
 
-from registry import Registry
+from support.registry import Registry
 
 from shim.lib.files import flock_open
 

@@ -7,7 +7,7 @@ import os
 import subprocess
 
 import pytest
-from layertools import deep_tree
+from support.layertools import deep_tree
 
 from shim.lib.trees import remove_tree, walk
 

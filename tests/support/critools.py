@@ -8,7 +8,7 @@ imports the ones it uses (``from critools import crictl``). Tests never skip for
 first run builds them.
 
 ``run_critest(critest, endpoint)`` runs critest against a CRI endpoint (which mirrors the registries
-of tests/imagebuild.py's ``critest_images``) and returns its parsed summary (``CritestResult``).
+of tests/support/imagebuild.py's ``critest_images``) and returns its parsed summary (``CritestResult``).
 
 ``running_podshimd(directory)`` runs ``python3 -m client.podshimd`` with its roots, socket and
 config under ``directory`` (inside the network namespace ``netns`` when given, so that CNI plugins
@@ -41,10 +41,10 @@ from typing import Any
 
 import pytest
 
-from sandbox_env import stop_template
+from support.sandbox_env import stop_template
 
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def _load_gotool() -> Any:
@@ -384,7 +384,7 @@ def parse_critest(returncode: int, output: str, report: list[dict[str, Any]] | N
 def run_critest(critest: str, endpoint: str, *, focus: str | None = None, skip: str | None = None,
                 extra: Sequence[str] = (), cwd: str | None = None, timeout: float = CRITEST_TIMEOUT) -> CritestResult:
     """Run critest against the CRI ``endpoint`` (runtime and image service; with critest's images,
-    tests/imagebuild.py's ``critest_images``, the runtime must mirror the registries of their
+    tests/support/imagebuild.py's ``critest_images``, the runtime must mirror the registries of their
     ``mirrors``), only the specs matching ``focus`` and not ``skip`` (regular expressions), in
     ``cwd``; its summary parsed (no exception when specs fail)."""
     with tempfile.TemporaryDirectory(prefix="critest-report-") as scratch:

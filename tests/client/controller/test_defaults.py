@@ -11,7 +11,7 @@ import pytest
 from client.controller import defaults
 from client.controller.spawners.systemd import SystemdSpawner, activation_socket_path, env_file_path
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 CLIENT = os.path.join(ROOT, "client")
 #: The modules that wait on something: every bound they use must be a name from client.controller.defaults.
 WAITERS = ["controller/controller.py", "controller/loading.py", "controller/liveness.py", "controller/spawners/exec.py",

@@ -20,8 +20,8 @@ import pytest
 
 from client.controller import Controller
 from client.controller.spawners import ExecSpawner
-from proctools import alive, wait_gone_async
-from sandbox_env import shim_processes
+from support.proctools import alive, wait_gone_async
+from support.sandbox_env import shim_processes
 from shim.launch.install import BOOT, search_path
 from shim.launch.template import template_pid
 from shim.api.paths import control_socket_path

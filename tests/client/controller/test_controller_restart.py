@@ -25,13 +25,13 @@ from client.controller.bundles import make_bundle
 from client.controller import Controller
 from client.controller.results import UNKNOWN_EXIT_STATUS
 from client.controller.spawners import ExecSpawner
-from proctools import alive, wait_gone_async
+from support.proctools import alive, wait_gone_async
 from shim.rpc.status import NotFound
 
 NS = "default"
 KILLED = 128 + signal.SIGKILL
 BOUND = 10.0  # seconds; a bound for the test, not a readiness sleep
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 # The first controller. argv: state root, runtime root, plan (JSON list of [namespace, id,
 # [actions]]), crash point. It prints one JSON line {namespace/id: verbose status} and then

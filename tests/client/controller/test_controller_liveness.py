@@ -21,7 +21,7 @@ import client.controller.liveness as liveness_module
 import client.controller.loading as loading_module
 from client.controller import Controller
 from client.controller.handle import Phase
-from proctools import alive, wait_gone, wait_gone_async
+from support.proctools import alive, wait_gone, wait_gone_async
 from shim.rpc import blocking
 from shim.api.names import SANDBOX_SERVICE
 from shim.rpc.channel import parse_address
@@ -37,7 +37,7 @@ NS = "default"
 KILLED = 128 + signal.SIGKILL
 #: A bound for the test's own waits on events (a process exit...), never a readiness sleep.
 SETTLE = 10.0
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 
 @contextlib.contextmanager

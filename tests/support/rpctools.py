@@ -9,7 +9,7 @@ from shim.rpc.frames import MessageType, encode_frame
 from shim.rpc.messages import Request, encode_request
 
 #: How many times slower this machine runs the tests than ours: the guest under software emulation
-#: (tests/guest.py) sets it.
+#: (tests/support/guest.py) sets it.
 SLOWDOWN = float(os.environ.get("PODSHIM_TEST_SLOWDOWN") or 1)
 WAIT = 5.0 * SLOWDOWN  # seconds; a bound for the test, not a readiness sleep
 SERVICE = "test.v1.Echo"

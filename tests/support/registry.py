@@ -10,7 +10,7 @@ behind htpasswd basic auth (a bcrypt line made with the C library's crypt(3)): `
 The session fixtures ``registry`` and ``auth_registry`` give one of each to the whole run (a test
 module's conftest imports them, tests/conftest.py does for every test): ``registry.host`` is
 ``127.0.0.1:PORT``, what an image reference starts with (``registry.ref("test/busybox:1.0")``).
-Test images are built and pushed by tests/imagebuild.py.
+Test images are built and pushed by tests/support/imagebuild.py.
 
 Tests that need a broken registry can reach into its storage: ``Registry.blob_path(digest)`` is
 the file distribution serves a blob from (truncate or overwrite it to serve a corrupt blob).

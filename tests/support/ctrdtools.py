@@ -24,7 +24,7 @@ import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
-from critools import REPO, cni_config, gotool
+from support.critools import REPO, cni_config, gotool
 
 __all__ = ["Containerd", "running_containerd", "pod_config", "sleeping_pod", "containerd_binary", "containerd_version", "write_config"]
 
