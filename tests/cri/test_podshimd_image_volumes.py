@@ -77,9 +77,15 @@ def leftovers(daemon: Podshimd) -> tuple[list[str], list[str], list[str]]:
     return mounts, directories, snapshots
 
 
-def run_pod(daemon: Podshimd, crictl: str, tmp_path, handler: str = "native") -> tuple[str, str]:
+def run_pod(daemon: Podshimd, crictl: str, tmp_path, handler: str = "native", userns: bool = False
+            ) -> tuple[str, str]:
+    """A pod of ``handler``, in a user namespace of :data:`USERNS_MAPPING` with ``userns``."""
+    config = pod_config()
+    if userns:
+        config["linux"]["security_context"]["namespace_options"]["userns_options"] = {
+            "mode": 0, "uids": USERNS_MAPPING, "gids": USERNS_MAPPING}
     path = tmp_path / "pod.json"
-    path.write_text(json.dumps(pod_config()))
+    path.write_text(json.dumps(config))
     return daemon.crictl(crictl, "runp", "--runtime", handler, str(path)).stdout.strip(), str(path)
 
 
@@ -201,14 +207,15 @@ def test_a_pods_removal_releases_its_volumes(daemon, crictl, images, tmp_path):
     assert leftovers(daemon) == ([], [], [])
 
 
+@pytest.mark.parametrize("userns", [False, True], ids=["host-users", "userns"])
 def test_volumes_in_use_survive_a_restart_and_a_dead_creates_volume_is_released(test_images, images, crictl,
-                                                                               tmp_path):
+                                                                               tmp_path, userns):
     directory = tempfile.mkdtemp(prefix="psd-ivr-")
     try:
         with running_podshimd(directory, image=test_images.busybox) as daemon:
             image_id = pull(daemon, crictl, images["layered"])
             other_id = pull(daemon, crictl, images["single"])
-            pod = run_pod(daemon, crictl, tmp_path)
+            pod = run_pod(daemon, crictl, tmp_path, userns=userns)
             kept = create(daemon, crictl, tmp_path, pod, volume(image_id))
             daemon.crictl(crictl, "start", kept)
         # A podshimd that dies in CreateContainer, after the volume is mounted and before its task is.
@@ -223,6 +230,7 @@ def test_volumes_in_use_survive_a_restart_and_a_dead_creates_volume_is_released(
             mounted, _, snapshots = leftovers(daemon)
             assert len(mounted) == len(snapshots) == 1 and snapshots[0].endswith(image_id.partition(":")[2])
             assert sh(daemon, crictl, kept, "cat /vol/data/hello.txt").stdout.strip() == "hello from the image"
+            assert sh(daemon, crictl, kept, "stat -c %u:%g /vol/data/owned").stdout.split("\n")[0] == "1000:2000"
             rmi = daemon.crictl(crictl, "rmi", images["layered"].ref, check=False)
             assert f"in use by container {kept} as its image volume at /vol" in rmi.stderr
             daemon.crictl(crictl, "rmp", "-f", pod[0])
@@ -236,12 +244,7 @@ def test_volumes_in_use_survive_a_restart_and_a_dead_creates_volume_is_released(
 def test_in_a_pod_with_a_user_namespace_the_volume_shows_the_images_owners_read_only(daemon, crictl, images,
                                                                                    tmp_path, handler, kind):
     image_id = pull(daemon, crictl, images[kind])
-    config = pod_config()
-    config["linux"]["security_context"]["namespace_options"]["userns_options"] = {
-        "mode": 0, "uids": USERNS_MAPPING, "gids": USERNS_MAPPING}
-    path = tmp_path / "pod.json"
-    path.write_text(json.dumps(config))
-    pod = (daemon.crictl(crictl, "runp", "--runtime", handler, str(path)).stdout.strip(), str(path))
+    pod = run_pod(daemon, crictl, tmp_path, handler, userns=True)
     container_id = create(daemon, crictl, tmp_path, pod, volume(image_id), volume(image_id, "/sub", "data")
                           if kind == "layered" else volume(image_id, "/sub", "only"))
     daemon.crictl(crictl, "start", container_id)
