@@ -15,6 +15,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 
 import pytest
@@ -24,6 +25,7 @@ from shim.runtime.mounts import BindMount
 from shim.runtime.oci import cli, rootfs as pause_rootfs, spec as specs
 from shim.kernel import devices, linux
 from shim.kernel.reaper import Reaper
+from shim.kernel.userns import UserNamespace
 from shim.rpc.status import AlreadyExists, DeadlineExceeded, FailedPrecondition, Internal, InvalidArgument, NotFound
 from support.podtools import node_container, pod_config
 from support.podtools import ns_inode, pod_service
@@ -204,6 +206,35 @@ def test_task_spec_joins_the_pause_namespaces_by_path():
     pod = specs.task_spec(sandbox_id="sb", args=["true"], env={}, cwd="/", rootfs="/b/rootfs", pause_pid=42,
                         pid_mode="POD", own_ipc=True)
     assert by_type(pod["linux"]["namespaces"])["pid"] == "/proc/42/ns/pid"
+
+
+
+POD_USERNS = UserNamespace.from_payload({"uids": [{"container_id": 0, "host_id": 100000, "length": 65536}],
+                                         "gids": [{"container_id": 0, "host_id": 200000, "length": 65536}]})
+MAPPINGS = {"uidMappings": [{"containerID": 0, "hostID": 100000, "size": 65536}],
+            "gidMappings": [{"containerID": 0, "hostID": 200000, "size": 65536}]}
+
+
+def test_a_pause_in_a_user_namespace_makes_it_with_the_pods_mappings_in_cnis_network_namespace():
+    doc = specs.with_user_namespace(specs.sandbox_spec(sandbox_id="sb", rootfs="/r", netns_path="/run/netns/n"),
+                                    POD_USERNS, sysfs_source="/b/userns/pause/sys")
+    assert by_type(doc["linux"]["namespaces"]) == {"mount": None, "pid": None, "ipc": None, "uts": None,
+                                                   "network": "/run/netns/n", "user": None}
+    assert {key: doc["linux"][key] for key in MAPPINGS} == MAPPINGS
+    # The host's sysfs the shim took, read-only: the user namespace may not mount CNI's namespace's.
+    assert [m for m in doc["mounts"] if m["destination"] == "/sys"] == [
+        {"destination": "/sys", "type": "bind", "source": "/b/userns/pause/sys",
+         "options": ["rbind", "nosuid", "noexec", "nodev", "ro"]}]
+
+
+def test_a_task_in_a_user_namespace_joins_the_pauses_and_leaves_the_network_namespace_out():
+    doc = specs.with_user_namespace(specs.task_spec(sandbox_id="sb", args=["true"], env={}, cwd="/", rootfs="/b/r",
+                                                    pause_pid=42, pid_mode="POD", own_ipc=True),
+                                    POD_USERNS, sysfs_source="/b/userns/task-t/sys", pause_pid=42)
+    # The runtime runs in the pod's network namespace: runc joins the user namespace first.
+    assert by_type(doc["linux"]["namespaces"]) == {"mount": None, "ipc": "/proc/42/ns/ipc", "uts": "/proc/42/ns/uts",
+                                                   "pid": "/proc/42/ns/pid", "user": "/proc/42/ns/user"}
+    assert {key: doc["linux"][key] for key in MAPPINGS} == MAPPINGS
 
 
 # -- the pause rootfs ----------------------------------------------------------------------------------
@@ -461,3 +492,22 @@ def test_a_bind_whose_source_is_id_mapped_already_says_so_to_the_shim_only():
     assert bind.idmapped and not BindMount("/vol", "/s", ("rbind",)).idmapped
     assert bind.to_oci() == {"destination": "/vol", "type": "bind", "source": "/state/image-volumes/p/i",
                              "options": ["rbind", "rprivate", "ro"]}
+
+
+def test_a_root_the_pods_root_cannot_reach_is_refused_naming_the_directory():
+    from shim.runtime.oci.userns import check_reachable
+    top = tempfile.mkdtemp(prefix="podshim-reach-")  # right under /tmp: its parents let others search
+    try:
+        os.chmod(top, 0o711)
+        closed = os.path.join(top, "closed")
+        os.makedirs(os.path.join(closed, "bundle"))
+        os.chmod(os.path.join(closed, "bundle"), 0o755)
+        os.chmod(closed, 0o700)
+        rootfs = os.path.join(closed, "bundle", "rootfs")
+        with pytest.raises(FailedPrecondition, match=f"{closed} \\(mode 0700\\) does not let it search"):
+            check_reachable(rootfs, POD_USERNS)
+        os.chown(closed, -1, POD_USERNS.root_gid)
+        os.chmod(closed, 0o710)  # the group of the pod's root may search it, as the shim opens its bundle
+        check_reachable(rootfs, POD_USERNS)
+    finally:
+        shutil.rmtree(top)

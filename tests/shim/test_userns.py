@@ -123,3 +123,9 @@ async def test_the_pods_sysctls_are_written_in_a_user_namespace_too(start, netns
                            "/proc/sys/net/ipv4/ip_unprivileged_port_start", "/proc/sys/kernel/shm_rmid_forced"],
                           capture_output=True, text=True, check=True, timeout=WAIT)
     assert read.stdout.split() == ["80", "1"]
+
+
+def test_a_host_id_is_seen_inside_through_the_mapping_and_unmapped_as_the_overflow_id():
+    from shim.kernel.userns import OVERFLOW_ID, inside_id
+    assert [inside_id(POD_USERNS.uids, host) for host in (HOST_ID, HOST_ID + 33, HOST_ID + 65535)] == [0, 33, 65535]
+    assert inside_id(POD_USERNS.uids, HOST_ID + 65536) == inside_id(POD_USERNS.uids, 0) == OVERFLOW_ID
