@@ -86,6 +86,14 @@ def events(c: harness.Cluster, name: str) -> list[dict[str, Any]]:
     return sorted(items, key=lambda e: e.get("lastTimestamp") or e.get("eventTime") or "")
 
 
+def wait_events(c: harness.Cluster, name: str, what: str, accept: Callable[[list[str]], bool],
+                reason: str | None = None) -> list[str]:
+    """Wait until the messages of the events of ``name`` (of ``reason``, if given) are as ``accept``
+    wants (kubelet sends its events after the fact they tell: they may come after the status)."""
+    return wait_until(f"the events of {name} {what}", lambda: [e["message"] for e in events(c, name)
+                                                                if reason is None or e["reason"] == reason], accept)
+
+
 def node_number(c: harness.Cluster, node_name: str) -> int:
     return next(n["number"] for n in c.nodes() if n["name"] == node_name)
 

@@ -345,10 +345,10 @@ def test_liveness_probes_of_each_kind_restart_their_container(c):
     kt.apply(c, LIVENESS, IMAGE=BUSYBOX)
     kt.wait_pod(c, "liveness", "had each container restarted by its probe",
                 lambda p: all(kt.container(p, n).get("restartCount", 0) >= 1 for n in ("exec", "http", "tcp")))
-    messages = [e["message"] for e in kt.events(c, "liveness")]
-    for name in ("exec", "http", "tcp"):
-        assert any(m.startswith("Liveness probe failed") for m in messages), messages
-        assert any(f"Container {name} failed liveness probe, will be restarted" in m for m in messages), messages
+    messages = kt.wait_events(c, "liveness", "saying each probe's restart", lambda ms: all(
+        any(f"Container {name} failed liveness probe, will be restarted" in m for m in ms)
+        for name in ("exec", "http", "tcp")))
+    assert any(m.startswith("Liveness probe failed") for m in messages), messages
     c.kubectl("delete", "pod", "liveness", "--wait=false")
 
 
@@ -649,15 +649,15 @@ def test_image_pull_policies_and_a_missing_images_backoff(c):
              MISSING=f"{harness.REGISTRY}/podshim/missing:1.0")
     for name in ("pull-always", "pull-ifnotpresent"):
         kt.wait_pod(c, name, "running", kt.running)
-    always = [e["message"] for e in kt.events(c, "pull-always")]
-    assert any(m.startswith(f'Successfully pulled image "{BUSYBOX}"') for m in always), always
-    kt.wait_until("pull-ifnotpresent's event", lambda: [e["message"] for e in kt.events(c, "pull-ifnotpresent")],
-                  lambda ms: any(f'Container image "{BUSYBOX}" already present on machine' in m for m in ms))
+    kt.wait_events(c, "pull-always", "saying it pulled",
+                   lambda ms: any(m.startswith(f'Successfully pulled image "{BUSYBOX}"') for m in ms))
+    kt.wait_events(c, "pull-ifnotpresent", "saying it did not pull",
+                   lambda ms: any(f'Container image "{BUSYBOX}" already present on machine' in m for m in ms))
     kt.wait_pod(c, "pull-never", "waiting with ErrImageNeverPull", lambda p: waiting_reason(p) == "ErrImageNeverPull")
     kt.wait_pod(c, "pull-missing", "in ImagePullBackOff", lambda p: waiting_reason(p) == "ImagePullBackOff")
-    failed = [e["message"] for e in kt.events(c, "pull-missing") if e["reason"] == "Failed"]
-    assert any(f"Failed to pull image \"{harness.REGISTRY}/podshim/missing:1.0\"" in m and "not found" in m
-               for m in failed), failed
+    kt.wait_events(c, "pull-missing", "saying the image is not found", lambda ms: any(
+        f"Failed to pull image \"{harness.REGISTRY}/podshim/missing:1.0\"" in m and "not found" in m for m in ms),
+        reason="Failed")
     c.kubectl("delete", "pod", "pull-always", "pull-ifnotpresent", "pull-never", "pull-missing", "--wait=false")
 
 
@@ -676,8 +676,9 @@ def test_a_private_registrys_image_is_pulled_with_its_image_pull_secret(c):
     kt.apply(c, PRIVATE, NAME="private-no-secret", SECRETS="", IMAGE=PRIVATE_IMAGE)
     kt.wait_pod(c, "private-no-secret", "refused its image",
                 lambda p: waiting_reason(p) in ("ErrImagePull", "ImagePullBackOff"))
-    failed = [e["message"] for e in kt.events(c, "private-no-secret") if e["reason"] == "Failed"]
-    assert any("401" in m or "unauthorized" in m.lower() or "authentication" in m.lower() for m in failed), failed
+    kt.wait_events(c, "private-no-secret", "saying the registry wants credentials", lambda ms: any(
+        "code = Unauthenticated" in m and f"{harness.PRIVATE_REGISTRY} wants credentials" in m for m in ms),
+        reason="Failed")
     c.kubectl("create", "secret", "docker-registry", "private-registry", f"--docker-server={harness.PRIVATE_REGISTRY}",
               f"--docker-username={AUTH[0]}", f"--docker-password={AUTH[1]}")
     kt.apply(c, PRIVATE, NAME="private", SECRETS="imagePullSecrets: [{name: private-registry}]", IMAGE=PRIVATE_IMAGE)
