@@ -338,12 +338,15 @@ def mount_rootfs(mounts: tuple[RootfsMount, ...], target: str, idmap: IdMap | No
     root, so what the task writes is owned by its mapped ids (as containerd's overlay
     snapshotter does); a bind is id-mapped when the task's root is taken (:func:`open_trees`).
     On failure what was mounted is unmounted and the error is FailedPrecondition
-    naming the entry and the kernel's reason."""
+    naming the entry (or the layer whose filesystem cannot be id-mapped) and the kernel's reason."""
     os.makedirs(target, 0o755, exist_ok=True)
     for i, entry in enumerate(mounts):
         if idmap is not None and entry.type == "overlay":
             try:
                 _mount_idmapped_overlay(entry, target, idmap)
+            except FailedPrecondition:
+                unmount_rootfs(target, remove=False)
+                raise
             except OSError as exc:
                 unmount_rootfs(target, remove=False)
                 raise FailedPrecondition(f"cannot mount rootfs[{i}] ({entry.type} {entry.source}) on {target} "
@@ -383,7 +386,7 @@ def _mount_idmapped_overlay(entry: RootfsMount, target: str, idmap: IdMap) -> No
             if key == "lowerdir":
                 for layer in value.split(":"):
                     layers.append(linux.open_tree(layer, False))
-                    linux.mount_setattr(layers[-1], userns_fd=idmap.userns_fd)
+                    _idmap(layers[-1], idmap, recursive=False, what=f"layer {layer}")
                     params.append(("lowerdir+", layers[-1]))
             elif key == "upperdir":
                 os.chown(value, idmap.root_uid, idmap.root_gid)

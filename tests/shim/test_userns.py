@@ -14,10 +14,11 @@ import subprocess
 
 import pytest
 
-from shim.kernel import linux, netns
-from shim.kernel.userns import UserNamespace
+from shim.kernel import linux, netns, userns
+from shim.kernel.userns import IdMap, UserNamespace
 from shim.lib.processes import signal_process
-from shim.rpc.status import InvalidArgument
+from shim.rpc.status import FailedPrecondition, InvalidArgument
+from shim.runtime.mounts import is_mount_point, mount_rootfs, parse_rootfs, unmount_rootfs
 from shim.runtime.pause import BUILTIN, PauseSpec, launch  # start: tests/shim/conftest.py
 
 WAIT = 5.0
@@ -129,3 +130,34 @@ def test_a_host_id_is_seen_inside_through_the_mapping_and_unmapped_as_the_overfl
     from shim.kernel.userns import OVERFLOW_ID, inside_id
     assert [inside_id(POD_USERNS.uids, host) for host in (HOST_ID, HOST_ID + 33, HOST_ID + 65535)] == [0, 33, 65535]
     assert inside_id(POD_USERNS.uids, HOST_ID + 65536) == inside_id(POD_USERNS.uids, 0) == OVERFLOW_ID
+
+
+async def test_an_overlays_layers_are_id_mapped_and_a_layer_that_cannot_be_is_refused_with_a_sentence(reaper,
+                                                                                                    tmp_path):
+    idmap = IdMap(await userns.create(POD_USERNS, reaper), HOST_ID, HOST_ID)
+    layers = [tmp_path / "lower1", tmp_path / "lower2"]
+    for layer in layers:
+        layer.mkdir()
+    (layers[0] / "roots").write_text("root's\n")
+    target, shown = str(tmp_path / "view"), tmp_path / "shown"
+    view = parse_rootfs({"rootfs": [{"type": "overlay", "source": "overlay",
+                                     "options": [f"lowerdir={layers[0]}:{layers[1]}"]}]})
+    try:
+        mount_rootfs(view, target, idmap)
+        assert os.stat(os.path.join(target, "roots")).st_uid == HOST_ID  # root inside the pod's namespace
+        unmount_rootfs(target, remove=False)
+        # A layer on an overlay (which cannot be id-mapped): refused, nothing left mounted.
+        shown.mkdir()
+        linux.mount("overlay", str(shown), "overlay", 0, f"lowerdir={layers[0]}:{layers[1]}")
+        on_overlay = parse_rootfs({"rootfs": [{"type": "overlay", "source": "overlay",
+                                               "options": [f"lowerdir={shown}:{layers[1]}"]}]})
+        with pytest.raises(FailedPrecondition) as refused:
+            mount_rootfs(on_overlay, target, idmap)
+        assert refused.value.message == (f"cannot id-map layer {shown} for the pod's user namespace: its filesystem "
+                                         "cannot be id-mapped")
+        assert not is_mount_point(target)
+    finally:
+        for path in (target, str(shown)):
+            if is_mount_point(path):
+                linux.umount2(path, linux.MNT_DETACH)
+        idmap.close()
