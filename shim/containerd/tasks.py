@@ -124,9 +124,7 @@ def task_fields(spec: dict[str, Any], rootfs: list[Any], pause_pid: int) -> dict
     else:
         raise InvalidArgument(f"config.json's pid namespace {namespaces['pid']!r} is neither the pod's nor a new "
                               "one: podshim's shim cannot join it")
-    if linux.get("devices"):
-        raise InvalidArgument("config.json linux.devices: host devices are not yet given to containerd's "
-                              "containers by podshim's shim")
+    privileged = _privileged(linux.get("devices") or [])
     user = process.get("user") or {}
     fields: dict[str, Any] = {
         "args": list(process["args"]), "env": list(process.get("env") or []), "cwd": process.get("cwd") or "/",
@@ -141,10 +139,32 @@ def task_fields(spec: dict[str, Any], rootfs: list[Any], pause_pid: int) -> dict
         "masked_paths": list(linux.get("maskedPaths") or []),
         "readonly_paths": list(linux.get("readonlyPaths") or []),
         "resources": _resources(linux, process),
+        "privileged": privileged,
     }
     if linux.get("seccomp"):
         fields["seccomp"] = linux["seccomp"]
     return fields
+
+
+def _privileged(given: list[dict[str, Any]]) -> bool:
+    """Whether config.json's ``linux.devices`` are a privileged container's: every device of the
+    host's /dev, as containerd's CRI lists them (the shim then gives the task the host's devices, as
+    it does a privileged task's, shim.runtime.mounts.host_devices); none: not privileged. Any other
+    list is refused."""
+    if not given:
+        return False
+    from shim.runtime.mounts import DEV_NODES, host_devices
+
+    # the task's own /dev has these (ptmx: a link to its devpts' own)
+    standard = {(f"/dev/{name}", "c", major, minor) for name, major, minor in (*DEV_NODES, ("ptmx", 5, 2))}
+    listed = {(d.get("path"), d.get("type"), d.get("major"), d.get("minor")) for d in given} - standard
+    host = {(d.path, d.kind, d.major, d.minor) for d in host_devices()}
+    if listed != host:
+        differ = ", ".join(str(path) for path, *_ in sorted(listed ^ host, key=str)[:3])
+        raise InvalidArgument(f"config.json linux.devices: devices other than all of the host's (a privileged "
+                              f"container's) are not yet given to containerd's containers by podshim's shim "
+                              f"({differ} differ)")
+    return True
 
 
 def _mounts(mounts: list[dict[str, Any]]) -> list[dict[str, Any]]:

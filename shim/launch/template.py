@@ -111,6 +111,23 @@ def _preload() -> None:
         pass
 
 
+def _preload_containerd() -> None:
+    """Import what a shim that serves containerd imports besides (containerd's services and the CRI
+    translation of its pods), and freeze it as :func:`_serve` freezes the rest: loaded once a Spawn
+    first asks for such a shim, so the shims forked after share it and a template that never
+    serves containerd pays nothing for it."""
+    try:
+        from shim.containerd import events, metrics, services, stdio, tasks  # noqa: F401
+        from client.cri import security  # noqa: F401
+        from client.criapi import api_pb2  # noqa: F401
+        from client.podshimd import translate  # noqa: F401
+    except ImportError as exc:  # not generated (.ci/install): each shim says so itself
+        log.warning("cannot preload containerd's services: %s", exc)
+        return
+    gc.collect()
+    gc.freeze()
+
+
 def _hold(namespace: str) -> Any:
     """A hold on the default cgroup parent of ``namespace`` (:func:`shim.kernel.cgroups.hold_parent`),
     or None when it cannot be made (logged: sandboxes then make and prune the parent themselves)."""
@@ -230,6 +247,7 @@ class _Template:
         self.path = path
         self.inode = os.stat(path).st_ino  # the socket file is ours only while it has this inode
         self.spawned = 0
+        self.containerd_loaded = False  # _preload_containerd ran
         self.spare: Spare | None = None
         self.code = CodeWatch(code_files())
         self.stale = False
@@ -349,6 +367,9 @@ class _Template:
         )
         self.namespaces.add(namespace)
         self.roots.add(runtime_root)
+        if config.containerd_address is not None and not self.containerd_loaded:
+            self.containerd_loaded = True
+            _preload_containerd()
         spare, self.spare = self.spare, None  # spent by spawn_shim whatever happens: the next is forked after
         result = spawn_shim(config, debug=optional(p, "debug", bool, False), double_fork=True, spare=spare)
         self.spawned += 1

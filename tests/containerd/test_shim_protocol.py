@@ -296,3 +296,19 @@ async def test_a_plain_container_of_the_shims_own_id_runs_in_a_pod_of_its_own_an
     finally:
         os.close(reader)
     await started.shim.exited(WAIT * 2)  # the shim ends with its container's pod
+
+
+def test_a_privileged_containers_devices_make_a_privileged_task_and_other_devices_are_refused():
+    from shim.containerd.tasks import task_fields
+    from shim.runtime.mounts import host_devices
+
+    def spec(devices: list[dict]) -> dict:
+        return {"process": {"args": ["true"]}, "linux": {"namespaces": [{"type": "pid"}], "devices": devices}}
+
+    every = [{"path": d.path, "type": d.kind, "major": d.major, "minor": d.minor} for d in host_devices()]
+    standard = [{"path": "/dev/null", "type": "c", "major": 1, "minor": 3},
+                {"path": "/dev/ptmx", "type": "c", "major": 5, "minor": 2}]  # as containerd lists the host's
+    assert task_fields(spec(every + standard), [], 1)["privileged"] is True
+    assert task_fields(spec([]), [], 1)["privileged"] is False
+    with pytest.raises(InvalidArgument, match=r"devices other than all of the host's .* differ"):
+        task_fields(spec(every[1:]), [], 1)

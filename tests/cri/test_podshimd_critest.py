@@ -14,62 +14,33 @@ host, and podshimd shares its mount namespace."""
 
 from __future__ import annotations
 
-import re
 import shutil
 import tempfile
 import time
-from dataclasses import dataclass
 
 import pytest
 
 from client.criapi import api_pb2
-from support.critools import CritestResult, cni_config, critest_in, run_critest, running_podshimd
+from support.critools import ExpectedSpecs, cni_config, critest_in, critest_surprises, run_critest, running_podshimd
 from support.netrelay import loopback_relay
 
 #: Seconds one whole run may take (about 2 minutes on a quiet machine; a few specs wait a minute).
 CRITEST_TIMEOUT = 1800
 
 
-@dataclass(frozen=True)
-class Expected:
-    """Specs (``pattern``, a regular expression searched in the spec's whole text) that end in
-    ``state`` rather than "passed", with the ``handlers`` it holds for (all when empty), and why."""
-
-    pattern: str
-    state: str
-    reason: str
-    handlers: tuple[str, ...] = ()
-
-
 EXPECTED = [
     # Offline-impossible.
-    Expected(r"Image Manager public image with digest should be pulled and removed", "failed",
-             "pulls upstream's gcr.io/k8s-staging-cri-tools/test-image-digest@sha256:9700f9…, a manifest no offline "
-             "build can reproduce (tests/support/imagebuild.py: CritestImages.unavailable)"),
+    ExpectedSpecs(r"Image Manager public image with digest should be pulled and removed", "failed",
+                  "pulls upstream's gcr.io/k8s-staging-cri-tools/test-image-digest@sha256:9700f9…, a manifest no offline "
+                  "build can reproduce (tests/support/imagebuild.py: CritestImages.unavailable)"),
     # What critest runs only when asked, or what this machine has not.
-    Expected(r"benchmark about ", "skipped", "critest's benchmarks run only with --benchmark"),
-    Expected(r"\[k8s.io\] NRI ", "skipped", "critest runs the NRI specs only with --nri-socket; podshimd has no NRI"),
-    Expected(r"\[k8s.io\] AppArmor ", "skipped", "AppArmor is disabled on this machine's kernel"),
+    ExpectedSpecs(r"benchmark about ", "skipped", "critest's benchmarks run only with --benchmark"),
+    ExpectedSpecs(r"\[k8s.io\] NRI ", "skipped",
+                  "critest runs the NRI specs only with --nri-socket; podshimd has no NRI"),
+    ExpectedSpecs(r"\[k8s.io\] AppArmor ", "skipped", "AppArmor is disabled on this machine's kernel"),
 ]
 #: critest's specs (its Windows specs included), as this version lists them.
 ALL_SPECS = 142
-
-
-def unexpected(result: CritestResult, handler: str) -> list[str]:
-    """Each spec that did not end as EXPECTED says (or "passed"), and each entry no spec matched."""
-    entries = [e for e in EXPECTED if not e.handlers or handler in e.handlers]
-    used: set[int] = set()
-    out = []
-    for name, state in sorted(result.specs.items()):
-        matching = [i for i, e in enumerate(entries) if re.search(e.pattern, name)]
-        assert len(matching) <= 1, f"{name!r} matches several EXPECTED entries"
-        used.update(matching)
-        want = entries[matching[0]].state if matching else "passed"
-        if state != want:
-            message = result.messages.get(name, "").strip().splitlines()[:3]
-            out.append(f"{name}: {state}, expected {want}" + (f" ({' / '.join(message)})" if message else ""))
-    out += [f"EXPECTED entry {e.pattern!r} matched no spec" for i, e in enumerate(entries) if i not in used]
-    return out
 
 
 @pytest.fixture
@@ -94,7 +65,7 @@ def test_critest_passes_every_spec_but_the_expected_ones(critest, critest_image_
                              extra=["--runtime-handler", handler], timeout=CRITEST_TIMEOUT)
         took = time.monotonic() - started
         assert len(result.specs) == result.total == ALL_SPECS, f"{result.summary()}\n{result.output[-6000:]}"
-        surprises = unexpected(result, handler)
+        surprises = critest_surprises(result, EXPECTED, handler)
         assert not surprises, (f"{result.summary()} in {took:.0f} s; not as expected:\n" + "\n".join(surprises))
         # critest removed what it made: no pod or container is left, in the daemon or on the machine.
         runtime = daemon.runtime()

@@ -358,6 +358,38 @@ class CritestResult:
                 f"{self.skipped} skipped, {self.pending} pending")
 
 
+@dataclass(frozen=True)
+class ExpectedSpecs:
+    """Specs (``pattern``, a regular expression searched in the spec's whole text) that end in
+    ``state`` rather than as expected otherwise, with the ``handlers`` it holds for (all when empty),
+    and why."""
+
+    pattern: str
+    state: str
+    reason: str
+    handlers: tuple[str, ...] = ()
+
+
+def critest_surprises(result: CritestResult, expected: Sequence[ExpectedSpecs], handler: str,
+                      reference: Mapping[str, str] | None = None) -> list[str]:
+    """Each spec of ``result`` (critest run with ``handler``) that did not end as the entry of
+    ``expected`` that matches it says, or, matched by none, passed (or, given ``reference``, another
+    run's states: as it ended there); then each entry of the handler's that no spec matched."""
+    entries = [e for e in expected if not e.handlers or handler in e.handlers]
+    used: set[int] = set()
+    out = []
+    for name, state in sorted(result.specs.items()):
+        matching = [i for i, e in enumerate(entries) if re.search(e.pattern, name)]
+        assert len(matching) <= 1, f"{name!r} matches several expected entries"
+        used.update(matching)
+        want = entries[matching[0]].state if matching else (reference or {}).get(name, "passed")
+        if state != want and (matching or state != "passed"):
+            message = result.messages.get(name, "").strip().splitlines()[:3]
+            out.append(f"{name}: {state}, expected {want}" + (f" ({' / '.join(message)})" if message else ""))
+    out += [f"EXPECTED entry {e.pattern!r} matched no spec" for i, e in enumerate(entries) if i not in used]
+    return out
+
+
 def parse_critest(returncode: int, output: str, report: list[dict[str, Any]] | None = None) -> CritestResult:
     """Read ginkgo v2's summary ("Ran 80 of 85 Specs", "FAIL! -- 70 Passed | 10 Failed | 0 Pending |
     5 Skipped") from critest's output, and each spec's state from its JSON ``report``
