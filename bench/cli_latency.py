@@ -50,9 +50,10 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from bench.common import code_of, compile_bytecode, not_root, percentile, wait_pidfd  # noqa: E402
-from shim.launch.install import podshim_argv  # noqa: E402
-from shim.launch.template import stop_template  # noqa: E402
+from shim.launch.install import podshim_argv
+from shim.launch.template import stop_template
+
+from bench.common import code_of, compile_bytecode, not_root, percentile, wait_pidfd
 
 TIMEOUT = 30.0
 NAMESPACE = "bench"

@@ -56,8 +56,9 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 sys.path.insert(1, os.path.join(REPO, "tests"))  # the tests' image builder and the tools' builder
 
-from bench.compare.run import sweep, unmount_under  # noqa: E402
-from shim.kernel.cgroups import SandboxCgroup, discover_hierarchies  # noqa: E402
+from shim.kernel.cgroups import SandboxCgroup, discover_hierarchies
+
+from bench.compare.run import sweep, unmount_under
 
 BASE = os.environ.get("PODSHIM_CLUSTER_DIR", "/var/tmp/podshim-cluster")
 CGROUP_PARENT = "podshim-cluster"
@@ -787,7 +788,7 @@ class Cluster:
             if record:
                 try:
                     _cgroup(record).remove(timeout=30)
-                except Exception as exc:  # noqa: BLE001
+                except Exception as exc:  # noqa: BLE001  (any failure of one node is reported, the rest go on)
                     problems.append(f"removing the cluster's cgroups: {exc}")
         for parent in state.data.get("cgroup_parent", []):
             with contextlib.suppress(OSError):

@@ -173,9 +173,9 @@ def memory(pid: int) -> Memory:
 def template_memory(pid: int, runtime_root: str) -> Memory:
     """The fixed cost of a shim template: the template, its spare shim and the spare's
     intermediate child (its only children), summed."""
+    from shim.api.names import TEMPLATE_SERVICE
     from shim.api.paths import control_socket_path
     from shim.rpc import blocking
-    from shim.api.names import TEMPLATE_SERVICE
 
     pids = {pid, *children_of(pid)}
     try:
@@ -412,8 +412,8 @@ async def running_sandbox(base: str, sandbox_id: str, *, namespace: str = "bench
     it. At the end it is shut down (or, if that fails, ``podshim delete``d) and ``base`` removed."""
     import sys
 
-    from shim.rpc import Client
     from shim.api.names import SANDBOX_SERVICE
+    from shim.rpc import Client
 
     argv = [sys.executable, "-m", "shim", "--namespace", namespace, "--id", sandbox_id,
             "--bundle", f"{base}/bundle", "--runtime-root", f"{base}/run"]
@@ -462,5 +462,5 @@ def run_stamp(load_before: tuple[float, float, float]) -> str:
     def loads(values: Sequence[float]) -> str:
         return " ".join(f"{x:.2f}" for x in values)
 
-    return (f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC; {os.cpu_count()} cores; load average "
+    return (f"{datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC; {os.cpu_count()} cores; load average "
             f"(1, 5, 15 min) {loads(load_before)} at the start, {loads(os.getloadavg())} at the end")

@@ -29,11 +29,13 @@ import statistics
 import tempfile
 import time
 
-from bench.common import NODE_ROOT, running_sandbox, task_cycle
+from shim.api.defaults import DEFAULT_CAPABILITIES
+from shim.kernel import seccomp
+
 from client.cri.seccomp_default import default_profile
 from client.cri.security import held_capabilities
-from shim.kernel import seccomp
-from shim.api.defaults import DEFAULT_CAPABILITIES
+
+from bench.common import NODE_ROOT, running_sandbox, task_cycle
 
 NAMESPACE = "bench"
 TIMEOUT = 10.0

@@ -45,10 +45,22 @@ from typing import Any
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from bench.common import not_root, percentile, podshimd_netns, remove_cri_pods, remove_netns  # noqa: E402
-from bench.compare.run import (CGROUP_ROOT, IMAGE, Janitor, PrivateContainerd, build_pause_image, log,  # noqa: E402
-                               remove_if_ours, run, stop_process, sweep, unmount_under)
-from shim.launch.template import stop_template  # noqa: E402
+from shim.launch.template import stop_template
+
+from bench.common import not_root, percentile, podshimd_netns, remove_cri_pods, remove_netns
+from bench.compare.run import (
+    CGROUP_ROOT,
+    IMAGE,
+    Janitor,
+    PrivateContainerd,
+    build_pause_image,
+    log,
+    remove_if_ours,
+    run,
+    stop_process,
+    sweep,
+    unmount_under,
+)
 
 CNI_BIN = "/usr/lib/cni"
 START_TIMEOUT = 60.0
@@ -296,11 +308,11 @@ def pull_pause_image(state_root: str, workdir: str) -> str:
     import asyncio
 
     sys.path.insert(1, os.path.join(REPO, "tests"))
+    from client.images.service import Images
+    from client.images.skopeo import RegistryHost
+
     from support.imagebuild import TestImages, catatonit_pause_image
     from support.registry import running_registry
-
-    from client.images.skopeo import RegistryHost
-    from client.images.service import Images
 
     async def pull(ref: str, host: str) -> None:
         store = Images(state_root, hosts=(RegistryHost(host, (), True),))
@@ -487,7 +499,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         janitor.run()
 
-    date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    date = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
     out = [f"CRI bench, {date}, {os.cpu_count()} CPUs, load average {load_before[0]:.2f} before / "
            f"{load_after[0]:.2f} after; `python3 bench/cri_cycle.py --cycles {args.cycles} --pods {args.pods}`", ""]
     others = runtimes[1:]

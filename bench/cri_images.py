@@ -30,9 +30,9 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 sys.path.insert(1, os.path.join(REPO, "tests"))  # the tests' registry and image builders
 
-from bench.common import not_root  # noqa: E402
-from bench.compare.run import IMAGE, Janitor, build_pause_image, log, run  # noqa: E402
-from bench.cri_cycle import CNI_BIN, CriContainerd, remove_runc_root_later  # noqa: E402
+from bench.common import not_root
+from bench.compare.run import IMAGE, Janitor, build_pause_image, log, run
+from bench.cri_cycle import CNI_BIN, CriContainerd, remove_runc_root_later
 
 INSIDE_FLAG = "--inside-netns"
 

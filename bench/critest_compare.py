@@ -30,8 +30,8 @@ import tempfile
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from bench.common import bench_podshimd  # noqa: E402
-from bench.cri_images import Janitor, bench_parser, log, netns_main, podshimd_directory  # noqa: E402
+from bench.common import bench_podshimd
+from bench.cri_images import Janitor, bench_parser, log, netns_main, podshimd_directory
 from support.critools import CritestResult  # noqa: E402  (tests/ is on the path once bench.cri_images is imported)
 
 
@@ -88,7 +88,7 @@ def first_line(message: str) -> str:
 def report(args: argparse.Namespace, version: str, results: list[tuple[str, CritestResult]]) -> list[str]:
     """The table, containerd's failures, and what each podshimd handler does not pass that containerd
     does (a runtime whose name starts with "containerd" is the reference)."""
-    date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    date = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
     load = ", ".join(f"{v:.1f}" for v in os.getloadavg())
     out = [f"critest {version}, {date}, {os.cpu_count()} CPUs, load {load}; `python3 bench/critest_compare.py"
            + (" --no-containerd" if args.no_containerd else "") + f" --handlers {','.join(args.handlers)}"

@@ -24,11 +24,13 @@ import anyio
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from bench.common import template_memory  # noqa: E402
-from client.controller import Controller  # noqa: E402
-from shim.api.paths import control_socket_path  # noqa: E402
-from shim.rpc import blocking  # noqa: E402
-from shim.api.names import TEMPLATE_SERVICE  # noqa: E402
+from shim.api.names import TEMPLATE_SERVICE
+from shim.api.paths import control_socket_path
+from shim.rpc import blocking
+
+from client.controller import Controller
+
+from bench.common import template_memory
 
 NAMESPACE = "density"
 
@@ -55,7 +57,7 @@ def start_template(runtime_root: str) -> subprocess.Popen:
             return proc
         except Exception:
             if proc.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit("the template did not start")
+                raise SystemExit("the template did not start") from None
             time.sleep(0.02)
 
 

@@ -28,8 +28,8 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from bench.common import bench_podshimd  # noqa: E402
-from bench.cri_images import Janitor, bench_parser, log, netns_main, podshimd_directory, run, start_containerd  # noqa: E402
+from bench.common import bench_podshimd
+from bench.cri_images import Janitor, bench_parser, log, netns_main, podshimd_directory, run, start_containerd
 
 STEPS = ("create", "start", "exec -s true", "exec true", "stop + rm")
 
@@ -117,7 +117,7 @@ def inside(args: argparse.Namespace) -> int:
     finally:
         janitor.run()
 
-    date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    date = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
     out = [f"Containers from a pulled image through crictl, {date}, {os.cpu_count()} CPUs, load average "
            f"{load_before[0]:.2f} before / {load_after[0]:.2f} after; `python3 bench/image_containers.py "
            f"--runs {args.runs}`", "", "| step | " + " | ".join(f"{r.key} median" for r in runtimes) + " | ratio |",

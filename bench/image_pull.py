@@ -38,8 +38,8 @@ from collections.abc import Callable
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from bench.common import bench_podshimd, percentile  # noqa: E402
-from bench.cri_images import Janitor, bench_parser, log, netns_main, podshimd_directory, run, start_containerd  # noqa: E402
+from bench.common import bench_podshimd, percentile
+from bench.cri_images import Janitor, bench_parser, log, netns_main, podshimd_directory, run, start_containerd
 
 PULL_TIMEOUT = 600.0
 
@@ -154,7 +154,7 @@ def inside(args: argparse.Namespace) -> int:
     finally:
         janitor.run()
 
-    date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    date = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
     out = [f"Image pull + unpack, {date}, {os.cpu_count()} CPUs, load average {load_before[0]:.2f} before / "
            f"{load_after[0]:.2f} after; `python3 bench/image_pull.py --runs {args.runs} --big-mb {args.big_mb} "
            f"--big-layers {args.big_layers}`", "",

@@ -35,8 +35,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def worker(state: str, base: str, top: str, host: str) -> None:
     """In a contender's process: pull ``base`` if its store lacks it, then time a pull of ``top``
     and remove it again; prints {"ms": ...}."""
-    from client.images.skopeo import RegistryHost
     from client.images.service import Images
+    from client.images.skopeo import RegistryHost
 
     async def main() -> float:
         images = Images(state, hosts=[RegistryHost(host, insecure=True)]).open()

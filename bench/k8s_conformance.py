@@ -55,8 +55,9 @@ from dataclasses import dataclass, field
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(1, os.path.dirname(os.path.abspath(__file__)))
 
-import cluster as harness  # noqa: E402
-from bench.common import run_stamp  # noqa: E402
+import cluster as harness
+
+from bench.common import run_stamp
 
 FOCUS = (r"\[sig-node\].*\[Conformance\]",
          r"\[sig-node\] (Pods|Containers|Container Runtime|Kubelet|Probing container|Container Lifecycle Hook|"
@@ -95,9 +96,21 @@ def push_images(c: harness.Cluster, directory: str) -> list[str]:
     """Build the e2e images (see the module's docstring) and push them to ``c``'s registry; their
     references."""
     from support.critools import gotool
-    from support.imagebuild import (BUSYBOX_CONFIG, BUSYBOX_GROUP, BUSYBOX_PASSWD, FAKE_NGINX, Entry, ImageBuilder,
-                            ImageConfig, busybox_layer, dynamic_busybox, nnp_binary, shared_libraries,
-                            tiny_pause_binary, web_root)
+    from support.imagebuild import (
+        BUSYBOX_CONFIG,
+        BUSYBOX_GROUP,
+        BUSYBOX_PASSWD,
+        FAKE_NGINX,
+        Entry,
+        ImageBuilder,
+        ImageConfig,
+        busybox_layer,
+        dynamic_busybox,
+        nnp_binary,
+        shared_libraries,
+        tiny_pause_binary,
+        web_root,
+    )
 
     builder = ImageBuilder(directory)
     pushed: list[str] = []

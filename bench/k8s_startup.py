@@ -35,8 +35,9 @@ from dataclasses import dataclass, field
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(1, os.path.dirname(os.path.abspath(__file__)))
 
-import cluster as harness  # noqa: E402
-from bench.common import memory, percentile, run_stamp  # noqa: E402
+import cluster as harness
+
+from bench.common import memory, percentile, run_stamp
 
 #: Bound on every wait for the pods of one node (start, delete).
 WAIT = 900.0

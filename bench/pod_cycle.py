@@ -32,11 +32,13 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from bench.common import percentile  # noqa: E402
-from client.cri.pod import open_pod_service  # noqa: E402
-from shim.launch.template import stop_template  # noqa: E402
-from shim.runtime import process  # noqa: E402
-from shim.api.handlers import NATIVE, RUNTIME_HANDLERS  # noqa: E402
+from shim.api.handlers import NATIVE, RUNTIME_HANDLERS
+from shim.launch.template import stop_template
+from shim.runtime import process
+
+from client.cri.pod import open_pod_service
+
+from bench.common import percentile
 
 PHASES = ("runp", "stopp", "rmp")
 

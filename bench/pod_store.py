@@ -24,8 +24,9 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from bench.common import percentile  # noqa: E402
-from client.cri.store import ContainerRecord, ContainerState, PodRecord, PodState, PodStore  # noqa: E402
+from client.cri.store import ContainerRecord, ContainerState, PodRecord, PodState, PodStore
+
+from bench.common import percentile
 
 OPERATIONS = ("create", "update", "add_container", "find_container", "update_container", "list", "delete")
 

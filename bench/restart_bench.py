@@ -26,9 +26,10 @@ import anyio
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from client.controller import Controller  # noqa: E402
-from client.controller.handle import Phase  # noqa: E402
-from shim.launch.template import stop_template  # noqa: E402
+from shim.launch.template import stop_template
+
+from client.controller import Controller
+from client.controller.handle import Phase
 
 NS = "bench"
 

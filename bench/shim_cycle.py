@@ -36,10 +36,11 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from bench.common import Memory, code_of, floor_cycle, memory, percentile, wait_pidfd  # noqa: E402
-from bench.compare.run import PythonCommand, podshim_commands  # noqa: E402
-from shim.rpc import Client  # noqa: E402
-from shim.api.names import SANDBOX_SERVICE  # noqa: E402
+from shim.api.names import SANDBOX_SERVICE
+from shim.rpc import Client
+
+from bench.common import Memory, code_of, floor_cycle, memory, percentile, wait_pidfd
+from bench.compare.run import PythonCommand, podshim_commands
 
 PHASES = ("spawn", "create", "start", "stop", "shutdown")
 NAMESPACE = "bench"
@@ -120,7 +121,7 @@ async def idle_memory(command: PythonCommand, workdir: str, count: int, first_nu
             await run.call("CreateSandbox")
             pauses.append((await run.call("StartSandbox"))["pid"])
         # Idle: every shim has served its calls and sits in its event loop.
-        return [(memory(run.pid), memory(pause)) for run, pause in zip(runs, pauses)]
+        return [(memory(run.pid), memory(pause)) for run, pause in zip(runs, pauses, strict=False)]
     finally:
         for run in runs:
             with contextlib.suppress(Exception):

@@ -36,8 +36,8 @@ from concurrent.futures import ThreadPoolExecutor
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from bench.cri_images import bench_parser, log, netns_main  # noqa: E402
-from bench.image_pull import big_image_options, big_layers  # noqa: E402
+from bench.cri_images import bench_parser, log, netns_main
+from bench.image_pull import big_image_options, big_layers
 
 POLL = 0.002  # seconds between looks at a destination for new blobs
 
@@ -45,7 +45,7 @@ POLL = 0.002  # seconds between looks at a destination for new blobs
 def watch(directory: str, stop: threading.Event, seen: dict[str, float]) -> None:
     """Record when each blob (a file named by 64 hex digits) appears under ``directory``."""
     while not stop.is_set():
-        for dirpath, _, names in os.walk(directory):
+        for _dirpath, _, names in os.walk(directory):
             for name in names:
                 if len(name) == 64 and name not in seen:
                     seen[name] = time.perf_counter()
@@ -140,7 +140,7 @@ def inside(args: argparse.Namespace) -> int:
                     else "warm-up done")
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
-    date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    date = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
     size = sum(layer["size"] for layer in manifest["layers"])
     print(f"Copying a {size / 1e6:.0f} MB image of {len(manifest['layers'])} layers from a local registry, {date}, "
           f"load average {os.getloadavg()[0]:.2f}; medians of {args.runs} interleaved runs\n")

@@ -26,9 +26,9 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[:0] = [REPO, os.path.join(REPO, "tests")]
 
-from bench.common import bench_podshimd, percentile  # noqa: E402
-from support.critools import cri_tool  # noqa: E402
-from support.podtools import container_config, pod_config  # noqa: E402
+from bench.common import bench_podshimd, percentile
+from support.critools import cri_tool
+from support.podtools import container_config, pod_config
 
 
 def timed(argv: list[str]) -> float:

@@ -22,9 +22,10 @@ import sys
 import tempfile
 import time
 
-from bench.common import NODE_ROOT
-from shim.rpc import Client
 from shim.api.names import SANDBOX_SERVICE, TASK_SERVICE
+from shim.rpc import Client
+
+from bench.common import NODE_ROOT
 
 NAMESPACE = "bench"
 TIMEOUT = 30.0

@@ -22,10 +22,11 @@ import statistics
 import tempfile
 import time
 
-from bench.common import busybox_tree
 from shim.kernel import linux
 from shim.kernel.reaper import Reaper
 from shim.runtime import mounts, process
+
+from bench.common import busybox_tree
 
 
 async def launch_once(reaper: Reaper, fs: mounts.TaskFilesystem | None, mount_point: str) -> float:

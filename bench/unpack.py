@@ -36,10 +36,11 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from bench.common import not_root  # noqa: E402
-from bench.compare.run import Janitor, PrivateContainerd, log, run  # noqa: E402
-from client.images import snapshots  # noqa: E402
-from client.images.snapshots import Snapshotter  # noqa: E402
+from client.images import snapshots
+from client.images.snapshots import Snapshotter
+
+from bench.common import not_root
+from bench.compare.run import Janitor, PrivateContainerd, log, run
 
 SOURCES = ("/usr/lib/x86_64-linux-gnu", "/usr/lib/python3.11", "/usr/share/doc", "/usr/share/locale")
 MEDIA = {"gzip": "application/vnd.oci.image.layer.v1.tar+gzip", "zstd": "application/vnd.oci.image.layer.v1.tar+zstd"}

@@ -20,16 +20,24 @@ import signal
 import time
 from collections.abc import Iterator, Mapping
 
-from shim.kernel import cgroups, netns
-from shim.api.paths import STATE_FILE, socket_path
 from shim.api.names import UNKNOWN_EXIT_STATUS
+from shim.api.paths import STATE_FILE, socket_path
+from shim.kernel import cgroups, netns
 from shim.lib.files import flock_open
 from shim.lib.processes import open_pidfd, wait_pidfd
 from shim.rpc.status import RpcError
 from shim.runtime import mounts
 from shim.runtime.oci.backend import delete_recorded
-from shim.sandbox.record import (STATE_DELETED, STATE_VERSION, ExitRecord, MalformedRecord, StateFile, TaskRecord,
-                                 read_state, write_state)
+from shim.sandbox.record import (
+    STATE_DELETED,
+    STATE_VERSION,
+    ExitRecord,
+    MalformedRecord,
+    StateFile,
+    TaskRecord,
+    read_state,
+    write_state,
+)
 
 __all__ = ["UNKNOWN_EXIT_STATUS", "KILLED_EXIT_STATUS", "delete_sandbox"]
 

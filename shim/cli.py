@@ -20,12 +20,18 @@ import sys
 from collections.abc import Callable
 
 from shim import __version__
-from shim.api.paths import (BOOTSTRAP_FILE, DEFAULT_RUNTIME_ROOT, control_socket_path, template_socket_for,
-                            socket_address, socket_path, validate_identifier)
-from shim.lib.files import write_json_atomic
 from shim.api.names import DEFAULT_BUNDLE_ROOT, TEMPLATE_LOG, TEMPLATE_SERVICE, TEMPLATE_START_LOCK
+from shim.api.paths import (
+    BOOTSTRAP_FILE,
+    DEFAULT_RUNTIME_ROOT,
+    control_socket_path,
+    socket_address,
+    socket_path,
+    template_socket_for,
+    validate_identifier,
+)
 from shim.lib.arguments import ArgumentParser
-from shim.lib.files import ensure_private_dir, flock_open
+from shim.lib.files import ensure_private_dir, flock_open, write_json_atomic
 from shim.rpc.status import FailedPrecondition, RpcError, Unavailable
 
 __all__ = ["ACTIONS", "Failure", "UsageError", "exit_status", "main", "os_error_sentence", "run", "start_shim"]
@@ -204,8 +210,8 @@ def _template(args: argparse.Namespace) -> int:
 
         print(json.dumps({"pid": stop_template(args.runtime_root)}))
         return 0
-    from shim.lib.logs import setup_logging
     from shim.launch.template import run_template
+    from shim.lib.logs import setup_logging
 
     setup_logging(args.debug)
     return run_template(args.runtime_root, pause_binary=args.pause_binary, **_idle_grace(args))
@@ -248,8 +254,8 @@ def _detach_template(args: argparse.Namespace) -> int:
 
 
 def _run_detached_template(args: argparse.Namespace, ready_fd: int) -> int:
-    from shim.lib.logs import setup_logging
     from shim.launch.template import run_template
+    from shim.lib.logs import setup_logging
 
     setup_logging(args.debug)
     return run_template(args.runtime_root, pause_binary=args.pause_binary, ready_fd=ready_fd, **_idle_grace(args))
@@ -257,9 +263,9 @@ def _run_detached_template(args: argparse.Namespace, ready_fd: int) -> int:
 
 def _serve(args: argparse.Namespace) -> int:
     from shim.daemon import serve_forever
+    from shim.launch.spawn import bind_listener, bootstrap
     from shim.lib.logs import setup_logging
     from shim.lib.notify import listen_fds
-    from shim.launch.spawn import bind_listener, bootstrap
 
     setup_logging(args.debug)
     ensure_private_dir(args.bundle, 0o700)

@@ -15,14 +15,14 @@ import socket
 from collections.abc import Callable, Coroutine
 from typing import Any, Protocol
 
-from shim.sandbox.events import EventBus
 from shim.kernel.linux import set_process_name
-from shim.launch.install import long_running
-from shim.lib.notify import Notifier
 from shim.kernel.reaper import Reaper
-from shim.rpc.channel import install_uvloop
+from shim.launch.install import long_running
 from shim.lib.files import unlink_quietly
+from shim.lib.notify import Notifier
+from shim.rpc.channel import install_uvloop
 from shim.rpc.server import Server
+from shim.sandbox.events import EventBus
 from shim.sandbox.sandbox import Sandbox, ShimConfig, State
 from shim.sandbox.service import SandboxService, register
 from shim.sandbox.task_service import TaskService, register_tasks
@@ -182,7 +182,7 @@ class _Shim:
         """Stop accepting and close every connection, in-flight answers given SHUTDOWN_TIMEOUT."""
         try:
             await asyncio.wait_for(self.server.aclose(SHUTDOWN_TIMEOUT), SHUTDOWN_TIMEOUT + 1)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             log.error("server did not close within %.0fs", SHUTDOWN_TIMEOUT)
 
     async def serve(self, listener: socket.socket, owns_socket: bool, ready_fd: int | None,

@@ -25,10 +25,10 @@ from shim.kernel.reaper import Reaper  # noqa: E402  (imported once the marker i
 
 # The local registry and the test images, one of each per session, started on first use (see
 # tests/support/registry.py and tests/support/imagebuild.py). Fixtures are found by name in a conftest module.
-from support.imagebuild import test_images  # noqa: E402
-from support.registry import auth_registry, registry  # noqa: E402
-from support.proctools import unheld_netns  # noqa: E402
-from support.sandbox_env import settle_persistent  # noqa: E402
+from support.imagebuild import test_images  # noqa: E402  (after the marker, as above)
+from support.proctools import unheld_netns  # noqa: E402  (after the marker, as above)
+from support.registry import auth_registry, registry  # noqa: E402  (after the marker, as above)
+from support.sandbox_env import settle_persistent  # noqa: E402  (after the marker, as above)
 
 __all__ = ["auth_registry", "registry", "test_images"]
 
@@ -168,9 +168,9 @@ class _SessionTemplate:
         import subprocess
         import sys
 
+        from shim.api.names import TEMPLATE_SERVICE
         from shim.api.paths import control_socket_path
         from shim.rpc import blocking
-        from shim.api.names import TEMPLATE_SERVICE
 
         path = control_socket_path(self.root)
         try:

@@ -98,9 +98,10 @@ def option_strings(parser: argparse.ArgumentParser) -> set[str]:
 
 
 def parsers() -> dict[str, argparse.ArgumentParser]:
+    from shim.cli import _parser as podshim_parser
+
     from client.cli.main import _top_parser
     from client.podshimd.__main__ import _parser as podshimd_parser
-    from shim.cli import _parser as podshim_parser
 
     return {"podshimd": podshimd_parser(), "podshimctl": _top_parser(), "podshim": podshim_parser()}
 

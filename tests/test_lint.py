@@ -41,6 +41,19 @@ def test_every_layer_imports_only_what_its_contract_allows():
     assert done.returncode == 0, done.stdout + done.stderr
 
 
+#: A ``noqa`` comment that says which rule it silences and nothing about why.
+BARE_NOQA = re.compile(r"#\s*noqa(:\s*[A-Z]+[0-9]+(\s*,\s*[A-Z]+[0-9]+)*)?\s*$")
+
+
+def test_every_noqa_says_why():
+    bare = []
+    for name in tracked_files():
+        if name.endswith(".py") and name.split("/")[0] in ("shim", "client", "tests", "bench"):
+            with open(os.path.join(ROOT, name), encoding="utf-8") as f:
+                bare += [f"{name}:{n}" for n, line in enumerate(f, 1) if BARE_NOQA.search(line)]
+    assert bare == []
+
+
 #: What upstream text looks like: a schema, code protoc generated, another project's notice.
 UPSTREAM_FILE = re.compile(r"(\.proto|_pb2(_grpc)?\.pyi?)$")
 UPSTREAM_TEXT = re.compile(r"Copyright\s.*The (Kubernetes|containerd) Authors|Licensed under the Apache\s+License"

@@ -24,10 +24,10 @@ import tempfile
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, REPO)
 
-from bench.common import compile_bytecode, not_root  # noqa: E402
-from bench.compare.run import (FloorCgroup, Janitor, Podshim, delete_leftover_sandboxes,  # noqa: E402
-                               timed_spawner)
-from shim.launch.template import stop_template  # noqa: E402
+from shim.launch.template import stop_template
+
+from bench.common import compile_bytecode, not_root
+from bench.compare.run import FloorCgroup, Janitor, Podshim, delete_leftover_sandboxes, timed_spawner
 
 
 async def measure(cycles: int, warmup: int) -> str:

@@ -75,16 +75,29 @@ import sys
 import tarfile
 import tempfile
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, REPO)
 
-from bench.common import (Memory, children_of, compile_bytecode, floor_cgroup_cycle, floor_cycle,  # noqa: E402
-                          handles_signal, memory, not_root,
-                          parent_of, template_memory,
-                          percentile, signal_pid, wait_pidfd)
-from shim.launch.template import stop_template  # noqa: E402
+from shim.launch.template import stop_template
+
+from bench.common import (
+    Memory,
+    children_of,
+    compile_bytecode,
+    floor_cgroup_cycle,
+    floor_cycle,
+    handles_signal,
+    memory,
+    not_root,
+    parent_of,
+    percentile,
+    signal_pid,
+    template_memory,
+    wait_pidfd,
+)
 
 NAMESPACE = "podshim-bench"
 IMAGE = "podshim.local/pause:bench"
@@ -614,9 +627,10 @@ class Podshim(Contender):
         self.first: float | None = None  # the very first cycle's start phase (it starts the template)
 
     def _state(self, sid: str) -> dict[str, Any]:
-        from client.controller.bundles import bundle_path
         from shim.api.paths import STATE_FILE
         from shim.lib.files import read_json
+
+        from client.controller.bundles import bundle_path
 
         record = read_json(os.path.join(bundle_path(self.c.state_root, NAMESPACE, sid), STATE_FILE))
         if record.get("netns_path"):
@@ -800,7 +814,7 @@ async def measure(contenders: list[Contender], cycles: int, warmup: int) -> tupl
         if (n + 1) % 10 == 0:
             log(f"  {n + 1}/{cycles} rounds")
     took = time.perf_counter() - t0
-    delta = [b - a for a, b in zip(before, cpu_times())]
+    delta = [b - a for a, b in zip(before, cpu_times(), strict=False)]
     total = sum(delta) or 1
     # /proc/stat: user nice system idle iowait irq softirq steal ...
     shares = {"busy": 1 - (delta[3] + delta[4]) / total, "steal": (delta[7] if len(delta) > 7 else 0) / total}
@@ -1126,7 +1140,7 @@ def main(argv: list[str] | None = None) -> int:
         # Last line of defence, run after every orderly step: anything still naming our directory.
         janitor.add("kill leftover processes", lambda: [log(f"killed leftover {k}") for k in sweep(workdir)])
         timings["setup"] = time.perf_counter() - t_start
-        now = datetime.datetime.now(datetime.timezone.utc)
+        now = datetime.datetime.now(datetime.UTC)
         info = {"date": now.strftime("%Y-%m-%d %H:%M UTC"), "nproc": os.cpu_count(), "cycles": args.cycles,
                 "warmup": args.warmup, "notes": [file_cost_note(workdir)], **versions()}
         from shim.rpc.channel import install_uvloop

@@ -4,6 +4,6 @@ import gc
 
 gc.disable()  # off while it starts: see shim.launch.install.long_running
 
-from client.cli.main import run  # noqa: E402
+from client.cli.main import run  # noqa: E402  (imported once the collector is off)
 
 run()

@@ -26,11 +26,11 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from typing import TYPE_CHECKING, Any, Awaitable, Callable, NoReturn, TextIO
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any, NoReturn, TextIO
 
-from shim.lib.arguments import ArgumentParser
 from shim.api.names import TEMPLATE_ENV
-
+from shim.lib.arguments import ArgumentParser
 from shim.lib.files import MAX_JSON_BYTES, decode_json
 
 from client.controller.defaults import DEFAULT_BUNDLE_ROOT, DEFAULT_RUNTIME_ROOT
@@ -128,7 +128,7 @@ def _print_table(rows: list[dict[str, Any]], columns: list[str], out: TextIO) ->
     heads = [_heading(c) for c in columns]
     widths = [max(len(h), *(len(r[i]) for r in cells)) if cells else len(h) for i, h in enumerate(heads)]
     for line in [heads, *cells]:
-        print("  ".join(v.ljust(w) for v, w in zip(line, widths)).rstrip(), file=out)
+        print("  ".join(v.ljust(w) for v, w in zip(line, widths, strict=False)).rstrip(), file=out)
 
 
 def emit(args: argparse.Namespace, obj: Any, human: Callable[[TextIO], None] | None = None) -> None:
@@ -195,8 +195,8 @@ def _setup_events(p: argparse.ArgumentParser) -> None:
 
 
 async def _run_events(args: argparse.Namespace) -> int:
-    from shim.launch.install import long_running
     from shim.api.names import EVENTS_SERVICE
+    from shim.launch.install import long_running
     from shim.rpc.client import Client
 
     long_running()  # it prints events until interrupted
@@ -519,8 +519,9 @@ def main(argv: list[str] | None = None) -> int:
         args.namespace = DEFAULT_NAMESPACE  # raw calls send no namespace unless asked
     import logging
 
-    from client.criapi import NotGenerated
     from shim.rpc.status import RpcError
+
+    from client.criapi import NotGenerated
 
     logging.basicConfig(level=logging.DEBUG if args.debug else logging.WARNING,
                         format="podshimctl: %(levelname)s: %(message)s", stream=sys.stderr)

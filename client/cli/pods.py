@@ -29,11 +29,13 @@ import re
 import socket
 import sys
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
+
+from shim.rpc.status import Code, NotFound, RpcError, error_from_status
 
 from client.cli.main import EXIT_OK, CliError, _print_table, _read_json_file, command, emit
 from client.controller.defaults import podshimd_endpoint
-from shim.rpc.status import Code, NotFound, RpcError, error_from_status
 
 __all__: list[str] = []
 

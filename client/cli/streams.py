@@ -23,7 +23,8 @@ from contextlib import contextmanager
 from typing import Any
 
 from client.cli.main import EXIT_OK, CliError
-from client.cli.pods import _exec as exec_sync, _Podshimd, _verb
+from client.cli.pods import _exec as exec_sync
+from client.cli.pods import _Podshimd, _verb
 
 __all__ = ["stream_exec"]
 

@@ -26,14 +26,14 @@ import logging
 import os
 import re
 import stat
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Iterator
 
+from shim.api.identifiers import validate_identifier
 from shim.api.names import PROTOCOL, STATE_FILE
 from shim.lib.files import decode_json, ensure_private_dir, flock_open, read_json, rename_noreplace
-from shim.lib.trees import remove_tree
-from shim.api.identifiers import validate_identifier
 from shim.lib.processes import open_pidfd, process_alive
+from shim.lib.trees import remove_tree
 from shim.rpc.status import AlreadyExists, InvalidArgument, NotFound, Unavailable, error_from_oserror
 
 from client import layouts
@@ -59,7 +59,7 @@ def bundle_path(state_root: str, namespace: str, sandbox_id: str) -> str:
     return os.path.join(state_root, namespace, sandbox_id)
 
 
-def make_bundle(state_root: str, namespace: str, sandbox_id: str, lock: "BundleLock | None" = None) -> str:
+def make_bundle(state_root: str, namespace: str, sandbox_id: str, lock: BundleLock | None = None) -> str:
     """Create an empty bundle (parents as needed) and return its path. With ``lock`` (a
     BundleLock of that path), the bundle's flock is held by ``lock`` on return.
 

@@ -34,13 +34,14 @@ import logging
 import math
 import os
 import time
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import anyio
 
+from shim.api.identifiers import validate_identifier
 from shim.api.names import SANDBOX_SERVICE
 from shim.rpc.client import Client
-from shim.api.identifiers import validate_identifier
 from shim.rpc.status import (
     DeadlineExceeded,
     FailedPrecondition,
@@ -51,37 +52,26 @@ from shim.rpc.status import (
     error_from_oserror,
 )
 
-from client.controller.bundles import (
-    bundle_path,
-    make_bundle,
-    read_bootstrap,
-    read_shim_process,
-)
+from client.controller.bundles import bundle_path, make_bundle, read_bootstrap, read_shim_process
 from client.controller.defaults import (
     CALL_TIMEOUT,
     CONNECT_TIMEOUT,
     CREATE_TIMEOUT,
-    DEFAULT_RUNTIME_ROOT,
     DEFAULT_BUNDLE_ROOT,
+    DEFAULT_RUNTIME_ROOT,
     DEFAULT_STOP_GRACE,
     SHUTDOWN_TIMEOUT,
     START_TIMEOUT,
     STOP_MARGIN,
 )
 from client.controller.handle import ENDED, Phase, ShimHandle
-from client.controller.nsmap import NSMap
-from client.phases import phase
-from client.controller.results import (
-    ControllerInstance,
-    ControllerStatus,
-    ExitStatus,
-    Platform,
-    SandboxState,
-)
-from client.controller.spawners import ExecSpawner, Spawner, template_wanted
-from client.controller.spawners.systemd import SystemdSpawner
 from client.controller.liveness import describe_error, unreachable_sentence
 from client.controller.loading import Loading
+from client.controller.nsmap import NSMap
+from client.controller.results import ControllerInstance, ControllerStatus, ExitStatus, Platform, SandboxState
+from client.controller.spawners import ExecSpawner, Spawner, template_wanted
+from client.controller.spawners.systemd import SystemdSpawner
+from client.phases import phase
 
 __all__ = ["Controller", "DEFAULT_BUNDLE_ROOT"]
 
@@ -132,7 +122,7 @@ class Controller(Loading):
         self._closed = False
 
     # -- opening, loading, closing --------------------------------------------------------
-    async def __aenter__(self) -> "Controller":
+    async def __aenter__(self) -> Controller:
         try:
             await self.load()
         except BaseException:

@@ -26,7 +26,8 @@ from __future__ import annotations
 
 import contextlib
 import enum
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import anyio
 

@@ -19,8 +19,8 @@ from typing import Any
 import anyio
 
 from shim.api.names import SANDBOX_SERVICE
-from shim.rpc.client import Client
 from shim.lib.processes import pidfd_exited, process_exiting
+from shim.rpc.client import Client
 from shim.rpc.status import DeadlineExceeded, NotFound, RpcError, Unavailable
 
 from client import layouts
@@ -28,9 +28,9 @@ from client.controller.bundles import ShimProcess, remove_bundle
 from client.controller.defaults import CONNECT_TIMEOUT, DISCARD_TIMEOUT, EXIT_GRACE
 from client.controller.handle import ENDED, Phase, ShimHandle
 from client.controller.nsmap import NSMap
-from client.phases import phase
 from client.controller.results import UNKNOWN_EXIT_STATUS, ExitStatus, SandboxState
 from client.controller.spawners import Spawner
+from client.phases import phase
 
 __all__ = ["Liveness", "close_quietly", "describe_error", "exits_soon", "remove_quietly", "unreachable_sentence"]
 

@@ -7,7 +7,8 @@ tasks that ``add`` the same id cannot both succeed. Not for use from several thr
 from __future__ import annotations
 
 import builtins
-from typing import Generic, Iterator, TypeVar
+from collections.abc import Iterator
+from typing import Generic, TypeVar
 
 from shim.rpc.status import AlreadyExists, NotFound
 

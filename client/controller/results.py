@@ -52,7 +52,7 @@ class Bootstrap:
     start_time: int | None = None
 
     @classmethod
-    def from_json(cls, text: str | bytes, *, source: str = "bootstrap JSON") -> "Bootstrap":
+    def from_json(cls, text: str | bytes, *, source: str = "bootstrap JSON") -> Bootstrap:
         """Parse and check a bootstrap document.
 
         Raises Internal when ``text`` is not a bootstrap document (``source`` names where it
@@ -66,7 +66,7 @@ class Bootstrap:
         return cls.from_dict(doc, source=source)
 
     @classmethod
-    def from_dict(cls, doc: Any, *, source: str = "bootstrap JSON") -> "Bootstrap":
+    def from_dict(cls, doc: Any, *, source: str = "bootstrap JSON") -> Bootstrap:
         """Check a decoded bootstrap document; raises like :meth:`from_json`."""
         if not isinstance(doc, dict):
             raise Internal(f"{source} is not a JSON object: {doc!r:.200}")

@@ -26,21 +26,21 @@ import logging
 import os
 import re
 import shutil
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import anyio
 
-from shim.lib.files import decode_json
 from shim.api.identifiers import validate_identifier
-from shim.rpc.status import (FailedPrecondition, Internal, InvalidArgument, NotFound, RpcError,
-                             Unavailable)
+from shim.lib.files import decode_json
+from shim.rpc.status import FailedPrecondition, Internal, InvalidArgument, NotFound, RpcError, Unavailable
 
 from client.cri.concurrency import together
 from client.cri.configs import load_json_object
+from client.phases import phase
 from client.processes import KILL_WAIT
 from client.processes import run as _run
-from client.phases import phase
 
 __all__ = [
     "DEFAULT_CONF_DIR",
@@ -100,7 +100,7 @@ class CniConfig:
     source: str = ""
 
     @classmethod
-    def from_json(cls, doc: Any, source: str = "network config") -> "CniConfig":
+    def from_json(cls, doc: Any, source: str = "network config") -> CniConfig:
         """Parse a ``.conflist`` document, or a single-plugin ``.conf`` one (which is wrapped into
         a list of one). Raises InvalidArgument naming ``source`` and the bad field."""
         if not isinstance(doc, dict):
@@ -129,7 +129,7 @@ class CniConfig:
                    disable_check=disable_check, source=source)
 
     @classmethod
-    def load(cls, conf_dir: str = DEFAULT_CONF_DIR) -> "CniConfig | None":
+    def load(cls, conf_dir: str = DEFAULT_CONF_DIR) -> CniConfig | None:
         """The network of the first file by name in ``conf_dir`` ending in .conflist, .conf or .json.
 
         Returns None when there is none (or no such directory): pods then get loopback only.
@@ -212,7 +212,7 @@ class CniResult:
     raw: dict[str, Any] | None = None
 
     @classmethod
-    def from_json(cls, raw: dict[str, Any] | None) -> "CniResult":
+    def from_json(cls, raw: dict[str, Any] | None) -> CniResult:
         """Parse a spec 0.3.0-1.0.0 result; InvalidArgument if it is not shaped like one."""
         if raw is None:
             return cls()

@@ -13,18 +13,20 @@ from __future__ import annotations
 
 import ipaddress
 import os
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from collections.abc import Mapping
-from typing import Any, Callable, TypeVar
+from typing import Any, TypeVar
 
-from client.cri.cdi import parse_name as parse_cdi_name
-from client.cri.fields import CONTAINER_CONFIG, POD_SANDBOX_CONFIG, check as check_fields
-from client.cri.resources import pod_resources, shim_resources
-from client.cri.security import ContainerSecurity
-from shim.lib.files import read_json
 from shim.api.identifiers import validate_annotations, validate_hostname, validate_labels
 from shim.kernel.userns import UserNamespace
+from shim.lib.files import read_json
 from shim.rpc.status import InvalidArgument
+
+from client.cri.cdi import parse_name as parse_cdi_name
+from client.cri.fields import CONTAINER_CONFIG, POD_SANDBOX_CONFIG
+from client.cri.fields import check as check_fields
+from client.cri.resources import pod_resources, shim_resources
+from client.cri.security import ContainerSecurity
 
 __all__ = [
     "NAMESPACE_MODES",
@@ -110,7 +112,7 @@ class _Fields:
     def boolean(self, key: str) -> bool:
         return bool(self._get(key, bool, False))
 
-    def obj(self, key: str, *, required: bool = False) -> "_Fields":
+    def obj(self, key: str, *, required: bool = False) -> _Fields:
         value = self._get(key, dict, required)
         return _Fields(value if value is not None else {}, self.name(key))
 
@@ -203,7 +205,7 @@ class PodSandboxMetadata:
     attempt: int = 0
 
     @classmethod
-    def from_json(cls, doc: Any, path: str = "metadata") -> "PodSandboxMetadata":
+    def from_json(cls, doc: Any, path: str = "metadata") -> PodSandboxMetadata:
         """Parse ``metadata``; InvalidArgument naming the bad field."""
         f = _Fields(doc, path)
         return cls(name=f.string("name", required=True), namespace=f.string("namespace", required=True),
@@ -227,7 +229,7 @@ class DnsConfig:
     options: tuple[str, ...] = ()
 
     @classmethod
-    def from_json(cls, doc: Any, path: str = "dns_config") -> "DnsConfig":
+    def from_json(cls, doc: Any, path: str = "dns_config") -> DnsConfig:
         f = _Fields(doc, path)
         servers, searches, options = f.str_list("servers"), f.str_list("searches"), f.str_list("options")
         for i, server in enumerate(servers):
@@ -258,7 +260,7 @@ class PortMapping:
     host_ip: str = ""
 
     @classmethod
-    def from_json(cls, doc: Any, path: str) -> "PortMapping":
+    def from_json(cls, doc: Any, path: str) -> PortMapping:
         f = _Fields(doc, path)
         container_port = f.integer("container_port", minimum=0, maximum=_MAX_PORT)
         if container_port == 0:
@@ -286,7 +288,7 @@ class NamespaceOptions:
     userns: dict[str, Any] | None = None
 
     @classmethod
-    def from_json(cls, doc: Any, path: str) -> "NamespaceOptions":
+    def from_json(cls, doc: Any, path: str) -> NamespaceOptions:
         f = _Fields(doc, path)
         return cls(network=f.mode("network", ("POD", "NODE"), "POD"),
                    pid=f.mode("pid", ("POD", "CONTAINER", "NODE"), "POD"),
@@ -345,7 +347,7 @@ class PodSandboxConfig:
         return self.namespace_options.network == "NODE"
 
     @classmethod
-    def from_json(cls, doc: Any) -> "PodSandboxConfig":
+    def from_json(cls, doc: Any) -> PodSandboxConfig:
         """Parse a pod config document; InvalidArgument naming the JSON path of a bad field, or of
         one podshim does not know or cannot apply (:mod:`client.cri.fields`)."""
         f = _Fields(doc)
@@ -380,7 +382,7 @@ class PodSandboxConfig:
         )
 
     @classmethod
-    def load(cls, path: str | os.PathLike[str]) -> "PodSandboxConfig":
+    def load(cls, path: str | os.PathLike[str]) -> PodSandboxConfig:
         """Read and parse a ``pod-config.json``; InvalidArgument for a bad file or field."""
         return cls.from_json(load_json_object(path))
 
@@ -446,7 +448,7 @@ class ContainerMetadata:
     attempt: int = 0
 
     @classmethod
-    def from_json(cls, doc: Any, path: str = "metadata") -> "ContainerMetadata":
+    def from_json(cls, doc: Any, path: str = "metadata") -> ContainerMetadata:
         """Parse a container's ``metadata``; InvalidArgument naming the bad field."""
         f = _Fields(doc, path)
         return cls(name=f.string("name", required=True), attempt=f.integer("attempt", minimum=0, maximum=MAX_ATTEMPT))
@@ -493,7 +495,7 @@ class Mount:
         return str(self.image.get("image") or "")
 
     @classmethod
-    def from_json(cls, doc: Any, path: str) -> "Mount":
+    def from_json(cls, doc: Any, path: str) -> Mount:
         f = _Fields(doc, path)
         image_spec = f.obj("image")
         image = image_spec.string("image")
@@ -550,7 +552,7 @@ class Device:
     permissions: str = ""
 
     @classmethod
-    def from_json(cls, doc: Any, path: str) -> "Device":
+    def from_json(cls, doc: Any, path: str) -> Device:
         f = _Fields(doc, path)
         return cls(container_path=f.string("container_path", required=True),
                    host_path=f.string("host_path", required=True), permissions=f.string("permissions"))
@@ -619,7 +621,7 @@ class ContainerConfig:
         return self.command + self.args
 
     @classmethod
-    def from_json(cls, doc: Any) -> "ContainerConfig":
+    def from_json(cls, doc: Any) -> ContainerConfig:
         """Parse a container config document; InvalidArgument naming the JSON path of a bad field, or
         of one podshim does not know or cannot apply (:mod:`client.cri.fields`)."""
         f = _Fields(doc)
@@ -678,7 +680,7 @@ class ContainerConfig:
         )
 
     @classmethod
-    def load(cls, path: str | os.PathLike[str]) -> "ContainerConfig":
+    def load(cls, path: str | os.PathLike[str]) -> ContainerConfig:
         """Read and parse a ``container-config.json``; InvalidArgument for a bad file or field."""
         return cls.from_json(load_json_object(path))
 

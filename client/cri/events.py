@@ -30,8 +30,8 @@ from dataclasses import dataclass
 import anyio
 import anyio.abc
 
-from shim.rpc.status import ResourceExhausted
 from shim.api.topics import TOPIC_EXIT, TOPIC_TASK_EXIT
+from shim.rpc.status import ResourceExhausted
 
 __all__ = ["CONTAINER_CREATED", "CONTAINER_STARTED", "CONTAINER_STOPPED", "CONTAINER_DELETED",
            "EVENT_QUEUE_LIMIT", "ContainerEvent", "EventFeed", "EventStream"]

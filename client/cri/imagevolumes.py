@@ -30,11 +30,17 @@ from typing import Any
 
 import anyio
 
+from shim.kernel.userns import IdMap
 from shim.lib.files import ensure_private_dir
 from shim.rpc.status import FailedPrecondition, InvalidArgument, RpcError
-from shim.kernel.userns import IdMap
-from shim.runtime.mounts import (is_mount_point, mount_rootfs, open_in_root, parse_rootfs, root_needs_idmap,
-                                  unmount_rootfs)
+from shim.runtime.mounts import (
+    is_mount_point,
+    mount_rootfs,
+    open_in_root,
+    parse_rootfs,
+    root_needs_idmap,
+    unmount_rootfs,
+)
 
 from client.cri.configs import Mount
 from client.cri.rootfs import ImageLookup, Snapshotter, call, mount_dicts
@@ -176,7 +182,7 @@ class ImageVolumes:
             except NotADirectoryError:
                 continue
         if self.snapshots is not None and hasattr(self.snapshots, "snapshots"):
-            for snapshot in await call(getattr(self.snapshots, "snapshots")):
+            for snapshot in await call(self.snapshots.snapshots):
                 pod, sep, image = snapshot.name.removeprefix(SNAPSHOT_PREFIX).rpartition("-")
                 if snapshot.kind == "active" and snapshot.name.startswith(SNAPSHOT_PREFIX) and sep:
                     found.add((pod, image))

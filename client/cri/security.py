@@ -38,13 +38,14 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from client.cri.seccomp_default import default_profile
+from shim.api.defaults import DEFAULT_CAPABILITIES
 from shim.kernel import capabilities as kernel_caps
 from shim.kernel.linux import read_status
 from shim.kernel.userns import UserNamespace, inside_id
-from shim.api.defaults import DEFAULT_CAPABILITIES
 from shim.lib.files import read_regular
 from shim.rpc.status import InvalidArgument
+
+from client.cri.seccomp_default import default_profile
 
 __all__ = ["MERGE", "PROFILE_TYPES", "STRICT", "USER_FILES", "ContainerSecurity", "SecurityProfile",
            "held_capabilities", "host_read_file", "load_localhost_profile", "pause_fields", "pause_user",
@@ -72,7 +73,7 @@ class SecurityProfile:
     localhost_ref: str = ""
 
     @classmethod
-    def from_doc(cls, doc: Any, path: str) -> "SecurityProfile":
+    def from_doc(cls, doc: Any, path: str) -> SecurityProfile:
         if not isinstance(doc, dict):
             raise InvalidArgument(f"{path} must be an object")
         kind = doc.get("profile_type", 0)
@@ -177,7 +178,7 @@ class ContainerSecurity:
     selinux_options: tuple[tuple[str, str], ...] = ()
 
     @classmethod
-    def from_doc(cls, doc: Any, path: str = "linux.security_context") -> "ContainerSecurity":
+    def from_doc(cls, doc: Any, path: str = "linux.security_context") -> ContainerSecurity:
         """Parse a security context (crictl's JSON, or protobuf's JSON of the CRI message);
         InvalidArgument naming the bad field."""
         if doc is None:

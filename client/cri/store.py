@@ -59,14 +59,15 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Iterator, Mapping
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Mapping
+from typing import Any
 
 import anyio
 
-from shim.lib.files import decode_json, ensure_private_dir, flock_open, fsync_dir, write_atomic
 from shim.api.identifiers import validate_identifier
+from shim.lib.files import decode_json, ensure_private_dir, flock_open, fsync_dir, write_atomic
 from shim.rpc.status import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
 
 from client.cri.configs import ContainerMetadata, PodSandboxMetadata
@@ -256,7 +257,7 @@ class ContainerRecord(_ConfigLabels):
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_json(cls, doc: dict[str, Any]) -> "ContainerRecord":
+    def from_json(cls, doc: dict[str, Any]) -> ContainerRecord:
         return cls(**_fields_of(cls, doc))
 
 
@@ -327,7 +328,7 @@ class PodRecord(_ConfigLabels):
         return {"version": RECORD_VERSION, **doc}
 
     @classmethod
-    def from_json(cls, doc: dict[str, Any]) -> "PodRecord":
+    def from_json(cls, doc: dict[str, Any]) -> PodRecord:
         """Build a record from its stored JSON; unknown fields are ignored.
 
         Raises InvalidArgument for a record this code cannot read (bad version or state),
@@ -391,7 +392,7 @@ class PodLock:
         if held is not None:
             held.close()
 
-    async def __aenter__(self) -> "PodLock":
+    async def __aenter__(self) -> PodLock:
         await self.acquire()
         return self
 

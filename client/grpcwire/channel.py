@@ -6,8 +6,9 @@ from __future__ import annotations
 import socket
 import time
 
-from client.grpcwire.connection import Connection, Outcome
 from shim.rpc.status import Code
+
+from client.grpcwire.connection import Connection, Outcome
 
 __all__ = ["Channel"]
 

@@ -226,7 +226,7 @@ class _Importer:
         config_descriptor = Descriptor(_OCI_CONFIG, config_digest, len(config_data))
         config = _config(config_data, config_digest, len(entry["Layers"]), self.path)
         layers = []
-        for name, diff_id in zip(entry["Layers"], config["rootfs"]["diff_ids"]):
+        for name, diff_id in zip(entry["Layers"], config["rootfs"]["diff_ids"], strict=False):
             digest, size = self.layer(name)
             kind = _compression(self.content.path(digest))
             if kind == "tar" and digest != diff_id:
@@ -343,7 +343,7 @@ def _write_docker(tar: tarfile.TarFile, images: Sequence[_Exported], content: Co
             written.add(config_name)
             _add_blob(tar, config_name, content, image.config)
         layers = []
-        for digest, media_type, diff_id in image.layers:
+        for digest, _media_type, diff_id in image.layers:
             name = f"{diff_id.partition(':')[2]}/layer.tar"  # docker's layers are uncompressed: named by diff_id
             layers.append(name)
             if name not in written:

@@ -62,8 +62,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from shim.lib.files import decode_json, ensure_private_dir
-from shim.rpc.status import DataLoss, DeadlineExceeded, InvalidArgument, RpcError
 from shim.lib.trees import remove_tree, walk
+from shim.rpc.status import DataLoss, DeadlineExceeded, InvalidArgument, RpcError
 
 from .arrivals import Arrivals, layout_blob
 from .content import BlobError, ContentStore, file_digest, sha256_digest
@@ -372,8 +372,8 @@ class Puller:
                   if digest in arrivals.linked and digest not in arrivals.verified]
         intact = await asyncio.gather(*(asyncio.to_thread(self._intact, digest, arrivals.linked[digest])
                                         for digest in linked))
-        damaged = [digest for digest, ok in zip(linked, intact) if not ok]
-        for digest, ok in zip(linked, intact):
+        damaged = [digest for digest, ok in zip(linked, intact, strict=False) if not ok]
+        for digest, ok in zip(linked, intact, strict=False):
             if digest not in arrivals.linked:
                 continue  # the layout was made again meanwhile (arrivals.restart)
             if ok:

@@ -43,8 +43,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from shim.rpc.status import FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted
 from shim.lib.trees import remove_tree
+from shim.rpc.status import FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted
 
 from .content import ContentStore
 from .pull import PULL_PROGRESS_TIMEOUT, PULL_TIMEOUT, Progress, Pulled, Puller
@@ -287,7 +287,7 @@ class Images:
             for image in images:
                 diff_ids = image.config["rootfs"]["diff_ids"]
                 layers = tuple(Layer(d.digest, d.size, d.media_type, str(diff_id))
-                               for d, diff_id in zip(image.manifest.layers, diff_ids))
+                               for d, diff_id in zip(image.manifest.layers, diff_ids, strict=False))
                 size = (os.path.getsize(self.content.path(image.manifest_digest)) + image.manifest.config.size
                         + sum(layer.size for layer in layers))
                 record = ImageRecord(image_id=image.manifest.config.digest, repo_tags=tuple(map(str, image.names)),
@@ -345,7 +345,7 @@ class Images:
         manifest = pulled.manifest
         diff_ids = pulled.config["rootfs"]["diff_ids"]
         layers = tuple(Layer(d.digest, d.size, d.media_type, str(diff_id)) for d, diff_id in zip(manifest.layers,
-                                                                                                   diff_ids))
+                                                                                                   diff_ids, strict=False))
         manifests = tuple(dict.fromkeys([pulled.repo_digest, pulled.manifest_digest]))
         size = (os.path.getsize(self.content.path(pulled.manifest_digest)) + manifest.config.size
                 + sum(layer.size for layer in layers))

@@ -53,11 +53,18 @@ from dataclasses import dataclass
 from typing import Any
 
 from shim.lib import mountinfo
-from shim.lib.files import write_json_atomic
-from shim.lib.files import (decode_json, ensure_private_dir, flock_open, fsync_dir, read_regular, rename_noreplace,
-                            unlink_quietly)
-from shim.rpc.status import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
+from shim.lib.files import (
+    decode_json,
+    ensure_private_dir,
+    flock_open,
+    fsync_dir,
+    read_regular,
+    rename_noreplace,
+    unlink_quietly,
+    write_json_atomic,
+)
 from shim.lib.trees import remove_tree, walk
+from shim.rpc.status import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
 
 from .unpack import LayerStats, UnpackLimit, apply_layer, compression_of
 

@@ -30,8 +30,15 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from shim.lib.files import (decode_json, ensure_private_dir, fsync_dir, read_json, read_regular, unlink_quietly,
-                            write_atomic)
+from shim.lib.files import (
+    decode_json,
+    ensure_private_dir,
+    fsync_dir,
+    read_json,
+    read_regular,
+    unlink_quietly,
+    write_atomic,
+)
 from shim.rpc.status import DataLoss, InvalidArgument
 
 from .imageconfig import MAX_CONFIG_BYTES, check_config

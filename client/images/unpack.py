@@ -43,8 +43,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import IO, Any
 
-from shim.rpc.status import InvalidArgument, ResourceExhausted, Unimplemented
 from shim.lib.trees import remove_tree
+from shim.rpc.status import InvalidArgument, ResourceExhausted, Unimplemented
 
 __all__ = ["BadLayer", "DigestMismatch", "LAYER_MEDIA_TYPES", "LayerStats", "UnpackLimit", "apply_layer",
            "compression_of"]

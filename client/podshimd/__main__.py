@@ -27,12 +27,13 @@ import logging
 import sys
 
 import shim
-from client.cri import logcontext
-from client.criapi import NotGenerated
 from shim.cli import exit_status
 from shim.lib.logs import setup_logging
 from shim.lib.notify import Notifier
 from shim.rpc.channel import install_uvloop
+
+from client.cri import logcontext
+from client.criapi import NotGenerated
 
 from . import config as configuration
 from . import journal

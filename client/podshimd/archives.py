@@ -30,11 +30,12 @@ from typing import Any
 
 import grpc
 
-from client.images.archive import FORMATS, OCI_ARCHIVE
-from client.images.skopeo import AuthConfig
-from client.images.service import Images
-from client.images.store import ImageRecord
 from shim.rpc.status import InvalidArgument
+
+from client.images.archive import FORMATS, OCI_ARCHIVE
+from client.images.service import Images
+from client.images.skopeo import AuthConfig
+from client.images.store import ImageRecord
 
 from .errors import translated
 

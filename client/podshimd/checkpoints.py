@@ -17,9 +17,10 @@ import shutil
 import subprocess
 from typing import Any
 
-from client.criapi import api_pb2
 from shim.rpc.status import Unimplemented
+
 from client.cri.process import DEFAULT_PATH
+from client.criapi import api_pb2
 
 from .handlers import Handlers
 

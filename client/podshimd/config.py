@@ -29,26 +29,29 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import logging
 import difflib
+import logging
 import os
 import tomllib
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
+from shim.api.defaults import CATATONIT
+from shim.api.handlers import NATIVE, RUNTIME_HANDLERS
+from shim.api.paths import SUN_PATH_MAX
+from shim.kernel.cgroups.systemd import CGROUPFS, check_parent
+from shim.kernel.cgroups.systemd import DRIVERS as CGROUP_DRIVERS
+from shim.rpc.status import RpcError
+
+from client.controller.defaults import DEFAULT_RUNTIME_ROOT, podshimd_endpoint
 from client.cri.cdi import DEFAULT_SPEC_DIRS as DEFAULT_CDI_SPEC_DIRS
 from client.cri.cni import DEFAULT_BIN_DIRS as DEFAULT_CNI_BIN_DIRS
 from client.cri.cni import DEFAULT_CONF_DIR as DEFAULT_CNI_CONF_DIR
-from client.controller.defaults import DEFAULT_RUNTIME_ROOT, podshimd_endpoint
 from client.images.pull import PULL_PROGRESS_TIMEOUT, PULL_TIMEOUT
-from client.images.skopeo import RegistryHost
 from client.images.reference import ReferenceError, parse
 from client.images.service import MAX_UNPACKED_BYTES
-from shim.kernel.cgroups.systemd import CGROUPFS, DRIVERS as CGROUP_DRIVERS, check_parent
-from shim.api.paths import SUN_PATH_MAX
-from shim.rpc.status import RpcError
-from shim.api.defaults import CATATONIT
-from shim.api.handlers import NATIVE, RUNTIME_HANDLERS
+from client.images.skopeo import RegistryHost
 
 __all__ = ["DEFAULT_CONFIG_PATH", "DEFAULT_STATE_ROOT", "DEFAULT_LISTEN", "LOG_LEVELS", "CGROUPFS", "COMMAND_LINE", "Config",
            "ConfigError", "load", "add_arguments", "from_arguments", "reload_log_level"]

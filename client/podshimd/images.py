@@ -15,11 +15,12 @@ import os
 import time
 from typing import Any
 
-from client.criapi import api_pb2
-from client.images.service import IMAGES_DIR
 from shim.lib.files import ensure_private_dir
 from shim.lib.trees import walk
 from shim.rpc.status import Internal
+
+from client.criapi import api_pb2
+from client.images.service import IMAGES_DIR
 
 from .handlers import Handlers
 

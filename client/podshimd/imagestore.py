@@ -16,11 +16,12 @@ import json
 from collections.abc import AsyncIterator
 from typing import Any
 
-from client.criapi import api_pb2
-from client.images.skopeo import AuthConfig
-from client.images.service import image_user
-from client.images.store import ImageRecord
 from shim.rpc.status import InvalidArgument
+
+from client.criapi import api_pb2
+from client.images.service import image_user
+from client.images.skopeo import AuthConfig
+from client.images.store import ImageRecord
 
 from .chunks import chunks
 from .handlers import Handlers

@@ -14,10 +14,11 @@ import json
 from typing import Any
 
 import shim
+from shim.rpc.status import RpcError
+
 from client.cri import fields
 from client.cri.cni import CniConfig
 from client.criapi import api_pb2
-from shim.rpc.status import RpcError
 
 from .config import Config
 from .handlers import Handlers

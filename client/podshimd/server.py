@@ -37,24 +37,25 @@ from typing import Any
 import grpc
 
 import shim
+from shim.cli import Failure
+from shim.lib.files import ensure_private_dir, flock_open
+from shim.lib.notify import Notifier
+from shim.rpc.blocking import can_connect
+from shim.rpc.status import RpcError, Unimplemented
+
 from client import layouts
+from client.controller.spawners import ExecSpawner
 from client.cri.pod import open_pod_service
 from client.cri.rootfs import StoreImages
 from client.criapi import api_pb2, api_pb2_grpc
 from client.images.service import Images
-from client.controller.spawners import ExecSpawner
 from client.streaming.attach import AttachBackend
 from client.streaming.remotecommand import ExecBackend
 from client.streaming.server import Backend, StreamingServer
-from shim.cli import Failure
-from shim.lib.notify import Notifier
-from shim.rpc.blocking import can_connect
-from shim.lib.files import ensure_private_dir, flock_open
-from shim.rpc.status import RpcError, Unimplemented
 
 from . import archives, metrics
-from .config import Config
 from .checkpoints import Checkpoints
+from .config import Config
 from .containers import Containers
 from .errors import translated
 from .events import Events
@@ -62,9 +63,9 @@ from .execsync import SyncExec
 from .handlers import Changes, Handlers
 from .images import ImageFilesystem
 from .imagestore import ImageStore
+from .podmetrics import PodMetrics
 from .relay import ActivationError, inherited_listener, start_relay
 from .runtime_info import KUBELET_API_VERSION, RUNTIME_API_VERSION, RUNTIME_NAME, RuntimeInfo
-from .podmetrics import PodMetrics
 from .sandboxes import Sandboxes
 from .stats import Stats
 from .streaming import Streaming

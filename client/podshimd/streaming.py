@@ -7,9 +7,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from shim.rpc.status import FailedPrecondition, InvalidArgument
+
 from client.criapi import api_pb2
 from client.streaming.server import AttachRequest, ExecRequest, PortForwardRequest, StreamingServer
-from shim.rpc.status import FailedPrecondition, InvalidArgument
 
 from .handlers import Handlers
 

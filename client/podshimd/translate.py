@@ -10,15 +10,17 @@ CRI-shaped dicts with ``json_format.ParseDict``, field by field as the proto nam
 from __future__ import annotations
 
 import json
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from google.protobuf import json_format
 from google.protobuf.message import Message
 
+from shim.rpc.status import InvalidArgument
+
 from client.cri.configs import ContainerConfig, PodSandboxConfig
 from client.cri.pod import PodEntry, keep_newest
 from client.criapi import api_pb2
-from shim.rpc.status import InvalidArgument
 
 __all__ = [
     "pod_sandbox_config", "container_config", "pod_sandbox_filter", "container_filter",

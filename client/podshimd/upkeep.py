@@ -10,8 +10,9 @@ from typing import Any
 from google.protobuf import json_format
 from google.protobuf.message import Message
 
-from client.criapi import api_pb2
 from shim.rpc.status import InvalidArgument
+
+from client.criapi import api_pb2
 
 from .handlers import Handlers
 

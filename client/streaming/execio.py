@@ -18,10 +18,10 @@ import errno
 import os
 import secrets
 
-from shim.lib.files import ensure_private_dir
-from shim.lib.trees import remove_tree
 from shim.lib.console import Console, resize
+from shim.lib.files import ensure_private_dir
 from shim.lib.pipes import wait_ready
+from shim.lib.trees import remove_tree
 
 __all__ = ["ExecIO", "read", "write"]
 

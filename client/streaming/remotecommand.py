@@ -160,7 +160,7 @@ class RemoteCommandSession:
         if sizes is not None:
             try:
                 first = await asyncio.wait_for(sizes.next(), FIRST_SIZE_WAIT)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 first = None
             if first is not None:
                 io.size(*first)  # the terminal is made at this size, before the command runs

@@ -48,8 +48,9 @@ from __future__ import annotations
 import enum
 import struct
 import zlib
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Iterable, Mapping, Sequence, final
+from typing import final
 
 # One sentinel and one error family for podshim's sans-IO codecs (as h11's): the peer's fault or ours.
 from shim.rpc.frames import NEED_DATA, LocalProtocolError, ProtocolError, RemoteProtocolError

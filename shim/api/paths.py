@@ -13,9 +13,16 @@ try:  # CPython's own sha256 (as random.py does for sha512): hashlib loads OpenS
 except ImportError:  # pragma: no cover - other interpreters, CPython >= 3.12
     from hashlib import sha256 as _sha256
 
-from shim.api.names import (BOOTSTRAP_FILE, BOOTSTRAP_VERSION, DEFAULT_RUNTIME_ROOT, PROTOCOL, STATE_FILE,
-                            TEMPLATE_SOCKET, TEMPLATE_SOCKET_ENV)
 from shim.api.identifiers import MAX_IDENTIFIER_CHARS, validate_identifier
+from shim.api.names import (
+    BOOTSTRAP_FILE,
+    BOOTSTRAP_VERSION,
+    DEFAULT_RUNTIME_ROOT,
+    PROTOCOL,
+    STATE_FILE,
+    TEMPLATE_SOCKET,
+    TEMPLATE_SOCKET_ENV,
+)
 from shim.rpc.status import InvalidArgument
 
 __all__ = [

@@ -24,8 +24,8 @@ import os
 import sys
 import time
 
-from shim.cli import UsageError, exit_status
 from shim.api.names import DEFAULT_RUNTIME_ROOT, UNKNOWN_EXIT_STATUS
+from shim.cli import UsageError, exit_status
 
 __all__ = ["NAME", "PODSHIM_DIR", "main", "run"]
 
@@ -84,9 +84,9 @@ def start(flags: dict[str, str | bool], stdin: bytes) -> bytes:
     """``start``: the bytes of the BootstrapResult of the sandbox's shim, started unless it runs."""
     from google.protobuf.message import DecodeError
 
+    from shim.api.paths import socket_path
     from shim.cli import start_shim
     from shim.containerd.api import load
-    from shim.api.paths import socket_path
     from shim.sandbox.sandbox import ShimConfig
 
     bootstrap = load("runtime.bootstrap.v1.bootstrap_pb2")

@@ -18,11 +18,11 @@ from typing import Any
 from google.protobuf.any_pb2 import Any as AnyMessage
 from google.protobuf.message import Message
 
+from shim.api.topics import TOPIC_TASK_EXIT
 from shim.containerd.api import load
 from shim.containerd.services import timestamp
 from shim.rpc.codecs import PROTOBUF
 from shim.rpc.status import DeadlineExceeded, RpcError, Unavailable
-from shim.api.topics import TOPIC_TASK_EXIT
 from shim.sandbox.events import EventBus
 
 __all__ = ["EVENTS_SERVICE", "QUEUE_LIMIT", "Publisher", "task_events"]

@@ -12,16 +12,17 @@ layer would give (client.cri.configs), so a pod is the same whichever of the two
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any, Awaitable, Callable
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
 
 from google.protobuf import message_factory
 from google.protobuf.message import DecodeError, Message
 from google.protobuf.timestamp_pb2 import Timestamp
 
+from shim.api.handlers import NATIVE
 from shim.containerd.api import load
 from shim.rpc.server import CallContext, Server
 from shim.rpc.status import FailedPrecondition, InvalidArgument, Unimplemented
-from shim.api.handlers import NATIVE
 
 if TYPE_CHECKING:
     from shim.sandbox.service import SandboxService

@@ -16,8 +16,8 @@ import contextlib
 import os
 
 from shim.lib import console
-from shim.runtime import execstream
 from shim.lib.console import Console
+from shim.runtime import execstream
 
 __all__ = ["ExecTerminal", "OUTPUT_DRAIN_TIMEOUT"]
 

@@ -29,16 +29,17 @@ from typing import TYPE_CHECKING, Any
 from google.protobuf.empty_pb2 import Empty
 from google.protobuf.message import Message
 
+from shim.api.handlers import NATIVE
 from shim.containerd.api import load
 from shim.containerd.events import Publisher, task_events
 from shim.containerd.services import timestamp
-from shim.rpc.records import Record, set_field as _set
+from shim.containerd.stdio import ExecTerminal
+from shim.lib import console
+from shim.rpc.records import Record
+from shim.rpc.records import set_field as _set
 from shim.rpc.server import CallContext
 from shim.rpc.status import FailedPrecondition, InvalidArgument, NotFound
-from shim.lib import console
 from shim.runtime import execstream
-from shim.containerd.stdio import ExecTerminal
-from shim.api.handlers import NATIVE
 from shim.sandbox.sandbox import State as SandboxState
 
 if TYPE_CHECKING:

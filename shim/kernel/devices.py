@@ -30,7 +30,8 @@ from typing import Any
 
 from shim.kernel import linux
 from shim.kernel.cgroups import V2, SandboxCgroup
-from shim.rpc.records import Record, set_field as _set
+from shim.rpc.records import Record
+from shim.rpc.records import set_field as _set
 from shim.rpc.status import FailedPrecondition, InvalidArgument, error_from_oserror
 
 __all__ = ["ALL_DEVICES", "DEFAULT_RULES", "DeviceRule", "DeviceRules", "apply", "normal_access", "pod_rules", "preload",

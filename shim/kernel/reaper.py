@@ -24,7 +24,8 @@ from types import FrameType
 from typing import Any
 
 from shim.kernel import linux
-from shim.rpc.records import Record, set_field as _set
+from shim.rpc.records import Record
+from shim.rpc.records import set_field as _set
 from shim.rpc.status import FailedPrecondition
 
 __all__ = ["MAX_KEPT_EXITS", "ExitInfo", "Reaper", "exit_status_from_wait"]

@@ -19,7 +19,8 @@ from typing import Any
 
 from shim.kernel import linux
 from shim.kernel.reaper import Reaper
-from shim.rpc.records import Record, set_field as _set
+from shim.rpc.records import Record
+from shim.rpc.records import set_field as _set
 from shim.rpc.status import Internal, InvalidArgument
 
 __all__ = ["OVERFLOW_ID", "IdMap", "IdMapping", "UserNamespace", "create", "inside_id"]

@@ -27,7 +27,8 @@ from __future__ import annotations
 import errno
 import os
 import sys
-from typing import Any, Callable, NoReturn
+from collections.abc import Callable
+from typing import Any, NoReturn
 
 __all__ = ["BOOT", "CODE_PACKAGES", "CodeWatch", "code_files", "exit_now", "fingerprint", "long_running", "podshim_argv",
            "search_path"]

@@ -22,12 +22,12 @@ import signal
 import socket
 import sys
 import time
-from typing import Any, Callable, NoReturn
+from collections.abc import Callable
+from typing import Any, NoReturn
 
-from shim.kernel.linux import proc_start_time
 from shim.api.paths import BOOTSTRAP_FILE, BOOTSTRAP_VERSION, LOG_FILE, PROTOCOL, socket_address
-from shim.lib.files import read_json, write_json_atomic
-from shim.lib.files import ensure_private_dir, unlink_quietly
+from shim.kernel.linux import proc_start_time
+from shim.lib.files import ensure_private_dir, read_json, unlink_quietly, write_json_atomic
 from shim.rpc.records import Record
 from shim.rpc.status import Unavailable
 from shim.sandbox.record import STATE_NEW, SandboxRecord, write_state
@@ -202,8 +202,8 @@ def _spare_wait(channel: socket.socket) -> NoReturn:
         _stdin_from_devnull()
         _fresh_signals()
         from shim.daemon import serve_when_assigned
-        from shim.lib.logs import setup_logging
         from shim.kernel.linux import set_process_name
+        from shim.lib.logs import setup_logging
 
         set_process_name("podshim-spare")
         setup_logging()

@@ -53,19 +53,20 @@ import select
 import signal
 import socket
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
+from shim.api.identifiers import validate_identifier
+from shim.api.names import TEMPLATE_LOCK, TEMPLATE_SERVICE
+from shim.api.paths import control_socket_path, socket_dir, socket_path
 from shim.kernel.linux import set_process_name
 from shim.launch.install import CodeWatch, code_files, long_running
-from shim.api.paths import control_socket_path, socket_dir, socket_path
-from shim.api.names import TEMPLATE_LOCK, TEMPLATE_SERVICE
+from shim.launch.spawn import Spare, bind_listener, fork_spare, occupy_stdio, spawn_shim
+from shim.lib.files import ensure_private_dir, unlink_quietly
 from shim.rpc.blocking import serve_connection
 from shim.rpc.channel import peer_credentials
-from shim.lib.files import ensure_private_dir, unlink_quietly
-from shim.api.identifiers import validate_identifier
 from shim.rpc.messages import Request, optional, require
 from shim.rpc.status import FailedPrecondition, InvalidArgument, RpcError
-from shim.launch.spawn import Spare, bind_listener, fork_spare, occupy_stdio, spawn_shim
 
 __all__ = ["CONTROL_IO_TIMEOUT", "IDLE_GRACE", "LOCK_TIMEOUT", "STOP_TIMEOUT", "TemplateRunning", "run_template",
            "stop_template", "template_pid"]
@@ -90,23 +91,23 @@ class TemplateRunning(OSError):
 
 def _preload() -> None:
     """Import everything a shim imports, so a forked shim imports nothing."""
-    import asyncio  # noqa: F401
+    import asyncio  # noqa: F401  (preloaded for the shims forked from here)
 
-    import msgpack  # noqa: F401
+    import msgpack  # noqa: F401  (preloaded for the shims forked from here)
 
-    from shim.kernel import cgroups, linux, netns, reaper  # noqa: F401
-    from shim import cleanup, daemon  # noqa: F401
-    from shim.sandbox import events, sandbox, service, tasks  # noqa: F401  (tasks: with a shim's first Task call)
-    from shim.lib import notify  # noqa: F401
-    from shim.runtime import native, pause  # noqa: F401
-    from shim.runtime.oci import backend, elf  # noqa: F401  (the runc and crun handlers; elf: the pause check)
-    from shim.rpc import client, server  # noqa: F401
+    from shim import cleanup, daemon  # noqa: F401  (preloaded for the shims forked from here)
+    from shim.kernel import cgroups, linux, netns, reaper  # noqa: F401  (preloaded for the shims forked from here)
+    from shim.lib import notify  # noqa: F401  (preloaded for the shims forked from here)
+    from shim.rpc import client, server  # noqa: F401  (preloaded for the shims forked from here)
     from shim.rpc.channel import install_uvloop
+    from shim.runtime import native, pause  # noqa: F401  (preloaded for the shims forked from here)
+    from shim.runtime.oci import backend, elf  # noqa: F401  (the runc and crun handlers; elf: the pause check)
+    from shim.sandbox import events, sandbox, service, tasks  # noqa: F401  (tasks: with a shim's first Task call)
 
     install_uvloop()
     cgroups.birth_in_v2_allowed()  # asked once here: every shim forked from us inherits the answer
     try:
-        import uvloop  # noqa: F401
+        import uvloop  # noqa: F401  (preloaded for the shims forked from here)
     except ImportError:  # pragma: no cover
         pass
 
@@ -447,7 +448,7 @@ def _serve(runtime_root: str, pause_binary: str | None, ready_fd: int | None, id
     idle_checks = 0  # checks in a row, idle_grace apart, that found no user and no sandbox
     try:
         while not stopping and not template.stale:
-            for pid, pidfd in template.users.items():
+            for _pid, pidfd in template.users.items():
                 if pidfd not in polled:
                     poller.register(pidfd, select.POLLIN)
                     polled.add(pidfd)

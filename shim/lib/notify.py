@@ -50,7 +50,7 @@ class Notifier:
             self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
 
     @classmethod
-    def from_env(cls) -> "Notifier":
+    def from_env(cls) -> Notifier:
         address = os.environ.pop("NOTIFY_SOCKET", None)
         return cls(address)
 

@@ -8,10 +8,18 @@ messages, same status rules as the asyncio server and client.
 from __future__ import annotations
 
 import socket
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from shim.rpc.channel import parse_address, peer_credentials
-from shim.rpc.connection import CallRejected, CallStarted, ClientConnection, PeerClosed, ResponseReceived, ServerConnection
+from shim.rpc.connection import (
+    CallRejected,
+    CallStarted,
+    ClientConnection,
+    PeerClosed,
+    ResponseReceived,
+    ServerConnection,
+)
 from shim.rpc.dispatch import Handlers, answer, dispatch
 from shim.rpc.frames import RemoteProtocolError
 from shim.rpc.messages import Request
@@ -71,7 +79,7 @@ def call(address: str, service: str, method: str, payload: dict[str, Any] | None
                         return resp.payload
                     if isinstance(ev, PeerClosed):
                         raise Unavailable(f"{address} closed the connection without answering")
-        except socket.timeout:
+        except TimeoutError:
             raise Unavailable(f"no answer from {address} within {timeout}s") from None
         except (OSError, RemoteProtocolError) as exc:
             raise Unavailable(f"connection to {address} failed: {exc}") from None

@@ -16,7 +16,8 @@ import struct
 from typing import Any
 
 from shim.rpc.frames import RemoteProtocolError
-from shim.rpc.records import Record, set_field as _set
+from shim.rpc.records import Record
+from shim.rpc.records import set_field as _set
 
 __all__ = ["PeerCredentials", "Channel", "peer_credentials", "parse_address", "install_uvloop"]
 

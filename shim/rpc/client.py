@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import asyncio
 import socket
-from typing import Any, AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 from shim.rpc.channel import Channel, parse_address
 from shim.rpc.codecs import MSGPACK, Codec
@@ -85,7 +86,7 @@ class Client:
 
     @classmethod
     async def connect(cls, address: str, *, timeout: float = 5.0, namespace: str | None = None,
-                      codec: Codec = MSGPACK) -> "Client":
+                      codec: Codec = MSGPACK) -> Client:
         """Connect to ``unix:///path``, to speak ``codec`` (:data:`~shim.rpc.codecs.PROTOBUF`: the
         payloads are the bytes of each method's protobuf message, as containerd's services take them).
 
@@ -102,7 +103,7 @@ class Client:
         try:
             await asyncio.wait_for(loop.sock_connect(sock, path), timeout)
             _, ch = await loop.create_unix_connection(lambda: _ClientChannel(codec), sock=sock)
-        except (OSError, asyncio.TimeoutError) as exc:
+        except (TimeoutError, OSError) as exc:
             sock.close()
             why = exc.strerror if isinstance(exc, OSError) and exc.strerror else type(exc).__name__
             raise Unavailable(f"cannot connect to {address}: {why}") from None
@@ -200,7 +201,7 @@ class Client:
         self._ch.close()
         await self._ch.closed.wait()
 
-    async def __aenter__(self) -> "Client":
+    async def __aenter__(self) -> Client:
         return self
 
     async def __aexit__(self, *exc: object) -> None:

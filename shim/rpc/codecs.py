@@ -5,11 +5,13 @@ first request (:func:`codec_of_request`) and keeps it; a client connection is gi
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from shim.rpc import messages, protowire
 from shim.rpc.messages import Request, Response
-from shim.rpc.records import Record, set_field as _set
+from shim.rpc.records import Record
+from shim.rpc.records import set_field as _set
 
 __all__ = ["Codec", "MSGPACK", "PROTOBUF", "codec_of_request"]
 

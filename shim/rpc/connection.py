@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from shim.rpc.codecs import MSGPACK, Codec, codec_of_request
 from shim.rpc.frames import (
     CLOSED,
     MAX_DATA_BYTES,
@@ -22,9 +23,9 @@ from shim.rpc.frames import (
     OversizedFrame,
     encode_frame,
 )
-from shim.rpc.codecs import MSGPACK, Codec, codec_of_request
 from shim.rpc.messages import Request, Response, encode_response
-from shim.rpc.records import Record, set_field as _set
+from shim.rpc.records import Record
+from shim.rpc.records import set_field as _set
 from shim.rpc.status import Code, RpcError
 
 __all__ = [

@@ -16,7 +16,8 @@ import enum
 import struct
 from typing import final
 
-from shim.rpc.records import Record, set_field as _set
+from shim.rpc.records import Record
+from shim.rpc.records import set_field as _set
 
 __all__ = [
     "HEADER",

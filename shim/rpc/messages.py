@@ -11,7 +11,8 @@ from typing import Any
 
 import msgpack
 
-from shim.rpc.records import Record, set_field as _set
+from shim.rpc.records import Record
+from shim.rpc.records import set_field as _set
 from shim.rpc.status import Code, InvalidArgument
 
 __all__ = [

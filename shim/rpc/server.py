@@ -14,7 +14,8 @@ import logging
 import os
 import resource
 import socket
-from typing import Any, Callable, Coroutine
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 from shim.rpc.channel import Channel, PeerCredentials, peer_credentials
 from shim.rpc.codecs import PROTOBUF
@@ -85,7 +86,7 @@ class ServerStream:
 
     __slots__ = ("_channel", "stream_id")
 
-    def __init__(self, channel: "_ServerChannel", stream_id: int):
+    def __init__(self, channel: _ServerChannel, stream_id: int):
         self._channel = channel
         self.stream_id = stream_id
 
@@ -106,7 +107,7 @@ class _ServerChannel(Channel):
     pause_reading_when_blocked = True
     conn: ServerConnection
 
-    def __init__(self, server: "Server"):
+    def __init__(self, server: Server):
         super().__init__()
         self.server = server
         self.conn = ServerConnection(max_data_bytes=server.max_data_bytes)

@@ -16,11 +16,11 @@ from typing import Any
 
 from shim.kernel.cgroups import SandboxCgroup
 from shim.kernel.devices import DEFAULT_RULES, DeviceRules
-from shim.runtime.confine import Confinement
 from shim.lib.console import Console
+from shim.lib.processes import signal_process
+from shim.runtime.confine import Confinement
 from shim.runtime.mounts import HostDevice, TaskFilesystem
 from shim.runtime.pause import POD, PauseProcess, PauseSpec
-from shim.lib.processes import signal_process
 from shim.runtime.process import Process
 
 __all__ = ["CONTAINER", "NODE", "POD", "PID_MODES", "TARGET", "ExecSpec", "Runtime", "TaskSpec"]
@@ -130,7 +130,7 @@ class Runtime(abc.ABC):
         """
         return signal_process(pid, start_time, sig)
 
-    def check_confinement(self, confinement: Confinement) -> None:
+    def check_confinement(self, confinement: Confinement) -> None:  # noqa: B027 - a hook; by default all apply
         """InvalidArgument naming the field when this runtime cannot apply ``confinement``
         (checked at Task.Create). The native launcher applies every valid one."""
 

@@ -27,7 +27,8 @@ from typing import Any
 from shim.api.defaults import DEFAULT_CAPABILITIES
 from shim.kernel import capabilities as caps
 from shim.kernel import seccomp
-from shim.rpc.records import Record, set_field as _set
+from shim.rpc.records import Record
+from shim.rpc.records import set_field as _set
 from shim.rpc.status import InvalidArgument
 
 __all__ = ["MAX_GROUPS", "Confinement", "from_request", "steps"]

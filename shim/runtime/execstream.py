@@ -13,8 +13,8 @@ import os
 import stat
 from dataclasses import dataclass, field
 
-from shim.rpc.status import InvalidArgument
 from shim.lib.console import check_size, check_socket
+from shim.rpc.status import InvalidArgument
 
 __all__ = ["ExecStdio", "TaskStdin", "hold_fifo", "open_stdio", "open_tap"]
 
@@ -91,7 +91,7 @@ def open_stdio(stdin: str | None, stdout: str | None, stderr: str | None, termin
     else:
         if stdin is not None or stdout is not None or stderr is not None or terminal is not None:
             raise InvalidArgument("field 'console_socket' is the command's stdin, stdout and stderr: give it alone")
-        for name, value in zip(("console_width", "console_height"), console_size):
+        for name, value in zip(("console_width", "console_height"), console_size, strict=False):
             if value is not None:
                 check_size(name, value)
         check_socket(console_socket)

@@ -26,9 +26,9 @@ from typing import Any
 
 from shim.kernel import linux
 from shim.kernel.cgroups import SandboxCgroup
+from shim.lib.pipes import PipeReader
 from shim.rpc.status import RpcError, Unavailable
 from shim.runtime import process
-from shim.lib.pipes import PipeReader
 
 __all__ = ["EXEC_DRAIN_SECS", "EXEC_KILL_WAIT", "EXEC_OUTPUT_LIMIT_BYTES", "ExecOutput", "ExecResult", "run",
            "kill_session", "session_of"]
@@ -137,13 +137,13 @@ async def run(start: Callable[[ExecOutput], Awaitable[process.Process]], cgroup:
         timed_out = False
         try:
             info = await asyncio.wait_for(asyncio.shield(leader.exit), timeout)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             timed_out = not leader.exit.done()
             if timed_out:
                 kill_session(leader, session, cgroup)
             try:
                 info = await asyncio.wait_for(asyncio.shield(leader.exit), EXEC_KILL_WAIT)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 raise Unavailable(f"{name} (pid {leader.pid}) did not exit {EXEC_KILL_WAIT:.0f}s after SIGKILL") \
                     from None
         except BaseException:  # cancelled: the caller went away or its deadline passed

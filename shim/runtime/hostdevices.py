@@ -12,9 +12,10 @@ from collections.abc import Mapping
 from typing import Any
 
 from shim.kernel.devices import DeviceRule, normal_access
-from shim.runtime.mounts import HostDevice
-from shim.rpc.records import Record, set_field as _set
+from shim.rpc.records import Record
+from shim.rpc.records import set_field as _set
 from shim.rpc.status import FailedPrecondition, InvalidArgument
+from shim.runtime.mounts import HostDevice
 
 __all__ = ["GivenDevice", "parse_devices"]
 

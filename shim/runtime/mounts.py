@@ -29,7 +29,8 @@ from typing import Any
 
 from shim.kernel import linux
 from shim.kernel.userns import IdMap
-from shim.rpc.records import Record, set_field as _set
+from shim.rpc.records import Record
+from shim.rpc.records import set_field as _set
 from shim.rpc.status import FailedPrecondition, Internal, InvalidArgument
 
 __all__ = ["MASKED_PATHS", "READONLY_PATHS", "ROOTFS_DIR", "TASKS_DIR", "BindMount", "HostDevice", "PauseRoot", "RootSetup",

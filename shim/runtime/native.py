@@ -9,14 +9,22 @@ import signal
 from collections.abc import Mapping
 from typing import Any
 
-from shim.kernel.linux import CLONE_NEWCGROUP, CLONE_NEWIPC, CLONE_NEWNET, CLONE_NEWNS, CLONE_NEWPID, CLONE_NEWUSER, CLONE_NEWUTS
-from shim.kernel.userns import IdMap
-from shim.kernel.reaper import Reaper
 from shim.kernel.cgroups.hierarchies import V2, discover_hierarchies, pure_v2
+from shim.kernel.linux import (
+    CLONE_NEWCGROUP,
+    CLONE_NEWIPC,
+    CLONE_NEWNET,
+    CLONE_NEWNS,
+    CLONE_NEWPID,
+    CLONE_NEWUSER,
+    CLONE_NEWUTS,
+)
+from shim.kernel.reaper import Reaper
+from shim.kernel.userns import IdMap
 from shim.lib import console
+from shim.rpc.status import FailedPrecondition, Internal
 from shim.runtime import mounts, pause, process
 from shim.runtime.base import CONTAINER, POD, TARGET, ExecSpec, Runtime, TaskSpec
-from shim.rpc.status import FailedPrecondition, Internal
 
 __all__ = ["NativeRuntime"]
 

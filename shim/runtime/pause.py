@@ -34,12 +34,12 @@ from typing import NoReturn
 
 from shim.api.defaults import CATATONIT
 from shim.kernel import linux, userns
-from shim.kernel.userns import UserNamespace
-from shim.runtime import mounts, process
-from shim.runtime.confine import Confinement
 from shim.kernel.cgroups import SandboxCgroup
 from shim.kernel.reaper import ExitInfo, Reaper
+from shim.kernel.userns import UserNamespace
 from shim.rpc.status import FailedPrecondition, Internal, InvalidArgument, RpcError
+from shim.runtime import mounts, process
+from shim.runtime.confine import Confinement
 
 __all__ = [
     "BUILTIN",

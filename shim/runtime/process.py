@@ -58,10 +58,10 @@ from typing import NoReturn
 from shim.kernel import cgroups, linux
 from shim.kernel.netns import is_host_netns, open_namespace
 from shim.kernel.reaper import ExitInfo, Reaper
-from shim.runtime import confine, mounts
 from shim.lib.console import resize as resize_terminal
 from shim.lib.processes import signal_process
 from shim.rpc.status import FailedPrecondition, Internal, InvalidArgument, RpcError, error_from_oserror
+from shim.runtime import confine, mounts
 
 __all__ = [
     "DEFAULT_PATH",
@@ -787,7 +787,7 @@ def _child_b(plan: _Plan, write_fd: int) -> NoReturn:
         _chdir_in_root(plan.cwd)
         kind = b"E"
         if plan.builtin is not None:
-            for step, call in plan.confine:  # a builtin is confined as a program would be at exec
+            for _step, call in plan.confine:  # a builtin is confined as a program would be at exec
                 call()
             plan.builtin(write_fd)
         # exec resets caught signals but keeps ignored ones (Python ignores SIGPIPE and SIGXFSZ,
@@ -797,7 +797,7 @@ def _child_b(plan: _Plan, write_fd: int) -> NoReturn:
             linux.default_signal(sig)
         if not plan.exec_signals_blocked:
             linux.set_signal_mask(b"")
-        for step, call in plan.confine:
+        for _step, call in plan.confine:
             call()
         kind = b"X"
         step = f"exec {plan.argv[0]}"

@@ -21,7 +21,7 @@ QUEUE_LIMIT = 1024
 class Subscription:
     """One subscriber's queue; iterate with ``await sub.get()``."""
 
-    def __init__(self, bus: "EventBus"):
+    def __init__(self, bus: EventBus):
         self._bus = bus
         self._queue: asyncio.Queue = asyncio.Queue(QUEUE_LIMIT)
         self.overflowed = False

@@ -9,10 +9,11 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from shim.api.handlers import NAMESPACE_MODES, NATIVE, RUNTIME_HANDLERS
-from shim.kernel.userns import UserNamespace
 from shim.api.identifiers import validate_annotations, validate_hostname, validate_labels
+from shim.kernel.userns import UserNamespace
 from shim.rpc.messages import optional
-from shim.rpc.records import Record, set_field as _set
+from shim.rpc.records import Record
+from shim.rpc.records import set_field as _set
 from shim.rpc.status import InvalidArgument
 
 if TYPE_CHECKING:  # loaded only for a linux.pause_process: a shim serves without it (issue #15)
@@ -64,7 +65,7 @@ class PauseImage(Record):
         _set(self, "image", image)
 
     @classmethod
-    def from_payload(cls, value: Any) -> "PauseImage":
+    def from_payload(cls, value: Any) -> PauseImage:
         """Parse ``pause_image``; InvalidArgument naming the bad key."""
         if not isinstance(value, dict):
             raise InvalidArgument("pause_image must be a map (args, env, cwd, image)")
@@ -142,7 +143,7 @@ class SandboxOptions(Record):
         return self.network_mode == "NODE"
 
     @classmethod
-    def from_payload(cls, options: Any, annotations: dict[str, str] | None = None) -> "SandboxOptions":
+    def from_payload(cls, options: Any, annotations: dict[str, str] | None = None) -> SandboxOptions:
         """Parse the ``options`` map of CreateSandbox, with the request's own ``annotations``
         merged over the map's; raises InvalidArgument naming the bad field.
 

@@ -27,9 +27,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from shim.api.paths import STATE_FILE
-from shim.lib.files import json_document, write_json_atomic
-from shim.lib.files import Rewriter, read_json
-from shim.rpc.records import Record, set_field as _set
+from shim.lib.files import Rewriter, json_document, read_json, write_json_atomic
+from shim.rpc.records import Record
+from shim.rpc.records import set_field as _set
 
 __all__ = ["STATE_DELETED", "STATE_NEW", "STATE_VERSION", "ExitRecord", "MalformedRecord", "PauseRecord",
            "SandboxRecord", "StateFile", "TaskRecord", "read_state", "write_state"]

@@ -15,18 +15,20 @@ import logging
 import os
 import signal
 import time
-from typing import TYPE_CHECKING, Any, Callable, Protocol
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol
 
+from shim.api.handlers import NATIVE
+from shim.api.topics import TOPIC_CREATE, TOPIC_EXIT, TOPIC_START, TOPIC_STATE
 from shim.kernel import cgroups, devices, netns
 from shim.kernel.cgroups import systemd
 from shim.kernel.linux import ns_inode, proc_start_time
 from shim.kernel.reaper import ExitInfo, Reaper
-from shim.rpc.records import Record, set_field as _set
-from shim.rpc.status import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound, RpcError, Unavailable
-from shim.api.topics import TOPIC_CREATE, TOPIC_EXIT, TOPIC_START, TOPIC_STATE
 from shim.lib.platform import host_platform
+from shim.rpc.records import Record
+from shim.rpc.records import set_field as _set
+from shim.rpc.status import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound, RpcError, Unavailable
 from shim.sandbox.events import EventBus
-from shim.api.handlers import NATIVE
 from shim.sandbox.options import SandboxOptions
 from shim.sandbox.record import STATE_NEW, ExitRecord, PauseRecord, SandboxRecord, StateFile, TaskRecord
 
@@ -481,7 +483,7 @@ class Sandbox:
             try:
                 await asyncio.wait_for(self._exited.wait(), timeout)
                 return
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 log.warning("pause %d did not exit %.1fs after SIGTERM; sending SIGKILL", proc.pid, timeout)
         runtime.kill(proc.pid, proc.start_time, signal.SIGKILL)
         if self.cgroup is not None:
@@ -489,7 +491,7 @@ class Sandbox:
             self.cgroup.kill_all()
         try:
             await asyncio.wait_for(self._exited.wait(), KILL_WAIT_TIMEOUT)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             raise Unavailable(f"pause {proc.pid} did not exit {KILL_WAIT_TIMEOUT:.0f}s after SIGKILL") from None
 
     async def wait(self, sandbox_id: str) -> ExitResult:

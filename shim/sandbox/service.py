@@ -6,14 +6,15 @@ Nothing here decides policy; the rules live in :mod:`shim.sandbox.sandbox`.
 from __future__ import annotations
 
 import os
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
-from shim.sandbox.events import EventBus
 from shim.api.identifiers import validate_identifier
 from shim.api.names import EVENTS_SERVICE, SANDBOX_SERVICE
 from shim.rpc.messages import optional, require
 from shim.rpc.server import CallContext, Server, ServerStream
 from shim.rpc.status import InvalidArgument, NotFound
+from shim.sandbox.events import EventBus
 from shim.sandbox.sandbox import Sandbox
 
 __all__ = ["SandboxService", "register", "request_sandbox_id"]

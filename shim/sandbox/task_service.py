@@ -7,12 +7,12 @@ from __future__ import annotations
 import signal
 from typing import TYPE_CHECKING, Any
 
-from shim.sandbox.options import namespace_mode
-from shim.api.names import TASK_SERVICE
 from shim.api.identifiers import validate_labels
+from shim.api.names import TASK_SERVICE
 from shim.rpc.messages import optional, require
 from shim.rpc.server import CallContext, Server
 from shim.rpc.status import InvalidArgument
+from shim.sandbox.options import namespace_mode
 from shim.sandbox.service import request_sandbox_id
 
 if TYPE_CHECKING:

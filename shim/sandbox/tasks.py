@@ -27,25 +27,24 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from shim.kernel import devices
-from shim.kernel import linux
+from shim.api.identifiers import validate_identifier
+from shim.api.topics import TOPIC_TASK_EXIT
+from shim.kernel import devices, linux
 from shim.kernel.cgroups import SandboxCgroup, no_metrics
 from shim.kernel.netns import NamespaceNotFound
 from shim.kernel.reaper import ExitInfo
 from shim.kernel.userns import IdMap
 from shim.lib import console
+from shim.lib.console import Console
+from shim.lib.files import ensure_private_dir
+from shim.rpc.status import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound, RpcError, Unavailable
 from shim.runtime import execstream, execsync, mounts, process
 from shim.runtime.base import CONTAINER, PID_MODES, POD, TARGET, ExecSpec, TaskSpec
 from shim.runtime.confine import Confinement
-from shim.lib.console import Console
 from shim.runtime.crilog import LOG_DIR_MODE, CriLog, check_log_path
 from shim.runtime.hostdevices import GivenDevice
 from shim.runtime.mounts import TaskFilesystem
 from shim.runtime.pause import PauseProcess
-from shim.lib.files import ensure_private_dir
-from shim.api.identifiers import validate_identifier
-from shim.rpc.status import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound, RpcError, Unavailable
-from shim.api.topics import TOPIC_TASK_EXIT
 from shim.sandbox.record import ExitRecord, TaskRecord
 from shim.sandbox.sandbox import KILL_WAIT_TIMEOUT, ExitResult, Sandbox, State
 
@@ -121,7 +120,7 @@ class Task:
 
     def __init__(self, task_id: str, *, args: list[str], env: dict[str, str], cwd: str, log_path: str,
                  pid_mode: str, labels: dict[str, str], confinement: Confinement | None = None,
-                 filesystem: TaskFilesystem = TaskFilesystem(), rootfs: str = "", stdin: bool = False,
+                 filesystem: TaskFilesystem = TaskFilesystem(), rootfs: str = "", stdin: bool = False,  # noqa: B008 - a frozen Record, shared safely
                  pid_target: str | None = None, terminal: bool = False, resources: dict[str, Any] | None = None,
                  devices: tuple[GivenDevice, ...] = ()):
         self.task_id = task_id
@@ -254,7 +253,7 @@ class TaskSet:
     async def create(self, sandbox_id: str, task_id: str, *, args: list[str], env: list[str] | None = None,
                      cwd: str | None = None, log_path: str, pid_mode: str = CONTAINER,
                      labels: dict[str, str] | None = None, confinement: Confinement | None = None,
-                     filesystem: TaskFilesystem = TaskFilesystem(), stdin: bool = False,
+                     filesystem: TaskFilesystem = TaskFilesystem(), stdin: bool = False,  # noqa: B008 - a frozen Record, shared safely
                      pid_target: str | None = None, terminal: bool = False,
                      resources: dict[str, Any] | None = None, devices: tuple[GivenDevice, ...] = ()) -> Task:
         """Create: check the request and record the task; its log's directories are made (0755)

@@ -15,9 +15,10 @@ import h2.errors
 import h2.events
 import pytest
 
+from shim.rpc.status import Code
+
 from client.grpcwire.channel import Channel
 from client.grpcwire.connection import NEED_DATA, Connection, Outcome, encode_timeout
-from shim.rpc.status import Code
 
 PATH = "/runtime.v1.RuntimeService/Version"
 GRPC_HEADERS = [(b":status", b"200"), (b"content-type", b"application/grpc")]

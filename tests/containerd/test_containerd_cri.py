@@ -12,7 +12,6 @@ import os
 import signal
 import time
 
-
 from support.ctrdtools import pod_config, sleeping_pod
 from support.shimtools import ProcessRef
 

@@ -22,15 +22,18 @@ import sys
 import pytest
 from google.protobuf import any_pb2, empty_pb2
 
-from client.criapi import api_pb2
-from shim.containerd.api import load
-from shim.containerd.services import SANDBOX_SERVICE as SANDBOX, TASK_SERVICE as TASK, sandbox_pb2, task_pb2
-from shim.containerd.events import events_pb2, task_events
-from shim.api.paths import control_socket_path
-from shim.rpc import Client, FailedPrecondition, InvalidArgument, Server, blocking
-from shim.api.names import TEMPLATE_SERVICE
 from shim.api.names import SANDBOX_SERVICE as PODSHIM_SANDBOX
+from shim.api.names import TEMPLATE_SERVICE
+from shim.api.paths import control_socket_path
+from shim.containerd.api import load
+from shim.containerd.events import events_pb2, task_events
+from shim.containerd.services import SANDBOX_SERVICE as SANDBOX
+from shim.containerd.services import TASK_SERVICE as TASK
+from shim.containerd.services import sandbox_pb2, task_pb2
+from shim.rpc import Client, FailedPrecondition, InvalidArgument, Server, blocking
 from shim.rpc.codecs import PROTOBUF
+
+from client.criapi import api_pb2
 
 from support.shimtools import WAIT, ProcessRef, Template, new_id
 

@@ -19,9 +19,9 @@ from collections.abc import Iterator
 import anyio
 import pytest
 
-from client.cri.cni import (CniConfig, CniInterface, CniIp, CniResult, CniRunner, PLUGIN_PATH, PLUGIN_TIMEOUT,
-                        primary_ip)
 from shim.rpc.status import DeadlineExceeded, FailedPrecondition, Internal, InvalidArgument, Unavailable
+
+from client.cri.cni import PLUGIN_PATH, PLUGIN_TIMEOUT, CniConfig, CniInterface, CniIp, CniResult, CniRunner, primary_ip
 
 from support.proctools import wait_gone_async
 

@@ -9,14 +9,16 @@ import os
 
 import pytest
 
+from shim.api.defaults import DEFAULT_CAPABILITIES
+from shim.kernel import capabilities as caps
+from shim.kernel import seccomp
+from shim.rpc.status import InvalidArgument
+
 from client.cri import security
 from client.cri.configs import ContainerConfig, PodSandboxConfig
 from client.cri.seccomp_default import default_profile
 from client.cri.security import MAX_NODE_FILE_BYTES
-from shim.kernel import capabilities as caps
-from shim.kernel import seccomp
-from shim.rpc.status import InvalidArgument
-from shim.api.defaults import DEFAULT_CAPABILITIES
+
 from support.podtools import NodeRootImages, node_container, pod_config, pod_service
 
 ALL = ("CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_KILL", "CAP_SYS_ADMIN", "CAP_NET_ADMIN")

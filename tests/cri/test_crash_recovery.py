@@ -25,7 +25,6 @@ from support.podtools import BUSYBOX_MOUNT, pod_config
 from support.proctools import alive, wait_gone_async
 from support.sandbox_env import stop_template
 
-
 SCRIPT = """
 import anyio, json, sys
 from client.cri.pod import open_pod_service

@@ -11,10 +11,11 @@ import os
 import pytest
 from google.protobuf import json_format
 
+from shim.rpc.status import InvalidArgument
+
 from client.cri import fields
 from client.cri.configs import ContainerConfig, PodSandboxConfig
 from client.criapi import api_pb2
-from shim.rpc.status import InvalidArgument
 
 from support.podtools import container_config, pod_config
 

@@ -9,9 +9,10 @@ import re
 
 import pytest
 
-from client.cri.configs import SANDBOX_OOM_SCORE_ADJ, ContainerConfig, PodSandboxConfig
-from shim.sandbox.options import SandboxOptions
 from shim.rpc.status import InvalidArgument
+from shim.sandbox.options import SandboxOptions
+
+from client.cri.configs import SANDBOX_OOM_SCORE_ADJ, ContainerConfig, PodSandboxConfig
 
 ROOT = pathlib.Path(__file__).parent.parent.parent
 EXAMPLES = ROOT / "examples"

@@ -366,6 +366,7 @@ async def test_a_cri_mount_replaces_the_pods_etc_hosts_and_host_paths_are_bound(
 def busybox_chain(tmp_path):
     """A real snapshotter holding one busybox layer with /image-file: (snapshotter, chain id)."""
     from client.images.snapshots import Snapshotter
+
     from support.imagebuild import busybox_layer, layer_tar
     tar = layer_tar(busybox_layer({"image-file": "from the image\n"}))
     path = tmp_path / "layer.tar"

@@ -10,8 +10,14 @@ import pytest
 from shim.rpc.status import InvalidArgument
 
 from client.cri.configs import DnsConfig, PodSandboxConfig
-from client.cri.podfiles import (HOSTS_HEADER, hostname_content, hosts_content, remove_pod_files,
-                                 resolv_conf_content, write_pod_files)
+from client.cri.podfiles import (
+    HOSTS_HEADER,
+    hostname_content,
+    hosts_content,
+    remove_pod_files,
+    resolv_conf_content,
+    write_pod_files,
+)
 
 
 def read(path: str) -> str:

@@ -16,10 +16,20 @@ import time
 import anyio
 import pytest
 
-from client.cri.configs import PodSandboxConfig
-from client.cri.store import (CONTAINER_TRANSITIONS, POD_TRANSITIONS, ContainerRecord, ContainerState, PodRecord,
-                              PodState, PodStore, check_container_transition, check_pod_transition)
 from shim.rpc.status import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
+
+from client.cri.configs import PodSandboxConfig
+from client.cri.store import (
+    CONTAINER_TRANSITIONS,
+    POD_TRANSITIONS,
+    ContainerRecord,
+    ContainerState,
+    PodRecord,
+    PodState,
+    PodStore,
+    check_container_transition,
+    check_pod_transition,
+)
 
 
 def pod_config(name: str = "web", attempt: int = 0) -> dict:

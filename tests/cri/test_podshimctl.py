@@ -11,6 +11,7 @@ import subprocess
 import pytest
 
 from client.cli import main as cli
+
 from support.proctools import alive
 from support.sandbox_env import PODSHIMCTL
 

@@ -12,12 +12,12 @@ import subprocess
 import tarfile
 
 import pytest
-
-from support.critools import REPO
-from support.podtools import container_config, pod_config
 import test_podshimd_images
 from test_podshimd_images import blobs
 from test_podshimd_podshimctl import PODSHIMCTL, ctl
+
+from support.critools import REPO
+from support.podtools import container_config, pod_config
 from support.ttytools import OnTerminal
 
 image_daemon, daemon = test_podshimd_images.image_daemon, test_podshimd_images.daemon

@@ -6,11 +6,12 @@ from __future__ import annotations
 import json
 import subprocess
 
+import test_podshimd_images
+from test_podshimd_podshimctl import PODSHIMCTL, ctl
+
 from support.critools import REPO
 from support.podtools import container_config, pod_config
 from support.registry import AUTH
-import test_podshimd_images
-from test_podshimd_podshimctl import PODSHIMCTL, ctl
 
 # The image tests' daemon (insecure test registries; images a test pulled are removed after it).
 image_daemon, daemon = test_podshimd_images.image_daemon, test_podshimd_images.daemon

@@ -11,12 +11,12 @@ import re
 import subprocess
 
 import pytest
-
-from support.critools import HOST_PYTHON_MOUNTS, REPO
-from support.podtools import container_config, pod_config
 from test_podshimd_attach import TTY_PROGRAM
 from test_podshimd_podshimctl import PODSHIMCTL, ctl
 from test_podshimd_portforward import exchange, netns_of, pattern, pod_server
+
+from support.critools import HOST_PYTHON_MOUNTS, REPO
+from support.podtools import container_config, pod_config
 from support.ttytools import WAIT, OnTerminal
 
 MB = 1 << 20

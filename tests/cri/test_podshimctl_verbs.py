@@ -9,10 +9,10 @@ import sys
 import time
 
 import pytest
+from test_podshimd_podshimctl import PODSHIMCTL, ctl
 
 from support.critools import REPO
 from support.podtools import cgroup_file, container_config, pod_config
-from test_podshimd_podshimctl import PODSHIMCTL, ctl
 
 
 @pytest.fixture

@@ -16,6 +16,7 @@ import grpc
 import pytest
 
 from client.criapi import api_pb2
+
 from support.critools import HOST_PYTHON_MOUNTS
 from support.podtools import container_config, pod_config
 from support.ttytools import OnTerminal

@@ -18,10 +18,12 @@ from collections.abc import Iterator
 import pytest
 from google.protobuf import json_format
 
+from shim.kernel.cgroups import systemd
+
 from client.criapi import api_pb2
+
 from support.critools import Podshimd, running_podshimd
 from support.podtools import container_config, pod_config
-from shim.kernel.cgroups import systemd
 
 pytestmark = pytest.mark.cgroupv2
 

@@ -8,13 +8,14 @@ import os
 
 import pytest
 
-from client.cri.cni import DEFAULT_BIN_DIRS, DEFAULT_CONF_DIR
-from client.controller.defaults import DEFAULT_BUNDLE_ROOT
-from client.podshimd import config
-from client.podshimd.config import COMMAND_LINE, DEFAULT_STATE_ROOT, Config, ConfigError
-from shim.api.names import DEFAULT_RUNTIME_ROOT
 from shim.api.defaults import CATATONIT
 from shim.api.handlers import RUNTIME_HANDLERS
+from shim.api.names import DEFAULT_RUNTIME_ROOT
+
+from client.controller.defaults import DEFAULT_BUNDLE_ROOT
+from client.cri.cni import DEFAULT_BIN_DIRS, DEFAULT_CONF_DIR
+from client.podshimd import config
+from client.podshimd.config import COMMAND_LINE, DEFAULT_STATE_ROOT, Config, ConfigError
 
 
 @pytest.fixture

@@ -13,13 +13,14 @@ import pytest
 from google.protobuf.descriptor import MethodDescriptor
 from google.protobuf.message import Message
 
+from shim.rpc.status import InvalidArgument
+
+from client.cri.resources import pod_resources
 from client.criapi import api_pb2, api_pb2_grpc
 from client.podshimd import checkpoints, chunks, server
 from client.podshimd.handlers import Handlers
 
-from client.cri.resources import pod_resources
 from support.podtools import cgroup_file, container_config, pod_config
-from shim.rpc.status import InvalidArgument
 
 #: Bound on one call of these tests.
 CALL_TIMEOUT = 20

@@ -16,6 +16,7 @@ import pytest
 
 from client.criapi import api_pb2
 from client.podshimd import checkpoints
+
 from support.critools import podshimd_argv, running_podshimd
 
 BRIDGE_CONFLIST = {

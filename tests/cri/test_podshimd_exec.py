@@ -19,11 +19,13 @@ import subprocess
 import grpc
 import pytest
 
+from shim.rpc.frames import NEED_DATA
+
 from client.criapi import api_pb2
 from client.streaming import websocket
+
 from support.podtools import container_config, pod_config
 from support.proctools import wait_gone
-from shim.rpc.frames import NEED_DATA
 
 MB = 1 << 20
 HANDLERS = ["native"] + [h for h in ("runc", "crun") if shutil.which(h, path="/usr/sbin:/usr/bin:/sbin:/bin")]

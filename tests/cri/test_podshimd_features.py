@@ -12,6 +12,7 @@ import grpc
 import pytest
 
 from client.criapi import api_pb2
+
 from support.podtools import container_config, pod_config
 
 HANDLERS = ["native"] + [h for h in ("runc", "crun") if shutil.which(h, path="/usr/sbin:/usr/bin:/sbin:/bin")]

@@ -15,14 +15,16 @@ from collections.abc import Iterator
 import grpc
 import pytest
 
+from shim.lib.trees import remove_tree
+
 from client.criapi import api_pb2
+
 from support.critools import Podshimd, running_podshimd
 from support.imagebuild import BUSYBOX_ROOTFS_CHECKS
 from support.layertools import deep_tree, make_layer, member
 from support.podtools import container_config, pod_config
 from support.proctools import wait_gone
 from support.registry import AUTH
-from shim.lib.trees import remove_tree
 
 
 @pytest.fixture(scope="module")

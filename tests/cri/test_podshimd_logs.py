@@ -15,6 +15,7 @@ import anyio
 import pytest
 
 from client.cri.logcontext import IdsFilter
+
 from support.critools import running_podshimd
 from support.podtools import node_container, pod_config, pod_service
 

@@ -11,6 +11,7 @@ import pytest
 
 from client.cri import podmetrics
 from client.criapi import api_pb2
+
 from support.podtools import cgroup_file, container_config, pod_config
 
 #: Bound on a gRPC call in these tests.

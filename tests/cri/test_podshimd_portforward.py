@@ -21,6 +21,7 @@ import grpc
 import pytest
 
 from client.criapi import api_pb2
+
 from support.critools import podshimd_argv, running_podshimd
 from support.podtools import pod_config
 from support.sandbox_env import stop_template
@@ -150,7 +151,7 @@ def test_several_connections_at_once(daemon, crictl, pod):
             t.start()
         for t in threads:
             t.join()
-    for payload, (line, rest) in zip(payloads, results):
+    for payload, (line, rest) in zip(payloads, results, strict=False):
         assert line.decode() == f"{hashlib.sha256(payload).hexdigest()} {len(payload)}"
         assert rest == pattern(1000)
 

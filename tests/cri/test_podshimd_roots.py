@@ -13,6 +13,7 @@ import sys
 import tempfile
 
 from client.controller.bundles import make_bundle
+
 from support.critools import REPO, podshimd_argv, running_podshimd
 from support.podtools import pod_config
 

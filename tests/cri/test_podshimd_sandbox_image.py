@@ -17,6 +17,7 @@ from collections.abc import Iterator
 import pytest
 
 from client.images.snapshots import Snapshotter
+
 from support.critools import Podshimd, running_podshimd
 from support.imagebuild import catatonit_pause_image, tiny_pause_image
 from support.podtools import container_config, ns_inode, pod_config

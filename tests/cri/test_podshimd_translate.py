@@ -7,10 +7,11 @@ from types import MappingProxyType
 import pytest
 from google.protobuf import json_format
 
+from shim.rpc.status import InvalidArgument
+
 from client.cri.pod import PodEntry
 from client.criapi import api_pb2
 from client.podshimd import translate
-from shim.rpc.status import InvalidArgument
 
 POD = {"id": "a" * 64, "metadata": {"name": "web", "uid": "u1", "namespace": "default", "attempt": 2},
        "state": "SANDBOX_NOTREADY", "created_at": 1_733_000_000_000_000_000, "labels": {"app": "web"},

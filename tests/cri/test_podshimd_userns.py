@@ -11,6 +11,7 @@ import shutil
 import pytest
 
 from client.criapi import api_pb2
+
 from support.podtools import container_config, pod_config
 
 HOST_ID = 2_000_000 + (os.getpid() % 500) * 65536  # a range no other test's pod is given

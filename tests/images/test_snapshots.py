@@ -11,13 +11,15 @@ import sys
 import threading
 
 import pytest
-from support.layertools import deep_tree, make_layer, member, mount_overlay, mounted, tree, umount
+
+from shim.lib.trees import remove_tree
+from shim.rpc.status import AlreadyExists, FailedPrecondition, NotFound
 
 from client.images import snapshots as snapshots_module
 from client.images.snapshots import Mount, Snapshotter, chain_ids
 from client.images.unpack import DigestMismatch
-from shim.rpc.status import AlreadyExists, FailedPrecondition, NotFound
-from shim.lib.trees import remove_tree
+
+from support.layertools import deep_tree, make_layer, member, mount_overlay, mounted, tree, umount
 
 PASSWD1 = b"root:x:0:0:root:/root:/bin/sh\n"
 PASSWD2 = b"root:x:0:0:root:/root:/bin/ash\nuser:x:1000:1000::/home/user:/bin/sh\n"
@@ -361,7 +363,7 @@ def test_staged_layers_are_committed_by_renaming_their_directories(tmp_path, sna
         top = snapshotter.unpack(layers, staged)
         assert os.listdir(staging.directory) == []
     assert counted == {None: 2, layers[0][0]: 1}  # staged before their diff_id was known; the third by unpack()
-    for diff_id, chain_id in zip([d for d, _, _ in layers], chain_ids(d for d, _, _ in layers)):
+    for diff_id, chain_id in zip([d for d, _, _ in layers], chain_ids(d for d, _, _ in layers), strict=False):
         if diff_id in inodes:
             record = snapshotter.stat(chain_id)
             fs = os.path.join(snapshotter.root, "snapshots", str(record.snapshot_id), "fs")

@@ -9,11 +9,13 @@ import stat
 import tarfile
 
 import pytest
-from support.layertools import MTIME, Layer, make_layer, member, tree
+
+from shim.lib.trees import remove_tree, walk
+from shim.rpc.status import InvalidArgument, ResourceExhausted
 
 from client.images.unpack import BadLayer, DigestMismatch, UnpackLimit, apply_layer
-from shim.rpc.status import InvalidArgument, ResourceExhausted
-from shim.lib.trees import remove_tree, walk
+
+from support.layertools import MTIME, Layer, make_layer, member, tree
 
 
 @pytest.fixture

@@ -36,7 +36,7 @@ def test_help_and_usage_errors_read_as_argparse_writes_them(monkeypatch, columns
     monkeypatch.setenv("COLUMNS", columns)
     ours, theirs = _build(ArgumentParser), _build(argparse.ArgumentParser)
     assert ours.format_help() == theirs.format_help()
-    start = lambda p: p._subparsers._group_actions[0].choices["start"]  # noqa: E731
+    start = lambda p: p._subparsers._group_actions[0].choices["start"]  # noqa: E731  (a one-line accessor)
     assert type(start(ours)) is ArgumentParser
     assert start(ours).format_help() == start(theirs).format_help()
     assert ours.format_usage() == theirs.format_usage()

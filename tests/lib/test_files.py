@@ -11,8 +11,15 @@ import threading
 
 import pytest
 
-from shim.lib.files import (MAX_JSON_DEPTH, Rewriter, decode_json, ensure_private_dir, flock_open, read_json,
-                            write_atomic)
+from shim.lib.files import (
+    MAX_JSON_DEPTH,
+    Rewriter,
+    decode_json,
+    ensure_private_dir,
+    flock_open,
+    read_json,
+    write_atomic,
+)
 
 
 @pytest.mark.parametrize("durable", [False, True])

@@ -6,8 +6,15 @@ import os
 import signal
 import threading
 
-from shim.lib.processes import (open_pidfd, pidfd_exited, proc_start_time, process_alive, signal_process, wait_gone,
-                                wait_pidfd)
+from shim.lib.processes import (
+    open_pidfd,
+    pidfd_exited,
+    proc_start_time,
+    process_alive,
+    signal_process,
+    wait_gone,
+    wait_pidfd,
+)
 
 
 def test_a_stopped_process_is_alive_and_a_zombie_is_not(sleeper):

@@ -7,9 +7,10 @@ import os
 import subprocess
 
 import pytest
-from support.layertools import deep_tree
 
 from shim.lib.trees import remove_tree, walk
+
+from support.layertools import deep_tree
 
 
 def open_fds() -> int:

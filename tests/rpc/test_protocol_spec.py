@@ -9,8 +9,14 @@ from shim.api import names as api
 from shim.rpc import frames
 from shim.rpc.connection import MAX_ACTIVE_STREAMS
 from shim.rpc.frames import FrameDecoder, encode_frame
-from shim.rpc.messages import (MAX_METADATA_ENTRIES, MAX_METADATA_VALUES, NAMESPACE_KEY, decode_request,
-                               decode_response, unpack)
+from shim.rpc.messages import (
+    MAX_METADATA_ENTRIES,
+    MAX_METADATA_VALUES,
+    NAMESPACE_KEY,
+    decode_request,
+    decode_response,
+    unpack,
+)
 from shim.rpc.status import Code
 
 SPEC = (pathlib.Path(__file__).parent.parent.parent / "protocol.md").read_text()
@@ -143,8 +149,8 @@ def test_event_data_vector():
 
 
 def test_confinement_defaults_and_seccomp_vocabulary_match_the_spec():
-    from shim.kernel import seccomp
     from shim.api.defaults import DEFAULT_CAPABILITIES
+    from shim.kernel import seccomp
 
     row = next(line for line in SPEC.splitlines() if line.startswith("| `capabilities` | array of `CAP_*` names"))
     assert f"`{' '.join(DEFAULT_CAPABILITIES)}`" in row

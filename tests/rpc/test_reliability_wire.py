@@ -16,8 +16,8 @@ import time
 import msgpack
 import pytest
 
-from shim.rpc import Client
 from shim.api.names import SANDBOX_SERVICE, TASK_SERVICE
+from shim.rpc import Client
 from shim.rpc.connection import ClientConnection, ResponseReceived
 from shim.rpc.frames import HEADER, MAX_DATA_BYTES
 from shim.rpc.messages import Request, encode_request

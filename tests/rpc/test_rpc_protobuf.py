@@ -14,8 +14,7 @@ import tempfile
 import pytest
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
-from shim.rpc import Client, InvalidArgument, Server, Unimplemented
-from shim.rpc import protowire
+from shim.rpc import Client, InvalidArgument, Server, Unimplemented, protowire
 from shim.rpc.codecs import MSGPACK, PROTOBUF, codec_of_request
 from shim.rpc.frames import MessageType, encode_frame
 from shim.rpc.messages import Request, Response, encode_request

@@ -15,7 +15,7 @@ import os
 import random
 import socket
 import tempfile
-from typing import AsyncIterator
+from collections.abc import AsyncIterator
 
 import pytest
 import uvloop

@@ -11,9 +11,11 @@ from dataclasses import dataclass
 
 from google.protobuf import json_format
 
-from client.criapi import api_pb2
-from support.podtools import container_config, pod_config
 from shim.runtime import process
+
+from client.criapi import api_pb2
+
+from support.podtools import container_config, pod_config
 
 #: Seconds a CRI call may take here (a pod's start on a loaded machine included).
 CALL_TIMEOUT = 60.0

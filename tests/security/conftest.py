@@ -8,8 +8,8 @@ import json
 from collections.abc import Iterator
 
 import pytest
-
 from attacktools import Cri, handlers
+
 from support.critools import Podshimd, private_podshimd
 from support.podtools import roots
 from support.shimtools import shims

@@ -22,10 +22,14 @@ from shim.kernel import capabilities as caps
 from shim.kernel import devices, linux
 from shim.kernel.cgroups import V2, SandboxCgroup
 from shim.runtime import confine
+
 from support.podtools import node_container, pod_config, pod_service
 from support.proctools import run_in_child
-from support.shimtools import host_untouched  # noqa: F401  (autouse: what this module's shims made is checked at the end)
-from support.shimtools import Shim, ShimLauncher
+from support.shimtools import (
+    Shim,
+    ShimLauncher,
+    host_untouched,  # noqa: F401  (autouse: what this module's shims made is checked at the end)
+)
 
 BUSYBOX = "/bin/busybox"
 HOST_DATA = b"the host's own data\n" * 3277  # 64 KiB: what the loop device shows

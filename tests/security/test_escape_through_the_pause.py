@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import grpc
 import pytest
-
 from attacktools import canary_untouched, plant_canary
 
 #: Names in the node's / that a view of it would show.

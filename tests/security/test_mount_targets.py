@@ -19,17 +19,26 @@ import time
 
 import pytest
 
+from shim.rpc import FailedPrecondition, InvalidArgument, RpcError
+from shim.runtime import mounts
+
 from client.cri.rootfs import ContainerImage, image_not_found
 from client.images.snapshots import Mount
 from client.images.unpack import apply_layer
+
 from support.layertools import make_layer, member
-from support.podtools import container_config, pod_config, pod_service
-from support.podtools import roots  # noqa: F401  (the fixture)
-from shim.rpc import FailedPrecondition, InvalidArgument, RpcError
-from shim.runtime import mounts
-from support.shimtools import host_untouched  # noqa: F401  (autouse: what this module's shims made is checked at the end)
-from support.shimtools import shims  # noqa: F401  (the fixture)
-from support.shimtools import WAIT, ShimLauncher
+from support.podtools import (
+    container_config,
+    pod_config,
+    pod_service,
+    roots,  # noqa: F401  (the fixture)
+)
+from support.shimtools import (
+    WAIT,
+    ShimLauncher,
+    host_untouched,  # noqa: F401  (autouse: what this module's shims made is checked at the end)
+    shims,  # noqa: F401  (the fixture)
+)
 
 HANDLERS = ["native"] + [h for h in ("runc", "crun") if shutil.which(h, path="/usr/sbin:/usr/bin:/sbin:/bin")]
 BUSYBOX = "/bin/busybox"
@@ -230,7 +239,7 @@ def tree(path) -> list[str]:
                   for name in dirs + files)
 
 
-async def test_the_pods_files_through_the_images_etc_link_stay_in_the_root(handler, roots, tmp_path):  # noqa: F811
+async def test_the_pods_files_through_the_images_etc_link_stay_in_the_root(handler, roots, tmp_path):  # noqa: F811  (roots: the imported fixture)
     host = tmp_path / "host"
     host.mkdir()
     images = HostileImages(tmp_path, hostile_image(tmp_path, str(host)))
@@ -256,7 +265,7 @@ async def test_the_pods_files_through_the_images_etc_link_stay_in_the_root(handl
         assert tree(host) == []
 
 
-async def test_a_log_path_through_a_link_in_the_pods_log_directory_is_refused(roots, tmp_path):  # noqa: F811
+async def test_a_log_path_through_a_link_in_the_pods_log_directory_is_refused(roots, tmp_path):  # noqa: F811  (roots: the imported fixture)
     host = tmp_path / "host"
     host.mkdir()
     images = HostileImages(tmp_path, hostile_image(tmp_path, str(host)))

@@ -7,9 +7,10 @@ import signal
 
 import pytest
 
-from support.shimtools import shim, shims
 from shim.lib.processes import signal_process
 from shim.runtime.pause import PauseSpec, launch
+
+from support.shimtools import shim, shims
 
 # Fixtures are found by name in a conftest module; importing them here, not in each test module,
 # keeps a test's parameters from shadowing imported names.

@@ -10,8 +10,10 @@ import os
 
 import pytest
 
-from support.shimtools import host_untouched  # noqa: F401  (autouse: what this module's shims made is checked at the end)
-from support.shimtools import ShimLauncher
+from support.shimtools import (
+    ShimLauncher,
+    host_untouched,  # noqa: F401  (autouse: what this module's shims made is checked at the end)
+)
 
 # Loaded by every Python the test starts with site (`podshim start` and the shim it forks):
 # clone3 answers ENOSYS, and each refusal leaves a line in a file the test reads.

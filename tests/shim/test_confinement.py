@@ -15,8 +15,12 @@ from shim.kernel import capabilities as caps
 from shim.kernel import seccomp
 from shim.rpc import FailedPrecondition, InvalidArgument, NotFound
 from shim.runtime import confine
-from support.shimtools import host_untouched  # noqa: F401  (autouse: what this module's shims made is checked at the end)
-from support.shimtools import Shim, ShimLauncher
+
+from support.shimtools import (
+    Shim,
+    ShimLauncher,
+    host_untouched,  # noqa: F401  (autouse: what this module's shims made is checked at the end)
+)
 
 BUSYBOX = "/bin/busybox"
 DEFAULT_MASK = caps.mask(confine.DEFAULT_CAPABILITIES)

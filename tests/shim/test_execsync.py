@@ -14,6 +14,7 @@ from shim.kernel.reaper import Reaper
 from shim.rpc.status import FailedPrecondition
 from shim.runtime import execsync, process
 from shim.runtime.execsync import EXEC_OUTPUT_LIMIT_BYTES, ExecOutput, ExecResult
+
 from support.proctools import wait_gone_async
 
 #: Bound on waiting for killed processes to be gone (an event wait, not a sleep).

@@ -20,15 +20,15 @@ import time
 import pytest
 import uvloop
 
-from shim.kernel import cgroups, linux, netns
-from shim.kernel.cgroups import hierarchies
-from shim.kernel.cgroups import SandboxCgroup
-from shim.runtime.pause import BUILTIN, NODE, PauseSpec, launch, validate_sysctls
 from shim.api.defaults import CATATONIT
-from shim.lib.processes import signal_process
+from shim.kernel import cgroups, linux, netns
+from shim.kernel.cgroups import SandboxCgroup, hierarchies
 from shim.kernel.reaper import ExitInfo, Reaper
-from shim.runtime import process
+from shim.lib.processes import signal_process
 from shim.rpc.status import FailedPrecondition, Internal, InvalidArgument, NotFound
+from shim.runtime import process
+from shim.runtime.pause import BUILTIN, NODE, PauseSpec, launch, validate_sysctls
+
 from support.imagebuild import BUSYBOX, tiny_pause_binary
 from support.shimtools import host_netns_bound_at
 

@@ -20,15 +20,17 @@ import time
 
 import pytest
 
-from shim.runtime import pause, process
-from shim.runtime.mounts import BindMount
-from shim.runtime.oci import cli, rootfs as pause_rootfs, spec as specs
 from shim.kernel import devices, linux
 from shim.kernel.reaper import Reaper
 from shim.kernel.userns import UserNamespace
 from shim.rpc.status import AlreadyExists, DeadlineExceeded, FailedPrecondition, Internal, InvalidArgument, NotFound
-from support.podtools import node_container, pod_config
-from support.podtools import ns_inode, pod_service
+from shim.runtime import pause, process
+from shim.runtime.mounts import BindMount
+from shim.runtime.oci import cli
+from shim.runtime.oci import rootfs as pause_rootfs
+from shim.runtime.oci import spec as specs
+
+from support.podtools import node_container, ns_inode, pod_config, pod_service
 from support.proctools import alive, wait_gone_async
 from support.sandbox_env import stop_template
 
@@ -403,7 +405,7 @@ async def test_pod_lifecycle_through_the_runtime_leaves_nothing(handler, roots):
         assert all(r[0].endswith("Z") and r[1] == "stdout" and r[2] == "F" for r in records), records
         lines = [r[3] for r in records]
         assert lines[0] == "podshim-demo"  # the pod's hostname: the pause's UTS namespace
-        for line, kind in zip(lines[1:4], ("net", "ipc", "uts")):
+        for line, kind in zip(lines[1:4], ("net", "ipc", "uts"), strict=False):
             assert line == f"{kind}:[{ns_inode(pause_pid, kind)}]", (kind, lines)
         assert lines[4] != f"pid:[{ns_inode(pause_pid, 'pid')}]"  # CONTAINER pid mode: a pid ns of its own
 

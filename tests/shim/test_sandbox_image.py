@@ -12,13 +12,19 @@ import signal
 
 import pytest
 
-from support.imagebuild import CATATONIT, compiled, tiny_pause_binary
-from shim.rpc import FailedPrecondition, InvalidArgument
 from shim.api.names import TASK_SERVICE
 from shim.lib.processes import process_alive
+from shim.rpc import FailedPrecondition, InvalidArgument
 from shim.runtime.mounts import is_mount_point
-from support.shimtools import host_untouched  # noqa: F401  (autouse: what this module's shims made is checked at the end)
-from support.shimtools import NODE_ROOT, WAIT, ShimLauncher, ns_inode
+
+from support.imagebuild import CATATONIT, compiled, tiny_pause_binary
+from support.shimtools import (
+    NODE_ROOT,
+    WAIT,
+    ShimLauncher,
+    host_untouched,  # noqa: F401  (autouse: what this module's shims made is checked at the end)
+    ns_inode,
+)
 
 HANDLERS = ["native"] + [h for h in ("runc", "crun") if shutil.which(h, path="/usr/sbin:/usr/bin:/sbin:/bin")]
 #: (program in the rootfs, pause_image) of each pause image.

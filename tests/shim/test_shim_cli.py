@@ -14,12 +14,19 @@ import time
 
 import pytest
 
-from shim.kernel import linux
 from shim.api.paths import BOOTSTRAP_FILE, LOG_FILE, SUN_PATH_MAX, socket_path
+from shim.kernel import linux
 from shim.lib.files import read_json
 from shim.rpc import Client
-from support.shimtools import host_untouched  # noqa: F401  (autouse: what this module's shims made is checked at the end)
-from support.shimtools import PODSHIM, WAIT, ProcessRef, new_id, run_podshim
+
+from support.shimtools import (
+    PODSHIM,
+    WAIT,
+    ProcessRef,
+    host_untouched,  # noqa: F401  (autouse: what this module's shims made is checked at the end)
+    new_id,
+    run_podshim,
+)
 
 # Each test runs twice: shims exec'd by `podshim start`, and forked by the session's template.
 pytestmark = pytest.mark.usefixtures("spawn_mode")

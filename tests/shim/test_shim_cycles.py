@@ -7,8 +7,14 @@ import os
 
 import pytest
 
-from support.shimtools import host_untouched  # noqa: F401  (autouse: what this module's shims made is checked at the end)
-from support.shimtools import Footprint, ProcessRef, ShimLauncher, child_pids, leftovers
+from support.shimtools import (
+    Footprint,
+    ProcessRef,
+    ShimLauncher,
+    child_pids,
+    host_untouched,  # noqa: F401  (autouse: what this module's shims made is checked at the end)
+    leftovers,
+)
 
 # Each test runs twice: shims exec'd by `podshim start`, and forked by the session's template.
 pytestmark = pytest.mark.usefixtures("spawn_mode")

@@ -14,9 +14,13 @@ import termios
 import pytest
 
 from shim.rpc import FailedPrecondition, InvalidArgument, NotFound
-from support.shimtools import host_untouched  # noqa: F401  (autouse: what this module's shims made is checked at the end)
+
 from support.proctools import wait_gone_async
-from support.shimtools import WAIT, ShimLauncher
+from support.shimtools import (
+    WAIT,
+    ShimLauncher,
+    host_untouched,  # noqa: F401  (autouse: what this module's shims made is checked at the end)
+)
 
 HANDLERS = ["native"] + [h for h in ("runc", "crun") if shutil.which(h, path="/usr/sbin:/usr/bin:/sbin:/bin")]
 
@@ -150,7 +154,7 @@ async def test_exec_start_on_a_terminal_makes_it_the_controlling_terminal(pod, r
         slave = -1
         assert (await pod.call("ExecWait", task_id="app", exec_id=started["exec_id"]))["exit_status"] == 0
         lines = terminal_output(master).split("\n")
-        assert lines[0] == str(tty_nr) and lines[1] == "%d %d" % termios.tcgetwinsize(master)
+        assert lines[0] == str(tty_nr) and lines[1] == "{} {}".format(*termios.tcgetwinsize(master))
     finally:
         os.close(master)
         if slave >= 0:

@@ -11,10 +11,17 @@ import signal
 
 import pytest
 
-from shim.rpc import AlreadyExists, DeadlineExceeded, FailedPrecondition, InvalidArgument, NotFound
 from shim.api.names import SANDBOX_METHODS, SANDBOX_SERVICE
-from support.shimtools import host_untouched  # noqa: F401  (autouse: what this module's shims made is checked at the end)
-from support.shimtools import EventStream, ProcessRef, adopting_orphans, host_netns_bound_at, spare_state_files
+from shim.rpc import AlreadyExists, DeadlineExceeded, FailedPrecondition, InvalidArgument, NotFound
+
+from support.shimtools import (
+    EventStream,
+    ProcessRef,
+    adopting_orphans,
+    host_netns_bound_at,
+    host_untouched,  # noqa: F401  (autouse: what this module's shims made is checked at the end)
+    spare_state_files,
+)
 
 # Each test runs twice: shims exec'd by `podshim start`, and forked by the session's template.
 pytestmark = pytest.mark.usefixtures("spawn_mode")

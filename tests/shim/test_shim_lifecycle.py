@@ -11,11 +11,19 @@ import time
 
 import pytest
 
+from shim.api.names import SANDBOX_METHODS
 from shim.kernel import netns
 from shim.rpc import FailedPrecondition, InvalidArgument, NotFound
-from shim.api.names import SANDBOX_METHODS
-from support.shimtools import host_untouched  # noqa: F401  (autouse: what this module's shims made is checked at the end)
-from support.shimtools import WAIT, EventStream, ProcessRef, mounts_naming, ns_inode, spare_state_files
+
+from support.shimtools import (
+    WAIT,
+    EventStream,
+    ProcessRef,
+    host_untouched,  # noqa: F401  (autouse: what this module's shims made is checked at the end)
+    mounts_naming,
+    ns_inode,
+    spare_state_files,
+)
 
 # Each test runs twice: shims exec'd by `podshim start`, and forked by the session's template.
 pytestmark = pytest.mark.usefixtures("spawn_mode")
@@ -332,9 +340,9 @@ daemon.serve_forever(ShimConfig(namespace, sandbox_id, bundle, socket_path, runt
 def test_a_shim_removes_its_socket_before_it_stops_listening(tmp_path):
     # Once it stops listening, a Spawn of the same sandbox may take the path (a socket nobody
     # accepts on is stale): a shim that unlinked it afterwards could remove the next shim's.
+    from shim.api.names import SANDBOX_SERVICE
     from shim.api.paths import socket_path
     from shim.rpc import blocking
-    from shim.api.names import SANDBOX_SERVICE
 
     bundle, runtime_root = str(tmp_path / "bundle"), str(tmp_path / "run")
     os.makedirs(bundle, mode=0o700)

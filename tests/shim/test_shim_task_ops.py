@@ -16,9 +16,15 @@ from shim.kernel.cgroups import systemd
 from shim.kernel.cgroups.hierarchies import discover_hierarchies, pure_v2
 from shim.rpc import FailedPrecondition, InvalidArgument
 from shim.runtime.execsync import EXEC_OUTPUT_LIMIT_BYTES
-from support.shimtools import host_untouched  # noqa: F401  (autouse: what this module's shims made is checked at the end)
+
 from support.proctools import fifo_writer, wait_gone_async
-from support.shimtools import WAIT, Shim, ShimLauncher, ns_inode
+from support.shimtools import (
+    WAIT,
+    Shim,
+    ShimLauncher,
+    host_untouched,  # noqa: F401  (autouse: what this module's shims made is checked at the end)
+    ns_inode,
+)
 
 HANDLERS = ["native"] + [h for h in ("runc", "crun") if shutil.which(h, path="/usr/sbin:/usr/bin:/sbin:/bin")]
 #: Bound on waiting for killed processes to be gone (PID 1 reaps orphans slowly).

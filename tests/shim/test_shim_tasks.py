@@ -13,12 +13,21 @@ import re
 
 import pytest
 
+from shim.api.names import TASK_SERVICE
 from shim.kernel import linux, netns
 from shim.lib.processes import process_alive
 from shim.rpc import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
-from shim.api.names import TASK_SERVICE
-from support.shimtools import host_untouched  # noqa: F401  (autouse: what this module's shims made is checked at the end)
-from support.shimtools import NODE_ROOT, WAIT, EventStream, ProcessRef, Shim, ShimLauncher, ns_inode
+
+from support.shimtools import (
+    NODE_ROOT,
+    WAIT,
+    EventStream,
+    ProcessRef,
+    Shim,
+    ShimLauncher,
+    host_untouched,  # noqa: F401  (autouse: what this module's shims made is checked at the end)
+    ns_inode,
+)
 
 # Each test runs twice: shims exec'd by `podshim start`, and forked by the session's template.
 pytestmark = pytest.mark.usefixtures("spawn_mode")

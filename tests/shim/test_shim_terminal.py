@@ -12,10 +12,14 @@ import stat
 
 import pytest
 
-from support.proctools import fd_targets
 from shim.rpc import FailedPrecondition, InvalidArgument
-from support.shimtools import host_untouched  # noqa: F401  (autouse: what this module's shims made is checked at the end)
-from support.shimtools import WAIT, ShimLauncher
+
+from support.proctools import fd_targets
+from support.shimtools import (
+    WAIT,
+    ShimLauncher,
+    host_untouched,  # noqa: F401  (autouse: what this module's shims made is checked at the end)
+)
 
 HANDLERS = ["native"] + [h for h in ("runc", "crun") if shutil.which(h, path="/usr/sbin:/usr/bin:/sbin:/bin")]
 

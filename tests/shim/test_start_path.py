@@ -13,10 +13,14 @@ import subprocess
 
 import pytest
 
-from shim.launch.install import podshim_argv
 from shim.api.paths import LOG_FILE
-from support.shimtools import host_untouched  # noqa: F401  (autouse: what this module's shims made is checked at the end)
-from support.shimtools import WAIT, new_id
+from shim.launch.install import podshim_argv
+
+from support.shimtools import (
+    WAIT,
+    host_untouched,  # noqa: F401  (autouse: what this module's shims made is checked at the end)
+    new_id,
+)
 
 #: Loaded on first use only, never to start a shim (what each is for).
 LAZY = {

@@ -9,8 +9,10 @@ import pytest
 
 from shim.rpc.status import AlreadyExists, FailedPrecondition, NotFound, Unavailable
 from shim.sandbox import sandbox, tasks
-from shim.sandbox.sandbox import Operation as Op, State as S
-from shim.sandbox.tasks import Status as T, TaskOperation as TOp
+from shim.sandbox.sandbox import Operation as Op
+from shim.sandbox.sandbox import State as S
+from shim.sandbox.tasks import Status as T
+from shim.sandbox.tasks import TaskOperation as TOp
 
 # -- the sandbox ------------------------------------------------------------------------------
 

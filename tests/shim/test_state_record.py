@@ -10,11 +10,19 @@ import subprocess
 import pytest
 
 from shim import cli
-from shim.cleanup import delete_sandbox
-from shim.api.paths import STATE_FILE
 from shim.api.names import UNKNOWN_EXIT_STATUS
-from shim.sandbox.record import (STATE_VERSION, ExitRecord, MalformedRecord, PauseRecord, SandboxRecord, TaskRecord,
-                                 read_state, write_state)
+from shim.api.paths import STATE_FILE
+from shim.cleanup import delete_sandbox
+from shim.sandbox.record import (
+    STATE_VERSION,
+    ExitRecord,
+    MalformedRecord,
+    PauseRecord,
+    SandboxRecord,
+    TaskRecord,
+    read_state,
+    write_state,
+)
 from shim.sandbox.sandbox import State
 
 CGROUP = {"name": "sb1", "paths": {"memory": "/sys/fs/cgroup/memory/podshim/ns/sb1"}, "skipped": {},

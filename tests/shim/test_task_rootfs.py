@@ -15,13 +15,17 @@ import stat
 
 import pytest
 
-from shim.kernel import linux
-
-from shim.rpc import FailedPrecondition, InvalidArgument
 from shim.api.defaults import DEFAULT_CAPABILITIES
 from shim.api.names import TASK_SERVICE
-from support.shimtools import host_untouched  # noqa: F401  (autouse: what this module's shims made is checked at the end)
-from support.shimtools import WAIT, Shim, ShimLauncher
+from shim.kernel import linux
+from shim.rpc import FailedPrecondition, InvalidArgument
+
+from support.shimtools import (
+    WAIT,
+    Shim,
+    ShimLauncher,
+    host_untouched,  # noqa: F401  (autouse: what this module's shims made is checked at the end)
+)
 
 HANDLERS = ["native"] + [h for h in ("runc", "crun") if shutil.which(h, path="/usr/sbin:/usr/bin:/sbin:/bin")]
 BUSYBOX = "/bin/busybox"

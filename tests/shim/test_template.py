@@ -16,9 +16,9 @@ import time
 
 import pytest
 
+from shim.api.names import SANDBOX_SERVICE, TEMPLATE_SERVICE
 from shim.api.paths import control_socket_path, socket_path
 from shim.rpc import Client, blocking
-from shim.api.names import SANDBOX_SERVICE, TEMPLATE_SERVICE
 from shim.rpc.status import InvalidArgument, RpcError, Unavailable
 
 from support.proctools import alive, fd_targets, wait_gone, wait_gone_async
@@ -459,8 +459,8 @@ print(json.dumps(sorted(set(sys.modules) - before)))
 async def test_a_shim_forked_from_the_template_imports_nothing_in_a_sandbox_life(roots):
     # What the template preloads is all a shim needs: serving a sandbox's whole life (with a
     # task) after the preload imports no module (an import there would cost every sandbox).
-    from shim.api.paths import socket_path
     from shim.api.names import TASK_SERVICE
+    from shim.api.paths import socket_path
 
     runtime_root, tmp_path, started = roots
     sid = f"imp-{secrets.token_hex(4)}"

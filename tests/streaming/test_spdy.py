@@ -9,9 +9,30 @@ import pytest
 
 from client.streaming import spdy
 from client.streaming.spdy import (
-    Connection, Data, DataReceived, FrameDecoder, GoAway, GoAwayReceived, HeaderCompressor, HeaderDecompressor,
-    NEED_DATA, Ping, PingAcknowledged, PingReceived, RemoteProtocolError, RstStatus, RstStream, Settings,
-    StreamOpened, StreamReplied, StreamReset, SynReply, SynStream, WindowUpdate, WindowUpdated, encode_frame,
+    NEED_DATA,
+    Connection,
+    Data,
+    DataReceived,
+    FrameDecoder,
+    GoAway,
+    GoAwayReceived,
+    HeaderCompressor,
+    HeaderDecompressor,
+    Ping,
+    PingAcknowledged,
+    PingReceived,
+    RemoteProtocolError,
+    RstStatus,
+    RstStream,
+    Settings,
+    StreamOpened,
+    StreamReplied,
+    StreamReset,
+    SynReply,
+    SynStream,
+    WindowUpdate,
+    WindowUpdated,
+    encode_frame,
 )
 
 

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from client.streaming.tokens import TokenError, Tokens
-from client.streaming.upgrade import HttpError, RequestReader, error_response, negotiate, switching_protocols
 from shim.rpc.frames import NEED_DATA
 from shim.rpc.status import ResourceExhausted
+
+from client.streaming.tokens import TokenError, Tokens
+from client.streaming.upgrade import HttpError, RequestReader, error_response, negotiate, switching_protocols
 
 
 class Clock:

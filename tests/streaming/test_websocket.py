@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import pytest
 
+from shim.rpc.frames import NEED_DATA
+
 from client.streaming import websocket
 from client.streaming.upgrade import HttpError, Request
-from shim.rpc.frames import NEED_DATA
 
 KEY = "dGhlIHNhbXBsZSBub25jZQ=="  # RFC 6455's example key
 

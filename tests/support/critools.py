@@ -43,7 +43,6 @@ import pytest
 
 from support.sandbox_env import stop_template
 
-
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
@@ -400,7 +399,7 @@ def parse_critest(returncode: int, output: str, report: list[dict[str, Any]] | N
         fields["ran"], fields["total"] = int(ran.group(1)), int(ran.group(2))
     counts = re.search(r"(\d+) Passed \| (\d+) Failed \| (\d+) Pending \| (\d+) Skipped", output)
     if counts:
-        fields.update(zip(("passed", "failed", "pending", "skipped"), map(int, counts.groups())))
+        fields.update(zip(("passed", "failed", "pending", "skipped"), map(int, counts.groups()), strict=False))
     specs, messages = {}, {}
     for suite in report or ():
         for spec in suite.get("SpecReports") or ():

@@ -408,7 +408,7 @@ def boot(key: str | None = None) -> Guest:
             try:
                 guest.request("ping", timeout=2)
                 break
-            except (TimeoutError, socket.timeout):
+            except TimeoutError:
                 guest.reader.close()
                 guest.reader = guest.sock.makefile("rb")
                 continue

@@ -38,13 +38,12 @@ import tarfile
 import tempfile
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Union
 
 import pytest
 
-from support.registry import Registry
-
 from shim.lib.files import flock_open
+
+from support.registry import Registry
 
 BUSYBOX = "/bin/busybox"
 #: Every entry of a layer gets this mtime (2026-01-01), so a layer's bytes depend only on its entries.
@@ -72,7 +71,7 @@ class Entry:
     gid: int = 0
 
 
-Layer = Union[Sequence[Entry], Mapping[str, Union[bytes, str, Entry]]]
+Layer = Sequence[Entry] | Mapping[str, bytes | str | Entry]
 
 
 def entries(layer: Layer) -> list[Entry]:
@@ -703,7 +702,7 @@ def tiny_pause_image(images: TestImages) -> Image:
                                     working_dir="/bin", user="65534:65534"), base=None)
 
 
-def web_root(directory: str, page: str) -> dict[str, Union[bytes, str, Entry]]:
+def web_root(directory: str, page: str) -> dict[str, bytes | str | Entry]:
     return {f"{directory}/index.html": page, "usr/local/bin/serve-http": Entry("", data=SERVE_HTTP, mode=0o755)}
 
 

@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "bench"))
 
-import cluster as harness  # noqa: E402
+import cluster as harness  # noqa: E402  (once bench/ or tests/ is on the path)
 
 #: Bound on waiting for the cluster to show what a test expects (scheduling, pulls, restarts).
 WAIT = 120.0

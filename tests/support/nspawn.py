@@ -136,7 +136,7 @@ class Machine:
     @classmethod
     @contextlib.contextmanager
     def booted(cls, *, binds_ro: tuple[str, ...] | list[str] = (),
-               binds: tuple[str, ...] | list[str] = ()) -> Iterator["Machine"]:
+               binds: tuple[str, ...] | list[str] = ()) -> Iterator[Machine]:
         """Boot a container (``binds_ro`` bound read-only, ``binds`` writable, each ``HOST[:CONTAINER]``);
         power it off and remove every trace of it on exit."""
         tag = secrets.token_hex(5)
@@ -255,7 +255,7 @@ def _wait_ready(notify: socket.socket, process: subprocess.Popen, console: str) 
         notify.settimeout(0.2)
         try:
             fields = dict(line.split("=", 1) for line in notify.recv(4096).decode().splitlines() if "=" in line)
-        except socket.timeout:
+        except TimeoutError:
             fields = {}
         leader = int(fields["X_NSPAWN_LEADER_PID"]) if "X_NSPAWN_LEADER_PID" in fields else leader
         if fields.get("READY") == "1" and leader is not None:

@@ -13,6 +13,7 @@ import pytest
 from client.cri.pod import open_pod_service
 from client.cri.rootfs import ContainerImage, image_not_found
 from client.images.snapshots import Mount
+
 from support.sandbox_env import stop_template
 
 EXAMPLES = os.path.join(os.path.dirname(__file__), "..", "..", "examples")

@@ -141,7 +141,7 @@ async def wait_pidfds_async(fds: Mapping[int, int], timeout: float = WAIT, *, ki
             return False
 
     done = await asyncio.gather(*(exited(fd) for fd in fds))
-    return _killed_if({fd: pid for (fd, pid), gone in zip(fds.items(), done) if not gone}, kill)
+    return _killed_if({fd: pid for (fd, pid), gone in zip(fds.items(), done, strict=False) if not gone}, kill)
 
 
 async def wait_gone_async(*pids: int, timeout: float = WAIT, kill: bool = False) -> list[int]:

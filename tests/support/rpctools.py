@@ -34,7 +34,7 @@ def call_as_nobody(path: str) -> int:
             except (BrokenPipeError, ConnectionResetError):
                 reply = b""
         return 0 if reply == b"" else 1  # 0: closed without an answer
-    except socket.timeout:
+    except TimeoutError:
         return 2
     except BaseException:
         return 3

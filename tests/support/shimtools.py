@@ -28,12 +28,12 @@ from dataclasses import dataclass
 
 import pytest
 
-from shim.kernel import linux
-from shim.lib.processes import process_alive
-from shim.api.paths import STATE_FILE, control_socket_path
-from shim.lib.files import read_json
-from shim.rpc import Client, RpcError, blocking
 from shim.api.names import EVENTS_SERVICE, SANDBOX_SERVICE, TASK_SERVICE, TEMPLATE_SERVICE
+from shim.api.paths import STATE_FILE, control_socket_path
+from shim.kernel import linux
+from shim.lib.files import read_json
+from shim.lib.processes import process_alive
+from shim.rpc import Client, RpcError, blocking
 
 from support.proctools import fd_readable, pidfds, wait_pidfds
 from support.rpctools import SLOWDOWN
@@ -56,7 +56,7 @@ EXIT_WAIT = 5.0
 PODSHIM = (sys.executable, "-m", "shim")
 
 #: Every sandbox any test made in this session, filled in as each shim is torn down.
-FOOTPRINTS: list["Footprint"] = []
+FOOTPRINTS: list[Footprint] = []
 
 
 def new_id(prefix: str = "sb") -> str:
@@ -449,7 +449,7 @@ class Template:
                 return
             except Exception:
                 if self.proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"template did not start: {self.proc.stderr.read().decode()}")
+                    raise RuntimeError(f"template did not start: {self.proc.stderr.read().decode()}") from None
                 time.sleep(0.02)
 
     def stop(self) -> None:

@@ -13,8 +13,9 @@ import time
 import anyio
 import pytest
 
-from client.cri.pod import open_pod_service
 from shim.lib.processes import proc_start_time
+
+from client.cri.pod import open_pod_service
 
 from support.podtools import BUSYBOX_MOUNT
 from support.proctools import pidfds, wait_pidfds_async

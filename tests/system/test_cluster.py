@@ -19,7 +19,7 @@ import pytest
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
                                 "bench"))
 
-import cluster as harness  # noqa: E402
+import cluster as harness  # noqa: E402  (once bench/ or tests/ is on the path)
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(3600)]
 

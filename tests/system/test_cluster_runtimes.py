@@ -16,8 +16,9 @@ import pytest
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
                                 "bench"))
 
-import cluster as harness  # noqa: E402
-from support.ctrdtools import containerd_version  # noqa: E402
+import cluster as harness  # noqa: E402  (once bench/ or tests/ is on the path)
+
+from support.ctrdtools import containerd_version  # noqa: E402  (once bench/ or tests/ is on the path)
 
 POD = """
 apiVersion: v1

@@ -35,10 +35,10 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from support import kubetools as kt  # noqa: E402
-from support.kubetools import harness  # noqa: E402
-from support.registry import AUTH, registry_config, write_htpasswd  # noqa: E402
-from support.ttytools import OnTerminal  # noqa: E402
+from support import kubetools as kt  # noqa: E402  (once bench/ or tests/ is on the path)
+from support.kubetools import harness  # noqa: E402  (once bench/ or tests/ is on the path)
+from support.registry import AUTH, registry_config, write_htpasswd  # noqa: E402  (once bench/ or tests/ is on the path)
+from support.ttytools import OnTerminal  # noqa: E402  (once bench/ or tests/ is on the path)
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(3600)]
 

@@ -13,8 +13,9 @@ import time
 
 import pytest
 
-from support.critools import podshimd_argv
 from shim.launch.template import stop_template
+
+from support.critools import podshimd_argv
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

@@ -26,14 +26,15 @@ from collections.abc import Iterator
 import pytest
 
 import shim
-
-from client.controller.spawners.systemd import unit_names
-from support.netrelay import loopback_relay
-from support.nspawn import CONTAINER_PATH, Machine, command_links, nspawn_unavailable, project_venv
+from shim.api.names import SANDBOX_SERVICE
 from shim.api.paths import BOOTSTRAP_FILE, STATE_FILE
 from shim.lib.files import read_json
 from shim.rpc import Client
-from shim.api.names import SANDBOX_SERVICE
+
+from client.controller.spawners.systemd import unit_names
+
+from support.netrelay import loopback_relay
+from support.nspawn import CONTAINER_PATH, Machine, command_links, nspawn_unavailable, project_venv
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 STATE_ROOT = "/var/lib/podshim/sandboxes"

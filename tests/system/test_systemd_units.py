@@ -15,16 +15,24 @@ import subprocess
 
 import pytest
 
-from client.controller.spawners.systemd import SystemdSpawner, activation_socket_path, instance_name, unit_names
+from shim.api.names import SANDBOX_SERVICE
 from shim.api.paths import BOOTSTRAP_FILE, STATE_FILE
 from shim.lib.files import read_json
-from shim.rpc import Client
-from shim.api.names import SANDBOX_SERVICE
 from shim.lib.processes import proc_start_time
+from shim.rpc import Client
 from shim.rpc.status import InvalidArgument
-from support.shimtools import host_untouched  # noqa: F401  (autouse: what this module's shims made is checked at the end)
-from support.shimtools import PODSHIM, WAIT, ProcessRef, mounts_naming, new_id
+
+from client.controller.spawners.systemd import SystemdSpawner, activation_socket_path, instance_name, unit_names
+
 from support.rpctools import call_as_nobody
+from support.shimtools import (
+    PODSHIM,
+    WAIT,
+    ProcessRef,
+    host_untouched,  # noqa: F401  (autouse: what this module's shims made is checked at the end)
+    mounts_naming,
+    new_id,
+)
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 UNITS = os.path.join(REPO, "systemd")

@@ -38,10 +38,10 @@ class Spawner(abc.ABC):
         """Clean up after a shim that is dead or unreachable; return how the sandbox ended
         (255 and now when that cannot be told). Never raises."""
 
-    async def release(self, namespace: str, sandbox_id: str) -> None:
+    async def release(self, namespace: str, sandbox_id: str) -> None:  # noqa: B027 - a hook; by default nothing
         """Called after the sandbox was shut down and before its bundle is removed."""
 
-    async def open(self) -> None:
+    async def open(self) -> None:  # noqa: B027 - a hook; by default nothing
         """Called when a Controller that may change things opens. Never raises."""
 
 

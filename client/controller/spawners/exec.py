@@ -10,17 +10,22 @@ import logging
 import os
 import subprocess
 import time
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import anyio
 
 from shim.api.names import TEMPLATE_ENV, TEMPLATE_SERVICE, TEMPLATE_SOCKET, TEMPLATE_SOCKET_ENV
-from shim.rpc.client import Client
 from shim.lib.files import decode_json
+from shim.rpc.client import Client
 from shim.rpc.status import DeadlineExceeded, FailedPrecondition, Internal, InvalidArgument, RpcError, Unavailable
 
-from client.controller.defaults import (DEFAULT_RUNTIME_ROOT, DELETE_TIMEOUT, SPAWN_TIMEOUT,
-                                       TEMPLATE_CONNECT_TIMEOUT, TEMPLATE_START_TIMEOUT)
+from client.controller.defaults import (
+    DEFAULT_RUNTIME_ROOT,
+    DELETE_TIMEOUT,
+    SPAWN_TIMEOUT,
+    TEMPLATE_CONNECT_TIMEOUT,
+    TEMPLATE_START_TIMEOUT,
+)
 from client.controller.results import UNKNOWN_EXIT_STATUS, Bootstrap, ExitStatus
 from client.controller.spawners.base import Spawner, stderr_tail
 

@@ -30,12 +30,12 @@ import logging
 import os
 import subprocess
 import sys
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import anyio
 
-from shim.lib.files import ensure_private_dir, write_atomic
 from shim.api.identifiers import validate_identifier
+from shim.lib.files import ensure_private_dir, write_atomic
 from shim.rpc.status import (
     DeadlineExceeded,
     Internal,

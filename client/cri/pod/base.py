@@ -7,17 +7,18 @@ import logging
 import os
 import secrets
 import signal
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from contextlib import asynccontextmanager
 from types import MappingProxyType
-from typing import Any, AsyncIterator, Awaitable, Callable, Iterable, Mapping, NoReturn, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 import anyio
 import anyio.abc
 import anyio.lowlevel
 
+from shim.api.handlers import NATIVE, RUNTIME_HANDLERS  # "native" (the default, also for ""), "runc", "crun"
 from shim.api.names import TASK_SERVICE
 from shim.rpc.status import Aborted, InvalidArgument, NotFound
-from shim.api.handlers import NATIVE, RUNTIME_HANDLERS  # "native" (the default, also for ""), "runc", "crun"
 
 from client.controller import Controller
 from client.controller.bundles import bundle_path

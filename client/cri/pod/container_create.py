@@ -6,7 +6,8 @@ from __future__ import annotations
 import os
 import socket
 import stat
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import anyio
 import anyio.abc

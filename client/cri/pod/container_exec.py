@@ -4,7 +4,8 @@ of a running container (containerd's container_exec.go, container_execsync.go, c
 from __future__ import annotations
 
 import shlex
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from shim.rpc.status import DeadlineExceeded, FailedPrecondition, InvalidArgument
 

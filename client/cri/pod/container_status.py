@@ -4,7 +4,8 @@
 from __future__ import annotations
 
 import time
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from shim.rpc.status import NotFound, Unavailable
 

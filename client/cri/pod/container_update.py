@@ -3,7 +3,8 @@ container_update_resources.go, sandbox_update_resources.go, container_log_reopen
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from shim.rpc.status import FailedPrecondition
 

@@ -4,16 +4,17 @@ events.go), and GetContainerEvents hands them on."""
 from __future__ import annotations
 
 import time
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any, AsyncIterator
+from typing import Any
 
 import anyio
 import anyio.abc
 import anyio.lowlevel
 
 from shim.api.names import EVENTS_SERVICE
-from shim.rpc.status import Aborted, NotFound, RpcError
 from shim.api.topics import TOPIC_EXIT, TOPIC_TASK_EXIT
+from shim.rpc.status import Aborted, NotFound, RpcError
 
 from client.cri.events import CONTAINER_CREATED, CONTAINER_STARTED, EventStream
 from client.cri.pod.base import UNKNOWN_EXIT_CODE, PodServiceBase, log

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import ipaddress
 
-from shim.lib.files import write_json_atomic
-from shim.lib.files import read_json
+from shim.lib.files import read_json, write_json_atomic
 from shim.rpc.status import InvalidArgument
 
 from client.cri.pod.base import PodServiceBase, log

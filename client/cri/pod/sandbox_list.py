@@ -4,7 +4,8 @@ sandbox_list.go)."""
 from __future__ import annotations
 
 import operator
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import anyio
 import anyio.abc

@@ -3,14 +3,15 @@ step rolled back when one fails (containerd's sandbox_run.go)."""
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import anyio
 import anyio.abc
 import anyio.lowlevel
 
-from shim.rpc.status import FailedPrecondition, Internal, InvalidArgument, NotFound, RpcError
 from shim.api.handlers import NATIVE  # "native" (the default, also for ""), "runc", "crun"
+from shim.rpc.status import FailedPrecondition, Internal, InvalidArgument, NotFound, RpcError
 
 from client.cri import security
 from client.cri.cni import primary_ip

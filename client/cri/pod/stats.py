@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from shim.rpc.status import FailedPrecondition, NotFound, Unavailable
 

@@ -9,8 +9,15 @@
 
 from shim.kernel.cgroups.hierarchies import V2, Hierarchy, birth_in_v2_allowed, discover_hierarchies, entry_files
 from shim.kernel.cgroups.resources import RESOURCE_FILES, UPDATE_KEYS, cpu_weight, huge_page_pool
-from shim.kernel.cgroups.sandbox import (DEFAULT_PARENT, PAUSE_LEAF, REMOVE_TIMEOUT, V2_CONTROLLERS, SandboxCgroup,
-                                         hold_parent, remove_stale_holds)
+from shim.kernel.cgroups.sandbox import (
+                                         DEFAULT_PARENT,
+                                         PAUSE_LEAF,
+                                         REMOVE_TIMEOUT,
+                                         V2_CONTROLLERS,
+                                         SandboxCgroup,
+                                         hold_parent,
+                                         remove_stale_holds,
+)
 from shim.kernel.cgroups.stats import DETAIL_KEYS, METRIC_KEYS, no_metrics
 
 __all__ = ["DEFAULT_PARENT", "DETAIL_KEYS", "METRIC_KEYS", "REMOVE_TIMEOUT", "UPDATE_KEYS", "RESOURCE_FILES", "V2",

@@ -10,7 +10,8 @@ from collections.abc import Iterable
 from shim.kernel import linux
 from shim.lib import mountinfo
 from shim.lib.files import read_file
-from shim.rpc.records import Record, set_field as _set
+from shim.rpc.records import Record
+from shim.rpc.records import set_field as _set
 
 __all__ = ["V2", "Hierarchy", "birth_in_v2_allowed", "discover_hierarchies", "entry_files", "pure_v2"]
 

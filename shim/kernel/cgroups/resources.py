@@ -8,7 +8,9 @@ import re
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from shim.kernel.cgroups.readers import enabled as _enabled, read_int as _read_int, read_text as _read_text
+from shim.kernel.cgroups.readers import enabled as _enabled
+from shim.kernel.cgroups.readers import read_int as _read_int
+from shim.kernel.cgroups.readers import read_text as _read_text
 from shim.rpc.status import InvalidArgument
 
 __all__ = ["RESOURCE_FILES", "UPDATE_KEYS", "HUGEPAGES_DIR", "UNLIMITED_BYTES", "cpu_weight", "huge_page_pool",

@@ -13,19 +13,23 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import logging
 import os
 import signal
-import logging
 import time
 from collections.abc import Iterator, Mapping
 from typing import Any
 
 from shim.kernel import linux
 from shim.kernel.cgroups import stats, systemd
-from shim.kernel.cgroups.hierarchies import V2, Hierarchy, discover_hierarchies, pure_v2 as _pure_v2
-from shim.kernel.cgroups.readers import (read_bytes as _read_bytes, read_pids as _read_pids, read_text as _read_text,
-                                         subtree as _subtree)
-from shim.kernel.cgroups.resources import planned_writes, restorable as _restorable
+from shim.kernel.cgroups.hierarchies import V2, Hierarchy, discover_hierarchies
+from shim.kernel.cgroups.hierarchies import pure_v2 as _pure_v2
+from shim.kernel.cgroups.readers import read_bytes as _read_bytes
+from shim.kernel.cgroups.readers import read_pids as _read_pids
+from shim.kernel.cgroups.readers import read_text as _read_text
+from shim.kernel.cgroups.readers import subtree as _subtree
+from shim.kernel.cgroups.resources import planned_writes
+from shim.kernel.cgroups.resources import restorable as _restorable
 from shim.lib.processes import process_alive
 from shim.rpc.records import Record
 from shim.rpc.status import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound, RpcError, error_from_oserror
@@ -422,7 +426,7 @@ class SandboxCgroup(Record):
                     raise error_from_oserror(exc, f"cannot write {path}") from exc
                 done.append((key, path, old))
         except BaseException:
-            for key, path, old in reversed(done):
+            for _key, path, old in reversed(done):
                 try:
                     linux.write_file(path, _restorable(path, old))
                 except OSError as exc:
@@ -687,7 +691,7 @@ def _fill_cpuset(target: str) -> None:
         levels.append(os.path.dirname(levels[-1]))
     for directory in reversed(levels):
         values = []
-        for knob, value in zip(_CPUSET_KNOBS, above):
+        for knob, value in zip(_CPUSET_KNOBS, above, strict=False):
             path = os.path.join(directory, knob)
             own = _read_bytes(path) if directory != target else b""
             if not own:

@@ -7,9 +7,13 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from shim.kernel.cgroups.readers import (enabled as _enabled, read_flat_keyed as _read_flat_keyed, read_int as _read_int,
-                                         read_keyed as _read_keyed, read_pids as _read_pids, read_text as _read_text,
-                                         subtree as _subtree)
+from shim.kernel.cgroups.readers import enabled as _enabled
+from shim.kernel.cgroups.readers import read_flat_keyed as _read_flat_keyed
+from shim.kernel.cgroups.readers import read_int as _read_int
+from shim.kernel.cgroups.readers import read_keyed as _read_keyed
+from shim.kernel.cgroups.readers import read_pids as _read_pids
+from shim.kernel.cgroups.readers import read_text as _read_text
+from shim.kernel.cgroups.readers import subtree as _subtree
 from shim.kernel.cgroups.resources import UNLIMITED_BYTES as _UNLIMITED_BYTES
 
 __all__ = ["METRIC_KEYS", "DETAIL_KEYS", "details", "metrics", "no_metrics", "oom_kills"]

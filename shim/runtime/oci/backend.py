@@ -13,22 +13,21 @@ from typing import Any
 from shim.kernel import linux
 from shim.kernel.cgroups import SandboxCgroup
 from shim.kernel.cgroups.hierarchies import discover_hierarchies, pure_v2
+from shim.kernel.linux import oom_score_adj_permitted
 from shim.kernel.reaper import ExitInfo, Reaper
 from shim.kernel.userns import IdMap, UserNamespace
-from shim.lib.files import write_json_atomic
+from shim.lib.console import CONSOLE_TIMEOUT, Console
+from shim.lib.files import ensure_private_dir, read_json, write_json_atomic
+from shim.rpc.status import FailedPrecondition, Internal, InvalidArgument, RpcError
 from shim.runtime import pause, process
 from shim.runtime.base import ExecSpec, Runtime, TaskSpec
 from shim.runtime.confine import Confinement
-from shim.lib.console import CONSOLE_TIMEOUT, Console
+from shim.runtime.mounts import BindMount, host_devices
 from shim.runtime.oci.cli import CREATE_TIMEOUT, Container, OciCli
-from shim.kernel.linux import oom_score_adj_permitted
 from shim.runtime.oci.host import cgroups_path
 from shim.runtime.oci.rootfs import PAUSE_FILE, ensure_pause_rootfs
-from shim.runtime.mounts import BindMount, host_devices
 from shim.runtime.oci.spec import PAUSE_ARGS, PAUSE_NAME, sandbox_spec, task_spec, with_user_namespace
 from shim.runtime.oci.userns import PreparedMounts, check_reachable, open_bundle
-from shim.lib.files import ensure_private_dir, read_json
-from shim.rpc.status import FailedPrecondition, Internal, InvalidArgument, RpcError
 
 __all__ = ["OCI_DIR", "OciBackend", "delete_recorded"]
 
@@ -189,7 +188,7 @@ class OciBackend(Runtime):
         """:meth:`start_task`, in the pod's user namespace ``userns`` (its mounts ``prepared``) when given."""
         fs = spec.filesystem
         binds = fs.mounts if prepared is None else tuple(
-            BindMount(mount.destination, source, mount.options) for mount, source in zip(fs.mounts, prepared.sources))
+            BindMount(mount.destination, source, mount.options) for mount, source in zip(fs.mounts, prepared.sources, strict=False))
         # The pod's /dev/shm: the pause's, taken from its mount namespace for the create only.
         shm = os.path.join(container.bundle, _TASK_SHM_DIR)
         ensure_private_dir(shm, _TASK_ROOTFS_MODE)

@@ -22,11 +22,18 @@ from typing import Any
 
 from shim.kernel import linux, seccomp
 from shim.kernel.reaper import ExitInfo, Reaper
+from shim.lib.files import decode_json
+from shim.rpc.status import (
+    AlreadyExists,
+    DeadlineExceeded,
+    FailedPrecondition,
+    Internal,
+    InvalidArgument,
+    NotFound,
+    RpcError,
+)
 from shim.runtime import process
 from shim.runtime.oci.host import HYBRID_CONTROLLERS_FILE, cgroup_hybrid
-from shim.lib.files import decode_json
-from shim.rpc.status import (AlreadyExists, DeadlineExceeded, FailedPrecondition, Internal, InvalidArgument, NotFound,
-                             RpcError)
 
 __all__ = ["CREATE_TIMEOUT", "DELETE_TIMEOUT", "EXEC_TIMEOUT", "KILL_TIMEOUT", "START_TIMEOUT", "STATE_TIMEOUT",
            "Container", "OciCli"]

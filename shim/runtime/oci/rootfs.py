@@ -7,9 +7,9 @@ import os
 import shutil
 import tempfile
 
-from shim.runtime import pause
 from shim.lib.files import ensure_private_dir
 from shim.lib.trees import remove_tree
+from shim.runtime import pause
 
 __all__ = ["PAUSE_FILE", "PAUSE_ROOTFS_DIR", "ensure_pause_rootfs"]
 

@@ -9,14 +9,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from shim.kernel.devices import DEFAULT_RULES, DeviceRules, pod_rules
-from shim.kernel.cgroups import RESOURCE_FILES
-from shim.runtime import pause, process
-from shim.kernel.userns import UserNamespace
 from shim.api.defaults import DEFAULT_CAPABILITIES
+from shim.kernel.cgroups import RESOURCE_FILES
+from shim.kernel.devices import DEFAULT_RULES, DeviceRules, pod_rules
+from shim.kernel.userns import UserNamespace
+from shim.rpc.status import InvalidArgument
+from shim.runtime import pause, process
 from shim.runtime.confine import Confinement
 from shim.runtime.mounts import MASKED_PATHS, READONLY_PATHS, BindMount, HostDevice
-from shim.rpc.status import InvalidArgument
 
 __all__ = ["DEFAULT_CAPABILITIES", "MASKED_PATHS", "OCI_VERSION", "PAUSE_ARGS", "PAUSE_NAME", "READONLY_PATHS",
            "sandbox_spec", "task_spec", "with_user_namespace"]
@@ -160,7 +160,7 @@ def sandbox_spec(*, sandbox_id: str, rootfs: str, netns_path: str | None, pid_mo
 def task_spec(*, sandbox_id: str, args: list[str], env: Mapping[str, str], cwd: str, rootfs: str, pause_pid: int,
               pid_mode: str, own_ipc: bool, cgroups_path: str | None = None,
               shm_size_bytes: int = pause.DEFAULT_SHM_SIZE_BYTES,
-              confinement: Confinement = Confinement(), readonly: bool = True,
+              confinement: Confinement = Confinement(), readonly: bool = True,  # noqa: B008 - a frozen Record
               mounts: tuple[BindMount, ...] = (), masked_paths: tuple[str, ...] = MASKED_PATHS,
               readonly_paths: tuple[str, ...] = READONLY_PATHS, privileged: bool = False,
               shm_source: str | None = None, target_pid: int = 0,

@@ -27,8 +27,8 @@ from collections.abc import Callable
 
 from shim.kernel import linux
 from shim.kernel.userns import IdMap, UserNamespace
-from shim.runtime import mounts
 from shim.rpc.status import FailedPrecondition
+from shim.runtime import mounts
 
 __all__ = ["PreparedMounts", "check_reachable", "open_bundle"]
 

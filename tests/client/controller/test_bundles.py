@@ -50,8 +50,9 @@ def test_a_bundle_behind_a_symlinked_namespace_directory_is_not_listed(roots, ca
 
 
 def test_a_bundle_is_born_locked_and_a_second_of_the_same_id_already_exists(roots):
-    from client.controller.bundles import BundleLock
     from shim.rpc.status import AlreadyExists
+
+    from client.controller.bundles import BundleLock
 
     state_root, _ = roots
     path = os.path.join(state_root, "k8s.io", "sb1")
@@ -170,8 +171,9 @@ def _write_json(path, doc) -> None:
 
 
 def test_the_shims_process_comes_from_the_bootstrap_or_an_older_ones_state_json(tmp_path, sleeper):
-    from client.controller.bundles import ShimProcess, read_bootstrap, read_shim_process
     from shim.lib.processes import proc_start_time
+
+    from client.controller.bundles import ShimProcess, read_bootstrap, read_shim_process
 
     pid, start = sleeper.pid, proc_start_time(sleeper.pid)
     boot = {"version": 3, "address": "unix:///run/x.sock", "protocol": "ttrpc+msgpack", "pid": pid}
@@ -193,8 +195,9 @@ def test_the_shims_process_comes_from_the_bootstrap_or_an_older_ones_state_json(
 
 
 def test_a_process_with_another_start_time_is_not_the_shim(sleeper):
-    from client.controller.bundles import ShimProcess
     from shim.lib.processes import proc_start_time
+
+    from client.controller.bundles import ShimProcess
 
     assert not ShimProcess(sleeper.pid, proc_start_time(sleeper.pid) + 1).alive()
     assert ShimProcess(sleeper.pid, proc_start_time(sleeper.pid) + 1).open_pidfd() is None

@@ -16,20 +16,14 @@ import time
 import anyio
 import pytest
 
-from client.controller import results
-from client.controller import Controller
+from shim.rpc.status import AlreadyExists, FailedPrecondition, Internal, InvalidArgument, NotFound, Unavailable
+
+from client.controller import Controller, results
 from client.controller.handle import Phase
 from client.controller.results import ExitStatus
 from client.controller.spawners import ExecSpawner
+
 from support.proctools import alive, wait_gone_async
-from shim.rpc.status import (
-    AlreadyExists,
-    FailedPrecondition,
-    Internal,
-    InvalidArgument,
-    NotFound,
-    Unavailable,
-)
 
 # Every test here runs twice: shims exec'd by `podshim start`, and shims forked by a template.
 pytestmark = pytest.mark.usefixtures("spawn_mode")
@@ -55,10 +49,11 @@ def kernel_objects(info: dict[str, str]) -> list[str]:
 
 # -- what the client shares with the shim and protocol.md ----------------------------------------
 def test_constants_match_the_shim_and_protocol_md():
-    from client.controller import defaults
     from shim import cleanup, cli
     from shim.api import paths
     from shim.sandbox import sandbox
+
+    from client.controller import defaults
 
     assert results.BOOTSTRAP_FILE == paths.BOOTSTRAP_FILE
     assert results.BOOTSTRAP_VERSION == paths.BOOTSTRAP_VERSION == 3

@@ -11,25 +11,27 @@ import contextlib
 import os
 import signal
 import socket
-from typing import Iterator
+from collections.abc import Iterator
 
 import anyio
 import pytest
+
+from shim.api.names import SANDBOX_SERVICE
+from shim.lib.processes import proc_start_time
+from shim.rpc import blocking
+from shim.rpc.channel import parse_address
+from shim.rpc.connection import ClientConnection, ResponseReceived
+from shim.rpc.messages import Request
+from shim.rpc.server import MAX_CONNECTIONS
+from shim.rpc.status import DeadlineExceeded, ResourceExhausted, Unavailable
 
 import client.controller.controller as controller_module
 import client.controller.liveness as liveness_module
 import client.controller.loading as loading_module
 from client.controller import Controller
 from client.controller.handle import Phase
+
 from support.proctools import alive, wait_gone, wait_gone_async
-from shim.rpc import blocking
-from shim.api.names import SANDBOX_SERVICE
-from shim.rpc.channel import parse_address
-from shim.rpc.connection import ClientConnection, ResponseReceived
-from shim.rpc.messages import Request
-from shim.lib.processes import proc_start_time
-from shim.rpc.server import MAX_CONNECTIONS
-from shim.rpc.status import DeadlineExceeded, ResourceExhausted, Unavailable
 
 pytestmark = pytest.mark.usefixtures("spawn_mode")
 

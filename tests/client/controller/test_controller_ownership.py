@@ -15,12 +15,13 @@ import time
 
 import pytest
 
+from shim.rpc.status import FailedPrecondition
+
 from client import layouts
-from client.controller.bundles import make_bundle
 from client.controller import Controller
+from client.controller.bundles import make_bundle
 from client.controller.results import UNKNOWN_EXIT_STATUS, ExitStatus
 from client.controller.spawners import Spawner
-from shim.rpc.status import FailedPrecondition
 
 NS = "k8s.io"
 

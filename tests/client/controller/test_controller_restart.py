@@ -18,15 +18,17 @@ import time
 
 import pytest
 
+from shim.rpc.status import NotFound
+
 import client.controller.controller as controller_module
 import client.controller.loading as loading_module
 from client import layouts
-from client.controller.bundles import make_bundle
 from client.controller import Controller
+from client.controller.bundles import make_bundle
 from client.controller.results import UNKNOWN_EXIT_STATUS
 from client.controller.spawners import ExecSpawner
+
 from support.proctools import alive, wait_gone_async
-from shim.rpc.status import NotFound
 
 NS = "default"
 KILLED = 128 + signal.SIGKILL

@@ -18,16 +18,18 @@ import sys
 import anyio
 import pytest
 
-from client.controller import Controller
-from client.controller.spawners import ExecSpawner
-from support.proctools import alive, wait_gone_async
-from support.sandbox_env import shim_processes
+from shim.api.names import TEMPLATE_ENV, TEMPLATE_LOCK, TEMPLATE_SERVICE, TEMPLATE_SOCKET_ENV
+from shim.api.paths import control_socket_path
 from shim.launch.install import BOOT, search_path
 from shim.launch.template import template_pid
-from shim.api.paths import control_socket_path
 from shim.rpc import blocking
-from shim.api.names import TEMPLATE_ENV, TEMPLATE_LOCK, TEMPLATE_SERVICE, TEMPLATE_SOCKET_ENV
 from shim.rpc.status import InvalidArgument
+
+from client.controller import Controller
+from client.controller.spawners import ExecSpawner
+
+from support.proctools import alive, wait_gone_async
+from support.sandbox_env import shim_processes
 
 NS = "default"
 
@@ -91,14 +93,14 @@ async def test_concurrent_controllers_start_one_template_and_all_use_it(env):
     async with contextlib.AsyncExitStack() as stack:
         controllers = [await stack.enter_async_context(Controller(env.state_root, env.runtime_root)) for _ in sids]
         async with anyio.create_task_group() as tg:
-            for c, ids in zip(controllers, sids):
+            for c, ids in zip(controllers, sids, strict=False):
                 for sid in ids:
                     tg.start_soon(c.create, NS, sid)
-        pids = [await shim_pid(c, sid) for c, ids in zip(controllers, sids) for sid in ids]
+        pids = [await shim_pid(c, sid) for c, ids in zip(controllers, sids, strict=False) for sid in ids]
         assert all(forked_by_template(p) for p in pids)
         template = ping(env.runtime_root)
         assert templates_of(env.runtime_root) == [template["pid"]] and template["spawned"] == len(pids)
-        for c, ids in zip(controllers, sids):
+        for c, ids in zip(controllers, sids, strict=False):
             for sid in ids:
                 await c.shutdown(NS, sid)
 

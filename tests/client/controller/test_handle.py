@@ -6,8 +6,9 @@ import itertools
 
 import pytest
 
-from client.controller.handle import TRANSITIONS, Phase, ShimHandle
 from shim.rpc.status import FailedPrecondition
+
+from client.controller.handle import TRANSITIONS, Phase, ShimHandle
 
 
 def handle_in(phase: Phase, tmp_path) -> ShimHandle:

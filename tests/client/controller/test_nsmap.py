@@ -5,8 +5,9 @@ from __future__ import annotations
 import anyio
 import pytest
 
-from client.controller.nsmap import NSMap
 from shim.rpc.status import AlreadyExists, NotFound
+
+from client.controller.nsmap import NSMap
 
 
 def test_get_returns_what_add_stored():

@@ -13,10 +13,11 @@ import os
 import subprocess
 import sys
 
+from shim.api.names import TEMPLATE_LOCK, TEMPLATE_SOCKET
+from shim.launch.template import template_pid
+
 from support.proctools import alive, wait_gone
 from support.sandbox_env import PODSHIM, Env
-from shim.launch.template import template_pid
-from shim.api.names import TEMPLATE_LOCK, TEMPLATE_SOCKET
 
 GRACE = 1.0  # the template's idle grace in these tests, seconds
 #: A bound on the template's end: it checks twice, GRACE apart, after the last user or sandbox.

@@ -10,12 +10,13 @@ import json
 import tarfile
 
 import pytest
+from test_image_pulls import assert_nothing_stored
 
-from client.images.service import Images
-from support.layertools import make_layer, member
 from shim.rpc.status import DataLoss, InvalidArgument, ResourceExhausted
 
-from test_image_pulls import assert_nothing_stored
+from client.images.service import Images
+
+from support.layertools import make_layer, member
 
 OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
 

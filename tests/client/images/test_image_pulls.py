@@ -17,18 +17,27 @@ from collections.abc import Iterator
 
 import pytest
 
+from shim.lib.trees import remove_tree
+from shim.rpc.status import (
+    DataLoss,
+    DeadlineExceeded,
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+    ResourceExhausted,
+    Unauthenticated,
+)
+
 from client.images import pull as pull_module
 from client.images.content import ContentStore
 from client.images.pull import Puller
-from client.images.skopeo import AuthConfig, RegistryHost
 from client.images.service import Images
+from client.images.skopeo import AuthConfig, RegistryHost
 from client.images.snapshots import Staging, chain_ids
+
 from support.imagebuild import BUSYBOX_ROOTFS_CHECKS
 from support.layertools import make_layer, member
 from support.registry import AUTH, Registry
-from shim.lib.trees import remove_tree
-from shim.rpc.status import (DataLoss, DeadlineExceeded, FailedPrecondition, InvalidArgument, NotFound,
-                             ResourceExhausted, Unauthenticated)
 
 SKOPEO = shutil.which("skopeo")
 

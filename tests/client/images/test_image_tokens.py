@@ -20,9 +20,10 @@ from collections.abc import Iterator
 
 import pytest
 
-from client.images.skopeo import AuthConfig, RegistryHost
-from client.images.service import Images
 from shim.rpc.status import Unauthenticated
+
+from client.images.service import Images
+from client.images.skopeo import AuthConfig, RegistryHost
 
 USER, PASSWORD = "tokenuser", "token-pass"
 
@@ -62,10 +63,10 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
         self._serve(head=False)
 
-    def do_HEAD(self) -> None:  # noqa: N802
+    def do_HEAD(self) -> None:  # noqa: N802  (http.server names the method)
         self._serve(head=True)
 
-    def do_POST(self) -> None:  # noqa: N802
+    def do_POST(self) -> None:  # noqa: N802  (http.server names the method)
         form = urllib.parse.parse_qs(self._body().decode())
         if (self.path.startswith("/token") and form.get("grant_type") == ["refresh_token"]
                 and form.get("refresh_token") == [self.server.refresh_token]):

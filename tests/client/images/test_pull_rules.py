@@ -10,11 +10,12 @@ import tomllib
 
 import pytest
 
-from client.images.manifests import select_platform
-from client.images.skopeo import AuthConfig, RegistryHost, auth_file, registries_conf, skopeo_error
-from client.images.reference import parse
-from client.images.store import ImageRecord, ImageStore
 from shim.rpc.status import Code, DataLoss, NotFound
+
+from client.images.manifests import select_platform
+from client.images.reference import parse
+from client.images.skopeo import AuthConfig, RegistryHost, auth_file, registries_conf, skopeo_error
+from client.images.store import ImageRecord, ImageStore
 
 REF = parse("127.0.0.1:5000/test/busybox:1.0")
 A = "sha256:" + "a" * 64
