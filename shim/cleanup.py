@@ -19,6 +19,7 @@ import os
 import signal
 import time
 from collections.abc import Iterator, Mapping
+from typing import Any
 
 from shim.api.names import UNKNOWN_EXIT_STATUS
 from shim.api.paths import STATE_FILE, socket_path
@@ -75,7 +76,7 @@ def _kill(pid: int, start_time: int | None, what: str) -> bool:
     return True
 
 
-def _remove_cgroup(record: Mapping | None) -> None:
+def _remove_cgroup(record: Mapping[str, Any] | None) -> None:
     """Kill what is in the recorded cgroup and remove it (InvalidArgument for a malformed record)."""
     if record:
         cg = cgroups.SandboxCgroup.from_dict(dict(record))

@@ -16,6 +16,7 @@ import fcntl
 import os
 import signal
 import struct
+from collections.abc import Sequence
 
 # /proc reading lives with the code the client shares (no ctypes); read_status reads with it.
 from shim.lib.files import read_file
@@ -253,7 +254,7 @@ def _mount_attrs(flags: int) -> int:
     return sum(attr for flag, attr in _MOUNT_ATTRS if flags & flag)
 
 
-def new_mount(fstype: str, source: str | None, params: list[tuple[str, str | int | None]], flags: int = 0) -> int:
+def new_mount(fstype: str, source: str | None, params: Sequence[tuple[str, str | int | None]], flags: int = 0) -> int:
     """A new ``fstype`` through fsopen/fsconfig/fsmount, detached: its fd, to :func:`move_mount`
     (and to make files in through ``dir_fd`` once attached). Each of ``params`` is one fsconfig
     key (a flag when its value is None, an fd when an int), so no option string and no page-size limit on it
@@ -282,7 +283,7 @@ def new_mount(fstype: str, source: str | None, params: list[tuple[str, str | int
         os.close(fs)
 
 
-def mount_fs(fstype: str, source: str | None, params: list[tuple[str, str | int | None]], target: str,
+def mount_fs(fstype: str, source: str | None, params: Sequence[tuple[str, str | int | None]], target: str,
              flags: int = 0) -> None:
     """Mount a new ``fstype`` on ``target`` (:func:`new_mount`, attached there). Raises OSError
     naming the key that failed, or ``target``."""

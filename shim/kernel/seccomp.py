@@ -123,7 +123,7 @@ def validate(profile: Any) -> None:
                 raise ProfileError(f"{path}args[{j}] must be an object")
             _check_keys(arg, _ARG_KEYS, apath)
             index = arg.get("index")
-            if not (_is_int(index) and 0 <= index < _MAX_ARGS):
+            if not (isinstance(index, int) and _is_int(index) and 0 <= index < _MAX_ARGS):
                 raise ProfileError(f"{apath}index must be 0..5, got {index!r}")
             for key in ("value", "valueTwo"):
                 value = arg.get(key, 0)

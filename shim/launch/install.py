@@ -110,16 +110,16 @@ def code_files() -> list[str]:
     return sorted(files)
 
 
-def fingerprint(files: list[str]) -> tuple:
+def fingerprint(files: list[str]) -> tuple[Any, ...]:
     """What is at ``files`` now: each one's inode, size and modification time (or why it cannot
     be read), to compare with an earlier fingerprint. An upgrade or an edit of any of them
     changes it; it costs a stat per file, a fraction of a millisecond for a shim's modules."""
     return _stat_each(files, lambda st: (st.st_ino, st.st_size, st.st_mtime_ns))
 
 
-def _stat_each(paths: list[str] | tuple[str, ...], key: Callable[[os.stat_result], Any]) -> tuple:
+def _stat_each(paths: list[str] | tuple[str, ...], key: Callable[[os.stat_result], Any]) -> tuple[Any, ...]:
     """``key`` of the stat of each of ``paths`` (links followed), or the errno of that stat."""
-    state: list = []
+    state: list[Any] = []
     for path in paths:
         try:
             st = os.stat(path)
@@ -137,7 +137,7 @@ _REMOTE_FILESYSTEMS = frozenset({0x6969, 0xFF534D42, 0xFE534D42, 0x517B, 0x65735
                                  0x5346414F, 0x6B414653, 0x0BD00BD0, 0x47504653, 0x01161970, 0x7461636F})
 
 
-def _identities(paths: tuple[str, ...]) -> tuple:
+def _identities(paths: tuple[str, ...]) -> tuple[Any, ...]:
     """What each of ``paths`` is now: its (device, inode), or the errno of its stat."""
     return _stat_each(paths, lambda st: (st.st_dev, st.st_ino))
 
@@ -187,7 +187,7 @@ class CodeWatch:
         self._relevant: dict[int, frozenset[str] | None] = {}  # wd -> names whose events count (None: all)
         self._directories: tuple[str, ...] = ()  # the directories that hold a file, on either way
         self._mount_table = -1  # /proc/self/mountinfo, polled for a change of the mount table
-        self._identities: tuple = ()  # what each of the directories was when the watches were made
+        self._identities: tuple[Any, ...] = ()  # what each of the directories was when the watches were made
         self._dirty = False  # something that counts happened since the watches were made
         self._watch()  # before the fingerprint: a change from now on is an event
         self.code = fingerprint(files)
@@ -291,8 +291,8 @@ class CodeWatch:
                 wd = linux.inotify_add_watch(fd, directory, directory_events)
                 if wd not in relevant:
                     relevant[wd] = frozenset(names)
-                elif relevant[wd] is not None:  # the same directory by another path (a link)
-                    relevant[wd] = relevant[wd] | names
+                elif (known := relevant[wd]) is not None:  # the same directory by another path (a link)
+                    relevant[wd] = known | names
             for path in self.files:
                 _local(path)
                 relevant[linux.inotify_add_watch(fd, path, entry_events)] = None

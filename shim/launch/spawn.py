@@ -331,7 +331,8 @@ def spawn_shim(config: Any, *, debug: bool = False, double_fork: bool = False,
                 result = None
             if not isinstance(result, dict) or result.get("address") != address:
                 result = bootstrap(address, 0)
-            return result
+            answer: dict[str, Any] = result
+            return answer
         if spare is not None:
             # The spare's first state.json, before it can serve: nobody can call it yet, so
             # this hides no newer record of its own, and whoever dies from here on leaves a shim

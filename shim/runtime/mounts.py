@@ -169,7 +169,7 @@ class HostDevice(Record):
 def host_devices(directory: str = "/dev") -> tuple[HostDevice, ...]:
     """Every character and block device under the host's /dev, as containerd's HostDevices lists
     them for a privileged container (what :data:`_HOST_DEVICES_SKIPPED` names aside)."""
-    found = []
+    found: list[HostDevice] = []
     for entry in os.scandir(directory):
         if entry.name in _HOST_DEVICES_SKIPPED or directory == "/dev" and entry.name in _STANDARD_NODES:
             continue  # the standard nodes are made anyway (and runc's device rules allow only its own)

@@ -277,7 +277,8 @@ async def launch(spec: ProcessSpec, reaper: Reaper,
         # B closes every fd above 2 but the report pipe after dup2-ing its stdio onto 0-2, so
         # none of them may be one of 0-2 (possible if the shim runs with stdio closed).
         write_fd = _above_stdio(write_fd, fds)
-        stdio = tuple(None if fd is None else _above_stdio(fd, fds) for fd in (spec.stdin, spec.stdout, spec.stderr))
+        stdin, stdout, stderr = (None if fd is None else _above_stdio(fd, fds) for fd in (spec.stdin, spec.stdout, spec.stderr))
+        stdio = (stdin, stdout, stderr)
         console = None if spec.console is None else _above_stdio(spec.console, fds)
         plan = dataclasses.replace(plan, join=join, stdio=stdio, binds_from=binds_from, own_mnt_fd=own_mnt_fd,
                                    console=console, cgroup_v2_fd=cgroup_v2_fd, cgroupns_fd=cgroupns_fd)
@@ -408,7 +409,7 @@ def _above_stdio(fd: int, fds: list[int]) -> int:
     return high
 
 
-def _fork(child, plan: _Plan, write_fd: int, clone_flags: int | None = None) -> int:
+def _fork(child: Callable[[_Plan, int], None], plan: _Plan, write_fd: int, clone_flags: int | None = None) -> int:
     """fork() (or clone3 with ``clone_flags``, and ``plan.cgroup_v2_fd`` for CLONE_INTO_CGROUP);
     the child runs ``child(plan, write_fd)`` and never returns from here."""
     # Every signal is blocked across the fork, and stays blocked in the children until exec:

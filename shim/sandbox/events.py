@@ -23,7 +23,7 @@ class Subscription:
 
     def __init__(self, bus: EventBus):
         self._bus = bus
-        self._queue: asyncio.Queue = asyncio.Queue(QUEUE_LIMIT)
+        self._queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue(QUEUE_LIMIT)
         self.overflowed = False
 
     async def get(self) -> dict[str, Any]:

@@ -19,6 +19,7 @@ file reopened (ReopenLog).
 from __future__ import annotations
 
 import asyncio
+import builtins
 import enum
 import logging
 import os
@@ -118,7 +119,7 @@ def transition(op: TaskOperation, status: Status, task_id: str) -> Status:
 class Task:
     """One task: what Create asked for, and what Start made. Changed only through :class:`TaskSet`."""
 
-    def __init__(self, task_id: str, *, args: list[str], env: dict[str, str], cwd: str, log_path: str,
+    def __init__(self, task_id: str, *, args: builtins.list[str], env: dict[str, str], cwd: str, log_path: str,
                  pid_mode: str, labels: dict[str, str], confinement: Confinement | None = None,
                  filesystem: TaskFilesystem = TaskFilesystem(), rootfs: str = "", stdin: bool = False,  # noqa: B008 - a frozen Record, shared safely
                  pid_target: str | None = None, terminal: bool = False, resources: dict[str, Any] | None = None,
@@ -213,7 +214,7 @@ class TaskSet:
         self.sandbox = sandbox
         self._tasks: dict[str, Task] = {}
         self._closed = False  # the sandbox is stopping: no task may start any more
-        self._exits: set[asyncio.Task] = set()
+        self._exits: set[asyncio.Task[None]] = set()
         sandbox.tasks = self
 
     # -- lookups --------------------------------------------------------------------------
@@ -226,7 +227,7 @@ class TaskSet:
             raise NotFound(f"task {task_id} not found in sandbox {self.sandbox.config.sandbox_id}")
         return task
 
-    def list(self, sandbox_id: str) -> list[Task]:
+    def list(self, sandbox_id: str) -> builtins.list[Task]:
         self.sandbox.check_id(sandbox_id)
         return list(self._tasks.values())
 
@@ -250,7 +251,7 @@ class TaskSet:
         self.sandbox.persist()
 
     # -- operations -----------------------------------------------------------------------
-    async def create(self, sandbox_id: str, task_id: str, *, args: list[str], env: list[str] | None = None,
+    async def create(self, sandbox_id: str, task_id: str, *, args: builtins.list[str], env: builtins.list[str] | None = None,
                      cwd: str | None = None, log_path: str, pid_mode: str = CONTAINER,
                      labels: dict[str, str] | None = None, confinement: Confinement | None = None,
                      filesystem: TaskFilesystem = TaskFilesystem(), stdin: bool = False,  # noqa: B008 - a frozen Record, shared safely
@@ -481,7 +482,7 @@ class TaskSet:
         elif self.sandbox.runtime is not None:  # it has one: the task was started
             self.sandbox.runtime.kill(p.pid, p.start_time, sig)
 
-    async def exec(self, sandbox_id: str, task_id: str, *, args: list[str],
+    async def exec(self, sandbox_id: str, task_id: str, *, args: builtins.list[str],
                    timeout_secs: int | None = None) -> execsync.ExecResult:
         """Exec: run ``args`` beside the running task (its namespaces, cgroup, environment and
         working directory) until it exits, at most ``timeout_secs`` (None or 0: no limit); see
@@ -513,7 +514,7 @@ class TaskSet:
         log.info("%s exited with status %d%s", name, result.exit_status, " (timed out)" if result.timed_out else "")
         return result
 
-    async def exec_start(self, sandbox_id: str, task_id: str, *, args: list[str], stdin: str | None = None,
+    async def exec_start(self, sandbox_id: str, task_id: str, *, args: builtins.list[str], stdin: str | None = None,
                          stdout: str | None = None, stderr: str | None = None, terminal: str | None = None,
                          console_socket: str | None = None,
                          console_size: tuple[int | None, int | None] = (None, None)) -> dict[str, Any]:
@@ -712,7 +713,7 @@ class TaskSet:
         """Remove every task's cgroup and unmount its rootfs (the tasks have been stopped). Each
         task is tried; the first rootfs that could not be unmounted is raised at the end (it stays
         recorded for ``podshim delete``)."""
-        errors: list[RpcError] = []
+        errors: builtins.list[RpcError] = []
         for task in self._tasks.values():
             if task.cgroup is not None:
                 await task.cgroup.aremove()
@@ -754,7 +755,7 @@ def _check_resources(sandbox: Sandbox, resources: dict[str, Any]) -> None:
                               "needs CAP_SYS_RESOURCE, which the shim does not have")
 
 
-def _environment(env: list[str]) -> dict[str, str]:
+def _environment(env: builtins.list[str]) -> dict[str, str]:
     """``env`` checked to be ``NAME=VALUE`` strings, as a map (:func:`process.environment`: the last
     of a name wins; PATH is :data:`process.DEFAULT_PATH` when none is named)."""
     for item in env:

@@ -414,7 +414,7 @@ def delete_recorded(record: Mapping[str, Any]) -> dict[str, Any]:
     if not isinstance(entries, list) or not all(isinstance(e, Mapping) and "id" in e and "bundle" in e
                                                   for e in entries):
         raise InvalidArgument(f"malformed OCI container list: {entries!r}")
-    left = []
+    left: list[dict[str, Any]] = []
     for entry in reversed(entries):
         container = Container(str(entry["id"]), str(entry["bundle"]))
         try:

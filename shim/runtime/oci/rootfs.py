@@ -7,6 +7,7 @@ import os
 import shutil
 import tempfile
 
+from shim.api.defaults import CATATONIT
 from shim.lib.files import ensure_private_dir
 from shim.lib.trees import remove_tree
 from shim.runtime import pause
@@ -20,7 +21,7 @@ _ROOTFS_MODE = 0o755
 _MOUNT_POINTS = ("proc", "dev", "sys")
 
 
-def ensure_pause_rootfs(runtime_root: str, source: str = pause.CATATONIT) -> str:
+def ensure_pause_rootfs(runtime_root: str, source: str = CATATONIT) -> str:
     """The shared pause rootfs under ``runtime_root``, built on first use; returns its path.
 
     Built in a temporary directory and renamed into place, so a concurrent shim sees all of it or
