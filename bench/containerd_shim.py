@@ -204,7 +204,7 @@ def ms(seconds: float) -> str:
 
 
 def report(args: argparse.Namespace, runtimes: list[Runtime], template_pss: float) -> list[str]:
-    date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    date = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
     load = ", ".join(f"{v:.1f}" for v in os.getloadavg())
     commit = subprocess.run(["git", "-C", REPO, "rev-parse", "--short", "HEAD"], capture_output=True,
                             text=True).stdout.strip()

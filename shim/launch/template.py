@@ -119,6 +119,7 @@ def _preload_containerd() -> None:
     serves containerd pays nothing for it."""
     try:
         from shim.containerd import events, metrics, services, stdio, tasks  # noqa: F401
+
         from client.cri import security  # noqa: F401
         from client.criapi import api_pb2  # noqa: F401
         from client.podshimd import translate  # noqa: F401
