@@ -37,8 +37,8 @@ from dataclasses import dataclass, field
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from bench.common import bench_podshimd, memory, parent_of, percentile, template_memory  # noqa: E402
-from bench.cri_images import Janitor, bench_parser, log, netns_main, podshimd_directory  # noqa: E402
+from bench.common import bench_podshimd, memory, parent_of, percentile, template_memory
+from bench.cri_images import Janitor, bench_parser, log, netns_main, podshimd_directory
 
 #: Seconds the pods settle before their memory is read.
 SETTLE = 1.0

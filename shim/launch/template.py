@@ -118,11 +118,11 @@ def _preload_containerd() -> None:
     first asks for such a shim, so the shims forked after share it and a template that never
     serves containerd pays nothing for it."""
     try:
-        from shim.containerd import events, metrics, services, stdio, tasks  # noqa: F401
+        from shim.containerd import events, metrics, services, stdio, tasks  # noqa: F401  (preloaded for the shims forked from here)
 
-        from client.cri import security  # noqa: F401
-        from client.criapi import api_pb2  # noqa: F401
-        from client.podshimd import translate  # noqa: F401
+        from client.cri import security  # noqa: F401  (preloaded for the shims forked from here)
+        from client.criapi import api_pb2  # noqa: F401  (preloaded for the shims forked from here)
+        from client.podshimd import translate  # noqa: F401  (preloaded for the shims forked from here)
     except ImportError as exc:  # not generated (.ci/install): each shim says so itself
         log.warning("cannot preload containerd's services: %s", exc)
         return
