@@ -90,8 +90,9 @@ def critest() -> str:
 HOST_PYTHON_MOUNTS = [{"container_path": path, "host_path": os.path.realpath(path), "readonly": True}
                       for path in ("/usr", "/lib", "/lib64")]
 
-#: How long podshimd may take to serve (imports and grpc start-up: well under a second when idle).
-START_TIMEOUT = 30.0
+#: How long podshimd may take to serve (imports and grpc start-up: well under a second when idle;
+#: stretched where everything runs emulated: the cgroup v2 guest's PODSHIM_TEST_SLOWDOWN).
+START_TIMEOUT = 30.0 * float(os.environ.get("PODSHIM_TEST_SLOWDOWN") or 1)
 #: How long it may take to stop after SIGTERM (its own grace for calls in flight is 5 s).
 STOP_TIMEOUT = 15.0
 
