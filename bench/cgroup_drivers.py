@@ -27,8 +27,8 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from bench.common import bench_podshimd  # noqa: E402
-from bench.cri_images import Janitor, bench_parser, cni_conflist, log, netns_main, run  # noqa: E402
+from bench.common import bench_podshimd
+from bench.cri_images import Janitor, bench_parser, cni_conflist, log, netns_main, run
 
 STEPS = ("pod cycle (runp, stopp, rmp)", "container create + start, with limits", "container stop + rm, pod removed")
 DRIVERS = ("cgroupfs", "systemd")
@@ -104,7 +104,7 @@ def inside(args: argparse.Namespace) -> int:
             ref = TestImages(registry, os.path.join(workdir, "images")).busybox.ref
             registries = f'[registries."{registry.host}"]\ninsecure = true\n'
             directories = []
-            for n, driver in enumerate(DRIVERS):
+            for n in range(len(DRIVERS)):
                 directory = tempfile.mkdtemp(prefix=f"psd{n}-", dir="/tmp")
                 janitor.add("remove podshimd's directory", subprocess.run, ["rm", "-rf", directory])
                 cni_conflist(directory, f"bench-cg{n}", f"10.23{5 + n}.0.0/16")
@@ -113,7 +113,7 @@ def inside(args: argparse.Namespace) -> int:
                                 config=f'cgroup_driver = "cgroupfs"\n{registries}') as cgroupfs, \
                     bench_podshimd(directories[1], crictl, janitor.failures,
                                    config=f'cgroup_driver = "systemd"\n{registries}') as systemd:
-                for driver, daemon in zip(DRIVERS, (cgroupfs, systemd)):
+                for driver, daemon in zip(DRIVERS, (cgroupfs, systemd), strict=True):
                     drivers.append(Driver(driver, crictl, daemon.endpoint, os.path.join(workdir, driver)))
                     drivers[-1].crictl("pull", ref)
                 for driver in drivers:  # warm-up: the first pod starts the shim template, slow when emulated
@@ -135,7 +135,7 @@ def inside(args: argparse.Namespace) -> int:
     finally:
         janitor.run()
 
-    date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    date = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
     out = [f"cgroupfs vs systemd cgroup driver through crictl, {date}, {os.cpu_count()} CPUs, load average "
            f"{load_before[0]:.2f} before / {load_after[0]:.2f} after; `python3 bench/cgroup_drivers.py "
            f"--runs {args.runs}`", "", "| step | cgroupfs median | systemd median | systemd / cgroupfs |",
