@@ -67,6 +67,10 @@ def _serve(args: argparse.Namespace) -> int:
     config = configuration.from_arguments(args)
     if args.check_config:
         return _check_config(args, config)
+    from .checkconfig import cgroup_driver_unmet
+
+    for reason in cgroup_driver_unmet(config.cgroup_driver):  # pods would fail one by one: refuse now
+        raise configuration.ConfigError(_source(args), "cgroup_driver", reason)
     from .server import serve  # the generated CRI code, before anything starts
 
     setup_logging(debug=config.log_level == "debug")
@@ -91,9 +95,7 @@ def _serve(args: argparse.Namespace) -> int:
 def _check_config(args: argparse.Namespace, config: configuration.Config) -> int:
     from .checkconfig import check
 
-    source = args.config or configuration.DEFAULT_CONFIG_PATH
-    if args.config is None and not os.path.exists(source):
-        source = f"the defaults (no {source})"
+    source = _source(args)
     findings = check(config)
     for finding in findings:
         print(f"podshimd: {finding}", file=sys.stderr)
@@ -103,6 +105,14 @@ def _check_config(args: argparse.Namespace, config: configuration.Config) -> int
         return 1
     print(f"podshimd: {source}: OK" + (f" ({len(findings)} warning(s))" if findings else ""))
     return 0
+
+
+def _source(args: argparse.Namespace) -> str:
+    """Where the config came from, for messages: its file, or the defaults when there is none."""
+    source: str = args.config or configuration.DEFAULT_CONFIG_PATH
+    if args.config is None and not os.path.exists(source):
+        return f"the defaults (no {source})"
+    return source
 
 
 def run() -> None:

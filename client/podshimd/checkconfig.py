@@ -25,7 +25,7 @@ from shim.rpc.status import RpcError
 
 from .config import DEFAULT_CONFIG_PATH, Config
 
-__all__ = ["Finding", "check", "default_config"]
+__all__ = ["Finding", "cgroup_driver_unmet", "check", "default_config"]
 
 _COMMENTED = {"listen": "follows runtime_root", "sandbox_image": "refused beside sandbox_binary"}
 #: There when systemd is the init (sd_booted()); the unified hierarchy's mark at the cgroup root.
@@ -65,19 +65,28 @@ def check(config: Config) -> list[Finding]:
             found.append(Finding("error", "runtime_handlers", f"runtime handler {handler!r} needs the {handler} "
                                                               f"binary, which is not in {path} (install {handler}, "
                                                               f"or remove it from runtime_handlers)"))
-    if config.cgroup_driver == "systemd":
-        if not os.path.isdir(_SYSTEMD_BOOTED):
-            found.append(Finding("error", "cgroup_driver", "the systemd cgroup driver needs systemd as the init of this "
-                                                          "machine, which it is not (no /run/systemd/system)"))
-        if not os.path.exists(_CGROUP2_ROOT):
-            found.append(Finding("error", "cgroup_driver", "the systemd cgroup driver needs a pure cgroup v2 machine "
-                                                          "(/sys/fs/cgroup is not the unified hierarchy): use cgroupfs"))
+    found += [Finding("error", "cgroup_driver", reason) for reason in cgroup_driver_unmet(config.cgroup_driver)]
     bin_dirs = [d for d in config.cni_bin_dirs if os.path.isdir(d)]
     if not bin_dirs:
         found.append(Finding("error", "cni_bin_dirs", f"none of {', '.join(config.cni_bin_dirs)} is a directory "
                                                       "(install containernetworking-plugins)"))
     found += _check_cni(config, bin_dirs)
     return found
+
+
+def cgroup_driver_unmet(driver: str) -> list[str]:
+    """What this machine lacks that the cgroup ``driver`` needs (a sentence each; none for
+    cgroupfs): podshimd refuses to start on any of them, and ``--check-config`` reports them."""
+    if driver != "systemd":
+        return []
+    unmet = []
+    if not os.path.isdir(_SYSTEMD_BOOTED):
+        unmet.append("the systemd cgroup driver needs systemd as the init of this machine, which it is not "
+                     "(no /run/systemd/system): use cgroupfs")
+    if not os.path.exists(_CGROUP2_ROOT):
+        unmet.append("the systemd cgroup driver needs a pure cgroup v2 machine (/sys/fs/cgroup is not the "
+                     "unified hierarchy): use cgroupfs")
+    return unmet
 
 
 def _check_cni(config: Config, bin_dirs: list[str]) -> list[Finding]:
