@@ -207,10 +207,12 @@ class Exec(Record):
     hold: int | None
     console: ExecTerminal | None
 
-    def __init__(self, args: list[str], stdin: str, stdout: str, stderr: str, terminal: bool) -> None:
+    def __init__(self, args: list[str], stdin: str, stdout: str, stderr: str, terminal: bool, exec_id: str = "",
+                 pid: int = 0, started: asyncio.Future[None] | None = None, exit: dict[str, int] | None = None,
+                 hold: int | None = None, console: ExecTerminal | None = None) -> None:
         self.args, self.stdin, self.stdout, self.stderr, self.terminal = args, stdin, stdout, stderr, terminal
-        self.exec_id, self.pid, self.exit, self.hold, self.console = "", 0, None, None, None
-        self.started = asyncio.get_running_loop().create_future()
+        self.exec_id, self.pid, self.exit, self.hold, self.console = exec_id, pid, exit, hold, console
+        self.started = asyncio.get_running_loop().create_future() if started is None else started
 
     async def release(self) -> None:
         """Let go of the exec's stdio (its end, or Delete)."""

@@ -663,7 +663,8 @@ class RootSetup(Record):
     def __init__(self, mount_point: str, root_fd: int, readonly: bool, privileged: bool,
                  own_ipc: bool, binds: list[tuple[int, str, bool, int, int, int]] | None = None,
                  masked_paths: tuple[str, ...] = (), readonly_paths: tuple[str, ...] = (),
-                 devices: tuple[HostDevice, ...] = (), userns: bool = False, cgroup_namespace: bool = False) -> None:
+                 devices: tuple[HostDevice, ...] = (), userns: bool = False, cgroup_namespace: bool = False,
+                 sysfs_fd: int = -1, cgroup_v1: list[tuple[int, str]] | None = None) -> None:
         self.mount_point = mount_point
         self.root_fd = root_fd
         self.readonly = readonly
@@ -675,8 +676,8 @@ class RootSetup(Record):
         self.devices = devices
         self.userns = userns
         self.cgroup_namespace = cgroup_namespace
-        self.sysfs_fd = -1
-        self.cgroup_v1 = []
+        self.sysfs_fd = sysfs_fd
+        self.cgroup_v1 = [] if cgroup_v1 is None else cgroup_v1
 
     def close(self) -> None:
         for fd in [self.root_fd, self.sysfs_fd, *(bind[0] for bind in self.binds), *(tree[0] for tree in self.cgroup_v1)]:
