@@ -1,9 +1,9 @@
 """The cgroupfs and the systemd cgroup driver side by side, through crictl, in one interleaved run.
 
     python bench/cgroup_drivers.py [--runs 10]
-    python -m tests.guest run -- python3 bench/cgroup_drivers.py   (on a host that is not pure v2)
+    python -m tests.support.guest run -- python3 bench/cgroup_drivers.py   (on a host that is not pure v2)
 
-As root, on pure cgroup v2 under systemd (the guest of tests/guest.py). Two podshimds in one
+As root, on pure cgroup v2 under systemd (the guest of tests/support/guest.py). Two podshimds in one
 throwaway network namespace (bench/cri_images.py), each its own bridge: one with
 ``cgroup_driver = "cgroupfs"``, one with ``cgroup_driver = "systemd"``, the tests' busybox pulled
 into each from the tests' registry there. Per run, for each daemon in turn (the order alternating):
@@ -89,9 +89,9 @@ class Driver:
 
 
 def inside(args: argparse.Namespace) -> int:
-    from critools import cri_tool
-    from imagebuild import TestImages
-    from registry import running_registry
+    from support.critools import cri_tool
+    from support.imagebuild import TestImages
+    from support.registry import running_registry
 
     crictl = cri_tool("crictl")
     janitor = Janitor()
