@@ -17,9 +17,9 @@ channel too (a tar of the checkout is unpacked over the copy the image was built
 editable install runs the host's code): the guest writes nothing of the host's, and no 9p or
 virtiofs support is asked of the guest kernel or qemu's emulation.
 
-    python -m tests.guest build               make the image unless cached; print its directory
-    python -m tests.guest run [--] CMD...     boot (or reuse a booted guest), sync the checkout, run
-    python -m tests.guest stop                power a booted guest off
+    python -m tests.support.guest build               make the image unless cached; print its directory
+    python -m tests.support.guest run [--] CMD...     boot (or reuse a booted guest), sync the checkout, run
+    python -m tests.support.guest stop                power a booted guest off
 """
 
 from __future__ import annotations
