@@ -34,6 +34,12 @@ EXPECTED = [
     ExpectedSpecs(r"readonly mounts (should reject a recursive|should support recursive)", "skipped",
                   "containerd says a handler supports recursive read-only mounts only from the runtime's features "
                   "(`-info`, RuntimeInfo), which podshim's shim does not answer yet"),
+    ExpectedSpecs(r"Image Identifier Consistency should return the same image identifier", "passed",
+                  "containerd's CRI can answer the spec's RemoveContainer, right after its StopContainer, with "
+                  "'container is still running, to stop first' before its own exit handling has marked the "
+                  "container stopped: bench/critest_compare.py saw containerd with runc fail it so too",
+                  or_fails_with=r"failed to set removing state for container .*: container is still running, "
+                                r"to stop first"),
 ]
 
 

@@ -362,12 +362,15 @@ class CritestResult:
 class ExpectedSpecs:
     """Specs (``pattern``, a regular expression searched in the spec's whole text) that end in
     ``state`` rather than as expected otherwise, with the ``handlers`` it holds for (all when empty),
-    and why."""
+    and why. ``or_fails_with``: a regular expression of a failure that is not the runtime's under test
+    (a race of the CRI plugin in front of it, seen with its reference runtime too): the spec may also
+    fail with exactly that message, and with no other."""
 
     pattern: str
     state: str
     reason: str
     handlers: tuple[str, ...] = ()
+    or_fails_with: str | None = None
 
 
 def critest_surprises(result: CritestResult, expected: Sequence[ExpectedSpecs], handler: str,
@@ -383,6 +386,9 @@ def critest_surprises(result: CritestResult, expected: Sequence[ExpectedSpecs], 
         assert len(matching) <= 1, f"{name!r} matches several expected entries"
         used.update(matching)
         want = entries[matching[0]].state if matching else (reference or {}).get(name, "passed")
+        tolerated = entries[matching[0]].or_fails_with if matching else None
+        if tolerated and state == "failed" and re.search(tolerated, result.messages.get(name, "")):
+            continue
         if state != want and (matching or state != "passed"):
             message = result.messages.get(name, "").strip().splitlines()[:3]
             out.append(f"{name}: {state}, expected {want}" + (f" ({' / '.join(message)})" if message else ""))

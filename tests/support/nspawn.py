@@ -51,6 +51,8 @@ CGROUP_REMOVE_TIMEOUT = 5.0
 VENV_TIMEOUT = 300.0
 #: PATH for commands run in the container (this process's PATH names pyenv shims).
 CONTAINER_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+#: Where .ci/install-units puts the units on a node (the host's, when the suite's own install ran here).
+HOST_UNIT_DIR = "/usr/local/lib/systemd/system"
 _SYSTEM_PYTHON = "/usr/bin/python3"
 _SYSTEMD = "/lib/systemd/systemd"
 _NSPAWN_DIRS = ("/run/systemd/nspawn/propagate", "/run/systemd/nspawn", "/run/systemd/nspawn-root")
@@ -153,7 +155,10 @@ class Machine:
             notify.bind(os.path.join(work, "notify"))
             argv = ["systemd-nspawn", "-D", "/", "-M", name, "--boot", "--register=no", "--keep-unit",
                     "--private-network", "--console=read-only", "--volatile=yes", "--bind-ro=/etc",
-                    "--notify-ready=yes", *(f"--bind-ro={path}" for path in binds_ro),
+                    "--notify-ready=yes",
+                    # The host's /usr is the node's: units .ci/install put in the host's /usr/local are hidden,
+                    # so a node has the units its test installs and no others.
+                    f"--tmpfs={HOST_UNIT_DIR}", *(f"--bind-ro={path}" for path in binds_ro),
                     *(f"--bind={path}" for path in binds), "--", "systemd.unit=basic.target"]
             # nspawn must start in its own cgroups: the shell joins them, then becomes nspawn.
             join = 'n=$1; shift; while [ "$n" -gt 0 ]; do echo $$ > "$1"; shift; n=$((n - 1)); done; exec "$@"'
