@@ -108,7 +108,7 @@ if pid == 0:
     print("set", flush=True)
     time.sleep(60)
     os._exit(0)
-print(pid, flush=True)
+print("child", pid, flush=True)
 time.sleep(60)
 """
 
@@ -130,8 +130,10 @@ def test_a_child_told_so_gets_its_signal_when_its_parent_is_killed():
     proc = subprocess.Popen([sys.executable, "-c", _DIES_WITH_ITS_PARENT], stdout=subprocess.PIPE, text=True)
     child, dead = 0, False
     try:
-        child = int(proc.stdout.readline())
-        assert proc.stdout.readline() == "set\n"
+        # The two lines come in either order: the child may say "set" before its parent names it.
+        lines = sorted([proc.stdout.readline(), proc.stdout.readline()])
+        assert lines[0].startswith("child ") and lines[1] == "set\n", lines
+        child = int(lines[0].split()[1])
         proc.kill()
         proc.wait()
         deadline = time.monotonic() + 5  # a bound: the signal is sent as the parent exits
