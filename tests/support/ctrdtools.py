@@ -254,10 +254,36 @@ def _stop(daemon: Containerd) -> None:
         except subprocess.TimeoutExpired:
             os.kill(process.pid, signal.SIGKILL)
             process.wait()
-    for pid in daemon.shims():  # shims are ours: started under our private runtime root
+    # Shims still running (a pod a failed test did not remove) are ours, started under our private
+    # runtime root: each is killed and then deleted as containerd deletes a dead shim, so its pause,
+    # cgroups and netns go with it.
+    dead = []
+    for pid in daemon.shims():
+        started = _shim_identity(pid)
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
+        if started is not None:
+            dead.append(started)
+    for namespace, shim_id, bundle in dead:
+        subprocess.run([_shim_wrapper(daemon.directory), "-namespace", namespace, "-id", shim_id, "-bundle", bundle,
+                        "delete"], cwd=bundle, env=daemon.env, capture_output=True, timeout=60,
+                       stdin=subprocess.DEVNULL)
     _unmount_below(daemon.directory)
+
+
+def _shim_identity(pid: int) -> tuple[str, str, str] | None:
+    """A containerd shim's namespace, id and bundle (its -namespace and -id flags, its working
+    directory), or None for a process that is not one, or gone."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            argv = [arg.decode() for arg in f.read().split(b"\0")]
+        bundle = os.readlink(f"/proc/{pid}/cwd")
+    except OSError:
+        return None
+    flags = {argv[i]: argv[i + 1] for i in range(len(argv) - 1) if argv[i] in ("-namespace", "-id")}
+    if "-namespace" not in flags or "-id" not in flags:
+        return None
+    return flags["-namespace"], flags["-id"], bundle
 
 
 def _unmount_below(directory: str) -> None:
