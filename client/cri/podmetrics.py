@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator, Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 from shim.lib import mountinfo
 
@@ -28,142 +28,150 @@ DISK_LABELS = (*BASE_LABELS, "device")
 FAILURE_LABELS = (*BASE_LABELS, "failure_type", "scope")
 
 COUNTER, GAUGE = "COUNTER", "GAUGE"
-
-#: name -> (help, label keys, type). The names are cadvisor's; the help is ours.
-DESCRIPTORS: dict[str, tuple[str, tuple[str, ...], str]] = {
-    "container_cpu_usage_seconds_total": ("CPU time used, in seconds.", BASE_LABELS, COUNTER),
-    "container_cpu_user_seconds_total": ("CPU time used in user mode, in seconds.", BASE_LABELS, COUNTER),
-    "container_cpu_system_seconds_total": ("CPU time used in kernel mode, in seconds.", BASE_LABELS, COUNTER),
-    "container_cpu_cfs_periods_total": ("CFS bandwidth enforcement periods elapsed.", BASE_LABELS, COUNTER),
-    "container_cpu_cfs_throttled_periods_total": ("CFS periods in which the cgroup was throttled.", BASE_LABELS,
-                                                  COUNTER),
-    "container_cpu_cfs_throttled_seconds_total": ("Time the cgroup spent throttled, in seconds.", BASE_LABELS,
-                                                  COUNTER),
-    "container_memory_usage_bytes": ("Memory charged to the cgroup, page cache included, in bytes.", BASE_LABELS,
-                                     GAUGE),
-    "container_memory_working_set_bytes": ("Memory usage less inactive file pages, in bytes.", BASE_LABELS, GAUGE),
-    "container_memory_rss": ("Anonymous memory (and swap cache), in bytes.", BASE_LABELS, GAUGE),
-    "container_memory_cache": ("Page cache charged to the cgroup, in bytes.", BASE_LABELS, GAUGE),
-    "container_memory_mapped_file": ("Memory-mapped file pages, in bytes.", BASE_LABELS, GAUGE),
-    "container_memory_total_active_file_bytes": ("File pages on the active LRU list, in bytes.", BASE_LABELS, GAUGE),
-    "container_memory_total_inactive_file_bytes": ("File pages on the inactive LRU list, in bytes.", BASE_LABELS,
-                                                   GAUGE),
-    "container_memory_kernel_usage": ("Kernel memory charged to the cgroup, in bytes.", BASE_LABELS, GAUGE),
-    "container_memory_swap": ("Swap in use, in bytes.", BASE_LABELS, GAUGE),
-    "container_memory_failcnt": ("Times the memory usage hit the limit (cgroup v1 only).", BASE_LABELS, COUNTER),
-    "container_memory_max_usage_bytes": ("Highest memory usage recorded, in bytes.", BASE_LABELS, GAUGE),
-    "container_memory_failures_total": ("Page faults, by type (pgfault, pgmajfault) and scope.", FAILURE_LABELS,
-                                        COUNTER),
-    "container_oom_events_total": ("Processes the OOM killer killed in the cgroup.", BASE_LABELS, COUNTER),
-    "container_network_receive_bytes_total": ("Bytes received.", NETWORK_LABELS, COUNTER),
-    "container_network_receive_packets_total": ("Packets received.", NETWORK_LABELS, COUNTER),
-    "container_network_receive_packets_dropped_total": ("Packets dropped on receive.", NETWORK_LABELS, COUNTER),
-    "container_network_receive_errors_total": ("Receive errors.", NETWORK_LABELS, COUNTER),
-    "container_network_transmit_bytes_total": ("Bytes sent.", NETWORK_LABELS, COUNTER),
-    "container_network_transmit_packets_total": ("Packets sent.", NETWORK_LABELS, COUNTER),
-    "container_network_transmit_packets_dropped_total": ("Packets dropped on send.", NETWORK_LABELS, COUNTER),
-    "container_network_transmit_errors_total": ("Send errors.", NETWORK_LABELS, COUNTER),
-    "container_fs_usage_bytes": ("Bytes the container's writable layer takes.", DISK_LABELS, GAUGE),
-    "container_fs_limit_bytes": ("Size of the filesystem holding the writable layer, in bytes.", DISK_LABELS, GAUGE),
-    "container_fs_inodes_total": ("Inodes of the filesystem holding the writable layer.", DISK_LABELS, GAUGE),
-    "container_fs_inodes_free": ("Free inodes of the filesystem holding the writable layer.", DISK_LABELS, GAUGE),
-    **{f"container_pressure_{resource}_{kind}_seconds_total": (
-        f"Time at least one of the cgroup's tasks waited for {resource}, in seconds (PSI some)." if kind == "waiting"
-        else f"Time all of the cgroup's non-idle tasks were stalled on {resource} at once, in seconds (PSI full).",
-        BASE_LABELS, COUNTER)
-       for resource in ("cpu", "memory", "io") for kind in ("waiting", "stalled")},
-    "container_fs_reads_bytes_total": ("Bytes read from the device.", DISK_LABELS, COUNTER),
-    "container_fs_reads_total": ("Reads from the device completed.", DISK_LABELS, COUNTER),
-    "container_fs_writes_bytes_total": ("Bytes written to the device.", DISK_LABELS, COUNTER),
-    "container_fs_writes_total": ("Writes to the device completed.", DISK_LABELS, COUNTER),
-    "container_blkio_device_usage_total": ("Bytes of block IO, by device and operation (Read, Write).",
-                                           (*DISK_LABELS, "major", "minor", "operation"), COUNTER),
-    "container_processes": ("Processes in the cgroup.", BASE_LABELS, GAUGE),
-    "container_threads": ("Threads in the cgroup.", BASE_LABELS, GAUGE),
-    "container_threads_max": ("The cgroup's task limit (pids.max); 0 when unlimited.", BASE_LABELS, GAUGE),
-    "container_file_descriptors": ("Open file descriptors of the cgroup's processes.", BASE_LABELS, GAUGE),
-    "container_sockets": ("Open sockets of the cgroup's processes.", BASE_LABELS, GAUGE),
-    "container_last_seen": ("When the runtime last read the figures, in seconds since the epoch.", BASE_LABELS,
-                            GAUGE),
-    "container_start_time_seconds": ("When the container started, in seconds since the epoch.", BASE_LABELS, GAUGE),
-    "container_spec_cpu_period": ("The cgroup's CFS period, in microseconds.", BASE_LABELS, GAUGE),
-    "container_spec_cpu_quota": ("The cgroup's CFS quota per period, in microseconds; absent when unlimited.",
-                                 BASE_LABELS, GAUGE),
-    "container_spec_cpu_shares": ("The cgroup's CPU shares.", BASE_LABELS, GAUGE),
-    "container_spec_memory_limit_bytes": ("The cgroup's memory limit, in bytes; 0 when unlimited.", BASE_LABELS,
-                                          GAUGE),
-    "container_spec_memory_reservation_limit_bytes": ("The cgroup's memory reservation (soft limit), in bytes; absent "
-                                                      "when unlimited.", BASE_LABELS, GAUGE),
-    "container_spec_memory_swap_limit_bytes": ("The cgroup's swap limit, in bytes; 0 when unlimited.",
-                                               BASE_LABELS, GAUGE),
-}
-
 _SECOND = 1_000_000_000
-#: metric name -> (where the figure is: "data" (metrics' own keys) or "details", key, divisor).
-_CGROUP_FIGURES = {
-    "container_cpu_usage_seconds_total": ("data", "cpu_usage_ns", _SECOND),
-    "container_cpu_user_seconds_total": ("details", "cpu_user_ns", _SECOND),
-    "container_cpu_system_seconds_total": ("details", "cpu_system_ns", _SECOND),
-    "container_cpu_cfs_periods_total": ("details", "cpu_periods", 1),
-    "container_cpu_cfs_throttled_periods_total": ("details", "cpu_throttled_periods", 1),
-    "container_cpu_cfs_throttled_seconds_total": ("details", "cpu_throttled_ns", _SECOND),
-    "container_memory_usage_bytes": ("data", "memory_usage_bytes", 1),
-    "container_memory_working_set_bytes": ("data", "memory_working_set_bytes", 1),
-    "container_memory_rss": ("details", "memory_rss_bytes", 1),
-    "container_memory_cache": ("details", "memory_cache_bytes", 1),
-    "container_memory_mapped_file": ("details", "memory_mapped_file_bytes", 1),
-    "container_memory_total_active_file_bytes": ("details", "memory_active_file_bytes", 1),
-    "container_memory_total_inactive_file_bytes": ("details", "memory_inactive_file_bytes", 1),
-    "container_memory_kernel_usage": ("details", "memory_kernel_bytes", 1),
-    "container_memory_swap": ("data", "memory_swap_bytes", 1),
-    "container_memory_failcnt": ("details", "memory_failcnt", 1),
-    "container_memory_max_usage_bytes": ("details", "memory_max_usage_bytes", 1),
-    "container_oom_events_total": ("details", "oom_kills", 1),
-    "container_processes": ("details", "processes", 1),
-    "container_threads": ("details", "threads", 1),
-    "container_threads_max": ("details", "pids_max", 1),
-    "container_file_descriptors": ("details", "file_descriptors", 1),
-    "container_sockets": ("details", "sockets", 1),
-    "container_spec_cpu_period": ("details", "cpu_period_us", 1),
-    "container_spec_cpu_quota": ("details", "cpu_quota_us", 1),
-    "container_spec_cpu_shares": ("details", "cpu_shares", 1),
-    "container_spec_memory_limit_bytes": ("data", "memory_limit_bytes", 1),
-    "container_spec_memory_reservation_limit_bytes": ("details", "memory_reservation_bytes", 1),
-    "container_spec_memory_swap_limit_bytes": ("data", "memory_swap_limit_bytes", 1),
+
+
+class Metric(NamedTuple):
+    """One metric: its descriptor (help, label keys, type) and where its figure is read from:
+    ``source`` "data" (a reading's own keys), "details", "network" (each interface's counters),
+    "block_io" (each device's), "filesystem" (the writable layer's), or "" (computed apart);
+    ``key`` in it; ``divisor`` turns the reading into the metric's unit."""
+
+    help: str
+    labels: tuple[str, ...]
+    type: str
+    source: str = ""
+    key: str = ""
+    divisor: int = 1
+
+
+def _counter(help_text: str, source: str = "", key: str = "", divisor: int = 1,
+             labels: tuple[str, ...] = BASE_LABELS) -> Metric:
+    return Metric(help_text, labels, COUNTER, source, key, divisor)
+
+
+def _gauge(help_text: str, source: str = "", key: str = "", divisor: int = 1,
+           labels: tuple[str, ...] = BASE_LABELS) -> Metric:
+    return Metric(help_text, labels, GAUGE, source, key, divisor)
+
+
+def _pressure(resource: str, kind: str) -> Metric:
+    return _counter(f"Time at least one of the cgroup's tasks waited for {resource}, in seconds (PSI some)."
+                    if kind == "waiting" else
+                    f"Time all of the cgroup's non-idle tasks were stalled on {resource} at once, in seconds (PSI full).")
+
+
+#: name -> Metric. The names are cadvisor's; the help is ours.
+DESCRIPTORS: dict[str, Metric] = {
+    "container_cpu_usage_seconds_total": _counter("CPU time used, in seconds.", "data", "cpu_usage_ns", _SECOND),
+    "container_cpu_user_seconds_total": _counter("CPU time used in user mode, in seconds.",
+                                                 "details", "cpu_user_ns", _SECOND),
+    "container_cpu_system_seconds_total": _counter("CPU time used in kernel mode, in seconds.",
+                                                   "details", "cpu_system_ns", _SECOND),
+    "container_cpu_cfs_periods_total": _counter("CFS bandwidth enforcement periods elapsed.",
+                                                "details", "cpu_periods"),
+    "container_cpu_cfs_throttled_periods_total": _counter("CFS periods in which the cgroup was throttled.",
+                                                          "details", "cpu_throttled_periods"),
+    "container_cpu_cfs_throttled_seconds_total": _counter("Time the cgroup spent throttled, in seconds.",
+                                                          "details", "cpu_throttled_ns", _SECOND),
+    "container_memory_usage_bytes": _gauge("Memory charged to the cgroup, page cache included, in bytes.",
+                                           "data", "memory_usage_bytes"),
+    "container_memory_working_set_bytes": _gauge("Memory usage less inactive file pages, in bytes.",
+                                                 "data", "memory_working_set_bytes"),
+    "container_memory_rss": _gauge("Anonymous memory (and swap cache), in bytes.", "details", "memory_rss_bytes"),
+    "container_memory_cache": _gauge("Page cache charged to the cgroup, in bytes.", "details", "memory_cache_bytes"),
+    "container_memory_mapped_file": _gauge("Memory-mapped file pages, in bytes.",
+                                           "details", "memory_mapped_file_bytes"),
+    "container_memory_total_active_file_bytes": _gauge("File pages on the active LRU list, in bytes.",
+                                                       "details", "memory_active_file_bytes"),
+    "container_memory_total_inactive_file_bytes": _gauge("File pages on the inactive LRU list, in bytes.",
+                                                         "details", "memory_inactive_file_bytes"),
+    "container_memory_kernel_usage": _gauge("Kernel memory charged to the cgroup, in bytes.",
+                                            "details", "memory_kernel_bytes"),
+    "container_memory_swap": _gauge("Swap in use, in bytes.", "data", "memory_swap_bytes"),
+    "container_memory_failcnt": _counter("Times the memory usage hit the limit (cgroup v1 only).",
+                                         "details", "memory_failcnt"),
+    "container_memory_max_usage_bytes": _gauge("Highest memory usage recorded, in bytes.",
+                                               "details", "memory_max_usage_bytes"),
+    "container_memory_failures_total": _counter("Page faults, by type (pgfault, pgmajfault) and scope.",
+                                                labels=FAILURE_LABELS),
+    "container_oom_events_total": _counter("Processes the OOM killer killed in the cgroup.", "details", "oom_kills"),
+    **{f"container_network_{way}_{name}_total": _counter(help_text, "network", f"{prefix}_{key}", labels=NETWORK_LABELS)
+       for way, prefix, verb, noun in (("receive", "rx", "received", "receive"), ("transmit", "tx", "sent", "send"))
+       for name, key, help_text in (("bytes", "bytes", f"Bytes {verb}."), ("packets", "packets", f"Packets {verb}."),
+                                    ("packets_dropped", "dropped", f"Packets dropped on {noun}."),
+                                    ("errors", "errors", f"{noun.capitalize()} errors."))},
+    "container_fs_usage_bytes": _gauge("Bytes the container's writable layer takes.", "filesystem", "usage_bytes",
+                                       labels=DISK_LABELS),
+    "container_fs_limit_bytes": _gauge("Size of the filesystem holding the writable layer, in bytes.",
+                                       "filesystem", "limit_bytes", labels=DISK_LABELS),
+    "container_fs_inodes_total": _gauge("Inodes of the filesystem holding the writable layer.",
+                                        "filesystem", "inodes_total", labels=DISK_LABELS),
+    "container_fs_inodes_free": _gauge("Free inodes of the filesystem holding the writable layer.",
+                                       "filesystem", "inodes_free", labels=DISK_LABELS),
+    **{f"container_pressure_{resource}_{kind}_seconds_total": _pressure(resource, kind)
+       for resource in ("cpu", "memory", "io") for kind in ("waiting", "stalled")},
+    "container_fs_reads_bytes_total": _counter("Bytes read from the device.", "block_io", "read_bytes",
+                                               labels=DISK_LABELS),
+    "container_fs_reads_total": _counter("Reads from the device completed.", "block_io", "reads",
+                                         labels=DISK_LABELS),
+    "container_fs_writes_bytes_total": _counter("Bytes written to the device.", "block_io", "write_bytes",
+                                                labels=DISK_LABELS),
+    "container_fs_writes_total": _counter("Writes to the device completed.", "block_io", "writes",
+                                          labels=DISK_LABELS),
+    "container_blkio_device_usage_total": _counter("Bytes of block IO, by device and operation (Read, Write).",
+                                                   labels=(*DISK_LABELS, "major", "minor", "operation")),
+    "container_processes": _gauge("Processes in the cgroup.", "details", "processes"),
+    "container_threads": _gauge("Threads in the cgroup.", "details", "threads"),
+    "container_threads_max": _gauge("The cgroup's task limit (pids.max); 0 when unlimited.", "details", "pids_max"),
+    "container_file_descriptors": _gauge("Open file descriptors of the cgroup's processes.",
+                                         "details", "file_descriptors"),
+    "container_sockets": _gauge("Open sockets of the cgroup's processes.", "details", "sockets"),
+    "container_last_seen": _gauge("When the runtime last read the figures, in seconds since the epoch."),
+    "container_start_time_seconds": _gauge("When the container started, in seconds since the epoch."),
+    "container_spec_cpu_period": _gauge("The cgroup's CFS period, in microseconds.", "details", "cpu_period_us"),
+    "container_spec_cpu_quota": _gauge("The cgroup's CFS quota per period, in microseconds; absent when unlimited.",
+                                       "details", "cpu_quota_us"),
+    "container_spec_cpu_shares": _gauge("The cgroup's CPU shares.", "details", "cpu_shares"),
+    "container_spec_memory_limit_bytes": _gauge("The cgroup's memory limit, in bytes; 0 when unlimited.",
+                                                "data", "memory_limit_bytes"),
+    "container_spec_memory_reservation_limit_bytes": _gauge("The cgroup's memory reservation (soft limit), in bytes; "
+                                                            "absent when unlimited.",
+                                                            "details", "memory_reservation_bytes"),
+    "container_spec_memory_swap_limit_bytes": _gauge("The cgroup's swap limit, in bytes; 0 when unlimited.",
+                                                     "data", "memory_swap_limit_bytes"),
 }
+
+
+def _read_from(*sources: str) -> dict[str, Metric]:
+    return {name: metric for name, metric in DESCRIPTORS.items() if metric.source in sources}
+
+
+_CGROUP_FIGURES = _read_from("data", "details")
 #: The limits sent as 0 when the cgroup has none (cadvisor's convention; their help says so).
 _ZERO_IS_UNLIMITED = {"container_spec_memory_limit_bytes", "container_spec_memory_swap_limit_bytes"}
-_NETWORK_FIGURES = {
-    "container_network_receive_bytes_total": "rx_bytes", "container_network_receive_packets_total": "rx_packets",
-    "container_network_receive_packets_dropped_total": "rx_dropped",
-    "container_network_receive_errors_total": "rx_errors",
-    "container_network_transmit_bytes_total": "tx_bytes", "container_network_transmit_packets_total": "tx_packets",
-    "container_network_transmit_packets_dropped_total": "tx_dropped",
-    "container_network_transmit_errors_total": "tx_errors",
-}
-_BLOCK_IO_FIGURES = {"container_fs_reads_bytes_total": "read_bytes", "container_fs_reads_total": "reads",
-                     "container_fs_writes_bytes_total": "write_bytes", "container_fs_writes_total": "writes"}
-_FS_FIGURES = {"container_fs_usage_bytes": "usage_bytes", "container_fs_limit_bytes": "limit_bytes",
-               "container_fs_inodes_total": "inodes_total", "container_fs_inodes_free": "inodes_free"}
+_NETWORK_FIGURES = {name: metric.key for name, metric in _read_from("network").items()}
+_BLOCK_IO_FIGURES = {name: metric.key for name, metric in _read_from("block_io").items()}
+_FS_FIGURES = {name: metric.key for name, metric in _read_from("filesystem").items()}
 
 
 def descriptors() -> list[dict[str, Any]]:
     """ListMetricDescriptors' descriptors, CRI-shaped."""
     return [{"name": name, "help": help_text, "label_keys": list(keys)}
-            for name, (help_text, keys, _) in DESCRIPTORS.items()]
+            for name, (help_text, keys, *_) in DESCRIPTORS.items()]
 
 
 def _metric(name: str, timestamp: int, labels: list[str], value: Any) -> dict[str, Any] | None:
     if not isinstance(value, int) or isinstance(value, bool) or value < 0:
         return None
-    return {"name": name, "timestamp": timestamp, "metric_type": DESCRIPTORS[name][2], "label_values": labels,
+    return {"name": name, "timestamp": timestamp, "metric_type": DESCRIPTORS[name].type, "label_values": labels,
             "value": {"value": value}}
 
 
 def _cgroup_metrics(timestamp: int, data: Mapping[str, Any], labels: list[str]) -> Iterator[dict[str, Any] | None]:
     details = data.get("details") or {}
     unavailable = data.get("unavailable") or ()
-    for name, (source, key, divisor) in _CGROUP_FIGURES.items():
+    for name, (*_, source, key, divisor) in _CGROUP_FIGURES.items():
         value = (data if source == "data" else details).get(key)
         if value is None and name in _ZERO_IS_UNLIMITED and key in data and key not in unavailable:
             value = 0  # read, and unlimited
