@@ -28,7 +28,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
 from bench.common import bench_podshimd
-from bench.cri_images import Janitor, bench_parser, cni_conflist, log, netns_main, run
+from bench.cri_images import Janitor, bench_parser, cni_conflist, log, netns_main, run, runs_option
 
 STEPS = ("pod cycle (runp, stopp, rmp)", "container create + start, with limits", "container stop + rm, pod removed")
 DRIVERS = ("cgroupfs", "systemd")
@@ -98,8 +98,7 @@ def inside(args: argparse.Namespace) -> int:
     janitor.install()
     drivers: list[Driver] = []
     try:
-        workdir = tempfile.mkdtemp(prefix="cgdrv-")
-        janitor.add("remove the work directory", subprocess.run, ["rm", "-rf", workdir])
+        workdir = janitor.workdir("cgdrv-")
         with running_registry() as registry:
             ref = TestImages(registry, os.path.join(workdir, "images")).busybox.ref
             registries = f'[registries."{registry.host}"]\ninsecure = true\n'
@@ -144,20 +143,13 @@ def inside(args: argparse.Namespace) -> int:
         medians = [statistics.median(d.times[step]) * 1000 for d in drivers]
         out.append(f"| {step} | {medians[0]:.0f} ms | {medians[1]:.0f} ms | {medians[1] / medians[0]:.2f}x |")
     out += ["", f"Medians of {args.runs} interleaved runs; each step is its crictl commands from exec to exit."]
-    if janitor.failures:
-        out.append("Cleanup problems: " + "; ".join(janitor.failures))
-    print("\n".join(out))
+    print("\n".join(out + janitor.problems()))
     return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     p = bench_parser(__doc__)
-    p.add_argument("--runs", type=int, default=10, help="interleaved runs (10)")
-
-    def check(args: argparse.Namespace) -> None:
-        if args.runs < 1:
-            p.error("--runs must be positive")
-    return netns_main(p, "cgdrv", inside, argv, check)
+    return netns_main(p, "cgdrv", inside, argv, runs_option(p, 10))
 
 
 if __name__ == "__main__":

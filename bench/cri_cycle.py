@@ -405,8 +405,7 @@ def main(argv: list[str] | None = None) -> int:
     janitor.install()
     notes: list[str] = []
     try:
-        workdir = tempfile.mkdtemp(prefix="crib-")
-        janitor.add("remove the work directory", shutil.rmtree, workdir, True)
+        workdir = janitor.workdir("crib-")
         janitor.add("unmount what is left under the work directory", unmount_under, workdir)
         janitor.add("kill leftover processes", lambda: [log(f"killed leftover {k}") for k in sweep(workdir)])
         ns_name = f"crib-{secrets.token_hex(3)}"
@@ -529,9 +528,7 @@ def main(argv: list[str] | None = None) -> int:
             out.append(f"- {op} {got['total']:.1f}: " + ", ".join(f"{name} {value:.1f}" for name, value in got.items()
                                                                  if name != "total"))
     out += ["", *notes]
-    if janitor.failures:
-        out.append("Cleanup problems: " + "; ".join(janitor.failures))
-    print("\n".join(out))
+    print("\n".join(out + janitor.problems()))
     return 0
 
 

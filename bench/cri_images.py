@@ -59,6 +59,18 @@ def bench_parser(doc: str) -> argparse.ArgumentParser:
     return argparse.ArgumentParser(description=doc.split("\n\n")[0])
 
 
+def runs_option(parser: argparse.ArgumentParser, runs: int, *others: str) -> Callable[[argparse.Namespace], None]:
+    """Add --runs (default ``runs``) to ``parser``; the check (for :func:`netns_main`) that it and
+    the options ``others`` (their dests) are positive."""
+    parser.add_argument("--runs", type=int, default=runs, help=f"interleaved runs ({runs})")
+    names = ["--" + name.replace("_", "-") for name in ("runs", *others)]
+
+    def check(args: argparse.Namespace) -> None:
+        if any(getattr(args, name) < 1 for name in ("runs", *others)):
+            parser.error(" and ".join(filter(None, (", ".join(names[:-1]), names[-1]))) + " must be positive")
+    return check
+
+
 def run_inside_netns(argv: list[str], prefix: str) -> int:
     """Run ``sys.argv[0] ARGV --inside-netns`` in a new network namespace (and IPC namespace) and
     remove the namespace afterwards; the inner run's exit status."""
@@ -129,4 +141,4 @@ def start_containerd(workdir: str, janitor: Janitor, mirrors: Mapping[str, str])
 
 
 __all__ = ["CNI_BIN", "INSIDE_FLAG", "IMAGE", "ImageContainerd", "Janitor", "bench_parser", "cni_conflist", "log",
-           "netns_main", "run", "run_inside_netns", "start_containerd"]
+           "netns_main", "run", "run_inside_netns", "runs_option", "start_containerd"]

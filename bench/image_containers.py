@@ -19,17 +19,24 @@ import argparse
 import datetime
 import json
 import os
-import shutil
 import statistics
 import sys
-import tempfile
 import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
 from bench.common import bench_podshimd
-from bench.cri_images import Janitor, bench_parser, log, netns_main, podshimd_directory, run, start_containerd
+from bench.cri_images import (
+    Janitor,
+    bench_parser,
+    log,
+    netns_main,
+    podshimd_directory,
+    run,
+    runs_option,
+    start_containerd,
+)
 
 STEPS = ("create", "start", "exec -s true", "exec true", "stop + rm")
 
@@ -88,8 +95,7 @@ def inside(args: argparse.Namespace) -> int:
     notes: list[str] = []
     runtimes: list[Runtime] = []
     try:
-        workdir = tempfile.mkdtemp(prefix="imgctr-")
-        janitor.add("remove the work directory", shutil.rmtree, workdir, True)
+        workdir = janitor.workdir("imgctr-")
         with running_registry() as registry:
             ref = TestImages(registry, os.path.join(workdir, "images")).busybox.ref
             containerd, version = start_containerd(workdir, janitor, {registry.host: f"http://{registry.host}"})
@@ -128,20 +134,13 @@ def inside(args: argparse.Namespace) -> int:
                    f" | {medians[1] / medians[0]:.2f}x |")
     out += ["", f"Medians of {args.runs} interleaved runs (ratio: containerd / podshimd); each step is its "
             "crictl commands from exec to exit."] + notes
-    if janitor.failures:
-        out.append("Cleanup problems: " + "; ".join(janitor.failures))
-    print("\n".join(out))
+    print("\n".join(out + janitor.problems()))
     return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     p = bench_parser(__doc__)
-    p.add_argument("--runs", type=int, default=15, help="interleaved runs (15)")
-
-    def check(args: argparse.Namespace) -> None:
-        if args.runs < 1:
-            p.error("--runs must be positive")
-    return netns_main(p, "imgctr", inside, argv, check)
+    return netns_main(p, "imgctr", inside, argv, runs_option(p, 15))
 
 
 if __name__ == "__main__":

@@ -27,11 +27,9 @@ import argparse
 import datetime
 import os
 import random
-import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 
@@ -39,7 +37,16 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
 from bench.common import bench_podshimd, percentile
-from bench.cri_images import Janitor, bench_parser, log, netns_main, podshimd_directory, run, start_containerd
+from bench.cri_images import (
+    Janitor,
+    bench_parser,
+    log,
+    netns_main,
+    podshimd_directory,
+    run,
+    runs_option,
+    start_containerd,
+)
 
 PULL_TIMEOUT = 600.0
 
@@ -112,8 +119,7 @@ def inside(args: argparse.Namespace) -> int:
     janitor.install()
     notes: list[str] = []
     try:
-        workdir = tempfile.mkdtemp(prefix="imgpull-")
-        janitor.add("remove the work directory", shutil.rmtree, workdir, True)
+        workdir = janitor.workdir("imgpull-")
         with running_registry() as registry:
             images = TestImages(registry, os.path.join(workdir, "images"))
             log(f"building the big image ({args.big_mb} MB in {args.big_layers} random layers)")
@@ -172,9 +178,7 @@ def inside(args: argparse.Namespace) -> int:
         out.append(f"| {contender.key} | " + " | ".join(cells) + " |")
     out += ["", f"Medians of {args.runs} interleaved runs; every pull downloads, verifies and unpacks the "
             "whole image (removed after each pull)."] + notes
-    if janitor.failures:
-        out.append("Cleanup problems: " + "; ".join(janitor.failures))
-    print("\n".join(out))
+    print("\n".join(out + janitor.problems()))
     return 0
 
 
@@ -191,14 +195,9 @@ def _manifest(registry, ref: str) -> dict:  # type: ignore[no-untyped-def]
 def big_image_options(p: argparse.ArgumentParser, runs: int) -> Callable[[argparse.Namespace], None]:
     """Add --runs (default ``runs``), --big-mb and --big-layers to ``p``; the check that they are
     positive (for netns_main)."""
-    p.add_argument("--runs", type=int, default=runs, help=f"interleaved runs ({runs})")
     p.add_argument("--big-mb", type=int, default=100, help="size of the big image's random layers in MB (100)")
     p.add_argument("--big-layers", type=int, default=20, help="how many random layers (20)")
-
-    def check(args: argparse.Namespace) -> None:
-        if args.runs < 1 or args.big_mb < 1 or args.big_layers < 1:
-            p.error("--runs, --big-mb and --big-layers must be positive")
-    return check
+    return runs_option(p, runs, "big_mb", "big_layers")
 
 
 def main(argv: list[str] | None = None) -> int:

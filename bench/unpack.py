@@ -175,8 +175,7 @@ def main(argv: list[str] | None = None) -> int:
     janitor = Janitor()
     janitor.install()
     try:
-        workdir = tempfile.mkdtemp(prefix="unpackb-", dir="/var/tmp")
-        janitor.add("remove the work directory", shutil.rmtree, workdir, True)
+        workdir = janitor.workdir("unpackb-", "/var/tmp")
         log(f"building a {args.mb} MB image in {args.layers} {args.compression} layers")
         layers, raw_bytes, layout = build_image(workdir, args.mb, args.layers, args.compression)
         packed = sum(os.path.getsize(blob) for _, blob, _ in layers)

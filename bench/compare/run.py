@@ -172,6 +172,17 @@ class Janitor:
     def add(self, what: str, fn: Callable[..., Any], *args: Any) -> None:
         self._steps.append((what, fn, args))
 
+    def workdir(self, prefix: str, parent: str | None = None) -> str:
+        """A new work directory (``prefix`` + random, in ``parent`` or the temporary directory),
+        removed with all it holds when the janitor runs."""
+        path = tempfile.mkdtemp(prefix=prefix, dir=parent)
+        self.add("remove the work directory", shutil.rmtree, path, True)
+        return path
+
+    def problems(self) -> list[str]:
+        """The line a bench's report ends with when a cleanup step failed; none when all went well."""
+        return ["Cleanup problems: " + "; ".join(self.failures)] if self.failures else []
+
     def run(self) -> None:
         if self._state != "armed":
             return
