@@ -50,8 +50,8 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from shim.launch.install import podshim_argv
 from shim.launch.template import stop_template
+from shim.lib.program import podshim_argv
 
 from bench.common import code_of, compile_bytecode, not_root, percentile, wait_pidfd
 

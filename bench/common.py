@@ -64,7 +64,7 @@ def not_root(reason: str) -> bool:
 
 def code_of(argv: Sequence[str], tree: str, repo: str) -> list[str]:
     """``argv``, podshim's command line as the Controller runs it
-    (:func:`shim.launch.install.podshim_argv`, whose last item is the search path), with checkout
+    (:func:`shim.lib.program.podshim_argv`, whose last item is the search path), with checkout
     ``tree`` in the place of ``repo`` on that path: the same command, running the code of ``tree``."""
     *command, path = argv
     return [*command, ":".join([tree, *(p for p in path.split(":") if p != repo)])]

@@ -17,7 +17,6 @@ import json
 import os
 import socket
 import sys
-from collections.abc import Callable
 
 from shim import __version__
 from shim.api.names import DEFAULT_BUNDLE_ROOT, TEMPLATE_LOG, TEMPLATE_SERVICE, TEMPLATE_START_LOCK
@@ -32,17 +31,10 @@ from shim.api.paths import (
 )
 from shim.lib.arguments import ArgumentParser
 from shim.lib.files import ensure_private_dir, flock_open, write_json_atomic
+from shim.lib.program import Failure, UsageError, exit_status, os_error_sentence
 from shim.rpc.status import FailedPrecondition, RpcError, Unavailable
 
 __all__ = ["ACTIONS", "Failure", "UsageError", "exit_status", "main", "os_error_sentence", "run", "start_shim"]
-
-
-class UsageError(Exception):
-    """Bad input from the command line: exit 2."""
-
-
-class Failure(Exception):
-    """A command cannot do its job; the message is one sentence for the person who ran it: exit 1."""
 
 
 #: The actions; a command line that starts with one builds that action's arguments only.
@@ -309,38 +301,9 @@ def main(argv: list[str] | None = None) -> int:
     return exit_status(f"podshim {args.action}", action)
 
 
-def exit_status(program: str, body: Callable[[], int], *failures: type[Exception]) -> int:
-    """Run ``body`` and return its exit status; what it raises becomes one sentence on stderr after
-    ``program:`` and a status: :class:`UsageError` 2; an RpcError (its code's name and message), an
-    OSError (:func:`os_error_sentence`), a :class:`Failure`, a ValueError or one of ``failures`` 1. The one mapping of the
-    project's commands (podshim, containerd-shim-podshim-v1, podshimd)."""
-    try:
-        return body()
-    except UsageError as exc:
-        print(f"{program}: {exc}", file=sys.stderr)
-        return 2
-    except RpcError as exc:
-        print(f"{program}: {exc.code.name}: {exc.message}", file=sys.stderr)
-        return 1
-    except OSError as exc:
-        print(f"{program}: {os_error_sentence(exc)}", file=sys.stderr)
-        return 1
-    except (Failure, ValueError, *failures) as exc:
-        print(f"{program}: {exc}", file=sys.stderr)
-        return 1
-
-
-def os_error_sentence(exc: OSError) -> str:
-    """What an OSError says, as a sentence: not "[Errno N] ...: 'path'"."""
-    said = exc.strerror or str(exc)
-    if exc.filename and exc.strerror and exc.filename not in said:
-        said = f"{exc.filename}: {said}"
-    return said
-
-
 def run() -> None:
-    """The ``podshim`` program: :func:`main`, then exit at once (see shim.launch.install.exit_now)."""
-    from shim.launch.install import exit_now
+    """The ``podshim`` program: :func:`main`, then exit at once (see shim.lib.program.exit_now)."""
+    from shim.lib.program import exit_now
 
     exit_now(main())
 

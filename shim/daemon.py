@@ -17,9 +17,9 @@ from typing import Any, Protocol
 
 from shim.kernel.linux import set_process_name
 from shim.kernel.reaper import Reaper
-from shim.launch.install import long_running
 from shim.lib.files import unlink_quietly
 from shim.lib.notify import Notifier
+from shim.lib.program import long_running
 from shim.rpc.channel import install_uvloop
 from shim.rpc.server import Server
 from shim.sandbox.events import EventBus

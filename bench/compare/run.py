@@ -752,7 +752,7 @@ def podshim_commands() -> dict[str, PythonCommand]:
     """How a ``podshim`` helper can be started (bench/shim_cycle.py runs both). "site": ``python -m
     shim`` with site, as a console script starts, every site-packages start-up hook (.pth file)
     included. "bare": the command line the Controller runs, ``python -I -S`` with an explicit path."""
-    from shim.launch.install import podshim_argv
+    from shim.lib.program import podshim_argv
 
     site_env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [REPO, os.environ.get("PYTHONPATH")]))}
     return {"site": PythonCommand([sys.executable, "-m", "shim"], site_env), "bare": PythonCommand(podshim_argv())}

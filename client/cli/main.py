@@ -196,7 +196,7 @@ def _setup_events(p: argparse.ArgumentParser) -> None:
 
 async def _run_events(args: argparse.Namespace) -> int:
     from shim.api.names import EVENTS_SERVICE
-    from shim.launch.install import long_running
+    from shim.lib.program import long_running
     from shim.rpc.client import Client
 
     long_running()  # it prints events until interrupted
@@ -273,7 +273,7 @@ async def _stop(c: Controller, args: argparse.Namespace) -> int:
 
 
 async def _wait(c: Controller, args: argparse.Namespace) -> int:
-    from shim.launch.install import long_running
+    from shim.lib.program import long_running
 
     long_running()  # it waits as long as the sandbox runs
     result = await c.wait(args.namespace, args.sandbox_id)
@@ -556,7 +556,7 @@ def _failed(args: argparse.Namespace, code: str | None, message: str, sentence: 
 
 
 def run() -> None:
-    """The ``podshimctl`` program: :func:`main`, then exit at once (see shim.launch.install.exit_now)."""
-    from shim.launch.install import exit_now
+    """The ``podshimctl`` program: :func:`main`, then exit at once (see shim.lib.program.exit_now)."""
+    from shim.lib.program import exit_now
 
     exit_now(main())

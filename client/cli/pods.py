@@ -541,7 +541,7 @@ def _logs(args: argparse.Namespace, daemon: _Podshimd) -> int:
     status = _container_status(daemon, args.id, verbose=False)
     path = status["log_path"]
     if args.follow:
-        from shim.launch.install import long_running
+        from shim.lib.program import long_running
 
         long_running()  # it prints until the container ends or it is interrupted
     try:

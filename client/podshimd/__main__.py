@@ -27,9 +27,9 @@ import logging
 import sys
 
 import shim
-from shim.cli import exit_status
 from shim.lib.logs import setup_logging
 from shim.lib.notify import Notifier
+from shim.lib.program import exit_status
 from shim.rpc.channel import install_uvloop
 
 from client.cri import logcontext
@@ -54,7 +54,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)  # usage errors: argparse prints them and exits 2
-    # A bad config is a ValueError, the daemon's own failures shim.cli.Failure: one sentence each.
+    # A bad config is a ValueError, the daemon's own failures shim.lib.program.Failure: one sentence each.
     return exit_status("podshimd", lambda: _serve(args), NotGenerated)
 
 
@@ -117,7 +117,7 @@ def _source(args: argparse.Namespace) -> str:
 
 def run() -> None:
     """The ``podshimd`` program (bin/podshim's launcher runs it): :func:`main`, then exit."""
-    from shim.launch.install import long_running
+    from shim.lib.program import long_running
 
     long_running()  # the launcher starts with the garbage collector off; a daemon needs it
     sys.exit(main())

@@ -37,9 +37,9 @@ from typing import Any
 import grpc
 
 import shim
-from shim.cli import Failure
 from shim.lib.files import ensure_private_dir, flock_open
 from shim.lib.notify import Notifier
+from shim.lib.program import Failure
 from shim.rpc.blocking import can_connect
 from shim.rpc.status import RpcError, Unimplemented
 

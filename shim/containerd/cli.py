@@ -159,8 +159,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run() -> None:
-    """The program: :func:`main`, then exit at once (see shim.launch.install.exit_now)."""
-    from shim.launch.install import exit_now
+    """The program: :func:`main`, then exit at once (see shim.lib.program.exit_now)."""
+    from shim.lib.program import exit_now
 
     exit_now(main())
 

@@ -60,9 +60,10 @@ from shim.api.identifiers import validate_identifier
 from shim.api.names import TEMPLATE_LOCK, TEMPLATE_SERVICE
 from shim.api.paths import control_socket_path, socket_dir, socket_path
 from shim.kernel.linux import set_process_name
-from shim.launch.install import CodeWatch, code_files, long_running
+from shim.launch.install import CodeWatch, code_files
 from shim.launch.spawn import Spare, bind_listener, fork_spare, occupy_stdio, spawn_shim
 from shim.lib.files import ensure_private_dir, unlink_quietly
+from shim.lib.program import long_running
 from shim.rpc.blocking import serve_connection
 from shim.rpc.channel import peer_credentials
 from shim.rpc.messages import Request, optional, require
@@ -408,7 +409,7 @@ def _serve(runtime_root: str, pause_binary: str | None, ready_fd: int | None, id
     # Everything imported so far is shared with every shim forked from here: freezing it keeps
     # the children's garbage collector from writing to (and so copying) those pages.
     gc.collect()
-    long_running()  # freezes it, and turns the collector on (started off: shim.launch.install)
+    long_running()  # freezes it, and turns the collector on (started off: shim.lib.program)
     template = _Template(runtime_root, pause_binary, listener, path)
     from shim.kernel.cgroups import remove_stale_holds
 

@@ -4,6 +4,7 @@
 - ``files``: atomic writes, private directories, JSON documents read with limits;
 - ``trees``: walking and removing trees of any depth; ``mountinfo``: /proc/PID/mountinfo;
 - ``processes``: a process named by pid and start time, and its pidfd;
-- ``arguments``: the commands' argument parser; ``notify``: sd_notify and LISTEN_FDS;
+- ``arguments``: the commands' argument parser; ``program``: how a podshim program starts another,
+  ends, goes on running, and maps its errors to an exit status; ``notify``: sd_notify and LISTEN_FDS;
 - ``console`` and ``pipes``: a terminal's pty and the one pipe reader, for exec and attach streams.
 """

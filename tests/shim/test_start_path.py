@@ -14,7 +14,7 @@ import subprocess
 import pytest
 
 from shim.api.paths import LOG_FILE
-from shim.launch.install import podshim_argv
+from shim.lib.program import podshim_argv
 
 from support.shimtools import (
     WAIT,

@@ -554,7 +554,7 @@ def _remake_directory(install) -> None:
 
 @pytest.mark.parametrize("upgrade", [_append, _rename_over, _remake_directory])
 def test_a_template_whose_code_changed_on_disk_forks_nothing_and_leaves(roots, tmp_path, upgrade):
-    from shim.launch.install import BOOT, search_path
+    from shim.lib.program import BOOT, search_path
     from shim.rpc.status import FailedPrecondition
 
     install = tmp_path / "install"

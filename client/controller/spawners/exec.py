@@ -43,8 +43,8 @@ _YES, _NO = ("1", "yes", "true", "on"), ("0", "no", "false", "off")
 def default_command() -> list[str]:
     """The ``podshim`` command: this interpreter running the ``shim`` package this process
     imported (same code as this client), without site-packages' start-up hooks (see
-    :func:`shim.launch.install.podshim_argv`)."""
-    from shim.launch.install import podshim_argv
+    :func:`shim.lib.program.podshim_argv`)."""
+    from shim.lib.program import podshim_argv
 
     return podshim_argv()
 

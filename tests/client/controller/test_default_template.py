@@ -20,8 +20,8 @@ import pytest
 
 from shim.api.names import TEMPLATE_ENV, TEMPLATE_LOCK, TEMPLATE_SERVICE, TEMPLATE_SOCKET_ENV
 from shim.api.paths import control_socket_path
-from shim.launch.install import BOOT, search_path
 from shim.launch.template import template_pid
+from shim.lib.program import BOOT, search_path
 from shim.rpc import blocking
 from shim.rpc.status import InvalidArgument
 
