@@ -2,6 +2,9 @@
 containerd's WithDevices gives them: each ``host_path`` resolved on the host (its symbolic links
 followed; a directory gives every device node below it), made at ``container_path`` in the task's
 /dev with the host node's mode and owner, and allowed in the task's cgroup with ``permissions``.
+An entry may say the node's ``type`` (c or b), ``major``, ``minor``, ``file_mode``, ``uid`` and
+``gid`` itself (a CDI spec's device node): those win over the host node's, and a node whose type
+and numbers are said needs none on the host.
 """
 
 from __future__ import annotations
@@ -23,6 +26,8 @@ __all__ = ["GivenDevice", "parse_devices"]
 #: image's in it), not below the mounts made there after the nodes.
 _DEV = "/dev"
 _MOUNTED_IN_DEV = ("/dev/pts", "/dev/shm", "/dev/mqueue")
+#: What an entry may say of its node itself, over its host node's (a CDI spec's device node fields).
+_SAID = ("type", "major", "minor", "file_mode", "uid", "gid")
 
 
 class GivenDevice(Record):
@@ -62,12 +67,28 @@ def parse_devices(payload: Mapping[str, Any]) -> tuple[GivenDevice, ...]:
             access = normal_access(permissions)
         except InvalidArgument as exc:
             raise InvalidArgument(f"field '{where}.permissions': {exc.message}") from None
-        for path, node in _nodes(host_path, where):
+        said = _said(entry, where)
+        for path, node in _nodes(host_path, where, said):
             target = container_path if path == "" else os.path.join(container_path, path)
-            found.append(GivenDevice(HostDevice(target, node.kind, node.major, node.minor, node.mode, node.uid,
-                                                node.gid),
-                                     DeviceRule(node.kind, node.major, node.minor, access)))
+            node = HostDevice(target, said.get("type", node.kind), said.get("major", node.major),
+                              said.get("minor", node.minor), said.get("file_mode", node.mode), said.get("uid", node.uid),
+                              said.get("gid", node.gid))
+            found.append(GivenDevice(node, DeviceRule(node.kind, node.major, node.minor, access)))
     return tuple(found)
+
+
+def _said(entry: Mapping[str, Any], where: str) -> dict[str, Any]:
+    """What an entry says of its node itself (a CDI spec's ``type``, ``major``, ``minor``,
+    ``file_mode``, ``uid``, ``gid``), over what its host node has; InvalidArgument when malformed."""
+    said = {key: entry[key] for key in _SAID if entry.get(key) is not None}
+    if said.get("type", "c") not in ("b", "c"):
+        raise InvalidArgument(f"field '{where}.type' must be c or b, not {said['type']!r}")
+    for key, high in (("major", 2**31 - 1), ("minor", 2**31 - 1), ("file_mode", 0o7777), ("uid", 2**32 - 1),
+                      ("gid", 2**32 - 1)):
+        value = said.get(key)
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= high):
+            raise InvalidArgument(f"field '{where}.{key}' must be a whole number from 0 to {high}")
+    return said
 
 
 def _path(entry: Mapping[str, Any], key: str, where: str) -> str:
@@ -77,15 +98,21 @@ def _path(entry: Mapping[str, Any], key: str, where: str) -> str:
     return os.path.normpath(value)
 
 
-def _nodes(host_path: str, where: str) -> list[tuple[str, HostDevice]]:
+def _nodes(host_path: str, where: str, said: Mapping[str, Any]) -> list[tuple[str, HostDevice]]:
     """(path relative to ``host_path``, "" for itself; the node) of the device at ``host_path``,
-    or of every device below it when it is a directory."""
+    or of every device below it when it is a directory. A node whose type and numbers are ``said``
+    needs no node on the host (a minor said of none is 0, its mode is then 0666, its owner root, unless said too)."""
     resolved = os.path.realpath(host_path)
     try:
         st = os.stat(resolved)
     except OSError as exc:
+        if "type" in said and "major" in said:
+            return [("", HostDevice(resolved, said["type"], said["major"], said.get("minor", 0), 0o666, 0, 0))]
         raise FailedPrecondition(f"{where}.host_path {host_path}: {exc.strerror}") from None
     if stat.S_ISDIR(st.st_mode):
+        numbers = sorted(set(said) & {"type", "major", "minor"})
+        if numbers:
+            raise InvalidArgument(f"field '{where}' says {', '.join(numbers)} of a directory of devices ({host_path})")
         found = []
         for directory, _, names in os.walk(resolved):
             for name in sorted(names):

@@ -1,6 +1,7 @@
 """CDI devices through podshimd's gRPC, on every runtime handler: a container's CDI_devices resolved
-with the JSON CDI specs of the daemon's private spec directories (config ``cdi_spec_dirs``): device
-nodes the test makes, mounts and env applied; an unknown device, hooks and a YAML spec refused."""
+with the JSON and YAML CDI specs of the daemon's private spec directories (config ``cdi_spec_dirs``):
+device nodes the test makes or the spec says, mounts and env applied; an unknown device and a broken
+spec refused."""
 
 from __future__ import annotations
 
@@ -126,20 +127,53 @@ def test_an_unknown_cdi_device_is_invalid_argument_naming_it(daemon, pod, spec_d
                                                                                       "containerEdits": {}}]})
     error = create_error(daemon, pod, with_cdi("example.com/gpu=gpu7"))
     assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert "CDI device 'example.com/gpu=gpu7' is not defined by any CDI spec" in error.details()
+    assert "CDI device 'example.com/gpu=gpu7' is not defined by any valid CDI spec" in error.details()
     error = create_error(daemon, pod, with_cdi("gpu7"))
     assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "'gpu7' is not a fully qualified CDI device name (vendor.com/class=name)" in error.details()
 
 
-def test_hooks_and_yaml_specs_are_refused_with_a_sentence(daemon, pod, spec_dirs):
-    write_spec(spec_dirs[0], "hooks.json", {"kind": "example.com/hook", "devices": [{"name": "h", "containerEdits": {
-        "hooks": [{"hookName": "createContainer", "path": "/bin/true"}]}}]})
-    error = create_error(daemon, pod, with_cdi("example.com/hook=h"))
-    assert error.code() == grpc.StatusCode.FAILED_PRECONDITION
-    assert "has hooks, which podshim cannot apply (it runs no OCI hooks)" in error.details()
+def test_a_yaml_spec_makes_the_device_nodes_it_says(daemon, crictl, pod, spec_dirs, nodes):
+    """A YAML spec (as nvidia-ctk and DRA drivers write them): one node from a host node, one said
+    by its type and numbers alone (no node on the host), with the mode and owner the spec says."""
     with open(os.path.join(spec_dirs[1], "vendor.yaml"), "w") as f:
-        f.write("cdiVersion: 0.6.0\nkind: example.com/yaml\ndevices:\n- name: y\n")
+        f.write(f"""\
+---
+cdiVersion: 0.5.0
+kind: example.com/yaml
+devices:
+- name: y
+  containerEdits:
+    env: [FROM=yaml]
+    deviceNodes:
+    - path: /dev/yaml0
+      hostPath: {nodes}/null
+      permissions: rw
+    - path: /dev/yaml1
+      hostPath: {nodes}/absent
+      type: c
+      major: 1
+      minor: 5
+      fileMode: 0640
+      uid: 1234
+      gid: 5678
+""")
+    container_id = daemon.create_container(pod[0], with_cdi("example.com/yaml=y"), pod[1])
+    daemon.crictl(crictl, "start", container_id)
+
+    def run(script: str) -> str:
+        return daemon.crictl(crictl, "exec", container_id, "sh", "-c", script).stdout
+
+    assert run("echo $FROM") == "yaml\n"
+    assert run("echo hi > /dev/yaml0 && echo written") == "written\n"
+    assert run("stat -c '%F %t:%T %a %u:%g' /dev/yaml1").strip() == "character special file 1:5 640 1234:5678"
+    assert run("head -c 2 /dev/yaml1 | od -An -tx1").split() == ["00", "00"]
+
+
+def test_a_broken_spec_is_skipped_and_its_device_is_invalid_argument(daemon, pod, spec_dirs):
+    with open(os.path.join(spec_dirs[1], "vendor.yaml"), "w") as f:
+        f.write("cdiVersion: 9.9.9\nkind: example.com/yaml\ndevices:\n- name: y\n")
     error = create_error(daemon, pod, with_cdi("example.com/yaml=y"))
-    assert error.code() == grpc.StatusCode.FAILED_PRECONDITION
-    assert "vendor.yaml is YAML, which podshim cannot read" in error.details()
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "CDI device 'example.com/yaml=y' is not defined by any valid CDI spec" in error.details()
+    assert "vendor.yaml was skipped: cdiVersion '9.9.9' is not a CDI version podshim knows" in error.details()

@@ -62,6 +62,10 @@ class ContainerCreate(PodServiceBase):
             env = cdi.merge_env(process.env, devices.env)
             user = confinement["user"]
             user["additional_gids"] = sorted({*user["additional_gids"], *devices.additional_gids})
+            for node in devices.devices:  # a CDI node is the container user's unless its spec says (as CDI's)
+                for key in ("uid", "gid"):
+                    if key not in node and user[key] > 0:
+                        node[key] = user[key]
             # The record comes first: whatever is made for the container from here on (its
             # snapshot, its task) is found through it, by a rollback or after a crash.
             self.store.add_container(ContainerRecord(
