@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from shim.api.identifiers import validate_annotations, validate_hostname, validate_labels
-from shim.kernel.userns import UserNamespace
 from shim.lib.files import read_json
+from shim.lib.idmaps import UserNamespace
 from shim.rpc.status import InvalidArgument
 
 from client.cri.cdi import parse_name as parse_cdi_name

@@ -30,8 +30,8 @@ from typing import Any
 
 import anyio
 
-from shim.kernel.userns import IdMap
 from shim.lib.files import ensure_private_dir
+from shim.lib.idmaps import IdMap
 from shim.rpc.status import FailedPrecondition, InvalidArgument, RpcError
 from shim.runtime.mounts import (
     is_mount_point,

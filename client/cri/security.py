@@ -39,10 +39,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from shim.api.defaults import DEFAULT_CAPABILITIES
-from shim.kernel import capabilities as kernel_caps
-from shim.kernel.linux import read_status
-from shim.kernel.userns import UserNamespace, inside_id
+from shim.lib import capabilities as capability_sets
 from shim.lib.files import read_regular
+from shim.lib.idmaps import UserNamespace, inside_id
+from shim.lib.processes import read_status
 from shim.rpc.status import InvalidArgument
 
 from client.cri.seccomp_default import default_profile
@@ -255,7 +255,7 @@ class ContainerSecurity:
 
 def held_capabilities() -> tuple[str, ...]:
     """Every capability this process holds (containerd's cap.Current: what "ALL" and privileged give)."""
-    return tuple(kernel_caps.names(kernel_caps.current("CapEff")))
+    return tuple(capability_sets.names(capability_sets.current("CapEff")))
 
 
 def _cap_name(name: str) -> str:

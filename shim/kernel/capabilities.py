@@ -1,5 +1,5 @@
-"""Linux capabilities: their names and numbers, this kernel's and this process's sets, and the
-calls that change a process's sets (capset, the bounding set, the ambient set).
+"""Linux capabilities: this kernel's set, and the calls that change a process's sets (capset, the
+bounding set, the ambient set); their names and numbers are :mod:`shim.lib.capabilities`'s.
 
 The setters are meant for a forked child about to exec (:mod:`shim.runtime.confine`): the
 ctypes structures they pass are built by :func:`capset_args` in the parent, so the child only
@@ -11,18 +11,11 @@ from __future__ import annotations
 import ctypes
 import os
 
+from shim.lib.capabilities import CAPABILITIES, current, mask, names
+
+# The names and a process's sets (shim.lib.capabilities) beside the calls that change them.
 __all__ = ["CAPABILITIES", "CapsetArgs", "capset", "capset_args", "clear_ambient", "current", "drop_bounding",
            "last_cap", "mask", "names", "set_keepcaps"]
-
-#: <linux/capability.h>: every capability's name and number.
-CAPABILITIES: dict[str, int] = {f"CAP_{name}": number for number, name in enumerate((
-    "CHOWN", "DAC_OVERRIDE", "DAC_READ_SEARCH", "FOWNER", "FSETID", "KILL", "SETGID", "SETUID", "SETPCAP",
-    "LINUX_IMMUTABLE", "NET_BIND_SERVICE", "NET_BROADCAST", "NET_ADMIN", "NET_RAW", "IPC_LOCK", "IPC_OWNER",
-    "SYS_MODULE", "SYS_RAWIO", "SYS_CHROOT", "SYS_PTRACE", "SYS_PACCT", "SYS_ADMIN", "SYS_BOOT", "SYS_NICE",
-    "SYS_RESOURCE", "SYS_TIME", "SYS_TTY_CONFIG", "MKNOD", "LEASE", "AUDIT_WRITE", "AUDIT_CONTROL", "SETFCAP",
-    "MAC_OVERRIDE", "MAC_ADMIN", "SYSLOG", "WAKE_ALARM", "BLOCK_SUSPEND", "AUDIT_READ", "PERFMON", "BPF",
-    "CHECKPOINT_RESTORE",
-))}
 
 _PR_SET_KEEPCAPS = 8
 _PR_CAPBSET_DROP = 24
@@ -54,27 +47,6 @@ def last_cap() -> int:
     """The highest capability number this kernel knows (/proc/sys/kernel/cap_last_cap)."""
     with open("/proc/sys/kernel/cap_last_cap", "rb") as f:
         return int(f.read())
-
-
-def current(field: str = "CapEff", pid: int | str = "self") -> int:
-    """A capability set of a process as a bit mask: ``field`` of /proc/PID/status (CapEff, CapPrm,
-    CapBnd, CapInh, CapAmb)."""
-    from shim.kernel.linux import status_mask
-
-    return status_mask(field, f"/proc/{pid}/status")
-
-
-def mask(cap_names: tuple[str, ...] | list[str]) -> int:
-    """The bit mask of known capability names (KeyError for an unknown one)."""
-    bits = 0
-    for name in cap_names:
-        bits |= 1 << CAPABILITIES[name]
-    return bits
-
-
-def names(bits: int) -> list[str]:
-    """The names of the capabilities in a bit mask, in number order."""
-    return [name for name, number in CAPABILITIES.items() if bits >> number & 1]
 
 
 class CapsetArgs:

@@ -18,9 +18,17 @@ import signal
 import struct
 from collections.abc import Sequence
 
-# /proc reading lives with the code the client shares (no ctypes); read_status reads with it.
-from shim.lib.files import read_file
-from shim.lib.processes import STAT_PPID, STAT_SESSION, STAT_STARTTIME, STAT_STATE, proc_start_time, proc_stat
+# /proc reading lives with the code the client shares (no ctypes).
+from shim.lib.processes import (
+    STAT_PPID,
+    STAT_SESSION,
+    STAT_STARTTIME,
+    STAT_STATE,
+    proc_start_time,
+    proc_stat,
+    read_status,
+    status_mask,
+)
 
 __all__ = [
     "CLONE_NEWCGROUP", "CLONE_NEWIPC", "CLONE_NEWNET", "CLONE_NEWNS", "CLONE_NEWPID",
@@ -424,26 +432,6 @@ def default_signal(sig: int) -> None:
 def _check_pthread(result: int) -> None:
     if result != 0:  # pthread functions return the error number instead of setting errno
         raise OSError(result, os.strerror(result))
-
-
-def read_status(path: str = "/proc/self/status") -> dict[str, str]:
-    """A /proc/PID/status file as ``{field: value}``, each value stripped. Raises OSError
-    (FileNotFoundError: the process is gone)."""
-    fields = {}
-    for line in read_file(path).decode("utf-8", "replace").splitlines():
-        name, sep, value = line.partition(":")
-        if sep:
-            fields[name] = value.strip()
-    return fields
-
-
-def status_mask(field: str, path: str = "/proc/self/status") -> int:
-    """A hexadecimal mask of a /proc/PID/status file (SigIgn, SigBlk, CapEff, ...) as an int.
-    Raises OSError, and ValueError when the file has no such field."""
-    value = read_status(path).get(field)
-    if value is None:
-        raise ValueError(f"{path} has no {field}")
-    return int(value, 16)
 
 
 CAP_SYS_RESOURCE = 24

@@ -3,7 +3,9 @@
 
 - ``files``: atomic writes, private directories, JSON documents read with limits;
 - ``trees``: walking and removing trees of any depth; ``mountinfo``: /proc/PID/mountinfo;
-- ``processes``: a process named by pid and start time, and its pidfd;
+- ``processes``: a process named by pid and start time, its pidfd, its /proc status;
+- ``capabilities``: capabilities by name and a process's sets; ``idmaps``: a user namespace's
+  mappings and its view for id-mapped mounts;
 - ``arguments``: the commands' argument parser; ``program``: how a podshim program starts another,
   ends, goes on running, and maps its errors to an exit status; ``notify``: sd_notify and LISTEN_FDS;
 - ``console`` and ``pipes``: a terminal's pty and the one pipe reader, for exec and attach streams.

@@ -29,6 +29,8 @@ __all__ = [
     "process_exiting",
     "proc_start_time",
     "proc_stat",
+    "read_status",
+    "status_mask",
     "process_alive",
     "signal_process",
     "wait_gone",
@@ -183,3 +185,23 @@ def wait_gone(pid: int, start_time: int | None, timeout: float) -> bool:
         return wait_pidfd(fd, timeout)
     finally:
         os.close(fd)
+
+
+def read_status(path: str = "/proc/self/status") -> dict[str, str]:
+    """A /proc/PID/status file as ``{field: value}``, each value stripped. Raises OSError
+    (FileNotFoundError: the process is gone)."""
+    fields = {}
+    for line in read_file(path).decode("utf-8", "replace").splitlines():
+        name, sep, value = line.partition(":")
+        if sep:
+            fields[name] = value.strip()
+    return fields
+
+
+def status_mask(field: str, path: str = "/proc/self/status") -> int:
+    """A hexadecimal mask of a /proc/PID/status file (SigIgn, SigBlk, CapEff, ...) as an int.
+    Raises OSError, and ValueError when the file has no such field."""
+    value = read_status(path).get(field)
+    if value is None:
+        raise ValueError(f"{path} has no {field}")
+    return int(value, 16)

@@ -28,7 +28,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from shim.kernel import linux
-from shim.kernel.userns import IdMap
+from shim.lib.idmaps import IdMap
 from shim.rpc.records import Record
 from shim.rpc.records import set_field as _set
 from shim.rpc.status import FailedPrecondition, Internal, InvalidArgument

@@ -20,8 +20,8 @@ from shim.kernel.linux import (
     CLONE_NEWUTS,
 )
 from shim.kernel.reaper import Reaper
-from shim.kernel.userns import IdMap
 from shim.lib import console
+from shim.lib.idmaps import IdMap
 from shim.rpc.status import FailedPrecondition, Internal
 from shim.runtime import mounts, pause, process
 from shim.runtime.base import CONTAINER, POD, TARGET, ExecSpec, Runtime, TaskSpec

@@ -36,7 +36,7 @@ from shim.api.defaults import CATATONIT
 from shim.kernel import linux, userns
 from shim.kernel.cgroups import SandboxCgroup
 from shim.kernel.reaper import ExitInfo, Reaper
-from shim.kernel.userns import UserNamespace
+from shim.lib.idmaps import UserNamespace
 from shim.rpc.status import FailedPrecondition, Internal, InvalidArgument, RpcError
 from shim.runtime import mounts, process
 from shim.runtime.confine import Confinement

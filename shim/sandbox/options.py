@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from shim.api.handlers import NAMESPACE_MODES, NATIVE, RUNTIME_HANDLERS
 from shim.api.identifiers import validate_annotations, validate_hostname, validate_labels
-from shim.kernel.userns import UserNamespace
+from shim.lib.idmaps import UserNamespace
 from shim.rpc.messages import optional
 from shim.rpc.records import Record
 from shim.rpc.records import set_field as _set

@@ -34,10 +34,10 @@ from shim.kernel import devices, linux
 from shim.kernel.cgroups import SandboxCgroup, no_metrics
 from shim.kernel.netns import NamespaceNotFound
 from shim.kernel.reaper import ExitInfo
-from shim.kernel.userns import IdMap
 from shim.lib import console
 from shim.lib.console import Console
 from shim.lib.files import ensure_private_dir
+from shim.lib.idmaps import IdMap
 from shim.rpc.status import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound, RpcError, Unavailable
 from shim.runtime import execstream, execsync, mounts, process
 from shim.runtime.base import CONTAINER, PID_MODES, POD, TARGET, ExecSpec, TaskSpec

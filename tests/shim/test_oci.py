@@ -22,7 +22,7 @@ import pytest
 
 from shim.kernel import devices, linux
 from shim.kernel.reaper import Reaper
-from shim.kernel.userns import UserNamespace
+from shim.lib.idmaps import UserNamespace
 from shim.rpc.status import AlreadyExists, DeadlineExceeded, FailedPrecondition, Internal, InvalidArgument, NotFound
 from shim.runtime import pause, process
 from shim.runtime.mounts import BindMount

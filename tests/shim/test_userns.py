@@ -15,7 +15,7 @@ import subprocess
 import pytest
 
 from shim.kernel import linux, netns, userns
-from shim.kernel.userns import IdMap, UserNamespace
+from shim.lib.idmaps import IdMap, UserNamespace
 from shim.lib.processes import signal_process
 from shim.rpc.status import FailedPrecondition, InvalidArgument
 from shim.runtime.mounts import is_mount_point, mount_rootfs, parse_rootfs, unmount_rootfs
@@ -127,7 +127,7 @@ async def test_the_pods_sysctls_are_written_in_a_user_namespace_too(start, netns
 
 
 def test_a_host_id_is_seen_inside_through_the_mapping_and_unmapped_as_the_overflow_id():
-    from shim.kernel.userns import OVERFLOW_ID, inside_id
+    from shim.lib.idmaps import OVERFLOW_ID, inside_id
     assert [inside_id(POD_USERNS.uids, host) for host in (HOST_ID, HOST_ID + 33, HOST_ID + 65535)] == [0, 33, 65535]
     assert inside_id(POD_USERNS.uids, HOST_ID + 65536) == inside_id(POD_USERNS.uids, 0) == OVERFLOW_ID
 

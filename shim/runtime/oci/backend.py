@@ -15,9 +15,9 @@ from shim.kernel.cgroups import SandboxCgroup
 from shim.kernel.cgroups.hierarchies import discover_hierarchies, pure_v2
 from shim.kernel.linux import oom_score_adj_permitted
 from shim.kernel.reaper import ExitInfo, Reaper
-from shim.kernel.userns import IdMap, UserNamespace
 from shim.lib.console import CONSOLE_TIMEOUT, Console
 from shim.lib.files import ensure_private_dir, read_json, write_json_atomic
+from shim.lib.idmaps import IdMap, UserNamespace
 from shim.rpc.status import FailedPrecondition, Internal, InvalidArgument, RpcError
 from shim.runtime import pause, process
 from shim.runtime.base import ExecSpec, Runtime, TaskSpec

@@ -12,7 +12,7 @@ from typing import Any
 from shim.api.defaults import DEFAULT_CAPABILITIES
 from shim.kernel.cgroups import RESOURCE_FILES
 from shim.kernel.devices import DEFAULT_RULES, DeviceRules, pod_rules
-from shim.kernel.userns import UserNamespace
+from shim.lib.idmaps import UserNamespace
 from shim.rpc.status import InvalidArgument
 from shim.runtime import pause, process
 from shim.runtime.confine import Confinement

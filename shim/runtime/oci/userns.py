@@ -26,7 +26,7 @@ import stat
 from collections.abc import Callable
 
 from shim.kernel import linux
-from shim.kernel.userns import IdMap, UserNamespace
+from shim.lib.idmaps import IdMap, UserNamespace
 from shim.rpc.status import FailedPrecondition
 from shim.runtime import mounts
 
