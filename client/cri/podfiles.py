@@ -7,7 +7,8 @@ What goes in them is what kubelet and containerd's CRI plugin (``setupSandboxFil
   namespace then keeps the node's name too), and a newline.
 - **hosts**: for a pod with its own network, kubelet's managed hosts file: the localhost lines and
   one line per pod IP naming the pod's hostname. A pod on the node's network gets a copy of the
-  node's /etc/hosts (kubelet and containerd both do so).
+  node's /etc/hosts (kubelet and containerd both do so); so does every pod with ``node_hosts``
+  (containerd's CRI copies the node's for every pod: podshim's shim under containerd does too).
 - **resolv.conf**: ``search``, ``nameserver`` and ``options`` lines from the pod's DNSConfig
   (containerd's ``parseDNSOptions``); when it gives none of them, a copy of the node's
   /etc/resolv.conf.
@@ -100,6 +101,11 @@ class PodFiles:
         """Container path → node path of every file."""
         return {ETC_HOSTS: self.hosts, ETC_RESOLV_CONF: self.resolv_conf, ETC_HOSTNAME: self.hostname}
 
+    def written(self) -> dict[str, str]:
+        """Container path → node path of every file there is: {} for a pod whose files were never
+        written."""
+        return {path: source for path, source in self.mounts().items() if os.path.exists(source)}
+
 
 def _read_host_file(path: str) -> bytes:
     try:
@@ -109,14 +115,15 @@ def _read_host_file(path: str) -> bytes:
         return b""  # a node without one: the pod gets an empty one, as a copy of nothing
 
 
-def write_pod_files(directory: str, cfg: PodSandboxConfig, ips: Iterable[str] = (), *,
+def write_pod_files(directory: str, cfg: PodSandboxConfig, ips: Iterable[str] = (), *, node_hosts: bool = False,
                     host_hosts: str = HOST_HOSTS, host_resolv_conf: str = HOST_RESOLV_CONF) -> PodFiles:
     """Write the pod's hosts, resolv.conf and hostname into ``directory`` (made 0711: the files
-    are read through it by their bind mounts), each atomically; return where they are. Raises
+    are read through it by their bind mounts), each atomically; return where they are. hosts is
+    a copy of the node's for a pod on the node's network, or for any with ``node_hosts``. Raises
     OSError when they cannot be written (the caller removes the directory)."""
     ensure_private_dir(directory, 0o711)
     files = PodFiles(directory)
-    if cfg.host_network:
+    if cfg.host_network or node_hosts:
         hosts = _read_host_file(host_hosts)
     else:
         hosts = hosts_content(cfg.hostname, ips).encode()

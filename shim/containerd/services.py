@@ -7,10 +7,15 @@ sentence, never answered as if done.
 containerd's CRI decides the pod's network namespace (``netns_path``) and hands the pod's
 PodSandboxConfig in CreateSandbox's ``options``; the shim makes of it the options podshimd's pod
 layer would give (client.cri.configs), so a pod is the same whichever of the two drives it.
+containerd's CRI leaves a pod's hosts, resolv.conf and hostname to the sandbox controller when
+it is not its own (it mounts them only where its podsandbox controller wrote them): the shim
+writes them from the PodSandboxConfig into its bundle (:func:`pod_files`) as containerd's
+podsandbox controller would, and binds them into every container that mounts nothing there.
 """
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
@@ -22,14 +27,17 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from shim.api.handlers import NATIVE
 from shim.containerd.api import load
 from shim.rpc.server import CallContext, Server
-from shim.rpc.status import FailedPrecondition, InvalidArgument, Unimplemented
+from shim.rpc.status import FailedPrecondition, Internal, InvalidArgument, Unimplemented
 
 if TYPE_CHECKING:
     from shim.sandbox.service import SandboxService
     from shim.sandbox.task_service import TaskService
 
-__all__ = ["SANDBOX_SERVICE", "TASK_SERVICE", "POD_SANDBOX_CONFIG_TYPE", "register_containerd", "timestamp", "nanos",
-           "sandbox_pb2", "task_pb2"]
+    from client.cri.configs import PodSandboxConfig
+    from client.cri.podfiles import PodFiles
+
+__all__ = ["SANDBOX_SERVICE", "TASK_SERVICE", "POD_SANDBOX_CONFIG_TYPE", "POD_FILES_DIR", "pod_files",
+           "register_containerd", "timestamp", "nanos", "sandbox_pb2", "task_pb2"]
 
 sandbox_pb2 = load("runtime.sandbox.v1.sandbox_pb2")
 task_pb2 = load("runtime.task.v3.shim_pb2")
@@ -40,6 +48,8 @@ SANDBOX_SERVICE = "containerd.runtime.sandbox.v1.Sandbox"
 TASK_SERVICE = "containerd.task.v3.Task"
 #: The type of CreateSandbox's ``options`` that containerd's CRI gives: the pod's config.
 POD_SANDBOX_CONFIG_TYPE = "runtime.v1.PodSandboxConfig"
+#: The pod's hosts, resolv.conf and hostname files, in the shim's bundle.
+POD_FILES_DIR = "etc"
 #: SandboxStatus's states, as CRI's PodSandboxState names them (containerd reads them so).
 READY, NOT_READY = "SANDBOX_READY", "SANDBOX_NOTREADY"
 
@@ -86,17 +96,16 @@ def _method(service: str, name: str, request_type: type[Message], handler: Handl
     return call
 
 
-def pod_options(options: Any) -> dict[str, Any]:
-    """CreateSandbox's ``options`` (an Any) as the shim's sandbox options (protocol.md 7.4):
-    containerd's CRI gives the pod's PodSandboxConfig; nothing else is understood."""
+def pod_config(options: Any) -> PodSandboxConfig | None:
+    """CreateSandbox's ``options`` (an Any): the PodSandboxConfig containerd's CRI gives, or None
+    when there are none; anything else is refused."""
     if not options.type_url:
-        return {"runtime_handler": NATIVE}
+        return None
     if options.type_url.rsplit("/", 1)[-1] != POD_SANDBOX_CONFIG_TYPE:
         raise InvalidArgument(f"CreateSandbox options of type {options.type_url!r} are not understood: podshim's "
                               f"shim takes containerd CRI's {POD_SANDBOX_CONFIG_TYPE}")
     # The pod layer's translation, loaded only here: a shim that never creates a pod for containerd
     # does not pay for CRI's schema.
-    from client.cri import security
     from client.criapi import api_pb2
     from client.podshimd.translate import pod_sandbox_config
 
@@ -104,11 +113,26 @@ def pod_options(options: Any) -> dict[str, Any]:
         config = api_pb2.PodSandboxConfig.FromString(options.value)
     except DecodeError as exc:
         raise InvalidArgument(f"CreateSandbox options are not a valid {POD_SANDBOX_CONFIG_TYPE}: {exc}") from None
-    cfg = pod_sandbox_config(api_pb2.RunPodSandboxRequest(config=config))
+    return pod_sandbox_config(api_pb2.RunPodSandboxRequest(config=config))
+
+
+def pod_options(cfg: PodSandboxConfig | None) -> dict[str, Any]:
+    """The shim's sandbox options (protocol.md 7.4) of a pod's config (:func:`pod_config`)."""
+    if cfg is None:
+        return {"runtime_handler": NATIVE}
+    from client.cri import security
+
     pause = security.pause_fields(cfg.security)  # refuses what cannot be honoured (AppArmor, ...)
     result = {**cfg.to_shim_options(), "runtime_handler": NATIVE}
     result["linux"] = {**result["linux"], "pause_process": pause}
     return result
+
+
+def pod_files(bundle: str) -> PodFiles:
+    """Where the pod's hosts, resolv.conf and hostname are in the shim's ``bundle``."""
+    from client.cri.podfiles import PodFiles
+
+    return PodFiles(os.path.join(bundle, POD_FILES_DIR))
 
 
 class SandboxV1:
@@ -121,11 +145,19 @@ class SandboxV1:
         if r.rootfs:
             raise InvalidArgument("CreateSandbox with a rootfs (a sandbox image's snapshot) is not supported by "
                                   "podshim's shim for containerd: its pause is its own")
-        payload: dict[str, Any] = {"sandbox_id": r.sandbox_id, "options": pod_options(r.options),
+        cfg = pod_config(r.options)
+        payload: dict[str, Any] = {"sandbox_id": r.sandbox_id, "options": pod_options(cfg),
                                    "annotations": dict(r.annotations)}
         if r.netns_path:
             payload["netns_path"] = r.netns_path
         await self.service.create(ctx, payload)
+        if cfg is not None:
+            from client.cri.podfiles import write_pod_files
+
+            try:  # containerd's CRI copies the node's hosts for every pod: so do we
+                write_pod_files(pod_files(self.service.sandbox.config.bundle).directory, cfg, node_hosts=True)
+            except OSError as exc:
+                raise Internal(f"cannot write the pod's hosts, resolv.conf and hostname files: {exc}") from None
         return sandbox_pb2.CreateSandboxResponse()
 
     async def start(self, ctx: CallContext, r: Any) -> Message:

@@ -24,6 +24,7 @@ import asyncio
 import json
 import os
 import signal
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from google.protobuf.empty_pb2 import Empty
@@ -32,7 +33,7 @@ from google.protobuf.message import Message
 from shim.api.handlers import NATIVE
 from shim.containerd.api import load
 from shim.containerd.events import Publisher, task_events
-from shim.containerd.services import timestamp
+from shim.containerd.services import pod_files, timestamp
 from shim.containerd.stdio import ExecTerminal
 from shim.lib import console
 from shim.rpc.records import Record
@@ -103,10 +104,13 @@ def _resources(linux: dict[str, Any], process: dict[str, Any]) -> dict[str, Any]
     return out
 
 
-def task_fields(spec: dict[str, Any], rootfs: list[Any], pause_pid: int) -> dict[str, Any]:
+def task_fields(spec: dict[str, Any], rootfs: list[Any], pause_pid: int,
+                pod_files: Mapping[str, str] | None = None) -> dict[str, Any]:
     """The shim's Create fields (protocol.md 7.3) of containerd's OCI ``spec`` and root ``rootfs``
-    mounts, for a sandbox whose pause is ``pause_pid``. Raises InvalidArgument naming what the
-    shim cannot apply."""
+    mounts, for a sandbox whose pause is ``pause_pid``. ``pod_files`` (container path → node path:
+    the pod's hosts, resolv.conf, hostname) are bound first, each unless the spec mounts something
+    there (as containerd's CRI does with its own), read-only when the root is. Raises
+    InvalidArgument naming what the shim cannot apply."""
     process = spec.get("process") or {}
     linux = spec.get("linux") or {}
     if not process.get("args"):
@@ -127,6 +131,8 @@ def task_fields(spec: dict[str, Any], rootfs: list[Any], pause_pid: int) -> dict
                               "one: podshim's shim cannot join it")
     privileged = _privileged(linux.get("devices") or [])
     user = process.get("user") or {}
+    readonly_rootfs = bool((spec.get("root") or {}).get("readonly"))
+    spec_mounts = spec.get("mounts") or []
     fields: dict[str, Any] = {
         "args": list(process["args"]), "env": list(process.get("env") or []), "cwd": process.get("cwd") or "/",
         "pid_mode": pid_mode, "terminal": bool(process.get("terminal")),
@@ -135,8 +141,8 @@ def task_fields(spec: dict[str, Any], rootfs: list[Any], pause_pid: int) -> dict
         "capabilities": list((process.get("capabilities") or {}).get("bounding") or []),
         "no_new_privileges": bool(process.get("noNewPrivileges")),
         "rootfs": [{"type": m.type, "source": m.source, "options": list(m.options)} for m in rootfs],
-        "readonly_rootfs": bool((spec.get("root") or {}).get("readonly")),
-        "mounts": _mounts(spec.get("mounts") or []),
+        "readonly_rootfs": readonly_rootfs,
+        "mounts": [*_pod_file_mounts(pod_files or {}, spec_mounts, readonly_rootfs), *_mounts(spec_mounts)],
         "masked_paths": list(linux.get("maskedPaths") or []),
         "readonly_paths": list(linux.get("readonlyPaths") or []),
         "resources": _resources(linux, process),
@@ -166,6 +172,14 @@ def _privileged(given: list[dict[str, Any]]) -> bool:
                               f"container's) are not yet given to containerd's containers by podshim's shim "
                               f"({differ} differ)")
     return True
+
+
+def _pod_file_mounts(pod_files: Mapping[str, str], spec_mounts: list[dict[str, Any]],
+                     readonly: bool) -> list[dict[str, Any]]:
+    from client.cri.mounts import wire_mount
+
+    taken = {m.get("destination") for m in spec_mounts}
+    return [wire_mount(path, source, readonly=readonly) for path, source in pod_files.items() if path not in taken]
 
 
 def _mounts(mounts: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -301,7 +315,8 @@ class TaskV3:
         pause = self.service.sandbox.pause
         if pause is None:
             raise FailedPrecondition(f"sandbox {self.sandbox_id} is not running: its tasks cannot be created")
-        fields = task_fields(spec, list(r.rootfs), pause.pid)
+        files = pod_files(self.service.sandbox.config.bundle).written()  # none for a plain container's pod
+        fields = task_fields(spec, list(r.rootfs), pause.pid, files)
         log_path = os.path.join(self.service.sandbox.config.bundle, "logs", f"{r.id}.log")
         await self.tasks.create(ctx, {**ids, **fields, "log_path": log_path, "stdin": bool(r.stdin)})
         self.stdio[r.id] = _Stdio(r.stdin, r.stdout, r.stderr)

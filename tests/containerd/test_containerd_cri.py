@@ -154,3 +154,24 @@ def test_a_podshim_shim_killed_is_seen_by_containerd_and_its_pod_is_cleaned_up(c
     assert containerd.sandbox_bundles() == [] and containerd.task_bundles() == []
     assert containerd.netns_files() == [] and containerd.shim_sockets() == []
     assert containerd.shims() == []
+
+
+def test_a_podshim_pods_containers_get_the_dns_config_hostname_and_hosts_containerd_gives_runcs(
+        containerd, crictl, directory, test_images):
+    # containerd's CRI mounts a pod's resolv.conf, hosts and hostname only where its own podsandbox
+    # controller wrote them: podshim's shim writes them, and binds them into each container.
+    dns = {"servers": ["10.0.0.10", "10.0.0.11"], "searches": ["ns1.svc.cluster.local", "cluster.local"],
+           "options": ["ndots:5", "timeout:2"]}
+    pod_id, cid = sleeping_pod(containerd, crictl, directory, test_images.busybox.ref, "named", dns_config=dns)
+    executed = containerd.crictl(crictl, "exec", "-s", cid, "cat", "/etc/resolv.conf", "/etc/hostname", "/etc/hosts")
+    assert executed.returncode == 0, f"{executed.stderr}\n{containerd.log()[-6000:]}"
+    with open("/etc/hosts") as f:
+        node_hosts = f.read()  # containerd's CRI gives every pod a copy of the node's
+    assert executed.stdout == ("search ns1.svc.cluster.local cluster.local\n"
+                               "nameserver 10.0.0.10\nnameserver 10.0.0.11\n"
+                               "options ndots:5 timeout:2\n"
+                               "named\n" + node_hosts + "\n\n")  # (crictl's newlines)
+    assert containerd.crictl(crictl, "stopp", pod_id).returncode == 0
+    assert containerd.crictl(crictl, "rmp", pod_id).returncode == 0
+    assert containerd.sandbox_bundles() == [] and containerd.task_bundles() == []
+    assert containerd.shims() == []

@@ -27,10 +27,6 @@ pytestmark = pytest.mark.timeout(2 * CRITEST_TIMEOUT + 300)  # two whole runs
 
 #: podshim's non-passes beyond runc's, each with why.
 EXPECTED = [
-    ExpectedSpecs(r"Networking runtime should support networking runtime should support DNS config", "failed",
-                  "containerd's CRI writes a pod's resolv.conf (and its hosts and hostname files) in its podsandbox "
-                  "controller only: with the shim sandboxer it mounts none into the containers, and podshim's shim "
-                  "does not yet make them from the PodSandboxConfig, so the container has its image's (none)"),
     ExpectedSpecs(r"readonly mounts (should reject a recursive|should support recursive)", "skipped",
                   "containerd says a handler supports recursive read-only mounts only from the runtime's features "
                   "(`-info`, RuntimeInfo), which podshim's shim does not answer yet"),

@@ -159,8 +159,7 @@ class ContainerCreate(PodServiceBase):
     def _pod_files(self, pod_id: str) -> dict[str, str]:
         """Container path → node path of the pod's hosts, resolv.conf and hostname; {} for a pod
         made before podshim wrote them."""
-        files = PodFiles(self._pod_files_dir(pod_id))
-        return {path: source for path, source in files.mounts().items() if os.path.exists(source)}
+        return PodFiles(self._pod_files_dir(pod_id)).written()
 
     async def _prepare_rootfs(self, container_id: str, image: ContainerImage | None) -> list[dict[str, Any]]:
         """The container's root filesystem mounts: a writable snapshot of its image, keyed by the
