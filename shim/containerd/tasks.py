@@ -176,10 +176,11 @@ def _privileged(given: list[dict[str, Any]]) -> bool:
 
 def _pod_file_mounts(pod_files: Mapping[str, str], spec_mounts: list[dict[str, Any]],
                      readonly: bool) -> list[dict[str, Any]]:
-    from client.cri.mounts import wire_mount
+    from shim.runtime.mounts import BindMount
 
     taken = {m.get("destination") for m in spec_mounts}
-    return [wire_mount(path, source, readonly=readonly) for path, source in pod_files.items() if path not in taken]
+    options = ("rbind", "ro") if readonly else ("rbind",)
+    return [BindMount(path, source, options).to_oci() for path, source in pod_files.items() if path not in taken]
 
 
 def _mounts(mounts: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -121,7 +121,7 @@ def _preload_containerd() -> None:
     try:
         from shim.containerd import events, metrics, services, stdio, tasks  # noqa: F401  (preloaded for the shims forked from here)
 
-        from client.cri import security  # noqa: F401  (preloaded for the shims forked from here)
+        from client.cri import podfiles, security  # noqa: F401  (preloaded for the shims forked from here)
         from client.criapi import api_pb2  # noqa: F401  (preloaded for the shims forked from here)
         from client.podshimd import translate  # noqa: F401  (preloaded for the shims forked from here)
     except ImportError as exc:  # not generated (.ci/install): each shim says so itself
