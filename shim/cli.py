@@ -17,6 +17,7 @@ import json
 import os
 import socket
 import sys
+from typing import TYPE_CHECKING, Any
 
 from shim import __version__
 from shim.api.names import DEFAULT_BUNDLE_ROOT, TEMPLATE_LOG, TEMPLATE_SERVICE, TEMPLATE_START_LOCK
@@ -33,6 +34,9 @@ from shim.lib.arguments import ArgumentParser
 from shim.lib.files import ensure_private_dir, flock_open, write_json_atomic
 from shim.lib.program import Failure, UsageError, exit_status, os_error_sentence
 from shim.rpc.status import FailedPrecondition, RpcError, Unavailable
+
+if TYPE_CHECKING:
+    from shim.sandbox.sandbox import ShimConfig
 
 __all__ = ["ACTIONS", "Failure", "UsageError", "exit_status", "main", "os_error_sentence", "run", "start_shim"]
 
@@ -105,7 +109,7 @@ def _parser(only: str | None = None) -> argparse.ArgumentParser:
     return p
 
 
-def _config(args: argparse.Namespace):
+def _config(args: argparse.Namespace) -> ShimConfig:
     from shim.sandbox.sandbox import ShimConfig  # the daemon's modules load only for actions that run one
 
     return ShimConfig(
@@ -158,7 +162,7 @@ def _start(args: argparse.Namespace) -> int:
     return 0
 
 
-def start_shim(config, *, debug: bool = False, no_template: bool = False) -> dict:
+def start_shim(config: ShimConfig, *, debug: bool = False, no_template: bool = False) -> dict[str, Any]:
     """Start the detached shim of ``config`` (a ShimConfig) and return its bootstrap document: forked
     by the runtime root's template when one runs (unless ``no_template``), else by this process."""
     result = None if no_template else _start_from_template(config, debug)
@@ -174,7 +178,7 @@ def start_shim(config, *, debug: bool = False, no_template: bool = False) -> dic
 TEMPLATE_SPAWN_TIMEOUT = 9.0
 
 
-def _start_from_template(config, debug: bool) -> dict | None:
+def _start_from_template(config: ShimConfig, debug: bool) -> dict[str, Any] | None:
     """Ask a running template for the shim; None when no template answers, or it answers that
     its code is out of date and it is leaving (then we fork the shim ourselves)."""
     path = template_socket_for(config.runtime_root)
@@ -182,14 +186,16 @@ def _start_from_template(config, debug: bool) -> dict | None:
         return None
     from shim.rpc import blocking
 
-    payload = {"namespace": config.namespace, "sandbox_id": config.sandbox_id, "bundle": config.bundle,
+    payload: dict[str, Any] = {"namespace": config.namespace, "sandbox_id": config.sandbox_id, "bundle": config.bundle,
                "runtime_root": config.runtime_root, "debug": debug}
     if config.pause_binary:
         payload["pause_binary"] = config.pause_binary
     if config.containerd_address is not None:
         payload["containerd_address"] = config.containerd_address
     try:
-        return blocking.call(socket_address(path), TEMPLATE_SERVICE, "Spawn", payload, timeout=TEMPLATE_SPAWN_TIMEOUT)
+        spawned: dict[str, Any] = blocking.call(socket_address(path), TEMPLATE_SERVICE, "Spawn", payload,
+                                                timeout=TEMPLATE_SPAWN_TIMEOUT)
+        return spawned
     except (Unavailable, FailedPrecondition):
         return None
 
@@ -206,11 +212,13 @@ def _template(args: argparse.Namespace) -> int:
     from shim.lib.logs import setup_logging
 
     setup_logging(args.debug)
-    return run_template(args.runtime_root, pause_binary=args.pause_binary, **_idle_grace(args))
+    return run_template(args.runtime_root, pause_binary=args.pause_binary, idle_grace=_idle_grace(args))
 
 
-def _idle_grace(args: argparse.Namespace) -> dict:
-    return {} if args.idle_grace is None else {"idle_grace": args.idle_grace}
+def _idle_grace(args: argparse.Namespace) -> float:
+    from shim.launch.template import IDLE_GRACE
+
+    return IDLE_GRACE if args.idle_grace is None else float(args.idle_grace)
 
 
 def _detach_template(args: argparse.Namespace) -> int:
@@ -229,6 +237,7 @@ def _detach_template(args: argparse.Namespace) -> int:
     address = socket_address(control_socket_path(root))
     # Blocking: the callers bound how long they wait for us.
     with flock_open(os.path.join(root, TEMPLATE_START_LOCK)) as lock_fd:
+        assert lock_fd is not None  # a blocking flock_open waits for the lock
         try:
             ping = blocking.call(address, TEMPLATE_SERVICE, "Ping", timeout=2.0)
         except Unavailable:
@@ -250,7 +259,7 @@ def _run_detached_template(args: argparse.Namespace, ready_fd: int) -> int:
     from shim.lib.logs import setup_logging
 
     setup_logging(args.debug)
-    return run_template(args.runtime_root, pause_binary=args.pause_binary, ready_fd=ready_fd, **_idle_grace(args))
+    return run_template(args.runtime_root, pause_binary=args.pause_binary, ready_fd=ready_fd, idle_grace=_idle_grace(args))
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -263,6 +272,7 @@ def _serve(args: argparse.Namespace) -> int:
     ensure_private_dir(args.bundle, 0o700)
     config = _config(args)
     fds = listen_fds()
+    sock: socket.socket | None
     if fds:
         sock = socket.socket(fileno=fds[0])
         owns = False
