@@ -16,6 +16,7 @@ import pytest
 
 from shim.rpc.status import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
 
+from client.cri import store as store_module
 from client.cri.pod import PodEntry, open_pod_service
 
 from support.podtools import BUSYBOX_MOUNT, container_config, node_container, ns_inode, pod_config, pod_service
@@ -354,3 +355,37 @@ async def test_pods_and_containers_survive_a_controller_restart(roots):
         assert container["state"] == "CONTAINER_RUNNING" and alive(container["info"]["pid"])
         await pods.stop_container(cid, timeout=0)
         assert (await pods.container_status(cid))["exit_code"] == 137
+
+
+async def test_other_calls_go_on_while_a_pod_change_waits_for_the_disk(roots, monkeypatch):
+    # A change of the pod store is durable: it waits for the disk (fsync), which a busy disk
+    # makes long. Meanwhile the pod layer serves every other call (kubelet's relists and
+    # statuses of a hundred pods starting at once): its event loop never waits for the disk.
+    slow = 2.0
+    real = store_module.write_atomic
+    waited: list[float] = []
+
+    def slow_disk(*args, **kwargs):
+        if not waited:  # the first write of the pod (its CREATING record) waits long
+            time.sleep(slow)
+            waited.append(slow)
+        real(*args, **kwargs)
+
+    async with pod_service(roots) as pods:
+        monkeypatch.setattr(store_module, "write_atomic", slow_disk)
+        stalls: list[float] = []
+
+        async def tick() -> None:
+            last = time.monotonic()
+            while True:
+                await anyio.sleep(0.01)
+                now = time.monotonic()
+                stalls.append(now - last)
+                last = now
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(tick)
+            pod_id = await pods.run_pod_sandbox(pod_config())
+            tg.cancel_scope.cancel()
+        assert waited and (await pods.pod_sandbox_status(pod_id))["state"] == "SANDBOX_READY"
+        assert max(stalls) < slow / 2, f"the event loop stood still for {max(stalls):.2f} s"

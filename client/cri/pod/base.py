@@ -3,6 +3,7 @@ container, holding a pod, calling its shim, logging its lifecycle; the pod layer
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import secrets
@@ -15,6 +16,7 @@ from typing import Any, NoReturn, TypeVar
 import anyio
 import anyio.abc
 import anyio.lowlevel
+import anyio.to_thread
 
 from shim.api.handlers import NATIVE, RUNTIME_HANDLERS  # "native" (the default, also for ""), "runc", "crun"
 from shim.api.names import TASK_SERVICE
@@ -139,6 +141,13 @@ class PodServiceBase:
         self._cpu_rates = stats.CpuRates()
         self._events = EventFeed()
         self._runtime_config_path = os.path.join(os.path.dirname(log_root), "runtime-config.json")
+
+    async def _stored(self, change: Callable[..., _T], /, *args: Any, **kwargs: Any) -> _T:
+        """``change(*args, **kwargs)``, a change of the pod store (create, update, delete...),
+        made in a worker thread: a durable write waits for the disk (its fsyncs), and the event
+        loop serves every other call meanwhile. Once begun it runs to its end, cancelled or not
+        (a change is made whole or not at all)."""
+        return await anyio.to_thread.run_sync(functools.partial(change, *args, **kwargs))
 
     @asynccontextmanager
     async def _hold(self, pod_id: str) -> AsyncIterator[None]:

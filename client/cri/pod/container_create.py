@@ -68,7 +68,7 @@ class ContainerCreate(PodServiceBase):
                         node[key] = user[key]
             # The record comes first: whatever is made for the container from here on (its
             # snapshot, its task) is found through it, by a rollback or after a crash.
-            self.store.add_container(ContainerRecord(
+            await self._stored(self.store.add_container, ContainerRecord(
                 container_id, pod.pod_id, cfg.to_json(), log_path=log_path,
                 image_id=image.image_id if image else "", image_ref=image.image_ref if image else "",
                 image_name=image.name if image else "", image_volumes=volume_ids, user=dict(user)))
@@ -93,7 +93,7 @@ class ContainerCreate(PodServiceBase):
                 with anyio.CancelScope(shield=True):
                     await self._remove_rootfs(pod.pod_id, container_id)
                     await self._release_volumes(pod.pod_id, container_id, volume_ids.values())
-                    self.store.delete_container(pod.pod_id, container_id)
+                    await self._stored(self.store.delete_container, pod.pod_id, container_id)
                 raise
         self._events.publish(CONTAINER_CREATED, container_id, pod.pod_id)
         self._lifecycle("container %s created", cfg.metadata.name, pod_id=pod.pod_id, container_id=container_id)

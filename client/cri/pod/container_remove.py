@@ -24,7 +24,7 @@ class ContainerRemove(PodServiceBase):
             await self._delete_task(c)
             await self._remove_rootfs(c.pod_id, c.container_id)
             await self._release_volumes(c.pod_id, c.container_id, c.image_volumes.values())
-            self.store.delete_container(c.pod_id, c.container_id)
+            await self._stored(self.store.delete_container, c.pod_id, c.container_id)
         self._cpu_rates.forget(c.container_id)
         self._events.publish(CONTAINER_DELETED, c.container_id, c.pod_id)
         self._lifecycle("container removed", pod_id=c.pod_id, container_id=c.container_id)

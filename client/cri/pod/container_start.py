@@ -20,7 +20,7 @@ class ContainerStart(PodServiceBase):
             if c.state is not ContainerState.CREATED:
                 raise FailedPrecondition(f"container {c.container_id} is {c.state}, not CREATED")
             started = await self._task(c.pod_id, "Start", {"task_id": c.container_id})
-            self.store.update_container(c.pod_id, c.container_id, state=ContainerState.RUNNING,
-                                        pid=started["pid"], started_at=started["started_at"])
+            await self._stored(self.store.update_container, c.pod_id, c.container_id, state=ContainerState.RUNNING,
+                               pid=started["pid"], started_at=started["started_at"])
         self._events.publish(CONTAINER_STARTED, c.container_id, c.pod_id)
         self._lifecycle("container started (pid %s)", started["pid"], pod_id=c.pod_id, container_id=c.container_id)

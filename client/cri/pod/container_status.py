@@ -76,37 +76,39 @@ class ContainerStatus(PodServiceBase):
         try:
             st = await self._task_call(await self._shim(c.pod_id), c.pod_id, "State", {"task_id": c.container_id})
         except Unavailable:
-            return self._shim_gone(c)
+            return await self._shim_gone(c)
         except NotFound:
             if c.state is ContainerState.CREATED:
                 # A live shim without the task: its CreateContainer has not made it yet (in flight
                 # here or in another process), or died before it did (recovery removes the record).
                 return c
-            return self.store.update_container(c.pod_id, c.container_id, state=ContainerState.EXITED,
-                                               exit_code=UNKNOWN_EXIT_CODE, finished_at=c.finished_at or time.time_ns(),
-                                               reason="Unknown", message="its task is gone from the pod's shim")
+            return await self._stored(self.store.update_container, c.pod_id, c.container_id,
+                                      state=ContainerState.EXITED, exit_code=UNKNOWN_EXIT_CODE,
+                                      finished_at=c.finished_at or time.time_ns(), reason="Unknown",
+                                      message="its task is gone from the pod's shim")
         state = _TASK_STATE.get(st.get("status"), c.state)
         if state is c.state:
             return c
         if state is ContainerState.EXITED:
-            return self._exited(c, st)
-        return self.store.update_container(c.pod_id, c.container_id, state=state, pid=st.get("pid"),
-                                           started_at=st.get("started_at") or c.started_at)
+            return await self._exited(c, st)
+        return await self._stored(self.store.update_container, c.pod_id, c.container_id, state=state,
+                                  pid=st.get("pid"), started_at=st.get("started_at") or c.started_at)
 
-    def _exited(self, c: ContainerRecord, done: Mapping[str, Any]) -> ContainerRecord:
+    async def _exited(self, c: ContainerRecord, done: Mapping[str, Any]) -> ContainerRecord:
         """The container EXITED as the shim's exit (Wait, State or ``/tasks/exit``) says."""
         code = done.get("exit_status", UNKNOWN_EXIT_CODE)
         reason = exit_reason(code, done.get("oom_killed") is True)
-        exited = self.store.update_container(c.pod_id, c.container_id, state=ContainerState.EXITED, exit_code=code,
-                                             finished_at=done.get("exited_at") or time.time_ns(), reason=reason)
+        exited = await self._stored(self.store.update_container, c.pod_id, c.container_id,
+                                    state=ContainerState.EXITED, exit_code=code,
+                                    finished_at=done.get("exited_at") or time.time_ns(), reason=reason)
         self._lifecycle("container exited with status %s (%s)", code, reason, pod_id=c.pod_id,
                         container_id=c.container_id)
         return exited
 
-    def _shim_gone(self, c: ContainerRecord) -> ContainerRecord:
-        return self.store.update_container(c.pod_id, c.container_id, state=ContainerState.EXITED,
-                                           exit_code=UNKNOWN_EXIT_CODE, finished_at=c.finished_at or time.time_ns(),
-                                           reason="Unknown", message="the pod's shim is gone")
+    async def _shim_gone(self, c: ContainerRecord) -> ContainerRecord:
+        return await self._stored(self.store.update_container, c.pod_id, c.container_id, state=ContainerState.EXITED,
+                                  exit_code=UNKNOWN_EXIT_CODE, finished_at=c.finished_at or time.time_ns(),
+                                  reason="Unknown", message="the pod's shim is gone")
 
 
 def exit_reason(exit_code: int, oom_killed: bool) -> str:

@@ -33,19 +33,19 @@ class ContainerStop(PodServiceBase):
         c = await self._refresh_container(c)
         if c.state is not ContainerState.RUNNING:
             if c.state is ContainerState.CREATED:  # never started: it simply will not run
-                self.store.update_container(c.pod_id, c.container_id, state=ContainerState.EXITED,
-                                            finished_at=time.time_ns(), exit_code=0, reason="NeverStarted")
+                await self._stored(self.store.update_container, c.pod_id, c.container_id, state=ContainerState.EXITED,
+                                   finished_at=time.time_ns(), exit_code=0, reason="NeverStarted")
             return
         try:
             if timeout > 0:
                 await self._task(c.pod_id, "Kill", {"task_id": c.container_id, "signal": int(STOP_SIGNAL)})
                 try:
                     done = await self._task(c.pod_id, "Wait", {"task_id": c.container_id}, timeout=timeout)
-                    self._exited(c, done)
+                    await self._exited(c, done)
                     return
                 except DeadlineExceeded:
                     pass
             await self._task(c.pod_id, "Kill", {"task_id": c.container_id, "signal": int(signal.SIGKILL), "all": True})
-            self._exited(c, await self._task(c.pod_id, "Wait", {"task_id": c.container_id}))
+            await self._exited(c, await self._task(c.pod_id, "Wait", {"task_id": c.container_id}))
         except (Unavailable, NotFound):
-            self._shim_gone(c)
+            await self._shim_gone(c)

@@ -29,7 +29,8 @@ class ContainerUpdate(PodServiceBase):
             return
         with about(c.pod_id, c.container_id):
             await self._task(c.pod_id, "Update", {"task_id": c.container_id, "resources": resources})
-            self.store.update_container(c.pod_id, c.container_id, resources={**c.resources, **set_fields(linux or {})})
+            await self._stored(self.store.update_container, c.pod_id, c.container_id,
+                               resources={**c.resources, **set_fields(linux or {})})
             log.info("container resources updated: %s", ", ".join(f"{k}={v}" for k, v in sorted(resources.items())))
 
     async def update_pod_sandbox_resources(self, pod_id: str, overhead: Mapping[str, Any] | None,

@@ -119,7 +119,7 @@ class Following(PodServiceBase):
         if running is None:
             return False  # another process holds the sandbox right now
         if not running and record.state is PodState.READY:
-            self._mark_notready(pod_id)
+            await self._mark_notready(pod_id)
         for container in record.containers.values():
             try:
                 await self._ask_container(container)
@@ -131,11 +131,11 @@ class Following(PodServiceBase):
             return False
         return True
 
-    def _mark_notready(self, pod_id: str) -> PodRecord | None:
+    async def _mark_notready(self, pod_id: str) -> PodRecord | None:
         # Another process (or task) may be stopping it right now: the store checks the move
         # against the record as it is then, and READY → NOTREADY twice is no move the second time.
         try:
-            return self.store.update(pod_id, state=PodState.NOTREADY, stopped_at=time.time_ns())
+            return await self._stored(self.store.update, pod_id, state=PodState.NOTREADY, stopped_at=time.time_ns())
         except NotFound:
             return None
 
@@ -147,7 +147,7 @@ class Following(PodServiceBase):
         body = event["event"]
         if event.get("topic") == TOPIC_EXIT:
             if pod_id not in self._stopping:
-                self._mark_notready(pod_id)
+                await self._mark_notready(pod_id)
         elif event.get("topic") == TOPIC_TASK_EXIT and isinstance(body.get("task_id"), str):
             async with self._hold(pod_id):
                 try:
@@ -155,7 +155,7 @@ class Following(PodServiceBase):
                 except NotFound:
                     return  # removed meanwhile, or not one of ours
                 if c.state is not ContainerState.EXITED:
-                    self._exited(c, {"exit_status": body.get("exit_status", UNKNOWN_EXIT_CODE),
+                    await self._exited(c, {"exit_status": body.get("exit_status", UNKNOWN_EXIT_CODE),
                                      "exited_at": body.get("exited_at") or time.time_ns(),
                                      "oom_killed": body.get("oom_killed") is True})
 

@@ -69,7 +69,7 @@ class Recovery(PodServiceBase):
                                     extra={"pod_id": record.pod_id, "container_id": c.container_id})
                         await self._remove_rootfs(record.pod_id, c.container_id)
                         await self._release_volumes(record.pod_id, c.container_id, c.image_volumes.values())
-                        self.store.delete_container(record.pod_id, c.container_id)
+                        await self._stored(self.store.delete_container, record.pod_id, c.container_id)
             except RpcError:
                 pass  # no live shim (or it does not answer): the records are judged when it is followed
             finally:

@@ -37,7 +37,7 @@ class SandboxRemove(PodServiceBase):
                 await self._delete_task(container)
                 await self._remove_rootfs(record.pod_id, container.container_id)
                 await self._release_volumes(record.pod_id, container.container_id, container.image_volumes.values())
-                self.store.delete_container(record.pod_id, container.container_id)
+                await self._stored(self.store.delete_container, record.pod_id, container.container_id)
                 self._events.publish(CONTAINER_DELETED, container.container_id, record.pod_id)
             failpoint("remove:after-containers")
             # A stop that was cut short may not have finished DEL: run it again (DEL is idempotent).
@@ -52,7 +52,7 @@ class SandboxRemove(PodServiceBase):
             remove_tree(default_logs, ignore_errors=True)
             remove_pod_files(self._pod_files_dir(record.pod_id))
             with phase("store delete"):
-                self.store.delete(record.pod_id)
+                await self._stored(self.store.delete, record.pod_id)
             self._lifecycle("pod sandbox removed", pod_id=record.pod_id, record=record)
             failpoint("remove:after-record")
             self._events.publish(CONTAINER_DELETED, record.pod_id, record.pod_id)

@@ -48,8 +48,8 @@ class SandboxRun(PodServiceBase):
         # gone: a CREATING record whose lock is free is what a crash leaves, for recovery.
         async with self._hold(pod_id), about(pod_id):
             with phase("store create"):
-                record = self.store.create(PodRecord(pod_id, cfg.to_json(), handler, PodState.CREATING,
-                                                     sandbox_namespace=self.namespace))
+                record = await self._stored(self.store.create, PodRecord(
+                    pod_id, cfg.to_json(), handler, PodState.CREATING, sandbox_namespace=self.namespace))
             failpoint("run:after-record")
             try:
                 await self._bring_up(record, cfg, pause)
@@ -77,7 +77,7 @@ class SandboxRun(PodServiceBase):
             # Recorded before any plugin runs: a crash from here on leaves a record whose
             # rollback DELs the network in the right namespace.
             with phase("store update"):
-                self.store.update(pod_id, netns_path=netns)
+                await self._stored(self.store.update, pod_id, netns_path=netns)
         # The pause starts while the plugins set the network up, as the network needs only the
         # namespace (containerd sets it up before it starts the sandbox at all). Either failing
         # cancels the other; the caller's rollback undoes both (CniRunner.add undoes its own part).
@@ -110,8 +110,8 @@ class SandboxRun(PodServiceBase):
         except OSError as exc:
             raise Internal(f"cannot write the pod's hosts, resolv.conf and hostname files: {exc}") from None
         with phase("store update"):
-            self.store.update(pod_id, state=PodState.READY, pid=started[0].pid, cni_result=raw, ip=ip,
-                              additional_ips=tuple(extra))
+            await self._stored(self.store.update, pod_id, state=PodState.READY, pid=started[0].pid, cni_result=raw,
+                               ip=ip, additional_ips=tuple(extra))
         failpoint("run:after-ready")
 
     def _shim_options(self, cfg: PodSandboxConfig, handler: str, pause: dict[str, Any]) -> dict[str, Any]:
@@ -151,7 +151,7 @@ class SandboxRun(PodServiceBase):
             options["linux"] = {**options["linux"], "pause_process": pause}
         # Recorded before the snapshot is made: a rollback, RemoveImage and GC see it from then on.
         with phase("store update"):
-            self.store.update(pod_id, sandbox_image=image.name, sandbox_image_id=image.image_id)
+            await self._stored(self.store.update, pod_id, sandbox_image=image.name, sandbox_image_id=image.image_id)
         with phase("sandbox snapshot"):
             mounts = mount_dicts(await call(self.snapshots.prepare, sandbox_snapshot_key(pod_id), image.chain_id))
         failpoint("run:after-sandbox-snapshot")
@@ -175,7 +175,7 @@ class SandboxRun(PodServiceBase):
         await self._shutdown_sandbox(record.pod_id)
         await self._remove_sandbox_rootfs(record)
         remove_pod_files(self._pod_files_dir(record.pod_id))
-        self.store.delete(record.pod_id)
+        await self._stored(self.store.delete, record.pod_id)
 
     async def _teardown_network(self, record: PodRecord, *, strict: bool) -> None:
         cfg = PodSandboxConfig.from_json(record.config)

@@ -84,7 +84,7 @@ class SandboxStatus(PodServiceBase):
             return record  # kept current by its shim's events (_follow)
         self._follow_soon(record.pod_id)
         if await self._sandbox_running(record) is False:
-            return self._mark_notready(record.pod_id) or self.store.get(record.pod_id)
+            return await self._mark_notready(record.pod_id) or self.store.get(record.pod_id)
         return record
 
     async def pod_network(self, pod_id: str) -> tuple[str, str]:

@@ -58,6 +58,6 @@ class SandboxStop(PodServiceBase):
         failpoint("stop:after-sandbox")
         if record.state is not PodState.NOTREADY or not record.network_down:
             with phase("store update"):
-                self.store.update(record.pod_id, state=PodState.NOTREADY, network_down=True,
-                                  stopped_at=record.stopped_at or time.time_ns())
+                await self._stored(self.store.update, record.pod_id, state=PodState.NOTREADY, network_down=True,
+                                   stopped_at=record.stopped_at or time.time_ns())
             self._lifecycle("pod sandbox stopped", pod_id=record.pod_id, record=record)
