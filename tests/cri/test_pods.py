@@ -19,6 +19,7 @@ from shim.rpc.status import AlreadyExists, FailedPrecondition, InvalidArgument, 
 from client.cri import store as store_module
 from client.cri.pod import PodEntry, open_pod_service
 
+from support.looptools import loop_stalls
 from support.podtools import BUSYBOX_MOUNT, container_config, node_container, ns_inode, pod_config, pod_service
 from support.proctools import alive, wait_gone_async
 
@@ -373,19 +374,7 @@ async def test_other_calls_go_on_while_a_pod_change_waits_for_the_disk(roots, mo
 
     async with pod_service(roots) as pods:
         monkeypatch.setattr(store_module, "write_atomic", slow_disk)
-        stalls: list[float] = []
-
-        async def tick() -> None:
-            last = time.monotonic()
-            while True:
-                await anyio.sleep(0.01)
-                now = time.monotonic()
-                stalls.append(now - last)
-                last = now
-
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(tick)
+        async with loop_stalls() as stalls:
             pod_id = await pods.run_pod_sandbox(pod_config())
-            tg.cancel_scope.cancel()
         assert waited and (await pods.pod_sandbox_status(pod_id))["state"] == "SANDBOX_READY"
         assert max(stalls) < slow / 2, f"the event loop stood still for {max(stalls):.2f} s"
