@@ -230,7 +230,8 @@ def controller_options(args: argparse.Namespace) -> dict[str, Any]:
     return {"template": False} if args.no_template and args.spawner == "exec" else {}
 
 
-def _sandbox_verb(fn: Callable[[Controller, argparse.Namespace], Awaitable[int]], read_only: bool) -> Callable:
+def _sandbox_verb(fn: Callable[[Controller, argparse.Namespace], Awaitable[int]],
+                  read_only: bool) -> Callable[[argparse.Namespace], Awaitable[int]]:
     async def run(args: argparse.Namespace) -> int:
         controller = await open_controller(args, args.sandbox_id, read_only=read_only)
         try:
@@ -324,7 +325,8 @@ async def _list(args: argparse.Namespace) -> int:
 def _setup_sandbox(p: argparse.ArgumentParser) -> None:
     verbs = p.add_subparsers(dest="verb", metavar="VERB", required=True)
 
-    def verb(name: str, help: str, fn: Callable | None = None, *, looks: bool = False) -> argparse.ArgumentParser:
+    def verb(name: str, help: str, fn: Callable[[Controller, argparse.Namespace], Awaitable[int]] | None = None, *,
+             looks: bool = False) -> argparse.ArgumentParser:
         # ``looks``: the verb only reads, and changes nothing on the way (not even after a dead shim).
         sp = verbs.add_parser(name, help=help, description=help)
         if fn is not None:
@@ -527,10 +529,12 @@ def main(argv: list[str] | None = None) -> int:
                         format="podshimctl: %(levelname)s: %(message)s", stream=sys.stderr)
     try:
         if getattr(args, "run_sync", None) is not None:
-            return args.run_sync(args)
+            status: int = args.run_sync(args)
+            return status
         import anyio
 
-        return anyio.run(args.run, args, backend_options={"use_uvloop": True})
+        status = anyio.run(args.run, args, backend_options={"use_uvloop": True})
+        return status
     except RpcError as exc:
         _failed(args, exc.code.name, exc.message, f"{exc.code.name}: {exc.message}")
     except (CliError, NotGenerated) as exc:

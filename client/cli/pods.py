@@ -123,7 +123,7 @@ def _endpoint(args: argparse.Namespace) -> str:
 
 
 def _verb(name: str, help: str, run: Callable[[argparse.Namespace, _Podshimd], Any],
-          arguments: Callable[[argparse.ArgumentParser], None]) -> None:
+          arguments: Callable[[argparse.ArgumentParser], object]) -> None:
     def runner(args: argparse.Namespace) -> int:  # blocking gRPC calls: no event loop to load
         daemon = _Podshimd(_endpoint(args))
         try:
@@ -142,12 +142,15 @@ def _verb(name: str, help: str, run: Callable[[argparse.Namespace, _Podshimd], A
 OUTPUTS = ("table", "json", "yaml")
 
 
-def _output_flag(p: argparse.ArgumentParser) -> None:
+def _output_flag(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """``p`` with --output (as the other argument helpers, for a verb's one-expression arguments)."""
     p.add_argument("--output", "-o", choices=OUTPUTS, default=None,
                    help="table (the default), or crictl's JSON or YAML document of the list")
+    return p
 
 
-def _listing(args: argparse.Namespace, key: str, items: list[dict[str, Any]], table: Callable[[Any], None]) -> None:
+def _listing(args: argparse.Namespace, key: str, items: list[dict[str, Any]],
+             table: Callable[[Any], None] | None) -> None:
     """A list verb's answer: -o json/yaml print crictl's document ``{key: items}``; --json the items;
     else the table."""
     if args.output == "json":
@@ -192,8 +195,8 @@ def _plain(message: Any) -> dict[str, Any]:
     shown, enums by name, int64 timestamps as numbers."""
     from google.protobuf import json_format
 
-    doc = json_format.MessageToDict(message, preserving_proto_field_name=True,
-                                    always_print_fields_with_no_presence=True)
+    doc: dict[str, Any] = json_format.MessageToDict(message, preserving_proto_field_name=True,
+                                                    always_print_fields_with_no_presence=True)
     # Proto JSON writes an int64 as a string; the times are ns since the epoch.
     for key in ("created_at", "started_at", "finished_at"):
         if isinstance(doc.get(key), str):
@@ -327,8 +330,9 @@ def _each(args: argparse.Namespace, action: Callable[[str], Any], said: Callable
             print(said(one_id))
 
 
-def _ids(p: argparse.ArgumentParser, what: str) -> None:
+def _ids(p: argparse.ArgumentParser, what: str) -> argparse.ArgumentParser:
     p.add_argument("ids", metavar="ID", nargs="+", help=f"{what} id or unique prefix")
+    return p
 
 
 _verb("stopp", "stop pod sandboxes: containers, network, pause",
@@ -582,15 +586,17 @@ def _logs(args: argparse.Namespace, daemon: _Podshimd) -> int:
     return EXIT_OK
 
 
-_verb("logs", "print a container's log", _logs,
-      lambda p: (p.add_argument("id", metavar="CONTAINER_ID"),
-                 p.add_argument("--timestamps", "-t", action="store_true", help="show each line's timestamp"),
-                 p.add_argument("--follow", "-f", action="store_true",
-                                help="go on printing what it writes until it exits (or ^C)"),
-                 p.add_argument("--tail", type=int, default=None, metavar="N", help="only the last N lines"),
-                 p.add_argument("--since", default=None, metavar="TIME|DURATION",
-                                help="only lines since an RFC 3339 time or a duration ago (42m, 1h30m)"),
-                 p.set_defaults(quiet_interrupt=True)))
+def _logs_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("id", metavar="CONTAINER_ID")
+    p.add_argument("--timestamps", "-t", action="store_true", help="show each line's timestamp")
+    p.add_argument("--follow", "-f", action="store_true", help="go on printing what it writes until it exits (or ^C)")
+    p.add_argument("--tail", type=int, default=None, metavar="N", help="only the last N lines")
+    p.add_argument("--since", default=None, metavar="TIME|DURATION",
+                   help="only lines since an RFC 3339 time or a duration ago (42m, 1h30m)")
+    p.set_defaults(quiet_interrupt=True)
+
+
+_verb("logs", "print a container's log", _logs, _logs_arguments)
 
 
 # -- running containers: exec, stats -------------------------------------------------------------
@@ -606,7 +612,7 @@ def _exec(args: argparse.Namespace, daemon: _Podshimd) -> int:
         sys.stdout.flush()
         sys.stderr.buffer.write(reply.stderr)
         sys.stderr.flush()
-    return reply.exit_code & 0xFF
+    return int(reply.exit_code) & 0xFF
 
 
 def _size(n: int | None) -> str:
@@ -686,13 +692,14 @@ _verb("statsp", "show ready pods' CPU, memory and process counts (from their cgr
 
 
 # -- images ----------------------------------------------------------------------------------------
-def _auth_arguments(p: argparse.ArgumentParser) -> None:
+def _auth_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--creds", default=None, metavar="USERNAME[:PASSWORD]", help="credentials for the registry")
     p.add_argument("--auth", default=None, metavar="AUTH_STRING",
                    help="base64 of USERNAME[:PASSWORD] for the registry")
     p.add_argument("--username", "-u", default=None, metavar="USERNAME",
                    help="user for the registry; the password is --password, else asked for")
     p.add_argument("--password", default=None, metavar="PASSWORD", help="password of --username")
+    return p
 
 
 def _auth(args: argparse.Namespace) -> dict[str, str] | None:
@@ -726,8 +733,9 @@ def _auth(args: argparse.Namespace) -> dict[str, str] | None:
 
 
 def _pull_image(daemon: _Podshimd, name: str, auth: dict[str, str] | None, sandbox: Any = None) -> str:
-    return daemon.call("PullImage", image=daemon.api.ImageSpec(image=name),
-                       auth=daemon.api.AuthConfig(**auth) if auth else None, sandbox_config=sandbox).image_ref
+    reply = daemon.call("PullImage", image=daemon.api.ImageSpec(image=name),
+                        auth=daemon.api.AuthConfig(**auth) if auth else None, sandbox_config=sandbox)
+    return str(reply.image_ref)
 
 
 def _pull(args: argparse.Namespace, daemon: _Podshimd) -> None:
@@ -890,7 +898,7 @@ def _bytes(text: str) -> int:
     if m is None:
         raise argparse.ArgumentTypeError(f"{text!r} is not a size (bytes, or with k/m/g/t or Ki/Mi/Gi/Ti)")
     unit = (m.group(2) or "b")[0].lower()
-    return int(m.group(1)) * 1024 ** "bkmgt".index(unit)
+    return int(m.group(1)) << 10 * "bkmgt".index(unit)
 
 
 def _update(args: argparse.Namespace, daemon: _Podshimd) -> None:

@@ -102,11 +102,12 @@ def _attach(args: argparse.Namespace, daemon: _Podshimd) -> int:
     return EXIT_OK
 
 
-def stream_flags(p: argparse.ArgumentParser) -> None:
+def stream_flags(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--interactive", "-i", action="store_true",
                    help="send stdin to the process (without -i stdin is not read, as crictl)")
     p.add_argument("--tty", "-t", action="store_true",
                    help="give the process a terminal: this one's, in raw mode, its size followed")
+    return p
 
 
 def _exec_arguments(p: argparse.ArgumentParser) -> None:
