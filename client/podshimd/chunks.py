@@ -25,7 +25,7 @@ CHUNK_BYTES = 1 << 20
 def encoded_size(item: Message) -> int:
     """The bytes ``item`` takes as an element of a repeated message field: its tag (one byte: every
     Stream* response's field number is below 16), its length's varint, and itself."""
-    size = item.ByteSize()
+    size: int = item.ByteSize()
     return 1 + max(1, (size.bit_length() + 6) // 7) + size
 
 

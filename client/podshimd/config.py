@@ -33,7 +33,7 @@ import difflib
 import logging
 import os
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -269,9 +269,11 @@ def _check(source: str, name: str, key: str, value: Any) -> Any:
 
 
 _REGISTRY_KEYS = ("mirrors", "insecure")
+#: What a check raises: the ConfigError naming the key being checked, for a reason.
+Refuse = Callable[[str], ConfigError]
 
 
-def _check_registry_host(refuse, what: str, host: Any) -> str:
+def _check_registry_host(refuse: Refuse, what: str, host: Any) -> str:
     if not isinstance(host, str):
         raise refuse(f"{what} must be a string, not {_type_name(host)}")
     try:
@@ -284,7 +286,7 @@ def _check_registry_host(refuse, what: str, host: Any) -> str:
     return host
 
 
-def _check_registries(refuse, value: Any) -> tuple[RegistryHost, ...]:
+def _check_registries(refuse: Refuse, value: Any) -> tuple[RegistryHost, ...]:
     if not isinstance(value, dict):
         raise refuse(f"must be a table of registry hosts ([registries.\"HOST\"]), not {_type_name(value)}")
     hosts = []
@@ -307,17 +309,17 @@ def _check_registries(refuse, value: Any) -> tuple[RegistryHost, ...]:
     return tuple(hosts)
 
 
-def _check_absolute(refuse, path: str) -> None:
+def _check_absolute(refuse: Refuse, path: str) -> None:
     if not path.startswith("/") or "\x00" in path:
         raise refuse(f"must be an absolute path, not {path!r}")
 
 
-def _check_handler(refuse, handler: str) -> None:
+def _check_handler(refuse: Refuse, handler: str) -> None:
     if handler not in RUNTIME_HANDLERS:
         raise refuse(f"runtime handler {handler!r} is not known (known: {', '.join(RUNTIME_HANDLERS)})")
 
 
-def _check_listen(refuse, listen: str) -> None:
+def _check_listen(refuse: Refuse, listen: str) -> None:
     if not listen.startswith(_UNIX):
         raise refuse(f"must be a unix:///ABSOLUTE/PATH URL, not {listen!r}")
     path = _socket_path(listen)
@@ -327,7 +329,7 @@ def _check_listen(refuse, listen: str) -> None:
         raise refuse(f"socket path {path!r} is longer than a Unix socket allows ({_MAX_SOCKET_PATH_BYTES} bytes)")
 
 
-def _check_address(refuse, address: str) -> None:
+def _check_address(refuse: Refuse, address: str) -> None:
     host, sep, port = address.rpartition(":")
     if host.startswith("[") and host.endswith("]"):
         host = host[1:-1]

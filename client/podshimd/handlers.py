@@ -75,8 +75,8 @@ class Handlers:
     :meth:`finish` for a call that changes pods, the :attr:`streaming` server and the node's
     :attr:`images`."""
 
-    def __init__(self, config: Config, pods: PodService, changes: Changes,
-                 streaming: StreamingServer | None = None, images: Images | None = None) -> None:
+    def __init__(self, config: Config, pods: PodService, changes: Changes, images: Images,
+                 streaming: StreamingServer | None = None) -> None:
         self.config = config
         self.pods = pods
         self.images = images

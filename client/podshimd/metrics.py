@@ -21,12 +21,16 @@ import functools
 import inspect
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
-from typing import Any
+from collections.abc import AsyncIterator, Callable, Iterator
+from typing import TYPE_CHECKING, Any
 
 import grpc
 
 from client.cri.logcontext import about
+
+if TYPE_CHECKING:
+    from client.cri.pod import PodService
+    from client.cri.store import PodStore
 
 __all__ = ["MetricsEndpoint", "observed", "start"]
 
@@ -46,10 +50,10 @@ def _ids(request: Any) -> about:
 def _code(context: Any, exc: BaseException | None) -> str:
     code = context.code() if hasattr(context, "code") else None
     if isinstance(code, grpc.StatusCode):
-        return code.name
+        return str(code.name)
     if isinstance(exc, BaseException) and not isinstance(exc, Exception):
-        return grpc.StatusCode.CANCELLED.name
-    return grpc.StatusCode.OK.name if exc is None else grpc.StatusCode.UNKNOWN.name
+        return str(grpc.StatusCode.CANCELLED.name)
+    return str(grpc.StatusCode.OK.name if exc is None else grpc.StatusCode.UNKNOWN.name)
 
 
 def observed(method: str, handler: Callable[..., Any]) -> Callable[..., Any]:
@@ -107,7 +111,7 @@ class MetricsEndpoint:
             self._server = None
 
 
-def start(address: str, pods: Any) -> MetricsEndpoint:
+def start(address: str, pods: PodService) -> MetricsEndpoint:
     """Serve ``/metrics`` on ``address`` (HOST:PORT; an IPv6 host in brackets) for the pod layer
     ``pods``. Raises OSError when the address cannot be bound."""
     import prometheus_client
@@ -129,7 +133,7 @@ def start(address: str, pods: Any) -> MetricsEndpoint:
         """Pods and containers by CRI state, read from the pod store at each scrape (in the
         endpoint's thread: the store only reads files there)."""
 
-        def collect(self):
+        def collect(self) -> Iterator[GaugeMetricFamily]:
             pods = GaugeMetricFamily("podshimd_pods", "Pod sandboxes, by CRI state.", labels=["state"])
             containers = GaugeMetricFamily("podshimd_containers", "Containers, by CRI state.", labels=["state"])
             pod_counts = {"SANDBOX_READY": 0, "SANDBOX_NOTREADY": 0}
@@ -147,14 +151,14 @@ def start(address: str, pods: Any) -> MetricsEndpoint:
             yield pods
             yield containers
 
-    def pods_store():
+    def pods_store() -> PodStore:
         return pods.store
 
     registry.register(Counts())
     host, _, port = address.rpartition(":")
     host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
     server, thread = prometheus_client.start_http_server(int(port), addr=host, registry=registry)
-    bound_host, bound_port = server.server_address[:2]
+    bound_host, bound_port = server.socket.getsockname()[:2]  # an AF_INET or AF_INET6 socket: (host, port, ...)
     bound = f"[{bound_host}]:{bound_port}" if ":" in bound_host else f"{bound_host}:{bound_port}"
 
     def record(method: str, seconds: float | None, code: str) -> None:

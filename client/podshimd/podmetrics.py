@@ -25,8 +25,9 @@ class PodMetrics(Handlers):
 
     async def ListMetricDescriptors(self, request: api_pb2.ListMetricDescriptorsRequest,
                                     context: Any) -> api_pb2.ListMetricDescriptorsResponse:
-        return json_format.ParseDict({"descriptors": podmetrics.descriptors()},
-                                     api_pb2.ListMetricDescriptorsResponse())
+        response = api_pb2.ListMetricDescriptorsResponse()
+        json_format.ParseDict({"descriptors": podmetrics.descriptors()}, response)  # fills it in
+        return response
 
     async def ListPodSandboxMetrics(self, request: api_pb2.ListPodSandboxMetricsRequest,
                                     context: Any) -> api_pb2.ListPodSandboxMetricsResponse:

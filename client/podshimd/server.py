@@ -45,7 +45,7 @@ from shim.rpc.status import RpcError, Unimplemented
 
 from client import layouts
 from client.controller.spawners import ExecSpawner
-from client.cri.pod import open_pod_service
+from client.cri.pod import PodService, open_pod_service
 from client.cri.rootfs import StoreImages
 from client.criapi import api_pb2, api_pb2_grpc
 from client.images.service import Images
@@ -283,8 +283,8 @@ async def serve(config: Config, *, notifier: Notifier | None = None, on_hangup: 
                                       f"{exc.strerror or exc}") from None
             server = grpc.aio.server()
             api_pb2_grpc.add_RuntimeServiceServicer_to_server(
-                RuntimeService(config, pods, changes, streaming, images), server)
-            api_pb2_grpc.add_ImageServiceServicer_to_server(ImageService(config, pods, changes, images=images), server)
+                RuntimeService(config, pods, changes, images, streaming), server)
+            api_pb2_grpc.add_ImageServiceServicer_to_server(ImageService(config, pods, changes, images), server)
             server.add_generic_rpc_handlers((archives.handler(images),))  # podshim.images.v1: no CRI RPC for these
             old_umask = os.umask(0o177)  # the socket is born 0600: no moment where others may connect
             try:
@@ -322,7 +322,7 @@ async def serve(config: Config, *, notifier: Notifier | None = None, on_hangup: 
     log.info("stopped")
 
 
-async def _open_pods(stack: contextlib.AsyncExitStack, config: Config, images: Images):
+async def _open_pods(stack: contextlib.AsyncExitStack, config: Config, images: Images) -> PodService:
     """The pod layer over the config's roots (its containers' images from ``images``), recovered;
     closed (never the shims) with ``stack``."""
     spawner = ExecSpawner(runtime_root=config.runtime_root, use_template=config.template)
@@ -338,7 +338,7 @@ async def _open_pods(stack: contextlib.AsyncExitStack, config: Config, images: I
         raise DaemonError(f"cannot open the pods under {config.state_root}: {exc.message}") from None
 
 
-async def _start_streaming(stack: contextlib.AsyncExitStack, config: Config, pods) -> StreamingServer:
+async def _start_streaming(stack: contextlib.AsyncExitStack, config: Config, pods: PodService) -> StreamingServer:
     """The Exec/Attach/PortForward server on ``config.streaming_address``, closed with ``stack``."""
     async def pod_network(pod_id: str) -> str:
         return (await pods.pod_network(pod_id))[1]

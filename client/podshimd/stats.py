@@ -19,11 +19,15 @@ __all__ = ["Stats"]
 
 
 def _container_stats(doc: Mapping[str, Any]) -> api_pb2.ContainerStats:
-    return json_format.ParseDict(doc, api_pb2.ContainerStats(), ignore_unknown_fields=True)
+    stats = api_pb2.ContainerStats()
+    json_format.ParseDict(doc, stats, ignore_unknown_fields=True)  # fills it in
+    return stats
 
 
 def _pod_stats(doc: Mapping[str, Any]) -> api_pb2.PodSandboxStats:
-    return json_format.ParseDict(doc, api_pb2.PodSandboxStats(), ignore_unknown_fields=True)
+    stats = api_pb2.PodSandboxStats()
+    json_format.ParseDict(doc, stats, ignore_unknown_fields=True)
+    return stats
 
 
 class Stats(Handlers):

@@ -10,8 +10,8 @@ CRI-shaped dicts with ``json_format.ParseDict``, field by field as the proto nam
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import Any, TypeVar
 
 from google.protobuf import json_format
 from google.protobuf.message import Message
@@ -21,6 +21,8 @@ from shim.rpc.status import InvalidArgument
 from client.cri.configs import ContainerConfig, PodSandboxConfig
 from client.cri.pod import PodEntry, keep_newest
 from client.criapi import api_pb2
+
+_M = TypeVar("_M", bound=Message)
 
 __all__ = [
     "pod_sandbox_config", "container_config", "pod_sandbox_filter", "container_filter",
@@ -42,7 +44,7 @@ def _as_dict(message: Message) -> dict[str, Any]:
     """The message as crictl's JSON spells it: proto field names, and a ``bytes`` field (an env
     value since CRI 1.37) as its text, not protobuf JSON's base64 (which a reader of text would take
     for the value itself)."""
-    doc = json_format.MessageToDict(message, preserving_proto_field_name=True)
+    doc: dict[str, Any] = json_format.MessageToDict(message, preserving_proto_field_name=True)
     _bytes_as_text(message, doc, "")
     return doc
 
@@ -110,8 +112,10 @@ def container_filter(request: api_pb2.ListContainersRequest | api_pb2.StreamCont
             "label_selector": dict(f.label_selector)}
 
 
-def _message(cls: type[Message], doc: Mapping[str, Any], fields: tuple[str, ...]) -> Any:
-    return json_format.ParseDict({k: doc[k] for k in fields if doc.get(k) is not None}, cls())
+def _message(cls: type[_M], doc: Mapping[str, Any], fields: tuple[str, ...]) -> _M:
+    message: _M = cls()
+    json_format.ParseDict({k: doc[k] for k in fields if doc.get(k) is not None}, message)  # fills it in
+    return message
 
 
 def pod_sandbox_status(doc: Mapping[str, Any]) -> api_pb2.PodSandboxStatus:
@@ -152,7 +156,7 @@ class PodSandboxes:
         self._encoded: dict[str, tuple[PodEntry, bytes]] = {}
         self._last: tuple[list[PodEntry], bytes] = ([], b"")  # PodEntries only
 
-    def response(self, entries: list[Mapping[str, Any]]) -> api_pb2.ListPodSandboxResponse:
+    def response(self, entries: Sequence[Mapping[str, Any]]) -> api_pb2.ListPodSandboxResponse:
         """The ListPodSandboxResponse of the pod layer's ``entries``, in their order (a new
         message each time)."""
         if entries == self._last[0]:  # PodEntries: each is the same object, or equal
@@ -164,12 +168,14 @@ class PodSandboxes:
                 kept = encoded.get(entry["id"])
                 parts.append(kept[1] if kept is not None and kept[0] is entry else self._encode(entry))
             data = b"".join(parts)
-            if all(type(entry) is PodEntry for entry in entries):
-                self._last = (list(entries), data)
-        return api_pb2.ListPodSandboxResponse.FromString(data)
+            pod_entries = [entry for entry in entries if type(entry) is PodEntry]
+            if len(pod_entries) == len(entries):
+                self._last = (pod_entries, data)
+        response: api_pb2.ListPodSandboxResponse = api_pb2.ListPodSandboxResponse.FromString(data)
+        return response
 
     def _encode(self, entry: Mapping[str, Any]) -> bytes:
-        data = api_pb2.ListPodSandboxResponse(items=[pod_sandbox(entry)]).SerializeToString()
+        data: bytes = api_pb2.ListPodSandboxResponse(items=[pod_sandbox(entry)]).SerializeToString()
         if type(entry) is PodEntry:
             keep_newest(self._encoded, entry["id"], (entry, data), self.kept)
         return data

@@ -90,7 +90,7 @@ class ContainerExec(PodServiceBase):
         return {"pod_id": c.pod_id, "container_id": c.container_id, "log_path": c.log_path, "stdin": stdin,
                 "stdin_once": cfg.stdin_once, "tty": cfg.tty}
 
-    async def attach_output(self, pod_id: str, container_id: str, fifos: Mapping[str, str]) -> None:
+    async def attach_output(self, pod_id: str, container_id: str, fifos: Mapping[str, str | int]) -> None:
         """Have a container's shim copy its stdout and stderr from now on to ``fifos`` (AttachOutput's
         ``stdout``/``stderr`` FIFO paths, held open for reading by the caller)."""
         await self._task(pod_id, "AttachOutput", {"task_id": container_id, **fifos})
