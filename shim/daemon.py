@@ -33,6 +33,8 @@ log = logging.getLogger("shim")
 
 #: How long in-flight answers get to leave once the shim decided to exit (containerd: 3 s).
 SHUTDOWN_TIMEOUT = 3.0
+#: Why the shim ends when a call (ShutdownSandbox, or containerd's Task Shutdown) asked it to.
+SHUTDOWN_CALL = "ShutdownSandbox"
 
 
 def serve_forever(config: ShimConfig, listener: socket.socket, *, owns_socket: bool = True,
@@ -154,7 +156,7 @@ class _Shim:
         notifier = base.notifier
         self.sandbox.on_state_change = lambda st: notifier.send(f"STATUS=sandbox {config.sandbox_id} {st.value}")
         self.server = Server()
-        service = SandboxService(self.sandbox, self.events, on_shutdown=lambda: self.finish("ShutdownSandbox"))
+        service = SandboxService(self.sandbox, self.events, on_shutdown=lambda: self.finish(SHUTDOWN_CALL))
         tasks = TaskService(self.sandbox)
         register(self.server, service)
         register_tasks(self.server, tasks)
@@ -179,9 +181,12 @@ class _Shim:
         self.sandbox.close()
 
     async def _close_server(self) -> None:
-        """Stop accepting and close every connection, in-flight answers given SHUTDOWN_TIMEOUT."""
+        """Stop accepting and close every connection, in-flight answers given SHUTDOWN_TIMEOUT.
+        After ShutdownSandbox, containerd closes its connections itself (Server.aclose)."""
+        asked = self.why[:1] == [SHUTDOWN_CALL]
         try:
-            await asyncio.wait_for(self.server.aclose(SHUTDOWN_TIMEOUT), SHUTDOWN_TIMEOUT + 1)
+            await asyncio.wait_for(self.server.aclose(SHUTDOWN_TIMEOUT, protobuf_peers_close=asked),
+                                   SHUTDOWN_TIMEOUT + 1)
         except TimeoutError:
             log.error("server did not close within %.0fs", SHUTDOWN_TIMEOUT)
 

@@ -348,8 +348,16 @@ class Server:
         srv = await loop.create_unix_server(lambda: _ServerChannel(self), sock=sock, start_serving=True)
         self._servers.append(srv)
 
-    async def aclose(self, timeout: float = 2.0) -> None:
-        """Stop accepting, give in-flight answers ``timeout`` seconds to leave, then close."""
+    async def aclose(self, timeout: float = 2.0, *, protobuf_peers_close: bool = False) -> None:
+        """Stop accepting, cancel the calls in flight (each is answered CANCELLED), give the answers
+        ``timeout`` seconds to leave, then close.
+
+        With ``protobuf_peers_close`` (the shim ends because a call asked it to), containerd's
+        connections (protobuf) are left for containerd to close, as it does once it has read the
+        last answer, and closed here only when ``timeout`` has passed: closing one first races
+        containerd's ttrpc client, which can then fail a call that was answered with 'ttrpc:
+        closed' (its dispatch picks at random between the answer and the connection's end).
+        """
         for srv in self._servers:
             srv.close()
         self._servers.clear()
@@ -358,7 +366,8 @@ class Server:
             for task in list(ch.tasks.values()):
                 task.cancel()
         for ch in channels:
-            ch.close()
+            if not (protobuf_peers_close and ch.conn.codec is PROTOBUF):
+                ch.close()
         for ch in list(self.refused):
             ch.abort()
         if channels:

@@ -30,6 +30,7 @@ from shim.containerd.events import events_pb2, task_events
 from shim.containerd.services import SANDBOX_SERVICE as SANDBOX
 from shim.containerd.services import TASK_SERVICE as TASK
 from shim.containerd.services import sandbox_pb2, task_pb2
+from shim.daemon import SHUTDOWN_TIMEOUT
 from shim.rpc import Client, FailedPrecondition, InvalidArgument, Server, blocking
 from shim.rpc.codecs import PROTOBUF
 
@@ -43,6 +44,8 @@ task_v2_pb2 = load("runtime.task.v2.shim_pb2")
 mount_pb2 = load("types.mount_pb2")
 NAMESPACE = "k8s.io"
 METADATA = {"containerd-namespace": [NAMESPACE]}
+#: Seconds in which a shim that closed containerd's connection first after ShutdownSandbox would have.
+PEER_CLOSES_FIRST = 0.5
 
 
 def run_shim_binary(bundle: str, root: str, *args: str, stdin: bytes = b"") -> subprocess.CompletedProcess[bytes]:
@@ -158,17 +161,32 @@ async def test_a_pod_runs_stops_and_goes_through_containerds_sandbox_service_and
             assert status.state == "SANDBOX_NOTREADY"
             await call(pb, SANDBOX, "ShutdownSandbox", sandbox_pb2.ShutdownSandboxRequest(sandbox_id=sid),
                        sandbox_pb2.ShutdownSandboxResponse)
-            await asyncio.wait_for(pb.wait_closed(), WAIT)
+            # containerd closes the connection once it has the answer, and the shim leaves that to
+            # it: were the shim to close first, containerd's ttrpc client could report the answered
+            # call as 'ttrpc: closed'.
+            await asyncio.sleep(PEER_CLOSES_FIRST)
+            assert not pb.closed and not started.shim.has_exited()
         finally:
             pause.kill()
             pause.close()
-    await started.shim.exited(WAIT * 2)  # the shim ends by itself after ShutdownSandbox
+    await started.shim.exited(WAIT * 2)  # the shim ends by itself once containerd closed the connection
     deleted = started.delete()
     assert deleted.returncode == 0, deleted.stderr
     response = task_v2_pb2.DeleteResponse.FromString(deleted.stdout)
     assert (response.pid, response.exit_status) == (begun.pid, 128 + signal.SIGKILL)
     assert not os.path.exists(netns)
     assert not os.path.exists(started.address.removeprefix("unix://"))
+
+
+async def test_after_shutdownsandbox_the_shim_ends_even_if_containerd_never_closes_its_connection(started):
+    sid = started.sandbox_id
+    async with await Client.connect(started.address, codec=PROTOBUF) as pb:
+        await call(pb, SANDBOX, "CreateSandbox", sandbox_pb2.CreateSandboxRequest(
+            sandbox_id=sid, bundle_path=started.bundle, options=pod_options("web-1")), sandbox_pb2.CreateSandboxResponse)
+        await call(pb, SANDBOX, "ShutdownSandbox", sandbox_pb2.ShutdownSandboxRequest(sandbox_id=sid),
+                   sandbox_pb2.ShutdownSandboxResponse)
+        await started.shim.exited(SHUTDOWN_TIMEOUT + WAIT)  # the connection still open
+        await asyncio.wait_for(pb.wait_closed(), WAIT)
 
 
 def test_delete_after_a_start_that_made_nothing_reports_an_unknown_exit(tmp_path):

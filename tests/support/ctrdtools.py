@@ -265,8 +265,10 @@ def _stop(daemon: Containerd) -> None:
         if started is not None:
             dead.append(started)
     for namespace, shim_id, bundle in dead:
+        # containerd runs delete in the bundle; one it removed already (the shim outlived it) is gone.
         subprocess.run([_shim_wrapper(daemon.directory), "-namespace", namespace, "-id", shim_id, "-bundle", bundle,
-                        "delete"], cwd=bundle, env=daemon.env, capture_output=True, timeout=60,
+                        "delete"], cwd=bundle if os.path.isdir(bundle) else daemon.directory, env=daemon.env,
+                       capture_output=True, timeout=60,
                        stdin=subprocess.DEVNULL)
     _unmount_below(daemon.directory)
 
@@ -277,7 +279,7 @@ def _shim_identity(pid: int) -> tuple[str, str, str] | None:
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
             argv = [arg.decode() for arg in f.read().split(b"\0")]
-        bundle = os.readlink(f"/proc/{pid}/cwd")
+        bundle = os.readlink(f"/proc/{pid}/cwd").removesuffix(" (deleted)")
     except OSError:
         return None
     flags = {argv[i]: argv[i + 1] for i in range(len(argv) - 1) if argv[i] in ("-namespace", "-id")}
