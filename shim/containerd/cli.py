@@ -4,12 +4,14 @@ containerd runs it with Go-style flags and an action (docs/containerd.md)::
 
     containerd-shim-podshim-v1 -namespace NS -address GRPC -publish-binary EXE -id ID [-debug] start
     containerd-shim-podshim-v1 -namespace NS -address GRPC -publish-binary EXE -id ID -bundle DIR [-debug] delete
+    containerd-shim-podshim-v1 -info
 
 ``start`` reads containerd's protobuf BootstrapParams on stdin, starts the sandbox's shim (forked by
 the runtime root's template when one runs, as ``podshim start`` does) and prints a protobuf
 BootstrapResult (version 3, protocol ttrpc) on stdout, and nothing else: containerd reads stdout and
 stderr as one. ``delete`` cleans up after a dead shim as ``podshim delete`` does and prints a protobuf
-DeleteResponse. The working directory is containerd's bundle; podshim's own bundle (state.json, the
+DeleteResponse. ``-info`` prints a protobuf RuntimeInfo whose features are the runtime-spec
+features document of what the shim applies (shim.containerd.features). The working directory is containerd's bundle; podshim's own bundle (state.json, the
 shim's log, the tasks) is its ``podshim`` directory, so no file of containerd's (its ``log`` FIFO,
 ``bootstrap.json``) is ever touched.
 
@@ -27,9 +29,11 @@ import time
 from shim.api.names import DEFAULT_RUNTIME_ROOT, UNKNOWN_EXIT_STATUS
 from shim.cli import UsageError, exit_status
 
-__all__ = ["NAME", "PODSHIM_DIR", "main", "run"]
+__all__ = ["NAME", "PODSHIM_DIR", "RUNTIME_TYPE", "main", "run"]
 
 NAME = "containerd-shim-podshim-v1"
+#: The runtime type containerd names the shim by.
+RUNTIME_TYPE = "io.containerd.podshim.v1"
 #: podshim's bundle inside containerd's.
 PODSHIM_DIR = "podshim"
 #: containerd's flags that take a value, and those that do not.
@@ -130,14 +134,43 @@ def delete(flags: dict[str, str | bool]) -> bytes:
                                   exited_at=timestamp(result["exited_at"])).SerializeToString()
 
 
+def info(stdin: bytes) -> bytes:
+    """``-info``: the bytes of the shim's RuntimeInfo: its name and version, the runtime options
+    containerd gave on stdin (an Any, echoed as runc's shim does), and its runtime-spec features
+    (shim.containerd.features), which containerd's CRI reads a handler's features from."""
+    import json
+
+    from google.protobuf import any_pb2
+    from google.protobuf.message import DecodeError
+
+    from shim import __version__
+    from shim.containerd.api import load
+    from shim.containerd.features import FEATURES_TYPE_URL, runtime_features
+
+    try:
+        options = any_pb2.Any.FromString(stdin)
+    except DecodeError as exc:
+        raise UsageError(f"-info reads the runtime options (a protobuf Any) on stdin: {exc}") from None
+    introspection = load("types.introspection_pb2")
+    result = introspection.RuntimeInfo(name=RUNTIME_TYPE, version=introspection.RuntimeVersion(version=__version__),
+                                       features=any_pb2.Any(type_url=FEATURES_TYPE_URL,
+                                                            value=json.dumps(runtime_features()).encode()))
+    if options.type_url:
+        result.options.CopyFrom(options)
+    return result.SerializeToString()
+
+
 def act(flags: dict[str, str | bool], action: str) -> int:
     """Do ``action`` (parse's) with ``flags``: what it prints goes to stdout."""
     if action == "version":
-        print(f"{NAME}: podshim's shim for containerd (runtime type io.containerd.podshim.v1)")
+        print(f"{NAME}: podshim's shim for containerd (runtime type {RUNTIME_TYPE})")
         return 0
-    if action == "info":
-        raise UsageError("-info (RuntimeInfo) is not supported by podshim's shim")
-    out = start(flags, sys.stdin.buffer.read()) if action == "start" else delete(flags)
+    if action == "start":
+        out = start(flags, sys.stdin.buffer.read())
+    elif action == "info":
+        out = info(sys.stdin.buffer.read())
+    else:
+        out = delete(flags)
     sys.stdout.buffer.write(out)
     sys.stdout.buffer.flush()
     return 0

@@ -33,6 +33,7 @@ from google.protobuf.message import Message
 from shim.api.handlers import NATIVE
 from shim.containerd.api import load
 from shim.containerd.events import Publisher, task_events
+from shim.containerd.features import BIND_OPTIONS
 from shim.containerd.services import pod_files, timestamp
 from shim.containerd.stdio import ExecTerminal
 from shim.lib import console
@@ -55,9 +56,6 @@ tasktypes_pb2 = load("types.task.task_pb2")
 #: The mounts every task gets from the shim whatever it asks (protocol.md 7.3, "Filesystem"): the
 #: spec's own entries for them are containerd's way of saying the same.
 STANDARD_MOUNTS = ("/proc", "/dev", "/dev/pts", "/dev/shm", "/dev/mqueue", "/sys", "/sys/fs/cgroup")
-#: The mount options a bind mount of the shim takes (protocol.md 7.3, ``mounts``).
-BIND_OPTIONS = {"bind", "rbind", "ro", "rw", "nosuid", "nodev", "noexec", "rprivate", "rslave", "rshared", "private",
-                "slave", "shared"}
 #: The namespaces a container shares with its pod, by the path of the pause's.
 POD_NAMESPACES = ("network", "ipc", "uts")
 _STATUS = {"created": tasktypes_pb2.CREATED, "running": tasktypes_pb2.RUNNING, "stopped": tasktypes_pb2.STOPPED}

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import time
 
 from support.ctrdtools import pod_config, sleeping_pod
@@ -175,3 +176,37 @@ def test_a_podshim_pods_containers_get_the_dns_config_hostname_and_hosts_contain
     assert containerd.crictl(crictl, "rmp", pod_id).returncode == 0
     assert containerd.sandbox_bundles() == [] and containerd.task_bundles() == []
     assert containerd.shims() == []
+
+
+def test_containerd_gives_the_podshim_handler_recursive_read_only_mounts_from_its_features(containerd, crictl,
+                                                                                          directory, test_images):
+    # containerd's CRI learns a handler's features from the shim's `-info`: with `rro` among its mount
+    # options, a recursively read-only CRI mount is taken, and every mount below it is read-only too.
+    info = containerd.crictl(crictl, "info")
+    assert info.returncode == 0, info.stderr
+    handlers = {h.get("name", ""): h.get("features", {}) for h in json.loads(info.stdout)["runtimeHandlers"]}
+    assert handlers["podshim"].get("recursive_read_only_mounts") is True, handlers
+    volume = os.path.join(directory, "volume")
+    os.makedirs(os.path.join(volume, "below"))
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", os.path.join(volume, "below")], check=True)
+    try:
+        image = test_images.busybox.ref
+        assert containerd.crictl(crictl, "pull", image, timeout=120).returncode == 0
+        pod_json = pod_config(directory, "rro")
+        pod_id = containerd.crictl(crictl, "runp", "--runtime", "podshim", pod_json).stdout.strip()
+        container_json = os.path.join(directory, "c1.json")
+        with open(container_json, "w") as f:
+            json.dump({"metadata": {"name": "c1"}, "image": {"image": image}, "command": ["sleep", "1000"],
+                       "log_path": "c1.log", "mounts": [{"container_path": "/v", "host_path": volume, "readonly": True,
+                                                         "recursive_read_only": True}]}, f)
+        created = containerd.crictl(crictl, "create", pod_id, container_json, pod_json)
+        assert created.returncode == 0, f"{created.stderr}\n{containerd.log()[-6000:]}"
+        cid = created.stdout.strip()
+        assert containerd.crictl(crictl, "start", cid).returncode == 0
+        written = containerd.crictl(crictl, "exec", "-s", cid, "touch", "/v/below/file")
+        assert written.returncode != 0 and "Read-only file system" in written.stderr, written
+        assert containerd.crictl(crictl, "stopp", pod_id).returncode == 0
+        assert containerd.crictl(crictl, "rmp", pod_id).returncode == 0
+    finally:
+        subprocess.run(["umount", "-l", os.path.join(volume, "below")], check=True)
+    assert containerd.sandbox_bundles() == [] and containerd.shims() == []

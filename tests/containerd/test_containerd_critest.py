@@ -27,9 +27,6 @@ pytestmark = pytest.mark.timeout(2 * CRITEST_TIMEOUT + 300)  # two whole runs
 
 #: podshim's non-passes beyond runc's, each with why.
 EXPECTED = [
-    ExpectedSpecs(r"readonly mounts (should reject a recursive|should support recursive)", "skipped",
-                  "containerd says a handler supports recursive read-only mounts only from the runtime's features "
-                  "(`-info`, RuntimeInfo), which podshim's shim does not answer yet"),
     ExpectedSpecs(r"Image Identifier Consistency should return the same image identifier", "passed",
                   "containerd's CRI can answer the spec's RemoveContainer, right after its StopContainer, with "
                   "'container is still running, to stop first' before its own exit handling has marked the "

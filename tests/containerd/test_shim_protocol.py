@@ -333,3 +333,22 @@ def test_a_privileged_containers_devices_make_a_privileged_task_and_other_device
     assert task_fields(spec([]), [], 1)["privileged"] is False
     with pytest.raises(InvalidArgument, match=r"devices other than all of the host's .* differ"):
         task_fields(spec(every[1:]), [], 1)
+
+
+def test_info_answers_a_runtime_info_whose_features_are_what_the_shim_applies(tmp_path):
+    # containerd runs `-info` with the runtime options (an Any) on stdin; its CRI reads the handler's
+    # features (recursive read-only mounts, user namespaces) from the runtime-spec features document.
+    from shim.containerd.features import BIND_OPTIONS
+
+    introspection = load("types.introspection_pb2")
+    options = any_pb2.Any(type_url="runtimeoptions.v1.Options", value=b"\n\x01x")
+    done = run_shim_binary(str(tmp_path), str(tmp_path / "root"), "-info", stdin=options.SerializeToString())
+    assert (done.returncode, done.stderr) == (0, b"")
+    info = introspection.RuntimeInfo.FromString(done.stdout)
+    assert (info.name, info.options) == ("io.containerd.podshim.v1", options)
+    assert info.features.type_url == "types.containerd.io/opencontainers/runtime-spec/1/features/Features"
+    features = json.loads(info.features.value)
+    assert "rro" in features["mountOptions"] and set(features["mountOptions"]) == BIND_OPTIONS
+    assert "user" not in features["linux"]["namespaces"]  # no user namespaces through containerd yet
+    assert features["linux"]["mountExtensions"]["idmap"]["enabled"] is False
+    assert "CAP_SYS_ADMIN" in features["linux"]["capabilities"]
