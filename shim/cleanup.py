@@ -9,6 +9,10 @@ Two deletes of one sandbox at once (the Controller's dead-shim cleanup and an op
 retry) take turns on ``BUNDLE/delete.lock``: the second reads what the first recorded. Without
 it, the second found the pause already killed by the first (a zombie: "gone") before the first
 had written its exit, and reported 255 (unknown) for a pause that was killed.
+
+The kernel's and the runtime's modules load only for what the record still names: after a clean
+ShutdownSandbox (which forgets each thing it removed) a delete is a process start and a few
+syscalls (containerd runs one after every pod).
 """
 
 from __future__ import annotations
@@ -23,12 +27,9 @@ from typing import Any
 
 from shim.api.names import UNKNOWN_EXIT_STATUS
 from shim.api.paths import STATE_FILE, socket_path
-from shim.kernel import cgroups, netns
 from shim.lib.files import flock_open
 from shim.lib.processes import open_pidfd, wait_pidfd
 from shim.rpc.status import RpcError
-from shim.runtime import mounts
-from shim.runtime.oci.backend import delete_recorded
 from shim.sandbox.record import (
     STATE_DELETED,
     STATE_VERSION,
@@ -79,6 +80,8 @@ def _kill(pid: int, start_time: int | None, what: str) -> bool:
 def _remove_cgroup(record: Mapping[str, Any] | None) -> None:
     """Kill what is in the recorded cgroup and remove it (InvalidArgument for a malformed record)."""
     if record:
+        from shim.kernel import cgroups
+
         cg = cgroups.SandboxCgroup.from_dict(dict(record))
         cg.kill_all()
         cg.remove()
@@ -98,6 +101,8 @@ def _delete_task(bundle: str, task_id: str, task: TaskRecord) -> TaskRecord:
     _remove_cgroup(task.cgroup)
     rootfs = task.rootfs
     if rootfs:
+        from shim.runtime import mounts
+
         if os.path.normpath(rootfs) != os.path.normpath(mounts.rootfs_path(os.path.abspath(bundle), task_id)):
             log.error("task %s: not unmounting %s, which is not its rootfs in %s", task_id, rootfs, bundle)
         else:
@@ -172,6 +177,8 @@ def _delete_sandbox(bundle: str, namespace: str, sandbox_id: str, runtime_root: 
     if oci:
         # The containers of a runc/crun sandbox, now stopped (or never started): their runtime
         # state goes too, and a container whose create the crash interrupted is killed here.
+        from shim.runtime.oci.backend import delete_recorded
+
         try:
             oci = delete_recorded(oci)
         except RpcError as exc:
@@ -179,6 +186,8 @@ def _delete_sandbox(bundle: str, namespace: str, sandbox_id: str, runtime_root: 
     rootfs = _unmount_sandbox_rootfs(bundle, record.rootfs)
     _remove_cgroup(record.cgroup)
     if record.netns_owned and record.netns_path:
+        from shim.kernel import netns
+
         netns.remove_netns(record.netns_path)
     _unlink(record.socket_path or socket_path(namespace, sandbox_id, runtime_root))
     if exit_info is None:
@@ -197,6 +206,8 @@ def _unmount_sandbox_rootfs(bundle: str, rootfs: str) -> str:
     ("" once unmounted). Only where the shim mounts one (``<bundle>/rootfs``)."""
     if not rootfs:
         return ""
+    from shim.runtime import mounts
+
     if os.path.normpath(rootfs) != os.path.normpath(mounts.sandbox_rootfs_path(os.path.abspath(bundle))):
         log.error("not unmounting %s, which is not the pause's rootfs in %s", rootfs, bundle)
         return rootfs

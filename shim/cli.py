@@ -36,7 +36,7 @@ from shim.lib.program import Failure, UsageError, exit_status, os_error_sentence
 from shim.rpc.status import FailedPrecondition, RpcError, Unavailable
 
 if TYPE_CHECKING:
-    from shim.sandbox.sandbox import ShimConfig
+    from shim.sandbox.config import ShimConfig
 
 __all__ = ["ACTIONS", "Failure", "UsageError", "exit_status", "main", "os_error_sentence", "run", "start_shim"]
 
@@ -110,7 +110,7 @@ def _parser(only: str | None = None) -> argparse.ArgumentParser:
 
 
 def _config(args: argparse.Namespace) -> ShimConfig:
-    from shim.sandbox.sandbox import ShimConfig  # the daemon's modules load only for actions that run one
+    from shim.sandbox.config import ShimConfig
 
     return ShimConfig(
         namespace=args.namespace,

@@ -22,8 +22,9 @@ from shim.lib.notify import Notifier
 from shim.lib.program import long_running
 from shim.rpc.channel import install_uvloop
 from shim.rpc.server import Server
+from shim.sandbox.config import ShimConfig
 from shim.sandbox.events import EventBus
-from shim.sandbox.sandbox import Sandbox, ShimConfig, State
+from shim.sandbox.sandbox import Sandbox, State
 from shim.sandbox.service import SandboxService, register
 from shim.sandbox.task_service import TaskService, register_tasks
 

@@ -27,7 +27,7 @@ import sys
 import time
 
 from shim.api.names import DEFAULT_RUNTIME_ROOT, UNKNOWN_EXIT_STATUS
-from shim.cli import UsageError, exit_status
+from shim.lib.program import UsageError, exit_status
 
 __all__ = ["NAME", "PODSHIM_DIR", "RUNTIME_TYPE", "main", "run"]
 
@@ -85,21 +85,21 @@ def _runtime_root() -> str:
 
 
 def start(flags: dict[str, str | bool], stdin: bytes) -> bytes:
-    """``start``: the bytes of the BootstrapResult of the sandbox's shim, started unless it runs."""
-    from google.protobuf.message import DecodeError
-
+    """``start``: the bytes of the BootstrapResult of the sandbox's shim, started unless it runs.
+    Neither protobuf's runtime nor the sandbox's machinery is loaded (shim.containerd.bootstrap):
+    with a template the shim is forked there."""
     from shim.api.paths import socket_path
     from shim.cli import start_shim
-    from shim.containerd.api import load
-    from shim.sandbox.sandbox import ShimConfig
+    from shim.containerd.bootstrap import BootstrapParams, bootstrap_params, bootstrap_result
+    from shim.rpc.status import InvalidArgument
+    from shim.sandbox.config import ShimConfig
 
-    bootstrap = load("runtime.bootstrap.v1.bootstrap_pb2")
     try:
-        params = bootstrap.BootstrapParams.FromString(stdin)
-    except DecodeError:
+        params = bootstrap_params(stdin)
+    except InvalidArgument:
         # containerd before 2.3 (and a runtime named *shim-runc-v1) gives the bare options: the
         # rest comes from the flags and the environment then.
-        params = bootstrap.BootstrapParams()
+        params = BootstrapParams()
     namespace, sandbox_id = _identity(flags, params.namespace, params.instance_id)
     address = params.containerd_ttrpc_address or os.environ.get("TTRPC_ADDRESS", "")
     if not address:
@@ -110,15 +110,13 @@ def start(flags: dict[str, str | bool], stdin: bytes) -> bytes:
                         socket_path=socket_path(namespace, sandbox_id, root), runtime_root=root,
                         pause_binary=os.environ.get("PODSHIM_PAUSE_BINARY") or None,
                         containerd_address=address)
-    result = start_shim(config, debug=bool(flags.get("debug")))
-    return bootstrap.BootstrapResult(version=3, address=result["address"], protocol="ttrpc").SerializeToString()
+    return bootstrap_result(start_shim(config, debug=bool(flags.get("debug")))["address"])
 
 
 def delete(flags: dict[str, str | bool]) -> bytes:
     """``delete``: clean up after the sandbox's dead shim; the bytes of its DeleteResponse."""
     from shim.cleanup import delete_sandbox
-    from shim.containerd.api import load
-    from shim.containerd.services import timestamp
+    from shim.containerd.bootstrap import delete_response
 
     namespace, sandbox_id = _identity(flags)
     bundle = str(flags.get("bundle") or os.getcwd())
@@ -129,9 +127,7 @@ def delete(flags: dict[str, str | bool]) -> bytes:
         result = delete_sandbox(ours, namespace, sandbox_id, _runtime_root())
     else:  # `start` failed before the shim made anything: there is nothing to clean, no exit known
         result = {"pid": 0, "exit_status": UNKNOWN_EXIT_STATUS, "exited_at": time.time_ns()}
-    task_v2 = load("runtime.task.v2.shim_pb2")
-    return task_v2.DeleteResponse(pid=result["pid"], exit_status=result["exit_status"],
-                                  exited_at=timestamp(result["exited_at"])).SerializeToString()
+    return delete_response(result["pid"], result["exit_status"], result["exited_at"])
 
 
 def info(stdin: bytes) -> bytes:

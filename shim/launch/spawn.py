@@ -245,7 +245,7 @@ class _Assignment:
 
     async def config(self) -> Any:
         from shim.lib.logs import setup_logging
-        from shim.sandbox.sandbox import ShimConfig
+        from shim.sandbox.config import ShimConfig
 
         message, _ = await self._receive()
         if not message:

@@ -11,7 +11,7 @@ import socket
 from collections.abc import Callable
 from typing import Any
 
-from shim.rpc.channel import parse_address, peer_credentials
+from shim.rpc.addresses import parse_address, peer_credentials
 from shim.rpc.connection import (
     CallRejected,
     CallStarted,

@@ -11,65 +11,20 @@ from __future__ import annotations
 import asyncio
 import logging
 import select
-import socket
-import struct
 from typing import Any
 
+from shim.rpc.addresses import PeerCredentials, parse_address, peer_credentials
 from shim.rpc.frames import RemoteProtocolError
-from shim.rpc.records import Record
-from shim.rpc.records import set_field as _set
 
 __all__ = ["PeerCredentials", "Channel", "peer_credentials", "parse_address", "install_uvloop"]
 
 log = logging.getLogger(__name__)
-
-_UCRED = struct.Struct("3i")
 
 #: A burst of writes leaves in chunks of this many frames rather than all at the end of the loop
 #: iteration, so the peer starts on the first calls while we produce the rest. With one chunk per
 #: iteration the two processes took turns instead of overlapping (bench/rpc_bench.py, 1,000 calls
 #: in flight, quiet 2-CPU VM: about 35,000 calls/s with one chunk, 54,000-63,000 with 64 frames).
 FLUSH_FRAMES = 64
-
-
-class PeerCredentials(Record):
-    """SO_PEERCRED of a Unix socket peer."""
-
-    __slots__ = ("pid", "uid", "gid")
-    pid: int
-    uid: int
-    gid: int
-
-    def __init__(self, pid: int, uid: int, gid: int) -> None:
-        _set(self, "pid", pid)
-        _set(self, "uid", uid)
-        _set(self, "gid", gid)
-
-
-def peer_credentials(sock: Any) -> PeerCredentials | None:
-    """The connected peer's pid/uid/gid, or None when the socket has none (not AF_UNIX)."""
-    try:
-        raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size)
-    except (OSError, AttributeError):
-        return None
-    return PeerCredentials(*_UCRED.unpack(raw))
-
-
-def parse_address(address: str) -> str:
-    """Turn ``unix:///path`` (or a bare absolute path) into a filesystem path.
-
-    Raises ValueError for any other form: podshim speaks only path-based Unix sockets
-    (abstract sockets are reachable from host-network containers, CVE-2020-15257).
-    """
-    if address.startswith("unix://"):
-        path = address[len("unix://"):]
-    elif address.startswith("ttrpc+unix://"):
-        path = address[len("ttrpc+unix://"):]
-    else:
-        path = address
-    if not path.startswith("/"):
-        raise ValueError(f"address {address!r} is not unix:///absolute/path")
-    return path
 
 
 def install_uvloop() -> bool:

@@ -19,13 +19,13 @@ from shim.rpc.messages import MAX_METADATA_ENTRIES, MAX_METADATA_VALUES, Request
 from shim.rpc.status import InvalidArgument
 
 __all__ = ["encode_request", "decode_request", "encode_response", "decode_response", "pack", "unpack",
-           "REQUEST_FIRST_BYTE"]
+           "REQUEST_FIRST_BYTE", "LEN", "VARINT", "field", "fields", "int_field", "text"]
 
 #: The first byte of every protobuf Request: field 1 (service, never empty), length-delimited. No
 #: msgpack Request starts with it (a msgpack map starts with 0x80-0x8f, 0xde or 0xdf).
 REQUEST_FIRST_BYTE = 0x0A
 
-_VARINT, _I64, _LEN, _I32 = 0, 1, 2, 5
+VARINT, I64, LEN, I32 = 0, 1, 2, 5
 
 
 def _varint(value: int) -> bytes:
@@ -39,15 +39,17 @@ def _varint(value: int) -> bytes:
     return bytes(out)
 
 
-def _field(number: int, data: bytes) -> bytes:
-    return _varint(number << 3 | _LEN) + _varint(len(data)) + data
+def field(number: int, data: bytes) -> bytes:
+    """A length-delimited field (a string, bytes or a message)."""
+    return _varint(number << 3 | LEN) + _varint(len(data)) + data
 
 
-def _int_field(number: int, value: int) -> bytes:
-    return _varint(number << 3 | _VARINT) + _varint(value) if value else b""
+def int_field(number: int, value: int) -> bytes:
+    """A varint field; nothing for 0 (proto3's default)."""
+    return _varint(number << 3 | VARINT) + _varint(value) if value else b""
 
 
-def _fields(data: bytes, what: str) -> list[tuple[int, int, Any]]:
+def fields(data: bytes, what: str) -> list[tuple[int, int, Any]]:
     """``(number, wire type, value)`` of each field of the message ``data``: an int for a varint,
     bytes for a length-delimited field; fixed-width ones are skipped."""
     out: list[tuple[int, int, Any]] = []
@@ -57,17 +59,17 @@ def _fields(data: bytes, what: str) -> list[tuple[int, int, Any]]:
         number, kind = key >> 3, key & 7
         if number == 0:
             raise InvalidArgument(f"{what} is not valid protobuf: field number 0")
-        if kind == _VARINT:
+        if kind == VARINT:
             value, pos = _read_varint(data, pos, what)
             out.append((number, kind, value))
-        elif kind == _LEN:
+        elif kind == LEN:
             length, pos = _read_varint(data, pos, what)
             if pos + length > end:
                 raise InvalidArgument(f"{what} is not valid protobuf: field {number} runs past the end")
             out.append((number, kind, data[pos:pos + length]))
             pos += length
-        elif kind in (_I64, _I32):
-            pos += 8 if kind == _I64 else 4
+        elif kind in (I64, I32):
+            pos += 8 if kind == I64 else 4
             if pos > end:
                 raise InvalidArgument(f"{what} is not valid protobuf: field {number} runs past the end")
         else:
@@ -87,7 +89,8 @@ def _read_varint(data: bytes, pos: int, what: str) -> tuple[int, int]:
     raise InvalidArgument(f"{what} is not valid protobuf: a varint is cut short")
 
 
-def _text(value: Any, what: str) -> str:
+def text(value: Any, what: str) -> str:
+    """A length-delimited field's value as a string; InvalidArgument naming ``what`` otherwise."""
     if not isinstance(value, bytes):
         raise InvalidArgument(f"{what} must be a string (length-delimited)")
     try:
@@ -104,13 +107,13 @@ def encode_request(req: Request) -> bytes:
     """A protobuf Request; its payload must already be the bytes of the method's message."""
     if not isinstance(req.payload, (bytes, bytearray)):
         raise TypeError(f"a protobuf request's payload must be bytes, not {type(req.payload).__name__}")
-    parts = [_field(1, req.service.encode()), _field(2, req.method.encode())]
+    parts = [field(1, req.service.encode()), field(2, req.method.encode())]
     if req.payload:
-        parts.append(_field(3, bytes(req.payload)))
-    parts.append(_int_field(4, req.timeout_nano))
+        parts.append(field(3, bytes(req.payload)))
+    parts.append(int_field(4, req.timeout_nano))
     for key, values in req.metadata.items():
         for value in values:
-            parts.append(_field(5, _field(1, key.encode()) + _field(2, value.encode())))
+            parts.append(field(5, field(1, key.encode()) + field(2, value.encode())))
     return b"".join(parts)
 
 
@@ -121,22 +124,22 @@ def decode_request(data: bytes) -> Request:
     timeout = 0
     metadata: dict[str, list[str]] = {}
     entries = 0
-    for number, kind, value in _fields(data, "request"):
-        if number == 1 and kind == _LEN:
-            service = _text(value, "request field 'service'")
-        elif number == 2 and kind == _LEN:
-            method = _text(value, "request field 'method'")
-        elif number == 3 and kind == _LEN:
+    for number, kind, value in fields(data, "request"):
+        if number == 1 and kind == LEN:
+            service = text(value, "request field 'service'")
+        elif number == 2 and kind == LEN:
+            method = text(value, "request field 'method'")
+        elif number == 3 and kind == LEN:
             payload = value
-        elif number == 4 and kind == _VARINT:
+        elif number == 4 and kind == VARINT:
             timeout = _signed64(value)
-        elif number == 5 and kind == _LEN:
+        elif number == 5 and kind == LEN:
             key = value_text = ""
-            for n, k, v in _fields(value, "request metadata"):
-                if n == 1 and k == _LEN:
-                    key = _text(v, "a metadata key").lower()
-                elif n == 2 and k == _LEN:
-                    value_text = _text(v, "a metadata value")
+            for n, k, v in fields(value, "request metadata"):
+                if n == 1 and k == LEN:
+                    key = text(v, "a metadata key").lower()
+                elif n == 2 and k == LEN:
+                    value_text = text(v, "a metadata value")
             values = metadata.setdefault(key, [])
             entries += 1
             if len(metadata) > MAX_METADATA_ENTRIES or len(values) >= MAX_METADATA_VALUES:
@@ -158,21 +161,21 @@ def encode_response(resp: Response) -> bytes:
     payload = resp.payload
     if payload is not None and not isinstance(payload, (bytes, bytearray)):
         raise TypeError(f"a protobuf response's payload must be bytes, not {type(payload).__name__}")
-    status = _int_field(1, int(resp.code)) + (_field(2, resp.message.encode()) if resp.message else b"")
-    return _field(1, status) + (_field(2, bytes(payload)) if payload else b"")
+    status = int_field(1, int(resp.code)) + (field(2, resp.message.encode()) if resp.message else b"")
+    return field(1, status) + (field(2, bytes(payload)) if payload else b"")
 
 
 def decode_response(data: bytes) -> Response:
     """Parse a protobuf Response (its payload: bytes); InvalidArgument when it is malformed."""
     code, message, payload = 0, "", b""
-    for number, kind, value in _fields(data, "response"):
-        if number == 1 and kind == _LEN:
-            for n, k, v in _fields(value, "response status"):
-                if n == 1 and k == _VARINT:
+    for number, kind, value in fields(data, "response"):
+        if number == 1 and kind == LEN:
+            for n, k, v in fields(value, "response status"):
+                if n == 1 and k == VARINT:
                     code = _signed64(v)
-                elif n == 2 and k == _LEN:
-                    message = _text(v, "the status message")
-        elif number == 2 and kind == _LEN:
+                elif n == 2 and k == LEN:
+                    message = text(v, "the status message")
+        elif number == 2 and kind == LEN:
             payload = value
     return Response(code, message, [], payload)
 

@@ -28,6 +28,7 @@ from shim.lib.platform import host_platform
 from shim.rpc.records import Record
 from shim.rpc.records import set_field as _set
 from shim.rpc.status import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound, RpcError, Unavailable
+from shim.sandbox.config import ShimConfig
 from shim.sandbox.events import EventBus
 from shim.sandbox.options import SandboxOptions
 from shim.sandbox.record import STATE_NEW, ExitRecord, PauseRecord, SandboxRecord, StateFile, TaskRecord
@@ -110,32 +111,6 @@ def transition(op: Operation, state: State, sandbox_id: str) -> State:
         raise Unavailable(f"sandbox {sandbox_id} was shut down; the shim is exiting")
     cls, template = REFUSALS.get((op, state), (FailedPrecondition, "cannot {op} sandbox {id} while it is {state}"))
     raise cls(template.format(id=sandbox_id, state=state.value, op=op.value))
-
-
-class ShimConfig(Record):
-    """How this shim was started (the CLI flags of ``podshim start|serve``)."""
-
-    __slots__ = ("namespace", "sandbox_id", "bundle", "socket_path", "runtime_root", "pause_binary",
-                 "containerd_address")
-    namespace: str
-    sandbox_id: str
-    bundle: str
-    socket_path: str
-    runtime_root: str
-    pause_binary: str | None
-    #: containerd's ttrpc address when containerd started the shim (containerd-shim-podshim-v1): it
-    #: then also serves containerd's protobuf services (shim.containerd) and forwards events there.
-    containerd_address: str | None
-
-    def __init__(self, namespace: str, sandbox_id: str, bundle: str, socket_path: str, runtime_root: str,
-                 pause_binary: str | None = None, containerd_address: str | None = None) -> None:
-        _set(self, "namespace", namespace)
-        _set(self, "sandbox_id", sandbox_id)
-        _set(self, "bundle", bundle)
-        _set(self, "socket_path", socket_path)
-        _set(self, "runtime_root", runtime_root)
-        _set(self, "pause_binary", pause_binary)
-        _set(self, "containerd_address", containerd_address)
 
 
 class StartResult(Record):
@@ -615,10 +590,14 @@ class Sandbox:
         try:
             if self.tasks is not None:
                 await self.tasks.release()
+            # Each thing gone is forgotten (state.json no longer names it): `podshim delete` after
+            # a clean ShutdownSandbox finds nothing left to remove.
             if self.cgroup is not None:
                 await self.cgroup.aremove()
+                self.cgroup = None
             if self.netns_path and self.netns_owned:
                 netns.remove_netns(self.netns_path)
+                self.netns_path, self.netns_owned = None, False
         finally:
             try:
                 if self.runtime is not None:

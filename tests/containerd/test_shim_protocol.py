@@ -352,3 +352,64 @@ def test_info_answers_a_runtime_info_whose_features_are_what_the_shim_applies(tm
     assert "user" not in features["linux"]["namespaces"]  # no user namespaces through containerd yet
     assert features["linux"]["mountExtensions"]["idmap"]["enabled"] is False
     assert "CAP_SYS_ADMIN" in features["linux"]["capabilities"]
+
+
+#: What the command must not load where it has no need to: an event loop, protobuf's runtime, the
+#: sandbox's machinery and the kernel's modules (each costs more than the command's own work).
+HEAVY_MODULES = ("asyncio", "google", "shim.sandbox.sandbox", "shim.kernel.cgroups", "shim.kernel.netns",
+                 "shim.runtime.mounts", "shim.launch.spawn")
+
+
+def run_counting_modules(bundle: str, root: str, *args: str, stdin: bytes = b"") -> tuple[bytes, list[str]]:
+    """The command run as run_shim_binary runs it; its stdout, and the heavy modules it loaded."""
+    env = {**os.environ, "PYTHONPATH": REPO, "PODSHIM_RUNTIME_ROOT": root}
+    program = ("import sys; from shim.containerd.cli import main; status = main(sys.argv[1:]); "
+               f"sys.stderr.write(repr(sorted(m for m in sys.modules if m.startswith({HEAVY_MODULES!r})))); "
+               "sys.exit(status)")
+    done = subprocess.run([sys.executable, "-P", "-c", program, "-namespace", NAMESPACE, "-address",
+                           "/run/containerd/containerd.sock", "-publish-binary", "/usr/bin/containerd", *args],
+                          input=stdin, capture_output=True, cwd=bundle, env=env, timeout=30)
+    assert done.returncode == 0, done.stderr
+    return done.stdout, eval(done.stderr)  # (the list's repr)
+
+
+async def test_start_through_a_template_and_delete_after_a_shutdown_load_nothing_heavy(tmp_path):
+    # containerd runs start and delete once each per pod: with a template the shim is forked there,
+    # and after a clean ShutdownSandbox nothing is left for delete to remove.
+    bundle, root, sid = tmp_path / "bundle", tmp_path / "root", new_id()
+    bundle.mkdir()
+    template = Template(str(root))
+    template.start()
+    try:
+        params = bootstrap_pb2.BootstrapParams(instance_id=sid, namespace=NAMESPACE,
+                                               containerd_ttrpc_address=str(tmp_path / "ttrpc.sock"))
+        out, loaded = run_counting_modules(str(bundle), str(root), "-id", sid, "start",
+                                           stdin=params.SerializeToString())
+        assert loaded == []
+        result = bootstrap_pb2.BootstrapResult.FromString(out)
+        assert (result.version, result.protocol, result.SerializeToString()) == (3, "ttrpc", out)
+        with open(bundle / "podshim" / "state.json") as f:
+            shim = ProcessRef(json.load(f)["shim_pid"])
+        try:
+            async with await Client.connect(result.address, codec=PROTOBUF) as pb:
+                await call(pb, SANDBOX, "CreateSandbox", sandbox_pb2.CreateSandboxRequest(sandbox_id=sid),
+                           sandbox_pb2.CreateSandboxResponse)
+                begun = await call(pb, SANDBOX, "StartSandbox", sandbox_pb2.StartSandboxRequest(sandbox_id=sid),
+                                   sandbox_pb2.StartSandboxResponse)
+                await call(pb, SANDBOX, "StopSandbox", sandbox_pb2.StopSandboxRequest(sandbox_id=sid),
+                           sandbox_pb2.StopSandboxResponse)
+                await call(pb, SANDBOX, "ShutdownSandbox", sandbox_pb2.ShutdownSandboxRequest(sandbox_id=sid),
+                           sandbox_pb2.ShutdownSandboxResponse)
+            await shim.exited(WAIT * 2)
+        finally:
+            shim.kill(signal.SIGKILL)
+            shim.close()
+        out, loaded = run_counting_modules(str(bundle), str(root), "-id", sid, "-bundle", str(bundle), "delete")
+        assert loaded == []
+        response = task_v2_pb2.DeleteResponse.FromString(out)
+        assert (response.pid, response.exit_status, response.SerializeToString()) == (begun.pid, 128 + signal.SIGKILL,
+                                                                                      out)
+        assert response.exited_at.seconds > 0
+    finally:
+        run_shim_binary(str(bundle), str(root), "-id", sid, "-bundle", str(bundle), "delete")
+        template.stop()
