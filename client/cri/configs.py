@@ -102,7 +102,7 @@ class _Fields:
         return value or ""
 
     def integer(self, key: str, *, minimum: int, maximum: int, default: int = 0) -> int:
-        value = self._get(key, int, False)
+        value: int | None = self._get(key, int, False)
         if value is None:
             return default
         if not minimum <= value <= maximum:

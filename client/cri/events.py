@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 import anyio
 import anyio.abc
+from anyio.streams.memory import MemoryObjectSendStream
 
 from shim.api.topics import TOPIC_EXIT, TOPIC_TASK_EXIT
 from shim.rpc.status import ResourceExhausted
@@ -81,7 +82,7 @@ class EventStream:
 
 
 class _Subscriber:
-    def __init__(self, send: anyio.abc.ObjectSendStream[ContainerEvent], stream: EventStream):
+    def __init__(self, send: MemoryObjectSendStream[ContainerEvent], stream: EventStream):
         self.send = send
         self.stream = stream
 

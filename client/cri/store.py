@@ -52,6 +52,7 @@ through one. If it is busy, the next open cleans up.
 
 from __future__ import annotations
 
+import builtins
 import dataclasses
 import enum
 import json
@@ -735,7 +736,7 @@ class PodStore:
             if pod is not None and container_id in pod.containers:
                 self._put_container(pod_id, container_id, None)
 
-    def list_containers(self, pod_id: str | None = None) -> list[ContainerRecord]:
+    def list_containers(self, pod_id: str | None = None) -> builtins.list[ContainerRecord]:
         """Every container, oldest first (of one pod if ``pod_id`` is given; NotFound if that
         pod is not there)."""
         pods = [self.get(pod_id)] if pod_id is not None else self._read_all()

@@ -127,7 +127,8 @@ class ContainerCreate(PodServiceBase):
         but for its mounts). NotFound when the store does not have it."""
         if not cfg.image:
             return None
-        return await call(self.images.container_image, cfg.image)
+        image: ContainerImage = await call(self.images.container_image, cfg.image)
+        return image
 
     def _pid_target(self, pod_id: str, cfg: ContainerConfig) -> str | None:
         """The task whose pid namespace a TARGET container joins: its target, a container of the

@@ -17,7 +17,7 @@ class ContainerList(PodServiceBase):
         """ListContainers, filtered by ``id`` (prefix), ``pod_sandbox_id`` (prefix), ``state``
         (CONTAINER_CREATED / RUNNING / EXITED) and ``label_selector``."""
         f = dict(filter or {})
-        out = []
+        out: list[dict[str, Any]] = []
         for c in self.store.list_containers():
             if f.get("id") and not c.container_id.startswith(f["id"]):
                 continue

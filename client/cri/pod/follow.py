@@ -169,7 +169,7 @@ class Following(PodServiceBase):
             return None
         except RpcError:
             return False
-        return status.state == _SANDBOX_RUNNING
+        return bool(status.state == _SANDBOX_RUNNING)
 
     @asynccontextmanager
     async def events(self) -> AsyncIterator[EventStream]:

@@ -34,7 +34,8 @@ class SandboxList(PodServiceBase):
         creating, ready, current = PodState.CREATING, PodState.READY, self._current
         listed = self.store.list()
         # The store's list is a new one each time: used as it is, not copied.
-        records: list[PodRecord | None] = [r for r in listed if r.pod_id.startswith(prefix)] if prefix else listed
+        records = [r for r in listed if r.pod_id.startswith(prefix)] if prefix else listed
+        removed: set[str] = set()  # by another process since the list was read
         # A followed pod's record is current (its shim's events keep it so); the pause of any
         # other ready pod is asked after, all at once.
         stale = [(i, r) for i, r in enumerate(records) if r.state is ready and r.pod_id not in current]
@@ -43,7 +44,7 @@ class SandboxList(PodServiceBase):
             try:
                 records[i] = await self._refreshed(record)
             except NotFound:
-                records[i] = None  # removed by another process since the list was read
+                removed.add(record.pod_id)
 
         if stale:
             async with anyio.create_task_group() as tg:
@@ -51,7 +52,7 @@ class SandboxList(PodServiceBase):
                     tg.start_soon(refresh, i, record)
         entries, out = self._entries, []
         for record in records:
-            if record is None or record.state is creating:
+            if record.state is creating or record.pod_id in removed:
                 continue
             kept = entries.get(record.pod_id)  # _entry_of's own first look, without a call per pod
             out.append(kept[1] if kept is not None and kept[0] is record else self._entry_of(record))

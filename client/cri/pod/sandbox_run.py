@@ -101,7 +101,8 @@ class SandboxRun(PodServiceBase):
 
         await together(start, add_network)
         failpoint("run:after-network")
-        ip, extra, raw = "", (), None
+        ip, raw = "", None
+        extra: tuple[str, ...] = ()
         if network:
             ip, extra = primary_ip(network[0])
             raw = network[0].raw
@@ -160,14 +161,17 @@ class SandboxRun(PodServiceBase):
     async def _sandbox_image(self) -> ContainerImage:
         """The sandbox image from the store, pulled first when the store lacks it (as containerd
         pulls its sandbox_image on demand); the pull's errors as they are."""
+        image: ContainerImage
         try:
-            return await call(self.images.container_image, self.sandbox_image)
+            image = await call(self.images.container_image, self.sandbox_image)
+            return image
         except NotFound:
             if self.pull is None:
                 raise
         with phase("pull sandbox image"):
             await self.pull(self.sandbox_image)
-        return await call(self.images.container_image, self.sandbox_image)
+        image = await call(self.images.container_image, self.sandbox_image)
+        return image
 
     async def _rollback(self, record: PodRecord) -> None:
         """Undo whatever of a pod exists; every step tolerates what is already gone."""

@@ -53,10 +53,10 @@ class SandboxStatus(PodServiceBase):
             info.update(shim_address="", sandbox_state="unknown", shim_error=str(exc))
         if cfg.host_network:
             info["network"] = "host network: no CNI"
-        elif self.cni is None or self.cni.config() is None:
+        elif self.cni is None or (cni_config := self.cni.config()) is None:
             info["network"] = "no CNI config: the pod has a network namespace with loopback only"
         else:
-            info["network"] = f"CNI network {self.cni.config().name!r}"
+            info["network"] = f"CNI network {cni_config.name!r}"
             info["cni_result"] = record.cni_result
             if record.state is PodState.READY:
                 try:
