@@ -1,7 +1,7 @@
 """The linters, run by the suite so that CI fails on a lint error with the linter's own message.
 
-ruff over the code, the tests and the benchmarks, mypy (strict) over the wire and the state
-machines, import-linter over the layers' import rules; as configured in pyproject.toml
+ruff over the code, the tests and the benchmarks, mypy (strict) over the whole of shim/ and
+client/, import-linter over the layers' import rules; as configured in pyproject.toml
 ([tool.ruff], [tool.mypy], [tool.importlinter]), from this Python's environment (the `test`
 extras install them). And the repository holds only what we wrote: no
 upstream schema, no code generated from one, no other project's licence header.

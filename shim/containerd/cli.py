@@ -153,7 +153,8 @@ def info(stdin: bytes) -> bytes:
                                                             value=json.dumps(runtime_features()).encode()))
     if options.type_url:
         result.options.CopyFrom(options)
-    return result.SerializeToString()
+    encoded: bytes = result.SerializeToString()
+    return encoded
 
 
 def act(flags: dict[str, str | bool], action: str) -> int:

@@ -62,7 +62,8 @@ def timestamp(ns: int) -> Timestamp | None:
 
 
 def nanos(ts: Timestamp) -> int:
-    return ts.seconds * 1_000_000_000 + ts.nanos
+    total: int = ts.seconds * 1_000_000_000 + ts.nanos
+    return total
 
 
 def _serve(server: Server, service_name: str, module: Any, handlers: dict[str, Handler]) -> None:
@@ -91,7 +92,8 @@ def _method(service: str, name: str, request_type: type[Message], handler: Handl
             raise InvalidArgument(f"the {request_type.DESCRIPTOR.full_name} of /{service}/{name} is not valid "
                                   f"protobuf: {exc}") from None
         response = await handler(ctx, request)
-        return response.SerializeToString()
+        encoded: bytes = response.SerializeToString()
+        return encoded
 
     return call
 

@@ -153,7 +153,8 @@ def planned_writes(resources: Mapping[str, Any], v1: Mapping[str, str], v2: str 
             swap_write = ("memory_swap_limit_bytes", path, b"%d" % (swap - limit))
     # memory.memsw.limit_in_bytes may never be below memory.limit_in_bytes: raising the
     # memory limit past the current memsw limit must come after the memsw write (v1 only).
-    if memory_write is not None and swap_write is not None and swap_write[1].endswith("memsw.limit_in_bytes"):
+    if memory is not None and memory_write is not None and swap_write is not None \
+            and swap_write[1].endswith("memsw.limit_in_bytes"):
         current_swap = _read_int(os.path.dirname(swap_write[1]), "memory.memsw.limit_in_bytes")
         raising = memory == -1 or (current_swap is not None and memory > current_swap)
         writes += [swap_write, memory_write] if raising else [memory_write, swap_write]

@@ -418,7 +418,7 @@ class SandboxCgroup(Record):
                     raise NotFound(f"cgroup file {path} is gone: the cgroup was removed") from exc
                 except OSError as exc:
                     if exc.errno in (errno.EINVAL, errno.ERANGE, errno.EACCES, errno.EPERM, errno.EBUSY, errno.ENOSPC):
-                        why = exc.strerror
+                        why = exc.strerror or str(exc)
                         if process_file and exc.errno in (errno.EACCES, errno.EPERM):
                             why += " (lowering it below the shim's own needs CAP_SYS_RESOURCE)"
                         raise InvalidArgument(f"resources.{key}: the kernel refused {value.decode()!r} for "

@@ -80,7 +80,7 @@ def metrics(v1: Mapping[str, str], v2: str | None) -> dict[str, Any]:
     if raw is None and v2 is not None:
         raw = _read_text(v2, "memory.max")
     limit_known = raw == "max" or (raw or "").isdigit()
-    limit = int(raw) if limit_known and raw != "max" and int(raw) < _UNLIMITED_BYTES else None
+    limit = int(raw) if raw is not None and raw.isdigit() and int(raw) < _UNLIMITED_BYTES else None
 
     pids = _read_int(v1["pids"], "pids.current") if "pids" in v1 else None
     if pids is None and v2 is not None:
@@ -160,9 +160,9 @@ def details(v1: Mapping[str, str], v2: str | None) -> dict[str, Any]:
         figures["cpu_shares"] = _read_int(cpu_v1, "cpu.shares")
     elif _enabled(v2, "cpu"):
         assert v2 is not None
-        quota, _, period = (_read_text(v2, "cpu.max") or "").partition(" ")
+        quota_text, _, period = (_read_text(v2, "cpu.max") or "").partition(" ")
         figures["cpu_period_us"] = int(period) if period.isdigit() else None
-        figures["cpu_quota_us"] = int(quota) if quota.isdigit() else None
+        figures["cpu_quota_us"] = int(quota_text) if quota_text.isdigit() else None
         weight = _read_int(v2, "cpu.weight")
         figures["cpu_shares"] = 2 + ((weight - 1) * 262142) // 9999 if weight is not None else None
     memory_v1 = v1.get("memory")
@@ -193,7 +193,7 @@ def details(v1: Mapping[str, str], v2: str | None) -> dict[str, Any]:
     pids_dir = v1.get("pids") or (v2 if _enabled(v2, "pids") else None)
     if pids_dir is not None:
         raw = _read_text(pids_dir, "pids.max")
-        figures["pids_max"] = 0 if raw == "max" else int(raw) if (raw or "").isdigit() else None
+        figures["pids_max"] = 0 if raw == "max" else int(raw) if raw is not None and raw.isdigit() else None
     return figures
 
 
@@ -224,7 +224,7 @@ def _swap(v1_memory: str | None, v2: str | None, memory: int | None,
         return None, None, False
     raw = _read_text(v2, "memory.swap.max")
     known = raw == "max" or (raw or "").isdigit()
-    return _read_int(v2, "memory.swap.current"), int(raw) if known and raw != "max" else None, known
+    return _read_int(v2, "memory.swap.current"), int(raw) if raw is not None and raw.isdigit() else None, known
 
 
 def _block_io(v1_blkio: str | None, v2: str | None) -> dict[str, dict[str, int]] | None:
