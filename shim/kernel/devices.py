@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import functools
 import logging
 import os
 import struct
@@ -195,10 +196,12 @@ def _insn(code: int, dst: int = 0, src: int = 0, off: int = 0, imm: int = 0) -> 
     return _INSN.pack(code, dst | src << 4, off, imm)
 
 
+@functools.cache
 def program(rules: DeviceRules) -> bytes:
     """The instructions of a BPF_PROG_TYPE_CGROUP_DEVICE program that answers as ``rules`` do: 1
     (allowed) when one rule covers the device's type and numbers and every access asked at once (an
-    open for reading and writing asks both), else 0 (EPERM)."""
+    open for reading and writing asks both), else 0 (EPERM). Kept once made: the template makes
+    the default rules' (a shim it forks then only loads it)."""
     if rules.allow_all:
         return _insn(_MOV_K, 0, imm=1) + _insn(_EXIT)
     # r2: the device type, r3: the access asked, r4: major, r5: minor (r1, the context, is free after).

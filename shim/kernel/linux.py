@@ -38,7 +38,7 @@ __all__ = [
     "MNT_DETACH", "MNT_FORCE", "UMOUNT_NOFOLLOW",
     "STAT_PPID", "STAT_SESSION", "STAT_STARTTIME", "STAT_STATE",
     "CAP_SYS_RESOURCE", "CLONE3_REFUSED", "CLONE_INTO_CGROUP", "block_all_signals", "clone3", "fork_into_cgroup", "get_child_subreaper", "mount", "ns_inode", "ns_type", "proc_start_time",
-    "proc_stat", "set_child_subreaper", "set_parent_death_signal", "set_signal_mask", "sethostname", "setns", "umount2", "unshare",
+    "proc_stat", "release_zero_pages", "set_child_subreaper", "set_parent_death_signal", "set_signal_mask", "sethostname", "setns", "umount2", "unshare",
     "write_file", "open_tree", "move_mount", "pivot_root", "mount_fs", "bpf", "new_mount", "mount_setattr", "openat2",
     "RESOLVE_IN_ROOT", "RESOLVE_NO_MAGICLINKS", "RESOLVE_NO_SYMLINKS", "RESOLVE_BENEATH",
     "IN_ATTRIB", "IN_CLOSE_WRITE", "IN_CREATE", "IN_DELETE", "IN_DELETE_SELF", "IN_IGNORED", "IN_MODIFY",
@@ -126,6 +126,9 @@ _libc.prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_u
 _libc.inotify_init1.argtypes = [ctypes.c_int]
 _libc.inotify_add_watch.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_uint32]
 _libc.statfs.argtypes = [ctypes.c_char_p, ctypes.c_void_p]
+_libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+_MADV_DONTNEED = 4
+_PAGE = os.sysconf("SC_PAGE_SIZE")
 
 
 def _check(result: int, *filenames: str | None) -> None:
@@ -336,6 +339,32 @@ def set_parent_death_signal(sig: int) -> None:
     """PR_SET_PDEATHSIG: the calling thread gets ``sig`` when the thread that forked it exits
     (0: none). The caller checks ``os.getppid()`` afterwards: a parent gone before sends nothing."""
     _check(_libc.prctl(_PR_SET_PDEATHSIG, sig, 0, 0, 0))
+
+
+def release_zero_pages(address: int, length: int) -> int:
+    """Give the kernel back each whole page of this process's private anonymous memory in
+    [``address``, ``address + length``) that holds only zeros (MADV_DONTNEED: it reads as zeros
+    again, and is a page of its own only once written). Returns the bytes given back. Only for
+    memory that no other thread writes meanwhile: a write between the look and the madvise
+    would be lost."""
+    first = -(-address // _PAGE) * _PAGE
+    end = (address + length) // _PAGE * _PAGE
+    if end <= first:
+        return 0
+    data = ctypes.string_at(first, end - first)
+    zero = bytes(_PAGE)
+    released = 0
+    run = 0  # the offset where the current run of zero pages began, or -1
+    for offset in range(0, end - first + _PAGE, _PAGE):
+        if offset < end - first and data[offset:offset + _PAGE] == zero:
+            if run < 0:
+                run = offset
+            continue
+        if 0 <= run < offset:
+            _check(_libc.madvise(first + run, offset - run, _MADV_DONTNEED))
+            released += offset - run
+        run = -1
+    return released
 
 
 def set_process_name(name: str) -> None:

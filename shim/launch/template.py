@@ -7,9 +7,11 @@ pages), and waits on a control socket. It keeps one *spare* shim forked ahead (a
 so the template is never the shim's parent and may die or restart freely), detached and waiting;
 asked to spawn, it tells the spare its sandbox (whose pieces the spare makes meanwhile), binds
 the socket and records the spare, hands it the socket and answers at once (calls wait in the
-socket's backlog until the shim serves), then forks the next spare. Without
-a live spare it forks on the spot. Either way the shim takes the same serve path as ``podshim
-serve`` and the result is the bootstrap ``podshim start`` prints.
+socket's backlog until the shim serves), then forks the next spare, through its forker
+(:mod:`shim.launch.forker`: a child forked once everything is loaded, so that the pages the
+template writes as it serves are none of the shims'). Without a live spare it forks on the
+spot. Either way the shim takes the same serve path as ``podshim serve`` and the result is the
+bootstrap ``podshim start`` prints.
 
 The control socket speaks the podshim protocol: service ``podshim.template.v1.Template``,
 methods ``Spawn {namespace, sandbox_id, bundle, runtime_root, pause_binary?, containerd_address?, debug?}`` → the
@@ -60,6 +62,7 @@ from shim.api.identifiers import validate_identifier
 from shim.api.names import TEMPLATE_LOCK, TEMPLATE_SERVICE
 from shim.api.paths import control_socket_path, socket_dir, socket_path
 from shim.kernel.linux import set_process_name
+from shim.launch.forker import Forker
 from shim.launch.install import CodeWatch, code_files
 from shim.launch.spawn import Spare, bind_listener, fork_spare, occupy_stdio, spawn_shim
 from shim.lib.files import ensure_private_dir, unlink_quietly
@@ -97,7 +100,7 @@ def _preload() -> None:
     import msgpack  # noqa: F401  (preloaded for the shims forked from here)
 
     from shim import cleanup, daemon  # noqa: F401  (preloaded for the shims forked from here)
-    from shim.kernel import cgroups, linux, netns, reaper  # noqa: F401  (preloaded for the shims forked from here)
+    from shim.kernel import cgroups, devices, linux, netns, reaper  # noqa: F401  (preloaded for the shims forked from here)
     from shim.lib import notify  # noqa: F401  (preloaded for the shims forked from here)
     from shim.rpc import client, server  # noqa: F401  (preloaded for the shims forked from here)
     from shim.rpc.channel import install_uvloop
@@ -107,6 +110,7 @@ def _preload() -> None:
 
     install_uvloop()
     cgroups.birth_in_v2_allowed()  # asked once here: every shim forked from us inherits the answer
+    devices.program(devices.DEFAULT_RULES)  # made once here: a spare only loads it
     try:
         import uvloop  # noqa: F401  (preloaded for the shims forked from here)
     except ImportError:  # pragma: no cover
@@ -243,8 +247,10 @@ def stop_template(runtime_root: str, timeout: float = STOP_TIMEOUT) -> int:
 
 
 class _Template:
-    def __init__(self, runtime_root: str, pause_binary: str | None, listener: socket.socket, path: str):
+    def __init__(self, runtime_root: str, pause_binary: str | None, listener: socket.socket, path: str,
+                 forker: Forker | None):
         self.runtime_root = runtime_root
+        self.forker = forker  # forks the spares (None: we fork them ourselves)
         self.pause_binary = pause_binary
         self.listener = listener
         self.path = path
@@ -317,13 +323,26 @@ class _Template:
         meanwhile (after answering: nobody waits for any of it)."""
         self.add_user(self.caller)
         if self.spare is None and not self.stale:
-            try:
-                self.spare = fork_spare()
-            except OSError as exc:  # the next Spawn forks then
-                log.warning("cannot fork a spare shim: %s", exc)
+            self.spare = self.fork_spare()
         for namespace in self.namespaces - self.holds.keys():
             self.holds[namespace] = _hold(namespace)
         self.code.look()
+
+    def fork_spare(self) -> Spare | None:
+        """The next spare: from the forker, or, when it fails (it is dropped then), from us; None
+        when neither can fork one (the next Spawn forks on the spot then)."""
+        if self.forker is not None:
+            try:
+                return self.forker.fork_spare(containerd=self.containerd_loaded)
+            except OSError as exc:
+                log.warning("the forker (pid %d) failed: %s; forking spares here from now on", self.forker.pid, exc)
+                self.forker.close(kill=True)
+                self.forker = None
+        try:
+            return fork_spare()
+        except OSError as exc:
+            log.warning("cannot fork a spare shim: %s", exc)
+            return None
 
     def release_holds(self) -> None:
         """Remove our holds on default cgroup parents, and with them the parents left empty."""
@@ -339,6 +358,9 @@ class _Template:
         if self.spare is not None:
             self.spare.close()
             self.spare = None
+        if self.forker is not None:
+            self.forker.close()
+            self.forker = None
         self.code.close()  # no Spawn is served from here on
 
     def handlers(self) -> dict[tuple[str, str], Callable[[Request], dict[str, Any]]]:
@@ -410,7 +432,12 @@ def _serve(runtime_root: str, pause_binary: str | None, ready_fd: int | None, id
     # the children's garbage collector from writing to (and so copying) those pages.
     gc.collect()
     long_running()  # freezes it, and turns the collector on (started off: shim.lib.program)
-    template = _Template(runtime_root, pause_binary, listener, path)
+    try:
+        forker: Forker | None = Forker.start(_preload_containerd)  # before we write to anything
+    except OSError as exc:
+        log.warning("cannot fork the forker: %s; forking spares here", exc)
+        forker = None
+    template = _Template(runtime_root, pause_binary, listener, path, forker)
     from shim.kernel.cgroups import remove_stale_holds
 
     remove_stale_holds()  # of templates killed before they could remove theirs

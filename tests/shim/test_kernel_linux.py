@@ -147,3 +147,38 @@ def test_a_child_told_so_gets_its_signal_when_its_parent_is_killed():
             proc.wait()
         if child and not dead:
             os.kill(child, signal.SIGKILL)
+
+
+# -- memory -----------------------------------------------------------------------------------
+
+
+def _resident(address: int, pages: int) -> list[bool]:
+    """Whether each of ``pages`` pages from ``address`` is in memory (/proc/self/pagemap)."""
+    page = os.sysconf("SC_PAGE_SIZE")
+    with open("/proc/self/pagemap", "rb") as f:
+        f.seek(address // page * 8)
+        data = f.read(pages * 8)
+    return [bool(int.from_bytes(data[i:i + 8], "little") >> 63) for i in range(0, len(data), 8)]
+
+
+def test_release_zero_pages_gives_back_the_pages_of_zeros_and_keeps_the_others():
+    import ctypes
+    import mmap
+
+    page = os.sysconf("SC_PAGE_SIZE")
+    region = mmap.mmap(-1, 8 * page)  # private anonymous memory, as the heap is
+    try:
+        for n in range(8):
+            region[n * page:(n + 1) * page] = bytes(page)  # every page written: in memory
+        region[2 * page + 7] = 1  # pages 2 and 5 hold something
+        region[6 * page - 1] = 2
+        address = ctypes.addressof(ctypes.c_char.from_buffer(region))
+        assert all(_resident(address, 8))
+        # From the middle of page 0 to the middle of page 7: only whole pages count.
+        released = linux.release_zero_pages(address + page // 2, 7 * page)
+        assert released == 4 * page  # pages 1, 3, 4 and 6
+        assert _resident(address, 8) == [True, False, True, False, False, True, False, True]
+        assert region[2 * page + 7] == 1 and region[6 * page - 1] == 2
+        assert region[:] == bytes(2 * page + 7) + b"\1" + bytes(4 * page - 9) + b"\2" + bytes(2 * page)
+    finally:
+        region.close()
