@@ -105,10 +105,10 @@ pid = os.fork()
 if pid == 0:
     linux.set_parent_death_signal(signal.SIGTERM)
     assert os.getppid() == parent
-    print("set", flush=True)
+    os.write(1, b"set\\n")  # each line in one write: print() under PYTHONUNBUFFERED writes it in parts
     time.sleep(60)
     os._exit(0)
-print("child", pid, flush=True)
+os.write(1, b"child %d\\n" % pid)
 time.sleep(60)
 """
 
