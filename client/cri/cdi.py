@@ -321,8 +321,6 @@ def _apply(edits: CdiEdits, doc: Any, where: str) -> None:
     if doc.get("intelRdt"):
         raise FailedPrecondition(f"CDI spec {where} has intelRdt, which podshim cannot apply (it sets no Intel RDT "
                                  "class of service)")
-    if doc.get("hooks"):
-        raise FailedPrecondition(f"CDI spec {where} has hooks, which podshim cannot apply (it runs no OCI hooks)")
     if doc.get("netDevices"):
         raise FailedPrecondition(f"CDI spec {where} has netDevices, which podshim cannot apply (it moves no host "
                                  "network interface into a pod)")

@@ -216,7 +216,7 @@ CONTAINER_CONFIG: dict[str, Field] = {
     "devices.permissions": _applied("what the device cgroup allows: r, w, m"),
     "CDI_devices": _applied("CDI devices by fully qualified name (vendor.com/class=name), resolved with the JSON "
                             "and YAML CDI specs of config `cdi_spec_dirs`: their device nodes, mounts, env and "
-                            "additional groups (hooks, intelRdt and netDevices refused: docs/cdi.md)"),
+                            "additional groups, OCI hooks (intelRdt and netDevices refused: docs/cdi.md)"),
     "CDI_devices.name": _applied("the device's fully qualified name; one no spec defines is refused"),
     "labels": _applied_map("the container's labels (in its status, and its task's)"),
     "annotations": _applied_map("the container's annotations (in its status)"),

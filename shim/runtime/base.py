@@ -19,6 +19,7 @@ from shim.kernel.devices import DEFAULT_RULES, DeviceRules
 from shim.lib.console import Console
 from shim.lib.processes import signal_process
 from shim.runtime.confine import Confinement
+from shim.runtime.hooks import Hook
 from shim.runtime.mounts import HostDevice, TaskFilesystem
 from shim.runtime.pause import POD, PauseProcess, PauseSpec
 from shim.runtime.process import Process
@@ -68,6 +69,7 @@ class TaskSpec:
     resources: Mapping[str, Any] = field(default_factory=dict)
     oom_score_adj: int | None = None
     devices: tuple[HostDevice, ...] = ()  # the host devices it is given: nodes made in its /dev
+    hooks: tuple[Hook, ...] = ()  # its OCI hooks, run at the points of the OCI lifecycle (shim.runtime.hooks)
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ from __future__ import annotations
 import errno
 import os
 import stat
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from shim.kernel import linux
@@ -819,11 +819,12 @@ def _attach(mnt: int, target_fd: int) -> None:
         os.close(target_fd)
 
 
-def enter_root(setup: RootSetup, step: list[str]) -> None:
+def enter_root(setup: RootSetup, step: list[str], before_pivot: Callable[[], object] | None = None) -> None:
     """In the task's new mount namespace (a recursive slave), in its pid namespace: build its root
     on ``setup.mount_point`` and pivot into it. Order: the root, /proc, /dev, /dev/pts, /dev/shm (the pod's), /dev/mqueue
-    (own IPC), /sys, the binds, the read-only remount of the root, pivot_root, the masked and the
-    read-only paths. Raises OSError; ``step[0]`` says which step."""
+    (own IPC), /sys, the binds, ``before_pivot`` (its OCI hooks up to createContainer), the
+    read-only remount of the root, pivot_root, the masked and the read-only paths. Raises OSError;
+    ``step[0]`` says which step."""
     root = setup.mount_point
     nosuid_nodev_noexec = linux.MS_NOSUID | linux.MS_NODEV | linux.MS_NOEXEC
     step[0] = f"attaching the task's root on {root}"
@@ -852,6 +853,8 @@ def enter_root(setup: RootSetup, step: list[str]) -> None:
                 linux.mount_setattr(fd, flags=flags)
             if recursive_flags:
                 linux.mount_setattr(fd, flags=recursive_flags, recursive=True)
+        if before_pivot is not None:  # (as runc: the root is still writable, as a hook may need)
+            before_pivot()
         if setup.readonly:
             step[0] = "making the root read-only"
             linux.mount_setattr(root_fd, flags=linux.MS_RDONLY)

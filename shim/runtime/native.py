@@ -23,7 +23,7 @@ from shim.kernel.reaper import Reaper
 from shim.lib import console
 from shim.lib.idmaps import IdMap
 from shim.rpc.status import FailedPrecondition, Internal
-from shim.runtime import mounts, pause, process
+from shim.runtime import hooks, mounts, pause, process
 from shim.runtime.base import CONTAINER, POD, TARGET, ExecSpec, Runtime, TaskSpec
 
 __all__ = ["NativeRuntime"]
@@ -37,10 +37,12 @@ _EXEC_JOINED = (*_JOINED, ("mnt", CLONE_NEWNS), ("pid", CLONE_NEWPID))
 
 class NativeRuntime(Runtime):
     """Processes forked by the shim; ``reaper`` (installed) reaps them. It makes nothing that
-    outlives its processes, so there is nothing to delete or release."""
+    outlives its processes: deleting a task (or releasing the sandbox) runs its poststop hooks only."""
 
     def __init__(self, reaper: Reaper):
         self.reaper = reaper
+        # A started task's poststop hooks and their bundle, run once it is deleted (or the sandbox released).
+        self._poststop: dict[str, tuple[tuple[hooks.Hook, ...], str]] = {}
 
     async def start_pause(self, spec: pause.PauseSpec) -> pause.PauseProcess:
         return await pause.launch(spec, self.reaper)
@@ -72,7 +74,7 @@ class NativeRuntime(Runtime):
         try:
             console_fd = spec.console.pair() if spec.console is not None else None
             try:
-                started = await self._launch(_process_spec(spec, root, console_fd))
+                started = await self._launch(_process_spec(spec, root, console_fd, self._hooks(spec)))
             finally:
                 if spec.console is not None:
                     spec.console.launched()
@@ -88,7 +90,28 @@ class NativeRuntime(Runtime):
                     raise Internal(f"task {spec.task_id}'s terminal did not come from its launcher: "
                                    f"{exc.strerror}") from None
                 raise
+        if spec.hooks:
+            bundle = _bundle(spec)
+            self._poststop[spec.task_id] = (spec.hooks, bundle)
+            await hooks.run_logged(spec.hooks, "poststart", hooks.state(spec.task_id, "running", started.pid, bundle),
+                                   self.reaper, spec.task_id)
         return started
+
+    def _hooks(self, spec: TaskSpec) -> process.LaunchHooks | None:
+        """The launch's part of the task's hooks: prestart and createRuntime run here at its gate,
+        createContainer and startContainer by the process itself (:mod:`shim.runtime.hooks`)."""
+        if not any(hook.name in ("prestart", "createRuntime", *hooks.IN_TASK) for hook in spec.hooks):
+            return None
+        bundle = _bundle(spec)
+
+        async def at_gate(pid: int) -> tuple[bytes, bytes]:
+            creating = hooks.state(spec.task_id, "creating", pid, bundle)
+            await hooks.run(spec.hooks, ("prestart", "createRuntime"), creating, self.reaper)
+            return creating, hooks.state(spec.task_id, "created", pid, bundle)
+
+        return process.LaunchHooks(at_gate, tuple(
+            (hook.name, hook.path, hook.argv, hook.environment({}) if hook.env else None, hook.seconds)
+            for hook in spec.hooks if hook.name in hooks.IN_TASK))
 
     async def exec_process(self, spec: ExecSpec) -> process.Process:
         ns_dir = f"/proc/{spec.task_pid}/ns"
@@ -105,10 +128,14 @@ class NativeRuntime(Runtime):
             raise FailedPrecondition(f"{exc.step}: {os.strerror(exc.errno)}") from None
 
     async def delete_task(self, task_id: str) -> None:
-        pass
+        """The task's poststop hooks, if it was started with some (their failures are logged)."""
+        task_hooks, bundle = self._poststop.pop(task_id, ((), ""))
+        await hooks.run_logged(task_hooks, "poststop", hooks.state(task_id, "stopped", 0, bundle), self.reaper,
+                               task_id)
 
     async def release(self) -> None:
-        pass
+        for task_id in list(self._poststop):
+            await self.delete_task(task_id)
 
     def info(self) -> dict[str, str]:
         return {}
@@ -156,7 +183,13 @@ async def _end(started: process.Process) -> None:
     await asyncio.wait([started.exit], timeout=process.CLEANUP_TIMEOUT)
 
 
-def _process_spec(spec: TaskSpec, root: mounts.RootSetup, console_fd: int | None = None) -> process.ProcessSpec:
+def _bundle(spec: TaskSpec) -> str:
+    """The task's directory (its root's mount point is in it): its hooks' ``bundle``."""
+    return os.path.dirname(spec.rootfs) if spec.rootfs else ""
+
+
+def _process_spec(spec: TaskSpec, root: mounts.RootSetup, console_fd: int | None = None,
+                  launch_hooks: process.LaunchHooks | None = None) -> process.ProcessSpec:
     """The task's process: in the pause's ipc, uts and net namespaces, in a mount namespace of its
     own copied from the shim's (a recursive slave) with ``root`` as its root, and in the pause's pid
     namespace (POD), another task's (TARGET), the shim's (NODE: the host's), or PID 1 of a new one
@@ -185,4 +218,5 @@ def _process_spec(spec: TaskSpec, root: mounts.RootSetup, console_fd: int | None
         confinement=spec.confinement,
         console=console_fd,
         oom_score_adj=spec.oom_score_adj,
+        hooks=launch_hooks,
     )

@@ -46,6 +46,7 @@ import fcntl
 import gc
 import logging
 import os
+import select
 import signal
 import socket
 import struct
@@ -70,8 +71,10 @@ __all__ = [
     "ProcessSpec",
     "environment",
     "launch",
+    "read_available",
     "signal_process",
     "started_at_ns",
+    "wait_exit",
 ]
 
 log = logging.getLogger(__name__)
@@ -113,6 +116,25 @@ class ExecFailed(Internal):
         self.step = step
 
 
+#: One hook the process runs itself: its point (createContainer, startContainer), program, argv,
+#: environment (None: the process's) and timeout in seconds.
+ChildHook = tuple[str, str, tuple[str, ...], Mapping[str, str] | None, int]
+
+
+@dataclass(frozen=True)
+class LaunchHooks:
+    """The OCI hooks of a launch with a root (:mod:`shim.runtime.hooks` says the points). Once the
+    process's namespaces and mounts are made, before it pivots into its root, it waits while the
+    caller's ``at_gate(pid)`` runs (the runtime's own hooks, createRuntime); that returns the state
+    documents of the process's own hooks: ``in_task``'s createContainer ones, which it runs right
+    then, and its startContainer ones, run right before its confinement and exec. What ``at_gate``
+    raises fails the launch; a hook of ``in_task`` that fails, or outlives its timeout (it is
+    killed), fails it with FailedPrecondition naming the hook."""
+
+    at_gate: Callable[[int], Awaitable[tuple[bytes, bytes]]]
+    in_task: tuple[ChildHook, ...] = ()
+
+
 @dataclass(frozen=True)
 class ProcessSpec:
     """Where a process runs and what it runs. Validated by :func:`launch` before anything is made.
@@ -149,11 +171,15 @@ class ProcessSpec:
     signal sent from its exec on (a blocked signal stays pending, even for PID 1 of a pid
     namespace), so it is ready when its exec is done. ``confinement`` (a task's user,
     capabilities, no_new_privs and seccomp filter, :mod:`shim.runtime.confine`) is applied last,
-    right before exec; None leaves the process as privileged as the shim.
+    right before exec; None leaves the process as privileged as the shim. ``program``, when set,
+    is the file exec'd (an absolute path) instead of ``argv[0]`` looked up in the PATH.
+    ``hooks`` (with ``root``): the task's OCI hooks (:class:`LaunchHooks`).
     """
 
     name: str
     argv: tuple[str, ...] = ()
+    program: str = ""
+    hooks: LaunchHooks | None = None
     env: Mapping[str, str] = field(default_factory=dict)
     cwd: str = "/"
     builtin: Callable[[int], NoReturn] | None = None
@@ -229,6 +255,9 @@ class _Plan:
     #: a cgroup namespace to join (opened by the parent; -1: none), joined by the process itself once
     #: in its v2 cgroup: a process may enter a cgroup only from inside its namespace's root
     cgroupns_fd: int = -1
+    program: str = ""
+    in_task_hooks: tuple[ChildHook, ...] | None = None  # None: no hooks, no gate
+    gate: tuple[int, int] = (-1, -1)  # the gate pipe (read end: the process's; write end: the parent's)
 
 
 async def launch(spec: ProcessSpec, reaper: Reaper,
@@ -272,6 +301,13 @@ async def launch(spec: ProcessSpec, reaper: Reaper,
         if binds_from:
             fds.append(os.open("/proc/self/ns/mnt", os.O_RDONLY | os.O_CLOEXEC))
             own_mnt_fd = fds[-1]
+        if spec.hooks is not None:
+            gate_read, gate_write = os.pipe2(os.O_CLOEXEC)
+            fds.append(gate_read)
+            if gate_write < 3:  # kept past the fork (closed once the launch is over)
+                gate_write, low = fcntl.fcntl(gate_write, fcntl.F_DUPFD_CLOEXEC, 3), gate_write
+                os.close(low)
+            plan = dataclasses.replace(plan, gate=(_above_stdio(gate_read, fds), gate_write))
         read_fd, write_fd = os.pipe2(os.O_CLOEXEC)
         fds.append(write_fd)
         # B closes every fd above 2 but the report pipe after dup2-ing its stdio onto 0-2, so
@@ -292,6 +328,8 @@ async def launch(spec: ProcessSpec, reaper: Reaper,
     except BaseException:
         if read_fd is not None:
             os.close(read_fd)
+        if plan.gate[1] >= 0:
+            os.close(plan.gate[1])
         raise
     finally:
         for fd in fds:
@@ -300,11 +338,14 @@ async def launch(spec: ProcessSpec, reaper: Reaper,
     a_exit = reaper.watch(pid_a)
     reader = _ReportReader(read_fd, spec.name)
     try:
-        process = await _start(plan, reaper, pid_a, a_exit, reader, ready)
+        process = await _start(plan, reaper, pid_a, a_exit, reader, ready, spec.hooks)
     except BaseException:
         # Shielded: a second cancellation must not leave a half-started process behind.
         await asyncio.shield(_abandon(reaper, pid_a, a_exit, reader))
         raise
+    finally:
+        if plan.gate[1] >= 0:
+            os.close(plan.gate[1])
     reader.close()
     return process
 
@@ -326,6 +367,10 @@ def _plan(spec: ProcessSpec) -> _Plan:
     for path, nstype in spec.join:
         if nstype not in _JOIN_ORDER:
             raise InvalidArgument(f"cannot join {path}: namespace type {nstype:#x} is not supported")
+    if spec.hooks is not None and spec.root is None:
+        raise InvalidArgument(f"the {spec.name}'s hooks need a root of its own")
+    if spec.program and not os.path.isabs(spec.program):
+        raise InvalidArgument(f"the {spec.name}'s program {spec.program!r} must be an absolute path")
     hostname = spec.hostname
     if hostname is not None and (not hostname or len(hostname.encode()) > 64 or "\0" in hostname):
         raise InvalidArgument(f"hostname {hostname!r} must be 1 to 64 bytes without NUL")
@@ -384,6 +429,8 @@ def _plan(spec: ProcessSpec) -> _Plan:
         max_fd=os.sysconf("SC_OPEN_MAX"),
         confine=confine.steps(spec.confinement),
         pause_root=spec.pause_root,
+        program=spec.program,
+        in_task_hooks=spec.hooks.in_task if spec.hooks is not None else None,
     )
 
 
@@ -452,6 +499,7 @@ class _Report:
         self.ready = False
         self.error: tuple[bytes, int, str] | None = None  # kind (E or X), errno, step
         self.warnings: list[tuple[int, str]] = []
+        self.at_gate = False  # the process waits at its hooks' gate
 
     def parse(self, data: bytes) -> None:
         for record in data.split(b"\n"):
@@ -460,7 +508,9 @@ class _Report:
                 self.pid = int(body)
             elif kind == b"R":
                 self.ready = True
-            elif kind in (b"E", b"X", b"W"):
+            elif kind == b"H":
+                self.at_gate = True
+            elif kind in (b"E", b"X", b"W", b"K"):
                 number, _, step = body.partition(" ")
                 err = int(number) if number.isdigit() else 0
                 if kind == b"W":
@@ -480,8 +530,9 @@ class _ReportReader:
         self.eof = False
         self.report = _Report()
 
-    async def read_until_eof(self, timeout: float) -> None:
-        """Read until both children closed their end (bounded by ``timeout``); parse into ``report``.
+    async def read_until_eof(self, timeout: float, until: Callable[[_Report], bool] | None = None) -> None:
+        """Read until both children closed their end, or ``until`` holds for what their complete
+        records say (bounded by ``timeout``); parse into ``report``.
 
         Raises Internal on timeout or a read error.
         """
@@ -502,6 +553,11 @@ class _ReportReader:
                 self.eof = True
             if (self.eof or len(self._data) > _MAX_REPORT_BYTES) and not done.done():
                 done.set_result(None)
+            elif until is not None and not done.done():
+                seen = _Report()
+                seen.parse(bytes(self._data[:self._data.rfind(b"\n") + 1]))
+                if until(seen) or seen.error is not None:
+                    done.set_result(None)
 
         loop.add_reader(self._fd, on_readable)
         try:
@@ -521,9 +577,20 @@ _WARNED: set[tuple[str, int]] = set()
 
 
 async def _start(plan: _Plan, reaper: Reaper, pid_a: int, a_exit: asyncio.Future[ExitInfo], reader: _ReportReader,
-                 ready: Callable[[int, asyncio.Future[ExitInfo]], Awaitable[None]] | None) -> Process:
+                 ready: Callable[[int, asyncio.Future[ExitInfo]], Awaitable[None]] | None,
+                 hooks: LaunchHooks | None) -> Process:
     """The parent's side of a launch, from the fork until the process is ready."""
-    await reader.read_until_eof(REPORT_TIMEOUT)
+    timeout = REPORT_TIMEOUT
+    if hooks is not None:
+        await reader.read_until_eof(REPORT_TIMEOUT, until=lambda seen: seen.at_gate and (
+            plan.direct or seen.pid is not None))
+        if reader.report.at_gate and reader.report.error is None:
+            creating, created = await hooks.at_gate(pid_a if plan.direct else reader.report.pid or 0)
+            os.write(plan.gate[1], creating + b"\n" + created + b"\n")  # far below a pipe's buffer
+            # Its own hooks' time, as they may take it, on top of the rest of its start.
+            timeout += sum(hook[4] for hook in hooks.in_task)
+    if not reader.eof:
+        await reader.read_until_eof(timeout)
     report = reader.report
     if report.error is not None:
         raise _launch_error(plan.name, *report.error)
@@ -552,6 +619,36 @@ async def _start(plan: _Plan, reaper: Reaper, pid_a: int, a_exit: asyncio.Future
     return Process(pid, start_time, started_at_ns(exit_future), exit_future)
 
 
+async def wait_exit(proc: Process, deadline: float) -> ExitInfo:
+    """The exit of ``proc`` (a program the shim runs to its end: an OCI runtime's call, a hook); past
+    ``deadline`` (``time.monotonic()``; TimeoutError) or when cancelled, it is killed first."""
+    try:
+        return await asyncio.wait_for(asyncio.shield(proc.exit), max(0.0, deadline - time.monotonic()))
+    except BaseException as exc:
+        # Until the reaper has reaped it the pid is still its, so the kill is safe.
+        if not proc.exit.done():
+            signal_process(proc.pid, proc.start_time, signal.SIGKILL)
+        if isinstance(exc, TimeoutError):
+            await asyncio.wait([proc.exit], timeout=CLEANUP_TIMEOUT)
+        raise
+
+
+def read_available(fd: int) -> bytes:
+    """What can be read from the pipe ``fd`` now, to its end or to what is there: something the
+    program started may still hold its write end."""
+    os.set_blocking(fd, False)
+    chunks = []
+    while True:
+        try:
+            chunk = os.read(fd, 65536)
+        except BlockingIOError:
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
 def started_at_ns(exit_future: asyncio.Future[ExitInfo]) -> int:
     """The wall clock time a process that is ready now started at: now, or its exit time when it
     has already exited and been reaped (a process that exits at once may be reaped, and its
@@ -570,6 +667,8 @@ def _launch_error(name: str, kind: bytes, err: int, step: str) -> RpcError:
         return InvalidArgument(f"{name} launch failed at {step}: the kernel does not let this namespace set it")
     if err in (errno.EINVAL, errno.ERANGE) and step.startswith("writing sysctl "):
         return InvalidArgument(f"{name} launch failed at {step}: the kernel refuses the value ({reason})")
+    if kind == b"K":  # a hook of the process's own failed: the hook is the caller's to fix
+        return FailedPrecondition(f"{name} launch failed: {step}")
     if err == errno.EINVAL and step.startswith(mounts.AT_ROOT):
         return InvalidArgument(f"{name} launch failed: {mounts.at_root(step[len(mounts.AT_ROOT):])}")
     message = f"{name} launch failed at {step}: {reason} (errno {err})"
@@ -739,11 +838,13 @@ def _child_b(plan: _Plan, write_fd: int) -> NoReturn:
             # In its v2 cgroup by now (born there, or moved first thing): the namespace's root.
             step = "unsharing a cgroup namespace"
             linux.unshare(linux.CLONE_NEWCGROUP)
+        states: list[bytes] = []  # the state documents of its hooks (from the gate)
         if plan.root is not None:
             # Its root, with a /proc of its pid namespace, /dev, /sys and its mounts; pivot_root.
             steps = [step]
             try:
-                mounts.enter_root(plan.root, steps)
+                mounts.enter_root(plan.root, steps, before_pivot=None if plan.in_task_hooks is None else
+                                  lambda: states.extend(_at_gate(plan, write_fd, steps)))
             finally:
                 step = steps[0]
             # The process side (plan.confine: user, capabilities, no_new_privs, seccomp) comes
@@ -791,6 +892,11 @@ def _child_b(plan: _Plan, write_fd: int) -> NoReturn:
             for _step, call in plan.confine:  # a builtin is confined as a program would be at exec
                 call()
             plan.builtin(write_fd)
+        if states:
+            # Signals still blocked: a handler of the shim's must never run here (the hooks'
+            # exits are seen on their pidfds).
+            step = "running its startContainer hooks"
+            _child_hooks(plan, write_fd, "startContainer", states[1])
         # exec resets caught signals but keeps ignored ones (Python ignores SIGPIPE and SIGXFSZ,
         # and anything ignored when the shim started). The kernel's SigIgn has them all.
         step = "resetting the signals it would inherit ignored"
@@ -801,12 +907,116 @@ def _child_b(plan: _Plan, write_fd: int) -> NoReturn:
         for _step, call in plan.confine:
             call()
         kind = b"X"
-        step = f"exec {plan.argv[0]}"
-        os.execvpe(plan.argv[0], list(plan.argv), plan.env)
+        step = f"exec {plan.program or plan.argv[0]}"
+        os.execvpe(plan.program or plan.argv[0], list(plan.argv), plan.env)
     except BaseException as exc:
         _report_failure(write_fd, step, exc, kind)
     finally:
         os._exit(127)
+
+
+def _at_gate(plan: _Plan, write_fd: int, steps: list[str]) -> list[bytes]:
+    """In B, its namespaces and mounts made, before it pivots into its root: report ``H``, wait at
+    the gate for the state documents of its hooks (createContainer's, startContainer's: the parent
+    has run createRuntime's meanwhile) and run its createContainer hooks; the documents."""
+    os.close(plan.gate[1])  # the parent's end: a parent gone is an EOF
+    steps[0] = "waiting for the runtime's hooks"
+    os.write(write_fd, b"H\n")
+    data = b""
+    while data.count(b"\n") < 2:
+        chunk = os.read(plan.gate[0], 65536)
+        if not chunk:
+            os._exit(1)  # the parent gave up the launch (and kills this process)
+        data += chunk
+    os.close(plan.gate[0])
+    states = data.split(b"\n")[:2]
+    steps[0] = "running its createContainer hooks"
+    _child_hooks(plan, write_fd, "createContainer", states[0])
+    return states
+
+
+def _child_hooks(plan: _Plan, write_fd: int, point: str, state: bytes) -> None:
+    """In B: run its hooks of ``point``, each with ``state`` on its stdin; the first that fails is
+    reported (``K``) and B exits."""
+    # Their exits send B a SIGCHLD (blocked): the shim's handler of it must never run in B, once
+    # its signals are unblocked before exec. Ignored by default, a pending one is dropped.
+    linux.default_signal(signal.SIGCHLD)
+    for name, program, argv, env, timeout in plan.in_task_hooks or ():
+        if name == point:
+            failure = _child_hook(program, argv, plan.env if env is None else env, timeout, state, plan.max_fd)
+            if failure is not None:
+                record = f"K0 {name} hook {program} {failure}".encode("utf-8", "replace").replace(b"\n", b" ")
+                os.write(write_fd, record[:_MAX_REPORT_BYTES - 64] + b"\n")
+                os._exit(127)
+
+
+def _child_hook(program: str, argv: tuple[str, ...], env: Mapping[str, str], timeout: int, state: bytes,
+                max_fd: int) -> str | None:
+    """In B: run one hook with ``state`` on its stdin, killed past ``timeout`` seconds; None when it
+    exited 0, else what went wrong. Its stdout and stderr are kept (their end) for the error."""
+    in_r, in_w = os.pipe2(os.O_CLOEXEC)
+    out_r, out_w = os.pipe2(os.O_CLOEXEC)
+    ignored = _ignored_signals()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.dup2(in_r, 0)
+            os.dup2(out_w, 1)
+            os.dup2(out_w, 2)
+            os.closerange(3, max_fd)
+            for sig in ignored:
+                linux.default_signal(sig)
+            linux.set_signal_mask(b"")
+            os.execve(program, list(argv), dict(env))
+        except OSError as exc:
+            os.write(2, f"cannot run it: {exc.strerror}".encode())
+        finally:
+            os._exit(127)
+    os.close(in_r)
+    os.close(out_w)
+    try:
+        os.write(in_w, state)  # far below a pipe's buffer: the hook need not read it
+    except OSError:
+        pass  # it exited (or closed its stdin) without reading: its exit says what it did
+    os.close(in_w)
+    pidfd = os.pidfd_open(pid)
+    poller = select.poll()
+    poller.register(pidfd, select.POLLIN)
+    poller.register(out_r, select.POLLIN)
+    output = b""
+    deadline = time.monotonic() + timeout
+    exited = False
+    try:
+        while not exited:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+                return f"did not finish within its timeout of {timeout} s; it was killed"
+            for fd, _ in poller.poll(int(left * 1000) + 1):
+                if fd == pidfd:
+                    exited = True
+                elif fd == out_r:
+                    chunk = os.read(out_r, 4096)
+                    if chunk:
+                        output = (output + chunk)[-512:]
+                    else:
+                        poller.unregister(out_r)
+        _, status = os.waitpid(pid, 0)
+        os.set_blocking(out_r, False)
+        try:
+            output = (output + os.read(out_r, 4096))[-512:]
+        except BlockingIOError:
+            pass  # something it started holds the pipe: what it wrote is what there is
+    finally:
+        os.close(pidfd)
+        os.close(out_r)
+    code = os.waitstatus_to_exitcode(status)
+    if code == 0:
+        return None
+    text = " ".join(output.decode("utf-8", "replace").split())
+    return f"failed: {f'exit status {code}' if code > 0 else f'killed by signal {-code}'}" + (
+        f": {text}" if text else "")
 
 
 def _chdir_in_root(cwd: str) -> None:

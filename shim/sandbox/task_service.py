@@ -48,6 +48,7 @@ class TaskService:
     async def create(self, ctx: CallContext, p: dict[str, Any]) -> dict[str, Any]:
         from shim.runtime import confine  # with the task code (self.tasks), not at the shim's start
         from shim.runtime.base import CONTAINER, PID_MODES
+        from shim.runtime.hooks import parse_hooks
         from shim.runtime.hostdevices import parse_devices
         from shim.runtime.mounts import parse_filesystem
 
@@ -69,6 +70,7 @@ class TaskService:
             confinement=confine.from_request(p),
             filesystem=parse_filesystem(p),
             devices=parse_devices(p),
+            hooks=parse_hooks(p),
             stdin=optional(p, "stdin", bool, False),
             terminal=optional(p, "terminal", bool, False),
             resources=optional(p, "resources", dict),

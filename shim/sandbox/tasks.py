@@ -43,6 +43,7 @@ from shim.runtime import execstream, execsync, mounts, process
 from shim.runtime.base import CONTAINER, PID_MODES, POD, TARGET, ExecSpec, TaskSpec
 from shim.runtime.confine import Confinement
 from shim.runtime.crilog import LOG_DIR_MODE, CriLog, check_log_path
+from shim.runtime.hooks import Hook
 from shim.runtime.hostdevices import GivenDevice
 from shim.runtime.mounts import TaskFilesystem
 from shim.runtime.pause import PauseProcess
@@ -123,9 +124,10 @@ class Task:
                  pid_mode: str, labels: dict[str, str], confinement: Confinement | None = None,
                  filesystem: TaskFilesystem = TaskFilesystem(), rootfs: str = "", stdin: bool = False,  # noqa: B008 - a frozen Record, shared safely
                  pid_target: str | None = None, terminal: bool = False, resources: dict[str, Any] | None = None,
-                 devices: tuple[GivenDevice, ...] = ()):
+                 devices: tuple[GivenDevice, ...] = (), hooks: tuple[Hook, ...] = ()):
         self.task_id = task_id
         self.devices = devices  # the host devices it is given
+        self.hooks = hooks  # its OCI hooks (its CDI devices')
         # Create's resources (protocol.md 7.3): its cgroup gets them before its process runs,
         # and the process its oom_score_adj.
         self.resources = {k: v for k, v in (resources or {}).items() if k != "oom_score_adj" and v is not None}
@@ -256,7 +258,8 @@ class TaskSet:
                      labels: dict[str, str] | None = None, confinement: Confinement | None = None,
                      filesystem: TaskFilesystem = TaskFilesystem(), stdin: bool = False,  # noqa: B008 - a frozen Record, shared safely
                      pid_target: str | None = None, terminal: bool = False,
-                     resources: dict[str, Any] | None = None, devices: tuple[GivenDevice, ...] = ()) -> Task:
+                     resources: dict[str, Any] | None = None, devices: tuple[GivenDevice, ...] = (),
+                     hooks: tuple[Hook, ...] = ()) -> Task:
         """Create: check the request and record the task; its log's directories are made (0755)
         and its ``filesystem.rootfs`` (without one, a root of its own: mounts.OWN_ROOT) mounted on
         ``<bundle>/tasks/<task_id>/rootfs`` (recorded first; unmounted again when the mount fails).
@@ -302,7 +305,7 @@ class TaskSet:
         task = Task(task_id, args=list(args), env=environment, cwd=cwd, log_path=log_path, pid_mode=pid_mode,
                     labels=dict(labels or {}), confinement=confinement, filesystem=filesystem,
                     rootfs=mounts.rootfs_path(self.sandbox.config.bundle, task_id), stdin=stdin,
-                    pid_target=pid_target, terminal=terminal, resources=resources, devices=devices)
+                    pid_target=pid_target, terminal=terminal, resources=resources, devices=devices, hooks=hooks)
         self._tasks[task_id] = task
         self._persist()
         idmap = None
@@ -379,7 +382,7 @@ class TaskSet:
                         stdout=crilog.stdout_fd, stderr=crilog.stderr_fd, confinement=task.confinement,
                         target_pid=target_pid, resources=task.resources, oom_score_adj=task.oom_score_adj,
                         rootfs=task.rootfs, filesystem=task.filesystem, device_rules=rules,
-                        devices=tuple(given.node for given in task.devices),
+                        devices=tuple(given.node for given in task.devices), hooks=task.hooks,
                         stdin=stdin.read_fd if stdin is not None and terminal is None else None, console=terminal))
                 except BaseException:
                     crilog.close()

@@ -22,7 +22,9 @@ GPU = {
         "env": ["GPU=0"],
         "deviceNodes": [{"path": "/dev/gpu0", "hostPath": "/dev/null", "type": "c", "major": 1, "minor": 3,
                          "fileMode": 0o640, "permissions": "rw", "uid": 10, "gid": 20}],
-        "mounts": [{"hostPath": "/opt", "containerPath": "/opt/gpu", "options": ["ro", "rbind"]}]}}],
+        "mounts": [{"hostPath": "/opt", "containerPath": "/opt/gpu", "options": ["ro", "rbind"]}],
+        "hooks": [{"hookName": "createContainer", "path": "/bin/true", "args": ["true", "x"], "env": ["A=1"],
+                   "timeout": 5}]}}],
 }
 GPU_YAML = """\
 ---
@@ -43,6 +45,12 @@ devices:
     - hostPath: /opt
       containerPath: /opt/gpu
       options: [ro, rbind]
+    hooks:
+    - hookName: createContainer
+      path: /bin/true
+      args: ["true", x]
+      env: [A=1]
+      timeout: 5
 """
 
 
@@ -75,6 +83,8 @@ def test_a_yaml_spec_gives_what_the_same_json_spec_gives(tmp_path):
                                   "type": "c", "major": 1, "minor": 3, "file_mode": 0o640, "uid": 10, "gid": 20}]
     assert from_json.mounts == [{"destination": "/opt/gpu", "source": "/opt", "type": "bind",
                                  "options": ["ro", "rbind"]}]
+    assert from_json.hooks == [{"hook_name": "createContainer", "path": "/bin/true", "args": ["true", "x"],
+                                "env": ["A=1"], "timeout": 5}]
 
 
 def test_a_yml_file_is_read_too(tmp_path):

@@ -1,7 +1,7 @@
 """CDI devices through podshimd's gRPC, on every runtime handler: a container's CDI_devices resolved
 with the JSON and YAML CDI specs of the daemon's private spec directories (config ``cdi_spec_dirs``):
 device nodes the test makes or the spec says, mounts and env applied; an unknown device and a broken
-spec refused."""
+spec refused; hooks run at their points of the OCI lifecycle, a failing or late one failing the start."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import json
 import os
 import shutil
 import tempfile
+import time
 from collections.abc import Iterator
 
 import grpc
@@ -177,3 +178,123 @@ def test_a_broken_spec_is_skipped_and_its_device_is_invalid_argument(daemon, pod
     assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "CDI device 'example.com/yaml=y' is not defined by any valid CDI spec" in error.details()
     assert "vendor.yaml was skipped: cdiVersion '9.9.9' is not a CDI version podshim knows" in error.details()
+
+
+# -- hooks -----------------------------------------------------------------------------------------
+
+#: What each hook writes to OUT/<point>.*: the state on its stdin, its mount namespace, its HOOKENV.
+HOOK = """#!/bin/sh
+cat > "$1/$2.state"
+readlink /proc/self/ns/mnt > "$1/$2.mnt"
+echo "$HOOKENV" > "$1/$2.env"
+"""
+OUT_IN_CONTAINER = "/hooks-out"
+
+
+@pytest.fixture
+def hook_dirs(tmp_path) -> tuple[str, str]:
+    """(a directory with the hook program ``hook``, the directory the hooks write to), both
+    reachable by the hooks of every point (the host's paths; the container sees them at /hooks and
+    /hooks-out through the spec's mounts)."""
+    bin_dir, out = tmp_path / "hooks", tmp_path / "out"
+    bin_dir.mkdir()
+    out.mkdir()
+    (bin_dir / "hook").write_text(HOOK)
+    (bin_dir / "hook").chmod(0o755)
+    (bin_dir / "fail").write_text("#!/bin/sh\necho no gpu here >&2\nexit 3\n")
+    (bin_dir / "fail").chmod(0o755)
+    (bin_dir / "slow").write_text("#!/bin/sh\necho $$ > \"$1/slow.pid\"\nexec sleep 60\n")
+    (bin_dir / "slow").chmod(0o755)
+    os.chmod(out, 0o777)
+    return str(bin_dir), str(out)
+
+
+def hook_spec(directory: str, hook_dirs: tuple[str, str], hooks: list[dict]) -> None:
+    bin_dir, out = hook_dirs
+    write_spec(directory, "hooks.json", {"kind": "example.com/hook", "devices": [{"name": "h", "containerEdits": {
+        "mounts": [{"hostPath": bin_dir, "containerPath": "/hooks", "options": ["rbind", "ro"]},
+                   {"hostPath": out, "containerPath": OUT_IN_CONTAINER, "options": ["rbind"]}],
+        "hooks": hooks}}]})
+
+
+def test_cdi_hooks_run_at_their_points_with_the_state(daemon, crictl, pod, spec_dirs, hook_dirs):
+    bin_dir, out = hook_dirs
+    on_host = [{"hookName": point, "path": f"{bin_dir}/hook", "args": ["hook", out, point], "env": [f"HOOKENV={point}"],
+                "timeout": 10} for point in ("createRuntime", "createContainer", "poststart", "poststop")]
+    in_container = {"hookName": "startContainer", "path": "/hooks/hook", "args": ["hook", OUT_IN_CONTAINER,
+                                                                                 "startContainer"]}
+    hook_spec(spec_dirs[0], hook_dirs, [*on_host, in_container])
+    config = with_cdi("example.com/hook=h")
+    # The program sees which hooks ran before it did.
+    config["command"] = ["sh", "-c", f"ls {OUT_IN_CONTAINER} > {OUT_IN_CONTAINER}/program.saw; exec sleep 600"]
+    container_id = daemon.create_container(pod[0], config, pod[1])
+    assert os.listdir(out) == []  # nothing runs at create: the container is made at start
+    daemon.crictl(crictl, "start", container_id)
+    container_mnt = daemon.crictl(crictl, "exec", container_id, "readlink", "/proc/self/ns/mnt").stdout.strip()
+
+    def read(name: str) -> str:
+        with open(os.path.join(out, name)) as f:
+            return f.read()
+
+    for _ in range(100):  # the program writes its file right after its start
+        if os.path.exists(os.path.join(out, "program.saw")) and read("program.saw"):
+            break
+        time.sleep(0.05)
+    saw = read("program.saw").split()
+    assert {"createRuntime.state", "createContainer.state", "startContainer.state"} <= set(saw)
+    assert "poststop.state" not in saw
+    states = {point: json.loads(read(f"{point}.state")) for point in ("createRuntime", "createContainer",
+                                                                        "startContainer", "poststart")}
+    for point, state in states.items():
+        assert state["ociVersion"] and state["id"] and state["bundle"], (point, state)
+    # Before the program runs (the runtimes differ: runc says created from createContainer on, crun from
+    # createRuntime on and starting at startContainer; podshim's native handler the specification's creating, created).
+    for point in ("createRuntime", "createContainer", "startContainer"):
+        assert states[point]["status"] in ("creating", "created", "starting"), (point, states[point])
+    assert states["createRuntime"]["pid"] > 0
+    # createRuntime and poststart in the runtime's namespace, createContainer and startContainer in the container's
+    assert read("createRuntime.mnt").strip() != container_mnt
+    assert read("poststart.mnt").strip() != container_mnt
+    assert read("createContainer.mnt").strip() == container_mnt
+    assert read("startContainer.mnt").strip() == container_mnt
+    assert read("createContainer.env") == "createContainer\n"  # the hook's own env
+    assert not os.path.exists(os.path.join(out, "poststop.state"))
+    daemon.crictl(crictl, "stop", "-t", "0", container_id)
+    assert not os.path.exists(os.path.join(out, "poststop.state"))
+    daemon.crictl(crictl, "rm", container_id)
+    assert json.loads(read("poststop.state"))["id"] == states["createRuntime"]["id"]
+
+
+@pytest.mark.parametrize("point", ["createRuntime", "createContainer"])
+def test_a_failing_cdi_hook_fails_the_start_with_its_words(daemon, crictl, pod, spec_dirs, hook_dirs, point):
+    bin_dir, out = hook_dirs
+    hook_spec(spec_dirs[0], hook_dirs, [{"hookName": point, "path": f"{bin_dir}/fail"}])
+    container_id = daemon.create_container(pod[0], with_cdi("example.com/hook=h"), pod[1])
+    started = daemon.crictl(crictl, "start", container_id, check=False)
+    assert started.returncode != 0
+    assert "code = FailedPrecondition" in started.stderr, started.stderr
+    assert "hook" in started.stderr, started.stderr  # (crun names it, runc numbers it)
+    assert "exit status 3" in started.stderr or "exit code: 3" in started.stderr, started.stderr
+    status = json.loads(daemon.crictl(crictl, "inspect", container_id).stdout)["status"]
+    assert status["state"] != "CONTAINER_RUNNING"
+    daemon.crictl(crictl, "rm", container_id)
+
+
+def test_a_cdi_hook_past_its_timeout_is_killed_and_fails_the_start(daemon, crictl, pod, spec_dirs, hook_dirs):
+    bin_dir, out = hook_dirs
+    hook_spec(spec_dirs[0], hook_dirs, [{"hookName": "createRuntime", "path": f"{bin_dir}/slow",
+                                         "args": ["slow", out], "timeout": 1}])
+    container_id = daemon.create_container(pod[0], with_cdi("example.com/hook=h"), pod[1])
+    began = time.monotonic()
+    started = daemon.crictl(crictl, "start", container_id, check=False)
+    assert started.returncode != 0
+    assert time.monotonic() - began < 8
+    assert "timeout" in started.stderr or "timed out" in started.stderr, started.stderr
+    with open(os.path.join(out, "slow.pid")) as f:
+        pid = int(f.read())
+    for _ in range(100):
+        if not os.path.exists(f"/proc/{pid}"):
+            break
+        time.sleep(0.05)
+    assert not os.path.exists(f"/proc/{pid}"), "the hook was not killed"
+    daemon.crictl(crictl, "rm", container_id)

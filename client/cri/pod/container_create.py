@@ -88,6 +88,7 @@ class ContainerCreate(PodServiceBase):
                     "rootfs": rootfs, "readonly_rootfs": cfg.readonly_rootfs, "mounts": mounts, "stdin": cfg.stdin,
                     "terminal": cfg.tty, "resources": cfg.shim_resources,
                     "devices": [device.to_json() for device in cfg.devices] + devices.devices,
+                    "hooks": devices.hooks,
                     **confinement})
             except BaseException:
                 with anyio.CancelScope(shield=True):

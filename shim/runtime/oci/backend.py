@@ -200,7 +200,8 @@ class OciBackend(Runtime):
                         readonly_paths=fs.readonly_paths, privileged=fs.privileged, shm_source=shm,
                         devices=(*(host_devices() if fs.privileged else ()), *spec.devices),
                         device_rules=spec.device_rules, target_pid=spec.target_pid, resources=spec.resources,
-                        oom_score_adj=spec.oom_score_adj, cgroup_namespace=pure_v2(discover_hierarchies()))
+                        oom_score_adj=spec.oom_score_adj, cgroup_namespace=pure_v2(discover_hierarchies()),
+                        hooks=spec.hooks)
         join: tuple[tuple[str, int], ...] = ()
         if userns is not None and prepared is not None:
             doc = with_user_namespace(doc, userns, sysfs_source=prepared.sysfs, pause_pid=spec.pause_pid)

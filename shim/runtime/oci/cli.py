@@ -8,12 +8,10 @@ sentence is the runtime's own.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import re
 import shutil
-import signal
 import subprocess
 import time
 from collections.abc import Mapping
@@ -51,8 +49,8 @@ EXEC_TIMEOUT = 10.0
 _MAX_ERROR_MESSAGES = 5
 _MAX_MESSAGE_CHARS = 500
 _MAX_LOG_READ_BYTES = 64 * 1024  # of the runtime's log, from where the call began
-_READ_BYTES = 64 * 1024
 _EXEC_FAILURE = re.compile(r"\bexec(?::|utable file)")
+_HOOK_FAILURE = re.compile(r"\berror (?:running|executing) hook\b")
 
 
 @dataclass(frozen=True)
@@ -289,7 +287,7 @@ class OciCli:
                 if write_fd is not None:
                     os.close(write_fd)  # the runtime holds the only write end now: EOF when it exits
             info = await _wait_exit(proc, deadline, f"{what} did not finish within {timeout:g} s; it was killed")
-            output = _read_to_end(read_fd) if read_fd is not None else b""
+            output = process.read_available(read_fd) if read_fd is not None else b""
         finally:
             if read_fd is not None:
                 os.close(read_fd)
@@ -302,29 +300,9 @@ async def _wait_exit(proc: process.Process, deadline: float, late: str) -> ExitI
     """The runtime's exit; past ``deadline`` (DeadlineExceeded: ``late``) or when cancelled, it is
     killed first."""
     try:
-        return await asyncio.wait_for(asyncio.shield(proc.exit), max(0.0, deadline - time.monotonic()))
-    except BaseException as exc:
-        # Until the reaper has reaped it the pid is still the runtime's, so the kill is safe.
-        if not proc.exit.done():
-            process.signal_process(proc.pid, proc.start_time, signal.SIGKILL)
-        if isinstance(exc, asyncio.TimeoutError):
-            await asyncio.wait([proc.exit], timeout=process.CLEANUP_TIMEOUT)
-            raise DeadlineExceeded(late) from None
-        raise
-
-
-def _read_to_end(fd: int) -> bytes:
-    os.set_blocking(fd, False)
-    chunks = []
-    while True:
-        try:
-            chunk = os.read(fd, _READ_BYTES)
-        except BlockingIOError:  # something the runtime started still holds the pipe: take what is there
-            break
-        if not chunk:
-            break
-        chunks.append(chunk)
-    return b"".join(chunks)
+        return await process.wait_exit(proc, deadline)
+    except TimeoutError:
+        raise DeadlineExceeded(late) from None
 
 
 def _file_size(path: str) -> int:
@@ -368,6 +346,10 @@ def _failure(what: str, verb: str, exit_status: int, messages: list[str]) -> Rpc
     # (not runc's "nsexec[...]", which is its own setup failing).
     if verb in ("create", "exec") and _EXEC_FAILURE.search(lowered):
         return FailedPrecondition(sentence)  # the container's (or the exec's) program cannot be run
+    # runc: "error running hook #0: ..."; crun: "error executing hook `/x` (exit code: 3)": the
+    # container's OCI hooks (its CDI devices') are the client's to fix, as its program is.
+    if verb in ("create", "start") and _HOOK_FAILURE.search(lowered):
+        return FailedPrecondition(sentence)
     # runc: "container does not exist"; crun: "error opening file `<root>/<id>/status`: No such file..."
     if "does not exist" in lowered or "not found" in lowered or (verb != "create" and "no such file" in lowered):
         return NotFound(sentence)

@@ -16,6 +16,7 @@ from shim.lib.idmaps import UserNamespace
 from shim.rpc.status import InvalidArgument
 from shim.runtime import pause, process
 from shim.runtime.confine import Confinement
+from shim.runtime.hooks import Hook, oci_hooks
 from shim.runtime.mounts import MASKED_PATHS, READONLY_PATHS, BindMount, HostDevice
 
 __all__ = ["DEFAULT_CAPABILITIES", "MASKED_PATHS", "OCI_VERSION", "PAUSE_ARGS", "PAUSE_NAME", "READONLY_PATHS",
@@ -166,7 +167,7 @@ def task_spec(*, sandbox_id: str, args: list[str], env: Mapping[str, str], cwd: 
               shm_source: str | None = None, target_pid: int = 0,
               devices: tuple[HostDevice, ...] = (), device_rules: DeviceRules = DEFAULT_RULES,
               resources: Mapping[str, Any] | None = None, oom_score_adj: int | None = None,
-              cgroup_namespace: bool = False) -> dict[str, Any]:
+              cgroup_namespace: bool = False, hooks: tuple[Hook, ...] = ()) -> dict[str, Any]:
     """A task's config.json: ``args`` in the pause's network, ipc and uts namespaces (by path), its own
     mount namespace on ``rootfs`` (read-only with ``readonly``) with the standard mounts and then
     ``mounts``, and the pause's pid namespace (``pid_mode`` POD), the one of ``target_pid``
@@ -179,7 +180,8 @@ def task_spec(*, sandbox_id: str, args: list[str], env: Mapping[str, str], cwd: 
     ``shm_source``: the pod's /dev/shm, bound on the task's. ``resources`` (protocol.md 7.3) go to
     ``linux.resources`` as :data:`shim.kernel.cgroups.RESOURCE_FILES` says, ``oom_score_adj`` to
     ``process.oomScoreAdj``. ``cgroup_namespace`` (pure cgroup v2, as containerd asks there): a
-    cgroup namespace of its own, which the cgroup mount on /sys/fs/cgroup shows from its cgroup."""
+    cgroup namespace of its own, which the cgroup mount on /sys/fs/cgroup shows from its cgroup.
+    ``hooks``: its OCI hooks, which the runtime runs."""
     ns_dir = f"/proc/{pause_pid}/ns"
     namespaces = [_namespace("mount"), _namespace("network", f"{ns_dir}/net"), _namespace("ipc", f"{ns_dir}/ipc"),
                   _namespace("uts", f"{ns_dir}/uts")]
@@ -207,6 +209,8 @@ def task_spec(*, sandbox_id: str, args: list[str], env: Mapping[str, str], cwd: 
     doc["linux"]["rootfsPropagation"] = "rshared" if shared else "rslave"
     if devices:
         doc["linux"]["devices"] = [device.to_oci() for device in devices]
+    if hooks:
+        doc["hooks"] = oci_hooks(hooks)
     # The shim writes every resource to the task's cgroup itself, for every handler, before the
     # runtime runs (crun's cgroup manager is disabled on a hybrid host); they are said again here
     # so that runc's own view of the container agrees. Hugepage limits and ``unified`` are the
