@@ -201,9 +201,10 @@ def hook_dirs(tmp_path) -> tuple[str, str]:
     out.mkdir()
     (bin_dir / "hook").write_text(HOOK)
     (bin_dir / "hook").chmod(0o755)
-    (bin_dir / "fail").write_text("#!/bin/sh\necho no gpu here >&2\nexit 3\n")
+    # Each reads the state first (crun fails a hook that exits before it wrote it, in its own words).
+    (bin_dir / "fail").write_text("#!/bin/sh\ncat > /dev/null\necho no gpu here >&2\nexit 3\n")
     (bin_dir / "fail").chmod(0o755)
-    (bin_dir / "slow").write_text("#!/bin/sh\necho $$ > \"$1/slow.pid\"\nexec sleep 60\n")
+    (bin_dir / "slow").write_text("#!/bin/sh\ncat > /dev/null\necho $$ > \"$1/slow.pid\"\nexec sleep 60\n")
     (bin_dir / "slow").chmod(0o755)
     os.chmod(out, 0o777)
     return str(bin_dir), str(out)
