@@ -276,7 +276,7 @@ async def test_a_container_from_an_oci_bundle_runs_and_its_events_reach_containe
 
 
 def test_the_commands_one_error_mapping_loads_neither_the_fork_path_nor_protobuf():
-    # shim.cli.exit_status is what podshim, containerd-shim-podshim-v1 and podshimd map errors with;
+    # shim.lib.program.exit_status is what podshim, containerd-shim-podshim-v1 and podshimd map errors with;
     # importing it (and the containerd command) costs none of what only forking a shim needs.
     done = subprocess.run([sys.executable, "-P", "-c", "import sys, shim.cli, shim.containerd.cli; "
                            "print(sorted(m for m in sys.modules if m.split('.')[0] in "
