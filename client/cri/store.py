@@ -435,6 +435,9 @@ class PodStore:
         self._reported: set[str] = set()  # newer-version records already logged
         # pod id → (the record file's bytes, the record): the last parse of each (_parse)
         self._cache: dict[str, tuple[bytes, PodRecord]] = {}
+        # container id → the pod whose record held it when last parsed: where find_container
+        # looks first (the record read then says whether it is still there)
+        self._owners: dict[str, str] = {}
         # The last listing and the directory's (inode, mtime, ctime) it was read at (_read_all).
         self._listing: tuple[tuple[int, int, int], list[PodRecord]] | None = None
         self._clean_up()
@@ -500,8 +503,18 @@ class PodStore:
         record.check()
         if record.pod_id != pod_id:
             raise InvalidArgument(f"it holds pod {record.pod_id!r}")
+        self._forget(pod_id)
         self._cache[pod_id] = (data, record)
+        for container_id in record.containers:
+            self._owners[container_id] = pod_id
         return record
+
+    def _forget(self, pod_id: str) -> None:
+        """Drop the last parse of ``pod_id``'s record, and its containers' owner entries."""
+        cached = self._cache.pop(pod_id, None)
+        for container_id in cached[1].containers if cached is not None else ():
+            if self._owners.get(container_id) == pod_id:
+                self._owners.pop(container_id, None)  # another thread's parse may be at it too
 
     def _read(self, pod_id: str) -> PodRecord | None:
         """The record of ``pod_id`` as on disk; None if there is none or it cannot be used
@@ -510,7 +523,7 @@ class PodStore:
         try:
             return self._parse(pod_id, path)
         except FileNotFoundError:
-            self._cache.pop(pod_id, None)
+            self._forget(pod_id)
             return None
         except NewerRecord as exc:
             if path not in self._reported:
@@ -555,7 +568,7 @@ class PodStore:
             return list(listing[1])
         ids = self._ids()
         for gone in set(self._cache) - set(ids):
-            self._cache.pop(gone, None)
+            self._forget(gone)
         records = sorted((r for r in map(self._read, ids) if r is not None), key=lambda r: (r.created_at, r.pod_id))
         settled = st.st_mtime_ns < started - _RACY_NS
         self._listing = (seen, records) if settled else None
@@ -724,8 +737,17 @@ class PodStore:
     def find_container(self, container_id_or_prefix: str) -> ContainerRecord:
         """The container whose id is given or is the only one starting with it, across pods.
 
-        NotFound if none matches, InvalidArgument naming the candidates if several do.
+        NotFound if none matches, InvalidArgument naming the candidates if several do. A whole
+        id (kubelet's every call) is looked up in the pod that held it, one record read, before
+        every record is.
         """
+        owner = self._owners.get(container_id_or_prefix) if isinstance(container_id_or_prefix, str) else None
+        if owner is not None:
+            pod = self._read(owner)
+            found = pod.containers.get(container_id_or_prefix) if pod is not None else None
+            if found is not None:
+                return found  # an exact id is the answer whatever other ids it prefixes
+            self._owners.pop(container_id_or_prefix, None)  # removed, or moved: never; look everywhere
         containers = {c.container_id: c for c in self.list_containers()}
         return containers[_resolve_prefix("container", container_id_or_prefix, iter(containers))]
 

@@ -427,6 +427,36 @@ def test_find_container_by_prefix_across_pods(store):
         store.find_container("ee")
 
 
+def test_a_container_found_by_its_whole_id_costs_one_record_read_not_every_pods(store, monkeypatch):
+    # kubelet asks for each container by its whole id, while a hundred pods change around it
+    # (every change makes a listing read every record again).
+    for i in range(30):
+        made(store, f"pod{i:02}", name=f"p{i}")
+        store.add_container(container(f"c{i:02}", f"pod{i:02}"))
+    made(store, "other", name="other")  # a change after the containers were added
+    reads: list[str] = []
+    parse = PodStore._parse
+    monkeypatch.setattr(PodStore, "_parse", lambda self, pod_id, path: (reads.append(pod_id), parse(self, pod_id, path))[1])
+    assert store.find_container("c17").pod_id == "pod17"
+    assert reads == ["pod17"]
+
+
+def test_a_container_is_found_by_its_whole_id_wherever_it_went_and_not_once_removed(store):
+    made(store, "aaa1", name="a")
+    made(store, "bbb2", name="b")
+    store.add_container(container("c1", "aaa1"))
+    assert store.find_container("c1").pod_id == "aaa1"
+    store.delete_container("aaa1", "c1")
+    with pytest.raises(NotFound):
+        store.find_container("c1")
+    other = reopen(store)  # another process adds it, to another pod (its id is free again)
+    other.add_container(container("c1", "bbb2"))
+    assert store.find_container("c1").pod_id == "bbb2"
+    other.delete("bbb2")
+    with pytest.raises(NotFound):
+        store.find_container("c1")
+
+
 def test_delete_container_is_idempotent(store):
     made(store, "aaa1")
     store.add_container(container("c1", "aaa1"))
