@@ -19,10 +19,13 @@ bytes changed), so a change is seen by every process at once. Two kinds of
 flock keep them apart; the kernel drops both when a process dies, so kill -9 never
 leaves a lock held:
 
-- *The store lock*, an flock on the ``pods`` directory itself, is held for the few milliseconds of one change: read the record, check the
-  change, write it. Checks that span records (a pod's name is free, a container id is unused)
-  and the write they allow are one step across all processes. Reads take no lock: a record
-  file is always whole.
+- *The store lock*, an flock on the ``pods`` directory itself, is held for the moment of one
+  change: check that the record is still the one the change was made from, and rename the new
+  file (written and fsynced before the lock is taken) into place; the directory is fsynced
+  after it is let go, so that writers of different pods wait for the disk together. A record
+  that changed meanwhile is read again and the change made again from it. Checks that span
+  records (a pod's name is free, a container id is unused) and the rename they allow are one
+  step across all processes. Reads take no lock: a record file is always whole.
 - *A pod's lock* is held by the process working on the pod for the whole operation — from
   before RunPodSandbox writes the CREATING record until the pod is READY or rolled back; a
   stop, a removal, a container change — so two processes never work on one pod at once, while
@@ -46,8 +49,9 @@ process: nobody else touches it.
 
 **Leftovers.** Opening a store removes tmp files of writes that died before their rename and
 moves records that cannot be parsed aside to ``<file>.corrupt`` (logged), but only when it gets
-the store lock at once: every write holds that lock, so then no other process is half-way
-through one. If it is busy, the next open cleans up.
+the store lock at once: every rename holds that lock, so then no other process is half-way
+through one. A tmp file it removes may be a live writer's that has not taken the lock yet: that
+writer writes it again. If the lock is busy, the next open cleans up.
 """
 
 from __future__ import annotations
@@ -60,7 +64,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -68,7 +72,15 @@ from typing import Any
 import anyio
 
 from shim.api.identifiers import validate_identifier
-from shim.lib.files import decode_json, ensure_private_dir, flock_open, fsync_dir, write_atomic
+from shim.lib.files import (
+    decode_json,
+    ensure_private_dir,
+    flock_open,
+    fsync_dir,
+    unlink_quietly,
+    write_atomic,
+    write_temporary,
+)
 from shim.rpc.status import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
 
 from client.cri.configs import ContainerMetadata, PodSandboxMetadata
@@ -401,6 +413,24 @@ class PodLock:
         self.release()
 
 
+def _encoded(record: PodRecord) -> bytes:
+    """A record file's bytes; InvalidArgument for a record that is not valid or not JSON."""
+    record.check()
+    try:
+        return (json.dumps(record.to_json(), sort_keys=True, allow_nan=False) + "\n").encode()
+    except (TypeError, ValueError) as exc:
+        raise InvalidArgument(f"pod {record.pod_id}: the record is not JSON-serialisable: {exc}") from None
+
+
+def _file_bytes(path: str) -> bytes | None:
+    """The bytes of the file at ``path``; None when there is none."""
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except FileNotFoundError:
+        return None
+
+
 def _resolve_prefix(kind: str, prefix: str, ids: Iterator[str]) -> str:
     """crictl's id lookup: an exact id, else the one id that starts with ``prefix``."""
     if not isinstance(prefix, str) or not prefix:
@@ -488,14 +518,14 @@ class PodStore:
 
     # -- reading -----------------------------------------------------------------------------
 
-    def _parse(self, pod_id: str, path: str) -> PodRecord:
-        """Read and check a record file; the same bytes as last time give the same record
-        without decoding and checking them again (most of a read's cost)."""
+    def _parse(self, pod_id: str, path: str) -> tuple[bytes, PodRecord]:
+        """Read and check a record file: its bytes and its record. The same bytes as last time
+        give the same record without decoding and checking them again (most of a read's cost)."""
         with open(path, "rb") as f:
             data = f.read()
         cached = self._cache.get(pod_id)
         if cached is not None and cached[0] == data:
-            return cached[1]
+            return cached
         doc = decode_json(data, path)
         if not isinstance(doc, dict):
             raise InvalidArgument("it is not a JSON object")
@@ -507,7 +537,7 @@ class PodStore:
         self._cache[pod_id] = (data, record)
         for container_id in record.containers:
             self._owners[container_id] = pod_id
-        return record
+        return data, record
 
     def _forget(self, pod_id: str) -> None:
         """Drop the last parse of ``pod_id``'s record, and its containers' owner entries."""
@@ -521,7 +551,7 @@ class PodStore:
         (logged; one that is not valid is set aside)."""
         path = self._record_path(pod_id)
         try:
-            return self._parse(pod_id, path)
+            return self._parse(pod_id, path)[1]
         except FileNotFoundError:
             self._forget(pod_id)
             return None
@@ -580,19 +610,61 @@ class PodStore:
             raise NotFound(f"pod sandbox {pod_id!r}")
         return record
 
-    # -- writing (callers hold the store lock) -------------------------------------------------
+    # -- writing ---------------------------------------------------------------------------------
 
-    def _write(self, record: PodRecord) -> PodRecord:
-        """Persist ``record``; returns the stored copy."""
-        record.check()
-        try:
-            data = (json.dumps(record.to_json(), sort_keys=True, allow_nan=False) + "\n").encode()
-        except (TypeError, ValueError) as exc:
-            raise InvalidArgument(f"pod {record.pod_id}: the record is not JSON-serialisable: {exc}") from None
-        write_atomic(self._record_path(record.pod_id), data)
-        # Return a copy made from the bytes on disk: later changes to the caller's dicts cannot
-        # reach the store, and what is returned is exactly what a reader will read.
-        return PodRecord.from_json(json.loads(data))
+    def _commit(self, pod_id: str, change: Callable[[PodRecord | None], PodRecord | None],
+                check: Callable[[], None] | None = None) -> PodRecord | None:
+        """Write ``change(the pod's record as it is)`` (None there: no record) durably; returns
+        the stored copy, or None when ``change`` gives None (nothing to write).
+
+        The new file is written and fsynced before the store lock is taken, and the directory
+        fsynced once the lock is let go (one fsync covers the renames of every writer before
+        it): writers wait for the disk together, not one after another. Under the lock only
+        ``check`` (what spans records) and the rename, if the record file is still the one
+        ``change`` saw; if it changed meanwhile, all again from the record as it is then. A
+        record file that cannot be used is left to :meth:`_read` (which logs it or sets it
+        aside), all of it under the lock."""
+        path = self._record_path(pod_id)
+        while True:
+            base: bytes | None
+            try:
+                base, current = self._parse(pod_id, path)
+            except FileNotFoundError:
+                base, current = None, None
+            except Exception:  # noqa: BLE001 - any record _read would not give: let it say why
+                with self._exclusive():
+                    if check is not None:
+                        check()
+                    new = change(self._read(pod_id))
+                    if new is None:
+                        return None
+                    data = _encoded(new)
+                    write_atomic(path, data)
+                    return PodRecord.from_json(json.loads(data))
+            new = change(current)
+            if new is None:
+                return None
+            data = _encoded(new)
+            tmp = write_temporary(path, data)
+            renamed = False
+            try:
+                with self._exclusive():
+                    if check is not None:
+                        check()
+                    if _file_bytes(path) != base:
+                        continue  # changed since it was read
+                    try:
+                        os.replace(tmp, path)
+                    except FileNotFoundError:
+                        continue  # another process, opening the store, took it for a dead writer's
+                    renamed = True
+            finally:
+                if not renamed:
+                    unlink_quietly(tmp)
+            fsync_dir(self._dir)
+            # A copy made from the bytes on disk: later changes to the caller's dicts cannot
+            # reach the store, and what is returned is exactly what a reader will read.
+            return PodRecord.from_json(json.loads(data))
 
     # -- pods ----------------------------------------------------------------------------------
 
@@ -637,13 +709,17 @@ class PodStore:
             raise FailedPrecondition(f"pod {record.pod_id}: a new pod record is {INITIAL_POD_STATE} "
                                      f"with no containers, not {record.state} with {len(record.containers)}")
         key = record.metadata.key
-        with self._exclusive():
+
+        def free() -> None:
             if os.path.exists(self._record_path(record.pod_id)):
                 raise AlreadyExists(f"pod {record.pod_id} already exists")
             holder = self._name_holder(key, record.pod_id)
             if holder is not None:
                 raise AlreadyExists(f"pod name {key!r} is reserved for pod {holder}")
-            return self._write(record)
+
+        stored = self._commit(record.pod_id, lambda current: record, free)
+        assert stored is not None  # change gave a record
+        return stored
 
     def update(self, pod_id: str, /, **changes: Any) -> PodRecord:
         """Change some fields of a pod's record in one step (no lost update between tasks or
@@ -653,11 +729,16 @@ class PodStore:
         allow, InvalidArgument for an unknown field or one that cannot change (pod_id, config,
         containers: use the container methods).
         """
-        with self._exclusive():
-            old = self._current(pod_id)
-            new = _replaced(old, "pod", ("pod_id", "config", "containers"), changes)
+        def change(old: PodRecord | None) -> PodRecord:
+            if old is None:
+                raise NotFound(f"pod sandbox {pod_id!r}")
+            new: PodRecord = _replaced(old, "pod", ("pod_id", "config", "containers"), changes)
             check_pod_transition(pod_id, old.state, new.state)
-            return self._write(new)
+            return new
+
+        stored = self._commit(pod_id, change)
+        assert stored is not None  # change gave a record
+        return stored
 
     def get(self, pod_id: str) -> PodRecord:
         """The pod with exactly this id; NotFound otherwise."""
@@ -688,13 +769,13 @@ class PodStore:
 
     # -- containers ----------------------------------------------------------------------------
 
-    def _put_container(self, pod_id: str, container_id: str, container: ContainerRecord | None) -> PodRecord:
-        """Write the pod's record with ``container`` under ``container_id`` (None: without it)."""
-        pod = self._current(pod_id)
+    @staticmethod
+    def _with_container(pod: PodRecord, container_id: str, container: ContainerRecord | None) -> PodRecord:
+        """``pod`` with ``container`` under ``container_id`` (None: without it)."""
         containers = {cid: c for cid, c in pod.containers.items() if cid != container_id}
         if container is not None:
             containers[container_id] = container
-        return self._write(dataclasses.replace(pod, containers=containers))
+        return dataclasses.replace(pod, containers=containers)
 
     def add_container(self, container: ContainerRecord) -> ContainerRecord:
         """Add a new container (CREATED) to its pod's record (durably); returns the stored copy.
@@ -707,12 +788,23 @@ class PodStore:
         if container.state is not INITIAL_CONTAINER_STATE:
             raise FailedPrecondition(f"container {container.container_id}: a new container is "
                                      f"{INITIAL_CONTAINER_STATE}, not {container.state}")
-        cid = container.container_id
-        with self._exclusive():
+        cid, pod_id = container.container_id, container.pod_id
+
+        def unused() -> None:
             for other in self._read_all():
-                if cid in other.containers:
+                if cid in other.containers and other.pod_id != pod_id:
                     raise AlreadyExists(f"container {cid} belongs to pod {other.pod_id}")
-            return self._put_container(container.pod_id, cid, container).containers[cid]
+
+        def change(pod: PodRecord | None) -> PodRecord:
+            if pod is None:
+                raise NotFound(f"pod sandbox {pod_id!r}")
+            if cid in pod.containers:
+                raise AlreadyExists(f"container {cid} belongs to pod {pod_id}")
+            return self._with_container(pod, cid, container)
+
+        stored = self._commit(pod_id, change, unused)
+        assert stored is not None  # change gave a record
+        return stored.containers[cid]
 
     def update_container(self, pod_id: str, container_id: str, /, **changes: Any) -> ContainerRecord:
         """Change some fields of a container in one step; returns the stored copy.
@@ -721,11 +813,19 @@ class PodStore:
         does not allow, InvalidArgument for an unknown field or one that cannot change
         (container_id, pod_id, config).
         """
-        with self._exclusive():
-            old = self.get_container(pod_id, container_id)
+        def change(pod: PodRecord | None) -> PodRecord:
+            old = pod.containers.get(container_id) if pod is not None else None
+            if pod is None:
+                raise NotFound(f"pod sandbox {pod_id!r}")
+            if old is None:
+                raise NotFound(f"container {container_id!r} in pod {pod_id}")
             new = _replaced(old, "container", ("container_id", "pod_id", "config"), changes)
             check_container_transition(container_id, old.state, new.state)
-            return self._put_container(pod_id, container_id, new).containers[container_id]
+            return self._with_container(pod, container_id, new)
+
+        stored = self._commit(pod_id, change)
+        assert stored is not None  # change gave a record
+        return stored.containers[container_id]
 
     def get_container(self, pod_id: str, container_id: str) -> ContainerRecord:
         """The container ``container_id`` of pod ``pod_id``; NotFound otherwise."""
@@ -753,10 +853,12 @@ class PodStore:
 
     def delete_container(self, pod_id: str, container_id: str) -> None:
         """Remove a container from its pod's record; no error if it (or the pod) is not there."""
-        with self._exclusive():
-            pod = self._read(pod_id)
-            if pod is not None and container_id in pod.containers:
-                self._put_container(pod_id, container_id, None)
+        def change(pod: PodRecord | None) -> PodRecord | None:
+            if pod is None or container_id not in pod.containers:
+                return None
+            return self._with_container(pod, container_id, None)
+
+        self._commit(pod_id, change)
 
     def list_containers(self, pod_id: str | None = None) -> builtins.list[ContainerRecord]:
         """Every container, oldest first (of one pod if ``pod_id`` is given; NotFound if that

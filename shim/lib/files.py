@@ -22,7 +22,8 @@ from contextlib import contextmanager
 from typing import Any
 
 __all__ = ["MAX_JSON_BYTES", "write_json_atomic", "json_document", "MAX_JSON_DEPTH", "decode_json", "ensure_private_dir", "flock_open", "fsync_dir", "read_json",
-           "read_all", "read_file", "read_regular", "rename_noreplace", "Rewriter", "unlink_quietly", "write_atomic"]
+           "read_all", "read_file", "read_regular", "rename_noreplace", "Rewriter", "unlink_quietly", "write_atomic",
+           "write_temporary"]
 
 #: How deeply a JSON document podshim reads may nest. Real ones (CRI and CNI configs, records)
 #: nest less than 10 deep; a deeper one would be refused later anyway, by the recursion limit
@@ -249,6 +250,28 @@ def read_all(fd: int) -> bytes:
     return b"".join(chunks)
 
 
+def write_temporary(path: str, data: bytes, *, mode: int = 0o600, durable: bool = True) -> str:
+    """``data`` in a new file next to ``path``, named as :func:`write_atomic`'s temporary files
+    (a '.' first), fsynced when ``durable``; its path, for the caller to rename into place (or
+    unlink). Made apart from the rename so that a caller can make it before it takes a lock that
+    the rename needs."""
+    fd, tmp = _temporary(path)
+    try:
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+            os.fchmod(fd, mode)
+            if durable:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+    except BaseException:
+        unlink_quietly(tmp)
+        raise
+    return tmp
+
+
 def write_atomic(path: str, data: bytes, *, mode: int = 0o600, durable: bool = True,
                  sync_dir: bool = True) -> None:
     """Write ``data`` to ``path`` through a temporary file and a rename.
@@ -261,17 +284,8 @@ def write_atomic(path: str, data: bytes, *, mode: int = 0o600, durable: bool = T
     after the batch).
     """
     directory = os.path.dirname(path) or "."
-    fd, tmp = _temporary(path)
+    tmp = write_temporary(path, data, mode=mode, durable=durable)
     try:
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view):]
-            os.fchmod(fd, mode)
-            if durable:
-                os.fsync(fd)
-        finally:
-            os.close(fd)
         if not durable and _swap_in(tmp, path):
             os.unlink(tmp)  # it now holds the old content
         else:

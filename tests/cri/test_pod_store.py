@@ -4,6 +4,7 @@ lookup, and many tasks, threads and processes over one root."""
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import dataclasses
 import json
 import os
@@ -567,6 +568,30 @@ def test_concurrent_threads_do_not_lose_containers(store):
     for thread in threads:
         thread.join()
     assert len(reopen(store).get("aaa1").containers) == 16
+
+
+def test_changes_of_different_pods_wait_for_the_disk_together_not_one_after_another(store, monkeypatch):
+    # Each change is durable (its file and the directory fsynced). A hundred pods starting at
+    # once change their records at once: their fsyncs are made together (the disk commits
+    # them together), not one after another while the store lock is held.
+    pods = 8
+    for i in range(pods):
+        made(store, f"pod{i}", name=f"p{i}")
+    slow, real = 0.2, os.fsync
+
+    def slow_fsync(fd: int) -> None:
+        time.sleep(slow)
+        real(fd)
+
+    monkeypatch.setattr(os, "fsync", slow_fsync)
+    started = time.monotonic()
+    with concurrent.futures.ThreadPoolExecutor(pods) as threads:
+        list(threads.map(lambda i: store.update(f"pod{i}", ip=f"10.0.0.{i}"), range(pods)))
+    took = time.monotonic() - started
+    monkeypatch.undo()
+    assert [reopen(store).get(f"pod{i}").ip for i in range(pods)] == [f"10.0.0.{i}" for i in range(pods)]
+    one_after_another = pods * 2 * slow  # two fsyncs each
+    assert took < one_after_another / 2, f"{pods} changes took {took:.2f} s"
 
 
 #: A process working on the store at ``argv[1]``; what it does is ``argv[2]``:

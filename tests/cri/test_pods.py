@@ -16,7 +16,6 @@ import pytest
 
 from shim.rpc.status import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
 
-from client.cri import store as store_module
 from client.cri.pod import PodEntry, open_pod_service
 
 from support.looptools import loop_stalls
@@ -363,17 +362,17 @@ async def test_other_calls_go_on_while_a_pod_change_waits_for_the_disk(roots, mo
     # makes long. Meanwhile the pod layer serves every other call (kubelet's relists and
     # statuses of a hundred pods starting at once): its event loop never waits for the disk.
     slow = 2.0
-    real = store_module.write_atomic
+    real = os.fsync
     waited: list[float] = []
 
-    def slow_disk(*args, **kwargs):
+    def slow_disk(fd: int) -> None:
         if not waited:  # the first write of the pod (its CREATING record) waits long
             time.sleep(slow)
             waited.append(slow)
-        real(*args, **kwargs)
+        real(fd)
 
     async with pod_service(roots) as pods:
-        monkeypatch.setattr(store_module, "write_atomic", slow_disk)
+        monkeypatch.setattr(os, "fsync", slow_disk)
         async with loop_stalls() as stalls:
             pod_id = await pods.run_pod_sandbox(pod_config())
         assert waited and (await pods.pod_sandbox_status(pod_id))["state"] == "SANDBOX_READY"
