@@ -9,7 +9,7 @@ is written as one sentence on the error stream, which the client shows; other co
 session go on. Clients that send no ``requestID`` (before Kubernetes 1.6) pair a data stream with the
 error stream opened just before it (id - 2).
 
-The socket is made in the pod's netns (:func:`shim.kernel.netns.socket_in_netns`, by a worker
+The socket is made in the pod's netns (:func:`shim.lib.namespaces.socket_in_netns`, by a worker
 thread) and connected from the event loop; a host-network pod's ports are the host's.
 """
 
@@ -23,7 +23,7 @@ import socket
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
-from shim.kernel.netns import socket_in_netns
+from shim.lib.namespaces import socket_in_netns
 from shim.rpc.status import RpcError
 
 from .session import Stream, StreamClosed

@@ -12,13 +12,24 @@ from __future__ import annotations
 
 import ctypes
 import errno
-import fcntl
 import os
 import signal
 import struct
 from collections.abc import Sequence
 
-# /proc reading lives with the code the client shares (no ctypes).
+# /proc reading and the namespace types and setns live with the code the client shares.
+from shim.lib.namespaces import (
+    CLONE_NEWCGROUP,
+    CLONE_NEWIPC,
+    CLONE_NEWNET,
+    CLONE_NEWNS,
+    CLONE_NEWPID,
+    CLONE_NEWTIME,
+    CLONE_NEWUSER,
+    CLONE_NEWUTS,
+    ns_type,
+    setns,
+)
 from shim.lib.processes import (
     STAT_PPID,
     STAT_SESSION,
@@ -48,14 +59,6 @@ __all__ = [
 ]
 
 # <linux/sched.h>
-CLONE_NEWTIME = 0x00000080
-CLONE_NEWNS = 0x00020000
-CLONE_NEWCGROUP = 0x02000000
-CLONE_NEWUTS = 0x04000000
-CLONE_NEWIPC = 0x08000000
-CLONE_NEWUSER = 0x10000000
-CLONE_NEWPID = 0x20000000
-CLONE_NEWNET = 0x40000000
 CLONE_INTO_CGROUP = 0x200000000  # clone3 only (Linux 5.7)
 #: The errnos of a clone3 the kernel cannot make (ENOSYS: before 5.3; E2BIG, EINVAL: an older
 #: clone_args or no CLONE_INTO_CGROUP) or a seccomp filter refuses (ENOSYS, EPERM): the caller
@@ -86,9 +89,6 @@ _PR_SET_NAME = 15
 COMM_MAX_BYTES = 15
 _PR_GET_CHILD_SUBREAPER = 37
 
-# <linux/nsfs.h>: _IO(0xb7, 0x3)
-_NS_GET_NSTYPE = 0xB703
-
 # pthread_sigmask(3) "how"; glibc's sigset_t is 1024 bits.
 _SIG_BLOCK = 0
 _SIG_SETMASK = 2
@@ -117,7 +117,6 @@ _INOTIFY_READ_BYTES = 65536
 _libc = ctypes.CDLL(None, use_errno=True)
 
 _libc.unshare.argtypes = [ctypes.c_int]
-_libc.setns.argtypes = [ctypes.c_int, ctypes.c_int]
 _libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
 _libc.umount2.argtypes = [ctypes.c_char_p, ctypes.c_int]
 _libc.sethostname.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
@@ -144,14 +143,6 @@ def _encode(value: str | bytes | None) -> bytes | None:
 def unshare(flags: int) -> None:
     """Move the calling thread into new namespaces (``CLONE_NEW*`` flags). Raises OSError."""
     _check(_libc.unshare(flags))
-
-
-def setns(fd: int, nstype: int = 0) -> None:
-    """Move the calling thread into the namespace open on ``fd``; ``nstype`` 0 accepts any type.
-
-    Raises OSError (EINVAL when ``fd`` is not a namespace of ``nstype``).
-    """
-    _check(_libc.setns(fd, nstype))
 
 
 def mount(source: str | None, target: str, fstype: str | None, flags: int = 0, data: str | None = None) -> None:
@@ -499,14 +490,6 @@ def ns_inode(path: str) -> int:
     Two paths name the same namespace exactly when their inodes (on nsfs) are equal. Raises OSError.
     """
     return os.stat(path).st_ino
-
-
-def ns_type(fd: int) -> int:
-    """The ``CLONE_NEW*`` type of the namespace open on ``fd`` (NS_GET_NSTYPE, Linux 4.11).
-
-    Raises OSError (ENOTTY when ``fd`` is not a namespace, e.g. an unmounted netns file).
-    """
-    return fcntl.ioctl(fd, _NS_GET_NSTYPE)
 
 
 def inotify_init() -> int:

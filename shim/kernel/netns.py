@@ -18,19 +18,27 @@ import socket
 import stat
 import struct
 import threading
-from collections.abc import Callable, Iterable
-from typing import Any, TypeVar
+from collections.abc import Iterable
+from typing import Any
 
 from shim.kernel import linux
 from shim.lib.files import flock_open
-from shim.rpc.status import AlreadyExists, Internal, InvalidArgument, NotFound, error_from_oserror
+from shim.lib.namespaces import (
+    THREAD_NETNS,
+    NamespaceNotFound,
+    in_netns,
+    open_namespace,
+    open_netns,
+    return_to_netns,
+    socket_in_netns,
+)
+from shim.rpc.status import AlreadyExists, InvalidArgument, error_from_oserror
 
 __all__ = ["NamespaceNotFound", "check_net_sysctls", "create_netns", "default_netns_dir", "describe_netns",
            "is_host_netns", "make_netns", "new_netns_path", "open_namespace", "open_netns", "remove_netns",
            "socket_in_netns"]
 
 _NETNS_DIR = "/var/run/netns"
-_THREAD_NETNS = "/proc/thread-self/ns/net"
 
 # <linux/sockios.h>, <net/if.h>; struct ifreq is a 16-byte name then a 24-byte union whose
 # first member for these two calls is `short ifr_flags`.
@@ -38,20 +46,10 @@ _SIOCGIFFLAGS = 0x8913
 _SIOCSIFFLAGS = 0x8914
 _IFF_UP = 0x1
 _IFREQ = struct.Struct("16sh22x")
-_T = TypeVar("_T")
 
 # The network namespace this process started in: for a shim, the host's (a shim forked by the
 # template has the template's). Read at import, before any thread of ours switches netns.
 _HOST_NETNS = os.stat("/proc/self/ns/net")
-
-
-class NamespaceNotFound(NotFound):
-    """NotFound for a namespace file that does not exist (``/proc/PID/ns/ipc`` of a process that
-    exited, a netns file removed): ``path`` names it."""
-
-    def __init__(self, message: str, *, path: str):
-        super().__init__(message)
-        self.path = path
 
 
 def default_netns_dir() -> str:
@@ -81,14 +79,14 @@ def make_netns() -> int:
 
 def _new_netns() -> int:
     """:func:`make_netns`'s namespace; raises OSError."""
-    saved = os.open(_THREAD_NETNS, os.O_RDONLY | os.O_CLOEXEC)
+    saved = os.open(THREAD_NETNS, os.O_RDONLY | os.O_CLOEXEC)
     try:
         linux.unshare(linux.CLONE_NEWNET)
         try:
             _set_loopback_up()
-            return os.open(_THREAD_NETNS, os.O_RDONLY | os.O_CLOEXEC)
+            return os.open(THREAD_NETNS, os.O_RDONLY | os.O_CLOEXEC)
         finally:
-            _return_to(saved)
+            return_to_netns(saved)
     finally:
         os.close(saved)
 
@@ -172,7 +170,7 @@ def check_net_sysctls(path: str, keys: Iterable[str]) -> None:
     names = [key for key in keys if key.startswith("net.")]
     if not names:
         return
-    modes = _in_netns(path, lambda: {key: _sysctl_mode(key) for key in names})
+    modes = in_netns(path, lambda: {key: _sysctl_mode(key) for key in names})
     for key, mode in modes.items():
         if mode is None:
             raise InvalidArgument(f"sysctl {key} does not exist in the sandbox's network namespace (no such key in "
@@ -181,34 +179,6 @@ def check_net_sysctls(path: str, keys: Iterable[str]) -> None:
         if not mode & stat.S_IWUSR:
             raise InvalidArgument(f"sysctl {key} is not per network namespace: the kernel lets only the host's "
                                   "initial namespace set it")
-
-
-def _in_netns(path: str, fn: Callable[[], _T]) -> _T:
-    """``fn()`` run with the calling thread in the netns at ``path``; the thread is back in its
-    own before this returns. Raises NotFound (not a netns) or the OS error's status (cannot switch)."""
-    target = open_netns(path)
-    try:
-        saved = os.open(_THREAD_NETNS, os.O_RDONLY | os.O_CLOEXEC)
-        try:
-            try:
-                linux.setns(target, linux.CLONE_NEWNET)
-            except OSError as exc:
-                raise error_from_oserror(exc, f"cannot enter netns {path}") from exc
-            try:
-                return fn()
-            finally:
-                _return_to(saved)
-        finally:
-            os.close(saved)
-    finally:
-        os.close(target)
-
-
-def socket_in_netns(path: str, family: int = socket.AF_INET, kind: int = socket.SOCK_STREAM) -> socket.socket:
-    """A new socket (close-on-exec) in the netns at ``path``, made by the calling thread from inside
-    it: a socket keeps the netns it was created in, so it can be connected from anywhere afterwards.
-    Blocks briefly (setns): call it from a worker thread. Raises NotFound, or the OS error's status."""
-    return _in_netns(path, lambda: socket.socket(family, kind | socket.SOCK_CLOEXEC))
 
 
 def _sysctl_mode(key: str) -> int | None:
@@ -240,7 +210,7 @@ def _describe_in_thread(path: str) -> list[dict[str, Any]] | BaseException:
     try:
         from pyroute2 import IPRoute
 
-        ipr = _in_netns(path, IPRoute)  # a netlink socket belongs to the netns it was created in
+        ipr = in_netns(path, IPRoute)  # a netlink socket belongs to the netns it was created in
         with ipr:
             addresses: dict[int, list[str]] = {}
             for msg in ipr.get_addr():
@@ -256,48 +226,6 @@ def _describe_in_thread(path: str) -> list[dict[str, Any]] | BaseException:
             ]
     except BaseException as exc:  # handed to the caller's thread
         return exc
-
-
-_NS_KINDS = {
-    linux.CLONE_NEWNS: "mount",
-    linux.CLONE_NEWUTS: "uts",
-    linux.CLONE_NEWIPC: "ipc",
-    linux.CLONE_NEWPID: "pid",
-    linux.CLONE_NEWNET: "network",
-    linux.CLONE_NEWCGROUP: "cgroup",
-    linux.CLONE_NEWUSER: "user",
-}
-
-
-def open_namespace(path: str, nstype: int) -> int:
-    """An O_CLOEXEC fd on the namespace at ``path`` (``/proc/PID/ns/ipc``, a netns file), for setns.
-
-    The kernel says what the file is (NS_GET_NSTYPE): it must be a namespace of ``nstype``
-    (``CLONE_NEW*``). The caller closes the fd. Raises NamespaceNotFound when ``path`` is
-    missing, NotFound when it is not a namespace of that type, InvalidArgument for a type this function does not know.
-    """
-    kind = _NS_KINDS.get(nstype)
-    if kind is None:
-        raise InvalidArgument(f"cannot open {path}: namespace type {nstype:#x} is not supported")
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    except (FileNotFoundError, ProcessLookupError):
-        raise NamespaceNotFound(f"{kind} namespace {path} does not exist", path=path) from None
-    try:
-        if linux.ns_type(fd) != nstype:
-            raise NotFound(f"{path} is not a {kind} namespace")
-    except OSError:
-        os.close(fd)
-        raise NotFound(f"{path} is not a mounted {kind} namespace") from None
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
-
-
-def open_netns(path: str) -> int:
-    """:func:`open_namespace` for a network namespace. Raises NotFound."""
-    return open_namespace(path, linux.CLONE_NEWNET)
 
 
 def is_host_netns(fd: int) -> bool:
@@ -368,12 +296,7 @@ def _set_loopback_up() -> None:
         fcntl.ioctl(sock, _SIOCSIFFLAGS, _IFREQ.pack(b"lo", flags | _IFF_UP))
 
 
-def _return_to(saved_fd: int) -> None:
-    try:
-        linux.setns(saved_fd, linux.CLONE_NEWNET)
-    except OSError as exc:
-        # The thread would keep running in the wrong netns; nothing sensible can continue.
-        raise Internal(f"cannot return the thread to its network namespace: {exc.strerror}") from exc
+
 
 
 def _umount_quietly(path: str) -> None:

@@ -5,7 +5,8 @@
 - ``trees``: walking and removing trees of any depth; ``mountinfo``: /proc/PID/mountinfo;
 - ``processes``: a process named by pid and start time, its pidfd, its /proc status;
 - ``capabilities``: capabilities by name and a process's sets; ``idmaps``: a user namespace's
-  mappings and its view for id-mapped mounts;
+  mappings and its view for id-mapped mounts; ``namespaces``: a namespace file opened, a thread
+  moved into a netns and back, a socket made there;
 - ``arguments``: the commands' argument parser; ``program``: how a podshim program starts another,
   ends, goes on running, and maps its errors to an exit status; ``notify``: sd_notify and LISTEN_FDS;
 - ``console`` and ``pipes``: a terminal's pty and the one pipe reader, for exec and attach streams.
