@@ -31,11 +31,12 @@ def runtime_features() -> dict[str, Any]:
     """The runtime-spec features document of the shim (a JSON object)."""
     from shim.kernel.seccomp import ACTIONS, ARCHITECTURES, FLAGS, OPERATORS
     from shim.lib.capabilities import CAPABILITIES
+    from shim.runtime.hooks import HOOK_NAMES
 
     return {
         "ociVersionMin": OCI_VERSION_MIN,
         "ociVersionMax": OCI_VERSION_MAX,
-        "hooks": [],
+        "hooks": list(HOOK_NAMES),
         "mountOptions": sorted(BIND_OPTIONS),
         "linux": {
             "namespaces": list(NAMESPACES),

@@ -148,7 +148,27 @@ def task_fields(spec: dict[str, Any], rootfs: list[Any], pause_pid: int,
     }
     if linux.get("seccomp"):
         fields["seccomp"] = linux["seccomp"]
+    hooks = _hooks(spec.get("hooks"))
+    if hooks:
+        fields["hooks"] = hooks
     return fields
+
+
+def _hooks(doc: Any) -> list[dict[str, Any]]:
+    """config.json's ``hooks`` (an OCI runtime's: containerd's CDI devices', NRI's) as the shim's
+    Create ``hooks``, which every handler runs at their points; InvalidArgument for a point the shim
+    does not know."""
+    if not doc:
+        return []
+    from shim.runtime.hooks import HOOK_NAMES
+
+    if not isinstance(doc, dict):
+        raise InvalidArgument("config.json hooks must be an object of the lifecycle points' hooks")
+    unknown = sorted(set(doc) - set(HOOK_NAMES))
+    if unknown:
+        raise InvalidArgument(f"config.json hooks: the points are {', '.join(HOOK_NAMES)}, not {', '.join(unknown)}")
+    return [{"hook_name": name, **{key: hook[key] for key in ("path", "args", "env", "timeout") if key in hook}}
+            for name in HOOK_NAMES for hook in doc.get(name) or [] if isinstance(hook, dict)]
 
 
 def _privileged(given: list[dict[str, Any]]) -> bool:

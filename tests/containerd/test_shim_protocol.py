@@ -335,6 +335,18 @@ def test_a_privileged_containers_devices_make_a_privileged_task_and_other_device
         task_fields(spec(every[1:]), [], 1)
 
 
+def test_config_json_hooks_are_the_tasks_hooks():
+    from shim.containerd.tasks import task_fields
+
+    hook = {"path": "/usr/bin/cdi-hook", "args": ["cdi-hook", "x"], "env": ["A=1"], "timeout": 5}
+    spec = {"process": {"args": ["true"]}, "linux": {"namespaces": [{"type": "pid"}]},
+            "hooks": {"poststop": [{"path": "/bin/true"}], "createContainer": [hook]}}
+    assert task_fields(spec, [], 1)["hooks"] == [{"hook_name": "createContainer", **hook},
+                                                 {"hook_name": "poststop", "path": "/bin/true"}]
+    with pytest.raises(InvalidArgument, match="config.json hooks: the points are prestart, .*, not atLunch"):
+        task_fields({**spec, "hooks": {"atLunch": [hook]}}, [], 1)
+
+
 def test_info_answers_a_runtime_info_whose_features_are_what_the_shim_applies(tmp_path):
     # containerd runs `-info` with the runtime options (an Any) on stdin; its CRI reads the handler's
     # features (recursive read-only mounts, user namespaces) from the runtime-spec features document.
