@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import re
 import select
-import shutil
 import subprocess
 
 import grpc
@@ -19,9 +18,9 @@ from client.criapi import api_pb2
 
 from support.critools import HOST_PYTHON_MOUNTS
 from support.podtools import container_config, pod_config
+from support.shimtools import HANDLERS
 from support.ttytools import OnTerminal
 
-HANDLERS = ["native"] + [h for h in ("runc", "crun") if shutil.which(h, path="/usr/sbin:/usr/bin:/sbin:/bin")]
 #: Bound on waiting for one line of an attacher's output.
 LINE_WAIT = 30.0
 

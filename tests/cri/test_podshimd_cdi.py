@@ -18,8 +18,7 @@ import pytest
 
 from support.critools import Podshimd, private_podshimd
 from support.podtools import container_config, pod_config
-
-HANDLERS = ["native"] + [h for h in ("runc", "crun") if shutil.which(h, path="/usr/sbin:/usr/bin:/sbin:/bin")]
+from support.shimtools import HANDLERS
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,6 @@ import hashlib
 import json
 import os
 import re
-import shutil
 import signal
 import socket
 import struct
@@ -26,9 +25,9 @@ from client.streaming import websocket
 
 from support.podtools import container_config, pod_config
 from support.proctools import wait_gone
+from support.shimtools import HANDLERS
 
 MB = 1 << 20
-HANDLERS = ["native"] + [h for h in ("runc", "crun") if shutil.which(h, path="/usr/sbin:/usr/bin:/sbin:/bin")]
 
 
 def sleeping_container(daemon, crictl, tmp_path, *runp_options: str) -> str:

@@ -5,7 +5,6 @@ user ContainerStatus reports."""
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 
 import grpc
@@ -14,8 +13,7 @@ import pytest
 from client.criapi import api_pb2
 
 from support.podtools import container_config, pod_config
-
-HANDLERS = ["native"] + [h for h in ("runc", "crun") if shutil.which(h, path="/usr/sbin:/usr/bin:/sbin:/bin")]
+from support.shimtools import HANDLERS
 
 
 @pytest.fixture(params=HANDLERS)

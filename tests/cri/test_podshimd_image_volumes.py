@@ -20,8 +20,8 @@ import pytest
 from support.critools import Podshimd, private_podshimd, running_podshimd
 from support.imagebuild import Entry
 from support.podtools import container_config, pod_config
+from support.shimtools import HANDLERS
 
-HANDLERS = ["native"] + [h for h in ("runc", "crun") if shutil.which(h, path="/usr/sbin:/usr/bin:/sbin:/bin")]
 #: The files of the volume image: two layers over none (an overlay of lower layers alone).
 VOLUME_LAYERS = [
     {"data/hello.txt": "hello from the image\n", "inside/marker": "the image's own\n"},

@@ -20,8 +20,8 @@ from client.criapi import api_pb2
 
 from support.critools import Podshimd, running_podshimd
 from support.podtools import cgroup_file, container_config, pod_config
+from support.shimtools import HANDLERS
 
-HANDLERS = ["native"] + [h for h in ("runc", "crun") if shutil.which(h, path="/usr/sbin:/usr/bin:/sbin:/bin")]
 #: What kubelet sends for a container with requests and limits: cpu 250m of a 100 ms period, 96 MiB,
 #: a burstable pod's oom_score_adj, and a limit of 0 for each huge page size the node has.
 RESOURCES = {"cpu_period": 100000, "cpu_quota": 25000, "cpu_shares": 256, "memory_limit_in_bytes": 96 << 20,

@@ -22,8 +22,8 @@ from support.critools import Podshimd, running_podshimd
 from support.imagebuild import catatonit_pause_image, tiny_pause_image
 from support.podtools import container_config, ns_inode, pod_config
 from support.proctools import alive, wait_gone
+from support.shimtools import HANDLERS
 
-HANDLERS = ["native"] + [h for h in ("runc", "crun") if shutil.which(h, path="/usr/sbin:/usr/bin:/sbin:/bin")]
 PAUSE_IMAGES = {"catatonit": catatonit_pause_image, "tiny": tiny_pause_image}
 
 

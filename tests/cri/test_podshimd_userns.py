@@ -6,17 +6,16 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 
 import pytest
 
 from client.criapi import api_pb2
 
 from support.podtools import container_config, pod_config
+from support.shimtools import HANDLERS
 
 HOST_ID = 2_000_000 + (os.getpid() % 500) * 65536  # a range no other test's pod is given
 MAPPING = [{"container_id": 0, "host_id": HOST_ID, "length": 65536}]
-HANDLERS = ["native"] + [h for h in ("runc", "crun") if shutil.which(h, path="/usr/sbin:/usr/bin:/sbin:/bin")]
 
 
 def _userns_pod_config(**sysctls: str) -> dict:

@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import errno
 import os
-import shutil
 import time
 
 import pytest
@@ -34,13 +33,13 @@ from support.podtools import (
     roots,  # noqa: F401  (the fixture)
 )
 from support.shimtools import (
+    HANDLERS,
     WAIT,
     ShimLauncher,
     host_untouched,  # noqa: F401  (autouse: what this module's shims made is checked at the end)
     shims,  # noqa: F401  (the fixture)
 )
 
-HANDLERS = ["native"] + [h for h in ("runc", "crun") if shutil.which(h, path="/usr/sbin:/usr/bin:/sbin:/bin")]
 BUSYBOX = "/bin/busybox"
 TOOLS = ("sh", "cat", "ls", "touch", "pwd", "sleep")
 

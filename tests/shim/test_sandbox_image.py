@@ -19,6 +19,7 @@ from shim.runtime.mounts import is_mount_point
 
 from support.imagebuild import CATATONIT, compiled, tiny_pause_binary
 from support.shimtools import (
+    HANDLERS,
     NODE_ROOT,
     WAIT,
     ShimLauncher,
@@ -26,7 +27,6 @@ from support.shimtools import (
     ns_inode,
 )
 
-HANDLERS = ["native"] + [h for h in ("runc", "crun") if shutil.which(h, path="/usr/sbin:/usr/bin:/sbin:/bin")]
 #: (program in the rootfs, pause_image) of each pause image.
 PAUSES = {
     "catatonit": ("catatonit", {"args": ["/catatonit", "-P"]}),

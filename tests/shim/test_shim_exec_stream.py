@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import os
 import re
-import shutil
 import socket
 import stat
 import termios
@@ -17,12 +16,11 @@ from shim.rpc import FailedPrecondition, InvalidArgument, NotFound
 
 from support.proctools import wait_gone_async
 from support.shimtools import (
+    HANDLERS,
     WAIT,
     ShimLauncher,
     host_untouched,  # noqa: F401  (autouse: what this module's shims made is checked at the end)
 )
-
-HANDLERS = ["native"] + [h for h in ("runc", "crun") if shutil.which(h, path="/usr/sbin:/usr/bin:/sbin:/bin")]
 
 
 class Pod:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import os
 import re
-import shutil
 import stat
 
 import pytest
@@ -16,12 +15,11 @@ from shim.rpc import FailedPrecondition, InvalidArgument
 
 from support.proctools import fd_targets
 from support.shimtools import (
+    HANDLERS,
     WAIT,
     ShimLauncher,
     host_untouched,  # noqa: F401  (autouse: what this module's shims made is checked at the end)
 )
-
-HANDLERS = ["native"] + [h for h in ("runc", "crun") if shutil.which(h, path="/usr/sbin:/usr/bin:/sbin:/bin")]
 
 
 class Pod:

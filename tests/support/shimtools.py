@@ -39,7 +39,7 @@ from support.proctools import fd_readable, pidfds, wait_pidfds
 from support.rpctools import SLOWDOWN
 
 __all__ = [
-    "NODE_ROOT", "WAIT", "PODSHIM", "FOOTPRINTS", "Footprint", "ProcessRef", "Shim", "ShimLauncher", "EventStream",
+    "HANDLERS", "NODE_ROOT", "WAIT", "PODSHIM", "FOOTPRINTS", "Footprint", "ProcessRef", "Shim", "ShimLauncher", "EventStream",
     "Template", "adopting_orphans", "child_pids", "host_netns_bound_at", "host_untouched", "leftovers",
     "mounts_naming", "new_id", "ns_inode", "run_podshim", "shim", "shims",
 ]
@@ -54,6 +54,9 @@ NODE_ROOT = [{"type": "bind", "source": "/", "options": ["bind", "ro"]}]
 #: How long a torn-down sandbox's processes get to exit (waited for on their pidfds).
 EXIT_WAIT = 5.0
 PODSHIM = (sys.executable, "-m", "shim")
+#: The runtime handlers this machine has, for tests run once per handler: native, and runc and crun
+#: where installed.
+HANDLERS = ["native"] + [h for h in ("runc", "crun") if shutil.which(h, path="/usr/sbin:/usr/bin:/sbin:/bin")]
 
 #: Every sandbox any test made in this session, filled in as each shim is torn down.
 FOOTPRINTS: list[Footprint] = []
