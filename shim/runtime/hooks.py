@@ -12,7 +12,8 @@ and runs them itself; the native handler runs them here and in its launcher
   namespaces: :func:`run_logged`.
 
 Each gets the task's OCI state (``ociVersion``, ``id``, ``status``, ``pid``, ``bundle``) on its
-stdin, runs with its ``env`` (none said: the shim's, or the task's for the two run in the task),
+stdin (under the native handler, ``bundle`` has a config.json of the task's root and process until
+poststart's hooks are done), runs with its ``env`` (none said: the shim's, or the task's for the two run in the task),
 ``args`` (its argv, ``args[0]`` included; none said: its path) and is killed when it has not exited
 within its ``timeout`` (none said: :data:`DEFAULT_TIMEOUT`). A failure of one of the first four
 fails the task's start with FailedPrecondition naming the hook, its exit and the end of its output;
@@ -29,13 +30,14 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from shim.kernel.reaper import Reaper
+from shim.lib.files import write_json_atomic
 from shim.rpc.records import Record
 from shim.rpc.records import set_field as _set
 from shim.rpc.status import FailedPrecondition, InvalidArgument, RpcError
 from shim.runtime import process
 
 __all__ = ["DEFAULT_TIMEOUT", "HOOK_NAMES", "IN_TASK", "OCI_VERSION", "Hook", "oci_hooks", "parse_hooks",
-           "run", "run_logged", "state"]
+           "run", "run_logged", "state", "write_bundle_config"]
 
 log = logging.getLogger(__name__)
 
@@ -129,6 +131,17 @@ def oci_hooks(hooks: Iterable[Hook]) -> dict[str, list[dict[str, Any]]]:
     for hook in hooks:
         doc.setdefault(hook.name, []).append(hook.to_oci())
     return doc
+
+
+def write_bundle_config(bundle: str, rootfs: str, args: Iterable[str], env: Mapping[str, str], cwd: str) -> str:
+    """Write ``<bundle>/config.json`` for a task of the native handler, which has no OCI bundle: what
+    a hook reads of its container there (its root, mounted on ``rootfs``; its process). The path;
+    the caller removes it."""
+    path = os.path.join(bundle, "config.json")
+    write_json_atomic(path, {"ociVersion": OCI_VERSION, "root": {"path": rootfs},
+                             "process": {"args": list(args), "env": [f"{k}={v}" for k, v in env.items()],
+                                         "cwd": cwd}}, 0o644, durable=False)
+    return path
 
 
 def state(task_id: str, status: str, pid: int, bundle: str) -> bytes:

@@ -48,6 +48,22 @@ class NativeRuntime(Runtime):
         return await pause.launch(spec, self.reaper)
 
     async def start_task(self, spec: TaskSpec) -> process.Process:
+        if not spec.hooks:
+            return await self._start_task(spec)
+        # Its hooks read what they need of the container from its bundle's config.json (nvidia-ctk's
+        # the root), written for them while it starts.
+        bundle = _bundle(spec)
+        config = hooks.write_bundle_config(bundle, spec.rootfs, spec.args, spec.env, spec.cwd)
+        try:
+            started = await self._start_task(spec)
+            self._poststop[spec.task_id] = (spec.hooks, bundle)
+            await hooks.run_logged(spec.hooks, "poststart", hooks.state(spec.task_id, "running", started.pid, bundle),
+                                   self.reaper, spec.task_id)
+        finally:
+            os.unlink(config)
+        return started
+
+    async def _start_task(self, spec: TaskSpec) -> process.Process:
         # The trees of its root and mounts are taken here, in the shim's mount namespace (see
         # shim.runtime.mounts); the child attaches its copies, and ours are closed after the fork.
         idmap = _pod_idmap(spec.pause_pid)
@@ -90,11 +106,6 @@ class NativeRuntime(Runtime):
                     raise Internal(f"task {spec.task_id}'s terminal did not come from its launcher: "
                                    f"{exc.strerror}") from None
                 raise
-        if spec.hooks:
-            bundle = _bundle(spec)
-            self._poststop[spec.task_id] = (spec.hooks, bundle)
-            await hooks.run_logged(spec.hooks, "poststart", hooks.state(spec.task_id, "running", started.pid, bundle),
-                                   self.reaper, spec.task_id)
         return started
 
     def _hooks(self, spec: TaskSpec) -> process.LaunchHooks | None:

@@ -181,11 +181,14 @@ def test_a_broken_spec_is_skipped_and_its_device_is_invalid_argument(daemon, pod
 
 # -- hooks -----------------------------------------------------------------------------------------
 
-#: What each hook writes to OUT/<point>.*: the state on its stdin, its mount namespace, its HOOKENV.
+#: What each hook writes to OUT/<point>.*: the state on its stdin, its mount namespace, its HOOKENV,
+#: the config.json of the state's bundle.
 HOOK = """#!/bin/sh
 cat > "$1/$2.state"
 readlink /proc/self/ns/mnt > "$1/$2.mnt"
 echo "$HOOKENV" > "$1/$2.env"
+bundle=$(sed -n 's/.*"bundle": *"\\([^"]*\\)".*/\\1/p' "$1/$2.state")
+cp "$bundle/config.json" "$1/$2.config" 2>/dev/null || true
 """
 OUT_IN_CONTAINER = "/hooks-out"
 
@@ -258,6 +261,9 @@ def test_cdi_hooks_run_at_their_points_with_the_state(daemon, crictl, pod, spec_
     assert read("createContainer.mnt").strip() == container_mnt
     assert read("startContainer.mnt").strip() == container_mnt
     assert read("createContainer.env") == "createContainer\n"  # the hook's own env
+    # The bundle's config.json says the container's root, which a hook finds the container by.
+    root = json.loads(read("createContainer.config"))["root"]["path"]
+    assert os.path.isabs(root) and root.endswith("/rootfs"), root
     assert not os.path.exists(os.path.join(out, "poststop.state"))
     daemon.crictl(crictl, "stop", "-t", "0", container_id)
     assert not os.path.exists(os.path.join(out, "poststop.state"))

@@ -1,0 +1,36 @@
+"""Task.Create's ``hooks``: checked as the OCI hooks they are, said in config.json as the runtime
+specification says them (the points, argv, env, timeout)."""
+
+from __future__ import annotations
+
+import pytest
+
+from shim.rpc.status import InvalidArgument
+from shim.runtime.hooks import DEFAULT_TIMEOUT, Hook, oci_hooks, parse_hooks
+
+
+def test_hooks_are_said_in_config_json_by_their_points_in_order():
+    hooks = parse_hooks({"hooks": [
+        {"hook_name": "createContainer", "path": "/usr/bin/a", "args": ["a", "-x"], "env": ["K=v"], "timeout": 5},
+        {"hook_name": "poststop", "path": "/usr/bin/b"},
+        {"hook_name": "createContainer", "path": "/usr/bin/c"}]})
+    assert hooks[0] == Hook("createContainer", "/usr/bin/a", ("a", "-x"), ("K=v",), 5)
+    assert oci_hooks(hooks) == {
+        "createContainer": [{"path": "/usr/bin/a", "args": ["a", "-x"], "env": ["K=v"], "timeout": 5},
+                            {"path": "/usr/bin/c", "args": ["/usr/bin/c"], "timeout": DEFAULT_TIMEOUT}],
+        "poststop": [{"path": "/usr/bin/b", "args": ["/usr/bin/b"], "timeout": DEFAULT_TIMEOUT}]}
+    assert hooks[1].environment({"PATH": "/bin"}) == {"PATH": "/bin"}  # none said: the runner's
+    assert hooks[0].environment({"PATH": "/bin"}) == {"K": "v"}  # said: all of it
+
+
+@pytest.mark.parametrize(("entry", "message"), [
+    ({"hook_name": "atLunch", "path": "/x"}, "field 'hooks[0].hook_name' must be one of prestart, "),
+    ({"hook_name": "poststart", "path": "x"}, "field 'hooks[0].path' must be an absolute path"),
+    ({"hook_name": "poststart", "path": "/x", "args": "x"}, "field 'hooks[0].args' must be an array of strings"),
+    ({"hook_name": "poststart", "path": "/x", "env": ["=v"]}, "field 'hooks[0].env' must be NAME=VALUE strings"),
+    ({"hook_name": "poststart", "path": "/x", "timeout": 0}, "field 'hooks[0].timeout' must be a positive number"),
+])
+def test_a_malformed_hook_is_invalid_argument_naming_the_field(entry, message):
+    with pytest.raises(InvalidArgument) as raised:
+        parse_hooks({"hooks": [entry]})
+    assert message in raised.value.message
