@@ -28,7 +28,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
 from bench.common import bench_podshimd
-from bench.cri_images import Janitor, bench_parser, cni_conflist, log, netns_main, run, runs_option
+from bench.cri_images import Janitor, TimedCrictl, bench_parser, cni_conflist, log, netns_main, runs_option
 
 STEPS = ("pod cycle (runp, stopp, rmp)", "container create + start, with limits", "container stop + rm, pod removed")
 DRIVERS = ("cgroupfs", "systemd")
@@ -37,26 +37,14 @@ WARM_UP_ATTEMPTS = 3
 RESOURCES = {"cpu_period": 100000, "cpu_quota": 25000, "cpu_shares": 256, "memory_limit_in_bytes": 96 << 20}
 
 
-class Driver:
+class Driver(TimedCrictl):
     """One podshimd (one cgroup driver), timed through crictl."""
 
     def __init__(self, driver: str, crictl: str, endpoint: str, workdir: str):
+        super().__init__(crictl, endpoint, STEPS, timeout=120, command_timeout=300)
         self.driver = driver
-        self.base = [crictl, "--runtime-endpoint", endpoint, "--image-endpoint", endpoint, "--timeout", "120s"]
         self.workdir = workdir
-        self.times: dict[str, list[float]] = {step: [] for step in STEPS}
         os.makedirs(os.path.join(workdir, "logs"), exist_ok=True)
-
-    def crictl(self, *argv: str) -> str:
-        return run([*self.base, *argv], timeout=300).stdout.strip()
-
-    def timed(self, step: str, *commands: list[str]) -> str:
-        start = time.perf_counter()
-        out = ""
-        for argv in commands:
-            out = self.crictl(*argv)
-        self.times[step].append(time.perf_counter() - start)
-        return out
 
     def pod_file(self, i: int) -> str:
         """A pod config; under systemd in a slice named as kubelet names a burstable pod's."""

@@ -24,7 +24,8 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable, Mapping
+import time
+from collections.abc import Callable, Iterable, Mapping
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
@@ -112,6 +113,30 @@ def podshimd_directory(janitor: Janitor) -> str:
     return directory
 
 
+class TimedCrictl:
+    """One CRI endpoint driven through crictl (the runtime and image service both), each step's
+    commands timed together from the first's exec to the last's exit: ``times[step]`` in seconds.
+    ``timeout`` is crictl's for each call, ``command_timeout`` the bound on each crictl command."""
+
+    def __init__(self, crictl: str, endpoint: str, steps: Iterable[str], *, timeout: int, command_timeout: float):
+        self.base = [crictl, "--runtime-endpoint", endpoint, "--image-endpoint", endpoint, "--timeout", f"{timeout}s"]
+        self.command_timeout = command_timeout
+        self.times: dict[str, list[float]] = {step: [] for step in steps}
+
+    def crictl(self, *argv: str) -> str:
+        """What ``crictl ARGV`` printed, stripped (RuntimeError when it failed)."""
+        return run([*self.base, *argv], timeout=self.command_timeout).stdout.strip()
+
+    def timed(self, step: str, *commands: list[str]) -> str:
+        """Run ``commands`` in turn as one timed ``step``; what the last printed."""
+        start = time.perf_counter()
+        out = ""
+        for argv in commands:
+            out = self.crictl(*argv)
+        self.times[step].append(time.perf_counter() - start)
+        return out
+
+
 class ImageContainerd(CriContainerd):
     """containerd 1.6 with its CRI plugin, pulling through ``mirrors`` (host -> endpoint)."""
 
@@ -141,4 +166,4 @@ def start_containerd(workdir: str, janitor: Janitor, mirrors: Mapping[str, str])
 
 
 __all__ = ["CNI_BIN", "INSIDE_FLAG", "IMAGE", "ImageContainerd", "Janitor", "bench_parser", "cni_conflist", "log",
-           "netns_main", "run", "run_inside_netns", "runs_option", "start_containerd"]
+           "netns_main", "run", "run_inside_netns", "runs_option", "start_containerd", "TimedCrictl"]

@@ -21,7 +21,6 @@ import json
 import os
 import statistics
 import sys
-import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
@@ -29,11 +28,11 @@ sys.path.insert(0, REPO)
 from bench.common import bench_podshimd
 from bench.cri_images import (
     Janitor,
+    TimedCrictl,
     bench_parser,
     log,
     netns_main,
     podshimd_directory,
-    run,
     runs_option,
     start_containerd,
 )
@@ -41,27 +40,15 @@ from bench.cri_images import (
 STEPS = ("create", "start", "exec -s true", "exec true", "stop + rm")
 
 
-class Runtime:
+class Runtime(TimedCrictl):
     """One CRI endpoint with a pod, timed through crictl."""
 
     def __init__(self, key: str, crictl: str, endpoint: str, workdir: str):
+        super().__init__(crictl, endpoint, STEPS, timeout=60, command_timeout=120)
         self.key = key
-        self.base = [crictl, "--runtime-endpoint", endpoint, "--image-endpoint", endpoint, "--timeout", "60s"]
         self.workdir = workdir
-        self.times: dict[str, list[float]] = {step: [] for step in STEPS}
         self.pod = ""
         self.pod_path = os.path.join(workdir, "pod.json")
-
-    def crictl(self, *argv: str) -> str:
-        return run([*self.base, *argv], timeout=120).stdout.strip()
-
-    def timed(self, step: str, *commands: list[str]) -> str:
-        start = time.perf_counter()
-        out = ""
-        for argv in commands:
-            out = self.crictl(*argv)
-        self.times[step].append(time.perf_counter() - start)
-        return out
 
     def setup(self, ref: str) -> None:
         os.makedirs(os.path.join(self.workdir, "logs"), exist_ok=True)
