@@ -5,8 +5,8 @@ A netns is kept alive by a bind mount of an nsfs file on an empty file, as iprou
 *calling thread* only: unshare(CLONE_NEWNET) switches the netns of one thread, not the process,
 and the thread is always switched back before returning.
 
-pyroute2 is imported lazily and only by :func:`describe_netns`: its import costs about 200 ms
-and 24 MiB, which must stay off the sandbox start path.
+pyroute2 is imported lazily and only by :func:`describe_netns`: its import is slow and large,
+and must stay off the sandbox start path.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The shim template: a process that has paid Python's start-up once and forks shims on request.
 
-A shim started by exec pays about 100 ms and 20 MiB to import asyncio, uvloop and msgpack
-before it serves anything. The template imports everything a shim needs, freezes its heap
+A shim started by exec pays Python's start-up and the imports of asyncio, uvloop and msgpack
+(time and memory) before it serves anything. The template imports everything a shim needs, freezes its heap
 (``gc.freeze()``, so the children's collector never touches — and so never copies — those
 pages), and waits on a control socket. It keeps one *spare* shim forked ahead (a double fork,
 so the template is never the shim's parent and may die or restart freely), detached and waiting;

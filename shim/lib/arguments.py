@@ -2,9 +2,9 @@
 
 argparse asks ``shutil.get_terminal_size()`` for the help's width whenever it makes a help
 formatter, and it makes one for every ``add_argument`` (to check the argument's metavar), so
-every run of a command imported shutil, and with it bz2, lzma and fnmatch: 2-5 ms of a command
-that must answer within 100 ms (issue #15), for a width that only ``--help`` and a usage error
-print. :class:`ArgumentParser` (its sub-commands' parsers are of its class too) gives the
+every run of a command would import shutil, and with it bz2, lzma and fnmatch: start-up time of
+a command that must answer quickly (docs/benchmarks.md), spent for a width that only ``--help``
+and a usage error print. :class:`ArgumentParser` (its sub-commands' parsers are of its class too) gives the
 formatter the same width from ``os.get_terminal_size``, as shutil would. It is here, with what
 the shim shares with its clients, because podshimctl imports nothing else of ``shim``.
 """

@@ -2,8 +2,8 @@
 
 ``@dataclass`` writes each class's ``__init__``, ``__repr__``, ``__eq__``, ``__hash__`` and frozen
 ``__setattr__``/``__delattr__`` as source text and compiles it, in every process that imports the
-class: about 0.5 ms a class with CPython 3.11, some 18 ms of a shim's start for the three dozen
-records it loads (``podshim start`` must answer within 100 ms, issue #15). A :class:`Record`
+class, a cost paid again for each of the records a shim loads to start, which must be quick
+(``podshim start`` answers within a bound: docs/benchmarks.md). A :class:`Record`
 subclass names its fields once in ``__slots__`` and writes its ``__init__`` out; everything else
 comes from here, generic over ``__slots__``, so nothing is compiled at import. It behaves as the
 frozen dataclass it replaces: fields in ``__slots__`` order are its repr (``Name(a=1, b='x')``), its

@@ -16,7 +16,7 @@ The least work that gives a process its namespaces, with no subprocess and no he
 
 A is needed because unshare(CLONE_NEWPID) and setns() of a pid namespace only move the
 caller's *children* into it, and because moving a process into a cgroup v2 directory takes a
-global kernel lock whose writer waits an RCU grace period (6-8 ms here), while a child born
+global kernel lock whose writer waits an RCU grace period (milliseconds), while a child born
 there takes none (:func:`shim.kernel.cgroups.entry_files`). Where clone3 is refused (a kernel
 before 5.7, a seccomp filter), A moves itself into the v2 cgroup first thing instead, as into the
 v1 ones (:func:`shim.kernel.cgroups.birth_in_v2_allowed`). Without a pid namespace to enter
