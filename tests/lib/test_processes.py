@@ -1,4 +1,5 @@
-"""shim.lib.processes: a process named by pid and start time, alive or not, held by a pidfd."""
+"""shim.lib.processes: a process named by pid and start time, alive or not, held by a pidfd; its
+/proc/PID/status."""
 
 from __future__ import annotations
 
@@ -6,12 +7,16 @@ import os
 import signal
 import threading
 
+import pytest
+
 from shim.lib.processes import (
     open_pidfd,
     pidfd_exited,
     proc_start_time,
     process_alive,
+    read_status,
     signal_process,
+    status_mask,
     wait_gone,
     wait_pidfd,
 )
@@ -69,3 +74,22 @@ def test_a_pid_reused_as_a_thread_of_another_process_is_not_that_process(sleeper
     finally:
         release.set()
         thread.join()
+
+
+# -- /proc/PID/status -------------------------------------------------------------------------
+
+
+def test_read_status_gives_each_field_stripped():
+    fields = read_status()
+    assert fields["Pid"] == str(os.getpid())
+    assert fields["Name"] and fields["Name"] == fields["Name"].strip()
+
+
+def test_status_mask_reads_a_hexadecimal_field_and_names_a_missing_one(tmp_path):
+    status = tmp_path / "status"
+    status.write_text("Name:\tx\nSigIgn:\t0000000000001001\n")
+    assert status_mask("SigIgn", str(status)) == 0x1001
+    with pytest.raises(ValueError, match="has no CapEff"):
+        status_mask("CapEff", str(status))
+    with pytest.raises(FileNotFoundError):
+        read_status(str(tmp_path / "gone"))

@@ -17,25 +17,6 @@ def _ignored(sig: int) -> bool:
     return bool(linux.status_mask("SigIgn") >> (sig - 1) & 1)
 
 
-# -- /proc/PID/status -------------------------------------------------------------------------
-
-
-def test_read_status_gives_each_field_stripped():
-    fields = linux.read_status()
-    assert fields["Pid"] == str(os.getpid())
-    assert fields["Name"] and fields["Name"] == fields["Name"].strip()
-
-
-def test_status_mask_reads_a_hexadecimal_field_and_names_a_missing_one(tmp_path):
-    status = tmp_path / "status"
-    status.write_text("Name:\tx\nSigIgn:\t0000000000001001\n")
-    assert linux.status_mask("SigIgn", str(status)) == 0x1001
-    with pytest.raises(ValueError, match="has no CapEff"):
-        linux.status_mask("CapEff", str(status))
-    with pytest.raises(FileNotFoundError):
-        linux.read_status(str(tmp_path / "gone"))
-
-
 # -- signals ----------------------------------------------------------------------------------
 
 
