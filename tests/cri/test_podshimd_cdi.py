@@ -206,7 +206,9 @@ def hook_dirs(tmp_path) -> tuple[str, str]:
     # Each reads the state first (crun fails a hook that exits before it wrote it, in its own words).
     (bin_dir / "fail").write_text("#!/bin/sh\ncat > /dev/null\necho no gpu here >&2\nexit 3\n")
     (bin_dir / "fail").chmod(0o755)
-    (bin_dir / "slow").write_text("#!/bin/sh\ncat > /dev/null\necho $$ > \"$1/slow.pid\"\nexec sleep 60\n")
+    # (its pid as the node's /proc says it, which a hook in the container's pid namespace sees before the pivot too)
+    (bin_dir / "slow").write_text("#!/bin/sh\ncat > /dev/null\nread pid rest < /proc/self/stat\n"
+                                  "echo $pid > \"$1/slow.pid\"\nexec sleep 60\n")
     (bin_dir / "slow").chmod(0o755)
     os.chmod(out, 0o777)
     return str(bin_dir), str(out)
@@ -286,9 +288,10 @@ def test_a_failing_cdi_hook_fails_the_start_with_its_words(daemon, crictl, pod, 
     daemon.crictl(crictl, "rm", container_id)
 
 
-def test_a_cdi_hook_past_its_timeout_is_killed_and_fails_the_start(daemon, crictl, pod, spec_dirs, hook_dirs):
+@pytest.mark.parametrize("point", ["createRuntime", "createContainer"])
+def test_a_cdi_hook_past_its_timeout_is_killed_and_fails_the_start(daemon, crictl, pod, spec_dirs, hook_dirs, point):
     bin_dir, out = hook_dirs
-    hook_spec(spec_dirs[0], hook_dirs, [{"hookName": "createRuntime", "path": f"{bin_dir}/slow",
+    hook_spec(spec_dirs[0], hook_dirs, [{"hookName": point, "path": f"{bin_dir}/slow",
                                          "args": ["slow", out], "timeout": 1}])
     container_id = daemon.create_container(pod[0], with_cdi("example.com/hook=h"), pod[1])
     began = time.monotonic()
