@@ -170,6 +170,16 @@ devices:
     assert run("head -c 2 /dev/yaml1 | od -An -tx1").split() == ["00", "00"]
 
 
+def test_a_cdi_node_whose_owner_the_spec_does_not_say_is_the_container_users(daemon, crictl, pod, spec_dirs, nodes):
+    write_spec(spec_dirs[0], "vendor.json", {"kind": "example.com/gpu", "devices": [{"name": "gpu0", "containerEdits": {
+        "deviceNodes": [{"path": "/dev/gpu0", "hostPath": f"{nodes}/zero"}]}}]})
+    config = with_cdi("example.com/gpu=gpu0")
+    config["linux"] = {"security_context": {"run_as_user": {"value": 4321}}}
+    container_id = daemon.create_container(pod[0], config, pod[1])
+    daemon.crictl(crictl, "start", container_id)
+    assert daemon.crictl(crictl, "exec", container_id, "stat", "-c", "%u", "/dev/gpu0").stdout == "4321\n"
+
+
 def test_a_broken_spec_is_skipped_and_its_device_is_invalid_argument(daemon, pod, spec_dirs):
     with open(os.path.join(spec_dirs[1], "vendor.yaml"), "w") as f:
         f.write("cdiVersion: 9.9.9\nkind: example.com/yaml\ndevices:\n- name: y\n")
