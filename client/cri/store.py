@@ -422,6 +422,11 @@ def _encoded(record: PodRecord) -> bytes:
         raise InvalidArgument(f"pod {record.pod_id}: the record is not JSON-serialisable: {exc}") from None
 
 
+def _stat_key(st: os.stat_result) -> tuple[int, ...]:
+    """What tells one record file from another at the same path: each write is a new file."""
+    return st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns
+
+
 def _file_bytes(path: str) -> bytes | None:
     """The bytes of the file at ``path``; None when there is none."""
     try:
@@ -463,8 +468,9 @@ class PodStore:
         self._mutex = threading.RLock()
         self._depth = 0  # how many blocks of this store hold its lock (_exclusive)
         self._reported: set[str] = set()  # newer-version records already logged
-        # pod id → (the record file's bytes, the record): the last parse of each (_parse)
-        self._cache: dict[str, tuple[bytes, PodRecord]] = {}
+        # pod id → (the record file's bytes, the record, the file's stat key when it had
+        # settled as it was read, else None): the last parse of each (_parse)
+        self._cache: dict[str, tuple[bytes, PodRecord, tuple[int, ...] | None]] = {}
         # container id → the pod whose record held it when last parsed: where find_container
         # looks first (the record read then says whether it is still there)
         self._owners: dict[str, str] = {}
@@ -520,12 +526,21 @@ class PodStore:
 
     def _parse(self, pod_id: str, path: str) -> tuple[bytes, PodRecord]:
         """Read and check a record file: its bytes and its record. The same bytes as last time
-        give the same record without decoding and checking them again (most of a read's cost)."""
-        with open(path, "rb") as f:
-            data = f.read()
+        give the same record without decoding and checking them again (most of a read's cost);
+        a file that had settled when it was last read (:data:`_RACY_NS`, as for listings) and
+        whose stat is still the same (every write is a new file, renamed in) is not read again."""
         cached = self._cache.get(pod_id)
+        if cached is not None and cached[2] is not None and _stat_key(os.stat(path)) == cached[2]:
+            return cached[0], cached[1]
+        started = time.time_ns()
+        with open(path, "rb") as f:
+            st = os.fstat(f.fileno())
+            data = f.read()
+        key = _stat_key(st) if max(st.st_mtime_ns, st.st_ctime_ns) < started - _RACY_NS else None
         if cached is not None and cached[0] == data:
-            return cached
+            if key != cached[2]:
+                self._cache[pod_id] = (data, cached[1], key)
+            return data, cached[1]
         doc = decode_json(data, path)
         if not isinstance(doc, dict):
             raise InvalidArgument("it is not a JSON object")
@@ -534,7 +549,7 @@ class PodStore:
         if record.pod_id != pod_id:
             raise InvalidArgument(f"it holds pod {record.pod_id!r}")
         self._forget(pod_id)
-        self._cache[pod_id] = (data, record)
+        self._cache[pod_id] = (data, record, key)
         for container_id in record.containers:
             self._owners[container_id] = pod_id
         return data, record

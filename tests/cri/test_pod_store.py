@@ -19,6 +19,7 @@ import pytest
 
 from shim.rpc.status import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
 
+from client.cri import store as store_module
 from client.cri.configs import PodSandboxConfig
 from client.cri.store import (
     CONTAINER_TRANSITIONS,
@@ -440,6 +441,25 @@ def test_a_container_found_by_its_whole_id_costs_one_record_read_not_every_pods(
     monkeypatch.setattr(PodStore, "_parse", lambda self, pod_id, path: (reads.append(pod_id), parse(self, pod_id, path))[1])
     assert store.find_container("c17").pod_id == "pod17"
     assert reads == ["pod17"]
+
+
+def test_a_listing_after_one_pod_changed_reads_that_pods_record_alone(store, monkeypatch):
+    # kubelet lists every pod each second while a hundred of them start: each start changes
+    # the directory, and a listing must not read every record again for one that changed.
+    for i in range(30):
+        made(store, f"pod{i:02}", name=f"p{i}")
+    time.sleep(0.2)  # the records settle (a file changed in the tick it was read is read again)
+    store.list()
+    store.update("pod07", ip="10.0.0.7")
+    opened: list[str] = []
+
+    def counted(path, *args, **kwargs):
+        opened.append(os.path.basename(path))
+        return open(path, *args, **kwargs)
+
+    monkeypatch.setattr(store_module, "open", counted, raising=False)
+    assert [r.ip for r in store.list() if r.pod_id == "pod07"] == ["10.0.0.7"]
+    assert opened == ["pod07.json"]
 
 
 def test_a_container_is_found_by_its_whole_id_wherever_it_went_and_not_once_removed(store):
