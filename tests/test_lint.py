@@ -75,3 +75,13 @@ def test_no_upstream_text_is_tracked():
             with open(path, encoding="utf-8", errors="replace") as f:
                 found += [f"{name}: {match.group(0)}" for match in UPSTREAM_TEXT.finditer(f.read())]
     assert found == []
+
+
+def test_every_test_module_has_a_name_of_its_own():
+    # pytest imports test modules by their basename (tests/ has no packages): two files of one name
+    # in different folders stop the whole suite at collection.
+    seen: dict[str, list[str]] = {}
+    for name in tracked_files():
+        if name.startswith("tests/") and os.path.basename(name).startswith("test_") and name.endswith(".py"):
+            seen.setdefault(os.path.basename(name), []).append(name)
+    assert {base: paths for base, paths in seen.items() if len(paths) > 1} == {}
