@@ -120,8 +120,8 @@ def _preload() -> None:
 def _preload_containerd() -> None:
     """Import what a shim that serves containerd imports besides (containerd's services and the CRI
     translation of its pods), and freeze it as :func:`_serve` freezes the rest: loaded once a Spawn
-    first asks for such a shim, so the shims forked after share it and a template that never
-    serves containerd pays nothing for it."""
+    first asks for such a shim, by the forker (or by the template when it has none), so the shims
+    forked after share it and a template that never serves containerd pays nothing for it."""
     try:
         from shim.containerd import events, metrics, services, stdio, tasks  # noqa: F401  (preloaded for the shims forked from here)
 
@@ -256,7 +256,7 @@ class _Template:
         self.path = path
         self.inode = os.stat(path).st_ino  # the socket file is ours only while it has this inode
         self.spawned = 0
-        self.containerd_loaded = False  # _preload_containerd ran
+        self.containerd_loaded = False  # a Spawn asked for a shim that serves containerd: spares preload for it
         self.spare: Spare | None = None
         self.code = CodeWatch(code_files())
         self.stale = False
@@ -338,6 +338,8 @@ class _Template:
                 log.warning("the forker (pid %d) failed: %s; forking spares here from now on", self.forker.pid, exc)
                 self.forker.close(kill=True)
                 self.forker = None
+                if self.containerd_loaded:
+                    _preload_containerd()
         try:
             return fork_spare()
         except OSError as exc:
@@ -394,7 +396,8 @@ class _Template:
         self.roots.add(runtime_root)
         if config.containerd_address is not None and not self.containerd_loaded:
             self.containerd_loaded = True
-            _preload_containerd()
+            if self.forker is None:  # else only the forker loads it: its spares are the ones that share it
+                _preload_containerd()
         spare, self.spare = self.spare, None  # spent by spawn_shim whatever happens: the next is forked after
         result = spawn_shim(config, debug=optional(p, "debug", bool, False), double_fork=True, spare=spare)
         self.spawned += 1
