@@ -23,6 +23,7 @@ from client.cri.pod import PodEntry, keep_newest
 from client.criapi import api_pb2
 
 _M = TypeVar("_M", bound=Message)
+_Labelled = TypeVar("_Labelled", api_pb2.PodSandbox, api_pb2.Container)
 
 __all__ = [
     "pod_sandbox_config", "container_config", "pod_sandbox_filter", "container_filter",
@@ -36,8 +37,7 @@ _POD_METADATA = ("name", "uid", "namespace", "attempt")
 _CONTAINER_STATUS = ("id", "metadata", "state", "created_at", "started_at", "finished_at", "exit_code", "image",
                      "image_ref", "reason", "message", "labels", "annotations", "log_path", "mounts", "image_id",
                      "stop_signal", "user", "resources")
-_CONTAINER = ("id", "pod_sandbox_id", "metadata", "image", "image_ref", "state", "created_at", "labels",
-              "annotations", "image_id")
+_CONTAINER_METADATA = ("name", "attempt")
 
 
 def _as_dict(message: Message) -> dict[str, Any]:
@@ -132,11 +132,16 @@ def pod_sandbox(doc: Mapping[str, Any]) -> api_pb2.PodSandbox:
         id=doc["id"], state=api_pb2.PodSandboxState.Value(doc["state"]), created_at=doc["created_at"],
         metadata=api_pb2.PodSandboxMetadata(**{k: metadata[k] for k in _POD_METADATA if metadata.get(k) is not None}),
         runtime_handler=doc.get("runtime_handler") or "")
+    return _with_maps(pod, doc)
+
+
+def _with_maps(message: _Labelled, doc: Mapping[str, Any]) -> _Labelled:
+    """``message`` with the labels and annotations of ``doc`` (an empty map is left out)."""
     if doc.get("labels"):
-        pod.labels.update(doc["labels"])
+        message.labels.update(doc["labels"])
     if doc.get("annotations"):
-        pod.annotations.update(doc["annotations"])
-    return pod
+        message.annotations.update(doc["annotations"])
+    return message
 
 
 class PodSandboxes:
@@ -188,8 +193,17 @@ def container_status(doc: Mapping[str, Any]) -> api_pb2.ContainerStatus:
 
 
 def container(doc: Mapping[str, Any]) -> api_pb2.Container:
-    """A pod layer's container list entry as CRI's Container (``image`` always set, as above)."""
-    return _message(api_pb2.Container, {**doc, "image": doc.get("image") or {}}, _CONTAINER)
+    """A pod layer's container list entry as CRI's Container (``image`` always set, as above).
+    Built field by field as :func:`pod_sandbox` is (a listing makes one per container, kubelet
+    lists them every second)."""
+    metadata = doc.get("metadata") or {}
+    made = api_pb2.Container(
+        id=doc["id"], pod_sandbox_id=doc["pod_sandbox_id"],
+        metadata=api_pb2.ContainerMetadata(**{k: metadata[k] for k in _CONTAINER_METADATA if metadata.get(k) is not None}),
+        image=api_pb2.ImageSpec(**(doc.get("image") or {})), image_ref=doc.get("image_ref") or "",
+        state=api_pb2.ContainerState.Value(doc["state"]), created_at=doc.get("created_at") or 0,
+        image_id=doc.get("image_id") or "")
+    return _with_maps(made, doc)
 
 
 def verbose_info(info: Mapping[str, Any] | None) -> dict[str, str]:
