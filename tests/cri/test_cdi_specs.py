@@ -160,3 +160,50 @@ def test_a_device_twice_in_one_directory_is_refused_when_asked_for(tmp_path):
     with pytest.raises(FailedPrecondition) as raised:
         resolve(tmp_path, "example.com/x=d")
     assert f"defined twice in {tmp_path} ({first} and {second})" in raised.value.message
+
+
+def test_a_spec_as_nvidia_ctk_writes_one_is_read(tmp_path):
+    """The shape of nvidia-ctk's generated specs: YAML, 0.5.0, numbered devices, library binds with
+    bind among their options, createContainer hooks of a host program."""
+    write(tmp_path, "nvidia.yaml", """\
+---
+cdiVersion: 0.5.0
+kind: nvidia.com/gpu
+devices:
+- name: "0"
+  containerEdits:
+    deviceNodes:
+    - path: /dev/nvidia0
+- name: all
+  containerEdits:
+    deviceNodes:
+    - path: /dev/nvidia0
+containerEdits:
+  env:
+  - NVIDIA_VISIBLE_DEVICES=void
+  deviceNodes:
+  - path: /dev/nvidiactl
+  hooks:
+  - hookName: createContainer
+    path: /usr/bin/nvidia-cdi-hook
+    args:
+    - nvidia-cdi-hook
+    - update-ldcache
+    - --folder
+    - /usr/lib/x86_64-linux-gnu
+  mounts:
+  - hostPath: /usr/lib/x86_64-linux-gnu/libcuda.so.550.54.15
+    containerPath: /usr/lib/x86_64-linux-gnu/libcuda.so.550.54.15
+    options:
+    - ro
+    - nosuid
+    - nodev
+    - bind
+""")
+    edits = resolve(tmp_path, "nvidia.com/gpu=0")
+    assert edits.env == ["NVIDIA_VISIBLE_DEVICES=void"]
+    assert [d["container_path"] for d in edits.devices] == ["/dev/nvidiactl", "/dev/nvidia0"]
+    assert edits.mounts[0]["options"] == ["ro", "nosuid", "nodev", "bind"]
+    assert edits.hooks == [{"hook_name": "createContainer", "path": "/usr/bin/nvidia-cdi-hook",
+                            "args": ["nvidia-cdi-hook", "update-ldcache", "--folder", "/usr/lib/x86_64-linux-gnu"],
+                            "env": []}]
