@@ -1,7 +1,8 @@
 """What podshim's shim applies of containerd's OCI spec, as the runtime-spec's features document
 (runtime-spec features.md): ``containerd-shim-podshim-v1 -info`` answers it in a RuntimeInfo.
 
-containerd's CRI reads the handler's features from it: ``mountOptions`` holding ``rro`` means
+The mount options are a bind's and a tmpfs's flags (a tmpfs's parameters, ``size=`` and the
+like, are not listed, as runc lists none). containerd's CRI reads the handler's features from it: ``mountOptions`` holding ``rro`` means
 recursive read-only mounts are supported, ``linux.namespaces`` holding ``user`` with
 ``mountExtensions.idmap`` enabled means user namespaces are. Each list here is what
 :func:`shim.containerd.tasks.task_fields` takes from a config.json, so the document cannot claim
@@ -32,12 +33,13 @@ def runtime_features() -> dict[str, Any]:
     from shim.kernel.seccomp import ACTIONS, ARCHITECTURES, FLAGS, OPERATORS
     from shim.lib.capabilities import CAPABILITIES
     from shim.runtime.hooks import HOOK_NAMES
+    from shim.runtime.mounts import TMPFS_FLAGS
 
     return {
         "ociVersionMin": OCI_VERSION_MIN,
         "ociVersionMax": OCI_VERSION_MAX,
         "hooks": list(HOOK_NAMES),
-        "mountOptions": sorted(BIND_OPTIONS),
+        "mountOptions": sorted(BIND_OPTIONS | TMPFS_FLAGS),
         "linux": {
             "namespaces": list(NAMESPACES),
             "capabilities": list(CAPABILITIES),

@@ -208,9 +208,18 @@ def _mounts(mounts: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if destination in STANDARD_MOUNTS:
             continue
         options = list(m.get("options") or [])
-        if m.get("type", "bind") != "bind" and "bind" not in options and "rbind" not in options:
-            raise InvalidArgument(f"config.json mounts[{i}] ({destination}) is a {m.get('type')!r} mount: "
-                                  "podshim's shim binds host paths only")
+        kind = m.get("type", "bind")
+        if kind == "tmpfs" and "bind" not in options and "rbind" not in options:
+            from shim.runtime.mounts import tmpfs_refusal
+
+            refused = tmpfs_refusal(options)
+            if refused:
+                raise InvalidArgument(f"config.json mounts[{i}] ({destination}) has {refused}")
+            out.append({"destination": destination, "type": "tmpfs", "source": "tmpfs", "options": options})
+            continue
+        if kind != "bind" and "bind" not in options and "rbind" not in options:
+            raise InvalidArgument(f"config.json mounts[{i}] ({destination}) is a {kind!r} mount: podshim's shim "
+                                  "binds host paths and mounts tmpfs only")
         unknown = [o for o in options if o not in BIND_OPTIONS]
         if unknown:
             raise InvalidArgument(f"config.json mounts[{i}] ({destination}) has options podshim's shim cannot "

@@ -24,7 +24,7 @@ from __future__ import annotations
 import errno
 import os
 import stat
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from shim.kernel import linux
@@ -33,7 +33,8 @@ from shim.rpc.records import Record
 from shim.rpc.records import set_field as _set
 from shim.rpc.status import FailedPrecondition, Internal, InvalidArgument
 
-__all__ = ["MASKED_PATHS", "READONLY_PATHS", "ROOTFS_DIR", "TASKS_DIR", "BindMount", "HostDevice", "PauseRoot", "RootSetup",
+__all__ = ["MASKED_PATHS", "READONLY_PATHS", "ROOTFS_DIR", "TASKS_DIR", "TMPFS_FLAGS", "BindMount", "TaskMount",
+           "TmpfsMount", "tmpfs_refusal", "HostDevice", "PauseRoot", "RootSetup",
            "RootfsMount", "TaskFilesystem", "AT_ROOT", "at_root", "check_destinations", "enter_pause_root", "enter_root", "host_devices", "host_sysfs", "is_mount_point",
            "mount_rootfs", "open_in_root", "open_root", "open_source", "open_trees", "parse_filesystem", "parse_rootfs", "resolve_in_root", "root_needs_idmap",
            "rootfs_path", "sandbox_rootfs_path",
@@ -67,11 +68,21 @@ _BIND_OPTIONS = frozenset({"ro", "rro", "rw", "bind", "rbind", "nosuid", "nodev"
 _BIND_FLAGS = {"ro": linux.MS_RDONLY, "nosuid": linux.MS_NOSUID, "nodev": linux.MS_NODEV, "noexec": linux.MS_NOEXEC}
 #: The flags set on the bind and on every mount below it (mount_setattr with AT_RECURSIVE): OCI's ``rro``.
 _BIND_RECURSIVE_FLAGS = {"rro": linux.MS_RDONLY}
+_MS_STRICTATIME = 1 << 24
+#: The options of a ``tmpfs`` entry of ``mounts``: flags (each sets or clears a mount attribute),
+#: and the tmpfs parameters ``key=value`` it may set.
+_TMPFS_FLAGS = {"ro": (linux.MS_RDONLY, True), "rw": (linux.MS_RDONLY, False),
+                "nosuid": (linux.MS_NOSUID, True), "suid": (linux.MS_NOSUID, False),
+                "nodev": (linux.MS_NODEV, True), "dev": (linux.MS_NODEV, False),
+                "noexec": (linux.MS_NOEXEC, True), "exec": (linux.MS_NOEXEC, False),
+                "strictatime": (_MS_STRICTATIME, True), "relatime": (_MS_STRICTATIME, False)}
+_TMPFS_PARAMS = frozenset({"size", "mode", "nr_inodes", "uid", "gid"})
+#: The propagation a tmpfs takes (it is new: nothing to propagate from).
+_TMPFS_PROPAGATION = frozenset({"private", "rprivate"})
 _MAX_SYMLINKS = 40
 _OVERLAYFS_MAGIC = 0x794C7630
 #: mount(2) copies one page of options: longer ones (an overlay of many layers) go through fsconfig.
 _MAX_MOUNT_DATA_BYTES = 4095
-_MS_STRICTATIME = 1 << 24
 _DEV_TMPFS: list[tuple[str, str | None]] = [("mode", "755"), ("size", "65536k")]
 _DEVPTS: list[tuple[str, str | None]] = [("newinstance", None), ("ptmxmode", "0666"), ("mode", "0620"), ("gid", "5")]
 #: The nodes of a task's /dev: name, major, minor (all character devices, mode 0666; runc's list).
@@ -139,6 +150,47 @@ class BindMount(Record):
         return {"destination": self.destination, "type": "bind", "source": self.source, "options": options}
 
 
+class TmpfsMount(Record):
+    """One ``mounts`` entry of type ``tmpfs``: a new, empty tmpfs on ``destination``, with the
+    flags and tmpfs parameters (``size=``, ``mode=``, ...) of its ``options``."""
+
+    __slots__ = ("destination", "options")
+    destination: str
+    options: tuple[str, ...]
+    #: What code written for a bind reads of any ``mounts`` entry.
+    source = "tmpfs"
+    recursive = False
+    idmapped = False
+    propagation = "rprivate"
+
+    def __init__(self, destination: str, options: tuple[str, ...] = ()) -> None:
+        _set(self, "destination", destination)
+        _set(self, "options", options)
+
+    @property
+    def flags(self) -> int:
+        """Its mount attributes (MS_RDONLY, MS_NOSUID, ...), the last option on each winning."""
+        flags = 0
+        for option in self.options:
+            if option in _TMPFS_FLAGS:
+                bit, on = _TMPFS_FLAGS[option]
+                flags = flags | bit if on else flags & ~bit
+        return flags
+
+    @property
+    def params(self) -> list[tuple[str, str | int | None]]:
+        """Its tmpfs parameters, for fsconfig."""
+        return [(key, value) for key, _, value in (o.partition("=") for o in self.options if "=" in o)]
+
+    def to_oci(self) -> dict[str, Any]:
+        """The OCI mount."""
+        return {"destination": self.destination, "type": "tmpfs", "source": "tmpfs", "options": list(self.options)}
+
+
+#: One ``mounts`` entry: a bind of a host path, or a new tmpfs.
+TaskMount = BindMount | TmpfsMount
+
+
 class HostDevice(Record):
     """A device node of the host's /dev: ``path`` (absolute), ``kind`` ``c`` or ``b``, its numbers,
     permission bits and owner."""
@@ -199,13 +251,13 @@ class TaskFilesystem(Record):
     __slots__ = ("rootfs", "readonly_rootfs", "mounts", "masked_paths", "readonly_paths", "privileged")
     rootfs: tuple[RootfsMount, ...]
     readonly_rootfs: bool
-    mounts: tuple[BindMount, ...]
+    mounts: tuple[TaskMount, ...]
     masked_paths: tuple[str, ...]
     readonly_paths: tuple[str, ...]
     privileged: bool
 
     def __init__(self, rootfs: tuple[RootfsMount, ...] = (), readonly_rootfs: bool = False,
-                 mounts: tuple[BindMount, ...] = (), masked_paths: tuple[str, ...] = MASKED_PATHS,
+                 mounts: tuple[TaskMount, ...] = (), masked_paths: tuple[str, ...] = MASKED_PATHS,
                  readonly_paths: tuple[str, ...] = READONLY_PATHS, privileged: bool = False) -> None:
         _set(self, "rootfs", rootfs or OWN_ROOT)
         _set(self, "readonly_rootfs", readonly_rootfs or not rootfs)
@@ -233,7 +285,7 @@ def parse_rootfs(payload: Mapping[str, Any]) -> tuple[RootfsMount, ...]:
 def parse_filesystem(payload: Mapping[str, Any]) -> TaskFilesystem:
     """The mount fields of a Task.Create payload; InvalidArgument with a sentence naming the field."""
     rootfs = parse_rootfs(payload)
-    mounts = tuple(_bind_mount(entry, f"mounts[{i}]") for i, entry in enumerate(_array(payload, "mounts")))
+    mounts = tuple(_task_mount(entry, f"mounts[{i}]") for i, entry in enumerate(_array(payload, "mounts")))
     return TaskFilesystem(
         rootfs=rootfs,
         readonly_rootfs=_bool(payload, "readonly_rootfs"),
@@ -294,20 +346,41 @@ def _rootfs_mount(entry: Any, where: str) -> RootfsMount:
     return mount
 
 
-def _bind_mount(entry: Any, where: str) -> BindMount:
+def tmpfs_refusal(options: Iterable[str]) -> str:
+    """What is wrong with a tmpfs mount's ``options`` (the first option that is not one, said),
+    or "" when they are all applied."""
+    for option in options:
+        key, eq, _ = option.partition("=")
+        if not (option in _TMPFS_FLAGS or option in _TMPFS_PROPAGATION or (eq and key in _TMPFS_PARAMS)):
+            return (f"{option!r}, not a tmpfs option (flags {', '.join(sorted(_TMPFS_FLAGS))}; "
+                    f"{', '.join(sorted(_TMPFS_PARAMS))} as key=value; private propagation)")
+    return ""
+
+
+#: The flag options of a tmpfs mount (its parameters are ``key=value``).
+TMPFS_FLAGS = frozenset(_TMPFS_FLAGS) | _TMPFS_PROPAGATION
+
+
+def _task_mount(entry: Any, where: str) -> TaskMount:
     if not isinstance(entry, Mapping):
         raise InvalidArgument(f"field {where!r} must be a map {{destination, source, type, options}}")
     kind = entry.get("type", "bind")
-    if kind != "bind":
-        raise InvalidArgument(f"field '{where}.type' {kind!r} is not supported: a task's mounts are binds")
+    if kind not in ("bind", "tmpfs"):
+        raise InvalidArgument(f"field '{where}.type' {kind!r} is not supported: a task's mounts are binds and "
+                              "tmpfs mounts")
     options = _options(entry, where)
+    destination = _absolute(_string(entry, "destination", where), f"{where}.destination")
+    if destination == "/":
+        raise InvalidArgument(f"field '{where}.destination' must not be '/': the root is 'rootfs'")
+    if kind == "tmpfs":
+        refused = tmpfs_refusal(options)
+        if refused:
+            raise InvalidArgument(f"field '{where}.options' has {refused}")
+        return TmpfsMount(destination, options)
     unknown = [o for o in options if o not in _BIND_OPTIONS]
     if unknown:
         raise InvalidArgument(f"field '{where}.options' has {unknown[0]!r}, not a bind option "
                               f"({', '.join(sorted(_BIND_OPTIONS))})")
-    destination = _absolute(_string(entry, "destination", where), f"{where}.destination")
-    if destination == "/":
-        raise InvalidArgument(f"field '{where}.destination' must not be '/': the root is 'rootfs'")
     return BindMount(destination, _absolute(_string(entry, "source", where), f"{where}.source"), options)
 
 
@@ -481,17 +554,23 @@ def check_destinations(fs: TaskFilesystem, root: str) -> None:
     in their own words (INTERNAL)."""
     root_fd = os.open(root, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
     sources: dict[str, str] = {}  # the earlier mounts: resolved destination -> source
+    empty = ""  # what a new tmpfs holds (nothing), for the mounts below one
+    if any(isinstance(mount, TmpfsMount) for mount in fs.mounts):
+        import tempfile
+
+        empty = tempfile.mkdtemp(prefix="podshim-tmpfs-")
     try:
         for i, mount in enumerate(fs.mounts):
             if mount.destination.startswith("/dev/"):
                 continue
+            source = empty if isinstance(mount, TmpfsMount) else mount.source
             resolved: list[str] = []
             try:
                 fd = open_in_root(root_fd, mount.destination, sources=sources, resolved=resolved)
-                sources["/" + "/".join(resolved)] = mount.source
+                sources["/" + "/".join(resolved)] = source
             except FileNotFoundError:
                 if resolved:
-                    sources["/" + "/".join(resolved)] = mount.source
+                    sources["/" + "/".join(resolved)] = source
                 continue
             except OSError as exc:
                 if exc.errno == errno.EINVAL:
@@ -500,6 +579,8 @@ def check_destinations(fs: TaskFilesystem, root: str) -> None:
             os.close(fd)
     finally:
         os.close(root_fd)
+        if empty:
+            os.rmdir(empty)
 
 
 #: The launcher's step when a mount destination resolves to the task's root itself, followed by
@@ -706,6 +787,10 @@ def open_trees(fs: TaskFilesystem, mount_point: str, *, own_ipc: bool, idmap: Id
         if idmap is not None:
             setup.sysfs_fd = host_sysfs()
         for i, mount in enumerate(fs.mounts):
+            if isinstance(mount, TmpfsMount):
+                setup.binds.append((open_tmpfs(mount, i, idmap), mount.destination, True,
+                                    _MS_PROPAGATION[mount.propagation], 0, 0))
+                continue
             fd = open_source(mount, i, idmap)
             flags = recursive_flags = 0
             for option in mount.options:
@@ -738,10 +823,26 @@ def open_root(mount_point: str, idmap: IdMap) -> int:
     return fd
 
 
-def open_source(mount: BindMount, index: int, idmap: IdMap | None) -> int:
+def open_tmpfs(mount: TmpfsMount, index: int, idmap: IdMap | None) -> int:
+    """The new tmpfs of ``mounts[index]``, detached, with its flags and parameters;
+    FailedPrecondition with the kernel's reason when it cannot be made, or in a pod's user
+    namespace (not supported yet: it would be the host's root's)."""
+    if idmap is not None:
+        raise FailedPrecondition(f"mounts[{index}] ({mount.destination}) is a tmpfs mount: not supported yet in a "
+                                 "pod's user namespace")
+    try:
+        return linux.new_mount("tmpfs", "tmpfs", mount.params, mount.flags)
+    except OSError as exc:
+        raise FailedPrecondition(f"cannot make the tmpfs of mounts[{index}] ({mount.destination}): "
+                                 f"{exc.strerror}") from None
+
+
+def open_source(mount: TaskMount, index: int, idmap: IdMap | None) -> int:
     """A detached copy of the source of ``mounts[index]`` (recursive as the bind is), id-mapped
     with ``idmap`` when given unless it is already (``idmapped``); FailedPrecondition names a
-    source that cannot be taken or id-mapped."""
+    source that cannot be taken or id-mapped (and a tmpfs, :func:`open_tmpfs`, in a pod's user namespace)."""
+    if isinstance(mount, TmpfsMount):
+        return open_tmpfs(mount, index, idmap)
     fd = _open_tree(mount.source, recursive=mount.recursive, what=f"mounts[{index}].source")
     if idmap is not None and not mount.idmapped:
         try:

@@ -351,6 +351,7 @@ def test_info_answers_a_runtime_info_whose_features_are_what_the_shim_applies(tm
     # containerd runs `-info` with the runtime options (an Any) on stdin; its CRI reads the handler's
     # features (recursive read-only mounts, user namespaces) from the runtime-spec features document.
     from shim.containerd.features import BIND_OPTIONS
+    from shim.runtime.mounts import TMPFS_FLAGS
 
     introspection = load("types.introspection_pb2")
     options = any_pb2.Any(type_url="runtimeoptions.v1.Options", value=b"\n\x01x")
@@ -360,7 +361,7 @@ def test_info_answers_a_runtime_info_whose_features_are_what_the_shim_applies(tm
     assert (info.name, info.options) == ("io.containerd.podshim.v1", options)
     assert info.features.type_url == "types.containerd.io/opencontainers/runtime-spec/1/features/Features"
     features = json.loads(info.features.value)
-    assert "rro" in features["mountOptions"] and set(features["mountOptions"]) == BIND_OPTIONS
+    assert "rro" in features["mountOptions"] and set(features["mountOptions"]) == BIND_OPTIONS | TMPFS_FLAGS
     assert "user" not in features["linux"]["namespaces"]  # no user namespaces through containerd yet
     assert features["linux"]["mountExtensions"]["idmap"]["enabled"] is False
     assert "CAP_SYS_ADMIN" in features["linux"]["capabilities"]

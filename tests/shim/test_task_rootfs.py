@@ -295,6 +295,28 @@ async def test_mounts_are_bound_read_write_or_read_only_and_their_destinations_m
     assert (tmp_path / "rw" / "written").exists()
 
 
+async def test_a_tmpfs_mount_is_a_new_tmpfs_with_its_flags_and_size_and_mounts_below_it_are_made_in_it(pod,
+                                                                                                       tmp_path):
+    tree = a_tree(tmp_path / "tree")
+    (tmp_path / "vol").mkdir()
+    await pod.run("app", "sleep", "600", rootfs=overlay(tmp_path, tree), env=["PATH=/bin"], mounts=[
+        {"destination": "/run", "type": "tmpfs", "source": "tmpfs",
+         "options": ["nosuid", "nodev", "strictatime", "mode=1777", "size=1m"]},
+        {"destination": "/run/vol", "source": str(tmp_path / "vol")},
+        {"destination": "/frozen", "type": "tmpfs", "options": ["ro"]},
+    ])
+    status, out = await pod.sh("app", "touch /run/written && grep -E ' /(run|frozen) ' /proc/self/mountinfo && "
+                                      "ls /run && stat -c %a /run && touch /frozen/x 2>&1")
+    lines = out.splitlines()
+    assert status != 0 and lines[-1] == "touch: /frozen/x: Read-only file system", out
+    run, frozen = (line.split() for line in lines[:2])
+    assert run[4] == "/run" and {"nosuid", "nodev"} <= set(run[5].split(","))
+    assert run[run.index("-") + 1] == "tmpfs" and "size=1024k" in run[-1]
+    assert frozen[4] == "/frozen" and "ro" in frozen[5].split(",")
+    assert lines[2:5] == ["vol", "written", "1777"]  # the bind below it made in it; nothing of the image's
+    assert not (tmp_path / "tree" / "run" / "written").exists()
+
+
 async def test_a_mount_destination_of_a_task_without_a_rootfs_is_made_in_its_own_root(pod, tmp_path):
     (tmp_path / "marker").write_text("mounted\n")
     await pod.run("app", "/bin/busybox", "sleep", "600", rootfs=[],
@@ -379,7 +401,9 @@ async def test_podshim_delete_after_a_shim_crash_unmounts_the_rootfs(pod, tmp_pa
     ({"rootfs": [{"source": "/x"}]}, r"field 'rootfs\[0\].type' must be a non-empty string"),
     ({"rootfs": [{"type": "bind", "source": "x"}]}, r"rootfs\[0\].source' of a bind must be an absolute path"),
     ({"readonly_rootfs": "yes"}, "field 'readonly_rootfs' must be true or false"),
-    ({"mounts": [{"destination": "/d", "source": "/s", "type": "tmpfs"}]}, r"mounts\[0\].type' 'tmpfs' is not supp"),
+    ({"mounts": [{"destination": "/d", "source": "/s", "type": "proc"}]}, r"mounts\[0\].type' 'proc' is not supp"),
+    ({"mounts": [{"destination": "/d", "type": "tmpfs", "options": ["rshared"]}]},
+     r"'mounts\[0\].options' has 'rshared', not a tmpfs option"),
     ({"mounts": [{"destination": "d", "source": "/s"}]}, r"mounts\[0\].destination' must be an absolute path"),
     ({"mounts": [{"destination": "/d", "source": "/s/../etc"}]}, r"mounts\[0\].source' must be an absolute path"),
     ({"mounts": [{"destination": "/d", "source": "/s", "options": ["rnoexec"]}]}, r"'mounts\[0\].options' has 'rnoexec'"),

@@ -17,7 +17,7 @@ from shim.rpc.status import InvalidArgument
 from shim.runtime import pause, process
 from shim.runtime.confine import Confinement
 from shim.runtime.hooks import Hook, oci_hooks
-from shim.runtime.mounts import MASKED_PATHS, READONLY_PATHS, BindMount, HostDevice
+from shim.runtime.mounts import MASKED_PATHS, READONLY_PATHS, HostDevice, TaskMount
 
 __all__ = ["DEFAULT_CAPABILITIES", "MASKED_PATHS", "OCI_VERSION", "PAUSE_ARGS", "PAUSE_NAME", "READONLY_PATHS",
            "sandbox_spec", "task_spec", "with_user_namespace"]
@@ -162,7 +162,7 @@ def task_spec(*, sandbox_id: str, args: list[str], env: Mapping[str, str], cwd: 
               pid_mode: str, own_ipc: bool, cgroups_path: str | None = None,
               shm_size_bytes: int = pause.DEFAULT_SHM_SIZE_BYTES,
               confinement: Confinement = Confinement(), readonly: bool = True,  # noqa: B008 - a frozen Record
-              mounts: tuple[BindMount, ...] = (), masked_paths: tuple[str, ...] = MASKED_PATHS,
+              mounts: tuple[TaskMount, ...] = (), masked_paths: tuple[str, ...] = MASKED_PATHS,
               readonly_paths: tuple[str, ...] = READONLY_PATHS, privileged: bool = False,
               shm_source: str | None = None, target_pid: int = 0,
               devices: tuple[HostDevice, ...] = (), device_rules: DeviceRules = DEFAULT_RULES,
