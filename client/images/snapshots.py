@@ -457,10 +457,13 @@ class Snapshotter:
                     os.chmod(os.path.join(directory, "fs"), stat.S_IMODE(top.st_mode))
                 doc = _record(_ACTIVE, key, snapshot_id, chain_id or None, None, 0, 0)
                 mounts = self._mounts(doc, parents)
-                self._write_record(doc)
+                # The directory's fsync once the lock is let go: the prepares of a hundred
+                # containers at once wait for the disk together, not one after another.
+                write_json_atomic(self._record_path(_ACTIVE, key), doc, sync_dir=False)
             except BaseException:
                 remove_tree(directory, ignore_errors=True)
                 raise
+        fsync_dir(self._meta[_ACTIVE])
         return mounts
 
     def view(self, key: str, chain_id: str) -> list[Mount]:

@@ -4,7 +4,6 @@ lookup, and many tasks, threads and processes over one root."""
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import dataclasses
 import json
 import os
@@ -32,6 +31,8 @@ from client.cri.store import (
     check_container_transition,
     check_pod_transition,
 )
+
+from support.disktools import seconds_at_once, slow_fsyncs
 
 
 def pod_config(name: str = "web", attempt: int = 0) -> dict:
@@ -597,17 +598,9 @@ def test_changes_of_different_pods_wait_for_the_disk_together_not_one_after_anot
     pods = 8
     for i in range(pods):
         made(store, f"pod{i}", name=f"p{i}")
-    slow, real = 0.2, os.fsync
-
-    def slow_fsync(fd: int) -> None:
-        time.sleep(slow)
-        real(fd)
-
-    monkeypatch.setattr(os, "fsync", slow_fsync)
-    started = time.monotonic()
-    with concurrent.futures.ThreadPoolExecutor(pods) as threads:
-        list(threads.map(lambda i: store.update(f"pod{i}", ip=f"10.0.0.{i}"), range(pods)))
-    took = time.monotonic() - started
+    slow = 0.2
+    slow_fsyncs(monkeypatch, slow)
+    took = seconds_at_once(pods, lambda i: store.update(f"pod{i}", ip=f"10.0.0.{i}"))
     monkeypatch.undo()
     assert [reopen(store).get(f"pod{i}").ip for i in range(pods)] == [f"10.0.0.{i}" for i in range(pods)]
     one_after_another = pods * 2 * slow  # two fsyncs each

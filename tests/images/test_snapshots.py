@@ -19,6 +19,7 @@ from client.images import snapshots as snapshots_module
 from client.images.snapshots import Mount, Snapshotter, chain_ids
 from client.images.unpack import DigestMismatch
 
+from support.disktools import seconds_at_once, slow_fsyncs
 from support.layertools import deep_tree, make_layer, member, mount_overlay, mounted, tree, umount
 
 PASSWD1 = b"root:x:0:0:root:/root:/bin/sh\n"
@@ -213,6 +214,19 @@ def test_prepare_refuses_a_taken_key_and_an_unknown_chain(tmp_path, snapshotter)
     with pytest.raises(NotFound, match="does not exist"):
         snapshotter.prepare("d", "sha256:" + "2" * 64)
     assert [s.name for s in snapshotter.snapshots()] == ["c"]
+
+
+def test_containers_prepared_at_once_wait_for_the_disk_together_for_their_records_directory(snapshotter, monkeypatch):
+    # Each prepare records its snapshot durably (the record, then the records' directory,
+    # fsynced). A hundred containers created at once: the directory's fsyncs are made
+    # together, after the snapshotter's lock is let go, not one after another under it.
+    prepares, slow = 8, 0.25
+    slow_fsyncs(monkeypatch, slow)
+    took = seconds_at_once(prepares, lambda i: snapshotter.prepare(f"c{i}", ""))
+    monkeypatch.undo()
+    assert sorted(s.name for s in snapshotter.snapshots()) == [f"c{i}" for i in range(prepares)]
+    one_after_another = prepares * 2 * slow  # the record's fsync and its directory's
+    assert took < one_after_another * 0.75, f"{prepares} prepares took {took:.2f} s"
 
 
 def test_remove_deletes_the_upper_dir_and_refuses_while_mounted(tmp_path, snapshotter, mountpoints):
