@@ -32,7 +32,7 @@ from shim.rpc.records import Record
 from shim.rpc.status import Unavailable
 from shim.sandbox.record import STATE_NEW, SandboxRecord, write_state
 
-__all__ = ["START_TIMEOUT", "Spare", "bind_listener", "bootstrap", "close_all_but", "detach_process",
+__all__ = ["START_TIMEOUT", "Spare", "bind_listener", "bootstrap", "detach_process",
            "fork_spare", "spawn_shim"]
 
 #: How long a spawner waits for the forked shim to accept; below the Controller's SPAWN_TIMEOUT
@@ -176,7 +176,7 @@ def _spare_intermediate(channel: socket.socket) -> NoReturn:
     try:
         # Not the template's listener, its callers' connections or its end of the pair: EOF
         # and ECONNREFUSED must reach whoever waits on those when the template dies.
-        close_all_but((channel.fileno(),))
+        _close_all_but((channel.fileno(),))
         pid = os.fork()
         if pid == 0:
             _spare_wait(channel)
@@ -196,7 +196,7 @@ def _spare_wait(channel: socket.socket) -> NoReturn:
     code = 1
     try:
         os.setsid()
-        close_all_but((channel.fileno(),))
+        _close_all_but((channel.fileno(),))
         # Its output goes where the template's goes (ROOT/template.log for a detached one) until
         # it is assigned: a spare that fails before it serves is told in the template's log.
         _stdin_from_devnull()
@@ -392,7 +392,7 @@ def detach_process(run: Callable[[int], int], log_path: str, *, close_fds: tuple
             for fd in (ready_r, *close_fds):
                 os.close(fd)
             os.setsid()
-            close_all_but((ready_w,))
+            _close_all_but((ready_w,))
             _stdio_to(log_path)
             _fresh_signals()
             code = run(ready_w)
@@ -495,7 +495,7 @@ def _become_shim(config: Any, sock: socket.socket, ready_r: int, ready_w: int, d
                 os.write(ready_w, b"P%d\n" % pid)
                 os._exit(0)
         os.setsid()
-        close_all_but((sock.fileno(), ready_w))
+        _close_all_but((sock.fileno(), ready_w))
         _stdio_to(os.path.join(config.bundle, LOG_FILE))
         _fresh_signals()
         _reseed()
@@ -528,7 +528,7 @@ def _reseed() -> None:
         random.seed()
 
 
-def close_all_but(keep: tuple[int, ...]) -> None:
+def _close_all_but(keep: tuple[int, ...]) -> None:
     """Close every descriptor above stdio (0-2) that the caller may have leaked to us but ``keep``."""
     low = 3
     for fd in sorted(fd for fd in set(keep) if fd >= 3):

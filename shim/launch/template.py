@@ -7,11 +7,9 @@ pages), and waits on a control socket. It keeps one *spare* shim forked ahead (a
 so the template is never the shim's parent and may die or restart freely), detached and waiting;
 asked to spawn, it tells the spare its sandbox (whose pieces the spare makes meanwhile), binds
 the socket and records the spare, hands it the socket and answers at once (calls wait in the
-socket's backlog until the shim serves), then forks the next spare, through its forker
-(:mod:`shim.launch.forker`: a child forked once everything is loaded, so that the pages the
-template writes as it serves are none of the shims'). Without a live spare it forks on the
-spot. Either way the shim takes the same serve path as ``podshim serve`` and the result is the
-bootstrap ``podshim start`` prints.
+socket's backlog until the shim serves), then forks the next spare. Without
+a live spare it forks on the spot. Either way the shim takes the same serve path as ``podshim
+serve`` and the result is the bootstrap ``podshim start`` prints.
 
 The control socket speaks the podshim protocol: service ``podshim.template.v1.Template``,
 methods ``Spawn {namespace, sandbox_id, bundle, runtime_root, pause_binary?, containerd_address?, debug?}`` → the
@@ -62,7 +60,6 @@ from shim.api.identifiers import validate_identifier
 from shim.api.names import TEMPLATE_LOCK, TEMPLATE_SERVICE
 from shim.api.paths import control_socket_path, socket_dir, socket_path
 from shim.kernel.linux import set_process_name
-from shim.launch.forker import Forker
 from shim.launch.install import CodeWatch, code_files
 from shim.launch.spawn import Spare, bind_listener, fork_spare, occupy_stdio, spawn_shim
 from shim.lib.files import ensure_private_dir, unlink_quietly
@@ -120,8 +117,8 @@ def _preload() -> None:
 def _preload_containerd() -> None:
     """Import what a shim that serves containerd imports besides (containerd's services and the CRI
     translation of its pods), and freeze it as :func:`_serve` freezes the rest: loaded once a Spawn
-    first asks for such a shim, by the forker (or by the template when it has none), so the shims
-    forked after share it and a template that never serves containerd pays nothing for it."""
+    first asks for such a shim, so the shims forked after share it and a template that never
+    serves containerd pays nothing for it."""
     try:
         from shim.containerd import events, metrics, services, stdio, tasks  # noqa: F401  (preloaded for the shims forked from here)
 
@@ -247,16 +244,14 @@ def stop_template(runtime_root: str, timeout: float = STOP_TIMEOUT) -> int:
 
 
 class _Template:
-    def __init__(self, runtime_root: str, pause_binary: str | None, listener: socket.socket, path: str,
-                 forker: Forker | None):
+    def __init__(self, runtime_root: str, pause_binary: str | None, listener: socket.socket, path: str):
         self.runtime_root = runtime_root
-        self.forker = forker  # forks the spares (None: we fork them ourselves)
         self.pause_binary = pause_binary
         self.listener = listener
         self.path = path
         self.inode = os.stat(path).st_ino  # the socket file is ours only while it has this inode
         self.spawned = 0
-        self.containerd_loaded = False  # a Spawn asked for a shim that serves containerd: spares preload for it
+        self.containerd_loaded = False  # _preload_containerd ran
         self.spare: Spare | None = None
         self.code = CodeWatch(code_files())
         self.stale = False
@@ -323,28 +318,13 @@ class _Template:
         meanwhile (after answering: nobody waits for any of it)."""
         self.add_user(self.caller)
         if self.spare is None and not self.stale:
-            self.spare = self.fork_spare()
+            try:
+                self.spare = fork_spare()
+            except OSError as exc:  # the next Spawn forks then
+                log.warning("cannot fork a spare shim: %s", exc)
         for namespace in self.namespaces - self.holds.keys():
             self.holds[namespace] = _hold(namespace)
         self.code.look()
-
-    def fork_spare(self) -> Spare | None:
-        """The next spare: from the forker, or, when it fails (it is dropped then), from us; None
-        when neither can fork one (the next Spawn forks on the spot then)."""
-        if self.forker is not None:
-            try:
-                return self.forker.fork_spare(containerd=self.containerd_loaded)
-            except OSError as exc:
-                log.warning("the forker (pid %d) failed: %s; forking spares here from now on", self.forker.pid, exc)
-                self.forker.close(kill=True)
-                self.forker = None
-                if self.containerd_loaded:
-                    _preload_containerd()
-        try:
-            return fork_spare()
-        except OSError as exc:
-            log.warning("cannot fork a spare shim: %s", exc)
-            return None
 
     def release_holds(self) -> None:
         """Remove our holds on default cgroup parents, and with them the parents left empty."""
@@ -360,9 +340,6 @@ class _Template:
         if self.spare is not None:
             self.spare.close()
             self.spare = None
-        if self.forker is not None:
-            self.forker.close()
-            self.forker = None
         self.code.close()  # no Spawn is served from here on
 
     def handlers(self) -> dict[tuple[str, str], Callable[[Request], dict[str, Any]]]:
@@ -396,8 +373,7 @@ class _Template:
         self.roots.add(runtime_root)
         if config.containerd_address is not None and not self.containerd_loaded:
             self.containerd_loaded = True
-            if self.forker is None:  # else only the forker loads it: its spares are the ones that share it
-                _preload_containerd()
+            _preload_containerd()
         spare, self.spare = self.spare, None  # spent by spawn_shim whatever happens: the next is forked after
         result = spawn_shim(config, debug=optional(p, "debug", bool, False), double_fork=True, spare=spare)
         self.spawned += 1
@@ -435,12 +411,7 @@ def _serve(runtime_root: str, pause_binary: str | None, ready_fd: int | None, id
     # the children's garbage collector from writing to (and so copying) those pages.
     gc.collect()
     long_running()  # freezes it, and turns the collector on (started off: shim.lib.program)
-    try:
-        forker: Forker | None = Forker.start(_preload_containerd)  # before we write to anything
-    except OSError as exc:
-        log.warning("cannot fork the forker: %s; forking spares here", exc)
-        forker = None
-    template = _Template(runtime_root, pause_binary, listener, path, forker)
+    template = _Template(runtime_root, pause_binary, listener, path)
     from shim.kernel.cgroups import remove_stale_holds
 
     remove_stale_holds()  # of templates killed before they could remove theirs

@@ -434,59 +434,6 @@ def test_a_double_forked_shim_is_reported_by_its_own_pid_even_when_it_is_ready_f
         os.close(write_fd)
 
 
-def _forkers(template) -> list[int]:
-    return [c for c in _children(template.proc.pid) if _comm(c) == "podshim-forker"]
-
-
-def test_the_template_forks_its_spares_through_a_forker_that_goes_with_it(roots, template):
-    # The forker is forked once the template has loaded everything, and only forks: the pages
-    # the template writes as it serves are never the spares' (shim.launch.forker).
-    forkers = _forkers(template)
-    assert len(forkers) == 1
-    spare = _ping(template)["spare_pid"]
-    result = start_shim(roots, "k1")
-    assert result["pid"] == spare
-    nxt = _ping(template)["spare_pid"]
-    assert nxt not in (0, spare) and _comm(nxt) == "podshim-spare"
-    assert _forkers(template) == forkers and _children(forkers[0]) == []  # its intermediate children reaped
-    template.stop()
-    assert not wait_gone(forkers[0], nxt)
-
-
-def _maps_protobuf(pid: int) -> bool:
-    with open(f"/proc/{pid}/maps") as f:
-        return "/google/_upb/" in f.read()
-
-
-def test_containerd_s_modules_are_loaded_by_the_forker_not_by_the_template(roots, template):
-    # Only the forker's spares serve containerd: a copy in the template would be 15 MiB for nobody.
-    pytest.importorskip("shim.containerd.api.runtime.sandbox.v1.sandbox_pb2")
-    runtime_root, tmp_path, started = roots
-    [forker] = _forkers(template)
-    assert not _maps_protobuf(template.proc.pid) and not _maps_protobuf(forker)
-    bundle = str(tmp_path / "c1")
-    started.append(("c1", bundle, "tpl"))
-    blocking.call("unix://" + control_socket_path(runtime_root), TEMPLATE_SERVICE, "Spawn",
-                  {"namespace": "tpl", "sandbox_id": "c1", "bundle": bundle, "runtime_root": runtime_root,
-                   "containerd_address": str(tmp_path / "containerd.sock")}, timeout=10)
-    nxt = _ping(template)["spare_pid"]  # forked after the forker loaded them
-    assert _maps_protobuf(forker) and _maps_protobuf(nxt)
-    assert not _maps_protobuf(template.proc.pid)
-
-
-def test_a_template_whose_forker_died_forks_its_spares_itself(roots, template):
-    [forker] = _forkers(template)
-    os.kill(forker, signal.SIGKILL)
-    assert not wait_gone(forker)
-    spare = _ping(template)["spare_pid"]
-    assert start_shim(roots, "k2")["pid"] == spare  # the spare forked before is still the next shim
-    nxt = _ping(template)["spare_pid"]
-    assert nxt not in (0, spare) and _comm(nxt) == "podshim-spare"
-    assert _forkers(template) == []
-    assert blocking.call(start_shim(roots, "k3")["address"], SANDBOX_SERVICE, "PingSandbox",
-                         {"sandbox_id": "k3"}, timeout=5) == {}
-
-
 def test_the_spare_goes_with_the_template(roots, template):
     spare = _ping(template)["spare_pid"]
     template.stop()
