@@ -34,3 +34,18 @@ def test_a_malformed_hook_is_invalid_argument_naming_the_field(entry, message):
     with pytest.raises(InvalidArgument) as raised:
         parse_hooks({"hooks": [entry]})
     assert message in raised.value.message
+
+
+@pytest.mark.parametrize("words", [
+    "runc create failed: unable to start container process: error during container init: error running hook #0: "
+    "error running hook: exit status 3, stdout: , stderr: no gpu here",
+    "error executing hook `/usr/bin/x` (exit code: 3)",
+    "timeout expired for `/usr/bin/x`",
+])
+def test_a_hook_failing_under_an_oci_runtime_is_failed_precondition_in_its_words(words):
+    from shim.rpc.status import FailedPrecondition
+    from shim.runtime.oci import cli
+
+    error = cli._failure("runc create c", "create", 1, [words])
+    assert isinstance(error, FailedPrecondition)
+    assert error.message == f"runc create c failed: {words}"

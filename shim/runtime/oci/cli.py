@@ -50,7 +50,7 @@ _MAX_ERROR_MESSAGES = 5
 _MAX_MESSAGE_CHARS = 500
 _MAX_LOG_READ_BYTES = 64 * 1024  # of the runtime's log, from where the call began
 _EXEC_FAILURE = re.compile(r"\bexec(?::|utable file)")
-_HOOK_FAILURE = re.compile(r"\berror (?:running|executing) hook\b")
+_HOOK_FAILURE = re.compile(r"\berror (?:running|executing) hook\b|\btimeout expired for `")
 
 
 @dataclass(frozen=True)
@@ -346,8 +346,9 @@ def _failure(what: str, verb: str, exit_status: int, messages: list[str]) -> Rpc
     # (not runc's "nsexec[...]", which is its own setup failing).
     if verb in ("create", "exec") and _EXEC_FAILURE.search(lowered):
         return FailedPrecondition(sentence)  # the container's (or the exec's) program cannot be run
-    # runc: "error running hook #0: ..."; crun: "error executing hook `/x` (exit code: 3)": the
-    # container's OCI hooks (its CDI devices') are the client's to fix, as its program is.
+    # runc: "error running hook #0: ..."; crun: "error executing hook `/x` (exit code: 3)", "timeout
+    # expired for `/x`": the container's OCI hooks (its CDI devices') are the client's to fix, as its
+    # program is.
     if verb in ("create", "start") and _HOOK_FAILURE.search(lowered):
         return FailedPrecondition(sentence)
     # runc: "container does not exist"; crun: "error opening file `<root>/<id>/status`: No such file..."
