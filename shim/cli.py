@@ -248,18 +248,21 @@ def _detach_template(args: argparse.Namespace) -> int:
         from shim.launch.spawn import START_TIMEOUT, detach_process
 
         log_path = os.path.join(root, TEMPLATE_LOG)
-        pid = detach_process(lambda ready_fd: _run_detached_template(args, ready_fd), log_path,
-                             close_fds=(lock_fd,), timeout=START_TIMEOUT, what="the shim template")
+        # The template holds the start lock too until it holds its own: if we die meanwhile,
+        # `template --stop` still waits for it (shim.launch.template).
+        pid = detach_process(lambda ready_fd: _run_detached_template(args, ready_fd, lock_fd), log_path,
+                             keep_fds=(lock_fd,), timeout=START_TIMEOUT, what="the shim template")
     print(json.dumps({"pid": pid, "address": address, "started": True}))
     return 0
 
 
-def _run_detached_template(args: argparse.Namespace, ready_fd: int) -> int:
+def _run_detached_template(args: argparse.Namespace, ready_fd: int, start_lock_fd: int) -> int:
     from shim.launch.template import run_template
     from shim.lib.logs import setup_logging
 
     setup_logging(args.debug)
-    return run_template(args.runtime_root, pause_binary=args.pause_binary, ready_fd=ready_fd, idle_grace=_idle_grace(args))
+    return run_template(args.runtime_root, pause_binary=args.pause_binary, ready_fd=ready_fd,
+                        start_lock_fd=start_lock_fd, idle_grace=_idle_grace(args))
 
 
 def _serve(args: argparse.Namespace) -> int:

@@ -375,10 +375,10 @@ def spawn_shim(config: Any, *, debug: bool = False, double_fork: bool = False,
     return _started(config, address, shim_pid or pid, pid if not double_fork else None, ready)
 
 
-def detach_process(run: Callable[[int], int], log_path: str, *, close_fds: tuple[int, ...] = (),
+def detach_process(run: Callable[[int], int], log_path: str, *, keep_fds: tuple[int, ...] = (),
                    timeout: float = START_TIMEOUT, what: str = "the process") -> int:
     """Fork ``run(ready_fd)`` into its own session, stdio to ``log_path``, every other descriptor
-    of ours (``close_fds`` included) closed; return its pid once it wrote "R" to ``ready_fd``.
+    of ours but ``keep_fds`` closed; return its pid once it wrote "R" to ``ready_fd``.
 
     The child is not waited for: it outlives the caller, as a shim outlives ``podshim start``.
     Raises Unavailable (with the tail of its log) when it does not say it is ready within
@@ -389,10 +389,9 @@ def detach_process(run: Callable[[int], int], log_path: str, *, close_fds: tuple
     if pid == 0:
         code = 1
         try:
-            for fd in (ready_r, *close_fds):
-                os.close(fd)
+            os.close(ready_r)
             os.setsid()
-            _close_all_but((ready_w,))
+            _close_all_but((ready_w, *keep_fds))
             _stdio_to(log_path)
             _fresh_signals()
             code = run(ready_w)

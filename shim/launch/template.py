@@ -20,7 +20,10 @@ would hand the child a loop it must not touch.
 One template per runtime root: a template holds an exclusive ``flock`` on ``ROOT/template.lock``
 for its whole life (the kernel drops it when the process ends), and a second one waits for it
 (``LOCK_TIMEOUT``: long enough for a template that is leaving, not for one that stays) before it
-refuses to start. A template also remembers the podshim code it loaded (:mod:`shim.launch.install`)
+refuses to start. A template is *starting* from the moment a process decides to start one until
+it holds that lock: all that time someone holds ``ROOT/template.start.lock`` (the starter, then
+the template itself, whichever lives), and :func:`stop_template` takes it first, so that it
+never misses a template that does not hold its lock yet. A template also remembers the podshim code it loaded (:mod:`shim.launch.install`)
 and, before each Spawn, checks that the files on disk are still those (an inotify watch on them
 tells it without a stat of each, :class:`shim.launch.install.CodeWatch`): after an upgrade (or an
 edit of an editable install) it answers FAILED_PRECONDITION, removes its control socket and exits,
@@ -57,7 +60,7 @@ from collections.abc import Callable
 from typing import Any
 
 from shim.api.identifiers import validate_identifier
-from shim.api.names import TEMPLATE_LOCK, TEMPLATE_SERVICE
+from shim.api.names import TEMPLATE_LOCK, TEMPLATE_SERVICE, TEMPLATE_START_LOCK
 from shim.api.paths import control_socket_path, socket_dir, socket_path
 from shim.kernel.linux import set_process_name
 from shim.launch.install import CodeWatch, code_files
@@ -69,7 +72,7 @@ from shim.rpc.channel import peer_credentials
 from shim.rpc.messages import Request, optional, require
 from shim.rpc.status import FailedPrecondition, InvalidArgument, RpcError
 
-__all__ = ["CONTROL_IO_TIMEOUT", "IDLE_GRACE", "LOCK_TIMEOUT", "STOP_TIMEOUT", "TemplateRunning", "run_template",
+__all__ = ["CONTROL_IO_TIMEOUT", "IDLE_GRACE", "LOCK_TIMEOUT", "START_WAIT", "STOP_TIMEOUT", "TemplateRunning", "run_template",
            "stop_template", "template_pid"]
 
 log = logging.getLogger(__name__)
@@ -81,6 +84,9 @@ CONTROL_IO_TIMEOUT = 5.0
 LOCK_TIMEOUT = 5.0
 #: How long stop_template waits for a template to exit after SIGTERM before it sends SIGKILL.
 STOP_TIMEOUT = 5.0
+#: How long stop_template waits for the start lock: a template being started holds its own lock
+#: (or died) within spawn.START_TIMEOUT of its starter's decision, or the starter kills it.
+START_WAIT = 15.0
 #: How long a template with no user running and no sandbox left waits before it exits: longer
 #: than a daemon's restart, so the restarted daemon's first pod still finds it.
 IDLE_GRACE = 30.0
@@ -156,7 +162,10 @@ def _lock(runtime_root: str, timeout: float) -> int:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
-                _wait_for_lock(fd, max(deadline - time.monotonic(), 0.001), path)
+                if not _flock_within(fd, max(deadline - time.monotonic(), 0.001)):
+                    holder = _lock_holder(path) or "?"
+                    raise TemplateRunning(f"another template (pid {holder}) runs on {runtime_root} "
+                                          f"(it holds {path})") from None
             if _names(path, fd):
                 os.ftruncate(fd, 0)
                 os.pwrite(fd, b"%d\n" % os.getpid(), 0)
@@ -177,8 +186,9 @@ def _names(path: str, fd: int) -> bool:
     return (st.st_dev, st.st_ino) == (held.st_dev, held.st_ino)
 
 
-def _wait_for_lock(fd: int, timeout: float, path: str) -> None:
-    """A blocking flock that a timer interrupts (no polling): SIGALRM's handler raises out of it."""
+def _flock_within(fd: int, timeout: float) -> bool:
+    """An exclusive blocking flock of ``fd`` that a timer interrupts (no polling: SIGALRM's
+    handler raises out of it); whether it was taken within ``timeout`` seconds."""
     def expired(signum: int, frame: Any) -> None:
         raise TimeoutError
 
@@ -186,13 +196,25 @@ def _wait_for_lock(fd: int, timeout: float, path: str) -> None:
     signal.setitimer(signal.ITIMER_REAL, timeout)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
+        return True
     except TimeoutError:
-        holder = _lock_holder(path) or "?"
-        raise TemplateRunning(f"another template (pid {holder}) runs on {os.path.dirname(path)} "
-                              f"(it holds {path})") from None
+        return False
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
+
+
+def _start_lock(runtime_root: str, timeout: float) -> int:
+    """Take the runtime root's start lock (see the module docstring), waiting up to ``timeout``
+    seconds for the start under way; the descriptor. Raises TemplateRunning when it is not let go."""
+    path = os.path.join(runtime_root, TEMPLATE_START_LOCK)
+    fd = os.open(path, os.O_RDONLY | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+    if not _flock_within(fd, timeout):
+        os.close(fd)
+        holder = _lock_holder(path) or "?"
+        raise TemplateRunning(f"a template is being started on {runtime_root} (by pid {holder}, which holds {path}) "
+                              f"and still was after {timeout:.0f}s")
+    return fd
 
 
 def _lock_holder(path: str) -> int:
@@ -219,10 +241,21 @@ def template_pid(runtime_root: str) -> int:
 
 def stop_template(runtime_root: str, timeout: float = STOP_TIMEOUT) -> int:
     """Stop the template of ``runtime_root``: SIGTERM through a pidfd, SIGKILL after ``timeout``
-    seconds; returns once it exited. Its spare goes with it; the shims it forked stay. Returns
-    its pid, or 0 when none ran. Raises OSError when it cannot be signalled (another user's)."""
-    import select
+    seconds; returns once it exited. A template being started is waited for (``START_WAIT``)
+    and stopped as it serves, and none starts meanwhile. Its spare goes with it; the shims it
+    forked stay. Returns its pid, or 0 when none ran. Raises TemplateRunning when a start does
+    not end within ``START_WAIT``, OSError when it cannot be signalled (another user's)."""
+    try:
+        start_fd = _start_lock(runtime_root, START_WAIT)
+    except FileNotFoundError:  # no runtime root: no template
+        return 0
+    try:
+        return _stop(runtime_root, timeout)
+    finally:
+        os.close(start_fd)
 
+
+def _stop(runtime_root: str, timeout: float) -> int:
     pid = template_pid(runtime_root)
     if not pid:
         return 0
@@ -381,17 +414,28 @@ class _Template:
 
 
 def run_template(runtime_root: str, *, pause_binary: str | None = None, ready_fd: int | None = None,
-                 lock_timeout: float = LOCK_TIMEOUT, idle_grace: float = IDLE_GRACE) -> int:
+                 start_lock_fd: int | None = None, lock_timeout: float = LOCK_TIMEOUT,
+                 idle_grace: float = IDLE_GRACE) -> int:
     """Serve the control socket of ``runtime_root`` until SIGTERM/SIGINT, until the installed
     code changes under it, or until nothing needs it for ``idle_grace`` seconds (see the module
     docstring; 0 or less: never). Returns 0; leaves neither its control socket nor its lock file.
 
-    Raises TemplateRunning when another template keeps the runtime root's template lock for
-    ``lock_timeout`` seconds, OSError when the control socket cannot be bound.
+    ``start_lock_fd``: the runtime root's start lock, held by whoever started us (``template
+    --detach``); without it we take it ourselves. Either way we let it go once we hold the
+    template lock (see the module docstring).
+
+    Raises TemplateRunning when another template keeps the runtime root's template lock (or
+    another start its start lock) for ``lock_timeout`` seconds, OSError when the control socket
+    cannot be bound.
     """
     occupy_stdio()  # before any descriptor of ours can take a closed one's number
     ensure_private_dir(runtime_root, 0o700)
-    lock_fd = _lock(runtime_root, lock_timeout)
+    if start_lock_fd is None:
+        start_lock_fd = _start_lock(runtime_root, lock_timeout)
+    try:
+        lock_fd = _lock(runtime_root, lock_timeout)
+    finally:
+        os.close(start_lock_fd)  # from here on stop_template sees us by our lock
     try:
         return _serve(runtime_root, pause_binary, ready_fd, idle_grace)
     finally:
@@ -440,7 +484,10 @@ def _serve(runtime_root: str, pause_binary: str | None, ready_fd: int | None, id
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     log.info("template serving %s (pid %d)", path, os.getpid())
     if ready_fd is not None:
-        os.write(ready_fd, b"R")
+        try:
+            os.write(ready_fd, b"R")
+        except BrokenPipeError:  # our starter died meanwhile: we serve all the same
+            pass
         os.close(ready_fd)
     allowed = {os.geteuid(), 0}
     handlers = template.handlers()

@@ -21,7 +21,7 @@ from shim.api.paths import control_socket_path, socket_path
 from shim.rpc import Client, blocking
 from shim.rpc.status import InvalidArgument, RpcError, Unavailable
 
-from support.proctools import alive, fd_targets, wait_gone, wait_gone_async
+from support.proctools import WAIT, alive, fd_targets, fifo_writer, wait_gone, wait_gone_async
 from support.shimtools import NODE_ROOT, Template
 
 PODSHIM = [sys.executable, "-m", "shim"]
@@ -641,3 +641,79 @@ async def test_a_spare_killed_before_it_serves_fails_the_first_call_and_podshim_
                            str(roots[1] / "k1"), "--runtime-root", roots[0]], capture_output=True, text=True, timeout=30)
     assert done.returncode == 0, done.stderr
     assert not os.path.exists(socket_path("tpl", "k1", roots[0]))
+
+
+# -- a template being started is stopped too --------------------------------------------------------
+GATED_DETACH = """
+import os, sys
+from shim import cli
+from shim.launch import template
+
+root, gate, pid_file = sys.argv[1:]
+take_lock = template._lock
+
+def gated(*args, **kwargs):  # in the detached template, before it takes its lock
+    with open(pid_file, "w") as f:
+        f.write(str(os.getpid()))
+    fd = os.open(gate, os.O_RDONLY)
+    os.read(fd, 1)
+    os.close(fd)
+    return take_lock(*args, **kwargs)
+
+template._lock = gated
+sys.exit(cli.main(["template", "--detach", "--runtime-root", root]))
+"""
+
+
+def _blocked_on(path: str, pid: int) -> bool:
+    """Whether ``pid`` waits for a flock on ``path`` (a "->" line of /proc/locks)."""
+    st = os.stat(path)
+    where = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+    with open("/proc/locks") as f:
+        return any(line.split()[1:3] == ["->", "FLOCK"] and line.split()[5:7] == [str(pid), where] for line in f)
+
+
+@pytest.mark.parametrize("starter", ["lives", "is killed"])
+def test_template_stop_while_a_template_starts_waits_for_it_and_stops_it(roots, tmp_path, starter):
+    from shim.api.names import TEMPLATE_START_LOCK
+    from shim.launch.template import stop_template, template_pid
+
+    from support.sandbox_env import settle
+
+    runtime_root = roots[0]
+    gate, pid_file = str(tmp_path / "gate"), str(tmp_path / "template.pid")
+    os.mkfifo(gate)
+    detach = subprocess.Popen([sys.executable, "-c", GATED_DETACH, runtime_root, gate, pid_file],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    stop = None
+    try:
+        held = fifo_writer(gate)  # the template is forked and waits here, its lock not taken yet
+        with open(pid_file) as f:
+            starting = int(f.read())
+        if starter == "is killed":
+            detach.kill()
+            detach.wait(timeout=WAIT)
+        stop = subprocess.Popen([*PODSHIM, "template", "--stop", "--runtime-root", runtime_root],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        start_lock = os.path.join(runtime_root, TEMPLATE_START_LOCK)
+        assert not settle(lambda: stop.poll() is None and not _blocked_on(start_lock, stop.pid), WAIT)
+        os.write(held, b"G")
+        os.close(held)
+        out, err = stop.communicate(timeout=30)
+        assert stop.returncode == 0, err
+        assert json.loads(out) == {"pid": starting}
+        assert not wait_gone(starting) and template_pid(runtime_root) == 0
+        if starter == "lives":
+            out, err = detach.communicate(timeout=30)
+            assert detach.returncode == 0, err
+            assert json.loads(out)["pid"] == starting
+    finally:
+        for proc in (detach, stop):
+            if proc is not None:
+                if proc.poll() is None:
+                    proc.kill()
+                proc.communicate()
+        if os.path.exists(pid_file):
+            with open(pid_file) as f:
+                wait_gone(int(f.read()), timeout=0.1, kill=True)
+        stop_template(runtime_root)
