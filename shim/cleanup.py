@@ -35,6 +35,7 @@ from shim.sandbox.record import (
     STATE_VERSION,
     ExitRecord,
     MalformedRecord,
+    SandboxRecord,
     StateFile,
     TaskRecord,
     read_state,
@@ -127,6 +128,18 @@ def _delete_turn(bundle: str) -> Iterator[None]:
         yield
 
 
+def _read_record(bundle: str) -> SandboxRecord | None:
+    """The bundle's state.json; None when it is missing or unreadable (logged). Raises
+    MalformedRecord."""
+    try:
+        return read_state(bundle)
+    except MalformedRecord:
+        raise
+    except (OSError, ValueError) as exc:
+        log.warning("ignoring unreadable %s: %s", os.path.join(bundle, STATE_FILE), exc)
+        return None
+
+
 def delete_sandbox(bundle: str, namespace: str, sandbox_id: str, runtime_root: str) -> dict[str, int]:
     """Kill what is left of the sandbox and remove what it made; return
     ``{"exit_status", "exited_at", "pid"}``.
@@ -148,13 +161,7 @@ def delete_sandbox(bundle: str, namespace: str, sandbox_id: str, runtime_root: s
 
 def _delete_sandbox(bundle: str, namespace: str, sandbox_id: str, runtime_root: str) -> dict[str, int]:
     state_path = os.path.join(bundle, STATE_FILE)
-    try:
-        record = read_state(bundle)
-    except MalformedRecord:
-        raise
-    except (OSError, ValueError) as exc:
-        log.warning("ignoring unreadable %s: %s", state_path, exc)
-        record = None
+    record = _read_record(bundle)
     if record is not None and (record.sandbox_id not in ("", sandbox_id) or record.namespace not in ("", namespace)):
         raise ValueError(f"{state_path} belongs to {record.namespace}/{record.sandbox_id}, "
                          f"not {namespace}/{sandbox_id}")
@@ -167,6 +174,9 @@ def _delete_sandbox(bundle: str, namespace: str, sandbox_id: str, runtime_root: 
                     state_path, record.version, STATE_VERSION)
 
     _kill(record.shim_pid, record.shim_start_time, "shim")
+    # Read again now that the shim is dead: what it recorded after our first read (a netns, a
+    # pause, a cgroup it was making: each recorded before it is made) is what there is to remove.
+    record = _read_record(bundle) or record
     StateFile.remove_leftovers(bundle)  # the killed shim's spare of state.json
     tasks = {task_id: _delete_task(bundle, task_id, task) for task_id, task in record.tasks.items()}
     pid = record.pause.pid if record.pause is not None else 0

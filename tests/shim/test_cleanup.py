@@ -131,3 +131,37 @@ def test_a_second_delete_at_once_reports_the_pause_the_first_killed(tmp_path, sl
         second.join()
     assert sleeper.wait(timeout=5) == -signal.SIGKILL
     assert results["first"]["exit_status"] == results["second"]["exit_status"] == 128 + signal.SIGKILL
+
+
+@pytest.mark.parametrize("made", ["mounted", "file only"])
+def test_delete_of_a_live_shim_removes_the_netns_it_recorded_after_delete_read_its_record(tmp_path, sleeper,
+                                                                                         monkeypatch, made):
+    """A delete of a shim that is still at work (a client gave up on it): the shim records a netns
+    path and makes the netns after delete read state.json, and delete's SIGKILL stops it there, the
+    netns mounted or only its file made. Delete removes what the dead shim recorded last."""
+    import shim.cleanup
+    from shim.kernel import netns
+
+    record = {"namespace": "ns", "sandbox_id": "sb", "shim_pid": sleeper.pid,
+              "shim_start_time": proc_start_time(sleeper.pid)}
+    with open(tmp_path / "state.json", "w") as f:
+        json.dump(record, f)
+    path = netns.new_netns_path()
+    real_kill = shim.cleanup._kill
+
+    def kill(pid, start_time, what):  # the shim goes on until the kill
+        with open(tmp_path / "state.json", "w") as f:
+            json.dump({**record, "netns_path": path, "netns_owned": True}, f)
+        if made == "mounted":
+            netns.create_netns(path)
+        else:
+            os.close(os.open(path, os.O_RDONLY | os.O_CREAT | os.O_EXCL, 0o444))
+        return real_kill(pid, start_time, what)
+
+    monkeypatch.setattr(shim.cleanup, "_kill", kill)
+    try:
+        delete_sandbox(str(tmp_path), "ns", "sb", str(tmp_path / "run"))
+        assert sleeper.wait(timeout=5) == -signal.SIGKILL
+        assert not os.path.exists(path)
+    finally:
+        netns.remove_netns(path)
