@@ -687,7 +687,7 @@ def test_template_stop_while_a_template_starts_waits_for_it_and_stops_it(roots, 
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     stop = None
     try:
-        held = fifo_writer(gate)  # the template is forked and waits here, its lock not taken yet
+        held = fifo_writer(gate, 30)  # the template is forked and waits here, its lock not taken yet
         with open(pid_file) as f:
             starting = int(f.read())
         if starter == "is killed":
