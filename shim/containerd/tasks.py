@@ -148,6 +148,8 @@ def task_fields(spec: dict[str, Any], rootfs: list[Any], pause_pid: int,
     }
     if linux.get("seccomp"):
         fields["seccomp"] = linux["seccomp"]
+    if process.get("rlimits"):
+        fields["rlimits"] = process["rlimits"]  # OCI's {type, soft, hard}: the shim's own fields
     hooks = _hooks(spec.get("hooks"))
     if hooks:
         fields["hooks"] = hooks
@@ -235,7 +237,7 @@ class Exec(Record):
     CloseIO or its end; once waited for, its exit."""
 
     __slots__ = ("args", "stdin", "stdout", "stderr", "terminal", "exec_id", "pid", "started", "exit", "hold",
-                 "console")
+                 "console", "rlimits")
     mutable = True
     args: list[str]
     stdin: str
@@ -248,11 +250,13 @@ class Exec(Record):
     exit: dict[str, int] | None  # {exit_status, exited_at}
     hold: int | None
     console: ExecTerminal | None
+    rlimits: list[Any] | None  # its process spec's (None: the task's)
 
     def __init__(self, args: list[str], stdin: str, stdout: str, stderr: str, terminal: bool, exec_id: str = "",
                  pid: int = 0, started: asyncio.Future[None] | None = None, exit: dict[str, int] | None = None,
-                 hold: int | None = None, console: ExecTerminal | None = None) -> None:
+                 hold: int | None = None, console: ExecTerminal | None = None, rlimits: list[Any] | None = None) -> None:
         self.args, self.stdin, self.stdout, self.stderr, self.terminal = args, stdin, stdout, stderr, terminal
+        self.rlimits = rlimits
         self.exec_id, self.pid, self.exit, self.hold, self.console = exec_id, pid, exit, hold, console
         self.started = asyncio.get_running_loop().create_future() if started is None else started
 
@@ -381,6 +385,8 @@ class TaskV3:
 
     async def _exec_start(self, ctx: CallContext, ids: dict[str, str], ex: Exec) -> dict[str, Any]:
         """Run the exec with containerd's FIFOs (shim.containerd.stdio); ``{exec_id, pid}``."""
+        if ex.rlimits is not None:
+            ids = {**ids, "rlimits": ex.rlimits}
         if not ex.terminal:
             if ex.stdin:
                 ex.hold = execstream.hold_fifo(ex.stdin, "stdin")
@@ -427,7 +433,13 @@ class TaskV3:
             raise InvalidArgument(f"the exec's process spec is not JSON: {exc}") from None
         if not process.get("args"):
             raise InvalidArgument("the exec's process spec has no args")
-        self.execs[(r.id, r.exec_id)] = Exec(list(process["args"]), r.stdin, r.stdout, r.stderr, r.terminal)
+        rlimits = process.get("rlimits")
+        if rlimits is not None:
+            from shim.runtime.confine import parse_rlimits
+
+            parse_rlimits(rlimits, "process.rlimits")  # refused now, not at its start
+        self.execs[(r.id, r.exec_id)] = Exec(list(process["args"]), r.stdin, r.stdout, r.stderr, r.terminal,
+                                             rlimits=rlimits)
         self.events.publish("/tasks/exec-added", task_events.TaskExecAdded(container_id=r.id, exec_id=r.exec_id))
         return Empty()
 

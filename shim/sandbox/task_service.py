@@ -16,6 +16,7 @@ from shim.sandbox.options import namespace_mode
 from shim.sandbox.service import request_sandbox_id
 
 if TYPE_CHECKING:
+    from shim.runtime.confine import Rlimit
     from shim.sandbox.sandbox import Sandbox
     from shim.sandbox.tasks import TaskSet
 
@@ -97,7 +98,7 @@ class TaskService:
     async def exec(self, ctx: CallContext, p: dict[str, Any]) -> dict[str, Any]:
         sid, tid = self._ids(ctx, p)
         result = await self.tasks.exec(sid, tid, args=require(p, "args", list),
-                                       timeout_secs=optional(p, "timeout_secs", int))
+                                       timeout_secs=optional(p, "timeout_secs", int), rlimits=_exec_rlimits(p))
         return result.payload()
 
     async def exec_start(self, ctx: CallContext, p: dict[str, Any]) -> dict[str, Any]:
@@ -107,7 +108,8 @@ class TaskService:
                                            terminal=optional(p, "terminal", str),
                                            console_socket=optional(p, "console_socket", str),
                                            console_size=(optional(p, "console_width", int),
-                                                         optional(p, "console_height", int)))
+                                                         optional(p, "console_height", int)),
+                                           rlimits=_exec_rlimits(p))
 
     async def exec_wait(self, ctx: CallContext, p: dict[str, Any]) -> dict[str, Any]:
         sid, tid = self._ids(ctx, p)
@@ -149,6 +151,14 @@ class TaskService:
 
     async def list(self, ctx: CallContext, p: dict[str, Any]) -> dict[str, Any]:
         return {"tasks": [task.state() for task in self.tasks.list(request_sandbox_id(ctx, p, self.sandbox))]}
+
+
+def _exec_rlimits(p: dict[str, Any]) -> tuple[Rlimit, ...] | None:
+    """An exec's own ``rlimits`` (None: the task's)."""
+    from shim.runtime.confine import parse_rlimits
+
+    given = p.get("rlimits")
+    return None if given is None else parse_rlimits(given)
 
 
 def register_tasks(server: Server, service: TaskService) -> None:

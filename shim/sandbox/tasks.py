@@ -41,7 +41,7 @@ from shim.lib.idmaps import IdMap
 from shim.rpc.status import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound, RpcError, Unavailable
 from shim.runtime import execstream, execsync, mounts, process
 from shim.runtime.base import CONTAINER, PID_MODES, POD, TARGET, ExecSpec, TaskSpec
-from shim.runtime.confine import Confinement
+from shim.runtime.confine import Confinement, Rlimit
 from shim.runtime.crilog import LOG_DIR_MODE, CriLog, check_log_path
 from shim.runtime.hooks import Hook
 from shim.runtime.hostdevices import GivenDevice
@@ -168,6 +168,10 @@ class Task:
     @property
     def pid(self) -> int:
         return self.process.pid if self.process is not None else 0
+
+    def exec_confinement(self, rlimits: tuple[Rlimit, ...] | None) -> Confinement:
+        """An exec's confinement: the task's, with its own ``rlimits`` when it gives some (as runc's exec)."""
+        return self.confinement if rlimits is None else self.confinement.replace(rlimits=rlimits)
 
     def check(self, op: TaskOperation) -> Status:
         """The status after ``op``; FailedPrecondition with the table's sentence if not allowed."""
@@ -486,9 +490,9 @@ class TaskSet:
             self.sandbox.runtime.kill(p.pid, p.start_time, sig)
 
     async def exec(self, sandbox_id: str, task_id: str, *, args: builtins.list[str],
-                   timeout_secs: int | None = None) -> execsync.ExecResult:
-        """Exec: run ``args`` beside the running task (its namespaces, cgroup, environment and
-        working directory) until it exits, at most ``timeout_secs`` (None or 0: no limit); see
+                   timeout_secs: int | None = None, rlimits: tuple[Rlimit, ...] | None = None) -> execsync.ExecResult:
+        """Exec: run ``args`` beside the running task (its namespaces, cgroup, environment, working
+        directory and confinement; its own ``rlimits`` when given, else the task's) until it exits, at most ``timeout_secs`` (None or 0: no limit); see
         :mod:`shim.runtime.execsync` for output, timeout and cancellation. Raises InvalidArgument,
         NotFound, FailedPrecondition (not running; the program cannot be run)."""
         task = self.get(sandbox_id, task_id)
@@ -499,13 +503,14 @@ class TaskSet:
         task.check(Op.EXEC)
         runtime, p, cgroup = self.sandbox.runtime, task.process, task.cgroup
         assert runtime is not None and p is not None and cgroup is not None  # a running task has them
+        confinement = task.exec_confinement(rlimits)
         task.execs += 1
         exec_id = str(task.execs)
         name = f"exec {exec_id} ({args[0]}) in task {task_id}"
 
         def start(output: execsync.ExecOutput) -> Any:
             return runtime.exec_process(ExecSpec(task_id, exec_id, tuple(args), task.env, task.cwd, p.pid, cgroup,
-                                                 output.stdout_fd, output.stderr_fd, task.confinement))
+                                                 output.stdout_fd, output.stderr_fd, confinement))
 
         try:
             result = await execsync.run(start, cgroup, timeout=timeout_secs or None, name=name)
@@ -520,7 +525,8 @@ class TaskSet:
     async def exec_start(self, sandbox_id: str, task_id: str, *, args: builtins.list[str], stdin: str | None = None,
                          stdout: str | None = None, stderr: str | None = None, terminal: str | None = None,
                          console_socket: str | None = None,
-                         console_size: tuple[int | None, int | None] = (None, None)) -> dict[str, Any]:
+                         console_size: tuple[int | None, int | None] = (None, None),
+                         rlimits: tuple[Rlimit, ...] | None = None) -> dict[str, Any]:
         """ExecStart: start ``args`` beside the running task, as :meth:`exec` does, with the client's
         FIFOs or terminal as its stdio; ``{exec_id, pid}`` once it runs. Raises InvalidArgument,
         NotFound, FailedPrecondition (not running; the program cannot be run)."""
@@ -537,7 +543,7 @@ class TaskSet:
             try:
                 leader = await runtime.exec_process(ExecSpec(
                     task_id, exec_id, tuple(args), task.env, task.cwd, p.pid, cgroup, stdio.stdout, stdio.stderr,
-                    task.confinement, stdin=stdio.stdin, terminal=stdio.terminal,
+                    task.exec_confinement(rlimits), stdin=stdio.stdin, terminal=stdio.terminal,
                     console_socket=stdio.console_socket, console_size=stdio.console_size))
             except NamespaceNotFound as exc:
                 if os.path.dirname(exc.path) == f"/proc/{p.pid}/ns":

@@ -1,4 +1,4 @@
-"""Task.Create's process confinement (protocol.md 7.3: ``user``, ``capabilities``,
+"""Task.Create's process confinement (protocol.md 7.3: ``user``, ``capabilities``, ``rlimits``,
 ``no_new_privileges``, ``seccomp``), applied by every runtime handler and checked in the
 kernel's own words: /proc/PID/status, and what a probe in the task may or may not do."""
 
@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import errno
 import os
+import resource
 import shutil
 import subprocess
 
@@ -323,3 +324,58 @@ async def test_a_privileged_task_of_a_privileged_pod_opens_the_hosts_devices(shi
     lines = await pod.output("probe", "for d in " + " ".join(EXTRA_DEVICES) + "; do "
                              "(: < $d) && echo opened $d; done 2>&1", privileged=True, capabilities=every_capability)
     assert lines == [f"opened {path}" for path in EXTRA_DEVICES]
+
+
+# -- rlimits: set on the task and its execs, for every handler -----------------------------------
+
+UNLIMITED = 2**64 - 1
+LIMIT_NAMES = {"RLIMIT_NOFILE": "Max open files", "RLIMIT_CORE": "Max core file size"}
+
+
+def limits(text: str) -> dict[str, tuple[str, str]]:
+    """/proc/PID/limits: limit name -> (soft, hard) in its own words ("unlimited" or a number)."""
+    return {line[:26].strip(): tuple(line[26:].split()[:2]) for line in text.splitlines()[1:]}  # type: ignore[misc]
+
+
+def shown(soft: int, hard: int) -> tuple[str, str]:
+    return tuple("unlimited" if v == UNLIMITED else str(v) for v in (soft, hard))  # type: ignore[return-value]
+
+
+async def test_rlimits_are_set_on_the_task_and_on_its_execs_which_may_say_their_own(pod):
+    own_nofile = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    wanted = [{"type": "RLIMIT_NOFILE", "soft": 256, "hard": 1024}, {"type": "RLIMIT_CORE", "soft": 4096, "hard": 8192}]
+    pid = await pod.start("app", BUSYBOX, "sleep", "30", rlimits=wanted)
+    with open(f"/proc/{pid}/limits") as f:
+        task = limits(f.read())
+    exec_ = limits((await pod.call("Exec", task_id="app", args=[BUSYBOX, "cat", "/proc/self/limits"]))["stdout"].decode())
+    for seen in (task, exec_):
+        assert seen[LIMIT_NAMES["RLIMIT_NOFILE"]] == shown(256, 1024) != shown(own_nofile, own_nofile)
+        assert seen[LIMIT_NAMES["RLIMIT_CORE"]] == shown(4096, 8192)
+    own = [{"type": "RLIMIT_NOFILE", "soft": 64, "hard": 1024}]
+    result = await pod.call("Exec", task_id="app", args=[BUSYBOX, "cat", "/proc/self/limits"], rlimits=own)
+    assert limits(result["stdout"].decode())[LIMIT_NAMES["RLIMIT_NOFILE"]] == shown(64, 1024)
+
+
+@pytest.mark.parametrize(("rlimits", "words"), [
+    ([{"type": "RLIMIT_NOSUCH", "soft": 1, "hard": 1}], r"'rlimits\[0\]\.type' must be one of"),
+    ([{"type": "RLIMIT_NOFILE", "soft": 2048, "hard": 1024}], "soft limit 2048 is above its hard limit 1024"),
+    ([{"type": "RLIMIT_CORE", "soft": 0, "hard": 0}, {"type": "RLIMIT_CORE", "soft": 1, "hard": 1}],
+     "RLIMIT_CORE is given twice"),
+    ([{"type": "RLIMIT_NOFILE", "soft": -1, "hard": 1024}], r"'rlimits\[0\]\.soft' must be an integer"),
+    ({"RLIMIT_NOFILE": 1024}, "'rlimits' must be an array"),
+])
+async def test_a_malformed_rlimit_is_refused_naming_it(pod, rlimits, words):
+    with pytest.raises(InvalidArgument, match=words):
+        await pod.create("app", BUSYBOX, "true", rlimits=rlimits)
+
+
+async def test_a_hard_limit_above_the_shims_own_is_refused_not_lowered(pod):
+    if caps.current("CapEff") & caps.mask(["CAP_SYS_RESOURCE"]):
+        pytest.skip("the shim may raise its hard limits here (it holds CAP_SYS_RESOURCE)")
+    own = resource.getrlimit(resource.RLIMIT_NOFILE)[1]  # the shim's: it inherits the test's
+    with pytest.raises(FailedPrecondition, match=f"RLIMIT_NOFILE's hard limit {own + 1} cannot be given"):
+        await pod.create("app", BUSYBOX, "true", rlimits=[{"type": "RLIMIT_NOFILE", "soft": 1024, "hard": own + 1}])
+    await pod.start("app", BUSYBOX, "sleep", "30")
+    with pytest.raises(FailedPrecondition, match="RLIMIT_NOFILE's hard limit"):
+        await pod.call("Exec", task_id="app", args=[BUSYBOX, "true"],
+                       rlimits=[{"type": "RLIMIT_NOFILE", "soft": 1024, "hard": own + 1}])

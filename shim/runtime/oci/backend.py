@@ -21,7 +21,7 @@ from shim.lib.idmaps import IdMap, UserNamespace
 from shim.rpc.status import FailedPrecondition, Internal, InvalidArgument, RpcError
 from shim.runtime import pause, process
 from shim.runtime.base import ExecSpec, Runtime, TaskSpec
-from shim.runtime.confine import Confinement
+from shim.runtime.confine import Confinement, oci_rlimits
 from shim.runtime.mounts import BindMount, host_devices
 from shim.runtime.oci.cli import CREATE_TIMEOUT, Container, OciCli
 from shim.runtime.oci.host import cgroups_path
@@ -249,7 +249,8 @@ class OciBackend(Runtime):
                            f"{exc}") from None
         # Removed when the exec has started or failed, so the bundle is as the task left it.
         files = os.path.join(container.bundle, f"exec-{spec.exec_id}")
-        exec_process = {**task_process, "args": list(spec.args), "terminal": bool(spec.console_socket)}
+        exec_process = {**task_process, "args": list(spec.args), "terminal": bool(spec.console_socket),
+                        "rlimits": oci_rlimits(spec.confinement)}  # the task's, or the exec's own
         if spec.console_socket:
             exec_process["consoleSize"] = {"width": spec.console_size[0], "height": spec.console_size[1]}
         write_json_atomic(files + ".json", exec_process, durable=False)

@@ -15,7 +15,7 @@ from shim.kernel.devices import DEFAULT_RULES, DeviceRules, pod_rules
 from shim.lib.idmaps import UserNamespace
 from shim.rpc.status import InvalidArgument
 from shim.runtime import pause, process
-from shim.runtime.confine import Confinement
+from shim.runtime.confine import Confinement, oci_rlimits
 from shim.runtime.hooks import Hook, oci_hooks
 from shim.runtime.mounts import MASKED_PATHS, READONLY_PATHS, HostDevice, TaskMount
 
@@ -91,7 +91,7 @@ def _document(container_type: str, sandbox_id: str, process_doc: dict[str, Any],
 def _process(args: list[str], env: list[str], cwd: str, *, confinement: Confinement,
              oom_score_adj: int | None) -> dict[str, Any]:
     """process: the confinement's user, capabilities (bounding, effective, permitted; no
-    inheritable or ambient, as containerd) and noNewPrivileges."""
+    inheritable or ambient, as containerd), noNewPrivileges and rlimits."""
     caps = list(confinement.capabilities)
     user: dict[str, Any] = {"uid": confinement.uid, "gid": confinement.gid}
     if confinement.additional_gids:
@@ -105,6 +105,8 @@ def _process(args: list[str], env: list[str], cwd: str, *, confinement: Confinem
         "capabilities": {"bounding": caps, "effective": list(caps), "permitted": list(caps)},
         "noNewPrivileges": confinement.no_new_privileges,
     }
+    if confinement.rlimits:
+        doc["rlimits"] = oci_rlimits(confinement)
     if oom_score_adj is not None:
         doc["oomScoreAdj"] = oom_score_adj
     return doc
