@@ -385,17 +385,18 @@ class TaskV3:
 
     async def _exec_start(self, ctx: CallContext, ids: dict[str, str], ex: Exec) -> dict[str, Any]:
         """Run the exec with containerd's FIFOs (shim.containerd.stdio); ``{exec_id, pid}``."""
+        call: dict[str, Any] = {**ids, "args": ex.args}
         if ex.rlimits is not None:
-            ids = {**ids, "rlimits": ex.rlimits}
+            call["rlimits"] = ex.rlimits
         if not ex.terminal:
             if ex.stdin:
                 ex.hold = execstream.hold_fifo(ex.stdin, "stdin")
-            return await self.tasks.exec_start(ctx, {**ids, "args": ex.args, "stdin": ex.stdin or None,
+            return await self.tasks.exec_start(ctx, {**call, "stdin": ex.stdin or None,
                                                      "stdout": ex.stdout or None, "stderr": ex.stderr or None})
         ex.console = ExecTerminal()
         self.consoles += 1
         path = ex.console.listen(os.path.join(self.service.sandbox.config.bundle, f"exec-{self.consoles}.console"))
-        started = await self.tasks.exec_start(ctx, {**ids, "args": ex.args, "console_socket": path})
+        started = await self.tasks.exec_start(ctx, {**call, "console_socket": path})
         try:
             await ex.console.attach(ex.stdin, ex.stdout)
         except BaseException:
