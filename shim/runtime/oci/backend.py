@@ -239,6 +239,13 @@ class OciBackend(Runtime):
         if spec.terminal:
             raise FailedPrecondition(f"an exec on a terminal of the client's is not supported with {self.cli.name}, "
                                      "which makes the terminal itself: give console_socket instead")
+        nofile = next((limit for limit in spec.confinement.rlimits if limit.type == "RLIMIT_NOFILE"), None)
+        if self.cli.name == "runc" and nofile is not None and nofile.soft < nofile.hard:
+            # runc sets an exec's limits from outside while the exec's runc init, a Go program,
+            # raises its own RLIMIT_NOFILE soft limit to the hard one: either may come last.
+            raise FailedPrecondition(f"an exec's RLIMIT_NOFILE soft limit {nofile.soft} below its hard limit "
+                                     f"{nofile.hard} is not applied reliably by runc (it may become {nofile.hard}): "
+                                     "use the crun or native handler, or equal limits")
         container = self.containers.get(self.task_container(spec.task_id).container_id)
         if container is None:
             raise FailedPrecondition(f"task {spec.task_id} has no {self.cli.name} container")
