@@ -96,7 +96,7 @@ class SandboxOptions(Record):
 
     __slots__ = ("hostname", "labels", "annotations", "cgroup_parent", "sysctls", "network_mode", "pid_mode",
                  "ipc_mode", "oom_score_adj", "pause_binary", "runtime_handler", "pause_confinement", "pause_image",
-                 "privileged", "userns", "cgroup_driver")
+                 "privileged", "userns", "cgroup_driver", "resources")
     hostname: str | None
     labels: dict[str, str]
     annotations: dict[str, str]
@@ -113,6 +113,9 @@ class SandboxOptions(Record):
     privileged: bool  # linux.security_context.privileged: the pod's device cgroup allows every device
     userns: UserNamespace | None  # namespace_options.userns_options (mode POD): the pod's user namespace
     cgroup_driver: str  # linux.cgroup_driver: who makes the pod's cgroup, "cgroupfs" (the shim) or "systemd"
+    #: linux.resources: the pod's own resources (UpdateSandbox's keys), its cgroup's from its start
+    #: (under the systemd driver its scope's properties from StartTransientUnit on)
+    resources: dict[str, Any]
 
     def __init__(self, hostname: str | None = None, labels: dict[str, str] | None = None,
                  annotations: dict[str, str] | None = None, cgroup_parent: str | None = None,
@@ -120,7 +123,8 @@ class SandboxOptions(Record):
                  ipc_mode: str = "POD", oom_score_adj: int = -998, pause_binary: str | None = None,
                  runtime_handler: str = NATIVE, pause_confinement: Confinement | None = None,
                  pause_image: PauseImage | None = None, privileged: bool = False,
-                 userns: UserNamespace | None = None, cgroup_driver: str = "cgroupfs") -> None:
+                 userns: UserNamespace | None = None, cgroup_driver: str = "cgroupfs",
+                 resources: dict[str, Any] | None = None) -> None:
         _set(self, "hostname", hostname)
         _set(self, "labels", {} if labels is None else labels)
         _set(self, "annotations", {} if annotations is None else annotations)
@@ -137,6 +141,7 @@ class SandboxOptions(Record):
         _set(self, "privileged", privileged)
         _set(self, "userns", userns)
         _set(self, "cgroup_driver", cgroup_driver)
+        _set(self, "resources", {} if resources is None else resources)
 
     @property
     def host_network(self) -> bool:
@@ -172,6 +177,7 @@ class SandboxOptions(Record):
             check_parent(cgroup_parent, cgroup_driver)
         except InvalidArgument as exc:
             raise InvalidArgument(f"linux.cgroup_parent: {exc.message}") from None
+        resources = _pod_resources(optional(linux, "resources", dict, {}))
         security = optional(linux, "security_context", dict, {})
         ns_opts = optional(security, "namespace_options", dict, {})
         privileged = optional(security, "privileged", bool, False)
@@ -218,7 +224,23 @@ class SandboxOptions(Record):
             privileged=privileged,
             userns=_userns(ns_opts.get("userns_options")),
             cgroup_driver=cgroup_driver,
+            resources=resources,
         )
+
+
+def _pod_resources(resources: dict[str, Any]) -> dict[str, Any]:
+    """``linux.resources``: UpdateSandbox's keys, each set (a None is dropped: "as it is"); their
+    values are checked where they are written (the sandbox's cgroup, at Start)."""
+    from shim.kernel.cgroups import UPDATE_KEYS
+
+    for key in resources:
+        if key == "oom_score_adj":
+            raise InvalidArgument("linux.resources.oom_score_adj: it is a process's, not a cgroup's: "
+                                  "linux.oom_score_adj sets the pause's")
+        if key not in UPDATE_KEYS:
+            raise InvalidArgument(f"linux.resources.{key} is not a resource (known: "
+                                  f"{', '.join(k for k in UPDATE_KEYS if k != 'oom_score_adj')})")
+    return {key: value for key, value in resources.items() if value is not None}
 
 
 def _userns(options: Any) -> UserNamespace | None:

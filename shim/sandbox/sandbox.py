@@ -370,10 +370,10 @@ class Sandbox:
             # Without a parent of the caller's, sandboxes of different namespaces may share an
             # id: the default parent names the namespace (podshim/<namespace>/<id>).
             if opts.cgroup_driver == systemd.SYSTEMD:
-                # One D-Bus round trip and a job, on the loop: the shim serves this sandbox alone.
-                cg = cgroups.SandboxCgroup.create_scope(
+                # The pod's resources are the scope's properties from its start (and in its files).
+                cg = await cgroups.SandboxCgroup.create_scope(
                     self.config.sandbox_id, opts.cgroup_parent or systemd.DEFAULT_SLICE,
-                    systemd.scope_name(self.config.namespace, self.config.sandbox_id))
+                    systemd.scope_name(self.config.namespace, self.config.sandbox_id), opts.resources)
             else:
                 parent = opts.cgroup_parent or f"{cgroups.DEFAULT_PARENT}/{self.config.namespace}"
                 cg = cgroups.SandboxCgroup.create(self.config.sandbox_id, parent)
@@ -400,6 +400,8 @@ class Sandbox:
             )
             assert self.runtime is not None  # chosen by Create
             try:
+                if opts.resources and not cg.unit:
+                    cg.update(opts.resources)
                 rules = devices.pod_rules(opts.privileged)
                 devices.apply(cg, rules)  # for every handler, before the pause is in the cgroup
                 self.device_rules = rules
@@ -547,7 +549,7 @@ class Sandbox:
                     data["details"]["network"] = network
         return {"timestamp": time.time_ns(), "sandbox_id": self.config.sandbox_id, "data": data}
 
-    def update(self, sandbox_id: str, resources: Any) -> None:
+    async def update(self, sandbox_id: str, resources: Any) -> None:
         """UpdateSandbox: apply ``resources`` (Task Update's keys but ``oom_score_adj``) to the
         sandbox's cgroup, which holds the pause and every task (see :meth:`SandboxCgroup.update`:
         a key that cannot be applied is InvalidArgument naming it, and nothing is changed)."""
@@ -558,7 +560,7 @@ class Sandbox:
             raise InvalidArgument("resources.oom_score_adj cannot be applied to a sandbox: it is a process's, not a "
                                   "cgroup's; Update sets each task's")
         assert self.cgroup is not None  # a running sandbox has one
-        self.cgroup.update(resources)
+        await self.cgroup.aupdate(resources)
         log.info("sandbox resources updated: %s", ", ".join(f"{k}={v}" for k, v in sorted(resources.items())))
 
     def platform(self, sandbox_id: str) -> dict[str, str]:

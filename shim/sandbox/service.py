@@ -95,7 +95,7 @@ class SandboxService:
         return {"metrics": self.sandbox.metrics(self._sandbox_id(ctx, p), details=optional(p, "details", bool, False))}
 
     async def update(self, ctx: CallContext, p: dict[str, Any]) -> dict[str, Any]:
-        self.sandbox.update(self._sandbox_id(ctx, p), p.get("resources"))  # checked after the sandbox's state
+        await self.sandbox.update(self._sandbox_id(ctx, p), p.get("resources"))  # checked after the sandbox's state
         return {}
 
     async def subscribe(self, ctx: CallContext, p: dict[str, Any], stream: ServerStream) -> None:

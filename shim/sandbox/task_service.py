@@ -139,7 +139,7 @@ class TaskService:
 
     async def update(self, ctx: CallContext, p: dict[str, Any]) -> dict[str, Any]:
         sid, tid = self._ids(ctx, p)
-        self.tasks.update(sid, tid, require(p, "resources", dict))
+        await self.tasks.update(sid, tid, require(p, "resources", dict))
         return {}
 
     async def reopen_log(self, ctx: CallContext, p: dict[str, Any]) -> dict[str, Any]:

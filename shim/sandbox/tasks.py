@@ -363,7 +363,7 @@ class TaskSet:
                     devices.widen(self.sandbox.cgroup, [given.rule for given in task.devices])
                     self.sandbox.device_rules = None  # tasks made from now on start with more: they set theirs
                 devices.apply(task.cgroup, rules, inherited=self.sandbox.device_rules)
-                task.cgroup.update(task.resources)
+                await task.cgroup.aupdate(task.resources)
                 try:
                     crilog = CriLog(task.log_path)
                 except OSError as exc:
@@ -636,14 +636,14 @@ class TaskSet:
             data["details"] = {**task.cgroup.details(), **task.cgroup.process_counts()}
         return {"timestamp": time.time_ns(), "data": data}
 
-    def update(self, sandbox_id: str, task_id: str, resources: dict[str, Any]) -> None:
+    async def update(self, sandbox_id: str, task_id: str, resources: dict[str, Any]) -> None:
         """Update: apply ``resources`` to the running task's cgroup (see
         :meth:`SandboxCgroup.update`). Raises InvalidArgument naming a key that cannot be applied
         (nothing is changed then), NotFound, FailedPrecondition (not running)."""
         task = self.get(sandbox_id, task_id)
         task.check(Op.UPDATE)
         assert task.cgroup is not None  # a running task has one
-        task.cgroup.update(resources)
+        await task.cgroup.aupdate(resources)
         log.info("task %s resources updated: %s", task_id, ", ".join(f"{k}={v}" for k, v in sorted(resources.items())))
 
     def reopen_log(self, sandbox_id: str, task_id: str) -> None:

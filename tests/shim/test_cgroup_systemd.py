@@ -1,15 +1,23 @@
 """The systemd cgroup driver's rules that need no systemd: slice names expanded as systemd expands
 them, unit names escaped, parents checked against the driver, resources as unit properties, and
-the sandbox options that ask for it. The driver itself, with systemd, runs in the cgroup v2 guest
+the sandbox options that ask for it; the bus, against a stand-in for systemd's manager on a private
+bus (the loop keeps serving while a unit's job runs). The driver itself, with systemd, runs in the cgroup v2 guest
 (tests/shim/test_kernel_cgroups.py and test_shim_task_ops.py, marker ``cgroupv2``)."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from shim.kernel.cgroups import systemd
-from shim.rpc.status import InvalidArgument
+from shim.rpc.status import FailedPrecondition, InvalidArgument
 from shim.sandbox.options import SandboxOptions
+
+from support.bustools import fake_systemd
+from support.proctools import LoopTicks
+
+__all__ = ["fake_systemd"]  # a fixture
 
 
 @pytest.mark.parametrize("name,path", [
@@ -79,3 +87,53 @@ def test_a_quota_is_rounded_up_to_ten_milliseconds_a_second_and_minus_one_is_inf
     infinity = (1 << 64) - 1
     assert dict(systemd.unit_properties({"cpu_quota_us": -1, "memory_limit_bytes": -1, "pids_limit": -1})) == {
         "CPUQuotaPerSecUSec": ("t", infinity), "MemoryMax": ("t", infinity), "TasksMax": ("t", infinity)}
+
+
+# -- the bus, against a stand-in for systemd on a private bus (tests/support/bustools.py) ---------------
+
+@pytest.fixture
+async def manager(fake_systemd):
+    """This loop's connection to the stand-in, closed after the test."""
+    yield await systemd.manager()
+    await systemd.close_manager()
+
+
+async def test_while_systemd_runs_a_units_job_the_event_loop_keeps_serving(fake_systemd, manager):
+    started = time.monotonic()
+    async with LoopTicks(0.01) as ticks:
+        await manager.start_scope("podshim-it-a.scope", "podshim.slice", 4242, [])  # its job ends 0.5 s on
+        await manager.stop_unit("podshim-it-a.scope")
+    waited = time.monotonic() - started
+    assert waited >= 2 * fake_systemd.job_delay
+    # A blocking call would let no tick through while the two jobs ran (a tick each 10 ms otherwise;
+    # a loaded machine gets fewer).
+    assert ticks.count >= 10
+
+
+async def test_a_scope_is_started_delegated_with_its_process_and_the_pods_resources_as_properties(
+        fake_systemd, manager):
+    await manager.start_scope("podshim-it-b.scope", "kubepods-pod1.slice", 4242,
+                              systemd.unit_properties({"memory_limit_bytes": 96 << 20, "cpu_shares": 512}))
+    (method, (unit, mode, properties, aux)), = [c for c in fake_systemd.calls if c[0] == "StartTransientUnit"]
+    assert (unit, mode, aux) == ("podshim-it-b.scope", "replace", [])
+    assert {name: value for name, (_, value) in properties} == {
+        "Description": "podshim sandbox podshim-it-b.scope", "Slice": "kubepods-pod1.slice", "Delegate": True,
+        "PIDs": [4242], "DefaultDependencies": False, "CollectMode": "inactive-or-failed",
+        "MemoryMax": 96 << 20, "CPUWeight": 20}
+
+
+async def test_stopping_a_unit_systemd_no_longer_has_is_done(fake_systemd, manager):
+    fake_systemd.missing.add("podshim-it-gone.scope")
+    await manager.stop_unit("podshim-it-gone.scope")
+    assert ("StopUnit", ("podshim-it-gone.scope", "replace")) in fake_systemd.calls
+
+
+def test_without_an_event_loop_a_unit_is_stopped_on_a_loop_of_its_own(fake_systemd):
+    systemd.stop_unit_blocking("podshim-it-c.scope")
+    assert [c for c in fake_systemd.calls if c[0] != "Subscribe"] == [("StopUnit", ("podshim-it-c.scope", "replace"))]
+
+
+async def test_a_system_bus_nobody_answers_on_is_failed_precondition(monkeypatch, tmp_path):
+    monkeypatch.setenv("DBUS_SYSTEM_BUS_ADDRESS", f"unix:path={tmp_path}/none")
+    with pytest.raises(FailedPrecondition, match="cannot reach the system bus"):
+        await systemd.manager()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import os
 import secrets
@@ -18,6 +17,8 @@ from shim.kernel.cgroups import V2, SandboxCgroup, discover_hierarchies, hierarc
 from shim.kernel.cgroups import resources as resources_module
 from shim.kernel.cgroups import sandbox as cgroup_sandbox
 from shim.rpc.status import AlreadyExists, FailedPrecondition, InvalidArgument
+
+from support.proctools import LoopTicks
 
 WAIT = 10.0  # seconds; a bound for the test, not a readiness sleep
 
@@ -493,21 +494,10 @@ def test_existing_child_is_refused(make_cgroup):
 async def test_aremove_waits_for_members_without_blocking_the_loop(make_cgroup, sleeper):
     cgroup = make_cgroup()
     cgroup.join(sleeper())
-    ticks = 0
-
-    async def ticker():
-        nonlocal ticks
-        while True:
-            ticks += 1
-            await asyncio.sleep(0)
-
-    running = asyncio.create_task(ticker())
-    with pytest.raises(FailedPrecondition, match="still has processes"):
-        await cgroup.aremove(timeout=0.05)
-    running.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await running
-    assert ticks > 10  # the loop kept running while aremove waited
+    async with LoopTicks() as ticks:
+        with pytest.raises(FailedPrecondition, match="still has processes"):
+            await cgroup.aremove(timeout=0.05)
+    assert ticks.count > 10  # the loop kept running while aremove waited
 
 
 def test_aremove_of_an_empty_cgroup_finishes_in_its_first_step(make_cgroup):
@@ -976,10 +966,14 @@ def test_on_pure_v2_a_sandbox_hands_its_tasks_controllers_keeps_its_pause_in_a_l
         "max", "max 50000")
 
 
-def _unit_state(unit: str) -> str:
-    out = subprocess.run(["systemctl", "show", "-p", "ActiveState", "--value", unit], capture_output=True, text=True,
+def _unit_property(unit: str, name: str) -> str:
+    out = subprocess.run(["systemctl", "show", "-p", name, "--value", unit], capture_output=True, text=True,
                          timeout=60)
     return out.stdout.strip()
+
+
+def _unit_state(unit: str) -> str:
+    return _unit_property(unit, "ActiveState")
 
 
 @pytest.fixture
@@ -992,10 +986,10 @@ def test_slice():
 
 
 @pytest.mark.cgroupv2
-def test_under_the_systemd_driver_a_sandbox_is_a_delegated_scope_in_its_expanded_slice_stopped_on_removal(
+async def test_under_the_systemd_driver_a_sandbox_is_a_delegated_scope_in_its_expanded_slice_stopped_on_removal(
         test_slice, sleeper):
     unit = cgroups.systemd.scope_name("it", _unique("sb"))
-    cgroup = SandboxCgroup.create_scope("sb", test_slice, unit)
+    cgroup = await SandboxCgroup.create_scope("sb", test_slice, unit, {"cpu_shares": 512})
     try:
         scope = cgroup.paths[V2]
         assert scope == "/sys/fs/cgroup" + cgroups.systemd.expand_slice(test_slice) + "/" + unit
@@ -1007,8 +1001,12 @@ def test_under_the_systemd_driver_a_sandbox_is_a_delegated_scope_in_its_expanded
         cgroup.release_placeholder()
         assert _read(os.path.join(scope, cgroups.PAUSE_LEAF, "cgroup.procs")) == str(pid)
         assert SandboxCgroup.from_dict(json.loads(json.dumps(cgroup.to_dict()))).unit == unit
+        # The resources it was made with are its properties from its start, and in its files.
+        assert (_unit_property(unit, "CPUWeight"), _read(os.path.join(scope, "cpu.weight"))) == ("20", "20")
         # What systemd owns is set on the unit as well as in the files.
-        cgroup.update({"memory_limit_bytes": 64 << 20, "pids_limit": 42})
+        with pytest.raises(RuntimeError, match="is updated with aupdate"):
+            cgroup.update({"pids_limit": 42})
+        await cgroup.aupdate({"memory_limit_bytes": 64 << 20, "pids_limit": 42})
         assert (_read(os.path.join(scope, "memory.max")), _read(os.path.join(scope, "pids.max"))) == (
             str(64 << 20), "42")
         shown = subprocess.run(["systemctl", "show", "-p", "MemoryMax", "-p", "TasksMax", unit], capture_output=True,
@@ -1018,7 +1016,8 @@ def test_under_the_systemd_driver_a_sandbox_is_a_delegated_scope_in_its_expanded
         assert os.path.dirname(task.paths[V2]) == scope and task.unit == ""
     finally:
         cgroup.kill_all()
-        cgroup.remove(timeout=10)
+        await cgroup.aremove(timeout=10)
+        await cgroups.systemd.close_manager()
     assert not os.path.exists(scope)
     assert _unit_state(unit) == "inactive"
 
@@ -1026,7 +1025,14 @@ def test_under_the_systemd_driver_a_sandbox_is_a_delegated_scope_in_its_expanded
 @pytest.mark.cgroupv2
 def test_a_scope_whose_placeholder_goes_before_any_process_came_leaves_nothing(test_slice):
     unit = cgroups.systemd.scope_name("it", _unique("sb"))
-    cgroup = SandboxCgroup.create_scope("sb", test_slice, unit)
+
+    async def create() -> SandboxCgroup:
+        try:
+            return await SandboxCgroup.create_scope("sb", test_slice, unit)
+        finally:
+            await cgroups.systemd.close_manager()
+
+    cgroup = asyncio.run(create())
     scope = cgroup.paths[V2]
-    cgroup.remove(timeout=10)
+    cgroup.remove(timeout=10)  # without an event loop: podshim delete's way
     assert not os.path.exists(scope) and _unit_state(unit) == "inactive"

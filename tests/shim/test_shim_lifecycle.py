@@ -108,6 +108,28 @@ async def test_update_writes_the_sandbox_cgroup_of_a_running_sandbox_only(shim):
         await shim.call("UpdateSandbox", resources={"cpu_shares": 512})
 
 
+async def test_a_sandbox_created_with_resources_has_them_in_its_cgroup_from_its_start(shim):
+    with pytest.raises(InvalidArgument, match=r"linux.resources.cpu_sharez is not a resource \(known: cpu_shares"):
+        await shim.call("CreateSandbox", options={"linux": {"resources": {"cpu_sharez": 512}}})
+    with pytest.raises(InvalidArgument, match="linux.resources.oom_score_adj: it is a process's"):
+        await shim.call("CreateSandbox", options={"linux": {"resources": {"oom_score_adj": 5}}})
+    await shim.call("CreateSandbox", options={"linux": {"resources": {"cpu_shares": 384, "pids_limit": None}}})
+    started = await shim.call("StartSandbox")
+    with open(f"/proc/{started['pid']}/cgroup") as f:
+        cpu = next(line.split(":", 2)[2].strip() for line in f if "cpu" in line.split(":")[1].split(","))
+    [mount] = [m for m in ("/sys/fs/cgroup/cpu,cpuacct", "/sys/fs/cgroup/cpu") if os.path.isdir(m)][:1]
+    with open(os.path.join(mount, cpu.lstrip("/"), "cpu.shares")) as f:
+        assert f.read().strip() == "384"
+
+
+async def test_a_sandbox_whose_resources_the_kernel_refuses_does_not_start_and_leaves_no_cgroup(shim):
+    await shim.call("CreateSandbox", options={"linux": {"resources": {"cpuset_cpus": "4095"}}})
+    with pytest.raises(InvalidArgument, match="resources.cpuset_cpus: the kernel refused '4095'"):
+        await shim.call("StartSandbox")
+    assert (await shim.call("SandboxStatus"))["state"] == "created"
+    assert not [key for key in await shim.info() if key.startswith("cgroup.")]  # removed, so no longer recorded
+
+
 async def test_status_of_a_stopped_sandbox(shim):
     await shim.run_sandbox()
     await shim.call("StopSandbox", timeout_secs=0)

@@ -201,13 +201,15 @@ async def test_under_the_systemd_driver_a_pod_is_a_scope_in_its_slice_its_task_l
     parent = f"{top}-burstable-pod{secrets.token_hex(4)}.slice"
     try:
         shim = await shims.start()
-        await shim.run_sandbox(options={"runtime_handler": handler,
-                                        "linux": {"cgroup_driver": "systemd", "cgroup_parent": parent}})
+        await shim.run_sandbox(options={"runtime_handler": handler, "linux": {
+            "cgroup_driver": "systemd", "cgroup_parent": parent, "resources": {"memory_limit_bytes": 256 << 20}}})
         info = await shim.info()
         unit = systemd.scope_name(shim.namespace, shim.sandbox_id)
         scope = info["cgroup.unified"]
         assert scope == f"/sys/fs/cgroup{systemd.expand_slice(parent)}/{unit}"
         assert _unit_property(unit, "ActiveState") == "active" and _unit_property(unit, "Delegate") == "yes"
+        # The pod's resources: the scope's properties from its start, and its files.
+        assert (_unit_property(unit, "MemoryMax"), read(os.path.join(scope, "memory.max"))) == (str(256 << 20),) * 2
         pod = Pod(shim, {"unified": scope}, str(tmp_path))
         await pod.run("app", "sleep", "600", resources={"cpu_quota_us": 25000, "cpu_period_us": 50000,
                                                         "memory_limit_bytes": 96 << 20})

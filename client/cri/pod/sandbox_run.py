@@ -87,11 +87,6 @@ class SandboxRun(PodServiceBase):
         async def start() -> None:
             with phase("StartSandbox"):
                 started.append(await self.controller.start(ns, pod_id))
-            # The pod's own resources, as UpdatePodSandboxResources writes them, before any container.
-            wanted = cfg.shim_pod_resources
-            if wanted:
-                with phase("UpdateSandbox"):
-                    await self.controller.update(ns, pod_id, wanted)
             failpoint("run:after-start")
 
         async def add_network() -> None:
@@ -122,6 +117,10 @@ class SandboxRun(PodServiceBase):
         options["linux"] = {**options["linux"], "pause_process": pause}
         if not cfg.cgroup_parent and self.cgroup_parent:
             options["linux"] = {**options["linux"], "cgroup_parent": self.cgroup_parent}
+        if cfg.shim_pod_resources:
+            # The pod's own resources, as UpdatePodSandboxResources writes them: the pod's cgroup's
+            # from its start (under the systemd driver its scope's properties from the first).
+            options["linux"] = {**options["linux"], "resources": cfg.shim_pod_resources}
         if self.cgroup_driver != "cgroupfs":
             options["linux"] = {**options["linux"], "cgroup_driver": self.cgroup_driver}
         if handler == NATIVE and self.pause_binary is not None:

@@ -179,11 +179,13 @@ class SandboxCgroup(Record):
         self.unit = unit
 
     @classmethod
-    def create_scope(cls, name: str, parent_slice: str, unit: str) -> SandboxCgroup:
+    async def create_scope(cls, name: str, parent_slice: str, unit: str,
+                           resources: Mapping[str, Any] | None = None) -> SandboxCgroup:
         """The systemd driver's cgroup: the transient scope ``unit`` in slice ``parent_slice``,
         delegated, its first process a placeholder (:func:`systemd.Placeholder`) kept in the
         scope's leaf for the sandbox's own processes until :meth:`release_placeholder`, and the
-        controllers the scope has handed to what is below it.
+        controllers the scope has handed to what is below it. ``resources`` (Update's keys,
+        already checked) are set as the unit's properties from its start, and in its files.
 
         Raises InvalidArgument (bad name, or a slice name systemd refuses), FailedPrecondition
         (a host with cgroup v1 controllers, systemd unreachable or refusing the scope); on error
@@ -200,7 +202,8 @@ class SandboxCgroup(Record):
         placeholder = systemd.Placeholder()
         _placeholders[unit] = placeholder
         try:
-            systemd.manager().start_scope(unit, parent_slice, placeholder.pid, [])
+            manager = await systemd.manager()
+            await manager.start_scope(unit, parent_slice, placeholder.pid, systemd.unit_properties(resources or {}))
             own = systemd.own_cgroup(placeholder.pid)
             directory = v2.directory(own)
             if directory is None or os.path.basename(own) != unit:
@@ -212,11 +215,13 @@ class SandboxCgroup(Record):
             cgroup.leaf = PAUSE_LEAF
             linux.write_file(os.path.join(directory, PAUSE_LEAF, "cgroup.procs"), b"%d" % placeholder.pid)
             _enable_controllers(directory, directory)
+            if resources:
+                cgroup.update(resources)
         except OSError as exc:
-            cgroup.remove()
+            await cgroup.aremove()
             raise error_from_oserror(exc, f"cannot set up the scope {unit}") from exc
         except BaseException:
-            cgroup.remove()
+            await cgroup.aremove()
             raise
         return cgroup
 
@@ -402,8 +407,22 @@ class SandboxCgroup(Record):
         refusal writes nothing; if the kernel then refuses a write, the files written before it
         get their old contents back. Raises InvalidArgument naming the key (unknown key, bad
         value, a controller or file this host does not have, a write the kernel refuses),
-        NotFound when the cgroup is gone, Internal for other errors.
+        NotFound when the cgroup is gone, Internal for other errors. A cgroup that is a systemd
+        unit's (:attr:`unit`) is updated with :meth:`aupdate`, which sets the unit's properties too.
         """
+        if self.unit:
+            raise RuntimeError(f"the cgroup of {self.unit} is updated with aupdate, which sets the unit's properties")
+        self._write_resources(resources)
+
+    async def aupdate(self, resources: Mapping[str, Any]) -> None:
+        """:meth:`update` for the event loop, and for a systemd unit's cgroup also the unit's
+        properties (what systemd owns: a ``daemon-reload`` would otherwise put back the old
+        values). FailedPrecondition when systemd refuses them."""
+        self._write_resources(resources)
+        if self.unit:
+            await (await systemd.manager()).set_properties(self.unit, systemd.unit_properties(resources))
+
+    def _write_resources(self, resources: Mapping[str, Any]) -> None:
         writes = planned_writes(resources, self.v1_paths(), self.paths.get(V2), self.pids)
         done: list[tuple[str, str, bytes]] = []  # key, path, old contents
         try:
@@ -432,9 +451,6 @@ class SandboxCgroup(Record):
                 except OSError as exc:
                     log.error("cannot put back %s after a failed update: %s", path, exc.strerror)
             raise
-        if self.unit:
-            # What systemd owns is its unit's too: a daemon-reload would put back the old values.
-            systemd.manager().set_properties(self.unit, systemd.unit_properties(resources))
 
     def check(self, resources: Mapping[str, Any]) -> None:
         """Check ``resources`` as :meth:`update` would, writing nothing: InvalidArgument naming
@@ -503,18 +519,24 @@ class SandboxCgroup(Record):
     def remove(self, timeout: float = REMOVE_TIMEOUT) -> None:
         """Remove the sandbox directories (deepest first), then :attr:`owned_parents` that are empty,
         unless a hold of them made by this process or its template still stands (:func:`_parents_held`:
-        whoever removes the hold prunes them).
+        whoever removes the hold prunes them); a systemd unit's cgroup (:attr:`unit`): what is
+        below the scope, then the unit stopped.
 
         Idempotent: missing directories are fine. rmdir fails with EBUSY while killed tasks
         are still leaving the group, so that is retried for up to ``timeout`` seconds (this
-        blocks; from the event loop use :meth:`aremove`). Raises FailedPrecondition when
-        processes remain, the OS error's status for other errors.
+        blocks, and a unit is stopped on a loop of its own: from the event loop use
+        :meth:`aremove`). Raises FailedPrecondition when processes remain, the OS error's status
+        for other errors.
         """
-        for delay in self._removal(timeout):
-            time.sleep(delay)
+        for step in self._removal(timeout):
+            if isinstance(step, str):
+                systemd.stop_unit_blocking(step)
+            else:
+                time.sleep(step)
 
     async def aremove(self, timeout: float = REMOVE_TIMEOUT) -> None:
-        """:meth:`remove` for the event loop: it waits out EBUSY without blocking the loop.
+        """:meth:`remove` for the event loop: it waits out EBUSY and systemd's job without
+        blocking the loop.
 
         It runs to its end even when the caller is cancelled (shielded, and bounded by
         ``timeout``), and only then is the cancellation raised: a cancelled caller never leaves
@@ -522,10 +544,10 @@ class SandboxCgroup(Record):
         """
         steps = self._removal(timeout)
         try:
-            delay = next(steps)
+            step = next(steps)
         except StopIteration:
             return  # the usual case: all removed at once, without a task and a turn of the loop
-        removal = asyncio.ensure_future(_pausing(steps, delay))
+        removal = asyncio.ensure_future(_pausing(steps, step))
         cancelled: asyncio.CancelledError | None = None
         while not removal.done():
             try:
@@ -537,8 +559,9 @@ class SandboxCgroup(Record):
             raise cancelled
         removal.result()
 
-    def _removal(self, timeout: float) -> Iterator[float]:
-        """The removal, pausing by yielding how long to wait before the next rmdir attempt."""
+    def _removal(self, timeout: float) -> Iterator[float | str]:
+        """The removal, pausing by yielding how long to wait before the next rmdir attempt, or the
+        name of a unit for the caller to stop (and wait for) before it goes on."""
         deadline = time.monotonic() + timeout
         if self.unit:
             self.release_placeholder()
@@ -546,7 +569,7 @@ class SandboxCgroup(Record):
             for path in self.paths.values():
                 for directory in _subtree(path)[:0:-1]:
                     yield from _rmdir(directory, deadline)
-            systemd.manager().stop_unit(self.unit)
+            yield self.unit
             return
         for path in self.paths.values():
             try:
@@ -572,11 +595,18 @@ class SandboxCgroup(Record):
                     break
 
 
-async def _pausing(steps: Iterator[float], delay: float) -> None:
-    """Run the rest of a removal (SandboxCgroup._removal) that asked to wait ``delay`` seconds."""
-    await asyncio.sleep(delay)
-    for delay in steps:
-        await asyncio.sleep(delay)
+async def _pausing(steps: Iterator[float | str], step: float | str) -> None:
+    """Run the rest of a removal (SandboxCgroup._removal) from its step ``step``: a wait, or a unit
+    to stop."""
+    while True:
+        if isinstance(step, str):
+            await (await systemd.manager()).stop_unit(step)
+        else:
+            await asyncio.sleep(step)
+        try:
+            step = next(steps)
+        except StopIteration:
+            return
 
 
 def _base(hierarchy: Hierarchy, parent: str, pure_v2: bool) -> str:

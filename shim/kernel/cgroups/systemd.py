@@ -15,17 +15,20 @@ whose processes are all gone is stopped by systemd: a shim killed at any step le
 behind; one that outlives its shim (the pause running) is stopped by ``podshim delete``
 (:meth:`Manager.stop_unit`), which the record names.
 
-The bus is spoken with jeepney (its message core, and its blocking connection: one connection
-per process, opened at the first need, after any fork).
+The bus is spoken with jeepney under the caller's event loop (:class:`Manager`: jeepney's message
+core and its asyncio router, one connection per process and loop, opened at the first need, after
+any fork): a unit's job is awaited, never waited for with the loop blocked. A caller with no loop
+(``podshim delete``) runs the call on a loop of its own (:func:`stop_unit_blocking`).
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import os
 import re
 import signal
-import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -34,7 +37,8 @@ from shim.kernel.cgroups.resources import cpu_weight
 from shim.rpc.status import FailedPrecondition, InvalidArgument
 
 __all__ = ["CGROUPFS", "SYSTEMD", "DRIVERS", "DEFAULT_SLICE", "START_TIMEOUT", "Manager", "Placeholder",
-           "check_parent", "escape", "expand_slice", "is_slice_name", "manager", "scope_name", "unit_properties"]
+           "check_parent", "close_manager", "escape", "expand_slice", "is_slice_name", "manager", "scope_name", "stop_unit_blocking",
+           "unit_properties"]
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +52,14 @@ START_TIMEOUT = 30.0  # seconds systemd may take to start or stop a unit (a job)
 _UNIT_CHARS = re.compile(r"[A-Za-z0-9:_.\\-]+")
 _INFINITY = (1 << 64) - 1  # systemd's "infinity" for a uint64 property
 _SYSTEMD = ("org.freedesktop.systemd1", "/org/freedesktop/systemd1", "org.freedesktop.systemd1.Manager")
+
+
+def _job_removed_rule() -> Any:
+    from jeepney import MatchRule
+
+    # No sender in the rule: the bus delivers it from systemd's unique name (":1.1"), which the
+    # router's own filter would not match against the well-known one.
+    return MatchRule(type="signal", interface=_SYSTEMD[2], member="JobRemoved", path=_SYSTEMD[1])
 
 
 def escape(text: str) -> str:
@@ -187,59 +199,82 @@ class Placeholder:
 
 
 class Manager:
-    """systemd's manager over the system bus: transient units started, changed and stopped."""
+    """systemd's manager over the system bus, spoken from an event loop: transient units started,
+    changed and stopped, each call and each job awaited without blocking the loop (jeepney's
+    asyncio router: the message core is jeepney's, the socket the loop's)."""
 
-    def __init__(self) -> None:
-        from jeepney.io.blocking import open_dbus_connection
+    def __init__(self, connection: Any, router: Any) -> None:
+        self._connection = connection
+        self._router = router
+
+    @classmethod
+    async def open(cls) -> Manager:
+        """A connection to systemd, subscribed to its job signals. FailedPrecondition when the
+        system bus or systemd cannot be reached."""
+        from jeepney import message_bus
+        from jeepney.io.asyncio import DBusRouter, open_dbus_connection
 
         try:
-            self._conn = open_dbus_connection(bus="SYSTEM")
-        except (OSError, KeyError) as exc:
-            raise FailedPrecondition(f"the systemd cgroup driver cannot reach systemd on the system bus: {exc}") from None
-        self.pid = os.getpid()
-        self._call("Subscribe", "", ())  # JobRemoved is sent to subscribed clients only
-
-    def close(self) -> None:
-        self._conn.close()
-
-    def _call(self, method: str, signature: str, body: tuple[Any, ...], timeout: float = START_TIMEOUT) -> Any:
-        from jeepney import DBusAddress, DBusErrorResponse, new_method_call
-        from jeepney.io.blocking import unwrap_msg
-
-        name, path, interface = _SYSTEMD
-        message = new_method_call(DBusAddress(path, bus_name=name, interface=interface), method, signature, body)
+            connection = await asyncio.wait_for(open_dbus_connection(bus="SYSTEM"), START_TIMEOUT)
+        except (OSError, KeyError, EOFError, TimeoutError) as exc:
+            raise FailedPrecondition(f"the systemd cgroup driver cannot reach the system bus: {exc!r}") from None
+        router = DBusRouter(connection)
+        self = cls(connection, router)
         try:
-            return unwrap_msg(self._conn.send_and_get_reply(message, timeout=timeout))
+            # JobRemoved is sent to subscribed clients only, and by the bus to those matching it.
+            await self._send(message_bus.AddMatch(_job_removed_rule()))
+            await self._call("Subscribe", "", ())
+        except BaseException:
+            await self.close()
+            raise
+        return self
+
+    async def close(self) -> None:
+        """Stop the router's receiver and close the connection."""
+        with contextlib.suppress(Exception):
+            await self._router.__aexit__(None, None, None)
+        with contextlib.suppress(Exception):
+            await self._connection.close()
+
+    async def _send(self, message: Any, timeout: float = START_TIMEOUT) -> Any:
+        from jeepney import DBusErrorResponse
+        from jeepney.io.asyncio import RouterClosed
+        from jeepney.wrappers import unwrap_msg
+
+        try:
+            reply = await asyncio.wait_for(self._router.send_and_get_reply(message), timeout)
+            return unwrap_msg(reply)
         except DBusErrorResponse as exc:
             raise _UnitError(exc.name, " ".join(str(d) for d in exc.data)) from None
+        except TimeoutError:
+            raise FailedPrecondition(f"the system bus did not answer within {timeout:.0f} s") from None
+        except (RouterClosed, OSError, EOFError) as exc:
+            raise FailedPrecondition(f"the connection to systemd on the system bus broke: {exc!r}") from None
 
-    def _job(self, method: str, signature: str, body: tuple[Any, ...], unit: str, timeout: float) -> str:
-        """Call a Manager method that queues a job on ``unit`` and wait for the job's end: its result
-        ("done", "failed", ...)."""
-        from jeepney import MatchRule, message_bus
-        from jeepney.io.blocking import unwrap_msg
+    async def _call(self, method: str, signature: str, body: tuple[Any, ...], timeout: float = START_TIMEOUT) -> Any:
+        from jeepney import DBusAddress, new_method_call
 
         name, path, interface = _SYSTEMD
-        # No sender in the rule: the bus delivers it from systemd's unique name (":1.1"), which
-        # the connection's own filter would not match against the well-known one.
-        rule = MatchRule(type="signal", interface=interface, member="JobRemoved", path=path)
-        unwrap_msg(self._conn.send_and_get_reply(message_bus.AddMatch(rule), timeout=timeout))
-        try:
-            with self._conn.filter(rule, bufsize=256) as queue:
-                (job,) = self._call(method, signature, body, timeout)
-                deadline = time.monotonic() + timeout
-                while True:
-                    remaining = deadline - time.monotonic()
-                    if remaining <= 0:
-                        raise FailedPrecondition(f"systemd did not finish {method} of {unit} within {timeout:.0f} s")
-                    signal_body = self._conn.recv_until_filtered(queue, timeout=remaining).body
-                    if signal_body[1] == job:
-                        return str(signal_body[3])
-        finally:
-            unwrap_msg(self._conn.send_and_get_reply(message_bus.RemoveMatch(rule), timeout=timeout))
+        return await self._send(new_method_call(DBusAddress(path, bus_name=name, interface=interface), method,
+                                                signature, body), timeout)
 
-    def start_scope(self, unit: str, parent_slice: str, pid: int, properties: list[tuple[str, tuple[str, Any]]],
-                    timeout: float = START_TIMEOUT) -> None:
+    async def _job(self, method: str, signature: str, body: tuple[Any, ...], unit: str, timeout: float) -> str:
+        """Call a Manager method that queues a job on ``unit`` and wait for the job's end: its result
+        ("done", "failed", ...)."""
+        # Every JobRemoved of the system comes to the queue while this waits: it must not overflow.
+        with self._router.filter(_job_removed_rule(), queue=asyncio.Queue()) as queue:
+            (job,) = await self._call(method, signature, body, timeout)
+            try:
+                async with asyncio.timeout(timeout):
+                    while True:
+                        signal_body = (await queue.get()).body
+                        if signal_body[1] == job:
+                            return str(signal_body[3])
+            except TimeoutError:
+                raise FailedPrecondition(f"systemd did not finish {method} of {unit} within {timeout:.0f} s") from None
+
+    async def start_scope(self, unit: str, parent_slice: str, pid: int, properties: list[tuple[str, tuple[str, Any]]],
+                          timeout: float = START_TIMEOUT) -> None:
         """Start the transient scope ``unit`` in ``parent_slice`` with process ``pid``, delegated
         (the shim manages what is below it) and ``properties``; return once systemd has started
         it. FailedPrecondition when systemd refuses it or its job fails."""
@@ -247,26 +282,27 @@ class Manager:
                  ("Delegate", ("b", True)), ("PIDs", ("au", [pid])), ("DefaultDependencies", ("b", False)),
                  ("CollectMode", ("s", "inactive-or-failed")), *properties]
         try:
-            result = self._job("StartTransientUnit", "ssa(sv)a(sa(sv))", (unit, "replace", props, []), unit, timeout)
+            result = await self._job("StartTransientUnit", "ssa(sv)a(sa(sv))", (unit, "replace", props, []), unit,
+                                     timeout)
         except _UnitError as exc:
             raise FailedPrecondition(f"systemd refused the scope {unit} in {parent_slice}: {exc}") from None
         if result != "done":
             raise FailedPrecondition(f"systemd could not start the scope {unit} in {parent_slice}: its job {result}")
 
-    def set_properties(self, unit: str, properties: list[tuple[str, tuple[str, Any]]]) -> None:
+    async def set_properties(self, unit: str, properties: list[tuple[str, tuple[str, Any]]]) -> None:
         """Set ``properties`` on ``unit`` until it stops (runtime). FailedPrecondition when refused."""
         if not properties:
             return
         try:
-            self._call("SetUnitProperties", "sba(sv)", (unit, True, properties))
+            await self._call("SetUnitProperties", "sba(sv)", (unit, True, properties))
         except _UnitError as exc:
             raise FailedPrecondition(f"systemd refused the properties of {unit}: {exc}") from None
 
-    def stop_unit(self, unit: str, timeout: float = START_TIMEOUT) -> None:
+    async def stop_unit(self, unit: str, timeout: float = START_TIMEOUT) -> None:
         """Stop ``unit`` and wait for it; a unit already gone is fine. FailedPrecondition when
         systemd cannot stop it."""
         try:
-            result = self._job("StopUnit", "ss", (unit, "replace"), unit, timeout)
+            result = await self._job("StopUnit", "ss", (unit, "replace"), unit, timeout)
         except _UnitError as exc:
             if exc.name in ("org.freedesktop.systemd1.NoSuchUnit", "org.freedesktop.systemd1.LoadFailed"):
                 return
@@ -283,16 +319,44 @@ class _UnitError(Exception):
         self.name = name
 
 
-_manager: list[Manager] = []
+#: This process's connection to systemd on each event loop it used (the shim has one loop).
+_managers: dict[asyncio.AbstractEventLoop, tuple[int, Manager]] = {}
 
 
-def manager() -> Manager:
-    """This process's connection to systemd, opened at the first need (and again in a forked child)."""
-    if _manager and _manager[0].pid != os.getpid():
-        _manager.clear()  # the template's, inherited across fork: its socket is shared, never used
-    if not _manager:
-        _manager.append(Manager())
-    return _manager[0]
+async def manager() -> Manager:
+    """This process's connection to systemd on the running loop, opened at the first need (and
+    again in a forked child, or on another loop)."""
+    loop = asyncio.get_running_loop()
+    for other in [other for other, (pid, _) in _managers.items() if other.is_closed() or pid != os.getpid()]:
+        del _managers[other]  # a closed loop's, or the template's inherited across fork: never used
+    if loop not in _managers:
+        opened = await Manager.open()
+        if loop in _managers:  # another task of this loop opened one meanwhile
+            await opened.close()
+        else:
+            _managers[loop] = (os.getpid(), opened)
+    return _managers[loop][1]
+
+
+async def close_manager() -> None:
+    """Close this process's connection to systemd on the running loop, if one is open (the loop's
+    end: a connection left open is a socket the loop leaks)."""
+    entry = _managers.pop(asyncio.get_running_loop(), None)
+    if entry is not None:
+        await entry[1].close()
+
+
+def stop_unit_blocking(unit: str, timeout: float = START_TIMEOUT) -> None:
+    """:meth:`Manager.stop_unit` for a caller without an event loop (``podshim delete``): on a
+    loop and a connection of its own, closed after."""
+    async def stop() -> None:
+        own = await Manager.open()
+        try:
+            await own.stop_unit(unit, timeout)
+        finally:
+            await own.close()
+
+    asyncio.run(stop())
 
 
 def own_cgroup(pid: int) -> str:
