@@ -1,19 +1,21 @@
-"""The cgroupfs and the systemd cgroup driver side by side, through crictl, in one interleaved run.
+"""The cgroupfs and the systemd cgroup driver side by side, through crictl, in one interleaved run; the
+host's row beside the guest's.
 
     python bench/cgroup_drivers.py [--runs 10]
-    python -m tests.support.guest run -- python3 bench/cgroup_drivers.py   (on a host that is not pure v2)
 
-As root, on pure cgroup v2 under systemd (the guest of tests/support/guest.py). Two podshimds in one
+As root. On pure cgroup v2 under systemd (the guest of tests/support/guest.py): two podshimds in one
 throwaway network namespace (bench/cri_images.py), each its own bridge: one with
 ``cgroup_driver = "cgroupfs"``, one with ``cgroup_driver = "systemd"``, the tests' busybox pulled
 into each from the tests' registry there. Per run, for each daemon in turn (the order alternating):
 the crictl pod cycle (``runp`` → ``stopp`` → ``rmp``), then in a pod of its own a container with CPU
-and memory limits (``create`` + ``start``), then its removal. Prints a Markdown table of medians.
+and memory limits (``create`` + ``start``), then its removal. On a host that is not pure v2 (ours:
+hybrid), the same run of its one driver there (cgroupfs), then the whole run in the guest, booted
+for it: one Markdown table of medians, the host's column beside the guest's two.
 """
-
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import json
 import os
@@ -77,67 +79,112 @@ class Driver(TimedCrictl):
 
 
 def inside(args: argparse.Namespace) -> int:
+    from shim.kernel.cgroups.hierarchies import discover_hierarchies, pure_v2
+
     from support.critools import cri_tool
     from support.imagebuild import TestImages
     from support.registry import running_registry
 
+    names = DRIVERS if pure_v2(discover_hierarchies()) else DRIVERS[:1]  # systemd's needs pure v2
     crictl = cri_tool("crictl")
     janitor = Janitor()
     janitor.install()
     drivers: list[Driver] = []
     try:
         workdir = janitor.workdir("cgdrv-")
-        with running_registry() as registry:
+        with running_registry() as registry, contextlib.ExitStack() as daemons:
             ref = TestImages(registry, os.path.join(workdir, "images")).busybox.ref
             registries = f'[registries."{registry.host}"]\ninsecure = true\n'
-            directories = []
-            for n in range(len(DRIVERS)):
+            for n, driver in enumerate(names):
                 directory = tempfile.mkdtemp(prefix=f"psd{n}-", dir="/tmp")
                 janitor.add("remove podshimd's directory", subprocess.run, ["rm", "-rf", directory])
                 cni_conflist(directory, f"bench-cg{n}", f"10.23{5 + n}.0.0/16")
-                directories.append(directory)
-            with bench_podshimd(directories[0], crictl, janitor.failures,
-                                config=f'cgroup_driver = "cgroupfs"\n{registries}') as cgroupfs, \
-                    bench_podshimd(directories[1], crictl, janitor.failures,
-                                   config=f'cgroup_driver = "systemd"\n{registries}') as systemd:
-                for driver, daemon in zip(DRIVERS, (cgroupfs, systemd), strict=True):
-                    drivers.append(Driver(driver, crictl, daemon.endpoint, os.path.join(workdir, driver)))
-                    drivers[-1].crictl("pull", ref)
-                for driver in drivers:  # warm-up: the first pod starts the shim template, slow when emulated
-                    for attempt in range(WARM_UP_ATTEMPTS):
-                        try:
-                            driver.one(ref, -attempt)
-                            break
-                        except RuntimeError as exc:
-                            log(f"{driver.driver} warm-up {attempt + 1}: {exc}")
-                            driver.crictl("rmp", "-fa")
-                    driver.times = {step: [] for step in STEPS}
-                load_before = os.getloadavg()
-                for i in range(1, args.runs + 1):
-                    for driver in (drivers if i % 2 else drivers[::-1]):
-                        driver.one(ref, i)
-                    log(f"run {i}/{args.runs}: " + "; ".join(
-                        f"{d.driver} " + ", ".join(f"{d.times[s][-1] * 1000:.0f}" for s in STEPS) for d in drivers))
-                load_after = os.getloadavg()
+                daemon = daemons.enter_context(bench_podshimd(directory, crictl, janitor.failures,
+                                                              config=f'cgroup_driver = "{driver}"\n{registries}'))
+                drivers.append(Driver(driver, crictl, daemon.endpoint, os.path.join(workdir, driver)))
+                drivers[-1].crictl("pull", ref)
+            for driver in drivers:  # warm-up: the first pod starts the shim template, slow when emulated
+                for attempt in range(WARM_UP_ATTEMPTS):
+                    try:
+                        driver.one(ref, -attempt)
+                        break
+                    except RuntimeError as exc:
+                        log(f"{driver.driver} warm-up {attempt + 1}: {exc}")
+                        driver.crictl("rmp", "-fa")
+                driver.times = {step: [] for step in STEPS}
+            load_before = os.getloadavg()
+            for i in range(1, args.runs + 1):
+                for driver in (drivers if i % 2 else drivers[::-1]):
+                    driver.one(ref, i)
+                log(f"run {i}/{args.runs}: " + "; ".join(
+                    f"{d.driver} " + ", ".join(f"{d.times[s][-1] * 1000:.0f}" for s in STEPS) for d in drivers))
+            load_after = os.getloadavg()
     finally:
         janitor.run()
-
-    date = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
-    out = [f"cgroupfs vs systemd cgroup driver through crictl, {date}, {os.cpu_count()} CPUs, load average "
-           f"{load_before[0]:.2f} before / {load_after[0]:.2f} after; `python3 bench/cgroup_drivers.py "
-           f"--runs {args.runs}`", "", "| step | cgroupfs median | systemd median | systemd / cgroupfs |",
-           "|---|---|---|---|"]
-    for step in STEPS:
-        medians = [statistics.median(d.times[step]) * 1000 for d in drivers]
-        out.append(f"| {step} | {medians[0]:.0f} ms | {medians[1]:.0f} ms | {medians[1] / medians[0]:.2f}x |")
-    out += ["", f"Medians of {args.runs} interleaved runs; each step is its crictl commands from exec to exit."]
-    print("\n".join(out + janitor.problems()))
+    figures = {"cpus": os.cpu_count(), "load": [round(load_before[0], 2), round(load_after[0], 2)],
+               "medians": {d.driver: {step: statistics.median(d.times[step]) * 1000 for step in STEPS}
+                           for d in drivers},
+               "problems": janitor.problems()}
+    with open(args.figures, "w") as f:
+        json.dump(figures, f)
     return 0
 
 
+def in_guest(runs: int) -> dict:
+    """The figures of this bench run in the guest (booted for it, powered off after)."""
+    from support import guest
+
+    with guest.booted() as vm:
+        out = "/tmp/cgroup-drivers.json"
+        done = vm.run([f"{guest.GUEST_VENV}/bin/python", "bench/cgroup_drivers.py", "--runs", str(runs),
+                       "--figures", out], cwd=guest.GUEST_SRC, env={"PODSHIM_TEST_SLOWDOWN": guest.SLOWDOWN},
+                      timeout=7200)
+        if done.returncode != 0:
+            raise RuntimeError(f"the guest's run failed ({done.returncode}): {done.stderr.decode(errors='replace')[-3000:]}")
+        return json.loads(vm.run(["cat", out]).stdout)
+
+
+def table(columns: list[tuple[str, dict]], runs: int) -> str:
+    """The Markdown table of the medians: one column per (heading, figures, driver)."""
+    date = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    out = [f"cgroup drivers through crictl, {date}, medians of {runs} interleaved runs; "
+           f"`python3 bench/cgroup_drivers.py --runs {runs}`", ""]
+    for heading, figures in columns:
+        out.append(f"- {heading}: {figures['cpus']} CPUs, load average {figures['load'][0]:.2f} before / "
+                   f"{figures['load'][1]:.2f} after" + "".join(f"; {line}" for line in figures["problems"]))
+    cells = [(heading, driver, figures["medians"][driver]) for heading, figures in columns
+             for driver in figures["medians"]]
+    out += ["", "| step | " + " | ".join(f"{heading}, {driver}" for heading, driver, _ in cells) + " |",
+            "|---|" + "---|" * len(cells)]
+    for step in STEPS:
+        out.append(f"| {step} | " + " | ".join(f"{medians[step]:.0f} ms" for _, _, medians in cells) + " |")
+    out += ["", "Each step is its crictl commands from exec to exit; the guest is emulated (TCG): compare its "
+            "columns with each other, not with the host's."]
+    return "\n".join(out)
+
+
 def main(argv: list[str] | None = None) -> int:
+    from shim.kernel.cgroups.hierarchies import discover_hierarchies, pure_v2
+
     p = bench_parser(__doc__)
-    return netns_main(p, "cgdrv", inside, argv, runs_option(p, 10))
+    check = runs_option(p, 10)
+    p.add_argument("--figures", help="write the figures of this host's run as JSON there, and print no table")
+    argv = sys.argv[1:] if argv is None else argv
+    args, _ = p.parse_known_args(argv)
+    if args.figures:
+        return netns_main(p, "cgdrv", inside, argv, check)
+    with tempfile.TemporaryDirectory(prefix="cgdrv-figures-") as scratch:
+        figures = os.path.join(scratch, "host.json")
+        status = netns_main(p, "cgdrv", inside, [*argv, "--figures", figures], check)
+        if status != 0:
+            return status
+        with open(figures) as f:
+            host = json.load(f)
+    if pure_v2(discover_hierarchies()):
+        print(table([("this host (pure cgroup v2)", host)], args.runs))
+    else:
+        print(table([("host (hybrid)", host), ("guest (pure cgroup v2, emulated)", in_guest(args.runs))], args.runs))
+    return 0
 
 
 if __name__ == "__main__":

@@ -123,6 +123,12 @@ class Runtime(abc.ABC):
         its ``exit`` says so). A program that cannot be run is FailedPrecondition with the reason;
         a namespace file of a task that exited meanwhile is NotFound naming it."""
 
+    @property
+    def starts_units(self) -> bool:
+        """Whether the runtime starts the systemd scopes of the pause and the tasks itself (an OCI
+        runtime's systemd cgroup driver): the shim then names them (cgroupsPath) and makes none."""
+        return False
+
     def kill(self, pid: int, start_time: int, sig: int) -> bool:
         """Send ``sig`` to the process ``(pid, start_time)`` (the pause or a task's), if it is still
         that process; returns whether it was sent.

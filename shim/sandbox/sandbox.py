@@ -152,7 +152,7 @@ class Tasks(Protocol):
 
 
 def _open_runtime(handler: str, config: ShimConfig, reaper: Reaper, persist: Callable[[], None], *,
-                  image_pause: bool = False) -> Runtime:
+                  image_pause: bool = False, cgroup_driver: str = systemd.CGROUPFS) -> Runtime:
     """The runtime of ``handler`` (one of options.RUNTIME_HANDLERS). FailedPrecondition when it
     cannot run here (runc, crun or, unless the pause is a sandbox image's, the static catatonit
     missing): at CreateSandbox, before anything is made, not at StartSandbox."""
@@ -164,7 +164,7 @@ def _open_runtime(handler: str, config: ShimConfig, reaper: Reaper, persist: Cal
 
     return OciBackend.open(handler, namespace=config.namespace, sandbox_id=config.sandbox_id, bundle=config.bundle,
                            runtime_root=config.runtime_root, reaper=reaper, persist=persist,
-                           image_pause=image_pause)
+                           image_pause=image_pause, systemd_cgroup=cgroup_driver == systemd.SYSTEMD)
 
 
 class Sandbox:
@@ -282,7 +282,7 @@ class Sandbox:
 
         pause.validate_sysctls(opts.sysctls, host_network=opts.host_network, host_ipc=opts.ipc_mode == "NODE")
         self.runtime = _open_runtime(opts.runtime_handler, self.config, self.reaper, self.persist,
-                                     image_pause=opts.pause_image is not None)
+                                     image_pause=opts.pause_image is not None, cgroup_driver=opts.cgroup_driver)
         if opts.pause_confinement is not None:
             try:
                 self.runtime.check_confinement(opts.pause_confinement)
@@ -369,11 +369,15 @@ class Sandbox:
             # shim's own cgroup, so they cannot be recorded ahead).
             # Without a parent of the caller's, sandboxes of different namespaces may share an
             # id: the default parent names the namespace (podshim/<namespace>/<id>).
+            assert self.runtime is not None  # chosen by Create
             if opts.cgroup_driver == systemd.SYSTEMD:
-                # The pod's resources are the scope's properties from its start (and in its files).
-                cg = await cgroups.SandboxCgroup.create_scope(
-                    self.config.sandbox_id, opts.cgroup_parent or systemd.DEFAULT_SLICE,
-                    systemd.scope_name(self.config.namespace, self.config.sandbox_id), opts.resources)
+                # A slice of the pod's own, the pod's resources its properties from its start; the
+                # pause's scope in it, made here, or by an OCI runtime's systemd driver.
+                parent_slice = opts.cgroup_parent or systemd.DEFAULT_SLICE
+                cg = cgroups.SandboxCgroup.pod_slice(
+                    self.config.sandbox_id, parent_slice,
+                    systemd.pod_slice_name(parent_slice, self.config.namespace, self.config.sandbox_id),
+                    systemd.scope_name(self.config.namespace, self.config.sandbox_id))
             else:
                 parent = opts.cgroup_parent or f"{cgroups.DEFAULT_PARENT}/{self.config.namespace}"
                 cg = cgroups.SandboxCgroup.create(self.config.sandbox_id, parent)
@@ -398,12 +402,18 @@ class Sandbox:
                 cwd=image.cwd if image is not None else "/",
                 privileged=opts.privileged,
             )
-            assert self.runtime is not None  # chosen by Create
             try:
-                if opts.resources and not cg.unit:
+                if cg.is_slice:
+                    await cg.start_units(opts.resources, placeholder=not self.runtime.starts_units)
+                elif opts.resources:
                     cg.update(opts.resources)
                 rules = devices.pod_rules(opts.privileged)
-                devices.apply(cg, rules)  # for every handler, before the pause is in the cgroup
+                # For every handler, before the pause is in the cgroup; in a pod slice, to the
+                # pause's scope (the runtime's systemd driver applies them to a scope it starts).
+                if not cg.is_slice:
+                    devices.apply(cg, rules)
+                elif not self.runtime.starts_units:
+                    devices.apply(cgroups.SandboxCgroup(cg.name, cg.process_paths()), rules)
                 self.device_rules = rules
                 proc = await self.runtime.start_pause(spec)
                 cg.release_placeholder()  # the pause is in the scope now

@@ -31,7 +31,7 @@ from typing import Any
 from shim.api.identifiers import validate_identifier
 from shim.api.topics import TOPIC_TASK_EXIT
 from shim.kernel import devices, linux
-from shim.kernel.cgroups import SandboxCgroup, no_metrics
+from shim.kernel.cgroups import SandboxCgroup, no_metrics, systemd
 from shim.kernel.netns import NamespaceNotFound
 from shim.kernel.reaper import ExitInfo
 from shim.lib import console
@@ -354,16 +354,25 @@ class TaskSet:
             target_pid = self._target_pid(task) if task.pid_mode == TARGET else 0
             # The directories exist before they are recorded (their paths are only known
             # then); state.json has them before any process is in them.
-            task.cgroup = self.sandbox.cgroup.child(task_id)
+            pod_cgroup = self.sandbox.cgroup
+            # The systemd driver: a scope of the task's own in the pod's slice (recorded, then made).
+            task.cgroup = (pod_cgroup.task_scope(task_id, systemd.scope_name(self.sandbox.config.namespace, sandbox_id,
+                                                                              task_id))
+                           if pod_cgroup.is_slice else pod_cgroup.child(task_id))
             self._persist()
             rules = self._device_rules(task)
             try:
+                if task.cgroup.unit:
+                    # Made now with a placeholder in it, or by the OCI runtime's systemd driver with the init.
+                    await task.cgroup.start_units(placeholder=not runtime.starts_units)
                 if task.devices and not self.sandbox.options.privileged:
                     # The pod's cgroup is the parent of the task's, which may allow no more on v1.
-                    devices.widen(self.sandbox.cgroup, [given.rule for given in task.devices])
+                    devices.widen(pod_cgroup, [given.rule for given in task.devices])
                     self.sandbox.device_rules = None  # tasks made from now on start with more: they set theirs
-                devices.apply(task.cgroup, rules, inherited=self.sandbox.device_rules)
-                await task.cgroup.aupdate(task.resources)
+                if not runtime.starts_units:  # else the runtime's systemd driver applies both from the spec
+                    # A task's scope is beside the pause's, not below it: it inherits no rules.
+                    devices.apply(task.cgroup, rules, inherited=None if pod_cgroup.is_slice else self.sandbox.device_rules)
+                    await task.cgroup.aupdate(task.resources)
                 try:
                     crilog = CriLog(task.log_path)
                 except OSError as exc:
@@ -388,6 +397,7 @@ class TaskSet:
                         rootfs=task.rootfs, filesystem=task.filesystem, device_rules=rules,
                         devices=tuple(given.node for given in task.devices), hooks=task.hooks,
                         stdin=stdin.read_fd if stdin is not None and terminal is None else None, console=terminal))
+                    task.cgroup.release_placeholder()  # the task's process is in its scope now
                 except BaseException:
                     crilog.close()
                     if stdin is not None:

@@ -1,6 +1,6 @@
 """podshimd on pure cgroup v2 under the systemd cgroup driver, as kubelet drives it there (marker
 ``cgroupv2``: they run in the guest of tests/support/guest.py): RuntimeConfig says systemd, a pod given a
-kubelet slice is a scope systemd made in that slice's expansion, a container's limits are in its
+kubelet slice is a slice of its own in it and each container a scope systemd knows, a container's limits are in its
 v2 files and UpdateContainerResources changes them, an OOM kill is reported as OOMKilled, the
 container sees its own cgroup as its root, and nothing is left once the pod is removed."""
 
@@ -127,14 +127,15 @@ def test_runtime_config_answers_the_systemd_driver(image_daemon):
     assert answer.linux.cgroup_driver == api_pb2.CgroupDriver.SYSTEMD
 
 
-def test_a_pod_is_a_scope_in_its_slice_its_containers_limits_land_update_changes_them_and_nothing_is_left(pod):
+def test_a_pod_is_a_slice_its_containers_scopes_their_limits_land_update_changes_them_and_nothing_is_left(pod):
     container_id = pod.run(["sleep", "600"], {"cpu_period": 100000, "cpu_quota": 25000, "cpu_shares": 256,
                                                "memory_limit_in_bytes": 96 << 20})
     directory = v2_dir(pod.pid(container_id))
-    scope = os.path.dirname(directory)
-    unit = os.path.basename(scope)
-    assert scope == "/sys/fs/cgroup" + systemd.expand_slice(pod.parent) + "/" + unit
-    assert unit.endswith(".scope") and unit_property(unit, "ActiveState") == "active"
+    unit, pod_slice = os.path.basename(directory), os.path.basename(os.path.dirname(directory))
+    # The container: a scope systemd knows, in the pod's own slice in kubelet's pod slice.
+    assert os.path.dirname(directory) == "/sys/fs/cgroup" + systemd.expand_slice(pod_slice)
+    assert pod_slice.startswith(pod.parent[:-len(".slice")] + "-")
+    assert unit.endswith(f"-{container_id}.scope") and unit_property(unit, "ActiveState") == "active"
     assert {name: read(os.path.join(directory, name)) for name in ("cpu.max", "cpu.weight", "memory.max")} == {
         "cpu.max": "25000 100000", "cpu.weight": "10", "memory.max": str(96 << 20)}
     pod.runtime.UpdateContainerResources(api_pb2.UpdateContainerResourcesRequest(
@@ -142,8 +143,10 @@ def test_a_pod_is_a_scope_in_its_slice_its_containers_limits_land_update_changes
             cpu_period=100000, cpu_quota=50000, cpu_shares=512, memory_limit_in_bytes=64 << 20)))
     assert {name: read(os.path.join(directory, name)) for name in ("cpu.max", "cpu.weight", "memory.max")} == {
         "cpu.max": "50000 100000", "cpu.weight": "20", "memory.max": str(64 << 20)}
+    assert unit_property(unit, "MemoryMax") == str(64 << 20)
     pod.remove()
-    assert not os.path.exists(scope) and unit_property(unit, "ActiveState") == "inactive"
+    assert not os.path.exists(os.path.dirname(directory))
+    assert [unit_property(name, "ActiveState") for name in (unit, pod_slice)] == ["inactive"] * 2
 
 
 def test_a_container_sees_its_own_cgroup_as_its_root(pod):

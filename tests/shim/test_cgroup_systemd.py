@@ -10,8 +10,9 @@ import time
 
 import pytest
 
-from shim.kernel.cgroups import systemd
+from shim.kernel.cgroups import SandboxCgroup, systemd
 from shim.rpc.status import FailedPrecondition, InvalidArgument
+from shim.runtime.oci.host import systemd_cgroups_path
 from shim.sandbox.options import SandboxOptions
 
 from support.bustools import fake_systemd
@@ -42,6 +43,53 @@ def test_a_scope_name_escapes_what_would_read_as_nesting():
     assert systemd.scope_name("k8s.io", "ab12") == "podshim-k8s.io-ab12.scope"
     assert systemd.scope_name("my-ns", "pod-1") == "podshim-my\\x2dns-pod\\x2d1.scope"
     assert systemd.escape(".hidden") == "\\x2ehidden"
+
+
+def test_a_pod_has_a_slice_of_its_own_in_its_parent_and_its_pause_and_tasks_scopes_in_it_named_apart():
+    assert systemd.pod_slice_name("kubepods-burstable-pod12.slice", "k8s.io", "ab12") == \
+        "kubepods-burstable-pod12-podshim_k8s.io_ab12.slice"
+    assert systemd.pod_slice_name("-.slice", "a_b", "c") == "podshim_a\\x5fb_c.slice"  # "_" only between parts
+    assert systemd.expand_slice(systemd.pod_slice_name("podshim.slice", "default", "ab12")) == \
+        "/podshim.slice/podshim-podshim_default_ab12.slice"
+    assert systemd.scope_name("k8s.io", "ab12", "ctr-1") == "podshim-k8s.io-ab12-ctr\\x2d1.scope"
+
+
+def test_an_oci_runtime_is_given_its_scope_as_slice_prefix_and_name_as_containerd_gives_it():
+    pod_slice = "kubepods-pod12-podshim_k8s.io_ab12.slice"
+    for scope in (systemd.scope_name("k8s.io", "ab12"), systemd.scope_name("my-ns", "ab12", "ctr")):
+        path = systemd.runtime_cgroups_path(pod_slice, scope)
+        slice_name, prefix, name = path.split(":")
+        assert (slice_name, f"{prefix}-{name}.scope") == (pod_slice, scope)  # the unit runc and crun make
+    assert systemd.runtime_cgroups_path(pod_slice, "podshim-k8s.io-ab12-c1.scope") == \
+        f"{pod_slice}:podshim-k8s.io:ab12-c1"
+
+
+def test_a_pod_slices_resources_are_properties_and_one_systemd_has_none_for_is_refused_by_name():
+    assert dict(systemd.slice_properties({"cpu_shares": 512, "memory_limit_bytes": 1 << 30, "pids_limit": None})) == {
+        "CPUWeight": ("t", 20), "MemoryMax": ("t", 1 << 30)}
+    for resources, message in (
+            ({"hugepage_limits": {"2MB": 0}}, "resources.hugepage_limits cannot be applied to a pod under the systemd"),
+            ({"unified": {"memory.high": "1"}}, "resources.unified cannot be applied to a pod under the systemd"),
+            ({"memory_swap_limit_bytes": 1 << 30}, "memory \\+ swap needs a memory limit"),
+            ({"cpu_shares": "512"}, "resources.cpu_shares must be an integer >= -1"),
+            ({"cpuset_cpus": "0-x"}, "not CPU lists")):
+        with pytest.raises(InvalidArgument, match=message):
+            systemd.slice_properties(resources)
+
+
+def test_a_pod_slices_cgroup_record_names_its_units_and_a_malformed_one_is_refused():
+    record = {"name": "ab12", "paths": {"unified": "/sys/fs/cgroup/podshim.slice/podshim-podshim_default_ab12.slice"},
+              "leaf": "podshim-default-ab12.scope", "unit": "podshim-podshim_default_ab12.slice"}
+    cgroup = SandboxCgroup.from_dict(record)
+    assert cgroup.is_slice and cgroup.process_paths() == {
+        "unified": "/sys/fs/cgroup/podshim.slice/podshim-podshim_default_ab12.slice/podshim-default-ab12.scope"}
+    assert systemd_cgroups_path(cgroup) == "podshim-podshim_default_ab12.slice:podshim-default:ab12"
+    task = cgroup.task_scope("c1", systemd.scope_name("default", "ab12", "c1"))
+    assert systemd_cgroups_path(task) == "podshim-podshim_default_ab12.slice:podshim-default:ab12-c1"
+    with pytest.raises(InvalidArgument, match="malformed cgroup record: leaf"):
+        SandboxCgroup.from_dict({**record, "leaf": "../x.scope"})
+    with pytest.raises(InvalidArgument, match="malformed cgroup record: unit"):
+        SandboxCgroup.from_dict({**record, "unit": "x.service", "leaf": ""})
 
 
 def test_under_cgroupfs_a_slice_parent_is_refused_not_made_into_a_directory():
@@ -117,7 +165,7 @@ async def test_a_scope_is_started_delegated_with_its_process_and_the_pods_resour
     (method, (unit, mode, properties, aux)), = [c for c in fake_systemd.calls if c[0] == "StartTransientUnit"]
     assert (unit, mode, aux) == ("podshim-it-b.scope", "replace", [])
     assert {name: value for name, (_, value) in properties} == {
-        "Description": "podshim sandbox podshim-it-b.scope", "Slice": "kubepods-pod1.slice", "Delegate": True,
+        "Description": "podshim podshim-it-b.scope", "Slice": "kubepods-pod1.slice", "Delegate": True,
         "PIDs": [4242], "DefaultDependencies": False, "CollectMode": "inactive-or-failed",
         "MemoryMax": 96 << 20, "CPUWeight": 20}
 
@@ -137,3 +185,13 @@ async def test_a_system_bus_nobody_answers_on_is_failed_precondition(monkeypatch
     monkeypatch.setenv("DBUS_SYSTEM_BUS_ADDRESS", f"unix:path={tmp_path}/none")
     with pytest.raises(FailedPrecondition, match="cannot reach the system bus"):
         await systemd.manager()
+
+
+async def test_a_pod_slice_starts_with_its_resources_as_properties(fake_systemd, manager):
+    await manager.start_slice("kubepods-pod1-podshim_k8s.io_ab.slice", "kubepods-pod1.slice",
+                              systemd.slice_properties({"memory_limit_bytes": 1 << 30}))
+    (unit, _mode, properties, _aux), = [body for method, body in fake_systemd.calls if method == "StartTransientUnit"]
+    assert unit == "kubepods-pod1-podshim_k8s.io_ab.slice"
+    assert {name: value for name, (_, value) in properties} == {
+        "Description": "podshim kubepods-pod1-podshim_k8s.io_ab.slice", "Slice": "kubepods-pod1.slice",
+        "DefaultDependencies": False, "CollectMode": "inactive-or-failed", "MemoryMax": 1 << 30}

@@ -986,53 +986,59 @@ def test_slice():
 
 
 @pytest.mark.cgroupv2
-async def test_under_the_systemd_driver_a_sandbox_is_a_delegated_scope_in_its_expanded_slice_stopped_on_removal(
+async def test_under_the_systemd_driver_a_sandbox_is_a_slice_its_pause_and_tasks_scopes_stopped_on_removal(
         test_slice, sleeper):
-    unit = cgroups.systemd.scope_name("it", _unique("sb"))
-    cgroup = await SandboxCgroup.create_scope("sb", test_slice, unit, {"cpu_shares": 512})
+    pod_slice = cgroups.systemd.pod_slice_name(test_slice, "it", _unique("sb"))
+    pause_unit = cgroups.systemd.scope_name("it", "sb")
+    cgroup = SandboxCgroup.pod_slice("sb", test_slice, pod_slice, pause_unit)
+    directory = cgroup.paths[V2]
+    assert directory == "/sys/fs/cgroup" + cgroups.systemd.expand_slice(pod_slice)
+    assert SandboxCgroup.from_dict(json.loads(json.dumps(cgroup.to_dict()))).to_dict() == cgroup.to_dict()
+    task = cgroup.task_scope("task", cgroups.systemd.scope_name("it", "sb", "task"))
     try:
-        scope = cgroup.paths[V2]
-        assert scope == "/sys/fs/cgroup" + cgroups.systemd.expand_slice(test_slice) + "/" + unit
-        assert _unit_state(unit) == "active"
-        # Delegated: the scope hands its controllers down, its own processes in the leaf.
-        assert {"cpu", "memory", "pids"} <= set(_read(os.path.join(scope, "cgroup.subtree_control")).split())
+        await cgroup.start_units({"cpu_shares": 512, "memory_limit_bytes": 128 << 20})
+        # The pod's resources: the slice's properties from its start (systemd writes its files).
+        assert (_unit_property(pod_slice, "CPUWeight"), _read(os.path.join(directory, "cpu.weight"))) == ("20", "20")
+        assert _read(os.path.join(directory, "memory.max")) == str(128 << 20)
+        with pytest.raises(InvalidArgument, match="cannot be applied to a pod under the systemd cgroup driver"):
+            await cgroup.aupdate({"unified": {"memory.high": "1000000"}})
+        await cgroup.aupdate({"pids_limit": 99})
+        assert _unit_property(pod_slice, "TasksMax") == "99"
         pid = sleeper()
-        cgroup.join(pid)
+        cgroup.join(pid)  # into the pause's scope
         cgroup.release_placeholder()
-        assert _read(os.path.join(scope, cgroups.PAUSE_LEAF, "cgroup.procs")) == str(pid)
-        assert SandboxCgroup.from_dict(json.loads(json.dumps(cgroup.to_dict()))).unit == unit
-        # The resources it was made with are its properties from its start, and in its files.
-        assert (_unit_property(unit, "CPUWeight"), _read(os.path.join(scope, "cpu.weight"))) == ("20", "20")
-        # What systemd owns is set on the unit as well as in the files.
+        assert _read(os.path.join(directory, pause_unit, "cgroup.procs")) == str(pid)
+        assert _unit_property(pause_unit, "ActiveState") == "active"
+        await task.start_units()
+        assert _unit_property(task.unit, "ActiveState") == "active" and os.path.dirname(task.paths[V2]) == directory
+        # A task's scope: its files written, and what systemd owns set on the unit too.
         with pytest.raises(RuntimeError, match="is updated with aupdate"):
-            cgroup.update({"pids_limit": 42})
-        await cgroup.aupdate({"memory_limit_bytes": 64 << 20, "pids_limit": 42})
-        assert (_read(os.path.join(scope, "memory.max")), _read(os.path.join(scope, "pids.max"))) == (
+            task.update({"pids_limit": 42})
+        await task.aupdate({"memory_limit_bytes": 64 << 20, "pids_limit": 42})
+        assert (_read(os.path.join(task.paths[V2], "memory.max")), _read(os.path.join(task.paths[V2], "pids.max"))) == (
             str(64 << 20), "42")
-        shown = subprocess.run(["systemctl", "show", "-p", "MemoryMax", "-p", "TasksMax", unit], capture_output=True,
-                               text=True, timeout=60).stdout.split()
-        assert sorted(shown) == sorted([f"MemoryMax={64 << 20}", "TasksMax=42"])
-        task = cgroup.child("task")
-        assert os.path.dirname(task.paths[V2]) == scope and task.unit == ""
+        assert (_unit_property(task.unit, "MemoryMax"), _unit_property(task.unit, "TasksMax")) == (str(64 << 20), "42")
+        await task.aremove(timeout=10)  # its placeholder the only process: released, the scope stopped
+        assert _unit_state(task.unit) == "inactive" and not os.path.exists(task.paths[V2])
     finally:
         cgroup.kill_all()
         await cgroup.aremove(timeout=10)
         await cgroups.systemd.close_manager()
-    assert not os.path.exists(scope)
-    assert _unit_state(unit) == "inactive"
+    assert not os.path.exists(directory)
+    assert [_unit_state(unit) for unit in (pod_slice, pause_unit)] == ["inactive"] * 2
 
 
 @pytest.mark.cgroupv2
-def test_a_scope_whose_placeholder_goes_before_any_process_came_leaves_nothing(test_slice):
-    unit = cgroups.systemd.scope_name("it", _unique("sb"))
+def test_a_pod_slice_whose_placeholder_goes_before_any_process_came_leaves_nothing(test_slice):
+    pod_slice = cgroups.systemd.pod_slice_name(test_slice, "it", _unique("sb"))
+    cgroup = SandboxCgroup.pod_slice("sb", test_slice, pod_slice, cgroups.systemd.scope_name("it", "sb"))
 
-    async def create() -> SandboxCgroup:
+    async def start() -> None:
         try:
-            return await SandboxCgroup.create_scope("sb", test_slice, unit)
+            await cgroup.start_units()
         finally:
             await cgroups.systemd.close_manager()
 
-    cgroup = asyncio.run(create())
-    scope = cgroup.paths[V2]
+    asyncio.run(start())
     cgroup.remove(timeout=10)  # without an event loop: podshim delete's way
-    assert not os.path.exists(scope) and _unit_state(unit) == "inactive"
+    assert not os.path.exists(cgroup.paths[V2]) and _unit_state(pod_slice) == "inactive"

@@ -195,7 +195,7 @@ async def test_on_pure_cgroup_v2_a_task_created_with_resources_has_them_in_its_v
 
 @pytest.mark.cgroupv2
 @pytest.mark.parametrize("handler", HANDLERS)
-async def test_under_the_systemd_driver_a_pod_is_a_scope_in_its_slice_its_task_limited_and_nothing_is_left(
+async def test_under_the_systemd_driver_a_pod_is_a_slice_with_its_pause_and_each_task_a_scope_and_nothing_is_left(
         handler, shims: ShimLauncher, tmp_path):
     top = f"podshimtest{secrets.token_hex(4)}"
     parent = f"{top}-burstable-pod{secrets.token_hex(4)}.slice"
@@ -203,40 +203,56 @@ async def test_under_the_systemd_driver_a_pod_is_a_scope_in_its_slice_its_task_l
         shim = await shims.start()
         await shim.run_sandbox(options={"runtime_handler": handler, "linux": {
             "cgroup_driver": "systemd", "cgroup_parent": parent, "resources": {"memory_limit_bytes": 256 << 20}}})
-        info = await shim.info()
-        unit = systemd.scope_name(shim.namespace, shim.sandbox_id)
-        scope = info["cgroup.unified"]
-        assert scope == f"/sys/fs/cgroup{systemd.expand_slice(parent)}/{unit}"
-        assert _unit_property(unit, "ActiveState") == "active" and _unit_property(unit, "Delegate") == "yes"
-        # The pod's resources: the scope's properties from its start, and its files.
-        assert (_unit_property(unit, "MemoryMax"), read(os.path.join(scope, "memory.max"))) == (str(256 << 20),) * 2
-        pod = Pod(shim, {"unified": scope}, str(tmp_path))
+        pod_slice = systemd.pod_slice_name(parent, shim.namespace, shim.sandbox_id)
+        directory = (await shim.info())["cgroup.unified"]
+        assert directory == f"/sys/fs/cgroup{systemd.expand_slice(pod_slice)}"
+        # The pod's resources: its slice's properties from its start.
+        assert (_unit_property(pod_slice, "MemoryMax"), read(os.path.join(directory, "memory.max"))) == (
+            str(256 << 20),) * 2
+        # The pause, in a scope of its own that systemd knows (made by the shim, or by runc's or
+        # crun's systemd driver); its placeholder gone.
+        pause_unit = systemd.scope_name(shim.namespace, shim.sandbox_id)
+        assert _unit_property(pause_unit, "ActiveState") == "active"
+        assert len(read(os.path.join(directory, pause_unit, "cgroup.procs")).split()) == 1
+        pod = Pod(shim, {"unified": directory}, str(tmp_path))
         await pod.run("app", "sleep", "600", resources={"cpu_quota_us": 25000, "cpu_period_us": 50000,
                                                         "memory_limit_bytes": 96 << 20})
-        assert (read(os.path.join(scope, "app", "cpu.max")), read(os.path.join(scope, "app", "memory.max"))) == (
+        app_unit = systemd.scope_name(shim.namespace, shim.sandbox_id, "app")
+        app = os.path.join(directory, app_unit)
+        assert _unit_property(app_unit, "ActiveState") == "active"
+        assert (read(os.path.join(app, "cpu.max")), read(os.path.join(app, "memory.max"))) == (
             "25000 50000", str(96 << 20))
-        assert read(os.path.join(scope, ".pause", "cgroup.procs")) != ""  # the pause; the placeholder gone
-        assert len(read(os.path.join(scope, ".pause", "cgroup.procs")).split()) == 1
+        assert len(read(os.path.join(app, "cgroup.procs")).split()) == 1  # the task; no placeholder
+        await pod.call("Update", task_id="app", resources={"memory_limit_bytes": 64 << 20})
+        assert (_unit_property(app_unit, "MemoryMax"), read(os.path.join(app, "memory.max"))) == (str(64 << 20),) * 2
         assert await shims.end(shim) == []
-        assert not os.path.exists(scope) and _unit_property(unit, "ActiveState") == "inactive"
+        assert not os.path.exists(directory)
+        assert [_unit_property(unit, "ActiveState") for unit in (pod_slice, pause_unit, app_unit)] == ["inactive"] * 3
     finally:
         subprocess.run(["systemctl", "stop", f"{top}.slice"], capture_output=True, timeout=60)
 
 
 @pytest.mark.cgroupv2
-async def test_under_the_systemd_driver_a_killed_shims_scope_is_stopped_by_its_cleanup(shims: ShimLauncher):
+@pytest.mark.parametrize("handler", HANDLERS)
+async def test_under_the_systemd_driver_a_killed_shims_units_are_stopped_by_its_cleanup(
+        handler, shims: ShimLauncher, tmp_path):
     top = f"podshimtest{secrets.token_hex(4)}"
     try:
         shim = await shims.start()
-        await shim.run_sandbox(options={"linux": {"cgroup_driver": "systemd", "cgroup_parent": f"{top}-pod.slice"}})
-        unit = systemd.scope_name(shim.namespace, shim.sandbox_id)
-        scope = (await shim.info())["cgroup.unified"]
+        await shim.run_sandbox(options={"runtime_handler": handler,
+                                        "linux": {"cgroup_driver": "systemd", "cgroup_parent": f"{top}-pod.slice"}})
+        pod_slice = systemd.pod_slice_name(f"{top}-pod.slice", shim.namespace, shim.sandbox_id)
+        directory = (await shim.info())["cgroup.unified"]
+        await Pod(shim, {"unified": directory}, str(tmp_path)).run("app", "sleep", "600")
+        app_unit = systemd.scope_name(shim.namespace, shim.sandbox_id, "app")
         shim.process.kill()
         await shim.process.exited()
-        assert _unit_property(unit, "ActiveState") == "active"  # the pause holds it
+        # The pause and the task hold theirs.
+        assert [_unit_property(unit, "ActiveState") for unit in (pod_slice, app_unit)] == ["active"] * 2
         left = await shims.end(shim)  # `podshim delete`: the cleanup of a shim that is gone
-        assert f"cgroup {scope}" in left
-        assert not os.path.exists(scope) and _unit_property(unit, "ActiveState") == "inactive"
+        assert f"cgroup {directory}" in left
+        assert not os.path.exists(directory)
+        assert [_unit_property(unit, "ActiveState") for unit in (pod_slice, app_unit)] == ["inactive"] * 2
     finally:
         subprocess.run(["systemctl", "stop", f"{top}.slice"], capture_output=True, timeout=60)
 

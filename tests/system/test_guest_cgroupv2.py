@@ -1,6 +1,6 @@
 """The cgroup v2 smoke: in the Debian 12 guest of tests/support/guest.py (pure cgroup v2 under systemd), a
 pod and a container with CPU and memory limits under each cgroup driver (cgroupfs; systemd: the pod
-a scope systemd made in a kubelet-named slice), the values read back from the guest's cgroup
+a slice systemd made in a kubelet-named slice, its pause and its container scopes in it), the values read back from the guest's cgroup
 files, and nothing of either left in the guest after (no process in podshim's cgroups, no scope). It never skips: on a machine without qemu or
 debootstrap it fails, saying so (.ci/install --test installs both)."""
 
@@ -16,7 +16,7 @@ from support import guest
 #: the cgroupfs driver, then the systemd driver.
 SMOKE = ("tests/shim/test_shim_task_ops.py::test_on_pure_cgroup_v2_a_task_created_with_resources_has_them_in_its_v2_files",
          "tests/shim/test_shim_task_ops.py::"
-         "test_under_the_systemd_driver_a_pod_is_a_scope_in_its_slice_its_task_limited_and_nothing_is_left")
+         "test_under_the_systemd_driver_a_pod_is_a_slice_with_its_pause_and_each_task_a_scope_and_nothing_is_left")
 
 
 @pytest.mark.timeout(guest.BUILD_TIMEOUT + 1800)  # a cold cache builds the image first
@@ -31,5 +31,5 @@ def test_in_the_cgroup_v2_guest_a_pods_container_gets_its_cpu_and_memory_limits_
         assert result.returncode == 0 and "passed" in summary and "skipped" not in summary, output
         # No process in any of podshim's cgroups, and no pause, once the tests are done.
         left = vm.run(["sh", "-c", "cat $(find /sys/fs/cgroup/podshim -name cgroup.procs 2>/dev/null) /dev/null;"
-                       " pgrep -x catatonit || true; systemctl list-units --all --plain --no-legend 'podshim-*.scope'"])
+                       " pgrep -x catatonit || true; systemctl list-units --all --plain --no-legend 'podshim-*' '*-podshim_*.slice'"])
         assert left.stdout.decode().split() == [], left.stdout.decode()

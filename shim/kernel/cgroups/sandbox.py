@@ -166,7 +166,8 @@ class SandboxCgroup(Record):
     paths: dict[str, str]
     skipped: dict[str, str]
     owned_parents: dict[str, list[str]]
-    leaf: str  # PAUSE_LEAF when the v2 directory hands controllers to its tasks, else ""
+    #: PAUSE_LEAF when the v2 directory hands controllers to its tasks; a pod slice's pause scope; else ""
+    leaf: str
     unit: str
 
     def __init__(self, name: str, paths: dict[str, str], skipped: dict[str, str] | None = None,
@@ -179,58 +180,54 @@ class SandboxCgroup(Record):
         self.unit = unit
 
     @classmethod
-    async def create_scope(cls, name: str, parent_slice: str, unit: str,
-                           resources: Mapping[str, Any] | None = None) -> SandboxCgroup:
-        """The systemd driver's cgroup: the transient scope ``unit`` in slice ``parent_slice``,
-        delegated, its first process a placeholder (:func:`systemd.Placeholder`) kept in the
-        scope's leaf for the sandbox's own processes until :meth:`release_placeholder`, and the
-        controllers the scope has handed to what is below it. ``resources`` (Update's keys,
-        already checked) are set as the unit's properties from its start, and in its files.
-
-        Raises InvalidArgument (bad name, or a slice name systemd refuses), FailedPrecondition
-        (a host with cgroup v1 controllers, systemd unreachable or refusing the scope); on error
-        nothing made is left behind.
-        """
+    def pod_slice(cls, name: str, parent_slice: str, unit: str, pause_unit: str) -> SandboxCgroup:
+        """The systemd driver's pod cgroup, planned (nothing is made until :meth:`start_units`): the
+        transient slice ``unit`` in ``parent_slice``, and in it the pause's scope ``pause_unit``
+        (:attr:`leaf`). Recorded before it is made, so a shim killed meanwhile leaves a record that
+        ``podshim delete`` stops it by. Raises InvalidArgument (bad name, a slice name systemd
+        refuses), FailedPrecondition (a host with cgroup v1 controllers)."""
         _validate(name, None)
         systemd.check_parent(parent_slice, systemd.SYSTEMD)
-        found = discover_hierarchies()
-        v2 = next((h for h in found if h.key == V2), None)
-        if v2 is None or not _pure_v2(found):
-            raise FailedPrecondition("the systemd cgroup driver needs a host on pure cgroup v2; this one mounts cgroup "
-                                     "v1 controllers: use cgroup_driver = \"cgroupfs\"")
-        cgroup = cls(name, {}, unit=unit)
-        placeholder = systemd.Placeholder()
-        _placeholders[unit] = placeholder
-        try:
-            manager = await systemd.manager()
-            await manager.start_scope(unit, parent_slice, placeholder.pid, systemd.unit_properties(resources or {}))
-            own = systemd.own_cgroup(placeholder.pid)
-            directory = v2.directory(own)
-            if directory is None or os.path.basename(own) != unit:
-                raise FailedPrecondition(f"systemd started {unit}, but its process is in {own}, not in the scope")
-            cgroup.paths[V2] = directory
-            # The scope's own processes move to its leaf first: a cgroup with processes cannot
-            # hand controllers down (cgroup v2's no-internal-process rule).
-            os.mkdir(os.path.join(directory, PAUSE_LEAF), 0o755)
-            cgroup.leaf = PAUSE_LEAF
-            linux.write_file(os.path.join(directory, PAUSE_LEAF, "cgroup.procs"), b"%d" % placeholder.pid)
-            _enable_controllers(directory, directory)
-            if resources:
-                cgroup.update(resources)
-        except OSError as exc:
-            await cgroup.aremove()
-            raise error_from_oserror(exc, f"cannot set up the scope {unit}") from exc
-        except BaseException:
-            await cgroup.aremove()
-            raise
-        return cgroup
+        directory = _systemd_hierarchy().directory(systemd.expand_slice(unit))
+        if directory is None:
+            raise FailedPrecondition(f"the slice {unit} would be outside the mounted part of the cgroup v2 hierarchy")
+        return cls(name, {V2: directory}, leaf=pause_unit, unit=unit)
+
+    def task_scope(self, name: str, unit: str) -> SandboxCgroup:
+        """A task's cgroup in this pod slice (:meth:`pod_slice`), planned: the scope ``unit`` in it."""
+        _validate(name, None)
+        return SandboxCgroup(name, {V2: os.path.join(self.paths[V2], unit)}, unit=unit)
+
+    async def start_units(self, resources: Mapping[str, Any] | None = None, *, placeholder: bool = True) -> None:
+        """Make the units of :meth:`pod_slice` (``resources``, Update's keys, the slice's properties
+        from its start: :func:`systemd.slice_properties`) or of :meth:`task_scope`. A scope (the
+        pause's, a task's) is started here with a placeholder (:class:`systemd.Placeholder`) as its
+        first process until :meth:`release_placeholder`, or, without ``placeholder``, left for the
+        OCI runtime's systemd driver to start with its container's init. Raises InvalidArgument (a
+        resource a slice cannot have), FailedPrecondition (systemd unreachable or refusing a unit);
+        what was made is the caller's to remove (:meth:`aremove`)."""
+        manager = await systemd.manager()
+        if self.is_slice:
+            properties = systemd.slice_properties(resources or {})
+            await manager.start_slice(self.unit, os.path.basename(os.path.dirname(self.paths[V2])) or "-.slice",
+                                      properties)
+            if placeholder:
+                await _start_scope(manager, self.leaf, self.unit, os.path.join(self.paths[V2], self.leaf))
+        elif placeholder:
+            await _start_scope(manager, self.unit, os.path.basename(os.path.dirname(self.paths[V2])), self.paths[V2])
+
+    @property
+    def is_slice(self) -> bool:
+        """Whether this is a pod slice of the systemd driver: its files are systemd's alone."""
+        return self.unit.endswith(".slice")
 
     def release_placeholder(self) -> None:
-        """Let the placeholder of :meth:`create_scope` go, once the sandbox's own process is in
-        the scope (which systemd stops when it has no process left)."""
-        placeholder = _placeholders.pop(self.unit, None)
-        if placeholder is not None:
-            placeholder.release()
+        """Let the placeholder of :meth:`create_slice` or :meth:`create_task_scope` go, once the
+        process it held the scope for is in (systemd stops a scope with no process left)."""
+        for unit in (self.unit, self.leaf):
+            placeholder = _placeholders.pop(unit, None)
+            if placeholder is not None:
+                placeholder.release()
 
     @classmethod
     def create(cls, name: str, parent: str | None = None) -> SandboxCgroup:
@@ -314,11 +311,12 @@ class SandboxCgroup(Record):
         except (KeyError, TypeError, AttributeError) as exc:
             raise InvalidArgument(f"malformed cgroup record: {exc!r}") from None
         _validate(cgroup.name, None)
-        if cgroup.leaf not in ("", PAUSE_LEAF):
+        if cgroup.leaf not in ("", PAUSE_LEAF) and not (cgroup.is_slice and cgroup.leaf.endswith(".scope")
+                                                       and "/" not in cgroup.leaf):
             raise InvalidArgument(f"malformed cgroup record: leaf {cgroup.leaf!r}")
         if not all(os.path.isabs(path) for path in cgroup.paths.values()):
             raise InvalidArgument("malformed cgroup record: paths must be absolute")
-        if cgroup.unit and (not cgroup.unit.endswith(".scope") or "/" in cgroup.unit):
+        if cgroup.unit and (not cgroup.unit.endswith((".scope", ".slice")) or "/" in cgroup.unit):
             raise InvalidArgument(f"malformed cgroup record: unit {cgroup.unit!r}")
         return cgroup
 
@@ -418,6 +416,10 @@ class SandboxCgroup(Record):
         """:meth:`update` for the event loop, and for a systemd unit's cgroup also the unit's
         properties (what systemd owns: a ``daemon-reload`` would otherwise put back the old
         values). FailedPrecondition when systemd refuses them."""
+        if self.is_slice:
+            # A pod's slice: its files are systemd's; what it has no property for is refused.
+            await (await systemd.manager()).set_properties(self.unit, systemd.slice_properties(resources))
+            return
         self._write_resources(resources)
         if self.unit:
             await (await systemd.manager()).set_properties(self.unit, systemd.unit_properties(resources))
@@ -565,10 +567,12 @@ class SandboxCgroup(Record):
         deadline = time.monotonic() + timeout
         if self.unit:
             self.release_placeholder()
-            # Below the scope is ours; the scope's own directory is systemd's, gone with the unit.
-            for path in self.paths.values():
-                for directory in _subtree(path)[:0:-1]:
-                    yield from _rmdir(directory, deadline)
+            if not self.is_slice:
+                # Below a scope is ours; its own directory is systemd's, gone with the unit. A
+                # slice is systemd's throughout: stopping it stops the scopes in it.
+                for path in self.paths.values():
+                    for directory in _subtree(path)[:0:-1]:
+                        yield from _rmdir(directory, deadline)
             yield self.unit
             return
         for path in self.paths.values():
@@ -593,6 +597,27 @@ class SandboxCgroup(Record):
                     if exc.errno not in (errno.ENOENT, errno.ENOTEMPTY, errno.EBUSY):
                         raise error_from_oserror(exc, f"cannot remove cgroup {directory}") from exc
                     break
+
+
+def _systemd_hierarchy() -> Hierarchy:
+    """The v2 hierarchy, on a host where it is the only one (the systemd driver's); else FailedPrecondition."""
+    found = discover_hierarchies()
+    v2 = next((h for h in found if h.key == V2), None)
+    if v2 is None or not _pure_v2(found):
+        raise FailedPrecondition("the systemd cgroup driver needs a host on pure cgroup v2; this one mounts cgroup "
+                                 "v1 controllers: use cgroup_driver = \"cgroupfs\"")
+    return v2
+
+
+async def _start_scope(manager: systemd.Manager, unit: str, parent_slice: str, directory: str) -> None:
+    """Start the scope ``unit`` (its cgroup ``directory``) in ``parent_slice`` with a placeholder
+    as its first process, kept in :data:`_placeholders` until released."""
+    placeholder = systemd.Placeholder()
+    _placeholders[unit] = placeholder
+    await manager.start_scope(unit, parent_slice, placeholder.pid, [])
+    own = systemd.own_cgroup(placeholder.pid)
+    if not directory.endswith(own):
+        raise FailedPrecondition(f"systemd started {unit}, but its process is in {own}, not in {directory}")
 
 
 async def _pausing(steps: Iterator[float | str], step: float | str) -> None:

@@ -36,9 +36,9 @@ from shim.kernel import linux
 from shim.kernel.cgroups.resources import cpu_weight
 from shim.rpc.status import FailedPrecondition, InvalidArgument
 
-__all__ = ["CGROUPFS", "SYSTEMD", "DRIVERS", "DEFAULT_SLICE", "START_TIMEOUT", "Manager", "Placeholder",
-           "check_parent", "close_manager", "escape", "expand_slice", "is_slice_name", "manager", "scope_name", "stop_unit_blocking",
-           "unit_properties"]
+__all__ = ["CGROUPFS", "SYSTEMD", "DRIVERS", "DEFAULT_SLICE", "SCOPE_PREFIX", "START_TIMEOUT", "Manager", "Placeholder",
+           "check_parent", "close_manager", "escape", "expand_slice", "is_slice_name", "manager", "pod_slice_name",
+           "runtime_cgroups_path", "scope_name", "slice_properties", "stop_unit_blocking", "unit_properties"]
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +47,8 @@ SYSTEMD = "systemd"
 DRIVERS = (CGROUPFS, SYSTEMD)
 #: The parent slice of a sandbox given none under the systemd driver.
 DEFAULT_SLICE = "podshim.slice"
+#: The first part of the name of every unit podshim starts.
+SCOPE_PREFIX = "podshim"
 START_TIMEOUT = 30.0  # seconds systemd may take to start or stop a unit (a job)
 
 _UNIT_CHARS = re.compile(r"[A-Za-z0-9:_.\\-]+")
@@ -76,9 +78,32 @@ def escape(text: str) -> str:
     return "".join(out)
 
 
-def scope_name(namespace: str, sandbox_id: str) -> str:
-    """The unit name of a sandbox's scope: unique among every shim's (a namespace's ids are)."""
-    return f"podshim-{escape(namespace)}-{escape(sandbox_id)}.scope"
+def scope_name(namespace: str, sandbox_id: str, task_id: str | None = None) -> str:
+    """The unit name of a sandbox's pause's scope (``podshim-<namespace>-<sandbox id>.scope``), or
+    of its task ``task_id``'s (``podshim-<namespace>-<sandbox id>-<task id>.scope``): unique among
+    every shim's (a namespace's sandbox ids are, and a sandbox's task ids), each part escaped so
+    that its ``-`` are the separators."""
+    tail = "" if task_id is None else f"-{escape(task_id)}"
+    return f"{SCOPE_PREFIX}-{escape(namespace)}-{escape(sandbox_id)}{tail}.scope"
+
+
+def pod_slice_name(parent_slice: str, namespace: str, sandbox_id: str) -> str:
+    """The unit name of a sandbox's own slice in ``parent_slice`` (kubelet's pod slice, or
+    :data:`DEFAULT_SLICE`): ``<parent>-podshim_<namespace>_<sandbox id>.slice``, the parts escaped
+    (``_`` too, so that the two ``_`` are the separators)."""
+    def part(text: str) -> str:
+        return escape(text).replace("_", "\\x5f")
+
+    stem = "" if parent_slice == "-.slice" else parent_slice[:-len(".slice")] + "-"
+    return f"{stem}{SCOPE_PREFIX}_{part(namespace)}_{part(sandbox_id)}.slice"
+
+
+def runtime_cgroups_path(slice_name: str, scope: str) -> str:
+    """The OCI ``cgroupsPath`` that makes an OCI runtime's systemd driver (runc ``--systemd-cgroup``,
+    crun ``--cgroup-manager=systemd``) start the scope ``scope`` (one of :func:`scope_name`'s) in
+    ``slice_name``: ``slice:prefix:name``, the unit being ``prefix-name.scope``, as containerd passes it."""
+    prefix, namespace, name = scope[:-len(".scope")].split("-", 2)
+    return f"{slice_name}:{prefix}-{namespace}:{name}"
 
 
 def is_slice_name(parent: str) -> bool:
@@ -151,6 +176,38 @@ def unit_properties(resources: Mapping[str, Any]) -> list[tuple[str, tuple[str, 
         if resources.get(key) is not None:
             props.append((name, ("ay", _bitmask(resources[key]))))
     return props
+
+
+#: The resources (Update's keys) a slice's properties say (:func:`unit_properties`).
+_PROPERTY_KEYS = ("cpu_shares", "cpu_quota_us", "cpu_period_us", "memory_limit_bytes", "memory_swap_limit_bytes",
+                  "pids_limit", "cpuset_cpus", "cpuset_mems")
+
+
+def slice_properties(resources: Mapping[str, Any]) -> list[tuple[str, tuple[str, Any]]]:
+    """:func:`unit_properties` for a pod's slice, whose files are systemd's alone: InvalidArgument
+    naming a resource systemd has no property for (huge pages, ``unified``), and a memory+swap
+    limit without the memory limit it is counted from."""
+    for key, value in resources.items():
+        if value is None:
+            continue
+        if key not in _PROPERTY_KEYS:
+            raise InvalidArgument(f"resources.{key} cannot be applied to a pod under the systemd cgroup driver: its "
+                                  "cgroup is a slice systemd owns, and systemd has no property for it (set it on "
+                                  "each container)")
+        if key.startswith("cpuset_"):
+            if not isinstance(value, str):
+                raise InvalidArgument(f"resources.{key} must be a CPU list (such as 0-2,5), not {value!r}")
+        elif not isinstance(value, int) or isinstance(value, bool) or value < -1:
+            raise InvalidArgument(f"resources.{key} must be an integer >= -1, not {value!r}")
+    swap, memory = resources.get("memory_swap_limit_bytes"), resources.get("memory_limit_bytes")
+    if swap is not None and swap != -1 and (memory is None or memory == -1 or swap < memory):
+        raise InvalidArgument("resources.memory_swap_limit_bytes: memory + swap needs a memory limit at most as large "
+                              "in the same request")
+    try:
+        return unit_properties(resources)
+    except ValueError:
+        raise InvalidArgument(f"resources.cpuset_cpus/cpuset_mems: not CPU lists (such as 0-2,5): "
+                              f"{resources.get('cpuset_cpus')!r}, {resources.get('cpuset_mems')!r}") from None
 
 
 def _bitmask(cpu_list: str) -> bytes:
@@ -276,18 +333,29 @@ class Manager:
     async def start_scope(self, unit: str, parent_slice: str, pid: int, properties: list[tuple[str, tuple[str, Any]]],
                           timeout: float = START_TIMEOUT) -> None:
         """Start the transient scope ``unit`` in ``parent_slice`` with process ``pid``, delegated
-        (the shim manages what is below it) and ``properties``; return once systemd has started
-        it. FailedPrecondition when systemd refuses it or its job fails."""
-        props = [("Description", ("s", f"podshim sandbox {unit}")), ("Slice", ("s", parent_slice)),
-                 ("Delegate", ("b", True)), ("PIDs", ("au", [pid])), ("DefaultDependencies", ("b", False)),
-                 ("CollectMode", ("s", "inactive-or-failed")), *properties]
+        (as runc's systemd driver makes a container's: what is below it is ours) and
+        ``properties``; return once systemd has started it. FailedPrecondition when systemd
+        refuses it or its job fails."""
+        await self._start(unit, parent_slice, [("Delegate", ("b", True)), ("PIDs", ("au", [pid])), *properties],
+                          timeout)
+
+    async def start_slice(self, unit: str, parent_slice: str, properties: list[tuple[str, tuple[str, Any]]],
+                          timeout: float = START_TIMEOUT) -> None:
+        """Start the transient slice ``unit`` in ``parent_slice`` with ``properties`` (a slice's
+        name must extend its parent's: :func:`pod_slice_name`); as :meth:`start_scope`."""
+        await self._start(unit, parent_slice, properties, timeout)
+
+    async def _start(self, unit: str, parent_slice: str, properties: list[tuple[str, tuple[str, Any]]],
+                     timeout: float) -> None:
+        props = [("Description", ("s", f"podshim {unit}")), ("Slice", ("s", parent_slice)),
+                 ("DefaultDependencies", ("b", False)), ("CollectMode", ("s", "inactive-or-failed")), *properties]
         try:
             result = await self._job("StartTransientUnit", "ssa(sv)a(sa(sv))", (unit, "replace", props, []), unit,
                                      timeout)
         except _UnitError as exc:
-            raise FailedPrecondition(f"systemd refused the scope {unit} in {parent_slice}: {exc}") from None
+            raise FailedPrecondition(f"systemd refused {unit} in {parent_slice}: {exc}") from None
         if result != "done":
-            raise FailedPrecondition(f"systemd could not start the scope {unit} in {parent_slice}: its job {result}")
+            raise FailedPrecondition(f"systemd could not start {unit} in {parent_slice}: its job {result}")
 
     async def set_properties(self, unit: str, properties: list[tuple[str, tuple[str, Any]]]) -> None:
         """Set ``properties`` on ``unit`` until it stops (runtime). FailedPrecondition when refused."""

@@ -24,7 +24,7 @@ from shim.runtime.base import ExecSpec, Runtime, TaskSpec
 from shim.runtime.confine import Confinement, oci_rlimits
 from shim.runtime.mounts import BindMount, host_devices
 from shim.runtime.oci.cli import CREATE_TIMEOUT, Container, OciCli
-from shim.runtime.oci.host import cgroups_path
+from shim.runtime.oci.host import cgroups_path, systemd_cgroups_path
 from shim.runtime.oci.rootfs import PAUSE_FILE, ensure_pause_rootfs
 from shim.runtime.oci.spec import PAUSE_ARGS, PAUSE_NAME, sandbox_spec, task_spec, with_user_namespace
 from shim.runtime.oci.userns import PreparedMounts, check_reachable, open_bundle
@@ -63,13 +63,19 @@ class OciBackend(Runtime):
 
     @classmethod
     def open(cls, handler: str, *, namespace: str, sandbox_id: str, bundle: str, runtime_root: str, reaper: Reaper,
-             persist: Callable[[], None], image_pause: bool = False) -> OciBackend:
-        """The backend of ``handler``; FailedPrecondition now (at CreateSandbox, before anything is made)
-        when the runtime or (unless the pause is a sandbox image's, ``image_pause``) catatonit is missing."""
-        cli = OciCli.find(handler, os.path.join(runtime_root, handler, namespace), reaper=reaper)
+             persist: Callable[[], None], image_pause: bool = False, systemd_cgroup: bool = False) -> OciBackend:
+        """The backend of ``handler`` (with the runtime's systemd cgroup driver when ``systemd_cgroup``);
+        FailedPrecondition now (at CreateSandbox, before anything is made) when the runtime or (unless
+        the pause is a sandbox image's, ``image_pause``) catatonit is missing."""
+        cli = OciCli.find(handler, os.path.join(runtime_root, handler, namespace), reaper=reaper,
+                          systemd_cgroup=systemd_cgroup)
         if not image_pause:
             ensure_pause_rootfs(runtime_root)
         return cls(cli, sandbox_id=sandbox_id, bundle=bundle, runtime_root=runtime_root, persist=persist)
+
+    @property
+    def starts_units(self) -> bool:
+        return self.cli.systemd_cgroup
 
     @property
     def pause_container(self) -> Container:
@@ -87,7 +93,7 @@ class OciBackend(Runtime):
         return {"oci.runtime": self.cli.name, "oci.binary": self.cli.binary, "oci.root": self.cli.root,
                 "oci.bundle": self.bundle, "oci.container_id": self.sandbox_id,
                 "oci.cgroup_manager": "disabled (the shim places the container)" if self.cli.cgroup_manager_disabled
-                else "cgroupfs", "oci.oom_score_adj": self.oom_score_adj_note}
+                else "systemd" if self.cli.systemd_cgroup else "cgroupfs", "oci.oom_score_adj": self.oom_score_adj_note}
 
     async def start_pause(self, spec: pause.PauseSpec) -> pause.PauseProcess:
         """Create and start the pause container as ``spec`` says (``pause_binary`` aside: it is the
@@ -306,6 +312,8 @@ class OciBackend(Runtime):
             raise errors[0]
 
     def _cgroups_path(self, cgroup: SandboxCgroup) -> str | None:
+        if self.cli.systemd_cgroup:
+            return systemd_cgroups_path(cgroup)
         return cgroups_path(cgroup) if self.cli.manages_cgroups else None
 
     async def _launch(self, container: Container, doc: dict[str, Any], cgroup: SandboxCgroup, *,

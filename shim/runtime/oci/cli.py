@@ -84,17 +84,21 @@ class OciCli:
     """
 
     def __init__(self, name: str, binary: str, root: str, *, reaper: Reaper | None = None,
-                 cgroup_manager_disabled: bool = False):
+                 cgroup_manager_disabled: bool = False, systemd_cgroup: bool = False):
         self.name = name
         self.binary = binary
         self.root = root
         self.reaper = reaper
         #: crun on a hybrid machine (see :mod:`shim.runtime.oci`): the caller places the init.
         self.cgroup_manager_disabled = cgroup_manager_disabled
+        #: The systemd cgroup driver: the runtime's own systemd driver starts each container's scope
+        #: (runc ``--systemd-cgroup``, crun ``--cgroup-manager=systemd``; cgroupsPath ``slice:prefix:name``).
+        self.systemd_cgroup = systemd_cgroup
 
     @classmethod
-    def find(cls, name: str, root: str, *, reaper: Reaper | None = None) -> OciCli:
-        """The runtime ``name`` ("runc" or "crun") from PATH (and the usual sbin directories).
+    def find(cls, name: str, root: str, *, reaper: Reaper | None = None, systemd_cgroup: bool = False) -> OciCli:
+        """The runtime ``name`` ("runc" or "crun") from PATH (and the usual sbin directories), with
+        its systemd cgroup driver when ``systemd_cgroup``.
 
         Raises FailedPrecondition when it is not installed.
         """
@@ -102,7 +106,8 @@ class OciCli:
         binary = shutil.which(name, path=search)
         if binary is None:
             raise FailedPrecondition(f"runtime handler {name}: no {name} binary in {search} (install {name})")
-        return cls(name, binary, root, reaper=reaper, cgroup_manager_disabled=name == "crun" and cgroup_hybrid())
+        return cls(name, binary, root, reaper=reaper, systemd_cgroup=systemd_cgroup,
+                   cgroup_manager_disabled=name == "crun" and not systemd_cgroup and cgroup_hybrid())
 
     def seccomp_flags(self) -> frozenset[str]:
         """The seccomp filter flags this runtime applies: ``<runtime> features``'
@@ -130,7 +135,7 @@ class OciCli:
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "binary": self.binary, "root": self.root,
-                "cgroup_manager_disabled": self.cgroup_manager_disabled}
+                "cgroup_manager_disabled": self.cgroup_manager_disabled, "systemd_cgroup": self.systemd_cgroup}
 
     @classmethod
     def from_dict(cls, record: Mapping[str, Any]) -> OciCli:
@@ -141,7 +146,8 @@ class OciCli:
             raise InvalidArgument(f"malformed OCI runtime record: {exc!r}") from None
         if name not in ("runc", "crun") or not os.path.isabs(binary) or not os.path.isabs(root):
             raise InvalidArgument(f"malformed OCI runtime record: {dict(record)!r}")
-        return cls(name, binary, root, cgroup_manager_disabled=bool(record.get("cgroup_manager_disabled")))
+        return cls(name, binary, root, cgroup_manager_disabled=bool(record.get("cgroup_manager_disabled")),
+                   systemd_cgroup=bool(record.get("systemd_cgroup")))
 
     def argv(self, container: Container, verb: str, *args: str) -> list[str]:
         """The command line of one call about ``container``."""
@@ -149,8 +155,12 @@ class OciCli:
             options = [f"--root={self.root}", f"--log=file:{container.log_path}", "--log-format=json"]
             if self.cgroup_manager_disabled:
                 options.append("--cgroup-manager=disabled")
+            elif self.systemd_cgroup:
+                options.append("--cgroup-manager=systemd")
         else:
             options = ["--root", self.root, "--log", container.log_path, "--log-format", "json"]
+            if self.systemd_cgroup:
+                options.append("--systemd-cgroup")
         return [self.binary, *options, verb, *args]
 
     async def create(self, container: Container, *, stdout: int | None = None, stderr: int | None = None,

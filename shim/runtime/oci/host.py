@@ -6,9 +6,9 @@ from __future__ import annotations
 import os
 
 from shim.kernel import cgroups
-from shim.kernel.cgroups import SandboxCgroup
+from shim.kernel.cgroups import SandboxCgroup, systemd
 
-__all__ = ["HYBRID_CONTROLLERS_FILE", "cgroup_hybrid", "cgroups_path"]
+__all__ = ["HYBRID_CONTROLLERS_FILE", "cgroup_hybrid", "cgroups_path", "systemd_cgroups_path"]
 
 #: The cgroup v2 controller list crun reads to refuse a hybrid layout.
 HYBRID_CONTROLLERS_FILE = "/sys/fs/cgroup/unified/cgroup.controllers"
@@ -46,3 +46,11 @@ def cgroups_path(cgroup: SandboxCgroup) -> str | None:
     if len(absolute) == 1:
         return absolute.pop()
     return None
+
+
+def systemd_cgroups_path(cgroup: SandboxCgroup) -> str:
+    """The OCI ``cgroupsPath`` (``slice:prefix:name``) that makes the runtime's systemd driver start
+    ``cgroup``'s scope: a pod slice's pause scope (its leaf), or a task's scope in its pod's slice."""
+    if cgroup.is_slice:
+        return systemd.runtime_cgroups_path(cgroup.unit, cgroup.leaf)
+    return systemd.runtime_cgroups_path(os.path.basename(os.path.dirname(cgroup.paths[cgroups.V2])), cgroup.unit)
