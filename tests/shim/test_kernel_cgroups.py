@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import secrets
@@ -17,8 +18,6 @@ from shim.kernel.cgroups import V2, SandboxCgroup, discover_hierarchies, hierarc
 from shim.kernel.cgroups import resources as resources_module
 from shim.kernel.cgroups import sandbox as cgroup_sandbox
 from shim.rpc.status import AlreadyExists, FailedPrecondition, InvalidArgument
-
-from support.proctools import LoopTicks
 
 WAIT = 10.0  # seconds; a bound for the test, not a readiness sleep
 
@@ -494,10 +493,21 @@ def test_existing_child_is_refused(make_cgroup):
 async def test_aremove_waits_for_members_without_blocking_the_loop(make_cgroup, sleeper):
     cgroup = make_cgroup()
     cgroup.join(sleeper())
-    async with LoopTicks() as ticks:
-        with pytest.raises(FailedPrecondition, match="still has processes"):
-            await cgroup.aremove(timeout=0.05)
-    assert ticks.count > 10  # the loop kept running while aremove waited
+    ticks = 0
+
+    async def ticker():
+        nonlocal ticks
+        while True:
+            ticks += 1
+            await asyncio.sleep(0)
+
+    running = asyncio.create_task(ticker())
+    with pytest.raises(FailedPrecondition, match="still has processes"):
+        await cgroup.aremove(timeout=0.05)
+    running.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await running
+    assert ticks > 10  # the loop kept running while aremove waited
 
 
 def test_aremove_of_an_empty_cgroup_finishes_in_its_first_step(make_cgroup):

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 
 from shim.lib.processes import open_pidfd, process_alive
 
-__all__ = ["WAIT", "LoopTicks", "alive", "fd_readable", "fd_targets", "fifo_writer", "unheld_netns", "pidfds", "wait_gone",
+__all__ = ["WAIT", "alive", "fd_readable", "fd_targets", "fifo_writer", "unheld_netns", "pidfds", "wait_gone",
            "wait_gone_async", "wait_pidfds", "wait_pidfds_async"]
 
 #: A bound on any one wait in these tests; never a sleep.
@@ -234,28 +234,3 @@ def run_in_child(check: Callable[[], bool]) -> int:
         finally:
             os._exit(2)
     return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
-
-
-class LoopTicks:
-    """How many turns the running event loop gave a ticker task (one each ``interval`` s) while the
-    ``async with`` block ran: a loop blocked by a call gives it none."""
-
-    def __init__(self, interval: float = 0) -> None:
-        self.interval = interval
-        self.count = 0
-        self._task: asyncio.Task[None] | None = None
-
-    async def _tick(self) -> None:
-        while True:
-            self.count += 1
-            await asyncio.sleep(self.interval)
-
-    async def __aenter__(self) -> LoopTicks:
-        self._task = asyncio.create_task(self._tick())
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        assert self._task is not None
-        self._task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._task
