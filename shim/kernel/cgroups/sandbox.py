@@ -216,6 +216,16 @@ class SandboxCgroup(Record):
         elif placeholder:
             await _start_scope(manager, self.unit, os.path.basename(os.path.dirname(self.paths[V2])), self.paths[V2])
 
+    def follow(self, pid: int) -> None:
+        """For a task's scope an OCI runtime's systemd driver started: make the v2 directory the
+        one process ``pid`` is in when that is below the scope (crun runs its container in a
+        sub-cgroup ``container`` of its scope, and writes its limits there). A pod slice keeps its own."""
+        if self.is_slice or V2 not in self.paths:
+            return
+        directory = _systemd_hierarchy().directory(systemd.own_cgroup(pid))
+        if directory is not None and directory.startswith(self.paths[V2] + "/"):
+            self.paths[V2] = directory
+
     @property
     def is_slice(self) -> bool:
         """Whether this is a pod slice of the systemd driver: its files are systemd's alone."""

@@ -353,8 +353,12 @@ class OciBackend(Runtime):
             assert self.cli.reaper is not None
             exit_future = self.cli.reaper.watch(pid)
             _check_our_child(pid, exit_future, f"{self.cli.name} container {container.container_id}")
-            # For runc a no-op (it joined these very directories); for crun the placement itself.
-            cgroup.join(pid)
+            if self.cli.systemd_cgroup:
+                # The runtime placed it in the scope it started: crun in a sub-cgroup of it.
+                cgroup.follow(pid)
+            else:
+                # For runc a no-op (it joined these very directories); for crun the placement itself.
+                cgroup.join(pid)
             # Not reaped yet (it waits for start, and only the reaper reaps it): the start time is its.
             start_time = linux.proc_start_time(pid) or 0
             await self.cli.start(container)
