@@ -192,5 +192,5 @@ async def test_a_pod_slice_starts_with_its_resources_as_properties(fake_systemd,
     (unit, _mode, properties, _aux), = [body for method, body in fake_systemd.calls if method == "StartTransientUnit"]
     assert unit == "kubepods-pod1-podshim_k8s.io_ab.slice"
     assert {name: value for name, (_, value) in properties} == {
-        "Description": "podshim kubepods-pod1-podshim_k8s.io_ab.slice", "Slice": "kubepods-pod1.slice",
+        "Description": "podshim kubepods-pod1-podshim_k8s.io_ab.slice",  # its parent is in its name
         "DefaultDependencies": False, "CollectMode": "inactive-or-failed", "MemoryMax": 1 << 30}

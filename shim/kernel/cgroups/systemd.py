@@ -347,8 +347,10 @@ class Manager:
 
     async def _start(self, unit: str, parent_slice: str, properties: list[tuple[str, tuple[str, Any]]],
                      timeout: float) -> None:
-        props = [("Description", ("s", f"podshim {unit}")), ("Slice", ("s", parent_slice)),
-                 ("DefaultDependencies", ("b", False)), ("CollectMode", ("s", "inactive-or-failed")), *properties]
+        # A slice's parent is in its name; systemd refuses Slice= on one.
+        where = [] if unit.endswith(".slice") else [("Slice", ("s", parent_slice))]
+        props = [("Description", ("s", f"podshim {unit}")), *where, ("DefaultDependencies", ("b", False)),
+                 ("CollectMode", ("s", "inactive-or-failed")), *properties]
         try:
             result = await self._job("StartTransientUnit", "ssa(sv)a(sa(sv))", (unit, "replace", props, []), unit,
                                      timeout)
