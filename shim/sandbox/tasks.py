@@ -397,7 +397,7 @@ class TaskSet:
                         rootfs=task.rootfs, filesystem=task.filesystem, device_rules=rules,
                         devices=tuple(given.node for given in task.devices), hooks=task.hooks,
                         stdin=stdin.read_fd if stdin is not None and terminal is None else None, console=terminal))
-                    task.cgroup.release_placeholder()  # the task's process is in its scope now
+                    task.cgroup.hold()  # its scope stays until the task's exit is read
                 except BaseException:
                     crilog.close()
                     if stdin is not None:
@@ -472,6 +472,8 @@ class TaskSet:
                 task.stdin_fifo = None
         # The kernel's own count is the evidence, not the exit status: 137 is any SIGKILL.
         oom_kills = task.cgroup.oom_kills() if task.cgroup is not None else None
+        if task.cgroup is not None:
+            task.cgroup.release_placeholder()  # read: its scope (systemd driver) may go now
         task.exit = ExitResult(info.exit_status, info.exited_at_ns, info.pid, oom_killed=bool(oom_kills))
         task.status = task.check(Op.EXIT)
         task.exited.set()

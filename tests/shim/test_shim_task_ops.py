@@ -213,7 +213,7 @@ async def test_under_the_systemd_driver_a_pod_is_a_slice_with_its_pause_and_each
         # crun's systemd driver); its placeholder gone.
         pause_unit = systemd.scope_name(shim.namespace, shim.sandbox_id)
         assert _unit_property(pause_unit, "ActiveState") == "active"
-        assert len(read(os.path.join(directory, pause_unit, "cgroup.procs")).split()) == 1
+        assert len(_procs_below(os.path.join(directory, pause_unit))) == 1
         pod = Pod(shim, {"unified": directory}, str(tmp_path))
         await pod.run("app", "sleep", "600", resources={"cpu_quota_us": 25000, "cpu_period_us": 50000,
                                                         "memory_limit_bytes": 96 << 20})
@@ -223,7 +223,8 @@ async def test_under_the_systemd_driver_a_pod_is_a_slice_with_its_pause_and_each
         assert _unit_property(app_unit, "ActiveState") == "active"
         assert (read(os.path.join(app, "cpu.max")), read(os.path.join(app, "memory.max"))) == (
             "25000 50000", str(96 << 20))
-        assert len(read(os.path.join(app, "cgroup.procs")).split()) == 1  # the task; no placeholder
+        assert len(read(os.path.join(app, "cgroup.procs")).split()) == 1  # the task; its scope's holder aside
+        assert len(read(os.path.join(directory, app_unit, ".hold", "cgroup.procs")).split()) == 1
         await pod.call("Update", task_id="app", resources={"memory_limit_bytes": 64 << 20})
         assert read(os.path.join(app, "memory.max")) == str(64 << 20)
         if handler != "crun":  # crun's scope has no limit of its own: its sub-cgroup has
@@ -258,6 +259,12 @@ async def test_under_the_systemd_driver_a_killed_shims_units_are_stopped_by_its_
         assert [_unit_property(unit, "ActiveState") for unit in (pod_slice, app_unit)] == ["inactive"] * 2
     finally:
         subprocess.run(["systemctl", "stop", f"{top}.slice"], capture_output=True, timeout=60)
+
+
+def _procs_below(directory: str) -> list[str]:
+    """The processes in cgroup ``directory`` and below it."""
+    return [pid for root, _dirs, files in os.walk(directory) if "cgroup.procs" in files
+            for pid in read(os.path.join(root, "cgroup.procs")).split()]
 
 
 def _unit_property(unit: str, name: str) -> str:

@@ -57,6 +57,10 @@ _SKIPPABLE = (errno.EROFS, errno.EACCES, errno.EPERM)
 #: The placeholders of this process's scopes still waiting for their first process, by unit.
 _placeholders: dict[str, systemd.Placeholder] = {}
 
+#: The sub-cgroup of a task's scope where its holder waits (SandboxCgroup.hold); "." makes it a
+#: name no task id can take.
+HOLD_DIR = ".hold"
+
 #: Name prefix of the directories that hold a default parent (:func:`hold_parent`); "." makes it
 #: one no sandbox id can take (ids start with a letter or digit).
 HOLD_PREFIX = ".held-by-"
@@ -231,9 +235,32 @@ class SandboxCgroup(Record):
         """Whether this is a pod slice of the systemd driver: its files are systemd's alone."""
         return self.unit.endswith(".slice")
 
+    def hold(self) -> None:
+        """Keep this task's scope (a systemd unit) until :meth:`release_placeholder`, past the exit
+        of the task's processes: systemd stops a scope with no process left and removes its
+        cgroup, and with it what the task's exit is read from (memory.events' ``oom_kill``). The
+        holder (the scope's placeholder, or a new one for a scope an OCI runtime started) waits in
+        the scope's sub-cgroup :data:`HOLD_DIR`, which is not the task's (:meth:`pids`). A holder
+        that cannot be placed is logged: the task runs on, its OOM kills maybe unread."""
+        if not self.unit or self.is_slice or V2 not in self.paths:
+            return
+        scope = self.paths[V2]
+        while os.path.basename(scope) != self.unit and scope != "/":
+            scope = os.path.dirname(scope)  # crun's task runs in a sub-cgroup of its scope
+        holder = _placeholders.get(self.unit)
+        if holder is None:
+            holder = _placeholders[self.unit] = systemd.Placeholder()
+        try:
+            os.makedirs(os.path.join(scope, HOLD_DIR), 0o755, exist_ok=True)
+            linux.write_file(os.path.join(scope, HOLD_DIR, "cgroup.procs"), b"%d" % holder.pid)
+        except OSError as exc:
+            log.warning("cannot keep %s past its task's exit (%s): its OOM kills may be unread", self.unit, exc.strerror)
+            self.release_placeholder()
+
     def release_placeholder(self) -> None:
-        """Let the placeholder of :meth:`create_slice` or :meth:`create_task_scope` go, once the
-        process it held the scope for is in (systemd stops a scope with no process left)."""
+        """Let the placeholder of :meth:`start_units` or the holder of :meth:`hold` go, once the
+        process it held the scope for is in, or its exit was read (systemd stops a scope with no
+        process left)."""
         for unit in (self.unit, self.leaf):
             placeholder = _placeholders.pop(unit, None)
             if placeholder is not None:
@@ -360,6 +387,8 @@ class SandboxCgroup(Record):
         found: set[int] = set()
         for path in self.paths.values():
             for directory in _subtree(path):
+                if os.path.basename(directory) == HOLD_DIR:
+                    continue  # a scope's holder (hold) is not one of its processes
                 try:
                     found.update(_read_pids(directory))
                 except OSError as exc:
