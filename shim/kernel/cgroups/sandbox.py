@@ -251,6 +251,10 @@ class SandboxCgroup(Record):
         if holder is None:
             holder = _placeholders[self.unit] = systemd.Placeholder()
         try:
+            # Never the OOM killer's choice in the task's cgroup: a fork of the shim, its resident
+            # size (shared with the shim) is larger than many a task's, and its death would let
+            # the scope go with the very count the task's exit is read from.
+            linux.write_file(f"/proc/{holder.pid}/oom_score_adj", b"-1000")
             os.makedirs(os.path.join(scope, HOLD_DIR), 0o755, exist_ok=True)
             linux.write_file(os.path.join(scope, HOLD_DIR, "cgroup.procs"), b"%d" % holder.pid)
         except OSError as exc:
