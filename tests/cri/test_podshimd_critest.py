@@ -14,9 +14,7 @@ host, and podshimd shares its mount namespace."""
 
 from __future__ import annotations
 
-import re
 import shutil
-import subprocess
 import tempfile
 import time
 
@@ -77,39 +75,3 @@ def test_critest_passes_every_spec_but_the_expected_ones(critest, critest_image_
         assert daemon.sandbox_bundles() == []
     assert "Traceback" not in daemon.log()
 
-
-
-#: critest's Runtime, Container and Security Context specs: those the cgroup driver's units touch.
-V2_FOCUS = r"\[k8s\.io\] (Runtime info|Container |Security Context)"
-#: What they number in this critest (the focus leaves the others skipped).
-V2_SPECS = 53
-
-
-@pytest.mark.cgroupv2
-@pytest.mark.timeout(CRITEST_TIMEOUT + 600)
-@pytest.mark.parametrize("handler", ["native", "runc"])
-def test_on_cgroup_v2_under_the_systemd_driver_critests_runtime_container_and_security_specs_pass(
-        critest, critest_image_set, directory, outer_netns, handler):
-    images = critest_image_set
-    cni_config(directory)
-    port = int(images.registry.host.rpartition(":")[2])
-    config = f'cgroup_driver = "systemd"\n{images.podshim_registry_config()}'
-    with loopback_relay(outer_netns, port), running_podshimd(directory, config=config, netns=outer_netns) as daemon:
-        started = time.monotonic()
-        result = run_critest(critest_in(outer_netns, critest, directory), daemon.endpoint, cwd=directory,
-                             focus=V2_FOCUS, extra=["--runtime-handler", handler], timeout=CRITEST_TIMEOUT)
-        took = time.monotonic() - started
-        focused = {name: state for name, state in result.specs.items() if re.search(V2_FOCUS, name)}
-        failed = [f"{name}: {state} ({result.messages.get(name, '').strip().splitlines()[:1]})"
-                  for name, state in sorted(focused.items()) if state != "passed"]
-        assert not failed and len(focused) == V2_SPECS, (
-            f"{result.summary()} in {took:.0f} s; {len(focused)} specs in focus; not passed:\n" + "\n".join(failed)
-            + f"\n{result.output[-3000:]}")
-        runtime = daemon.runtime()
-        assert list(runtime.ListPodSandbox(api_pb2.ListPodSandboxRequest()).items) == []
-        assert daemon.sandbox_bundles() == []
-    assert "Traceback" not in daemon.log()
-    # No unit of podshim's is left in systemd (its default parent, podshim.slice, stays as kubepods.slice does).
-    left = subprocess.run(["systemctl", "list-units", "--all", "--plain", "--no-legend", "podshim-*"],
-                          capture_output=True, text=True, timeout=60).stdout.split()
-    assert left == [], left
