@@ -31,5 +31,5 @@ def test_in_the_cgroup_v2_guest_a_pods_container_gets_its_cpu_and_memory_limits_
         assert result.returncode == 0 and "passed" in summary and "skipped" not in summary, output
         # No process in any of podshim's cgroups, and no pause, once the tests are done.
         left = vm.run(["sh", "-c", "cat $(find /sys/fs/cgroup/podshim -name cgroup.procs 2>/dev/null) /dev/null;"
-                       " pgrep -x catatonit || true; systemctl list-units --all --plain --no-legend 'podshim-*' '*-podshim_*.slice'"])
+                       " pgrep -x catatonit || true; systemctl list-units --all --plain --no-legend 'podshim-*.scope' '*podshim_*.slice'"])
         assert left.stdout.decode().split() == [], left.stdout.decode()
