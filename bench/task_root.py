@@ -24,6 +24,7 @@ import time
 
 from shim.kernel import linux
 from shim.kernel.reaper import Reaper
+from shim.lib.rootfs import RootfsMount, mount_rootfs, unmount_rootfs
 from shim.runtime import mounts, process
 
 from bench.common import busybox_tree
@@ -53,17 +54,17 @@ async def bench(launches: int) -> None:
         lower = busybox_tree(f"{base}/lower", "true")
         for name in ("upper", "work"):
             os.makedirs(f"{base}/{name}")
-        mounts.mount_rootfs((mounts.RootfsMount("overlay", "overlay", (
+        mount_rootfs((RootfsMount("overlay", "overlay", (
             f"lowerdir={lower}", f"upperdir={base}/upper", f"workdir={base}/work")),), overlay_root)
         ways = {"plain": (None, ""), "host root": (mounts.TaskFilesystem(), f"{base}/host/rootfs"),
-                "overlay root": (mounts.TaskFilesystem(rootfs=(mounts.RootfsMount("bind", overlay_root),)),
+                "overlay root": (mounts.TaskFilesystem(rootfs=(RootfsMount("bind", overlay_root),)),
                                  overlay_root)}
         times: dict[str, list[float]] = {way: [] for way in ways}
         for _ in range(launches):
             for way, (fs, mount_point) in ways.items():
                 times[way].append(await launch_once(reaper, fs, mount_point))
     finally:
-        mounts.unmount_rootfs(overlay_root)
+        unmount_rootfs(overlay_root)
         reaper.uninstall()
         shutil.rmtree(base, ignore_errors=True)
     print("| task's root | launch median, ms | min, ms | n |")

@@ -102,13 +102,14 @@ def _delete_task(bundle: str, task_id: str, task: TaskRecord) -> TaskRecord:
     _remove_cgroup(task.cgroup)
     rootfs = task.rootfs
     if rootfs:
+        from shim.lib.rootfs import unmount_rootfs
         from shim.runtime import mounts
 
         if os.path.normpath(rootfs) != os.path.normpath(mounts.rootfs_path(os.path.abspath(bundle), task_id)):
             log.error("task %s: not unmounting %s, which is not its rootfs in %s", task_id, rootfs, bundle)
         else:
             try:
-                mounts.unmount_rootfs(rootfs)
+                unmount_rootfs(rootfs)
                 rootfs = ""
             except RpcError as exc:
                 log.error("task %s: %s", task_id, exc.message)
@@ -216,13 +217,14 @@ def _unmount_sandbox_rootfs(bundle: str, rootfs: str) -> str:
     ("" once unmounted). Only where the shim mounts one (``<bundle>/rootfs``)."""
     if not rootfs:
         return ""
+    from shim.lib.rootfs import unmount_sandbox_rootfs
     from shim.runtime import mounts
 
     if os.path.normpath(rootfs) != os.path.normpath(mounts.sandbox_rootfs_path(os.path.abspath(bundle))):
         log.error("not unmounting %s, which is not the pause's rootfs in %s", rootfs, bundle)
         return rootfs
     try:
-        mounts.unmount_sandbox_rootfs(rootfs)
+        unmount_sandbox_rootfs(rootfs)
     except (RpcError, OSError) as exc:
         log.error("cannot remove the pause's rootfs %s: %s", rootfs, getattr(exc, "message", exc))
         return rootfs

@@ -7,7 +7,7 @@ snapshot ``imagevolume-<pod id>-<image id hex>``) mounted on the node at
 ``<state root>/image-volumes/<pod id>/<image id hex>``, and each container binds it (or its
 directory ``image_sub_path``, resolved inside the image: never out of it through ``..`` or a
 symbolic link) read-only at its ``container_path``. In a pod with a user namespace, as containerd
-2 does, the view's layers are id-mapped with the pod's mappings (:func:`shim.runtime.mounts.mount_rootfs`,
+2 does, the view's layers are id-mapped with the pod's mappings (:func:`shim.lib.rootfs.mount_rootfs`,
 as a rootfs's lower layers are), so the image's files show their owners as in the image inside
 the pod; a one-layer view (a bind) is id-mapped by the shim as any bind is. Unlike containerd, which keeps a pod's volumes
 until the pod goes, a volume is released (unmounted, its snapshot removed) when the last container
@@ -32,15 +32,8 @@ import anyio
 
 from shim.lib.files import ensure_private_dir
 from shim.lib.idmaps import IdMap
+from shim.lib.rootfs import is_mount_point, mount_rootfs, open_in_root, parse_rootfs, root_needs_idmap, unmount_rootfs
 from shim.rpc.status import FailedPrecondition, InvalidArgument, RpcError
-from shim.runtime.mounts import (
-    is_mount_point,
-    mount_rootfs,
-    open_in_root,
-    parse_rootfs,
-    root_needs_idmap,
-    unmount_rootfs,
-)
 
 from client.cri.configs import Mount
 from client.cri.rootfs import ImageLookup, Snapshotter, call, mount_dicts

@@ -15,9 +15,33 @@ import errno
 import os
 import signal
 import struct
-from collections.abc import Sequence
 
-# /proc reading and the namespace types and setns live with the code the client shares.
+# /proc reading, the namespace types and setns, and the mount calls live with the code the client shares.
+from shim.lib.mountcalls import (
+    MNT_DETACH,
+    MNT_FORCE,
+    MS_BIND,
+    MS_NODEV,
+    MS_NOEXEC,
+    MS_NOSUID,
+    MS_PRIVATE,
+    MS_RDONLY,
+    MS_REC,
+    MS_REMOUNT,
+    MS_SHARED,
+    MS_SLAVE,
+    UMOUNT_NOFOLLOW,
+    fs_type,
+    mount,
+    mount_fs,
+    mount_setattr,
+    move_mount,
+    new_mount,
+    open_tree,
+    umount2,
+)
+from shim.lib.mountcalls import check_result as _check  # (the errno check of every wrapper here too)
+from shim.lib.mountcalls import encode_path as _encode
 from shim.lib.namespaces import (
     CLONE_NEWCGROUP,
     CLONE_NEWIPC,
@@ -65,22 +89,6 @@ CLONE_INTO_CGROUP = 0x200000000  # clone3 only (Linux 5.7)
 #: does it another way.
 CLONE3_REFUSED = frozenset({errno.ENOSYS, errno.E2BIG, errno.EINVAL, errno.EPERM})
 
-# <linux/mount.h>
-MS_RDONLY = 1
-MS_NOSUID = 2
-MS_NODEV = 4
-MS_NOEXEC = 8
-MS_REMOUNT = 32
-MS_BIND = 4096
-MS_REC = 16384
-MS_PRIVATE = 1 << 18
-MS_SLAVE = 1 << 19
-MS_SHARED = 1 << 20
-
-MNT_FORCE = 1
-MNT_DETACH = 2
-UMOUNT_NOFOLLOW = 8
-
 # <linux/prctl.h>
 _PR_SET_PDEATHSIG = 1
 _PR_SET_CHILD_SUBREAPER = 36
@@ -117,27 +125,14 @@ _INOTIFY_READ_BYTES = 65536
 _libc = ctypes.CDLL(None, use_errno=True)
 
 _libc.unshare.argtypes = [ctypes.c_int]
-_libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
-_libc.umount2.argtypes = [ctypes.c_char_p, ctypes.c_int]
 _libc.sethostname.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
 _libc.pthread_sigmask.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p]
 _libc.prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
 _libc.inotify_init1.argtypes = [ctypes.c_int]
 _libc.inotify_add_watch.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_uint32]
-_libc.statfs.argtypes = [ctypes.c_char_p, ctypes.c_void_p]
 _libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
 _MADV_DONTNEED = 4
 _PAGE = os.sysconf("SC_PAGE_SIZE")
-
-
-def _check(result: int, *filenames: str | None) -> None:
-    if result == -1:
-        err = ctypes.get_errno()
-        raise OSError(err, os.strerror(err), *filenames)
-
-
-def _encode(value: str | bytes | None) -> bytes | None:
-    return os.fsencode(value) if value is not None else None
 
 
 def unshare(flags: int) -> None:
@@ -145,18 +140,8 @@ def unshare(flags: int) -> None:
     _check(_libc.unshare(flags))
 
 
-def mount(source: str | None, target: str, fstype: str | None, flags: int = 0, data: str | None = None) -> None:
-    """mount(2). Raises OSError naming ``target``."""
-    _check(_libc.mount(_encode(source), _encode(target), _encode(fstype), flags, _encode(data)), target)
-
-
-def umount2(target: str, flags: int = 0) -> None:
-    """umount2(2). Raises OSError naming ``target`` (EINVAL when it is not a mount point)."""
-    _check(_libc.umount2(_encode(target), flags), target)
-
-
 # The system calls glibc does not wrap (or wraps with its own rules: rt_sigaction) whose numbers
-# differ between architectures; those from 424 on (the new mount API, clone3) are the same
+# differ between architectures; those from 424 on (clone3, openat2, the new mount API) are the same
 # everywhere. Elsewhere the wrappers that need one fail ENOSYS, naming the machine.
 _MACHINE = os.uname().machine
 _ARCH_SYSCALLS = {
@@ -167,17 +152,7 @@ _ARCH_SYSCALLS = {
 }
 _SYS_PIVOT_ROOT, _SYS_RT_SIGACTION = _ARCH_SYSCALLS.get(_MACHINE, (-1, -1))
 _SYS_BPF = {"x86_64": 321, "aarch64": 280, "riscv64": 280}.get(_MACHINE, -1)
-_SYS_OPEN_TREE = 428
-_SYS_MOVE_MOUNT = 429
-OPEN_TREE_CLONE = 1
-OPEN_TREE_CLOEXEC = os.O_CLOEXEC
-AT_RECURSIVE = 0x8000
-_AT_FDCWD = -100
-_AT_EMPTY_PATH = 0x1000
-_MOVE_MOUNT_F_EMPTY_PATH = 0x4
-_MOVE_MOUNT_T_EMPTY_PATH = 0x40
 _SYS_OPENAT2 = 437
-_SYS_MOUNT_SETATTR = 442
 # <linux/openat2.h>
 RESOLVE_NO_MAGICLINKS = 0x02
 RESOLVE_NO_SYMLINKS = 0x04
@@ -191,42 +166,6 @@ _libc_gil = ctypes.PyDLL(None, use_errno=True)
 _libc_gil.syscall.restype = ctypes.c_long
 
 
-def open_tree(path: str, recursive: bool) -> int:
-    """A detached copy of the mount at ``path`` (with the mounts below it when ``recursive``), as
-    an fd to :func:`move_mount` elsewhere, in this or another mount namespace. Closing the fd
-    unmounts the copy if it was never attached. Raises OSError naming ``path``."""
-    flags = OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | (AT_RECURSIVE if recursive else 0)
-    fd: int = _libc.syscall(_SYS_OPEN_TREE, _AT_FDCWD, _encode(path), ctypes.c_uint(flags))
-    _check(fd, path)
-    return fd
-
-
-def move_mount(fd: int, target: str | int, name: str = "") -> None:
-    """Attach the detached mount ``fd`` (from :func:`open_tree` or :func:`new_mount`) on ``target``:
-    a path, or an open fd (O_PATH will do), mounted on as it is with no path looked up again, so
-    nothing can swap what it names in between. Raises OSError naming ``name`` or the path."""
-    if isinstance(target, int):
-        to_fd, to_path, flags = target, b"", _MOVE_MOUNT_F_EMPTY_PATH | _MOVE_MOUNT_T_EMPTY_PATH
-    else:
-        to_fd, to_path, flags = _AT_FDCWD, os.fsencode(target), _MOVE_MOUNT_F_EMPTY_PATH
-    _check(_libc.syscall(_SYS_MOVE_MOUNT, ctypes.c_int(fd), b"", ctypes.c_int(to_fd), to_path, ctypes.c_uint(flags)),
-           name or (target if isinstance(target, str) else None))
-
-
-def mount_setattr(fd: int, *, propagation: int = 0, flags: int = 0, recursive: bool = False,
-                  userns_fd: int = -1) -> None:
-    """mount_setattr(2) on the mount open on ``fd`` (attached or detached): ``propagation`` one of
-    MS_PRIVATE, MS_SLAVE, MS_SHARED (0: unchanged), ``flags`` the MS_RDONLY, MS_NOSUID, MS_NODEV,
-    MS_NOEXEC to set; ``userns_fd``, a user namespace whose mappings id-map the mount (a detached
-    one, never mapped before: EINVAL where its filesystem cannot be); ``recursive``: on the
-    mounts below it too. Raises OSError."""
-    attrs = _mount_attrs(flags) | (_MOUNT_ATTR_IDMAP if userns_fd >= 0 else 0)
-    attr = struct.pack("=4Q", attrs, 0, propagation, max(userns_fd, 0))  # attr_set, attr_clr, propagation, userns_fd
-    _check(_libc.syscall(_SYS_MOUNT_SETATTR, ctypes.c_int(fd), b"",
-                         ctypes.c_uint(_AT_EMPTY_PATH | (AT_RECURSIVE if recursive else 0)), attr,
-                         ctypes.c_size_t(len(attr))))
-
-
 def openat2(dir_fd: int, path: str, flags: int, resolve: int, mode: int = 0) -> int:
     """openat2(2): ``path`` opened relative to ``dir_fd`` with the ``RESOLVE_*`` rules of ``resolve``
     (RESOLVE_IN_ROOT: ``dir_fd`` is the root every ``..`` and absolute link stays in;
@@ -236,69 +175,6 @@ def openat2(dir_fd: int, path: str, flags: int, resolve: int, mode: int = 0) -> 
     fd: int = _libc.syscall(_SYS_OPENAT2, ctypes.c_int(dir_fd), _encode(path), how, ctypes.c_size_t(len(how)))
     _check(fd, path)
     return fd
-
-
-_SYS_FSOPEN = 430
-_SYS_FSCONFIG = 431
-_SYS_FSMOUNT = 432
-_FSOPEN_CLOEXEC = 1
-_FSMOUNT_CLOEXEC = 1
-_FSCONFIG_SET_FLAG = 0
-_FSCONFIG_SET_STRING = 1
-_FSCONFIG_SET_FD = 5
-_MOUNT_ATTR_IDMAP = 0x00100000
-_FSCONFIG_CMD_CREATE = 6
-#: fsmount(2)'s and mount_setattr(2)'s attributes, by the mount(2) flag each stands for.
-_MOUNT_ATTRS = ((MS_RDONLY, 0x1), (MS_NOSUID, 0x2), (MS_NODEV, 0x4), (MS_NOEXEC, 0x8), (1 << 24, 0x20))
-
-
-def _mount_attrs(flags: int) -> int:
-    return sum(attr for flag, attr in _MOUNT_ATTRS if flags & flag)
-
-
-def new_mount(fstype: str, source: str | None, params: Sequence[tuple[str, str | int | None]], flags: int = 0) -> int:
-    """A new ``fstype`` through fsopen/fsconfig/fsmount, detached: its fd, to :func:`move_mount`
-    (and to make files in through ``dir_fd`` once attached). Each of ``params`` is one fsconfig
-    key (a flag when its value is None, an fd when an int), so no option string and no page-size limit on it
-    (overlayfs takes its lower layers one by one as ``lowerdir+``). ``flags``: MS_RDONLY,
-    MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_STRICTATIME. Raises OSError naming the key that failed,
-    or ``fstype``."""
-    fs = _libc.syscall(_SYS_FSOPEN, _encode(fstype), ctypes.c_uint(_FSOPEN_CLOEXEC))
-    _check(fs, fstype)
-    try:
-        if source is not None:
-            params = [("source", source), *params]
-        for key, value in params:
-            if isinstance(value, int):  # an fd: a directory given by fd (an id-mapped layer)
-                cmd, text, aux = _FSCONFIG_SET_FD, None, value
-            else:
-                cmd, text, aux = _FSCONFIG_SET_FLAG if value is None else _FSCONFIG_SET_STRING, value, 0
-            _check(_libc.syscall(_SYS_FSCONFIG, ctypes.c_int(fs), ctypes.c_uint(cmd), _encode(key), _encode(text),
-                                 ctypes.c_int(aux)), f"{key}={value}" if value is not None else key)
-        _check(_libc.syscall(_SYS_FSCONFIG, ctypes.c_int(fs), ctypes.c_uint(_FSCONFIG_CMD_CREATE), None, None,
-                             ctypes.c_int(0)), fstype)
-        mnt: int = _libc.syscall(_SYS_FSMOUNT, ctypes.c_int(fs), ctypes.c_uint(_FSMOUNT_CLOEXEC),
-                                 ctypes.c_uint(_mount_attrs(flags)))
-        _check(mnt, fstype)
-        return mnt
-    finally:
-        os.close(fs)
-
-
-def mount_fs(fstype: str, source: str | None, params: Sequence[tuple[str, str | int | None]], target: str,
-             flags: int = 0) -> None:
-    """Mount a new ``fstype`` on ``target`` (:func:`new_mount`, attached there). Raises OSError
-    naming the key that failed, or ``target``."""
-    try:
-        mnt = new_mount(fstype, source, params, flags)
-    except OSError as exc:
-        if exc.filename == fstype:
-            exc.filename = target
-        raise
-    try:
-        move_mount(mnt, target)
-    finally:
-        os.close(mnt)
 
 
 def pivot_root(new_root: str, put_old: str) -> None:
@@ -528,11 +404,3 @@ def inotify_read(fd: int) -> list[tuple[int, int, str]]:
             name = os.fsdecode(data[offset:offset + size].rstrip(b"\0"))
             offset += size
             events.append((wd, mask, name))
-
-
-def fs_type(path: str) -> int:
-    """The magic number of the filesystem holding ``path`` (statfs(2)'s ``f_type``, as
-    <linux/magic.h> names it: 0x6969 for NFS). Raises OSError naming ``path``."""
-    buf = ctypes.create_string_buffer(256)  # struct statfs: 120 bytes on 64-bit, f_type first
-    _check(_libc.statfs(_encode(path), buf), path)
-    return ctypes.c_long.from_buffer(buf).value & 0xFFFFFFFF

@@ -3,6 +3,8 @@
 
 - ``files``: atomic writes, private directories, JSON documents read with limits;
 - ``trees``: walking and removing trees of any depth; ``mountinfo``: /proc/PID/mountinfo;
+- ``mountcalls``: the mount system calls; ``rootfs``: a root filesystem's mounts made and undone on
+  the host (a task's root, an image volume), a path resolved inside a root;
 - ``processes``: a process named by pid and start time, its pidfd, its /proc status;
 - ``capabilities``: capabilities by name and a process's sets; ``idmaps``: a user namespace's
   mappings and its view for id-mapped mounts; ``namespaces``: a namespace file opened, a thread

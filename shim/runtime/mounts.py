@@ -7,10 +7,10 @@ Three parts, one per place they run:
   ``masked_paths``, ``readonly_paths`` and ``privileged``, checked once in Task.Create into a
   :class:`TaskFilesystem` that every runtime handler applies (native here, runc/crun through
   :func:`shim.runtime.oci.spec.task_spec`).
-- **The host** (:func:`mount_rootfs`, :func:`unmount_rootfs`): the ``rootfs`` mounts (containerd's
-  mount.Mount: an overlay from a snapshotter, or a bind; without any, :data:`OWN_ROOT`, an empty
-  tmpfs) on ``<bundle>/tasks/<task id>/rootfs``, made at Create and undone at Delete, after a
-  failed Create and by ``podshim delete``.
+- **The host**: the ``rootfs`` mounts (containerd's mount.Mount: an overlay from a snapshotter,
+  or a bind; without any, :data:`OWN_ROOT`, an empty tmpfs) on ``<bundle>/tasks/<task id>/rootfs``
+  (:func:`rootfs_path`), mounted at Create and unmounted at Delete, after a failed Create and by
+  ``podshim delete`` with :mod:`shim.lib.rootfs`, which the pod layer's image volumes share.
 - **The native child** (:func:`open_trees` in the shim before the fork, :func:`enter_root` in the
   task's process before exec). The shim's mount namespace is not the task's (the task's is a
   copy of the pause's, made when the pod started, and this host's ``/`` does not propagate), so
@@ -29,16 +29,27 @@ from typing import Any
 
 from shim.kernel import linux
 from shim.lib.idmaps import IdMap
+from shim.lib.rootfs import (
+    AT_ROOT,
+    PROPAGATION,
+    RootfsMount,
+    array_field,
+    at_root,
+    idmap_tree,
+    open_in_root,
+    options_field,
+    parse_rootfs,
+    root_needs_idmap,
+    string_field,
+)
 from shim.rpc.records import Record
 from shim.rpc.records import set_field as _set
-from shim.rpc.status import FailedPrecondition, Internal, InvalidArgument
+from shim.rpc.status import FailedPrecondition, InvalidArgument
 
 __all__ = ["MASKED_PATHS", "READONLY_PATHS", "ROOTFS_DIR", "TASKS_DIR", "TMPFS_FLAGS", "BindMount", "TaskMount",
-           "TmpfsMount", "tmpfs_refusal", "HostDevice", "PauseRoot", "RootSetup",
-           "RootfsMount", "TaskFilesystem", "AT_ROOT", "at_root", "check_destinations", "enter_pause_root", "enter_root", "host_devices", "host_sysfs", "is_mount_point",
-           "mount_rootfs", "open_in_root", "open_root", "open_source", "open_trees", "parse_filesystem", "parse_rootfs", "resolve_in_root", "root_needs_idmap",
-           "rootfs_path", "sandbox_rootfs_path",
-           "unmount_rootfs", "unmount_sandbox_rootfs"]
+           "TmpfsMount", "tmpfs_refusal", "HostDevice", "PauseRoot", "RootSetup", "TaskFilesystem",
+           "check_destinations", "enter_pause_root", "enter_root", "host_devices", "host_sysfs", "open_root",
+           "open_source", "open_trees", "parse_filesystem", "rootfs_path", "sandbox_rootfs_path"]
 
 #: runc's default masked and read-only paths (`runc spec`).
 MASKED_PATHS = (
@@ -50,21 +61,11 @@ READONLY_PATHS = ("/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysr
 TASKS_DIR = "tasks"  # <bundle>/tasks/<task id>/rootfs: where the shim mounts a task's rootfs
 ROOTFS_DIR = "rootfs"
 
-#: mount(8) options of the ``rootfs`` mounts that are flags; the others go to the filesystem as data.
-_ROOTFS_FLAGS = {
-    "ro": (linux.MS_RDONLY, True), "rw": (linux.MS_RDONLY, False), "nosuid": (linux.MS_NOSUID, True),
-    "suid": (linux.MS_NOSUID, False), "nodev": (linux.MS_NODEV, True), "dev": (linux.MS_NODEV, False),
-    "noexec": (linux.MS_NOEXEC, True), "exec": (linux.MS_NOEXEC, False), "bind": (linux.MS_BIND, True),
-    "rbind": (linux.MS_BIND | linux.MS_REC, True),
-}
-_MS_PROPAGATION = {"rprivate": linux.MS_PRIVATE | linux.MS_REC, "private": linux.MS_PRIVATE,
-                   "rslave": linux.MS_SLAVE | linux.MS_REC, "slave": linux.MS_SLAVE,
-                   "rshared": linux.MS_SHARED | linux.MS_REC, "shared": linux.MS_SHARED}
 #: The options of a ``mounts`` entry (a bind): read-only or not, recursive or not, propagation, flags,
 #: and ``idmapped``: its source is id-mapped for the pod's user namespace already (an image volume's
 #: overlay of id-mapped layers, which cannot be id-mapped itself), so it is bound as it is.
 _BIND_OPTIONS = frozenset({"ro", "rro", "rw", "bind", "rbind", "nosuid", "nodev", "noexec", "idmapped",
-                           *_MS_PROPAGATION})
+                           *PROPAGATION})
 _BIND_FLAGS = {"ro": linux.MS_RDONLY, "nosuid": linux.MS_NOSUID, "nodev": linux.MS_NODEV, "noexec": linux.MS_NOEXEC}
 #: The flags set on the bind and on every mount below it (mount_setattr with AT_RECURSIVE): OCI's ``rro``.
 _BIND_RECURSIVE_FLAGS = {"rro": linux.MS_RDONLY}
@@ -79,10 +80,6 @@ _TMPFS_FLAGS = {"ro": (linux.MS_RDONLY, True), "rw": (linux.MS_RDONLY, False),
 _TMPFS_PARAMS = frozenset({"size", "mode", "nr_inodes", "uid", "gid"})
 #: The propagation a tmpfs takes (it is new: nothing to propagate from).
 _TMPFS_PROPAGATION = frozenset({"private", "rprivate"})
-_MAX_SYMLINKS = 40
-_OVERLAYFS_MAGIC = 0x794C7630
-#: mount(2) copies one page of options: longer ones (an overlay of many layers) go through fsconfig.
-_MAX_MOUNT_DATA_BYTES = 4095
 _DEV_TMPFS: list[tuple[str, str | None]] = [("mode", "755"), ("size", "65536k")]
 _DEVPTS: list[tuple[str, str | None]] = [("newinstance", None), ("ptmxmode", "0666"), ("mode", "0620"), ("gid", "5")]
 #: The nodes of a task's /dev: name, major, minor (all character devices, mode 0666; runc's list).
@@ -94,23 +91,6 @@ _STANDARD_NODES = frozenset(name for name, _, _ in DEV_NODES)
 #: The links of a task's /dev (runc's and crun's).
 DEV_LINKS = (("ptmx", "pts/ptmx"), ("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"),
              ("stdout", "/proc/self/fd/1"), ("stderr", "/proc/self/fd/2"), ("core", "/proc/kcore"))
-
-
-class RootfsMount(Record):
-    """One ``rootfs`` entry: containerd's mount.Mount (``overlay`` with lowerdir/upperdir/workdir, ``bind``, ...)."""
-
-    __slots__ = ("type", "source", "options")
-    type: str
-    source: str
-    options: tuple[str, ...]
-
-    def __init__(self, type: str, source: str, options: tuple[str, ...] = ()) -> None:
-        _set(self, "type", type)
-        _set(self, "source", source)
-        _set(self, "options", options)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"type": self.type, "source": self.source, "options": list(self.options)}
 
 
 class BindMount(Record):
@@ -138,14 +118,14 @@ class BindMount(Record):
     @property
     def propagation(self) -> str:
         """The last propagation option given; ``rprivate`` by default."""
-        return next((o for o in reversed(self.options) if o in _MS_PROPAGATION), "rprivate")
+        return next((o for o in reversed(self.options) if o in PROPAGATION), "rprivate")
 
     def to_oci(self) -> dict[str, Any]:
         """The OCI mount: the options as given, with the bind kind and propagation made explicit."""
         options = [o for o in self.options if o != "idmapped"]
         if "bind" not in options and "rbind" not in options:
             options.insert(0, "rbind" if self.recursive else "bind")
-        if not any(o in _MS_PROPAGATION for o in options):
+        if not any(o in PROPAGATION for o in options):
             options.append(self.propagation)
         return {"destination": self.destination, "type": "bind", "source": self.source, "options": options}
 
@@ -277,15 +257,10 @@ class TaskFilesystem(Record):
 
 # -- the wire --------------------------------------------------------------------------------
 
-def parse_rootfs(payload: Mapping[str, Any]) -> tuple[RootfsMount, ...]:
-    """The ``rootfs`` mounts of a Task.Create or CreateSandbox payload; InvalidArgument naming the entry."""
-    return tuple(_rootfs_mount(entry, f"rootfs[{i}]") for i, entry in enumerate(_array(payload, "rootfs")))
-
-
 def parse_filesystem(payload: Mapping[str, Any]) -> TaskFilesystem:
     """The mount fields of a Task.Create payload; InvalidArgument with a sentence naming the field."""
     rootfs = parse_rootfs(payload)
-    mounts = tuple(_task_mount(entry, f"mounts[{i}]") for i, entry in enumerate(_array(payload, "mounts")))
+    mounts = tuple(_task_mount(entry, f"mounts[{i}]") for i, entry in enumerate(array_field(payload, "mounts")))
     return TaskFilesystem(
         rootfs=rootfs,
         readonly_rootfs=_bool(payload, "readonly_rootfs"),
@@ -296,15 +271,6 @@ def parse_filesystem(payload: Mapping[str, Any]) -> TaskFilesystem:
     )
 
 
-def _array(payload: Mapping[str, Any], name: str) -> list[Any]:
-    value = payload.get(name)
-    if value is None:
-        return []
-    if not isinstance(value, list):
-        raise InvalidArgument(f"field {name!r} must be an array")
-    return value
-
-
 def _bool(payload: Mapping[str, Any], name: str) -> bool:
     value = payload.get(name)
     if value is not None and not isinstance(value, bool):
@@ -312,38 +278,10 @@ def _bool(payload: Mapping[str, Any], name: str) -> bool:
     return bool(value)
 
 
-def _string(entry: Mapping[str, Any], key: str, where: str, *, required: bool = True) -> str:
-    value = entry.get(key)
-    if value is None and not required:
-        return ""
-    if not isinstance(value, str) or not value or "\0" in value:
-        raise InvalidArgument(f"field '{where}.{key}' must be a non-empty string without NUL")
-    return value
-
-
-def _options(entry: Mapping[str, Any], where: str) -> tuple[str, ...]:
-    options = entry.get("options")
-    if options is None:
-        return ()
-    if not isinstance(options, list) or not all(isinstance(o, str) and o and "\0" not in o and "," not in o
-                                                for o in options):
-        raise InvalidArgument(f"field '{where}.options' must be an array of non-empty strings without ',' or NUL")
-    return tuple(options)
-
-
 def _absolute(path: str, where: str) -> str:
     if not os.path.isabs(path) or ".." in path.split("/"):
         raise InvalidArgument(f"field {where!r} must be an absolute path without '..', not {path!r}")
     return os.path.normpath(path)
-
-
-def _rootfs_mount(entry: Any, where: str) -> RootfsMount:
-    if not isinstance(entry, Mapping):
-        raise InvalidArgument(f"field {where!r} must be a map {{type, source, options}}")
-    mount = RootfsMount(_string(entry, "type", where), _string(entry, "source", where), _options(entry, where))
-    if mount.type == "bind" and not os.path.isabs(mount.source):
-        raise InvalidArgument(f"field '{where}.source' of a bind must be an absolute path, not {mount.source!r}")
-    return mount
 
 
 def tmpfs_refusal(options: Iterable[str]) -> str:
@@ -368,8 +306,8 @@ def _task_mount(entry: Any, where: str) -> TaskMount:
     if kind not in ("bind", "tmpfs"):
         raise InvalidArgument(f"field '{where}.type' {kind!r} is not supported: a task's mounts are binds and "
                               "tmpfs mounts")
-    options = _options(entry, where)
-    destination = _absolute(_string(entry, "destination", where), f"{where}.destination")
+    options = options_field(entry, where)
+    destination = _absolute(string_field(entry, "destination", where), f"{where}.destination")
     if destination == "/":
         raise InvalidArgument(f"field '{where}.destination' must not be '/': the root is 'rootfs'")
     if kind == "tmpfs":
@@ -381,7 +319,7 @@ def _task_mount(entry: Any, where: str) -> TaskMount:
     if unknown:
         raise InvalidArgument(f"field '{where}.options' has {unknown[0]!r}, not a bind option "
                               f"({', '.join(sorted(_BIND_OPTIONS))})")
-    return BindMount(destination, _absolute(_string(entry, "source", where), f"{where}.source"), options)
+    return BindMount(destination, _absolute(string_field(entry, "source", where), f"{where}.source"), options)
 
 
 def _paths(payload: Mapping[str, Any], name: str, default: tuple[str, ...]) -> tuple[str, ...]:
@@ -403,145 +341,6 @@ def sandbox_rootfs_path(bundle: str) -> str:
 def rootfs_path(bundle: str, task_id: str) -> str:
     """Where the shim mounts a task's rootfs."""
     return os.path.join(bundle, TASKS_DIR, task_id, ROOTFS_DIR)
-
-
-def mount_rootfs(mounts: tuple[RootfsMount, ...], target: str, idmap: IdMap | None = None) -> None:
-    """Mount ``mounts`` on ``target`` (made, 0755), one on another in order, as containerd's
-    mount.All. With ``idmap`` (a pod's user namespace), an overlay's lower layers are id-mapped
-    (overlayfs cannot be id-mapped itself) and its upper directory is given to the namespace's
-    root, so what the task writes is owned by its mapped ids (as containerd's overlay
-    snapshotter does); a bind is id-mapped when the task's root is taken (:func:`open_trees`).
-    On failure what was mounted is unmounted and the error is FailedPrecondition
-    naming the entry (or the layer whose filesystem cannot be id-mapped) and the kernel's reason."""
-    os.makedirs(target, 0o755, exist_ok=True)
-    for i, entry in enumerate(mounts):
-        if idmap is not None and entry.type == "overlay":
-            try:
-                _mount_idmapped_overlay(entry, target, idmap)
-            except FailedPrecondition:
-                unmount_rootfs(target, remove=False)
-                raise
-            except OSError as exc:
-                unmount_rootfs(target, remove=False)
-                raise FailedPrecondition(f"cannot mount rootfs[{i}] ({entry.type} {entry.source}) on {target} "
-                                         f"with id-mapped layers: {exc.strerror}") from None
-            continue
-        flags, data = 0, []
-        for option in entry.options:
-            if option in _ROOTFS_FLAGS:
-                bit, on = _ROOTFS_FLAGS[option]
-                flags = flags | bit if on else flags & ~bit
-            elif option in _MS_PROPAGATION:
-                continue  # a rootfs is private to the task: the kernel's default here
-            else:
-                data.append(option)
-        kind = None if flags & linux.MS_BIND else entry.type
-        try:
-            if kind is not None and len(",".join(data).encode()) > _MAX_MOUNT_DATA_BYTES:
-                linux.mount_fs(kind, entry.source, _fs_params(data), target, flags)
-                continue
-            linux.mount(entry.source, target, kind, flags & ~linux.MS_RDONLY if flags & linux.MS_BIND else flags,
-                        ",".join(data) or None)
-            if flags & linux.MS_BIND and flags & linux.MS_RDONLY:  # a bind is made read-only by a remount
-                linux.mount(None, target, None, linux.MS_REMOUNT | linux.MS_BIND | linux.MS_RDONLY)
-        except OSError as exc:
-            unmount_rootfs(target, remove=False)
-            raise FailedPrecondition(f"cannot mount rootfs[{i}] ({entry.type} {entry.source}) on {target}: "
-                                     f"{exc.strerror}") from None
-
-
-def _mount_idmapped_overlay(entry: RootfsMount, target: str, idmap: IdMap) -> None:
-    """The overlay ``entry`` on ``target``, its lower layers given as id-mapped detached copies."""
-    params: list[tuple[str, str | int | None]] = []
-    layers: list[int] = []
-    try:
-        for option in entry.options:
-            key, _, value = option.partition("=")
-            if key == "lowerdir":
-                for layer in value.split(":"):
-                    layers.append(linux.open_tree(layer, False))
-                    _idmap(layers[-1], idmap, recursive=False, what=f"layer {layer}")
-                    params.append(("lowerdir+", layers[-1]))
-            elif key == "upperdir":
-                os.chown(value, idmap.root_uid, idmap.root_gid)
-                params.append((key, value))
-            elif key in _ROOTFS_FLAGS or key in _MS_PROPAGATION:
-                continue
-            else:
-                params.append((key, value if _ else None))
-        linux.mount_fs("overlay", entry.source, params, target)
-    finally:
-        for fd in layers:
-            os.close(fd)
-
-
-def _fs_params(data: list[str]) -> list[tuple[str, str | None]]:
-    """Mount options as fsconfig keys; an overlay's ``lowerdir=a:b:c`` as one ``lowerdir+`` each."""
-    params: list[tuple[str, str | None]] = []
-    for option in data:
-        key, sep, value = option.partition("=")
-        if key == "lowerdir" and sep:
-            params.extend(("lowerdir+", layer) for layer in value.split(":"))
-        else:
-            params.append((key, value if sep else None))
-    return params
-
-
-def is_mount_point(path: str) -> bool:
-    """Whether something is mounted on ``path``: its mount id differs from its parent's (a bind
-    from the same filesystem has the same device, so ``os.path.ismount`` cannot tell)."""
-    try:
-        return _mount_id(path) != _mount_id(os.path.dirname(path.rstrip("/")) or "/")
-    except OSError:
-        return False
-
-
-def _mount_id(path: str) -> int:
-    fd = os.open(path, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC)
-    try:
-        with open(f"/proc/self/fdinfo/{fd}", "rb") as f:
-            for line in f:
-                if line.startswith(b"mnt_id:"):
-                    return int(line.split()[1])
-    finally:
-        os.close(fd)
-    raise OSError(errno.ENOTSUP, "no mnt_id in fdinfo", path)
-
-
-def unmount_rootfs(target: str, *, remove: bool = True) -> None:
-    """Unmount everything mounted on ``target`` and, with ``remove``, remove it and its task
-    directory (empty ones only: never a recursive delete, so a mount left there fails it instead
-    of deleting the files under it). Idempotent. Raises Internal when a mount cannot be removed."""
-    _unmount(target)
-    if remove:
-        for directory in (target, os.path.dirname(target)):
-            try:
-                os.rmdir(directory)
-            except FileNotFoundError:
-                pass
-            except OSError as exc:
-                if exc.errno != errno.ENOTEMPTY:
-                    raise Internal(f"cannot remove {directory}: {exc.strerror}") from None
-
-
-def unmount_sandbox_rootfs(target: str) -> None:
-    """Unmount everything mounted on the pause's rootfs ``target`` (:func:`sandbox_rootfs_path`)
-    and remove the directory, not its bundle. Idempotent. Raises Internal when a mount cannot be
-    removed, OSError when the directory cannot."""
-    _unmount(target)
-    try:
-        os.rmdir(target)
-    except FileNotFoundError:
-        pass
-
-
-def _unmount(target: str) -> None:
-    while is_mount_point(target):
-        try:
-            # Detached: the task's copy of the mount may still be going away with its last process.
-            linux.umount2(target, linux.MNT_DETACH | linux.UMOUNT_NOFOLLOW)
-        except OSError as exc:
-            raise Internal(f"cannot unmount the rootfs {target}: {exc.strerror}") from None
 
 
 def check_destinations(fs: TaskFilesystem, root: str) -> None:
@@ -581,135 +380,6 @@ def check_destinations(fs: TaskFilesystem, root: str) -> None:
         os.close(root_fd)
         if empty:
             os.rmdir(empty)
-
-
-#: The launcher's step when a mount destination resolves to the task's root itself, followed by
-#: the destination (:mod:`shim.runtime.process` makes it InvalidArgument, :func:`at_root`'s sentence).
-AT_ROOT = "refusing the mount destination "
-
-
-def at_root(destination: str) -> str:
-    """The sentence for a mount ``destination`` that resolves to the task's root itself."""
-    return (f"mount destination {destination} resolves to the task's root itself (through a symbolic link in "
-            "its root filesystem or a volume): a mount cannot replace the root")
-
-
-def open_in_root(root_fd: int, path: str, make: str = "", *, sources: Mapping[str, str] | None = None,
-                 resolved: list[str] | None = None) -> int:
-    """An O_PATH fd of ``path`` resolved inside the directory open on ``root_fd`` as if it were
-    ``/``, never out of it: component by component with O_NOFOLLOW, each symbolic link read and
-    followed by hand (an absolute one from ``root_fd``, ``..`` never above it), so neither a link
-    to the host's paths nor a /proc magic link (/proc/self/root) leads out. ``make`` "dir" or
-    "file": what is missing is made on the way (directories 0755, the last one a directory or
-    an empty file 0644), by fd in the directory resolved so far, a dangling link's target too.
-    Raises OSError: FileNotFoundError (missing, nothing made), ELOOP (too many links),
-    ENOTDIR, and EINVAL (:func:`at_root`) when ``path`` resolves to the root itself.
-    ``sources`` (resolved path inside the root -> a directory elsewhere) stands for mounts not made
-    yet: the walk goes on in that directory where it reaches one. ``resolved``, when given, gets the
-    components of the path the result has inside the root (missing: the path it would be made at).
-
-    Runs in the native launcher's child between fork and exec too: no imports, no logging."""
-    parts = [p for p in path.split("/") if p]
-    chain = [os.dup(root_fd)]  # the directories resolved so far, the root first
-    names: list[str] = []  # chain[1:]'s names: the path inside the root
-    links = 0
-    try:
-        while parts:
-            part = parts.pop(0)
-            if part == ".":
-                continue
-            if part == "..":
-                if len(chain) > 1:
-                    os.close(chain.pop())
-                    names.pop()
-                continue
-            last = not parts
-            source = sources.get("/" + "/".join([*names, part])) if sources else None
-            if source is not None:  # a mount there covers whatever the root has
-                chain.append(os.open(source, os.O_PATH | os.O_CLOEXEC))
-                names.append(part)
-                if not last and not stat.S_ISDIR(os.fstat(chain[-1]).st_mode):
-                    raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), path)
-                continue
-            try:
-                fd = os.open(part, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=chain[-1])
-            except FileNotFoundError:
-                if not make:
-                    if resolved is not None:  # where it would be made: the rest taken as names
-                        resolved[:] = [*names, part]
-                        for rest in parts:
-                            if rest == ".." and resolved:
-                                resolved.pop()
-                            elif rest not in (".", ".."):
-                                resolved.append(rest)
-                    raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), path) from None
-                try:
-                    if last and make == "file":
-                        os.close(os.open(part, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
-                                         0o644, dir_fd=chain[-1]))
-                    else:
-                        os.mkdir(part, 0o755, dir_fd=chain[-1])
-                except FileExistsError:
-                    pass  # made meanwhile: opened below as it is
-                fd = os.open(part, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=chain[-1])
-            mode = os.fstat(fd).st_mode
-            if stat.S_ISLNK(mode):
-                try:
-                    target = os.readlink("", dir_fd=fd)
-                finally:
-                    os.close(fd)
-                links += 1
-                if links > _MAX_SYMLINKS:
-                    raise OSError(errno.ELOOP, f"too many symbolic links resolving {path} in the task's root")
-                if target.startswith("/"):
-                    while len(chain) > 1:
-                        os.close(chain.pop())
-                    names.clear()
-                parts = [p for p in target.split("/") if p] + parts
-                continue
-            chain.append(fd)
-            names.append(part)
-            if not last and not stat.S_ISDIR(mode):
-                raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), path)
-        if len(chain) == 1:
-            raise OSError(errno.EINVAL, at_root(path))
-        if resolved is not None:
-            resolved[:] = names
-        return chain.pop()
-    finally:
-        for fd in chain:
-            os.close(fd)
-
-
-def resolve_in_root(root: str, path: str) -> str:
-    """``path`` inside ``root`` with its symlinks resolved as if ``root`` were ``/`` (never out of it)."""
-    parts = [p for p in path.split("/") if p]
-    resolved: list[str] = []
-    links = 0
-    while parts:
-        part = parts.pop(0)
-        if part == ".":
-            continue
-        if part == "..":
-            if resolved:
-                resolved.pop()
-            continue
-        candidate = os.path.join(root, *resolved, part)
-        try:
-            is_link = stat.S_ISLNK(os.lstat(candidate).st_mode)
-        except OSError:
-            is_link = False
-        if not is_link:
-            resolved.append(part)
-            continue
-        links += 1
-        if links > _MAX_SYMLINKS:
-            raise FailedPrecondition(f"too many symbolic links resolving {path} in the task's root")
-        target = os.readlink(candidate)
-        if target.startswith("/"):
-            resolved = []
-        parts = [p for p in target.split("/") if p] + parts
-    return os.path.join(root, *resolved)
 
 
 # -- the native child ------------------------------------------------------------------------
@@ -783,20 +453,20 @@ def open_trees(fs: TaskFilesystem, mount_point: str, *, own_ipc: bool, idmap: Id
     try:
         setup.root_fd = _open_tree(mount_point, recursive=True, what="the task's root")
         if idmap is not None and root_needs_idmap(mount_point):
-            _idmap(setup.root_fd, idmap, recursive=True, what=f"the task's root {mount_point}")
+            idmap_tree(setup.root_fd, idmap, recursive=True, what=f"the task's root {mount_point}")
         if idmap is not None:
             setup.sysfs_fd = host_sysfs()
         for i, mount in enumerate(fs.mounts):
             if isinstance(mount, TmpfsMount):
                 setup.binds.append((open_tmpfs(mount, i, idmap), mount.destination, True,
-                                    _MS_PROPAGATION[mount.propagation], 0, 0))
+                                    PROPAGATION[mount.propagation], 0, 0))
                 continue
             fd = open_source(mount, i, idmap)
             flags = recursive_flags = 0
             for option in mount.options:
                 flags |= _BIND_FLAGS.get(option, 0)
                 recursive_flags |= _BIND_RECURSIVE_FLAGS.get(option, 0)
-            setup.binds.append((fd, mount.destination, os.path.isdir(mount.source), _MS_PROPAGATION[mount.propagation],
+            setup.binds.append((fd, mount.destination, os.path.isdir(mount.source), PROPAGATION[mount.propagation],
                                 flags, recursive_flags))
     except BaseException:
         setup.close()
@@ -804,19 +474,12 @@ def open_trees(fs: TaskFilesystem, mount_point: str, *, own_ipc: bool, idmap: Id
     return setup
 
 
-def root_needs_idmap(mount_point: str) -> bool:
-    """Whether a task's root mounted on ``mount_point`` is shown to a pod's user namespace only
-    through an id-mapped copy: all but an overlay, whose lower layers are id-mapped themselves
-    (:func:`mount_rootfs`)."""
-    return linux.fs_type(mount_point) != _OVERLAYFS_MAGIC
-
-
 def open_root(mount_point: str, idmap: IdMap) -> int:
     """A detached copy of the task's root on ``mount_point`` (with what is mounted below it),
     id-mapped with ``idmap``; FailedPrecondition when it cannot be."""
     fd = _open_tree(mount_point, recursive=True, what="the task's root")
     try:
-        _idmap(fd, idmap, recursive=True, what=f"the task's root {mount_point}")
+        idmap_tree(fd, idmap, recursive=True, what=f"the task's root {mount_point}")
     except BaseException:
         os.close(fd)
         raise
@@ -846,7 +509,7 @@ def open_source(mount: TaskMount, index: int, idmap: IdMap | None) -> int:
     fd = _open_tree(mount.source, recursive=mount.recursive, what=f"mounts[{index}].source")
     if idmap is not None and not mount.idmapped:
         try:
-            _idmap(fd, idmap, recursive=mount.recursive, what=f"mounts[{index}].source {mount.source}")
+            idmap_tree(fd, idmap, recursive=mount.recursive, what=f"mounts[{index}].source {mount.source}")
         except BaseException:
             os.close(fd)
             raise
@@ -871,14 +534,6 @@ def host_sysfs() -> int:
         raise FailedPrecondition(f"cannot take the host's /sys for the pod's user namespace: {exc.strerror}") \
             from None
     return sysfs
-
-
-def _idmap(fd: int, idmap: IdMap, *, recursive: bool, what: str) -> None:
-    try:
-        linux.mount_setattr(fd, userns_fd=idmap.userns_fd, recursive=recursive)
-    except OSError as exc:
-        reason = "its filesystem cannot be id-mapped" if exc.errno == errno.EINVAL else exc.strerror
-        raise FailedPrecondition(f"cannot id-map {what} for the pod's user namespace: {reason}") from None
 
 
 def open_cgroup_trees(setup: RootSetup, directories: Mapping[str, str]) -> None:

@@ -37,6 +37,7 @@ from shim.kernel import linux, userns
 from shim.kernel.cgroups import SandboxCgroup
 from shim.kernel.reaper import ExitInfo, Reaper
 from shim.lib.idmaps import UserNamespace
+from shim.lib.rootfs import resolve_in_root
 from shim.rpc.status import FailedPrecondition, Internal, InvalidArgument, RpcError
 from shim.runtime import mounts, process
 from shim.runtime.confine import Confinement
@@ -379,7 +380,7 @@ def program_identity(rootfs: str, args: tuple[str, ...], env: Mapping[str, str])
         if not candidate.startswith("/"):
             continue
         try:
-            st = os.stat(mounts.resolve_in_root(rootfs, candidate))
+            st = os.stat(resolve_in_root(rootfs, candidate))
         except (OSError, RpcError):  # RpcError: a loop of symbolic links
             continue
         if stat.S_ISREG(st.st_mode):

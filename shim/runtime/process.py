@@ -61,6 +61,7 @@ from shim.kernel.netns import is_host_netns, open_namespace
 from shim.kernel.reaper import ExitInfo, Reaper
 from shim.lib.console import resize as resize_terminal
 from shim.lib.processes import signal_process
+from shim.lib.rootfs import AT_ROOT, at_root
 from shim.rpc.status import FailedPrecondition, Internal, InvalidArgument, RpcError, error_from_oserror
 from shim.runtime import confine, mounts
 
@@ -669,8 +670,8 @@ def _launch_error(name: str, kind: bytes, err: int, step: str) -> RpcError:
         return InvalidArgument(f"{name} launch failed at {step}: the kernel refuses the value ({reason})")
     if kind == b"K":  # a hook of the process's own failed: the hook is the caller's to fix
         return FailedPrecondition(f"{name} launch failed: {step}")
-    if err == errno.EINVAL and step.startswith(mounts.AT_ROOT):
-        return InvalidArgument(f"{name} launch failed: {mounts.at_root(step[len(mounts.AT_ROOT):])}")
+    if err == errno.EINVAL and step.startswith(AT_ROOT):
+        return InvalidArgument(f"{name} launch failed: {at_root(step[len(AT_ROOT):])}")
     message = f"{name} launch failed at {step}: {reason} (errno {err})"
     if kind == b"X":
         return ExecFailed(message, err=err, step=step)

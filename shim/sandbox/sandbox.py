@@ -34,7 +34,8 @@ from shim.sandbox.options import SandboxOptions
 from shim.sandbox.record import STATE_NEW, ExitRecord, PauseRecord, SandboxRecord, StateFile, TaskRecord
 
 if TYPE_CHECKING:  # the runtime's modules load at CreateSandbox: a shim serves without them (issue #15)
-    from shim.runtime import mounts, pause
+    from shim.lib import rootfs as host_rootfs
+    from shim.runtime import pause
     from shim.runtime.base import Runtime
 
 __all__ = ["State", "Operation", "TRANSITIONS", "REFUSALS", "transition", "ShimConfig", "Sandbox", "StartResult",
@@ -262,7 +263,7 @@ class Sandbox:
     # -- operations -----------------------------------------------------------------------
     async def create(self, sandbox_id: str, *, options: Any = None, netns_path: str | None = None,
                      annotations: dict[str, str] | None = None,
-                     rootfs: tuple[mounts.RootfsMount, ...] = ()) -> None:
+                     rootfs: tuple[host_rootfs.RootfsMount, ...] = ()) -> None:
         """CreateSandbox: check options, prepare the network namespace and mount the pause's
         ``rootfs`` (a sandbox image's, with ``options.pause_image``)."""
         async with self._lock:
@@ -272,7 +273,7 @@ class Sandbox:
                 self._close_made_netns()  # made ahead for this Create: used or not, never again
 
     def _create_locked(self, sandbox_id: str, options: Any, netns_path: str | None,
-                       annotations: dict[str, str] | None, rootfs: tuple[mounts.RootfsMount, ...]) -> None:
+                       annotations: dict[str, str] | None, rootfs: tuple[host_rootfs.RootfsMount, ...]) -> None:
         nxt = self._check(Op.CREATE, sandbox_id)
         opts = SandboxOptions.from_payload(options, annotations)
         if bool(rootfs) != (opts.pause_image is not None):
@@ -334,16 +335,17 @@ class Sandbox:
             os.close(self.made_netns)
             self.made_netns = None
 
-    def _mount_rootfs(self, rootfs: tuple[mounts.RootfsMount, ...]) -> None:
+    def _mount_rootfs(self, rootfs: tuple[host_rootfs.RootfsMount, ...]) -> None:
         """Mount the pause's root on <bundle>/rootfs, recorded first (a crash in between leaves a
         record that ``podshim delete`` acts on). Writable: the pause (the native one as an OCI
         runtime) makes its mount points there first, then sees it read-only in its namespace."""
+        from shim.lib import rootfs as host_rootfs
         from shim.runtime import mounts
 
         self.rootfs = mounts.sandbox_rootfs_path(self.config.bundle)
         self.persist()
         try:
-            mounts.mount_rootfs(rootfs, self.rootfs)
+            host_rootfs.mount_rootfs(rootfs, self.rootfs)
         except BaseException:
             self._unmount_rootfs()
             raise
@@ -352,9 +354,9 @@ class Sandbox:
         """Unmount and remove <bundle>/rootfs (idempotent); Internal when it stays mounted."""
         if not self.rootfs:
             return
-        from shim.runtime import mounts
+        from shim.lib.rootfs import unmount_sandbox_rootfs
 
-        mounts.unmount_sandbox_rootfs(self.rootfs)
+        unmount_sandbox_rootfs(self.rootfs)
         self.rootfs = ""
         self.persist()
 

@@ -42,7 +42,7 @@ class SandboxService:
         return request_sandbox_id(ctx, payload, self.sandbox)
 
     async def create(self, ctx: CallContext, p: dict[str, Any]) -> dict[str, Any]:
-        from shim.runtime.mounts import parse_rootfs  # with the runtime's code, at CreateSandbox (issue #15)
+        from shim.lib.rootfs import parse_rootfs  # with the runtime's code, at CreateSandbox (issue #15)
 
         sid = self._sandbox_id(ctx, p)
         bundle = optional(p, "bundle_path", str)

@@ -38,6 +38,7 @@ from shim.lib import console
 from shim.lib.console import Console
 from shim.lib.files import ensure_private_dir
 from shim.lib.idmaps import IdMap
+from shim.lib.rootfs import mount_rootfs, unmount_rootfs
 from shim.rpc.status import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound, RpcError, Unavailable
 from shim.runtime import execstream, execsync, mounts, process
 from shim.runtime.base import CONTAINER, PID_MODES, POD, TARGET, ExecSpec, TaskSpec
@@ -317,7 +318,7 @@ class TaskSet:
             pause = self.sandbox.pause
             # A pod's user namespace (its pause's): the rootfs's layers are id-mapped with it.
             idmap = IdMap.of_process(pause.pid) if pause is not None else None
-            mounts.mount_rootfs(filesystem.rootfs, task.rootfs, idmap)
+            mount_rootfs(filesystem.rootfs, task.rootfs, idmap)
         except BaseException:
             try:
                 self._remove_rootfs(task)
@@ -752,7 +753,7 @@ class TaskSet:
         """Unmount the task's root and remove its directories; forgotten once gone (Internal,
         and it stays recorded for ``podshim delete``, when it cannot be)."""
         if task.rootfs:
-            mounts.unmount_rootfs(task.rootfs)
+            unmount_rootfs(task.rootfs)
             task.rootfs = ""
 
 

@@ -18,8 +18,8 @@ import time
 
 import pytest
 
+from shim.lib.rootfs import open_in_root
 from shim.rpc import FailedPrecondition, InvalidArgument, RpcError
-from shim.runtime import mounts
 
 from client.cri.rootfs import ContainerImage, image_not_found
 from client.images.snapshots import Mount
@@ -287,13 +287,13 @@ async def test_a_log_path_through_a_link_in_the_pods_log_directory_is_refused(ro
         assert "log_path 'out/sub/app.log' goes through a symbolic link in the pod's log directory" in str(refused)
 
 
-# -- the walk itself (shim.runtime.mounts.open_in_root) -------------------------------------------
+# -- the walk itself (shim.lib.rootfs.open_in_root) -------------------------------------------
 
 def walk(root, path: str, make: str = "", **kwargs) -> str:
     """Where ``path`` resolves inside ``root`` (made as ``make`` says), as a path relative to it."""
     root_fd = os.open(root, os.O_PATH | os.O_DIRECTORY)
     try:
-        fd = mounts.open_in_root(root_fd, path, make, **kwargs)
+        fd = open_in_root(root_fd, path, make, **kwargs)
     finally:
         os.close(root_fd)
     try:

@@ -14,8 +14,8 @@ import pytest
 
 from shim.api.names import TASK_SERVICE
 from shim.lib.processes import process_alive
+from shim.lib.rootfs import is_mount_point
 from shim.rpc import FailedPrecondition, InvalidArgument
-from shim.runtime.mounts import is_mount_point
 
 from support.imagebuild import CATATONIT, compiled, tiny_pause_binary
 from support.shimtools import (

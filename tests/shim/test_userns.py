@@ -17,8 +17,8 @@ import pytest
 from shim.kernel import linux, netns, userns
 from shim.lib.idmaps import IdMap, UserNamespace
 from shim.lib.processes import signal_process
+from shim.lib.rootfs import is_mount_point, mount_rootfs, parse_rootfs, unmount_rootfs
 from shim.rpc.status import FailedPrecondition, InvalidArgument
-from shim.runtime.mounts import is_mount_point, mount_rootfs, parse_rootfs, unmount_rootfs
 from shim.runtime.pause import BUILTIN, PauseSpec, launch  # start: tests/shim/conftest.py
 
 WAIT = 5.0

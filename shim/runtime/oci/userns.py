@@ -27,6 +27,7 @@ from collections.abc import Callable
 
 from shim.kernel import linux
 from shim.lib.idmaps import IdMap, UserNamespace
+from shim.lib.rootfs import root_needs_idmap
 from shim.rpc.status import FailedPrecondition
 from shim.runtime import mounts
 
@@ -99,7 +100,7 @@ class PreparedMounts:
         prepared = cls(bundle, f"task-{task_id}")
         try:
             prepared._add_sysfs()
-            if mounts.root_needs_idmap(rootfs):
+            if root_needs_idmap(rootfs):
                 prepared.attach.append((mounts.open_root(rootfs, idmap), rootfs))
             for i, mount in enumerate(fs.mounts):
                 target = os.path.join(prepared.directory, str(i))
