@@ -37,11 +37,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from shim.api.cgroups import CGROUPFS, check_parent
+from shim.api.cgroups import DRIVERS as CGROUP_DRIVERS
 from shim.api.defaults import CATATONIT
 from shim.api.handlers import NATIVE, RUNTIME_HANDLERS
 from shim.api.paths import SUN_PATH_MAX
-from shim.kernel.cgroups.systemd import CGROUPFS, check_parent
-from shim.kernel.cgroups.systemd import DRIVERS as CGROUP_DRIVERS
 from shim.rpc.status import RpcError
 
 from client.controller.defaults import DEFAULT_RUNTIME_ROOT, podshimd_endpoint
@@ -64,7 +64,7 @@ DEFAULT_STATE_ROOT = "/var/lib/podshim"
 #: default endpoint does); this is it for the default runtime root.
 DEFAULT_LISTEN = podshimd_endpoint(DEFAULT_RUNTIME_ROOT)
 LOG_LEVELS = ("debug", "info", "warning", "error")
-# The cgroup drivers (CGROUP_DRIVERS, shim.kernel.cgroups.systemd): cgroupfs, podshim makes and
+# The cgroup drivers (CGROUP_DRIVERS, shim.api.cgroups): cgroupfs, podshim makes and
 # writes the cgroup directories itself; systemd, each pod's cgroup is a scope systemd makes in the
 # slice kubelet names. RuntimeConfig answers the one in force; kubelet's cgroupDriver must match.
 COMMAND_LINE = "command line"  # the "file" of a ConfigError about a flag

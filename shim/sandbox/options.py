@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from shim.api.cgroups import CGROUPFS, check_parent
 from shim.api.handlers import NAMESPACE_MODES, NATIVE, RUNTIME_HANDLERS
 from shim.api.identifiers import validate_annotations, validate_hostname, validate_labels
 from shim.lib.idmaps import UserNamespace
@@ -170,8 +171,6 @@ class SandboxOptions(Record):
         cgroup_parent = optional(linux, "cgroup_parent", str) or None
         if cgroup_parent is not None and (".." in cgroup_parent.split("/") or "\x00" in cgroup_parent):
             raise InvalidArgument(f"linux.cgroup_parent {cgroup_parent!r} must not contain '..'")
-        from shim.kernel.cgroups.systemd import CGROUPFS, check_parent
-
         cgroup_driver = optional(linux, "cgroup_driver", str) or CGROUPFS
         try:
             check_parent(cgroup_parent, cgroup_driver)

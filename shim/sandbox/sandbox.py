@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
+from shim.api.cgroups import CGROUPFS, SYSTEMD
 from shim.api.handlers import NATIVE
 from shim.api.topics import TOPIC_CREATE, TOPIC_EXIT, TOPIC_START, TOPIC_STATE
 from shim.kernel import cgroups, devices, netns
@@ -153,7 +154,7 @@ class Tasks(Protocol):
 
 
 def _open_runtime(handler: str, config: ShimConfig, reaper: Reaper, persist: Callable[[], None], *,
-                  image_pause: bool = False, cgroup_driver: str = systemd.CGROUPFS) -> Runtime:
+                  image_pause: bool = False, cgroup_driver: str = CGROUPFS) -> Runtime:
     """The runtime of ``handler`` (one of options.RUNTIME_HANDLERS). FailedPrecondition when it
     cannot run here (runc, crun or, unless the pause is a sandbox image's, the static catatonit
     missing): at CreateSandbox, before anything is made, not at StartSandbox."""
@@ -165,7 +166,7 @@ def _open_runtime(handler: str, config: ShimConfig, reaper: Reaper, persist: Cal
 
     return OciBackend.open(handler, namespace=config.namespace, sandbox_id=config.sandbox_id, bundle=config.bundle,
                            runtime_root=config.runtime_root, reaper=reaper, persist=persist,
-                           image_pause=image_pause, systemd_cgroup=cgroup_driver == systemd.SYSTEMD)
+                           image_pause=image_pause, systemd_cgroup=cgroup_driver == SYSTEMD)
 
 
 class Sandbox:
@@ -372,7 +373,7 @@ class Sandbox:
             # Without a parent of the caller's, sandboxes of different namespaces may share an
             # id: the default parent names the namespace (podshim/<namespace>/<id>).
             assert self.runtime is not None  # chosen by Create
-            if opts.cgroup_driver == systemd.SYSTEMD:
+            if opts.cgroup_driver == SYSTEMD:
                 # A slice of the pod's own, the pod's resources its properties from its start; the
                 # pause's scope in it, made here, or by an OCI runtime's systemd driver.
                 parent_slice = opts.cgroup_parent or systemd.DEFAULT_SLICE

@@ -18,7 +18,7 @@ from collections.abc import Iterator
 import pytest
 from google.protobuf import json_format
 
-from shim.kernel.cgroups import systemd
+from shim.api.cgroups import expand_slice
 
 from client.criapi import api_pb2
 
@@ -134,7 +134,7 @@ def test_a_pod_is_a_slice_its_containers_scopes_their_limits_land_update_changes
     scope = directory if directory.endswith(".scope") else os.path.dirname(directory)
     unit, pod_slice = os.path.basename(scope), os.path.basename(os.path.dirname(scope))
     # The container: a scope systemd knows, in the pod's own slice in kubelet's pod slice.
-    assert os.path.dirname(scope) == "/sys/fs/cgroup" + systemd.expand_slice(pod_slice)
+    assert os.path.dirname(scope) == "/sys/fs/cgroup" + expand_slice(pod_slice)
     assert pod_slice.startswith(pod.parent[:-len(".slice")] + "-")
     assert unit.endswith(f"-{container_id}.scope") and unit_property(unit, "ActiveState") == "active"
     assert {name: read(os.path.join(directory, name)) for name in ("cpu.max", "cpu.weight", "memory.max")} == {

@@ -10,6 +10,7 @@ import time
 
 import pytest
 
+from shim.api import cgroups as drivers
 from shim.kernel.cgroups import SandboxCgroup, systemd
 from shim.rpc.status import FailedPrecondition, InvalidArgument
 from shim.runtime.oci.host import systemd_cgroups_path
@@ -29,14 +30,14 @@ __all__ = ["fake_systemd"]  # a fixture
     ("-.slice", "/"),
 ])
 def test_a_slice_name_expands_to_the_path_systemd_gives_it(name, path):
-    assert systemd.expand_slice(name) == path
+    assert drivers.expand_slice(name) == path
 
 
 @pytest.mark.parametrize("name", ["kubepods--x.slice", "-kubepods.slice", "kubepods-.slice", "a/b.slice",
                                   "kubepods.scope", ".slice"])
 def test_a_name_systemd_refuses_as_a_slice_is_refused_by_name(name):
     with pytest.raises(InvalidArgument, match="is not a slice name systemd accepts"):
-        systemd.expand_slice(name)
+        drivers.expand_slice(name)
 
 
 def test_a_scope_name_escapes_what_would_read_as_nesting():
@@ -49,7 +50,7 @@ def test_a_pod_has_a_slice_of_its_own_in_its_parent_and_its_pause_and_tasks_scop
     assert systemd.pod_slice_name("kubepods-burstable-pod12.slice", "k8s.io", "ab12") == \
         "kubepods-burstable-pod12-podshim_k8s.io_ab12.slice"
     assert systemd.pod_slice_name("-.slice", "a_b", "c") == "podshim_a\\x5fb_c.slice"  # "_" only between parts
-    assert systemd.expand_slice(systemd.pod_slice_name("podshim.slice", "default", "ab12")) == \
+    assert drivers.expand_slice(systemd.pod_slice_name("podshim.slice", "default", "ab12")) == \
         "/podshim.slice/podshim-podshim_default_ab12.slice"
     assert systemd.scope_name("k8s.io", "ab12", "ctr-1") == "podshim-k8s.io-ab12-ctr\\x2d1.scope"
 
@@ -94,21 +95,21 @@ def test_a_pod_slices_cgroup_record_names_its_units_and_a_malformed_one_is_refus
 
 def test_under_cgroupfs_a_slice_parent_is_refused_not_made_into_a_directory():
     with pytest.raises(InvalidArgument, match="is a systemd slice, and the cgroup driver is cgroupfs"):
-        systemd.check_parent("kubepods-burstable-pod12.slice", systemd.CGROUPFS)
-    systemd.check_parent("/kubepods/burstable/pod12", systemd.CGROUPFS)
-    systemd.check_parent("/system.slice/x", systemd.CGROUPFS)  # a path through a slice's directory is a path
+        drivers.check_parent("kubepods-burstable-pod12.slice", drivers.CGROUPFS)
+    drivers.check_parent("/kubepods/burstable/pod12", drivers.CGROUPFS)
+    drivers.check_parent("/system.slice/x", drivers.CGROUPFS)  # a path through a slice's directory is a path
 
 
 def test_under_systemd_a_path_parent_is_refused():
     with pytest.raises(InvalidArgument, match="is a path, and the cgroup driver is systemd"):
-        systemd.check_parent("/kubepods/burstable", systemd.SYSTEMD)
-    systemd.check_parent("kubepods-burstable.slice", systemd.SYSTEMD)
-    systemd.check_parent(None, systemd.SYSTEMD)
+        drivers.check_parent("/kubepods/burstable", drivers.SYSTEMD)
+    drivers.check_parent("kubepods-burstable.slice", drivers.SYSTEMD)
+    drivers.check_parent(None, drivers.SYSTEMD)
 
 
 def test_an_unknown_driver_is_refused():
     with pytest.raises(InvalidArgument, match="cgroup driver 'slices' is not known"):
-        systemd.check_parent(None, "slices")
+        drivers.check_parent(None, "slices")
 
 
 def test_sandbox_options_refuse_a_slice_parent_under_cgroupfs_with_invalid_argument():

@@ -13,6 +13,7 @@ import sys
 
 import pytest
 
+from shim.api.cgroups import expand_slice
 from shim.kernel import cgroups, linux
 from shim.kernel.cgroups import V2, SandboxCgroup, discover_hierarchies, hierarchies
 from shim.kernel.cgroups import resources as resources_module
@@ -1002,7 +1003,7 @@ async def test_under_the_systemd_driver_a_sandbox_is_a_slice_its_pause_and_tasks
     pause_unit = cgroups.systemd.scope_name("it", "sb")
     cgroup = SandboxCgroup.pod_slice("sb", test_slice, pod_slice, pause_unit)
     directory = cgroup.paths[V2]
-    assert directory == "/sys/fs/cgroup" + cgroups.systemd.expand_slice(pod_slice)
+    assert directory == "/sys/fs/cgroup" + expand_slice(pod_slice)
     assert SandboxCgroup.from_dict(json.loads(json.dumps(cgroup.to_dict()))).to_dict() == cgroup.to_dict()
     task = cgroup.task_scope("task", cgroups.systemd.scope_name("it", "sb", "task"))
     try:

@@ -12,6 +12,7 @@ import subprocess
 
 import pytest
 
+from shim.api.cgroups import expand_slice
 from shim.kernel.cgroups import systemd
 from shim.kernel.cgroups.hierarchies import discover_hierarchies, pure_v2
 from shim.rpc import FailedPrecondition, InvalidArgument
@@ -205,7 +206,7 @@ async def test_under_the_systemd_driver_a_pod_is_a_slice_with_its_pause_and_each
             "cgroup_driver": "systemd", "cgroup_parent": parent, "resources": {"memory_limit_bytes": 256 << 20}}})
         pod_slice = systemd.pod_slice_name(parent, shim.namespace, shim.sandbox_id)
         directory = (await shim.info())["cgroup.unified"]
-        assert directory == f"/sys/fs/cgroup{systemd.expand_slice(pod_slice)}"
+        assert directory == f"/sys/fs/cgroup{expand_slice(pod_slice)}"
         # The pod's resources: its slice's properties from its start.
         assert (_unit_property(pod_slice, "MemoryMax"), read(os.path.join(directory, "memory.max"))) == (
             str(256 << 20),) * 2

@@ -20,6 +20,7 @@ import time
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+from shim.api.cgroups import SYSTEMD, check_parent, expand_slice
 from shim.kernel import linux
 from shim.kernel.cgroups import stats, systemd
 from shim.kernel.cgroups.hierarchies import V2, Hierarchy, discover_hierarchies
@@ -191,8 +192,8 @@ class SandboxCgroup(Record):
         ``podshim delete`` stops it by. Raises InvalidArgument (bad name, a slice name systemd
         refuses), FailedPrecondition (a host with cgroup v1 controllers)."""
         _validate(name, None)
-        systemd.check_parent(parent_slice, systemd.SYSTEMD)
-        directory = _systemd_hierarchy().directory(systemd.expand_slice(unit))
+        check_parent(parent_slice, SYSTEMD)
+        directory = _systemd_hierarchy().directory(expand_slice(unit))
         if directory is None:
             raise FailedPrecondition(f"the slice {unit} would be outside the mounted part of the cgroup v2 hierarchy")
         return cls(name, {V2: directory}, leaf=pause_unit, unit=unit)

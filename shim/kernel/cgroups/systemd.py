@@ -27,7 +27,6 @@ import asyncio
 import contextlib
 import logging
 import os
-import re
 import signal
 from collections.abc import Mapping
 from typing import Any
@@ -36,22 +35,18 @@ from shim.kernel import linux
 from shim.kernel.cgroups.resources import cpu_weight
 from shim.rpc.status import FailedPrecondition, InvalidArgument
 
-__all__ = ["CGROUPFS", "SYSTEMD", "DRIVERS", "DEFAULT_SLICE", "SCOPE_PREFIX", "START_TIMEOUT", "Manager", "Placeholder",
-           "check_parent", "close_manager", "escape", "expand_slice", "is_slice_name", "manager", "pod_slice_name",
+__all__ = ["DEFAULT_SLICE", "SCOPE_PREFIX", "START_TIMEOUT", "Manager", "Placeholder", "close_manager", "escape",
+           "manager", "pod_slice_name",
            "runtime_cgroups_path", "scope_name", "slice_properties", "stop_unit_blocking", "unit_properties"]
 
 log = logging.getLogger(__name__)
 
-CGROUPFS = "cgroupfs"
-SYSTEMD = "systemd"
-DRIVERS = (CGROUPFS, SYSTEMD)
 #: The parent slice of a sandbox given none under the systemd driver.
 DEFAULT_SLICE = "podshim.slice"
 #: The first part of the name of every unit podshim starts.
 SCOPE_PREFIX = "podshim"
 START_TIMEOUT = 30.0  # seconds systemd may take to start or stop a unit (a job)
 
-_UNIT_CHARS = re.compile(r"[A-Za-z0-9:_.\\-]+")
 _INFINITY = (1 << 64) - 1  # systemd's "infinity" for a uint64 property
 _SYSTEMD = ("org.freedesktop.systemd1", "/org/freedesktop/systemd1", "org.freedesktop.systemd1.Manager")
 
@@ -104,45 +99,6 @@ def runtime_cgroups_path(slice_name: str, scope: str) -> str:
     ``slice_name``: ``slice:prefix:name``, the unit being ``prefix-name.scope``, as containerd passes it."""
     prefix, namespace, name = scope[:-len(".scope")].split("-", 2)
     return f"{slice_name}:{prefix}-{namespace}:{name}"
-
-
-def is_slice_name(parent: str) -> bool:
-    """Whether ``parent`` is a slice's unit name (``kubepods-burstable.slice``), not a path."""
-    return "/" not in parent and parent.endswith(".slice")
-
-
-def expand_slice(name: str) -> str:
-    """The cgroup path systemd gives slice ``name``: each ``-`` a level (``a-b.slice`` is
-    ``/a.slice/a-b.slice``), ``-.slice`` the root. Raises InvalidArgument for a name systemd
-    refuses as a slice (a ``/``, an empty level: ``--``, a leading or trailing ``-``)."""
-    if name == "-.slice":
-        return "/"
-    stem = name[:-len(".slice")] if name.endswith(".slice") else ""
-    if (not stem or "/" in name or not _UNIT_CHARS.fullmatch(name) or stem.startswith("-") or stem.endswith("-")
-            or "--" in stem):
-        raise InvalidArgument(f"cgroup parent {name!r} is not a slice name systemd accepts (such as "
-                              "kubepods-burstable-pod<uid>.slice)")
-    parts = stem.split("-")
-    return "/" + "/".join("-".join(parts[:i]) + ".slice" for i in range(1, len(parts) + 1))
-
-
-def check_parent(parent: str | None, driver: str) -> None:
-    """InvalidArgument unless ``parent`` (None: the default) suits ``driver``: a slice name for
-    systemd, a path for cgroupfs (a slice name there would be made into a directory of that name,
-    outside the hierarchy kubelet meant)."""
-    if driver not in DRIVERS:
-        raise InvalidArgument(f"cgroup driver {driver!r} is not known (known: {', '.join(DRIVERS)})")
-    if parent is None:
-        return
-    if driver == CGROUPFS and is_slice_name(parent):
-        raise InvalidArgument(f"cgroup parent {parent!r} is a systemd slice, and the cgroup driver is cgroupfs: give "
-                              "a cgroup path (/kubepods/...), or run podshimd with cgroup_driver = \"systemd\" and "
-                              "kubelet with cgroupDriver: systemd")
-    if driver == SYSTEMD:
-        if not is_slice_name(parent):
-            raise InvalidArgument(f"cgroup parent {parent!r} is a path, and the cgroup driver is systemd: give a slice "
-                                  "name (kubepods-burstable-pod<uid>.slice), or use the cgroupfs driver")
-        expand_slice(parent)
 
 
 def unit_properties(resources: Mapping[str, Any]) -> list[tuple[str, tuple[str, Any]]]:
