@@ -1,13 +1,18 @@
 """podshimd's log as an operator reads it: INFO is the lifecycle of pods and containers with their ids
 and the pod's name and namespace as fields; the rest is DEBUG; a plain pod cycle logs no WARNING or
-ERROR. SIGHUP applies the config's log level without a restart."""
+ERROR; a whole daemon's INFO, from its start to its stop, has nothing that reads like an error. SIGHUP
+applies the config's log level without a restart."""
 
 from __future__ import annotations
 
+import json
 import logging
 import os
+import re
 import shutil
 import signal
+import subprocess
+import sys
 import tempfile
 import time
 
@@ -16,8 +21,9 @@ import pytest
 
 from client.cri.logcontext import IdsFilter
 
-from support.critools import running_podshimd
-from support.podtools import node_container, pod_config, pod_service
+from support.critools import REPO, cni_config, running_podshimd
+from support.netrelay import loopback_relay
+from support.podtools import container_config, node_container, pod_config, pod_service
 
 
 async def test_a_pod_cycle_logs_its_lifecycle_at_info_and_nothing_that_reads_like_an_error(roots, caplog):
@@ -79,3 +85,40 @@ def test_sighup_applies_the_configs_log_level_and_names_what_needs_a_restart(dir
         os.kill(daemon.process.pid, signal.SIGHUP)
         logged(daemon, "SIGHUP: the log level stays warning: ")
         assert daemon.process.poll() is None  # served on throughout
+
+
+#: Words of a line that reads like an error, which a daemon's INFO of a plain day never holds.
+ALARMING = re.compile(r"(?i)\b(cannot|could not|error|fail\w*|refused|no such|closed|ended|lost|traceback)\b")
+
+
+def test_a_fresh_daemons_whole_info_log_of_a_pod_cycle_reads_as_lifecycle_only(directory, outer_netns, test_images):
+    # The whole daemon as an operator starts it on a node with a CNI config: its first pod starts
+    # the shim template, a pull, a container's life, the pod's end, the daemon's stop.
+    cni_config(directory, portmap=False)
+    port = int(test_images.busybox.ref.split("/", 1)[0].rpartition(":")[2])
+    with loopback_relay(outer_netns, port), \
+            running_podshimd(directory, netns=outer_netns, image=test_images.busybox) as daemon:
+        pod_path, container_path = os.path.join(directory, "pod.json"), os.path.join(directory, "container.json")
+        with open(pod_path, "w") as f:
+            json.dump(pod_config(), f)
+        with open(container_path, "w") as f:
+            json.dump({**container_config(["true"]), "image": {"image": daemon.image}}, f)
+
+        def ctl(*argv: str) -> str:
+            done = subprocess.run([sys.executable, "-m", "client.cli", "--runtime-root", daemon.runtime_root, *argv],
+                                  cwd=REPO, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=120)
+            assert done.returncode == 0, done.stderr
+            return done.stdout.strip()
+        pod_id = ctl("runp", pod_path)
+        container_id = ctl("create", pod_id, container_path, pod_path)
+        ctl("start", container_id)
+        deadline = time.monotonic() + 30
+        while json.loads(ctl("inspect", container_id))["state"] != "CONTAINER_EXITED":
+            assert time.monotonic() < deadline, "the container did not exit"
+            time.sleep(0.1)
+        ctl("stopp", pod_id)
+        ctl("rmp", pod_id)
+    lines = daemon.log().splitlines()
+    assert lines and all(" INFO " in line for line in lines), "\n".join(lines)
+    assert [line for line in lines if ALARMING.search(line)] == []
+    assert "started the shim template" in daemon.log() and lines[-1].endswith(": stopped")

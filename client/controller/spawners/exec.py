@@ -237,7 +237,10 @@ class ExecSpawner(Spawner):
                         "Python start-up each)", self.runtime_root, exc)
             return False
         if started.get("started"):
-            log.info("started the shim template of %s (pid %s; %s)", self.runtime_root, started.get("pid"), why)
+            # Why none answered (nothing there yet, or one that left after an upgrade) is the normal
+            # course of things: at INFO it read like an error on every fresh start.
+            log.info("started the shim template of %s (pid %s)", self.runtime_root, started.get("pid"))
+            log.debug("no shim template answered on %s before: %s", self.runtime_root, why)
         return True
 
     async def delete(self, namespace: str, sandbox_id: str, bundle: str) -> ExitStatus:
