@@ -25,6 +25,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from typing import Any
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
@@ -103,19 +104,19 @@ def inside(args: argparse.Namespace) -> int:
                                                               config=f'cgroup_driver = "{driver}"\n{registries}'))
                 drivers.append(Driver(driver, crictl, daemon.endpoint, os.path.join(workdir, driver)))
                 drivers[-1].crictl("pull", ref)
-            for driver in drivers:  # warm-up: the first pod starts the shim template, slow when emulated
+            for each in drivers:  # warm-up: the first pod starts the shim template, slow when emulated
                 for attempt in range(WARM_UP_ATTEMPTS):
                     try:
-                        driver.one(ref, -attempt)
+                        each.one(ref, -attempt)
                         break
                     except RuntimeError as exc:
-                        log(f"{driver.driver} warm-up {attempt + 1}: {exc}")
-                        driver.crictl("rmp", "-fa")
-                driver.times = {step: [] for step in STEPS}
+                        log(f"{each.driver} warm-up {attempt + 1}: {exc}")
+                        each.crictl("rmp", "-fa")
+                each.times = {step: [] for step in STEPS}
             load_before = os.getloadavg()
             for i in range(1, args.runs + 1):
-                for driver in (drivers if i % 2 else drivers[::-1]):
-                    driver.one(ref, i)
+                for each in (drivers if i % 2 else drivers[::-1]):
+                    each.one(ref, i)
                 log(f"run {i}/{args.runs}: " + "; ".join(
                     f"{d.driver} " + ", ".join(f"{d.times[s][-1] * 1000:.0f}" for s in STEPS) for d in drivers))
             load_after = os.getloadavg()
@@ -130,7 +131,7 @@ def inside(args: argparse.Namespace) -> int:
     return 0
 
 
-def in_guest(runs: int) -> dict:
+def in_guest(runs: int) -> dict[str, Any]:
     """The figures of this bench run in the guest (booted for it, powered off after)."""
     from support import guest
 
@@ -141,10 +142,11 @@ def in_guest(runs: int) -> dict:
                       timeout=7200)
         if done.returncode != 0:
             raise RuntimeError(f"the guest's run failed ({done.returncode}): {done.stderr.decode(errors='replace')[-3000:]}")
-        return json.loads(vm.run(["cat", out]).stdout)
+        figures: dict[str, Any] = json.loads(vm.run(["cat", out]).stdout)
+        return figures
 
 
-def table(columns: list[tuple[str, dict]], runs: int) -> str:
+def table(columns: list[tuple[str, dict[str, Any]]], runs: int) -> str:
     """The Markdown table of the medians: one column per (heading, figures, driver)."""
     date = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
     out = [f"cgroup drivers through crictl, {date}, medians of {runs} interleaved runs; "

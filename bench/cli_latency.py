@@ -46,12 +46,17 @@ import sys
 import tempfile
 import textwrap
 import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
 from shim.launch.template import stop_template
 from shim.lib.program import podshim_argv
+
+if TYPE_CHECKING:
+    from support.critools import Podshimd
 
 from bench.common import code_of, compile_bytecode, not_root, percentile, wait_pidfd
 
@@ -78,7 +83,7 @@ class Row:
     """One command measured once per round; ``after`` cleans up after each run (untimed)."""
 
     def __init__(self, section: str, label: str, argv: list[str], env: dict[str, str] | None = None,
-                 after=None, fresh=None):
+                 after: Callable[[str], float] | None = None, fresh: Callable[[], list[str]] | None = None):
         self.section, self.label, self.argv, self.env = section, label, argv, env
         self.after = after  # called with the command's stdout; the CPU seconds it adds (a shim's)
         self.fresh = fresh  # called before each run: extra arguments for this run
@@ -153,7 +158,7 @@ def describe(command: str) -> str:
     return "the launcher, no site" if first.startswith(b"#!/bin/sh") else "a console script, with site"
 
 
-def ctl_rows(empty, busy, sandboxes: str, before: str | None, pods: int) -> list[Row]:
+def ctl_rows(empty: Podshimd, busy: Podshimd, sandboxes: str, before: str | None, pods: int) -> list[Row]:
     """The podshimctl rows: pod verbs against the podshimd daemons ``empty`` (no pods) and ``busy``
     (``pods`` pods, made here), ``sandbox list`` over the empty state root ``sandboxes``; and the
     real crictl beside them when the pinned one is built (tests/support/critools.py builds it)."""
@@ -274,7 +279,7 @@ def systemd_rows(rounds: int) -> tuple[list[Row], str]:
     return rows, "systemd 252 in systemd-nspawn (tests/support/nspawn.py), the project pip-installed in a venv of /usr/bin/python3"
 
 
-def remove_pods(daemon) -> None:
+def remove_pods(daemon: Podshimd) -> None:
     """``podshimctl rmp`` every pod of ``daemon`` (untimed cleanup)."""
     installed = os.path.join(os.path.dirname(sys.executable), "podshimctl")
     ids = timed([installed, "--runtime-root", daemon.runtime_root, "pods", "-q"])[2].split()
@@ -308,7 +313,8 @@ def main(argv: list[str] | None = None) -> int:
             # Pods go before their daemon stops (the stack unwinds the other way).
             stack.callback(remove_pods, daemons[1])
             rows = start_rows(workdir, args.before)
-            rows += ctl_rows(*daemons, os.path.join(workdir, "sandboxes"), args.before, args.pods)
+            empty, busy = daemons
+            rows += ctl_rows(empty, busy, os.path.join(workdir, "sandboxes"), args.before, args.pods)
             rows += floor_rows()
             t0 = time.perf_counter()
             measure(rows, args.rounds)

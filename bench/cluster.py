@@ -101,9 +101,9 @@ def node_ip(number: int) -> str:
 
 
 def run(argv: Sequence[str], *, timeout: float = TIMEOUT, check: bool = True, input: str | None = None,
-        **kwargs: Any) -> subprocess.CompletedProcess:
-    done = subprocess.run(list(argv), input=input, capture_output=True, text=True, timeout=timeout, **kwargs,
-                          **({} if input is not None else {"stdin": subprocess.DEVNULL}))
+        **kwargs: Any) -> subprocess.CompletedProcess[str]:
+    options: dict[str, Any] = {**kwargs, **({} if input is not None else {"stdin": subprocess.DEVNULL})}
+    done = subprocess.run(list(argv), input=input, capture_output=True, text=True, timeout=timeout, **options)
     if check and done.returncode != 0:
         said = (done.stderr or done.stdout).strip()
         raise RuntimeError(f"{' '.join(argv[:8])} exited with status {done.returncode}: {said[-1500:]}")
@@ -120,7 +120,7 @@ class State:
         self.dir = os.path.join(BASE, name)
         self.path = os.path.join(self.dir, "state.json")
         self.data: dict[str, Any] = {}
-        self.children: list[subprocess.Popen] = []  # the processes this harness started, reaped by down
+        self.children: list[subprocess.Popen[bytes]] = []  # the processes this harness started, reaped by down
         with contextlib.suppress(FileNotFoundError):
             with open(self.path) as f:
                 self.data = json.load(f)
@@ -198,7 +198,7 @@ def _cgroup(record: dict[str, Any]) -> SandboxCgroup:
 
 
 def spawn(state: State, label: str, argv: Sequence[str], *, cgroup: dict[str, Any], nsenter: Sequence[str] = (),
-          env: dict[str, str] | None = None) -> subprocess.Popen:
+          env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
     """Start ``argv`` in the cgroup ``cgroup`` (moved there before it execs, so everything it forks
     is there too), in the namespaces ``nsenter`` names, its output in logs/LABEL.log; recorded."""
     group = _cgroup(cgroup)
@@ -225,7 +225,7 @@ def nsenter_args(holder: int, node: bool) -> list[str]:
 
 
 def in_ns(holder: int, argv: Sequence[str], *, node: bool, cgroup: dict[str, Any] | None = None,
-          check: bool = True, timeout: float = TIMEOUT) -> subprocess.CompletedProcess:
+          check: bool = True, timeout: float = TIMEOUT) -> subprocess.CompletedProcess[str]:
     """Run ``argv`` to its end in a holder's namespaces (and, for a node, in its cgroup first, so
     that the node's cgroup namespace is where it stands)."""
     group = _cgroup(cgroup) if cgroup else None
@@ -267,7 +267,7 @@ def _mounted_on(holder: int, roots: Sequence[str]) -> list[str]:
     return found
 
 
-def _wait_exited(pid: int, children: Sequence[subprocess.Popen], label: str) -> None:
+def _wait_exited(pid: int, children: Sequence[subprocess.Popen[bytes]], label: str) -> None:
     """Wait (bounded) until ``pid`` has exited, reaping it when it is one of ``children``."""
     for child in children:
         if child.pid == pid:
@@ -304,7 +304,7 @@ class Cluster:
         return self.state.file("pki", "admin.kubeconfig")
 
     def kubectl(self, *args: str, check: bool = True, timeout: float = TIMEOUT,
-                input: str | None = None) -> subprocess.CompletedProcess:
+                input: str | None = None) -> subprocess.CompletedProcess[str]:
         """kubectl ARGS against the cluster (run in its network), to its end."""
         return run(self.kubectl_argv(*args), check=check, timeout=timeout, input=input)
 
@@ -315,10 +315,11 @@ class Cluster:
                 f"--kubeconfig={self.admin_kubeconfig}", *args]
 
     def nodes(self) -> list[dict[str, Any]]:
-        return self.state.data.get("nodes", [])
+        nodes: list[dict[str, Any]] = self.state.data.get("nodes", [])
+        return nodes
 
     def in_node(self, number: int, argv: Sequence[str], *, check: bool = True,
-                timeout: float = TIMEOUT) -> subprocess.CompletedProcess:
+                timeout: float = TIMEOUT) -> subprocess.CompletedProcess[str]:
         node = self.nodes()[number - 1]
         return in_ns(node["holder"], argv, node=True, cgroup=node["cgroup"], check=check, timeout=timeout)
 
@@ -779,7 +780,8 @@ class Cluster:
             try:
                 child.wait(TIMEOUT)
             except subprocess.TimeoutExpired:
-                problems.append(f"{' '.join(child.args[:4])} (pid {child.pid}) outlived SIGKILL")
+                argv = child.args if isinstance(child.args, list) else [child.args]  # (a list: ours)
+                problems.append(f"{' '.join(map(str, argv[:4]))} (pid {child.pid}) outlived SIGKILL")
         state.children.clear()
         if os.path.isdir(state.dir):
             for killed in sweep(state.dir):
@@ -956,8 +958,8 @@ spec:
 def http_get(c: Cluster, pod: str, ip: str, port: int) -> str:
     """The body of ``GET /`` on IP:PORT, asked from inside ``pod`` (busybox nc: its static wget
     crashes on this machine)."""
-    said = c.kubectl("exec", pod, "--", "sh", "-c", f"printf 'GET / HTTP/1.0\\r\\n\\r\\n' | nc -w 5 {ip} {port}",
-                     timeout=30).stdout
+    said: str = c.kubectl("exec", pod, "--", "sh", "-c", f"printf 'GET / HTTP/1.0\\r\\n\\r\\n' | nc -w 5 {ip} {port}",
+                          timeout=30).stdout
     head, _, body = said.replace("\r\n", "\n").partition("\n\n")
     if not head.startswith("HTTP/1.") or " 200 " not in head.splitlines()[0]:
         raise RuntimeError(f"GET http://{ip}:{port}/ from {pod} answered {said[:200]!r}")

@@ -20,7 +20,10 @@ import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from support.critools import Podshimd
 
 __all__ = [
     "FLOOR_ARGV",
@@ -125,21 +128,22 @@ def podshimd_netns(state_root: str) -> set[str]:
 
 
 @contextlib.contextmanager
-def bench_podshimd(directory: str, crictl: str, problems: list[str], **kwargs: object) -> Iterator[object]:
-    """tests/critools.running_podshimd (``kwargs`` are its), which the bench must have on its path,
+def bench_podshimd(directory: str, crictl: str, problems: list[str], *, config: str = "", netns: str | None = None,
+                   env: dict[str, str] | None = None, image: Any = None) -> Iterator[Podshimd]:
+    """tests/critools.running_podshimd (the keyword arguments are its), which the bench must have on its path,
     with every pod removed (:func:`remove_cri_pods`) before podshimd stops; then the network
     namespaces its pod records named that are still there are removed. What went wrong is added to
     ``problems``, as sentences."""
     from support.critools import running_podshimd
 
-    netns: set[str] = set()
-    with running_podshimd(directory, **kwargs) as daemon:  # type: ignore[arg-type]
+    pods_netns: set[str] = set()
+    with running_podshimd(directory, config=config, netns=netns, env=env, image=image) as daemon:
         try:
             yield daemon
         finally:
-            netns = podshimd_netns(daemon.state_root)
+            pods_netns = podshimd_netns(daemon.state_root)
             problems += remove_cri_pods(crictl, daemon.endpoint)
-    problems += [f"podshimd left the netns {path} of a removed pod (removed now)" for path in remove_netns(netns)]
+    problems += [f"podshimd left the netns {path} of a removed pod (removed now)" for path in remove_netns(pods_netns)]
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -247,7 +251,7 @@ def wait_pidfd(fd: int, timeout: float) -> bool:
     return bool(select.select([fd], [], [], timeout)[0])
 
 
-def signal_pid(pid: int, sig: int, still_ours=None) -> bool:
+def signal_pid(pid: int, sig: int, still_ours: Callable[[int], bool] | None = None) -> bool:
     """Send ``sig`` to ``pid`` through a pidfd, after ``still_ours(pid)`` (if given) confirmed,
     on that pidfd, that the pid still names the process we mean. False when it is gone."""
     try:
@@ -406,7 +410,7 @@ def busybox_tree(path: str, *tools: str) -> str:
 
 @contextlib.asynccontextmanager
 async def running_sandbox(base: str, sandbox_id: str, *, namespace: str = "bench", timeout: float = 10.0,
-                          options: dict | None = None) -> AsyncIterator[Callable[..., Awaitable[dict]]]:
+                          options: dict[str, Any] | None = None) -> AsyncIterator[Callable[..., Awaitable[dict[str, Any]]]]:
     """A sandbox of its own (``podshim start`` with its bundle and runtime root under ``base``,
     created with ``options`` and started); yields ``call(service, method, **fields)``, a call to
     it. At the end it is shut down (or, if that fails, ``podshim delete``d) and ``base`` removed."""
@@ -421,8 +425,10 @@ async def running_sandbox(base: str, sandbox_id: str, *, namespace: str = "bench
         started = subprocess.run(argv[:3] + ["start"] + argv[3:], capture_output=True, text=True, check=True)
         client = await Client.connect(json.loads(started.stdout)["address"], namespace=namespace)
 
-        async def call(service: str, method: str, **fields):
-            return await client.call(service, method, {"sandbox_id": sandbox_id, **fields}, timeout=timeout)
+        async def call(service: str, method: str, **fields: Any) -> dict[str, Any]:
+            answer: dict[str, Any] = await client.call(service, method, {"sandbox_id": sandbox_id, **fields},
+                                                       timeout=timeout)
+            return answer
 
         try:
             await call(SANDBOX_SERVICE, "CreateSandbox", **({"options": options} if options else {}))
@@ -438,7 +444,7 @@ async def running_sandbox(base: str, sandbox_id: str, *, namespace: str = "bench
         shutil.rmtree(base, ignore_errors=True)
 
 
-async def task_cycle(call: Callable[..., Awaitable[dict]], task_id: str, **fields) -> tuple[float, float]:
+async def task_cycle(call: Callable[..., Awaitable[dict[str, Any]]], task_id: str, **fields: Any) -> tuple[float, float]:
     """Create, Start, Kill (SIGKILL), Wait and Delete the task ``task_id`` (Create's ``fields``
     besides the id); (Create's, Start's) seconds."""
     from shim.api.names import TASK_SERVICE

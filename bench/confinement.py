@@ -28,6 +28,7 @@ import os
 import statistics
 import tempfile
 import time
+from typing import Any
 
 from shim.api.defaults import DEFAULT_CAPABILITIES
 from shim.kernel import seccomp
@@ -42,7 +43,7 @@ TIMEOUT = 10.0
 BUSYBOX = "/bin/busybox"
 
 
-def variants() -> dict[str, dict]:
+def variants() -> dict[str, dict[str, Any]]:
     profile = default_profile(DEFAULT_CAPABILITIES)
     return {
         "unconfined": {"capabilities": list(held_capabilities())},

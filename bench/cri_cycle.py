@@ -54,11 +54,11 @@ from bench.compare.run import (
     Janitor,
     PrivateContainerd,
     build_pause_image,
+    kill_leftovers,
     log,
     remove_if_ours,
     run,
     stop_process,
-    sweep,
     unmount_under,
 )
 
@@ -225,7 +225,7 @@ class PodshimdProc:
         self.netns = netns
         self.trace = trace
         self.sock = os.path.join(directory, "run", "podshimd.sock")
-        self.proc: subprocess.Popen | None = None
+        self.proc: subprocess.Popen[bytes] | None = None
         with open(os.path.join(directory, "config.toml"), "w") as f:
             f.write(f'cni_bin_dirs = ["{CNI_BIN}"]\n{config}')
 
@@ -407,7 +407,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         workdir = janitor.workdir("crib-")
         janitor.add("unmount what is left under the work directory", unmount_under, workdir)
-        janitor.add("kill leftover processes", lambda: [log(f"killed leftover {k}") for k in sweep(workdir)])
+        janitor.add("kill leftover processes", kill_leftovers, workdir)
         ns_name = f"crib-{secrets.token_hex(3)}"
         run(["ip", "netns", "add", ns_name])
         janitor.add("delete the network namespace", run, ["ip", "netns", "delete", ns_name])
@@ -462,13 +462,14 @@ def main(argv: list[str] | None = None) -> int:
                             os.environ["CRIB_KEEP_LOG"])
             real_popen = subprocess.Popen
 
-            def in_netns(argv: list[str], *a: Any, **kw: Any) -> subprocess.Popen:
+            def in_netns(argv: list[str], *a: Any, **kw: Any) -> subprocess.Popen[bytes]:
                 return real_popen(["nsenter", f"--net={netns}", "--", *argv], *a, **kw)
-            subprocess.Popen = in_netns  # type: ignore[misc]  # PrivateContainerd.start's one Popen
+            # PrivateContainerd.start's one Popen, run in the netns: a function where the class was.
+            subprocess.Popen = in_netns  # type: ignore[misc, assignment]  # (see the line above)
             try:
                 version = cd.start()
             finally:
-                subprocess.Popen = real_popen  # type: ignore[misc]
+                subprocess.Popen = real_popen  # type: ignore[misc]  # (the class back: mypy sees a class assigned)
             image = os.path.join(workdir, "pause.tar")
             build_pause_image(image)
             run(["ctr", "-a", cd.sock, "-n", "k8s.io", "image", "import", "--index-name", IMAGE, image], timeout=120)

@@ -86,7 +86,13 @@ def run_inside_netns(argv: list[str], prefix: str) -> int:
         run(["ip", "-n", name, "link", "set", "lo", "up"])
         inner = subprocess.Popen(["nsenter", f"--net=/run/netns/{name}", "--", "unshare", "--ipc", "--",
                                   sys.executable, os.path.abspath(sys.argv[0]), *argv, INSIDE_FLAG])
-        janitor.add("stop the inner run", lambda: inner.poll() is None and (inner.terminate(), inner.wait()))
+
+        def stop_inner() -> None:
+            if inner.poll() is None:
+                inner.terminate()
+                inner.wait()
+
+        janitor.add("stop the inner run", stop_inner)
         return inner.wait()
     finally:
         janitor.run()
@@ -125,7 +131,8 @@ class TimedCrictl:
 
     def crictl(self, *argv: str) -> str:
         """What ``crictl ARGV`` printed, stripped (RuntimeError when it failed)."""
-        return run([*self.base, *argv], timeout=self.command_timeout).stdout.strip()
+        said: str = run([*self.base, *argv], timeout=self.command_timeout).stdout
+        return said.strip()
 
     def timed(self, step: str, *commands: list[str]) -> str:
         """Run ``commands`` in turn as one timed ``step``; what the last printed."""

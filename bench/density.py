@@ -46,7 +46,7 @@ def pss_kib(pid: int) -> int:
     return 0
 
 
-def start_template(runtime_root: str) -> subprocess.Popen:
+def start_template(runtime_root: str) -> subprocess.Popen[bytes]:
     proc = subprocess.Popen([sys.executable, "-m", "shim", "template", "--runtime-root", runtime_root],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     path = control_socket_path(runtime_root)

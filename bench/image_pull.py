@@ -32,6 +32,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
@@ -47,6 +48,9 @@ from bench.cri_images import (
     runs_option,
     start_containerd,
 )
+
+if TYPE_CHECKING:
+    from support.registry import Registry
 
 PULL_TIMEOUT = 600.0
 
@@ -182,14 +186,15 @@ def inside(args: argparse.Namespace) -> int:
     return 0
 
 
-def _manifest(registry, ref: str) -> dict:  # type: ignore[no-untyped-def]
+def _manifest(registry: Registry, ref: str) -> dict[str, Any]:
     import json
     repo, tag = ref.split("/", 1)[1].rsplit(":", 1)
     status, _, body = registry.get(f"/v2/{repo}/manifests/{tag}", {
         "Accept": "application/vnd.oci.image.manifest.v1+json"})
     if status != 200:
         raise RuntimeError(f"the registry has no manifest for {ref} ({status})")
-    return json.loads(body)
+    manifest: dict[str, Any] = json.loads(body)
+    return manifest
 
 
 def big_image_options(p: argparse.ArgumentParser, runs: int) -> Callable[[argparse.Namespace], None]:

@@ -103,7 +103,7 @@ def main() -> int:
                                        registry.host], env=env, capture_output=True, text=True, timeout=600)
                 if done.returncode != 0:
                     raise RuntimeError(f"{key}: the worker failed: {done.stderr[-2000:]}")
-                return json.loads(done.stdout.strip().splitlines()[-1])["ms"]
+                return float(json.loads(done.stdout.strip().splitlines()[-1])["ms"])
 
             for key in trees:  # warm-up: base pulled, page caches
                 pull(key)

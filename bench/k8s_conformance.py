@@ -51,12 +51,11 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(1, os.path.dirname(os.path.abspath(__file__)))
 
-import cluster as harness
-
+from bench import cluster as harness
 from bench.common import run_stamp
 
 FOCUS = (r"\[sig-node\].*\[Conformance\]",
@@ -196,15 +195,15 @@ class Outcome:
         return len(self.passed) + len(self.failed)
 
 
-def spec_name(report: dict) -> str:
+def spec_name(report: dict[str, Any]) -> str:
     return " ".join([*(report.get("ContainerHierarchyTexts") or []), report.get("LeafNodeText", "")]).strip()
 
 
-def first_error_line(report: dict) -> str:
+def first_error_line(report: dict[str, Any]) -> str:
     failure = report.get("Failure") or {}
     message = failure.get("Message") or report.get("State", "")
     lines = [line.strip() for line in message.splitlines() if line.strip()]
-    return lines[0][:300] if lines else report.get("State", "")
+    return lines[0][:300] if lines else str(report.get("State", ""))
 
 
 def read_report(path: str, runtime: str) -> Outcome:

@@ -31,12 +31,11 @@ import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(1, os.path.dirname(os.path.abspath(__file__)))
 
-import cluster as harness
-
+from bench import cluster as harness
 from bench.common import memory, percentile, run_stamp
 
 #: Bound on every wait for the pods of one node (start, delete).
@@ -145,7 +144,7 @@ def pull_everywhere(c: harness.Cluster) -> None:
     c.kubectl("delete", "pods", *[f"pull-{n['name']}" for n in c.nodes()], "--wait=true", timeout=120)
 
 
-def start_pods(c: harness.Cluster, node: dict, pods: int) -> tuple[list[float], float]:
+def start_pods(c: harness.Cluster, node: dict[str, Any], pods: int) -> tuple[list[float], float]:
     name = f"startup-{node['name']}"
     watch = Watch(c, f"app={name}")
     try:
@@ -162,7 +161,7 @@ def start_pods(c: harness.Cluster, node: dict, pods: int) -> tuple[list[float], 
     return latencies, last - started
 
 
-def remove_pods(c: harness.Cluster, node: dict) -> None:
+def remove_pods(c: harness.Cluster, node: dict[str, Any]) -> None:
     name = f"startup-{node['name']}"
     c.kubectl("delete", "deployment", name, "--wait=true", timeout=120)
     deadline = time.monotonic() + WAIT
@@ -172,7 +171,7 @@ def remove_pods(c: harness.Cluster, node: dict) -> None:
         time.sleep(2)
 
 
-def node_memory(c: harness.Cluster, node: dict) -> dict[str, tuple[int, int]]:
+def node_memory(c: harness.Cluster, node: dict[str, Any]) -> dict[str, tuple[int, int]]:
     """The PSS of node's runtime by part: (processes, KiB) for daemon, shims and pause."""
     labels = c.state.data["processes"]
     daemon = labels[f"{node['name']}-{node['runtime']}"]

@@ -28,6 +28,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from typing import Any
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
@@ -36,22 +37,22 @@ from shim.api.handlers import NATIVE, RUNTIME_HANDLERS
 from shim.launch.template import stop_template
 from shim.runtime import process
 
-from client.cri.pod import open_pod_service
+from client.cri.pod import PodService, open_pod_service
 
 from bench.common import percentile
 
 PHASES = ("runp", "stopp", "rmp")
 
 
-def pod_config() -> dict:
+def pod_config() -> dict[str, Any]:
     with open(os.path.join(REPO, "examples", "pod-config.json")) as f:
-        cfg = json.load(f)
+        cfg: dict[str, Any] = json.load(f)
     cfg["metadata"]["name"] = f"bench-{secrets.token_hex(4)}"
     cfg["metadata"]["uid"] = secrets.token_hex(8)
     return cfg
 
 
-async def cycle(pods, handler: str) -> dict[str, float]:
+async def cycle(pods: PodService, handler: str) -> dict[str, float]:
     """One pod up and down; seconds per phase."""
     t0 = time.perf_counter()
     pod_id = await pods.run_pod_sandbox(pod_config(), runtime_handler=handler)

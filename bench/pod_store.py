@@ -20,6 +20,8 @@ import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Callable
+from typing import Any
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
@@ -31,9 +33,9 @@ from bench.common import percentile
 OPERATIONS = ("create", "update", "add_container", "find_container", "update_container", "list", "delete")
 
 
-def pod_config(name: str) -> dict:
+def pod_config(name: str) -> dict[str, Any]:
     with open(os.path.join(REPO, "examples", "pod-config.json")) as f:
-        cfg = json.load(f)
+        cfg: dict[str, Any] = json.load(f)
     cfg["metadata"].update(name=name, uid=secrets.token_hex(8))
     return cfg
 
@@ -43,7 +45,7 @@ def make_pod(store: PodStore, name: str, timings: dict[str, list[float]] | None 
     pod_id = secrets.token_hex(32)
     container_id = secrets.token_hex(32)
 
-    def timed(operation: str, call, *args, **kwargs):
+    def timed(operation: str, call: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         t0 = time.perf_counter()
         result = call(*args, **kwargs)
         if timings is not None:

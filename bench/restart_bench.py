@@ -21,6 +21,7 @@ import statistics
 import sys
 import tempfile
 import time
+from typing import Any
 
 import anyio
 
@@ -70,7 +71,7 @@ async def shutdown_all(state_root: str, runtime_root: str) -> float:
     return time.monotonic() - began
 
 
-async def bench(args: argparse.Namespace) -> dict:
+async def bench(args: argparse.Namespace) -> dict[str, Any]:
     state_root = tempfile.mkdtemp(prefix="podshim-bench-state-")
     runtime_root = tempfile.mkdtemp(prefix="psb-")
     try:

@@ -20,10 +20,11 @@ import subprocess
 import sys
 import tempfile
 import time
+from typing import Any
 
 import uvloop
 
-from shim.rpc import Client, Server
+from shim.rpc import CallContext, Client, Server
 
 SERVICE = "bench.v1.Echo"
 PAYLOAD = {"sandbox_id": "sb1"}
@@ -32,7 +33,7 @@ WARMUP_CALLS = 500
 READY = b"ready\n"
 
 
-async def echo(ctx, payload):
+async def echo(ctx: CallContext, payload: Any) -> Any:
     return payload
 
 
@@ -96,18 +97,19 @@ async def pipelined(client: Client, server_pid: int, calls: int, window: int) ->
             (cpu_seconds(server_pid) - server_cpu) / calls * 1e6)
 
 
-async def measure(address: str, server_pid: int, args: argparse.Namespace) -> tuple[list[float], tuple]:
+async def measure(address: str, server_pid: int, args: argparse.Namespace) -> tuple[list[float], tuple[float, float, float]]:
     async with await Client.connect(address) as client:
         samples = await latencies_us(client, args.calls)
         throughput = await pipelined(client, server_pid, args.pipelined, args.window)
     return samples, throughput
 
 
-def run_one(kind: str, args: argparse.Namespace) -> tuple[list[float], tuple]:
+def run_one(kind: str, args: argparse.Namespace) -> tuple[list[float], tuple[float, float, float]]:
     with tempfile.TemporaryDirectory(prefix="rpc-bench-") as directory:
         path = os.path.join(directory, "rpc.sock")
         server = subprocess.Popen([sys.executable, __file__, "--serve", path, "--loop", kind],
                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        assert server.stdin is not None and server.stdout is not None  # (PIPE)
         try:
             if server.stdout.readline() != READY:
                 raise RuntimeError(f"the {kind} server did not start")

@@ -32,6 +32,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from typing import Any
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
@@ -59,7 +60,7 @@ class ShimRun:
         self.pid = 0
         self.pidfd = -1
 
-    def _run(self, action: str, *extra: str) -> subprocess.CompletedProcess:
+    def _run(self, action: str, *extra: str) -> subprocess.CompletedProcess[str]:
         argv = [*self.command.argv, action, "--namespace", NAMESPACE, "--id", self.sandbox_id, "--bundle",
                 self.bundle, "--runtime-root", self.runtime_root, *extra]
         return subprocess.run(argv, env=self.command.env, capture_output=True, text=True, check=True,
@@ -72,7 +73,8 @@ class ShimRun:
         self.pidfd = os.pidfd_open(self.pid)
         self.client = await Client.connect(bootstrap["address"], namespace=NAMESPACE)
 
-    async def call(self, method: str, **fields):
+    async def call(self, method: str, **fields: Any) -> Any:
+        assert self.client is not None  # (spawned)
         return await self.client.call(SANDBOX_SERVICE, method, {"sandbox_id": self.sandbox_id, **fields},
                                       timeout=TIMEOUT)
 

@@ -32,6 +32,7 @@ import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
@@ -69,11 +70,11 @@ def skopeo_copy(argv: list[str], dest: str, watched: str) -> tuple[float, float,
     return took, times[0] if times else 0.0, times[-1] if times else 0.0
 
 
-def http_fetch(host: str, repo: str, manifest: dict, directory: str) -> tuple[float, float, float]:
+def http_fetch(host: str, repo: str, manifest: dict[str, Any], directory: str) -> tuple[float, float, float]:
     """(seconds, first blob done, last blob done) of fetching every blob with 6 threads."""
     address, port = host.split(":")
 
-    def get(desc: dict) -> float:
+    def get(desc: dict[str, Any]) -> float:
         connection = http.client.HTTPConnection(address, int(port), timeout=60)
         try:
             connection.request("GET", f"/v2/{repo}/blobs/{desc['digest']}")

@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
                 for _ in range(3):  # warm both paths (imports, the shim's first Task call)
                     timed(base + ["exec", "-s", cid, "true"])
                     timed(base + ["exec", cid, "true"])
-                figures = {"exec -s true (ExecSync)": [], "exec true (streaming)": []}
+                figures: dict[str, list[float]] = {"exec -s true (ExecSync)": [], "exec true (streaming)": []}
                 for _ in range(args.runs):  # interleaved, so both see the same machine
                     figures["exec -s true (ExecSync)"].append(timed(base + ["exec", "-s", cid, "true"]))
                     figures["exec true (streaming)"].append(timed(base + ["exec", cid, "true"]))

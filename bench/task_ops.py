@@ -21,6 +21,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from typing import Any
 
 from shim.api.names import SANDBOX_SERVICE, TASK_SERVICE
 from shim.rpc import Client
@@ -44,10 +45,10 @@ async def bench_handler(handler: str, calls: int) -> dict[str, list[float]]:
     started = subprocess.run(argv, capture_output=True, text=True, check=True)
     client = await Client.connect(json.loads(started.stdout)["address"], namespace=NAMESPACE)
 
-    async def call(service: str, method: str, **fields):
+    async def call(service: str, method: str, **fields: Any) -> Any:
         return await client.call(service, method, {"sandbox_id": sandbox_id, **fields}, timeout=TIMEOUT)
 
-    payloads = {"Exec": {"args": ["true"]}, "Stats": {}, "Update": {"resources": {"cpu_shares": 1024}},
+    payloads: dict[str, dict[str, Any]] = {"Exec": {"args": ["true"]}, "Stats": {}, "Update": {"resources": {"cpu_shares": 1024}},
                 "ReopenLog": {}}
     figures: dict[str, list[float]] = {op: [] for op in OPERATIONS}
     try:

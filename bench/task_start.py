@@ -19,6 +19,7 @@ import os
 import statistics
 import tempfile
 import time
+from typing import Any
 
 from bench.common import NODE_ROOT, busybox_tree, running_sandbox, task_cycle
 
@@ -26,7 +27,7 @@ NAMESPACE = "bench"
 TIMEOUT = 10.0
 
 
-def overlay(base: str, lower: str, task_id: str) -> list[dict]:
+def overlay(base: str, lower: str, task_id: str) -> list[dict[str, Any]]:
     upper, work = f"{base}/snapshots/{task_id}/upper", f"{base}/snapshots/{task_id}/work"
     os.makedirs(upper)
     os.makedirs(work)

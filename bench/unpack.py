@@ -32,6 +32,7 @@ import sys
 import tarfile
 import tempfile
 import time
+from collections.abc import Callable
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
@@ -179,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
         log(f"building a {args.mb} MB image in {args.layers} {args.compression} layers")
         layers, raw_bytes, layout = build_image(workdir, args.mb, args.layers, args.compression)
         packed = sum(os.path.getsize(blob) for _, blob, _ in layers)
-        contenders = {
+        contenders: dict[str, Callable[[int], float]] = {
             f"podshim ({snapshots.UNPACK_WORKERS} layers at once)":
                 lambda r: time_podshim(workdir, layers, snapshots.UNPACK_WORKERS),
             "podshim (one layer at a time)": lambda r: time_podshim(workdir, layers, 1),

@@ -59,6 +59,7 @@ import atexit
 import contextlib
 import dataclasses
 import datetime
+import functools
 import gzip
 import hashlib
 import io
@@ -143,12 +144,26 @@ def new_id(prefix: str) -> str:
     return f"{prefix}-{secrets.token_hex(5)}"
 
 
-def run(argv: list[str], *, timeout: float = TIMEOUT, check: bool = True, **kwargs: Any) -> subprocess.CompletedProcess:
+def run(argv: list[str], *, timeout: float = TIMEOUT, check: bool = True, **kwargs: Any) -> subprocess.CompletedProcess[str]:
     done = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout, **kwargs)
     if check and done.returncode != 0:
         said = (done.stderr or done.stdout).strip()
         raise RuntimeError(f"{' '.join(argv[:6])} ... exited with status {done.returncode}: {said[-600:]}")
     return done
+
+
+def kill_leftovers(workdir: str) -> None:
+    """Kill what still names ``workdir`` (:func:`sweep`), saying so."""
+    for killed in sweep(workdir):
+        log(f"killed leftover {killed}")
+
+
+def _same_cmdline(pid: int, argv: list[str]) -> bool:
+    return cmdline(pid) == argv
+
+
+def _child_of(pid: int, shim: int) -> bool:
+    return parent_of(pid) == shim
 
 
 def cmdline(pid: int) -> list[str]:
@@ -165,7 +180,7 @@ class Janitor:
     """Undo steps, run last-in first-out exactly once: at the end of main, at exit, or on a signal."""
 
     def __init__(self) -> None:
-        self._steps: list[tuple[str, Callable[..., Any], tuple]] = []
+        self._steps: list[tuple[str, Callable[..., Any], tuple[Any, ...]]] = []
         self._state = "armed"
         self.failures: list[str] = []
 
@@ -209,7 +224,7 @@ class Janitor:
         os._exit(128 + signum)
 
 
-def stop_process(proc: subprocess.Popen, what: str, grace: float = 10.0) -> None:
+def stop_process(proc: subprocess.Popen[bytes], what: str, grace: float = 10.0) -> None:
     """SIGTERM by pid, then SIGKILL; reaps it."""
     if proc.poll() is not None:
         return
@@ -238,7 +253,7 @@ def sweep(marker: str) -> list[str]:
     killed = []
     for pid in reversed(victims):  # children first
         argv = cmdline(pid)
-        if signal_pid(pid, signal.SIGKILL, lambda p, argv=argv: cmdline(p) == argv):
+        if signal_pid(pid, signal.SIGKILL, functools.partial(_same_cmdline, argv=argv)):
             killed.append(f"{pid} {' '.join(argv)[:80]}")
     return killed
 
@@ -387,7 +402,7 @@ class PrivateContainerd:
         self.dir = directory
         self.sock = os.path.join(directory, "containerd.sock")
         self.janitor = janitor
-        self.proc: subprocess.Popen | None = None
+        self.proc: subprocess.Popen[bytes] | None = None
         self.live: set[str] = set()  # container ids that may exist
         # runc's cgroup parent for the namespace (cgroupsPath /NAMESPACE/ID), v2 or any v1 hierarchy
         self.cgroup_dirs = [os.path.join(CGROUP_ROOT, NAMESPACE)] + [
@@ -421,7 +436,7 @@ class PrivateContainerd:
         logf = open(os.path.join(self.dir, "containerd.log"), "ab")
         self.janitor.add("remove containerd's own directories", remove_if_ours,
                          [*reversed(CONTAINERD_SOCKET_DIRS), *self.cgroup_dirs], self.existed)
-        self.proc = subprocess.Popen([shutil.which("containerd"), "--config", config], stdin=subprocess.DEVNULL,
+        self.proc = subprocess.Popen([shutil.which("containerd") or "containerd", "--config", config], stdin=subprocess.DEVNULL,
                                      stdout=logf, stderr=subprocess.STDOUT, start_new_session=True)
         logf.close()
         self.janitor.add("stop containerd", self.stop)
@@ -429,7 +444,8 @@ class PrivateContainerd:
         while True:
             done = run(["ctr", "-a", self.sock, "version"], check=False)
             if done.returncode == 0:
-                return done.stdout.split("Server:")[-1].split("Version:")[1].split()[0]
+                version: str = done.stdout.split("Server:")[-1].split("Version:")[1].split()[0]
+                return version
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"containerd did not come up: {self.log_tail()}")
             time.sleep(0.05)
@@ -441,7 +457,7 @@ class PrivateContainerd:
         except OSError:
             return "(no log)"
 
-    def ctr(self, *args: str, check: bool = True, timeout: float = TIMEOUT) -> subprocess.CompletedProcess:
+    def ctr(self, *args: str, check: bool = True, timeout: float = TIMEOUT) -> subprocess.CompletedProcess[str]:
         return run(["ctr", "-a", self.sock, "-n", NAMESPACE, *args], check=check, timeout=timeout)
 
     def bundle(self, cid: str) -> str:
@@ -494,7 +510,7 @@ class PrivateContainerd:
         for pid in (int(p) for p in os.listdir("/proc") if p.isdigit()):
             if self.is_our_shim(pid):  # a shim that outlived its task: its pause first
                 for child in children_of(pid):
-                    signal_pid(child, signal.SIGKILL, lambda p, shim=pid: parent_of(p) == shim)
+                    signal_pid(child, signal.SIGKILL, functools.partial(_child_of, shim=pid))
                 signal_pid(pid, signal.SIGKILL, self.is_our_shim)
                 log(f"killed a leftover containerd shim, pid {pid}")
 
@@ -590,6 +606,7 @@ class Containerd(Contender):
                 self.cd.run_task(cid, self.flags)
             await asyncio.sleep(SETTLE)
             pids = [self.cd.task_pids(cid) for cid in cids]
+            assert self.cd.proc is not None  # (started)
             return Idle(shims=[memory(shim) for _, shim in pids], pauses=[memory(pause) for pause, _ in pids],
                         fixed={"containerd daemon": memory(self.cd.proc.pid)})
         finally:
@@ -643,7 +660,7 @@ class Podshim(Contender):
 
         from client.controller.bundles import bundle_path
 
-        record = read_json(os.path.join(bundle_path(self.c.state_root, NAMESPACE, sid), STATE_FILE))
+        record: dict[str, Any] = read_json(os.path.join(bundle_path(self.c.state_root, NAMESPACE, sid), STATE_FILE))
         if record.get("netns_path"):
             self.netns_seen.add(record["netns_path"])
         self.pause_binary = (record.get("pause") or {}).get("binary") or self.pause_binary
@@ -772,7 +789,8 @@ def startup_hooks() -> list[str]:
 
 def interpreter_start(rounds: int = 5) -> tuple[float, float]:
     """Median seconds of ``python -c pass`` and of ``python -I -S -c pass``, interleaved."""
-    plain, bare = [], []
+    plain: list[float] = []
+    bare: list[float] = []
     for _ in range(rounds):
         for argv, into in (([sys.executable, "-c", "pass"], plain), ([sys.executable, "-I", "-S", "-c", "pass"], bare)):
             t0 = time.perf_counter()
@@ -846,7 +864,7 @@ def mean_memory(rows: list[Memory]) -> tuple[float, float, float]:
 
 
 def _median(c: Contender, part: str = "total") -> float:
-    return statistics.median(getattr(s, part) for s in c.samples)
+    return float(statistics.median(getattr(s, part) for s in c.samples))
 
 
 def _plural(count: int) -> str:
@@ -1149,7 +1167,7 @@ def main(argv: list[str] | None = None) -> int:
         janitor.add("remove the work directory", shutil.rmtree, workdir, True)
         janitor.add("unmount what is left under the work directory", unmount_under, workdir)
         # Last line of defence, run after every orderly step: anything still naming our directory.
-        janitor.add("kill leftover processes", lambda: [log(f"killed leftover {k}") for k in sweep(workdir)])
+        janitor.add("kill leftover processes", kill_leftovers, workdir)
         timings["setup"] = time.perf_counter() - t_start
         now = datetime.datetime.now(datetime.UTC)
         info = {"date": now.strftime("%Y-%m-%d %H:%M UTC"), "nproc": os.cpu_count(), "cycles": args.cycles,

@@ -10,8 +10,17 @@ and anyio.
 status codes (the ``podshim`` CLI) does not pay for importing asyncio.
 """
 
+from typing import TYPE_CHECKING
+
 from shim.rpc.status import *  # noqa: F401,F403  (the typed errors are part of this package's API)
 from shim.rpc.status import __all__ as _status_all
+
+if TYPE_CHECKING:  # what __getattr__ loads on first use, named for the type checker
+    from shim.rpc.client import Client as Client
+    from shim.rpc.client import connect as connect
+    from shim.rpc.server import CallContext as CallContext
+    from shim.rpc.server import Server as Server
+    from shim.rpc.server import ServerStream as ServerStream
 
 _LAZY = {
     "Client": ".client",
