@@ -9,11 +9,14 @@ containerd runs it with Go-style flags and an action (docs/containerd.md)::
 ``start`` reads containerd's protobuf BootstrapParams on stdin, starts the sandbox's shim (forked by
 the runtime root's template when one runs, as ``podshim start`` does) and prints a protobuf
 BootstrapResult (version 3, protocol ttrpc) on stdout, and nothing else: containerd reads stdout and
-stderr as one. ``delete`` cleans up after a dead shim as ``podshim delete`` does and prints a protobuf
-DeleteResponse. ``-info`` prints a protobuf RuntimeInfo whose features are the runtime-spec
-features document of what the shim applies (shim.containerd.features). The working directory is containerd's bundle; podshim's own bundle (state.json, the
-shim's log, the tasks) is its ``podshim`` directory, so no file of containerd's (its ``log`` FIFO,
-``bootstrap.json``) is ever touched.
+stderr as one. ``delete`` cleans up after a dead shim as ``podshim delete`` does and prints a
+protobuf DeleteResponse. Their common case (a template; a delete after a clean ShutdownSandbox)
+takes the fast path of :mod:`shim.containerd.fastpath`, which loads only built-in modules: so
+this module imports nothing at its top but those and :mod:`shim.api.names`. ``-info`` prints a
+protobuf RuntimeInfo whose features are the runtime-spec features document of what the shim
+applies (shim.containerd.features). The working directory is containerd's bundle; podshim's own
+bundle (state.json, the shim's log, the tasks) is its ``podshim`` directory, so no file of
+containerd's (its ``log`` FIFO, ``bootstrap.json``) is ever touched.
 
 The runtime root is ``$PODSHIM_RUNTIME_ROOT`` (default /run/podshim) and the pause binary
 ``$PODSHIM_PAUSE_BINARY``: containerd passes its environment on, and ``[plugins.'io.containerd.shim.v1.manager'] env``
@@ -27,7 +30,6 @@ import sys
 import time
 
 from shim.api.names import DEFAULT_RUNTIME_ROOT, UNKNOWN_EXIT_STATUS
-from shim.lib.program import UsageError, exit_status
 
 __all__ = ["NAME", "PODSHIM_DIR", "RUNTIME_TYPE", "main", "run"]
 
@@ -53,11 +55,11 @@ def parse(argv: list[str]) -> tuple[dict[str, str | bool], str]:
         elif name in _VALUED:
             if not eq:
                 if not rest:
-                    raise UsageError(f"flag -{name} needs a value")
+                    raise _usage(f"flag -{name} needs a value")
                 value = rest.pop(0)
             flags[name] = value
         else:
-            raise UsageError(f"flag provided but not defined: -{name}")
+            raise _usage(f"flag provided but not defined: -{name}")
     if rest[:1] == ["--"]:
         rest.pop(0)
     if flags.get("v") or flags.get("version"):
@@ -65,8 +67,16 @@ def parse(argv: list[str]) -> tuple[dict[str, str | bool], str]:
     if flags.get("info"):
         return flags, "info"
     if len(rest) != 1 or rest[0] not in ("start", "delete"):
-        raise UsageError(f"expected one action, start or delete, after the flags; got {rest!r}")
+        raise _usage(f"expected one action, start or delete, after the flags; got {rest!r}")
     return flags, rest[0]
+
+
+def _usage(message: str) -> Exception:
+    """shim.lib.program's UsageError (exit 2), imported only when there is one: the commands'
+    common case (shim.containerd.fastpath) loads nothing it does not use."""
+    from shim.lib.program import UsageError
+
+    return UsageError(message)
 
 
 def _identity(flags: dict[str, str | bool], namespace: str = "", sandbox_id: str = "") -> tuple[str, str]:
@@ -80,7 +90,7 @@ def _identity(flags: dict[str, str | bool], namespace: str = "", sandbox_id: str
 def _runtime_root() -> str:
     root = os.environ.get("PODSHIM_RUNTIME_ROOT") or DEFAULT_RUNTIME_ROOT
     if not os.path.isabs(root):
-        raise UsageError(f"PODSHIM_RUNTIME_ROOT {root!r} must be an absolute path")
+        raise _usage(f"PODSHIM_RUNTIME_ROOT {root!r} must be an absolute path")
     return os.path.normpath(root)
 
 
@@ -91,19 +101,18 @@ def start(flags: dict[str, str | bool], stdin: bytes) -> bytes:
     from shim.api.paths import socket_path
     from shim.cli import start_shim
     from shim.containerd.bootstrap import BootstrapParams, bootstrap_params, bootstrap_result
-    from shim.rpc.status import InvalidArgument
     from shim.sandbox.config import ShimConfig
 
     try:
         params = bootstrap_params(stdin)
-    except InvalidArgument:
+    except ValueError:
         # containerd before 2.3 (and a runtime named *shim-runc-v1) gives the bare options: the
         # rest comes from the flags and the environment then.
         params = BootstrapParams()
     namespace, sandbox_id = _identity(flags, params.namespace, params.instance_id)
     address = params.containerd_ttrpc_address or os.environ.get("TTRPC_ADDRESS", "")
     if not address:
-        raise UsageError("containerd's ttrpc address is unknown: neither BootstrapParams nor TTRPC_ADDRESS gives it")
+        raise _usage("containerd's ttrpc address is unknown: neither BootstrapParams nor TTRPC_ADDRESS gives it")
     root = _runtime_root()
     config = ShimConfig(namespace=namespace, sandbox_id=sandbox_id,
                         bundle=os.path.join(os.getcwd(), PODSHIM_DIR),
@@ -121,7 +130,7 @@ def delete(flags: dict[str, str | bool]) -> bytes:
     namespace, sandbox_id = _identity(flags)
     bundle = str(flags.get("bundle") or os.getcwd())
     if not os.path.isabs(bundle):
-        raise UsageError(f"-bundle {bundle!r} must be an absolute path")
+        raise _usage(f"-bundle {bundle!r} must be an absolute path")
     ours = os.path.join(bundle, PODSHIM_DIR)
     if os.path.isdir(ours):
         result = delete_sandbox(ours, namespace, sandbox_id, _runtime_root())
@@ -146,7 +155,7 @@ def info(stdin: bytes) -> bytes:
     try:
         options = any_pb2.Any.FromString(stdin)
     except DecodeError as exc:
-        raise UsageError(f"-info reads the runtime options (a protobuf Any) on stdin: {exc}") from None
+        raise _usage(f"-info reads the runtime options (a protobuf Any) on stdin: {exc}") from None
     introspection = load("types.introspection_pb2")
     result = introspection.RuntimeInfo(name=RUNTIME_TYPE, version=introspection.RuntimeVersion(version=__version__),
                                        features=any_pb2.Any(type_url=FEATURES_TYPE_URL,
@@ -157,15 +166,18 @@ def info(stdin: bytes) -> bytes:
     return encoded
 
 
-def act(flags: dict[str, str | bool], action: str) -> int:
-    """Do ``action`` (parse's) with ``flags``: what it prints goes to stdout."""
+def act(flags: dict[str, str | bool], action: str, stdin: bytes | None = None) -> int:
+    """Do ``action`` (parse's) with ``flags``: what it prints goes to stdout. ``stdin``: what was
+    read of stdin already (by the fast path), None to read it."""
     if action == "version":
         print(f"{NAME}: podshim's shim for containerd (runtime type {RUNTIME_TYPE})")
         return 0
+    if action in ("start", "info") and stdin is None:
+        stdin = sys.stdin.buffer.read()
     if action == "start":
-        out = start(flags, sys.stdin.buffer.read())
+        out = start(flags, stdin or b"")
     elif action == "info":
-        out = info(sys.stdin.buffer.read())
+        out = info(stdin or b"")
     else:
         out = delete(flags)
     sys.stdout.buffer.write(out)
@@ -173,7 +185,9 @@ def act(flags: dict[str, str | bool], action: str) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, *, stdin: bytes | None = None) -> int:
+    from shim.lib.program import exit_status
+
     argv = sys.argv[1:] if argv is None else argv
     parsed: list[tuple[dict[str, str | bool], str]] = []
 
@@ -185,14 +199,44 @@ def main(argv: list[str] | None = None) -> int:
     if status:
         return status
     flags, action = parsed[0]
-    return exit_status(f"{NAME} {action}", lambda: act(flags, action))
+    return exit_status(f"{NAME} {action}", lambda: act(flags, action, stdin))
+
+
+def fast(argv: list[str]) -> tuple[bytes | None, bytes | None]:
+    """The common case of ``start`` and ``delete`` (shim.containerd.fastpath): what to print, or
+    None for the full path; and what was read of stdin (None: nothing)."""
+    try:
+        flags, action = parse(argv)
+    except Exception:  # (parse's UsageError) the full path says what is wrong with the command line
+        return None, None
+    from shim.containerd import fastpath
+
+    if action == "start":
+        stdin = sys.stdin.buffer.read()
+        return fastpath.start(flags, stdin, os.path.join(os.getcwd(), PODSHIM_DIR)), stdin
+    if action == "delete":
+        namespace = str(flags.get("namespace") or os.environ.get("NAMESPACE") or "")
+        sandbox_id, bundle = str(flags.get("id") or ""), str(flags.get("bundle") or os.getcwd())
+        ours = os.path.join(bundle, PODSHIM_DIR)
+        if namespace and sandbox_id and os.path.isabs(bundle) and os.path.isdir(ours):
+            return fastpath.delete(namespace, sandbox_id, ours), None
+    return None, None
 
 
 def run() -> None:
-    """The program: :func:`main`, then exit at once (see shim.lib.program.exit_now)."""
+    """The program: ``start`` and ``delete`` on their fast path when it serves (:func:`fast`),
+    else :func:`main`; then exit at once (see shim.lib.program.exit_now)."""
+    out, stdin = fast(sys.argv[1:])
+    if out is not None:
+        try:
+            sys.stdout.buffer.write(out)
+            sys.stdout.buffer.flush()
+        except OSError:  # containerd went away: nobody reads what this did
+            os._exit(1)
+        os._exit(0)
     from shim.lib.program import exit_now
 
-    exit_now(main())
+    exit_now(main(stdin=stdin))
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ import socket
 import subprocess
 import sys
 
+import msgpack
 import pytest
 from google.protobuf import any_pb2, empty_pb2
 
@@ -368,18 +369,27 @@ def test_info_answers_a_runtime_info_whose_features_are_what_the_shim_applies(tm
 
 
 #: What the command must not load where it has no need to: an event loop, protobuf's runtime, the
-#: sandbox's machinery and the kernel's modules (each costs more than the command's own work).
+#: sandbox's machinery and the kernel's modules (each costs more than the command's own work); and on
+#: its fast path (shim.containerd.fastpath) not even the wire's modules, msgpack, or the standard
+#: library's modules that are not built into the interpreter (json, socket, signal and what they import).
 HEAVY_MODULES = ("asyncio", "google", "shim.sandbox.sandbox", "shim.kernel.cgroups", "shim.kernel.netns",
                  "shim.runtime.mounts", "shim.launch.spawn")
+FAST_PATH_MODULES = (*HEAVY_MODULES, "shim.rpc", "shim.lib", "shim.cli", "shim.cleanup", "msgpack", "json", "socket",
+                     "signal", "enum", "typing", "re", "logging", "collections", "hashlib")
 
 
 def run_counting_modules(bundle: str, root: str, *args: str, stdin: bytes = b"") -> tuple[bytes, list[str]]:
-    """The command run as run_shim_binary runs it; its stdout, and the heavy modules it loaded."""
+    """The command run as the installed one runs (``python -S``, site-packages after the standard
+    library, the program's run()); its stdout, and the modules of FAST_PATH_MODULES it loaded."""
     env = {**os.environ, "PYTHONPATH": REPO, "PODSHIM_RUNTIME_ROOT": root}
-    program = ("import sys; from shim.containerd.cli import main; status = main(sys.argv[1:]); "
-               f"sys.stderr.write(repr(sorted(m for m in sys.modules if m.startswith({HEAVY_MODULES!r})))); "
-               "sys.exit(status)")
-    done = subprocess.run([sys.executable, "-P", "-c", program, "-namespace", NAMESPACE, "-address",
+    site_packages = os.path.dirname(os.path.dirname(msgpack.__file__))
+    program = (f"import os, sys; sys.path.append({site_packages!r}); exit = os._exit\n"
+               "def counted(status):\n"
+               f"    sys.stderr.write(repr(sorted(m for m in sys.modules if m.startswith({FAST_PATH_MODULES!r}))))\n"
+               "    sys.stderr.flush(); exit(status)\n"
+               "os._exit = counted\n"
+               "from shim.containerd.cli import run; run()")
+    done = subprocess.run([sys.executable, "-S", "-P", "-c", program, "-namespace", NAMESPACE, "-address",
                            "/run/containerd/containerd.sock", "-publish-binary", "/usr/bin/containerd", *args],
                           input=stdin, capture_output=True, cwd=bundle, env=env, timeout=30)
     assert done.returncode == 0, done.stderr
@@ -423,6 +433,11 @@ async def test_start_through_a_template_and_delete_after_a_shutdown_load_nothing
         assert (response.pid, response.exit_status, response.SerializeToString()) == (begun.pid, 128 + signal.SIGKILL,
                                                                                       out)
         assert response.exited_at.seconds > 0
+        with open(bundle / "podshim" / "state.json") as f:
+            assert json.load(f)["state"] == "deleted"  # as podshim delete leaves it
+        assert not os.path.exists(result.address.removeprefix("unix://"))
+        again = run_shim_binary(str(bundle), str(root), "-id", sid, "-bundle", str(bundle), "delete")
+        assert (again.returncode, again.stdout) == (0, out)  # a second delete reports the same exit
     finally:
         run_shim_binary(str(bundle), str(root), "-id", sid, "-bundle", str(bundle), "delete")
         template.stop()

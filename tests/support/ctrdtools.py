@@ -24,6 +24,8 @@ import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
+from shim.lib.program import search_path
+
 from support.critools import REPO, cni_config, gotool
 
 __all__ = ["Containerd", "running_containerd", "pod_config", "sleeping_pod", "containerd_binary", "containerd_version", "write_config"]
@@ -125,12 +127,15 @@ class Containerd:
 
 
 def _shim_wrapper(directory: str) -> str:
-    """containerd-shim-podshim-v1 as this checkout's code: containerd runs it by this absolute path."""
+    """containerd-shim-podshim-v1 as this checkout's code, started as the installed command starts
+    (bin/podshim: ``python -S``, its libraries after the standard library, the collector off):
+    containerd runs it by this absolute path."""
     path = os.path.join(directory, "bin", "containerd-shim-podshim-v1")
     os.makedirs(os.path.dirname(path), exist_ok=True)
+    libraries = json.dumps(search_path())  # (double quotes: the program is in single quotes)
     with open(path, "w") as f:
-        f.write(f"#!/bin/sh\nPYTHONPATH={REPO} exec {sys.executable} -P -c "
-                f"'from shim.containerd.cli import run; run()' \"$@\"\n")
+        f.write(f"#!/bin/sh\nPYTHONPATH={REPO} exec {sys.executable} -S -P -c 'import gc; gc.disable(); import sys; "
+                f"sys.path += {libraries}; from shim.containerd.cli import run; run()' \"$@\"\n")
     os.chmod(path, 0o755)
     return path
 
