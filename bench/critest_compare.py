@@ -12,8 +12,8 @@ tests/support/ctrdtools.py, its sandbox image critest's pause) and podshimd, eac
 registry.k8s.io, gcr.io and k8s.gcr.io to that registry (one after the other), and critest itself
 (its host-port and host-network specs reach the pods from there). Prints ran / passed / failed /
 skipped per runtime, containerd's failed specs, and each spec that a podshimd handler fails or
-skips where containerd passes, with the first line of its message; with --output, critest's whole
-output per runtime is written there.
+skips where containerd passes, with the first line of its message, and a table of every spec some
+runtime did not pass, with why; with --output, critest's whole output per runtime is written there.
 
 podshimd's config.toml is CritestImages.podshim_registry_config() plus the text of --podshimd-config.
 """
@@ -115,6 +115,21 @@ def report(args: argparse.Namespace, version: str, results: list[tuple[str, Crit
             out += ["", f"{name}: {len(behind)} specs containerd passes and this does not" + (":" if behind else "")]
             out += [f"- {spec} ({result.specs[spec]}): {first_line(result.messages.get(spec, ''))}"
                     for spec in behind]
+    out += ["", *unpassed(results)]
+    return out
+
+
+def unpassed(results: list[tuple[str, CritestResult]]) -> list[str]:
+    """A table of every spec some runtime did not pass: its state with each runtime, and the first
+    line of why (critest's skip message, or the failure's; none for a spec critest's filters left out)."""
+    names = sorted({spec for _, result in results for spec, state in result.specs.items() if state != "passed"})
+    out = [f"{len(names)} specs some runtime did not pass:", "",
+           "| spec | " + " | ".join(name for name, _ in results) + " | why |",
+           "|---|" + "---|" * len(results) + "---|"]
+    for spec in names:
+        states = [result.specs.get(spec, "-") for _, result in results]
+        why = next((first_line(message) for _, result in results if (message := result.messages.get(spec))), "")
+        out.append(f"| {spec} | " + " | ".join(states) + f" | {why.replace('|', '/')} |")
     return out
 
 
@@ -131,6 +146,14 @@ def main(argv: list[str] | None = None) -> int:
     def check(args: argparse.Namespace) -> None:
         if args.output:
             args.output = os.path.abspath(args.output)
+        if not args.inside_netns:
+            # critest's default image is made of Debian's dynamic busybox, which apt fetches on first
+            # use: the bench's network namespace reaches no mirror, so it is fetched before.
+            from support.imagebuild import dynamic_busybox
+            try:
+                dynamic_busybox()
+            except RuntimeError as e:
+                p.error(str(e))
     return netns_main(p, "critcmp", inside, argv, check)
 
 

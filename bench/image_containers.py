@@ -72,7 +72,7 @@ class Runtime(TimedCrictl):
 
 
 def inside(args: argparse.Namespace) -> int:
-    from support.critools import cri_tool
+    from support.critools import cri_tool, gotool
     from support.imagebuild import TestImages
     from support.registry import running_registry
 
@@ -87,7 +87,7 @@ def inside(args: argparse.Namespace) -> int:
             ref = TestImages(registry, os.path.join(workdir, "images")).busybox.ref
             containerd, version = start_containerd(workdir, janitor, {registry.host: f"http://{registry.host}"})
             notes.append(f"containerd {version} (Debian) with runc; podshimd with its default (native) handler; "
-                         "crictl 1.26")
+                         f"crictl {gotool.tool_pin('crictl')['version']}")
             directory = podshimd_directory(janitor)
             with bench_podshimd(directory, crictl, janitor.failures,
                                 config=f'[registries."{registry.host}"]\ninsecure = true\n') as daemon:

@@ -114,7 +114,7 @@ def podshimd_pulls(crictl: str, endpoint: str, ref: str) -> str:
 
 
 def inside(args: argparse.Namespace) -> int:
-    from support.critools import cri_tool
+    from support.critools import cri_tool, gotool
     from support.imagebuild import TestImages
     from support.registry import running_registry
 
@@ -133,7 +133,8 @@ def inside(args: argparse.Namespace) -> int:
                      for name, ref in refs.items()}
             endpoint = f"http://{registry.host}"
             containerd, version = start_containerd(workdir, janitor, {registry.host: endpoint})
-            notes.append(f"containerd {version} (Debian), overlayfs snapshotter; crictl 1.26")
+            notes.append(f"containerd {version} (Debian), overlayfs snapshotter; "
+                         f"crictl {gotool.tool_pin('crictl')['version']}")
             contenders = [Contender("containerd: ctr image pull --plain-http", crictl,
                                     containerd_sock=containerd.sock),
                           Contender("containerd: crictl pull (CRI)", crictl, endpoint="unix://" + containerd.sock)]
