@@ -41,11 +41,12 @@ def copy_checkout(destination: str, *, generated: bool = False) -> str:
 
 
 def paths(venv: str, bin_dir: str) -> dict[str, str]:
-    """The environment of an install into ``venv`` and ``bin_dir``, its units and docs beside
-    ``bin_dir`` (units/, doc/), never the machine's."""
+    """The environment of an install into ``venv`` and ``bin_dir``, its units, docs, manual page and
+    completion beside ``bin_dir`` (units/, doc/, man/, completions/), never the machine's."""
     top = os.path.dirname(bin_dir)
     return {"PODSHIM_VENV": venv, "PODSHIM_BIN": bin_dir, "PODSHIM_UNIT_DIR": os.path.join(top, "units"),
-            "PODSHIM_DOC_DIR": os.path.join(top, "doc")}
+            "PODSHIM_DOC_DIR": os.path.join(top, "doc"), "PODSHIM_MAN_DIR": os.path.join(top, "man"),
+            "PODSHIM_COMPLETION_DIR": os.path.join(top, "completions")}
 
 
 def install(checkout: str, venv: str, bin_dir: str, *flags: str) -> str:
@@ -130,6 +131,15 @@ def test_uninstall_removes_the_pods_the_daemon_and_every_installed_file_and_the_
     config.write_text(f'state_root = "{tmp_path}/state"\nruntime_root = "{tmp_path}/run"\n'
                       f'cni_conf_dir = "{tmp_path}/net.d"\n')
     endpoint = f"unix://{tmp_path}/run/podshimd.sock"
+    # podshimctl's manual page and bash completion are installed where man and bash-completion look.
+    page, completion = tmp_path / "man" / "man1" / "podshimctl.1", tmp_path / "completions" / "podshimctl"
+    if shutil.which("man"):
+        shown = run("env", "MANWIDTH=100", "MANPAGER=cat", "man", "-M", str(tmp_path / "man"), "podshimctl")
+        assert shown.returncode == 0 and "podshimctl port-forward" in shown.stdout, shown
+    assert page.read_text().startswith('.TH PODSHIMCTL "1" ')
+    probe = (f"source {completion}; COMP_WORDS=(podshimctl po); COMP_CWORD=1; COMP_LINE='podshimctl po'; "
+             "COMP_POINT=${#COMP_LINE}; _shtab_podshimctl; printf '%s\\n' \"${COMPREPLY[@]}\"")
+    assert run("bash", "-c", probe).stdout.split() == ["pods", "port-forward"]
     daemon = subprocess.Popen([str(bin_dir / "podshimd"), "--config", str(config)], cwd="/", stdin=subprocess.DEVNULL,
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
@@ -149,6 +159,7 @@ def test_uninstall_removes_the_pods_the_daemon_and_every_installed_file_and_the_
         assert not os.path.exists(f"/proc/{pause}")
         assert os.listdir(bin_dir) == [] and not os.path.exists(venv)
         assert os.listdir(tmp_path / "units") == [] and not os.path.exists(tmp_path / "doc")
+        assert not os.path.exists(page) and not os.path.exists(completion)
         assert not os.path.exists(tmp_path / "run")
         assert os.path.isdir(tmp_path / "state") and config.exists()  # the state stays unless asked
         assert "--purge removes them" in done.stdout

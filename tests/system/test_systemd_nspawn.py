@@ -476,11 +476,14 @@ def test_uninstall_under_systemd_removes_the_pods_the_units_and_every_installed_
     for name in os.listdir(os.path.join(machine.venv, "bin")):
         if name.startswith("podshim"):
             os.symlink(f"{venv}/bin/{name}", links / name)
-    env = {"PODSHIM_VENV": venv, "PODSHIM_UNIT_DIR": "/run/systemd/system", "PODSHIM_DOC_DIR": "/run/podshim-doc"}
+    env = {"PODSHIM_VENV": venv, "PODSHIM_UNIT_DIR": "/run/systemd/system", "PODSHIM_DOC_DIR": "/run/podshim-doc",
+           "PODSHIM_MAN_DIR": "/run/podshim-man", "PODSHIM_COMPLETION_DIR": "/run/podshim-completions"}
     with Machine.booted(binds_ro=[f"{REPO}:{CHECKOUT}"], binds=[f"{links}:/usr/local/bin"]) as node:
         shutil.copytree(machine.venv, node.host_path(venv), symlinks=True)
         node.write_file(f"{venv}/.podshim-install", "copy - -\n")  # .ci/install's mark of its venv
         node.run(f"{CHECKOUT}/.ci/install-units", env=env)
+        assert os.path.isfile(node.host_path("/run/podshim-man/man1/podshimctl.1"))
+        assert os.path.isfile(node.host_path("/run/podshim-completions/podshimctl"))
         node.systemctl("start", "podshimd.socket")  # (enable would write /etc, the host's, read-only here)
         pod = node.run("podshimctl", "runp", f"{CHECKOUT}/examples/pod-config.json").stdout.strip()
         pause = json.loads(node.run("podshimctl", "inspectp", "--json", pod).stdout)["info"]["pid"]
@@ -495,6 +498,8 @@ def test_uninstall_under_systemd_removes_the_pods_the_units_and_every_installed_
             assert node.show(unit, "LoadState", "ActiveState") == {"LoadState": "not-found", "ActiveState": "inactive"}
         assert os.listdir(links) == [] and not os.path.lexists(node.host_path(venv))
         assert not os.path.exists(node.host_path("/run/podshim-doc"))
+        for directory in ("/run/podshim-man/man1", "/run/podshim-completions"):  # /usr/local/share's own stay
+            assert os.listdir(node.host_path(directory)) == []
         assert not os.path.exists(node.host_path("/run/podshim"))  # sockets, the template's files
         assert not [name for name in os.listdir(node.host_path("/run/systemd/system")) if "podshim" in name]
         assert node.run("pgrep", "-f", "podshim", check=False).stdout == ""
