@@ -3,11 +3,13 @@ them) and pull's progress, through podshimd, as an operator of a node without a 
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import io
 import json
 import os
 import re
+import shutil
 import subprocess
 import tarfile
 
@@ -36,13 +38,17 @@ def skopeo_copy(source: str, destination: str) -> None:
 @pytest.fixture(scope="module")
 def archives(test_images, tmp_path_factory):
     """The test busybox as an OCI archive and as a docker-archive, made by skopeo from the registry,
-    each naming it ``localhost/archived/busybox:1.0``."""
+    each naming it ``localhost/archived/busybox:1.0``; and each gzip'd whole (``KIND+gzip``), as
+    `docker save | gzip` makes one."""
     directory = tmp_path_factory.mktemp("archives")
     made = {}
     for kind in ("oci-archive", "docker-archive"):
         path = str(directory / f"busybox.{kind}.tar")
         skopeo_copy(f"docker://{test_images.busybox.ref}", f"{kind}:{path}:localhost/archived/busybox:1.0")
         made[kind] = path
+        with open(path, "rb") as source, gzip.open(path + ".gz", "wb") as out:
+            shutil.copyfileobj(source, out)
+        made[kind + "+gzip"] = path + ".gz"
     return made
 
 
@@ -64,7 +70,7 @@ def run_busybox(daemon, tmp_path, image: str) -> str:
         ctl(daemon, "rmp", pod_id)
 
 
-@pytest.mark.parametrize("kind", ["oci-archive", "docker-archive"])
+@pytest.mark.parametrize("kind", ["oci-archive", "docker-archive", "oci-archive+gzip", "docker-archive+gzip"])
 def test_an_imported_archive_is_listed_by_its_name_and_runs(daemon, archives, kind, tmp_path):
     out = ctl(daemon, "images", "import", archives[kind]).stdout
     assert out.startswith("Imported localhost/archived/busybox:1.0: sha256:"), out
@@ -101,6 +107,16 @@ def test_an_archive_import_is_checked_as_a_pull_is_and_a_damaged_one_leaves_noth
         f.write(data[:len(data) // 2])
     failed = ctl(daemon, "images", "import", truncated, check=False)
     assert failed.returncode == 1 and failed.stderr.startswith("DATA_LOSS: archive "), failed.stderr
+    assert "damaged or truncated" in failed.stderr or "corrupt or truncated" in failed.stderr, failed.stderr
+    assert ctl(daemon, "images", "-q").stdout == "" and blobs(daemon) == before
+
+    # A gzip'd one cut short: the same.
+    with open(archives["docker-archive+gzip"], "rb") as f:
+        data = f.read()
+    with open(truncated, "wb") as f:
+        f.write(data[:len(data) // 2])
+    failed = ctl(daemon, "images", "import", truncated, check=False)
+    assert failed.returncode == 1 and failed.stderr.startswith(f"DATA_LOSS: archive {truncated}"), failed.stderr
     assert "damaged or truncated" in failed.stderr or "corrupt or truncated" in failed.stderr, failed.stderr
     assert ctl(daemon, "images", "-q").stdout == "" and blobs(daemon) == before
 
