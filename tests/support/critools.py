@@ -37,11 +37,14 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from support.sandbox_env import stop_template
+from shim.launch.template import stop_template
+
+if TYPE_CHECKING:
+    from support.imagebuild import TestImages
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -62,7 +65,8 @@ gotool = _load_gotool()
 def cri_tool(name: str) -> str:
     """The path of the pinned cri-tools binary ``name`` ("crictl" or "critest"), built first by
     .ci/gotool when its cache lacks it. Raises gotool.GoToolError, naming the step, when the build fails."""
-    return gotool.tool_path(name)
+    path: str = gotool.tool_path(name)
+    return path
 
 
 @pytest.fixture(scope="session")
@@ -100,7 +104,7 @@ STOP_TIMEOUT = 15.0
 class Podshimd:
     """A running podshimd: its process, its directories, and crictl pointed at its socket."""
 
-    def __init__(self, directory: str, process: subprocess.Popen):
+    def __init__(self, directory: str, process: subprocess.Popen[bytes]):
         self.directory = directory
         self.process = process
         self.runtime_root = os.path.join(directory, "run")
@@ -116,7 +120,7 @@ class Podshimd:
     def endpoint(self) -> str:
         return "unix://" + self.socket_path
 
-    def crictl(self, crictl: str, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+    def crictl(self, crictl: str, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
         """Run ``crictl ARGS`` against this daemon (runtime and image endpoint both)."""
         result = subprocess.run([crictl, "--runtime-endpoint", self.endpoint, "--image-endpoint", self.endpoint,
                                  "--timeout", "10s", *args], stdin=subprocess.DEVNULL, capture_output=True,
@@ -125,7 +129,7 @@ class Podshimd:
             raise AssertionError(f"crictl {' '.join(args)} exited {result.returncode}: {result.stderr}")
         return result
 
-    def create_container(self, pod_id: str, config: dict, pod_config_path: str) -> str:
+    def create_container(self, pod_id: str, config: dict[str, Any], pod_config_path: str) -> str:
         """CreateContainer as ``crictl create POD CONFIG POD_CONFIG`` sends it, over gRPC. A config
         that names no image gets the daemon's ``image`` (running_podshimd's: the tests' busybox),
         when it has one: podshimd refuses a container without an image. The new container's id; a
@@ -140,7 +144,8 @@ class Podshimd:
         request = api_pb2.CreateContainerRequest(pod_sandbox_id=pod_id)
         json_format.ParseDict(config, request.config)
         json_format.ParseDict(sandbox_config, request.sandbox_config)
-        return self.runtime().CreateContainer(request, timeout=60).container_id
+        container_id: str = self.runtime().CreateContainer(request, timeout=60).container_id
+        return container_id
 
     def sandbox_bundles(self) -> list[str]:
         """The sandbox bundles under the daemon's state root (the pods' shims' directories)."""
@@ -218,7 +223,7 @@ def private_podshimd(prefix: str, image: Any, config: str = "") -> Iterator[Pods
 
 
 @pytest.fixture(scope="module")
-def module_daemon(test_images) -> Iterator[Podshimd]:
+def module_daemon(test_images: TestImages) -> Iterator[Podshimd]:
     """One podshimd for a test module, under a private directory that is removed afterwards, with
     the tests' busybox pulled (its ``image``)."""
     with private_podshimd("psd-", test_images.busybox) as daemon:
@@ -287,8 +292,8 @@ def _wait_ready(daemon: Podshimd, notify: socket.socket) -> None:
     try:
         deadline = time.monotonic() + START_TIMEOUT
         while (left := deadline - time.monotonic()) > 0:
-            readable, _, _ = select.select([notify, pidfd], [], [], left)
-            if notify in readable:
+            readable, _, _ = select.select([notify.fileno(), pidfd], [], [], left)
+            if notify.fileno() in readable:
                 lines = notify.recv(4096).decode().splitlines()
                 if "READY=1" in lines:
                     return

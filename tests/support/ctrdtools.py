@@ -39,7 +39,8 @@ K8S_NAMESPACE = "k8s.io"
 
 def containerd_binary(name: str = "containerd") -> str:
     """The pinned containerd, ctr or containerd-shim-runc-v2, built first when the cache lacks it."""
-    return gotool.tool_path(name)
+    path: str = gotool.tool_path(name)
+    return path
 
 
 def containerd_version() -> str:

@@ -39,6 +39,7 @@ import tempfile
 import time
 import tomllib
 from collections.abc import Iterator, Sequence
+from typing import Any
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CACHE = os.environ.get("PODSHIM_GUEST_CACHE") or "/var/cache/podshim-guest"
@@ -214,7 +215,7 @@ def _debootstrapped() -> str:
     return target
 
 
-def _check(argv: Sequence[str], **kwargs) -> None:
+def _check(argv: Sequence[str], **kwargs: Any) -> None:
     result = subprocess.run(argv, timeout=BUILD_TIMEOUT, **kwargs)
     if result.returncode != 0:
         raise GuestError(f"{' '.join(argv[:3])}... failed with exit status {result.returncode}")
@@ -294,7 +295,7 @@ class Guest:
         self.reader.close()
         self.sock.close()
 
-    def request(self, op: str, timeout: float | None = None, **fields) -> dict:
+    def request(self, op: str, timeout: float | None = None, **fields: Any) -> dict[str, Any]:
         self._next += 1
         rid = f"{os.getpid()}-{time.monotonic_ns()}-{self._next}"
         self.sock.settimeout(timeout)
@@ -303,20 +304,20 @@ class Guest:
             line = self.reader.readline()
             if not line:
                 raise GuestError("the guest agent closed its channel")
-            answer = json.loads(line)
+            answer: dict[str, Any] = json.loads(line)
             if answer.get("id") == rid:
                 if "error" in answer:
                     raise GuestError(f"guest agent: {answer['error']}")
                 return answer
 
     def run(self, argv: Sequence[str], *, cwd: str | None = None, env: dict[str, str] | None = None,
-            timeout: float = 1800) -> subprocess.CompletedProcess:
+            timeout: float = 1800) -> subprocess.CompletedProcess[bytes]:
         answer = self.request("run", timeout=timeout + 30, argv=list(argv), cwd=cwd, env=env or {},
                               limit=timeout)
         return subprocess.CompletedProcess(list(argv), answer["rc"], base64.b64decode(answer["stdout"]),
                                            base64.b64decode(answer["stderr"]))
 
-    def pytest(self, args: Sequence[str], timeout: float = 3600) -> subprocess.CompletedProcess:
+    def pytest(self, args: Sequence[str], timeout: float = 3600) -> subprocess.CompletedProcess[bytes]:
         """Run the suite's pytest with ``args`` in the guest's checkout, its waits stretched for
         emulation (PODSHIM_TEST_SLOWDOWN)."""
         return self.run([f"{GUEST_VENV}/bin/python", "-m", "pytest", "-p", "no:cacheprovider", *args],

@@ -8,14 +8,11 @@ import json
 import os
 import select
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "bench"))
-
-import cluster as harness  # noqa: E402  (once bench/ or tests/ is on the path)
+from bench import cluster as harness
 
 #: Bound on waiting for the cluster to show what a test expects (scheduling, pulls, restarts).
 WAIT = 120.0
@@ -95,7 +92,8 @@ def wait_events(c: harness.Cluster, name: str, what: str, accept: Callable[[list
 
 
 def node_number(c: harness.Cluster, node_name: str) -> int:
-    return next(n["number"] for n in c.nodes() if n["name"] == node_name)
+    number: int = next(n["number"] for n in c.nodes() if n["name"] == node_name)
+    return number
 
 
 def crictl(c: harness.Cluster, number: int, *args: str) -> Any:

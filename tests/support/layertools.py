@@ -15,6 +15,9 @@ import stat
 import subprocess
 import tarfile
 from dataclasses import dataclass
+from typing import Any
+
+from client.images.snapshots import Mount
 
 __all__ = ["Layer", "deep_tree", "member", "make_layer", "tree", "mount_overlay", "mounted", "umount"]
 
@@ -72,10 +75,10 @@ def make_layer(path: str, members: list[tuple[tarfile.TarInfo, bytes]], compress
     return Layer(path, diff_id, media_type)
 
 
-def tree(root: str) -> dict[str, tuple]:
+def tree(root: str) -> dict[str, tuple[Any, ...]]:
     """Everything under ``root`` (not root itself) by relative path: (type, mode, uid, gid,
     mtime_ns, rdev, link target or sha256 of content, sorted xattrs)."""
-    out = {}
+    out: dict[str, tuple[Any, ...]] = {}
     for dirpath, dirnames, filenames in os.walk(root):
         for name in dirnames + filenames:
             path = os.path.join(dirpath, name)
@@ -111,7 +114,7 @@ def deep_tree(top: str, depth: int, name: str = "d") -> None:
         os.close(fd)
 
 
-def mount_overlay(target: str, mounts: list) -> None:
+def mount_overlay(target: str, mounts: list[Mount]) -> None:
     """Mount what the snapshotter's prepare returned on ``target`` (mount(8), as the shim would)."""
     for m in mounts:
         kind = [] if m.type == "bind" else ["-t", m.type]  # mount(8) takes a bind as an option

@@ -78,7 +78,7 @@ def nspawn_unavailable() -> str | None:
     return None
 
 
-def _apt_get(*args: str) -> subprocess.CompletedProcess:
+def _apt_get(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(["apt-get", *args], capture_output=True, text=True, stdin=subprocess.DEVNULL,
                           env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"}, timeout=VENV_TIMEOUT)
 
@@ -129,7 +129,7 @@ def _run_checked(argv: list[str]) -> None:
 class Machine:
     """A booted container: ``leader`` is its PID 1 as seen from the host."""
 
-    def __init__(self, name: str, process: subprocess.Popen, leader: int, console: str):
+    def __init__(self, name: str, process: subprocess.Popen[bytes], leader: int, console: str):
         self.name = name
         self.process = process
         self.leader = leader
@@ -182,7 +182,7 @@ class Machine:
 
     # -- driving it -------------------------------------------------------------------------
     def run(self, *argv: str, check: bool = True, timeout: float = 60.0,
-            env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+            env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
         """Run a command in all of the container's namespaces; stdout and stderr as text.
         ``check``: AssertionError (with stderr) unless it exits 0."""
         done = subprocess.run(["nsenter", "-t", str(self.leader), "-a", "--", *argv], capture_output=True, text=True,
@@ -192,7 +192,7 @@ class Machine:
             assert done.returncode == 0, f"{' '.join(argv)} in {self.name} exited {done.returncode}: {done.stderr}"
         return done
 
-    def systemctl(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+    def systemctl(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
         return self.run("systemctl", "--no-ask-password", *args, check=check)
 
     def show(self, unit: str, *properties: str) -> dict[str, str]:
@@ -250,7 +250,7 @@ def _own_cgroups() -> list[tuple[str, str]]:
     return found
 
 
-def _wait_ready(notify: socket.socket, process: subprocess.Popen, console: str) -> int:
+def _wait_ready(notify: socket.socket, process: subprocess.Popen[bytes], console: str) -> int:
     """Read nspawn's notifications until READY=1; the leader pid. AssertionError (with the
     console's end) when nspawn exits or BOOT_TIMEOUT passes first."""
     deadline = time.monotonic() + BOOT_TIMEOUT
@@ -271,7 +271,7 @@ def _wait_ready(notify: socket.socket, process: subprocess.Popen, console: str) 
             raise AssertionError(f"the container did not boot (nspawn exit status {process.poll()}): {tail}")
 
 
-def _power_off(process: subprocess.Popen) -> None:
+def _power_off(process: subprocess.Popen[bytes]) -> None:
     process.terminate()  # nspawn turns SIGTERM into an orderly poweroff of the container
     try:
         process.wait(POWEROFF_TIMEOUT)

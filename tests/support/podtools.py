@@ -4,25 +4,28 @@ from __future__ import annotations
 
 import json
 import os
+import pathlib
 import secrets
 import subprocess
+from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
+from typing import Any
 
 import pytest
 
-from client.cri.pod import open_pod_service
+from shim.launch.template import stop_template
+
+from client.cri.pod import PodService, open_pod_service
 from client.cri.rootfs import ContainerImage, image_not_found
 from client.images.snapshots import Mount
-
-from support.sandbox_env import stop_template
 
 EXAMPLES = os.path.join(os.path.dirname(__file__), "..", "..", "examples")
 
 
-def pod_config(name: str | None = None, **namespace_options) -> dict:
+def pod_config(name: str | None = None, **namespace_options: Any) -> dict[str, Any]:
     """examples/pod-config.json with a unique name and uid, under the default cgroup parent."""
     with open(os.path.join(EXAMPLES, "pod-config.json")) as f:
-        cfg = json.load(f)
+        cfg: dict[str, Any] = json.load(f)
     cfg["metadata"]["name"] = name or f"pod-{secrets.token_hex(4)}"
     cfg["metadata"]["uid"] = secrets.token_hex(8)
     cfg["linux"]["cgroup_parent"] = ""
@@ -31,7 +34,7 @@ def pod_config(name: str | None = None, **namespace_options) -> dict:
     return cfg
 
 
-def container_config(command: list[str], name: str = "c", pid: int = 1) -> dict:
+def container_config(command: list[str], name: str = "c", pid: int = 1) -> dict[str, Any]:
     """A crictl ContainerConfig running ``command`` (pid 1 = CONTAINER mode, 0 = POD), naming no
     image (podshimd's tests give it one: tests/support/critools.py)."""
     return {"metadata": {"name": name}, "command": command,
@@ -58,7 +61,7 @@ BUSYBOX_MOUNT = {"container_path": "/bin/busybox", "host_path": "/bin/busybox", 
 NODE_ROOT_IMAGE = "podshim.test/node-root:1"
 
 
-def node_container(command: list[str], name: str = "c", pid: int = 1) -> dict:
+def node_container(command: list[str], name: str = "c", pid: int = 1) -> dict[str, Any]:
     """:func:`container_config` on the node's own root, read-only (:data:`NODE_ROOT_IMAGE`, which
     :func:`pod_service` has): a container of the pod layer's tests that runs the node's programs
     asks for that root explicitly (one without an image runs on an empty root of its own)."""
@@ -101,7 +104,7 @@ def ns_inode(pid: int, kind: str) -> int:
 
 
 @pytest.fixture
-def roots(tmp_path):
+def roots(tmp_path: pathlib.Path) -> Iterator[tuple[str, str]]:
     runtime_root = f"/tmp/podshim-pods-{secrets.token_hex(4)}"
     yield str(tmp_path / "root"), runtime_root
     stop_template(runtime_root)  # the one a Controller started there by default, if any
@@ -109,7 +112,7 @@ def roots(tmp_path):
 
 
 @asynccontextmanager
-async def pod_service(roots, **kwargs):
+async def pod_service(roots: tuple[str, str], **kwargs: Any) -> AsyncIterator[PodService]:
     """A pod service on ``roots``; its images (unless given) are :class:`NodeRootImages`."""
     root, runtime_root = roots
     if "images" not in kwargs:

@@ -123,7 +123,11 @@ async def fd_readable(fd: int, timeout: float = WAIT) -> None:
         return
     loop = asyncio.get_running_loop()
     readable = loop.create_future()
-    loop.add_reader(fd, lambda: readable.done() or readable.set_result(None))
+    def ready() -> None:
+        if not readable.done():
+            readable.set_result(None)
+
+    loop.add_reader(fd, ready)
     try:
         await asyncio.wait_for(readable, timeout)
     finally:

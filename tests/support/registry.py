@@ -166,13 +166,15 @@ def bcrypt_hash(password: str) -> str:
     hashed = libcrypt.crypt(password.encode(), salt)
     if not hashed or not hashed.startswith(b"$2b$"):
         raise OSError(ctypes.get_errno(), "crypt failed to make a bcrypt hash")
-    return hashed.decode()
+    text: str = hashed.decode()
+    return text
 
 
 def _free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        port: int = s.getsockname()[1]
+        return port
 
 
 def registry_config(directory: str, address: str, htpasswd: str | None = None) -> str:
@@ -229,7 +231,7 @@ def running_registry(auth: tuple[str, str] | None = None) -> Iterator[Registry]:
         shutil.rmtree(directory, ignore_errors=True)
 
 
-def _wait_serving(registry: Registry, process: subprocess.Popen) -> bool:
+def _wait_serving(registry: Registry, process: subprocess.Popen[bytes]) -> bool:
     """Poll ``GET /v2/`` until it answers 200 (or 401 behind auth): True; False if the registry exited.
 
     Between two refused connections this waits on the process's pidfd, so an exit ends the wait
@@ -256,7 +258,7 @@ def _wait_serving(registry: Registry, process: subprocess.Popen) -> bool:
         os.close(pidfd)
 
 
-def _stop(process: subprocess.Popen) -> None:
+def _stop(process: subprocess.Popen[bytes]) -> None:
     if process.poll() is None:
         process.send_signal(signal.SIGTERM)
         try:

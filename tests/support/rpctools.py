@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import socket
+from typing import Any
 
 from shim.rpc.frames import MessageType, encode_frame
 from shim.rpc.messages import Request, encode_request
@@ -16,7 +17,7 @@ SERVICE = "test.v1.Echo"
 NOBODY = 65534
 
 
-def request_frame(stream_id: int, method: str = "Ping", payload: dict | None = None) -> bytes:
+def request_frame(stream_id: int, method: str = "Ping", payload: dict[str, Any] | None = None) -> bytes:
     return encode_frame(stream_id, MessageType.REQUEST, 0, encode_request(Request(SERVICE, method, payload or {})))
 
 

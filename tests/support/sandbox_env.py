@@ -19,13 +19,17 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 import pytest
 
 from shim.launch.template import stop_template
 
 from support.proctools import alive, unheld_netns
+
+_T = TypeVar("_T")
 
 PODSHIM = [sys.executable, "-m", "shim"]
 PODSHIMCTL = [sys.executable, "-m", "client.cli"]
@@ -47,12 +51,12 @@ class Env:
     def bundle(self, namespace: str, sandbox_id: str) -> str:
         return os.path.join(self.state_root, namespace, sandbox_id)
 
-    def ctl(self, *argv: str, timeout: float = 30, input: str | None = None) -> subprocess.CompletedProcess:
+    def ctl(self, *argv: str, timeout: float = 30, input: str | None = None) -> subprocess.CompletedProcess[str]:
         """Run podshimctl over this test's roots."""
         return subprocess.run([*PODSHIMCTL, "--root", self.state_root, "--runtime-root", self.runtime_root, *argv],
                               capture_output=True, text=True, timeout=timeout, input=input)
 
-    def podshim(self, action: str, namespace: str, sandbox_id: str) -> subprocess.CompletedProcess:
+    def podshim(self, action: str, namespace: str, sandbox_id: str) -> subprocess.CompletedProcess[str]:
         bundle = self.bundle(namespace, sandbox_id)
         os.makedirs(bundle, mode=0o700, exist_ok=True)
         return subprocess.run([*PODSHIM, action, "--namespace", namespace, "--id", sandbox_id, "--bundle", bundle,
@@ -103,9 +107,9 @@ def bundles(state_root: str) -> list[str]:
     return sorted(glob.glob(os.path.join(state_root, "*", "*")) + glob.glob(os.path.join(state_root, "*", ".*")))
 
 
-def leftovers(env: Env) -> dict[str, list]:
+def leftovers(env: Env) -> dict[str, list[Any]]:
     sockets = os.path.join(env.runtime_root, "s")
-    found = {
+    found: dict[str, list[Any]] = {
         "shim processes": shim_processes(env.runtime_root),
         "pause processes": tagged_processes(env.tag),
         "sockets": sorted(os.listdir(sockets)) if os.path.isdir(sockets) else [],
@@ -115,7 +119,7 @@ def leftovers(env: Env) -> dict[str, list]:
     return {k: v for k, v in found.items() if v}
 
 
-def settle(check, timeout: float = SETTLE):
+def settle(check: Callable[[], _T], timeout: float = SETTLE) -> _T:
     """Poll ``check()`` until it returns something falsy or ``timeout`` passes; the last value."""
     deadline = time.monotonic() + timeout
     while True:
@@ -125,7 +129,7 @@ def settle(check, timeout: float = SETTLE):
         time.sleep(0.02)
 
 
-def settle_persistent(check, timeout: float = SETTLE) -> set:
+def settle_persistent(check: Callable[[], set[_T]], timeout: float = SETTLE) -> set[_T]:
     """What every ``check()`` (a set) held, polled until that is empty or ``timeout`` passes: what
     was there all along. A netns that comes and goes meanwhile is another test run's pod."""
     deadline = time.monotonic() + timeout
@@ -155,7 +159,7 @@ def clean(env: Env) -> None:
 
 
 @pytest.fixture
-def env():
+def env() -> Iterator[Env]:
     """Private roots for one test, and the leak check after it."""
     state_root = tempfile.mkdtemp(prefix="podshim-state-")
     runtime_root = tempfile.mkdtemp(prefix="ps-rt-")  # short: <root>/s/<32 hex> must fit sun_path

@@ -25,6 +25,7 @@ import tempfile
 import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import pytest
 
@@ -90,7 +91,7 @@ def spare_state_files(bundle: str) -> list[str]:
 
 
 def run_podshim(action: str, namespace: str, sandbox_id: str, bundle: str, runtime_root: str,
-                *extra: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+                *extra: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     """Run ``podshim ACTION`` to completion; stdout and stderr are captured as text."""
     argv = [*PODSHIM, action, "--namespace", namespace, "--id", sandbox_id, "--bundle", bundle,
             "--runtime-root", runtime_root, *extra]
@@ -225,7 +226,7 @@ class _Session:
 
 
 @pytest.fixture(scope="session", autouse=True)
-def host_untouched():
+def host_untouched() -> Iterator[None]:
     """Fail the session if a process, netns, mount, cgroup or socket a shim made is still there,
     or this process has children it did not have before."""
     # The first instance records the host; the last to end (session fixtures end in reverse
@@ -243,7 +244,7 @@ def host_untouched():
 class Shim:
     """A shim started by ``podshim start``, with a client connected to it."""
 
-    def __init__(self, namespace: str, sandbox_id: str, bundle: str, runtime_root: str, bootstrap: dict):
+    def __init__(self, namespace: str, sandbox_id: str, bundle: str, runtime_root: str, bootstrap: dict[str, Any]):
         self.namespace = namespace
         self.sandbox_id = sandbox_id
         self.bundle = bundle
@@ -265,36 +266,43 @@ class Shim:
         self.extra_clients.append(client)
         return client
 
-    async def call(self, method: str, client: Client | None = None, timeout: float | None = WAIT, **fields):
+    async def call(self, method: str, client: Client | None = None, timeout: float | None = WAIT,
+                   **fields: Any) -> Any:
         """Call a Sandbox method for this shim's sandbox (``sandbox_id`` filled in)."""
-        return await (client or self.client).call(SANDBOX_SERVICE, method, {"sandbox_id": self.sandbox_id, **fields},
+        caller = client or self.client
+        assert caller is not None  # (connected)
+        return await caller.call(SANDBOX_SERVICE, method, {"sandbox_id": self.sandbox_id, **fields},
                                                   timeout=timeout)
 
-    async def task(self, method: str, timeout: float | None = WAIT, **fields):
+    async def task(self, method: str, timeout: float | None = WAIT, **fields: Any) -> Any:
         """Call a Task method for this shim's sandbox (``sandbox_id`` filled in). A Create that
         gives no ``rootfs`` gets :data:`NODE_ROOT`, read-only (``rootfs=[]``: the task's own empty root)."""
         if method == "Create" and "rootfs" not in fields:
             fields.update(rootfs=NODE_ROOT, readonly_rootfs=True)
+        assert self.client is not None  # (connected)
         return await self.client.call(TASK_SERVICE, method, {"sandbox_id": self.sandbox_id, **fields}, timeout=timeout)
 
-    async def run_sandbox(self, **create_fields) -> int:
+    async def run_sandbox(self, **create_fields: Any) -> int:
         """CreateSandbox then StartSandbox; returns the pause's pid."""
         await self.call("CreateSandbox", **create_fields)
-        return (await self.call("StartSandbox"))["pid"]
+        pid: int = (await self.call("StartSandbox"))["pid"]
+        return pid
 
     async def info(self) -> dict[str, str]:
         """The verbose status ``info`` map."""
-        return (await self.call("SandboxStatus", verbose=True))["info"]
+        info: dict[str, str] = (await self.call("SandboxStatus", verbose=True))["info"]
+        return info
 
     async def footprint(self) -> Footprint:
         """What the sandbox's verbose status says it made (netns, cgroups) and the socket."""
         return Footprint.named_by(await self.info(), self.socket_path)
 
-    def record(self) -> dict:
+    def record(self) -> dict[str, Any]:
         """The shim's state.json."""
-        return read_json(os.path.join(self.bundle, STATE_FILE))
+        record: dict[str, Any] = read_json(os.path.join(self.bundle, STATE_FILE))
+        return record
 
-    def delete(self) -> subprocess.CompletedProcess:
+    def delete(self) -> subprocess.CompletedProcess[str]:
         """Run ``podshim delete`` for this sandbox."""
         return run_podshim("delete", self.namespace, self.sandbox_id, self.bundle, self.runtime_root)
 
@@ -324,7 +332,7 @@ class ShimLauncher:
             shim.client = await Client.connect(shim.address, namespace=namespace)
         return shim
 
-    def adopt(self, namespace: str, sandbox_id: str, bundle: str, runtime_root: str, bootstrap: dict) -> Shim:
+    def adopt(self, namespace: str, sandbox_id: str, bundle: str, runtime_root: str, bootstrap: dict[str, Any]) -> Shim:
         """Take charge of a shim a test started itself."""
         shim = Shim(namespace, sandbox_id, bundle, runtime_root, bootstrap)
         self.shims.append(shim)
@@ -343,9 +351,9 @@ class ShimLauncher:
                                       timeout=WAIT)
             with contextlib.suppress(TimeoutError):
                 await shim.process.exited()
-        for client in [shim.client, *shim.extra_clients]:
-            if client is not None:
-                await client.aclose()
+        for open_client in [shim.client, *shim.extra_clients]:
+            if open_client is not None:
+                await open_client.aclose()
         left: list[str] = []
         footprint = Footprint.of_bundle(shim.bundle)
         if footprint is not None:
@@ -398,9 +406,9 @@ class EventStream:
 
     def __init__(self, client: Client):
         self._client = client
-        self._queue: asyncio.Queue = asyncio.Queue()
-        self._unclaimed: list[dict] = []
-        self._task: asyncio.Task | None = None
+        self._queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        self._unclaimed: list[dict[str, Any]] = []
+        self._task: asyncio.Task[None] | None = None
 
     @classmethod
     async def open(cls, shim: Shim, client: Client) -> EventStream:
@@ -416,7 +424,7 @@ class EventStream:
         async for event in self._client.stream(EVENTS_SERVICE, "Subscribe", {}):
             self._queue.put_nowait(event)
 
-    async def next(self, topic: str, timeout: float = WAIT) -> dict:
+    async def next(self, topic: str, timeout: float = WAIT) -> dict[str, Any]:
         """The first event with ``topic`` not yet returned, whatever came before or after it."""
         for event in self._unclaimed:
             if event["topic"] == topic:
@@ -439,7 +447,7 @@ class Template:
 
     def __init__(self, runtime_root: str):
         self.runtime_root = runtime_root
-        self.proc: subprocess.Popen | None = None
+        self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
         self.proc = subprocess.Popen([*PODSHIM, "template", "--runtime-root", self.runtime_root],
@@ -452,12 +460,13 @@ class Template:
                 return
             except Exception:
                 if self.proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"template did not start: {self.proc.stderr.read().decode()}") from None
+                    said = self.proc.stderr.read().decode() if self.proc.stderr is not None else ""
+                    raise RuntimeError(f"template did not start: {said}") from None
                 time.sleep(0.02)
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             self.proc.wait(10)
-        if self.proc is not None:
+        if self.proc is not None and self.proc.stderr is not None:
             self.proc.stderr.close()

@@ -39,7 +39,7 @@ class OnTerminal:
     def resize(self, rows: int, cols: int) -> None:
         termios.tcsetwinsize(self.master, (rows, cols))
 
-    def read_until(self, pattern: bytes) -> re.Match:
+    def read_until(self, pattern: bytes) -> re.Match[bytes]:
         """Read the terminal until ``pattern`` (a regex) appears in what came since the last match."""
         while (found := re.search(pattern, self.output)) is None:
             ready, _, _ = select.select([self.master], [], [], WAIT)

@@ -12,14 +12,10 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 
 import pytest
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
-                                "bench"))
-
-import cluster as harness  # noqa: E402  (once bench/ or tests/ is on the path)
+from bench import cluster as harness
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(3600)]
 

@@ -9,16 +9,11 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 
 import pytest
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
-                                "bench"))
-
-import cluster as harness  # noqa: E402  (once bench/ or tests/ is on the path)
-
-from support.ctrdtools import containerd_version  # noqa: E402  (once bench/ or tests/ is on the path)
+from bench import cluster as harness
+from support.ctrdtools import containerd_version
 
 POD = """
 apiVersion: v1
