@@ -434,7 +434,11 @@ def _register_commands() -> None:
 
 
 class _Parser(ArgumentParser):
-    """podshimctl's parsers: a mistyped command or choice gets the closest valid ones."""
+    """podshimctl's parsers: a mistyped command or choice gets the closest valid ones; with --json
+    on the command line, a usage error is a JSON document too (as every other error then is)."""
+
+    #: Whether the command line being parsed asks for --json (set by :func:`main`).
+    json_errors = False
 
     def error(self, message: str) -> NoReturn:
         import re
@@ -448,6 +452,10 @@ class _Parser(ArgumentParser):
             what = "command" if found.group(1) in ("COMMAND", "VERB") else f"choice for {found.group(1)}"
             message = f"unknown {what} {found.group(2)!r}" + (
                 f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else f" (choose from {found.group(3)})")
+        if _Parser.json_errors:
+            print(_dumps({"error": {"code": None, "message": f"{self.prog}: {message}",
+                                    "usage": self.format_usage().strip()}}), file=sys.stderr)
+            sys.exit(EXIT_USAGE)
         super().error(message)
 
 
@@ -508,14 +516,20 @@ def main(argv: list[str] | None = None) -> int:
     """Run podshimctl; return the exit status (0 ok, 1 failed, 2 usage)."""
     _register_commands()
     parser = _top_parser()
-    _add_commands(parser, _command_in(sys.argv[1:] if argv is None else argv, parser))
+    words = sys.argv[1:] if argv is None else argv
+    # Before argparse has read them (a usage error is said while it reads); after "--" they are a command's.
+    _Parser.json_errors = "--json" in words[:words.index("--")] if "--" in words else "--json" in words
+    _add_commands(parser, _command_in(words, parser))
     try:
         args = parser.parse_args(argv)
     except SystemExit as exc:  # --help (0) or a usage error (2): argparse printed why
         return exc.code if isinstance(exc.code, int) else EXIT_USAGE
     if getattr(args, "needs_address", False) and not args.address:
-        parser.print_usage(sys.stderr)
-        print(f"podshimctl {args.command}: --address is required", file=sys.stderr)
+        if args.json:
+            _failed(args, None, f"podshimctl {args.command}: --address is required", "")
+        else:
+            parser.print_usage(sys.stderr)
+            print(f"podshimctl {args.command}: --address is required", file=sys.stderr)
         return EXIT_USAGE
     if args.namespace is None and not getattr(args, "needs_address", False):
         args.namespace = DEFAULT_NAMESPACE  # raw calls send no namespace unless asked

@@ -3,6 +3,8 @@ as the full parser does (issue #15: building every verb's arguments was 5 ms of 
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from client.cli import main as cli
@@ -108,6 +110,22 @@ def _completions(words: list[str]) -> list[str]:
     probe = (f"{script}\nCOMP_WORDS=({line}); COMP_CWORD={len(words) - 1}; COMP_LINE='{line}'; "
              "COMP_POINT=${#COMP_LINE}; _shtab_podshimctl; printf '%s\\n' \"${COMPREPLY[@]}\"")
     return subprocess.run(["bash", "-c", probe], capture_output=True, text=True, timeout=60, check=True).stdout.split()
+
+
+@pytest.mark.parametrize("argv, said", [
+    (["--json", "pdos"], "podshimctl: unknown command 'pdos'; did you mean 'pods' or 'ps'?"),
+    (["logs", "--json"], "podshimctl logs: the following arguments are required: CONTAINER_ID"),
+    (["--json", "logs", "--tail"], "podshimctl logs: argument --tail: expected one argument"),
+], ids=lambda argv: " ".join(argv) if isinstance(argv, list) else "")
+def test_a_usage_error_under_json_is_json_and_exit_status_2(capsys, argv, said):
+    assert cli.main(argv) == 2
+    error = json.loads(capsys.readouterr().err)["error"]
+    assert (error["code"], error["message"]) == (None, said) and error["usage"].startswith("usage: podshimctl")
+
+
+def test_a_usage_error_without_json_stays_text_even_when_a_commands_argument_is_json(capsys):
+    assert cli.main(["exec", "--timeout", "x", "ctr", "--", "tool", "--json"]) == 2
+    assert "podshimctl exec: error: argument --timeout: invalid" in capsys.readouterr().err
 
 
 def test_bash_completes_verbs_and_their_options_from_the_parser():
