@@ -16,11 +16,12 @@ podsandbox controller would, and binds them into every container that mounts not
 from __future__ import annotations
 
 import os
+import tempfile
 import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
-from google.protobuf import message_factory
+from google.protobuf import any_pb2, message_factory
 from google.protobuf.message import DecodeError, Message
 from google.protobuf.timestamp_pb2 import Timestamp
 
@@ -70,16 +71,26 @@ def _serve(server: Server, service_name: str, module: Any, handlers: dict[str, H
     """Register ``handlers`` (by method name) as the protobuf service ``service_name`` of the
     generated ``module``: each is given the parsed request message and returns the response
     message; a method without a handler is refused with UNIMPLEMENTED and a sentence."""
-    service = module.DESCRIPTOR.services_by_name[service_name.rsplit(".", 1)[1]]
-    unary = {}
-    for method in service.methods:
-        request_type = message_factory.GetMessageClass(method.input_type)
-        handler = handlers.get(method.name)
-        unary[method.name] = _method(service_name, method.name, request_type, handler)
+    unary = {name: _method(service_name, name, request_type, handlers.get(name))
+             for name, request_type in _request_types(service_name, module)}
     unknown = set(handlers) - set(unary)
     if unknown:
         raise ValueError(f"{service_name} has no methods {sorted(unknown)}")
     server.register(service_name, unary, protobuf=True)
+
+
+#: Each service's methods and their request classes, by service name: made once, by the shim template
+#: (:func:`warm`), so that the descriptors protobuf makes the first time they are asked for are the
+#: template's, shared by the shims forked from it, and not made again in each.
+_REQUEST_TYPES: dict[str, list[tuple[str, type[Message]]]] = {}
+
+
+def _request_types(service_name: str, module: Any) -> list[tuple[str, type[Message]]]:
+    if service_name not in _REQUEST_TYPES:
+        service = module.DESCRIPTOR.services_by_name[service_name.rsplit(".", 1)[1]]
+        _REQUEST_TYPES[service_name] = [(method.name, message_factory.GetMessageClass(method.input_type))
+                                        for method in service.methods]
+    return _REQUEST_TYPES[service_name]
 
 
 def _method(service: str, name: str, request_type: type[Message], handler: Handler | None) -> Any:
@@ -206,6 +217,41 @@ class SandboxV1:
             raise FailedPrecondition(f"sandbox {r.sandbox_id} has no cgroup: it was never started, or it stopped")
         return sandbox_pb2.SandboxMetricsResponse(metrics=metrics_pb2.Metric(
             timestamp=timestamp(time.time_ns()), id=r.sandbox_id, data=cgroup_metrics(sandbox.cgroup)))
+
+
+def warm() -> None:
+    """Run what a pod's CreateSandbox, StartSandbox and SandboxStatus run of this module and the pod
+    layer, without a pod: in a shim template (shim.launch.template) before it forks, so what
+    their first run makes and keeps (protobuf's lazily made descriptors and message classes' state,
+    the pod layer's caches and compiled patterns) is made once and shared by every shim forked
+    after, instead of written into each shim's own pages."""
+    from client.criapi import api_pb2
+
+    _request_types(SANDBOX_SERVICE, sandbox_pb2)
+    _request_types(TASK_SERVICE, task_pb2)
+    config = api_pb2.PodSandboxConfig(
+        metadata=api_pb2.PodSandboxMetadata(name="warm", namespace="default", uid="warm", attempt=0),
+        hostname="warm", log_directory="/var/log/pods/warm", labels={"app": "warm"},
+        annotations={"warm": "warm"}, dns_config=api_pb2.DNSConfig(servers=["10.0.0.10"], searches=["svc"]),
+        linux=api_pb2.LinuxPodSandboxConfig(security_context=api_pb2.LinuxSandboxSecurityContext(
+            namespace_options=api_pb2.NamespaceOption(network=api_pb2.POD, pid=api_pb2.CONTAINER))))
+    request = sandbox_pb2.CreateSandboxRequest(
+        sandbox_id="warm", netns_path="/var/run/netns/warm", annotations={"warm": "warm"},
+        options=any_pb2.Any(type_url=f"type.googleapis.com/{POD_SANDBOX_CONFIG_TYPE}", value=config.SerializeToString()))
+    request = sandbox_pb2.CreateSandboxRequest.FromString(request.SerializeToString())
+    cfg = pod_config(request.options)
+    assert cfg is not None  # (options given)
+    pod_options(cfg)
+    from client.cri.podfiles import write_pod_files
+
+    with tempfile.TemporaryDirectory(prefix="podshim-warm-") as directory:
+        write_pod_files(pod_files(directory).directory, cfg, node_hosts=True)
+    now = timestamp(time.time_ns())
+    for response in (sandbox_pb2.CreateSandboxResponse(), sandbox_pb2.StartSandboxResponse(pid=1, created_at=now),
+                     sandbox_pb2.SandboxStatusResponse(sandbox_id="warm", pid=1, state=READY, info={"warm": "warm"},
+                                                       created_at=now, exited_at=now),
+                     sandbox_pb2.WaitSandboxResponse(exit_status=0, exited_at=now)):
+        response.SerializeToString()
 
 
 def register_containerd(server: Server, service: SandboxService, tasks: TaskService) -> None:

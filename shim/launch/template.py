@@ -131,6 +131,8 @@ def _preload_containerd() -> None:
         from client.cri import podfiles, security  # noqa: F401  (preloaded for the shims forked from here)
         from client.criapi import api_pb2  # noqa: F401  (preloaded for the shims forked from here)
         from client.podshimd import translate  # noqa: F401  (preloaded for the shims forked from here)
+
+        services.warm()  # (what a pod's first calls make and keep: made here, shared by the shims)
     except ImportError as exc:  # not generated (.ci/install): each shim says so itself
         log.warning("cannot preload containerd's services: %s", exc)
         return

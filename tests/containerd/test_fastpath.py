@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 
 import msgpack
 import pytest
@@ -106,3 +107,22 @@ def test_start_without_a_template_is_left_to_the_full_path(tmp_path, monkeypatch
     monkeypatch.setenv("PODSHIM_RUNTIME_ROOT", str(tmp_path))
     monkeypatch.setenv("TTRPC_ADDRESS", str(tmp_path / "ttrpc.sock"))
     assert fastpath.start({"namespace": "k8s.io", "id": new_id()}, b"", str(tmp_path / "podshim")) is None
+
+
+def test_warming_makes_every_request_class_the_shims_serve_and_leaves_no_file(tmp_path, monkeypatch):
+    # A shim template warms containerd's services before it forks shims for containerd, so that the
+    # descriptors and classes the shims' services use are the template's, shared, not each shim's own.
+    from shim.containerd import services
+
+    monkeypatch.setattr(services, "_REQUEST_TYPES", {})
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    made_files = []
+    real_mkdtemp = tempfile.mkdtemp
+    monkeypatch.setattr(tempfile, "mkdtemp", lambda *a, **k: made_files.append(real_mkdtemp(*a, **k)) or made_files[-1])
+    services.warm()
+    assert made_files and all(path.startswith(str(tmp_path)) for path in made_files)  # the pod files were written
+    assert os.listdir(tmp_path) == []
+    made = services._REQUEST_TYPES
+    assert {name for name, _ in made[services.SANDBOX_SERVICE]} >= {"CreateSandbox", "StartSandbox", "SandboxStatus"}
+    assert dict(made[services.TASK_SERVICE])["Create"] is services.task_pb2.CreateTaskRequest
+    assert services._request_types(services.TASK_SERVICE, services.task_pb2) is made[services.TASK_SERVICE]
