@@ -369,6 +369,28 @@ def test_podshimd_starts_on_its_socket_its_pods_outlive_restarts_kill_9_and_an_u
         machine.systemctl("daemon-reload")
 
 
+def test_systemctl_reload_applies_the_configs_log_level_without_a_restart(machine):
+    machine.write_file("/run/reload/config.toml", 'log_level = "info"\n')
+    drop_in = "/run/systemd/system/podshimd.service.d/reload.conf"
+    machine.write_file(drop_in, "[Service]\nExecStart=\nExecStart=/usr/local/bin/podshimd --config /run/reload/config.toml\n")
+    machine.systemctl("daemon-reload")
+    try:
+        machine.systemctl("start", "podshimd.socket", "podshimd.service")
+        before = main_pid(machine, "podshimd.service")
+        machine.write_file("/run/reload/config.toml", 'log_level = "debug"\n')
+        machine.systemctl("reload", "podshimd.service")
+        deadline = time.monotonic() + CALL_TIMEOUT
+        while "log level is now debug (was info)" not in machine.run(
+                "journalctl", "-u", "podshimd.service", "-o", "cat", "--no-pager").stdout:
+            assert time.monotonic() < deadline, "podshimd did not apply the new log level"
+            time.sleep(0.1)
+        assert main_pid(machine, "podshimd.service") == before  # no restart
+    finally:
+        machine.systemctl("stop", "podshimd.socket", "podshimd.service")
+        os.unlink(machine.host_path(drop_in))
+        machine.systemctl("daemon-reload")
+
+
 @contextlib.contextmanager
 def upgraded(machine: Machine) -> Iterator[str]:
     """A new version of podshim installed in the machine (a copy of its venv whose podshim says
