@@ -379,6 +379,8 @@ def _run_man(args: argparse.Namespace) -> int:
 
     page = Manpage(build_parser(), format="single-commands-section")
     page.source, page.manual = f"podshim {shim.__version__}", "podshim manual"
+    # NAME's line, which whatis and apropos read.
+    page.description = "the node's crictl: pods, containers and images through podshimd, and podshim's shims"
     sys.stdout.write(str(page))
     return EXIT_OK
 

@@ -144,6 +144,7 @@ def test_the_manual_page_is_made_from_the_parser_and_man_renders_it():
     page = subprocess.run([sys.executable, "-m", "client.cli", "man"], cwd=REPO, capture_output=True, text=True,
                           timeout=60, check=True).stdout
     assert page.startswith('.TH PODSHIMCTL "1" ')
+    assert "\n.SH NAME\npodshimctl \\- the node's crictl: " in page  # what whatis and apropos read
     for verb in ("exec", "attach", "port-forward", "logs", "sandbox"):
         assert f".SS \\fBpodshimctl {verb}\\fR".replace("-", "\\-") in page  # roff escapes each hyphen
     if shutil.which("man"):
