@@ -462,7 +462,9 @@ class _Parser(ArgumentParser):
 
 
 def _top_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="podshimctl", description="Talk to podshim shims and manage sandboxes.")
+    p = _Parser(prog="podshimctl", description=(
+        "The node's crictl: runp, create, exec, logs, pull, images and the other pod, container and image "
+        "verbs are CRI calls to podshimd; call, events and sandbox talk to podshim's shims and the Controller."))
     env = os.environ.get
     p.add_argument("--address", default=env("PODSHIM_ADDRESS"), help="shim address unix:///path (call, events)")
     p.add_argument("--root", default=env("PODSHIM_ROOT", DEFAULT_BUNDLE_ROOT),
