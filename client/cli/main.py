@@ -436,16 +436,21 @@ def _register_commands() -> None:
 
 
 class _Parser(ArgumentParser):
-    """podshimctl's parsers: a mistyped command or choice gets the closest valid ones; with --json
-    on the command line, a usage error is a JSON document too (as every other error then is)."""
+    """podshimctl's parsers: a mistyped command, choice or long option gets the closest valid ones;
+    with --json on the command line, a usage error is a JSON document too (as every other error then is)."""
 
     #: Whether the command line being parsed asks for --json (set by :func:`main`).
     json_errors = False
+    #: The top-level parser and the words it parses (set by :func:`main`), for a mistyped option.
+    line: tuple[argparse.ArgumentParser, list[str]] | None = None
 
     def error(self, message: str) -> NoReturn:
         import re
 
-        found = re.match(r"argument (\S+): invalid choice: '(.*?)' \(choose from (.*)\)$", message)
+        # A mistyped option is the cause of whatever argparse says next (its value taken for the
+        # command: "unknown command 'unix:///x'"), so it is named first.
+        mistyped = _mistyped_option(*_Parser.line) if _Parser.line is not None else None
+        found = None if mistyped is not None else re.match(r"argument (\S+): invalid choice: '(.*?)' \(choose from (.*)\)$", message)
         if found is not None:
             import difflib
 
@@ -454,11 +459,41 @@ class _Parser(ArgumentParser):
             what = "command" if found.group(1) in ("COMMAND", "VERB") else f"choice for {found.group(1)}"
             message = f"unknown {what} {found.group(2)!r}" + (
                 f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else f" (choose from {found.group(3)})")
+        message = mistyped or message
         if _Parser.json_errors:
             print(_dumps({"error": {"code": None, "message": f"{self.prog}: {message}",
                                     "usage": self.format_usage().strip()}}), file=sys.stderr)
             sys.exit(EXIT_USAGE)
         super().error(message)
+
+
+def _long_options(parser: argparse.ArgumentParser) -> set[str]:
+    """Every --option of ``parser`` and of its commands, at any depth."""
+    found: set[str] = set()
+    for action in parser._actions:
+        found.update(s for s in action.option_strings if s.startswith("--"))
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                found |= _long_options(sub)
+    return found
+
+
+def _mistyped_option(parser: argparse.ArgumentParser, words: list[str]) -> str | None:
+    """"unknown option '--tial'; did you mean '--tail'?" for the first --word of ``words`` (before
+    "--") that is no option of ``parser``'s, nor the start of one, and is close to one; else None."""
+    import difflib
+
+    known = _long_options(parser)
+    for word in words:
+        if word == "--":
+            break
+        name = word.partition("=")[0]
+        if not name.startswith("--") or any(option.startswith(name) for option in known):
+            continue
+        close = difflib.get_close_matches(name, sorted(known), 3, 0.75)
+        if close:
+            return f"unknown option {name!r}; did you mean {' or '.join(repr(c) for c in close)}?"
+    return None
 
 
 def _top_parser() -> argparse.ArgumentParser:
@@ -524,6 +559,7 @@ def main(argv: list[str] | None = None) -> int:
     # Before argparse has read them (a usage error is said while it reads); after "--" they are a command's.
     _Parser.json_errors = "--json" in words[:words.index("--")] if "--" in words else "--json" in words
     _add_commands(parser, _command_in(words, parser))
+    _Parser.line = (parser, words)
     try:
         args = parser.parse_args(argv)
     except SystemExit as exc:  # --help (0) or a usage error (2): argparse printed why

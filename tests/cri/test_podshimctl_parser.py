@@ -91,6 +91,9 @@ def test_an_option_before_the_command_is_not_undone_after_it():
     (["sandbox", "lsit"], "unknown command 'lsit'; did you mean 'list'?"),
     (["--spawner", "exce", "pods"], "unknown choice for --spawner 'exce'; did you mean 'exec'?"),
     (["xyzzy"], "unknown command 'xyzzy' (choose from 'call', "),
+    (["--endpiont", "unix:///run/x.sock", "pods"], "unknown option '--endpiont'; did you mean '--endpoint'?"),
+    (["logs", "--tial", "5", "abc"], "unknown option '--tial'; did you mean '--tail'?"),
+    (["sandbox", "list", "--jsno"], "unknown option '--jsno'; did you mean '--json'?"),
 ])
 def test_a_mistyped_command_gets_did_you_mean(capsys, argv, said):
     assert cli.main(argv) == 2
