@@ -30,7 +30,7 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, NoReturn, TextIO
 
 from shim.api.names import TEMPLATE_ENV
-from shim.lib.arguments import ArgumentParser
+from shim.lib.arguments import ArgumentParser, mistyped_option
 from shim.lib.files import MAX_JSON_BYTES, decode_json
 
 from client.controller.defaults import DEFAULT_BUNDLE_ROOT, DEFAULT_RUNTIME_ROOT
@@ -449,7 +449,7 @@ class _Parser(ArgumentParser):
 
         # A mistyped option is the cause of whatever argparse says next (its value taken for the
         # command: "unknown command 'unix:///x'"), so it is named first.
-        mistyped = _mistyped_option(*_Parser.line) if _Parser.line is not None else None
+        mistyped = mistyped_option(*_Parser.line) if _Parser.line is not None else None
         found = None if mistyped is not None else re.match(r"argument (\S+): invalid choice: '(.*?)' \(choose from (.*)\)$", message)
         if found is not None:
             import difflib
@@ -465,35 +465,6 @@ class _Parser(ArgumentParser):
                                     "usage": self.format_usage().strip()}}), file=sys.stderr)
             sys.exit(EXIT_USAGE)
         super().error(message)
-
-
-def _long_options(parser: argparse.ArgumentParser) -> set[str]:
-    """Every --option of ``parser`` and of its commands, at any depth."""
-    found: set[str] = set()
-    for action in parser._actions:
-        found.update(s for s in action.option_strings if s.startswith("--"))
-        if isinstance(action, argparse._SubParsersAction):
-            for sub in action.choices.values():
-                found |= _long_options(sub)
-    return found
-
-
-def _mistyped_option(parser: argparse.ArgumentParser, words: list[str]) -> str | None:
-    """"unknown option '--tial'; did you mean '--tail'?" for the first --word of ``words`` (before
-    "--") that is no option of ``parser``'s, nor the start of one, and is close to one; else None."""
-    import difflib
-
-    known = _long_options(parser)
-    for word in words:
-        if word == "--":
-            break
-        name = word.partition("=")[0]
-        if not name.startswith("--") or any(option.startswith(name) for option in known):
-            continue
-        close = difflib.get_close_matches(name, sorted(known), 3, 0.75)
-        if close:
-            return f"unknown option {name!r}; did you mean {' or '.join(repr(c) for c in close)}?"
-    return None
 
 
 def _top_parser() -> argparse.ArgumentParser:

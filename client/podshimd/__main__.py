@@ -25,8 +25,10 @@ import argparse
 import asyncio
 import logging
 import sys
+from typing import NoReturn
 
 import shim
+from shim.lib.arguments import mistyped_option
 from shim.lib.logs import setup_logging
 from shim.lib.notify import Notifier
 from shim.lib.program import exit_status
@@ -39,8 +41,19 @@ from . import config as configuration
 from . import journal
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="podshimd", description="podshim's CRI v1 runtime (gRPC on a Unix socket)")
+class _Parser(argparse.ArgumentParser):
+    """podshimd's flags: a mistyped one is named with the flag it may mean."""
+
+    words: list[str] = []
+
+    def error(self, message: str) -> NoReturn:
+        super().error(mistyped_option(self, self.words) or message)
+
+
+def _parser(words: list[str] | None = None) -> argparse.ArgumentParser:
+    """podshimd's parser, for the command line ``words`` (whose mistyped flags its errors name)."""
+    parser = _Parser(prog="podshimd", description="podshim's CRI v1 runtime (gRPC on a Unix socket)")
+    parser.words = words or []
     configuration.add_arguments(parser)
     parser.add_argument("--version", action="version", version=f"podshimd {shim.__version__}")
     once = parser.add_mutually_exclusive_group()
@@ -53,7 +66,8 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)  # usage errors: argparse prints them and exits 2
+    words = sys.argv[1:] if argv is None else argv
+    args = _parser(words).parse_args(words)  # usage errors: argparse prints them and exits 2
     # A bad config is a ValueError, the daemon's own failures shim.lib.program.Failure: one sentence each.
     return exit_status("podshimd", lambda: _serve(args), NotGenerated)
 

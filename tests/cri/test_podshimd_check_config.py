@@ -41,6 +41,14 @@ def test_a_good_config_is_ok_and_exits_0(tmp_path):
     assert not os.path.exists(tmp_path / "state") and not os.path.exists(tmp_path / "run")  # nothing made
 
 
+def test_a_mistyped_flag_is_named_with_the_flag_it_may_mean_and_exits_2(tmp_path):
+    done = podshimd("--chek-config", "--config", node(tmp_path))
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.endswith("podshimd: error: unknown option '--chek-config'; did you mean '--check-config' or "
+                                "'--config'?\n"), done.stderr
+    assert not os.path.exists(tmp_path / "state") and not os.path.exists(tmp_path / "run")
+
+
 def test_a_mistyped_key_is_named_with_the_key_it_may_mean_and_exits_1(tmp_path):
     path = node(tmp_path)
     with open(path, "a") as f:

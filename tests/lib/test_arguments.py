@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from shim.lib.arguments import ArgumentParser, terminal_columns
+from shim.lib.arguments import ArgumentParser, mistyped_option, terminal_columns
 
 
 def _build(cls: type[argparse.ArgumentParser]) -> argparse.ArgumentParser:
@@ -63,3 +63,14 @@ def test_podshim_builds_only_the_action_it_runs_and_reads_argv_the_same(argv):
     alone = cli._parser(argv[0])
     assert list(alone._subparsers._group_actions[0].choices) == [argv[0]]
     assert alone.parse_args(argv) == cli._parser().parse_args(argv)
+
+
+@pytest.mark.parametrize("words, said", [
+    (["--rot", "/x", "start"], "unknown option '--rot'; did you mean '--root'?"),
+    (["start", "--namespce", "n"], "unknown option '--namespce'; did you mean '--namespace'?"),
+    (["--ro", "/x", "start"], None),  # argparse's abbreviation of --root: not a mistake
+    (["start", "--", "--rot"], None),  # after "--": a command's own words
+    (["--zzzzzz", "start"], None),  # close to nothing: argparse's own message stays
+])
+def test_a_mistyped_option_is_named_with_the_options_it_may_mean(words, said):
+    assert mistyped_option(_build(ArgumentParser), words) == said
