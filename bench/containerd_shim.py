@@ -6,8 +6,9 @@ interleaved in one run; a Markdown table of medians.
 
 As root, in a throwaway network namespace (bench/cri_images.py's netns_main): the tests' local
 registry with busybox and the catatonit pause image (tests/support/imagebuild.py); containerd (the version
-.ci/pins.toml pins, started as the containerd tests start it, tests/support/ctrdtools.py: its sandbox image
-that pause, runc's and podshim's handlers) with a shim template serving podshim's runtime root, so
+.ci/pins.toml pins, started as the containerd tests start it, tests/support/ctrdtools.py, but at its default
+log level, info: its sandbox image that pause, runc's and podshim's handlers, podshim's command started as
+the installed one starts) with a shim template serving podshim's runtime root, so
 containerd's ``start`` asks it for each shim (the fast path; --no-template: each ``start`` forks the
 shim itself); podshimd (bench.common.bench_podshimd, its own template).
 
@@ -141,7 +142,10 @@ def inside(args: argparse.Namespace) -> int:
             busybox, pause = images.busybox, catatonit_pause_image(images)
             directory = os.path.join(workdir, "cd")
             os.makedirs(directory)
-            with running_containerd(directory, f"/proc/{os.getpid()}/ns/net", registry.host, pause.ref) as containerd:
+            # At containerd's own default log level, as a node runs it (the tests' debug level also makes
+            # containerd pass -debug to the podshim handler's shims, which then log each call).
+            with running_containerd(directory, f"/proc/{os.getpid()}/ns/net", registry.host, pause.ref,
+                                    log_level="info") as containerd:
                 template = 0
                 if not args.no_template:
                     template = start_template(containerd.runtime_root)

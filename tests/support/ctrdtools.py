@@ -212,11 +212,12 @@ disabled_plugins = ["io.containerd.nri.v1.nri", "io.containerd.snapshotter.v1.bt
 
 @contextlib.contextmanager
 def running_containerd(directory: str, netns: str, registry_host: str, sandbox_image: str, *,
-                       mirrors: Mapping[str, str] | None = None, portmap: bool = False) -> Iterator[Containerd]:
+                       mirrors: Mapping[str, str] | None = None, portmap: bool = False,
+                       log_level: str = "debug") -> Iterator[Containerd]:
     containerd = containerd_binary()
     runc_shim_dir = os.path.dirname(containerd_binary("containerd-shim-runc-v2"))
     config = write_config(directory, registry_host, sandbox_image, shim=_shim_wrapper(directory), mirrors=mirrors,
-                          portmap=portmap)
+                          portmap=portmap, log_level=log_level)
     runtime_root = os.path.join(directory, "podshim")
     env = {**os.environ, "PODSHIM_RUNTIME_ROOT": runtime_root, "PODSHIM_TEMPLATE": "0",
            "PATH": f"{runc_shim_dir}:{os.environ['PATH']}"}
