@@ -88,7 +88,7 @@ def test_each_config_default_is_the_schemas(field):
 
 def option_strings(parser: argparse.ArgumentParser) -> set[str]:
     """Every option of ``parser`` and of its subcommands' parsers."""
-    options = set()
+    options: set[str] = set()
     for action in parser._actions:
         options.update(action.option_strings)
         if isinstance(action, argparse._SubParsersAction):

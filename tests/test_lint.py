@@ -1,7 +1,8 @@
 """The linters, run by the suite so that CI fails on a lint error with the linter's own message.
 
-ruff over the code, the tests and the benchmarks, mypy (strict) over the whole of shim/ and
-client/, import-linter over the layers' import rules; as configured in pyproject.toml
+ruff over the code, the tests and the benchmarks, mypy (strict) over shim/, client/, bench/ and the
+tests' helpers and (strict but for what a test function needs no annotation for) over the test
+modules, import-linter over the layers' import rules; as configured in pyproject.toml
 ([tool.ruff], [tool.mypy], [tool.importlinter]), from this Python's environment (the `test`
 extras install them). And the repository holds only what we wrote: no
 upstream schema, no code generated from one, no other project's licence header.
@@ -17,10 +18,10 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def lint(*argv: str) -> str:
+def lint(*argv: str, env: dict[str, str] | None = None) -> str:
     """What the linter said (nothing when it found nothing), with its exit status when not 0."""
     done = subprocess.run([sys.executable, "-m", *argv], cwd=ROOT, capture_output=True, text=True, timeout=600,
-                          stdin=subprocess.DEVNULL)
+                          stdin=subprocess.DEVNULL, env=env)
     said = done.stdout + done.stderr
     return said if done.returncode == 0 else f"{said}(exit status {done.returncode})"
 
@@ -31,6 +32,31 @@ def test_ruff_finds_nothing():
 
 def test_mypy_finds_nothing():
     assert lint("mypy", "--no-error-summary") == ""
+
+
+#: How the test modules are judged: [tool.mypy]'s strictness but for what a test function needs no
+#: annotation for (pytest hands fixtures in by parameter name; a test returns nothing). A function
+#: may go unannotated, and then its body is not checked (nor is a call to it an error); an annotation
+#: may use a bare generic (``dict``); Any may be returned; a ``type: ignore`` written for the stricter
+#: reading is not flagged, nor is an annotated variable in an unchecked body. Every annotated function
+#: and every module's top level is checked as the code is. The tests' helpers (tests/support) are in [tool.mypy]'s files: fully strict.
+TEST_MODULES_RELAXED = ("--allow-untyped-defs", "--allow-incomplete-defs", "--allow-untyped-calls",
+                        "--no-check-untyped-defs", "--allow-any-generics", "--no-warn-return-any",
+                        "--no-warn-unused-ignores", "--disable-error-code", "annotation-unchecked")
+
+
+def test_mypy_finds_nothing_in_the_test_modules():
+    # Named as pytest imports them: by file name, with each test folder on the path (a test module
+    # imports its neighbours by name); each conftest alone, since every folder has one of that name.
+    # A cache of their own: these options would spoil the strict run's.
+    files = [name for name in tracked_files() if name.startswith("tests/") and name.endswith(".py")
+             and not name.startswith("tests/support/")]
+    env = {**os.environ, "MYPYPATH": os.pathsep.join(sorted({os.path.dirname(name) for name in files}))}
+    mypy = ("mypy", "--no-error-summary", "--cache-dir", os.path.join(".mypy_cache", "tests"), *TEST_MODULES_RELAXED)
+    conftests = [name for name in files if os.path.basename(name) == "conftest.py"]
+    said = [lint(*mypy, *[name for name in files if name not in conftests], env=env)]
+    said += [lint(*mypy, name, env=env) for name in conftests]
+    assert "".join(said) == ""
 
 
 def test_every_layer_imports_only_what_its_contract_allows():

@@ -51,11 +51,11 @@ def started_helpers(monkeypatch) -> list[subprocess.Popen[bytes]]:
     """Every Popen client.processes makes from now on."""
     made: list[subprocess.Popen[bytes]] = []
 
-    class Recorded(subprocess.Popen):  # type: ignore[type-arg]
+    class Recorded(subprocess.Popen[bytes]):
         def __init__(self, *args, **kwargs):
             super().__init__(*args, **kwargs)
             made.append(self)
-    monkeypatch.setattr(processes.subprocess, "Popen", Recorded)
+    monkeypatch.setattr(subprocess, "Popen", Recorded)  # (the module client.processes runs helpers with)
     return made
 
 

@@ -18,6 +18,7 @@ import signal
 import socket
 import subprocess
 import sys
+from typing import Any
 
 import msgpack
 import pytest
@@ -218,7 +219,7 @@ async def fake_containerd_events(path: str):
     received: list = []
     arrived = asyncio.Event()
 
-    async def forward(ctx, payload: bytes) -> bytes:
+    async def forward(ctx, payload: Any) -> bytes:  # (protobuf=True: payload is the message's bytes)
         received.append(events_pb2.ForwardRequest.FromString(payload).envelope)
         arrived.set()
         return empty_pb2.Empty().SerializeToString()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import pathlib
 
 import pytest
 
@@ -24,6 +25,11 @@ from support.podtools import NodeRootImages, node_container, pod_config, pod_ser
 ALL = ("CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_KILL", "CAP_SYS_ADMIN", "CAP_NET_ADMIN")
 PASSWD = b"root:x:0:0:root:/root:/bin/sh\napp:x:1000:1001::/home/app:/bin/sh\nnogroup-user:x:2000:2000::/:/bin/sh\n"
 GROUP = b"root:x:0:\napp:x:1001:\nwheel:x:10:app,other\naudio:x:29:app\nvideo:x:44:other\n"
+
+
+def _fifo(path: pathlib.Path) -> str:
+    os.mkfifo(path)
+    return str(path)
 
 
 def files(path: str) -> bytes | None:
@@ -175,7 +181,7 @@ def test_what_cannot_be_honoured_is_refused_naming_the_field(context, words):
 
 @pytest.mark.parametrize(("make", "words"), [
     (lambda d: "/dev/zero", "not a regular file \\(a character device\\)"),
-    (lambda d: os.mkfifo(d / "fifo") or str(d / "fifo"), "not a regular file \\(a FIFO\\)"),
+    (lambda d: _fifo(d / "fifo"), "not a regular file \\(a FIFO\\)"),
     (lambda d: str(d), "not a regular file \\(a directory\\)"),
     (lambda d: (d / "big.json").write_bytes(b" " * (MAX_NODE_FILE_BYTES + 1)) and str(d / "big.json"),
      f"larger than {MAX_NODE_FILE_BYTES} bytes"),

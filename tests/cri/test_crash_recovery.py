@@ -18,12 +18,13 @@ import time
 
 import pytest
 
+from shim.launch.template import stop_template
+
 from client.cri.failpoints import ENV, POD_FAILPOINTS
 from client.cri.pod import open_pod_service
 
 from support.podtools import BUSYBOX_MOUNT, pod_config
 from support.proctools import alive, wait_gone_async
-from support.sandbox_env import stop_template
 
 SCRIPT = """
 import anyio, json, sys

@@ -7,6 +7,7 @@ with every pod); docs/cri.md shows the table as it is."""
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import pytest
 from google.protobuf import json_format
@@ -22,7 +23,7 @@ from support.podtools import container_config, pod_config
 DOCS = os.path.join(os.path.dirname(__file__), "..", "..", "docs", "cri.md")
 
 
-def schema_fields(descriptor, prefix: str = "", seen: tuple = ()) -> dict[str, object]:
+def schema_fields(descriptor, prefix: str = "", seen: tuple = ()) -> dict[str, Any]:
     """Every field of a message, by its path, recursively (a message met again on its own path, as
     none of these is, would end the walk there)."""
     found = {}
@@ -63,11 +64,12 @@ def test_every_field_of_the_schema_is_applied_informs_or_refused(message, table)
 def refused_values(table: dict, message) -> list[tuple[str, object]]:
     """A value for each refused field of the schema that asks for something."""
     schema = schema_fields(message.DESCRIPTOR)
-    values = []
+    values: list[tuple[str, object]] = []
     for path, field in schema.items():
         entry = table.get(path)
         if entry is None or entry.kind != fields.REFUSED:
             continue
+        value: object
         if field.message_type is not None:
             inner = field.message_type
             if inner.GetOptions().map_entry:

@@ -15,10 +15,11 @@ import subprocess
 
 import pytest
 
+from shim.launch.template import stop_template
+
 from client.cri.pod import open_pod_service
 
 from support.podtools import pod_config
-from support.sandbox_env import stop_template
 
 PLUGINS = "/usr/lib/cni"
 

@@ -63,6 +63,7 @@ def test_attach_i_feeds_stdin_once_and_ends_when_the_container_exits(daemon, cri
 
 def read_line(proc: subprocess.Popen) -> bytes:
     """The attacher's next line of output (bounded: a missing line fails, never hangs the run)."""
+    assert proc.stdout is not None  # (PIPE)
     ready, _, _ = select.select([proc.stdout], [], [], LINE_WAIT)
     assert ready, f"no output from crictl attach within {LINE_WAIT} s"
     return proc.stdout.readline()

@@ -218,8 +218,9 @@ def websocket_exec(url: str, protocol: str, stdin: bytes = b"", close_stdin: boo
         frames.feed(rest)
         messages: list[tuple[int, bytes]] = []
         while True:
-            while (message := frames.next_message()) is not NEED_DATA:
-                opcode, payload = message
+            while (event := frames.next_message()) is not NEED_DATA:
+                assert isinstance(event, tuple)  # (a message: NEED_DATA is the only other answer)
+                opcode, payload = event
                 if opcode == 0x8:
                     return messages, payload
                 if text:

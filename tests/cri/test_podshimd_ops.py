@@ -159,7 +159,9 @@ def test_exec_sync_of_a_program_that_does_not_exist_says_so(daemon, crictl, pod,
 
 def human_bytes(text: str) -> float:
     """crictl's units.HumanSize back to bytes (decimal units)."""
-    number, unit = re.fullmatch(r"([\d.]+)([kMGT]?B)", text).groups()
+    found = re.fullmatch(r"([\d.]+)([kMGT]?B)", text)
+    assert found, f"{text!r} is not a size crictl prints"
+    number, unit = found.groups()
     return float(number) * {"B": 1, "kB": 1e3, "MB": 1e6, "GB": 1e9, "TB": 1e12}[unit]
 
 
@@ -366,7 +368,9 @@ def test_crictl_imagefsinfo_measures_the_image_store(daemon, crictl):
 # -- metrics -------------------------------------------------------------------------------------------
 
 def metrics_url(daemon) -> str:
-    address = re.search(r"Prometheus metrics on (http://\S+/metrics)", daemon.log()).group(1)
+    found = re.search(r"Prometheus metrics on (http://\S+/metrics)", daemon.log())
+    assert found, "podshimd's log names no metrics address"
+    address = found.group(1)
     assert address.startswith("http://127.0.0.1:")
     return address
 

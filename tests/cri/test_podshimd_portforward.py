@@ -20,11 +20,12 @@ from contextlib import contextmanager
 import grpc
 import pytest
 
+from shim.launch.template import stop_template
+
 from client.criapi import api_pb2
 
 from support.critools import podshimd_argv, running_podshimd
 from support.podtools import pod_config
-from support.sandbox_env import stop_template
 
 MB = 1 << 20
 
@@ -81,6 +82,7 @@ def pod_server(netns: str | None, count: int) -> Iterator[int]:
     if netns:
         argv = ["nsenter", f"--net={netns}", "--", *argv]
     server = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True)
+    assert server.stdout is not None  # (PIPE)
     try:
         yield int(server.stdout.readline())
     finally:
@@ -95,6 +97,7 @@ def port_forward(daemon, crictl, pod_id: str, remote_port: int) -> Iterator[tupl
     proc = subprocess.Popen([crictl, "--runtime-endpoint", daemon.endpoint, "port-forward", pod_id,
                              f"0:{remote_port}"], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
+    assert proc.stdout is not None and proc.stderr is not None  # (PIPE)
     try:
         line = proc.stdout.readline()  # "Forwarding from 127.0.0.1:PORT -> REMOTE"
         found = re.search(r"127\.0\.0\.1:(\d+) ->", line)
@@ -111,7 +114,11 @@ def exchange(port: int, payload: bytes) -> tuple[bytes, bytes]:
     """Send ``payload``, half-close, read to the end: (the server's status line, the bytes after it)."""
     with socket.create_connection(("127.0.0.1", port)) as conn:
         received = bytearray()
-        sender = threading.Thread(target=lambda: (conn.sendall(payload), conn.shutdown(socket.SHUT_WR)))
+        def send() -> None:
+            conn.sendall(payload)
+            conn.shutdown(socket.SHUT_WR)
+
+        sender = threading.Thread(target=send)
         sender.start()
         while chunk := conn.recv(1 << 16):
             received += chunk
@@ -213,7 +220,9 @@ def upgrade(url: str, protocol: str = "portforward.k8s.io") -> tuple[int, str]:
         head, _, body = answer.partition(b"\r\n\r\n")
         status = int(head.split(b" ")[1])
         if status != 101:
-            length = int(re.search(rb"Content-Length: (\d+)", head).group(1))
+            found = re.search(rb"Content-Length: (\d+)", head)
+            assert found, f"no Content-Length in {head!r}"
+            length = int(found.group(1))
             while len(body) < length:
                 body += conn.recv(4096)
             return status, body.decode()

@@ -16,7 +16,7 @@ from client.criapi import api_pb2
 CLIENT_ERRORS = {grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.FAILED_PRECONDITION,
                  grpc.StatusCode.ALREADY_EXISTS, grpc.StatusCode.OUT_OF_RANGE}
 
-text = st.text(alphabet=st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=80)
+text = st.text(alphabet=st.characters(codec="utf-8", exclude_categories=["Cs"]), max_size=80)
 names = st.one_of(text, st.from_regex(r"[a-z0-9]([-a-z0-9]{0,20}[a-z0-9])?", fullmatch=True))
 modes = st.integers(min_value=0, max_value=3)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from types import MappingProxyType
+from typing import Any
 
 import pytest
 from google.protobuf import json_format
@@ -14,7 +15,7 @@ from client.cri.pod import PodEntry
 from client.criapi import api_pb2
 from client.podshimd import translate
 
-POD = {"id": "a" * 64, "metadata": {"name": "web", "uid": "u1", "namespace": "default", "attempt": 2},
+POD: dict[str, Any] = {"id": "a" * 64, "metadata": {"name": "web", "uid": "u1", "namespace": "default", "attempt": 2},
        "state": "SANDBOX_NOTREADY", "created_at": 1_733_000_000_000_000_000, "labels": {"app": "web"},
        "annotations": {"note": "x"}, "runtime_handler": "runc", "ip": "10.88.0.2", "host_network": False}
 

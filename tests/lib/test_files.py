@@ -209,6 +209,7 @@ def test_an_unlinking_holder_leaves_no_file_and_a_waiter_locks_the_new_one(tmp_p
 
         def wait() -> None:
             with flock_open(path) as waiter_fd:
+                assert waiter_fd is not None
                 waiter_holds.append(os.fstat(waiter_fd).st_ino == os.stat(path).st_ino)
         waiter = threading.Thread(target=wait)
         # The waiter opens the old file before the holder unlinks it: it must not keep a lock on

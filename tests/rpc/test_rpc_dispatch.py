@@ -10,7 +10,7 @@ import pytest
 
 from shim.rpc import dispatch
 from shim.rpc.connection import CallStarted, ServerConnection
-from shim.rpc.frames import FrameDecoder
+from shim.rpc.frames import Frame, FrameDecoder
 from shim.rpc.messages import Request, Response, decode_response
 from shim.rpc.status import (
     ERRNO_CODES,
@@ -108,7 +108,9 @@ def started_stream(conn: ServerConnection) -> int:
 def decoded(data: bytes) -> Response:
     decoder = FrameDecoder()
     decoder.feed(data)
-    return decode_response(decoder.next_event().data)
+    frame = decoder.next_event()
+    assert isinstance(frame, Frame)
+    return decode_response(frame.data)
 
 
 def test_answer_encodes_the_response_on_its_stream():

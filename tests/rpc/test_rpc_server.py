@@ -35,7 +35,7 @@ from shim.rpc import (
     Unknown,
     error_from_status,
 )
-from shim.rpc.frames import HEADER, MAX_DATA_BYTES, NEED_DATA, FrameDecoder, MessageType, encode_frame
+from shim.rpc.frames import HEADER, MAX_DATA_BYTES, NEED_DATA, Frame, FrameDecoder, MessageType, encode_frame
 from shim.rpc.messages import decode_response, pack
 from shim.rpc.status import Code
 
@@ -156,13 +156,13 @@ async def raw_connection(directory: str) -> AsyncIterator[tuple[asyncio.StreamRe
 async def read_responses(reader: asyncio.StreamReader, count: int) -> dict[int, object]:
     """Read frames until ``count`` responses came; return them by stream id."""
     decoder = FrameDecoder()
-    responses = {}
+    responses: dict[int, object] = {}
     while len(responses) < count:
         data = await reader.read(65536)
         assert data, f"connection closed after {len(responses)} of {count} responses"
         decoder.feed(data)
         while (frame := decoder.next_event()) is not NEED_DATA:
-            assert frame.type == MessageType.RESPONSE
+            assert isinstance(frame, Frame) and frame.type == MessageType.RESPONSE
             responses[frame.stream_id] = decode_response(frame.data)
     return responses
 

@@ -18,10 +18,10 @@ from collections.abc import Iterator
 
 import pytest
 
+from shim.api.defaults import DEFAULT_CAPABILITIES
 from shim.kernel import capabilities as caps
 from shim.kernel import devices, linux
 from shim.kernel.cgroups import V2, SandboxCgroup
-from shim.runtime import confine
 
 from support.podtools import node_container, pod_config, pod_service
 from support.proctools import run_in_child
@@ -82,7 +82,7 @@ class Pod:
     async def output(self, task_id: str, script: str, **fields) -> list[str]:
         """Run ``busybox sh -c script`` to its end; its stdout and stderr lines."""
         log_path = os.path.join(self.log_dir, f"{task_id}.log")
-        fields.setdefault("capabilities", list(confine.DEFAULT_CAPABILITIES))
+        fields.setdefault("capabilities", list(DEFAULT_CAPABILITIES))
         await self.shim.task("Create", task_id=task_id, args=[BUSYBOX, "sh", "-c", script], log_path=log_path,
                              **fields)
         await self.shim.task("Start", task_id=task_id)
@@ -142,7 +142,7 @@ async def test_an_image_shipped_device_node_gives_a_user_that_is_not_root_nothin
 async def test_an_exec_in_a_task_is_held_to_the_tasks_rules(shims, handler, loop, tmp_path):
     pod = await a_pod(shims, handler, tmp_path)
     await pod.shim.task("Create", task_id="app", args=[BUSYBOX, "sleep", "600"], log_path=str(tmp_path / "app.log"),
-                        capabilities=list(confine.DEFAULT_CAPABILITIES))
+                        capabilities=list(DEFAULT_CAPABILITIES))
     await pod.shim.task("Start", task_id="app")
     reply = await pod.shim.task("Exec", task_id="app", args=[
         BUSYBOX, "sh", "-c", f"mknod /dev/disk b {loop.major} {loop.minor}; " + read_and_write("/dev/disk")])
@@ -193,7 +193,7 @@ async def test_a_task_given_a_device_uses_it_and_the_pods_other_tasks_still_cann
     attack = f"mknod /dev/disk b {loop.major} {loop.minor}; " + read_and_write("/dev/disk")
     # One task made before the device is given (it waits for the given one to be done), one after.
     await pod.shim.task("Create", task_id="before", log_path=str(tmp_path / "before.log"),
-                        capabilities=list(confine.DEFAULT_CAPABILITIES), args=[
+                        capabilities=list(DEFAULT_CAPABILITIES), args=[
                             BUSYBOX, "sh", "-c", "for i in $(seq 300); do [ -e /dev/shm/given ] && break; "
                             "sleep 0.1; done; " + attack])
     await pod.shim.task("Start", task_id="before")

@@ -12,6 +12,7 @@ import subprocess
 
 import pytest
 
+from shim.api.defaults import DEFAULT_CAPABILITIES
 from shim.kernel import capabilities as caps
 from shim.kernel import seccomp
 from shim.rpc import FailedPrecondition, InvalidArgument, NotFound
@@ -24,7 +25,7 @@ from support.shimtools import (
 )
 
 BUSYBOX = "/bin/busybox"
-DEFAULT_MASK = caps.mask(confine.DEFAULT_CAPABILITIES)
+DEFAULT_MASK = caps.mask(DEFAULT_CAPABILITIES)
 
 
 def handler_installed(name: str) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import os
 import signal
@@ -38,9 +39,9 @@ KNOWN_MACHINE = pytest.mark.skipif(os.uname().machine not in linux._ARCH_SYSCALL
 def test_default_signal_resets_a_signal_the_c_library_keeps_for_itself():
     # glibc refuses sigaction on 32 and 33; its posix_spawn leaves them ignored in what it starts.
     def check() -> bool:
-        action = linux.ctypes.c_ulong * 4
+        action = ctypes.c_ulong * 4
         ignore = action(1)  # SIG_IGN
-        assert linux._libc.syscall(linux._SYS_RT_SIGACTION, 32, ignore, None, linux.ctypes.c_size_t(8)) == 0
+        assert linux._libc.syscall(linux._SYS_RT_SIGACTION, 32, ignore, None, ctypes.c_size_t(8)) == 0
         assert _ignored(32)
         linux.default_signal(32)
         return not _ignored(32)

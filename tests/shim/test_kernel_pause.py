@@ -553,8 +553,12 @@ def forks(monkeypatch) -> list[str]:
     """The names of the child functions the launch forks (shim.runtime.process._fork), in order."""
     children: list[str] = []
     real_fork = process._fork
-    monkeypatch.setattr(process, "_fork", lambda child, *args, **kwargs: children.append(child.__name__)
-                        or real_fork(child, *args, **kwargs))
+
+    def fork(child, *args, **kwargs):
+        children.append(child.__name__)
+        return real_fork(child, *args, **kwargs)
+
+    monkeypatch.setattr(process, "_fork", fork)
     return children
 
 

@@ -22,6 +22,7 @@ import pytest
 
 from shim.kernel import devices, linux
 from shim.kernel.reaper import Reaper
+from shim.launch.template import stop_template
 from shim.lib.idmaps import UserNamespace
 from shim.rpc.status import AlreadyExists, DeadlineExceeded, FailedPrecondition, Internal, InvalidArgument, NotFound
 from shim.runtime import pause, process
@@ -32,7 +33,6 @@ from shim.runtime.oci import spec as specs
 
 from support.podtools import node_container, ns_inode, pod_config, pod_service
 from support.proctools import alive, wait_gone_async
-from support.sandbox_env import stop_template
 
 HANDLERS = ["native", "runc", "crun"]
 SETTLE = 10.0  # a bound for waiting on the machine, never a readiness sleep
@@ -341,7 +341,9 @@ def runtime_containers(handler: str, runtime_root: str) -> list[str]:
     root = os.path.join(runtime_root, handler, "k8s.io")
     if handler == "native" or not os.path.isdir(root):
         return []
-    out = subprocess.run([runtime_binary(handler), "--root", root, "list", "-q"], capture_output=True, text=True,
+    binary = runtime_binary(handler)
+    assert binary is not None, f"no {handler} binary"
+    out = subprocess.run([binary, "--root", root, "list", "-q"], capture_output=True, text=True,
                          timeout=30, check=True).stdout
     return out.split()
 

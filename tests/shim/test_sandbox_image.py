@@ -9,6 +9,7 @@ import json
 import os
 import shutil
 import signal
+from typing import Any
 
 import pytest
 
@@ -28,7 +29,7 @@ from support.shimtools import (
 )
 
 #: (program in the rootfs, pause_image) of each pause image.
-PAUSES = {
+PAUSES: dict[str, tuple[str, dict[str, Any]]] = {
     "catatonit": ("catatonit", {"args": ["/catatonit", "-P"]}),
     "tiny": ("bin/tiny-pause", {"args": ["tiny-pause", "--pod"], "env": ["PATH=/bin", "PAUSE=tiny"], "cwd": "/bin"}),
 }
@@ -73,6 +74,7 @@ async def test_the_pause_is_the_image_program_in_its_rootfs(shims: ShimLauncher,
         mount_point, image["args"], f"x/{kind}")
     assert ns_inode(pid, "net") == os.stat(info["netns_path"]).st_ino
     # A task joins the pause's namespaces.
+    assert shim.client is not None
     await shim.client.call(TASK_SERVICE, "Create", {"sandbox_id": shim.sandbox_id, "task_id": "t", "pid_mode": "POD",
                                                     "args": ["sleep", "100"], "log_path": str(tmp_path / "t.log"),
                                                     "rootfs": NODE_ROOT, "readonly_rootfs": True},

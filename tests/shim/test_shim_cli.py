@@ -35,7 +35,9 @@ TIMESTAMP = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z ")
 
 
 def _stat_field(pid: int, number: int) -> int:
-    return int(linux.proc_stat(pid)[number - 1])
+    fields = linux.proc_stat(pid)
+    assert fields is not None, f"process {pid} is gone"
+    return int(fields[number - 1])
 
 
 def _shims_of(bundle: str) -> set[int]:
@@ -281,6 +283,7 @@ async def serve(shims):
         procs.append((proc, path if activate else None))
         if activate:
             # systemd-socket-activate says when it listens; the shim runs once someone connects.
+            assert proc.stderr is not None  # (PIPE)
             line = await asyncio.to_thread(proc.stderr.readline)
             assert line.startswith(f"Listening on {path}"), line
         shim = shims.adopt(namespace, sandbox_id, bundle, root, {"address": "unix://" + path, "pid": proc.pid})

@@ -24,6 +24,8 @@ from support.shimtools import (
 
 
 class Pod:
+    handler = ""  # the runtime handler it runs on (the fixture's)
+
     def __init__(self, shim, log_dir: str):
         self.shim = shim
         self.log_dir = log_dir

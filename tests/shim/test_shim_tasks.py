@@ -49,7 +49,9 @@ class Pod:
         self.log_dir = log_dir
 
     async def call(self, method: str, client=None, **fields):
-        return await (client or self.shim.client).call(TASK_SERVICE, method,
+        caller = client or self.shim.client
+        assert caller is not None  # (connected)
+        return await caller.call(TASK_SERVICE, method,
                                                        {"sandbox_id": self.shim.sandbox_id, **fields}, timeout=WAIT)
 
     async def create(self, task_id: str, *args: str, pid_mode: str = "CONTAINER", **fields) -> None:
@@ -77,11 +79,12 @@ class Pod:
         with open(self.log_path(task_id), "rb") as f:
             lines = f.read().split(b"\n")
         assert lines[-1] == b""
-        records = []
+        records: list[tuple[bytes, bytes, bytes]] = []
         for line in lines[:-1]:
             match = LOG_LINE.fullmatch(line)
             assert match, f"not a CRI log line: {line[:100]!r}"
-            records.append(match.group(2, 3, 4))
+            stream, tag, message = match.group(2, 3, 4)
+            records.append((stream, tag, message))
         return records
 
     def stdout(self, task_id: str) -> list[bytes]:
@@ -100,7 +103,11 @@ class FifoReader:
     async def wait(self) -> None:
         loop = asyncio.get_running_loop()
         readable = loop.create_future()
-        loop.add_reader(self._fd, lambda: readable.done() or readable.set_result(None))
+        def ready() -> None:
+            if not readable.done():
+                readable.set_result(None)
+
+        loop.add_reader(self._fd, ready)
         try:
             await asyncio.wait_for(readable, WAIT)
         finally:

@@ -316,6 +316,7 @@ def _spare_held_by(script: str, *args: str, stderr: int | None = None):
     open until its stdin closes); yield (that process, the spare's pid); end both."""
     proc = subprocess.Popen([sys.executable, "-c", script, *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             stderr=stderr)
+    assert proc.stdin is not None and proc.stdout is not None  # (PIPE)
     spare = 0
     try:
         spare = int(proc.stdout.readline())

@@ -129,6 +129,10 @@ def _run_checked(argv: list[str]) -> None:
 class Machine:
     """A booted container: ``leader`` is its PID 1 as seen from the host."""
 
+    #: The project's venv bound into it and the directory of its command links, when a test put them there.
+    venv: str = ""
+    links: str = ""
+
     def __init__(self, name: str, process: subprocess.Popen[bytes], leader: int, console: str):
         self.name = name
         self.process = process

@@ -13,13 +13,13 @@ import time
 import anyio
 import pytest
 
+from shim.launch.template import stop_template
 from shim.lib.processes import proc_start_time
 
 from client.cri.pod import open_pod_service
 
 from support.podtools import BUSYBOX_MOUNT
 from support.proctools import pidfds, wait_pidfds_async
-from support.sandbox_env import stop_template
 
 CYCLES = int(os.environ.get("PODSHIM_CHURN_CYCLES", "1000"))
 IN_FLIGHT = 20

@@ -33,10 +33,11 @@ from typing import Any
 
 import pytest
 
+from bench import cluster as harness
+
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from support import kubetools as kt  # noqa: E402  (once bench/ or tests/ is on the path)
-from support.kubetools import harness  # noqa: E402  (once bench/ or tests/ is on the path)
 from support.registry import AUTH, registry_config, write_htpasswd  # noqa: E402  (once bench/ or tests/ is on the path)
 from support.ttytools import OnTerminal  # noqa: E402  (once bench/ or tests/ is on the path)
 

@@ -249,6 +249,7 @@ class ActivatedShim:
         self.address = "unix://" + self.socket_path
 
     async def listening(self) -> None:
+        assert self.process.stderr is not None  # (PIPE)
         line = await asyncio.to_thread(self.process.stderr.readline)
         assert line.startswith(f"Listening on {self.socket_path}"), line
 
@@ -277,7 +278,8 @@ class ActivatedShim:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()
-        self.process.stderr.close()
+        if self.process.stderr is not None:
+            self.process.stderr.close()
         self.notify.close()
         # systemd's socket, not the shim's: the shim never removes it, so we do (as systemd's
         # RemoveOnStop= would).

@@ -60,7 +60,9 @@ async def running_sandbox(env, sid: str) -> tuple[int, int, int]:
         await c.create(NS, sid)
         instance = await c.start(NS, sid)
         shim_pid = int((await c.status(NS, sid, verbose=True)).info["shim_pid"])
-    return shim_pid, instance.pid, proc_start_time(instance.pid)
+    started = proc_start_time(instance.pid)
+    assert started is not None, "the pause is gone"
+    return shim_pid, instance.pid, started
 
 
 @pytest.fixture

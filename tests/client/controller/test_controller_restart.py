@@ -80,6 +80,7 @@ def run_first_controller(env, plan: list, crash: str = "none") -> dict:
     """Run the first controller through ``plan``, kill it -9, return what it reported."""
     child = subprocess.Popen([sys.executable, "-c", CHILD, env.state_root, env.runtime_root, json.dumps(plan), crash],
                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=ROOT)
+    assert child.stdin is not None and child.stdout is not None  # (PIPE)
     try:
         line = child.stdout.readline()
     finally:

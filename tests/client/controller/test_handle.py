@@ -13,7 +13,7 @@ from client.controller.handle import TRANSITIONS, Phase, ShimHandle
 
 def handle_in(phase: Phase, tmp_path) -> ShimHandle:
     """A handle brought to ``phase`` along allowed moves (breadth-first from PENDING)."""
-    paths = {Phase.PENDING: []}
+    paths: dict[Phase, list[Phase]] = {Phase.PENDING: []}
     frontier = [Phase.PENDING]
     while frontier:
         here = frontier.pop(0)

@@ -14,6 +14,7 @@ import stat
 import subprocess
 import threading
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -257,6 +258,7 @@ async def test_a_pull_downloads_and_unpacks_only_the_layers_the_node_lacks(tmp_p
 
 
 def staging_dirs(images: Images) -> list[str]:
+    assert images.snapshots is not None  # (open)
     return [name for name in os.listdir(os.path.join(images.snapshots.root, "snapshots"))
             if not name.isdigit()]
 
@@ -439,7 +441,7 @@ async def test_a_bad_reference_is_invalid(tmp_path):
 
 
 @contextlib.contextmanager
-def damaged_blob(test_images, damage) -> Iterator[str]:
+def damaged_blob(test_images, damage) -> Iterator[tuple[Any, str]]:
     """One of a fresh image's layers damaged in the registry's storage by ``damage(data) -> bytes``."""
     image = test_images.build("damaged", [{"damaged": os.urandom(64).hex()}])
     status, _, body = image.registry.get(f"/v2/{image.repo}/manifests/{image.digest}",
@@ -495,6 +497,7 @@ def raw_image(tmp_path, registry: Registry, name: str, config: object | bytes) -
 
 def assert_nothing_stored(images: Images) -> None:
     assert images.list() == [] and leftovers(images) == []
+    assert images.snapshots is not None  # (open)
     assert images.content.digests() == set() and images.snapshots.snapshots() == []
     assert os.listdir(os.path.join(images.snapshots.root, "snapshots")) == []
 

@@ -7,6 +7,7 @@ import base64
 import json
 import os
 import tomllib
+from typing import Any
 
 import pytest
 
@@ -116,7 +117,7 @@ def test_a_platform_is_picked_from_an_index_with_its_variant():
         select_platform({"manifests": "no"}, {"os": "linux", "architecture": "amd64"}, "x")
 
 
-def record(image_id: str, *tags: str, config: object = None) -> ImageRecord:
+def record(image_id: str, *tags: str, config: dict[str, Any] | None = None) -> ImageRecord:
     return ImageRecord(image_id=image_id, repo_tags=tags, repo_digests=(), manifest_digest=A, manifests=(A,),
                        config={"rootfs": {"type": "layers", "diff_ids": []}} if config is None else config)
 
