@@ -472,11 +472,23 @@ def _ps(args: argparse.Namespace, daemon: _Podshimd) -> None:
                 c["exit_code"] = _container_status(daemon, c["id"], verbose=False)["exit_code"]
             except RpcError:  # removed meanwhile: show it without
                 pass
-    rows = [{"container": _short(c["id"]), "created_at": c["created_at"], "state": c["state"].split("_", 1)[1],
+    if args.output in ("json", "yaml"):
+        _listing(args, "containers", containers, None)
+        return
+    # crictl's columns: the image as the config named it (an id shortened), the pod by its name too.
+    pod_names = {p.id: p.metadata.name for p in daemon.call("ListPodSandbox").items} if containers else {}
+    rows = [{"container": _short(c["id"]), "image": _image_column(c["image"].get("image", "")),
+             "created_at": c["created_at"], "state": c["state"].split("_", 1)[1],
              "name": c["metadata"].get("name"), "attempt": c["metadata"].get("attempt", 0),
-             "pod_id": _short(c["pod_sandbox_id"]), "exit_code": c["exit_code"]} for c in containers]
+             "pod_id": _short(c["pod_sandbox_id"]), "pod": pod_names.get(c["pod_sandbox_id"], ""),
+             "exit_code": c["exit_code"]} for c in containers]
     _listing(args, "containers", containers, lambda out: _print_table(
-        rows, ["container", "created_at", "state", "name", "attempt", "pod_id", "exit_code"], out))
+        rows, ["container", "image", "created_at", "state", "name", "attempt", "pod_id", "pod", "exit_code"], out))
+
+
+def _image_column(image: str) -> str:
+    """An image as crictl's tables show it: a name as it is, an id (sha256:…) by its first 13 hex digits."""
+    return image.removeprefix("sha256:")[:13] if image.startswith("sha256:") else image
 
 
 _verb("ps", "list containers (running ones unless -a)", _ps,

@@ -58,6 +58,15 @@ def test_a_pod_and_a_container_through_podshimctl(daemon, crictl, files):
     listed = json.loads(ctl(daemon, "ps", "-a", "--json").stdout)
     assert [(c["id"], c["state"], c["exit_code"]) for c in listed] == [(container_id, "CONTAINER_EXITED", 0)]
     assert ctl(daemon, "ps", "-q").stdout == ""  # running ones only
+    # crictl's table: the image and the pod's name too.
+    table = ctl(daemon, "ps", "-a").stdout.splitlines()
+    assert table[0].split() == ["CONTAINER", "IMAGE", "CREATED", "AT", "STATE", "NAME", "ATTEMPT", "POD", "ID", "POD",
+                                "EXIT", "CODE"]
+    with open(container_file) as f:
+        container_name = json.load(f)["metadata"]["name"]
+    row = table[1].split()
+    assert (row[:2], row[3:]) == ([container_id[:13], daemon.image],
+                                  ["EXITED", container_name, "0", pod_id[:13], name, "0"]), table
     found = json.loads(ctl(daemon, "inspectp", "--json", pod_id).stdout)
     assert found["state"] == "SANDBOX_READY" and found["info"]["netns_path"] == found["info"]["shim"]["netns_path"]
     # What podshimctl did, crictl sees: one store, one writer.
