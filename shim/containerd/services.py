@@ -31,11 +31,11 @@ from shim.rpc.server import CallContext, Server
 from shim.rpc.status import FailedPrecondition, Internal, InvalidArgument, Unimplemented
 
 if TYPE_CHECKING:
+    from shim.lib.podfiles import PodFiles
     from shim.sandbox.service import SandboxService
     from shim.sandbox.task_service import TaskService
 
     from client.cri.configs import PodSandboxConfig
-    from client.cri.podfiles import PodFiles
 
 __all__ = ["SANDBOX_SERVICE", "TASK_SERVICE", "POD_SANDBOX_CONFIG_TYPE", "POD_FILES_DIR", "pod_files",
            "register_containerd", "timestamp", "nanos", "sandbox_pb2", "task_pb2"]
@@ -143,7 +143,7 @@ def pod_options(cfg: PodSandboxConfig | None) -> dict[str, Any]:
 
 def pod_files(bundle: str) -> PodFiles:
     """Where the pod's hosts, resolv.conf and hostname are in the shim's ``bundle``."""
-    from client.cri.podfiles import PodFiles
+    from shim.lib.podfiles import PodFiles
 
     return PodFiles(os.path.join(bundle, POD_FILES_DIR))
 
@@ -165,7 +165,7 @@ class SandboxV1:
             payload["netns_path"] = r.netns_path
         await self.service.create(ctx, payload)
         if cfg is not None:
-            from client.cri.podfiles import write_pod_files
+            from shim.lib.podfiles import write_pod_files
 
             try:  # containerd's CRI copies the node's hosts for every pod: so do we
                 write_pod_files(pod_files(self.service.sandbox.config.bundle).directory, cfg, node_hosts=True)
@@ -242,7 +242,7 @@ def warm() -> None:
     cfg = pod_config(request.options)
     assert cfg is not None  # (options given)
     pod_options(cfg)
-    from client.cri.podfiles import write_pod_files
+    from shim.lib.podfiles import write_pod_files
 
     with tempfile.TemporaryDirectory(prefix="podshim-warm-") as directory:
         write_pod_files(pod_files(directory).directory, cfg, node_hosts=True)

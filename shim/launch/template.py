@@ -127,8 +127,9 @@ def _preload_containerd() -> None:
     serves containerd pays nothing for it."""
     try:
         from shim.containerd import events, metrics, services, stdio, tasks  # noqa: F401  (preloaded for the shims forked from here)
+        from shim.lib import podfiles  # noqa: F401  (preloaded for the shims forked from here)
 
-        from client.cri import podfiles, security  # noqa: F401  (preloaded for the shims forked from here)
+        from client.cri import security  # noqa: F401  (preloaded for the shims forked from here)
         from client.criapi import api_pb2  # noqa: F401  (preloaded for the shims forked from here)
         from client.podshimd import translate  # noqa: F401  (preloaded for the shims forked from here)
 

@@ -11,5 +11,7 @@
   moved into a netns and back, a socket made there;
 - ``arguments``: the commands' argument parser; ``program``: how a podshim program starts another,
   ends, goes on running, and maps its errors to an exit status; ``notify``: sd_notify and LISTEN_FDS;
-- ``console`` and ``pipes``: a terminal's pty and the one pipe reader, for exec and attach streams.
+- ``console`` and ``pipes``: a terminal's pty and the one pipe reader, for exec and attach streams;
+- ``podfiles``: a pod's /etc/hosts, /etc/resolv.conf and /etc/hostname, written for the pod layer's
+  pods and for those containerd's CRI gives the containerd shim.
 """

@@ -7,10 +7,7 @@ import socket
 
 import pytest
 
-from shim.rpc.status import InvalidArgument
-
-from client.cri.configs import DnsConfig, PodSandboxConfig
-from client.cri.podfiles import (
+from shim.lib.podfiles import (
     HOSTS_HEADER,
     hostname_content,
     hosts_content,
@@ -18,6 +15,9 @@ from client.cri.podfiles import (
     resolv_conf_content,
     write_pod_files,
 )
+from shim.rpc.status import InvalidArgument
+
+from client.cri.configs import DnsConfig, PodSandboxConfig
 
 
 def read(path: str) -> str:

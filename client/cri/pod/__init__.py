@@ -17,7 +17,7 @@ Containers are tasks of the pod's shim (``podshim.task.v1.Task``): processes tha
 pause's net, ipc and uts namespaces (and its pid namespace when the pid mode is POD), on a
 writable snapshot of their image (:mod:`client.cri.rootfs`), with the process their image's config and
 CRI config make (:mod:`client.cri.process`), the pod's hosts, resolv.conf and hostname files
-(:mod:`client.cri.podfiles`) and their CRI mounts (:mod:`client.cri.mounts`).
+(:mod:`shim.lib.podfiles`) and their CRI mounts (:mod:`client.cri.mounts`).
 
 The pod service is one class, :class:`PodService` (``service``), made of one part per RPC group,
 as containerd's CRI server has one file per RPC or small group:

@@ -294,7 +294,7 @@ class PodServiceBase:
         return entry
 
     def _pod_files_dir(self, pod_id: str) -> str:
-        """The pod's own directory of files (hosts, resolv.conf, hostname: :mod:`client.cri.podfiles`)."""
+        """The pod's own directory of files (hosts, resolv.conf, hostname: :mod:`shim.lib.podfiles`)."""
         return os.path.join(self.store.root, POD_FILES_DIR, pod_id)
 
     if TYPE_CHECKING:

@@ -13,6 +13,7 @@ import anyio
 import anyio.abc
 import anyio.lowlevel
 
+from shim.lib.podfiles import PodFiles
 from shim.rpc.status import FailedPrecondition, InvalidArgument, NotFound
 
 from client.cri import cdi, security
@@ -21,7 +22,6 @@ from client.cri.events import CONTAINER_CREATED
 from client.cri.failpoints import failpoint
 from client.cri.mounts import container_mounts
 from client.cri.pod.base import POD_STATE, PodServiceBase, new_id
-from client.cri.podfiles import PodFiles
 from client.cri.process import container_process
 from client.cri.rootfs import ContainerImage, call, mount_dicts
 from client.cri.store import ContainerRecord, PodRecord, PodState

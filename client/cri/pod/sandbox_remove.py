@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import os
 
+from shim.lib.podfiles import remove_pod_files
 from shim.lib.trees import remove_tree
 
 from client.cri.events import CONTAINER_DELETED
 from client.cri.failpoints import failpoint
 from client.cri.pod.base import PodServiceBase, sandbox_snapshot_key
-from client.cri.podfiles import remove_pod_files
 from client.cri.store import PodRecord, PodState
 from client.phases import phase
 

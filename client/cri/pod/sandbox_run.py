@@ -11,6 +11,7 @@ import anyio.abc
 import anyio.lowlevel
 
 from shim.api.handlers import NATIVE  # "native" (the default, also for ""), "runc", "crun"
+from shim.lib.podfiles import remove_pod_files, write_pod_files
 from shim.rpc.status import FailedPrecondition, Internal, InvalidArgument, NotFound, RpcError
 
 from client.cri import security
@@ -20,7 +21,6 @@ from client.cri.configs import PodSandboxConfig
 from client.cri.failpoints import failpoint
 from client.cri.logcontext import about
 from client.cri.pod.base import PodServiceBase, log, new_id, sandbox_snapshot_key
-from client.cri.podfiles import remove_pod_files, write_pod_files
 from client.cri.rootfs import ContainerImage, call, mount_dicts
 from client.cri.store import PodRecord, PodState
 from client.phases import phase

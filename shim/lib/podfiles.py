@@ -14,6 +14,8 @@ What goes in them is what kubelet and containerd's CRI plugin (``setupSandboxFil
   /etc/resolv.conf.
 
 The content functions are pure; :func:`write_pod_files` and :func:`remove_pod_files` do the I/O.
+Both sides write them: podshimd's pod layer for its pods, the containerd shim for the pods
+containerd's CRI gives it; each hands in its pod config as :class:`PodNames` reads it.
 """
 
 from __future__ import annotations
@@ -22,15 +24,14 @@ import os
 import socket
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Protocol
 
 from shim.lib.files import ensure_private_dir, write_atomic
 from shim.lib.trees import remove_tree
 
-from client.cri.configs import DnsConfig, PodSandboxConfig
-
 __all__ = ["ETC_HOSTNAME", "ETC_HOSTS", "ETC_RESOLV_CONF", "HOST_HOSTS", "HOST_RESOLV_CONF", "HOSTS_HEADER",
-           "PodFiles", "hostname_content", "hosts_content", "resolv_conf_content", "remove_pod_files",
-           "write_pod_files"]
+           "DnsSettings", "PodFiles", "PodNames", "hostname_content", "hosts_content", "resolv_conf_content",
+           "remove_pod_files", "write_pod_files"]
 
 #: Where each file is seen inside a container.
 ETC_HOSTS = "/etc/hosts"
@@ -54,6 +55,32 @@ _LOCALHOST_LINES = (
 _FILE_MODE = 0o644
 
 
+class DnsSettings(Protocol):
+    """What the files read of a pod's DNSConfig (the pod layer's ``DnsConfig``)."""
+
+    @property
+    def servers(self) -> tuple[str, ...]: ...
+
+    @property
+    def searches(self) -> tuple[str, ...]: ...
+
+    @property
+    def options(self) -> tuple[str, ...]: ...
+
+
+class PodNames(Protocol):
+    """What the files read of a pod's config (the pod layer's ``PodSandboxConfig``)."""
+
+    @property
+    def hostname(self) -> str: ...
+
+    @property
+    def host_network(self) -> bool: ...
+
+    @property
+    def dns_config(self) -> DnsSettings: ...
+
+
 def hostname_content(hostname: str) -> str:
     """/etc/hostname for ``hostname`` (the node's when empty, as containerd)."""
     return (hostname or socket.gethostname()) + "\n"
@@ -67,7 +94,7 @@ def hosts_content(hostname: str, ips: Iterable[str]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def resolv_conf_content(dns: DnsConfig) -> str:
+def resolv_conf_content(dns: DnsSettings) -> str:
     """The resolv.conf a DNSConfig asks for, in containerd's order (search, nameserver, options);
     "" when it sets nothing, which means "the node's resolv.conf"."""
     out = ""
@@ -115,7 +142,7 @@ def _read_host_file(path: str) -> bytes:
         return b""  # a node without one: the pod gets an empty one, as a copy of nothing
 
 
-def write_pod_files(directory: str, cfg: PodSandboxConfig, ips: Iterable[str] = (), *, node_hosts: bool = False,
+def write_pod_files(directory: str, cfg: PodNames, ips: Iterable[str] = (), *, node_hosts: bool = False,
                     host_hosts: str = HOST_HOSTS, host_resolv_conf: str = HOST_RESOLV_CONF) -> PodFiles:
     """Write the pod's hosts, resolv.conf and hostname into ``directory`` (made 0711: the files
     are read through it by their bind mounts), each atomically; return where they are. hosts is
