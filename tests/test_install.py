@@ -49,11 +49,12 @@ def paths(venv: str, bin_dir: str) -> dict[str, str]:
             "PODSHIM_COMPLETION_DIR": os.path.join(top, "completions")}
 
 
-def install(checkout: str, venv: str, bin_dir: str, *flags: str) -> str:
-    """Run the copy's .ci/install into ``venv``, its commands linked into ``bin_dir``; what it printed."""
+def install(checkout: str, venv: str, bin_dir: str, *flags: str, columns: int = 80) -> str:
+    """Run the copy's .ci/install into ``venv``, its commands linked into ``bin_dir``, from a
+    terminal ``columns`` wide; what it printed."""
     done = subprocess.run([os.path.join(checkout, ".ci", "install"), *flags], cwd="/", stdin=subprocess.DEVNULL,
                           capture_output=True, text=True, timeout=INSTALL_TIMEOUT,
-                          env={**os.environ, **paths(venv, bin_dir)})
+                          env={**os.environ, **paths(venv, bin_dir), "COLUMNS": str(columns)})
     assert done.returncode == 0, done.stdout + done.stderr
     return done.stdout + done.stderr
 
@@ -76,7 +77,9 @@ def test_the_installed_commands_run_after_the_checkout_is_deleted(venv, tmp_path
     first = install(checkout, venv, str(bin_dir))
     assert f"install: {tmp_path}/units/podshimd.service\n" in first
     assert f"install: {tmp_path}/doc/docs/operator-guide.md\n" in first
-    assert install(checkout, venv, str(bin_dir)) == ""  # a second run changes nothing
+    assert f"install: {tmp_path}/man/man1/podshimctl.1\n" in first
+    # A second run changes nothing, from a terminal of another width too (the manual page is made anew).
+    assert install(checkout, venv, str(bin_dir), columns=200) == ""
     shutil.rmtree(checkout)
     for name in ("podshim", "podshimctl", "podshimd"):
         done = run(str(bin_dir / name), "--help")
