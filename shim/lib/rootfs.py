@@ -268,6 +268,10 @@ def unmount_sandbox_rootfs(target: str) -> None:
 def _unmount(target: str) -> None:
     while is_mount_point(target):
         try:
+            # Private first, the whole tree: a root that is a recursive bind of a shared tree
+            # (``ctr run --rootfs /``) has its submounts as peers of the originals, and unmounting
+            # the copies would unmount the originals with them (every pod's netns file, say).
+            mountcalls.mount(None, target, None, mountcalls.MS_REC | mountcalls.MS_PRIVATE)
             # Detached: the task's copy of the mount may still be going away with its last process.
             mountcalls.umount2(target, mountcalls.MNT_DETACH | mountcalls.UMOUNT_NOFOLLOW)
         except OSError as exc:
