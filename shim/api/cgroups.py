@@ -1,6 +1,6 @@
 """The cgroup drivers: the names CreateSandbox's ``cgroup_driver`` and podshimd's
-``cgroup_driver`` take, and which ``cgroup_parent`` suits each (a slice name for systemd, a path
-for cgroupfs), checked alike by the shim's options and podshimd's config. No I/O: the driver
+``cgroup_driver`` take, and which ``cgroup_parent`` suits each (a slice name or its path for systemd, a
+path for cgroupfs), checked alike by the shim's options and podshimd's config. No I/O: the driver
 itself is :mod:`shim.kernel.cgroups.systemd`.
 """
 
@@ -10,7 +10,7 @@ import re
 
 from shim.rpc.status import InvalidArgument
 
-__all__ = ["CGROUPFS", "DRIVERS", "SYSTEMD", "check_parent", "expand_slice", "is_slice_name"]
+__all__ = ["CGROUPFS", "DRIVERS", "SYSTEMD", "check_parent", "expand_slice", "is_slice_name", "slice_of_parent"]
 
 #: podshim makes and writes the cgroup directories itself.
 CGROUPFS = "cgroupfs"
@@ -42,8 +42,8 @@ def expand_slice(name: str) -> str:
 
 
 def check_parent(parent: str | None, driver: str) -> None:
-    """InvalidArgument unless ``parent`` (None: the default) suits ``driver``: a slice name for
-    systemd, a path for cgroupfs (a slice name there would be made into a directory of that name,
+    """InvalidArgument unless ``parent`` (None: the default) suits ``driver``: a slice name or its
+    path for systemd (:func:`slice_of_parent`), a path for cgroupfs (a slice name there would be made into a directory of that name,
     outside the hierarchy kubelet meant)."""
     if driver not in DRIVERS:
         raise InvalidArgument(f"cgroup driver {driver!r} is not known (known: {', '.join(DRIVERS)})")
@@ -54,7 +54,23 @@ def check_parent(parent: str | None, driver: str) -> None:
                               "a cgroup path (/kubepods/...), or run podshimd with cgroup_driver = \"systemd\" and "
                               "kubelet with cgroupDriver: systemd")
     if driver == SYSTEMD:
-        if not is_slice_name(parent):
-            raise InvalidArgument(f"cgroup parent {parent!r} is a path, and the cgroup driver is systemd: give a slice "
-                                  "name (kubepods-burstable-pod<uid>.slice), or use the cgroupfs driver")
+        slice_of_parent(parent)
+
+
+def slice_of_parent(parent: str) -> str:
+    """The slice a parent names under the systemd driver: a slice's unit name
+    (``kubepods-burstable-pod<uid>.slice``) as it is, or the cgroup path systemd gives that slice,
+    as kubelet's systemd cgroup manager and critest send it
+    (``/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod<uid>.slice``, ``/test.slice``):
+    its last part, as containerd takes it. Raises InvalidArgument for any other path (systemd would
+    put a slice of that last name elsewhere than the path says) and for a name systemd refuses."""
+    if is_slice_name(parent):
         expand_slice(parent)
+        return parent
+    name = parent.rpartition("/")[2]
+    if is_slice_name(name) and parent == expand_slice(name):
+        return name
+    raise InvalidArgument(f"cgroup parent {parent!r} is a path, and the cgroup driver is systemd: give a slice name "
+                          "(kubepods-burstable-pod<uid>.slice) or the path systemd gives it "
+                          "(/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod<uid>.slice), "
+                          "or use the cgroupfs driver")

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from shim.api.cgroups import CGROUPFS, check_parent
+from shim.api.cgroups import CGROUPFS, SYSTEMD, check_parent, slice_of_parent
 from shim.api.handlers import NAMESPACE_MODES, NATIVE, RUNTIME_HANDLERS
 from shim.api.identifiers import validate_annotations, validate_hostname, validate_labels
 from shim.lib.idmaps import UserNamespace
@@ -174,6 +174,8 @@ class SandboxOptions(Record):
         cgroup_driver = optional(linux, "cgroup_driver", str) or CGROUPFS
         try:
             check_parent(cgroup_parent, cgroup_driver)
+            if cgroup_driver == SYSTEMD and cgroup_parent is not None:
+                cgroup_parent = slice_of_parent(cgroup_parent)  # kubelet sends the slice's path
         except InvalidArgument as exc:
             raise InvalidArgument(f"linux.cgroup_parent: {exc.message}") from None
         resources = _pod_resources(optional(linux, "resources", dict, {}))

@@ -107,6 +107,19 @@ def test_under_systemd_a_path_parent_is_refused():
     drivers.check_parent(None, drivers.SYSTEMD)
 
 
+def test_under_systemd_a_slices_path_as_kubelet_and_critest_send_it_names_that_slice():
+    kubelet = "/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod12.slice"
+    assert drivers.slice_of_parent(kubelet) == "kubepods-burstable-pod12.slice"
+    assert drivers.slice_of_parent("/test.slice") == "test.slice"  # critest's
+    assert drivers.slice_of_parent("kubepods.slice") == "kubepods.slice"
+    drivers.check_parent(kubelet, drivers.SYSTEMD)
+    for elsewhere in ("/other.slice/kubepods-burstable-pod12.slice", "/kubepods.slice/", "/kubepods.slice/x"):
+        with pytest.raises(InvalidArgument, match="is a path, and the cgroup driver is systemd"):
+            drivers.slice_of_parent(elsewhere)
+    options = SandboxOptions.from_payload({"linux": {"cgroup_parent": kubelet, "cgroup_driver": "systemd"}})
+    assert options.cgroup_parent == "kubepods-burstable-pod12.slice"
+
+
 def test_an_unknown_driver_is_refused():
     with pytest.raises(InvalidArgument, match="cgroup driver 'slices' is not known"):
         drivers.check_parent(None, "slices")

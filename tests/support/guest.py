@@ -6,7 +6,8 @@ The image is made once, from Debian's packages only, into a cache outside the re
 file's recipe, .ci/install, .ci/pins.toml, pyproject.toml's project table): debootstrap of bookworm with Debian's cloud
 kernel, its initramfs and systemd (which boots the unified hierarchy alone), then podshim
 installed in a chroot by the README's command (``.ci/install --test``) from a copy of the
-checkout, and the image written as an ext4 file system (``mkfs.ext4 -d``). A boot runs that image
+checkout, Debian's dynamic busybox package unpacked where the tests look for it (critest's default
+image), and the image written as an ext4 file system (``mkfs.ext4 -d``). A boot runs that image
 with ``snapshot=on`` (what the guest writes goes to a temporary file qemu drops at exit), no network
 device at all, and the kernel and initramfs given to qemu directly.
 
@@ -124,7 +125,7 @@ class GuestError(Exception):
 
 
 #: Raised by hand when how the image is made (_configure, _install_podshim) changes.
-RECIPE_VERSION = 1
+RECIPE_VERSION = 2
 
 
 def recipe_key() -> str:
@@ -246,7 +247,10 @@ def _configure(rootfs: str) -> None:
 
 def _install_podshim(rootfs: str) -> None:
     """Copy the checkout into the guest's tree and run the README's install command there, in a
-    chroot whose /proc, /sys and /dev are mounted in a mount namespace of its own (they go with it)."""
+    chroot whose /proc, /sys and /dev are mounted in a mount namespace of its own (they go with it).
+    Then what the tests fetch on first use and the offline guest cannot: Debian's dynamic busybox
+    (critest's default image is made of it), unpacked into the guest's test-image cache by the
+    tests' own code (support.imagebuild.dynamic_busybox)."""
     src = os.path.join(rootfs, GUEST_SRC.lstrip("/"))
     with tarfile.open(fileobj=io.BytesIO(checkout_tar())) as tar:
         tar.extractall(src, filter="tar")
@@ -271,6 +275,8 @@ if [ -d /opt/wheels ]; then mkdir -p {rootfs}/opt/wheels; mount --bind -o ro /op
 if [ -d {go} ]; then mkdir -p {rootfs}{go}; mount --bind -o ro {go} {rootfs}{go}; fi
 chroot {rootfs} /usr/bin/env -i PATH={go}/bin:/usr/sbin:/usr/bin:/sbin:/bin HOME=/root {passed} \
     PODSHIM_TOOLS_CACHE=/var/cache/podshim-tools PODSHIM_GUEST_BUILD=1 sh -c 'cd {GUEST_SRC} && .ci/install --test'
+chroot {rootfs} /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root {passed} sh -c \
+    'cd {GUEST_SRC}/tests && {GUEST_VENV}/bin/python -c "from support.imagebuild import dynamic_busybox; dynamic_busybox()"'
 rm -f {rootfs}/etc/resolv.conf
 chroot {rootfs} apt-get clean
 """
