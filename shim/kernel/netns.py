@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import logging
 import os
 import socket
 import stat
@@ -27,12 +28,15 @@ from shim.lib.namespaces import (
     THREAD_NETNS,
     NamespaceNotFound,
     in_netns,
+    ns_type,
     open_namespace,
     open_netns,
     return_to_netns,
     socket_in_netns,
 )
 from shim.rpc.status import AlreadyExists, InvalidArgument, error_from_oserror
+
+log = logging.getLogger(__name__)
 
 __all__ = ["NamespaceNotFound", "check_net_sysctls", "create_netns", "default_netns_dir", "describe_netns",
            "is_host_netns", "make_netns", "new_netns_path", "open_namespace", "open_netns", "remove_netns",
@@ -113,6 +117,12 @@ def create_netns(path: str, made: int | None = None) -> str:
         raise AlreadyExists(f"netns file {path} already exists") from None
     except OSError as exc:
         raise error_from_oserror(exc, f"cannot create netns file {path}") from exc
+    if made is not None and not _is_netns(made):
+        # Never pin what is not a network namespace: a runtime told to join the path would fail
+        # with EINVAL (crun's "cannot setns"). A new one costs only the head start.
+        log.warning("the network namespace made ahead (fd %d) is %s now, not a network namespace: making a new one",
+                    made, _describe_fd(made))
+        made = None
     try:
         fd = _new_netns() if made is None else made
         try:
@@ -126,6 +136,20 @@ def create_netns(path: str, made: int | None = None) -> str:
             raise error_from_oserror(exc, f"cannot create netns {path}") from exc
         raise
     return path
+
+
+def _is_netns(fd: int) -> bool:
+    try:
+        return ns_type(fd) == linux.CLONE_NEWNET
+    except OSError:  # ENOTTY: not a namespace; EBADF: closed
+        return False
+
+
+def _describe_fd(fd: int) -> str:
+    try:
+        return repr(os.readlink(f"/proc/self/fd/{fd}"))
+    except OSError as exc:
+        return f"unreadable ({os.strerror(exc.errno or 0)})"
 
 
 def _create_netns_file(path: str, directory: str) -> None:

@@ -11,6 +11,7 @@ import time
 import pytest
 
 from shim.kernel import linux, netns
+from shim.lib import namespaces
 from shim.rpc.status import AlreadyExists, InvalidArgument, NotFound, PermissionDenied
 
 
@@ -242,3 +243,16 @@ def test_interface_counters_are_the_pod_namespaces_but_loopback(netns_path):
 def test_interface_counters_of_the_hosts_namespace_or_of_no_process_are_none():
     assert netns.interface_counters(os.getpid()) is None
     assert netns.interface_counters(2**22 + 1) is None
+
+
+def test_a_descriptor_made_ahead_that_is_no_network_namespace_is_never_pinned(netns_path, tmp_path, caplog):
+    # A descriptor number whose namespace was closed and taken by a file: crun, told to join the
+    # path, failed with "cannot setns ...: Invalid argument".
+    with open(tmp_path / "not-a-netns", "w") as f:
+        netns.create_netns(netns_path, f.fileno())
+    fd = os.open(netns_path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        assert namespaces.ns_type(fd) == linux.CLONE_NEWNET
+    finally:
+        os.close(fd)
+    assert "not a network namespace: making a new one" in caplog.text
