@@ -4,11 +4,14 @@ acting only on the record of a clean ShutdownSandbox, leaving any other to the f
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import socket
 import subprocess
 import sys
 import tempfile
+import threading
 
 import msgpack
 import pytest
@@ -126,3 +129,67 @@ def test_warming_makes_every_request_class_the_shims_serve_and_leaves_no_file(tm
     assert {name for name, _ in made[services.SANDBOX_SERVICE]} >= {"CreateSandbox", "StartSandbox", "SandboxStatus"}
     assert dict(made[services.TASK_SERVICE])["Create"] is services.task_pb2.CreateTaskRequest
     assert services._request_types(services.TASK_SERVICE, services.task_pb2) is made[services.TASK_SERVICE]
+
+
+@contextlib.contextmanager
+def template_answering(path: str, spawn):
+    """A server of the template's service at ``path`` (shim.rpc.blocking, as the template serves it),
+    whose Spawn is ``spawn``; the requests it got."""
+    from shim.api.names import TEMPLATE_SERVICE
+    from shim.rpc.blocking import serve_connection
+
+    got: list = []
+
+    def handler(request):
+        got.append(request)
+        return spawn(request)
+
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    listener.listen()
+
+    def serve() -> None:
+        conn, _ = listener.accept()
+        serve_connection(conn, {(TEMPLATE_SERVICE, "Spawn"): handler}, allowed_uids={os.getuid()})
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        yield got
+    finally:
+        thread.join(10)
+        listener.close()
+
+
+def test_start_asks_the_template_in_its_own_protocol_and_prints_the_address_it_answers(tmp_path, monkeypatch):
+    monkeypatch.setenv("PODSHIM_RUNTIME_ROOT", str(tmp_path))
+    monkeypatch.delenv("PODSHIM_TEMPLATE_SOCKET", raising=False)
+    monkeypatch.setenv("PODSHIM_PAUSE_BINARY", "/usr/bin/catatonit")
+    params = load("runtime.bootstrap.v1.bootstrap_pb2").BootstrapParams(
+        instance_id="sb1", namespace="k8s.io", containerd_ttrpc_address="/run/c.sock.ttrpc")
+    address = "unix://" + "/run/podshim/s/" + "é" * 40
+    with template_answering(str(tmp_path / "template.sock"),
+                            lambda request: {"version": 3, "address": address, "protocol": "ttrpc+msgpack",
+                                             "pid": 1 << 22, "start_time": 1 << 40}) as got:
+        out = fastpath.start({"debug": True}, params.SerializeToString(), "/b/podshim")
+    result = load("runtime.bootstrap.v1.bootstrap_pb2").BootstrapResult.FromString(out)
+    assert (result.version, result.address, result.protocol) == (3, address, "ttrpc")
+    (request,) = got
+    assert request.payload == {"namespace": "k8s.io", "sandbox_id": "sb1", "bundle": "/b/podshim",
+                               "runtime_root": str(tmp_path), "debug": True, "containerd_address": "/run/c.sock.ttrpc",
+                               "pause_binary": "/usr/bin/catatonit"}
+    assert 0 < request.timeout_nano <= fastpath.SPAWN_TIMEOUT * 1e9
+
+
+def test_start_leaves_a_template_that_refuses_to_the_full_path(tmp_path, monkeypatch):
+    from shim.rpc.status import FailedPrecondition
+
+    def refuse(request):
+        raise FailedPrecondition("the installed podshim changed since this template started")
+
+    monkeypatch.setenv("PODSHIM_RUNTIME_ROOT", str(tmp_path))
+    monkeypatch.setenv("TTRPC_ADDRESS", "/run/c.sock.ttrpc")
+    monkeypatch.delenv("PODSHIM_TEMPLATE_SOCKET", raising=False)
+    with template_answering(str(tmp_path / "template.sock"), refuse) as got:
+        assert fastpath.start({"namespace": "k8s.io", "id": "sb1"}, b"", "/b/podshim") is None
+    assert len(got) == 1
