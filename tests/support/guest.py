@@ -67,14 +67,22 @@ TOOLS = ("crictl-v1.37.0", "critest-v1.37.0")
 
 AGENT = r'''#!/usr/bin/python3
 """podshim's guest agent: one JSON request a line on the virtio port, one JSON answer a line."""
-import base64, io, json, os, subprocess, tarfile
-fd = os.open("/dev/virtio-ports/podshim.agent", os.O_RDWR)
-reader = os.fdopen(fd, "rb")
+import base64, io, json, os, subprocess, tarfile, time
 def answer(obj):
     data = memoryview(json.dumps(obj).encode() + b"\n")
     while data:
         data = data[os.write(fd, data):]
-for line in reader:
+def requests():
+    """The port's lines, host connection after host connection: with no host connected a read
+    is EOF at once, so the agent waits for the next one rather than exiting (systemd would
+    restart it until its start limit, and a reused guest would answer no more)."""
+    global fd
+    while True:
+        fd = os.open("/dev/virtio-ports/podshim.agent", os.O_RDWR)
+        with os.fdopen(fd, "rb") as reader:
+            yield from reader
+        time.sleep(0.2)
+for line in requests():
     try:
         req = json.loads(line)
     except ValueError:
