@@ -36,8 +36,9 @@ HANDLERS = ["native"] + [h for h in ("runc", "crun") if shutil.which(h, path="/u
 EXPECTED = [
     ExpectedSpecs(r"benchmark about ", "skipped", "critest's benchmarks run only with --benchmark"),
     ExpectedSpecs(r"UserNamespaces when Host idmap mount support is needed runtime should support NamespaceMode_POD",
-                  "failed", "CreateContainer fails in the guest (Debian 12's 6.1 kernel) under both drivers; the "
-                  "spec passes on the host (6.18): not diagnosed yet", handlers=("native",)),
+                  "failed", "the guest's kernel (Debian 12's 6.1) refuses an overlay of id-mapped layers "
+                  "(EOPNOTSUPP), so CreateContainer is FAILED_PRECONDITION 'cannot mount rootfs[0] ... with "
+                  "id-mapped layers' (docs/user-namespaces.md); the host's 6.18 takes it and passes the spec"),
 ]
 #: What ends otherwise under one driver only.
 DRIVER_EXPECTED = {
