@@ -25,7 +25,8 @@ import time
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from shim.api.names import UNKNOWN_EXIT_STATUS
+from shim.api.defaults import DELETE_KILL_WAIT_TIMEOUT as KILL_WAIT_TIMEOUT
+from shim.api.names import DELETE_LOCK_FILE, UNKNOWN_EXIT_STATUS
 from shim.api.paths import STATE_FILE, socket_path
 from shim.lib.files import flock_open
 from shim.lib.processes import open_pidfd, wait_pidfd
@@ -48,12 +49,6 @@ log = logging.getLogger(__name__)
 
 #: What a pause killed by delete reports: 128 + SIGKILL, as containerd's runc shim does.
 KILLED_EXIT_STATUS = 128 + signal.SIGKILL
-#: How long (seconds) to wait for a killed process to disappear.
-KILL_WAIT_TIMEOUT = 5.0
-#: In the bundle: flock'd (exclusive) for the whole of a delete, so deletes of a sandbox take turns.
-#: Left in the bundle (whoever removes the bundle removes it); not the bundle directory's own flock,
-#: which the Controller holds while its ``podshim delete`` child runs.
-DELETE_LOCK_FILE = "delete.lock"
 
 
 def _kill(pid: int, start_time: int | None, what: str) -> bool:

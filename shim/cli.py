@@ -20,6 +20,7 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from shim import __version__
+from shim.api.defaults import TEMPLATE_SPAWN_TIMEOUT
 from shim.api.names import DEFAULT_BUNDLE_ROOT, TEMPLATE_LOG, TEMPLATE_SERVICE, TEMPLATE_START_LOCK
 from shim.api.paths import (
     BOOTSTRAP_FILE,
@@ -171,11 +172,6 @@ def start_shim(config: ShimConfig, *, debug: bool = False, no_template: bool = F
 
         result = spawn_shim(config, debug=debug, double_fork=False)
     return result
-
-
-#: How long `start` waits for a template's Spawn: the template's own wait for the shim
-#: (shim.launch.spawn.START_TIMEOUT, 8 s) and a margin, below the Controller's SPAWN_TIMEOUT (10 s).
-TEMPLATE_SPAWN_TIMEOUT = 9.0
 
 
 def _start_from_template(config: ShimConfig, debug: bool) -> dict[str, Any] | None:

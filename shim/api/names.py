@@ -5,7 +5,7 @@ from __future__ import annotations
 __all__ = ["SANDBOX_SERVICE", "EVENTS_SERVICE", "TASK_SERVICE", "TEMPLATE_SERVICE", "TEMPLATE_METHODS",
            "SANDBOX_METHODS", "EVENTS_METHODS", "TASK_METHODS", "BOOTSTRAP_FILE", "BOOTSTRAP_VERSION", "PROTOCOL",
            "STATE_FILE", "DEFAULT_RUNTIME_ROOT", "DEFAULT_BUNDLE_ROOT", "UNKNOWN_EXIT_STATUS", "TEMPLATE_SOCKET", "TEMPLATE_SOCKET_ENV",
-           "TEMPLATE_LOCK", "TEMPLATE_START_LOCK", "TEMPLATE_LOG", "TEMPLATE_ENV"]
+           "TEMPLATE_LOCK", "TEMPLATE_START_LOCK", "TEMPLATE_LOG", "TEMPLATE_ENV", "DELETE_LOCK_FILE"]
 
 #: The file in a bundle that holds the bootstrap result (protocol.md, "Bootstrap").
 BOOTSTRAP_FILE = "bootstrap.json"
@@ -51,3 +51,9 @@ EVENTS_METHODS = ("Subscribe",)
 TASK_METHODS = ("Create", "Start", "Kill", "Wait", "Delete", "State", "List", "Exec", "ExecStart", "ExecWait", "ExecKill",
                 "CloseStdin", "AttachOutput", "Stats", "Update", "ReopenLog")
 TEMPLATE_METHODS = ("Spawn", "Ping")
+
+#: In the bundle: flock'd (exclusive) for the whole of a ``podshim delete`` (and of containerd's
+#: fast ``delete``), so deletes of a sandbox take turns. Left in the bundle (whoever removes the
+#: bundle removes it); not the bundle directory's own flock, which the Controller holds while its
+#: ``podshim delete`` child runs.
+DELETE_LOCK_FILE = "delete.lock"

@@ -30,20 +30,22 @@ import os
 import select
 import time
 
-from shim.api.names import DEFAULT_RUNTIME_ROOT, STATE_FILE, TEMPLATE_SERVICE, TEMPLATE_SOCKET, TEMPLATE_SOCKET_ENV
+from shim.api.defaults import DELETE_KILL_WAIT_TIMEOUT as KILL_WAIT_TIMEOUT
+from shim.api.defaults import TEMPLATE_SPAWN_TIMEOUT as SPAWN_TIMEOUT
+from shim.api.names import (
+    DEFAULT_RUNTIME_ROOT,
+    DELETE_LOCK_FILE,
+    STATE_FILE,
+    TEMPLATE_SERVICE,
+    TEMPLATE_SOCKET,
+    TEMPLATE_SOCKET_ENV,
+)
 from shim.containerd.bootstrap import bootstrap_params, bootstrap_result, delete_response
 
-__all__ = ["SPAWN_TIMEOUT", "start", "delete"]
+__all__ = ["start", "delete"]
 
-#: How long ``start`` waits for the template's Spawn (shim.cli.TEMPLATE_SPAWN_TIMEOUT, podshim
-#: start's: the template's own wait for the shim and a margin).
-SPAWN_TIMEOUT = 9.0
-#: How long ``delete`` waits for the shim it killed to be gone (shim.cleanup.KILL_WAIT_TIMEOUT).
-KILL_WAIT_TIMEOUT = 5.0
 #: A state.json larger than this is not one a clean shutdown leaves.
 MAX_STATE_BYTES = 1 << 16
-#: The lock ``podshim delete`` holds for a whole delete (shim.cleanup.DELETE_LOCK_FILE).
-DELETE_LOCK_FILE = "delete.lock"
 _REQUEST, _RESPONSE = 1, 2  # frame types (protocol.md 2)
 
 

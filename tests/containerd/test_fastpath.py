@@ -16,6 +16,7 @@ import threading
 import msgpack
 import pytest
 
+from shim.api.defaults import TEMPLATE_SPAWN_TIMEOUT
 from shim.containerd import fastpath
 from shim.containerd.api import load
 from shim.containerd.bootstrap import bootstrap_params
@@ -178,7 +179,7 @@ def test_start_asks_the_template_in_its_own_protocol_and_prints_the_address_it_a
     assert request.payload == {"namespace": "k8s.io", "sandbox_id": "sb1", "bundle": "/b/podshim",
                                "runtime_root": str(tmp_path), "debug": True, "containerd_address": "/run/c.sock.ttrpc",
                                "pause_binary": "/usr/bin/catatonit"}
-    assert 0 < request.timeout_nano <= fastpath.SPAWN_TIMEOUT * 1e9
+    assert 0 < request.timeout_nano <= TEMPLATE_SPAWN_TIMEOUT * 1e9
 
 
 def test_start_leaves_a_template_that_refuses_to_the_full_path(tmp_path, monkeypatch):

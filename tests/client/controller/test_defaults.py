@@ -63,10 +63,10 @@ def test_the_spawn_timeout_outlasts_the_shims_own_start_timeout():
 
 
 def test_a_templates_spawn_is_waited_for_longer_than_the_template_waits_for_its_shim_and_less_than_controllers():
-    from shim import cli
+    from shim.api.defaults import TEMPLATE_SPAWN_TIMEOUT
     from shim.launch import spawn
 
-    assert spawn.START_TIMEOUT < cli.TEMPLATE_SPAWN_TIMEOUT < defaults.SPAWN_TIMEOUT
+    assert spawn.START_TIMEOUT < TEMPLATE_SPAWN_TIMEOUT < defaults.SPAWN_TIMEOUT
 
 
 def _client_imports(relative: str) -> set[str]:
