@@ -5,7 +5,8 @@ from __future__ import annotations
 __all__ = ["SANDBOX_SERVICE", "EVENTS_SERVICE", "TASK_SERVICE", "TEMPLATE_SERVICE", "TEMPLATE_METHODS",
            "SANDBOX_METHODS", "EVENTS_METHODS", "TASK_METHODS", "BOOTSTRAP_FILE", "BOOTSTRAP_VERSION", "PROTOCOL",
            "STATE_FILE", "DEFAULT_RUNTIME_ROOT", "DEFAULT_BUNDLE_ROOT", "UNKNOWN_EXIT_STATUS", "TEMPLATE_SOCKET", "TEMPLATE_SOCKET_ENV",
-           "TEMPLATE_LOCK", "TEMPLATE_START_LOCK", "TEMPLATE_LOG", "TEMPLATE_ENV", "DELETE_LOCK_FILE"]
+           "TEMPLATE_LOCK", "TEMPLATE_START_LOCK", "TEMPLATE_LOG", "TEMPLATE_ENV", "DELETE_LOCK_FILE",
+           "DEFAULT_SANDBOXER_SOCKET", "DEFAULT_SANDBOXER_STATE_ROOT", "DEFAULT_CONTAINERD_TTRPC_ADDRESS"]
 
 #: The file in a bundle that holds the bootstrap result (protocol.md, "Bootstrap").
 BOOTSTRAP_FILE = "bootstrap.json"
@@ -21,6 +22,12 @@ DEFAULT_RUNTIME_ROOT = "/run/podshim"
 #: Where a Controller keeps bundles (``<root>/<namespace>/<sandbox id>/``) unless told otherwise:
 #: podshimd's own bundle root under its default state root, /var/lib/podshim (docs/roots.md).
 DEFAULT_BUNDLE_ROOT = "/var/lib/podshim/sandboxes"
+#: podshim-sandboxer (containerd's proxy-plugin route, docs/containerd.md): the socket it serves
+#: containerd's sandbox Controller on, and where it keeps its pods' bundles.
+DEFAULT_SANDBOXER_SOCKET = "/run/podshim/sandboxer.sock"
+DEFAULT_SANDBOXER_STATE_ROOT = "/var/lib/podshim/sandboxer"
+#: containerd's own default ttrpc socket, which the shims publish their events to.
+DEFAULT_CONTAINERD_TTRPC_ADDRESS = "/run/containerd/containerd.sock.ttrpc"
 #: The control socket of a shim template, in the runtime root.
 TEMPLATE_SOCKET = "template.sock"
 #: An environment variable naming another template control socket (one template may serve

@@ -1,5 +1,6 @@
 """The containerd tests' fixtures: crictl (tests/support/critools.py), a throwaway network namespace, a
-directory of the test's own and the real containerd started in them (tests/support/ctrdtools.py)."""
+directory of the test's own and the real containerd started in them, and podshim-sandboxer serving its
+proxy plugin (tests/support/ctrdtools.py)."""
 
 from __future__ import annotations
 
@@ -13,11 +14,12 @@ import time
 import pytest
 
 from support.critools import crictl, critest, outer_netns
-from support.ctrdtools import running_containerd
+from support.ctrdtools import running_containerd, running_sandboxer
 from support.imagebuild import critest_image_set
 from support.netrelay import loopback_relay
 
-__all__ = ["crictl", "critest", "critest_image_set", "ctrd_netns", "directory", "containerd", "outer_netns"]
+__all__ = ["crictl", "critest", "critest_image_set", "ctrd_netns", "directory", "containerd", "outer_netns",
+           "sandboxer"]
 
 #: Seconds the namespace's removal is retried: a mount namespace that copied its bind mount may
 #: hold it busy for a moment after the processes that made it are gone.
@@ -60,3 +62,10 @@ def containerd(directory, ctrd_netns, test_images):
     with loopback_relay(ctrd_netns, port), \
             running_containerd(directory, ctrd_netns, registry.host, test_images.busybox.ref) as daemon:
         yield daemon
+
+
+@pytest.fixture
+def sandboxer(containerd):
+    """podshim-sandboxer (ctrdtools.running_sandboxer) serving ``containerd``'s proxy plugin."""
+    with running_sandboxer(containerd) as process:
+        yield process

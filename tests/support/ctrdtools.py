@@ -28,13 +28,20 @@ from shim.lib.program import search_path
 
 from support.critools import REPO, cni_config, gotool
 
-__all__ = ["Containerd", "running_containerd", "pod_config", "sleeping_pod", "containerd_binary", "containerd_version", "write_config"]
+__all__ = ["Containerd", "running_containerd", "SandboxerProcess", "running_sandboxer", "PROXY_HANDLER", "pod_config", "sleeping_pod", "containerd_binary", "containerd_version", "write_config"]
 
 #: Seconds containerd may take to answer its CRI, and to stop.
 START_TIMEOUT = 60.0
 STOP_TIMEOUT = 20.0
 #: containerd's CRI plugin namespace.
 K8S_NAMESPACE = "k8s.io"
+#: The runtime handler, and proxy plugin, of podshim's proxy-plugin route (podshim-sandboxer).
+PROXY_HANDLER = "podshim-proxy"
+
+
+def sandboxer_socket(directory: str) -> str:
+    """Where containerd's config (write_config) has the proxy plugin dial podshim-sandboxer."""
+    return os.path.join(directory, "sb.sock")
 
 
 def containerd_binary(name: str = "containerd") -> str:
@@ -159,6 +166,15 @@ def write_config(directory: str, registry_host: str, sandbox_image: str, *, shim
     podshim = "" if shim is None else f"""    [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.podshim]
       runtime_type = "{shim}"
       sandboxer = "shim"
+    [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.{PROXY_HANDLER}]
+      runtime_type = "{shim}"
+      sandboxer = "{PROXY_HANDLER}"
+"""
+    # podshim's proxy-plugin route: containerd dials the sandboxer (running_sandboxer) at its first pod.
+    proxy = "" if shim is None else f"""
+[proxy_plugins.{PROXY_HANDLER}]
+  type = "sandbox"
+  address = "{sandboxer_socket(directory)}"
 """
     path = os.path.join(directory, "config.toml")
     with open(path, "w") as f:
@@ -178,7 +194,7 @@ disabled_plugins = ["io.containerd.nri.v1.nri", "io.containerd.snapshotter.v1.bt
 
 [debug]
   level = "{log_level}"
-
+{proxy}
 [plugins.'io.containerd.internal.v1.opt']
   path = "{directory}/opt"
 
@@ -230,10 +246,22 @@ def running_containerd(directory: str, netns: str, registry_host: str, sandbox_i
         _stop(daemon)
 
 
-def _spawn(directory: str, argv: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
-    with open(os.path.join(directory, "containerd.log"), "ab") as log:
+def _spawn(directory: str, argv: list[str], env: dict[str, str], log_name: str = "containerd.log"
+           ) -> subprocess.Popen[bytes]:
+    with open(os.path.join(directory, log_name), "ab") as log:
         return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
                                 start_new_session=True)
+
+
+def _end(process: subprocess.Popen[bytes]) -> None:
+    """Stop ``process`` by pid: SIGTERM, then SIGKILL after STOP_TIMEOUT."""
+    if process.poll() is None:
+        os.kill(process.pid, signal.SIGTERM)
+        try:
+            process.wait(STOP_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            os.kill(process.pid, signal.SIGKILL)
+            process.wait()
 
 
 def _wait_serving(daemon: Containerd) -> None:
@@ -253,14 +281,7 @@ def _wait_serving(daemon: Containerd) -> None:
 
 
 def _stop(daemon: Containerd) -> None:
-    process = daemon.process
-    if process.poll() is None:
-        os.kill(process.pid, signal.SIGTERM)
-        try:
-            process.wait(STOP_TIMEOUT)
-        except subprocess.TimeoutExpired:
-            os.kill(process.pid, signal.SIGKILL)
-            process.wait()
+    _end(daemon.process)
     # Shims still running (a pod a failed test did not remove) are ours, started under our private
     # runtime root: each is killed and then deleted as containerd deletes a dead shim, so its pause,
     # cgroups and netns go with it.
@@ -327,3 +348,98 @@ def sleeping_pod(containerd: Containerd, crictl: str, directory: str, image: str
     cid = containerd.crictl(crictl, "create", pod_id, container_json, pod_json).stdout.strip()
     assert containerd.crictl(crictl, "start", cid).returncode == 0
     return pod_id, cid
+
+
+@dataclass
+class SandboxerProcess:
+    """podshim-sandboxer (shim.containerd.proxy) serving containerd's proxy plugin ``PROXY_HANDLER``."""
+
+    containerd: Containerd
+    process: subprocess.Popen[bytes]
+    argv: list[str]
+    env: dict[str, str]
+
+    @property
+    def socket(self) -> str:
+        return sandboxer_socket(self.containerd.directory)
+
+    @property
+    def state_root(self) -> str:
+        return os.path.join(self.containerd.directory, "sandboxer")
+
+    def bundles(self) -> list[str]:
+        root = os.path.join(self.state_root, K8S_NAMESPACE)
+        return sorted(os.listdir(root)) if os.path.isdir(root) else []
+
+    def log(self) -> str:
+        with open(os.path.join(self.containerd.directory, "sandboxer.log"), errors="replace") as f:
+            return f.read()
+
+    def shims(self) -> list[int]:
+        """The shims of the runtime root (containerd.shims()), not the sandboxer, its template nor
+        the template's spare shim (forked ahead for the next pod: Ping says which)."""
+        from shim.api.names import TEMPLATE_SERVICE, TEMPLATE_SOCKET
+        from shim.rpc import blocking
+
+        others = {self.process.pid}
+        template = os.path.join(self.containerd.runtime_root, TEMPLATE_SOCKET)
+        if os.path.exists(template):
+            ping = blocking.call("unix://" + template, TEMPLATE_SERVICE, "Ping", timeout=10.0)
+            others.update((ping["pid"], ping["spare_pid"]))
+        return [pid for pid in self.containerd.shims() if pid not in others]
+
+    def kill_and_restart(self) -> None:
+        """SIGKILL the sandboxer (the shims live on), then start it again on the same roots."""
+        os.kill(self.process.pid, signal.SIGKILL)
+        self.process.wait()
+        self.process = _spawn(self.containerd.directory, self.argv, self.env, "sandboxer.log")
+        _wait_sandboxer(self)
+
+
+def _wait_sandboxer(sandboxer: SandboxerProcess) -> None:
+    from shim.rpc.blocking import can_connect
+
+    deadline = time.monotonic() + START_TIMEOUT
+    while not (os.path.exists(sandboxer.socket) and can_connect(sandboxer.socket)):
+        if sandboxer.process.poll() is not None:
+            raise AssertionError(f"podshim-sandboxer exited with {sandboxer.process.returncode}:\n"
+                                 f"{sandboxer.log()[-4000:]}")
+        if time.monotonic() > deadline:
+            raise AssertionError(f"podshim-sandboxer did not serve within {START_TIMEOUT} s:\n{sandboxer.log()[-4000:]}")
+        time.sleep(0.05)
+
+
+@contextlib.contextmanager
+def running_sandboxer(containerd: Containerd, *, use_template: bool = True) -> Iterator[SandboxerProcess]:
+    """podshim-sandboxer of this checkout for ``containerd`` (its proxy plugin's socket, its
+    runtime root, its ttrpc socket), its pods' bundles under containerd's directory. On leaving:
+    stopped by pid (SIGTERM, then SIGKILL), its shim template stopped, and any pod it left
+    deleted as ``delete`` does."""
+    directory = containerd.directory
+    argv = [sys.executable, "-m", "shim.containerd.proxy", "--listen", sandboxer_socket(directory),
+            "--state-root", os.path.join(directory, "sandboxer"), "--runtime-root", containerd.runtime_root,
+            "--containerd-address", os.path.join(directory, "c.sock.ttrpc"), "--debug"]
+    if not use_template:
+        argv.append("--no-template")
+    env = {**containerd.env, "PYTHONPATH": REPO}
+    env.pop("PODSHIM_TEMPLATE", None)
+    sandboxer = SandboxerProcess(containerd, _spawn(directory, argv, env, "sandboxer.log"), argv, env)
+    try:
+        _wait_sandboxer(sandboxer)
+        yield sandboxer
+    finally:
+        _stop_sandboxer(sandboxer)
+
+
+def _stop_sandboxer(sandboxer: SandboxerProcess) -> None:
+    _end(sandboxer.process)
+    from shim.lib.program import podshim_argv
+
+    subprocess.run([*podshim_argv(), "template", "--stop", "--runtime-root", sandboxer.containerd.runtime_root],
+                   capture_output=True, timeout=60, stdin=subprocess.DEVNULL, env=sandboxer.env)
+    for sandbox_id in sandboxer.bundles():  # pods a failed test left: what delete does, then the bundle
+        bundle = os.path.join(sandboxer.state_root, K8S_NAMESPACE, sandbox_id)
+        subprocess.run([sys.executable, "-c", "import sys; from shim.cleanup import delete_sandbox; "
+                        "delete_sandbox(*sys.argv[1:])", bundle, K8S_NAMESPACE, sandbox_id,
+                        sandboxer.containerd.runtime_root], capture_output=True, timeout=60,
+                       stdin=subprocess.DEVNULL, env=sandboxer.env)

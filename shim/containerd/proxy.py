@@ -1,0 +1,205 @@
+"""``podshim-sandboxer``: podshim's sandbox controller served to containerd as a proxy plugin,
+gRPC ``containerd.services.sandbox.v1.Controller`` on a Unix socket (grpc.aio, as podshimd).
+
+    podshim-sandboxer [--listen PATH] [--state-root DIR] [--runtime-root DIR]
+                      [--containerd-address TTRPC_SOCKET] [--pause-binary PATH] [--no-template] [--debug]
+
+containerd's config (docs/containerd.md)::
+
+    [proxy_plugins.podshim]
+      type = "sandbox"
+      address = "/run/podshim/sandboxer.sock"
+    [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.podshim]
+      runtime_type = "io.containerd.podshim.v1"
+      sandboxer = "podshim"
+
+Every call is the :class:`~shim.containerd.sandboxer.Sandboxer`'s; this module only decodes,
+reads containerd's namespace from the call's metadata, and turns what a handler raises into a
+gRPC status with a sentence (:func:`shim.rpc.dispatch.status_from_exception`, the shims' one
+mapping). SIGTERM and SIGINT stop it; the pods and their shims keep running, and a sandboxer
+started again answers for them. A bad flag is a sentence and exit status 2; a socket another
+sandboxer answers on, exit status 1.
+"""
+
+from __future__ import annotations
+
+import os
+
+# The sandboxer forks no gRPC user; gRPC's fork handlers would log at each shim it forks itself.
+os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
+
+import argparse
+import asyncio
+import functools
+import logging
+import signal
+import sys
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import grpc
+
+from shim import __version__
+from shim.api.names import (
+    DEFAULT_CONTAINERD_TTRPC_ADDRESS,
+    DEFAULT_RUNTIME_ROOT,
+    DEFAULT_SANDBOXER_SOCKET,
+    DEFAULT_SANDBOXER_STATE_ROOT,
+)
+from shim.containerd.api import load
+from shim.containerd.sandboxer import NAMESPACE_HEADER, Sandboxer, SandboxerConfig
+from shim.lib.files import ensure_private_dir
+from shim.lib.program import Failure
+from shim.rpc.blocking import can_connect
+from shim.rpc.dispatch import status_from_exception
+from shim.rpc.status import Code, InvalidArgument
+
+__all__ = ["NAME", "serve", "main", "run", "CONTROLLER_SERVICE"]
+
+log = logging.getLogger(__name__)
+
+NAME = "podshim-sandboxer"
+CONTROLLER_SERVICE = "containerd.services.sandbox.v1.Controller"
+#: Seconds calls in flight get when the sandboxer is stopped.
+SHUTDOWN_GRACE = 5.0
+_GRPC_CODES = {code.value[0]: code for code in grpc.StatusCode}
+
+Handler = Callable[[str, Any], Awaitable[Any]]
+
+
+def _namespace(context: grpc.aio.ServicerContext) -> str:
+    for key, value in context.invocation_metadata() or ():
+        if key == NAMESPACE_HEADER:
+            return str(value)
+    raise InvalidArgument(f"the call carries no containerd namespace (gRPC metadata {NAMESPACE_HEADER!r})")
+
+
+def _method(name: str, handler: Handler) -> Callable[[Any, grpc.aio.ServicerContext], Awaitable[Any]]:
+    """``handler(namespace, request)`` as a gRPC method: what it raises becomes the status."""
+    where = f"/{CONTROLLER_SERVICE}/{name}"
+
+    @functools.wraps(handler)
+    async def unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        try:
+            return await handler(_namespace(context), request)
+        except Exception as exc:
+            code, message, _ = status_from_exception(exc, where=where)
+        if code == Code.OK:  # an RpcError made with OK: a bug, said as one
+            code, message = Code.UNKNOWN, f"{where} failed with status OK: {message}"
+        log.debug("%s: %s %s", where, code.name, message)
+        await context.abort(_GRPC_CODES.get(int(code), grpc.StatusCode.UNKNOWN), message)
+
+    return unary
+
+
+def handlers(sandboxer: Sandboxer) -> grpc.GenericRpcHandler:
+    """The Controller service on ``sandboxer``: each of containerd's nine methods."""
+    pb2 = load("services.sandbox.v1.sandbox_pb2")
+    methods = {"Create": sandboxer.create, "Start": sandboxer.start, "Platform": sandboxer.platform,
+               "Stop": sandboxer.stop, "Wait": sandboxer.wait, "Status": sandboxer.status,
+               "Shutdown": sandboxer.shutdown, "Metrics": sandboxer.metrics, "Update": sandboxer.update}
+    service = pb2.DESCRIPTOR.services_by_name["Controller"]
+    if {m.name for m in service.methods} != set(methods):
+        raise Failure(f"{CONTROLLER_SERVICE} of the generated code has methods "
+                      f"{sorted(m.name for m in service.methods)}, not the nine podshim-sandboxer serves")
+    rpc = {}
+    for m in service.methods:
+        request_type = getattr(pb2, m.input_type.name)
+        rpc[m.name] = grpc.unary_unary_rpc_method_handler(
+            _method(m.name, methods[m.name]), request_deserializer=request_type.FromString,
+            response_serializer=lambda message: message.SerializeToString())
+    return grpc.method_handlers_generic_handler(CONTROLLER_SERVICE, rpc)
+
+
+def _take_socket(path: str) -> None:
+    """Make ``path``'s directory and remove a socket nobody answers on (a sandboxer that died);
+    Failure when another one serves there."""
+    if not os.path.isabs(path):
+        raise InvalidArgument(f"--listen {path!r} must be an absolute path")
+    ensure_private_dir(os.path.dirname(path), 0o700)
+    if os.path.exists(path):
+        if can_connect(path):
+            raise Failure(f"another process serves on {path}: one sandboxer per socket")
+        os.unlink(path)
+
+
+async def serve(config: SandboxerConfig, listen: str, *, stop: asyncio.Event | None = None) -> None:
+    """Serve containerd's Controller on the Unix socket ``listen`` until ``stop`` is set (or
+    SIGTERM/SIGINT when it is None); the socket is removed on the way out."""
+    sandboxer = Sandboxer(config)
+    _take_socket(listen)
+    os.makedirs(config.state_root, mode=0o711, exist_ok=True)
+    await sandboxer.open()
+    server = grpc.aio.server()
+    server.add_generic_rpc_handlers((handlers(sandboxer),))
+    server.add_insecure_port("unix://" + listen)
+    await server.start()
+    os.chmod(listen, 0o600)
+    log.info("%s %s serves containerd's sandbox controller on %s", NAME, __version__, listen)
+    if stop is None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(signum, stop.set)
+    try:
+        await stop.wait()
+    finally:
+        await server.stop(SHUTDOWN_GRACE)
+        await sandboxer.aclose()
+        try:
+            os.unlink(listen)
+        except FileNotFoundError:
+            pass
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=NAME, description="podshim's sandbox controller for containerd (a proxy "
+                                                       "plugin: gRPC containerd.services.sandbox.v1.Controller)")
+    p.add_argument("--version", action="version", version=f"{NAME} {__version__}")
+    p.add_argument("--listen", default=DEFAULT_SANDBOXER_SOCKET,
+                   help=f"the Unix socket containerd's proxy plugin names ({DEFAULT_SANDBOXER_SOCKET})")
+    p.add_argument("--state-root", default=DEFAULT_SANDBOXER_STATE_ROOT,
+                   help=f"the pods' bundles, <root>/<namespace>/<sandbox id> ({DEFAULT_SANDBOXER_STATE_ROOT})")
+    p.add_argument("--runtime-root", default=os.environ.get("PODSHIM_RUNTIME_ROOT", DEFAULT_RUNTIME_ROOT),
+                   help=f"podshim's runtime root: the shims' sockets ($PODSHIM_RUNTIME_ROOT or {DEFAULT_RUNTIME_ROOT})")
+    p.add_argument("--containerd-address", default=DEFAULT_CONTAINERD_TTRPC_ADDRESS,
+                   help=f"containerd's ttrpc socket, for the shims' events ({DEFAULT_CONTAINERD_TTRPC_ADDRESS})")
+    p.add_argument("--pause-binary", default=os.environ.get("PODSHIM_PAUSE_BINARY"),
+                   help="the pause program ($PODSHIM_PAUSE_BINARY; default: podshim's own)")
+    p.add_argument("--no-template", action="store_true",
+                   help="fork every shim in the sandboxer instead of asking the runtime root's shim template")
+    p.add_argument("--debug", action="store_true", help="log at debug level")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    from shim.lib.logs import setup_logging
+    from shim.lib.program import exit_status
+    from shim.rpc.channel import install_uvloop
+
+    args = _parser().parse_args(sys.argv[1:] if argv is None else argv)  # usage errors: exit 2
+
+    def body() -> int:
+        config = SandboxerConfig(state_root=os.path.normpath(args.state_root),
+                                 runtime_root=os.path.normpath(args.runtime_root),
+                                 containerd_address=args.containerd_address, pause_binary=args.pause_binary,
+                                 use_template=not args.no_template, debug=args.debug)
+        Sandboxer(config)  # (refuses a bad config before anything is made)
+        setup_logging(args.debug)
+        install_uvloop()
+        asyncio.run(serve(config, os.path.normpath(args.listen)))
+        return 0
+
+    return exit_status(NAME, body)
+
+
+def run() -> None:
+    """The ``podshim-sandboxer`` program (bin/podshim's launcher runs it)."""
+    from shim.lib.program import long_running
+
+    long_running()
+    sys.exit(main())
+
+
+if __name__ == "__main__":
+    run()
