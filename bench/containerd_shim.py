@@ -1,6 +1,9 @@
-"""containerd's CRI on podshim's shim (the ``podshim`` runtime handler, ``sandboxer = "shim"``) beside the
-same containerd with runc (the ``podsandbox`` sandboxer) and beside podshimd, through the real crictl,
-interleaved in one run; a Markdown table of medians.
+"""containerd's CRI on podshim's shim by its two routes, the ``podshim`` runtime handler
+(``sandboxer = "shim"``: containerd runs ``containerd-shim-podshim-v1 start`` and ``delete`` per pod) and
+the ``podshim-proxy`` one (``sandboxer = "podshim-proxy"``, a proxy plugin served by podshim-sandboxer: no
+command per pod), beside the same containerd with runc (the ``podsandbox`` sandboxer) and beside podshimd,
+through the real crictl, interleaved in one run; a Markdown table of medians, and each podshim route's
+speed-up over runc's past crictl's floor.
 
     python bench/containerd_shim.py [--cycles 20] [--pods 20] [--no-template]
 
@@ -9,8 +12,9 @@ registry with busybox and the catatonit pause image (tests/support/imagebuild.py
 .ci/pins.toml pins, started as the containerd tests start it, tests/support/ctrdtools.py, but at its default
 log level, info: its sandbox image that pause, runc's and podshim's handlers, podshim's command started as
 the installed one starts) with a shim template serving podshim's runtime root, so
-containerd's ``start`` asks it for each shim (the fast path; --no-template: each ``start`` forks the
-shim itself); podshimd (bench.common.bench_podshimd, its own template).
+containerd's ``start`` and podshim-sandboxer (ctrdtools.running_sandboxer, at log level info) ask it
+for each shim (the fast path; --no-template: each ``start``, and the sandboxer, fork the shim
+themselves); podshimd (bench.common.bench_podshimd, its own template).
 
 Figures, each runtime in turn in every round: (1) ``crictl runp → stopp → rmp``; (2) ``crictl runp``
 then ``create`` and ``start`` of one busybox container (the pod then stopped and removed, not timed);
@@ -55,7 +59,8 @@ class Runtime:
     cycles: list[float] = field(default_factory=list)
     starts: list[float] = field(default_factory=list)
     floors: list[float] = field(default_factory=list)
-    bundles: str = ""  # containerd's pod bundles of the shim sandboxer: the pause pid from podshim's state.json
+    bundles: str = ""  # the pods' bundles (containerd's shim sandboxer, or podshim-sandboxer's): their state.json
+    record: str = "podshim"  # podshim's own bundle in each, where its state.json is
     shim_pss: float = 0.0  # KiB, mean per pod
     pause_pss: float = 0.0
     shims: int = 0
@@ -102,10 +107,10 @@ class Runtime:
         self.floors.append(time.perf_counter() - t0)
 
     def pause_pid(self, pod: str) -> int:
-        """The pod's pid (its pause): containerd's CRI reports 0 for a pod of the shim sandboxer, whose
-        own record (podshim's state.json in containerd's bundle) has it."""
+        """The pod's pid (its pause): containerd's CRI reports 0 for a pod of another sandboxer than
+        its own, whose record (podshim's state.json in the pod's bundle) has it."""
         if self.bundles:
-            with open(os.path.join(self.bundles, pod, "podshim", "state.json")) as f:
+            with open(os.path.join(self.bundles, pod, self.record, "state.json")) as f:
                 return int(json.load(f)["pause"]["pid"])
         return int(json.loads(self.call("inspectp", "-o", "json", pod))["info"]["pid"])
 
@@ -125,7 +130,7 @@ class Runtime:
 
 def inside(args: argparse.Namespace) -> int:
     from support.critools import cri_tool
-    from support.ctrdtools import containerd_version, running_containerd
+    from support.ctrdtools import PROXY_HANDLER, containerd_version, running_containerd, running_sandboxer
     from support.imagebuild import TestImages, catatonit_pause_image
     from support.registry import running_registry
 
@@ -151,11 +156,15 @@ def inside(args: argparse.Namespace) -> int:
                     template = start_template(containerd.runtime_root)
                     janitor.add("stop containerd's shim template", stop_template, containerd.runtime_root)
                 psd_directory = podshimd_directory(janitor)
-                with bench_podshimd(psd_directory, crictl, janitor.failures, image=busybox) as daemon:
+                with running_sandboxer(containerd, use_template=not args.no_template, debug=False) as sandboxer, \
+                        bench_podshimd(psd_directory, crictl, janitor.failures, image=busybox) as daemon:
                     version = containerd_version()
                     bundles = os.path.join(containerd.state, "io.containerd.sandbox.controller.v1.shim", "k8s.io")
                     runtimes = [Runtime(f"containerd {version}, podshim handler", containerd.endpoint,
                                         ("--runtime", "podshim"), crictl, directory, bundles=bundles),
+                                Runtime(f"containerd {version}, podshim-proxy handler (podshim-sandboxer)",
+                                        containerd.endpoint, ("--runtime", PROXY_HANDLER), crictl, directory,
+                                        bundles=os.path.join(sandboxer.state_root, "k8s.io"), record=""),
                                 Runtime(f"containerd {version}, runc", containerd.endpoint, (), crictl, directory),
                                 Runtime("podshimd", daemon.endpoint, (), crictl, psd_directory)]
                     runtimes[0].call("pull", busybox.ref)
@@ -226,10 +235,22 @@ def report(args: argparse.Namespace, runtimes: list[Runtime], template_pss: floa
         out.append(f"| {rt.name} | {ms(cycle)} ms ({ms(percentile(rt.cycles, 90))}) | {ms(cycle - floor)} ms "
                    f"| {ms(start)} ms ({ms(percentile(rt.starts, 90))}) | {ms(start - floor)} ms | {ms(floor)} ms "
                    f"| {rt.shim_pss / 1024:.2f} MiB ({rt.shims} shims) | {rt.pause_pss / 1024:.2f} MiB |")
+    runc = next((rt for rt in runtimes if rt.name.endswith(", runc") and rt.cycles), None)
+    if runc is not None:
+        out += ["", "runc's time past the floor ÷ each podshim route's (medians; the goal is 2x or more):", ""]
+        for rt in runtimes:
+            if "podshim" in rt.name and "handler" in rt.name and rt.cycles:
+                out.append(f"- {rt.name}: runp→stopp→rmp {_past(runc.cycles, runc.floors) / _past(rt.cycles, rt.floors):.2f}x,"
+                           f" runp + container start {_past(runc.starts, runc.floors) / _past(rt.starts, rt.floors):.2f}x")
     if template_pss:
         out += ["", f"containerd's podshim shims forked by a shim template of its runtime root, whose own PSS "
                     f"(template and spare shim, fixed) is {template_pss / 1024:.1f} MiB."]
     return out
+
+
+def _past(times: list[float], floors: list[float]) -> float:
+    """Median time past the median floor; never below a millisecond (a ratio's denominator)."""
+    return max(0.001, statistics.median(times) - statistics.median(floors))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -81,7 +81,7 @@ def test_the_installed_commands_run_after_the_checkout_is_deleted(venv, tmp_path
     # A second run changes nothing, from a terminal of another width too (the manual page is made anew).
     assert install(checkout, venv, str(bin_dir), columns=200) == ""
     shutil.rmtree(checkout)
-    for name in ("podshim", "podshimctl", "podshimd"):
+    for name in ("podshim", "podshimctl", "podshimd", "podshim-sandboxer"):
         done = run(str(bin_dir / name), "--help")
         assert (done.returncode, done.stderr) == (0, ""), name
         assert done.stdout.startswith(f"usage: {name} ")
@@ -102,7 +102,7 @@ def test_an_editable_install_whose_checkout_is_gone_says_so(venv, tmp_path):
     install(checkout, venv, str(bin_dir), "--editable")
     assert run(str(bin_dir / "podshimctl"), "--help").returncode == 0
     shutil.rmtree(checkout)
-    for name in ("podshim", "podshimctl", "podshimd", "containerd-shim-podshim-v1"):
+    for name in ("podshim", "podshimctl", "podshimd", "containerd-shim-podshim-v1", "podshim-sandboxer"):
         done = run(str(bin_dir / name), "--help")
         assert (done.returncode, done.stdout) == (1, ""), name
         assert done.stderr == (f"{name}: the checkout {checkout} that {venv} was installed from (an editable "

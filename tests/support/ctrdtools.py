@@ -410,7 +410,8 @@ def _wait_sandboxer(sandboxer: SandboxerProcess) -> None:
 
 
 @contextlib.contextmanager
-def running_sandboxer(containerd: Containerd, *, use_template: bool = True) -> Iterator[SandboxerProcess]:
+def running_sandboxer(containerd: Containerd, *, use_template: bool = True, debug: bool = True
+                      ) -> Iterator[SandboxerProcess]:
     """podshim-sandboxer of this checkout for ``containerd`` (its proxy plugin's socket, its
     runtime root, its ttrpc socket), its pods' bundles under containerd's directory. On leaving:
     stopped by pid (SIGTERM, then SIGKILL), its shim template stopped, and any pod it left
@@ -418,7 +419,7 @@ def running_sandboxer(containerd: Containerd, *, use_template: bool = True) -> I
     directory = containerd.directory
     argv = [sys.executable, "-m", "shim.containerd.proxy", "--listen", sandboxer_socket(directory),
             "--state-root", os.path.join(directory, "sandboxer"), "--runtime-root", containerd.runtime_root,
-            "--containerd-address", os.path.join(directory, "c.sock.ttrpc"), "--debug"]
+            "--containerd-address", os.path.join(directory, "c.sock.ttrpc")] + (["--debug"] if debug else [])
     if not use_template:
         argv.append("--no-template")
     env = {**containerd.env, "PYTHONPATH": REPO}
