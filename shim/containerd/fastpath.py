@@ -42,7 +42,7 @@ from shim.api.names import (
 )
 from shim.containerd.bootstrap import bootstrap_params, bootstrap_result, delete_response
 
-__all__ = ["start", "delete"]
+__all__ = ["start", "delete", "delete_clean"]
 
 #: A state.json larger than this is not one a clean shutdown leaves.
 MAX_STATE_BYTES = 1 << 16
@@ -171,6 +171,13 @@ def delete(namespace: str, sandbox_id: str, bundle: str) -> bytes | None:
     """The DeleteResponse of the sandbox whose podshim bundle is ``bundle``, after a clean
     ShutdownSandbox, once its shim is gone and its socket removed; None when the record is not
     that of a clean shutdown (or cannot be read)."""
+    ended = delete_clean(namespace, sandbox_id, bundle)
+    return None if ended is None else delete_response(*ended)
+
+
+def delete_clean(namespace: str, sandbox_id: str, bundle: str) -> tuple[int, int, int] | None:
+    """:func:`delete`'s work: the pause's ``(pid, exit status, exited at)`` once the shim is gone
+    and its socket removed; None when the record is not that of a clean shutdown."""
     try:
         lock = os.open(os.path.join(bundle, DELETE_LOCK_FILE), os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_CREAT,
                        0o600)
@@ -191,7 +198,7 @@ def delete(namespace: str, sandbox_id: str, bundle: str) -> bytes | None:
             pass
         # What podshim delete leaves, so a delete after this one reports the same exit.
         _write(path, text.replace('"state": "shutdown"', '"state": "deleted"', 1))
-        return delete_response(pid, exit_status, exited_at)
+        return pid, exit_status, exited_at
     except (OSError, ValueError):
         return None
     finally:

@@ -34,6 +34,7 @@ import functools
 import logging
 import signal
 import sys
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -80,8 +81,11 @@ def _method(name: str, handler: Handler) -> Callable[[Any, grpc.aio.ServicerCont
 
     @functools.wraps(handler)
     async def unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        started = time.perf_counter()
         try:
-            return await handler(_namespace(context), request)
+            answer = await handler(_namespace(context), request)
+            log.debug("%s %s: %.1f ms", where, request.sandbox_id, (time.perf_counter() - started) * 1000)
+            return answer
         except Exception as exc:
             code, message, _ = status_from_exception(exc, where=where)
         if code == Code.OK:  # an RpcError made with OK: a bug, said as one

@@ -147,9 +147,19 @@ class Sandboxer:
         ours = self.bundle(namespace, sandbox_id)
         if not os.path.exists(os.path.join(ours, "state.json")):  # the shim never wrote its record
             return {"pid": 0, "exit_status": UNKNOWN_EXIT_STATUS, "exited_at": time.time_ns()}
+        return await asyncio.to_thread(self._delete, ours, namespace, sandbox_id)
+
+    def _delete(self, bundle: str, namespace: str, sandbox_id: str) -> dict[str, int]:
+        # After a clean ShutdownSandbox (the common case) delete's fast path does it all, as for
+        # the shim route's `delete`; anything else takes the full path.
+        from shim.containerd.fastpath import delete_clean
+
+        ended = delete_clean(namespace, sandbox_id, bundle)
+        if ended is not None:
+            return dict(zip(("pid", "exit_status", "exited_at"), ended, strict=True))
         from shim.cleanup import delete_sandbox
 
-        return await asyncio.to_thread(delete_sandbox, ours, namespace, sandbox_id, self.config.runtime_root)
+        return delete_sandbox(bundle, namespace, sandbox_id, self.config.runtime_root)
 
     # -- the template ---------------------------------------------------------------------------
 
