@@ -20,8 +20,7 @@ Figures, each runtime in turn in every round: (1) ``crictl runp → stopp → rm
 then ``create`` and ``start`` of one busybox container (the pod then stopped and removed, not timed);
 the floor: three ``crictl version`` calls. (3) Idle memory: --pods pods up on one runtime at a time
 (``crictl runp``), 1 s settle, then the PSS (/proc/PID/smaps_rollup) of each pod's shim (the parent
-of the pod's pid, its pause) and of its pause, mean per pod; the shim template's own PSS (fixed, not
-per pod) beside it.
+of the pod's pid, its pause) and of its pause, mean per pod; the shim template's and podshim-sandboxer's own PSS (fixed, not per pod) beside it.
 """
 
 from __future__ import annotations
@@ -138,7 +137,7 @@ def inside(args: argparse.Namespace) -> int:
     janitor = Janitor()
     janitor.install()
     runtimes: list[Runtime] = []
-    template_pss = 0.0
+    template_pss = sandboxer_pss = 0.0
     try:
         workdir = tempfile.mkdtemp(prefix="ctrdb-", dir="/tmp")  # short: containerd's socket path must fit
         janitor.add("remove the work directory", shutil.rmtree, workdir, True)
@@ -189,9 +188,10 @@ def inside(args: argparse.Namespace) -> int:
                         rt.idle_memory(args.pods)
                     if template:
                         template_pss = template_memory(template, containerd.runtime_root).pss
+                    sandboxer_pss = memory(sandboxer.process.pid).pss
     finally:
         janitor.run()
-    print("\n".join(report(args, runtimes, template_pss)))
+    print("\n".join(report(args, runtimes, template_pss, sandboxer_pss)))
     if janitor.failures:
         print("Cleanup problems: " + "; ".join(janitor.failures))
     return 0 if runtimes and not janitor.failures else 1
@@ -216,7 +216,8 @@ def ms(seconds: float) -> str:
     return f"{seconds * 1000:.0f}"
 
 
-def report(args: argparse.Namespace, runtimes: list[Runtime], template_pss: float) -> list[str]:
+def report(args: argparse.Namespace, runtimes: list[Runtime], template_pss: float, sandboxer_pss: float
+           ) -> list[str]:
     date = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
     load = ", ".join(f"{v:.1f}" for v in os.getloadavg())
     commit = subprocess.run(["git", "-C", REPO, "rev-parse", "--short", "HEAD"], capture_output=True,
@@ -245,6 +246,9 @@ def report(args: argparse.Namespace, runtimes: list[Runtime], template_pss: floa
     if template_pss:
         out += ["", f"containerd's podshim shims forked by a shim template of its runtime root, whose own PSS "
                     f"(template and spare shim, fixed) is {template_pss / 1024:.1f} MiB."]
+    if sandboxer_pss:
+        out += ["", f"podshim-sandboxer's own PSS (fixed, not per pod), after the idle pods: "
+                    f"{sandboxer_pss / 1024:.1f} MiB."]
     return out
 
 

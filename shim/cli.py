@@ -91,6 +91,9 @@ def _parser(only: str | None = None) -> argparse.ArgumentParser:
         if name == "start":
             sp.add_argument("--no-template", action="store_true",
                             help="do not ask a running template; always fork this process")
+            sp.add_argument("--containerd-address", metavar="TTRPC_SOCKET",
+                            help="containerd's ttrpc socket: the shim serves containerd's Sandbox and Task v3 "
+                                 "services too and publishes its events there (podshim-sandboxer)")
     if only not in (None, "template"):
         return p
     text = "run a shim template: a preloaded process that forks shims on request (see `start`)"
@@ -120,6 +123,7 @@ def _config(args: argparse.Namespace) -> ShimConfig:
         socket_path=socket_path(args.namespace, args.sandbox_id, args.runtime_root),
         runtime_root=args.runtime_root,
         pause_binary=args.pause_binary,
+        containerd_address=getattr(args, "containerd_address", None),
     )
 
 

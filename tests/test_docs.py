@@ -103,10 +103,13 @@ def parsers() -> dict[str, argparse.ArgumentParser]:
     from client.cli.main import _top_parser
     from client.podshimd.__main__ import _parser as podshimd_parser
 
-    return {"podshimd": podshimd_parser(), "podshimctl": _top_parser(), "podshim": podshim_parser()}
+    from shim.containerd.proxy import _parser as sandboxer_parser
+
+    return {"podshimd": podshimd_parser(), "podshimctl": _top_parser(), "podshim": podshim_parser(),
+            "podshim-sandboxer": sandboxer_parser()}
 
 
-@pytest.mark.parametrize("program", ["podshimd", "podshimctl", "podshim"])
+@pytest.mark.parametrize("program", ["podshimd", "podshimctl", "podshim", "podshim-sandboxer"])
 def test_every_flag_is_on_the_page(program):
     text = page()
     section = text.split(f"\n### {program}\n", 1)[1].split("\n## ", 1)[0].split("\n### ", 1)[0]

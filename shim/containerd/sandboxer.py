@@ -8,7 +8,8 @@ sends every pod's Controller calls here (:mod:`shim.containerd.proxy` serves the
 each pod a :class:`Sandboxer`:
 
 - Create: makes the pod's bundle ``STATE_ROOT/<namespace>/<sandbox id>``, has the shim forked by
-  the runtime root's template (or forks it itself: :func:`shim.cli.start_shim`, as ``start`` does),
+  the runtime root's template (else started by ``podshim start``: never forked by the sandboxer,
+  whose gRPC threads make a fork unsafe),
   then calls the shim's ``containerd.runtime.sandbox.v1.Sandbox/CreateSandbox`` with containerd's
   request (the PodSandboxConfig, the netns): the shim holds every rule (shim.containerd.services);
 - Start: StartSandbox, and answers with the shim's ``ttrpc+unix://`` address and version 3, so
@@ -40,13 +41,21 @@ from google.protobuf.message import Message
 
 from shim.api.defaults import TEMPLATE_SPAWN_TIMEOUT
 from shim.api.identifiers import validate_identifier
-from shim.api.names import TEMPLATE_SERVICE, UNKNOWN_EXIT_STATUS
+from shim.api.names import TEMPLATE_SERVICE, TEMPLATE_SOCKET, UNKNOWN_EXIT_STATUS
 from shim.api.paths import socket_address, socket_path
 from shim.containerd.api import load
 from shim.containerd.services import NOT_READY, SANDBOX_SERVICE, timestamp
 from shim.rpc.client import Client
 from shim.rpc.codecs import PROTOBUF
-from shim.rpc.status import AlreadyExists, InvalidArgument, NotFound, Unavailable, Unimplemented
+from shim.rpc.status import (
+    AlreadyExists,
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+    RpcError,
+    Unavailable,
+    Unimplemented,
+)
 
 __all__ = ["Sandboxer", "SandboxerConfig", "TASK_API_VERSION", "controller_pb2"]
 
@@ -58,6 +67,9 @@ sandbox_pb2 = load("runtime.sandbox.v1.sandbox_pb2")
 TASK_API_VERSION = 3
 #: Seconds to connect to a pod's shim: a live shim accepts at once.
 SHIM_CONNECT_TIMEOUT = 5.0
+#: Seconds a helper command (``podshim template --detach``, ``podshim start``) may take: a shim's
+#: start (shim.launch.spawn.START_TIMEOUT, 8 s) and a Python start-up, with a margin.
+HELPER_TIMEOUT = 15.0
 #: The gRPC metadata containerd puts its namespace in (pkg/namespaces/grpc.go: GRPCHeader).
 NAMESPACE_HEADER = "containerd-namespace"
 
@@ -161,38 +173,91 @@ class Sandboxer:
 
         return delete_sandbox(bundle, namespace, sandbox_id, self.config.runtime_root)
 
-    # -- the template ---------------------------------------------------------------------------
+    # -- the shims ------------------------------------------------------------------------------
 
     async def open(self) -> None:
         """Make sure a shim template serves the runtime root (``podshim template --detach``) and
         hold a connection to it, so that it stays while the sandboxer runs; without one, each
-        shim is forked by the sandboxer (logged). Never raises."""
-        if not self.config.use_template:
-            return
-        from shim.lib.program import podshim_argv
+        shim is started by ``podshim start`` (logged). Never raises."""
+        if self.config.use_template:
+            await self._ensure_template()
 
-        argv = [*podshim_argv(), "template", "--detach", "--runtime-root", self.config.runtime_root]
+    async def _ensure_template(self) -> bool:
+        """Start the runtime root's template unless one runs, and become its user (a Ping: it
+        stays while we run); False, logged, when none can be had."""
+        if self._template is not None:
+            await self._template.aclose()
+            self._template = None
+        argv = self._podshim("template", "--detach", "--runtime-root", self.config.runtime_root)
         if self.config.pause_binary:
             argv += ["--pause-binary", self.config.pause_binary]
+        try:
+            await self._run(argv, "template --detach")
+            template = await Client.connect(self._template_address(), timeout=SHIM_CONNECT_TIMEOUT)
+            await template.call(TEMPLATE_SERVICE, "Ping", {}, timeout=SHIM_CONNECT_TIMEOUT)
+        except RpcError as exc:
+            log.warning("no shim template for %s (%s): each pod's shim is started by podshim start instead",
+                        self.config.runtime_root, exc.message)
+            return False
+        self._template = template
+        return True
+
+    def _template_address(self) -> str:
+        return socket_address(os.path.join(self.config.runtime_root, TEMPLATE_SOCKET))
+
+    def _podshim(self, *args: str) -> list[str]:
+        from shim.lib.program import podshim_argv
+
+        return [*podshim_argv(), *args]
+
+    async def _run(self, argv: list[str], what: str) -> None:
+        """Run a podshim helper command to its end; Unavailable with its stderr when it fails.
+        Never forked from this process as it is: a gRPC server's threads make fork unsafe."""
         try:
             process = await asyncio.create_subprocess_exec(*argv, stdin=asyncio.subprocess.DEVNULL,
                                                            stdout=asyncio.subprocess.DEVNULL,
                                                            stderr=asyncio.subprocess.PIPE, start_new_session=True)
-            _, stderr = await asyncio.wait_for(process.communicate(), TEMPLATE_SPAWN_TIMEOUT * 3)
-            if process.returncode:
-                raise OSError(f"exit status {process.returncode}: {stderr.decode(errors='replace').strip()[-500:]}")
-            from shim.api.names import TEMPLATE_SOCKET
+        except OSError as exc:
+            raise Unavailable(f"cannot run podshim {what}: {exc.strerror or exc}") from None
+        try:
+            # Shielded: a helper cut short between its fork and the shim's first record would leave
+            # a shim nothing records.
+            _, stderr = await asyncio.shield(asyncio.wait_for(process.communicate(), HELPER_TIMEOUT))
+        except TimeoutError:
+            process.kill()
+            await process.wait()
+            raise Unavailable(f"podshim {what} did not finish within {HELPER_TIMEOUT:.0f} s") from None
+        if process.returncode:
+            said = stderr.decode(errors="replace").strip()[-1000:]
+            raise Unavailable(f"podshim {what} failed with exit status {process.returncode}: {said}")
 
-            template = await Client.connect(socket_address(os.path.join(self.config.runtime_root, TEMPLATE_SOCKET)),
-                                            timeout=SHIM_CONNECT_TIMEOUT)
-            await template.call(TEMPLATE_SERVICE, "Ping", {}, timeout=SHIM_CONNECT_TIMEOUT)
-            self._template = template
-        except (OSError, TimeoutError, Unavailable) as exc:
-            log.warning("no shim template for %s (%s): each pod's shim is forked by the sandboxer instead",
-                        self.config.runtime_root, exc)
-        except Exception as exc:  # an RpcError of the template's: the same fallback, said
-            log.warning("the shim template of %s refused a Ping (%s): pods' shims are forked by the sandboxer",
-                        self.config.runtime_root, exc)
+    async def _spawn(self, namespace: str, sandbox_id: str, bundle: str) -> None:
+        """The pod's shim, serving containerd's services: forked by the template (started again
+        once if it is gone or leaving), else started by ``podshim start``."""
+        payload: dict[str, Any] = {"namespace": namespace, "sandbox_id": sandbox_id, "bundle": bundle,
+                                   "runtime_root": self.config.runtime_root, "debug": self.config.debug,
+                                   "containerd_address": self.config.containerd_address}
+        if self.config.pause_binary:
+            payload["pause_binary"] = self.config.pause_binary
+        for attempt in range(2 if self.config.use_template else 0):
+            try:
+                async with await Client.connect(self._template_address(), timeout=SHIM_CONNECT_TIMEOUT) as template:
+                    # Shielded: a Spawn cut short could leave a shim nothing records.
+                    await asyncio.shield(template.call(TEMPLATE_SERVICE, "Spawn", payload,
+                                                       timeout=TEMPLATE_SPAWN_TIMEOUT))
+                return
+            except (Unavailable, FailedPrecondition) as exc:  # none there, or it is leaving (code out of date)
+                log.info("the shim template did not spawn %s/%s (%s)", namespace, sandbox_id, exc.message)
+                if attempt or not await self._ensure_template():
+                    break
+        argv = self._podshim("start", "--namespace", namespace, "--id", sandbox_id, "--bundle", bundle,
+                             "--runtime-root", self.config.runtime_root, "--no-template",
+                             "--containerd-address", self.config.containerd_address)
+        if self.config.pause_binary:
+            argv += ["--pause-binary", self.config.pause_binary]
+        if self.config.debug:
+            argv.append("--debug")
+        await self._run(argv, f"start for {namespace}/{sandbox_id}")
 
     async def aclose(self) -> None:
         for key in list(self._clients):
@@ -223,18 +288,6 @@ class Sandboxer:
                 await asyncio.shield(self._remove(namespace, r.sandbox_id))
                 raise
         return controller_pb2.ControllerCreateResponse(sandbox_id=r.sandbox_id)
-
-    async def _spawn(self, namespace: str, sandbox_id: str, bundle: str) -> None:
-        from shim.cli import start_shim
-        from shim.sandbox.config import ShimConfig
-
-        config = ShimConfig(namespace=namespace, sandbox_id=sandbox_id, bundle=bundle,
-                            socket_path=socket_path(namespace, sandbox_id, self.config.runtime_root),
-                            runtime_root=self.config.runtime_root, pause_binary=self.config.pause_binary,
-                            containerd_address=self.config.containerd_address)
-        # start_shim blocks (a template's Spawn, or a fork and the shim's first word): off the loop.
-        await asyncio.to_thread(start_shim, config, debug=self.config.debug,
-                                no_template=not self.config.use_template)
 
     async def start(self, namespace: str, r: Any) -> Message:
         started = await self._call(namespace, r.sandbox_id, "StartSandbox",
