@@ -16,6 +16,12 @@ iptables rules there. A runner made with ``plugin_netns=PATH`` runs every plugin
 the caller. This is the isolation mechanism the tests use: they make a throw-away "outer"
 netns, and the node's own interfaces, routes and firewall are never touched. Without it the
 plugins run in the caller's network namespace, which is what a real node wants.
+
+**Loopback.** A runner made with ``loopback=True`` (the default, as libcni's users do) brings the
+pod's ``lo`` up itself: the loopback plugin runs beside the chain at ADD, DEL and CHECK. The pod
+layer makes its runner with ``loopback=False``: its pods' network namespaces are made by their
+shims with ``lo`` already up (:func:`shim.kernel.netns.create_netns`), so the plugin would only
+cost a process per pod and operation.
 """
 
 from __future__ import annotations
@@ -306,11 +312,13 @@ class CniRunner:
     ``conf_dir`` is read at every call, so a configuration dropped in later takes effect for
     the next pod (as containerd's conf syncer does). ``bin_dirs`` is searched in order and
     passed as CNI_PATH. ``timeout`` bounds each plugin invocation. ``plugin_netns`` is the path
-    of the network namespace the plugins run in (default: the caller's own).
+    of the network namespace the plugins run in (default: the caller's own). ``loopback``: the
+    runner brings ``lo`` up with the loopback plugin (False: the namespaces it is given have
+    ``lo`` up already; see the module docstring).
     """
 
     def __init__(self, conf_dir: str = DEFAULT_CONF_DIR, bin_dirs: Sequence[str] = DEFAULT_BIN_DIRS, *,
-                 timeout: float = PLUGIN_TIMEOUT, plugin_netns: str | None = None):
+                 timeout: float = PLUGIN_TIMEOUT, plugin_netns: str | None = None, loopback: bool = True):
         if not bin_dirs:
             raise ValueError("bin_dirs must not be empty")
         if timeout <= 0:
@@ -319,6 +327,7 @@ class CniRunner:
         self.bin_dirs = tuple(bin_dirs)
         self.timeout = timeout
         self.plugin_netns = plugin_netns
+        self.loopback = loopback
         self._nsenter = None
         if plugin_netns is not None:
             self._nsenter = shutil.which("nsenter", path=PLUGIN_PATH)
@@ -332,7 +341,8 @@ class CniRunner:
     async def add(self, container_id: str, netns_path: str, ifname: str = "eth0", *,
                   args: Mapping[str, str] | None = None,
                   runtime_config: Mapping[str, Any] | None = None) -> CniResult:
-        """Bring up ``lo`` in the pod's netns and ADD the network to it as ``ifname`` (the two at once).
+        """Bring up ``lo`` in the pod's netns (when the runner does: ``loopback``) and ADD the
+        network to it as ``ifname`` (the two at once).
 
         Returns the chain's result (empty when there is no configuration: loopback only). On any
         failure, including cancellation, DEL runs for every plugin that was started, in reverse,
@@ -349,6 +359,8 @@ class CniRunner:
         prev: dict[str, Any] | None = None
 
         async def loopback() -> None:
+            if not self.loopback:
+                return
             started.append((_LOOPBACK, 0, LOOPBACK_IFNAME))
             await self._exec(_LOOPBACK, 0, "ADD", container_id, netns_path, LOOPBACK_IFNAME, None, args)
 
@@ -385,7 +397,8 @@ class CniRunner:
                      prev_result: CniResult | dict[str, Any] | None = None, *,
                      args: Mapping[str, str] | None = None,
                      runtime_config: Mapping[str, Any] | None = None) -> None:
-        """DEL the network (plugins in reverse order) and, beside it, loopback. Idempotent.
+        """DEL the network (plugins in reverse order) and, beside it, loopback (when the runner
+        brings ``lo`` up). Idempotent.
 
         A netns that is gone is fine: its path is passed anyway and the plugins treat it as
         already torn down (IPAM still frees the address). A path that is left but no longer a
@@ -413,7 +426,8 @@ class CniRunner:
         # Loopback runs beside the chain (separate networks); neither stops the other.
         async with anyio.create_task_group() as tg:
             tg.start_soon(run, chain, chain_errors)
-            tg.start_soon(run, [(_LOOPBACK, 0, LOOPBACK_IFNAME)], loopback_errors)
+            if self.loopback:
+                tg.start_soon(run, [(_LOOPBACK, 0, LOOPBACK_IFNAME)], loopback_errors)
         failures = chain_errors + loopback_errors
         for exc in failures[1:]:
             log.warning("CNI DEL for %s: %s", container_id, exc)
@@ -424,7 +438,8 @@ class CniRunner:
                     prev_result: CniResult | dict[str, Any] | None = None, *,
                     args: Mapping[str, str] | None = None,
                     runtime_config: Mapping[str, Any] | None = None) -> None:
-        """CHECK that the network is as ADD left it (loopback, then each plugin in order).
+        """CHECK that the network is as ADD left it (loopback when the runner brings ``lo`` up,
+        then each plugin in order).
 
         ``prev_result`` is the ADD result. Does nothing when there is no configuration or it
         says ``disableCheck``. Raises FailedPrecondition if the configuration's cniVersion is
@@ -432,7 +447,8 @@ class CniRunner:
         """
         _check_call(container_id, ifname, netns_path)
         config = self.config()
-        await self._exec(_LOOPBACK, 0, "CHECK", container_id, netns_path, LOOPBACK_IFNAME, None, args)
+        if self.loopback:
+            await self._exec(_LOOPBACK, 0, "CHECK", container_id, netns_path, LOOPBACK_IFNAME, None, args)
         if config is None or config.disable_check:
             return
         if _version_tuple(config.cni_version) < (0, 4, 0):

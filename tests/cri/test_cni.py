@@ -379,6 +379,20 @@ async def test_without_config_only_loopback_runs(tmp_path, fake):
     assert fake.calls() == ["ADD loopback lo", "DEL loopback lo"]
 
 
+async def test_a_runner_without_loopback_runs_the_chain_alone(tmp_path, fake):
+    fake.add("first")
+    write_conf(tmp_path / "conf", conflist("first"))
+    runner = CniRunner(str(tmp_path / "conf"), [str(fake.bin)], loopback=False)
+    added = await runner.add("pod1", "/run/netns/fake")
+    await runner.check("pod1", "/run/netns/fake", "eth0", added)
+    await runner.delete("pod1", "/run/netns/fake", "eth0", added)
+    assert fake.calls() == ["ADD first eth0", "CHECK first eth0", "DEL first eth0"]
+    bare = CniRunner(str(tmp_path / "absent"), [str(fake.bin)], loopback=False)
+    assert await bare.add("pod1", "/run/netns/fake") == CniResult()
+    await bare.delete("pod1", "/run/netns/fake")
+    assert fake.calls() == ["ADD first eth0", "CHECK first eth0", "DEL first eth0"]
+
+
 async def test_delete_calls_every_plugin_even_if_one_fails(tmp_path, fake):
     fake.add("first")
     fake.add("grumpy", """[ "$CNI_COMMAND" = DEL ] && { printf '{"code": 5, "msg": "io"}'; exit 1; }; exit 0""")

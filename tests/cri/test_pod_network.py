@@ -1,4 +1,4 @@
-"""Pod networking through the real bridge + host-local + loopback plugins.
+"""Pod networking through the real bridge + host-local plugins (lo is the shim's: no loopback plugin).
 
 The plugins run inside a throwaway "outer" network namespace this test makes (the runner's
 ``plugin_netns``), so the bridge, its veths and ip_forward live there and never on the
@@ -92,6 +92,30 @@ async def test_two_pods_get_distinct_ips_reach_each_other_and_leave_nothing(root
     leases = {p.name for p in (network["data_dir"] / "podshim-test").iterdir()}
     assert not leases & {ip_a, ip_b}, f"IPAM still holds {leases}"
     assert [p for p in netns_paths if os.path.exists(p)] == []
+
+
+async def test_a_pods_lo_is_up_without_the_loopback_plugin(roots, network, tmp_path):
+    root, runtime_root = roots
+    bin_dir = tmp_path / "bin"  # bridge and host-local only: a loopback plugin run would fail the pod
+    bin_dir.mkdir()
+    for plugin in ("bridge", "host-local"):
+        (bin_dir / plugin).symlink_to(f"{PLUGINS}/{plugin}")
+    async with open_pod_service(root, runtime_root, cni_conf_dir=network["conf_dir"], cni_bin_dirs=(str(bin_dir),),
+                                cni_plugin_netns=network["outer_path"]) as pods:
+        pod = await pods.run_pod_sandbox(pod_config())
+        try:
+            status = await pods.pod_sandbox_status(pod, verbose=True)
+            assert status["info"]["cni_check"] == "ok"
+            netns = ["nsenter", f"--net={status['info']['netns_path']}"]
+            lo = subprocess.run([*netns, "ip", "-o", "link", "show", "lo"], check=True, capture_output=True,
+                                text=True).stdout
+            assert "LOOPBACK,UP" in lo, lo
+            ping = subprocess.run([*netns, "ping", "-c", "1", "-W", "2", "127.0.0.1"], capture_output=True, text=True)
+            assert ping.returncode == 0, ping.stdout + ping.stderr
+        finally:
+            await pods.stop_pod_sandbox(pod)
+            await pods.remove_pod_sandbox(pod)
+        assert pods.store.list() == []
 
 
 async def test_a_failed_add_rolls_the_pod_back(roots, network, tmp_path):

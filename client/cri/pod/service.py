@@ -78,7 +78,8 @@ async def open_pod_service(root: str = "/var/lib/podshim", runtime_root: str = "
     # there would take every pod's default logs elsewhere.
     ensure_private_dir(os.path.join(root, "logs"), 0o755, keep_mode=True)
     store = PodStore(root)
-    cni = CniRunner(cni_conf_dir, cni_bin_dirs, plugin_netns=cni_plugin_netns)
+    # No loopback plugin: every pod's netns is its shim's, made with lo up (shim.kernel.netns).
+    cni = CniRunner(cni_conf_dir, cni_bin_dirs, plugin_netns=cni_plugin_netns, loopback=False)
     async with Controller(state_root=bundle_root, runtime_root=runtime_root,
                           spawner=spawner, template=template) as controller:
         service = PodService(controller, store, cni=cni, namespace=namespace, log_root=os.path.join(root, "logs"),
