@@ -13,7 +13,9 @@ all. :func:`apply` makes a rule set the rules of a cgroup in every hierarchy tha
   whose rules are not its pod's) is judged by its own, one that attaches none by its parent's;
   programs attached above with BPF_F_ALLOW_MULTI (systemd's) still apply. "Every device" attaches
   nothing. On a hybrid machine the kernel asks both: the program of the process's v2 cgroup, then
-  the v1 controller.
+  the v1 controller. runc's and crun's cgroup managers attach a program of their own to their
+  container's cgroup, with BPF_F_ALLOW_MULTI, from the spec's rules; the kernel refuses it beside
+  one attached with another flag, so a task of theirs gets none of the shim's (``program``).
 
 So a task whose rules are its pod's needs no write at all (``inherited``).
 """
@@ -297,10 +299,14 @@ def widen(cgroup: SandboxCgroup, rules: Iterable[DeviceRule]) -> None:
                 _write_v1_line(path, "devices.allow", rule.line())
 
 
-def apply(cgroup: SandboxCgroup, rules: DeviceRules, inherited: DeviceRules | None = None) -> None:
+def apply(cgroup: SandboxCgroup, rules: DeviceRules, inherited: DeviceRules | None = None, *,
+          program: bool = True) -> None:
     """Make ``rules`` the device rules of ``cgroup``'s processes, in its v1 devices hierarchy and
     its v2 one, before any process is in it. ``inherited``: the rules its directories already have
-    from their parents (those of a task's pod); None when unknown. Raises FailedPrecondition when
+    from their parents (those of a task's pod); None when unknown. ``program`` False: no v2
+    program, as the OCI runtime that starts the cgroup's process attaches its own there (runc's
+    and crun's, ``BPF_F_ALLOW_MULTI``: the kernel refuses it beside one attached with another
+    flag); the v1 rules are written still. Raises FailedPrecondition when
     a parent does not allow a rule, or when the v2 program cannot be attached and there is no v1
     controller to hold the rules; the OS error's status for other errors. Logged, not raised: a
     v2 program the kernel refuses where v1's controller holds the rules; one refused with EPERM
@@ -315,6 +321,8 @@ def apply(cgroup: SandboxCgroup, rules: DeviceRules, inherited: DeviceRules | No
     v2_path = None
     for key, path in cgroup.paths.items():
         if key == V2:
+            if not program:
+                continue
             v2_path = path
             if rules.allow_all:
                 continue
@@ -325,7 +333,7 @@ def apply(cgroup: SandboxCgroup, rules: DeviceRules, inherited: DeviceRules | No
         elif "devices" in key.split(","):
             _write_v1(path, rules)
             v1_done = True
-    if not v1_done and v2_path is None and not rules.allow_all:
+    if not v1_done and v2_path is None and program and not rules.allow_all:
         log.warning("cgroup %s has no devices hierarchy: its device rules are not applied", cgroup.name)
     if v2_error is not None:
         why = f"cannot attach the device program to cgroup {v2_path}: {v2_error.strerror}"

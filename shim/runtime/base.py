@@ -129,6 +129,14 @@ class Runtime(abc.ABC):
         runtime's systemd cgroup driver): the shim then names them (cgroupsPath) and makes none."""
         return False
 
+    @property
+    def attaches_device_programs(self) -> bool:
+        """Whether the runtime attaches each container's cgroup v2 device program itself, from
+        ``linux.resources.devices`` (runc's and crun's cgroup managers where /sys/fs/cgroup is v2,
+        with ``BPF_F_ALLOW_MULTI``): the shim then attaches none to a task's cgroup, where the
+        kernel would refuse the runtime's beside its own (one cgroup's programs share one flag)."""
+        return False
+
     def kill(self, pid: int, start_time: int, sig: int) -> bool:
         """Send ``sig`` to the process ``(pid, start_time)`` (the pause or a task's), if it is still
         that process; returns whether it was sent.

@@ -372,7 +372,9 @@ class TaskSet:
                     self.sandbox.device_rules = None  # tasks made from now on start with more: they set theirs
                 if not runtime.starts_units:  # else the runtime's systemd driver applies both from the spec
                     # A task's scope is beside the pause's, not below it: it inherits no rules.
-                    devices.apply(task.cgroup, rules, inherited=None if pod_cgroup.is_slice else self.sandbox.device_rules)
+                    # runc's and crun's cgroup managers attach the task's v2 program themselves.
+                    devices.apply(task.cgroup, rules, inherited=None if pod_cgroup.is_slice else self.sandbox.device_rules,
+                                  program=not runtime.attaches_device_programs)
                     await task.cgroup.aupdate(task.resources)
                 try:
                     crilog = CriLog(task.log_path)

@@ -42,13 +42,6 @@ EXPECTED = [
 ]
 #: What ends otherwise under one driver only.
 DRIVER_EXPECTED = {
-    "cgroupfs": [
-        ExpectedSpecs(r"(Container Mount Readonly runtime should support readonly mounts should support (non-)?recursive "
-                      r"readonly mounts|Container OOM runtime should output OOMKilled reason)", "failed",
-                      "runc and crun create fail attaching the container's device program (runc: BPF_PROG_ATTACH "
-                      "BPF_CGROUP_DEVICE, crun: bpf attach: operation not permitted) under cgroupfs in the guest; "
-                      "under systemd these specs pass: not diagnosed yet", handlers=("runc", "crun")),
-    ],
     "systemd": [
         ExpectedSpecs(r"Container OOM runtime should output OOMKilled reason", "failed",
                       "a privileged container killed by its memory limit under the systemd driver is reported "

@@ -327,6 +327,22 @@ async def test_a_privileged_task_of_a_privileged_pod_opens_the_hosts_devices(shi
     assert lines == [f"opened {path}" for path in EXTRA_DEVICES]
 
 
+@pytest.mark.cgroupv2
+async def test_on_cgroup_v2_a_task_of_a_privileged_pod_that_is_not_privileged_keeps_the_default_device_rules(
+        shims: ShimLauncher, handler, tmp_path):
+    # The pod's cgroup allows every device; the task's own program (the shim's, or runc's and
+    # crun's, which the kernel refused beside one of the shim's) allows making any node but
+    # opening only the default devices: /dev/kmsg (1:11) is not one of them.
+    shim = await shims.start()
+    await shim.run_sandbox(options={"runtime_handler": handler, "linux": {"security_context": {"privileged": True}}})
+    pod = Pod(shim, str(tmp_path))
+    lines = await pod.output("probe", "mknod /dev/probe c 1 11 && echo made && echo x > /dev/probe; echo rc=$?")
+    assert sorted(lines) == ["made", "rc=1", "sh: can't create /dev/probe: Operation not permitted"]  # two pipes
+    privileged = await pod.output("privileged", "echo x > /dev/kmsg; echo rc=$?", privileged=True,
+                                  capabilities=caps.names(caps.current()))
+    assert privileged == ["rc=0"]
+
+
 # -- rlimits: set on the task and its execs, for every handler -----------------------------------
 
 UNLIMITED = 2**64 - 1

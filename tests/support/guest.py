@@ -64,6 +64,7 @@ BUILD_TIMEOUT = 60 * 60
 #: Host tools (built by .ci/gotool) copied into the guest's tools cache, so the guest needs no Go.
 TOOLS_CACHE = os.environ.get("PODSHIM_TOOLS_CACHE") or "/var/cache/podshim-tools"
 TOOLS = ("crictl-v1.37.0", "critest-v1.37.0")
+GUEST_TOOLS_CACHE = "/var/cache/podshim-tools"
 
 AGENT = r'''#!/usr/bin/python3
 """podshim's guest agent: one JSON request a line on the virtio port, one JSON answer a line."""
@@ -264,7 +265,7 @@ def _install_podshim(rootfs: str) -> None:
         tar.extractall(src, filter="tar")
     for tool in TOOLS:
         if os.path.isdir(os.path.join(TOOLS_CACHE, tool)):
-            shutil.copytree(os.path.join(TOOLS_CACHE, tool), os.path.join(rootfs, "var/cache/podshim-tools", tool))
+            shutil.copytree(os.path.join(TOOLS_CACHE, tool), os.path.join(rootfs, GUEST_TOOLS_CACHE.lstrip("/"), tool))
     go = "/usr/local/go"  # the host's Go, lent for the schema compile (never left in the image)
     # The host's CA bundle (it may trust an egress proxy's CA) and its pip/TLS settings are lent
     # too, bound over the guest's bundle only while the install runs.
@@ -344,6 +345,22 @@ class Guest:
     def sync_checkout(self) -> None:
         """Unpack the host checkout over the guest's copy (the editable install runs it)."""
         self.put_tar(checkout_tar(), GUEST_SRC)
+
+    def sync_tools(self) -> None:
+        """Copy in the host's tools (:data:`TOOLS`) the image lacks: those built on the host after
+        the image was (their presence is not part of its key)."""
+        present = [tool for tool in TOOLS if os.path.isdir(os.path.join(TOOLS_CACHE, tool))]
+        if not present:
+            return
+        listed = self.run(["ls", GUEST_TOOLS_CACHE], timeout=60).stdout.decode().split()
+        missing = [tool for tool in present if tool not in listed]
+        if missing:
+            data = io.BytesIO()
+            with tarfile.open(fileobj=data, mode="w:gz") as tar:
+                for tool in missing:
+                    tar.add(os.path.join(TOOLS_CACHE, tool), arcname=tool)
+            self.put_tar(data.getvalue(), GUEST_TOOLS_CACHE)
+            _log(f"copied {', '.join(missing)} into the guest")
 
 
 def _run_dir(key: str) -> str:
@@ -469,6 +486,7 @@ def booted(reuse: bool = False) -> Iterator[Guest]:
     guest = boot()
     try:
         guest.sync_checkout()
+        guest.sync_tools()
         yield guest
     finally:
         if not reuse:

@@ -24,7 +24,7 @@ from shim.runtime.base import ExecSpec, Runtime, TaskSpec
 from shim.runtime.confine import Confinement, oci_rlimits
 from shim.runtime.mounts import BindMount, host_devices
 from shim.runtime.oci.cli import CREATE_TIMEOUT, Container, OciCli
-from shim.runtime.oci.host import cgroups_path, systemd_cgroups_path
+from shim.runtime.oci.host import cgroup_unified, cgroups_path, systemd_cgroups_path
 from shim.runtime.oci.rootfs import PAUSE_FILE, ensure_pause_rootfs
 from shim.runtime.oci.spec import PAUSE_ARGS, PAUSE_NAME, sandbox_spec, task_spec, with_user_namespace
 from shim.runtime.oci.userns import PreparedMounts, check_reachable, open_bundle
@@ -76,6 +76,10 @@ class OciBackend(Runtime):
     @property
     def starts_units(self) -> bool:
         return self.cli.systemd_cgroup
+
+    @property
+    def attaches_device_programs(self) -> bool:
+        return self.cli.manages_cgroups and cgroup_unified()
 
     @property
     def pause_container(self) -> Container:

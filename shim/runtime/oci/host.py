@@ -8,7 +8,7 @@ import os
 from shim.kernel import cgroups
 from shim.kernel.cgroups import SandboxCgroup, systemd
 
-__all__ = ["HYBRID_CONTROLLERS_FILE", "cgroup_hybrid", "cgroups_path", "systemd_cgroups_path"]
+__all__ = ["HYBRID_CONTROLLERS_FILE", "cgroup_hybrid", "cgroup_unified", "cgroups_path", "systemd_cgroups_path"]
 
 #: The cgroup v2 controller list crun reads to refuse a hybrid layout.
 HYBRID_CONTROLLERS_FILE = "/sys/fs/cgroup/unified/cgroup.controllers"
@@ -21,6 +21,13 @@ def cgroup_hybrid() -> bool:
                          for h in found)
     unified = any(h.key == cgroups.V2 and h.mountpoint == os.path.dirname(HYBRID_CONTROLLERS_FILE) for h in found)
     return v1_controllers and unified
+
+
+def cgroup_unified() -> bool:
+    """True where /sys/fs/cgroup is the cgroup v2 hierarchy itself: what runc and crun call unified
+    mode, where their cgroup managers attach each container's device program (elsewhere they write
+    the v1 devices controller)."""
+    return any(h.key == cgroups.V2 and h.mountpoint == "/sys/fs/cgroup" for h in cgroups.discover_hierarchies())
 
 
 def cgroups_path(cgroup: SandboxCgroup) -> str | None:
