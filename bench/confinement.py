@@ -31,10 +31,9 @@ import time
 from typing import Any
 
 from shim.api.defaults import DEFAULT_CAPABILITIES
+from shim.cri.seccomp_default import default_profile
+from shim.cri.security import held_capabilities
 from shim.kernel import seccomp
-
-from client.cri.seccomp_default import default_profile
-from client.cri.security import held_capabilities
 
 from bench.common import NODE_ROOT, running_sandbox, task_cycle
 

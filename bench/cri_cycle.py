@@ -19,7 +19,7 @@ As root. Sets up, and removes at the end (also on failure or a signal):
 Figures: (1) ``crictl runp → stopp → rmp``, interleaved, and three ``crictl version`` calls (what three crictl
 processes cost with no pod work: the floor of a cycle through crictl); with --trace, podshimd's own
 time per operation and phase (PODSHIM_TRACE, :mod:`client.phases`); (2) ListPodSandbox with --pods pods
-present, by direct gRPC calls (client.criapi stubs) and by ``crictl pods -q``, and a Version call by
+present, by direct gRPC calls (shim.cri.api stubs) and by ``crictl pods -q``, and a Version call by
 gRPC after each listing (what any call costs: the floor under the listing); (3) podshimd killed
 with SIGKILL with --pods live pods and restarted: time until every pod answers PodSandboxStatus.
 """
@@ -173,7 +173,7 @@ class Runtime:
     def stub(self) -> Any:
         import grpc
 
-        from client.criapi import api_pb2_grpc
+        from shim.cri.api import api_pb2_grpc
         if self.channel is None:
             self.channel = grpc.insecure_channel(self.endpoint)
         return api_pb2_grpc.RuntimeServiceStub(self.channel)
@@ -185,7 +185,7 @@ class Runtime:
 
 
 def pod_config(name: str) -> Any:
-    from client.criapi import api_pb2
+    from shim.cri.api import api_pb2
     return api_pb2.PodSandboxConfig(metadata=api_pb2.PodSandboxMetadata(
         name=name, uid=secrets.token_hex(8), namespace="bench", attempt=0))
 
@@ -330,13 +330,13 @@ def pull_pause_image(state_root: str, workdir: str) -> str:
 
 def fill(rt: Runtime, count: int) -> list[str]:
     stub = rt.stub()
-    from client.criapi import api_pb2
+    from shim.cri.api import api_pb2
     return [stub.RunPodSandbox(api_pb2.RunPodSandboxRequest(config=pod_config(f"fill-{i}")), timeout=60).pod_sandbox_id
             for i in range(count)]
 
 
 def drain(rt: Runtime) -> None:
-    from client.criapi import api_pb2
+    from shim.cri.api import api_pb2
     stub = rt.stub()
     for pod in stub.ListPodSandbox(api_pb2.ListPodSandboxRequest(), timeout=60).items:
         stub.StopPodSandbox(api_pb2.StopPodSandboxRequest(pod_sandbox_id=pod.id), timeout=60)
@@ -346,7 +346,7 @@ def drain(rt: Runtime) -> None:
 def list_p50(runtimes: list[Runtime], calls: int, crictl_calls: int) -> dict[str, tuple[float, float, int, float]]:
     """Per runtime: (p50 of ListPodSandbox by gRPC, p50 of ``crictl pods -q``, pods listed, p50
     of Version by gRPC: what any call costs there, the floor under the listing)."""
-    from client.criapi import api_pb2
+    from shim.cri.api import api_pb2
     grpc_t: dict[str, list[float]] = {rt.key: [] for rt in runtimes}
     cli_t: dict[str, list[float]] = {rt.key: [] for rt in runtimes}
     version_t: dict[str, list[float]] = {rt.key: [] for rt in runtimes}
@@ -371,7 +371,7 @@ def list_p50(runtimes: list[Runtime], calls: int, crictl_calls: int) -> dict[str
 
 def restart(psd: PodshimdProc, rt: Runtime, pods: list[str]) -> tuple[float, float]:
     """SIGKILL podshimd, start it again; (seconds to READY=1, seconds until every pod answered)."""
-    from client.criapi import api_pb2
+    from shim.cri.api import api_pb2
     rt.close()
     t0 = time.perf_counter()
     assert psd.proc is not None

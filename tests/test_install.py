@@ -25,12 +25,12 @@ INSTALL_TIMEOUT = 900
 
 def copy_checkout(destination: str, *, generated: bool = False) -> str:
     """The files of this checkout (tracked, and new ones git does not ignore) copied to
-    ``destination``; with ``generated``, the CRI code compiled into client/criapi too."""
+    ``destination``; with ``generated``, the CRI code compiled into shim/cri/api too."""
     listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=REPO,
                             capture_output=True, check=True, timeout=60).stdout.decode().split("\0")
     if generated:
-        listed += [os.path.join("client", "criapi", name) for name in os.listdir(os.path.join(REPO, "client", "criapi"))
-                   if "_pb2" in name]
+        listed += [os.path.join("shim", "cri", "api", name)
+                   for name in os.listdir(os.path.join(REPO, "shim", "cri", "api")) if "_pb2" in name]
     for name in filter(None, listed):
         source = os.path.join(REPO, name)
         if not os.path.lexists(source):
@@ -89,7 +89,7 @@ def test_the_installed_commands_run_after_the_checkout_is_deleted(venv, tmp_path
     assert (done.returncode, done.stderr) == (0, "")
     assert done.stdout.startswith("containerd-shim-podshim-v1: ")
     generated = run(os.path.join(venv, "bin", "python"), "-I", "-c",
-                    "from client.criapi import api_pb2_grpc; print(api_pb2_grpc.RuntimeServiceStub.__name__)")
+                    "from shim.cri.api import api_pb2_grpc; print(api_pb2_grpc.RuntimeServiceStub.__name__)")
     assert (generated.returncode, generated.stdout, generated.stderr) == (0, "RuntimeServiceStub\n", "")
     generated = run(os.path.join(venv, "bin", "python"), "-I", "-c", "from shim.containerd.api import load; "
                     "print(load('runtime.sandbox.v1.sandbox_pb2').DESCRIPTOR.services_by_name['Sandbox'].full_name)")
@@ -116,7 +116,7 @@ def test_podshimd_without_the_generated_cri_code_refuses_to_start(tmp_path):
     done = subprocess.run(podshimd_argv(str(tmp_path)), cwd=checkout, stdin=subprocess.DEVNULL, capture_output=True,
                           text=True, timeout=60)
     assert (done.returncode, done.stdout) == (1, "")
-    assert done.stderr == ("podshimd: the CRI code that .ci/install generates (client.criapi.api_pb2) is missing: "
+    assert done.stderr == ("podshimd: the CRI code that .ci/install generates (shim.cri.api.api_pb2) is missing: "
                            "install podshim with .ci/install (in a development checkout, .ci/gotool schemas "
                            "makes it)\n")
     assert not os.path.exists(tmp_path / "state") and not os.path.exists(tmp_path / "run")

@@ -546,9 +546,8 @@ def main(argv: list[str] | None = None) -> int:
         args.namespace = DEFAULT_NAMESPACE  # raw calls send no namespace unless asked
     import logging
 
+    from shim.cri.api import NotGenerated
     from shim.rpc.status import RpcError
-
-    from client.criapi import NotGenerated
 
     logging.basicConfig(level=logging.DEBUG if args.debug else logging.WARNING,
                         format="podshimctl: %(levelname)s: %(message)s", stream=sys.stderr)

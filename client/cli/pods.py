@@ -56,7 +56,8 @@ class _Podshimd:
     in) was half of a verb's start-up (issue #15). One connection serves all calls of a run."""
 
     def __init__(self, endpoint: str):
-        from client.criapi import api_pb2
+        from shim.cri.api import api_pb2
+
         from client.grpcwire.channel import Channel
 
         self.endpoint = endpoint
@@ -257,7 +258,7 @@ def _snake(key: str) -> str:
 
 
 def _tables() -> dict[str, Any]:
-    from client.cri import fields
+    from shim.cri import fields
 
     return {"PodSandboxConfig": fields.POD_SANDBOX_CONFIG, "ContainerConfig": fields.CONTAINER_CONFIG}
 
@@ -267,7 +268,7 @@ def _refuse_unknown(doc: dict[str, Any], path: str, what: str, kind: str) -> Non
     most resembles: a field left out would be a pod or container other than the one asked for."""
     import difflib
 
-    from client.cri import fields
+    from shim.cri import fields
 
     table = _tables()[kind]
     unknown = []
@@ -284,7 +285,7 @@ def _refuse_unknown(doc: dict[str, Any], path: str, what: str, kind: str) -> Non
 
 def _looks_like(doc: dict[str, Any], kind: str) -> list[str]:
     """The fields of ``doc`` that CRI's ``kind`` has and the other config does not."""
-    from client.cri import fields
+    from shim.cri import fields
 
     tables = _tables()
     other = tables["ContainerConfig" if kind == "PodSandboxConfig" else "PodSandboxConfig"]

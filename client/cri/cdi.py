@@ -22,16 +22,16 @@ from __future__ import annotations
 import json
 import logging
 import os
-import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import yaml
 
+from shim.cri.cdinames import DEVICE, KIND, parse_name
 from shim.rpc.status import FailedPrecondition, InvalidArgument
 
-__all__ = ["DEFAULT_SPEC_DIRS", "HOOK_NAMES", "KNOWN_VERSIONS", "CdiEdits", "merge_env", "parse_name", "resolve"]
+__all__ = ["DEFAULT_SPEC_DIRS", "HOOK_NAMES", "KNOWN_VERSIONS", "CdiEdits", "merge_env", "resolve"]
 
 log = logging.getLogger(__name__)
 
@@ -42,9 +42,6 @@ DEFAULT_SPEC_DIRS = ("/etc/cdi", "/var/run/cdi")
 KNOWN_VERSIONS = ("0.3.0", "0.4.0", "0.5.0", "0.6.0", "0.7.0", "0.8.0", "1.0.0", "1.1.0")
 #: The OCI lifecycle points a CDI hook may run at.
 HOOK_NAMES = ("prestart", "createRuntime", "createContainer", "startContainer", "poststart", "poststop")
-# vendor: a domain-like name; class: alphanumerics with - and _ (and . since 0.6.0); name: alphanumerics with - _ . :
-_KIND = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9.-]*[A-Za-z0-9])?/[A-Za-z0-9](?:[A-Za-z0-9_.-]*[A-Za-z0-9])?$")
-_DEVICE = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9_.:-]*[A-Za-z0-9])?$")
 _SUFFIXES = {".json": "JSON", ".yaml": "YAML", ".yml": "YAML"}
 _SPEC_KEYS = frozenset({"cdiVersion", "kind", "devices", "containerEdits", "annotations"})
 _DEVICE_KEYS = frozenset({"name", "containerEdits", "annotations"})
@@ -80,15 +77,6 @@ class _Found:
     devices: dict[tuple[str, str], tuple[str, Mapping[str, Any], Any]] = field(default_factory=dict)
     twice: dict[tuple[str, str], tuple[str, str]] = field(default_factory=dict)
     broken: dict[str, str] = field(default_factory=dict)
-
-
-def parse_name(name: str) -> tuple[str, str]:
-    """A fully qualified CDI device name as (kind, device); InvalidArgument when it is not one."""
-    kind, sep, device = name.partition("=")
-    if not sep or _KIND.match(kind) is None or _DEVICE.match(device) is None:
-        raise InvalidArgument(f"CDI device {name!r} is not a fully qualified CDI device name "
-                              "(vendor.com/class=name)")
-    return kind, device
 
 
 def resolve(names: Iterable[str], spec_dirs: Iterable[str] = DEFAULT_SPEC_DIRS) -> CdiEdits:
@@ -176,7 +164,7 @@ def _check_spec(spec: Any) -> None:
         raise _Broken(f"cdiVersion {version!r} is not a CDI version podshim knows ({KNOWN_VERSIONS[0]} to "
                       f"{KNOWN_VERSIONS[-1]})")
     kind = spec.get("kind")
-    if not isinstance(kind, str) or _KIND.match(kind) is None:
+    if not isinstance(kind, str) or KIND.match(kind) is None:
         raise _Broken(f"kind {kind!r} is not vendor.com/class")
     devices = spec.get("devices")
     if not isinstance(devices, list) or not devices:
@@ -185,7 +173,7 @@ def _check_spec(spec: Any) -> None:
     for i, device in enumerate(devices):
         _check_object(device, f"devices[{i}]", _DEVICE_KEYS)
         name = device.get("name")
-        if not isinstance(name, str) or _DEVICE.match(name) is None:
+        if not isinstance(name, str) or DEVICE.match(name) is None:
             raise _Broken(f"devices[{i}].name {name!r} is not a CDI device name")
         if name in names:
             raise _Broken(f"device {name!r} is defined twice")

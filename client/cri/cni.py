@@ -39,11 +39,11 @@ from typing import Any
 import anyio
 
 from shim.api.identifiers import validate_identifier
+from shim.cri.configs import load_json_object
 from shim.lib.files import decode_json
 from shim.rpc.status import FailedPrecondition, Internal, InvalidArgument, NotFound, RpcError, Unavailable
 
 from client.cri.concurrency import together
-from client.cri.configs import load_json_object
 from client.phases import phase
 from client.processes import KILL_WAIT
 from client.processes import run as _run

@@ -30,12 +30,12 @@ from typing import Any
 
 import anyio
 
+from shim.cri.configs import Mount
 from shim.lib.files import ensure_private_dir
 from shim.lib.idmaps import IdMap
 from shim.lib.rootfs import is_mount_point, mount_rootfs, open_in_root, parse_rootfs, root_needs_idmap, unmount_rootfs
 from shim.rpc.status import FailedPrecondition, InvalidArgument, RpcError
 
-from client.cri.configs import Mount
 from client.cri.rootfs import ImageLookup, Snapshotter, call, mount_dicts
 
 __all__ = ["SNAPSHOT_PREFIX", "VOLUMES_DIR", "ImageVolumes", "mount_status"]

@@ -25,10 +25,9 @@ import os
 from collections.abc import Collection, Iterable, Mapping
 from typing import Any
 
+from shim.cri.configs import Mount
 from shim.lib import mountinfo as mount_table
 from shim.rpc.status import FailedPrecondition, InvalidArgument
-
-from client.cri.configs import Mount
 
 __all__ = ["PROPAGATION_OPTIONS", "container_mounts", "host_mount", "wire_mount"]
 

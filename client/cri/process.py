@@ -23,9 +23,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from shim.cri.configs import ContainerConfig
 from shim.rpc.status import InvalidArgument
-
-from client.cri.configs import ContainerConfig
 
 __all__ = ["DEFAULT_PATH", "Process", "container_process", "merge_env"]
 

@@ -72,6 +72,7 @@ from typing import Any
 import anyio
 
 from shim.api.identifiers import validate_identifier
+from shim.cri.configs import ContainerMetadata, PodSandboxMetadata
 from shim.lib.files import (
     decode_json,
     ensure_private_dir,
@@ -82,8 +83,6 @@ from shim.lib.files import (
     write_temporary,
 )
 from shim.rpc.status import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
-
-from client.cri.configs import ContainerMetadata, PodSandboxMetadata
 
 __all__ = [
     "CONTAINER_TRANSITIONS",

@@ -5,7 +5,7 @@
                                [--log-level LEVEL] [--check-config | --print-default-config]
 
 A bad config or flag value is one sentence on stderr and exit status 1 (a usage error: 2), and so
-is an install without the generated CRI code (client/criapi); a clean stop on SIGTERM or SIGINT is 0.
+is an install without the generated CRI code (shim/cri/api); a clean stop on SIGTERM or SIGINT is 0.
 SIGHUP reads the config again and applies its log level (the rest needs a restart). Under
 systemd, log lines go to the journal with their level and fields (:mod:`.journal`).
 ``--check-config`` loads the config and the flags as a start would, checks the paths they name
@@ -28,6 +28,7 @@ import sys
 from typing import NoReturn
 
 import shim
+from shim.cri.api import NotGenerated
 from shim.lib.arguments import mistyped_option
 from shim.lib.logs import setup_logging
 from shim.lib.notify import Notifier
@@ -35,7 +36,6 @@ from shim.lib.program import exit_status
 from shim.rpc.channel import install_uvloop
 
 from client.cri import logcontext
-from client.criapi import NotGenerated
 
 from . import config as configuration
 from . import journal

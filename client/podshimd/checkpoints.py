@@ -17,10 +17,10 @@ import shutil
 import subprocess
 from typing import Any
 
+from shim.cri.api import api_pb2
 from shim.rpc.status import Unimplemented
 
 from client.cri.process import DEFAULT_PATH
-from client.criapi import api_pb2
 
 from .handlers import Handlers
 

@@ -1,13 +1,14 @@
 """RuntimeService's container RPCs: CreateContainer, StartContainer, StopContainer,
 RemoveContainer, ListContainers, StreamContainers, ContainerStatus. The semantics are the pod layer's,
-:class:`client.cri.pod.PodService`; a container without an image is refused (translate)."""
+:class:`client.cri.pod.PodService`; a container without an image is refused (shim.cri.requests)."""
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from typing import Any
 
-from client.criapi import api_pb2
+from shim.cri import requests
+from shim.cri.api import api_pb2
 
 from . import translate
 from .chunks import chunks
@@ -21,7 +22,7 @@ class Containers(Handlers):
 
     async def CreateContainer(self, request: api_pb2.CreateContainerRequest,
                               context: Any) -> api_pb2.CreateContainerResponse:
-        config = translate.container_config(request)
+        config = requests.container_config(request)
         container_id = await self.finish(self.pods.create_container(request.pod_sandbox_id, config))
         return api_pb2.CreateContainerResponse(container_id=container_id)
 

@@ -8,10 +8,10 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Any
 
+from shim.cri.api import api_pb2
 from shim.rpc.status import NotFound
 
 from client.cri.events import ContainerEvent
-from client.criapi import api_pb2
 
 from . import translate
 from .handlers import Handlers

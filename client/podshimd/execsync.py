@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from client.criapi import api_pb2
+from shim.cri.api import api_pb2
 
 from .handlers import Handlers
 

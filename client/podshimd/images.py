@@ -15,11 +15,11 @@ import os
 import time
 from typing import Any
 
+from shim.cri.api import api_pb2
 from shim.lib.files import ensure_private_dir
 from shim.lib.trees import walk
 from shim.rpc.status import Internal
 
-from client.criapi import api_pb2
 from client.images.service import IMAGES_DIR
 
 from .handlers import Handlers

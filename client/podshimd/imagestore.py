@@ -16,9 +16,9 @@ import json
 from collections.abc import AsyncIterator
 from typing import Any
 
+from shim.cri.api import api_pb2
 from shim.rpc.status import InvalidArgument
 
-from client.criapi import api_pb2
 from client.images.service import image_user
 from client.images.skopeo import AuthConfig
 from client.images.store import ImageRecord

@@ -11,8 +11,9 @@ from typing import Any
 
 from google.protobuf import json_format
 
+from shim.cri.api import api_pb2
+
 from client.cri import podmetrics
-from client.criapi import api_pb2
 
 from .chunks import chunks
 from .handlers import Handlers

@@ -3,7 +3,7 @@ whether it is ready.
 
 Status lists each runtime handler a client may ask for (config ``runtime_handlers``) with its
 features, and the runtime's features; each feature is true only where podshim applies it: read from
-the CRI field table (:mod:`client.cri.fields`), whose refused fields are the features podshim lacks.
+the CRI field table (:mod:`shim.cri.fields`), whose refused fields are the features podshim lacks.
 RuntimeConfig answers the cgroup driver in force (config ``cgroup_driver``).
 """
 
@@ -14,11 +14,11 @@ import json
 from typing import Any
 
 import shim
+from shim.cri import fields
+from shim.cri.api import api_pb2
 from shim.rpc.status import RpcError
 
-from client.cri import fields
 from client.cri.cni import CniConfig
-from client.criapi import api_pb2
 
 from .config import Config
 from .handlers import Handlers

@@ -9,7 +9,9 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-from client.criapi import api_pb2
+from shim.cri import requests
+from shim.cri.api import api_pb2
+
 from client.phases import traced
 
 from . import translate
@@ -24,7 +26,7 @@ class Sandboxes(Handlers):
 
     async def RunPodSandbox(self, request: api_pb2.RunPodSandboxRequest, context: Any) -> api_pb2.RunPodSandboxResponse:
         with traced("RunPodSandbox"):
-            config = translate.pod_sandbox_config(request)
+            config = requests.pod_sandbox_config(request)
             pod_id = await self.finish(self.pods.run_pod_sandbox(config, runtime_handler=request.runtime_handler))
         return api_pb2.RunPodSandboxResponse(pod_sandbox_id=pod_id)
 

@@ -37,6 +37,7 @@ from typing import Any
 import grpc
 
 import shim
+from shim.cri.api import api_pb2, api_pb2_grpc
 from shim.lib.files import ensure_private_dir, flock_open
 from shim.lib.notify import Notifier
 from shim.lib.program import Failure
@@ -47,7 +48,6 @@ from client import layouts
 from client.controller.spawners import ExecSpawner
 from client.cri.pod import PodService, open_pod_service
 from client.cri.rootfs import StoreImages
-from client.criapi import api_pb2, api_pb2_grpc
 from client.images.service import Images
 from client.streaming.attach import AttachBackend
 from client.streaming.remotecommand import ExecBackend

@@ -10,7 +10,7 @@ from typing import Any
 
 from google.protobuf import json_format
 
-from client.criapi import api_pb2
+from shim.cri.api import api_pb2
 
 from .chunks import chunks
 from .handlers import Handlers

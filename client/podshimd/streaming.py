@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from shim.cri.api import api_pb2
 from shim.rpc.status import FailedPrecondition, InvalidArgument
 
-from client.criapi import api_pb2
 from client.streaming.server import AttachRequest, ExecRequest, PortForwardRequest, StreamingServer
 
 from .handlers import Handlers

@@ -10,9 +10,8 @@ from typing import Any
 from google.protobuf import json_format
 from google.protobuf.message import Message
 
+from shim.cri.api import api_pb2
 from shim.rpc.status import InvalidArgument
-
-from client.criapi import api_pb2
 
 from .handlers import Handlers
 

@@ -6,7 +6,7 @@ sentence, never answered as if done.
 
 containerd's CRI decides the pod's network namespace (``netns_path``) and hands the pod's
 PodSandboxConfig in CreateSandbox's ``options``; the shim makes of it the options podshimd's pod
-layer would give (client.cri.configs), so a pod is the same whichever of the two drives it.
+layer would give (shim.cri.configs, the CRI layer both share), so a pod is the same whichever of the two drives it.
 containerd's CRI leaves a pod's hosts, resolv.conf and hostname to the sandbox controller when
 it is not its own (it mounts them only where its podsandbox controller wrote them): the shim
 writes them from the PodSandboxConfig into its bundle (:func:`pod_files`) as containerd's
@@ -31,11 +31,10 @@ from shim.rpc.server import CallContext, Server
 from shim.rpc.status import FailedPrecondition, Internal, InvalidArgument, Unimplemented
 
 if TYPE_CHECKING:
+    from shim.cri.configs import PodSandboxConfig
     from shim.lib.podfiles import PodFiles
     from shim.sandbox.service import SandboxService
     from shim.sandbox.task_service import TaskService
-
-    from client.cri.configs import PodSandboxConfig
 
 __all__ = ["SANDBOX_SERVICE", "TASK_SERVICE", "POD_SANDBOX_CONFIG_TYPE", "POD_FILES_DIR", "pod_files",
            "register_containerd", "timestamp", "nanos", "sandbox_pb2", "task_pb2"]
@@ -117,10 +116,10 @@ def pod_config(options: Any) -> PodSandboxConfig | None:
     if options.type_url.rsplit("/", 1)[-1] != POD_SANDBOX_CONFIG_TYPE:
         raise InvalidArgument(f"CreateSandbox options of type {options.type_url!r} are not understood: podshim's "
                               f"shim takes containerd CRI's {POD_SANDBOX_CONFIG_TYPE}")
-    # The pod layer's translation, loaded only here: a shim that never creates a pod for containerd
+    # The shared CRI layer's translation, loaded only here: a shim that never creates a pod for containerd
     # does not pay for CRI's schema.
-    from client.criapi import api_pb2
-    from client.podshimd.translate import pod_sandbox_config
+    from shim.cri.api import api_pb2
+    from shim.cri.requests import pod_sandbox_config
 
     try:
         config = api_pb2.PodSandboxConfig.FromString(options.value)
@@ -133,7 +132,7 @@ def pod_options(cfg: PodSandboxConfig | None) -> dict[str, Any]:
     """The shim's sandbox options (protocol.md 7.4) of a pod's config (:func:`pod_config`)."""
     if cfg is None:
         return {"runtime_handler": NATIVE}
-    from client.cri import security
+    from shim.cri import security
 
     pause = security.pause_fields(cfg.security)  # refuses what cannot be honoured (AppArmor, ...)
     result = {**cfg.to_shim_options(), "runtime_handler": NATIVE}
@@ -225,7 +224,7 @@ def warm() -> None:
     their first run makes and keeps (protobuf's lazily made descriptors and message classes' state,
     the pod layer's caches and compiled patterns) is made once and shared by every shim forked
     after, instead of written into each shim's own pages."""
-    from client.criapi import api_pb2
+    from shim.cri.api import api_pb2
 
     _request_types(SANDBOX_SERVICE, sandbox_pb2)
     _request_types(TASK_SERVICE, task_pb2)

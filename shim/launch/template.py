@@ -127,11 +127,12 @@ def _preload_containerd() -> None:
     serves containerd pays nothing for it."""
     try:
         from shim.containerd import events, metrics, services, stdio, tasks  # noqa: F401  (preloaded for the shims forked from here)
+        from shim.cri import (
+            requests,  # noqa: F401  (preloaded for the shims forked from here)
+            security,  # noqa: F401  (preloaded for the shims forked from here)
+        )
+        from shim.cri.api import api_pb2  # noqa: F401  (preloaded for the shims forked from here)
         from shim.lib import podfiles  # noqa: F401  (preloaded for the shims forked from here)
-
-        from client.cri import security  # noqa: F401  (preloaded for the shims forked from here)
-        from client.criapi import api_pb2  # noqa: F401  (preloaded for the shims forked from here)
-        from client.podshimd import translate  # noqa: F401  (preloaded for the shims forked from here)
 
         services.warm()  # (what a pod's first calls make and keep: made here, shared by the shims)
     except ImportError as exc:  # not generated (.ci/install): each shim says so itself

@@ -32,11 +32,10 @@ from shim.containerd.events import events_pb2, task_events
 from shim.containerd.services import SANDBOX_SERVICE as SANDBOX
 from shim.containerd.services import TASK_SERVICE as TASK
 from shim.containerd.services import sandbox_pb2, task_pb2
+from shim.cri.api import api_pb2
 from shim.daemon import SHUTDOWN_TIMEOUT
 from shim.rpc import Client, FailedPrecondition, InvalidArgument, Server, blocking
 from shim.rpc.codecs import PROTOBUF
-
-from client.criapi import api_pb2
 
 from support.shimtools import WAIT, ProcessRef, Template, new_id
 

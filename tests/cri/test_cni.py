@@ -276,7 +276,7 @@ async def test_port_mappings_go_only_to_plugins_that_declare_the_capability(tmp_
 
 
 def test_a_pods_port_mappings_with_a_host_port_are_cnis_port_mappings():
-    from client.cri.configs import PodSandboxConfig
+    from shim.cri.configs import PodSandboxConfig
     cfg = PodSandboxConfig.from_json({"metadata": {"name": "p", "namespace": "n", "uid": "u"}, "port_mappings": [
         {"container_port": 80, "host_port": 8080}, {"container_port": 53, "protocol": "UDP", "host_port": 53,
                                                     "host_ip": "127.0.0.1"}, {"container_port": 9090}]})
@@ -504,6 +504,6 @@ async def test_without_config_the_pod_gets_loopback_up(tmp_path, netns_factory):
 
 
 def test_importing_the_pod_layer_never_imports_pyroute2():
-    code = ("import sys, client.cri.cni, client.cri.store, client.cri.configs; "
+    code = ("import sys, client.cri.cni, client.cri.store, shim.cri.configs; "
             "sys.exit('pyroute2' in sys.modules)")
     assert subprocess.run([sys.executable, "-c", code], timeout=30).returncode == 0

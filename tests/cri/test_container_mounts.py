@@ -9,10 +9,10 @@ import os
 
 import pytest
 
+from shim.cri.configs import ContainerConfig, Mount
 from shim.lib.mountinfo import parse as parse_mountinfo
 from shim.rpc.status import FailedPrecondition, InvalidArgument
 
-from client.cri.configs import ContainerConfig, Mount
 from client.cri.mounts import container_mounts, host_mount
 
 POD_FILES = {"/etc/hosts": "/pod/hosts", "/etc/resolv.conf": "/pod/resolv.conf", "/etc/hostname": "/pod/hostname"}

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
+from shim.cri.configs import ContainerConfig
 from shim.rpc.status import InvalidArgument
 
-from client.cri.configs import ContainerConfig
 from client.cri.process import DEFAULT_PATH, container_process, merge_env
 
 IMAGE = {"Entrypoint": ["/entry"], "Cmd": ["--cmd"], "Env": ["PATH=/image/bin", "A=image", "B=image"],

@@ -1,5 +1,5 @@
 """CRI's LinuxContainerSecurityContext -> Task.Create's confinement fields, as containerd's CRI
-translates it (client/cri/security.py), then applied for real by each runtime handler."""
+translates it (shim/cri/security.py), then applied for real by each runtime handler."""
 
 from __future__ import annotations
 
@@ -11,14 +11,13 @@ import pathlib
 import pytest
 
 from shim.api.defaults import DEFAULT_CAPABILITIES
+from shim.cri import security
+from shim.cri.configs import ContainerConfig, PodSandboxConfig
+from shim.cri.seccomp_default import default_profile
+from shim.cri.security import MAX_NODE_FILE_BYTES
 from shim.kernel import capabilities as caps
 from shim.kernel import seccomp
 from shim.rpc.status import InvalidArgument
-
-from client.cri import security
-from client.cri.configs import ContainerConfig, PodSandboxConfig
-from client.cri.seccomp_default import default_profile
-from client.cri.security import MAX_NODE_FILE_BYTES
 
 from support.podtools import NodeRootImages, node_container, pod_config, pod_service
 

@@ -7,6 +7,7 @@ import socket
 
 import pytest
 
+from shim.cri.configs import DnsConfig, PodSandboxConfig
 from shim.lib.podfiles import (
     HOSTS_HEADER,
     hostname_content,
@@ -16,8 +17,6 @@ from shim.lib.podfiles import (
     write_pod_files,
 )
 from shim.rpc.status import InvalidArgument
-
-from client.cri.configs import DnsConfig, PodSandboxConfig
 
 
 def read(path: str) -> str:

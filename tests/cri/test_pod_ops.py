@@ -13,12 +13,12 @@ import anyio
 import pytest
 
 from shim.api.topics import TOPIC_EXIT, TOPIC_TASK_EXIT
+from shim.cri.resources import shim_resources
 from shim.rpc.status import DeadlineExceeded, FailedPrecondition, InvalidArgument, ResourceExhausted
 
 from client.cri import stats
 from client.cri.events import CONTAINER_CREATED, CONTAINER_STOPPED, EVENT_QUEUE_LIMIT, EventFeed
 from client.cri.logcontext import IdsFilter, about, current
-from client.cri.resources import shim_resources
 
 from support.podtools import node_container, pod_config, pod_service
 

@@ -16,10 +16,10 @@ import time
 import anyio
 import pytest
 
+from shim.cri.configs import PodSandboxConfig
 from shim.rpc.status import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
 
 from client.cri import store as store_module
-from client.cri.configs import PodSandboxConfig
 from client.cri.store import (
     CONTAINER_TRANSITIONS,
     POD_TRANSITIONS,

@@ -14,7 +14,7 @@ import subprocess
 import grpc
 import pytest
 
-from client.criapi import api_pb2
+from shim.cri.api import api_pb2
 
 from support.critools import HOST_PYTHON_MOUNTS
 from support.podtools import container_config, pod_config

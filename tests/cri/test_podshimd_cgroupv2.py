@@ -19,8 +19,7 @@ import pytest
 from google.protobuf import json_format
 
 from shim.api.cgroups import expand_slice
-
-from client.criapi import api_pb2
+from shim.cri.api import api_pb2
 
 from support.critools import Podshimd, running_podshimd
 from support.podtools import container_config, pod_config

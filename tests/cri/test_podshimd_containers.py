@@ -17,7 +17,7 @@ import grpc
 import pytest
 from google.protobuf import json_format
 
-from client.criapi import api_pb2
+from shim.cri.api import api_pb2
 
 from support.podtools import container_config, ns_inode, pod_config
 from support.proctools import wait_gone

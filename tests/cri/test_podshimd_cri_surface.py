@@ -13,10 +13,10 @@ import pytest
 from google.protobuf.descriptor import MethodDescriptor
 from google.protobuf.message import Message
 
+from shim.cri.api import api_pb2, api_pb2_grpc
+from shim.cri.resources import pod_resources
 from shim.rpc.status import InvalidArgument
 
-from client.cri.resources import pod_resources
-from client.criapi import api_pb2, api_pb2_grpc
 from client.podshimd import checkpoints, chunks, server
 from client.podshimd.handlers import Handlers
 

@@ -14,7 +14,8 @@ import tempfile
 import grpc
 import pytest
 
-from client.criapi import api_pb2
+from shim.cri.api import api_pb2
+
 from client.podshimd import checkpoints
 
 from support.critools import podshimd_argv, running_podshimd

@@ -20,7 +20,7 @@ import time
 
 import pytest
 
-from client.criapi import api_pb2
+from shim.cri.api import api_pb2
 
 from support.critools import ExpectedSpecs, cni_config, critest_in, critest_surprises, run_critest, running_podshimd
 from support.netrelay import loopback_relay

@@ -18,9 +18,9 @@ import subprocess
 import grpc
 import pytest
 
+from shim.cri.api import api_pb2
 from shim.rpc.frames import NEED_DATA
 
-from client.criapi import api_pb2
 from client.streaming import websocket
 
 from support.podtools import container_config, pod_config

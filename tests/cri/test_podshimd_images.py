@@ -15,9 +15,8 @@ from collections.abc import Iterator
 import grpc
 import pytest
 
+from shim.cri.api import api_pb2
 from shim.lib.trees import remove_tree
-
-from client.criapi import api_pb2
 
 from support.critools import Podshimd, running_podshimd
 from support.imagebuild import BUSYBOX_ROOTFS_CHECKS

@@ -9,8 +9,9 @@ import os
 
 import pytest
 
+from shim.cri.api import api_pb2
+
 from client.cri import podmetrics
-from client.criapi import api_pb2
 
 from support.podtools import cgroup_file, container_config, pod_config
 

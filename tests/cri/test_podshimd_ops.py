@@ -20,7 +20,8 @@ import urllib.request
 import grpc
 import pytest
 
-from client.criapi import api_pb2
+from shim.cri.api import api_pb2
+
 from client.podshimd.images import IMAGE_STORE_DIR, usage
 
 from support.critools import HOST_PYTHON_MOUNTS, REPO, running_podshimd

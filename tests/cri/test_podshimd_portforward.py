@@ -20,9 +20,8 @@ from contextlib import contextmanager
 import grpc
 import pytest
 
+from shim.cri.api import api_pb2
 from shim.launch.template import stop_template
-
-from client.criapi import api_pb2
 
 from support.critools import podshimd_argv, running_podshimd
 from support.podtools import pod_config

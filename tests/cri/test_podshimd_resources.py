@@ -16,7 +16,7 @@ import grpc
 import pytest
 from google.protobuf import json_format
 
-from client.criapi import api_pb2
+from shim.cri.api import api_pb2
 
 from support.critools import Podshimd, running_podshimd
 from support.podtools import cgroup_file, container_config, pod_config

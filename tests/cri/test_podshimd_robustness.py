@@ -10,7 +10,7 @@ from google.protobuf import json_format
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from client.criapi import api_pb2
+from shim.cri.api import api_pb2
 
 #: What a refused config may be answered with: the client's mistake, or a conflict.
 CLIENT_ERRORS = {grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.FAILED_PRECONDITION,

@@ -19,11 +19,11 @@ import grpc
 import pytest
 from google.protobuf import json_format
 
+from shim.cri.api import api_pb2
 from shim.launch.template import template_pid
 
 from client.cri.failpoints import ACTION_ENV as FAILPOINT_ACTION_ENV
 from client.cri.failpoints import ENV as FAILPOINT_ENV
-from client.criapi import api_pb2
 
 from support.critools import running_podshimd
 from support.podtools import ns_inode, pod_config

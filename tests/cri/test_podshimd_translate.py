@@ -9,10 +9,9 @@ from typing import Any
 import pytest
 from google.protobuf import json_format
 
-from shim.rpc.status import InvalidArgument
+from shim.cri.api import api_pb2
 
 from client.cri.pod import PodEntry
-from client.criapi import api_pb2
 from client.podshimd import translate
 
 POD: dict[str, Any] = {"id": "a" * 64, "metadata": {"name": "web", "uid": "u1", "namespace": "default", "attempt": 2},
@@ -140,20 +139,3 @@ def test_a_listing_keeps_the_encodings_of_the_last_pods_only(encoded):
     assert listed.response(docs[1:2]) == _expected(docs[1:2])  # pushed out by docs[0]'s return
     assert encoded == [docs[0]["id"], docs[1]["id"], docs[2]["id"], docs[0]["id"], docs[1]["id"]]
 
-
-def test_an_env_value_is_its_text_not_protobuf_json_s_base64():
-    # KeyValue.value is bytes since CRI 1.37; protobuf's JSON would give "aGVsbG8=".
-    config = api_pb2.ContainerConfig(metadata=api_pb2.ContainerMetadata(name="c"), command=["true"],
-                                     image=api_pb2.ImageSpec(image="busybox"),
-                                     envs=[api_pb2.KeyValue(key="A", value=b"hello"), api_pb2.KeyValue(key="B")])
-    assert translate.container_config(api_pb2.CreateContainerRequest(config=config)).envs == (("A", "hello"),
-                                                                                             ("B", ""))
-
-
-@pytest.mark.parametrize("value,named", [(b"\xff\xfe", r"envs\[0\].value is not UTF-8 text"),
-                                         (b"a\0b", r"envs\[0\].value holds a NUL byte")])
-def test_an_env_value_that_is_not_text_is_refused_by_name(value, named):
-    config = api_pb2.ContainerConfig(metadata=api_pb2.ContainerMetadata(name="c"), command=["true"],
-                                     envs=[api_pb2.KeyValue(key="A", value=value)])
-    with pytest.raises(InvalidArgument, match=named):
-        translate.container_config(api_pb2.CreateContainerRequest(config=config))

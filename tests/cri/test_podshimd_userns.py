@@ -9,7 +9,7 @@ import os
 
 import pytest
 
-from client.criapi import api_pb2
+from shim.cri.api import api_pb2
 
 from support.podtools import container_config, pod_config
 from support.shimtools import HANDLERS

@@ -11,9 +11,8 @@ from dataclasses import dataclass
 
 from google.protobuf import json_format
 
+from shim.cri.api import api_pb2
 from shim.runtime import process
-
-from client.criapi import api_pb2
 
 from support.podtools import container_config, pod_config
 

@@ -17,7 +17,7 @@ import time
 import grpc
 import pytest
 
-from client.criapi import api_pb2
+from shim.cri.api import api_pb2
 
 from support.critools import REPO
 from support.podtools import container_config, pod_config, pod_service

@@ -136,7 +136,7 @@ class Podshimd:
         grpc.RpcError when podshimd refuses."""
         from google.protobuf import json_format
 
-        from client.criapi import api_pb2
+        from shim.cri.api import api_pb2
         if self.image and not (config.get("image") or {}).get("image"):
             config = {**config, "image": {"image": self.image}}
         with open(pod_config_path) as f:
@@ -164,12 +164,12 @@ class Podshimd:
 
     def runtime(self) -> Any:
         """A runtime.v1.RuntimeService stub on this daemon's socket (the channel closes with the daemon)."""
-        from client.criapi import api_pb2_grpc
+        from shim.cri.api import api_pb2_grpc
         return api_pb2_grpc.RuntimeServiceStub(self._channel())
 
     def images(self) -> Any:
         """A runtime.v1.ImageService stub on this daemon's socket."""
-        from client.criapi import api_pb2_grpc
+        from shim.cri.api import api_pb2_grpc
         return api_pb2_grpc.ImageServiceStub(self._channel())
 
     def _channel(self) -> Any:
@@ -273,7 +273,7 @@ def running_podshimd(directory: str, *extra: str, config: str = "", netns: str |
         try:
             _wait_ready(daemon, notify)
             if image is not None:
-                from client.criapi import api_pb2
+                from shim.cri.api import api_pb2
                 daemon.images().PullImage(api_pb2.PullImageRequest(image=api_pb2.ImageSpec(image=image.ref)),
                                           timeout=START_TIMEOUT)
                 daemon.image = image.ref

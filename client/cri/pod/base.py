@@ -20,21 +20,22 @@ import anyio.to_thread
 
 from shim.api.handlers import NATIVE, RUNTIME_HANDLERS  # "native" (the default, also for ""), "runc", "crun"
 from shim.api.names import TASK_SERVICE
+from shim.cri.configs import PodSandboxConfig
 from shim.rpc.status import Aborted, InvalidArgument, NotFound
 
 from client.controller import Controller
 from client.controller.bundles import bundle_path
 from client.cri import cdi, stats
 from client.cri.cni import CniRunner
-from client.cri.configs import PodSandboxConfig
 from client.cri.events import EventFeed
 from client.cri.imagevolumes import VOLUMES_DIR, ImageVolumes
 from client.cri.rootfs import ImageLookup, NoImages, Snapshotter
 from client.cri.store import ContainerRecord, PodRecord, PodState, PodStore
 
 if TYPE_CHECKING:
+    from shim.cri.security import ReadFile
+
     from client.cri.rootfs import ContainerImage
-    from client.cri.security import ReadFile
 
 __all__ = ["DEFAULT_NAMESPACE", "SANDBOX_STOP_TIMEOUT", "CONTAINER_STOP_TIMEOUT", "STOP_SIGNAL",
            "CALL_TIMEOUT", "NO_IMAGE", "POD_FILES_DIR", "UNKNOWN_EXIT_CODE", "POD_STATE",

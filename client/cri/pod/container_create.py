@@ -13,11 +13,12 @@ import anyio
 import anyio.abc
 import anyio.lowlevel
 
+from shim.cri import security
+from shim.cri.configs import ContainerConfig, PodSandboxConfig
 from shim.lib.podfiles import PodFiles
 from shim.rpc.status import FailedPrecondition, InvalidArgument, NotFound
 
-from client.cri import cdi, security
-from client.cri.configs import ContainerConfig, PodSandboxConfig
+from client.cri import cdi
 from client.cri.events import CONTAINER_CREATED
 from client.cri.failpoints import failpoint
 from client.cri.mounts import container_mounts

@@ -7,9 +7,9 @@ import shlex
 from collections.abc import Mapping
 from typing import Any
 
+from shim.cri.configs import ContainerConfig
 from shim.rpc.status import DeadlineExceeded, FailedPrecondition, InvalidArgument
 
-from client.cri.configs import ContainerConfig
 from client.cri.logcontext import about
 from client.cri.pod.base import CALL_TIMEOUT, PodServiceBase, log
 from client.cri.store import ContainerRecord, ContainerState

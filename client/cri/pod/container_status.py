@@ -7,10 +7,10 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+from shim.cri import security
+from shim.cri.configs import ContainerConfig
 from shim.rpc.status import NotFound, Unavailable
 
-from client.cri import security
-from client.cri.configs import ContainerConfig
 from client.cri.imagevolumes import mount_status
 from client.cri.pod.base import NO_IMAGE, STOP_SIGNAL, UNKNOWN_EXIT_CODE, PodServiceBase
 from client.cri.store import ContainerRecord, ContainerState

@@ -6,12 +6,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from shim.cri.configs import set_fields
+from shim.cri.resources import pod_resources, shim_resources
 from shim.rpc.status import FailedPrecondition
 
-from client.cri.configs import set_fields
 from client.cri.logcontext import about
 from client.cri.pod.base import POD_STATE, PodServiceBase, log
-from client.cri.resources import pod_resources, shim_resources
 from client.cri.store import PodState
 
 
@@ -36,7 +36,7 @@ class ContainerUpdate(PodServiceBase):
     async def update_pod_sandbox_resources(self, pod_id: str, overhead: Mapping[str, Any] | None,
                                            resources: Mapping[str, Any] | None) -> None:
         """UpdatePodSandboxResources: apply CRI's pod-level LinuxContainerResources (``resources``
-        plus ``overhead``, :func:`client.cri.resources.pod_resources`) to the pod's cgroup, which
+        plus ``overhead``, :func:`shim.cri.resources.pod_resources`) to the pod's cgroup, which
         holds its pause and every container. Raises InvalidArgument naming a field that cannot be
         applied (nothing is changed then), NotFound, FailedPrecondition (the pod is not ready)."""
         wanted = pod_resources(overhead, resources)

@@ -11,13 +11,13 @@ import anyio.abc
 import anyio.lowlevel
 
 from shim.api.handlers import NATIVE  # "native" (the default, also for ""), "runc", "crun"
+from shim.cri import security
+from shim.cri.configs import PodSandboxConfig
 from shim.lib.podfiles import remove_pod_files, write_pod_files
 from shim.rpc.status import FailedPrecondition, Internal, InvalidArgument, NotFound, RpcError
 
-from client.cri import security
 from client.cri.cni import primary_ip
 from client.cri.concurrency import together
-from client.cri.configs import PodSandboxConfig
 from client.cri.failpoints import failpoint
 from client.cri.logcontext import about
 from client.cri.pod.base import PodServiceBase, log, new_id, sandbox_snapshot_key
@@ -112,7 +112,7 @@ class SandboxRun(PodServiceBase):
 
     def _shim_options(self, cfg: PodSandboxConfig, handler: str, pause: dict[str, Any]) -> dict[str, Any]:
         """CreateSandbox's options: the config's, the runtime handler's and ``pause``, the pause's
-        confinement (:func:`client.cri.security.pause_fields`)."""
+        confinement (:func:`shim.cri.security.pause_fields`)."""
         options = {**cfg.to_shim_options(), "runtime_handler": handler}
         options["linux"] = {**options["linux"], "pause_process": pause}
         if not cfg.cgroup_parent and self.cgroup_parent:

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from shim.cri.configs import PodSandboxConfig
 from shim.rpc.status import FailedPrecondition, RpcError
 
 from client.cri.cni import addresses_in_place
-from client.cri.configs import PodSandboxConfig
 from client.cri.pod.base import POD_STATE, PodServiceBase, log, sandbox_snapshot_key
 from client.cri.store import PodRecord, PodState
 

@@ -84,7 +84,7 @@ def _client_modules() -> dict[str, str]:
     found = {}
     for directory, _, files in os.walk(CLIENT):
         for name in files:
-            if name.endswith(".py") and "criapi" not in directory:
+            if name.endswith(".py") and "_pb2" not in name:
                 relative = os.path.relpath(os.path.join(directory, name), CLIENT)
                 module = "client." + relative[:-3].replace(os.sep, ".")
                 found[module.removesuffix(".__init__")] = relative

@@ -10,10 +10,10 @@ spell it) is one of:
   value but the field's zero value) is refused with INVALID_ARGUMENT and the text.
 
 :func:`check` walks a config document against the table before anything reads it
-(:class:`client.cri.configs.ContainerConfig` and :class:`~client.cri.configs.PodSandboxConfig`
+(:class:`shim.cri.configs.ContainerConfig` and :class:`~shim.cri.configs.PodSandboxConfig`
 call it), so a field the table does not name is refused too: nothing a client sends can vanish
 without a word. The fields of a refused or informing message are covered by it. A test walks the
-generated CRI messages (``client.criapi.api_pb2``) and fails on a field the table does not name;
+generated CRI messages (``shim.cri.api.api_pb2``) and fails on a field the table does not name;
 docs/cri.md's table is :func:`markdown`'s.
 """
 
@@ -99,8 +99,8 @@ _USERNS_PARTS = {
        for kind in ("uids", "gids") for part, text in (("container_id", "from id (0)"), ("host_id", "to host id"),
                                                        ("length", "of ids"))},
 }
-_NO_APPARMOR = "AppArmor is not supported: only Unconfined (client.cri.security.refuse_lsm refuses any profile)"
-_NO_SELINUX = "SELinux is not supported: an SELinux context is refused (client.cri.security.refuse_lsm)"
+_NO_APPARMOR = "AppArmor is not supported: only Unconfined (shim.cri.security.refuse_lsm refuses any profile)"
+_NO_SELINUX = "SELinux is not supported: an SELinux context is refused (shim.cri.security.refuse_lsm)"
 _WINDOWS = _refused("a Windows setting: this is a Linux runtime")
 _RESOURCE_FILES = {
     "cpu_period": "cpu.cfs_period_us",

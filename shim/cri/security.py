@@ -24,7 +24,7 @@ containerd's semantics, field by field (internal/cri/server/container_create*.go
   /etc/group (Merge, the default, keeps them).
 - seccomp: ``seccomp`` (else the deprecated ``seccomp_profile_path``: ``runtime/default``,
   ``docker/default``, ``unconfined`` or ``localhost/<absolute path>``); absent: unconfined, as
-  containerd; RuntimeDefault is :func:`client.cri.seccomp_default.default_profile` for the
+  containerd; RuntimeDefault is :func:`shim.cri.seccomp_default.default_profile` for the
   container's capabilities; Localhost reads an OCI profile (JSON) from the node.
 - AppArmor and SELinux: this host has no LSM, so a profile or label asked for is refused, never
   ignored ("unconfined" AppArmor is accepted: it is what there is).
@@ -39,13 +39,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from shim.api.defaults import DEFAULT_CAPABILITIES
+from shim.cri.seccomp_default import default_profile
 from shim.lib import capabilities as capability_sets
 from shim.lib.files import read_regular
 from shim.lib.idmaps import UserNamespace, inside_id
 from shim.lib.processes import read_status
 from shim.rpc.status import InvalidArgument
-
-from client.cri.seccomp_default import default_profile
 
 __all__ = ["MERGE", "PROFILE_TYPES", "STRICT", "USER_FILES", "ContainerSecurity", "SecurityProfile",
            "held_capabilities", "host_read_file", "load_localhost_profile", "pause_fields", "pause_user",
@@ -158,7 +157,7 @@ def _bool(doc: Mapping[str, Any], key: str, path: str) -> bool:
 @dataclass(frozen=True)
 class ContainerSecurity:
     """The fields of a LinuxContainerSecurityContext this module translates (namespace options
-    and readonly_rootfs are read by :class:`client.cri.configs.ContainerConfig`)."""
+    and readonly_rootfs are read by :class:`shim.cri.configs.ContainerConfig`)."""
 
     privileged: bool = False
     add_capabilities: tuple[str, ...] = ()

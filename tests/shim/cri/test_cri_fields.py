@@ -1,6 +1,6 @@
 """Every field of CRI's ContainerConfig and PodSandboxConfig is applied or refused with a sentence,
 never dropped: the generated messages (the schema podshimd serves) are walked field by field, and a
-field that client/cri/fields.py's table does not name fails here; a field the table refuses is
+field that shim/cri/fields.py's table does not name fails here; a field the table refuses is
 refused when it asks for something, and not when it is at its zero value (kubelet sends some of them
 with every pod); docs/cri.md shows the table as it is."""
 
@@ -12,15 +12,14 @@ from typing import Any
 import pytest
 from google.protobuf import json_format
 
+from shim.cri import fields
+from shim.cri.api import api_pb2
+from shim.cri.configs import ContainerConfig, PodSandboxConfig
 from shim.rpc.status import InvalidArgument
-
-from client.cri import fields
-from client.cri.configs import ContainerConfig, PodSandboxConfig
-from client.criapi import api_pb2
 
 from support.podtools import container_config, pod_config
 
-DOCS = os.path.join(os.path.dirname(__file__), "..", "..", "docs", "cri.md")
+DOCS = os.path.join(os.path.dirname(__file__), "..", "..", "..", "docs", "cri.md")
 
 
 def schema_fields(descriptor, prefix: str = "", seen: tuple = ()) -> dict[str, Any]:
@@ -170,16 +169,16 @@ def test_a_user_namespace_podshim_cannot_make_is_refused(userns, sentence):
         PodSandboxConfig.from_json(pod)
 
 
-def test_a_field_through_podshimd_s_translation_is_refused_too():
-    from client.podshimd import translate
+def test_a_field_through_the_protobuf_request_is_refused_too():
+    from shim.cri import requests
 
     config = json_format.ParseDict(container_config(["true"]), api_pb2.ContainerConfig())
     config.linux.security_context.capabilities.add_ambient_capabilities.append("CAP_NET_RAW")
     with pytest.raises(InvalidArgument, match="add_ambient_capabilities cannot be applied: ambient capabilities"):
-        translate.container_config(api_pb2.CreateContainerRequest(config=config))
+        requests.container_config(api_pb2.CreateContainerRequest(config=config))
 
 
 def test_docs_show_the_table_as_it_is():
     with open(DOCS) as f:
         text = f.read()
-    assert fields.markdown() in text, "docs/cri.md's field table differs: python -m client.cri.fields prints it"
+    assert fields.markdown() in text, "docs/cri.md's field table differs: python -m shim.cri.fields prints it"

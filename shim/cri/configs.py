@@ -18,15 +18,14 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from shim.api.identifiers import validate_annotations, validate_hostname, validate_labels
+from shim.cri.cdinames import parse_name as parse_cdi_name
+from shim.cri.fields import CONTAINER_CONFIG, POD_SANDBOX_CONFIG
+from shim.cri.fields import check as check_fields
+from shim.cri.resources import pod_resources, shim_resources
+from shim.cri.security import ContainerSecurity
 from shim.lib.files import read_json
 from shim.lib.idmaps import UserNamespace
 from shim.rpc.status import InvalidArgument
-
-from client.cri.cdi import parse_name as parse_cdi_name
-from client.cri.fields import CONTAINER_CONFIG, POD_SANDBOX_CONFIG
-from client.cri.fields import check as check_fields
-from client.cri.resources import pod_resources, shim_resources
-from client.cri.security import ContainerSecurity
 
 __all__ = [
     "NAMESPACE_MODES",
@@ -338,7 +337,7 @@ class PodSandboxConfig:
     @property
     def shim_pod_resources(self) -> dict[str, Any]:
         """The pod's cgroup's resources (UpdateSandbox's), as UpdatePodSandboxResources reads them:
-        ``resources`` with ``overhead`` added (:func:`client.cri.resources.pod_resources`)."""
+        ``resources`` with ``overhead`` added (:func:`shim.cri.resources.pod_resources`)."""
         return pod_resources(self.overhead, self.resources)
 
     @property
@@ -349,7 +348,7 @@ class PodSandboxConfig:
     @classmethod
     def from_json(cls, doc: Any) -> PodSandboxConfig:
         """Parse a pod config document; InvalidArgument naming the JSON path of a bad field, or of
-        one podshim does not know or cannot apply (:mod:`client.cri.fields`)."""
+        one podshim does not know or cannot apply (:mod:`shim.cri.fields`)."""
         f = _Fields(doc)
         check_fields(doc, POD_SANDBOX_CONFIG, "PodSandboxConfig")
         log_directory = f.string("log_directory")
@@ -607,7 +606,7 @@ class ContainerConfig:
     stdin_once: bool = False  # ... until the first attach that wrote to it detaches
     tty: bool = False
     #: ``linux.resources`` as given, without its unset (zero) fields: CRI's LinuxContainerResources,
-    #: which :func:`client.cri.resources.shim_resources` makes the task's Create ``resources``.
+    #: which :func:`shim.cri.resources.shim_resources` makes the task's Create ``resources``.
     resources: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -623,7 +622,7 @@ class ContainerConfig:
     @classmethod
     def from_json(cls, doc: Any) -> ContainerConfig:
         """Parse a container config document; InvalidArgument naming the JSON path of a bad field, or
-        of one podshim does not know or cannot apply (:mod:`client.cri.fields`)."""
+        of one podshim does not know or cannot apply (:mod:`shim.cri.fields`)."""
         f = _Fields(doc)
         check_fields(doc, CONTAINER_CONFIG, "ContainerConfig")
         command, args = f.str_list("command"), f.str_list("args")

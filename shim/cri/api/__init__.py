@@ -2,7 +2,7 @@
 
 Neither module is in the repository: .ci/install compiles k8s.io/cri-api's api.proto, at the version
 and sha256 .ci/pins.toml pins, into this package (``.ci/gotool schemas`` does it alone, in a
-development checkout). Importing this package imports neither: ``from client.criapi import api_pb2``.
+development checkout). Importing this package imports neither: ``from shim.cri.api import api_pb2``.
 Where they were never compiled, that import raises :class:`NotGenerated` with a sentence that says so.
 """
 
@@ -19,7 +19,7 @@ class NotGenerated(ImportError):
 
 
 def __getattr__(name: str) -> ModuleType:
-    # `from client.criapi import api_pb2` asks the package for the attribute when importing the
+    # `from shim.cri.api import api_pb2` asks the package for the attribute when importing the
     # submodule failed: that is where a missing generated module gets its sentence.
     if name not in GENERATED:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

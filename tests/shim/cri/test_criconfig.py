@@ -1,4 +1,4 @@
-"""client.cri.configs: crictl's JSON configs parse into frozen dataclasses; bad fields are named."""
+"""shim.cri.configs: crictl's JSON configs parse into frozen dataclasses; bad fields are named."""
 
 from __future__ import annotations
 
@@ -9,12 +9,11 @@ import re
 
 import pytest
 
+from shim.cri.configs import SANDBOX_OOM_SCORE_ADJ, ContainerConfig, PodSandboxConfig
 from shim.rpc.status import InvalidArgument
 from shim.sandbox.options import SandboxOptions
 
-from client.cri.configs import SANDBOX_OOM_SCORE_ADJ, ContainerConfig, PodSandboxConfig
-
-ROOT = pathlib.Path(__file__).parent.parent.parent
+ROOT = pathlib.Path(__file__).parents[3]
 EXAMPLES = ROOT / "examples"
 
 POD = {
