@@ -127,10 +127,7 @@ def _preload_containerd() -> None:
     serves containerd pays nothing for it."""
     try:
         from shim.containerd import events, metrics, services, stdio, tasks  # noqa: F401  (preloaded for the shims forked from here)
-        from shim.cri import (
-            requests,  # noqa: F401  (preloaded for the shims forked from here)
-            security,  # noqa: F401  (preloaded for the shims forked from here)
-        )
+        from shim.cri import requests, security  # noqa: F401  (preloaded for the shims forked from here)
         from shim.cri.api import api_pb2  # noqa: F401  (preloaded for the shims forked from here)
         from shim.lib import podfiles  # noqa: F401  (preloaded for the shims forked from here)
 
