@@ -111,7 +111,7 @@ def test_an_editable_install_whose_checkout_is_gone_says_so(venv, tmp_path):
 
 def test_podshimd_without_the_generated_cri_code_refuses_to_start(tmp_path):
     checkout = copy_checkout(str(tmp_path / "checkout"))  # git ignores the generated code: not copied
-    assert not [name for name in os.listdir(os.path.join(checkout, "client", "criapi")) if "_pb2" in name]
+    assert not [name for name in os.listdir(os.path.join(checkout, "shim", "cri", "api")) if "_pb2" in name]
     (tmp_path / "config.toml").write_text("")
     done = subprocess.run(podshimd_argv(str(tmp_path)), cwd=checkout, stdin=subprocess.DEVNULL, capture_output=True,
                           text=True, timeout=60)
