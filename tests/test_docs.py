@@ -99,11 +99,10 @@ def option_strings(parser: argparse.ArgumentParser) -> set[str]:
 
 def parsers() -> dict[str, argparse.ArgumentParser]:
     from shim.cli import _parser as podshim_parser
+    from shim.containerd.proxy import _parser as sandboxer_parser
 
     from client.cli.main import _top_parser
     from client.podshimd.__main__ import _parser as podshimd_parser
-
-    from shim.containerd.proxy import _parser as sandboxer_parser
 
     return {"podshimd": podshimd_parser(), "podshimctl": _top_parser(), "podshim": podshim_parser(),
             "podshim-sandboxer": sandboxer_parser()}
