@@ -65,7 +65,7 @@ def config_rows() -> dict[str, list[str]]:
     return rows
 
 
-def test_the_config_table_has_every_key_of_the_schema_and_no_other():
+def test_the_config_table_has_every_key_of_the_schema_and_no_other() -> None:
     fields = {f.name: f for f in dataclasses.fields(podshimd_config.Config)}
     rows = config_rows()
     missing = [f"| `{name}` | `{toml_value(field.default)}` | "
@@ -76,7 +76,7 @@ def test_the_config_table_has_every_key_of_the_schema_and_no_other():
 
 
 @pytest.mark.parametrize("field", dataclasses.fields(podshimd_config.Config), ids=lambda f: f.name)
-def test_each_config_default_is_the_schemas(field):
+def test_each_config_default_is_the_schemas(field) -> None:
     default, flag = config_rows()[field.name][:2]
     assert default == f"`{toml_value(field.default)}`"
     expected_flag = podshimd_config._FLAGS.get(field.name)
@@ -109,7 +109,7 @@ def parsers() -> dict[str, argparse.ArgumentParser]:
 
 
 @pytest.mark.parametrize("program", ["podshimd", "podshimctl", "podshim", "podshim-sandboxer"])
-def test_every_flag_is_on_the_page(program):
+def test_every_flag_is_on_the_page(program) -> None:
     text = page()
     section = text.split(f"\n### {program}\n", 1)[1].split("\n## ", 1)[0].split("\n### ", 1)[0]
     missing = sorted(o for o in option_strings(parsers()[program])
@@ -135,7 +135,7 @@ def variables_read() -> dict[str, str]:
     return {v: where for v, where in found.items() if v not in NOT_VARIABLES}
 
 
-def test_every_podshim_variable_is_on_the_page_and_every_one_there_is_read():
+def test_every_podshim_variable_is_on_the_page_and_every_one_there_is_read() -> None:
     read = variables_read()
     assert "PODSHIM_ENDPOINT" in read  # the scan finds what it must
     environment = page().split("\n## Environment variables\n", 1)[1]
@@ -153,7 +153,7 @@ def pages() -> list[str]:
 
 
 @pytest.mark.parametrize("path", pages(), ids=lambda p: os.path.relpath(p, ROOT))
-def test_every_relative_link_resolves(path):
+def test_every_relative_link_resolves(path) -> None:
     with open(path, encoding="utf-8") as f:
         text = f.read()
     broken = []

@@ -132,7 +132,7 @@ def builds(log) -> list[str]:
     return [line for line in log.read_text().splitlines() if " install " in line]
 
 
-def test_a_tool_is_built_once_into_the_cache_keyed_by_its_version_and_reused(fake, tmp_path):
+def test_a_tool_is_built_once_into_the_cache_keyed_by_its_version_and_reused(fake, tmp_path) -> None:
     path = gotool.tool_path("hello")
     assert path == str(tmp_path / "cache" / "hello-v1.2.3" / "hello")
     assert gotool.tool_path("hello") == path
@@ -142,7 +142,7 @@ def test_a_tool_is_built_once_into_the_cache_keyed_by_its_version_and_reused(fak
     assert os.stat(tmp_path / "cache" / "hello-v1.2.3").st_mode & 0o777 == 0o755
 
 
-def test_two_callers_at_once_build_the_tool_once(fake, monkeypatch):
+def test_two_callers_at_once_build_the_tool_once(fake, monkeypatch) -> None:
     monkeypatch.setenv("FAKE_BUILD_SECONDS", "1")
     paths: list[str] = []
     callers = [threading.Thread(target=lambda: paths.append(gotool.tool_path("hello"))) for _ in range(2)]
@@ -154,7 +154,7 @@ def test_two_callers_at_once_build_the_tool_once(fake, monkeypatch):
     assert len(builds(fake)) == 1
 
 
-def test_a_failed_build_names_its_step_and_leaves_nothing_behind(fake, tmp_path, monkeypatch):
+def test_a_failed_build_names_its_step_and_leaves_nothing_behind(fake, tmp_path, monkeypatch) -> None:
     monkeypatch.setenv("FAKE_FAIL", "undefined: frobnicate")
     with pytest.raises(gotool.GoToolError) as failed:
         gotool.tool_path("hello")
@@ -164,7 +164,7 @@ def test_a_failed_build_names_its_step_and_leaves_nothing_behind(fake, tmp_path,
     assert not [name for name in os.listdir(tmp_path / "cache") if name.startswith(".build-")]
 
 
-def test_a_build_that_outlives_its_time_is_killed_and_leaves_nothing_behind(fake, tmp_path, monkeypatch):
+def test_a_build_that_outlives_its_time_is_killed_and_leaves_nothing_behind(fake, tmp_path, monkeypatch) -> None:
     monkeypatch.setenv("FAKE_BUILD_SECONDS", "60")
     started = time.monotonic()
     with pytest.raises(gotool.GoToolError) as failed:
@@ -177,7 +177,7 @@ def test_a_build_that_outlives_its_time_is_killed_and_leaves_nothing_behind(fake
 
 
 def test_a_go_older_than_the_module_asks_for_fetches_the_pinned_toolchain_and_builds_with_it(fake, tmp_path,
-                                                                                          monkeypatch):
+                                                                                          monkeypatch) -> None:
     monkeypatch.setenv("FAKE_GO_VERSION", "go1.19.8")  # Debian 12's golang-go
     toolchain = tmp_path / "modules" / "golang.org" / "toolchain@v0.0.1-go1.26.8.linux-amd64"
     os.makedirs(toolchain / "bin")
@@ -196,7 +196,7 @@ def test_a_go_older_than_the_module_asks_for_fetches_the_pinned_toolchain_and_bu
 
 
 def test_a_module_that_needs_a_newer_go_than_the_pinned_toolchain_is_refused_with_what_to_raise(fake, tmp_path,
-                                                                                               monkeypatch):
+                                                                                               monkeypatch) -> None:
     monkeypatch.setenv("FAKE_GO_VERSION", "go1.19.8")
     (tmp_path / "modules" / "example.com" / "hello@v1.2.3.mod").write_text("module example.com/hello\n\ngo 1.27\n")
     with pytest.raises(gotool.GoToolError, match=r"^the pinned toolchain go1\.26\.8 is older than go1\.27\.0, which "
@@ -205,12 +205,12 @@ def test_a_module_that_needs_a_newer_go_than_the_pinned_toolchain_is_refused_wit
     assert builds(fake) == []
 
 
-def test_a_tool_without_a_pin_or_a_way_to_build_it_is_refused(fake):
+def test_a_tool_without_a_pin_or_a_way_to_build_it_is_refused(fake) -> None:
     with pytest.raises(gotool.GoToolError, match=r"^no tool 'nope' is pinned in .*pins\.toml \(pinned: hello, node\)$"):
         gotool.tool_path("nope")
 
 
-def test_a_schema_file_without_the_pinned_sha256_is_refused(fake, tmp_path):
+def test_a_schema_file_without_the_pinned_sha256_is_refused(fake, tmp_path) -> None:
     module = tmp_path / "modules" / "example.com" / "greeting@v0.1.0"
     module.mkdir()
     (module / "greeting.proto").write_text('syntax = "proto3";\n')
@@ -223,7 +223,7 @@ def test_a_schema_file_without_the_pinned_sha256_is_refused(fake, tmp_path):
     assert not os.path.exists(tmp_path / "repo")
 
 
-def test_the_pinned_build_tags_are_given_to_the_build(fake, tmp_path):
+def test_the_pinned_build_tags_are_given_to_the_build(fake, tmp_path) -> None:
     pins = tmp_path / "pins.toml"
     pins.write_text(PINS.replace('build = "install"', 'build = "install"\ntags = "no_docs  no_btrfs"'))
     gotool.tool_path("hello")
@@ -231,7 +231,7 @@ def test_the_pinned_build_tags_are_given_to_the_build(fake, tmp_path):
                             "-tags=no_docs,no_btrfs example.com/hello/cmd/hello@v1.2.3"]
 
 
-def test_schema_files_importing_each_other_by_their_path_in_the_module_import_from_the_package(fake, tmp_path):
+def test_schema_files_importing_each_other_by_their_path_in_the_module_import_from_the_package(fake, tmp_path) -> None:
     """containerd's API files import each other as "types/mount.proto": the generated code must
     import those from the pin's package, not from a top-level ``types``."""
     import hashlib
@@ -257,7 +257,7 @@ def test_schema_files_importing_each_other_by_their_path_in_the_module_import_fr
 
 
 def test_a_module_build_replaces_what_the_module_takes_from_its_own_directories_by_their_published_version(
-        fake, tmp_path):
+        fake, tmp_path) -> None:
     path = gotool.tool_path("node")
     assert path == str(tmp_path / "cache" / "node-v1.4.2" / "node")
     throwaway = (tmp_path / "go.log.gomod").read_text()

@@ -71,7 +71,7 @@ def venv(tmp_path_factory):
     shutil.rmtree(path, ignore_errors=True)
 
 
-def test_the_installed_commands_run_after_the_checkout_is_deleted(venv, tmp_path):
+def test_the_installed_commands_run_after_the_checkout_is_deleted(venv, tmp_path) -> None:
     checkout, bin_dir = copy_checkout(str(tmp_path / "checkout")), tmp_path / "bin"
     bin_dir.mkdir()
     first = install(checkout, venv, str(bin_dir))
@@ -96,7 +96,7 @@ def test_the_installed_commands_run_after_the_checkout_is_deleted(venv, tmp_path
     assert (generated.returncode, generated.stdout, generated.stderr) == (0, "containerd.runtime.sandbox.v1.Sandbox\n", "")
 
 
-def test_an_editable_install_whose_checkout_is_gone_says_so(venv, tmp_path):
+def test_an_editable_install_whose_checkout_is_gone_says_so(venv, tmp_path) -> None:
     checkout, bin_dir = copy_checkout(str(tmp_path / "checkout"), generated=True), tmp_path / "bin"
     bin_dir.mkdir()
     install(checkout, venv, str(bin_dir), "--editable")
@@ -109,7 +109,7 @@ def test_an_editable_install_whose_checkout_is_gone_says_so(venv, tmp_path):
                                f"install) is gone: reinstall podshim with .ci/install\n")
 
 
-def test_podshimd_without_the_generated_cri_code_refuses_to_start(tmp_path):
+def test_podshimd_without_the_generated_cri_code_refuses_to_start(tmp_path) -> None:
     checkout = copy_checkout(str(tmp_path / "checkout"))  # git ignores the generated code: not copied
     assert not [name for name in os.listdir(os.path.join(checkout, "shim", "cri", "api")) if "_pb2" in name]
     (tmp_path / "config.toml").write_text("")
@@ -123,7 +123,7 @@ def test_podshimd_without_the_generated_cri_code_refuses_to_start(tmp_path):
 
 
 # Last in the module: it uninstalls the module's venv.
-def test_uninstall_removes_the_pods_the_daemon_and_every_installed_file_and_the_state_only_with_purge(venv, tmp_path):
+def test_uninstall_removes_the_pods_the_daemon_and_every_installed_file_and_the_state_only_with_purge(venv, tmp_path) -> None:
     checkout, bin_dir = copy_checkout(str(tmp_path / "checkout")), tmp_path / "bin"
     bin_dir.mkdir()
     install(checkout, venv, str(bin_dir))

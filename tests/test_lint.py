@@ -26,11 +26,11 @@ def lint(*argv: str, env: dict[str, str] | None = None) -> str:
     return said if done.returncode == 0 else f"{said}(exit status {done.returncode})"
 
 
-def test_ruff_finds_nothing():
+def test_ruff_finds_nothing() -> None:
     assert lint("ruff", "check", "--quiet", "--no-cache", "--output-format", "concise", "shim", "client", "tests", "bench") == ""
 
 
-def test_mypy_finds_nothing():
+def test_mypy_finds_nothing() -> None:
     assert lint("mypy", "--no-error-summary") == ""
 
 
@@ -40,12 +40,14 @@ def test_mypy_finds_nothing():
 #: may use a bare generic (``dict``); Any may be returned; a ``type: ignore`` written for the stricter
 #: reading is not flagged, nor is an annotated variable in an unchecked body. Every annotated function
 #: and every module's top level is checked as the code is. The tests' helpers (tests/support) are in [tool.mypy]'s files: fully strict.
+#: A test function says ``-> None``, so its body is checked; those that do not yet are the ones whose
+#: bodies mypy would fault as they are (mostly an attribute read on an Optional the test knows is set).
 TEST_MODULES_RELAXED = ("--allow-untyped-defs", "--allow-incomplete-defs", "--allow-untyped-calls",
                         "--no-check-untyped-defs", "--allow-any-generics", "--no-warn-return-any",
                         "--no-warn-unused-ignores", "--disable-error-code", "annotation-unchecked")
 
 
-def test_mypy_finds_nothing_in_the_test_modules():
+def test_mypy_finds_nothing_in_the_test_modules() -> None:
     # Named as pytest imports them: by file name, with each test folder on the path (a test module
     # imports its neighbours by name); each conftest alone, since every folder has one of that name.
     # A cache of their own: these options would spoil the strict run's.
@@ -59,7 +61,7 @@ def test_mypy_finds_nothing_in_the_test_modules():
     assert "".join(said) == ""
 
 
-def test_every_layer_imports_only_what_its_contract_allows():
+def test_every_layer_imports_only_what_its_contract_allows() -> None:
     # Run from the checkout (sys.path[0] is it), so the code judged is this tree's, not an installed copy's.
     done = subprocess.run([sys.executable, "-c", "import sys; from importlinter.cli import lint_imports_command; "
                            "sys.exit(lint_imports_command())", "--no-cache"],
@@ -71,7 +73,7 @@ def test_every_layer_imports_only_what_its_contract_allows():
 BARE_NOQA = re.compile(r"#\s*noqa(:\s*[A-Z]+[0-9]+(\s*,\s*[A-Z]+[0-9]+)*)?\s*$")
 
 
-def test_every_noqa_says_why():
+def test_every_noqa_says_why() -> None:
     bare = []
     for name in tracked_files():
         if name.endswith(".py") and name.split("/")[0] in ("shim", "client", "tests", "bench"):
@@ -91,7 +93,7 @@ def tracked_files() -> list[str]:
     return [name for name in done.stdout.decode().split("\0") if name]
 
 
-def test_no_upstream_text_is_tracked():
+def test_no_upstream_text_is_tracked() -> None:
     files = tracked_files()
     assert "pyproject.toml" in files  # the listing is the repository's
     found = [name for name in files if UPSTREAM_FILE.search(name)]
@@ -103,7 +105,7 @@ def test_no_upstream_text_is_tracked():
     assert found == []
 
 
-def test_every_test_module_has_a_name_of_its_own():
+def test_every_test_module_has_a_name_of_its_own() -> None:
     # pytest imports test modules by their basename (tests/ has no packages): two files of one name
     # in different folders stop the whole suite at collection.
     seen: dict[str, list[str]] = {}

@@ -40,7 +40,7 @@ def scratch():
     shutil.rmtree(path)
 
 
-def test_a_registry_answers_v2_and_leaves_nothing_when_stopped():
+def test_a_registry_answers_v2_and_leaves_nothing_when_stopped() -> None:
     with running_registry() as registry:
         status, headers, _ = registry.get("/v2/")
         assert status == 200
@@ -50,7 +50,7 @@ def test_a_registry_answers_v2_and_leaves_nothing_when_stopped():
     assert not os.path.exists(directory)
 
 
-def test_a_registry_is_stopped_and_removed_when_the_block_raises():
+def test_a_registry_is_stopped_and_removed_when_the_block_raises() -> None:
     with pytest.raises(KeyError), running_registry() as registry:
         directory, pid = registry.directory, registry.pid
         raise KeyError("the test failed")
@@ -58,7 +58,7 @@ def test_a_registry_is_stopped_and_removed_when_the_block_raises():
     assert not os.path.exists(directory)
 
 
-def test_the_auth_registry_wants_its_credentials(auth_registry, test_images):
+def test_the_auth_registry_wants_its_credentials(auth_registry, test_images) -> None:
     from support.registry import _http_get
     status, headers, _ = _http_get(auth_registry.host, "/v2/", {})
     assert status == 401
@@ -71,7 +71,7 @@ def test_the_auth_registry_wants_its_credentials(auth_registry, test_images):
     assert "unauthorized" in refused.stderr.lower() or "authentication required" in refused.stderr.lower()
 
 
-def test_busybox_is_an_oci_image_of_three_layers_running_sh(test_images):
+def test_busybox_is_an_oci_image_of_three_layers_running_sh(test_images) -> None:
     image = test_images.busybox
     status, headers, body = image.registry.get(f"/v2/{image.repo}/manifests/{image.tag}", {"Accept": OCI_MANIFEST})
     assert (status, headers["content-type"], headers["docker-content-digest"]) == (200, OCI_MANIFEST, image.digest)
@@ -86,7 +86,7 @@ def test_busybox_is_an_oci_image_of_three_layers_running_sh(test_images):
     assert inspect(image.registry.ref("test/busybox:latest"))["Digest"] == image.digest
 
 
-def test_busybox_v2s2_is_the_same_image_as_docker_schema_2(test_images):
+def test_busybox_v2s2_is_the_same_image_as_docker_schema_2(test_images) -> None:
     raw = json.loads(skopeo("inspect", "--tls-verify=false", "--raw",
                             f"docker://{test_images.busybox_v2s2.ref}").stdout)
     assert raw["mediaType"] == DOCKER_MANIFEST
@@ -94,7 +94,7 @@ def test_busybox_v2s2_is_the_same_image_as_docker_schema_2(test_images):
     assert inspect(test_images.busybox_v2s2.ref)["Layers"] == inspect(test_images.busybox.ref)["Layers"]
 
 
-def test_multiarch_is_an_index_of_amd64_and_arm64_and_resolves_to_amd64(test_images):
+def test_multiarch_is_an_index_of_amd64_and_arm64_and_resolves_to_amd64(test_images) -> None:
     image = test_images.multiarch
     raw = json.loads(skopeo("inspect", "--tls-verify=false", "--raw", f"docker://{image.ref}").stdout)
     assert raw["mediaType"] == OCI_INDEX
@@ -109,7 +109,7 @@ def test_multiarch_is_an_index_of_amd64_and_arm64_and_resolves_to_amd64(test_ima
                                     "--override-arch", "arm64")["Layers"]
 
 
-def test_busybox_unpacks_with_its_whiteout_and_opaque_directory_applied_and_runs(test_images, scratch):
+def test_busybox_unpacks_with_its_whiteout_and_opaque_directory_applied_and_runs(test_images, scratch) -> None:
     layout, bundle = os.path.join(scratch, "oci"), os.path.join(scratch, "bundle")
     skopeo("copy", "--quiet", "--src-tls-verify=false", f"docker://{test_images.busybox.ref}", f"oci:{layout}:b")
     subprocess.run(["umoci", "unpack", "--image", f"{layout}:b", bundle], check=True, capture_output=True)
@@ -127,7 +127,7 @@ def test_busybox_unpacks_with_its_whiteout_and_opaque_directory_applied_and_runs
     assert (ran.returncode, ran.stdout) == (0, "3\nroot\n")
 
 
-def test_a_custom_image_carries_its_files_and_config(test_images, scratch):
+def test_a_custom_image_carries_its_files_and_config(test_images, scratch) -> None:
     config = ImageConfig(entrypoint=("/bin/httpd", "-f"), cmd=("-p", "8080"), env=("PATH=/bin", "GREETING=hi"),
                          working_dir="/var/www", user="nobody", exposed_ports=("8080/tcp",),
                          labels=(("podshim.test", "yes"),))
@@ -146,7 +146,7 @@ def test_a_custom_image_carries_its_files_and_config(test_images, scratch):
     assert len(inspect(image.ref)["Layers"]) == 4  # busybox's three and its own
 
 
-def test_a_custom_image_on_no_base_and_as_docker_schema_2(test_images):
+def test_a_custom_image_on_no_base_and_as_docker_schema_2(test_images) -> None:
     image = test_images.build("scratch-v2s2", [{"hello": "world\n"}], ImageConfig(cmd=("/hello",)), base=None,
                               format="v2s2")
     raw = json.loads(skopeo("inspect", "--tls-verify=false", "--raw", f"docker://{image.ref}").stdout)
@@ -155,7 +155,7 @@ def test_a_custom_image_on_no_base_and_as_docker_schema_2(test_images):
     assert inspect(image.ref, "--config")["config"]["Cmd"] == ["/hello"]
 
 
-def test_a_hard_link_header_carries_its_targets_mode():
+def test_a_hard_link_header_carries_its_targets_mode() -> None:
     # containerd applies a hard link's header mode to the shared inode: a 0644 link to busybox
     # would leave every applet unexecutable.
     archive = layer_tar([Entry("bin/busybox", data=b"\x7fELF", mode=0o755), Entry("bin/sh", "link", target="bin/busybox")])

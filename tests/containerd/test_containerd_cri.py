@@ -17,7 +17,7 @@ from support.ctrdtools import pod_config, sleeping_pod
 from support.shimtools import ProcessRef
 
 
-def test_a_pod_runs_on_podshims_shim_through_containerds_cri_and_leaves_nothing(containerd, crictl, directory):
+def test_a_pod_runs_on_podshims_shim_through_containerds_cri_and_leaves_nothing(containerd, crictl, directory) -> None:
     ran = containerd.crictl(crictl, "runp", "--runtime", "podshim", pod_config(directory, "web"))
     assert ran.returncode == 0, f"{ran.stderr}\n{containerd.log()[-6000:]}"
     pod_id = ran.stdout.strip()
@@ -54,7 +54,7 @@ def test_a_pod_runs_on_podshims_shim_through_containerds_cri_and_leaves_nothing(
 
 
 def test_a_container_runs_in_a_podshim_pod_through_containerds_cri_and_leaves_nothing(containerd, crictl, directory,
-                                                                                         test_images):
+                                                                                         test_images) -> None:
     image = test_images.busybox.ref
     pulled = containerd.crictl(crictl, "pull", image, timeout=120)
     assert pulled.returncode == 0, f"{pulled.stderr}\n{containerd.log()[-4000:]}"
@@ -96,7 +96,7 @@ def test_a_container_runs_in_a_podshim_pod_through_containerds_cri_and_leaves_no
 
 
 def test_containerd_killed_and_restarted_finds_its_podshim_pods_and_containers_again(containerd, crictl, directory,
-                                                                                    test_images):
+                                                                                    test_images) -> None:
     pod_id, cid = sleeping_pod(containerd, crictl, directory, test_images.busybox.ref, "kept")
     shims = containerd.shims()
 
@@ -120,7 +120,7 @@ def test_containerd_killed_and_restarted_finds_its_podshim_pods_and_containers_a
 
 
 def test_a_podshim_shim_killed_is_seen_by_containerd_and_its_pod_is_cleaned_up(containerd, crictl, directory,
-                                                                               test_images):
+                                                                               test_images) -> None:
     pod_id, cid = sleeping_pod(containerd, crictl, directory, test_images.busybox.ref, "doomed")
     [shim] = containerd.shims()
     shim_process = ProcessRef(shim)
@@ -158,7 +158,7 @@ def test_a_podshim_shim_killed_is_seen_by_containerd_and_its_pod_is_cleaned_up(c
 
 
 def test_a_podshim_pods_containers_get_the_dns_config_hostname_and_hosts_containerd_gives_runcs(
-        containerd, crictl, directory, test_images):
+        containerd, crictl, directory, test_images) -> None:
     # containerd's CRI mounts a pod's resolv.conf, hosts and hostname only where its own podsandbox
     # controller wrote them: podshim's shim writes them, and binds them into each container.
     dns = {"servers": ["10.0.0.10", "10.0.0.11"], "searches": ["ns1.svc.cluster.local", "cluster.local"],
@@ -179,7 +179,7 @@ def test_a_podshim_pods_containers_get_the_dns_config_hostname_and_hosts_contain
 
 
 def test_containerd_gives_the_podshim_handler_recursive_read_only_mounts_from_its_features(containerd, crictl,
-                                                                                          directory, test_images):
+                                                                                          directory, test_images) -> None:
     # containerd's CRI learns a handler's features from the shim's `-info`: with `rro` among its mount
     # options, a recursively read-only CRI mount is taken, and every mount below it is read-only too.
     info = containerd.crictl(crictl, "info")

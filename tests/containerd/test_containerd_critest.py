@@ -37,7 +37,7 @@ EXPECTED = [
 
 
 def test_critest_through_containerd_passes_on_podshim_what_it_passes_on_runc(critest, critest_image_set, directory,
-                                                                            outer_netns):
+                                                                            outer_netns) -> None:
     images = critest_image_set
     port = int(images.registry.host.rpartition(":")[2])
     results: dict[str, CritestResult] = {}

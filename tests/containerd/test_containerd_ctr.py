@@ -29,7 +29,7 @@ def assert_nothing_left(containerd) -> None:
     assert os.listdir(os.path.join(containerd.state, "io.containerd.runtime.v2.task", "default")) == []
 
 
-def test_ctr_run_with_its_default_spec_runs_with_its_tmpfs_on_run_and_leaves_nothing(containerd, test_images):
+def test_ctr_run_with_its_default_spec_runs_with_its_tmpfs_on_run_and_leaves_nothing(containerd, test_images) -> None:
     ctr, runtime = ctr_and_runtime(containerd, test_images)
     try:
         # ctr's default spec: a tmpfs on /run, nosuid, strictatime, mode=755, size=65536k
@@ -49,7 +49,7 @@ def test_ctr_run_with_its_default_spec_runs_with_its_tmpfs_on_run_and_leaves_not
     assert_nothing_left(containerd)
 
 
-def test_ctr_task_exec_gets_the_rlimits_of_its_process_spec(containerd, test_images):
+def test_ctr_task_exec_gets_the_rlimits_of_its_process_spec(containerd, test_images) -> None:
     ctr, runtime = ctr_and_runtime(containerd, test_images)
     try:
         ran = subprocess.run([*ctr, "run", "-d", "--runtime", runtime, test_images.busybox.ref, "plain2", "sleep", "60"],

@@ -53,7 +53,7 @@ def _assert_nothing_left(containerd, sandboxer, crictl):
 
 
 def test_a_pod_and_its_container_run_through_the_proxy_route_and_leave_nothing(containerd, sandboxer, crictl,
-                                                                                 directory, test_images):
+                                                                                 directory, test_images) -> None:
     image = test_images.busybox.ref
     assert containerd.crictl(crictl, "pull", image, timeout=120).returncode == 0
     pod_json = pod_config(directory, "app")
@@ -120,7 +120,7 @@ def _assert_alive(containerd, crictl, pod_id, cid):
     assert (executed.returncode, executed.stdout.strip()) == (0, "still here"), executed.stderr
 
 
-def test_a_pod_lives_on_across_a_restart_of_containerd(containerd, sandboxer, crictl, directory, test_images):
+def test_a_pod_lives_on_across_a_restart_of_containerd(containerd, sandboxer, crictl, directory, test_images) -> None:
     pod_id, cid = _pod_with_container(containerd, sandboxer, crictl, directory, test_images.busybox.ref, "ctrd")
     shim_pid = _record(sandboxer, pod_id)["shim_pid"]
     containerd.kill_and_restart()
@@ -133,7 +133,7 @@ def test_a_pod_lives_on_across_a_restart_of_containerd(containerd, sandboxer, cr
 
 
 def test_a_pod_lives_on_across_a_kill_of_the_sandboxer_and_stops_through_the_new_one(containerd, sandboxer, crictl,
-                                                                                      directory, test_images):
+                                                                                      directory, test_images) -> None:
     pod_id, cid = _pod_with_container(containerd, sandboxer, crictl, directory, test_images.busybox.ref, "sbx")
     shim_pid = _record(sandboxer, pod_id)["shim_pid"]
     sandboxer.kill_and_restart()
@@ -152,7 +152,7 @@ def test_a_pod_lives_on_across_a_kill_of_the_sandboxer_and_stops_through_the_new
 
 
 def test_a_killed_shim_ends_its_pod_and_its_removal_leaves_nothing(containerd, sandboxer, crictl, directory,
-                                                                     test_images):
+                                                                     test_images) -> None:
     pod_id, cid = _pod_with_container(containerd, sandboxer, crictl, directory, test_images.busybox.ref, "dead")
     record = _record(sandboxer, pod_id)
     pause = ProcessRef(record["pause"]["pid"])
@@ -202,7 +202,7 @@ def _ps(pids):
     return "\n".join(out)
 
 
-def test_without_a_template_the_sandboxer_starts_each_shim_with_podshim_start(containerd, crictl, directory):
+def test_without_a_template_the_sandboxer_starts_each_shim_with_podshim_start(containerd, crictl, directory) -> None:
     from support.ctrdtools import running_sandboxer
 
     with running_sandboxer(containerd, use_template=False) as sandboxer:

@@ -59,7 +59,7 @@ def value(usage: dict, name: str) -> int:
 
 
 def test_crictl_stats_and_statsp_show_a_podshim_containers_real_cpu_and_memory(cgroup_parent, containerd, crictl,
-                                                                            directory, test_images):
+                                                                            directory, test_images) -> None:
     holder = f"x=$(head -c {HELD_BYTES} /dev/zero | tr '\\0' a); echo held; while sleep 1; do :; done"
     pod_id, cid = sleeping_pod(containerd, crictl, directory, test_images.busybox.ref, "busy",
                                command=("sh", "-c", holder), linux={"cgroup_parent": cgroup_parent})

@@ -29,7 +29,7 @@ def crictl_argv(containerd, crictl, ctrd_netns):
     return argv
 
 
-def test_exec_i_gets_its_stdin_to_the_end(containerd, crictl, directory, test_images, crictl_argv):
+def test_exec_i_gets_its_stdin_to_the_end(containerd, crictl, directory, test_images, crictl_argv) -> None:
     _, cid = sleeping_pod(containerd, crictl, directory, test_images.busybox.ref, "in")
     done = subprocess.run(crictl_argv("exec", "-i", cid, "sh", "-c", "read a; echo got $a; cat"),
                           input=b"hello\nthe rest\n", capture_output=True, timeout=60)
@@ -37,7 +37,7 @@ def test_exec_i_gets_its_stdin_to_the_end(containerd, crictl, directory, test_im
     assert done.stdout == b"got hello\nthe rest\n"
 
 
-def test_exec_it_runs_on_a_terminal_of_its_own_that_follows_crictls_size(containerd, crictl, directory, test_images, crictl_argv):
+def test_exec_it_runs_on_a_terminal_of_its_own_that_follows_crictls_size(containerd, crictl, directory, test_images, crictl_argv) -> None:
     _, cid = sleeping_pod(containerd, crictl, directory, test_images.busybox.ref, "tty")
     term = OnTerminal(crictl_argv("exec", "-it", cid, "sh"), rows=40, cols=100)
     try:
@@ -83,7 +83,7 @@ def wait_exited(containerd, crictl: str, cid: str) -> None:
         time.sleep(0.1)
 
 
-def test_attach_i_feeds_a_containers_stdin_once(containerd, crictl, directory, test_images, crictl_argv):
+def test_attach_i_feeds_a_containers_stdin_once(containerd, crictl, directory, test_images, crictl_argv) -> None:
     cid = started_container(containerd, crictl, directory, test_images.busybox.ref,
                             ["sh", "-c", "read first; echo got $first; cat; echo bye"], stdin=True, stdin_once=True)
     done = subprocess.run(crictl_argv("attach", "-i", cid), input=b"hello\nrest of it\n",
@@ -95,7 +95,7 @@ def test_attach_i_feeds_a_containers_stdin_once(containerd, crictl, directory, t
     assert logs.stdout == "got hello\nrest of it\nbye\n"
 
 
-def test_attach_it_gets_a_containers_terminal(containerd, crictl, directory, test_images, crictl_argv):
+def test_attach_it_gets_a_containers_terminal(containerd, crictl, directory, test_images, crictl_argv) -> None:
     cid = started_container(containerd, crictl, directory, test_images.busybox.ref, ["sh"], stdin=True, tty=True)
     term = OnTerminal(crictl_argv("attach", "-it", cid), rows=30, cols=90)
     try:

@@ -33,7 +33,7 @@ task_v2_pb2 = load("runtime.task.v2.shim_pb2")
     {"address": "unix:///run/podshim/s/ab", "pid": 4242, "start_time": 1 << 33, "protocol": "ttrpc+msgpack"},
     {f"k{i}": {"nested": [i]} for i in range(20)},
 ])
-def test_what_msgpack_packs_unpacks_to_the_same_value(value):
+def test_what_msgpack_packs_unpacks_to_the_same_value(value) -> None:
     data = msgpack.packb(value, use_bin_type=True)
     assert fastpath._unpack(data, 0) == (value, len(data))
 
@@ -42,18 +42,18 @@ def test_what_msgpack_packs_unpacks_to_the_same_value(value):
     {"service": "podshim.template.v1.Template", "method": "Spawn", "timeout_nano": 9_000_000_000,
      "payload": {"namespace": "k8s.io", "debug": False, "sandbox_id": "é" * 10}}, {}, {"small": 5, "flag": True},
 ])
-def test_what_it_packs_msgpack_unpacks_to_the_same_value(value):
+def test_what_it_packs_msgpack_unpacks_to_the_same_value(value) -> None:
     assert msgpack.unpackb(fastpath._pack(value), raw=False) == value
 
 
 @pytest.mark.parametrize("data", [b"", b"\x92\x01", b"\xa5abc", b"\xcb" + b"\x00" * 8, b"\xd4\x01\x02", b"\xc1"])
-def test_msgpack_it_cannot_read_is_a_value_error(data):
+def test_msgpack_it_cannot_read_is_a_value_error(data) -> None:
     with pytest.raises(ValueError):
         fastpath._unpack(data, 0)
 
 
 @pytest.mark.parametrize("data", [b"\x0a\x05ab", b"\x0a", b"\x08\x80", b"\x0b", b"\x0a\x02\xff\xfe", b"\x08\x01"])
-def test_bootstrap_params_that_are_not_protobuf_strings_are_a_value_error(data):
+def test_bootstrap_params_that_are_not_protobuf_strings_are_a_value_error(data) -> None:
     with pytest.raises(ValueError):
         bootstrap_params(data)
 
@@ -73,7 +73,7 @@ def shutdown_record(bundle, **changes) -> dict:
     return record
 
 
-def test_delete_after_a_clean_shutdown_reports_the_pause_exit_and_removes_the_socket(tmp_path):
+def test_delete_after_a_clean_shutdown_reports_the_pause_exit_and_removes_the_socket(tmp_path) -> None:
     shutdown_record(tmp_path)
     response = task_v2_pb2.DeleteResponse.FromString(fastpath.delete("k8s.io", "sb1", str(tmp_path)))
     assert (response.pid, response.exit_status) == (4321, 137)
@@ -88,7 +88,7 @@ def test_delete_after_a_clean_shutdown_reports_the_pause_exit_and_removes_the_so
     {"netns_owned": True, "netns_path": "/run/netns/x"}, {"oci": {"runtime": "runc"}}, {"rootfs": "/b/rootfs"},
     {"exit": None}, {"version": 2}, {"sandbox_id": "sb2"}, {"namespace": "default"}, {"shim_pid": "1"},
 ])
-def test_delete_leaves_any_other_record_to_the_full_path_untouched(tmp_path, changes):
+def test_delete_leaves_any_other_record_to_the_full_path_untouched(tmp_path, changes) -> None:
     record = shutdown_record(tmp_path, **changes)
     before = (tmp_path / "state.json").read_bytes()
     assert fastpath.delete("k8s.io", "sb1", str(tmp_path)) is None
@@ -96,7 +96,7 @@ def test_delete_leaves_any_other_record_to_the_full_path_untouched(tmp_path, cha
     assert (tmp_path / "sock").exists()
 
 
-def test_delete_kills_the_shim_it_names_by_pid_and_start_time(tmp_path):
+def test_delete_kills_the_shim_it_names_by_pid_and_start_time(tmp_path) -> None:
     shim = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
         shutdown_record(tmp_path, shim_pid=shim.pid, shim_start_time=proc_start_time(shim.pid))
@@ -107,7 +107,7 @@ def test_delete_kills_the_shim_it_names_by_pid_and_start_time(tmp_path):
         shim.wait()
 
 
-def test_start_without_a_template_is_left_to_the_full_path(tmp_path, monkeypatch):
+def test_start_without_a_template_is_left_to_the_full_path(tmp_path, monkeypatch) -> None:
     monkeypatch.setenv("PODSHIM_RUNTIME_ROOT", str(tmp_path))
     monkeypatch.setenv("TTRPC_ADDRESS", str(tmp_path / "ttrpc.sock"))
     assert fastpath.start({"namespace": "k8s.io", "id": new_id()}, b"", str(tmp_path / "podshim")) is None
@@ -162,7 +162,7 @@ def template_answering(path: str, spawn):
         listener.close()
 
 
-def test_start_asks_the_template_in_its_own_protocol_and_prints_the_address_it_answers(tmp_path, monkeypatch):
+def test_start_asks_the_template_in_its_own_protocol_and_prints_the_address_it_answers(tmp_path, monkeypatch) -> None:
     monkeypatch.setenv("PODSHIM_RUNTIME_ROOT", str(tmp_path))
     monkeypatch.delenv("PODSHIM_TEMPLATE_SOCKET", raising=False)
     monkeypatch.setenv("PODSHIM_PAUSE_BINARY", "/usr/bin/catatonit")
@@ -182,7 +182,7 @@ def test_start_asks_the_template_in_its_own_protocol_and_prints_the_address_it_a
     assert 0 < request.timeout_nano <= TEMPLATE_SPAWN_TIMEOUT * 1e9
 
 
-def test_start_leaves_a_template_that_refuses_to_the_full_path(tmp_path, monkeypatch):
+def test_start_leaves_a_template_that_refuses_to_the_full_path(tmp_path, monkeypatch) -> None:
     from shim.rpc.status import FailedPrecondition
 
     def refuse(request):

@@ -52,27 +52,27 @@ async def _status_of(call):
     return caught.value.code(), caught.value.details()
 
 
-async def test_a_call_without_containerds_namespace_is_invalid(controller):
+async def test_a_call_without_containerds_namespace_is_invalid(controller) -> None:
     code, details = await _status_of(controller("Status", pb2.ControllerStatusRequest(sandbox_id="p1"),
                                                 pb2.ControllerStatusResponse, namespace=None))
     assert code == grpc.StatusCode.INVALID_ARGUMENT
     assert NAMESPACE_HEADER in details
 
 
-async def test_an_unknown_sandbox_is_not_found(controller):
+async def test_an_unknown_sandbox_is_not_found(controller) -> None:
     code, details = await _status_of(controller("Status", pb2.ControllerStatusRequest(sandbox_id="p1"),
                                                 pb2.ControllerStatusResponse))
     assert code == grpc.StatusCode.NOT_FOUND
     assert "'p1'" in details
 
 
-async def test_a_sandbox_id_that_is_not_an_identifier_is_invalid(controller):
+async def test_a_sandbox_id_that_is_not_an_identifier_is_invalid(controller) -> None:
     code, _ = await _status_of(controller("Platform", pb2.ControllerPlatformRequest(sandbox_id="../etc"),
                                           pb2.ControllerPlatformResponse))
     assert code == grpc.StatusCode.INVALID_ARGUMENT
 
 
-async def test_create_with_a_rootfs_is_refused_and_leaves_nothing(controller):
+async def test_create_with_a_rootfs_is_refused_and_leaves_nothing(controller) -> None:
     from shim.containerd.api import load
 
     mount_pb2 = load("types.mount_pb2")
@@ -83,7 +83,7 @@ async def test_create_with_a_rootfs_is_refused_and_leaves_nothing(controller):
     assert not os.path.exists(os.path.join(controller.state_root, "k8s.io", "p1"))
 
 
-async def test_update_is_unimplemented_with_a_sentence(controller):
+async def test_update_is_unimplemented_with_a_sentence(controller) -> None:
     os.makedirs(os.path.join(controller.state_root, "k8s.io", "p1"))
     code, details = await _status_of(controller("Update", pb2.ControllerUpdateRequest(sandbox_id="p1",
                                                                                       fields=["extensions"]),
@@ -92,7 +92,7 @@ async def test_update_is_unimplemented_with_a_sentence(controller):
     assert "extensions" in details
 
 
-async def test_wait_for_a_pod_whose_shim_is_gone_answers_with_an_exit_not_unavailable(controller):
+async def test_wait_for_a_pod_whose_shim_is_gone_answers_with_an_exit_not_unavailable(controller) -> None:
     # (containerd retries an UNAVAILABLE Wait forever: a dead pod must answer)
     os.makedirs(os.path.join(controller.state_root, "k8s.io", "p1"))
     done = await controller("Wait", pb2.ControllerWaitRequest(sandbox_id="p1"), pb2.ControllerWaitResponse)
@@ -102,7 +102,7 @@ async def test_wait_for_a_pod_whose_shim_is_gone_answers_with_an_exit_not_unavai
     assert status.address.startswith("ttrpc+unix:///")
 
 
-async def test_shutdown_removes_the_bundle_and_is_no_error_twice(controller):
+async def test_shutdown_removes_the_bundle_and_is_no_error_twice(controller) -> None:
     bundle = os.path.join(controller.state_root, "k8s.io", "p1")
     os.makedirs(bundle)
     for _ in range(2):

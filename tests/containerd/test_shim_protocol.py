@@ -110,7 +110,7 @@ def pod_options(hostname: str) -> any_pb2.Any:
     return any_pb2.Any(type_url="runtime.v1.PodSandboxConfig", value=config.SerializeToString())
 
 
-async def test_a_pod_runs_stops_and_goes_through_containerds_sandbox_service_and_nothing_is_left(started):
+async def test_a_pod_runs_stops_and_goes_through_containerds_sandbox_service_and_nothing_is_left(started) -> None:
     sid = started.sandbox_id
     async with await Client.connect(started.address, codec=PROTOBUF) as pb:
         await call(pb, SANDBOX, "CreateSandbox", sandbox_pb2.CreateSandboxRequest(
@@ -179,7 +179,7 @@ async def test_a_pod_runs_stops_and_goes_through_containerds_sandbox_service_and
     assert not os.path.exists(started.address.removeprefix("unix://"))
 
 
-async def test_after_shutdownsandbox_the_shim_ends_even_if_containerd_never_closes_its_connection(started):
+async def test_after_shutdownsandbox_the_shim_ends_even_if_containerd_never_closes_its_connection(started) -> None:
     sid = started.sandbox_id
     async with await Client.connect(started.address, codec=PROTOBUF) as pb:
         await call(pb, SANDBOX, "CreateSandbox", sandbox_pb2.CreateSandboxRequest(
@@ -190,7 +190,7 @@ async def test_after_shutdownsandbox_the_shim_ends_even_if_containerd_never_clos
         await asyncio.wait_for(pb.wait_closed(), WAIT)
 
 
-def test_delete_after_a_start_that_made_nothing_reports_an_unknown_exit(tmp_path):
+def test_delete_after_a_start_that_made_nothing_reports_an_unknown_exit(tmp_path) -> None:
     done = run_shim_binary(str(tmp_path), str(tmp_path / "root"), "-id", "sb1", "-bundle", str(tmp_path), "delete")
     assert done.returncode == 0, done.stderr
     response = task_v2_pb2.DeleteResponse.FromString(done.stdout)
@@ -202,7 +202,7 @@ def test_delete_after_a_start_that_made_nothing_reports_an_unknown_exit(tmp_path
     (("-id", "sb1", "restart"), b"expected one action, start or delete, after the flags; got ['restart']"),
     (("-namespace", "k8s.io", "-id", "sb1", "start"), b"containerd's ttrpc address is unknown"),
 ])
-def test_a_command_line_containerd_would_not_write_is_refused_with_a_sentence(tmp_path, args, said):
+def test_a_command_line_containerd_would_not_write_is_refused_with_a_sentence(tmp_path, args, said) -> None:
     env_less = {k: v for k, v in os.environ.items() if k != "TTRPC_ADDRESS"}
     done = subprocess.run([sys.executable, "-P", "-c", "from shim.containerd.cli import run; run()", *args],
                           capture_output=True, cwd=tmp_path, env={**env_less, "PYTHONPATH": REPO,
@@ -235,7 +235,7 @@ async def fake_containerd_events(path: str):
         await server.aclose()
 
 
-async def test_a_container_from_an_oci_bundle_runs_and_its_events_reach_containerd(started, tmp_path):
+async def test_a_container_from_an_oci_bundle_runs_and_its_events_reach_containerd(started, tmp_path) -> None:
     sid = started.sandbox_id
     async with fake_containerd_events(str(tmp_path / "ttrpc.sock")) as (received, arrived), \
             await Client.connect(started.address, codec=PROTOBUF) as pb:
@@ -276,7 +276,7 @@ async def test_a_container_from_an_oci_bundle_runs_and_its_events_reach_containe
     await started.shim.exited(WAIT * 2)
 
 
-def test_the_commands_one_error_mapping_loads_neither_the_fork_path_nor_protobuf():
+def test_the_commands_one_error_mapping_loads_neither_the_fork_path_nor_protobuf() -> None:
     # shim.lib.program.exit_status is what podshim, containerd-shim-podshim-v1 and podshimd map errors with;
     # importing it (and the containerd command) costs none of what only forking a shim needs.
     done = subprocess.run([sys.executable, "-P", "-c", "import sys, shim.cli, shim.containerd.cli; "
@@ -287,7 +287,7 @@ def test_the_commands_one_error_mapping_loads_neither_the_fork_path_nor_protobuf
 
 
 async def test_a_plain_container_of_the_shims_own_id_runs_in_a_pod_of_its_own_and_the_shim_ends_with_it(started,
-                                                                                                       tmp_path):
+                                                                                                       tmp_path) -> None:
     # containerd without a sandbox (ctr run): Task Create of the shim's own id; Shutdown after Delete.
     sid = started.sandbox_id
     bundle = tmp_path / "plain"
@@ -320,7 +320,7 @@ async def test_a_plain_container_of_the_shims_own_id_runs_in_a_pod_of_its_own_an
     await started.shim.exited(WAIT * 2)  # the shim ends with its container's pod
 
 
-def test_a_privileged_containers_devices_make_a_privileged_task_and_other_devices_are_refused():
+def test_a_privileged_containers_devices_make_a_privileged_task_and_other_devices_are_refused() -> None:
     from shim.containerd.tasks import task_fields
     from shim.runtime.mounts import host_devices
 
@@ -336,7 +336,7 @@ def test_a_privileged_containers_devices_make_a_privileged_task_and_other_device
         task_fields(spec(every[1:]), [], 1)
 
 
-def test_config_json_hooks_are_the_tasks_hooks():
+def test_config_json_hooks_are_the_tasks_hooks() -> None:
     from shim.containerd.tasks import task_fields
 
     hook = {"path": "/usr/bin/cdi-hook", "args": ["cdi-hook", "x"], "env": ["A=1"], "timeout": 5}
@@ -348,7 +348,7 @@ def test_config_json_hooks_are_the_tasks_hooks():
         task_fields({**spec, "hooks": {"atLunch": [hook]}}, [], 1)
 
 
-def test_info_answers_a_runtime_info_whose_features_are_what_the_shim_applies(tmp_path):
+def test_info_answers_a_runtime_info_whose_features_are_what_the_shim_applies(tmp_path) -> None:
     # containerd runs `-info` with the runtime options (an Any) on stdin; its CRI reads the handler's
     # features (recursive read-only mounts, user namespaces) from the runtime-spec features document.
     from shim.containerd.features import BIND_OPTIONS
@@ -396,7 +396,7 @@ def run_counting_modules(bundle: str, root: str, *args: str, stdin: bytes = b"")
     return done.stdout, eval(done.stderr)  # (the list's repr)
 
 
-async def test_start_through_a_template_and_delete_after_a_shutdown_load_nothing_heavy(tmp_path):
+async def test_start_through_a_template_and_delete_after_a_shutdown_load_nothing_heavy(tmp_path) -> None:
     # containerd runs start and delete once each per pod: with a template the shim is forked there,
     # and after a clean ShutdownSandbox nothing is left for delete to remove.
     bundle, root, sid = tmp_path / "bundle", tmp_path / "root", new_id()

@@ -99,14 +99,14 @@ MERGED_PATHS = set(MERGED) | {"etc", "etc/abs", "etc/escape", "var", "var/cache"
                               "bin", "sbin", "srv"}
 
 
-def test_chain_ids_are_containerds():
+def test_chain_ids_are_containerds() -> None:
     a, b, c = ("sha256:" + hashlib.sha256(x).hexdigest() for x in (b"a", b"b", b"c"))
     ab = "sha256:" + hashlib.sha256(f"{a} {b}".encode()).hexdigest()
     assert chain_ids([a, b, c]) == [a, ab, "sha256:" + hashlib.sha256(f"{ab} {c}".encode()).hexdigest()]
     assert chain_ids([]) == []
 
 
-def test_unpack_commits_each_layer_on_its_parent(tmp_path, snapshotter):
+def test_unpack_commits_each_layer_on_its_parent(tmp_path, snapshotter) -> None:
     layers = three_layers(tmp_path)
     chain = chain_ids(d for d, _, _ in layers)
     assert snapshotter.unpack(layers) == chain[2]
@@ -116,7 +116,7 @@ def test_unpack_commits_each_layer_on_its_parent(tmp_path, snapshotter):
     assert all(r.kind == "committed" for r in records)
 
 
-def test_images_sharing_layers_share_their_snapshots(tmp_path, snapshotter, counted):
+def test_images_sharing_layers_share_their_snapshots(tmp_path, snapshotter, counted) -> None:
     layers = three_layers(tmp_path)
     other = make_layer(str(tmp_path / "other"), [member("other", data=b"o")])
     snapshotter.unpack(layers[:2])
@@ -127,7 +127,7 @@ def test_images_sharing_layers_share_their_snapshots(tmp_path, snapshotter, coun
     assert len(snapshotter.snapshots()) == 4
 
 
-def test_a_three_layer_chain_mounts_as_one_overlay_showing_the_merged_view(tmp_path, snapshotter, mountpoints):
+def test_a_three_layer_chain_mounts_as_one_overlay_showing_the_merged_view(tmp_path, snapshotter, mountpoints) -> None:
     layers = three_layers(tmp_path)
     top = snapshotter.unpack(layers)
     mounts = snapshotter.prepare("container-1", top)
@@ -159,7 +159,7 @@ def test_a_three_layer_chain_mounts_as_one_overlay_showing_the_merged_view(tmp_p
     assert not any(os.path.exists(os.path.join(lower, "etc/hostname")) for lower in lowers)
 
 
-def test_read_file_resolves_a_path_as_the_overlay_shows_it(tmp_path, snapshotter, mountpoints):
+def test_read_file_resolves_a_path_as_the_overlay_shows_it(tmp_path, snapshotter, mountpoints) -> None:
     top = snapshotter.unpack(three_layers(tmp_path))
     rootfs = mountpoints()
     mount_overlay(rootfs, snapshotter.prepare("c", top))
@@ -181,14 +181,14 @@ def test_read_file_resolves_a_path_as_the_overlay_shows_it(tmp_path, snapshotter
         snapshotter.read_file("sha256:" + "1" * 64, "/etc/passwd")
 
 
-def test_read_file_stops_at_a_symlink_loop(tmp_path, snapshotter):
+def test_read_file_stops_at_a_symlink_loop(tmp_path, snapshotter) -> None:
     layer = make_layer(str(tmp_path / "l"), [member("a", "symlink", link="b"), member("b", "symlink", link="a")])
     top = snapshotter.unpack([(layer.diff_id, layer.path, layer.media_type)])
     with pytest.raises(FailedPrecondition, match="too many levels of symbolic links"):
         snapshotter.read_file(top, "/a")
 
 
-def test_a_one_layer_image_is_still_an_overlay(tmp_path, snapshotter, mountpoints):
+def test_a_one_layer_image_is_still_an_overlay(tmp_path, snapshotter, mountpoints) -> None:
     layer = make_layer(str(tmp_path / "l"), [member("hello", data=b"world")])
     top = snapshotter.unpack([(layer.diff_id, layer.path, layer.media_type)])
     mounts = snapshotter.prepare("c", top)
@@ -198,7 +198,7 @@ def test_a_one_layer_image_is_still_an_overlay(tmp_path, snapshotter, mountpoint
     assert os.listdir(rootfs) == ["hello"]
 
 
-def test_the_empty_image_is_a_bind_mount_of_an_empty_directory(snapshotter, mountpoints):
+def test_the_empty_image_is_a_bind_mount_of_an_empty_directory(snapshotter, mountpoints) -> None:
     assert snapshotter.unpack([]) == "" and snapshotter.has("")
     mounts = snapshotter.prepare("c", "")
     assert mounts == [Mount("bind", mounts[0].source, ("rw", "rbind"))]
@@ -207,7 +207,7 @@ def test_the_empty_image_is_a_bind_mount_of_an_empty_directory(snapshotter, moun
     assert mounted(rootfs) and os.listdir(rootfs) == []
 
 
-def test_prepare_refuses_a_taken_key_and_an_unknown_chain(tmp_path, snapshotter):
+def test_prepare_refuses_a_taken_key_and_an_unknown_chain(tmp_path, snapshotter) -> None:
     snapshotter.prepare("c", "")
     with pytest.raises(AlreadyExists):
         snapshotter.prepare("c", "")
@@ -216,7 +216,7 @@ def test_prepare_refuses_a_taken_key_and_an_unknown_chain(tmp_path, snapshotter)
     assert [s.name for s in snapshotter.snapshots()] == ["c"]
 
 
-def test_containers_prepared_at_once_wait_for_the_disk_together_for_their_records_directory(snapshotter, monkeypatch):
+def test_containers_prepared_at_once_wait_for_the_disk_together_for_their_records_directory(snapshotter, monkeypatch) -> None:
     # Each prepare records its snapshot durably (the record, then the records' directory,
     # fsynced). A hundred containers created at once: the directory's fsyncs are made
     # together, after the snapshotter's lock is let go, not one after another under it.
@@ -229,7 +229,7 @@ def test_containers_prepared_at_once_wait_for_the_disk_together_for_their_record
     assert took < one_after_another * 0.75, f"{prepares} prepares took {took:.2f} s"
 
 
-def test_remove_deletes_the_upper_dir_and_refuses_while_mounted(tmp_path, snapshotter, mountpoints):
+def test_remove_deletes_the_upper_dir_and_refuses_while_mounted(tmp_path, snapshotter, mountpoints) -> None:
     layer = make_layer(str(tmp_path / "l"), [member("f", data=b"x")])
     top = snapshotter.unpack([(layer.diff_id, layer.path, layer.media_type)])
     mounts = snapshotter.prepare("c", top)
@@ -245,7 +245,7 @@ def test_remove_deletes_the_upper_dir_and_refuses_while_mounted(tmp_path, snapsh
     assert snapshotter.has(top)
 
 
-def test_concurrent_unpacks_of_one_chain_unpack_each_layer_once(tmp_path, snapshotter, counted):
+def test_concurrent_unpacks_of_one_chain_unpack_each_layer_once(tmp_path, snapshotter, counted) -> None:
     layers = three_layers(tmp_path)
     barrier = threading.Barrier(6)
     results, errors = [], []
@@ -313,14 +313,14 @@ def test_gc_during_an_unpack_keeps_the_layer_it_builds_on(tmp_path, snapshotter,
     assert snapshotter.stat(chain[1]).parent == chain[0] and snapshotter.has(chain[0])
 
 
-def test_gc_keeps_a_chain_while_its_puller_records_it(tmp_path, snapshotter):
+def test_gc_keeps_a_chain_while_its_puller_records_it(tmp_path, snapshotter) -> None:
     layers = three_layers(tmp_path)
     with snapshotter.unpacked(layers) as top:
         assert snapshotter.gc([]).removed == ()  # the pull has not recorded its image yet
     assert top in snapshotter.gc([]).removed
 
 
-def test_a_failed_layer_leaves_nothing_and_the_layers_below_stay_committed(tmp_path, snapshotter):
+def test_a_failed_layer_leaves_nothing_and_the_layers_below_stay_committed(tmp_path, snapshotter) -> None:
     layers = three_layers(tmp_path)
     bad = (layers[1][0], layers[2][1], layers[2][2])  # layer 3's blob under layer 2's diff_id
     with pytest.raises(DigestMismatch):
@@ -369,7 +369,7 @@ def test_what_a_killed_unpack_left_is_removed_at_start(tmp_path, snapshotter):
     assert fresh.unpack([(layer.diff_id, layer.path, layer.media_type)]) == layer.diff_id
 
 
-def test_staged_layers_are_committed_by_renaming_their_directories(tmp_path, snapshotter, counted):
+def test_staged_layers_are_committed_by_renaming_their_directories(tmp_path, snapshotter, counted) -> None:
     layers = three_layers(tmp_path)
     with snapshotter.staging() as staging:
         staged = {diff_id: staging.stage(path) for diff_id, path, _ in layers[1:]}  # in any order
@@ -386,7 +386,7 @@ def test_staged_layers_are_committed_by_renaming_their_directories(tmp_path, sna
     assert sorted(os.listdir(os.path.join(snapshotter.root, "snapshots"))) == ["1", "2", "3"]
 
 
-def test_a_staged_layer_that_is_not_the_configs_is_unpacked_from_its_blob_which_says_why(tmp_path, snapshotter):
+def test_a_staged_layer_that_is_not_the_configs_is_unpacked_from_its_blob_which_says_why(tmp_path, snapshotter) -> None:
     layers = three_layers(tmp_path)
     with snapshotter.staging() as staging:
         wrong = {layers[1][0]: staging.stage(layers[2][1])}  # layer 3 staged under layer 2's diff_id
@@ -396,7 +396,7 @@ def test_a_staged_layer_that_is_not_the_configs_is_unpacked_from_its_blob_which_
     assert snapshotter.unpack(layers) == chain_ids(d for d, _, _ in layers)[2]
 
 
-def test_a_staging_directory_whose_process_died_is_removed_at_start(tmp_path, snapshotter):
+def test_a_staging_directory_whose_process_died_is_removed_at_start(tmp_path, snapshotter) -> None:
     dirs = os.path.join(snapshotter.root, "snapshots")
     with snapshotter.staging() as staging:
         Snapshotter(snapshotter.root)  # in use: left alone
@@ -407,7 +407,7 @@ def test_a_staging_directory_whose_process_died_is_removed_at_start(tmp_path, sn
     assert os.listdir(dirs) == [] and os.listdir(os.path.join(snapshotter.root, "locks")) == []
 
 
-def test_gc_removes_what_no_image_or_container_uses(tmp_path, snapshotter):
+def test_gc_removes_what_no_image_or_container_uses(tmp_path, snapshotter) -> None:
     layers = three_layers(tmp_path)
     chain = chain_ids(d for d, _, _ in layers)
     other = make_layer(str(tmp_path / "other"), [member("other", data=b"o" * 100)])
@@ -427,7 +427,7 @@ def test_gc_removes_what_no_image_or_container_uses(tmp_path, snapshotter):
     assert os.listdir(os.path.join(snapshotter.root, "snapshots")) == []
 
 
-def test_usage_counts_layers_and_upper_dirs(tmp_path, snapshotter):
+def test_usage_counts_layers_and_upper_dirs(tmp_path, snapshotter) -> None:
     layer = make_layer(str(tmp_path / "l"), [member("d", "dir"), member("d/f", data=b"x" * 1000)])
     top = snapshotter.unpack([(layer.diff_id, layer.path, layer.media_type)])
     assert (snapshotter.usage().bytes, snapshotter.usage().inodes) == (1000, 2)
@@ -437,7 +437,7 @@ def test_usage_counts_layers_and_upper_dirs(tmp_path, snapshotter):
     assert (snapshotter.usage().bytes, snapshotter.usage().inodes) == (1500, 3)
 
 
-def test_an_image_whose_overlay_options_pass_a_page_is_prepared(tmp_path, snapshotter):
+def test_an_image_whose_overlay_options_pass_a_page_is_prepared(tmp_path, snapshotter) -> None:
     # The shim mounts those through fsconfig (a lowerdir+ per layer): no page limit here.
     per_lowerdir = len(os.path.join(snapshotter.root, "snapshots", "99", "fs")) + 1
     count = 4096 // per_lowerdir + 2
@@ -447,7 +447,7 @@ def test_an_image_whose_overlay_options_pass_a_page_is_prepared(tmp_path, snapsh
 
 
 def test_an_image_with_more_layers_than_an_overlay_stacks_is_refused_with_a_sentence(tmp_path, snapshotter,
-                                                                                       monkeypatch):
+                                                                                       monkeypatch) -> None:
     monkeypatch.setattr(snapshots_module, "MAX_LAYERS", 3)
     layers = tiny_layers(tmp_path, 4)
     top = snapshotter.unpack(layers)
@@ -466,7 +466,7 @@ def tiny_layers(tmp_path, count):
     return layers
 
 
-def test_a_layer_deeper_than_the_recursion_limit_is_unpacked_and_collected_leaving_nothing(tmp_path, snapshotter):
+def test_a_layer_deeper_than_the_recursion_limit_is_unpacked_and_collected_leaving_nothing(tmp_path, snapshotter) -> None:
     deep = "/".join(["d"] * 1100)
     layer = make_layer(str(tmp_path / "l"), [member(deep + "/f", data=b"deep")])
     top = snapshotter.unpack([(layer.diff_id, layer.path, layer.media_type)])
@@ -475,7 +475,7 @@ def test_a_layer_deeper_than_the_recursion_limit_is_unpacked_and_collected_leavi
     assert os.listdir(os.path.join(snapshotter.root, "snapshots")) == []
 
 
-def test_a_deep_leftover_is_removed_at_start(snapshotter):
+def test_a_deep_leftover_is_removed_at_start(snapshotter) -> None:
     trash = os.path.join(snapshotter.root, "snapshots", "trash-0123")
     os.mkdir(trash)
     deep_tree(trash, 1100)
@@ -484,7 +484,7 @@ def test_a_deep_leftover_is_removed_at_start(snapshotter):
 
 
 def test_a_leftover_that_cannot_be_removed_is_a_warning_and_the_snapshotter_starts(tmp_path, snapshotter,
-                                                                                  mountpoints, caplog):
+                                                                                  mountpoints, caplog) -> None:
     trash = os.path.join(snapshotter.root, "snapshots", "trash-0123")
     os.mkdir(trash)
     busy = mountpoints("busy")  # a mount point in it: rmdir fails with EBUSY
@@ -505,7 +505,7 @@ def test_a_leftover_that_cannot_be_removed_is_a_warning_and_the_snapshotter_star
     assert not os.path.exists(trash)
 
 
-def test_usage_counts_an_upper_dir_deeper_than_path_max(tmp_path, snapshotter):
+def test_usage_counts_an_upper_dir_deeper_than_path_max(tmp_path, snapshotter) -> None:
     layer = make_layer(str(tmp_path / "l"), [member("f", data=b"x")])
     top = snapshotter.unpack([(layer.diff_id, layer.path, layer.media_type)])
     upper = snapshotter.prepare("c", top)[0].options[1].removeprefix("upperdir=")
@@ -515,7 +515,7 @@ def test_usage_counts_an_upper_dir_deeper_than_path_max(tmp_path, snapshotter):
 
 @pytest.mark.parametrize("damage", [b"", b"{not json", b'{"schema": 1, "kind": "committed", "name": 7}'])
 def test_a_snapshot_record_that_cannot_be_read_is_dropped_with_a_warning_and_its_layer_unpacked_again(
-        tmp_path, snapshotter, caplog, damage):
+        tmp_path, snapshotter, caplog, damage) -> None:
     layers = three_layers(tmp_path)
     chain = chain_ids(d for d, _, _ in layers)
     top = snapshotter.unpack(layers)

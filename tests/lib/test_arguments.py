@@ -23,7 +23,7 @@ def _build(cls: type[argparse.ArgumentParser]) -> argparse.ArgumentParser:
 
 
 @pytest.mark.parametrize("columns", ["40", "123", "0", "wide", None])
-def test_terminal_columns_is_shutils(monkeypatch, columns):
+def test_terminal_columns_is_shutils(monkeypatch, columns) -> None:
     if columns is None:
         monkeypatch.delenv("COLUMNS", raising=False)
     else:
@@ -32,7 +32,7 @@ def test_terminal_columns_is_shutils(monkeypatch, columns):
 
 
 @pytest.mark.parametrize("columns", ["50", "120"])
-def test_help_and_usage_errors_read_as_argparse_writes_them(monkeypatch, columns):
+def test_help_and_usage_errors_read_as_argparse_writes_them(monkeypatch, columns) -> None:
     monkeypatch.setenv("COLUMNS", columns)
     ours, theirs = _build(ArgumentParser), _build(argparse.ArgumentParser)
     assert ours.format_help() == theirs.format_help()
@@ -42,7 +42,7 @@ def test_help_and_usage_errors_read_as_argparse_writes_them(monkeypatch, columns
     assert ours.format_usage() == theirs.format_usage()
 
 
-def test_building_and_parsing_does_not_import_shutil():
+def test_building_and_parsing_does_not_import_shutil() -> None:
     code = ("import sys; from shim.lib.arguments import ArgumentParser\n"
             "p = ArgumentParser(prog='t'); p.add_argument('--x', help='x')\n"
             "sub = p.add_subparsers(dest='a'); sub.add_parser('go').add_argument('--y')\n"
@@ -72,5 +72,5 @@ def test_podshim_builds_only_the_action_it_runs_and_reads_argv_the_same(argv):
     (["start", "--", "--rot"], None),  # after "--": a command's own words
     (["--zzzzzz", "start"], None),  # close to nothing: argparse's own message stays
 ])
-def test_a_mistyped_option_is_named_with_the_options_it_may_mean(words, said):
+def test_a_mistyped_option_is_named_with_the_options_it_may_mean(words, said) -> None:
     assert mistyped_option(_build(ArgumentParser), words) == said

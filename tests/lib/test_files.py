@@ -23,7 +23,7 @@ from shim.lib.files import (
 
 
 @pytest.mark.parametrize("durable", [False, True])
-def test_a_new_file_is_written_with_its_mode(tmp_path, durable):
+def test_a_new_file_is_written_with_its_mode(tmp_path, durable) -> None:
     path = tmp_path / "state.json"
     write_atomic(str(path), b"first", mode=0o644, durable=durable)
     assert path.read_bytes() == b"first"
@@ -32,7 +32,7 @@ def test_a_new_file_is_written_with_its_mode(tmp_path, durable):
 
 
 @pytest.mark.parametrize("durable", [False, True])
-def test_an_update_replaces_the_content_and_leaves_no_temporary_file(tmp_path, durable):
+def test_an_update_replaces_the_content_and_leaves_no_temporary_file(tmp_path, durable) -> None:
     path = tmp_path / "state.json"
     write_atomic(str(path), b"old content, longer than the new one")
     inode = path.stat().st_ino
@@ -42,7 +42,7 @@ def test_an_update_replaces_the_content_and_leaves_no_temporary_file(tmp_path, d
     assert os.listdir(tmp_path) == ["state.json"]
 
 
-def test_a_reader_holding_the_old_file_keeps_reading_it_whole(tmp_path):
+def test_a_reader_holding_the_old_file_keeps_reading_it_whole(tmp_path) -> None:
     path = tmp_path / "state.json"
     write_atomic(str(path), b"old", durable=False)
     with open(path, "rb") as reader:
@@ -52,7 +52,7 @@ def test_a_reader_holding_the_old_file_keeps_reading_it_whole(tmp_path):
 
 
 @pytest.mark.parametrize("durable", [False, True])
-def test_a_directory_in_the_way_is_refused_and_kept(tmp_path, durable):
+def test_a_directory_in_the_way_is_refused_and_kept(tmp_path, durable) -> None:
     (tmp_path / "state.json").mkdir()
     (tmp_path / "state.json" / "inside").write_bytes(b"kept")
     with pytest.raises(IsADirectoryError):
@@ -61,7 +61,7 @@ def test_a_directory_in_the_way_is_refused_and_kept(tmp_path, durable):
     assert os.listdir(tmp_path) == ["state.json"]
 
 
-def test_a_missing_directory_is_an_error_and_leaves_nothing(tmp_path):
+def test_a_missing_directory_is_an_error_and_leaves_nothing(tmp_path) -> None:
     with pytest.raises(FileNotFoundError):
         write_atomic(str(tmp_path / "no" / "state.json"), b"x", durable=False)
     assert os.listdir(tmp_path) == []
@@ -70,7 +70,7 @@ def test_a_missing_directory_is_an_error_and_leaves_nothing(tmp_path):
 # -- ensure_private_dir ------------------------------------------------------------------------
 
 
-def test_a_private_dir_is_made_with_exactly_its_mode_whatever_the_umask(tmp_path):
+def test_a_private_dir_is_made_with_exactly_its_mode_whatever_the_umask(tmp_path) -> None:
     path = tmp_path / "a" / "b"
     old = os.umask(0o077)
     try:
@@ -80,7 +80,7 @@ def test_a_private_dir_is_made_with_exactly_its_mode_whatever_the_umask(tmp_path
     assert stat.S_IMODE(os.lstat(path).st_mode) == 0o711
 
 
-def test_an_existing_private_dir_gets_its_mode_back_unless_it_keeps_its_own(tmp_path):
+def test_an_existing_private_dir_gets_its_mode_back_unless_it_keeps_its_own(tmp_path) -> None:
     private, root = tmp_path / "s", tmp_path / "root"
     for path in (private, root):
         path.mkdir()
@@ -103,14 +103,14 @@ def test_a_symlink_where_a_private_dir_goes_is_refused_and_its_target_left_alone
     assert stat.S_IMODE(os.stat(target).st_mode) == 0o755
 
 
-def test_a_file_where_a_private_dir_goes_is_refused(tmp_path):
+def test_a_file_where_a_private_dir_goes_is_refused(tmp_path) -> None:
     path = tmp_path / "s"
     path.write_bytes(b"")
     with pytest.raises(NotADirectoryError, match="not a directory"):
         ensure_private_dir(str(path), 0o700)
 
 
-def test_a_private_dir_of_another_user_is_refused(tmp_path):
+def test_a_private_dir_of_another_user_is_refused(tmp_path) -> None:
     path = tmp_path / "s"
     path.mkdir(mode=0o700)
     os.chown(path, 65534, 65534)
@@ -122,7 +122,7 @@ def test_a_private_dir_of_another_user_is_refused(tmp_path):
 # -- decode_json, read_json ----------------------------------------------------------------------
 
 
-def test_a_json_document_is_decoded_from_text_or_bytes(tmp_path):
+def test_a_json_document_is_decoded_from_text_or_bytes(tmp_path) -> None:
     assert decode_json('{"a": [1, {"b": null}]}', "x") == {"a": [1, {"b": None}]}
     assert decode_json(b'{"a": "\xc3\xa9"}', "x") == {"a": "é"}
     path = tmp_path / "doc.json"
@@ -140,14 +140,14 @@ def test_a_json_document_is_decoded_from_text_or_bytes(tmp_path):
     (b"1" * 5000, "is not valid JSON: Exceeds the limit (4300 digits) for integer string conversion"),
     (b"NaN", "is not valid JSON: NaN is not a JSON number"),
 ], ids=["empty", "trailing-comma", "latin-1", "100000-deep", "100000-open", "over-the-limit", "5000-digits", "nan"])
-def test_bad_json_is_one_value_error_naming_its_source(data, says):
+def test_bad_json_is_one_value_error_naming_its_source(data, says) -> None:
     with pytest.raises(ValueError) as info:
         decode_json(data, "/etc/x.json")
     assert str(info.value).startswith(f"/etc/x.json {says}") and "\n" not in str(info.value), str(info.value)
     assert type(info.value) is ValueError and info.value.__cause__ is None
 
 
-def test_read_json_names_the_file_and_lets_os_errors_through(tmp_path):
+def test_read_json_names_the_file_and_lets_os_errors_through(tmp_path) -> None:
     path = tmp_path / "state.json"
     path.write_bytes(b"[" * 100_000)
     with pytest.raises(ValueError, match=f"^{path} is not valid JSON: it is nested"):
@@ -156,7 +156,7 @@ def test_read_json_names_the_file_and_lets_os_errors_through(tmp_path):
         read_json(str(tmp_path / "absent.json"))
 
 
-def test_a_held_lock_excludes_another_holder_until_its_block_ends(tmp_path):
+def test_a_held_lock_excludes_another_holder_until_its_block_ends(tmp_path) -> None:
     path = str(tmp_path / "lock")
     with flock_open(path) as fd:
         assert fd is not None and stat.S_IMODE(os.fstat(fd).st_mode) == 0o600
@@ -169,7 +169,7 @@ def test_a_held_lock_excludes_another_holder_until_its_block_ends(tmp_path):
     assert os.listdir(tmp_path) == ["lock"]
 
 
-def test_shared_holders_share_and_exclude_an_exclusive_one(tmp_path):
+def test_shared_holders_share_and_exclude_an_exclusive_one(tmp_path) -> None:
     path = str(tmp_path / "lock")
     with flock_open(path, shared=True) as first, flock_open(path, shared=True, blocking=False) as second:
         assert first is not None and second is not None
@@ -177,21 +177,21 @@ def test_shared_holders_share_and_exclude_an_exclusive_one(tmp_path):
             assert exclusive is None
 
 
-def test_a_directory_is_locked_as_itself(tmp_path):
+def test_a_directory_is_locked_as_itself(tmp_path) -> None:
     with flock_open(str(tmp_path)) as fd:
         assert fd is not None and os.fstat(fd).st_ino == tmp_path.stat().st_ino
         with flock_open(str(tmp_path), blocking=False) as other:
             assert other is None
 
 
-def test_a_missing_file_is_not_made_when_create_is_off(tmp_path):
+def test_a_missing_file_is_not_made_when_create_is_off(tmp_path) -> None:
     with pytest.raises(FileNotFoundError):
         with flock_open(str(tmp_path / "lock"), create=False):
             pass
     assert os.listdir(tmp_path) == []
 
 
-def test_a_symbolic_link_is_not_followed(tmp_path):
+def test_a_symbolic_link_is_not_followed(tmp_path) -> None:
     (tmp_path / "target").write_bytes(b"")
     os.symlink("target", tmp_path / "lock")
     with pytest.raises(OSError) as caught:
@@ -200,7 +200,7 @@ def test_a_symbolic_link_is_not_followed(tmp_path):
     assert caught.value.errno == errno.ELOOP
 
 
-def test_an_unlinking_holder_leaves_no_file_and_a_waiter_locks_the_new_one(tmp_path):
+def test_an_unlinking_holder_leaves_no_file_and_a_waiter_locks_the_new_one(tmp_path) -> None:
     path = str(tmp_path / "lock")
     waiter_holds = []
     with flock_open(path, unlink=True) as fd:
@@ -230,7 +230,7 @@ def test_an_unlinking_holder_leaves_no_file_and_a_waiter_locks_the_new_one(tmp_p
     assert waiter_holds == [True]  # it held the file that has the name, made anew after the unlink
 
 
-def test_an_unlinking_holder_that_did_not_get_the_lock_removes_nothing(tmp_path):
+def test_an_unlinking_holder_that_did_not_get_the_lock_removes_nothing(tmp_path) -> None:
     path = str(tmp_path / "lock")
     with flock_open(path):
         with flock_open(path, blocking=False, unlink=True) as other:
@@ -241,7 +241,7 @@ def test_an_unlinking_holder_that_did_not_get_the_lock_removes_nothing(tmp_path)
     assert os.listdir(tmp_path) == []
 
 
-def test_a_rewritten_file_holds_each_version_whole_and_keeps_one_spare(tmp_path):
+def test_a_rewritten_file_holds_each_version_whole_and_keeps_one_spare(tmp_path) -> None:
     path = tmp_path / "state.json"
     path.write_bytes(b"the first version, the longest of all")
     rewriter = Rewriter(str(path), mode=0o644)
@@ -255,7 +255,7 @@ def test_a_rewritten_file_holds_each_version_whole_and_keeps_one_spare(tmp_path)
     assert os.listdir(tmp_path) == ["state.json"] and path.read_bytes() == b"4th"
 
 
-def test_a_rewrite_reuses_the_version_before_last_that_nobody_reads(tmp_path):
+def test_a_rewrite_reuses_the_version_before_last_that_nobody_reads(tmp_path) -> None:
     path = tmp_path / "state.json"
     rewriter = Rewriter(str(path))
     rewriter.write(b"one")
@@ -266,7 +266,7 @@ def test_a_rewrite_reuses_the_version_before_last_that_nobody_reads(tmp_path):
     rewriter.close()
 
 
-def test_a_reader_holding_a_rewritten_version_keeps_reading_it_whole(tmp_path):
+def test_a_reader_holding_a_rewritten_version_keeps_reading_it_whole(tmp_path) -> None:
     path = tmp_path / "state.json"
     rewriter = Rewriter(str(path))
     rewriter.write(b"old")
@@ -281,7 +281,7 @@ def test_a_reader_holding_a_rewritten_version_keeps_reading_it_whole(tmp_path):
     assert os.listdir(tmp_path) == ["state.json"]
 
 
-def test_a_rewrite_over_a_directory_is_refused_and_leaves_it(tmp_path):
+def test_a_rewrite_over_a_directory_is_refused_and_leaves_it(tmp_path) -> None:
     (tmp_path / "state.json").mkdir()
     (tmp_path / "state.json" / "inside").write_bytes(b"kept")
     rewriter = Rewriter(str(tmp_path / "state.json"))
@@ -291,7 +291,7 @@ def test_a_rewrite_over_a_directory_is_refused_and_leaves_it(tmp_path):
     assert os.listdir(tmp_path) == ["state.json"]
 
 
-def test_the_leftovers_of_a_killed_rewriter_are_removed_and_nothing_else(tmp_path):
+def test_the_leftovers_of_a_killed_rewriter_are_removed_and_nothing_else(tmp_path) -> None:
     path = tmp_path / "state.json"
     writer = Rewriter(str(path))
     writer.write(b"1\n")

@@ -17,7 +17,7 @@ TABLE = (
 )
 
 
-def test_each_field_of_a_line_is_parsed():
+def test_each_field_of_a_line_is_parsed() -> None:
     root, private, slave = mountinfo.parse(TABLE)[:3]
     assert root == mountinfo.MountEntry(22, 1, "/", "/", "rw,relatime", ("shared:1",), "ext4", "/dev/sda1",
                                         "rw,errors=remount-ro")
@@ -26,18 +26,18 @@ def test_each_field_of_a_line_is_parsed():
     assert slave.root == "/sub" and slave.slave and slave.optional == ("master:7", "propagate_from:2")
 
 
-def test_paths_are_unescaped_and_options_are_left_as_written():
+def test_paths_are_unescaped_and_options_are_left_as_written() -> None:
     escaped = mountinfo.parse(TABLE)[3]
     assert escaped.mount_point == "/private/with space\\and\ttab"
     assert escaped.source == "my src"
     assert mountinfo.parse(TABLE)[4].super_options == "rw,memory"
 
 
-def test_a_line_that_is_no_mount_is_skipped():
+def test_a_line_that_is_no_mount_is_skipped() -> None:
     assert [m.mount_id for m in mountinfo.parse(TABLE)] == [22, 30, 31, 32, 40]
 
 
-def test_this_process_sees_its_root_mount():
+def test_this_process_sees_its_root_mount() -> None:
     mounts = mountinfo.read()
     assert any(m.mount_point == "/" for m in mounts)
     assert all(os.path.isabs(m.mount_point) for m in mounts)

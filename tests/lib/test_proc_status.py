@@ -22,7 +22,7 @@ from shim.lib.processes import (
 )
 
 
-def test_a_stopped_process_is_alive_and_a_zombie_is_not(sleeper):
+def test_a_stopped_process_is_alive_and_a_zombie_is_not(sleeper) -> None:
     start = proc_start_time(sleeper.pid)
     os.kill(sleeper.pid, signal.SIGSTOP)
     try:
@@ -79,13 +79,13 @@ def test_a_pid_reused_as_a_thread_of_another_process_is_not_that_process(sleeper
 # -- /proc/PID/status -------------------------------------------------------------------------
 
 
-def test_read_status_gives_each_field_stripped():
+def test_read_status_gives_each_field_stripped() -> None:
     fields = read_status()
     assert fields["Pid"] == str(os.getpid())
     assert fields["Name"] and fields["Name"] == fields["Name"].strip()
 
 
-def test_status_mask_reads_a_hexadecimal_field_and_names_a_missing_one(tmp_path):
+def test_status_mask_reads_a_hexadecimal_field_and_names_a_missing_one(tmp_path) -> None:
     status = tmp_path / "status"
     status.write_text("Name:\tx\nSigIgn:\t0000000000001001\n")
     assert status_mask("SigIgn", str(status)) == 0x1001

@@ -41,12 +41,12 @@ def survivors(tmp_path, how: str) -> int:
     return int(done.stdout)
 
 
-def test_unmounting_a_root_that_is_a_recursive_bind_leaves_the_originals_of_its_submounts(tmp_path):
+def test_unmounting_a_root_that_is_a_recursive_bind_leaves_the_originals_of_its_submounts(tmp_path) -> None:
     how = "mount_rootfs(parse_rootfs({'rootfs': [{'type': 'bind', 'source': host, 'options': ['rbind', 'rw']}]}), rootfs)"
     assert survivors(tmp_path, how) == 1
 
 
-def test_unmounting_a_root_bound_by_hand_leaves_the_originals_of_its_submounts(tmp_path):
+def test_unmounting_a_root_bound_by_hand_leaves_the_originals_of_its_submounts(tmp_path) -> None:
     # podshim delete after a crash finds whatever was left mounted there, made by anyone
     how = "mountcalls.mount(host, rootfs, None, mountcalls.MS_BIND | mountcalls.MS_REC)"
     assert survivors(tmp_path, how) == 1

@@ -17,7 +17,7 @@ def open_fds() -> int:
     return len(os.listdir("/proc/self/fd"))
 
 
-def test_a_tree_deeper_than_the_recursion_limit_and_longer_than_path_max_is_walked(tmp_path):
+def test_a_tree_deeper_than_the_recursion_limit_and_longer_than_path_max_is_walked(tmp_path) -> None:
     deep_tree(str(tmp_path), 3000)
     try:
         fds = open_fds()
@@ -29,7 +29,7 @@ def test_a_tree_deeper_than_the_recursion_limit_and_longer_than_path_max_is_walk
         remove_tree(str(tmp_path / "d"))
 
 
-def test_a_tree_deeper_than_the_recursion_limit_and_longer_than_path_max_is_removed(tmp_path):
+def test_a_tree_deeper_than_the_recursion_limit_and_longer_than_path_max_is_removed(tmp_path) -> None:
     os.mkdir(tmp_path / "top")
     deep_tree(str(tmp_path / "top"), 3000)
     fds = open_fds()
@@ -38,7 +38,7 @@ def test_a_tree_deeper_than_the_recursion_limit_and_longer_than_path_max_is_remo
     assert open_fds() == fds
 
 
-def test_a_wide_tree_is_walked_parents_first_and_removed(tmp_path):
+def test_a_wide_tree_is_walked_parents_first_and_removed(tmp_path) -> None:
     for a in range(3):
         for b in range(3):
             os.makedirs(tmp_path / "top" / f"a{a}" / f"b{b}")
@@ -51,7 +51,7 @@ def test_a_wide_tree_is_walked_parents_first_and_removed(tmp_path):
     assert os.listdir(tmp_path) == [] and os.path.isdir("/etc")
 
 
-def test_removing_what_is_not_there_is_nothing_and_a_link_is_unlinked_not_followed(tmp_path):
+def test_removing_what_is_not_there_is_nothing_and_a_link_is_unlinked_not_followed(tmp_path) -> None:
     remove_tree(str(tmp_path / "nothing"))
     (tmp_path / "kept").mkdir()
     (tmp_path / "kept" / "f").write_text("x")
@@ -72,7 +72,7 @@ def mounted_tmpfs(tmp_path):
         subprocess.run(["umount", "-l", str(target)], check=True)
 
 
-def test_a_file_system_mounted_below_is_neither_entered_nor_emptied(tmp_path, mounted_tmpfs):
+def test_a_file_system_mounted_below_is_neither_entered_nor_emptied(tmp_path, mounted_tmpfs) -> None:
     (tmp_path / "top" / "ours").write_text("x")
     assert [entry.name for entry in walk(str(tmp_path / "top"))] in (["mnt", "ours"], ["ours", "mnt"])
     with pytest.raises(OSError):

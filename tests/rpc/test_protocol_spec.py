@@ -28,27 +28,27 @@ def spec_constant(name: str) -> int:
     return int(m.group(1))
 
 
-def test_framing_constants_match_the_spec():
+def test_framing_constants_match_the_spec() -> None:
     assert spec_constant("HEADER_BYTES") == frames.HEADER_BYTES == 10
     assert spec_constant("MAX_DATA_BYTES") == frames.MAX_DATA_BYTES
     assert spec_constant("MAX_LENGTH_FIELD") == frames.MAX_LENGTH_FIELD
 
 
-def test_message_types_and_flags_match_the_spec():
+def test_message_types_and_flags_match_the_spec() -> None:
     for value, name in re.findall(r"^\| `0x0(\d)` \| (request|response|data) \|", SPEC, re.M):
         assert frames.MessageType[name.upper()] == int(value)
     for value, name in re.findall(r"^\| `0x0(\d)` \| (remote-closed|remote-open|no-data) \|", SPEC, re.M):
         assert frames.Flags[name.upper().replace("-", "_")] == int(value)
 
 
-def test_status_code_table_matches_the_enum():
+def test_status_code_table_matches_the_enum() -> None:
     pairs = re.findall(r"(?<=\| )(\d+) \| ([A-Z_]+)(?= \|)", SPEC)
     assert len({int(n) for n, _ in pairs}) == 17
     for number, name in pairs:
         assert Code[name] == int(number)
 
 
-def test_limits_stated_in_the_spec_match_the_code():
+def test_limits_stated_in_the_spec_match_the_code() -> None:
     assert f"at most {MAX_METADATA_ENTRIES} keys and {MAX_METADATA_VALUES} values per key" in SPEC
     assert f"more than {MAX_ACTIVE_STREAMS} streams open at once" in SPEC
     from shim.rpc import server
@@ -59,7 +59,7 @@ def test_limits_stated_in_the_spec_match_the_code():
     assert f"`{NAMESPACE_KEY}`" in SPEC
 
 
-def test_every_method_is_specified():
+def test_every_method_is_specified() -> None:
     for service, methods in ((api.SANDBOX_SERVICE, api.SANDBOX_METHODS), (api.EVENTS_SERVICE, api.EVENTS_METHODS),
                              (api.TASK_SERVICE, api.TASK_METHODS), (api.TEMPLATE_SERVICE, api.TEMPLATE_METHODS)):
         assert f"`{service}`" in SPEC
@@ -67,7 +67,7 @@ def test_every_method_is_specified():
             assert f"| `{method}` |" in SPEC, method
 
 
-def test_task_constants_match_the_spec():
+def test_task_constants_match_the_spec() -> None:
     from shim.runtime.crilog import LOG_DIR_MODE, MAX_LINE_BYTES
     from shim.runtime.process import DEFAULT_PATH
 
@@ -82,7 +82,7 @@ def table_keys(section: str) -> set[str]:
     return {key for row in re.findall(r"^\| `(\w+)`(?:, `(\w+)`)? \|", section, re.M) for key in row if key}
 
 
-def test_exec_limits_resources_and_metric_figures_match_the_spec():
+def test_exec_limits_resources_and_metric_figures_match_the_spec() -> None:
     from shim.kernel.cgroups import METRIC_KEYS, UPDATE_KEYS
     from shim.runtime.execsync import EXEC_DRAIN_SECS, EXEC_OUTPUT_LIMIT_BYTES
 
@@ -94,7 +94,7 @@ def test_exec_limits_resources_and_metric_figures_match_the_spec():
         set(METRIC_KEYS)
 
 
-def test_each_resource_is_written_to_the_v1_file_the_spec_names():
+def test_each_resource_is_written_to_the_v1_file_the_spec_names() -> None:
     from shim.kernel.cgroups import RESOURCE_FILES
 
     update = SPEC[SPEC.index("**Update**"):SPEC.index("**ReopenLog**")]
@@ -115,11 +115,11 @@ def decode_one(raw: bytes) -> frames.Frame:
     return frame
 
 
-def test_spec_has_the_vectors():
+def test_spec_has_the_vectors() -> None:
     assert set(VECTORS) == {"ping-request", "ok-response", "not-found-response", "event-data"}
 
 
-def test_ping_request_vector():
+def test_ping_request_vector() -> None:
     raw = bytes.fromhex(VECTORS["ping-request"])
     frame = decode_one(raw)
     assert (frame.stream_id, frame.type, frame.flags) == (1, 1, 0)
@@ -132,7 +132,7 @@ def test_ping_request_vector():
 
 
 @pytest.mark.parametrize("name,stream_id,code", [("ok-response", 1, 0), ("not-found-response", 3, 5)])
-def test_response_vectors(name, stream_id, code):
+def test_response_vectors(name, stream_id, code) -> None:
     from shim.rpc.messages import encode_response
     raw = bytes.fromhex(VECTORS[name])
     frame = decode_one(raw)
@@ -142,13 +142,13 @@ def test_response_vectors(name, stream_id, code):
     assert encode_frame(stream_id, 2, 0, encode_response(resp)) == raw
 
 
-def test_event_data_vector():
+def test_event_data_vector() -> None:
     frame = decode_one(bytes.fromhex(VECTORS["event-data"]))
     assert (frame.stream_id, frame.type) == (5, 3)
     assert unpack(frame.data) == {"topic": "/sandbox/exit"}
 
 
-def test_confinement_defaults_and_seccomp_vocabulary_match_the_spec():
+def test_confinement_defaults_and_seccomp_vocabulary_match_the_spec() -> None:
     from shim.api.defaults import DEFAULT_CAPABILITIES
     from shim.kernel import seccomp
 

@@ -45,23 +45,23 @@ class Counter(Record):
         self.count = count
 
 
-def test_repr_names_the_fields_in_order():
+def test_repr_names_the_fields_in_order() -> None:
     assert repr(Point(1, 2, ("a",))) == "Point(x=1, y=2, tags=('a',))"
 
 
-def test_equal_when_same_class_and_fields():
+def test_equal_when_same_class_and_fields() -> None:
     assert Point(1, 2) == Point(1, y=2)
     assert Point(1, 2) != Point(2, 1)
     assert Point(1, 2) != Other(1, 2)
     assert Point(1) != (1, 0, ())
 
 
-def test_frozen_record_is_hashable_by_its_fields():
+def test_frozen_record_is_hashable_by_its_fields() -> None:
     assert hash(Point(1, 2)) == hash(Point(1, 2))
     assert len({Point(1, 2), Point(1, 2), Point(3)}) == 2
 
 
-def test_frozen_record_refuses_assignment_and_deletion():
+def test_frozen_record_refuses_assignment_and_deletion() -> None:
     p = Point(1)
     with pytest.raises(AttributeError, match="cannot assign to field 'x'"):
         p.x = 2
@@ -72,7 +72,7 @@ def test_frozen_record_refuses_assignment_and_deletion():
     assert p == Point(1)
 
 
-def test_mutable_record_allows_assignment_and_has_no_hash():
+def test_mutable_record_allows_assignment_and_has_no_hash() -> None:
     c = Counter("a")
     c.count += 1
     assert c == Counter("a", 1)
@@ -81,7 +81,7 @@ def test_mutable_record_allows_assignment_and_has_no_hash():
         hash(c)
 
 
-def test_replace_makes_a_copy_with_changes():
+def test_replace_makes_a_copy_with_changes() -> None:
     p = Point(1, 2, ("a",))
     assert p.replace(y=5) == Point(1, 5, ("a",))
     assert p == Point(1, 2, ("a",))
@@ -89,7 +89,7 @@ def test_replace_makes_a_copy_with_changes():
         p.replace(z=1)
 
 
-def test_asdict_is_shallow():
+def test_asdict_is_shallow() -> None:
     tags = ("a",)
     assert Point(1, 2, tags).asdict() == {"x": 1, "y": 2, "tags": tags}
     assert Point(1, 2, tags).asdict()["tags"] is tags
@@ -97,7 +97,7 @@ def test_asdict_is_shallow():
 
 @pytest.mark.parametrize("clone", [copy.copy, copy.deepcopy, lambda r: pickle.loads(pickle.dumps(r))],
                          ids=["copy", "deepcopy", "pickle"])
-def test_copy_and_pickle_rebuild_through_init(clone):
+def test_copy_and_pickle_rebuild_through_init(clone) -> None:
     assert clone(Point(1, 2, ("a",))) == Point(1, 2, ("a",))
     assert clone(Counter("a", 3)) == Counter("a", 3)
 
@@ -116,7 +116,7 @@ def _all_records() -> list[type[Record]]:
 
 
 @pytest.mark.parametrize("cls", _all_records(), ids=lambda c: f"{c.__module__}.{c.__qualname__}")
-def test_every_record_takes_exactly_its_slots_in_order(cls):
+def test_every_record_takes_exactly_its_slots_in_order(cls) -> None:
     params = list(inspect.signature(cls.__init__).parameters)
     assert params[0] == "self"
     assert tuple(params[1:]) == cls.__slots__, f"{cls.__qualname__}.__init__ must take its __slots__, in order"

@@ -200,7 +200,7 @@ def as_nobody(action) -> bytes:
         os.close(r)
 
 
-def test_shim_refuses_a_client_with_another_uid(live_shim):
+def test_shim_refuses_a_client_with_another_uid(live_shim) -> None:
     sandbox_id, boot = live_shim
     path = boot["address"][len("unix://"):]
     assert os.stat(path).st_mode & 0o777 == 0o600
@@ -216,7 +216,7 @@ def test_shim_refuses_a_client_with_another_uid(live_shim):
     assert as_nobody(connect) == b"denied"
 
 
-def test_shim_closes_a_peer_whose_uid_is_not_allowed(live_shim):
+def test_shim_closes_a_peer_whose_uid_is_not_allowed(live_shim) -> None:
     """Past the file permissions (a second, world-connectable name for the socket), the server's
     own SO_PEERCRED check closes a connection from another uid without answering."""
     sandbox_id, boot = live_shim
@@ -249,7 +249,7 @@ def test_shim_closes_a_peer_whose_uid_is_not_allowed(live_shim):
 
 
 @pytest.mark.slow
-def test_100_clients_times_1000_calls_without_an_error(live_shim):
+def test_100_clients_times_1000_calls_without_an_error(live_shim) -> None:
     sandbox_id, boot = live_shim
     latencies: list[float] = []
 

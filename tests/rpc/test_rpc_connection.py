@@ -57,59 +57,59 @@ def request_doc(**fields) -> dict:
     return {k: v for k, v in doc.items() if v is not ...}
 
 
-def test_request_starts_a_call():
+def test_request_starts_a_call() -> None:
     pair = Pair()
     request = Request("test.v1.Echo", "Ping", {"n": 1}, 5_000_000, {"podshim-namespace": ["k8s.io"]})
     assert pair.call(request) == [CallStarted(1, request, False)]
 
 
-def test_request_flagged_remote_open_starts_a_client_stream():
+def test_request_flagged_remote_open_starts_a_client_stream() -> None:
     [started] = Pair().server.receive_data(request_frame(request_doc(), flags=Flags.REMOTE_OPEN))
     assert (type(started), started.client_streaming) == (CallStarted, True)
 
 
-def test_client_stream_ids_are_odd_and_increasing():
+def test_client_stream_ids_are_odd_and_increasing() -> None:
     pair = Pair()
     assert [ev.stream_id for _ in range(3) for ev in pair.call()] == [1, 3, 5]
 
 
-def test_response_reaches_the_client():
+def test_response_reaches_the_client() -> None:
     pair = Pair()
     pair.call()
     response = Response(Code.OK, "", [], {"pong": True})
     assert pair.answer(pair.server.response(1, response)) == [ResponseReceived(1, response)]
 
 
-def test_response_ends_the_stream():
+def test_response_ends_the_stream() -> None:
     pair = Pair()
     pair.call()
     pair.server.response(1, Response())
     assert 1 not in pair.server.active
 
 
-def test_ending_a_stream_twice_sends_nothing():
+def test_ending_a_stream_twice_sends_nothing() -> None:
     pair = Pair()
     pair.call()
     pair.server.response(1, Response())
     assert pair.server.response(1, Response()) == b""
 
 
-def test_server_stream_data_reaches_the_client():
+def test_server_stream_data_reaches_the_client() -> None:
     pair = Pair()
     pair.call(streaming=True)
     assert pair.answer(pair.server.data(1, {"i": 0})) == [DataReceived(1, {"i": 0}, False)]
 
 
-def test_eof_on_a_frame_boundary_is_peer_closed():
+def test_eof_on_a_frame_boundary_is_peer_closed() -> None:
     assert ServerConnection().receive_data(b"") == [PeerClosed()]
 
 
-def test_metadata_keys_are_lowercased_and_a_single_string_is_a_list():
+def test_metadata_keys_are_lowercased_and_a_single_string_is_a_list() -> None:
     [started] = Pair().server.receive_data(request_frame(request_doc(metadata={"Podshim-Namespace": "k8s.io"})))
     assert started.request.metadata == {"podshim-namespace": ["k8s.io"]}
 
 
-def test_absent_optional_fields_take_their_defaults():
+def test_absent_optional_fields_take_their_defaults() -> None:
     doc = request_doc(payload=..., timeout_nano=..., metadata=...)
     [started] = Pair().server.receive_data(request_frame(doc))
     assert started.request == Request("test.v1.Echo", "Ping", {}, 0, {})
@@ -145,25 +145,25 @@ MALFORMED_REQUESTS = {
 
 
 @pytest.mark.parametrize("data, fragment", MALFORMED_REQUESTS.values(), ids=MALFORMED_REQUESTS.keys())
-def test_malformed_request_fails_its_stream_with_invalid_argument(data, fragment):
+def test_malformed_request_fails_its_stream_with_invalid_argument(data, fragment) -> None:
     rejected = Pair().reject(encode_frame(1, MessageType.REQUEST, 0, data))
     assert (rejected.stream_id, rejected.code) == (1, Code.INVALID_ARGUMENT)
     assert fragment in rejected.message
 
 
-def test_malformed_request_leaves_the_connection_usable():
+def test_malformed_request_leaves_the_connection_usable() -> None:
     pair = Pair()
     pair.reject(encode_frame(1, MessageType.REQUEST, 0, b"\xc1"))
     assert [type(ev) for ev in pair.server.receive_data(request_frame(request_doc(), stream_id=3))] == [CallStarted]
 
 
-def test_even_stream_id_is_invalid():
+def test_even_stream_id_is_invalid() -> None:
     rejected = Pair().reject(request_frame(request_doc(), stream_id=2))
     assert (rejected.stream_id, rejected.code) == (2, Code.INVALID_ARGUMENT)
     assert "must be odd" in rejected.message
 
 
-def test_reused_stream_id_is_invalid():
+def test_reused_stream_id_is_invalid() -> None:
     pair = Pair()
     pair.call()
     rejected = pair.reject(request_frame(request_doc(), stream_id=1))
@@ -171,33 +171,33 @@ def test_reused_stream_id_is_invalid():
     assert "re-used" in rejected.message
 
 
-def test_decreasing_stream_id_is_invalid():
+def test_decreasing_stream_id_is_invalid() -> None:
     pair = Pair()
     pair.server.receive_data(request_frame(request_doc(), stream_id=5))
     rejected = pair.reject(request_frame(request_doc(), stream_id=3))
     assert (rejected.stream_id, rejected.code) == (3, Code.INVALID_ARGUMENT)
 
 
-def test_stream_id_of_a_rejected_request_cannot_be_reused():
+def test_stream_id_of_a_rejected_request_cannot_be_reused() -> None:
     pair = Pair()
     pair.reject(encode_frame(1, MessageType.REQUEST, 0, b"\xc1"))
     assert pair.reject(request_frame(request_doc(), stream_id=1)).code == Code.INVALID_ARGUMENT
 
 
-def test_data_frame_on_an_unknown_stream_is_invalid():
+def test_data_frame_on_an_unknown_stream_is_invalid() -> None:
     rejected = Pair().reject(encode_frame(9, MessageType.DATA, 0, pack({})))
     assert (rejected.stream_id, rejected.code) == (9, Code.INVALID_ARGUMENT)
     assert "not active" in rejected.message
 
 
-def test_data_frame_on_an_answered_stream_is_dropped():
+def test_data_frame_on_an_answered_stream_is_dropped() -> None:
     pair = Pair()
     pair.call()
     pair.server.response(1, Response())
     assert pair.server.receive_data(encode_frame(1, MessageType.DATA, 0, pack({}))) == []
 
 
-def test_data_frame_on_an_open_stream_is_stream_input():
+def test_data_frame_on_an_open_stream_is_stream_input() -> None:
     pair = Pair()
     pair.call()
     frame = encode_frame(1, MessageType.DATA, Flags.REMOTE_CLOSED, pack({"more": 1}))
@@ -205,17 +205,17 @@ def test_data_frame_on_an_open_stream_is_stream_input():
 
 
 @pytest.mark.parametrize("msg_type", [0, 4, 255])
-def test_unknown_message_type_is_ignored(msg_type):
+def test_unknown_message_type_is_ignored(msg_type) -> None:
     pair = Pair()
     assert pair.server.receive_data(encode_frame(1, msg_type, 0, b"whatever")) == []
     assert [type(ev) for ev in pair.call()] == [CallStarted]
 
 
-def test_response_frame_from_a_client_is_ignored():
+def test_response_frame_from_a_client_is_ignored() -> None:
     assert Pair().server.receive_data(encode_frame(1, MessageType.RESPONSE, 0, pack({}))) == []
 
 
-def test_oversized_request_fails_only_its_stream():
+def test_oversized_request_fails_only_its_stream() -> None:
     pair = Pair()
     oversized = HEADER.pack(MAX_DATA_BYTES + 1, 1, MessageType.REQUEST, 0) + bytes(MAX_DATA_BYTES + 1)
     [rejected] = pair.server.receive_data(oversized)
@@ -223,7 +223,7 @@ def test_oversized_request_fails_only_its_stream():
     assert [type(ev) for ev in pair.server.receive_data(request_frame(request_doc(), stream_id=3))] == [CallStarted]
 
 
-def test_too_many_concurrent_streams_is_resource_exhausted():
+def test_too_many_concurrent_streams_is_resource_exhausted() -> None:
     pair = Pair(max_active_streams=2)
     pair.call()
     pair.call()
@@ -231,7 +231,7 @@ def test_too_many_concurrent_streams_is_resource_exhausted():
     assert (rejected.stream_id, rejected.code) == (5, Code.RESOURCE_EXHAUSTED)
 
 
-def test_response_payload_too_large_is_resource_exhausted():
+def test_response_payload_too_large_is_resource_exhausted() -> None:
     pair = Pair()
     pair.call()
     big = Response(Code.OK, "", [], {"blob": bytes(MAX_DATA_BYTES)})
@@ -239,12 +239,12 @@ def test_response_payload_too_large_is_resource_exhausted():
     assert (received.stream_id, received.response.code) == (1, Code.RESOURCE_EXHAUSTED)
 
 
-def test_oversized_response_is_resource_exhausted_on_the_client():
+def test_oversized_response_is_resource_exhausted_on_the_client() -> None:
     oversized = HEADER.pack(MAX_DATA_BYTES + 1, 1, MessageType.RESPONSE, 0) + bytes(MAX_DATA_BYTES + 1)
     [received] = ClientConnection().receive_data(oversized)
     assert (received.stream_id, received.response.code) == (1, Code.RESOURCE_EXHAUSTED)
 
 
-def test_malformed_response_is_internal_on_the_client():
+def test_malformed_response_is_internal_on_the_client() -> None:
     [received] = ClientConnection().receive_data(encode_frame(1, MessageType.RESPONSE, 0, b"\xc1"))
     assert received.response.code == Code.INTERNAL

@@ -46,32 +46,32 @@ def errors_logged(caplog) -> list[logging.LogRecord]:
 
 # -- routing ---------------------------------------------------------------------------------------
 
-def test_route_finds_the_handler_of_the_service_and_method():
+def test_route_finds_the_handler_of_the_service_and_method() -> None:
     handler = object()
     assert dispatch.route(PING, handlers(handler)) is handler
 
 
 @pytest.mark.parametrize("request_", [Request(SERVICE, "Nope"), Request("test.v1.Nope", "Ping")],
                          ids=["unknown-method", "unknown-service"])
-def test_route_of_an_unknown_method_is_unimplemented_naming_it(request_):
+def test_route_of_an_unknown_method_is_unimplemented_naming_it(request_) -> None:
     assert dispatch.route(request_, handlers(object())) == Response(
         Code.UNIMPLEMENTED, f"unknown method {request_.full_method}")
 
 
-def test_dispatch_answers_ok_with_the_handler_result():
+def test_dispatch_answers_ok_with_the_handler_result() -> None:
     assert dispatch.dispatch(PING, handlers(lambda request: request.payload)) == Response(payload={"word": "hello"})
 
 
 # -- exceptions to statuses --------------------------------------------------------------------------
 
-def test_rpc_error_keeps_its_code_sentence_and_details_and_is_not_logged(caplog):
+def test_rpc_error_keeps_its_code_sentence_and_details_and_is_not_logged(caplog) -> None:
     error = FailedPrecondition("sandbox 'sb1' is not running", details=[{"hint": 1}])
     assert dispatch.dispatch(PING, handlers(raising(error))) == Response(
         Code.FAILED_PRECONDITION, "sandbox 'sb1' is not running", [{"hint": 1}])
     assert errors_logged(caplog) == []
 
 
-def test_unexpected_exception_is_unknown_with_a_sentence_and_logged_once_with_its_traceback(caplog):
+def test_unexpected_exception_is_unknown_with_a_sentence_and_logged_once_with_its_traceback(caplog) -> None:
     response = dispatch.dispatch(PING, handlers(raising(ValueError("boom"))))
     assert response == Response(Code.UNKNOWN, f"{PING.full_method}: unexpected ValueError: boom")
     [record] = errors_logged(caplog)
@@ -86,12 +86,12 @@ def test_os_error_has_the_status_of_its_errno_and_is_logged_once_with_its_traceb
     assert record.exc_info is not None and issubclass(record.exc_info[0], OSError)
 
 
-def test_os_error_of_another_errno_is_internal():
+def test_os_error_of_another_errno_is_internal() -> None:
     response = dispatch.dispatch(PING, handlers(raising(OSError(errno.EIO, "I/O error"))))
     assert (response.code, response.message) == (Code.INTERNAL, f"{PING.full_method}: I/O error")
 
 
-def test_timeout_is_deadline_exceeded_and_cancellation_is_cancelled(caplog):
+def test_timeout_is_deadline_exceeded_and_cancellation_is_cancelled(caplog) -> None:
     assert dispatch.failure(TimeoutError(), where="x").code == Code.DEADLINE_EXCEEDED
     assert dispatch.failure(asyncio.CancelledError(), where="x") == Response(Code.CANCELLED, "the call was cancelled")
     assert errors_logged(caplog) == []
@@ -113,13 +113,13 @@ def decoded(data: bytes) -> Response:
     return decode_response(frame.data)
 
 
-def test_answer_encodes_the_response_on_its_stream():
+def test_answer_encodes_the_response_on_its_stream() -> None:
     conn = ServerConnection()
     sid = started_stream(conn)
     assert decoded(dispatch.answer(conn, sid, Response(payload=[1, "two"]), where="x")).payload == [1, "two"]
 
 
-def test_result_that_cannot_be_encoded_is_internal_and_logged_once_with_its_traceback(caplog):
+def test_result_that_cannot_be_encoded_is_internal_and_logged_once_with_its_traceback(caplog) -> None:
     conn = ServerConnection()
     sid = started_stream(conn)
     response = decoded(dispatch.answer(conn, sid, Response(payload={"value": object()}), where=PING.full_method))
@@ -130,7 +130,7 @@ def test_result_that_cannot_be_encoded_is_internal_and_logged_once_with_its_trac
 
 # -- the errno table ------------------------------------------------------------------------------------
 
-def test_errno_table_is_the_documented_one():
+def test_errno_table_is_the_documented_one() -> None:
     assert ERRNO_CODES == {
         errno.ENOENT: Code.NOT_FOUND,
         errno.EEXIST: Code.ALREADY_EXISTS,
@@ -145,7 +145,7 @@ def test_errno_table_is_the_documented_one():
 @pytest.mark.parametrize("err, cls", [(errno.ENOENT, NotFound), (errno.EEXIST, AlreadyExists),
                                       (errno.EACCES, PermissionDenied), (errno.EBUSY, FailedPrecondition),
                                       (errno.ENOSPC, ResourceExhausted), (errno.EIO, Internal)])
-def test_error_from_oserror_is_the_errno_class_with_the_sentence_of_what_failed(err, cls):
+def test_error_from_oserror_is_the_errno_class_with_the_sentence_of_what_failed(err, cls) -> None:
     error = error_from_oserror(OSError(err, "said by the kernel"), "cannot create cgroup /sys/fs/cgroup/x")
     assert type(error) is cls
     assert error.message == "cannot create cgroup /sys/fs/cgroup/x: said by the kernel"

@@ -51,7 +51,7 @@ def _envelope() -> tuple[type, type]:
 PbRequest, PbResponse = _envelope()
 
 
-def test_a_request_as_containerd_writes_it_is_read_with_its_payload_deadline_and_metadata():
+def test_a_request_as_containerd_writes_it_is_read_with_its_payload_deadline_and_metadata() -> None:
     wire = PbRequest(service="containerd.task.v3.Task", method="State", payload=b"\x0a\x03abc",
                      timeout_nano=5_000_000_000,
                      metadata=[{"key": "containerd-namespace", "value": "k8s.io"},
@@ -62,7 +62,7 @@ def test_a_request_as_containerd_writes_it_is_read_with_its_payload_deadline_and
                                                                      "trace": ["a", "b"]})
 
 
-def test_a_msgpack_request_is_told_from_a_protobuf_one_by_its_first_byte():
+def test_a_msgpack_request_is_told_from_a_protobuf_one_by_its_first_byte() -> None:
     assert codec_of_request(encode_request(Request("podshim.sandbox.v1.Sandbox", "PingSandbox", {}))) is MSGPACK
 
 
@@ -88,7 +88,7 @@ def test_what_protowire_writes_the_protobuf_library_reads():
     (b"\x0a\x01s\x12\x01m\x20\xff\xff\xff\xff\xff\xff\xff\xff\xff\x01", "request field 'timeout_nano' must be a "
      "non-negative integer"),
 ])
-def test_a_malformed_request_is_refused_with_a_sentence(wire, sentence):
+def test_a_malformed_request_is_refused_with_a_sentence(wire, sentence) -> None:
     with pytest.raises(InvalidArgument) as refused:
         protowire.decode_request(wire)
     assert refused.value.message == sentence
@@ -125,7 +125,7 @@ async def served():
             await server.aclose()
 
 
-async def test_one_server_answers_protobuf_and_msgpack_connections_each_in_its_own_codec(served):
+async def test_one_server_answers_protobuf_and_msgpack_connections_each_in_its_own_codec(served) -> None:
     async with await Client.connect(served, codec=PROTOBUF) as pb, await Client.connect(served) as mp:
         got = await asyncio.wait_for(pb.call(PB_SERVICE, "Reverse", b"\x01\x02\x03",
                                              metadata={"containerd-namespace": ["ns1"]}), WAIT)
@@ -133,7 +133,7 @@ async def test_one_server_answers_protobuf_and_msgpack_connections_each_in_its_o
         assert await asyncio.wait_for(mp.call(MP_SERVICE, "Echo", {"a": 1}), WAIT) == {"a": 1}
 
 
-async def test_a_service_is_not_served_in_the_other_codec(served):
+async def test_a_service_is_not_served_in_the_other_codec(served) -> None:
     async with await Client.connect(served, codec=PROTOBUF) as pb, await Client.connect(served) as mp:
         with pytest.raises(Unimplemented, match=f"unknown method /{MP_SERVICE}/Echo"):
             await asyncio.wait_for(pb.call(MP_SERVICE, "Echo", b""), WAIT)

@@ -201,7 +201,7 @@ def run(request):
 
 # -- calls ---------------------------------------------------------------------------------------
 
-def test_unary_call_returns_the_handler_result(run, service, socket_dir):
+def test_unary_call_returns_the_handler_result(run, service, socket_dir) -> None:
     async def call():
         async with serving(service, socket_dir), await Client.connect(address(socket_dir)) as client:
             return await client.call(SERVICE, "Ping", {"word": "hello", "blob": b"\x00\xff"})
@@ -210,45 +210,45 @@ def test_unary_call_returns_the_handler_result(run, service, socket_dir):
 
 
 @pytest.mark.parametrize("error", [NotFound, AlreadyExists, FailedPrecondition, PermissionDenied, Unavailable])
-async def test_rpc_error_reaches_the_client_as_its_class(client, error):
+async def test_rpc_error_reaches_the_client_as_its_class(client, error) -> None:
     with pytest.raises(error) as raised:
         await client.call(SERVICE, "Fail", {"code": int(error.code), "message": "sandbox 'sb1'",
                                             "details": [{"hint": 1}]})
     assert (raised.value.message, raised.value.details) == ("sandbox 'sb1'", [{"hint": 1}])
 
 
-async def test_unexpected_handler_exception_is_unknown_and_logged_with_its_traceback(client, caplog):
+async def test_unexpected_handler_exception_is_unknown_and_logged_with_its_traceback(client, caplog) -> None:
     with pytest.raises(Unknown, match=r"/test.v1.Echo/Crash: unexpected ValueError: boom"):
         await client.call(SERVICE, "Crash", {"message": "boom"})
     [record] = [r for r in caplog.records if r.levelno == logging.ERROR]
     assert record.exc_info is not None and "raise ValueError" in caplog.text
 
 
-async def test_unencodable_result_is_internal(client):
+async def test_unencodable_result_is_internal(client) -> None:
     with pytest.raises(Internal, match="cannot be encoded"):
         await client.call(SERVICE, "Unencodable")
 
 
 @pytest.mark.parametrize("service_name, method", [(SERVICE, "Nope"), ("test.v1.Nope", "Ping")],
                          ids=["unknown-method", "unknown-service"])
-async def test_unknown_method_is_unimplemented(client, service_name, method):
+async def test_unknown_method_is_unimplemented(client, service_name, method) -> None:
     with pytest.raises(Unimplemented, match=f"/{service_name}/{method}"):
         await client.call(service_name, method)
 
 
-async def test_handler_sees_the_deadline_the_client_sent(client):
+async def test_handler_sees_the_deadline_the_client_sent(client) -> None:
     loop = asyncio.get_running_loop()
     began = loop.time()
     remaining = await client.call(SERVICE, "Deadline", timeout=5.0)
     assert 5.0 - (loop.time() - began) <= remaining <= 5.0  # what is left of it when the handler runs
 
 
-async def test_handler_sees_the_client_namespace(server, socket_dir):
+async def test_handler_sees_the_client_namespace(server, socket_dir) -> None:
     async with await Client.connect(address(socket_dir), namespace="k8s.io") as client:
         assert await client.call(SERVICE, "Namespace") == "k8s.io"
 
 
-def test_concurrent_calls_on_one_connection_are_answered_as_they_finish(run, service, socket_dir):
+def test_concurrent_calls_on_one_connection_are_answered_as_they_finish(run, service, socket_dir) -> None:
     calls = 1000
     delays = random.Random(1).choices([0.0, 0.002, 0.004, 0.006, 0.008], k=calls)
 
@@ -267,7 +267,7 @@ def test_concurrent_calls_on_one_connection_are_answered_as_they_finish(run, ser
 
 # -- deadlines and cancellation ---------------------------------------------------------------------
 
-def test_deadline_answers_deadline_exceeded_and_cancels_the_handler(run, service, socket_dir):
+def test_deadline_answers_deadline_exceeded_and_cancels_the_handler(run, service, socket_dir) -> None:
     async def call_past_deadline():
         async with serving(service, socket_dir), await Client.connect(address(socket_dir)) as client:
             with pytest.raises(DeadlineExceeded) as raised:
@@ -281,7 +281,7 @@ def test_deadline_answers_deadline_exceeded_and_cancels_the_handler(run, service
     assert service.cancelled.is_set()
 
 
-def test_deadline_is_answered_even_when_the_handler_swallows_cancellation(run, service, socket_dir):
+def test_deadline_is_answered_even_when_the_handler_swallows_cancellation(run, service, socket_dir) -> None:
     async def call_past_deadline():
         async with serving(service, socket_dir), await Client.connect(address(socket_dir)) as client:
             with pytest.raises(DeadlineExceeded) as raised:
@@ -297,7 +297,7 @@ def test_deadline_is_answered_even_when_the_handler_swallows_cancellation(run, s
     assert error.message == "deadline exceeded"
 
 
-def test_cancelled_client_call_leaves_the_connection_usable(run, service, socket_dir):
+def test_cancelled_client_call_leaves_the_connection_usable(run, service, socket_dir) -> None:
     async def cancel_a_call():
         async with serving(service, socket_dir), await Client.connect(address(socket_dir)) as client:
             call = asyncio.create_task(client.call(SERVICE, "Block"))
@@ -310,7 +310,7 @@ def test_cancelled_client_call_leaves_the_connection_usable(run, service, socket
     assert run(cancel_a_call()) == {"after": 1}
 
 
-def test_closed_connection_cancels_its_handlers(run, service, socket_dir):
+def test_closed_connection_cancels_its_handlers(run, service, socket_dir) -> None:
     async def close_mid_call():
         async with serving(service, socket_dir):
             client = await Client.connect(address(socket_dir))
@@ -325,7 +325,7 @@ def test_closed_connection_cancels_its_handlers(run, service, socket_dir):
     assert service.cancelled.is_set()
 
 
-def test_half_closed_client_still_gets_its_answer(run, service, socket_dir):
+def test_half_closed_client_still_gets_its_answer(run, service, socket_dir) -> None:
     async def ask_then_shut_down_writing():
         async with serving(service, socket_dir), raw_connection(socket_dir) as (reader, writer):
             writer.write(request_frame(1, "Sleep", {"n": 7, "delay": 0.01}))
@@ -338,7 +338,7 @@ def test_half_closed_client_still_gets_its_answer(run, service, socket_dir):
     assert (response.code, response.payload) == (Code.OK, 7)
 
 
-def test_aclose_with_calls_in_flight_returns_promptly(run, service, socket_dir):
+def test_aclose_with_calls_in_flight_returns_promptly(run, service, socket_dir) -> None:
     async def close_server_mid_call():
         async with serving(service, socket_dir) as server, await Client.connect(address(socket_dir)) as client:
             call = asyncio.create_task(client.call(SERVICE, "Block"))
@@ -355,7 +355,7 @@ def test_aclose_with_calls_in_flight_returns_promptly(run, service, socket_dir):
 
 # -- streams ------------------------------------------------------------------------------------
 
-def test_server_stream_delivers_every_message_then_ends(run, service, socket_dir):
+def test_server_stream_delivers_every_message_then_ends(run, service, socket_dir) -> None:
     async def collect():
         async with serving(service, socket_dir), await Client.connect(address(socket_dir)) as client:
             async with contextlib.aclosing(client.stream(SERVICE, "Count", {"n": 50})) as stream:
@@ -364,7 +364,7 @@ def test_server_stream_delivers_every_message_then_ends(run, service, socket_dir
     assert run(collect()) == [{"i": i} for i in range(50)]
 
 
-async def test_server_stream_error_ends_the_stream_with_its_class(client):
+async def test_server_stream_error_ends_the_stream_with_its_class(client) -> None:
     received = []
     with pytest.raises(NotFound, match="stream failed"):
         async with contextlib.aclosing(client.stream(SERVICE, "Count", {"n": 2, "then": int(Code.NOT_FOUND)})) as stream:
@@ -375,7 +375,7 @@ async def test_server_stream_error_ends_the_stream_with_its_class(client):
 
 # -- a misbehaving peer -------------------------------------------------------------------------
 
-def test_garbage_frames_fail_their_own_streams_and_the_connection_stays_usable(run, service, socket_dir):
+def test_garbage_frames_fail_their_own_streams_and_the_connection_stays_usable(run, service, socket_dir) -> None:
     async def send_garbage():
         async with serving(service, socket_dir), raw_connection(socket_dir) as (reader, writer):
             writer.write(encode_frame(1, MessageType.REQUEST, 0, b"\xc1"))  # not msgpack
@@ -405,7 +405,7 @@ async def test_data_frame_on_a_unary_stream_is_invalid_and_cancels_the_call(serv
     assert service.cancelled.is_set()
 
 
-def test_client_vanishing_mid_frame_does_not_hurt_the_server(run, service, socket_dir, caplog):
+def test_client_vanishing_mid_frame_does_not_hurt_the_server(run, service, socket_dir, caplog) -> None:
     caplog.set_level(logging.INFO, logger="shim.rpc.channel")
 
     async def vanish_then_call():
@@ -420,7 +420,7 @@ def test_client_vanishing_mid_frame_does_not_hurt_the_server(run, service, socke
     assert "in the middle of a frame" in caplog.text
 
 
-async def test_peer_with_another_uid_is_refused_without_an_answer(server, socket_dir, caplog):
+async def test_peer_with_another_uid_is_refused_without_an_answer(server, socket_dir, caplog) -> None:
     caplog.set_level(logging.WARNING, logger="shim.rpc.server")
     pid = os.fork()
     if pid == 0:  # the child never returns into pytest
@@ -435,7 +435,7 @@ async def test_peer_with_another_uid_is_refused_without_an_answer(server, socket
 
 
 # -- the connection limit (protocol.md 1.1) -------------------------------------------------------
-async def test_at_the_connection_limit_the_connection_idle_longest_makes_room(service, socket_dir):
+async def test_at_the_connection_limit_the_connection_idle_longest_makes_room(service, socket_dir) -> None:
     async with serving(service, socket_dir, max_connections=3):
         held = [await Client.connect(address(socket_dir)) for _ in range(3)]
         try:
@@ -450,7 +450,7 @@ async def test_at_the_connection_limit_the_connection_idle_longest_makes_room(se
                 await client.aclose()
 
 
-async def test_when_every_connection_has_a_call_in_flight_a_new_one_gets_resource_exhausted(service, socket_dir):
+async def test_when_every_connection_has_a_call_in_flight_a_new_one_gets_resource_exhausted(service, socket_dir) -> None:
     async with serving(service, socket_dir, max_connections=2):
         held = [await Client.connect(address(socket_dir)) for _ in range(2)]
         blocked = [asyncio.ensure_future(client.call(SERVICE, "Block", {})) for client in held]
@@ -471,7 +471,7 @@ async def test_when_every_connection_has_a_call_in_flight_a_new_one_gets_resourc
                 await client.aclose()
 
 
-async def test_a_refused_connection_that_sends_nothing_is_closed(service, socket_dir, monkeypatch):
+async def test_a_refused_connection_that_sends_nothing_is_closed(service, socket_dir, monkeypatch) -> None:
     from shim.rpc import server as module
 
     monkeypatch.setattr(module, "REFUSED_LINGER", 0.05)

@@ -110,7 +110,7 @@ def read_and_write(node: str) -> str:
 
 # -- from inside tasks --------------------------------------------------------------------------
 
-async def test_a_block_device_made_with_mknod_can_be_neither_read_nor_written(shims, handler, loop, tmp_path):
+async def test_a_block_device_made_with_mknod_can_be_neither_read_nor_written(shims, handler, loop, tmp_path) -> None:
     pod = await a_pod(shims, handler, tmp_path)
     lines = await pod.output("attack", f"mknod /dev/disk b {loop.major} {loop.minor} && echo made; "
                              + read_and_write("/dev/disk"))
@@ -120,7 +120,7 @@ async def test_a_block_device_made_with_mknod_can_be_neither_read_nor_written(sh
     assert loop.untouched()
 
 
-async def test_an_image_shipped_device_node_gives_a_user_that_is_not_root_nothing(shims, handler, loop, tmp_path):
+async def test_an_image_shipped_device_node_gives_a_user_that_is_not_root_nothing(shims, handler, loop, tmp_path) -> None:
     tree = tmp_path / "image"
     (tree / "bin").mkdir(parents=True)
     shutil.copy(BUSYBOX, tree / "bin" / "busybox")
@@ -139,7 +139,7 @@ async def test_an_image_shipped_device_node_gives_a_user_that_is_not_root_nothin
     assert loop.untouched()
 
 
-async def test_an_exec_in_a_task_is_held_to_the_tasks_rules(shims, handler, loop, tmp_path):
+async def test_an_exec_in_a_task_is_held_to_the_tasks_rules(shims, handler, loop, tmp_path) -> None:
     pod = await a_pod(shims, handler, tmp_path)
     await pod.shim.task("Create", task_id="app", args=[BUSYBOX, "sleep", "600"], log_path=str(tmp_path / "app.log"),
                         capabilities=list(DEFAULT_CAPABILITIES))
@@ -151,7 +151,7 @@ async def test_an_exec_in_a_task_is_held_to_the_tasks_rules(shims, handler, loop
     assert loop.untouched()
 
 
-async def test_the_standard_devices_still_work(shims, handler, tmp_path):
+async def test_the_standard_devices_still_work(shims, handler, tmp_path) -> None:
     pod = await a_pod(shims, handler, tmp_path)
     lines = await pod.output("standard", "echo x > /dev/null && echo null; "
                              "head -c 4 /dev/zero | wc -c; head -c 4 /dev/urandom | wc -c; "
@@ -161,7 +161,7 @@ async def test_the_standard_devices_still_work(shims, handler, tmp_path):
     assert "No space left on device" in lines[4] and lines[5] == "ptmx", lines
 
 
-async def test_a_privileged_task_of_a_privileged_pod_reads_and_writes_a_block_device(shims, handler, loop, tmp_path):
+async def test_a_privileged_task_of_a_privileged_pod_reads_and_writes_a_block_device(shims, handler, loop, tmp_path) -> None:
     pod = await a_pod(shims, handler, tmp_path, privileged=True)
     lines = await pod.output("privileged", f"mknod /dev/disk b {loop.major} {loop.minor}; "
                              + read_and_write("/dev/disk"),
@@ -172,7 +172,7 @@ async def test_a_privileged_task_of_a_privileged_pod_reads_and_writes_a_block_de
 
 
 async def test_a_task_that_is_not_privileged_keeps_the_default_rules_in_a_privileged_pod(
-        shims, handler, loop, tmp_path):
+        shims, handler, loop, tmp_path) -> None:
     pod = await a_pod(shims, handler, tmp_path, privileged=True)
     lines = await pod.output("attack", f"mknod /dev/disk b {loop.major} {loop.minor}; "
                              + read_and_write("/dev/disk"))
@@ -180,7 +180,7 @@ async def test_a_task_that_is_not_privileged_keeps_the_default_rules_in_a_privil
     assert loop.untouched()
 
 
-async def test_a_privileged_task_of_a_pod_that_is_not_keeps_the_default_rules(shims, handler, loop, tmp_path):
+async def test_a_privileged_task_of_a_pod_that_is_not_keeps_the_default_rules(shims, handler, loop, tmp_path) -> None:
     pod = await a_pod(shims, handler, tmp_path)
     lines = await pod.output("attack", f"mknod /dev/disk b {loop.major} {loop.minor}; "
                              + read_and_write("/dev/disk"), privileged=True)
@@ -188,7 +188,7 @@ async def test_a_privileged_task_of_a_pod_that_is_not_keeps_the_default_rules(sh
     assert loop.untouched()
 
 
-async def test_a_task_given_a_device_uses_it_and_the_pods_other_tasks_still_cannot(shims, handler, loop, tmp_path):
+async def test_a_task_given_a_device_uses_it_and_the_pods_other_tasks_still_cannot(shims, handler, loop, tmp_path) -> None:
     pod = await a_pod(shims, handler, tmp_path)
     attack = f"mknod /dev/disk b {loop.major} {loop.minor}; " + read_and_write("/dev/disk")
     # One task made before the device is given (it waits for the given one to be done), one after.
@@ -211,7 +211,7 @@ async def test_a_task_given_a_device_uses_it_and_the_pods_other_tasks_still_cann
     assert loop.untouched()
 
 
-async def test_a_device_given_for_reading_only_cannot_be_written(shims, handler, loop, tmp_path):
+async def test_a_device_given_for_reading_only_cannot_be_written(shims, handler, loop, tmp_path) -> None:
     pod = await a_pod(shims, handler, tmp_path)
     lines = await pod.output("given", "echo overwritten | dd of=/dev/xdisk conv=notrunc 2>&1; echo write=$?",
                              devices=[{"container_path": "/dev/xdisk", "host_path": loop.path, "permissions": "r"}])
@@ -219,7 +219,7 @@ async def test_a_device_given_for_reading_only_cannot_be_written(shims, handler,
     assert loop.untouched()
 
 
-async def test_a_cri_containers_devices_reach_it(roots, handler, loop):
+async def test_a_cri_containers_devices_reach_it(roots, handler, loop) -> None:
     async with pod_service(roots) as pods:
         pod_id = await pods.run_pod_sandbox(pod_config(), runtime_handler=handler)
         cfg = node_container([BUSYBOX, "sh", "-c", "dd if=/dev/given/disk bs=20 count=1 2>/dev/null"])
@@ -237,7 +237,7 @@ async def test_a_cri_containers_devices_reach_it(roots, handler, loop):
     ({"container_path": "/dev/x", "host_path": "/dev/null", "permissions": "rx"}, "permissions"),
     ({"container_path": "/dev/x", "host_path": "dev/null"}, "must be an absolute path"),
 ])
-async def test_a_malformed_device_is_refused_naming_it(shims, device, words, tmp_path):
+async def test_a_malformed_device_is_refused_naming_it(shims, device, words, tmp_path) -> None:
     from shim.rpc.status import InvalidArgument
 
     pod = await a_pod(shims, "native", tmp_path)
@@ -246,7 +246,7 @@ async def test_a_malformed_device_is_refused_naming_it(shims, device, words, tmp
 
 
 @pytest.mark.parametrize(("host_path", "words"), [("/no/such/device", "No such file"), ("/etc/hostname", "not a device")])
-async def test_a_host_path_that_is_no_device_is_refused(shims, host_path, words, tmp_path):
+async def test_a_host_path_that_is_no_device_is_refused(shims, host_path, words, tmp_path) -> None:
     from shim.rpc.status import FailedPrecondition
 
     pod = await a_pod(shims, "native", tmp_path)
@@ -268,7 +268,7 @@ def attached_device_programs(directory: str) -> int:
 
 
 @pytest.mark.parametrize("privileged", [False, True], ids=["pod", "privileged-pod"])
-async def test_the_pauses_cgroup_holds_the_pods_rules_in_both_hierarchies(shims, handler, privileged, tmp_path):
+async def test_the_pauses_cgroup_holds_the_pods_rules_in_both_hierarchies(shims, handler, privileged, tmp_path) -> None:
     pod = await a_pod(shims, handler, tmp_path, privileged=privileged)
     info = await pod.shim.info()
     if "cgroup.devices" not in info and "cgroup.unified" not in info:
@@ -325,7 +325,7 @@ def opens_in(cgroup: SandboxCgroup, path: str) -> bool:
 
 
 @pytest.mark.parametrize("hierarchy", ["v1", "v2"])
-def test_each_hierarchy_alone_denies_what_the_rules_do_not_allow(hierarchy, loop):
+def test_each_hierarchy_alone_denies_what_the_rules_do_not_allow(hierarchy, loop) -> None:
     root = hierarchy_root("cgroup", "devices") if hierarchy == "v1" else hierarchy_root("cgroup2")
     with own_cgroup("devices" if hierarchy == "v1" else V2, root) as cgroup:
         assert opens_in(cgroup, loop.path)  # the machine's own rules allow it
@@ -339,7 +339,7 @@ def test_each_hierarchy_alone_denies_what_the_rules_do_not_allow(hierarchy, loop
     assert loop.untouched()
 
 
-def test_the_v1_rules_are_containerds_list():
+def test_the_v1_rules_are_containerds_list() -> None:
     with own_cgroup("devices", hierarchy_root("cgroup", "devices")) as cgroup:
         devices.apply(cgroup, devices.DEFAULT_RULES)
         with open(os.path.join(cgroup.paths["devices"], "devices.list")) as f:
@@ -349,7 +349,7 @@ def test_the_v1_rules_are_containerds_list():
 
 @pytest.mark.parametrize(("errno_", "refused"), [(1, False), (22, True)], ids=["EPERM", "EINVAL"])
 def test_a_v2_program_refused_without_a_v1_controller_fails_unless_bpf_is_not_ours_to_use(
-        monkeypatch, caplog, errno_, refused, tmp_path):
+        monkeypatch, caplog, errno_, refused, tmp_path) -> None:
     from shim.rpc.status import FailedPrecondition
 
     def bpf(cmd, attr):

@@ -27,7 +27,7 @@ def canary_dir(tmp_path):
     return str(directory)
 
 
-def test_proc_1_root_of_a_pod_pid_container_shows_nothing_of_the_node(cri, handler):
+def test_proc_1_root_of_a_pod_pid_container_shows_nothing_of_the_node(cri, handler) -> None:
     container_id = cri.run(cri.run_pod(handler), pid=POD_PID)
     listed = cri.exec(container_id, "ls -a /proc/1/root/")
     assert not NODE_ENTRIES & set(listed.stdout.split()), listed
@@ -35,7 +35,7 @@ def test_proc_1_root_of_a_pod_pid_container_shows_nothing_of_the_node(cri, handl
     assert shadow.exit_code != 0 and "root:" not in shadow.stdout
 
 
-def test_a_pod_pid_container_cannot_read_or_write_the_node_through_proc_1_root(cri, handler, canary_dir):
+def test_a_pod_pid_container_cannot_read_or_write_the_node_through_proc_1_root(cri, handler, canary_dir) -> None:
     container_id = cri.run(cri.run_pod(handler), pid=POD_PID)
     through = f"/proc/1/root{canary_dir}"
     read = cri.exec(container_id, f"cat {through}/canary")
@@ -47,7 +47,7 @@ def test_a_pod_pid_container_cannot_read_or_write_the_node_through_proc_1_root(c
     assert canary_untouched(canary_dir)
 
 
-def test_the_container_process_itself_cannot_write_through_proc_1_root(cri, handler, canary_dir):
+def test_the_container_process_itself_cannot_write_through_proc_1_root(cri, handler, canary_dir) -> None:
     # The attack as the container's own command (started, not exec'd), then observed from an exec.
     pod = cri.run_pod(handler)
     attacker = cri.create(pod, ["sh", "-c", f"echo pwned > /proc/1/root{canary_dir}/canary; "
@@ -57,13 +57,13 @@ def test_the_container_process_itself_cannot_write_through_proc_1_root(cri, hand
     assert canary_untouched(canary_dir)
 
 
-def test_proc_1_cwd_is_the_pause_root_not_a_node_directory(cri, handler):
+def test_proc_1_cwd_is_the_pause_root_not_a_node_directory(cri, handler) -> None:
     container_id = cri.run(cri.run_pod(handler), pid=POD_PID)
     listed = cri.exec(container_id, "ls -a /proc/1/cwd/")
     assert not NODE_ENTRIES & set(listed.stdout.split()), listed
 
 
-def test_a_working_dir_through_proc_1_root_never_starts_in_the_daemons_state(cri, handler):
+def test_a_working_dir_through_proc_1_root_never_starts_in_the_daemons_state(cri, handler) -> None:
     # A container asking to start in the node's directory of podshimd's own files.
     pod = cri.run_pod(handler)
     try:
@@ -75,7 +75,7 @@ def test_a_working_dir_through_proc_1_root_never_starts_in_the_daemons_state(cri
     assert "config.toml" not in listed.stdout and "podshimd.log" not in listed.stdout, listed
 
 
-def test_an_exec_in_a_pod_pid_container_runs_in_the_container_root_only(cri, handler, canary_dir):
+def test_an_exec_in_a_pod_pid_container_runs_in_the_container_root_only(cri, handler, canary_dir) -> None:
     container_id = cri.run(cri.run_pod(handler), pid=POD_PID)
     assert "podshim-test" in cri.exec(container_id, "ls /").stdout.split()  # the image's root
     for path in (canary_dir, f"/proc/self/root{canary_dir}", f"/proc/self/cwd{canary_dir}"):

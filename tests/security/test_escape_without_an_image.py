@@ -26,7 +26,7 @@ REFUSAL = ("config.image.image is empty: a container needs an image, which is it
            "(podshimd runs no container without one)")
 
 
-def test_a_container_without_an_image_is_refused_and_nothing_is_made(cri, handler):
+def test_a_container_without_an_image_is_refused_and_nothing_is_made(cri, handler) -> None:
     pod = cri.run_pod(handler)
     with pytest.raises(grpc.RpcError) as refused:
         cri.create(pod, ["cat", "/etc/shadow"], image="")
@@ -35,7 +35,7 @@ def test_a_container_without_an_image_is_refused_and_nothing_is_made(cri, handle
     assert [c.id for c in listed if c.pod_sandbox_id == pod[0]] == []
 
 
-def test_podshimctl_create_of_a_config_without_an_image_says_why(cri, tmp_path):
+def test_podshimctl_create_of_a_config_without_an_image_says_why(cri, tmp_path) -> None:
     pod_id, _ = cri.run_pod("native")
     pod_file, container_file = tmp_path / "pod.json", tmp_path / "container.json"
     pod_file.write_text(json.dumps(pod_config()))
@@ -47,7 +47,7 @@ def test_podshimctl_create_of_a_config_without_an_image_says_why(cri, tmp_path):
     assert done.stderr.strip() == f"INVALID_ARGUMENT: {REFUSAL}"
 
 
-async def test_below_podshimd_a_container_without_an_image_sees_nothing_of_the_node(handler, roots):
+async def test_below_podshimd_a_container_without_an_image_sees_nothing_of_the_node(handler, roots) -> None:
     # The node's secrets, podshimd's socket (the run directory) and state: none is in its root.
     script = ("/bin/busybox ls -a / /run /var /etc; /bin/busybox cat /etc/shadow; "
               "/bin/busybox touch /written; echo end")

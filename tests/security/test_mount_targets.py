@@ -128,7 +128,7 @@ def volume(tmp_path, name: str, **links: str) -> str:
     return str(path)
 
 
-async def test_a_mount_target_through_a_link_to_proc_self_root_stays_in_the_root(pod, tmp_path):
+async def test_a_mount_target_through_a_link_to_proc_self_root_stays_in_the_root(pod, tmp_path) -> None:
     before = pod.host_tree()
     started = await pod.started("app", "true",
                                 mounts=[{"destination": "/magic/made/vol", "source": volume(tmp_path, "vol")}])
@@ -138,7 +138,7 @@ async def test_a_mount_target_through_a_link_to_proc_self_root_stays_in_the_root
 
 
 @pytest.mark.parametrize("link", ["out", "magic", "up"])
-async def test_a_mount_below_a_volume_whose_link_points_to_the_hosts_paths_stays_in_the_root(pod, tmp_path, link):
+async def test_a_mount_below_a_volume_whose_link_points_to_the_hosts_paths_stays_in_the_root(pod, tmp_path, link) -> None:
     before = pod.host_tree()
     targets = {"out": str(pod.host), "magic": f"/proc/self/root{pod.host}", "up": f"../../../../../../../../..{pod.host}"}
     outer = volume(tmp_path, "outer", **{link: targets[link]})
@@ -151,7 +151,7 @@ async def test_a_mount_below_a_volume_whose_link_points_to_the_hosts_paths_stays
         assert await pod.sh("app", f"cat /outer/{link}/made/inner/file") == "inner's file\n"
 
 
-async def test_the_pods_etc_files_through_an_etc_link_stay_in_the_root(pod, tmp_path):
+async def test_the_pods_etc_files_through_an_etc_link_stay_in_the_root(pod, tmp_path) -> None:
     files = tmp_path / "pod-files"
     files.mkdir()
     for name in ("hosts", "resolv.conf", "hostname"):
@@ -165,7 +165,7 @@ async def test_the_pods_etc_files_through_an_etc_link_stay_in_the_root(pod, tmp_
             "the pod's hosts\nthe pod's resolv.conf\nthe pod's hostname\n")
 
 
-async def test_a_working_dir_through_proc_1_root_is_never_the_hosts(pod):
+async def test_a_working_dir_through_proc_1_root_is_never_the_hosts(pod) -> None:
     before = pod.host_tree()
     try:
         await pod.run("app", "touch made-in-the-working-dir", cwd="/pause-root", pid_mode="POD")
@@ -180,12 +180,12 @@ async def test_a_working_dir_through_proc_1_root_is_never_the_hosts(pod):
 
 
 @pytest.mark.parametrize("destination", ["/to-root", "/up-to-root", "/to-root/to-root"])
-async def test_a_mount_target_that_resolves_to_the_root_is_invalid_argument(pod, tmp_path, destination):
+async def test_a_mount_target_that_resolves_to_the_root_is_invalid_argument(pod, tmp_path, destination) -> None:
     with pytest.raises(InvalidArgument, match=f"mount destination {destination} resolves to the task's root itself"):
         await pod.run("app", "true", mounts=[{"destination": destination, "source": volume(tmp_path, "vol")}])
 
 
-async def test_a_mount_target_through_a_volumes_link_to_the_root_is_invalid_argument(pod, tmp_path):
+async def test_a_mount_target_through_a_volumes_link_to_the_root_is_invalid_argument(pod, tmp_path) -> None:
     outer = volume(tmp_path, "outer", root="/", up="../..")
     for link in ("root", "up"):
         with pytest.raises(InvalidArgument, match=f"mount destination /outer/{link} resolves to the task's root itself"):
@@ -238,7 +238,7 @@ def tree(path) -> list[str]:
                   for name in dirs + files)
 
 
-async def test_the_pods_files_through_the_images_etc_link_stay_in_the_root(handler, roots, tmp_path):  # noqa: F811  (roots: the imported fixture)
+async def test_the_pods_files_through_the_images_etc_link_stay_in_the_root(handler, roots, tmp_path) -> None:  # noqa: F811  (roots: the imported fixture)
     host = tmp_path / "host"
     host.mkdir()
     images = HostileImages(tmp_path, hostile_image(tmp_path, str(host)))
@@ -264,7 +264,7 @@ async def test_the_pods_files_through_the_images_etc_link_stay_in_the_root(handl
         assert tree(host) == []
 
 
-async def test_a_log_path_through_a_link_in_the_pods_log_directory_is_refused(roots, tmp_path):  # noqa: F811  (roots: the imported fixture)
+async def test_a_log_path_through_a_link_in_the_pods_log_directory_is_refused(roots, tmp_path) -> None:  # noqa: F811  (roots: the imported fixture)
     host = tmp_path / "host"
     host.mkdir()
     images = HostileImages(tmp_path, hostile_image(tmp_path, str(host)))
@@ -320,24 +320,24 @@ def root(tmp_path):
     ("/usr/lib/../../etc", "etc"),
     ("/./etc/", "etc"),
 ])
-def test_links_and_dot_dot_resolve_inside_the_root(root, path, where):
+def test_links_and_dot_dot_resolve_inside_the_root(root, path, where) -> None:
     (root / "usr" / "lib" / "x").mkdir()
     assert walk(root, path) == where
 
 
-def test_a_dangling_links_target_is_made_inside_the_root(root):
+def test_a_dangling_links_target_is_made_inside_the_root(root) -> None:
     assert walk(root, "/etc/resolv.conf", "file") == "run/systemd/resolve/stub-resolv.conf"
     assert (root / "run" / "systemd" / "resolve" / "stub-resolv.conf").is_file()
 
 
-def test_missing_directories_are_made_only_when_asked(root):
+def test_missing_directories_are_made_only_when_asked(root) -> None:
     with pytest.raises(FileNotFoundError):
         walk(root, "/lib/new/dir")
     assert not (root / "usr" / "lib" / "new").exists()
     assert walk(root, "/lib/new/dir", "dir") == "usr/lib/new/dir" and (root / "usr" / "lib" / "new" / "dir").is_dir()
 
 
-def test_a_link_loop_and_the_root_itself_are_errors(root):
+def test_a_link_loop_and_the_root_itself_are_errors(root) -> None:
     with pytest.raises(OSError) as loop:
         walk(root, "/loop/x")
     assert loop.value.errno == errno.ELOOP
@@ -346,7 +346,7 @@ def test_a_link_loop_and_the_root_itself_are_errors(root):
     assert at_root.value.errno == errno.EINVAL
 
 
-def test_the_sources_of_mounts_not_made_yet_stand_in_for_their_destinations(root, tmp_path):
+def test_the_sources_of_mounts_not_made_yet_stand_in_for_their_destinations(root, tmp_path) -> None:
     volume = tmp_path / "volume"
     (volume / "inside").mkdir(parents=True)
     os.symlink("/", volume / "to-root")

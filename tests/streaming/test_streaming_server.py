@@ -85,7 +85,7 @@ async def host_network(pod_id: str) -> str:
     return ""  # the pod's ports are this machine's loopback's
 
 
-async def test_port_forward_echoes_through_the_server_and_closes_both_streams():
+async def test_port_forward_echoes_through_the_server_and_closes_both_streams() -> None:
     server, _ = await echo_server()
     port = server.sockets[0].getsockname()[1]
     async with server, StreamingServer("127.0.0.1:0", Backend(pod_network=host_network)) as streaming:
@@ -99,7 +99,7 @@ async def test_port_forward_echoes_through_the_server_and_closes_both_streams():
         client.writer.close()
 
 
-async def test_nothing_listening_is_said_on_the_error_stream_and_the_session_goes_on():
+async def test_nothing_listening_is_said_on_the_error_stream_and_the_session_goes_on() -> None:
     server, _ = await echo_server()
     port = server.sockets[0].getsockname()[1]
     with socket_bound_and_closed() as unused:
@@ -117,7 +117,7 @@ async def test_nothing_listening_is_said_on_the_error_stream_and_the_session_goe
             client.writer.close()
 
 
-async def test_a_client_that_goes_away_mid_stream_closes_the_pod_side_and_the_server_goes_on():
+async def test_a_client_that_goes_away_mid_stream_closes_the_pod_side_and_the_server_goes_on() -> None:
     server, closed = await echo_server()
     port = server.sockets[0].getsockname()[1]
     async with server, StreamingServer("127.0.0.1:0", Backend(pod_network=host_network)) as streaming:
@@ -137,7 +137,7 @@ async def test_a_client_that_goes_away_mid_stream_closes_the_pod_side_and_the_se
         again.writer.close()
 
 
-async def test_one_session_forwards_at_most_max_forwards_connections_at_once(monkeypatch):
+async def test_one_session_forwards_at_most_max_forwards_connections_at_once(monkeypatch) -> None:
     monkeypatch.setattr(portforward, "MAX_FORWARDS", 2)
     server, closed = await echo_server()
     port = server.sockets[0].getsockname()[1]
@@ -163,7 +163,7 @@ async def test_one_session_forwards_at_most_max_forwards_connections_at_once(mon
         client.writer.close()
 
 
-async def test_connections_without_a_token_are_capped_and_dropped_after_the_head_timeout(monkeypatch):
+async def test_connections_without_a_token_are_capped_and_dropped_after_the_head_timeout(monkeypatch) -> None:
     """Anyone who reaches the port can connect: idle connections cannot take the daemon's descriptors."""
     monkeypatch.setattr(server_module, "MAX_UNAUTHENTICATED", 3)
     monkeypatch.setattr(server_module, "HEAD_TIMEOUT", 1.0)

@@ -19,7 +19,7 @@ class Clock:
         return self.now
 
 
-def test_a_token_is_consumed_by_its_first_use():
+def test_a_token_is_consumed_by_its_first_use() -> None:
     tokens = Tokens()
     token = tokens.insert("request")
     assert tokens.consume(token) == "request"
@@ -27,7 +27,7 @@ def test_a_token_is_consumed_by_its_first_use():
         tokens.consume(token)
 
 
-def test_a_token_expires_after_its_ttl():
+def test_a_token_expires_after_its_ttl() -> None:
     clock = Clock()
     tokens = Tokens(ttl=60, clock=clock)
     token = tokens.insert("request")
@@ -38,13 +38,13 @@ def test_a_token_expires_after_its_ttl():
         tokens.consume(token)
 
 
-def test_tokens_are_random_and_long():
+def test_tokens_are_random_and_long() -> None:
     tokens = Tokens()
     found = {tokens.insert(i) for i in range(100)}
     assert len(found) == 100 and all(len(t) == 24 for t in found)
 
 
-def test_too_many_waiting_tokens_are_refused_until_some_expire():
+def test_too_many_waiting_tokens_are_refused_until_some_expire() -> None:
     clock = Clock()
     tokens = Tokens(max_tokens=2, clock=clock)
     tokens.insert(1)
@@ -77,13 +77,13 @@ def test_a_request_head_is_parsed_when_complete_and_what_follows_kept():
     assert reader.trailing == b"\x80\x03"
 
 
-def test_negotiation_takes_the_clients_first_protocol_the_server_supports():
+def test_negotiation_takes_the_clients_first_protocol_the_server_supports() -> None:
     request, _ = read(GO_REQUEST)
     assert negotiate(request, ("v3.channel.k8s.io", "v4.channel.k8s.io")) == "v4.channel.k8s.io"
     assert negotiate(request, ("v3.channel.k8s.io",)) == "v3.channel.k8s.io"
 
 
-def test_no_common_protocol_is_403_listing_the_accepted_ones():
+def test_no_common_protocol_is_403_listing_the_accepted_ones() -> None:
     request, _ = read(GO_REQUEST)
     with pytest.raises(HttpError) as refused:
         negotiate(request, ("portforward.k8s.io",))
@@ -95,7 +95,7 @@ def test_no_common_protocol_is_403_listing_the_accepted_ones():
                            b"['v4.channel.k8s.io', 'v3.channel.k8s.io'], server accepts ['portforward.k8s.io']\n")
 
 
-def test_a_request_that_is_not_an_upgrade_is_400():
+def test_a_request_that_is_not_an_upgrade_is_400() -> None:
     request, _ = read(b"GET /portforward/abc HTTP/1.1\r\nHost: x\r\n\r\n")
     with pytest.raises(HttpError, match="must upgrade the connection") as refused:
         negotiate(request, ("portforward.k8s.io",))
@@ -103,13 +103,13 @@ def test_a_request_that_is_not_an_upgrade_is_400():
 
 
 @pytest.mark.parametrize("head", [b"garbage\r\n\r\n", b"GET / HTTP/1.1\r\nno colon\r\n\r\n", b"x" * 20000])
-def test_a_malformed_or_huge_head_is_400(head):
+def test_a_malformed_or_huge_head_is_400(head) -> None:
     with pytest.raises(HttpError) as refused:
         read(head)
     assert refused.value.status == 400
 
 
-def test_the_101_answer_names_spdy_and_the_protocol():
+def test_the_101_answer_names_spdy_and_the_protocol() -> None:
     assert switching_protocols("portforward.k8s.io") == (
         b"HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: SPDY/3.1\r\n"
         b"X-Stream-Protocol-Version: portforward.k8s.io\r\n\r\n")

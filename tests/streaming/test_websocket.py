@@ -22,11 +22,11 @@ def upgrade(*protocols: str, version: str = "13", key: str = KEY, method: str = 
     return Request(method, "/exec/token", tuple(headers))
 
 
-def test_the_accept_key_is_rfc_6455s():
+def test_the_accept_key_is_rfc_6455s() -> None:
     assert websocket.accept_key(KEY) == "s3pPLMBiTxaQ9kYGzzhZRbK+xOo="
 
 
-def test_the_clients_first_shared_protocol_wins_and_none_offered_is_the_binary_channel_protocol():
+def test_the_clients_first_shared_protocol_wins_and_none_offered_is_the_binary_channel_protocol() -> None:
     assert websocket.negotiate(upgrade("v6.channel.k8s.io", "v4.channel.k8s.io", "channel.k8s.io")) == \
         "v4.channel.k8s.io"
     assert websocket.negotiate(upgrade("base64.channel.k8s.io")) == "base64.channel.k8s.io"
@@ -43,14 +43,14 @@ def test_the_clients_first_shared_protocol_wins_and_none_offered_is_the_binary_c
     (upgrade(key="short"), 400, "Sec-WebSocket-Key"),
     (upgrade(method="POST"), 400, "a WebSocket upgrade is a GET"),
 ])
-def test_a_broken_or_unshared_handshake_is_an_http_error_with_a_sentence(request_, status, words):
+def test_a_broken_or_unshared_handshake_is_an_http_error_with_a_sentence(request_, status, words) -> None:
     with pytest.raises(HttpError) as refused:
         websocket.negotiate(request_)
     assert refused.value.status == status and words in refused.value.message
 
 
 @pytest.mark.parametrize("size", [0, 125, 126, 65535, 65536, 200_000])
-def test_a_masked_client_frame_of_any_length_reads_back(size):
+def test_a_masked_client_frame_of_any_length_reads_back(size) -> None:
     payload = bytes(range(256)) * (size // 256) + bytes(size % 256)
     reader = websocket.FrameReader()
     frame = websocket.encode_frame(0x2, payload, mask=b"\x01\x02\x03\x04")
@@ -61,7 +61,7 @@ def test_a_masked_client_frame_of_any_length_reads_back(size):
     assert reader.next_message() is NEED_DATA
 
 
-def test_fragments_are_joined_and_a_control_frame_between_them_comes_alone():
+def test_fragments_are_joined_and_a_control_frame_between_them_comes_alone() -> None:
     reader = websocket.FrameReader()
     mask = b"abcd"
     first = bytearray(websocket.encode_frame(0x2, b"\x01hel", mask=mask))
@@ -72,7 +72,7 @@ def test_fragments_are_joined_and_a_control_frame_between_them_comes_alone():
     assert reader.next_message() == (0x2, b"\x01hello")
 
 
-def test_an_unmasked_client_frame_and_reserved_bits_break_the_protocol():
+def test_an_unmasked_client_frame_and_reserved_bits_break_the_protocol() -> None:
     reader = websocket.FrameReader()
     reader.feed(websocket.encode_frame(0x2, b"\x00x"))
     with pytest.raises(websocket.WebSocketError, match="must be masked"):
@@ -85,7 +85,7 @@ def test_an_unmasked_client_frame_and_reserved_bits_break_the_protocol():
         reader.next_message()
 
 
-def test_a_message_over_the_limit_is_refused_with_status_1009():
+def test_a_message_over_the_limit_is_refused_with_status_1009() -> None:
     reader = websocket.FrameReader(max_bytes=10)
     reader.feed(websocket.encode_frame(0x2, bytes(11), mask=b"abcd"))
     with pytest.raises(websocket.WebSocketError) as refused:
@@ -93,7 +93,7 @@ def test_a_message_over_the_limit_is_refused_with_status_1009():
     assert refused.value.code == 1009
 
 
-def test_the_error_channel_speaks_as_the_spdy_protocol_of_the_same_version():
+def test_the_error_channel_speaks_as_the_spdy_protocol_of_the_same_version() -> None:
     assert websocket.spdy_protocol("v5.channel.k8s.io") == "v4.channel.k8s.io"
     assert websocket.spdy_protocol("v4.base64.channel.k8s.io") == "v4.channel.k8s.io"
     assert websocket.spdy_protocol("") == websocket.spdy_protocol("base64.channel.k8s.io") == "channel.k8s.io"

@@ -57,7 +57,7 @@ def roots(tmp_path):
 
 
 @pytest.mark.slow
-async def test_1000_pod_cycles_leave_nothing_behind(roots):
+async def test_1000_pod_cycles_leave_nothing_behind(roots) -> None:
     root, runtime_root = roots
     with open(os.path.join(EXAMPLES, "pod-config.json")) as f:
         base = json.load(f)

@@ -20,7 +20,7 @@ from bench import cluster as harness
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(3600)]
 
 
-def test_two_podshimd_nodes_run_a_deployment_a_service_exec_logs_and_pod_to_pod_across_nodes():
+def test_two_podshimd_nodes_run_a_deployment_a_service_exec_logs_and_pod_to_pod_across_nodes() -> None:
     name = f"t{os.getpid()}"
     with harness.cluster(nodes=2, name=name) as c:
         nodes = json.loads(c.kubectl("get", "nodes", "-o", "json").stdout)["items"]

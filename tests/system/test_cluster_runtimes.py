@@ -29,14 +29,14 @@ spec:
 """
 
 
-def test_one_runtime_names_every_node_and_a_list_names_one_per_node():
+def test_one_runtime_names_every_node_and_a_list_names_one_per_node() -> None:
     assert harness.node_runtimes(2, "containerd") == ["containerd", "containerd"]
     assert harness.node_runtimes(2, ["podshimd", "containerd"]) == ["podshimd", "containerd"]
     assert harness.runtime_argument("podshimd,containerd") == ["podshimd", "containerd"]
     assert harness.runtime_argument("containerd") == "containerd"
 
 
-def test_an_unknown_runtime_or_a_list_of_the_wrong_length_is_refused_with_a_sentence():
+def test_an_unknown_runtime_or_a_list_of_the_wrong_length_is_refused_with_a_sentence() -> None:
     with pytest.raises(ValueError, match="no node runtime 'crio': the runtimes are podshimd, containerd"):
         harness.node_runtimes(1, "crio")
     with pytest.raises(ValueError, match="1 runtime.* for 2 node"):
@@ -52,7 +52,7 @@ def run_pod(c: harness.Cluster, name: str, node: str) -> dict:
 
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
-def test_a_containerd_node_runs_a_pod_a_podshimd_node_reaches_and_both_resolve_a_service_by_name():
+def test_a_containerd_node_runs_a_pod_a_podshimd_node_reaches_and_both_resolve_a_service_by_name() -> None:
     with harness.cluster(nodes=2, name=f"t{os.getpid()}", runtime=["podshimd", "containerd"]) as c:
         nodes = {n["metadata"]["name"]: n for n in json.loads(c.kubectl("get", "nodes", "-o", "json").stdout)["items"]}
         assert nodes["node1"]["status"]["nodeInfo"]["containerRuntimeVersion"].startswith("podshim://")

@@ -20,7 +20,7 @@ SMOKE = ("tests/shim/test_shim_task_ops.py::test_on_pure_cgroup_v2_a_task_create
 
 
 @pytest.mark.timeout(guest.BUILD_TIMEOUT + 1800)  # a cold cache builds the image first
-def test_in_the_cgroup_v2_guest_a_pods_container_gets_its_cpu_and_memory_limits_and_nothing_is_left():
+def test_in_the_cgroup_v2_guest_a_pods_container_gets_its_cpu_and_memory_limits_and_nothing_is_left() -> None:
     missing = [tool for tool in ("qemu-system-x86_64", "debootstrap", "mkfs.ext4") if shutil.which(tool) is None]
     assert not missing, f"the guest needs {', '.join(missing)}: run .ci/install --test"
     with guest.booted() as vm:

@@ -132,14 +132,14 @@ def tools(c: harness.Cluster) -> str:
 
 # -- nodes, a Deployment, the network ----------------------------------------------------------------
 
-def test_nodes_are_ready_and_show_podshims_runtime(c):
+def test_nodes_are_ready_and_show_podshims_runtime(c) -> None:
     wide = c.kubectl("get", "nodes", "-o", "wide").stdout
     lines = wide.splitlines()[1:]
     assert [line.split()[:2] for line in lines] == [["node1", "Ready"], ["node2", "Ready"]], wide
     assert all("podshim://" in line for line in lines), wide
 
 
-def test_a_deployment_spreads_over_both_nodes_and_pods_and_a_service_answer_across_them(c):
+def test_a_deployment_spreads_over_both_nodes_and_pods_and_a_service_answer_across_them(c) -> None:
     line = harness.smoke(c, 2)
     assert line.startswith("smoke: 6 pods on 2 nodes"), line
 
@@ -148,7 +148,7 @@ def smoke_pods(c: harness.Cluster) -> list[dict[str, Any]]:
     return [p for p in kt.get(c, "pods", "-l", "app=smoke")["items"] if not p["metadata"].get("deletionTimestamp")]
 
 
-def test_the_deployment_scales_to_zero_and_back(c):
+def test_the_deployment_scales_to_zero_and_back(c) -> None:
     uids = {p["metadata"]["uid"]: kt.node_number(c, p["spec"]["nodeName"]) for p in smoke_pods(c)}
     c.kubectl("scale", "deployment/smoke", "--replicas=0")
     kt.wait_until("no pod of the Deployment left", lambda: kt.get(c, "pods", "-l", "app=smoke")["items"],
@@ -162,7 +162,7 @@ def test_the_deployment_scales_to_zero_and_back(c):
     assert len({p["spec"]["nodeName"] for p in pods}) == 2
 
 
-def test_a_rolling_update_moves_every_pod_to_the_new_image(c):
+def test_a_rolling_update_moves_every_pod_to_the_new_image(c) -> None:
     before = {p["metadata"]["name"] for p in smoke_pods(c)}
     c.kubectl("set", "image", "deployment/smoke", f"web={BUSYBOX_2}")
     c.kubectl("rollout", "status", "deployment/smoke", "--timeout=180s", timeout=200)
@@ -191,7 +191,7 @@ spec:
 """
 
 
-def test_logs_follow_and_show_the_previous_container(c):
+def test_logs_follow_and_show_the_previous_container(c) -> None:
     kt.apply(c, LOGGER, IMAGE=BUSYBOX)
     kt.wait_pod(c, "logger", "restarted once and running",
                 lambda p: kt.container(p, "log").get("restartCount") == 1 and kt.running(p))
@@ -205,7 +205,7 @@ def test_logs_follow_and_show_the_previous_container(c):
         follow.stop()
 
 
-def test_exec_it_runs_a_shell_on_a_terminal_of_the_callers_size(c):
+def test_exec_it_runs_a_shell_on_a_terminal_of_the_callers_size(c) -> None:
     terminal = OnTerminal(c.kubectl_argv("exec", "-it", tools(c), "--", "sh"), rows=24, cols=80)
     try:
         terminal.type(b"tty; stty size; echo $((6 * 7))\n")
@@ -232,7 +232,7 @@ spec:
 """
 
 
-def test_attach_reaches_the_containers_stdin_and_stdout(c):
+def test_attach_reaches_the_containers_stdin_and_stdout(c) -> None:
     kt.apply(c, ECHO, IMAGE=BUSYBOX)
     kt.wait_pod(c, "echo", "running", kt.running)
     attach = kt.Kubectl(c, "attach", "-i", "echo", stdin=True)
@@ -254,7 +254,7 @@ def test_attach_reaches_the_containers_stdin_and_stdout(c):
     assert "got second line" in c.kubectl("logs", "echo").stdout
 
 
-def test_port_forward_reaches_a_pods_port(c):
+def test_port_forward_reaches_a_pods_port(c) -> None:
     pod = smoke_pods(c)[0]["metadata"]["name"]
     forward = kt.Kubectl(c, "port-forward", f"pod/{pod}", ":8080")
     try:
@@ -266,7 +266,7 @@ def test_port_forward_reaches_a_pods_port(c):
         forward.stop()
 
 
-def test_cp_copies_into_and_out_of_a_container(c, tmp_path):
+def test_cp_copies_into_and_out_of_a_container(c, tmp_path) -> None:
     pod = tools(c)
     source = tmp_path / "in.txt"
     source.write_text("from the test\n")
@@ -308,7 +308,7 @@ spec:
 """
 
 
-def test_restart_policies_decide_which_exits_restart(c):
+def test_restart_policies_decide_which_exits_restart(c) -> None:
     kt.apply(c, RESTARTS, IMAGE=BUSYBOX)
     failed = kt.wait_pod(c, "never-fails", "Failed", lambda p: p["status"].get("phase") == "Failed")
     state = kt.container(failed, "c")
@@ -342,7 +342,7 @@ spec:
 """
 
 
-def test_liveness_probes_of_each_kind_restart_their_container(c):
+def test_liveness_probes_of_each_kind_restart_their_container(c) -> None:
     kt.apply(c, LIVENESS, IMAGE=BUSYBOX)
     kt.wait_pod(c, "liveness", "had each container restarted by its probe",
                 lambda p: all(kt.container(p, n).get("restartCount", 0) >= 1 for n in ("exec", "http", "tcp")))
@@ -381,7 +381,7 @@ def endpoints(c: harness.Cluster, service: str) -> list[tuple[str, bool]]:
             for address in e["addresses"]]
 
 
-def test_readiness_gates_the_services_endpoints(c):
+def test_readiness_gates_the_services_endpoints(c) -> None:
     kt.apply(c, GATE, IMAGE=BUSYBOX)
     p = kt.wait_pod(c, "gate", "running", kt.running)
     ip = p["status"]["podIP"]
@@ -413,7 +413,7 @@ spec:
 """
 
 
-def test_init_containers_run_in_order_to_completion_before_the_app(c):
+def test_init_containers_run_in_order_to_completion_before_the_app(c) -> None:
     kt.apply(c, INIT, IMAGE=BUSYBOX)
     p = kt.wait_pod(c, "init", "running", kt.running)
     for name in ("first", "second"):
@@ -438,7 +438,7 @@ spec:
 """
 
 
-def test_a_job_runs_to_completion(c):
+def test_a_job_runs_to_completion(c) -> None:
     kt.apply(c, JOB, IMAGE=BUSYBOX)
     c.kubectl("wait", "--for=condition=complete", "job/count", "--timeout=120s", timeout=130)
     pods = kt.get(c, "pods", "-l", "job-name=count")["items"]
@@ -448,7 +448,7 @@ def test_a_job_runs_to_completion(c):
         assert c.kubectl("logs", name).stdout == f"done by {name}\n"
 
 
-def test_a_cronjobs_pod_runs_to_completion(c):
+def test_a_cronjobs_pod_runs_to_completion(c) -> None:
     def succeeded() -> list[dict[str, Any]]:
         jobs = kt.get(c, "jobs")["items"]
         return [j for j in jobs if j["metadata"].get("ownerReferences", [{}])[0].get("name") == "every-minute"
@@ -502,7 +502,7 @@ spec:
 """
 
 
-def test_configmap_secret_emptydir_and_downward_api_volumes(c):
+def test_configmap_secret_emptydir_and_downward_api_volumes(c) -> None:
     kt.apply(c, VOLUMES, IMAGE=BUSYBOX)
     kt.wait_pod(c, "volumes", "running", kt.running)
 
@@ -574,7 +574,7 @@ spec:
 """
 
 
-def test_a_container_over_its_memory_limit_is_oom_killed(c):
+def test_a_container_over_its_memory_limit_is_oom_killed(c) -> None:
     kt.apply(c, OOM, IMAGE=BUSYBOX)
     p = kt.wait_pod(c, "oom", "Failed", lambda p: p["status"].get("phase") == "Failed")
     terminated = kt.container(p, "c")["state"]["terminated"]
@@ -599,7 +599,7 @@ spec:
 """
 
 
-def test_deletion_waits_the_grace_period_for_a_container_that_ignores_sigterm(c):
+def test_deletion_waits_the_grace_period_for_a_container_that_ignores_sigterm(c) -> None:
     kt.apply(c, GRACE, IMAGE=BUSYBOX)
     for name in ("ignores-term", "exits-on-term"):
         kt.wait_pod(c, name, "running", kt.running)
@@ -644,7 +644,7 @@ def waiting_reason(p: dict[str, Any]) -> str:
     return kt.container(p, "c").get("state", {}).get("waiting", {}).get("reason", "")
 
 
-def test_image_pull_policies_and_a_missing_images_backoff(c):
+def test_image_pull_policies_and_a_missing_images_backoff(c) -> None:
     kt.wait_pod(c, "tools", "running", kt.running)  # busybox is on a node
     kt.apply(c, PULLS, BUSYBOX=BUSYBOX, NEVER=f"{harness.REGISTRY}/podshim/never-pulled:1.0",
              MISSING=f"{harness.REGISTRY}/podshim/missing:1.0")
@@ -673,7 +673,7 @@ spec:
 """
 
 
-def test_a_private_registrys_image_is_pulled_with_its_image_pull_secret(c):
+def test_a_private_registrys_image_is_pulled_with_its_image_pull_secret(c) -> None:
     kt.apply(c, PRIVATE, NAME="private-no-secret", SECRETS="", IMAGE=PRIVATE_IMAGE)
     kt.wait_pod(c, "private-no-secret", "refused its image",
                 lambda p: waiting_reason(p) in ("ErrImagePull", "ImagePullBackOff"))
@@ -711,7 +711,7 @@ def httpd_pids(c: harness.Cluster, number: int) -> set[int]:
     return {pid for pid, name in c.node_processes(number).items() if name == "httpd"}
 
 
-def test_podshimd_killed_leaves_the_pods_running_and_kubelet_reconverges_without_duplicates(c):
+def test_podshimd_killed_leaves_the_pods_running_and_kubelet_reconverges_without_duplicates(c) -> None:
     pods = [p for p in smoke_pods(c) if p["spec"]["nodeName"] == "node2"]
     assert pods, "no pod of the Deployment on node2"
     ids = {p["metadata"]["uid"]: kt.container(p, "web")["containerID"] for p in pods}
@@ -736,7 +736,7 @@ def test_podshimd_killed_leaves_the_pods_running_and_kubelet_reconverges_without
     assert node_ready(c, "node2")
 
 
-def test_a_stopped_kubelet_makes_its_node_not_ready_and_its_pods_are_made_again_elsewhere(c):
+def test_a_stopped_kubelet_makes_its_node_not_ready_and_its_pods_are_made_again_elsewhere(c) -> None:
     moved = {p["metadata"]["uid"] for p in smoke_pods(c) if p["spec"]["nodeName"] == "node2"}
     assert moved
     c.kill("node2-kubelet", signal.SIGTERM)
@@ -756,7 +756,7 @@ def test_a_stopped_kubelet_makes_its_node_not_ready_and_its_pods_are_made_again_
                   lambda left: not left, timeout=60, interval=2)
 
 
-def test_a_rebooted_node_brings_its_pods_back(c):
+def test_a_rebooted_node_brings_its_pods_back(c) -> None:
     kt.apply(c, PINNED, IMAGE=harness.BUSYBOX)
     before = kt.wait_pod(c, "pinned", "running", kt.running)
     uid = before["metadata"]["uid"]
@@ -785,7 +785,7 @@ spec:
 """
 
 
-def test_kubelets_garbage_collection_removes_dead_containers_sandboxes_and_unused_images(c):
+def test_kubelets_garbage_collection_removes_dead_containers_sandboxes_and_unused_images(c) -> None:
     kt.apply(c, CRASHING, IMAGE=BUSYBOX)
     p = kt.wait_pod(c, "crashing", "restarted 3 times", lambda p: kt.container(p, "c").get("restartCount", 0) >= 3)
     uid, number = p["metadata"]["uid"], kt.node_number(c, p["spec"]["nodeName"])

@@ -52,7 +52,7 @@ def crictl_at(crictl: str, path: str, *args: str) -> subprocess.CompletedProcess
                            "--timeout", "30s", *args], capture_output=True, text=True, timeout=60)
 
 
-def test_socket_activated_it_serves_on_systemds_socket_and_leaves_it_to_systemd(directory, crictl):
+def test_socket_activated_it_serves_on_systemds_socket_and_leaves_it_to_systemd(directory, crictl) -> None:
     path = os.path.join(directory, "run", "podshimd.sock")
     daemon = activated(directory)
     try:
@@ -75,7 +75,7 @@ def test_socket_activated_it_serves_on_systemds_socket_and_leaves_it_to_systemd(
     assert stat.S_ISSOCK(os.lstat(path).st_mode)
 
 
-def test_a_socket_at_another_path_than_the_listen_address_is_refused(directory, crictl):
+def test_a_socket_at_another_path_than_the_listen_address_is_refused(directory, crictl) -> None:
     other = os.path.join(directory, "run", "other.sock")
     daemon = activated(directory, socket_path=other)
     try:

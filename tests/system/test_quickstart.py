@@ -17,7 +17,7 @@ from support.netrelay import loopback_relay
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def test_the_quickstart_runs_a_pod_and_a_container_and_leaves_nothing():
+def test_the_quickstart_runs_a_pod_and_a_container_and_leaves_nothing() -> None:
     assert shutil.which("podshimd") and shutil.which("podshimctl"), "the installed commands (.ci/install)"
     done = subprocess.run([os.path.join(REPO, "examples", "quickstart.sh")], stdin=subprocess.DEVNULL,
                           capture_output=True, text=True, timeout=300)
@@ -32,7 +32,7 @@ def by_hand_lines() -> list[str]:
         return f.read().split("By hand,", 1)[1].split("```sh\n", 1)[1].split("```", 1)[0].splitlines()
 
 
-def test_the_readmes_by_hand_path_runs_pasted_as_a_block(test_images, outer_netns, tmp_path):
+def test_the_readmes_by_hand_path_runs_pasted_as_a_block(test_images, outer_netns, tmp_path) -> None:
     # The block's lines as they are, in a bash -e that tidies up after them, with what a node has
     # and this machine must not give: the conflist goes to the daemon's own CNI dir (its leases in
     # the test's directory: the same edit as quickstart.sh's), podshimd runs in a network namespace

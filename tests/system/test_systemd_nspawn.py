@@ -114,7 +114,7 @@ class Sandbox:
         assert not any(os.path.isdir(self.m.host_path(info[k])) for k in info if k.startswith("cgroup."))
 
 
-async def test_a_sandbox_unit_is_active_once_its_shim_serves_and_stopping_it_shuts_the_sandbox_down(machine):
+async def test_a_sandbox_unit_is_active_once_its_shim_serves_and_stopping_it_shuts_the_sandbox_down(machine) -> None:
     sb = Sandbox(machine, "ns1", "sb1")
     machine.systemctl("start", sb.service)  # returns at READY=1 (Type=notify)
     show = sb.show("ActiveState", "SubState", "MainPID", "StatusText")
@@ -133,7 +133,7 @@ async def test_a_sandbox_unit_is_active_once_its_shim_serves_and_stopping_it_shu
     assert sb.state()["state"] == "deleted"  # ExecStopPost's `podshim delete` found nothing left
 
 
-async def test_the_socket_starts_the_shim_on_the_first_connection(machine):
+async def test_the_socket_starts_the_shim_on_the_first_connection(machine) -> None:
     sb = Sandbox(machine, "ns1", "sb2")
     machine.systemctl("start", sb.socket)
     path = "/run/podshim/u/ns1:sb2.sock"
@@ -158,7 +158,7 @@ async def test_the_socket_starts_the_shim_on_the_first_connection(machine):
     sb.assert_gone(pause, info)
 
 
-async def test_a_shim_that_is_killed_leaves_nothing_behind(machine):
+async def test_a_shim_that_is_killed_leaves_nothing_behind(machine) -> None:
     sb = Sandbox(machine, "ns1", "sb3")
     machine.systemctl("start", sb.service)
     async with await sb.connect() as client:
@@ -196,7 +196,7 @@ def unit_state(machine: Machine, unit: str) -> str:
     return machine.show(unit, "ActiveState")["ActiveState"]
 
 
-async def test_the_controller_spawns_through_systemd_and_reconnects_after_a_restart(machine):
+async def test_the_controller_spawns_through_systemd_and_reconnects_after_a_restart(machine) -> None:
     short, long_ns, long_id = "sb-a", "n" * 20, "l" * 70  # 20 + 70 characters: too long for the socket path
     created = in_container(machine, """
         async def main():
@@ -251,7 +251,7 @@ async def test_the_controller_spawns_through_systemd_and_reconnects_after_a_rest
     assert not os.path.exists(machine.host_path(f"{STATE_ROOT}/{long_ns}/{long_id}"))
 
 
-def test_podshimctl_runs_a_sandbox_as_a_unit_with_spawner_systemd(machine):
+def test_podshimctl_runs_a_sandbox_as_a_unit_with_spawner_systemd(machine) -> None:
     def ctl(*args: str) -> str:
         return machine.run(f"{machine.venv}/bin/podshimctl", "--spawner", "systemd", "--json", "sandbox", *args).stdout
 
@@ -265,7 +265,7 @@ def test_podshimctl_runs_a_sandbox_as_a_unit_with_spawner_systemd(machine):
     assert not machine.pid_alive(pid)
 
 
-async def test_shims_forked_by_the_template_unit_pin_their_netns_where_the_host_sees_it(machine):
+async def test_shims_forked_by_the_template_unit_pin_their_netns_where_the_host_sees_it(machine) -> None:
     sb = Sandbox(machine, "ns5", "sb5")
     machine.systemctl("start", "podshim-template.service")
     try:
@@ -312,7 +312,7 @@ def wait_for_new_main_pid(machine: Machine, unit: str, old: int, timeout: float 
         time.sleep(0.05)
 
 
-def test_install_units_installs_reloads_and_restarts_podshimd_only_on_an_upgrade(machine):
+def test_install_units_installs_reloads_and_restarts_podshimd_only_on_an_upgrade(machine) -> None:
     # .ci/install runs it (with --restart when it reinstalled podshim). Here into /run/systemd/system,
     # where the machine has the units already: one is made stale first, as an older install left it.
     env = {"PODSHIM_UNIT_DIR": "/run/systemd/system", "PODSHIM_DOC_DIR": "/run/podshim-doc"}
@@ -348,7 +348,7 @@ def test_install_units_installs_reloads_and_restarts_podshimd_only_on_an_upgrade
 
 
 def test_podshimd_starts_on_its_socket_its_pods_outlive_restarts_kill_9_and_an_upgrade_and_it_logs_to_the_journal(
-        machine, test_images):
+        machine, test_images) -> None:
     busybox = test_images.busybox
     machine.write_file("/run/quick/pod.json", json.dumps({
         "metadata": {"name": "web", "namespace": "default", "uid": "u-nspawn"}, "hostname": "web"}))
@@ -369,7 +369,7 @@ def test_podshimd_starts_on_its_socket_its_pods_outlive_restarts_kill_9_and_an_u
         machine.systemctl("daemon-reload")
 
 
-def test_systemctl_reload_applies_the_configs_log_level_without_a_restart(machine):
+def test_systemctl_reload_applies_the_configs_log_level_without_a_restart(machine) -> None:
     machine.write_file("/run/reload/config.toml", 'log_level = "info"\n')
     drop_in = "/run/systemd/system/podshimd.service.d/reload.conf"
     machine.write_file(drop_in, "[Service]\nExecStart=\nExecStart=/usr/local/bin/podshimd --config /run/reload/config.toml\n")
@@ -489,7 +489,7 @@ def _podshimd_in(machine, image: str) -> None:
 
 
 def test_uninstall_under_systemd_removes_the_pods_the_units_and_every_installed_file_and_state_only_with_purge(
-        machine, tmp_path):
+        machine, tmp_path) -> None:
     # A node of its own, installed as .ci/install leaves one: the venv at /opt/podshim (a copy of
     # the module's), its commands linked in /usr/local/bin, the units and docs by .ci/install-units.
     venv, links = "/opt/podshim", tmp_path / "bin"

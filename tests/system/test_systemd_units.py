@@ -47,7 +47,7 @@ def _unit_files() -> list[str]:
     return sorted(n for n in os.listdir(UNITS) if n.endswith((".service", ".socket")))
 
 
-def test_the_units_are_the_five_we_ship():
+def test_the_units_are_the_five_we_ship() -> None:
     assert _unit_files() == ["podshim-template.service", "podshim@.service", "podshim@.socket", "podshimd.service",
                              "podshimd.socket"]
 
@@ -57,7 +57,7 @@ DOC_DIR = "/usr/local/share/doc/podshim"
 
 
 @pytest.mark.parametrize("unit", _unit_files())
-def test_every_unit_names_documentation_that_the_install_puts_where_it_says(unit):
+def test_every_unit_names_documentation_that_the_install_puts_where_it_says(unit) -> None:
     with open(os.path.join(UNITS, unit)) as f:
         urls = [url for line in f if line.startswith("Documentation=") for url in line.split("=", 1)[1].split()]
     assert urls, f"{unit} has no Documentation="
@@ -73,7 +73,7 @@ def test_every_unit_names_documentation_that_the_install_puts_where_it_says(unit
 # A ':' in a name given to verify would be read as FILE:ALIAS, so the instances spell it \x3a.
 @pytest.mark.parametrize("unit", _unit_files() + ["podshim@ns1\\x3asb1.service", "podshim@ns1\\x3asb1.socket",
                                                   "podshim@k8s.io\\x3aweb\\x2d1.service"])
-def test_systemd_analyze_verify_passes_with_empty_stderr(unit):
+def test_systemd_analyze_verify_passes_with_empty_stderr(unit) -> None:
     # Warnings (an unknown key, a bad value) keep exit status 0: only an empty stderr is a pass.
     done = subprocess.run(["systemd-analyze", "verify", "--man=no", unit], cwd=UNITS, capture_output=True,
                           text=True, timeout=60)
@@ -90,7 +90,7 @@ def _directives(unit: str) -> dict[str, list[str]]:
     return found
 
 
-def test_the_service_is_notify_never_restarted_and_shuts_the_sandbox_down_on_stop():
+def test_the_service_is_notify_never_restarted_and_shuts_the_sandbox_down_on_stop() -> None:
     d = _directives("podshim@.service")
     assert d["Type"] == ["notify"] and d["NotifyAccess"] == ["main"]
     assert d["KillMode"] == ["mixed"] and d["Restart"] == ["no"] and d["Delegate"] == ["yes"]
@@ -102,7 +102,7 @@ def test_the_service_is_notify_never_restarted_and_shuts_the_sandbox_down_on_sto
     assert "StartLimitIntervalSec" not in d and "StartLimitBurst" not in d
 
 
-def test_the_service_makes_no_namespace_of_its_own():
+def test_the_service_makes_no_namespace_of_its_own() -> None:
     # A mount namespace would hide the netns bind mounts under /run/netns from the host, a UTS
     # namespace would give host-UTS pods a copy of the hostname (see the unit's comment).
     namespacing = {"ProtectSystem", "ProtectHome", "PrivateTmp", "PrivateDevices", "PrivateMounts", "PrivateNetwork",
@@ -113,14 +113,14 @@ def test_the_service_makes_no_namespace_of_its_own():
     assert not namespacing & set(_directives("podshim@.service"))
 
 
-def test_the_socket_is_0600_in_a_0700_directory_and_goes_with_its_service():
+def test_the_socket_is_0600_in_a_0700_directory_and_goes_with_its_service() -> None:
     d = _directives("podshim@.socket")
     assert d["ListenStream"] == ["/run/podshim/u/%I.sock"]
     assert (d["SocketMode"], d["DirectoryMode"], d["Accept"]) == (["0600"], ["0700"], ["no"])
     assert d["PartOf"] == ["podshim@%i.service"] and d["RemoveOnStop"] == ["yes"]
 
 
-def test_the_daemon_is_notify_restarted_always_and_a_restart_never_kills_the_pods():
+def test_the_daemon_is_notify_restarted_always_and_a_restart_never_kills_the_pods() -> None:
     d = _directives("podshimd.service")
     assert d["Type"] == ["notify"] and d["NotifyAccess"] == ["main"]
     assert d["KillMode"] == ["process"] and d["Restart"] == ["always"] and d["Delegate"] == ["yes"]
@@ -128,7 +128,7 @@ def test_the_daemon_is_notify_restarted_always_and_a_restart_never_kills_the_pod
     assert d["Requires"] == ["podshimd.socket"] and "podshimd.socket" in d["After"][0].split()
 
 
-def test_the_socket_is_the_default_listen_address_0600_in_0700_and_outlives_the_daemon():
+def test_the_socket_is_the_default_listen_address_0600_in_0700_and_outlives_the_daemon() -> None:
     from client.podshimd.config import DEFAULT_LISTEN
     d = _directives("podshimd.socket")
     assert ["unix://" + path for path in d["ListenStream"]] == [DEFAULT_LISTEN]
@@ -142,7 +142,7 @@ def test_the_socket_is_the_default_listen_address_0600_in_0700_and_outlives_the_
 
 @pytest.mark.parametrize("namespace,sandbox_id", [("ns1", "sb1"), ("k8s.io", "web-1"), ("a_b", "c.d-e_f"),
                                                   ("n" * 76, "-".join("s" * 21))])
-def test_unit_names_are_what_systemd_escape_makes(namespace, sandbox_id):
+def test_unit_names_are_what_systemd_escape_makes(namespace, sandbox_id) -> None:
     escaped = subprocess.run(["systemd-escape", "--template", "podshim@.service", f"{namespace}:{sandbox_id}"],
                              capture_output=True, text=True, check=True).stdout.strip()
     assert unit_names(namespace, sandbox_id)[0] == escaped
@@ -152,7 +152,7 @@ def test_unit_names_are_what_systemd_escape_makes(namespace, sandbox_id):
     assert unescaped == f"{namespace}:{sandbox_id}"
 
 
-def test_a_unit_name_systemd_cannot_hold_is_refused():
+def test_a_unit_name_systemd_cannot_hold_is_refused() -> None:
     namespace, sandbox_id = "n-" * 37 + "n", "s-" * 37 + "s"
     with pytest.raises(InvalidArgument, match="systemd allows 255"):
         unit_names(namespace, sandbox_id)
@@ -166,7 +166,7 @@ def test_the_activation_socket_is_used_only_when_its_path_fits_sun_path():
     assert activation_socket_path("n" * 43, "s" * 44) is None
 
 
-def test_serve_refuses_an_instance_whose_dash_systemd_turned_into_a_slash(tmp_path):
+def test_serve_refuses_an_instance_whose_dash_systemd_turned_into_a_slash(tmp_path) -> None:
     done = subprocess.run([*PODSHIM, "serve", "--instance", "k8s.io:web/1", "--state-root", str(tmp_path)],
                           capture_output=True, text=True, timeout=30)
     assert done.returncode == 2
@@ -174,14 +174,14 @@ def test_serve_refuses_an_instance_whose_dash_systemd_turned_into_a_slash(tmp_pa
     assert os.listdir(tmp_path) == []
 
 
-async def test_the_spawner_refuses_a_bundle_the_unit_would_not_find(tmp_path):
+async def test_the_spawner_refuses_a_bundle_the_unit_would_not_find(tmp_path) -> None:
     spawner = SystemdSpawner(str(tmp_path / "state"), systemctl=["false"], env_file=str(tmp_path / "env"))
     with pytest.raises(InvalidArgument, match="where podshim@.service looks for it"):
         await spawner.spawn("ns1", "sb1", str(tmp_path / "elsewhere" / "ns1" / "sb1"))
     assert not os.path.exists(tmp_path / "env")
 
 
-def test_the_spawner_refuses_an_environment_systemd_would_misread(tmp_path):
+def test_the_spawner_refuses_an_environment_systemd_would_misread(tmp_path) -> None:
     with pytest.raises(ValueError, match="newline"):
         SystemdSpawner(env={"PODSHIM_PAUSE_BINARY": "/bin/x\nPATH=/evil"})
     with pytest.raises(ValueError, match="not valid"):
@@ -309,7 +309,7 @@ def _netns_gone(path: str) -> bool:
     return not os.path.lexists(path) and not mounts_naming(os.path.basename(path))
 
 
-async def test_the_shim_runs_on_the_first_connection_and_is_ready_only_once_it_serves(activated):
+async def test_the_shim_runs_on_the_first_connection_and_is_ready_only_once_it_serves(activated) -> None:
     shim = await activated()
     # Nothing runs before someone connects: no bundle, no notification.
     assert not os.path.exists(shim.bundle) and not shim.notify.pending()
@@ -326,7 +326,7 @@ async def test_the_shim_runs_on_the_first_connection_and_is_ready_only_once_it_s
         assert not os.path.exists(os.path.join(shim.runtime_root, "s"))
 
 
-async def test_state_changes_are_reported_and_sigterm_shuts_the_sandbox_down(activated):
+async def test_state_changes_are_reported_and_sigterm_shuts_the_sandbox_down(activated) -> None:
     shim = await activated()
     async with await Client.connect(shim.address, namespace=shim.namespace) as client:
         pause, info = await shim.run_sandbox(client)
@@ -350,7 +350,7 @@ async def test_state_changes_are_reported_and_sigterm_shuts_the_sandbox_down(act
     assert os.path.exists(shim.socket_path)
 
 
-async def test_the_inherited_socket_refuses_another_uid(activated, tmp_path):
+async def test_the_inherited_socket_refuses_another_uid(activated, tmp_path) -> None:
     shim = await activated()
     async with await Client.connect(shim.address, namespace=shim.namespace) as client:
         assert await shim.call(client, "PingSandbox") == {}
@@ -376,7 +376,7 @@ async def test_the_inherited_socket_refuses_another_uid(activated, tmp_path):
         os.rmdir(world)
 
 
-async def test_the_units_exec_stop_post_cleans_up_after_a_shim_that_was_killed(activated):
+async def test_the_units_exec_stop_post_cleans_up_after_a_shim_that_was_killed(activated) -> None:
     shim = await activated()
     async with await Client.connect(shim.address, namespace=shim.namespace) as client:
         pause, info = await shim.run_sandbox(client)
