@@ -66,7 +66,7 @@ REUSE = textwrap.dedent(r"""
 """)
 
 
-def test_delete_never_kills_a_pid_reused_after_it_looked_at_the_process(tmp_path):
+def test_delete_never_kills_a_pid_reused_after_it_looked_at_the_process(tmp_path) -> None:
     bundle = tmp_path / "bundle"
     bundle.mkdir()
     done = subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", sys.executable, "-c", REUSE, str(bundle),
@@ -86,7 +86,7 @@ def test_delete_leaves_a_live_pid_whose_start_time_does_not_match_the_record(tmp
     assert result["exit_status"] != 128 + signal.SIGKILL
 
 
-def test_delete_kills_the_recorded_process_and_reports_it_killed(tmp_path, sleeper):
+def test_delete_kills_the_recorded_process_and_reports_it_killed(tmp_path, sleeper) -> None:
     with open(tmp_path / "state.json", "w") as f:
         json.dump({"namespace": "ns", "sandbox_id": "sb",
                    "pause": {"pid": sleeper.pid, "start_time": proc_start_time(sleeper.pid)}}, f)
@@ -135,7 +135,7 @@ def test_a_second_delete_at_once_reports_the_pause_the_first_killed(tmp_path, sl
 
 @pytest.mark.parametrize("made", ["mounted", "file only"])
 def test_delete_of_a_live_shim_removes_the_netns_it_recorded_after_delete_read_its_record(tmp_path, sleeper,
-                                                                                         monkeypatch, made):
+                                                                                         monkeypatch, made) -> None:
     """A delete of a shim that is still at work (a client gave up on it): the shim records a netns
     path and makes the netns after delete read state.json, and delete's SIGKILL stops it there, the
     netns mounted or only its file made. Delete removes what the dead shim recorded last."""

@@ -44,7 +44,7 @@ def clone3_refused(tmp_path, monkeypatch) -> str:
 
 
 async def test_pause_task_and_exec_start_in_their_cgroups_without_clone3(clone3_refused, shims: ShimLauncher,
-                                                                         tmp_path):
+                                                                         tmp_path) -> None:
     shim = await shims.start()
     pause_pid = await shim.run_sandbox()
     info = await shim.info()

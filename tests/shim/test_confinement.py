@@ -86,7 +86,7 @@ def cap_field(fields: dict[str, str], name: str) -> int:
 # -- /proc/PID/status for each setting --------------------------------------------------------
 
 
-async def test_a_task_without_the_fields_gets_the_default_capabilities_as_root(pod):
+async def test_a_task_without_the_fields_gets_the_default_capabilities_as_root(pod) -> None:
     fields = await status(pod)
     for name in ("CapEff", "CapPrm", "CapBnd"):
         assert cap_field(fields, name) == DEFAULT_MASK, (name, caps.names(cap_field(fields, name)))
@@ -95,19 +95,19 @@ async def test_a_task_without_the_fields_gets_the_default_capabilities_as_root(p
     assert fields["NoNewPrivs"] == "0" and fields["Seccomp"] == "0"
 
 
-async def test_capabilities_set_bounding_effective_and_permitted(pod):
+async def test_capabilities_set_bounding_effective_and_permitted(pod) -> None:
     wanted = ["CAP_NET_ADMIN", "CAP_SYS_ADMIN", "CAP_KILL"]
     fields = await status(pod, capabilities=wanted)
     for name in ("CapEff", "CapPrm", "CapBnd"):
         assert cap_field(fields, name) == caps.mask(wanted), name
 
 
-async def test_an_empty_capability_list_leaves_none(pod):
+async def test_an_empty_capability_list_leaves_none(pod) -> None:
     fields = await status(pod, capabilities=[])
     assert [cap_field(fields, n) for n in ("CapEff", "CapPrm", "CapBnd", "CapInh", "CapAmb")] == [0] * 5
 
 
-async def test_user_sets_uids_gids_and_groups_and_a_non_root_user_keeps_only_the_bounding_set(pod):
+async def test_user_sets_uids_gids_and_groups_and_a_non_root_user_keeps_only_the_bounding_set(pod) -> None:
     user = {"uid": 1000, "gid": 2000, "additional_gids": [3000, 3001]}
     fields = await status(pod, user=user)
     assert fields["Uid"].split() == ["1000"] * 4
@@ -118,13 +118,13 @@ async def test_user_sets_uids_gids_and_groups_and_a_non_root_user_keeps_only_the
     assert cap_field(fields, "CapBnd") == DEFAULT_MASK
 
 
-async def test_no_new_privileges_is_set(pod):
+async def test_no_new_privileges_is_set(pod) -> None:
     fields = await status(pod, no_new_privileges=True)
     assert fields["NoNewPrivs"] == "1"
 
 
 @pytest.mark.parametrize("no_new_privileges", [True, False])
-async def test_a_seccomp_profile_filters_the_task(pod, no_new_privileges):
+async def test_a_seccomp_profile_filters_the_task(pod, no_new_privileges) -> None:
     profile = {"defaultAction": "SCMP_ACT_ALLOW", "architectures": ["SCMP_ARCH_X86_64", "SCMP_ARCH_X86"],
                "syscalls": [{"names": ["mkdir", "mkdirat"], "action": "SCMP_ACT_ERRNO"}]}
     fields = await status(pod, seccomp=profile, no_new_privileges=no_new_privileges, user={"uid": 1000, "gid": 1000})
@@ -136,7 +136,7 @@ async def test_a_seccomp_profile_filters_the_task(pod, no_new_privileges):
     assert lines == ["rc=0"]
 
 
-async def test_a_seccomp_rule_with_errno_ret_and_argument_comparisons(pod):
+async def test_a_seccomp_rule_with_errno_ret_and_argument_comparisons(pod) -> None:
     # kill(pid, 0) is denied with ENOSYS; kill(pid, SIGCONT) is not.
     profile = {"defaultAction": "SCMP_ACT_ALLOW",
                "syscalls": [{"names": ["kill"], "action": "SCMP_ACT_ERRNO", "errnoRet": errno.ENOSYS,
@@ -150,7 +150,7 @@ async def test_a_seccomp_rule_with_errno_ret_and_argument_comparisons(pod):
 # -- what an unprivileged task cannot do ------------------------------------------------------
 
 
-async def test_a_task_with_the_default_capabilities_cannot_mount_or_unload_modules(pod):
+async def test_a_task_with_the_default_capabilities_cannot_mount_or_unload_modules(pod) -> None:
     lines = await pod.output("probe", "mount -t tmpfs none /dev/shm; echo mount=$?; "
                                       "rmmod podshim_no_such_module; echo rmmod=$?; grep CapBnd /proc/self/status")
     assert "mount=1" in lines and "rmmod=1" in lines, lines
@@ -160,7 +160,7 @@ async def test_a_task_with_the_default_capabilities_cannot_mount_or_unload_modul
     assert not bounding & caps.mask(["CAP_SYS_MODULE", "CAP_SYS_ADMIN"])
 
 
-async def test_a_task_cannot_write_proc_sys(pod):
+async def test_a_task_cannot_write_proc_sys(pod) -> None:
     with open("/proc/sys/vm/overcommit_ratio") as f:
         value = f.read().strip()  # written back unchanged, should the write ever get through
     lines = await pod.output("probe", f"echo {value} > /proc/sys/vm/overcommit_ratio; echo rc=$?")
@@ -185,12 +185,12 @@ async def test_a_task_cannot_write_proc_sys(pod):
                                 "args": [{"index": 6, "value": 1, "op": "SCMP_CMP_EQ"}]}]}}, r"args\[0\]\.index"),
     ({"seccomp": {"defaultAction": "SCMP_ACT_ALLOW", "architectures": ["SCMP_ARCH_VAX"]}}, "SCMP_ARCH_VAX"),
 ])
-async def test_create_refuses_a_field_it_cannot_apply_naming_it(pod, fields, words):
+async def test_create_refuses_a_field_it_cannot_apply_naming_it(pod, fields, words) -> None:
     with pytest.raises(InvalidArgument, match=words):
         await pod.create("app", BUSYBOX, "true", **fields)
 
 
-def test_a_capability_the_shim_does_not_hold_is_refused():
+def test_a_capability_the_shim_does_not_hold_is_refused() -> None:
     missing = caps.mask(list(caps.CAPABILITIES)) & ~caps.current("CapPrm") & ((1 << (caps.last_cap() + 1)) - 1)
     if not missing:
         pytest.skip("this machine's bounding set has every capability")
@@ -199,7 +199,7 @@ def test_a_capability_the_shim_does_not_hold_is_refused():
         confine.from_request({"capabilities": [name]})
 
 
-def test_unknown_syscall_names_are_skipped_as_runc_does():
+def test_unknown_syscall_names_are_skipped_as_runc_does() -> None:
     profile = {"defaultAction": "SCMP_ACT_ERRNO",
                "syscalls": [{"names": ["read", "podshim_no_such_syscall"], "action": "SCMP_ACT_ALLOW"}]}
     seccomp.validate(profile)
@@ -209,7 +209,7 @@ def test_unknown_syscall_names_are_skipped_as_runc_does():
 # -- sysctls: only namespaced ones, for every handler ------------------------------------------
 
 
-async def test_a_sysctl_that_is_not_namespaced_is_refused_and_the_host_value_stays(shims: ShimLauncher, handler):
+async def test_a_sysctl_that_is_not_namespaced_is_refused_and_the_host_value_stays(shims: ShimLauncher, handler) -> None:
     with open("/proc/sys/vm/overcommit_ratio") as f:
         before = f.read()
     shim = await shims.start()
@@ -220,7 +220,7 @@ async def test_a_sysctl_that_is_not_namespaced_is_refused_and_the_host_value_sta
         assert f.read() == before
 
 
-async def test_uts_and_ipc_sysctls_are_set_in_the_pods_namespaces_only(shims: ShimLauncher, handler, tmp_path):
+async def test_uts_and_ipc_sysctls_are_set_in_the_pods_namespaces_only(shims: ShimLauncher, handler, tmp_path) -> None:
     with open("/proc/sys/kernel/domainname") as f:
         host_domain = f.read()
     shim = await shims.start()
@@ -233,7 +233,7 @@ async def test_uts_and_ipc_sysctls_are_set_in_the_pods_namespaces_only(shims: Sh
         assert f.read() == host_domain
 
 
-def test_a_uts_sysctl_with_host_network_is_refused():
+def test_a_uts_sysctl_with_host_network_is_refused() -> None:
     from shim.runtime import pause
     with pytest.raises(InvalidArgument, match="host network"):
         pause.validate_sysctls({"kernel.domainname": "x"}, host_network=True, host_ipc=False)
@@ -246,12 +246,12 @@ def pid_ns(pid: int | str) -> int:
     return os.stat(f"/proc/{pid}/ns/pid").st_ino
 
 
-async def test_node_pid_mode_stays_in_the_hosts_pid_namespace(pod):
+async def test_node_pid_mode_stays_in_the_hosts_pid_namespace(pod) -> None:
     pid = await pod.start("app", BUSYBOX, "sleep", "30", pid_mode="NODE")
     assert pid_ns(pid) == pid_ns("self")
 
 
-async def test_target_pid_mode_joins_the_pid_namespace_of_another_task(pod):
+async def test_target_pid_mode_joins_the_pid_namespace_of_another_task(pod) -> None:
     target = await pod.start("target", BUSYBOX, "sleep", "30", pid_mode="CONTAINER")
     lines = await pod.output("debug", "tr '\\0' ' ' < /proc/1/cmdline; echo", pid_mode="TARGET", pid_target="target")
     assert lines == ["/bin/busybox sleep 30 "]  # the target is PID 1 of the namespace it joined
@@ -259,7 +259,7 @@ async def test_target_pid_mode_joins_the_pid_namespace_of_another_task(pod):
     assert pid_ns(joined) == pid_ns(target) != pid_ns("self")
 
 
-async def test_target_pid_mode_needs_a_running_task_of_the_sandbox(pod):
+async def test_target_pid_mode_needs_a_running_task_of_the_sandbox(pod) -> None:
     with pytest.raises(InvalidArgument, match="pid_target"):
         await pod.create("a", BUSYBOX, "true", pid_mode="TARGET")
     with pytest.raises(InvalidArgument, match="pid_target"):
@@ -272,7 +272,7 @@ async def test_target_pid_mode_needs_a_running_task_of_the_sandbox(pod):
         await pod.call("Start", task_id="d")
 
 
-async def test_an_exec_is_confined_as_its_task(pod):
+async def test_an_exec_is_confined_as_its_task(pod) -> None:
     profile = {"defaultAction": "SCMP_ACT_ALLOW", "syscalls": [{"names": ["mkdir", "mkdirat"], "action": "SCMP_ACT_ERRNO"}]}
     await pod.start("app", BUSYBOX, "sleep", "30", user={"uid": 1000, "gid": 1000}, capabilities=["CAP_KILL"],
                     no_new_privileges=True, seccomp=profile)
@@ -282,7 +282,7 @@ async def test_an_exec_is_confined_as_its_task(pod):
     assert cap_field(fields, "CapBnd") == caps.mask(["CAP_KILL"])
 
 
-async def test_a_profile_with_filter_flags_is_loaded_with_them_or_refused_by_a_runtime_without_them(pod, handler):
+async def test_a_profile_with_filter_flags_is_loaded_with_them_or_refused_by_a_runtime_without_them(pod, handler) -> None:
     profile = {"defaultAction": "SCMP_ACT_ALLOW", "flags": ["SECCOMP_FILTER_FLAG_LOG", "SECCOMP_FILTER_FLAG_SPEC_ALLOW"],
                "syscalls": [{"names": ["mkdir", "mkdirat"], "action": "SCMP_ACT_ERRNO"}]}
     if handler == "runc" and subprocess.run(["runc", "--version"], capture_output=True, text=True).stdout.startswith(
@@ -295,7 +295,7 @@ async def test_a_profile_with_filter_flags_is_loaded_with_them_or_refused_by_a_r
     assert "rc=1" in lines and "Seccomp:\t2" in lines, lines
 
 
-async def test_a_pause_confinement_the_runtime_cannot_apply_is_refused_at_create_sandbox(shims: ShimLauncher):
+async def test_a_pause_confinement_the_runtime_cannot_apply_is_refused_at_create_sandbox(shims: ShimLauncher) -> None:
     if subprocess.run(["runc", "--version"], capture_output=True, text=True).stdout[:16] != "runc version 1.1":
         pytest.skip("this runc may apply seccomp filter flags")
     shim = await shims.start()
@@ -314,7 +314,7 @@ async def test_a_pause_confinement_the_runtime_cannot_apply_is_refused_at_create
 EXTRA_DEVICES = [path for path in ("/dev/loop-control", "/dev/kmsg") if os.path.exists(path)]
 
 
-async def test_a_privileged_task_of_a_privileged_pod_opens_the_hosts_devices(shims: ShimLauncher, handler, tmp_path):
+async def test_a_privileged_task_of_a_privileged_pod_opens_the_hosts_devices(shims: ShimLauncher, handler, tmp_path) -> None:
     if not EXTRA_DEVICES:
         pytest.skip("the host has neither /dev/loop-control nor /dev/kmsg")
     shim = await shims.start()
@@ -329,7 +329,7 @@ async def test_a_privileged_task_of_a_privileged_pod_opens_the_hosts_devices(shi
 
 @pytest.mark.cgroupv2
 async def test_on_cgroup_v2_a_task_of_a_privileged_pod_that_is_not_privileged_keeps_the_default_device_rules(
-        shims: ShimLauncher, handler, tmp_path):
+        shims: ShimLauncher, handler, tmp_path) -> None:
     # The pod's cgroup allows every device; the task's own program (the shim's, or runc's and
     # crun's, which the kernel refused beside one of the shim's) allows making any node but
     # opening only the default devices: /dev/kmsg (1:11) is not one of them.
@@ -358,7 +358,7 @@ def shown(soft: int, hard: int) -> tuple[str, str]:
     return tuple("unlimited" if v == UNLIMITED else str(v) for v in (soft, hard))  # type: ignore[return-value]
 
 
-async def test_rlimits_are_set_on_the_task_and_on_its_execs_which_may_say_their_own(pod, handler):
+async def test_rlimits_are_set_on_the_task_and_on_its_execs_which_may_say_their_own(pod, handler) -> None:
     own_nofile = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
     wanted = [{"type": "RLIMIT_NOFILE", "soft": 256, "hard": 1024}, {"type": "RLIMIT_CORE", "soft": 4096, "hard": 8192}]
     pid = await pod.start("app", BUSYBOX, "sleep", "30", rlimits=wanted)
@@ -388,12 +388,12 @@ async def test_rlimits_are_set_on_the_task_and_on_its_execs_which_may_say_their_
     ([{"type": "RLIMIT_NOFILE", "soft": -1, "hard": 1024}], r"'rlimits\[0\]\.soft' must be an integer"),
     ({"RLIMIT_NOFILE": 1024}, "'rlimits' must be an array"),
 ])
-async def test_a_malformed_rlimit_is_refused_naming_it(pod, rlimits, words):
+async def test_a_malformed_rlimit_is_refused_naming_it(pod, rlimits, words) -> None:
     with pytest.raises(InvalidArgument, match=words):
         await pod.create("app", BUSYBOX, "true", rlimits=rlimits)
 
 
-async def test_a_hard_limit_above_the_shims_own_is_refused_not_lowered(pod):
+async def test_a_hard_limit_above_the_shims_own_is_refused_not_lowered(pod) -> None:
     if caps.current("CapEff") & caps.mask(["CAP_SYS_RESOURCE"]):
         pytest.skip("the shim may raise its hard limits here (it holds CAP_SYS_RESOURCE)")
     own = resource.getrlimit(resource.RLIMIT_NOFILE)[1]  # the shim's: it inherits the test's

@@ -47,13 +47,13 @@ def starter(reaper: Reaper, cgroup: SandboxCgroup, *argv: str, started: list | N
     return start
 
 
-async def test_stdout_stderr_and_exit_status_are_returned(reaper, cgroup):
+async def test_stdout_stderr_and_exit_status_are_returned(reaper, cgroup) -> None:
     result = await execsync.run(starter(reaper, cgroup, "sh", "-c", "echo out; echo err >&2; exit 3"), cgroup,
                                 timeout=None, name="exec")
     assert result == ExecResult(3, b"out\n", b"err\n")
 
 
-async def test_output_past_the_limit_is_read_dropped_and_flagged(reaper, cgroup):
+async def test_output_past_the_limit_is_read_dropped_and_flagged(reaper, cgroup) -> None:
     size = EXEC_OUTPUT_LIMIT_BYTES + 100_000
     result = await execsync.run(starter(reaper, cgroup, "head", "-c", str(size), "/dev/zero"), cgroup,
                                 timeout=None, name="exec")
@@ -61,7 +61,7 @@ async def test_output_past_the_limit_is_read_dropped_and_flagged(reaper, cgroup)
     assert not result.stderr_truncated
 
 
-async def test_a_timeout_kills_the_command_and_what_it_started_in_its_session(reaper, cgroup):
+async def test_a_timeout_kills_the_command_and_what_it_started_in_its_session(reaper, cgroup) -> None:
     script = "echo started; sleep 100 & sleep 100 & wait"
     result = await execsync.run(starter(reaper, cgroup, "sh", "-c", script), cgroup, timeout=0.5, name="exec")
     assert (result.timed_out, result.exit_status, result.stdout) == (True, 137, b"started\n")
@@ -69,14 +69,14 @@ async def test_a_timeout_kills_the_command_and_what_it_started_in_its_session(re
     assert cgroup.pids() == set()
 
 
-async def test_a_process_in_another_session_survives_the_timeout(reaper, cgroup):
+async def test_a_process_in_another_session_survives_the_timeout(reaper, cgroup) -> None:
     result = await execsync.run(starter(reaper, cgroup, "sh", "-c", "setsid sleep 100 </dev/null >/dev/null 2>&1 & "
                                                                   "sleep 100"), cgroup, timeout=0.5, name="exec")
     assert result.timed_out
     assert len(cgroup.pids()) == 1  # the task's own kind of process: left alone (the fixture kills it)
 
 
-async def test_a_background_process_holding_the_output_delays_the_answer_only_so_long(reaper, cgroup, monkeypatch):
+async def test_a_background_process_holding_the_output_delays_the_answer_only_so_long(reaper, cgroup, monkeypatch) -> None:
     monkeypatch.setattr(execsync, "EXEC_DRAIN_SECS", 0.2)
     result = await execsync.run(starter(reaper, cgroup, "sh", "-c", "echo hi; sleep 100 &"), cgroup, timeout=None,
                                 name="exec")
@@ -84,7 +84,7 @@ async def test_a_background_process_holding_the_output_delays_the_answer_only_so
     assert len(cgroup.pids()) == 1  # the sleep: the exec's, but not killed (containerd leaves it too)
 
 
-async def test_a_cancelled_exec_kills_the_command(reaper, cgroup):
+async def test_a_cancelled_exec_kills_the_command(reaper, cgroup) -> None:
     started: list[process.Process] = []
     ready = asyncio.get_running_loop().create_future()
 
@@ -101,7 +101,7 @@ async def test_a_cancelled_exec_kills_the_command(reaper, cgroup):
     assert (await asyncio.wait_for(started[0].exit, GONE_WAIT)).exit_status == 137
 
 
-async def test_a_command_that_cannot_start_leaves_no_pipe_open(reaper, cgroup):
+async def test_a_command_that_cannot_start_leaves_no_pipe_open(reaper, cgroup) -> None:
     fds = set(os.listdir("/proc/self/fd"))
 
     async def fail(output: ExecOutput) -> process.Process:

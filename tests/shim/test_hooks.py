@@ -9,7 +9,7 @@ from shim.rpc.status import InvalidArgument
 from shim.runtime.hooks import DEFAULT_TIMEOUT, Hook, oci_hooks, parse_hooks
 
 
-def test_hooks_are_said_in_config_json_by_their_points_in_order():
+def test_hooks_are_said_in_config_json_by_their_points_in_order() -> None:
     hooks = parse_hooks({"hooks": [
         {"hook_name": "createContainer", "path": "/usr/bin/a", "args": ["a", "-x"], "env": ["K=v"], "timeout": 5},
         {"hook_name": "poststop", "path": "/usr/bin/b"},
@@ -30,7 +30,7 @@ def test_hooks_are_said_in_config_json_by_their_points_in_order():
     ({"hook_name": "poststart", "path": "/x", "env": ["=v"]}, "field 'hooks[0].env' must be NAME=VALUE strings"),
     ({"hook_name": "poststart", "path": "/x", "timeout": 0}, "field 'hooks[0].timeout' must be a positive number"),
 ])
-def test_a_malformed_hook_is_invalid_argument_naming_the_field(entry, message):
+def test_a_malformed_hook_is_invalid_argument_naming_the_field(entry, message) -> None:
     with pytest.raises(InvalidArgument) as raised:
         parse_hooks({"hooks": [entry]})
     assert message in raised.value.message
@@ -42,7 +42,7 @@ def test_a_malformed_hook_is_invalid_argument_naming_the_field(entry, message):
     "error executing hook `/usr/bin/x` (exit code: 3)",
     "timeout expired for `/usr/bin/x`",
 ])
-def test_a_hook_failing_under_an_oci_runtime_is_failed_precondition_in_its_words(words):
+def test_a_hook_failing_under_an_oci_runtime_is_failed_precondition_in_its_words(words) -> None:
     from shim.rpc.status import FailedPrecondition
     from shim.runtime.oci import cli
 

@@ -79,14 +79,14 @@ def _wait_status(pid: int) -> int:
     return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
 
 
-def test_a_directory_in_every_writable_hierarchy(make_cgroup):
+def test_a_directory_in_every_writable_hierarchy(make_cgroup) -> None:
     cgroup = make_cgroup()
     assert set(cgroup.paths) | set(cgroup.skipped) == {h.key for h in discover_hierarchies()}
     assert all(os.path.isdir(path) for path in cgroup.paths.values())
     assert V2 in cgroup.paths
 
 
-def test_relative_parent_nests_under_own_cgroup(make_cgroup):
+def test_relative_parent_nests_under_own_cgroup(make_cgroup) -> None:
     parent = _unique("parent")
     cgroup = make_cgroup("sb", parent)
     own = _own_cgroups()
@@ -96,7 +96,7 @@ def test_relative_parent_nests_under_own_cgroup(make_cgroup):
             assert cgroup.paths[hierarchy.key] == os.path.normpath(expected)
 
 
-def test_default_parent_is_podshim(make_cgroup):
+def test_default_parent_is_podshim(make_cgroup) -> None:
     name = _unique("sb")
     cgroup = SandboxCgroup.create(name)
     try:
@@ -107,7 +107,7 @@ def test_default_parent_is_podshim(make_cgroup):
         cgroup.remove()
 
 
-def test_default_parent_is_pruned_by_the_last_sandbox_even_if_it_did_not_make_it(monkeypatch):
+def test_default_parent_is_pruned_by_the_last_sandbox_even_if_it_did_not_make_it(monkeypatch) -> None:
     # A unique default parent, so no other sandbox on this machine can be using it.
     monkeypatch.setattr(cgroup_sandbox, "DEFAULT_PARENT", _unique("parent"))
     first = SandboxCgroup.create(_unique("sb"))
@@ -122,7 +122,7 @@ def test_default_parent_is_pruned_by_the_last_sandbox_even_if_it_did_not_make_it
     assert not any(os.path.exists(os.path.dirname(path)) for path in second.paths.values())
 
 
-def test_a_given_parent_that_existed_is_kept(make_cgroup):
+def test_a_given_parent_that_existed_is_kept(make_cgroup) -> None:
     first = make_cgroup()
     parent = os.path.basename(os.path.dirname(first.paths["pids"]))
     second = make_cgroup(parent=parent)  # found the parent: not its own
@@ -130,7 +130,7 @@ def test_a_given_parent_that_existed_is_kept(make_cgroup):
     assert all(os.path.isdir(path) for path in first.paths.values())
 
 
-def test_absolute_parent_is_relative_to_the_hierarchy_root(make_cgroup):
+def test_absolute_parent_is_relative_to_the_hierarchy_root(make_cgroup) -> None:
     # Under our own memory cgroup, so the test stays inside this session's memory accounting
     # (joined, not concatenated: that cgroup may be the root, "/").
     parent = os.path.join(_own_cgroups()["memory"], _unique("parent"))
@@ -140,7 +140,7 @@ def test_absolute_parent_is_relative_to_the_hierarchy_root(make_cgroup):
             assert cgroup.paths[hierarchy.key] == f"{hierarchy.mountpoint}{parent}/sb"
 
 
-def test_cpuset_gets_cpus_and_mems_of_its_parent(make_cgroup):
+def test_cpuset_gets_cpus_and_mems_of_its_parent(make_cgroup) -> None:
     cgroup = make_cgroup()
     cpuset = cgroup.paths["cpuset"]
     for knob in ("cpuset.cpus", "cpuset.mems"):
@@ -149,18 +149,18 @@ def test_cpuset_gets_cpus_and_mems_of_its_parent(make_cgroup):
 
 
 @pytest.mark.parametrize("name", ["", ".", "..", "a/b", "a\0b"])
-def test_bad_name_is_refused(name):
+def test_bad_name_is_refused(name) -> None:
     with pytest.raises(InvalidArgument):
         SandboxCgroup.create(name, _unique("parent"))
 
 
 @pytest.mark.parametrize("parent", ["../x", "a/../b", "a//b", "./a", "a\0b", "/.."])
-def test_bad_parent_is_refused(parent):
+def test_bad_parent_is_refused(parent) -> None:
     with pytest.raises(InvalidArgument):
         SandboxCgroup.create(_unique("sb"), parent)
 
 
-def test_existing_cgroup_is_refused_and_left_intact(make_cgroup):
+def test_existing_cgroup_is_refused_and_left_intact(make_cgroup) -> None:
     cgroup = make_cgroup()
     parent = os.path.basename(os.path.dirname(cgroup.paths["pids"]))
     with pytest.raises(AlreadyExists):
@@ -168,18 +168,18 @@ def test_existing_cgroup_is_refused_and_left_intact(make_cgroup):
     assert all(os.path.isdir(path) for path in cgroup.paths.values())
 
 
-def test_to_dict_round_trips_through_json(make_cgroup):
+def test_to_dict_round_trips_through_json(make_cgroup) -> None:
     cgroup = make_cgroup()
     assert SandboxCgroup.from_dict(json.loads(json.dumps(cgroup.to_dict()))) == cgroup
 
 
 @pytest.mark.parametrize("record", [{}, {"name": "x", "paths": ["/a"]}, {"name": "x", "paths": {"cpu": "rel"}}])
-def test_malformed_record_is_refused(record):
+def test_malformed_record_is_refused(record) -> None:
     with pytest.raises(InvalidArgument):
         SandboxCgroup.from_dict(record)
 
 
-def test_join_moves_a_process_into_every_hierarchy(make_cgroup, sleeper):
+def test_join_moves_a_process_into_every_hierarchy(make_cgroup, sleeper) -> None:
     cgroup = make_cgroup()
     pid = sleeper()
     cgroup.join(pid)
@@ -189,7 +189,7 @@ def test_join_moves_a_process_into_every_hierarchy(make_cgroup, sleeper):
     assert cgroup.pids() == {pid}
 
 
-def test_metrics_report_the_members_usage(make_cgroup, sleeper):
+def test_metrics_report_the_members_usage(make_cgroup, sleeper) -> None:
     cgroup = make_cgroup()
     cgroup.join(sleeper())
     metrics = cgroup.metrics()
@@ -199,12 +199,12 @@ def test_metrics_report_the_members_usage(make_cgroup, sleeper):
         assert metrics["pids_current"] == 1
 
 
-def test_memory_limit_is_none_when_unlimited(make_cgroup):
+def test_memory_limit_is_none_when_unlimited(make_cgroup) -> None:
     metrics = make_cgroup().metrics()
     assert metrics["memory_limit_bytes"] is None
 
 
-def test_metrics_never_raise():
+def test_metrics_never_raise() -> None:
     gone = SandboxCgroup.from_dict({"name": "gone", "paths": {"memory": "/nonexistent/a", V2: "/nonexistent/b",
                                                               "cpuacct": "/nonexistent/c", "pids": "/nonexistent/d"}})
     metrics = gone.metrics()
@@ -215,7 +215,7 @@ def test_metrics_never_raise():
     assert [metrics[k] for k in metrics["unavailable"]] == [None] * 13
 
 
-def test_pressure_is_the_v2_directorys_psi_as_the_kernel_writes_it(make_cgroup, sleeper):
+def test_pressure_is_the_v2_directorys_psi_as_the_kernel_writes_it(make_cgroup, sleeper) -> None:
     cgroup = make_cgroup()
     cgroup.join(sleeper())
     metrics = cgroup.metrics()
@@ -230,7 +230,7 @@ def test_pressure_is_the_v2_directorys_psi_as_the_kernel_writes_it(make_cgroup, 
             assert all(isinstance(figures[k], float) for k in ("avg10", "avg60", "avg300"))
 
 
-def test_swap_is_memsw_less_memory_and_its_limit_the_difference_of_the_limits(make_cgroup, sleeper):
+def test_swap_is_memsw_less_memory_and_its_limit_the_difference_of_the_limits(make_cgroup, sleeper) -> None:
     cgroup = make_cgroup()
     cgroup.join(sleeper())
     metrics = cgroup.metrics()
@@ -240,7 +240,7 @@ def test_swap_is_memsw_less_memory_and_its_limit_the_difference_of_the_limits(ma
     assert cgroup.metrics()["memory_swap_limit_bytes"] == 32 << 20
 
 
-def test_on_cgroup_v2_alone_swap_and_pressure_come_from_its_files(tmp_path):
+def test_on_cgroup_v2_alone_swap_and_pressure_come_from_its_files(tmp_path) -> None:
     files = {"memory.current": "1000", "memory.stat": "anon 600\ninactive_file 100\n", "memory.max": "4096",
              "memory.swap.current": "300", "memory.swap.max": "2048", "cgroup.procs": "",
              "cpu.pressure": "some avg10=1.50 avg60=0.25 avg300=0.00 total=1234\n"
@@ -267,7 +267,7 @@ def _memory_file(cgroup: SandboxCgroup, name: str) -> str:
     return os.path.join(memory, name)
 
 
-def test_working_set_is_usage_less_inactive_file_pages(make_cgroup, sleeper):
+def test_working_set_is_usage_less_inactive_file_pages(make_cgroup, sleeper) -> None:
     cgroup = make_cgroup()
     cgroup.join(sleeper())
     metrics = cgroup.metrics()
@@ -280,7 +280,7 @@ def test_working_set_is_usage_less_inactive_file_pages(make_cgroup, sleeper):
     assert "memory_working_set_bytes" not in metrics["unavailable"]
 
 
-def test_memory_a_member_touches_is_in_the_usage_and_working_set(make_cgroup):
+def test_memory_a_member_touches_is_in_the_usage_and_working_set(make_cgroup) -> None:
     cgroup = make_cgroup()
     before = cgroup.metrics()
     ready_r, ready_w = os.pipe()
@@ -323,7 +323,7 @@ def _v1_file(cgroup: SandboxCgroup, controller: str, name: str) -> str:
     return os.path.join(directory, name)
 
 
-def test_update_writes_each_resource_to_its_cgroup_file(make_cgroup):
+def test_update_writes_each_resource_to_its_cgroup_file(make_cgroup) -> None:
     cgroup = make_cgroup().child("task")
     cpus = _read(_v1_file(cgroup, "cpuset", "cpuset.cpus")).split(",")[0].split("-")[0]
     cgroup.update({"cpu_shares": 512, "cpu_period_us": 50000, "cpu_quota_us": 25000,
@@ -338,7 +338,7 @@ def test_update_writes_each_resource_to_its_cgroup_file(make_cgroup):
     assert _read(_v1_file(cgroup, "pids", "pids.max")) == "42"
 
 
-def test_update_leaves_absent_and_none_keys_alone(make_cgroup):
+def test_update_leaves_absent_and_none_keys_alone(make_cgroup) -> None:
     cgroup = make_cgroup().child("task")
     shares = _read(_v1_file(cgroup, "cpu", "cpu.shares"))
     cgroup.update({"cpu_shares": None, "pids_limit": 7})
@@ -346,7 +346,7 @@ def test_update_leaves_absent_and_none_keys_alone(make_cgroup):
     assert _read(_v1_file(cgroup, "pids", "pids.max")) == "7"
 
 
-def test_update_minus_one_means_no_limit(make_cgroup):
+def test_update_minus_one_means_no_limit(make_cgroup) -> None:
     cgroup = make_cgroup().child("task")
     cgroup.update({"memory_limit_bytes": 64 << 20, "pids_limit": 5, "cpu_quota_us": 20000})
     cgroup.update({"memory_limit_bytes": -1, "pids_limit": -1, "cpu_quota_us": -1})
@@ -355,7 +355,7 @@ def test_update_minus_one_means_no_limit(make_cgroup):
     assert _read(_v1_file(cgroup, "cpu", "cpu.cfs_quota_us")) == "-1"
 
 
-def test_raising_memory_past_the_swap_limit_writes_swap_first(make_cgroup):
+def test_raising_memory_past_the_swap_limit_writes_swap_first(make_cgroup) -> None:
     cgroup = make_cgroup().child("task")
     cgroup.update({"memory_limit_bytes": 32 << 20, "memory_swap_limit_bytes": 32 << 20})
     cgroup.update({"memory_limit_bytes": 256 << 20, "memory_swap_limit_bytes": 512 << 20})
@@ -376,7 +376,7 @@ def test_raising_memory_past_the_swap_limit_writes_swap_first(make_cgroup):
     ({"unified": {"cgroup.procs": "1"}}, r"resources.unified\[cgroup.procs\]: only a controller's file"),
     ({"blkio_weight": 10}, "resources.blkio_weight is not a resource podshim can update"),
 ])
-def test_a_resource_that_cannot_be_applied_is_refused_by_name_and_nothing_is_written(make_cgroup, resources, named):
+def test_a_resource_that_cannot_be_applied_is_refused_by_name_and_nothing_is_written(make_cgroup, resources, named) -> None:
     cgroup = make_cgroup().child("task")
     shares = _read(_v1_file(cgroup, "cpu", "cpu.shares"))
     with pytest.raises(InvalidArgument, match=named):
@@ -384,7 +384,7 @@ def test_a_resource_that_cannot_be_applied_is_refused_by_name_and_nothing_is_wri
     assert _read(_v1_file(cgroup, "cpu", "cpu.shares")) == shares
 
 
-def test_a_write_the_kernel_refuses_puts_back_what_was_written_before_it(make_cgroup):
+def test_a_write_the_kernel_refuses_puts_back_what_was_written_before_it(make_cgroup) -> None:
     cgroup = make_cgroup().child("task")
     shares = _read(_v1_file(cgroup, "cpu", "cpu.shares"))
     # CPU 4095 passes the check (a CPU list) but is not among the parent's CPUs.
@@ -393,7 +393,7 @@ def test_a_write_the_kernel_refuses_puts_back_what_was_written_before_it(make_cg
     assert _read(_v1_file(cgroup, "cpu", "cpu.shares")) == shares
 
 
-def test_oom_score_adj_goes_to_every_member(make_cgroup, sleeper):
+def test_oom_score_adj_goes_to_every_member(make_cgroup, sleeper) -> None:
     cgroup = make_cgroup().child("task")
     pids = [sleeper(), sleeper()]
     for pid in pids:
@@ -402,7 +402,7 @@ def test_oom_score_adj_goes_to_every_member(make_cgroup, sleeper):
     assert [_read(f"/proc/{pid}/oom_score_adj") for pid in pids] == ["500", "500"]
 
 
-def test_kill_all_sigkills_every_member(make_cgroup, sleeper):
+def test_kill_all_sigkills_every_member(make_cgroup, sleeper) -> None:
     cgroup = make_cgroup()
     pids = [sleeper(), sleeper()]
     for pid in pids:
@@ -411,7 +411,7 @@ def test_kill_all_sigkills_every_member(make_cgroup, sleeper):
     assert [_wait_status(pid) for pid in pids] == [-signal.SIGKILL] * 2
 
 
-def test_kill_all_sends_other_signals_to_each_member(make_cgroup, sleeper):
+def test_kill_all_sends_other_signals_to_each_member(make_cgroup, sleeper) -> None:
     cgroup = make_cgroup()
     pid = sleeper()
     cgroup.join(pid)
@@ -419,7 +419,7 @@ def test_kill_all_sends_other_signals_to_each_member(make_cgroup, sleeper):
     assert _wait_status(pid) == -signal.SIGTERM
 
 
-def test_remove_is_idempotent(make_cgroup):
+def test_remove_is_idempotent(make_cgroup) -> None:
     cgroup = make_cgroup()
     cgroup.remove()
     cgroup.remove()
@@ -427,7 +427,7 @@ def test_remove_is_idempotent(make_cgroup):
     assert not any(os.path.exists(d) for dirs in cgroup.owned_parents.values() for d in dirs)
 
 
-def test_remove_keeps_a_parent_another_sandbox_uses(make_cgroup):
+def test_remove_keeps_a_parent_another_sandbox_uses(make_cgroup) -> None:
     first = make_cgroup()
     parent = os.path.basename(os.path.dirname(first.paths["pids"]))
     second = make_cgroup(parent=parent)
@@ -435,7 +435,7 @@ def test_remove_keeps_a_parent_another_sandbox_uses(make_cgroup):
     assert all(os.path.isdir(path) for path in second.paths.values())
 
 
-def test_remove_removes_child_cgroups_first(make_cgroup):
+def test_remove_removes_child_cgroups_first(make_cgroup) -> None:
     cgroup = make_cgroup()
     for path in cgroup.paths.values():
         os.mkdir(os.path.join(path, "container"))
@@ -443,7 +443,7 @@ def test_remove_removes_child_cgroups_first(make_cgroup):
     assert not any(os.path.exists(path) for path in cgroup.paths.values())
 
 
-def test_remove_right_after_kill_all_succeeds(make_cgroup, sleeper):
+def test_remove_right_after_kill_all_succeeds(make_cgroup, sleeper) -> None:
     cgroup = make_cgroup()
     cgroup.join(sleeper())
     cgroup.kill_all()
@@ -451,14 +451,14 @@ def test_remove_right_after_kill_all_succeeds(make_cgroup, sleeper):
     assert not any(os.path.exists(path) for path in cgroup.paths.values())
 
 
-def test_remove_with_a_live_member_is_refused(make_cgroup, sleeper):
+def test_remove_with_a_live_member_is_refused(make_cgroup, sleeper) -> None:
     cgroup = make_cgroup()
     cgroup.join(sleeper())
     with pytest.raises(FailedPrecondition, match="still has processes"):
         cgroup.remove(timeout=0.05)
 
 
-def test_child_is_made_in_every_hierarchy_of_its_parent(make_cgroup):
+def test_child_is_made_in_every_hierarchy_of_its_parent(make_cgroup) -> None:
     parent = make_cgroup()
     child = parent.child("task")
     assert child.paths == {key: os.path.join(path, "task") for key, path in parent.paths.items()}
@@ -466,7 +466,7 @@ def test_child_is_made_in_every_hierarchy_of_its_parent(make_cgroup):
     assert child.owned_parents == {}
 
 
-def test_child_joins_and_goes_with_its_parent(make_cgroup, sleeper):
+def test_child_joins_and_goes_with_its_parent(make_cgroup, sleeper) -> None:
     parent = make_cgroup()
     child = parent.child("task")
     pid = sleeper()
@@ -477,21 +477,21 @@ def test_child_joins_and_goes_with_its_parent(make_cgroup, sleeper):
     assert not any(os.path.exists(path) for path in child.paths.values())
 
 
-def test_child_named_like_a_control_file_is_refused(make_cgroup):
+def test_child_named_like_a_control_file_is_refused(make_cgroup) -> None:
     parent = make_cgroup()
     with pytest.raises(InvalidArgument, match="control file"):
         parent.child("cgroup.procs")
     assert not any(os.path.isdir(os.path.join(path, "cgroup.procs")) for path in parent.paths.values())
 
 
-def test_existing_child_is_refused(make_cgroup):
+def test_existing_child_is_refused(make_cgroup) -> None:
     parent = make_cgroup()
     parent.child("task")
     with pytest.raises(AlreadyExists):
         parent.child("task")
 
 
-async def test_aremove_waits_for_members_without_blocking_the_loop(make_cgroup, sleeper):
+async def test_aremove_waits_for_members_without_blocking_the_loop(make_cgroup, sleeper) -> None:
     cgroup = make_cgroup()
     cgroup.join(sleeper())
     ticks = 0
@@ -511,7 +511,7 @@ async def test_aremove_waits_for_members_without_blocking_the_loop(make_cgroup, 
     assert ticks > 10  # the loop kept running while aremove waited
 
 
-def test_aremove_of_an_empty_cgroup_finishes_in_its_first_step(make_cgroup):
+def test_aremove_of_an_empty_cgroup_finishes_in_its_first_step(make_cgroup) -> None:
     cgroup = make_cgroup()
     removal = cgroup.aremove()
     with pytest.raises(StopIteration):
@@ -519,7 +519,7 @@ def test_aremove_of_an_empty_cgroup_finishes_in_its_first_step(make_cgroup):
     assert not [path for path in cgroup.paths.values() if os.path.exists(path)]
 
 
-async def test_a_cancelled_aremove_still_removes_the_cgroup_before_the_cancellation_is_raised(make_cgroup, sleeper):
+async def test_a_cancelled_aremove_still_removes_the_cgroup_before_the_cancellation_is_raised(make_cgroup, sleeper) -> None:
     cgroup = make_cgroup()
     pid = sleeper()
     cgroup.join(pid)
@@ -536,7 +536,7 @@ async def test_a_cancelled_aremove_still_removes_the_cgroup_before_the_cancellat
     assert not [path for path in cgroup.paths.values() if os.path.exists(path)]
 
 
-def test_read_only_hierarchy_is_skipped_and_recorded():
+def test_read_only_hierarchy_is_skipped_and_recorded() -> None:
     # Read-only like v1 inside systemd-nspawn: a read-only bind remount in a private mount
     # namespace of a forked child, so the machine's own cgroup mounts are untouched.
     read_fd, write_fd = os.pipe()
@@ -562,7 +562,7 @@ def test_read_only_hierarchy_is_skipped_and_recorded():
     assert "memory" in cgroup.paths
 
 
-def test_entry_files_are_v1_tasks_files_and_the_v2_directory(make_cgroup):
+def test_entry_files_are_v1_tasks_files_and_the_v2_directory(make_cgroup) -> None:
     cgroup = make_cgroup()
     tasks, v2_dirs = cgroups.entry_files(cgroup.procs_files())
     v1 = {key: path for key, path in cgroup.paths.items() if key != V2}
@@ -575,7 +575,7 @@ def _in_cgroup(pid: int, hierarchy_id: str) -> str:
         return next(line.rstrip("\n").split(":", 2)[2] for line in f if line.split(":", 1)[0] == hierarchy_id)
 
 
-def test_a_thread_writing_0_to_tasks_moves_only_itself_and_a_child_is_born_in_the_v2_cgroup(make_cgroup):
+def test_a_thread_writing_0_to_tasks_moves_only_itself_and_a_child_is_born_in_the_v2_cgroup(make_cgroup) -> None:
     # What a launcher (shim.runtime.process) does: its one thread enters each v1 cgroup by its
     # tasks file, and its child is born in the v2 one (clone3 CLONE_INTO_CGROUP).
     cgroup = make_cgroup()
@@ -620,7 +620,7 @@ def test_a_thread_writing_0_to_tasks_moves_only_itself_and_a_child_is_born_in_th
     assert os.waitstatus_to_exitcode(status) == 0
 
 
-def test_holds_of_processes_that_are_gone_are_swept_with_the_parents_they_kept(monkeypatch):
+def test_holds_of_processes_that_are_gone_are_swept_with_the_parents_they_kept(monkeypatch) -> None:
     pid = os.fork()
     if pid == 0:
         os._exit(0)
@@ -645,7 +645,7 @@ def test_holds_of_processes_that_are_gone_are_swept_with_the_parents_they_kept(m
     assert not any(os.path.exists(os.path.dirname(path)) for path in live.paths.values())
 
 
-def test_the_cgroup_mounts_are_read_again_when_a_mount_point_is_no_longer_what_it_was():
+def test_the_cgroup_mounts_are_read_again_when_a_mount_point_is_no_longer_what_it_was() -> None:
     first = hierarchies._cgroup_mounts()
     assert first and hierarchies._cgroup_mounts() == first  # the kept reading, checked by device
     mount, dev = hierarchies._mounts_seen[0]
@@ -657,7 +657,7 @@ def test_the_cgroup_mounts_are_read_again_when_a_mount_point_is_no_longer_what_i
         hierarchies._mounts_seen[0] = (mount, dev)
 
 
-def test_the_hierarchies_are_found_anew_once_the_process_is_in_other_cgroups(make_cgroup):
+def test_the_hierarchies_are_found_anew_once_the_process_is_in_other_cgroups(make_cgroup) -> None:
     cgroup = make_cgroup()
     before = {h.key: h.own_path for h in discover_hierarchies()}  # the answer kept
     report_r, report_w = os.pipe()
@@ -683,7 +683,7 @@ def test_the_hierarchies_are_found_anew_once_the_process_is_in_other_cgroups(mak
         assert after[key] != before[key] and path.endswith(after[key])
 
 
-def test_a_missing_directory_counts_as_v1_even_below_the_v2_mount():
+def test_a_missing_directory_counts_as_v1_even_below_the_v2_mount() -> None:
     v2 = next((h for h in discover_hierarchies() if h.key == V2), None)
     if v2 is None:
         pytest.skip("no cgroup v2 hierarchy on this machine")
@@ -691,7 +691,7 @@ def test_a_missing_directory_counts_as_v1_even_below_the_v2_mount():
     assert cgroups.entry_files([os.path.join(missing, "cgroup.procs")]) == ([os.path.join(missing, "tasks")], [])
 
 
-def test_a_sandbox_below_a_held_parent_leaves_the_parents_to_whoever_removes_the_hold(monkeypatch):
+def test_a_sandbox_below_a_held_parent_leaves_the_parents_to_whoever_removes_the_hold(monkeypatch) -> None:
     parent = f"{cgroup_sandbox.DEFAULT_PARENT}/{_unique('ns')}"
     hold = cgroups.hold_parent(parent)
     try:
@@ -713,7 +713,7 @@ def test_a_sandbox_below_a_held_parent_leaves_the_parents_to_whoever_removes_the
     assert not any(os.path.exists(os.path.dirname(path)) for path in hold.paths.values())
 
 
-def test_the_last_sandbox_below_a_parent_whose_hold_is_gone_prunes_it():
+def test_the_last_sandbox_below_a_parent_whose_hold_is_gone_prunes_it() -> None:
     parent = f"{cgroup_sandbox.DEFAULT_PARENT}/{_unique('ns')}"
     hold = cgroups.hold_parent(parent)
     cgroup = SandboxCgroup.create(_unique("sb"), parent)
@@ -727,7 +727,7 @@ def test_the_last_sandbox_below_a_parent_whose_hold_is_gone_prunes_it():
 
 @pytest.mark.parametrize("pool,refused", [(0, False), (4, True)])
 def test_a_zero_hugepage_limit_without_a_hugetlb_hierarchy_holds_only_when_no_such_page_can_be_had(
-        make_cgroup, monkeypatch, tmp_path, pool, refused):
+        make_cgroup, monkeypatch, tmp_path, pool, refused) -> None:
     # kubelet sends a limit, 0 unless asked, for every page size the node has, with every container.
     sizes = tmp_path / "hugepages-2048kB"
     sizes.mkdir()
@@ -747,7 +747,7 @@ def test_a_zero_hugepage_limit_without_a_hugetlb_hierarchy_holds_only_when_no_su
         cgroup.update({"hugepage_limits": {"2MB": 0}})
 
 
-def test_the_oom_killer_s_kills_are_counted_from_the_cgroup(make_cgroup):
+def test_the_oom_killer_s_kills_are_counted_from_the_cgroup(make_cgroup) -> None:
     cgroup = make_cgroup().child("task")
     cgroup.update({"memory_limit_bytes": 16 << 20, "memory_swap_limit_bytes": 16 << 20})
     assert cgroup.oom_kills() == 0
@@ -788,7 +788,7 @@ def _plan(cgroup: SandboxCgroup, resources: dict) -> dict[str, tuple[str, str]]:
             resources_module.planned_writes(resources, cgroup.v1_paths(), cgroup.paths.get(V2), lambda: ())}
 
 
-def test_on_cgroup_v2_each_cri_resource_goes_to_its_v2_file_converted(v2_task, monkeypatch):
+def test_on_cgroup_v2_each_cri_resource_goes_to_its_v2_file_converted(v2_task, monkeypatch) -> None:
     monkeypatch.setattr(resources_module, "huge_page_pool", lambda size: 4)
     assert _plan(v2_task, {"cpu_shares": 1024, "cpu_period_us": 50000, "cpu_quota_us": 25000,
                            "memory_limit_bytes": 64 << 20, "memory_swap_limit_bytes": 96 << 20,
@@ -807,11 +807,11 @@ def test_on_cgroup_v2_each_cri_resource_goes_to_its_v2_file_converted(v2_task, m
 
 
 @pytest.mark.parametrize("shares,weight", [(2, 1), (1024, 39), (262144, 10000)])
-def test_cpu_shares_become_the_weight_runc_and_crun_write(shares, weight):
+def test_cpu_shares_become_the_weight_runc_and_crun_write(shares, weight) -> None:
     assert cgroups.cpu_weight(shares) == weight
 
 
-def test_on_cgroup_v2_minus_one_is_max_and_a_lone_quota_keeps_the_period(v2_task):
+def test_on_cgroup_v2_minus_one_is_max_and_a_lone_quota_keeps_the_period(v2_task) -> None:
     _write_v2(v2_task, "cpu.max", "max 20000\n")
     assert _plan(v2_task, {"cpu_quota_us": 10000, "memory_limit_bytes": -1, "memory_swap_limit_bytes": -1,
                            "pids_limit": -1}) == {
@@ -820,7 +820,7 @@ def test_on_cgroup_v2_minus_one_is_max_and_a_lone_quota_keeps_the_period(v2_task
     assert _plan(v2_task, {"cpu_quota_us": -1}) == {"cpu_quota_us": ("cpu.max", "max 20000")}
 
 
-def test_on_cgroup_v2_a_swap_limit_needs_a_memory_limit_to_subtract(v2_task):
+def test_on_cgroup_v2_a_swap_limit_needs_a_memory_limit_to_subtract(v2_task) -> None:
     with pytest.raises(InvalidArgument, match=r"memory_swap_limit_bytes 1048576 cannot be applied without a memory"):
         _plan(v2_task, {"memory_swap_limit_bytes": 1 << 20})
     _write_v2(v2_task, "memory.max", f"{2 << 20}\n")
@@ -830,14 +830,14 @@ def test_on_cgroup_v2_a_swap_limit_needs_a_memory_limit_to_subtract(v2_task):
         "memory_swap_limit_bytes": ("memory.swap.max", "0")}
 
 
-def test_on_cgroup_v2_a_controller_not_enabled_is_refused_by_name(v2_task):
+def test_on_cgroup_v2_a_controller_not_enabled_is_refused_by_name(v2_task) -> None:
     _write_v2(v2_task, "cgroup.controllers", "cpu\n")
     with pytest.raises(InvalidArgument, match="resources.pids_limit cannot be applied: this host's pids controller is "
                                               "neither mounted on cgroup v1 nor enabled"):
         _plan(v2_task, {"cpu_shares": 512, "pids_limit": 3})
 
 
-def test_on_pure_v2_controllers_are_handed_down_from_the_parents_top_to_the_sandbox(tmp_path, monkeypatch):
+def test_on_pure_v2_controllers_are_handed_down_from_the_parents_top_to_the_sandbox(tmp_path, monkeypatch) -> None:
     sandbox = tmp_path / "kubepods" / "sb"
     sandbox.mkdir(parents=True)
     for directory in (tmp_path, tmp_path / "kubepods", sandbox):
@@ -851,7 +851,7 @@ def test_on_pure_v2_controllers_are_handed_down_from_the_parents_top_to_the_sand
                          for c in (b"cpu", b"memory", b"pids")]]
 
 
-def test_a_sandbox_that_hands_controllers_to_its_tasks_keeps_its_own_processes_in_a_leaf(tmp_path, monkeypatch):
+def test_a_sandbox_that_hands_controllers_to_its_tasks_keeps_its_own_processes_in_a_leaf(tmp_path, monkeypatch) -> None:
     hierarchy = cgroups.Hierarchy(V2, frozenset(), str(tmp_path), "/", "/")
     monkeypatch.setattr(cgroup_sandbox, "discover_hierarchies", lambda: [hierarchy])
     monkeypatch.setattr(cgroup_sandbox, "_enable_controllers", lambda top, target: ["cpu", "memory"])
@@ -867,7 +867,7 @@ def test_a_sandbox_that_hands_controllers_to_its_tasks_keeps_its_own_processes_i
     assert not (tmp_path / "pods").exists()
 
 
-def test_on_cgroup_v2_the_figures_come_from_the_v2_files(v2_task):
+def test_on_cgroup_v2_the_figures_come_from_the_v2_files(v2_task) -> None:
     for name, text in {"cpu.stat": "usage_usec 5\nuser_usec 3\n", "memory.current": "4096\n",
                        "memory.stat": "anon 1024\ninactive_file 1000\npgfault 3\npgmajfault 1\n",
                        "pids.current": "4\n", "memory.events": "low 0\noom 1\noom_kill 2\n",
@@ -886,7 +886,7 @@ def test_on_cgroup_v2_the_figures_come_from_the_v2_files(v2_task):
     assert v2_task.oom_kills() == 2
 
 
-def test_on_pure_v2_the_default_parent_is_at_the_root_as_our_own_cgroup_has_processes(tmp_path, monkeypatch):
+def test_on_pure_v2_the_default_parent_is_at_the_root_as_our_own_cgroup_has_processes(tmp_path, monkeypatch) -> None:
     hierarchy = cgroups.Hierarchy(V2, frozenset(), str(tmp_path), "/", "/system.slice/podshimd.service")
     monkeypatch.setattr(cgroup_sandbox, "discover_hierarchies", lambda: [hierarchy])
     default = SandboxCgroup.create("sb", f"{cgroup_sandbox.DEFAULT_PARENT}/k8s.io")
@@ -899,7 +899,7 @@ def test_on_pure_v2_the_default_parent_is_at_the_root_as_our_own_cgroup_has_proc
         given.remove()
 
 
-def test_details_on_cgroup_v2_alone_come_from_its_files(tmp_path):
+def test_details_on_cgroup_v2_alone_come_from_its_files(tmp_path) -> None:
     files = {"cgroup.controllers": "cpu io memory pids", "cgroup.procs": "",
              "io.stat": "8:0 rbytes=4096 wbytes=512 rios=2 wios=1 dbytes=0 dios=0\n",
              "cpu.stat": "usage_usec 5000\nuser_usec 3000\nsystem_usec 2000\nnr_periods 7\nnr_throttled 2\n"
@@ -922,7 +922,7 @@ def test_details_on_cgroup_v2_alone_come_from_its_files(tmp_path):
         "block_io": {"8:0": {"read_bytes": 4096, "write_bytes": 512, "reads": 2, "writes": 1}}}
 
 
-def test_details_of_a_member_match_the_v1_files(make_cgroup, sleeper):
+def test_details_of_a_member_match_the_v1_files(make_cgroup, sleeper) -> None:
     cgroup = make_cgroup()
     cgroup.update({"cpu_quota_us": 20000, "cpu_period_us": 100000, "memory_limit_bytes": 64 << 20})
     cgroup.join(sleeper())
@@ -939,14 +939,14 @@ def test_details_of_a_member_match_the_v1_files(make_cgroup, sleeper):
     assert details["cpu_user_ns"] is None or details["cpu_user_ns"] >= 0
 
 
-def test_details_never_raise():
+def test_details_never_raise() -> None:
     gone = SandboxCgroup.from_dict({"name": "gone", "paths": {"memory": "/nonexistent/a", V2: "/nonexistent/b",
                                                               "cpu,cpuacct": "/nonexistent/c", "pids": "/nonexistent/d"}})
     assert set(gone.details().values()) == {None}
     assert set(gone.process_counts().values()) == {0}  # no directory, no process
 
 
-def test_process_counts_are_the_members_threads_descriptors_and_sockets(make_cgroup, sleeper):
+def test_process_counts_are_the_members_threads_descriptors_and_sockets(make_cgroup, sleeper) -> None:
     cgroup = make_cgroup()
     pid = sleeper()
     cgroup.join(pid)
@@ -958,7 +958,7 @@ def test_process_counts_are_the_members_threads_descriptors_and_sockets(make_cgr
 
 @pytest.mark.cgroupv2
 def test_on_pure_v2_a_sandbox_hands_its_tasks_controllers_keeps_its_pause_in_a_leaf_and_limits_land(
-        make_cgroup, sleeper):
+        make_cgroup, sleeper) -> None:
     cgroup = make_cgroup(parent="/" + _unique("parent"))
     task = cgroup.child("task")
     assert {"cpu", "memory", "pids"} <= set(_read(os.path.join(cgroup.paths[V2], "cgroup.subtree_control")).split())
@@ -998,7 +998,7 @@ def test_slice():
 
 @pytest.mark.cgroupv2
 async def test_under_the_systemd_driver_a_sandbox_is_a_slice_its_pause_and_tasks_scopes_stopped_on_removal(
-        test_slice, sleeper):
+        test_slice, sleeper) -> None:
     pod_slice = cgroups.systemd.pod_slice_name(test_slice, "it", _unique("sb"))
     pause_unit = cgroups.systemd.scope_name("it", "sb")
     cgroup = SandboxCgroup.pod_slice("sb", test_slice, pod_slice, pause_unit)
@@ -1040,7 +1040,7 @@ async def test_under_the_systemd_driver_a_sandbox_is_a_slice_its_pause_and_tasks
 
 
 @pytest.mark.cgroupv2
-def test_a_pod_slice_whose_placeholder_goes_before_any_process_came_leaves_nothing(test_slice):
+def test_a_pod_slice_whose_placeholder_goes_before_any_process_came_leaves_nothing(test_slice) -> None:
     pod_slice = cgroups.systemd.pod_slice_name(test_slice, "it", _unique("sb"))
     cgroup = SandboxCgroup.pod_slice("sb", test_slice, pod_slice, cgroups.systemd.scope_name("it", "sb"))
 

@@ -21,7 +21,7 @@ def _ignored(sig: int) -> bool:
 # -- signals ----------------------------------------------------------------------------------
 
 
-def test_default_signal_resets_an_ignored_signal():
+def test_default_signal_resets_an_ignored_signal() -> None:
     def check() -> bool:
         signal.signal(signal.SIGUSR1, signal.SIG_IGN)
         assert _ignored(signal.SIGUSR1)
@@ -36,7 +36,7 @@ KNOWN_MACHINE = pytest.mark.skipif(os.uname().machine not in linux._ARCH_SYSCALL
 
 
 @KNOWN_MACHINE
-def test_default_signal_resets_a_signal_the_c_library_keeps_for_itself():
+def test_default_signal_resets_a_signal_the_c_library_keeps_for_itself() -> None:
     # glibc refuses sigaction on 32 and 33; its posix_spawn leaves them ignored in what it starts.
     def check() -> bool:
         action = ctypes.c_ulong * 4
@@ -49,7 +49,7 @@ def test_default_signal_resets_a_signal_the_c_library_keeps_for_itself():
     assert run_in_child(check) == 0
 
 
-def test_default_signal_on_a_machine_whose_number_is_unknown_resets_what_libc_allows(monkeypatch):
+def test_default_signal_on_a_machine_whose_number_is_unknown_resets_what_libc_allows(monkeypatch) -> None:
     monkeypatch.setattr(linux, "_SYS_RT_SIGACTION", -1)
 
     def check() -> bool:
@@ -62,7 +62,7 @@ def test_default_signal_on_a_machine_whose_number_is_unknown_resets_what_libc_al
     assert run_in_child(check) == 0
 
 
-def test_pivot_root_on_a_machine_whose_number_is_unknown_fails_enosys_naming_it(monkeypatch):
+def test_pivot_root_on_a_machine_whose_number_is_unknown_fails_enosys_naming_it(monkeypatch) -> None:
     monkeypatch.setattr(linux, "_SYS_PIVOT_ROOT", -1)
     monkeypatch.setattr(linux, "_MACHINE", "pdp11")
     with pytest.raises(OSError) as caught:
@@ -72,7 +72,7 @@ def test_pivot_root_on_a_machine_whose_number_is_unknown_fails_enosys_naming_it(
 
 
 @KNOWN_MACHINE
-def test_every_known_machine_has_both_numbers():
+def test_every_known_machine_has_both_numbers() -> None:
     assert linux._ARCH_SYSCALLS[os.uname().machine] == (linux._SYS_PIVOT_ROOT, linux._SYS_RT_SIGACTION)
     assert all(len(numbers) == 2 and min(numbers) > 0 for numbers in linux._ARCH_SYSCALLS.values())
 
@@ -143,7 +143,7 @@ def _resident(address: int, pages: int) -> list[bool]:
     return [bool(int.from_bytes(data[i:i + 8], "little") >> 63) for i in range(0, len(data), 8)]
 
 
-def test_release_zero_pages_gives_back_the_pages_of_zeros_and_keeps_the_others():
+def test_release_zero_pages_gives_back_the_pages_of_zeros_and_keeps_the_others() -> None:
     import ctypes
     import mmap
 

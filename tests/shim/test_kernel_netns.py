@@ -28,7 +28,7 @@ def _mount_points(mountinfo: str = "/proc/self/mountinfo") -> set[str]:
         return {line.split()[4] for line in f}
 
 
-def test_new_netns_path_is_unique_and_under_the_default_dir():
+def test_new_netns_path_is_unique_and_under_the_default_dir() -> None:
     first, second = netns.new_netns_path("p"), netns.new_netns_path("p")
     assert first != second
     assert os.path.dirname(first) == netns.default_netns_dir() == "/var/run/netns"
@@ -36,18 +36,18 @@ def test_new_netns_path_is_unique_and_under_the_default_dir():
 
 
 @pytest.mark.parametrize("prefix", ["", "a/b", "a\0b"])
-def test_bad_name_prefix_is_refused(prefix):
+def test_bad_name_prefix_is_refused(prefix) -> None:
     with pytest.raises(InvalidArgument):
         netns.new_netns_path(prefix)
 
 
-def test_create_pins_a_new_netns_on_the_path(netns_path):
+def test_create_pins_a_new_netns_on_the_path(netns_path) -> None:
     assert netns.create_netns(netns_path) == netns_path
     assert linux.ns_inode(netns_path) != linux.ns_inode("/proc/self/ns/net")
     assert os.path.realpath(netns_path) in _mount_points()
 
 
-def test_create_makes_the_missing_directories_of_the_path(tmp_path):
+def test_create_makes_the_missing_directories_of_the_path(tmp_path) -> None:
     path = str(tmp_path / "made" / "here" / "ns")
     try:
         assert netns.create_netns(path) == path
@@ -57,13 +57,13 @@ def test_create_makes_the_missing_directories_of_the_path(tmp_path):
     assert os.listdir(tmp_path / "made" / "here") == []
 
 
-def test_calling_thread_returns_to_its_own_netns(netns_path):
+def test_calling_thread_returns_to_its_own_netns(netns_path) -> None:
     before = linux.ns_inode("/proc/thread-self/ns/net")
     netns.create_netns(netns_path)
     assert linux.ns_inode("/proc/thread-self/ns/net") == before
 
 
-def test_loopback_is_up_in_the_new_netns(netns_path):
+def test_loopback_is_up_in_the_new_netns(netns_path) -> None:
     netns.create_netns(netns_path)
     out = subprocess.run(
         ["nsenter", f"--net={netns_path}", "ip", "-o", "link", "show", "lo"],
@@ -72,14 +72,14 @@ def test_loopback_is_up_in_the_new_netns(netns_path):
     assert ",UP," in out
 
 
-def test_netns_dir_is_a_shared_mount(netns_path):
+def test_netns_dir_is_a_shared_mount(netns_path) -> None:
     netns.create_netns(netns_path)
     with open("/proc/self/mountinfo") as f:
         lines = [line.split() for line in f if line.split()[4] == os.path.realpath(netns.default_netns_dir())]
     assert lines and any(field.startswith("shared:") for field in lines[-1][6:])
 
 
-def test_existing_path_is_refused_and_left_intact(netns_path):
+def test_existing_path_is_refused_and_left_intact(netns_path) -> None:
     netns.create_netns(netns_path)
     inode = linux.ns_inode(netns_path)
     with pytest.raises(AlreadyExists):
@@ -87,12 +87,12 @@ def test_existing_path_is_refused_and_left_intact(netns_path):
     assert linux.ns_inode(netns_path) == inode
 
 
-def test_relative_path_is_refused():
+def test_relative_path_is_refused() -> None:
     with pytest.raises(InvalidArgument):
         netns.create_netns("podshim-relative")
 
 
-def test_failure_after_mount_leaves_no_file_and_no_mount(netns_path, monkeypatch):
+def test_failure_after_mount_leaves_no_file_and_no_mount(netns_path, monkeypatch) -> None:
     def fail() -> None:
         raise OSError(1, "Operation not permitted")
 
@@ -105,21 +105,21 @@ def test_failure_after_mount_leaves_no_file_and_no_mount(netns_path, monkeypatch
     assert linux.ns_inode("/proc/thread-self/ns/net") == before
 
 
-def test_netns_removed_leaves_no_mount(netns_path):
+def test_netns_removed_leaves_no_mount(netns_path) -> None:
     netns.create_netns(netns_path)
     netns.remove_netns(netns_path)
     assert not os.path.exists(netns_path)
     assert os.path.realpath(netns_path) not in _mount_points()
 
 
-def test_remove_is_idempotent(netns_path):
+def test_remove_is_idempotent(netns_path) -> None:
     netns.create_netns(netns_path)
     netns.remove_netns(netns_path)
     netns.remove_netns(netns_path)
     netns.remove_netns(netns.new_netns_path("podshim-never-made"))
 
 
-def test_remove_refuses_a_file_that_is_not_a_netns(tmp_path):
+def test_remove_refuses_a_file_that_is_not_a_netns(tmp_path) -> None:
     other = tmp_path / "data"
     other.write_text("keep me")
     with pytest.raises(InvalidArgument):
@@ -127,7 +127,7 @@ def test_remove_refuses_a_file_that_is_not_a_netns(tmp_path):
     assert other.read_text() == "keep me"
 
 
-def test_open_netns_gives_a_setns_able_fd(netns_path):
+def test_open_netns_gives_a_setns_able_fd(netns_path) -> None:
     netns.create_netns(netns_path)
     fd = netns.open_netns(netns_path)
     try:
@@ -137,7 +137,7 @@ def test_open_netns_gives_a_setns_able_fd(netns_path):
         os.close(fd)
 
 
-def test_open_netns_of_a_missing_or_unmounted_file_is_not_found(netns_path, tmp_path):
+def test_open_netns_of_a_missing_or_unmounted_file_is_not_found(netns_path, tmp_path) -> None:
     with pytest.raises(netns.NamespaceNotFound) as missing:
         netns.open_netns(netns_path)
     assert missing.value.path == netns_path and isinstance(missing.value, NotFound)
@@ -147,7 +147,7 @@ def test_open_netns_of_a_missing_or_unmounted_file_is_not_found(netns_path, tmp_
         netns.open_netns(str(plain))
 
 
-def test_describe_lists_loopback_with_its_addresses(netns_path):
+def test_describe_lists_loopback_with_its_addresses(netns_path) -> None:
     netns.create_netns(netns_path)
     (lo,) = netns.describe_netns(netns_path)
     assert lo["name"] == "lo"
@@ -155,12 +155,12 @@ def test_describe_lists_loopback_with_its_addresses(netns_path):
     assert "127.0.0.1/8" in lo["addresses"]
 
 
-def test_describe_of_a_missing_netns_is_not_found(netns_path):
+def test_describe_of_a_missing_netns_is_not_found(netns_path) -> None:
     with pytest.raises(NotFound):
         netns.describe_netns(netns_path)
 
 
-def test_create_does_not_import_pyroute2():
+def test_create_does_not_import_pyroute2() -> None:
     script = textwrap.dedent(
         """
         import os, sys
@@ -183,7 +183,7 @@ def test_create_does_not_import_pyroute2():
 # -- which net.* sysctls a netns can set: the kernel says, from inside it ------------------------
 
 
-def test_per_netns_sysctls_pass_and_others_are_not_looked_at(netns_path):
+def test_per_netns_sysctls_pass_and_others_are_not_looked_at(netns_path) -> None:
     netns.create_netns(netns_path)
     before = linux.ns_inode("/proc/thread-self/ns/net")
     netns.check_net_sysctls(netns_path, ["net.core.somaxconn", "net.ipv4.ip_forward", "net.ipv4.conf.lo.rp_filter",
@@ -198,7 +198,7 @@ def test_per_netns_sysctls_pass_and_others_are_not_looked_at(netns_path):
     ("net.ipv4.conf.eth0.rp_filter", "does not exist in the sandbox's network namespace"),  # no eth0 there
     ("net.ipv4.no_such_knob", "does not exist in the sandbox's network namespace"),
 ])
-def test_net_sysctls_the_netns_cannot_set_are_refused(netns_path, key, says):
+def test_net_sysctls_the_netns_cannot_set_are_refused(netns_path, key, says) -> None:
     netns.create_netns(netns_path)
     before = linux.ns_inode("/proc/thread-self/ns/net")
     with pytest.raises(InvalidArgument, match=f"^INVALID_ARGUMENT: sysctl {key} {says}"):
@@ -206,7 +206,7 @@ def test_net_sysctls_the_netns_cannot_set_are_refused(netns_path, key, says):
     assert linux.ns_inode("/proc/thread-self/ns/net") == before
 
 
-def test_checking_sysctls_of_a_path_that_is_not_a_netns_is_not_found(tmp_path):
+def test_checking_sysctls_of_a_path_that_is_not_a_netns_is_not_found(tmp_path) -> None:
     (tmp_path / "plain").write_bytes(b"")
     with pytest.raises(NotFound):
         netns.check_net_sysctls(str(tmp_path / "plain"), ["net.core.somaxconn"])
@@ -240,12 +240,12 @@ def test_interface_counters_are_the_pod_namespaces_but_loopback(netns_path):
         member.wait(timeout=10)
 
 
-def test_interface_counters_of_the_hosts_namespace_or_of_no_process_are_none():
+def test_interface_counters_of_the_hosts_namespace_or_of_no_process_are_none() -> None:
     assert netns.interface_counters(os.getpid()) is None
     assert netns.interface_counters(2**22 + 1) is None
 
 
-def test_a_descriptor_made_ahead_that_is_no_network_namespace_is_never_pinned(netns_path, tmp_path, caplog):
+def test_a_descriptor_made_ahead_that_is_no_network_namespace_is_never_pinned(netns_path, tmp_path, caplog) -> None:
     # A descriptor number whose namespace was closed and taken by a file: crun, told to join the
     # path, failed with "cannot setns ...: Invalid argument".
     with open(tmp_path / "not-a-netns", "w") as f:

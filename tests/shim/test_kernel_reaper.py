@@ -39,33 +39,33 @@ async def spawn(reaper):
         await asyncio.wait_for(exit_future, WAIT)
 
 
-async def test_exit_code_is_reported(reaper, spawn):
+async def test_exit_code_is_reported(reaper, spawn) -> None:
     pid = spawn("/bin/sh", "-c", "exit 7")
     info = await asyncio.wait_for(reaper.watch(pid), WAIT)
     assert (info.pid, info.exit_status) == (pid, 7)
 
 
-async def test_kill_9_reported_as_137(reaper, spawn):
+async def test_kill_9_reported_as_137(reaper, spawn) -> None:
     pid = spawn("/bin/sleep", "60")
     exit_future = reaper.watch(pid)
     os.kill(pid, signal.SIGKILL)
     assert (await asyncio.wait_for(exit_future, WAIT)).exit_status == 137
 
 
-async def test_sigterm_reported_as_143(reaper, spawn):
+async def test_sigterm_reported_as_143(reaper, spawn) -> None:
     pid = spawn("/bin/sleep", "60")
     exit_future = reaper.watch(pid)
     os.kill(pid, signal.SIGTERM)
     assert (await asyncio.wait_for(exit_future, WAIT)).exit_status == 143
 
 
-async def test_exit_time_is_wall_clock_of_reaping(reaper, spawn):
+async def test_exit_time_is_wall_clock_of_reaping(reaper, spawn) -> None:
     before = time.time_ns()
     info = await asyncio.wait_for(reaper.watch(spawn("/bin/true")), WAIT)
     assert before <= info.exited_at_ns <= time.time_ns()
 
 
-async def test_instant_exit_is_not_lost(reaper, spawn):
+async def test_instant_exit_is_not_lost(reaper, spawn) -> None:
     pid = spawn("/bin/true")
     assert not wait_gone(pid)  # blocking: the loop, and the reaper on it, must not run meanwhile
     assert [info.pid for info in reaper.reap()] == [pid]  # reaped before anyone watched
@@ -74,7 +74,7 @@ async def test_instant_exit_is_not_lost(reaper, spawn):
     assert exit_future.result().exit_status == 0
 
 
-async def test_several_watchers_all_get_the_exit(reaper, spawn):
+async def test_several_watchers_all_get_the_exit(reaper, spawn) -> None:
     pid = spawn("/bin/sh", "-c", "exit 3")
     early = [reaper.watch(pid), reaper.watch(pid)]
     first = await asyncio.wait_for(early[0], WAIT)
@@ -83,7 +83,7 @@ async def test_several_watchers_all_get_the_exit(reaper, spawn):
     assert {early[1].result(), late.result()} == {first}
 
 
-async def test_cancelled_watcher_does_not_disturb_others(reaper, spawn):
+async def test_cancelled_watcher_does_not_disturb_others(reaper, spawn) -> None:
     pid = spawn("/bin/sleep", "60")
     cancelled, kept = reaper.watch(pid), reaper.watch(pid)
     cancelled.cancel()
@@ -91,7 +91,7 @@ async def test_cancelled_watcher_does_not_disturb_others(reaper, spawn):
     assert (await asyncio.wait_for(kept, WAIT)).exit_status == 137
 
 
-async def test_kept_exit_is_not_given_to_a_newer_child_with_the_same_pid(reaper, spawn):
+async def test_kept_exit_is_not_given_to_a_newer_child_with_the_same_pid(reaper, spawn) -> None:
     pid = spawn("/bin/sleep", "60")
     # Simulate pid reuse: a kept exit for a pid that now belongs to a live child of ours.
     reaper._exits[pid] = ExitInfo(pid, 0, 0)
@@ -101,7 +101,7 @@ async def test_kept_exit_is_not_given_to_a_newer_child_with_the_same_pid(reaper,
     assert (await asyncio.wait_for(exit_future, WAIT)).exit_status == 137
 
 
-async def test_kept_exits_are_bounded():
+async def test_kept_exits_are_bounded() -> None:
     reaper = Reaper(max_kept_exits=2)
     reaper.install()
     try:
@@ -135,17 +135,17 @@ async def test_orphaned_grandchild_is_reaped_by_the_subreaper(reaper, spawn):
     assert (await asyncio.wait_for(grandchild_exit, WAIT)).exit_status == 137
 
 
-async def test_only_one_reaper_per_process(reaper):
+async def test_only_one_reaper_per_process(reaper) -> None:
     with pytest.raises(FailedPrecondition):
         Reaper().install()
 
 
-async def test_watch_needs_an_installed_reaper():
+async def test_watch_needs_an_installed_reaper() -> None:
     with pytest.raises(FailedPrecondition):
         Reaper().watch(os.getpid())
 
 
-async def test_uninstall_restores_the_subreaper_flag():
+async def test_uninstall_restores_the_subreaper_flag() -> None:
     assert not linux.get_child_subreaper()
     reaper = Reaper()
     reaper.install()
@@ -155,7 +155,7 @@ async def test_uninstall_restores_the_subreaper_flag():
     reaper.uninstall()  # idempotent
 
 
-def test_reaper_works_on_uvloop():
+def test_reaper_works_on_uvloop() -> None:
     async def scenario() -> int:
         reaper = Reaper()
         reaper.install()  # uvloop refuses add_signal_handler(SIGCHLD): the fallback must work
@@ -174,10 +174,10 @@ def test_reaper_works_on_uvloop():
     "status, expected",
     [(0, 0), (3 << 8, 3), (255 << 8, 255), (signal.SIGKILL, 137), (signal.SIGTERM, 143)],
 )
-def test_exit_status_from_wait(status, expected):
+def test_exit_status_from_wait(status, expected) -> None:
     assert exit_status_from_wait(status) == expected
 
 
-def test_exit_status_of_a_stopped_child_is_an_error():
+def test_exit_status_of_a_stopped_child_is_an_error() -> None:
     with pytest.raises(ValueError):
         exit_status_from_wait(0x137F)  # WIFSTOPPED by SIGSTOP

@@ -73,7 +73,7 @@ def mount_at(spec: dict, destination: str) -> dict | None:
 # -- the pause container's spec ----------------------------------------------------------------------
 
 
-def test_sandbox_spec_runs_catatonit_pause_mode_on_a_read_only_root():
+def test_sandbox_spec_runs_catatonit_pause_mode_on_a_read_only_root() -> None:
     spec = specs.sandbox_spec(sandbox_id="sb", rootfs="/run/podshim/pause-rootfs", netns_path=NETNS)
     assert spec["root"] == {"path": "/run/podshim/pause-rootfs", "readonly": True}
     proc = spec["process"]
@@ -90,14 +90,14 @@ def test_sandbox_spec_runs_catatonit_pause_mode_on_a_read_only_root():
     (("A=1", "A=2"), ["A=2", f"PATH={process.DEFAULT_PATH}"]),  # the last of a name wins, in the first one's place
     (("A=1", "PATH=/bin", "PATH=/sbin"), ["A=1", "PATH=/sbin"]),
     (("B=x=y", "A=", "B=z"), ["B=z", "A=", f"PATH={process.DEFAULT_PATH}"])])
-def test_a_sandbox_images_pause_gets_the_environment_the_native_handler_gives_it(env, runs_with):
+def test_a_sandbox_images_pause_gets_the_environment_the_native_handler_gives_it(env, runs_with) -> None:
     spec = specs.sandbox_spec(sandbox_id="sb", rootfs="/r", netns_path=NETNS, args=("/p",), env=env)
     native = pause.PauseSpec(rootfs="/r", args=("/p",), env=env).env_map
     assert spec["process"]["env"] == runs_with
     assert [f"{name}={value}" for name, value in native.items()] == runs_with
 
 
-def test_every_pause_says_its_pods_device_rules_and_a_privileged_pods_allows_every_device():
+def test_every_pause_says_its_pods_device_rules_and_a_privileged_pods_allows_every_device() -> None:
     spec = specs.sandbox_spec(sandbox_id="sb", rootfs="/r", netns_path=NETNS)
     assert spec["linux"]["resources"] == {"devices": devices.DEFAULT_RULES.to_oci()}
     assert spec["linux"]["resources"]["devices"][0] == {"allow": False, "access": "rwm"}  # containerd's deny-all
@@ -113,21 +113,21 @@ def test_a_task_says_the_device_rules_it_is_given():
         "devices": [{"allow": True, "access": "rwm"}]}
 
 
-def test_pod_modes_give_new_pid_ipc_uts_mount_namespaces_and_join_the_netns():
+def test_pod_modes_give_new_pid_ipc_uts_mount_namespaces_and_join_the_netns() -> None:
     spec = specs.sandbox_spec(sandbox_id="sb", rootfs="/r", netns_path=NETNS, hostname="web")
     assert by_type(spec["linux"]["namespaces"]) == {"pid": None, "ipc": None, "uts": None, "mount": None,
                                                     "network": NETNS}
     assert spec["hostname"] == "web"
 
 
-def test_host_network_drops_the_network_and_uts_namespaces_and_the_hostname():
+def test_host_network_drops_the_network_and_uts_namespaces_and_the_hostname() -> None:
     spec = specs.sandbox_spec(sandbox_id="sb", rootfs="/r", netns_path=None, hostname="web")
     assert set(by_type(spec["linux"]["namespaces"])) == {"pid", "ipc", "mount"}
     assert "hostname" not in spec
 
 
 @pytest.mark.parametrize("pid_mode, ipc_mode, dropped", [("NODE", "POD", "pid"), ("POD", "NODE", "ipc")])
-def test_node_pid_or_ipc_mode_drops_that_namespace(pid_mode, ipc_mode, dropped):
+def test_node_pid_or_ipc_mode_drops_that_namespace(pid_mode, ipc_mode, dropped) -> None:
     spec = specs.sandbox_spec(sandbox_id="sb", rootfs="/r", netns_path=NETNS, pid_mode=pid_mode, ipc_mode=ipc_mode)
     kinds = set(by_type(spec["linux"]["namespaces"]))
     assert dropped not in kinds and kinds == {"pid", "ipc", "uts", "mount", "network"} - {dropped}
@@ -151,7 +151,7 @@ def test_standard_mounts_and_runcs_masked_and_read_only_paths():
     assert spec["linux"]["readonlyPaths"] == ["/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger"]
 
 
-def test_sysctls_and_cgroups_path_are_passed():
+def test_sysctls_and_cgroups_path_are_passed() -> None:
     spec = specs.sandbox_spec(sandbox_id="sb", rootfs="/r", netns_path=NETNS, cgroups_path="podshim/sb",
                             sysctls={"net.ipv4.ip_unprivileged_port_start": "0", "kernel.shmmax": "65536"})
     assert spec["linux"]["sysctl"] == {"net.ipv4.ip_unprivileged_port_start": "0", "kernel.shmmax": "65536"}
@@ -163,17 +163,17 @@ def test_sysctls_and_cgroups_path_are_passed():
     ({"net.ipv4.ip_forward": "1"}, {"netns_path": None}),           # host network
     ({"kernel.shmmax": "65536"}, {"netns_path": NETNS, "ipc_mode": "NODE"}),  # host IPC
 ])
-def test_sysctls_that_would_change_the_host_are_refused(sysctls, kwargs):
+def test_sysctls_that_would_change_the_host_are_refused(sysctls, kwargs) -> None:
     with pytest.raises(InvalidArgument, match="sysctl"):
         specs.sandbox_spec(sandbox_id="sb", rootfs="/r", sysctls=sysctls, **kwargs)
 
 
-def test_oom_score_adj_none_leaves_it_to_the_runtime():
+def test_oom_score_adj_none_leaves_it_to_the_runtime() -> None:
     spec = specs.sandbox_spec(sandbox_id="sb", rootfs="/r", netns_path=NETNS, oom_score_adj=None)
     assert "oomScoreAdj" not in spec["process"]
 
 
-def test_lowering_oom_score_adj_is_permitted_only_with_cap_sys_resource(tmp_path):
+def test_lowering_oom_score_adj_is_permitted_only_with_cap_sys_resource(tmp_path) -> None:
     status = tmp_path / "status"
     status.write_text("Name:\tx\nCapEff:\t000001fffeffffff\n")  # this machine: every capability but 24
     assert not linux.oom_score_adj_permitted(-998, str(status))
@@ -184,7 +184,7 @@ def test_lowering_oom_score_adj_is_permitted_only_with_cap_sys_resource(tmp_path
     assert linux.oom_score_adj_permitted(own, "/nonexistent")  # not lowering needs nothing
 
 
-def test_task_spec_says_the_resources_runc_applies_and_the_process_oom_score_adj():
+def test_task_spec_says_the_resources_runc_applies_and_the_process_oom_score_adj() -> None:
     spec = specs.task_spec(sandbox_id="sb", args=["true"], env={}, cwd="/", rootfs="/b/rootfs", pause_pid=42,
                            pid_mode="CONTAINER", own_ipc=True, oom_score_adj=500,
                            resources={"cpu_shares": 512, "cpu_quota_us": 25000, "cpu_period_us": 50000,
@@ -198,7 +198,7 @@ def test_task_spec_says_the_resources_runc_applies_and_the_process_oom_score_adj
                     "memory": {"limit": 1 << 26, "swap": 1 << 27}, "pids": {"limit": 30}}
 
 
-def test_task_spec_joins_the_pause_namespaces_by_path():
+def test_task_spec_joins_the_pause_namespaces_by_path() -> None:
     spec = specs.task_spec(sandbox_id="sb", args=["sh", "-c", "true"], env={"PATH": "/bin"}, cwd="/", rootfs="/b/rootfs",
                          pause_pid=42, pid_mode="CONTAINER", own_ipc=True, cgroups_path="podshim/sb/t")
     assert by_type(spec["linux"]["namespaces"]) == {"mount": None, "network": "/proc/42/ns/net",
@@ -217,7 +217,7 @@ MAPPINGS = {"uidMappings": [{"containerID": 0, "hostID": 100000, "size": 65536}]
             "gidMappings": [{"containerID": 0, "hostID": 200000, "size": 65536}]}
 
 
-def test_a_pause_in_a_user_namespace_makes_it_with_the_pods_mappings_in_cnis_network_namespace():
+def test_a_pause_in_a_user_namespace_makes_it_with_the_pods_mappings_in_cnis_network_namespace() -> None:
     doc = specs.with_user_namespace(specs.sandbox_spec(sandbox_id="sb", rootfs="/r", netns_path="/run/netns/n"),
                                     POD_USERNS, sysfs_source="/b/userns/pause/sys")
     assert by_type(doc["linux"]["namespaces"]) == {"mount": None, "pid": None, "ipc": None, "uts": None,
@@ -229,7 +229,7 @@ def test_a_pause_in_a_user_namespace_makes_it_with_the_pods_mappings_in_cnis_net
          "options": ["rbind", "nosuid", "noexec", "nodev", "ro"]}]
 
 
-def test_a_task_in_a_user_namespace_joins_the_pauses_and_leaves_the_network_namespace_out():
+def test_a_task_in_a_user_namespace_joins_the_pauses_and_leaves_the_network_namespace_out() -> None:
     doc = specs.with_user_namespace(specs.task_spec(sandbox_id="sb", args=["true"], env={}, cwd="/", rootfs="/b/r",
                                                     pause_pid=42, pid_mode="POD", own_ipc=True),
                                     POD_USERNS, sysfs_source="/b/userns/task-t/sys", pause_pid=42)
@@ -267,7 +267,7 @@ def test_pause_rootfs_refuses_a_missing_or_dynamically_linked_pause(tmp_path):
 # -- a runtime on its own -------------------------------------------------------------------------------
 
 
-async def test_runtime_create_start_state_kill_delete(oci_handler, reaper: Reaper, tmp_path):
+async def test_runtime_create_start_state_kill_delete(oci_handler, reaper: Reaper, tmp_path) -> None:
     handler = oci_handler
     runtime_root = f"/tmp/podshim-oci-{secrets.token_hex(4)}"
     runtime = cli.OciCli.find(handler, os.path.join(runtime_root, handler), reaper=reaper)
@@ -315,14 +315,14 @@ def fake_runtime(tmp_path, body: str) -> cli.OciCli:
     ("create", "nsexec[7]: failed to update /proc/self/oom_score_adj: Permission denied", Internal),  # ...or not
 ])
 async def test_a_failed_call_is_a_typed_status_with_the_runtimes_words(verb, logged, error, reaper: Reaper,
-                                                                        tmp_path):
+                                                                        tmp_path) -> None:
     runtime = fake_runtime(tmp_path, f"echo '{{\"level\":\"error\",\"msg\":\"{logged}\"}}' >> \"$log\"; exit 1")
     runtime.reaper = reaper
     with pytest.raises(error, match=rf"runc {verb} x failed: .*{re.escape(logged.split()[-1])}"):
         await getattr(runtime, verb)(cli.Container("x", str(tmp_path)))
 
 
-async def test_a_call_past_its_timeout_is_killed_and_deadline_exceeded(reaper: Reaper, tmp_path, monkeypatch):
+async def test_a_call_past_its_timeout_is_killed_and_deadline_exceeded(reaper: Reaper, tmp_path, monkeypatch) -> None:
     runtime = fake_runtime(tmp_path, "echo $$ > \"$log.pid\"; exec sleep 3600")
     runtime.reaper = reaper
     monkeypatch.setattr(cli, "START_TIMEOUT", 0.3)
@@ -375,7 +375,7 @@ async def wait_exited(pods, container_id: str) -> dict:
     return status
 
 
-async def test_pod_lifecycle_through_the_runtime_leaves_nothing(handler, roots):
+async def test_pod_lifecycle_through_the_runtime_leaves_nothing(handler, roots) -> None:
     _, runtime_root = roots
     async with pod_service(roots) as pods:
         pod_id = await pods.run_pod_sandbox(pod_config(), runtime_handler=handler)
@@ -424,7 +424,7 @@ async def test_pod_lifecycle_through_the_runtime_leaves_nothing(handler, roots):
         assert not os.path.isdir(state_dir) or os.listdir(state_dir) == []
 
 
-async def test_a_container_in_pod_pid_mode_shares_the_pause_pid_namespace(handler, roots):
+async def test_a_container_in_pod_pid_mode_shares_the_pause_pid_namespace(handler, roots) -> None:
     async with pod_service(roots) as pods:
         pod_id = await pods.run_pod_sandbox(pod_config(), runtime_handler=handler)
         pause_pid = (await pods.pod_sandbox_status(pod_id, verbose=True))["info"]["pid"]
@@ -436,7 +436,7 @@ async def test_a_container_in_pod_pid_mode_shares_the_pause_pid_namespace(handle
         assert (await pods.container_status(cid))["exit_code"] == 128 + signal.SIGKILL
 
 
-async def test_a_host_network_pod_keeps_the_host_network_and_uts_namespaces(handler, roots):
+async def test_a_host_network_pod_keeps_the_host_network_and_uts_namespaces(handler, roots) -> None:
     async with pod_service(roots) as pods:
         cfg = pod_config(network=2)
         cfg["linux"]["sysctls"] = {}
@@ -447,7 +447,7 @@ async def test_a_host_network_pod_keeps_the_host_network_and_uts_namespaces(hand
         assert ns_inode(pause_pid, "ipc") != ns_inode(os.getpid(), "ipc")
 
 
-async def test_a_program_that_cannot_run_fails_start_with_the_runtimes_words(oci_handler, roots):
+async def test_a_program_that_cannot_run_fails_start_with_the_runtimes_words(oci_handler, roots) -> None:
     handler, runtime_root = oci_handler, roots[1]
     async with pod_service(roots) as pods:
         pod_id = await pods.run_pod_sandbox(pod_config(), runtime_handler=handler)
@@ -457,7 +457,7 @@ async def test_a_program_that_cannot_run_fails_start_with_the_runtimes_words(oci
         assert runtime_containers(handler, runtime_root) == [pod_id]  # the task's container is gone
 
 
-async def test_podshim_delete_after_the_shim_was_killed_deletes_the_runtime_containers(oci_handler, roots):
+async def test_podshim_delete_after_the_shim_was_killed_deletes_the_runtime_containers(oci_handler, roots) -> None:
     handler, runtime_root = oci_handler, roots[1]
     async with pod_service(roots) as pods:
         pod_id = await pods.run_pod_sandbox(pod_config(), runtime_handler=oci_handler)
@@ -484,21 +484,21 @@ async def test_podshim_delete_after_the_shim_was_killed_deletes_the_runtime_cont
         await pods.remove_pod_sandbox(pod_id)  # the pod layer still forgets it cleanly
 
 
-async def test_an_unknown_runtime_handler_is_refused(roots):
+async def test_an_unknown_runtime_handler_is_refused(roots) -> None:
     async with pod_service(roots) as pods:
         with pytest.raises(InvalidArgument, match="runtime handler"):
             await pods.run_pod_sandbox(pod_config(), runtime_handler="kata")
         assert pods.store.list() == []
 
 
-def test_a_bind_whose_source_is_id_mapped_already_says_so_to_the_shim_only():
+def test_a_bind_whose_source_is_id_mapped_already_says_so_to_the_shim_only() -> None:
     bind = BindMount("/vol", "/state/image-volumes/p/i", ("rbind", "rprivate", "ro", "idmapped"))
     assert bind.idmapped and not BindMount("/vol", "/s", ("rbind",)).idmapped
     assert bind.to_oci() == {"destination": "/vol", "type": "bind", "source": "/state/image-volumes/p/i",
                              "options": ["rbind", "rprivate", "ro"]}
 
 
-def test_a_root_the_pods_root_cannot_reach_is_refused_naming_the_directory():
+def test_a_root_the_pods_root_cannot_reach_is_refused_naming_the_directory() -> None:
     from shim.runtime.oci.userns import check_reachable
     top = tempfile.mkdtemp(prefix="podshim-reach-")  # right under /tmp: its parents let others search
     try:

@@ -58,7 +58,7 @@ def bind(root: str) -> list[dict]:
 
 @pytest.mark.parametrize("kind", list(PAUSES))
 @pytest.mark.parametrize("handler", HANDLERS)
-async def test_the_pause_is_the_image_program_in_its_rootfs(shims: ShimLauncher, pause_roots, handler, kind, tmp_path):
+async def test_the_pause_is_the_image_program_in_its_rootfs(shims: ShimLauncher, pause_roots, handler, kind, tmp_path) -> None:
     shim = await shims.start()
     image = PAUSES[kind][1]
     pid = await shim.run_sandbox(rootfs=bind(pause_roots[kind]),
@@ -95,7 +95,7 @@ SLEEP_ONLY_C = "#include <unistd.h>\nint main(void) { for (;;) pause(); }\n"
 
 @pytest.mark.parametrize("handler", HANDLERS)
 async def test_a_pause_that_never_handles_sigterm_starts_and_is_killed_at_the_stop_timeout(
-        shims: ShimLauncher, handler, tmp_path):
+        shims: ShimLauncher, handler, tmp_path) -> None:
     (tmp_path / "root").mkdir()
     (tmp_path / "root" / "sleeper").write_bytes(compiled(str(tmp_path), "sleeper", SLEEP_ONLY_C, ["-static", "-s"],
                                                          "a sleep-only pause"))
@@ -111,7 +111,7 @@ async def test_a_pause_that_never_handles_sigterm_starts_and_is_killed_at_the_st
 
 
 @pytest.mark.parametrize("handler", HANDLERS)
-async def test_podshim_delete_unmounts_the_rootfs_of_a_killed_shim(shims: ShimLauncher, pause_roots, handler):
+async def test_podshim_delete_unmounts_the_rootfs_of_a_killed_shim(shims: ShimLauncher, pause_roots, handler) -> None:
     shim = await shims.start()
     pid = await shim.run_sandbox(rootfs=bind(pause_roots["tiny"]),
                                  options={"runtime_handler": handler, "pause_image": PAUSES["tiny"][1]})
@@ -137,7 +137,7 @@ async def test_podshim_delete_unmounts_the_rootfs_of_a_killed_shim(shims: ShimLa
      "pause_binary and pause_image are both set"),
 ])
 async def test_a_bad_pause_image_is_refused_before_anything_is_made(shims: ShimLauncher, pause_roots, fields,
-                                                                    sentence):
+                                                                    sentence) -> None:
     shim = await shims.start()
     if fields.get("rootfs") == "ROOT":
         fields = {**fields, "rootfs": bind(pause_roots["catatonit"])}
@@ -148,7 +148,7 @@ async def test_a_bad_pause_image_is_refused_before_anything_is_made(shims: ShimL
 
 @pytest.mark.parametrize("handler", HANDLERS)
 async def test_a_program_the_rootfs_lacks_fails_start_and_leaves_nothing_running(shims: ShimLauncher, pause_roots,
-                                                                                 handler):
+                                                                                 handler) -> None:
     shim = await shims.start()
     await shim.call("CreateSandbox", rootfs=bind(pause_roots["catatonit"]),
                     options={"runtime_handler": handler, "pause_image": {"args": ["/no-such-pause"]}})

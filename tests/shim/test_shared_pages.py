@@ -38,7 +38,7 @@ def test_logging_set_up_again_the_same_way_is_left_as_it_is(root_logging):
     assert root_logging.handlers[0].stream is handler.stream
 
 
-def test_a_device_program_is_made_once_per_rule_set():
+def test_a_device_program_is_made_once_per_rule_set() -> None:
     assert devices.program(devices.DEFAULT_RULES) is devices.program(devices.DEFAULT_RULES)
     rules = devices.DEFAULT_RULES.plus([devices.DeviceRule(kind="b", major=240, minor=0, access="r")])
     assert devices.program(rules) != devices.program(devices.DEFAULT_RULES)
@@ -52,7 +52,7 @@ def _resident(address: int, length: int) -> list[bool]:
     return [bool(int.from_bytes(data[i:i + 8], "little") >> 63) for i in range(0, len(data), 8)]
 
 
-def test_a_uvloop_loop_gives_back_its_read_buffer_until_a_read_needs_it():
+def test_a_uvloop_loop_gives_back_its_read_buffer_until_a_read_needs_it() -> None:
     uvloop = pytest.importorskip("uvloop")
     loop = uvloop.new_event_loop()
     try:

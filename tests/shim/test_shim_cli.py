@@ -69,7 +69,7 @@ def _listening_inodes(path: str) -> set[str]:
 # -- start ------------------------------------------------------------------------------------
 
 
-async def test_start_prints_bootstrap_json_and_writes_the_same_to_the_bundle(shim):
+async def test_start_prints_bootstrap_json_and_writes_the_same_to_the_bundle(shim) -> None:
     assert shim.bootstrap == {
         "version": 3,
         "address": "unix://" + socket_path(shim.namespace, shim.sandbox_id, shim.runtime_root),
@@ -81,7 +81,7 @@ async def test_start_prints_bootstrap_json_and_writes_the_same_to_the_bundle(shi
     assert _shims_of(shim.bundle) == {shim.pid}
 
 
-async def test_start_returns_only_once_the_socket_accepts(shims):
+async def test_start_returns_only_once_the_socket_accepts(shims) -> None:
     shim = await shims.start(connect=False)
     # state.json names the shim before `start` returns: a caller killed now still finds it.
     assert shim.record()["shim_pid"] == shim.pid
@@ -94,19 +94,19 @@ async def test_start_returns_only_once_the_socket_accepts(shims):
         assert f"serving sandbox {shim.namespace}/{shim.sandbox_id}" in f.read()
 
 
-async def test_socket_is_0600_in_a_0700_directory(shim):
+async def test_socket_is_0600_in_a_0700_directory(shim) -> None:
     sock = os.stat(shim.socket_path)
     assert stat.S_ISSOCK(sock.st_mode) and stat.S_IMODE(sock.st_mode) == 0o600
     assert stat.S_IMODE(os.stat(os.path.dirname(shim.socket_path)).st_mode) == 0o700
 
 
-async def test_socket_path_fits_sun_path_with_76_character_namespace_and_id(shims):
+async def test_socket_path_fits_sun_path_with_76_character_namespace_and_id(shims) -> None:
     shim = await shims.start(namespace="n" * 76, sandbox_id=new_id().ljust(76, "x"))
     assert len(shim.socket_path.encode()) < SUN_PATH_MAX
     assert await shim.call("PingSandbox") == {}
 
 
-async def test_start_twice_returns_the_same_address_and_starts_no_second_shim(shim):
+async def test_start_twice_returns_the_same_address_and_starts_no_second_shim(shim) -> None:
     again = await asyncio.to_thread(run_podshim, "start", shim.namespace, shim.sandbox_id, shim.bundle,
                                     shim.runtime_root)
     assert again.returncode == 0, again.stderr
@@ -132,7 +132,7 @@ async def test_shim_survives_the_death_of_its_callers_process_group(shims):
         assert await shim.call("PingSandbox", client=client) == {}
 
 
-async def test_shim_lives_through_sighup(shim):
+async def test_shim_lives_through_sighup(shim) -> None:
     os.kill(shim.pid, signal.SIGHUP)
     # A pending fatal signal is acted on before the shim runs any more of its own code, so an
     # answer proves the hangup was delivered and survived.
@@ -140,13 +140,13 @@ async def test_shim_lives_through_sighup(shim):
     assert not shim.process.has_exited()
 
 
-async def test_shim_leads_its_own_session_and_process_group(shim):
+async def test_shim_leads_its_own_session_and_process_group(shim) -> None:
     assert _stat_field(shim.pid, 5) == shim.pid  # pgrp
     assert _stat_field(shim.pid, 6) == shim.pid  # session
     assert os.getsid(0) != shim.pid
 
 
-async def test_shim_stdio_goes_to_the_bundle_log_with_timestamps(shim):
+async def test_shim_stdio_goes_to_the_bundle_log_with_timestamps(shim) -> None:
     log = os.path.join(shim.bundle, LOG_FILE)
     assert await shim.call("PingSandbox") == {}  # a spare shim moves its stdio before it serves
     assert [os.readlink(f"/proc/{shim.pid}/fd/{fd}") for fd in (0, 1, 2)] == [os.devnull, log, log]
@@ -156,7 +156,7 @@ async def test_shim_stdio_goes_to_the_bundle_log_with_timestamps(shim):
     assert any(f"serving sandbox {shim.namespace}/{shim.sandbox_id}" in line for line in lines)
 
 
-def test_start_refuses_a_symlink_planted_at_the_socket_directory_and_leaves_its_target_alone(shims, tmp_path):
+def test_start_refuses_a_symlink_planted_at_the_socket_directory_and_leaves_its_target_alone(shims, tmp_path) -> None:
     bundle, root = shims.directories()
     target = tmp_path / "elsewhere"
     target.mkdir()
@@ -178,7 +178,7 @@ def test_start_refuses_a_symlink_planted_at_the_socket_directory_and_leaves_its_
 @pytest.mark.parametrize("flag", ["namespace", "id"])
 @pytest.mark.parametrize("value", ["../x", "a..b", "a" * 77, ""],
                          ids=["dotdot-slash", "double-dot", "77-chars", "empty"])
-def test_bad_identifier_exits_2_with_a_sentence_and_creates_nothing(shims, action, flag, value):
+def test_bad_identifier_exits_2_with_a_sentence_and_creates_nothing(shims, action, flag, value) -> None:
     bundle, root = shims.directories()
     names = {"namespace": "it", "id": new_id(), flag: value}
     result = run_podshim(action, names["namespace"], names["id"], bundle, root)
@@ -190,7 +190,7 @@ def test_bad_identifier_exits_2_with_a_sentence_and_creates_nothing(shims, actio
 
 @pytest.mark.parametrize("content", [b"[" * 100_000 + b"]" * 100_000, b'{"netns_path": "\xff"}'],
                          ids=["100000-deep", "latin-1"])
-def test_delete_with_a_state_json_that_is_not_json_says_so_and_carries_on(shims, content):
+def test_delete_with_a_state_json_that_is_not_json_says_so_and_carries_on(shims, content) -> None:
     bundle, root = shims.directories()
     os.makedirs(bundle)
     with open(os.path.join(bundle, "state.json"), "wb") as f:
@@ -215,7 +215,7 @@ async def killed_shim(shims):
     pause.close()
 
 
-async def test_delete_after_kill_9_kills_the_pause_and_removes_everything(killed_shim):
+async def test_delete_after_kill_9_kills_the_pause_and_removes_everything(killed_shim) -> None:
     shim, pause, made = killed_shim
     assert not pause.has_exited()
     before = time.time_ns()
@@ -229,7 +229,7 @@ async def test_delete_after_kill_9_kills_the_pause_and_removes_everything(killed
     assert made.remains() == []
 
 
-async def test_delete_twice_is_safe(killed_shim):
+async def test_delete_twice_is_safe(killed_shim) -> None:
     shim, _, _ = killed_shim
     first = await asyncio.to_thread(shim.delete)
     second = await asyncio.to_thread(shim.delete)
@@ -301,7 +301,7 @@ async def serve(shims):
         notify.close()
 
 
-async def test_serve_sends_ready_only_once_its_socket_serves(serve):
+async def test_serve_sends_ready_only_once_its_socket_serves(serve) -> None:
     proc, shim, notify = await serve(activate=False)
     ready = await notify.next()
     assert ready["READY"] == "1" and ready["MAINPID"] == str(proc.pid)
@@ -311,7 +311,7 @@ async def test_serve_sends_ready_only_once_its_socket_serves(serve):
     assert read_json(os.path.join(shim.bundle, BOOTSTRAP_FILE))["pid"] == proc.pid
 
 
-async def test_serve_uses_a_socket_passed_with_listen_fds(serve):
+async def test_serve_uses_a_socket_passed_with_listen_fds(serve) -> None:
     proc, shim, notify = await serve(activate=True)
     shim.client = await Client.connect(shim.address, namespace=shim.namespace)
     assert await shim.call("PingSandbox") == {}
@@ -323,7 +323,7 @@ async def test_serve_uses_a_socket_passed_with_listen_fds(serve):
         "start_time": linux.proc_start_time(proc.pid)}
 
 
-async def test_serve_reports_each_state_and_stopping_to_the_notify_socket(serve):
+async def test_serve_reports_each_state_and_stopping_to_the_notify_socket(serve) -> None:
     proc, shim, notify = await serve(activate=True)
     shim.client = await Client.connect(shim.address, namespace=shim.namespace)
     assert (await notify.next())["READY"] == "1"

@@ -87,7 +87,7 @@ def read_to_end(fd: int) -> bytes:
     return data
 
 
-async def test_exec_start_streams_stdin_to_stdout_and_stderr_and_wait_answers_its_exit(pod, tmp_path):
+async def test_exec_start_streams_stdin_to_stdout_and_stderr_and_wait_answers_its_exit(pod, tmp_path) -> None:
     fifos = Fifos(str(tmp_path))
     try:
         started = await pod.call("ExecStart", task_id="app", args=["sh", "-c", "tr a-z A-Z; echo done >&2; exit 4"],
@@ -106,7 +106,7 @@ async def test_exec_start_streams_stdin_to_stdout_and_stderr_and_wait_answers_it
         fifos.close()
 
 
-async def test_exec_kill_ends_the_command_and_what_it_started(pod, tmp_path):
+async def test_exec_kill_ends_the_command_and_what_it_started(pod, tmp_path) -> None:
     fifos = Fifos(str(tmp_path))
     try:
         started = await pod.call("ExecStart", task_id="app", args=["sh", "-c", "sleep 300 & echo $!; wait"],
@@ -122,7 +122,7 @@ async def test_exec_kill_ends_the_command_and_what_it_started(pod, tmp_path):
         fifos.close()
 
 
-async def test_exec_start_refuses_what_is_not_a_fifo_or_a_terminal(pod, tmp_path):
+async def test_exec_start_refuses_what_is_not_a_fifo_or_a_terminal(pod, tmp_path) -> None:
     regular = tmp_path / "file"
     regular.write_text("")
     with pytest.raises(InvalidArgument, match="is not a FIFO"):
@@ -138,7 +138,7 @@ async def test_exec_start_refuses_what_is_not_a_fifo_or_a_terminal(pod, tmp_path
     assert stat.S_ISFIFO(os.stat(fifo).st_mode)
 
 
-async def test_exec_start_on_a_terminal_makes_it_the_controlling_terminal(pod, request):
+async def test_exec_start_on_a_terminal_makes_it_the_controlling_terminal(pod, request) -> None:
     master, slave = os.openpty()
     try:
         fields = {"terminal": os.ttyname(slave)}
@@ -161,7 +161,7 @@ async def test_exec_start_on_a_terminal_makes_it_the_controlling_terminal(pod, r
             os.close(slave)
 
 
-async def test_exec_start_with_a_console_socket_sends_the_master_of_a_terminal_of_the_tasks_devpts(pod, tmp_path):
+async def test_exec_start_with_a_console_socket_sends_the_master_of_a_terminal_of_the_tasks_devpts(pod, tmp_path) -> None:
     # In a directory whose path is longer than a socket address may be (as podshimd's may be).
     directory = tmp_path / ("d" * 100)
     directory.mkdir()
@@ -198,7 +198,7 @@ async def test_exec_start_with_a_console_socket_sends_the_master_of_a_terminal_o
             os.close(master)
 
 
-async def test_exec_start_refuses_a_console_socket_that_is_no_socket_or_with_other_stdio(pod, tmp_path):
+async def test_exec_start_refuses_a_console_socket_that_is_no_socket_or_with_other_stdio(pod, tmp_path) -> None:
     regular = tmp_path / "file"
     regular.write_text("")
     with pytest.raises(InvalidArgument, match="is not a unix socket"):
@@ -216,14 +216,14 @@ async def test_exec_start_refuses_a_console_socket_that_is_no_socket_or_with_oth
         listener.close()
 
 
-async def test_exec_ids_unknown_to_wait_and_kill_are_not_found(pod):
+async def test_exec_ids_unknown_to_wait_and_kill_are_not_found(pod) -> None:
     with pytest.raises(NotFound):
         await pod.call("ExecWait", task_id="app", exec_id="99")
     with pytest.raises(NotFound):
         await pod.call("ExecKill", task_id="app", exec_id="99")
 
 
-async def test_a_task_created_with_stdin_reads_the_fifo_its_shim_keeps_open_until_close_stdin(pod):
+async def test_a_task_created_with_stdin_reads_the_fifo_its_shim_keeps_open_until_close_stdin(pod) -> None:
     await pod.call("Create", task_id="reader", args=["sh", "-c", "cat; echo eof"],
                    log_path=os.path.join(pod.log_dir, "reader"), stdin=True)
     await pod.call("Start", task_id="reader")
@@ -241,11 +241,11 @@ async def test_a_task_created_with_stdin_reads_the_fifo_its_shim_keeps_open_unti
     assert not os.path.exists(fifo)  # removed when the task stopped
 
 
-async def test_a_task_without_stdin_has_none(pod):
+async def test_a_task_without_stdin_has_none(pod) -> None:
     assert (await pod.call("State", task_id="app"))["stdin"] == ""
 
 
-async def test_attach_output_copies_what_the_task_writes_and_ends_with_it(pod, tmp_path):
+async def test_attach_output_copies_what_the_task_writes_and_ends_with_it(pod, tmp_path) -> None:
     await pod.call("Create", task_id="talker", args=["sh", "-c", "read x; echo out $x; echo err >&2"],
                    log_path=os.path.join(pod.log_dir, "talker"), stdin=True)
     await pod.call("Start", task_id="talker")

@@ -36,20 +36,20 @@ async def _state(shim) -> str:
 # -- calls in the wrong state: refused, and the shim keeps serving ------------------------------
 
 
-async def test_start_before_create_is_not_found(shim):
+async def test_start_before_create_is_not_found(shim) -> None:
     with pytest.raises(NotFound):
         await shim.call("StartSandbox")
     assert await shim.call("PingSandbox") == {}
 
 
-async def test_create_twice_is_already_exists(shim):
+async def test_create_twice_is_already_exists(shim) -> None:
     await shim.call("CreateSandbox")
     with pytest.raises(AlreadyExists):
         await shim.call("CreateSandbox")
     assert await _state(shim) == "created"
 
 
-async def test_start_twice_is_failed_precondition(shim):
+async def test_start_twice_is_failed_precondition(shim) -> None:
     pid = await shim.run_sandbox()
     with pytest.raises(FailedPrecondition, match="already running"):
         await shim.call("StartSandbox")
@@ -57,7 +57,7 @@ async def test_start_twice_is_failed_precondition(shim):
     assert (status["state"], status["pid"]) == ("running", pid)
 
 
-async def test_start_after_stop_is_failed_precondition(shim):
+async def test_start_after_stop_is_failed_precondition(shim) -> None:
     await shim.run_sandbox()
     await shim.call("StopSandbox", timeout_secs=0)
     with pytest.raises(FailedPrecondition, match="stopped"):
@@ -68,7 +68,7 @@ async def test_start_after_stop_is_failed_precondition(shim):
 # -- the wrong sandbox or namespace -----------------------------------------------------------
 
 
-async def test_every_method_for_another_sandbox_id_is_not_found(shim):
+async def test_every_method_for_another_sandbox_id_is_not_found(shim) -> None:
     await shim.run_sandbox()
     for method in SANDBOX_METHODS:  # ShutdownSandbox too: it must not end this shim
         with pytest.raises(NotFound):
@@ -76,7 +76,7 @@ async def test_every_method_for_another_sandbox_id_is_not_found(shim):
     assert await _state(shim) == "running"
 
 
-async def test_every_method_from_another_namespace_is_not_found(shims):
+async def test_every_method_from_another_namespace_is_not_found(shims) -> None:
     shim = await shims.start(namespace="it")
     await shim.run_sandbox()
     elsewhere = await shim.connect(namespace="other")
@@ -103,7 +103,7 @@ async def test_every_method_from_another_namespace_is_not_found(shims):
     ("SandboxStatus", {"verbose": "yes"}),
 ], ids=["sandbox_id-int", "options-array", "netns_path-int", "annotation-int", "rootfs-str", "hostname-int",
         "oom_score_adj-str", "pid-mode-bool", "timeout_secs-str", "timeout_secs-negative", "verbose-str"])
-async def test_bad_payload_type_is_invalid_argument(shim, method, fields):
+async def test_bad_payload_type_is_invalid_argument(shim, method, fields) -> None:
     if method != "CreateSandbox":
         await shim.call("CreateSandbox")
     with pytest.raises(InvalidArgument):
@@ -111,7 +111,7 @@ async def test_bad_payload_type_is_invalid_argument(shim, method, fields):
     assert await shim.call("PingSandbox") == {}
 
 
-async def test_payload_that_is_not_a_map_is_invalid_argument(shim):
+async def test_payload_that_is_not_a_map_is_invalid_argument(shim) -> None:
     with pytest.raises(InvalidArgument):
         await shim.client.call(SANDBOX_SERVICE, "PingSandbox", [shim.sandbox_id], timeout=5)
     assert await shim.call("PingSandbox") == {}
@@ -126,7 +126,7 @@ async def test_payload_that_is_not_a_map_is_invalid_argument(shim):
                "security_context": {"namespace_options": {"network": 2}}}},
     {"linux": {"sysctls": {"kernel.shmmax": "1"}, "security_context": {"namespace_options": {"ipc": "NODE"}}}},
 ], ids=["host-sysctl", "net-sysctl-with-host-network", "ipc-sysctl-with-host-ipc"])
-async def test_sysctl_that_would_change_the_host_is_refused(shim, options):
+async def test_sysctl_that_would_change_the_host_is_refused(shim, options) -> None:
     with pytest.raises(InvalidArgument, match="sysctl"):
         await shim.call("CreateSandbox", options=options)
     with pytest.raises(NotFound):  # nothing was created
@@ -145,7 +145,7 @@ async def test_sysctl_that_would_change_the_host_is_refused(shim, options):
     ({"options": {"annotations": {"a": "x" * 200_000}}, "annotations": {"b": "x" * 200_000}}, "at most 262144"),
 ], ids=["hostname-newline", "hostname-label-64", "hostname-leading-dash", "hostname-empty-label", "label-1-mib",
         "label-key", "annotations-2-mb", "annotations-field-2-mb", "annotations-merged"])
-async def test_options_beyond_the_limits_of_cri_and_kubernetes_are_refused(shim, fields, says):
+async def test_options_beyond_the_limits_of_cri_and_kubernetes_are_refused(shim, fields, says) -> None:
     with pytest.raises(InvalidArgument) as info:
         await shim.call("CreateSandbox", **fields)
     assert says in info.value.message
@@ -153,7 +153,7 @@ async def test_options_beyond_the_limits_of_cri_and_kubernetes_are_refused(shim,
         await shim.call("SandboxStatus")
 
 
-async def test_options_at_the_limits_are_accepted(shim):
+async def test_options_at_the_limits_are_accepted(shim) -> None:
     await shim.call("CreateSandbox", options={
         "hostname": "web-0.a-service.default.svc.cluster.local",
         "labels": {"app.kubernetes.io/name": "w" * 63, "empty": "", "Tier_2": "a.b-c_d"},
@@ -162,7 +162,7 @@ async def test_options_at_the_limits_are_accepted(shim):
 
 
 @pytest.mark.parametrize("target", ["regular-file", "ipc-namespace", "missing"])
-async def test_netns_path_that_is_not_a_network_namespace_is_refused(shim, target):
+async def test_netns_path_that_is_not_a_network_namespace_is_refused(shim, target) -> None:
     path = {
         "regular-file": os.path.join(shim.bundle, "state.json"),
         "ipc-namespace": f"/proc/{shim.pid}/ns/ipc",
@@ -176,7 +176,7 @@ async def test_netns_path_that_is_not_a_network_namespace_is_refused(shim, targe
 
 @pytest.mark.parametrize("key", ["net.core.rmem_max", "net.core.wmem_max", "net.core.netdev_max_backlog",
                                  "net.ipv4.no_such_knob"])
-async def test_a_net_sysctl_that_the_sandbox_netns_cannot_set_is_refused_at_create(shim, key):
+async def test_a_net_sysctl_that_the_sandbox_netns_cannot_set_is_refused_at_create(shim, key) -> None:
     # Before: accepted, and the pause failed at Start with INTERNAL "Permission denied". Which
     # sentence a key gets depends on the kernel (6.x shows rmem_max read-only in a child netns).
     with pytest.raises(InvalidArgument) as info:
@@ -188,7 +188,7 @@ async def test_a_net_sysctl_that_the_sandbox_netns_cannot_set_is_refused_at_crea
     assert shim.record()["netns_path"] is None
 
 
-async def test_the_host_netns_under_another_path_is_refused_before_any_sysctl_is_written(shim, tmp_path):
+async def test_the_host_netns_under_another_path_is_refused_before_any_sysctl_is_written(shim, tmp_path) -> None:
     # The value the host already has: even a shim that let this through would change nothing.
     knob = "/proc/sys/net/ipv4/ip_forward"
     with open(knob) as f:
@@ -216,7 +216,7 @@ async def _blocked_waits(shim, client, count: int) -> list[asyncio.Task]:
     return waits
 
 
-async def test_wait_sees_a_kill_9_of_the_pause_at_once(shim):
+async def test_wait_sees_a_kill_9_of_the_pause_at_once(shim) -> None:
     pause = ProcessRef(await shim.run_sandbox())
     try:
         [wait] = await _blocked_waits(shim, shim.client, 1)
@@ -228,7 +228,7 @@ async def test_wait_sees_a_kill_9_of_the_pause_at_once(shim):
     assert await _state(shim) == "stopped"
 
 
-async def test_many_concurrent_waiters_all_get_the_exit(shim):
+async def test_many_concurrent_waiters_all_get_the_exit(shim) -> None:
     pause = ProcessRef(await shim.run_sandbox())
     try:
         waits = []
@@ -242,7 +242,7 @@ async def test_many_concurrent_waiters_all_get_the_exit(shim):
     assert replies[0]["exit_status"] == EXIT_KILLED
 
 
-async def test_a_client_deadline_ends_only_that_wait(shim):
+async def test_a_client_deadline_ends_only_that_wait(shim) -> None:
     pause = ProcessRef(await shim.run_sandbox())
     try:
         other = await shim.connect()
@@ -257,7 +257,7 @@ async def test_a_client_deadline_ends_only_that_wait(shim):
         pause.close()
 
 
-async def test_every_subscriber_gets_the_exit_event(shim):
+async def test_every_subscriber_gets_the_exit_event(shim) -> None:
     streams = [await EventStream.open(shim, await shim.connect()) for _ in range(2)]
     pause = ProcessRef(await shim.run_sandbox())
     try:
@@ -275,7 +275,7 @@ async def test_every_subscriber_gets_the_exit_event(shim):
 # -- the shim is told to go -------------------------------------------------------------------
 
 
-async def test_sigterm_ends_the_shim_with_0_and_leaves_the_pause_for_delete(shims, spawn_mode):
+async def test_sigterm_ends_the_shim_with_0_and_leaves_the_pause_for_delete(shims, spawn_mode) -> None:
     with adopting_orphans():  # an exec'd shim becomes our child, so its exit status can be read
         shim = await shims.start()
     pause = ProcessRef(await shim.run_sandbox())
@@ -297,7 +297,7 @@ async def test_sigterm_ends_the_shim_with_0_and_leaves_the_pause_for_delete(shim
     assert made.cgroup_dirs and made.remains() == []
 
 
-async def test_delete_of_a_killed_shim_removes_the_spare_of_its_state_file(shims):
+async def test_delete_of_a_killed_shim_removes_the_spare_of_its_state_file(shims) -> None:
     shim = await shims.start()
     pause = ProcessRef(await shim.run_sandbox())
     try:

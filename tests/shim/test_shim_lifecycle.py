@@ -58,18 +58,18 @@ def given_netns():
 # -- every method in every state ---------------------------------------------------------------
 
 
-async def test_ping_answers_before_create(shim):
+async def test_ping_answers_before_create(shim) -> None:
     assert await shim.call("PingSandbox") == {}
 
 
 @pytest.mark.parametrize("method", sorted(set(SANDBOX_METHODS) - {"PingSandbox", "CreateSandbox", "ShutdownSandbox"}))
-async def test_method_before_create_is_not_found(shim, method):
+async def test_method_before_create_is_not_found(shim, method) -> None:
     with pytest.raises(NotFound):
         await shim.call(method)
     assert await shim.call("PingSandbox") == {}
 
 
-async def test_status_of_a_created_sandbox(shim):
+async def test_status_of_a_created_sandbox(shim) -> None:
     await shim.call("CreateSandbox")
     status = await shim.call("SandboxStatus")
     assert status["sandbox_id"] == shim.sandbox_id
@@ -77,7 +77,7 @@ async def test_status_of_a_created_sandbox(shim):
     assert status["created_at"] > 0
 
 
-async def test_start_returns_the_pause_pid_and_creation_time(shim):
+async def test_start_returns_the_pause_pid_and_creation_time(shim) -> None:
     await shim.call("CreateSandbox")
     before = time.time_ns()
     started = await shim.call("StartSandbox")
@@ -88,7 +88,7 @@ async def test_start_returns_the_pause_pid_and_creation_time(shim):
         assert f.read().split()[3] == str(shim.pid)  # the shim, a subreaper, is its parent
 
 
-async def test_update_writes_the_sandbox_cgroup_of_a_running_sandbox_only(shim):
+async def test_update_writes_the_sandbox_cgroup_of_a_running_sandbox_only(shim) -> None:
     await shim.call("CreateSandbox")
     with pytest.raises(FailedPrecondition, match="cannot update sandbox .* while it is created"):
         await shim.call("UpdateSandbox", resources={"cpu_shares": 512})
@@ -108,7 +108,7 @@ async def test_update_writes_the_sandbox_cgroup_of_a_running_sandbox_only(shim):
         await shim.call("UpdateSandbox", resources={"cpu_shares": 512})
 
 
-async def test_a_sandbox_created_with_resources_has_them_in_its_cgroup_from_its_start(shim):
+async def test_a_sandbox_created_with_resources_has_them_in_its_cgroup_from_its_start(shim) -> None:
     with pytest.raises(InvalidArgument, match=r"linux.resources.cpu_sharez is not a resource \(known: cpu_shares"):
         await shim.call("CreateSandbox", options={"linux": {"resources": {"cpu_sharez": 512}}})
     with pytest.raises(InvalidArgument, match="linux.resources.oom_score_adj: it is a process's"):
@@ -122,7 +122,7 @@ async def test_a_sandbox_created_with_resources_has_them_in_its_cgroup_from_its_
         assert f.read().strip() == "384"
 
 
-async def test_a_sandbox_whose_resources_the_kernel_refuses_does_not_start_and_leaves_no_cgroup(shim):
+async def test_a_sandbox_whose_resources_the_kernel_refuses_does_not_start_and_leaves_no_cgroup(shim) -> None:
     await shim.call("CreateSandbox", options={"linux": {"resources": {"cpuset_cpus": "4095"}}})
     with pytest.raises(InvalidArgument, match="resources.cpuset_cpus: the kernel refused '4095'"):
         await shim.call("StartSandbox")
@@ -130,7 +130,7 @@ async def test_a_sandbox_whose_resources_the_kernel_refuses_does_not_start_and_l
     assert not [key for key in await shim.info() if key.startswith("cgroup.")]  # removed, so no longer recorded
 
 
-async def test_status_of_a_stopped_sandbox(shim):
+async def test_status_of_a_stopped_sandbox(shim) -> None:
     await shim.run_sandbox()
     await shim.call("StopSandbox", timeout_secs=0)
     status = await shim.call("SandboxStatus")
@@ -138,7 +138,7 @@ async def test_status_of_a_stopped_sandbox(shim):
     assert status["exited_at"] >= status["created_at"] > 0
 
 
-async def test_verbose_status_names_the_sandbox_resources(shim):
+async def test_verbose_status_names_the_sandbox_resources(shim) -> None:
     pid = await shim.run_sandbox()
     info = await shim.info()
     assert info["bundle"] == shim.bundle and info["socket"] == shim.socket_path
@@ -150,7 +150,7 @@ async def test_verbose_status_names_the_sandbox_resources(shim):
         assert info[f"ns.{ns}.inode"] == str(ns_inode(pid, ns))
 
 
-async def test_pause_runs_in_every_cgroup_the_status_names(shim):
+async def test_pause_runs_in_every_cgroup_the_status_names(shim) -> None:
     pid = await shim.run_sandbox()
     cgroups = [path for key, path in (await shim.info()).items() if key.startswith("cgroup.")]
     for path in cgroups:
@@ -158,7 +158,7 @@ async def test_pause_runs_in_every_cgroup_the_status_names(shim):
             assert str(pid) in f.read().split(), path
 
 
-async def test_metrics_of_a_running_sandbox(shim):
+async def test_metrics_of_a_running_sandbox(shim) -> None:
     await shim.run_sandbox()
     metrics = (await shim.call("SandboxMetrics"))["metrics"]
     assert metrics["sandbox_id"] == shim.sandbox_id and metrics["timestamp"] > 0
@@ -168,13 +168,13 @@ async def test_metrics_of_a_running_sandbox(shim):
     assert all(data[name] is None for name in data["unavailable"])
 
 
-async def test_metrics_before_start_say_what_is_unavailable(shim):
+async def test_metrics_before_start_say_what_is_unavailable(shim) -> None:
     await shim.call("CreateSandbox")
     data = (await shim.call("SandboxMetrics"))["metrics"]["data"]
     assert data["unavailable"] and data["pids_current"] is None
 
 
-async def test_platform_names_this_host(shim):
+async def test_platform_names_this_host(shim) -> None:
     await shim.call("CreateSandbox")
     reply = (await shim.call("Platform"))["platform"]
     arch = {"x86_64": "amd64", "aarch64": "arm64"}.get(platform.machine(), platform.machine())
@@ -184,30 +184,30 @@ async def test_platform_names_this_host(shim):
 # -- the pause's namespaces -------------------------------------------------------------------
 
 
-async def test_pause_joins_the_sandbox_netns(shim):
+async def test_pause_joins_the_sandbox_netns(shim) -> None:
     pid = await shim.run_sandbox()
     path = (await shim.info())["netns_path"]
     assert ns_inode(pid, "net") == os.stat(path).st_ino != ns_inode("self", "net")
 
 
 @pytest.mark.parametrize("ns", ["pid", "ipc", "uts", "mnt"])
-async def test_pause_has_its_own_namespace(shim, ns):
+async def test_pause_has_its_own_namespace(shim, ns) -> None:
     pid = await shim.run_sandbox()
     assert ns_inode(pid, ns) != ns_inode("self", ns)
 
 
-async def test_pause_is_pid_1_of_its_pid_namespace(shim):
+async def test_pause_is_pid_1_of_its_pid_namespace(shim) -> None:
     pid = await shim.run_sandbox()
     assert _nspid(pid) == [pid, 1]
 
 
-async def test_hostname_is_set_in_the_sandbox_uts_namespace(shim):
+async def test_hostname_is_set_in_the_sandbox_uts_namespace(shim) -> None:
     pid = await shim.run_sandbox(options={"hostname": "pod-a"})
     assert _nsenter(pid, "-u", "hostname") == "pod-a"
     assert platform.node() != "pod-a"
 
 
-async def test_sysctl_is_applied_in_the_sandbox_netns(shim):
+async def test_sysctl_is_applied_in_the_sandbox_netns(shim) -> None:
     key = "/proc/sys/net/ipv4/ip_unprivileged_port_start"
     pid = await shim.run_sandbox(options={"linux": {"sysctls": {"net.ipv4.ip_unprivileged_port_start": "80"}}})
     assert _nsenter(pid, "-n", "cat", key) == "80"
@@ -215,7 +215,7 @@ async def test_sysctl_is_applied_in_the_sandbox_netns(shim):
         assert f.read().strip() != "80"
 
 
-async def test_a_net_core_sysctl_that_is_per_netns_is_applied_there(shim):
+async def test_a_net_core_sysctl_that_is_per_netns_is_applied_there(shim) -> None:
     key = "/proc/sys/net/core/somaxconn"
     with open(key) as f:
         host_value = f.read().strip()
@@ -226,20 +226,20 @@ async def test_a_net_core_sysctl_that_is_per_netns_is_applied_there(shim):
         assert f.read().strip() == host_value
 
 
-async def test_host_network_mode_uses_the_host_netns_and_makes_none(shim):
+async def test_host_network_mode_uses_the_host_netns_and_makes_none(shim) -> None:
     pid = await shim.run_sandbox(options=_node_mode("network"))
     assert ns_inode(pid, "net") == ns_inode("self", "net")
     assert (await shim.info())["netns_path"] == ""
     assert shim.record()["netns_path"] is None
 
 
-async def test_node_pid_mode_uses_the_host_pid_namespace(shim):
+async def test_node_pid_mode_uses_the_host_pid_namespace(shim) -> None:
     pid = await shim.run_sandbox(options=_node_mode("pid"))
     assert ns_inode(pid, "pid") == ns_inode("self", "pid")
     assert _nspid(pid) == [pid]
 
 
-async def test_given_netns_path_is_used_and_kept_at_shutdown(shim, given_netns):
+async def test_given_netns_path_is_used_and_kept_at_shutdown(shim, given_netns) -> None:
     inode = os.stat(given_netns).st_ino
     pid = await shim.run_sandbox(netns_path=given_netns)
     assert ns_inode(pid, "net") == inode
@@ -252,26 +252,26 @@ async def test_given_netns_path_is_used_and_kept_at_shutdown(shim, given_netns):
 # -- stop and wait ----------------------------------------------------------------------------
 
 
-async def test_stop_with_a_timeout_sends_sigterm_and_catatonit_exits_0(shim):
+async def test_stop_with_a_timeout_sends_sigterm_and_catatonit_exits_0(shim) -> None:
     await shim.run_sandbox()
     await shim.call("StopSandbox", timeout_secs=30, timeout=10)
     assert (await shim.call("WaitSandbox"))["exit_status"] == 0
 
 
-async def test_stop_with_timeout_0_kills_at_once(shim):
+async def test_stop_with_timeout_0_kills_at_once(shim) -> None:
     await shim.run_sandbox()
     await shim.call("StopSandbox", timeout_secs=0)
     assert (await shim.call("WaitSandbox"))["exit_status"] == 137
 
 
-async def test_stop_of_a_never_started_sandbox_succeeds(shim):
+async def test_stop_of_a_never_started_sandbox_succeeds(shim) -> None:
     await shim.call("CreateSandbox")
     assert await shim.call("StopSandbox") == {}
     assert (await shim.call("SandboxStatus"))["state"] == "stopped"
     assert (await shim.call("WaitSandbox"))["exit_status"] == 0
 
 
-async def test_stop_twice_succeeds(shim):
+async def test_stop_twice_succeeds(shim) -> None:
     pause = ProcessRef(await shim.run_sandbox())
     try:
         await shim.call("StopSandbox", timeout_secs=0)
@@ -281,14 +281,14 @@ async def test_stop_twice_succeeds(shim):
         pause.close()
 
 
-async def test_wait_returns_at_once_after_exit(shim):
+async def test_wait_returns_at_once_after_exit(shim) -> None:
     await shim.run_sandbox()
     await shim.call("StopSandbox", timeout_secs=0)
     first = await shim.call("WaitSandbox")
     assert await shim.call("WaitSandbox", timeout=1) == first
 
 
-async def test_builtin_pause_runs_and_exits_0_on_sigterm(shim):
+async def test_builtin_pause_runs_and_exits_0_on_sigterm(shim) -> None:
     pid = await shim.run_sandbox(options={"pause_binary": "builtin"})
     assert (await shim.info())["pause_binary"] == "builtin"
     assert _nspid(pid) == [pid, 1]
@@ -299,7 +299,7 @@ async def test_builtin_pause_runs_and_exits_0_on_sigterm(shim):
 # -- events -----------------------------------------------------------------------------------
 
 
-async def test_every_step_publishes_its_event(shim):
+async def test_every_step_publishes_its_event(shim) -> None:
     events = await EventStream.open(shim, await shim.connect())
     try:
         await shim.call("CreateSandbox")
@@ -320,7 +320,7 @@ async def test_every_step_publishes_its_event(shim):
 # -- shutdown ---------------------------------------------------------------------------------
 
 
-async def test_shutdown_removes_what_the_sandbox_made_and_the_shim_exits(shim):
+async def test_shutdown_removes_what_the_sandbox_made_and_the_shim_exits(shim) -> None:
     pause = ProcessRef(await shim.run_sandbox())
     made = await shim.footprint()
     try:
@@ -334,7 +334,7 @@ async def test_shutdown_removes_what_the_sandbox_made_and_the_shim_exits(shim):
     assert spare_state_files(shim.bundle) == []
 
 
-async def test_shutdown_before_create_ends_the_shim(shim):
+async def test_shutdown_before_create_ends_the_shim(shim) -> None:
     assert await shim.call("ShutdownSandbox") == {}
     await shim.process.exited()
     assert not os.path.lexists(shim.socket_path)
@@ -383,7 +383,7 @@ def test_a_shim_removes_its_socket_before_it_stops_listening(tmp_path):
         proc.stdout.close()
 
 
-async def test_shutdown_of_a_created_sandbox_removes_its_netns(shim):
+async def test_shutdown_of_a_created_sandbox_removes_its_netns(shim) -> None:
     await shim.call("CreateSandbox")
     path = (await shim.info())["netns_path"]
     assert os.path.exists(path)

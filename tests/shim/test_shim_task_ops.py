@@ -76,14 +76,14 @@ def read(path: str) -> str:
 
 # -- Exec --------------------------------------------------------------------------------------------
 
-async def test_exec_returns_what_the_command_wrote_and_its_exit_status(pod):
+async def test_exec_returns_what_the_command_wrote_and_its_exit_status(pod) -> None:
     await pod.run("app", "sleep", "600")
     reply = await pod.call("Exec", task_id="app", args=["sh", "-c", "echo out; echo err >&2; exit 3"])
     assert reply == {"exit_status": 3, "stdout": b"out\n", "stderr": b"err\n", "stdout_truncated": False,
                      "stderr_truncated": False, "timed_out": False}
 
 
-async def test_exec_runs_in_the_tasks_namespaces_cgroup_environment_and_directory(pod):
+async def test_exec_runs_in_the_tasks_namespaces_cgroup_environment_and_directory(pod) -> None:
     pid = await pod.run("app", "sleep", "600", env=["GREETING=hello"], cwd="/tmp")
     script = ("readlink /proc/self/ns/net /proc/self/ns/pid /proc/self/ns/mnt /proc/self/ns/uts; echo $GREETING; "
               "pwd; cat /proc/self/cgroup")
@@ -94,13 +94,13 @@ async def test_exec_runs_in_the_tasks_namespaces_cgroup_environment_and_director
         assert sorted(lines[6:]) == sorted(f.read().splitlines())
 
 
-async def test_exec_output_past_the_limit_is_cut_and_flagged(pod):
+async def test_exec_output_past_the_limit_is_cut_and_flagged(pod) -> None:
     await pod.run("app", "sleep", "600")
     reply = await pod.call("Exec", task_id="app", args=["head", "-c", str(EXEC_OUTPUT_LIMIT_BYTES + 1), "/dev/zero"])
     assert (len(reply["stdout"]), reply["stdout_truncated"], reply["exit_status"]) == (EXEC_OUTPUT_LIMIT_BYTES, True, 0)
 
 
-async def test_exec_past_its_timeout_is_killed_with_what_it_started(pod):
+async def test_exec_past_its_timeout_is_killed_with_what_it_started(pod) -> None:
     pid = await pod.run("app", "sleep", "600")
     reply = await pod.call("Exec", task_id="app", timeout=WAIT + 2, timeout_secs=1,
                            args=["sh", "-c", "echo started; sleep 300 & sleep 300 & wait"])
@@ -109,7 +109,7 @@ async def test_exec_past_its_timeout_is_killed_with_what_it_started(pod):
     assert pod.task_pids("app") == {pid}
 
 
-async def test_exec_of_a_program_that_cannot_run_is_failed_precondition_and_leaves_no_process(pod):
+async def test_exec_of_a_program_that_cannot_run_is_failed_precondition_and_leaves_no_process(pod) -> None:
     pid = await pod.run("app", "sleep", "600")
     with pytest.raises(FailedPrecondition, match="(?i)no such file"):
         await pod.call("Exec", task_id="app", args=["/no/such"])
@@ -118,7 +118,7 @@ async def test_exec_of_a_program_that_cannot_run_is_failed_precondition_and_leav
     assert pod.task_pids("app") == {pid}
 
 
-async def test_exec_needs_a_running_task(pod):
+async def test_exec_needs_a_running_task(pod) -> None:
     await pod.create("new", "true")
     with pytest.raises(FailedPrecondition, match="task new is not running: it has not been started"):
         await pod.call("Exec", task_id="new", args=["true"])
@@ -128,7 +128,7 @@ async def test_exec_needs_a_running_task(pod):
         await pod.call("Exec", task_id="done", args=["true"])
 
 
-async def test_exec_with_bad_arguments_is_invalid(pod):
+async def test_exec_with_bad_arguments_is_invalid(pod) -> None:
     await pod.run("app", "sleep", "600")
     with pytest.raises(InvalidArgument, match="field 'args' must be a non-empty array"):
         await pod.call("Exec", task_id="app", args=[])
@@ -138,7 +138,7 @@ async def test_exec_with_bad_arguments_is_invalid(pod):
 
 # -- Stats ---------------------------------------------------------------------------------------------
 
-async def test_stats_are_the_task_cgroups_figures(pod):
+async def test_stats_are_the_task_cgroups_figures(pod) -> None:
     await pod.run("app", "sleep", "600")
     reply = await pod.call("Stats", task_id="app")
     data = reply["data"]
@@ -148,7 +148,7 @@ async def test_stats_are_the_task_cgroups_figures(pod):
     assert int(read(pod.cgroup_file("app", "cpuacct", "cpuacct.usage"))) >= data["cpu_usage_ns"] > 0
 
 
-async def test_stats_of_a_task_never_started_say_why_they_are_missing(pod):
+async def test_stats_of_a_task_never_started_say_why_they_are_missing(pod) -> None:
     await pod.create("new", "true")
     data = (await pod.call("Stats", task_id="new"))["data"]
     assert data["unavailable"] == ["cgroup (the task was never started)"]
@@ -163,7 +163,7 @@ RESOURCES = {"cpu_shares": 512, "cpu_quota_us": 25000, "cpu_period_us": 50000, "
              "cpuset_cpus": "0", "cpuset_mems": "0", "pids_limit": 30, "oom_score_adj": 500}
 
 
-async def test_a_task_created_with_resources_has_them_in_its_cgroup_and_process_from_its_first_instruction(pod):
+async def test_a_task_created_with_resources_has_them_in_its_cgroup_and_process_from_its_first_instruction(pod) -> None:
     # Its first act is to say its oom_score_adj: what it had when it began to run.
     pid = await pod.run("app", "sh", "-c", "cat /proc/self/oom_score_adj; exec sleep 600", resources=RESOURCES)
     assert read(pod.cgroup_file("app", "cpu", "cpu.shares")) == "512"
@@ -182,7 +182,7 @@ async def test_a_task_created_with_resources_has_them_in_its_cgroup_and_process_
 
 
 @pytest.mark.cgroupv2
-async def test_on_pure_cgroup_v2_a_task_created_with_resources_has_them_in_its_v2_files(pod):
+async def test_on_pure_cgroup_v2_a_task_created_with_resources_has_them_in_its_v2_files(pod) -> None:
     await pod.run("app", "sleep", "600", resources={**RESOURCES, "memory_swap_limit_bytes": 128 << 20})
     v2 = os.path.join(pod.cgroups["unified"], "app")
     assert {name: read(os.path.join(v2, name)) for name in (
@@ -197,7 +197,7 @@ async def test_on_pure_cgroup_v2_a_task_created_with_resources_has_them_in_its_v
 @pytest.mark.cgroupv2
 @pytest.mark.parametrize("handler", HANDLERS)
 async def test_under_the_systemd_driver_a_pod_is_a_slice_with_its_pause_and_each_task_a_scope_and_nothing_is_left(
-        handler, shims: ShimLauncher, tmp_path):
+        handler, shims: ShimLauncher, tmp_path) -> None:
     top = f"podshimtest{secrets.token_hex(4)}"
     parent = f"{top}-burstable-pod{secrets.token_hex(4)}.slice"
     try:
@@ -240,7 +240,7 @@ async def test_under_the_systemd_driver_a_pod_is_a_slice_with_its_pause_and_each
 @pytest.mark.cgroupv2
 @pytest.mark.parametrize("handler", HANDLERS)
 async def test_under_the_systemd_driver_a_killed_shims_units_are_stopped_by_its_cleanup(
-        handler, shims: ShimLauncher, tmp_path):
+        handler, shims: ShimLauncher, tmp_path) -> None:
     top = f"podshimtest{secrets.token_hex(4)}"
     try:
         shim = await shims.start()
@@ -274,7 +274,7 @@ def _unit_property(unit: str, name: str) -> str:
 
 
 @pytest.mark.cgroupv2
-async def test_on_cgroup_v2_a_task_sees_its_own_cgroup_as_the_root_of_its_cgroup_namespace(pod):
+async def test_on_cgroup_v2_a_task_sees_its_own_cgroup_as_the_root_of_its_cgroup_namespace(pod) -> None:
     await pod.run("app", "sh", "-c", "cat /proc/self/cgroup /sys/fs/cgroup/memory.max", resources={
         "memory_limit_bytes": 96 << 20})
     assert (await pod.call("Wait", task_id="app", timeout=60))["exit_status"] == 0
@@ -283,14 +283,14 @@ async def test_on_cgroup_v2_a_task_sees_its_own_cgroup_as_the_root_of_its_cgroup
 
 
 @pytest.mark.cgroupv2
-async def test_on_cgroup_v2_an_exec_joins_its_tasks_cgroup_namespace(pod):
+async def test_on_cgroup_v2_an_exec_joins_its_tasks_cgroup_namespace(pod) -> None:
     await pod.run("app", "sleep", "600")
     reply = await pod.call("Exec", task_id="app", args=["cat", "/proc/self/cgroup"])
     assert (reply["exit_status"], reply["stdout"]) == (0, b"0::/\n")
 
 
 @pytest.mark.cgroupv2
-async def test_on_cgroup_v2_update_writes_the_tasks_v2_files_and_update_sandbox_the_pods(pod):
+async def test_on_cgroup_v2_update_writes_the_tasks_v2_files_and_update_sandbox_the_pods(pod) -> None:
     await pod.run("app", "sleep", "600", resources={"memory_limit_bytes": 96 << 20})
     await pod.call("Update", task_id="app", resources={"cpu_shares": 1024, "cpu_quota_us": 50000,
                                                        "memory_limit_bytes": 64 << 20, "pids_limit": 20})
@@ -304,7 +304,7 @@ async def test_on_cgroup_v2_update_writes_the_tasks_v2_files_and_update_sandbox_
 
 
 @pytest.mark.cgroupv2
-async def test_on_cgroup_v2_an_oom_kill_is_read_from_memory_events_and_reported_as_such(pod):
+async def test_on_cgroup_v2_an_oom_kill_is_read_from_memory_events_and_reported_as_such(pod) -> None:
     await pod.run("app", "tail", "/dev/zero",
                   resources={"memory_limit_bytes": 16 << 20, "memory_swap_limit_bytes": 16 << 20})
     done = await pod.call("Wait", task_id="app", timeout=120)
@@ -314,7 +314,7 @@ async def test_on_cgroup_v2_an_oom_kill_is_read_from_memory_events_and_reported_
     assert int(events["oom_kill"]) >= 1
 
 
-async def test_a_task_that_allocates_past_its_memory_limit_is_killed_by_the_oom_killer_and_says_so(pod):
+async def test_a_task_that_allocates_past_its_memory_limit_is_killed_by_the_oom_killer_and_says_so(pod) -> None:
     # tail keeps what it read until a newline, and /dev/zero has none.
     await pod.run("app", "tail", "/dev/zero",
                   resources={"memory_limit_bytes": 16 << 20, "memory_swap_limit_bytes": 16 << 20})
@@ -323,7 +323,7 @@ async def test_a_task_that_allocates_past_its_memory_limit_is_killed_by_the_oom_
     assert (await pod.call("State", task_id="app"))["oom_killed"] is True
 
 
-async def test_a_task_killed_otherwise_is_not_called_oom_killed(pod):
+async def test_a_task_killed_otherwise_is_not_called_oom_killed(pod) -> None:
     await pod.run("app", "sleep", "600", resources={"memory_limit_bytes": 16 << 20})
     await pod.call("Kill", task_id="app", signal=9)
     done = await pod.call("Wait", task_id="app")
@@ -336,7 +336,7 @@ async def test_a_task_killed_otherwise_is_not_called_oom_killed(pod):
     ({"cpu_shares": 1}, "resources.cpu_shares 1 is out of range"),
     ({"oom_score_adj": 2000}, "resources.oom_score_adj 2000 is out of range"),
 ])
-async def test_create_refuses_a_resource_the_host_cannot_apply_by_name_and_makes_nothing(pod, resources, named):
+async def test_create_refuses_a_resource_the_host_cannot_apply_by_name_and_makes_nothing(pod, resources, named) -> None:
     with pytest.raises(InvalidArgument, match=named):
         await pod.create("app", "sleep", "600", resources=resources)
     assert (await pod.call("List"))["tasks"] == []
@@ -344,7 +344,7 @@ async def test_create_refuses_a_resource_the_host_cannot_apply_by_name_and_makes
 
 # -- Update --------------------------------------------------------------------------------------------
 
-async def test_update_writes_the_task_cgroup(pod):
+async def test_update_writes_the_task_cgroup(pod) -> None:
     await pod.run("app", "sleep", "600")
     await pod.call("Update", task_id="app", resources={"cpu_shares": 512, "memory_limit_bytes": 96 << 20,
                                                        "pids_limit": 20})
@@ -353,7 +353,7 @@ async def test_update_writes_the_task_cgroup(pod):
     assert read(pod.cgroup_file("app", "pids", "pids.max")) == "20"
 
 
-async def test_update_of_a_resource_the_host_cannot_apply_names_it_and_changes_nothing(pod):
+async def test_update_of_a_resource_the_host_cannot_apply_names_it_and_changes_nothing(pod) -> None:
     await pod.run("app", "sleep", "600")
     shares = read(pod.cgroup_file("app", "cpu", "cpu.shares"))
     with pytest.raises(InvalidArgument, match=r"resources.unified\[memory.high\] cannot be applied"):
@@ -361,7 +361,7 @@ async def test_update_of_a_resource_the_host_cannot_apply_names_it_and_changes_n
     assert read(pod.cgroup_file("app", "cpu", "cpu.shares")) == shares
 
 
-async def test_update_needs_a_running_task(pod):
+async def test_update_needs_a_running_task(pod) -> None:
     await pod.create("new", "true")
     with pytest.raises(FailedPrecondition, match="task new is not running"):
         await pod.call("Update", task_id="new", resources={"cpu_shares": 512})
@@ -369,7 +369,7 @@ async def test_update_needs_a_running_task(pod):
 
 # -- ReopenLog -----------------------------------------------------------------------------------------
 
-async def test_reopen_log_writes_to_a_new_file_after_the_old_one_was_moved(pod, tmp_path):
+async def test_reopen_log_writes_to_a_new_file_after_the_old_one_was_moved(pod, tmp_path) -> None:
     fifo = tmp_path / "go"
     os.mkfifo(fifo)
     await pod.run("app", "sh", "-c", f"echo before; read x < {fifo}; echo after")
@@ -383,7 +383,7 @@ async def test_reopen_log_writes_to_a_new_file_after_the_old_one_was_moved(pod, 
     assert [line.split(" ", 3)[3] for line in read(pod.log_path("app")).splitlines()] == ["after"]
 
 
-async def test_reopen_log_that_cannot_open_the_file_keeps_the_old_one(pod):
+async def test_reopen_log_that_cannot_open_the_file_keeps_the_old_one(pod) -> None:
     await pod.run("app", "sleep", "600")
     os.rename(pod.log_path("app"), pod.log_path("app") + ".1")
     os.mkdir(pod.log_path("app"))  # a directory where the file was
@@ -394,7 +394,7 @@ async def test_reopen_log_that_cannot_open_the_file_keeps_the_old_one(pod):
 
 
 @pytest.mark.skipif(pure_v2(discover_hierarchies()), reason="cgroup v1: a pure v2 host mounts cgroup2 instead")
-async def test_on_cgroup_v1_a_task_has_its_own_cgroups_on_sys_fs_cgroup_read_only_as_runc_makes_them(pod, request):
+async def test_on_cgroup_v1_a_task_has_its_own_cgroups_on_sys_fs_cgroup_read_only_as_runc_makes_them(pod, request) -> None:
     # kubelet's e2e reads a container's limits there (in-place resize: /sys/fs/cgroup/cpu/cpu.cfs_quota_us).
     if request.node.callspec.params["pod"] != "native":
         pytest.skip("runc and crun tasks: their config.json has no cgroup mount yet (docs/handlers.md)")

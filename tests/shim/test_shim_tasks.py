@@ -142,14 +142,14 @@ def nothing_of_the_tasks_left():
 # -- namespaces and cgroup -------------------------------------------------------------------
 
 
-async def test_task_shares_net_ipc_and_uts_namespaces_with_the_pause(pod):
+async def test_task_shares_net_ipc_and_uts_namespaces_with_the_pause(pod) -> None:
     pid = await pod.run("app", "sleep", "30")
     for kind in ("net", "ipc", "uts"):
         assert ns_inode(pid, kind) == ns_inode(pod.pause_pid, kind), kind
         assert ns_inode(pid, kind) != ns_inode("self", kind), kind
 
 
-async def test_pod_pid_mode_shares_the_pause_pid_namespace_where_the_pause_is_pid_1(pod):
+async def test_pod_pid_mode_shares_the_pause_pid_namespace_where_the_pause_is_pid_1(pod) -> None:
     await pod.run("app", "cat", "/proc/1/cmdline", pid_mode="POD")
     await pod.wait("app")
     with open(f"/proc/{pod.pause_pid}/cmdline", "rb") as f:
@@ -157,14 +157,14 @@ async def test_pod_pid_mode_shares_the_pause_pid_namespace_where_the_pause_is_pi
     assert pod.stdout("app") == [pause_cmdline]  # NUL-separated, no newline: one P record
 
 
-async def test_pod_pid_mode_task_is_in_the_pause_pid_namespace_with_a_mount_namespace_and_the_pods_shm(pod):
+async def test_pod_pid_mode_task_is_in_the_pause_pid_namespace_with_a_mount_namespace_and_the_pods_shm(pod) -> None:
     pid = await pod.run("app", "sleep", "30", pid_mode="POD")
     assert ns_inode(pid, "pid") == ns_inode(pod.pause_pid, "pid")
     assert ns_inode(pid, "mnt") not in (ns_inode(pod.pause_pid, "mnt"), ns_inode("self", "mnt"))
     assert os.stat(f"/proc/{pid}/root/dev/shm").st_dev == os.stat(f"/proc/{pod.pause_pid}/root/dev/shm").st_dev
 
 
-async def test_container_pid_mode_task_is_pid_1_of_its_own_pid_namespace(pod):
+async def test_container_pid_mode_task_is_pid_1_of_its_own_pid_namespace(pod) -> None:
     pid = await pod.run("app", "sleep", "30")
     with open(f"/proc/{pid}/status") as f:
         nspid = next(line.split()[1:] for line in f if line.startswith("NSpid:"))
@@ -173,7 +173,7 @@ async def test_container_pid_mode_task_is_pid_1_of_its_own_pid_namespace(pod):
     assert ns_inode(pid, "mnt") not in (ns_inode(pod.pause_pid, "mnt"), ns_inode("self", "mnt"))
 
 
-async def test_a_task_holds_none_of_the_hosts_netns_mounts_so_it_pins_none(pod):
+async def test_a_task_holds_none_of_the_hosts_netns_mounts_so_it_pins_none(pod) -> None:
     other = netns.create_netns(netns.new_netns_path("podshim-it"))
     try:
         pid = await pod.run("app", "sleep", "30")
@@ -184,19 +184,19 @@ async def test_a_task_holds_none_of_the_hosts_netns_mounts_so_it_pins_none(pod):
     assert not os.path.exists(other)
 
 
-async def test_container_pid_mode_task_has_a_proc_of_its_own(pod):
+async def test_container_pid_mode_task_has_a_proc_of_its_own(pod) -> None:
     await pod.run("app", "sh", "-c", "cat /proc/1/comm; echo $$")
     await pod.wait("app")
     assert pod.stdout("app") == [b"sh", b"1"]
 
 
-async def test_hostname_inside_is_the_sandbox_hostname(pod):
+async def test_hostname_inside_is_the_sandbox_hostname(pod) -> None:
     await pod.run("app", "hostname")
     await pod.wait("app")
     assert pod.stdout("app") == [HOSTNAME.encode()]
 
 
-async def test_task_cgroup_is_joined_before_exec(pod):
+async def test_task_cgroup_is_joined_before_exec(pod) -> None:
     pid = await pod.run("app", "sleep", "30")
     task_cgroup = os.path.join(pod.cgroups["memory"], "app")
     with open(os.path.join(task_cgroup, "cgroup.procs")) as f:
@@ -206,7 +206,7 @@ async def test_task_cgroup_is_joined_before_exec(pod):
         assert int(f.read()) > 0
 
 
-async def test_the_program_sees_its_own_cgroup_from_its_first_instruction(pod):
+async def test_the_program_sees_its_own_cgroup_from_its_first_instruction(pod) -> None:
     await pod.run("app", "cat", "/proc/self/cgroup", pid_mode="POD")
     await pod.wait("app")
     memory = next(line for line in pod.stdout("app") if b":memory:" in line)
@@ -216,25 +216,25 @@ async def test_the_program_sees_its_own_cgroup_from_its_first_instruction(pod):
 # -- logs ------------------------------------------------------------------------------------
 
 
-async def test_log_has_cri_lines_for_stdout_and_stderr(pod):
+async def test_log_has_cri_lines_for_stdout_and_stderr(pod) -> None:
     await pod.run("app", "sh", "-c", "echo out; echo err >&2")
     await pod.wait("app")
     assert sorted(pod.log("app")) == [(b"stderr", b"F", b"err"), (b"stdout", b"F", b"out")]
 
 
-async def test_a_line_longer_than_16_kib_is_split_into_partial_records(pod):
+async def test_a_line_longer_than_16_kib_is_split_into_partial_records(pod) -> None:
     await pod.run("app", "sh", "-c", "head -c 40000 /dev/zero | tr '\\0' a; echo")
     await pod.wait("app")
     assert [(tag, len(message)) for _, tag, message in pod.log("app")] == [(b"P", 16384), (b"P", 16384), (b"F", 7232)]
 
 
-async def test_log_is_complete_when_wait_answers(pod):
+async def test_log_is_complete_when_wait_answers(pod) -> None:
     await pod.run("app", "seq", "1", "20000")
     await pod.wait("app")
     assert pod.stdout("app") == [str(n).encode() for n in range(1, 20001)]
 
 
-async def test_env_and_cwd_are_given_to_the_program(pod):
+async def test_env_and_cwd_are_given_to_the_program(pod) -> None:
     await pod.create("app", "sh", "-c", 'echo "$GREETING $PWD $PATH"', env=["GREETING=hello"], cwd="/tmp")
     await pod.call("Start", task_id="app")
     await pod.wait("app")
@@ -244,7 +244,7 @@ async def test_env_and_cwd_are_given_to_the_program(pod):
 # -- exits, kills and waits ------------------------------------------------------------------
 
 
-async def test_exit_code_is_recorded(pod):
+async def test_exit_code_is_recorded(pod) -> None:
     await pod.run("app", "sh", "-c", "exit 3")
     assert (await pod.wait("app"))["exit_status"] == 3
     state = await pod.call("State", task_id="app")
@@ -252,7 +252,7 @@ async def test_exit_code_is_recorded(pod):
     assert state["exited_at"] >= state["started_at"] >= state["created_at"] > 0
 
 
-async def test_kill_9_reports_137_and_publishes_task_exit(pod):
+async def test_kill_9_reports_137_and_publishes_task_exit(pod) -> None:
     events = await EventStream.open(pod.shim, await pod.shim.connect())
     pid = await pod.run("app", "sleep", "30")
     await pod.call("Kill", task_id="app", signal=9)
@@ -264,7 +264,7 @@ async def test_kill_9_reports_137_and_publishes_task_exit(pod):
     await events.aclose()
 
 
-async def test_kill_all_signals_every_process_of_the_task(pod, tmp_path):
+async def test_kill_all_signals_every_process_of_the_task(pod, tmp_path) -> None:
     ready = FifoReader(str(tmp_path / "ready"))
     # The shell survives SIGUSR1 (it traps it); its two sleeps die of it only if they get it too.
     # The trap is set after the forks: a child forked with it would hold the shell's handler
@@ -279,7 +279,7 @@ async def test_kill_all_signals_every_process_of_the_task(pod, tmp_path):
     assert pod.stdout("app") == [b"trapped"]
 
 
-async def test_concurrent_waits_all_get_the_exit(pod):
+async def test_concurrent_waits_all_get_the_exit(pod) -> None:
     await pod.run("app", "sleep", "30")
     clients = [await pod.shim.connect() for _ in range(3)]
     waits = [asyncio.create_task(pod.call("Wait", client, task_id="app")) for client in clients * 2]
@@ -294,13 +294,13 @@ async def test_concurrent_waits_all_get_the_exit(pod):
     assert results[0]["exit_status"] == 137
 
 
-async def test_wait_returns_at_once_after_exit(pod):
+async def test_wait_returns_at_once_after_exit(pod) -> None:
     await pod.run("app", "true")
     first = await pod.wait("app")
     assert await pod.wait("app") == first
 
 
-async def test_a_client_deadline_ends_only_that_wait(pod):
+async def test_a_client_deadline_ends_only_that_wait(pod) -> None:
     await pod.run("app", "sleep", "30")
     patient = asyncio.create_task(pod.wait("app"))
     with pytest.raises(Exception, match="deadline"):
@@ -311,14 +311,14 @@ async def test_a_client_deadline_ends_only_that_wait(pod):
     assert (await patient)["exit_status"] == 137
 
 
-async def test_kill_of_an_exited_task_does_nothing(pod):
+async def test_kill_of_an_exited_task_does_nothing(pod) -> None:
     await pod.run("app", "true")
     await pod.wait("app")
     assert await pod.call("Kill", task_id="app", signal=9) == {}
     assert (await pod.call("State", task_id="app"))["exit_status"] == 0
 
 
-async def test_kill_of_a_task_never_started_is_a_failed_precondition(pod):
+async def test_kill_of_a_task_never_started_is_a_failed_precondition(pod) -> None:
     await pod.create("app", "true")
     with pytest.raises(FailedPrecondition, match="not been started"):
         await pod.call("Kill", task_id="app")
@@ -327,14 +327,14 @@ async def test_kill_of_a_task_never_started_is_a_failed_precondition(pod):
 # -- create, start, delete, list -------------------------------------------------------------
 
 
-async def test_delete_while_running_is_a_failed_precondition(pod):
+async def test_delete_while_running_is_a_failed_precondition(pod) -> None:
     await pod.run("app", "sleep", "30")
     with pytest.raises(FailedPrecondition, match="running"):
         await pod.call("Delete", task_id="app")
     assert (await pod.call("State", task_id="app"))["status"] == "running"
 
 
-async def test_delete_of_a_stopped_task_removes_its_cgroup_and_forgets_it(pod):
+async def test_delete_of_a_stopped_task_removes_its_cgroup_and_forgets_it(pod) -> None:
     pid = await pod.run("app", "sh", "-c", "exit 7")
     exited = await pod.wait("app")
     assert await pod.call("Delete", task_id="app") == {**exited, "exit_status": 7, "pid": pid}
@@ -343,19 +343,19 @@ async def test_delete_of_a_stopped_task_removes_its_cgroup_and_forgets_it(pod):
         await pod.call("State", task_id="app")
 
 
-async def test_unknown_task_is_not_found(pod):
+async def test_unknown_task_is_not_found(pod) -> None:
     for method in ("Start", "Kill", "Wait", "Delete", "State"):
         with pytest.raises(NotFound, match="task nope"):
             await pod.call(method, task_id="nope")
 
 
-async def test_another_sandbox_id_is_not_found(pod):
+async def test_another_sandbox_id_is_not_found(pod) -> None:
     await pod.create("app", "true")
     with pytest.raises(NotFound):
         await pod.shim.client.call(TASK_SERVICE, "State", {"sandbox_id": "other", "task_id": "app"}, timeout=WAIT)
 
 
-async def test_duplicate_task_id_already_exists(pod):
+async def test_duplicate_task_id_already_exists(pod) -> None:
     await pod.create("app", "true")
     with pytest.raises(AlreadyExists):
         await pod.create("app", "true")
@@ -371,7 +371,7 @@ async def test_malformed_create_is_invalid_argument(pod):
     assert (await pod.call("List"))["tasks"] == []
 
 
-async def test_a_log_path_that_is_a_symlink_fails_create_and_nothing_is_written_through_it(pod, tmp_path):
+async def test_a_log_path_that_is_a_symlink_fails_create_and_nothing_is_written_through_it(pod, tmp_path) -> None:
     victim = tmp_path / "victim"
     victim.write_bytes(b"precious\n")
     os.makedirs(os.path.dirname(pod.log_path("app")))
@@ -382,7 +382,7 @@ async def test_a_log_path_that_is_a_symlink_fails_create_and_nothing_is_written_
     assert victim.read_bytes() == b"precious\n"
 
 
-async def test_a_symlink_planted_at_the_log_path_after_create_fails_start(pod, tmp_path):
+async def test_a_symlink_planted_at_the_log_path_after_create_fails_start(pod, tmp_path) -> None:
     victim = tmp_path / "victim"
     victim.write_bytes(b"precious\n")
     await pod.create("app", "echo", "hello")
@@ -392,7 +392,7 @@ async def test_a_symlink_planted_at_the_log_path_after_create_fails_start(pod, t
     assert victim.read_bytes() == b"precious\n"
 
 
-async def test_create_needs_a_running_sandbox(shims, tmp_path):
+async def test_create_needs_a_running_sandbox(shims, tmp_path) -> None:
     shim = await shims.start()
     await shim.call("CreateSandbox")
     with pytest.raises(FailedPrecondition, match="not running"):
@@ -400,7 +400,7 @@ async def test_create_needs_a_running_sandbox(shims, tmp_path):
                                                         "args": ["true"], "log_path": str(tmp_path / "a.log")})
 
 
-async def test_list_gives_every_task_state(pod):
+async def test_list_gives_every_task_state(pod) -> None:
     await pod.create("one", "true")
     pid = await pod.run("two", "sleep", "30", pid_mode="POD")
     tasks = {t["task_id"]: t for t in (await pod.call("List"))["tasks"]}
@@ -409,7 +409,7 @@ async def test_list_gives_every_task_state(pod):
     assert tasks["two"]["args"] == ["sleep", "30"] and tasks["two"]["log_path"] == pod.log_path("two")
 
 
-async def test_exec_of_a_missing_binary_fails_clearly_and_leaves_nothing(pod):
+async def test_exec_of_a_missing_binary_fails_clearly_and_leaves_nothing(pod) -> None:
     await pod.create("app", "/no/such")
     with pytest.raises(FailedPrecondition) as failure:
         await pod.call("Start", task_id="app")
@@ -421,7 +421,7 @@ async def test_exec_of_a_missing_binary_fails_clearly_and_leaves_nothing(pod):
     assert pod.shim.record()["tasks"]["app"]["cgroup"] is None
 
 
-async def test_program_not_on_path_fails_clearly(pod):
+async def test_program_not_on_path_fails_clearly(pod) -> None:
     await pod.create("app", "no-such-program")
     with pytest.raises(FailedPrecondition) as failure:
         await pod.call("Start", task_id="app")
@@ -431,7 +431,7 @@ async def test_program_not_on_path_fails_clearly(pod):
 # -- with the sandbox ------------------------------------------------------------------------
 
 
-async def test_stop_sandbox_kills_running_tasks_in_both_pid_modes(pod):
+async def test_stop_sandbox_kills_running_tasks_in_both_pid_modes(pod) -> None:
     events = await EventStream.open(pod.shim, await pod.shim.connect())
     pids = {"pod": await pod.run("pod", "sleep", "30", pid_mode="POD"),
             "container": await pod.run("container", "sleep", "30")}
@@ -445,28 +445,28 @@ async def test_stop_sandbox_kills_running_tasks_in_both_pid_modes(pod):
     await events.aclose()
 
 
-async def test_no_task_starts_in_a_stopped_sandbox(pod):
+async def test_no_task_starts_in_a_stopped_sandbox(pod) -> None:
     await pod.create("app", "true")
     await pod.shim.call("StopSandbox", timeout_secs=0)
     with pytest.raises(FailedPrecondition, match="not running"):
         await pod.call("Start", task_id="app")
 
 
-async def test_shutdown_removes_task_cgroups_before_the_sandbox_cgroup(pod):
+async def test_shutdown_removes_task_cgroups_before_the_sandbox_cgroup(pod) -> None:
     await pod.run("app", "sleep", "30")
     await pod.shim.call("ShutdownSandbox")
     await pod.shim.process.exited()
     assert not any(os.path.exists(path) for path in pod.cgroups.values())
 
 
-async def test_tasks_are_recorded_in_state_json_as_they_start(pod):
+async def test_tasks_are_recorded_in_state_json_as_they_start(pod) -> None:
     pid = await pod.run("app", "sleep", "30", pid_mode="POD")
     record = pod.shim.record()["tasks"]["app"]
     assert (record["pid"], record["start_time"], record["status"]) == (pid, linux.proc_start_time(pid), "running")
     assert set(record["cgroup"]["paths"].values()) == {os.path.join(path, "app") for path in pod.cgroups.values()}
 
 
-async def test_podshim_delete_after_a_shim_crash_kills_the_task_and_removes_its_cgroups(pod):
+async def test_podshim_delete_after_a_shim_crash_kills_the_task_and_removes_its_cgroups(pod) -> None:
     pid = await pod.run("app", "sleep", "30")
     start_time = linux.proc_start_time(pid)
     pod.shim.process.kill()

@@ -83,7 +83,7 @@ class Tap:
         os.close(self.fd)
 
 
-async def test_a_terminal_task_runs_on_a_terminal_of_its_own_devpts_and_its_output_is_logged_as_stdout(pod):
+async def test_a_terminal_task_runs_on_a_terminal_of_its_own_devpts_and_its_output_is_logged_as_stdout(pod) -> None:
     await pod.start("t", "sh", "-c", "tty; echo to-stderr >&2; stty size; "
                                      "read -r _ _ _ _ _ _ tty_nr _ < /proc/self/stat; echo $tty_nr; "
                                      "[ -t 0 ] && [ -t 1 ] && [ -t 2 ] && echo all-three")
@@ -99,7 +99,7 @@ async def test_a_terminal_task_runs_on_a_terminal_of_its_own_devpts_and_its_outp
     assert state["terminal"] is True and state["status"] == "stopped"
 
 
-async def test_stdin_is_the_terminals_input_and_its_end_is_the_terminals_end_of_file(pod):
+async def test_stdin_is_the_terminals_input_and_its_end_is_the_terminals_end_of_file(pod) -> None:
     await pod.start("t", "sh", "-c", "read line; echo got $line; cat; echo after-eof", stdin=True)
     fifo = (await pod.call("State", task_id="t"))["stdin"]
     assert stat.S_ISFIFO(os.stat(fifo).st_mode)
@@ -114,7 +114,7 @@ async def test_stdin_is_the_terminals_input_and_its_end_is_the_terminals_end_of_
     assert not os.path.exists(fifo)
 
 
-async def test_resize_pty_sets_the_size_and_the_task_is_told(pod, tmp_path):
+async def test_resize_pty_sets_the_size_and_the_task_is_told(pod, tmp_path) -> None:
     await pod.start("t", "sh", "-c", "trap 'stty size; exit 0' WINCH; read go; echo ready; "
                                      "while :; do sleep 0.1; done", stdin=True)
     tap = Tap(str(tmp_path / "out"))
@@ -131,7 +131,7 @@ async def test_resize_pty_sets_the_size_and_the_task_is_told(pod, tmp_path):
         tap.close()
 
 
-async def test_attachers_get_the_terminals_output_on_stdout_and_their_stderr_fifo_just_ends(pod, tmp_path):
+async def test_attachers_get_the_terminals_output_on_stdout_and_their_stderr_fifo_just_ends(pod, tmp_path) -> None:
     await pod.start("t", "sh", "-c", "read x; echo out $x; echo err >&2", stdin=True)
     out, err = Tap(str(tmp_path / "out")), Tap(str(tmp_path / "err"))
     try:
@@ -146,7 +146,7 @@ async def test_attachers_get_the_terminals_output_on_stdout_and_their_stderr_fif
         err.close()
 
 
-async def test_resize_pty_is_refused_for_a_task_without_a_terminal_or_a_size_out_of_range(pod):
+async def test_resize_pty_is_refused_for_a_task_without_a_terminal_or_a_size_out_of_range(pod) -> None:
     await pod.call("Create", task_id="plain", args=["sleep", "600"], log_path=pod.log("plain"))
     with pytest.raises(FailedPrecondition, match="not been started"):
         await pod.call("ResizePty", task_id="plain", width=80, height=24)
@@ -160,7 +160,7 @@ async def test_resize_pty_is_refused_for_a_task_without_a_terminal_or_a_size_out
         await pod.call("ResizePty", task_id="t", width=80)
 
 
-async def test_a_terminal_task_leaves_no_fd_in_the_shim(pod):
+async def test_a_terminal_task_leaves_no_fd_in_the_shim(pod) -> None:
     await pod.start("warmup", "true")  # the shim's own lazily opened files
     await pod.call("Wait", task_id="warmup")
     await pod.call("Delete", task_id="warmup")

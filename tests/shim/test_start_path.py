@@ -70,7 +70,7 @@ async def started(shims):
     return _imports(done.stderr), _imports(shim_log.split("serving sandbox")[0])
 
 
-async def test_start_and_its_shim_import_no_module_that_only_some_calls_use(started):
+async def test_start_and_its_shim_import_no_module_that_only_some_calls_use(started) -> None:
     start, shim = started
     assert "shim.daemon" in start | shim  # the measurement sees the shim's imports
     assert _lazy_loaded(start) == {}

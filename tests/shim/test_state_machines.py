@@ -47,19 +47,19 @@ SANDBOX_REFUSED = [
 ]
 
 
-def test_every_sandbox_operation_in_every_state_is_either_allowed_or_refused_here():
+def test_every_sandbox_operation_in_every_state_is_either_allowed_or_refused_here() -> None:
     specified = [(op, state) for op, state, _ in SANDBOX_ALLOWED] + [(op, state) for op, state, *_ in SANDBOX_REFUSED]
     assert sorted(specified) == sorted(itertools.product(Op, S))
 
 
 @pytest.mark.parametrize("op, state, after", SANDBOX_ALLOWED)
-def test_an_allowed_sandbox_transition_gives_the_next_state(op, state, after):
+def test_an_allowed_sandbox_transition_gives_the_next_state(op, state, after) -> None:
     assert sandbox.transition(op, state, "sb1") is after
     assert sandbox.TRANSITIONS[(op, state)] is after
 
 
 @pytest.mark.parametrize("op, state, error, sentence", SANDBOX_REFUSED)
-def test_a_refused_sandbox_transition_says_why(op, state, error, sentence):
+def test_a_refused_sandbox_transition_says_why(op, state, error, sentence) -> None:
     with pytest.raises(error) as raised:
         sandbox.transition(op, state, "sb1")
     assert raised.value.message == sentence
@@ -92,19 +92,19 @@ TASK_REFUSED = [
 ]
 
 
-def test_every_task_operation_in_every_status_is_either_allowed_or_refused_here():
+def test_every_task_operation_in_every_status_is_either_allowed_or_refused_here() -> None:
     specified = [(op, status) for op, status, _ in TASK_ALLOWED] + [(op, status) for op, status, _ in TASK_REFUSED]
     assert sorted(specified) == sorted(itertools.product(TOp, T))
 
 
 @pytest.mark.parametrize("op, status, after", TASK_ALLOWED)
-def test_an_allowed_task_transition_gives_the_next_status(op, status, after):
+def test_an_allowed_task_transition_gives_the_next_status(op, status, after) -> None:
     assert tasks.transition(op, status, "app") is after
     assert tasks.TRANSITIONS[(op, status)] is after
 
 
 @pytest.mark.parametrize("op, status, sentence", TASK_REFUSED)
-def test_a_refused_task_transition_is_a_failed_precondition_that_says_why(op, status, sentence):
+def test_a_refused_task_transition_is_a_failed_precondition_that_says_why(op, status, sentence) -> None:
     with pytest.raises(FailedPrecondition) as raised:
         tasks.transition(op, status, "app")
     assert raised.value.message == sentence

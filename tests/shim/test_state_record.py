@@ -58,13 +58,13 @@ def read_doc(bundle) -> dict:
         return json.load(f)
 
 
-def test_a_record_reads_back_as_it_was_written(tmp_path):
+def test_a_record_reads_back_as_it_was_written(tmp_path) -> None:
     record = a_record()
     write_state(str(tmp_path), record)
     assert read_state(str(tmp_path)) == record
 
 
-def test_the_file_is_a_sorted_json_map_with_every_key_and_the_version(tmp_path):
+def test_the_file_is_a_sorted_json_map_with_every_key_and_the_version(tmp_path) -> None:
     write_state(str(tmp_path), a_record())
     with open(tmp_path / STATE_FILE) as f:
         text = f.read()
@@ -77,7 +77,7 @@ def test_the_file_is_a_sorted_json_map_with_every_key_and_the_version(tmp_path):
                                    "rootfs": ""}
 
 
-def test_no_bundle_record_is_none(tmp_path):
+def test_no_bundle_record_is_none(tmp_path) -> None:
     assert read_state(str(tmp_path)) is None
 
 
@@ -109,20 +109,20 @@ def test_keys_a_newer_shim_added_are_ignored(tmp_path):
     ({"tasks": {"app": {"pid": True}}}, "state.json task app: pid is True, not an integer"),
     ({"pause": {"start_time": 1}}, "state.json pause: pid is missing"),
 ])
-def test_a_field_of_the_wrong_type_is_refused_naming_it(tmp_path, change, sentence):
+def test_a_field_of_the_wrong_type_is_refused_naming_it(tmp_path, change, sentence) -> None:
     write_doc(tmp_path, {**BEFORE_OCI, **change})
     with pytest.raises(MalformedRecord) as raised:
         read_state(str(tmp_path))
     assert str(raised.value) == f"{tmp_path / STATE_FILE}: {sentence}"
 
 
-def test_a_file_that_is_not_a_map_is_not_a_record(tmp_path):
+def test_a_file_that_is_not_a_map_is_not_a_record(tmp_path) -> None:
     write_doc(tmp_path, ["not", "a", "map"])
     with pytest.raises(ValueError, match="does not hold a map"):
         read_state(str(tmp_path))
 
 
-def test_the_sandbox_new_state_is_the_records():
+def test_the_sandbox_new_state_is_the_records() -> None:
     from shim.sandbox.record import STATE_NEW
 
     assert State.NEW.value == STATE_NEW
@@ -140,7 +140,7 @@ def gone_pid() -> int:
     return child.pid
 
 
-def test_delete_acts_on_a_record_from_before_the_version_and_rewrites_it_in_this_one(tmp_path, gone_pid):
+def test_delete_acts_on_a_record_from_before_the_version_and_rewrites_it_in_this_one(tmp_path, gone_pid) -> None:
     sock = tmp_path / "sock"
     sock.touch()
     doc = {**BEFORE_TASKS, "shim_pid": gone_pid, "shim_start_time": 1, "socket_path": str(sock), "netns_path": None,
@@ -155,13 +155,13 @@ def test_delete_acts_on_a_record_from_before_the_version_and_rewrites_it_in_this
     assert {k: after[k] for k in doc if k != "state"} == {k: v for k, v in doc.items() if k != "state"}
 
 
-def test_delete_without_a_record_reports_an_unknown_exit(tmp_path):
+def test_delete_without_a_record_reports_an_unknown_exit(tmp_path) -> None:
     result = delete_sandbox(str(tmp_path), "ns", "sb1", str(tmp_path))
     assert (result["exit_status"], result["pid"]) == (UNKNOWN_EXIT_STATUS, 0)
     assert not os.path.exists(tmp_path / STATE_FILE)
 
 
-def test_delete_of_a_malformed_record_exits_1_naming_the_field_and_touches_nothing(tmp_path, capsys):
+def test_delete_of_a_malformed_record_exits_1_naming_the_field_and_touches_nothing(tmp_path, capsys) -> None:
     doc = {**BEFORE_OCI, "tasks": {"app": {"status": "running", "pid": "4444"}}}
     write_doc(tmp_path, doc)
     code = cli.main(["delete", "--namespace", "ns", "--id", "sb1", "--bundle", str(tmp_path),

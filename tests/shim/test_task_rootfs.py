@@ -132,7 +132,7 @@ def tmpfs_on(path: str):
 
 # -- the root ---------------------------------------------------------------------------------
 
-async def test_a_bound_rootfs_is_the_tasks_root_and_nothing_of_the_host_is_there(pod, tmp_path):
+async def test_a_bound_rootfs_is_the_tasks_root_and_nothing_of_the_host_is_there(pod, tmp_path) -> None:
     tree = a_tree(tmp_path / "tree")
     await pod.run("app", "sleep", "600", rootfs=bound(tree), env=["PATH=/bin"])
     status, out = await pod.sh("app", "cat /etc/marker; ls /; ls /work 2>&1")
@@ -143,7 +143,7 @@ async def test_a_bound_rootfs_is_the_tasks_root_and_nothing_of_the_host_is_there
     await pod.end("app")
 
 
-async def test_an_overlay_rootfs_is_the_tree_with_the_tasks_writes_in_its_upper_dir(pod, tmp_path):
+async def test_an_overlay_rootfs_is_the_tree_with_the_tasks_writes_in_its_upper_dir(pod, tmp_path) -> None:
     tree = a_tree(tmp_path / "tree")
     await pod.run("app", "sleep", "600", rootfs=overlay(tmp_path, tree), env=["PATH=/bin"])
     status, out = await pod.sh("app", "cat /etc/marker && touch /etc/written && ls /etc")
@@ -152,7 +152,7 @@ async def test_an_overlay_rootfs_is_the_tree_with_the_tasks_writes_in_its_upper_
     await pod.end("app")
 
 
-async def test_an_overlay_of_more_layers_than_mount_options_can_hold_has_every_layer(pod, tmp_path):
+async def test_an_overlay_of_more_layers_than_mount_options_can_hold_has_every_layer(pod, tmp_path) -> None:
     layers = [a_tree(tmp_path / "tree")]
     for n in range(60):  # each above the one before; the options come to about 6 KiB
         layer = tmp_path / "layers" / f"{n:02d}-{'x' * 60}"
@@ -169,7 +169,7 @@ async def test_an_overlay_of_more_layers_than_mount_options_can_hold_has_every_l
     assert (status, out) == (0, "60\nthe task's own tree\n")
 
 
-async def test_a_readonly_rootfs_cannot_be_written(pod, tmp_path):
+async def test_a_readonly_rootfs_cannot_be_written(pod, tmp_path) -> None:
     tree = a_tree(tmp_path / "tree")
     await pod.run("app", "sleep", "600", rootfs=overlay(tmp_path, tree), readonly_rootfs=True, env=["PATH=/bin"])
     status, out = await pod.sh("app", "touch /etc/written")
@@ -180,7 +180,7 @@ async def test_a_readonly_rootfs_cannot_be_written(pod, tmp_path):
 BUSYBOX_MOUNT = {"destination": "/bin/busybox", "source": "/bin/busybox", "options": ["ro"]}
 
 
-async def test_the_node_root_a_task_asks_for_is_read_only(pod, tmp_path):
+async def test_the_node_root_a_task_asks_for_is_read_only(pod, tmp_path) -> None:
     (tmp_path / "host-file").write_text("from the host\n")
     await pod.run("app", "sleep", "600")  # rootfs: the node's /, as the pod helper gives it
     status, out = await pod.sh("app", f"cat {tmp_path}/host-file; touch {tmp_path}/written 2>&1; touch /written 2>&1")
@@ -189,7 +189,7 @@ async def test_the_node_root_a_task_asks_for_is_read_only(pod, tmp_path):
     assert not (tmp_path / "written").exists() and not os.path.exists("/written")
 
 
-async def test_without_a_rootfs_the_root_is_its_own_empty_and_read_only(pod, tmp_path):
+async def test_without_a_rootfs_the_root_is_its_own_empty_and_read_only(pod, tmp_path) -> None:
     # Nothing of the node but what its mounts bind: no secret, no socket, no state of the node.
     (tmp_path / "host-file").write_text("from the host\n")
     await pod.run("app", "/bin/busybox", "sleep", "600", rootfs=[], mounts=[BUSYBOX_MOUNT])
@@ -203,7 +203,7 @@ async def test_without_a_rootfs_the_root_is_its_own_empty_and_read_only(pod, tmp
     assert not os.path.exists("/written")
 
 
-async def test_a_task_of_pod_pid_mode_has_the_root_it_was_given_too(pod, tmp_path):
+async def test_a_task_of_pod_pid_mode_has_the_root_it_was_given_too(pod, tmp_path) -> None:
     tree = a_tree(tmp_path / "tree")
     await pod.run("app", "sleep", "600", rootfs=bound(tree), env=["PATH=/bin"], pid_mode="POD")
     assert (await pod.sh("app", "cat /etc/marker")) == (0, "the task's own tree\n")
@@ -211,7 +211,7 @@ async def test_a_task_of_pod_pid_mode_has_the_root_it_was_given_too(pod, tmp_pat
 
 # -- /proc, /dev, /sys, masked and read-only paths ----------------------------------------------
 
-async def test_proc_shows_the_tasks_own_pid_namespace(pod, tmp_path):
+async def test_proc_shows_the_tasks_own_pid_namespace(pod, tmp_path) -> None:
     await pod.run("app", "sleep", "600", rootfs=bound(a_tree(tmp_path / "tree")), env=["PATH=/bin"])
     # Shell builtins only: the exec's sh is the one process besides the task's.
     status, out = await pod.sh("app", "cd /proc; for p in [0-9]*; do read c < $p/comm; echo $p $c; done")
@@ -220,7 +220,7 @@ async def test_proc_shows_the_tasks_own_pid_namespace(pod, tmp_path):
     assert processes.pop("1") == "sleep" and list(processes.values()) == ["sh"]
 
 
-async def test_dev_has_exactly_the_standard_nodes(pod, tmp_path):
+async def test_dev_has_exactly_the_standard_nodes(pod, tmp_path) -> None:
     await pod.run("app", "sleep", "600", rootfs=bound(a_tree(tmp_path / "tree")), env=["PATH=/bin"])
     status, out = await pod.sh("app", "ls -a /dev; stat -c '%n %t:%T %a' /dev/null /dev/zero /dev/full /dev/random "
                                       "/dev/urandom /dev/tty; readlink /dev/ptmx; readlink /dev/fd")
@@ -231,7 +231,7 @@ async def test_dev_has_exactly_the_standard_nodes(pod, tmp_path):
                           "/dev/urandom 1:9 666", "/dev/tty 5:0 666", "pts/ptmx", "/proc/self/fd"]
 
 
-async def test_dev_shm_is_the_pods_shared_by_its_tasks(pod, tmp_path):
+async def test_dev_shm_is_the_pods_shared_by_its_tasks(pod, tmp_path) -> None:
     tree = a_tree(tmp_path / "tree")
     await pod.run("writer", "sleep", "600", rootfs=bound(tree), env=["PATH=/bin"])
     await pod.run("reader", "sleep", "600", rootfs=bound(tree), env=["PATH=/bin"], pid_mode="POD")
@@ -239,7 +239,7 @@ async def test_dev_shm_is_the_pods_shared_by_its_tasks(pod, tmp_path):
     assert await pod.sh("reader", "cat /dev/shm/note") == (0, "shared\n")
 
 
-async def test_sys_is_read_only_and_masked_paths_unreadable_and_proc_sys_read_only(pod):
+async def test_sys_is_read_only_and_masked_paths_unreadable_and_proc_sys_read_only(pod) -> None:
     await pod.run("app", "sleep", "600")
     status, out = await pod.sh("app", "cat /proc/self/mountinfo; wc -c < /proc/timer_list; ls /sys/firmware | wc -l")
     lines = out.splitlines()
@@ -250,7 +250,7 @@ async def test_sys_is_read_only_and_masked_paths_unreadable_and_proc_sys_read_on
     assert "rw" in mount_options(mountinfo, "/proc")
 
 
-async def test_masked_and_readonly_paths_given_replace_the_defaults(pod, tmp_path):
+async def test_masked_and_readonly_paths_given_replace_the_defaults(pod, tmp_path) -> None:
     tree = a_tree(tmp_path / "tree")
     await pod.run("app", "sleep", "600", rootfs=overlay(tmp_path, tree), env=["PATH=/bin"],
                   masked_paths=["/etc/marker", "/data"], readonly_paths=["/tmp"])
@@ -260,7 +260,7 @@ async def test_masked_and_readonly_paths_given_replace_the_defaults(pod, tmp_pat
     assert lines[-1] != "0"  # /proc/timer_list is not masked any more
 
 
-async def test_privileged_has_no_masked_paths_a_writable_sys_and_the_hosts_devices(pod):
+async def test_privileged_has_no_masked_paths_a_writable_sys_and_the_hosts_devices(pod) -> None:
     devices = {f"{name} {st.st_rdev}" for name, st in ((name, os.lstat(f"/dev/{name}")) for name in os.listdir("/dev"))
                if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode)} - {f"{n} {os.lstat('/dev/' + n).st_rdev}"
                                                                           for n in ("console", "ptmx")}
@@ -280,7 +280,7 @@ async def test_privileged_has_no_masked_paths_a_writable_sys_and_the_hosts_devic
 
 # -- mounts ---------------------------------------------------------------------------------
 
-async def test_mounts_are_bound_read_write_or_read_only_and_their_destinations_made(pod, tmp_path):
+async def test_mounts_are_bound_read_write_or_read_only_and_their_destinations_made(pod, tmp_path) -> None:
     tree = a_tree(tmp_path / "tree")
     (tmp_path / "rw").mkdir()
     (tmp_path / "ro").mkdir()
@@ -296,7 +296,7 @@ async def test_mounts_are_bound_read_write_or_read_only_and_their_destinations_m
 
 
 async def test_a_tmpfs_mount_is_a_new_tmpfs_with_its_flags_and_size_and_mounts_below_it_are_made_in_it(pod,
-                                                                                                       tmp_path):
+                                                                                                       tmp_path) -> None:
     tree = a_tree(tmp_path / "tree")
     (tmp_path / "vol").mkdir()
     await pod.run("app", "sleep", "600", rootfs=overlay(tmp_path, tree), env=["PATH=/bin"], mounts=[
@@ -317,7 +317,7 @@ async def test_a_tmpfs_mount_is_a_new_tmpfs_with_its_flags_and_size_and_mounts_b
     assert not (tmp_path / "tree" / "run" / "written").exists()
 
 
-async def test_a_mount_destination_of_a_task_without_a_rootfs_is_made_in_its_own_root(pod, tmp_path):
+async def test_a_mount_destination_of_a_task_without_a_rootfs_is_made_in_its_own_root(pod, tmp_path) -> None:
     (tmp_path / "marker").write_text("mounted\n")
     await pod.run("app", "/bin/busybox", "sleep", "600", rootfs=[],
                   mounts=[BUSYBOX_MOUNT, {"destination": "/no/such/dir", "source": str(tmp_path)}])
@@ -328,7 +328,7 @@ async def test_a_mount_destination_of_a_task_without_a_rootfs_is_made_in_its_own
 
 @pytest.mark.parametrize("propagation, appears", [("rslave", True), ("rshared", True), ("rprivate", False)])
 async def test_a_mount_made_on_the_host_below_a_source_appears_inside_as_its_propagation_says(
-        pod, tmp_path, propagation, appears):
+        pod, tmp_path, propagation, appears) -> None:
     source = tmp_path / "source"
     (source / "sub").mkdir(parents=True)
     with shared_mount(str(source)):
@@ -340,7 +340,7 @@ async def test_a_mount_made_on_the_host_below_a_source_appears_inside_as_its_pro
         await pod.end("app")
 
 
-async def test_a_mount_made_inside_below_an_rshared_bind_appears_on_the_host(pod, tmp_path):
+async def test_a_mount_made_inside_below_an_rshared_bind_appears_on_the_host(pod, tmp_path) -> None:
     """critest's "mount propagation: rshared": what the task mounts below a bidirectional bind
     reaches the host (and is unmounted there again by the test)."""
     source = tmp_path / "source"
@@ -362,20 +362,20 @@ async def test_a_mount_made_inside_below_an_rshared_bind_appears_on_the_host(pod
 
 # -- what is undone -------------------------------------------------------------------------------
 
-async def test_delete_unmounts_the_rootfs_and_removes_its_directory(pod, tmp_path):
+async def test_delete_unmounts_the_rootfs_and_removes_its_directory(pod, tmp_path) -> None:
     await pod.run("app", "sleep", "600", rootfs=overlay(tmp_path, a_tree(tmp_path / "tree")), env=["PATH=/bin"])
     assert pod.mounted()
     await pod.end("app")
     assert pod.mounted() == [] and not os.path.exists(os.path.dirname(pod.rootfs("app")))
 
 
-async def test_shutdown_unmounts_the_rootfs_of_tasks_not_deleted(pod, tmp_path):
+async def test_shutdown_unmounts_the_rootfs_of_tasks_not_deleted(pod, tmp_path) -> None:
     await pod.run("app", "sleep", "600", rootfs=overlay(tmp_path, a_tree(tmp_path / "tree")), env=["PATH=/bin"])
     await pod.shim.call("ShutdownSandbox")
     assert pod.mounted() == [] and not os.path.exists(os.path.dirname(pod.rootfs("app")))
 
 
-async def test_a_rootfs_that_cannot_be_mounted_fails_create_and_leaves_nothing(pod, tmp_path):
+async def test_a_rootfs_that_cannot_be_mounted_fails_create_and_leaves_nothing(pod, tmp_path) -> None:
     rootfs = [{"type": "overlay", "source": "overlay", "options": [f"lowerdir={tmp_path}/no-such"]}]
     with pytest.raises(FailedPrecondition, match=r"cannot mount rootfs\[0\] \(overlay overlay\)"):
         await pod.call("Create", task_id="app", args=["true"], log_path=f"{pod.log_dir}/app.log", rootfs=rootfs)
@@ -383,7 +383,7 @@ async def test_a_rootfs_that_cannot_be_mounted_fails_create_and_leaves_nothing(p
     assert (await pod.call("List"))["tasks"] == []
 
 
-async def test_podshim_delete_after_a_shim_crash_unmounts_the_rootfs(pod, tmp_path):
+async def test_podshim_delete_after_a_shim_crash_unmounts_the_rootfs(pod, tmp_path) -> None:
     await pod.run("app", "sleep", "600", rootfs=overlay(tmp_path, a_tree(tmp_path / "tree")), env=["PATH=/bin"])
     assert pod.shim.record()["tasks"]["app"]["rootfs"] == pod.rootfs("app")
     pod.shim.process.kill()
@@ -411,7 +411,7 @@ async def test_podshim_delete_after_a_shim_crash_unmounts_the_rootfs(pod, tmp_pa
     ({"readonly_paths": "/proc/sys"}, "field 'readonly_paths' must be an array"),
     ({"privileged": 1}, "field 'privileged' must be true or false"),
 ])
-async def test_a_malformed_filesystem_field_is_invalid_argument_naming_it(shim, tmp_path, fields, sentence):
+async def test_a_malformed_filesystem_field_is_invalid_argument_naming_it(shim, tmp_path, fields, sentence) -> None:
     await shim.run_sandbox()
     with pytest.raises(InvalidArgument, match=sentence):
         await shim.client.call(TASK_SERVICE, "Create", {"sandbox_id": shim.sandbox_id, "task_id": "app",

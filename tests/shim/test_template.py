@@ -56,7 +56,7 @@ def start_shim(roots, sandbox_id: str, *extra: str, namespace: str = "tpl") -> d
     return json.loads(out.stdout)
 
 
-def test_template_spawned_shim_has_the_same_bootstrap_as_exec(roots, template):
+def test_template_spawned_shim_has_the_same_bootstrap_as_exec(roots, template) -> None:
     via_template = start_shim(roots, "a1")
     via_exec = start_shim(roots, "a2", "--no-template")
     assert set(via_template) == set(via_exec) == {"version", "address", "protocol", "pid", "start_time"}
@@ -66,7 +66,7 @@ def test_template_spawned_shim_has_the_same_bootstrap_as_exec(roots, template):
         assert json.load(f) == via_template
 
 
-def test_template_is_not_the_parent_of_its_shims(roots, template):
+def test_template_is_not_the_parent_of_its_shims(roots, template) -> None:
     result = start_shim(roots, "b1")
     with open(f"/proc/{result['pid']}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
@@ -75,7 +75,7 @@ def test_template_is_not_the_parent_of_its_shims(roots, template):
     assert session == result["pid"] == pgrp  # its own session and process group
 
 
-async def test_shim_survives_the_template_and_serves_a_sandbox(roots, template):
+async def test_shim_survives_the_template_and_serves_a_sandbox(roots, template) -> None:
     result = start_shim(roots, "c1")
     template.stop()
     assert alive(result["pid"])
@@ -102,7 +102,7 @@ def _wait_served(result: dict, sandbox_id: str) -> None:
     asyncio.run(ping())
 
 
-def test_template_forked_shim_keeps_only_its_own_fds(roots, template):
+def test_template_forked_shim_keeps_only_its_own_fds(roots, template) -> None:
     result = start_shim(roots, "d1")
     _wait_served(result, "d1")
 
@@ -122,7 +122,7 @@ def test_template_forked_shim_keeps_only_its_own_fds(roots, template):
     assert len(os.listdir(f"/proc/{result['pid']}/fd")) < 32
 
 
-def test_shims_forked_from_one_template_have_different_random_state(roots, template):
+def test_shims_forked_from_one_template_have_different_random_state(roots, template) -> None:
     a = start_shim(roots, "e1")
     b = start_shim(roots, "e2")
     # Each shim makes a netns with a random name: the names must differ, and they come from the
@@ -148,7 +148,7 @@ def test_shims_forked_from_one_template_have_different_random_state(roots, templ
     assert len(set(names)) == 2
 
 
-def test_start_falls_back_to_exec_when_no_template_answers(roots):
+def test_start_falls_back_to_exec_when_no_template_answers(roots) -> None:
     runtime_root = roots[0]
     os.makedirs(runtime_root, mode=0o700, exist_ok=True)
     # A stale control socket file (a template that died) must not stall start.
@@ -162,21 +162,21 @@ def test_start_falls_back_to_exec_when_no_template_answers(roots):
     assert alive(result["pid"])
 
 
-def test_template_refuses_a_bad_identifier(roots, template):
+def test_template_refuses_a_bad_identifier(roots, template) -> None:
     with pytest.raises(InvalidArgument):
         blocking.call("unix://" + control_socket_path(roots[0]), TEMPLATE_SERVICE, "Spawn",
                       {"namespace": "tpl", "sandbox_id": "../etc", "bundle": str(roots[1] / "x")})
     assert not os.path.exists(roots[1] / "x")
 
 
-def test_template_restarts_on_the_same_control_socket(roots, template):
+def test_template_restarts_on_the_same_control_socket(roots, template) -> None:
     template.stop()
     template.start()
     result = start_shim(roots, "g1")
     assert alive(result["pid"])
 
 
-def test_shims_are_named_podshim_shim_however_they_started(roots, template):
+def test_shims_are_named_podshim_shim_however_they_started(roots, template) -> None:
     forked = start_shim(roots, "h1")
     execd = start_shim(roots, "h2", "--no-template")
     for result in (forked, execd):
@@ -196,7 +196,7 @@ def _state(pid: int) -> str:
         return f.read().rsplit(")", 1)[1].split()[0]
 
 
-def test_template_reaps_the_intermediate_children_of_its_double_forks(roots, template):
+def test_template_reaps_the_intermediate_children_of_its_double_forks(roots, template) -> None:
     for n in range(3):
         start_shim(roots, f"r{n}")
     # Each intermediate child exits once it has forked (and, for a shim forked on the spot,
@@ -221,7 +221,7 @@ def _comm(pid: int) -> str:
         return f.read().strip()
 
 
-def test_template_hands_its_spare_to_the_next_spawn_and_forks_another(roots, template):
+def test_template_hands_its_spare_to_the_next_spawn_and_forks_another(roots, template) -> None:
     ping = _ping(template)
     assert set(ping) == {"pid", "spawned", "runtime_root", "spare_pid"}  # protocol.md 7.5
     spare = ping["spare_pid"]
@@ -265,7 +265,7 @@ async def _netns_made_ahead(template) -> set[str]:
     return made
 
 
-async def test_the_spare_makes_its_sandbox_netns_ahead_and_create_pins_it(roots, template):
+async def test_the_spare_makes_its_sandbox_netns_ahead_and_create_pins_it(roots, template) -> None:
     made = await _netns_made_ahead(template)
     assert len(made) == 1 and os.readlink("/proc/self/ns/net") not in made
     result = start_shim(roots, "n1")
@@ -274,7 +274,7 @@ async def test_the_spare_makes_its_sandbox_netns_ahead_and_create_pins_it(roots,
     assert _net_namespaces_held(result["pid"]) == set()  # pinned by its file, not by the shim
 
 
-async def test_a_host_network_sandbox_closes_the_netns_made_ahead(roots, template):
+async def test_a_host_network_sandbox_closes_the_netns_made_ahead(roots, template) -> None:
     await _netns_made_ahead(template)
     result = start_shim(roots, "n2")
     status = await _create(result["address"], "n2", options={"linux": {"security_context": {
@@ -283,7 +283,7 @@ async def test_a_host_network_sandbox_closes_the_netns_made_ahead(roots, templat
     assert _net_namespaces_held(result["pid"]) == set()
 
 
-def test_a_spawn_of_a_sandbox_that_is_served_already_answers_its_shim_and_ends_the_spare_it_told(roots, template):
+def test_a_spawn_of_a_sandbox_that_is_served_already_answers_its_shim_and_ends_the_spare_it_told(roots, template) -> None:
     # The spare is told its sandbox before the socket is bound (it makes its pieces meanwhile):
     # when a live shim serves the socket already, that spare can be no one's and must go.
     first = start_shim(roots, "r1")
@@ -335,7 +335,7 @@ def _catches(pid: int, sig: int) -> bool:
     return bool(int(caught, 16) & (1 << (sig - 1)))
 
 
-def test_a_spare_told_its_sandbox_ends_on_sigterm_before_its_socket_comes(roots):
+def test_a_spare_told_its_sandbox_ends_on_sigterm_before_its_socket_comes(roots) -> None:
     # The spare installs its signal handlers once it is told its sandbox, before the template has
     # bound the socket: a SIGTERM meanwhile must end it then, not once (if ever) the socket comes.
     runtime_root, tmp_path, _ = roots
@@ -361,7 +361,7 @@ sys.stdin.read()
 """
 
 
-def test_a_spare_that_fails_before_it_serves_says_why_where_the_template_logs():
+def test_a_spare_that_fails_before_it_serves_says_why_where_the_template_logs() -> None:
     # Until it serves, a spare's output is its template's (ROOT/template.log when detached).
     with _spare_held_by(_GIVE_A_SPARE_A_BAD_ASSIGNMENT, stderr=subprocess.PIPE) as (proc, spare):
         assert not wait_gone(spare)
@@ -369,7 +369,7 @@ def test_a_spare_that_fails_before_it_serves_says_why_where_the_template_logs():
     proc.stderr.close()
 
 
-def test_a_template_started_without_stdout_and_stderr_gives_its_spare_dev_null_for_them(roots):
+def test_a_template_started_without_stdout_and_stderr_gives_its_spare_dev_null_for_them(roots) -> None:
     # Closed stdio numbers would otherwise be taken by the template's own descriptors (its lock,
     # its socket), which its spare keeps as its output until it serves.
     runtime_root = roots[0]
@@ -393,7 +393,7 @@ def test_a_template_started_without_stdout_and_stderr_gives_its_spare_dev_null_f
         proc.wait(10)
 
 
-def test_a_spawn_whose_state_json_cannot_be_written_leaves_no_socket_behind(roots, template):
+def test_a_spawn_whose_state_json_cannot_be_written_leaves_no_socket_behind(roots, template) -> None:
     runtime_root, tmp_path, _ = roots
     bundle = tmp_path / "v1"
     os.makedirs(bundle / "state.json", mode=0o700)  # the shim's first state.json cannot be written
@@ -408,7 +408,7 @@ def test_a_spawn_whose_state_json_cannot_be_written_leaves_no_socket_behind(root
     assert _ping(template)["spare_pid"] not in (0, told)
 
 
-def test_a_dead_spare_is_replaced_by_a_fork(roots, template):
+def test_a_dead_spare_is_replaced_by_a_fork(roots, template) -> None:
     spare = _ping(template)["spare_pid"]
     os.kill(spare, signal.SIGKILL)
     assert not wait_gone(spare)
@@ -418,7 +418,7 @@ def test_a_dead_spare_is_replaced_by_a_fork(roots, template):
         assert json.load(f)["shim_pid"] == result["pid"]
 
 
-def test_a_double_forked_shim_is_reported_by_its_own_pid_even_when_it_is_ready_first():
+def test_a_double_forked_shim_is_reported_by_its_own_pid_even_when_it_is_ready_first() -> None:
     # The intermediate child of the double fork reports the shim's pid after recording it in
     # state.json; a shim that comes up fast has said "R" by then.
     from shim.launch.spawn import _wait_ready
@@ -435,7 +435,7 @@ def test_a_double_forked_shim_is_reported_by_its_own_pid_even_when_it_is_ready_f
         os.close(write_fd)
 
 
-def test_the_spare_goes_with_the_template(roots, template):
+def test_the_spare_goes_with_the_template(roots, template) -> None:
     spare = _ping(template)["spare_pid"]
     template.stop()
     assert not wait_gone(spare)
@@ -515,7 +515,7 @@ def _stop(pid: int) -> None:
     assert not wait_gone(pid)
 
 
-def test_template_detach_starts_one_in_its_own_session_and_later_callers_find_it(roots):
+def test_template_detach_starts_one_in_its_own_session_and_later_callers_find_it(roots) -> None:
     first = _detach(roots[0])
     try:
         assert first["started"] and _comm(first["pid"]) == "podshim-tmpl"
@@ -529,7 +529,7 @@ def test_template_detach_starts_one_in_its_own_session_and_later_callers_find_it
         _stop(first["pid"])
 
 
-def test_a_second_template_on_a_runtime_root_refuses_to_start(roots, template):
+def test_a_second_template_on_a_runtime_root_refuses_to_start(roots, template) -> None:
     from shim.launch.template import TemplateRunning, run_template
 
     with pytest.raises(TemplateRunning, match=f"another template \\(pid {template.proc.pid}\\) runs on"):
@@ -554,7 +554,7 @@ def _remake_directory(install) -> None:
 
 
 @pytest.mark.parametrize("upgrade", [_append, _rename_over, _remake_directory])
-def test_a_template_whose_code_changed_on_disk_forks_nothing_and_leaves(roots, tmp_path, upgrade):
+def test_a_template_whose_code_changed_on_disk_forks_nothing_and_leaves(roots, tmp_path, upgrade) -> None:
     from shim.lib.program import BOOT, search_path
     from shim.rpc.status import FailedPrecondition
 
@@ -581,7 +581,7 @@ def test_a_template_whose_code_changed_on_disk_forks_nothing_and_leaves(roots, t
             _stop(pid)
 
 
-def test_template_stop_ends_the_runtime_roots_template_and_leaves_its_shims(roots):
+def test_template_stop_ends_the_runtime_roots_template_and_leaves_its_shims(roots) -> None:
     pid = _detach(roots[0])["pid"]
     shim = start_shim(roots, "st1")
 
@@ -603,7 +603,7 @@ def _holds(namespace: str, pid: int) -> list[str]:
                                                          for h in discover_hierarchies()) if d is not None]
 
 
-def test_template_holds_the_cgroup_parent_of_its_namespaces_until_it_stops(roots, template):
+def test_template_holds_the_cgroup_parent_of_its_namespaces_until_it_stops(roots, template) -> None:
     namespace = f"hold{secrets.token_hex(3)}"
     start_shim(roots, "h1", namespace=namespace)
     holds = _holds(namespace, template.proc.pid)
@@ -617,7 +617,7 @@ def test_template_holds_the_cgroup_parent_of_its_namespaces_until_it_stops(roots
     assert not any(os.path.exists(os.path.dirname(hold)) for hold in holds)
 
 
-async def test_a_spare_killed_before_it_serves_fails_the_first_call_and_podshim_delete_ends_it(roots, template):
+async def test_a_spare_killed_before_it_serves_fails_the_first_call_and_podshim_delete_ends_it(roots, template) -> None:
     # The Spawn is answered once the spare has its socket and sandbox (protocol.md 7.5); a spare
     # stopped, and killed, before it serves: the call waiting in its socket fails UNAVAILABLE,
     # and its state.json, written by the template, lets `podshim delete` clean up.

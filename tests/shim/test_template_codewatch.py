@@ -57,23 +57,23 @@ def replace_by_rename(path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def test_unchanged_code_is_told_without_a_fingerprint(watch, fingerprints):
+def test_unchanged_code_is_told_without_a_fingerprint(watch, fingerprints) -> None:
     assert not watch.changed() and not watch.changed()
     assert fingerprints == []
 
 
-def test_a_file_rewritten_in_place_is_a_change(code, watch):
+def test_a_file_rewritten_in_place_is_a_change(code, watch) -> None:
     with open(code[1][1], "a") as f:
         f.write("# upgraded\n")
     assert watch.changed()
 
 
-def test_a_file_renamed_over_is_a_change(code, watch):
+def test_a_file_renamed_over_is_a_change(code, watch) -> None:
     replace_by_rename(code[1][0], "A = 2\n")
     assert watch.changed()
 
 
-def test_a_directory_removed_and_made_anew_is_a_change(code, watch):
+def test_a_directory_removed_and_made_anew_is_a_change(code, watch) -> None:
     site, _ = code
     shutil.rmtree(site / "pkg" / "sub")
     (site / "pkg" / "sub").mkdir()
@@ -81,7 +81,7 @@ def test_a_directory_removed_and_made_anew_is_a_change(code, watch):
     assert watch.changed()
 
 
-def test_a_new_tree_renamed_into_place_above_the_code_is_a_change(code, watch):
+def test_a_new_tree_renamed_into_place_above_the_code_is_a_change(code, watch) -> None:
     site, _ = code
     shutil.copytree(site, f"{site}.new")
     os.rename(site, f"{site}.old")
@@ -89,7 +89,7 @@ def test_a_new_tree_renamed_into_place_above_the_code_is_a_change(code, watch):
     assert watch.changed()
 
 
-def test_entries_beside_the_code_are_not_a_change_and_cost_no_fingerprint(code, watch, fingerprints):
+def test_entries_beside_the_code_are_not_a_change_and_cost_no_fingerprint(code, watch, fingerprints) -> None:
     site, files = code
     (site / "pkg" / "__pycache__").mkdir()
     (site / "pkg" / "sub" / ".b.py.swp").write_text("")
@@ -98,7 +98,7 @@ def test_entries_beside_the_code_are_not_a_change_and_cost_no_fingerprint(code, 
     assert fingerprints == []
 
 
-def test_an_event_that_changes_nothing_is_checked_and_later_changes_are_still_seen(code, watch, fingerprints):
+def test_an_event_that_changes_nothing_is_checked_and_later_changes_are_still_seen(code, watch, fingerprints) -> None:
     os.chmod(code[1][0], 0o600)  # IN_ATTRIB: the fingerprint does not hold the mode
     assert not watch.changed()
     assert len(fingerprints) == 1  # the whole comparison ...
@@ -107,14 +107,14 @@ def test_an_event_that_changes_nothing_is_checked_and_later_changes_are_still_se
     assert watch.changed()
 
 
-def test_lost_events_are_a_whole_comparison(code, watch, fingerprints, monkeypatch):
+def test_lost_events_are_a_whole_comparison(code, watch, fingerprints, monkeypatch) -> None:
     monkeypatch.setattr(linux, "inotify_read", lambda fd: [(-1, linux.IN_Q_OVERFLOW, "")])
     assert not watch.changed()
     assert len(fingerprints) == 1
 
 
 @pytest.mark.parametrize("refused", ["inotify_init", "inotify_add_watch"])
-def test_without_inotify_every_check_compares_the_whole_fingerprint(code, fingerprints, monkeypatch, refused):
+def test_without_inotify_every_check_compares_the_whole_fingerprint(code, fingerprints, monkeypatch, refused) -> None:
     def refuse(*args):
         raise OSError(errno.EMFILE if refused == "inotify_init" else errno.ENOSPC, "refused")
 
@@ -130,14 +130,14 @@ def test_without_inotify_every_check_compares_the_whole_fingerprint(code, finger
         w.close()
 
 
-def test_a_closed_watch_still_answers_with_the_whole_fingerprint(code, watch, fingerprints):
+def test_a_closed_watch_still_answers_with_the_whole_fingerprint(code, watch, fingerprints) -> None:
     watch.close()
     assert not watch.watching and not watch.changed() and len(fingerprints) == 1
     replace_by_rename(code[1][0], "A = 2\n")
     assert watch.changed()
 
 
-def test_code_on_a_remote_filesystem_is_compared_whole_at_every_check(code, fingerprints, monkeypatch):
+def test_code_on_a_remote_filesystem_is_compared_whole_at_every_check(code, fingerprints, monkeypatch) -> None:
     # inotify sees only the changes made through this kernel, not those of an NFS server's
     # other clients or of a FUSE daemon (virtiofs: a checkout edited on a VM's host).
     site, files = code
@@ -152,14 +152,14 @@ def test_code_on_a_remote_filesystem_is_compared_whole_at_every_check(code, fing
         w.close()
 
 
-def test_the_filesystem_type_is_statfs_magic_number(tmp_path):
+def test_the_filesystem_type_is_statfs_magic_number(tmp_path) -> None:
     assert linux.fs_type("/proc") == 0x9FA0  # PROC_SUPER_MAGIC
     with pytest.raises(OSError) as raised:
         linux.fs_type(str(tmp_path / "missing"))
     assert raised.value.errno == errno.ENOENT and raised.value.filename == str(tmp_path / "missing")
 
 
-def test_a_tree_replaced_where_a_link_on_the_way_leads_is_a_change(tmp_path):
+def test_a_tree_replaced_where_a_link_on_the_way_leads_is_a_change(tmp_path) -> None:
     # site/pkg is a link to real/v1/pkg: real/ is on no path the watch was given.
     (tmp_path / "real" / "v1" / "pkg").mkdir(parents=True)
     (tmp_path / "real" / "v1" / "pkg" / "a.py").write_text("A = 1\n")
@@ -188,7 +188,7 @@ def _in_own_mount_namespace(check) -> int:
     return run_in_child(in_own_namespace)
 
 
-def test_a_tree_mounted_over_a_directory_on_the_way_is_a_change(code, tmp_path, fingerprints):
+def test_a_tree_mounted_over_a_directory_on_the_way_is_a_change(code, tmp_path, fingerprints) -> None:
     # A mount shows no inotify event: an image or a volume of a new version bind-mounted over the
     # installed one must still be seen.
     site, files = code
@@ -205,7 +205,7 @@ def test_a_tree_mounted_over_a_directory_on_the_way_is_a_change(code, tmp_path, 
     assert _in_own_mount_namespace(check) == 0
 
 
-def test_a_mount_removed_from_the_way_is_a_change(code, tmp_path):
+def test_a_mount_removed_from_the_way_is_a_change(code, tmp_path) -> None:
     site, files = code
     cover = tmp_path / "cover"
     shutil.copytree(site / "pkg", cover)
@@ -243,7 +243,7 @@ def test_a_mount_elsewhere_costs_a_look_at_the_way_but_no_fingerprint(code, tmp_
     assert _in_own_mount_namespace(check) == 0
 
 
-def test_a_tree_mounted_again_under_the_same_mount_id_is_a_change(code, tmp_path):
+def test_a_tree_mounted_again_under_the_same_mount_id_is_a_change(code, tmp_path) -> None:
     # The kernel gives a freed mount id to the next mount: an unmount and a mount of another
     # tree at the same place between two looks leave the table's ids as they were.
     site, files = code

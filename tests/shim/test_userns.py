@@ -40,7 +40,7 @@ def _ids(pid: int, field: str) -> list[int]:
 
 
 @pytest.mark.parametrize("binary", ["/usr/bin/catatonit", BUILTIN])
-async def test_the_pause_runs_in_a_user_namespace_of_the_pods_mappings(start, netns_path, binary):
+async def test_the_pause_runs_in_a_user_namespace_of_the_pods_mappings(start, netns_path, binary) -> None:
     pause = await start(netns_path=netns_path, userns=POD_USERNS, pause_binary=binary, hostname="pod")
     with open(f"/proc/{pause.pid}/uid_map") as f:
         assert f.read().split() == ["0", str(HOST_ID), "65536"]
@@ -70,7 +70,7 @@ def _owner(path: str) -> int:
         os.close(owner)
 
 
-async def test_the_user_namespace_goes_with_its_pause(start, reaper, netns_path):
+async def test_the_user_namespace_goes_with_its_pause(start, reaper, netns_path) -> None:
     pause = await start(netns_path=netns_path, userns=POD_USERNS, pause_binary=BUILTIN)
     fd = os.open(f"/proc/{pause.pid}/ns/user", os.O_RDONLY | os.O_CLOEXEC)
     try:
@@ -91,13 +91,13 @@ def _user_ino(pid: str) -> int:
         return 0
 
 
-async def test_a_sandbox_images_pause_is_refused_a_user_namespace(reaper, netns_path, tmp_path):
+async def test_a_sandbox_images_pause_is_refused_a_user_namespace(reaper, netns_path, tmp_path) -> None:
     with pytest.raises(InvalidArgument, match="a sandbox image's pause cannot run in a pod's user namespace"):
         await launch(PauseSpec(netns_path=netns_path, userns=POD_USERNS, rootfs=str(tmp_path), args=("/pause",)),
                      reaper)
 
 
-async def test_a_user_namespace_with_host_network_is_refused(reaper):
+async def test_a_user_namespace_with_host_network_is_refused(reaper) -> None:
     with pytest.raises(InvalidArgument, match="own network, pid and IPC namespaces"):
         await launch(PauseSpec(userns=POD_USERNS, pause_binary=BUILTIN), reaper)
 
@@ -109,13 +109,13 @@ async def test_a_user_namespace_with_host_network_is_refused(reaper):
     ([{"container_id": 0, "host_id": 100000, "length": 0}], "must not be 0"),
     ([{"container_id": 0, "host_id": 0, "length": 65536}], "leave out the host's root"),
 ])
-def test_mappings_kubelet_would_not_send_are_refused(uids, match):
+def test_mappings_kubelet_would_not_send_are_refused(uids, match) -> None:
     gids = [{"container_id": 0, "host_id": 100000, "length": 65536}]
     with pytest.raises(InvalidArgument, match=match):
         UserNamespace.from_payload({"uids": uids, "gids": gids})
 
 
-async def test_the_pods_sysctls_are_written_in_a_user_namespace_too(start, netns_path):
+async def test_the_pods_sysctls_are_written_in_a_user_namespace_too(start, netns_path) -> None:
     # net.* in CNI's network namespace (the host's user namespace's: written before the join),
     # IPC ones in the pod's IPC namespace (the user namespace's).
     pause = await start(netns_path=netns_path, userns=POD_USERNS, pause_binary=BUILTIN,
@@ -126,14 +126,14 @@ async def test_the_pods_sysctls_are_written_in_a_user_namespace_too(start, netns
     assert read.stdout.split() == ["80", "1"]
 
 
-def test_a_host_id_is_seen_inside_through_the_mapping_and_unmapped_as_the_overflow_id():
+def test_a_host_id_is_seen_inside_through_the_mapping_and_unmapped_as_the_overflow_id() -> None:
     from shim.lib.idmaps import OVERFLOW_ID, inside_id
     assert [inside_id(POD_USERNS.uids, host) for host in (HOST_ID, HOST_ID + 33, HOST_ID + 65535)] == [0, 33, 65535]
     assert inside_id(POD_USERNS.uids, HOST_ID + 65536) == inside_id(POD_USERNS.uids, 0) == OVERFLOW_ID
 
 
 async def test_an_overlays_layers_are_id_mapped_and_a_layer_that_cannot_be_is_refused_with_a_sentence(reaper,
-                                                                                                    tmp_path):
+                                                                                                    tmp_path) -> None:
     idmap = IdMap(await userns.create(POD_USERNS, reaper), HOST_ID, HOST_ID)
     layers = [tmp_path / "lower1", tmp_path / "lower2"]
     for layer in layers:

@@ -106,7 +106,7 @@ REPEATED_MESSAGES = {path for message in (api_pb2.ContainerConfig, api_pb2.PodSa
 
 
 @pytest.mark.parametrize("path,value", refused_values(fields.CONTAINER_CONFIG, api_pb2.ContainerConfig))
-def test_a_refused_container_field_that_asks_for_something_is_refused_by_name(path, value):
+def test_a_refused_container_field_that_asks_for_something_is_refused_by_name(path, value) -> None:
     doc = container_config(["true"])
     if path.startswith("mounts."):  # a field of a mount: in a mount that is otherwise fine
         doc["mounts"] = [{"container_path": "/m", "host_path": "/tmp", path.split(".", 1)[1]: value}]
@@ -117,12 +117,12 @@ def test_a_refused_container_field_that_asks_for_something_is_refused_by_name(pa
 
 
 @pytest.mark.parametrize("path,value", refused_values(fields.POD_SANDBOX_CONFIG, api_pb2.PodSandboxConfig))
-def test_a_refused_pod_field_that_asks_for_something_is_refused_by_name(path, value):
+def test_a_refused_pod_field_that_asks_for_something_is_refused_by_name(path, value) -> None:
     with pytest.raises(InvalidArgument, match=rf"{path.split('.')[0]}.* cannot be applied: "):
         PodSandboxConfig.from_json(with_field(pod_config(), path, value))
 
 
-def test_what_kubelet_sends_with_every_pod_is_not_refused():
+def test_what_kubelet_sends_with_every_pod_is_not_refused() -> None:
     # Zero values, the host's user namespace (mode NODE) and the Merge policy ask for nothing.
     userns = {"userns_options": {"mode": "NODE"}}
     pod = pod_config()
@@ -145,7 +145,7 @@ def test_what_kubelet_sends_with_every_pod_is_not_refused():
 MAPPING = [{"host_id": 100000, "container_id": 0, "length": 65536}]
 
 
-def test_a_pod_user_namespace_goes_to_the_shim_with_its_mappings():
+def test_a_pod_user_namespace_goes_to_the_shim_with_its_mappings() -> None:
     pod = pod_config()
     pod["linux"]["security_context"]["namespace_options"]["userns_options"] = {"uids": MAPPING, "gids": MAPPING}
     options = PodSandboxConfig.from_json(pod).to_shim_options()
@@ -162,14 +162,14 @@ def test_a_pod_user_namespace_goes_to_the_shim_with_its_mappings():
      "leave out the host's root"),
     ({"mode": "NODE", "uids": MAPPING}, "mode NODE .* takes no mappings"),
 ])
-def test_a_user_namespace_podshim_cannot_make_is_refused(userns, sentence):
+def test_a_user_namespace_podshim_cannot_make_is_refused(userns, sentence) -> None:
     pod = pod_config()
     pod["linux"]["security_context"]["namespace_options"]["userns_options"] = userns
     with pytest.raises(InvalidArgument, match=sentence):
         PodSandboxConfig.from_json(pod)
 
 
-def test_a_field_through_the_protobuf_request_is_refused_too():
+def test_a_field_through_the_protobuf_request_is_refused_too() -> None:
     from shim.cri import requests
 
     config = json_format.ParseDict(container_config(["true"]), api_pb2.ContainerConfig())
@@ -178,7 +178,7 @@ def test_a_field_through_the_protobuf_request_is_refused_too():
         requests.container_config(api_pb2.CreateContainerRequest(config=config))
 
 
-def test_docs_show_the_table_as_it_is():
+def test_docs_show_the_table_as_it_is() -> None:
     with open(DOCS) as f:
         text = f.read()
     assert fields.markdown() in text, "docs/cri.md's field table differs: python -m shim.cri.fields prints it"

@@ -63,7 +63,7 @@ def refusal(parse, doc: dict) -> str:
     return info.value.message
 
 
-def test_pod_config_reads_every_field():
+def test_pod_config_reads_every_field() -> None:
     config = PodSandboxConfig.from_json(POD)
     assert config.metadata.key == "web_default_u-1_2"
     assert config.hostname == "web-0" and config.log_directory == "/var/log/pods/web"
@@ -77,7 +77,7 @@ def test_pod_config_reads_every_field():
     assert config.host_network
 
 
-def test_minimal_pod_config_gets_cri_defaults():
+def test_minimal_pod_config_gets_cri_defaults() -> None:
     config = PodSandboxConfig.from_json({"metadata": {"name": "p", "namespace": "n", "uid": "u"}})
     assert config.metadata.attempt == 0
     assert (config.namespace_options.network, config.namespace_options.pid, config.namespace_options.ipc) == (
@@ -85,7 +85,7 @@ def test_minimal_pod_config_gets_cri_defaults():
     assert config.hostname == "" and config.labels == {} and config.port_mappings == ()
 
 
-def test_nulls_are_absent_and_a_key_that_is_no_field_is_refused_by_name():
+def test_nulls_are_absent_and_a_key_that_is_no_field_is_refused_by_name() -> None:
     doc = with_field(POD, "linux.security_context.privileged", True)
     doc["hostname"] = None
     assert PodSandboxConfig.from_json(doc).hostname == ""
@@ -94,7 +94,7 @@ def test_nulls_are_absent_and_a_key_that_is_no_field_is_refused_by_name():
         PodSandboxConfig.from_json(with_field(POD, "linux.security_context.anything", 1))
 
 
-def test_config_is_frozen():
+def test_config_is_frozen() -> None:
     config = PodSandboxConfig.from_json(POD)
     with pytest.raises(AttributeError):
         config.hostname = "x"  # type: ignore[misc]
@@ -121,25 +121,25 @@ def test_config_is_frozen():
     ("linux.security_context.namespace_options.pid", 3.0, "namespace_options.pid is 3.0"),
     ("log_directory", "logs", "log_directory 'logs' must be an absolute path"),
 ])
-def test_bad_pod_field_is_invalid_argument_naming_its_path(path, value, message):
+def test_bad_pod_field_is_invalid_argument_naming_its_path(path, value, message) -> None:
     assert message in refusal(PodSandboxConfig.from_json, with_field(POD, path, value))
 
 
-def test_pod_config_must_be_an_object_with_metadata():
+def test_pod_config_must_be_an_object_with_metadata() -> None:
     with pytest.raises(InvalidArgument, match="must be an object"):
         PodSandboxConfig.from_json([POD])
     with pytest.raises(InvalidArgument, match="metadata is required"):
         PodSandboxConfig.from_json({"hostname": "x"})
 
 
-def test_to_json_round_trips():
+def test_to_json_round_trips() -> None:
     config = PodSandboxConfig.from_json(POD)
     assert PodSandboxConfig.from_json(config.to_json()) == config
     container = ContainerConfig.from_json(CONTAINER)
     assert ContainerConfig.from_json(container.to_json()) == container
 
 
-def test_shim_options_carry_what_protocol_md_lists():
+def test_shim_options_carry_what_protocol_md_lists() -> None:
     options = PodSandboxConfig.from_json(POD).to_shim_options()
     assert options == {
         "hostname": "web-0",
@@ -154,26 +154,26 @@ def test_shim_options_carry_what_protocol_md_lists():
     }
 
 
-def test_the_shim_reads_whether_the_pod_is_privileged():
+def test_the_shim_reads_whether_the_pod_is_privileged() -> None:
     assert SandboxOptions.from_payload({}).privileged is False
     assert SandboxOptions.from_payload({"linux": {"security_context": {"privileged": True}}}).privileged is True
     with pytest.raises(InvalidArgument, match="privileged"):
         SandboxOptions.from_payload({"linux": {"security_context": {"privileged": "yes"}}})
 
 
-def test_shim_accepts_the_options():
+def test_shim_accepts_the_options() -> None:
     parsed = SandboxOptions.from_payload(PodSandboxConfig.load(EXAMPLES / "pod-config.json").to_shim_options())
     assert parsed.hostname == "podshim-demo" and parsed.oom_score_adj == SANDBOX_OOM_SCORE_ADJ
     assert (parsed.network_mode, parsed.pid_mode, parsed.ipc_mode) == ("POD", "POD", "POD")
 
 
-def test_sandbox_oom_score_adj_matches_protocol_md():
+def test_sandbox_oom_score_adj_matches_protocol_md() -> None:
     spec = (ROOT / "protocol.md").read_text()
     match = re.search(r"^\| `linux\.oom_score_adj` \|.*default (-?\d+) \|$", spec, re.M)
     assert match and int(match.group(1)) == SANDBOX_OOM_SCORE_ADJ
 
 
-def test_container_config_reads_every_field():
+def test_container_config_reads_every_field() -> None:
     config = ContainerConfig.from_json(CONTAINER)
     assert config.metadata.key == "app_1" and config.image == "busybox"
     assert config.argv == ("/bin/sh", "-c", "true")
@@ -183,7 +183,7 @@ def test_container_config_reads_every_field():
     assert config.pid_mode == "POD"
 
 
-def test_container_pid_mode_unset_is_pod_as_the_proto3_zero_value():
+def test_container_pid_mode_unset_is_pod_as_the_proto3_zero_value() -> None:
     doc = {"metadata": {"name": "c"}, "command": ["true"]}
     config = ContainerConfig.from_json(doc)
     assert config.pid_mode == "POD" and config.image == "" and config.metadata.attempt == 0
@@ -206,7 +206,7 @@ def test_container_pid_mode_unset_is_pod_as_the_proto3_zero_value():
     ("linux.security_context.namespace_options.pid", 5,
      "linux.security_context.namespace_options.pid is 5; allowed: POD (0), CONTAINER (1), NODE (2), TARGET (3)"),
 ])
-def test_bad_container_field_is_invalid_argument_naming_its_path(path, value, message):
+def test_bad_container_field_is_invalid_argument_naming_its_path(path, value, message) -> None:
     assert message in refusal(ContainerConfig.from_json, with_field(CONTAINER, path, value))
 
 
@@ -223,14 +223,14 @@ def test_bad_container_field_is_invalid_argument_naming_its_path(path, value, me
     ("annotations", {"no spaces": "x"}, "annotations key 'no spaces' is not a qualified name"),
 ], ids=["hostname-newline", "hostname-label-64", "hostname-66", "label-1-mib", "label-value", "label-key-two-slashes",
         "label-key-prefix-case", "label-key-64", "annotations-2-mb", "annotation-key"])
-def test_pod_fields_beyond_the_limits_of_cri_and_kubernetes_are_refused(field, value, says):
+def test_pod_fields_beyond_the_limits_of_cri_and_kubernetes_are_refused(field, value, says) -> None:
     doc = {"metadata": {"name": "p", "namespace": "n", "uid": "u"}, field: value}
     with pytest.raises(InvalidArgument) as info:
         PodSandboxConfig.from_json(doc)
     assert says in info.value.message, info.value.message
 
 
-def test_container_labels_and_annotations_have_the_same_limits():
+def test_container_labels_and_annotations_have_the_same_limits() -> None:
     doc = {"metadata": {"name": "c"}, "command": ["true"]}
     with pytest.raises(InvalidArgument, match=r"labels\['app'\] is 254 characters"):
         ContainerConfig.from_json({**doc, "labels": {"app": "x" * 254}})
@@ -238,7 +238,7 @@ def test_container_labels_and_annotations_have_the_same_limits():
         ContainerConfig.from_json({**doc, "annotations": {"a": "x" * 300_000}})
 
 
-def test_pod_fields_at_the_limits_are_accepted():
+def test_pod_fields_at_the_limits_are_accepted() -> None:
     config = PodSandboxConfig.from_json({
         "metadata": {"name": "p", "namespace": "n", "uid": "u"},
         "hostname": "web-0.a-service.default.svc.cluster.local",
@@ -250,14 +250,14 @@ def test_pod_fields_at_the_limits_are_accepted():
     assert config.labels["empty"] == "" and len(config.annotations["a"]) == 256 * 1024 - 1
 
 
-def test_container_may_leave_command_and_args_to_its_image():
+def test_container_may_leave_command_and_args_to_its_image() -> None:
     # The image's Entrypoint and Cmd fill them in (client.cri.process); nothing at all to run is
     # refused there, where the image is known.
     assert ContainerConfig.from_json({"metadata": {"name": "c"}, "command": [], "args": []}).argv == ()
     assert ContainerConfig.from_json({"metadata": {"name": "c"}, "args": ["sleep", "1"]}).argv == ("sleep", "1")
 
 
-def test_container_mounts_and_read_only_rootfs_round_trip():
+def test_container_mounts_and_read_only_rootfs_round_trip() -> None:
     doc = {"metadata": {"name": "c"}, "mounts": [{"container_path": "/data", "host_path": "/srv/data", "readonly": True,
                                                   "propagation": "PROPAGATION_HOST_TO_CONTAINER"}],
            "linux": {"security_context": {"readonly_rootfs": True}}}
@@ -266,7 +266,7 @@ def test_container_mounts_and_read_only_rootfs_round_trip():
     assert ContainerConfig.from_json(config.to_json()) == config
 
 
-def test_container_devices_round_trip_and_a_missing_path_is_refused_naming_it():
+def test_container_devices_round_trip_and_a_missing_path_is_refused_naming_it() -> None:
     doc = {"metadata": {"name": "c"}, "devices": [{"container_path": "/dev/fuse", "host_path": "/dev/fuse",
                                                    "permissions": "mrw"}]}
     config = ContainerConfig.from_json(doc)
@@ -283,7 +283,7 @@ def test_container_devices_round_trip_and_a_missing_path_is_refused_naming_it():
     (b'{"a": ' * 101 + b"1" + b"}" * 101, "is not valid JSON: it is nested more than 100 deep"),
     (b'{"metadata": ' + b"1" * 5000 + b"}", "is not valid JSON: Exceeds the limit"),
 ], ids=["truncated", "latin-1", "100000-deep", "101-deep", "5000-digit-int"])
-def test_a_bad_json_file_is_invalid_argument_in_one_sentence_naming_it(tmp_path, content, says):
+def test_a_bad_json_file_is_invalid_argument_in_one_sentence_naming_it(tmp_path, content, says) -> None:
     path = tmp_path / "pod-config.json"
     path.write_bytes(content)
     with pytest.raises(InvalidArgument) as info:
@@ -291,7 +291,7 @@ def test_a_bad_json_file_is_invalid_argument_in_one_sentence_naming_it(tmp_path,
     assert info.value.message.startswith(f"{path} {says}") and "\n" not in info.value.message, info.value.message
 
 
-def test_missing_file_and_non_object_are_invalid_argument(tmp_path):
+def test_missing_file_and_non_object_are_invalid_argument(tmp_path) -> None:
     with pytest.raises(InvalidArgument, match="cannot read .*nothing.json"):
         ContainerConfig.load(tmp_path / "nothing.json")
     (tmp_path / "list.json").write_text("[]")
@@ -299,7 +299,7 @@ def test_missing_file_and_non_object_are_invalid_argument(tmp_path):
         ContainerConfig.load(tmp_path / "list.json")
 
 
-def test_examples_parse():
+def test_examples_parse() -> None:
     pod = PodSandboxConfig.load(EXAMPLES / "pod-config.json")
     container = ContainerConfig.load(EXAMPLES / "container-config.json")
     assert pod.metadata.key == "podshim-sandbox_default_hdishd83djaidwnduwk28bcsb_1"
