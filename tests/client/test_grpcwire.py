@@ -119,7 +119,7 @@ def outcome_of(client: Connection, server: Server, stream_id: int, chunk: int | 
 
 # -- the request ---------------------------------------------------------------------------------
 
-def test_a_call_is_a_grpc_post_with_the_deadline_and_one_prefixed_message():
+def test_a_call_is_a_grpc_post_with_the_deadline_and_one_prefixed_message() -> None:
     _, server, stream_id = started(b"\x0a\x03abc", timeout=2.5)
     assert server.requests[stream_id] == {
         b":method": b"POST", b":scheme": b"http", b":path": PATH.encode(), b":authority": b"localhost",
@@ -127,7 +127,7 @@ def test_a_call_is_a_grpc_post_with_the_deadline_and_one_prefixed_message():
     assert bytes(server.bodies[stream_id]) == framed(b"\x0a\x03abc") and stream_id in server.ended
 
 
-def test_a_request_larger_than_the_servers_window_is_sent_as_the_window_opens():
+def test_a_request_larger_than_the_servers_window_is_sent_as_the_window_opens() -> None:
     request = os.urandom(200_000)
     _, server, stream_id = started(request)
     assert bytes(server.bodies[stream_id]) == framed(request) and stream_id in server.ended
@@ -136,46 +136,46 @@ def test_a_request_larger_than_the_servers_window_is_sent_as_the_window_opens():
 @pytest.mark.parametrize(("seconds", "header"), [
     (60.0, b"60000000u"), (2.5, b"2500000u"), (0.0005, b"500000n"), (0.0, b"1n"), (-3.0, b"1n"),
     (100_000.0, b"100000S"), (10 ** 9, b"16666666M")])
-def test_the_deadline_is_sent_in_the_finest_unit_of_at_most_8_digits(seconds, header):
+def test_the_deadline_is_sent_in_the_finest_unit_of_at_most_8_digits(seconds, header) -> None:
     assert encode_timeout(seconds) == header
 
 
 # -- replies -------------------------------------------------------------------------------------
 
-def test_an_ok_reply_is_its_message():
+def test_an_ok_reply_is_its_message() -> None:
     client, server, stream_id = started()
     reply(server, stream_id, b"\x0a\x05v0.1")
     assert outcome_of(client, server, stream_id) == Outcome(Code.OK, message=b"\x0a\x05v0.1")
 
 
-def test_an_empty_ok_message_is_a_message():
+def test_an_empty_ok_message_is_a_message() -> None:
     client, server, stream_id = started()
     reply(server, stream_id, b"")
     assert outcome_of(client, server, stream_id) == Outcome(Code.OK, message=b"")
 
 
-def test_an_error_status_keeps_the_servers_percent_decoded_sentence():
+def test_an_error_status_keeps_the_servers_percent_decoded_sentence() -> None:
     client, server, stream_id = started()
     reply(server, stream_id, None, status=Code.NOT_FOUND, details="no pod 'ä1' — 100% gone\nreally")
     assert outcome_of(client, server, stream_id) == Outcome(Code.NOT_FOUND, "no pod 'ä1' — 100% gone\nreally",
                                                             from_server=True)
 
 
-def test_a_trailers_only_reply_is_its_status():
+def test_a_trailers_only_reply_is_its_status() -> None:
     client, server, stream_id = started()
     server.h2.send_headers(stream_id, [*GRPC_HEADERS, (b"grpc-status", b"12"), (b"grpc-message", b"no%20such")],
                            end_stream=True)
     assert outcome_of(client, server, stream_id) == Outcome(Code.UNIMPLEMENTED, "no such", from_server=True)
 
 
-def test_a_reply_without_a_status_is_internal():
+def test_a_reply_without_a_status_is_internal() -> None:
     client, server, stream_id = started()
     server.h2.send_headers(stream_id, GRPC_HEADERS)
     server.h2.send_data(stream_id, framed(b"x"), end_stream=True)
     assert outcome_of(client, server, stream_id) == Outcome(Code.INTERNAL, "the reply ended without a grpc-status")
 
 
-def test_an_http_error_is_mapped_as_grpc_maps_it():
+def test_an_http_error_is_mapped_as_grpc_maps_it() -> None:
     client, server, stream_id = started()
     server.h2.send_headers(stream_id, [(b":status", b"503"), (b"content-type", b"text/plain")])
     server.h2.send_data(stream_id, b"busy", end_stream=True)
@@ -183,14 +183,14 @@ def test_an_http_error_is_mapped_as_grpc_maps_it():
     assert outcome == Outcome(Code.UNAVAILABLE, "the server answered with HTTP status 503, not a gRPC reply")
 
 
-def test_a_reply_that_is_not_grpc_is_internal():
+def test_a_reply_that_is_not_grpc_is_internal() -> None:
     client, server, stream_id = started()
     reply(server, stream_id, b"x", headers=[(b":status", b"200"), (b"content-type", b"text/html")])
     assert outcome_of(client, server, stream_id) == Outcome(
         Code.INTERNAL, "the reply's content-type is 'text/html', not application/grpc")
 
 
-def test_a_truncated_message_is_internal():
+def test_a_truncated_message_is_internal() -> None:
     client, server, stream_id = started()
     server.h2.send_headers(stream_id, GRPC_HEADERS)
     server.h2.send_data(stream_id, framed(b"abcdef")[:-2])
@@ -199,7 +199,7 @@ def test_a_truncated_message_is_internal():
                                                             "the reply's message is truncated (4 of 6 bytes)")
 
 
-def test_a_reply_over_the_limit_is_refused_before_it_is_all_read():
+def test_a_reply_over_the_limit_is_refused_before_it_is_all_read() -> None:
     client, server, stream_id = started(max_message_bytes=1000)
     server.h2.send_headers(stream_id, GRPC_HEADERS)
     server.h2.send_data(stream_id, framed(b"x" * 10_000)[:2000])  # the declared length is enough to refuse it
@@ -209,7 +209,7 @@ def test_a_reply_over_the_limit_is_refused_before_it_is_all_read():
     assert server.resets == [stream_id]  # the server is told to stop sending
 
 
-def test_a_reset_stream_is_unavailable():
+def test_a_reset_stream_is_unavailable() -> None:
     client, server, stream_id = started()
     server.h2.reset_stream(stream_id, h2.errors.ErrorCodes.REFUSED_STREAM)
     assert outcome_of(client, server, stream_id) == Outcome(
@@ -217,7 +217,7 @@ def test_a_reset_stream_is_unavailable():
     assert client.usable  # only the stream failed
 
 
-def test_a_goaway_is_unavailable_and_ends_the_connection():
+def test_a_goaway_is_unavailable_and_ends_the_connection() -> None:
     client, server, stream_id = started()
     server.h2.close_connection(h2.errors.ErrorCodes.INTERNAL_ERROR, last_stream_id=0)
     outcome = outcome_of(client, server, stream_id)
@@ -234,7 +234,7 @@ def goaway(last_stream_id: int, error_code: int = h2.errors.ErrorCodes.NO_ERROR,
 
 
 @pytest.mark.parametrize("chunk", [None, 1], ids=["whole", "byte by byte"])
-def test_a_graceful_goaway_lets_the_open_call_finish_and_refuses_new_calls(chunk):
+def test_a_graceful_goaway_lets_the_open_call_finish_and_refuses_new_calls(chunk) -> None:
     client, server, stream_id = started()
     # grpc-go's graceful stop: a GOAWAY for every stream, a second for those it took, then the reply
     sent = goaway(2**31 - 1) + goaway(stream_id, debug=b"graceful_stop")
@@ -248,14 +248,14 @@ def test_a_graceful_goaway_lets_the_open_call_finish_and_refuses_new_calls(chunk
                                                               "error NO_ERROR)")
 
 
-def test_a_goaway_read_with_the_reply_lets_the_reply_count():
+def test_a_goaway_read_with_the_reply_lets_the_reply_count() -> None:
     client, server, stream_id = started()
     reply(server, stream_id, b"done")
     client.receive_data(goaway(stream_id) + server.h2.data_to_send())
     assert client.next_outcome() == Outcome(Code.OK, message=b"done")
 
 
-def test_a_goaway_that_leaves_the_call_out_fails_it_at_once():
+def test_a_goaway_that_leaves_the_call_out_fails_it_at_once() -> None:
     client, server, stream_id = started()
     client.receive_data(goaway(stream_id - 1))
     assert client.next_outcome() == Outcome(Code.UNAVAILABLE, "the server ended the connection (GOAWAY, HTTP/2 "
@@ -273,7 +273,7 @@ def test_a_malformed_goaway_is_a_protocol_error(frame, says):
     assert says in outcome.details and not client.usable
 
 
-def test_the_connection_closing_after_a_graceful_goaway_fails_the_call_it_owed():
+def test_the_connection_closing_after_a_graceful_goaway_fails_the_call_it_owed() -> None:
     client, _, stream_id = started()
     client.receive_data(goaway(stream_id))
     client.receive_data(b"")
@@ -285,7 +285,7 @@ def test_the_connection_closing_after_a_graceful_goaway_fails_the_call_it_owed()
     (h2.errors.ErrorCodes.ENHANCE_YOUR_CALM, b"too_many_pings", "ENHANCE_YOUR_CALM: too_many_pings"),
     (h2.errors.ErrorCodes.INTERNAL_ERROR, b"", "INTERNAL_ERROR"),
     (h2.errors.ErrorCodes.INTERNAL_ERROR, b"\xffbad", "INTERNAL_ERROR: \\xffbad")])
-def test_the_connection_closing_after_an_error_goaway_says_the_goaways_error(error_code, debug, says):
+def test_the_connection_closing_after_an_error_goaway_says_the_goaways_error(error_code, debug, says) -> None:
     client, _, stream_id = started()
     client.receive_data(goaway(stream_id, error_code, debug))  # the call was taken: it stays open
     assert client.next_outcome() is NEED_DATA
@@ -294,7 +294,7 @@ def test_the_connection_closing_after_an_error_goaway_says_the_goaways_error(err
                                                               f"error {says}) before the reply was complete")
 
 
-def test_the_connection_closing_mid_reply_is_unavailable():
+def test_the_connection_closing_mid_reply_is_unavailable() -> None:
     client, server, stream_id = started()
     server.h2.send_headers(stream_id, GRPC_HEADERS)
     exchange(client, server)
@@ -302,7 +302,7 @@ def test_the_connection_closing_mid_reply_is_unavailable():
     assert client.next_outcome() == Outcome(Code.UNAVAILABLE, "the connection closed before the reply was complete")
 
 
-def test_a_reply_split_over_many_small_reads():
+def test_a_reply_split_over_many_small_reads() -> None:
     client, server = Connection(), Server()
     client.start_call(PATH, b"ping", 5.0)
     exchange(client, server, chunk=1)  # the server's preface too, byte by byte
@@ -311,14 +311,14 @@ def test_a_reply_split_over_many_small_reads():
     assert outcome_of(client, server, stream_id, chunk=1) == Outcome(Code.OK, message=b"\x0a\x05v0.1" * 50)
 
 
-def test_a_reply_larger_than_http2s_initial_window_is_not_stalled():
+def test_a_reply_larger_than_http2s_initial_window_is_not_stalled() -> None:
     client, server, stream_id = started()
     big = os.urandom(5 * 1024 * 1024)  # past the 64 KiB initial window and the 4 MiB one the client asks for
     reply(server, stream_id, big)
     assert outcome_of(client, server, stream_id, chunk=16384) == Outcome(Code.OK, message=big)
 
 
-def test_calls_follow_one_another_on_one_connection():
+def test_calls_follow_one_another_on_one_connection() -> None:
     client, server, first = started()
     reply(server, first, b"one")
     assert outcome_of(client, server, first) == Outcome(Code.OK, message=b"one")
@@ -332,7 +332,7 @@ def test_calls_follow_one_another_on_one_connection():
 
 # -- the blocking channel ------------------------------------------------------------------------
 
-def test_a_server_that_never_answers_is_deadline_exceeded(tmp_path):
+def test_a_server_that_never_answers_is_deadline_exceeded(tmp_path) -> None:
     path = str(tmp_path / "silent.sock")
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as listener:
         listener.bind(path)
@@ -345,13 +345,13 @@ def test_a_server_that_never_answers_is_deadline_exceeded(tmp_path):
     assert outcome == Outcome(Code.DEADLINE_EXCEEDED, "no reply within the call's deadline of 0.2 s")
 
 
-def test_nothing_listening_is_unavailable(tmp_path):
+def test_nothing_listening_is_unavailable(tmp_path) -> None:
     channel = Channel(str(tmp_path / "none.sock"))
     outcome = channel.call(PATH, b"", timeout=1.0)
     assert outcome.code == Code.UNAVAILABLE and outcome.details.startswith(f"cannot connect to {tmp_path}/none.sock: ")
 
 
-def test_a_second_message_in_a_unary_reply_is_internal():
+def test_a_second_message_in_a_unary_reply_is_internal() -> None:
     client, server, stream_id = started()
     server.h2.send_headers(stream_id, GRPC_HEADERS)
     server.h2.send_data(stream_id, framed(b"one") + framed(b"two"))
@@ -361,7 +361,7 @@ def test_a_second_message_in_a_unary_reply_is_internal():
 
 @pytest.mark.parametrize("first_bytes", [b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n",
                                          b"\x00\x01garbage garbage garbage\xff" * 20])
-def test_a_server_whose_first_bytes_are_not_http2_settings_is_unavailable_at_once(first_bytes):
+def test_a_server_whose_first_bytes_are_not_http2_settings_is_unavailable_at_once(first_bytes) -> None:
     # RFC 9113 3.4: the server's preface is a SETTINGS frame. Without this check h2 buffers what
     # a frame header of "HTTP/1.1 4" declares (4.7 MB) and the call waits for its deadline.
     client = Connection()
@@ -374,7 +374,7 @@ def test_a_server_whose_first_bytes_are_not_http2_settings_is_unavailable_at_onc
     assert not client.usable
 
 
-def test_a_server_that_closes_at_once_is_said_to_have_closed_the_connection(tmp_path):
+def test_a_server_that_closes_at_once_is_said_to_have_closed_the_connection(tmp_path) -> None:
     path = str(tmp_path / "closing.sock")
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as listener:
         listener.bind(path)
@@ -391,7 +391,7 @@ def test_a_server_that_closes_at_once_is_said_to_have_closed_the_connection(tmp_
     assert outcome.details.startswith("the server closed the connection"), outcome.details
 
 
-def test_podshimctl_names_the_endpoint_when_the_connection_failed_not_the_server(tmp_path):
+def test_podshimctl_names_the_endpoint_when_the_connection_failed_not_the_server(tmp_path) -> None:
     # A socket that answers, but not with HTTP/2: the failure is the connection's, and the
     # sentence says which endpoint it was, so a wrong --endpoint is seen for what it is.
     import subprocess

@@ -24,7 +24,7 @@ from support.looptools import loop_stalls
 BALLAST_BYTES = 512 * 1024 * 1024
 
 
-def test_starting_helpers_does_not_hold_up_the_event_loop_for_the_size_of_the_daemon():
+def test_starting_helpers_does_not_hold_up_the_event_loop_for_the_size_of_the_daemon() -> None:
     # podshimd runs on uvloop, whose own process spawning forks the whole daemon (its page
     # tables copied while the loop waits); a helper must start as a vfork does, in time that
     # does not grow with the daemon, while the loop serves other calls.

@@ -22,7 +22,7 @@ def roots(tmp_path):
     return str(state_root), str(outside)
 
 
-def test_a_bundle_is_0700_under_0711_parents(roots):
+def test_a_bundle_is_0700_under_0711_parents(roots) -> None:
     state_root, _ = roots
     path = make_bundle(state_root, "k8s.io", "sb1")
     assert path == os.path.join(state_root, "k8s.io", "sb1")
@@ -40,7 +40,7 @@ def test_a_symlinked_namespace_directory_is_refused_and_nothing_is_made_outside_
     assert os.listdir(outside) == [] and stat.S_IMODE(os.stat(outside).st_mode) == 0o755
 
 
-def test_a_bundle_behind_a_symlinked_namespace_directory_is_not_listed(roots, caplog):
+def test_a_bundle_behind_a_symlinked_namespace_directory_is_not_listed(roots, caplog) -> None:
     state_root, outside = roots
     os.mkdir(os.path.join(outside, "sb1"))
     os.symlink(outside, os.path.join(state_root, "k8s.io"))
@@ -49,7 +49,7 @@ def test_a_bundle_behind_a_symlinked_namespace_directory_is_not_listed(roots, ca
     assert "symbolic link" in caplog.text
 
 
-def test_a_bundle_is_born_locked_and_a_second_of_the_same_id_already_exists(roots):
+def test_a_bundle_is_born_locked_and_a_second_of_the_same_id_already_exists(roots) -> None:
     from shim.rpc.status import AlreadyExists
 
     from client.controller.bundles import BundleLock
@@ -67,7 +67,7 @@ def test_a_bundle_is_born_locked_and_a_second_of_the_same_id_already_exists(root
     assert os.listdir(os.path.dirname(path)) == ["sb1"]  # no hidden name left behind
 
 
-def test_a_scan_removes_a_hidden_leftover_but_not_one_being_made(roots):
+def test_a_scan_removes_a_hidden_leftover_but_not_one_being_made(roots) -> None:
     from client.controller.bundles import BundleLock
 
     state_root, _ = roots
@@ -84,7 +84,7 @@ def test_a_scan_removes_a_hidden_leftover_but_not_one_being_made(roots):
         busy.release()
 
 
-def test_a_bundle_made_here_carries_its_marker_and_marks_the_root(roots):
+def test_a_bundle_made_here_carries_its_marker_and_marks_the_root(roots) -> None:
     state_root, _ = roots
     path = make_bundle(state_root, "k8s.io", "sb1")
     assert layouts.marked_as(state_root) == layouts.BUNDLE_ROOT
@@ -92,7 +92,7 @@ def test_a_bundle_made_here_carries_its_marker_and_marks_the_root(roots):
     assert made_here(path)
 
 
-def test_a_bundle_of_an_older_controller_is_proved_by_its_shims_bootstrap(roots):
+def test_a_bundle_of_an_older_controller_is_proved_by_its_shims_bootstrap(roots) -> None:
     state_root, _ = roots
     older = os.path.join(state_root, "k8s.io", "sb1")
     os.makedirs(older)
@@ -107,7 +107,7 @@ def test_a_bundle_of_an_older_controller_is_proved_by_its_shims_bootstrap(roots)
     "{not json",
     {"layers": []},
 ])
-def test_a_directory_nothing_proves_a_controller_made_is_not_ours(roots, content):
+def test_a_directory_nothing_proves_a_controller_made_is_not_ours(roots, content) -> None:
     state_root, _ = roots
     foreign = os.path.join(state_root, "images", "content")
     os.makedirs(foreign)
@@ -119,7 +119,7 @@ def test_a_directory_nothing_proves_a_controller_made_is_not_ours(roots, content
     assert not made_here(foreign)
 
 
-def test_a_marker_of_another_layout_proves_nothing(roots):
+def test_a_marker_of_another_layout_proves_nothing(roots) -> None:
     state_root, _ = roots
     other = os.path.join(state_root, "ns", "sb1")
     os.makedirs(other)
@@ -129,7 +129,7 @@ def test_a_marker_of_another_layout_proves_nothing(roots):
     assert not made_here(os.path.join(state_root, "ns"))  # a link is never followed
 
 
-def test_a_scan_of_an_unmarked_root_removes_no_hidden_directory_that_proves_nothing(roots, caplog):
+def test_a_scan_of_an_unmarked_root_removes_no_hidden_directory_that_proves_nothing(roots, caplog) -> None:
     state_root, _ = roots
     namespace = os.path.join(state_root, "images")
     theirs = os.path.join(namespace, ".tmp.0a1b2c3d")  # named like our leftover, made by someone else
@@ -143,7 +143,7 @@ def test_a_scan_of_an_unmarked_root_removes_no_hidden_directory_that_proves_noth
     assert scan(state_root, clean=False) == [] and os.path.isdir(theirs)
 
 
-def test_a_scan_that_does_not_clean_removes_nothing(roots):
+def test_a_scan_that_does_not_clean_removes_nothing(roots) -> None:
     state_root, _ = roots
     layouts.mark(state_root, layouts.BUNDLE_ROOT)
     leftover = os.path.join(state_root, "k8s.io", ".sb1.0a1b2c3d")
@@ -152,7 +152,7 @@ def test_a_scan_that_does_not_clean_removes_nothing(roots):
     assert os.path.isdir(leftover)
 
 
-def test_a_bundle_root_marked_as_podshimds_state_root_is_refused_and_left_as_it_is(roots):
+def test_a_bundle_root_marked_as_podshimds_state_root_is_refused_and_left_as_it_is(roots) -> None:
     from shim.rpc.status import FailedPrecondition
 
     state_root, _ = roots

@@ -48,7 +48,7 @@ def kernel_objects(info: dict[str, str]) -> list[str]:
 
 
 # -- what the client shares with the shim and protocol.md ----------------------------------------
-def test_constants_match_the_shim_and_protocol_md():
+def test_constants_match_the_shim_and_protocol_md() -> None:
     from shim import cleanup, cli
     from shim.api import paths
     from shim.sandbox import sandbox
@@ -69,7 +69,7 @@ def test_constants_match_the_shim_and_protocol_md():
     assert f"nil: {defaults.DEFAULT_STOP_GRACE:.0f} s" in spec
 
 
-def test_importing_the_client_never_imports_pyroute2_or_the_shims_internals():
+def test_importing_the_client_never_imports_pyroute2_or_the_shims_internals() -> None:
     # What a client may use of the shim: its contract, its wire and the helpers both share.
     code = ("import sys, client, client.controller, client.cli.main; "
             "bad = [m for m in sys.modules if m == 'pyroute2' or m.startswith('pyroute2.') "
@@ -79,7 +79,7 @@ def test_importing_the_client_never_imports_pyroute2_or_the_shims_internals():
 
 
 # -- the lifecycle ---------------------------------------------------------------------------------
-async def test_full_lifecycle_create_start_stop_wait_shutdown(env):
+async def test_full_lifecycle_create_start_stop_wait_shutdown(env) -> None:
     sid = env.sid("life")
     async with controller(env) as c:
         await c.create(NS, sid, options={"hostname": "life"})
@@ -117,7 +117,7 @@ async def test_full_lifecycle_create_start_stop_wait_shutdown(env):
         assert [p for p in made if os.path.exists(p)] == []
 
 
-async def test_start_returns_the_pause_and_status_agrees(env):
+async def test_start_returns_the_pause_and_status_agrees(env) -> None:
     sid = env.sid("agree")
     async with controller(env) as c:
         await c.create(NS, sid)
@@ -128,7 +128,7 @@ async def test_start_returns_the_pause_and_status_agrees(env):
         await c.shutdown(NS, sid)
 
 
-async def test_create_joins_a_given_netns_and_shutdown_leaves_it(env):
+async def test_create_joins_a_given_netns_and_shutdown_leaves_it(env) -> None:
     from shim.kernel import netns
 
     given = netns.create_netns(netns.new_netns_path(f"podshim-test-{os.getpid()}"))
@@ -145,7 +145,7 @@ async def test_create_joins_a_given_netns_and_shutdown_leaves_it(env):
         netns.remove_netns(given)
 
 
-async def test_aclose_leaves_shims_running_and_a_new_controller_finds_them(env):
+async def test_aclose_leaves_shims_running_and_a_new_controller_finds_them(env) -> None:
     sid = env.sid("survives")
     async with controller(env) as c:
         await c.create(NS, sid)
@@ -158,7 +158,7 @@ async def test_aclose_leaves_shims_running_and_a_new_controller_finds_them(env):
         await c.shutdown(NS, sid)
 
 
-async def test_client_for_gives_the_connection_to_the_shim(env):
+async def test_client_for_gives_the_connection_to_the_shim(env) -> None:
     sid = env.sid("client")
     async with controller(env) as c:
         await c.create(NS, sid)
@@ -171,7 +171,7 @@ async def test_client_for_gives_the_connection_to_the_shim(env):
             c.client_for(NS, sid)
 
 
-async def test_list_is_per_namespace_or_across_all(env):
+async def test_list_is_per_namespace_or_across_all(env) -> None:
     a, b = env.sid("a"), env.sid("b")
     async with controller(env) as c:
         await c.create(NS, a)
@@ -191,7 +191,7 @@ async def test_list_is_per_namespace_or_across_all(env):
     ("default", ""), ("default", "../etc"), ("default", "a/b"), ("default", "x" * 77), ("default", "-a"),
     ("..", "sb"), ("bad ns", "sb"),
 ])
-async def test_bad_identifiers_are_refused_before_touching_the_filesystem(env, namespace, sandbox_id):
+async def test_bad_identifiers_are_refused_before_touching_the_filesystem(env, namespace, sandbox_id) -> None:
     async with controller(env) as c:
         for call in (c.create(namespace, sandbox_id), c.status(namespace, sandbox_id), c.stop(namespace, sandbox_id),
                      c.shutdown(namespace, sandbox_id), c.wait(namespace, sandbox_id)):
@@ -202,7 +202,7 @@ async def test_bad_identifiers_are_refused_before_touching_the_filesystem(env, n
     assert os.listdir(env.state_root) == []
 
 
-async def test_create_of_a_taken_id_is_already_exists(env):
+async def test_create_of_a_taken_id_is_already_exists(env) -> None:
     sid = env.sid("taken")
     async with controller(env) as c:
         await c.create(NS, sid)
@@ -212,7 +212,7 @@ async def test_create_of_a_taken_id_is_already_exists(env):
         await c.shutdown(NS, sid)
 
 
-async def test_of_concurrent_creates_of_one_id_exactly_one_wins(env):
+async def test_of_concurrent_creates_of_one_id_exactly_one_wins(env) -> None:
     sid = env.sid("race")
     outcomes: list[str] = []
 
@@ -231,14 +231,14 @@ async def test_of_concurrent_creates_of_one_id_exactly_one_wins(env):
         await c.shutdown(NS, sid)
 
 
-async def test_stop_of_an_unknown_sandbox_succeeds_and_a_negative_timeout_is_refused(env):
+async def test_stop_of_an_unknown_sandbox_succeeds_and_a_negative_timeout_is_refused(env) -> None:
     async with controller(env) as c:
         await c.stop(NS, env.sid("nobody"))
         with pytest.raises(InvalidArgument):
             await c.stop(NS, env.sid("nobody"), timeout=-1)
 
 
-async def test_shutdown_of_an_unknown_id_is_not_found_and_so_is_a_second_one(env):
+async def test_shutdown_of_an_unknown_id_is_not_found_and_so_is_a_second_one(env) -> None:
     sid = env.sid("twice")
     async with controller(env) as c:
         with pytest.raises(NotFound):
@@ -249,7 +249,7 @@ async def test_shutdown_of_an_unknown_id_is_not_found_and_so_is_a_second_one(env
             await c.shutdown(NS, sid)
 
 
-async def test_a_closed_or_unopened_controller_refuses_calls(env):
+async def test_a_closed_or_unopened_controller_refuses_calls(env) -> None:
     c = controller(env)
     with pytest.raises(FailedPrecondition):
         await c.create(NS, env.sid("early"))
@@ -262,7 +262,7 @@ async def test_a_closed_or_unopened_controller_refuses_calls(env):
 
 
 # -- creates that fail leave nothing ---------------------------------------------------------------
-async def test_a_create_the_shim_refuses_leaves_nothing_and_frees_the_id(env):
+async def test_a_create_the_shim_refuses_leaves_nothing_and_frees_the_id(env) -> None:
     sid = env.sid("refused")
     async with controller(env) as c:
         with pytest.raises(InvalidArgument, match="not a network namespace"):
@@ -272,7 +272,7 @@ async def test_a_create_the_shim_refuses_leaves_nothing_and_frees_the_id(env):
         await c.shutdown(NS, sid)
 
 
-async def test_a_spawn_that_fails_is_unavailable_and_carries_the_shims_words(env):
+async def test_a_spawn_that_fails_is_unavailable_and_carries_the_shims_words(env) -> None:
     script = "import sys; sys.stderr.write('no cgroup for you\\n'); sys.exit(1)"
     sid = env.sid("nospawn")
     async with controller(env, spawner=failing_spawner(env, script)) as c:
@@ -281,21 +281,21 @@ async def test_a_spawn_that_fails_is_unavailable_and_carries_the_shims_words(env
         assert c.sandboxes.is_empty() and not os.path.exists(env.bundle(NS, sid))
 
 
-async def test_a_spawn_that_prints_garbage_is_internal(env):
+async def test_a_spawn_that_prints_garbage_is_internal(env) -> None:
     async with controller(env, spawner=failing_spawner(env, "print('hello there')")) as c:
         with pytest.raises(Internal, match="not valid JSON"):
             await c.create(NS, env.sid("garbage"))
         assert c.sandboxes.is_empty()
 
 
-async def test_a_spawn_that_prints_json_nested_too_deeply_is_internal(env):
+async def test_a_spawn_that_prints_json_nested_too_deeply_is_internal(env) -> None:
     async with controller(env, spawner=failing_spawner(env, "print('[' * 100000)")) as c:
         with pytest.raises(Internal, match="is not valid JSON: it is nested more than"):
             await c.create(NS, env.sid("deep"))
         assert c.sandboxes.is_empty()
 
 
-async def test_a_cancelled_create_leaves_nothing(env, monkeypatch):
+async def test_a_cancelled_create_leaves_nothing(env, monkeypatch) -> None:
     sid = env.sid("cancelled")
     async with controller(env) as c:
         spawning, spawn = anyio.Event(), c.spawner.spawn
@@ -312,7 +312,7 @@ async def test_a_cancelled_create_leaves_nothing(env, monkeypatch):
         assert c.sandboxes.is_empty() and not os.path.exists(env.bundle(NS, sid))
 
 
-async def test_fifty_concurrent_creates(env):
+async def test_fifty_concurrent_creates(env) -> None:
     ids = [env.sid(f"many{i}") for i in range(50)]
     async with controller(env) as c:
         started = time.monotonic()
@@ -331,7 +331,7 @@ async def test_fifty_concurrent_creates(env):
 
 
 # -- a shim that dies while the controller runs ----------------------------------------------------
-async def test_a_shim_killed_while_running_is_cleaned_up_once_and_waiters_get_its_exit(env):
+async def test_a_shim_killed_while_running_is_cleaned_up_once_and_waiters_get_its_exit(env) -> None:
     sid = env.sid("killed")
     async with controller(env) as c:
         await c.create(NS, sid)
@@ -369,7 +369,7 @@ async def test_a_shim_killed_while_running_is_cleaned_up_once_and_waiters_get_it
             await c.status(NS, sid)
 
 
-async def test_a_dead_shim_is_noticed_without_anyone_asking(env):
+async def test_a_dead_shim_is_noticed_without_anyone_asking(env) -> None:
     sid = env.sid("unasked")
     async with controller(env) as c:
         await c.create(NS, sid)
@@ -384,7 +384,7 @@ async def test_a_dead_shim_is_noticed_without_anyone_asking(env):
         await c.shutdown(NS, sid)
 
 
-async def test_a_failing_delete_reports_exit_status_255(env):
+async def test_a_failing_delete_reports_exit_status_255(env) -> None:
     sid = env.sid("nodelete")
 
     class NoDelete(ExecSpawner):
@@ -402,7 +402,7 @@ async def test_a_failing_delete_reports_exit_status_255(env):
         await c.shutdown(NS, sid)
 
 
-async def test_shutdown_of_a_hung_shim_falls_back_to_podshim_delete(env, monkeypatch):
+async def test_shutdown_of_a_hung_shim_falls_back_to_podshim_delete(env, monkeypatch) -> None:
     import client.controller.controller as module
 
     sid = env.sid("hung")

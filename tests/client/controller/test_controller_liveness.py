@@ -74,7 +74,7 @@ def short_timeouts(monkeypatch):
     monkeypatch.setattr(controller_module, "CONNECT_TIMEOUT", 0.5)
 
 
-async def test_a_controller_that_starts_while_a_shim_is_stopped_leaves_it_running(env, short_timeouts):
+async def test_a_controller_that_starts_while_a_shim_is_stopped_leaves_it_running(env, short_timeouts) -> None:
     sid = env.sid("frozen")
     shim_pid, pause_pid, pause_started = await running_sandbox(env, sid)
     c = Controller(env.state_root, env.runtime_root)
@@ -99,7 +99,7 @@ async def test_a_controller_that_starts_while_a_shim_is_stopped_leaves_it_runnin
     assert not await wait_gone_async(shim_pid)
 
 
-def test_podshimctl_status_of_a_stopped_shim_fails_and_destroys_nothing(env):
+def test_podshimctl_status_of_a_stopped_shim_fails_and_destroys_nothing(env) -> None:
     sid = env.sid("ctl")
     shim_pid, pause_pid, pause_started = anyio.run(running_sandbox, env, sid)
     with stopped(shim_pid):
@@ -117,7 +117,7 @@ def test_podshimctl_status_of_a_stopped_shim_fails_and_destroys_nothing(env):
     assert not wait_gone(shim_pid, pause_pid)
 
 
-async def test_a_shim_killed_while_unreachable_is_cleaned_up_without_anyone_asking(env, short_timeouts):
+async def test_a_shim_killed_while_unreachable_is_cleaned_up_without_anyone_asking(env, short_timeouts) -> None:
     sid = env.sid("gone")
     shim_pid, pause_pid, _ = await running_sandbox(env, sid)
     with stopped(shim_pid):
@@ -133,7 +133,7 @@ async def test_a_shim_killed_while_unreachable_is_cleaned_up_without_anyone_aski
             await c.shutdown(NS, sid)
 
 
-async def test_shutdown_of_an_unreachable_shim_deletes_it(env, short_timeouts):
+async def test_shutdown_of_an_unreachable_shim_deletes_it(env, short_timeouts) -> None:
     sid = env.sid("asked")
     shim_pid, pause_pid, _ = await running_sandbox(env, sid)
     with stopped(shim_pid):
@@ -193,7 +193,7 @@ def descriptors():
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
 
 
-async def test_a_shim_whose_connections_are_all_held_idle_still_serves_a_controller(env, descriptors):
+async def test_a_shim_whose_connections_are_all_held_idle_still_serves_a_controller(env, descriptors) -> None:
     sid = env.sid("idle")
     async with Controller(env.state_root, env.runtime_root) as c:
         pause_pid, address = await started(c, sid)
@@ -209,7 +209,7 @@ async def test_a_shim_whose_connections_are_all_held_idle_still_serves_a_control
         await c.shutdown(NS, sid)
 
 
-async def test_a_shim_whose_connections_all_have_calls_in_flight_refuses_a_new_one_and_says_why(env, descriptors):
+async def test_a_shim_whose_connections_all_have_calls_in_flight_refuses_a_new_one_and_says_why(env, descriptors) -> None:
     sid = env.sid("busy")
     async with Controller(env.state_root, env.runtime_root) as c:
         pause_pid, address = await started(c, sid)

@@ -67,7 +67,7 @@ def podshimd_layout(root: str) -> None:
 
 
 async def test_a_controller_over_an_unmarked_podshimd_state_root_removes_nothing_and_says_what_it_left(tmp_path,
-                                                                                                       caplog):
+                                                                                                       caplog) -> None:
     root = str(tmp_path / "state")
     podshimd_layout(root)
     before = tree(root)
@@ -81,7 +81,7 @@ async def test_a_controller_over_an_unmarked_podshimd_state_root_removes_nothing
     assert f"leaving {os.path.join(root, 'images', 'content')} alone, unknown" in caplog.text
 
 
-async def test_a_controller_refuses_a_root_marked_as_podshimds_state_root(tmp_path):
+async def test_a_controller_refuses_a_root_marked_as_podshimds_state_root(tmp_path) -> None:
     root = str(tmp_path / "state")
     podshimd_layout(root)
     layouts.mark(root, layouts.POD_ROOT)
@@ -96,7 +96,7 @@ async def test_a_controller_refuses_a_root_marked_as_podshimds_state_root(tmp_pa
     assert tree(root) == before
 
 
-async def test_a_dead_shims_bundle_a_controller_made_is_cleaned_up_on_load(tmp_path):
+async def test_a_dead_shims_bundle_a_controller_made_is_cleaned_up_on_load(tmp_path) -> None:
     root = str(tmp_path / "bundles")
     bundle = make_bundle(root, NS, "sb1")
     dead_shims_bootstrap(bundle)
@@ -108,7 +108,7 @@ async def test_a_dead_shims_bundle_a_controller_made_is_cleaned_up_on_load(tmp_p
         await c.shutdown(NS, "sb1")
 
 
-async def test_an_older_controllers_bundle_without_a_marker_is_still_ours_by_its_bootstrap(tmp_path):
+async def test_an_older_controllers_bundle_without_a_marker_is_still_ours_by_its_bootstrap(tmp_path) -> None:
     root = str(tmp_path / "bundles")
     older = os.path.join(root, NS, "sb1")
     os.makedirs(older)
@@ -119,7 +119,7 @@ async def test_an_older_controllers_bundle_without_a_marker_is_still_ours_by_its
         assert spawner.deleted == [f"{NS}/sb1"] and not os.path.exists(older)
 
 
-async def test_a_read_only_controller_reports_a_dead_shim_and_changes_nothing(tmp_path):
+async def test_a_read_only_controller_reports_a_dead_shim_and_changes_nothing(tmp_path) -> None:
     root = str(tmp_path / "bundles")
     bundle = make_bundle(root, NS, "sb1")
     dead_shims_bootstrap(bundle)

@@ -105,7 +105,7 @@ async def shutdown_all(c: Controller) -> None:
         await c.shutdown(status.namespace, status.sandbox_id)
 
 
-async def test_after_a_kill_9_every_sandbox_is_back_with_its_pid_and_state(env):
+async def test_after_a_kill_9_every_sandbox_is_back_with_its_pid_and_state(env) -> None:
     running, created, stopped = env.sid("running"), env.sid("created"), env.sid("stopped")
     report = run_first_controller(env, [[NS, running, ["create", "start"]], [NS, created, ["create"]],
                                         ["k8s.io", stopped, ["create", "start", "stop"]]])
@@ -121,7 +121,7 @@ async def test_after_a_kill_9_every_sandbox_is_back_with_its_pid_and_state(env):
         await shutdown_all(c)
 
 
-async def test_a_shim_killed_while_the_controller_is_down_is_cleaned_up_on_load(env):
+async def test_a_shim_killed_while_the_controller_is_down_is_cleaned_up_on_load(env) -> None:
     sid = env.sid("dies")
     report = run_first_controller(env, [[NS, sid, ["create", "start"]]])
     info = report[f"{NS}/{sid}"]["info"]
@@ -139,7 +139,7 @@ async def test_a_shim_killed_while_the_controller_is_down_is_cleaned_up_on_load(
             await c.status(NS, sid)
 
 
-async def test_a_shim_killed_after_its_pause_exited_reports_the_recorded_exit(env):
+async def test_a_shim_killed_after_its_pause_exited_reports_the_recorded_exit(env) -> None:
     sid = env.sid("recorded")
     report = run_first_controller(env, [[NS, sid, ["create", "start", "stop"]]])
     os.kill(shim_pid(report, NS, sid), signal.SIGKILL)
@@ -151,7 +151,7 @@ async def test_a_shim_killed_after_its_pause_exited_reports_the_recorded_exit(en
         await c.shutdown(NS, sid)
 
 
-async def test_a_corrupt_bootstrap_json_is_treated_as_a_dead_shim(env):
+async def test_a_corrupt_bootstrap_json_is_treated_as_a_dead_shim(env) -> None:
     sid = env.sid("corrupt")
     report = run_first_controller(env, [[NS, sid, ["create", "start"]]])
     with open(os.path.join(env.bundle(NS, sid), "bootstrap.json"), "w") as f:
@@ -164,7 +164,7 @@ async def test_a_corrupt_bootstrap_json_is_treated_as_a_dead_shim(env):
         await c.shutdown(NS, sid)
 
 
-async def test_an_empty_bundle_is_a_dead_sandbox_with_an_unknown_exit(env):
+async def test_an_empty_bundle_is_a_dead_sandbox_with_an_unknown_exit(env) -> None:
     sid = env.sid("empty")
     make_bundle(env.state_root, NS, sid)  # a controller killed before it spawned the shim
     async with controller(env) as c:
@@ -174,7 +174,7 @@ async def test_an_empty_bundle_is_a_dead_sandbox_with_an_unknown_exit(env):
         await c.shutdown(NS, sid)
 
 
-async def test_a_shim_spawned_but_never_created_is_shut_down_on_load(env):
+async def test_a_shim_spawned_but_never_created_is_shut_down_on_load(env) -> None:
     sid = env.sid("orphan")
     started = env.podshim("start", NS, sid)
     assert started.returncode == 0, started.stderr
@@ -189,7 +189,7 @@ async def test_a_shim_spawned_but_never_created_is_shut_down_on_load(env):
 
 
 @pytest.mark.parametrize("crash", ["after-spawn", "in-shutdown"])
-async def test_a_controller_killed_in_the_middle_leaves_nothing_after_the_next_load(env, crash):
+async def test_a_controller_killed_in_the_middle_leaves_nothing_after_the_next_load(env, crash) -> None:
     sid = env.sid("middle")
     actions = ["create"] if crash == "after-spawn" else ["create", "start", "shutdown"]
     run_first_controller(env, [[NS, sid, actions]], crash)
@@ -208,7 +208,7 @@ async def test_a_controller_killed_in_the_middle_leaves_nothing_after_the_next_l
     assert not os.path.exists(env.bundle(NS, sid))
 
 
-async def test_load_removes_hidden_leftovers_and_skips_names_that_are_not_identifiers(env, caplog):
+async def test_load_removes_hidden_leftovers_and_skips_names_that_are_not_identifiers(env, caplog) -> None:
     layouts.claim(env.state_root, layouts.BUNDLE_ROOT)
     leftover = os.path.join(env.state_root, NS, f".{env.sid('gone')}.0a1b2c3d")
     strange = os.path.join(env.state_root, NS, "not an id")
@@ -225,7 +225,7 @@ async def test_load_removes_hidden_leftovers_and_skips_names_that_are_not_identi
         os.rmdir(strange)
 
 
-async def test_a_missing_socket_fails_fast_and_a_silent_one_within_the_load_timeout(env, monkeypatch):
+async def test_a_missing_socket_fails_fast_and_a_silent_one_within_the_load_timeout(env, monkeypatch) -> None:
     class Timed(ExecSpawner):
         """Notes when the controller gave up on a shim and called delete."""
         gave_up: dict[str, float] = {}
@@ -266,7 +266,7 @@ async def test_a_missing_socket_fails_fast_and_a_silent_one_within_the_load_time
         os.unlink(os.path.join(env.runtime_root, "silent.sock"))
 
 
-async def test_loading_one_sandbox_loads_only_that_one(env):
+async def test_loading_one_sandbox_loads_only_that_one(env) -> None:
     one, other = env.sid("one"), env.sid("other")
     async with controller(env) as c:
         await c.create(NS, one)

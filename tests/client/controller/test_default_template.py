@@ -76,7 +76,7 @@ async def shim_pid(c: Controller, sandbox_id: str) -> int:
     return int((await c.status(NS, sandbox_id, verbose=True)).info["shim_pid"])
 
 
-async def test_a_controller_starts_the_template_and_forks_its_shims_from_it(env):
+async def test_a_controller_starts_the_template_and_forks_its_shims_from_it(env) -> None:
     sid = env.sid("first")
     async with Controller(env.state_root, env.runtime_root) as c:
         await c.create(NS, sid)
@@ -88,7 +88,7 @@ async def test_a_controller_starts_the_template_and_forks_its_shims_from_it(env)
     assert alive(template["pid"])  # it outlives the Controller
 
 
-async def test_concurrent_controllers_start_one_template_and_all_use_it(env):
+async def test_concurrent_controllers_start_one_template_and_all_use_it(env) -> None:
     sids = [[env.sid(f"c{n}s{k}") for k in range(2)] for n in range(3)]
     async with contextlib.AsyncExitStack() as stack:
         controllers = [await stack.enter_async_context(Controller(env.state_root, env.runtime_root)) for _ in sids]
@@ -105,7 +105,7 @@ async def test_concurrent_controllers_start_one_template_and_all_use_it(env):
                 await c.shutdown(NS, sid)
 
 
-async def test_a_second_controller_reuses_the_template_the_first_started(env):
+async def test_a_second_controller_reuses_the_template_the_first_started(env) -> None:
     async with Controller(env.state_root, env.runtime_root) as c:
         await c.create(NS, env.sid("one"))
         first = ping(env.runtime_root)["pid"]
@@ -118,7 +118,7 @@ async def test_a_second_controller_reuses_the_template_the_first_started(env):
         await c.shutdown(NS, env.sid("two"))
 
 
-async def test_template_false_execs_every_shim_and_starts_no_template(env, session_template, monkeypatch):
+async def test_template_false_execs_every_shim_and_starts_no_template(env, session_template, monkeypatch) -> None:
     # Even with a template named in the environment: the Controller does not ask it, and the
     # `podshim start` it runs does not either (--no-template).
     monkeypatch.setenv(TEMPLATE_SOCKET_ENV, session_template.socket())
@@ -132,7 +132,7 @@ async def test_template_false_execs_every_shim_and_starts_no_template(env, sessi
     assert not os.path.exists(control_socket_path(env.runtime_root)) and templates_of(env.runtime_root) == []
 
 
-async def test_podshim_template_0_in_the_environment_turns_the_template_off(env, monkeypatch):
+async def test_podshim_template_0_in_the_environment_turns_the_template_off(env, monkeypatch) -> None:
     monkeypatch.setenv(TEMPLATE_ENV, "0")
     sid = env.sid("env0")
     async with Controller(env.state_root, env.runtime_root) as c:
@@ -142,7 +142,7 @@ async def test_podshim_template_0_in_the_environment_turns_the_template_off(env,
     assert templates_of(env.runtime_root) == []
 
 
-def test_a_template_option_the_controller_cannot_honour_is_refused(env, monkeypatch):
+def test_a_template_option_the_controller_cannot_honour_is_refused(env, monkeypatch) -> None:
     with pytest.raises(InvalidArgument, match="exec spawner only"):
         Controller(env.state_root, env.runtime_root, spawner="systemd", template=True)
     monkeypatch.setenv(TEMPLATE_ENV, "maybe")
@@ -150,7 +150,7 @@ def test_a_template_option_the_controller_cannot_honour_is_refused(env, monkeypa
         Controller(env.state_root, env.runtime_root)
 
 
-async def test_when_no_template_can_start_shims_are_execd_and_the_log_says_so_once(env, caplog):
+async def test_when_no_template_can_start_shims_are_execd_and_the_log_says_so_once(env, caplog) -> None:
     # A directory where the template's lock file belongs: no template can start on this root.
     os.makedirs(os.path.join(env.runtime_root, TEMPLATE_LOCK))
     sids = [env.sid(f"fb{n}") for n in range(2)]
@@ -165,7 +165,7 @@ async def test_when_no_template_can_start_shims_are_execd_and_the_log_says_so_on
     assert len(said) == 1 and env.runtime_root in said[0] and "exec'd" in said[0]
 
 
-async def test_a_template_running_code_older_than_what_is_installed_is_replaced(env, tmp_path):
+async def test_a_template_running_code_older_than_what_is_installed_is_replaced(env, tmp_path) -> None:
     # An installation of our own (a copy of the shim package) that can be "upgraded" under a
     # running template by changing one of its files.
     install = tmp_path / "install"

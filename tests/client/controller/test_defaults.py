@@ -40,11 +40,11 @@ def _bare_timeouts(tree: ast.Module) -> list[str]:
 
 
 @pytest.mark.parametrize("module", WAITERS)
-def test_every_timeout_is_a_named_default(module):
+def test_every_timeout_is_a_named_default(module) -> None:
     assert _bare_timeouts(_tree(module)) == []
 
 
-def test_the_defaults_hold_the_roots_and_every_named_timeout():
+def test_the_defaults_hold_the_roots_and_every_named_timeout() -> None:
     from client.controller import controller, liveness, loading
     from client.controller.spawners import exec, systemd
 
@@ -56,13 +56,13 @@ def test_the_defaults_hold_the_roots_and_every_named_timeout():
     assert {"DEFAULT_BUNDLE_ROOT", "DEFAULT_RUNTIME_ROOT"} <= set(defaults.__all__)
 
 
-def test_the_spawn_timeout_outlasts_the_shims_own_start_timeout():
+def test_the_spawn_timeout_outlasts_the_shims_own_start_timeout() -> None:
     from shim.launch import spawn
 
     assert defaults.SPAWN_TIMEOUT > spawn.START_TIMEOUT
 
 
-def test_a_templates_spawn_is_waited_for_longer_than_the_template_waits_for_its_shim_and_less_than_controllers():
+def test_a_templates_spawn_is_waited_for_longer_than_the_template_waits_for_its_shim_and_less_than_controllers() -> None:
     from shim.api.defaults import TEMPLATE_SPAWN_TIMEOUT
     from shim.launch import spawn
 
@@ -91,7 +91,7 @@ def _client_modules() -> dict[str, str]:
     return found
 
 
-def test_the_clients_modules_import_one_another_without_a_cycle():
+def test_the_clients_modules_import_one_another_without_a_cycle() -> None:
     modules = _client_modules()
     graph = {m: {i for i in _client_imports(path) if i in modules and i != m} for m, path in modules.items()}
     # The package's __init__ re-exports from its modules; a module importing a sibling loads it
@@ -112,7 +112,7 @@ def test_the_clients_modules_import_one_another_without_a_cycle():
         visit(module, [])
 
 
-def test_systemd_paths_follow_the_runtime_root(tmp_path):
+def test_systemd_paths_follow_the_runtime_root(tmp_path) -> None:
     other = str(tmp_path / "run")
     spawner = SystemdSpawner(str(tmp_path / "state"), other, systemctl=["false"])
     assert spawner.env_file == f"{other}/systemd.env" == env_file_path(other)

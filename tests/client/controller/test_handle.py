@@ -27,7 +27,7 @@ def handle_in(phase: Phase, tmp_path) -> ShimHandle:
     return handle
 
 
-def test_every_phase_has_a_row_and_gone_is_the_end():
+def test_every_phase_has_a_row_and_gone_is_the_end() -> None:
     assert set(TRANSITIONS) == set(Phase)
     assert TRANSITIONS[Phase.GONE] == frozenset()
     assert all(Phase.PENDING not in targets for targets in TRANSITIONS.values())  # nothing goes back
@@ -35,7 +35,7 @@ def test_every_phase_has_a_row_and_gone_is_the_end():
 
 @pytest.mark.parametrize("start, target", [
     (a, b) for a, b in itertools.product(Phase, Phase) if b in TRANSITIONS[a]])
-def test_an_allowed_move_changes_the_phase(tmp_path, start, target):
+def test_an_allowed_move_changes_the_phase(tmp_path, start, target) -> None:
     handle = handle_in(start, tmp_path)
     handle.move(target)
     assert handle.phase is target and handle.settled.is_set()
@@ -43,13 +43,13 @@ def test_an_allowed_move_changes_the_phase(tmp_path, start, target):
 
 @pytest.mark.parametrize("start, target", [
     (a, b) for a, b in itertools.product(Phase, Phase) if b not in TRANSITIONS[a]])
-def test_a_move_the_table_does_not_list_is_a_failed_precondition_that_says_why(tmp_path, start, target):
+def test_a_move_the_table_does_not_list_is_a_failed_precondition_that_says_why(tmp_path, start, target) -> None:
     handle = handle_in(start, tmp_path)
     with pytest.raises(FailedPrecondition, match=rf"sandbox sb1 in namespace ns1 .+; it cannot become {target.value}$"):
         handle.move(target)
     assert handle.phase is start
 
 
-def test_a_pending_handle_is_not_settled_until_it_moves(tmp_path):
+def test_a_pending_handle_is_not_settled_until_it_moves(tmp_path) -> None:
     handle = ShimHandle("ns1", "sb1", str(tmp_path / "ns1" / "sb1"))
     assert handle.phase is Phase.PENDING and not handle.settled.is_set()

@@ -10,13 +10,13 @@ from shim.rpc.status import AlreadyExists, NotFound
 from client.controller.nsmap import NSMap
 
 
-def test_get_returns_what_add_stored():
+def test_get_returns_what_add_stored() -> None:
     m: NSMap[str] = NSMap()
     m.add("default", "sb1", "one")
     assert m.get("default", "sb1") == "one"
 
 
-def test_get_of_a_missing_id_or_namespace_is_not_found():
+def test_get_of_a_missing_id_or_namespace_is_not_found() -> None:
     m: NSMap[str] = NSMap()
     m.add("default", "sb1", "one")
     with pytest.raises(NotFound):
@@ -25,12 +25,12 @@ def test_get_of_a_missing_id_or_namespace_is_not_found():
         m.get("k8s.io", "sb1")
 
 
-def test_find_returns_none_when_missing():
+def test_find_returns_none_when_missing() -> None:
     m: NSMap[str] = NSMap()
     assert m.find("default", "sb1") is None
 
 
-def test_add_of_a_taken_id_is_already_exists_and_keeps_the_first():
+def test_add_of_a_taken_id_is_already_exists_and_keeps_the_first() -> None:
     m: NSMap[str] = NSMap()
     m.add("default", "sb1", "one")
     with pytest.raises(AlreadyExists):
@@ -38,14 +38,14 @@ def test_add_of_a_taken_id_is_already_exists_and_keeps_the_first():
     assert m.get("default", "sb1") == "one"
 
 
-def test_the_same_id_may_live_in_two_namespaces():
+def test_the_same_id_may_live_in_two_namespaces() -> None:
     m: NSMap[str] = NSMap()
     m.add("default", "sb1", "one")
     m.add("k8s.io", "sb1", "two")
     assert (m.get("default", "sb1"), m.get("k8s.io", "sb1")) == ("one", "two")
 
 
-def test_delete_is_silent_when_missing():
+def test_delete_is_silent_when_missing() -> None:
     m: NSMap[str] = NSMap()
     m.delete("default", "nothing")
     m.add("default", "sb1", "one")
@@ -54,7 +54,7 @@ def test_delete_is_silent_when_missing():
     assert m.is_empty() and len(m) == 0
 
 
-def test_delete_with_an_item_spares_a_newer_entry_under_the_same_id():
+def test_delete_with_an_item_spares_a_newer_entry_under_the_same_id() -> None:
     m: NSMap[object] = NSMap()
     old, new = object(), object()
     m.add("default", "sb1", old)
@@ -64,7 +64,7 @@ def test_delete_with_an_item_spares_a_newer_entry_under_the_same_id():
     assert m.get("default", "sb1") is new
 
 
-def test_list_of_one_namespace_all_namespaces_and_an_unknown_one():
+def test_list_of_one_namespace_all_namespaces_and_an_unknown_one() -> None:
     m: NSMap[str] = NSMap()
     for ns, sid in (("k8s.io", "b"), ("default", "z"), ("default", "a"), ("k8s.io", "a")):
         m.add(ns, sid, f"{ns}/{sid}")
@@ -75,14 +75,14 @@ def test_list_of_one_namespace_all_namespaces_and_an_unknown_one():
     assert len(m) == 4 and list(m) == m.list()
 
 
-def test_an_emptied_namespace_disappears():
+def test_an_emptied_namespace_disappears() -> None:
     m: NSMap[str] = NSMap()
     m.add("default", "sb1", "one")
     m.delete("default", "sb1")
     assert m.namespaces() == []
 
 
-async def test_of_many_tasks_adding_one_id_exactly_one_wins():
+async def test_of_many_tasks_adding_one_id_exactly_one_wins() -> None:
     m: NSMap[int] = NSMap()
     outcomes: list[str] = []
 

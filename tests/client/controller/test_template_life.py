@@ -68,7 +68,7 @@ def ok(result: subprocess.CompletedProcess) -> subprocess.CompletedProcess:
     return result
 
 
-def test_the_template_and_its_spare_end_after_the_last_sandbox_of_a_controller_user_is_gone(env):
+def test_the_template_and_its_spare_end_after_the_last_sandbox_of_a_controller_user_is_gone(env) -> None:
     pid = start_template(env)
     sid = env.sid("last")
     ok(env.ctl("sandbox", "create", sid))

@@ -16,7 +16,7 @@ def store(tmp_path):
     return ContentStore(str(tmp_path / "content")).open()
 
 
-def test_a_blob_is_stored_under_its_digest(store):
+def test_a_blob_is_stored_under_its_digest(store) -> None:
     digest = sha256_digest(DATA)
     path = store.add_bytes(DATA, digest)
     assert path == os.path.join(store.root, "blobs", "sha256", digest[len("sha256:"):])
@@ -25,7 +25,7 @@ def test_a_blob_is_stored_under_its_digest(store):
     assert os.stat(path).st_mode & 0o777 == 0o600
 
 
-def test_bytes_with_another_digest_are_refused_and_nothing_is_stored(store):
+def test_bytes_with_another_digest_are_refused_and_nothing_is_stored(store) -> None:
     wrong = sha256_digest(b"something else")
     with pytest.raises(BlobError, match=f"blob {wrong} has the wrong content"):
         store.add_bytes(DATA, wrong)
@@ -33,7 +33,7 @@ def test_bytes_with_another_digest_are_refused_and_nothing_is_stored(store):
     assert os.listdir(store.ingest) == []
 
 
-def test_a_file_is_moved_in_once_verified(store):
+def test_a_file_is_moved_in_once_verified(store) -> None:
     work = store.temporary_dir("pull-")
     source = os.path.join(work, "layer")
     with open(source, "wb") as f:
@@ -49,7 +49,7 @@ def test_a_file_is_moved_in_once_verified(store):
     (DATA[:-1] + b"X", len(DATA), "has the wrong content"),
     (DATA[:-1] + b"X", None, "has the wrong content"),
 ])
-def test_a_truncated_or_corrupt_file_is_never_visible(store, content, size, says):
+def test_a_truncated_or_corrupt_file_is_never_visible(store, content, size, says) -> None:
     work = store.temporary_dir("pull-")
     source = os.path.join(work, "layer")
     with open(source, "wb") as f:
@@ -62,7 +62,7 @@ def test_a_truncated_or_corrupt_file_is_never_visible(store, content, size, says
     assert os.path.exists(source)  # left to its owner, who removes its directory
 
 
-def test_a_symbolic_link_is_not_taken_for_a_blob(store, tmp_path):
+def test_a_symbolic_link_is_not_taken_for_a_blob(store, tmp_path) -> None:
     target = tmp_path / "outside"
     target.write_bytes(DATA)
     work = store.temporary_dir("pull-")
@@ -72,7 +72,7 @@ def test_a_symbolic_link_is_not_taken_for_a_blob(store, tmp_path):
     assert store.digests() == set()
 
 
-def test_what_a_killed_writer_left_in_ingest_is_removed_at_open(store):
+def test_what_a_killed_writer_left_in_ingest_is_removed_at_open(store) -> None:
     work = store.temporary_dir("pull-")
     with open(os.path.join(work, "half-a-layer"), "wb") as f:
         f.write(DATA[:100])
@@ -81,14 +81,14 @@ def test_what_a_killed_writer_left_in_ingest_is_removed_at_open(store):
     assert store.digests() == set()
 
 
-def test_a_bad_digest_is_refused(store):
+def test_a_bad_digest_is_refused(store) -> None:
     with pytest.raises(BlobError, match="only sha256"):
         store.path("md5:" + "a" * 32)
     with pytest.raises(BlobError, match="is not a digest"):
         store.has("../../etc/passwd")
 
 
-def test_remove_says_whether_the_blob_was_there(store):
+def test_remove_says_whether_the_blob_was_there(store) -> None:
     digest = sha256_digest(DATA)
     store.add_bytes(DATA, digest)
     assert store.remove(digest) is True
@@ -119,7 +119,7 @@ def linked_blob(request, store, tmp_path):
     return digest, replace_with_a_link(store, digest, outside), outside, content
 
 
-def test_a_blob_replaced_by_a_symbolic_link_is_damaged_and_read_removes_it_without_following(store, linked_blob):
+def test_a_blob_replaced_by_a_symbolic_link_is_damaged_and_read_removes_it_without_following(store, linked_blob) -> None:
     digest, path, outside, content = linked_blob
     with pytest.raises(BlobError, match=f"^blob {digest} was damaged in the content store \\(it is a symbolic "
                                         "link\\); it was removed, and a pull fetches it again$"):
@@ -128,14 +128,14 @@ def test_a_blob_replaced_by_a_symbolic_link_is_damaged_and_read_removes_it_witho
     assert (outside.read_bytes() if content is not None else None) == content
 
 
-def test_a_blob_replaced_by_a_symbolic_link_fails_its_check_and_is_removed(store, linked_blob):
+def test_a_blob_replaced_by_a_symbolic_link_fails_its_check_and_is_removed(store, linked_blob) -> None:
     digest, path, outside, content = linked_blob
     assert store.check(digest) is False
     assert not os.path.lexists(path)
     assert (outside.read_bytes() if content is not None else None) == content
 
 
-def test_a_blob_added_over_a_symbolic_link_replaces_the_link(store, tmp_path):
+def test_a_blob_added_over_a_symbolic_link_replaces_the_link(store, tmp_path) -> None:
     digest = sha256_digest(DATA)
     store.add_bytes(DATA, digest)
     outside = tmp_path / "outside"

@@ -56,7 +56,7 @@ async def images(tmp_path):
     await images.aclose()
 
 
-async def test_an_oci_archive_is_imported_with_its_name_and_unpacked(images, tmp_path):
+async def test_an_oci_archive_is_imported_with_its_name_and_unpacked(images, tmp_path) -> None:
     layer = make_layer(str(tmp_path / "layer"), [member("hello", data=b"hi\n")], "gzip")
     with open(layer.path, "rb") as f:
         blob = f.read()
@@ -65,7 +65,7 @@ async def test_an_oci_archive_is_imported_with_its_name_and_unpacked(images, tmp
     assert images.list("example.com/app:1") == [record]
 
 
-async def test_a_decompression_bomb_is_refused_past_the_unpack_limit_and_nothing_is_kept(images, tmp_path):
+async def test_a_decompression_bomb_is_refused_past_the_unpack_limit_and_nothing_is_kept(images, tmp_path) -> None:
     layer = make_layer(str(tmp_path / "bomb"), [member("zeros", data=bytes(16 << 20))], "gzip")  # 16 KiB of gzip
     with open(layer.path, "rb") as f:
         blob = f.read()
@@ -77,7 +77,7 @@ async def test_a_decompression_bomb_is_refused_past_the_unpack_limit_and_nothing
     assert_nothing_stored(images)
 
 
-async def test_a_docker_archive_layer_that_is_not_its_diff_id_is_data_loss_and_nothing_is_kept(images, tmp_path):
+async def test_a_docker_archive_layer_that_is_not_its_diff_id_is_data_loss_and_nothing_is_kept(images, tmp_path) -> None:
     layer = make_layer(str(tmp_path / "layer"), [member("hello", data=b"hi\n")], "tar")
     with open(layer.path, "rb") as f:
         blob = f.read()
@@ -93,7 +93,7 @@ async def test_a_docker_archive_layer_that_is_not_its_diff_id_is_data_loss_and_n
     assert_nothing_stored(images)
 
 
-async def test_a_config_past_a_pulls_bound_is_refused(images, tmp_path):
+async def test_a_config_past_a_pulls_bound_is_refused(images, tmp_path) -> None:
     layer = make_layer(str(tmp_path / "layer"), [member("hello", data=b"hi\n")], "gzip")
     with open(layer.path, "rb") as f:
         blob = f.read()

@@ -61,7 +61,7 @@ def assert_complete(images: Images, record) -> None:
 
 # -- pulls that work --------------------------------------------------------------------------------
 
-async def test_an_oci_image_is_pulled_with_its_registry_digest_and_config(tmp_path, test_images):
+async def test_an_oci_image_is_pulled_with_its_registry_digest_and_config(tmp_path, test_images) -> None:
     images = images_for(tmp_path, test_images.registry)
     busybox = test_images.busybox
     record = await images.pull(busybox.ref)
@@ -117,7 +117,7 @@ async def test_an_image_of_uncompressed_layers_is_pulled_as_it_is_served(tmp_pat
     assert images.snapshots.read_file(record.chain_id, "plain") == b"not compressed"
 
 
-async def test_a_docker_schema2_image_is_pulled_as_it_is_served(tmp_path, test_images):
+async def test_a_docker_schema2_image_is_pulled_as_it_is_served(tmp_path, test_images) -> None:
     images = images_for(tmp_path, test_images.registry)
     record = await images.pull(test_images.busybox_v2s2.ref)
     assert record.repo_digests == (test_images.busybox_v2s2.by_digest,)
@@ -126,7 +126,7 @@ async def test_a_docker_schema2_image_is_pulled_as_it_is_served(tmp_path, test_i
     assert_complete(images, record)
 
 
-async def test_an_index_is_resolved_to_linux_amd64_and_keeps_the_index_digest(tmp_path, test_images):
+async def test_an_index_is_resolved_to_linux_amd64_and_keeps_the_index_digest(tmp_path, test_images) -> None:
     images = images_for(tmp_path, test_images.registry)
     multiarch = test_images.multiarch
     record = await images.pull(multiarch.ref)
@@ -153,28 +153,28 @@ async def test_a_docker_manifest_list_is_resolved_and_its_manifest_and_config_ke
     assert_complete(images, record)
 
 
-async def test_an_index_without_this_platform_is_not_found(tmp_path, test_images):
+async def test_an_index_without_this_platform_is_not_found(tmp_path, test_images) -> None:
     images = images_for(tmp_path, test_images.registry, platform={"os": "linux", "architecture": "s390x"})
     with pytest.raises(NotFound, match=r"has no image for linux/s390x \(it has: linux/amd64, linux/arm64\)"):
         await images.pull(test_images.multiarch.ref)
     assert images.list() == [] and leftovers(images) == []
 
 
-async def test_a_pull_by_digest_records_no_tag(tmp_path, test_images):
+async def test_a_pull_by_digest_records_no_tag(tmp_path, test_images) -> None:
     images = images_for(tmp_path, test_images.registry)
     record = await images.pull(test_images.busybox.by_digest)
     assert record.repo_tags == ()
     assert record.repo_digests == (test_images.busybox.by_digest,)
 
 
-async def test_a_reference_with_tag_and_digest_pulls_the_digest(tmp_path, test_images):
+async def test_a_reference_with_tag_and_digest_pulls_the_digest(tmp_path, test_images) -> None:
     images = images_for(tmp_path, test_images.registry)
     busybox = test_images.busybox
     record = await images.pull(f"{busybox.registry.host}/{busybox.repo}:no-such-tag@{busybox.digest}")
     assert record.repo_digests == (busybox.by_digest,) and record.repo_tags == ()
 
 
-async def test_an_image_is_found_by_id_prefix_tag_and_digest(tmp_path, test_images):
+async def test_an_image_is_found_by_id_prefix_tag_and_digest(tmp_path, test_images) -> None:
     images = images_for(tmp_path, test_images.registry)
     busybox = test_images.busybox
     record = await images.pull(busybox.ref)
@@ -185,7 +185,7 @@ async def test_an_image_is_found_by_id_prefix_tag_and_digest(tmp_path, test_imag
     assert images.status(f"{busybox.registry.host}/{busybox.repo}:2.0") is None
 
 
-async def test_a_second_pull_of_a_stored_image_downloads_nothing(tmp_path, test_images, monkeypatch):
+async def test_a_second_pull_of_a_stored_image_downloads_nothing(tmp_path, test_images, monkeypatch) -> None:
     images = images_for(tmp_path, test_images.registry)
     first = await images.pull(test_images.busybox.ref)
     runs = record_skopeo_runs(tmp_path, images)
@@ -194,7 +194,7 @@ async def test_a_second_pull_of_a_stored_image_downloads_nothing(tmp_path, test_
     assert [argv[1] for argv in runs()] == ["inspect"]  # the manifest is asked for; no copy
 
 
-async def test_a_registry_is_pulled_from_through_its_mirror(tmp_path, test_images):
+async def test_a_registry_is_pulled_from_through_its_mirror(tmp_path, test_images) -> None:
     mirror = test_images.registry.host
     images = Images(str(tmp_path / "state"), hosts=[RegistryHost("registry.invalid", mirrors=(mirror,)),
                                                     RegistryHost(mirror, insecure=True)]).open()
@@ -203,7 +203,7 @@ async def test_a_registry_is_pulled_from_through_its_mirror(tmp_path, test_image
     assert record.repo_digests == (f"registry.invalid/test/busybox@{test_images.busybox.digest}",)
 
 
-async def test_records_survive_a_restart(tmp_path, test_images):
+async def test_records_survive_a_restart(tmp_path, test_images) -> None:
     images = images_for(tmp_path, test_images.registry)
     record = await images.pull(test_images.busybox.ref)
     reopened = images_for(tmp_path, test_images.registry)
@@ -304,7 +304,7 @@ async def test_a_damaged_layer_blob_an_index_shares_is_downloaded_again(tmp_path
     assert leftovers(images) == [] and staging_dirs(images) == []
 
 
-async def test_a_config_damaged_in_the_store_is_downloaded_again_by_the_next_pull(tmp_path, test_images):
+async def test_a_config_damaged_in_the_store_is_downloaded_again_by_the_next_pull(tmp_path, test_images) -> None:
     images = images_for(tmp_path, test_images.registry)
     record = await images.pull(test_images.busybox.ref)
     blob = images.content.path(record.image_id)
@@ -363,7 +363,7 @@ async def test_a_layer_blob_replaced_by_a_symbolic_link_is_fetched_again_when_it
     assert leftovers(images) == [] and staging_dirs(images) == []
 
 
-async def test_a_config_replaced_by_a_symbolic_link_is_downloaded_again_by_the_next_pull(tmp_path, test_images):
+async def test_a_config_replaced_by_a_symbolic_link_is_downloaded_again_by_the_next_pull(tmp_path, test_images) -> None:
     images = images_for(tmp_path, test_images.registry)
     record = await images.pull(test_images.busybox.ref)
     link_a_copy(images.content.path(record.image_id), tmp_path)
@@ -378,47 +378,47 @@ def auth_image(test_images, auth_registry):
     return test_images.push(test_images.busybox, auth_registry)
 
 
-async def test_basic_auth_with_the_right_credentials_pulls(tmp_path, auth_image):
+async def test_basic_auth_with_the_right_credentials_pulls(tmp_path, auth_image) -> None:
     images = images_for(tmp_path, auth_image.registry)
     record = await images.pull(auth_image.ref, AuthConfig(username=AUTH[0], password=AUTH[1]))
     assert record.repo_digests == (auth_image.by_digest,)
 
 
-async def test_basic_auth_from_the_auth_field_pulls(tmp_path, auth_image):
+async def test_basic_auth_from_the_auth_field_pulls(tmp_path, auth_image) -> None:
     images = images_for(tmp_path, auth_image.registry)
     auth = base64.b64encode(f"{AUTH[0]}:{AUTH[1]}".encode()).decode()
     record = await images.pull(auth_image.ref, AuthConfig(auth=auth, server_address=f"http://{auth_image.registry.host}/"))
     assert record.repo_tags == (auth_image.ref,)
 
 
-async def test_no_credentials_is_unauthorized_with_a_sentence(tmp_path, auth_image):
+async def test_no_credentials_is_unauthorized_with_a_sentence(tmp_path, auth_image) -> None:
     images = images_for(tmp_path, auth_image.registry)
     with pytest.raises(Unauthenticated, match="wants credentials to pull .* give credentials"):
         await images.pull(auth_image.ref)
     assert images.list() == [] and leftovers(images) == []
 
 
-async def test_wrong_credentials_are_unauthorized_with_a_sentence(tmp_path, auth_image):
+async def test_wrong_credentials_are_unauthorized_with_a_sentence(tmp_path, auth_image) -> None:
     images = images_for(tmp_path, auth_image.registry)
     with pytest.raises(Unauthenticated, match="refused the credentials given"):
         await images.pull(auth_image.ref, AuthConfig(username=AUTH[0], password="wrong"))
     assert images.list() == [] and leftovers(images) == []
 
 
-async def test_credentials_for_another_registry_are_not_sent(tmp_path, auth_image):
+async def test_credentials_for_another_registry_are_not_sent(tmp_path, auth_image) -> None:
     images = images_for(tmp_path, auth_image.registry)
     with pytest.raises(Unauthenticated):
         await images.pull(auth_image.ref, AuthConfig(username=AUTH[0], password=AUTH[1],
                                                      server_address="other.example:5000"))
 
 
-async def test_a_bad_auth_field_is_invalid(tmp_path, auth_image):
+async def test_a_bad_auth_field_is_invalid(tmp_path, auth_image) -> None:
     images = images_for(tmp_path, auth_image.registry)
     with pytest.raises(InvalidArgument, match="not base64 'username:password'"):
         await images.pull(auth_image.ref, AuthConfig(auth="%%%"))
 
 
-async def test_credentials_are_never_on_skopeos_command_line(tmp_path, auth_image):
+async def test_credentials_are_never_on_skopeos_command_line(tmp_path, auth_image) -> None:
     images = images_for(tmp_path, auth_image.registry)
     runs = record_skopeo_runs(tmp_path, images)
     await images.pull(auth_image.ref, AuthConfig(username=AUTH[0], password=AUTH[1]))
@@ -427,14 +427,14 @@ async def test_credentials_are_never_on_skopeos_command_line(tmp_path, auth_imag
 
 # -- pulls that fail: a sentence, nothing half-stored, and the next pull works ------------------------
 
-async def test_an_image_the_registry_lacks_is_not_found(tmp_path, test_images):
+async def test_an_image_the_registry_lacks_is_not_found(tmp_path, test_images) -> None:
     images = images_for(tmp_path, test_images.registry)
     with pytest.raises(NotFound, match=r"image .*/test/nothere:1\.0 not found: .* has no such repository"):
         await images.pull(test_images.registry.ref("test/nothere:1.0"))
     assert images.list() == [] and leftovers(images) == []
 
 
-async def test_a_bad_reference_is_invalid(tmp_path):
+async def test_a_bad_reference_is_invalid(tmp_path) -> None:
     images = Images(str(tmp_path / "state")).open()
     with pytest.raises(InvalidArgument, match="must be lowercase"):
         await images.pull("Busybox")
@@ -463,7 +463,7 @@ def damaged_blob(test_images, damage) -> Iterator[tuple[Any, str]]:
     pytest.param(lambda data: data[:-1] + bytes([data[-1] ^ 0xFF]), id="corrupt"),
     pytest.param(lambda data: data[: len(data) // 2], id="truncated"),
 ])
-async def test_a_damaged_blob_is_refused_naming_it_and_the_next_pull_works(tmp_path, test_images, damage):
+async def test_a_damaged_blob_is_refused_naming_it_and_the_next_pull_works(tmp_path, test_images, damage) -> None:
     images = images_for(tmp_path, test_images.registry)
     with damaged_blob(test_images, damage) as (image, layer):
         with pytest.raises(DataLoss, match=f"blob {layer} is corrupt or truncated"):
@@ -474,7 +474,7 @@ async def test_a_damaged_blob_is_refused_naming_it_and_the_next_pull_works(tmp_p
     assert_complete(images, record)
 
 
-async def test_a_blob_the_registry_lost_is_not_found_naming_it(tmp_path, test_images):
+async def test_a_blob_the_registry_lost_is_not_found_naming_it(tmp_path, test_images) -> None:
     images = images_for(tmp_path, test_images.registry)
     with damaged_blob(test_images, lambda data: data) as (image, layer):
         os.rename(image.registry.blob_path(layer), image.registry.blob_path(layer) + ".away")
@@ -518,7 +518,7 @@ def assert_nothing_stored(images: Images) -> None:
     ({"rootfs": {"type": "layers", "diff_ids": ["DIFF"]}, "os": ["linux"]}, "os is an array, not a string"),
 ])
 async def test_an_image_config_of_the_wrong_shape_is_refused_naming_the_field_and_nothing_is_stored(
-        tmp_path, test_images, config, says):
+        tmp_path, test_images, config, says) -> None:
     diff_id = make_layer(str(tmp_path / "layer"), [member("f", data=b"x")], "gzip").diff_id
     config = json.loads(json.dumps(config).replace('"DIFF"', json.dumps(diff_id)))
     ref = raw_image(tmp_path, test_images.registry, "badconfig", config)
@@ -528,7 +528,7 @@ async def test_an_image_config_of_the_wrong_shape_is_refused_naming_the_field_an
     assert_nothing_stored(images)
 
 
-async def test_an_image_config_past_4_mib_is_refused_with_a_sentence(tmp_path, test_images):
+async def test_an_image_config_past_4_mib_is_refused_with_a_sentence(tmp_path, test_images) -> None:
     diff_id = make_layer(str(tmp_path / "layer"), [member("f", data=b"x")], "gzip").diff_id
     config = json.dumps({"rootfs": {"type": "layers", "diff_ids": [diff_id]},
                          "config": {"Labels": {"big": "x" * (5 << 20)}}}).encode()
@@ -540,7 +540,7 @@ async def test_an_image_config_past_4_mib_is_refused_with_a_sentence(tmp_path, t
     assert_nothing_stored(images)
 
 
-async def test_a_decompression_bomb_is_refused_past_the_pulls_limit_and_nothing_is_kept(tmp_path, test_images):
+async def test_a_decompression_bomb_is_refused_past_the_pulls_limit_and_nothing_is_kept(tmp_path, test_images) -> None:
     layer = make_layer(str(tmp_path / "bomb"), [member("zeros", data=bytes(16 << 20))], "gzip")  # 16 KiB of gzip
     with open(layer.path, "rb") as f:
         blob = f.read()
@@ -594,7 +594,7 @@ def hanging_registry() -> Iterator[Hanging]:
             conn.close()
 
 
-async def test_a_registry_that_hangs_is_a_timeout_with_a_sentence(tmp_path, hanging_registry):
+async def test_a_registry_that_hangs_is_a_timeout_with_a_sentence(tmp_path, hanging_registry) -> None:
     host = hanging_registry.host
     images = Images(str(tmp_path / "state"), hosts=[RegistryHost(host, insecure=True)], pull_timeout=1.0).open()
     said = rf"pulling image {host}/x:1 did not finish within 1 s \(image_pull_timeout\); it was killed"
@@ -603,7 +603,7 @@ async def test_a_registry_that_hangs_is_a_timeout_with_a_sentence(tmp_path, hang
     assert images.list() == [] and leftovers(images) == []
 
 
-async def test_a_registry_that_stops_answering_is_given_up_after_the_progress_timeout(tmp_path, hanging_registry):
+async def test_a_registry_that_stops_answering_is_given_up_after_the_progress_timeout(tmp_path, hanging_registry) -> None:
     host = hanging_registry.host
     images = Images(str(tmp_path / "state"), hosts=[RegistryHost(host, insecure=True)], progress_timeout=1.0).open()
     said = rf"pulling image {host}/x:1 made no progress for 1 s \(image_pull_progress_timeout\); it was killed"
@@ -642,7 +642,7 @@ async def test_the_progress_watch_looks_at_a_pulls_directory_in_one_walk(tmp_pat
     assert set(walked) == {work}  # the layout (image/) and skopeo's tmp/ with it
 
 
-async def test_a_cancelled_pull_leaves_nothing_and_no_skopeo(tmp_path, hanging_registry):
+async def test_a_cancelled_pull_leaves_nothing_and_no_skopeo(tmp_path, hanging_registry) -> None:
     host = hanging_registry.host
     images = Images(str(tmp_path / "state"), hosts=[RegistryHost(host, insecure=True)]).open()
     runs = record_skopeo_runs(tmp_path, images)
@@ -657,7 +657,7 @@ async def test_a_cancelled_pull_leaves_nothing_and_no_skopeo(tmp_path, hanging_r
         assert not os.path.exists(f"/proc/{pid}"), "skopeo outlived its pull"
 
 
-async def test_concurrent_pulls_of_one_image_share_one_download(tmp_path, test_images):
+async def test_concurrent_pulls_of_one_image_share_one_download(tmp_path, test_images) -> None:
     images = images_for(tmp_path, test_images.registry)
     runs = record_skopeo_runs(tmp_path, images)
     records = await asyncio.gather(*(images.pull(test_images.busybox.ref) for _ in range(5)))
@@ -725,7 +725,7 @@ async def test_leftovers_that_cannot_be_removed_are_warnings_and_the_store_opens
 
 
 async def test_a_failed_collection_is_logged_and_the_image_removed_all_the_same(tmp_path, test_images, monkeypatch,
-                                                                                 caplog):
+                                                                                 caplog) -> None:
     images = images_for(tmp_path, test_images.registry)
     record = await images.pull(test_images.busybox.ref)
 
@@ -739,7 +739,7 @@ async def test_a_failed_collection_is_logged_and_the_image_removed_all_the_same(
     assert await images.pull(test_images.busybox.ref) == record  # and the next pull works
 
 
-async def test_an_image_in_use_is_not_removed(tmp_path, test_images):
+async def test_an_image_in_use_is_not_removed(tmp_path, test_images) -> None:
     images = images_for(tmp_path, test_images.registry)
     record = await images.pull(test_images.busybox.ref)
     images.in_use = lambda image_id: image_id == record.image_id

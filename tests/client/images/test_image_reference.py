@@ -28,11 +28,11 @@ DIGEST = "sha256:" + "ab" * 32
     (f"busybox:1.36@{DIGEST}", f"docker.io/library/busybox@{DIGEST}"),  # the digest decides; the tag is dropped
     ("busybox:Tag_1.x-y", "docker.io/library/busybox:Tag_1.x-y"),
 ])
-def test_references_are_normalised_as_containerd_does(text, normalised):
+def test_references_are_normalised_as_containerd_does(text, normalised) -> None:
     assert str(parse(text)) == normalised
 
 
-def test_a_reference_has_its_parts():
+def test_a_reference_has_its_parts() -> None:
     ref = parse("127.0.0.1:5000/test/busybox:1.0")
     assert ref == Reference("127.0.0.1:5000", "test/busybox", "1.0", None)
     assert ref.name == "127.0.0.1:5000/test/busybox"
@@ -60,7 +60,7 @@ def test_a_reference_has_its_parts():
     ("ab" * 32, "names an image id"),
     ("a/" + "b" * 260, "longer than 255"),
 ])
-def test_bad_references_are_refused_with_a_sentence(text, says):
+def test_bad_references_are_refused_with_a_sentence(text, says) -> None:
     with pytest.raises(ReferenceError) as caught:
         parse(text)
     assert says in str(caught.value)

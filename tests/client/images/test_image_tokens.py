@@ -144,29 +144,29 @@ def ref(test_images, token_front) -> str:
     return f"{token_front.host}/{test_images.busybox.repo}:{test_images.busybox.tag}"
 
 
-async def test_no_credentials_is_unauthorized(tmp_path, token_front, ref):
+async def test_no_credentials_is_unauthorized(tmp_path, token_front, ref) -> None:
     with pytest.raises(Unauthenticated, match="give credentials"):
         await images_behind(tmp_path, token_front).pull(ref)
     assert token_front.seen == []
 
 
-async def test_a_registry_token_is_sent_as_the_bearer_token(tmp_path, token_front, ref, test_images):
+async def test_a_registry_token_is_sent_as_the_bearer_token(tmp_path, token_front, ref, test_images) -> None:
     record = await images_behind(tmp_path, token_front).pull(ref, AuthConfig(registry_token=token_front.access_token))
     assert record.manifest_digest == test_images.busybox.digest
     assert any("/blobs/" in path for path in token_front.seen)
 
 
-async def test_an_identity_token_is_exchanged_for_an_access_token(tmp_path, token_front, ref, test_images):
+async def test_an_identity_token_is_exchanged_for_an_access_token(tmp_path, token_front, ref, test_images) -> None:
     record = await images_behind(tmp_path, token_front).pull(ref, AuthConfig(identity_token=token_front.refresh_token))
     assert record.manifest_digest == test_images.busybox.digest
 
 
-async def test_username_and_password_get_a_token_from_the_realm(tmp_path, token_front, ref, test_images):
+async def test_username_and_password_get_a_token_from_the_realm(tmp_path, token_front, ref, test_images) -> None:
     record = await images_behind(tmp_path, token_front).pull(ref, AuthConfig(username=USER, password=PASSWORD))
     assert record.manifest_digest == test_images.busybox.digest
 
 
-async def test_a_wrong_identity_token_is_unauthorized(tmp_path, token_front, ref):
+async def test_a_wrong_identity_token_is_unauthorized(tmp_path, token_front, ref) -> None:
     images = images_behind(tmp_path, token_front)
     with pytest.raises(Unauthenticated, match="refused the credentials given"):
         await images.pull(ref, AuthConfig(identity_token="not-the-refresh-token"))

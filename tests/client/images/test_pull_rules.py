@@ -46,19 +46,19 @@ def fatal(message: str) -> str:
     ("panic: something odd\n", Code.UNKNOWN, "pulling 127.0.0.1:5000/test/busybox:1.0 failed: panic: something odd"),
     ("", Code.UNKNOWN, "failed: no error message"),
 ])
-def test_skopeos_errors_become_a_status_and_a_sentence(stderr, code, says):
+def test_skopeos_errors_become_a_status_and_a_sentence(stderr, code, says) -> None:
     error = skopeo_error(stderr, REF)
     assert error.code == code
     assert says in error.message
     assert "Traceback" not in error.message and "level=fatal" not in error.message
 
 
-def test_wrong_credentials_are_said_to_be_wrong():
+def test_wrong_credentials_are_said_to_be_wrong() -> None:
     error = skopeo_error(fatal("unauthorized: authentication required"), REF, credentials=True)
     assert error.code == Code.UNAUTHENTICATED and "refused the credentials given" in error.message
 
 
-def test_registries_conf_has_each_host_its_mirrors_and_plain_http():
+def test_registries_conf_has_each_host_its_mirrors_and_plain_http() -> None:
     text = registries_conf([RegistryHost("docker.io", mirrors=("127.0.0.1:5000", "mirror.example")),
                             RegistryHost("127.0.0.1:5000", insecure=True)])
     conf = tomllib.loads(text)
@@ -74,13 +74,13 @@ def _decoded(doc, host):
     return base64.b64decode(doc["auths"][host]["auth"]).decode()
 
 
-def test_the_auth_file_holds_username_and_password_for_the_registry_and_its_mirrors():
+def test_the_auth_file_holds_username_and_password_for_the_registry_and_its_mirrors() -> None:
     doc = auth_file(REF, AuthConfig(username="u", password="p:w"), [RegistryHost(REF.domain, mirrors=("m.io",))])
     assert set(doc["auths"]) == {"127.0.0.1:5000", "m.io"}
     assert _decoded(doc, "127.0.0.1:5000") == "u:p:w"
 
 
-def test_the_auth_file_takes_the_auth_field_and_an_identity_token():
+def test_the_auth_file_takes_the_auth_field_and_an_identity_token() -> None:
     doc = auth_file(REF, AuthConfig(auth=base64.b64encode(b"u:p").decode()))
     assert _decoded(doc, REF.domain) == "u:p"
     doc = auth_file(REF, AuthConfig(identity_token="refresh-me"))
@@ -88,7 +88,7 @@ def test_the_auth_file_takes_the_auth_field_and_an_identity_token():
     assert _decoded(doc, REF.domain) == "<token>:"  # containers/image reads the token only beside an auth
 
 
-def test_docker_hubs_server_addresses_are_docker_io():
+def test_docker_hubs_server_addresses_are_docker_io() -> None:
     ref = parse("busybox")
     for address in ("https://index.docker.io/v1/", "docker.io", "registry-1.docker.io"):
         assert set(auth_file(ref, AuthConfig(username="u", password="p", server_address=address))["auths"]) == \
@@ -96,16 +96,16 @@ def test_docker_hubs_server_addresses_are_docker_io():
     assert auth_file(ref, AuthConfig(username="u", password="p", server_address="quay.io")) == {"auths": {}}
 
 
-def test_no_credentials_is_an_empty_auth_file():
+def test_no_credentials_is_an_empty_auth_file() -> None:
     assert auth_file(REF, None) == {"auths": {}} == auth_file(REF, AuthConfig())
 
 
-def test_an_auth_config_never_shows_its_secrets():
+def test_an_auth_config_never_shows_its_secrets() -> None:
     auth = AuthConfig(username="u", password="hunter2", registry_token="tok", identity_token="id")
     assert "hunter2" not in repr(auth) and "tok" not in repr(auth) and "'id'" not in repr(auth)
 
 
-def test_a_platform_is_picked_from_an_index_with_its_variant():
+def test_a_platform_is_picked_from_an_index_with_its_variant() -> None:
     index = {"manifests": [
         {"mediaType": "m", "digest": A, "size": 1, "platform": {"os": "linux", "architecture": "arm", "variant": "v6"}},
         {"mediaType": "m", "digest": B, "size": 2, "platform": {"os": "linux", "architecture": "arm", "variant": "v7"}},
@@ -122,13 +122,13 @@ def record(image_id: str, *tags: str, config: dict[str, Any] | None = None) -> I
                        config={"rootfs": {"type": "layers", "diff_ids": []}} if config is None else config)
 
 
-def test_image_records_of_another_version_are_refused_with_a_sentence(tmp_path):
+def test_image_records_of_another_version_are_refused_with_a_sentence(tmp_path) -> None:
     (tmp_path / "images.json").write_text(json.dumps({"version": 99, "images": []}))
     with pytest.raises(DataLoss, match="have version 99; this podshim reads version 1"):
         ImageStore(str(tmp_path)).load()
 
 
-def test_an_earlier_images_json_is_split_into_a_file_per_image(tmp_path, caplog):
+def test_an_earlier_images_json_is_split_into_a_file_per_image(tmp_path, caplog) -> None:
     one, two = record("sha256:" + "1" * 64, "x/one:1"), record("sha256:" + "2" * 64, "x/two:1")
     (tmp_path / "images.json").write_text(json.dumps({"version": 1, "images": [
         one.to_json(), {"image_id": "broken"}, two.to_json()]}))
@@ -140,7 +140,7 @@ def test_an_earlier_images_json_is_split_into_a_file_per_image(tmp_path, caplog)
     assert ImageStore(str(tmp_path)).load().list() == store.list()
 
 
-def test_a_change_to_one_image_writes_its_record_only(tmp_path):
+def test_a_change_to_one_image_writes_its_record_only(tmp_path) -> None:
     store = ImageStore(str(tmp_path)).load()
     store.add(record("sha256:" + "1" * 64, "x/one:1"))
     first = os.stat(tmp_path / "records" / ("1" * 64 + ".json"))
@@ -157,7 +157,7 @@ def test_a_change_to_one_image_writes_its_record_only(tmp_path):
     (json.dumps({"version": 2}).encode(), "it has version 2; this podshim reads version 1"),
     (None, "its config: rootfs is the string 'layers', not an object"),
 ])
-def test_a_record_that_cannot_be_read_is_left_out_with_a_warning_and_removable(tmp_path, caplog, content, says):
+def test_a_record_that_cannot_be_read_is_left_out_with_a_warning_and_removable(tmp_path, caplog, content, says) -> None:
     store = ImageStore(str(tmp_path)).load()
     good, bad = record("sha256:" + "1" * 64, "x/good:1"), record("sha256:" + "2" * 64, "x/bad:1")
     store.add(good)
