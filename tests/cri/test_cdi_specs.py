@@ -70,7 +70,7 @@ def resolve(tmp_path, *names: str) -> cdi.CdiEdits:
     return cdi.resolve(names, [str(tmp_path)])
 
 
-def test_a_yaml_spec_gives_what_the_same_json_spec_gives(tmp_path):
+def test_a_yaml_spec_gives_what_the_same_json_spec_gives(tmp_path) -> None:
     (tmp_path / "json").mkdir()
     (tmp_path / "yaml").mkdir()
     write(tmp_path / "json", "gpu.json", GPU)
@@ -87,7 +87,7 @@ def test_a_yaml_spec_gives_what_the_same_json_spec_gives(tmp_path):
                                 "env": ["A=1"], "timeout": 5}]
 
 
-def test_a_yml_file_is_read_too(tmp_path):
+def test_a_yml_file_is_read_too(tmp_path) -> None:
     write(tmp_path, "x.yml", "cdiVersion: 0.3.0\nkind: example.com/x\ndevices:\n- name: d\n  containerEdits:\n"
                              "    env: [FROM=yml]\n")
     assert resolve(tmp_path, "example.com/x=d").env == ["FROM=yml"]
@@ -106,7 +106,7 @@ def test_a_yml_file_is_read_too(tmp_path):
      "the fields it uses need cdiVersion 0.7.0 or later, and it says 0.6.0"),
 ])
 def test_a_broken_spec_is_skipped_with_a_warning_and_its_device_is_invalid_argument(tmp_path, caplog, name,
-                                                                                      content, reason):
+                                                                                      content, reason) -> None:
     path = write(tmp_path, name, content)
     write(tmp_path, "good.json", {**spec(env=["GOOD=1"]), "kind": "example.com/good"})
     with caplog.at_level(logging.WARNING, logger="client.cri.cdi"):
@@ -119,7 +119,7 @@ def test_a_broken_spec_is_skipped_with_a_warning_and_its_device_is_invalid_argum
 
 
 @pytest.mark.parametrize("version", cdi.KNOWN_VERSIONS)
-def test_every_version_of_the_reference_is_read(tmp_path, version):
+def test_every_version_of_the_reference_is_read(tmp_path, version) -> None:
     write(tmp_path, "x.json", {"cdiVersion": version, "kind": "example.com/x",
                                "devices": [{"name": "d", "containerEdits": {"env": ["V=1"]}}]})
     assert resolve(tmp_path, "example.com/x=d").env == ["V=1"]
@@ -134,7 +134,7 @@ def test_every_version_of_the_reference_is_read(tmp_path, version):
     ({"deviceNodes": [{"path": "/dev/null", "permissions": "none"}]}, "has permissions 'none', which podshim cannot "
                                                                       "apply"),
 ])
-def test_what_podshim_cannot_apply_is_refused_naming_the_file(tmp_path, edits, sentence):
+def test_what_podshim_cannot_apply_is_refused_naming_the_file(tmp_path, edits, sentence) -> None:
     path = write(tmp_path, "x.json", spec(**edits))
     with pytest.raises(FailedPrecondition) as raised:
         resolve(tmp_path, "example.com/x=d")
@@ -142,7 +142,7 @@ def test_what_podshim_cannot_apply_is_refused_naming_the_file(tmp_path, edits, s
     assert sentence in raised.value.message
 
 
-def test_spec_level_edits_come_once_and_first(tmp_path):
+def test_spec_level_edits_come_once_and_first(tmp_path) -> None:
     write(tmp_path, "x.json", {"cdiVersion": "0.7.0", "kind": "example.com/x",
                                "containerEdits": {"env": ["SPEC=1"], "additionalGids": [7, 0]},
                                "devices": [{"name": "a", "containerEdits": {"env": ["A=1"]}},
@@ -152,7 +152,7 @@ def test_spec_level_edits_come_once_and_first(tmp_path):
     assert edits.additional_gids == [7, 8]  # gid 0 is no additional group (as CDI's)
 
 
-def test_a_device_twice_in_one_directory_is_refused_when_asked_for(tmp_path):
+def test_a_device_twice_in_one_directory_is_refused_when_asked_for(tmp_path) -> None:
     first = write(tmp_path, "a.json", spec(env=["A=1"]))
     second = write(tmp_path, "b.yaml", json.dumps(spec(env=["B=1"])))  # JSON is YAML too
     write(tmp_path, "c.json", {**spec(), "kind": "example.com/other"})
@@ -162,7 +162,7 @@ def test_a_device_twice_in_one_directory_is_refused_when_asked_for(tmp_path):
     assert f"defined twice in {tmp_path} ({first} and {second})" in raised.value.message
 
 
-def test_a_spec_as_nvidia_ctk_writes_one_is_read(tmp_path):
+def test_a_spec_as_nvidia_ctk_writes_one_is_read(tmp_path) -> None:
     """The shape of nvidia-ctk's generated specs: YAML, 0.5.0, numbered devices, library binds with
     bind among their options, createContainer hooks of a host program."""
     write(tmp_path, "nvidia.yaml", """\

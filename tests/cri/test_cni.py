@@ -163,7 +163,7 @@ def network(tmp_path, netns_factory) -> Network:
 
 # -- configuration ---------------------------------------------------------------------------
 
-def test_no_config_dir_is_none(tmp_path):
+def test_no_config_dir_is_none(tmp_path) -> None:
     assert CniConfig.load(str(tmp_path / "absent")) is None
     assert CniConfig.load(str(tmp_path)) is None
 
@@ -192,14 +192,14 @@ def test_single_plugin_conf_is_wrapped_into_a_list(tmp_path):
     ('{"cniVersion": "1.0.0", "name": "n", "plugins": [{"type": "../bin/sh"}]}', "plugins[0].type must be a plugin name"),
     ('{"cniVersion": "one", "name": "n", "plugins": [{"type": "bridge"}]}', "is not a version"),
 ])
-def test_bad_config_is_invalid_argument_naming_the_file(tmp_path, text, message):
+def test_bad_config_is_invalid_argument_naming_the_file(tmp_path, text, message) -> None:
     (tmp_path / "10-bad.conflist").write_bytes(text if isinstance(text, bytes) else text.encode())
     with pytest.raises(InvalidArgument) as info:
         CniConfig.load(str(tmp_path))
     assert "10-bad.conflist" in info.value.message and message in info.value.message
 
 
-def test_example_conflist_is_bridge_and_host_local_without_portmap():
+def test_example_conflist_is_bridge_and_host_local_without_portmap() -> None:
     with open(EXAMPLE) as f:
         config = CniConfig.from_json(json.load(f), source=EXAMPLE)
     assert [p["type"] for p in config.plugins] == ["bridge"]
@@ -215,23 +215,23 @@ def result(*ips: tuple[str, int | None], interfaces: tuple[str, ...] = ("br0", "
                      interfaces=tuple(CniInterface(name=n) for n in interfaces))
 
 
-def test_primary_ip_is_the_first_ipv4_of_the_pod_interface():
+def test_primary_ip_is_the_first_ipv4_of_the_pod_interface() -> None:
     assert primary_ip(result(("fd00::2/64", 2), ("10.88.0.2/16", 2), ("10.99.0.1/16", 1))) == (
         "10.88.0.2", ("fd00::2",))
 
 
-def test_primary_ip_falls_back_to_all_ips_then_the_first_one():
+def test_primary_ip_falls_back_to_all_ips_then_the_first_one() -> None:
     assert primary_ip(result(("fd00::2/64", None), ("fd00::3/64", None))) == ("fd00::2", ("fd00::3",))
     assert primary_ip(result(("10.1.0.2/24", 0))) == ("10.1.0.2", ())  # on br0, not eth0
     assert primary_ip(CniResult()) == ("", ())
 
 
-def test_primary_ip_uses_the_given_ifname():
+def test_primary_ip_uses_the_given_ifname() -> None:
     assert primary_ip(result(("10.1.0.2/24", 2), ("10.2.0.2/24", 1), interfaces=("a", "net1", "eth0")),
                       "net1") == ("10.2.0.2", ())
 
 
-def test_result_parses_plugin_json():
+def test_result_parses_plugin_json() -> None:
     parsed = CniResult.from_json({"cniVersion": "1.0.0", "interfaces": [{"name": "eth0", "sandbox": "/p"}],
                                   "ips": [{"address": "10.0.0.2/8", "gateway": "10.0.0.1", "interface": 0}],
                                   "routes": [{"dst": "0.0.0.0/0"}]})
@@ -261,7 +261,7 @@ async def test_plugins_get_a_clean_env_and_their_config_chained(tmp_path, fake):
     assert the_chain(fake.calls()) == ["ADD first eth0", "ADD second eth0"]
 
 
-async def test_port_mappings_go_only_to_plugins_that_declare_the_capability(tmp_path, fake):
+async def test_port_mappings_go_only_to_plugins_that_declare_the_capability(tmp_path, fake) -> None:
     fake.add("first")
     fake.add("portmap")
     write_conf(tmp_path / "conf", {"cniVersion": "1.0.0", "name": "testnet", "plugins": [
@@ -275,7 +275,7 @@ async def test_port_mappings_go_only_to_plugins_that_declare_the_capability(tmp_
     assert fake.stdin("DEL", "portmap")["runtimeConfig"] == mappings
 
 
-def test_a_pods_port_mappings_with_a_host_port_are_cnis_port_mappings():
+def test_a_pods_port_mappings_with_a_host_port_are_cnis_port_mappings() -> None:
     from shim.cri.configs import PodSandboxConfig
     cfg = PodSandboxConfig.from_json({"metadata": {"name": "p", "namespace": "n", "uid": "u"}, "port_mappings": [
         {"container_port": 80, "host_port": 8080}, {"container_port": 53, "protocol": "UDP", "host_port": 53,
@@ -286,7 +286,7 @@ def test_a_pods_port_mappings_with_a_host_port_are_cnis_port_mappings():
     assert PodSandboxConfig.from_json({"metadata": {"name": "p", "namespace": "n", "uid": "u"}}).cni_runtime_config() == {}
 
 
-async def test_delete_runs_plugins_in_reverse_with_the_add_result(tmp_path, fake):
+async def test_delete_runs_plugins_in_reverse_with_the_add_result(tmp_path, fake) -> None:
     fake.add("first")
     fake.add("second")
     runner = fake_runner(tmp_path, fake, "first", "second")
@@ -298,7 +298,7 @@ async def test_delete_runs_plugins_in_reverse_with_the_add_result(tmp_path, fake
     assert "prevResult" not in fake.stdin("DEL", "loopback")
 
 
-async def test_failed_add_deletes_what_it_added_and_raises_the_plugins_error(tmp_path, fake):
+async def test_failed_add_deletes_what_it_added_and_raises_the_plugins_error(tmp_path, fake) -> None:
     fake.add("first")
     fake.add("broken", fail_with(7, "bad config"))
     fake.add("never")
@@ -312,25 +312,25 @@ async def test_failed_add_deletes_what_it_added_and_raises_the_plugins_error(tmp
     assert fake.calls().count("DEL loopback lo") == 1 and fake.calls().index("DEL loopback lo") > 2
 
 
-async def test_try_again_later_code_is_unavailable(tmp_path, fake):
+async def test_try_again_later_code_is_unavailable(tmp_path, fake) -> None:
     fake.add("busy", fail_with(11, "try later"))
     with pytest.raises(Unavailable, match="code 11: try later"):
         await fake_runner(tmp_path, fake, "busy").add("pod1", "/run/netns/fake")
 
 
-async def test_plugin_failing_without_an_error_document_reports_its_stderr(tmp_path, fake):
+async def test_plugin_failing_without_an_error_document_reports_its_stderr(tmp_path, fake) -> None:
     fake.add("crashy", 'echo "panic: runtime error" >&2; exit 2')
     with pytest.raises(Internal, match="'crashy' ADD failed with exit status 2: panic: runtime error"):
         await fake_runner(tmp_path, fake, "crashy").add("pod1", "/run/netns/fake")
 
 
-async def test_add_result_that_is_not_json_is_internal(tmp_path, fake):
+async def test_add_result_that_is_not_json_is_internal(tmp_path, fake) -> None:
     fake.add("chatty", "echo hello; exit 0")
     with pytest.raises(Internal, match="not a CNI result"):
         await fake_runner(tmp_path, fake, "chatty").add("pod1", "/run/netns/fake")
 
 
-async def test_missing_plugin_is_failed_precondition_naming_it_and_the_dirs(tmp_path, fake):
+async def test_missing_plugin_is_failed_precondition_naming_it_and_the_dirs(tmp_path, fake) -> None:
     runner = fake_runner(tmp_path, fake, "no-such-plugin")
     with pytest.raises(FailedPrecondition, match=f"CNI plugin 'no-such-plugin' not found in {fake.bin}"):
         await runner.add("pod1", "/run/netns/fake")
@@ -342,7 +342,7 @@ async def test_missing_plugin_is_failed_precondition_naming_it_and_the_dirs(tmp_
 SLEEP_ON_ADD = """[ "$CNI_COMMAND" = ADD ] || exit 0; sleep 60 & echo "$$ $!" > "{log}/pids"; wait"""
 
 
-async def test_timeout_is_deadline_exceeded_and_kills_the_plugin_and_its_children(tmp_path, fake):
+async def test_timeout_is_deadline_exceeded_and_kills_the_plugin_and_its_children(tmp_path, fake) -> None:
     fake.add("sleepy", SLEEP_ON_ADD.format(log=fake.log))
     runner = fake_runner(tmp_path, fake, "sleepy", timeout=0.5)
     try:
@@ -353,7 +353,7 @@ async def test_timeout_is_deadline_exceeded_and_kills_the_plugin_and_its_childre
         assert await wait_gone_async(*pids, timeout=PROCESS_GONE_WAIT, kill=True) == []
 
 
-async def test_timeout_kills_what_the_plugin_left_holding_its_output(tmp_path, fake):
+async def test_timeout_kills_what_the_plugin_left_holding_its_output(tmp_path, fake) -> None:
     # The plugin itself exits; its child keeps stdout open, so the call cannot finish.
     fake.add("leaky", f"""[ "$CNI_COMMAND" = ADD ] || exit 0; sleep 60 & echo "$!" > "{fake.log}/pids"; exit 0""")
     with pytest.raises(DeadlineExceeded):
@@ -361,7 +361,7 @@ async def test_timeout_kills_what_the_plugin_left_holding_its_output(tmp_path, f
     assert await wait_gone_async(int((fake.log / "pids").read_text()), timeout=PROCESS_GONE_WAIT, kill=True) == []
 
 
-async def test_cancelled_add_kills_the_plugin_and_still_rolls_back(tmp_path, fake):
+async def test_cancelled_add_kills_the_plugin_and_still_rolls_back(tmp_path, fake) -> None:
     fake.add("sleepy", SLEEP_ON_ADD.format(log=fake.log))
     runner = fake_runner(tmp_path, fake, "sleepy")
     with anyio.move_on_after(0.5) as scope:
@@ -372,14 +372,14 @@ async def test_cancelled_add_kills_the_plugin_and_still_rolls_back(tmp_path, fak
     assert fake.calls()[-2:] == ["DEL sleepy eth0", "DEL loopback lo"]
 
 
-async def test_without_config_only_loopback_runs(tmp_path, fake):
+async def test_without_config_only_loopback_runs(tmp_path, fake) -> None:
     runner = CniRunner(str(tmp_path / "absent"), [str(fake.bin)])
     assert await runner.add("pod1", "/run/netns/fake") == CniResult()
     await runner.delete("pod1", "/run/netns/fake")
     assert fake.calls() == ["ADD loopback lo", "DEL loopback lo"]
 
 
-async def test_a_runner_without_loopback_runs_the_chain_alone(tmp_path, fake):
+async def test_a_runner_without_loopback_runs_the_chain_alone(tmp_path, fake) -> None:
     fake.add("first")
     write_conf(tmp_path / "conf", conflist("first"))
     runner = CniRunner(str(tmp_path / "conf"), [str(fake.bin)], loopback=False)
@@ -393,7 +393,7 @@ async def test_a_runner_without_loopback_runs_the_chain_alone(tmp_path, fake):
     assert fake.calls() == ["ADD first eth0", "CHECK first eth0", "DEL first eth0"]
 
 
-async def test_delete_calls_every_plugin_even_if_one_fails(tmp_path, fake):
+async def test_delete_calls_every_plugin_even_if_one_fails(tmp_path, fake) -> None:
     fake.add("first")
     fake.add("grumpy", """[ "$CNI_COMMAND" = DEL ] && { printf '{"code": 5, "msg": "io"}'; exit 1; }; exit 0""")
     runner = fake_runner(tmp_path, fake, "first", "grumpy")
@@ -403,7 +403,7 @@ async def test_delete_calls_every_plugin_even_if_one_fails(tmp_path, fake):
     assert the_chain(fake.calls()) == ["DEL grumpy eth0", "DEL first eth0"]
 
 
-async def test_check_is_skipped_when_disabled_and_refused_before_0_4_0(tmp_path, fake):
+async def test_check_is_skipped_when_disabled_and_refused_before_0_4_0(tmp_path, fake) -> None:
     fake.add("first")
     await fake_runner(tmp_path, fake, "first", disableCheck=True).check("pod1", "/run/netns/fake", "eth0", {})
     assert fake.calls() == ["CHECK loopback lo"]
@@ -418,7 +418,7 @@ async def test_check_is_skipped_when_disabled_and_refused_before_0_4_0(tmp_path,
     ("pod1", "et/h0", "/run/netns/x"),
     ("pod1", "eth0", "relative/netns"),
 ])
-async def test_bad_arguments_are_refused_before_any_plugin_runs(tmp_path, fake, container_id, ifname, netns_path):
+async def test_bad_arguments_are_refused_before_any_plugin_runs(tmp_path, fake, container_id, ifname, netns_path) -> None:
     with pytest.raises(InvalidArgument):
         await fake_runner(tmp_path, fake, "first").add(container_id, netns_path, ifname)
     assert fake.calls() == []
@@ -427,7 +427,7 @@ async def test_bad_arguments_are_refused_before_any_plugin_runs(tmp_path, fake, 
 # -- the runner, with the real plugins in throw-away namespaces --------------------------------
 
 @needs_real_plugins
-async def test_two_pods_get_distinct_ips_and_reach_each_other(network):
+async def test_two_pods_get_distinct_ips_and_reach_each_other(network) -> None:
     (pod1, path1), (_, path2) = network.pod(), network.pod()
     ip1, _ = primary_ip(await network.runner.add("pod1", path1))
     ip2, _ = primary_ip(await network.runner.add("pod2", path2))
@@ -438,7 +438,7 @@ async def test_two_pods_get_distinct_ips_and_reach_each_other(network):
 
 
 @needs_real_plugins
-async def test_pod_gets_lo_and_eth0_and_the_bridge_stays_off_the_host(network):
+async def test_pod_gets_lo_and_eth0_and_the_bridge_stays_off_the_host(network) -> None:
     pod, path = network.pod()
     ip, _ = primary_ip(await network.runner.add("pod1", path))
     addrs = run("ip", "-n", pod, "-o", "addr").stdout
@@ -448,14 +448,14 @@ async def test_pod_gets_lo_and_eth0_and_the_bridge_stays_off_the_host(network):
 
 
 @needs_real_plugins
-async def test_check_passes_after_add(network):
+async def test_check_passes_after_add(network) -> None:
     _, path = network.pod()
     added = await network.runner.add("pod1", path)
     await network.runner.check("pod1", path, "eth0", added)
 
 
 @needs_real_plugins
-async def test_delete_removes_the_veth_and_the_ipam_lease_and_is_idempotent(network):
+async def test_delete_removes_the_veth_and_the_ipam_lease_and_is_idempotent(network) -> None:
     _, path = network.pod()
     added = await network.runner.add("pod1", path)
     assert len(network.veths()) == 1 and len(network.leases()) == 1
@@ -465,7 +465,7 @@ async def test_delete_removes_the_veth_and_the_ipam_lease_and_is_idempotent(netw
 
 
 @needs_real_plugins
-async def test_delete_after_the_pod_netns_is_gone_frees_the_lease(network):
+async def test_delete_after_the_pod_netns_is_gone_frees_the_lease(network) -> None:
     pod, path = network.pod()
     added = await network.runner.add("pod1", path)
     run("ip", "netns", "del", pod)
@@ -475,7 +475,7 @@ async def test_delete_after_the_pod_netns_is_gone_frees_the_lease(network):
 
 
 @needs_real_plugins
-async def test_delete_with_a_netns_path_that_is_no_longer_a_namespace_frees_the_lease(network, tmp_path):
+async def test_delete_with_a_netns_path_that_is_no_longer_a_namespace_frees_the_lease(network, tmp_path) -> None:
     _, path = network.pod()
     added = await network.runner.add("pod1", path)
     unmounted = tmp_path / "unmounted-netns"
@@ -485,7 +485,7 @@ async def test_delete_with_a_netns_path_that_is_no_longer_a_namespace_frees_the_
 
 
 @needs_real_plugins
-async def test_real_plugin_error_is_typed_with_the_plugins_message(network):
+async def test_real_plugin_error_is_typed_with_the_plugins_message(network) -> None:
     missing = f"/run/netns/podshim-t-missing-{secrets.token_hex(4)}"
     with pytest.raises(Internal) as info:
         await network.runner.add("pod1", missing)
@@ -496,14 +496,14 @@ async def test_real_plugin_error_is_typed_with_the_plugins_message(network):
 
 
 @needs_real_plugins
-async def test_without_config_the_pod_gets_loopback_up(tmp_path, netns_factory):
+async def test_without_config_the_pod_gets_loopback_up(tmp_path, netns_factory) -> None:
     (_, outer), (pod, path) = netns_factory(), netns_factory()
     runner = CniRunner(str(tmp_path / "absent"), [REAL_BIN], plugin_netns=outer)
     assert await runner.add("pod1", path) == CniResult()
     assert ",UP," in run("ip", "-n", pod, "-o", "link", "show", "lo").stdout
 
 
-def test_importing_the_pod_layer_never_imports_pyroute2():
+def test_importing_the_pod_layer_never_imports_pyroute2() -> None:
     code = ("import sys, client.cri.cni, client.cri.store, shim.cri.configs; "
             "sys.exit('pyroute2' in sys.modules)")
     assert subprocess.run([sys.executable, "-c", code], timeout=30).returncode == 0

@@ -55,12 +55,12 @@ def translate(context: dict, *, pod_privileged: bool = False, image_user: str = 
     (["NET_ADMIN"], ["ALL"], ["CAP_NET_ADMIN"]),  # "ALL" first, then the names: containerd's order
     (["all"], ["all"], []),
 ])
-def test_capabilities_add_and_drop_as_containerd(add, drop, expected):
+def test_capabilities_add_and_drop_as_containerd(add, drop, expected) -> None:
     fields = translate({"capabilities": {"add_capabilities": add, "drop_capabilities": drop}})
     assert fields["capabilities"] == expected
 
 
-def test_privileged_gets_every_capability_no_filter_and_the_privileged_field():
+def test_privileged_gets_every_capability_no_filter_and_the_privileged_field() -> None:
     fields = translate({"privileged": True, "seccomp": {"profile_type": "RuntimeDefault"},
                         "capabilities": {"drop_capabilities": ["ALL"]}, "masked_paths": ["/proc/kcore"]},
                        pod_privileged=True)
@@ -68,12 +68,12 @@ def test_privileged_gets_every_capability_no_filter_and_the_privileged_field():
     assert "seccomp" not in fields and "masked_paths" not in fields and "readonly_paths" not in fields
 
 
-def test_a_privileged_container_is_refused_in_a_pod_that_is_not():
+def test_a_privileged_container_is_refused_in_a_pod_that_is_not() -> None:
     with pytest.raises(InvalidArgument, match="privileged"):
         translate({"privileged": True})
 
 
-def test_the_pods_privileged_flag_is_read_from_its_security_context():
+def test_the_pods_privileged_flag_is_read_from_its_security_context() -> None:
     cfg = pod_config()
     cfg["linux"]["security_context"]["privileged"] = True
     assert PodSandboxConfig.from_json(cfg).security.privileged
@@ -98,7 +98,7 @@ def test_the_pods_privileged_flag_is_read_from_its_security_context():
     ({}, "app:video", {"uid": 1000, "gid": 44, "additional_gids": [10, 29, 44]}),
     ({"run_as_user": {"value": 2000}}, "app", {"uid": 2000, "gid": 2000, "additional_gids": [2000]}),  # CRI first
 ])
-def test_user_group_and_supplemental_groups_as_containerd(context, image_user, expected):
+def test_user_group_and_supplemental_groups_as_containerd(context, image_user, expected) -> None:
     assert translate(context, image_user=image_user)["user"] == expected
 
 
@@ -109,12 +109,12 @@ def test_user_group_and_supplemental_groups_as_containerd(context, image_user, e
     ({"run_as_user": {"value": -1}}, "", "run_as_user.value"),
     ({"supplemental_groups": ["x"]}, "", r"supplemental_groups\[0\]"),
 ])
-def test_bad_users_are_refused_naming_the_field(context, image_user, words):
+def test_bad_users_are_refused_naming_the_field(context, image_user, words) -> None:
     with pytest.raises(InvalidArgument, match=words):
         translate(context, image_user=image_user)
 
 
-def test_without_an_etc_passwd_a_uid_has_group_0():
+def test_without_an_etc_passwd_a_uid_has_group_0() -> None:
     sec = security.ContainerSecurity.from_doc({"run_as_user": {"value": 33}})
     assert security.task_fields(sec, pod_privileged=False, read_file=lambda path: None,
                                 all_caps=ALL)["user"] == {"uid": 33, "gid": 0, "additional_gids": [0]}
@@ -123,7 +123,7 @@ def test_without_an_etc_passwd_a_uid_has_group_0():
 # -- seccomp, no_new_privs, paths, LSMs --------------------------------------------------------
 
 
-def test_seccomp_absent_or_unconfined_is_no_filter():
+def test_seccomp_absent_or_unconfined_is_no_filter() -> None:
     assert "seccomp" not in translate({})
     assert "seccomp" not in translate({"seccomp": {"profile_type": "Unconfined"}})
     assert "seccomp" not in translate({"seccomp_profile_path": "unconfined"})
@@ -132,12 +132,12 @@ def test_seccomp_absent_or_unconfined_is_no_filter():
 @pytest.mark.parametrize("context", [{"seccomp": {}}, {"seccomp": {"profile_type": 0}},
                                      {"seccomp_profile_path": "runtime/default"},
                                      {"seccomp_profile_path": "docker/default"}])
-def test_runtime_default_is_containerds_default_profile_for_the_containers_capabilities(context):
+def test_runtime_default_is_containerds_default_profile_for_the_containers_capabilities(context) -> None:
     fields = translate(context)
     assert fields["seccomp"] == default_profile(fields["capabilities"])
 
 
-def test_the_default_profile_allows_namespaces_only_with_cap_sys_admin():
+def test_the_default_profile_allows_namespaces_only_with_cap_sys_admin() -> None:
     def allowed(profile):
         return {n for rule in profile["syscalls"] if rule["action"] == "SCMP_ACT_ALLOW" and not rule.get("args")
                 for n in rule["names"]}
@@ -151,7 +151,7 @@ def test_the_default_profile_allows_namespaces_only_with_cap_sys_admin():
         assert seccomp.compile_profile(profile)
 
 
-def test_a_localhost_profile_is_read_from_the_node_keeping_only_oci_keys(tmp_path):
+def test_a_localhost_profile_is_read_from_the_node_keeping_only_oci_keys(tmp_path) -> None:
     path = tmp_path / "deny-mkdir.json"
     path.write_text(json.dumps({"defaultAction": "SCMP_ACT_ALLOW", "archMap": [{"architecture": "x"}],
                                 "syscalls": [{"names": ["mkdir"], "action": "SCMP_ACT_ERRNO", "comment": "no"}]}))
@@ -173,7 +173,7 @@ def test_a_localhost_profile_is_read_from_the_node_keeping_only_oci_keys(tmp_pat
     ({"selinux_options": {"type": "spc_t"}}, "no SELinux"),
     ({"masked_paths": ["proc/kcore"]}, "absolute path"),
 ])
-def test_what_cannot_be_honoured_is_refused_naming_the_field(context, words):
+def test_what_cannot_be_honoured_is_refused_naming_the_field(context, words) -> None:
     with pytest.raises(InvalidArgument, match=words):
         translate(context)
 
@@ -185,7 +185,7 @@ def test_what_cannot_be_honoured_is_refused_naming_the_field(context, words):
     (lambda d: (d / "big.json").write_bytes(b" " * (MAX_NODE_FILE_BYTES + 1)) and str(d / "big.json"),
      f"larger than {MAX_NODE_FILE_BYTES} bytes"),
 ])
-def test_a_localhost_profile_that_is_no_regular_file_or_too_large_is_refused_without_reading_it(tmp_path, make, words):
+def test_a_localhost_profile_that_is_no_regular_file_or_too_large_is_refused_without_reading_it(tmp_path, make, words) -> None:
     """A profile path at /dev/zero must not grow the daemon without end, nor a FIFO hang its
     CreateContainer: both are refused at once with a sentence."""
     ref = make(tmp_path)
@@ -193,18 +193,18 @@ def test_a_localhost_profile_that_is_no_regular_file_or_too_large_is_refused_wit
         translate({"seccomp": {"profile_type": "Localhost", "localhost_ref": ref}})
 
 
-def test_unconfined_apparmor_is_accepted():
+def test_unconfined_apparmor_is_accepted() -> None:
     translate({"apparmor": {"profile_type": "Unconfined"}, "apparmor_profile": "unconfined"})
 
 
-def test_no_new_privs_masked_and_readonly_paths_pass_through():
+def test_no_new_privs_masked_and_readonly_paths_pass_through() -> None:
     fields = translate({"no_new_privs": True, "masked_paths": ["/proc/kcore"], "readonly_paths": ["/proc/sys"]})
     assert fields["no_new_privileges"] is True
     assert fields["masked_paths"] == ["/proc/kcore"] and fields["readonly_paths"] == ["/proc/sys"]
     assert "masked_paths" not in translate({})  # absent: the shim's defaults (runc's)
 
 
-def test_a_container_config_keeps_its_security_context_through_json():
+def test_a_container_config_keeps_its_security_context_through_json() -> None:
     doc = node_container(["true"])
     doc["linux"]["security_context"].update({
         "privileged": True, "capabilities": {"add_capabilities": ["NET_ADMIN"]}, "run_as_user": {"value": 5},
@@ -239,7 +239,7 @@ def handler(request) -> str:
     return request.param
 
 
-async def test_runtime_default_blocks_what_containerds_profile_blocks_and_ordinary_programs_run(handler, roots):
+async def test_runtime_default_blocks_what_containerds_profile_blocks_and_ordinary_programs_run(handler, roots) -> None:
     script = ("unshare -U true; echo unshare=$?; "
               "/usr/bin/python3 -c 'import ctypes,os; l=ctypes.CDLL(None,use_errno=True); "
               "print(\"keyctl\", l.syscall(250, 0, 0, 0, 0), ctypes.get_errno())'; "
@@ -254,7 +254,7 @@ async def test_runtime_default_blocks_what_containerds_profile_blocks_and_ordina
         assert unconfined == ["Seccomp:\t0"]
 
 
-async def test_a_localhost_profile_that_denies_mkdir(handler, roots, tmp_path):
+async def test_a_localhost_profile_that_denies_mkdir(handler, roots, tmp_path) -> None:
     profile = tmp_path / "deny-mkdir.json"
     profile.write_text(json.dumps({"defaultAction": "SCMP_ACT_ALLOW",
                                    "syscalls": [{"names": ["mkdir", "mkdirat"], "action": "SCMP_ACT_ERRNO"}]}))
@@ -265,7 +265,7 @@ async def test_a_localhost_profile_that_denies_mkdir(handler, roots, tmp_path):
         assert "rc=1" in lines and any("Operation not permitted" in line for line in lines), lines
 
 
-async def test_run_as_user_and_capabilities_reach_the_process(handler, roots):
+async def test_run_as_user_and_capabilities_reach_the_process(handler, roots) -> None:
     async with pod_service(roots) as pods:
         pod_id = await pods.run_pod_sandbox(pod_config(), runtime_handler=handler)
         lines = await run_to_exit(pods, pod_id, [BUSYBOX, "cat", "/proc/self/status"], {
@@ -278,7 +278,7 @@ async def test_run_as_user_and_capabilities_reach_the_process(handler, roots):
         assert status["NoNewPrivs"] == "1"
 
 
-async def test_a_privileged_container_needs_a_privileged_pod(roots):
+async def test_a_privileged_container_needs_a_privileged_pod(roots) -> None:
     async with pod_service(roots) as pods:
         pod_id = await pods.run_pod_sandbox(pod_config())
         cfg = node_container(["true"])
@@ -288,7 +288,7 @@ async def test_a_privileged_container_needs_a_privileged_pod(roots):
         assert await pods.list_containers() == []
 
 
-async def test_a_privileged_container_of_a_privileged_pod_opens_the_hosts_devices(handler, roots):
+async def test_a_privileged_container_of_a_privileged_pod_opens_the_hosts_devices(handler, roots) -> None:
     extra = [path for path in ("/dev/loop-control", "/dev/kmsg") if os.path.exists(path)]  # not in runc's defaults
     if not extra:
         pytest.skip("the host has neither /dev/loop-control nor /dev/kmsg")
@@ -301,14 +301,14 @@ async def test_a_privileged_container_of_a_privileged_pod_opens_the_hosts_device
         assert lines == [f"opened {path}" for path in extra]
 
 
-def test_a_privileged_pod_says_so_to_the_shim():
+def test_a_privileged_pod_says_so_to_the_shim() -> None:
     cfg = pod_config()
     assert "privileged" not in PodSandboxConfig.from_json(cfg).to_shim_options()["linux"]["security_context"]
     cfg["linux"]["security_context"]["privileged"] = True
     assert PodSandboxConfig.from_json(cfg).to_shim_options()["linux"]["security_context"]["privileged"] is True
 
 
-async def test_a_pod_asking_for_selinux_or_apparmor_is_refused(roots):
+async def test_a_pod_asking_for_selinux_or_apparmor_is_refused(roots) -> None:
     async with pod_service(roots) as pods:
         cfg = pod_config()
         cfg["linux"]["security_context"]["selinux_options"] = {"level": "s0:c1,c2"}
@@ -333,7 +333,7 @@ class ImageSnapshots:
         return self.files.get(path)
 
 
-async def test_run_as_username_and_the_images_user_are_resolved_in_the_images_files(roots):
+async def test_run_as_username_and_the_images_user_are_resolved_in_the_images_files(roots) -> None:
     from client.cri.rootfs import ContainerImage
 
     image = ContainerImage(image_id="sha256:" + "b" * 64, name="registry.test/web:1", image_ref="registry.test/web:1",
@@ -363,7 +363,7 @@ async def test_run_as_username_and_the_images_user_are_resolved_in_the_images_fi
     ({}, "POD", ""), ({"pid": 1}, "CONTAINER", ""), ({"pid": 2}, "NODE", ""),
     ({"pid": 3, "target_id": "abc"}, "TARGET", "abc"), ({"pid": "TARGET", "target_id": "abc"}, "TARGET", "abc"),
 ])
-def test_container_pid_modes_as_cri(options, mode, target):
+def test_container_pid_modes_as_cri(options, mode, target) -> None:
     doc = node_container(["true"])
     doc["linux"]["security_context"]["namespace_options"] = options
     cfg = ContainerConfig.from_json(doc)
@@ -372,14 +372,14 @@ def test_container_pid_modes_as_cri(options, mode, target):
 
 
 @pytest.mark.parametrize("options", [{"pid": 3}, {"pid": 1, "target_id": "abc"}])
-def test_a_target_id_goes_with_pid_mode_target_only(options):
+def test_a_target_id_goes_with_pid_mode_target_only(options) -> None:
     doc = node_container(["true"])
     doc["linux"]["security_context"]["namespace_options"] = options
     with pytest.raises(InvalidArgument, match="target_id"):
         ContainerConfig.from_json(doc)
 
 
-async def test_a_target_container_joins_the_pid_namespace_of_its_target(roots):
+async def test_a_target_container_joins_the_pid_namespace_of_its_target(roots) -> None:
     async with pod_service(roots) as pods:
         pod_id = await pods.run_pod_sandbox(pod_config())
         target = await pods.create_container(pod_id, node_container([BUSYBOX, "sleep", "30"], name="app", pid=1))
@@ -398,7 +398,7 @@ async def test_a_target_container_joins_the_pid_namespace_of_its_target(roots):
 # -- the pause ------------------------------------------------------------------------------------
 
 
-def test_the_pauses_confinement_as_containerds_sandbox_spec():
+def test_the_pauses_confinement_as_containerds_sandbox_spec() -> None:
     sec = PodSandboxConfig.from_json(pod_config()).security
     assert security.pause_fields(sec, all_caps=ALL) == {
         "user": {"uid": 0, "gid": 0, "additional_gids": [0]}, "capabilities": list(DEFAULT_CAPABILITIES),
@@ -415,7 +415,7 @@ def test_the_pauses_confinement_as_containerds_sandbox_spec():
         security.pause_fields(security.ContainerSecurity.from_doc({"run_as_group": {"value": 1}}))
 
 
-def test_a_sandbox_images_user_is_the_pauses_unless_the_pod_names_one():
+def test_a_sandbox_images_user_is_the_pauses_unless_the_pod_names_one() -> None:
     files = {"/etc/passwd": b"root:x:0:0::/:/bin/sh\npause:x:65535:65534::/:/bin/false\n",
              "/etc/group": b"root:x:0:\nnogroup:x:65534:\n"}
     sec = PodSandboxConfig.from_json(pod_config()).security
@@ -428,7 +428,7 @@ def test_a_sandbox_images_user_is_the_pauses_unless_the_pod_names_one():
         security.pause_fields(sec, all_caps=ALL, image_user="nobody", read_file=files.get)
 
 
-async def test_the_pause_runs_as_the_pods_security_context_says(handler, roots):
+async def test_the_pause_runs_as_the_pods_security_context_says(handler, roots) -> None:
     cfg = pod_config()
     cfg["linux"]["security_context"].update({"run_as_user": {"value": 65535}, "run_as_group": {"value": 65534},
                                             "seccomp": {"profile_type": "RuntimeDefault"}})

@@ -119,7 +119,7 @@ REMOVE_POINTS = [p for p in POD_FAILPOINTS if p.startswith("remove:")]
 
 
 @pytest.mark.parametrize("failpoint", RUN_POINTS)
-async def test_controller_killed_during_run_pod_sandbox(roots, failpoint):
+async def test_controller_killed_during_run_pod_sandbox(roots, failpoint) -> None:
     assert run_flow(roots, "run", failpoint, pod_config()) is None
     await assert_whole_or_gone(roots)
 

@@ -51,7 +51,7 @@ def rootfs_of(critest_image_set):
     shutil.rmtree(scratch)
 
 
-def test_every_image_critest_pulls_is_in_the_local_registry(critest_image_set):
+def test_every_image_critest_pulls_is_in_the_local_registry(critest_image_set) -> None:
     images = critest_image_set
     assert len(images.pulls) == 21
     assert {images.default_image, images.web_server_image, *CRITEST_PAUSE_IMAGES} <= set(images.pulls)
@@ -62,7 +62,7 @@ def test_every_image_critest_pulls_is_in_the_local_registry(critest_image_set):
     assert [ref.split("@")[0] for ref in images.unavailable] == ["gcr.io/k8s-staging-cri-tools/test-image-digest"]
 
 
-def test_critests_staging_images_are_manifest_lists_like_upstreams(critest_image_set):
+def test_critests_staging_images_are_manifest_lists_like_upstreams(critest_image_set) -> None:
     for reference in critest_image_set.pulls:
         if reference.startswith("gcr.io/"):
             raw = skopeo_inspect(critest_image_set.local(reference), "--raw")
@@ -70,7 +70,7 @@ def test_critests_staging_images_are_manifest_lists_like_upstreams(critest_image
             assert [m["platform"]["architecture"] for m in raw["manifests"]] == ["amd64", "arm64"], reference
 
 
-def test_the_tagged_images_are_the_same_or_different_as_the_specs_count_them(critest_image_set):
+def test_the_tagged_images_are_the_same_or_different_as_the_specs_count_them(critest_image_set) -> None:
     digest = {ref: skopeo_inspect(critest_image_set.local(ref))["Digest"] for ref in critest_image_set.pulls}
     staging = "gcr.io/k8s-staging-cri-tools/"
     assert len({digest[f"{staging}test-image-tags:{tag}"] for tag in "123"}) == 1
@@ -79,7 +79,7 @@ def test_the_tagged_images_are_the_same_or_different_as_the_specs_count_them(cri
     assert len({digest[reference] for reference in CRITEST_PAUSE_IMAGES}) == 1  # one image, two registries
 
 
-def test_the_user_images_carry_the_users_the_image_status_spec_expects(critest_image_set):
+def test_the_user_images_carry_the_users_the_image_status_spec_expects(critest_image_set) -> None:
     for name, user in (("test-image-user-uid", "1002"), ("test-image-user-username", "www-data"),
                        ("test-image-user-uid-group", "1003:1004"), ("test-image-user-username-group", "www-data:1004"),
                        ("test-image-predefined-group", "1000")):
@@ -87,7 +87,7 @@ def test_the_user_images_carry_the_users_the_image_status_spec_expects(critest_i
         assert skopeo_inspect(ref, "--config")["config"]["User"] == user, name
 
 
-def test_the_predefined_group_image_puts_uid_1000_in_group_50000(rootfs_of):
+def test_the_predefined_group_image_puts_uid_1000_in_group_50000(rootfs_of) -> None:
     rootfs = rootfs_of("gcr.io/k8s-staging-cri-tools/test-image-predefined-group:latest")
     with open(os.path.join(rootfs, "etc/group")) as f:
         assert "group-defined-in-image:x:50000:default-user\n" in f.read()
@@ -97,7 +97,7 @@ def test_the_predefined_group_image_puts_uid_1000_in_group_50000(rootfs_of):
     assert ran.stdout == "1000 50000\n"
 
 
-def test_the_nonewprivs_program_is_setuid_root_and_prints_its_effective_uid(rootfs_of):
+def test_the_nonewprivs_program_is_setuid_root_and_prints_its_effective_uid(rootfs_of) -> None:
     rootfs = rootfs_of("registry.k8s.io/e2e-test-images/nonewprivs:1.3")
     program = os.path.join(rootfs, "usr/local/bin/nnp")
     assert os.stat(program).st_mode & 0o7777 == 0o4755 and os.stat(program).st_uid == 0
@@ -109,7 +109,7 @@ def test_the_nonewprivs_program_is_setuid_root_and_prints_its_effective_uid(root
     assert held.stdout == "Effective uid: 1000\n"
 
 
-def test_the_fake_nginx_names_itself_nginx_says_master_process_and_serves_port_80(critest_image_set):
+def test_the_fake_nginx_names_itself_nginx_says_master_process_and_serves_port_80(critest_image_set) -> None:
     config = skopeo_inspect(critest_image_set.local(critest_image_set.web_server_image), "--config")["config"]
     assert config["Cmd"][0] == "/usr/sbin/nginx"  # a script: its process's comm is "nginx" (pidof nginx)
     assert "master process" in " ".join(config["Cmd"])
@@ -126,7 +126,7 @@ SPEC_TOOLS = ("sh", "echo", "sleep", "top", "ls", "id", "ipcs", "ping", "pgrep",
               "brctl", "mount", "touch", "cat", "grep", "chmod", "mkdir")
 
 
-def test_the_default_image_has_every_tool_the_specs_exec_and_pgrep_finds_processes(critest_image_set, rootfs_of):
+def test_the_default_image_has_every_tool_the_specs_exec_and_pgrep_finds_processes(critest_image_set, rootfs_of) -> None:
     rootfs = rootfs_of(critest_image_set.default_image)
     found = subprocess.run(["chroot", rootfs, "sh", "-c", 'for t in "$@"; do command -v "$t" || echo "no $t"; done',
                             "sh", *SPEC_TOOLS], capture_output=True, text=True, timeout=30)
@@ -144,7 +144,7 @@ def test_the_default_image_has_every_tool_the_specs_exec_and_pgrep_finds_process
     assert pgrep.stdout.splitlines()[1:] == ["1"] and pgrep.stdout.splitlines()[0].isdigit(), pgrep.stdout + pgrep.stderr
 
 
-def test_the_web_server_answers_get_and_stops_at_sigterm(critest_image_set, rootfs_of):
+def test_the_web_server_answers_get_and_stops_at_sigterm(critest_image_set, rootfs_of) -> None:
     rootfs = rootfs_of(critest_image_set.web_server_image)
     os.mknod(os.path.join(rootfs, "dev/null"), 0o666 | stat.S_IFCHR, os.makedev(1, 3))  # a runtime's /dev has it
     with socket.socket() as probe:
@@ -169,7 +169,7 @@ def test_the_web_server_answers_get_and_stops_at_sigterm(critest_image_set, root
         server.wait()
 
 
-def test_critest_finds_its_specs(critest):
+def test_critest_finds_its_specs(critest) -> None:
     # A dry run connects to nothing and pulls nothing: it counts the specs.
     result = run_critest(critest, "unix:///nonexistent/critest.sock", extra=["--ginkgo.dry-run"], timeout=300)
     assert result.returncode == 0, result.output[-3000:]

@@ -85,7 +85,7 @@ def log_lines(pods, container_id: str) -> list[str]:
         return [line.split(" ", 3)[3].rstrip("\n") for line in f]
 
 
-async def test_pod_files_are_written_at_run_and_removed_with_the_pod(roots):
+async def test_pod_files_are_written_at_run_and_removed_with_the_pod(roots) -> None:
     cfg = pod_config()
     cfg["hostname"] = "web-0"
     cfg["dns_config"] = {"servers": ["10.96.0.10"], "searches": ["svc.cluster.local"], "options": ["ndots:5"]}
@@ -102,7 +102,7 @@ async def test_pod_files_are_written_at_run_and_removed_with_the_pod(roots):
         assert not os.path.exists(directory)
 
 
-async def test_a_container_runs_its_images_entrypoint_and_cmd_with_its_env_and_working_dir(roots):
+async def test_a_container_runs_its_images_entrypoint_and_cmd_with_its_env_and_working_dir(roots) -> None:
     snapshots = Snapshots()
     async with pod_service(roots, images=Images(IMAGE), snapshots=snapshots) as pods:
         pod_id = await pods.run_pod_sandbox(pod_config())
@@ -112,7 +112,7 @@ async def test_a_container_runs_its_images_entrypoint_and_cmd_with_its_env_and_w
         assert log_lines(pods, cid) == ["image from /tmp"]
 
 
-async def test_a_container_created_by_image_id_as_kubelet_does_shows_its_images_tag_in_its_status(roots):
+async def test_a_container_created_by_image_id_as_kubelet_does_shows_its_images_tag_in_its_status(roots) -> None:
     # kubelet creates a container with the id PullImage answered (the tag the user wrote is
     # user_specified_image); its status names the image by its tag, as containerd's does (kubectl
     # shows it as the pod's image), its list entry by the id it was created with.
@@ -125,7 +125,7 @@ async def test_a_container_created_by_image_id_as_kubelet_does_shows_its_images_
         assert [c["image"] for c in await pods.list_containers()] == [{"image": IMAGE.image_id}]
 
 
-async def test_cri_command_env_and_working_dir_override_the_image(roots):
+async def test_cri_command_env_and_working_dir_override_the_image(roots) -> None:
     async with pod_service(roots, images=Images(IMAGE), snapshots=Snapshots()) as pods:
         pod_id = await pods.run_pod_sandbox(pod_config())
         cid = await pods.create_container(pod_id, image_container(
@@ -136,7 +136,7 @@ async def test_cri_command_env_and_working_dir_override_the_image(roots):
         assert log_lines(pods, cid) == ["cri yes /"]
 
 
-async def test_the_snapshot_is_keyed_by_the_container_and_removed_with_it(roots):
+async def test_the_snapshot_is_keyed_by_the_container_and_removed_with_it(roots) -> None:
     snapshots = Snapshots()
     async with pod_service(roots, images=Images(IMAGE), snapshots=snapshots) as pods:
         pod_id = await pods.run_pod_sandbox(pod_config())
@@ -153,7 +153,7 @@ async def test_the_snapshot_is_keyed_by_the_container_and_removed_with_it(roots)
         assert pods.image_in_use(IMAGE.image_id) == []
 
 
-async def test_removing_the_pod_removes_its_containers_snapshots(roots):
+async def test_removing_the_pod_removes_its_containers_snapshots(roots) -> None:
     snapshots = Snapshots()
     async with pod_service(roots, images=Images(IMAGE), snapshots=snapshots) as pods:
         pod_id = await pods.run_pod_sandbox(pod_config())
@@ -165,7 +165,7 @@ async def test_removing_the_pod_removes_its_containers_snapshots(roots):
         assert snapshots.live == {}
 
 
-async def test_a_create_the_shim_refuses_removes_the_snapshot_and_the_record(roots, tmp_path):
+async def test_a_create_the_shim_refuses_removes_the_snapshot_and_the_record(roots, tmp_path) -> None:
     snapshots = Snapshots()
     logs = tmp_path / "logs"
     logs.mkdir()
@@ -179,7 +179,7 @@ async def test_a_create_the_shim_refuses_removes_the_snapshot_and_the_record(roo
         assert snapshots.live == {} and await pods.list_containers() == []
 
 
-async def test_a_snapshot_that_cannot_be_made_leaves_no_container(roots):
+async def test_a_snapshot_that_cannot_be_made_leaves_no_container(roots) -> None:
     async with pod_service(roots, images=Images(IMAGE), snapshots=Snapshots(fail=OSError(28, "No space left"))) as pods:
         pod_id = await pods.run_pod_sandbox(pod_config())
         with pytest.raises(OSError):
@@ -187,7 +187,7 @@ async def test_a_snapshot_that_cannot_be_made_leaves_no_container(roots):
         assert await pods.list_containers() == []
 
 
-async def test_an_image_not_in_the_store_is_not_found_and_leaves_nothing(roots):
+async def test_an_image_not_in_the_store_is_not_found_and_leaves_nothing(roots) -> None:
     snapshots = Snapshots()
     async with pod_service(roots, images=Images(IMAGE), snapshots=snapshots) as pods:
         pod_id = await pods.run_pod_sandbox(pod_config())
@@ -196,14 +196,14 @@ async def test_an_image_not_in_the_store_is_not_found_and_leaves_nothing(roots):
         assert snapshots.live == {} and await pods.list_containers() == []
 
 
-async def test_without_an_image_store_a_named_image_is_not_found(roots):
+async def test_without_an_image_store_a_named_image_is_not_found(roots) -> None:
     async with pod_service(roots) as pods:
         pod_id = await pods.run_pod_sandbox(pod_config())
         with pytest.raises(NotFound, match="not found: pull it first"):
             await pods.create_container(pod_id, {**node_container(["true"]), "image": {"image": "busybox"}})
 
 
-async def test_an_image_with_nothing_to_run_and_no_command_is_invalid(roots):
+async def test_an_image_with_nothing_to_run_and_no_command_is_invalid(roots) -> None:
     empty = ContainerImage(image_id="sha256:" + "d" * 64, name="registry.test/empty:1", image_ref="x", chain_id="c")
     snapshots = Snapshots()
     async with pod_service(roots, images=Images(empty), snapshots=snapshots) as pods:
@@ -213,7 +213,7 @@ async def test_an_image_with_nothing_to_run_and_no_command_is_invalid(roots):
         assert snapshots.live == {} and await pods.list_containers() == []
 
 
-async def test_a_tty_container_runs_on_a_terminal_and_its_output_is_logged_as_stdout(roots):
+async def test_a_tty_container_runs_on_a_terminal_and_its_output_is_logged_as_stdout(roots) -> None:
     async with pod_service(roots) as pods:
         pod_id = await pods.run_pod_sandbox(pod_config())
         cid = await pods.create_container(pod_id, {**node_container(["sh", "-c", "tty; echo err >&2"]),
@@ -227,7 +227,7 @@ async def test_a_tty_container_runs_on_a_terminal_and_its_output_is_logged_as_st
         assert records[0][2].startswith("/dev/pts/") and records[1][2] == "err"
 
 
-async def test_container_status_shows_its_cri_mounts_not_the_pod_files(roots, tmp_path):
+async def test_container_status_shows_its_cri_mounts_not_the_pod_files(roots, tmp_path) -> None:
     async with pod_service(roots) as pods:
         pod_id = await pods.run_pod_sandbox(pod_config())
         cid = await pods.create_container(pod_id, {**node_container(["true"]), "mounts": [
@@ -265,7 +265,7 @@ def test_store_images_refuses_a_missing_or_unpacked_image_with_a_sentence():
         StoreImages({"x": Record(image_id="i", layers=("l1",))}.get).container_image("x")
 
 
-async def test_recovery_removes_container_snapshots_no_record_names_and_keeps_the_rest(roots, tmp_path):
+async def test_recovery_removes_container_snapshots_no_record_names_and_keeps_the_rest(roots, tmp_path) -> None:
     from client.images.snapshots import Snapshotter
     snapshotter = Snapshotter(str(tmp_path / "snapshots"))
     empty = ContainerImage(image_id="sha256:" + "e" * 64, name="registry.test/empty:1", image_ref="x", chain_id="",
@@ -306,7 +306,7 @@ anyio.run(main, *sys.argv[1:])
 """
 
 
-async def test_a_crash_between_snapshot_and_task_is_undone_at_recovery_and_the_name_is_free_again(roots, tmp_path):
+async def test_a_crash_between_snapshot_and_task_is_undone_at_recovery_and_the_name_is_free_again(roots, tmp_path) -> None:
     """The CreateContainer never answered: its record and snapshot are removed at the next start
     (the pod's shim lives and has no such task), not shown as a container whose shim is gone."""
     from client.images.snapshots import Snapshotter
@@ -328,7 +328,7 @@ async def test_a_crash_between_snapshot_and_task_is_undone_at_recovery_and_the_n
         assert [s.name for s in snapshotter.snapshots() if s.kind == "active"] == []
 
 
-async def test_every_container_sees_the_pods_hosts_resolv_conf_and_hostname(roots):
+async def test_every_container_sees_the_pods_hosts_resolv_conf_and_hostname(roots) -> None:
     cfg = pod_config()
     cfg["hostname"] = "web-0"
     cfg["dns_config"] = {"servers": ["10.96.0.10"], "searches": ["svc.cluster.local"]}
@@ -343,7 +343,7 @@ async def test_every_container_sees_the_pods_hosts_resolv_conf_and_hostname(root
                                         "# podshim-managed hosts file.", "127.0.0.1\tlocalhost"]
 
 
-async def test_a_cri_mount_replaces_the_pods_etc_hosts_and_host_paths_are_bound(roots, tmp_path):
+async def test_a_cri_mount_replaces_the_pods_etc_hosts_and_host_paths_are_bound(roots, tmp_path) -> None:
     own_hosts = tmp_path / "hosts"
     own_hosts.write_text("10.0.0.1 kubelets-own\n")
     volume = tmp_path / "volume"
@@ -377,7 +377,7 @@ def busybox_chain(tmp_path):
     return snapshotter, chain
 
 
-async def test_a_container_runs_on_its_images_layers_with_a_writable_layer_of_its_own(roots, busybox_chain):
+async def test_a_container_runs_on_its_images_layers_with_a_writable_layer_of_its_own(roots, busybox_chain) -> None:
     snapshotter, chain = busybox_chain
     image = ContainerImage(image_id="sha256:" + "b" * 64, name="registry.test/busybox:1", image_ref="x",
                            chain_id=chain, config={"Entrypoint": ["sh"], "Cmd": ["-c", "exit 3"], "Env": ["PATH=/bin"]})

@@ -28,7 +28,7 @@ def pod(**fields) -> PodSandboxConfig:
     return PodSandboxConfig.from_json({"metadata": {"name": "p", "namespace": "n", "uid": "u"}, **fields})
 
 
-def test_hosts_has_the_localhost_lines_and_the_pod_ips_with_its_hostname():
+def test_hosts_has_the_localhost_lines_and_the_pod_ips_with_its_hostname() -> None:
     assert hosts_content("web", ["10.1.0.5", "fd00::5"]).splitlines() == [
         HOSTS_HEADER,
         "127.0.0.1\tlocalhost",
@@ -42,17 +42,17 @@ def test_hosts_has_the_localhost_lines_and_the_pod_ips_with_its_hostname():
     ]
 
 
-def test_hosts_of_a_pod_without_an_ip_has_only_localhost_lines():
+def test_hosts_of_a_pod_without_an_ip_has_only_localhost_lines() -> None:
     assert hosts_content("web", []).splitlines()[-1] == "fe00::2\tip6-allrouters"
 
 
-def test_resolv_conf_is_search_nameservers_options_in_containerds_order():
+def test_resolv_conf_is_search_nameservers_options_in_containerds_order() -> None:
     dns = DnsConfig(servers=("10.0.0.10", "10.0.0.11"), searches=("a.local", "b.local"), options=("ndots:5", "timeout:1"))
     assert resolv_conf_content(dns) == ("search a.local b.local\nnameserver 10.0.0.10\nnameserver 10.0.0.11\n"
                                         "options ndots:5 timeout:1\n")
 
 
-def test_an_empty_dns_config_means_the_nodes_resolv_conf(tmp_path):
+def test_an_empty_dns_config_means_the_nodes_resolv_conf(tmp_path) -> None:
     assert resolv_conf_content(DnsConfig()) == ""
     host = tmp_path / "host-resolv.conf"
     host.write_text("nameserver 192.0.2.1\n")
@@ -60,7 +60,7 @@ def test_an_empty_dns_config_means_the_nodes_resolv_conf(tmp_path):
     assert read(files.resolv_conf) == "nameserver 192.0.2.1\n"
 
 
-def test_hostname_is_the_pods_or_else_the_nodes():
+def test_hostname_is_the_pods_or_else_the_nodes() -> None:
     assert hostname_content("web") == "web\n"
     assert hostname_content("") == socket.gethostname() + "\n"
 
@@ -70,12 +70,12 @@ def test_hostname_is_the_pods_or_else_the_nodes():
     ({"searches": ["a.local\nnameserver 6.6.6.6"]}, r"dns_config.searches\[0\] .* must be one word"),
     ({"options": ["ndots:5 x"]}, r"dns_config.options\[0\] .* must be one word"),
 ])
-def test_dns_config_that_would_write_other_lines_is_refused(dns, message):
+def test_dns_config_that_would_write_other_lines_is_refused(dns, message) -> None:
     with pytest.raises(InvalidArgument, match=message):
         pod(dns_config=dns)
 
 
-def test_files_are_written_world_readable_and_removed_with_the_directory(tmp_path):
+def test_files_are_written_world_readable_and_removed_with_the_directory(tmp_path) -> None:
     directory = str(tmp_path / "pod")
     files = write_pod_files(directory, pod(hostname="web", dns_config={"servers": ["10.0.0.10"]}), ["10.1.0.5"])
     assert read(files.hostname) == "web\n"
@@ -89,7 +89,7 @@ def test_files_are_written_world_readable_and_removed_with_the_directory(tmp_pat
     remove_pod_files(directory)  # twice is fine
 
 
-def test_a_host_network_pod_gets_a_copy_of_the_nodes_hosts(tmp_path):
+def test_a_host_network_pod_gets_a_copy_of_the_nodes_hosts(tmp_path) -> None:
     host = tmp_path / "host-hosts"
     host.write_text("127.0.0.1 localhost node\n")
     cfg = pod(linux={"security_context": {"namespace_options": {"network": 2}}})

@@ -61,7 +61,7 @@ def roots(tmp_path):
     shutil.rmtree(runtime_root, ignore_errors=True)
 
 
-async def test_two_pods_get_distinct_ips_reach_each_other_and_leave_nothing(roots, network):
+async def test_two_pods_get_distinct_ips_reach_each_other_and_leave_nothing(roots, network) -> None:
     root, runtime_root = roots
     async with open_pod_service(root, runtime_root, cni_conf_dir=network["conf_dir"], cni_bin_dirs=(PLUGINS,),
                                 cni_plugin_netns=network["outer_path"]) as pods:
@@ -94,7 +94,7 @@ async def test_two_pods_get_distinct_ips_reach_each_other_and_leave_nothing(root
     assert [p for p in netns_paths if os.path.exists(p)] == []
 
 
-async def test_a_pods_lo_is_up_without_the_loopback_plugin(roots, network, tmp_path):
+async def test_a_pods_lo_is_up_without_the_loopback_plugin(roots, network, tmp_path) -> None:
     root, runtime_root = roots
     bin_dir = tmp_path / "bin"  # bridge and host-local only: a loopback plugin run would fail the pod
     bin_dir.mkdir()
@@ -118,7 +118,7 @@ async def test_a_pods_lo_is_up_without_the_loopback_plugin(roots, network, tmp_p
         assert pods.store.list() == []
 
 
-async def test_a_failed_add_rolls_the_pod_back(roots, network, tmp_path):
+async def test_a_failed_add_rolls_the_pod_back(roots, network, tmp_path) -> None:
     root, runtime_root = roots
     broken = tmp_path / "broken.d"
     broken.mkdir()
@@ -132,7 +132,7 @@ async def test_a_failed_add_rolls_the_pod_back(roots, network, tmp_path):
         assert await pods.controller.list(None) == []
 
 
-async def test_a_plugin_that_cannot_check_a_working_pod_is_a_warning_not_an_error(roots, network, caplog):
+async def test_a_plugin_that_cannot_check_a_working_pod_is_a_warning_not_an_error(roots, network, caplog) -> None:
     # Debian's portmap 1.1.1 fails CHECK on a pod with an IPv6 address and a host port, though ADD
     # set it up right.
     root, runtime_root = roots

@@ -29,7 +29,7 @@ FIGURES = {"cpu_usage_ns": 5_000_000, "memory_usage_bytes": 300, "memory_working
            "memory_limit_bytes": 1000, "pids_current": 2, "unavailable": []}
 
 
-def test_figures_become_cri_values_and_available_is_the_limit_less_the_working_set():
+def test_figures_become_cri_values_and_available_is_the_limit_less_the_working_set() -> None:
     memory = stats.memory_usage(42, FIGURES)
     assert memory == {"timestamp": 42, "working_set_bytes": {"value": 200}, "available_bytes": {"value": 800},
                       "usage_bytes": {"value": 300}, "rss_bytes": {"value": 100}, "page_faults": {"value": 7},
@@ -63,7 +63,7 @@ def test_pressure_becomes_cris_psi_with_its_total_in_nanoseconds():
     assert "psi" not in stats.memory_usage(42, FIGURES) and stats.io_usage(42, FIGURES) is None
 
 
-def test_swap_available_is_the_swap_limit_less_the_swap_in_use():
+def test_swap_available_is_the_swap_limit_less_the_swap_in_use() -> None:
     assert stats.swap_usage(42, {"memory_swap_bytes": 30, "memory_swap_limit_bytes": 100}) == {
         "timestamp": 42, "swap_usage_bytes": {"value": 30}, "swap_available_bytes": {"value": 70}}
     assert stats.swap_usage(42, {"memory_swap_bytes": 30, "memory_swap_limit_bytes": None}) == {
@@ -84,7 +84,7 @@ def test_the_cpu_rate_needs_a_previous_sample_of_the_same_container():
 
 # -- resources -----------------------------------------------------------------------------------------
 
-def test_cri_resources_become_the_shims_keys_and_zero_values_mean_unset():
+def test_cri_resources_become_the_shims_keys_and_zero_values_mean_unset() -> None:
     doc = {"cpu_period": "100000", "cpu_quota": 50000, "cpu_shares": 0, "memory_limit_in_bytes": "134217728",
            "oom_score_adj": 0, "cpuset_cpus": "0", "cpuset_mems": "", "memory_swap_limit_in_bytes": 0,
            "hugepage_limits": [{"page_size": "2MB", "limit": "2097152"}], "unified": {}}
@@ -100,14 +100,14 @@ def test_cri_resources_become_the_shims_keys_and_zero_values_mean_unset():
     ({"blkio_weight": 10}, "linux.blkio_weight is not a field of CRI's LinuxContainerResources"),
     ({"hugepage_limits": [{"limit": 1}]}, r"linux.hugepage_limits\[0\] must be an object with a page_size"),
 ])
-def test_a_field_that_is_not_crs_or_of_the_wrong_type_is_refused_by_name(doc, message):
+def test_a_field_that_is_not_crs_or_of_the_wrong_type_is_refused_by_name(doc, message) -> None:
     with pytest.raises(InvalidArgument, match=message):
         shim_resources(doc)
 
 
 # -- log lines -----------------------------------------------------------------------------------------
 
-def test_lines_logged_about_a_pod_carry_its_ids_even_from_tasks_started_inside():
+def test_lines_logged_about_a_pod_carry_its_ids_even_from_tasks_started_inside() -> None:
     records = []
 
     class Keep(logging.Handler):
@@ -144,7 +144,7 @@ async def _log(logger: logging.Logger, message: str) -> None:
 
 # -- the event feed ------------------------------------------------------------------------------------
 
-async def test_every_subscriber_gets_every_event_published_after_it_subscribed():
+async def test_every_subscriber_gets_every_event_published_after_it_subscribed() -> None:
     feed = EventFeed()
     feed.publish(CONTAINER_CREATED, "early", "pod")
     async with feed.subscribe() as first, feed.subscribe() as second:
@@ -156,7 +156,7 @@ async def test_every_subscriber_gets_every_event_published_after_it_subscribed()
             assert got[1].created_at == 7 and got[1].about_pod
 
 
-async def test_a_subscriber_that_falls_behind_is_dropped_with_resource_exhausted():
+async def test_a_subscriber_that_falls_behind_is_dropped_with_resource_exhausted() -> None:
     feed = EventFeed()
     async with feed.subscribe() as events:
         for i in range(EVENT_QUEUE_LIMIT + 1):
@@ -168,7 +168,7 @@ async def test_a_subscriber_that_falls_behind_is_dropped_with_resource_exhausted
         assert drained == EVENT_QUEUE_LIMIT
 
 
-async def test_a_shim_exit_goes_out_as_stopped_and_its_other_events_do_not():
+async def test_a_shim_exit_goes_out_as_stopped_and_its_other_events_do_not() -> None:
     feed = EventFeed()
     async with feed.subscribe() as events:
         feed.shim_event("pod", {"topic": "/sandbox/create", "event": {}})
@@ -188,7 +188,7 @@ async def run_container(pods, command: list[str]) -> tuple[str, str]:
     return pod_id, container_id
 
 
-async def test_exec_sync_through_the_pod_layer(roots):
+async def test_exec_sync_through_the_pod_layer(roots) -> None:
     async with pod_service(roots) as pods:
         _, container_id = await run_container(pods, ["sleep", "600"])
         result = await pods.exec_sync(container_id, ["sh", "-c", "echo $PATH; pwd; echo oops >&2; exit 4"])
@@ -200,7 +200,7 @@ async def test_exec_sync_through_the_pod_layer(roots):
             await pods.exec_sync(container_id, [])
 
 
-async def test_stats_update_and_reopen_through_the_pod_layer(roots, tmp_path):
+async def test_stats_update_and_reopen_through_the_pod_layer(roots, tmp_path) -> None:
     async with pod_service(roots) as pods:
         pod_id, container_id = await run_container(pods, ["sleep", "600"])
         found = await pods.container_stats(container_id)
@@ -225,7 +225,7 @@ async def test_stats_update_and_reopen_through_the_pod_layer(roots, tmp_path):
         assert [s["attributes"]["id"] for s in await pods.list_container_stats()] == []
 
 
-async def test_events_through_the_pod_layer_see_a_container_exit(roots):
+async def test_events_through_the_pod_layer_see_a_container_exit(roots) -> None:
     async with pod_service(roots) as pods:
         pod_id = await pods.run_pod_sandbox(pod_config())
         async with pods.events() as events:
@@ -239,7 +239,7 @@ async def test_events_through_the_pod_layer_see_a_container_exit(roots):
         assert kinds == ["CONTAINER_CREATED_EVENT", "CONTAINER_STARTED_EVENT", "CONTAINER_STOPPED_EVENT"]
 
 
-async def test_every_event_subscriber_is_served_from_one_stream_per_shim(roots):
+async def test_every_event_subscriber_is_served_from_one_stream_per_shim(roots) -> None:
     """Subscribers cost the shim nothing: 50 of them add no connection to it, and each sees the exit."""
     def shim_sockets(pid: int) -> int:
         fds = os.listdir(f"/proc/{pid}/fd")
@@ -262,7 +262,7 @@ async def test_every_event_subscriber_is_served_from_one_stream_per_shim(roots):
                             break
 
 
-async def test_update_runtime_config_keeps_the_pod_cidr_across_reopening(roots):
+async def test_update_runtime_config_keeps_the_pod_cidr_across_reopening(roots) -> None:
     async with pod_service(roots) as pods:
         assert pods.pod_cidr == ""
         pods.update_runtime_config("10.244.1.0/24, fd00:10:244:1::/64")

@@ -84,7 +84,7 @@ def removes_every_pod(roots):
 
 
 @pytest.mark.usefixtures("removes_every_pod")
-def test_two_processes_running_one_pod_at_once_make_one_pod_and_one_already_exists(roots):
+def test_two_processes_running_one_pod_at_once_make_one_pod_and_one_already_exists(roots) -> None:
     for round in range(RACE_ROUNDS):
         config = json.dumps(pod_config(f"race-{round}"))
         outcomes = [finish(p) for p in [start(roots, "run", config) for _ in range(2)]]
@@ -96,7 +96,7 @@ def test_two_processes_running_one_pod_at_once_make_one_pod_and_one_already_exis
 
 @pytest.mark.parametrize("failpoint", RUN_POINTS)
 @pytest.mark.usefixtures("removes_every_pod")
-def test_run_in_flight_in_another_process_is_left_alone_and_completes(roots, failpoint):
+def test_run_in_flight_in_another_process_is_left_alone_and_completes(roots, failpoint) -> None:
     config = json.dumps(pod_config())
     runner = start(roots, "run", config, env={ENV: failpoint, ACTION_ENV: "stop"})
     try:
@@ -111,7 +111,7 @@ def test_run_in_flight_in_another_process_is_left_alone_and_completes(roots, fai
 
 
 @pytest.mark.usefixtures("removes_every_pod")
-def test_run_killed_in_flight_is_rolled_back_by_the_next_process(roots):
+def test_run_killed_in_flight_is_rolled_back_by_the_next_process(roots) -> None:
     config = json.dumps(pod_config())
     runner = start(roots, "run", config, env={ENV: "run:after-start", ACTION_ENV: "stop"})
     wait_stopped(runner)
@@ -122,7 +122,7 @@ def test_run_killed_in_flight_is_rolled_back_by_the_next_process(roots):
     assert call(roots, "list") == {pod_id: "SANDBOX_READY"}
 
 
-async def test_a_pod_another_process_ran_after_this_one_opened_is_ready_and_removable_here(roots):
+async def test_a_pod_another_process_ran_after_this_one_opened_is_ready_and_removable_here(roots) -> None:
     async with pod_service(roots) as pods:
         pod_id = await anyio.to_thread.run_sync(call, roots, "run", json.dumps(pod_config()))
         status = await pods.pod_sandbox_status(pod_id, verbose=True)

@@ -91,7 +91,7 @@ def files_in(store: PodStore) -> list[str]:
 
 # -- the state machines (pure) ----------------------------------------------------------------
 
-def test_pod_transitions_follow_the_table():
+def test_pod_transitions_follow_the_table() -> None:
     assert POD_TRANSITIONS[PodState.CREATING] == {PodState.READY}
     assert POD_TRANSITIONS[PodState.READY] == {PodState.NOTREADY}
     assert POD_TRANSITIONS[PodState.NOTREADY] == frozenset()
@@ -104,7 +104,7 @@ def test_pod_transitions_follow_the_table():
                     check_pod_transition("p1", old, new)
 
 
-def test_container_transitions_follow_the_table():
+def test_container_transitions_follow_the_table() -> None:
     assert CONTAINER_TRANSITIONS[ContainerState.CREATED] == {ContainerState.RUNNING, ContainerState.EXITED}
     for old in ContainerState:
         for new in ContainerState:
@@ -115,14 +115,14 @@ def test_container_transitions_follow_the_table():
                     check_container_transition("c1", old, new)
 
 
-def test_a_wrong_transition_says_where_the_state_can_go():
+def test_a_wrong_transition_says_where_the_state_can_go() -> None:
     with pytest.raises(FailedPrecondition, match="is READY and cannot become CREATING: it can only become NOTREADY"):
         check_pod_transition("p1", PodState.READY, PodState.CREATING)
     with pytest.raises(FailedPrecondition, match="is NOTREADY and cannot become READY: it can only be removed"):
         check_pod_transition("p1", PodState.NOTREADY, PodState.READY)
 
 
-def test_states_are_enums_given_as_strings_or_members():
+def test_states_are_enums_given_as_strings_or_members() -> None:
     assert pod("p1", state="READY").state is PodState.READY
     assert container("c1", "p1", state=ContainerState.RUNNING).state is ContainerState.RUNNING
     with pytest.raises(InvalidArgument, match="pod state 'RUNNING' is not one of CREATING, READY, NOTREADY"):
@@ -133,7 +133,7 @@ def test_states_are_enums_given_as_strings_or_members():
 
 # -- records on disk --------------------------------------------------------------------------
 
-def test_create_writes_one_json_record_per_pod(store):
+def test_create_writes_one_json_record_per_pod(store) -> None:
     made(store, "aaa1", ip="10.88.0.2", additional_ips=("fd00::2",), cni_result={"cniVersion": "1.0.0", "ips": []},
          netns_path="/run/netns/x")
     with open(record_path(store, "aaa1")) as f:
@@ -145,7 +145,7 @@ def test_create_writes_one_json_record_per_pod(store):
     assert files_in(store) == ["aaa1.json"]  # the lock file went with its lock
 
 
-def test_records_survive_a_restart_unchanged(store):
+def test_records_survive_a_restart_unchanged(store) -> None:
     made(store, "aaa1", ip="10.88.0.2", additional_ips=("fd00::2",), pid=42,
          cni_result={"ips": [{"address": "10.88.0.2/16"}]}, netns_path="/run/netns/p")
     store.add_container(container("c1", "aaa1", log_path="/var/log/pods/web/app/0.log"))
@@ -155,14 +155,14 @@ def test_records_survive_a_restart_unchanged(store):
     assert again == store.get("aaa1") and again.containers["c1"].state is ContainerState.EXITED
 
 
-def test_stored_copy_is_not_changed_by_the_callers_dicts(store):
+def test_stored_copy_is_not_changed_by_the_callers_dicts(store) -> None:
     record = pod("aaa1")
     store.create(record)
     record.config["labels"]["app"] = "changed"
     assert store.get("aaa1").labels == {"app": "web"}
 
 
-def test_crash_between_tmp_write_and_rename_leaves_the_old_record(store, monkeypatch):
+def test_crash_between_tmp_write_and_rename_leaves_the_old_record(store, monkeypatch) -> None:
     made(store, "aaa1", state=PodState.CREATING)
 
     def crash(src, dst):
@@ -176,7 +176,7 @@ def test_crash_between_tmp_write_and_rename_leaves_the_old_record(store, monkeyp
     assert reopen(store).get("aaa1").state is PodState.CREATING
 
 
-def test_leftover_tmp_file_from_a_killed_process_is_ignored_and_removed(store):
+def test_leftover_tmp_file_from_a_killed_process_is_ignored_and_removed(store) -> None:
     made(store, "aaa1")
     leftover = os.path.join(pods_dir(store), ".aaa1.json.k2j3x")
     with open(leftover, "w") as f:
@@ -203,7 +203,7 @@ def test_a_listing_reads_no_file_while_the_directory_is_unchanged_and_every_chan
     assert [r.pod_id for r in store.list()] == ["aaa1"]
 
 
-def test_unreadable_record_is_moved_aside_and_does_not_stop_the_store(store, caplog):
+def test_unreadable_record_is_moved_aside_and_does_not_stop_the_store(store, caplog) -> None:
     made(store, "aaa1")
     with open(record_path(store, "bbb2"), "w") as f:
         f.write("{not json")
@@ -214,7 +214,7 @@ def test_unreadable_record_is_moved_aside_and_does_not_stop_the_store(store, cap
 
 
 @pytest.mark.parametrize("content", [b"[" * 100_000 + b"]" * 100_000, b'{"pod_id": "\xff"}'], ids=["deep", "latin-1"])
-def test_a_record_too_deep_or_not_utf8_is_moved_aside_too(store, caplog, content):
+def test_a_record_too_deep_or_not_utf8_is_moved_aside_too(store, caplog, content) -> None:
     made(store, "aaa1")
     with open(record_path(store, "bbb2"), "wb") as f:
         f.write(content)
@@ -224,7 +224,7 @@ def test_a_record_too_deep_or_not_utf8_is_moved_aside_too(store, caplog, content
     assert "bbb2.json is not valid" in caplog.text
 
 
-def test_record_of_a_newer_version_is_left_alone_and_not_used(store, caplog):
+def test_record_of_a_newer_version_is_left_alone_and_not_used(store, caplog) -> None:
     made(store, "aaa1")
     with open(record_path(store, "aaa1")) as f:
         newer = {**json.load(f), "version": 2, "pod_id": "bbb2"}
@@ -235,12 +235,12 @@ def test_record_of_a_newer_version_is_left_alone_and_not_used(store, caplog):
     assert os.path.exists(record_path(store, "bbb2")) and "newer than this podshim's (1)" in caplog.text
 
 
-def test_get_unknown_pod_is_not_found(store):
+def test_get_unknown_pod_is_not_found(store) -> None:
     with pytest.raises(NotFound):
         store.get("nope")
 
 
-def test_delete_is_idempotent_and_durable(store):
+def test_delete_is_idempotent_and_durable(store) -> None:
     made(store, "aaa1")
     store.delete("aaa1")
     store.delete("aaa1")
@@ -249,7 +249,7 @@ def test_delete_is_idempotent_and_durable(store):
         reopen(store).get("aaa1")
 
 
-def test_bad_records_are_refused(store):
+def test_bad_records_are_refused(store) -> None:
     with pytest.raises(InvalidArgument, match="pod id"):
         store.create(pod("../x"))
     with pytest.raises(InvalidArgument, match="metadata.uid is required"):
@@ -261,14 +261,14 @@ def test_bad_records_are_refused(store):
     assert store.list() == []
 
 
-def test_update_checks_the_transition_against_the_stored_state(store):
+def test_update_checks_the_transition_against_the_stored_state(store) -> None:
     made(store, "aaa1", state=PodState.NOTREADY)
     with pytest.raises(FailedPrecondition, match="pod aaa1 is NOTREADY and cannot become READY"):
         store.update("aaa1", state=PodState.READY)
     assert store.update("aaa1", state="NOTREADY", stopped_at=7).stopped_at == 7  # no move: fine
 
 
-def test_update_replaces_fields_in_one_step(store):
+def test_update_replaces_fields_in_one_step(store) -> None:
     made(store, "aaa1", state=PodState.CREATING)
     updated = store.update("aaa1", state=PodState.READY, ip="10.88.0.9")
     assert (updated.state, updated.ip) == (PodState.READY, "10.88.0.9") and reopen(store).get("aaa1") == updated
@@ -284,7 +284,7 @@ def test_update_replaces_fields_in_one_step(store):
 
 # -- names ------------------------------------------------------------------------------------
 
-def test_second_pod_with_the_same_metadata_is_already_exists(store):
+def test_second_pod_with_the_same_metadata_is_already_exists(store) -> None:
     made(store, "aaa1", name="web")
     with pytest.raises(AlreadyExists, match="reserved for pod aaa1"):
         store.create(pod("bbb2", name="web"))
@@ -293,19 +293,19 @@ def test_second_pod_with_the_same_metadata_is_already_exists(store):
         store.create(pod("bbb2", name="other"))
 
 
-def test_reservation_comes_back_with_the_record_after_a_restart(store):
+def test_reservation_comes_back_with_the_record_after_a_restart(store) -> None:
     made(store, "aaa1")
     with pytest.raises(AlreadyExists):
         reopen(store).create(pod("bbb2"))
 
 
-def test_deleting_the_record_frees_the_name(store):
+def test_deleting_the_record_frees_the_name(store) -> None:
     made(store, "aaa1", state=PodState.NOTREADY)
     store.delete("aaa1")
     store.create(pod("bbb2"))
 
 
-def test_creating_record_whose_lock_is_held_holds_its_name_and_is_not_incomplete(store):
+def test_creating_record_whose_lock_is_held_holds_its_name_and_is_not_incomplete(store) -> None:
     lock = store.lock_pod("aaa1")
     assert lock.try_acquire()
     try:
@@ -318,7 +318,7 @@ def test_creating_record_whose_lock_is_held_holds_its_name_and_is_not_incomplete
         lock.release()
 
 
-def test_creating_record_whose_lock_is_free_is_incomplete_and_does_not_block_the_name(store):
+def test_creating_record_whose_lock_is_free_is_incomplete_and_does_not_block_the_name(store) -> None:
     made(store, "aaa1", state=PodState.CREATING, netns_path="/run/netns/left-behind")  # its writer "died"
     again = reopen(store)
     again.create(pod("bbb2"))  # the new RunPodSandbox does not wait for the rollback
@@ -331,7 +331,7 @@ def test_creating_record_whose_lock_is_free_is_incomplete_and_does_not_block_the
     assert [r.pod_id for r in again.list()] == ["bbb2"] and files_in(again) == ["bbb2.json"]
 
 
-def test_a_ready_or_deleted_pod_is_never_incomplete(store):
+def test_a_ready_or_deleted_pod_is_never_incomplete(store) -> None:
     made(store, "aaa1")
     assert store.claim_incomplete("aaa1") is None and store.claim_incomplete("nope") is None
     assert files_in(store) == ["aaa1.json"]
@@ -339,27 +339,27 @@ def test_a_ready_or_deleted_pod_is_never_incomplete(store):
 
 # -- prefixes ---------------------------------------------------------------------------------
 
-def test_get_by_prefix_finds_a_unique_prefix(store):
+def test_get_by_prefix_finds_a_unique_prefix(store) -> None:
     made(store, "abc123", name="a")
     made(store, "abd456", name="b")
     assert store.get_by_prefix("abc").pod_id == "abc123"
     assert store.get_by_prefix("abd456").pod_id == "abd456"
 
 
-def test_exact_id_wins_over_a_longer_id_it_prefixes(store):
+def test_exact_id_wins_over_a_longer_id_it_prefixes(store) -> None:
     made(store, "abc", name="a")
     made(store, "abcdef", name="b")
     assert store.get_by_prefix("abc").pod_id == "abc"
 
 
-def test_ambiguous_prefix_is_invalid_argument_listing_candidates(store):
+def test_ambiguous_prefix_is_invalid_argument_listing_candidates(store) -> None:
     made(store, "abc123", name="a")
     made(store, "abd456", name="b")
     with pytest.raises(InvalidArgument, match="ambiguous: it matches abc123, abd456"):
         store.get_by_prefix("ab")
 
 
-def test_unknown_or_empty_prefix(store):
+def test_unknown_or_empty_prefix(store) -> None:
     with pytest.raises(NotFound):
         store.get_by_prefix("zzz")
     with pytest.raises(InvalidArgument):
@@ -368,7 +368,7 @@ def test_unknown_or_empty_prefix(store):
 
 # -- containers -------------------------------------------------------------------------------
 
-def test_containers_are_kept_in_their_pods_record(store):
+def test_containers_are_kept_in_their_pods_record(store) -> None:
     made(store, "aaa1")
     store.add_container(container("c1", "aaa1"))
     store.update_container("aaa1", "c1", state=ContainerState.RUNNING, pid=99, started_at=1)
@@ -378,7 +378,7 @@ def test_containers_are_kept_in_their_pods_record(store):
     assert again.get("aaa1").containers == {"c1": stored}
 
 
-def test_container_transitions_are_checked(store):
+def test_container_transitions_are_checked(store) -> None:
     made(store, "aaa1")
     with pytest.raises(FailedPrecondition, match="a new container is CREATED, not RUNNING"):
         store.add_container(container("c1", "aaa1", state=ContainerState.RUNNING))
@@ -390,7 +390,7 @@ def test_container_transitions_are_checked(store):
         store.update_container("aaa1", "c1", pod_id="bbb2")
 
 
-def test_container_in_unknown_pod_is_not_found(store):
+def test_container_in_unknown_pod_is_not_found(store) -> None:
     with pytest.raises(NotFound):
         store.add_container(container("c1", "nope"))
     with pytest.raises(NotFound):
@@ -400,7 +400,7 @@ def test_container_in_unknown_pod_is_not_found(store):
         store.update_container("aaa1", "c1", state=ContainerState.RUNNING)
 
 
-def test_container_name_is_unique_within_a_pod(store):
+def test_container_name_is_unique_within_a_pod(store) -> None:
     made(store, "aaa1", name="a")
     made(store, "bbb2", name="b")
     store.add_container(container("c1", "aaa1", name="app"))
@@ -410,7 +410,7 @@ def test_container_name_is_unique_within_a_pod(store):
     store.add_container(container("c4", "bbb2", name="app"))
 
 
-def test_container_id_is_unique_across_pods(store):
+def test_container_id_is_unique_across_pods(store) -> None:
     made(store, "aaa1", name="a")
     made(store, "bbb2", name="b")
     store.add_container(container("c1", "aaa1"))
@@ -418,7 +418,7 @@ def test_container_id_is_unique_across_pods(store):
         store.add_container(container("c1", "bbb2"))
 
 
-def test_find_container_by_prefix_across_pods(store):
+def test_find_container_by_prefix_across_pods(store) -> None:
     made(store, "aaa1", name="a")
     made(store, "bbb2", name="b")
     store.add_container(container("ff01", "aaa1"))
@@ -444,7 +444,7 @@ def test_a_container_found_by_its_whole_id_costs_one_record_read_not_every_pods(
     assert reads == ["pod17"]
 
 
-def test_a_listing_after_one_pod_changed_reads_that_pods_record_alone(store, monkeypatch):
+def test_a_listing_after_one_pod_changed_reads_that_pods_record_alone(store, monkeypatch) -> None:
     # kubelet lists every pod each second while a hundred of them start: each start changes
     # the directory, and a listing must not read every record again for one that changed.
     for i in range(30):
@@ -463,7 +463,7 @@ def test_a_listing_after_one_pod_changed_reads_that_pods_record_alone(store, mon
     assert opened == ["pod07.json"]
 
 
-def test_a_container_is_found_by_its_whole_id_wherever_it_went_and_not_once_removed(store):
+def test_a_container_is_found_by_its_whole_id_wherever_it_went_and_not_once_removed(store) -> None:
     made(store, "aaa1", name="a")
     made(store, "bbb2", name="b")
     store.add_container(container("c1", "aaa1"))
@@ -479,7 +479,7 @@ def test_a_container_is_found_by_its_whole_id_wherever_it_went_and_not_once_remo
         store.find_container("c1")
 
 
-def test_delete_container_is_idempotent(store):
+def test_delete_container_is_idempotent(store) -> None:
     made(store, "aaa1")
     store.add_container(container("c1", "aaa1"))
     store.delete_container("aaa1", "c1")
@@ -488,7 +488,7 @@ def test_delete_container_is_idempotent(store):
     assert store.list_containers("aaa1") == [] and reopen(store).get("aaa1").containers == {}
 
 
-def test_deleting_a_pod_deletes_its_containers(store):
+def test_deleting_a_pod_deletes_its_containers(store) -> None:
     made(store, "aaa1")
     store.add_container(container("c1", "aaa1"))
     store.delete("aaa1")
@@ -496,7 +496,7 @@ def test_deleting_a_pod_deletes_its_containers(store):
         store.find_container("c1")
 
 
-def test_list_is_oldest_first_and_list_containers_filters_by_pod(store):
+def test_list_is_oldest_first_and_list_containers_filters_by_pod(store) -> None:
     made(store, "bbb2", name="b", created_at=2)
     made(store, "aaa1", name="a", created_at=1)
     store.add_container(container("c2", "bbb2", created_at=3))
@@ -506,7 +506,7 @@ def test_list_is_oldest_first_and_list_containers_filters_by_pod(store):
     assert [c.container_id for c in store.list_containers("aaa1")] == ["c1"]
 
 
-def test_records_are_frozen(store):
+def test_records_are_frozen(store) -> None:
     record = made(store, "aaa1")
     with pytest.raises(dataclasses.FrozenInstanceError):
         record.state = PodState.NOTREADY  # type: ignore[misc]
@@ -514,7 +514,7 @@ def test_records_are_frozen(store):
 
 # -- pod locks --------------------------------------------------------------------------------
 
-def test_a_pod_lock_excludes_another_in_the_same_process_and_leaves_no_file(store):
+def test_a_pod_lock_excludes_another_in_the_same_process_and_leaves_no_file(store) -> None:
     first, second = store.lock_pod("aaa1"), store.lock_pod("aaa1")
     assert first.try_acquire() and not second.try_acquire()
     assert files_in(store) == ["aaa1.lock"]
@@ -525,7 +525,7 @@ def test_a_pod_lock_excludes_another_in_the_same_process_and_leaves_no_file(stor
     second.release()
 
 
-async def test_acquire_waits_until_the_holder_lets_go(store):
+async def test_acquire_waits_until_the_holder_lets_go(store) -> None:
     holder, waiter = store.lock_pod("aaa1"), store.lock_pod("aaa1")
     assert holder.try_acquire()
     async with anyio.create_task_group() as tg:
@@ -538,7 +538,7 @@ async def test_acquire_waits_until_the_holder_lets_go(store):
     assert files_in(store) == []
 
 
-async def test_a_cancelled_acquire_holds_nothing(store):
+async def test_a_cancelled_acquire_holds_nothing(store) -> None:
     holder, waiter = store.lock_pod("aaa1"), store.lock_pod("aaa1")
     assert holder.try_acquire()
     with anyio.move_on_after(0.05):
@@ -559,7 +559,7 @@ def test_lock_file_of_a_killed_holder_is_removed_when_the_store_opens(store):
 
 # -- many tasks, threads and processes over one root -------------------------------------------
 
-async def test_concurrent_tasks_see_whole_updates(store):
+async def test_concurrent_tasks_see_whole_updates(store) -> None:
     made(store, "aaa1", name="shared")
 
     async def writer(i: int) -> None:
@@ -577,7 +577,7 @@ async def test_concurrent_tasks_see_whole_updates(store):
     assert again.get("aaa1") == store.get("aaa1")
 
 
-def test_concurrent_threads_do_not_lose_containers(store):
+def test_concurrent_threads_do_not_lose_containers(store) -> None:
     made(store, "aaa1")
 
     def add(i: int) -> None:
@@ -591,7 +591,7 @@ def test_concurrent_threads_do_not_lose_containers(store):
     assert len(reopen(store).get("aaa1").containers) == 16
 
 
-def test_changes_of_different_pods_wait_for_the_disk_together_not_one_after_another(store, monkeypatch):
+def test_changes_of_different_pods_wait_for_the_disk_together_not_one_after_another(store, monkeypatch) -> None:
     # Each change is durable (its file and the directory fsynced). A hundred pods starting at
     # once change their records at once: their fsyncs are made together (the disk commits
     # them together), not one after another while the store lock is held.
@@ -692,7 +692,7 @@ def test_creating_record_of_a_live_process_is_left_alone_until_it_dies(store):
     store.create(pod("bbb2", name="aaa1"))
 
 
-def test_containers_added_by_two_processes_are_all_kept(store):
+def test_containers_added_by_two_processes_are_all_kept(store) -> None:
     made(store, "aaa1")
     writers = [child(store, "add", "aaa1", str(first), "20") for first in (0, 100)]
     for writer in writers:
@@ -701,7 +701,7 @@ def test_containers_added_by_two_processes_are_all_kept(store):
     assert len(store.get("aaa1").containers) == 40
 
 
-def test_a_change_by_another_process_is_seen_at_once(store):
+def test_a_change_by_another_process_is_seen_at_once(store) -> None:
     reader = reopen(store)
     made(store, "aaa1")
     assert reader.get("aaa1").state is PodState.READY
@@ -711,7 +711,7 @@ def test_a_change_by_another_process_is_seen_at_once(store):
     assert reader.list() == []
 
 
-def test_a_record_is_decoded_again_only_when_its_bytes_change(store):
+def test_a_record_is_decoded_again_only_when_its_bytes_change(store) -> None:
     reader = reopen(store)
     made(store, "aaa1", ip="10.88.0.2")
     assert reader.get("aaa1") is reader.get("aaa1")  # the same bytes: the same record
@@ -721,7 +721,7 @@ def test_a_record_is_decoded_again_only_when_its_bytes_change(store):
     assert reader.list() == [] and reader._cache == {}
 
 
-def test_opening_the_store_leaves_a_live_writers_tmp_file_alone(store):
+def test_opening_the_store_leaves_a_live_writers_tmp_file_alone(store) -> None:
     made(store, "aaa1")
     writer = child(store, "stall", "aaa1")
     try:

@@ -26,7 +26,7 @@ from support.proctools import alive, wait_gone_async
 pytestmark = pytest.mark.usefixtures("spawn_mode")
 
 
-async def test_run_gives_a_ready_pod_whose_pause_is_in_its_namespaces(roots):
+async def test_run_gives_a_ready_pod_whose_pause_is_in_its_namespaces(roots) -> None:
     async with pod_service(roots) as pods:
         pod_id = await pods.run_pod_sandbox(pod_config())
         assert len(pod_id) == 64
@@ -39,7 +39,7 @@ async def test_run_gives_a_ready_pod_whose_pause_is_in_its_namespaces(roots):
         assert "loopback only" in status["info"]["network"]
 
 
-async def test_container_shares_net_ipc_uts_with_the_pause(roots):
+async def test_container_shares_net_ipc_uts_with_the_pause(roots) -> None:
     async with pod_service(roots) as pods:
         pod_id = await pods.run_pod_sandbox(pod_config())
         cid = await pods.create_container(pod_id, node_container(["sleep", "30"]))
@@ -51,7 +51,7 @@ async def test_container_shares_net_ipc_uts_with_the_pause(roots):
         assert ns_inode(info["pid"], "pid") != ns_inode(pause, "pid")  # CONTAINER pid mode
 
 
-async def test_container_in_pod_pid_mode_shares_the_pause_pid_namespace(roots):
+async def test_container_in_pod_pid_mode_shares_the_pause_pid_namespace(roots) -> None:
     async with pod_service(roots) as pods:
         pod_id = await pods.run_pod_sandbox(pod_config())
         cid = await pods.create_container(pod_id, node_container(["sleep", "30"], pid=0))
@@ -61,7 +61,7 @@ async def test_container_in_pod_pid_mode_shares_the_pause_pid_namespace(roots):
         assert ns_inode(info["pid"], "pid") == ns_inode(pause, "pid")
 
 
-async def test_container_that_exits_on_its_own_shows_exited_with_its_code(roots):
+async def test_container_that_exits_on_its_own_shows_exited_with_its_code(roots) -> None:
     async with pod_service(roots) as pods:
         pod_id = await pods.run_pod_sandbox(pod_config())
         cid = await pods.create_container(pod_id, node_container(["sh", "-c", "echo hi; exit 3"]))
@@ -75,7 +75,7 @@ async def test_container_that_exits_on_its_own_shows_exited_with_its_code(roots)
             assert f.read().split(" ", 3)[1:] == ["stdout", "F", "hi\n"]
 
 
-async def test_status_and_listings_answer_from_the_records_while_a_shim_is_frozen(roots):
+async def test_status_and_listings_answer_from_the_records_while_a_shim_is_frozen(roots) -> None:
     # The shims' exit events keep the records current: nothing asks a shim per request, so a
     # shim that does not answer holds up no status and no listing.
     async with pod_service(roots) as pods:
@@ -94,7 +94,7 @@ async def test_status_and_listings_answer_from_the_records_while_a_shim_is_froze
             os.kill(shim_pid, signal.SIGCONT)
 
 
-async def test_a_pod_whose_pause_exits_on_its_own_shows_notready_and_can_be_removed(roots):
+async def test_a_pod_whose_pause_exits_on_its_own_shows_notready_and_can_be_removed(roots) -> None:
     async with pod_service(roots) as pods:
         pod_id = await pods.run_pod_sandbox(pod_config())
         cid = await pods.create_container(pod_id, node_container(["sleep", "30"]))  # its own pid namespace
@@ -112,7 +112,7 @@ async def test_a_pod_whose_pause_exits_on_its_own_shows_notready_and_can_be_remo
         assert not await wait_gone_async(pause, sleeper)
 
 
-async def test_stop_container_sends_term_then_kill(roots):
+async def test_stop_container_sends_term_then_kill(roots) -> None:
     async with pod_service(roots) as pods:
         pod_id = await pods.run_pod_sandbox(pod_config())
         stubborn = await pods.create_container(pod_id, node_container(["sh", "-c", "trap '' TERM; sleep 30"]))
@@ -123,7 +123,7 @@ async def test_stop_container_sends_term_then_kill(roots):
         assert (await pods.container_status(stubborn))["exit_code"] == 137
 
 
-async def test_stop_makes_the_pod_notready_and_stops_its_containers(roots):
+async def test_stop_makes_the_pod_notready_and_stops_its_containers(roots) -> None:
     async with pod_service(roots) as pods:
         pod_id = await pods.run_pod_sandbox(pod_config())
         cid = await pods.create_container(pod_id, node_container(["sleep", "30"]))
@@ -136,7 +136,7 @@ async def test_stop_makes_the_pod_notready_and_stops_its_containers(roots):
         await pods.stop_pod_sandbox(pod_id)  # twice is fine
 
 
-async def test_remove_leaves_nothing_behind(roots):
+async def test_remove_leaves_nothing_behind(roots) -> None:
     async with pod_service(roots) as pods:
         pod_id = await pods.run_pod_sandbox(pod_config())
         cid = await pods.create_container(pod_id, node_container(["sleep", "30"]))
@@ -156,7 +156,7 @@ async def test_remove_leaves_nothing_behind(roots):
         await pods.remove_pod_sandbox("0" * 64)  # and so is removing an id never seen (CRI)
 
 
-async def test_remove_while_ready_forces_a_stop(roots):
+async def test_remove_while_ready_forces_a_stop(roots) -> None:
     async with pod_service(roots) as pods:
         pod_id = await pods.run_pod_sandbox(pod_config())
         pause = (await pods.pod_sandbox_status(pod_id, verbose=True))["info"]["pid"]
@@ -173,7 +173,7 @@ exit 0
 """
 
 
-async def test_remove_after_a_finished_stop_runs_no_second_cni_del(roots, tmp_path):
+async def test_remove_after_a_finished_stop_runs_no_second_cni_del(roots, tmp_path) -> None:
     root, runtime_root = roots
     bin_dir, conf_dir, calls = tmp_path / "cni-bin", tmp_path / "net.d", tmp_path / "calls"
     bin_dir.mkdir()
@@ -194,7 +194,7 @@ async def test_remove_after_a_finished_stop_runs_no_second_cni_del(roots, tmp_pa
     assert sorted(c for c in calls.read_text().splitlines() if c.startswith("DEL")) == ["DEL recorder"]
 
 
-async def test_a_second_pod_with_the_same_metadata_is_refused(roots):
+async def test_a_second_pod_with_the_same_metadata_is_refused(roots) -> None:
     async with pod_service(roots) as pods:
         cfg = pod_config()
         await pods.run_pod_sandbox(cfg)
@@ -204,7 +204,7 @@ async def test_a_second_pod_with_the_same_metadata_is_refused(roots):
         await pods.run_pod_sandbox(cfg)  # the next attempt is another name
 
 
-async def test_the_name_is_free_again_after_remove(roots):
+async def test_the_name_is_free_again_after_remove(roots) -> None:
     async with pod_service(roots) as pods:
         cfg = pod_config()
         pod_id = await pods.run_pod_sandbox(cfg)
@@ -212,7 +212,7 @@ async def test_the_name_is_free_again_after_remove(roots):
         await pods.run_pod_sandbox(cfg)
 
 
-async def test_bad_configs_and_handlers_are_refused_with_a_sentence(roots):
+async def test_bad_configs_and_handlers_are_refused_with_a_sentence(roots) -> None:
     async with pod_service(roots) as pods:
         with pytest.raises(InvalidArgument, match="metadata"):
             await pods.run_pod_sandbox({"metadata": {"name": 3}})
@@ -225,7 +225,7 @@ async def test_bad_configs_and_handlers_are_refused_with_a_sentence(roots):
         assert pods.store.list() == []  # nothing half-made
 
 
-async def test_host_network_pod_uses_the_host_netns(roots):
+async def test_host_network_pod_uses_the_host_netns(roots) -> None:
     async with pod_service(roots) as pods:
         cfg = pod_config(network=2)
         cfg["linux"]["sysctls"] = {}  # net.* sysctls would change the host's settings: refused
@@ -236,7 +236,7 @@ async def test_host_network_pod_uses_the_host_netns(roots):
         assert status["info"]["netns_path"] == ""
 
 
-async def test_creating_a_container_needs_a_ready_pod(roots):
+async def test_creating_a_container_needs_a_ready_pod(roots) -> None:
     async with pod_service(roots) as pods:
         pod_id = await pods.run_pod_sandbox(pod_config())
         await pods.stop_pod_sandbox(pod_id)
@@ -244,7 +244,7 @@ async def test_creating_a_container_needs_a_ready_pod(roots):
             await pods.create_container(pod_id, node_container(["true"]))
 
 
-async def test_a_container_whose_log_path_is_a_symlink_is_refused_at_create(roots, tmp_path):
+async def test_a_container_whose_log_path_is_a_symlink_is_refused_at_create(roots, tmp_path) -> None:
     victim, logs = tmp_path / "victim", tmp_path / "pod-logs"
     victim.write_bytes(b"precious\n")
     logs.mkdir()
@@ -259,13 +259,13 @@ async def test_a_container_whose_log_path_is_a_symlink_is_refused_at_create(root
     assert victim.read_bytes() == b"precious\n"
 
 
-async def test_ids_may_be_given_by_unique_prefix(roots):
+async def test_ids_may_be_given_by_unique_prefix(roots) -> None:
     async with pod_service(roots) as pods:
         pod_id = await pods.run_pod_sandbox(pod_config())
         assert (await pods.pod_sandbox_status(pod_id[:8]))["id"] == pod_id
 
 
-async def test_list_filters_by_state_and_label(roots):
+async def test_list_filters_by_state_and_label(roots) -> None:
     async with pod_service(roots) as pods:
         a = await pods.run_pod_sandbox(pod_config())
         b_cfg = pod_config()
@@ -277,7 +277,7 @@ async def test_list_filters_by_state_and_label(roots):
         assert {p["id"] for p in await pods.list_pod_sandbox()} == {a, b}
 
 
-async def test_a_listed_pod_is_read_only_and_as_it_is_now(roots):
+async def test_a_listed_pod_is_read_only_and_as_it_is_now(roots) -> None:
     async with pod_service(roots) as pods:
         cfg = pod_config()
         cfg["labels"] = {"tier": "a"}
@@ -295,7 +295,7 @@ async def test_a_listed_pod_is_read_only_and_as_it_is_now(roots):
         assert (entry["id"], entry["state"], dict(entry["labels"])) == (pod_id, "SANDBOX_NOTREADY", {"tier": "a"})
 
 
-async def test_a_pod_listed_anew_pushes_out_no_other_pods_kept_entry(roots, monkeypatch):
+async def test_a_pod_listed_anew_pushes_out_no_other_pods_kept_entry(roots, monkeypatch) -> None:
     monkeypatch.setattr("client.cri.pod.base._CONFIGS_KEPT", 2)
     async with pod_service(roots) as pods:
         a = await pods.run_pod_sandbox(pod_config())
@@ -307,7 +307,7 @@ async def test_a_pod_listed_anew_pushes_out_no_other_pods_kept_entry(roots, monk
         assert after[b]["state"] == "SANDBOX_NOTREADY" and again[b] is after[b]
         assert again[a] is before[a]
 
-async def test_a_pod_whose_shim_is_killed_shows_notready_and_can_be_removed(roots):
+async def test_a_pod_whose_shim_is_killed_shows_notready_and_can_be_removed(roots) -> None:
     async with pod_service(roots) as pods:
         pod_id = await pods.run_pod_sandbox(pod_config())
         info = (await pods.pod_sandbox_status(pod_id, verbose=True))["info"]
@@ -357,7 +357,7 @@ async def test_pods_and_containers_survive_a_controller_restart(roots):
         assert (await pods.container_status(cid))["exit_code"] == 137
 
 
-async def test_other_calls_go_on_while_a_pod_change_waits_for_the_disk(roots, monkeypatch):
+async def test_other_calls_go_on_while_a_pod_change_waits_for_the_disk(roots, monkeypatch) -> None:
     # A change of the pod store is durable: it waits for the disk (fsync), which a busy disk
     # makes long. Meanwhile the pod layer serves every other call (kubelet's relists and
     # statuses of a hundred pods starting at once): its event loop never waits for the disk.

@@ -36,7 +36,7 @@ def run_main(env, capsys, *argv: str) -> tuple[int, str, str]:
     return code, out, err
 
 
-def test_sandbox_lifecycle_through_podshimctl(env):
+def test_sandbox_lifecycle_through_podshimctl(env) -> None:
     sid = env.sid("cli")
     assert as_json(env.ctl("sandbox", "create", sid, "--json")) == {"namespace": NS, "sandbox_id": sid}
     started = as_json(env.ctl("sandbox", "start", sid, "--json"))
@@ -60,7 +60,7 @@ def test_sandbox_lifecycle_through_podshimctl(env):
     assert not os.path.exists(status["info"]["netns_path"])
 
 
-def test_raw_call_prints_the_payload_and_errors_name_their_status(env):
+def test_raw_call_prints_the_payload_and_errors_name_their_status(env) -> None:
     sid = env.sid("raw")
     ok(env.ctl("sandbox", "create", sid))
     try:
@@ -109,7 +109,7 @@ def test_events_prints_json_lines_until_interrupted(env):
         ok(env.ctl("sandbox", "shutdown", sid))
 
 
-def test_help_works_everywhere(env, capsys):
+def test_help_works_everywhere(env, capsys) -> None:
     for argv in (["--help"], ["sandbox", "--help"], ["call", "--help"], ["events", "--help"],
                  *(["sandbox", verb, "--help"] for verb in
                    ("create", "start", "stop", "wait", "status", "shutdown", "metrics", "platform", "list"))):
@@ -139,7 +139,7 @@ def test_help_works_everywhere(env, capsys):
     (["sandbox"], 2, "required"),
     (["frobnicate"], 2, "unknown command 'frobnicate'"),
 ])
-def test_bad_input_gets_a_sentence_and_an_exit_status_never_a_traceback(env, capsys, tmp_path, argv, code, said):
+def test_bad_input_gets_a_sentence_and_an_exit_status_never_a_traceback(env, capsys, tmp_path, argv, code, said) -> None:
     (tmp_path / "bad.json").write_text("{not json")
     (tmp_path / "array.json").write_text("[1, 2]")
     (tmp_path / "latin1.json").write_bytes('{"name": "\xe9t\xe9"}'.encode("latin-1"))
@@ -151,7 +151,7 @@ def test_bad_input_gets_a_sentence_and_an_exit_status_never_a_traceback(env, cap
     assert os.listdir(env.state_root) in ([], [NS])  # nothing was created
 
 
-def test_bad_input_through_the_real_binary_has_no_traceback(env):
+def test_bad_input_through_the_real_binary_has_no_traceback(env) -> None:
     failed = env.ctl("sandbox", "status", "no/such")
     assert failed.returncode == 1 and failed.stderr == (
         "INVALID_ARGUMENT: sandbox id 'no/such' is not valid: use letters and digits joined by single '.', '_' or '-'\n")
@@ -159,7 +159,7 @@ def test_bad_input_through_the_real_binary_has_no_traceback(env):
     assert usage.returncode == 2 and "Traceback" not in usage.stderr
 
 
-def test_other_modules_can_register_commands(env, capsys, monkeypatch):
+def test_other_modules_can_register_commands(env, capsys, monkeypatch) -> None:
     monkeypatch.setattr(cli, "_COMMANDS", dict(cli._COMMANDS))
 
     async def hello(args):

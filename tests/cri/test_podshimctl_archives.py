@@ -71,7 +71,7 @@ def run_busybox(daemon, tmp_path, image: str) -> str:
 
 
 @pytest.mark.parametrize("kind", ["oci-archive", "docker-archive", "oci-archive+gzip", "docker-archive+gzip"])
-def test_an_imported_archive_is_listed_by_its_name_and_runs(daemon, archives, kind, tmp_path):
+def test_an_imported_archive_is_listed_by_its_name_and_runs(daemon, archives, kind, tmp_path) -> None:
     out = ctl(daemon, "images", "import", archives[kind]).stdout
     assert out.startswith("Imported localhost/archived/busybox:1.0: sha256:"), out
     name = "localhost/archived/busybox:1.0"
@@ -128,7 +128,7 @@ def test_an_archive_import_is_checked_as_a_pull_is_and_a_damaged_one_leaves_noth
 
 @pytest.mark.parametrize("kind", ["oci-archive", "docker-archive"])
 def test_an_exported_image_is_an_archive_skopeo_reads_and_podshimd_imports_back(daemon, test_images, kind,
-                                                                                 tmp_path):
+                                                                                 tmp_path) -> None:
     busybox = test_images.busybox
     ctl(daemon, "pull", busybox.ref)
     image_id = ctl(daemon, "images", "-q", busybox.ref).stdout.strip()
@@ -147,7 +147,7 @@ def test_an_exported_image_is_an_archive_skopeo_reads_and_podshimd_imports_back(
     assert run_busybox(daemon, tmp_path, busybox.ref) == "imported\n"
 
 
-def test_export_of_an_image_the_node_lacks_is_not_found_and_writes_nothing(daemon, tmp_path):
+def test_export_of_an_image_the_node_lacks_is_not_found_and_writes_nothing(daemon, tmp_path) -> None:
     path = tmp_path / "out.tar"
     failed = ctl(daemon, "images", "export", "nothere:1", "-o", str(path), check=False)
     assert (failed.returncode, failed.stderr) == (1, "NOT_FOUND: no such image 'nothere:1' present\n")
@@ -161,7 +161,7 @@ def big_image(test_images):
     return test_images.build("bigpull", [{f"data{i}": os.urandom(16 << 20)} for i in range(4)])
 
 
-def test_pull_under_json_prints_its_progress_as_events_then_its_result(daemon, big_image):
+def test_pull_under_json_prints_its_progress_as_events_then_its_result(daemon, big_image) -> None:
     lines = [json.loads(line) for line in ctl(daemon, "pull", "--json", big_image.ref).stdout.splitlines()]
     *events, result = lines
     assert result["up_to_date"] is False and result["image_ref"].startswith("sha256:")
@@ -176,7 +176,7 @@ def test_pull_under_json_prints_its_progress_as_events_then_its_result(daemon, b
     assert again[-1] == {"image_ref": result["image_ref"], "up_to_date": True}
 
 
-def test_pull_on_a_terminal_shows_its_layers_and_bytes_then_what_it_pulled(daemon, big_image):
+def test_pull_on_a_terminal_shows_its_layers_and_bytes_then_what_it_pulled(daemon, big_image) -> None:
     ref = re.escape(big_image.ref.encode())
     term = OnTerminal([*PODSHIMCTL, "--runtime-root", daemon.runtime_root, "pull", big_image.ref], 24, 160, cwd=REPO)
     try:
@@ -188,7 +188,7 @@ def test_pull_on_a_terminal_shows_its_layers_and_bytes_then_what_it_pulled(daemo
         term.close()
 
 
-def test_a_pull_whose_layer_went_missing_is_not_up_to_date(daemon, test_images):
+def test_a_pull_whose_layer_went_missing_is_not_up_to_date(daemon, test_images) -> None:
     busybox = test_images.busybox
     image_id = ctl(daemon, "pull", busybox.ref).stdout.split()[-1]
     record = os.path.join(daemon.state_root, "images", "records", image_id[7:] + ".json")

@@ -17,7 +17,7 @@ from support.registry import AUTH
 image_daemon, daemon = test_podshimd_images.image_daemon, test_podshimd_images.daemon
 
 
-def test_pull_images_inspecti_rmi(daemon, test_images):
+def test_pull_images_inspecti_rmi(daemon, test_images) -> None:
     busybox = test_images.busybox
     pulled = ctl(daemon, "pull", busybox.ref).stdout
     assert pulled.startswith(f"Pulled {busybox.ref}: sha256:")
@@ -38,7 +38,7 @@ def test_pull_images_inspecti_rmi(daemon, test_images):
     assert (missing.returncode, missing.stderr) == (1, f"NOT_FOUND: no such image {busybox.ref!r} present\n")
 
 
-def test_pull_with_credentials_and_imagefsinfo(daemon, test_images, auth_registry):
+def test_pull_with_credentials_and_imagefsinfo(daemon, test_images, auth_registry) -> None:
     image = test_images.push(test_images.busybox, auth_registry)
     refused = ctl(daemon, "pull", image.ref, check=False)
     assert refused.returncode == 1 and refused.stderr.startswith("UNAUTHENTICATED: ")
@@ -48,14 +48,14 @@ def test_pull_with_credentials_and_imagefsinfo(daemon, test_images, auth_registr
     assert int(info["used_bytes"]["value"]) > 1_000_000
 
 
-def test_pulling_a_missing_image_is_not_found(daemon, test_images):
+def test_pulling_a_missing_image_is_not_found(daemon, test_images) -> None:
     ref = test_images.registry.ref("test/nothere:1.0")
     failed = ctl(daemon, "pull", ref, check=False)
     assert (failed.returncode, failed.stderr) == (
         1, f"NOT_FOUND: image {ref} not found: {test_images.registry.host} has no such repository, tag or digest\n")
 
 
-def test_create_with_pull_pulls_the_containers_image(daemon, test_images, tmp_path):
+def test_create_with_pull_pulls_the_containers_image(daemon, test_images, tmp_path) -> None:
     pod_path, ctr_path = tmp_path / "pod.json", tmp_path / "ctr.json"
     pod_path.write_text(json.dumps(pod_config()))
     ctr_path.write_text(json.dumps({**container_config(["true"]), "image": {"image": test_images.busybox.ref}}))
@@ -68,14 +68,14 @@ def test_create_with_pull_pulls_the_containers_image(daemon, test_images, tmp_pa
         ctl(daemon, "rmp", pod_id)
 
 
-def test_bad_flags_are_a_usage_error(tmp_path):
+def test_bad_flags_are_a_usage_error(tmp_path) -> None:
     for argv in (["pull"], ["images", "--nope"], ["rmi"], ["pull", "--creds"]):
         result = subprocess.run([*PODSHIMCTL, "--runtime-root", str(tmp_path), *argv], cwd=REPO,
                                 stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60)
         assert result.returncode == 2 and result.stderr.startswith("usage: podshimctl"), argv
 
 
-def test_with_no_daemon_running_an_image_verb_says_how_to_start_one(tmp_path):
+def test_with_no_daemon_running_an_image_verb_says_how_to_start_one(tmp_path) -> None:
     result = subprocess.run([*PODSHIMCTL, "--runtime-root", str(tmp_path), "images"], cwd=REPO,
                             stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60)
     assert result.returncode == 1

@@ -45,11 +45,11 @@ def test_the_command_alone_reads_argv_as_the_full_parser(argv):
 
 
 @pytest.mark.parametrize("argv", FULL, ids=lambda a: " ".join(a) or "nothing")
-def test_the_full_parser_decides_when_the_command_is_not_certain(argv):
+def test_the_full_parser_decides_when_the_command_is_not_certain(argv) -> None:
     assert cli._command_in(argv, cli.build_parser()) is None
 
 
-def test_usage_errors_are_the_full_parsers(capsys):
+def test_usage_errors_are_the_full_parsers(capsys) -> None:
     assert cli.main(["pods", "--bogus"]) == 2
     alone = capsys.readouterr().err
     parser = cli.build_parser()
@@ -58,7 +58,7 @@ def test_usage_errors_are_the_full_parsers(capsys):
     assert alone == capsys.readouterr().err
 
 
-def test_a_run_builds_the_top_level_parser_once(monkeypatch):
+def test_a_run_builds_the_top_level_parser_once(monkeypatch) -> None:
     built = []
 
     class Counted(cli._Parser):
@@ -77,11 +77,11 @@ def test_a_run_builds_the_top_level_parser_once(monkeypatch):
     (["--root", "/x", "--spawner", "systemd", "sandbox", "list"], ["sandbox", "list", "--root", "/x", "--spawner", "systemd"]),
     (["--json", "--debug", "version"], ["version", "--debug", "--json"]),
 ], ids=lambda argv: " ".join(argv))
-def test_global_options_go_before_or_after_the_command(before, after):
+def test_global_options_go_before_or_after_the_command(before, after) -> None:
     assert _shown(cli.build_parser().parse_args(before)) == _shown(cli.build_parser().parse_args(after))
 
 
-def test_an_option_before_the_command_is_not_undone_after_it():
+def test_an_option_before_the_command_is_not_undone_after_it() -> None:
     args = cli.build_parser().parse_args(["--endpoint", "unix:///run/x.sock", "pods", "-q"])
     assert args.endpoint == "unix:///run/x.sock"
 
@@ -95,7 +95,7 @@ def test_an_option_before_the_command_is_not_undone_after_it():
     (["logs", "--tial", "5", "abc"], "unknown option '--tial'; did you mean '--tail'?"),
     (["sandbox", "list", "--jsno"], "unknown option '--jsno'; did you mean '--json'?"),
 ])
-def test_a_mistyped_command_gets_did_you_mean(capsys, argv, said):
+def test_a_mistyped_command_gets_did_you_mean(capsys, argv, said) -> None:
     assert cli.main(argv) == 2
     assert said in capsys.readouterr().err
 
@@ -120,24 +120,24 @@ def _completions(words: list[str]) -> list[str]:
     (["logs", "--json"], "podshimctl logs: the following arguments are required: CONTAINER_ID"),
     (["--json", "logs", "--tail"], "podshimctl logs: argument --tail: expected one argument"),
 ], ids=lambda argv: " ".join(argv) if isinstance(argv, list) else "")
-def test_a_usage_error_under_json_is_json_and_exit_status_2(capsys, argv, said):
+def test_a_usage_error_under_json_is_json_and_exit_status_2(capsys, argv, said) -> None:
     assert cli.main(argv) == 2
     error = json.loads(capsys.readouterr().err)["error"]
     assert (error["code"], error["message"]) == (None, said) and error["usage"].startswith("usage: podshimctl")
 
 
-def test_a_usage_error_without_json_stays_text_even_when_a_commands_argument_is_json(capsys):
+def test_a_usage_error_without_json_stays_text_even_when_a_commands_argument_is_json(capsys) -> None:
     assert cli.main(["exec", "--timeout", "x", "ctr", "--", "tool", "--json"]) == 2
     assert "podshimctl exec: error: argument --timeout: invalid" in capsys.readouterr().err
 
 
-def test_bash_completes_verbs_and_their_options_from_the_parser():
+def test_bash_completes_verbs_and_their_options_from_the_parser() -> None:
     assert _completions(["podshimctl", "po"]) == ["pods", "port-forward"]
     assert {"--interactive", "--tty", "--timeout"} <= set(_completions(["podshimctl", "exec", "--"]))
     assert _completions(["podshimctl", "sandbox", "sh"]) == ["shutdown"]
 
 
-def test_the_manual_page_is_made_from_the_parser_and_man_renders_it():
+def test_the_manual_page_is_made_from_the_parser_and_man_renders_it() -> None:
     import shutil
     import subprocess
     import sys

@@ -42,7 +42,7 @@ def piped(daemon, *argv: str, stdin: bytes) -> subprocess.CompletedProcess:
                           capture_output=True, timeout=120)
 
 
-def test_exec_i_carries_piped_stdin_and_the_exit_code(daemon, start):
+def test_exec_i_carries_piped_stdin_and_the_exit_code(daemon, start) -> None:
     container_id = start(["sleep", "600"])
     done = piped(daemon, "exec", "-i", container_id, "cat", stdin=b"hi\n")
     assert (done.returncode, done.stdout, done.stderr) == (0, b"hi\n", b"")
@@ -52,13 +52,13 @@ def test_exec_i_carries_piped_stdin_and_the_exit_code(daemon, start):
     assert done.stdout.split()[0].decode() == hashlib.sha256(payload).hexdigest() and done.stderr == b"oops\n"
 
 
-def test_exec_without_i_does_not_read_stdin(daemon, start):
+def test_exec_without_i_does_not_read_stdin(daemon, start) -> None:
     container_id = start(["sleep", "600"])
     done = piped(daemon, "exec", container_id, "sh", "-c", "cat; echo end", stdin=b"not read\n")
     assert (done.returncode, done.stdout) == (0, b"end\n"), done.stderr
 
 
-def test_exec_of_a_program_that_does_not_exist_is_one_sentence(daemon, start):
+def test_exec_of_a_program_that_does_not_exist_is_one_sentence(daemon, start) -> None:
     container_id = start(["sleep", "600"])
     done = piped(daemon, "exec", "-i", container_id, "/no/such/program", stdin=b"")
     assert done.returncode == 1 and b"Traceback" not in done.stderr
@@ -70,7 +70,7 @@ def on_terminal(daemon, argv: list[str], rows: int, cols: int) -> OnTerminal:
     return OnTerminal([*PODSHIMCTL, "--runtime-root", daemon.runtime_root, *argv], rows, cols, cwd=REPO)
 
 
-def test_exec_it_runs_on_a_terminal_in_raw_mode_its_size_followed_and_exits_with_the_code(daemon, start):
+def test_exec_it_runs_on_a_terminal_in_raw_mode_its_size_followed_and_exits_with_the_code(daemon, start) -> None:
     container_id = start(["sleep", "600"])
     script = ("stty size; read -r line; echo \"got $line\"; trap 'stty size' WINCH; echo ready; "
               "read -r again; exit 5")
@@ -88,7 +88,7 @@ def test_exec_it_runs_on_a_terminal_in_raw_mode_its_size_followed_and_exits_with
         term.close()
 
 
-def test_attach_it_types_into_the_containers_terminal_and_detaches_on_interrupt(daemon, crictl, start):
+def test_attach_it_types_into_the_containers_terminal_and_detaches_on_interrupt(daemon, crictl, start) -> None:
     container_id = start(["python3", "-c", TTY_PROGRAM], stdin=True, tty=True, mounts=HOST_PYTHON_MOUNTS)
     term = on_terminal(daemon, ["attach", "-it", container_id], rows=40, cols=100)
     try:
@@ -103,7 +103,7 @@ def test_attach_it_types_into_the_containers_terminal_and_detaches_on_interrupt(
     assert json.loads(daemon.crictl(crictl, "inspect", container_id).stdout)["status"]["state"] == "CONTAINER_RUNNING"
 
 
-def test_attach_i_feeds_a_pipe_once_and_ends_with_the_container(daemon, start):
+def test_attach_i_feeds_a_pipe_once_and_ends_with_the_container(daemon, start) -> None:
     container_id = start(["sh", "-c", "read first; echo got $first; echo bye >&2"], stdin=True, stdin_once=True)
     done = piped(daemon, "attach", "-i", container_id, stdin=b"hello\n")
     assert (done.returncode, done.stdout, done.stderr) == (0, b"got hello\n", b"bye\n")
@@ -153,6 +153,6 @@ def test_port_forward_to_a_port_nothing_listens_on_says_so_and_goes_on(daemon, c
             proc.stderr.close()
 
 
-def test_a_bad_port_spec_is_one_sentence(daemon, start):
+def test_a_bad_port_spec_is_one_sentence(daemon, start) -> None:
     done = ctl(daemon, "port-forward", start.pod_id, "eighty", check=False)
     assert done.returncode == 1 and done.stderr == "podshimctl: port 'eighty' must be LOCAL:REMOTE or PORT (numbers)\n"

@@ -41,7 +41,7 @@ def wait_exited(daemon, container_id: str) -> None:
         time.sleep(0.2)
 
 
-def test_logs_tail_and_since(daemon, pod):
+def test_logs_tail_and_since(daemon, pod) -> None:
     container_id = pod.run(["sh", "-c", "for i in 1 2 3 4 5; do echo line $i; done"])
     wait_exited(daemon, container_id)
     assert ctl(daemon, "logs", "--tail", "2", container_id).stdout == "line 4\nline 5\n"
@@ -54,7 +54,7 @@ def test_logs_tail_and_since(daemon, pod):
     assert bad.returncode == 1 and "--since 'yesterday' is neither" in bad.stderr
 
 
-def test_logs_f_follows_until_the_container_exits(daemon, pod):
+def test_logs_f_follows_until_the_container_exits(daemon, pod) -> None:
     container_id = pod.run(["sh", "-c", "echo first; sleep 2; echo second; sleep 1; echo third"])
     started = time.monotonic()
     followed = ctl(daemon, "logs", "-f", container_id)
@@ -62,7 +62,7 @@ def test_logs_f_follows_until_the_container_exits(daemon, pod):
     assert time.monotonic() - started >= 2  # it waited for what came later
 
 
-def test_version_of_the_daemon_and_of_each_program(daemon):
+def test_version_of_the_daemon_and_of_each_program(daemon) -> None:
     shown = ctl(daemon, "version").stdout
     assert "RuntimeName:  podshim\n" in shown and "RuntimeApiVersion:  v1\n" in shown
     assert json.loads(ctl(daemon, "version", "--json").stdout)["runtime_name"] == "podshim"
@@ -75,14 +75,14 @@ def test_version_of_the_daemon_and_of_each_program(daemon):
     assert done.returncode == 0 and done.stdout.startswith("podshim "), done
 
 
-def test_info_is_the_status_and_the_effective_configuration(daemon):
+def test_info_is_the_status_and_the_effective_configuration(daemon) -> None:
     info = json.loads(ctl(daemon, "info").stdout)
     assert {c["type"] for c in info["status"]["conditions"]} == {"RuntimeReady", "NetworkReady"}
     assert info["config"]["runtime_root"] == daemon.runtime_root
     assert "native" in [h["name"] for h in info["runtime_handlers"]]
 
 
-def test_update_changes_a_running_containers_memory_limit(daemon, pod):
+def test_update_changes_a_running_containers_memory_limit(daemon, pod) -> None:
     container_id = pod.run(["sleep", "600"])
     assert ctl(daemon, "update", "--memory", "64m", container_id).stdout == f"{container_id}\n"
     pid = json.loads(ctl(daemon, "inspect", "--json", container_id).stdout)["info"]["pid"]
@@ -92,7 +92,7 @@ def test_update_changes_a_running_containers_memory_limit(daemon, pod):
     assert nothing.returncode == 1 and nothing.stderr.startswith("podshimctl: update: give at least one of")
 
 
-def test_lists_as_crictl_json_and_yaml(daemon, pod):
+def test_lists_as_crictl_json_and_yaml(daemon, pod) -> None:
     container_id = pod.run(["sleep", "600"])
     assert [p["id"] for p in json.loads(ctl(daemon, "pods", "-o", "json").stdout)["items"]] == [pod.id]
     assert [c["id"] for c in json.loads(ctl(daemon, "ps", "-o", "json").stdout)["containers"]] == [container_id]
@@ -102,13 +102,13 @@ def test_lists_as_crictl_json_and_yaml(daemon, pod):
     assert ctl(daemon, "ps", "-q").stdout == f"{container_id}\n"
 
 
-def test_inspect_verbs_print_json_never_a_repr(daemon, pod):
+def test_inspect_verbs_print_json_never_a_repr(daemon, pod) -> None:
     container_id = pod.run(["sleep", "600"])
     assert json.loads(ctl(daemon, "inspectp", pod.id).stdout)["info"]["netns_path"]
     assert json.loads(ctl(daemon, "inspect", container_id).stdout)["info"]["pid"] > 0
 
 
-def test_errors_under_json_are_json(daemon):
+def test_errors_under_json_are_json(daemon) -> None:
     done = ctl(daemon, "inspectp", "--json", "nosuchpod", check=False)
     assert done.returncode == 1
     error = json.loads(done.stderr)["error"]
@@ -118,7 +118,7 @@ def test_errors_under_json_are_json(daemon):
     assert done.returncode == 1 and json.loads(done.stderr)["error"]["message"].startswith("podshimd is not running")
 
 
-def test_an_unknown_config_field_is_refused_naming_it_and_the_field_it_resembles(daemon, tmp_path):
+def test_an_unknown_config_field_is_refused_naming_it_and_the_field_it_resembles(daemon, tmp_path) -> None:
     path = tmp_path / "pod.json"
     config = pod_config()
     config["hostnam"] = "typo"
@@ -131,7 +131,7 @@ def test_an_unknown_config_field_is_refused_naming_it_and_the_field_it_resembles
     assert ctl(daemon, "pods", "-q").stdout == ""
 
 
-def test_create_with_its_files_swapped_says_the_first_looks_like_a_pod_config(daemon, pod, tmp_path):
+def test_create_with_its_files_swapped_says_the_first_looks_like_a_pod_config(daemon, pod, tmp_path) -> None:
     pod_path, container_path = tmp_path / "pod.json", tmp_path / "c.json"
     pod_path.write_text(json.dumps(pod_config()))
     container_path.write_text(json.dumps({**container_config(["true"]), "image": {"image": daemon.image}}))

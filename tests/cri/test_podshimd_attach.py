@@ -51,7 +51,7 @@ def attach(daemon, crictl, *args: str, **kwargs) -> subprocess.Popen:
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, **kwargs)
 
 
-def test_attach_i_feeds_stdin_once_and_ends_when_the_container_exits(daemon, crictl, start):
+def test_attach_i_feeds_stdin_once_and_ends_when_the_container_exits(daemon, crictl, start) -> None:
     container_id = start(["sh", "-c", "read first; echo got $first; cat; echo bye >&2"], stdin=True,
                          stdin_once=True)
     proc = attach(daemon, crictl, "-i", container_id, stdin=subprocess.PIPE)
@@ -90,7 +90,7 @@ def test_several_attachers_see_the_same_output_and_detaching_leaves_the_containe
     assert state(daemon, crictl, container_id) == "CONTAINER_RUNNING"
 
 
-def test_attach_with_stdin_to_a_container_without_stdin_is_refused(daemon, crictl, start):
+def test_attach_with_stdin_to_a_container_without_stdin_is_refused(daemon, crictl, start) -> None:
     container_id = start(["sleep", "600"])
     with pytest.raises(grpc.RpcError) as failed:
         daemon.runtime().Attach(api_pb2.AttachRequest(container_id=container_id, stdin=True, stdout=True))
@@ -114,7 +114,7 @@ def crictl_on_terminal(daemon, crictl, container_id: str, rows: int, cols: int) 
 
 
 @pytest.mark.parametrize("handler", HANDLERS)
-def test_attach_it_gets_the_containers_terminal_its_size_and_resizes(daemon, crictl, start, handler):
+def test_attach_it_gets_the_containers_terminal_its_size_and_resizes(daemon, crictl, start, handler) -> None:
     container_id = start(["python3", "-c", TTY_PROGRAM], handler, stdin=True, tty=True, mounts=HOST_PYTHON_MOUNTS)
     first = crictl_on_terminal(daemon, crictl, container_id, rows=40, cols=100)
     second = None
@@ -145,7 +145,7 @@ def test_attach_it_gets_the_containers_terminal_its_size_and_resizes(daemon, cri
     assert [c["state"] for c in listed if c["id"] == container_id] == ["CONTAINER_RUNNING"]
 
 
-def test_a_tty_containers_output_is_logged_as_stdout_and_stdin_once_ends_its_input(daemon, crictl, start):
+def test_a_tty_containers_output_is_logged_as_stdout_and_stdin_once_ends_its_input(daemon, crictl, start) -> None:
     container_id = start(["sh", "-c", "tty; echo to-stderr >&2; cat; echo after-eof"], stdin=True,
                          stdin_once=True, tty=True)
     proc = attach(daemon, crictl, "-i", container_id, stdin=subprocess.PIPE)

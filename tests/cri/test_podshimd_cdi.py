@@ -83,7 +83,7 @@ def create_error(daemon, pod, config: dict) -> grpc.RpcError:
     return raised.value
 
 
-def test_a_cdi_device_gets_its_nodes_mounts_and_env(daemon, crictl, pod, spec_dirs, nodes, tmp_path):
+def test_a_cdi_device_gets_its_nodes_mounts_and_env(daemon, crictl, pod, spec_dirs, nodes, tmp_path) -> None:
     shared = tmp_path / "shared"
     shared.mkdir()
     (shared / "file").write_text("from the spec\n")
@@ -122,7 +122,7 @@ def test_a_spec_of_the_later_directory_overrides_the_earlier(daemon, crictl, pod
     assert daemon.crictl(crictl, "exec", container_id, "sh", "-c", "echo $FROM").stdout == "run\n"
 
 
-def test_an_unknown_cdi_device_is_invalid_argument_naming_it(daemon, pod, spec_dirs):
+def test_an_unknown_cdi_device_is_invalid_argument_naming_it(daemon, pod, spec_dirs) -> None:
     write_spec(spec_dirs[0], "vendor.json", {"kind": "example.com/gpu", "devices": [{"name": "gpu0",
                                                                                       "containerEdits": {}}]})
     error = create_error(daemon, pod, with_cdi("example.com/gpu=gpu7"))
@@ -133,7 +133,7 @@ def test_an_unknown_cdi_device_is_invalid_argument_naming_it(daemon, pod, spec_d
     assert "'gpu7' is not a fully qualified CDI device name (vendor.com/class=name)" in error.details()
 
 
-def test_a_yaml_spec_makes_the_device_nodes_it_says(daemon, crictl, pod, spec_dirs, nodes):
+def test_a_yaml_spec_makes_the_device_nodes_it_says(daemon, crictl, pod, spec_dirs, nodes) -> None:
     """A YAML spec (as nvidia-ctk and DRA drivers write them): one node from a host node, one said
     by its type and numbers alone (no node on the host), with the mode and owner the spec says."""
     with open(os.path.join(spec_dirs[1], "vendor.yaml"), "w") as f:
@@ -170,7 +170,7 @@ devices:
     assert run("head -c 2 /dev/yaml1 | od -An -tx1").split() == ["00", "00"]
 
 
-def test_a_cdi_node_whose_owner_the_spec_does_not_say_is_the_container_users(daemon, crictl, pod, spec_dirs, nodes):
+def test_a_cdi_node_whose_owner_the_spec_does_not_say_is_the_container_users(daemon, crictl, pod, spec_dirs, nodes) -> None:
     write_spec(spec_dirs[0], "vendor.json", {"kind": "example.com/gpu", "devices": [{"name": "gpu0", "containerEdits": {
         "deviceNodes": [{"path": "/dev/gpu0", "hostPath": f"{nodes}/zero"}]}}]})
     config = with_cdi("example.com/gpu=gpu0")
@@ -180,7 +180,7 @@ def test_a_cdi_node_whose_owner_the_spec_does_not_say_is_the_container_users(dae
     assert daemon.crictl(crictl, "exec", container_id, "stat", "-c", "%u", "/dev/gpu0").stdout == "4321\n"
 
 
-def test_a_broken_spec_is_skipped_and_its_device_is_invalid_argument(daemon, pod, spec_dirs):
+def test_a_broken_spec_is_skipped_and_its_device_is_invalid_argument(daemon, pod, spec_dirs) -> None:
     with open(os.path.join(spec_dirs[1], "vendor.yaml"), "w") as f:
         f.write("cdiVersion: 9.9.9\nkind: example.com/yaml\ndevices:\n- name: y\n")
     error = create_error(daemon, pod, with_cdi("example.com/yaml=y"))
@@ -232,7 +232,7 @@ def hook_spec(directory: str, hook_dirs: tuple[str, str], hooks: list[dict]) -> 
         "hooks": hooks}}]})
 
 
-def test_cdi_hooks_run_at_their_points_with_the_state(daemon, crictl, pod, spec_dirs, hook_dirs):
+def test_cdi_hooks_run_at_their_points_with_the_state(daemon, crictl, pod, spec_dirs, hook_dirs) -> None:
     bin_dir, out = hook_dirs
     on_host = [{"hookName": point, "path": f"{bin_dir}/hook", "args": ["hook", out, point], "env": [f"HOOKENV={point}"],
                 "timeout": 10} for point in ("createRuntime", "createContainer", "poststart", "poststop")]
@@ -284,7 +284,7 @@ def test_cdi_hooks_run_at_their_points_with_the_state(daemon, crictl, pod, spec_
 
 
 @pytest.mark.parametrize("point", ["createRuntime", "createContainer"])
-def test_a_failing_cdi_hook_fails_the_start_with_its_words(daemon, crictl, pod, spec_dirs, hook_dirs, point):
+def test_a_failing_cdi_hook_fails_the_start_with_its_words(daemon, crictl, pod, spec_dirs, hook_dirs, point) -> None:
     bin_dir, out = hook_dirs
     hook_spec(spec_dirs[0], hook_dirs, [{"hookName": point, "path": f"{bin_dir}/fail"}])
     container_id = daemon.create_container(pod[0], with_cdi("example.com/hook=h"), pod[1])
@@ -299,7 +299,7 @@ def test_a_failing_cdi_hook_fails_the_start_with_its_words(daemon, crictl, pod, 
 
 
 @pytest.mark.parametrize("point", ["createRuntime", "createContainer"])
-def test_a_cdi_hook_past_its_timeout_is_killed_and_fails_the_start(daemon, crictl, pod, spec_dirs, hook_dirs, point):
+def test_a_cdi_hook_past_its_timeout_is_killed_and_fails_the_start(daemon, crictl, pod, spec_dirs, hook_dirs, point) -> None:
     bin_dir, out = hook_dirs
     hook_spec(spec_dirs[0], hook_dirs, [{"hookName": point, "path": f"{bin_dir}/slow",
                                          "args": ["slow", out], "timeout": 1}])

@@ -120,13 +120,13 @@ def v2_dir(pid: int) -> str:
     return "/sys/fs/cgroup" + path
 
 
-def test_runtime_config_answers_the_systemd_driver(image_daemon):
+def test_runtime_config_answers_the_systemd_driver(image_daemon) -> None:
     daemon, _ = image_daemon
     answer = daemon.runtime().RuntimeConfig(api_pb2.RuntimeConfigRequest())
     assert answer.linux.cgroup_driver == api_pb2.CgroupDriver.SYSTEMD
 
 
-def test_a_pod_is_a_slice_its_containers_scopes_their_limits_land_update_changes_them_and_nothing_is_left(pod):
+def test_a_pod_is_a_slice_its_containers_scopes_their_limits_land_update_changes_them_and_nothing_is_left(pod) -> None:
     container_id = pod.run(["sleep", "600"], {"cpu_period": 100000, "cpu_quota": 25000, "cpu_shares": 256,
                                                "memory_limit_in_bytes": 96 << 20})
     directory = v2_dir(pod.pid(container_id))  # crun: a sub-cgroup of its scope, where its limits are
@@ -150,14 +150,14 @@ def test_a_pod_is_a_slice_its_containers_scopes_their_limits_land_update_changes
     assert [unit_property(name, "ActiveState") for name in (unit, pod_slice)] == ["inactive"] * 2
 
 
-def test_a_container_sees_its_own_cgroup_as_its_root(pod):
+def test_a_container_sees_its_own_cgroup_as_its_root(pod) -> None:
     container_id = pod.run(["cat", "/proc/self/cgroup"], {})
     assert pod.exited(container_id).exit_code == 0
     log = os.path.join(pod.log_directory, pod.status(container_id).log_path)
     assert [line.split(" ", 3)[3] for line in read(log).splitlines()] == ["0::/"]
 
 
-def test_a_container_that_allocates_past_its_limit_is_reported_oom_killed(pod):
+def test_a_container_that_allocates_past_its_limit_is_reported_oom_killed(pod) -> None:
     # tail keeps what it read until a newline, and /dev/zero has none.
     container_id = pod.run(["tail", "/dev/zero"], {"memory_limit_in_bytes": 16 << 20,
                                                    "memory_swap_limit_in_bytes": 16 << 20})

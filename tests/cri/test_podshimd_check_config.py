@@ -33,7 +33,7 @@ def node(tmp_path, conflist: str | None = '{"cniVersion": "1.0.0", "name": "n", 
     return str(path)
 
 
-def test_a_good_config_is_ok_and_exits_0(tmp_path):
+def test_a_good_config_is_ok_and_exits_0(tmp_path) -> None:
     path = node(tmp_path)
     done = podshimd("--check-config", "--config", path)
     assert done.returncode == 0, done.stderr
@@ -41,7 +41,7 @@ def test_a_good_config_is_ok_and_exits_0(tmp_path):
     assert not os.path.exists(tmp_path / "state") and not os.path.exists(tmp_path / "run")  # nothing made
 
 
-def test_a_mistyped_flag_is_named_with_the_flag_it_may_mean_and_exits_2(tmp_path):
+def test_a_mistyped_flag_is_named_with_the_flag_it_may_mean_and_exits_2(tmp_path) -> None:
     done = podshimd("--chek-config", "--config", node(tmp_path))
     assert done.returncode == 2 and done.stdout == ""
     assert done.stderr.endswith("podshimd: error: unknown option '--chek-config'; did you mean '--check-config' or "
@@ -49,7 +49,7 @@ def test_a_mistyped_flag_is_named_with_the_flag_it_may_mean_and_exits_2(tmp_path
     assert not os.path.exists(tmp_path / "state") and not os.path.exists(tmp_path / "run")
 
 
-def test_a_mistyped_key_is_named_with_the_key_it_may_mean_and_exits_1(tmp_path):
+def test_a_mistyped_key_is_named_with_the_key_it_may_mean_and_exits_1(tmp_path) -> None:
     path = node(tmp_path)
     with open(path, "a") as f:
         f.write('lisen = "unix:///run/x.sock"\n')
@@ -58,7 +58,7 @@ def test_a_mistyped_key_is_named_with_the_key_it_may_mean_and_exits_1(tmp_path):
     assert done.stderr == f"podshimd: {path}: lisen: unknown key (did you mean 'listen'?)\n"
 
 
-def test_a_conflist_naming_a_plugin_that_is_not_installed_is_an_error(tmp_path):
+def test_a_conflist_naming_a_plugin_that_is_not_installed_is_an_error(tmp_path) -> None:
     path = node(tmp_path, '{"cniVersion": "1.0.0", "name": "n", "plugins": [{"type": "bridge"}, {"type": "portmap"}]}')
     done = podshimd("--check-config", "--config", path)
     assert done.returncode == 1
@@ -66,7 +66,7 @@ def test_a_conflist_naming_a_plugin_that_is_not_installed_is_an_error(tmp_path):
            f"{tmp_path}/cni" in done.stderr
 
 
-def test_a_bad_conflist_is_an_error_naming_its_file(tmp_path):
+def test_a_bad_conflist_is_an_error_naming_its_file(tmp_path) -> None:
     path = node(tmp_path, '{"cniVersion": "1.0.0", "name": "n", "plugins": []}')
     done = podshimd("--check-config", "--config", path)
     assert done.returncode == 1
@@ -74,7 +74,7 @@ def test_a_bad_conflist_is_an_error_naming_its_file(tmp_path):
            "must be a non-empty array" in done.stderr
 
 
-def test_no_conflist_is_a_warning_and_still_exits_0(tmp_path):
+def test_no_conflist_is_a_warning_and_still_exits_0(tmp_path) -> None:
     path = node(tmp_path, conflist=None)
     done = podshimd("--check-config", "--config", path)
     assert done.returncode == 0
@@ -82,7 +82,7 @@ def test_no_conflist_is_a_warning_and_still_exits_0(tmp_path):
     assert done.stdout == f"podshimd: {path}: OK (1 warning(s))\n"
 
 
-def test_a_missing_pause_and_a_root_under_a_file_are_errors(tmp_path):
+def test_a_missing_pause_and_a_root_under_a_file_are_errors(tmp_path) -> None:
     path = node(tmp_path)
     (tmp_path / "afile").write_text("")
     with open(path, "a") as f:
@@ -95,7 +95,7 @@ def test_a_missing_pause_and_a_root_under_a_file_are_errors(tmp_path):
     assert "2 error(s)" in done.stderr
 
 
-def test_a_runtime_handler_without_its_binary_is_an_error(tmp_path, monkeypatch):
+def test_a_runtime_handler_without_its_binary_is_an_error(tmp_path, monkeypatch) -> None:
     from client.podshimd import checkconfig
 
     path = node(tmp_path)
@@ -109,7 +109,7 @@ def test_a_runtime_handler_without_its_binary_is_an_error(tmp_path, monkeypatch)
     assert checkconfig.check(config.load(path, {"runtime_handlers": ["native", "crun"]})) == []
 
 
-def test_the_systemd_cgroup_driver_needs_systemd_and_pure_cgroup_v2(tmp_path, monkeypatch):
+def test_the_systemd_cgroup_driver_needs_systemd_and_pure_cgroup_v2(tmp_path, monkeypatch) -> None:
     from client.podshimd import checkconfig
 
     path = node(tmp_path)
@@ -126,7 +126,7 @@ def test_the_systemd_cgroup_driver_needs_systemd_and_pure_cgroup_v2(tmp_path, mo
     assert checkconfig.check(config.load(path)) == []  # cgroupfs needs neither
 
 
-def test_the_default_config_printed_loads_back_to_the_defaults_and_checks(tmp_path):
+def test_the_default_config_printed_loads_back_to_the_defaults_and_checks(tmp_path) -> None:
     done = podshimd("--print-default-config")
     assert done.returncode == 0 and done.stderr == ""
     path = tmp_path / "config.toml"

@@ -67,7 +67,7 @@ def wait_exited(daemon, crictl, container_id: str) -> dict:
 
 # -- create, start, ps, inspect, logs ---------------------------------------------------------------
 
-def test_a_container_runs_in_the_pods_namespaces_and_logs_what_it_prints(daemon, crictl, pod, tmp_path):
+def test_a_container_runs_in_the_pods_namespaces_and_logs_what_it_prints(daemon, crictl, pod, tmp_path) -> None:
     config = container_config(["/bin/sh", "-c", "echo out; echo err >&2; hostname; exec sleep 60"], pid=1)
     config["labels"] = {"role": "web"}
     container_id = create(daemon, pod, config)
@@ -93,7 +93,7 @@ def test_a_container_runs_in_the_pods_namespaces_and_logs_what_it_prints(daemon,
         assert logs.stdout.splitlines()[1] == json.load(f)["hostname"]
 
 
-def test_a_container_without_namespace_options_shares_the_pods_pid_namespace(daemon, crictl, pod, tmp_path):
+def test_a_container_without_namespace_options_shares_the_pods_pid_namespace(daemon, crictl, pod, tmp_path) -> None:
     config = {"metadata": {"name": "plain"}, "command": ["sleep", "60"]}
     container_id = create(daemon, pod, config)
     daemon.crictl(crictl, "start", container_id)
@@ -102,7 +102,7 @@ def test_a_container_without_namespace_options_shares_the_pods_pid_namespace(dae
     assert inspect(daemon, crictl, container_id)["info"]["pid_mode"] == "POD"
 
 
-def test_ps_filters_by_state_pod_id_and_label(daemon, crictl, pod, tmp_path):
+def test_ps_filters_by_state_pod_id_and_label(daemon, crictl, pod, tmp_path) -> None:
     running = create(daemon, pod, {**container_config(["sleep", "60"], name="run"), "labels": {"tier": "a"}})
     created = create(daemon, pod, {**container_config(["true"], name="new"), "labels": {"tier": "b"}})
     daemon.crictl(crictl, "start", running)
@@ -121,7 +121,7 @@ def test_ps_filters_by_state_pod_id_and_label(daemon, crictl, pod, tmp_path):
 
 # -- stop, rm --------------------------------------------------------------------------------------
 
-def test_stop_sends_sigterm_and_sigkill_after_the_timeout(daemon, crictl, pod, tmp_path):
+def test_stop_sends_sigterm_and_sigkill_after_the_timeout(daemon, crictl, pod, tmp_path) -> None:
     stubborn = create(daemon, pod, container_config(
         ["/bin/sh", "-c", "trap '' TERM; echo ready; while :; do sleep 1; done"], name="stubborn"))
     # In the pod's PID namespace (catatonit is its PID 1): a PID 1 of its own would ignore SIGTERM.
@@ -135,7 +135,7 @@ def test_stop_sends_sigterm_and_sigkill_after_the_timeout(daemon, crictl, pod, t
     daemon.crictl(crictl, "stop", polite)  # stopping an exited container is fine
 
 
-def test_a_container_that_ends_by_itself_is_exited_with_its_status(daemon, crictl, pod, tmp_path):
+def test_a_container_that_ends_by_itself_is_exited_with_its_status(daemon, crictl, pod, tmp_path) -> None:
     container_id = create(daemon, pod, container_config(["/bin/sh", "-c", "exit 3"]))
     daemon.crictl(crictl, "start", container_id)
     status = wait_exited(daemon, crictl, container_id)["status"]
@@ -143,7 +143,7 @@ def test_a_container_that_ends_by_itself_is_exited_with_its_status(daemon, crict
     assert status["finishedAt"] >= status["startedAt"]
 
 
-def test_rm_removes_a_running_container_with_force_and_removing_twice_is_fine(daemon, crictl, pod, tmp_path):
+def test_rm_removes_a_running_container_with_force_and_removing_twice_is_fine(daemon, crictl, pod, tmp_path) -> None:
     container_id = create(daemon, pod, container_config(["sleep", "60"]))
     daemon.crictl(crictl, "start", container_id)
     pid = inspect(daemon, crictl, container_id)["info"]["pid"]
@@ -159,7 +159,7 @@ def test_rm_removes_a_running_container_with_force_and_removing_twice_is_fine(da
     assert gone.value.code() == grpc.StatusCode.NOT_FOUND
 
 
-def test_rmp_stops_and_removes_the_pods_containers(daemon, crictl, pod, tmp_path):
+def test_rmp_stops_and_removes_the_pods_containers(daemon, crictl, pod, tmp_path) -> None:
     container_id = create(daemon, pod, container_config(["sleep", "60"]))
     daemon.crictl(crictl, "start", container_id)
     pid = inspect(daemon, crictl, container_id)["info"]["pid"]
@@ -172,7 +172,7 @@ def test_rmp_stops_and_removes_the_pods_containers(daemon, crictl, pod, tmp_path
 
 # -- what a client gets wrong ----------------------------------------------------------------------
 
-def test_unknown_ids_are_not_found_with_a_sentence(daemon):
+def test_unknown_ids_are_not_found_with_a_sentence(daemon) -> None:
     runtime = daemon.runtime()
     unknown = "e" * 64
     for call, request in ((runtime.StartContainer, api_pb2.StartContainerRequest(container_id=unknown)),
@@ -183,7 +183,7 @@ def test_unknown_ids_are_not_found_with_a_sentence(daemon):
         assert failed.value.details() == f"no container has an id starting with {unknown!r}"
 
 
-def test_stop_and_remove_of_an_unknown_container_succeed(daemon):
+def test_stop_and_remove_of_an_unknown_container_succeed(daemon) -> None:
     # CRI: StopContainer and RemoveContainer "must not return an error if not found", as containerd answers.
     runtime = daemon.runtime()
     unknown = "e" * 64
@@ -192,7 +192,7 @@ def test_stop_and_remove_of_an_unknown_container_succeed(daemon):
     assert list(runtime.ListContainers(api_pb2.ListContainersRequest()).containers) == []
 
 
-def test_bad_container_requests_get_a_status_with_a_sentence(daemon, crictl, pod, tmp_path):
+def test_bad_container_requests_get_a_status_with_a_sentence(daemon, crictl, pod, tmp_path) -> None:
     runtime = daemon.runtime()
 
     def create_request(pod_id: str, config: dict | None) -> api_pb2.CreateContainerRequest:

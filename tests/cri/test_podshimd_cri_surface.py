@@ -49,7 +49,7 @@ def call(daemon, service: str, method: MethodDescriptor, request: Message) -> tu
     return grpc.StatusCode.OK, ""
 
 
-def test_every_method_of_the_pinned_cri_is_served_or_unimplemented_with_a_sentence(daemon):
+def test_every_method_of_the_pinned_cri_is_served_or_unimplemented_with_a_sentence(daemon) -> None:
     unimplemented = {}
     for service in api_pb2.DESCRIPTOR.services_by_name.values():
         for method in service.methods:
@@ -62,7 +62,7 @@ def test_every_method_of_the_pinned_cri_is_served_or_unimplemented_with_a_senten
         assert details.startswith(f"{name} is not supported: ") and len(details) > len(name) + 30
 
 
-def test_checkpoints_are_refused_saying_why(daemon):
+def test_checkpoints_are_refused_saying_why(daemon) -> None:
     with pytest.raises(grpc.RpcError) as failed:
         daemon.runtime().CheckpointPod(api_pb2.CheckpointPodRequest(pod_sandbox_id="x", output_path="/tmp/x.tar"))
     assert failed.value.code() == grpc.StatusCode.UNIMPLEMENTED
@@ -77,14 +77,14 @@ def test_checkpoints_are_refused_saying_why(daemon):
      f"check fails on Linux {os.uname().release}: Error (criu/vdso.c:381): vdso: Unexpected rt vDSO area bounds"),
     ("exit 0", "check passes, but podshim has no checkpoint code"),
 ])
-def test_the_reason_is_what_criu_check_finds(tmp_path, script, said):
+def test_the_reason_is_what_criu_check_finds(tmp_path, script, said) -> None:
     criu = tmp_path / "criu"
     criu.write_text(f"#!/bin/sh\n[ \"$1\" = check ] || exit 2\n{script}\n")
     criu.chmod(0o755)
     assert checkpoints.criu_state(str(criu)) == f"{criu} {said}"
 
 
-def test_the_reason_says_when_criu_is_not_installed(tmp_path, monkeypatch):
+def test_the_reason_says_when_criu_is_not_installed(tmp_path, monkeypatch) -> None:
     monkeypatch.setenv("PATH", str(tmp_path))
     monkeypatch.setattr(checkpoints, "DEFAULT_PATH", str(tmp_path))
     assert checkpoints.criu_state() == "criu is not installed"
@@ -92,13 +92,13 @@ def test_the_reason_says_when_criu_is_not_installed(tmp_path, monkeypatch):
 
 # -- RuntimeConfig and Status ----------------------------------------------------------------------
 
-def test_runtime_config_answers_the_cgroup_driver_in_force(daemon, crictl):
+def test_runtime_config_answers_the_cgroup_driver_in_force(daemon, crictl) -> None:
     answer = daemon.runtime().RuntimeConfig(api_pb2.RuntimeConfigRequest(), timeout=CALL_TIMEOUT)
     assert answer.linux.cgroup_driver == api_pb2.CgroupDriver.CGROUPFS
     assert daemon.crictl(crictl, "runtime-config").stdout.split() == ["cgroup", "driver:", "CGROUPFS"]
 
 
-def test_status_lists_each_runtime_handler_and_the_default_with_no_feature_podshim_lacks(daemon, crictl):
+def test_status_lists_each_runtime_handler_and_the_default_with_no_feature_podshim_lacks(daemon, crictl) -> None:
     status = daemon.runtime().Status(api_pb2.StatusRequest(), timeout=CALL_TIMEOUT)
     assert [h.name for h in status.runtime_handlers] == ["", "native", "runc", "crun"]
     for handler in status.runtime_handlers:
@@ -146,7 +146,7 @@ def update_pod(daemon, pod_id: str, overhead: dict | None = None, **resources) -
 
 
 @pytest.mark.parametrize("pod", HANDLERS, indirect=True)
-def test_pod_resources_and_overhead_are_written_to_the_pods_cgroup(daemon, pod):
+def test_pod_resources_and_overhead_are_written_to_the_pods_cgroup(daemon, pod) -> None:
     pod_id, pause, pid = pod
     container_memory = read(cgroup_file(pid, "memory", "memory.limit_in_bytes"))
     update_pod(daemon, pod_id, overhead={"cpu_period": 100000, "cpu_quota": 10000, "cpu_shares": 100,
@@ -171,7 +171,7 @@ def test_pod_resources_and_overhead_are_written_to_the_pods_cgroup(daemon, pod):
      "overhead.cpu_period 50000 differs from resources.cpu_period 100000"),
     ({}, {"memory_limit_in_bytes": 64 * MiB, "cpu_shares": 1}, "resources.cpu_shares 1 is out of range"),
 ])
-def test_what_cannot_be_applied_to_a_pod_is_refused_and_nothing_changes(daemon, pod, overhead, resources, message):
+def test_what_cannot_be_applied_to_a_pod_is_refused_and_nothing_changes(daemon, pod, overhead, resources, message) -> None:
     pod_id, pause, _ = pod
     before = {name: read(cgroup_file(pause, controller, name)) for controller, name in
               (("memory", "memory.limit_in_bytes"), ("cpu", "cpu.shares"), ("cpu", "cpu.cfs_quota_us"))}
@@ -182,7 +182,7 @@ def test_what_cannot_be_applied_to_a_pod_is_refused_and_nothing_changes(daemon, 
             (("memory", "memory.limit_in_bytes"), ("cpu", "cpu.shares"), ("cpu", "cpu.cfs_quota_us"))} == before
 
 
-def test_updating_an_unknown_or_stopped_pod_says_so(daemon, crictl, pod):
+def test_updating_an_unknown_or_stopped_pod_says_so(daemon, crictl, pod) -> None:
     with pytest.raises(grpc.RpcError) as failed:
         update_pod(daemon, "f" * 64, cpu_shares=512)
     assert failed.value.code() == grpc.StatusCode.NOT_FOUND
@@ -192,7 +192,7 @@ def test_updating_an_unknown_or_stopped_pod_says_so(daemon, crictl, pod):
     assert failed.value.code() == grpc.StatusCode.FAILED_PRECONDITION and "is not ready" in failed.value.details()
 
 
-def test_an_overhead_adds_only_to_what_the_pod_limits():
+def test_an_overhead_adds_only_to_what_the_pod_limits() -> None:
     assert pod_resources({"memory_limit_in_bytes": "100", "cpu_shares": "10", "hugepage_limits": [
         {"page_size": "2MB", "limit": "4"}]}, {"cpu_shares": "502", "hugepage_limits": [
             {"page_size": "2MB", "limit": "8"}]}) == {"cpu_shares": 512, "hugepage_limits": {"2MB": 12}}
@@ -203,7 +203,7 @@ def test_an_overhead_adds_only_to_what_the_pod_limits():
 
 # -- ContainerStatus and Container ------------------------------------------------------------------
 
-def test_a_container_names_its_image_by_the_id_pullimage_answered_and_its_stop_signal(daemon, pod):
+def test_a_container_names_its_image_by_the_id_pullimage_answered_and_its_stop_signal(daemon, pod) -> None:
     runtime = daemon.runtime()
     [listed] = runtime.ListContainers(api_pb2.ListContainersRequest(), timeout=CALL_TIMEOUT).containers
     status = runtime.ContainerStatus(api_pb2.ContainerStatusRequest(container_id=listed.id),
@@ -213,7 +213,7 @@ def test_a_container_names_its_image_by_the_id_pullimage_answered_and_its_stop_s
     assert status.stop_signal == api_pb2.Signal.SIGNAL_SIGTERM
 
 
-def test_images_are_the_same_for_every_runtime_handler_and_an_unknown_one_is_refused(daemon, pod):
+def test_images_are_the_same_for_every_runtime_handler_and_an_unknown_one_is_refused(daemon, pod) -> None:
     images = daemon.images()
     [listed] = daemon.runtime().ListContainers(api_pb2.ListContainersRequest(), timeout=CALL_TIMEOUT).containers
     name = listed.image.image
@@ -245,7 +245,7 @@ def v2_pressure(pid: int, name: str) -> dict[str, int]:
 
 
 @pytest.mark.parametrize("pod", HANDLERS, indirect=True)
-def test_stats_carry_the_cgroups_pressure_and_swap(daemon, crictl, pod):
+def test_stats_carry_the_cgroups_pressure_and_swap(daemon, crictl, pod) -> None:
     pod_id, pause, pid = pod
     container_id = daemon.runtime().ListContainers(api_pb2.ListContainersRequest(), timeout=CALL_TIMEOUT).containers[0].id
     stats = daemon.runtime().ContainerStats(api_pb2.ContainerStatsRequest(container_id=container_id),
@@ -292,7 +292,7 @@ def pods(daemon, crictl, tmp_path):
     return ids
 
 
-def test_streams_answer_what_the_lists_answer_with_the_same_filters(daemon, pods):
+def test_streams_answer_what_the_lists_answer_with_the_same_filters(daemon, pods) -> None:
     runtime = daemon.runtime()
     selectors = [{}, {"app": "a"}, {"app": "b"}, {"app": "none"}]
     for labels in selectors:
@@ -323,7 +323,7 @@ def test_streams_answer_what_the_lists_answer_with_the_same_filters(daemon, pods
         list(images.ListImages(api_pb2.ListImagesRequest(), timeout=CALL_TIMEOUT).images)
 
 
-def test_a_listing_larger_than_a_chunk_is_streamed_in_several_each_item_once(daemon, crictl, tmp_path):
+def test_a_listing_larger_than_a_chunk_is_streamed_in_several_each_item_once(daemon, crictl, tmp_path) -> None:
     # Five pods and five containers of ~250 KiB of annotations each (a pod's most is 256 KiB):
     # more than a chunk's 1 MiB, so at least two messages of each.
     for i in range(5):
@@ -346,14 +346,14 @@ def test_a_listing_larger_than_a_chunk_is_streamed_in_several_each_item_once(dae
         assert streamed(messages, field) == list(listed) and len(listed) == 5
 
 
-def test_a_stream_with_nothing_to_answer_ends_without_a_message(daemon):
+def test_a_stream_with_nothing_to_answer_ends_without_a_message(daemon) -> None:
     runtime = daemon.runtime()
     assert list(runtime.StreamPodSandboxes(api_pb2.StreamPodSandboxesRequest(filter=api_pb2.PodSandboxFilter(
         id="nothing")), timeout=CALL_TIMEOUT)) == []
     assert list(runtime.StreamPodSandboxMetrics(api_pb2.StreamPodSandboxMetricsRequest(), timeout=CALL_TIMEOUT)) == []
 
 
-def test_crictl_checkpoint_says_podshim_cannot(daemon, crictl, pod, tmp_path):
+def test_crictl_checkpoint_says_podshim_cannot(daemon, crictl, pod, tmp_path) -> None:
     container_id = daemon.runtime().ListContainers(api_pb2.ListContainersRequest(),
                                                    timeout=CALL_TIMEOUT).containers[0].id
     failed = daemon.crictl(crictl, "checkpoint", "--export", str(tmp_path / "c.tar"), container_id, check=False)
@@ -364,7 +364,7 @@ def test_crictl_checkpoint_says_podshim_cannot(daemon, crictl, pod, tmp_path):
 
 # -- chunks ----------------------------------------------------------------------------------------
 
-def test_chunks_hold_each_item_once_in_order_within_the_byte_limit():
+def test_chunks_hold_each_item_once_in_order_within_the_byte_limit() -> None:
     items = [api_pb2.PodSandbox(id=f"{i:064x}", annotations={"a": "x" * (i * 37 % 900)}) for i in range(3000)]
     limit = 64 << 10
     found = list(chunks.chunks(items, limit))
@@ -375,19 +375,19 @@ def test_chunks_hold_each_item_once_in_order_within_the_byte_limit():
         assert encoded == sum(chunks.encoded_size(item) for item in chunk) <= limit
 
 
-def test_an_item_larger_than_the_limit_goes_alone():
+def test_an_item_larger_than_the_limit_goes_alone() -> None:
     big, small = api_pb2.Image(id="x" * 5000), api_pb2.Image(id="y")
     assert list(chunks.chunks([small, big, small], 1000)) == [[small], [big], [small]]
     assert list(chunks.chunks([], 1000)) == []
 
 
-def test_the_default_chunk_stays_well_under_grpcs_default_4_mib_message():
+def test_the_default_chunk_stays_well_under_grpcs_default_4_mib_message() -> None:
     assert chunks.CHUNK_BYTES * 4 <= 4 << 20
 
 
 # -- composition -----------------------------------------------------------------------------------
 
-async def test_a_method_no_group_serves_answers_unimplemented_with_a_sentence_unary_or_streaming(tmp_path):
+async def test_a_method_no_group_serves_answers_unimplemented_with_a_sentence_unary_or_streaming(tmp_path) -> None:
     # What a newer proto's methods get until a group serves them (no group here: every method).
     grpc_server = grpc.aio.server()
     bare = server.compose(api_pb2_grpc.RuntimeServiceServicer, ())
@@ -412,7 +412,7 @@ async def test_a_method_no_group_serves_answers_unimplemented_with_a_sentence_un
         await grpc_server.stop(None)
 
 
-def test_two_handler_groups_may_not_share_a_name_not_even_a_helpers():
+def test_two_handler_groups_may_not_share_a_name_not_even_a_helpers() -> None:
     class First(Handlers):
         def _list(self) -> str:
             return "first"

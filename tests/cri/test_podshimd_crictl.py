@@ -63,12 +63,12 @@ def assert_one_sentence(stderr: str, starts: str) -> None:
 
 # -- what crictl sees ------------------------------------------------------------------------------
 
-def test_crictl_version_says_podshim_speaking_cri_v1(daemon, crictl):
+def test_crictl_version_says_podshim_speaking_cri_v1(daemon, crictl) -> None:
     out = fields(daemon.crictl(crictl, "version").stdout)
     assert out == {"Version": "0.1.0", "RuntimeName": "podshim", "RuntimeVersion": "0.1.0", "RuntimeApiVersion": "v1"}
 
 
-def test_crictl_info_runtime_ready_network_not_ready_without_cni_config(daemon, crictl):
+def test_crictl_info_runtime_ready_network_not_ready_without_cni_config(daemon, crictl) -> None:
     found = conditions(daemon.crictl(crictl, "info").stdout)
     assert found["RuntimeReady"]["status"] is True
     network = found["NetworkReady"]
@@ -76,7 +76,7 @@ def test_crictl_info_runtime_ready_network_not_ready_without_cni_config(daemon, 
     assert network["message"] == f"no CNI network config found in {daemon.cni_conf_dir}"
 
 
-def test_crictl_info_network_ready_once_a_cni_config_exists(daemon, crictl):
+def test_crictl_info_network_ready_once_a_cni_config_exists(daemon, crictl) -> None:
     os.makedirs(daemon.cni_conf_dir)
     with open(os.path.join(daemon.cni_conf_dir, "10-test.conflist"), "w") as f:
         json.dump(BRIDGE_CONFLIST, f)
@@ -84,7 +84,7 @@ def test_crictl_info_network_ready_once_a_cni_config_exists(daemon, crictl):
     assert network["status"] is True and network["reason"] == ""
 
 
-def test_crictl_info_network_not_ready_with_an_invalid_cni_config(daemon, crictl):
+def test_crictl_info_network_not_ready_with_an_invalid_cni_config(daemon, crictl) -> None:
     os.makedirs(daemon.cni_conf_dir)
     path = os.path.join(daemon.cni_conf_dir, "10-bad.conf")
     with open(path, "w") as f:
@@ -94,13 +94,13 @@ def test_crictl_info_network_not_ready_with_an_invalid_cni_config(daemon, crictl
     assert network["message"] == f"the CNI network config is not valid: {path}: name must be a non-empty string"
 
 
-def test_crictl_info_shows_the_config_in_effect(daemon, crictl):
+def test_crictl_info_shows_the_config_in_effect(daemon, crictl) -> None:
     config = json.loads(daemon.crictl(crictl, "info").stdout)["config"]
     assert config["state_root"] == daemon.state_root and config["listen"] == daemon.endpoint
     assert config["runtime_handlers"] == ["native", "runc", "crun"]
 
 
-def test_methods_not_implemented_yet_answer_unimplemented_with_a_sentence(daemon):
+def test_methods_not_implemented_yet_answer_unimplemented_with_a_sentence(daemon) -> None:
     with pytest.raises(grpc.RpcError) as failed:
         daemon.runtime().CheckpointContainer(api_pb2.CheckpointContainerRequest(container_id="x"))
     assert failed.value.code() == grpc.StatusCode.UNIMPLEMENTED
@@ -110,13 +110,13 @@ def test_methods_not_implemented_yet_answer_unimplemented_with_a_sentence(daemon
 
 # -- the socket ------------------------------------------------------------------------------------
 
-def test_socket_is_0600_in_a_0700_directory(daemon):
+def test_socket_is_0600_in_a_0700_directory(daemon) -> None:
     st = os.lstat(daemon.socket_path)
     assert stat.S_ISSOCK(st.st_mode) and stat.S_IMODE(st.st_mode) == 0o600
     assert stat.S_IMODE(os.stat(daemon.runtime_root).st_mode) == 0o700
 
 
-def test_sigterm_stops_the_daemon_and_removes_its_socket(directory, crictl):
+def test_sigterm_stops_the_daemon_and_removes_its_socket(directory, crictl) -> None:
     with running_podshimd(directory) as daemon:
         daemon.crictl(crictl, "version")
         assert daemon.stop() == 0
@@ -124,7 +124,7 @@ def test_sigterm_stops_the_daemon_and_removes_its_socket(directory, crictl):
         assert "Traceback" not in daemon.log()
 
 
-def test_a_second_daemon_on_the_same_socket_is_refused_and_the_first_keeps_serving(daemon, crictl):
+def test_a_second_daemon_on_the_same_socket_is_refused_and_the_first_keeps_serving(daemon, crictl) -> None:
     second = run_podshimd(daemon.directory)
     assert second.returncode == 1
     # Same state root and socket: the state root's lock is the one it meets first.
@@ -133,7 +133,7 @@ def test_a_second_daemon_on_the_same_socket_is_refused_and_the_first_keeps_servi
     assert fields(daemon.crictl(crictl, "version").stdout)["RuntimeName"] == "podshim"
 
 
-def test_another_live_server_on_the_socket_is_refused(directory):
+def test_another_live_server_on_the_socket_is_refused(directory) -> None:
     run = os.path.join(directory, "run")
     os.makedirs(run, 0o700)
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as other:
@@ -145,7 +145,7 @@ def test_another_live_server_on_the_socket_is_refused(directory):
         assert os.path.exists(os.path.join(run, "podshimd.sock"))  # not taken from its owner
 
 
-def test_a_stale_socket_is_replaced(directory, crictl):
+def test_a_stale_socket_is_replaced(directory, crictl) -> None:
     run = os.path.join(directory, "run")
     os.makedirs(run, 0o700)
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as dead:
@@ -154,7 +154,7 @@ def test_a_stale_socket_is_replaced(directory, crictl):
         assert fields(daemon.crictl(crictl, "version").stdout)["RuntimeName"] == "podshim"
 
 
-def test_a_shared_directory_for_the_socket_is_refused(directory):
+def test_a_shared_directory_for_the_socket_is_refused(directory) -> None:
     shared = os.path.join(directory, "shared")
     os.makedirs(shared)
     os.chmod(shared, 0o1777)
@@ -164,7 +164,7 @@ def test_a_shared_directory_for_the_socket_is_refused(directory):
     assert stat.S_IMODE(os.stat(shared).st_mode) == 0o1777
 
 
-def test_a_symlink_planted_at_the_socket_directory_is_refused_and_its_target_left_alone(directory):
+def test_a_symlink_planted_at_the_socket_directory_is_refused_and_its_target_left_alone(directory) -> None:
     elsewhere = os.path.join(directory, "elsewhere")
     os.makedirs(elsewhere)
     os.chmod(elsewhere, 0o755)
@@ -178,13 +178,13 @@ def test_a_symlink_planted_at_the_socket_directory_is_refused_and_its_target_lef
 
 # -- refusing to start -----------------------------------------------------------------------------
 
-def test_a_bad_config_file_exits_1_with_one_sentence(directory):
+def test_a_bad_config_file_exits_1_with_one_sentence(directory) -> None:
     result = run_podshimd(directory, config='listen = "tcp://127.0.0.1:1"\n')
     assert result.returncode == 1
     assert_one_sentence(result.stderr, f"podshimd: {directory}/config.toml: listen: must be a unix:///ABSOLUTE/PATH")
 
 
-def test_the_systemd_cgroup_driver_is_refused_at_start_on_a_machine_without_systemd_as_init(directory):
+def test_the_systemd_cgroup_driver_is_refused_at_start_on_a_machine_without_systemd_as_init(directory) -> None:
     assert not os.path.isdir("/run/systemd/system")  # this machine's init is not systemd; the guest tests run it
     result = run_podshimd(directory, config='cgroup_driver = "systemd"\n')
     assert result.returncode == 1
@@ -193,19 +193,19 @@ def test_the_systemd_cgroup_driver_is_refused_at_start_on_a_machine_without_syst
                                        "(no /run/systemd/system): use cgroupfs")
 
 
-def test_bad_toml_exits_1_with_one_sentence(directory):
+def test_bad_toml_exits_1_with_one_sentence(directory) -> None:
     result = run_podshimd(directory, config="template = \n")
     assert result.returncode == 1
     assert_one_sentence(result.stderr, f"podshimd: {directory}/config.toml: bad TOML syntax: ")
 
 
-def test_a_bad_flag_value_exits_1_with_one_sentence(directory):
+def test_a_bad_flag_value_exits_1_with_one_sentence(directory) -> None:
     result = run_podshimd(directory, "--state-root", "relative/state")
     assert result.returncode == 1
     assert result.stderr == "podshimd: command line: --state-root: must be an absolute path, not 'relative/state'\n"
 
 
-def test_a_usage_error_exits_2(directory):
+def test_a_usage_error_exits_2(directory) -> None:
     result = run_podshimd(directory, "--no-such-flag")
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert "unrecognized arguments: --no-such-flag" in result.stderr

@@ -53,7 +53,7 @@ def directory():
 
 @pytest.mark.parametrize("handler", ["native", "runc", "crun"])
 def test_critest_passes_every_spec_but_the_expected_ones(critest, critest_image_set, directory, outer_netns,
-                                                         handler):
+                                                         handler) -> None:
     if handler != "native" and not shutil.which(handler, path="/usr/sbin:/usr/bin:/sbin:/bin"):
         pytest.skip(f"{handler} is not installed")
     images = critest_image_set

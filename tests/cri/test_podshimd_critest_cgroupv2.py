@@ -73,7 +73,7 @@ def podshims_leftovers() -> list[str]:
 @pytest.mark.parametrize("driver", ["cgroupfs", "systemd"])
 @pytest.mark.parametrize("handler", HANDLERS)
 def test_on_cgroup_v2_critests_runtime_container_and_security_specs_pass_under_each_driver(
-        critest, critest_image_set, directory, outer_netns, handler, driver):
+        critest, critest_image_set, directory, outer_netns, handler, driver) -> None:
     images = critest_image_set
     cni_config(directory)
     port = int(images.registry.host.rpartition(":")[2])

@@ -52,19 +52,19 @@ def crictl_exec(daemon, crictl, *args: str, stdin: bytes | None = None, timeout:
                           capture_output=True, timeout=timeout)
 
 
-def test_exec_streams_stdout_and_stderr_and_succeeds(daemon, crictl, container):
+def test_exec_streams_stdout_and_stderr_and_succeeds(daemon, crictl, container) -> None:
     done = crictl_exec(daemon, crictl, container, "sh", "-c", "echo out; echo err >&2")
     assert done.returncode == 0, done.stderr
     assert done.stdout == b"out\n" and done.stderr == b"err\n"
 
 
-def test_exec_reports_the_commands_exit_code(daemon, crictl, container):
+def test_exec_reports_the_commands_exit_code(daemon, crictl, container) -> None:
     done = crictl_exec(daemon, crictl, container, "sh", "-c", "exit 7")
     # crictl turns any failure into its own exit status 1, quoting the error.
     assert done.returncode == 1 and b"command terminated with exit code 7" in done.stderr, done.stderr
 
 
-def test_exec_runs_in_the_containers_namespaces(daemon, crictl, container):
+def test_exec_runs_in_the_containers_namespaces(daemon, crictl, container) -> None:
     info = json.loads(daemon.crictl(crictl, "inspect", container).stdout)["info"]
     done = crictl_exec(daemon, crictl, container, "sh", "-c", "readlink /proc/self/ns/pid; readlink /proc/self/ns/net")
     with open(f"/proc/{info['pid']}/ns/pid", "rb"):
@@ -73,14 +73,14 @@ def test_exec_runs_in_the_containers_namespaces(daemon, crictl, container):
                                             os.readlink(f"/proc/{info['pid']}/ns/net")]
 
 
-def test_exec_i_carries_piped_stdin_to_the_end(daemon, crictl, container):
+def test_exec_i_carries_piped_stdin_to_the_end(daemon, crictl, container) -> None:
     payload = os.urandom(3 * MB)
     done = crictl_exec(daemon, crictl, "-i", container, "sha256sum", stdin=payload)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split()[0].decode() == hashlib.sha256(payload).hexdigest()
 
 
-def test_exec_of_a_program_that_does_not_exist_is_a_clear_error(daemon, crictl, container):
+def test_exec_of_a_program_that_does_not_exist_is_a_clear_error(daemon, crictl, container) -> None:
     done = crictl_exec(daemon, crictl, container, "/no/such/program")
     assert done.returncode != 0
     assert b"exec /no/such/program: No such file or directory" in done.stderr
@@ -92,7 +92,7 @@ def handler_container(request, daemon, crictl, tmp_path) -> str:
     return sleeping_container(daemon, crictl, tmp_path, "--runtime", request.param)
 
 
-def test_exec_it_runs_on_a_terminal_and_follows_its_size(daemon, crictl, handler_container):
+def test_exec_it_runs_on_a_terminal_and_follows_its_size(daemon, crictl, handler_container) -> None:
     # script(1) gives crictl a terminal of 40 rows by 100 columns; the command sees the same from its
     # start (the server hands crictl's first size to ExecStart: the terminal is made at that size), on
     # a terminal of the container's own /dev/pts (made by the runtime: runc's and crun's console socket).
@@ -108,7 +108,7 @@ def test_exec_it_runs_on_a_terminal_and_follows_its_size(daemon, crictl, handler
     assert int(lines[2]) != 0, lines  # the command's controlling terminal
 
 
-def test_exec_it_leaves_no_fd_open_in_podshimd(daemon, crictl, handler_container):
+def test_exec_it_leaves_no_fd_open_in_podshimd(daemon, crictl, handler_container) -> None:
     def exec_it() -> None:
         command = f"{crictl} --runtime-endpoint {daemon.endpoint} exec -it {handler_container} true"
         done = subprocess.run(["script", "-qec", command, "/dev/null"], stdin=subprocess.DEVNULL,
@@ -156,13 +156,13 @@ def _ns_pid(pid: int) -> int:
         return int(next(line for line in f if line.startswith("NSpid:")).split()[-1])
 
 
-def test_exec_in_a_container_that_does_not_run_is_refused(daemon):
+def test_exec_in_a_container_that_does_not_run_is_refused(daemon) -> None:
     with pytest.raises(grpc.RpcError) as failed:
         daemon.runtime().Exec(api_pb2.ExecRequest(container_id="f" * 64, cmd=["true"], stdout=True))
     assert failed.value.code() == grpc.StatusCode.NOT_FOUND
 
 
-def test_exec_with_tty_and_stderr_is_invalid(daemon, container):
+def test_exec_with_tty_and_stderr_is_invalid(daemon, container) -> None:
     with pytest.raises(grpc.RpcError) as failed:
         daemon.runtime().Exec(api_pb2.ExecRequest(container_id=container, cmd=["true"], tty=True, stderr=True))
     assert failed.value.code() == grpc.StatusCode.INVALID_ARGUMENT
@@ -237,7 +237,7 @@ def channel(messages: list[tuple[int, bytes]], number: int) -> bytes:
 
 
 @pytest.mark.parametrize("protocol", ["channel.k8s.io", "base64.channel.k8s.io"])
-def test_exec_over_a_websocket_streams_stdout_and_stderr_on_their_channels_and_closes(daemon, container, protocol):
+def test_exec_over_a_websocket_streams_stdout_and_stderr_on_their_channels_and_closes(daemon, container, protocol) -> None:
     url = daemon.runtime().Exec(api_pb2.ExecRequest(container_id=container, cmd=["sh", "-c", "echo out; echo err >&2"],
                                                      stdout=True, stderr=True)).url
     messages, close = websocket_exec(url, protocol)
@@ -247,7 +247,7 @@ def test_exec_over_a_websocket_streams_stdout_and_stderr_on_their_channels_and_c
     assert close == struct.pack("!H", 1000)
 
 
-def test_exec_over_a_v4_websocket_reports_the_exit_code_as_a_status_on_the_error_channel(daemon, container):
+def test_exec_over_a_v4_websocket_reports_the_exit_code_as_a_status_on_the_error_channel(daemon, container) -> None:
     url = daemon.runtime().Exec(api_pb2.ExecRequest(container_id=container, cmd=["sh", "-c", "exit 7"],
                                                      stdout=True)).url
     messages, _ = websocket_exec(url, "v4.channel.k8s.io")
@@ -256,7 +256,7 @@ def test_exec_over_a_v4_websocket_reports_the_exit_code_as_a_status_on_the_error
     assert status["details"]["causes"] == [{"reason": "ExitCode", "message": "7"}]
 
 
-def test_exec_over_a_v5_websocket_carries_stdin_to_its_close_signal(daemon, container):
+def test_exec_over_a_v5_websocket_carries_stdin_to_its_close_signal(daemon, container) -> None:
     payload = os.urandom(MB)
     url = daemon.runtime().Exec(api_pb2.ExecRequest(container_id=container, cmd=["sha256sum"], stdin=True,
                                                      stdout=True)).url

@@ -52,14 +52,14 @@ def exec_sh(daemon, crictl, container_id: str, script: str) -> subprocess.Comple
     return daemon.crictl(crictl, "exec", container_id, "sh", "-c", script, check=False)
 
 
-def test_status_reports_recursive_read_only_mounts_for_every_handler(daemon):
+def test_status_reports_recursive_read_only_mounts_for_every_handler(daemon) -> None:
     status = daemon.runtime().Status(api_pb2.StatusRequest(), timeout=10)
     features = {h.name: h.features.recursive_read_only_mounts for h in status.runtime_handlers}
     assert features == {"": True, **{name: True for name in HANDLERS}}
 
 
 def test_a_recursive_read_only_mount_makes_the_mounts_below_it_read_only(daemon, crictl, pod,
-                                                                         volume_with_a_submount):
+                                                                         volume_with_a_submount) -> None:
     config = container_config(["sleep", "600"])
     config["mounts"] = [{"container_path": "/ro", "host_path": str(volume_with_a_submount), "readonly": True},
                         {"container_path": "/rro", "host_path": str(volume_with_a_submount), "readonly": True,
@@ -79,7 +79,7 @@ def test_a_recursive_read_only_mount_makes_the_mounts_below_it_read_only(daemon,
     ({"readonly": True, "propagation": "PROPAGATION_HOST_TO_CONTAINER"},
      "recursive_read_only needs propagation PROPAGATION_PRIVATE, not PROPAGATION_HOST_TO_CONTAINER"),
 ])
-def test_a_recursive_read_only_mount_must_be_read_only_and_private(daemon, crictl, pod, tmp_path, mount, sentence):
+def test_a_recursive_read_only_mount_must_be_read_only_and_private(daemon, crictl, pod, tmp_path, mount, sentence) -> None:
     config = container_config(["sleep", "600"])
     config["mounts"] = [{"container_path": "/rro", "host_path": str(tmp_path), "recursive_read_only": True, **mount}]
     with pytest.raises(grpc.RpcError) as raised:
@@ -88,14 +88,14 @@ def test_a_recursive_read_only_mount_must_be_read_only_and_private(daemon, crict
     assert sentence in raised.value.details()
 
 
-def test_status_reports_the_supplemental_groups_policy_feature(daemon):
+def test_status_reports_the_supplemental_groups_policy_feature(daemon) -> None:
     assert daemon.runtime().Status(api_pb2.StatusRequest(), timeout=10).features.supplemental_groups_policy
 
 
 # The tests' busybox has root in the group wheel (10) of its /etc/group.
 @pytest.mark.parametrize("policy, groups", [(None, [0, 10, 1234]), ("Merge", [0, 10, 1234]), ("Strict", [0, 1234])])
 def test_the_supplemental_groups_policy_says_whether_the_images_groups_are_added(daemon, crictl, pod, policy,
-                                                                                 groups):
+                                                                                 groups) -> None:
     config = container_config(["sleep", "600"])
     context = config["linux"]["security_context"]
     context["supplemental_groups"] = [1234]
@@ -109,7 +109,7 @@ def test_the_supplemental_groups_policy_says_whether_the_images_groups_are_added
     assert sorted(status.user.linux.supplemental_groups) == groups
 
 
-def test_container_status_reports_the_user_the_process_really_has(daemon, crictl, pod):
+def test_container_status_reports_the_user_the_process_really_has(daemon, crictl, pod) -> None:
     config = container_config(["sleep", "600"])
     config["linux"]["security_context"].update(run_as_user={"value": 33}, run_as_group={"value": 50},
                                                supplemental_groups=[7, 5000])
@@ -128,7 +128,7 @@ def test_container_status_reports_the_user_the_process_really_has(daemon, crictl
     assert (stopped.uid, stopped.gid, sorted(stopped.supplemental_groups)) == (33, 50, [7, 50, 5000])
 
 
-def test_container_status_reports_the_user_of_a_container_not_started_yet(daemon, crictl, pod):
+def test_container_status_reports_the_user_of_a_container_not_started_yet(daemon, crictl, pod) -> None:
     config = container_config(["sleep", "600"])
     config["linux"]["security_context"].update(run_as_user={"value": 33}, run_as_group={"value": 50},
                                                supplemental_groups=[7])

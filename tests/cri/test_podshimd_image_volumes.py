@@ -116,7 +116,7 @@ def sh(daemon: Podshimd, crictl: str, container_id: str, script: str, check: boo
 @pytest.mark.parametrize("handler", HANDLERS)
 @pytest.mark.parametrize("kind", ["layered", "single"])
 def test_a_container_sees_the_image_files_read_only_and_nothing_is_left_after_it(daemon, crictl, images, tmp_path,
-                                                                                handler, kind):
+                                                                                handler, kind) -> None:
     image_id = pull(daemon, crictl, images[kind])
     pod = run_pod(daemon, crictl, tmp_path, handler)
     container_id = create(daemon, crictl, tmp_path, pod, volume(image_id))
@@ -137,7 +137,7 @@ def test_a_container_sees_the_image_files_read_only_and_nothing_is_left_after_it
 
 @pytest.mark.parametrize("handler", HANDLERS)
 def test_image_sub_path_mounts_a_directory_of_the_image_and_links_stay_inside_it(daemon, crictl, images, tmp_path,
-                                                                                 handler):
+                                                                                 handler) -> None:
     image_id = pull(daemon, crictl, images["layered"])
     pod = run_pod(daemon, crictl, tmp_path, handler)
     container_id = create(daemon, crictl, tmp_path, pod, volume(image_id, "/data", "data"),
@@ -156,7 +156,7 @@ def test_image_sub_path_mounts_a_directory_of_the_image_and_links_stay_inside_it
     ("data/hello.txt", "image_sub_path 'data/hello.txt' of image volume {id!r} is not a directory of the image"),
 ])
 def test_a_sub_path_that_is_no_directory_of_the_image_is_invalid(daemon, crictl, images, tmp_path, sub_path,
-                                                                 sentence):
+                                                                 sentence) -> None:
     image_id = pull(daemon, crictl, images["layered"])
     pod = run_pod(daemon, crictl, tmp_path)
     error = refused(daemon, pod, volume(image_id, sub_path=sub_path))
@@ -166,7 +166,7 @@ def test_a_sub_path_that_is_no_directory_of_the_image_is_invalid(daemon, crictl,
     assert leftovers(daemon) == ([], [], [])
 
 
-def test_an_image_not_on_the_node_and_a_writable_image_volume_are_refused(daemon, crictl, images, tmp_path):
+def test_an_image_not_on_the_node_and_a_writable_image_volume_are_refused(daemon, crictl, images, tmp_path) -> None:
     pod = run_pod(daemon, crictl, tmp_path)
     error = refused(daemon, pod, volume("sha256:" + "e" * 64))
     assert error.code() == grpc.StatusCode.NOT_FOUND
@@ -180,7 +180,7 @@ def test_an_image_not_on_the_node_and_a_writable_image_volume_are_refused(daemon
 
 
 def test_remove_image_is_refused_while_a_container_mounts_it_and_the_volume_goes_with_its_last_user(
-        daemon, crictl, images, tmp_path):
+        daemon, crictl, images, tmp_path) -> None:
     image = images["single"]
     image_id = pull(daemon, crictl, image)
     pod = run_pod(daemon, crictl, tmp_path)
@@ -199,7 +199,7 @@ def test_remove_image_is_refused_while_a_container_mounts_it_and_the_volume_goes
     daemon.crictl(crictl, "rmi", image.ref)
 
 
-def test_a_pods_removal_releases_its_volumes(daemon, crictl, images, tmp_path):
+def test_a_pods_removal_releases_its_volumes(daemon, crictl, images, tmp_path) -> None:
     image_id = pull(daemon, crictl, images["layered"])
     pod = run_pod(daemon, crictl, tmp_path)
     daemon.crictl(crictl, "start", create(daemon, crictl, tmp_path, pod, volume(image_id)))
@@ -209,7 +209,7 @@ def test_a_pods_removal_releases_its_volumes(daemon, crictl, images, tmp_path):
 
 @pytest.mark.parametrize("userns", [False, True], ids=["host-users", "userns"])
 def test_volumes_in_use_survive_a_restart_and_a_dead_creates_volume_is_released(test_images, images, crictl,
-                                                                               tmp_path, userns):
+                                                                               tmp_path, userns) -> None:
     directory = tempfile.mkdtemp(prefix="psd-ivr-")
     try:
         with running_podshimd(directory, image=test_images.busybox) as daemon:
@@ -242,7 +242,7 @@ def test_volumes_in_use_survive_a_restart_and_a_dead_creates_volume_is_released(
 @pytest.mark.parametrize("handler", HANDLERS)
 @pytest.mark.parametrize("kind", ["layered", "single"])
 def test_in_a_pod_with_a_user_namespace_the_volume_shows_the_images_owners_read_only(daemon, crictl, images,
-                                                                                   tmp_path, handler, kind):
+                                                                                   tmp_path, handler, kind) -> None:
     image_id = pull(daemon, crictl, images[kind])
     pod = run_pod(daemon, crictl, tmp_path, handler, userns=True)
     container_id = create(daemon, crictl, tmp_path, pod, volume(image_id), volume(image_id, "/sub", "data")

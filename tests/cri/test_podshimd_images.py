@@ -55,7 +55,7 @@ def listed(daemon: Podshimd, crictl: str) -> list[dict]:
     return json.loads(daemon.crictl(crictl, "images", "-o", "json").stdout)["images"]
 
 
-def test_crictl_pull_images_inspecti_rmi(daemon, crictl, test_images):
+def test_crictl_pull_images_inspecti_rmi(daemon, crictl, test_images) -> None:
     busybox = test_images.busybox
     pulled = daemon.crictl(crictl, "pull", busybox.ref)
     assert pulled.stdout.startswith("Image is up to date for sha256:")
@@ -75,7 +75,7 @@ def test_crictl_pull_images_inspecti_rmi(daemon, crictl, test_images):
     assert blobs(daemon) == set()  # garbage-collected
 
 
-def test_pullimage_answers_the_image_id_and_removal_is_idempotent(daemon, test_images):
+def test_pullimage_answers_the_image_id_and_removal_is_idempotent(daemon, test_images) -> None:
     images = daemon.images()
     spec = api_pb2.ImageSpec(image=test_images.busybox_v2s2.ref)
     ref = images.PullImage(api_pb2.PullImageRequest(image=spec)).image_ref
@@ -87,7 +87,7 @@ def test_pullimage_answers_the_image_id_and_removal_is_idempotent(daemon, test_i
     assert not images.ImageStatus(api_pb2.ImageStatusRequest(image=spec)).HasField("image")
 
 
-def test_list_images_with_a_filter_lists_the_image_it_names(daemon, crictl, test_images):
+def test_list_images_with_a_filter_lists_the_image_it_names(daemon, crictl, test_images) -> None:
     other = test_images.build("listed", [{"listed": "1"}])
     daemon.crictl(crictl, "pull", test_images.busybox.ref)
     daemon.crictl(crictl, "pull", other.ref)
@@ -99,7 +99,7 @@ def test_list_images_with_a_filter_lists_the_image_it_names(daemon, crictl, test
     assert [i.repo_tags for i in only] == [[other.ref]]
 
 
-def test_one_image_pulled_by_two_names_is_one_image_with_both(daemon, crictl, test_images):
+def test_one_image_pulled_by_two_names_is_one_image_with_both(daemon, crictl, test_images) -> None:
     daemon.crictl(crictl, "pull", test_images.busybox.ref)
     daemon.crictl(crictl, "pull", test_images.multiarch.ref)  # its linux/amd64 image is busybox
     [image] = listed(daemon, crictl)
@@ -107,7 +107,7 @@ def test_one_image_pulled_by_two_names_is_one_image_with_both(daemon, crictl, te
     assert image["repoDigests"] == [test_images.busybox.by_digest, test_images.multiarch.by_digest]
 
 
-def test_crictl_pull_with_credentials(daemon, crictl, test_images, auth_registry):
+def test_crictl_pull_with_credentials(daemon, crictl, test_images, auth_registry) -> None:
     image = test_images.push(test_images.busybox, auth_registry)
     refused = daemon.crictl(crictl, "pull", image.ref, check=False)
     assert refused.returncode != 0
@@ -119,7 +119,7 @@ def test_crictl_pull_with_credentials(daemon, crictl, test_images, auth_registry
     assert [i["repoTags"] for i in listed(daemon, crictl)] == [[image.ref]]
 
 
-def test_a_pull_of_an_image_the_registry_lacks_is_not_found(daemon, crictl, test_images):
+def test_a_pull_of_an_image_the_registry_lacks_is_not_found(daemon, crictl, test_images) -> None:
     ref = test_images.registry.ref("test/nothere:1.0")
     failed = daemon.crictl(crictl, "pull", ref, check=False)
     assert failed.returncode != 0
@@ -127,14 +127,14 @@ def test_a_pull_of_an_image_the_registry_lacks_is_not_found(daemon, crictl, test
     assert listed(daemon, crictl) == [] and blobs(daemon) == set()
 
 
-def test_a_bad_reference_is_invalid_argument(daemon):
+def test_a_bad_reference_is_invalid_argument(daemon) -> None:
     with pytest.raises(grpc.RpcError) as failed:
         daemon.images().PullImage(api_pb2.PullImageRequest(image=api_pb2.ImageSpec(image="Bad/Name")))
     assert failed.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "must be lowercase" in failed.value.details()
 
 
-def test_imagefsinfo_counts_what_a_pull_stored(daemon, crictl, test_images):
+def test_imagefsinfo_counts_what_a_pull_stored(daemon, crictl, test_images) -> None:
     def used() -> int:
         [info] = json.loads(daemon.crictl(crictl, "imagefsinfo").stdout)["status"]["imageFilesystems"]
         return int(info["usedBytes"]["value"])
@@ -143,7 +143,7 @@ def test_imagefsinfo_counts_what_a_pull_stored(daemon, crictl, test_images):
     assert used() > before + 1_000_000  # busybox is about a megabyte compressed
 
 
-def test_imagefsinfo_measures_a_tree_deeper_than_path_max(image_daemon):
+def test_imagefsinfo_measures_a_tree_deeper_than_path_max(image_daemon) -> None:
     # What a container makes in its own root file system is in its upper directory, in the store.
     upper = os.path.join(image_daemon.state_root, "images", "snapshots", "snapshots", "9999", "fs")
     os.makedirs(upper)
@@ -156,7 +156,7 @@ def test_imagefsinfo_measures_a_tree_deeper_than_path_max(image_daemon):
 
 
 def test_hostile_images_get_a_status_and_a_sentence_leave_nothing_and_never_keep_podshimd_from_starting(
-        test_images, tmp_path):
+        test_images, tmp_path) -> None:
     registry = test_images.registry
 
     def raw(name: str, members: list, diff_ids: list | None = None) -> str:
@@ -229,7 +229,7 @@ def test_a_container_runs_on_its_pulled_image_which_is_not_removed_until_the_con
 
 
 def test_an_image_on_a_base_the_node_has_fetches_only_its_own_blobs_and_both_run(daemon, crictl, test_images,
-                                                                                  tmp_path):
+                                                                                  tmp_path) -> None:
     base = test_images.build("cri-shared-base", [{"shared/base": "the base layer"}])
     top = test_images.build("cri-shared-top", [{"shared/top": "the top layer"}], base="cri-shared-base")
     daemon.crictl(crictl, "pull", base.ref)
@@ -267,7 +267,7 @@ def children(pid: int) -> list[int]:
         return [int(child) for child in f.read().split()]
 
 
-def test_a_pull_cut_short_by_kill_9_of_the_daemon_leaves_nothing_after_restart(crictl, tmp_path):
+def test_a_pull_cut_short_by_kill_9_of_the_daemon_leaves_nothing_after_restart(crictl, tmp_path) -> None:
     registry = socket.socket()  # accepts (the kernel does, into the backlog) and never answers
     registry.bind(("127.0.0.1", 0))
     registry.listen(8)

@@ -44,7 +44,7 @@ def journal(tmp_path):
     return server, logger, handler, text
 
 
-def test_a_line_about_a_pod_is_an_entry_with_its_priority_and_ids(tmp_path):
+def test_a_line_about_a_pod_is_an_entry_with_its_priority_and_ids(tmp_path) -> None:
     server, logger, handler, _ = journal(tmp_path)
     try:
         logger.warning("pod %s: something to act on", "p1", extra={"pod_id": "p1", "pod_name": "web",
@@ -61,7 +61,7 @@ def test_a_line_about_a_pod_is_an_entry_with_its_priority_and_ids(tmp_path):
         server.close()
 
 
-def test_a_traceback_stays_in_its_lines_entry(tmp_path):
+def test_a_traceback_stays_in_its_lines_entry(tmp_path) -> None:
     server, logger, handler, _ = journal(tmp_path)
     try:
         try:
@@ -76,7 +76,7 @@ def test_a_traceback_stays_in_its_lines_entry(tmp_path):
         server.close()
 
 
-def test_what_the_journal_refuses_goes_to_stderr_as_text(tmp_path):
+def test_what_the_journal_refuses_goes_to_stderr_as_text(tmp_path) -> None:
     server, logger, handler, text = journal(tmp_path)
     server.close()
     os.unlink(tmp_path / "journal.sock")  # journald gone
@@ -87,12 +87,12 @@ def test_what_the_journal_refuses_goes_to_stderr_as_text(tmp_path):
         handler.close()
 
 
-def test_levels_are_syslog_priorities():
+def test_levels_are_syslog_priorities() -> None:
     assert [priority(level) for level in (logging.DEBUG, logging.INFO, logging.WARNING, logging.ERROR,
                                           logging.CRITICAL)] == [7, 6, 4, 3, 2]
 
 
-def test_only_the_stream_journal_stream_names_is_the_journal(tmp_path):
+def test_only_the_stream_journal_stream_names_is_the_journal(tmp_path) -> None:
     with open(tmp_path / "stderr", "w") as f:
         st = os.fstat(f.fileno())
         assert journal_stream(f, {"JOURNAL_STREAM": f"{st.st_dev}:{st.st_ino}"})

@@ -26,7 +26,7 @@ from support.netrelay import loopback_relay
 from support.podtools import container_config, node_container, pod_config, pod_service
 
 
-async def test_a_pod_cycle_logs_its_lifecycle_at_info_and_nothing_that_reads_like_an_error(roots, caplog):
+async def test_a_pod_cycle_logs_its_lifecycle_at_info_and_nothing_that_reads_like_an_error(roots, caplog) -> None:
     caplog.set_level(logging.DEBUG)
     caplog.handler.addFilter(IdsFilter())
     config = pod_config()
@@ -69,7 +69,7 @@ def logged(daemon, text: str, timeout: float = 30.0) -> str:
     return daemon.log()
 
 
-def test_sighup_applies_the_configs_log_level_and_names_what_needs_a_restart(directory):
+def test_sighup_applies_the_configs_log_level_and_names_what_needs_a_restart(directory) -> None:
     with running_podshimd(directory, config='log_level = "info"\n') as daemon:
         with open(daemon.config_path, "w") as f:
             f.write('log_level = "debug"\n')
@@ -91,7 +91,7 @@ def test_sighup_applies_the_configs_log_level_and_names_what_needs_a_restart(dir
 ALARMING = re.compile(r"(?i)\b(cannot|could not|error|fail\w*|refused|no such|closed|ended|lost|traceback)\b")
 
 
-def test_a_fresh_daemons_whole_info_log_of_a_pod_cycle_reads_as_lifecycle_only(directory, outer_netns, test_images):
+def test_a_fresh_daemons_whole_info_log_of_a_pod_cycle_reads_as_lifecycle_only(directory, outer_netns, test_images) -> None:
     # The whole daemon as an operator starts it on a node with a CNI config: its first pod starts
     # the shim template, a pull, a container's life, the pod's end, the daemon's stop.
     cni_config(directory, portmap=False)

@@ -85,7 +85,7 @@ def keyed(path: str) -> dict[str, int]:
         return {k: int(v) for k, v in (line.split() for line in f)}
 
 
-def test_crictl_metricdescs_lists_cadvisors_metrics_with_help_and_label_keys(daemon, crictl):
+def test_crictl_metricdescs_lists_cadvisors_metrics_with_help_and_label_keys(daemon, crictl) -> None:
     descs = json.loads(daemon.crictl(crictl, "metricdescs", "-o", "json").stdout)["descriptors"]
     names = [d["name"] for d in descs]
     assert len(names) == len(set(names))
@@ -99,7 +99,7 @@ def test_crictl_metricdescs_lists_cadvisors_metrics_with_help_and_label_keys(dae
     assert keys["container_blkio_device_usage_total"] == ["device", "major", "minor", "operation"]
 
 
-def test_crictl_metricsp_reports_a_running_busybox_as_its_cgroup_files_say(daemon, crictl, pod):
+def test_crictl_metricsp_reports_a_running_busybox_as_its_cgroup_files_say(daemon, crictl, pod) -> None:
     container_id = limited_busybox(daemon, crictl, pod)
     inspect = json.loads(daemon.crictl(crictl, "inspect", container_id).stdout)
     pid, image = inspect["info"]["pid"], inspect["status"]["image"]["image"]
@@ -155,14 +155,14 @@ def test_crictl_metricsp_reports_a_running_busybox_as_its_cgroup_files_say(daemo
     assert "lo" not in interfaces
 
 
-def test_a_figure_the_host_does_not_keep_is_left_out_not_zero():
+def test_a_figure_the_host_does_not_keep_is_left_out_not_zero() -> None:
     data = {"cpu_usage_ns": 3 * 10**9, "memory_usage_bytes": None, "details": {"memory_failcnt": None, "threads": 4}}
     doc = podmetrics.container_metrics({"name": "p", "namespace": "n"}, "c1", "c", "busybox", 0, 10**18, data, None)
     names = {m["name"]: m["value"]["value"] for m in doc["metrics"]}
     assert names == {"container_cpu_usage_seconds_total": 3, "container_threads": 4, "container_last_seen": 10**9}
 
 
-def test_stream_pod_sandbox_metrics_answers_as_list(daemon, crictl, pod):
+def test_stream_pod_sandbox_metrics_answers_as_list(daemon, crictl, pod) -> None:
     limited_busybox(daemon, crictl, pod)
     runtime = daemon.runtime()
     listed = runtime.ListPodSandboxMetrics(api_pb2.ListPodSandboxMetricsRequest(), timeout=CALL_TIMEOUT).pod_metrics
@@ -178,7 +178,7 @@ def test_stream_pod_sandbox_metrics_answers_as_list(daemon, crictl, pod):
     assert shape(streamed) == shape(listed) and [p.pod_sandbox_id for p in listed] == [pod[0]]
 
 
-def test_pressure_is_psi_some_as_waiting_and_full_as_stalled_in_whole_seconds():
+def test_pressure_is_psi_some_as_waiting_and_full_as_stalled_in_whole_seconds() -> None:
     data = {"cpu_pressure": {"some": {"avg10": 0.0, "avg60": 0.0, "avg300": 0.0, "total_us": 2_500_000}},
             "io_pressure": {"some": {"avg10": 0.0, "avg60": 0.0, "avg300": 0.0, "total_us": 7},
                             "full": {"avg10": 0.0, "avg60": 0.0, "avg300": 0.0, "total_us": 3_000_000}}}
@@ -189,7 +189,7 @@ def test_pressure_is_psi_some_as_waiting_and_full_as_stalled_in_whole_seconds():
     assert all(m["label_values"] == ["p", "n", "", "p1", ""] for m in doc["metrics"])
 
 
-def test_block_io_is_per_device_and_operation():
+def test_block_io_is_per_device_and_operation() -> None:
     data = {"details": {"block_io": {"0:0": {"read_bytes": 4096, "write_bytes": 512, "reads": 2, "writes": 1}}}}
     doc = podmetrics.pod_metrics("p1", {"name": "p", "namespace": "n"}, 10**18, data, [])
     found = {(m["name"], tuple(m["label_values"][5:])): m["value"]["value"] for m in doc["metrics"]

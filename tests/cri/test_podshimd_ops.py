@@ -93,14 +93,14 @@ def allocating(daemon, crictl, pod, tmp_path) -> str:
 
 # -- ExecSync ----------------------------------------------------------------------------------------
 
-def test_exec_sync_returns_stdout_stderr_and_the_exit_code(daemon, crictl, pod, tmp_path):
+def test_exec_sync_returns_stdout_stderr_and_the_exit_code(daemon, crictl, pod, tmp_path) -> None:
     container_id = run(daemon, crictl, pod, ["sleep", "600"])
     reply = daemon.runtime().ExecSync(api_pb2.ExecSyncRequest(
         container_id=container_id, cmd=["sh", "-c", "echo out; echo err >&2; exit 3"]), timeout=CALL_TIMEOUT)
     assert (reply.stdout, reply.stderr, reply.exit_code) == (b"out\n", b"err\n", 3)
 
 
-def test_crictl_exec_s_prints_both_streams_and_a_non_zero_exit_as_crictl_does(daemon, crictl, pod, tmp_path):
+def test_crictl_exec_s_prints_both_streams_and_a_non_zero_exit_as_crictl_does(daemon, crictl, pod, tmp_path) -> None:
     container_id = run(daemon, crictl, pod, ["sleep", "600"])
     ok = daemon.crictl(crictl, "exec", "-s", container_id, "sh", "-c", "echo out; echo err >&2")
     assert ok.stdout == "out\n\nerr\n\n"  # crictl prints each stream with Println
@@ -111,7 +111,7 @@ def test_crictl_exec_s_prints_both_streams_and_a_non_zero_exit_as_crictl_does(da
     assert "command 'sh -c echo out; echo err >&2; exit 3' exited with 3: err" in failed.stderr
 
 
-def test_exec_sync_runs_in_the_containers_namespaces_and_cgroup(daemon, crictl, pod, tmp_path):
+def test_exec_sync_runs_in_the_containers_namespaces_and_cgroup(daemon, crictl, pod, tmp_path) -> None:
     container_id = run(daemon, crictl, pod, ["sleep", "600"])
     pid = info(daemon, crictl, container_id)["pid"]
     reply = daemon.runtime().ExecSync(api_pb2.ExecSyncRequest(
@@ -123,7 +123,7 @@ def test_exec_sync_runs_in_the_containers_namespaces_and_cgroup(daemon, crictl, 
         assert sorted(lines[2:]) == sorted(f.read().splitlines())
 
 
-def test_exec_sync_timeout_kills_the_command_and_leaves_no_process(daemon, crictl, pod, tmp_path):
+def test_exec_sync_timeout_kills_the_command_and_leaves_no_process(daemon, crictl, pod, tmp_path) -> None:
     container_id = run(daemon, crictl, pod, ["sleep", "600"], name="t")
     pid = info(daemon, crictl, container_id)["pid"]
     procs = cgroup_file(pid, "pids", "cgroup.procs")
@@ -138,7 +138,7 @@ def test_exec_sync_timeout_kills_the_command_and_leaves_no_process(daemon, crict
     assert read(procs).split() == [str(pid)]
 
 
-def test_exec_sync_in_a_container_that_is_not_running_is_failed_precondition(daemon, crictl, pod, tmp_path):
+def test_exec_sync_in_a_container_that_is_not_running_is_failed_precondition(daemon, crictl, pod, tmp_path) -> None:
     container_id = daemon.create_container(pod[0], container_config(["sleep", "600"]), pod[1])
     with pytest.raises(grpc.RpcError) as caught:
         daemon.runtime().ExecSync(api_pb2.ExecSyncRequest(container_id=container_id, cmd=["true"]),
@@ -147,7 +147,7 @@ def test_exec_sync_in_a_container_that_is_not_running_is_failed_precondition(dae
     assert caught.value.details() == f"container {container_id} is not running (it is CONTAINER_CREATED)"
 
 
-def test_exec_sync_of_a_program_that_does_not_exist_says_so(daemon, crictl, pod, tmp_path):
+def test_exec_sync_of_a_program_that_does_not_exist_says_so(daemon, crictl, pod, tmp_path) -> None:
     container_id = run(daemon, crictl, pod, ["sleep", "600"])
     with pytest.raises(grpc.RpcError) as caught:
         daemon.runtime().ExecSync(api_pb2.ExecSyncRequest(container_id=container_id, cmd=["/no/such"]),
@@ -170,7 +170,7 @@ def table(output: str) -> list[list[str]]:
     return [re.split(r"\s{2,}", line.strip()) for line in output.splitlines()[1:] if line.strip()]
 
 
-def test_crictl_stats_shows_the_memory_a_container_allocated(daemon, crictl, pod, tmp_path):
+def test_crictl_stats_shows_the_memory_a_container_allocated(daemon, crictl, pod, tmp_path) -> None:
     container_id = allocating(daemon, crictl, pod, tmp_path)
     rows = table(daemon.crictl(crictl, "stats", "-s", "1").stdout)
     assert [row[0] for row in rows] == [container_id[:13]]
@@ -187,7 +187,7 @@ def test_crictl_stats_shows_the_memory_a_container_allocated(daemon, crictl, pod
     assert "writableLayer" not in stats  # no image, no writable layer: unset, not zero
 
 
-def test_crictl_statsp_shows_the_pod_with_its_containers(daemon, crictl, pod, tmp_path):
+def test_crictl_statsp_shows_the_pod_with_its_containers(daemon, crictl, pod, tmp_path) -> None:
     container_id = allocating(daemon, crictl, pod, tmp_path)
     with open(pod[1]) as f:
         name = json.load(f)["metadata"]["name"]
@@ -202,7 +202,7 @@ def test_crictl_statsp_shows_the_pod_with_its_containers(daemon, crictl, pod, tm
     assert int(linux["memory"]["workingSetBytes"]["value"]) >= ALLOCATED
 
 
-def test_a_stopped_pod_has_no_stats(daemon, crictl, pod):
+def test_a_stopped_pod_has_no_stats(daemon, crictl, pod) -> None:
     daemon.crictl(crictl, "stopp", pod[0])
     assert json.loads(daemon.crictl(crictl, "statsp", "-o", "json").stdout) == {"stats": []}
     with pytest.raises(grpc.RpcError) as caught:
@@ -212,7 +212,7 @@ def test_a_stopped_pod_has_no_stats(daemon, crictl, pod):
 
 # -- UpdateContainerResources ----------------------------------------------------------------------------
 
-def test_crictl_update_writes_the_containers_cgroup(daemon, crictl, pod, tmp_path):
+def test_crictl_update_writes_the_containers_cgroup(daemon, crictl, pod, tmp_path) -> None:
     container_id = run(daemon, crictl, pod, ["sleep", "600"])
     pid = info(daemon, crictl, container_id)["pid"]
     out = daemon.crictl(crictl, "update", "--memory", str(128 << 20), "--cpu-share", "512", "--cpu-quota", "50000",
@@ -226,7 +226,7 @@ def test_crictl_update_writes_the_containers_cgroup(daemon, crictl, pod, tmp_pat
     assert f" pod_id={pod[0]} container_id={container_id}: " in line
 
 
-def test_container_status_reports_the_resources_as_created_and_then_as_updated(daemon, crictl, pod, tmp_path):
+def test_container_status_reports_the_resources_as_created_and_then_as_updated(daemon, crictl, pod, tmp_path) -> None:
     # kubelet reads them back (in-place resize); containerd keeps them in its container's status.
     container_id = run(daemon, crictl, pod, ["sleep", "600"],
                        linux={"resources": {"cpu_shares": 20, "cpu_period": 100000, "cpu_quota": 50000}})
@@ -250,7 +250,7 @@ def test_container_status_reports_the_resources_as_created_and_then_as_updated(d
 
 
 def test_a_resource_that_cannot_be_applied_is_invalid_argument_naming_it_and_changes_nothing(daemon, crictl, pod,
-                                                                                             tmp_path):
+                                                                                             tmp_path) -> None:
     container_id = run(daemon, crictl, pod, ["sleep", "600"])
     pid = info(daemon, crictl, container_id)["pid"]
     shares = read(cgroup_file(pid, "cpu", "cpu.shares"))
@@ -271,7 +271,7 @@ def test_a_resource_that_cannot_be_applied_is_invalid_argument_naming_it_and_cha
 
 # -- ReopenContainerLog ---------------------------------------------------------------------------------
 
-def test_reopen_container_log_after_the_log_was_moved(daemon, crictl, pod, tmp_path):
+def test_reopen_container_log_after_the_log_was_moved(daemon, crictl, pod, tmp_path) -> None:
     fifo = tmp_path / "go"
     os.mkfifo(fifo)
     container_id = run(daemon, crictl, pod, ["sh", "-c", f"echo before; read x < {fifo}; echo after"],
@@ -293,7 +293,7 @@ def test_reopen_container_log_after_the_log_was_moved(daemon, crictl, pod, tmp_p
     assert [line.split(" ", 3)[3] for line in read(log_path).splitlines()] == ["after"]
 
 
-def test_reopen_log_of_an_exited_container_is_failed_precondition(daemon, crictl, pod, tmp_path):
+def test_reopen_log_of_an_exited_container_is_failed_precondition(daemon, crictl, pod, tmp_path) -> None:
     container_id = run(daemon, crictl, pod, ["true"])
     assert not wait_gone(info(daemon, crictl, container_id)["pid"], timeout=30)
     with pytest.raises(grpc.RpcError) as caught:
@@ -304,7 +304,7 @@ def test_reopen_log_of_an_exited_container_is_failed_precondition(daemon, crictl
 
 # -- GetContainerEvents ----------------------------------------------------------------------------------
 
-def test_get_container_events_sees_a_container_created_started_and_exiting(daemon, crictl, pod, tmp_path):
+def test_get_container_events_sees_a_container_created_started_and_exiting(daemon, crictl, pod, tmp_path) -> None:
     events = daemon.runtime().GetContainerEvents(api_pb2.GetEventsRequest(), timeout=CALL_TIMEOUT)
     try:
         events.initial_metadata()  # sent once the stream is subscribed
@@ -326,7 +326,7 @@ def test_get_container_events_sees_a_container_created_started_and_exiting(daemo
     assert seen[0].created_at <= seen[1].created_at <= stopped.created_at
 
 
-def test_get_container_events_sees_a_pod_removed(daemon, crictl, pod):
+def test_get_container_events_sees_a_pod_removed(daemon, crictl, pod) -> None:
     events = daemon.runtime().GetContainerEvents(api_pb2.GetEventsRequest(), timeout=CALL_TIMEOUT)
     try:
         events.initial_metadata()
@@ -344,7 +344,7 @@ def test_get_container_events_sees_a_pod_removed(daemon, crictl, pod):
 
 # -- UpdateRuntimeConfig, ImageFsInfo ---------------------------------------------------------------------
 
-def test_update_runtime_config_records_the_pod_cidr_crictl_info_shows(daemon, crictl):
+def test_update_runtime_config_records_the_pod_cidr_crictl_info_shows(daemon, crictl) -> None:
     daemon.runtime().UpdateRuntimeConfig(api_pb2.UpdateRuntimeConfigRequest(runtime_config=api_pb2.RuntimeConfig(
         network_config=api_pb2.NetworkConfig(pod_cidr="10.244.3.0/24"))), timeout=CALL_TIMEOUT)
     assert json.loads(daemon.crictl(crictl, "info").stdout)["podCIDR"] == "10.244.3.0/24"
@@ -356,7 +356,7 @@ def test_update_runtime_config_records_the_pod_cidr_crictl_info_shows(daemon, cr
     assert json.loads(daemon.crictl(crictl, "info").stdout)["podCIDR"] == "10.244.3.0/24"
 
 
-def test_crictl_imagefsinfo_measures_the_image_store(daemon, crictl):
+def test_crictl_imagefsinfo_measures_the_image_store(daemon, crictl) -> None:
     [found] = json.loads(daemon.crictl(crictl, "imagefsinfo").stdout)["status"]["imageFilesystems"]
     store = os.path.join(daemon.state_root, IMAGE_STORE_DIR)
     assert found["fsId"]["mountpoint"] == store
@@ -383,7 +383,7 @@ def scrape(daemon) -> dict[str, float]:
     return {name: float(value) for name, value in re.findall(r"^(\S+) (\S+)$", text, re.M)}
 
 
-def test_the_metrics_endpoint_counts_pods_containers_and_calls(daemon, crictl, pod, tmp_path):
+def test_the_metrics_endpoint_counts_pods_containers_and_calls(daemon, crictl, pod, tmp_path) -> None:
     running = run(daemon, crictl, pod, ["sleep", "600"])
     daemon.create_container(pod[0], container_config(["true"], name="new"), pod[1])
     found = scrape(daemon)
@@ -412,7 +412,7 @@ def ctl(daemon, *argv: str) -> subprocess.CompletedProcess:
     return result
 
 
-def test_podshimctl_exec_passes_both_streams_and_exits_with_the_commands_status(daemon, crictl, pod, tmp_path):
+def test_podshimctl_exec_passes_both_streams_and_exits_with_the_commands_status(daemon, crictl, pod, tmp_path) -> None:
     container_id = run(daemon, crictl, pod, ["sleep", "600"])
     done = ctl(daemon, "exec", container_id[:12], "sh", "-c", "echo out; echo err >&2; exit 3")
     assert (done.returncode, done.stdout, done.stderr) == (3, b"out\n", b"err\n")
@@ -421,7 +421,7 @@ def test_podshimctl_exec_passes_both_streams_and_exits_with_the_commands_status(
     assert timed_out.stderr == b"DEADLINE_EXCEEDED: command 'sleep 60' timed out after 1 s and was killed\n"
 
 
-def test_podshimctl_stats_and_statsp_show_the_allocated_memory(daemon, crictl, pod, tmp_path):
+def test_podshimctl_stats_and_statsp_show_the_allocated_memory(daemon, crictl, pod, tmp_path) -> None:
     container_id = allocating(daemon, crictl, pod, tmp_path)
     rows = [line.split() for line in ctl(daemon, "stats", "-s", "0.5").stdout.decode().splitlines()]
     assert rows[0] == ["CONTAINER", "NAME", "CPU", "%", "MEMORY", "USAGE"]

@@ -42,7 +42,7 @@ def files(daemon, tmp_path):
     return str(pod), str(container)
 
 
-def test_a_pod_and_a_container_through_podshimctl(daemon, crictl, files):
+def test_a_pod_and_a_container_through_podshimctl(daemon, crictl, files) -> None:
     pod_file, container_file = files
     pod_id = ctl(daemon, "runp", pod_file).stdout.strip()
     container_id = ctl(daemon, "create", pod_id[:10], container_file, pod_file).stdout.strip()
@@ -77,7 +77,7 @@ def test_a_pod_and_a_container_through_podshimctl(daemon, crictl, files):
     assert not os.path.exists(found["info"]["netns_path"])
 
 
-def test_pods_filters_and_stop_with_a_timeout(daemon, files, tmp_path):
+def test_pods_filters_and_stop_with_a_timeout(daemon, files, tmp_path) -> None:
     pod_file, _ = files
     pod_id = ctl(daemon, "runp", pod_file).stdout.strip()
     stubborn = tmp_path / "stubborn.json"
@@ -92,7 +92,7 @@ def test_pods_filters_and_stop_with_a_timeout(daemon, files, tmp_path):
     assert (status["state"], status["exit_code"]) == ("CONTAINER_EXITED", 137)
 
 
-def test_errors_are_the_status_and_the_daemons_sentence(daemon, tmp_path):
+def test_errors_are_the_status_and_the_daemons_sentence(daemon, tmp_path) -> None:
     unknown = ctl(daemon, "inspectp", "nosuchpod", check=False)
     assert unknown.returncode == 1
     assert unknown.stderr == "NOT_FOUND: no pod sandbox has an id starting with 'nosuchpod'\n"
@@ -113,7 +113,7 @@ def test_errors_are_the_status_and_the_daemons_sentence(daemon, tmp_path):
     assert ctl(daemon, "pods", "-q").stdout == ""
 
 
-def test_with_no_daemon_running_a_verb_says_how_to_start_one(tmp_path):
+def test_with_no_daemon_running_a_verb_says_how_to_start_one(tmp_path) -> None:
     result = subprocess.run([*PODSHIMCTL, "--runtime-root", str(tmp_path), "pods"], cwd=REPO,
                             stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60)
     assert result.returncode == 1
@@ -129,14 +129,14 @@ def test_with_no_daemon_running_a_verb_says_how_to_start_one(tmp_path):
     assert result.stderr.startswith(f"podshimctl: podshimd is not running: nothing answers on unix://{dead}; start it")
 
 
-def test_the_shim_level_verbs_never_import_grpc():
+def test_the_shim_level_verbs_never_import_grpc() -> None:
     probe = ("import sys; from client.cli.main import build_parser; build_parser(); "
              "print(sorted(m for m in sys.modules if m.split('.')[0] in ('grpc', 'google') or 'criapi' in m))")
     result = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, check=True)
     assert result.stdout == "[]\n"
 
 
-def test_the_pod_verbs_import_neither_grpc_nor_asyncio(daemon):
+def test_the_pod_verbs_import_neither_grpc_nor_asyncio(daemon) -> None:
     # grpcio's import (asyncio and grpc.aio with it) was half of a verb's start-up (issue #15):
     # podshimctl speaks gRPC to podshimd through client.grpcwire.
     probe = ("import sys; from client.cli.main import main; code = main(sys.argv[1:]); "

@@ -126,7 +126,7 @@ def exchange(port: int, payload: bytes) -> tuple[bytes, bytes]:
     return line, rest
 
 
-def test_port_forward_carries_10_mb_each_way_checksummed(daemon, crictl, pod):
+def test_port_forward_carries_10_mb_each_way_checksummed(daemon, crictl, pod) -> None:
     payload = os.urandom(10 * MB)
     with pod_server(netns_of(daemon, crictl, pod), 10 * MB) as remote, \
             port_forward(daemon, crictl, pod, remote) as (local, _):
@@ -135,7 +135,7 @@ def test_port_forward_carries_10_mb_each_way_checksummed(daemon, crictl, pod):
     assert hashlib.sha256(rest).digest() == hashlib.sha256(pattern(10 * MB)).digest()
 
 
-def test_port_forward_reaches_the_pods_namespace_not_the_hosts(daemon, crictl, pod):
+def test_port_forward_reaches_the_pods_namespace_not_the_hosts(daemon, crictl, pod) -> None:
     # A server on the host's loopback at the same port is not what the pod's port-forward reaches.
     with pod_server(None, 0) as host_port, port_forward(daemon, crictl, pod, host_port) as (local, proc):
         with socket.create_connection(("127.0.0.1", local)) as conn:
@@ -145,7 +145,7 @@ def test_port_forward_reaches_the_pods_namespace_not_the_hosts(daemon, crictl, p
     assert f"cannot connect to port {host_port} on the pod's localhost: Connection refused" in message
 
 
-def test_several_connections_at_once(daemon, crictl, pod):
+def test_several_connections_at_once(daemon, crictl, pod) -> None:
     payloads = [os.urandom(512 * 1024 + i) for i in range(6)]
     results: list = [None] * len(payloads)
     with pod_server(netns_of(daemon, crictl, pod), 1000) as remote, \
@@ -162,7 +162,7 @@ def test_several_connections_at_once(daemon, crictl, pod):
         assert rest == pattern(1000)
 
 
-def test_port_forward_to_a_host_network_pod_reaches_the_hosts_loopback(daemon, crictl, tmp_path):
+def test_port_forward_to_a_host_network_pod_reaches_the_hosts_loopback(daemon, crictl, tmp_path) -> None:
     config = pod_config(network=2)
     del config["linux"]["sysctls"]  # network sysctls would change the host's network: refused
     pod_id = runp(daemon, crictl, tmp_path, config)
@@ -182,7 +182,7 @@ def read_until(stream, needle: str) -> str:
     raise AssertionError(f"{needle!r} never came: {''.join(seen)}")
 
 
-def test_nothing_listening_is_a_clear_error_and_the_server_goes_on(daemon, crictl, pod):
+def test_nothing_listening_is_a_clear_error_and_the_server_goes_on(daemon, crictl, pod) -> None:
     netns = netns_of(daemon, crictl, pod)
     with pod_server(netns, 10) as remote:
         closed = socket.socket()
@@ -228,19 +228,19 @@ def upgrade(url: str, protocol: str = "portforward.k8s.io") -> tuple[int, str]:
         return status, ""
 
 
-def test_port_forward_url_is_on_loopback_with_a_token(daemon, crictl, pod):
+def test_port_forward_url_is_on_loopback_with_a_token(daemon, crictl, pod) -> None:
     url = portforward_url(daemon, pod)
     assert re.fullmatch(r"http://127\.0\.0\.1:\d+/portforward/[A-Za-z0-9_-]{24}", url), url
 
 
-def test_a_token_is_good_for_one_connection_only(daemon, crictl, pod):
+def test_a_token_is_good_for_one_connection_only(daemon, crictl, pod) -> None:
     url = portforward_url(daemon, pod)
     assert upgrade(url) == (101, "")
     status, body = upgrade(url)
     assert status == 404 and "unknown, already used, or expired" in body
 
 
-def test_a_bad_token_or_path_is_a_clear_http_error(daemon, crictl, pod):
+def test_a_bad_token_or_path_is_a_clear_http_error(daemon, crictl, pod) -> None:
     url = portforward_url(daemon, pod)
     base = url.rsplit("/", 2)[0]
     assert upgrade(base + "/portforward/nosuchtoken")[0] == 404
@@ -251,7 +251,7 @@ def test_a_bad_token_or_path_is_a_clear_http_error(daemon, crictl, pod):
     assert upgrade(url)[0] == 101  # a refused negotiation does not spend the token
 
 
-def test_port_forward_to_an_unknown_pod_is_not_found(daemon):
+def test_port_forward_to_an_unknown_pod_is_not_found(daemon) -> None:
     with pytest.raises(grpc.RpcError) as failed:
         portforward_url(daemon, "f" * 64)
     assert failed.value.code() == grpc.StatusCode.NOT_FOUND
@@ -260,7 +260,7 @@ def test_port_forward_to_an_unknown_pod_is_not_found(daemon):
 
 # -- the listener ------------------------------------------------------------------------------------
 
-def test_the_streaming_server_listens_on_the_configured_address():
+def test_the_streaming_server_listens_on_the_configured_address() -> None:
     directory = tempfile.mkdtemp(prefix="psd-str-")
     try:
         with running_podshimd(directory, config='streaming_address = "127.0.0.2:0"\n') as daemon:
@@ -271,7 +271,7 @@ def test_the_streaming_server_listens_on_the_configured_address():
         shutil.rmtree(directory)
 
 
-def test_a_streaming_address_in_use_stops_podshimd_with_a_sentence():
+def test_a_streaming_address_in_use_stops_podshimd_with_a_sentence() -> None:
     directory = tempfile.mkdtemp(prefix="psd-str-")
     taken = socket.socket()
     try:

@@ -100,7 +100,7 @@ def read(path: str) -> str:
         return f.read().strip()
 
 
-def test_a_containers_resources_are_in_its_cgroup_and_process(daemon, run):
+def test_a_containers_resources_are_in_its_cgroup_and_process(daemon, run) -> None:
     pid = container_pid(daemon, run(["sleep", "600"], RESOURCES))
     assert read(cgroup_file(pid, "cpu", "cpu.cfs_period_us")) == "100000"
     assert read(cgroup_file(pid, "cpu", "cpu.cfs_quota_us")) == "25000"
@@ -111,7 +111,7 @@ def test_a_containers_resources_are_in_its_cgroup_and_process(daemon, run):
     assert read(f"/proc/{pid}/oom_score_adj") == "936"
 
 
-def test_a_container_that_allocates_past_its_limit_is_reported_oom_killed(daemon, run):
+def test_a_container_that_allocates_past_its_limit_is_reported_oom_killed(daemon, run) -> None:
     # tail keeps what it read until a newline, and /dev/zero has none.
     container_id = run(["tail", "/dev/zero"], {"memory_limit_in_bytes": 16 << 20,
                                                "memory_swap_limit_in_bytes": 16 << 20})
@@ -119,14 +119,14 @@ def test_a_container_that_allocates_past_its_limit_is_reported_oom_killed(daemon
     assert (status.exit_code, status.reason) == (137, "OOMKilled")
 
 
-def test_a_container_stopped_with_sigkill_is_not_called_oom_killed(daemon, run):
+def test_a_container_stopped_with_sigkill_is_not_called_oom_killed(daemon, run) -> None:
     container_id = run(["sleep", "600"], {"memory_limit_in_bytes": 16 << 20})
     daemon.runtime().StopContainer(api_pb2.StopContainerRequest(container_id=container_id, timeout=0))
     status = status_of(daemon, container_id)
     assert (status.exit_code, status.reason) == (137, "Error")
 
 
-def test_the_event_feed_says_oom_killed_in_the_stopped_event(daemon, run):
+def test_the_event_feed_says_oom_killed_in_the_stopped_event(daemon, run) -> None:
     events = daemon.runtime().GetContainerEvents(api_pb2.GetEventsRequest(), timeout=90)
     try:
         events.initial_metadata()  # sent once the stream is subscribed
@@ -141,7 +141,7 @@ def test_the_event_feed_says_oom_killed_in_the_stopped_event(daemon, run):
 
 
 @pytest.mark.parametrize("handler", HANDLERS)
-def test_a_pods_resources_and_overhead_are_in_its_cgroup_before_any_container(daemon, handler):
+def test_a_pods_resources_and_overhead_are_in_its_cgroup_before_any_container(daemon, handler) -> None:
     # kubelet gives the sum of its containers' resources, and the pod's overhead on top.
     pod = pod_config()
     pod["linux"]["resources"] = {"cpu_shares": 512, "memory_limit_in_bytes": 64 << 20}
@@ -159,7 +159,7 @@ def test_a_pods_resources_and_overhead_are_in_its_cgroup_before_any_container(da
         runtime.RemovePodSandbox(api_pb2.RemovePodSandboxRequest(pod_sandbox_id=pod_id))
 
 
-def test_a_pod_asking_an_oom_score_of_its_own_is_refused_and_nothing_is_left(daemon):
+def test_a_pod_asking_an_oom_score_of_its_own_is_refused_and_nothing_is_left(daemon) -> None:
     pod = pod_config()
     pod["linux"]["resources"] = {"oom_score_adj": 500}
     runtime = daemon.runtime()

@@ -47,7 +47,7 @@ configs = st.fixed_dictionaries({
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
                                                                   HealthCheck.too_slow])
 @given(config=configs)
-def test_any_pod_config_is_run_or_refused_with_a_sentence_and_nothing_is_half_made(daemon, config):
+def test_any_pod_config_is_run_or_refused_with_a_sentence_and_nothing_is_half_made(daemon, config) -> None:
     runtime = daemon.runtime()
     request = api_pb2.RunPodSandboxRequest()
     json_format.ParseDict({"config": config}, request)

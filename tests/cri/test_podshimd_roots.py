@@ -36,7 +36,7 @@ def footprint(state_root: str) -> dict[str, list[str]]:
     return found
 
 
-def test_podshimctl_on_podshimds_state_root_refuses_it_and_touches_nothing(test_images, tmp_path):
+def test_podshimctl_on_podshimds_state_root_refuses_it_and_touches_nothing(test_images, tmp_path) -> None:
     directory = tempfile.mkdtemp(prefix="psd-roots-")
     config = f'[registries."{test_images.registry.host}"]\ninsecure = true\n'
     try:
@@ -81,7 +81,7 @@ def check_roots(daemon, on_daemon: list[str], test_images, tmp_path) -> None:
     assert footprint(daemon.state_root) == before
 
 
-def test_a_second_podshimd_on_one_state_root_refuses_to_start_and_names_the_first(tmp_path):
+def test_a_second_podshimd_on_one_state_root_refuses_to_start_and_names_the_first(tmp_path) -> None:
     first_dir, second_dir = tempfile.mkdtemp(prefix="psd-one-"), tempfile.mkdtemp(prefix="psd-two-")
     try:
         with running_podshimd(first_dir) as first:
@@ -103,7 +103,7 @@ def test_a_second_podshimd_on_one_state_root_refuses_to_start_and_names_the_firs
         shutil.rmtree(second_dir)
 
 
-def test_podshimd_refuses_a_state_root_marked_as_a_controllers_bundle_root(tmp_path):
+def test_podshimd_refuses_a_state_root_marked_as_a_controllers_bundle_root(tmp_path) -> None:
     directory = tempfile.mkdtemp(prefix="psd-bnd-")
     try:
         state_root = os.path.join(directory, "state")

@@ -61,7 +61,7 @@ def write_json(path, doc) -> str:
 
 @pytest.mark.parametrize("handler", HANDLERS)
 def test_runp_runs_the_sandbox_image_pause_and_rmp_leaves_nothing(pause_daemon, crictl, test_images, handler,
-                                                                  tmp_path):
+                                                                  tmp_path) -> None:
     daemon, image = pause_daemon
     pod_path = write_json(tmp_path / "pod.json", pod_config())
     pod_id = daemon.crictl(crictl, "runp", "--runtime", handler, pod_path).stdout.strip()
@@ -103,7 +103,7 @@ def test_runp_runs_the_sandbox_image_pause_and_rmp_leaves_nothing(pause_daemon, 
 
 
 @pytest.mark.parametrize("handler", HANDLERS)
-def test_a_host_network_and_host_pid_pod_runs_the_sandbox_image_pause(pause_daemon, crictl, handler, tmp_path):
+def test_a_host_network_and_host_pid_pod_runs_the_sandbox_image_pause(pause_daemon, crictl, handler, tmp_path) -> None:
     daemon, image = pause_daemon
     cfg = pod_config(network=2, pid=2)
     cfg["linux"]["sysctls"] = {}  # the example's net.* ones are for a pod network
@@ -135,7 +135,7 @@ def missing_daemon(test_images) -> Iterator[Podshimd]:
         shutil.rmtree(directory)
 
 
-def test_a_sandbox_image_the_registry_lacks_fails_runp_with_the_pulls_status(missing_daemon, crictl, tmp_path):
+def test_a_sandbox_image_the_registry_lacks_fails_runp_with_the_pulls_status(missing_daemon, crictl, tmp_path) -> None:
     daemon = missing_daemon
     refused = daemon.crictl(crictl, "runp", write_json(tmp_path / "pod.json", pod_config()), check=False)
     assert refused.returncode != 0
@@ -145,7 +145,7 @@ def test_a_sandbox_image_the_registry_lacks_fails_runp_with_the_pulls_status(mis
     assert active_snapshots(daemon) == [] and mounts_under(daemon.directory) == []
 
 
-def test_an_unreachable_registry_fails_runp_as_unavailable(test_images, crictl, tmp_path):
+def test_an_unreachable_registry_fails_runp_as_unavailable(test_images, crictl, tmp_path) -> None:
     directory = tempfile.mkdtemp(prefix="psd-sbi-")
     try:
         # A port on loopback nobody listens on: connection refused at once.
@@ -160,7 +160,7 @@ def test_an_unreachable_registry_fails_runp_as_unavailable(test_images, crictl, 
 
 @pytest.mark.parametrize("failpoint", ["run:after-sandbox-snapshot", "run:after-create", "run:after-start",
                                        "remove:after-shutdown"])
-def test_podshimd_killed_mid_way_is_rolled_back_at_restart(test_images, crictl, tmp_path, failpoint):
+def test_podshimd_killed_mid_way_is_rolled_back_at_restart(test_images, crictl, tmp_path, failpoint) -> None:
     image = tiny_pause_image(test_images)
     config = daemon_config(test_images.registry.host, image.ref)
     directory = tempfile.mkdtemp(prefix="psd-sbi-")
@@ -188,7 +188,7 @@ def test_podshimd_killed_mid_way_is_rolled_back_at_restart(test_images, crictl, 
         shutil.rmtree(directory)
 
 
-def test_a_sandbox_snapshot_no_pod_names_is_swept_at_start(test_images, crictl):
+def test_a_sandbox_snapshot_no_pod_names_is_swept_at_start(test_images, crictl) -> None:
     image = tiny_pause_image(test_images)
     config = daemon_config(test_images.registry.host, image.ref)
     directory = tempfile.mkdtemp(prefix="psd-sbi-")

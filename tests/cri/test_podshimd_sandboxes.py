@@ -68,7 +68,7 @@ def table(output: str) -> list[list[str]]:
 
 # -- runp, inspectp, pods --------------------------------------------------------------------------
 
-def test_runp_makes_a_ready_pod_whose_pause_holds_its_own_namespaces(daemon, crictl, write):
+def test_runp_makes_a_ready_pod_whose_pause_holds_its_own_namespaces(daemon, crictl, write) -> None:
     pod_id, config = runp(daemon, crictl, write)
     found = inspectp(daemon, crictl, pod_id)
     status, info = found["status"], found["info"]
@@ -87,7 +87,7 @@ def test_runp_makes_a_ready_pod_whose_pause_holds_its_own_namespaces(daemon, cri
     assert info["network"] == "no CNI config: the pod has a network namespace with loopback only"
 
 
-def test_pods_lists_ready_pods_newest_first_with_their_name_namespace_and_handler(daemon, crictl, write):
+def test_pods_lists_ready_pods_newest_first_with_their_name_namespace_and_handler(daemon, crictl, write) -> None:
     first, config = runp(daemon, crictl, write)
     second, _ = runp(daemon, crictl, write)
     rows = table(daemon.crictl(crictl, "pods").stdout)
@@ -95,7 +95,7 @@ def test_pods_lists_ready_pods_newest_first_with_their_name_namespace_and_handle
     assert rows[1][2:] == ["Ready", config["metadata"]["name"], "default", "1", "native"]
 
 
-def test_pods_filters_by_id_prefix_state_and_label(daemon, crictl, write):
+def test_pods_filters_by_id_prefix_state_and_label(daemon, crictl, write) -> None:
     ready, _ = runp(daemon, crictl, write)
     stopped, _ = runp(daemon, crictl, write)
     labelled = pod_config()
@@ -114,7 +114,7 @@ def test_pods_filters_by_id_prefix_state_and_label(daemon, crictl, write):
     assert ids("--label", "app=other", "--label", "tier=web") == []
 
 
-def test_inspectp_info_is_containerd_shaped_json(daemon, crictl, write):
+def test_inspectp_info_is_containerd_shaped_json(daemon, crictl, write) -> None:
     pod_id, _ = runp(daemon, crictl, write)
     reply = daemon.runtime().PodSandboxStatus(api_pb2.PodSandboxStatusRequest(pod_sandbox_id=pod_id, verbose=True))
     assert list(reply.info) == ["info"]
@@ -124,7 +124,7 @@ def test_inspectp_info_is_containerd_shaped_json(daemon, crictl, write):
     assert dict(quiet.info) == {} and quiet.status.created_at > 0 and quiet.timestamp >= quiet.status.created_at
 
 
-def test_an_unset_network_mode_is_pod_and_node_shares_the_daemons_network(daemon, crictl, write):
+def test_an_unset_network_mode_is_pod_and_node_shares_the_daemons_network(daemon, crictl, write) -> None:
     config = pod_config()
     del config["linux"]["security_context"]
     pod_id = daemon.crictl(crictl, "runp", write(config)).stdout.strip()
@@ -142,14 +142,14 @@ def shim_argv(shim_pid: int) -> list[bytes]:
         return f.read().split(b"\0")
 
 
-def test_shims_are_forked_from_the_runtime_roots_template_by_default(daemon, crictl, write):
+def test_shims_are_forked_from_the_runtime_roots_template_by_default(daemon, crictl, write) -> None:
     pod_id, _ = runp(daemon, crictl, write)
     argv = shim_argv(int(inspectp(daemon, crictl, pod_id)["info"]["shim"]["shim_pid"]))
     assert b"template" in argv and b"start" not in argv  # a forked shim keeps the template's command line
     assert template_pid(daemon.runtime_root) != 0
 
 
-def test_with_template_false_every_shim_is_execd(crictl, write):
+def test_with_template_false_every_shim_is_execd(crictl, write) -> None:
     directory = tempfile.mkdtemp(prefix="psd-exec-")
     try:
         with running_podshimd(directory, config="template = false\n") as daemon:
@@ -164,7 +164,7 @@ def test_with_template_false_every_shim_is_execd(crictl, write):
 
 # -- stopp, rmp ------------------------------------------------------------------------------------
 
-def test_stopp_ends_the_pause_and_the_pod_is_notready(daemon, crictl, write):
+def test_stopp_ends_the_pause_and_the_pod_is_notready(daemon, crictl, write) -> None:
     pod_id, _ = runp(daemon, crictl, write)
     pause = inspectp(daemon, crictl, pod_id)["info"]["pid"]
     assert daemon.crictl(crictl, "stopp", pod_id).stdout == f"Stopped sandbox {pod_id}\n"
@@ -173,7 +173,7 @@ def test_stopp_ends_the_pause_and_the_pod_is_notready(daemon, crictl, write):
     assert table(daemon.crictl(crictl, "pods").stdout)[0][2] == "NotReady"
 
 
-def test_rmp_leaves_no_pod_pause_shim_or_netns(daemon, crictl, write):
+def test_rmp_leaves_no_pod_pause_shim_or_netns(daemon, crictl, write) -> None:
     pod_id, _ = runp(daemon, crictl, write)
     info = inspectp(daemon, crictl, pod_id)["info"]
     shim_pid, pause, netns = int(info["shim"]["shim_pid"]), info["pid"], info["netns_path"]
@@ -186,7 +186,7 @@ def test_rmp_leaves_no_pod_pause_shim_or_netns(daemon, crictl, write):
     assert daemon.sandbox_bundles() == []
 
 
-def test_ids_may_be_given_by_unique_prefix(daemon, crictl, write):
+def test_ids_may_be_given_by_unique_prefix(daemon, crictl, write) -> None:
     pod_id, _ = runp(daemon, crictl, write)
     assert inspectp(daemon, crictl, pod_id[:8])["status"]["id"] == pod_id
     daemon.crictl(crictl, "stopp", pod_id[:8])
@@ -194,7 +194,7 @@ def test_ids_may_be_given_by_unique_prefix(daemon, crictl, write):
     assert daemon.crictl(crictl, "pods", "-q").stdout == ""
 
 
-def test_stop_and_remove_are_idempotent_and_succeed_for_ids_never_seen(daemon, crictl, write):
+def test_stop_and_remove_are_idempotent_and_succeed_for_ids_never_seen(daemon, crictl, write) -> None:
     runtime = daemon.runtime()
     pod_id, _ = runp(daemon, crictl, write)
     for _ in range(2):
@@ -227,7 +227,7 @@ def test_stop_and_remove_are_idempotent_and_succeed_for_ids_never_seen(daemon, c
     (lambda c: c["linux"].update(sysctls={"net.ipv4.ip_forward": ":"}), grpc.StatusCode.INVALID_ARGUMENT,
      "writing sysctl net.ipv4.ip_forward: the kernel refuses the value (Invalid argument)"),
 ])
-def test_a_bad_config_gets_a_status_with_a_sentence_and_leaves_nothing(daemon, change, code, details):
+def test_a_bad_config_gets_a_status_with_a_sentence_and_leaves_nothing(daemon, change, code, details) -> None:
     config = pod_config()
     change(config)
     request = api_pb2.RunPodSandboxRequest()
@@ -239,7 +239,7 @@ def test_a_bad_config_gets_a_status_with_a_sentence_and_leaves_nothing(daemon, c
     assert daemon.sandbox_bundles() == []
 
 
-def test_a_request_without_a_config_or_with_an_unknown_handler_is_invalid(daemon):
+def test_a_request_without_a_config_or_with_an_unknown_handler_is_invalid(daemon) -> None:
     runtime = daemon.runtime()
     failed = rpc_error(runtime.RunPodSandbox, api_pb2.RunPodSandboxRequest())
     assert (failed.code(), failed.details()) == (grpc.StatusCode.INVALID_ARGUMENT, "config is required")
@@ -252,7 +252,7 @@ def test_a_request_without_a_config_or_with_an_unknown_handler_is_invalid(daemon
     assert empty.code() == grpc.StatusCode.INVALID_ARGUMENT and "pod id" in empty.details()
 
 
-def test_the_same_pod_name_twice_is_already_exists(daemon, crictl, write):
+def test_the_same_pod_name_twice_is_already_exists(daemon, crictl, write) -> None:
     path = write(pod_config())
     daemon.crictl(crictl, "runp", path)
     again = daemon.crictl(crictl, "runp", path, check=False)
@@ -260,7 +260,7 @@ def test_the_same_pod_name_twice_is_already_exists(daemon, crictl, write):
     assert len(daemon.crictl(crictl, "pods", "-q").stdout.split()) == 1
 
 
-def test_a_client_that_goes_away_mid_runp_leaves_a_whole_pod(crictl):
+def test_a_client_that_goes_away_mid_runp_leaves_a_whole_pod(crictl) -> None:
     # The daemon freezes itself (SIGSTOP) at a step of RunPodSandbox: the call is surely in the
     # middle of its change when the client goes away (its deadline passes), with no timing.
     directory = tempfile.mkdtemp(prefix="psd-away-")
@@ -290,7 +290,7 @@ def test_a_client_that_goes_away_mid_runp_leaves_a_whole_pod(crictl):
 
 # -- the daemon dies -------------------------------------------------------------------------------
 
-def test_a_daemon_killed_and_restarted_finds_its_pods_and_shims_again(crictl, write):
+def test_a_daemon_killed_and_restarted_finds_its_pods_and_shims_again(crictl, write) -> None:
     directory = tempfile.mkdtemp(prefix="psd-restart-")
     try:
         with running_podshimd(directory) as daemon:
@@ -310,7 +310,7 @@ def test_a_daemon_killed_and_restarted_finds_its_pods_and_shims_again(crictl, wr
 
 
 @pytest.mark.parametrize("failpoint", ["run:after-create", "run:after-start"])
-def test_a_daemon_killed_in_the_middle_of_runp_rolls_the_pod_back_when_it_restarts(crictl, write, failpoint):
+def test_a_daemon_killed_in_the_middle_of_runp_rolls_the_pod_back_when_it_restarts(crictl, write, failpoint) -> None:
     directory = tempfile.mkdtemp(prefix="psd-crash-")
     try:
         with running_podshimd(directory, env={FAILPOINT_ENV: failpoint}) as daemon:

@@ -21,7 +21,7 @@ POD: dict[str, Any] = {"id": "a" * 64, "metadata": {"name": "web", "uid": "u1", 
 
 @pytest.mark.parametrize("doc", [POD, {**POD, "metadata": {"name": "web"}, "labels": {}, "annotations": {},
                                        "runtime_handler": "", "state": "SANDBOX_READY"}], ids=["full", "sparse"])
-def test_a_listed_pod_is_the_podsandbox_its_fields_say(doc):
+def test_a_listed_pod_is_the_podsandbox_its_fields_say(doc) -> None:
     fields = ("id", "metadata", "state", "created_at", "labels", "annotations", "runtime_handler")
     assert translate.pod_sandbox(doc) == json_format.ParseDict({k: doc[k] for k in fields}, api_pb2.PodSandbox())
 
@@ -42,11 +42,11 @@ def _parsed_container(doc):
 @pytest.mark.parametrize("doc", [CONTAINER, {**CONTAINER, "metadata": {"name": "idle"}, "labels": {}, "annotations": {},
                                              "image_id": None, "image_ref": "", "state": "CONTAINER_EXITED",
                                              "exit_code": 2}], ids=["full", "sparse"])
-def test_a_listed_container_is_the_container_its_fields_say(doc):
+def test_a_listed_container_is_the_container_its_fields_say(doc) -> None:
     assert translate.container(doc) == _parsed_container(doc)
 
 
-def test_a_listed_container_costs_a_fraction_of_protobufs_json_reflection():
+def test_a_listed_container_costs_a_fraction_of_protobufs_json_reflection() -> None:
     # kubelet lists every container each second: a hundred pods' listing must not cost what
     # json_format's reflection costs per message.
     def cost(make) -> float:
@@ -79,7 +79,7 @@ def _expected(docs, pod_sandbox=translate.pod_sandbox):  # the real one, not the
     return api_pb2.ListPodSandboxResponse(items=[pod_sandbox(doc) for doc in docs])
 
 
-def test_a_listing_is_its_entries_podsandboxes_in_order():
+def test_a_listing_is_its_entries_podsandboxes_in_order() -> None:
     docs = [_entry(n) for n in range(3)] + [_entry(3, labels={}, annotations={}, metadata={"name": "bare"})]
     listed = translate.PodSandboxes()
     assert listed.response(docs) == _expected(docs)
@@ -87,14 +87,14 @@ def test_a_listing_is_its_entries_podsandboxes_in_order():
     assert listed.response([]) == api_pb2.ListPodSandboxResponse()
 
 
-def test_a_listing_shows_a_pod_that_changed_as_a_new_entry():
+def test_a_listing_shows_a_pod_that_changed_as_a_new_entry() -> None:
     listed = translate.PodSandboxes()
     listed.response([_entry(1), _entry(2)])
     now = [_entry(1, state="SANDBOX_READY"), _entry(2, labels={"app": "db"}, runtime_handler="crun")]
     assert listed.response(now) == _expected(now)
 
 
-def test_a_read_only_entry_listed_again_is_not_encoded_again(encoded):
+def test_a_read_only_entry_listed_again_is_not_encoded_again(encoded) -> None:
     listed = translate.PodSandboxes()
     docs = [_entry(1), _entry(2)]
     expected = _expected(docs)
@@ -103,7 +103,7 @@ def test_a_read_only_entry_listed_again_is_not_encoded_again(encoded):
     assert encoded == [docs[0]["id"], docs[1]["id"]]
 
 
-def test_a_read_only_entry_in_another_listing_is_not_encoded_again(encoded):
+def test_a_read_only_entry_in_another_listing_is_not_encoded_again(encoded) -> None:
     listed = translate.PodSandboxes()
     a, b, c = _entry(1), _entry(2), _entry(3)
     listed.response([a, b])
@@ -112,7 +112,7 @@ def test_a_read_only_entry_in_another_listing_is_not_encoded_again(encoded):
     assert encoded == [a["id"], b["id"], c["id"]]
 
 
-def test_a_mapping_the_pod_layer_did_not_make_is_encoded_each_time(encoded):
+def test_a_mapping_the_pod_layer_did_not_make_is_encoded_each_time(encoded) -> None:
     listed = translate.PodSandboxes()
     doc = MappingProxyType(dict(_entry(1)))  # read-only too, but not the pod layer's mark
     listed.response([doc])
@@ -120,7 +120,7 @@ def test_a_mapping_the_pod_layer_did_not_make_is_encoded_each_time(encoded):
     assert encoded == [doc["id"], _entry(2)["id"], doc["id"]]
 
 
-def test_a_listing_shows_a_changeable_entry_as_it_is_now():
+def test_a_listing_shows_a_changeable_entry_as_it_is_now() -> None:
     listed = translate.PodSandboxes()
     doc = {**_entry(1), "labels": {"app": "web"}, "metadata": {"name": "web", "attempt": 1}}
     listed.response([doc])
@@ -129,7 +129,7 @@ def test_a_listing_shows_a_changeable_entry_as_it_is_now():
     assert listed.response([doc]) == _expected([doc])
 
 
-def test_a_listing_keeps_the_encodings_of_the_last_pods_only(encoded):
+def test_a_listing_keeps_the_encodings_of_the_last_pods_only(encoded) -> None:
     listed = translate.PodSandboxes(kept=2)
     docs = [_entry(n) for n in range(3)]
     assert listed.response(docs) == _expected(docs)

@@ -43,13 +43,13 @@ def _exec(daemon, crictl, container_id: str, script: str) -> str:
     return done.stdout
 
 
-def test_status_reports_user_namespaces_for_every_handler(daemon):
+def test_status_reports_user_namespaces_for_every_handler(daemon) -> None:
     status = daemon.runtime().Status(api_pb2.StatusRequest(), timeout=10)
     features = {h.name: h.features.user_namespaces for h in status.runtime_handlers}
     assert features == {"": True, **{name: True for name in HANDLERS}}
 
 
-def test_a_container_runs_in_the_pods_user_namespace(daemon, crictl, userns_pod, tmp_path):
+def test_a_container_runs_in_the_pods_user_namespace(daemon, crictl, userns_pod, tmp_path) -> None:
     pod_id, pod_path = userns_pod
     volume = tmp_path / "volume"
     volume.mkdir()
@@ -78,7 +78,7 @@ def test_a_container_runs_in_the_pods_user_namespace(daemon, crictl, userns_pod,
         assert set(uids) == {str(HOST_ID)}, (pid_dir, uids)
 
 
-def test_an_exec_and_the_pods_namespaces_are_the_containers(daemon, crictl, userns_pod):
+def test_an_exec_and_the_pods_namespaces_are_the_containers(daemon, crictl, userns_pod) -> None:
     pod_id, pod_path = userns_pod
     container_id = daemon.create_container(pod_id, container_config(["sleep", "600"]), pod_path)
     daemon.crictl(crictl, "start", container_id)
@@ -118,7 +118,7 @@ def _pids_of(pid: int) -> list[int]:
     ([{"container_id": 1, "host_id": 100000, "length": 65536}], "must map from id 0 inside"),
     ([{"container_id": 0, "host_id": 0, "length": 65536}], "leave out the host's root"),
 ])
-def test_mappings_kubelet_would_not_send_are_refused(daemon, crictl, tmp_path, uids, sentence):
+def test_mappings_kubelet_would_not_send_are_refused(daemon, crictl, tmp_path, uids, sentence) -> None:
     config = _userns_pod_config()
     config["linux"]["security_context"]["namespace_options"]["userns_options"]["uids"] = uids
     path = tmp_path / "pod.json"
@@ -127,7 +127,7 @@ def test_mappings_kubelet_would_not_send_are_refused(daemon, crictl, tmp_path, u
     assert done.returncode != 0 and sentence in done.stderr, done
 
 
-def test_nothing_of_the_pod_is_left_once_it_is_removed(daemon, crictl, userns_pod):
+def test_nothing_of_the_pod_is_left_once_it_is_removed(daemon, crictl, userns_pod) -> None:
     pod_id, pod_path = userns_pod
     container_id = daemon.create_container(pod_id, container_config(["sleep", "600"]), pod_path)
     daemon.crictl(crictl, "start", container_id)
@@ -149,7 +149,7 @@ def _user_ino(pid: str) -> int:
         return 0
 
 
-def test_a_privileged_pod_is_refused_a_user_namespace(daemon, crictl, tmp_path):
+def test_a_privileged_pod_is_refused_a_user_namespace(daemon, crictl, tmp_path) -> None:
     config = _userns_pod_config()
     config["linux"]["security_context"]["privileged"] = True
     path = tmp_path / "pod.json"
@@ -158,7 +158,7 @@ def test_a_privileged_pod_is_refused_a_user_namespace(daemon, crictl, tmp_path):
     assert done.returncode != 0 and "a privileged pod cannot have a user namespace" in done.stderr, done
 
 
-def test_a_containers_host_devices_are_refused_in_a_user_namespace(daemon, crictl, userns_pod):
+def test_a_containers_host_devices_are_refused_in_a_user_namespace(daemon, crictl, userns_pod) -> None:
     pod_id, pod_path = userns_pod
     config = container_config(["sleep", "600"])
     config["devices"] = [{"container_path": "/dev/host-null", "host_path": "/dev/null", "permissions": "rwm"}]
@@ -167,7 +167,7 @@ def test_a_containers_host_devices_are_refused_in_a_user_namespace(daemon, crict
     assert done.returncode != 0 and "devices cannot be made in the pod's user namespace" in done.stderr, done
 
 
-def test_container_status_reports_the_ids_as_the_container_sees_them(daemon, crictl, userns_pod):
+def test_container_status_reports_the_ids_as_the_container_sees_them(daemon, crictl, userns_pod) -> None:
     pod_id, pod_path = userns_pod
     config = container_config(["sleep", "600"])
     config["linux"]["security_context"].update(run_as_user={"value": 33}, run_as_group={"value": 50},
