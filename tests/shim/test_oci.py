@@ -20,6 +20,7 @@ import time
 
 import pytest
 
+from shim.api.defaults import CATATONIT
 from shim.kernel import devices, linux
 from shim.kernel.reaper import Reaper
 from shim.launch.template import stop_template
@@ -242,25 +243,27 @@ def test_a_task_in_a_user_namespace_joins_the_pauses_and_leaves_the_network_name
 # -- the pause rootfs ----------------------------------------------------------------------------------
 
 
-def test_pause_rootfs_is_built_once_with_the_static_catatonit(tmp_path):
-    if not os.access(pause.CATATONIT, os.X_OK):
+def test_pause_rootfs_is_built_once_with_the_static_catatonit(tmp_path) -> None:
+    if not os.access(CATATONIT, os.X_OK):
         pytest.skip("catatonit is not installed")
     root = str(tmp_path / "run")
     rootfs = pause_rootfs.ensure_pause_rootfs(root)
     assert rootfs == os.path.join(root, pause_rootfs.PAUSE_ROOTFS_DIR)
     assert sorted(os.listdir(rootfs)) == ["dev", "pause", "proc", "sys"]
-    with open(os.path.join(rootfs, "pause"), "rb") as a, open(pause.CATATONIT, "rb") as b:
+    with open(os.path.join(rootfs, "pause"), "rb") as a, open(CATATONIT, "rb") as b:
         assert a.read() == b.read()
     inode = os.stat(rootfs).st_ino
     assert pause_rootfs.ensure_pause_rootfs(root) == rootfs and os.stat(rootfs).st_ino == inode
     assert os.listdir(root) == [pause_rootfs.PAUSE_ROOTFS_DIR]  # no temporary directory left
 
 
-def test_pause_rootfs_refuses_a_missing_or_dynamically_linked_pause(tmp_path):
+def test_pause_rootfs_refuses_a_missing_or_dynamically_linked_pause(tmp_path) -> None:
     with pytest.raises(FailedPrecondition, match="catatonit"):
         pause_rootfs.ensure_pause_rootfs(str(tmp_path / "a"), source=str(tmp_path / "no-such"))
+    sh = shutil.which("sh")
+    assert sh is not None
     with pytest.raises(FailedPrecondition, match="dynamically linked"):
-        pause_rootfs.ensure_pause_rootfs(str(tmp_path / "b"), source=os.path.realpath(shutil.which("sh")))
+        pause_rootfs.ensure_pause_rootfs(str(tmp_path / "b"), source=os.path.realpath(sh))
     assert not os.path.exists(tmp_path / "b" / pause_rootfs.PAUSE_ROOTFS_DIR)
 
 

@@ -82,9 +82,10 @@ def test_no_bundle_record_is_none(tmp_path) -> None:
 
 
 @pytest.mark.parametrize("doc", [SPAWNER_FIRST_RECORD, BEFORE_TASKS, BEFORE_OCI], ids=["spawner", "pre-tasks", "pre-oci"])
-def test_a_record_from_before_the_version_reads_with_what_is_missing_left_empty(tmp_path, doc):
+def test_a_record_from_before_the_version_reads_with_what_is_missing_left_empty(tmp_path, doc) -> None:
     write_doc(tmp_path, doc)
     record = read_state(str(tmp_path))
+    assert record is not None
     assert record.version == 0
     assert (record.namespace, record.sandbox_id, record.shim_pid, record.shim_start_time) == ("ns", "sb1", 4242, 1234)
     assert record.runtime_handler is None and record.oci is None
@@ -96,10 +97,10 @@ def test_a_record_from_before_the_version_reads_with_what_is_missing_left_empty(
         assert record.pause == PauseRecord(4343, 1240, "builtin") and record.cgroup == CGROUP
 
 
-def test_keys_a_newer_shim_added_are_ignored(tmp_path):
+def test_keys_a_newer_shim_added_are_ignored(tmp_path) -> None:
     write_doc(tmp_path, {**SPAWNER_FIRST_RECORD, "version": 7, "something_new": {"x": 1}})
     record = read_state(str(tmp_path))
-    assert record.version == 7 and record.sandbox_id == "sb1"
+    assert record is not None and record.version == 7 and record.sandbox_id == "sb1"
 
 
 @pytest.mark.parametrize("change, sentence", [
