@@ -34,7 +34,7 @@ from client.images.content import ContentStore
 from client.images.pull import Puller
 from client.images.service import Images
 from client.images.skopeo import AuthConfig, RegistryHost
-from client.images.snapshots import Staging, chain_ids
+from client.images.snapshots import Snapshotter, Staging, chain_ids
 
 from support.imagebuild import BUSYBOX_ROOTFS_CHECKS
 from support.layertools import make_layer, member
@@ -46,6 +46,12 @@ SKOPEO = shutil.which("skopeo")
 def images_for(tmp_path, *registries: Registry, **kwargs) -> Images:
     hosts = [RegistryHost(r.host, insecure=True) for r in registries]
     return Images(str(tmp_path / "state"), hosts=hosts, **kwargs).open()
+
+
+def snapshotter(images: Images) -> Snapshotter:
+    """The store's snapshotter (open() made it)."""
+    assert images.snapshots is not None
+    return images.snapshots
 
 
 def leftovers(images: Images) -> list[str]:
@@ -79,16 +85,16 @@ async def test_an_oci_image_is_pulled_with_its_registry_digest_and_config(tmp_pa
     assert blob.startswith(str(tmp_path / "state" / "images" / "content" / "blobs" / "sha256") + "/")
 
 
-async def test_a_pull_unpacks_the_layers_into_a_snapshot(tmp_path, test_images):
+async def test_a_pull_unpacks_the_layers_into_a_snapshot(tmp_path, test_images) -> None:
     images = images_for(tmp_path, test_images.registry)
     record = await images.pull(test_images.busybox.ref)
     assert record.chain_id == chain_ids(layer.diff_id for layer in record.layers)[-1]
-    assert images.snapshots.has(record.chain_id)
+    assert snapshotter(images).has(record.chain_id)
     for path, content in BUSYBOX_ROOTFS_CHECKS.items():  # whiteouts and opaque directories applied
-        assert images.snapshots.read_file(record.chain_id, path) == content, path
+        assert snapshotter(images).read_file(record.chain_id, path) == content, path
 
 
-async def test_an_image_of_zstd_layers_is_pulled_and_unpacked(tmp_path, test_images):
+async def test_an_image_of_zstd_layers_is_pulled_and_unpacked(tmp_path, test_images) -> None:
     busybox = test_images.busybox
     zstd_ref = busybox.registry.ref("test/busybox-zstd:1.0")
     # Recompressed on the way through a layout: a copy between registries would reuse the gzip blobs.
@@ -101,10 +107,10 @@ async def test_an_image_of_zstd_layers_is_pulled_and_unpacked(tmp_path, test_ima
     record = await images.pull(zstd_ref)
     assert {layer.media_type for layer in record.layers} == {"application/vnd.oci.image.layer.v1.tar+zstd"}
     for path, content in BUSYBOX_ROOTFS_CHECKS.items():
-        assert images.snapshots.read_file(record.chain_id, path) == content, path
+        assert snapshotter(images).read_file(record.chain_id, path) == content, path
 
 
-async def test_an_image_of_uncompressed_layers_is_pulled_as_it_is_served(tmp_path, test_images):
+async def test_an_image_of_uncompressed_layers_is_pulled_as_it_is_served(tmp_path, test_images) -> None:
     layer = make_layer(str(tmp_path / "plain"), [member("plain", data=b"not compressed")])  # a plain tar
     with open(layer.path, "rb") as f:
         blob = f.read()
@@ -114,7 +120,7 @@ async def test_an_image_of_uncompressed_layers_is_pulled_as_it_is_served(tmp_pat
     record = await images.pull(ref)
     assert [(r.media_type, r.diff_id) for r in record.layers] == [(layer.media_type, layer.diff_id)]
     assert record.layers[0].digest == layer.diff_id  # the blob is the tar itself
-    assert images.snapshots.read_file(record.chain_id, "plain") == b"not compressed"
+    assert snapshotter(images).read_file(record.chain_id, "plain") == b"not compressed"
 
 
 async def test_a_docker_schema2_image_is_pulled_as_it_is_served(tmp_path, test_images) -> None:
@@ -138,7 +144,7 @@ async def test_an_index_is_resolved_to_linux_amd64_and_keeps_the_index_digest(tm
     assert_complete(images, record)
 
 
-async def test_a_docker_manifest_list_is_resolved_and_its_manifest_and_config_kept_as_served(tmp_path, test_images):
+async def test_a_docker_manifest_list_is_resolved_and_its_manifest_and_config_kept_as_served(tmp_path, test_images) -> None:
     # skopeo converts schema 2 to OCI in the layout it copies into: the registry's own manifest and
     # config must still be what the store keeps (the image id is the registry's config digest).
     listed = test_images.build("v2s2-list", [{"listed": "yes"}], format="v2s2", platforms=["linux/amd64", "linux/arm64"])
@@ -149,7 +155,7 @@ async def test_a_docker_manifest_list_is_resolved_and_its_manifest_and_config_ke
     manifest = json.loads(images.content.read(record.manifest_digest))
     assert manifest["mediaType"] == "application/vnd.docker.distribution.manifest.v2+json"
     assert record.image_id == manifest["config"]["digest"]
-    assert images.snapshots.read_file(record.chain_id, "listed") == b"yes"
+    assert snapshotter(images).read_file(record.chain_id, "listed") == b"yes"
     assert_complete(images, record)
 
 
@@ -214,26 +220,26 @@ async def test_records_survive_a_restart(tmp_path, test_images) -> None:
 # -- layers unpacked as they arrive; blobs damaged on disk heal ------------------------------------------
 
 async def test_each_layer_is_unpacked_as_its_blob_arrives_and_committed_by_a_rename(tmp_path, test_images,
-                                                                                    monkeypatch):
+                                                                                    monkeypatch) -> None:
     images = images_for(tmp_path, test_images.registry)
 
     def not_after_the_download(*args):
         raise AssertionError("a layer was unpacked from the content store, after the download")
     monkeypatch.setattr(images.snapshots, "_unpack_layer", not_after_the_download)
     record = await images.pull(test_images.busybox.ref)
-    assert images.snapshots.has(record.chain_id)
+    assert snapshotter(images).has(record.chain_id)
     for path, content in BUSYBOX_ROOTFS_CHECKS.items():
-        assert images.snapshots.read_file(record.chain_id, path) == content, path
+        assert snapshotter(images).read_file(record.chain_id, path) == content, path
     assert leftovers(images) == [] and staging_dirs(images) == []
 
 
-async def test_a_pull_downloads_and_unpacks_only_the_layers_the_node_lacks(tmp_path, test_images, monkeypatch):
+async def test_a_pull_downloads_and_unpacks_only_the_layers_the_node_lacks(tmp_path, test_images, monkeypatch) -> None:
     base = test_images.build("reuse-base", [{"reuse/base": "the base"}, {"reuse/middle": "the middle"}])
     top = test_images.build("reuse-top", [{"reuse/top": "the top"}], base="reuse-base")
     images = images_for(tmp_path, test_images.registry)
     first = await images.pull(base.ref)
     unpacked: list[str] = []  # blobs unpacked: staged as they arrive, or from the store at the end
-    stage, unpack_layer = Staging.stage, images.snapshots._unpack_layer
+    stage, unpack_layer = Staging.stage, snapshotter(images)._unpack_layer
 
     def counted(unpack, path, *args):
         done = unpack(*args)
@@ -249,17 +255,17 @@ async def test_a_pull_downloads_and_unpacks_only_the_layers_the_node_lacks(tmp_p
     assert set(test_images.registry.blob_gets()[served:]) == {new, second.image_id}  # only what the node lacked
     assert unpacked == [new]
     assert_complete(images, second)
-    assert images.snapshots.read_file(second.chain_id, "reuse/top") == b"the top"
+    assert snapshotter(images).read_file(second.chain_id, "reuse/top") == b"the top"
     for record in (first, second):
-        assert images.snapshots.read_file(record.chain_id, "reuse/middle") == b"the middle"
+        assert snapshotter(images).read_file(record.chain_id, "reuse/middle") == b"the middle"
         for path, content in BUSYBOX_ROOTFS_CHECKS.items():
-            assert images.snapshots.read_file(record.chain_id, path) == content, path
+            assert snapshotter(images).read_file(record.chain_id, path) == content, path
     assert leftovers(images) == [] and staging_dirs(images) == []
 
 
 def staging_dirs(images: Images) -> list[str]:
     assert images.snapshots is not None  # (open)
-    return [name for name in os.listdir(os.path.join(images.snapshots.root, "snapshots"))
+    return [name for name in os.listdir(os.path.join(snapshotter(images).root, "snapshots"))
             if not name.isdigit()]
 
 
@@ -271,7 +277,7 @@ def flip_a_byte(path: str) -> None:
         f.write(bytes([byte[0] ^ 0x01]))
 
 
-async def test_a_layer_blob_damaged_in_the_store_is_replaced_by_the_next_download(tmp_path, test_images):
+async def test_a_layer_blob_damaged_in_the_store_is_replaced_by_the_next_download(tmp_path, test_images) -> None:
     first = test_images.build("heal-top", [{"heal": "shared layer"}], base=None)
     second = test_images.build("heal-under", [{"under": "another base"}, {"heal": "shared layer"}], base=None)
     images = images_for(tmp_path, test_images.registry)
@@ -281,12 +287,12 @@ async def test_a_layer_blob_damaged_in_the_store_is_replaced_by_the_next_downloa
     # the shared layer sits on another base in the second image: its blob is unpacked again
     other = await images.pull(second.ref)
     assert other.layers[-1].digest == shared
-    assert images.snapshots.read_file(other.chain_id, "heal") == b"shared layer"
+    assert snapshotter(images).read_file(other.chain_id, "heal") == b"shared layer"
     assert images.content.check(shared)
     assert_complete(images, other)
 
 
-async def test_a_damaged_layer_blob_an_index_shares_is_downloaded_again(tmp_path, test_images):
+async def test_a_damaged_layer_blob_an_index_shares_is_downloaded_again(tmp_path, test_images) -> None:
     first = test_images.build("heal-index-top", [{"heal-index": "shared layer"}], base=None)
     second = test_images.build("heal-index", [{"under": "another base"}, {"heal-index": "shared layer"}], base=None,
                                platforms=("linux/amd64", "linux/arm64"))
@@ -298,7 +304,7 @@ async def test_a_damaged_layer_blob_an_index_shares_is_downloaded_again(tmp_path
     other = await images.pull(second.ref)
     assert other.layers[-1].digest == shared
     assert shared in test_images.registry.blob_gets()[served:]
-    assert images.snapshots.read_file(other.chain_id, "heal-index") == b"shared layer"
+    assert snapshotter(images).read_file(other.chain_id, "heal-index") == b"shared layer"
     assert images.content.check(shared)
     assert_complete(images, other)
     assert leftovers(images) == [] and staging_dirs(images) == []
@@ -316,13 +322,13 @@ async def test_a_config_damaged_in_the_store_is_downloaded_again_by_the_next_pul
     assert "copy" in [argv[1] for argv in runs()]
 
 
-async def test_a_layer_blob_damaged_in_the_store_is_fetched_again_when_it_is_unpacked(tmp_path, test_images):
+async def test_a_layer_blob_damaged_in_the_store_is_fetched_again_when_it_is_unpacked(tmp_path, test_images) -> None:
     images = images_for(tmp_path, test_images.registry)
     record = await images.pull(test_images.busybox.ref)
     flip_a_byte(images.content.path(record.layers[0].digest))
-    images.snapshots.gc(set())  # the layer snapshots are lost: the next pull unpacks the stored blobs
+    snapshotter(images).gc(set())  # the layer snapshots are lost: the next pull unpacks the stored blobs
     assert await images.pull(test_images.busybox.ref) == record
-    assert images.snapshots.has(record.chain_id)
+    assert snapshotter(images).has(record.chain_id)
     assert all(images.content.check(layer.digest) for layer in record.layers)
     assert leftovers(images) == [] and staging_dirs(images) == []
 
@@ -335,7 +341,7 @@ def link_a_copy(path: str, elsewhere) -> None:
     os.symlink(copy, path)
 
 
-async def test_a_layer_blob_replaced_by_a_symbolic_link_is_downloaded_again(tmp_path, test_images):
+async def test_a_layer_blob_replaced_by_a_symbolic_link_is_downloaded_again(tmp_path, test_images) -> None:
     first = test_images.build("link-top", [{"link": "shared layer"}], base=None)
     second = test_images.build("link-under", [{"under": "another base"}, {"link": "shared layer"}], base=None)
     images = images_for(tmp_path, test_images.registry)
@@ -345,16 +351,16 @@ async def test_a_layer_blob_replaced_by_a_symbolic_link_is_downloaded_again(tmp_
     other = await images.pull(second.ref)
     assert shared in test_images.registry.blob_gets()[served:]
     assert not os.path.islink(images.content.path(shared)) and images.content.check(shared)
-    assert images.snapshots.read_file(other.chain_id, "link") == b"shared layer"
+    assert snapshotter(images).read_file(other.chain_id, "link") == b"shared layer"
     assert_complete(images, other)
     assert leftovers(images) == [] and staging_dirs(images) == []
 
 
-async def test_a_layer_blob_replaced_by_a_symbolic_link_is_fetched_again_when_it_is_unpacked(tmp_path, test_images):
+async def test_a_layer_blob_replaced_by_a_symbolic_link_is_fetched_again_when_it_is_unpacked(tmp_path, test_images) -> None:
     images = images_for(tmp_path, test_images.registry)
     record = await images.pull(test_images.busybox.ref)
     link_a_copy(images.content.path(record.layers[0].digest), tmp_path)
-    images.snapshots.gc(set())  # the layer snapshots are lost: the next pull unpacks the stored blobs
+    snapshotter(images).gc(set())  # the layer snapshots are lost: the next pull unpacks the stored blobs
     served = len(test_images.registry.blob_gets())
     assert await images.pull(test_images.busybox.ref) == record
     assert record.layers[0].digest in test_images.registry.blob_gets()[served:]
@@ -498,8 +504,8 @@ def raw_image(tmp_path, registry: Registry, name: str, config: object | bytes) -
 def assert_nothing_stored(images: Images) -> None:
     assert images.list() == [] and leftovers(images) == []
     assert images.snapshots is not None  # (open)
-    assert images.content.digests() == set() and images.snapshots.snapshots() == []
-    assert os.listdir(os.path.join(images.snapshots.root, "snapshots")) == []
+    assert images.content.digests() == set() and snapshotter(images).snapshots() == []
+    assert os.listdir(os.path.join(snapshotter(images).root, "snapshots")) == []
 
 
 @pytest.mark.parametrize("config, says", [
@@ -667,7 +673,7 @@ async def test_concurrent_pulls_of_one_image_share_one_download(tmp_path, test_i
 
 # -- removal and garbage collection -------------------------------------------------------------------
 
-async def test_remove_forgets_the_image_and_collects_its_blobs(tmp_path, test_images):
+async def test_remove_forgets_the_image_and_collects_its_blobs(tmp_path, test_images) -> None:
     images = images_for(tmp_path, test_images.registry)
     busybox = await images.pull(test_images.busybox.ref)
     other = await images.pull(test_images.build("other", [{"other": "x"}]).ref)
@@ -678,36 +684,36 @@ async def test_remove_forgets_the_image_and_collects_its_blobs(tmp_path, test_im
     assert images.content.digests() == other.blobs
     assert all(images.content.has(d) for d in shared)
     # other is busybox plus a layer: busybox's layers stay, as the snapshots below other's
-    assert {s.name for s in images.snapshots.snapshots()} == set(chain_ids(layer.diff_id for layer in other.layers))
-    assert images.snapshots.has(busybox.chain_id)
+    assert {s.name for s in snapshotter(images).snapshots()} == set(chain_ids(layer.diff_id for layer in other.layers))
+    assert snapshotter(images).has(busybox.chain_id)
 
 
-async def test_remove_collects_the_snapshots_no_image_uses(tmp_path, test_images):
+async def test_remove_collects_the_snapshots_no_image_uses(tmp_path, test_images) -> None:
     images = images_for(tmp_path, test_images.registry)
     alone = await images.pull(test_images.build("alone", [{"a": "1"}, {"b": "2"}], base=None).ref)
-    assert len(images.snapshots.snapshots()) == 2
+    assert len(snapshotter(images).snapshots()) == 2
     await images.remove(alone.image_id)
-    assert images.snapshots.snapshots() == [] and images.content.digests() == set()
+    assert snapshotter(images).snapshots() == [] and images.content.digests() == set()
     assert await images.remove(test_images.busybox.ref) is None  # gone already: no error
 
 
 async def test_an_image_deeper_than_the_recursion_limit_is_removed_leaving_nothing_and_the_store_opens(
-        tmp_path, test_images):
+        tmp_path, test_images) -> None:
     images = images_for(tmp_path, test_images.registry)
     deep = "/".join(["d"] * 1100) + "/f"
     try:
         record = await images.pull(test_images.build("deep", [{deep: "deep"}], base=None).ref)
-        assert images.snapshots.read_file(record.chain_id, deep) == b"deep"
+        assert snapshotter(images).read_file(record.chain_id, deep) == b"deep"
         await images.remove(record.image_id)
-        assert os.listdir(os.path.join(images.snapshots.root, "snapshots")) == []
+        assert os.listdir(os.path.join(snapshotter(images).root, "snapshots")) == []
         assert images_for(tmp_path, test_images.registry).list() == []  # what podshimd does at start
     finally:
         remove_tree(str(tmp_path / "state"))
 
 
-async def test_leftovers_that_cannot_be_removed_are_warnings_and_the_store_opens(tmp_path, caplog):
+async def test_leftovers_that_cannot_be_removed_are_warnings_and_the_store_opens(tmp_path, caplog) -> None:
     images = Images(str(tmp_path / "state")).open()
-    busy = [os.path.join(images.content.ingest, "pull-x"), os.path.join(images.snapshots.root, "snapshots", "trash-x")]
+    busy = [os.path.join(images.content.ingest, "pull-x"), os.path.join(snapshotter(images).root, "snapshots", "trash-x")]
     mounted = []
     try:
         for path in busy:  # a mount point in each: never entered, never removed
@@ -749,14 +755,15 @@ async def test_an_image_in_use_is_not_removed(tmp_path, test_images) -> None:
     assert_complete(images, record)
 
 
-async def test_a_tag_moves_to_the_image_pulled_last(tmp_path, test_images):
+async def test_a_tag_moves_to_the_image_pulled_last(tmp_path, test_images) -> None:
     images = images_for(tmp_path, test_images.registry)
     first = await images.pull(test_images.build("moving", [{"v": "1"}], tag="1.0").ref)
     second_image = test_images.build("moving", [{"v": "2"}], tag="1.0")
     second = await images.pull(second_image.ref)
     assert second.image_id != first.image_id
     assert images.status(second_image.ref) == second
-    assert images.store.get(first.image_id).repo_tags == ()  # still there by its digest, untagged
+    kept = images.store.get(first.image_id)
+    assert kept is not None and kept.repo_tags == ()  # still there by its digest, untagged
 
 
 # -- helpers --------------------------------------------------------------------------------------------
