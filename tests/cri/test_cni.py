@@ -168,17 +168,18 @@ def test_no_config_dir_is_none(tmp_path) -> None:
     assert CniConfig.load(str(tmp_path)) is None
 
 
-def test_first_file_by_name_wins(tmp_path):
+def test_first_file_by_name_wins(tmp_path) -> None:
     write_conf(tmp_path, conflist("b"), "20-b.conflist")
     write_conf(tmp_path, conflist("a") | {"name": "first"}, "10-a.json")
     write_conf(tmp_path, conflist("c"), "05-c.txt")
     config = CniConfig.load(str(tmp_path))
-    assert config.name == "first" and config.source == str(tmp_path / "10-a.json")
+    assert config is not None and config.name == "first" and config.source == str(tmp_path / "10-a.json")
 
 
-def test_single_plugin_conf_is_wrapped_into_a_list(tmp_path):
+def test_single_plugin_conf_is_wrapped_into_a_list(tmp_path) -> None:
     write_conf(tmp_path, {"cniVersion": "0.4.0", "name": "single", "type": "bridge", "bridge": "x"}, "10-one.conf")
     config = CniConfig.load(str(tmp_path))
+    assert config is not None
     assert (config.name, config.cni_version, len(config.plugins)) == ("single", "0.4.0", 1)
     assert config.plugins[0]["bridge"] == "x"
 
@@ -242,12 +243,12 @@ def test_result_parses_plugin_json() -> None:
 
 # -- the runner, with fake plugins ------------------------------------------------------------
 
-async def test_plugins_get_a_clean_env_and_their_config_chained(tmp_path, fake):
+async def test_plugins_get_a_clean_env_and_their_config_chained(tmp_path, fake) -> None:
     fake.add("first")
     fake.add("second")
     runner = fake_runner(tmp_path, fake, "first", "second")
     got = await runner.add("pod1", "/run/netns/fake", args={"K8S_POD_NAME": "web"})
-    assert got.raw["by"] == "second"
+    assert got.raw is not None and got.raw["by"] == "second"
     env = fake.env("ADD", "first")
     assert set(env) - {"PWD", "SHLVL", "_"} == {"PATH", "CNI_COMMAND", "CNI_CONTAINERID", "CNI_NETNS", "CNI_IFNAME",
                                                 "CNI_PATH", "CNI_ARGS"}

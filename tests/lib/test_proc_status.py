@@ -34,28 +34,32 @@ def test_a_stopped_process_is_alive_and_a_zombie_is_not(sleeper) -> None:
     assert proc_start_time(sleeper.pid) == start and not process_alive(sleeper.pid, start)
 
 
-def test_another_start_time_is_another_process(sleeper):
+def test_another_start_time_is_another_process(sleeper) -> None:
     start = proc_start_time(sleeper.pid)
+    assert start is not None
     assert not process_alive(sleeper.pid, start + 1) and open_pidfd(sleeper.pid, start + 1) is None
     assert not signal_process(sleeper.pid, start + 1, signal.SIGKILL) and sleeper.poll() is None
     assert not process_alive(0, None) and open_pidfd(0, None) is None
 
 
-def test_a_pidfd_tells_when_its_process_exits(sleeper):
-    fd = open_pidfd(sleeper.pid, proc_start_time(sleeper.pid))
+def test_a_pidfd_tells_when_its_process_exits(sleeper) -> None:
+    start = proc_start_time(sleeper.pid)
+    assert start is not None
+    fd = open_pidfd(sleeper.pid, start)
     assert fd is not None
     try:
         assert not pidfd_exited(fd)
-        assert signal_process(sleeper.pid, proc_start_time(sleeper.pid), signal.SIGKILL)
+        assert signal_process(sleeper.pid, start, signal.SIGKILL)
         assert wait_pidfd(fd, 5.0) and pidfd_exited(fd)
     finally:
         os.close(fd)
 
 
-def test_a_pid_reused_as_a_thread_of_another_process_is_not_that_process(sleeper):
+def test_a_pid_reused_as_a_thread_of_another_process_is_not_that_process(sleeper) -> None:
     # Under churn a pid we saw may come back as a thread of someone else's process: pidfd_open
     # refuses it (ENOENT; EINVAL before Linux 6.9), which means "gone", not an error.
     start = proc_start_time(sleeper.pid)
+    assert start is not None
     thread_ids: list[int] = []
     named, release = threading.Event(), threading.Event()
 
