@@ -97,6 +97,8 @@ HOST_PYTHON_MOUNTS = [{"container_path": path, "host_path": os.path.realpath(pat
 #: How long podshimd may take to serve (imports and grpc start-up: well under a second when idle;
 #: stretched where everything runs emulated: the cgroup v2 guest's PODSHIM_TEST_SLOWDOWN).
 START_TIMEOUT = 30.0 * float(os.environ.get("PODSHIM_TEST_SLOWDOWN") or 1)
+#: The deadline of one crictl call (stretched as START_TIMEOUT is).
+CRICTL_TIMEOUT = 10.0 * float(os.environ.get("PODSHIM_TEST_SLOWDOWN") or 1)
 #: How long it may take to stop after SIGTERM (its own grace for calls in flight is 5 s).
 STOP_TIMEOUT = 15.0
 
@@ -123,8 +125,8 @@ class Podshimd:
     def crictl(self, crictl: str, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
         """Run ``crictl ARGS`` against this daemon (runtime and image endpoint both)."""
         result = subprocess.run([crictl, "--runtime-endpoint", self.endpoint, "--image-endpoint", self.endpoint,
-                                 "--timeout", "10s", *args], stdin=subprocess.DEVNULL, capture_output=True,
-                                text=True, timeout=60)
+                                 "--timeout", f"{CRICTL_TIMEOUT:g}s", *args], stdin=subprocess.DEVNULL,
+                                capture_output=True, text=True, timeout=CRICTL_TIMEOUT + 50)
         if check and result.returncode != 0:
             raise AssertionError(f"crictl {' '.join(args)} exited {result.returncode}: {result.stderr}")
         return result

@@ -200,8 +200,14 @@ def build(key: str | None = None) -> str:
             json.dump({"debootstrap_s": round(debootstrapped - started, 1),
                        "install_s": round(installed - debootstrapped, 1),
                        "mkfs_s": round(done - installed, 1), "total_s": round(done - started, 1)}, f)
-        os.rename(os.path.join(work, "image"), target)
-        _log(f"built {target} in {done - started:.0f} s")
+        try:
+            os.rename(os.path.join(work, "image"), target)
+        except OSError:
+            if not os.path.exists(os.path.join(target, "root.img")):
+                raise
+            _log(f"{target} was built meanwhile by another run: that one is used")  # this one goes
+        else:
+            _log(f"built {target} in {done - started:.0f} s")
         return target
     finally:
         shutil.rmtree(work, ignore_errors=True)
