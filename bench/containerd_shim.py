@@ -18,7 +18,9 @@ themselves); podshimd (bench.common.bench_podshimd, its own template).
 
 Figures, each runtime in turn in every round: (1) ``crictl runp → stopp → rmp``; (2) ``crictl runp``
 then ``create`` and ``start`` of one busybox container (the pod then stopped and removed, not timed);
-the floor: three ``crictl version`` calls. (3) Idle memory: --pods pods up on one runtime at a time
+the floor: three ``crictl version`` calls. Beside them, (1) alone through a fifth handler whose
+sandbox controller (a proxy plugin served by :class:`NullSandboxer`) makes nothing: containerd's own
+cost of a pod, CNI's included. (3) Idle memory: --pods pods up on one runtime at a time
 (``crictl runp``), 1 s settle, then the PSS (/proc/PID/smaps_rollup) of each pod's shim (the parent
 of the pod's pid, its pause) and of its pause, mean per pod; the shim template's and podshim-sandboxer's own PSS (fixed, not per pod) beside it.
 """
@@ -26,6 +28,7 @@ of the pod's pid, its pause) and of its pause, mean per pod; the shim template's
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import json
 import os
@@ -35,8 +38,12 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from collections.abc import Callable, Iterator
+from concurrent import futures
 from dataclasses import dataclass, field
+from typing import Any
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
@@ -46,6 +53,80 @@ from bench.cri_images import Janitor, bench_parser, log, netns_main, podshimd_di
 
 #: Seconds the pods settle before their memory is read.
 SETTLE = 1.0
+
+
+class NullSandboxer:
+    """containerd's sandbox Controller (gRPC, a proxy plugin) that makes nothing: a pod is a name
+    and an event its Stop sets. Its handler's runp → stopp → rmp is what a pod costs containerd's CRI
+    and CNI themselves, which no sandbox controller can take away."""
+
+    def __init__(self) -> None:
+        self.stopped: dict[str, threading.Event] = {}
+
+    def _event(self, sandbox_id: str) -> threading.Event:
+        return self.stopped.setdefault(sandbox_id, threading.Event())
+
+    def handlers(self) -> Any:
+        import grpc
+
+        from shim.containerd.api import load
+        from shim.containerd.proxy import CONTROLLER_SERVICE
+
+        pb2, platform = load("services.sandbox.v1.sandbox_pb2"), load("types.platform_pb2")
+        pid = os.getpid()  # (no container joins a null pod)
+
+        def stop(r: Any) -> Any:
+            self._event(r.sandbox_id).set()
+            return pb2.ControllerStopResponse()
+
+        def wait(r: Any) -> Any:
+            self._event(r.sandbox_id).wait()
+            return pb2.ControllerWaitResponse(exit_status=0)
+
+        def status(r: Any) -> Any:
+            ready = not self._event(r.sandbox_id).is_set()
+            return pb2.ControllerStatusResponse(sandbox_id=r.sandbox_id, pid=pid,
+                                                state="SANDBOX_READY" if ready else "SANDBOX_NOTREADY")
+
+        def shutdown(r: Any) -> Any:
+            self.stopped.pop(r.sandbox_id, None)
+            return pb2.ControllerShutdownResponse()
+
+        answers: dict[str, Callable[[Any], Any]] = {
+            "Create": lambda r: pb2.ControllerCreateResponse(sandbox_id=r.sandbox_id),
+            "Start": lambda r: pb2.ControllerStartResponse(sandbox_id=r.sandbox_id, pid=pid),
+            "Platform": lambda r: pb2.ControllerPlatformResponse(
+                platform=platform.Platform(os="linux", architecture="amd64")),
+            "Stop": stop, "Wait": wait, "Status": status, "Shutdown": shutdown,
+            "Metrics": lambda r: pb2.ControllerMetricsResponse(),
+            "Update": lambda r: pb2.ControllerUpdateResponse(),
+        }
+
+        def method(name: str, answer: Callable[[Any], Any]) -> Any:
+            return grpc.unary_unary_rpc_method_handler(
+                lambda request, context: answer(request), response_serializer=lambda m: m.SerializeToString(),
+                request_deserializer=getattr(pb2, f"Controller{name}Request").FromString)
+
+        return grpc.method_handlers_generic_handler(
+            CONTROLLER_SERVICE, {name: method(name, answer) for name, answer in answers.items()})
+
+
+@contextlib.contextmanager
+def null_sandboxer(path: str) -> Iterator[NullSandboxer]:
+    """A :class:`NullSandboxer` serving on the Unix socket ``path`` (threads of this process)."""
+    import grpc
+
+    null = NullSandboxer()
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=64))
+    server.add_generic_rpc_handlers((null.handlers(),))
+    server.add_insecure_port("unix://" + path)
+    server.start()
+    try:
+        yield null
+    finally:
+        for event in list(null.stopped.values()):
+            event.set()  # (Waits still held by containerd end)
+        server.stop(0)
 
 
 @dataclass
@@ -60,6 +141,7 @@ class Runtime:
     floors: list[float] = field(default_factory=list)
     bundles: str = ""  # the pods' bundles (containerd's shim sandboxer, or podshim-sandboxer's): their state.json
     record: str = "podshim"  # podshim's own bundle in each, where its state.json is
+    pods_only: bool = False  # no container can run in its pods: runp → stopp → rmp alone
     shim_pss: float = 0.0  # KiB, mean per pod
     pause_pss: float = 0.0
     shims: int = 0
@@ -91,6 +173,8 @@ class Runtime:
         self.cycles.append(time.perf_counter() - t0)
 
     def start(self, container_json: str) -> None:
+        if self.pods_only:
+            return
         path = self.pod_json()
         t0 = time.perf_counter()
         pod = self.call("runp", *self.runp, path).strip()
@@ -114,6 +198,8 @@ class Runtime:
         return int(json.loads(self.call("inspectp", "-o", "json", pod))["info"]["pid"])
 
     def idle_memory(self, count: int) -> None:
+        if self.pods_only:
+            return
         pods = [self.call("runp", *self.runp, self.pod_json()).strip() for _ in range(count)]
         try:
             time.sleep(SETTLE)
@@ -129,7 +215,14 @@ class Runtime:
 
 def inside(args: argparse.Namespace) -> int:
     from support.critools import cri_tool
-    from support.ctrdtools import PROXY_HANDLER, containerd_version, running_containerd, running_sandboxer
+    from support.ctrdtools import (
+        NULL_HANDLER,
+        NULL_SOCKET,
+        PROXY_HANDLER,
+        containerd_version,
+        running_containerd,
+        running_sandboxer,
+    )
     from support.imagebuild import TestImages, catatonit_pause_image
     from support.registry import running_registry
 
@@ -156,6 +249,7 @@ def inside(args: argparse.Namespace) -> int:
                     janitor.add("stop containerd's shim template", stop_template, containerd.runtime_root)
                 psd_directory = podshimd_directory(janitor)
                 with running_sandboxer(containerd, use_template=not args.no_template, debug=False) as sandboxer, \
+                        null_sandboxer(os.path.join(directory, NULL_SOCKET)), \
                         bench_podshimd(psd_directory, crictl, janitor.failures, image=busybox) as daemon:
                     version = containerd_version()
                     bundles = os.path.join(containerd.state, "io.containerd.sandbox.controller.v1.shim", "k8s.io")
@@ -165,7 +259,10 @@ def inside(args: argparse.Namespace) -> int:
                                         containerd.endpoint, ("--runtime", PROXY_HANDLER), crictl, directory,
                                         bundles=os.path.join(sandboxer.state_root, "k8s.io"), record=""),
                                 Runtime(f"containerd {version}, runc", containerd.endpoint, (), crictl, directory),
-                                Runtime("podshimd", daemon.endpoint, (), crictl, psd_directory)]
+                                Runtime("podshimd", daemon.endpoint, (), crictl, psd_directory),
+                                Runtime(f"containerd {version}, a sandbox controller that makes nothing",
+                                        containerd.endpoint, ("--runtime", NULL_HANDLER), crictl, directory,
+                                        pods_only=True)]
                     runtimes[0].call("pull", busybox.ref)
                     container_json = os.path.join(workdir, "c.json")
                     with open(container_json, "w") as f:
@@ -232,7 +329,12 @@ def report(args: argparse.Namespace, runtimes: list[Runtime], template_pss: floa
         if not rt.cycles:
             continue
         floor = statistics.median(rt.floors)
-        cycle, start = statistics.median(rt.cycles), statistics.median(rt.starts)
+        cycle = statistics.median(rt.cycles)
+        if rt.pods_only:
+            out.append(f"| {rt.name} | {ms(cycle)} ms ({ms(percentile(rt.cycles, 90))}) | {ms(cycle - floor)} ms "
+                       f"| | | {ms(floor)} ms | | |")
+            continue
+        start = statistics.median(rt.starts)
         out.append(f"| {rt.name} | {ms(cycle)} ms ({ms(percentile(rt.cycles, 90))}) | {ms(cycle - floor)} ms "
                    f"| {ms(start)} ms ({ms(percentile(rt.starts, 90))}) | {ms(start - floor)} ms | {ms(floor)} ms "
                    f"| {rt.shim_pss / 1024:.2f} MiB ({rt.shims} shims) | {rt.pause_pss / 1024:.2f} MiB |")
@@ -243,6 +345,11 @@ def report(args: argparse.Namespace, runtimes: list[Runtime], template_pss: floa
             if "podshim" in rt.name and "handler" in rt.name and rt.cycles:
                 out.append(f"- {rt.name}: runp→stopp→rmp {_past(runc.cycles, runc.floors) / _past(rt.cycles, rt.floors):.2f}x,"
                            f" runp + container start {_past(runc.starts, runc.floors) / _past(rt.starts, rt.floors):.2f}x")
+        null = next((rt for rt in runtimes if rt.pods_only and rt.cycles), None)
+        if null is not None:
+            out.append(f"- containerd's own share of runp→stopp→rmp past the floor (the controller that makes "
+                       f"nothing): {ms(_past(null.cycles, null.floors))} ms; half of runc's: "
+                       f"{ms(_past(runc.cycles, runc.floors) / 2)} ms")
     if template_pss:
         out += ["", f"containerd's podshim shims forked by a shim template of its runtime root, whose own PSS "
                     f"(template and spare shim, fixed) is {template_pss / 1024:.1f} MiB."]

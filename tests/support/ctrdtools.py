@@ -28,7 +28,9 @@ from shim.lib.program import search_path
 
 from support.critools import REPO, cni_config, gotool
 
-__all__ = ["Containerd", "running_containerd", "SandboxerProcess", "running_sandboxer", "PROXY_HANDLER", "pod_config", "sleeping_pod", "containerd_binary", "containerd_version", "write_config"]
+__all__ = ["Containerd", "running_containerd", "SandboxerProcess", "running_sandboxer", "PROXY_HANDLER",
+           "NULL_HANDLER", "NULL_SOCKET", "pod_config", "sleeping_pod", "containerd_binary", "containerd_version",
+           "write_config"]
 
 #: Seconds containerd may take to answer its CRI, and to stop.
 START_TIMEOUT = 60.0
@@ -37,6 +39,9 @@ STOP_TIMEOUT = 20.0
 K8S_NAMESPACE = "k8s.io"
 #: The runtime handler, and proxy plugin, of podshim's proxy-plugin route (podshim-sandboxer).
 PROXY_HANDLER = "podshim-proxy"
+#: A runtime handler and proxy plugin whose sandbox controller makes nothing (bench/containerd_shim.py
+#: serves one on NULL_SOCKET in containerd's directory): what a pod costs containerd itself.
+NULL_HANDLER, NULL_SOCKET = "null-proxy", "null.sock"
 
 
 def sandboxer_socket(directory: str) -> str:
@@ -169,12 +174,19 @@ def write_config(directory: str, registry_host: str, sandbox_image: str, *, shim
     [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.{PROXY_HANDLER}]
       runtime_type = "{shim}"
       sandboxer = "{PROXY_HANDLER}"
+    [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.{NULL_HANDLER}]
+      runtime_type = "io.containerd.runc.v2"
+      sandboxer = "{NULL_HANDLER}"
 """
     # podshim's proxy-plugin route: containerd dials the sandboxer (running_sandboxer) at its first pod.
     proxy = "" if shim is None else f"""
 [proxy_plugins.{PROXY_HANDLER}]
   type = "sandbox"
   address = "{sandboxer_socket(directory)}"
+
+[proxy_plugins.{NULL_HANDLER}]
+  type = "sandbox"
+  address = "{os.path.join(directory, NULL_SOCKET)}"
 """
     path = os.path.join(directory, "config.toml")
     with open(path, "w") as f:
