@@ -60,7 +60,10 @@ def install(checkout: str, venv: str, bin_dir: str, *flags: str, columns: int = 
 
 
 def run(*argv: str) -> subprocess.CompletedProcess:
-    return subprocess.run(argv, cwd="/", stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=120)
+    """Run an installed command as a node would: without the PYTHONPATH a test run may set (a
+    checkout's code would be found through it)."""
+    env = {name: value for name, value in os.environ.items() if name != "PYTHONPATH"}
+    return subprocess.run(argv, cwd="/", stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=120, env=env)
 
 
 @pytest.fixture(scope="module")
@@ -97,9 +100,20 @@ def test_the_installed_commands_run_after_the_checkout_is_deleted(venv, tmp_path
 
 
 def test_an_editable_install_whose_checkout_is_gone_says_so(venv, tmp_path) -> None:
-    checkout, bin_dir = copy_checkout(str(tmp_path / "checkout"), generated=True), tmp_path / "bin"
-    bin_dir.mkdir()
-    install(checkout, venv, str(bin_dir), "--editable")
+    checkout, bin_dir = copy_checkout(str(tmp_path / "checkout"), generated=True), tmp_path / "private" / "bin"
+    # A private install (its own venv and command directory, no other path named): the command
+    # directory is made, and its units, docs, manual page and completion stay under its venv.
+    done = subprocess.run([os.path.join(checkout, ".ci", "install"), "--editable"], cwd="/", stdin=subprocess.DEVNULL,
+                          capture_output=True, text=True, timeout=INSTALL_TIMEOUT,
+                          env={**{k: v for k, v in os.environ.items() if not k.startswith("PODSHIM_")},
+                               "PODSHIM_VENV": venv, "PODSHIM_BIN": str(bin_dir)})
+    assert done.returncode == 0, done.stdout + done.stderr
+    written = [line.removeprefix("install: ") for line in done.stdout.splitlines() if line.startswith("install: /")]
+    assert f"{venv}/lib/systemd/system/podshimd.service" in written
+    assert f"{venv}/share/doc/podshim/docs/operator-guide.md" in written
+    assert f"{venv}/share/man/man1/podshimctl.1" in written
+    assert f"{bin_dir}/podshimctl -> {venv}/bin/podshimctl" in written
+    assert all(line.startswith((venv + "/", str(bin_dir) + "/")) for line in written), done.stdout
     assert run(str(bin_dir / "podshimctl"), "--help").returncode == 0
     shutil.rmtree(checkout)
     for name in ("podshim", "podshimctl", "podshimd", "containerd-shim-podshim-v1", "podshim-sandboxer"):
