@@ -17,7 +17,7 @@ from shim.rpc.status import AlreadyExists, FailedPrecondition, NotFound
 
 from client.images import snapshots as snapshots_module
 from client.images.snapshots import Mount, Snapshotter, chain_ids
-from client.images.unpack import DigestMismatch
+from client.images.unpack import DigestMismatch, apply_layer
 
 from support.disktools import seconds_at_once, slow_fsyncs
 from support.layertools import deep_tree, make_layer, member, mount_overlay, mounted, tree, umount
@@ -55,13 +55,12 @@ def mountpoints(tmp_path):
 def counted(monkeypatch):
     """Counts apply_layer calls by diff_id."""
     calls: dict[str, int] = {}
-    real = snapshots_module.apply_layer
 
-    def apply_layer(dest, blob, media_type=None, *, diff_id=None, limit=None):
+    def wrapped(dest, blob, media_type=None, *, diff_id=None, limit=None):
         calls[diff_id] = calls.get(diff_id, 0) + 1
-        return real(dest, blob, media_type, diff_id=diff_id, limit=limit)
+        return apply_layer(dest, blob, media_type, diff_id=diff_id, limit=limit)
 
-    monkeypatch.setattr(snapshots_module, "apply_layer", apply_layer)
+    monkeypatch.setattr(snapshots_module, "apply_layer", wrapped)
     return calls
 
 
@@ -273,13 +272,12 @@ def test_images_on_a_shared_committed_base_unpack_side_by_side(tmp_path, snapsho
     tops = [make_layer(str(tmp_path / f"top{n}"), [member(f"f{n}", data=b"x")]) for n in range(2)]
     snapshotter.unpack([(base.diff_id, base.path, base.media_type)])
     both_inside = threading.Barrier(2, timeout=60)  # broken if one unpack waited for the other
-    real = snapshots_module.apply_layer
 
-    def apply_layer(dest, blob, media_type=None, *, diff_id=None, limit=None):
+    def wrapped(dest, blob, media_type=None, *, diff_id=None, limit=None):
         both_inside.wait()
-        return real(dest, blob, media_type, diff_id=diff_id, limit=limit)
+        return apply_layer(dest, blob, media_type, diff_id=diff_id, limit=limit)
 
-    monkeypatch.setattr(snapshots_module, "apply_layer", apply_layer)
+    monkeypatch.setattr(snapshots_module, "apply_layer", wrapped)
     errors = []
 
     def pull(top):
@@ -300,14 +298,13 @@ def test_gc_during_an_unpack_keeps_the_layer_it_builds_on(tmp_path, snapshotter,
     layers = three_layers(tmp_path)
     chain = chain_ids(d for d, _, _ in layers)
     snapshotter.unpack(layers[:1])
-    real = snapshots_module.apply_layer
     freed = []
 
-    def apply_layer(dest, blob, media_type=None, *, diff_id=None, limit=None):
+    def wrapped(dest, blob, media_type=None, *, diff_id=None, limit=None):
         freed.append(snapshotter.gc([]))  # nothing recorded uses the base yet
-        return real(dest, blob, media_type, diff_id=diff_id, limit=limit)
+        return apply_layer(dest, blob, media_type, diff_id=diff_id, limit=limit)
 
-    monkeypatch.setattr(snapshots_module, "apply_layer", apply_layer)
+    monkeypatch.setattr(snapshots_module, "apply_layer", wrapped)
     assert snapshotter.unpack(layers[:2]) == chain[1]
     assert [f.removed for f in freed] == [()]
     assert snapshotter.stat(chain[1]).parent == chain[0] and snapshotter.has(chain[0])
@@ -339,7 +336,7 @@ def stuck(dest, *args, **kwargs):
         f.write("half a layer")
     print("unpacking", flush=True)
     sys.stdin.read()  # until killed
-snapshots.apply_layer = stuck
+setattr(snapshots, "apply_layer", stuck)  # the name Snapshotter calls
 snapshots.Snapshotter(sys.argv[1]).unpack([(sys.argv[2], sys.argv[3], None)])
 """
 

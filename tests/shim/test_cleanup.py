@@ -19,6 +19,7 @@ import pytest
 
 from shim.cleanup import delete_sandbox
 from shim.lib.processes import proc_start_time, process_alive
+from shim.sandbox.record import write_state as write_state_home
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -104,7 +105,7 @@ def test_a_second_delete_at_once_reports_the_pause_the_first_killed(tmp_path, sl
         json.dump({"namespace": "ns", "sandbox_id": "sb",
                    "pause": {"pid": sleeper.pid, "start_time": proc_start_time(sleeper.pid)}}, f)
     first_killed, first_goes_on = threading.Event(), threading.Event()
-    real_write_state = shim.cleanup.write_state
+    real_write_state = write_state_home
 
     def write_state(bundle, record):
         if threading.current_thread() is first:  # the first delete has killed the pause, not yet recorded it

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from shim.lib.trees import remove_tree
+from shim.lib.trees import remove_tree, walk
 from shim.rpc.status import (
     DataLoss,
     DeadlineExceeded,
@@ -625,7 +625,6 @@ async def test_the_progress_watch_looks_at_a_pulls_directory_in_one_walk(tmp_pat
         os.mkdir(os.path.join(work, part))
     loop, looked = asyncio.get_running_loop(), asyncio.Event()
     walked: list[str] = []
-    walk = pull_module.walk
 
     def recorded(top, *args, **kwargs):
         walked.append(top)
