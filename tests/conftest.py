@@ -29,6 +29,7 @@ from support.imagebuild import test_images  # noqa: E402  (after the marker, as 
 from support.proctools import unheld_netns  # noqa: E402  (after the marker, as above)
 from support.registry import auth_registry, registry  # noqa: E402  (after the marker, as above)
 from support.sandbox_env import settle_persistent  # noqa: E402  (after the marker, as above)
+from support.shimtools import SessionTemplate, reap_adopted_zombies  # noqa: E402  (after the marker, as above)
 
 __all__ = ["auth_registry", "registry", "test_images"]
 
@@ -84,6 +85,15 @@ async def reaper():
     reaper.install()
     yield reaper
     reaper.uninstall()
+
+
+@pytest.fixture(autouse=True)
+def adopted_zombies_reaped():
+    """After each test, reap the template processes this process adopted while it was a child
+    subreaper (a Reaper, adopting_orphans) and that exited since: nobody else would, and a run
+    would collect them by the thousand. A Popen's child is never reaped here."""
+    yield
+    reap_adopted_zombies()
 
 
 @pytest.fixture
@@ -151,47 +161,9 @@ def nothing_left_behind():
 
 
 # -- both ways: exec spawning and template spawning -----------------------------------------------
-class _SessionTemplate:
-    """One `podshim template` for the whole session, started on first use, stopped by pid.
-
-    It is started with `podshim template --detach`, in a session of its own and not a
-    descendant of the test process: tests that make this process a child subreaper, or count its
-    children, must never adopt the template or the shims it forks. A template leaves when the
-    code it loaded changes on disk (an edit during the run): the next test that wants it gets a
-    new one.
-    """
-
-    def __init__(self) -> None:
-        self.root = f"/tmp/podshim-session-tpl-{secrets.token_hex(4)}"
-
-    def socket(self) -> str:
-        import subprocess
-        import sys
-
-        from shim.api.names import TEMPLATE_SERVICE
-        from shim.api.paths import control_socket_path
-        from shim.rpc import blocking
-
-        path = control_socket_path(self.root)
-        try:
-            blocking.call("unix://" + path, TEMPLATE_SERVICE, "Ping", timeout=2)
-        except Exception:  # not started yet, or gone: --detach returns once one serves
-            subprocess.run([sys.executable, "-m", "shim", "template", "--detach", "--runtime-root", self.root],
-                           stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, check=True, timeout=60)
-        return path
-
-    def stop(self) -> None:
-        import shutil
-
-        from shim.launch.template import stop_template
-
-        stop_template(self.root)
-        shutil.rmtree(self.root, ignore_errors=True)
-
-
 @pytest.fixture(scope="session")
 def session_template():
-    template = _SessionTemplate()
+    template = SessionTemplate()
     yield template
     template.stop()
 

@@ -41,7 +41,8 @@ from support.rpctools import SLOWDOWN
 
 __all__ = [
     "HANDLERS", "NODE_ROOT", "WAIT", "PODSHIM", "FOOTPRINTS", "Footprint", "ProcessRef", "Shim", "ShimLauncher", "EventStream",
-    "Template", "adopting_orphans", "child_pids", "host_netns_bound_at", "host_untouched", "leftovers",
+    "ADOPTED_NAMES", "SessionTemplate", "Template", "adopting_orphans", "child_pids", "not_adopting",
+    "reap_adopted_zombies", "host_netns_bound_at", "host_untouched", "leftovers",
     "mounts_naming", "new_id", "ns_inode", "run_podshim", "shim", "shims",
 ]
 
@@ -116,16 +117,86 @@ def host_netns_bound_at(directory: str) -> Iterator[str]:
 
 
 @contextlib.contextmanager
-def adopting_orphans() -> Iterator[None]:
-    """Make this process a child subreaper meanwhile: a shim that ``podshim start`` forks becomes
-    our child when ``start`` exits, so its exit status can be read. Processes orphaned after
-    the block go to PID 1 as usual."""
+def _child_subreaper(on: bool) -> Iterator[None]:
+    """This process a child subreaper (``on``) or not meanwhile; the flag restored afterwards."""
     was = linux.get_child_subreaper()
-    linux.set_child_subreaper(True)
+    linux.set_child_subreaper(on)
     try:
         yield
     finally:
         linux.set_child_subreaper(was)
+
+
+def adopting_orphans() -> contextlib.AbstractContextManager[None]:
+    """Make this process a child subreaper meanwhile: a shim that ``podshim start`` forks becomes
+    our child when ``start`` exits, so its exit status can be read. Processes orphaned after
+    the block go to PID 1 as usual."""
+    return _child_subreaper(True)
+
+
+def not_adopting() -> contextlib.AbstractContextManager[None]:
+    """Clear this process's child subreaper flag meanwhile (a Reaper or :func:`adopting_orphans`
+    may have set it): a detached process orphaned in the block (a template) goes to PID 1, and so
+    does everything it double-forks later, never to this process, where nobody would reap it."""
+    return _child_subreaper(False)
+
+
+#: The names of the processes a template forks (itself, its spares, its shims): what this process
+#: adopts while it is a child subreaper and a template, or an intermediate child of one, exits.
+ADOPTED_NAMES = ("podshim-tmpl", "podshim-spare", "podshim-shim")
+
+
+def reap_adopted_zombies() -> list[int]:
+    """Reap this process's zombie children named in :data:`ADOPTED_NAMES` that no Popen of this
+    process waits for (adopted ones, whose exit nobody here reads); their pids."""
+    zombies = set()
+    for pid in child_pids():
+        stat = linux.proc_stat(pid)
+        if stat is not None and stat[linux.STAT_STATE - 1] == "Z" and stat[1] in ADOPTED_NAMES:
+            zombies.add(pid)
+    if not zombies:
+        return []
+    import gc
+
+    waited = {obj.pid for obj in gc.get_objects() if isinstance(obj, subprocess.Popen) and obj.returncode is None}
+    reaped = []
+    for pid in sorted(zombies - waited):
+        try:
+            os.waitpid(pid, 0)
+        except ChildProcessError:  # reaped meanwhile (a Reaper's waitpid(-1))
+            continue
+        reaped.append(pid)
+    return reaped
+
+
+class SessionTemplate:
+    """One `podshim template` for the whole session, started on first use, stopped by pid.
+
+    It is started with `podshim template --detach`, in a session of its own, and with this
+    process's child subreaper flag cleared (:func:`not_adopting`), so that it is not a descendant
+    of the test process: tests that make this process a child subreaper, or count its children,
+    must never adopt the template or the shims it forks. A template leaves when the code it loaded
+    changes on disk (an edit during the run): the next test that wants it gets a new one.
+    """
+
+    def __init__(self) -> None:
+        self.root = f"/tmp/podshim-session-tpl-{secrets.token_hex(4)}"
+
+    def socket(self) -> str:
+        path = control_socket_path(self.root)
+        try:
+            blocking.call("unix://" + path, TEMPLATE_SERVICE, "Ping", timeout=2)
+        except Exception:  # not started yet, or gone: --detach returns once one serves
+            with not_adopting():
+                subprocess.run([*PODSHIM, "template", "--detach", "--runtime-root", self.root],
+                               stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, check=True, timeout=60)
+        return path
+
+    def stop(self) -> None:
+        from shim.launch.template import stop_template
+
+        stop_template(self.root)
+        shutil.rmtree(self.root, ignore_errors=True)
 
 
 class ProcessRef:
