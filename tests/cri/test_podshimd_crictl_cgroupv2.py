@@ -33,9 +33,8 @@ RESOURCES = {"cpu_shares": 512, "cpu_period": 100000, "cpu_quota": 50000, "memor
              "unified": {"pids.max": "30"}}
 FILES = {"cpu.weight": "20", "cpu.max": "50000 100000", "memory.max": str(96 * MIB),
          "memory.swap.max": str(32 * MIB), "cpuset.cpus": "0", "cpuset.mems": "0"}
-#: The unified map's pids.max. Under the systemd driver the scope's file says systemd's TasksMax
-#: instead (its default: native and runc 3553 in the guest, crun "max"): a unified key systemd owns
-#: is not made a unit property, and systemd keeps its own.
+#: The unified map's pids.max: under the systemd driver it is also the scope's TasksMax, which
+#: systemd writes over the file whenever it applies the unit (shim.kernel.cgroups.systemd).
 PIDS_MAX = "30"
 #: ``crictl update`` and what the files say after it (memory.swap.max is left: crictl sends no swap).
 UPDATE = ["--cpu-share", "1024", "--cpu-period", "50000", "--cpu-quota", "25000", "--memory", str(64 * MIB)]
@@ -125,9 +124,6 @@ def test_crictl_sets_limits_on_v2_reads_them_back_updates_them_and_its_stats_are
         if driver == "systemd":
             assert unit_state(os.path.basename(scope)) == "inactive"
             assert unit_state(os.path.basename(pod_directory)) == "inactive"
-        if driver == "systemd" and pids_max != PIDS_MAX:
-            pytest.xfail(f"pids.max of CRI's unified map is {pids_max} under the systemd driver, not {PIDS_MAX}: "
-                         "systemd's TasksMax holds")
         assert pids_max == PIDS_MAX
     finally:
         if pod_id:

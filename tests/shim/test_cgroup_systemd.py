@@ -6,6 +6,7 @@ bus (the loop keeps serving while a unit's job runs). The driver itself, with sy
 
 from __future__ import annotations
 
+import re
 import time
 
 import pytest
@@ -70,7 +71,9 @@ def test_a_pod_slices_resources_are_properties_and_one_systemd_has_none_for_is_r
         "CPUWeight": ("t", 20), "MemoryMax": ("t", 1 << 30)}
     for resources, message in (
             ({"hugepage_limits": {"2MB": 0}}, "resources.hugepage_limits cannot be applied to a pod under the systemd"),
-            ({"unified": {"memory.high": "1"}}, "resources.unified cannot be applied to a pod under the systemd"),
+            ({"unified": {"memory.high": "1", "memory.oom.group": "1"}},
+             "resources.unified\\[memory.oom.group\\] cannot be applied to a pod under the systemd"),
+            ({"unified": "pids.max=5"}, "resources.unified cannot be applied to a pod under the systemd"),
             ({"memory_swap_limit_bytes": 1 << 30}, "memory \\+ swap needs a memory limit"),
             ({"cpu_shares": "512"}, "resources.cpu_shares must be an integer >= -1"),
             ({"cpuset_cpus": "0-x"}, "not CPU lists")):
@@ -149,6 +152,25 @@ def test_a_quota_is_rounded_up_to_ten_milliseconds_a_second_and_minus_one_is_inf
     infinity = (1 << 64) - 1
     assert dict(systemd.unit_properties({"cpu_quota_us": -1, "memory_limit_bytes": -1, "pids_limit": -1})) == {
         "CPUQuotaPerSecUSec": ("t", infinity), "MemoryMax": ("t", infinity), "TasksMax": ("t", infinity)}
+
+
+def test_a_unified_file_systemd_owns_is_said_as_its_property_and_wins_over_the_field() -> None:
+    infinity = (1 << 64) - 1
+    assert dict(systemd.unit_properties({"pids_limit": 30, "unified": {
+        "pids.max": "12", "memory.high": "max", "memory.min": "4096", "cpu.weight": "300", "cpu.max": "max 50000",
+        "cpuset.cpus": "1", "io.weight": "default 200", "memory.oom.group": "1"}})) == {
+        "TasksMax": ("t", 12), "MemoryHigh": ("t", infinity), "MemoryMin": ("t", 4096), "CPUWeight": ("t", 300),
+        "CPUQuotaPeriodUSec": ("t", 50000), "CPUQuotaPerSecUSec": ("t", infinity),
+        "AllowedCPUs": ("ay", b"\x02"), "IOWeight": ("t", 200)}  # memory.oom.group stays a file write
+    assert dict(systemd.unit_properties({"unified": {"cpu.max": "25000"}}))["CPUQuotaPerSecUSec"] == ("t", 250000)
+    assert dict(systemd.slice_properties({"unified": {"pids.max": "max"}})) == {"TasksMax": ("t", infinity)}
+
+
+@pytest.mark.parametrize("name, value", [("pids.max", "many"), ("cpu.weight", "max"), ("cpu.max", "1 2 3"),
+                                         ("cpu.max", "max 0"), ("memory.max", "-5"), ("cpuset.cpus", "0-x")])
+def test_a_unified_value_a_property_cannot_hold_is_refused_by_name(name: str, value: str) -> None:
+    with pytest.raises(InvalidArgument, match=f"resources.unified\\[{name}\\]: '{re.escape(value)}' is not a value"):
+        systemd.unit_properties({"unified": {name: value}})
 
 
 # -- the bus, against a stand-in for systemd on a private bus (tests/support/bustools.py) ---------------

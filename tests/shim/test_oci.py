@@ -199,6 +199,17 @@ def test_task_spec_says_the_resources_runc_applies_and_the_process_oom_score_adj
                     "memory": {"limit": 1 << 26, "swap": 1 << 27}, "pids": {"limit": 30}}
 
 
+def test_task_spec_says_the_unified_map_where_the_cgroups_are_v2() -> None:
+    # There the runtime's systemd driver makes the scope and says as unit properties what systemd
+    # owns (pids.max as TasksMax): the shim's file write would be undone by systemd.
+    spec = specs.task_spec(sandbox_id="sb", args=["true"], env={}, cwd="/", rootfs="/b/rootfs", pause_pid=42,
+                           pid_mode="CONTAINER", own_ipc=True, unified_cgroups=True,
+                           resources={"pids_limit": 30, "hugepage_limits": {"2MB": 0},
+                                      "unified": {"pids.max": "12", "memory.high": "1G"}})
+    said = {key: value for key, value in spec["linux"]["resources"].items() if key != "devices"}
+    assert said == {"pids": {"limit": 30}, "unified": {"pids.max": "12", "memory.high": "1G"}}
+
+
 def test_task_spec_joins_the_pause_namespaces_by_path() -> None:
     spec = specs.task_spec(sandbox_id="sb", args=["sh", "-c", "true"], env={"PATH": "/bin"}, cwd="/", rootfs="/b/rootfs",
                          pause_pid=42, pid_mode="CONTAINER", own_ipc=True, cgroups_path="podshim/sb/t")

@@ -37,7 +37,8 @@ from shim.rpc.status import FailedPrecondition, InvalidArgument
 
 __all__ = ["DEFAULT_SLICE", "SCOPE_PREFIX", "START_TIMEOUT", "Manager", "Placeholder", "close_manager", "escape",
            "manager", "pod_slice_name",
-           "runtime_cgroups_path", "scope_name", "slice_properties", "stop_unit_blocking", "unit_properties"]
+           "runtime_cgroups_path", "scope_name", "slice_properties", "stop_unit_blocking", "unified_properties",
+           "unit_properties"]
 
 log = logging.getLogger(__name__)
 
@@ -131,7 +132,60 @@ def unit_properties(resources: Mapping[str, Any]) -> list[tuple[str, tuple[str, 
     for key, name in (("cpuset_cpus", "AllowedCPUs"), ("cpuset_mems", "AllowedMemoryNodes")):
         if resources.get(key) is not None:
             props.append((name, ("ay", _bitmask(resources[key]))))
+    owned, _ = unified_properties(resources.get("unified") or {})
+    if owned:
+        # A file of CRI's ``unified`` map that systemd owns as a property: systemd writes the
+        # property's value over the file whenever it applies the unit, so it is said as the
+        # property (runc's systemd driver does the same); it comes after, and wins over, a field.
+        named = {name for name, _ in owned}
+        props = [prop for prop in props if prop[0] not in named] + owned
     return props
+
+
+#: The cgroup v2 files of CRI's ``unified`` map that systemd writes from a unit property, and the
+#: property: a plain file write there would be undone when systemd next applies the unit.
+UNIFIED_PROPERTIES = {"pids.max": "TasksMax", "memory.max": "MemoryMax", "memory.high": "MemoryHigh",
+                      "memory.low": "MemoryLow", "memory.min": "MemoryMin", "memory.swap.max": "MemorySwapMax",
+                      "cpu.weight": "CPUWeight", "cpu.max": "CPUQuotaPerSecUSec", "cpuset.cpus": "AllowedCPUs",
+                      "cpuset.mems": "AllowedMemoryNodes", "io.weight": "IOWeight"}
+
+
+def unified_properties(unified: Mapping[str, Any]) -> tuple[list[tuple[str, tuple[str, Any]]], list[str]]:
+    """The unit properties of the files of a ``unified`` map that systemd owns
+    (:data:`UNIFIED_PROPERTIES`), and the names of the others (plain file writes). InvalidArgument
+    for a value the file would not take."""
+    props: list[tuple[str, tuple[str, Any]]] = []
+    others: list[str] = []
+    for name, value in sorted(unified.items()):
+        if name not in UNIFIED_PROPERTIES:
+            others.append(name)
+            continue
+        words = str(value).split()
+        try:
+            if name == "cpu.max":
+                if not 1 <= len(words) <= 2:
+                    raise ValueError(value)
+                quota, period_us = words[0], int(words[1]) if len(words) == 2 else 100_000
+                if period_us <= 0:
+                    raise ValueError(value)
+                props.append(("CPUQuotaPeriodUSec", ("t", period_us)))
+                per_sec = _INFINITY if quota == "max" else -(-(int(quota) * 1_000_000 // period_us) // 10_000) * 10_000
+                props.append(("CPUQuotaPerSecUSec", ("t", per_sec)))
+            elif name in ("cpuset.cpus", "cpuset.mems"):
+                props.append((UNIFIED_PROPERTIES[name], ("ay", _bitmask(str(value).strip()))))
+            else:
+                if name == "io.weight" and len(words) == 2 and words[0] == "default":
+                    words = words[1:]
+                if len(words) != 1:
+                    raise ValueError(value)
+                number = _INFINITY if words[0] == "max" and name not in ("cpu.weight", "io.weight") else int(words[0])
+                if number < 0:
+                    raise ValueError(value)
+                props.append((UNIFIED_PROPERTIES[name], ("t", number)))
+        except ValueError:
+            raise InvalidArgument(f"resources.unified[{name}]: {value!r} is not a value the file takes (systemd "
+                                  f"owns it as {UNIFIED_PROPERTIES[name]}, which needs one)") from None
+    return props, others
 
 
 #: The resources (Update's keys) a slice's properties say (:func:`unit_properties`).
@@ -141,10 +195,18 @@ _PROPERTY_KEYS = ("cpu_shares", "cpu_quota_us", "cpu_period_us", "memory_limit_b
 
 def slice_properties(resources: Mapping[str, Any]) -> list[tuple[str, tuple[str, Any]]]:
     """:func:`unit_properties` for a pod's slice, whose files are systemd's alone: InvalidArgument
-    naming a resource systemd has no property for (huge pages, ``unified``), and a memory+swap
+    naming a resource systemd has no property for (huge pages, a ``unified`` file not in
+    :data:`UNIFIED_PROPERTIES`), and a memory+swap
     limit without the memory limit it is counted from."""
     for key, value in resources.items():
         if value is None:
+            continue
+        if key == "unified" and isinstance(value, Mapping):
+            others = unified_properties(value)[1]
+            if others:
+                raise InvalidArgument(f"resources.unified[{others[0]}] cannot be applied to a pod under the systemd "
+                                      "cgroup driver: its cgroup is a slice systemd owns, and systemd has no "
+                                      "property for that file (set it on each container)")
             continue
         if key not in _PROPERTY_KEYS:
             raise InvalidArgument(f"resources.{key} cannot be applied to a pod under the systemd cgroup driver: its "

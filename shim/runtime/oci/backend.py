@@ -202,6 +202,7 @@ class OciBackend(Runtime):
         # The pod's /dev/shm: the pause's, taken from its mount namespace for the create only.
         shm = os.path.join(container.bundle, _TASK_SHM_DIR)
         ensure_private_dir(shm, _TASK_ROOTFS_MODE)
+        unified = pure_v2(discover_hierarchies())
         doc = task_spec(sandbox_id=self.sandbox_id, args=list(spec.args), env=spec.env, cwd=spec.cwd,
                         rootfs=spec.rootfs,  # mounted there by the shim at Create
                         pause_pid=spec.pause_pid, pid_mode=spec.pid_mode, own_ipc=spec.own_ipc,
@@ -210,7 +211,7 @@ class OciBackend(Runtime):
                         readonly_paths=fs.readonly_paths, privileged=fs.privileged, shm_source=shm,
                         devices=(*(host_devices() if fs.privileged else ()), *spec.devices),
                         device_rules=spec.device_rules, target_pid=spec.target_pid, resources=spec.resources,
-                        oom_score_adj=spec.oom_score_adj, cgroup_namespace=pure_v2(discover_hierarchies()),
+                        oom_score_adj=spec.oom_score_adj, cgroup_namespace=unified, unified_cgroups=unified,
                         hooks=spec.hooks)
         join: tuple[tuple[str, int], ...] = ()
         if userns is not None and prepared is not None:

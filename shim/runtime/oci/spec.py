@@ -169,7 +169,8 @@ def task_spec(*, sandbox_id: str, args: list[str], env: Mapping[str, str], cwd: 
               shm_source: str | None = None, target_pid: int = 0,
               devices: tuple[HostDevice, ...] = (), device_rules: DeviceRules = DEFAULT_RULES,
               resources: Mapping[str, Any] | None = None, oom_score_adj: int | None = None,
-              cgroup_namespace: bool = False, hooks: tuple[Hook, ...] = ()) -> dict[str, Any]:
+              cgroup_namespace: bool = False, unified_cgroups: bool = False,
+              hooks: tuple[Hook, ...] = ()) -> dict[str, Any]:
     """A task's config.json: ``args`` in the pause's network, ipc and uts namespaces (by path), its own
     mount namespace on ``rootfs`` (read-only with ``readonly``) with the standard mounts and then
     ``mounts``, and the pause's pid namespace (``pid_mode`` POD), the one of ``target_pid``
@@ -183,6 +184,7 @@ def task_spec(*, sandbox_id: str, args: list[str], env: Mapping[str, str], cwd: 
     ``linux.resources`` as :data:`shim.kernel.cgroups.RESOURCE_FILES` says, ``oom_score_adj`` to
     ``process.oomScoreAdj``. ``cgroup_namespace`` (pure cgroup v2, as containerd asks there): a
     cgroup namespace of its own, which the cgroup mount on /sys/fs/cgroup shows from its cgroup.
+    ``unified_cgroups`` (/sys/fs/cgroup is cgroup v2): ``resources``' ``unified`` map is said too.
     ``hooks``: its OCI hooks, which the runtime runs."""
     ns_dir = f"/proc/{pause_pid}/ns"
     namespaces = [_namespace("mount"), _namespace("network", f"{ns_dir}/net"), _namespace("ipc", f"{ns_dir}/ipc"),
@@ -215,15 +217,20 @@ def task_spec(*, sandbox_id: str, args: list[str], env: Mapping[str, str], cwd: 
         doc["hooks"] = oci_hooks(hooks)
     # The shim writes every resource to the task's cgroup itself, for every handler, before the
     # runtime runs (crun's cgroup manager is disabled on a hybrid host); they are said again here
-    # so that runc's own view of the container agrees. Hugepage limits and ``unified`` are the
-    # shim's writes only: runc fails a hugetlb limit where that hierarchy is not mounted, and
-    # refuses ``unified`` on cgroup v1.
+    # so that runc's own view of the container agrees. Hugepage limits are the shim's writes
+    # only: runc fails a hugetlb limit where that hierarchy is not mounted. ``unified`` is said
+    # where /sys/fs/cgroup is cgroup v2 (runc refuses it on v1): there, under the systemd driver,
+    # the runtime makes the task's scope and says the files systemd owns as unit properties, which
+    # a file write of the shim's could not hold against.
     said: dict[str, Any] = {"devices": device_rules.to_oci()}
     for key, value in (resources or {}).items():
         oci = RESOURCE_FILES.get(key, (None, None, None))[2]
         if oci is not None and value is not None:
             section, name = oci.split(".")
             said.setdefault(section, {})[name] = value
+    unified = (resources or {}).get("unified")
+    if unified and unified_cgroups:
+        said["unified"] = dict(unified)
     doc["linux"]["resources"] = said
     return doc
 
