@@ -47,9 +47,9 @@ def _unit_files() -> list[str]:
     return sorted(n for n in os.listdir(UNITS) if n.endswith((".service", ".socket")))
 
 
-def test_the_units_are_the_five_we_ship() -> None:
-    assert _unit_files() == ["podshim-template.service", "podshim@.service", "podshim@.socket", "podshimd.service",
-                             "podshimd.socket"]
+def test_the_units_are_the_six_we_ship() -> None:
+    assert _unit_files() == ["podshim-sandboxer.service", "podshim-template.service", "podshim@.service",
+                             "podshim@.socket", "podshimd.service", "podshimd.socket"]
 
 
 #: Where .ci/install puts the docs, in the checkout's layout (PODSHIM_DOC_DIR's default).
@@ -63,7 +63,12 @@ def test_every_unit_names_documentation_that_the_install_puts_where_it_says(unit
     assert urls, f"{unit} has no Documentation="
     with open(os.path.join(REPO, ".ci", "install-units")) as f:
         install = f.read()
-    assert f"DOCS=${{PODSHIM_DOC_DIR:-{DOC_DIR}}}" in install and " docs/*.md; do" in install
+    assert ". .ci/install-paths" in install and " docs/*.md; do" in install
+    # The install's paths, as a machine-wide install (no PODSHIM_* named) reads them.
+    env = {key: value for key, value in os.environ.items() if not key.startswith("PODSHIM_")}
+    docs = subprocess.run(["sh", "-c", ". .ci/install-paths && echo \"$DOCS\""], cwd=REPO, env=env,
+                          capture_output=True, text=True, check=True, timeout=10).stdout.strip()
+    assert docs == DOC_DIR
     for url in urls:
         assert url.startswith(f"file://{DOC_DIR}/docs/"), url
         page = url.removeprefix(f"file://{DOC_DIR}/")
