@@ -20,3 +20,6 @@ DEFAULT_CAPABILITIES = (
 TEMPLATE_SPAWN_TIMEOUT = 9.0
 #: How long (seconds) ``podshim delete`` waits for a process it killed to disappear.
 DELETE_KILL_WAIT_TIMEOUT = 5.0
+#: How long (seconds) the shim waits for a client to open the reading end of an output FIFO it was
+#: given: containerd's fifo package opens it in a goroutine of its own, so the request may come first.
+FIFO_READER_WAIT = 1.0

@@ -51,7 +51,7 @@ class ExecTerminal:
         self.master = self.console.take()
         self.console.close()
         if stdout:
-            self.stdout = execstream.open_tap(stdout, "stdout")
+            self.stdout = await execstream.opened_once_read(lambda: execstream.open_tap(stdout, "stdout"))
         self.output = asyncio.ensure_future(console.copy_output(self.master, self.stdout))
         if stdin:
             self.hold = execstream.hold_fifo(stdin, "stdin")

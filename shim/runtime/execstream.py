@@ -8,15 +8,21 @@ as a program expects its stdio to be.
 
 from __future__ import annotations
 
+import asyncio
+import errno
 import fcntl
 import os
 import stat
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TypeVar
 
+from shim.api.defaults import FIFO_READER_WAIT
 from shim.lib.console import check_size, check_socket
 from shim.rpc.status import InvalidArgument
 
-__all__ = ["ExecStdio", "TaskStdin", "hold_fifo", "open_stdio", "open_tap"]
+__all__ = ["ExecStdio", "NoReader", "TaskStdin", "hold_fifo", "open_stdio", "open_tap", "opened_once_read"]
 
 
 @dataclass
@@ -36,6 +42,28 @@ class ExecStdio:
         for fd in self._fds:
             os.close(fd)
         self._fds.clear()
+
+
+class NoReader(InvalidArgument):
+    """A FIFO given for output has no reader (yet)."""
+
+
+_T = TypeVar("_T")
+
+
+async def opened_once_read(open_fifos: Callable[[], _T]) -> _T:
+    """``open_fifos()`` (:func:`open_stdio`, :func:`open_tap`), tried again every few milliseconds
+    while an output FIFO has no reader, for :data:`FIFO_READER_WAIT` seconds: the client may open
+    its end just after its request arrives (containerd's fifo package does). Raises what the last
+    try raised."""
+    deadline = time.monotonic() + FIFO_READER_WAIT
+    while True:
+        try:
+            return open_fifos()
+        except NoReader:
+            if time.monotonic() >= deadline:
+                raise
+        await asyncio.sleep(0.005)
 
 
 #: The pipe buffer asked for an attacher's FIFO (F_SETPIPE_SZ; the kernel's default is 64 KiB): room
@@ -62,7 +90,8 @@ def _open(path: str, field_name: str, flags: int, *, want_fifo: bool, blocking: 
         fd = os.open(path, flags | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NOCTTY)
     except OSError as exc:
         # ENXIO: a FIFO opened for writing that nobody reads (the client must hold its end first).
-        raise InvalidArgument(f"field {field_name!r}: cannot open {path}: {exc.strerror}") from None
+        error = NoReader if exc.errno == errno.ENXIO else InvalidArgument
+        raise error(f"field {field_name!r}: cannot open {path}: {exc.strerror}") from None
     try:
         mode = os.fstat(fd).st_mode
         if want_fifo and not stat.S_ISFIFO(mode):

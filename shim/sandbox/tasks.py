@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import builtins
 import enum
+import functools
 import logging
 import os
 import signal
@@ -384,7 +385,8 @@ class TaskSet:
                 terminal = Console() if task.terminal else None
                 try:
                     for stream, path in (taps or {}).items():
-                        crilog.add_tap(stream, execstream.open_tap(path, stream))
+                        crilog.add_tap(stream, await execstream.opened_once_read(
+                            functools.partial(execstream.open_tap, path, stream)))
                     mounts.check_destinations(task.filesystem, task.rootfs)
                     if task.stdin:
                         try:
@@ -551,7 +553,8 @@ class TaskSet:
         task.check(Op.EXEC)
         runtime, p, cgroup = self.sandbox.runtime, task.process, task.cgroup
         assert runtime is not None and p is not None and cgroup is not None  # a running task has them
-        stdio = execstream.open_stdio(stdin, stdout, stderr, terminal, console_socket, console_size)
+        stdio = await execstream.opened_once_read(
+            lambda: execstream.open_stdio(stdin, stdout, stderr, terminal, console_socket, console_size))
         try:
             task.execs += 1
             exec_id = str(task.execs)

@@ -138,6 +138,22 @@ async def test_exec_start_refuses_what_is_not_a_fifo_or_a_terminal(pod, tmp_path
     assert stat.S_ISFIFO(os.stat(fifo).st_mode)
 
 
+async def test_exec_start_waits_for_a_reader_that_opens_its_fifo_just_after_the_call(pod, tmp_path) -> None:
+    # containerd's fifo package opens the reading end in a goroutine of its own: it may come after ExecStart.
+    fifo = tmp_path / "late-reader"
+    os.mkfifo(fifo)
+    call = asyncio.ensure_future(pod.call("ExecStart", task_id="app", args=["echo", "late"], stdout=str(fifo)))
+    await asyncio.sleep(0.3)
+    assert not call.done()
+    reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        started = await call
+        assert (await pod.call("ExecWait", task_id="app", exec_id=started["exec_id"]))["exit_status"] == 0
+        assert os.read(reader, 100) == b"late\n"
+    finally:
+        os.close(reader)
+
+
 async def test_exec_start_on_a_terminal_makes_it_the_controlling_terminal(pod, request) -> None:
     master, slave = os.openpty()
     try:
