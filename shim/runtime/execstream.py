@@ -14,7 +14,7 @@ import fcntl
 import os
 import stat
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TypeVar
 
@@ -22,7 +22,8 @@ from shim.api.defaults import FIFO_READER_WAIT
 from shim.lib.console import check_size, check_socket
 from shim.rpc.status import InvalidArgument
 
-__all__ = ["ExecStdio", "NoReader", "TaskStdin", "hold_fifo", "open_stdio", "open_tap", "opened_once_read"]
+__all__ = ["ExecStdio", "NoReader", "TaskStdin", "hold_fifo", "open_stdio", "open_tap", "open_taps",
+           "opened_once_read"]
 
 
 @dataclass
@@ -45,7 +46,15 @@ class ExecStdio:
 
 
 class NoReader(InvalidArgument):
-    """A FIFO given for output has no reader (yet)."""
+    """The FIFO ``path`` given for output (field ``field_name``) has no reader (yet): opened for
+    writing without blocking, it fails with ENXIO. ``waited``: how long the shim waited for one."""
+
+    def __init__(self, field_name: str, path: str, waited: float = 0.0) -> None:
+        within = f" within {waited:g} s" if waited else " (the client opens its reading end first)"
+        super().__init__(f"field {field_name!r}: cannot open FIFO {path} for writing: "
+                         f"nobody opened it for reading{within}")
+        self.field_name = field_name
+        self.path = path
 
 
 _T = TypeVar("_T")
@@ -54,15 +63,16 @@ _T = TypeVar("_T")
 async def opened_once_read(open_fifos: Callable[[], _T]) -> _T:
     """``open_fifos()`` (:func:`open_stdio`, :func:`open_tap`), tried again every few milliseconds
     while an output FIFO has no reader, for :data:`FIFO_READER_WAIT` seconds: the client may open
-    its end just after its request arrives (containerd's fifo package does). Raises what the last
-    try raised."""
+    its end just after its request arrives (containerd's fifo package does). ``open_fifos`` closes
+    what it opened when it raises. Raises what the last try raised (a NoReader that says how long the
+    shim waited)."""
     deadline = time.monotonic() + FIFO_READER_WAIT
     while True:
         try:
             return open_fifos()
-        except NoReader:
+        except NoReader as exc:
             if time.monotonic() >= deadline:
-                raise
+                raise NoReader(exc.field_name, exc.path, FIFO_READER_WAIT) from None
         await asyncio.sleep(0.005)
 
 
@@ -83,6 +93,21 @@ def open_tap(path: str, field_name: str) -> int:
     return fd
 
 
+def open_taps(fifos: Mapping[str, str]) -> list[tuple[str, int]]:
+    """Attachers' FIFOs by stream (stdout, stderr) opened as :func:`open_tap` does: ``(stream, fd)``
+    each, in ``fifos``' order; when one cannot be opened, those already open are closed. Raises
+    InvalidArgument (NoReader: one has no reader)."""
+    opened: list[tuple[str, int]] = []
+    try:
+        for stream, path in fifos.items():
+            opened.append((stream, open_tap(path, stream)))
+    except BaseException:
+        for _, fd in opened:
+            os.close(fd)
+        raise
+    return opened
+
+
 def _open(path: str, field_name: str, flags: int, *, want_fifo: bool, blocking: bool = True) -> int:
     if not isinstance(path, str) or not path.startswith("/") or "\0" in path:
         raise InvalidArgument(f"field {field_name!r} must be an absolute path, not {path!r}")
@@ -90,8 +115,9 @@ def _open(path: str, field_name: str, flags: int, *, want_fifo: bool, blocking: 
         fd = os.open(path, flags | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NOCTTY)
     except OSError as exc:
         # ENXIO: a FIFO opened for writing that nobody reads (the client must hold its end first).
-        error = NoReader if exc.errno == errno.ENXIO else InvalidArgument
-        raise error(f"field {field_name!r}: cannot open {path}: {exc.strerror}") from None
+        if exc.errno == errno.ENXIO:
+            raise NoReader(field_name, path) from None
+        raise InvalidArgument(f"field {field_name!r}: cannot open {path}: {exc.strerror}") from None
     try:
         mode = os.fstat(fd).st_mode
         if want_fifo and not stat.S_ISFIFO(mode):

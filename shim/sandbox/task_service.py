@@ -122,7 +122,7 @@ class TaskService:
 
     async def attach_output(self, ctx: CallContext, p: dict[str, Any]) -> dict[str, Any]:
         sid, tid = self._ids(ctx, p)
-        self.tasks.attach_output(sid, tid, stdout=optional(p, "stdout", str), stderr=optional(p, "stderr", str))
+        await self.tasks.attach_output(sid, tid, stdout=optional(p, "stdout", str), stderr=optional(p, "stderr", str))
         return {}
 
     async def close_stdin(self, ctx: CallContext, p: dict[str, Any]) -> dict[str, Any]:

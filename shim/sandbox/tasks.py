@@ -384,9 +384,9 @@ class TaskSet:
                 stdin = None
                 terminal = Console() if task.terminal else None
                 try:
-                    for stream, path in (taps or {}).items():
-                        crilog.add_tap(stream, await execstream.opened_once_read(
-                            functools.partial(execstream.open_tap, path, stream)))
+                    for stream, fd in await execstream.opened_once_read(
+                            functools.partial(execstream.open_taps, taps or {})):
+                        crilog.add_tap(stream, fd)
                     mounts.check_destinations(task.filesystem, task.rootfs)
                     if task.stdin:
                         try:
@@ -596,26 +596,25 @@ class TaskSet:
         if not leader.exit.done() and task.cgroup is not None:
             execsync.kill_session(leader, session, task.cgroup)
 
-    def attach_output(self, sandbox_id: str, task_id: str, *, stdout: str | None = None,
-                      stderr: str | None = None) -> None:
+    async def attach_output(self, sandbox_id: str, task_id: str, *, stdout: str | None = None,
+                            stderr: str | None = None) -> None:
         """AttachOutput: copy the running task's stdout and stderr, from now on, to the client's FIFOs as
-        well as to its log. Raises InvalidArgument (a path that is no FIFO, or nobody reads), NotFound,
-        FailedPrecondition (not running)."""
+        well as to its log. A FIFO nobody reads yet is tried again for FIFO_READER_WAIT
+        (:func:`execstream.opened_once_read`). Raises InvalidArgument (a path that is no FIFO, or that
+        nobody opened for reading within that wait), NotFound, FailedPrecondition (not running; its
+        output ended, also while the shim waited)."""
         task = self.get(sandbox_id, task_id)
         task.check(Op.EXEC)
         crilog = task.crilog
         if crilog is None or crilog.closed:
             raise FailedPrecondition(f"task {task_id}'s output has ended")
-        fds = []
-        try:
-            for stream, path in (("stdout", stdout), ("stderr", stderr)):
-                if path is not None:
-                    fds.append((stream, execstream.open_tap(path, stream)))
-        except BaseException:
-            for _, fd in fds:
+        fifos = {stream: path for stream, path in (("stdout", stdout), ("stderr", stderr)) if path is not None}
+        taps = await execstream.opened_once_read(functools.partial(execstream.open_taps, fifos))
+        if crilog.closed:  # the task stopped while the shim waited for a reader: nothing more to copy
+            for _, fd in taps:
                 os.close(fd)
-            raise
-        for stream, fd in fds:
+            raise FailedPrecondition(f"task {task_id}'s output ended while the shim waited for the FIFOs' reader")
+        for stream, fd in taps:
             crilog.add_tap(stream, fd)
 
     def close_stdin(self, sandbox_id: str, task_id: str) -> None:

@@ -77,6 +77,15 @@ def test_task_constants_match_the_spec() -> None:
     assert f"makes the directories of `log_path` (mode `{LOG_DIR_MODE:04o}`)" in text
 
 
+def test_the_wait_for_an_output_fifos_reader_matches_the_spec() -> None:
+    from shim.api.defaults import FIFO_READER_WAIT
+
+    text = " ".join(SPEC.split())
+    stated = re.findall(r"`FIFO_READER_WAIT` \(([\d.]+) s\)", text)
+    assert len(stated) == 2, "protocol.md states FIFO_READER_WAIT at ExecStart and at AttachOutput"
+    assert {float(figure) for figure in stated} == {FIFO_READER_WAIT}
+
+
 def table_keys(section: str) -> set[str]:
     """The backquoted keys in the first column of the tables of ``section``."""
     return {key for row in re.findall(r"^\| `(\w+)`(?:, `(\w+)`)? \|", section, re.M) for key in row if key}

@@ -12,6 +12,7 @@ import termios
 
 import pytest
 
+from shim.api.defaults import FIFO_READER_WAIT
 from shim.rpc import FailedPrecondition, InvalidArgument, NotFound
 
 from support.proctools import wait_gone_async
@@ -261,24 +262,75 @@ async def test_a_task_without_stdin_has_none(pod) -> None:
     assert (await pod.call("State", task_id="app"))["stdin"] == ""
 
 
-async def test_attach_output_copies_what_the_task_writes_and_ends_with_it(pod, tmp_path) -> None:
+async def start_talker(pod, tmp_path) -> dict[str, str]:
+    """A task "talker" that waits for a line on its stdin, then echoes it on stdout and "err" on
+    stderr; and AttachOutput's two FIFOs, made (not opened), by stream."""
     await pod.call("Create", task_id="talker", args=["sh", "-c", "read x; echo out $x; echo err >&2"],
                    log_path=os.path.join(pod.log_dir, "talker"), stdin=True)
     await pod.call("Start", task_id="talker")
     taps = {name: str(tmp_path / name) for name in ("stdout", "stderr")}
-    fds = {}
-    for name, path in taps.items():
+    for path in taps.values():
         os.mkfifo(path, 0o600)
-        fds[name] = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    return taps
+
+
+async def tell_talker(pod, line: bytes) -> None:
+    """Write ``line`` to the talker's stdin (the shim's FIFO)."""
+    fd = os.open((await pod.call("State", task_id="talker"))["stdin"], os.O_WRONLY | os.O_NONBLOCK)
+    try:
+        os.write(fd, line)
+    finally:
+        os.close(fd)
+
+
+async def test_attach_output_copies_what_the_task_writes_and_ends_with_it(pod, tmp_path) -> None:
+    taps = await start_talker(pod, tmp_path)
+    fds = {name: os.open(path, os.O_RDONLY | os.O_NONBLOCK) for name, path in taps.items()}
     try:
         await pod.call("AttachOutput", task_id="talker", **taps)
-        fifo = (await pod.call("State", task_id="talker"))["stdin"]
-        fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
-        os.write(fd, b"go\n")
-        os.close(fd)
+        await tell_talker(pod, b"go\n")
         out, err = await asyncio.gather(asyncio.to_thread(read_to_end, fds["stdout"]),
                                         asyncio.to_thread(read_to_end, fds["stderr"]))
         assert (out, err) == (b"out go\n", b"err\n")  # then end-of-file: the task stopped
     finally:
         for fd in fds.values():
             os.close(fd)
+
+
+async def test_attach_output_waits_for_a_reader_that_opens_its_fifo_just_after_the_call(pod, tmp_path) -> None:
+    # podshimd's streaming (and containerd's fifo package) may open the reading end after the request.
+    taps = await start_talker(pod, tmp_path)
+    call = asyncio.ensure_future(pod.call("AttachOutput", task_id="talker", **taps))
+    await asyncio.sleep(0.3)
+    assert not call.done()  # not refused at once: it waits for the readers
+    fds = {name: os.open(path, os.O_RDONLY | os.O_NONBLOCK) for name, path in taps.items()}
+    try:
+        await call
+        await tell_talker(pod, b"late\n")
+        out, err = await asyncio.gather(asyncio.to_thread(read_to_end, fds["stdout"]),
+                                        asyncio.to_thread(read_to_end, fds["stderr"]))
+        assert (out, err) == (b"out late\n", b"err\n")
+    finally:
+        for fd in fds.values():
+            os.close(fd)
+
+
+async def test_attach_output_is_refused_naming_the_fifo_nobody_opened_for_reading_and_attaches_none(
+        pod, tmp_path) -> None:
+    taps = await start_talker(pod, tmp_path)
+    reader = os.open(taps["stdout"], os.O_RDONLY | os.O_NONBLOCK)  # stderr's is never opened
+    try:
+        expected = (f"field 'stderr': cannot open FIFO {taps['stderr']} for writing: nobody opened it for "
+                    f"reading within {FIFO_READER_WAIT:g} s")
+        with pytest.raises(InvalidArgument, match=re.escape(expected)):
+            await pod.call("AttachOutput", task_id="talker", **taps)
+        # stdout's write end the shim opened is closed again: its reader sees no writer, and gets nothing.
+        assert os.read(reader, 100) == b""
+        await tell_talker(pod, b"go\n")
+        assert (await pod.call("Wait", task_id="talker"))["exit_status"] == 0
+        assert os.read(reader, 100) == b""
+        with open(os.path.join(pod.log_dir, "talker")) as f:
+            assert [line.split(" ", 1)[1] for line in f.read().splitlines()] in (  # logged, not copied
+                ["stdout F out go", "stderr F err"], ["stderr F err", "stdout F out go"])
+    finally:
+        os.close(reader)
