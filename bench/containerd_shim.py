@@ -11,10 +11,10 @@ As root, in a throwaway network namespace (bench/cri_images.py's netns_main): th
 registry with busybox and the catatonit pause image (tests/support/imagebuild.py); containerd (the version
 .ci/pins.toml pins, started as the containerd tests start it, tests/support/ctrdtools.py, but at its default
 log level, info: its sandbox image that pause, runc's and podshim's handlers, podshim's command started as
-the installed one starts) with a shim template serving podshim's runtime root, so
-containerd's ``start`` and podshim-sandboxer (ctrdtools.running_sandboxer, at log level info) ask it
-for each shim (the fast path; --no-template: each ``start``, and the sandboxer, fork the shim
-themselves); podshimd (bench.common.bench_podshimd, its own template).
+the installed one starts, the checkout's bytecode written first as an install writes it) with a shim
+template serving podshim's runtime root, so containerd's ``start`` and podshim-sandboxer
+(ctrdtools.running_sandboxer, at log level info) ask it for each shim (the fast path; --no-template:
+each ``start``, and the sandboxer, fork the shim themselves); podshimd (bench.common.bench_podshimd, its own template).
 
 Figures, each runtime in turn in every round: (1) ``crictl runp → stopp → rmp``; (2) ``crictl runp``
 then ``create`` and ``start`` of one busybox container (the pod then stopped and removed, not timed);
@@ -48,7 +48,7 @@ from typing import Any
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from bench.common import bench_podshimd, memory, parent_of, percentile, template_memory
+from bench.common import bench_podshimd, compile_bytecode, memory, parent_of, percentile, template_memory
 from bench.cri_images import Janitor, bench_parser, log, netns_main, podshimd_directory
 
 #: Seconds the pods settle before their memory is read.
@@ -227,6 +227,9 @@ def inside(args: argparse.Namespace) -> int:
     from support.registry import running_registry
 
     crictl = cri_tool("crictl")
+    # containerd runs `start` and `delete` of the checkout with this environment: with
+    # PYTHONDONTWRITEBYTECODE (a harness sets it) each would compile its modules again.
+    compile_bytecode(REPO)
     janitor = Janitor()
     janitor.install()
     runtimes: list[Runtime] = []
