@@ -281,7 +281,8 @@ class Controller(Loading):
     async def shutdown(self, namespace: str, sandbox_id: str) -> None:
         """ShutdownSandbox: stop the pause, remove everything, let the shim exit; then forget
         the sandbox. When the shim does not go away cleanly (it is dead, hung, or does not
-        answer), ``podshim delete`` finishes the job. A tombstone is simply forgotten.
+        answer), ``podshim delete`` finishes the job. A tombstone is forgotten, once ``podshim
+        delete`` has run to its end (one that failed or ran out of time is run again here).
 
         Returns once the shim closed its connection: the pause, network namespace, cgroups,
         socket and bundle are gone by then; the shim's process may still be exiting (the kernel
@@ -289,7 +290,8 @@ class Controller(Loading):
 
         Runs to the end even if cancelled (bounded by the named timeouts). Raises NotFound for
         an unknown sandbox (so a second shutdown of the same id is NotFound), Unavailable when
-        another process is changing the sandbox.
+        another process is changing the sandbox or when the cleanup after a dead shim still does
+        not finish (the sandbox is kept: a later shutdown tries again).
         """
         handle = await self._handle(namespace, sandbox_id, changes="shut a sandbox down")
         async with handle.lock:
@@ -315,6 +317,8 @@ class Controller(Loading):
                     await self._bury(handle)
                 else:
                     await handle.dead.wait()  # a cleanup under way ends first (set already when DEAD)
+                if handle.cleanup_unfinished and not self.read_only:
+                    await self._clean_again(handle)
                 await self._release(handle)
 
     async def metrics(self, namespace: str, sandbox_id: str, details: bool = False) -> dict[str, Any]:

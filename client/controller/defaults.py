@@ -84,8 +84,11 @@ TEMPLATE_CONNECT_TIMEOUT = 1.0
 #: waits for up to shim.launch.spawn's START_TIMEOUT, 8 s).
 TEMPLATE_START_TIMEOUT = 10.0
 #: How long ``podshim delete`` may take: it may wait up to 5 s for each of the shim and the
-#: pause to die after SIGKILL (containerd's shim cleanup timeout is 5 s for one process).
-DELETE_TIMEOUT = 10.0
+#: pause to die after SIGKILL (containerd's shim cleanup timeout is 5 s for one process), and,
+#: under the systemd cgroup driver, for systemd's jobs stopping the sandbox's scopes and slice, and
+#: for runc's or crun's ``delete --force`` of each container (each their own bound): it is killed
+#: at this deadline, and what it had not removed yet is cleaned again at the next shutdown.
+DELETE_TIMEOUT = 30.0
 #: One ``systemctl stop`` (or kill, reset-failed) of a shim's units: the unit's TimeoutStopSec=
 #: (20 s) for the shim's own shutdown, then its ExecStopPost= ``podshim delete``, and slack.
 UNIT_STOP_TIMEOUT = 45.0

@@ -112,6 +112,9 @@ class ShimHandle:
         self.exit: ExitStatus | None = None
         #: The shim is gone and a read-only Controller left its sandbox as it found it.
         self.uncleaned = False
+        #: The shim is gone and ``podshim delete`` did not finish: the bundle is kept (its record
+        #: names what is left), and a shutdown deletes again before it forgets the sandbox.
+        self.cleanup_unfinished = False
         #: The bundle's flock (make_bundle hands it the new bundle's, held).
         self.bundle_lock = BundleLock(bundle)
         self._bundle_holds = 0
@@ -164,6 +167,9 @@ class ShimHandle:
         if self.uncleaned:
             info = {"cleanup": "not done: its shim is gone and nothing was changed (read-only); shutting the "
                                "sandbox down cleans up after it"}
+        elif self.cleanup_unfinished:
+            info = {"cleanup": "not finished: podshim delete failed after its shim died (see the log); shutting "
+                               "the sandbox down cleans up again"}
         return ControllerStatus(self.sandbox_id, self.pid, state, info, self.created_at, exited_at, exit_status,
                                 self.address, self.version, self.namespace)
 

@@ -219,7 +219,13 @@ class Liveness:
                     log.warning("the shim of sandbox %s/%s is gone; cleaning up after it",
                                 handle.namespace, handle.sandbox_id)
                     exit_status = await self.spawner.delete(handle.namespace, handle.sandbox_id, handle.bundle)
-                    remove_quietly(handle.bundle)
+                    if exit_status.cleaned_up:
+                        remove_quietly(handle.bundle)
+                    else:
+                        handle.cleanup_unfinished = True
+                        log.warning("the cleanup after the shim of sandbox %s/%s did not finish; its bundle is "
+                                    "kept, and shutting the sandbox down cleans up again",
+                                    handle.namespace, handle.sandbox_id)
                 else:
                     log.warning("the shim of sandbox %s/%s is gone; another process is cleaning up after it",
                                 handle.namespace, handle.sandbox_id)
@@ -230,6 +236,18 @@ class Liveness:
                 handle.state = SandboxState.STOPPED
                 handle.move(Phase.DEAD)
                 handle.dead.set()
+
+    async def _clean_again(self, handle: ShimHandle) -> None:
+        """``podshim delete`` again for a dead shim whose first cleanup did not finish
+        (:attr:`ShimHandle.cleanup_unfinished`). Raises Unavailable when it still does not: the
+        sandbox is kept, for the next shutdown to try again."""
+        exit_status = await self.spawner.delete(handle.namespace, handle.sandbox_id, handle.bundle)
+        if not exit_status.cleaned_up:
+            raise Unavailable(f"the cleanup after the dead shim of sandbox {handle.sandbox_id} in namespace "
+                              f"{handle.namespace} did not finish (podshim delete failed: see the log); try again")
+        handle.cleanup_unfinished = False
+        if handle.exit is None or handle.exit.exit_status == UNKNOWN_EXIT_STATUS:
+            handle.exit = exit_status
 
     async def _shutdown_shim(self, handle: ShimHandle, timeout: float) -> bool:
         """ShutdownSandbox and wait for the shim to close the connection; True when it went

@@ -93,10 +93,13 @@ class Bootstrap:
 
 @dataclass(frozen=True, slots=True)
 class ExitStatus:
-    """How a sandbox ended: ``exit_status`` (128 + signal when killed) and when."""
+    """How a sandbox ended: ``exit_status`` (128 + signal when killed) and when. A spawner's
+    ``delete`` that did not finish (``podshim delete`` failed or ran out of time, killed half-way)
+    says so with ``cleaned_up`` False: what it had still to remove is left, named by the bundle."""
 
     exit_status: int
     exited_at: int
+    cleaned_up: bool = True
 
 
 @dataclass(frozen=True, slots=True)

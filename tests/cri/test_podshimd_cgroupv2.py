@@ -2,10 +2,12 @@
 ``cgroupv2``: they run in the guest of tests/support/guest.py): RuntimeConfig says systemd, a pod given a
 kubelet slice is a slice of its own in it and each container a scope systemd knows, a container's limits are in its
 v2 files and UpdateContainerResources changes them, an OOM kill is reported as OOMKilled, the
-container sees its own cgroup as its root, and nothing is left once the pod is removed."""
+container sees its own cgroup as its root, and nothing is left once the pod is removed. critest's OOM
+spec is run in its own shape under both drivers and every handler (native, runc, crun)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
@@ -29,12 +31,12 @@ pytestmark = pytest.mark.cgroupv2
 HANDLERS = ["native"] + [h for h in ("runc", "crun") if shutil.which(h, path="/usr/sbin:/usr/bin:/sbin:/bin")]
 
 
-@pytest.fixture(scope="module")
-def image_daemon(test_images) -> Iterator[tuple[Podshimd, str]]:
-    """A podshimd with ``cgroup_driver = "systemd"`` that pulled the tests' busybox, and the image's id."""
+@contextlib.contextmanager
+def driver_daemon(test_images, driver: str) -> Iterator[tuple[Podshimd, str]]:
+    """A podshimd with ``cgroup_driver = driver`` that pulled the tests' busybox, and the image's id."""
     directory = tempfile.mkdtemp(prefix="psd-v2-")
     try:
-        config = f'cgroup_driver = "systemd"\n[registries."{test_images.registry.host}"]\ninsecure = true\n'
+        config = f'cgroup_driver = "{driver}"\n[registries."{test_images.registry.host}"]\ninsecure = true\n'
         with running_podshimd(directory, config=config) as daemon:
             pulled = daemon.images().PullImage(api_pb2.PullImageRequest(
                 image=api_pb2.ImageSpec(image=test_images.busybox.ref)))
@@ -43,21 +45,39 @@ def image_daemon(test_images) -> Iterator[tuple[Podshimd, str]]:
         shutil.rmtree(directory)
 
 
+@pytest.fixture(scope="module")
+def image_daemon(test_images) -> Iterator[tuple[Podshimd, str]]:
+    """:func:`driver_daemon` under the systemd driver."""
+    with driver_daemon(test_images, "systemd") as made:
+        yield made
+
+
+@pytest.fixture(scope="module")
+def cgroupfs_daemon(test_images) -> Iterator[tuple[Podshimd, str]]:
+    """:func:`driver_daemon` under the cgroupfs driver."""
+    with driver_daemon(test_images, "cgroupfs") as made:
+        yield made
+
+
 def unit_property(unit: str, name: str) -> str:
     return subprocess.run(["systemctl", "show", "-p", name, "--value", unit], capture_output=True, text=True,
                           timeout=60).stdout.strip()
 
 
 class Pod:
-    """A pod of one handler in a kubelet-named slice of the test's own, removed (and its slices
-    stopped) at the end."""
+    """A pod of one handler in a kubelet-named slice of the test's own, or in the parent critest
+    gives under ``critest_driver`` (none for cgroupfs, a slice's path for systemd: one of the
+    test's own here); removed (and its slices stopped) at the end."""
 
-    def __init__(self, daemon: Podshimd, image: str, handler: str) -> None:
+    def __init__(self, daemon: Podshimd, image: str, handler: str, critest_driver: str | None = None,
+                 privileged: bool = False) -> None:
         self.daemon, self.image, self.runtime = daemon, image, daemon.runtime()
         self.top = f"podshimtest{secrets.token_hex(4)}"
-        self.parent = f"{self.top}-burstable-pod{secrets.token_hex(8)}.slice"
+        self.parent = {None: f"{self.top}-burstable-pod{secrets.token_hex(8)}.slice", "cgroupfs": "",
+                       "systemd": f"/{self.top}.slice"}[critest_driver]
         self.config = pod_config()
         self.config["linux"]["cgroup_parent"] = self.parent
+        self.config["linux"]["security_context"]["privileged"] = privileged
         self.log_directory = tempfile.mkdtemp(prefix="psd-v2-logs-")
         self.config["log_directory"] = self.log_directory
         self.pod_id = self.runtime.RunPodSandbox(api_pb2.RunPodSandboxRequest(
@@ -95,10 +115,10 @@ class Pod:
         shutil.rmtree(self.log_directory, ignore_errors=True)
 
 
-@pytest.fixture(params=HANDLERS)
-def pod(request, image_daemon) -> Iterator[Pod]:
-    daemon, image = image_daemon
-    made = Pod(daemon, image, request.param)
+@contextlib.contextmanager
+def removed_after(made: Pod) -> Iterator[Pod]:
+    """``made``, removed at the end, and its test's top slice stopped (kubelet's, made by systemd
+    as the pod slice's parent)."""
     try:
         yield made
     finally:
@@ -106,6 +126,13 @@ def pod(request, image_daemon) -> Iterator[Pod]:
             made.remove()
         finally:
             subprocess.run(["systemctl", "stop", f"{made.top}.slice"], capture_output=True, timeout=60)
+
+
+@pytest.fixture(params=HANDLERS)
+def pod(request, image_daemon) -> Iterator[Pod]:
+    daemon, image = image_daemon
+    with removed_after(Pod(daemon, image, request.param)) as made:
+        yield made
 
 
 def read(path: str) -> str:
@@ -163,3 +190,17 @@ def test_a_container_that_allocates_past_its_limit_is_reported_oom_killed(pod) -
                                                    "memory_swap_limit_in_bytes": 16 << 20})
     status = pod.exited(container_id)
     assert (status.exit_code, status.reason) == (137, "OOMKilled")
+
+
+@pytest.mark.parametrize("handler", HANDLERS)
+@pytest.mark.parametrize("driver", ["cgroupfs", "systemd"])
+def test_critests_oom_container_exits_137_oomkilled(request, driver, handler) -> None:
+    # critest's "runtime should output OOMKilled reason": a privileged pod under the driver's parent
+    # as critest gives it (none for cgroupfs, a slice's path for systemd), a container that is not
+    # privileged, memory and memory+swap at 15 MiB, and dd reading /dev/zero in 20 MiB blocks.
+    daemon, image = request.getfixturevalue("image_daemon" if driver == "systemd" else "cgroupfs_daemon")
+    with removed_after(Pod(daemon, image, handler, critest_driver=driver, privileged=True)) as pod:
+        container_id = pod.run(["sh", "-c", "dd if=/dev/zero of=/dev/null bs=20M"],
+                               {"memory_limit_in_bytes": 15 << 20, "memory_swap_limit_in_bytes": 15 << 20})
+        status = pod.exited(container_id)
+        assert (status.exit_code, status.reason) == (137, "OOMKilled")

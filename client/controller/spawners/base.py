@@ -36,7 +36,8 @@ class Spawner(abc.ABC):
     @abc.abstractmethod
     async def delete(self, namespace: str, sandbox_id: str, bundle: str) -> ExitStatus:
         """Clean up after a shim that is dead or unreachable; return how the sandbox ended
-        (255 and now when that cannot be told). Never raises."""
+        (255 and now when that cannot be told; ``cleaned_up`` False when the cleanup did not
+        finish). Never raises."""
 
     async def release(self, namespace: str, sandbox_id: str) -> None:  # noqa: B027 - a hook; by default nothing
         """Called after the sandbox was shut down and before its bundle is removed."""

@@ -258,4 +258,4 @@ class ExecSpawner(Spawner):
         except (RpcError, ValueError, KeyError, TypeError) as exc:
             log.warning("podshim delete for %s/%s failed (%s); reporting exit status %d",
                         namespace, sandbox_id, exc, UNKNOWN_EXIT_STATUS)
-            return ExitStatus(UNKNOWN_EXIT_STATUS, time.time_ns())
+            return ExitStatus(UNKNOWN_EXIT_STATUS, time.time_ns(), cleaned_up=False)

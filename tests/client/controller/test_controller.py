@@ -384,22 +384,35 @@ async def test_a_dead_shim_is_noticed_without_anyone_asking(env) -> None:
         await c.shutdown(NS, sid)
 
 
-async def test_a_failing_delete_reports_exit_status_255(env) -> None:
+async def test_a_failing_delete_reports_exit_status_255_and_is_run_again_by_shutdown(env) -> None:
     sid = env.sid("nodelete")
 
-    class NoDelete(ExecSpawner):
-        async def delete(self, namespace, sandbox_id, bundle):
-            # A broken podshim binary: the real delete still runs so the test leaves nothing.
-            await super().delete(namespace, sandbox_id, bundle)
-            return await failing_spawner(env, "raise SystemExit(3)").delete(namespace, sandbox_id, bundle)
+    class FlakyDelete(ExecSpawner):
+        failing = True
 
-    async with controller(env, spawner=NoDelete(runtime_root=env.runtime_root)) as c:
+        async def delete(self, namespace, sandbox_id, bundle):
+            if self.failing:  # a podshim delete that fails (or is killed at its deadline)
+                return await failing_spawner(env, "raise SystemExit(3)").delete(namespace, sandbox_id, bundle)
+            return await super().delete(namespace, sandbox_id, bundle)
+
+    spawner = FlakyDelete(runtime_root=env.runtime_root)
+    async with controller(env, spawner=spawner) as c:
         await c.create(NS, sid)
         await c.start(NS, sid)
-        os.kill(int((await c.status(NS, sid, verbose=True)).info["shim_pid"]), signal.SIGKILL)
+        info = (await c.status(NS, sid, verbose=True)).info
+        os.kill(int(info["shim_pid"]), signal.SIGKILL)
         exited = await c.wait(NS, sid)
         assert exited.exit_status == results.UNKNOWN_EXIT_STATUS and exited.exited_at > 0
+        # Nothing was cleaned: the bundle, whose record names what is left, stays, and so does the sandbox.
+        assert os.path.isdir(info["bundle"]) and [p for p in kernel_objects(info) if os.path.exists(p)] != []
+        with pytest.raises(Unavailable, match="did not finish"):
+            await c.shutdown(NS, sid)
+        assert (await c.status(NS, sid)).state == results.SandboxState.STOPPED
+        spawner.failing = False
         await c.shutdown(NS, sid)
+        assert not os.path.exists(info["bundle"]) and [p for p in kernel_objects(info) if os.path.exists(p)] == []
+        with pytest.raises(NotFound):
+            await c.status(NS, sid)
 
 
 async def test_shutdown_of_a_hung_shim_falls_back_to_podshim_delete(env, monkeypatch) -> None:
