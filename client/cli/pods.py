@@ -16,7 +16,7 @@ be given by unique prefix.
 podshimd is the one writer of the pod store: every verb is a CRI call to it, on ``--endpoint``
 (default $PODSHIM_ENDPOINT, else ``unix://RUNTIME_ROOT/podshimd.sock``, podshimd's default
 socket). With no daemon there, a verb says how to start one and exits 1. The CRI code and the gRPC wire
-(client.grpcwire, not grpcio) are imported only when a pod verb runs: the shim-level verbs never pay for them.
+(shim.grpcwire, not grpcio) are imported only when a pod verb runs: the shim-level verbs never pay for them.
 """
 
 from __future__ import annotations
@@ -52,13 +52,12 @@ _UNIX = "unix://"
 class _Podshimd:
     """podshimd's RuntimeService and ImageService, one blocking call at a time, its errors as RpcErrors.
 
-    The calls go through client.grpcwire (h2), not grpcio: importing grpc (and the asyncio it pulls
+    The calls go through shim.grpcwire (h2), not grpcio: importing grpc (and the asyncio it pulls
     in) was half of a verb's start-up (issue #15). One connection serves all calls of a run."""
 
     def __init__(self, endpoint: str):
         from shim.cri.api import api_pb2
-
-        from client.grpcwire.channel import Channel
+        from shim.grpcwire.channel import Channel
 
         self.endpoint = endpoint
         self.api = api_pb2

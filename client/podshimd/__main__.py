@@ -15,15 +15,10 @@ systemd, log lines go to the journal with their level and fields (:mod:`.journal
 
 from __future__ import annotations
 
-import os
-
-# gRPC's fork handlers would log a line at every shim podshimd forks (its threads are busy);
-# podshimd never uses gRPC in a forked child, so it needs none. Read when grpc is imported.
-os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
-
 import argparse
 import asyncio
 import logging
+import os
 import sys
 from typing import NoReturn
 

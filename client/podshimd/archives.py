@@ -18,18 +18,16 @@ is not ours to extend):
   its manifest is read).
 
 IMAGE is ``{"id", "repo_tags", "repo_digests", "size"}``. Errors are statuses with a sentence, as
-CRI's (:func:`.errors.translated`).
+CRI's (the server maps what a handler raises: :mod:`shim.grpcwire.aio`).
 """
 
 from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable
 from typing import Any
 
-import grpc
-
+from shim.grpcwire.aio import Method
 from shim.rpc.status import InvalidArgument
 
 from client.images.archive import FORMATS, OCI_ARCHIVE
@@ -37,9 +35,7 @@ from client.images.service import Images
 from client.images.skopeo import AuthConfig
 from client.images.store import ImageRecord
 
-from .errors import translated
-
-__all__ = ["SERVICE", "handler"]
+__all__ = ["SERVICE", "methods"]
 
 SERVICE = "podshim.images.v1.Images"
 
@@ -106,21 +102,12 @@ class _Archives:
         return self.images.pull_progress(_string(request, "image"))
 
 
-def _method(fn: Callable[..., Any]) -> grpc.RpcMethodHandler:
-    return grpc.unary_unary_rpc_method_handler(fn, request_deserializer=_request,
-                                               response_serializer=lambda doc: json.dumps(doc).encode())
+def _reply(doc: dict[str, Any]) -> bytes:
+    return json.dumps(doc).encode()
 
 
-def _bound(method: Callable[..., Any], archives: _Archives) -> Callable[..., Any]:
-    async def call(request: dict[str, Any], context: Any) -> Any:  # grpc.aio awaits a coroutine function
-        return await method(archives, request, context)
-    return call
-
-
-def handler(images: Images) -> grpc.GenericRpcHandler:
-    """The service's handler for grpc.aio's server (``server.add_generic_rpc_handlers``)."""
+def methods(images: Images) -> dict[str, Method]:
+    """The service's methods, by path, for podshimd's gRPC server."""
     archives = _Archives(images)
-    methods = {}
-    for name in ("Import", "Export", "Pull", "PullProgress"):
-        methods[name] = _method(_bound(translated(getattr(_Archives, name)), archives))
-    return grpc.method_handlers_generic_handler(SERVICE, methods)
+    return {f"/{SERVICE}/{name}": Method(getattr(archives, name), _request, _reply, where=f"_Archives.{name}")
+            for name in ("Import", "Export", "Pull", "PullProgress")}

@@ -2,8 +2,9 @@
 ``metrics_address`` is set, a Prometheus endpoint at ``http://<metrics_address>/metrics``.
 
 :func:`observed` wraps every handler (``server.compose`` does it): the call's ``pod_sandbox_id``
-and ``container_id`` are put on every line it logs (:mod:`client.cri.logcontext`), and, with the
-endpoint on, its latency and outcome are counted by method. The endpoint is prometheus_client's
+and ``container_id`` are put on every line it logs (:mod:`client.cri.logcontext`). With the
+endpoint on, :func:`finished` (the gRPC server's hook, called as each call ends with its status)
+counts its latency and outcome by method. The endpoint is prometheus_client's
 own HTTP server (a thread), with podshimd's metrics in a registry of their own:
 
 - ``podshimd_cri_request_duration_seconds{method}`` histogram of unary CRI calls, seconds;
@@ -20,11 +21,10 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
-import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
-import grpc
+from shim.rpc.status import Code
 
 from client.cri.logcontext import about
 
@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from client.cri.pod import PodService
     from client.cri.store import PodStore
 
-__all__ = ["MetricsEndpoint", "observed", "start"]
+__all__ = ["MetricsEndpoint", "finished", "observed", "start"]
 
 log = logging.getLogger("podshimd")
 
@@ -47,47 +47,27 @@ def _ids(request: Any) -> about:
     return about(getattr(request, "pod_sandbox_id", "") or "", getattr(request, "container_id", "") or "")
 
 
-def _code(context: Any, exc: BaseException | None) -> str:
-    code = context.code() if hasattr(context, "code") else None
-    if isinstance(code, grpc.StatusCode):
-        return str(code.name)
-    if isinstance(exc, BaseException) and not isinstance(exc, Exception):
-        return str(grpc.StatusCode.CANCELLED.name)
-    return str(grpc.StatusCode.OK.name if exc is None else grpc.StatusCode.UNKNOWN.name)
+def finished(path: str, seconds: float | None, code: Code) -> None:
+    """A call of ``path`` (``/package.Service/Method``) ended with ``code`` after ``seconds`` (None:
+    a server stream, counted without a latency): counted while the endpoint runs."""
+    if _record is not None:
+        _record(path.rpartition("/")[2], seconds, code.name)
 
 
-def observed(method: str, handler: Callable[..., Any]) -> Callable[..., Any]:
-    """Wrap a (translated) handler of the RPC ``method``: log ids from the request, and the call
-    counted when the endpoint runs. Streams are counted when they end, without a latency."""
+def observed(handler: Callable[..., Any]) -> Callable[..., Any]:
+    """Wrap a CRI handler: its log lines carry the ids of its request."""
     if inspect.isasyncgenfunction(handler):
         @functools.wraps(handler)
         async def stream(self: Any, request: Any, context: Any) -> AsyncIterator[Any]:
-            error: BaseException | None = None
-            try:
-                with _ids(request):
-                    async for item in handler(self, request, context):
-                        yield item
-            except BaseException as exc:
-                error = exc
-                raise
-            finally:
-                if _record is not None:
-                    _record(method, None, _code(context, error))
+            with _ids(request):
+                async for item in handler(self, request, context):
+                    yield item
         return stream
 
     @functools.wraps(handler)
     async def unary(self: Any, request: Any, context: Any) -> Any:
-        started = time.monotonic()
-        error: BaseException | None = None
-        try:
-            with _ids(request):
-                return await handler(self, request, context)
-        except BaseException as exc:
-            error = exc
-            raise
-        finally:
-            if _record is not None:
-                _record(method, time.monotonic() - started, _code(context, error))
+        with _ids(request):
+            return await handler(self, request, context)
     return unary
 
 

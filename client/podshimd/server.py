@@ -1,9 +1,11 @@
-"""podshimd's gRPC server: CRI v1 (``runtime.v1``) on a Unix socket, on grpc.aio.
+"""podshimd's gRPC server: CRI v1 (``runtime.v1``) on a Unix socket, on :mod:`shim.grpcwire.aio`.
 
 The wiring: each service is composed from *handler groups*, one module each (:data:`RUNTIME_GROUPS`,
-:data:`IMAGE_GROUPS`); :func:`compose` wraps every handler with :func:`.errors.translated` (the
-one place an exception becomes a gRPC status) and answers UNIMPLEMENTED with a sentence for every
-method no group defines. Handlers translate only; the semantics are the pod layer's
+:data:`IMAGE_GROUPS`); :func:`compose` answers UNIMPLEMENTED with a sentence for every method no
+group defines, and :func:`methods` gives the server each RPC with its messages' codec. Handlers
+raise to fail: the server maps what they raise to the call's status in one place
+(:func:`shim.rpc.dispatch.status_from_exception`), and runs every call on the event loop that
+reads the socket, with no thread between them. Handlers translate only; the semantics are the pod layer's
 (:class:`client.cri.pod.PodService`), which podshimd opens at start: it reconnects to every live
 shim and finishes or rolls back what a daemon that died left half-done, before the socket accepts.
 
@@ -15,7 +17,7 @@ The socket is ``config.listen``'s path, 0600, in a 0700 directory. While it serv
 an exclusive flock on that directory, so two daemons starting at once cannot both take the socket;
 a socket file that nobody answers on (a podshimd that was killed) is replaced, one that answers is
 another live daemon's and podshimd refuses to start. Started by ``systemd/podshimd.socket``, it
-serves on the socket systemd made (through :mod:`.relay`) and leaves it to systemd, so clients
+serves on the socket systemd made (:mod:`.activation`) and leaves it to systemd, so clients
 that connect while the daemon restarts wait instead of failing. SIGTERM and SIGINT stop it: calls in flight
 get :data:`SHUTDOWN_GRACE` seconds, pod changes in flight :data:`CHANGES_GRACE`, then the socket is
 removed. The shims and their pods keep running: a restarted podshimd finds them again.
@@ -30,14 +32,14 @@ import fcntl
 import logging
 import os
 import signal
+import socket
 import stat
 from collections.abc import Callable, Iterable
 from typing import Any
 
-import grpc
-
 import shim
-from shim.cri.api import api_pb2, api_pb2_grpc
+from shim.cri.api import api_pb2
+from shim.grpcwire.aio import Method, Server
 from shim.lib.files import ensure_private_dir, flock_open
 from shim.lib.notify import Notifier
 from shim.lib.program import Failure
@@ -54,17 +56,16 @@ from client.streaming.remotecommand import ExecBackend
 from client.streaming.server import Backend, StreamingServer
 
 from . import archives, metrics
+from .activation import ActivationError, inherited_listener
 from .checkpoints import Checkpoints
 from .config import Config
 from .containers import Containers
-from .errors import translated
 from .events import Events
 from .execsync import SyncExec
 from .handlers import Changes, Handlers
 from .images import ImageFilesystem
 from .imagestore import ImageStore
 from .podmetrics import PodMetrics
-from .relay import ActivationError, inherited_listener, start_relay
 from .runtime_info import KUBELET_API_VERSION, RUNTIME_API_VERSION, RUNTIME_NAME, RuntimeInfo
 from .sandboxes import Sandboxes
 from .stats import Stats
@@ -72,7 +73,7 @@ from .streaming import Streaming
 from .upkeep import Upkeep
 
 __all__ = ["RUNTIME_NAME", "RUNTIME_API_VERSION", "KUBELET_API_VERSION", "SHUTDOWN_GRACE", "CHANGES_GRACE",
-           "RUNTIME_GROUPS", "IMAGE_GROUPS", "DaemonError", "compose", "serve"]
+           "RUNTIME_GROUPS", "IMAGE_GROUPS", "DaemonError", "compose", "methods", "serve"]
 
 log = logging.getLogger("podshimd")
 
@@ -82,8 +83,8 @@ SHUTDOWN_GRACE = 5.0
 CHANGES_GRACE = 20.0
 #: In the state root: flock'd by the daemon that serves it, for its whole life; holds its pid.
 STATE_LOCK = "podshimd.lock"
-#: Where gRPC listens when systemd owns the socket (podshimd.socket): beside it, relayed to.
-RELAYED_SOCKET = ".podshimd-grpc.sock"
+#: Connections the socket holds before podshimd accepts them (kubelet, crictl, probes at start).
+LISTEN_BACKLOG = 1024
 
 # -- the services: add a handler group here --------------------------------------------------------
 #: The handler groups of runtime.v1.RuntimeService, each a :class:`.handlers.Handlers` subclass
@@ -99,20 +100,19 @@ class DaemonError(Failure):
 
 
 def _unimplemented(service: str, method: str) -> Callable[..., Any]:
-    async def handle(self: Any, request: Any, context: grpc.aio.ServicerContext) -> Any:
+    async def handle(self: Any, request: Any, context: Any) -> Any:
         raise Unimplemented(f"podshimd does not implement {service}.{method} yet")
     handle.__name__ = handle.__qualname__ = method
     return handle
 
 
-def compose(servicer: type, groups: Iterable[type[Handlers]]) -> type:
-    """The servicer class of ``servicer``'s service (a generated ``...Servicer``) made of the
-    handler ``groups``: every RPC a group defines, wrapped by :func:`translated`, and an
-    UNIMPLEMENTED answer for the rest (the generated base's own would be synchronous, which
-    grpc.aio does not run by default). Raises TypeError when two groups define the same name (an
+def compose(service_name: str, groups: Iterable[type[Handlers]]) -> type:
+    """The servicer class of the CRI service ``service_name`` (``RuntimeService``) made of the
+    handler ``groups``: every RPC a group defines, its log lines carrying its request's ids, and an
+    UNIMPLEMENTED answer for the rest. Raises TypeError when two groups define the same name (an
     RPC, or a helper one group's handlers would find in the other) or a group defines a method that
     is no RPC of the service (a misspelt handler would never run)."""
-    service = api_pb2.DESCRIPTOR.services_by_name[servicer.__name__.removesuffix("Servicer")]
+    service = api_pb2.DESCRIPTOR.services_by_name[service_name]
     rpcs = {method.name for method in service.methods}
     handlers: dict[str, Callable[..., Any]] = {}
     owner: dict[str, str] = {}
@@ -130,15 +130,32 @@ def compose(servicer: type, groups: Iterable[type[Handlers]]) -> type:
                 raise TypeError(f"{group.__qualname__}.{name} is not an RPC of {service.full_name}")
             if name in handlers:
                 raise TypeError(f"{service.full_name}.{name} is defined by both {owner[name]} and {group.__qualname__}")
-            handlers[name], owner[name] = metrics.observed(name, translated(value)), group.__qualname__
+            handlers[name], owner[name] = metrics.observed(value), group.__qualname__
     for name in rpcs - handlers.keys():
-        handlers[name] = metrics.observed(name, translated(_unimplemented(service.full_name, name)))
-    return type(service.name, (*groups, servicer), {**handlers, "__doc__": f"{service.full_name}, composed "
-                                                    f"from {', '.join(g.__qualname__ for g in groups)}."})
+        handlers[name] = _unimplemented(service.full_name, name)
+    return type(service.name, tuple(groups) or (object,), {
+        **handlers, "SERVICE": service,
+        "__doc__": f"{service.full_name}, composed from {', '.join(g.__qualname__ for g in groups) or 'nothing'}."})
 
 
-RuntimeService = compose(api_pb2_grpc.RuntimeServiceServicer, RUNTIME_GROUPS)
-ImageService = compose(api_pb2_grpc.ImageServiceServicer, IMAGE_GROUPS)
+def _serialize(message: Any) -> bytes:
+    return bytes(message.SerializeToString())
+
+
+def methods(servicer: Any) -> dict[str, Method]:
+    """The RPCs of a composed servicer (:func:`compose`) by path, each with its messages' codec."""
+    service = type(servicer).SERVICE
+    table = {}
+    for rpc in service.methods:
+        request_type = getattr(api_pb2, rpc.input_type.name)
+        handler = getattr(servicer, rpc.name)
+        table[f"/{service.full_name}/{rpc.name}"] = Method(handler, request_type.FromString, _serialize,
+                                                           where=getattr(handler, "__qualname__", rpc.name))
+    return table
+
+
+RuntimeService = compose("RuntimeService", RUNTIME_GROUPS)
+ImageService = compose("ImageService", IMAGE_GROUPS)
 
 
 # -- the socket --------------------------------------------------------------------------------------
@@ -216,6 +233,21 @@ def _claim_directory(directory: str, runtime_root: str) -> int:
     return fd
 
 
+def _listen(path: str) -> socket.socket:
+    """A listening unix socket bound at ``path``, born 0600: no moment where others may connect."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+    old_umask = os.umask(0o177)
+    try:
+        sock.bind(path)
+        sock.listen(LISTEN_BACKLOG)
+    except OSError as exc:
+        sock.close()
+        raise DaemonError(f"cannot listen on unix://{path}: {exc.strerror or exc}") from None
+    finally:
+        os.umask(old_umask)
+    return sock
+
+
 def _remove_stale_socket(path: str, listen: str) -> None:
     try:
         st = os.lstat(path)
@@ -251,7 +283,6 @@ async def serve(config: Config, *, notifier: Notifier | None = None, on_hangup: 
     if on_hangup is not None:
         loop.add_signal_handler(signal.SIGHUP, on_hangup)
     lock_fd = None
-    grpc_path = path
     changes = Changes()
     try:
         async with contextlib.AsyncExitStack() as stack:
@@ -260,17 +291,11 @@ async def serve(config: Config, *, notifier: Notifier | None = None, on_hangup: 
             except ActivationError as exc:
                 raise DaemonError(str(exc)) from None
             if inherited is not None:
-                stack.callback(inherited.close)
+                stack.callback(inherited.close)  # systemd keeps its own: the socket outlives the daemon
             _claim_state_root(stack, config.state_root)
             lock_fd = _claim_directory(os.path.dirname(path), config.runtime_root)
             if inherited is None:
                 _remove_stale_socket(path, config.listen)
-            else:
-                # gRPC serves on a private socket beside systemd's; the relay joins the two. The
-                # directory lock is ours: whatever is at the private path is a dead daemon's.
-                grpc_path = os.path.join(os.path.dirname(path), RELAYED_SOCKET)
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(grpc_path)
             images = await _open_images(stack, config)
             pods = await _open_pods(stack, config, images)
             images.in_use = pods.image_user
@@ -281,24 +306,21 @@ async def serve(config: Config, *, notifier: Notifier | None = None, on_hangup: 
                 except OSError as exc:
                     raise DaemonError(f"cannot serve metrics on {config.metrics_address}: "
                                       f"{exc.strerror or exc}") from None
-            server = grpc.aio.server()
-            api_pb2_grpc.add_RuntimeServiceServicer_to_server(
-                RuntimeService(config, pods, changes, images, streaming), server)
-            api_pb2_grpc.add_ImageServiceServicer_to_server(ImageService(config, pods, changes, images), server)
-            server.add_generic_rpc_handlers((archives.handler(images),))  # podshim.images.v1: no CRI RPC for these
-            old_umask = os.umask(0o177)  # the socket is born 0600: no moment where others may connect
-            try:
-                server.add_insecure_port("unix://" + grpc_path)
-            except RuntimeError as exc:
-                raise DaemonError(f"cannot listen on unix://{grpc_path}: {exc}") from None
-            finally:
-                os.umask(old_umask)
-            st = os.lstat(grpc_path)
-            bound = (st.st_dev, st.st_ino)
-            await server.start()
+            server = Server({**methods(RuntimeService(config, pods, changes, images, streaming)),
+                             **methods(ImageService(config, pods, changes, images)),
+                             **archives.methods(images)},  # podshim.images.v1: no CRI RPC for these
+                            on_finished=metrics.finished)
             if inherited is not None:
-                relay = await start_relay(inherited, grpc_path)
-                stack.callback(relay.close)
+                await server.start(inherited)
+            else:
+                listener = _listen(path)  # the server owns it once started
+                st = os.lstat(path)
+                bound = (st.st_dev, st.st_ino)
+                try:
+                    await server.start(listener)
+                except BaseException:
+                    listener.close()
+                    raise
             log.info("podshimd %s serving CRI %s on %s (%d pods)", shim.__version__, RUNTIME_API_VERSION,
                      config.listen, len(pods.store.list()))
             if notifier is not None:
@@ -316,7 +338,7 @@ async def serve(config: Config, *, notifier: Notifier | None = None, on_hangup: 
         if server is not None:
             await server.stop(SHUTDOWN_GRACE)
         if bound is not None:
-            _remove_own_socket(grpc_path, bound)
+            _remove_own_socket(path, bound)
         if lock_fd is not None:
             os.close(lock_fd)
     log.info("stopped")

@@ -1,5 +1,5 @@
 """``podshim-sandboxer``: podshim's sandbox controller served to containerd as a proxy plugin,
-gRPC ``containerd.services.sandbox.v1.Controller`` on a Unix socket (grpc.aio, as podshimd).
+gRPC ``containerd.services.sandbox.v1.Controller`` on a Unix socket (shim.grpcwire's server, as podshimd).
 
     podshim-sandboxer [--listen PATH] [--state-root DIR] [--runtime-root DIR]
                       [--containerd-address TTRPC_SOCKET] [--pause-binary PATH] [--no-template] [--debug]
@@ -23,22 +23,17 @@ sandboxer answers on, exit status 1.
 
 from __future__ import annotations
 
-import os
-
-# The sandboxer forks no gRPC user; gRPC's fork handlers would log at each shim it forks itself.
-os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
-
 import argparse
 import asyncio
 import functools
 import logging
+import os
 import signal
+import socket
 import sys
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
-
-import grpc
 
 from shim import __version__
 from shim.api.names import (
@@ -49,11 +44,11 @@ from shim.api.names import (
 )
 from shim.containerd.api import load
 from shim.containerd.sandboxer import NAMESPACE_HEADER, Sandboxer, SandboxerConfig
+from shim.grpcwire.aio import Context, Method, Server
 from shim.lib.files import ensure_private_dir
 from shim.lib.program import Failure
 from shim.rpc.blocking import can_connect
-from shim.rpc.dispatch import status_from_exception
-from shim.rpc.status import Code, InvalidArgument
+from shim.rpc.status import InvalidArgument
 
 __all__ = ["NAME", "serve", "main", "run", "CONTROLLER_SERVICE"]
 
@@ -63,56 +58,49 @@ NAME = "podshim-sandboxer"
 CONTROLLER_SERVICE = "containerd.services.sandbox.v1.Controller"
 #: Seconds calls in flight get when the sandboxer is stopped.
 SHUTDOWN_GRACE = 5.0
-_GRPC_CODES = {code.value[0]: code for code in grpc.StatusCode}
 
 Handler = Callable[[str, Any], Awaitable[Any]]
 
 
-def _namespace(context: grpc.aio.ServicerContext) -> str:
-    for key, value in context.invocation_metadata() or ():
+def _namespace(context: Context) -> str:
+    for key, value in context.invocation_metadata():
         if key == NAMESPACE_HEADER:
             return str(value)
     raise InvalidArgument(f"the call carries no containerd namespace (gRPC metadata {NAMESPACE_HEADER!r})")
 
 
-def _method(name: str, handler: Handler) -> Callable[[Any, grpc.aio.ServicerContext], Awaitable[Any]]:
-    """``handler(namespace, request)`` as a gRPC method: what it raises becomes the status."""
+def _method(name: str, handler: Handler) -> Callable[[Any, Context], Awaitable[Any]]:
+    """``handler(namespace, request)`` as a gRPC method (what it raises is the server's to map)."""
     where = f"/{CONTROLLER_SERVICE}/{name}"
 
     @functools.wraps(handler)
-    async def unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
+    async def unary(request: Any, context: Context) -> Any:
         started = time.perf_counter()
-        try:
-            answer = await handler(_namespace(context), request)
-            log.debug("%s %s: %.1f ms", where, request.sandbox_id, (time.perf_counter() - started) * 1000)
-            return answer
-        except Exception as exc:
-            code, message, _ = status_from_exception(exc, where=where)
-        if code == Code.OK:  # an RpcError made with OK: a bug, said as one
-            code, message = Code.UNKNOWN, f"{where} failed with status OK: {message}"
-        log.debug("%s: %s %s", where, code.name, message)
-        await context.abort(_GRPC_CODES.get(int(code), grpc.StatusCode.UNKNOWN), message)
+        answer = await handler(_namespace(context), request)
+        log.debug("%s %s: %.1f ms", where, request.sandbox_id, (time.perf_counter() - started) * 1000)
+        return answer
 
     return unary
 
 
-def handlers(sandboxer: Sandboxer) -> grpc.GenericRpcHandler:
-    """The Controller service on ``sandboxer``: each of containerd's nine methods."""
+def _serialize(message: Any) -> bytes:
+    return bytes(message.SerializeToString())
+
+
+def methods(sandboxer: Sandboxer) -> dict[str, Method]:
+    """The Controller service on ``sandboxer`` by path: each of containerd's nine methods."""
     pb2 = load("services.sandbox.v1.sandbox_pb2")
-    methods = {"Create": sandboxer.create, "Start": sandboxer.start, "Platform": sandboxer.platform,
-               "Stop": sandboxer.stop, "Wait": sandboxer.wait, "Status": sandboxer.status,
-               "Shutdown": sandboxer.shutdown, "Metrics": sandboxer.metrics, "Update": sandboxer.update}
+    handlers = {"Create": sandboxer.create, "Start": sandboxer.start, "Platform": sandboxer.platform,
+                "Stop": sandboxer.stop, "Wait": sandboxer.wait, "Status": sandboxer.status,
+                "Shutdown": sandboxer.shutdown, "Metrics": sandboxer.metrics, "Update": sandboxer.update}
     service = pb2.DESCRIPTOR.services_by_name["Controller"]
-    if {m.name for m in service.methods} != set(methods):
+    if {m.name for m in service.methods} != set(handlers):
         raise Failure(f"{CONTROLLER_SERVICE} of the generated code has methods "
                       f"{sorted(m.name for m in service.methods)}, not the nine podshim-sandboxer serves")
-    rpc = {}
-    for m in service.methods:
-        request_type = getattr(pb2, m.input_type.name)
-        rpc[m.name] = grpc.unary_unary_rpc_method_handler(
-            _method(m.name, methods[m.name]), request_deserializer=request_type.FromString,
-            response_serializer=lambda message: message.SerializeToString())
-    return grpc.method_handlers_generic_handler(CONTROLLER_SERVICE, rpc)
+    return {f"/{CONTROLLER_SERVICE}/{m.name}": Method(_method(m.name, handlers[m.name]),
+                                                     getattr(pb2, m.input_type.name).FromString, _serialize,
+                                                     where=f"/{CONTROLLER_SERVICE}/{m.name}")
+            for m in service.methods}
 
 
 def _take_socket(path: str) -> None:
@@ -134,11 +122,19 @@ async def serve(config: SandboxerConfig, listen: str, *, stop: asyncio.Event | N
     _take_socket(listen)
     os.makedirs(config.state_root, mode=0o711, exist_ok=True)
     await sandboxer.open()
-    server = grpc.aio.server()
-    server.add_generic_rpc_handlers((handlers(sandboxer),))
-    server.add_insecure_port("unix://" + listen)
-    await server.start()
-    os.chmod(listen, 0o600)
+    server = Server(methods(sandboxer))
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+    old_umask = os.umask(0o177)  # born 0600: no moment where others may connect
+    try:
+        listener.bind(listen)
+        listener.listen(1024)
+    except OSError as exc:
+        listener.close()
+        await sandboxer.aclose()
+        raise Failure(f"cannot listen on {listen}: {exc.strerror or exc}") from None
+    finally:
+        os.umask(old_umask)
+    await server.start(listener)
     log.info("%s %s serves containerd's sandbox controller on %s", NAME, __version__, listen)
     if stop is None:
         stop = asyncio.Event()

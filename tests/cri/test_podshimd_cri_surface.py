@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 
 import grpc
 import pytest
@@ -15,6 +16,7 @@ from google.protobuf.message import Message
 
 from shim.cri.api import api_pb2, api_pb2_grpc
 from shim.cri.resources import pod_resources
+from shim.grpcwire.aio import Server
 from shim.rpc.status import InvalidArgument
 
 from client.podshimd import checkpoints, chunks, server
@@ -389,12 +391,13 @@ def test_the_default_chunk_stays_well_under_grpcs_default_4_mib_message() -> Non
 
 async def test_a_method_no_group_serves_answers_unimplemented_with_a_sentence_unary_or_streaming(tmp_path) -> None:
     # What a newer proto's methods get until a group serves them (no group here: every method).
-    grpc_server = grpc.aio.server()
-    bare = server.compose(api_pb2_grpc.RuntimeServiceServicer, ())
-    api_pb2_grpc.add_RuntimeServiceServicer_to_server(bare(), grpc_server)
+    bare = server.compose("RuntimeService", ())
+    grpc_server = Server(server.methods(bare()))
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(f"{tmp_path}/s.sock")
+    listener.listen()
     endpoint = f"unix://{tmp_path}/s.sock"
-    grpc_server.add_insecure_port(endpoint)
-    await grpc_server.start()
+    await grpc_server.start(listener)
     try:
         async with grpc.aio.insecure_channel(endpoint) as channel:
             runtime = api_pb2_grpc.RuntimeServiceStub(channel)
@@ -409,7 +412,7 @@ async def test_a_method_no_group_serves_answers_unimplemented_with_a_sentence_un
                 grpc.StatusCode.UNIMPLEMENTED,
                 "podshimd does not implement runtime.v1.RuntimeService.StreamPodSandboxes yet")
     finally:
-        await grpc_server.stop(None)
+        await grpc_server.stop(0)
 
 
 def test_two_handler_groups_may_not_share_a_name_not_even_a_helpers() -> None:
@@ -422,4 +425,4 @@ def test_two_handler_groups_may_not_share_a_name_not_even_a_helpers() -> None:
             return "second"
 
     with pytest.raises(TypeError, match="_list is defined by both .*First and .*Second"):
-        server.compose(api_pb2_grpc.RuntimeServiceServicer, (First, Second))
+        server.compose("RuntimeService", (First, Second))

@@ -138,7 +138,7 @@ def test_the_shim_level_verbs_never_import_grpc() -> None:
 
 def test_the_pod_verbs_import_neither_grpc_nor_asyncio(daemon) -> None:
     # grpcio's import (asyncio and grpc.aio with it) was half of a verb's start-up (issue #15):
-    # podshimctl speaks gRPC to podshimd through client.grpcwire.
+    # podshimctl speaks gRPC to podshimd through shim.grpcwire.
     probe = ("import sys; from client.cli.main import main; code = main(sys.argv[1:]); "
              "print(sorted({m.split('.')[0] for m in sys.modules} & {'grpc', 'asyncio'}), code, file=sys.stderr)")
     result = subprocess.run([sys.executable, "-c", probe, "--runtime-root", daemon.runtime_root, "pods"], cwd=REPO,

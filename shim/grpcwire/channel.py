@@ -1,4 +1,4 @@
-"""The blocking transport of :mod:`client.grpcwire.connection`: one unix socket per channel, reused
+"""The blocking transport of :mod:`shim.grpcwire.client`: one unix socket per channel, reused
 by its calls one after another, each call's deadline enforced on every read and write."""
 
 from __future__ import annotations
@@ -6,9 +6,8 @@ from __future__ import annotations
 import socket
 import time
 
+from shim.grpcwire.client import Connection, Outcome
 from shim.rpc.status import Code
-
-from client.grpcwire.connection import Connection, Outcome
 
 __all__ = ["Channel"]
 

@@ -5,10 +5,10 @@ h11, the model of this shape); this module adds gRPC's rules on top (the request
 5-byte message prefix, the status in trailers) and turns every way a reply can go wrong into a
 status with a sentence, mapped as gRPC's own clients map them (grpc's doc/http-grpc-status-mapping.md
 for a non-200 HTTP status). One call at a time per connection, which is all a blocking client makes;
-:mod:`client.grpcwire.channel` owns the socket.
+:mod:`shim.grpcwire.channel` owns the socket.
 
-A GOAWAY is read here, never by h2: h2 closes its connection's state machine on one and then
-fails on every frame after it (python-hyper/h2#1181), where RFC 9113 6.8 says the streams up to
+A GOAWAY is cut out before h2 sees it (:class:`shim.grpcwire.wire.GoawayCutter`): h2 would close
+its connection on one, where RFC 9113 6.8 says the streams up to
 its last stream id go on. So a server shutting down gracefully still answers the open call;
 only new calls are refused.
 
@@ -22,10 +22,8 @@ only new calls are refused.
 
 from __future__ import annotations
 
-import struct
 from dataclasses import dataclass
 from typing import Final
-from urllib.parse import unquote_to_bytes
 
 import h2.config
 import h2.connection
@@ -34,6 +32,15 @@ import h2.events
 import h2.exceptions
 import h2.settings
 
+from shim.grpcwire.wire import (
+    FRAME_HEADER,
+    GOAWAY_PAYLOAD,
+    PREFIX,
+    GoawayCutter,
+    decode_details,
+    encode_timeout,
+    error_name,
+)
 from shim.rpc.status import Code
 
 __all__ = ["MAX_MESSAGE_BYTES", "NEED_DATA", "Connection", "Outcome", "encode_timeout"]
@@ -44,11 +51,7 @@ MAX_MESSAGE_BYTES: Final = 16 * 1024 * 1024
 #: The receive window asked for, per stream and (by a WINDOW_UPDATE) for the connection: a large
 #: reply streams in without waiting for a round trip per 64 KiB (HTTP/2's initial window).
 RECEIVE_WINDOW_BYTES: Final = 4 * 1024 * 1024
-_PREFIX = struct.Struct(">BI")  # gRPC's message prefix: compressed flag, length
-_FRAME_HEADER = struct.Struct(">HBBBI")  # HTTP/2's 9-byte frame header: length (24 bits), type, flags, stream
-_GOAWAY_PAYLOAD = struct.Struct(">II")  # a GOAWAY's last stream id (31 bits), error code; then debug data
 _SETTINGS = 0x4
-_GOAWAY = 0x7
 _GOAWAY_DEBUG_SAID = 200  # the bytes of a GOAWAY's debug data put in a status's sentence, at most
 
 
@@ -78,17 +81,6 @@ class Outcome:
 _HTTP_CODES: Final = {400: Code.INTERNAL, 401: Code.UNAUTHENTICATED, 403: Code.PERMISSION_DENIED,
                       404: Code.UNIMPLEMENTED, 429: Code.UNAVAILABLE, 502: Code.UNAVAILABLE,
                       503: Code.UNAVAILABLE, 504: Code.UNAVAILABLE}
-_TIMEOUT_UNITS: Final = ((b"n", 1e9), (b"u", 1e6), (b"m", 1e3), (b"S", 1.0), (b"M", 1 / 60), (b"H", 1 / 3600))
-
-
-def encode_timeout(timeout: float) -> bytes:
-    """``timeout`` seconds as a grpc-timeout header value: at most 8 digits and a unit, the finest
-    unit that fits (a timeout already past is sent as 1 ns: the server fails it at once)."""
-    for unit, per_second in _TIMEOUT_UNITS:
-        value = max(1, int(timeout * per_second))
-        if value < 100_000_000:
-            return b"%d%s" % (value, unit)
-    return b"99999999H"
 
 
 class Connection:
@@ -115,9 +107,7 @@ class Connection:
         self._body = bytearray()
         self._closed: str | None = None  # why the connection takes no more calls
         self._first_bytes: bytes | None = b""  # the server's first bytes until they are seen to be HTTP/2
-        self._held = b""  # the start of a frame header cut by a read: h2 gets it once it is whole
-        self._frame_left = 0  # bytes of the current frame's payload still to come
-        self._goaway: bytearray | None = None  # the payload of a GOAWAY being read
+        self._cutter = GoawayCutter()  # a GOAWAY is read here, never by h2 (shim.grpcwire.wire)
         self._goaway_said: str | None = None  # the last GOAWAY read: its error code and debug data
 
     @property
@@ -142,7 +132,7 @@ class Connection:
             headers.append((b"grpc-timeout", encode_timeout(timeout)))
         self._stream_id = self._h2.get_next_available_stream_id()
         self._h2.send_headers(self._stream_id, headers)
-        self._pending = _PREFIX.pack(0, len(message)) + message
+        self._pending = PREFIX.pack(0, len(message)) + message
         self._send_pending()
 
     def data_to_send(self) -> bytes:
@@ -161,7 +151,7 @@ class Connection:
             return
         if self._first_bytes is not None and not self._check_preface(data):
             return
-        for is_goaway, part in self._cut(data):
+        for is_goaway, part in self._cutter.cut(data, self._h2.max_inbound_frame_size):
             if is_goaway:
                 self._receive_goaway(part)
                 continue
@@ -193,9 +183,9 @@ class Connection:
         header of "HTTP/1.1 4" would wait for 4.7 MB, until the call's deadline."""
         assert self._first_bytes is not None
         self._first_bytes += data[:16 - len(self._first_bytes)]  # 16: enough to show in the sentence
-        if len(self._first_bytes) < _FRAME_HEADER.size:
+        if len(self._first_bytes) < FRAME_HEADER.size:
             return True
-        high, low, frame_type, flags, stream_id = _FRAME_HEADER.unpack_from(self._first_bytes)
+        high, low, frame_type, flags, stream_id = FRAME_HEADER.unpack_from(self._first_bytes)
         if frame_type == _SETTINGS and stream_id == 0 and not flags & 0x1 and ((high << 8) | low) % 6 == 0:
             self._first_bytes = None
             return True
@@ -205,46 +195,13 @@ class Connection:
         self._settle(Outcome(Code.UNAVAILABLE, why))
         return False
 
-    def _cut(self, data: bytes) -> list[tuple[bool, bytes]]:
-        """``data`` cut around the GOAWAY frames in it, in order: ``(False, bytes for h2)`` and
-        ``(True, a whole GOAWAY's payload)``. Only a well-formed GOAWAY (stream 0, at least 8
-        bytes, no larger than a frame may be) is taken out: h2 fails a malformed one."""
-        data, self._held = self._held + data, b""
-        parts: list[tuple[bool, bytes]] = []
-        start = pos = 0  # start: the first byte for h2 not in parts yet
-        while pos < len(data):
-            if self._frame_left:
-                step = min(self._frame_left, len(data) - pos)
-                self._frame_left -= step
-                if self._goaway is not None:
-                    self._goaway += data[pos:pos + step]
-                    start = pos + step
-                    if not self._frame_left:
-                        parts.append((True, bytes(self._goaway)))
-                        self._goaway = None
-                pos += step
-            elif len(data) - pos < _FRAME_HEADER.size:
-                self._held = data[pos:]
-                break
-            else:
-                high, low, frame_type, _, stream_id = _FRAME_HEADER.unpack_from(data, pos)
-                self._frame_left = (high << 8) | low
-                if (frame_type == _GOAWAY and stream_id == 0
-                        and _GOAWAY_PAYLOAD.size <= self._frame_left <= self._h2.max_inbound_frame_size):
-                    parts.append((False, data[start:pos]))
-                    self._goaway = bytearray()
-                    start = pos + _FRAME_HEADER.size
-                pos += _FRAME_HEADER.size
-        parts.append((False, data[start:pos]))
-        return [(is_goaway, part) for is_goaway, part in parts if part]
-
     def _receive_goaway(self, payload: bytes) -> None:
         """The server takes no new call (RFC 9113 6.8); the open call goes on if the server took
         it (its stream id is at most the GOAWAY's last stream id), else it fails UNAVAILABLE.
         The channel's next call connects anew."""
-        last_stream_id, error_code = _GOAWAY_PAYLOAD.unpack_from(payload)
-        debug = payload[_GOAWAY_PAYLOAD.size:_GOAWAY_PAYLOAD.size + _GOAWAY_DEBUG_SAID]
-        self._goaway_said = f"GOAWAY, HTTP/2 error {_error_name(error_code)}"
+        last_stream_id, error_code = GOAWAY_PAYLOAD.unpack_from(payload)
+        debug = payload[GOAWAY_PAYLOAD.size:GOAWAY_PAYLOAD.size + _GOAWAY_DEBUG_SAID]
+        self._goaway_said = f"GOAWAY, HTTP/2 error {error_name(error_code)}"
         if debug:
             self._goaway_said += f": {debug.decode(errors='backslashreplace')}"
         why = f"the server ended the connection ({self._goaway_said})"
@@ -263,12 +220,12 @@ class Connection:
             if event.stream_id == self._stream_id and self._outcome is None:
                 self._body += event.data
                 # Refused on the declared length, before the rest is read (or buffered).
-                if len(self._body) >= _PREFIX.size:
-                    length = _PREFIX.unpack_from(self._body)[1]
+                if len(self._body) >= PREFIX.size:
+                    length = PREFIX.unpack_from(self._body)[1]
                     if length > self.max_message_bytes:
                         self._reset(Outcome(Code.RESOURCE_EXHAUSTED, f"the reply is larger than the limit of "
                                                                      f"{self.max_message_bytes} bytes"))
-                    elif len(self._body) > _PREFIX.size + length:
+                    elif len(self._body) > PREFIX.size + length:
                         self._reset(Outcome(Code.INTERNAL, "the reply carries more than one message for a unary call"))
         elif isinstance(event, h2.events.ResponseReceived):
             if event.stream_id == self._stream_id:
@@ -284,7 +241,7 @@ class Connection:
         elif isinstance(event, h2.events.StreamReset):
             if event.stream_id == self._stream_id:
                 self._settle(Outcome(Code.UNAVAILABLE, f"the server reset the call's stream "
-                                                       f"(HTTP/2 error {_error_name(event.error_code)})"))
+                                                       f"(HTTP/2 error {error_name(event.error_code)})"))
         elif isinstance(event, h2.events.WindowUpdated | h2.events.RemoteSettingsChanged):
             self._send_pending()
 
@@ -322,21 +279,21 @@ class Connection:
             code = Code(int(raw_status))
         except ValueError:
             code = Code.UNKNOWN
-        details = unquote_to_bytes(self._headers.get(b"grpc-message", b"")).decode("utf-8", "replace")
+        details = decode_details(self._headers.get(b"grpc-message", b""))
         if code != Code.OK:
             return Outcome(code, details or code.name, from_server=True)
         body = bytes(self._body)
-        if len(body) < _PREFIX.size:
+        if len(body) < PREFIX.size:
             return Outcome(Code.INTERNAL, "the reply has no message" if not body else
                            f"the reply's message prefix is truncated ({len(body)} of 5 bytes)")
-        compressed, length = _PREFIX.unpack_from(body)
+        compressed, length = PREFIX.unpack_from(body)
         if compressed:
             return Outcome(Code.INTERNAL, "the reply's message is compressed, though no compression was offered")
         # (a message over the limit, or more than one, already failed the call as its DATA came)
-        if len(body) - _PREFIX.size < length:
-            return Outcome(Code.INTERNAL, f"the reply's message is truncated ({len(body) - _PREFIX.size} of "
+        if len(body) - PREFIX.size < length:
+            return Outcome(Code.INTERNAL, f"the reply's message is truncated ({len(body) - PREFIX.size} of "
                                           f"{length} bytes)")
-        return Outcome(Code.OK, message=body[_PREFIX.size:])
+        return Outcome(Code.OK, message=body[PREFIX.size:])
 
     # -- helpers --------------------------------------------------------------------------------
 
@@ -368,12 +325,3 @@ class Connection:
     def _close(self, why: str) -> None:
         if self._closed is None:
             self._closed = why
-
-
-def _error_name(error_code: int | None) -> str:
-    if error_code is None:
-        return "unknown"
-    try:
-        return h2.errors.ErrorCodes(error_code).name
-    except ValueError:
-        return str(error_code)

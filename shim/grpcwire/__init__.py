@@ -2,6 +2,6 @@
 podshimd, without grpcio (whose import alone, with the asyncio it pulls in, would be a large part
 of a verb's start-up).
 
-- ``client.grpcwire.connection``  the sans-IO core: gRPC's rules on h2's HTTP/2 connection.
-- ``client.grpcwire.channel``     the blocking socket around it, with the call's deadline.
+- ``shim.grpcwire.client``  the sans-IO core: gRPC's rules on h2's HTTP/2 connection.
+- ``shim.grpcwire.channel``     the blocking socket around it, with the call's deadline.
 """

@@ -1,4 +1,4 @@
-"""client.grpcwire: podshimctl's unary gRPC calls over HTTP/2 without grpcio. The sans-IO core is
+"""shim.grpcwire: podshimctl's unary gRPC calls over HTTP/2 without grpcio. The sans-IO core is
 driven byte for byte by an h2 server-side connection in memory; the blocking channel by a unix
 socket that accepts and never answers."""
 
@@ -15,10 +15,9 @@ import h2.errors
 import h2.events
 import pytest
 
+from shim.grpcwire.channel import Channel
+from shim.grpcwire.client import NEED_DATA, Connection, Outcome, encode_timeout
 from shim.rpc.status import Code
-
-from client.grpcwire.channel import Channel
-from client.grpcwire.connection import NEED_DATA, Connection, Outcome, encode_timeout
 
 PATH = "/runtime.v1.RuntimeService/Version"
 GRPC_HEADERS = [(b":status", b"200"), (b"content-type", b"application/grpc")]
