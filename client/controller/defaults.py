@@ -27,6 +27,7 @@ __all__ = [
     "DEFAULT_STOP_GRACE",
     "STOP_MARGIN",
     "SPAWN_TIMEOUT",
+    "TEMPLATE_SPAWNS_AT_ONCE",
     "TEMPLATE_CONNECT_TIMEOUT",
     "TEMPLATE_START_TIMEOUT",
     "DELETE_TIMEOUT",
@@ -76,6 +77,10 @@ STOP_MARGIN = 15.0
 #: bounds start by its ctx). Above the shim's own start timeout (shim.launch.spawn, 8 s), so
 #: `podshim start` always ends its own child and reports before it is killed.
 SPAWN_TIMEOUT = 10.0
+#: Spawns one spawner asks of a shim template at once; more wait their turn in the spawner, so
+#: that SPAWN_TIMEOUT bounds the template's work on a Spawn, not its queue (a hundred pods started
+#: together on a busy node waited past it there and failed).
+TEMPLATE_SPAWNS_AT_ONCE = 4
 #: Connecting to a shim template's control socket; a template that does not accept by then is
 #: passed over and ``podshim start`` runs instead.
 TEMPLATE_CONNECT_TIMEOUT = 1.0

@@ -24,6 +24,7 @@ from client.controller.defaults import (
     DELETE_TIMEOUT,
     SPAWN_TIMEOUT,
     TEMPLATE_CONNECT_TIMEOUT,
+    TEMPLATE_SPAWNS_AT_ONCE,
     TEMPLATE_START_TIMEOUT,
 )
 from client.controller.results import UNKNOWN_EXIT_STATUS, Bootstrap, ExitStatus
@@ -82,7 +83,8 @@ class ExecSpawner(Spawner):
     (``podshim start``; logged once). With ``use_template=False`` every shim is exec'd.
     ``max_helpers`` bounds how many helpers run at once: a helper is a Python start-up, and
     fifty of them at once on two cores would each take longer than SPAWN_TIMEOUT; queued ones
-    start their clock only when they run.
+    start their clock only when they run. So do Spawns asked of a template beyond
+    TEMPLATE_SPAWNS_AT_ONCE: they wait here, not in the template's queue.
     """
 
     def __init__(self, command: Sequence[str] | str | None = None, runtime_root: str = DEFAULT_RUNTIME_ROOT, *,
@@ -101,6 +103,7 @@ class ExecSpawner(Spawner):
         self.env = dict(env) if env is not None else None
         self.use_template = template_wanted(use_template)
         self._helpers = anyio.CapacityLimiter(max_helpers or max(4, 2 * (os.cpu_count() or 1)))
+        self._spawns = anyio.CapacityLimiter(TEMPLATE_SPAWNS_AT_ONCE)  # Spawns in the template at once
         self._starting = anyio.Lock()  # one template start at a time from this spawner
         self._starts = 0  # templates this spawner started (or found) under that lock
         self._cannot_start: str | None = None  # why starting a template failed, once it did
@@ -200,6 +203,11 @@ class ExecSpawner(Spawner):
         says it is leaving; None when the template failed otherwise (then we exec)."""
         payload = {"namespace": namespace, "sandbox_id": sandbox_id, "bundle": bundle,
                    "runtime_root": self.runtime_root}
+        async with self._spawns:  # SPAWN_TIMEOUT is the template's time on it, not its queue's
+            return await self._spawn_in_template(path, namespace, sandbox_id, payload)
+
+    async def _spawn_in_template(self, path: str, namespace: str, sandbox_id: str,
+                                 payload: dict[str, str]) -> Bootstrap | None:
         try:
             template = await Client.connect("unix://" + path, timeout=TEMPLATE_CONNECT_TIMEOUT)
         except Unavailable as exc:

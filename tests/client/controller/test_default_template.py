@@ -188,3 +188,52 @@ async def test_a_template_running_code_older_than_what_is_installed_is_replaced(
         await c.shutdown(NS, env.sid("old"))
         await c.shutdown(NS, env.sid("new"))
     assert template_pid(env.runtime_root) == new_template
+
+
+async def test_spawns_beyond_those_a_template_takes_at_once_wait_in_the_spawner_not_in_the_template(
+        tmp_path, monkeypatch) -> None:
+    # A hundred pods started together: each Spawn's SPAWN_TIMEOUT must bound the template's work on
+    # it, so the spawner hands the template TEMPLATE_SPAWNS_AT_ONCE at a time and the rest wait here.
+    import socket
+
+    from shim.rpc import CallContext, Server
+    from shim.rpc.status import Unavailable
+
+    from client.controller.defaults import TEMPLATE_SPAWNS_AT_ONCE
+
+    in_template, most, asked = 0, 0, []
+
+    async def spawn(ctx: CallContext, payload: dict) -> dict:
+        nonlocal in_template, most
+        in_template += 1
+        most = max(most, in_template)
+        asked.append(payload["sandbox_id"])
+        try:
+            await anyio.sleep(0.05)
+        finally:
+            in_template -= 1
+        raise Unavailable("this template spawns nothing")  # the spawner would exec the shim instead
+
+    server = Server(allowed_uids={os.getuid()})
+    server.register(TEMPLATE_SERVICE, {"Spawn": spawn})
+    path = str(tmp_path / "template.sock")
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    listener.listen(64)
+    await server.start(listener)
+    monkeypatch.setenv(TEMPLATE_SOCKET_ENV, path)  # not the runtime root's own: never started or replaced
+    spawner = ExecSpawner(runtime_root=str(tmp_path / "run"), use_template=True)
+    results: list[object] = []
+
+    async def one(n: int) -> None:
+        results.append(await spawner._spawn_from_template("ns", f"pod{n}", str(tmp_path / f"pod{n}")))
+
+    try:
+        async with anyio.create_task_group() as tasks:
+            for n in range(3 * TEMPLATE_SPAWNS_AT_ONCE):
+                tasks.start_soon(one, n)
+    finally:
+        await server.aclose()
+    assert sorted(asked) == sorted(f"pod{n}" for n in range(3 * TEMPLATE_SPAWNS_AT_ONCE))
+    assert results == [None] * (3 * TEMPLATE_SPAWNS_AT_ONCE)
+    assert most == TEMPLATE_SPAWNS_AT_ONCE
