@@ -282,8 +282,6 @@ class ServerConnection:
         if details:
             trailers.append((b"grpc-message", encode_details(details)))
         if not stream.headers_sent:  # trailers-only: one HEADERS frame ends the stream
-            stream.headers_sent = True
-            stream.trailers = []
             self._end(stream_id, stream, _HTTP_OK + trailers)
             return
         stream.trailers = trailers
@@ -329,7 +327,7 @@ class ServerConnection:
             chunk = bytes(stream.pending[:room])
             del stream.pending[:room]
             self._h2.send_data(sid, chunk)
-        if stream.trailers is not None and stream.trailers:
+        if stream.trailers:
             self._end(sid, stream, stream.trailers)
 
     def _end(self, sid: int, stream: _Stream, headers: list[tuple[bytes, bytes]]) -> None:
@@ -348,7 +346,6 @@ class ServerConnection:
         stream.body = bytearray()
         headers = [(b":status", b"%d" % http_status), (b"content-type", b"application/grpc"),
                    (b"grpc-status", b"%d" % int(code)), (b"grpc-message", encode_details(details))]
-        stream.headers_sent = True
         self._end(sid, stream, headers)
 
     def _remote_closed(self, sid: int) -> bool:
