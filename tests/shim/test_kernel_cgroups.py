@@ -1011,8 +1011,14 @@ async def test_under_the_systemd_driver_a_sandbox_is_a_slice_its_pause_and_tasks
         # The pod's resources: the slice's properties from its start (systemd writes its files).
         assert (_unit_property(pod_slice, "CPUWeight"), _read(os.path.join(directory, "cpu.weight"))) == ("20", "20")
         assert _read(os.path.join(directory, "memory.max")) == str(128 << 20)
-        with pytest.raises(InvalidArgument, match="cannot be applied to a pod under the systemd cgroup driver"):
-            await cgroup.aupdate({"unified": {"memory.high": "1000000"}})
+        # A unified file systemd owns is said as its property; one it has no property for is refused.
+        await cgroup.aupdate({"unified": {"memory.high": "100007936"}})
+        assert (_unit_property(pod_slice, "MemoryHigh"), _read(os.path.join(directory, "memory.high"))) == (
+            "100007936", "100007936")
+        with pytest.raises(InvalidArgument, match=r"unified\[memory.oom.group\] cannot be applied to a pod under "
+                                                  "the systemd cgroup driver"):
+            await cgroup.aupdate({"unified": {"memory.oom.group": "1"}})
+        assert _read(os.path.join(directory, "memory.oom.group")) == "0"
         await cgroup.aupdate({"pids_limit": 99})
         assert _unit_property(pod_slice, "TasksMax") == "99"
         pid = sleeper()

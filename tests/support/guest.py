@@ -61,6 +61,9 @@ MEMORY = "3G"
 CPUS = 2
 BOOT_TIMEOUT = float(os.environ.get("PODSHIM_GUEST_BOOT_TIMEOUT", 300))
 BUILD_TIMEOUT = 60 * 60
+#: Seconds a pytest run in the guest may take by default: the whole ``cgroupv2`` selection is six
+#: critest runs of 5 to 10 minutes each and 15 to 25 minutes of the rest, emulated.
+PYTEST_TIMEOUT = 3 * 60 * 60
 #: Host tools (built by .ci/gotool) copied into the guest's tools cache, so the guest needs no Go.
 TOOLS_CACHE = os.environ.get("PODSHIM_TOOLS_CACHE") or "/var/cache/podshim-tools"
 TOOLS = ("crictl-v1.37.0", "critest-v1.37.0")
@@ -338,7 +341,7 @@ class Guest:
         return subprocess.CompletedProcess(list(argv), answer["rc"], base64.b64decode(answer["stdout"]),
                                            base64.b64decode(answer["stderr"]))
 
-    def pytest(self, args: Sequence[str], timeout: float = 3600) -> subprocess.CompletedProcess[bytes]:
+    def pytest(self, args: Sequence[str], timeout: float = PYTEST_TIMEOUT) -> subprocess.CompletedProcess[bytes]:
         """Run the suite's pytest with ``args`` in the guest's checkout, its waits stretched for
         emulation (PODSHIM_TEST_SLOWDOWN)."""
         return self.run([f"{GUEST_VENV}/bin/python", "-m", "pytest", "-p", "no:cacheprovider", *args],
