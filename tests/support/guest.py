@@ -61,8 +61,8 @@ MEMORY = "3G"
 CPUS = 2
 BOOT_TIMEOUT = float(os.environ.get("PODSHIM_GUEST_BOOT_TIMEOUT", 300))
 BUILD_TIMEOUT = 60 * 60
-#: Seconds a pytest run in the guest may take by default: the whole ``cgroupv2`` selection is six
-#: critest runs of 5 to 10 minutes each and 15 to 25 minutes of the rest, emulated.
+#: Seconds a pytest run in the guest may take by default: room for the whole ``cgroupv2`` selection,
+#: emulated (its time: docs/testing.md).
 PYTEST_TIMEOUT = 3 * 60 * 60
 #: Host tools (built by .ci/gotool) copied into the guest's tools cache, so the guest needs no Go.
 TOOLS_CACHE = os.environ.get("PODSHIM_TOOLS_CACHE") or "/var/cache/podshim-tools"

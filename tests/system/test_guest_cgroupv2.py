@@ -24,9 +24,9 @@ SMOKE = ("tests/shim/test_shim_task_ops.py::test_on_pure_cgroup_v2_a_task_create
 
 
 #: The rest of the ``cgroupv2`` tests CI runs in the guest (marker ``slow``): every one but critest's
-#: runs, which take 5 to 10 minutes each emulated and run when ``pytest -m cgroupv2 tests`` is asked for.
+#: runs, which run when ``pytest -m cgroupv2 tests`` is asked for (why: docs/testing.md).
 REST = ("-m", "cgroupv2", "tests", "--ignore=tests/cri/test_podshimd_critest_cgroupv2.py")
-#: Seconds the rest may take in the guest (15 to 25 minutes on our loaded 2-core machines).
+#: Seconds the rest may take in the guest.
 REST_TIMEOUT = 3600
 
 
