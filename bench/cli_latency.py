@@ -258,7 +258,6 @@ ExecStart=/bin/sleep 600
 
 
 def systemd_rows(rounds: int) -> tuple[list[Row], str]:
-    sys.path.insert(0, os.path.join(REPO, "tests"))
     from support.nspawn import CONTAINER_PATH, Machine, command_links, nspawn_unavailable, project_venv
 
     reason = nspawn_unavailable()
@@ -303,7 +302,6 @@ def main(argv: list[str] | None = None) -> int:
     notes = []
     try:
         with contextlib.ExitStack() as stack:
-            sys.path.insert(0, os.path.join(REPO, "tests"))
             from support.critools import running_podshimd
 
             daemons = []

@@ -54,7 +54,6 @@ from typing import Any
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
-sys.path.insert(1, os.path.join(REPO, "tests"))  # the tests' image builder and the tools' builder
 
 from shim.kernel.cgroups import SandboxCgroup, discover_hierarchies
 

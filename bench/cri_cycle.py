@@ -307,7 +307,6 @@ def pull_pause_image(state_root: str, workdir: str) -> str:
     loopback and pull it into the image store under ``state_root`` (as podshimd would); its reference."""
     import asyncio
 
-    sys.path.insert(1, os.path.join(REPO, "tests"))
     from client.images.service import Images
     from client.images.skopeo import RegistryHost
 

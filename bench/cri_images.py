@@ -29,7 +29,6 @@ from collections.abc import Callable, Iterable, Mapping
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
-sys.path.insert(1, os.path.join(REPO, "tests"))  # the tests' registry and image builders
 
 from bench.common import not_root
 from bench.compare.run import IMAGE, Janitor, build_pause_image, log, run

@@ -75,7 +75,6 @@ def main() -> int:
         p.error("run as root: layers are unpacked with their owners")
     if min(args.runs, args.base_mb, args.base_layers, args.top_mb) < 1:
         p.error("--runs, --base-mb, --base-layers and --top-mb must be positive")
-    sys.path.insert(0, os.path.join(REPO, "tests"))
     sys.path.insert(0, REPO)
     from support.imagebuild import TestImages
     from support.registry import running_registry

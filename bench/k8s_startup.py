@@ -29,7 +29,9 @@ Kubelet's view of the runtime: from kubelet's own metrics (read through the API 
 and after the start), the CRI calls it made meanwhile by method, how many and their mean
 latency as kubelet saw it (``kubelet_runtime_operations_duration_seconds``), and its PLEG
 relists, which every pod's next step waits for (``kubelet_pleg_relist_duration_seconds``).
-``--keep-logs DIR`` copies the cluster's logs there before it is taken down.
+``--keep-logs DIR`` copies the cluster's logs there before it is taken down. ``--feature-gates``
+sets kubelet's feature gates on every node (``EventedPLEG=true``: kubelet follows the runtime's
+GetContainerEvents stream and relists only now and then).
 """
 
 from __future__ import annotations
@@ -375,6 +377,17 @@ def tables(results: list[Result]) -> str:
     return "\n".join(out)
 
 
+def feature_gates(text: str) -> dict[str, bool]:
+    """``NAME=true,NAME=false`` as kubelet's ``featureGates`` field. Raises ValueError, saying what is wrong."""
+    gates: dict[str, bool] = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        name, sep, value = item.partition("=")
+        if not sep or not name.isidentifier() or value.lower() not in ("true", "false"):
+            raise ValueError(f"{item!r} is not NAME=true or NAME=false")
+        gates[name] = value.lower() == "true"
+    return gates
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(prog="bench/k8s_startup.py", description=__doc__.split("\n\n")[0])
     parser.add_argument("--pods", type=int, default=100)
@@ -383,7 +396,14 @@ def main() -> int:
     parser.add_argument("--name", default="k8s-startup", help="the cluster's name")
     parser.add_argument("--keep-logs", metavar="DIR", help="copy the cluster's logs (one per process) into DIR "
                         "before it is taken down")
+    parser.add_argument("--feature-gates", default="", metavar="NAME=BOOL,...",
+                        help="kubelet's feature gates on every node, e.g. EventedPLEG=true")
     args = parser.parse_args()
+    try:
+        gates = feature_gates(args.feature_gates)
+    except ValueError as exc:
+        print(f"bench/k8s_startup.py: --feature-gates: {exc}", file=sys.stderr)
+        return 2
     if os.geteuid() != 0:
         print("bench/k8s_startup.py: run it as root (bench/cluster.py makes namespaces and cgroups)", file=sys.stderr)
         return 2
@@ -397,7 +417,7 @@ def main() -> int:
         print("bench/k8s_startup.py: --pods must be at least 1", file=sys.stderr)
         return 2
     load_before = os.getloadavg()
-    with harness.cluster(len(runtimes), args.name, runtimes) as c:
+    with harness.cluster(len(runtimes), args.name, runtimes, {"featureGates": gates} if gates else None) as c:
         try:
             pull_everywhere(c)
             results = measure(c, args.pods)
@@ -406,6 +426,8 @@ def main() -> int:
                 shutil.copytree(c.state.file("logs"), args.keep_logs, dirs_exist_ok=True)
                 log(f"the cluster's logs are in {args.keep_logs}")
     print(tables(results))
+    if gates:
+        print("\nkubelet's feature gates: " + ", ".join(f"{name}={str(on).lower()}" for name, on in gates.items()))
     print(f"\n{run_stamp(load_before)}")
     return 0
 
