@@ -37,14 +37,9 @@ class Events(Handlers):
             container_event_type=api_pb2.ContainerEventType.Value(event.kind))
         try:
             pod = await self.pods.pod_sandbox_status(event.pod_id)
-            containers = await self.pods.list_containers({"pod_sandbox_id": event.pod_id})
+            containers = await self.pods.pod_container_statuses(pod["id"])
         except NotFound:
             return response  # removed meanwhile (or the event is its removal)
         response.pod_sandbox_status.CopyFrom(translate.pod_sandbox_status(pod))
-        for container in containers:
-            try:
-                status = await self.pods.container_status(container["id"])
-            except NotFound:
-                continue  # removed meanwhile
-            response.containers_statuses.append(translate.container_status(status))
+        response.containers_statuses.extend(map(translate.container_status, containers))
         return response

@@ -44,10 +44,17 @@ class Sandboxes(Handlers):
 
     async def PodSandboxStatus(self, request: api_pb2.PodSandboxStatusRequest,
                                context: Any) -> api_pb2.PodSandboxStatusResponse:
+        # The statuses of the pod's containers go with the time they were read from (kubelet's
+        # evented PLEG takes them instead of asking ContainerStatus once it sees a timestamp,
+        # so a timestamp without them says the pod has no container): stamped before they
+        # are read, as kubelet stamps the statuses it gathers itself.
+        stamp = time.time_ns()
         status = await self.pods.pod_sandbox_status(request.pod_sandbox_id, verbose=request.verbose)
+        containers = await self.pods.pod_container_statuses(status["id"])
         return api_pb2.PodSandboxStatusResponse(status=translate.pod_sandbox_status(status),
                                                 info=translate.verbose_info(status.get("info")),
-                                                timestamp=time.time_ns())
+                                                containers_statuses=map(translate.container_status, containers),
+                                                timestamp=stamp)
 
     async def ListPodSandbox(self, request: api_pb2.ListPodSandboxRequest,
                              context: Any) -> api_pb2.ListPodSandboxResponse:

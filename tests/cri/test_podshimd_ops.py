@@ -342,6 +342,27 @@ def test_get_container_events_sees_a_pod_removed(daemon, crictl, pod) -> None:
     assert kinds == ["CONTAINER_STOPPED_EVENT", "CONTAINER_DELETED_EVENT"]
 
 
+def test_pod_sandbox_status_carries_every_containers_status_and_when_it_was_read(daemon, crictl, pod) -> None:
+    """kubelet's evented PLEG takes a pod's container statuses from PodSandboxStatus once its
+    timestamp is set: a container missing there is one kubelet runs again."""
+    exited = run(daemon, crictl, pod, ["true"], name="done")
+    assert not wait_gone(info(daemon, crictl, exited)["pid"], timeout=30)
+    running = run(daemon, crictl, pod, ["sleep", "1000"], name="up")
+    before = time.time_ns()
+    reply = daemon.runtime().PodSandboxStatus(api_pb2.PodSandboxStatusRequest(pod_sandbox_id=pod[0][:12]),
+                                              timeout=CALL_TIMEOUT)
+    after = time.time_ns()
+    assert before <= reply.timestamp <= after
+    by_id = {s.id: s for s in reply.containers_statuses}
+    assert set(by_id) == {exited, running}
+    for container_id in (exited, running):
+        alone = daemon.runtime().ContainerStatus(api_pb2.ContainerStatusRequest(container_id=container_id),
+                                                 timeout=CALL_TIMEOUT).status
+        assert by_id[container_id] == alone
+    assert (by_id[exited].state, by_id[exited].exit_code) == (api_pb2.CONTAINER_EXITED, 0)
+    assert by_id[running].state == api_pb2.CONTAINER_RUNNING
+
+
 # -- UpdateRuntimeConfig, ImageFsInfo ---------------------------------------------------------------------
 
 def test_update_runtime_config_records_the_pod_cidr_crictl_info_shows(daemon, crictl) -> None:

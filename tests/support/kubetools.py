@@ -18,6 +18,37 @@ from bench import cluster as harness
 WAIT = 120.0
 T = TypeVar("T")
 
+#: One pod per restartPolicy and exit: ``never-fails`` (exit 3, Never), ``onfailure-once`` (fails
+#: once, then exits 0), ``always-exits-0`` (exits 0 after a second, Always); their image IMAGE.
+RESTART_POLICIES = """
+apiVersion: v1
+kind: Pod
+metadata: {name: never-fails}
+spec:
+  restartPolicy: Never
+  containers: [{name: c, image: IMAGE, command: ["sh", "-c", "exit 3"]}]
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: onfailure-once}
+spec:
+  restartPolicy: OnFailure
+  volumes: [{name: state, emptyDir: {}}]
+  containers:
+  - name: c
+    image: IMAGE
+    volumeMounts: [{name: state, mountPath: /state}]
+    command: ["sh", "-c", "[ -e /state/ran ] && exit 0; touch /state/ran; exit 1"]
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: always-exits-0}
+spec:
+  terminationGracePeriodSeconds: 1
+  restartPolicy: Always
+  containers: [{name: c, image: IMAGE, command: ["sh", "-c", "sleep 1"]}]
+"""
+
 
 def apply(c: harness.Cluster, text: str, **placeholders: str) -> None:
     """``kubectl apply`` the manifest ``text``, each PLACEHOLDER in it replaced by its value."""

@@ -278,38 +278,8 @@ def test_cp_copies_into_and_out_of_a_container(c, tmp_path) -> None:
 
 # -- restarts, probes, init containers, Jobs ---------------------------------------------------------
 
-RESTARTS = """
-apiVersion: v1
-kind: Pod
-metadata: {name: never-fails}
-spec:
-  restartPolicy: Never
-  containers: [{name: c, image: IMAGE, command: ["sh", "-c", "exit 3"]}]
----
-apiVersion: v1
-kind: Pod
-metadata: {name: onfailure-once}
-spec:
-  restartPolicy: OnFailure
-  volumes: [{name: state, emptyDir: {}}]
-  containers:
-  - name: c
-    image: IMAGE
-    volumeMounts: [{name: state, mountPath: /state}]
-    command: ["sh", "-c", "[ -e /state/ran ] && exit 0; touch /state/ran; exit 1"]
----
-apiVersion: v1
-kind: Pod
-metadata: {name: always-exits-0}
-spec:
-  terminationGracePeriodSeconds: 1
-  restartPolicy: Always
-  containers: [{name: c, image: IMAGE, command: ["sh", "-c", "sleep 1"]}]
-"""
-
-
 def test_restart_policies_decide_which_exits_restart(c) -> None:
-    kt.apply(c, RESTARTS, IMAGE=BUSYBOX)
+    kt.apply(c, kt.RESTART_POLICIES, IMAGE=BUSYBOX)
     failed = kt.wait_pod(c, "never-fails", "Failed", lambda p: p["status"].get("phase") == "Failed")
     state = kt.container(failed, "c")
     assert state["restartCount"] == 0 and state["state"]["terminated"]["exitCode"] == 3

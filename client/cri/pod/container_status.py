@@ -23,6 +23,17 @@ _TASK_STATE = {"created": ContainerState.CREATED, "running": ContainerState.RUNN
 class ContainerStatus(PodServiceBase):
     """The pod service's container status part (:class:`client.cri.pod.PodService` is all of them)."""
 
+    async def pod_container_statuses(self, pod_id: str) -> list[dict[str, Any]]:
+        """ContainerStatus of every container of the pod ``pod_id`` (its full id), oldest first;
+        a container removed meanwhile is left out. Raises NotFound if the pod is not there."""
+        statuses = []
+        for c in self.store.list_containers(pod_id):
+            try:
+                statuses.append(await self.container_status(c.container_id))
+            except NotFound:
+                continue
+        return statuses
+
     async def container_status(self, container_id: str, verbose: bool = False) -> dict[str, Any]:
         """ContainerStatus, CRI-shaped."""
         c = await self._refresh_container(self._container(container_id))
