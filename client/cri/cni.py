@@ -55,6 +55,7 @@ __all__ = [
     "KILL_WAIT",
     "PLUGIN_PATH",
     "LOOPBACK_IFNAME",
+    "POD_IFNAME",
     "CniConfig",
     "CniInterface",
     "CniIp",
@@ -76,6 +77,8 @@ PLUGIN_TIMEOUT = 30.0
 #: The only PATH a plugin sees (bridge runs iptables, for example).
 PLUGIN_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 LOOPBACK_IFNAME = "lo"
+#: The name of a pod's interface CNI ADD makes (libcni's and containerd's default).
+POD_IFNAME = "eth0"
 #: libcni names the loopback network this way.
 _LOOPBACK_NETWORK = "cni-loopback"
 _CONF_EXTENSIONS = (".conflist", ".conf", ".json")
@@ -235,7 +238,7 @@ class CniResult:
         return cls(ips=ips, interfaces=interfaces, routes=routes, raw=raw)
 
 
-def primary_ip(result: CniResult, ifname: str = "eth0") -> tuple[str, tuple[str, ...]]:
+def primary_ip(result: CniResult, ifname: str = POD_IFNAME) -> tuple[str, tuple[str, ...]]:
     """The pod's IP and additional IPs, as containerd picks them (selectPodIPs).
 
     The candidates are the addresses of the interface named ``ifname`` (all addresses when none
@@ -254,7 +257,7 @@ def primary_ip(result: CniResult, ifname: str = "eth0") -> tuple[str, tuple[str,
 
 
 async def addresses_in_place(netns_path: str, result: CniResult | dict[str, Any] | None,
-                             ifname: str = "eth0") -> bool:
+                             ifname: str = POD_IFNAME) -> bool:
     """Whether the pod's interface ``ifname`` in the network namespace ``netns_path`` holds every
     address ADD's ``result`` gave it: the pod's network is as ADD left it, whatever a plugin's CHECK
     says (Debian's portmap 1.1.1 cannot CHECK a pod with an IPv6 address). False when there is
@@ -338,7 +341,7 @@ class CniRunner:
         """The current network configuration (None: loopback only); InvalidArgument if it is bad."""
         return CniConfig.load(self.conf_dir)
 
-    async def add(self, container_id: str, netns_path: str, ifname: str = "eth0", *,
+    async def add(self, container_id: str, netns_path: str, ifname: str = POD_IFNAME, *,
                   args: Mapping[str, str] | None = None,
                   runtime_config: Mapping[str, Any] | None = None) -> CniResult:
         """Bring up ``lo`` in the pod's netns (when the runner does: ``loopback``) and ADD the
@@ -393,7 +396,7 @@ class CniRunner:
                         log.warning("undoing a failed CNI ADD for %s: %s", container_id, exc)
             raise
 
-    async def delete(self, container_id: str, netns_path: str, ifname: str = "eth0",
+    async def delete(self, container_id: str, netns_path: str, ifname: str = POD_IFNAME,
                      prev_result: CniResult | dict[str, Any] | None = None, *,
                      args: Mapping[str, str] | None = None,
                      runtime_config: Mapping[str, Any] | None = None) -> None:
@@ -434,7 +437,7 @@ class CniRunner:
         if failures:
             raise failures[0]
 
-    async def check(self, container_id: str, netns_path: str, ifname: str = "eth0",
+    async def check(self, container_id: str, netns_path: str, ifname: str = POD_IFNAME,
                     prev_result: CniResult | dict[str, Any] | None = None, *,
                     args: Mapping[str, str] | None = None,
                     runtime_config: Mapping[str, Any] | None = None) -> None:

@@ -191,7 +191,7 @@ def _cgroup_metrics(timestamp: int, data: Mapping[str, Any], labels: list[str]) 
         for operation in ("Read", "Write"):
             yield _metric("container_blkio_device_usage_total", timestamp,
                           [*device, *number.split(":", 1), operation], counters.get(f"{operation.lower()}_bytes"))
-    for interface, counters in sorted((details.get("network") or {}).items()):
+    for interface, counters in sorted((data.get("network") or {}).items()):
         for name, key in _NETWORK_FIGURES.items():
             yield _metric(name, timestamp, [*labels, interface], counters.get(key))
     yield _metric("container_last_seen", timestamp, labels, timestamp // _SECOND)

@@ -6,7 +6,9 @@ is CRI's ``UInt64Value`` message, ``{"value": n}``. A figure the shim could not 
 never zero: a client then sees it unset, as CRI means it. ``usage_nano_cores`` is the CPU rate
 since the previous sample of the same container or pod (containerd computes it the same way), so
 the first sample has none. Pressure (PSI) is the kernel's for the cgroup (cgroup v2 only), with its
-``total`` in nanoseconds as CRI counts it (the kernel's microseconds × 1000).
+``total`` in nanoseconds as CRI counts it (the kernel's microseconds × 1000). A pod's network is
+the counters of each interface of its network namespace but loopback, the default one ``eth0``
+(CNI's) or else the first, as containerd reports them.
 """
 
 from __future__ import annotations
@@ -14,7 +16,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["CpuRates", "attributes", "cpu_usage", "memory_usage", "process_usage", "swap_usage", "io_usage"]
+from client.cri.cni import POD_IFNAME
+
+__all__ = ["CpuRates", "attributes", "cpu_usage", "memory_usage", "network_usage", "process_usage", "swap_usage",
+           "io_usage"]
 
 #: How many containers and pods a CpuRates remembers the previous sample of.
 MAX_REMEMBERED = 16384
@@ -124,3 +129,17 @@ def process_usage(timestamp: int, data: Mapping[str, Any]) -> dict[str, Any] | N
     """ProcessUsage, or None when the shim could not count the processes."""
     count = _value(data, "pids_current")
     return {"timestamp": timestamp, "process_count": count} if count is not None else None
+
+
+def network_usage(timestamp: int, data: Mapping[str, Any]) -> dict[str, Any] | None:
+    """NetworkUsage of a pod, or None when the shim read no interface (a pod on the host's
+    network, whose figures are the node's; a pause gone)."""
+    counters = data.get("network")
+    if not isinstance(counters, Mapping) or not counters:
+        return None
+    interfaces = [_present({"name": name, "rx_bytes": _value(figures, "rx_bytes"),
+                            "rx_errors": _value(figures, "rx_errors"), "tx_bytes": _value(figures, "tx_bytes"),
+                            "tx_errors": _value(figures, "tx_errors")})
+                  for name, figures in sorted(counters.items())]
+    default = next((i for i in interfaces if i["name"] == POD_IFNAME), interfaces[0])
+    return {"timestamp": timestamp, "default_interface": default, "interfaces": interfaces}

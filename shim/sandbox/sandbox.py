@@ -546,20 +546,20 @@ class Sandbox:
         return info
 
     def metrics(self, sandbox_id: str, details: bool = False) -> dict[str, Any]:
-        """SandboxMetrics: cgroup cpu/memory/pids; unreadable values are listed as unavailable.
-        With ``details``, ``data`` also has ``details``: the cgroup's further figures and process
-        counts (as a task's Stats) and ``network``, the counters of each interface of the pod's
-        network namespace (absent when the pod is on the host's network)."""
+        """SandboxMetrics: cgroup cpu/memory/pids; unreadable values are listed as unavailable;
+        ``network``, the counters of each interface of the pod's network namespace (absent when
+        the pod is on the host's network). With ``details``, ``data`` also has ``details``: the
+        cgroup's further figures and process counts (as a task's Stats)."""
         self._check(Op.METRICS, sandbox_id)
         if self.cgroup is None:
             data = cgroups.no_metrics("cgroup (the sandbox was never started)")
         else:
             data = self.cgroup.metrics()
+            network = netns.interface_counters(self.pause.pid) if self.pause is not None else None
+            if network is not None:
+                data["network"] = network
             if details:
                 data["details"] = {**self.cgroup.details(), **self.cgroup.process_counts()}
-                network = netns.interface_counters(self.pause.pid) if self.pause is not None else None
-                if network is not None:
-                    data["details"]["network"] = network
         return {"timestamp": time.time_ns(), "sandbox_id": self.config.sandbox_id, "data": data}
 
     async def update(self, sandbox_id: str, resources: Any) -> None:

@@ -94,6 +94,39 @@ async def test_two_pods_get_distinct_ips_reach_each_other_and_leave_nothing(root
     assert [p for p in netns_paths if os.path.exists(p)] == []
 
 
+def net_dev(netns_path: str, interface: str) -> tuple[int, int]:
+    """The received and sent bytes of ``interface`` in the namespace at ``netns_path``."""
+    line = next(line for line in subprocess.run(["nsenter", f"--net={netns_path}", "cat", "/proc/net/dev"],
+                                                check=True, capture_output=True, text=True).stdout.splitlines()
+                if line.strip().startswith(f"{interface}:"))
+    fields = line.split(":", 1)[1].split()
+    return int(fields[0]), int(fields[8])
+
+
+async def test_a_pods_stats_carry_its_interfaces_counters_eth0_the_default(roots, network) -> None:
+    root, runtime_root = roots
+    async with open_pod_service(root, runtime_root, cni_conf_dir=network["conf_dir"], cni_bin_dirs=(PLUGINS,),
+                                cni_plugin_netns=network["outer_path"]) as pods:
+        pod = await pods.run_pod_sandbox(pod_config())
+        try:
+            netns_path = (await pods.pod_sandbox_status(pod, verbose=True))["info"]["netns_path"]
+            gateway = "10.213.0.1"  # the bridge's address (host-local's default gateway)
+            ping = subprocess.run(["nsenter", f"--net={netns_path}", "ping", "-c", "3", "-i", "0.2", "-W", "2",
+                                   gateway], capture_output=True, text=True)
+            assert ping.returncode == 0, ping.stdout + ping.stderr
+            before = net_dev(netns_path, "eth0")
+            network_usage = (await pods.pod_stats(pod))["linux"]["network"]
+            after = net_dev(netns_path, "eth0")
+        finally:
+            await pods.stop_pod_sandbox(pod)
+            await pods.remove_pod_sandbox(pod)
+    default = network_usage["default_interface"]
+    assert default["name"] == "eth0" and [i["name"] for i in network_usage["interfaces"]] == ["eth0"]
+    assert before[0] <= default["rx_bytes"]["value"] <= after[0] and default["rx_bytes"]["value"] > 0
+    assert before[1] <= default["tx_bytes"]["value"] <= after[1] and default["tx_bytes"]["value"] >= 3 * 84
+    assert default["rx_errors"] == {"value": 0} and network_usage["timestamp"] > 0
+
+
 async def test_a_pods_lo_is_up_without_the_loopback_plugin(roots, network, tmp_path) -> None:
     root, runtime_root = roots
     bin_dir = tmp_path / "bin"  # bridge and host-local only: a loopback plugin run would fail the pod

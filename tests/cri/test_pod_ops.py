@@ -71,6 +71,24 @@ def test_swap_available_is_the_swap_limit_less_the_swap_in_use() -> None:
     assert stats.swap_usage(42, {"memory_swap_bytes": None}) is None
 
 
+def counters(rx: int, tx: int) -> dict[str, int]:
+    return {"rx_bytes": rx, "rx_packets": 1, "rx_errors": 0, "rx_dropped": 0,
+            "tx_bytes": tx, "tx_packets": 1, "tx_errors": 2, "tx_dropped": 0}
+
+
+def test_a_pods_network_is_each_interface_eth0_its_default_else_the_first() -> None:
+    usage = stats.network_usage(42, {"network": {"net1": counters(5, 6), "eth0": counters(10, 20)}})
+    eth0 = {"name": "eth0", "rx_bytes": {"value": 10}, "rx_errors": {"value": 0}, "tx_bytes": {"value": 20},
+            "tx_errors": {"value": 2}}
+    assert usage == {"timestamp": 42, "default_interface": eth0, "interfaces": [
+        eth0, {"name": "net1", "rx_bytes": {"value": 5}, "rx_errors": {"value": 0}, "tx_bytes": {"value": 6},
+               "tx_errors": {"value": 2}}]}
+    without_eth0 = stats.network_usage(42, {"network": {"veth9": counters(1, 2), "net1": counters(5, 6)}})
+    assert without_eth0 is not None and without_eth0["default_interface"]["name"] == "net1"
+    # The host's network (the shim reads none), or no interface but loopback: no figure, not zeros.
+    assert stats.network_usage(42, FIGURES) is None and stats.network_usage(42, {"network": {}}) is None
+
+
 def test_the_cpu_rate_needs_a_previous_sample_of_the_same_container():
     rates = stats.CpuRates()
     first = stats.cpu_usage("c", 1_000_000_000, {"cpu_usage_ns": 100}, rates)

@@ -80,6 +80,7 @@ class Stats(PodServiceBase):
         linux = {"cpu": stats.cpu_usage(record.pod_id, timestamp, data, self._cpu_rates),
                  "memory": stats.memory_usage(timestamp, data),
                  "process": stats.process_usage(timestamp, data),
+                 "network": stats.network_usage(timestamp, data),
                  "io": stats.io_usage(timestamp, data),
                  "containers": containers}
         return {"attributes": stats.attributes(record.pod_id, record.config.get("metadata") or {}, record.labels,
