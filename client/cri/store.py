@@ -73,6 +73,7 @@ import anyio
 
 from shim.api.identifiers import validate_identifier
 from shim.cri.configs import ContainerMetadata, PodSandboxMetadata
+from shim.cri.signals import DEFAULT_STOP
 from shim.lib.files import (
     decode_json,
     ensure_private_dir,
@@ -249,6 +250,9 @@ class ContainerRecord(_ConfigLabels):
     #: container sees them; its OCI spec's process.user): ContainerStatus.user when no process
     #: runs, as containerd reports it. None: recorded before it was kept.
     user: Mapping[str, Any] | None = None
+    #: The signal StopContainer sends it first: its config's, else its image's StopSignal, else
+    #: the default (which is also what a record from before it was kept says).
+    stop_signal: int = int(DEFAULT_STOP)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "state", _state("container", ContainerState, self.state))

@@ -23,6 +23,8 @@ from shim.cri.fields import CONTAINER_CONFIG, POD_SANDBOX_CONFIG
 from shim.cri.fields import check as check_fields
 from shim.cri.resources import pod_resources, shim_resources
 from shim.cri.security import ContainerSecurity
+from shim.cri.signals import from_cri as cri_signal
+from shim.cri.signals import to_cri as cri_signal_name
 from shim.lib.files import read_json
 from shim.lib.idmaps import UserNamespace
 from shim.rpc.status import InvalidArgument
@@ -567,6 +569,13 @@ def _cdi_device(doc: Any, path: str) -> str:
     return name
 
 
+def _stop_signal(doc: Mapping[str, Any]) -> int | None:
+    try:
+        return cri_signal(doc.get("stop_signal"))
+    except ValueError as exc:
+        raise InvalidArgument(f"stop_signal: {exc}") from None
+
+
 @dataclass(frozen=True)
 class ContainerConfig:
     """A CRI ContainerConfig as crictl's ``container-config.json`` writes it.
@@ -608,6 +617,8 @@ class ContainerConfig:
     #: ``linux.resources`` as given, without its unset (zero) fields: CRI's LinuxContainerResources,
     #: which :func:`shim.cri.resources.shim_resources` makes the task's Create ``resources``.
     resources: dict[str, Any] = field(default_factory=dict)
+    #: ``stop_signal``: the signal StopContainer sends first; None: the image's, else SIGTERM.
+    stop_signal: int | None = None
 
     @property
     def shim_resources(self) -> dict[str, Any]:
@@ -676,6 +687,7 @@ class ContainerConfig:
             stdin_once=f.boolean("stdin_once"),
             tty=f.boolean("tty"),
             resources=set_fields(resources),
+            stop_signal=_stop_signal(doc),
         )
 
     @classmethod
@@ -708,4 +720,5 @@ class ContainerConfig:
                                       "ipc": None if self.ipc_mode == "POD" else self.ipc_mode,
                                       "userns_options": None if self.userns is None else {"mode": "POD", **self.userns}}),
                                       "readonly_rootfs": self.readonly_rootfs or None, **self.security.to_json()})}),
+            "stop_signal": None if self.stop_signal is None else cri_signal_name(self.stop_signal),
         })

@@ -242,8 +242,8 @@ CONTAINER_CONFIG: dict[str, Field] = {
     "linux.security_context.readonly_paths": _applied("paths made read-only in the container"),
     "linux.security_context.apparmor_profile": _applied(_NO_APPARMOR),
     "windows": _WINDOWS,
-    "stop_signal": _refused("StopContainer sends SIGTERM; a stop signal of the container's own is not supported",
-                            lambda value: value not in (None, 0, "SIGNAL_RUNTIME_DEFAULT")),
+    "stop_signal": _applied("the signal StopContainer sends first (RUNTIME_DEFAULT: the image's StopSignal, else "
+                            "SIGTERM)"),
 }
 
 #: PodSandboxConfig (RunPodSandboxRequest.config), field by field.

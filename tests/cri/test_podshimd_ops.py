@@ -363,6 +363,50 @@ def test_pod_sandbox_status_carries_every_containers_status_and_when_it_was_read
     assert by_id[running].state == api_pb2.CONTAINER_RUNNING
 
 
+# -- stop signals ---------------------------------------------------------------------------------------
+
+#: Exits with the number of the signal it got: 3 (QUIT), 10 (USR1) or 15 (TERM).
+TRAPS = ["sh", "-c", "trap 'exit 3' QUIT; trap 'exit 10' USR1; trap 'exit 15' TERM; while true; do sleep 0.1; done"]
+
+
+def test_stop_container_sends_the_configs_signal_else_the_images_else_sigterm(daemon, crictl, pod,
+                                                                                test_images) -> None:
+    from support.imagebuild import ImageConfig
+
+    quits = test_images.build("stops-with-quit", config=ImageConfig(stop_signal="SIGQUIT"))
+    daemon.crictl(crictl, "pull", quits.ref)
+    cases: list[tuple[str, dict, int, int]] = [
+             ("image", {"image": {"image": quits.ref}}, 3, api_pb2.SIGNAL_SIGQUIT),
+             ("config", {"image": {"image": quits.ref}, "stop_signal": "SIGNAL_SIGUSR1"}, 10, api_pb2.SIGNAL_SIGUSR1),
+             ("default", {}, 15, api_pb2.SIGNAL_SIGTERM)]
+    for name, fields, exit_code, named in cases:
+        container_id = run(daemon, crictl, pod, TRAPS, name=name, **fields)
+        status = daemon.runtime().ContainerStatus(api_pb2.ContainerStatusRequest(container_id=container_id),
+                                                  timeout=CALL_TIMEOUT).status
+        assert status.stop_signal == named, name
+        daemon.runtime().StopContainer(api_pb2.StopContainerRequest(container_id=container_id, timeout=20),
+                                       timeout=CALL_TIMEOUT)
+        status = daemon.runtime().ContainerStatus(api_pb2.ContainerStatusRequest(container_id=container_id),
+                                                  timeout=CALL_TIMEOUT).status
+        assert (status.state, status.exit_code) == (api_pb2.CONTAINER_EXITED, exit_code), name
+
+
+def test_a_stop_signal_that_names_no_signal_is_refused_at_create(daemon, crictl, pod, test_images) -> None:
+    from support.imagebuild import ImageConfig
+
+    with pytest.raises(grpc.RpcError) as bad_config:  # a number CRI's Signal enum does not have
+        daemon.create_container(pod[0], {**container_config(["true"], name="bad"), "stop_signal": 999}, pod[1])
+    assert bad_config.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "stop_signal: 999 is not one of CRI's Signal names" in bad_config.value.details()
+    nope = test_images.build("stops-with-nope", config=ImageConfig(stop_signal="SIGNOPE"))
+    daemon.crictl(crictl, "pull", nope.ref)
+    with pytest.raises(grpc.RpcError) as bad_image:
+        daemon.create_container(pod[0], {**container_config(["true"], name="nope"), "image": {"image": nope.ref}}, pod[1])
+    assert bad_image.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "StopSignal 'SIGNOPE' is not a signal" in bad_image.value.details()
+    assert daemon.runtime().ListContainers(api_pb2.ListContainersRequest(), timeout=CALL_TIMEOUT).containers == []
+
+
 # -- UpdateRuntimeConfig, ImageFsInfo ---------------------------------------------------------------------
 
 def test_update_runtime_config_records_the_pod_cidr_crictl_info_shows(daemon, crictl) -> None:

@@ -7,7 +7,6 @@ import functools
 import logging
 import os
 import secrets
-import signal
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from contextlib import asynccontextmanager
 from types import MappingProxyType
@@ -37,7 +36,7 @@ if TYPE_CHECKING:
 
     from client.cri.rootfs import ContainerImage
 
-__all__ = ["DEFAULT_NAMESPACE", "SANDBOX_STOP_TIMEOUT", "CONTAINER_STOP_TIMEOUT", "STOP_SIGNAL",
+__all__ = ["DEFAULT_NAMESPACE", "SANDBOX_STOP_TIMEOUT", "CONTAINER_STOP_TIMEOUT",
            "CALL_TIMEOUT", "NO_IMAGE", "POD_FILES_DIR", "UNKNOWN_EXIT_CODE", "POD_STATE",
            "SANDBOX_SNAPSHOT_PREFIX", "PodEntry", "PodServiceBase", "sandbox_snapshot_key", "new_id",
            "keep_newest", "labels_match"]
@@ -50,8 +49,6 @@ DEFAULT_NAMESPACE = "k8s.io"
 SANDBOX_STOP_TIMEOUT = 2.0
 #: Default grace for StopContainer when the caller gives none.
 CONTAINER_STOP_TIMEOUT = 10.0
-#: What StopContainer sends first, to every container (ContainerStatus.stop_signal says so).
-STOP_SIGNAL = signal.SIGTERM
 #: Bound on one call to a shim from the pod layer (not for waits, which have their own).
 CALL_TIMEOUT = 30.0
 #: What a container whose config names no image reports as its ``image`` and ``image_ref``: it runs

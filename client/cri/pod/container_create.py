@@ -13,7 +13,7 @@ import anyio
 import anyio.abc
 import anyio.lowlevel
 
-from shim.cri import security
+from shim.cri import security, signals
 from shim.cri.configs import ContainerConfig, PodSandboxConfig
 from shim.lib.podfiles import PodFiles
 from shim.rpc.status import FailedPrecondition, InvalidArgument, NotFound
@@ -72,7 +72,8 @@ class ContainerCreate(PodServiceBase):
             await self._stored(self.store.add_container, ContainerRecord(
                 container_id, pod.pod_id, cfg.to_json(), log_path=log_path,
                 image_id=image.image_id if image else "", image_ref=image.image_ref if image else "",
-                image_name=image.name if image else "", image_volumes=volume_ids, user=dict(user)))
+                image_name=image.name if image else "", image_volumes=volume_ids, user=dict(user),
+                stop_signal=_stop_signal(cfg, image)))
             try:
                 volumes, idmapped = await self.image_volumes.mount(
                     pod.pod_id, cfg.mounts, volume_ids,
@@ -199,3 +200,17 @@ def _check_sandbox_config(pod: PodRecord, sandbox_config: PodSandboxConfig | Map
     if given.log_directory != own.log_directory:
         raise InvalidArgument(f"sandbox_config has log_directory {given.log_directory!r}, but pod {pod.pod_id} "
                               f"was run with {own.log_directory!r}")
+
+
+def _stop_signal(cfg: ContainerConfig, image: ContainerImage | None) -> int:
+    """The signal StopContainer sends first: the config's, else the image's StopSignal, else the
+    default (containerd's order). InvalidArgument when the image's names no signal."""
+    if cfg.stop_signal is not None:
+        return cfg.stop_signal
+    named = (image.config.get("StopSignal") if image is not None else None) or ""
+    if not named:
+        return int(signals.DEFAULT_STOP)
+    try:
+        return signals.from_image(named)
+    except ValueError as exc:
+        raise InvalidArgument(f"image {image.name if image else ''}: {exc}") from None

@@ -7,12 +7,12 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from shim.cri import security
+from shim.cri import security, signals
 from shim.cri.configs import ContainerConfig
 from shim.rpc.status import NotFound, Unavailable
 
 from client.cri.imagevolumes import mount_status
-from client.cri.pod.base import NO_IMAGE, STOP_SIGNAL, UNKNOWN_EXIT_CODE, PodServiceBase
+from client.cri.pod.base import NO_IMAGE, UNKNOWN_EXIT_CODE, PodServiceBase
 from client.cri.store import ContainerRecord, ContainerState
 
 #: The record state of each task status the shim reports (shim.sandbox.tasks.Status values).
@@ -55,7 +55,7 @@ class ContainerStatus(PodServiceBase):
             "annotations": c.annotations,
             "log_path": c.log_path,
             "image_id": c.image_id or None,
-            "stop_signal": f"SIGNAL_{STOP_SIGNAL.name}",
+            "stop_signal": signals.to_cri(c.stop_signal),
             "mounts": [mount_status(m, c.image_volumes) for m in cfg.mounts],
             # What the container has now: as created, then as UpdateContainerResources changed it
             # (kubelet reads it back for in-place resize; without it kubelet reports what it asked).

@@ -7,7 +7,7 @@ import time
 
 from shim.rpc.status import DeadlineExceeded, NotFound, RpcError, Unavailable
 
-from client.cri.pod.base import CONTAINER_STOP_TIMEOUT, STOP_SIGNAL, PodServiceBase, log
+from client.cri.pod.base import CONTAINER_STOP_TIMEOUT, PodServiceBase, log
 from client.cri.store import ContainerRecord, ContainerState
 
 
@@ -15,7 +15,8 @@ class ContainerStop(PodServiceBase):
     """The pod service's container stop part (:class:`client.cri.pod.PodService` is all of them)."""
 
     async def stop_container(self, container_id: str, timeout: float | None = None) -> None:
-        """StopContainer: SIGTERM, SIGKILL after ``timeout`` seconds (0: at once). Idempotent:
+        """StopContainer: its stop signal (:attr:`ContainerRecord.stop_signal`), SIGKILL after
+        ``timeout`` seconds (0: at once). Idempotent:
         stopping an exited, removed or unknown container succeeds."""
         async with self._held_container(container_id) as c:
             if c is not None:
@@ -38,7 +39,7 @@ class ContainerStop(PodServiceBase):
             return
         try:
             if timeout > 0:
-                await self._task(c.pod_id, "Kill", {"task_id": c.container_id, "signal": int(STOP_SIGNAL)})
+                await self._task(c.pod_id, "Kill", {"task_id": c.container_id, "signal": c.stop_signal})
                 try:
                     done = await self._task(c.pod_id, "Wait", {"task_id": c.container_id}, timeout=timeout)
                     await self._exited(c, done)
