@@ -19,7 +19,7 @@ import anyio.to_thread
 
 from shim.api.handlers import NATIVE, RUNTIME_HANDLERS  # "native" (the default, also for ""), "runc", "crun"
 from shim.api.names import TASK_SERVICE
-from shim.cri.configs import PodSandboxConfig
+from shim.cri.configs import ContainerConfig, PodSandboxConfig
 from shim.rpc.status import Aborted, InvalidArgument, NotFound
 
 from client.controller import Controller
@@ -139,6 +139,7 @@ class PodServiceBase:
         self._current: set[str] = set()
         self._stopping: set[str] = set()  # pods this process is stopping right now
         self._configs: dict[str, tuple[PodRecord, PodSandboxConfig]] = {}  # _config_of
+        self._container_configs: dict[str, tuple[ContainerRecord, ContainerConfig]] = {}  # _container_config_of
         self._entries: dict[str, tuple[PodRecord, PodEntry]] = {}  # _entry_of
         self._cpu_rates = stats.CpuRates()
         self._events = EventFeed()
@@ -268,6 +269,15 @@ class PodServiceBase:
             return cached[1]
         cfg = PodSandboxConfig.from_json(record.config)
         keep_newest(self._configs, record.pod_id, (record, cfg), _CONFIGS_KEPT)
+        return cfg
+
+    def _container_config_of(self, c: ContainerRecord) -> ContainerConfig:
+        """The container record's config, parsed once per stored record, as :meth:`_config_of`."""
+        cached = self._container_configs.get(c.container_id)
+        if cached is not None and cached[0] is c:
+            return cached[1]
+        cfg = ContainerConfig.from_json(c.config)
+        keep_newest(self._container_configs, c.container_id, (c, cfg), _CONFIGS_KEPT)
         return cfg
 
     def _entry_of(self, record: PodRecord) -> PodEntry:

@@ -44,12 +44,12 @@ class ContainerCreate(PodServiceBase):
         cfg = config if isinstance(config, ContainerConfig) else ContainerConfig.from_json(config)
         pod = self._pod(pod_id)
         if sandbox_config is not None:
-            _check_sandbox_config(pod, sandbox_config)
+            _check_sandbox_config(pod, self._config_of(pod), sandbox_config)
         async with self._hold(pod.pod_id):
             pod = await self._refreshed(self.store.get(pod.pod_id))
             if pod.state is not PodState.READY:
                 raise FailedPrecondition(f"pod {pod.pod_id} is not ready ({POD_STATE[pod.state]})")
-            pod_cfg = PodSandboxConfig.from_json(pod.config)
+            pod_cfg = self._config_of(pod)
             _check_pod_namespaces(cfg, pod_cfg)
             container_id = new_id()
             log_path = self._log_path(pod, cfg)
@@ -103,7 +103,7 @@ class ContainerCreate(PodServiceBase):
         return container_id
 
     def _log_path(self, pod: PodRecord, cfg: ContainerConfig) -> str:
-        base = PodSandboxConfig.from_json(pod.config).log_directory or os.path.join(self.log_root, pod.pod_id)
+        base = self._config_of(pod).log_directory or os.path.join(self.log_root, pod.pod_id)
         relative = cfg.log_path or f"{cfg.metadata.name}_{cfg.metadata.attempt}.log"
         path = os.path.normpath(os.path.join(base, relative))
         if os.path.commonpath([path, os.path.normpath(base)]) != os.path.normpath(base):
@@ -190,10 +190,10 @@ def _check_pod_namespaces(cfg: ContainerConfig, pod_cfg: PodSandboxConfig) -> No
                               "joins its pod's user namespace, and its mappings are not the pod's")
 
 
-def _check_sandbox_config(pod: PodRecord, sandbox_config: PodSandboxConfig | Mapping[str, Any]) -> None:
-    """InvalidArgument unless ``sandbox_config`` is the config of ``pod`` (metadata, log directory)."""
+def _check_sandbox_config(pod: PodRecord, own: PodSandboxConfig,
+                          sandbox_config: PodSandboxConfig | Mapping[str, Any]) -> None:
+    """InvalidArgument unless ``sandbox_config`` is ``own``, the config of ``pod`` (metadata, log directory)."""
     given = sandbox_config if isinstance(sandbox_config, PodSandboxConfig) else PodSandboxConfig.from_json(sandbox_config)
-    own = PodSandboxConfig.from_json(pod.config)
     if given.metadata.key != own.metadata.key:
         raise InvalidArgument(f"sandbox_config is for pod {given.metadata.key!r}, but pod {pod.pod_id} "
                               f"is {own.metadata.key!r}")

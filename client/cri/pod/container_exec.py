@@ -7,7 +7,6 @@ import shlex
 from collections.abc import Mapping
 from typing import Any
 
-from shim.cri.configs import ContainerConfig
 from shim.rpc.status import DeadlineExceeded, FailedPrecondition, InvalidArgument
 
 from client.cri.logcontext import about
@@ -83,7 +82,7 @@ class ContainerExec(PodServiceBase):
         tty}``, ``stdin`` the path of the FIFO its shim keeps open ("" if it has none, or it was
         closed). Raises NotFound, FailedPrecondition."""
         c = await self._running(container_id)
-        cfg = ContainerConfig.from_json(c.config)
+        cfg = self._container_config_of(c)
         stdin = ""
         if cfg.stdin:
             stdin = (await self._task(c.pod_id, "State", {"task_id": c.container_id})).get("stdin") or ""

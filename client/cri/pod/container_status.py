@@ -8,7 +8,6 @@ from collections.abc import Mapping
 from typing import Any
 
 from shim.cri import security, signals
-from shim.cri.configs import ContainerConfig
 from shim.rpc.status import NotFound, Unavailable
 
 from client.cri.imagevolumes import mount_status
@@ -37,7 +36,7 @@ class ContainerStatus(PodServiceBase):
     async def container_status(self, container_id: str, verbose: bool = False) -> dict[str, Any]:
         """ContainerStatus, CRI-shaped."""
         c = await self._refresh_container(self._container(container_id))
-        cfg = ContainerConfig.from_json(c.config)
+        cfg = self._container_config_of(c)
         status = {
             "id": c.container_id,
             "pod_sandbox_id": c.pod_id,

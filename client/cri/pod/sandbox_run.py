@@ -181,7 +181,7 @@ class SandboxRun(PodServiceBase):
         await self._stored(self.store.delete, record.pod_id)
 
     async def _teardown_network(self, record: PodRecord, *, strict: bool) -> None:
-        cfg = PodSandboxConfig.from_json(record.config)
+        cfg = self._config_of(record)
         if self.cni is None or cfg.host_network:
             return
         try:  # a netns that is gone is fine: CNI DEL is told so (CniRunner.delete)

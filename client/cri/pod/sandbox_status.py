@@ -19,7 +19,7 @@ class SandboxStatus(PodServiceBase):
     async def pod_sandbox_status(self, pod_id: str, verbose: bool = False) -> dict[str, Any]:
         """PodSandboxStatus, CRI-shaped; ``verbose`` adds ``info`` (pid, netns, shim address, CNI)."""
         record = await self._refreshed(self._pod(pod_id))
-        cfg = PodSandboxConfig.from_json(record.config)
+        cfg = self._config_of(record)
         status = {
             "id": record.pod_id,
             "metadata": cfg.metadata.to_json(),
@@ -93,6 +93,6 @@ class SandboxStatus(PodServiceBase):
         record = await self._refreshed(self._pod(pod_id))
         if record.state is not PodState.READY:
             raise FailedPrecondition(f"pod {record.pod_id} is not ready (it is {record.state}): its network is gone")
-        if PodSandboxConfig.from_json(record.config).host_network:
+        if self._config_of(record).host_network:
             return record.pod_id, ""
         return record.pod_id, record.netns_path
