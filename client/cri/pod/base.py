@@ -39,7 +39,7 @@ if TYPE_CHECKING:
 __all__ = ["DEFAULT_NAMESPACE", "SANDBOX_STOP_TIMEOUT", "CONTAINER_STOP_TIMEOUT",
            "CALL_TIMEOUT", "NO_IMAGE", "POD_FILES_DIR", "UNKNOWN_EXIT_CODE", "POD_STATE",
            "SANDBOX_SNAPSHOT_PREFIX", "PodEntry", "PodServiceBase", "sandbox_snapshot_key", "new_id",
-           "keep_newest", "labels_match"]
+           "keep_newest", "labels_match", "parsed_once"]
 
 log = logging.getLogger("client.cri.pod")  # one logger for the pod layer's lines, whichever module writes them
 
@@ -264,21 +264,11 @@ class PodServiceBase:
     def _config_of(self, record: PodRecord) -> PodSandboxConfig:
         """The record's config, parsed once per stored record (the store hands out the same
         record object until its file changes); only the last :data:`_CONFIGS_KEPT` are kept."""
-        cached = self._configs.get(record.pod_id)
-        if cached is not None and cached[0] is record:
-            return cached[1]
-        cfg = PodSandboxConfig.from_json(record.config)
-        keep_newest(self._configs, record.pod_id, (record, cfg), _CONFIGS_KEPT)
-        return cfg
+        return parsed_once(self._configs, record.pod_id, record, PodSandboxConfig.from_json)
 
     def _container_config_of(self, c: ContainerRecord) -> ContainerConfig:
         """The container record's config, parsed once per stored record, as :meth:`_config_of`."""
-        cached = self._container_configs.get(c.container_id)
-        if cached is not None and cached[0] is c:
-            return cached[1]
-        cfg = ContainerConfig.from_json(c.config)
-        keep_newest(self._container_configs, c.container_id, (c, cfg), _CONFIGS_KEPT)
-        return cfg
+        return parsed_once(self._container_configs, c.container_id, c, ContainerConfig.from_json)
 
     def _entry_of(self, record: PodRecord) -> PodEntry:
         """The record's ListPodSandbox entry, made once per stored record as :meth:`_config_of`
@@ -353,6 +343,21 @@ def keep_newest(kept: dict[str, _T], pod_id: str, value: _T, limit: int) -> None
     if kept.pop(pod_id, None) is None and len(kept) >= limit:
         kept.pop(next(iter(kept)))
     kept[pod_id] = value
+
+
+_R = TypeVar("_R", PodRecord, ContainerRecord)
+_C = TypeVar("_C")
+
+
+def parsed_once(kept: dict[str, tuple[_R, _C]], key: str, record: _R, parse: Callable[[Any], _C]) -> _C:
+    """``parse(record.config)``, made once per record object and kept under ``key`` (see
+    :func:`keep_newest`): a record does not change, a changed one is a new object."""
+    cached = kept.get(key)
+    if cached is not None and cached[0] is record:
+        return cached[1]
+    made = parse(record.config)
+    keep_newest(kept, key, (record, made), _CONFIGS_KEPT)
+    return made
 
 
 def labels_match(labels: Mapping[str, str], selector: Mapping[str, str] | None) -> bool:
