@@ -201,10 +201,12 @@ def test_template_reaps_the_intermediate_children_of_its_double_forks(roots, tem
         start_shim(roots, f"r{n}")
     # Each intermediate child exits once it has forked (and, for a shim forked on the spot,
     # recorded) its shim; the template reaps it on SIGCHLD. What stays is the next spare's, alive and waiting.
+    # An intermediate child that has exited is a zombie until the template's SIGCHLD handler runs:
+    # wait for it to be reaped, not only for the count.
     deadline = time.monotonic() + 5
     while True:
         children = _children(template.proc.pid)
-        if len(children) <= 1 or time.monotonic() > deadline:
+        if (len(children) <= 1 and all(_state(c) != "Z" for c in children)) or time.monotonic() > deadline:
             break
         time.sleep(0.02)
     assert len(children) <= 1
