@@ -175,20 +175,18 @@ def memory(pid: int) -> Memory:
 
 
 def template_memory(pid: int, runtime_root: str) -> Memory:
-    """The fixed cost of a shim template: the template, its spare shim and the spare's
-    intermediate child (its only children), summed."""
+    """The fixed cost of a shim template: the template, its spare shims and their intermediate
+    children (its only children), summed."""
     from shim.api.names import TEMPLATE_SERVICE
     from shim.api.paths import control_socket_path
     from shim.rpc import blocking
 
     pids = {pid, *children_of(pid)}
     try:
-        spare = blocking.call("unix://" + control_socket_path(runtime_root), TEMPLATE_SERVICE, "Ping",
-                              timeout=2).get("spare_pid")
-    except Exception:  # an older template, or it is busy: count what we see
-        spare = 0
-    if spare:
-        pids.add(spare)
+        ping = blocking.call("unix://" + control_socket_path(runtime_root), TEMPLATE_SERVICE, "Ping", timeout=2)
+    except Exception:  # it is busy: count what we see
+        ping = {}
+    pids.update(pid for pid in ping.get("spare_pids", ()) if pid)
     total = Memory(0, 0, 0)
     for p in pids:
         try:

@@ -82,8 +82,8 @@ async def main(n):
             await anyio.sleep(1.0)
             shims = [rollup(p) for p in pids]
             where = [private_by_mapping(p) for p in pids]
-            spare = blocking.call(address, TEMPLATE_SERVICE, "Ping", timeout=2).get("spare_pid")
-            fixed = sum(rollup(p)["Pss"] for p in {template.pid, spare} if p)
+            spares = blocking.call(address, TEMPLATE_SERVICE, "Ping", timeout=2)["spare_pids"]
+            fixed = sum(rollup(p)["Pss"] for p in {template.pid, *spares} if p)
             kinds = ("[anon]", "[heap]", "libpython")
             print(json.dumps({"pss": sum(s["Pss"] for s in shims) / n,
                               "private": sum(s["Private_Dirty"] for s in shims) / n,

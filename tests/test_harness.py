@@ -34,9 +34,9 @@ def test_the_session_template_started_under_a_subreaper_is_not_the_test_processs
     try:
         with adopting_orphans():  # as while a Reaper is installed
             answer = ping(template.socket())
-        assert answer["spare_pid"]
-        # Neither the template nor the spare it double-forked is ours: what it forks later is not either.
-        assert parent_of(answer["pid"]) != os.getpid() and parent_of(answer["spare_pid"]) != os.getpid()
+        assert answer["spare_pids"]
+        # Neither the template nor the spares it double-forked are ours: what it forks later is not either.
+        assert all(parent_of(pid) != os.getpid() for pid in (answer["pid"], *answer["spare_pids"]))
     finally:
         template.stop()
     assert child_pids() <= children
@@ -47,10 +47,11 @@ def test_adopted_template_zombies_are_reaped_and_a_popens_child_is_not(tmp_path)
     named = subprocess.Popen([sys.executable, "-c", "import sys; from shim.kernel.linux import set_process_name; "
                               "set_process_name('podshim-shim'); sys.exit(7)"])
     try:
-        with adopting_orphans():  # the template and its spare become this process's children
+        with adopting_orphans():  # the template and its spares become this process's children
             subprocess.run([*PODSHIM, "template", "--detach", "--runtime-root", root], stdin=subprocess.DEVNULL,
                            stdout=subprocess.DEVNULL, check=True, timeout=60)
-        adopted = {ping(control_socket_path(root))[key] for key in ("pid", "spare_pid")}
+        answer = ping(control_socket_path(root))
+        adopted = {answer["pid"], *answer["spare_pids"]}
         assert all(parent_of(pid) == os.getpid() for pid in adopted)
     finally:
         stop_template(root)

@@ -4,8 +4,8 @@ Two callers share this one path: ``podshim start`` (a short-lived process: one f
 shim is re-parented when ``start`` exits) and the template (long-lived: a double fork, so the
 template is never the shim's parent and may die or restart under it).
 
-The template also keeps a *spare* (:func:`fork_spare`): a shim double-forked ahead of time that
-waits, detached, for its sandbox. A Spawn tells it its sandbox's config first (it makes its
+The template also keeps *spares* (:func:`fork_spare`): shims double-forked ahead of time that
+wait, detached, for their sandbox. A Spawn tells it its sandbox's config first (it makes its
 pieces meanwhile), then makes the bundle, binds the socket, records it (state.json), hands it the
 socket and is answered at once, without a fork on the way: calls made meanwhile wait in the
 socket's backlog until it serves. The template forks the next spare after answering.
@@ -98,30 +98,80 @@ def _log_tail(path: str, lines: int = 10) -> str:
 class Spare(Record):
     """A shim forked ahead of time, waiting for its sandbox (see :func:`fork_spare`).
 
-    ``channel``: the template's end of the spare's socket pair ("P<pid>" from the intermediate
-    child and "S" from the spare come in before it counts as a spare; then its sandbox's config
-    goes out, then its bound socket, and the Spawn is answered). A spare handed to
+    ``channel``: the template's end of the spare's socket pair. ``P<pid>`` from the intermediate
+    child and ``S`` from the spare come in first, in either order: only with both is it *ready*
+    (``pid`` known, the spare named, set up and waiting for its assignment). Then its sandbox's
+    config goes out, then its bound socket, and the Spawn is answered. A spare handed to
     :func:`spawn_shim` is spent, whatever happens there. Closing the channel before the socket
     went out ends the spare: it exits.
     """
 
-    __slots__ = ("pid", "channel")
+    __slots__ = ("pid", "channel", "standing_by")
     mutable = True
-    pid: int
+    pid: int  # 0 until the intermediate child reported it
     channel: socket.socket
+    standing_by: bool
 
     def __init__(self, pid: int, channel: socket.socket) -> None:
         self.pid = pid
         self.channel = channel
+        self.standing_by = False
+
+    @property
+    def ready(self) -> bool:
+        return self.pid != 0 and self.standing_by
 
     def close(self) -> None:
         self.channel.close()
 
+    def hear(self) -> bool:
+        """Take the messages that came in, without waiting; whether it is ready. Raises OSError
+        once either process exited before it was ready (or the spare after it, while waiting)."""
+        self.channel.setblocking(False)
+        try:
+            while True:
+                try:
+                    message = self.channel.recv(64)
+                except BlockingIOError:
+                    return self.ready
+                self._take(message)
+        finally:
+            self.channel.setblocking(True)
 
-def fork_spare() -> Spare:
-    """Double-fork a spare shim; return once it is ready: named ``podshim-spare``, set up and
-    waiting for its assignment (:func:`_wait_standing_by`). The caller reaps the intermediate
-    child (SIGCHLD), which exits once it has forked the spare. Raises OSError."""
+    def wait_ready(self, timeout: float) -> None:
+        """Wait up to ``timeout`` seconds until it is ready. Raises OSError if either process exits
+        first or the time passes."""
+        deadline = time.monotonic() + timeout
+        try:
+            while not self.ready:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise OSError(errno.ETIMEDOUT, f"the spare shim was not ready within {timeout:.0f}s")
+                self.channel.settimeout(left)
+                try:
+                    message = self.channel.recv(64)
+                except TimeoutError:
+                    continue  # the deadline check above raises
+                self._take(message)
+        finally:
+            self.channel.settimeout(None)
+
+    def _take(self, message: bytes) -> None:
+        if message == b"S" and not self.standing_by:
+            self.standing_by = True
+        elif message.startswith(b"P") and message[1:].isdigit() and not self.pid:
+            self.pid = int(message[1:])
+        elif not message:  # both ends closed: it died (before it was ready, or waiting)
+            raise OSError(errno.ECHILD, "the spare shim exited" + ("" if self.ready else " before it was ready"))
+        else:
+            raise OSError(errno.EPROTO, f"the spare shim sent {message[:16]!r}")
+
+
+def fork_spare(*, wait: bool = True) -> Spare:
+    """Double-fork a spare shim. With ``wait``, return once it is ready: named
+    ``podshim-spare``, set up and waiting for its assignment (:meth:`Spare.wait_ready`); else at
+    once (the caller hears from it, :meth:`Spare.hear`). The caller reaps the intermediate child
+    (SIGCHLD), which exits once it has forked the spare. Raises OSError."""
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     try:
         pid = os.fork()
@@ -133,41 +183,13 @@ def fork_spare() -> Spare:
     finally:
         theirs.close()
     spare = Spare(0, ours)
-    try:
-        spare.pid = _wait_standing_by(ours, START_TIMEOUT)
-    except BaseException:
-        spare.close()  # the intermediate child (and the spare, if any) exit on EOF
-        raise
-    return spare
-
-
-def _wait_standing_by(channel: socket.socket, timeout: float) -> int:
-    """The spare's pid, once both messages are in: ``P<pid>`` from the intermediate child and
-    ``S`` from the spare itself (named, set up, waiting for its assignment), in either order.
-    Until then the spare is not reported (Ping's ``spare_pid`` is a spare that is ready).
-    Raises OSError if either process exits first or ``timeout`` passes."""
-    deadline = time.monotonic() + timeout
-    pid: int | None = None
-    standing_by = False
-    while pid is None or not standing_by:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            raise OSError(errno.ETIMEDOUT, f"the spare shim was not ready within {timeout:.0f}s")
-        channel.settimeout(left)
+    if wait:
         try:
-            message = channel.recv(64)
-        except TimeoutError:
-            continue  # the deadline check above raises
-        if message == b"S":
-            standing_by = True
-        elif message.startswith(b"P") and message[1:].isdigit():
-            pid = int(message[1:])
-        elif not message:  # both ends closed: one of them died before it was ready
-            raise OSError(errno.ECHILD, "the spare shim exited before it was ready")
-        else:
-            raise OSError(errno.EPROTO, f"the spare shim sent {message[:16]!r}")
-    channel.settimeout(None)
-    return pid
+            spare.wait_ready(START_TIMEOUT)
+        except BaseException:
+            spare.close()  # the intermediate child (and the spare, if any) exit on EOF
+            raise
+    return spare
 
 
 def _spare_intermediate(channel: socket.socket) -> NoReturn:

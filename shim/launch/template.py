@@ -3,17 +3,17 @@
 A shim started by exec pays Python's start-up and the imports of asyncio, uvloop and msgpack
 (time and memory) before it serves anything. The template imports everything a shim needs, freezes its heap
 (``gc.freeze()``, so the children's collector never touches — and so never copies — those
-pages), and waits on a control socket. It keeps one *spare* shim forked ahead (a double fork,
-so the template is never the shim's parent and may die or restart freely), detached and waiting;
-asked to spawn, it tells the spare its sandbox (whose pieces the spare makes meanwhile), binds
-the socket and records the spare, hands it the socket and answers at once (calls wait in the
-socket's backlog until the shim serves), then forks the next spare. Without
-a live spare it forks on the spot. Either way the shim takes the same serve path as ``podshim
+pages), and waits on a control socket. It keeps SPARES *spare* shims forked ahead (a double
+fork, so the template is never the shim's parent and may die or restart freely), detached and
+waiting; asked to spawn, it tells the oldest ready spare its sandbox (whose pieces the spare makes
+meanwhile), binds the socket and records the spare, hands it the socket and answers at once
+(calls wait in the socket's backlog until the shim serves), then forks the next spare without
+waiting for it (the poll loop hears when it is ready). Without a live spare it forks on the spot. Either way the shim takes the same serve path as ``podshim
 serve`` and the result is the bootstrap ``podshim start`` prints.
 
 The control socket speaks the podshim protocol: service ``podshim.template.v1.Template``,
 methods ``Spawn {namespace, sandbox_id, bundle, runtime_root, pause_binary?, containerd_address?, debug?}`` → the
-bootstrap map, and ``Ping`` → ``{pid, spawned, runtime_root, spare_pid}`` (protocol.md 7.5). It
+bootstrap map, and ``Ping`` → ``{pid, spawned, runtime_root, spare_pid, spare_pids}`` (protocol.md 7.5). It
 is served without an event loop, one call at a time: forking from inside a running event loop
 would hand the child a loop it must not touch.
 
@@ -35,7 +35,7 @@ processes that connected to its control socket (a Controller's spawner asks it f
 pings it when the Controller opens), each watched through a pidfd from its first call; its
 *sandboxes* are the shim sockets in ``s/`` of every runtime root it served. When none of its users
 runs and no shim socket is left, for a whole ``idle_grace`` (checked twice that far apart, so a
-daemon that restarts finds it still there), it exits as on SIGTERM, and its spare with it. None of
+daemon that restarts finds it still there), it exits as on SIGTERM, and its spares with it. None of
 this is on a Spawn's path: the peer's pid is read once per connection, its pidfd opened after the
 answer, and the sockets are only looked at while no user runs.
 
@@ -64,7 +64,7 @@ from shim.api.names import TEMPLATE_LOCK, TEMPLATE_SERVICE, TEMPLATE_START_LOCK
 from shim.api.paths import control_socket_path, socket_dir, socket_path
 from shim.kernel.linux import set_process_name
 from shim.launch.install import CodeWatch, code_files
-from shim.launch.spawn import Spare, bind_listener, fork_spare, occupy_stdio, spawn_shim
+from shim.launch.spawn import START_TIMEOUT, Spare, bind_listener, fork_spare, occupy_stdio, spawn_shim
 from shim.lib.files import ensure_private_dir, unlink_quietly
 from shim.lib.program import long_running
 from shim.rpc.blocking import serve_connection
@@ -90,6 +90,10 @@ START_WAIT = 15.0
 #: How long a template with no user running and no sandbox left waits before it exits: longer
 #: than a daemon's restart, so the restarted daemon's first pod still finds it.
 IDLE_GRACE = 30.0
+#: Spares kept forked ahead. A spare is ready a double fork and two schedulings after it was
+#: forked: with one, a burst of Spawns (a node starting a hundred pods) waits for each next spare
+#: in turn; with two, each Spawn takes the spare forked a Spawn earlier, which has had that long.
+SPARES = 2
 
 
 class TemplateRunning(OSError):
@@ -243,7 +247,7 @@ def template_pid(runtime_root: str) -> int:
 def stop_template(runtime_root: str, timeout: float = STOP_TIMEOUT) -> int:
     """Stop the template of ``runtime_root``: SIGTERM through a pidfd, SIGKILL after ``timeout``
     seconds; returns once it exited. A template being started is waited for (``START_WAIT``)
-    and stopped as it serves, and none starts meanwhile. Its spare goes with it; the shims it
+    and stopped as it serves, and none starts meanwhile. Its spares go with it; the shims it
     forked stay. Returns its pid, or 0 when none ran. Raises TemplateRunning when a start does
     not end within ``START_WAIT``, OSError when it cannot be signalled (another user's)."""
     try:
@@ -286,7 +290,7 @@ class _Template:
         self.inode = os.stat(path).st_ino  # the socket file is ours only while it has this inode
         self.spawned = 0
         self.containerd_loaded = False  # _preload_containerd ran
-        self.spare: Spare | None = None
+        self.spares: list[Spare] = []  # forked ahead, oldest first; ready or still starting
         self.code = CodeWatch(code_files())
         self.stale = False
         self.namespaces: set[str] = set()  # those spawned into
@@ -347,15 +351,17 @@ class _Template:
                                      "started: it exits; start a new one")
 
     def replenish(self) -> None:
-        """Fork the next spare shim if there is none, hold the default cgroup parent of each
-        namespace spawned into, watch the caller as a user, and read what happened to the code
-        meanwhile (after answering: nobody waits for any of it)."""
+        """Fork spare shims up to SPARES (without waiting for them: :meth:`hear` sees them get
+        ready), hold the default cgroup parent of each namespace spawned into, watch the caller as
+        a user, and read what happened to the code meanwhile (after answering: nobody waits for
+        any of it)."""
         self.add_user(self.caller)
-        if self.spare is None and not self.stale:
+        while len(self.spares) < SPARES and not self.stale:
             try:
-                self.spare = fork_spare()
+                self.spares.append(fork_spare(wait=False))
             except OSError as exc:  # the next Spawn forks then
                 log.warning("cannot fork a spare shim: %s", exc)
+                break
         for namespace in self.namespaces - self.holds.keys():
             self.holds[namespace] = _hold(namespace)
         self.code.look()
@@ -370,18 +376,57 @@ class _Template:
                     log.warning("cannot remove the cgroup hold of namespace %s: %s", namespace, exc.message)
         self.holds.clear()
 
+    def hear(self, spare: Spare) -> None:
+        """Take what ``spare`` sent (it got ready, or it died: then it is dropped, and the next
+        Spawn forks another)."""
+        try:
+            spare.hear()
+        except OSError as exc:
+            log.warning("spare shim %s: %s", spare.pid or "(pid not known yet)", exc)
+            self.spares.remove(spare)
+            spare.close()
+
+    def take_spare(self) -> Spare | None:
+        """The spare for a Spawn: the oldest ready one, else the oldest still starting, once ready
+        (up to START_TIMEOUT); None when none is had (the Spawn forks its shim then)."""
+        for spare in list(self.spares):
+            self.hear(spare)
+        ready = [spare for spare in self.spares if spare.ready]
+        while ready or self.spares:
+            spare = (ready or self.spares)[0]
+            self.spares.remove(spare)
+            if spare.ready:
+                return spare
+            try:
+                spare.wait_ready(START_TIMEOUT)
+                return spare
+            except OSError as exc:
+                log.warning("spare shim %s: %s", spare.pid or "(pid not known yet)", exc)
+                spare.close()
+        return None
+
     def retire(self) -> None:
-        if self.spare is not None:
-            self.spare.close()
-            self.spare = None
+        for spare in self.spares:
+            spare.close()
+        self.spares.clear()
         self.code.close()  # no Spawn is served from here on
 
     def handlers(self) -> dict[tuple[str, str], Callable[[Request], dict[str, Any]]]:
         return {(TEMPLATE_SERVICE, "Spawn"): self.spawn, (TEMPLATE_SERVICE, "Ping"): self.ping}
 
     def ping(self, request: Request) -> dict[str, Any]:
+        # A spare that is being forked is waited for: a Ping that follows a Spawn (or the start)
+        # names the spare forked after it, ready.
+        for spare in list(self.spares):
+            try:
+                spare.wait_ready(START_TIMEOUT)
+            except OSError as exc:
+                log.warning("spare shim %s: %s", spare.pid or "(pid not known yet)", exc)
+                self.spares.remove(spare)
+                spare.close()
+        ready = [spare.pid for spare in self.spares]
         return {"pid": os.getpid(), "spawned": self.spawned, "runtime_root": self.runtime_root,
-                "spare_pid": self.spare.pid if self.spare is not None else 0}
+                "spare_pid": ready[0] if ready else 0, "spare_pids": ready}
 
     def spawn(self, request: Request) -> dict[str, Any]:
         from shim.sandbox.sandbox import ShimConfig
@@ -408,7 +453,7 @@ class _Template:
         if config.containerd_address is not None and not self.containerd_loaded:
             self.containerd_loaded = True
             _preload_containerd()
-        spare, self.spare = self.spare, None  # spent by spawn_shim whatever happens: the next is forked after
+        spare = self.take_spare()  # spent by spawn_shim whatever happens: the next is forked after
         result = spawn_shim(config, debug=optional(p, "debug", bool, False), double_fork=True, spare=spare)
         self.spawned += 1
         return result
@@ -495,20 +540,24 @@ def _serve(runtime_root: str, pause_binary: str | None, ready_fd: int | None, id
     poller = select.poll()
     poller.register(listener, select.POLLIN)
     poller.register(wake_r, select.POLLIN)
-    polled: set[int] = set()  # the users' pidfds registered
+    polled: set[int] = set()  # the descriptors registered: the users' pidfds, the spares' channels
     idle_checks = 0  # checks in a row, idle_grace apart, that found no user and no sandbox
     try:
         while not stopping and not template.stale:
-            for _pid, pidfd in template.users.items():
-                if pidfd not in polled:
-                    poller.register(pidfd, select.POLLIN)
-                    polled.add(pidfd)
+            watched = set(template.users.values()) | {spare.channel.fileno() for spare in template.spares}
+            for fd in polled - watched:
+                poller.unregister(fd)
+            for fd in watched - polled:
+                poller.register(fd, select.POLLIN)
+            polled = watched
             # With a user running nothing is checked; without one, every idle_grace seconds.
             timeout_ms = -1 if template.users or idle_grace <= 0 else int(idle_grace * 1000)
             ready = {fd for fd, _ in poller.poll(timeout_ms)}
             if wake_r in ready:
                 while _drain(wake_r):
                     pass
+            for spare in [spare for spare in template.spares if spare.channel.fileno() in ready]:
+                template.hear(spare)
             ended = [pid for pid, pidfd in template.users.items() if pidfd in ready]
             for pid in ended:
                 poller.unregister(template.users[pid])

@@ -25,7 +25,15 @@ from shim.rpc.frames import RemoteProtocolError
 from shim.rpc.messages import Request
 from shim.rpc.status import Code, InvalidArgument, Unavailable, error_from_status
 
-__all__ = ["call", "serve_connection", "CAN_CONNECT_TIMEOUT", "can_connect"]
+__all__ = ["call", "serve_connection", "CAN_CONNECT_TIMEOUT", "NoAnswer", "NotServed", "can_connect"]
+
+
+class NotServed(Unavailable):
+    """Nothing accepted the connection: the call was never made."""
+
+
+class NoAnswer(Unavailable):
+    """The call was sent and no answer came within its timeout: it may have been carried out."""
 
 
 #: A socket that accepts a connection within this is served by a live process (containerd: 100 ms).
@@ -49,22 +57,25 @@ _READ_BYTES = 65536
 
 
 def call(address: str, service: str, method: str, payload: dict[str, Any] | None = None, *,
-         timeout: float = 5.0) -> Any:
-    """Connect, make one unary call, close. Returns the payload or raises the typed error.
+         timeout: float = 5.0, connect_timeout: float | None = None) -> Any:
+    """Connect (within ``connect_timeout``, default ``timeout``), make one unary call, close.
+    Returns the payload or raises the typed error.
 
-    A missing or refusing socket raises Unavailable at once.
+    A missing or refusing socket raises :class:`NotServed` at once, no answer within ``timeout``
+    :class:`NoAnswer` (both Unavailable).
     """
     try:
         path = parse_address(address)
     except ValueError as exc:
         raise InvalidArgument(str(exc)) from None
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
-    sock.settimeout(timeout)
+    sock.settimeout(timeout if connect_timeout is None else connect_timeout)
     try:
         try:
             sock.connect(path)
         except OSError as exc:
-            raise Unavailable(f"cannot connect to {address}: {exc.strerror or exc}") from None
+            raise NotServed(f"cannot connect to {address}: {exc.strerror or exc}") from None
+        sock.settimeout(timeout)
         conn = ClientConnection()
         sid, frame = conn.request(Request(service, method, payload or {}, int(timeout * 1e9)))
         try:
@@ -80,7 +91,7 @@ def call(address: str, service: str, method: str, payload: dict[str, Any] | None
                     if isinstance(ev, PeerClosed):
                         raise Unavailable(f"{address} closed the connection without answering")
         except TimeoutError:
-            raise Unavailable(f"no answer from {address} within {timeout}s") from None
+            raise NoAnswer(f"no answer from {address} within {timeout}s") from None
         except (OSError, RemoteProtocolError) as exc:
             raise Unavailable(f"connection to {address} failed: {exc}") from None
     finally:

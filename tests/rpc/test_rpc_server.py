@@ -484,3 +484,31 @@ async def test_a_refused_connection_that_sends_nothing_is_closed(service, socket
                     assert await asyncio.wait_for(reader.read(), WAIT) == b""  # closed, not a byte sent
             finally:
                 blocked.cancel()
+
+
+# -- the blocking client (shim.rpc.blocking.call) -------------------------------------------------
+
+
+def test_a_blocking_call_to_a_socket_nobody_serves_is_not_served(tmp_path) -> None:
+    from shim.rpc import blocking
+
+    with pytest.raises(blocking.NotServed, match="cannot connect"):
+        blocking.call(f"unix://{tmp_path}/nothing.sock", "svc", "Method", timeout=1)
+
+
+def test_a_blocking_call_that_gets_no_answer_says_so_apart_from_not_served(tmp_path) -> None:
+    # The call went out (the server may be carrying it out): the caller must not take it for a
+    # server that is not there, as a spawner that would then start the shim a second way would.
+    from shim.rpc import blocking
+
+    path = str(tmp_path / "mute.sock")
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    listener.listen(1)
+    try:
+        with pytest.raises(blocking.NoAnswer, match="no answer") as caught:
+            blocking.call("unix://" + path, "svc", "Method", timeout=0.3)
+        assert not isinstance(caught.value, blocking.NotServed)
+        assert isinstance(caught.value, Unavailable)  # what callers that need not tell them apart catch
+    finally:
+        listener.close()

@@ -18,6 +18,7 @@ import pytest
 
 from shim.api.names import SANDBOX_SERVICE, TEMPLATE_SERVICE
 from shim.api.paths import control_socket_path, socket_path
+from shim.launch.template import SPARES
 from shim.rpc import Client, blocking
 from shim.rpc.status import InvalidArgument, RpcError, Unavailable
 
@@ -225,10 +226,12 @@ def _comm(pid: int) -> str:
 
 def test_template_hands_its_spare_to_the_next_spawn_and_forks_another(roots, template) -> None:
     ping = _ping(template)
-    assert set(ping) == {"pid", "spawned", "runtime_root", "spare_pid"}  # protocol.md 7.5
+    assert set(ping) == {"pid", "spawned", "runtime_root", "spare_pid", "spare_pids"}  # protocol.md 7.5
     spare = ping["spare_pid"]
-    # The spare_pid Ping reports is a spare that is ready: it has named itself already.
-    assert spare > 0 and _comm(spare) == "podshim-spare"
+    # The spares Ping reports are ready: they have named themselves already. The oldest is
+    # spare_pid, the one the next Spawn takes.
+    assert len(ping["spare_pids"]) == SPARES and ping["spare_pids"][0] == spare
+    assert all(pid > 0 and _comm(pid) == "podshim-spare" for pid in ping["spare_pids"])
     result = start_shim(roots, "s1")
     assert result["pid"] == spare
     with open(os.path.join(roots[1], "s1", "state.json")) as f:  # `podshim delete` can find it
@@ -238,8 +241,10 @@ def test_template_hands_its_spare_to_the_next_spawn_and_forks_another(roots, tem
     assert _comm(spare) == "podshim-shim"
     # The template forks the next spare after answering the Spawn and before it serves the
     # next call, so this Ping already names it, ready.
-    nxt = _ping(template)["spare_pid"]
-    assert nxt not in (0, spare) and _comm(nxt) == "podshim-spare"
+    after = _ping(template)
+    assert spare not in after["spare_pids"] and len(after["spare_pids"]) == SPARES
+    assert after["spare_pid"] == ping["spare_pids"][1]  # the oldest left goes next
+    assert all(_comm(pid) == "podshim-spare" for pid in after["spare_pids"])
 
 
 def _net_namespaces_held(pid: int) -> set[str]:
@@ -410,14 +415,27 @@ def test_a_spawn_whose_state_json_cannot_be_written_leaves_no_socket_behind(root
     assert _ping(template)["spare_pid"] not in (0, told)
 
 
-def test_a_dead_spare_is_replaced_by_a_fork(roots, template) -> None:
-    spare = _ping(template)["spare_pid"]
-    os.kill(spare, signal.SIGKILL)
-    assert not wait_gone(spare)
+def test_a_dead_spare_is_passed_over_for_the_next(roots, template) -> None:
+    dead, nxt = _ping(template)["spare_pids"]
+    os.kill(dead, signal.SIGKILL)
+    assert not wait_gone(dead)
     result = start_shim(roots, "d1")
-    assert result["pid"] != spare and alive(result["pid"])
+    assert result["pid"] == nxt and alive(nxt)
     with open(os.path.join(roots[1], "d1", "state.json")) as f:
+        assert json.load(f)["shim_pid"] == nxt
+    assert dead not in _ping(template)["spare_pids"]
+
+
+def test_with_every_spare_dead_a_spawn_forks_its_shim(roots, template) -> None:
+    spares = _ping(template)["spare_pids"]
+    for pid in spares:
+        os.kill(pid, signal.SIGKILL)
+    assert not wait_gone(*spares)
+    result = start_shim(roots, "d2")
+    assert result["pid"] not in spares and alive(result["pid"])
+    with open(os.path.join(roots[1], "d2", "state.json")) as f:
         assert json.load(f)["shim_pid"] == result["pid"]
+    assert len(_ping(template)["spare_pids"]) == SPARES  # and it forks new spares after
 
 
 def test_a_double_forked_shim_is_reported_by_its_own_pid_even_when_it_is_ready_first() -> None:
@@ -437,10 +455,10 @@ def test_a_double_forked_shim_is_reported_by_its_own_pid_even_when_it_is_ready_f
         os.close(write_fd)
 
 
-def test_the_spare_goes_with_the_template(roots, template) -> None:
-    spare = _ping(template)["spare_pid"]
+def test_the_spares_go_with_the_template(roots, template) -> None:
+    spares = _ping(template)["spare_pids"]
     template.stop()
-    assert not wait_gone(spare)
+    assert not wait_gone(*spares)
 
 
 _SERVE_AFTER_PRELOAD = """

@@ -389,7 +389,7 @@ class SandboxerProcess:
 
     def shims(self) -> list[int]:
         """The shims of the runtime root (containerd.shims()), not the sandboxer, its template nor
-        the template's spare shim (forked ahead for the next pod: Ping says which)."""
+        the template's spare shims (forked ahead for the next pods: Ping says which)."""
         from shim.api.names import TEMPLATE_SERVICE, TEMPLATE_SOCKET
         from shim.rpc import blocking
 
@@ -397,7 +397,7 @@ class SandboxerProcess:
         template = os.path.join(self.containerd.runtime_root, TEMPLATE_SOCKET)
         if os.path.exists(template):
             ping = blocking.call("unix://" + template, TEMPLATE_SERVICE, "Ping", timeout=10.0)
-            others.update((ping["pid"], ping["spare_pid"]))
+            others.update((ping["pid"], *ping["spare_pids"]))
         return [pid for pid in self.containerd.shims() if pid not in others]
 
     def kill_and_restart(self) -> None:

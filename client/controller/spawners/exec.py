@@ -11,11 +11,13 @@ import os
 import subprocess
 import time
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import anyio
 
 from shim.api.names import TEMPLATE_ENV, TEMPLATE_SERVICE, TEMPLATE_SOCKET, TEMPLATE_SOCKET_ENV
 from shim.lib.files import decode_json
+from shim.rpc import blocking
 from shim.rpc.client import Client
 from shim.rpc.status import DeadlineExceeded, FailedPrecondition, Internal, InvalidArgument, RpcError, Unavailable
 
@@ -208,24 +210,29 @@ class ExecSpawner(Spawner):
 
     async def _spawn_in_template(self, path: str, namespace: str, sandbox_id: str,
                                  payload: dict[str, str]) -> Bootstrap | None:
+        # A blocking call in a worker thread, not a call on the event loop: the template serves
+        # one connection at a time, so every Spawn would otherwise wait for this process's loop
+        # to get round to sending the request and closing the connection (on a busy daemon, most
+        # of the template's time). Shielded like a helper process: a Spawn cut short could leave
+        # a shim unrecorded.
+        def ask() -> Any:
+            return blocking.call("unix://" + path, TEMPLATE_SERVICE, "Spawn", payload, timeout=SPAWN_TIMEOUT,
+                                 connect_timeout=TEMPLATE_CONNECT_TIMEOUT)
+
         try:
-            template = await Client.connect("unix://" + path, timeout=TEMPLATE_CONNECT_TIMEOUT)
-        except Unavailable as exc:
+            with anyio.CancelScope(shield=True):
+                doc = await anyio.to_thread.run_sync(ask)
+        except blocking.NotServed as exc:
             raise _NoTemplate(exc.message) from None
-        try:
-            # Shielded like a helper process: a Spawn cut short could leave a shim unrecorded.
-            with anyio.CancelScope(shield=True), anyio.fail_after(SPAWN_TIMEOUT):
-                async with template:
-                    doc = await template.call(TEMPLATE_SERVICE, "Spawn", payload, timeout=SPAWN_TIMEOUT)
         except FailedPrecondition as exc:  # its code is out of date: it removed its socket and exits
             raise _NoTemplate(exc.message) from None
+        except blocking.NoAnswer:
+            raise DeadlineExceeded(f"the shim template did not spawn {namespace}/{sandbox_id} "
+                                   f"within {SPAWN_TIMEOUT:.0f}s") from None
         except Unavailable as exc:
             log.info("the shim template on %s did not spawn %s/%s (%s); starting podshim instead",
                      path, namespace, sandbox_id, exc.message)
             return None
-        except TimeoutError:
-            raise DeadlineExceeded(f"the shim template did not spawn {namespace}/{sandbox_id} "
-                                   f"within {SPAWN_TIMEOUT:.0f}s") from None
         return Bootstrap.from_dict(doc, source=f"the shim template's answer for {namespace}/{sandbox_id}")
 
     async def _start_template(self, why: _NoTemplate) -> bool:

@@ -14,6 +14,7 @@ import logging
 import os
 import shutil
 import sys
+import threading
 
 import anyio
 import pytest
@@ -237,3 +238,89 @@ async def test_spawns_beyond_those_a_template_takes_at_once_wait_in_the_spawner_
     assert sorted(asked) == sorted(f"pod{n}" for n in range(3 * TEMPLATE_SPAWNS_AT_ONCE))
     assert results == [None] * (3 * TEMPLATE_SPAWNS_AT_ONCE)
     assert most == TEMPLATE_SPAWNS_AT_ONCE
+
+
+def _serve_in_a_thread(path: str, handler, served: list[float]) -> threading.Thread:
+    """A template stand-in on ``path``: one connection, served without an event loop; the time its
+    peer closed it is appended to ``served``."""
+    import socket
+    import time as clock
+
+    from shim.rpc.blocking import serve_connection
+
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    listener.listen(4)
+
+    def serve() -> None:
+        try:
+            conn, _ = listener.accept()
+            serve_connection(conn, {(TEMPLATE_SERVICE, "Spawn"): handler}, allowed_uids={os.getuid()}, timeout=10)
+            served.append(clock.monotonic())
+        finally:
+            listener.close()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    return thread
+
+
+async def test_a_spawns_exchange_with_the_template_does_not_wait_for_the_event_loop(tmp_path, monkeypatch) -> None:
+    # The template serves one connection at a time: on a daemon whose loop is busy (a hundred pods
+    # at once), a Spawn that waited for the loop to send its request and close the connection kept
+    # every other Spawn waiting too.
+    import time as clock
+
+    from shim.rpc.status import Unavailable
+
+    def spawn(request) -> dict:
+        clock.sleep(0.2)  # answered while the loop is busy
+        raise Unavailable("this template spawns nothing")
+
+    served: list[float] = []
+    path = str(tmp_path / "template.sock")
+    thread = _serve_in_a_thread(path, spawn, served)
+    monkeypatch.setenv(TEMPLATE_SOCKET_ENV, path)
+    spawner = ExecSpawner(runtime_root=str(tmp_path / "run"), use_template=True)
+    results: list[object] = []
+
+    async def one() -> None:
+        results.append(await spawner._spawn_from_template("ns", "pod", str(tmp_path / "pod")))
+
+    async with anyio.create_task_group() as tasks:
+        tasks.start_soon(one)
+        await anyio.sleep(0.05)  # the Spawn is on its way
+        clock.sleep(1.0)  # the loop is busy: nothing of it runs meanwhile
+        loop_free = clock.monotonic()
+    thread.join(timeout=10)
+    assert served and served[0] < loop_free - 0.5  # the exchange was over long before the loop was free
+    assert results == [None]  # the template's refusal: the spawner execs the shim instead
+
+
+async def test_a_template_that_never_answers_a_spawn_is_a_deadline_not_a_missing_template(tmp_path, monkeypatch) -> None:
+    # The request went out: the template may be forking that shim. Taking it for "no template" would
+    # start the shim a second way; the caller gets DeadlineExceeded and the shim is found later.
+    import socket
+
+    from shim.rpc.status import DeadlineExceeded
+
+    from client.controller.spawners import exec as exec_spawner
+
+    monkeypatch.setattr(exec_spawner, "SPAWN_TIMEOUT", 0.3)
+    path = str(tmp_path / "template.sock")
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    listener.listen(4)  # accepts (the kernel does) and never answers
+    monkeypatch.setenv(TEMPLATE_SOCKET_ENV, path)
+    spawner = ExecSpawner(runtime_root=str(tmp_path / "run"), use_template=True)
+    try:
+        with pytest.raises(DeadlineExceeded, match="did not spawn ns/pod within"):
+            await spawner._spawn_from_template("ns", "pod", str(tmp_path / "pod"))
+    finally:
+        listener.close()
+
+
+async def test_a_template_socket_nobody_serves_is_passed_over(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv(TEMPLATE_SOCKET_ENV, str(tmp_path / "gone.sock"))  # not the root's own: never started
+    spawner = ExecSpawner(runtime_root=str(tmp_path / "run"), use_template=True)
+    assert await spawner._spawn_from_template("ns", "pod", str(tmp_path / "pod")) is None

@@ -55,12 +55,12 @@ def start_template(env: Env) -> int:
     return json.loads(started.stdout)["pid"]
 
 
-def spare_pid(env: Env) -> int:
-    """The template's spare shim, asked by a child (which is then a user that has ended)."""
+def spare_pids(env: Env) -> list[int]:
+    """The template's spare shims, asked by a child (which is then a user that has ended)."""
     ping = subprocess.run([sys.executable, "-c", PING, os.path.join(env.runtime_root, TEMPLATE_SOCKET)],
                           capture_output=True, text=True, timeout=30)
     assert ping.returncode == 0, ping.stderr
-    return json.loads(ping.stdout)["spare_pid"]
+    return json.loads(ping.stdout)["spare_pids"]
 
 
 def ok(result: subprocess.CompletedProcess) -> subprocess.CompletedProcess:
@@ -68,17 +68,17 @@ def ok(result: subprocess.CompletedProcess) -> subprocess.CompletedProcess:
     return result
 
 
-def test_the_template_and_its_spare_end_after_the_last_sandbox_of_a_controller_user_is_gone(env) -> None:
+def test_the_template_and_its_spares_end_after_the_last_sandbox_of_a_controller_user_is_gone(env) -> None:
     pid = start_template(env)
     sid = env.sid("last")
     ok(env.ctl("sandbox", "create", sid))
     ok(env.ctl("sandbox", "start", sid))
-    spare = spare_pid(env)
-    assert spare > 0
+    spares = spare_pids(env)
+    assert spares and all(spares)
     # podshimctl has ended, but its sandbox is left: the template stays past its grace.
     assert wait_gone(pid, timeout=3 * GRACE) == [pid]
     ok(env.ctl("sandbox", "shutdown", sid))
-    assert not wait_gone(pid, spare, timeout=GONE_WITHIN)
+    assert not wait_gone(pid, *spares, timeout=GONE_WITHIN)
     assert not os.path.exists(os.path.join(env.runtime_root, TEMPLATE_SOCKET))
     assert not os.path.exists(os.path.join(env.runtime_root, TEMPLATE_LOCK))
     assert template_pid(env.runtime_root) == 0
