@@ -15,7 +15,9 @@ The control socket speaks the podshim protocol: service ``podshim.template.v1.Te
 methods ``Spawn {namespace, sandbox_id, bundle, runtime_root, pause_binary?, containerd_address?, debug?}`` → the
 bootstrap map, and ``Ping`` → ``{pid, spawned, runtime_root, spare_pid, spare_pids}`` (protocol.md 7.5). It
 is served without an event loop, one call at a time: forking from inside a running event loop
-would hand the child a loop it must not touch.
+would hand the child a loop it must not touch. Its poll loop serves each connection as its peer
+sends (:class:`shim.rpc.blocking.ServedConnection`), so no caller waits for another's to send its
+request or to close, and one that sends nothing for CONTROL_IO_TIMEOUT is dropped.
 
 One template per runtime root: a template holds an exclusive ``flock`` on ``ROOT/template.lock``
 for its whole life (the kernel drops it when the process ends), and a second one waits for it
@@ -49,6 +51,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import functools
 import gc
 import logging
 import os
@@ -67,8 +70,7 @@ from shim.launch.install import CodeWatch, code_files
 from shim.launch.spawn import START_TIMEOUT, Spare, bind_listener, fork_spare, occupy_stdio, spawn_shim
 from shim.lib.files import ensure_private_dir, unlink_quietly
 from shim.lib.program import long_running
-from shim.rpc.blocking import serve_connection
-from shim.rpc.channel import peer_credentials
+from shim.rpc.blocking import ServedConnection
 from shim.rpc.messages import Request, optional, require
 from shim.rpc.status import FailedPrecondition, InvalidArgument, RpcError
 
@@ -297,7 +299,6 @@ class _Template:
         self.holds: dict[str, Any] = {}  # namespace -> its default cgroup parent's hold (or None)
         self.roots = {runtime_root}  # the runtime roots spawned into: where its sandboxes are
         self.users: dict[int, int] = {}  # pid -> pidfd of each user that may still run
-        self.caller = 0  # the pid of the connection being served, made a user after it
 
     def add_user(self, pid: int) -> None:
         """Watch ``pid`` (a process that called us) until it exits. A pid we cannot see (another
@@ -350,12 +351,12 @@ class _Template:
             raise FailedPrecondition(f"the installed podshim changed since this template (pid {os.getpid()}) "
                                      "started: it exits; start a new one")
 
-    def replenish(self) -> None:
+    def replenish(self, caller: int = 0) -> None:
         """Fork spare shims up to SPARES (without waiting for them: :meth:`hear` sees them get
         ready), hold the default cgroup parent of each namespace spawned into, watch the caller as
         a user, and read what happened to the code meanwhile (after answering: nobody waits for
         any of it)."""
-        self.add_user(self.caller)
+        self.add_user(caller)
         while len(self.spares) < SPARES and not self.stale:
             try:
                 self.spares.append(fork_spare(wait=False))
@@ -540,18 +541,27 @@ def _serve(runtime_root: str, pause_binary: str | None, ready_fd: int | None, id
     poller = select.poll()
     poller.register(listener, select.POLLIN)
     poller.register(wake_r, select.POLLIN)
-    polled: set[int] = set()  # the descriptors registered: the users' pidfds, the spares' channels
+    # The descriptors registered besides those two: the users' pidfds, the spares' channels and
+    # the connections being served (each served as its peer sends: none waits for another).
+    polled: set[int] = set()
+    served: dict[int, tuple[ServedConnection, float]] = {}  # fd -> connection, when it is dropped if silent
     idle_checks = 0  # checks in a row, idle_grace apart, that found no user and no sandbox
     try:
         while not stopping and not template.stale:
-            watched = set(template.users.values()) | {spare.channel.fileno() for spare in template.spares}
+            watched = (set(template.users.values()) | {spare.channel.fileno() for spare in template.spares}
+                       | served.keys())
             for fd in polled - watched:
                 poller.unregister(fd)
             for fd in watched - polled:
                 poller.register(fd, select.POLLIN)
             polled = watched
-            # With a user running nothing is checked; without one, every idle_grace seconds.
-            timeout_ms = -1 if template.users or idle_grace <= 0 else int(idle_grace * 1000)
+            # With a user running nothing is checked; without one, every idle_grace seconds. A
+            # connection is dropped once its peer sent nothing for CONTROL_IO_TIMEOUT.
+            if served:
+                first = min(deadline for _, deadline in served.values())
+                timeout_ms = max(0, int((first - time.monotonic()) * 1000) + 1)
+            else:
+                timeout_ms = -1 if template.users or idle_grace <= 0 else int(idle_grace * 1000)
             ready = {fd for fd, _ in poller.poll(timeout_ms)}
             if wake_r in ready:
                 while _drain(wake_r):
@@ -563,24 +573,35 @@ def _serve(runtime_root: str, pause_binary: str | None, ready_fd: int | None, id
                 poller.unregister(template.users[pid])
                 polled.discard(template.users[pid])
                 template.drop_user(pid)
+            now = time.monotonic()
+            for fd, (connection, deadline) in list(served.items()):
+                if fd in ready:
+                    if connection.serve():
+                        served[fd] = (connection, time.monotonic() + CONTROL_IO_TIMEOUT)
+                    else:
+                        del served[fd]
+                elif deadline <= now:
+                    connection.close()
+                    del served[fd]
             if listener.fileno() in ready:
-                conn, _ = listener.accept()
-                peer = peer_credentials(conn)
-                template.caller = peer.pid if peer is not None else 0
-                serve_connection(conn, handlers, allowed_uids=allowed, timeout=CONTROL_IO_TIMEOUT,
-                                 after_send=template.replenish)
-                template.replenish()
-                template.caller = 0
+                connection = ServedConnection(listener.accept()[0], handlers, allowed_uids=allowed,
+                                              timeout=CONTROL_IO_TIMEOUT)
+                if connection.peer is not None and not connection.closed:
+                    # The caller becomes a user once answered (replenish, after each answer).
+                    connection.after_send = functools.partial(template.replenish, connection.peer.pid)
+                    served[connection.fileno()] = (connection, time.monotonic() + CONTROL_IO_TIMEOUT)
                 idle_checks = 0
+            elif served or ended:
+                idle_checks = 0  # a call is being served, or the grace runs from the last user's end
             elif not ready and not template.users:
                 idle_checks = idle_checks + 1 if not template.has_sandboxes() else 0
                 if idle_checks >= 2:
                     log.info("no user of this template runs and no sandbox is left since %.0fs: leaving",
                              idle_grace)
                     break
-            elif ended:
-                idle_checks = 0  # the grace runs from the last user's end
     finally:
+        for connection, _ in served.values():
+            connection.close()
         signal.set_wakeup_fd(-1)
         os.close(wake_r)
         os.close(wake_w)

@@ -25,7 +25,7 @@ from shim.rpc.frames import RemoteProtocolError
 from shim.rpc.messages import Request
 from shim.rpc.status import Code, InvalidArgument, Unavailable, error_from_status
 
-__all__ = ["call", "serve_connection", "CAN_CONNECT_TIMEOUT", "NoAnswer", "NotServed", "can_connect"]
+__all__ = ["call", "serve_connection", "CAN_CONNECT_TIMEOUT", "NoAnswer", "NotServed", "ServedConnection", "can_connect"]
 
 
 class NotServed(Unavailable):
@@ -101,45 +101,81 @@ def call(address: str, service: str, method: str, payload: dict[str, Any] | None
 Handler = Callable[[Request], Any]
 
 
-def serve_connection(sock: socket.socket, handlers: Handlers[Handler], *,
-                     allowed_uids: set[int], timeout: float = 5.0,
-                     after_send: Callable[[], None] | None = None) -> None:
-    """Serve one accepted connection until the peer closes it; calls run one at a time.
+class ServedConnection:
+    """One accepted connection of a server without an event loop: :meth:`serve` takes what the
+    peer sent (one read), runs the calls it completes one at a time and sends their answers.
+    A server that polls many of them calls :meth:`serve` when the socket is readable, so that no
+    peer waits for another (the shim template); :func:`serve_connection` serves one to its end.
 
     Peers whose uid is not allowed are closed at once. ``handlers`` maps ``(service, method)``
     to a handler taking the Request and returning the payload (:func:`shim.rpc.dispatch.dispatch`).
-    ``after_send`` runs after each batch of answers has been sent: work the caller should
-    not wait for.
+    ``after_send`` runs after each batch of answers has been sent: work the caller should not
+    wait for. Sending an answer may block up to ``timeout`` seconds.
     """
-    peer = peer_credentials(sock)
-    if peer is None or peer.uid not in allowed_uids:
-        sock.close()
-        return
-    sock.settimeout(timeout)
-    conn = ServerConnection()
-    try:
-        while True:
+
+    def __init__(self, sock: socket.socket, handlers: Handlers[Handler], *, allowed_uids: set[int],
+                 timeout: float = 5.0, after_send: Callable[[], None] | None = None) -> None:
+        self.sock = sock
+        self.handlers = handlers
+        self.timeout = timeout
+        self.after_send = after_send
+        self.peer = peer_credentials(sock)
+        self.closed = False
+        self.conn = ServerConnection()
+        if self.peer is None or self.peer.uid not in allowed_uids:
+            self.close()
+
+    def fileno(self) -> int:
+        return self.sock.fileno()
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            self.sock.close()
+
+    def serve(self, *, wait: bool = False) -> bool:
+        """Read what came (with ``wait``, up to ``timeout`` seconds for it; else only what is
+        there), answer the calls it completes; whether the connection is still open."""
+        if self.closed:
+            return False
+        try:
+            self.sock.settimeout(self.timeout if wait else 0.0)
             try:
-                data = sock.recv(_READ_BYTES)
-                events = conn.receive_data(data)
-            except (OSError, RemoteProtocolError):
-                return
+                data = self.sock.recv(_READ_BYTES)
+            except BlockingIOError:
+                return True
+            events = self.conn.receive_data(data)
             out: list[bytes] = []
+            ended = False
             for ev in events:
                 if isinstance(ev, PeerClosed):
-                    if out:
-                        sock.sendall(b"".join(out))
-                    return
+                    ended = True
+                    break
                 if isinstance(ev, CallRejected):
-                    out.append(conn.reject(ev.stream_id, ev.code, ev.message))
+                    out.append(self.conn.reject(ev.stream_id, ev.code, ev.message))
                 elif isinstance(ev, CallStarted):
-                    response = dispatch(ev.request, handlers)
-                    out.append(answer(conn, ev.stream_id, response, where=ev.request.full_method))
+                    response = dispatch(ev.request, self.handlers)
+                    out.append(answer(self.conn, ev.stream_id, response, where=ev.request.full_method))
             if out:
-                sock.sendall(b"".join(out))
-                if after_send is not None:
-                    after_send()
-    except OSError:
-        return
+                self.sock.settimeout(self.timeout)
+                self.sock.sendall(b"".join(out))
+                if self.after_send is not None and not ended:
+                    self.after_send()
+            if ended:
+                self.close()
+        except (OSError, RemoteProtocolError):
+            self.close()
+        return not self.closed
+
+
+def serve_connection(sock: socket.socket, handlers: Handlers[Handler], *,
+                     allowed_uids: set[int], timeout: float = 5.0,
+                     after_send: Callable[[], None] | None = None) -> None:
+    """Serve one accepted connection until the peer closes it (or sends nothing for ``timeout``
+    seconds); calls run one at a time (:class:`ServedConnection`)."""
+    served = ServedConnection(sock, handlers, allowed_uids=allowed_uids, timeout=timeout, after_send=after_send)
+    try:
+        while served.serve(wait=True):
+            pass
     finally:
-        sock.close()
+        served.close()

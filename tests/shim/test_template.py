@@ -18,6 +18,7 @@ import pytest
 
 from shim.api.names import SANDBOX_SERVICE, TEMPLATE_SERVICE
 from shim.api.paths import control_socket_path, socket_path
+from shim.launch import template as template_module
 from shim.launch.template import SPARES
 from shim.rpc import Client, blocking
 from shim.rpc.status import InvalidArgument, RpcError, Unavailable
@@ -453,6 +454,22 @@ def test_a_double_forked_shim_is_reported_by_its_own_pid_even_when_it_is_ready_f
     finally:
         os.close(read_fd)
         os.close(write_fd)
+
+
+def test_a_caller_that_connects_and_sends_nothing_holds_up_no_other(roots, template) -> None:
+    # A busy daemon may connect and only later send its Spawn: every other caller is served meanwhile.
+    import socket
+
+    silent = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    silent.connect(control_socket_path(template.runtime_root))
+    try:
+        started = time.monotonic()
+        spares = _ping(template)["spare_pids"]
+        result = start_shim(roots, "q1")
+        assert result["pid"] == spares[0] and alive(result["pid"])  # forked by the template, not exec'd
+        assert time.monotonic() - started < template_module.CONTROL_IO_TIMEOUT
+    finally:
+        silent.close()
 
 
 def test_the_spares_go_with_the_template(roots, template) -> None:
