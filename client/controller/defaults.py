@@ -28,6 +28,7 @@ __all__ = [
     "STOP_MARGIN",
     "SPAWN_TIMEOUT",
     "TEMPLATE_SPAWNS_AT_ONCE",
+    "SPAWN_THREADS",
     "TEMPLATE_CONNECT_TIMEOUT",
     "TEMPLATE_START_TIMEOUT",
     "DELETE_TIMEOUT",
@@ -81,6 +82,10 @@ SPAWN_TIMEOUT = 10.0
 #: that SPAWN_TIMEOUT bounds the template's work on a Spawn, not its queue (a hundred pods started
 #: together on a busy node waited past it there and failed).
 TEMPLATE_SPAWNS_AT_ONCE = 4
+#: Threads one spawner asks a template from (Spawns in it, and Spawns waiting for their turn):
+#: a thread lets its Spawn's turn go as soon as the template answered, whatever this process's
+#: event loop is busy with.
+SPAWN_THREADS = 16
 #: Connecting to a shim template's control socket; a template that does not accept by then is
 #: passed over and ``podshim start`` runs instead.
 TEMPLATE_CONNECT_TIMEOUT = 1.0

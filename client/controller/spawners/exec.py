@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import os
 import subprocess
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -24,6 +25,7 @@ from shim.rpc.status import DeadlineExceeded, FailedPrecondition, Internal, Inva
 from client.controller.defaults import (
     DEFAULT_RUNTIME_ROOT,
     DELETE_TIMEOUT,
+    SPAWN_THREADS,
     SPAWN_TIMEOUT,
     TEMPLATE_CONNECT_TIMEOUT,
     TEMPLATE_SPAWNS_AT_ONCE,
@@ -105,7 +107,11 @@ class ExecSpawner(Spawner):
         self.env = dict(env) if env is not None else None
         self.use_template = template_wanted(use_template)
         self._helpers = anyio.CapacityLimiter(max_helpers or max(4, 2 * (os.cpu_count() or 1)))
-        self._spawns = anyio.CapacityLimiter(TEMPLATE_SPAWNS_AT_ONCE)  # Spawns in the template at once
+        # Spawns in the template at once, taken and let go in the threads that ask it (so a slot is
+        # free as soon as the template answered, not once this process's loop got round to it), and
+        # the threads those Spawns (and the ones waiting for a slot) run in.
+        self._spawns = threading.BoundedSemaphore(TEMPLATE_SPAWNS_AT_ONCE)
+        self._spawn_threads = anyio.CapacityLimiter(SPAWN_THREADS)
         self._starting = anyio.Lock()  # one template start at a time from this spawner
         self._starts = 0  # templates this spawner started (or found) under that lock
         self._cannot_start: str | None = None  # why starting a template failed, once it did
@@ -205,8 +211,7 @@ class ExecSpawner(Spawner):
         says it is leaving; None when the template failed otherwise (then we exec)."""
         payload = {"namespace": namespace, "sandbox_id": sandbox_id, "bundle": bundle,
                    "runtime_root": self.runtime_root}
-        async with self._spawns:  # SPAWN_TIMEOUT is the template's time on it, not its queue's
-            return await self._spawn_in_template(path, namespace, sandbox_id, payload)
+        return await self._spawn_in_template(path, namespace, sandbox_id, payload)
 
     async def _spawn_in_template(self, path: str, namespace: str, sandbox_id: str,
                                  payload: dict[str, str]) -> Bootstrap | None:
@@ -216,12 +221,14 @@ class ExecSpawner(Spawner):
         # of the template's time). Shielded like a helper process: a Spawn cut short could leave
         # a shim unrecorded.
         def ask() -> Any:
-            return blocking.call("unix://" + path, TEMPLATE_SERVICE, "Spawn", payload, timeout=SPAWN_TIMEOUT,
-                                 connect_timeout=TEMPLATE_CONNECT_TIMEOUT)
+            with self._spawns:  # SPAWN_TIMEOUT is the template's time on a Spawn, not its queue's
+                return blocking.call("unix://" + path, TEMPLATE_SERVICE, "Spawn", payload, timeout=SPAWN_TIMEOUT,
+                                     connect_timeout=TEMPLATE_CONNECT_TIMEOUT)
 
         try:
+            # In threads of its own, not queued behind the store's work in anyio's shared ones.
             with anyio.CancelScope(shield=True):
-                doc = await anyio.to_thread.run_sync(ask)
+                doc = await anyio.to_thread.run_sync(ask, limiter=self._spawn_threads)
         except blocking.NotServed as exc:
             raise _NoTemplate(exc.message) from None
         except FailedPrecondition as exc:  # its code is out of date: it removed its socket and exits
