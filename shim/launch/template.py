@@ -119,11 +119,27 @@ def _preload() -> None:
 
     install_uvloop()
     cgroups.birth_in_v2_allowed()  # asked once here: every shim forked from us inherits the answer
+    _compile_runtime_default()
     devices.program(devices.DEFAULT_RULES)  # made once here: a spare only loads it
     try:
         import uvloop  # noqa: F401  (preloaded for the shims forked from here)
     except ImportError:  # pragma: no cover
         pass
+
+
+def _compile_runtime_default() -> None:
+    """Compile the RuntimeDefault seccomp profile of the default capabilities (what kubelet asks
+    for most pods and their containers, with the node's seccompDefault) into the compiled-profile
+    cache, so that every shim forked from here finds it there: a shim's own first compile is
+    libseccomp's load and tens of milliseconds of CPU in its CreateSandbox."""
+    from shim.api.defaults import DEFAULT_CAPABILITIES
+    from shim.cri.seccomp_default import default_profile
+    from shim.kernel import seccomp
+
+    try:
+        seccomp.compile_profile(default_profile(DEFAULT_CAPABILITIES))
+    except seccomp.ProfileError as exc:  # no libseccomp: a shim asked for a profile says so itself
+        log.warning("cannot compile the RuntimeDefault seccomp profile ahead: %s", exc)
 
 
 def _preload_containerd() -> None:

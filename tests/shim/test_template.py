@@ -472,6 +472,31 @@ def test_a_caller_that_connects_and_sends_nothing_holds_up_no_other(roots, templ
         silent.close()
 
 
+_RUNTIME_DEFAULT_AFTER_PRELOAD = """
+from shim.launch import template
+template._preload()
+from shim.cri import security
+from shim.kernel import seccomp
+from shim.rpc.messages import pack, unpack
+before = seccomp._compile.cache_info()
+# A RuntimeDefault pod's pause as the CRI layer asks for it, as a shim receives it (msgpack).
+sec = security.ContainerSecurity.from_doc({"seccomp": {"profile_type": "RuntimeDefault"}})
+profile = unpack(pack(security.pause_fields(sec)))["seccomp"]
+seccomp.compile_profile(profile)
+after = seccomp._compile.cache_info()
+print(before.currsize, after.hits - before.hits, after.misses - before.misses)
+"""
+
+
+def test_a_shim_forked_from_the_template_finds_the_runtime_default_seccomp_profile_compiled() -> None:
+    # libseccomp's load and the compile were tens of ms of CPU in each shim's CreateSandbox.
+    out = subprocess.run([sys.executable, "-c", _RUNTIME_DEFAULT_AFTER_PRELOAD], capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0, out.stderr
+    cached, hits, misses = map(int, out.stdout.split())
+    assert (cached, hits, misses) == (1, 1, 0)
+
+
 def test_the_spares_go_with_the_template(roots, template) -> None:
     spares = _ping(template)["spare_pids"]
     template.stop()
