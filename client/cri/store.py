@@ -71,7 +71,7 @@ from typing import Any
 
 import anyio
 
-from shim.api.identifiers import validate_identifier
+from shim.api.identifiers import is_identifier, validate_identifier
 from shim.cri.configs import ContainerMetadata, PodSandboxMetadata
 from shim.cri.signals import DEFAULT_STOP
 from shim.lib.files import (
@@ -766,8 +766,13 @@ class PodStore:
     def get_by_prefix(self, prefix: str) -> PodRecord:
         """The pod whose id is ``prefix`` or the only one starting with it (as crictl resolves ids).
 
-        NotFound if none matches, InvalidArgument naming the candidates if several do.
+        NotFound if none matches, InvalidArgument naming the candidates if several do. A whole
+        id (kubelet's every call) is one record read, not a listing of the directory.
         """
+        if isinstance(prefix, str) and is_identifier(prefix):
+            record = self._read(prefix)
+            if record is not None:
+                return record  # an exact id is the answer whatever other ids it prefixes
         return self._current(_resolve_prefix("pod sandbox", prefix, iter(self._ids())))
 
     def delete(self, pod_id: str) -> None:

@@ -16,7 +16,7 @@ from shim.rpc.status import InvalidArgument
 
 __all__ = ["MAX_ANNOTATIONS_BYTES", "MAX_CRI_LABEL_VALUE_CHARS", "MAX_HOSTNAME_CHARS", "MAX_IDENTIFIER_CHARS",
            "MAX_LABEL_VALUE_CHARS",
-           "validate_annotations", "validate_hostname", "validate_identifier", "validate_labels"]
+           "is_identifier", "validate_annotations", "validate_hostname", "validate_identifier", "validate_labels"]
 
 MAX_IDENTIFIER_CHARS = 76
 _IDENTIFIER = re.compile(r"[A-Za-z0-9]+(?:[._-][A-Za-z0-9]+)*")
@@ -38,6 +38,11 @@ _HOSTNAME = r"[A-Za-z0-9](?:[-A-Za-z0-9]{0,61}[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[-
 # apimachinery's qualifiedNameFmt (a label value may also be empty) and DNS-1123 subdomain.
 _NAME = r"(?:[A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]"
 _SUBDOMAIN = r"[a-z0-9](?:[-a-z0-9]*[a-z0-9])?(?:\.[a-z0-9](?:[-a-z0-9]*[a-z0-9])?)*"
+
+
+def is_identifier(value: str) -> bool:
+    """Whether ``value`` is a valid identifier (:func:`validate_identifier`, without the error)."""
+    return 0 < len(value) <= MAX_IDENTIFIER_CHARS and _IDENTIFIER.fullmatch(value) is not None
 
 
 def validate_identifier(kind: str, value: Any) -> str:

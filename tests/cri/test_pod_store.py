@@ -444,6 +444,17 @@ def test_a_container_found_by_its_whole_id_costs_one_record_read_not_every_pods(
     assert reads == ["pod17"]
 
 
+def test_a_pod_found_by_its_whole_id_is_one_record_read_not_a_listing(store, monkeypatch) -> None:
+    # kubelet asks PodSandboxStatus by the whole id, several times per pod, while a hundred start.
+    for i in range(30):
+        made(store, f"pod{i:02}", name=f"p{i}")
+    monkeypatch.setattr(PodStore, "_ids", lambda self: pytest.fail("the pods directory was listed"))
+    assert store.get_by_prefix("pod17").pod_id == "pod17"
+    monkeypatch.undo()
+    with pytest.raises(NotFound):  # a path is no id: looked up as a prefix, never opened as a file
+        store.get_by_prefix("../pods/pod17")
+
+
 def test_a_listing_after_one_pod_changed_reads_that_pods_record_alone(store, monkeypatch) -> None:
     # kubelet lists every pod each second while a hundred of them start: each start changes
     # the directory, and a listing must not read every record again for one that changed.

@@ -139,3 +139,33 @@ def test_a_listing_keeps_the_encodings_of_the_last_pods_only(encoded) -> None:
     assert listed.response(docs[1:2]) == _expected(docs[1:2])  # pushed out by docs[0]'s return
     assert encoded == [docs[0]["id"], docs[1]["id"], docs[2]["id"], docs[0]["id"], docs[1]["id"]]
 
+
+
+# -- statuses -------------------------------------------------------------------------------------
+
+
+def _container_status_doc(**changes: Any) -> dict[str, Any]:
+    return {"id": "c" * 64, "metadata": {"name": "idle", "attempt": 0}, "state": "CONTAINER_RUNNING",
+            "created_at": 1, "started_at": 2, "image": {"image": "busybox"}, "image_ref": "sha256:" + "b" * 64,
+            "labels": {"app": "x"}, "annotations": {}, "log_path": "/l/0.log", **changes}
+
+
+def test_a_status_asked_again_unchanged_is_not_parsed_again_and_a_changed_one_is(monkeypatch) -> None:
+    parsed: list[str] = []
+    parse = json_format.ParseDict
+
+    def counted(js: dict[str, Any], message: Any) -> Any:
+        parsed.append(js["id"])
+        return parse(js, message)
+
+    monkeypatch.setattr(json_format, "ParseDict", counted)
+    doc = _container_status_doc(id="s" * 64)
+    first = translate.container_status(doc)
+    again = translate.container_status(dict(doc))
+    assert again == first and again is not first and parsed == ["s" * 64]
+    exited = translate.container_status({**doc, "state": "CONTAINER_EXITED", "finished_at": 3, "exit_code": 7})
+    assert (exited.state, exited.finished_at, exited.exit_code) == (api_pb2.CONTAINER_EXITED, 3, 7)
+    assert parsed == ["s" * 64] * 2
+    # Another object with the same fields is its own entry, and says its own id.
+    other = translate.container_status({**doc, "id": "t" * 64})
+    assert other.id == "t" * 64
