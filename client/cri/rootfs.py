@@ -85,12 +85,17 @@ def mount_dicts(mounts: Iterable[Any]) -> list[dict[str, Any]]:
 class StoreImages:
     """The :class:`ImageLookup` of an image store whose ``resolve(reference)`` gives its record
     (``image_id``, ``repo_tags``, ``repo_digests``, ``config``: the whole OCI image config,
-    ``layers``, ``chain_id``) or None (client/images' ImageStore)."""
+    ``layers``, ``chain_id``) or None (client/images' ImageStore, which resolves in memory: so
+    the lookup is a coroutine, run on the caller's loop, not a worker thread's round trip)."""
 
     def __init__(self, resolve: Callable[[str], Any]):
         self._resolve = resolve
 
-    def container_image(self, reference: str) -> ContainerImage:
+    async def container_image(self, reference: str) -> ContainerImage:
+        return self.lookup(reference)
+
+    def lookup(self, reference: str) -> ContainerImage:
+        """:meth:`container_image`, blocking."""
         record = self._resolve(reference)
         if record is None:
             raise image_not_found(reference)

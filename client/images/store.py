@@ -245,12 +245,12 @@ class ImageStore:
         except ReferenceError:
             ref = None
         if ref is not None:
-            for record in self._images.values():
+            for record in list(self._images.values()):  # (a copy: a pull may add one meanwhile)
                 if ref in record.repo_tags or ref in record.repo_digests:
                     return record
         prefix = _HEX_PREFIX.fullmatch(text)
         if prefix:
-            found = [r for r in self._images.values() if r.image_id.partition(":")[2].startswith(prefix[1])]
+            found = [r for r in list(self._images.values()) if r.image_id.partition(":")[2].startswith(prefix[1])]
             if len(found) == 1:
                 return found[0]
         return None

@@ -10,6 +10,8 @@ from typing import Any
 from shim.cri import requests
 from shim.cri.api import api_pb2
 
+from client.phases import traced
+
 from . import translate
 from .chunks import chunks
 from .handlers import Handlers
@@ -23,12 +25,14 @@ class Containers(Handlers):
     async def CreateContainer(self, request: api_pb2.CreateContainerRequest,
                               context: Any) -> api_pb2.CreateContainerResponse:
         config = requests.container_config(request)
-        container_id = await self.finish(self.pods.create_container(request.pod_sandbox_id, config))
+        with traced("CreateContainer"):
+            container_id = await self.finish(self.pods.create_container(request.pod_sandbox_id, config))
         return api_pb2.CreateContainerResponse(container_id=container_id)
 
     async def StartContainer(self, request: api_pb2.StartContainerRequest,
                              context: Any) -> api_pb2.StartContainerResponse:
-        await self.finish(self.pods.start_container(request.container_id))
+        with traced("StartContainer"):
+            await self.finish(self.pods.start_container(request.container_id))
         return api_pb2.StartContainerResponse()
 
     async def StopContainer(self, request: api_pb2.StopContainerRequest,

@@ -323,6 +323,9 @@ class ImageSnapshots:
     files = {"/etc/passwd": b"root:x:0:0::/:/bin/sh\nweb:x:4321:4322::/:/bin/sh\n",
              "/etc/group": b"web:x:4322:\nlog:x:4400:web\n"}
 
+    def __init__(self) -> None:
+        self.reads: list[tuple[str, str]] = []
+
     async def prepare(self, key: str, chain_id: str) -> list:
         return NodeRootImages().prepare(key, chain_id)  # no layers: the container runs on the node's root
 
@@ -330,6 +333,7 @@ class ImageSnapshots:
         pass
 
     def read_file(self, chain_id: str, path: str) -> bytes | None:
+        self.reads.append((chain_id, path))
         return self.files.get(path)
 
 
@@ -343,7 +347,8 @@ async def test_run_as_username_and_the_images_user_are_resolved_in_the_images_fi
         def container_image(self, reference: str) -> ContainerImage:
             return image
 
-    async with pod_service(roots, images=Images(), snapshots=ImageSnapshots()) as pods:
+    snapshots = ImageSnapshots()
+    async with pod_service(roots, images=Images(), snapshots=snapshots) as pods:
         pod_id = await pods.run_pod_sandbox(pod_config())
         for context in ({"run_as_username": "web"}, {}):  # CRI's name, then the image's User
             cfg = node_container([BUSYBOX, "sh", "-c", "id -u; id -G"], name=f"c{os.urandom(3).hex()}")
@@ -354,6 +359,8 @@ async def test_run_as_username_and_the_images_user_are_resolved_in_the_images_fi
             await pods._task(pod_id, "Wait", {"task_id": cid}, timeout=30)
             with open(pods.container_log_path(cid)) as f:
                 assert [line.rstrip("\n").split(" ", 3)[3] for line in f] == ["4321", "4322 4400"], context
+    # The layers of an image never change: its files are read for its first container only.
+    assert sorted(snapshots.reads) == sorted((image.chain_id, path) for path in security.USER_FILES)
 
 
 # -- namespace options ---------------------------------------------------------------------------

@@ -250,19 +250,36 @@ def test_store_images_makes_a_container_image_from_a_store_record():
                     repo_digests=("r/app@sha256:" + "b" * 64,), layers=("l1",), chain_id="sha256:" + "c" * 64,
                     config={"architecture": "amd64", "config": {"Cmd": ["sh"]}})
     lookup = StoreImages({"app": record}.get)
-    assert lookup.container_image("app") == ContainerImage(
+    assert lookup.lookup("app") == ContainerImage(
         image_id=record.image_id, name="r/app:1", image_ref="r/app@sha256:" + "b" * 64, chain_id=record.chain_id,
         config={"Cmd": ["sh"]})
     untagged = Record(image_id="sha256:" + "d" * 64)  # no tags, digests, layers or config
-    assert StoreImages({"x": untagged}.get).container_image("x") == ContainerImage(
+    assert StoreImages({"x": untagged}.get).lookup("x") == ContainerImage(
         image_id=untagged.image_id, name="x", image_ref=untagged.image_id, chain_id="", config={})
+
+
+async def test_store_images_looks_up_on_the_callers_loop_not_in_a_worker_thread():
+    # Its store resolves in memory; a worker thread's round trip cost hundreds of ms of a busy
+    # daemon's loop per CreateContainer (a hundred pods at once).
+    import threading
+
+    from client.cri.rootfs import call
+
+    threads = []
+
+    def resolve(reference: str) -> Record:
+        threads.append(threading.current_thread())
+        return Record(image_id="sha256:" + "a" * 64)
+
+    assert (await call(StoreImages(resolve).container_image, "app")).image_id == "sha256:" + "a" * 64
+    assert threads == [threading.current_thread()]
 
 
 def test_store_images_refuses_a_missing_or_unpacked_image_with_a_sentence():
     with pytest.raises(NotFound, match="image 'nope' not found: pull it first"):
-        StoreImages({}.get).container_image("nope")
+        StoreImages({}.get).lookup("nope")
     with pytest.raises(FailedPrecondition, match="its layers are not unpacked"):
-        StoreImages({"x": Record(image_id="i", layers=("l1",))}.get).container_image("x")
+        StoreImages({"x": Record(image_id="i", layers=("l1",))}.get).lookup("x")
 
 
 async def test_recovery_removes_container_snapshots_no_record_names_and_keeps_the_rest(roots, tmp_path) -> None:

@@ -141,6 +141,7 @@ class PodServiceBase:
         self._configs: dict[str, tuple[PodRecord, PodSandboxConfig]] = {}  # _config_of
         self._container_configs: dict[str, tuple[ContainerRecord, ContainerConfig]] = {}  # _container_config_of
         self._entries: dict[str, tuple[PodRecord, PodEntry]] = {}  # _entry_of
+        self._user_files_of: dict[str, dict[str, bytes | None]] = {}  # chain id -> /etc/passwd, /etc/group
         self._cpu_rates = stats.CpuRates()
         self._events = EventFeed()
         self._runtime_config_path = os.path.join(os.path.dirname(log_root), "runtime-config.json")

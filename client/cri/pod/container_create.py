@@ -22,10 +22,14 @@ from client.cri import cdi
 from client.cri.events import CONTAINER_CREATED
 from client.cri.failpoints import failpoint
 from client.cri.mounts import container_mounts
-from client.cri.pod.base import POD_STATE, PodServiceBase, new_id
+from client.cri.pod.base import POD_STATE, PodServiceBase, keep_newest, new_id
 from client.cri.process import container_process
 from client.cri.rootfs import ContainerImage, call, mount_dicts
 from client.cri.store import ContainerRecord, PodRecord, PodState
+from client.phases import phase
+
+#: How many images' /etc/passwd and /etc/group are kept (by chain id), read once for the containers of each.
+_USER_FILES_KEPT = 64
 
 
 class ContainerCreate(PodServiceBase):
@@ -46,19 +50,23 @@ class ContainerCreate(PodServiceBase):
         if sandbox_config is not None:
             _check_sandbox_config(pod, self._config_of(pod), sandbox_config)
         async with self._hold(pod.pod_id):
-            pod = await self._refreshed(self.store.get(pod.pod_id))
+            with phase("pod"):
+                pod = await self._refreshed(self.store.get(pod.pod_id))
             if pod.state is not PodState.READY:
                 raise FailedPrecondition(f"pod {pod.pod_id} is not ready ({POD_STATE[pod.state]})")
             pod_cfg = self._config_of(pod)
             _check_pod_namespaces(cfg, pod_cfg)
             container_id = new_id()
             log_path = self._log_path(pod, cfg)
-            image = await self._container_image(cfg)
+            with phase("image"):
+                image = await self._container_image(cfg)
             process = container_process(cfg, image.config if image else None,
                                         hostname=pod_cfg.hostname or socket.gethostname())
             volume_ids = await self.image_volumes.resolve(cfg.mounts)
+            with phase("user files"):
+                read_file = await self._user_files(image)
             confinement = security.task_fields(cfg.security, pod_privileged=pod_cfg.security.privileged,
-                                               read_file=await self._user_files(image), image_user=process.image_user)
+                                               read_file=read_file, image_user=process.image_user)
             devices = cdi.resolve(cfg.cdi_devices, self.cdi_spec_dirs)
             env = cdi.merge_env(process.env, devices.env)
             user = confinement["user"]
@@ -69,11 +77,12 @@ class ContainerCreate(PodServiceBase):
                         node[key] = user[key]
             # The record comes first: whatever is made for the container from here on (its
             # snapshot, its task) is found through it, by a rollback or after a crash.
-            await self._stored(self.store.add_container, ContainerRecord(
-                container_id, pod.pod_id, cfg.to_json(), log_path=log_path,
-                image_id=image.image_id if image else "", image_ref=image.image_ref if image else "",
-                image_name=image.name if image else "", image_volumes=volume_ids, user=dict(user),
-                stop_signal=_stop_signal(cfg, image)))
+            with phase("store add"):
+                await self._stored(self.store.add_container, ContainerRecord(
+                    container_id, pod.pod_id, cfg.to_json(), log_path=log_path,
+                    image_id=image.image_id if image else "", image_ref=image.image_ref if image else "",
+                    image_name=image.name if image else "", image_volumes=volume_ids, user=dict(user),
+                    stop_signal=_stop_signal(cfg, image)))
             try:
                 volumes, idmapped = await self.image_volumes.mount(
                     pod.pod_id, cfg.mounts, volume_ids,
@@ -81,17 +90,19 @@ class ContainerCreate(PodServiceBase):
                 mounts = container_mounts(cfg.mounts, self._pod_files(pod.pod_id), readonly_rootfs=cfg.readonly_rootfs,
                                           image_sources=volumes, idmapped=idmapped)
                 mounts += devices.mounts
-                rootfs = await self._prepare_rootfs(container_id, image)
+                with phase("snapshot"):
+                    rootfs = await self._prepare_rootfs(container_id, image)
                 failpoint("create:after-rootfs")
-                await self._task(pod.pod_id, "Create", {
-                    "task_id": container_id, "args": list(process.args), "env": env,
-                    "cwd": process.cwd, "log_path": log_path, "pid_mode": cfg.pid_mode, "labels": dict(cfg.labels),
-                    "pid_target": self._pid_target(pod.pod_id, cfg),
-                    "rootfs": rootfs, "readonly_rootfs": cfg.readonly_rootfs, "mounts": mounts, "stdin": cfg.stdin,
-                    "terminal": cfg.tty, "resources": cfg.shim_resources,
-                    "devices": [device.to_json() for device in cfg.devices] + devices.devices,
-                    "hooks": devices.hooks,
-                    **confinement})
+                with phase("Task Create"):
+                    await self._task(pod.pod_id, "Create", {
+                        "task_id": container_id, "args": list(process.args), "env": env,
+                        "cwd": process.cwd, "log_path": log_path, "pid_mode": cfg.pid_mode, "labels": dict(cfg.labels),
+                        "pid_target": self._pid_target(pod.pod_id, cfg),
+                        "rootfs": rootfs, "readonly_rootfs": cfg.readonly_rootfs, "mounts": mounts, "stdin": cfg.stdin,
+                        "terminal": cfg.tty, "resources": cfg.shim_resources,
+                        "devices": [device.to_json() for device in cfg.devices] + devices.devices,
+                        "hooks": devices.hooks,
+                        **confinement})
             except BaseException:
                 with anyio.CancelScope(shield=True):
                     await self._remove_rootfs(pod.pod_id, container_id)
@@ -149,15 +160,19 @@ class ContainerCreate(PodServiceBase):
 
     async def _user_files(self, image: ContainerImage | None) -> security.ReadFile:
         """``read_file`` for the container's /etc/passwd and /etc/group: its image's (read from
-        the snapshotter), or the node's for a container without an image (whose root has none)."""
+        the snapshotter once per chain of layers, which never changes: the pods of a Deployment
+        start from one image), or the node's for a container without an image (whose root has none)."""
         if image is None or self.snapshots is None:
             return security.host_read_file
-        files: dict[str, bytes | None] = {}
-        for path in security.USER_FILES:
-            try:
-                files[path] = await call(self.snapshots.read_file, image.chain_id, path)
-            except FileNotFoundError:
-                files[path] = None
+        files = self._user_files_of.get(image.chain_id)
+        if files is None:
+            files = {}
+            for path in security.USER_FILES:
+                try:
+                    files[path] = await call(self.snapshots.read_file, image.chain_id, path)
+                except FileNotFoundError:
+                    files[path] = None
+            keep_newest(self._user_files_of, image.chain_id, files, _USER_FILES_KEPT)
         return files.get
 
     def _pod_files(self, pod_id: str) -> dict[str, str]:
