@@ -112,10 +112,10 @@ class Spare(Record):
     channel: socket.socket
     standing_by: bool
 
-    def __init__(self, pid: int, channel: socket.socket) -> None:
+    def __init__(self, pid: int, channel: socket.socket, standing_by: bool = False) -> None:
         self.pid = pid
         self.channel = channel
-        self.standing_by = False
+        self.standing_by = standing_by
 
     @property
     def ready(self) -> bool:
