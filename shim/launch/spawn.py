@@ -124,16 +124,16 @@ class Spare(Record):
     def close(self) -> None:
         self.channel.close()
 
-    def hear(self) -> bool:
-        """Take the messages that came in, without waiting; whether it is ready. Raises OSError
-        once either process exited before it was ready (or the spare after it, while waiting)."""
+    def hear(self) -> None:
+        """Take the messages that came in, without waiting. Raises OSError once either process
+        exited before it was ready (or the spare after it, while waiting)."""
         self.channel.setblocking(False)
         try:
             while True:
                 try:
                     message = self.channel.recv(64)
                 except BlockingIOError:
-                    return self.ready
+                    return
                 self._take(message)
         finally:
             self.channel.setblocking(True)

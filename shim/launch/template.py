@@ -393,33 +393,30 @@ class _Template:
                     log.warning("cannot remove the cgroup hold of namespace %s: %s", namespace, exc.message)
         self.holds.clear()
 
-    def hear(self, spare: Spare) -> None:
-        """Take what ``spare`` sent (it got ready, or it died: then it is dropped, and the next
-        Spawn forks another)."""
+    def hear(self, spare: Spare, *, wait: bool = False) -> bool:
+        """Take what ``spare`` sent (with ``wait``, until it is ready, up to START_TIMEOUT);
+        whether it is ready. One that died is dropped (the next Spawn forks another)."""
         try:
-            spare.hear()
+            if wait:
+                spare.wait_ready(START_TIMEOUT)
+            else:
+                spare.hear()
         except OSError as exc:
             log.warning("spare shim %s: %s", spare.pid or "(pid not known yet)", exc)
             self.spares.remove(spare)
             spare.close()
+            return False
+        return spare.ready
 
     def take_spare(self) -> Spare | None:
         """The spare for a Spawn: the oldest ready one, else the oldest still starting, once ready
         (up to START_TIMEOUT); None when none is had (the Spawn forks its shim then)."""
         for spare in list(self.spares):
             self.hear(spare)
-        ready = [spare for spare in self.spares if spare.ready]
-        while ready or self.spares:
-            spare = (ready or self.spares)[0]
-            self.spares.remove(spare)
-            if spare.ready:
+        for spare in sorted(self.spares, key=lambda spare: not spare.ready):  # (a stable sort: oldest first)
+            if self.hear(spare, wait=True):
+                self.spares.remove(spare)
                 return spare
-            try:
-                spare.wait_ready(START_TIMEOUT)
-                return spare
-            except OSError as exc:
-                log.warning("spare shim %s: %s", spare.pid or "(pid not known yet)", exc)
-                spare.close()
         return None
 
     def retire(self) -> None:
@@ -435,12 +432,7 @@ class _Template:
         # A spare that is being forked is waited for: a Ping that follows a Spawn (or the start)
         # names the spare forked after it, ready.
         for spare in list(self.spares):
-            try:
-                spare.wait_ready(START_TIMEOUT)
-            except OSError as exc:
-                log.warning("spare shim %s: %s", spare.pid or "(pid not known yet)", exc)
-                self.spares.remove(spare)
-                spare.close()
+            self.hear(spare, wait=True)
         ready = [spare.pid for spare in self.spares]
         return {"pid": os.getpid(), "spawned": self.spawned, "runtime_root": self.runtime_root,
                 "spare_pid": ready[0] if ready else 0, "spare_pids": ready}
