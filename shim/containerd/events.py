@@ -109,5 +109,9 @@ class Publisher:
                 if self.queue and self.queue[0] is request:
                     self.queue.popleft()
         finally:
+            # No longer the sender before the first await of closing: an event published while
+            # the idle connection closes starts a sender of its own rather than wait for the next.
+            if self.sender is asyncio.current_task():
+                self.sender = None
             if client is not None:
                 await client.aclose()

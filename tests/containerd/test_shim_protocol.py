@@ -15,10 +15,8 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
-from typing import Any
 
 import msgpack
 import pytest
@@ -28,15 +26,16 @@ from shim.api.names import SANDBOX_SERVICE as PODSHIM_SANDBOX
 from shim.api.names import TEMPLATE_SERVICE
 from shim.api.paths import control_socket_path
 from shim.containerd.api import load
-from shim.containerd.events import events_pb2, task_events
+from shim.containerd.events import task_events
 from shim.containerd.services import SANDBOX_SERVICE as SANDBOX
 from shim.containerd.services import TASK_SERVICE as TASK
 from shim.containerd.services import sandbox_pb2, task_pb2
 from shim.cri.api import api_pb2
 from shim.daemon import SHUTDOWN_TIMEOUT
-from shim.rpc import Client, FailedPrecondition, InvalidArgument, Server, blocking
+from shim.rpc import Client, FailedPrecondition, InvalidArgument, blocking
 from shim.rpc.codecs import PROTOBUF
 
+from support.eventsink import fake_containerd_events
 from support.shimtools import WAIT, ProcessRef, Template, new_id
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -210,29 +209,6 @@ def test_a_command_line_containerd_would_not_write_is_refused_with_a_sentence(tm
                           timeout=30)
     assert done.returncode == 2
     assert said in done.stderr and done.stdout == b""
-
-
-@contextlib.asynccontextmanager
-async def fake_containerd_events(path: str):
-    """containerd's ttrpc Events service at ``path``: the envelopes forwarded to it, in order."""
-    received: list = []
-    arrived = asyncio.Event()
-
-    async def forward(ctx, payload: Any) -> bytes:  # (protobuf=True: payload is the message's bytes)
-        received.append(events_pb2.ForwardRequest.FromString(payload).envelope)
-        arrived.set()
-        return empty_pb2.Empty().SerializeToString()
-
-    server = Server()
-    server.register("containerd.services.events.ttrpc.v1.Events", {"Forward": forward}, protobuf=True)
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    sock.bind(path)
-    sock.listen()
-    await server.start(sock)
-    try:
-        yield received, arrived
-    finally:
-        await server.aclose()
 
 
 async def test_a_container_from_an_oci_bundle_runs_and_its_events_reach_containerd(started, tmp_path) -> None:
