@@ -38,10 +38,11 @@ async def test_events_arrive_in_the_order_they_were_published(tmp_path) -> None:
 async def test_an_event_published_while_the_idle_connection_closes_is_sent_too(tmp_path, monkeypatch) -> None:
     publisher = Publisher(str(tmp_path / "ttrpc.sock"), NAMESPACE)
     close = Client.aclose
+    closings: list[Client] = []
 
     async def close_and_meanwhile_publish(client: Client) -> None:
-        if not hasattr(publisher, "published_while_closing"):
-            publisher.published_while_closing = True
+        closings.append(client)
+        if len(closings) == 1:
             publisher.publish("/tasks/delete", task_events.TaskCreate(container_id="late"))
         await close(client)
 

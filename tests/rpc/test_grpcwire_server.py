@@ -369,6 +369,7 @@ def call_without_a_clock_of_its_own(socket_path: str, request: bytes, timeout: f
         while (result := conn.next_outcome()) is NEED_DATA:
             conn.receive_data(sock.recv(65536))
             sock.sendall(conn.data_to_send())
+    assert isinstance(result, Outcome)
     return result
 
 

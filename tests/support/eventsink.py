@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
+from collections.abc import AsyncIterator
 from typing import Any
 
 from google.protobuf import empty_pb2
@@ -14,15 +15,16 @@ from shim.rpc import Server
 
 
 @contextlib.asynccontextmanager
-async def fake_containerd_events(path: str):
+async def fake_containerd_events(path: str) -> AsyncIterator[tuple[list[Any], asyncio.Event]]:
     """containerd's ttrpc Events service at ``path``: the envelopes forwarded to it, in order."""
-    received: list = []
+    received: list[Any] = []
     arrived = asyncio.Event()
 
-    async def forward(ctx, payload: Any) -> bytes:  # (protobuf=True: payload is the message's bytes)
+    async def forward(ctx: Any, payload: Any) -> bytes:  # (protobuf=True: payload is the message's bytes)
         received.append(events_pb2.ForwardRequest.FromString(payload).envelope)
         arrived.set()
-        return empty_pb2.Empty().SerializeToString()
+        reply: bytes = empty_pb2.Empty().SerializeToString()
+        return reply
 
     server = Server()
     server.register(EVENTS_SERVICE, {"Forward": forward}, protobuf=True)
