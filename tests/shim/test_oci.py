@@ -24,6 +24,7 @@ from shim.api.defaults import CATATONIT
 from shim.kernel import devices, linux
 from shim.kernel.reaper import Reaper
 from shim.launch.template import stop_template
+from shim.lib.files import flock_open
 from shim.lib.idmaps import UserNamespace
 from shim.rpc.status import AlreadyExists, DeadlineExceeded, FailedPrecondition, Internal, InvalidArgument, NotFound
 from shim.runtime import pause, process
@@ -482,13 +483,21 @@ async def test_podshim_delete_after_the_shim_was_killed_deletes_the_runtime_cont
         shim_info = info["shim"]
         cgroup_dirs = [v for k, v in shim_info.items() if k.startswith("cgroup.")]
         assert sorted(runtime_containers(handler, runtime_root)) == [pod_id, f"{pod_id}+{cid}"]
-        os.kill(int(shim_info["shim_pid"]), signal.SIGKILL)
-        assert not await wait_gone_async(int(shim_info["shim_pid"]), timeout=SETTLE)
-        assert alive(info["pid"]) and alive(task_pid)  # the pause and the task outlive their shim
+        # The bundle's flock held here is "another process cleaning up": the Controller that
+        # notices the dead shim leaves the pause and the task to us and only marks the pod.
+        with flock_open(shim_info["bundle"], blocking=False, create=False) as held:
+            assert held is not None
+            os.kill(int(shim_info["shim_pid"]), signal.SIGKILL)
+            assert not await wait_gone_async(int(shim_info["shim_pid"]), timeout=SETTLE)
+            deadline = time.monotonic() + SETTLE
+            while (await pods.pod_sandbox_status(pod_id))["state"] != "SANDBOX_NOTREADY":
+                assert time.monotonic() < deadline, "the pod never showed NOTREADY"
+                await asyncio.sleep(0.02)
+            assert alive(info["pid"]) and alive(task_pid)  # the pause and the task outlive their shim
 
-        done = subprocess.run([sys.executable, "-m", "shim", "delete", "--namespace", "k8s.io", "--id", pod_id,
-                               "--bundle", shim_info["bundle"], "--runtime-root", runtime_root],
-                              capture_output=True, text=True, timeout=60)
+            done = subprocess.run([sys.executable, "-m", "shim", "delete", "--namespace", "k8s.io", "--id", pod_id,
+                                   "--bundle", shim_info["bundle"], "--runtime-root", runtime_root],
+                                  capture_output=True, text=True, timeout=60)
         assert done.returncode == 0, done.stderr
         assert json.loads(done.stdout)["exit_status"] == 128 + signal.SIGKILL
         assert runtime_containers(handler, runtime_root) == []
