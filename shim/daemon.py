@@ -13,7 +13,7 @@ import os
 import signal
 import socket
 from collections.abc import Callable, Coroutine
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from shim.kernel.linux import release_zero_pages, set_process_name
 from shim.kernel.reaper import Reaper
@@ -28,6 +28,9 @@ from shim.sandbox.sandbox import Sandbox, State
 from shim.sandbox.service import SandboxService, register
 from shim.sandbox.task_service import TaskService, register_tasks
 
+if TYPE_CHECKING:
+    from shim.containerd.events import Publisher
+
 __all__ = ["SHUTDOWN_TIMEOUT", "SpareChannel", "serve_forever", "serve_when_assigned"]
 
 log = logging.getLogger("shim")
@@ -36,6 +39,8 @@ log = logging.getLogger("shim")
 SHUTDOWN_TIMEOUT = 3.0
 #: Why the shim ends when a call (ShutdownSandbox, or containerd's Task Shutdown) asked it to.
 SHUTDOWN_CALL = "ShutdownSandbox"
+#: How long a shim started by containerd waits at exit for containerd to take its queued events.
+EVENTS_FLUSH_TIMEOUT = 3.0
 #: A loop object this big holds its read buffer (uvloop's): see _release_read_buffer.
 _BIG_LOOP = 64 * 1024
 
@@ -174,10 +179,11 @@ class _Shim:
         tasks = TaskService(self.sandbox)
         register(self.server, service)
         register_tasks(self.server, tasks)
+        self.publisher: Publisher | None = None
         if config.containerd_address is not None:  # started by containerd: its services too
             from shim.containerd.services import register_containerd
 
-            register_containerd(self.server, service, tasks)
+            self.publisher = register_containerd(self.server, service, tasks)
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.finish, signal.Signals(sig).name)
         # A detached shim has no terminal, but a hangup must never end it (the caller's session).
@@ -235,6 +241,8 @@ class _Shim:
             unlink_quietly(config.socket_path)
         await self._close_server()
         listener.close()
+        if self.publisher is not None:  # the last exits and deletes, which containerd may still wait for
+            await self.publisher.aclose(EVENTS_FLUSH_TIMEOUT)
         if sandbox.state is not State.SHUTDOWN:
             # SIGTERM/SIGINT: leave the pause running so a restarted controller can still
             # reconnect or `podshim delete`; just record that the shim is gone.

@@ -4,7 +4,9 @@ on containerd's ttrpc address (``TTRPC_ADDRESS``), as containerd's own shims pub
 :class:`Publisher` queues each event (never blocking the call that made it) and one task sends them
 in order over one protobuf connection, made when the first event comes and made again after
 containerd went away (a restarted containerd gets what was queued meanwhile). At most
-:data:`QUEUE_LIMIT` events wait; beyond that the oldest is dropped, and the log says so.
+:data:`QUEUE_LIMIT` events wait; beyond that the oldest is dropped, and the log says so. A shim
+that exits closes its publisher (:meth:`Publisher.aclose`), which sends what is still queued
+within a bound and logs how many it could not.
 """
 
 from __future__ import annotations
@@ -49,10 +51,15 @@ class Publisher:
         self.namespace = namespace
         self.queue: collections.deque[bytes] = collections.deque()
         self.sender: asyncio.Task[None] | None = None
+        self.follower: asyncio.Task[None] | None = None
         self.dropped = 0
+        self.closed = False
 
     def publish(self, topic: str, event: Message) -> None:
         """Queue ``event`` (a message of containerd's events/task.proto) under ``topic``."""
+        if self.closed:
+            log.warning("event %s published after the shim's publisher closed; dropped", topic)
+            return
         envelope = envelope_pb2.Envelope(
             timestamp=timestamp(time.time_ns()), namespace=self.namespace, topic=topic,
             event=AnyMessage(type_url=event.DESCRIPTOR.full_name, value=event.SerializeToString()))
@@ -79,7 +86,33 @@ class Publisher:
             finally:
                 subscription.close()
 
-        return asyncio.ensure_future(follow())
+        self.follower = asyncio.ensure_future(follow())
+        return self.follower
+
+    async def aclose(self, timeout: float) -> int:
+        """Stop following and send what is queued, waiting at most ``timeout`` seconds for
+        containerd to take it; then stop sending. Returns how many events were not sent (the log
+        names the number too)."""
+        self.closed = True
+        if self.follower is not None:
+            self.follower.cancel()
+            await asyncio.wait([self.follower])
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while self.queue and loop.time() < deadline:
+            if self.sender is None or self.sender.done():
+                self.sender = asyncio.ensure_future(self._send())
+            await asyncio.wait([self.sender], timeout=deadline - loop.time())
+        sender, self.sender = self.sender, None
+        if sender is not None and not sender.done():
+            sender.cancel()
+            await asyncio.wait([sender])  # its connection closed, as it always closes it
+        left = len(self.queue)
+        if left:
+            log.warning("%d event(s) for containerd at %s not sent within %gs of the shim's exit; dropped",
+                        left, self.address, timeout)
+            self.queue.clear()
+        return left
 
     async def _send(self) -> None:
         from shim.rpc.client import Client

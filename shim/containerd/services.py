@@ -31,6 +31,7 @@ from shim.rpc.server import CallContext, Server
 from shim.rpc.status import FailedPrecondition, Internal, InvalidArgument, Unimplemented
 
 if TYPE_CHECKING:
+    from shim.containerd.events import Publisher
     from shim.cri.configs import PodSandboxConfig
     from shim.lib.podfiles import PodFiles
     from shim.sandbox.service import SandboxService
@@ -253,8 +254,9 @@ def warm() -> None:
         response.SerializeToString()
 
 
-def register_containerd(server: Server, service: SandboxService, tasks: TaskService) -> None:
-    """Serve containerd's Sandbox and Task v3 services on ``server`` (protobuf connections)."""
+def register_containerd(server: Server, service: SandboxService, tasks: TaskService) -> Publisher:
+    """Serve containerd's Sandbox and Task v3 services on ``server`` (protobuf connections);
+    returns the publisher of their events, for the shim to close as it exits."""
     sandbox = SandboxV1(service)
     _serve(server, SANDBOX_SERVICE, sandbox_pb2, {
         "CreateSandbox": sandbox.create, "StartSandbox": sandbox.start, "Platform": sandbox.platform,
@@ -276,3 +278,4 @@ def register_containerd(server: Server, service: SandboxService, tasks: TaskServ
         "Stats": task.stats, "Pause": task.unsupported, "Resume": task.unsupported,
         "Checkpoint": task.unsupported,
     })
+    return events

@@ -1,42 +1,58 @@
 """A shim's task events reach containerd's Events/Forward in the order they were published, each one:
 an event published while the sender closes its idle connection is sent too, and events published
-while containerd is away wait for it."""
+while containerd is away wait for it. Closing the publisher (the shim exits) sends what is queued
+within its bound, then says how many it could not send."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 
 from shim.containerd import events
 from shim.containerd.events import Publisher, task_events
 from shim.rpc.client import Client
+from shim.sandbox.events import EventBus
 
-from support.eventsink import fake_containerd_events
+from support.eventsink import events_arrived, fake_containerd_events
 from support.shimtools import WAIT
 
 NAMESPACE = "k8s.io"
 
 
 async def arrive(received: list, arrived: asyncio.Event, count: int) -> list[tuple[str, str]]:
-    async with asyncio.timeout(WAIT):
-        while len(received) < count:
-            arrived.clear()
-            await arrived.wait()
+    await events_arrived(received, arrived, count, WAIT)
     return [(e.topic, task_events.TaskCreate.FromString(e.event.value).container_id) for e in received]
 
 
-async def test_events_arrive_in_the_order_they_were_published(tmp_path) -> None:
+@pytest.fixture
+async def publisher(tmp_path) -> AsyncIterator[Publisher]:
+    """A publisher to containerd at tmp_path/ttrpc.sock, closed at the end (nothing left sending)."""
+    it = Publisher(str(tmp_path / "ttrpc.sock"), NAMESPACE)
+    try:
+        yield it
+    finally:
+        await it.aclose(0)
+        assert it.sender is None
+
+
+def created(container_id: str) -> Any:
+    return task_events.TaskCreate(container_id=container_id)
+
+
+async def test_events_arrive_in_the_order_they_were_published(publisher, tmp_path) -> None:
     async with fake_containerd_events(str(tmp_path / "ttrpc.sock")) as (received, arrived):
-        publisher = Publisher(str(tmp_path / "ttrpc.sock"), NAMESPACE)
         for n in range(5):
             publisher.publish("/tasks/create", task_events.TaskCreate(container_id=f"c{n}"))
         assert await arrive(received, arrived, 5) == [("/tasks/create", f"c{n}") for n in range(5)]
         assert {e.namespace for e in received} == {NAMESPACE}
 
 
-async def test_an_event_published_while_the_idle_connection_closes_is_sent_too(tmp_path, monkeypatch) -> None:
-    publisher = Publisher(str(tmp_path / "ttrpc.sock"), NAMESPACE)
+async def test_an_event_published_while_the_idle_connection_closes_is_sent_too(publisher, tmp_path,
+                                                                              monkeypatch) -> None:
     close = Client.aclose
     closings: list[Client] = []
 
@@ -52,9 +68,8 @@ async def test_an_event_published_while_the_idle_connection_closes_is_sent_too(t
         assert await arrive(received, arrived, 2) == [("/tasks/create", "first"), ("/tasks/delete", "late")]
 
 
-async def test_events_published_while_containerd_is_away_wait_for_it(tmp_path, monkeypatch) -> None:
+async def test_events_published_while_containerd_is_away_wait_for_it(publisher, tmp_path, monkeypatch) -> None:
     monkeypatch.setattr(events, "RETRY_DELAY", 0.05)
-    publisher = Publisher(str(tmp_path / "ttrpc.sock"), NAMESPACE)
     publisher.publish("/tasks/create", task_events.TaskCreate(container_id="early"))
     await asyncio.sleep(0.2)  # a few attempts find nobody
     assert publisher.queue and publisher.dropped == 0
@@ -66,9 +81,32 @@ async def test_events_published_while_containerd_is_away_wait_for_it(tmp_path, m
                 await asyncio.sleep(0.01)
 
 
-@pytest.fixture(autouse=True)
-async def no_sender_left_behind():
-    yield
-    for task in asyncio.all_tasks():
-        if task.get_coro().__qualname__ == "Publisher._send":
-            task.cancel()
+async def test_closing_sends_what_is_still_queued_and_then_takes_no_more(publisher, tmp_path, caplog) -> None:
+    async with fake_containerd_events(str(tmp_path / "ttrpc.sock")) as (received, arrived):
+        for n in range(3):
+            publisher.publish("/tasks/exit", created(f"c{n}"))
+        assert await publisher.aclose(WAIT) == 0
+        assert [task_events.TaskCreate.FromString(e.event.value).container_id for e in received] == ["c0", "c1", "c2"]
+        with caplog.at_level(logging.WARNING, logger=events.__name__):
+            publisher.publish("/tasks/delete", created("after"))
+        assert not publisher.queue and publisher.sender is None
+        assert "published after the shim's publisher closed; dropped" in caplog.text
+
+
+async def test_closing_while_containerd_is_away_gives_up_at_its_bound_and_says_how_many(
+        publisher, monkeypatch, caplog) -> None:
+    monkeypatch.setattr(events, "RETRY_DELAY", 0.05)
+    publisher.publish("/tasks/exit", created("a"))
+    publisher.publish("/tasks/delete", created("a"))
+    with caplog.at_level(logging.WARNING, logger=events.__name__):
+        async with asyncio.timeout(WAIT):
+            assert await publisher.aclose(0.3) == 2
+    assert not publisher.queue and publisher.sender is None
+    assert "2 event(s) for containerd" in caplog.text and "not sent within 0.3s" in caplog.text
+
+
+async def test_closing_stops_following_the_sandboxs_exits(publisher) -> None:
+    bus = EventBus(NAMESPACE, "sandbox")
+    follower = publisher.follow(bus)
+    await publisher.aclose(0)
+    assert follower.cancelled()

@@ -35,7 +35,7 @@ from shim.daemon import SHUTDOWN_TIMEOUT
 from shim.rpc import Client, FailedPrecondition, InvalidArgument, blocking
 from shim.rpc.codecs import PROTOBUF
 
-from support.eventsink import fake_containerd_events
+from support.eventsink import events_arrived, fake_containerd_events
 from support.shimtools import WAIT, ProcessRef, Template, new_id
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -211,45 +211,66 @@ def test_a_command_line_containerd_would_not_write_is_refused_with_a_sentence(tm
     assert said in done.stderr and done.stdout == b""
 
 
+async def run_a_container_to_its_end(pb: Client, sid: str, tmp_path) -> int:
+    """A sandbox's container from an OCI bundle: created, started, waited for (exit 3) and
+    deleted; returns its pid."""
+    await call(pb, SANDBOX, "CreateSandbox", sandbox_pb2.CreateSandboxRequest(
+        sandbox_id=sid, options=pod_options("app")), sandbox_pb2.CreateSandboxResponse)
+    pause = (await call(pb, SANDBOX, "StartSandbox", sandbox_pb2.StartSandboxRequest(sandbox_id=sid),
+                        sandbox_pb2.StartSandboxResponse)).pid
+    bundle = tmp_path / "c1"
+    bundle.mkdir()
+    (bundle / "config.json").write_text(json.dumps({
+        "ociVersion": "1.2.0", "root": {"path": "rootfs"},
+        "process": {"args": ["/bin/sh", "-c", "echo hi; exit 3"], "cwd": "/", "env": ["PATH=/usr/bin:/bin"],
+                    "user": {"uid": 0, "gid": 0}},
+        "linux": {"namespaces": [{"type": "pid"}, {"type": "mount"},
+                                 *({"type": kind, "path": f"/proc/{pause}/ns/{ns}"}
+                                   for kind, ns in (("network", "net"), ("ipc", "ipc"), ("uts", "uts")))]}}))
+    node_root = mount_pb2.Mount(type="bind", source="/", options=["rbind", "ro"])  # the node's programs
+    await call(pb, TASK, "Create", task_pb2.CreateTaskRequest(id="c1", bundle=str(bundle), rootfs=[node_root]),
+               task_pb2.CreateTaskResponse)
+    begun = await call(pb, TASK, "Start", task_pb2.StartRequest(id="c1"), task_pb2.StartResponse)
+    waited = await call(pb, TASK, "Wait", task_pb2.WaitRequest(id="c1"), task_pb2.WaitResponse)
+    assert waited.exit_status == 3
+    deleted = await call(pb, TASK, "Delete", task_pb2.DeleteRequest(id="c1"), task_pb2.DeleteResponse)
+    assert (deleted.pid, deleted.exit_status) == (begun.pid, 3)
+    pid: int = begun.pid
+    return pid
+
+
+TASK_EVENTS = [("/tasks/create", NAMESPACE, "containerd.events.TaskCreate"),
+               ("/tasks/start", NAMESPACE, "containerd.events.TaskStart"),
+               ("/tasks/exit", NAMESPACE, "containerd.events.TaskExit"),
+               ("/tasks/delete", NAMESPACE, "containerd.events.TaskDelete")]
+
+
 async def test_a_container_from_an_oci_bundle_runs_and_its_events_reach_containerd(started, tmp_path) -> None:
     sid = started.sandbox_id
     async with fake_containerd_events(str(tmp_path / "ttrpc.sock")) as (received, arrived), \
             await Client.connect(started.address, codec=PROTOBUF) as pb:
-        await call(pb, SANDBOX, "CreateSandbox", sandbox_pb2.CreateSandboxRequest(
-            sandbox_id=sid, options=pod_options("app")), sandbox_pb2.CreateSandboxResponse)
-        pause = (await call(pb, SANDBOX, "StartSandbox", sandbox_pb2.StartSandboxRequest(sandbox_id=sid),
-                            sandbox_pb2.StartSandboxResponse)).pid
-        bundle = tmp_path / "c1"
-        bundle.mkdir()
-        (bundle / "config.json").write_text(json.dumps({
-            "ociVersion": "1.2.0", "root": {"path": "rootfs"},
-            "process": {"args": ["/bin/sh", "-c", "echo hi; exit 3"], "cwd": "/", "env": ["PATH=/usr/bin:/bin"],
-                        "user": {"uid": 0, "gid": 0}},
-            "linux": {"namespaces": [{"type": "pid"}, {"type": "mount"},
-                                     *({"type": kind, "path": f"/proc/{pause}/ns/{ns}"}
-                                       for kind, ns in (("network", "net"), ("ipc", "ipc"), ("uts", "uts")))]}}))
-        node_root = mount_pb2.Mount(type="bind", source="/", options=["rbind", "ro"])  # the node's programs
-        await call(pb, TASK, "Create", task_pb2.CreateTaskRequest(id="c1", bundle=str(bundle), rootfs=[node_root]),
-                   task_pb2.CreateTaskResponse)
-        begun = await call(pb, TASK, "Start", task_pb2.StartRequest(id="c1"), task_pb2.StartResponse)
-        waited = await call(pb, TASK, "Wait", task_pb2.WaitRequest(id="c1"), task_pb2.WaitResponse)
-        assert waited.exit_status == 3
-        deleted = await call(pb, TASK, "Delete", task_pb2.DeleteRequest(id="c1"), task_pb2.DeleteResponse)
-        assert (deleted.pid, deleted.exit_status) == (begun.pid, 3)
-        async with asyncio.timeout(WAIT * 4):
-            while len(received) < 4:
-                arrived.clear()
-                await arrived.wait()
-        assert [(e.topic, e.namespace, e.event.type_url) for e in received] == [
-            ("/tasks/create", NAMESPACE, "containerd.events.TaskCreate"),
-            ("/tasks/start", NAMESPACE, "containerd.events.TaskStart"),
-            ("/tasks/exit", NAMESPACE, "containerd.events.TaskExit"),
-            ("/tasks/delete", NAMESPACE, "containerd.events.TaskDelete")]
+        pid = await run_a_container_to_its_end(pb, sid, tmp_path)
+        await events_arrived(received, arrived, 4, WAIT * 4)
+        assert [(e.topic, e.namespace, e.event.type_url) for e in received] == TASK_EVENTS
         exit = task_events.TaskExit.FromString(received[2].event.value)
-        assert (exit.container_id, exit.pid, exit.exit_status) == ("c1", begun.pid, 3)
+        assert (exit.container_id, exit.pid, exit.exit_status) == ("c1", pid, 3)
         await call(pb, SANDBOX, "ShutdownSandbox", sandbox_pb2.ShutdownSandboxRequest(sandbox_id=sid),
                    sandbox_pb2.ShutdownSandboxResponse)
     await started.shim.exited(WAIT * 2)
+
+
+async def test_events_containerd_has_not_taken_are_sent_before_the_shim_exits(started, tmp_path) -> None:
+    # containerd is away while the container runs (a restart): its events wait in the shim, and
+    # the shim that was shut down meanwhile sends them to the containerd that is back before it exits.
+    sid = started.sandbox_id
+    async with await Client.connect(started.address, codec=PROTOBUF) as pb:
+        await run_a_container_to_its_end(pb, sid, tmp_path)
+        await call(pb, SANDBOX, "ShutdownSandbox", sandbox_pb2.ShutdownSandboxRequest(sandbox_id=sid),
+                   sandbox_pb2.ShutdownSandboxResponse)
+    async with fake_containerd_events(str(tmp_path / "ttrpc.sock")) as (received, arrived):
+        await events_arrived(received, arrived, 4, WAIT * 2)
+        assert [(e.topic, e.namespace, e.event.type_url) for e in received] == TASK_EVENTS
+        await started.shim.exited(WAIT * 2)
 
 
 def test_the_commands_one_error_mapping_loads_neither_the_fork_path_nor_protobuf() -> None:

@@ -36,3 +36,12 @@ async def fake_containerd_events(path: str) -> AsyncIterator[tuple[list[Any], as
         yield received, arrived
     finally:
         await server.aclose()
+
+
+async def events_arrived(received: list[Any], arrived: asyncio.Event, count: int, timeout: float) -> None:
+    """Wait until ``count`` events have arrived at :func:`fake_containerd_events`; TimeoutError
+    after ``timeout`` seconds."""
+    async with asyncio.timeout(timeout):
+        while len(received) < count:
+            arrived.clear()
+            await arrived.wait()
