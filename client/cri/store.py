@@ -551,11 +551,16 @@ class PodStore:
         record.check()
         if record.pod_id != pod_id:
             raise InvalidArgument(f"it holds pod {record.pod_id!r}")
+        self._remember(pod_id, data, record, key)
+        return data, record
+
+    def _remember(self, pod_id: str, data: bytes, record: PodRecord, key: tuple[int, ...] | None) -> None:
+        """Keep ``record``, parsed from ``data``, as the last parse of ``pod_id``'s record file
+        (``key``: its settled stat; None has the next read compare the bytes)."""
         self._forget(pod_id)
         self._cache[pod_id] = (data, record, key)
         for container_id in record.containers:
             self._owners[container_id] = pod_id
-        return data, record
 
     def _forget(self, pod_id: str) -> None:
         """Drop the last parse of ``pod_id``'s record, and its containers' owner entries."""
@@ -681,8 +686,11 @@ class PodStore:
                     unlink_quietly(tmp)
             fsync_dir(self._dir)
             # A copy made from the bytes on disk: later changes to the caller's dicts cannot
-            # reach the store, and what is returned is exactly what a reader will read.
-            return PodRecord.from_json(json.loads(data))
+            # reach the store, and what is returned is exactly what a reader will read. It is
+            # the next reader's parse too: a read that finds these bytes decodes nothing.
+            stored = PodRecord.from_json(json.loads(data))
+            self._remember(pod_id, data, stored, None)
+            return stored
 
     # -- pods ----------------------------------------------------------------------------------
 

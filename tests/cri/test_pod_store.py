@@ -20,6 +20,7 @@ from shim.cri.configs import PodSandboxConfig
 from shim.rpc.status import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
 
 from client.cri import store as store_module
+from client.cri.pod.base import parsed_once
 from client.cri.store import (
     CONTAINER_TRANSITIONS,
     POD_TRANSITIONS,
@@ -729,6 +730,32 @@ def test_a_record_is_decoded_again_only_when_its_bytes_change(store) -> None:
     assert reader.get("aaa1").ip == "10.88.0.3"
     store.delete("aaa1")
     assert reader.list() == [] and reader._cache == {}
+
+
+def test_what_the_store_wrote_is_what_its_next_read_gives_without_decoding_it(store, monkeypatch) -> None:
+    written = store.update(made(store, "aaa1").pod_id, ip="10.88.0.2")
+    decoded: list[str] = []
+    monkeypatch.setattr(store_module, "decode_json", lambda data, path: decoded.append(path))
+    assert store.get("aaa1") is written and [r.pod_id for r in store.list()] == ["aaa1"] and decoded == []
+    monkeypatch.undo()
+    reopen(store).update("aaa1", ip="10.88.0.3")  # another process's write: read and decoded
+    assert store.get("aaa1").ip == "10.88.0.3"
+
+
+def test_a_config_is_parsed_once_however_often_its_pod_is_written(store) -> None:
+    kept: dict = {}
+    parses: list[dict] = []
+
+    def parse(config: dict) -> object:
+        parses.append(config)
+        return object()
+
+    first = made(store, "aaa1")
+    parsed = parsed_once(kept, "aaa1", first, parse)
+    again = store.update("aaa1", ip="10.88.0.2")
+    assert again is not first and parsed_once(kept, "aaa1", again, parse) is parsed and len(parses) == 1
+    other = made(store, "bbb2", name="db")  # another config: parsed
+    assert parsed_once(kept, "aaa1", other, parse) is not parsed and len(parses) == 2
 
 
 def test_opening_the_store_leaves_a_live_writers_tmp_file_alone(store) -> None:

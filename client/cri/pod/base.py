@@ -351,12 +351,16 @@ _C = TypeVar("_C")
 
 
 def parsed_once(kept: dict[str, tuple[_R, _C]], key: str, record: _R, parse: Callable[[Any], _C]) -> _C:
-    """``parse(record.config)``, made once per record object and kept under ``key`` (see
-    :func:`keep_newest`): a record does not change, a changed one is a new object."""
+    """``parse(record.config)``, made once per config and kept under ``key`` (see
+    :func:`keep_newest`): a record does not change, a changed one is a new object, and a new
+    record of the same config (every write of a pod gives one) is given what was made already."""
     cached = kept.get(key)
     if cached is not None and cached[0] is record:
         return cached[1]
-    made = parse(record.config)
+    if cached is not None and cached[0].config == record.config:
+        made = cached[1]
+    else:
+        made = parse(record.config)
     keep_newest(kept, key, (record, made), _CONFIGS_KEPT)
     return made
 
