@@ -68,8 +68,7 @@ class Publisher:
             self.dropped += 1
             log.warning("containerd at %s is not taking events: %d dropped so far", self.address, self.dropped)
         self.queue.append(events_pb2.ForwardRequest(envelope=envelope).SerializeToString())
-        if self.sender is None or self.sender.done():
-            self.sender = asyncio.ensure_future(self._send())
+        self._sending()
 
     def follow(self, bus: EventBus) -> asyncio.Task[None]:
         """Forward the exits of the shim's tasks that ``bus`` publishes, as TaskExit."""
@@ -100,9 +99,7 @@ class Publisher:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         while self.queue and loop.time() < deadline:
-            if self.sender is None or self.sender.done():
-                self.sender = asyncio.ensure_future(self._send())
-            await asyncio.wait([self.sender], timeout=deadline - loop.time())
+            await asyncio.wait([self._sending()], timeout=deadline - loop.time())
         sender, self.sender = self.sender, None
         if sender is not None and not sender.done():
             sender.cancel()
@@ -113,6 +110,12 @@ class Publisher:
                         left, self.address, timeout)
             self.queue.clear()
         return left
+
+    def _sending(self) -> asyncio.Task[None]:
+        """The task that sends the queue, started when none runs."""
+        if self.sender is None or self.sender.done():
+            self.sender = asyncio.ensure_future(self._send())
+        return self.sender
 
     async def _send(self) -> None:
         from shim.rpc.client import Client

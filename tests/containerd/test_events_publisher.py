@@ -46,7 +46,7 @@ def created(container_id: str) -> Any:
 async def test_events_arrive_in_the_order_they_were_published(publisher, tmp_path) -> None:
     async with fake_containerd_events(str(tmp_path / "ttrpc.sock")) as (received, arrived):
         for n in range(5):
-            publisher.publish("/tasks/create", task_events.TaskCreate(container_id=f"c{n}"))
+            publisher.publish("/tasks/create", created(f"c{n}"))
         assert await arrive(received, arrived, 5) == [("/tasks/create", f"c{n}") for n in range(5)]
         assert {e.namespace for e in received} == {NAMESPACE}
 
@@ -59,22 +59,22 @@ async def test_an_event_published_while_the_idle_connection_closes_is_sent_too(p
     async def close_and_meanwhile_publish(client: Client) -> None:
         closings.append(client)
         if len(closings) == 1:
-            publisher.publish("/tasks/delete", task_events.TaskCreate(container_id="late"))
+            publisher.publish("/tasks/delete", created("late"))
         await close(client)
 
     monkeypatch.setattr(Client, "aclose", close_and_meanwhile_publish)
     async with fake_containerd_events(str(tmp_path / "ttrpc.sock")) as (received, arrived):
-        publisher.publish("/tasks/create", task_events.TaskCreate(container_id="first"))
+        publisher.publish("/tasks/create", created("first"))
         assert await arrive(received, arrived, 2) == [("/tasks/create", "first"), ("/tasks/delete", "late")]
 
 
 async def test_events_published_while_containerd_is_away_wait_for_it(publisher, tmp_path, monkeypatch) -> None:
     monkeypatch.setattr(events, "RETRY_DELAY", 0.05)
-    publisher.publish("/tasks/create", task_events.TaskCreate(container_id="early"))
+    publisher.publish("/tasks/create", created("early"))
     await asyncio.sleep(0.2)  # a few attempts find nobody
     assert publisher.queue and publisher.dropped == 0
     async with fake_containerd_events(str(tmp_path / "ttrpc.sock")) as (received, arrived):
-        publisher.publish("/tasks/start", task_events.TaskCreate(container_id="later"))
+        publisher.publish("/tasks/start", created("later"))
         assert await arrive(received, arrived, 2) == [("/tasks/create", "early"), ("/tasks/start", "later")]
         async with asyncio.timeout(WAIT):  # each taken off the queue once containerd answered its Forward
             while publisher.queue:

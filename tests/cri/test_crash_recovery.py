@@ -7,12 +7,10 @@ never half. The same holds when the shim or the pause is killed instead.
 
 from __future__ import annotations
 
-import asyncio
 import os
 import secrets
 import signal
 import subprocess
-import time
 
 import pytest
 
@@ -29,7 +27,7 @@ from support.crashtools import (
     assert_whole_or_gone,
     run_flow,
 )
-from support.podtools import pod_config
+from support.podtools import pod_config, shows_notready
 from support.proctools import wait_gone_async
 
 
@@ -78,8 +76,5 @@ async def test_shim_or_pause_killed_under_a_ready_pod(roots, victim):
         killed = int(info["shim"]["shim_pid"]) if victim == "shim" else info["pid"]
         os.kill(killed, signal.SIGKILL)
         assert not await wait_gone_async(killed)
-        deadline = time.monotonic() + 10
-        while (await pods.pod_sandbox_status(pod_id))["state"] != "SANDBOX_NOTREADY":
-            assert time.monotonic() < deadline, "the pod never showed NOTREADY"
-            await asyncio.sleep(0.02)  # the shim or the controller notices the death on its own
+        await shows_notready(pods, pod_id, 10)  # the shim or the controller notices the death on its own
     await assert_whole_or_gone(roots)

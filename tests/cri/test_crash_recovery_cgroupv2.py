@@ -12,7 +12,6 @@ stopped and removed.
 
 from __future__ import annotations
 
-import asyncio
 import os
 import secrets
 import shutil
@@ -34,7 +33,7 @@ from client.cri.pod import open_pod_service
 
 from support import crashtools
 from support.crashtools import PROBE, assert_whole_or_gone, run_flow
-from support.podtools import pod_config
+from support.podtools import pod_config, shows_notready
 from support.proctools import wait_gone_async
 from support.rpctools import WAIT
 
@@ -187,10 +186,7 @@ async def test_shim_killed_under_a_running_container_leaves_nothing_on_v2(node, 
         shim_pid = int(info["shim"]["shim_pid"])
         os.kill(shim_pid, signal.SIGKILL)
         assert not await wait_gone_async(shim_pid)
-        deadline = time.monotonic() + WAIT
-        while (await pods.pod_sandbox_status(pod_id))["state"] != "SANDBOX_NOTREADY":
-            assert time.monotonic() < deadline, "the pod never showed NOTREADY"
-            await asyncio.sleep(0.02)  # the controller notices the shim's death on its own
+        await shows_notready(pods, pod_id, WAIT)  # the controller notices the shim's death on its own
         await pods.stop_pod_sandbox(pod_id)
         await pods.remove_pod_sandbox(pod_id)
         assert pods.store.list() == []

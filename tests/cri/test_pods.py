@@ -19,7 +19,15 @@ from shim.rpc.status import AlreadyExists, FailedPrecondition, InvalidArgument, 
 from client.cri.pod import PodEntry, open_pod_service
 
 from support.looptools import loop_stalls
-from support.podtools import BUSYBOX_MOUNT, container_config, node_container, ns_inode, pod_config, pod_service
+from support.podtools import (
+    BUSYBOX_MOUNT,
+    container_config,
+    node_container,
+    ns_inode,
+    pod_config,
+    pod_service,
+    shows_notready,
+)
 from support.proctools import alive, wait_gone_async
 
 # Every test here runs twice: shims exec'd by `podshim start`, and shims forked by a template.
@@ -313,10 +321,7 @@ async def test_a_pod_whose_shim_is_killed_shows_notready_and_can_be_removed(root
         info = (await pods.pod_sandbox_status(pod_id, verbose=True))["info"]
         os.kill(int(info["shim"]["shim_pid"]), signal.SIGKILL)
         assert not await wait_gone_async(int(info["shim"]["shim_pid"]))
-        deadline = time.monotonic() + 10
-        while (await pods.pod_sandbox_status(pod_id))["state"] != "SANDBOX_NOTREADY":
-            assert time.monotonic() < deadline
-            await asyncio.sleep(0.02)  # the controller notices the death on its own
+        await shows_notready(pods, pod_id, 10)  # the controller notices the death on its own
         await pods.stop_pod_sandbox(pod_id)
         await pods.remove_pod_sandbox(pod_id)
         assert not await wait_gone_async(info["pid"])

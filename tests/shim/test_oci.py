@@ -33,7 +33,7 @@ from shim.runtime.oci import cli
 from shim.runtime.oci import rootfs as pause_rootfs
 from shim.runtime.oci import spec as specs
 
-from support.podtools import node_container, ns_inode, pod_config, pod_service
+from support.podtools import node_container, ns_inode, pod_config, pod_service, shows_notready
 from support.proctools import alive, wait_gone_async
 
 HANDLERS = ["native", "runc", "crun"]
@@ -489,10 +489,7 @@ async def test_podshim_delete_after_the_shim_was_killed_deletes_the_runtime_cont
             assert held is not None
             os.kill(int(shim_info["shim_pid"]), signal.SIGKILL)
             assert not await wait_gone_async(int(shim_info["shim_pid"]), timeout=SETTLE)
-            deadline = time.monotonic() + SETTLE
-            while (await pods.pod_sandbox_status(pod_id))["state"] != "SANDBOX_NOTREADY":
-                assert time.monotonic() < deadline, "the pod never showed NOTREADY"
-                await asyncio.sleep(0.02)
+            await shows_notready(pods, pod_id, SETTLE)
             assert alive(info["pid"]) and alive(task_pid)  # the pause and the task outlive their shim
 
             done = subprocess.run([sys.executable, "-m", "shim", "delete", "--namespace", "k8s.io", "--id", pod_id,

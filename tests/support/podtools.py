@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import pathlib
 import secrets
 import subprocess
+import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -126,3 +128,12 @@ async def pod_service(roots: tuple[str, str], **kwargs: Any) -> AsyncIterator[Po
                     await pods.remove_pod_sandbox(pod.pod_id)
                 except Exception as exc:  # keep cleaning the rest; the leak guard reports leftovers
                     print(f"cleanup of pod {pod.pod_id} failed: {exc}")
+
+
+async def shows_notready(pods: PodService, pod_id: str, timeout: float) -> None:
+    """Wait until the pod shows SANDBOX_NOTREADY, as it does once its shim or its Controller
+    noticed a death on its own; fails the test after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while (await pods.pod_sandbox_status(pod_id))["state"] != "SANDBOX_NOTREADY":
+        assert time.monotonic() < deadline, "the pod never showed NOTREADY"
+        await asyncio.sleep(0.02)
