@@ -663,7 +663,7 @@ class PodStore:
                         return None
                     data = _encoded(new)
                     write_atomic(path, data)
-                    return PodRecord.from_json(json.loads(data))
+                return self._stored(pod_id, data)
             new = change(current)
             if new is None:
                 return None
@@ -685,12 +685,16 @@ class PodStore:
                 if not renamed:
                     unlink_quietly(tmp)
             fsync_dir(self._dir)
-            # A copy made from the bytes on disk: later changes to the caller's dicts cannot
-            # reach the store, and what is returned is exactly what a reader will read. It is
-            # the next reader's parse too: a read that finds these bytes decodes nothing.
-            stored = PodRecord.from_json(json.loads(data))
-            self._remember(pod_id, data, stored, None)
-            return stored
+            return self._stored(pod_id, data)
+
+    def _stored(self, pod_id: str, data: bytes) -> PodRecord:
+        """The record this process just wrote as ``data``: a copy made from the bytes on disk
+        (later changes to the caller's dicts cannot reach the store, and what is returned is
+        exactly what a reader will read), kept as the next read's parse (a read that finds these
+        bytes decodes nothing)."""
+        stored = PodRecord.from_json(json.loads(data))
+        self._remember(pod_id, data, stored, None)
+        return stored
 
     # -- pods ----------------------------------------------------------------------------------
 

@@ -742,6 +742,24 @@ def test_what_the_store_wrote_is_what_its_next_read_gives_without_decoding_it(st
     assert store.get("aaa1").ip == "10.88.0.3"
 
 
+def test_a_write_after_a_failed_read_is_the_next_reads_parse_too(store, monkeypatch) -> None:
+    made(store, "aaa1")
+    parse = PodStore._parse
+    failures = [OSError(5, "Input/output error")]
+
+    def flaky(self, pod_id: str, path: str):
+        if failures:  # the read _commit starts with fails once: it writes under the store lock
+            raise failures.pop()
+        return parse(self, pod_id, path)
+
+    monkeypatch.setattr(PodStore, "_parse", flaky)
+    written = store.update("aaa1", ip="10.88.0.2")
+    assert failures == [] and written.ip == "10.88.0.2"
+    decoded: list[str] = []
+    monkeypatch.setattr(store_module, "decode_json", lambda data, path: decoded.append(path))
+    assert store.get("aaa1") is written and decoded == []
+
+
 def test_a_config_is_parsed_once_however_often_its_pod_is_written(store) -> None:
     kept: dict = {}
     parses: list[dict] = []
