@@ -13,6 +13,7 @@ at top level (TOML, UTF-8), except ``registries``, a table per registry host::
     image_pull_timeout = 3600           # seconds a whole PullImage may take
     image_pull_progress_timeout = 300   # seconds it may go without a byte downloaded
     image_pull_max_unpacked_bytes = 68719476736  # bytes one PullImage may unpack (64 GiB)
+    max_parallel_pod_starts = 4         # RunPodSandbox calls carried out at once; 0 = no limit
 
     [registries."docker.io"]            # per registry host (host or host:port)
     mirrors = ["mirror.example:5000"]   # tried first, in order
@@ -53,7 +54,7 @@ from client.images.reference import ReferenceError, parse
 from client.images.service import MAX_UNPACKED_BYTES
 from client.images.skopeo import RegistryHost
 
-__all__ = ["DEFAULT_CONFIG_PATH", "DEFAULT_STATE_ROOT", "DEFAULT_LISTEN", "LOG_LEVELS", "CGROUPFS", "COMMAND_LINE", "Config",
+__all__ = ["DEFAULT_CONFIG_PATH", "DEFAULT_PARALLEL_POD_STARTS", "DEFAULT_STATE_ROOT", "DEFAULT_LISTEN", "LOG_LEVELS", "CGROUPFS", "COMMAND_LINE", "Config",
            "ConfigError", "load", "add_arguments", "from_arguments", "reload_log_level"]
 
 DEFAULT_CONFIG_PATH = "/etc/podshim/config.toml"
@@ -68,6 +69,10 @@ LOG_LEVELS = ("debug", "info", "warning", "error")
 # writes the cgroup directories itself; systemd, each pod's cgroup is a scope systemd makes in the
 # slice kubelet names. RuntimeConfig answers the one in force; kubelet's cgroupDriver must match.
 COMMAND_LINE = "command line"  # the "file" of a ConfigError about a flag
+
+#: RunPodSandbox calls carried out at once (the rest wait their turn, in order): see
+#: client.podshimd.handlers.Changes.
+DEFAULT_PARALLEL_POD_STARTS = 4
 
 _UNIX = "unix://"
 # sun_path's bytes on Linux, less its terminating NUL.
@@ -97,6 +102,7 @@ class Config:
     image_pull_timeout: float = PULL_TIMEOUT  # seconds a whole PullImage may take
     image_pull_progress_timeout: float = PULL_PROGRESS_TIMEOUT  # seconds a PullImage may download nothing
     image_pull_max_unpacked_bytes: int = MAX_UNPACKED_BYTES  # uncompressed layer bytes one PullImage may unpack
+    max_parallel_pod_starts: int = DEFAULT_PARALLEL_POD_STARTS  # RunPodSandbox calls carried out at once; 0 = no limit
     registries: tuple[RegistryHost, ...] = ()  # [registries."HOST"]: mirrors, insecure (plain HTTP)
 
     @property
@@ -213,6 +219,10 @@ def _check(source: str, name: str, key: str, value: Any) -> Any:
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
             raise refuse(f"must be a number of seconds greater than 0, not {value!r}")
         return float(value)
+    if key == "max_parallel_pod_starts":
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise refuse(f"must be a whole number of pod starts, 0 for no limit, not {value!r}")
+        return value
     if kind == "int":
         if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
             raise refuse(f"must be a number of bytes greater than 0, not {value!r}")

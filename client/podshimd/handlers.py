@@ -11,17 +11,19 @@ turns exceptions into a gRPC status is :mod:`.errors`, applied to every handler 
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
-from collections.abc import Awaitable
+from collections.abc import Coroutine
 from typing import Any, TypeVar
 
 from client.cri.pod import PodService
 from client.images.service import Images
+from client.phases import phase
 from client.streaming.server import StreamingServer
 
 from .config import Config
 
-__all__ = ["Handlers", "Changes"]
+__all__ = ["Handlers", "Changes", "Turns"]
 
 log = logging.getLogger("podshimd")
 
@@ -35,17 +37,49 @@ class Changes:
     the change it asked for still runs to its end or rolls itself back, as the pod layer does on
     failure: a cancelled call never leaves a half-made pod. The daemon waits for what is in flight
     when it stops (:meth:`drain`).
+
+    Pod starts (RunPodSandbox) take turns: at most ``pod_starts`` of them run at once (0: no
+    limit), the others wait in the order they came. A node asked for many pods at once (kubelet
+    starts every new pod's sandbox together) then finishes them one after another instead of all
+    of them late, and the steps of the pods already started (their containers' create and start,
+    which never wait) and kubelet's status reads are not held up behind a hundred half-made
+    sandboxes. A call cancelled while it waits for its turn starts nothing.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, pod_starts: int = 0) -> None:
         self._tasks: set[asyncio.Task[Any]] = set()
+        self._turns = Turns(pod_starts) if pod_starts > 0 else None
+        #: Pod starts running now (past their turn).
+        self.starts_running = 0
 
-    async def finish(self, change: Awaitable[_T]) -> _T:
-        """Run ``change`` to its end even if the caller is cancelled; return its result."""
+    @property
+    def starts_waiting(self) -> int:
+        """Pod starts waiting for their turn."""
+        return 0 if self._turns is None else self._turns.waiting
+
+    async def finish(self, change: Coroutine[Any, Any, _T], *, pod_start: bool = False) -> _T:
+        """Run ``change`` to its end even if the caller is cancelled; return its result. A
+        ``pod_start`` waits for its turn first (and is closed unstarted if the caller is cancelled
+        meanwhile); it holds its turn until it has ended, whether or not its caller is still there."""
+        if pod_start and self._turns is not None:
+            try:
+                with phase("waiting for a turn"):
+                    await self._turns.take()
+            except BaseException:
+                change.close()  # never started: nothing to roll back
+                raise
         task = asyncio.ensure_future(change)
         self._tasks.add(task)
         task.add_done_callback(self._done)
+        if pod_start:
+            self.starts_running += 1
+            task.add_done_callback(self._start_ended)
         return await asyncio.shield(task)
+
+    def _start_ended(self, task: asyncio.Task[Any]) -> None:
+        self.starts_running -= 1
+        if self._turns is not None:
+            self._turns.give_back()
 
     def _done(self, task: asyncio.Task[Any]) -> None:
         self._tasks.discard(task)
@@ -70,6 +104,44 @@ class Changes:
             await asyncio.wait(pending)
 
 
+class Turns:
+    """``count`` turns, taken in the order they were asked for (a FIFO semaphore)."""
+
+    def __init__(self, count: int) -> None:
+        self.free = count
+        self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
+
+    @property
+    def waiting(self) -> int:
+        """Callers waiting for a turn."""
+        return len(self._waiters)
+
+    async def take(self) -> None:
+        """Return once a turn is this caller's; a caller cancelled meanwhile holds none."""
+        if self.free > 0 and not self._waiters:
+            self.free -= 1
+            return
+        waiter = asyncio.get_running_loop().create_future()
+        self._waiters.append(waiter)
+        try:
+            await waiter
+        except asyncio.CancelledError:
+            if waiter.done() and not waiter.cancelled():
+                self.give_back()  # handed a turn as it was cancelled: the next one's
+            elif waiter in self._waiters:  # (a give_back may have passed it over already)
+                self._waiters.remove(waiter)
+            raise
+
+    def give_back(self) -> None:
+        """A turn ends: the longest waiter takes it, or it is free."""
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                return
+        self.free += 1
+
+
 class Handlers:
     """What a handler group has: the daemon's :attr:`config`, the pod layer (:attr:`pods`),
     :meth:`finish` for a call that changes pods, the :attr:`streaming` server and the node's
@@ -83,6 +155,7 @@ class Handlers:
         self._changes = changes
         self.streaming = streaming  # the server of Exec, Attach and PortForward URLs (RuntimeService only)
 
-    async def finish(self, change: Awaitable[_T]) -> _T:
-        """Run a change to the pods to its end even if the client goes away (see :class:`Changes`)."""
-        return await self._changes.finish(change)
+    async def finish(self, change: Coroutine[Any, Any, _T], *, pod_start: bool = False) -> _T:
+        """Run a change to the pods to its end even if the client goes away; a ``pod_start``
+        after waiting for its turn (see :class:`Changes`)."""
+        return await self._changes.finish(change, pod_start=pod_start)

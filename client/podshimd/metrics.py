@@ -11,6 +11,8 @@ own HTTP server (a thread), with podshimd's metrics in a registry of their own:
 - ``podshimd_cri_requests_total{method,code}`` counter of finished calls by gRPC status code;
 - ``podshimd_pods{state}`` and ``podshimd_containers{state}``, the pods and containers podshimd
   holds by CRI state, read from the pod store at each scrape;
+- ``podshimd_pod_starts{state}``, the RunPodSandbox calls ``running`` and ``waiting`` for their
+  turn (``max_parallel_pod_starts``);
 - the process's own figures (``process_*``, ``python_*``), as every Prometheus client exports them.
 
 prometheus_client is imported only when the endpoint is started: a daemon without it pays nothing.
@@ -31,6 +33,8 @@ from client.cri.logcontext import about
 if TYPE_CHECKING:
     from client.cri.pod import PodService
     from client.cri.store import PodStore
+
+    from .handlers import Changes
 
 __all__ = ["MetricsEndpoint", "finished", "observed", "start"]
 
@@ -91,9 +95,10 @@ class MetricsEndpoint:
             self._server = None
 
 
-def start(address: str, pods: PodService) -> MetricsEndpoint:
+def start(address: str, pods: PodService, changes: Changes) -> MetricsEndpoint:
     """Serve ``/metrics`` on ``address`` (HOST:PORT; an IPv6 host in brackets) for the pod layer
-    ``pods``. Raises OSError when the address cannot be bound."""
+    ``pods`` and the pod changes in flight, ``changes``. Raises OSError when the address cannot be
+    bound."""
     import prometheus_client
     from prometheus_client.core import GaugeMetricFamily
     from prometheus_client.registry import Collector
@@ -130,6 +135,11 @@ def start(address: str, pods: PodService) -> MetricsEndpoint:
                 containers.add_metric([state], count)
             yield pods
             yield containers
+            starts = GaugeMetricFamily("podshimd_pod_starts", "RunPodSandbox calls running, and waiting for their "
+                                       "turn (max_parallel_pod_starts).", labels=["state"])
+            starts.add_metric(["running"], changes.starts_running)  # ints, read from this thread: whole values
+            starts.add_metric(["waiting"], changes.starts_waiting)
+            yield starts
 
     def pods_store() -> PodStore:
         return pods.store

@@ -27,7 +27,8 @@ class Sandboxes(Handlers):
     async def RunPodSandbox(self, request: api_pb2.RunPodSandboxRequest, context: Any) -> api_pb2.RunPodSandboxResponse:
         with traced("RunPodSandbox"):
             config = requests.pod_sandbox_config(request)
-            pod_id = await self.finish(self.pods.run_pod_sandbox(config, runtime_handler=request.runtime_handler))
+            pod_id = await self.finish(self.pods.run_pod_sandbox(config, runtime_handler=request.runtime_handler),
+                                        pod_start=True)
         return api_pb2.RunPodSandboxResponse(pod_sandbox_id=pod_id)
 
     async def StopPodSandbox(self, request: api_pb2.StopPodSandboxRequest,

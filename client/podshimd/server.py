@@ -283,7 +283,7 @@ async def serve(config: Config, *, notifier: Notifier | None = None, on_hangup: 
     if on_hangup is not None:
         loop.add_signal_handler(signal.SIGHUP, on_hangup)
     lock_fd = None
-    changes = Changes()
+    changes = Changes(config.max_parallel_pod_starts)
     try:
         async with contextlib.AsyncExitStack() as stack:
             try:
@@ -302,7 +302,7 @@ async def serve(config: Config, *, notifier: Notifier | None = None, on_hangup: 
             streaming = await _start_streaming(stack, config, pods)
             if config.metrics_address:
                 try:
-                    stack.callback(metrics.start(config.metrics_address, pods).close)
+                    stack.callback(metrics.start(config.metrics_address, pods, changes).close)
                 except OSError as exc:
                     raise DaemonError(f"cannot serve metrics on {config.metrics_address}: "
                                       f"{exc.strerror or exc}") from None

@@ -15,7 +15,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 
 import grpc
 import pytest
@@ -24,7 +23,7 @@ from shim.cri.api import api_pb2
 
 from client.podshimd.images import IMAGE_STORE_DIR, usage
 
-from support.critools import HOST_PYTHON_MOUNTS, REPO, running_podshimd
+from support.critools import HOST_PYTHON_MOUNTS, REPO, running_podshimd, scrape_metrics
 from support.podtools import cgroup_file, container_config, ns_inode, pod_config
 from support.proctools import fifo_writer, wait_gone
 
@@ -433,25 +432,10 @@ def test_crictl_imagefsinfo_measures_the_image_store(daemon, crictl) -> None:
 
 # -- metrics -------------------------------------------------------------------------------------------
 
-def metrics_url(daemon) -> str:
-    found = re.search(r"Prometheus metrics on (http://\S+/metrics)", daemon.log())
-    assert found, "podshimd's log names no metrics address"
-    address = found.group(1)
-    assert address.startswith("http://127.0.0.1:")
-    return address
-
-
-def scrape(daemon) -> dict[str, float]:
-    with urllib.request.urlopen(metrics_url(daemon), timeout=CALL_TIMEOUT) as response:
-        assert response.headers["Content-Type"].startswith("text/plain; version=0.0.4")
-        text = response.read().decode()
-    return {name: float(value) for name, value in re.findall(r"^(\S+) (\S+)$", text, re.M)}
-
-
 def test_the_metrics_endpoint_counts_pods_containers_and_calls(daemon, crictl, pod, tmp_path) -> None:
     running = run(daemon, crictl, pod, ["sleep", "600"])
     daemon.create_container(pod[0], container_config(["true"], name="new"), pod[1])
-    found = scrape(daemon)
+    found = scrape_metrics(daemon)
     assert found['podshimd_pods{state="SANDBOX_READY"}'] == 1
     assert found['podshimd_pods{state="SANDBOX_NOTREADY"}'] == 0
     assert found['podshimd_containers{state="CONTAINER_RUNNING"}'] == 1
@@ -460,9 +444,9 @@ def test_the_metrics_endpoint_counts_pods_containers_and_calls(daemon, crictl, p
     assert found['podshimd_cri_requests_total{code="OK",method="RunPodSandbox"}'] >= 1
     assert found["process_resident_memory_bytes"] > 0
     daemon.crictl(crictl, "stop", running)
-    before = scrape(daemon).get('podshimd_cri_requests_total{code="NOT_FOUND",method="ContainerStatus"}', 0)
+    before = scrape_metrics(daemon).get('podshimd_cri_requests_total{code="NOT_FOUND",method="ContainerStatus"}', 0)
     daemon.crictl(crictl, "inspect", "0" * 64, check=False)
-    after = scrape(daemon)
+    after = scrape_metrics(daemon)
     assert after['podshimd_cri_requests_total{code="NOT_FOUND",method="ContainerStatus"}'] == before + 1
     assert after['podshimd_containers{state="CONTAINER_EXITED"}'] == 1
 

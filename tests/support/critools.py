@@ -34,6 +34,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -197,6 +198,18 @@ class Podshimd:
             self.process.kill()
             self.process.wait()
             raise AssertionError(f"podshimd ignored SIGTERM for {STOP_TIMEOUT} s:\n{self.log()}") from None
+
+
+def scrape_metrics(daemon: Podshimd, timeout: float = 60) -> dict[str, float]:
+    """Every sample of the Prometheus endpoint a daemon with ``metrics_address`` serves (on
+    loopback, as its log names it): ``{'name{labels}': value}``."""
+    found = re.search(r"Prometheus metrics on (http://\S+/metrics)", daemon.log())
+    assert found, "podshimd's log names no metrics address"
+    assert found.group(1).startswith("http://127.0.0.1:")
+    with urllib.request.urlopen(found.group(1), timeout=timeout) as response:
+        assert response.headers["Content-Type"].startswith("text/plain; version=0.0.4")
+        text = response.read().decode()
+    return {name: float(value) for name, value in re.findall(r"^(\S+) (\S+)$", text, re.M)}
 
 
 @pytest.fixture
