@@ -11,7 +11,6 @@ import json
 import os
 import shutil
 import tempfile
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -25,6 +24,7 @@ from client.podshimd.config import DEFAULT_PARALLEL_POD_STARTS, ConfigError, loa
 from client.podshimd.handlers import Changes
 
 from support.critools import Podshimd, running_podshimd, scrape_metrics
+from support.kubetools import wait_until
 from support.podtools import pod_config
 
 # -- the turns ---------------------------------------------------------------------------------------
@@ -179,13 +179,6 @@ def starts(daemon: Podshimd) -> tuple[float, float]:
     return found['podshimd_pod_starts{state="running"}'], found['podshimd_pod_starts{state="waiting"}']
 
 
-def wait_for(what: str, check) -> None:
-    deadline = time.monotonic() + WAIT
-    while not check():
-        assert time.monotonic() < deadline, f"{what} within {WAIT} s"
-        time.sleep(0.05)
-
-
 def runp(daemon: Podshimd, name: str, timeout: float = 120) -> grpc.Future:
     request = api_pb2.RunPodSandboxRequest()
     json_format.ParseDict({"config": pod_config(name)}, request)
@@ -195,9 +188,9 @@ def runp(daemon: Podshimd, name: str, timeout: float = 120) -> grpc.Future:
 def test_runp_beyond_the_limit_waits_for_a_turn_and_the_metrics_say_so() -> None:
     with gated_podshimd(1) as (daemon, gate):
         first = runp(daemon, "first")
-        wait_for("the first pod's CNI ADD", lambda: adds(gate) == 1)
+        wait_until("the first pod's CNI ADD", lambda: adds(gate), lambda n: n == 1, WAIT, 0.05)
         second = runp(daemon, "second")
-        wait_for("the second RunPodSandbox waiting", lambda: starts(daemon) == (1, 1))
+        wait_until("the second RunPodSandbox waiting", lambda: starts(daemon), lambda s: s == (1, 1), WAIT, 0.05)
         assert adds(gate) == 1 and not second.done()  # its network is not being made: it has not started
         open(os.path.join(gate, "open"), "w").close()
         ids = [first.result(timeout=WAIT).pod_sandbox_id, second.result(timeout=WAIT).pod_sandbox_id]
@@ -209,12 +202,12 @@ def test_runp_beyond_the_limit_waits_for_a_turn_and_the_metrics_say_so() -> None
 def test_a_runp_whose_client_gives_up_while_it_waits_makes_no_pod() -> None:
     with gated_podshimd(1) as (daemon, gate):
         first = runp(daemon, "first")
-        wait_for("the first pod's CNI ADD", lambda: adds(gate) == 1)
+        wait_until("the first pod's CNI ADD", lambda: adds(gate), lambda n: n == 1, WAIT, 0.05)
         late = runp(daemon, "late", timeout=1.0)
         with pytest.raises(grpc.RpcError) as caught:
             late.result(timeout=WAIT)
         assert caught.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
-        wait_for("no RunPodSandbox waiting", lambda: starts(daemon) == (1, 0))
+        wait_until("no RunPodSandbox waiting", lambda: starts(daemon), lambda s: s == (1, 0), WAIT, 0.05)
         open(os.path.join(gate, "open"), "w").close()
         first_id = first.result(timeout=WAIT).pod_sandbox_id
         assert adds(gate) == 1  # the late pod's network was never made
